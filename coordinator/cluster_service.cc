@@ -1,0 +1,60 @@
+#include "coordinator/cluster_service.h"
+
+#include "glog/logging.h"
+
+namespace deepinfer {
+namespace {
+
+grpc::ServerUnaryReactor* Finish(grpc::CallbackServerContext* context, grpc::Status status) {
+  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  reactor->Finish(std::move(status));
+  return reactor;
+}
+
+}  // namespace
+
+ClusterServiceImpl::ClusterServiceImpl(WorkerRegistry* registry, const TokenAuthenticator* auth,
+                                       absl::Duration heartbeat_interval)
+    : registry_(registry), auth_(auth), heartbeat_interval_(heartbeat_interval) {}
+
+grpc::ServerUnaryReactor* ClusterServiceImpl::Register(grpc::CallbackServerContext* context,
+                                                       const RegisterRequest* request,
+                                                       RegisterResponse* response) {
+  if (grpc::Status s = auth_->Check(*context); !s.ok()) {
+    LOG(WARNING) << "Register from " << context->peer() << " refused: " << s.error_message();
+    return Finish(context, s);
+  }
+  WorkerRegistration registration;
+  registration.worker_id = request->worker_id();
+  registration.worker_incarnation = request->worker_incarnation();
+  registration.node_name = request->node_name();
+  registration.listen_address = request->listen_address();
+  registration.devices.assign(request->devices().begin(), request->devices().end());
+  absl::Status status = registry_->Register(registration);
+  if (!status.ok()) return Finish(context, ToGrpcStatus(status));
+  LOG(INFO) << "worker " << request->worker_id() << " registered from "
+            << request->listen_address() << " (node " << request->node_name() << ", "
+            << request->devices_size() << " device(s), incarnation "
+            << request->worker_incarnation() << ")";
+  response->set_coordinator_incarnation(registry_->coordinator_incarnation());
+  response->set_heartbeat_interval_ms(absl::ToInt64Milliseconds(heartbeat_interval_));
+  response->set_heartbeat_timeout_ms(absl::ToInt64Milliseconds(registry_->heartbeat_timeout()));
+  return Finish(context, grpc::Status::OK);
+}
+
+grpc::ServerUnaryReactor* ClusterServiceImpl::Heartbeat(grpc::CallbackServerContext* context,
+                                                        const HeartbeatRequest* request,
+                                                        HeartbeatResponse* response) {
+  if (grpc::Status s = auth_->Check(*context); !s.ok()) return Finish(context, s);
+  absl::StatusOr<WorkerState> state = registry_->Heartbeat(
+      request->worker_id(), request->worker_incarnation(), request->coordinator_incarnation());
+  if (!state.ok()) {
+    VLOG(1) << "heartbeat refused: " << state.status();
+    return Finish(context, ToGrpcStatus(state.status()));
+  }
+  response->set_coordinator_incarnation(registry_->coordinator_incarnation());
+  response->set_state(*state);
+  return Finish(context, grpc::Status::OK);
+}
+
+}  // namespace deepinfer

@@ -1,0 +1,35 @@
+// gRPC glue for ClusterService (proto/cluster.proto): authenticates each call and
+// hands it to the WorkerRegistry. Callback API; every handler finishes inline
+// because registry operations only take a short mutex.
+#ifndef DEEPINFER_COORDINATOR_CLUSTER_SERVICE_H_
+#define DEEPINFER_COORDINATOR_CLUSTER_SERVICE_H_
+
+#include "absl/time/time.h"
+#include "coordinator/rpc/auth.h"
+#include "coordinator/worker_registry.h"
+#include "proto/cluster.grpc.pb.h"
+
+namespace deepinfer {
+
+class ClusterServiceImpl final : public ClusterService::CallbackService {
+ public:
+  // Both pointers must outlive the service.
+  ClusterServiceImpl(WorkerRegistry* registry, const TokenAuthenticator* auth,
+                     absl::Duration heartbeat_interval);
+
+  grpc::ServerUnaryReactor* Register(grpc::CallbackServerContext* context,
+                                     const RegisterRequest* request,
+                                     RegisterResponse* response) override;
+  grpc::ServerUnaryReactor* Heartbeat(grpc::CallbackServerContext* context,
+                                      const HeartbeatRequest* request,
+                                      HeartbeatResponse* response) override;
+
+ private:
+  WorkerRegistry* const registry_;
+  const TokenAuthenticator* const auth_;
+  const absl::Duration heartbeat_interval_;
+};
+
+}  // namespace deepinfer
+
+#endif  // DEEPINFER_COORDINATOR_CLUSTER_SERVICE_H_

@@ -1,0 +1,64 @@
+#include "coordinator/coordinator_server.h"
+
+#include <algorithm>
+
+#include "absl/strings/str_cat.h"
+#include "coordinator/rpc/incarnation.h"
+#include "glog/logging.h"
+
+namespace deepinfer {
+
+absl::StatusOr<std::unique_ptr<CoordinatorServer>> CoordinatorServer::Start(
+    const CoordinatorConfig& config, const Clock* clock) {
+  if (config.heartbeat_interval <= absl::ZeroDuration() ||
+      config.heartbeat_timeout <= config.heartbeat_interval) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "heartbeat timeout (", absl::FormatDuration(config.heartbeat_timeout),
+        ") must be longer than the heartbeat interval (",
+        absl::FormatDuration(config.heartbeat_interval), "), and both positive"));
+  }
+  if (config.port < 0 || config.port > 65535) {
+    return absl::InvalidArgumentError(absl::StrCat("port ", config.port, " is out of range"));
+  }
+  std::unique_ptr<CoordinatorServer> self(new CoordinatorServer());
+  self->clock_ = clock != nullptr ? clock : &self->real_clock_;
+  self->auth_ = std::make_unique<TokenAuthenticator>(config.auth_token);
+  self->registry_ = std::make_unique<WorkerRegistry>(self->clock_, NewIncarnation(),
+                                                     config.heartbeat_timeout);
+  self->cluster_service_ = std::make_unique<ClusterServiceImpl>(
+      self->registry_.get(), self->auth_.get(), config.heartbeat_interval);
+  self->admin_service_ = std::make_unique<AdminServiceImpl>(
+      self->registry_.get(), self->auth_.get(), self->clock_, self->clock_->Now());
+
+  const std::string address = absl::StrCat(config.host, ":", config.port);
+  grpc::ServerBuilder builder;
+  builder.AddListeningPort(address, grpc::InsecureServerCredentials(), &self->port_);
+  builder.RegisterService(self->cluster_service_.get());
+  builder.RegisterService(self->admin_service_.get());
+  self->server_ = builder.BuildAndStart();
+  if (self->server_ == nullptr || self->port_ == 0) {
+    return absl::UnavailableError(
+        absl::StrCat("cannot listen on ", address, " (address in use, or not a local address?)"));
+  }
+  // Check several times per timeout so a worker is LOST soon after its deadline.
+  const absl::Duration check_interval =
+      std::min(config.heartbeat_interval, config.heartbeat_timeout / 4);
+  self->monitor_ = std::make_unique<HeartbeatMonitor>(self->registry_.get(), check_interval);
+  LOG(INFO) << "coordinator listening on " << config.host << ":" << self->port_
+            << " (incarnation " << self->incarnation() << ", auth "
+            << (self->auth_->enabled() ? "on" : "off") << ", heartbeat every "
+            << config.heartbeat_interval << ", LOST after " << config.heartbeat_timeout << ")";
+  return self;
+}
+
+CoordinatorServer::~CoordinatorServer() { Shutdown(); }
+
+void CoordinatorServer::Shutdown() {
+  if (server_ != nullptr) {
+    server_->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
+    server_.reset();
+  }
+  monitor_.reset();
+}
+
+}  // namespace deepinfer

@@ -1,0 +1,97 @@
+// deepinfer-coordinator: the control plane daemon. Parses flags into a
+// CoordinatorConfig, starts the CoordinatorServer, and runs until SIGTERM/SIGINT.
+#include <iostream>
+#include <string>
+#include <vector>
+
+#include "absl/time/time.h"
+#include "coordinator/cli/flag_set.h"
+#include "coordinator/coordinator_server.h"
+#include "coordinator/rpc/auth.h"
+#include "coordinator/rpc/daemon.h"
+#include "glog/logging.h"
+
+int main(int argc, char** argv) {
+  deepinfer::BlockTerminationSignals();
+
+  std::string host = "127.0.0.1";
+  int64_t port = 7070;
+  std::string port_file;
+  std::string auth_token_file;
+  int64_t heartbeat_interval_ms = 1000;
+  int64_t heartbeat_timeout_ms = 5000;
+  std::string log_dir;
+  int64_t verbosity = 0;
+
+  deepinfer::FlagSet flags(
+      "deepinfer-coordinator [flags]",
+      "The deepinfer control plane: tracks worker daemons (registration, heartbeats),\n"
+      "serves the admin tool and, with the batch runtime, takes jobs. Runs until\n"
+      "SIGTERM or SIGINT.");
+  flags.AddString("host", &host,
+                  "Address to listen on. The default accepts local connections only;\n"
+                  "use 0.0.0.0 for a multi-node cluster, together with --auth-token-file.");
+  flags.AddInt("port", &port, "Port to listen on; 0 picks a free one (see --port-file).");
+  flags.AddString("port-file", &port_file,
+                  "If set, the bound port is written to this file once serving.");
+  flags.AddString("auth-token-file", &auth_token_file,
+                  "File holding the cluster token. When set, every RPC (workers, CLI, admin)\n"
+                  "must carry it or is refused with UNAUTHENTICATED.");
+  flags.AddInt("heartbeat-interval-ms", &heartbeat_interval_ms,
+               "How often workers are told to heartbeat.");
+  flags.AddInt("heartbeat-timeout-ms", &heartbeat_timeout_ms,
+               "A worker silent for longer than this is marked LOST.");
+  flags.AddString("log-dir", &log_dir, "Write glog files here instead of to stderr.");
+  flags.AddInt("v", &verbosity, "Verbose logging level (glog --v).");
+
+  absl::Status parsed = flags.Parse(std::vector<std::string>(argv + 1, argv + argc));
+  if (flags.help_requested()) {
+    std::cout << flags.Help();
+    return 0;
+  }
+  if (!parsed.ok()) {
+    std::cerr << "deepinfer-coordinator: " << parsed.message() << "\n";
+    return 2;
+  }
+  if (!flags.positional().empty()) {
+    std::cerr << "deepinfer-coordinator: unexpected argument '" << flags.positional()[0]
+              << "' (see --help)\n";
+    return 2;
+  }
+  deepinfer::InitDaemonLogging(argv[0], log_dir, static_cast<int>(verbosity));
+
+  deepinfer::CoordinatorConfig config;
+  config.host = host;
+  config.port = static_cast<int>(port);
+  config.heartbeat_interval = absl::Milliseconds(heartbeat_interval_ms);
+  config.heartbeat_timeout = absl::Milliseconds(heartbeat_timeout_ms);
+  if (!auth_token_file.empty()) {
+    absl::StatusOr<std::string> token = deepinfer::ReadAuthTokenFile(auth_token_file);
+    if (!token.ok()) {
+      std::cerr << "deepinfer-coordinator: " << token.status().message() << "\n";
+      return 2;
+    }
+    config.auth_token = *token;
+  }
+  if (config.auth_token.empty() && host != "127.0.0.1" && host != "localhost" && host != "::1") {
+    LOG(WARNING) << "listening on " << host
+                 << " without --auth-token-file: anyone who can reach this port can "
+                    "register workers and submit jobs";
+  }
+
+  auto server = deepinfer::CoordinatorServer::Start(config);
+  if (!server.ok()) {
+    std::cerr << "deepinfer-coordinator: " << server.status().message() << "\n";
+    return 1;
+  }
+  if (!port_file.empty()) {
+    if (absl::Status s = deepinfer::WritePortFile(port_file, (*server)->port()); !s.ok()) {
+      std::cerr << "deepinfer-coordinator: " << s.message() << "\n";
+      return 1;
+    }
+  }
+  int signal = deepinfer::WaitForTerminationSignal();
+  LOG(INFO) << "signal " << signal << " received, shutting down";
+  (*server)->Shutdown();
+  return 0;
+}
