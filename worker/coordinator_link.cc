@@ -1,0 +1,138 @@
+#include "worker/coordinator_link.h"
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "coordinator/rpc/auth.h"
+#include "glog/logging.h"
+
+namespace deepinfer {
+namespace {
+
+std::unique_ptr<grpc::ClientContext> MakeContext(const CoordinatorLinkConfig& config) {
+  auto context = std::make_unique<grpc::ClientContext>();
+  context->set_deadline(absl::ToChronoTime(absl::Now() + config.rpc_timeout));
+  AttachAuthToken(config.auth_token, context.get());
+  return context;
+}
+
+}  // namespace
+
+CoordinatorLink::CoordinatorLink(CoordinatorLinkConfig config)
+    : config_(std::move(config)),
+      stub_(ClusterService::NewStub(
+          grpc::CreateChannel(config_.coordinator_address, grpc::InsecureChannelCredentials()))),
+      thread_([this] { Run(); }) {}
+
+CoordinatorLink::~CoordinatorLink() {
+  {
+    absl::MutexLock lock(&mu_);
+    stop_ = true;
+  }
+  thread_.join();
+}
+
+CoordinatorLink::State CoordinatorLink::state() const {
+  absl::MutexLock lock(&mu_);
+  return state_;
+}
+
+bool CoordinatorLink::SleepUnlessStopped(absl::Duration d) {
+  absl::MutexLock lock(&mu_);
+  mu_.AwaitWithTimeout(absl::Condition(&stop_), d);
+  return !stop_;
+}
+
+void CoordinatorLink::LogFailure(const std::string& what, const grpc::Status& status) {
+  // First failure and then every 20th, so an absent coordinator does not flood logs.
+  if (consecutive_failures_++ % 20 == 0) {
+    LOG(WARNING) << what << " " << config_.coordinator_address << " failed ("
+                 << consecutive_failures_ << " in a row): " << status.error_message()
+                 << " [code " << status.error_code() << "]";
+  }
+  absl::MutexLock lock(&mu_);
+  state_.last_error = absl::StrCat(what, ": ", status.error_message());
+}
+
+void CoordinatorLink::Run() {
+  for (;;) {
+    bool registered;
+    absl::Duration interval;
+    {
+      absl::MutexLock lock(&mu_);
+      if (stop_) return;
+      registered = state_.registered;
+      interval = heartbeat_interval_;
+    }
+    if (!registered) {
+      if (!RegisterOnce() && !SleepUnlessStopped(config_.retry_interval)) return;
+      continue;
+    }
+    if (!SleepUnlessStopped(interval)) return;
+    HeartbeatOnce();
+  }
+}
+
+bool CoordinatorLink::RegisterOnce() {
+  RegisterRequest request;
+  request.set_worker_id(config_.worker_id);
+  request.set_worker_incarnation(config_.worker_incarnation);
+  request.set_node_name(config_.node_name);
+  request.set_listen_address(config_.listen_address);
+  for (const Device& d : config_.devices) *request.add_devices() = d;
+  RegisterResponse response;
+  grpc::Status status = stub_->Register(MakeContext(config_).get(), request, &response);
+  if (!status.ok()) {
+    LogFailure("registering with", status);
+    return false;
+  }
+  consecutive_failures_ = 0;
+  absl::MutexLock lock(&mu_);
+  if (state_.coordinator_incarnation != 0 &&
+      state_.coordinator_incarnation != response.coordinator_incarnation()) {
+    LOG(INFO) << "coordinator restarted (incarnation " << state_.coordinator_incarnation << " -> "
+              << response.coordinator_incarnation() << ")";
+  }
+  state_.registered = true;
+  state_.coordinator_incarnation = response.coordinator_incarnation();
+  ++state_.registrations;
+  state_.last_error.clear();
+  heartbeat_interval_ = absl::Milliseconds(response.heartbeat_interval_ms());
+  if (heartbeat_interval_ <= absl::ZeroDuration()) heartbeat_interval_ = absl::Seconds(1);
+  LOG(INFO) << "registered as " << config_.worker_id << " with coordinator "
+            << config_.coordinator_address << " (incarnation "
+            << response.coordinator_incarnation() << "), heartbeat every " << heartbeat_interval_;
+  return true;
+}
+
+void CoordinatorLink::HeartbeatOnce() {
+  HeartbeatRequest request;
+  request.set_worker_id(config_.worker_id);
+  request.set_worker_incarnation(config_.worker_incarnation);
+  uint64_t known_incarnation;
+  {
+    absl::MutexLock lock(&mu_);
+    known_incarnation = state_.coordinator_incarnation;
+  }
+  request.set_coordinator_incarnation(known_incarnation);
+  HeartbeatResponse response;
+  grpc::Status status = stub_->Heartbeat(MakeContext(config_).get(), request, &response);
+  if (status.ok() && response.coordinator_incarnation() == known_incarnation) {
+    consecutive_failures_ = 0;
+    return;
+  }
+  const bool must_register = status.ok() ||
+                             status.error_code() == grpc::StatusCode::NOT_FOUND ||
+                             status.error_code() == grpc::StatusCode::FAILED_PRECONDITION;
+  if (must_register) {
+    LOG(INFO) << "coordinator asks this worker to register again: "
+              << (status.ok() ? "it has a new incarnation" : status.error_message());
+    absl::MutexLock lock(&mu_);
+    state_.registered = false;
+    return;
+  }
+  // Unreachable coordinator (or refused token): keep the registration and retry; a
+  // restarted coordinator answers NOT_FOUND, which leads back to Register.
+  LogFailure("heartbeat to", status);
+}
+
+}  // namespace deepinfer

@@ -1,0 +1,75 @@
+// CoordinatorLink: the worker's side of ClusterService. One thread registers with the
+// coordinator, heartbeats at the interval the coordinator asks for, and registers
+// again whenever the coordinator says it does not know this worker or names another
+// incarnation (the coordinator restarted, or declared this worker LOST).
+#ifndef DEEPINFER_WORKER_COORDINATOR_LINK_H_
+#define DEEPINFER_WORKER_COORDINATOR_LINK_H_
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "proto/cluster.grpc.pb.h"
+
+namespace deepinfer {
+
+struct CoordinatorLinkConfig {
+  std::string coordinator_address;
+  std::string auth_token;
+  // What this worker registers as.
+  std::string worker_id;
+  uint64_t worker_incarnation = 0;
+  std::string node_name;
+  std::string listen_address;
+  std::vector<Device> devices;
+  // Wait between failed registration attempts.
+  absl::Duration retry_interval = absl::Milliseconds(500);
+  // Deadline of each RPC.
+  absl::Duration rpc_timeout = absl::Seconds(2);
+};
+
+class CoordinatorLink {
+ public:
+  struct State {
+    bool registered = false;
+    uint64_t coordinator_incarnation = 0;
+    int registrations = 0;  // successful Register calls so far
+    std::string last_error;
+  };
+
+  // Starts the thread at once.
+  explicit CoordinatorLink(CoordinatorLinkConfig config);
+  ~CoordinatorLink();  // Stops and joins the thread.
+
+  CoordinatorLink(const CoordinatorLink&) = delete;
+  CoordinatorLink& operator=(const CoordinatorLink&) = delete;
+
+  State state() const;
+
+ private:
+  void Run();
+  bool RegisterOnce();   // true when registered
+  void HeartbeatOnce();  // may clear registered_
+  // Sleeps up to `d`; false when asked to stop.
+  bool SleepUnlessStopped(absl::Duration d);
+  void LogFailure(const std::string& what, const grpc::Status& status);
+
+  const CoordinatorLinkConfig config_;
+  std::unique_ptr<ClusterService::Stub> stub_;
+
+  mutable absl::Mutex mu_;
+  bool stop_ ABSL_GUARDED_BY(mu_) = false;
+  State state_ ABSL_GUARDED_BY(mu_);
+  absl::Duration heartbeat_interval_ ABSL_GUARDED_BY(mu_) = absl::Seconds(1);
+  int consecutive_failures_ = 0;  // only touched by the link thread
+  std::thread thread_;
+};
+
+}  // namespace deepinfer
+
+#endif  // DEEPINFER_WORKER_COORDINATOR_LINK_H_

@@ -1,0 +1,107 @@
+// deepinfer-worker: the per-node daemon. Finds the node's devices, serves
+// WorkerService, registers with the coordinator and heartbeats until SIGTERM/SIGINT.
+#include <iostream>
+#include <string>
+#include <vector>
+
+#include "coordinator/cli/flag_set.h"
+#include "coordinator/rpc/auth.h"
+#include "coordinator/rpc/daemon.h"
+#include "glog/logging.h"
+#include "worker/device_discovery.h"
+#include "worker/worker_server.h"
+
+int main(int argc, char** argv) {
+  deepinfer::BlockTerminationSignals();
+
+  deepinfer::WorkerConfig config;
+  int64_t port = 0;
+  std::string port_file;
+  std::string devices = "auto";
+  std::string auth_token_file;
+  std::string log_dir;
+  int64_t verbosity = 0;
+
+  deepinfer::FlagSet flags(
+      "deepinfer-worker --coordinator HOST:PORT [flags]",
+      "The per-node worker daemon: owns this node's GPUs (one rank per GPU) or its CPU,\n"
+      "registers with the coordinator and heartbeats. Re-registers by itself when the\n"
+      "coordinator restarts. Runs until SIGTERM or SIGINT.");
+  flags.AddString("coordinator", &config.coordinator_address, "Coordinator address, HOST:PORT.");
+  flags.Require("coordinator");
+  flags.AddString("host", &config.host,
+                  "Address the worker's own gRPC service listens on (local only by default).");
+  flags.AddInt("port", &port, "Port of the worker's service; 0 picks a free one.");
+  flags.AddString("port-file", &port_file, "If set, the bound port is written to this file.");
+  flags.AddString("advertise-host", &config.advertise_host,
+                  "Host name the coordinator should use to reach this worker\n"
+                  "(default: --host, or the hostname when --host is 0.0.0.0).");
+  flags.AddString("worker-id", &config.worker_id,
+                  "Stable name of this worker (default: NODE_NAME:PORT).");
+  flags.AddString("node-name", &config.node_name, "Node name (default: the hostname).");
+  flags.AddString("devices", &devices,
+                  "auto: every CUDA GPU, else the CPU; cpu: the CPU only;\n"
+                  "cuda: CUDA GPUs, an error if there are none.");
+  flags.AddString("auth-token-file", &auth_token_file,
+                  "File holding the cluster token: sent to the coordinator, and required\n"
+                  "from anyone calling this worker.");
+  flags.AddString("log-dir", &log_dir, "Write glog files here instead of to stderr.");
+  flags.AddInt("v", &verbosity, "Verbose logging level (glog --v).");
+
+  absl::Status parsed = flags.Parse(std::vector<std::string>(argv + 1, argv + argc));
+  if (flags.help_requested()) {
+    std::cout << flags.Help();
+    return 0;
+  }
+  if (!parsed.ok()) {
+    std::cerr << "deepinfer-worker: " << parsed.message() << "\n";
+    return 2;
+  }
+  if (!flags.positional().empty()) {
+    std::cerr << "deepinfer-worker: unexpected argument '" << flags.positional()[0]
+              << "' (see --help)\n";
+    return 2;
+  }
+  deepinfer::InitDaemonLogging(argv[0], log_dir, static_cast<int>(verbosity));
+  config.port = static_cast<int>(port);
+
+  absl::StatusOr<deepinfer::DeviceSelection> selection = deepinfer::ParseDeviceSelection(devices);
+  if (!selection.ok()) {
+    std::cerr << "deepinfer-worker: --devices: " << selection.status().message() << "\n";
+    return 2;
+  }
+  absl::StatusOr<std::vector<deepinfer::Device>> found = deepinfer::FindDevices(*selection);
+  if (!found.ok()) {
+    std::cerr << "deepinfer-worker: " << found.status().message() << "\n";
+    return 1;
+  }
+  config.devices = *found;
+  for (const auto& d : config.devices) {
+    LOG(INFO) << "device: " << deepinfer::Device::Kind_Name(d.kind()) << ":" << d.index() << " "
+              << d.name() << " (" << d.total_memory_bytes() / (1 << 20) << " MiB)";
+  }
+  if (!auth_token_file.empty()) {
+    absl::StatusOr<std::string> token = deepinfer::ReadAuthTokenFile(auth_token_file);
+    if (!token.ok()) {
+      std::cerr << "deepinfer-worker: " << token.status().message() << "\n";
+      return 2;
+    }
+    config.auth_token = *token;
+  }
+
+  auto server = deepinfer::WorkerServer::Start(config);
+  if (!server.ok()) {
+    std::cerr << "deepinfer-worker: " << server.status().message() << "\n";
+    return 1;
+  }
+  if (!port_file.empty()) {
+    if (absl::Status s = deepinfer::WritePortFile(port_file, (*server)->port()); !s.ok()) {
+      std::cerr << "deepinfer-worker: " << s.message() << "\n";
+      return 1;
+    }
+  }
+  int signal = deepinfer::WaitForTerminationSignal();
+  LOG(INFO) << "signal " << signal << " received, shutting down";
+  (*server)->Shutdown();
+  return 0;
+}
