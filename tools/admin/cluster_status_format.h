@@ -1,0 +1,20 @@
+// Renders a ClusterStatusResponse for people (an aligned table) or for scripts (JSON).
+#ifndef DEEPINFER_TOOLS_ADMIN_CLUSTER_STATUS_FORMAT_H_
+#define DEEPINFER_TOOLS_ADMIN_CLUSTER_STATUS_FORMAT_H_
+
+#include <string>
+
+#include "proto/admin.pb.h"
+
+namespace deepinfer {
+
+// One header line, then one line per worker: id, state, node, address, devices,
+// seconds since last contact, restarts. Ends with a count per state.
+std::string FormatClusterStatusTable(const ClusterStatusResponse& status);
+
+// The response as one JSON object (protobuf's JSON mapping, enums by name).
+std::string FormatClusterStatusJson(const ClusterStatusResponse& status);
+
+}  // namespace deepinfer
+
+#endif  // DEEPINFER_TOOLS_ADMIN_CLUSTER_STATUS_FORMAT_H_

@@ -1,0 +1,62 @@
+#include "tools/admin/cluster_status_format.h"
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "nlohmann/json.hpp"
+
+namespace deepinfer {
+namespace {
+
+using ::testing::HasSubstr;
+
+ClusterStatusResponse TwoWorkers() {
+  ClusterStatusResponse status;
+  status.set_coordinator_incarnation(0xabc);
+  status.set_coordinator_uptime_ms(12000);
+  WorkerStatus* a = status.add_workers();
+  a->set_worker_id("node-a:4000");
+  a->set_state(READY);
+  a->set_node_name("node-a");
+  a->set_listen_address("10.0.0.1:4000");
+  for (int i = 0; i < 8; ++i) {
+    Device* d = a->add_devices();
+    d->set_kind(Device::CUDA);
+    d->set_index(i);
+    d->set_name("NVIDIA H200");
+  }
+  a->set_last_seen_ms_ago(250);
+  WorkerStatus* b = status.add_workers();
+  b->set_worker_id("node-b:4000");
+  b->set_state(LOST);
+  b->add_devices()->set_kind(Device::CPU);
+  b->set_last_seen_ms_ago(9000);
+  b->set_restarts(2);
+  return status;
+}
+
+TEST(ClusterStatusFormatTest, TableHasOneRowPerWorkerAndStateCounts) {
+  std::string table = FormatClusterStatusTable(TwoWorkers());
+  EXPECT_THAT(table, HasSubstr("2 worker(s)"));
+  EXPECT_THAT(table, HasSubstr("WORKER"));
+  EXPECT_THAT(table, HasSubstr("node-a:4000  READY"));
+  EXPECT_THAT(table, HasSubstr("8x NVIDIA H200"));
+  EXPECT_THAT(table, HasSubstr("1x cpu"));
+  EXPECT_THAT(table, HasSubstr("9.0s ago"));
+  EXPECT_THAT(table, HasSubstr("1 LOST, 1 READY"));
+}
+
+TEST(ClusterStatusFormatTest, EmptyClusterSaysSo) {
+  ClusterStatusResponse status;
+  EXPECT_THAT(FormatClusterStatusTable(status), HasSubstr("0 worker(s)"));
+}
+
+TEST(ClusterStatusFormatTest, JsonParsesWithEnumNames) {
+  auto json = nlohmann::json::parse(FormatClusterStatusJson(TwoWorkers()), nullptr, false);
+  ASSERT_FALSE(json.is_discarded());
+  ASSERT_EQ(json["workers"].size(), 2u);
+  EXPECT_EQ(json["workers"][0]["state"], "READY");
+  EXPECT_EQ(json["workers"][1]["restarts"], 2);
+}
+
+}  // namespace
+}  // namespace deepinfer
