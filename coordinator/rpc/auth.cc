@@ -45,7 +45,7 @@ grpc::Status TokenAuthenticator::Check(const grpc::ServerContextBase& context) c
   auto it = metadata.find(grpc::string_ref(kAuthHeader.data(), kAuthHeader.size()));
   if (it == metadata.end()) {
     return grpc::Status(grpc::StatusCode::UNAUTHENTICATED,
-                        "this server requires an auth token (use --auth-token-file)");
+                        "this server requires an auth token");
   }
   absl::string_view value(it->second.data(), it->second.size());
   if (value.substr(0, kBearer.size()) != kBearer ||
