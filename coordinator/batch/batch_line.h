@@ -1,0 +1,46 @@
+// One line of an OpenAI Batch input file, parsed and checked:
+//   {"custom_id": "...", "method": "POST", "url": "/v1/completions" |
+//    "/v1/chat/completions", "body": {...}}
+// Every error names the line and the field, so a bad line can be answered with its
+// own error line while the rest of the job runs.
+#ifndef DEEPINFER_COORDINATOR_BATCH_BATCH_LINE_H_
+#define DEEPINFER_COORDINATOR_BATCH_BATCH_LINE_H_
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "nlohmann/json.hpp"
+#include "proto/common.pb.h"
+
+namespace deepinfer {
+
+enum class BatchEndpoint { kCompletions, kChatCompletions };
+
+struct BatchLine {
+  std::string custom_id;
+  BatchEndpoint endpoint = BatchEndpoint::kCompletions;
+  // Exactly one of these is set: a text prompt, token ids, or chat messages.
+  std::optional<std::string> prompt_text;
+  std::optional<std::vector<int32_t>> prompt_token_ids;
+  std::optional<nlohmann::json> messages;  // array of {"role", "content", ...}
+  // Chat only: "tools" passed to the chat template, if present.
+  std::optional<nlohmann::json> tools;
+  SamplingParams sampling;
+  // The body's "model" field, echoed in the response ("" if absent).
+  std::string model;
+};
+
+// Parses one input line (1-based `line_number`, used in messages). On error,
+// INVALID_ARGUMENT whose message starts "line N: " and names the field; if the line
+// had a readable custom_id it is stored in `*custom_id_on_error` (may be null) so
+// the error line can carry it.
+absl::StatusOr<BatchLine> ParseBatchLine(absl::string_view line, int64_t line_number,
+                                         std::string* custom_id_on_error = nullptr);
+
+}  // namespace deepinfer
+
+#endif  // DEEPINFER_COORDINATOR_BATCH_BATCH_LINE_H_
