@@ -1,0 +1,88 @@
+// BatchJobStore: the coordinator's durable record of batch jobs.
+//
+// SQLite (state_dir/deepinfer.db) holds jobs and the state of every request line;
+// each job's files live in state_dir/jobs/<job_id>/: input.jsonl as submitted and
+// output.jsonl, one OpenAI Batch output line per finished request, appended as
+// results arrive. A result is committed to the database first and appended to the
+// file second; on Open() any output file shorter than the database says is rebuilt
+// from the database, so a crash can neither lose nor duplicate a finished result.
+// Recording a result for a request that already has one is a no-op.
+#ifndef DEEPINFER_COORDINATOR_BATCH_BATCH_JOB_STORE_H_
+#define DEEPINFER_COORDINATOR_BATCH_BATCH_JOB_STORE_H_
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "proto/job.pb.h"
+
+struct sqlite3;
+
+namespace deepinfer {
+
+// A request line not finished yet, as stored.
+struct StoredRequest {
+  int64_t line_number = 0;  // 1-based line in input.jsonl
+  std::string line;         // the input line itself
+};
+
+class BatchJobStore {
+ public:
+  // Opens (creating if needed) the store in `state_dir`, and repairs output files.
+  static absl::StatusOr<std::unique_ptr<BatchJobStore>> Open(const std::string& state_dir);
+  ~BatchJobStore();
+
+  BatchJobStore(const BatchJobStore&) = delete;
+  BatchJobStore& operator=(const BatchJobStore&) = delete;
+
+  // Stores a new QUEUED job whose requests are the non-blank lines of `input_jsonl`;
+  // returns its id. INVALID_ARGUMENT if there is no non-blank line.
+  absl::StatusOr<std::string> CreateJob(const std::string& name, const std::string& input_jsonl,
+                                        int64_t now_unix_ms);
+
+  // Records the output line of one request; `failed` counts it as failed. Returns
+  // true if recorded, false if that request already had a result (nothing changes).
+  absl::StatusOr<bool> RecordResult(const std::string& job_id, int64_t line_number,
+                                    const std::string& output_line, bool failed);
+
+  // Sets the job's state (and error, for FAILED); final states also stamp the
+  // finish time. NOT_FOUND for an unknown job.
+  absl::Status SetJobState(const std::string& job_id, Job::State state, const std::string& error,
+                           int64_t now_unix_ms);
+
+  absl::StatusOr<Job> GetJob(const std::string& job_id) const;
+  // Newest first; `page_token` is the last job id of the previous page ("" = start).
+  absl::StatusOr<std::vector<Job>> ListJobs(int page_size, const std::string& page_token) const;
+  // Jobs in QUEUED or RUNNING state, oldest first (to resume after a restart).
+  absl::StatusOr<std::vector<Job>> UnfinishedJobs() const;
+  // The job's request lines that have no result yet, in line order.
+  absl::StatusOr<std::vector<StoredRequest>> PendingRequests(const std::string& job_id) const;
+  // Output lines in the order they were recorded, from `offset`, at most `max_lines`.
+  absl::StatusOr<std::vector<std::string>> ReadResults(const std::string& job_id, int64_t offset,
+                                                       int64_t max_lines) const;
+
+  std::string OutputPath(const std::string& job_id) const;
+  std::string InputPath(const std::string& job_id) const;
+
+ private:
+  explicit BatchJobStore(std::string state_dir) : state_dir_(std::move(state_dir)) {}
+  absl::Status Init();
+  absl::Status RepairOutputFilesLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::StatusOr<Job> GetJobLocked(const std::string& job_id) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::StatusOr<std::vector<Job>> QueryJobsLocked(const std::string& where_sql,
+                                                   const std::vector<std::string>& args) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  const std::string state_dir_;
+  mutable absl::Mutex mu_;
+  sqlite3* db_ ABSL_GUARDED_BY(mu_) = nullptr;
+};
+
+}  // namespace deepinfer
+
+#endif  // DEEPINFER_COORDINATOR_BATCH_BATCH_JOB_STORE_H_
