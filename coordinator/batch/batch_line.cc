@@ -145,7 +145,7 @@ absl::Status ParseMessages(const json& body, const LineParser& p, BatchLine* out
   return absl::OkStatus();
 }
 
-absl::Status ParseStop(const json& body, const LineParser& p, SamplingParams* sampling) {
+absl::Status ParseStop(const json& body, const LineParser& p, GenerationParams* sampling) {
   auto it = body.find("stop");
   if (it == body.end() || it->is_null()) return absl::OkStatus();
   auto add = [&](const json& s) -> absl::Status {
@@ -164,7 +164,7 @@ absl::Status ParseStop(const json& body, const LineParser& p, SamplingParams* sa
 }
 
 absl::Status ParseSampling(const json& body, const LineParser& p, BatchEndpoint endpoint,
-                           SamplingParams* s) {
+                           GenerationParams* s) {
   std::optional<int64_t> n;
   if (absl::Status st = p.OptionalInt(body, "n", 1, 1, &n); !st.ok()) {
     return p.Error("body.n: only n = 1 is supported (one completion per request line)");

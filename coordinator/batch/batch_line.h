@@ -29,7 +29,7 @@ struct BatchLine {
   std::optional<nlohmann::json> messages;  // array of {"role", "content", ...}
   // Chat only: "tools" passed to the chat template, if present.
   std::optional<nlohmann::json> tools;
-  SamplingParams sampling;
+  GenerationParams sampling;
   // The body's "model" field, echoed in the response ("" if absent).
   std::string model;
 };

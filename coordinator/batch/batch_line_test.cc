@@ -62,7 +62,7 @@ TEST(BatchLineTest, AllSamplingFields) {
                  "ignore_eos": true, "logprobs": 3, "return_token_ids": true)"),
       1);
   ASSERT_TRUE(line.ok()) << line.status();
-  const SamplingParams& s = line->sampling;
+  const GenerationParams& s = line->sampling;
   EXPECT_EQ(s.max_tokens(), 5);
   EXPECT_FLOAT_EQ(s.temperature(), 0.7f);
   EXPECT_FLOAT_EQ(s.top_p(), 0.9f);

@@ -1,0 +1,114 @@
+#include "coordinator/batch/batch_output.h"
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+
+namespace deepinfer {
+namespace {
+
+using json = nlohmann::json;
+
+BatchLine Parse(const std::string& line) {
+  auto parsed = ParseBatchLine(line, 1);
+  EXPECT_TRUE(parsed.ok()) << parsed.status();
+  return *parsed;
+}
+
+RequestResult Result() {
+  RequestResult r;
+  r.set_request_id("job-1:1");
+  r.add_token_ids(5);
+  r.add_token_ids(6);
+  r.set_text("ab");
+  r.set_finish_reason("length");
+  r.set_prompt_tokens(3);
+  for (int id : {5, 6}) {
+    TokenLogprob* lp = r.add_logprobs();
+    lp->set_token_id(id);
+    lp->set_logprob(-0.5f);
+    lp->add_top_token_ids(id);
+    lp->add_top_logprobs(-0.5f);
+    lp->add_top_token_ids(9);
+    lp->add_top_logprobs(-1.5f);
+  }
+  return r;
+}
+
+OutputContext Context() {
+  OutputContext c;
+  c.request_id = "job-1:1";
+  c.model = "tiny";
+  c.created_unix_s = 1700000000;
+  c.token_text = [](int32_t id) { return std::string(1, static_cast<char>('a' + id - 5)); };
+  return c;
+}
+
+TEST(BatchOutputTest, CompletionLineWithLogprobsAndTokenIds) {
+  BatchLine request = Parse(R"({"custom_id": "q1", "method": "POST", "url": "/v1/completions",
+      "body": {"prompt": [1, 2, 3], "max_tokens": 2, "logprobs": 1, "return_token_ids": true}})");
+  json line = json::parse(FormatResultLine(request, Result(), Context()));
+  EXPECT_EQ(line["custom_id"], "q1");
+  EXPECT_TRUE(line["error"].is_null());
+  EXPECT_EQ(line["response"]["status_code"], 200);
+  const json& body = line["response"]["body"];
+  EXPECT_EQ(body["object"], "text_completion");
+  EXPECT_EQ(body["model"], "tiny");
+  EXPECT_EQ(body["choices"][0]["text"], "ab");
+  EXPECT_EQ(body["choices"][0]["finish_reason"], "length");
+  EXPECT_EQ(body["choices"][0]["token_ids"], json({5, 6}));
+  const json& lp = body["choices"][0]["logprobs"];
+  EXPECT_EQ(lp["tokens"], json({"a", "b"}));
+  EXPECT_EQ(lp["token_logprobs"], json({-0.5, -0.5}));
+  EXPECT_EQ(lp["top_logprobs"][0]["e"], -1.5);
+  EXPECT_EQ(lp["text_offset"], json({0, 1}));
+  EXPECT_EQ(body["usage"]["prompt_tokens"], 3);
+  EXPECT_EQ(body["usage"]["completion_tokens"], 2);
+  EXPECT_EQ(body["usage"]["total_tokens"], 5);
+}
+
+TEST(BatchOutputTest, ChatLineWithoutLogprobs) {
+  BatchLine request = Parse(R"({"custom_id": "c", "method": "POST",
+      "url": "/v1/chat/completions", "body": {"model": "mine",
+      "messages": [{"role": "user", "content": "hi"}]}})");
+  json line = json::parse(FormatResultLine(request, Result(), Context()));
+  const json& body = line["response"]["body"];
+  EXPECT_EQ(body["object"], "chat.completion");
+  EXPECT_EQ(body["model"], "mine");
+  EXPECT_EQ(body["choices"][0]["message"]["role"], "assistant");
+  EXPECT_EQ(body["choices"][0]["message"]["content"], "ab");
+  EXPECT_TRUE(body["choices"][0]["logprobs"].is_null());
+  EXPECT_FALSE(body["choices"][0].contains("token_ids"));
+}
+
+TEST(BatchOutputTest, ChatLogprobsHaveBytes) {
+  BatchLine request = Parse(R"({"custom_id": "c", "url": "/v1/chat/completions", "body": {
+      "messages": [{"role": "user", "content": "hi"}], "logprobs": true, "top_logprobs": 1}})");
+  json line = json::parse(FormatResultLine(request, Result(), Context()));
+  const json& content = line["response"]["body"]["choices"][0]["logprobs"]["content"];
+  ASSERT_EQ(content.size(), 2u);
+  EXPECT_EQ(content[0]["token"], "a");
+  EXPECT_EQ(content[0]["bytes"], json({97}));
+  EXPECT_EQ(content[0]["top_logprobs"][1]["token"], "e");
+}
+
+TEST(BatchOutputTest, ErrorLine) {
+  json line = json::parse(FormatErrorLine("q9", "job-1:9", kInvalidRequest, "line 9: bad"));
+  EXPECT_EQ(line["custom_id"], "q9");
+  EXPECT_TRUE(line["response"].is_null());
+  EXPECT_EQ(line["error"]["code"], "invalid_request");
+  EXPECT_EQ(line["error"]["message"], "line 9: bad");
+  json anonymous = json::parse(FormatErrorLine("", "job-1:2", kInvalidRequest, "x"));
+  EXPECT_TRUE(anonymous["custom_id"].is_null());
+}
+
+TEST(BatchOutputTest, InvalidUtf8TextStillGivesValidJson) {
+  BatchLine request = Parse(R"({"custom_id": "q", "url": "/v1/completions",
+      "body": {"prompt": "x"}})");
+  RequestResult r = Result();
+  r.set_text(std::string("ok\xff", 3));
+  std::string line = FormatResultLine(request, r, Context());
+  EXPECT_FALSE(json::parse(line, nullptr, false).is_discarded());
+}
+
+}  // namespace
+}  // namespace deepinfer
