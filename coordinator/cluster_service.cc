@@ -30,6 +30,8 @@ grpc::ServerUnaryReactor* ClusterServiceImpl::Register(grpc::CallbackServerConte
   registration.node_name = request->node_name();
   registration.listen_address = request->listen_address();
   registration.devices.assign(request->devices().begin(), request->devices().end());
+  // Workers from before ranks existed send 0: one rank.
+  registration.num_ranks = request->num_ranks() > 0 ? request->num_ranks() : 1;
   absl::Status status = registry_->Register(registration);
   if (!status.ok()) return Finish(context, ToGrpcStatus(status));
   LOG(INFO) << "worker " << request->worker_id() << " registered from "
@@ -46,8 +48,14 @@ grpc::ServerUnaryReactor* ClusterServiceImpl::Heartbeat(grpc::CallbackServerCont
                                                         const HeartbeatRequest* request,
                                                         HeartbeatResponse* response) {
   if (grpc::Status s = auth_->Check(*context); !s.ok()) return Finish(context, s);
-  absl::StatusOr<WorkerState> state = registry_->Heartbeat(
-      request->worker_id(), request->worker_incarnation(), request->coordinator_incarnation());
+  WorkerReport report;
+  report.rank_loads.assign(request->rank_loads().begin(), request->rank_loads().end());
+  report.group_generation = request->group_generation();
+  report.group_status = request->group_status();
+  report.group_error = request->group_error();
+  absl::StatusOr<WorkerState> state =
+      registry_->Heartbeat(request->worker_id(), request->worker_incarnation(),
+                           request->coordinator_incarnation(), std::move(report));
   if (!state.ok()) {
     VLOG(1) << "heartbeat refused: " << state.status();
     return Finish(context, ToGrpcStatus(state.status()));

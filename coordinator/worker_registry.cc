@@ -48,6 +48,10 @@ absl::Status WorkerRegistry::Register(const WorkerRegistration& registration) {
     return absl::InvalidArgumentError(
         absl::StrCat("Register from '", registration.worker_id, "': no devices"));
   }
+  if (registration.num_ranks < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("Register from '", registration.worker_id, "': no ranks"));
+  }
   absl::MutexLock lock(&mu_);
   auto [it, inserted] = workers_.try_emplace(registration.worker_id);
   Entry& entry = it->second;
@@ -59,34 +63,55 @@ absl::Status WorkerRegistry::Register(const WorkerRegistration& registration) {
   }
   entry.registration = registration;
   entry.state = REGISTERED;
+  entry.report = WorkerReport();
   entry.last_seen = clock_->Now();
   return absl::OkStatus();
 }
 
-absl::StatusOr<WorkerState> WorkerRegistry::Heartbeat(const std::string& worker_id,
-                                                      uint64_t worker_incarnation,
-                                                      uint64_t coordinator_incarnation) {
+absl::Status WorkerRegistry::CheckSenderLocked(const std::string& worker_id,
+                                               uint64_t worker_incarnation,
+                                               uint64_t coordinator_incarnation) const {
   if (coordinator_incarnation != coordinator_incarnation_) {
     return absl::FailedPreconditionError(absl::StrCat(
-        "heartbeat from '", worker_id, "' names coordinator incarnation ", coordinator_incarnation,
+        "call from '", worker_id, "' names coordinator incarnation ", coordinator_incarnation,
         ", this coordinator is ", coordinator_incarnation_, ": register again"));
   }
-  absl::MutexLock lock(&mu_);
   auto it = workers_.find(worker_id);
   if (it == workers_.end()) {
     return absl::NotFoundError(absl::StrCat("unknown worker '", worker_id, "': register first"));
   }
-  Entry& entry = it->second;
+  const Entry& entry = it->second;
   if (entry.registration.worker_incarnation != worker_incarnation) {
     return absl::FailedPreconditionError(
-        absl::StrCat("heartbeat from '", worker_id, "' incarnation ", worker_incarnation,
+        absl::StrCat("call from '", worker_id, "' incarnation ", worker_incarnation,
                      ", registered incarnation is ", entry.registration.worker_incarnation));
   }
   if (entry.state == LOST) {
     return absl::FailedPreconditionError(
         absl::StrCat("worker '", worker_id, "' was declared LOST: register again"));
   }
+  return absl::OkStatus();
+}
+
+absl::Status WorkerRegistry::CheckSender(const std::string& worker_id,
+                                         uint64_t worker_incarnation,
+                                         uint64_t coordinator_incarnation) const {
+  absl::MutexLock lock(&mu_);
+  return CheckSenderLocked(worker_id, worker_incarnation, coordinator_incarnation);
+}
+
+absl::StatusOr<WorkerState> WorkerRegistry::Heartbeat(const std::string& worker_id,
+                                                      uint64_t worker_incarnation,
+                                                      uint64_t coordinator_incarnation,
+                                                      WorkerReport report) {
+  absl::MutexLock lock(&mu_);
+  if (absl::Status s = CheckSenderLocked(worker_id, worker_incarnation, coordinator_incarnation);
+      !s.ok()) {
+    return s;
+  }
+  Entry& entry = workers_.find(worker_id)->second;
   entry.last_seen = clock_->Now();
+  entry.report = std::move(report);
   if (entry.state == REGISTERED) entry.state = READY;
   return entry.state;
 }
@@ -123,7 +148,7 @@ std::vector<WorkerSnapshot> WorkerRegistry::Snapshot() const {
     absl::MutexLock lock(&mu_);
     out.reserve(workers_.size());
     for (const auto& [id, entry] : workers_) {
-      out.push_back({entry.registration, entry.state, entry.last_seen, entry.restarts});
+      out.push_back({entry.registration, entry.state, entry.last_seen, entry.restarts, entry.report});
     }
   }
   std::sort(out.begin(), out.end(), [](const WorkerSnapshot& a, const WorkerSnapshot& b) {

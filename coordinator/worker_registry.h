@@ -49,6 +49,15 @@ struct WorkerRegistration {
   std::string node_name;
   std::string listen_address;
   std::vector<Device> devices;
+  int num_ranks = 1;
+};
+
+// What a worker reports with each heartbeat besides being alive.
+struct WorkerReport {
+  std::vector<RankLoad> rank_loads;
+  uint64_t group_generation = 0;
+  GroupStatus group_status = GROUP_NONE;
+  std::string group_error;
 };
 
 // A copy of one worker's entry, for status reports.
@@ -57,6 +66,7 @@ struct WorkerSnapshot {
   WorkerState state = WORKER_STATE_UNSPECIFIED;
   absl::Time last_seen;
   int restarts = 0;
+  WorkerReport report;  // from the latest heartbeat
 };
 
 // A state change, returned to callers that log or react to it.
@@ -87,7 +97,13 @@ class WorkerRegistry {
   // worker is LOST (the message says which); both mean "register again".
   absl::StatusOr<WorkerState> Heartbeat(const std::string& worker_id,
                                         uint64_t worker_incarnation,
-                                        uint64_t coordinator_incarnation);
+                                        uint64_t coordinator_incarnation,
+                                        WorkerReport report = {});
+
+  // Checks that a call from a worker comes from its registered incarnation and is
+  // addressed to this coordinator (same errors as Heartbeat), without touching state.
+  absl::Status CheckSender(const std::string& worker_id, uint64_t worker_incarnation,
+                           uint64_t coordinator_incarnation) const;
 
   // Moves a REGISTERED or READY worker to DRAINING. NOT_FOUND for an unknown id,
   // FAILED_PRECONDITION for a LOST one.
@@ -109,7 +125,12 @@ class WorkerRegistry {
     WorkerState state = REGISTERED;
     absl::Time last_seen;
     int restarts = 0;
+    WorkerReport report;
   };
+
+  absl::Status CheckSenderLocked(const std::string& worker_id, uint64_t worker_incarnation,
+                                 uint64_t coordinator_incarnation) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const Clock* const clock_;
   const uint64_t coordinator_incarnation_;
