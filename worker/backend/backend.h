@@ -40,7 +40,8 @@ struct MlaAttentionArgs {
   int32_t num_heads = 0;
   const float* q_latent = nullptr;  // [tokens, heads, latent_dim], contiguous
   const float* q_rope = nullptr;    // rope part of each head, strided:
-  int64_t q_rope_token_stride = 0;  //   element (t, h, i) at q_rope[t*token_stride + h*head_stride + i]
+  int64_t q_rope_token_stride =
+      0;  //   element (t, h, i) at q_rope[t*token_stride + h*head_stride + i]
   int64_t q_rope_head_stride = 0;
   PagedLatentCacheView cache;
   const int32_t* block_tables = nullptr;
@@ -55,15 +56,15 @@ struct MlaAttentionArgs {
 struct NoauxTcRouteArgs {
   int32_t num_tokens = 0;
   int32_t num_experts = 0;
-  const float* router_logits = nullptr;  // [tokens, experts]
+  const float* router_logits = nullptr;    // [tokens, experts]
   const float* correction_bias = nullptr;  // [experts]; selection only
   int32_t num_groups = 1;
   int32_t topk_groups = 1;
   int32_t top_k = 1;
   bool normalize = true;
   float scaling_factor = 1.0f;
-  int32_t* topk_ids = nullptr;      // [tokens, top_k], ascending expert id within a token
-  float* topk_weights = nullptr;    // [tokens, top_k]
+  int32_t* topk_ids = nullptr;    // [tokens, top_k], ascending expert id within a token
+  float* topk_weights = nullptr;  // [tokens, top_k]
 };
 
 class Backend {
@@ -90,8 +91,8 @@ class Backend {
                            const std::vector<const float*>& weights, int64_t n, int64_t k,
                            const float* a, float* c) = 0;
   // out[r, :] = x[r, :] / rms(x[r, :]) * weight (statistics in fp32). out may alias x.
-  virtual void RmsNorm(int64_t rows, int64_t dim, const float* x, int64_t ldx,
-                       const float* weight, float eps, float* out, int64_t ldout) = 0;
+  virtual void RmsNorm(int64_t rows, int64_t dim, const float* x, int64_t ldx, const float* weight,
+                       float eps, float* out, int64_t ldout) = 0;
   // out = a + b, elementwise over n values. out may alias a or b.
   virtual void Add(int64_t n, const float* a, const float* b, float* out) = 0;
   // out[r, i] = silu(x[r, i]) * x[r, inter + i]: x rows are [gate | up] of width 2*inter.

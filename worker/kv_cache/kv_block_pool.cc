@@ -7,13 +7,13 @@
 
 namespace deepinfer {
 
-absl::StatusOr<std::unique_ptr<KvBlockPool>> KvBlockPool::Create(
-    Backend* backend, const KvBlockPoolOptions& o) {
+absl::StatusOr<std::unique_ptr<KvBlockPool>> KvBlockPool::Create(Backend* backend,
+                                                                 const KvBlockPoolOptions& o) {
   if (o.num_layers <= 0 || o.num_blocks <= 0 || o.block_size <= 0 || o.latent_dim <= 0 ||
       o.rope_dim < 0) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "KvBlockPool: bad geometry layers=", o.num_layers, " blocks=", o.num_blocks,
-        " block_size=", o.block_size, " latent=", o.latent_dim, " rope=", o.rope_dim));
+    return absl::InvalidArgumentError(
+        absl::StrCat("KvBlockPool: bad geometry layers=", o.num_layers, " blocks=", o.num_blocks,
+                     " block_size=", o.block_size, " latent=", o.latent_dim, " rope=", o.rope_dim));
   }
   std::vector<std::unique_ptr<DeviceBuffer>> layers;
   const size_t bytes = static_cast<size_t>(o.num_blocks) * o.block_size *
@@ -34,8 +34,8 @@ KvBlockPool::KvBlockPool(const KvBlockPoolOptions& options,
 absl::StatusOr<std::vector<int32_t>> KvBlockPool::Allocate(int32_t n) {
   absl::MutexLock lock(&mu_);
   if (n < 0 || static_cast<size_t>(n) > free_.size()) {
-    return absl::ResourceExhaustedError(absl::StrCat("KvBlockPool: asked for ", n,
-                                                     " blocks, ", free_.size(), " free"));
+    return absl::ResourceExhaustedError(
+        absl::StrCat("KvBlockPool: asked for ", n, " blocks, ", free_.size(), " free"));
   }
   std::vector<int32_t> out;
   out.reserve(n);

@@ -11,8 +11,7 @@ namespace deepinfer {
 
 absl::StatusOr<std::vector<int32_t>> GenerateGreedyOnCpu(const std::string& model,
                                                          const std::vector<int32_t>& prompt,
-                                                         int32_t max_new_tokens,
-                                                         int num_threads) {
+                                                         int32_t max_new_tokens, int num_threads) {
   if (prompt.empty()) return absl::InvalidArgumentError("GenerateGreedyOnCpu: empty prompt");
   if (max_new_tokens <= 0) return std::vector<int32_t>{};
   CpuBackend backend(num_threads);

@@ -24,7 +24,8 @@ struct DeepseekV3Model::StepContext {
 absl::StatusOr<std::unique_ptr<DeepseekV3Model>> DeepseekV3Model::Create(
     const ModelConfig& config, std::unique_ptr<ModelWeights> weights, Backend* backend,
     std::unique_ptr<ExpertDispatcher> dispatcher) {
-  if (weights == nullptr || static_cast<int64_t>(weights->layers.size()) != config.num_hidden_layers) {
+  if (weights == nullptr ||
+      static_cast<int64_t>(weights->layers.size()) != config.num_hidden_layers) {
     return absl::InvalidArgumentError("DeepseekV3Model: weights do not match the config");
   }
   if (config.n_routed_experts > 0 && dispatcher == nullptr) {
@@ -35,9 +36,9 @@ absl::StatusOr<std::unique_ptr<DeepseekV3Model>> DeepseekV3Model::Create(
       if (!weights->layers[l].moe) continue;
       for (int64_t e : dispatcher->local_experts()) {
         if (!weights->layers[l].experts.count(e)) {
-          return absl::InvalidArgumentError(absl::StrCat(
-              "DeepseekV3Model: dispatcher serves expert ", e, " of layer ", l,
-              " but its weights were not loaded"));
+          return absl::InvalidArgumentError(
+              absl::StrCat("DeepseekV3Model: dispatcher serves expert ", e, " of layer ", l,
+                           " but its weights were not loaded"));
         }
       }
     }
@@ -92,11 +93,10 @@ absl::StatusOr<StepOutput> DeepseekV3Model::Step(const std::vector<SequenceStep>
       return absl::InvalidArgumentError(absl::StrCat("sequence ", si, " has no new tokens"));
     }
     const int64_t end = s.position_offset + static_cast<int64_t>(s.tokens.size());
-    if (s.position_offset < 0 ||
-        static_cast<int64_t>(s.block_table.size()) * co.block_size < end) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "sequence ", si, ": block table of ", s.block_table.size(), " blocks cannot hold ",
-          end, " positions (block size ", co.block_size, ")"));
+    if (s.position_offset < 0 || static_cast<int64_t>(s.block_table.size()) * co.block_size < end) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("sequence ", si, ": block table of ", s.block_table.size(),
+                       " blocks cannot hold ", end, " positions (block size ", co.block_size, ")"));
     }
     for (size_t b = 0; b < s.block_table.size(); ++b) {
       if (s.block_table[b] < 0 || s.block_table[b] >= co.num_blocks) {
@@ -170,12 +170,19 @@ absl::StatusOr<StepOutput> DeepseekV3Model::Step(const std::vector<SequenceStep>
     const int64_t n = s.all_logits ? static_cast<int64_t>(s.tokens.size()) : 1;
     out.logits.emplace_back(host.begin() + row * V, host.begin() + (row + n) * V);
     row += n;
+    SampledToken sampled;
+    if (s.sampling.has_value()) {
+      auto tok = Sampler::Sample(host.data() + (row - 1) * V, static_cast<int32_t>(V), *s.sampling,
+                                 s.position_offset + static_cast<int64_t>(s.tokens.size()));
+      if (!tok.ok()) return tok.status();
+      sampled = std::move(*tok);
+    }
+    out.sampled.push_back(std::move(sampled));
   }
   return out;
 }
 
-void DeepseekV3Model::Attention(int64_t layer, const StepContext& ctx, const float* h,
-                                float* out) {
+void DeepseekV3Model::Attention(int64_t layer, const StepContext& ctx, const float* h, float* out) {
   const ModelConfig& c = config_;
   const LayerWeights& L = weights_->layers[layer];
   const int64_t T = ctx.num_tokens, H = c.hidden_size, nh = c.num_attention_heads;
@@ -216,8 +223,8 @@ void DeepseekV3Model::Attention(int64_t layer, const StepContext& ctx, const flo
   auto q_latent = Floats(T * nh * kvl);
   for (int64_t hd = 0; hd < nh; ++hd) {
     backend_->Gemm(T, kvl, nope, q->as<float>() + hd * qk, qdim,
-                   L.w_uk_t->as<float>() + hd * kvl * nope, nope,
-                   q_latent->as<float>() + hd * kvl, nh * kvl, false);
+                   L.w_uk_t->as<float>() + hd * kvl * nope, nope, q_latent->as<float>() + hd * kvl,
+                   nh * kvl, false);
   }
   auto o_latent = Floats(T * nh * kvl);
   MlaAttentionArgs args;
@@ -281,7 +288,8 @@ absl::Status DeepseekV3Model::Moe(int64_t layer, int64_t rows, const float* h, f
   backend_->NoauxTcRoute(ra);
 
   DispatchedTokens d;
-  absl::Status st = dispatcher_->Dispatch(rows, K, h, topk_ids->as<int32_t>(), topk_w->as<float>(), &d);
+  absl::Status st =
+      dispatcher_->Dispatch(rows, K, h, topk_ids->as<int32_t>(), topk_w->as<float>(), &d);
   if (!st.ok()) return st;
   std::vector<const float*> gate_up, down;
   for (int64_t e : dispatcher_->local_experts()) {
@@ -296,8 +304,7 @@ absl::Status DeepseekV3Model::Moe(int64_t layer, int64_t rows, const float* h, f
                           gu->as<float>());
     auto act = Floats(d.num_rows * I);
     backend_->SiluMul(d.num_rows, I, gu->as<float>(), act->as<float>());
-    backend_->GroupedGemm(d.group_offsets, down, H, I, act->as<float>(),
-                          expert_out->as<float>());
+    backend_->GroupedGemm(d.group_offsets, down, H, I, act->as<float>(), expert_out->as<float>());
   }
   // out = routed sum (experts ascending) + shared experts, as HF and DeepSeek add them.
   auto zero = Floats(rows * H);

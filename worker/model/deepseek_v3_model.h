@@ -13,6 +13,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -21,6 +22,7 @@
 #include "worker/model/expert_dispatcher.h"
 #include "worker/model/model_config.h"
 #include "worker/model/model_weights.h"
+#include "worker/sampling/sampler.h"
 
 namespace deepinfer {
 
@@ -29,11 +31,16 @@ struct SequenceStep {
   int64_t position_offset = 0;       // tokens already in the cache for this sequence
   std::vector<int32_t> block_table;  // must cover position_offset + tokens.size() positions
   bool all_logits = false;           // logits for every new token, else only the last
+  // If set, the next token is sampled from the last row's logits (position of the sampled
+  // token = position_offset + tokens.size(), which keys the seeded random stream).
+  std::optional<SamplingParams> sampling;
 };
 
 struct StepOutput {
   // Per sequence, row-major [rows, vocab]: rows = tokens.size() if all_logits, else 1.
   std::vector<std::vector<float>> logits;
+  // Per sequence; token -1 where SequenceStep::sampling was unset.
+  std::vector<SampledToken> sampled;
 };
 
 class DeepseekV3Model {

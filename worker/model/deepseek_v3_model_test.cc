@@ -39,6 +39,17 @@ std::vector<int32_t> Prompt(int n, int salt) {
   return p;
 }
 
+SequenceStep MakeStep(std::vector<int32_t> tokens, int64_t offset, std::vector<int32_t> table,
+                      bool all_logits, std::optional<SamplingParams> sampling = std::nullopt) {
+  SequenceStep s;
+  s.tokens = std::move(tokens);
+  s.position_offset = offset;
+  s.block_table = std::move(table);
+  s.all_logits = all_logits;
+  s.sampling = sampling;
+  return s;
+}
+
 float MaxDiff(const std::vector<float>& a, const std::vector<float>& b) {
   EXPECT_EQ(a.size(), b.size());
   float m = 0;
@@ -70,7 +81,7 @@ TEST_F(ModelTest, BatchedDecodeOfDifferentLengthsEqualsEachAlone) {
   std::vector<std::vector<std::vector<float>>> alone(lens.size());
   std::vector<std::vector<int32_t>> decode_tokens(lens.size());
   for (size_t s = 0; s < lens.size(); ++s) {
-    SequenceStep st{Prompt(lens[s], s), 0, Blocks(8), false};
+    SequenceStep st = MakeStep(Prompt(lens[s], s), 0, Blocks(8), false);
     for (int i = 0; i <= steps; ++i) {
       auto r = model_->Step({st}, pool_.get());
       ASSERT_TRUE(r.ok()) << r.status();
@@ -84,7 +95,8 @@ TEST_F(ModelTest, BatchedDecodeOfDifferentLengthsEqualsEachAlone) {
   }
   // Together: one batched prefill, then batched decode steps with the same tokens.
   std::vector<SequenceStep> batch;
-  for (size_t s = 0; s < lens.size(); ++s) batch.push_back({Prompt(lens[s], s), 0, Blocks(8), false});
+  for (size_t s = 0; s < lens.size(); ++s)
+    batch.push_back(MakeStep(Prompt(lens[s], s), 0, Blocks(8), false));
   for (int i = 0; i <= steps; ++i) {
     auto r = model_->Step(batch, pool_.get());
     ASSERT_TRUE(r.ok()) << r.status();
@@ -98,18 +110,20 @@ TEST_F(ModelTest, BatchedDecodeOfDifferentLengthsEqualsEachAlone) {
 
 TEST_F(ModelTest, ChunkedPrefillAndMixedBatchMatchFullPrefill) {
   const auto prompt = Prompt(30, 7);
-  SequenceStep full{prompt, 0, Blocks(8), true};
+  SequenceStep full = MakeStep(prompt, 0, Blocks(8), true);
   auto ref = model_->Step({full}, pool_.get());
   ASSERT_TRUE(ref.ok()) << ref.status();
   ASSERT_EQ(ref->logits[0].size(), 30u * 1000);
   // Same prompt in two chunks (11 + 19 tokens); the second chunk shares a step with another
   // sequence's decode-sized step.
   auto table = Blocks(8);
-  SequenceStep first{std::vector<int32_t>(prompt.begin(), prompt.begin() + 11), 0, table, true};
+  SequenceStep first =
+      MakeStep(std::vector<int32_t>(prompt.begin(), prompt.begin() + 11), 0, table, true);
   auto r1 = model_->Step({first}, pool_.get());
   ASSERT_TRUE(r1.ok());
-  SequenceStep second{std::vector<int32_t>(prompt.begin() + 11, prompt.end()), 11, table, true};
-  SequenceStep other{Prompt(3, 1), 0, Blocks(1), false};
+  SequenceStep second =
+      MakeStep(std::vector<int32_t>(prompt.begin() + 11, prompt.end()), 11, table, true);
+  SequenceStep other = MakeStep(Prompt(3, 1), 0, Blocks(1), false);
   auto r2 = model_->Step({other, second}, pool_.get());
   ASSERT_TRUE(r2.ok()) << r2.status();
   std::vector<float> joined = r1->logits[0];
@@ -117,13 +131,53 @@ TEST_F(ModelTest, ChunkedPrefillAndMixedBatchMatchFullPrefill) {
   EXPECT_LE(MaxDiff(joined, ref->logits[0]), 1e-5f);
 }
 
+TEST_F(ModelTest, SeededSamplingIsIndependentOfBatchComposition) {
+  SamplingParams sp;
+  sp.temperature = 1.5f;
+  sp.top_p = 0.95f;
+  sp.seed = 1234;
+  sp.num_logprobs = 3;
+  auto run = [&](bool with_others) {
+    SequenceStep s = MakeStep(Prompt(9, 4), 0, Blocks(8), false, sp);
+    std::vector<int32_t> got;
+    std::vector<SequenceStep> others;
+    for (int i = 0; i < 2; ++i) {
+      SamplingParams o = sp;
+      o.seed = 99 + i;
+      others.push_back(MakeStep(Prompt(4 + 7 * i, 9 + i), 0, Blocks(8), false, o));
+    }
+    for (int step = 0; step < 8; ++step) {
+      std::vector<SequenceStep> batch;
+      if (with_others) batch = others;
+      batch.push_back(s);
+      auto r = model_->Step(batch, pool_.get());
+      EXPECT_TRUE(r.ok()) << r.status();
+      if (!r.ok()) return got;
+      const SampledToken& t = r->sampled.back();
+      EXPECT_EQ(t.top_logprobs.size(), 3u);
+      EXPECT_LE(t.logprob, t.top_logprobs[0].second);
+      got.push_back(t.token);
+      s.position_offset += s.tokens.size();
+      s.tokens = {t.token};
+      for (size_t i = 0; i < others.size(); ++i) {
+        others[i].position_offset += others[i].tokens.size();
+        others[i].tokens = {r->sampled[i].token};
+      }
+    }
+    return got;
+  };
+  const auto alone = run(false);
+  EXPECT_EQ(alone, run(true));
+  EXPECT_EQ(alone.size(), 8u);
+}
+
 TEST_F(ModelTest, RejectsBadSteps) {
-  SequenceStep small{Prompt(9, 0), 0, Blocks(2), false};  // 2 blocks of 4 < 9 positions
+  SequenceStep small = MakeStep(Prompt(9, 0), 0, Blocks(2), false);  // 2 blocks of 4 < 9 positions
   auto r = model_->Step({small}, pool_.get());
   EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument);
-  SequenceStep bad_token{{5000}, 0, Blocks(1), false};
+  SequenceStep bad_token = MakeStep({5000}, 0, Blocks(1), false);
   EXPECT_FALSE(model_->Step({bad_token}, pool_.get()).ok());
-  SequenceStep empty{{}, 0, Blocks(1), false};
+  SequenceStep empty = MakeStep({}, 0, Blocks(1), false);
   EXPECT_FALSE(model_->Step({empty}, pool_.get()).ok());
 }
 
@@ -145,7 +199,7 @@ TEST(ModelLoadTest, HostsOnlyRequestedExperts) {
   auto m = LoadDeepseekV3(FixtureDir(), &be, opts);
   ASSERT_TRUE(m.ok()) << m.status();
   auto pool = KvBlockPool::Create(&be, (*m)->CacheOptions(8, 16));
-  SequenceStep s{Prompt(20, 3), 0, *(*pool)->Allocate(2), false};
+  SequenceStep s = MakeStep(Prompt(20, 3), 0, *(*pool)->Allocate(2), false);
   EXPECT_EQ((*m)->Step({s}, pool->get()).status().code(), absl::StatusCode::kFailedPrecondition);
 }
 

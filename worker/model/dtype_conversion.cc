@@ -43,18 +43,30 @@ size_t DTypeSize(DType d) {
 
 const char* DTypeName(DType d) {
   switch (d) {
-    case DType::kF64: return "F64";
-    case DType::kF32: return "F32";
-    case DType::kF16: return "F16";
-    case DType::kBF16: return "BF16";
-    case DType::kF8E4M3: return "F8_E4M3";
-    case DType::kF8E5M2: return "F8_E5M2";
-    case DType::kI64: return "I64";
-    case DType::kI32: return "I32";
-    case DType::kI16: return "I16";
-    case DType::kI8: return "I8";
-    case DType::kU8: return "U8";
-    case DType::kBool: return "BOOL";
+    case DType::kF64:
+      return "F64";
+    case DType::kF32:
+      return "F32";
+    case DType::kF16:
+      return "F16";
+    case DType::kBF16:
+      return "BF16";
+    case DType::kF8E4M3:
+      return "F8_E4M3";
+    case DType::kF8E5M2:
+      return "F8_E5M2";
+    case DType::kI64:
+      return "I64";
+    case DType::kI32:
+      return "I32";
+    case DType::kI16:
+      return "I16";
+    case DType::kI8:
+      return "I8";
+    case DType::kU8:
+      return "U8";
+    case DType::kBool:
+      return "BOOL";
   }
   return "?";
 }

@@ -26,7 +26,7 @@ TEST(DtypeConversionTest, F16IncludingSubnormalsAndInf) {
 TEST(DtypeConversionTest, F8E4M3fn) {
   EXPECT_EQ(F8E4M3ToFloat(0x38), 1.0f);
   EXPECT_EQ(F8E4M3ToFloat(0xB8), -1.0f);
-  EXPECT_EQ(F8E4M3ToFloat(0x7E), 448.0f);  // largest finite
+  EXPECT_EQ(F8E4M3ToFloat(0x7E), 448.0f);                // largest finite
   EXPECT_EQ(F8E4M3ToFloat(0x01), std::ldexp(1.0f, -9));  // smallest subnormal
   EXPECT_EQ(F8E4M3ToFloat(0x07), 7 * std::ldexp(1.0f, -9));
   EXPECT_EQ(F8E4M3ToFloat(0x08), std::ldexp(1.0f, -6));  // smallest normal

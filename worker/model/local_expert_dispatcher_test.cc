@@ -10,8 +10,8 @@ namespace {
 TEST(LocalExpertDispatcherTest, GroupsRowsByExpertAndCombinesWeighted) {
   CpuBackend be(1);
   LocalExpertDispatcher d(&be, 4, 2, {0, 1, 2, 3});
-  std::vector<float> hidden = {1, 2, 3, 4, 5, 6};      // 3 tokens
-  std::vector<int32_t> ids = {2, 0, 0, 3, 2, 1};       // top-2 each
+  std::vector<float> hidden = {1, 2, 3, 4, 5, 6};  // 3 tokens
+  std::vector<int32_t> ids = {2, 0, 0, 3, 2, 1};   // top-2 each
   std::vector<float> w = {0.5f, 1.0f, 2.0f, 1.0f, 1.0f, 3.0f};
   DispatchedTokens out;
   ASSERT_TRUE(d.Dispatch(3, 2, hidden.data(), ids.data(), w.data(), &out).ok());

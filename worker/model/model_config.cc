@@ -20,8 +20,7 @@ class Reader {
   Reader(const Json& j, absl::string_view source) : j_(j), source_(source) {}
 
   absl::Status Error(absl::string_view field, absl::string_view what) const {
-    return absl::InvalidArgumentError(
-        absl::StrCat(source_, ": field '", field, "' ", what));
+    return absl::InvalidArgumentError(absl::StrCat(source_, ": field '", field, "' ", what));
   }
   // Required integer.
   absl::Status Int(const char* key, int64_t* out) const {
@@ -66,10 +65,10 @@ class Reader {
   absl::string_view source_;
 };
 
-#define DI_RETURN_IF_ERROR(expr)        \
-  do {                                  \
-    absl::Status _st = (expr);          \
-    if (!_st.ok()) return _st;          \
+#define DI_RETURN_IF_ERROR(expr) \
+  do {                           \
+    absl::Status _st = (expr);   \
+    if (!_st.ok()) return _st;   \
   } while (0)
 
 double YarnGetMscale(double scale, double mscale) {
@@ -93,13 +92,13 @@ absl::StatusOr<ModelConfig> ModelConfig::FromJson(absl::string_view text,
   }
   DI_RETURN_IF_ERROR(r.OptString("model_type", &c.model_type));
   // Kimi-K2 and Moonlight ship their own model_type but the DeepseekV3 architecture.
-  const bool known = c.architecture == "DeepseekV3ForCausalLM" ||
-                     (c.architecture.empty() &&
-                      (c.model_type == "deepseek_v3" || c.model_type == "kimi_k2"));
+  const bool known =
+      c.architecture == "DeepseekV3ForCausalLM" ||
+      (c.architecture.empty() && (c.model_type == "deepseek_v3" || c.model_type == "kimi_k2"));
   if (!known) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(source, ": unsupported architecture '", c.architecture, "' (model_type '",
-                     c.model_type, "'); only DeepseekV3ForCausalLM is supported"));
+    return absl::InvalidArgumentError(absl::StrCat(source, ": unsupported architecture '",
+                                                   c.architecture, "' (model_type '", c.model_type,
+                                                   "'); only DeepseekV3ForCausalLM is supported"));
   }
   DI_RETURN_IF_ERROR(r.Int("vocab_size", &c.vocab_size));
   DI_RETURN_IF_ERROR(r.Int("hidden_size", &c.hidden_size));
@@ -153,8 +152,8 @@ absl::StatusOr<ModelConfig> ModelConfig::FromJson(absl::string_view text,
     auto f = it->find("factor");
     if (f == it->end() || !f->is_number()) return rr.Error("factor", "is missing");
     c.rope.factor = f->get<double>();
-    DI_RETURN_IF_ERROR(rr.OptInt("original_max_position_embeddings",
-                                 &c.rope.original_max_position_embeddings));
+    DI_RETURN_IF_ERROR(
+        rr.OptInt("original_max_position_embeddings", &c.rope.original_max_position_embeddings));
     DI_RETURN_IF_ERROR(rr.OptDouble("beta_fast", &c.rope.beta_fast));
     DI_RETURN_IF_ERROR(rr.OptDouble("beta_slow", &c.rope.beta_slow));
     DI_RETURN_IF_ERROR(rr.OptDouble("mscale", &c.rope.mscale));
@@ -212,12 +211,12 @@ absl::StatusOr<ModelConfig> ModelConfig::FromJson(absl::string_view text,
       return r.Error("num_experts_per_tok", "exceeds the experts in the kept groups");
     }
     if (c.topk_method != "noaux_tc") {
-      return r.Error("topk_method", absl::StrCat("'", c.topk_method,
-                                                 "' is not supported (noaux_tc)"));
+      return r.Error("topk_method",
+                     absl::StrCat("'", c.topk_method, "' is not supported (noaux_tc)"));
     }
     if (c.scoring_func != "sigmoid") {
-      return r.Error("scoring_func", absl::StrCat("'", c.scoring_func,
-                                                  "' is not supported (sigmoid)"));
+      return r.Error("scoring_func",
+                     absl::StrCat("'", c.scoring_func, "' is not supported (sigmoid)"));
     }
   }
   if (c.rope.yarn && (c.rope.factor <= 0 || c.rope.original_max_position_embeddings <= 0)) {
@@ -247,7 +246,8 @@ double ModelConfig::RopeAttentionFactor() const {
   if (!rope.yarn) return 1.0;
   if (rope.attention_factor != 0.0) return rope.attention_factor;
   if (rope.mscale != 0.0 && rope.mscale_all_dim != 0.0) {
-    return YarnGetMscale(rope.factor, rope.mscale) / YarnGetMscale(rope.factor, rope.mscale_all_dim);
+    return YarnGetMscale(rope.factor, rope.mscale) /
+           YarnGetMscale(rope.factor, rope.mscale_all_dim);
   }
   return YarnGetMscale(rope.factor, 1.0);
 }

@@ -22,8 +22,8 @@ struct RopeConfig {
   int64_t original_max_position_embeddings = 0;
   double beta_fast = 32.0;
   double beta_slow = 1.0;
-  double mscale = 0.0;          // 0: absent
-  double mscale_all_dim = 0.0;  // 0: absent
+  double mscale = 0.0;            // 0: absent
+  double mscale_all_dim = 0.0;    // 0: absent
   double attention_factor = 0.0;  // 0: absent (derived, see RopeAttentionFactor)
   bool truncate = true;
 };

@@ -77,7 +77,8 @@ absl::StatusOr<std::unique_ptr<ModelWeights>> ModelWeights::Load(const ModelConf
     LayerWeights& L = w->layers[l];
     const std::string p = absl::StrCat("model.layers.", l, ".");
     DI_RETURN_IF_ERROR(ld.Load(p + "input_layernorm.weight", {hid}, &L.input_norm));
-    DI_RETURN_IF_ERROR(ld.Load(p + "post_attention_layernorm.weight", {hid}, &L.post_attention_norm));
+    DI_RETURN_IF_ERROR(
+        ld.Load(p + "post_attention_layernorm.weight", {hid}, &L.post_attention_norm));
     const std::string a = p + "self_attn.";
     if (c.q_lora_rank > 0) {
       DI_RETURN_IF_ERROR(ld.Load(a + "q_a_proj.weight", {c.q_lora_rank, hid}, &L.q_a));

@@ -41,7 +41,7 @@ struct LayerWeights {
   std::unique_ptr<DeviceBuffer> w_uk_t;     // [heads, kv_lora, nope]: key half, transposed
   std::unique_ptr<DeviceBuffer> o_proj;     // [hidden, heads * v]
   bool moe = false;
-  MlpWeights dense;  // dense layers
+  MlpWeights dense;                           // dense layers
   std::unique_ptr<DeviceBuffer> router;       // [experts, hidden]
   std::unique_ptr<DeviceBuffer> router_bias;  // [experts] e_score_correction_bias
   MlpWeights shared;                          // n_shared_experts fused (inter = n * moe_inter)
@@ -51,8 +51,7 @@ struct LayerWeights {
 class ModelWeights {
  public:
   static absl::StatusOr<std::unique_ptr<ModelWeights>> Load(const ModelConfig& config,
-                                                            WeightSource* source,
-                                                            Backend* backend,
+                                                            WeightSource* source, Backend* backend,
                                                             const LoadOptions& options);
 
   std::unique_ptr<DeviceBuffer> embed;  // [vocab, hidden]

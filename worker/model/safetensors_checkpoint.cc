@@ -60,8 +60,8 @@ bool SafetensorsCheckpoint::Contains(const std::string& name) const {
   return weight_map_.count(name) > 0;
 }
 
-absl::StatusOr<const SafetensorsTensor*> SafetensorsCheckpoint::FindTensor(
-    const std::string& name, std::string* file) {
+absl::StatusOr<const SafetensorsTensor*> SafetensorsCheckpoint::FindTensor(const std::string& name,
+                                                                           std::string* file) {
   auto it = weight_map_.find(name);
   if (it == weight_map_.end()) {
     return absl::NotFoundError(
@@ -90,12 +90,13 @@ absl::Status SafetensorsCheckpoint::ReadFloat32(const std::string& name,
   if (!t_or.ok()) return t_or.status();
   const SafetensorsTensor& t = **t_or;
   if (t.shape != shape) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        file, ": tensor '", name, "' has shape [", absl::StrJoin(t.shape, ","),
-        "], expected [", absl::StrJoin(shape, ","), "]"));
+    return absl::InvalidArgumentError(absl::StrCat(file, ": tensor '", name, "' has shape [",
+                                                   absl::StrJoin(t.shape, ","), "], expected [",
+                                                   absl::StrJoin(shape, ","), "]"));
   }
   absl::Status st = ConvertToFloat32(t.dtype, t.data, t.num_elements(), out);
-  if (!st.ok()) return absl::InvalidArgumentError(absl::StrCat(file, ": tensor '", name, "': ", st.message()));
+  if (!st.ok())
+    return absl::InvalidArgumentError(absl::StrCat(file, ": tensor '", name, "': ", st.message()));
   if (t.dtype != DType::kF8E4M3) return absl::OkStatus();
 
   // FP8: multiply each block by its scale (DeepSeek's weight_dequant: y = x * s).
@@ -109,8 +110,8 @@ absl::Status SafetensorsCheckpoint::ReadFloat32(const std::string& name,
                                             (cols + block_cols_ - 1) / block_cols_};
   std::vector<float> scale(scale_shape[0] * scale_shape[1]);
   if (!Contains(scale_name)) {
-    return absl::NotFoundError(absl::StrCat(file, ": FP8 tensor '", name, "' has no scale '",
-                                            scale_name, "'"));
+    return absl::NotFoundError(
+        absl::StrCat(file, ": FP8 tensor '", name, "' has no scale '", scale_name, "'"));
   }
   st = ReadFloat32(scale_name, scale_shape, scale.data());
   if (!st.ok()) return st;

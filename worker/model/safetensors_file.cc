@@ -65,8 +65,8 @@ absl::StatusOr<std::unique_ptr<SafetensorsFile>> SafetensorsFile::Open(const std
     auto off = t.find("data_offsets");
     if (dt == t.end() || !dt->is_string()) return bad("missing dtype");
     if (sh == t.end() || !sh->is_array()) return bad("missing shape");
-    if (off == t.end() || !off->is_array() || off->size() != 2 ||
-        !(*off)[0].is_number_unsigned() || !(*off)[1].is_number_unsigned()) {
+    if (off == t.end() || !off->is_array() || off->size() != 2 || !(*off)[0].is_number_unsigned() ||
+        !(*off)[1].is_number_unsigned()) {
       return bad("missing or malformed data_offsets");
     }
     SafetensorsTensor tensor;

@@ -9,8 +9,8 @@
 
 namespace deepinfer {
 
-void SafetensorsWriter::Add(const std::string& name, DType dtype,
-                            const std::vector<int64_t>& shape, std::vector<uint8_t> bytes) {
+void SafetensorsWriter::Add(const std::string& name, DType dtype, const std::vector<int64_t>& shape,
+                            std::vector<uint8_t> bytes) {
   entries_.push_back({name, dtype, shape, std::move(bytes)});
 }
 

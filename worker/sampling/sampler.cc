@@ -14,8 +14,8 @@ absl::StatusOr<SampledToken> Sampler::Sample(const float* logits, int32_t vocab,
                                              const SamplingParams& params, int64_t position) {
   if (vocab <= 0) return absl::InvalidArgumentError("Sampler: empty vocabulary");
   if (!(params.top_p > 0.0f && params.top_p <= 1.0f)) {
-    return absl::InvalidArgumentError(absl::StrCat("Sampler: top_p must be in (0, 1], got ",
-                                                   params.top_p));
+    return absl::InvalidArgumentError(
+        absl::StrCat("Sampler: top_p must be in (0, 1], got ", params.top_p));
   }
   if (params.num_logprobs < 0) {
     return absl::InvalidArgumentError("Sampler: num_logprobs must be >= 0");
@@ -62,8 +62,8 @@ absl::StatusOr<SampledToken> Sampler::Sample(const float* logits, int32_t vocab,
     }
     double best = -1;
     for (int32_t i = 0; i < keep; ++i) {
-      const double e = -std::log(
-          static_cast<double>(CounterRng::Uniform(params.seed, position, order[i])));
+      const double e =
+          -std::log(static_cast<double>(CounterRng::Uniform(params.seed, position, order[i])));
       const double race = p[i] / e;
       if (race > best) {
         best = race;

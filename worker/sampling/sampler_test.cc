@@ -62,7 +62,8 @@ TEST(SamplerTest, SameSeedAndPositionSameTokenWhateverTheBatch) {
   SamplingParams p2 = p;
   p2.seed = 43;
   int diff = 0;
-  for (int pos = 0; pos < 40; ++pos) diff += Sampler::Sample(l.data(), 50, p2, pos)->token != alone[pos];
+  for (int pos = 0; pos < 40; ++pos)
+    diff += Sampler::Sample(l.data(), 50, p2, pos)->token != alone[pos];
   EXPECT_GT(diff, 10);
 }
 
@@ -95,7 +96,8 @@ TEST(SamplerTest, TopKAndTopPRestrictSupport) {
   SamplingParams q;
   q.temperature = 1.0f;
   q.top_p = 1e-6f;
-  for (int pos = 0; pos < 50; ++pos) EXPECT_EQ(Sampler::Sample(l.data(), 50, q, pos)->token, idx[0]);
+  for (int pos = 0; pos < 50; ++pos)
+    EXPECT_EQ(Sampler::Sample(l.data(), 50, q, pos)->token, idx[0]);
   q.top_p = 0.0f;
   EXPECT_FALSE(Sampler::Sample(l.data(), 50, q, 0).ok());
 }

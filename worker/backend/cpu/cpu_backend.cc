@@ -64,8 +64,8 @@ void CpuBackend::CopyDeviceToDevice(const void* src, size_t bytes, void* dst) {
   if (bytes > 0) std::memmove(dst, src, bytes);
 }
 
-void CpuBackend::Gemm(int64_t m, int64_t n, int64_t k, const float* a, int64_t lda,
-                      const float* w, int64_t ldw, float* c, int64_t ldc, bool accumulate) {
+void CpuBackend::Gemm(int64_t m, int64_t n, int64_t k, const float* a, int64_t lda, const float* w,
+                      int64_t ldw, float* c, int64_t ldc, bool accumulate) {
   if (m <= 0 || n <= 0) return;
   auto body = [&](int64_t i0, int64_t i1, int64_t j0, int64_t j1) {
     for (int64_t i = i0; i < i1; ++i) {

@@ -38,9 +38,9 @@ class CpuBackend : public Backend {
                   float* dst) override;
   void ScatterAddRows(int64_t rows, int64_t dim, const float* src, const int32_t* idx,
                       const float* weight, float* dst) override;
-  void ApplyRope(int64_t tokens, int64_t heads, float* x, int64_t token_stride,
-                 int64_t head_stride, int64_t rope_dim, const int32_t* positions,
-                 const float* inv_freq, float attention_factor, bool interleaved) override;
+  void ApplyRope(int64_t tokens, int64_t heads, float* x, int64_t token_stride, int64_t head_stride,
+                 int64_t rope_dim, const int32_t* positions, const float* inv_freq,
+                 float attention_factor, bool interleaved) override;
   void WriteLatentCache(int64_t tokens, const float* latent, int64_t ld_latent,
                         const float* rope_key, int64_t ld_rope, const int32_t* slots,
                         const PagedLatentCacheView& cache) override;

@@ -125,7 +125,8 @@ TEST(CpuBackendTest, MlaAttentionOverPagedCacheMatchesDense) {
   for (int s = 0; s < 2; ++s) {
     dense[s] = Random(lens[s] * entry, 20 + s);
     std::vector<int32_t> slots;
-    for (int j = 0; j < lens[s]; ++j) slots.push_back(tables[s * max_blocks + j / bs] * bs + j % bs);
+    for (int j = 0; j < lens[s]; ++j)
+      slots.push_back(tables[s * max_blocks + j / bs] * bs + j % bs);
     PagedLatentCacheView v{cache.data(), bs, latent, rope};
     be.WriteLatentCache(lens[s], dense[s].data(), entry, dense[s].data() + latent, entry,
                         slots.data(), v);
@@ -158,7 +159,8 @@ TEST(CpuBackendTest, MlaAttentionOverPagedCacheMatchesDense) {
       for (int j = 0; j < ctx[t]; ++j) {
         double v = 0;
         for (int c = 0; c < latent; ++c) v += ql[(t * heads + h) * latent + c] * kv[j * entry + c];
-        for (int c = 0; c < rope; ++c) v += qr[(t * heads + h) * rope + c] * kv[j * entry + latent + c];
+        for (int c = 0; c < rope; ++c)
+          v += qr[(t * heads + h) * rope + c] * kv[j * entry + latent + c];
         s[j] = v * 0.3;
         mx = std::max(mx, s[j]);
       }

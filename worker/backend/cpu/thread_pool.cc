@@ -55,9 +55,8 @@ void ThreadPool::ParallelFor(int64_t n, int64_t min_chunk,
   }
   absl::MutexLock lock(&mu_);
   mu_.Await(absl::Condition(
-      +[](ThreadPool* p) ABSL_EXCLUSIVE_LOCKS_REQUIRED(p->mu_) {
-        return p->done_chunks_ == p->num_chunks_;
-      },
+      +[](ThreadPool* p)
+           ABSL_EXCLUSIVE_LOCKS_REQUIRED(p->mu_) { return p->done_chunks_ == p->num_chunks_; },
       this));
   job_ = nullptr;
 }
