@@ -51,6 +51,9 @@ class DeepseekV3Model {
       const ModelConfig& config, std::unique_ptr<ModelWeights> weights, Backend* backend,
       std::unique_ptr<ExpertDispatcher> dispatcher);
 
+  // Runs one forward step. Not thread-safe: one engine loop drives a model. INVALID_ARGUMENT
+  // for malformed sequences (no tokens, block table too short, token outside the vocabulary);
+  // FAILED_PRECONDITION if a token is routed to an expert the dispatcher cannot serve.
   absl::StatusOr<StepOutput> Step(const std::vector<SequenceStep>& batch, KvBlockPool* cache);
 
   const ModelConfig& config() const { return config_; }

@@ -62,6 +62,22 @@ TEST(ModelConfigTest, HfV5RopeParametersAndNullQLora) {
   EXPECT_EQ(c->rope.theta, 50000);
 }
 
+TEST(ModelConfigTest, YarnAttentionFactorFollowsHf) {
+  // Only mscale_all_dim given (mscale absent): HF scales cos/sin by mscale(factor, 1).
+  std::string s = kDeepSeekStyle;
+  s.replace(s.find("\"mscale\": 1.0,"), 14, "");
+  auto c = ModelConfig::FromJson(s, "cfg.json");
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_NEAR(c->RopeAttentionFactor(), 0.1 * std::log(40.0) + 1.0, 1e-12);
+  // Both given and different: the ratio.
+  s = kDeepSeekStyle;
+  s.replace(s.find("\"mscale\": 1.0"), 13, "\"mscale\": 0.5");
+  c = ModelConfig::FromJson(s, "cfg.json");
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_NEAR(c->RopeAttentionFactor(),
+              (0.05 * std::log(40.0) + 1.0) / (0.1 * std::log(40.0) + 1.0), 1e-12);
+}
+
 TEST(ModelConfigTest, PlainRopeHasUnscaledFrequencies) {
   std::string s = kDeepSeekStyle;
   s.replace(s.find("\"type\": \"yarn\""), 14, "\"type\": \"default\"");
