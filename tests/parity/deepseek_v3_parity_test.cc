@@ -1,0 +1,180 @@
+// Parity with HF transformers: for every fixture prompt, the CPU engine's logits at every
+// prompt position must match HF's float32 logits within 1e-4 (max abs difference relative to
+// the max abs HF logit), and greedy decoding through the paged cache (prefill, then one token
+// per step) must reproduce HF's 24-token continuation, for sequences alone and batched.
+#include <algorithm>
+#include <cmath>
+#include <cstdlib>
+#include <fstream>
+#include <sstream>
+
+#include "gtest/gtest.h"
+#include "nlohmann/json.hpp"
+#include "worker/backend/cpu/cpu_backend.h"
+#include "worker/kv_cache/kv_block_pool.h"
+#include "worker/model/deepseek_v3_model.h"
+#include "worker/model/model_loader.h"
+
+namespace deepinfer {
+namespace {
+
+constexpr double kTolerance = 1e-4;
+constexpr int32_t kBlockSize = 16;
+
+struct FixturePrompt {
+  std::vector<int32_t> ids;
+  int64_t logits_row_offset = 0;
+  std::vector<int32_t> greedy;
+};
+
+struct Fixture {
+  std::string dir;
+  int64_t vocab = 0;
+  std::vector<float> logits;  // [rows, vocab]
+  std::vector<FixturePrompt> prompts;
+};
+
+// Reads expected.json without throwing accessors; missing or mistyped fields leave the fixture
+// empty, which the test reports as a failure.
+std::vector<int32_t> IntList(const nlohmann::json& obj, const char* key) {
+  std::vector<int32_t> out;
+  auto it = obj.find(key);
+  if (it == obj.end() || !it->is_array()) return out;
+  for (const auto& v : *it) {
+    if (v.is_number_integer()) out.push_back(v.get<int32_t>());
+  }
+  return out;
+}
+
+int64_t IntField(const nlohmann::json& obj, const char* key) {
+  auto it = obj.find(key);
+  return it != obj.end() && it->is_number_integer() ? it->get<int64_t>() : -1;
+}
+
+Fixture LoadFixture(const std::string& name) {
+  Fixture f;
+  const char* src = std::getenv("TEST_SRCDIR");
+  f.dir = std::string(src ? src : ".") + "/deepinfer/tests/fixtures/" + name;
+  std::ifstream in(f.dir + "/expected.json");
+  std::stringstream ss;
+  ss << in.rdbuf();
+  nlohmann::json j = nlohmann::json::parse(ss.str(), nullptr, /*allow_exceptions=*/false);
+  EXPECT_TRUE(j.is_object()) << f.dir;
+  if (!j.is_object()) return f;
+  f.vocab = IntField(j, "vocab_size");
+  const int64_t rows = IntField(j, "logits_rows");
+  EXPECT_GT(f.vocab, 0);
+  EXPECT_GT(rows, 0);
+  if (f.vocab <= 0 || rows <= 0) return f;
+  f.logits.resize(rows * f.vocab);
+  std::ifstream bin(f.dir + "/logits.bin", std::ios::binary);
+  bin.read(reinterpret_cast<char*>(f.logits.data()), f.logits.size() * sizeof(float));
+  EXPECT_EQ(bin.gcount(), static_cast<std::streamsize>(f.logits.size() * sizeof(float)));
+  auto prompts = j.find("prompts");
+  if (prompts == j.end() || !prompts->is_array()) return f;
+  for (const auto& p : *prompts) {
+    if (!p.is_object()) continue;
+    FixturePrompt fp;
+    fp.ids = IntList(p, "ids");
+    fp.logits_row_offset = IntField(p, "logits_row_offset");
+    fp.greedy = IntList(p, "greedy_24");
+    EXPECT_GE(fp.ids.size(), 5u);
+    EXPECT_EQ(fp.greedy.size(), 24u);
+    EXPECT_GE(fp.logits_row_offset, 0);
+    EXPECT_LE(fp.logits_row_offset + static_cast<int64_t>(fp.ids.size()), rows);
+    f.prompts.push_back(std::move(fp));
+  }
+  return f;
+}
+
+int32_t Argmax(const std::vector<float>& l) {
+  return static_cast<int32_t>(std::max_element(l.begin(), l.end()) - l.begin());
+}
+
+class ParityTest : public ::testing::TestWithParam<std::string> {
+ protected:
+  void SetUp() override {
+    fx_ = LoadFixture(GetParam());
+    ASSERT_FALSE(fx_.prompts.empty());
+    auto m = LoadDeepseekV3(fx_.dir, &backend_);
+    ASSERT_TRUE(m.ok()) << m.status();
+    model_ = std::move(*m);
+    ASSERT_EQ(model_->config().vocab_size, fx_.vocab);
+    auto pool = KvBlockPool::Create(&backend_, model_->CacheOptions(256, kBlockSize));
+    ASSERT_TRUE(pool.ok());
+    pool_ = std::move(*pool);
+  }
+  SequenceStep Prefill(const FixturePrompt& p, bool all_logits) {
+    const int64_t total = static_cast<int64_t>(p.ids.size() + p.greedy.size());
+    SequenceStep s;
+    s.tokens = p.ids;
+    s.block_table = *pool_->Allocate(pool_->BlocksFor(total));
+    s.all_logits = all_logits;
+    return s;
+  }
+
+  CpuBackend backend_{2};
+  Fixture fx_;
+  std::unique_ptr<DeepseekV3Model> model_;
+  std::unique_ptr<KvBlockPool> pool_;
+};
+
+TEST_P(ParityTest, PromptLogitsMatchHfAtEveryPosition) {
+  double worst = 0;
+  for (const FixturePrompt& p : fx_.prompts) {
+    auto r = model_->Step({Prefill(p, true)}, pool_.get());
+    ASSERT_TRUE(r.ok()) << r.status();
+    const std::vector<float>& ours = r->logits[0];
+    ASSERT_EQ(ours.size(), p.ids.size() * fx_.vocab);
+    const float* hf = fx_.logits.data() + p.logits_row_offset * fx_.vocab;
+    double max_ref = 0, max_diff = 0;
+    for (size_t i = 0; i < ours.size(); ++i) {
+      max_ref = std::max(max_ref, std::abs(static_cast<double>(hf[i])));
+      max_diff = std::max(max_diff, std::abs(static_cast<double>(ours[i]) - hf[i]));
+    }
+    const double rel = max_diff / max_ref;
+    worst = std::max(worst, rel);
+    std::printf("[parity] %s prompt_len=%zu max_abs_diff=%.3e max_abs_logit=%.3f rel=%.3e\n",
+                GetParam().c_str(), p.ids.size(), max_diff, max_ref, rel);
+    EXPECT_LE(rel, kTolerance) << "prompt of " << p.ids.size() << " tokens";
+  }
+  std::printf("[parity] %s worst rel diff %.3e\n", GetParam().c_str(), worst);
+}
+
+TEST_P(ParityTest, GreedyContinuationsMatchHfAloneAndBatched) {
+  // Alone: prefill, then one-token decode steps through the paged cache.
+  for (const FixturePrompt& p : fx_.prompts) {
+    SequenceStep s = Prefill(p, false);
+    std::vector<int32_t> got;
+    while (got.size() < p.greedy.size()) {
+      auto r = model_->Step({s}, pool_.get());
+      ASSERT_TRUE(r.ok()) << r.status();
+      got.push_back(Argmax(r->logits[0]));
+      s.position_offset += static_cast<int64_t>(s.tokens.size());
+      s.tokens = {got.back()};
+    }
+    EXPECT_EQ(got, p.greedy) << "prompt of " << p.ids.size() << " tokens";
+  }
+  // Batched: all prompts prefilled in one step, then decoded together.
+  std::vector<SequenceStep> batch;
+  for (const FixturePrompt& p : fx_.prompts) batch.push_back(Prefill(p, false));
+  std::vector<std::vector<int32_t>> got(batch.size());
+  for (size_t step = 0; step < fx_.prompts[0].greedy.size(); ++step) {
+    auto r = model_->Step(batch, pool_.get());
+    ASSERT_TRUE(r.ok()) << r.status();
+    for (size_t s = 0; s < batch.size(); ++s) {
+      got[s].push_back(Argmax(r->logits[s]));
+      batch[s].position_offset += static_cast<int64_t>(batch[s].tokens.size());
+      batch[s].tokens = {got[s].back()};
+    }
+  }
+  for (size_t s = 0; s < batch.size(); ++s) {
+    EXPECT_EQ(got[s], fx_.prompts[s].greedy) << "batched, prompt " << s;
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Fixtures, ParityTest,
+                         ::testing::Values("dsv3_qlora_rope", "dsv3_yarn_nolora"));
+
+}  // namespace
+}  // namespace deepinfer

@@ -1,0 +1,327 @@
+// CpuBackend: fp32 reference ops. Loops are split over independent output rows (or heads), so
+// results do not depend on the number of threads.
+#include "worker/backend/cpu/cpu_backend.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <numeric>
+
+#include "glog/logging.h"
+
+namespace deepinfer {
+namespace {
+
+class HostBuffer : public DeviceBuffer {
+ public:
+  explicit HostBuffer(size_t bytes) : bytes_(bytes) {
+    // 64-byte alignment for vector loads; at least one byte so data() is never null.
+    size_t rounded = ((std::max<size_t>(bytes, 1) + 63) / 64) * 64;
+    data_ = static_cast<char*>(std::aligned_alloc(64, rounded));
+    CHECK(data_ != nullptr) << "out of host memory allocating " << bytes << " bytes";
+    std::memset(data_, 0, rounded);
+  }
+  ~HostBuffer() override { std::free(data_); }
+  void* data() override { return data_; }
+  const void* data() const override { return data_; }
+  size_t size_bytes() const override { return bytes_; }
+
+ private:
+  char* data_;
+  size_t bytes_;
+};
+
+// Dot product with 8 independent partial sums: deterministic order, vectorisable, and closer to
+// the pairwise sums BLAS uses than one long serial chain.
+inline float Dot(const float* a, const float* b, int64_t k) {
+  float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+  int64_t p = 0;
+  for (; p + 8 <= k; p += 8) {
+    for (int u = 0; u < 8; ++u) acc[u] += a[p + u] * b[p + u];
+  }
+  for (; p < k; ++p) acc[p & 7] += a[p] * b[p];
+  return ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
+}
+
+// Four rows of a against one row of w: each result uses exactly Dot's summation order (so values
+// are bit-identical to Dot), but w is streamed once per four rows.
+inline void Dot4(const float* a, int64_t lda, const float* b, int64_t k, float out[4]) {
+  float acc[4][8] = {};
+  int64_t p = 0;
+  for (; p + 8 <= k; p += 8) {
+    for (int r = 0; r < 4; ++r) {
+      for (int u = 0; u < 8; ++u) acc[r][u] += a[r * lda + p + u] * b[p + u];
+    }
+  }
+  for (; p < k; ++p) {
+    for (int r = 0; r < 4; ++r) acc[r][p & 7] += a[r * lda + p] * b[p];
+  }
+  for (int r = 0; r < 4; ++r) {
+    const float* x = acc[r];
+    out[r] = ((x[0] + x[1]) + (x[2] + x[3])) + ((x[4] + x[5]) + (x[6] + x[7]));
+  }
+}
+
+}  // namespace
+
+CpuBackend::CpuBackend(int num_threads) : pool_(num_threads) {}
+
+std::unique_ptr<DeviceBuffer> CpuBackend::Allocate(size_t bytes) {
+  return std::make_unique<HostBuffer>(bytes);
+}
+
+void CpuBackend::CopyToDevice(const void* host, size_t bytes, void* device) {
+  if (bytes > 0) std::memcpy(device, host, bytes);
+}
+
+void CpuBackend::CopyToHost(const void* device, size_t bytes, void* host) {
+  if (bytes > 0) std::memcpy(host, device, bytes);
+}
+
+void CpuBackend::CopyDeviceToDevice(const void* src, size_t bytes, void* dst) {
+  if (bytes > 0) std::memmove(dst, src, bytes);
+}
+
+void CpuBackend::Gemm(int64_t m, int64_t n, int64_t k, const float* a, int64_t lda, const float* w,
+                      int64_t ldw, float* c, int64_t ldc, bool accumulate) {
+  if (m <= 0 || n <= 0) return;
+  auto body = [&](int64_t i0, int64_t i1, int64_t j0, int64_t j1) {
+    int64_t i = i0;
+    for (; i + 4 <= i1; i += 4) {
+      const float* ar = a + i * lda;
+      for (int64_t j = j0; j < j1; ++j) {
+        float v[4];
+        Dot4(ar, lda, w + j * ldw, k, v);
+        for (int r = 0; r < 4; ++r) {
+          float* cr = c + (i + r) * ldc + j;
+          *cr = accumulate ? *cr + v[r] : v[r];
+        }
+      }
+    }
+    for (; i < i1; ++i) {
+      const float* ar = a + i * lda;
+      float* cr = c + i * ldc;
+      for (int64_t j = j0; j < j1; ++j) {
+        float v = Dot(ar, w + j * ldw, k);
+        cr[j] = accumulate ? cr[j] + v : v;
+      }
+    }
+  };
+  // Split the larger dimension; each output element is computed by exactly one thread.
+  int64_t min_chunk = std::max<int64_t>(1, 16384 / std::max<int64_t>(1, k));
+  if (m >= 4 * pool_.num_threads()) {
+    pool_.ParallelFor(m, std::max<int64_t>(1, min_chunk / std::max<int64_t>(1, n)),
+                      [&](int64_t b, int64_t e) { body(b, e, 0, n); });
+  } else {
+    pool_.ParallelFor(n, min_chunk, [&](int64_t b, int64_t e) { body(0, m, b, e); });
+  }
+}
+
+void CpuBackend::GroupedGemm(const std::vector<int64_t>& offsets,
+                             const std::vector<const float*>& weights, int64_t n, int64_t k,
+                             const float* a, float* c) {
+  CHECK_EQ(offsets.size(), weights.size() + 1);
+  for (size_t g = 0; g < weights.size(); ++g) {
+    int64_t rows = offsets[g + 1] - offsets[g];
+    if (rows == 0) continue;
+    Gemm(rows, n, k, a + offsets[g] * k, k, weights[g], k, c + offsets[g] * n, n, false);
+  }
+}
+
+void CpuBackend::RmsNorm(int64_t rows, int64_t dim, const float* x, int64_t ldx,
+                         const float* weight, float eps, float* out, int64_t ldout) {
+  pool_.ParallelFor(rows, 16, [&](int64_t b, int64_t e) {
+    for (int64_t r = b; r < e; ++r) {
+      const float* xr = x + r * ldx;
+      float* orow = out + r * ldout;
+      float ss = Dot(xr, xr, dim);
+      float inv = 1.0f / std::sqrt(ss / static_cast<float>(dim) + eps);
+      for (int64_t i = 0; i < dim; ++i) orow[i] = weight[i] * (xr[i] * inv);
+    }
+  });
+}
+
+void CpuBackend::Add(int64_t n, const float* a, const float* b, float* out) {
+  pool_.ParallelFor(n, 1 << 14, [&](int64_t s, int64_t e) {
+    for (int64_t i = s; i < e; ++i) out[i] = a[i] + b[i];
+  });
+}
+
+void CpuBackend::SiluMul(int64_t rows, int64_t inter, const float* x, float* out) {
+  pool_.ParallelFor(rows, std::max<int64_t>(1, 4096 / std::max<int64_t>(1, inter)),
+                    [&](int64_t b, int64_t e) {
+                      for (int64_t r = b; r < e; ++r) {
+                        const float* g = x + r * 2 * inter;
+                        const float* u = g + inter;
+                        float* o = out + r * inter;
+                        for (int64_t i = 0; i < inter; ++i) {
+                          o[i] = g[i] / (1.0f + std::exp(-g[i])) * u[i];
+                        }
+                      }
+                    });
+}
+
+void CpuBackend::GatherRows(int64_t rows, int64_t dim, const float* src, const int32_t* idx,
+                            float* dst) {
+  pool_.ParallelFor(rows, 8, [&](int64_t b, int64_t e) {
+    for (int64_t r = b; r < e; ++r) {
+      std::memcpy(dst + r * dim, src + static_cast<int64_t>(idx[r]) * dim, dim * sizeof(float));
+    }
+  });
+}
+
+void CpuBackend::ScatterAddRows(int64_t rows, int64_t dim, const float* src, const int32_t* idx,
+                                const float* weight, float* dst) {
+  // Several rows may hit one destination, so split columns, not rows: each destination element
+  // still receives its contributions in row order.
+  pool_.ParallelFor(dim, 256, [&](int64_t c0, int64_t c1) {
+    for (int64_t r = 0; r < rows; ++r) {
+      float* d = dst + static_cast<int64_t>(idx[r]) * dim;
+      const float* s = src + r * dim;
+      float w = weight == nullptr ? 1.0f : weight[r];
+      for (int64_t c = c0; c < c1; ++c) d[c] += w * s[c];
+    }
+  });
+}
+
+void CpuBackend::ApplyRope(int64_t tokens, int64_t heads, float* x, int64_t token_stride,
+                           int64_t head_stride, int64_t rope_dim, const int32_t* positions,
+                           const float* inv_freq, float attention_factor, bool interleaved) {
+  const int64_t half = rope_dim / 2;
+  pool_.ParallelFor(tokens, 4, [&](int64_t b, int64_t e) {
+    std::vector<float> cs(half), sn(half);
+    for (int64_t t = b; t < e; ++t) {
+      for (int64_t j = 0; j < half; ++j) {
+        // The angle is formed in fp32 as in HF (position * inv_freq), cos/sin evaluated exactly.
+        float angle = static_cast<float>(positions[t]) * inv_freq[j];
+        cs[j] = static_cast<float>(std::cos(static_cast<double>(angle))) * attention_factor;
+        sn[j] = static_cast<float>(std::sin(static_cast<double>(angle))) * attention_factor;
+      }
+      for (int64_t h = 0; h < heads; ++h) {
+        float* v = x + t * token_stride + h * head_stride;
+        for (int64_t j = 0; j < half; ++j) {
+          int64_t i0 = interleaved ? 2 * j : j;
+          int64_t i1 = interleaved ? 2 * j + 1 : j + half;
+          float x0 = v[i0], x1 = v[i1];
+          v[i0] = x0 * cs[j] - x1 * sn[j];
+          v[i1] = x1 * cs[j] + x0 * sn[j];
+        }
+      }
+    }
+  });
+}
+
+void CpuBackend::WriteLatentCache(int64_t tokens, const float* latent, int64_t ld_latent,
+                                  const float* rope_key, int64_t ld_rope, const int32_t* slots,
+                                  const PagedLatentCacheView& cache) {
+  const int64_t entry = cache.entry_dim();
+  for (int64_t t = 0; t < tokens; ++t) {
+    float* dst = cache.cache + static_cast<int64_t>(slots[t]) * entry;
+    std::memcpy(dst, latent + t * ld_latent, cache.latent_dim * sizeof(float));
+    std::memcpy(dst + cache.latent_dim, rope_key + t * ld_rope, cache.rope_dim * sizeof(float));
+  }
+}
+
+void CpuBackend::MlaAttention(const MlaAttentionArgs& args) {
+  const int64_t latent = args.cache.latent_dim;
+  const int64_t rope = args.cache.rope_dim;
+  const int64_t entry = args.cache.entry_dim();
+  const int64_t bs = args.cache.block_size;
+  const int64_t work = static_cast<int64_t>(args.num_tokens) * args.num_heads;
+  pool_.ParallelFor(work, 1, [&](int64_t b, int64_t e) {
+    std::vector<float> scores;
+    std::vector<double> acc(latent);
+    for (int64_t w = b; w < e; ++w) {
+      const int64_t t = w / args.num_heads;
+      const int64_t h = w % args.num_heads;
+      const float* ql = args.q_latent + (t * args.num_heads + h) * latent;
+      const float* qr = args.q_rope + t * args.q_rope_token_stride + h * args.q_rope_head_stride;
+      const int32_t* table =
+          args.block_tables + static_cast<int64_t>(args.token_seq[t]) * args.max_blocks_per_seq;
+      const int64_t len = args.context_len[t];
+      scores.resize(len);
+      float mx = -std::numeric_limits<float>::infinity();
+      for (int64_t j = 0; j < len; ++j) {
+        const float* kv = args.cache.cache + (table[j / bs] * bs + j % bs) * entry;
+        float s = (Dot(ql, kv, latent) + Dot(qr, kv + latent, rope)) * args.softmax_scale;
+        scores[j] = s;
+        mx = std::max(mx, s);
+      }
+      double denom = 0;
+      for (int64_t j = 0; j < len; ++j) {
+        scores[j] = std::exp(scores[j] - mx);
+        denom += scores[j];
+      }
+      std::fill(acc.begin(), acc.end(), 0.0);
+      for (int64_t j = 0; j < len; ++j) {
+        const float* kv = args.cache.cache + (table[j / bs] * bs + j % bs) * entry;
+        const double p = scores[j];
+        for (int64_t c = 0; c < latent; ++c) acc[c] += p * kv[c];
+      }
+      float* out = args.out_latent + (t * args.num_heads + h) * latent;
+      for (int64_t c = 0; c < latent; ++c) out[c] = static_cast<float>(acc[c] / denom);
+    }
+  });
+}
+
+void CpuBackend::NoauxTcRoute(const NoauxTcRouteArgs& a) {
+  const int64_t per_group = a.num_experts / a.num_groups;
+  pool_.ParallelFor(a.num_tokens, 16, [&](int64_t b, int64_t e) {
+    std::vector<float> score(a.num_experts), choice(a.num_experts), group_score(a.num_groups);
+    std::vector<int32_t> order(std::max<int64_t>(a.num_experts, a.num_groups));
+    for (int64_t t = b; t < e; ++t) {
+      const float* lg = a.router_logits + t * a.num_experts;
+      for (int64_t x = 0; x < a.num_experts; ++x) {
+        score[x] = 1.0f / (1.0f + std::exp(-lg[x]));
+        choice[x] = score[x] + (a.correction_bias ? a.correction_bias[x] : 0.0f);
+      }
+      // A group's strength is the sum of its two best biased scores (one if the group has one).
+      for (int64_t g = 0; g < a.num_groups; ++g) {
+        const float* s = choice.data() + g * per_group;
+        float best = -std::numeric_limits<float>::infinity(), second = best;
+        for (int64_t i = 0; i < per_group; ++i) {
+          if (s[i] > best) {
+            second = best;
+            best = s[i];
+          } else if (s[i] > second) {
+            second = s[i];
+          }
+        }
+        group_score[g] = per_group >= 2 ? best + second : best;
+      }
+      // Stable ordering: on equal values the lower index wins (a fixed, documented rule).
+      std::iota(order.begin(), order.begin() + a.num_groups, 0);
+      std::stable_sort(order.begin(), order.begin() + a.num_groups,
+                       [&](int32_t x, int32_t y) { return group_score[x] > group_score[y]; });
+      std::vector<char> keep(a.num_groups, 0);
+      for (int64_t i = 0; i < a.topk_groups; ++i) keep[order[i]] = 1;
+      for (int64_t x = 0; x < a.num_experts; ++x) {
+        if (!keep[x / per_group]) choice[x] = -std::numeric_limits<float>::infinity();
+      }
+      std::iota(order.begin(), order.begin() + a.num_experts, 0);
+      std::partial_sort(order.begin(), order.begin() + a.top_k, order.begin() + a.num_experts,
+                        [&](int32_t x, int32_t y) {
+                          return choice[x] > choice[y] || (choice[x] == choice[y] && x < y);
+                        });
+      std::sort(order.begin(), order.begin() + a.top_k);
+      float sum = 0;
+      for (int64_t i = 0; i < a.top_k; ++i) sum += score[order[i]];
+      // Weights use the unbiased scores: the bias only steers selection (load balancing).
+      const float denom = a.normalize ? sum + 1e-20f : 1.0f;
+      for (int64_t i = 0; i < a.top_k; ++i) {
+        a.topk_ids[t * a.top_k + i] = order[i];
+        a.topk_weights[t * a.top_k + i] = score[order[i]] / denom * a.scaling_factor;
+      }
+    }
+  });
+}
+
+void CpuBackend::ArgmaxRows(int64_t rows, int64_t vocab, const float* logits, int32_t* out) {
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* l = logits + r * vocab;
+    out[r] = static_cast<int32_t>(std::max_element(l, l + vocab) - l);
+  }
+}
+
+}  // namespace deepinfer

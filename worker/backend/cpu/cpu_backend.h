@@ -1,0 +1,57 @@
+// CpuBackend: the reference implementation of Backend in fp32 on host memory, multi-threaded
+// with a ThreadPool. It is what CI runs and the oracle the CUDA kernels are checked against,
+// so it favours clear, exactly specified arithmetic (fp32 storage, fp32 accumulation with
+// fixed summation order) over speed.
+#ifndef DEEPINFER_WORKER_BACKEND_CPU_CPU_BACKEND_H_
+#define DEEPINFER_WORKER_BACKEND_CPU_CPU_BACKEND_H_
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "worker/backend/backend.h"
+#include "worker/backend/cpu/thread_pool.h"
+
+namespace deepinfer {
+
+class CpuBackend : public Backend {
+ public:
+  // num_threads <= 0: one per hardware thread.
+  explicit CpuBackend(int num_threads = 0);
+
+  std::string name() const override { return "cpu"; }
+  std::unique_ptr<DeviceBuffer> Allocate(size_t bytes) override;
+  void CopyToDevice(const void* host, size_t bytes, void* device) override;
+  void CopyToHost(const void* device, size_t bytes, void* host) override;
+  void CopyDeviceToDevice(const void* src, size_t bytes, void* dst) override;
+  void Synchronize() override {}
+
+  void Gemm(int64_t m, int64_t n, int64_t k, const float* a, int64_t lda, const float* w,
+            int64_t ldw, float* c, int64_t ldc, bool accumulate) override;
+  void GroupedGemm(const std::vector<int64_t>& offsets, const std::vector<const float*>& weights,
+                   int64_t n, int64_t k, const float* a, float* c) override;
+  void RmsNorm(int64_t rows, int64_t dim, const float* x, int64_t ldx, const float* weight,
+               float eps, float* out, int64_t ldout) override;
+  void Add(int64_t n, const float* a, const float* b, float* out) override;
+  void SiluMul(int64_t rows, int64_t inter, const float* x, float* out) override;
+  void GatherRows(int64_t rows, int64_t dim, const float* src, const int32_t* idx,
+                  float* dst) override;
+  void ScatterAddRows(int64_t rows, int64_t dim, const float* src, const int32_t* idx,
+                      const float* weight, float* dst) override;
+  void ApplyRope(int64_t tokens, int64_t heads, float* x, int64_t token_stride, int64_t head_stride,
+                 int64_t rope_dim, const int32_t* positions, const float* inv_freq,
+                 float attention_factor, bool interleaved) override;
+  void WriteLatentCache(int64_t tokens, const float* latent, int64_t ld_latent,
+                        const float* rope_key, int64_t ld_rope, const int32_t* slots,
+                        const PagedLatentCacheView& cache) override;
+  void MlaAttention(const MlaAttentionArgs& args) override;
+  void NoauxTcRoute(const NoauxTcRouteArgs& args) override;
+  void ArgmaxRows(int64_t rows, int64_t vocab, const float* logits, int32_t* out) override;
+
+ private:
+  ThreadPool pool_;
+};
+
+}  // namespace deepinfer
+
+#endif  // DEEPINFER_WORKER_BACKEND_CPU_CPU_BACKEND_H_

@@ -1,0 +1,229 @@
+// Tests for CpuBackend ops against straightforward host formulas.
+#include "worker/backend/cpu/cpu_backend.h"
+
+#include <cmath>
+#include <random>
+#include <vector>
+
+#include "gtest/gtest.h"
+
+namespace deepinfer {
+namespace {
+
+std::vector<float> Random(size_t n, uint32_t seed) {
+  std::mt19937 gen(seed);
+  std::normal_distribution<float> d;
+  std::vector<float> v(n);
+  for (float& x : v) x = d(gen);
+  return v;
+}
+
+TEST(CpuBackendTest, GemmMatchesNaiveWithStridesAndAccumulate) {
+  for (int threads : {1, 2}) {
+    CpuBackend be(threads);
+    const int m = 37, n = 29, k = 45, lda = 50, ldc = 31;
+    auto a = Random(m * lda, 1), w = Random(n * k, 2), c = Random(m * ldc, 3);
+    auto c0 = c;
+    be.Gemm(m, n, k, a.data(), lda, w.data(), k, c.data(), ldc, /*accumulate=*/true);
+    for (int i = 0; i < m; ++i) {
+      for (int j = 0; j < ldc; ++j) {
+        double ref = c0[i * ldc + j];
+        if (j < n) {
+          for (int p = 0; p < k; ++p) ref += double(a[i * lda + p]) * w[j * k + p];
+        }
+        EXPECT_NEAR(c[i * ldc + j], ref, 1e-4) << i << "," << j;
+      }
+    }
+  }
+}
+
+TEST(CpuBackendTest, GroupedGemmUsesEachGroupsWeights) {
+  CpuBackend be(2);
+  const int n = 5, k = 7;
+  std::vector<int64_t> offsets = {0, 3, 3, 8};
+  auto a = Random(8 * k, 4), w0 = Random(n * k, 5), w1 = Random(n * k, 6), w2 = Random(n * k, 7);
+  std::vector<float> c(8 * n);
+  be.GroupedGemm(offsets, {w0.data(), w1.data(), w2.data()}, n, k, a.data(), c.data());
+  for (int r = 0; r < 8; ++r) {
+    const auto& w = r < 3 ? w0 : w2;
+    for (int j = 0; j < n; ++j) {
+      double ref = 0;
+      for (int p = 0; p < k; ++p) ref += double(a[r * k + p]) * w[j * k + p];
+      EXPECT_NEAR(c[r * n + j], ref, 1e-5);
+    }
+  }
+}
+
+TEST(CpuBackendTest, RmsNormSiluMulGatherScatter) {
+  CpuBackend be(2);
+  auto x = Random(3 * 8, 8), wt = Random(8, 9);
+  std::vector<float> out(3 * 8);
+  be.RmsNorm(3, 8, x.data(), 8, wt.data(), 1e-6f, out.data(), 8);
+  for (int r = 0; r < 3; ++r) {
+    double ss = 0;
+    for (int i = 0; i < 8; ++i) ss += double(x[r * 8 + i]) * x[r * 8 + i];
+    double inv = 1.0 / std::sqrt(ss / 8 + 1e-6);
+    for (int i = 0; i < 8; ++i) EXPECT_NEAR(out[r * 8 + i], wt[i] * x[r * 8 + i] * inv, 1e-5);
+  }
+  std::vector<float> gu = {1.0f, -2.0f, 3.0f, 0.5f};  // one row, inter = 2
+  std::vector<float> act(2);
+  be.SiluMul(1, 2, gu.data(), act.data());
+  EXPECT_NEAR(act[0], 1.0 / (1 + std::exp(-1.0)) * 3.0, 1e-6);
+  EXPECT_NEAR(act[1], -2.0 / (1 + std::exp(2.0)) * 0.5, 1e-6);
+
+  std::vector<float> src = {1, 2, 3, 4, 5, 6};  // 3 rows of 2
+  std::vector<int32_t> idx = {2, 0, 2};
+  std::vector<float> g(6);
+  be.GatherRows(3, 2, src.data(), idx.data(), g.data());
+  EXPECT_EQ(g, (std::vector<float>{5, 6, 1, 2, 5, 6}));
+  std::vector<float> dst(6, 0.0f), wts = {0.5f, 2.0f, 1.0f};
+  be.ScatterAddRows(3, 2, src.data(), idx.data(), wts.data(), dst.data());
+  EXPECT_EQ(dst, (std::vector<float>{6, 8, 0, 0, 5.5, 7}));
+}
+
+TEST(CpuBackendTest, RopeRotatesPairsAndDependsOnRelativePosition) {
+  CpuBackend be(1);
+  const int d = 8;
+  std::vector<float> inv = {1.0f, 0.1f, 0.01f, 0.001f};
+  // Interleaved: pair (0,1) rotated by positions*inv[0].
+  std::vector<float> x = {1, 0, 0, 0, 0, 0, 0, 0};
+  std::vector<int32_t> pos = {3};
+  be.ApplyRope(1, 1, x.data(), d, d, d, pos.data(), inv.data(), 1.0f, /*interleaved=*/true);
+  EXPECT_NEAR(x[0], std::cos(3.0), 1e-6);
+  EXPECT_NEAR(x[1], std::sin(3.0), 1e-6);
+  // Half layout: pair (0, 4).
+  std::vector<float> y = {1, 0, 0, 0, 0, 0, 0, 0};
+  be.ApplyRope(1, 1, y.data(), d, d, d, pos.data(), inv.data(), 2.0f, /*interleaved=*/false);
+  EXPECT_NEAR(y[0], 2 * std::cos(3.0), 1e-6);
+  EXPECT_NEAR(y[4], 2 * std::sin(3.0), 1e-6);
+  // q(m)·k(n) depends only on m - n, for both layouts.
+  for (bool il : {true, false}) {
+    auto q = Random(d, 10), k = Random(d, 11);
+    auto dot_at = [&](int m, int n) {
+      auto qq = q, kk = k;
+      std::vector<int32_t> pm = {m}, pn = {n};
+      be.ApplyRope(1, 1, qq.data(), d, d, d, pm.data(), inv.data(), 1.0f, il);
+      be.ApplyRope(1, 1, kk.data(), d, d, d, pn.data(), inv.data(), 1.0f, il);
+      double s = 0;
+      for (int i = 0; i < d; ++i) s += double(qq[i]) * kk[i];
+      return s;
+    };
+    EXPECT_NEAR(dot_at(10, 4), dot_at(56, 50), 1e-4);
+    EXPECT_GT(std::abs(dot_at(10, 4) - dot_at(10, 9)), 1e-3);
+  }
+}
+
+TEST(CpuBackendTest, MlaAttentionOverPagedCacheMatchesDense) {
+  CpuBackend be(2);
+  const int heads = 3, latent = 6, rope = 4, bs = 4, entry = latent + rope;
+  const int num_blocks = 8, max_blocks = 3;
+  std::vector<float> cache(num_blocks * bs * entry, 0.0f);
+  // Two sequences with scattered blocks: lengths 9 and 5.
+  std::vector<int32_t> tables = {5, 1, 6, 2, 7, 0};
+  std::vector<int> lens = {9, 5};
+  std::vector<std::vector<float>> dense(2);
+  for (int s = 0; s < 2; ++s) {
+    dense[s] = Random(lens[s] * entry, 20 + s);
+    std::vector<int32_t> slots;
+    for (int j = 0; j < lens[s]; ++j)
+      slots.push_back(tables[s * max_blocks + j / bs] * bs + j % bs);
+    PagedLatentCacheView v{cache.data(), bs, latent, rope};
+    be.WriteLatentCache(lens[s], dense[s].data(), entry, dense[s].data() + latent, entry,
+                        slots.data(), v);
+  }
+  // Three query tokens: seq 0 at ctx 9 and 4, seq 1 at ctx 5.
+  std::vector<int32_t> token_seq = {0, 0, 1}, ctx = {9, 4, 5};
+  auto ql = Random(3 * heads * latent, 30);
+  auto qr = Random(3 * heads * rope, 31);
+  std::vector<float> out(3 * heads * latent);
+  MlaAttentionArgs args;
+  args.num_tokens = 3;
+  args.num_heads = heads;
+  args.q_latent = ql.data();
+  args.q_rope = qr.data();
+  args.q_rope_token_stride = heads * rope;
+  args.q_rope_head_stride = rope;
+  args.cache = {cache.data(), bs, latent, rope};
+  args.block_tables = tables.data();
+  args.max_blocks_per_seq = max_blocks;
+  args.token_seq = token_seq.data();
+  args.context_len = ctx.data();
+  args.softmax_scale = 0.3f;
+  args.out_latent = out.data();
+  be.MlaAttention(args);
+  for (int t = 0; t < 3; ++t) {
+    const auto& kv = dense[token_seq[t]];
+    for (int h = 0; h < heads; ++h) {
+      std::vector<double> s(ctx[t]);
+      double mx = -1e30, den = 0;
+      for (int j = 0; j < ctx[t]; ++j) {
+        double v = 0;
+        for (int c = 0; c < latent; ++c) v += ql[(t * heads + h) * latent + c] * kv[j * entry + c];
+        for (int c = 0; c < rope; ++c)
+          v += qr[(t * heads + h) * rope + c] * kv[j * entry + latent + c];
+        s[j] = v * 0.3;
+        mx = std::max(mx, s[j]);
+      }
+      for (double& v : s) den += (v = std::exp(v - mx));
+      for (int c = 0; c < latent; ++c) {
+        double ref = 0;
+        for (int j = 0; j < ctx[t]; ++j) ref += s[j] / den * kv[j * entry + c];
+        EXPECT_NEAR(out[(t * heads + h) * latent + c], ref, 1e-5);
+      }
+    }
+  }
+}
+
+float Logit(double p) { return static_cast<float>(std::log(p / (1 - p))); }
+
+TEST(CpuBackendTest, NoauxTcRouterGroupLimitBiasAndUnbiasedWeights) {
+  CpuBackend be(1);
+  // 8 experts in 4 groups of 2; keep 2 groups, pick 2 experts, scale 2.5.
+  std::vector<double> p = {0.9, 0.1, 0.6, 0.55, 0.5, 0.45, 0.2, 0.3};
+  std::vector<float> logits;
+  for (double v : p) logits.push_back(Logit(v));
+  std::vector<float> zero(8, 0.0f), bias(8, 0.0f);
+  bias[3] = 0.2f;   // group 1 -> 0.6 + 0.75
+  bias[5] = 0.35f;  // group 2 -> 0.5 + 0.8
+  std::vector<int32_t> ids(2);
+  std::vector<float> w(2);
+  NoauxTcRouteArgs a;
+  a.num_tokens = 1;
+  a.num_experts = 8;
+  a.router_logits = logits.data();
+  a.correction_bias = zero.data();
+  a.num_groups = 4;
+  a.topk_groups = 2;
+  a.top_k = 2;
+  a.normalize = true;
+  a.scaling_factor = 2.5f;
+  a.topk_ids = ids.data();
+  a.topk_weights = w.data();
+  be.NoauxTcRoute(a);
+  // Groups by top-2 sums: g1 (1.15), g0 (1.0) kept; best experts there: 0 and 2.
+  EXPECT_EQ(ids, (std::vector<int32_t>{0, 2}));
+  EXPECT_NEAR(w[0], 0.9 / 1.5 * 2.5, 1e-5);
+  EXPECT_NEAR(w[1], 0.6 / 1.5 * 2.5, 1e-5);
+  // With the bias, groups 1 and 2 win, expert 0 (best unbiased score) is masked by its group,
+  // and the weights come from the unbiased scores 0.55 and 0.45.
+  a.correction_bias = bias.data();
+  be.NoauxTcRoute(a);
+  EXPECT_EQ(ids, (std::vector<int32_t>{3, 5}));
+  EXPECT_NEAR(w[0], 0.55 / 1.0 * 2.5, 1e-5);
+  EXPECT_NEAR(w[1], 0.45 / 1.0 * 2.5, 1e-5);
+  // Without normalisation the weights are the raw scores times the factor.
+  a.normalize = false;
+  be.NoauxTcRoute(a);
+  EXPECT_NEAR(w[0], 0.55 * 2.5, 1e-5);
+}
+
+TEST(CpuBackendTest, ArgmaxRows) {
+  CpuBackend be(1);
+  std::vector<float> l = {0, 3, 1, 3, -1, -2, -0.5f, -3};
+  std::vector<int32_t> out(2);
+  be.ArgmaxRows(2, 4, l.data(), out.data());
+  EXPECT_EQ(out, (std::vector<int32_t>{1, 2}));
+}
+
+}  // namespace
+}  // namespace deepinfer

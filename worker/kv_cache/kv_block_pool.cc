@@ -1,0 +1,85 @@
+// KvBlockPool: free-list allocation of paged latent-cache blocks.
+#include "worker/kv_cache/kv_block_pool.h"
+
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+
+namespace deepinfer {
+
+absl::StatusOr<std::unique_ptr<KvBlockPool>> KvBlockPool::Create(Backend* backend,
+                                                                 const KvBlockPoolOptions& o) {
+  if (o.num_layers <= 0 || o.num_blocks <= 0 || o.block_size <= 0 || o.latent_dim <= 0 ||
+      o.rope_dim < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("KvBlockPool: bad geometry layers=", o.num_layers, " blocks=", o.num_blocks,
+                     " block_size=", o.block_size, " latent=", o.latent_dim, " rope=", o.rope_dim));
+  }
+  std::vector<std::unique_ptr<DeviceBuffer>> layers;
+  const size_t bytes = static_cast<size_t>(o.num_blocks) * o.block_size *
+                       (o.latent_dim + o.rope_dim) * sizeof(float);
+  for (int32_t l = 0; l < o.num_layers; ++l) layers.push_back(backend->Allocate(bytes));
+  return std::unique_ptr<KvBlockPool>(new KvBlockPool(o, std::move(layers)));
+}
+
+KvBlockPool::KvBlockPool(const KvBlockPoolOptions& options,
+                         std::vector<std::unique_ptr<DeviceBuffer>> layers)
+    : options_(options), layers_(std::move(layers)) {
+  absl::MutexLock lock(&mu_);
+  in_use_.assign(options_.num_blocks, 0);
+  // Hand out low ids first (pop from the back).
+  for (int32_t b = options_.num_blocks - 1; b >= 0; --b) free_.push_back(b);
+}
+
+absl::StatusOr<std::vector<int32_t>> KvBlockPool::Allocate(int32_t n) {
+  absl::MutexLock lock(&mu_);
+  if (n < 0 || static_cast<size_t>(n) > free_.size()) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat("KvBlockPool: asked for ", n, " blocks, ", free_.size(), " free"));
+  }
+  std::vector<int32_t> out;
+  out.reserve(n);
+  for (int32_t i = 0; i < n; ++i) {
+    out.push_back(free_.back());
+    free_.pop_back();
+    in_use_[out.back()] = 1;
+  }
+  return out;
+}
+
+absl::Status KvBlockPool::Free(const std::vector<int32_t>& blocks) {
+  absl::MutexLock lock(&mu_);
+  std::vector<char> seen(options_.num_blocks, 0);
+  for (int32_t b : blocks) {
+    if (b < 0 || b >= options_.num_blocks || !in_use_[b] || seen[b]) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("KvBlockPool: block ", b, " is not allocated (double free?)"));
+    }
+    seen[b] = 1;
+  }
+  for (int32_t b : blocks) {
+    in_use_[b] = 0;
+    free_.push_back(b);
+  }
+  return absl::OkStatus();
+}
+
+int32_t KvBlockPool::BlocksFor(int64_t num_tokens) const {
+  return static_cast<int32_t>((num_tokens + options_.block_size - 1) / options_.block_size);
+}
+
+int32_t KvBlockPool::num_free_blocks() const {
+  absl::MutexLock lock(&mu_);
+  return static_cast<int32_t>(free_.size());
+}
+
+PagedLatentCacheView KvBlockPool::LayerView(int32_t layer) const {
+  PagedLatentCacheView v;
+  v.cache = static_cast<float*>(layers_[layer]->data());
+  v.block_size = options_.block_size;
+  v.latent_dim = options_.latent_dim;
+  v.rope_dim = options_.rope_dim;
+  return v;
+}
+
+}  // namespace deepinfer

@@ -1,0 +1,60 @@
+// KvBlockPool: the paged latent KV cache of one rank. Per layer it holds num_blocks blocks of
+// block_size token entries; an entry is the normalised MLA latent (kv_lora_rank floats) followed
+// by the rotated rope key (qk_rope_head_dim floats). Sequences own lists of block ids (block
+// tables); the pool only hands blocks out and takes them back. Memory is a backend buffer, so
+// the same pool serves the CPU and CUDA backends.
+#ifndef DEEPINFER_WORKER_KV_CACHE_KV_BLOCK_POOL_H_
+#define DEEPINFER_WORKER_KV_CACHE_KV_BLOCK_POOL_H_
+
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "worker/backend/backend.h"
+
+namespace deepinfer {
+
+struct KvBlockPoolOptions {
+  int32_t num_layers = 0;
+  int32_t num_blocks = 0;
+  int32_t block_size = 16;
+  int32_t latent_dim = 0;  // kv_lora_rank
+  int32_t rope_dim = 0;    // qk_rope_head_dim
+};
+
+class KvBlockPool {
+ public:
+  static absl::StatusOr<std::unique_ptr<KvBlockPool>> Create(Backend* backend,
+                                                             const KvBlockPoolOptions& options);
+
+  // Takes n blocks, or none and RESOURCE_EXHAUSTED if fewer than n are free.
+  absl::StatusOr<std::vector<int32_t>> Allocate(int32_t n);
+  // Returns blocks; INVALID_ARGUMENT (and nothing freed) on an unknown or already free id.
+  absl::Status Free(const std::vector<int32_t>& blocks);
+  // Number of blocks a sequence of num_tokens tokens needs.
+  int32_t BlocksFor(int64_t num_tokens) const;
+
+  int32_t num_free_blocks() const;
+  int32_t num_blocks() const { return options_.num_blocks; }
+  int32_t block_size() const { return options_.block_size; }
+  const KvBlockPoolOptions& options() const { return options_; }
+  // Cache view of one layer for the attention ops.
+  PagedLatentCacheView LayerView(int32_t layer) const;
+
+ private:
+  KvBlockPool(const KvBlockPoolOptions& options, std::vector<std::unique_ptr<DeviceBuffer>> layers);
+
+  const KvBlockPoolOptions options_;
+  std::vector<std::unique_ptr<DeviceBuffer>> layers_;
+  mutable absl::Mutex mu_;
+  std::vector<int32_t> free_ ABSL_GUARDED_BY(mu_);  // used as a stack: LIFO reuse
+  std::vector<char> in_use_ ABSL_GUARDED_BY(mu_);
+};
+
+}  // namespace deepinfer
+
+#endif  // DEEPINFER_WORKER_KV_CACHE_KV_BLOCK_POOL_H_

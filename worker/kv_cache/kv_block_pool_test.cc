@@ -1,0 +1,50 @@
+// Tests for KvBlockPool: allocation accounting, exhaustion, double free, layer views.
+#include "worker/kv_cache/kv_block_pool.h"
+
+#include <set>
+
+#include "gtest/gtest.h"
+#include "worker/backend/cpu/cpu_backend.h"
+
+namespace deepinfer {
+namespace {
+
+TEST(KvBlockPoolTest, AllocateFreeAndExhaust) {
+  CpuBackend be(1);
+  auto pool_or = KvBlockPool::Create(&be, {2, 4, 16, 8, 4});
+  ASSERT_TRUE(pool_or.ok()) << pool_or.status();
+  KvBlockPool& pool = **pool_or;
+  EXPECT_EQ(pool.BlocksFor(0), 0);
+  EXPECT_EQ(pool.BlocksFor(16), 1);
+  EXPECT_EQ(pool.BlocksFor(17), 2);
+  auto a = pool.Allocate(3);
+  ASSERT_TRUE(a.ok());
+  EXPECT_EQ(std::set<int32_t>(a->begin(), a->end()).size(), 3u);
+  EXPECT_EQ(pool.num_free_blocks(), 1);
+  auto b = pool.Allocate(2);
+  EXPECT_EQ(b.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_EQ(pool.num_free_blocks(), 1);  // failed allocation takes nothing
+  ASSERT_TRUE(pool.Free({(*a)[0]}).ok());
+  EXPECT_EQ(pool.Free({(*a)[0]}).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(pool.Free({99}).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(pool.num_free_blocks(), 2);
+  auto c = pool.Allocate(2);
+  ASSERT_TRUE(c.ok());
+  EXPECT_EQ(pool.num_free_blocks(), 0);
+}
+
+TEST(KvBlockPoolTest, LayerViewsAreDistinctAndSized) {
+  CpuBackend be(1);
+  auto pool = KvBlockPool::Create(&be, {3, 2, 4, 6, 2});
+  ASSERT_TRUE(pool.ok());
+  auto v0 = (*pool)->LayerView(0), v2 = (*pool)->LayerView(2);
+  EXPECT_NE(v0.cache, v2.cache);
+  EXPECT_EQ(v0.entry_dim(), 8);
+  EXPECT_EQ(v0.block_size, 4);
+  // Whole layer is writable (2 blocks * 4 slots * 8 floats).
+  for (int i = 0; i < 2 * 4 * 8; ++i) v2.cache[i] = 1.0f;
+  EXPECT_FALSE(KvBlockPool::Create(&be, {0, 2, 4, 6, 2}).ok());
+}
+
+}  // namespace
+}  // namespace deepinfer

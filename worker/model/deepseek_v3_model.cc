@@ -1,0 +1,323 @@
+// DeepseekV3Model forward pass.
+#include "worker/model/deepseek_v3_model.h"
+
+#include <algorithm>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+
+namespace deepinfer {
+namespace {
+
+// HF and DeepSeek build q_a_layernorm / kv_a_layernorm without passing rms_norm_eps.
+constexpr float kLatentNormEps = 1e-6f;
+
+}  // namespace
+
+struct DeepseekV3Model::StepContext {
+  int64_t num_tokens = 0;
+  std::unique_ptr<DeviceBuffer> positions, slots, token_seq, context_len, block_tables;
+  int32_t max_blocks_per_seq = 0;
+  KvBlockPool* cache = nullptr;
+};
+
+absl::StatusOr<std::unique_ptr<DeepseekV3Model>> DeepseekV3Model::Create(
+    const ModelConfig& config, std::unique_ptr<ModelWeights> weights, Backend* backend,
+    std::unique_ptr<ExpertDispatcher> dispatcher) {
+  if (weights == nullptr ||
+      static_cast<int64_t>(weights->layers.size()) != config.num_hidden_layers) {
+    return absl::InvalidArgumentError("DeepseekV3Model: weights do not match the config");
+  }
+  if (config.n_routed_experts > 0 && dispatcher == nullptr) {
+    return absl::InvalidArgumentError("DeepseekV3Model: a MoE model needs an ExpertDispatcher");
+  }
+  if (dispatcher != nullptr) {
+    for (int64_t l = 0; l < config.num_hidden_layers; ++l) {
+      if (!weights->layers[l].moe) continue;
+      for (int64_t e : dispatcher->local_experts()) {
+        if (!weights->layers[l].experts.count(e)) {
+          return absl::InvalidArgumentError(
+              absl::StrCat("DeepseekV3Model: dispatcher serves expert ", e, " of layer ", l,
+                           " but its weights were not loaded"));
+        }
+      }
+    }
+  }
+  return std::unique_ptr<DeepseekV3Model>(
+      new DeepseekV3Model(config, std::move(weights), backend, std::move(dispatcher)));
+}
+
+DeepseekV3Model::DeepseekV3Model(const ModelConfig& config, std::unique_ptr<ModelWeights> weights,
+                                 Backend* backend, std::unique_ptr<ExpertDispatcher> dispatcher)
+    : config_(config),
+      weights_(std::move(weights)),
+      backend_(backend),
+      dispatcher_(std::move(dispatcher)) {
+  std::vector<float> inv = config_.RopeInvFreq();
+  inv_freq_ = Floats(inv.size());
+  backend_->CopyToDevice(inv.data(), inv.size() * sizeof(float), inv_freq_->data());
+  rope_attention_factor_ = static_cast<float>(config_.RopeAttentionFactor());
+  softmax_scale_ = static_cast<float>(config_.SoftmaxScale());
+}
+
+KvBlockPoolOptions DeepseekV3Model::CacheOptions(int32_t num_blocks, int32_t block_size) const {
+  KvBlockPoolOptions o;
+  o.num_layers = static_cast<int32_t>(config_.num_hidden_layers);
+  o.num_blocks = num_blocks;
+  o.block_size = block_size;
+  o.latent_dim = static_cast<int32_t>(config_.kv_lora_rank);
+  o.rope_dim = static_cast<int32_t>(config_.qk_rope_head_dim);
+  return o;
+}
+
+absl::StatusOr<StepOutput> DeepseekV3Model::Step(const std::vector<SequenceStep>& batch,
+                                                 KvBlockPool* cache) {
+  const ModelConfig& c = config_;
+  const KvBlockPoolOptions& co = cache->options();
+  if (co.num_layers != c.num_hidden_layers || co.latent_dim != c.kv_lora_rank ||
+      co.rope_dim != c.qk_rope_head_dim) {
+    return absl::InvalidArgumentError("DeepseekV3Model::Step: KV cache geometry does not match");
+  }
+  // Host-side metadata for every new token.
+  StepContext ctx;
+  ctx.cache = cache;
+  std::vector<int32_t> ids, positions, slots, token_seq, context_len, out_rows;
+  int32_t max_blocks = 1;
+  for (const SequenceStep& s : batch) {
+    max_blocks = std::max<int32_t>(max_blocks, static_cast<int32_t>(s.block_table.size()));
+  }
+  std::vector<int32_t> tables(batch.size() * max_blocks, 0);
+  for (size_t si = 0; si < batch.size(); ++si) {
+    const SequenceStep& s = batch[si];
+    if (s.tokens.empty()) {
+      return absl::InvalidArgumentError(absl::StrCat("sequence ", si, " has no new tokens"));
+    }
+    const int64_t end = s.position_offset + static_cast<int64_t>(s.tokens.size());
+    if (s.position_offset < 0 || static_cast<int64_t>(s.block_table.size()) * co.block_size < end) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("sequence ", si, ": block table of ", s.block_table.size(),
+                       " blocks cannot hold ", end, " positions (block size ", co.block_size, ")"));
+    }
+    for (size_t b = 0; b < s.block_table.size(); ++b) {
+      if (s.block_table[b] < 0 || s.block_table[b] >= co.num_blocks) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("sequence ", si, ": bad block id ", s.block_table[b]));
+      }
+      tables[si * max_blocks + b] = s.block_table[b];
+    }
+    for (size_t i = 0; i < s.tokens.size(); ++i) {
+      if (s.tokens[i] < 0 || s.tokens[i] >= c.vocab_size) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("sequence ", si, ": token id ", s.tokens[i], " outside the vocabulary"));
+      }
+      const int64_t pos = s.position_offset + static_cast<int64_t>(i);
+      if (s.all_logits || i + 1 == s.tokens.size()) out_rows.push_back(ids.size());
+      ids.push_back(s.tokens[i]);
+      positions.push_back(static_cast<int32_t>(pos));
+      slots.push_back(s.block_table[pos / co.block_size] * co.block_size + pos % co.block_size);
+      token_seq.push_back(static_cast<int32_t>(si));
+      context_len.push_back(static_cast<int32_t>(pos + 1));  // causal: itself and before
+    }
+  }
+  const int64_t T = static_cast<int64_t>(ids.size());
+  ctx.num_tokens = T;
+  ctx.max_blocks_per_seq = max_blocks;
+  auto upload_ints = [&](const std::vector<int32_t>& v) {
+    auto buf = backend_->Allocate(std::max<size_t>(1, v.size()) * sizeof(int32_t));
+    backend_->CopyToDevice(v.data(), v.size() * sizeof(int32_t), buf->data());
+    return buf;
+  };
+  auto ids_dev = upload_ints(ids);
+  ctx.positions = upload_ints(positions);
+  ctx.slots = upload_ints(slots);
+  ctx.token_seq = upload_ints(token_seq);
+  ctx.context_len = upload_ints(context_len);
+  ctx.block_tables = upload_ints(tables);
+
+  const int64_t H = c.hidden_size;
+  auto x = Floats(T * H), h = Floats(T * H), y = Floats(T * H);
+  float* xp = x->as<float>();
+  float* hp = h->as<float>();
+  float* yp = y->as<float>();
+  backend_->GatherRows(T, H, weights_->embed->as<float>(), ids_dev->as<int32_t>(), xp);
+  const float eps = static_cast<float>(c.rms_norm_eps);
+  for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
+    const LayerWeights& L = weights_->layers[l];
+    backend_->RmsNorm(T, H, xp, H, L.input_norm->as<float>(), eps, hp, H);
+    Attention(l, ctx, hp, yp);
+    backend_->Add(T * H, xp, yp, xp);
+    backend_->RmsNorm(T, H, xp, H, L.post_attention_norm->as<float>(), eps, hp, H);
+    absl::Status st = L.moe ? Moe(l, T, hp, yp) : Mlp(L.dense, T, hp, yp);
+    if (!st.ok()) return st;
+    backend_->Add(T * H, xp, yp, xp);
+  }
+  // Final norm and LM head only for the rows whose logits are wanted.
+  const int64_t R = static_cast<int64_t>(out_rows.size());
+  auto rows_dev = upload_ints(out_rows);
+  auto sel = Floats(R * H);
+  backend_->GatherRows(R, H, xp, rows_dev->as<int32_t>(), sel->as<float>());
+  backend_->RmsNorm(R, H, sel->as<float>(), H, weights_->final_norm->as<float>(), eps,
+                    sel->as<float>(), H);
+  const int64_t V = c.vocab_size;
+  auto logits = Floats(R * V);
+  backend_->Gemm(R, V, H, sel->as<float>(), H, weights_->lm_head->as<float>(), H,
+                 logits->as<float>(), V, false);
+  std::vector<float> host(R * V);
+  backend_->CopyToHost(logits->data(), host.size() * sizeof(float), host.data());
+  StepOutput out;
+  int64_t row = 0;
+  for (const SequenceStep& s : batch) {
+    const int64_t n = s.all_logits ? static_cast<int64_t>(s.tokens.size()) : 1;
+    out.logits.emplace_back(host.begin() + row * V, host.begin() + (row + n) * V);
+    row += n;
+    SampledToken sampled;
+    if (s.sampling.has_value()) {
+      auto tok = Sampler::Sample(host.data() + (row - 1) * V, static_cast<int32_t>(V), *s.sampling,
+                                 s.position_offset + static_cast<int64_t>(s.tokens.size()));
+      if (!tok.ok()) return tok.status();
+      sampled = std::move(*tok);
+    }
+    out.sampled.push_back(std::move(sampled));
+  }
+  return out;
+}
+
+void DeepseekV3Model::Attention(int64_t layer, const StepContext& ctx, const float* h, float* out) {
+  const ModelConfig& c = config_;
+  const LayerWeights& L = weights_->layers[layer];
+  const int64_t T = ctx.num_tokens, H = c.hidden_size, nh = c.num_attention_heads;
+  const int64_t nope = c.qk_nope_head_dim, rope = c.qk_rope_head_dim, vd = c.v_head_dim;
+  const int64_t kvl = c.kv_lora_rank, qk = c.qk_head_dim(), qdim = nh * qk;
+  const int32_t* positions = ctx.positions->as<int32_t>();
+
+  // Queries: [T, heads, nope | rope].
+  auto q = Floats(T * qdim);
+  if (c.q_lora_rank > 0) {
+    const int64_t r = c.q_lora_rank;
+    auto qa = Floats(T * r);
+    backend_->Gemm(T, r, H, h, H, L.q_a->as<float>(), H, qa->as<float>(), r, false);
+    backend_->RmsNorm(T, r, qa->as<float>(), r, L.q_a_norm->as<float>(), kLatentNormEps,
+                      qa->as<float>(), r);
+    backend_->Gemm(T, qdim, r, qa->as<float>(), r, L.q_b->as<float>(), r, q->as<float>(), qdim,
+                   false);
+  } else {
+    backend_->Gemm(T, qdim, H, h, H, L.q->as<float>(), H, q->as<float>(), qdim, false);
+  }
+  // Latent and shared rope key: [T, kv_lora | rope].
+  const int64_t kvw = kvl + rope;
+  auto kv = Floats(T * kvw);
+  backend_->Gemm(T, kvw, H, h, H, L.kv_a->as<float>(), H, kv->as<float>(), kvw, false);
+  auto latent = Floats(T * kvl);
+  backend_->RmsNorm(T, kvl, kv->as<float>(), kvw, L.kv_a_norm->as<float>(), kLatentNormEps,
+                    latent->as<float>(), kvl);
+  const bool il = c.rope_interleave;
+  backend_->ApplyRope(T, 1, kv->as<float>() + kvl, kvw, 0, rope, positions, inv_freq_->as<float>(),
+                      rope_attention_factor_, il);
+  backend_->ApplyRope(T, nh, q->as<float>() + nope, qdim, qk, rope, positions,
+                      inv_freq_->as<float>(), rope_attention_factor_, il);
+  const PagedLatentCacheView view = ctx.cache->LayerView(static_cast<int32_t>(layer));
+  backend_->WriteLatentCache(T, latent->as<float>(), kvl, kv->as<float>() + kvl, kvw,
+                             ctx.slots->as<int32_t>(), view);
+
+  // Absorb W_uk into the query: q_latent[t, h] = q_nope[t, h] · W_uk[h].
+  auto q_latent = Floats(T * nh * kvl);
+  for (int64_t hd = 0; hd < nh; ++hd) {
+    backend_->Gemm(T, kvl, nope, q->as<float>() + hd * qk, qdim,
+                   L.w_uk_t->as<float>() + hd * kvl * nope, nope, q_latent->as<float>() + hd * kvl,
+                   nh * kvl, false);
+  }
+  auto o_latent = Floats(T * nh * kvl);
+  MlaAttentionArgs args;
+  args.num_tokens = static_cast<int32_t>(T);
+  args.num_heads = static_cast<int32_t>(nh);
+  args.q_latent = q_latent->as<float>();
+  args.q_rope = q->as<float>() + nope;
+  args.q_rope_token_stride = qdim;
+  args.q_rope_head_stride = qk;
+  args.cache = view;
+  args.block_tables = ctx.block_tables->as<int32_t>();
+  args.max_blocks_per_seq = ctx.max_blocks_per_seq;
+  args.token_seq = ctx.token_seq->as<int32_t>();
+  args.context_len = ctx.context_len->as<int32_t>();
+  args.softmax_scale = softmax_scale_;
+  args.out_latent = o_latent->as<float>();
+  backend_->MlaAttention(args);
+
+  // Lift back through W_uv (value half of kv_b, rows h*(nope+v)+nope ..) and project out.
+  auto o = Floats(T * nh * vd);
+  for (int64_t hd = 0; hd < nh; ++hd) {
+    backend_->Gemm(T, vd, kvl, o_latent->as<float>() + hd * kvl, nh * kvl,
+                   L.kv_b->as<float>() + (hd * (nope + vd) + nope) * kvl, kvl,
+                   o->as<float>() + hd * vd, nh * vd, false);
+  }
+  backend_->Gemm(T, H, nh * vd, o->as<float>(), nh * vd, L.o_proj->as<float>(), nh * vd, out, H,
+                 false);
+}
+
+absl::Status DeepseekV3Model::Mlp(const MlpWeights& w, int64_t rows, const float* h, float* out) {
+  const int64_t H = config_.hidden_size, I = w.inter;
+  auto gu = Floats(rows * 2 * I);
+  backend_->Gemm(rows, 2 * I, H, h, H, w.gate_up->as<float>(), H, gu->as<float>(), 2 * I, false);
+  auto act = Floats(rows * I);
+  backend_->SiluMul(rows, I, gu->as<float>(), act->as<float>());
+  backend_->Gemm(rows, H, I, act->as<float>(), I, w.down->as<float>(), I, out, H, false);
+  return absl::OkStatus();
+}
+
+absl::Status DeepseekV3Model::Moe(int64_t layer, int64_t rows, const float* h, float* out) {
+  const ModelConfig& c = config_;
+  const LayerWeights& L = weights_->layers[layer];
+  const int64_t H = c.hidden_size, E = c.n_routed_experts, K = c.num_experts_per_tok;
+  const int64_t I = c.moe_intermediate_size;
+  auto router_logits = Floats(rows * E);
+  backend_->Gemm(rows, E, H, h, H, L.router->as<float>(), H, router_logits->as<float>(), E, false);
+  auto topk_ids = backend_->Allocate(rows * K * sizeof(int32_t));
+  auto topk_w = Floats(rows * K);
+  NoauxTcRouteArgs ra;
+  ra.num_tokens = static_cast<int32_t>(rows);
+  ra.num_experts = static_cast<int32_t>(E);
+  ra.router_logits = router_logits->as<float>();
+  ra.correction_bias = L.router_bias->as<float>();
+  ra.num_groups = static_cast<int32_t>(c.n_group);
+  ra.topk_groups = static_cast<int32_t>(c.topk_group);
+  ra.top_k = static_cast<int32_t>(K);
+  ra.normalize = c.norm_topk_prob;
+  ra.scaling_factor = static_cast<float>(c.routed_scaling_factor);
+  ra.topk_ids = topk_ids->as<int32_t>();
+  ra.topk_weights = topk_w->as<float>();
+  backend_->NoauxTcRoute(ra);
+
+  DispatchedTokens d;
+  absl::Status st =
+      dispatcher_->Dispatch(rows, K, h, topk_ids->as<int32_t>(), topk_w->as<float>(), &d);
+  if (!st.ok()) return st;
+  std::vector<const float*> gate_up, down;
+  for (int64_t e : dispatcher_->local_experts()) {
+    const MlpWeights& ew = L.experts.at(e);
+    gate_up.push_back(ew.gate_up->as<float>());
+    down.push_back(ew.down->as<float>());
+  }
+  auto expert_out = Floats(std::max<int64_t>(1, d.num_rows) * H);
+  if (d.num_rows > 0) {
+    auto gu = Floats(d.num_rows * 2 * I);
+    backend_->GroupedGemm(d.group_offsets, gate_up, 2 * I, H, d.hidden->as<float>(),
+                          gu->as<float>());
+    auto act = Floats(d.num_rows * I);
+    backend_->SiluMul(d.num_rows, I, gu->as<float>(), act->as<float>());
+    backend_->GroupedGemm(d.group_offsets, down, H, I, act->as<float>(), expert_out->as<float>());
+  }
+  // out = routed sum (experts ascending) + shared experts, as HF and DeepSeek add them.
+  auto zero = Floats(rows * H);
+  backend_->CopyDeviceToDevice(zero->data(), rows * H * sizeof(float), out);
+  st = dispatcher_->Combine(d, expert_out->as<float>(), out);
+  if (!st.ok()) return st;
+  if (c.n_shared_experts > 0) {
+    auto shared = Floats(rows * H);
+    st = Mlp(L.shared, rows, h, shared->as<float>());
+    if (!st.ok()) return st;
+    backend_->Add(rows * H, out, shared->as<float>(), out);
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace deepinfer

@@ -1,0 +1,84 @@
+// DeepseekV3Model: the DeepSeek-V3 forward pass, written once against the Backend interface.
+//
+// One Step() call runs a batch of sequences through every layer: each sequence brings its new
+// tokens (a whole prompt, a prompt chunk, or one decode token), the position of its first new
+// token, and its block table in the paged latent KV cache. Prefill and decode therefore share
+// one code path, and a batch may mix them. Attention is MLA in the absorbed form: the cache
+// holds, per token and layer, the normalised latent (kv_lora_rank) and the rotated rope key;
+// queries are projected into the latent space through W_uk and outputs lifted back through W_uv.
+// Routed experts go through an ExpertDispatcher (dispatch -> grouped GEMM -> combine), so
+// expert parallelism can be added behind that interface.
+#ifndef DEEPINFER_WORKER_MODEL_DEEPSEEK_V3_MODEL_H_
+#define DEEPINFER_WORKER_MODEL_DEEPSEEK_V3_MODEL_H_
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "worker/backend/backend.h"
+#include "worker/kv_cache/kv_block_pool.h"
+#include "worker/model/expert_dispatcher.h"
+#include "worker/model/model_config.h"
+#include "worker/model/model_weights.h"
+#include "worker/sampling/sampler.h"
+
+namespace deepinfer {
+
+struct SequenceStep {
+  std::vector<int32_t> tokens;       // new tokens, at positions position_offset, +1, ...
+  int64_t position_offset = 0;       // tokens already in the cache for this sequence
+  std::vector<int32_t> block_table;  // must cover position_offset + tokens.size() positions
+  bool all_logits = false;           // logits for every new token, else only the last
+  // If set, the next token is sampled from the last row's logits (position of the sampled
+  // token = position_offset + tokens.size(), which keys the seeded random stream).
+  std::optional<SamplingParams> sampling;
+};
+
+struct StepOutput {
+  // Per sequence, row-major [rows, vocab]: rows = tokens.size() if all_logits, else 1.
+  std::vector<std::vector<float>> logits;
+  // Per sequence; token -1 where SequenceStep::sampling was unset.
+  std::vector<SampledToken> sampled;
+};
+
+class DeepseekV3Model {
+ public:
+  // The dispatcher must serve every expert the router can choose (all of them for a local
+  // dispatcher); the weights must hold its local experts.
+  static absl::StatusOr<std::unique_ptr<DeepseekV3Model>> Create(
+      const ModelConfig& config, std::unique_ptr<ModelWeights> weights, Backend* backend,
+      std::unique_ptr<ExpertDispatcher> dispatcher);
+
+  // Runs one forward step. Not thread-safe: one engine loop drives a model. INVALID_ARGUMENT
+  // for malformed sequences (no tokens, block table too short, token outside the vocabulary);
+  // FAILED_PRECONDITION if a token is routed to an expert the dispatcher cannot serve.
+  absl::StatusOr<StepOutput> Step(const std::vector<SequenceStep>& batch, KvBlockPool* cache);
+
+  const ModelConfig& config() const { return config_; }
+  // Geometry a KvBlockPool for this model must have (num_blocks / block_size filled by caller).
+  KvBlockPoolOptions CacheOptions(int32_t num_blocks, int32_t block_size) const;
+
+ private:
+  DeepseekV3Model(const ModelConfig& config, std::unique_ptr<ModelWeights> weights,
+                  Backend* backend, std::unique_ptr<ExpertDispatcher> dispatcher);
+
+  struct StepContext;  // per-step device metadata (positions, slots, block tables)
+  void Attention(int64_t layer, const StepContext& ctx, const float* h, float* out);
+  absl::Status Mlp(const MlpWeights& w, int64_t rows, const float* h, float* out);
+  absl::Status Moe(int64_t layer, int64_t rows, const float* h, float* out);
+  std::unique_ptr<DeviceBuffer> Floats(int64_t n) { return backend_->Allocate(n * sizeof(float)); }
+
+  const ModelConfig config_;
+  std::unique_ptr<ModelWeights> weights_;
+  Backend* backend_;
+  std::unique_ptr<ExpertDispatcher> dispatcher_;
+  std::unique_ptr<DeviceBuffer> inv_freq_;
+  float rope_attention_factor_ = 1.0f;
+  float softmax_scale_ = 1.0f;
+};
+
+}  // namespace deepinfer
+
+#endif  // DEEPINFER_WORKER_MODEL_DEEPSEEK_V3_MODEL_H_

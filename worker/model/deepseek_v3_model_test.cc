@@ -1,0 +1,249 @@
+// Tests for DeepseekV3Model's step API on the HF-made fixture checkpoint: batching, chunked
+// prefill, mixed prefill/decode, expert subsets, dummy weights and loader errors. Parity with HF
+// itself is tests/parity.
+#include "worker/model/deepseek_v3_model.h"
+
+#include <sys/stat.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdlib>
+#include <fstream>
+
+#include "gtest/gtest.h"
+#include "worker/backend/cpu/cpu_backend.h"
+#include "worker/kv_cache/kv_block_pool.h"
+#include "worker/model/cpu_generate.h"
+#include "worker/model/model_loader.h"
+#include "worker/model/safetensors_checkpoint.h"
+#include "worker/model/safetensors_writer.h"
+
+namespace deepinfer {
+namespace {
+
+std::string FixtureDir() {
+  const char* src = std::getenv("TEST_SRCDIR");
+  return std::string(src ? src : ".") + "/deepinfer/tests/fixtures/dsv3_qlora_rope";
+}
+
+std::string TmpDir(const std::string& name) {
+  const char* dir = std::getenv("TEST_TMPDIR");
+  std::string d = std::string(dir ? dir : "/tmp") + "/" + name;
+  ::mkdir(d.c_str(), 0755);
+  return d;
+}
+
+std::vector<int32_t> Prompt(int n, int salt) {
+  std::vector<int32_t> p;
+  for (int i = 0; i < n; ++i) p.push_back(2 + (i * 37 + salt * 101) % 990);
+  return p;
+}
+
+SequenceStep MakeStep(std::vector<int32_t> tokens, int64_t offset, std::vector<int32_t> table,
+                      bool all_logits, std::optional<SamplingParams> sampling = std::nullopt) {
+  SequenceStep s;
+  s.tokens = std::move(tokens);
+  s.position_offset = offset;
+  s.block_table = std::move(table);
+  s.all_logits = all_logits;
+  s.sampling = sampling;
+  return s;
+}
+
+float MaxDiff(const std::vector<float>& a, const std::vector<float>& b) {
+  EXPECT_EQ(a.size(), b.size());
+  float m = 0;
+  for (size_t i = 0; i < a.size() && i < b.size(); ++i) m = std::max(m, std::abs(a[i] - b[i]));
+  return m;
+}
+
+class ModelTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    auto m = LoadDeepseekV3(FixtureDir(), &backend_);
+    ASSERT_TRUE(m.ok()) << m.status();
+    model_ = std::move(*m);
+    auto pool = KvBlockPool::Create(&backend_, model_->CacheOptions(64, 4));
+    ASSERT_TRUE(pool.ok());
+    pool_ = std::move(*pool);
+  }
+  std::vector<int32_t> Blocks(int n) { return *pool_->Allocate(n); }
+
+  CpuBackend backend_{2};
+  std::unique_ptr<DeepseekV3Model> model_;
+  std::unique_ptr<KvBlockPool> pool_;
+};
+
+TEST_F(ModelTest, BatchedDecodeOfDifferentLengthsEqualsEachAlone) {
+  const std::vector<int> lens = {5, 13, 22};
+  const int steps = 4;
+  // Alone: each sequence prefilled and decoded by itself.
+  std::vector<std::vector<std::vector<float>>> alone(lens.size());
+  std::vector<std::vector<int32_t>> decode_tokens(lens.size());
+  for (size_t s = 0; s < lens.size(); ++s) {
+    SequenceStep st = MakeStep(Prompt(lens[s], s), 0, Blocks(8), false);
+    for (int i = 0; i <= steps; ++i) {
+      auto r = model_->Step({st}, pool_.get());
+      ASSERT_TRUE(r.ok()) << r.status();
+      alone[s].push_back(r->logits[0]);
+      const auto& l = r->logits[0];
+      const int32_t next = std::max_element(l.begin(), l.end()) - l.begin();
+      decode_tokens[s].push_back(next);
+      st.position_offset += st.tokens.size();
+      st.tokens = {next};
+    }
+  }
+  // Together: one batched prefill, then batched decode steps with the same tokens.
+  std::vector<SequenceStep> batch;
+  for (size_t s = 0; s < lens.size(); ++s)
+    batch.push_back(MakeStep(Prompt(lens[s], s), 0, Blocks(8), false));
+  for (int i = 0; i <= steps; ++i) {
+    auto r = model_->Step(batch, pool_.get());
+    ASSERT_TRUE(r.ok()) << r.status();
+    for (size_t s = 0; s < lens.size(); ++s) {
+      EXPECT_LE(MaxDiff(r->logits[s], alone[s][i]), 1e-5f) << "seq " << s << " step " << i;
+      batch[s].position_offset += batch[s].tokens.size();
+      batch[s].tokens = {decode_tokens[s][i]};
+    }
+  }
+}
+
+TEST_F(ModelTest, ChunkedPrefillAndMixedBatchMatchFullPrefill) {
+  const auto prompt = Prompt(30, 7);
+  SequenceStep full = MakeStep(prompt, 0, Blocks(8), true);
+  auto ref = model_->Step({full}, pool_.get());
+  ASSERT_TRUE(ref.ok()) << ref.status();
+  ASSERT_EQ(ref->logits[0].size(), 30u * 1000);
+  // Same prompt in two chunks (11 + 19 tokens); the second chunk shares a step with another
+  // sequence's decode-sized step.
+  auto table = Blocks(8);
+  SequenceStep first =
+      MakeStep(std::vector<int32_t>(prompt.begin(), prompt.begin() + 11), 0, table, true);
+  auto r1 = model_->Step({first}, pool_.get());
+  ASSERT_TRUE(r1.ok());
+  SequenceStep second =
+      MakeStep(std::vector<int32_t>(prompt.begin() + 11, prompt.end()), 11, table, true);
+  SequenceStep other = MakeStep(Prompt(3, 1), 0, Blocks(1), false);
+  auto r2 = model_->Step({other, second}, pool_.get());
+  ASSERT_TRUE(r2.ok()) << r2.status();
+  std::vector<float> joined = r1->logits[0];
+  joined.insert(joined.end(), r2->logits[1].begin(), r2->logits[1].end());
+  EXPECT_LE(MaxDiff(joined, ref->logits[0]), 1e-5f);
+}
+
+TEST_F(ModelTest, SeededSamplingIsIndependentOfBatchComposition) {
+  SamplingParams sp;
+  sp.temperature = 1.5f;
+  sp.top_p = 0.95f;
+  sp.seed = 1234;
+  sp.num_logprobs = 3;
+  auto run = [&](bool with_others) {
+    SequenceStep s = MakeStep(Prompt(9, 4), 0, Blocks(8), false, sp);
+    std::vector<int32_t> got;
+    std::vector<SequenceStep> others;
+    for (int i = 0; i < 2; ++i) {
+      SamplingParams o = sp;
+      o.seed = 99 + i;
+      others.push_back(MakeStep(Prompt(4 + 7 * i, 9 + i), 0, Blocks(8), false, o));
+    }
+    for (int step = 0; step < 8; ++step) {
+      std::vector<SequenceStep> batch;
+      if (with_others) batch = others;
+      batch.push_back(s);
+      auto r = model_->Step(batch, pool_.get());
+      EXPECT_TRUE(r.ok()) << r.status();
+      if (!r.ok()) return got;
+      const SampledToken& t = r->sampled.back();
+      EXPECT_EQ(t.top_logprobs.size(), 3u);
+      EXPECT_LE(t.logprob, t.top_logprobs[0].second);
+      got.push_back(t.token);
+      s.position_offset += s.tokens.size();
+      s.tokens = {t.token};
+      for (size_t i = 0; i < others.size(); ++i) {
+        others[i].position_offset += others[i].tokens.size();
+        others[i].tokens = {r->sampled[i].token};
+      }
+    }
+    return got;
+  };
+  const auto alone = run(false);
+  EXPECT_EQ(alone, run(true));
+  EXPECT_EQ(alone.size(), 8u);
+}
+
+TEST_F(ModelTest, RejectsBadSteps) {
+  SequenceStep small = MakeStep(Prompt(9, 0), 0, Blocks(2), false);  // 2 blocks of 4 < 9 positions
+  auto r = model_->Step({small}, pool_.get());
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument);
+  SequenceStep bad_token = MakeStep({5000}, 0, Blocks(1), false);
+  EXPECT_FALSE(model_->Step({bad_token}, pool_.get()).ok());
+  SequenceStep empty = MakeStep({}, 0, Blocks(1), false);
+  EXPECT_FALSE(model_->Step({empty}, pool_.get()).ok());
+}
+
+TEST(ModelLoadTest, HostsOnlyRequestedExperts) {
+  CpuBackend be(1);
+  auto config = ModelConfig::FromFile(FixtureDir() + "/config.json");
+  ASSERT_TRUE(config.ok());
+  auto ckpt = SafetensorsCheckpoint::Open(FixtureDir());
+  ASSERT_TRUE(ckpt.ok());
+  LoadOptions opts;
+  opts.hosts_expert = [](int64_t layer, int64_t e) { return e % 4 == 1; };
+  auto w = ModelWeights::Load(*config, ckpt->get(), &be, opts);
+  ASSERT_TRUE(w.ok()) << w.status();
+  EXPECT_EQ((*w)->layers[0].experts.size(), 0u);  // dense layer
+  ASSERT_EQ((*w)->layers[1].experts.size(), 2u);
+  EXPECT_TRUE((*w)->layers[1].experts.count(1));
+  EXPECT_TRUE((*w)->layers[1].experts.count(5));
+  // With a subset, tokens routed elsewhere fail loudly instead of being dropped.
+  auto m = LoadDeepseekV3(FixtureDir(), &be, opts);
+  ASSERT_TRUE(m.ok()) << m.status();
+  auto pool = KvBlockPool::Create(&be, (*m)->CacheOptions(8, 16));
+  SequenceStep s = MakeStep(Prompt(20, 3), 0, *(*pool)->Allocate(2), false);
+  EXPECT_EQ((*m)->Step({s}, pool->get()).status().code(), absl::StatusCode::kFailedPrecondition);
+}
+
+TEST(ModelLoadTest, ErrorsNameTheTensorAndFile) {
+  const std::string dir = TmpDir("broken_ckpt");
+  std::ifstream src(FixtureDir() + "/config.json", std::ios::binary);
+  std::ofstream(dir + "/config.json", std::ios::binary) << src.rdbuf();
+  SafetensorsWriter w;
+  w.AddFloat32("model.embed_tokens.weight", {1000, 96}, std::vector<float>(96000, 0.0f));
+  ASSERT_TRUE(w.Write(dir + "/model.safetensors").ok());
+  CpuBackend be(1);
+  auto m = LoadDeepseekV3(dir, &be);
+  ASSERT_FALSE(m.ok());
+  EXPECT_NE(m.status().message().find("model.norm.weight"), std::string::npos) << m.status();
+  EXPECT_NE(m.status().message().find(dir), std::string::npos) << m.status();
+
+  SafetensorsWriter w2;
+  w2.AddFloat32("model.embed_tokens.weight", {1000, 64}, std::vector<float>(64000, 0.0f));
+  ASSERT_TRUE(w2.Write(dir + "/model.safetensors").ok());
+  m = LoadDeepseekV3(dir, &be);
+  ASSERT_FALSE(m.ok());
+  EXPECT_NE(m.status().message().find("model.embed_tokens.weight"), std::string::npos);
+  EXPECT_NE(m.status().message().find("[1000,64]"), std::string::npos) << m.status();
+
+  std::ofstream(dir + "/config.json") << R"({"architectures": ["MixtralForCausalLM"]})";
+  m = LoadDeepseekV3(dir, &be);
+  ASSERT_FALSE(m.ok());
+  EXPECT_NE(m.status().message().find(dir + "/config.json"), std::string::npos) << m.status();
+  EXPECT_NE(m.status().message().find("MixtralForCausalLM"), std::string::npos);
+}
+
+TEST(CpuGenerateTest, DummyWeightsAreSeededAndDeterministic) {
+  const std::string cfg = FixtureDir() + "/config.json";
+  auto a = GenerateGreedyOnCpu("dummy:" + cfg + "@1", Prompt(9, 0), 6, 2);
+  ASSERT_TRUE(a.ok()) << a.status();
+  ASSERT_EQ(a->size(), 6u);
+  auto b = GenerateGreedyOnCpu("dummy:" + cfg + "@1", Prompt(9, 0), 6, 1);
+  ASSERT_TRUE(b.ok());
+  EXPECT_EQ(*a, *b);  // independent of the thread count
+  auto c = GenerateGreedyOnCpu("dummy:" + cfg + "@2", Prompt(9, 0), 6, 2);
+  ASSERT_TRUE(c.ok());
+  EXPECT_NE(*a, *c);
+  EXPECT_FALSE(GenerateGreedyOnCpu("dummy:/nonexistent/config.json", Prompt(3, 0), 2).ok());
+}
+
+}  // namespace
+}  // namespace deepinfer

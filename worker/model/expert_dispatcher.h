@@ -1,0 +1,46 @@
+// ExpertDispatcher: the seam between routing and routed-expert computation. Dispatch takes each
+// token's hidden state and top-k choice and returns, for every expert hosted on this rank, the
+// rows routed to it (grouped, expert by expert); Combine takes the experts' outputs in that same
+// order and adds each token's weighted sum into its output row. A single-rank implementation
+// (LocalExpertDispatcher) permutes locally; an expert-parallel one exchanges rows with other
+// ranks through a communicator (all-to-all) behind the same interface.
+#ifndef DEEPINFER_WORKER_MODEL_EXPERT_DISPATCHER_H_
+#define DEEPINFER_WORKER_MODEL_EXPERT_DISPATCHER_H_
+
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "worker/backend/device_buffer.h"
+
+namespace deepinfer {
+
+// What Dispatch produced and Combine needs. Buffers are device buffers of the backend.
+struct DispatchedTokens {
+  int64_t num_rows = 0;
+  // Rows of `hidden` for local expert i are [group_offsets[i], group_offsets[i+1]).
+  std::vector<int64_t> group_offsets;
+  std::unique_ptr<DeviceBuffer> hidden;  // [num_rows, hidden_size]
+  // Implementation state for Combine (e.g. source token and weight of each row).
+  std::unique_ptr<DeviceBuffer> row_token;
+  std::unique_ptr<DeviceBuffer> row_weight;
+};
+
+class ExpertDispatcher {
+ public:
+  virtual ~ExpertDispatcher() = default;
+  // Global ids of the experts this rank computes, in the order of DispatchedTokens groups.
+  virtual const std::vector<int64_t>& local_experts() const = 0;
+  // hidden [num_tokens, hidden_size]; topk_ids / topk_weights [num_tokens, top_k] (device).
+  virtual absl::Status Dispatch(int64_t num_tokens, int64_t top_k, const float* hidden,
+                                const int32_t* topk_ids, const float* topk_weights,
+                                DispatchedTokens* out) = 0;
+  // expert_out [num_rows, hidden_size] in dispatch order; adds into out [num_tokens, hidden].
+  virtual absl::Status Combine(const DispatchedTokens& dispatched, const float* expert_out,
+                               float* out) = 0;
+};
+
+}  // namespace deepinfer
+
+#endif  // DEEPINFER_WORKER_MODEL_EXPERT_DISPATCHER_H_

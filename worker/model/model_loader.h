@@ -1,0 +1,25 @@
+// LoadDeepseekV3: builds a ready DeepseekV3Model from a checkpoint directory or from the
+// `dummy` load format, on a given backend, with a single-rank LocalExpertDispatcher.
+//
+// `model` is either a directory holding config.json and safetensors, or
+// "dummy:<path to config.json>[@seed]" for random weights of that architecture.
+#ifndef DEEPINFER_WORKER_MODEL_MODEL_LOADER_H_
+#define DEEPINFER_WORKER_MODEL_MODEL_LOADER_H_
+
+#include <memory>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "worker/backend/backend.h"
+#include "worker/model/deepseek_v3_model.h"
+#include "worker/model/model_weights.h"
+
+namespace deepinfer {
+
+absl::StatusOr<std::unique_ptr<DeepseekV3Model>> LoadDeepseekV3(const std::string& model,
+                                                                Backend* backend,
+                                                                const LoadOptions& options = {});
+
+}  // namespace deepinfer
+
+#endif  // DEEPINFER_WORKER_MODEL_MODEL_LOADER_H_

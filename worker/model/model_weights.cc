@@ -1,0 +1,133 @@
+// ModelWeights loading: DeepSeek-V3 checkpoint names -> backend buffers.
+#include "worker/model/model_weights.h"
+
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+
+namespace deepinfer {
+namespace {
+
+class Loader {
+ public:
+  Loader(WeightSource* src, Backend* be) : src_(src), be_(be) {}
+
+  absl::Status ReadHost(const std::string& name, const std::vector<int64_t>& shape,
+                        std::vector<float>* out) {
+    int64_t n = 1;
+    for (int64_t d : shape) n *= d;
+    out->resize(n);
+    return src_->ReadFloat32(name, shape, out->data());
+  }
+  std::unique_ptr<DeviceBuffer> Upload(const std::vector<float>& v) {
+    auto buf = be_->Allocate(v.size() * sizeof(float));
+    be_->CopyToDevice(v.data(), v.size() * sizeof(float), buf->data());
+    return buf;
+  }
+  absl::Status Load(const std::string& name, const std::vector<int64_t>& shape,
+                    std::unique_ptr<DeviceBuffer>* out) {
+    std::vector<float> host;
+    absl::Status st = ReadHost(name, shape, &host);
+    if (!st.ok()) return st;
+    *out = Upload(host);
+    return absl::OkStatus();
+  }
+  // prefix: "...mlp." or "...experts.7."; gate and up stacked into one [2*inter, hidden] matrix.
+  absl::Status LoadMlp(const std::string& prefix, int64_t hidden, int64_t inter, MlpWeights* m) {
+    std::vector<float> gate, up;
+    absl::Status st = ReadHost(prefix + "gate_proj.weight", {inter, hidden}, &gate);
+    if (!st.ok()) return st;
+    st = ReadHost(prefix + "up_proj.weight", {inter, hidden}, &up);
+    if (!st.ok()) return st;
+    gate.insert(gate.end(), up.begin(), up.end());
+    m->inter = inter;
+    m->gate_up = Upload(gate);
+    return Load(prefix + "down_proj.weight", {hidden, inter}, &m->down);
+  }
+
+ private:
+  WeightSource* src_;
+  Backend* be_;
+};
+
+#define DI_RETURN_IF_ERROR(expr) \
+  do {                           \
+    absl::Status _st = (expr);   \
+    if (!_st.ok()) return _st;   \
+  } while (0)
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<ModelWeights>> ModelWeights::Load(const ModelConfig& c,
+                                                                 WeightSource* source,
+                                                                 Backend* backend,
+                                                                 const LoadOptions& options) {
+  Loader ld(source, backend);
+  auto w = std::make_unique<ModelWeights>();
+  const int64_t hid = c.hidden_size, nh = c.num_attention_heads;
+  const int64_t nope = c.qk_nope_head_dim, rope = c.qk_rope_head_dim, vd = c.v_head_dim;
+  const int64_t kvl = c.kv_lora_rank;
+  DI_RETURN_IF_ERROR(ld.Load("model.embed_tokens.weight", {c.vocab_size, hid}, &w->embed));
+  DI_RETURN_IF_ERROR(ld.Load("model.norm.weight", {hid}, &w->final_norm));
+  DI_RETURN_IF_ERROR(ld.Load(c.tie_word_embeddings ? "model.embed_tokens.weight" : "lm_head.weight",
+                             {c.vocab_size, hid}, &w->lm_head));
+  // Layers >= num_hidden_layers are MTP modules (num_nextn_predict_layers); not loaded here.
+  w->layers.resize(c.num_hidden_layers);
+  for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
+    LayerWeights& L = w->layers[l];
+    const std::string p = absl::StrCat("model.layers.", l, ".");
+    DI_RETURN_IF_ERROR(ld.Load(p + "input_layernorm.weight", {hid}, &L.input_norm));
+    DI_RETURN_IF_ERROR(
+        ld.Load(p + "post_attention_layernorm.weight", {hid}, &L.post_attention_norm));
+    const std::string a = p + "self_attn.";
+    if (c.q_lora_rank > 0) {
+      DI_RETURN_IF_ERROR(ld.Load(a + "q_a_proj.weight", {c.q_lora_rank, hid}, &L.q_a));
+      DI_RETURN_IF_ERROR(ld.Load(a + "q_a_layernorm.weight", {c.q_lora_rank}, &L.q_a_norm));
+      DI_RETURN_IF_ERROR(
+          ld.Load(a + "q_b_proj.weight", {nh * c.qk_head_dim(), c.q_lora_rank}, &L.q_b));
+    } else {
+      DI_RETURN_IF_ERROR(ld.Load(a + "q_proj.weight", {nh * c.qk_head_dim(), hid}, &L.q));
+    }
+    DI_RETURN_IF_ERROR(ld.Load(a + "kv_a_proj_with_mqa.weight", {kvl + rope, hid}, &L.kv_a));
+    DI_RETURN_IF_ERROR(ld.Load(a + "kv_a_layernorm.weight", {kvl}, &L.kv_a_norm));
+    std::vector<float> kv_b;
+    DI_RETURN_IF_ERROR(ld.ReadHost(a + "kv_b_proj.weight", {nh * (nope + vd), kvl}, &kv_b));
+    std::vector<float> uk_t(nh * kvl * nope);
+    for (int64_t h = 0; h < nh; ++h) {
+      for (int64_t d = 0; d < nope; ++d) {
+        const float* row = kv_b.data() + (h * (nope + vd) + d) * kvl;
+        for (int64_t ci = 0; ci < kvl; ++ci) uk_t[(h * kvl + ci) * nope + d] = row[ci];
+      }
+    }
+    L.kv_b = ld.Upload(kv_b);
+    L.w_uk_t = ld.Upload(uk_t);
+    DI_RETURN_IF_ERROR(ld.Load(a + "o_proj.weight", {hid, nh * vd}, &L.o_proj));
+
+    const std::string m = p + "mlp.";
+    L.moe = c.IsMoeLayer(l);
+    if (!L.moe) {
+      DI_RETURN_IF_ERROR(ld.LoadMlp(m, hid, c.intermediate_size, &L.dense));
+      continue;
+    }
+    DI_RETURN_IF_ERROR(ld.Load(m + "gate.weight", {c.n_routed_experts, hid}, &L.router));
+    // Older V2-style checkpoints have no correction bias; treat it as zero.
+    if (source->Contains(m + "gate.e_score_correction_bias")) {
+      DI_RETURN_IF_ERROR(
+          ld.Load(m + "gate.e_score_correction_bias", {c.n_routed_experts}, &L.router_bias));
+    } else {
+      L.router_bias = backend->Allocate(c.n_routed_experts * sizeof(float));
+    }
+    if (c.n_shared_experts > 0) {
+      DI_RETURN_IF_ERROR(ld.LoadMlp(m + "shared_experts.", hid,
+                                    c.moe_intermediate_size * c.n_shared_experts, &L.shared));
+    }
+    for (int64_t e = 0; e < c.n_routed_experts; ++e) {
+      if (options.hosts_expert && !options.hosts_expert(l, e)) continue;
+      DI_RETURN_IF_ERROR(ld.LoadMlp(absl::StrCat(m, "experts.", e, "."), hid,
+                                    c.moe_intermediate_size, &L.experts[e]));
+    }
+  }
+  return w;
+}
+
+}  // namespace deepinfer

@@ -1,0 +1,65 @@
+// ModelWeights: the DeepSeek-V3 weights one rank hosts, uploaded to a backend as fp32, in the
+// layouts the forward pass consumes (gate and up projections fused as [gate; up], the key half
+// of kv_b_proj pre-transposed per head for the absorbed attention). Which routed experts are
+// loaded is the caller's choice (LoadOptions::hosts_expert), so an expert-parallel rank reads
+// only its share of the checkpoint.
+#ifndef DEEPINFER_WORKER_MODEL_MODEL_WEIGHTS_H_
+#define DEEPINFER_WORKER_MODEL_MODEL_WEIGHTS_H_
+
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "worker/backend/backend.h"
+#include "worker/model/model_config.h"
+#include "worker/model/weight_source.h"
+
+namespace deepinfer {
+
+struct LoadOptions {
+  // Whether this rank hosts routed expert `expert` of MoE layer `layer`. Unset: all of them.
+  std::function<bool(int64_t layer, int64_t expert)> hosts_expert;
+};
+
+// SwiGLU MLP: y = down(silu(gate x) * up x). gate_up is [2 * inter, hidden] (gate rows first).
+struct MlpWeights {
+  int64_t inter = 0;
+  std::unique_ptr<DeviceBuffer> gate_up;
+  std::unique_ptr<DeviceBuffer> down;  // [hidden, inter]
+};
+
+struct LayerWeights {
+  std::unique_ptr<DeviceBuffer> input_norm, post_attention_norm;
+  // MLA. With q_lora: q_a [q_lora, hidden], q_a_norm, q_b [heads*qk_head, q_lora]; else q.
+  std::unique_ptr<DeviceBuffer> q_a, q_a_norm, q_b, q;
+  std::unique_ptr<DeviceBuffer> kv_a;       // [kv_lora + rope, hidden]
+  std::unique_ptr<DeviceBuffer> kv_a_norm;  // [kv_lora]
+  std::unique_ptr<DeviceBuffer> kv_b;       // [heads * (nope + v), kv_lora] as in the checkpoint
+  std::unique_ptr<DeviceBuffer> w_uk_t;     // [heads, kv_lora, nope]: key half, transposed
+  std::unique_ptr<DeviceBuffer> o_proj;     // [hidden, heads * v]
+  bool moe = false;
+  MlpWeights dense;                           // dense layers
+  std::unique_ptr<DeviceBuffer> router;       // [experts, hidden]
+  std::unique_ptr<DeviceBuffer> router_bias;  // [experts] e_score_correction_bias
+  MlpWeights shared;                          // n_shared_experts fused (inter = n * moe_inter)
+  std::map<int64_t, MlpWeights> experts;      // hosted routed experts by global id
+};
+
+class ModelWeights {
+ public:
+  static absl::StatusOr<std::unique_ptr<ModelWeights>> Load(const ModelConfig& config,
+                                                            WeightSource* source, Backend* backend,
+                                                            const LoadOptions& options);
+
+  std::unique_ptr<DeviceBuffer> embed;  // [vocab, hidden]
+  std::unique_ptr<DeviceBuffer> final_norm;
+  std::unique_ptr<DeviceBuffer> lm_head;  // [vocab, hidden]
+  std::vector<LayerWeights> layers;
+};
+
+}  // namespace deepinfer
+
+#endif  // DEEPINFER_WORKER_MODEL_MODEL_WEIGHTS_H_

@@ -1,0 +1,48 @@
+// SafetensorsCheckpoint: a WeightSource over a checkpoint directory, either sharded through
+// model.safetensors.index.json or a single model.safetensors. Shards are memory-mapped when
+// first needed, so a rank that hosts few experts touches only their pages. FP8 (F8_E4M3)
+// weights are dequantised with their `<name>_scale_inv` tensor: one fp32 multiplier per
+// block_rows x block_cols block (DeepSeek: 128 x 128).
+#ifndef DEEPINFER_WORKER_MODEL_SAFETENSORS_CHECKPOINT_H_
+#define DEEPINFER_WORKER_MODEL_SAFETENSORS_CHECKPOINT_H_
+
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "worker/model/safetensors_file.h"
+#include "worker/model/weight_source.h"
+
+namespace deepinfer {
+
+class SafetensorsCheckpoint : public WeightSource {
+ public:
+  static absl::StatusOr<std::unique_ptr<SafetensorsCheckpoint>> Open(const std::string& dir,
+                                                                     int64_t fp8_block_rows = 128,
+                                                                     int64_t fp8_block_cols = 128);
+
+  absl::Status ReadFloat32(const std::string& name, const std::vector<int64_t>& shape,
+                           float* out) override;
+  bool Contains(const std::string& name) const override;
+  std::string description() const override { return dir_; }
+
+ private:
+  SafetensorsCheckpoint(std::string dir, int64_t br, int64_t bc)
+      : dir_(std::move(dir)), block_rows_(br), block_cols_(bc) {}
+  // The mapped shard holding `name` (opened on first use), or an error.
+  absl::StatusOr<const SafetensorsTensor*> FindTensor(const std::string& name, std::string* file);
+
+  const std::string dir_;
+  const int64_t block_rows_, block_cols_;
+  std::map<std::string, std::string> weight_map_;  // tensor -> shard file name
+  absl::Mutex mu_;
+  std::map<std::string, std::unique_ptr<SafetensorsFile>> shards_ ABSL_GUARDED_BY(mu_);
+};
+
+}  // namespace deepinfer
+
+#endif  // DEEPINFER_WORKER_MODEL_SAFETENSORS_CHECKPOINT_H_

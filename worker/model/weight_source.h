@@ -1,0 +1,29 @@
+// WeightSource: where model weights come from, by checkpoint tensor name. The model loader
+// asks for each tensor it hosts with the shape it expects and receives fp32 values, whatever
+// the storage (safetensors F32/BF16/F16/FP8 with block scales, or generated dummy values).
+#ifndef DEEPINFER_WORKER_MODEL_WEIGHT_SOURCE_H_
+#define DEEPINFER_WORKER_MODEL_WEIGHT_SOURCE_H_
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+
+namespace deepinfer {
+
+class WeightSource {
+ public:
+  virtual ~WeightSource() = default;
+  // Fills out (num_elements(shape) floats). NOT_FOUND if the tensor is absent,
+  // INVALID_ARGUMENT if its shape differs; messages name the tensor and the file.
+  virtual absl::Status ReadFloat32(const std::string& name, const std::vector<int64_t>& shape,
+                                   float* out) = 0;
+  virtual bool Contains(const std::string& name) const = 0;
+  // For messages: the checkpoint directory, or "dummy(seed=...)".
+  virtual std::string description() const = 0;
+};
+
+}  // namespace deepinfer
+
+#endif  // DEEPINFER_WORKER_MODEL_WEIGHT_SOURCE_H_

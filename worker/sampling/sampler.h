@@ -1,0 +1,45 @@
+// Sampler: picks the next token from one row of logits on the host: greedy, temperature, top-k,
+// top-p, with per-request seeds, and reports log-probabilities.
+//
+// Seeded sampling uses the exponential race from DeepSeek's reference: among the tokens that
+// survive top-k/top-p, choose argmax p_i / E_i with E_i ~ Exp(1) drawn from CounterRng keyed by
+// (seed, position, token id). This samples exactly from p, and since the noise depends only on
+// the request's seed and the token's position, a request gets the same tokens whatever else is
+// in the batch.
+#ifndef DEEPINFER_WORKER_SAMPLING_SAMPLER_H_
+#define DEEPINFER_WORKER_SAMPLING_SAMPLER_H_
+
+#include <cstdint>
+#include <utility>
+#include <vector>
+
+#include "absl/status/statusor.h"
+
+namespace deepinfer {
+
+struct SamplingParams {
+  float temperature = 0.0f;  // <= 0: greedy (argmax, lowest id on ties)
+  int32_t top_k = 0;         // <= 0: no limit
+  float top_p = 1.0f;        // in (0, 1]
+  uint64_t seed = 0;
+  int32_t num_logprobs = 0;  // how many top tokens to report besides the chosen one
+};
+
+struct SampledToken {
+  int32_t token = -1;
+  // log softmax of the raw logits (before temperature and filtering), as vLLM/OpenAI report.
+  float logprob = 0.0f;
+  std::vector<std::pair<int32_t, float>> top_logprobs;  // descending, num_logprobs entries
+};
+
+class Sampler {
+ public:
+  // position: index of the token being sampled within its sequence (prompt length + generated
+  // so far); it keys the random stream.
+  static absl::StatusOr<SampledToken> Sample(const float* logits, int32_t vocab,
+                                             const SamplingParams& params, int64_t position);
+};
+
+}  // namespace deepinfer
+
+#endif  // DEEPINFER_WORKER_SAMPLING_SAMPLER_H_

@@ -1,0 +1,106 @@
+// Tests for Sampler: greedy, filtering, determinism by (seed, position), distribution, logprobs.
+#include "worker/sampling/sampler.h"
+
+#include <cmath>
+#include <map>
+#include <set>
+#include <vector>
+
+#include "gtest/gtest.h"
+#include "worker/sampling/counter_rng.h"
+
+namespace deepinfer {
+namespace {
+
+TEST(CounterRngTest, PhiloxKnownAnswer) {
+  // Random123 known-answer test for philox4x32-10, key 0, counter 0.
+  auto out = CounterRng::Philox(0, {0, 0, 0, 0});
+  EXPECT_EQ(out[0], 0x6627e8d5u);
+  EXPECT_EQ(out[1], 0xe169c58du);
+  EXPECT_EQ(out[2], 0xbc57ac4cu);
+  EXPECT_EQ(out[3], 0x9b00dbd8u);
+}
+
+TEST(SamplerTest, GreedyAndLogprobs) {
+  std::vector<float> l = {1.0f, 3.0f, 2.0f, 3.0f};
+  SamplingParams p;
+  p.num_logprobs = 2;
+  auto s = Sampler::Sample(l.data(), 4, p, 0);
+  ASSERT_TRUE(s.ok());
+  EXPECT_EQ(s->token, 1);  // ties go to the lower id
+  double z = std::log(std::exp(1.0) + 2 * std::exp(3.0) + std::exp(2.0));
+  EXPECT_NEAR(s->logprob, 3.0 - z, 1e-6);
+  ASSERT_EQ(s->top_logprobs.size(), 2u);
+  EXPECT_EQ(s->top_logprobs[0].first, 1);
+  EXPECT_EQ(s->top_logprobs[1].first, 3);
+  EXPECT_NEAR(s->top_logprobs[1].second, 3.0 - z, 1e-6);
+}
+
+std::vector<float> Logits() {
+  std::vector<float> l(50);
+  for (int i = 0; i < 50; ++i) l[i] = std::sin(i * 1.7f) * 2.0f;
+  return l;
+}
+
+TEST(SamplerTest, SameSeedAndPositionSameTokenWhateverTheBatch) {
+  auto l = Logits();
+  SamplingParams p;
+  p.temperature = 1.0f;
+  p.seed = 42;
+  // A "batch" is just several independent calls; interleave other requests in different orders.
+  std::vector<int32_t> alone, mixed;
+  for (int pos = 0; pos < 40; ++pos) alone.push_back(Sampler::Sample(l.data(), 50, p, pos)->token);
+  for (int pos = 0; pos < 40; ++pos) {
+    SamplingParams other = p;
+    other.seed = 7 + pos;
+    (void)Sampler::Sample(l.data(), 50, other, pos);
+    mixed.push_back(Sampler::Sample(l.data(), 50, p, pos)->token);
+  }
+  EXPECT_EQ(alone, mixed);
+  // Different positions and different seeds give different draws.
+  EXPECT_GT(std::set<int32_t>(alone.begin(), alone.end()).size(), 5u);
+  SamplingParams p2 = p;
+  p2.seed = 43;
+  int diff = 0;
+  for (int pos = 0; pos < 40; ++pos)
+    diff += Sampler::Sample(l.data(), 50, p2, pos)->token != alone[pos];
+  EXPECT_GT(diff, 10);
+}
+
+TEST(SamplerTest, FrequenciesFollowSoftmax) {
+  std::vector<float> l = {0.0f, 1.0f, 2.0f, -1.0f};
+  SamplingParams p;
+  p.temperature = 1.0f;
+  p.seed = 5;
+  std::vector<int> count(4, 0);
+  const int n = 20000;
+  for (int pos = 0; pos < n; ++pos) count[Sampler::Sample(l.data(), 4, p, pos)->token]++;
+  double z = std::exp(0.0) + std::exp(1.0) + std::exp(2.0) + std::exp(-1.0);
+  for (int i = 0; i < 4; ++i) {
+    EXPECT_NEAR(count[i] / double(n), std::exp(l[i]) / z, 0.015) << i;
+  }
+}
+
+TEST(SamplerTest, TopKAndTopPRestrictSupport) {
+  auto l = Logits();
+  SamplingParams p;
+  p.temperature = 2.0f;
+  p.top_k = 3;
+  std::vector<int32_t> idx(50);
+  for (int i = 0; i < 50; ++i) idx[i] = i;
+  std::sort(idx.begin(), idx.end(), [&](int a, int b) { return l[a] > l[b]; });
+  std::set<int32_t> top3(idx.begin(), idx.begin() + 3), seen;
+  for (int pos = 0; pos < 300; ++pos) seen.insert(Sampler::Sample(l.data(), 50, p, pos)->token);
+  EXPECT_EQ(seen, top3);
+  // top_p small enough keeps only the argmax.
+  SamplingParams q;
+  q.temperature = 1.0f;
+  q.top_p = 1e-6f;
+  for (int pos = 0; pos < 50; ++pos)
+    EXPECT_EQ(Sampler::Sample(l.data(), 50, q, pos)->token, idx[0]);
+  q.top_p = 0.0f;
+  EXPECT_FALSE(Sampler::Sample(l.data(), 50, q, 0).ok());
+}
+
+}  // namespace
+}  // namespace deepinfer
