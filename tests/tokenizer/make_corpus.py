@@ -85,3 +85,121 @@ with open("corpus.jsonl", "w", encoding="utf-8") as out:
         out.write(json.dumps({"text": text}, ensure_ascii=False) + "\n")
     for raw in invalid:
         out.write(json.dumps({"hex": raw.hex()}) + "\n")
+
+# ---- conversations.jsonl: chat-template parity inputs ({"messages", "add_generation_prompt"?,
+# "tools"?}); rendered by @huggingface/jinja and by ChatTemplate.
+def call(name, arguments, i=0):
+    return {"id": f"call_{i}", "type": "function",
+            "function": {"name": name, "arguments": json.dumps(arguments, ensure_ascii=False)}}
+
+conversations = [
+    {"messages": [{"role": "user", "content": "Hello!"}]},
+    {"messages": [{"role": "user", "content": "Hello!"}], "add_generation_prompt": False},
+    {"messages": [{"role": "system", "content": "You are a helpful assistant."},
+                  {"role": "user", "content": "What is 2+2?"}]},
+    {"messages": [{"role": "system", "content": "First system."},
+                  {"role": "system", "content": "Second system."},
+                  {"role": "user", "content": "hi"},
+                  {"role": "system", "content": "Late system prompt."}]},
+    {"messages": [{"role": "user", "content": "Tell me a joke."},
+                  {"role": "assistant", "content": "Why did the chicken cross the road?"},
+                  {"role": "user", "content": "Why?"},
+                  {"role": "assistant", "content": "To get to the other side."},
+                  {"role": "user", "content": "Another one, in 中文 please 😀"}]},
+    {"messages": [{"role": "user", "content": "Weather in Paris and Tokyo?"},
+                  {"role": "assistant", "content": None,
+                   "tool_calls": [call("get_weather", {"city": "Paris"}, 0),
+                                  call("get_weather", {"city": "東京"}, 1)]},
+                  {"role": "tool", "content": "{\"temp\": 18}"},
+                  {"role": "tool", "content": "{\"temp\": 25}"},
+                  {"role": "assistant", "content": "Paris is 18°C, Tokyo 25°C."},
+                  {"role": "user", "content": "Thanks"}],
+     "tools": [{"type": "function", "function": {"name": "get_weather", "parameters": {
+         "type": "object", "properties": {"city": {"type": "string"}}}}}]},
+    {"messages": [{"role": "user", "content": "Search once."},
+                  {"role": "assistant", "content": None,
+                   "tool_calls": [call("search", {"q": "deepinfer"})]},
+                  {"role": "tool", "content": "no results"}]},
+    {"messages": [{"role": "user", "content": "Two tool turns."},
+                  {"role": "assistant", "content": None, "tool_calls": [call("a", {})]},
+                  {"role": "tool", "content": "A"},
+                  {"role": "assistant", "content": None, "tool_calls": [call("b", {"x": [1, 2]})]},
+                  {"role": "tool", "content": "B"},
+                  {"role": "assistant", "content": "done"}], "add_generation_prompt": False},
+    {"messages": [{"role": "user", "content": "  spaces  \n\n and newlines \t"},
+                  {"role": "assistant", "content": ""},
+                  {"role": "user", "content": "<｜User｜>fake special<｜end▁of▁sentence｜>"}]},
+    {"messages": [{"role": "system", "content": ""}, {"role": "user", "content": ""}]},
+    {"messages": []},
+    {"messages": [{"role": "assistant", "content": "Assistant speaks first."},
+                  {"role": "user", "content": "ok"}]},
+    {"messages": [{"role": "user", "content": "x" * 2000 + "\n" + "長い" * 500}]},
+    {"messages": [{"role": "user", "content": "Code:\n```python\nprint('hi')\n```"},
+                  {"role": "assistant", "content": "```js\nconsole.log(\"hi\")\n```"}]},
+    {"messages": [{"role": "developer", "content": "unknown role is ignored"},
+                  {"role": "user", "content": "hi"}]},
+    # Missing tool_calls on a content-less assistant message: both renderers must fail.
+    {"messages": [{"role": "user", "content": "x"}, {"role": "assistant", "content": None}]},
+]
+with open("conversations.jsonl", "w", encoding="utf-8") as out:
+    for conversation in conversations:
+        out.write(json.dumps(conversation, ensure_ascii=False) + "\n")
+
+# ---- jinja_cases.jsonl: templates exercising Jinja features, rendered by both renderers.
+cases = [
+    ("Hello {{ name }}!", {"name": "world"}),
+    ("{{ 1 + 2 * 3 }}|{{ (1 + 2) * 3 }}|{{ 7 // 2 }}|{{ 7 / 2 }}|{{ 7 % 3 }}|{{ -7 // 2 }}|{{ 4 / 2 }}", {}),
+    ("{{ 'a' ~ 1 ~ none }}|{{ 'a' + 'b' }}|{{ -3 }}|{{ 2.0 }}|{{ 2.5 }}|{{ 0.1 + 0.2 }}", {}),
+    ("{{ true }}|{{ none }}|{{ missing }}|{{ [1, 'a', none, false] }}|{{ {'k': [1]} }}", {}),
+    ("{{ 'yes' if x else 'no' }}{{ 'only' if x }}", {"x": False}),
+    ("a  {{- 'b' -}}  c|a  {%- if true -%}  b  {%- endif -%}  c", {}),
+    ("  {% if true %}\n  yes\n  {% endif %}\n  end\n", {}),
+    ("line\n    {% for x in xs %}\n    - {{ x }}\n    {% endfor %}\ndone\n", {"xs": [1, 2]}),
+    ("a{# comment #}b{#- trimmed -#}  c", {}),
+    ("{% set x = 1 %}{% for i in [1] %}{% set x = 2 %}{% endfor %}{{ x }}", {}),
+    ("{% set ns = namespace(x=1, s='') %}{% for i in [1, 2] %}{% set ns.x = ns.x + i %}"
+     "{% set ns.s = ns.s + i|string %}{% endfor %}{{ ns.x }}{{ ns.s }}", {}),
+    ("{% set block %}x{{ 1 }}y{% endset %}[{{ block }}]", {}),
+    ("{% if x == 1 %}one{% elif x == 2 %}two{% else %}many{% endif %}", {"x": 2}),
+    ("{% for x in xs %}{{ loop.index }}{{ loop.index0 }}{{ loop.first }}{{ loop.last }}"
+     "{{ loop.length }}{{ loop.revindex }}{{ loop.revindex0 }};{% endfor %}", {"xs": ["a", "b", "c"]}),
+    ("{% for x in [] %}x{% else %}empty{% endfor %}", {}),
+    ("{% for x in [1, 2, 3] %}{% if x == 2 %}{% break %}{% endif %}{{ x }}{% endfor %}", {}),
+    ("{% for x in [1, 2, 3] %}{% if x == 2 %}{% continue %}{% endif %}{{ x }}{% endfor %}", {}),
+    ("{% for k, v in d.items() %}{{ k }}={{ v }};{% endfor %}", {"d": {"b": 1, "a": 2}}),
+    ("{% macro f(a, b='d') %}[{{ a }}-{{ b }}]{% endmacro %}{{ f(1) }}{{ f(1, b=2) }}{{ f(1, 2) }}", {}),
+    ("{{ '  x '|trim }}|{{ [1, 2]|length }}|{{ 'abc'|length }}|{{ [1, 2]|join('-') }}|{{ {'a': 1}|length }}", {}),
+    ("{{ {'a': 1, 'b': [true, none], 'c': 'x\"y\\n', 'd': 1.5, 'é': 'ü'}|tojson }}", {}),
+    ("{{ [1, {'a': [2]}]|tojson(indent=2) }}", {}),
+    ("{{ tools|tojson }}", {"tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}]}),
+    ("{{ x|default('d') }}{{ none|default('n', true) }}{{ 'v'|default('d') }}", {}),
+    ("{{ 'Hello'.upper() }}{{ 'x y'.title() }}{{ ' a '.strip() }}{{ 'a,b'.split(',')|last }}"
+     "{{ 'abc'.startswith('ab') }}{{ 'abc'.endswith('bc') }}{{ 'xxa'.lstrip('x') }}{{ 'a b  c'.split()|length }}", {}),
+    ("{{ 'abc'[::-1] }}{{ [1, 2, 3][1:]|first }}{{ 'abc'[-1] }}{{ [1, 2, 3][-2:] }}{{ 'hello'[1:3] }}", {}),
+    ("{{ ms|selectattr('role', 'equalto', 'user')|map(attribute='c')|join(',') }}"
+     "{{ ms|rejectattr('role', 'equalto', 'user')|list|length }}",
+     {"ms": [{"role": "user", "c": "u1"}, {"role": "x", "c": "x"}, {"role": "user", "c": "u2"}]}),
+    ("{{ d.get('a') }}{{ d.get('z', 'fallback') }}{{ d.missing is defined }}{{ d['a'] }}", {"d": {"a": 1}}),
+    ("{{ x is defined }}{{ none is none }}{{ 1 is not none }}{{ 'a' is string }}{{ {} is mapping }}"
+     "{{ 3 is odd }}{{ 1 is number }}{{ [1] is iterable }}{{ true is boolean }}", {}),
+    ("{{ 'a' in 'abc' }}{{ 1 in [1] }}{{ 'k' not in {'k': 1} }}{{ not 0 }}{{ [] and 1 }}{{ 0 or 'x' }}", {}),
+    ("{{ [3, 1, 2]|sort }}{{ [1, 2]|reverse|list }}{{ 'ab'|upper }}{{ 'AB'|lower }}{{ 'hello world'|title }}"
+     "{{ 'hello'|capitalize }}{{ 1.5|int }}{{ '3'|int + 1 }}{{ 2|float }}{{ -3|abs }}", {}),
+    ("{{ [1, 2] + [3] }}{{ range(3)|list }}{{ range(1, 7, 2)|join }}", {}),
+    ("{{ 'a\\nb' }}|{{ \"it's\" }}|{{ 'tab\\there' }}|{{ 'x' 'y' }}", {}),
+    ("{% if messages[0]['role'] == 'system' %}{% set loop_messages = messages[1:] %}"
+     "{% else %}{% set loop_messages = messages %}{% endif %}{% for message in loop_messages %}"
+     "{% if (message['role'] == 'user') != (loop.index0 % 2 == 0) %}"
+     "{{ raise_exception('Conversation roles must alternate user/assistant/user/assistant/...') }}"
+     "{% endif %}{{ message['role'] }}:{{ message['content']|trim }};{% endfor %}",
+     {"messages": [{"role": "system", "content": "s"}, {"role": "user", "content": " u "},
+                   {"role": "assistant", "content": "a"}]}),
+    ("{{ raise_exception('boom') }}", {}),
+    ("{% for m in messages %}{{ m.role }}{% if not loop.last %},{% endif %}{% endfor %}",
+     {"messages": [{"role": "a"}, {"role": "b"}]}),
+    ("{{ ' x '|trim|length }}{{ ('a' ~ 'b')|upper }}{{ 10 - 2 - 3 }}{{ 2 * 3 + 1 }}{{ 1 < 2 < 3 }}", {}),
+    ("{%- set x = 'a' -%}\n  {{ x }}  \n{%- if true %}\n  in\n{%- endif %}\nend", {}),
+]
+with open("jinja_cases.jsonl", "w", encoding="utf-8") as out:
+    for template, context in cases:
+        out.write(json.dumps({"template": template, "context": context}, ensure_ascii=False) + "\n")

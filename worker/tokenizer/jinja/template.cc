@@ -13,6 +13,7 @@
 #include "absl/strings/str_replace.h"
 #include "absl/strings/str_split.h"
 #include "worker/tokenizer/jinja/parser.h"
+#include "worker/tokenizer/utf8.h"
 
 namespace deepinfer::tokenizer::jinja {
 namespace {
@@ -44,32 +45,100 @@ bool IsWhitespace(char c) {
   return c == ' ' || c == '\t' || c == '\n' || c == '\r' || c == '\v' || c == '\f';
 }
 
-std::string Strip(const std::string& s, const std::string* chars, bool left, bool right) {
-  auto strip_char = [chars](char c) {
-    return chars == nullptr ? IsWhitespace(c) : chars->find(c) != std::string::npos;
-  };
+// JavaScript's String.prototype.trim whitespace (what @huggingface/jinja's trim/strip use).
+bool IsJsWhitespace(char32_t c) {
+  return c == 0xFEFF || (c != 0x85 && IsUnicodeWhitespace(c));
+}
+
+// trim / strip / lstrip / rstrip. @huggingface/jinja ignores a "chars" argument of strip().
+std::string Strip(const std::string& s, bool left, bool right) {
   size_t begin = 0, end = s.size();
   if (left) {
-    while (begin < end && strip_char(s[begin])) ++begin;
+    while (begin < end) {
+      size_t n = ValidUtf8SequenceLength(s, begin);
+      if (n == 0 || !IsJsWhitespace(DecodeCodePoint(s, begin, &n))) break;
+      begin += n;
+    }
   }
   if (right) {
-    while (end > begin && strip_char(s[end - 1])) --end;
+    while (end > begin) {
+      size_t start = end - 1;
+      while (start > begin && (static_cast<uint8_t>(s[start]) & 0xC0) == 0x80) --start;
+      size_t n = ValidUtf8SequenceLength(s, start);
+      if (n == 0 || !IsJsWhitespace(DecodeCodePoint(s, start, &n))) break;
+      end = start;
+    }
   }
   return s.substr(begin, end - begin);
 }
 
+bool IsJsWordChar(char c) { return std::isalnum(static_cast<unsigned char>(c)) || c == '_'; }
+
+// JS value.replace(/\b\w/g, upper): the first word character of each word is upper-cased,
+// the rest is left alone.
 std::string Title(const std::string& s) {
   std::string out = s;
-  bool start = true;
-  for (char& c : out) {
-    if (std::isalpha(static_cast<unsigned char>(c))) {
-      c = start ? absl::ascii_toupper(c) : absl::ascii_tolower(c);
-      start = false;
-    } else {
-      start = true;
+  for (size_t i = 0; i < out.size(); ++i) {
+    if (IsJsWordChar(out[i]) && (i == 0 || !IsJsWordChar(out[i - 1]))) {
+      out[i] = absl::ascii_toupper(out[i]);
     }
   }
   return out;
+}
+
+std::string Capitalize(const std::string& s) {
+  std::string out = s;
+  if (!out.empty()) out[0] = absl::ascii_toupper(out[0]);
+  return out;
+}
+
+// JavaScript String(value) for primitives, which @huggingface/jinja's "+" on strings uses.
+std::string JsString(const Value& v) {
+  if (v.kind() == Value::Kind::kFloat) {
+    std::string text = FormatFloat(v.number());
+    if (text.size() > 2 && text.compare(text.size() - 2, 2, ".0") == 0) text.resize(text.size() - 2);
+    return text;
+  }
+  return v.ToString();
+}
+
+// JavaScript "==" as @huggingface/jinja applies it to the wrapped values: none equals
+// undefined, numbers / booleans / numeric strings compare as numbers, containers by identity.
+bool LooseEquals(const Value& a, const Value& b) {
+  const bool a_null = a.is_none() || a.is_undefined(), b_null = b.is_none() || b.is_undefined();
+  if (a_null || b_null) return a_null && b_null;
+  if (a.is_string() && b.is_string()) return a.string_value() == b.string_value();
+  auto to_number = [](const Value& v, double* out) {
+    if (v.is_number()) {
+      *out = v.number();
+    } else if (v.kind() == Value::Kind::kBool) {
+      *out = v.bool_value() ? 1 : 0;
+    } else if (v.is_string()) {
+      const std::string trimmed = Strip(v.string_value(), true, true);
+      if (trimmed.empty()) {
+        *out = 0;
+        return true;
+      }
+      char* end = nullptr;
+      *out = std::strtod(trimmed.c_str(), &end);
+      return end == trimmed.c_str() + trimmed.size();
+    } else {
+      return false;
+    }
+    return true;
+  };
+  double x, y;
+  if (to_number(a, &x) && to_number(b, &y)) return x == y;
+  if (a.is_array() && b.is_array()) return &a.array() == &b.array();
+  if (a.is_object() && b.is_object()) return &a.object() == &b.object();
+  return false;
+}
+
+// JavaScript "===" on wrapped values (what "x in list" uses).
+bool StrictEquals(const Value& a, const Value& b) {
+  if (a.is_number() && b.is_number()) return a.number() == b.number();
+  if (a.kind() != b.kind()) return false;
+  return LooseEquals(a, b);
 }
 
 // Python-style index normalization for subscripts and slices.
@@ -513,8 +582,8 @@ class Interpreter {
     if (object.is_string()) {
       if (name == "strip" || name == "lstrip" || name == "rstrip") {
         const bool left = name != "rstrip", right = name != "lstrip";
-        return bind([=](const Value& self, const CallArguments& args) -> absl::StatusOr<Value> {
-          return Value::String(Strip(self.string_value(), string_arg(args, 0), left, right));
+        return bind([=](const Value& self, const CallArguments&) -> absl::StatusOr<Value> {
+          return Value::String(Strip(self.string_value(), left, right));
         });
       }
       if (name == "upper" || name == "lower" || name == "title" || name == "capitalize") {
@@ -523,9 +592,7 @@ class Interpreter {
           if (name == "upper") return Value::String(absl::AsciiStrToUpper(s));
           if (name == "lower") return Value::String(absl::AsciiStrToLower(s));
           if (name == "title") return Value::String(Title(s));
-          s = absl::AsciiStrToLower(s);
-          if (!s.empty()) s[0] = absl::ascii_toupper(s[0]);
-          return Value::String(s);
+          return Value::String(Capitalize(s));
         });
       }
       if (name == "startswith" || name == "endswith") {
@@ -553,7 +620,7 @@ class Interpreter {
               while (pos < s.size() && IsWhitespace(s[pos])) ++pos;
               if (pos >= s.size()) break;
               if (max_split >= 0 && static_cast<int64_t>(parts.size()) == max_split) {
-                parts.push_back(Value::String(Strip(s.substr(pos), nullptr, false, true)));
+                parts.push_back(Value::String(Strip(s.substr(pos), false, true)));
                 break;
               }
               size_t end = pos;
@@ -626,18 +693,25 @@ class Interpreter {
     if (!right.ok()) return right;
     const Value& a = *left;
     const Value& b = *right;
-    if (op == "==") return Value::Bool(a.Equals(b));
-    if (op == "!=") return Value::Bool(!a.Equals(b));
-    if (op == "~") return Value::String(a.ToString() + b.ToString());
+    if (op == "==") return Value::Bool(LooseEquals(a, b));
+    if (op == "!=") return Value::Bool(!LooseEquals(a, b));
+    // @huggingface/jinja refuses every other operator on undefined or none, except that
+    // "x in undefined" is false.
+    if (a.is_undefined() || b.is_undefined()) {
+      if (b.is_undefined() && (op == "in" || op == "not in")) return Value::Bool(op == "not in");
+      return TypeError(absl::StrCat("cannot perform operation ", op, " on undefined values"));
+    }
+    if (a.is_none() || b.is_none()) return TypeError("cannot perform operation on null values");
+    if (op == "~") return Value::String(JsString(a) + JsString(b));
     if (op == "in" || op == "not in") {
       bool found = false;
       if (b.is_string() && a.is_string()) {
         found = absl::StrContains(b.string_value(), a.string_value());
       } else if (b.is_array()) {
-        for (const Value& item : b.array()) found = found || item.Equals(a);
+        for (const Value& item : b.array()) found = found || StrictEquals(item, a);
       } else if (b.is_object() && a.is_string()) {
         found = b.Find(a.string_value()) != nullptr;
-      } else if (!b.is_undefined() && !b.is_none()) {
+      } else {
         return TypeError(absl::StrCat("'in' needs a string, list or object, got ", b.TypeName()));
       }
       return Value::Bool(found != (op == "not in"));
@@ -646,8 +720,6 @@ class Interpreter {
       int order;
       if (a.is_number() && b.is_number()) {
         order = a.number() < b.number() ? -1 : a.number() > b.number() ? 1 : 0;
-      } else if (a.is_string() && b.is_string()) {
-        order = a.string_value().compare(b.string_value());
       } else {
         return TypeError(absl::StrCat("cannot compare ", a.TypeName(), " with ", b.TypeName()));
       }
@@ -657,7 +729,7 @@ class Interpreter {
       return Value::Bool(order >= 0);
     }
     if (op == "+") {
-      if (a.is_string() && b.is_string()) return Value::String(a.string_value() + b.string_value());
+      if (a.is_string() || b.is_string()) return Value::String(JsString(a) + JsString(b));
       if (a.is_array() && b.is_array()) {
         Value::Array items = a.array();
         items.insert(items.end(), b.array().begin(), b.array().end());
@@ -751,15 +823,11 @@ class Interpreter {
     }
     if (v.is_string()) {
       const std::string& s = v.string_value();
-      if (name == "trim") return Value::String(Strip(s, nullptr, true, true));
+      if (name == "trim") return Value::String(Strip(s, true, true));
       if (name == "upper") return Value::String(absl::AsciiStrToUpper(s));
       if (name == "lower") return Value::String(absl::AsciiStrToLower(s));
       if (name == "title") return Value::String(Title(s));
-      if (name == "capitalize") {
-        std::string out = absl::AsciiStrToLower(s);
-        if (!out.empty()) out[0] = absl::ascii_toupper(out[0]);
-        return Value::String(out);
-      }
+      if (name == "capitalize") return Value::String(Capitalize(s));
       if (name == "safe" || name == "e" || name == "escape") {
         if (name == "safe") return v;
         return Value::String(absl::StrReplaceAll(

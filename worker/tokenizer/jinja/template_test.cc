@@ -27,7 +27,11 @@ TEST(TemplateTest, TextAndExpressions) {
   EXPECT_EQ(Render("Hello {{ name }}!", R"({"name": "world"})"), "Hello world!");
   EXPECT_EQ(Render("{{ 1 + 2 * 3 }}|{{ (1 + 2) * 3 }}|{{ 7 // 2 }}|{{ 7 / 2 }}|{{ 7 % 3 }}"),
             "7|9|3|3.5|1");
-  EXPECT_EQ(Render("{{ 'a' ~ 1 ~ none }}|{{ 'a' + 'b' }}|{{ -3 }}|{{ 2.0 }}"), "a1|ab|-3|2.0");
+  EXPECT_EQ(Render("{{ 'a' ~ 1 ~ 2.0 }}|{{ 'a' + 'b' }}|{{ 'a' + 1 }}|{{ -3 }}|{{ 2.0 }}"),
+            "a12|ab|a1|-3|2.0");
+  // JavaScript equality, as @huggingface/jinja: none == undefined, 1 == '1'.
+  EXPECT_EQ(Render("{{ missing == none }}{{ 1 == '1' }}{{ 1 == 1.0 }}{{ [1] == [1] }}"),
+            "truetruetruefalse");
   EXPECT_EQ(Render("{{ true }}|{{ none }}|{{ missing }}|{{ [1, 'a'] }}"), "true|||[1, \"a\"]");
   EXPECT_EQ(Render("{{ 'yes' if x else 'no' }}{{ 'only' if x }}", R"({"x": false})"), "no");
 }
@@ -114,6 +118,10 @@ TEST(TemplateTest, Errors) {
   EXPECT_EQ(RenderStatus("{{ 'x'|nosuchfilter }}").code(), absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(RenderStatus("{{ 1 is nosuchtest }}").code(), absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(RenderStatus("{{ 'a' - 1 }}").code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(RenderStatus("{{ 'a' ~ none }}").code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(RenderStatus("{{ missing + 1 }}").code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(RenderStatus("{% for x in missing %}{% endfor %}").code(),
+            absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(RenderStatus("{{ missing.attr }}").code(), absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(RenderStatus("{{ 'unterminated }}").code(), absl::StatusCode::kInvalidArgument);
 }
