@@ -60,7 +60,7 @@ absl::StatusOr<std::unique_ptr<BpeModel>> BpeModel::FromJson(const nlohmann::jso
     return absl::InvalidArgumentError("BPE model: missing 'vocab' object");
   }
   for (const auto& [token, id] : vocab->items()) {
-    if (!id.is_number_unsigned()) {
+    if (!(id.is_number_integer() && id.get<int64_t>() >= 0)) {
       return absl::InvalidArgumentError(absl::StrCat("BPE vocab: bad id for '", token, "'"));
     }
     const uint32_t value = id.get<uint32_t>();
@@ -91,7 +91,7 @@ absl::StatusOr<std::unique_ptr<BpeModel>> BpeModel::FromJson(const nlohmann::jso
   model->ignore_merges_ = flag("ignore_merges");
   for (int b = 0; b < 256; ++b) {
     auto it = model->vocab_.find(absl::StrFormat("<0x%02X>", b));
-    model->byte_ids_[b] = it == model->vocab_.end() ? -1 : it->second;
+    model->byte_ids_[b] = it == model->vocab_.end() ? int64_t{-1} : int64_t{it->second};
   }
 
   auto merges = config.find("merges");
