@@ -7,7 +7,7 @@
 namespace deepinfer {
 namespace {
 
-using json = nlohmann::json;
+using json = nlohmann::ordered_json;
 
 // Largest N for logprobs / top_logprobs (vLLM's default max_logprobs).
 constexpr int kMaxLogprobs = 20;

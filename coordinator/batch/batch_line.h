@@ -26,9 +26,9 @@ struct BatchLine {
   // Exactly one of these is set: a text prompt, token ids, or chat messages.
   std::optional<std::string> prompt_text;
   std::optional<std::vector<int32_t>> prompt_token_ids;
-  std::optional<nlohmann::json> messages;  // array of {"role", "content", ...}
+  std::optional<nlohmann::ordered_json> messages;  // array of {"role", "content", ...}
   // Chat only: "tools" passed to the chat template, if present.
-  std::optional<nlohmann::json> tools;
+  std::optional<nlohmann::ordered_json> tools;
   GenerationParams sampling;
   // The body's "model" field, echoed in the response ("" if absent).
   std::string model;

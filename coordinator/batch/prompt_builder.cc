@@ -1,0 +1,118 @@
+#include "coordinator/batch/prompt_builder.h"
+
+#include <fstream>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "worker/model/model_config.h"
+
+namespace deepinfer {
+namespace {
+
+bool FileExists(const std::string& path) { return std::ifstream(path).good(); }
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<PromptBuilder>> PromptBuilder::FromModel(const std::string& model) {
+  std::string config_path;
+  std::string directory;
+  if (absl::StartsWith(model, "dummy:")) {
+    config_path = model.substr(6);
+    if (size_t at = config_path.rfind('@'); at != std::string::npos) {
+      config_path = config_path.substr(0, at);
+    }
+  } else {
+    directory = model;
+    config_path = model + "/config.json";
+  }
+  absl::StatusOr<ModelConfig> config = ModelConfig::FromFile(config_path);
+  if (!config.ok()) return config.status();
+  ModelLimits limits;
+  limits.vocab_size = config->vocab_size;
+  limits.max_context = config->max_position_embeddings > 0 ? config->max_position_embeddings
+                                                           : int64_t{1} << 20;
+  std::unique_ptr<tokenizer::Tokenizer> tok;
+  std::unique_ptr<tokenizer::ChatTemplate> chat;
+  if (!directory.empty() && FileExists(directory + "/tokenizer.json")) {
+    auto loaded = tokenizer::Tokenizer::FromDirectory(directory);
+    if (!loaded.ok()) {
+      return absl::Status(loaded.status().code(),
+                          absl::StrCat(directory, "/tokenizer.json: ", loaded.status().message()));
+    }
+    tok = std::move(*loaded);
+    auto templ = tokenizer::ChatTemplate::FromTokenizerConfig(tok->config());
+    if (templ.ok()) {
+      chat = std::move(*templ);
+    } else if (templ.status().code() != absl::StatusCode::kNotFound) {
+      return absl::Status(
+          templ.status().code(),
+          absl::StrCat(directory, "/tokenizer_config.json: chat_template: ", templ.status().message()));
+    }
+  }
+  return std::make_unique<PromptBuilder>(limits, std::move(tok), std::move(chat));
+}
+
+PromptBuilder::PromptBuilder(ModelLimits limits, std::unique_ptr<tokenizer::Tokenizer> tokenizer,
+                             std::unique_ptr<tokenizer::ChatTemplate> chat_template)
+    : limits_(limits), tokenizer_(std::move(tokenizer)), chat_template_(std::move(chat_template)) {}
+
+absl::StatusOr<std::vector<int32_t>> PromptBuilder::Build(const BatchLine& line) const {
+  std::vector<int32_t> ids;
+  if (line.prompt_token_ids.has_value()) {
+    ids = *line.prompt_token_ids;
+  } else if (line.prompt_text.has_value()) {
+    if (tokenizer_ == nullptr) {
+      return absl::InvalidArgumentError(
+          "the model has no tokenizer: give the prompt as a list of token ids");
+    }
+    for (uint32_t id : tokenizer_->Encode(*line.prompt_text, /*add_special_tokens=*/true)) {
+      ids.push_back(static_cast<int32_t>(id));
+    }
+  } else if (line.messages.has_value()) {
+    if (tokenizer_ == nullptr || chat_template_ == nullptr) {
+      return absl::InvalidArgumentError(
+          "the model has no tokenizer or chat template: /v1/chat/completions is not served");
+    }
+    absl::StatusOr<std::string> prompt = chat_template_->Render(
+        *line.messages, /*add_generation_prompt=*/true,
+        line.tools.has_value() ? *line.tools : nlohmann::ordered_json(nullptr));
+    if (!prompt.ok()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("chat template: ", prompt.status().message()));
+    }
+    // The template writes BOS itself, as transformers' apply_chat_template assumes.
+    for (uint32_t id : tokenizer_->Encode(*prompt, /*add_special_tokens=*/false)) {
+      ids.push_back(static_cast<int32_t>(id));
+    }
+  }
+  if (ids.empty()) return absl::InvalidArgumentError("the prompt is empty");
+  for (int32_t id : ids) {
+    if (id < 0 || id >= limits_.vocab_size) {
+      return absl::InvalidArgumentError(absl::StrCat("token id ", id,
+                                                     " is outside the vocabulary (size ",
+                                                     limits_.vocab_size, ")"));
+    }
+  }
+  const int64_t prompt_tokens = static_cast<int64_t>(ids.size());
+  const int64_t max_tokens = line.sampling.max_tokens();
+  if (prompt_tokens >= limits_.max_context) {
+    return absl::InvalidArgumentError(absl::StrCat("the prompt has ", prompt_tokens,
+                                                   " tokens; the context length is ",
+                                                   limits_.max_context));
+  }
+  if (max_tokens > 0 && prompt_tokens + max_tokens > limits_.max_context) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "the prompt (", prompt_tokens, " tokens) plus max_tokens (", max_tokens,
+        ") exceeds the context length (", limits_.max_context, ")"));
+  }
+  return ids;
+}
+
+std::string PromptBuilder::TokenText(int32_t id) const {
+  if (tokenizer_ == nullptr || id < 0) return "";
+  absl::StatusOr<std::string> text =
+      tokenizer_->Decode({static_cast<uint32_t>(id)}, /*skip_special_tokens=*/false);
+  return text.ok() ? *text : "";
+}
+
+}  // namespace deepinfer

@@ -1,0 +1,88 @@
+#include "coordinator/batch/prompt_builder.h"
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "worker/tokenizer/test_tokenizer_json.h"
+
+namespace deepinfer {
+namespace {
+
+using ::testing::ElementsAre;
+using ::testing::HasSubstr;
+
+BatchLine Parse(const std::string& line) {
+  auto parsed = ParseBatchLine(line, 1);
+  EXPECT_TRUE(parsed.ok()) << parsed.status();
+  return *parsed;
+}
+
+std::unique_ptr<PromptBuilder> WithTokenizer(int64_t context) {
+  auto tok = tokenizer::Tokenizer::FromJson(tokenizer::TestTokenizerJson().dump(), nullptr);
+  EXPECT_TRUE(tok.ok()) << tok.status();
+  auto chat = tokenizer::ChatTemplate::Create(
+      "{% for m in messages %}<{{ m.role }}>{{ m.content }}{% endfor %}"
+      "{% if add_generation_prompt %}<assistant>{% endif %}",
+      "<s>", "</s>");
+  EXPECT_TRUE(chat.ok()) << chat.status();
+  return std::make_unique<PromptBuilder>(ModelLimits{400, context}, std::move(*tok),
+                                         std::move(*chat));
+}
+
+TEST(PromptBuilderTest, TokenIdsPassThrough) {
+  PromptBuilder builder({100, 50}, nullptr, nullptr);
+  auto ids = builder.Build(Parse(R"({"custom_id": "a", "url": "/v1/completions",
+                                     "body": {"prompt": [1, 2, 99], "max_tokens": 3}})"));
+  ASSERT_TRUE(ids.ok()) << ids.status();
+  EXPECT_THAT(*ids, ElementsAre(1, 2, 99));
+}
+
+TEST(PromptBuilderTest, TextNeedsATokenizer) {
+  PromptBuilder builder({100, 50}, nullptr, nullptr);
+  auto ids = builder.Build(Parse(R"({"custom_id": "a", "url": "/v1/completions",
+                                     "body": {"prompt": "hello"}})"));
+  EXPECT_THAT(std::string(ids.status().message()), HasSubstr("no tokenizer"));
+  auto chat = builder.Build(Parse(R"({"custom_id": "a", "url": "/v1/chat/completions",
+      "body": {"messages": [{"role": "user", "content": "x"}]}})"));
+  EXPECT_THAT(std::string(chat.status().message()), HasSubstr("not served"));
+}
+
+TEST(PromptBuilderTest, TextAndChatAreTokenized) {
+  auto builder = WithTokenizer(100);
+  auto text = builder->Build(Parse(R"({"custom_id": "a", "url": "/v1/completions",
+                                       "body": {"prompt": "hello world"}})"));
+  ASSERT_TRUE(text.ok()) << text.status();
+  EXPECT_THAT(*text, ElementsAre(259, 264));  // "hello", "Ġworld" in the test vocabulary
+  auto chat = builder->Build(Parse(R"({"custom_id": "a", "url": "/v1/chat/completions",
+      "body": {"messages": [{"role": "user", "content": "hello"}]}})"));
+  ASSERT_TRUE(chat.ok()) << chat.status();
+  // "<user>hello<assistant>" byte by byte except the merged "hello".
+  EXPECT_EQ(chat->front(), '<');
+  EXPECT_EQ(builder->TokenText(259), "hello");
+}
+
+TEST(PromptBuilderTest, VocabularyAndContextLimits) {
+  PromptBuilder builder({100, 10}, nullptr, nullptr);
+  auto outside = builder.Build(Parse(R"({"custom_id": "a", "url": "/v1/completions",
+                                         "body": {"prompt": [1, 100]}})"));
+  EXPECT_THAT(std::string(outside.status().message()),
+              HasSubstr("token id 100 is outside the vocabulary (size 100)"));
+  auto too_long = builder.Build(Parse(R"({"custom_id": "a", "url": "/v1/completions",
+                                          "body": {"prompt": [1, 2, 3], "max_tokens": 8}})"));
+  EXPECT_THAT(std::string(too_long.status().message()),
+              HasSubstr("plus max_tokens (8) exceeds the context length (10)"));
+  auto fits = builder.Build(Parse(R"({"custom_id": "a", "url": "/v1/completions",
+                                      "body": {"prompt": [1, 2, 3], "max_tokens": 7}})"));
+  EXPECT_TRUE(fits.ok());
+}
+
+TEST(PromptBuilderTest, FromModelFixtureHasNoTokenizer) {
+  auto builder = PromptBuilder::FromModel("tests/fixtures/dsv3_qlora_rope");
+  ASSERT_TRUE(builder.ok()) << builder.status();
+  EXPECT_FALSE((*builder)->has_tokenizer());
+  EXPECT_GT((*builder)->limits().vocab_size, 0);
+  auto missing = PromptBuilder::FromModel("/nonexistent/model");
+  EXPECT_THAT(std::string(missing.status().message()), HasSubstr("/nonexistent/model"));
+}
+
+}  // namespace
+}  // namespace deepinfer
