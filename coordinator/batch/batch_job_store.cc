@@ -237,52 +237,72 @@ absl::StatusOr<std::string> BatchJobStore::CreateJob(const std::string& name,
 
 absl::StatusOr<bool> BatchJobStore::RecordResult(const std::string& job_id, int64_t line_number,
                                                  const std::string& output_line, bool failed) {
-  if (output_line.find('\n') != std::string::npos) {
-    return absl::InvalidArgumentError("an output line must not contain a newline");
+  absl::StatusOr<std::vector<bool>> recorded =
+      RecordResults({Result{job_id, line_number, output_line, failed}});
+  if (!recorded.ok()) return recorded.status();
+  return (*recorded)[0];
+}
+
+absl::StatusOr<std::vector<bool>> BatchJobStore::RecordResults(
+    const std::vector<Result>& results) {
+  for (const Result& r : results) {
+    if (r.output_line.find('\n') != std::string::npos) {
+      return absl::InvalidArgumentError("an output line must not contain a newline");
+    }
   }
+  std::vector<bool> recorded(results.size(), false);
   absl::MutexLock lock(&mu_);
   if (absl::Status s = Exec(db_, "BEGIN IMMEDIATE"); !s.ok()) return s;
-  absl::StatusOr<bool> recorded = [&]() -> absl::StatusOr<bool> {
-    Statement find(db_,
-                   "SELECT result_seq IS NOT NULL FROM requests WHERE job_id = ? AND "
-                   "line_number = ?");
-    find.Bind(1, job_id);
-    find.Bind(2, line_number);
-    if (find.Step() != SQLITE_ROW) {
-      return absl::NotFoundError(
-          absl::StrCat("job ", job_id, " has no request on line ", line_number));
+  absl::Status status = [&]() -> absl::Status {
+    for (size_t i = 0; i < results.size(); ++i) {
+      const Result& r = results[i];
+      Statement find(db_,
+                     "SELECT result_seq IS NOT NULL FROM requests WHERE job_id = ? AND "
+                     "line_number = ?");
+      find.Bind(1, r.job_id);
+      find.Bind(2, r.line_number);
+      if (find.Step() != SQLITE_ROW) {
+        return absl::NotFoundError(
+            absl::StrCat("job ", r.job_id, " has no request on line ", r.line_number));
+      }
+      if (find.Int(0) != 0) continue;
+      Statement update(db_,
+                       "UPDATE requests SET output = ?, failed = ?, result_seq = "
+                       "(SELECT completed + failed + 1 FROM jobs WHERE job_id = ?) "
+                       "WHERE job_id = ? AND line_number = ?");
+      update.Bind(1, r.output_line);
+      update.Bind(2, static_cast<int64_t>(r.failed));
+      update.Bind(3, r.job_id);
+      update.Bind(4, r.job_id);
+      update.Bind(5, r.line_number);
+      if (absl::Status s = StepDone(update, db_); !s.ok()) return s;
+      Statement count(db_, r.failed
+                               ? "UPDATE jobs SET failed = failed + 1 WHERE job_id = ?"
+                               : "UPDATE jobs SET completed = completed + 1 WHERE job_id = ?");
+      count.Bind(1, r.job_id);
+      if (absl::Status s = StepDone(count, db_); !s.ok()) return s;
+      recorded[i] = true;
     }
-    if (find.Int(0) != 0) return false;
-    Statement update(db_,
-                     "UPDATE requests SET output = ?, failed = ?, result_seq = "
-                     "(SELECT completed + failed + 1 FROM jobs WHERE job_id = ?) "
-                     "WHERE job_id = ? AND line_number = ?");
-    update.Bind(1, output_line);
-    update.Bind(2, static_cast<int64_t>(failed));
-    update.Bind(3, job_id);
-    update.Bind(4, job_id);
-    update.Bind(5, line_number);
-    if (absl::Status s = StepDone(update, db_); !s.ok()) return s;
-    Statement count(db_, failed ? "UPDATE jobs SET failed = failed + 1 WHERE job_id = ?"
-                                : "UPDATE jobs SET completed = completed + 1 WHERE job_id = ?");
-    count.Bind(1, job_id);
-    if (absl::Status s = StepDone(count, db_); !s.ok()) return s;
-    return true;
+    return absl::OkStatus();
   }();
-  if (!recorded.ok() || !*recorded) {
+  if (!status.ok()) {
     (void)Exec(db_, "ROLLBACK");
-    return recorded;
+    return status;
   }
   if (absl::Status s = Exec(db_, "COMMIT"); !s.ok()) return s;
-  // Committed: now the file. If this append is lost, Open() rebuilds the file.
-  std::ofstream out(OutputPath(job_id), std::ios::app);
-  out << output_line << "\n";
-  out.flush();
-  if (!out.good()) {
-    LOG(ERROR) << "job " << job_id << ": cannot append to " << OutputPath(job_id)
-               << "; the result is in the database and the file is rebuilt at restart";
+  // Committed: now the files, in recording order. A lost append is rebuilt by Open().
+  for (size_t i = 0; i < results.size(); ++i) {
+    if (!recorded[i]) continue;
+    std::ofstream out(OutputPath(results[i].job_id), std::ios::app);
+    out << results[i].output_line << "\n";
+    out.flush();
+    if (!out.good()) {
+      LOG(ERROR) << "job " << results[i].job_id << ": cannot append to "
+                 << OutputPath(results[i].job_id)
+                 << "; the result is in the database and the file is rebuilt at restart";
+    }
   }
-  return true;
+  return recorded;
 }
 
 absl::Status BatchJobStore::SetJobState(const std::string& job_id, Job::State state,

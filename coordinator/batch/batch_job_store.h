@@ -49,6 +49,17 @@ class BatchJobStore {
   absl::StatusOr<bool> RecordResult(const std::string& job_id, int64_t line_number,
                                     const std::string& output_line, bool failed);
 
+  struct Result {
+    std::string job_id;
+    int64_t line_number = 0;
+    std::string output_line;
+    bool failed = false;
+  };
+  // Records many results in one transaction (one disk sync). Returns, per result,
+  // whether it was recorded (false: that request already had a result). A result
+  // naming an unknown job or line fails the whole call and records nothing.
+  absl::StatusOr<std::vector<bool>> RecordResults(const std::vector<Result>& results);
+
   // Sets the job's state (and error, for FAILED); final states also stamp the
   // finish time. NOT_FOUND for an unknown job.
   absl::Status SetJobState(const std::string& job_id, Job::State state, const std::string& error,

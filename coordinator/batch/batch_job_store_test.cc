@@ -81,6 +81,20 @@ TEST(BatchJobStoreTest, ResultsAreRecordedOnceAndAppended) {
   EXPECT_EQ(pending[0].line_number, 5);
 }
 
+TEST(BatchJobStoreTest, RecordResultsIsAllOrNothing) {
+  auto store = BatchJobStore::Open(FreshDir("s6"));
+  ASSERT_TRUE(store.ok());
+  auto id = *(*store)->CreateJob("j", kInput, 0);
+  auto recorded = (*store)->RecordResults({{id, 1, "a", false}, {id, 3, "b", true},
+                                           {id, 1, "a-again", false}});
+  ASSERT_TRUE(recorded.ok()) << recorded.status();
+  EXPECT_THAT(*recorded, ElementsAre(true, true, false));
+  auto bad = (*store)->RecordResults({{id, 5, "c", false}, {id, 4, "blank line", false}});
+  EXPECT_EQ(bad.status().code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ((*store)->PendingRequests(id)->size(), 1u);  // line 5 was not recorded
+  EXPECT_EQ(ReadFile((*store)->OutputPath(id)), "a\nb\n");
+}
+
 TEST(BatchJobStoreTest, ReopenResumesAndRepairsTheOutputFile) {
   const std::string dir = FreshDir("s4");
   std::string id;
