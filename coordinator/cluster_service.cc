@@ -65,4 +65,20 @@ grpc::ServerUnaryReactor* ClusterServiceImpl::Heartbeat(grpc::CallbackServerCont
   return Finish(context, grpc::Status::OK);
 }
 
+grpc::ServerUnaryReactor* ClusterServiceImpl::ReportResults(grpc::CallbackServerContext* context,
+                                                            const ReportResultsRequest* request,
+                                                            ReportResultsResponse* response) {
+  if (grpc::Status s = auth_->Check(*context); !s.ok()) return Finish(context, s);
+  absl::Status sender = registry_->CheckSender(
+      request->worker_id(), request->worker_incarnation(), request->coordinator_incarnation());
+  if (!sender.ok()) return Finish(context, ToGrpcStatus(sender));
+  if (jobs_ != nullptr) {
+    std::vector<RequestResult> results(request->results().begin(), request->results().end());
+    if (absl::Status s = jobs_->OnResults(results); !s.ok()) {
+      return Finish(context, ToGrpcStatus(s));
+    }
+  }
+  return Finish(context, grpc::Status::OK);
+}
+
 }  // namespace deepinfer

@@ -5,6 +5,7 @@
 #define DEEPINFER_COORDINATOR_CLUSTER_SERVICE_H_
 
 #include "absl/time/time.h"
+#include "coordinator/job_manager.h"
 #include "coordinator/rpc/auth.h"
 #include "coordinator/worker_registry.h"
 #include "proto/cluster.grpc.pb.h"
@@ -17,17 +18,24 @@ class ClusterServiceImpl final : public ClusterService::CallbackService {
   ClusterServiceImpl(WorkerRegistry* registry, const TokenAuthenticator* auth,
                      absl::Duration heartbeat_interval);
 
+  // Results go to `jobs` once it is set (before serving starts); may stay null.
+  void set_job_manager(JobManager* jobs) { jobs_ = jobs; }
+
   grpc::ServerUnaryReactor* Register(grpc::CallbackServerContext* context,
                                      const RegisterRequest* request,
                                      RegisterResponse* response) override;
   grpc::ServerUnaryReactor* Heartbeat(grpc::CallbackServerContext* context,
                                       const HeartbeatRequest* request,
                                       HeartbeatResponse* response) override;
+  grpc::ServerUnaryReactor* ReportResults(grpc::CallbackServerContext* context,
+                                          const ReportResultsRequest* request,
+                                          ReportResultsResponse* response) override;
 
  private:
   WorkerRegistry* const registry_;
   const TokenAuthenticator* const auth_;
   const absl::Duration heartbeat_interval_;
+  JobManager* jobs_ = nullptr;
 };
 
 }  // namespace deepinfer

@@ -20,6 +20,10 @@ absl::StatusOr<std::unique_ptr<CoordinatorServer>> CoordinatorServer::Start(
   if (config.port < 0 || config.port > 65535) {
     return absl::InvalidArgumentError(absl::StrCat("port ", config.port, " is out of range"));
   }
+  if (config.model.empty() != config.state_dir.empty()) {
+    return absl::InvalidArgumentError(
+        "batch jobs need both a model (--model) and a state directory (--state-dir)");
+  }
   std::unique_ptr<CoordinatorServer> self(new CoordinatorServer());
   self->clock_ = clock != nullptr ? clock : &self->real_clock_;
   self->auth_ = std::make_unique<TokenAuthenticator>(config.auth_token);
@@ -30,11 +34,36 @@ absl::StatusOr<std::unique_ptr<CoordinatorServer>> CoordinatorServer::Start(
   self->admin_service_ = std::make_unique<AdminServiceImpl>(
       self->registry_.get(), self->auth_.get(), self->clock_, self->clock_->Now());
 
+  if (!config.model.empty()) {
+    absl::StatusOr<std::unique_ptr<PromptBuilder>> prompts = PromptBuilder::FromModel(config.model);
+    if (!prompts.ok()) {
+      return absl::Status(prompts.status().code(),
+                          absl::StrCat("model '", config.model, "': ", prompts.status().message()));
+    }
+    self->prompts_ = std::move(*prompts);
+    absl::StatusOr<std::unique_ptr<BatchJobStore>> store = BatchJobStore::Open(config.state_dir);
+    if (!store.ok()) return store.status();
+    self->store_ = std::move(*store);
+    self->worker_channel_ =
+        std::make_unique<GrpcWorkerChannel>(config.auth_token, absl::Seconds(10));
+    JobManagerConfig jobs = config.jobs;
+    if (jobs.model_name.empty()) {
+      jobs.model_name = config.model.substr(config.model.find_last_of('/') + 1);
+    }
+    self->jobs_ = std::make_unique<JobManager>(self->store_.get(), self->prompts_.get(),
+                                               self->registry_.get(),
+                                               self->worker_channel_.get(), self->clock_, jobs);
+    self->cluster_service_->set_job_manager(self->jobs_.get());
+  }
+  self->job_service_ = std::make_unique<JobServiceImpl>(self->jobs_.get(), self->auth_.get());
+
   const std::string address = absl::StrCat(config.host, ":", config.port);
   grpc::ServerBuilder builder;
   builder.AddListeningPort(address, grpc::InsecureServerCredentials(), &self->port_);
   builder.RegisterService(self->cluster_service_.get());
   builder.RegisterService(self->admin_service_.get());
+  builder.RegisterService(self->job_service_.get());
+  builder.SetMaxReceiveMessageSize(1 << 30);  // job inputs
   self->server_ = builder.BuildAndStart();
   if (self->server_ == nullptr || self->port_ == 0) {
     return absl::UnavailableError(
@@ -44,6 +73,9 @@ absl::StatusOr<std::unique_ptr<CoordinatorServer>> CoordinatorServer::Start(
   const absl::Duration check_interval =
       std::min(config.heartbeat_interval, config.heartbeat_timeout / 4);
   self->monitor_ = std::make_unique<HeartbeatMonitor>(self->registry_.get(), check_interval);
+  if (self->jobs_ != nullptr) {
+    if (absl::Status s = self->jobs_->Start(); !s.ok()) return s;
+  }
   LOG(INFO) << "coordinator listening on " << config.host << ":" << self->port_
             << " (incarnation " << self->incarnation() << ", auth "
             << (self->auth_->enabled() ? "on" : "off") << ", heartbeat every "
@@ -58,6 +90,8 @@ void CoordinatorServer::Shutdown() {
     server_->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
     server_.reset();
   }
+  // After the server: its handlers use the job manager.
+  jobs_.reset();
   monitor_.reset();
 }
 

@@ -13,7 +13,12 @@
 #include "coordinator/admin_service.h"
 #include "coordinator/clock.h"
 #include "coordinator/cluster_service.h"
+#include "coordinator/batch/batch_job_store.h"
+#include "coordinator/batch/prompt_builder.h"
 #include "coordinator/heartbeat_monitor.h"
+#include "coordinator/job_manager.h"
+#include "coordinator/job_service.h"
+#include "coordinator/worker_channel.h"
 #include "coordinator/rpc/auth.h"
 #include "coordinator/worker_registry.h"
 #include "grpcpp/grpcpp.h"
@@ -29,6 +34,10 @@ struct CoordinatorConfig {
   std::string auth_token;
   absl::Duration heartbeat_interval = absl::Seconds(1);
   absl::Duration heartbeat_timeout = absl::Seconds(5);
+  // Batch jobs: both set, or the coordinator takes no jobs (control plane only).
+  std::string model;      // checkpoint directory or dummy:CONFIG[@seed]
+  std::string state_dir;  // SQLite database and job files
+  JobManagerConfig jobs;
 };
 
 class CoordinatorServer {
@@ -48,6 +57,8 @@ class CoordinatorServer {
   int port() const { return port_; }
   uint64_t incarnation() const { return registry_->coordinator_incarnation(); }
   WorkerRegistry* registry() { return registry_.get(); }
+  // Null when the coordinator runs without a model.
+  JobManager* jobs() { return jobs_.get(); }
 
  private:
   CoordinatorServer() = default;
@@ -59,6 +70,11 @@ class CoordinatorServer {
   std::unique_ptr<WorkerRegistry> registry_;
   std::unique_ptr<ClusterServiceImpl> cluster_service_;
   std::unique_ptr<AdminServiceImpl> admin_service_;
+  std::unique_ptr<BatchJobStore> store_;
+  std::unique_ptr<PromptBuilder> prompts_;
+  std::unique_ptr<GrpcWorkerChannel> worker_channel_;
+  std::unique_ptr<JobManager> jobs_;
+  std::unique_ptr<JobServiceImpl> job_service_;
   std::unique_ptr<grpc::Server> server_;
   std::unique_ptr<HeartbeatMonitor> monitor_;
 };

@@ -1,0 +1,531 @@
+#include "coordinator/job_manager.h"
+
+#include <algorithm>
+#include <fstream>
+#include <sstream>
+
+#include "absl/container/flat_hash_set.h"
+#include "absl/random/random.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
+#include "coordinator/batch/batch_output.h"
+#include "glog/logging.h"
+
+namespace deepinfer {
+namespace {
+
+// Items per SubmitRequests call and prompt tokens per call, to stay far below gRPC's
+// default 4 MB message limit.
+constexpr size_t kMaxItemsPerCall = 128;
+constexpr int64_t kMaxTokensPerCall = 200000;
+
+// A request without a seed gets one derived from its job and line, so that running it
+// again (after a worker failure) gives the same tokens.
+uint64_t DefaultSeed(const std::string& job_id, int64_t line_number) {
+  uint64_t h = 1469598103934665603ull;  // FNV-1a
+  for (char c : absl::StrCat(job_id, ":", line_number)) {
+    h ^= static_cast<unsigned char>(c);
+    h *= 1099511628211ull;
+  }
+  return h;
+}
+
+std::string MembersKey(const std::vector<std::string>& parts) { return absl::StrJoin(parts, ","); }
+
+}  // namespace
+
+JobManager::JobManager(BatchJobStore* store, const PromptBuilder* prompts,
+                       WorkerRegistry* registry, WorkerChannel* workers, const Clock* clock,
+                       JobManagerConfig config)
+    : store_(store),
+      prompts_(prompts),
+      registry_(registry),
+      workers_(workers),
+      clock_(clock),
+      config_(std::move(config)) {}
+
+JobManager::~JobManager() {
+  {
+    absl::MutexLock lock(&mu_);
+    stop_ = true;
+  }
+  if (thread_.joinable()) thread_.join();
+}
+
+int64_t JobManager::NowMs() const { return absl::ToUnixMillis(clock_->Now()); }
+
+void JobManager::BumpLocked() { ++version_; }
+
+absl::Status JobManager::Start() {
+  absl::StatusOr<std::vector<Job>> unfinished = store_->UnfinishedJobs();
+  if (!unfinished.ok()) return unfinished.status();
+  for (const Job& job : *unfinished) {
+    absl::StatusOr<std::vector<StoredRequest>> pending = store_->PendingRequests(job.job_id());
+    if (!pending.ok()) return pending.status();
+    std::ifstream in(store_->InputPath(job.job_id()), std::ios::binary);
+    std::stringstream input;
+    input << in.rdbuf();
+    std::vector<int64_t> lines;
+    for (const StoredRequest& r : *pending) lines.push_back(r.line_number);
+    LOG(INFO) << "resuming job " << job.job_id() << ": " << lines.size() << " of "
+              << job.total_requests() << " requests left";
+    if (absl::Status s = LoadJob(job.job_id(), input.str(), &lines); !s.ok()) return s;
+  }
+  thread_ = std::thread([this] { Run(); });
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::string> JobManager::Submit(const std::string& name,
+                                               const std::string& input_jsonl) {
+  absl::StatusOr<std::string> job_id = store_->CreateJob(name, input_jsonl, NowMs());
+  if (!job_id.ok()) return job_id.status();
+  if (absl::Status s = LoadJob(*job_id, input_jsonl, nullptr); !s.ok()) {
+    (void)store_->SetJobState(*job_id, Job::FAILED, std::string(s.message()), NowMs());
+    return s;
+  }
+  LOG(INFO) << "job " << *job_id << " submitted" << (name.empty() ? "" : " as '" + name + "'");
+  return job_id;
+}
+
+absl::Status JobManager::LoadJob(const std::string& job_id, const std::string& input,
+                                 const std::vector<int64_t>* pending) {
+  absl::flat_hash_set<int64_t> pending_set;
+  if (pending != nullptr) pending_set.insert(pending->begin(), pending->end());
+  absl::flat_hash_map<std::string, int64_t> first_line_of;
+  std::vector<BatchJobStore::Result> errors;
+  std::vector<std::pair<std::string, QueuedRequest>> ready;
+  int64_t n = 0;
+  for (absl::string_view text : absl::StrSplit(input, '\n')) {
+    ++n;
+    if (absl::StripAsciiWhitespace(text).empty()) continue;
+    const bool wanted = pending == nullptr || pending_set.contains(n);
+    const std::string request_id = absl::StrCat(job_id, ":", n);
+    auto fail = [&](const std::string& custom_id, const std::string& message) {
+      if (!wanted) return;
+      errors.push_back({job_id, n, FormatErrorLine(custom_id, request_id, kInvalidRequest, message),
+                        /*failed=*/true});
+    };
+    std::string custom_id;
+    absl::StatusOr<BatchLine> line = ParseBatchLine(text, n, &custom_id);
+    if (!line.ok()) {
+      fail(custom_id, std::string(line.status().message()));
+      continue;
+    }
+    // The first line with a custom_id owns it; later ones fail. Decided over the whole
+    // input, so a resumed job decides the same way.
+    auto [it, inserted] = first_line_of.try_emplace(line->custom_id, n);
+    if (!inserted) {
+      fail(line->custom_id, absl::StrCat("line ", n, ": duplicate custom_id '", line->custom_id,
+                                         "' (first used on line ", it->second, ")"));
+      continue;
+    }
+    if (!wanted) continue;
+    absl::StatusOr<std::vector<int32_t>> prompt = prompts_->Build(*line);
+    if (!prompt.ok()) {
+      fail(line->custom_id, absl::StrCat("line ", n, ": ", prompt.status().message()));
+      continue;
+    }
+    if (!line->sampling.has_seed()) line->sampling.set_seed(DefaultSeed(job_id, n));
+    QueuedRequest q;
+    q.job_id = job_id;
+    q.line_number = n;
+    const int64_t max_tokens = line->sampling.max_tokens() > 0
+                                   ? line->sampling.max_tokens()
+                                   : prompts_->limits().max_context -
+                                         static_cast<int64_t>(prompt->size());
+    q.cost = static_cast<int64_t>(prompt->size()) + max_tokens;
+    q.line = std::move(*line);
+    q.prompt = std::move(*prompt);
+    ready.emplace_back(request_id, std::move(q));
+  }
+  absl::MutexLock lock(&mu_);
+  JobRuntime& job = jobs_[job_id];
+  job.remaining = static_cast<int64_t>(ready.size()) + static_cast<int64_t>(errors.size());
+  for (auto& [id, q] : ready) {
+    queue_.push_back(id);
+    requests_.emplace(id, std::move(q));
+  }
+  if (errors.empty()) {
+    if (job.remaining == 0) {
+      // Every line already had a result (a resumed job that was about to finish).
+      jobs_.erase(job_id);
+      return store_->SetJobState(job_id, Job::COMPLETED, "", NowMs());
+    }
+    BumpLocked();
+    return absl::OkStatus();
+  }
+  std::vector<std::string> no_ids;
+  FinishRequestsLocked(std::move(errors), no_ids);
+  return absl::OkStatus();
+}
+
+void JobManager::FinishRequestsLocked(std::vector<BatchJobStore::Result> results,
+                                      const std::vector<std::string>& request_ids) {
+  absl::StatusOr<std::vector<bool>> recorded = store_->RecordResults(results);
+  if (!recorded.ok()) {
+    // Nothing was stored: keep the requests, their results will come again when re-run.
+    LOG(ERROR) << "cannot store " << results.size() << " result(s): " << recorded.status();
+    return;
+  }
+  for (const std::string& id : request_ids) {
+    requests_.erase(id);
+    inflight_.erase(id);
+  }
+  absl::flat_hash_set<std::string> touched;
+  for (size_t i = 0; i < results.size(); ++i) {
+    if (!(*recorded)[i]) continue;
+    auto job = jobs_.find(results[i].job_id);
+    if (job == jobs_.end()) continue;
+    --job->second.remaining;
+    touched.insert(results[i].job_id);
+  }
+  for (const std::string& job_id : touched) {
+    auto job = jobs_.find(job_id);
+    if (job->second.remaining > 0 || job->second.cancelled) continue;
+    jobs_.erase(job);
+    if (absl::Status s = store_->SetJobState(job_id, Job::COMPLETED, "", NowMs()); !s.ok()) {
+      LOG(ERROR) << "job " << job_id << ": " << s;
+    } else {
+      LOG(INFO) << "job " << job_id << " completed";
+    }
+  }
+  BumpLocked();
+}
+
+absl::StatusOr<Job> JobManager::GetJob(const std::string& job_id) const {
+  return store_->GetJob(job_id);
+}
+
+absl::StatusOr<std::vector<Job>> JobManager::ListJobs(int page_size,
+                                                      const std::string& page_token) const {
+  return store_->ListJobs(page_size, page_token);
+}
+
+absl::StatusOr<std::vector<std::string>> JobManager::Results(const std::string& job_id,
+                                                             int64_t offset,
+                                                             int64_t max_lines) const {
+  return store_->ReadResults(job_id, offset, max_lines);
+}
+
+absl::StatusOr<Job> JobManager::Cancel(const std::string& job_id) {
+  absl::StatusOr<Job> job = store_->GetJob(job_id);
+  if (!job.ok()) return job.status();
+  absl::flat_hash_map<std::string, CancelRequestsRequest> cancels;
+  {
+    absl::MutexLock lock(&mu_);
+    auto it = jobs_.find(job_id);
+    if (it == jobs_.end()) return job;  // already final
+    it->second.cancelled = true;
+    std::vector<std::string> ids;
+    for (const auto& [id, q] : requests_) {
+      if (q.job_id == job_id) ids.push_back(id);
+    }
+    absl::flat_hash_map<std::string, std::string> address_of;
+    for (const Member& m : group_.members) address_of[m.worker_id] = m.address;
+    for (const std::string& id : ids) {
+      if (auto a = inflight_.find(id); a != inflight_.end()) {
+        if (auto addr = address_of.find(a->second.worker_id); addr != address_of.end()) {
+          cancels[addr->second].add_request_ids(id);
+        }
+        inflight_.erase(a);
+      }
+      requests_.erase(id);
+    }
+    jobs_.erase(it);
+    if (absl::Status s = store_->SetJobState(job_id, Job::CANCELLED, "", NowMs()); !s.ok()) {
+      return s;
+    }
+    BumpLocked();
+  }
+  for (auto& [address, request] : cancels) {
+    request.set_coordinator_incarnation(registry_->coordinator_incarnation());
+    if (absl::Status s = workers_->CancelRequests(address, request); !s.ok()) {
+      LOG(WARNING) << "cancel of job " << job_id << ": " << s;
+    }
+  }
+  LOG(INFO) << "job " << job_id << " cancelled";
+  return store_->GetJob(job_id);
+}
+
+absl::Status JobManager::OnResults(const std::vector<RequestResult>& results) {
+  absl::MutexLock lock(&mu_);
+  std::vector<BatchJobStore::Result> records;
+  std::vector<std::string> ids;
+  const int64_t now_s = absl::ToUnixSeconds(clock_->Now());
+  for (const RequestResult& r : results) {
+    auto it = requests_.find(r.request_id());
+    if (it == requests_.end()) continue;  // finished already, or its job was cancelled
+    const QueuedRequest& q = it->second;
+    std::string line;
+    bool failed = !r.error_code().empty();
+    if (failed) {
+      line = FormatErrorLine(q.line.custom_id, r.request_id(), r.error_code(), r.error_message());
+    } else {
+      OutputContext context;
+      context.request_id = r.request_id();
+      context.model = config_.model_name;
+      context.created_unix_s = now_s;
+      context.token_text = [this](int32_t id) { return prompts_->TokenText(id); };
+      line = FormatResultLine(q.line, r, context);
+    }
+    records.push_back({q.job_id, q.line_number, std::move(line), failed});
+    ids.push_back(r.request_id());
+  }
+  if (!records.empty()) FinishRequestsLocked(std::move(records), ids);
+  return absl::OkStatus();
+}
+
+void JobManager::WaitForChange(uint64_t* version, absl::Duration timeout) const {
+  absl::MutexLock lock(&mu_);
+  if (*version != 0) {
+    auto changed = [this, version]() ABSL_SHARED_LOCKS_REQUIRED(mu_) {
+      return version_ != *version || stop_;
+    };
+    mu_.AwaitWithTimeout(absl::Condition(&changed), timeout);
+  }
+  *version = version_;
+}
+
+GroupView JobManager::group() const {
+  absl::MutexLock lock(&mu_);
+  GroupView view;
+  view.generation = group_.generation;
+  view.world_size = group_.world_size;
+  view.serving = group_.serving;
+  for (const Member& m : group_.members) view.members.push_back(m.worker_id);
+  view.last_error = last_group_error_;
+  return view;
+}
+
+void JobManager::RequeueInflightLocked(const char* why) {
+  if (inflight_.empty()) return;
+  // Back to the front of the queue, in their original order.
+  std::vector<std::string> ids;
+  for (const auto& [id, a] : inflight_) ids.push_back(id);
+  std::sort(ids.begin(), ids.end(), [this](const std::string& a, const std::string& b) {
+    const QueuedRequest& qa = requests_.at(a);
+    const QueuedRequest& qb = requests_.at(b);
+    return std::tie(qa.job_id, qa.line_number) < std::tie(qb.job_id, qb.line_number);
+  });
+  for (auto it = ids.rbegin(); it != ids.rend(); ++it) queue_.push_front(*it);
+  LOG(INFO) << "re-queued " << ids.size() << " request(s) in flight: " << why;
+  inflight_.clear();
+}
+
+void JobManager::Run() {
+  for (;;) {
+    {
+      absl::MutexLock lock(&mu_);
+      mu_.AwaitWithTimeout(absl::Condition(&stop_), config_.tick);
+      if (stop_) return;
+    }
+    Tick();
+  }
+}
+
+void JobManager::Tick() {
+  const std::vector<WorkerSnapshot> snapshot = registry_->Snapshot();
+  const absl::Time now = clock_->Now();
+  std::vector<Member> eligible;
+  std::vector<std::string> eligible_key;
+  for (const WorkerSnapshot& w : snapshot) {
+    if (w.state != READY) continue;
+    eligible.push_back({w.registration.worker_id, w.registration.worker_incarnation,
+                        w.registration.listen_address, 0, w.registration.num_ranks});
+    eligible_key.push_back(absl::StrCat(w.registration.worker_id, "/",
+                                        w.registration.worker_incarnation, "/",
+                                        w.registration.num_ranks));
+  }
+  bool form = false;
+  {
+    absl::MutexLock lock(&mu_);
+    if (stop_) return;
+    // Is the current group still whole?
+    if (group_.generation != 0) {
+      std::string broken;
+      bool all_serving = true;
+      for (const Member& m : group_.members) {
+        auto w = std::find_if(snapshot.begin(), snapshot.end(), [&](const WorkerSnapshot& s) {
+          return s.registration.worker_id == m.worker_id;
+        });
+        if (w == snapshot.end() || w->registration.worker_incarnation != m.incarnation) {
+          broken = absl::StrCat("worker ", m.worker_id, " restarted or left");
+        } else if (w->state == LOST) {
+          broken = absl::StrCat("worker ", m.worker_id, " is LOST");
+        } else if (w->report.group_generation == group_.generation &&
+                   w->report.group_status == GROUP_FAILED) {
+          broken = absl::StrCat("worker ", m.worker_id, " reports the group failed: ",
+                                w->report.group_error);
+        }
+        if (!broken.empty()) break;
+        all_serving = all_serving && w->report.group_generation == group_.generation &&
+                      w->report.group_status == GROUP_SERVING;
+      }
+      if (!broken.empty()) {
+        LOG(WARNING) << "group generation " << group_.generation << " broken: " << broken;
+        last_group_error_ = broken;
+        RequeueInflightLocked("the group broke");
+        group_ = Group();
+        BumpLocked();
+      } else if (!group_.serving && all_serving) {
+        group_.serving = true;
+        LOG(INFO) << "group generation " << group_.generation << " serving: "
+                  << group_.world_size << " rank(s) on " << group_.members.size()
+                  << " worker(s)";
+        BumpLocked();
+      }
+    }
+    // Should the group change?
+    const std::string key = MembersKey(eligible_key);
+    if (key != seen_members_key_) {
+      seen_members_key_ = key;
+      seen_since_ = now;
+    }
+    std::vector<std::string> current_key;
+    for (const Member& m : group_.members) {
+      current_key.push_back(absl::StrCat(m.worker_id, "/", m.incarnation, "/", m.num_ranks));
+    }
+    const bool enough = static_cast<int>(eligible.size()) >= config_.min_workers ||
+                        (next_generation_ > 1 && !eligible.empty());
+    form = enough && key != MembersKey(current_key) && now - seen_since_ >= config_.settle &&
+           now >= retry_after_;
+  }
+  if (form) FormGroup(std::move(eligible));
+  Dispatch();
+}
+
+void JobManager::FormGroup(std::vector<Member> members) {
+  PrepareGroupRequest prepare;
+  ConfigureGroupRequest configure;
+  {
+    absl::MutexLock lock(&mu_);
+    int rank = 0;
+    for (Member& m : members) {
+      m.first_rank = rank;
+      rank += m.num_ranks;
+    }
+    RequeueInflightLocked("a new group is forming");
+    group_ = Group();
+    group_.generation = next_generation_++;
+    group_.members = members;
+    group_.world_size = rank;
+    prepare.set_coordinator_incarnation(registry_->coordinator_incarnation());
+    prepare.set_generation(group_.generation);
+    configure.set_coordinator_incarnation(registry_->coordinator_incarnation());
+    configure.set_generation(group_.generation);
+    configure.set_group_incarnation(absl::Uniform<uint64_t>(absl::BitGen()) | 1);
+    configure.set_world_size(rank);
+    BumpLocked();
+  }
+  LOG(INFO) << "forming group generation " << prepare.generation() << ": "
+            << configure.world_size() << " rank(s) on " << members.size() << " worker(s)";
+  absl::Status status;
+  absl::StatusOr<std::string> root = workers_->PrepareGroup(members[0].address, prepare);
+  if (!root.ok()) {
+    status = root.status();
+  } else {
+    configure.set_root_address(*root);
+    for (const Member& m : members) {
+      configure.set_first_rank(m.first_rank);
+      status = workers_->ConfigureGroup(m.address, configure);
+      if (!status.ok()) break;
+    }
+  }
+  if (!status.ok()) {
+    LOG(WARNING) << "forming group generation " << prepare.generation() << " failed: " << status;
+    absl::MutexLock lock(&mu_);
+    if (group_.generation == prepare.generation()) {
+      last_group_error_ = std::string(status.message());
+      group_ = Group();
+      retry_after_ = clock_->Now() + config_.retry;
+      BumpLocked();
+    }
+  }
+}
+
+void JobManager::Dispatch() {
+  struct Call {
+    std::string address;
+    SubmitRequestsRequest request;
+  };
+  std::vector<Call> calls;
+  uint64_t generation = 0;
+  {
+    absl::MutexLock lock(&mu_);
+    if (!group_.serving || queue_.empty()) return;
+    generation = group_.generation;
+    const int world = group_.world_size;
+    std::vector<int64_t> tokens(world, 0);
+    std::vector<int> count(world, 0);
+    for (const auto& [id, a] : inflight_) {
+      if (a.rank < world) {
+        tokens[a.rank] += requests_.at(id).cost;
+        ++count[a.rank];
+      }
+    }
+    std::vector<const Member*> owner(world);
+    for (const Member& m : group_.members) {
+      for (int r = 0; r < m.num_ranks; ++r) owner[m.first_rank + r] = &m;
+    }
+    absl::flat_hash_map<const Member*, size_t> open_call;  // member -> index in calls
+    std::vector<int64_t> call_tokens;
+    while (!queue_.empty()) {
+      const std::string id = queue_.front();
+      auto it = requests_.find(id);
+      if (it == requests_.end() || inflight_.contains(id)) {
+        queue_.pop_front();
+        continue;
+      }
+      int best = -1;
+      for (int r = 0; r < world; ++r) {
+        if (count[r] >= config_.max_inflight_per_rank) continue;
+        if (best < 0 || tokens[r] < tokens[best]) best = r;
+      }
+      if (best < 0) break;  // every rank is full
+      queue_.pop_front();
+      const QueuedRequest& q = it->second;
+      tokens[best] += q.cost;
+      ++count[best];
+      const Member* m = owner[best];
+      inflight_[id] = {m->worker_id, best, generation};
+      auto open = open_call.find(m);
+      if (open == open_call.end() ||
+          calls[open->second].request.items_size() >= static_cast<int>(kMaxItemsPerCall) ||
+          call_tokens[open->second] >= kMaxTokensPerCall) {
+        calls.push_back({m->address, {}});
+        calls.back().request.set_coordinator_incarnation(registry_->coordinator_incarnation());
+        calls.back().request.set_generation(generation);
+        call_tokens.push_back(0);
+        open = open_call.insert_or_assign(m, calls.size() - 1).first;
+      }
+      WorkItem* item = calls[open->second].request.add_items();
+      item->set_request_id(id);
+      item->set_rank(best);
+      item->mutable_prompt_token_ids()->Add(q.prompt.begin(), q.prompt.end());
+      *item->mutable_params() = q.line.sampling;
+      call_tokens[open->second] += static_cast<int64_t>(q.prompt.size());
+      JobRuntime& job = jobs_[q.job_id];
+      if (!job.started) {
+        job.started = true;
+        (void)store_->SetJobState(q.job_id, Job::RUNNING, "", 0);
+      }
+    }
+    if (!calls.empty()) BumpLocked();
+  }
+  for (const Call& call : calls) {
+    absl::Status status = workers_->SubmitRequests(call.address, call.request);
+    if (status.ok()) continue;
+    LOG(WARNING) << status << "; re-queueing " << call.request.items_size() << " request(s)";
+    absl::MutexLock lock(&mu_);
+    for (auto it = call.request.items().rbegin(); it != call.request.items().rend(); ++it) {
+      auto a = inflight_.find(it->request_id());
+      if (a != inflight_.end() && a->second.generation == generation) {
+        inflight_.erase(a);
+        queue_.push_front(it->request_id());
+      }
+    }
+  }
+}
+
+}  // namespace deepinfer

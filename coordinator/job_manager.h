@@ -1,0 +1,169 @@
+// JobManager: runs batch jobs on the cluster.
+//
+// Jobs come in through Submit (or are resumed from the BatchJobStore at start). Every
+// input line is parsed and turned into prompt ids at once; a line that cannot run gets
+// its error line right away, the others wait in a queue. One scheduler thread
+//   * keeps an expert-parallel group of the READY workers: when the set of workers
+//     changes (one joins, one is LOST or restarts) or a member reports the group
+//     FAILED, it forms a new generation (PrepareGroup on the worker holding rank 0,
+//     then ConfigureGroup on every member) and puts the requests that were running in
+//     the old generation back in the queue;
+//   * once every member reports the current generation SERVING, hands queued requests
+//     to ranks, least loaded first (tokens in flight on the rank, as assigned here).
+// Results arrive through OnResults (ClusterService.ReportResults) and are stored once:
+// the store ignores a second result for the same line, and a request re-run after a
+// failure is deterministic (it always carries a seed), so output is exactly once.
+#ifndef DEEPINFER_COORDINATOR_JOB_MANAGER_H_
+#define DEEPINFER_COORDINATOR_JOB_MANAGER_H_
+
+#include <cstdint>
+#include <deque>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/container/flat_hash_map.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "coordinator/batch/batch_job_store.h"
+#include "coordinator/batch/batch_line.h"
+#include "coordinator/batch/prompt_builder.h"
+#include "coordinator/clock.h"
+#include "coordinator/worker_channel.h"
+#include "coordinator/worker_registry.h"
+#include "proto/cluster.pb.h"
+
+namespace deepinfer {
+
+struct JobManagerConfig {
+  // No group is formed before this many workers are READY.
+  int min_workers = 1;
+  // A change of the READY set must hold this long before the group is re-formed, so
+  // workers starting together end up in one group.
+  absl::Duration settle = absl::Milliseconds(500);
+  // Wait after a failed attempt to form a group.
+  absl::Duration retry = absl::Seconds(1);
+  // Requests in flight per rank at most.
+  int max_inflight_per_rank = 256;
+  // Scheduler period.
+  absl::Duration tick = absl::Milliseconds(20);
+  // Shown as body.model when a request names none.
+  std::string model_name;
+};
+
+// The current group, for status reports.
+struct GroupView {
+  uint64_t generation = 0;
+  int world_size = 0;
+  bool serving = false;
+  std::vector<std::string> members;
+  std::string last_error;
+};
+
+class JobManager {
+ public:
+  // Every pointer must outlive the manager.
+  JobManager(BatchJobStore* store, const PromptBuilder* prompts, WorkerRegistry* registry,
+             WorkerChannel* workers, const Clock* clock, JobManagerConfig config);
+  ~JobManager();  // Stops the scheduler thread.
+
+  JobManager(const JobManager&) = delete;
+  JobManager& operator=(const JobManager&) = delete;
+
+  // Resumes the store's unfinished jobs and starts the scheduler thread.
+  absl::Status Start();
+
+  absl::StatusOr<std::string> Submit(const std::string& name, const std::string& input_jsonl);
+  absl::StatusOr<Job> GetJob(const std::string& job_id) const;
+  absl::StatusOr<std::vector<Job>> ListJobs(int page_size, const std::string& page_token) const;
+  absl::StatusOr<Job> Cancel(const std::string& job_id);
+  absl::StatusOr<std::vector<std::string>> Results(const std::string& job_id, int64_t offset,
+                                                   int64_t max_lines) const;
+
+  // Stores results; unknown or already finished requests are ignored.
+  absl::Status OnResults(const std::vector<RequestResult>& results);
+
+  // Waits until anything changed after `*version` (0: return at once) or `timeout`
+  // passed; updates `*version`. For WatchJob.
+  void WaitForChange(uint64_t* version, absl::Duration timeout) const;
+
+  GroupView group() const;
+
+ private:
+  struct QueuedRequest {
+    std::string job_id;
+    int64_t line_number = 0;
+    BatchLine line;
+    std::vector<int32_t> prompt;
+    int64_t cost = 0;  // tokens it may occupy: prompt + max_tokens (or the context limit)
+  };
+  struct Assignment {
+    std::string worker_id;
+    int rank = 0;
+    uint64_t generation = 0;
+  };
+  struct JobRuntime {
+    int64_t remaining = 0;  // requests without a result
+    bool cancelled = false;
+    bool started = false;  // moved to RUNNING
+  };
+  struct Member {
+    std::string worker_id;
+    uint64_t incarnation = 0;
+    std::string address;
+    int first_rank = 0;
+    int num_ranks = 0;
+  };
+  struct Group {
+    uint64_t generation = 0;
+    std::vector<Member> members;
+    int world_size = 0;
+    bool serving = false;
+  };
+
+  // Parses the job's lines and queues those in `pending` (all lines when null);
+  // records error lines for the ones that cannot run.
+  absl::Status LoadJob(const std::string& job_id, const std::string& input,
+                       const std::vector<int64_t>* pending);
+  void Run();
+  void Tick();
+  // Forms a new group from `members` (no lock held: it makes RPCs).
+  void FormGroup(std::vector<Member> members);
+  void Dispatch();
+  void RequeueInflightLocked(const char* why) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void FinishRequestsLocked(std::vector<BatchJobStore::Result> results,
+                            const std::vector<std::string>& request_ids)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void BumpLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  int64_t NowMs() const;
+
+  BatchJobStore* const store_;
+  const PromptBuilder* const prompts_;
+  WorkerRegistry* const registry_;
+  WorkerChannel* const workers_;
+  const Clock* const clock_;
+  const JobManagerConfig config_;
+
+  mutable absl::Mutex mu_;
+  bool stop_ ABSL_GUARDED_BY(mu_) = false;
+  uint64_t version_ ABSL_GUARDED_BY(mu_) = 1;
+  absl::flat_hash_map<std::string, QueuedRequest> requests_ ABSL_GUARDED_BY(mu_);
+  std::deque<std::string> queue_ ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_map<std::string, Assignment> inflight_ ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_map<std::string, JobRuntime> jobs_ ABSL_GUARDED_BY(mu_);
+  Group group_ ABSL_GUARDED_BY(mu_);
+  uint64_t next_generation_ ABSL_GUARDED_BY(mu_) = 1;
+  std::string last_group_error_ ABSL_GUARDED_BY(mu_);
+  absl::Time retry_after_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
+  // The READY set seen last, and since when, for the settle delay.
+  std::string seen_members_key_ ABSL_GUARDED_BY(mu_);
+  absl::Time seen_since_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
+
+  std::thread thread_;
+};
+
+}  // namespace deepinfer
+
+#endif  // DEEPINFER_COORDINATOR_JOB_MANAGER_H_

@@ -1,0 +1,357 @@
+// JobManager against fake workers: group forming, dispatch, results exactly once,
+// error lines, a lost worker, cancel, and resuming from the store.
+#include "coordinator/job_manager.h"
+
+#include <cstdlib>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "nlohmann/json.hpp"
+
+namespace deepinfer {
+namespace {
+
+using ::testing::HasSubstr;
+using json = nlohmann::json;
+
+// Records what the coordinator asks of workers; SubmitRequests items pile up until
+// the test takes them.
+class FakeWorkers : public WorkerChannel {
+ public:
+  absl::StatusOr<std::string> PrepareGroup(const std::string& address,
+                                           const PrepareGroupRequest& request) override {
+    absl::MutexLock lock(&mu_);
+    prepared_.push_back(address);
+    return std::string("127.0.0.1:9999");
+  }
+  absl::Status ConfigureGroup(const std::string& address,
+                              const ConfigureGroupRequest& request) override {
+    absl::MutexLock lock(&mu_);
+    configured_.push_back({address, request});
+    return absl::OkStatus();
+  }
+  absl::Status SubmitRequests(const std::string& address,
+                              const SubmitRequestsRequest& request) override {
+    absl::MutexLock lock(&mu_);
+    if (address == refuse_address_) return absl::UnavailableError("worker is gone");
+    for (const WorkItem& item : request.items()) items_.push_back({address, item});
+    return absl::OkStatus();
+  }
+  absl::Status CancelRequests(const std::string& address,
+                              const CancelRequestsRequest& request) override {
+    absl::MutexLock lock(&mu_);
+    for (const std::string& id : request.request_ids()) cancelled_.push_back(id);
+    return absl::OkStatus();
+  }
+
+  // Waits until at least `n` items were submitted in total (since the last Take).
+  std::vector<std::pair<std::string, WorkItem>> Take(size_t n) {
+    absl::MutexLock lock(&mu_);
+    auto enough = [this, n]() ABSL_SHARED_LOCKS_REQUIRED(mu_) { return items_.size() >= n; };
+    mu_.AwaitWithTimeout(absl::Condition(&enough), absl::Seconds(30));
+    auto out = std::move(items_);
+    items_.clear();
+    return out;
+  }
+  std::vector<std::pair<std::string, ConfigureGroupRequest>> configured() {
+    absl::MutexLock lock(&mu_);
+    return configured_;
+  }
+  void Refuse(const std::string& address) {
+    absl::MutexLock lock(&mu_);
+    refuse_address_ = address;
+  }
+  std::vector<std::string> cancelled() {
+    absl::MutexLock lock(&mu_);
+    return cancelled_;
+  }
+
+ private:
+  absl::Mutex mu_;
+  std::vector<std::string> prepared_ ABSL_GUARDED_BY(mu_);
+  std::vector<std::pair<std::string, ConfigureGroupRequest>> configured_ ABSL_GUARDED_BY(mu_);
+  std::vector<std::pair<std::string, WorkItem>> items_ ABSL_GUARDED_BY(mu_);
+  std::vector<std::string> cancelled_ ABSL_GUARDED_BY(mu_);
+  std::string refuse_address_ ABSL_GUARDED_BY(mu_);
+};
+
+// A worker's result for `item`: its prompt reversed, so the test can tell results apart.
+RequestResult ResultFor(const WorkItem& item) {
+  RequestResult r;
+  r.set_request_id(item.request_id());
+  for (auto it = item.prompt_token_ids().rbegin(); it != item.prompt_token_ids().rend(); ++it) {
+    r.add_token_ids(*it);
+  }
+  r.set_finish_reason("length");
+  r.set_prompt_tokens(item.prompt_token_ids_size());
+  return r;
+}
+
+std::string Line(const std::string& custom_id, const std::string& prompt) {
+  return absl::StrCat(R"({"custom_id": ")", custom_id,
+                      R"(", "method": "POST", "url": "/v1/completions", "body": {"prompt": )",
+                      prompt, R"(, "max_tokens": 4, "return_token_ids": true}})");
+}
+
+class JobManagerTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    state_dir_ = absl::StrCat(std::getenv("TEST_TMPDIR"), "/state-",
+                              ::testing::UnitTest::GetInstance()->current_test_info()->name());
+    std::system(absl::StrCat("rm -rf '", state_dir_, "'").c_str());
+    store_ = std::move(*BatchJobStore::Open(state_dir_));
+    StartManager();
+  }
+
+  void StartManager(int min_workers = 1) {
+    manager_.reset();
+    JobManagerConfig config;
+    config.min_workers = min_workers;
+    config.settle = absl::ZeroDuration();
+    config.retry = absl::ZeroDuration();
+    config.tick = absl::Milliseconds(5);
+    config.model_name = "tiny";
+    manager_ = std::make_unique<JobManager>(store_.get(), &prompts_, &registry_, &workers_,
+                                            &clock_, config);
+    ASSERT_TRUE(manager_->Start().ok());
+  }
+
+  void AddWorker(const std::string& id, uint64_t incarnation, int ranks) {
+    WorkerRegistration r;
+    r.worker_id = id;
+    r.worker_incarnation = incarnation;
+    r.listen_address = id + ":1";
+    r.devices.emplace_back();
+    r.num_ranks = ranks;
+    ASSERT_TRUE(registry_.Register(r).ok());
+    ASSERT_TRUE(registry_.Heartbeat(id, incarnation, registry_.coordinator_incarnation()).ok());
+  }
+
+  // Heartbeats every worker in `ids` with "serving generation g" once the manager
+  // configured that generation.
+  void ServeWhenConfigured(const std::vector<std::pair<std::string, uint64_t>>& ids,
+                           uint64_t generation) {
+    ASSERT_TRUE(WaitFor([&] {
+      for (const auto& [address, c] : workers_.configured()) {
+        if (c.generation() == generation) return true;
+      }
+      return false;
+    }));
+    for (const auto& [id, incarnation] : ids) {
+      WorkerReport report;
+      report.group_generation = generation;
+      report.group_status = GROUP_SERVING;
+      ASSERT_TRUE(
+          registry_.Heartbeat(id, incarnation, registry_.coordinator_incarnation(), report).ok());
+    }
+  }
+
+  template <typename F>
+  bool WaitFor(F done) {
+    for (int i = 0; i < 3000 && !done(); ++i) absl::SleepFor(absl::Milliseconds(10));
+    return done();
+  }
+
+  Job GetJob(const std::string& id) { return *manager_->GetJob(id); }
+
+  std::vector<json> Output(const std::string& id) {
+    std::vector<json> out;
+    auto lines = manager_->Results(id, 0, 0);
+    EXPECT_TRUE(lines.ok()) << lines.status();
+    for (const std::string& line : *lines) out.push_back(json::parse(line));
+    return out;
+  }
+
+  std::string state_dir_;
+  FakeClock clock_;
+  WorkerRegistry registry_{&clock_, 77, absl::Seconds(5)};
+  PromptBuilder prompts_{ModelLimits{100, 64}, nullptr, nullptr};
+  FakeWorkers workers_;
+  std::unique_ptr<BatchJobStore> store_;
+  std::unique_ptr<JobManager> manager_;
+};
+
+TEST_F(JobManagerTest, RunsAJobWithGoodAndBadLines) {
+  const std::string input = absl::StrJoin(
+      {Line("a", "[1, 2, 3]"), std::string("{broken"), Line("b", "[4, 5]"), Line("a", "[6]"),
+       Line("c", "[100]"), Line("d", "\"text\""),
+       std::string(R"({"custom_id": "e", "url": "/v1/edits", "body": {}})"),
+       Line("f", "[7, 8, 9]")},
+      "\n");
+  auto id = manager_->Submit("mixed", input);
+  ASSERT_TRUE(id.ok()) << id.status();
+  // The five bad lines are answered at once.
+  Job job = GetJob(*id);
+  EXPECT_EQ(job.total_requests(), 8);
+  EXPECT_EQ(job.failed_requests(), 5);
+  EXPECT_EQ(job.state(), Job::QUEUED);
+
+  AddWorker("w1", 1, 2);
+  ServeWhenConfigured({{"w1", 1}}, 1);
+  auto items = workers_.Take(3);
+  ASSERT_EQ(items.size(), 3u);
+  std::vector<RequestResult> results;
+  for (const auto& [address, item] : items) {
+    EXPECT_EQ(address, "w1:1");
+    EXPECT_TRUE(item.params().has_seed());  // always seeded, so re-runs match
+    results.push_back(ResultFor(item));
+  }
+  EXPECT_EQ(GetJob(*id).state(), Job::RUNNING);
+  ASSERT_TRUE(manager_->OnResults(results).ok());
+  ASSERT_TRUE(manager_->OnResults(results).ok());  // a resend changes nothing
+  job = GetJob(*id);
+  EXPECT_EQ(job.state(), Job::COMPLETED);
+  EXPECT_EQ(job.completed_requests(), 3);
+
+  std::map<std::string, json> by_id;
+  std::vector<std::string> errors;
+  for (const json& line : Output(*id)) {
+    if (!line["error"].is_null()) {
+      errors.push_back(line["error"]["message"]);
+      continue;
+    }
+    const std::string custom_id = line["custom_id"];
+    EXPECT_FALSE(by_id.count(custom_id)) << custom_id << " twice";
+    by_id[custom_id] = line;
+  }
+  ASSERT_EQ(by_id.size(), 3u);
+  EXPECT_EQ(by_id["a"]["response"]["body"]["choices"][0]["token_ids"], json({3, 2, 1}));
+  EXPECT_EQ(by_id["f"]["response"]["body"]["choices"][0]["token_ids"], json({9, 8, 7}));
+  EXPECT_EQ(by_id["b"]["response"]["body"]["model"], "tiny");
+  const std::string all_errors = absl::StrJoin(errors, "\n");
+  EXPECT_THAT(all_errors, HasSubstr("line 2: not valid JSON"));
+  EXPECT_THAT(all_errors, HasSubstr("line 4: duplicate custom_id 'a' (first used on line 1)"));
+  EXPECT_THAT(all_errors, HasSubstr("line 5: token id 100 is outside the vocabulary"));
+  EXPECT_THAT(all_errors, HasSubstr("line 6: the model has no tokenizer"));
+  EXPECT_THAT(all_errors, HasSubstr("line 7: url \"/v1/edits\" is not served"));
+}
+
+TEST_F(JobManagerTest, GroupSpansWorkersAndLoadIsSpread) {
+  AddWorker("w1", 1, 1);
+  AddWorker("w2", 2, 2);
+  ServeWhenConfigured({{"w1", 1}, {"w2", 2}}, 1);
+  auto configured = workers_.configured();
+  ASSERT_EQ(configured.size(), 2u);
+  EXPECT_EQ(configured[0].second.world_size(), 3);
+  EXPECT_EQ(configured[0].second.first_rank(), 0);
+  EXPECT_EQ(configured[1].second.first_rank(), 1);
+  EXPECT_EQ(configured[1].second.root_address(), "127.0.0.1:9999");
+  std::vector<std::string> lines;
+  for (int i = 0; i < 6; ++i) lines.push_back(Line(absl::StrCat("r", i), "[1, 2, 3]"));
+  auto id = manager_->Submit("", absl::StrJoin(lines, "\n"));
+  ASSERT_TRUE(id.ok());
+  auto items = workers_.Take(6);
+  std::map<int, int> per_rank;
+  for (const auto& [address, item] : items) ++per_rank[item.rank()];
+  EXPECT_EQ(per_rank, (std::map<int, int>{{0, 2}, {1, 2}, {2, 2}}));
+}
+
+TEST_F(JobManagerTest, LostWorkerRequestsRunAgainExactlyOnce) {
+  AddWorker("w1", 1, 1);
+  AddWorker("w2", 2, 1);
+  ServeWhenConfigured({{"w1", 1}, {"w2", 2}}, 1);
+  std::vector<std::string> lines;
+  for (int i = 0; i < 8; ++i) lines.push_back(Line(absl::StrCat("r", i), absl::StrCat("[", i, "]")));
+  auto id = manager_->Submit("", absl::StrJoin(lines, "\n"));
+  ASSERT_TRUE(id.ok());
+  auto first = workers_.Take(8);
+  // w1 finishes its share; w2 finishes one and then dies.
+  std::vector<RequestResult> done;
+  const WorkItem* w2_done = nullptr;
+  for (const auto& [address, item] : first) {
+    if (address == "w1:1") done.push_back(ResultFor(item));
+    if (address == "w2:1" && w2_done == nullptr) w2_done = &item;
+  }
+  ASSERT_NE(w2_done, nullptr);
+  done.push_back(ResultFor(*w2_done));
+  ASSERT_TRUE(manager_->OnResults(done).ok());
+  clock_.Advance(absl::Seconds(6));
+  ASSERT_TRUE(registry_.Heartbeat("w1", 1, 77).ok());
+  registry_.ExpireStale();  // w2 is LOST
+  ServeWhenConfigured({{"w1", 1}}, 2);
+  auto second = workers_.Take(3);
+  ASSERT_EQ(second.size(), 3u);
+  std::vector<RequestResult> rest;
+  for (const auto& [address, item] : second) {
+    EXPECT_EQ(address, "w1:1");
+    rest.push_back(ResultFor(item));
+  }
+  ASSERT_TRUE(manager_->OnResults(rest).ok());
+  // A late result from the dead worker's first generation is a duplicate: ignored.
+  ASSERT_TRUE(manager_->OnResults({ResultFor(*w2_done)}).ok());
+  Job job = GetJob(*id);
+  EXPECT_EQ(job.state(), Job::COMPLETED);
+  EXPECT_EQ(job.completed_requests(), 8);
+  std::set<std::string> ids;
+  for (const json& line : Output(*id)) EXPECT_TRUE(ids.insert(line["custom_id"]).second);
+  EXPECT_EQ(ids.size(), 8u);
+}
+
+TEST_F(JobManagerTest, FailedSubmitIsRequeued) {
+  AddWorker("w1", 1, 1);
+  ServeWhenConfigured({{"w1", 1}}, 1);
+  workers_.Refuse("w1:1");
+  auto id = manager_->Submit("", Line("a", "[1]"));
+  ASSERT_TRUE(id.ok());
+  absl::SleepFor(absl::Milliseconds(50));
+  workers_.Refuse("");
+  auto items = workers_.Take(1);
+  ASSERT_EQ(items.size(), 1u);
+  ASSERT_TRUE(manager_->OnResults({ResultFor(items[0].second)}).ok());
+  EXPECT_EQ(GetJob(*id).state(), Job::COMPLETED);
+}
+
+TEST_F(JobManagerTest, CancelStopsTheJob) {
+  AddWorker("w1", 1, 1);
+  ServeWhenConfigured({{"w1", 1}}, 1);
+  auto id = manager_->Submit("", absl::StrJoin({Line("a", "[1]"), Line("b", "[2]")}, "\n"));
+  ASSERT_TRUE(id.ok());
+  auto items = workers_.Take(2);
+  ASSERT_TRUE(manager_->OnResults({ResultFor(items[0].second)}).ok());
+  auto cancelled = manager_->Cancel(*id);
+  ASSERT_TRUE(cancelled.ok());
+  EXPECT_EQ(cancelled->state(), Job::CANCELLED);
+  EXPECT_EQ(workers_.cancelled().size(), 1u);
+  ASSERT_TRUE(manager_->OnResults({ResultFor(items[1].second)}).ok());  // too late: ignored
+  EXPECT_EQ(GetJob(*id).completed_requests(), 1);
+  EXPECT_EQ(Output(*id).size(), 1u);
+}
+
+TEST_F(JobManagerTest, ResumesAfterRestartWithoutDuplicates) {
+  AddWorker("w1", 1, 1);
+  ServeWhenConfigured({{"w1", 1}}, 1);
+  std::vector<std::string> lines;
+  for (int i = 0; i < 4; ++i) lines.push_back(Line(absl::StrCat("r", i), absl::StrCat("[", i, "]")));
+  lines.push_back("not json");
+  auto id = manager_->Submit("", absl::StrJoin(lines, "\n"));
+  ASSERT_TRUE(id.ok());
+  auto items = workers_.Take(4);
+  ASSERT_TRUE(manager_->OnResults({ResultFor(items[0].second), ResultFor(items[1].second)}).ok());
+  // The coordinator restarts: a new manager over the same store.
+  StartManager();
+  auto again = workers_.Take(2);
+  ASSERT_EQ(again.size(), 2u);
+  std::vector<RequestResult> rest;
+  for (const auto& [address, item] : again) rest.push_back(ResultFor(item));
+  ASSERT_TRUE(manager_->OnResults(rest).ok());
+  Job job = GetJob(*id);
+  EXPECT_EQ(job.state(), Job::COMPLETED);
+  EXPECT_EQ(job.completed_requests(), 4);
+  EXPECT_EQ(job.failed_requests(), 1);
+  EXPECT_EQ(Output(*id).size(), 5u);
+}
+
+TEST_F(JobManagerTest, WaitsForMinWorkers) {
+  StartManager(/*min_workers=*/2);
+  AddWorker("w1", 1, 1);
+  absl::SleepFor(absl::Milliseconds(100));
+  EXPECT_TRUE(workers_.configured().empty());
+  AddWorker("w2", 2, 1);
+  ServeWhenConfigured({{"w1", 1}, {"w2", 2}}, 1);
+  EXPECT_EQ(workers_.configured()[0].second.world_size(), 2);
+}
+
+}  // namespace
+}  // namespace deepinfer

@@ -1,0 +1,44 @@
+// gRPC glue for JobService (proto/job.proto) over the JobManager. Without a job
+// manager (coordinator started without --model) every RPC fails with
+// FAILED_PRECONDITION saying so.
+#ifndef DEEPINFER_COORDINATOR_JOB_SERVICE_H_
+#define DEEPINFER_COORDINATOR_JOB_SERVICE_H_
+
+#include "coordinator/job_manager.h"
+#include "coordinator/rpc/auth.h"
+#include "proto/job.grpc.pb.h"
+
+namespace deepinfer {
+
+class JobServiceImpl final : public JobService::CallbackService {
+ public:
+  // `jobs` may be null; both pointers must outlive the service.
+  JobServiceImpl(JobManager* jobs, const TokenAuthenticator* auth) : jobs_(jobs), auth_(auth) {}
+
+  grpc::ServerUnaryReactor* SubmitJob(grpc::CallbackServerContext* context,
+                                      const SubmitJobRequest* request,
+                                      SubmitJobResponse* response) override;
+  grpc::ServerUnaryReactor* GetJob(grpc::CallbackServerContext* context,
+                                   const GetJobRequest* request, Job* response) override;
+  grpc::ServerUnaryReactor* ListJobs(grpc::CallbackServerContext* context,
+                                     const ListJobsRequest* request,
+                                     ListJobsResponse* response) override;
+  grpc::ServerUnaryReactor* CancelJob(grpc::CallbackServerContext* context,
+                                      const CancelJobRequest* request, Job* response) override;
+  grpc::ServerWriteReactor<Job>* WatchJob(grpc::CallbackServerContext* context,
+                                          const GetJobRequest* request) override;
+  grpc::ServerUnaryReactor* GetJobResults(grpc::CallbackServerContext* context,
+                                          const GetJobResultsRequest* request,
+                                          GetJobResultsResponse* response) override;
+
+ private:
+  // OK, or the status to finish the call with.
+  grpc::Status Admit(grpc::CallbackServerContext* context) const;
+
+  JobManager* const jobs_;
+  const TokenAuthenticator* const auth_;
+};
+
+}  // namespace deepinfer
+
+#endif  // DEEPINFER_COORDINATOR_JOB_SERVICE_H_
