@@ -1,9 +1,11 @@
 // deepinfer-coordinator: the control plane daemon. Parses flags into a
 // CoordinatorConfig, starts the CoordinatorServer, and runs until SIGTERM/SIGINT.
+#include <algorithm>
 #include <iostream>
 #include <string>
 #include <vector>
 
+#include "absl/strings/numbers.h"
 #include "absl/time/time.h"
 #include "coordinator/cli/flag_set.h"
 #include "coordinator/coordinator_server.h"
@@ -14,8 +16,10 @@
 int main(int argc, char** argv) {
   deepinfer::BlockTerminationSignals();
 
-  std::string host = "127.0.0.1";
-  int64_t port = 7070;
+  std::string listen = "127.0.0.1:7070";
+  std::string model;
+  std::string state_dir;
+  int64_t min_workers = 1;
   std::string port_file;
   std::string auth_token_file;
   int64_t heartbeat_interval_ms = 1000;
@@ -26,12 +30,22 @@ int main(int argc, char** argv) {
   deepinfer::FlagSet flags(
       "deepinfer-coordinator [flags]",
       "The deepinfer control plane: tracks worker daemons (registration, heartbeats),\n"
-      "serves the admin tool and, with the batch runtime, takes jobs. Runs until\n"
-      "SIGTERM or SIGINT.");
-  flags.AddString("host", &host,
-                  "Address to listen on. The default accepts local connections only;\n"
-                  "use 0.0.0.0 for a multi-node cluster, together with --auth-token-file.");
-  flags.AddInt("port", &port, "Port to listen on; 0 picks a free one (see --port-file).");
+      "forms the expert-parallel group, takes batch jobs and hands their requests to\n"
+      "the workers' ranks, keeps results in --state-dir. Runs until SIGTERM or SIGINT;\n"
+      "a restarted coordinator resumes the unfinished jobs of its state directory.");
+  flags.AddString("listen", &listen,
+                  "HOST:PORT to listen on. The default accepts local connections only; use\n"
+                  "0.0.0.0:PORT for a multi-node cluster, together with --auth-token-file.\n"
+                  "Port 0 picks a free one (see --port-file).");
+  flags.AddString("model", &model,
+                  "Model directory (config.json, tokenizer files) the workers serve, or\n"
+                  "dummy:CONFIG.json[@SEED]. Used for prompts (tokenizer, chat template) and\n"
+                  "limits. Without it the coordinator takes no jobs.");
+  flags.AddString("state-dir", &state_dir,
+                  "Directory for the job database and the jobs' input and output files\n"
+                  "(created if missing). Required with --model.");
+  flags.AddInt("min-workers", &min_workers,
+               "Workers to wait for before forming the first expert-parallel group.");
   flags.AddString("port-file", &port_file,
                   "If set, the bound port is written to this file once serving.");
   flags.AddString("auth-token-file", &auth_token_file,
@@ -61,8 +75,21 @@ int main(int argc, char** argv) {
   deepinfer::InitDaemonLogging(argv[0], log_dir, static_cast<int>(verbosity));
 
   deepinfer::CoordinatorConfig config;
-  config.host = host;
-  config.port = static_cast<int>(port);
+  if (size_t colon = listen.rfind(':'); colon == std::string::npos ||
+                                        !absl::SimpleAtoi(listen.substr(colon + 1), &config.port)) {
+    std::cerr << "deepinfer-coordinator: --listen wants HOST:PORT, got '" << listen << "'\n";
+    return 2;
+  } else {
+    config.host = listen.substr(0, colon);
+  }
+  const std::string& host = config.host;
+  config.model = model;
+  config.state_dir = state_dir;
+  if (!model.empty() && state_dir.empty()) {
+    std::cerr << "deepinfer-coordinator: --model needs --state-dir (where jobs are kept)\n";
+    return 2;
+  }
+  config.jobs.min_workers = static_cast<int>(std::max<int64_t>(1, min_workers));
   config.heartbeat_interval = absl::Milliseconds(heartbeat_interval_ms);
   config.heartbeat_timeout = absl::Milliseconds(heartbeat_timeout_ms);
   if (!auth_token_file.empty()) {

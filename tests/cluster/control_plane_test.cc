@@ -47,7 +47,7 @@ class ControlPlaneTest : public ::testing::Test {
   void StartCoordinator(int port) {
     const std::string port_file = TempPath(absl::StrCat("coordinator.port.", ++starts_));
     auto p = Subprocess::Start(
-        {Runfile("coordinator/deepinfer-coordinator"), absl::StrCat("--port=", port),
+        {Runfile("coordinator/deepinfer-coordinator"), absl::StrCat("--listen=127.0.0.1:", port),
          "--port-file=" + port_file, "--auth-token-file=" + token_file_,
          absl::StrCat("--heartbeat-interval-ms=", kHeartbeatIntervalMs),
          absl::StrCat("--heartbeat-timeout-ms=", kHeartbeatTimeoutMs)},
@@ -185,7 +185,7 @@ TEST_F(ControlPlaneTest, DaemonsExplainBadCommandLines) {
   ASSERT_TRUE(no_coordinator.ok());
   EXPECT_EQ(no_coordinator->exit_code, 2);
   EXPECT_THAT(no_coordinator->err, HasSubstr("missing required flag --coordinator"));
-  auto bad_token = RunCommand({Runfile("coordinator/deepinfer-coordinator"), "--port=0",
+  auto bad_token = RunCommand({Runfile("coordinator/deepinfer-coordinator"), "--listen=127.0.0.1:0",
                                "--auth-token-file=/nonexistent"},
                               TempPath("bad2"));
   ASSERT_TRUE(bad_token.ok());
