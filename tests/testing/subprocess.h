@@ -1,5 +1,5 @@
-// Subprocess: starts one of our binaries for a multi-process test, with its stdout
-// and stderr going to files, and lets the test signal it and collect its exit.
+// Helpers for multi-process tests: Subprocess (a ChildProcess), runfile paths,
+// scratch paths, running a command to completion, polling.
 #ifndef DEEPINFER_TESTS_TESTING_SUBPROCESS_H_
 #define DEEPINFER_TESTS_TESTING_SUBPROCESS_H_
 
@@ -10,32 +10,11 @@
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "coordinator/cli/child_process.h"
 
 namespace deepinfer::testing {
 
-class Subprocess {
- public:
-  // Starts `argv[0]` with `argv`; output goes to `log_prefix`.stdout / .stderr.
-  static absl::StatusOr<Subprocess> Start(const std::vector<std::string>& argv,
-                                          const std::string& log_prefix);
-  Subprocess(Subprocess&& other) noexcept;
-  Subprocess& operator=(Subprocess&& other) noexcept;
-  ~Subprocess();  // SIGKILLs and reaps a process still running.
-
-  void Signal(int signal);
-  // Waits for the process to exit; returns its exit code, or 128+signal if a signal
-  // ended it. DEADLINE_EXCEEDED if it is still running after `timeout`.
-  absl::StatusOr<int> Wait(absl::Duration timeout);
-
-  pid_t pid() const { return pid_; }
-  std::string ReadStdout() const;
-  std::string ReadStderr() const;
-
- private:
-  Subprocess(pid_t pid, std::string log_prefix) : pid_(pid), log_prefix_(std::move(log_prefix)) {}
-  pid_t pid_ = -1;
-  std::string log_prefix_;
-};
+using Subprocess = ::deepinfer::ChildProcess;
 
 // Runs a command to completion (up to `timeout`), returning exit code and output.
 struct CommandResult {
