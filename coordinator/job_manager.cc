@@ -269,7 +269,7 @@ absl::Status JobManager::OnResults(const std::vector<RequestResult>& results) {
       context.token_text = [this](int32_t id) { return prompts_->TokenText(id); };
       line = FormatResultLine(q.line, r, context);
     }
-    records.push_back({q.job_id, q.line_number, std::move(line), failed});
+    records.push_back({q.job_id, q.line_number, std::move(line), failed, r.token_ids_size()});
     ids.push_back(r.request_id());
   }
   if (!records.empty()) FinishRequestsLocked(std::move(records), ids);

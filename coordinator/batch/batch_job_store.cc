@@ -93,7 +93,8 @@ int64_t CountLines(const std::string& path) {
 }
 
 constexpr char kJobColumns[] =
-    "job_id, name, state, total, completed, failed, created_ms, finished_ms, error";
+    "job_id, name, state, total, completed, failed, created_ms, finished_ms, error, "
+    "generated_tokens";
 
 Job ReadJob(Statement& s) {
   Job job;
@@ -106,6 +107,7 @@ Job ReadJob(Statement& s) {
   job.set_created_unix_ms(s.Int(6));
   job.set_finished_unix_ms(s.Int(7));
   job.set_error(s.Text(8));
+  job.set_generated_tokens(s.Int(9));
   return job;
 }
 
@@ -136,7 +138,8 @@ absl::Status BatchJobStore::Init() {
            "PRAGMA synchronous=FULL",
            "CREATE TABLE IF NOT EXISTS jobs(job_id TEXT PRIMARY KEY, name TEXT, state INTEGER, "
            "total INTEGER, completed INTEGER DEFAULT 0, failed INTEGER DEFAULT 0, "
-           "created_ms INTEGER, finished_ms INTEGER DEFAULT 0, error TEXT DEFAULT '')",
+           "created_ms INTEGER, finished_ms INTEGER DEFAULT 0, error TEXT DEFAULT '', "
+           "generated_tokens INTEGER DEFAULT 0)",
            "CREATE TABLE IF NOT EXISTS requests(job_id TEXT, line_number INTEGER, "
            "result_seq INTEGER, failed INTEGER DEFAULT 0, output TEXT, "
            "PRIMARY KEY(job_id, line_number))",
@@ -276,10 +279,12 @@ absl::StatusOr<std::vector<bool>> BatchJobStore::RecordResults(
       update.Bind(4, r.job_id);
       update.Bind(5, r.line_number);
       if (absl::Status s = StepDone(update, db_); !s.ok()) return s;
-      Statement count(db_, r.failed
-                               ? "UPDATE jobs SET failed = failed + 1 WHERE job_id = ?"
-                               : "UPDATE jobs SET completed = completed + 1 WHERE job_id = ?");
-      count.Bind(1, r.job_id);
+      Statement count(db_, r.failed ? "UPDATE jobs SET failed = failed + 1, generated_tokens = "
+                                      "generated_tokens + ? WHERE job_id = ?"
+                                    : "UPDATE jobs SET completed = completed + 1, "
+                                      "generated_tokens = generated_tokens + ? WHERE job_id = ?");
+      count.Bind(1, r.generated_tokens);
+      count.Bind(2, r.job_id);
       if (absl::Status s = StepDone(count, db_); !s.ok()) return s;
       recorded[i] = true;
     }

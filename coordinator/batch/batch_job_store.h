@@ -54,6 +54,7 @@ class BatchJobStore {
     int64_t line_number = 0;
     std::string output_line;
     bool failed = false;
+    int64_t generated_tokens = 0;
   };
   // Records many results in one transaction (one disk sync). Returns, per result,
   // whether it was recorded (false: that request already had a result). A result

@@ -85,10 +85,11 @@ TEST(BatchJobStoreTest, RecordResultsIsAllOrNothing) {
   auto store = BatchJobStore::Open(FreshDir("s6"));
   ASSERT_TRUE(store.ok());
   auto id = *(*store)->CreateJob("j", kInput, 0);
-  auto recorded = (*store)->RecordResults({{id, 1, "a", false}, {id, 3, "b", true},
-                                           {id, 1, "a-again", false}});
+  auto recorded = (*store)->RecordResults({{id, 1, "a", false, 7}, {id, 3, "b", true, 0},
+                                           {id, 1, "a-again", false, 7}});
   ASSERT_TRUE(recorded.ok()) << recorded.status();
   EXPECT_THAT(*recorded, ElementsAre(true, true, false));
+  EXPECT_EQ((*store)->GetJob(id)->generated_tokens(), 7);
   auto bad = (*store)->RecordResults({{id, 5, "c", false}, {id, 4, "blank line", false}});
   EXPECT_EQ(bad.status().code(), absl::StatusCode::kNotFound);
   EXPECT_EQ((*store)->PendingRequests(id)->size(), 1u);  // line 5 was not recorded

@@ -3,9 +3,13 @@
 #include <string>
 #include <vector>
 
+#include <fstream>
+
 #include "coordinator/cli/flag_set.h"
+#include "coordinator/cli/job_commands.h"
 #include "coordinator/cli/subcommands.h"
 #include "worker/device_discovery.h"
+#include "worker/tokenizer/tokenize_command.h"
 
 namespace deepinfer {
 namespace {
@@ -46,6 +50,158 @@ int Devices(const std::vector<std::string>& args) {
   return 0;
 }
 
+// Parses `args`; returns -1 to go on, else the exit code (help printed, or an error).
+int Parse(FlagSet& flags, const std::vector<std::string>& args, const char* command,
+          size_t positional_min, size_t positional_max) {
+  absl::Status parsed = flags.Parse(args);
+  if (flags.help_requested()) {
+    std::cout << flags.Help();
+    return 0;
+  }
+  if (!parsed.ok()) {
+    std::cerr << "deepinfer " << command << ": " << parsed.message() << "\n";
+    return 2;
+  }
+  const size_t n = flags.positional().size();
+  if (n < positional_min || n > positional_max) {
+    std::cerr << "deepinfer " << command << ": expected "
+              << (positional_min == positional_max ? "" : "at most ") << positional_max
+              << " argument(s), got " << n << " (see --help)\n";
+    return 2;
+  }
+  return -1;
+}
+
+void AddConnectionFlags(FlagSet& flags, ConnectionOptions* c) {
+  flags.AddString("coordinator", &c->coordinator, "Coordinator address, HOST:PORT.");
+  flags.AddString("auth-token-file", &c->auth_token_file,
+                  "File holding the cluster token, if the coordinator requires one.");
+  flags.AddInt("timeout-ms", &c->timeout_ms, "Deadline of each call to the coordinator.");
+}
+
+int Submit(const std::vector<std::string>& args) {
+  ConnectionOptions connection;
+  std::string input, name;
+  FlagSet flags("deepinfer submit --input FILE [--coordinator HOST:PORT] [flags]",
+                "Submits an OpenAI Batch input file (JSONL) as a job; prints the job id as\n"
+                "the last line.");
+  AddConnectionFlags(flags, &connection);
+  flags.AddString("input", &input, "The job file: one request per line.");
+  flags.Require("input");
+  flags.AddString("name", &name, "A label shown by `deepinfer status`.");
+  if (int rc = Parse(flags, args, "submit", 0, 0); rc >= 0) return rc;
+  return SubmitCommand(connection, input, name);
+}
+
+int Status(const std::vector<std::string>& args) {
+  ConnectionOptions connection;
+  bool json = false;
+  FlagSet flags("deepinfer status [JOB] [--coordinator HOST:PORT] [flags]",
+                "Shows a job's state and counts; without JOB, the 20 most recent jobs.");
+  AddConnectionFlags(flags, &connection);
+  flags.AddBool("json", &json, "Print JSON, one job per line.");
+  if (int rc = Parse(flags, args, "status", 0, 1); rc >= 0) return rc;
+  return StatusCommand(connection, flags.positional().empty() ? "" : flags.positional()[0], json);
+}
+
+int Wait(const std::vector<std::string>& args) {
+  ConnectionOptions connection;
+  FlagSet flags("deepinfer wait JOB [--coordinator HOST:PORT] [flags]",
+                "Waits until the job ends, with progress on a terminal (requests done,\n"
+                "tokens/s, ETA). Exit 0 if it COMPLETED, 1 otherwise.");
+  AddConnectionFlags(flags, &connection);
+  if (int rc = Parse(flags, args, "wait", 1, 1); rc >= 0) return rc;
+  return WaitCommand(connection, flags.positional()[0]);
+}
+
+int Cancel(const std::vector<std::string>& args) {
+  ConnectionOptions connection;
+  FlagSet flags("deepinfer cancel JOB [--coordinator HOST:PORT] [flags]",
+                "Cancels a job: queued requests are dropped, running ones stopped; results\n"
+                "already written stay.");
+  AddConnectionFlags(flags, &connection);
+  if (int rc = Parse(flags, args, "cancel", 1, 1); rc >= 0) return rc;
+  return CancelCommand(connection, flags.positional()[0]);
+}
+
+int Results(const std::vector<std::string>& args) {
+  ConnectionOptions connection;
+  std::string output = "-";
+  FlagSet flags("deepinfer results JOB --output FILE [--coordinator HOST:PORT] [flags]",
+                "Writes the job's output lines (OpenAI Batch output JSONL, in the order they\n"
+                "finished) to FILE, or to stdout with --output -.");
+  AddConnectionFlags(flags, &connection);
+  flags.AddString("output", &output, "Output file, or - for stdout.");
+  if (int rc = Parse(flags, args, "results", 1, 1); rc >= 0) return rc;
+  return ResultsCommand(connection, flags.positional()[0], output);
+}
+
+int Run(const std::vector<std::string>& args) {
+  RunOptions options;
+  FlagSet flags(
+      "deepinfer run --model DIR --input FILE --output FILE [flags]",
+      "Runs one job file with no setup: starts a local coordinator and worker processes\n"
+      "on loopback, runs every request, writes the output file, and stops them. Exit 0\n"
+      "when the job completed; a request that could not run gets an error line.");
+  flags.AddString("model", &options.model,
+                  "Model directory (config.json, safetensors, tokenizer files), or\n"
+                  "dummy:CONFIG.json[@SEED] for random weights.");
+  flags.Require("model");
+  flags.AddString("input", &options.input, "OpenAI Batch input file (JSONL).");
+  flags.Require("input");
+  flags.AddString("output", &options.output, "Where to write the output lines.");
+  flags.Require("output");
+  flags.AddString("backend", &options.backend, "cpu or cuda.");
+  flags.AddInt("workers", &options.workers, "Worker processes (as nodes would be).");
+  flags.AddInt("ranks-per-worker", &options.ranks_per_worker,
+               "Engine ranks per worker (GPUs per node); all ranks form one expert-\n"
+               "parallel group.");
+  flags.AddString("state-dir", &options.state_dir,
+                  "Keep the job database and logs here (default: a temporary directory,\n"
+                  "removed after a successful run).");
+  flags.AddBool("keep-state", &options.keep_state, "Keep the temporary state directory.");
+  flags.AddString("worker-args", &options.worker_args,
+                  "Extra flags for every worker, space-separated (see deepinfer-worker --help).");
+  flags.AddString("bin-dir", &options.bin_dir,
+                  "Directory of deepinfer-coordinator and deepinfer-worker (default: next to\n"
+                  "this binary).");
+  flags.AddInt("timeout-s", &options.timeout_s, "Give up after this many seconds (0: never).");
+  if (int rc = Parse(flags, args, "run", 0, 0); rc >= 0) return rc;
+  return RunCommand(options);
+}
+
+int Tokenize(const std::vector<std::string>& args) {
+  tokenizer::TokenizeOptions options;
+  std::string input;
+  FlagSet flags("deepinfer tokenize --model DIR --input FILE [--add-special-tokens=false]",
+                "Tokenizes each input line, {\"text\": ...} or {\"messages\": [...]}, with the\n"
+                "model's tokenizer and chat template; prints {\"ids\": [...]} (and \"prompt\" for\n"
+                "messages) per line, in order. A bad line gets an error line; exit 1 if any.");
+  flags.AddString("model", &options.model_dir, "Model directory with tokenizer.json.");
+  flags.Require("model");
+  flags.AddString("input", &input, "JSONL file, or - for stdin.");
+  flags.Require("input");
+  flags.AddBool("add-special-tokens", &options.add_special_tokens,
+                "Add BOS/EOS to text lines as the tokenizer config says.");
+  if (int rc = Parse(flags, args, "tokenize", 0, 0); rc >= 0) return rc;
+  std::ifstream file;
+  std::istream* in = &std::cin;
+  if (input != "-") {
+    file.open(input);
+    if (!file) {
+      std::cerr << "deepinfer tokenize: cannot read '" << input << "'\n";
+      return 2;
+    }
+    in = &file;
+  }
+  absl::Status status = tokenizer::RunTokenizeCommand(options, *in, std::cout, std::cerr);
+  if (!status.ok()) {
+    std::cerr << "deepinfer tokenize: " << status.message() << "\n";
+    return 1;
+  }
+  return 0;
+}
+
 }  // namespace
 }  // namespace deepinfer
 
@@ -55,6 +211,14 @@ int main(int argc, char** argv) {
       "deepinfer: batch inference for DeepSeek-family MoE models.\n"
       "Cluster daemons: deepinfer-coordinator, deepinfer-worker; operator tool: deepinfer-admin.",
       {
+          {"run", "run a job file on a local cluster, start to finish", deepinfer::Run},
+          {"submit", "submit a job file to a coordinator", deepinfer::Submit},
+          {"status", "show a job (or the recent jobs)", deepinfer::Status},
+          {"wait", "wait for a job to end, with progress", deepinfer::Wait},
+          {"results", "write a job's output lines", deepinfer::Results},
+          {"cancel", "cancel a job", deepinfer::Cancel},
+          {"tokenize", "tokenize text or chat messages with a model's tokenizer",
+           deepinfer::Tokenize},
           {"devices", "list the devices a worker on this machine would use", deepinfer::Devices},
       },
       argc, argv);

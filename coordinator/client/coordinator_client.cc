@@ -9,7 +9,12 @@ namespace deepinfer {
 CoordinatorClient::CoordinatorClient(CoordinatorClientOptions options)
     : options_(std::move(options)),
       admin_(AdminService::NewStub(
-          grpc::CreateChannel(options_.address, grpc::InsecureChannelCredentials()))) {}
+          grpc::CreateChannel(options_.address, grpc::InsecureChannelCredentials()))) {
+  grpc::ChannelArguments args;
+  args.SetMaxSendMessageSize(1 << 30);  // job inputs
+  jobs_ = JobService::NewStub(grpc::CreateCustomChannel(
+      options_.address, grpc::InsecureChannelCredentials(), args));
+}
 
 std::unique_ptr<grpc::ClientContext> CoordinatorClient::NewContext() const {
   auto context = std::make_unique<grpc::ClientContext>();
@@ -48,6 +53,92 @@ absl::StatusOr<DrainWorkerResponse> CoordinatorClient::DrainWorker(const std::st
   grpc::Status status = admin_->DrainWorker(NewContext().get(), request, &response);
   if (!status.ok()) return Annotate(status, "DrainWorker");
   return response;
+}
+
+absl::StatusOr<std::string> CoordinatorClient::SubmitJob(const std::string& name,
+                                                         const std::string& input_jsonl) {
+  SubmitJobRequest request;
+  request.set_client_id(options_.client_id);
+  request.set_name(name);
+  request.set_input_jsonl(input_jsonl);
+  SubmitJobResponse response;
+  grpc::Status status = jobs_->SubmitJob(NewContext().get(), request, &response);
+  if (!status.ok()) return Annotate(status, "SubmitJob");
+  return response.job_id();
+}
+
+absl::StatusOr<Job> CoordinatorClient::GetJob(const std::string& job_id) {
+  GetJobRequest request;
+  request.set_client_id(options_.client_id);
+  request.set_job_id(job_id);
+  Job response;
+  grpc::Status status = jobs_->GetJob(NewContext().get(), request, &response);
+  if (!status.ok()) return Annotate(status, "GetJob");
+  return response;
+}
+
+absl::StatusOr<ListJobsResponse> CoordinatorClient::ListJobs(int page_size,
+                                                             const std::string& page_token) {
+  ListJobsRequest request;
+  request.set_client_id(options_.client_id);
+  request.set_page_size(page_size);
+  request.set_page_token(page_token);
+  ListJobsResponse response;
+  grpc::Status status = jobs_->ListJobs(NewContext().get(), request, &response);
+  if (!status.ok()) return Annotate(status, "ListJobs");
+  return response;
+}
+
+absl::StatusOr<Job> CoordinatorClient::CancelJob(const std::string& job_id) {
+  CancelJobRequest request;
+  request.set_client_id(options_.client_id);
+  request.set_job_id(job_id);
+  Job response;
+  grpc::Status status = jobs_->CancelJob(NewContext().get(), request, &response);
+  if (!status.ok()) return Annotate(status, "CancelJob");
+  return response;
+}
+
+absl::StatusOr<Job> CoordinatorClient::WatchJob(const std::string& job_id,
+                                                const std::function<void(const Job&)>& on_update,
+                                                absl::Duration timeout) {
+  GetJobRequest request;
+  request.set_client_id(options_.client_id);
+  request.set_job_id(job_id);
+  grpc::ClientContext context;
+  if (timeout > absl::ZeroDuration()) {
+    context.set_deadline(absl::ToChronoTime(absl::Now() + timeout));
+  }
+  AttachAuthToken(options_.auth_token, &context);
+  std::unique_ptr<grpc::ClientReader<Job>> reader = jobs_->WatchJob(&context, request);
+  Job job;
+  bool any = false;
+  while (reader->Read(&job)) {
+    any = true;
+    if (on_update) on_update(job);
+  }
+  grpc::Status status = reader->Finish();
+  if (!status.ok()) return Annotate(status, "WatchJob");
+  if (!any) return absl::InternalError("WatchJob ended without a state");
+  return job;
+}
+
+absl::Status CoordinatorClient::ReadResults(
+    const std::string& job_id, const std::function<void(const std::string&)>& on_line) {
+  int64_t offset = 0;
+  for (;;) {
+    GetJobResultsRequest request;
+    request.set_client_id(options_.client_id);
+    request.set_job_id(job_id);
+    request.set_offset(offset);
+    request.set_max_lines(1000);
+    GetJobResultsResponse response;
+    grpc::Status status = jobs_->GetJobResults(NewContext().get(), request, &response);
+    if (!status.ok()) return Annotate(status, "GetJobResults");
+    for (const std::string& line : response.lines()) on_line(line);
+    offset += response.lines_size();
+    if (response.lines_size() == 0) return absl::OkStatus();
+  }
 }
 
 }  // namespace deepinfer

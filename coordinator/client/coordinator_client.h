@@ -9,7 +9,11 @@
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include <functional>
+#include <vector>
+
 #include "proto/admin.grpc.pb.h"
+#include "proto/job.grpc.pb.h"
 
 namespace deepinfer {
 
@@ -28,12 +32,27 @@ class CoordinatorClient {
   absl::StatusOr<ClusterStatusResponse> ClusterStatus();
   absl::StatusOr<DrainWorkerResponse> DrainWorker(const std::string& worker_id);
 
+  // Jobs (JobService).
+  absl::StatusOr<std::string> SubmitJob(const std::string& name, const std::string& input_jsonl);
+  absl::StatusOr<Job> GetJob(const std::string& job_id);
+  absl::StatusOr<ListJobsResponse> ListJobs(int page_size, const std::string& page_token);
+  absl::StatusOr<Job> CancelJob(const std::string& job_id);
+  // Calls `on_update` with the job's state as it changes, until it is final; returns
+  // the final state. No deadline of its own beyond `timeout` (infinite if zero).
+  absl::StatusOr<Job> WatchJob(const std::string& job_id,
+                               const std::function<void(const Job&)>& on_update,
+                               absl::Duration timeout = absl::ZeroDuration());
+  // Every output line of the job, page by page, to `on_line`.
+  absl::Status ReadResults(const std::string& job_id,
+                           const std::function<void(const std::string&)>& on_line);
+
  private:
   std::unique_ptr<grpc::ClientContext> NewContext() const;
   absl::Status Annotate(const grpc::Status& status, const char* rpc) const;
 
   CoordinatorClientOptions options_;
   std::unique_ptr<AdminService::Stub> admin_;
+  std::unique_ptr<JobService::Stub> jobs_;
 };
 
 }  // namespace deepinfer

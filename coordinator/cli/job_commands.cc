@@ -1,0 +1,422 @@
+#include "coordinator/cli/job_commands.h"
+
+#include <signal.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <iostream>
+#include <optional>
+#include <sstream>
+#include <vector>
+
+#include "absl/random/random.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_split.h"
+#include "absl/time/clock.h"
+#include "coordinator/cli/child_process.h"
+#include "coordinator/cli/progress.h"
+#include "coordinator/rpc/auth.h"
+#include "google/protobuf/util/json_util.h"
+
+namespace deepinfer {
+namespace {
+
+bool IsFinal(Job::State s) {
+  return s == Job::COMPLETED || s == Job::FAILED || s == Job::CANCELLED;
+}
+
+std::string Describe(const Job& job) {
+  std::string out =
+      absl::StrFormat("%s  %-9s  %d/%d done, %d failed, %d tokens generated", job.job_id(),
+                      Job::State_Name(job.state()), job.completed_requests() +
+                      job.failed_requests(), job.total_requests(), job.failed_requests(),
+                      job.generated_tokens());
+  if (!job.name().empty()) absl::StrAppend(&out, "  '", job.name(), "'");
+  if (!job.error().empty()) absl::StrAppend(&out, "\n  error: ", job.error());
+  return out;
+}
+
+absl::StatusOr<std::string> ReadWholeFile(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return absl::NotFoundError(absl::StrCat("cannot read '", path, "'"));
+  std::stringstream buffer;
+  buffer << in.rdbuf();
+  return buffer.str();
+}
+
+// Writes the job's output lines to `path` ("-": stdout); returns how many.
+absl::StatusOr<int64_t> WriteResults(CoordinatorClient& client, const std::string& job_id,
+                                     const std::string& path) {
+  std::ofstream file;
+  std::ostream* out = &std::cout;
+  if (path != "-") {
+    file.open(path, std::ios::trunc | std::ios::binary);
+    if (!file) return absl::PermissionDeniedError(absl::StrCat("cannot write '", path, "'"));
+    out = &file;
+  }
+  int64_t lines = 0;
+  absl::Status status = client.ReadResults(job_id, [&](const std::string& line) {
+    *out << line << "\n";
+    ++lines;
+  });
+  if (!status.ok()) return status;
+  out->flush();
+  if (!out->good()) return absl::DataLossError(absl::StrCat("error writing '", path, "'"));
+  return lines;
+}
+
+int Fail(const char* command, const absl::Status& status, int code = 1) {
+  std::cerr << "deepinfer " << command << ": " << status.message() << "\n";
+  return code;
+}
+
+}  // namespace
+
+absl::StatusOr<CoordinatorClientOptions> ClientOptions(const ConnectionOptions& connection) {
+  CoordinatorClientOptions options;
+  options.address = connection.coordinator;
+  options.timeout = absl::Milliseconds(connection.timeout_ms);
+  char host[256] = {0};
+  gethostname(host, sizeof(host) - 1);
+  options.client_id = absl::StrCat("deepinfer@", host);
+  if (!connection.auth_token_file.empty()) {
+    absl::StatusOr<std::string> token = ReadAuthTokenFile(connection.auth_token_file);
+    if (!token.ok()) return token.status();
+    options.auth_token = *token;
+  }
+  return options;
+}
+
+int SubmitCommand(const ConnectionOptions& connection, const std::string& input_path,
+                  const std::string& name) {
+  auto options = ClientOptions(connection);
+  if (!options.ok()) return Fail("submit", options.status(), 2);
+  absl::StatusOr<std::string> input = ReadWholeFile(input_path);
+  if (!input.ok()) return Fail("submit", input.status(), 2);
+  CoordinatorClient client(*options);
+  absl::StatusOr<std::string> id = client.SubmitJob(name, *input);
+  if (!id.ok()) return Fail("submit", id.status());
+  std::cout << *id << std::endl;
+  return 0;
+}
+
+int StatusCommand(const ConnectionOptions& connection, const std::string& job_id, bool json) {
+  auto options = ClientOptions(connection);
+  if (!options.ok()) return Fail("status", options.status(), 2);
+  CoordinatorClient client(*options);
+  std::vector<Job> jobs;
+  if (job_id.empty()) {
+    absl::StatusOr<ListJobsResponse> list = client.ListJobs(20, "");
+    if (!list.ok()) return Fail("status", list.status());
+    jobs.assign(list->jobs().begin(), list->jobs().end());
+    if (jobs.empty() && !json) std::cout << "no jobs\n";
+  } else {
+    absl::StatusOr<Job> job = client.GetJob(job_id);
+    if (!job.ok()) return Fail("status", job.status());
+    jobs.push_back(*job);
+  }
+  for (const Job& job : jobs) {
+    if (json) {
+      std::string text;
+      google::protobuf::util::JsonPrintOptions print;
+      print.always_print_primitive_fields = true;
+      print.preserve_proto_field_names = true;
+      (void)google::protobuf::util::MessageToJsonString(job, &text, print);
+      std::cout << text << "\n";
+    } else {
+      std::cout << Describe(job) << "\n";
+    }
+  }
+  return 0;
+}
+
+int WaitCommand(const ConnectionOptions& connection, const std::string& job_id) {
+  auto options = ClientOptions(connection);
+  if (!options.ok()) return Fail("wait", options.status(), 2);
+  CoordinatorClient client(*options);
+  ProgressLine progress(stderr, ProgressLine::IsTerminal(stderr));
+  absl::StatusOr<Job> job =
+      client.WatchJob(job_id, [&](const Job& update) { progress.Update(update); });
+  progress.Finish();
+  if (!job.ok()) return Fail("wait", job.status());
+  std::cout << Describe(*job) << "\n";
+  return job->state() == Job::COMPLETED ? 0 : 1;
+}
+
+int CancelCommand(const ConnectionOptions& connection, const std::string& job_id) {
+  auto options = ClientOptions(connection);
+  if (!options.ok()) return Fail("cancel", options.status(), 2);
+  CoordinatorClient client(*options);
+  absl::StatusOr<Job> job = client.CancelJob(job_id);
+  if (!job.ok()) return Fail("cancel", job.status());
+  std::cout << Describe(*job) << "\n";
+  return 0;
+}
+
+int ResultsCommand(const ConnectionOptions& connection, const std::string& job_id,
+                   const std::string& output_path) {
+  auto options = ClientOptions(connection);
+  if (!options.ok()) return Fail("results", options.status(), 2);
+  CoordinatorClient client(*options);
+  absl::StatusOr<int64_t> lines = WriteResults(client, job_id, output_path);
+  if (!lines.ok()) return Fail("results", lines.status());
+  if (output_path != "-") std::cerr << *lines << " line(s) written to " << output_path << "\n";
+  return 0;
+}
+
+// ---------------------------------------------------------------------------------
+// deepinfer run
+
+namespace {
+
+std::atomic<int> g_interrupted{0};
+
+void OnInterrupt(int signal) { g_interrupted = signal; }
+
+std::string SelfDir() {
+  char path[4096] = {0};
+  ssize_t n = readlink("/proc/self/exe", path, sizeof(path) - 1);
+  std::string self = n > 0 ? std::string(path, n) : std::string(".");
+  return self.substr(0, self.find_last_of('/'));
+}
+
+bool IsExecutable(const std::string& path) { return access(path.c_str(), X_OK) == 0; }
+
+// bin/ holds all four binaries; in the Bazel tree the daemons live in sibling
+// packages of coordinator/cli.
+absl::StatusOr<std::pair<std::string, std::string>> FindDaemons(const std::string& bin_dir) {
+  std::vector<std::string> dirs;
+  if (!bin_dir.empty()) dirs.push_back(bin_dir);
+  dirs.push_back(SelfDir());
+  for (const std::string& dir : dirs) {
+    for (const auto& [coordinator, worker] :
+         std::vector<std::pair<std::string, std::string>>{
+             {dir + "/deepinfer-coordinator", dir + "/deepinfer-worker"},
+             {dir + "/../deepinfer-coordinator", dir + "/../../worker/deepinfer-worker"}}) {
+      if (IsExecutable(coordinator) && IsExecutable(worker)) return std::make_pair(coordinator, worker);
+    }
+  }
+  return absl::NotFoundError(absl::StrCat(
+      "cannot find deepinfer-coordinator and deepinfer-worker next to this binary (",
+      SelfDir(), "); build them (tools/setup.sh) or pass --bin-dir"));
+}
+
+std::string TailOf(const std::string& text, size_t lines) {
+  std::vector<std::string> all = absl::StrSplit(text, '\n');
+  size_t start = all.size() > lines ? all.size() - lines : 0;
+  std::string out;
+  for (size_t i = start; i < all.size(); ++i) absl::StrAppend(&out, "    ", all[i], "\n");
+  return out;
+}
+
+class LocalCluster {
+ public:
+  ~LocalCluster() { Stop(); }
+
+  absl::Status Start(const RunOptions& options, const std::string& state_dir) {
+    auto daemons = FindDaemons(options.bin_dir);
+    if (!daemons.ok()) return daemons.status();
+    const std::string logs = state_dir + "/logs";
+    mkdir(logs.c_str(), 0755);
+    token_file_ = state_dir + "/auth.token";
+    {
+      absl::BitGen gen;
+      std::ofstream(token_file_) << absl::StrFormat("%016x%016x", absl::Uniform<uint64_t>(gen),
+                                                    absl::Uniform<uint64_t>(gen))
+                                 << "\n";
+      chmod(token_file_.c_str(), 0600);
+    }
+    const std::string port_file = state_dir + "/coordinator.port";
+    std::remove(port_file.c_str());
+    auto coordinator = ChildProcess::Start(
+        {daemons->first, "--listen=127.0.0.1:0", "--port-file=" + port_file,
+         "--model=" + options.model, "--state-dir=" + state_dir + "/jobs",
+         absl::StrCat("--min-workers=", options.workers), "--auth-token-file=" + token_file_},
+        logs + "/coordinator.log", /*one_log=*/true);
+    if (!coordinator.ok()) return coordinator.status();
+    coordinator_.emplace(std::move(*coordinator));
+    int port = 0;
+    const absl::Time deadline = absl::Now() + absl::Seconds(60);
+    while (port == 0) {
+      std::ifstream in(port_file);
+      std::string text;
+      if (std::getline(in, text) && absl::SimpleAtoi(text, &port) && port > 0) break;
+      port = 0;
+      if (!coordinator_->Running()) {
+        return absl::FailedPreconditionError(
+            absl::StrCat("the coordinator exited (code ", coordinator_->exit_code(), "):\n",
+                         TailOf(coordinator_->ReadStdout(), 8)));
+      }
+      if (absl::Now() > deadline) return absl::DeadlineExceededError("coordinator did not start");
+      absl::SleepFor(absl::Milliseconds(20));
+    }
+    address_ = absl::StrCat("127.0.0.1:", port);
+    for (int64_t i = 0; i < options.workers; ++i) {
+      std::vector<std::string> argv = {daemons->second,
+                                       "--coordinator=" + address_,
+                                       "--model=" + options.model,
+                                       "--backend=" + options.backend,
+                                       absl::StrCat("--ranks=", options.ranks_per_worker),
+                                       absl::StrCat("--worker-id=worker-", i),
+                                       "--auth-token-file=" + token_file_};
+      for (absl::string_view extra : absl::StrSplit(options.worker_args, ' ', absl::SkipEmpty())) {
+        argv.emplace_back(extra);
+      }
+      auto worker = ChildProcess::Start(argv, absl::StrCat(logs, "/worker-", i, ".log"), true);
+      if (!worker.ok()) return worker.status();
+      workers_.push_back(std::move(*worker));
+    }
+    return absl::OkStatus();
+  }
+
+  // An error when the cluster cannot finish the job any more.
+  absl::Status Check() {
+    if (!coordinator_->Running()) {
+      return absl::AbortedError(absl::StrCat("the coordinator exited (code ",
+                                             coordinator_->exit_code(), "):\n",
+                                             TailOf(coordinator_->ReadStdout(), 8)));
+    }
+    bool any = false;
+    std::string last;
+    for (ChildProcess& w : workers_) {
+      if (w.Running()) {
+        any = true;
+      } else {
+        last = TailOf(w.ReadStdout(), 8);
+      }
+    }
+    if (!any) return absl::AbortedError(absl::StrCat("every worker exited; the last said:\n", last));
+    return absl::OkStatus();
+  }
+
+  void Stop() {
+    for (ChildProcess& w : workers_) w.Signal(SIGTERM);
+    for (ChildProcess& w : workers_) {
+      if (!w.Wait(absl::Seconds(15)).ok()) w.Signal(SIGKILL);
+    }
+    workers_.clear();
+    if (coordinator_.has_value()) {
+      coordinator_->Signal(SIGTERM);
+      if (!coordinator_->Wait(absl::Seconds(15)).ok()) coordinator_->Signal(SIGKILL);
+      coordinator_.reset();
+    }
+  }
+
+  const std::string& address() const { return address_; }
+  const std::string& token_file() const { return token_file_; }
+
+ private:
+  std::optional<ChildProcess> coordinator_;
+  std::vector<ChildProcess> workers_;
+  std::string address_;
+  std::string token_file_;
+};
+
+}  // namespace
+
+int RunCommand(const RunOptions& options) {
+  if (options.workers < 1 || options.ranks_per_worker < 1) {
+    return Fail("run", absl::InvalidArgumentError("--workers and --ranks-per-worker must be >= 1"),
+                2);
+  }
+  absl::StatusOr<std::string> input = ReadWholeFile(options.input);
+  if (!input.ok()) return Fail("run", input.status(), 2);
+  {
+    std::ofstream probe(options.output, std::ios::app);
+    if (!probe) {
+      return Fail("run", absl::PermissionDeniedError(
+                             absl::StrCat("cannot write the output file '", options.output, "'")),
+                  2);
+    }
+  }
+  std::string state_dir = options.state_dir;
+  const bool temporary = state_dir.empty();
+  if (temporary) {
+    char templ[] = "/tmp/deepinfer-run-XXXXXX";
+    if (mkdtemp(templ) == nullptr) return Fail("run", absl::InternalError("mkdtemp failed"));
+    state_dir = templ;
+  } else {
+    mkdir(state_dir.c_str(), 0755);
+  }
+  struct sigaction action = {};
+  action.sa_handler = OnInterrupt;
+  sigaction(SIGINT, &action, nullptr);
+  sigaction(SIGTERM, &action, nullptr);
+
+  const bool tty = ProgressLine::IsTerminal(stderr);
+  if (tty) {
+    std::cerr << "starting a coordinator and " << options.workers << " worker(s) ("
+              << options.ranks_per_worker << " rank(s) each, " << options.backend
+              << "); logs in " << state_dir << "/logs\n";
+  }
+  int code = 1;
+  {
+    LocalCluster cluster;
+    absl::Status started = cluster.Start(options, state_dir);
+    if (!started.ok()) {
+      Fail("run", started);
+    } else {
+      ConnectionOptions connection;
+      connection.coordinator = cluster.address();
+      connection.auth_token_file = cluster.token_file();
+      CoordinatorClient client(*ClientOptions(connection));
+      absl::StatusOr<std::string> job_id = client.SubmitJob(options.input, *input);
+      if (!job_id.ok()) {
+        Fail("run", job_id.status());
+      } else {
+        ProgressLine progress(stderr, tty);
+        const absl::Time deadline = options.timeout_s > 0
+                                        ? absl::Now() + absl::Seconds(options.timeout_s)
+                                        : absl::InfiniteFuture();
+        absl::StatusOr<Job> job;
+        for (;;) {
+          job = client.GetJob(*job_id);
+          if (!job.ok() || IsFinal(job->state())) break;
+          progress.Update(*job);
+          if (g_interrupted != 0) {
+            job = absl::CancelledError("interrupted");
+            break;
+          }
+          if (absl::Status alive = cluster.Check(); !alive.ok()) {
+            job = alive;
+            break;
+          }
+          if (absl::Now() > deadline) {
+            job = absl::DeadlineExceededError(
+                absl::StrCat("the job did not finish within --timeout-s=", options.timeout_s));
+            break;
+          }
+          absl::SleepFor(absl::Milliseconds(200));
+        }
+        if (job.ok()) progress.Update(*job);
+        progress.Finish();
+        // Whatever happened, write the results that exist.
+        absl::StatusOr<int64_t> lines = WriteResults(client, *job_id, options.output);
+        if (!job.ok()) {
+          Fail("run", job.status());
+        } else if (!lines.ok()) {
+          Fail("run", lines.status());
+        } else {
+          std::cerr << Describe(*job) << "\n"
+                    << *lines << " output line(s) written to " << options.output << "\n";
+          code = job->state() == Job::COMPLETED ? 0 : 1;
+        }
+      }
+    }
+    cluster.Stop();
+  }
+  if (temporary && !options.keep_state && code == 0) {
+    std::system(absl::StrCat("rm -rf '", state_dir, "'").c_str());
+  } else if (code != 0) {
+    std::cerr << "logs and state kept in " << state_dir << "\n";
+  }
+  return code;
+}
+
+}  // namespace deepinfer

@@ -1,0 +1,61 @@
+// The job subcommands of the `deepinfer` CLI (submit, status, wait, cancel, results)
+// and `deepinfer run`, the zero-setup path. main.cc parses flags into these option
+// structs; each function returns the process exit code and prints readable errors.
+#ifndef DEEPINFER_COORDINATOR_CLI_JOB_COMMANDS_H_
+#define DEEPINFER_COORDINATOR_CLI_JOB_COMMANDS_H_
+
+#include <cstdint>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "coordinator/client/coordinator_client.h"
+
+namespace deepinfer {
+
+struct ConnectionOptions {
+  std::string coordinator = "127.0.0.1:7070";
+  std::string auth_token_file;
+  int64_t timeout_ms = 30000;
+};
+
+absl::StatusOr<CoordinatorClientOptions> ClientOptions(const ConnectionOptions& connection);
+
+// Prints the new job id as the last line of stdout.
+int SubmitCommand(const ConnectionOptions& connection, const std::string& input_path,
+                  const std::string& name);
+// One job's state; with an empty id, the most recent jobs.
+int StatusCommand(const ConnectionOptions& connection, const std::string& job_id, bool json);
+// Waits for the job to end (progress on a terminal). Exit 0 when COMPLETED.
+int WaitCommand(const ConnectionOptions& connection, const std::string& job_id);
+int CancelCommand(const ConnectionOptions& connection, const std::string& job_id);
+// Writes the output lines to `output_path` ("-": stdout).
+int ResultsCommand(const ConnectionOptions& connection, const std::string& job_id,
+                   const std::string& output_path);
+
+struct RunOptions {
+  std::string model;
+  std::string input;
+  std::string output;
+  std::string backend = "cpu";
+  int64_t workers = 1;
+  int64_t ranks_per_worker = 1;
+  // Where the local cluster keeps its database and logs; a fresh temporary
+  // directory when empty (removed afterwards unless keep_state).
+  std::string state_dir;
+  bool keep_state = false;
+  // Extra flags passed to every worker (e.g. "--kv-cache-tokens=4096").
+  std::string worker_args;
+  // Directory holding deepinfer-coordinator and deepinfer-worker; found next to this
+  // binary (or in the Bazel tree) when empty.
+  std::string bin_dir;
+  int64_t timeout_s = 0;  // 0: no limit
+};
+
+// Starts a coordinator and `workers` worker processes on loopback, runs the input
+// file as one job, writes the output, stops everything. Exit 0 when the job
+// completed (lines that failed have error lines in the output).
+int RunCommand(const RunOptions& options);
+
+}  // namespace deepinfer
+
+#endif  // DEEPINFER_COORDINATOR_CLI_JOB_COMMANDS_H_
