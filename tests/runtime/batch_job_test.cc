@@ -1,0 +1,300 @@
+// Batch jobs through real processes: `deepinfer run` on 1 worker, 2 workers and 1
+// worker with 2 ranks gives identical tokens (greedy and seeded sampling); a SIGKILLed
+// worker or coordinator mid-job loses and duplicates nothing; good and bad lines mix;
+// 2,000 short requests complete. Model: the HF-made fixture tests/fixtures/dsv3_qlora_rope
+// (token-id prompts, CPU backend).
+#include <signal.h>
+
+#include <fstream>
+#include <map>
+#include <optional>
+#include <random>
+#include <set>
+#include <sstream>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
+#include "absl/time/clock.h"
+#include "coordinator/client/coordinator_client.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "nlohmann/json.hpp"
+#include "tests/testing/subprocess.h"
+
+namespace deepinfer {
+namespace {
+
+using ::deepinfer::testing::RunCommand;
+using ::deepinfer::testing::Runfile;
+using ::deepinfer::testing::Subprocess;
+using ::deepinfer::testing::TempPath;
+using ::deepinfer::testing::WaitUntil;
+using ::testing::HasSubstr;
+using json = nlohmann::json;
+
+const char kModel[] = "tests/fixtures/dsv3_qlora_rope";
+
+std::string ReadFile(const std::string& path) {
+  std::ifstream in(path);
+  std::stringstream b;
+  b << in.rdbuf();
+  return b.str();
+}
+
+// `n` completion requests with random token-id prompts (ids 2..999: no BOS/EOS);
+// every third samples with a seed, the others are greedy.
+std::string MakeJob(int n, int max_tokens, uint32_t seed, bool ignore_eos = true) {
+  std::mt19937 rng(seed);
+  std::vector<std::string> lines;
+  for (int i = 0; i < n; ++i) {
+    std::vector<int> prompt(3 + rng() % 20);
+    for (int& t : prompt) t = 2 + static_cast<int>(rng() % 998);
+    json body = {{"prompt", prompt},
+                 {"max_tokens", max_tokens},
+                 {"ignore_eos", ignore_eos},
+                 {"return_token_ids", true}};
+    if (i % 3 == 2) {
+      body["temperature"] = 0.8;
+      body["top_p"] = 0.9;
+      body["seed"] = 1000 + i;
+    } else {
+      body["temperature"] = 0;
+    }
+    lines.push_back(json({{"custom_id", absl::StrCat("req-", i)},
+                          {"method", "POST"},
+                          {"url", "/v1/completions"},
+                          {"body", body}})
+                        .dump());
+  }
+  return absl::StrJoin(lines, "\n") + "\n";
+}
+
+// Output lines by custom_id; fails the test on a duplicate.
+std::map<std::string, json> ByCustomId(const std::string& output) {
+  std::map<std::string, json> out;
+  for (absl::string_view line : absl::StrSplit(output, '\n', absl::SkipEmpty())) {
+    json j = json::parse(line, nullptr, false);
+    EXPECT_FALSE(j.is_discarded()) << line;
+    if (j.is_discarded()) continue;
+    std::string id = j["custom_id"].is_string() ? j["custom_id"].get<std::string>() : "";
+    EXPECT_TRUE(out.emplace(id, j).second) << "custom_id " << id << " appears twice";
+  }
+  return out;
+}
+
+std::vector<int> Tokens(const json& line) {
+  return line["response"]["body"]["choices"][0]["token_ids"].get<std::vector<int>>();
+}
+
+// `deepinfer run` on the fixture; returns the output file's text.
+std::string RunJob(const std::string& name, const std::string& input, int workers, int ranks) {
+  const std::string in = TempPath(name + ".in.jsonl");
+  const std::string out = TempPath(name + ".out.jsonl");
+  std::ofstream(in) << input;
+  auto result = RunCommand({Runfile("coordinator/cli/deepinfer"), "run", std::string("--model=") + kModel,
+                            "--input=" + in, "--output=" + out, absl::StrCat("--workers=", workers),
+                            absl::StrCat("--ranks-per-worker=", ranks), "--timeout-s=600",
+                            "--state-dir=" + TempPath(name + ".state")},
+                           TempPath(name + ".run"), absl::Seconds(900));
+  EXPECT_TRUE(result.ok()) << result.status();
+  if (!result.ok()) return "";
+  EXPECT_EQ(result->exit_code, 0) << result->err;
+  return ReadFile(out);
+}
+
+TEST(BatchJobTest, SameTokensOnOneWorkerTwoWorkersAndTwoRanks) {
+  const std::string job = MakeJob(12, 8, 7);
+  auto one = ByCustomId(RunJob("one", job, 1, 1));
+  auto two_workers = ByCustomId(RunJob("two_workers", job, 2, 1));
+  auto two_ranks = ByCustomId(RunJob("two_ranks", job, 1, 2));
+  ASSERT_EQ(one.size(), 12u);
+  ASSERT_EQ(two_workers.size(), 12u);
+  ASSERT_EQ(two_ranks.size(), 12u);
+  for (const auto& [id, line] : one) {
+    ASSERT_TRUE(line["error"].is_null()) << line.dump();
+    EXPECT_EQ(Tokens(line).size(), 8u) << id;
+    EXPECT_EQ(Tokens(line), Tokens(two_workers[id])) << id << " differs on 2 workers";
+    EXPECT_EQ(Tokens(line), Tokens(two_ranks[id])) << id << " differs on 2 ranks";
+    EXPECT_EQ(line["response"]["body"]["usage"]["completion_tokens"], 8);
+  }
+}
+
+TEST(BatchJobTest, GoodAndBadLinesEachGetTheirLine) {
+  std::vector<std::string> lines = {
+      R"({"custom_id": "ok-1", "method": "POST", "url": "/v1/completions", "body": {"prompt": [5, 6, 7], "max_tokens": 3, "temperature": 0, "ignore_eos": true, "logprobs": 2}})",
+      R"(this is not json)",
+      R"({"method": "POST", "url": "/v1/completions", "body": {"prompt": [5]}})",
+      R"({"custom_id": "ok-1", "method": "POST", "url": "/v1/completions", "body": {"prompt": [5]}})",
+      R"({"custom_id": "bad-url", "method": "POST", "url": "/v1/embeddings", "body": {"input": "x"}})",
+      R"({"custom_id": "bad-id", "method": "POST", "url": "/v1/completions", "body": {"prompt": [5, 1000]}})",
+      R"({"custom_id": "too-long", "method": "POST", "url": "/v1/completions", "body": {"prompt": [5, 6], "max_tokens": 600}})",
+      R"({"custom_id": "zero", "method": "POST", "url": "/v1/completions", "body": {"prompt": [5], "max_tokens": 0}})",
+      R"({"custom_id": "temp", "method": "POST", "url": "/v1/completions", "body": {"prompt": [5], "temperature": -1}})",
+      R"({"custom_id": "text", "method": "POST", "url": "/v1/completions", "body": {"prompt": "no tokenizer here"}})",
+      R"({"custom_id": "ok-2", "method": "POST", "url": "/v1/completions", "body": {"prompt": [[9, 10]], "max_tokens": 2, "temperature": 0, "ignore_eos": true}})",
+  };
+  const std::string output = RunJob("mixed", absl::StrJoin(lines, "\n") + "\n", 1, 1);
+  std::vector<json> all;
+  for (absl::string_view line : absl::StrSplit(output, '\n', absl::SkipEmpty())) {
+    all.push_back(json::parse(line));
+  }
+  ASSERT_EQ(all.size(), lines.size());
+  std::map<std::string, std::string> error_of;
+  int ok = 0;
+  for (const json& j : all) {
+    if (j["error"].is_null()) {
+      ++ok;
+      EXPECT_EQ(j["response"]["status_code"], 200);
+      continue;
+    }
+    EXPECT_TRUE(j["response"].is_null());
+    EXPECT_EQ(j["error"]["code"], "invalid_request");
+    std::string key = j["custom_id"].is_string() ? j["custom_id"].get<std::string>() : "(none)";
+    error_of[key] += j["error"]["message"].get<std::string>() + "\n";
+  }
+  EXPECT_EQ(ok, 2);
+  EXPECT_THAT(error_of["(none)"], HasSubstr("line 2: not valid JSON"));
+  EXPECT_THAT(error_of["(none)"], HasSubstr("line 3: custom_id is missing"));
+  EXPECT_THAT(error_of["ok-1"], HasSubstr("line 4: duplicate custom_id 'ok-1'"));
+  EXPECT_THAT(error_of["bad-url"], HasSubstr("is not served"));
+  EXPECT_THAT(error_of["bad-id"], HasSubstr("token id 1000 is outside the vocabulary"));
+  EXPECT_THAT(error_of["too-long"], HasSubstr("exceeds the context length (512)"));
+  EXPECT_THAT(error_of["zero"], HasSubstr("body.max_tokens must be in [1,"));
+  EXPECT_THAT(error_of["temp"], HasSubstr("body.temperature"));
+  EXPECT_THAT(error_of["text"], HasSubstr("no tokenizer"));
+  // The good one asked for logprobs: one entry per token, two alternatives each.
+  for (const json& j : all) {
+    if (j["custom_id"] != "ok-1" || !j["error"].is_null()) continue;
+    const json& lp = j["response"]["body"]["choices"][0]["logprobs"];
+    ASSERT_EQ(lp["token_logprobs"].size(), 3u);
+    EXPECT_EQ(lp["top_logprobs"][0].size(), 2u);
+  }
+}
+
+// A coordinator and workers started by hand, for the failure tests.
+class ClusterTest : public ::testing::Test {
+ protected:
+  void StartCoordinator(int port) {
+    const std::string port_file = TempPath(absl::StrCat(name_, ".port.", ++starts_));
+    auto p = Subprocess::Start(
+        {Runfile("coordinator/deepinfer-coordinator"), absl::StrCat("--listen=127.0.0.1:", port),
+         "--port-file=" + port_file, std::string("--model=") + kModel,
+         "--state-dir=" + TempPath(name_ + ".state"), "--min-workers=2",
+         "--heartbeat-interval-ms=200", "--heartbeat-timeout-ms=2000"},
+        TempPath(absl::StrCat(name_, ".coordinator.", starts_)));
+    ASSERT_TRUE(p.ok()) << p.status();
+    coordinator_.emplace(std::move(*p));
+    int bound = 0;
+    ASSERT_TRUE(WaitUntil(
+        [&] {
+          std::ifstream in(port_file);
+          std::string text;
+          return std::getline(in, text) && absl::SimpleAtoi(text, &bound) && bound > 0;
+        },
+        absl::Seconds(60)))
+        << coordinator_->ReadStderr();
+    port_ = bound;
+    client_.emplace(CoordinatorClientOptions{absl::StrCat("127.0.0.1:", bound), "", "test",
+                                             absl::Seconds(10)});
+  }
+
+  void StartWorker(int i) {
+    auto p = Subprocess::Start({Runfile("worker/deepinfer-worker"),
+                                absl::StrCat("--coordinator=127.0.0.1:", port_),
+                                std::string("--model=") + kModel, absl::StrCat("--worker-id=w", i),
+                                "--threads=1"},
+                               TempPath(absl::StrCat(name_, ".worker", i, ".", ++starts_)));
+    ASSERT_TRUE(p.ok()) << p.status();
+    workers_[i].emplace(std::move(*p));
+  }
+
+  Job WaitForJob(const std::string& id, const std::function<bool(const Job&)>& done) {
+    Job last;
+    EXPECT_TRUE(WaitUntil(
+        [&] {
+          auto job = client_->GetJob(id);
+          if (!job.ok()) return false;
+          last = *job;
+          return done(last);
+        },
+        absl::Seconds(600)))
+        << "job stuck at " << last.DebugString() << "\ncoordinator:\n"
+        << coordinator_->ReadStderr().substr(0, 20000);
+    return last;
+  }
+
+  std::string Output(const std::string& id) {
+    std::string out;
+    EXPECT_TRUE(client_->ReadResults(id, [&](const std::string& l) { out += l + "\n"; }).ok());
+    return out;
+  }
+
+  std::string name_ = ::testing::UnitTest::GetInstance()->current_test_info()->name();
+  int starts_ = 0;
+  int port_ = 0;
+  std::optional<Subprocess> coordinator_;
+  std::optional<Subprocess> workers_[2];
+  std::optional<CoordinatorClient> client_;
+};
+
+TEST_F(ClusterTest, KilledWorkerMidJobLosesNothing) {
+  StartCoordinator(0);
+  StartWorker(0);
+  StartWorker(1);
+  const int n = 40;
+  auto id = client_->SubmitJob("kill-worker", MakeJob(n, 24, 11));
+  ASSERT_TRUE(id.ok()) << id.status();
+  Job job = WaitForJob(*id, [](const Job& j) { return j.completed_requests() >= 3; });
+  ASSERT_LT(job.completed_requests(), n) << "the job finished before the kill";
+  workers_[1]->Signal(SIGKILL);
+  job = WaitForJob(*id, [](const Job& j) { return j.state() == Job::COMPLETED; });
+  EXPECT_EQ(job.completed_requests(), n);
+  EXPECT_EQ(job.failed_requests(), 0);
+  auto lines = ByCustomId(Output(*id));
+  EXPECT_EQ(lines.size(), static_cast<size_t>(n));
+  for (const auto& [custom_id, line] : lines) {
+    EXPECT_TRUE(line["error"].is_null()) << line.dump();
+  }
+}
+
+TEST_F(ClusterTest, KilledAndRestartedCoordinatorResumesWithoutDuplicates) {
+  StartCoordinator(0);
+  StartWorker(0);
+  StartWorker(1);
+  const int n = 40;
+  auto id = client_->SubmitJob("kill-coordinator", MakeJob(n, 24, 12));
+  ASSERT_TRUE(id.ok()) << id.status();
+  Job job = WaitForJob(*id, [](const Job& j) { return j.completed_requests() >= 3; });
+  ASSERT_LT(job.completed_requests(), n) << "the job finished before the kill";
+  coordinator_->Signal(SIGKILL);
+  ASSERT_TRUE(coordinator_->Wait(absl::Seconds(10)).ok());
+  StartCoordinator(port_);
+  job = WaitForJob(*id, [](const Job& j) { return j.state() == Job::COMPLETED; });
+  EXPECT_EQ(job.completed_requests(), n);
+  auto lines = ByCustomId(Output(*id));
+  EXPECT_EQ(lines.size(), static_cast<size_t>(n));
+  // The output file on disk holds the same lines, each once.
+  std::string file;
+  for (int i = 0; i < 2 && file.empty(); ++i) {
+    file = ReadFile(TempPath(absl::StrCat(name_, ".state/jobs/", *id, "/output.jsonl")));
+  }
+  EXPECT_EQ(ByCustomId(file).size(), static_cast<size_t>(n));
+}
+
+TEST(BatchJobTest, TwoThousandShortRequests) {
+  const int n = 2000;
+  const absl::Time start = absl::Now();
+  auto lines = ByCustomId(RunJob("many", MakeJob(n, 1, 99), 1, 1));
+  const double seconds = absl::ToDoubleSeconds(absl::Now() - start);
+  EXPECT_EQ(lines.size(), static_cast<size_t>(n));
+  int ok = 0;
+  for (const auto& [id, line] : lines) ok += line["error"].is_null();
+  EXPECT_EQ(ok, n);
+  // Reported, not asserted: requests/s of the whole path (control plane + tiny model).
+  std::cerr << n << " requests in " << seconds << " s: " << n / seconds << " requests/s\n";
+}
+
+}  // namespace
+}  // namespace deepinfer
