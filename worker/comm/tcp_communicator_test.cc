@@ -547,6 +547,42 @@ TEST(TcpCommunicatorFailureTest, StaleIncarnationIsRefusedAndTheRightRankStillJo
   t.join();
 }
 
+TEST(TcpCommunicatorFailureTest, StrayConnectionsDoNotStopTheGroupFromForming) {
+  absl::StatusOr<TcpCommunicator::RootListener> root = TcpCommunicator::ListenRoot("127.0.0.1:0");
+  ASSERT_TRUE(root.ok());
+  const std::string address = root->address;
+  // Before any rank: one connection that never speaks, one that speaks HTTP.
+  const absl::Time later = absl::Now() + absl::Seconds(60);
+  absl::StatusOr<ScopedFd> silent = ConnectTcp(address, later);
+  ASSERT_TRUE(silent.ok());
+  absl::StatusOr<ScopedFd> garbage = ConnectTcp(address, later);
+  ASSERT_TRUE(garbage.ok());
+  const std::string http = "GET / HTTP/1.1\r\nHost: x\r\n\r\n";
+  ASSERT_TRUE(WriteFull(garbage->get(), http.data(), http.size(), later).ok());
+
+  auto root_ptr = std::make_unique<TcpCommunicator::RootListener>(std::move(*root));
+  absl::StatusOr<std::unique_ptr<TcpCommunicator>> rank0;
+  std::thread t0([&] {
+    TcpCommunicatorSpec spec;
+    spec.world_size = 2;
+    spec.root_address = address;
+    spec.group_incarnation = 3;
+    rank0 = TcpCommunicator::Create(spec, std::move(root_ptr));
+  });
+  TcpCommunicatorSpec spec;
+  spec.rank = 1;
+  spec.world_size = 2;
+  spec.root_address = address;
+  spec.group_incarnation = 3;
+  absl::StatusOr<std::unique_ptr<TcpCommunicator>> rank1 = TcpCommunicator::Create(spec);
+  t0.join();
+  ASSERT_TRUE(rank0.ok()) << rank0.status();
+  ASSERT_TRUE(rank1.ok()) << rank1.status();
+  std::thread t([&] { EXPECT_TRUE((*rank0)->Barrier().ok()); });
+  EXPECT_TRUE((*rank1)->Barrier().ok());
+  t.join();
+}
+
 TEST(TcpCommunicatorFailureTest, IncompleteGroupTimesOutNamingMissingRanks) {
   absl::StatusOr<TcpCommunicator::RootListener> root = TcpCommunicator::ListenRoot("127.0.0.1:0");
   ASSERT_TRUE(root.ok());
