@@ -1,0 +1,64 @@
+#include "worker/tokenizer/incremental_decoder.h"
+
+#include <string>
+#include <vector>
+
+#include "gtest/gtest.h"
+#include "worker/tokenizer/test_tokenizer_json.h"
+
+namespace deepinfer::tokenizer {
+namespace {
+
+// In the test tokenizer ids 0..255 are single bytes, so characters can be split across ids.
+class IncrementalDecoderTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    auto tokenizer = Tokenizer::FromJson(TestTokenizerJson().dump(), nullptr);
+    ASSERT_TRUE(tokenizer.ok()) << tokenizer.status();
+    tokenizer_ = *std::move(tokenizer);
+  }
+  std::vector<std::string> Stream(const std::vector<uint32_t>& ids, std::string* rest) {
+    IncrementalDecoder decoder(tokenizer_.get(), false);
+    std::vector<std::string> pieces;
+    for (uint32_t id : ids) {
+      auto piece = decoder.Add(id);
+      EXPECT_TRUE(piece.ok()) << piece.status();
+      pieces.push_back(*piece);
+    }
+    auto finish = decoder.Finish();
+    EXPECT_TRUE(finish.ok());
+    *rest = *finish;
+    return pieces;
+  }
+  std::unique_ptr<Tokenizer> tokenizer_;
+};
+
+TEST_F(IncrementalDecoderTest, HoldsBackSplitCharacters) {
+  std::string rest;
+  // "a😀b": the emoji is F0 9F 98 80, one id per byte.
+  const std::vector<std::string> pieces = Stream({'a', 0xF0, 0x9F, 0x98, 0x80, 'b'}, &rest);
+  EXPECT_EQ(pieces, (std::vector<std::string>{"a", "", "", "", "😀", "b"}));
+  EXPECT_EQ(rest, "");
+}
+
+TEST_F(IncrementalDecoderTest, InvalidBytesComeOutAsReplacementOnceSettled) {
+  std::string rest;
+  const std::vector<std::string> pieces = Stream({'a', 0xFF, 'b', 0xE4}, &rest);
+  EXPECT_EQ(pieces, (std::vector<std::string>{"a", "", "\xEF\xBF\xBD" "b", ""}));
+  // The stream ended inside a character: Finish gives what one-shot decoding gives.
+  EXPECT_EQ(rest, "\xEF\xBF\xBD");
+}
+
+TEST_F(IncrementalDecoderTest, MergedAndAddedTokens) {
+  std::string rest;
+  const std::vector<std::string> pieces = Stream({300, 259, 264, 301}, &rest);
+  EXPECT_EQ(pieces, (std::vector<std::string>{"<s>", "hello", " world", "</s>"}));
+  IncrementalDecoder skipping(tokenizer_.get(), /*skip_special_tokens=*/true);
+  EXPECT_EQ(*skipping.Add(300), "");
+  EXPECT_EQ(*skipping.Add(259), "hello");
+  EXPECT_EQ(skipping.Add(99999).status().code(), absl::StatusCode::kOutOfRange);
+  EXPECT_EQ(*skipping.Add(264), " world");  // a bad id does not poison the stream
+}
+
+}  // namespace
+}  // namespace deepinfer::tokenizer

@@ -1,0 +1,26 @@
+// Reads the {"String": s} / {"Regex": r} pattern objects that several tokenizer.json components
+// (Split, Replace) share, as a compiled regex.
+#ifndef WORKER_TOKENIZER_PATTERN_JSON_H_
+#define WORKER_TOKENIZER_PATTERN_JSON_H_
+
+#include <memory>
+
+#include "absl/status/statusor.h"
+#include "nlohmann/json.hpp"
+#include "worker/tokenizer/regex.h"
+
+namespace deepinfer::tokenizer {
+
+// A {"String": s} pattern becomes a regex matching s literally.
+absl::StatusOr<std::unique_ptr<Regex>> CompilePatternJson(const nlohmann::json& pattern);
+
+// Reads config[key] as a string; InvalidArgument naming `what` if absent or not a string.
+absl::StatusOr<std::string> GetStringField(const nlohmann::json& config, const char* key,
+                                           const char* what);
+
+// config[key] as bool, `fallback` when absent or null.
+bool GetBoolField(const nlohmann::json& config, const char* key, bool fallback);
+
+}  // namespace deepinfer::tokenizer
+
+#endif  // WORKER_TOKENIZER_PATTERN_JSON_H_

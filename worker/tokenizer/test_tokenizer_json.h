@@ -1,0 +1,22 @@
+// A small byte-level BPE tokenizer.json for unit tests (the real DeepSeek-V3 one is only used
+// by the parity tests in tests/tokenizer/).
+//
+// Vocabulary: the 256 byte-level characters (ids 0..255, by byte value) plus merged tokens
+// "he"=256 "ll"=257 "hell"=258 "hello"=259 "Ġw"=260 "or"=261 "Ġwor"=262 "Ġworl"=263
+// "Ġworld"=264. Added tokens: "<s>"=300 and "</s>"=301 (special), "<tool>"=302 (normalized,
+// lstrip, rstrip), "[X]"=303 (single_word).
+#ifndef WORKER_TOKENIZER_TEST_TOKENIZER_JSON_H_
+#define WORKER_TOKENIZER_TEST_TOKENIZER_JSON_H_
+
+#include <string>
+
+#include "nlohmann/json.hpp"
+
+namespace deepinfer::tokenizer {
+
+// `post_processor` replaces the default (null) post-processor.
+nlohmann::json TestTokenizerJson(const nlohmann::json& post_processor = nullptr);
+
+}  // namespace deepinfer::tokenizer
+
+#endif  // WORKER_TOKENIZER_TEST_TOKENIZER_JSON_H_
