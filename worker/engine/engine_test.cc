@@ -429,5 +429,17 @@ TEST_F(EngineTest, StopStringsCutTextAndEndRequest) {
                                           full.token_ids().begin() + r.token_ids_size()));
 }
 
+// An expert-parallel rank without requests still steps (an empty batch), and then it works on.
+TEST_F(EngineTest, IdleStepRunsAnEmptyBatch) {
+  EngineOptions options;
+  options.step_when_idle = true;
+  auto engine = MakeEngine(256, 16, options);
+  auto idle = engine->Step();
+  ASSERT_TRUE(idle.ok()) << idle.status();
+  EXPECT_TRUE(idle->empty());
+  auto r = Run(engine.get(), {Item("after", prompts_[0].ids, 24)})["after"];
+  EXPECT_THAT(Tokens(r), ElementsAreArray(prompts_[0].greedy));
+}
+
 }  // namespace
 }  // namespace deepinfer
