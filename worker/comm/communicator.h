@@ -77,7 +77,8 @@ class Communicator {
                          StreamHandle stream = nullptr);
 
   // Element-wise reduction of `count` elements over all ranks; every rank gets the same
-  // result, bit for bit (floats are summed in rank order). send == recv is allowed.
+  // result, bit for bit (the order in which floats are summed is the implementation's:
+  // rank order for TCP, NCCL's ring or tree order on GPUs). send == recv is allowed.
   absl::Status AllReduce(const void* send, void* recv, size_t count, DataType type, ReduceOp op,
                          StreamHandle stream = nullptr);
   absl::Status AllReduce(const float* send, float* recv, size_t count, ReduceOp op,

@@ -21,6 +21,8 @@ namespace {
 
 // Longest abort reason we accept from a peer; longer payloads mean a broken stream.
 constexpr uint64_t kMaxAbortText = 64 * 1024;
+// How long an accepted connection may take to send its Hello.
+constexpr absl::Duration kHelloTimeout = absl::Seconds(5);
 
 std::string ErrnoText(int err) { return std::strerror(err); }
 
@@ -157,7 +159,10 @@ absl::StatusOr<std::unique_ptr<TcpCommunicator>> TcpCommunicator::Create(
 
 absl::StatusOr<Hello> TcpCommunicator::ReadAndCheckHello(int fd, int min_rank,
                                                          absl::Time deadline) const {
-  absl::StatusOr<std::string> body = ReadHandshake(fd, deadline);
+  // A connection that never says hello (a port scanner, a wedged process) must not hold
+  // up the rank behind it until the group's deadline; real ranks send it at once.
+  const absl::Time hello_deadline = std::min(deadline, absl::Now() + kHelloTimeout);
+  absl::StatusOr<std::string> body = ReadHandshake(fd, hello_deadline);
   if (!body.ok()) return body.status();
   absl::StatusOr<Hello> hello = Hello::DecodeBody(*body);
   if (!hello.ok()) return hello.status();
@@ -206,7 +211,7 @@ absl::Status TcpCommunicator::FormGroupAsRoot(ScopedFd listener, absl::Time dead
       // A stray or stale process must not stop the right one from joining after it.
       LOG(WARNING) << "rank 0 refused a connection: " << hello.status();
       last_refusal = std::string(hello.status().message());
-      if (absl::IsDeadlineExceeded(hello.status())) return hello.status();
+      if (absl::Now() >= deadline) return hello.status();
       continue;
     }
     addresses[hello->rank] = hello->listen_address;
@@ -307,7 +312,7 @@ absl::Status TcpCommunicator::FormGroupAsMember(absl::Time deadline) {
     absl::StatusOr<Hello> peer = ReadAndCheckHello(fd->get(), spec_.rank + 1, deadline);
     if (!peer.ok()) {
       LOG(WARNING) << "rank " << spec_.rank << " refused a connection: " << peer.status();
-      if (absl::IsDeadlineExceeded(peer.status())) return peer.status();
+      if (absl::Now() >= deadline) return peer.status();
       continue;
     }
     HelloReply ok;

@@ -304,6 +304,55 @@ TEST_P(WorldSizeTest, MixedCollectivesStayInStep) {
   });
 }
 
+TEST_P(WorldSizeTest, MoeDispatchAndCombineRoundTrip) {
+  // The engine's use: tokens routed to the rank owning their expert (dispatch), changed
+  // there, and sent back (combine, the same call with the sizes swapped). Every token
+  // must come back to its slot, changed by the rank that owns it.
+  const int n = GetParam();
+  Group group = MakeGroup(n);
+  ASSERT_EQ(group.size(), static_cast<size_t>(n));
+  constexpr int kHidden = 48;  // floats per token
+  OnAllRanks(n, [&](int me) {
+    Communicator& comm = *group[me];
+    for (int step = 0; step < 5; ++step) {
+      const int tokens = static_cast<int>(Mix(step * 31 + me) % 200);  // may be 0
+      auto owner = [&](int token) {
+        return static_cast<int>(Mix(step * 7919 + me * 131 + token) % n);
+      };
+      // Pack tokens by destination rank, remembering where each went.
+      std::vector<std::vector<int>> by_rank(n);
+      for (int t = 0; t < tokens; ++t) by_rank[owner(t)].push_back(t);
+      std::vector<float> send;
+      std::vector<size_t> send_bytes(n);
+      for (int r = 0; r < n; ++r) {
+        for (int t : by_rank[r]) {
+          for (int h = 0; h < kHidden; ++h) send.push_back(me * 1e4f + t + h * 0.25f);
+        }
+        send_bytes[r] = by_rank[r].size() * kHidden * sizeof(float);
+      }
+      absl::StatusOr<std::vector<size_t>> recv_bytes = comm.AllToAllSizes(send_bytes);
+      ASSERT_TRUE(recv_bytes.ok()) << recv_bytes.status();
+      size_t total = 0;
+      for (size_t b : *recv_bytes) total += b;
+      std::vector<float> expert_in(total / sizeof(float));
+      ASSERT_TRUE(comm.AllToAllV(send.data(), send_bytes, expert_in.data(), *recv_bytes).ok());
+      // The "expert": scale by (owner rank + 2); exact in float for these values.
+      for (float& x : expert_in) x *= static_cast<float>(me + 2);
+      std::vector<float> back(send.size());
+      ASSERT_TRUE(comm.AllToAllV(expert_in.data(), *recv_bytes, back.data(), send_bytes).ok());
+      size_t i = 0;
+      for (int r = 0; r < n; ++r) {
+        for (int t : by_rank[r]) {
+          for (int h = 0; h < kHidden; ++h, ++i) {
+            ASSERT_EQ(back[i], (me * 1e4f + t + h * 0.25f) * static_cast<float>(r + 2))
+                << "rank " << me << " token " << t;
+          }
+        }
+      }
+    }
+  });
+}
+
 TEST(TcpCommunicatorTest, LargeMessages) {
   for (int n : {2, 4}) {
     // Tens of MB per rank: far more than the socket buffers, so every rank must send
@@ -542,6 +591,42 @@ TEST(TcpCommunicatorFailureTest, StaleIncarnationIsRefusedAndTheRightRankStillJo
   t0.join();
   ASSERT_TRUE(rank1.ok()) << rank1.status();
   ASSERT_TRUE(rank0.ok()) << rank0.status();
+  std::thread t([&] { EXPECT_TRUE((*rank0)->Barrier().ok()); });
+  EXPECT_TRUE((*rank1)->Barrier().ok());
+  t.join();
+}
+
+TEST(TcpCommunicatorFailureTest, StrayConnectionsDoNotStopTheGroupFromForming) {
+  absl::StatusOr<TcpCommunicator::RootListener> root = TcpCommunicator::ListenRoot("127.0.0.1:0");
+  ASSERT_TRUE(root.ok());
+  const std::string address = root->address;
+  // Before any rank: one connection that never speaks, one that speaks HTTP.
+  const absl::Time later = absl::Now() + absl::Seconds(60);
+  absl::StatusOr<ScopedFd> silent = ConnectTcp(address, later);
+  ASSERT_TRUE(silent.ok());
+  absl::StatusOr<ScopedFd> garbage = ConnectTcp(address, later);
+  ASSERT_TRUE(garbage.ok());
+  const std::string http = "GET / HTTP/1.1\r\nHost: x\r\n\r\n";
+  ASSERT_TRUE(WriteFull(garbage->get(), http.data(), http.size(), later).ok());
+
+  auto root_ptr = std::make_unique<TcpCommunicator::RootListener>(std::move(*root));
+  absl::StatusOr<std::unique_ptr<TcpCommunicator>> rank0;
+  std::thread t0([&] {
+    TcpCommunicatorSpec spec;
+    spec.world_size = 2;
+    spec.root_address = address;
+    spec.group_incarnation = 3;
+    rank0 = TcpCommunicator::Create(spec, std::move(root_ptr));
+  });
+  TcpCommunicatorSpec spec;
+  spec.rank = 1;
+  spec.world_size = 2;
+  spec.root_address = address;
+  spec.group_incarnation = 3;
+  absl::StatusOr<std::unique_ptr<TcpCommunicator>> rank1 = TcpCommunicator::Create(spec);
+  t0.join();
+  ASSERT_TRUE(rank0.ok()) << rank0.status();
+  ASSERT_TRUE(rank1.ok()) << rank1.status();
   std::thread t([&] { EXPECT_TRUE((*rank0)->Barrier().ok()); });
   EXPECT_TRUE((*rank1)->Barrier().ok());
   t.join();
