@@ -65,8 +65,9 @@ absl::StatusOr<std::vector<AddedToken>> AddedVocabulary::ParseJson(
   for (const auto& entry : added_tokens) {
     auto id = entry.find("id");
     auto content = entry.find("content");
-    if (!entry.is_object() || id == entry.end() || !(id->is_number_integer() && id->get<int64_t>() >= 0) ||
-        content == entry.end() || !content->is_string()) {
+    if (!entry.is_object() || id == entry.end() ||
+        !(id->is_number_integer() && id->get<int64_t>() >= 0) || content == entry.end() ||
+        !content->is_string()) {
       return absl::InvalidArgumentError(absl::StrCat("bad added token ", entry.dump()));
     }
     auto flag = [&](const char* key, bool fallback) {

@@ -44,7 +44,10 @@ TEST_F(IncrementalDecoderTest, HoldsBackSplitCharacters) {
 TEST_F(IncrementalDecoderTest, InvalidBytesComeOutAsReplacementOnceSettled) {
   std::string rest;
   const std::vector<std::string> pieces = Stream({'a', 0xFF, 'b', 0xE4}, &rest);
-  EXPECT_EQ(pieces, (std::vector<std::string>{"a", "", "\xEF\xBF\xBD" "b", ""}));
+  EXPECT_EQ(pieces, (std::vector<std::string>{"a", "",
+                                              "\xEF\xBF\xBD"
+                                              "b",
+                                              ""}));
   // The stream ended inside a character: Finish gives what one-shot decoding gives.
   EXPECT_EQ(rest, "\xEF\xBF\xBD");
 }

@@ -21,9 +21,8 @@ pcre2_match_data* ThreadMatchData() {
 absl::StatusOr<std::unique_ptr<Regex>> Regex::Compile(absl::string_view pattern) {
   int error_code = 0;
   PCRE2_SIZE error_offset = 0;
-  pcre2_code* code =
-      pcre2_compile(reinterpret_cast<PCRE2_SPTR>(pattern.data()), pattern.size(),
-                    PCRE2_UTF | PCRE2_UCP, &error_code, &error_offset, nullptr);
+  pcre2_code* code = pcre2_compile(reinterpret_cast<PCRE2_SPTR>(pattern.data()), pattern.size(),
+                                   PCRE2_UTF | PCRE2_UCP, &error_code, &error_offset, nullptr);
   if (code == nullptr) {
     PCRE2_UCHAR message[256];
     pcre2_get_error_message(error_code, message, sizeof(message));
@@ -38,14 +37,13 @@ absl::StatusOr<std::unique_ptr<Regex>> Regex::Compile(absl::string_view pattern)
 
 Regex::~Regex() { pcre2_code_free(code_); }
 
-void Regex::FindAll(absl::string_view text,
-                    std::vector<std::pair<size_t, size_t>>* matches) const {
+void Regex::FindAll(absl::string_view text, std::vector<std::pair<size_t, size_t>>* matches) const {
   pcre2_match_data* data = ThreadMatchData();
   const auto* subject = reinterpret_cast<PCRE2_SPTR>(text.data());
   size_t start = 0;
   while (start <= text.size()) {
-    const int rc = pcre2_match(code_, subject, text.size(), start, PCRE2_NO_UTF_CHECK, data,
-                               nullptr);
+    const int rc =
+        pcre2_match(code_, subject, text.size(), start, PCRE2_NO_UTF_CHECK, data, nullptr);
     if (rc < 0) {
       CHECK(rc == PCRE2_ERROR_NOMATCH) << "pcre2_match failed with " << rc << " on " << pattern_;
       return;
@@ -65,9 +63,9 @@ void Regex::FindAll(absl::string_view text,
 
 bool Regex::FullMatch(absl::string_view text) const {
   pcre2_match_data* data = ThreadMatchData();
-  const int rc = pcre2_match(code_, reinterpret_cast<PCRE2_SPTR>(text.data()), text.size(), 0,
-                             PCRE2_NO_UTF_CHECK | PCRE2_ANCHORED | PCRE2_ENDANCHORED, data,
-                             nullptr);
+  const int rc =
+      pcre2_match(code_, reinterpret_cast<PCRE2_SPTR>(text.data()), text.size(), 0,
+                  PCRE2_NO_UTF_CHECK | PCRE2_ANCHORED | PCRE2_ENDANCHORED, data, nullptr);
   return rc >= 0;
 }
 

@@ -11,11 +11,14 @@ nlohmann::json TestTokenizerJson(const nlohmann::json& post_processor) {
   const char* merged[] = {"he", "ll", "hell", "hello", "Ġw", "or", "Ġwor", "Ġworl", "Ġworld"};
   int id = 256;
   for (const char* token : merged) vocab[token] = id++;
-  auto added = [](int token_id, const char* content, bool special, bool normalized,
-                  bool strip, bool single_word) {
-    return nlohmann::json{{"id", token_id},         {"content", content},
-                          {"special", special},    {"normalized", normalized},
-                          {"lstrip", strip},       {"rstrip", strip},
+  auto added = [](int token_id, const char* content, bool special, bool normalized, bool strip,
+                  bool single_word) {
+    return nlohmann::json{{"id", token_id},
+                          {"content", content},
+                          {"special", special},
+                          {"normalized", normalized},
+                          {"lstrip", strip},
+                          {"rstrip", strip},
                           {"single_word", single_word}};
   };
   return nlohmann::json{
@@ -31,7 +34,8 @@ nlohmann::json TestTokenizerJson(const nlohmann::json& post_processor) {
       {"model",
        {{"type", "BPE"},
         {"vocab", vocab},
-        {"merges", {"h e", "l l", "he ll", "hell o", "Ġ w", "o r", "Ġw or", "Ġwor l", "Ġworl d"}}}}};
+        {"merges",
+         {"h e", "l l", "he ll", "hell o", "Ġ w", "o r", "Ġw or", "Ġwor l", "Ġworl d"}}}}};
 }
 
 }  // namespace deepinfer::tokenizer

@@ -24,8 +24,8 @@ absl::StatusOr<std::string> ReadFile(const std::string& path) {
 // add_bos_token / add_eos_token (LlamaTokenizerFast.update_post_processor and kin).
 bool RebuildsPostProcessor(const nlohmann::json& config) {
   static const auto* classes = new absl::flat_hash_set<std::string>{
-      "LlamaTokenizer", "LlamaTokenizerFast", "CodeLlamaTokenizer", "CodeLlamaTokenizerFast",
-      "GemmaTokenizer", "GemmaTokenizerFast"};
+      "LlamaTokenizer",         "LlamaTokenizerFast", "CodeLlamaTokenizer",
+      "CodeLlamaTokenizerFast", "GemmaTokenizer",     "GemmaTokenizerFast"};
   auto it = config.find("tokenizer_class");
   return it != config.end() && it->is_string() && classes->contains(it->get<std::string>());
 }
@@ -60,7 +60,8 @@ absl::StatusOr<std::unique_ptr<Tokenizer>> Tokenizer::FromJson(
   std::unique_ptr<Tokenizer> tokenizer(new Tokenizer());
   tokenizer->config_ = tokenizer_config;
   auto annotate = [](const absl::Status& status, const char* what) {
-    return absl::Status(status.code(), absl::StrCat("tokenizer.json ", what, ": ", status.message()));
+    return absl::Status(status.code(),
+                        absl::StrCat("tokenizer.json ", what, ": ", status.message()));
   };
 
   auto normalizer = Normalizer::FromJson(section("normalizer"));
@@ -92,8 +93,8 @@ absl::StatusOr<std::unique_ptr<Tokenizer>> Tokenizer::FromJson(
     auto add = [&](const char* flag, bool fallback, const char* token_key,
                    std::vector<uint32_t>* out) -> absl::Status {
       auto it = tokenizer_config.find(flag);
-      const bool enabled = it != tokenizer_config.end() && it->is_boolean() ? it->get<bool>()
-                                                                             : fallback;
+      const bool enabled =
+          it != tokenizer_config.end() && it->is_boolean() ? it->get<bool>() : fallback;
       if (!enabled) return absl::OkStatus();
       const std::optional<std::string> content = TokenContent(tokenizer_config, token_key);
       if (!content.has_value()) {
@@ -119,8 +120,8 @@ absl::StatusOr<std::unique_ptr<Tokenizer>> Tokenizer::FromJson(
 absl::StatusOr<std::unique_ptr<Tokenizer>> Tokenizer::FromDirectory(const std::string& directory) {
   auto tokenizer_json = ReadFile(directory + "/tokenizer.json");
   if (!tokenizer_json.ok()) {
-    return absl::NotFoundError(absl::StrCat("model directory '", directory,
-                                            "' has no readable tokenizer.json"));
+    return absl::NotFoundError(
+        absl::StrCat("model directory '", directory, "' has no readable tokenizer.json"));
   }
   nlohmann::json config;
   auto config_text = ReadFile(directory + "/tokenizer_config.json");

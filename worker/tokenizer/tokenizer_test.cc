@@ -79,10 +79,15 @@ TEST(TokenizerTest, LlamaConfigAddsBosLikeTransformers) {
 
 TEST(TokenizerTest, InvalidUtf8IsRepairedToReplacementCharacter) {
   auto tokenizer = Load(TestTokenizerJson());
-  const std::vector<uint32_t> ids = tokenizer->Encode("a\xFF" "b", false);
+  const std::vector<uint32_t> ids = tokenizer->Encode(
+      "a\xFF"
+      "b",
+      false);
   auto decoded = tokenizer->Decode(ids, false);
   ASSERT_TRUE(decoded.ok());
-  EXPECT_EQ(*decoded, "a\xEF\xBF\xBD" "b");
+  EXPECT_EQ(*decoded,
+            "a\xEF\xBF\xBD"
+            "b");
 }
 
 TEST(TokenizerTest, RejectsUnsupportedOrBrokenFiles) {

@@ -8,7 +8,9 @@
 namespace deepinfer::tokenizer::jinja {
 namespace {
 
-bool IsSpace(char c) { return c == ' ' || c == '\t' || c == '\n' || c == '\r' || c == '\v' || c == '\f'; }
+bool IsSpace(char c) {
+  return c == ' ' || c == '\t' || c == '\n' || c == '\r' || c == '\v' || c == '\f';
+}
 
 // lstrip_blocks: spaces/tabs at a line start before "{%" / "{#" go; trim_blocks: a newline
 // right after "%}" / "#}" goes. A single trailing newline of the template goes too.
@@ -54,8 +56,8 @@ absl::StatusOr<std::vector<Token>> Tokenize(absl::string_view raw_source) {
   size_t pos = 0;
   bool in_tag = false;
   auto error = [&](const std::string& what) {
-    return absl::InvalidArgumentError(absl::StrCat("template syntax error at offset ", pos, ": ",
-                                                    what));
+    return absl::InvalidArgumentError(
+        absl::StrCat("template syntax error at offset ", pos, ": ", what));
   };
   auto strip_trailing_text = [&tokens] {
     if (!tokens.empty() && tokens.back().type == Token::Type::kText) {
@@ -76,7 +78,8 @@ absl::StatusOr<std::vector<Token>> Tokenize(absl::string_view raw_source) {
                (source[pos + 1] == '%' || source[pos + 1] == '{' || source[pos + 1] == '#'))) {
         ++pos;
       }
-      if (pos > start) tokens.push_back({Token::Type::kText, source.substr(start, pos - start), start});
+      if (pos > start)
+        tokens.push_back({Token::Type::kText, source.substr(start, pos - start), start});
       if (pos >= source.size()) break;
       if (source[pos + 1] == '#') {
         const size_t end = source.find("#}", pos + 2);
@@ -106,7 +109,8 @@ absl::StatusOr<std::vector<Token>> Tokenize(absl::string_view raw_source) {
     const size_t start = pos;
     // Closing markers, optionally with whitespace control.
     if (c == '-' && pos + 2 < source.size() + 0 && pos + 2 <= source.size()) {
-      if (source.compare(pos, 3, "-%}") == 0 || (brace_depth == 0 && source.compare(pos, 3, "-}}") == 0)) {
+      if (source.compare(pos, 3, "-%}") == 0 ||
+          (brace_depth == 0 && source.compare(pos, 3, "-}}") == 0)) {
         const bool statement = source[pos + 1] == '%';
         tokens.push_back({statement ? Token::Type::kCloseStatement : Token::Type::kCloseExpression,
                           statement ? "%}" : "}}", pos});
@@ -116,7 +120,8 @@ absl::StatusOr<std::vector<Token>> Tokenize(absl::string_view raw_source) {
         continue;
       }
     }
-    if (source.compare(pos, 2, "%}") == 0 || (brace_depth == 0 && source.compare(pos, 2, "}}") == 0)) {
+    if (source.compare(pos, 2, "%}") == 0 ||
+        (brace_depth == 0 && source.compare(pos, 2, "}}") == 0)) {
       const bool statement = c == '%';
       tokens.push_back({statement ? Token::Type::kCloseStatement : Token::Type::kCloseExpression,
                         statement ? "%}" : "}}", pos});
@@ -149,7 +154,8 @@ absl::StatusOr<std::vector<Token>> Tokenize(absl::string_view raw_source) {
         if (k < source.size() && std::isdigit(static_cast<unsigned char>(source[k]))) {
           is_float = true;
           pos = k;
-          while (pos < source.size() && std::isdigit(static_cast<unsigned char>(source[pos]))) ++pos;
+          while (pos < source.size() && std::isdigit(static_cast<unsigned char>(source[pos])))
+            ++pos;
         }
       }
       tokens.push_back({is_float ? Token::Type::kFloat : Token::Type::kInteger,
@@ -170,16 +176,35 @@ absl::StatusOr<std::vector<Token>> Tokenize(absl::string_view raw_source) {
         if (pos >= source.size()) return error("unterminated string literal");
         const char e = source[pos++];
         switch (e) {
-          case 'n': value.push_back('\n'); break;
-          case 't': value.push_back('\t'); break;
-          case 'r': value.push_back('\r'); break;
-          case 'b': value.push_back('\b'); break;
-          case 'f': value.push_back('\f'); break;
-          case 'v': value.push_back('\v'); break;
-          case '\\': value.push_back('\\'); break;
-          case '\'': value.push_back('\''); break;
-          case '"': value.push_back('"'); break;
-          default: return error(absl::StrCat("unexpected escaped character '", std::string(1, e), "'"));
+          case 'n':
+            value.push_back('\n');
+            break;
+          case 't':
+            value.push_back('\t');
+            break;
+          case 'r':
+            value.push_back('\r');
+            break;
+          case 'b':
+            value.push_back('\b');
+            break;
+          case 'f':
+            value.push_back('\f');
+            break;
+          case 'v':
+            value.push_back('\v');
+            break;
+          case '\\':
+            value.push_back('\\');
+            break;
+          case '\'':
+            value.push_back('\'');
+            break;
+          case '"':
+            value.push_back('"');
+            break;
+          default:
+            return error(absl::StrCat("unexpected escaped character '", std::string(1, e), "'"));
         }
       }
       tokens.push_back({Token::Type::kString, std::move(value), start});

@@ -267,8 +267,8 @@ class Parser {
     while (true) {
       std::string op;
       if (Peek().type == Type::kSymbol &&
-          (Peek().text == "==" || Peek().text == "!=" || Peek().text == "<" ||
-           Peek().text == ">" || Peek().text == "<=" || Peek().text == ">=")) {
+          (Peek().text == "==" || Peek().text == "!=" || Peek().text == "<" || Peek().text == ">" ||
+           Peek().text == "<=" || Peek().text == ">=")) {
         op = tokens_[pos_++].text;
       } else if (IsName("in")) {
         op = "in";
@@ -589,8 +589,9 @@ class Parser {
     return absl::OkStatus();
   }
   absl::Status Error(const std::string& what) const {
-    if (AtEnd()) return absl::InvalidArgumentError(absl::StrCat("template syntax error: ", what,
-                                                                " at end of template"));
+    if (AtEnd())
+      return absl::InvalidArgumentError(
+          absl::StrCat("template syntax error: ", what, " at end of template"));
     return absl::InvalidArgumentError(absl::StrCat("template syntax error at offset ",
                                                    tokens_[pos_].offset, " near '",
                                                    tokens_[pos_].text, "': ", what));

@@ -46,9 +46,7 @@ bool IsWhitespace(char c) {
 }
 
 // JavaScript's String.prototype.trim whitespace (what @huggingface/jinja's trim/strip use).
-bool IsJsWhitespace(char32_t c) {
-  return c == 0xFEFF || (c != 0x85 && IsUnicodeWhitespace(c));
-}
+bool IsJsWhitespace(char32_t c) { return c == 0xFEFF || (c != 0x85 && IsUnicodeWhitespace(c)); }
 
 // trim / strip / lstrip / rstrip. @huggingface/jinja ignores a "chars" argument of strip().
 std::string Strip(const std::string& s, bool left, bool right) {
@@ -96,7 +94,8 @@ std::string Capitalize(const std::string& s) {
 std::string JsString(const Value& v) {
   if (v.kind() == Value::Kind::kFloat) {
     std::string text = FormatFloat(v.number());
-    if (text.size() > 2 && text.compare(text.size() - 2, 2, ".0") == 0) text.resize(text.size() - 2);
+    if (text.size() > 2 && text.compare(text.size() - 2, 2, ".0") == 0)
+      text.resize(text.size() - 2);
     return text;
   }
   return v.ToString();
@@ -146,8 +145,8 @@ int64_t NormalizeIndex(int64_t index, int64_t size) { return index < 0 ? index +
 
 class Interpreter {
  public:
-  absl::Status Execute(const StmtList& body, const std::shared_ptr<Scope>& scope,
-                       std::string* out, Flow* flow) {
+  absl::Status Execute(const StmtList& body, const std::shared_ptr<Scope>& scope, std::string* out,
+                       Flow* flow) {
     for (const auto& stmt : body) {
       absl::Status status = ExecuteOne(*stmt, scope, out, flow);
       if (!status.ok()) return status;
@@ -300,40 +299,40 @@ class Interpreter {
   Value MakeMacro(const Stmt& stmt, const std::shared_ptr<Scope>& defining_scope) {
     const Stmt* macro = &stmt;
     std::weak_ptr<Scope> weak_scope = defining_scope;
-    return Value::NewFunction([this, macro, weak_scope](
-                                  const CallArguments& arguments) -> absl::StatusOr<Value> {
-      auto frame = std::make_shared<Scope>(weak_scope.lock());
-      if (arguments.positional.size() > macro->params.size()) {
-        return TypeError(absl::StrCat("macro ", macro->name, " takes ", macro->params.size(),
-                                      " arguments"));
-      }
-      for (size_t i = 0; i < macro->params.size(); ++i) {
-        const auto& [name, fallback] = macro->params[i];
-        Value value;
-        if (i < arguments.positional.size()) {
-          value = arguments.positional[i];
-        } else {
-          bool found = false;
-          for (const auto& [key, keyword_value] : arguments.keyword) {
-            if (key == name) {
-              value = keyword_value;
-              found = true;
+    return Value::NewFunction(
+        [this, macro, weak_scope](const CallArguments& arguments) -> absl::StatusOr<Value> {
+          auto frame = std::make_shared<Scope>(weak_scope.lock());
+          if (arguments.positional.size() > macro->params.size()) {
+            return TypeError(
+                absl::StrCat("macro ", macro->name, " takes ", macro->params.size(), " arguments"));
+          }
+          for (size_t i = 0; i < macro->params.size(); ++i) {
+            const auto& [name, fallback] = macro->params[i];
+            Value value;
+            if (i < arguments.positional.size()) {
+              value = arguments.positional[i];
+            } else {
+              bool found = false;
+              for (const auto& [key, keyword_value] : arguments.keyword) {
+                if (key == name) {
+                  value = keyword_value;
+                  found = true;
+                }
+              }
+              if (!found && fallback != nullptr) {
+                auto evaluated = Evaluate(*fallback, frame);
+                if (!evaluated.ok()) return evaluated.status();
+                value = *std::move(evaluated);
+              }
             }
+            frame->Set(name, std::move(value));
           }
-          if (!found && fallback != nullptr) {
-            auto evaluated = Evaluate(*fallback, frame);
-            if (!evaluated.ok()) return evaluated.status();
-            value = *std::move(evaluated);
-          }
-        }
-        frame->Set(name, std::move(value));
-      }
-      std::string text;
-      Flow flow = Flow::kNormal;
-      absl::Status status = Execute(macro->body, frame, &text, &flow);
-      if (!status.ok()) return status;
-      return Value::String(std::move(text));
-    });
+          std::string text;
+          Flow flow = Flow::kNormal;
+          absl::Status status = Execute(macro->body, frame, &text, &flow);
+          if (!status.ok()) return status;
+          return Value::String(std::move(text));
+        });
   }
 
   absl::StatusOr<Value> Evaluate(const Expr& expr, const std::shared_ptr<Scope>& scope) {
@@ -491,8 +490,8 @@ class Interpreter {
     }
     if (object.is_array() || object.is_string()) {
       if (key.kind() == Value::Kind::kInt) {
-        const int64_t size = object.is_array() ? object.array().size()
-                                               : object.string_value().size();
+        const int64_t size =
+            object.is_array() ? object.array().size() : object.string_value().size();
         const int64_t index = NormalizeIndex(key.int_value(), size);
         if (index < 0 || index >= size) return Value();
         if (object.is_array()) return object.array()[index];
@@ -504,15 +503,15 @@ class Interpreter {
         }
         return Method(object, key.string_value());
       }
-      return TypeError(absl::StrCat("cannot index a ", object.TypeName(), " with a ",
-                                    key.TypeName()));
+      return TypeError(
+          absl::StrCat("cannot index a ", object.TypeName(), " with a ", key.TypeName()));
     }
     if (object.is_undefined() || object.is_none()) {
-      return TypeError(absl::StrCat("cannot access attribute '", key.ToString(), "' of ",
-                                    object.TypeName()));
+      return TypeError(
+          absl::StrCat("cannot access attribute '", key.ToString(), "' of ", object.TypeName()));
     }
-    return TypeError(absl::StrCat("cannot access attribute '", key.ToString(), "' of a ",
-                                  object.TypeName()));
+    return TypeError(
+        absl::StrCat("cannot access attribute '", key.ToString(), "' of a ", object.TypeName()));
   }
 
   absl::StatusOr<Value> EvaluateSlice(const Expr& expr, const std::shared_ptr<Scope>& scope) {
@@ -532,11 +531,13 @@ class Interpreter {
     if (!object->is_array() && !object->is_string()) {
       return TypeError(absl::StrCat("cannot slice a ", object->TypeName()));
     }
-    const int64_t size = object->is_array() ? object->array().size() : object->string_value().size();
+    const int64_t size =
+        object->is_array() ? object->array().size() : object->string_value().size();
     const int64_t step = present[2] ? bounds[2] : 1;
     if (step == 0) return TypeError("slice step must not be zero");
     auto clamp = [size, step](int64_t index, bool given, bool is_start) {
-      if (!given) return step > 0 ? (is_start ? int64_t{0} : size) : (is_start ? size - 1 : int64_t{-1});
+      if (!given)
+        return step > 0 ? (is_start ? int64_t{0} : size) : (is_start ? size - 1 : int64_t{-1});
       index = NormalizeIndex(index, size);
       if (step > 0) return std::clamp<int64_t>(index, 0, size);
       return std::clamp<int64_t>(index, -1, size - 1);
@@ -738,9 +739,15 @@ class Interpreter {
     }
     if (a.is_number() && b.is_number()) {
       const bool ints = a.kind() == Value::Kind::kInt && b.kind() == Value::Kind::kInt;
-      if (op == "+") return ints ? Value::Int(a.int_value() + b.int_value()) : Value::Float(a.number() + b.number());
-      if (op == "-") return ints ? Value::Int(a.int_value() - b.int_value()) : Value::Float(a.number() - b.number());
-      if (op == "*") return ints ? Value::Int(a.int_value() * b.int_value()) : Value::Float(a.number() * b.number());
+      if (op == "+")
+        return ints ? Value::Int(a.int_value() + b.int_value())
+                    : Value::Float(a.number() + b.number());
+      if (op == "-")
+        return ints ? Value::Int(a.int_value() - b.int_value())
+                    : Value::Float(a.number() - b.number());
+      if (op == "*")
+        return ints ? Value::Int(a.int_value() * b.int_value())
+                    : Value::Float(a.number() * b.number());
       if (op == "/") {
         if (b.number() == 0) return TypeError("division by zero");
         return Value::Float(a.number() / b.number());
@@ -761,7 +768,8 @@ class Interpreter {
                                   " and ", b.TypeName()));
   }
 
-  absl::StatusOr<bool> ApplyTest(const std::string& name, const Value& v, const CallArguments& args) {
+  absl::StatusOr<bool> ApplyTest(const std::string& name, const Value& v,
+                                 const CallArguments& args) {
     if (name == "defined") return !v.is_undefined();
     if (name == "undefined") return v.is_undefined();
     if (name == "none") return v.is_none();
@@ -777,7 +785,8 @@ class Interpreter {
     if (name == "sequence") return v.is_array() || v.is_string();
     if (name == "callable") return v.is_function();
     if (name == "odd" || name == "even") {
-      if (v.kind() != Value::Kind::kInt) return TypeError(absl::StrCat("'", name, "' needs an integer"));
+      if (v.kind() != Value::Kind::kInt)
+        return TypeError(absl::StrCat("'", name, "' needs an integer"));
       return (v.int_value() % 2 != 0) == (name == "odd");
     }
     if (name == "equalto" || name == "eq" || name == "==") {
@@ -792,7 +801,8 @@ class Interpreter {
   }
 
   absl::StatusOr<Value> ApplyFilter(const std::string& name, const Value& v,
-                                    const CallArguments& args, const std::shared_ptr<Scope>& scope) {
+                                    const CallArguments& args,
+                                    const std::shared_ptr<Scope>& scope) {
     auto keyword = [&args](const char* key, size_t position) -> const Value* {
       for (const auto& [k, value] : args.keyword) {
         if (k == key) return &value;
@@ -817,7 +827,8 @@ class Interpreter {
     if (name == "default" || name == "d") {
       const Value* fallback = keyword("default_value", 0);
       const Value* boolean = keyword("boolean", 1);
-      const bool use_fallback = (boolean != nullptr && boolean->Truthy()) ? !v.Truthy() : v.is_undefined();
+      const bool use_fallback =
+          (boolean != nullptr && boolean->Truthy()) ? !v.Truthy() : v.is_undefined();
       if (use_fallback) return fallback != nullptr ? *fallback : Value::String("");
       return v;
     }
@@ -853,8 +864,8 @@ class Interpreter {
       if (name == "indent") {
         const Value* width = keyword("width", 0);
         const Value* first = keyword("first", 1);
-        const std::string pad(width != nullptr && width->kind() == Value::Kind::kInt
-                                  ? width->int_value() : 4, ' ');
+        const std::string pad(
+            width != nullptr && width->kind() == Value::Kind::kInt ? width->int_value() : 4, ' ');
         std::string out;
         bool line_start = first != nullptr && first->Truthy();
         for (char c : s) {

@@ -54,9 +54,9 @@ TEST(TemplateTest, SetScopingAndNamespace) {
 }
 
 TEST(TemplateTest, ControlFlowAndLoopVariables) {
-  EXPECT_EQ(Render("{% if x == 1 %}one{% elif x == 2 %}two{% else %}many{% endif %}",
-                   R"({"x": 2})"),
-            "two");
+  EXPECT_EQ(
+      Render("{% if x == 1 %}one{% elif x == 2 %}two{% else %}many{% endif %}", R"({"x": 2})"),
+      "two");
   EXPECT_EQ(Render("{% for x in xs %}{{ loop.index }}{{ loop.index0 }}{{ loop.first }}"
                    "{{ loop.last }}{{ loop.length }}{{ loop.revindex }};{% endfor %}",
                    R"({"xs": ["a", "b"]})"),
@@ -81,8 +81,9 @@ TEST(TemplateTest, Macros) {
 }
 
 TEST(TemplateTest, FiltersAndMethods) {
-  EXPECT_EQ(Render("{{ '  x '|trim }}|{{ [1, 2]|length }}|{{ 'abc'|length }}|{{ [1, 2]|join('-') }}"),
-            "x|2|3|1-2");
+  EXPECT_EQ(
+      Render("{{ '  x '|trim }}|{{ [1, 2]|length }}|{{ 'abc'|length }}|{{ [1, 2]|join('-') }}"),
+      "x|2|3|1-2");
   EXPECT_EQ(Render("{{ {'a': 1, 'b': [true, none], 'c': 'x\"y'}|tojson }}"),
             R"({"a": 1, "b": [true, null], "c": "x\"y"})");
   EXPECT_EQ(Render("{{ [1, 2]|tojson(indent=2) }}"), "[\n  1,\n  2\n]");
