@@ -74,6 +74,19 @@ for _ in range(60):
     n = rng.randint(1, 200)
     texts.append("".join(rng.choice(alphabet) for _ in range(n)))
 
+# Random strings over characters where regex engines disagree most: Unicode whitespace and
+# format characters (U+180E, U+200B, U+FEFF), characters newer than PCRE2's Unicode tables
+# (U+1FA70.., CJK extension G), combining marks, digits of several scripts, CJK and kana.
+pool = ([chr(c) for c in range(0x20, 0x7F)] * 3 +
+        list(" \t\n\r\u000b\u000c\u001c\u0085\u00a0\u1680\u180e\u2000\u200a\u200b\u2028"
+             "\u2029\u202f\u205f\u3000\ufeff") +
+        [chr(c) for c in range(0x1FA70, 0x1FB00)] + [chr(c) for c in range(0x1F8B0, 0x1F8C0)] +
+        [chr(c) for c in range(0x30000, 0x30040)] + [chr(c) for c in range(0x0300, 0x0370)] +
+        list("0123456789０１２٣४") + [chr(c) for c in range(0x4E00, 0x4E40)] +
+        [chr(c) for c in range(0x3040, 0x3100)] + [chr(c) for c in range(0xAC00, 0xAC40)])
+for _ in range(300):
+    texts.append("".join(rng.choice(pool) for _ in range(rng.randint(1, 80))))
+
 invalid = [
     b"\xff", b"abc\x80def", b"\xc3", b"\xc3(", b"\xe4\xbd", b"\xe4\xbd\xa0\xe5",
     b"\xed\xa0\x80 surrogate", b"\xf4\x90\x80\x80 too big", b"\xc0\xaf overlong",
