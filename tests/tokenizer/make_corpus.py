@@ -211,6 +211,13 @@ cases = [
     ("{% for m in messages %}{{ m.role }}{% if not loop.last %},{% endif %}{% endfor %}",
      {"messages": [{"role": "a"}, {"role": "b"}]}),
     ("{{ ' x '|trim|length }}{{ ('a' ~ 'b')|upper }}{{ 10 - 2 - 3 }}{{ 2 * 3 + 1 }}{{ 1 < 2 < 3 }}", {}),
+    ("{{ 'héllo'|length }}|{{ '你好😀'|length }}|{{ '你好'[0] }}|{{ '😀x'[2:] }}|{{ 'ébc'|title }}"
+     "|{{ 'abc'.length }}|{{ '日本語'[-1] }}|{{ '日本語'[::-1] }}", {}),
+    ("{{ 'x'.startswith(('a', 'x')) }}{{ 'aaa'.replace('a', 'b', 2) }}{{ {'b': 1, 'a': 2}|dictsort }}"
+     "{{ 2 ** 3 }}{{ 2 * 3 ** 2 }}{{ 2 ** 0.5 > 1 }}", {}),
+    ("[{{ missing.attr.deeper }}{{ none.x }}{{ [1]['x'] }}]{{ 'abc'[2:-1:-1] }}{{ 'abcd'[-3:-1] }}"
+     "{{ [1, 2, 3][::-2] }}{{ [1, 2, 3][5:] }}", {}),
+    ("{{ '\u00a0x\u3000'|trim }}|{{ ' x\n'.strip() }}|{{ 'xx'.rstrip('x') }}", {}),
     ("{%- set x = 'a' -%}\n  {{ x }}  \n{%- if true %}\n  in\n{%- endif %}\nend", {}),
 ]
 

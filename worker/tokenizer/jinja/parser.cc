@@ -300,14 +300,27 @@ class Parser {
   }
 
   absl::StatusOr<ExprPtr> ParseMultiplicative() {
-    auto left = ParseTest();
+    auto left = ParsePower();
     if (!left.ok()) return left;
     ExprPtr result = *std::move(left);
     while (IsSymbol("*") || IsSymbol("/") || IsSymbol("//") || IsSymbol("%")) {
       const std::string op = tokens_[pos_++].text;
-      auto right = ParseTest();
+      auto right = ParsePower();
       if (!right.ok()) return right;
       result = Binary(op, std::move(result), *std::move(right));
+    }
+    return result;
+  }
+
+  absl::StatusOr<ExprPtr> ParsePower() {
+    auto left = ParseTest();
+    if (!left.ok()) return left;
+    ExprPtr result = *std::move(left);
+    while (IsSymbol("**")) {
+      ++pos_;
+      auto right = ParseTest();
+      if (!right.ok()) return right;
+      result = Binary("**", std::move(result), *std::move(right));
     }
     return result;
   }

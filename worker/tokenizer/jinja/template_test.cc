@@ -102,6 +102,12 @@ TEST(TemplateTest, FiltersAndMethods) {
             "1fallbackfalse");
 }
 
+TEST(TemplateTest, LenientAccessAndJavaScriptStrings) {
+  // Like @huggingface/jinja: attributes of undefined / none are undefined, not errors.
+  EXPECT_EQ(Render("[{{ missing.attr.deeper }}{{ none.x }}{{ [1]['x'] }}]"), "[]");
+  EXPECT_EQ(Render("{{ '你好😀'|length }}|{{ '😀x'[1:] }}|{{ 'abc'[2:-1:-1] }}"), "4|x|cba");
+}
+
 TEST(TemplateTest, Tests) {
   EXPECT_EQ(Render("{{ x is defined }}{{ none is none }}{{ 1 is not none }}{{ 'a' is string }}"
                    "{{ {} is mapping }}{{ 3 is odd }}"),
@@ -123,7 +129,8 @@ TEST(TemplateTest, Errors) {
   EXPECT_EQ(RenderStatus("{{ missing + 1 }}").code(), absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(RenderStatus("{% for x in missing %}{% endfor %}").code(),
             absl::StatusCode::kInvalidArgument);
-  EXPECT_EQ(RenderStatus("{{ missing.attr }}").code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(RenderStatus("{{ {'a': 1}[1] }}").code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(RenderStatus("{{ 'x'.nosuchmethod() }}").code(), absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(RenderStatus("{{ 'unterminated }}").code(), absl::StatusCode::kInvalidArgument);
 }
 
