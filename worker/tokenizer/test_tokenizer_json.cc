@@ -24,9 +24,9 @@ nlohmann::json TestTokenizerJson(const nlohmann::json& post_processor) {
   return nlohmann::json{
       {"version", "1.0"},
       {"added_tokens",
-       {added(300, "<s>", true, false, false, false), added(301, "</s>", true, false, false, false),
-        added(302, "<tool>", false, true, true, false),
-        added(303, "[X]", false, false, false, true)}},
+       {added(265, "<s>", true, false, false, false), added(266, "</s>", true, false, false, false),
+        added(267, "<tool>", false, true, true, false),
+        added(268, "[X]", false, false, false, true)}},
       {"normalizer", nullptr},
       {"pre_tokenizer", {{"type", "ByteLevel"}, {"add_prefix_space", false}, {"use_regex", true}}},
       {"post_processor", post_processor},

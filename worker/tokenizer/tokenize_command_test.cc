@@ -52,8 +52,8 @@ TEST(TokenizeCommandTest, TextAndMessagesLines) {
                          "{\"messages\": [{\"role\": \"user\", \"content\": \"hello\"}]}\n");
   EXPECT_TRUE(r.status.ok()) << r.status;
   EXPECT_EQ(r.out,
-            "{\"ids\":[300,259,264]}\n"
-            "{\"prompt\":\"<s>hello</s><tool>\",\"ids\":[300,259,301,302]}\n");
+            "{\"ids\":[265,259,264]}\n"
+            "{\"prompt\":\"<s>hello</s><tool>\",\"ids\":[265,259,266,267]}\n");
   EXPECT_EQ(r.err, "");
   // --add-special-tokens=false drops the BOS of text lines.
   EXPECT_EQ(RunTokenize(dir, "{\"text\": \"hello\"}\n", false).out, "{\"ids\":[259]}\n");
@@ -77,7 +77,7 @@ TEST(TokenizeCommandTest, BadLinesGetErrorsAndOthersStillRun) {
   std::vector<std::string> out;
   while (std::getline(lines, line)) out.push_back(line);
   ASSERT_EQ(out.size(), 8u);
-  EXPECT_EQ(out[0], "{\"ids\":[300,259]}");
+  EXPECT_EQ(out[0], "{\"ids\":[265,259]}");
   EXPECT_EQ(out[1], "{\"error\":\"line 2: not valid JSON (or not valid UTF-8)\"}");
   EXPECT_EQ(out[2], "{\"error\":\"line 3: \\\"text\\\" must be a string\"}");
   EXPECT_EQ(out[3], "{\"error\":\"line 4: chat template failed: bad role\"}");
@@ -85,7 +85,7 @@ TEST(TokenizeCommandTest, BadLinesGetErrorsAndOthersStillRun) {
             "{\"error\":\"line 5: expected exactly one of \\\"text\\\" or \\\"messages\\\"\"}");
   EXPECT_EQ(out[5], "{\"error\":\"line 6: empty line\"}");
   EXPECT_EQ(out[6], "{\"error\":\"line 7: not valid JSON (or not valid UTF-8)\"}");
-  EXPECT_EQ(out[7], "{\"ids\":[300,259]}");
+  EXPECT_EQ(out[7], "{\"ids\":[265,259]}");
   EXPECT_NE(r.err.find("tokenize: line 2: not valid JSON"), std::string::npos) << r.err;
 }
 
@@ -94,7 +94,7 @@ TEST(TokenizeCommandTest, ModelWithoutChatTemplateStillTokenizesText) {
   Result r = RunTokenize(dir, "{\"text\": \"hello\"}\n{\"messages\": []}\n");
   EXPECT_FALSE(r.status.ok());
   EXPECT_EQ(r.out,
-            "{\"ids\":[300,259]}\n"
+            "{\"ids\":[265,259]}\n"
             "{\"error\":\"line 2: cannot render messages: tokenizer_config.json has no "
             "chat_template\"}\n");
 }
