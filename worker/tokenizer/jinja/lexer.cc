@@ -4,12 +4,28 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "worker/tokenizer/utf8.h"
 
 namespace deepinfer::tokenizer::jinja {
 namespace {
 
-bool IsSpace(char c) {
-  return c == ' ' || c == '\t' || c == '\n' || c == '\r' || c == '\v' || c == '\f';
+// JavaScript's whitespace (\s, String.prototype.trim), which @huggingface/jinja uses around
+// whitespace-control markers: byte length of such a character at text[pos], or 0.
+size_t JsSpaceAt(absl::string_view text, size_t pos) {
+  const size_t length = ValidUtf8SequenceLength(text, pos);
+  if (length == 0) return 0;
+  size_t n;
+  const char32_t c = DecodeCodePoint(text, pos, &n);
+  return c == 0xFEFF || (c != 0x85 && IsUnicodeWhitespace(c)) ? length : 0;
+}
+
+void TrimJsSpaceEnd(std::string* text) {
+  while (!text->empty()) {
+    size_t start = text->size() - 1;
+    while (start > 0 && (static_cast<uint8_t>((*text)[start]) & 0xC0) == 0x80) --start;
+    if (JsSpaceAt(*text, start) != text->size() - start) return;
+    text->resize(start);
+  }
 }
 
 // lstrip_blocks: spaces/tabs at a line start before "{%" / "{#" go; trim_blocks: a newline
@@ -62,12 +78,16 @@ absl::StatusOr<std::vector<Token>> Tokenize(absl::string_view raw_source) {
   auto strip_trailing_text = [&tokens] {
     if (!tokens.empty() && tokens.back().type == Token::Type::kText) {
       std::string& text = tokens.back().text;
-      while (!text.empty() && IsSpace(text.back())) text.pop_back();
+      TrimJsSpaceEnd(&text);
       if (text.empty()) tokens.pop_back();
     }
   };
   auto skip_space = [&] {
-    while (pos < source.size() && IsSpace(source[pos])) ++pos;
+    while (pos < source.size()) {
+      const size_t n = JsSpaceAt(source, pos);
+      if (n == 0) break;
+      pos += n;
+    }
   };
   int brace_depth = 0;
   while (pos < source.size()) {
