@@ -66,7 +66,7 @@ class CoordinatorLink {
 
  private:
   void Run();
-  void SendResults();  // the result sender thread
+  void SendResults();    // the result sender thread
   bool RegisterOnce();   // true when registered
   void HeartbeatOnce();  // may clear registered_
   // Sleeps up to `d`; false when asked to stop.

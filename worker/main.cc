@@ -3,8 +3,8 @@
 // reports results until SIGTERM/SIGINT.
 #include <algorithm>
 #include <iostream>
-#include <thread>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "coordinator/cli/flag_set.h"
@@ -61,7 +61,8 @@ int main(int argc, char** argv) {
                   "generation_config.json), or dummy:CONFIG.json@SEED for random weights.");
   flags.Require("model");
   flags.AddString("backend", &backend, "cpu, or cuda (not built yet).");
-  flags.AddInt("ranks", &ranks, "Engine ranks on this worker (default: one per GPU; 1 on the CPU).");
+  flags.AddInt("ranks", &ranks,
+               "Engine ranks on this worker (default: one per GPU; 1 on the CPU).");
   flags.AddInt("threads", &threads, "CPU threads per rank (default: cores / ranks).");
   flags.AddInt("kv-cache-tokens", &kv_cache_tokens, "KV cache capacity per rank, in tokens.");
   flags.AddInt("max-batch-tokens", &max_batch_tokens,

@@ -196,8 +196,8 @@ class WorkerEngineTest : public ::testing::Test {
     auto worker = WorkerServer::Start(config);
     ASSERT_TRUE(worker.ok()) << worker.status();
     worker_ = std::move(*worker);
-    stub_ = WorkerService::NewStub(grpc::CreateChannel(
-        absl::StrCat("127.0.0.1:", worker_->port()), grpc::InsecureChannelCredentials()));
+    stub_ = WorkerService::NewStub(grpc::CreateChannel(absl::StrCat("127.0.0.1:", worker_->port()),
+                                                       grpc::InsecureChannelCredentials()));
     fake_.AwaitRegistered();
   }
 
@@ -226,8 +226,7 @@ class WorkerEngineTest : public ::testing::Test {
     return response.root_address();
   }
 
-  grpc::Status Submit(uint64_t generation, std::vector<WorkItem> items,
-                      uint64_t incarnation = 0) {
+  grpc::Status Submit(uint64_t generation, std::vector<WorkItem> items, uint64_t incarnation = 0) {
     SubmitRequestsRequest request;
     request.set_coordinator_incarnation(incarnation != 0 ? incarnation : fake_.incarnation());
     request.set_generation(generation);
@@ -260,9 +259,9 @@ class WorkerEngineTest : public ::testing::Test {
       auto reference = GenerateGreedyOnCpu(FixtureDir(), prompts_[i], 16, 1);
       ASSERT_TRUE(reference.ok()) << reference.status();
       EXPECT_EQ(it->second.error_code(), "") << it->second.error_message();
-      EXPECT_THAT(std::vector<int32_t>(it->second.token_ids().begin(),
-                                       it->second.token_ids().end()),
-                  ElementsAreArray(*reference))
+      EXPECT_THAT(
+          std::vector<int32_t>(it->second.token_ids().begin(), it->second.token_ids().end()),
+          ElementsAreArray(*reference))
           << it->first;
       EXPECT_EQ(it->second.finish_reason(), "length");
     }

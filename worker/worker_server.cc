@@ -118,9 +118,10 @@ class WorkerServer::Service final : public WorkerService::CallbackService {
     }
     CoordinatorLink::State link = owner_->link_state();
     if (!link.registered || link.coordinator_incarnation != incarnation) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          "coordinator incarnation ", incarnation, " is not the one this worker is registered with (",
-          link.registered ? absl::StrCat(link.coordinator_incarnation) : "none", ")"));
+      return absl::FailedPreconditionError(
+          absl::StrCat("coordinator incarnation ", incarnation,
+                       " is not the one this worker is registered with (",
+                       link.registered ? absl::StrCat(link.coordinator_incarnation) : "none", ")"));
     }
     return absl::OkStatus();
   }

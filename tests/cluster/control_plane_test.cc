@@ -72,11 +72,11 @@ class ControlPlaneTest : public ::testing::Test {
   }
 
   Subprocess StartWorker(const std::string& id) {
-    auto p = Subprocess::Start({Runfile("worker/deepinfer-worker"), "--coordinator=" + address_,
-                                "--worker-id=" + id, "--devices=cpu",
-                                "--model=" + Runfile("tests/fixtures/dsv3_qlora_rope"),
-                                "--auth-token-file=" + token_file_},
-                               TempPath(absl::StrCat(id, ".", ++starts_)));
+    auto p = Subprocess::Start(
+        {Runfile("worker/deepinfer-worker"), "--coordinator=" + address_, "--worker-id=" + id,
+         "--devices=cpu", "--model=" + Runfile("tests/fixtures/dsv3_qlora_rope"),
+         "--auth-token-file=" + token_file_},
+        TempPath(absl::StrCat(id, ".", ++starts_)));
     EXPECT_TRUE(p.ok()) << p.status();
     return std::move(*p);
   }

@@ -97,13 +97,14 @@ void Engine::Admit(WorkItem item, std::vector<RequestResult>* finished) {
     }
   }
   if (n >= options_.context_limit) {
-    return fail(absl::InvalidArgumentError(
-        absl::StrCat("prompt of ", n, " tokens leaves no room in the context of ",
-                     options_.context_limit, " tokens")));
+    return fail(absl::InvalidArgumentError(absl::StrCat("prompt of ", n,
+                                                        " tokens leaves no room in the context of ",
+                                                        options_.context_limit, " tokens")));
   }
   if (p.max_tokens() < 0) return fail(absl::InvalidArgumentError("max_tokens < 0"));
   if (p.temperature() < 0) return fail(absl::InvalidArgumentError("temperature < 0"));
-  if (p.top_p() < 0 || p.top_p() > 1) return fail(absl::InvalidArgumentError("top_p not in [0, 1]"));
+  if (p.top_p() < 0 || p.top_p() > 1)
+    return fail(absl::InvalidArgumentError("top_p not in [0, 1]"));
   if (p.top_k() < 0) return fail(absl::InvalidArgumentError("top_k < 0"));
   if (p.stop_size() > 0 && tokenizer_ == nullptr) {
     return fail(absl::InvalidArgumentError(
@@ -307,11 +308,11 @@ absl::StatusOr<std::vector<RequestResult>> Engine::Step() {
 bool Engine::Advance(Sequence* s, const SampledToken& sampled, RequestResult* result) {
   const int32_t t = sampled.token;
   const GenerationParams& p = s->params;
-  const bool eos = !p.ignore_eos() && std::find(options_.eos_token_ids.begin(),
-                                                options_.eos_token_ids.end(),
-                                                t) != options_.eos_token_ids.end();
-  const bool stop_token =
-      std::find(p.stop_token_ids().begin(), p.stop_token_ids().end(), t) != p.stop_token_ids().end();
+  const bool eos = !p.ignore_eos() &&
+                   std::find(options_.eos_token_ids.begin(), options_.eos_token_ids.end(), t) !=
+                       options_.eos_token_ids.end();
+  const bool stop_token = std::find(p.stop_token_ids().begin(), p.stop_token_ids().end(), t) !=
+                          p.stop_token_ids().end();
   if (eos || stop_token) {
     Finish(s, "stop", result);
     return true;

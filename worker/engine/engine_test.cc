@@ -215,8 +215,8 @@ TEST_F(EngineTest, ConcurrentRequestsEqualEachAlone) {
   // Greedy ones are HF's.
   for (size_t i = 0; i < prompts_.size(); ++i) {
     const auto g = Tokens(together[absl::StrCat("g", i)]);
-    EXPECT_THAT(g, ElementsAreArray(prompts_[i].greedy.begin(),
-                                    prompts_[i].greedy.begin() + g.size()));
+    EXPECT_THAT(
+        g, ElementsAreArray(prompts_[i].greedy.begin(), prompts_[i].greedy.begin() + g.size()));
   }
 }
 

@@ -102,9 +102,9 @@ absl::Status GroupController::Submit(uint64_t generation, std::vector<WorkItem> 
     return absl::FailedPreconditionError("this worker has no group yet (ConfigureGroup first)");
   }
   if (current_->layout().generation != generation) {
-    return absl::FailedPreconditionError(
-        absl::StrCat("generation ", generation, " is not this worker's group (generation ",
-                     current_->layout().generation, ")"));
+    return absl::FailedPreconditionError(absl::StrCat("generation ", generation,
+                                                      " is not this worker's group (generation ",
+                                                      current_->layout().generation, ")"));
   }
   if (current_->status() == GROUP_FAILED) {
     return absl::FailedPreconditionError(

@@ -73,8 +73,8 @@ absl::StatusOr<std::unique_ptr<ModelFiles>> ModelFiles::Open(const std::string& 
   if (tok.ok()) {
     files->tokenizer = std::move(*tok);
   } else if (!absl::IsNotFound(tok.status())) {
-    return absl::Status(tok.status().code(), absl::StrCat("model '", spec, "': tokenizer: ",
-                                                          tok.status().message()));
+    return absl::Status(tok.status().code(),
+                        absl::StrCat("model '", spec, "': tokenizer: ", tok.status().message()));
   }
   auto generation = ReadJsonIfPresent(files->dir + "/generation_config.json");
   if (!generation.ok()) return generation.status();
@@ -92,8 +92,8 @@ absl::StatusOr<std::unique_ptr<ModelFiles>> ModelFiles::Open(const std::string& 
   }
   for (int32_t id : files->eos_token_ids) {
     if (id < 0 || id >= files->config.vocab_size) {
-      return absl::InvalidArgumentError(absl::StrCat("model '", spec, "': eos_token_id ", id,
-                                                     " outside the vocabulary"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("model '", spec, "': eos_token_id ", id, " outside the vocabulary"));
     }
   }
   return files;

@@ -15,9 +15,8 @@ DispatcherFactory LocalDispatcherFactory() {
   DispatcherFactory f;
   f.partitioned = false;
   f.make = [](comm::Communicator*, ExpertRange, const ModelConfig& config,
-              const ModelWeights& weights, Backend* backend) {
-    return MakeLocalExpertDispatcher(config, weights, backend);
-  };
+              const ModelWeights& weights,
+              Backend* backend) { return MakeLocalExpertDispatcher(config, weights, backend); };
   return f;
 }
 
@@ -51,14 +50,14 @@ absl::StatusOr<std::unique_ptr<RankGroup>> RankGroup::Create(
   const GroupLayout& l = layout;
   if (l.world_size < 1 || l.num_ranks < 1 || l.first_rank < 0 ||
       l.first_rank + l.num_ranks > l.world_size) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("ranks ", l.first_rank, "..", l.first_rank + l.num_ranks - 1,
-                     " are not in a world of size ", l.world_size));
+    return absl::InvalidArgumentError(absl::StrCat("ranks ", l.first_rank, "..",
+                                                   l.first_rank + l.num_ranks - 1,
+                                                   " are not in a world of size ", l.world_size));
   }
   const int64_t experts = options.model->config.n_routed_experts;
   if (experts > 0 && experts % l.world_size != 0) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        experts, " routed experts do not divide over a world of size ", l.world_size));
+    return absl::InvalidArgumentError(
+        absl::StrCat(experts, " routed experts do not divide over a world of size ", l.world_size));
   }
   if (l.world_size > 1) {
     if (l.group_incarnation == 0) {
@@ -181,8 +180,8 @@ bool RankGroup::FormRank(int local) {
   eo.group_generation = layout_.generation;
   eo.rank = r.global;
   eo.step_when_idle = options_.dispatcher.partitioned && layout_.world_size > 1;
-  auto engine = Engine::Create(r.model.get(), r.pool.get(), &r.queue,
-                               options_.model->tokenizer.get(), eo);
+  auto engine =
+      Engine::Create(r.model.get(), r.pool.get(), &r.queue, options_.model->tokenizer.get(), eo);
   if (!engine.ok()) {
     Fail(r.global, engine.status());
     return false;
@@ -243,10 +242,9 @@ absl::Status RankGroup::Submit(std::vector<WorkItem> items) {
   for (WorkItem& item : items) {
     const int local = item.rank() - layout_.first_rank;
     if (local < 0 || local >= layout_.num_ranks) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("request ", item.request_id(), ": rank ", item.rank(),
-                       " is not on this worker (ranks ", layout_.first_rank, "..",
-                       layout_.first_rank + layout_.num_ranks - 1, ")"));
+      return absl::InvalidArgumentError(absl::StrCat(
+          "request ", item.request_id(), ": rank ", item.rank(), " is not on this worker (ranks ",
+          layout_.first_rank, "..", layout_.first_rank + layout_.num_ranks - 1, ")"));
     }
     by_rank[local].push_back(std::move(item));
   }
