@@ -21,7 +21,9 @@ CoordinatorLink::CoordinatorLink(CoordinatorLinkConfig config)
     : config_(std::move(config)),
       stub_(ClusterService::NewStub(
           grpc::CreateChannel(config_.coordinator_address, grpc::InsecureChannelCredentials()))),
-      thread_([this] { Run(); }) {}
+      thread_([this] { Run(); }) {
+  if (config_.outbox != nullptr) results_thread_ = std::thread([this] { SendResults(); });
+}
 
 CoordinatorLink::~CoordinatorLink() {
   {
@@ -29,6 +31,7 @@ CoordinatorLink::~CoordinatorLink() {
     stop_ = true;
   }
   thread_.join();
+  if (results_thread_.joinable()) results_thread_.join();
 }
 
 CoordinatorLink::State CoordinatorLink::state() const {
@@ -79,6 +82,7 @@ bool CoordinatorLink::RegisterOnce() {
   request.set_node_name(config_.node_name);
   request.set_listen_address(config_.listen_address);
   for (const Device& d : config_.devices) *request.add_devices() = d;
+  request.set_num_ranks(config_.num_ranks);
   RegisterResponse response;
   grpc::Status status = stub_->Register(MakeContext(config_).get(), request, &response);
   if (!status.ok()) {
@@ -114,6 +118,7 @@ void CoordinatorLink::HeartbeatOnce() {
     known_incarnation = state_.coordinator_incarnation;
   }
   request.set_coordinator_incarnation(known_incarnation);
+  if (config_.fill_heartbeat) config_.fill_heartbeat(&request);
   HeartbeatResponse response;
   grpc::Status status = stub_->Heartbeat(MakeContext(config_).get(), request, &response);
   if (status.ok() && response.coordinator_incarnation() == known_incarnation) {
@@ -133,6 +138,52 @@ void CoordinatorLink::HeartbeatOnce() {
   // Unreachable coordinator (or refused token): keep the registration and retry; a
   // restarted coordinator answers NOT_FOUND, which leads back to Register.
   LogFailure("heartbeat to", status);
+}
+
+void CoordinatorLink::SendResults() {
+  ResultOutbox* outbox = config_.outbox;
+  for (;;) {
+    uint64_t incarnation;
+    {
+      absl::MutexLock lock(&mu_);
+      auto ready = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+        return stop_ || state_.registered;
+      };
+      mu_.Await(absl::Condition(&ready));
+      if (stop_) return;
+      incarnation = state_.coordinator_incarnation;
+    }
+    // Short waits, so that a stop request is seen promptly.
+    if (!outbox->WaitForResults(absl::Milliseconds(100))) continue;
+    std::vector<RequestResult> batch = outbox->Peek(config_.results_per_call);
+    ReportResultsRequest request;
+    request.set_worker_id(config_.worker_id);
+    request.set_worker_incarnation(config_.worker_incarnation);
+    request.set_coordinator_incarnation(incarnation);
+    for (RequestResult& r : batch) *request.add_results() = std::move(r);
+    ReportResultsResponse response;
+    grpc::Status status = stub_->ReportResults(MakeContext(config_).get(), request, &response);
+    if (status.ok()) {
+      outbox->Pop(batch.size());
+      absl::MutexLock lock(&mu_);
+      state_.results_delivered += static_cast<int64_t>(batch.size());
+      continue;
+    }
+    if (status.error_code() == grpc::StatusCode::NOT_FOUND ||
+        status.error_code() == grpc::StatusCode::FAILED_PRECONDITION) {
+      // The coordinator does not know this registration: register again (unless the link
+      // thread already did, with a newer incarnation), then resend.
+      LOG(INFO) << "ReportResults refused (" << status.error_message() << "); resending after "
+                << "registering again";
+      absl::MutexLock lock(&mu_);
+      if (state_.coordinator_incarnation == incarnation) state_.registered = false;
+      continue;
+    }
+    LOG(WARNING) << "ReportResults to " << config_.coordinator_address
+                 << " failed: " << status.error_message() << " [code " << status.error_code()
+                 << "]; retrying";
+    if (!SleepUnlessStopped(config_.retry_interval)) return;
+  }
 }
 
 }  // namespace deepinfer

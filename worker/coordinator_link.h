@@ -1,11 +1,15 @@
 // CoordinatorLink: the worker's side of ClusterService. One thread registers with the
 // coordinator, heartbeats at the interval the coordinator asks for, and registers
 // again whenever the coordinator says it does not know this worker or names another
-// incarnation (the coordinator restarted, or declared this worker LOST).
+// incarnation (the coordinator restarted, or declared this worker LOST). Heartbeats carry
+// what `fill_heartbeat` adds (rank loads, group status). A second thread delivers finished
+// requests from a ResultOutbox with ReportResults, in batches, retrying until acknowledged;
+// after NOT_FOUND / FAILED_PRECONDITION it waits for the re-registration and resends.
 #ifndef DEEPINFER_WORKER_COORDINATOR_LINK_H_
 #define DEEPINFER_WORKER_COORDINATOR_LINK_H_
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <thread>
@@ -15,6 +19,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "proto/cluster.grpc.pb.h"
+#include "worker/result_outbox.h"
 
 namespace deepinfer {
 
@@ -27,6 +32,13 @@ struct CoordinatorLinkConfig {
   std::string node_name;
   std::string listen_address;
   std::vector<Device> devices;
+  // Engine ranks this worker runs (RegisterRequest.num_ranks).
+  int32_t num_ranks = 0;
+  // Adds the engine's part to each heartbeat (rank_loads, group_*); may be unset.
+  std::function<void(HeartbeatRequest*)> fill_heartbeat;
+  // Results to deliver; null: no result sender thread.
+  ResultOutbox* outbox = nullptr;
+  size_t results_per_call = 32;
   // Wait between failed registration attempts.
   absl::Duration retry_interval = absl::Milliseconds(500);
   // Deadline of each RPC.
@@ -40,6 +52,7 @@ class CoordinatorLink {
     uint64_t coordinator_incarnation = 0;
     int registrations = 0;  // successful Register calls so far
     std::string last_error;
+    int64_t results_delivered = 0;  // acknowledged by ReportResults
   };
 
   // Starts the thread at once.
@@ -53,6 +66,7 @@ class CoordinatorLink {
 
  private:
   void Run();
+  void SendResults();    // the result sender thread
   bool RegisterOnce();   // true when registered
   void HeartbeatOnce();  // may clear registered_
   // Sleeps up to `d`; false when asked to stop.
@@ -68,6 +82,7 @@ class CoordinatorLink {
   absl::Duration heartbeat_interval_ ABSL_GUARDED_BY(mu_) = absl::Seconds(1);
   int consecutive_failures_ = 0;  // only touched by the link thread
   std::thread thread_;
+  std::thread results_thread_;
 };
 
 }  // namespace deepinfer

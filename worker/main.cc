@@ -1,7 +1,10 @@
-// deepinfer-worker: the per-node daemon. Finds the node's devices, serves
-// WorkerService, registers with the coordinator and heartbeats until SIGTERM/SIGINT.
+// deepinfer-worker: the per-node daemon. Finds the node's devices, checks the model, serves
+// WorkerService (group forming, requests), registers with the coordinator, heartbeats and
+// reports results until SIGTERM/SIGINT.
+#include <algorithm>
 #include <iostream>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "coordinator/cli/flag_set.h"
@@ -21,12 +24,20 @@ int main(int argc, char** argv) {
   std::string auth_token_file;
   std::string log_dir;
   int64_t verbosity = 0;
+  std::string backend = "cpu";
+  int64_t ranks = 0;
+  int64_t threads = 0;
+  int64_t kv_cache_tokens = 16384;
+  int64_t max_batch_tokens = 2048;
+  int64_t max_running = 256;
+  int64_t collective_timeout_s = 300;
 
   deepinfer::FlagSet flags(
       "deepinfer-worker --coordinator HOST:PORT [flags]",
       "The per-node worker daemon: owns this node's GPUs (one rank per GPU) or its CPU,\n"
-      "registers with the coordinator and heartbeats. Re-registers by itself when the\n"
-      "coordinator restarts. Runs until SIGTERM or SIGINT.");
+      "runs its ranks of the expert-parallel group the coordinator configures, registers\n"
+      "with the coordinator, heartbeats and reports results. Re-registers by itself when\n"
+      "the coordinator restarts. Runs until SIGTERM or SIGINT.");
   flags.AddString("coordinator", &config.coordinator_address, "Coordinator address, HOST:PORT.");
   flags.Require("coordinator");
   flags.AddString("host", &config.host,
@@ -45,6 +56,20 @@ int main(int argc, char** argv) {
   flags.AddString("auth-token-file", &auth_token_file,
                   "File holding the cluster token: sent to the coordinator, and required\n"
                   "from anyone calling this worker.");
+  flags.AddString("model", &config.engine.model,
+                  "Checkpoint directory (config.json, safetensors, optional tokenizer.json and\n"
+                  "generation_config.json), or dummy:CONFIG.json@SEED for random weights.");
+  flags.Require("model");
+  flags.AddString("backend", &backend, "cpu, or cuda (not built yet).");
+  flags.AddInt("ranks", &ranks,
+               "Engine ranks on this worker (default: one per GPU; 1 on the CPU).");
+  flags.AddInt("threads", &threads, "CPU threads per rank (default: cores / ranks).");
+  flags.AddInt("kv-cache-tokens", &kv_cache_tokens, "KV cache capacity per rank, in tokens.");
+  flags.AddInt("max-batch-tokens", &max_batch_tokens,
+               "New tokens per engine step (decode + prefill chunks).");
+  flags.AddInt("max-running", &max_running, "Sequences per engine step.");
+  flags.AddInt("collective-timeout-s", &collective_timeout_s,
+               "Seconds a rank waits for its peers (forming a group, each collective).");
   flags.AddString("log-dir", &log_dir, "Write glog files here instead of to stderr.");
   flags.AddInt("v", &verbosity, "Verbose logging level (glog --v).");
 
@@ -76,6 +101,33 @@ int main(int argc, char** argv) {
     return 1;
   }
   config.devices = *found;
+  if (backend == "cuda") {
+    std::cerr << "deepinfer-worker: --backend cuda: the CUDA backend is not built yet; use "
+                 "--backend cpu\n";
+    return 2;
+  }
+  if (backend != "cpu") {
+    std::cerr << "deepinfer-worker: --backend must be cpu or cuda, not '" << backend << "'\n";
+    return 2;
+  }
+  if (ranks < 0 || threads < 0 || kv_cache_tokens <= 0 || max_batch_tokens <= 0 ||
+      max_running <= 0 || collective_timeout_s <= 0) {
+    std::cerr << "deepinfer-worker: --ranks, --threads, --kv-cache-tokens, --max-batch-tokens,\n"
+                 "--max-running and --collective-timeout-s must be positive\n";
+    return 2;
+  }
+  if (ranks == 0) {
+    // One rank per GPU once the CUDA backend exists; the CPU backend runs one by default.
+    ranks = 1;
+  }
+  const int cores = std::max(1u, std::thread::hardware_concurrency());
+  config.engine.num_ranks = static_cast<int>(ranks);
+  config.engine.threads_per_rank =
+      threads > 0 ? static_cast<int>(threads) : std::max(1, cores / static_cast<int>(ranks));
+  config.engine.kv_cache_tokens = kv_cache_tokens;
+  config.engine.max_batch_tokens = static_cast<int32_t>(max_batch_tokens);
+  config.engine.max_running = static_cast<int32_t>(max_running);
+  config.engine.collective_timeout = absl::Seconds(collective_timeout_s);
   for (const auto& d : config.devices) {
     LOG(INFO) << "device: " << deepinfer::Device::Kind_Name(d.kind()) << ":" << d.index() << " "
               << d.name() << " (" << d.total_memory_bytes() / (1 << 20) << " MiB)";

@@ -2,12 +2,23 @@
 
 #include <unistd.h>
 
+#include <algorithm>
+#include <utility>
+
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "coordinator/rpc/incarnation.h"
 #include "glog/logging.h"
 
 namespace deepinfer {
+namespace {
+
+grpc::Status ToGrpc(const absl::Status& s) {
+  if (s.ok()) return grpc::Status::OK;
+  return grpc::Status(static_cast<grpc::StatusCode>(s.code()), std::string(s.message()));
+}
+
+}  // namespace
 
 std::string LocalHostname() {
   char name[256] = {0};
@@ -40,7 +51,81 @@ class WorkerServer::Service final : public WorkerService::CallbackService {
     return reactor;
   }
 
+  // The group RPCs only touch the GroupController's queues and state under its mutex;
+  // loading, forming and tearing down happen on its control thread and the rank threads.
+  grpc::ServerUnaryReactor* PrepareGroup(grpc::CallbackServerContext* context,
+                                         const PrepareGroupRequest* request,
+                                         PrepareGroupResponse* response) override {
+    grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+    absl::Status s = Admit(*context, request->coordinator_incarnation());
+    if (s.ok()) {
+      absl::StatusOr<std::string> address = owner_->controller_->Prepare(request->generation());
+      if (address.ok()) response->set_root_address(*address);
+      s = address.status();
+    }
+    reactor->Finish(ToGrpc(s));
+    return reactor;
+  }
+
+  grpc::ServerUnaryReactor* ConfigureGroup(grpc::CallbackServerContext* context,
+                                           const ConfigureGroupRequest* request,
+                                           ConfigureGroupResponse* response) override {
+    grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+    absl::Status s = Admit(*context, request->coordinator_incarnation());
+    if (s.ok()) s = owner_->controller_->Configure(*request);
+    reactor->Finish(ToGrpc(s));
+    return reactor;
+  }
+
+  grpc::ServerUnaryReactor* SubmitRequests(grpc::CallbackServerContext* context,
+                                           const SubmitRequestsRequest* request,
+                                           SubmitRequestsResponse* response) override {
+    grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+    absl::Status s = Admit(*context, request->coordinator_incarnation());
+    if (s.ok()) {
+      std::vector<WorkItem> items(request->items().begin(), request->items().end());
+      s = owner_->controller_->Submit(request->generation(), std::move(items));
+    }
+    reactor->Finish(ToGrpc(s));
+    return reactor;
+  }
+
+  grpc::ServerUnaryReactor* CancelRequests(grpc::CallbackServerContext* context,
+                                           const CancelRequestsRequest* request,
+                                           CancelRequestsResponse* response) override {
+    grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+    if (grpc::Status s = owner_->auth_->Check(*context); !s.ok()) {
+      reactor->Finish(s);
+      return reactor;
+    }
+    if (owner_->controller_ != nullptr) {
+      owner_->controller_->Cancel(
+          std::vector<std::string>(request->request_ids().begin(), request->request_ids().end()));
+    }
+    reactor->Finish(grpc::Status::OK);
+    return reactor;
+  }
+
  private:
+  // Token, a model to serve, and a caller that is the coordinator this worker is registered
+  // with (a stale coordinator must not reconfigure it).
+  absl::Status Admit(const grpc::CallbackServerContext& context, uint64_t incarnation) const {
+    if (grpc::Status s = owner_->auth_->Check(context); !s.ok()) {
+      return absl::Status(static_cast<absl::StatusCode>(s.error_code()), s.error_message());
+    }
+    if (owner_->controller_ == nullptr) {
+      return absl::FailedPreconditionError("this worker was started without a model");
+    }
+    CoordinatorLink::State link = owner_->link_state();
+    if (!link.registered || link.coordinator_incarnation != incarnation) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("coordinator incarnation ", incarnation,
+                       " is not the one this worker is registered with (",
+                       link.registered ? absl::StrCat(link.coordinator_incarnation) : "none", ")"));
+    }
+    return absl::OkStatus();
+  }
+
   const WorkerServer* const owner_;
 };
 
@@ -50,6 +135,32 @@ absl::StatusOr<std::unique_ptr<WorkerServer>> WorkerServer::Start(WorkerConfig c
   }
   if (config.devices.empty()) return absl::InvalidArgumentError("no devices to serve");
   std::unique_ptr<WorkerServer> self(new WorkerServer());
+  const bool wildcard = config.host == "0.0.0.0" || config.host == "::" || config.host == "[::]";
+  if (config.advertise_host.empty()) {
+    config.advertise_host = wildcard ? LocalHostname() : config.host;
+  }
+  self->outbox_ = std::make_unique<ResultOutbox>();
+  if (!config.engine.model.empty()) {
+    const WorkerEngineConfig& e = config.engine;
+    if (e.num_ranks < 1) return absl::InvalidArgumentError("the number of ranks must be >= 1");
+    auto model = ModelFiles::Open(e.model);
+    if (!model.ok()) return model.status();
+    self->model_ = std::move(*model);
+    GroupControllerOptions options;
+    options.num_ranks = e.num_ranks;
+    options.bind_host = wildcard ? "0.0.0.0" : config.host;
+    options.advertise_host = config.advertise_host;
+    options.group.model = self->model_.get();
+    options.group.threads_per_rank = std::max(1, e.threads_per_rank);
+    options.group.kv_cache_tokens = e.kv_cache_tokens;
+    options.group.max_batch_tokens = e.max_batch_tokens;
+    options.group.max_running = e.max_running;
+    options.group.collective_timeout = e.collective_timeout;
+    options.group.listen_host = wildcard ? "0.0.0.0" : config.host;
+    ResultOutbox* outbox = self->outbox_.get();
+    self->controller_ = std::make_unique<GroupController>(
+        std::move(options), [outbox](std::vector<RequestResult> r) { outbox->Add(std::move(r)); });
+  }
   self->incarnation_ = NewIncarnation();
   self->start_time_ = absl::Now();
   self->auth_ = std::make_unique<TokenAuthenticator>(config.auth_token);
@@ -65,10 +176,6 @@ absl::StatusOr<std::unique_ptr<WorkerServer>> WorkerServer::Start(WorkerConfig c
   }
 
   if (config.node_name.empty()) config.node_name = LocalHostname();
-  if (config.advertise_host.empty()) {
-    const bool wildcard = config.host == "0.0.0.0" || config.host == "::" || config.host == "[::]";
-    config.advertise_host = wildcard ? LocalHostname() : config.host;
-  }
   if (config.worker_id.empty()) {
     config.worker_id = absl::StrCat(config.node_name, ":", self->port_);
   }
@@ -82,6 +189,12 @@ absl::StatusOr<std::unique_ptr<WorkerServer>> WorkerServer::Start(WorkerConfig c
   link.node_name = self->config_.node_name;
   link.listen_address = absl::StrCat(self->config_.advertise_host, ":", self->port_);
   link.devices = self->config_.devices;
+  link.outbox = self->outbox_.get();
+  if (self->controller_ != nullptr) {
+    link.num_ranks = self->config_.engine.num_ranks;
+    GroupController* controller = self->controller_.get();
+    link.fill_heartbeat = [controller](HeartbeatRequest* r) { controller->FillHeartbeat(r); };
+  }
   LOG(INFO) << "worker " << link.worker_id << " serving on " << link.listen_address
             << " with " << link.devices.size() << " device(s) (incarnation "
             << self->incarnation_ << "); coordinator " << link.coordinator_address;
@@ -98,6 +211,8 @@ void WorkerServer::Shutdown() {
     server_.reset();
   }
   link_.reset();
+  // Rank threads end here; results they still produce stay in the outbox.
+  controller_.reset();
 }
 
 CoordinatorLink::State WorkerServer::link_state() const {

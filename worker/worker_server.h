@@ -1,6 +1,7 @@
 // WorkerServer: everything a deepinfer-worker process runs, as one object main.cc
-// (and tests) start and stop: the WorkerService gRPC server and the CoordinatorLink
-// that registers and heartbeats. The engine (ranks, model) joins it later.
+// (and tests) start and stop: the WorkerService gRPC server, the CoordinatorLink that
+// registers, heartbeats and delivers results, and the GroupController that runs this
+// worker's ranks of the expert-parallel group (docs/engine.md).
 #ifndef DEEPINFER_WORKER_WORKER_SERVER_H_
 #define DEEPINFER_WORKER_WORKER_SERVER_H_
 
@@ -15,8 +16,25 @@
 #include "grpcpp/grpcpp.h"
 #include "proto/worker.grpc.pb.h"
 #include "worker/coordinator_link.h"
+#include "worker/engine/group_controller.h"
+#include "worker/engine/model_files.h"
+#include "worker/result_outbox.h"
 
 namespace deepinfer {
+
+// What the worker's ranks run.
+struct WorkerEngineConfig {
+  // Checkpoint directory or "dummy:CONFIG.json@SEED". Empty: no engine; the worker only
+  // registers and heartbeats, and the group RPCs fail with FAILED_PRECONDITION.
+  std::string model;
+  int num_ranks = 1;
+  int threads_per_rank = 1;
+  int64_t kv_cache_tokens = 16384;  // per rank
+  int32_t max_batch_tokens = 2048;
+  int32_t max_running = 256;
+  // Bound on forming a group and on each collective.
+  absl::Duration collective_timeout = absl::Minutes(5);
+};
 
 struct WorkerConfig {
   std::string coordinator_address;
@@ -32,6 +50,7 @@ struct WorkerConfig {
   // Empty: this machine's hostname.
   std::string node_name;
   std::vector<Device> devices;
+  WorkerEngineConfig engine;
 };
 
 class WorkerServer {
@@ -42,13 +61,15 @@ class WorkerServer {
   WorkerServer(const WorkerServer&) = delete;
   WorkerServer& operator=(const WorkerServer&) = delete;
 
-  // Stops heartbeating and serving. Idempotent.
+  // Stops serving, heartbeating and the group. Idempotent.
   void Shutdown();
 
   int port() const { return port_; }
   const std::string& worker_id() const { return config_.worker_id; }
   uint64_t incarnation() const { return incarnation_; }
   CoordinatorLink::State link_state() const;
+  // Results not yet acknowledged by the coordinator.
+  size_t undelivered_results() const { return outbox_ != nullptr ? outbox_->size() : 0; }
 
  private:
   class Service;
@@ -59,6 +80,10 @@ class WorkerServer {
   int port_ = 0;
   absl::Time start_time_;
   std::unique_ptr<TokenAuthenticator> auth_;
+  // Declared before what uses them: rank threads add to the outbox, the link reads both.
+  std::unique_ptr<ModelFiles> model_;
+  std::unique_ptr<ResultOutbox> outbox_;
+  std::unique_ptr<GroupController> controller_;
   std::unique_ptr<Service> service_;
   std::unique_ptr<grpc::Server> server_;
   std::unique_ptr<CoordinatorLink> link_;

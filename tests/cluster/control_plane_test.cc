@@ -72,10 +72,11 @@ class ControlPlaneTest : public ::testing::Test {
   }
 
   Subprocess StartWorker(const std::string& id) {
-    auto p = Subprocess::Start({Runfile("worker/deepinfer-worker"), "--coordinator=" + address_,
-                                "--worker-id=" + id, "--devices=cpu",
-                                "--auth-token-file=" + token_file_},
-                               TempPath(absl::StrCat(id, ".", ++starts_)));
+    auto p = Subprocess::Start(
+        {Runfile("worker/deepinfer-worker"), "--coordinator=" + address_, "--worker-id=" + id,
+         "--devices=cpu", "--model=" + Runfile("tests/fixtures/dsv3_qlora_rope"),
+         "--auth-token-file=" + token_file_},
+        TempPath(absl::StrCat(id, ".", ++starts_)));
     EXPECT_TRUE(p.ok()) << p.status();
     return std::move(*p);
   }
@@ -184,7 +185,19 @@ TEST_F(ControlPlaneTest, DaemonsExplainBadCommandLines) {
   auto no_coordinator = RunCommand({Runfile("worker/deepinfer-worker")}, TempPath("bad1"));
   ASSERT_TRUE(no_coordinator.ok());
   EXPECT_EQ(no_coordinator->exit_code, 2);
-  EXPECT_THAT(no_coordinator->err, HasSubstr("missing required flag --coordinator"));
+  EXPECT_THAT(no_coordinator->err, HasSubstr("missing required flags --coordinator, --model"));
+  auto bad_model = RunCommand({Runfile("worker/deepinfer-worker"), "--coordinator=127.0.0.1:1",
+                               "--devices=cpu", "--model=/nonexistent/model"},
+                              TempPath("bad_model"));
+  ASSERT_TRUE(bad_model.ok());
+  EXPECT_EQ(bad_model->exit_code, 1);
+  EXPECT_THAT(bad_model->err, HasSubstr("/nonexistent/model"));
+  auto cuda = RunCommand({Runfile("worker/deepinfer-worker"), "--coordinator=127.0.0.1:1",
+                          "--devices=cpu", "--model=/x", "--backend=cuda"},
+                         TempPath("cuda"));
+  ASSERT_TRUE(cuda.ok());
+  EXPECT_EQ(cuda->exit_code, 2);
+  EXPECT_THAT(cuda->err, HasSubstr("not built yet"));
   auto bad_token = RunCommand({Runfile("coordinator/deepinfer-coordinator"), "--listen=127.0.0.1:0",
                                "--auth-token-file=/nonexistent"},
                               TempPath("bad2"));

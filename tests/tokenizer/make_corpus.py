@@ -74,6 +74,19 @@ for _ in range(60):
     n = rng.randint(1, 200)
     texts.append("".join(rng.choice(alphabet) for _ in range(n)))
 
+# Random strings over characters where regex engines disagree most: Unicode whitespace and
+# format characters (U+180E, U+200B, U+FEFF), characters newer than PCRE2's Unicode tables
+# (U+1FA70.., CJK extension G), combining marks, digits of several scripts, CJK and kana.
+pool = ([chr(c) for c in range(0x20, 0x7F)] * 3 +
+        list(" \t\n\r\u000b\u000c\u001c\u0085\u00a0\u1680\u180e\u2000\u200a\u200b\u2028"
+             "\u2029\u202f\u205f\u3000\ufeff") +
+        [chr(c) for c in range(0x1FA70, 0x1FB00)] + [chr(c) for c in range(0x1F8B0, 0x1F8C0)] +
+        [chr(c) for c in range(0x30000, 0x30040)] + [chr(c) for c in range(0x0300, 0x0370)] +
+        list("0123456789０１２٣४") + [chr(c) for c in range(0x4E00, 0x4E40)] +
+        [chr(c) for c in range(0x3040, 0x3100)] + [chr(c) for c in range(0xAC00, 0xAC40)])
+for _ in range(300):
+    texts.append("".join(rng.choice(pool) for _ in range(rng.randint(1, 80))))
+
 invalid = [
     b"\xff", b"abc\x80def", b"\xc3", b"\xc3(", b"\xe4\xbd", b"\xe4\xbd\xa0\xe5",
     b"\xed\xa0\x80 surrogate", b"\xf4\x90\x80\x80 too big", b"\xc0\xaf overlong",
@@ -198,8 +211,100 @@ cases = [
     ("{% for m in messages %}{{ m.role }}{% if not loop.last %},{% endif %}{% endfor %}",
      {"messages": [{"role": "a"}, {"role": "b"}]}),
     ("{{ ' x '|trim|length }}{{ ('a' ~ 'b')|upper }}{{ 10 - 2 - 3 }}{{ 2 * 3 + 1 }}{{ 1 < 2 < 3 }}", {}),
+    ("{{ 'héllo'|length }}|{{ '你好😀'|length }}|{{ '你好'[0] }}|{{ '😀x'[2:] }}|{{ 'ébc'|title }}"
+     "|{{ 'abc'.length }}|{{ '日本語'[-1] }}|{{ '日本語'[::-1] }}", {}),
+    ("{{ 'x'.startswith(('a', 'x')) }}{{ 'aaa'.replace('a', 'b', 2) }}{{ {'b': 1, 'a': 2}|dictsort }}"
+     "{{ 2 ** 3 }}{{ 2 * 3 ** 2 }}{{ 2 ** 0.5 > 1 }}", {}),
+    ("[{{ missing.attr.deeper }}{{ none.x }}{{ [1]['x'] }}]{{ 'abc'[2:-1:-1] }}{{ 'abcd'[-3:-1] }}"
+     "{{ [1, 2, 3][::-2] }}{{ [1, 2, 3][5:] }}", {}),
+    ("a\u00a0\u3000 {{- 'b' -}} \u2003\nc{{ 'x' }}\u00a0{%- if true %}y{% endif %}", {}),
+    ("{{ '\u00a0x\u3000'|trim }}|{{ ' x\n'.strip() }}|{{ 'xx'.rstrip('x') }}", {}),
     ("{%- set x = 'a' -%}\n  {{ x }}  \n{%- if true %}\n  in\n{%- endif %}\nend", {}),
 ]
+
+# Larger templates in the style of real chat templates (written for this corpus): reversed
+# scans with namespace, reasoning split on </think>, tool calls as JSON, tool-result grouping.
+TOOL_STYLE = (
+    "{%- set ns = namespace(last_user=-1, sys='') %}"
+    "{%- for m in messages[::-1] %}{%- set i = (messages|length - 1) - loop.index0 %}"
+    "{%- if ns.last_user < 0 and m.role == 'user' and m.content is string %}"
+    "{%- set ns.last_user = i %}{%- endif %}{%- endfor %}"
+    "{%- if tools %}<|system|>\n# Tools\n{%- for t in tools %}\n{{ t | tojson }}{%- endfor %}\n"
+    "{%- if messages[0].role == 'system' %}{{ messages[0].content | trim }}\n{%- endif %}<|end|>\n"
+    "{%- elif messages and messages[0]['role'] == 'system' %}<|system|>\n{{ messages[0]['content'] }}<|end|>\n"
+    "{%- endif %}"
+    "{%- for m in messages %}"
+    "{%- set content = m.content if m.content is string else '' %}"
+    "{%- if m.role == 'user' or (m.role == 'system' and not loop.first) %}"
+    "<|{{ m.role }}|>\n{{ content }}<|end|>\n"
+    "{%- elif m.role == 'assistant' %}"
+    "{%- if '</think>' in content %}"
+    "{%- set reasoning = content.split('</think>')[0].rstrip('\\n').split('<think>')[-1].lstrip('\\n') %}"
+    "{%- set content = content.split('</think>')[-1].lstrip('\\n') %}"
+    "{%- else %}{%- set reasoning = '' %}{%- endif %}"
+    "<|assistant|>\n{%- if loop.index0 > ns.last_user and reasoning %}<think>{{ reasoning.strip() }}</think>{%- endif %}"
+    "{{ content }}"
+    "{%- if m.tool_calls %}{%- for call in m.tool_calls %}"
+    "{%- if (loop.first and content) or not loop.first %}\n{%- endif %}"
+    "{%- set f = call.function if call.function else call %}"
+    "<call>{\"name\": \"{{ f.name }}\", \"arguments\": "
+    "{{ f.arguments if f.arguments is string else f.arguments | tojson }}}</call>"
+    "{%- endfor %}{%- endif %}<|end|>\n"
+    "{%- elif m.role == 'system' %}"
+    "{%- elif m.role == 'tool' %}"
+    "{%- if loop.first or messages[loop.index0 - 1].role != 'tool' %}<|user|>{%- endif %}"
+    "\n<result>{{ content }}</result>"
+    "{%- if loop.last or messages[loop.index0 + 1].role != 'tool' %}<|end|>\n{%- endif %}"
+    "{%- else %}{{ raise_exception('unknown role: ' + m.role) }}"
+    "{%- endif %}{%- endfor %}"
+    "{%- if add_generation_prompt %}<|assistant|>\n{%- endif %}")
+TOOLS = [{"type": "function", "function": {"name": "get_weather", "description": "Weather.",
+          "parameters": {"type": "object", "properties": {"city": {"type": "string"}},
+                         "required": ["city"]}}}]
+tool_conversations = [
+    {"messages": [{"role": "user", "content": "hi"}], "add_generation_prompt": True},
+    {"messages": [{"role": "system", "content": "  be brief  "}, {"role": "user", "content": "Weather?"},
+                  {"role": "assistant", "content": "<think>\nneed tool\n</think>\n\nChecking.",
+                   "tool_calls": [{"type": "function", "function": {"name": "get_weather",
+                                                                    "arguments": {"city": "Paris"}}},
+                                  {"name": "get_weather", "arguments": "{\"city\": \"Nice\"}"}]},
+                  {"role": "tool", "content": "18C"}, {"role": "tool", "content": "21C"},
+                  {"role": "assistant", "content": "<think>both known</think>Paris 18C, Nice 21C."}],
+     "tools": TOOLS, "add_generation_prompt": False},
+    {"messages": [{"role": "user", "content": "a"}, {"role": "assistant", "content": "<think>old</think>b"},
+                  {"role": "user", "content": "c"}, {"role": "assistant", "content": None,
+                   "tool_calls": [{"function": {"name": "f", "arguments": {}}}]}],
+     "add_generation_prompt": True},
+    {"messages": [{"role": "wizard", "content": "x"}]},
+]
+for conversation in tool_conversations:
+    cases.append((TOOL_STYLE, dict(conversation, tools=conversation.get("tools", []))))
+
+LLAMA_STYLE = (
+    "{{- bos_token }}{%- if messages[0]['role'] == 'system' %}"
+    "{%- set system_message = messages[0]['content']|trim %}{%- set messages = messages[1:] %}"
+    "{%- else %}{%- set system_message = '' %}{%- endif %}"
+    "<|start_header_id|>system<|end_header_id|>\n\n"
+    "{%- if tools is not none %}Environment: ipython\n{%- endif %}\n"
+    "Today Date: {{ date_string | default('26 Jul 2024') }}\n\n"
+    "{%- if tools is not none %}Use these functions:\n\n{%- for t in tools %}{{- t | tojson(indent=4) }}\n\n{%- endfor %}{%- endif %}"
+    "{{- system_message }}<|eot_id|>"
+    "{%- for message in messages %}"
+    "{%- if (message['role'] == 'user') != (loop.index0 % 2 == 0) %}"
+    "{{- raise_exception('Conversation roles must alternate user/assistant/user/assistant/...') }}{%- endif %}"
+    "{{- '<|start_header_id|>' + message['role'] + '<|end_header_id|>\n\n' + message['content'] | trim + '<|eot_id|>' }}"
+    "{%- endfor %}"
+    "{%- if add_generation_prompt %}{{- '<|start_header_id|>assistant<|end_header_id|>\n\n' }}{%- endif %}")
+for conversation in [
+        {"messages": [{"role": "system", "content": " sys "}, {"role": "user", "content": " hi "},
+                      {"role": "assistant", "content": "hello"}, {"role": "user", "content": "bye"}],
+         "add_generation_prompt": True, "bos_token": "<|begin_of_text|>", "tools": None},
+        {"messages": [{"role": "user", "content": "x"}], "add_generation_prompt": False,
+         "bos_token": "<s>", "tools": TOOLS},
+        {"messages": [{"role": "user", "content": "x"}, {"role": "user", "content": "y"}],
+         "bos_token": "<s>", "tools": None}]:
+    cases.append((LLAMA_STYLE, conversation))
+
 with open("jinja_cases.jsonl", "w", encoding="utf-8") as out:
     for template, context in cases:
         out.write(json.dumps({"template": template, "context": context}, ensure_ascii=False) + "\n")

@@ -6,7 +6,10 @@
 // works when started through a Bazel runfiles symlink.
 //
 //   node reference.js model_dir                 -> {"model_dir": the model directory}
-//   node reference.js encode CORPUS.jsonl       -> per line {"ids", "ids_with_special"}
+//   node reference.js encode CORPUS.jsonl       -> per line {"ids", "ids_with_special", "decoded"}
+//   node reference.js encode CORPUS.jsonl TOKENIZER.json
+//                                               -> the same for another tokenizer.json, whose own
+//                                                  post-processor gives ids_with_special
 //   node reference.js render CONVERSATIONS.jsonl -> per line {"prompt"} or {"error"}
 //   node reference.js jinja CASES.jsonl         -> per line {"output"} or {"error"}
 'use strict';
@@ -43,8 +46,21 @@ function rowText(row) {
   return row.text;
 }
 
-async function encode(corpusFile) {
+async function encode(corpusFile, tokenizerFile) {
   const { Tokenizer, templateProcessing } = load('@anush008/tokenizers');
+  if (tokenizerFile !== undefined) {
+    const tokenizer = Tokenizer.fromFile(tokenizerFile);
+    const out = [];
+    for (const row of readJsonl(corpusFile)) {
+      const text = rowText(row);
+      const ids = (await tokenizer.encode(text, null, { addSpecialTokens: false })).getIds();
+      const idsWithSpecial = (await tokenizer.encode(text, null, { addSpecialTokens: true })).getIds();
+      const decoded = await tokenizer.decode(ids, false);
+      out.push(JSON.stringify({ ids, ids_with_special: idsWithSpecial, decoded }));
+    }
+    process.stdout.write(out.join('\n') + '\n');
+    return;
+  }
   const dir = modelDir();
   const config = JSON.parse(fs.readFileSync(path.join(dir, 'tokenizer_config.json'), 'utf8'));
   const plain = Tokenizer.fromFile(path.join(dir, 'tokenizer.json'));
@@ -106,11 +122,11 @@ function jinja(casesFile) {
   process.stdout.write(out.join('\n') + '\n');
 }
 
-const [command, file] = process.argv.slice(2);
+const [command, file, extra] = process.argv.slice(2);
 if (command === 'model_dir') {
   process.stdout.write(JSON.stringify({ model_dir: modelDir() }) + '\n');
 } else if (command === 'encode') {
-  encode(file).catch((e) => { process.stderr.write(String(e.stack) + '\n'); process.exit(1); });
+  encode(file, extra).catch((e) => { process.stderr.write(String(e.stack) + '\n'); process.exit(1); });
 } else if (command === 'render') {
   render(file);
 } else if (command === 'jinja') {

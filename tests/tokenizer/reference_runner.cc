@@ -35,9 +35,8 @@ std::string RunfilePath(const std::string& workspace_path) {
 }
 
 absl::StatusOr<std::vector<nlohmann::ordered_json>> RunReference(const std::string& args) {
-  const std::string command = absl::StrCat(NodeBinary(), " ",
-                                           RunfilePath("tests/tokenizer/reference.js"), " ",
-                                           args, " 2>&1");
+  const std::string command = absl::StrCat(
+      NodeBinary(), " ", RunfilePath("tests/tokenizer/reference.js"), " ", args, " 2>&1");
   FILE* pipe = popen(command.c_str(), "r");
   if (pipe == nullptr) return absl::InternalError(absl::StrCat("cannot run ", command));
   std::string output;
@@ -46,8 +45,8 @@ absl::StatusOr<std::vector<nlohmann::ordered_json>> RunReference(const std::stri
   while ((n = fread(buffer, 1, sizeof(buffer), pipe)) > 0) output.append(buffer, n);
   const int status = pclose(pipe);
   if (status != 0) {
-    return absl::FailedPreconditionError(absl::StrCat("`", command, "` failed (status ", status,
-                                                      "): ", output, "\n", kInstallHint));
+    return absl::FailedPreconditionError(
+        absl::StrCat("`", command, "` failed (status ", status, "): ", output, "\n", kInstallHint));
   }
   std::vector<nlohmann::ordered_json> rows;
   for (absl::string_view line : absl::StrSplit(output, '\n', absl::SkipEmpty())) {

@@ -2,7 +2,11 @@
 // ids with and without special tokens, decoding, round trips, and streaming detokenization.
 // The expected values come from reference.js at test time, never from our own code.
 #include <cstdint>
+#include <cstdlib>
+#include <fstream>
+#include <functional>
 #include <memory>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -113,6 +117,148 @@ TEST_F(TokenizerParityTest, IncrementalDecodingEqualsOneShotAtEveryPrefix) {
       ASSERT_TRUE(rest.ok());
       ASSERT_EQ(streamed + *rest, *one_shot) << "corpus line " << i + 1 << " prefix " << k;
     }
+  }
+}
+
+// The real tokenizer.json with one component swapped, so that configurations DeepSeek-V3 does
+// not use (other pre-tokenizers and Split behaviors, added-token options, normalizers, a
+// TemplateProcessing post-processor) are checked against HF too.
+struct Variant {
+  const char* name;
+  std::function<void(nlohmann::json*)> apply;
+};
+
+nlohmann::json AddedToken(int id, const char* content, bool special, bool normalized, bool lstrip,
+                          bool rstrip, bool single_word) {
+  return {{"id", id},          {"content", content}, {"single_word", single_word},
+          {"lstrip", lstrip},  {"rstrip", rstrip},   {"normalized", normalized},
+          {"special", special}};
+}
+
+std::vector<Variant> Variants() {
+  const nlohmann::json byte_level = {{"type", "ByteLevel"},
+                                     {"add_prefix_space", false},
+                                     {"trim_offsets", true},
+                                     {"use_regex", false}};
+  return {
+      {"gpt2_byte_level",
+       [](nlohmann::json* t) {
+         (*t)["pre_tokenizer"] = {{"type", "ByteLevel"},
+                                  {"add_prefix_space", true},
+                                  {"trim_offsets", true},
+                                  {"use_regex", true}};
+       }},
+      {"split_behaviors",
+       [byte_level](nlohmann::json* t) {
+         auto split = [](nlohmann::json pattern, const char* behavior, bool invert) {
+           return nlohmann::json{
+               {"type", "Split"}, {"pattern", pattern}, {"behavior", behavior}, {"invert", invert}};
+         };
+         (*t)["pre_tokenizer"] = {{"type", "Sequence"},
+                                  {"pretokenizers",
+                                   {split({{"Regex", "\\s+"}}, "MergedWithPrevious", false),
+                                    split({{"String", ","}}, "MergedWithNext", false),
+                                    split({{"Regex", "[A-Z]"}}, "Contiguous", false),
+                                    split({{"Regex", "\\x{3000}"}}, "Removed", false),
+                                    split({{"Regex", "[^\\p{P}]+"}}, "Isolated", true),
+                                    {{"type", "Digits"}, {"individual_digits", true}},
+                                    byte_level}}};
+       }},
+      {"digits_contiguous",
+       [](nlohmann::json* t) {
+         (*t)["pre_tokenizer"] = {{"type", "Sequence"},
+                                  {"pretokenizers",
+                                   {{{"type", "Digits"}, {"individual_digits", false}},
+                                    {{"type", "ByteLevel"},
+                                     {"add_prefix_space", false},
+                                     {"trim_offsets", true},
+                                     {"use_regex", true}}}}};
+       }},
+      {"added_token_options",
+       [](nlohmann::json* t) {
+         auto& added = (*t)["added_tokens"];
+         added.push_back(AddedToken(128815, "<tool>", false, false, true, true, false));
+         added.push_back(AddedToken(128816, "cat", false, false, false, false, true));
+         added.push_back(AddedToken(128817, "Hello", false, true, true, false, false));
+         added.push_back(AddedToken(128818, "世界", true, false, false, true, true));
+         added.push_back(AddedToken(128819, "ab", false, true, false, false, false));
+         added.push_back(AddedToken(128820, "abc", false, false, false, false, false));
+       }},
+      {"normalizers",
+       [](nlohmann::json* t) {
+         (*t)["normalizer"] = {
+             {"type", "Sequence"},
+             {"normalizers",
+              {{{"type", "Strip"}, {"strip_left", true}, {"strip_right", true}},
+               {{"type", "Replace"}, {"pattern", {{"Regex", " {2,}"}}}, {"content", " "}},
+               {{"type", "Replace"}, {"pattern", {{"String", "\t"}}}, {"content", "<tab>"}},
+               {{"type", "Prepend"}, {"prepend", "^"}}}}};
+         auto& added = (*t)["added_tokens"];
+         added.push_back(AddedToken(128815, "<tab>", false, true, false, false, false));
+         added.push_back(AddedToken(128816, "^Hello", false, true, false, false, false));
+       }},
+      {"template_post_processor",
+       [](nlohmann::json* t) {
+         (*t)["post_processor"] = {
+             {"type", "TemplateProcessing"},
+             {"single",
+              {{{"SpecialToken", {{"id", "<｜begin▁of▁sentence｜>"}, {"type_id", 0}}}},
+               {{"Sequence", {{"id", "A"}, {"type_id", 0}}}},
+               {{"SpecialToken", {{"id", "<｜end▁of▁sentence｜>"}, {"type_id", 0}}}}}},
+             {"pair",
+              {{{"Sequence", {{"id", "A"}, {"type_id", 0}}}},
+               {{"Sequence", {{"id", "B"}, {"type_id", 1}}}}}},
+             {"special_tokens",
+              {{"<｜begin▁of▁sentence｜>",
+                {{"id", "<｜begin▁of▁sentence｜>"},
+                 {"ids", {0}},
+                 {"tokens", {"<｜begin▁of▁sentence｜>"}}}},
+               {"<｜end▁of▁sentence｜>",
+                {{"id", "<｜end▁of▁sentence｜>"},
+                 {"ids", {1}},
+                 {"tokens", {"<｜end▁of▁sentence｜>"}}}}}}};
+       }},
+  };
+}
+
+TEST_F(TokenizerParityTest, VariantConfigurationsMatchHfTokenizers) {
+  ASSERT_NE(tokenizer_, nullptr);
+  auto dir = ReferenceModelDir();
+  ASSERT_TRUE(dir.ok()) << dir.status();
+  std::ifstream file(*dir + "/tokenizer.json");
+  std::stringstream text;
+  text << file.rdbuf();
+  const nlohmann::json original = nlohmann::json::parse(text.str(), nullptr, false);
+  ASSERT_FALSE(original.is_discarded());
+  const std::string corpus_path = RunfilePath("tests/tokenizer/corpus.jsonl");
+  for (const Variant& variant : Variants()) {
+    SCOPED_TRACE(variant.name);
+    nlohmann::json modified = original;
+    variant.apply(&modified);
+    const std::string path = std::string(std::getenv("TEST_TMPDIR")) + "/" + variant.name + ".json";
+    std::ofstream(path) << modified.dump();
+    auto tokenizer = Tokenizer::FromJson(modified.dump(), nullptr);
+    ASSERT_TRUE(tokenizer.ok()) << tokenizer.status();
+    auto expected = RunReference("encode " + corpus_path + " " + path);
+    ASSERT_TRUE(expected.ok()) << expected.status();
+    ASSERT_EQ(expected->size(), inputs_->size());
+    int mismatches = 0;
+    for (size_t i = 0; i < inputs_->size(); ++i) {
+      const std::vector<uint32_t> ids = (*tokenizer)->Encode((*inputs_)[i], false);
+      const std::vector<uint32_t> with_special = (*tokenizer)->Encode((*inputs_)[i], true);
+      auto decoded = (*tokenizer)->Decode(ids, false);
+      ASSERT_TRUE(decoded.ok());
+      const auto& want = (*expected)[i];
+      if (ids != Ids(want["ids"]) || with_special != Ids(want["ids_with_special"]) ||
+          *decoded != want["decoded"].get<std::string>()) {
+        if (++mismatches <= 3) {
+          ADD_FAILURE() << "corpus line " << i + 1 << " '" << absl::CHexEscape((*inputs_)[i])
+                        << "'\n ours: " << absl::StrJoin(with_special, ",")
+                        << "\n   hf: " << absl::StrJoin(Ids(want["ids_with_special"]), ",");
+        }
+      }
+    }
+    EXPECT_EQ(mismatches, 0) << "of " << inputs_->size() << " corpus lines";
   }
 }
 

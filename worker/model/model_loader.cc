@@ -14,9 +14,30 @@
 
 namespace deepinfer {
 
+absl::StatusOr<std::unique_ptr<ExpertDispatcher>> MakeLocalExpertDispatcher(
+    const ModelConfig& config, const ModelWeights& weights, Backend* backend) {
+  // Experts hosted in every MoE layer; a single-rank dispatcher serves exactly these.
+  std::vector<int64_t> local;
+  for (int64_t e = 0; e < config.n_routed_experts; ++e) {
+    bool everywhere = true;
+    for (const LayerWeights& l : weights.layers) {
+      if (l.moe && !l.experts.count(e)) everywhere = false;
+    }
+    if (everywhere) local.push_back(e);
+  }
+  return std::unique_ptr<ExpertDispatcher>(std::make_unique<LocalExpertDispatcher>(
+      backend, config.n_routed_experts, config.hidden_size, std::move(local)));
+}
+
 absl::StatusOr<std::unique_ptr<DeepseekV3Model>> LoadDeepseekV3(const std::string& model,
                                                                 Backend* backend,
                                                                 const LoadOptions& options) {
+  return LoadDeepseekV3(model, backend, options, MakeLocalExpertDispatcher);
+}
+
+absl::StatusOr<std::unique_ptr<DeepseekV3Model>> LoadDeepseekV3(
+    const std::string& model, Backend* backend, const LoadOptions& options,
+    const ExpertDispatcherFactory& make_dispatcher) {
   std::unique_ptr<WeightSource> source;
   std::string config_path;
   if (absl::StartsWith(model, "dummy:")) {
@@ -43,19 +64,11 @@ absl::StatusOr<std::unique_ptr<DeepseekV3Model>> LoadDeepseekV3(const std::strin
   }
   auto weights = ModelWeights::Load(*config, source.get(), backend, options);
   if (!weights.ok()) return weights.status();
-  // Experts hosted in every MoE layer; a single-rank dispatcher serves exactly these.
-  std::vector<int64_t> local;
-  for (int64_t e = 0; e < config->n_routed_experts; ++e) {
-    bool everywhere = true;
-    for (const LayerWeights& l : (*weights)->layers) {
-      if (l.moe && !l.experts.count(e)) everywhere = false;
-    }
-    if (everywhere) local.push_back(e);
-  }
   std::unique_ptr<ExpertDispatcher> dispatcher;
   if (config->n_routed_experts > 0) {
-    dispatcher = std::make_unique<LocalExpertDispatcher>(backend, config->n_routed_experts,
-                                                         config->hidden_size, std::move(local));
+    auto made = make_dispatcher(*config, **weights, backend);
+    if (!made.ok()) return made.status();
+    dispatcher = std::move(*made);
   }
   return DeepseekV3Model::Create(*config, std::move(*weights), backend, std::move(dispatcher));
 }

@@ -6,6 +6,7 @@
 #ifndef DEEPINFER_WORKER_MODEL_MODEL_LOADER_H_
 #define DEEPINFER_WORKER_MODEL_MODEL_LOADER_H_
 
+#include <functional>
 #include <memory>
 #include <string>
 
@@ -19,6 +20,21 @@ namespace deepinfer {
 absl::StatusOr<std::unique_ptr<DeepseekV3Model>> LoadDeepseekV3(const std::string& model,
                                                                 Backend* backend,
                                                                 const LoadOptions& options = {});
+
+// Builds the ExpertDispatcher of a model once its config and weights are loaded (an
+// expert-parallel rank wires its communicator in here).
+using ExpertDispatcherFactory = std::function<absl::StatusOr<std::unique_ptr<ExpertDispatcher>>(
+    const ModelConfig& config, const ModelWeights& weights, Backend* backend)>;
+
+// As above, with the dispatcher made by `make_dispatcher` (only called for MoE models).
+absl::StatusOr<std::unique_ptr<DeepseekV3Model>> LoadDeepseekV3(
+    const std::string& model, Backend* backend, const LoadOptions& options,
+    const ExpertDispatcherFactory& make_dispatcher);
+
+// The single-rank dispatcher LoadDeepseekV3 uses by default: a LocalExpertDispatcher over the
+// experts the weights hold in every MoE layer.
+absl::StatusOr<std::unique_ptr<ExpertDispatcher>> MakeLocalExpertDispatcher(
+    const ModelConfig& config, const ModelWeights& weights, Backend* backend);
 
 }  // namespace deepinfer
 

@@ -5,6 +5,8 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "glog/logging.h"
+#include "worker/tokenizer/regex.h"
 #include "worker/tokenizer/utf8.h"
 
 namespace deepinfer::tokenizer {
@@ -16,11 +18,20 @@ size_t PreviousCharStart(absl::string_view text, size_t end) {
   return start;
 }
 
-// Rust's char::is_alphanumeric plus '_' (the word characters of HF's single_word check),
-// approximated for non-ASCII by "not whitespace and not ASCII punctuation".
-bool IsWordChar(char32_t c) {
-  if (c < 0x80) return std::isalnum(static_cast<int>(c)) || c == '_';
-  return !IsUnicodeWhitespace(c);
+// A word character as HF's single_word check sees it: \w of Rust's regex crate
+// (Alphabetic, marks, decimal digits, connector punctuation, joiners).
+bool IsWordChar(absl::string_view character) {
+  static const Regex* word = [] {
+    auto compiled = Regex::Compile("[\\p{L}\\p{Nl}\\p{M}\\p{Nd}\\p{Pc}\\x{200C}\\x{200D}]");
+    CHECK(compiled.ok()) << compiled.status();
+    return compiled->release();
+  }();
+  return word->FullMatch(character);
+}
+
+absl::string_view CharAt(absl::string_view text, size_t pos) {
+  const size_t length = ValidUtf8SequenceLength(text, pos);
+  return text.substr(pos, length == 0 ? 1 : length);
 }
 
 }  // namespace
@@ -65,8 +76,9 @@ absl::StatusOr<std::vector<AddedToken>> AddedVocabulary::ParseJson(
   for (const auto& entry : added_tokens) {
     auto id = entry.find("id");
     auto content = entry.find("content");
-    if (!entry.is_object() || id == entry.end() || !(id->is_number_integer() && id->get<int64_t>() >= 0) ||
-        content == entry.end() || !content->is_string()) {
+    if (!entry.is_object() || id == entry.end() ||
+        !(id->is_number_integer() && id->get<int64_t>() >= 0) || content == entry.end() ||
+        !content->is_string()) {
       return absl::InvalidArgumentError(absl::StrCat("bad added token ", entry.dump()));
     }
     auto flag = [&](const char* key, bool fallback) {
@@ -127,10 +139,9 @@ void AddedVocabulary::Split(absl::string_view text, bool normalized_pass,
     const AddedToken& token = tokens_[index];
     size_t begin = pos, end = pos + length;
     if (token.single_word) {
-      size_t n;
       const bool word_before =
-          begin > 0 && IsWordChar(DecodeCodePoint(text, PreviousCharStart(text, begin), &n));
-      const bool word_after = end < text.size() && IsWordChar(DecodeCodePoint(text, end, &n));
+          begin > 0 && IsWordChar(CharAt(text, PreviousCharStart(text, begin)));
+      const bool word_after = end < text.size() && IsWordChar(CharAt(text, end));
       if (word_before || word_after) {
         // HF's matcher resumes after the rejected match, not inside it.
         pos = end;

@@ -34,8 +34,8 @@ std::vector<std::string> Split(const AddedVocabulary& vocabulary, const std::str
 }
 
 TEST(AddedVocabularyTest, LeftmostLongestMatch) {
-  auto vocabulary = AddedVocabulary::Create({Token(1, "<a>"), Token(2, "<a><b>"), Token(3, "b")},
-                                            nullptr);
+  auto vocabulary =
+      AddedVocabulary::Create({Token(1, "<a>"), Token(2, "<a><b>"), Token(3, "b")}, nullptr);
   ASSERT_TRUE(vocabulary.ok());
   EXPECT_THAT(Split(**vocabulary, "x<a><b>y<a>b"),
               ElementsAre("x", "#2:<a><b>", "y", "#1:<a>", "#3:b"));

@@ -108,8 +108,8 @@ absl::StatusOr<std::unique_ptr<BpeModel>> BpeModel::FromJson(const nlohmann::jso
     auto right_id = model->vocab_.find(right);
     // The merged token drops the right part's continuation prefix.
     std::string merged = left;
-    if (prefix_length > 0 && absl::string_view(right).substr(0, prefix_length) ==
-                                 model->continuing_subword_prefix_) {
+    if (prefix_length > 0 &&
+        absl::string_view(right).substr(0, prefix_length) == model->continuing_subword_prefix_) {
       merged += right.substr(prefix_length);
     } else {
       merged += right;

@@ -32,8 +32,9 @@ TEST(BpeModelTest, AppliesMergesByRank) {
   // a|b merges first; "ab c" is not a merge, so it stops at ab|c.
   EXPECT_THAT(Tokenize(*ab_first, "abc"), ElementsAre(3, 2));
   // The newer list-of-pairs merge format.
-  auto pairs = Model({{"vocab", vocab}, {"merges", nlohmann::json::array({nlohmann::json::array({"b", "c"}),
-                                                          nlohmann::json::array({"a", "bc"})})}});
+  auto pairs = Model({{"vocab", vocab},
+                      {"merges", nlohmann::json::array({nlohmann::json::array({"b", "c"}),
+                                                        nlohmann::json::array({"a", "bc"})})}});
   EXPECT_THAT(Tokenize(*pairs, "abc"), ElementsAre(5));
 }
 
@@ -45,7 +46,8 @@ TEST(BpeModelTest, EqualRanksMergeLeftmostFirst) {
 
 TEST(BpeModelTest, UnknownCharacters) {
   const nlohmann::json vocab = {{"<unk>", 0}, {"a", 1}};
-  auto plain = Model({{"vocab", vocab}, {"merges", nlohmann::json::array()}, {"unk_token", "<unk>"}});
+  auto plain =
+      Model({{"vocab", vocab}, {"merges", nlohmann::json::array()}, {"unk_token", "<unk>"}});
   EXPECT_THAT(Tokenize(*plain, "xya"), ElementsAre(0, 0, 1));
   auto fused = Model({{"vocab", vocab},
                       {"merges", nlohmann::json::array()},
@@ -76,7 +78,8 @@ TEST(BpeModelTest, ContinuingSubwordPrefixAndIgnoreMerges) {
                       {"merges", nlohmann::json::array()},
                       {"ignore_merges", true}});
   EXPECT_THAT(Tokenize(*whole, "ab"), ElementsAre(2));
-  auto split = Model({{"vocab", {{"a", 0}, {"b", 1}, {"ab", 2}}}, {"merges", nlohmann::json::array()}});
+  auto split =
+      Model({{"vocab", {{"a", 0}, {"b", 1}, {"ab", 2}}}, {"merges", nlohmann::json::array()}});
   EXPECT_THAT(Tokenize(*split, "ab"), ElementsAre(0, 1));
 }
 
@@ -91,7 +94,8 @@ TEST(BpeModelTest, Lookups) {
 }
 
 TEST(BpeModelTest, RejectsBrokenModels) {
-  EXPECT_FALSE(BpeModel::FromJson({{"type", "BPE"}, {"vocab", {{"a", 0}}}, {"merges", {"a b"}}}).ok());
+  EXPECT_FALSE(
+      BpeModel::FromJson({{"type", "BPE"}, {"vocab", {{"a", 0}}}, {"merges", {"a b"}}}).ok());
   EXPECT_FALSE(BpeModel::FromJson({{"type", "BPE"}, {"merges", nlohmann::json::array()}}).ok());
   EXPECT_EQ(BpeModel::FromJson({{"type", "BPE"},
                                 {"vocab", {{"a", 0}}},

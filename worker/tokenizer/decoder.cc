@@ -172,7 +172,9 @@ absl::StatusOr<std::unique_ptr<Decoder>> Decoder::FromJson(const nlohmann::json&
     if (!content.ok()) return content.status();
     auto number = [&](const char* key) -> size_t {
       auto it = config.find(key);
-      return it != config.end() && it->is_number_integer() && it->get<int64_t>() >= 0 ? it->get<size_t>() : 0;
+      return it != config.end() && it->is_number_integer() && it->get<int64_t>() >= 0
+                 ? it->get<size_t>()
+                 : 0;
     };
     return std::unique_ptr<Decoder>(
         new StripDecoder(*std::move(content), number("start"), number("stop")));

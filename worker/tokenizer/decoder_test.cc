@@ -28,7 +28,9 @@ TEST(DecoderTest, ByteFallbackRuns) {
   const nlohmann::json config = {{"type", "ByteFallback"}};
   EXPECT_EQ(Decode(config, {"<0xE4>", "<0xBD>", "<0xA0>", "a"}), "你a");
   // An invalid run gives one U+FFFD per byte token (HF's rule, unlike lossy UTF-8).
-  EXPECT_EQ(Decode(config, {"<0xE4>", "<0xBD>", "a"}), "\xEF\xBF\xBD\xEF\xBF\xBD" "a");
+  EXPECT_EQ(Decode(config, {"<0xE4>", "<0xBD>", "a"}),
+            "\xEF\xBF\xBD\xEF\xBF\xBD"
+            "a");
   EXPECT_EQ(Decode(config, {"<0x41>", "<0xZZ>"}), "A<0xZZ>");
 }
 

@@ -123,8 +123,8 @@ absl::StatusOr<std::unique_ptr<Normalizer>> Normalizer::FromJson(const nlohmann:
         new ReplaceNormalizer(*std::move(pattern), *std::move(content)));
   }
   if (*type == "Strip") {
-    return std::unique_ptr<Normalizer>(new StripNormalizer(GetBoolField(config, "strip_left", true),
-                                                           GetBoolField(config, "strip_right", true)));
+    return std::unique_ptr<Normalizer>(new StripNormalizer(
+        GetBoolField(config, "strip_left", true), GetBoolField(config, "strip_right", true)));
   }
   return absl::UnimplementedError(absl::StrCat("normalizer type '", *type, "' is not supported"));
 }

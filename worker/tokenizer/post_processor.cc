@@ -52,7 +52,8 @@ absl::StatusOr<std::unique_ptr<PostProcessor>> TemplateFromJson(const nlohmann::
       }
       std::vector<uint32_t>& out = special_ids[name];
       for (const auto& id : *ids) {
-        if (!(id.is_number_integer() && id.get<int64_t>() >= 0)) return absl::InvalidArgumentError("bad special token id");
+        if (!(id.is_number_integer() && id.get<int64_t>() >= 0))
+          return absl::InvalidArgumentError("bad special token id");
         out.push_back(id.get<uint32_t>());
       }
     }

@@ -161,8 +161,7 @@ void SplitWithPattern(const std::string& text, const Regex& pattern, SplitBehavi
   }
 }
 
-absl::StatusOr<std::unique_ptr<PreTokenizer>> PreTokenizer::FromJson(
-    const nlohmann::json& config) {
+absl::StatusOr<std::unique_ptr<PreTokenizer>> PreTokenizer::FromJson(const nlohmann::json& config) {
   if (config.is_null()) return std::unique_ptr<PreTokenizer>();
   auto type = GetStringField(config, "type", "pre_tokenizer");
   if (!type.ok()) return type.status();

@@ -69,9 +69,10 @@ TEST(PreTokenizerTest, StringPatternIsLiteral) {
 
 TEST(PreTokenizerTest, ByteLevel) {
   // Bytes map to GPT-2's printable alphabet: space -> "Ġ", "é" (C3 A9) -> "Ã©".
-  EXPECT_THAT(PreTokenize({{"type", "ByteLevel"}, {"add_prefix_space", false}, {"use_regex", false}},
-                          "a bé"),
-              ElementsAre("aĠbÃ©"));
+  EXPECT_THAT(
+      PreTokenize({{"type", "ByteLevel"}, {"add_prefix_space", false}, {"use_regex", false}},
+                  "a bé"),
+      ElementsAre("aĠbÃ©"));
   EXPECT_THAT(PreTokenize({{"type", "ByteLevel"}, {"add_prefix_space", true}, {"use_regex", true}},
                           "it's 42  go"),
               ElementsAre("Ġit", "'s", "Ġ42", "Ġ", "Ġgo"));
@@ -82,26 +83,25 @@ TEST(PreTokenizerTest, DigitsAndSequence) {
               ElementsAre("a", "1", "2", "3", "b"));
   EXPECT_THAT(PreTokenize({{"type", "Digits"}, {"individual_digits", false}}, "a123b"),
               ElementsAre("a", "123", "b"));
-  EXPECT_THAT(PreTokenize({{"type", "Sequence"},
-                           {"pretokenizers",
-                            {{{"type", "Digits"}, {"individual_digits", false}},
-                             {{"type", "ByteLevel"}, {"add_prefix_space", false}, {"use_regex", false}}}}},
-                          "x 12"),
-              ElementsAre("xĠ", "12"));
+  EXPECT_THAT(
+      PreTokenize({{"type", "Sequence"},
+                   {"pretokenizers",
+                    {{{"type", "Digits"}, {"individual_digits", false}},
+                     {{"type", "ByteLevel"}, {"add_prefix_space", false}, {"use_regex", false}}}}},
+                  "x 12"),
+      ElementsAre("xĠ", "12"));
 }
 
 TEST(PreTokenizerTest, RejectsUnknownConfigurations) {
   EXPECT_EQ(PreTokenizer::FromJson({{"type", "Metaspace"}}).status().code(),
             absl::StatusCode::kUnimplemented);
-  EXPECT_EQ(PreTokenizer::FromJson({{"type", "Split"},
-                                    {"pattern", {{"Regex", "("}}},
-                                    {"behavior", "Isolated"}})
+  EXPECT_EQ(PreTokenizer::FromJson(
+                {{"type", "Split"}, {"pattern", {{"Regex", "("}}}, {"behavior", "Isolated"}})
                 .status()
                 .code(),
             absl::StatusCode::kInvalidArgument);
-  EXPECT_EQ(PreTokenizer::FromJson({{"type", "Split"},
-                                    {"pattern", {{"Regex", "a"}}},
-                                    {"behavior", "Sideways"}})
+  EXPECT_EQ(PreTokenizer::FromJson(
+                {{"type", "Split"}, {"pattern", {{"Regex", "a"}}}, {"behavior", "Sideways"}})
                 .status()
                 .code(),
             absl::StatusCode::kInvalidArgument);

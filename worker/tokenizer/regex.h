@@ -19,9 +19,9 @@ namespace deepinfer::tokenizer {
 
 class Regex {
  public:
-  // `pattern` is PCRE2 syntax; it is compiled with PCRE2_UTF | PCRE2_UCP so that \s, \w and
+  // PCRE2 syntax, compiled with PCRE2_UTF | PCRE2_UCP so that \s, \w and
   // \p{..} have their Unicode meaning, as in Oniguruma (which HF tokenizers uses).
-  static absl::StatusOr<std::unique_ptr<Regex>> Compile(absl::string_view pattern);
+  static absl::StatusOr<std::unique_ptr<Regex>> Compile(absl::string_view original_pattern);
   ~Regex();
   Regex(const Regex&) = delete;
   Regex& operator=(const Regex&) = delete;

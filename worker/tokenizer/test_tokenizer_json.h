@@ -3,8 +3,8 @@
 //
 // Vocabulary: the 256 byte-level characters (ids 0..255, by byte value) plus merged tokens
 // "he"=256 "ll"=257 "hell"=258 "hello"=259 "Ġw"=260 "or"=261 "Ġwor"=262 "Ġworl"=263
-// "Ġworld"=264. Added tokens: "<s>"=300 and "</s>"=301 (special), "<tool>"=302 (normalized,
-// lstrip, rstrip), "[X]"=303 (single_word).
+// "Ġworld"=264. Added tokens: "<s>"=265 and "</s>"=266 (special), "<tool>"=267 (normalized,
+// lstrip, rstrip), "[X]"=268 (single_word).
 #ifndef WORKER_TOKENIZER_TEST_TOKENIZER_JSON_H_
 #define WORKER_TOKENIZER_TEST_TOKENIZER_JSON_H_
 

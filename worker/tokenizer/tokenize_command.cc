@@ -40,8 +40,8 @@ absl::StatusOr<Json> ProcessLine(const std::string& line, const Tokenizer& token
   Json result;
   if (text != request.end()) {
     if (!text->is_string()) return absl::InvalidArgumentError("\"text\" must be a string");
-    result["ids"] = tokenizer.Encode(text->get_ref<const std::string&>(),
-                                     options.add_special_tokens);
+    result["ids"] =
+        tokenizer.Encode(text->get_ref<const std::string&>(), options.add_special_tokens);
     return result;
   }
   if (!messages->is_array()) return absl::InvalidArgumentError("\"messages\" must be a list");
@@ -70,8 +70,8 @@ absl::StatusOr<Json> ProcessLine(const std::string& line, const Tokenizer& token
 
 }  // namespace
 
-absl::Status RunTokenizeCommand(const TokenizeOptions& options, std::istream& in,
-                                std::ostream& out, std::ostream& err) {
+absl::Status RunTokenizeCommand(const TokenizeOptions& options, std::istream& in, std::ostream& out,
+                                std::ostream& err) {
   auto tokenizer = Tokenizer::FromDirectory(options.model_dir);
   if (!tokenizer.ok()) {
     return absl::Status(tokenizer.status().code(),

@@ -31,8 +31,8 @@ struct TokenizeOptions {
 //   kInvalidArgument "K of N input lines failed" if some lines failed (each has its error
 //     line in `out`);
 //   OK otherwise. The CLI should exit non-zero whenever the status is not OK.
-absl::Status RunTokenizeCommand(const TokenizeOptions& options, std::istream& in,
-                                std::ostream& out, std::ostream& err);
+absl::Status RunTokenizeCommand(const TokenizeOptions& options, std::istream& in, std::ostream& out,
+                                std::ostream& err);
 
 }  // namespace deepinfer::tokenizer
 

@@ -34,7 +34,8 @@ struct Result {
   std::string out, err;
 };
 
-Result RunTokenize(const std::string& dir, const std::string& input, bool add_special_tokens = true) {
+Result RunTokenize(const std::string& dir, const std::string& input,
+                   bool add_special_tokens = true) {
   std::istringstream in(input);
   std::ostringstream out, err;
   Result result;
@@ -47,12 +48,12 @@ Result RunTokenize(const std::string& dir, const std::string& input, bool add_sp
 TEST(TokenizeCommandTest, TextAndMessagesLines) {
   const std::string dir = MakeModelDir("model", true);
   Result r = RunTokenize(dir,
-                 "{\"text\": \"hello world\"}\n"
-                 "{\"messages\": [{\"role\": \"user\", \"content\": \"hello\"}]}\n");
+                         "{\"text\": \"hello world\"}\n"
+                         "{\"messages\": [{\"role\": \"user\", \"content\": \"hello\"}]}\n");
   EXPECT_TRUE(r.status.ok()) << r.status;
   EXPECT_EQ(r.out,
-            "{\"ids\":[300,259,264]}\n"
-            "{\"prompt\":\"<s>hello</s><tool>\",\"ids\":[300,259,301,302]}\n");
+            "{\"ids\":[265,259,264]}\n"
+            "{\"prompt\":\"<s>hello</s><tool>\",\"ids\":[265,259,266,267]}\n");
   EXPECT_EQ(r.err, "");
   // --add-special-tokens=false drops the BOS of text lines.
   EXPECT_EQ(RunTokenize(dir, "{\"text\": \"hello\"}\n", false).out, "{\"ids\":[259]}\n");
@@ -61,14 +62,14 @@ TEST(TokenizeCommandTest, TextAndMessagesLines) {
 TEST(TokenizeCommandTest, BadLinesGetErrorsAndOthersStillRun) {
   const std::string dir = MakeModelDir("model", true);
   Result r = RunTokenize(dir,
-                 "{\"text\": \"hello\"}\n"
-                 "not json\n"
-                 "{\"text\": 5}\n"
-                 "{\"messages\": [{\"role\": \"bad\", \"content\": \"x\"}]}\n"
-                 "{\"text\": \"a\", \"messages\": []}\n"
-                 "\n"
-                 "{\"text\": \"\xFF\"}\n"
-                 "{\"text\": \"hello\"}\n");
+                         "{\"text\": \"hello\"}\n"
+                         "not json\n"
+                         "{\"text\": 5}\n"
+                         "{\"messages\": [{\"role\": \"bad\", \"content\": \"x\"}]}\n"
+                         "{\"text\": \"a\", \"messages\": []}\n"
+                         "\n"
+                         "{\"text\": \"\xFF\"}\n"
+                         "{\"text\": \"hello\"}\n");
   EXPECT_EQ(r.status.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(r.status.message(), "6 of 8 input lines failed");
   std::istringstream lines(r.out);
@@ -76,14 +77,15 @@ TEST(TokenizeCommandTest, BadLinesGetErrorsAndOthersStillRun) {
   std::vector<std::string> out;
   while (std::getline(lines, line)) out.push_back(line);
   ASSERT_EQ(out.size(), 8u);
-  EXPECT_EQ(out[0], "{\"ids\":[300,259]}");
+  EXPECT_EQ(out[0], "{\"ids\":[265,259]}");
   EXPECT_EQ(out[1], "{\"error\":\"line 2: not valid JSON (or not valid UTF-8)\"}");
   EXPECT_EQ(out[2], "{\"error\":\"line 3: \\\"text\\\" must be a string\"}");
   EXPECT_EQ(out[3], "{\"error\":\"line 4: chat template failed: bad role\"}");
-  EXPECT_EQ(out[4], "{\"error\":\"line 5: expected exactly one of \\\"text\\\" or \\\"messages\\\"\"}");
+  EXPECT_EQ(out[4],
+            "{\"error\":\"line 5: expected exactly one of \\\"text\\\" or \\\"messages\\\"\"}");
   EXPECT_EQ(out[5], "{\"error\":\"line 6: empty line\"}");
   EXPECT_EQ(out[6], "{\"error\":\"line 7: not valid JSON (or not valid UTF-8)\"}");
-  EXPECT_EQ(out[7], "{\"ids\":[300,259]}");
+  EXPECT_EQ(out[7], "{\"ids\":[265,259]}");
   EXPECT_NE(r.err.find("tokenize: line 2: not valid JSON"), std::string::npos) << r.err;
 }
 
@@ -92,7 +94,7 @@ TEST(TokenizeCommandTest, ModelWithoutChatTemplateStillTokenizesText) {
   Result r = RunTokenize(dir, "{\"text\": \"hello\"}\n{\"messages\": []}\n");
   EXPECT_FALSE(r.status.ok());
   EXPECT_EQ(r.out,
-            "{\"ids\":[300,259]}\n"
+            "{\"ids\":[265,259]}\n"
             "{\"error\":\"line 2: cannot render messages: tokenizer_config.json has no "
             "chat_template\"}\n");
 }

@@ -1,5 +1,6 @@
 #include "worker/tokenizer/tokenizer.h"
 
+#include <algorithm>
 #include <fstream>
 #include <sstream>
 #include <utility>
@@ -7,6 +8,7 @@
 #include "absl/container/flat_hash_set.h"
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "glog/logging.h"
 #include "worker/tokenizer/utf8.h"
 
 namespace deepinfer::tokenizer {
@@ -24,10 +26,40 @@ absl::StatusOr<std::string> ReadFile(const std::string& path) {
 // add_bos_token / add_eos_token (LlamaTokenizerFast.update_post_processor and kin).
 bool RebuildsPostProcessor(const nlohmann::json& config) {
   static const auto* classes = new absl::flat_hash_set<std::string>{
-      "LlamaTokenizer", "LlamaTokenizerFast", "CodeLlamaTokenizer", "CodeLlamaTokenizerFast",
-      "GemmaTokenizer", "GemmaTokenizerFast"};
+      "LlamaTokenizer",         "LlamaTokenizerFast", "CodeLlamaTokenizer",
+      "CodeLlamaTokenizerFast", "GemmaTokenizer",     "GemmaTokenizerFast"};
   auto it = config.find("tokenizer_class");
   return it != config.end() && it->is_string() && classes->contains(it->get<std::string>());
+}
+
+// HF tokenizers ignores the ids written in added_tokens: while loading it adds the tokens in
+// order, and a token gets the id its content already has (as an earlier added token or in the
+// model vocabulary), or else the next id after the vocabulary / the largest added id. Real
+// files agree with this; for the ones that do not, HF's ids are the ones that count.
+void AssignAddedTokenIds(const BpeModel& model, std::vector<AddedToken>* tokens) {
+  absl::flat_hash_map<std::string, uint32_t> assigned;
+  std::optional<uint32_t> max_added;
+  const uint32_t vocab_size = static_cast<uint32_t>(model.VocabSize());
+  for (AddedToken& token : *tokens) {
+    uint32_t id;
+    auto earlier = assigned.find(token.content);
+    if (earlier != assigned.end()) {
+      id = earlier->second;
+    } else if (std::optional<uint32_t> in_vocab = model.TokenToId(token.content)) {
+      id = *in_vocab;
+    } else if (!max_added.has_value()) {
+      id = vocab_size;
+    } else {
+      id = (*max_added >= vocab_size || vocab_size == 0) ? *max_added + 1 : vocab_size;
+    }
+    if (id != token.id) {
+      LOG(WARNING) << "added token '" << token.content << "' has id " << token.id
+                   << " in tokenizer.json but gets id " << id << ", as in HF tokenizers";
+      token.id = id;
+    }
+    assigned.emplace(token.content, id);
+    max_added = max_added.has_value() ? std::max(*max_added, id) : id;
+  }
 }
 
 }  // namespace
@@ -60,7 +92,8 @@ absl::StatusOr<std::unique_ptr<Tokenizer>> Tokenizer::FromJson(
   std::unique_ptr<Tokenizer> tokenizer(new Tokenizer());
   tokenizer->config_ = tokenizer_config;
   auto annotate = [](const absl::Status& status, const char* what) {
-    return absl::Status(status.code(), absl::StrCat("tokenizer.json ", what, ": ", status.message()));
+    return absl::Status(status.code(),
+                        absl::StrCat("tokenizer.json ", what, ": ", status.message()));
   };
 
   auto normalizer = Normalizer::FromJson(section("normalizer"));
@@ -80,6 +113,7 @@ absl::StatusOr<std::unique_ptr<Tokenizer>> Tokenizer::FromJson(
   tokenizer->decoder_ = *std::move(decoder);
   auto added_tokens = AddedVocabulary::ParseJson(section("added_tokens"));
   if (!added_tokens.ok()) return annotate(added_tokens.status(), "added_tokens");
+  AssignAddedTokenIds(*tokenizer->model_, &*added_tokens);
   auto added_vocabulary =
       AddedVocabulary::Create(*std::move(added_tokens), tokenizer->normalizer_.get());
   if (!added_vocabulary.ok()) return annotate(added_vocabulary.status(), "added_tokens");
@@ -92,8 +126,8 @@ absl::StatusOr<std::unique_ptr<Tokenizer>> Tokenizer::FromJson(
     auto add = [&](const char* flag, bool fallback, const char* token_key,
                    std::vector<uint32_t>* out) -> absl::Status {
       auto it = tokenizer_config.find(flag);
-      const bool enabled = it != tokenizer_config.end() && it->is_boolean() ? it->get<bool>()
-                                                                             : fallback;
+      const bool enabled =
+          it != tokenizer_config.end() && it->is_boolean() ? it->get<bool>() : fallback;
       if (!enabled) return absl::OkStatus();
       const std::optional<std::string> content = TokenContent(tokenizer_config, token_key);
       if (!content.has_value()) {
@@ -119,8 +153,8 @@ absl::StatusOr<std::unique_ptr<Tokenizer>> Tokenizer::FromJson(
 absl::StatusOr<std::unique_ptr<Tokenizer>> Tokenizer::FromDirectory(const std::string& directory) {
   auto tokenizer_json = ReadFile(directory + "/tokenizer.json");
   if (!tokenizer_json.ok()) {
-    return absl::NotFoundError(absl::StrCat("model directory '", directory,
-                                            "' has no readable tokenizer.json"));
+    return absl::NotFoundError(
+        absl::StrCat("model directory '", directory, "' has no readable tokenizer.json"));
   }
   nlohmann::json config;
   auto config_text = ReadFile(directory + "/tokenizer_config.json");

@@ -51,7 +51,7 @@ int main(int argc, char** argv) {
     seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   } while (seconds < min_seconds);
   const double bytes = static_cast<double>(bytes_per_pass) * passes;
-  std::printf("deepinfer: %zu texts, %zu passes, %.1f MB/s, %.0f tokens/s\n", texts.size(),
-              passes, bytes / seconds / 1e6, tokens / seconds);
+  std::printf("deepinfer: %zu texts, %zu passes, %.1f MB/s, %.0f tokens/s\n", texts.size(), passes,
+              bytes / seconds / 1e6, tokens / seconds);
   return 0;
 }

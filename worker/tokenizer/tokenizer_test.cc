@@ -34,11 +34,11 @@ TEST(TokenizerTest, EncodesWithMergesAndDecodes) {
 
 TEST(TokenizerTest, AddedTokensAreCutOutAndSkippableWhenDecoding) {
   auto tokenizer = Load(TestTokenizerJson());
-  EXPECT_THAT(tokenizer->Encode("<s>hello</s>", false), ElementsAre(300, 259, 301));
+  EXPECT_THAT(tokenizer->Encode("<s>hello</s>", false), ElementsAre(265, 259, 266));
   // <tool> strips the spaces around it.
-  EXPECT_THAT(tokenizer->Encode("hello  <tool>  hello", false), ElementsAre(259, 302, 259));
-  auto with_special = tokenizer->Decode({300, 259, 301}, false);
-  auto without_special = tokenizer->Decode({300, 259, 301}, true);
+  EXPECT_THAT(tokenizer->Encode("hello  <tool>  hello", false), ElementsAre(259, 267, 259));
+  auto with_special = tokenizer->Decode({265, 259, 266}, false);
+  auto without_special = tokenizer->Decode({265, 259, 266}, true);
   ASSERT_TRUE(with_special.ok() && without_special.ok());
   EXPECT_EQ(*with_special, "<s>hello</s>");
   EXPECT_EQ(*without_special, "hello");
@@ -53,10 +53,10 @@ TEST(TokenizerTest, TemplatePostProcessorOnlyWithSpecialTokens) {
         {{"Sequence", {{"id", "A"}, {"type_id", 0}}}},
         {{"SpecialToken", {{"id", "</s>"}, {"type_id", 0}}}}}},
       {"special_tokens",
-       {{"<s>", {{"id", "<s>"}, {"ids", {300}}, {"tokens", {"<s>"}}}},
-        {"</s>", {{"id", "</s>"}, {"ids", {301}}, {"tokens", {"</s>"}}}}}}};
+       {{"<s>", {{"id", "<s>"}, {"ids", {265}}, {"tokens", {"<s>"}}}},
+        {"</s>", {{"id", "</s>"}, {"ids", {266}}, {"tokens", {"</s>"}}}}}}};
   auto tokenizer = Load(TestTokenizerJson(post));
-  EXPECT_THAT(tokenizer->Encode("hello", true), ElementsAre(300, 259, 301));
+  EXPECT_THAT(tokenizer->Encode("hello", true), ElementsAre(265, 259, 266));
   EXPECT_THAT(tokenizer->Encode("hello", false), ElementsAre(259));
 }
 
@@ -66,23 +66,40 @@ TEST(TokenizerTest, LlamaConfigAddsBosLikeTransformers) {
                                  {"bos_token", {{"content", "<s>"}}},
                                  {"eos_token", "</s>"}};
   auto tokenizer = Load(TestTokenizerJson(), config);
-  EXPECT_THAT(tokenizer->Encode("hello", true), ElementsAre(300, 259));
+  EXPECT_THAT(tokenizer->Encode("hello", true), ElementsAre(265, 259));
   nlohmann::json with_eos = config;
   with_eos["add_bos_token"] = false;
   with_eos["add_eos_token"] = true;
-  EXPECT_THAT(Load(TestTokenizerJson(), with_eos)->Encode("hello", true), ElementsAre(259, 301));
+  EXPECT_THAT(Load(TestTokenizerJson(), with_eos)->Encode("hello", true), ElementsAre(259, 266));
   // Other classes keep tokenizer.json's post-processor (none here).
   nlohmann::json other = config;
   other["tokenizer_class"] = "PreTrainedTokenizerFast";
   EXPECT_THAT(Load(TestTokenizerJson(), other)->Encode("hello", true), ElementsAre(259));
 }
 
+TEST(TokenizerTest, AddedTokenIdsAreAssignedAsHfDoes) {
+  nlohmann::json json = TestTokenizerJson();
+  // Ids in the file are ignored: content already in the vocabulary keeps its id, new content
+  // gets the next free id after the vocabulary.
+  json["added_tokens"].push_back({{"id", 999}, {"content", "hello"}, {"special", false}});
+  json["added_tokens"].push_back({{"id", 5}, {"content", "<new>"}, {"special", true}});
+  auto tokenizer = Load(json);
+  EXPECT_EQ(tokenizer->TokenToId("hello"), 259u);
+  EXPECT_EQ(tokenizer->TokenToId("<new>"), 269u);
+  EXPECT_THAT(tokenizer->Encode("<new>hello", false), ElementsAre(269, 259));
+}
+
 TEST(TokenizerTest, InvalidUtf8IsRepairedToReplacementCharacter) {
   auto tokenizer = Load(TestTokenizerJson());
-  const std::vector<uint32_t> ids = tokenizer->Encode("a\xFF" "b", false);
+  const std::vector<uint32_t> ids = tokenizer->Encode(
+      "a\xFF"
+      "b",
+      false);
   auto decoded = tokenizer->Decode(ids, false);
   ASSERT_TRUE(decoded.ok());
-  EXPECT_EQ(*decoded, "a\xEF\xBF\xBD" "b");
+  EXPECT_EQ(*decoded,
+            "a\xEF\xBF\xBD"
+            "b");
 }
 
 TEST(TokenizerTest, RejectsUnsupportedOrBrokenFiles) {

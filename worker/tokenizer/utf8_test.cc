@@ -13,12 +13,16 @@ constexpr char kFffd[] = "\xEF\xBF\xBD";
 // subpart of an ill-formed sequence.
 TEST(Utf8Test, RepairReplacesMaximalInvalidSubparts) {
   EXPECT_EQ(RepairUtf8("plain é 你 😀"), "plain é 你 😀");
-  EXPECT_EQ(RepairUtf8("\xE4\xBD"), kFffd);                              // truncated 3-byte
-  EXPECT_EQ(RepairUtf8("\xE4\xBD" "a"), std::string(kFffd) + "a");
-  EXPECT_EQ(RepairUtf8("\xC0\xAF"), std::string(kFffd) + kFffd);          // overlong
+  EXPECT_EQ(RepairUtf8("\xE4\xBD"), kFffd);  // truncated 3-byte
+  EXPECT_EQ(RepairUtf8("\xE4\xBD"
+                       "a"),
+            std::string(kFffd) + "a");
+  EXPECT_EQ(RepairUtf8("\xC0\xAF"), std::string(kFffd) + kFffd);              // overlong
   EXPECT_EQ(RepairUtf8("\xED\xA0\x80"), std::string(kFffd) + kFffd + kFffd);  // surrogate
   EXPECT_EQ(RepairUtf8("\xF4\x90\x80\x80"), std::string(kFffd) + kFffd + kFffd + kFffd);
-  EXPECT_EQ(RepairUtf8("\xF0\x9F\x98" "x"), std::string(kFffd) + "x");
+  EXPECT_EQ(RepairUtf8("\xF0\x9F\x98"
+                       "x"),
+            std::string(kFffd) + "x");
   EXPECT_EQ(RepairUtf8("\x80\xFF"), std::string(kFffd) + kFffd);
 }
 

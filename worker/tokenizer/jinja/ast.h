@@ -18,19 +18,19 @@ using StmtList = std::vector<std::unique_ptr<Stmt>>;
 
 struct Expr {
   enum class Kind {
-    kLiteral,      // value
-    kName,         // name
-    kList,         // items
-    kTuple,        // items
-    kDict,         // keys / items pairwise
-    kMember,       // object.name (name) or object[index] (items[0])
-    kSlice,        // object[a:b:c]: items = {a, b, c} (null = absent)
-    kCall,         // callee(items..., keyword_names=keyword_values)
-    kFilter,       // object | name(args)
-    kTest,         // object is [not] name(args)
-    kUnary,        // op operand
-    kBinary,       // left op right
-    kTernary,      // items = {then, condition, else (may be null)}
+    kLiteral,  // value
+    kName,     // name
+    kList,     // items
+    kTuple,    // items
+    kDict,     // keys / items pairwise
+    kMember,   // object.name (name) or object[index] (items[0])
+    kSlice,    // object[a:b:c]: items = {a, b, c} (null = absent)
+    kCall,     // callee(items..., keyword_names=keyword_values)
+    kFilter,   // object | name(args)
+    kTest,     // object is [not] name(args)
+    kUnary,    // op operand
+    kBinary,   // left op right
+    kTernary,  // items = {then, condition, else (may be null)}
   };
   Kind kind;
   size_t offset = 0;
@@ -45,12 +45,12 @@ struct Expr {
 
 struct Stmt {
   enum class Kind {
-    kText,      // text
-    kOutput,    // {{ expr }}
-    kSet,       // {% set target = expr %} or block set (body)
-    kIf,        // branches: condition + body, else_body
-    kFor,       // {% for targets in expr [if filter] %} body [else else_body]
-    kMacro,     // {% macro name(params) %} body
+    kText,    // text
+    kOutput,  // {{ expr }}
+    kSet,     // {% set target = expr %} or block set (body)
+    kIf,      // branches: condition + body, else_body
+    kFor,     // {% for targets in expr [if filter] %} body [else else_body]
+    kMacro,   // {% macro name(params) %} body
     kBreak,
     kContinue,
   };
@@ -58,12 +58,12 @@ struct Stmt {
   size_t offset = 0;
   std::string text;
   ExprPtr expr;
-  ExprPtr target;                    // kSet: a name, member or tuple
-  std::vector<std::string> targets;  // kFor loop variables
-  ExprPtr filter;                    // kFor: optional "if" filter
+  ExprPtr target;                                      // kSet: a name, member or tuple
+  std::vector<std::string> targets;                    // kFor loop variables
+  ExprPtr filter;                                      // kFor: optional "if" filter
   std::vector<std::pair<ExprPtr, StmtList>> branches;  // kIf
   StmtList body, else_body;
-  std::string name;  // kMacro
+  std::string name;                                     // kMacro
   std::vector<std::pair<std::string, ExprPtr>> params;  // kMacro, default may be null
 };
 

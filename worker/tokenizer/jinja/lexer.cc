@@ -4,11 +4,29 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "worker/tokenizer/utf8.h"
 
 namespace deepinfer::tokenizer::jinja {
 namespace {
 
-bool IsSpace(char c) { return c == ' ' || c == '\t' || c == '\n' || c == '\r' || c == '\v' || c == '\f'; }
+// JavaScript's whitespace (\s, String.prototype.trim), which @huggingface/jinja uses around
+// whitespace-control markers: byte length of such a character at text[pos], or 0.
+size_t JsSpaceAt(absl::string_view text, size_t pos) {
+  const size_t length = ValidUtf8SequenceLength(text, pos);
+  if (length == 0) return 0;
+  size_t n;
+  const char32_t c = DecodeCodePoint(text, pos, &n);
+  return c == 0xFEFF || (c != 0x85 && IsUnicodeWhitespace(c)) ? length : 0;
+}
+
+void TrimJsSpaceEnd(std::string* text) {
+  while (!text->empty()) {
+    size_t start = text->size() - 1;
+    while (start > 0 && (static_cast<uint8_t>((*text)[start]) & 0xC0) == 0x80) --start;
+    if (JsSpaceAt(*text, start) != text->size() - start) return;
+    text->resize(start);
+  }
+}
 
 // lstrip_blocks: spaces/tabs at a line start before "{%" / "{#" go; trim_blocks: a newline
 // right after "%}" / "#}" goes. A single trailing newline of the template goes too.
@@ -54,18 +72,22 @@ absl::StatusOr<std::vector<Token>> Tokenize(absl::string_view raw_source) {
   size_t pos = 0;
   bool in_tag = false;
   auto error = [&](const std::string& what) {
-    return absl::InvalidArgumentError(absl::StrCat("template syntax error at offset ", pos, ": ",
-                                                    what));
+    return absl::InvalidArgumentError(
+        absl::StrCat("template syntax error at offset ", pos, ": ", what));
   };
   auto strip_trailing_text = [&tokens] {
     if (!tokens.empty() && tokens.back().type == Token::Type::kText) {
       std::string& text = tokens.back().text;
-      while (!text.empty() && IsSpace(text.back())) text.pop_back();
+      TrimJsSpaceEnd(&text);
       if (text.empty()) tokens.pop_back();
     }
   };
   auto skip_space = [&] {
-    while (pos < source.size() && IsSpace(source[pos])) ++pos;
+    while (pos < source.size()) {
+      const size_t n = JsSpaceAt(source, pos);
+      if (n == 0) break;
+      pos += n;
+    }
   };
   int brace_depth = 0;
   while (pos < source.size()) {
@@ -76,7 +98,8 @@ absl::StatusOr<std::vector<Token>> Tokenize(absl::string_view raw_source) {
                (source[pos + 1] == '%' || source[pos + 1] == '{' || source[pos + 1] == '#'))) {
         ++pos;
       }
-      if (pos > start) tokens.push_back({Token::Type::kText, source.substr(start, pos - start), start});
+      if (pos > start)
+        tokens.push_back({Token::Type::kText, source.substr(start, pos - start), start});
       if (pos >= source.size()) break;
       if (source[pos + 1] == '#') {
         const size_t end = source.find("#}", pos + 2);
@@ -106,7 +129,8 @@ absl::StatusOr<std::vector<Token>> Tokenize(absl::string_view raw_source) {
     const size_t start = pos;
     // Closing markers, optionally with whitespace control.
     if (c == '-' && pos + 2 < source.size() + 0 && pos + 2 <= source.size()) {
-      if (source.compare(pos, 3, "-%}") == 0 || (brace_depth == 0 && source.compare(pos, 3, "-}}") == 0)) {
+      if (source.compare(pos, 3, "-%}") == 0 ||
+          (brace_depth == 0 && source.compare(pos, 3, "-}}") == 0)) {
         const bool statement = source[pos + 1] == '%';
         tokens.push_back({statement ? Token::Type::kCloseStatement : Token::Type::kCloseExpression,
                           statement ? "%}" : "}}", pos});
@@ -116,7 +140,8 @@ absl::StatusOr<std::vector<Token>> Tokenize(absl::string_view raw_source) {
         continue;
       }
     }
-    if (source.compare(pos, 2, "%}") == 0 || (brace_depth == 0 && source.compare(pos, 2, "}}") == 0)) {
+    if (source.compare(pos, 2, "%}") == 0 ||
+        (brace_depth == 0 && source.compare(pos, 2, "}}") == 0)) {
       const bool statement = c == '%';
       tokens.push_back({statement ? Token::Type::kCloseStatement : Token::Type::kCloseExpression,
                         statement ? "%}" : "}}", pos});
@@ -149,7 +174,8 @@ absl::StatusOr<std::vector<Token>> Tokenize(absl::string_view raw_source) {
         if (k < source.size() && std::isdigit(static_cast<unsigned char>(source[k]))) {
           is_float = true;
           pos = k;
-          while (pos < source.size() && std::isdigit(static_cast<unsigned char>(source[pos]))) ++pos;
+          while (pos < source.size() && std::isdigit(static_cast<unsigned char>(source[pos])))
+            ++pos;
         }
       }
       tokens.push_back({is_float ? Token::Type::kFloat : Token::Type::kInteger,
@@ -170,16 +196,35 @@ absl::StatusOr<std::vector<Token>> Tokenize(absl::string_view raw_source) {
         if (pos >= source.size()) return error("unterminated string literal");
         const char e = source[pos++];
         switch (e) {
-          case 'n': value.push_back('\n'); break;
-          case 't': value.push_back('\t'); break;
-          case 'r': value.push_back('\r'); break;
-          case 'b': value.push_back('\b'); break;
-          case 'f': value.push_back('\f'); break;
-          case 'v': value.push_back('\v'); break;
-          case '\\': value.push_back('\\'); break;
-          case '\'': value.push_back('\''); break;
-          case '"': value.push_back('"'); break;
-          default: return error(absl::StrCat("unexpected escaped character '", std::string(1, e), "'"));
+          case 'n':
+            value.push_back('\n');
+            break;
+          case 't':
+            value.push_back('\t');
+            break;
+          case 'r':
+            value.push_back('\r');
+            break;
+          case 'b':
+            value.push_back('\b');
+            break;
+          case 'f':
+            value.push_back('\f');
+            break;
+          case 'v':
+            value.push_back('\v');
+            break;
+          case '\\':
+            value.push_back('\\');
+            break;
+          case '\'':
+            value.push_back('\'');
+            break;
+          case '"':
+            value.push_back('"');
+            break;
+          default:
+            return error(absl::StrCat("unexpected escaped character '", std::string(1, e), "'"));
         }
       }
       tokens.push_back({Token::Type::kString, std::move(value), start});

@@ -267,8 +267,8 @@ class Parser {
     while (true) {
       std::string op;
       if (Peek().type == Type::kSymbol &&
-          (Peek().text == "==" || Peek().text == "!=" || Peek().text == "<" ||
-           Peek().text == ">" || Peek().text == "<=" || Peek().text == ">=")) {
+          (Peek().text == "==" || Peek().text == "!=" || Peek().text == "<" || Peek().text == ">" ||
+           Peek().text == "<=" || Peek().text == ">=")) {
         op = tokens_[pos_++].text;
       } else if (IsName("in")) {
         op = "in";
@@ -300,14 +300,27 @@ class Parser {
   }
 
   absl::StatusOr<ExprPtr> ParseMultiplicative() {
-    auto left = ParseTest();
+    auto left = ParsePower();
     if (!left.ok()) return left;
     ExprPtr result = *std::move(left);
     while (IsSymbol("*") || IsSymbol("/") || IsSymbol("//") || IsSymbol("%")) {
       const std::string op = tokens_[pos_++].text;
-      auto right = ParseTest();
+      auto right = ParsePower();
       if (!right.ok()) return right;
       result = Binary(op, std::move(result), *std::move(right));
+    }
+    return result;
+  }
+
+  absl::StatusOr<ExprPtr> ParsePower() {
+    auto left = ParseTest();
+    if (!left.ok()) return left;
+    ExprPtr result = *std::move(left);
+    while (IsSymbol("**")) {
+      ++pos_;
+      auto right = ParseTest();
+      if (!right.ok()) return right;
+      result = Binary("**", std::move(result), *std::move(right));
     }
     return result;
   }
@@ -589,8 +602,9 @@ class Parser {
     return absl::OkStatus();
   }
   absl::Status Error(const std::string& what) const {
-    if (AtEnd()) return absl::InvalidArgumentError(absl::StrCat("template syntax error: ", what,
-                                                                " at end of template"));
+    if (AtEnd())
+      return absl::InvalidArgumentError(
+          absl::StrCat("template syntax error: ", what, " at end of template"));
     return absl::InvalidArgumentError(absl::StrCat("template syntax error at offset ",
                                                    tokens_[pos_].offset, " near '",
                                                    tokens_[pos_].text, "': ", what));

@@ -46,9 +46,7 @@ bool IsWhitespace(char c) {
 }
 
 // JavaScript's String.prototype.trim whitespace (what @huggingface/jinja's trim/strip use).
-bool IsJsWhitespace(char32_t c) {
-  return c == 0xFEFF || (c != 0x85 && IsUnicodeWhitespace(c));
-}
+bool IsJsWhitespace(char32_t c) { return c == 0xFEFF || (c != 0x85 && IsUnicodeWhitespace(c)); }
 
 // trim / strip / lstrip / rstrip. @huggingface/jinja ignores a "chars" argument of strip().
 std::string Strip(const std::string& s, bool left, bool right) {
@@ -96,7 +94,8 @@ std::string Capitalize(const std::string& s) {
 std::string JsString(const Value& v) {
   if (v.kind() == Value::Kind::kFloat) {
     std::string text = FormatFloat(v.number());
-    if (text.size() > 2 && text.compare(text.size() - 2, 2, ".0") == 0) text.resize(text.size() - 2);
+    if (text.size() > 2 && text.compare(text.size() - 2, 2, ".0") == 0)
+      text.resize(text.size() - 2);
     return text;
   }
   return v.ToString();
@@ -141,13 +140,57 @@ bool StrictEquals(const Value& a, const Value& b) {
   return LooseEquals(a, b);
 }
 
+// Strings are measured, indexed and sliced in UTF-16 code units, as JavaScript (and so
+// @huggingface/jinja) does: '你好😀'|length is 4.
+std::u16string ToUtf16(const std::string& s) {
+  std::u16string out;
+  out.reserve(s.size());
+  for (size_t pos = 0; pos < s.size();) {
+    size_t length = ValidUtf8SequenceLength(s, pos);
+    char32_t cp = 0xFFFD;
+    if (length == 0) {
+      length = 1;
+    } else {
+      cp = DecodeCodePoint(s, pos, &length);
+    }
+    if (cp >= 0x10000) {
+      out.push_back(static_cast<char16_t>(0xD800 + ((cp - 0x10000) >> 10)));
+      out.push_back(static_cast<char16_t>(0xDC00 + ((cp - 0x10000) & 0x3FF)));
+    } else {
+      out.push_back(static_cast<char16_t>(cp));
+    }
+    pos += length;
+  }
+  return out;
+}
+
+// Lone surrogates (half of a sliced pair) become U+FFFD.
+std::string FromUtf16(const std::u16string& s) {
+  std::string out;
+  for (size_t i = 0; i < s.size(); ++i) {
+    const char16_t unit = s[i];
+    if (unit >= 0xD800 && unit <= 0xDBFF && i + 1 < s.size() && s[i + 1] >= 0xDC00 &&
+        s[i + 1] <= 0xDFFF) {
+      AppendCodePoint(0x10000 + ((unit - 0xD800) << 10) + (s[i + 1] - 0xDC00), &out);
+      ++i;
+    } else if (unit >= 0xD800 && unit <= 0xDFFF) {
+      AppendCodePoint(0xFFFD, &out);
+    } else {
+      AppendCodePoint(unit, &out);
+    }
+  }
+  return out;
+}
+
+int64_t Utf16Length(const std::string& s) { return static_cast<int64_t>(ToUtf16(s).size()); }
+
 // Python-style index normalization for subscripts and slices.
 int64_t NormalizeIndex(int64_t index, int64_t size) { return index < 0 ? index + size : index; }
 
 class Interpreter {
  public:
-  absl::Status Execute(const StmtList& body, const std::shared_ptr<Scope>& scope,
-                       std::string* out, Flow* flow) {
+  absl::Status Execute(const StmtList& body, const std::shared_ptr<Scope>& scope, std::string* out,
+                       Flow* flow) {
     for (const auto& stmt : body) {
       absl::Status status = ExecuteOne(*stmt, scope, out, flow);
       if (!status.ok()) return status;
@@ -300,40 +343,40 @@ class Interpreter {
   Value MakeMacro(const Stmt& stmt, const std::shared_ptr<Scope>& defining_scope) {
     const Stmt* macro = &stmt;
     std::weak_ptr<Scope> weak_scope = defining_scope;
-    return Value::NewFunction([this, macro, weak_scope](
-                                  const CallArguments& arguments) -> absl::StatusOr<Value> {
-      auto frame = std::make_shared<Scope>(weak_scope.lock());
-      if (arguments.positional.size() > macro->params.size()) {
-        return TypeError(absl::StrCat("macro ", macro->name, " takes ", macro->params.size(),
-                                      " arguments"));
-      }
-      for (size_t i = 0; i < macro->params.size(); ++i) {
-        const auto& [name, fallback] = macro->params[i];
-        Value value;
-        if (i < arguments.positional.size()) {
-          value = arguments.positional[i];
-        } else {
-          bool found = false;
-          for (const auto& [key, keyword_value] : arguments.keyword) {
-            if (key == name) {
-              value = keyword_value;
-              found = true;
+    return Value::NewFunction(
+        [this, macro, weak_scope](const CallArguments& arguments) -> absl::StatusOr<Value> {
+          auto frame = std::make_shared<Scope>(weak_scope.lock());
+          if (arguments.positional.size() > macro->params.size()) {
+            return TypeError(
+                absl::StrCat("macro ", macro->name, " takes ", macro->params.size(), " arguments"));
+          }
+          for (size_t i = 0; i < macro->params.size(); ++i) {
+            const auto& [name, fallback] = macro->params[i];
+            Value value;
+            if (i < arguments.positional.size()) {
+              value = arguments.positional[i];
+            } else {
+              bool found = false;
+              for (const auto& [key, keyword_value] : arguments.keyword) {
+                if (key == name) {
+                  value = keyword_value;
+                  found = true;
+                }
+              }
+              if (!found && fallback != nullptr) {
+                auto evaluated = Evaluate(*fallback, frame);
+                if (!evaluated.ok()) return evaluated.status();
+                value = *std::move(evaluated);
+              }
             }
+            frame->Set(name, std::move(value));
           }
-          if (!found && fallback != nullptr) {
-            auto evaluated = Evaluate(*fallback, frame);
-            if (!evaluated.ok()) return evaluated.status();
-            value = *std::move(evaluated);
-          }
-        }
-        frame->Set(name, std::move(value));
-      }
-      std::string text;
-      Flow flow = Flow::kNormal;
-      absl::Status status = Execute(macro->body, frame, &text, &flow);
-      if (!status.ok()) return status;
-      return Value::String(std::move(text));
-    });
+          std::string text;
+          Flow flow = Flow::kNormal;
+          absl::Status status = Execute(macro->body, frame, &text, &flow);
+          if (!status.ok()) return status;
+          return Value::String(std::move(text));
+        });
   }
 
   absl::StatusOr<Value> Evaluate(const Expr& expr, const std::shared_ptr<Scope>& scope) {
@@ -482,37 +525,45 @@ class Interpreter {
     return Member(*object, key);
   }
 
+  // Attribute and subscript access, as lenient as @huggingface/jinja: a missing key, or any
+  // attribute of undefined / none / a number, is undefined rather than an error.
   absl::StatusOr<Value> Member(const Value& object, const Value& key) {
     if (object.is_object()) {
-      if (!key.is_string()) return Value();
+      if (!key.is_string()) {
+        return TypeError(absl::StrCat("cannot access a property with a ", key.TypeName()));
+      }
       const Value* found = object.Find(key.string_value());
       if (found != nullptr) return *found;
       return Method(object, key.string_value());
     }
     if (object.is_array() || object.is_string()) {
       if (key.kind() == Value::Kind::kInt) {
-        const int64_t size = object.is_array() ? object.array().size()
-                                               : object.string_value().size();
-        const int64_t index = NormalizeIndex(key.int_value(), size);
-        if (index < 0 || index >= size) return Value();
-        if (object.is_array()) return object.array()[index];
-        return Value::String(std::string(1, object.string_value()[index]));
+        if (object.is_array()) {
+          const int64_t size = object.array().size();
+          const int64_t index = NormalizeIndex(key.int_value(), size);
+          if (index < 0 || index >= size) return Value();
+          return object.array()[index];
+        }
+        // JavaScript's String.prototype.at: UTF-16 code units.
+        const std::u16string units = ToUtf16(object.string_value());
+        const int64_t index = NormalizeIndex(key.int_value(), units.size());
+        if (index < 0 || index >= static_cast<int64_t>(units.size())) return Value();
+        return Value::String(FromUtf16(units.substr(index, 1)));
       }
       if (key.is_string()) {
-        if (object.is_array() && key.string_value() == "length") {
-          return Value::Int(object.array().size());
+        if (key.string_value() == "length") {
+          return Value::Int(object.is_array() ? object.array().size()
+                                              : Utf16Length(object.string_value()));
         }
         return Method(object, key.string_value());
       }
-      return TypeError(absl::StrCat("cannot index a ", object.TypeName(), " with a ",
-                                    key.TypeName()));
+      return TypeError(
+          absl::StrCat("cannot index a ", object.TypeName(), " with a ", key.TypeName()));
     }
-    if (object.is_undefined() || object.is_none()) {
-      return TypeError(absl::StrCat("cannot access attribute '", key.ToString(), "' of ",
-                                    object.TypeName()));
+    if (!key.is_string()) {
+      return TypeError(absl::StrCat("cannot access a property with a ", key.TypeName()));
     }
-    return TypeError(absl::StrCat("cannot access attribute '", key.ToString(), "' of a ",
-                                  object.TypeName()));
+    return Value();
   }
 
   absl::StatusOr<Value> EvaluateSlice(const Expr& expr, const std::shared_ptr<Scope>& scope) {
@@ -524,32 +575,55 @@ class Interpreter {
       if (expr.items[i] == nullptr) continue;
       auto value = Evaluate(*expr.items[i], scope);
       if (!value.ok()) return value;
-      if (value->is_none() || value->is_undefined()) continue;
-      if (value->kind() != Value::Kind::kInt) return TypeError("slice bounds must be integers");
+      if (value->is_undefined()) continue;
+      if (value->kind() != Value::Kind::kInt) {
+        return TypeError("slice bounds must be integers or undefined");
+      }
       bounds[i] = value->int_value();
       present[i] = true;
     }
     if (!object->is_array() && !object->is_string()) {
       return TypeError(absl::StrCat("cannot slice a ", object->TypeName()));
     }
-    const int64_t size = object->is_array() ? object->array().size() : object->string_value().size();
+    // Strings slice by code point (the reference slices Array.from(string)).
+    std::vector<std::string> chars;
+    if (object->is_string()) {
+      const std::string& s = object->string_value();
+      for (size_t pos = 0; pos < s.size();) {
+        size_t length = ValidUtf8SequenceLength(s, pos);
+        if (length == 0) length = 1;
+        chars.push_back(s.substr(pos, length));
+        pos += length;
+      }
+    }
+    const int64_t size = object->is_array() ? object->array().size() : chars.size();
     const int64_t step = present[2] ? bounds[2] : 1;
     if (step == 0) return TypeError("slice step must not be zero");
-    auto clamp = [size, step](int64_t index, bool given, bool is_start) {
-      if (!given) return step > 0 ? (is_start ? int64_t{0} : size) : (is_start ? size - 1 : int64_t{-1});
-      index = NormalizeIndex(index, size);
-      if (step > 0) return std::clamp<int64_t>(index, 0, size);
-      return std::clamp<int64_t>(index, -1, size - 1);
-    };
-    const int64_t start = clamp(bounds[0], present[0], true);
-    const int64_t stop = clamp(bounds[1], present[1], false);
+    // The reference's slice(): like Python, except that an explicit stop of -1 with a negative
+    // step means "through the first item".
+    int64_t start, stop;
+    if (step > 0) {
+      start = !present[0]     ? 0
+              : bounds[0] < 0 ? std::max<int64_t>(size + bounds[0], 0)
+                              : std::min<int64_t>(bounds[0], size);
+      stop = !present[1]     ? size
+             : bounds[1] < 0 ? std::max<int64_t>(size + bounds[1], 0)
+                             : std::min<int64_t>(bounds[1], size);
+    } else {
+      start = !present[0]     ? size - 1
+              : bounds[0] < 0 ? std::max<int64_t>(size + bounds[0], -1)
+                              : std::min<int64_t>(bounds[0], size - 1);
+      stop = !present[1]      ? -1
+             : bounds[1] < -1 ? std::max<int64_t>(size + bounds[1], -1)
+                              : std::min<int64_t>(bounds[1], size - 1);
+    }
     Value::Array items;
     std::string text;
     for (int64_t i = start; step > 0 ? i < stop : i > stop; i += step) {
       if (object->is_array()) {
         items.push_back(object->array()[i]);
       } else {
-        text.push_back(object->string_value()[i]);
+        text += chars[i];
       }
     }
     if (object->is_array()) return Value::NewArray(std::move(items));
@@ -598,10 +672,25 @@ class Interpreter {
       if (name == "startswith" || name == "endswith") {
         const bool starts = name == "startswith";
         return bind([=](const Value& self, const CallArguments& args) -> absl::StatusOr<Value> {
-          const std::string* affix = string_arg(args, 0);
-          if (affix == nullptr) return TypeError(absl::StrCat(name, "() takes a string"));
-          return Value::Bool(starts ? absl::StartsWith(self.string_value(), *affix)
-                                    : absl::EndsWith(self.string_value(), *affix));
+          // A string, or a list/tuple of strings any of which may match.
+          std::vector<std::string> affixes;
+          if (string_arg(args, 0) != nullptr) {
+            affixes.push_back(*string_arg(args, 0));
+          } else if (!args.positional.empty() && args.positional[0].is_array()) {
+            for (const Value& item : args.positional[0].array()) {
+              if (!item.is_string()) return TypeError(absl::StrCat(name, "() takes strings"));
+              affixes.push_back(item.string_value());
+            }
+          } else {
+            return TypeError(absl::StrCat(name, "() takes a string"));
+          }
+          for (const std::string& affix : affixes) {
+            if (starts ? absl::StartsWith(self.string_value(), affix)
+                       : absl::EndsWith(self.string_value(), affix)) {
+              return Value::Bool(true);
+            }
+          }
+          return Value::Bool(false);
         });
       }
       if (name == "split") {
@@ -650,7 +739,25 @@ class Interpreter {
           const std::string* from = string_arg(args, 0);
           const std::string* to = string_arg(args, 1);
           if (from == nullptr || to == nullptr) return TypeError("replace() takes two strings");
-          return Value::String(absl::StrReplaceAll(self.string_value(), {{*from, *to}}));
+          int64_t count = -1;  // all
+          if (args.positional.size() > 2 && args.positional[2].kind() == Value::Kind::kInt) {
+            count = args.positional[2].int_value();
+          }
+          const std::string& s = self.string_value();
+          if (from->empty() || count < 0) {
+            return Value::String(absl::StrReplaceAll(s, {{*from, *to}}));
+          }
+          std::string out;
+          size_t pos = 0;
+          for (int64_t done = 0; done < count; ++done) {
+            const size_t next = s.find(*from, pos);
+            if (next == std::string::npos) break;
+            out.append(s, pos, next - pos);
+            out += *to;
+            pos = next + from->size();
+          }
+          out.append(s, pos, std::string::npos);
+          return Value::String(out);
         });
       }
     }
@@ -680,7 +787,7 @@ class Interpreter {
       }
       return Value();  // a missing key is undefined
     }
-    return TypeError(absl::StrCat("unknown method '", name, "' of a ", object.TypeName()));
+    return Value();  // no such method: undefined (calling it is the error)
   }
 
   absl::StatusOr<Value> EvaluateBinary(const Expr& expr, const std::shared_ptr<Scope>& scope) {
@@ -738,9 +845,21 @@ class Interpreter {
     }
     if (a.is_number() && b.is_number()) {
       const bool ints = a.kind() == Value::Kind::kInt && b.kind() == Value::Kind::kInt;
-      if (op == "+") return ints ? Value::Int(a.int_value() + b.int_value()) : Value::Float(a.number() + b.number());
-      if (op == "-") return ints ? Value::Int(a.int_value() - b.int_value()) : Value::Float(a.number() - b.number());
-      if (op == "*") return ints ? Value::Int(a.int_value() * b.int_value()) : Value::Float(a.number() * b.number());
+      if (op == "+")
+        return ints ? Value::Int(a.int_value() + b.int_value())
+                    : Value::Float(a.number() + b.number());
+      if (op == "-")
+        return ints ? Value::Int(a.int_value() - b.int_value())
+                    : Value::Float(a.number() - b.number());
+      if (op == "*")
+        return ints ? Value::Int(a.int_value() * b.int_value())
+                    : Value::Float(a.number() * b.number());
+      if (op == "**") {
+        const double result = std::pow(a.number(), b.number());
+        if (!std::isfinite(result)) return TypeError("exponentiation result is not finite");
+        return ints && b.int_value() >= 0 ? Value::Int(static_cast<int64_t>(result))
+                                          : Value::Float(result);
+      }
       if (op == "/") {
         if (b.number() == 0) return TypeError("division by zero");
         return Value::Float(a.number() / b.number());
@@ -761,7 +880,8 @@ class Interpreter {
                                   " and ", b.TypeName()));
   }
 
-  absl::StatusOr<bool> ApplyTest(const std::string& name, const Value& v, const CallArguments& args) {
+  absl::StatusOr<bool> ApplyTest(const std::string& name, const Value& v,
+                                 const CallArguments& args) {
     if (name == "defined") return !v.is_undefined();
     if (name == "undefined") return v.is_undefined();
     if (name == "none") return v.is_none();
@@ -777,7 +897,8 @@ class Interpreter {
     if (name == "sequence") return v.is_array() || v.is_string();
     if (name == "callable") return v.is_function();
     if (name == "odd" || name == "even") {
-      if (v.kind() != Value::Kind::kInt) return TypeError(absl::StrCat("'", name, "' needs an integer"));
+      if (v.kind() != Value::Kind::kInt)
+        return TypeError(absl::StrCat("'", name, "' needs an integer"));
       return (v.int_value() % 2 != 0) == (name == "odd");
     }
     if (name == "equalto" || name == "eq" || name == "==") {
@@ -792,7 +913,8 @@ class Interpreter {
   }
 
   absl::StatusOr<Value> ApplyFilter(const std::string& name, const Value& v,
-                                    const CallArguments& args, const std::shared_ptr<Scope>& scope) {
+                                    const CallArguments& args,
+                                    const std::shared_ptr<Scope>& scope) {
     auto keyword = [&args](const char* key, size_t position) -> const Value* {
       for (const auto& [k, value] : args.keyword) {
         if (k == key) return &value;
@@ -800,7 +922,7 @@ class Interpreter {
       return position < args.positional.size() ? &args.positional[position] : nullptr;
     };
     if (name == "length" || name == "count") {
-      if (v.is_string()) return Value::Int(v.string_value().size());
+      if (v.is_string()) return Value::Int(Utf16Length(v.string_value()));
       if (v.is_array()) return Value::Int(v.array().size());
       if (v.is_object()) return Value::Int(v.object().size());
       return TypeError(absl::StrCat("cannot take the length of ", v.TypeName()));
@@ -817,7 +939,8 @@ class Interpreter {
     if (name == "default" || name == "d") {
       const Value* fallback = keyword("default_value", 0);
       const Value* boolean = keyword("boolean", 1);
-      const bool use_fallback = (boolean != nullptr && boolean->Truthy()) ? !v.Truthy() : v.is_undefined();
+      const bool use_fallback =
+          (boolean != nullptr && boolean->Truthy()) ? !v.Truthy() : v.is_undefined();
       if (use_fallback) return fallback != nullptr ? *fallback : Value::String("");
       return v;
     }
@@ -853,8 +976,8 @@ class Interpreter {
       if (name == "indent") {
         const Value* width = keyword("width", 0);
         const Value* first = keyword("first", 1);
-        const std::string pad(width != nullptr && width->kind() == Value::Kind::kInt
-                                  ? width->int_value() : 4, ' ');
+        const std::string pad(
+            width != nullptr && width->kind() == Value::Kind::kInt ? width->int_value() : 4, ' ');
         std::string out;
         bool line_start = first != nullptr && first->Truthy();
         for (char c : s) {
@@ -873,6 +996,16 @@ class Interpreter {
         return v.kind() == Value::Kind::kInt ? Value::Int(std::llabs(v.int_value()))
                                              : Value::Float(std::fabs(v.number()));
       }
+    }
+    if (v.is_object() && name == "dictsort") {
+      Value::Array items;
+      std::vector<std::pair<std::string, Value>> entries = v.object();
+      std::stable_sort(entries.begin(), entries.end(),
+                       [](const auto& a, const auto& b) { return a.first < b.first; });
+      for (const auto& [key, value] : entries) {
+        items.push_back(Value::NewArray({Value::String(key), value}));
+      }
+      return Value::NewArray(std::move(items));
     }
     if (v.is_object() && name == "items") {
       Value::Array items;

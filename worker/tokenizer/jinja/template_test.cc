@@ -54,9 +54,9 @@ TEST(TemplateTest, SetScopingAndNamespace) {
 }
 
 TEST(TemplateTest, ControlFlowAndLoopVariables) {
-  EXPECT_EQ(Render("{% if x == 1 %}one{% elif x == 2 %}two{% else %}many{% endif %}",
-                   R"({"x": 2})"),
-            "two");
+  EXPECT_EQ(
+      Render("{% if x == 1 %}one{% elif x == 2 %}two{% else %}many{% endif %}", R"({"x": 2})"),
+      "two");
   EXPECT_EQ(Render("{% for x in xs %}{{ loop.index }}{{ loop.index0 }}{{ loop.first }}"
                    "{{ loop.last }}{{ loop.length }}{{ loop.revindex }};{% endfor %}",
                    R"({"xs": ["a", "b"]})"),
@@ -81,8 +81,9 @@ TEST(TemplateTest, Macros) {
 }
 
 TEST(TemplateTest, FiltersAndMethods) {
-  EXPECT_EQ(Render("{{ '  x '|trim }}|{{ [1, 2]|length }}|{{ 'abc'|length }}|{{ [1, 2]|join('-') }}"),
-            "x|2|3|1-2");
+  EXPECT_EQ(
+      Render("{{ '  x '|trim }}|{{ [1, 2]|length }}|{{ 'abc'|length }}|{{ [1, 2]|join('-') }}"),
+      "x|2|3|1-2");
   EXPECT_EQ(Render("{{ {'a': 1, 'b': [true, none], 'c': 'x\"y'}|tojson }}"),
             R"({"a": 1, "b": [true, null], "c": "x\"y"})");
   EXPECT_EQ(Render("{{ [1, 2]|tojson(indent=2) }}"), "[\n  1,\n  2\n]");
@@ -99,6 +100,12 @@ TEST(TemplateTest, FiltersAndMethods) {
   EXPECT_EQ(Render("{{ d.get('a') }}{{ d.get('z', 'fallback') }}{{ d.missing is defined }}",
                    R"({"d": {"a": 1}})"),
             "1fallbackfalse");
+}
+
+TEST(TemplateTest, LenientAccessAndJavaScriptStrings) {
+  // Like @huggingface/jinja: attributes of undefined / none are undefined, not errors.
+  EXPECT_EQ(Render("[{{ missing.attr.deeper }}{{ none.x }}{{ [1]['x'] }}]"), "[]");
+  EXPECT_EQ(Render("{{ '你好😀'|length }}|{{ '😀x'[1:] }}|{{ 'abc'[2:-1:-1] }}"), "4|x|cba");
 }
 
 TEST(TemplateTest, Tests) {
@@ -122,7 +129,8 @@ TEST(TemplateTest, Errors) {
   EXPECT_EQ(RenderStatus("{{ missing + 1 }}").code(), absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(RenderStatus("{% for x in missing %}{% endfor %}").code(),
             absl::StatusCode::kInvalidArgument);
-  EXPECT_EQ(RenderStatus("{{ missing.attr }}").code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(RenderStatus("{{ {'a': 1}[1] }}").code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(RenderStatus("{{ 'x'.nosuchmethod() }}").code(), absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(RenderStatus("{{ 'unterminated }}").code(), absl::StatusCode::kInvalidArgument);
 }
 

@@ -14,13 +14,27 @@ void AppendJsonString(const std::string& s, std::string* out) {
   out->push_back('"');
   for (char c : s) {
     switch (c) {
-      case '"': *out += "\\\""; break;
-      case '\\': *out += "\\\\"; break;
-      case '\n': *out += "\\n"; break;
-      case '\r': *out += "\\r"; break;
-      case '\t': *out += "\\t"; break;
-      case '\b': *out += "\\b"; break;
-      case '\f': *out += "\\f"; break;
+      case '"':
+        *out += "\\\"";
+        break;
+      case '\\':
+        *out += "\\\\";
+        break;
+      case '\n':
+        *out += "\\n";
+        break;
+      case '\r':
+        *out += "\\r";
+        break;
+      case '\t':
+        *out += "\\t";
+        break;
+      case '\b':
+        *out += "\\b";
+        break;
+      case '\f':
+        *out += "\\f";
+        break;
       default:
         if (static_cast<unsigned char>(c) < 0x20) {
           char buffer[8];
@@ -41,11 +55,21 @@ absl::Status AppendJson(const Value& value, int indent, int depth, std::string* 
       indent < 0 ? "" : "\n" + std::string(static_cast<size_t>(indent) * depth, ' ');
   const char* separator = indent < 0 ? ", " : ",";
   switch (value.kind()) {
-    case Value::Kind::kNone: *out += "null"; return absl::OkStatus();
-    case Value::Kind::kBool: *out += value.bool_value() ? "true" : "false"; return absl::OkStatus();
-    case Value::Kind::kInt: *out += std::to_string(value.int_value()); return absl::OkStatus();
-    case Value::Kind::kFloat: *out += FormatFloat(value.number()); return absl::OkStatus();
-    case Value::Kind::kString: AppendJsonString(value.string_value(), out); return absl::OkStatus();
+    case Value::Kind::kNone:
+      *out += "null";
+      return absl::OkStatus();
+    case Value::Kind::kBool:
+      *out += value.bool_value() ? "true" : "false";
+      return absl::OkStatus();
+    case Value::Kind::kInt:
+      *out += std::to_string(value.int_value());
+      return absl::OkStatus();
+    case Value::Kind::kFloat:
+      *out += FormatFloat(value.number());
+      return absl::OkStatus();
+    case Value::Kind::kString:
+      AppendJsonString(value.string_value(), out);
+      return absl::OkStatus();
     case Value::Kind::kArray: {
       *out += "[";
       bool first = true;
@@ -77,8 +101,8 @@ absl::Status AppendJson(const Value& value, int indent, int depth, std::string* 
       return absl::OkStatus();
     }
     default:
-      return absl::InvalidArgumentError(absl::StrCat("cannot convert ", value.TypeName(),
-                                                     " to JSON"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("cannot convert ", value.TypeName(), " to JSON"));
   }
 }
 
@@ -147,12 +171,17 @@ Value Value::NewFunction(Function function) {
 
 Value Value::FromJson(const nlohmann::ordered_json& json) {
   switch (json.type()) {
-    case nlohmann::ordered_json::value_t::null: return None();
-    case nlohmann::ordered_json::value_t::boolean: return Bool(json.get<bool>());
+    case nlohmann::ordered_json::value_t::null:
+      return None();
+    case nlohmann::ordered_json::value_t::boolean:
+      return Bool(json.get<bool>());
     case nlohmann::ordered_json::value_t::number_integer:
-    case nlohmann::ordered_json::value_t::number_unsigned: return Int(json.get<int64_t>());
-    case nlohmann::ordered_json::value_t::number_float: return Float(json.get<double>());
-    case nlohmann::ordered_json::value_t::string: return String(json.get<std::string>());
+    case nlohmann::ordered_json::value_t::number_unsigned:
+      return Int(json.get<int64_t>());
+    case nlohmann::ordered_json::value_t::number_float:
+      return Float(json.get<double>());
+    case nlohmann::ordered_json::value_t::string:
+      return String(json.get<std::string>());
     case nlohmann::ordered_json::value_t::array: {
       Array items;
       for (const auto& item : json) items.push_back(FromJson(item));
@@ -163,7 +192,8 @@ Value Value::FromJson(const nlohmann::ordered_json& json) {
       for (const auto& [key, item] : json.items()) items.emplace_back(key, FromJson(item));
       return NewObject(std::move(items));
     }
-    default: return Value();
+    default:
+      return Value();
   }
 }
 
@@ -188,14 +218,22 @@ void Value::Set(const std::string& key, Value value) const {
 bool Value::Truthy() const {
   switch (kind_) {
     case Kind::kUndefined:
-    case Kind::kNone: return false;
-    case Kind::kBool: return bool_;
-    case Kind::kInt: return int_ != 0;
-    case Kind::kFloat: return float_ != 0;
-    case Kind::kString: return !string_->empty();
-    case Kind::kArray: return !array_->empty();
-    case Kind::kObject: return !object_->empty();
-    case Kind::kFunction: return true;
+    case Kind::kNone:
+      return false;
+    case Kind::kBool:
+      return bool_;
+    case Kind::kInt:
+      return int_ != 0;
+    case Kind::kFloat:
+      return float_ != 0;
+    case Kind::kString:
+      return !string_->empty();
+    case Kind::kArray:
+      return !array_->empty();
+    case Kind::kObject:
+      return !object_->empty();
+    case Kind::kFunction:
+      return true;
   }
   return false;
 }
@@ -203,12 +241,18 @@ bool Value::Truthy() const {
 std::string Value::ToString() const {
   switch (kind_) {
     case Kind::kUndefined:
-    case Kind::kNone: return "";
-    case Kind::kBool: return bool_ ? "true" : "false";
-    case Kind::kInt: return std::to_string(int_);
-    case Kind::kFloat: return FormatFloat(float_);
-    case Kind::kString: return *string_;
-    case Kind::kFunction: return "<function>";
+    case Kind::kNone:
+      return "";
+    case Kind::kBool:
+      return bool_ ? "true" : "false";
+    case Kind::kInt:
+      return std::to_string(int_);
+    case Kind::kFloat:
+      return FormatFloat(float_);
+    case Kind::kString:
+      return *string_;
+    case Kind::kFunction:
+      return "<function>";
     default: {
       auto json = ToJson();
       return json.ok() ? *json : "";
@@ -225,15 +269,24 @@ absl::StatusOr<std::string> Value::ToJson(int indent) const {
 
 std::string Value::TypeName() const {
   switch (kind_) {
-    case Kind::kUndefined: return "undefined";
-    case Kind::kNone: return "none";
-    case Kind::kBool: return "boolean";
-    case Kind::kInt: return "integer";
-    case Kind::kFloat: return "float";
-    case Kind::kString: return "string";
-    case Kind::kArray: return "list";
-    case Kind::kObject: return "object";
-    case Kind::kFunction: return "function";
+    case Kind::kUndefined:
+      return "undefined";
+    case Kind::kNone:
+      return "none";
+    case Kind::kBool:
+      return "boolean";
+    case Kind::kInt:
+      return "integer";
+    case Kind::kFloat:
+      return "float";
+    case Kind::kString:
+      return "string";
+    case Kind::kArray:
+      return "list";
+    case Kind::kObject:
+      return "object";
+    case Kind::kFunction:
+      return "function";
   }
   return "?";
 }
@@ -243,9 +296,12 @@ bool Value::Equals(const Value& other) const {
   if (kind_ != other.kind_) return false;
   switch (kind_) {
     case Kind::kUndefined:
-    case Kind::kNone: return true;
-    case Kind::kBool: return bool_ == other.bool_;
-    case Kind::kString: return *string_ == *other.string_;
+    case Kind::kNone:
+      return true;
+    case Kind::kBool:
+      return bool_ == other.bool_;
+    case Kind::kString:
+      return *string_ == *other.string_;
     case Kind::kArray: {
       if (array_->size() != other.array_->size()) return false;
       for (size_t i = 0; i < array_->size(); ++i) {
@@ -253,8 +309,10 @@ bool Value::Equals(const Value& other) const {
       }
       return true;
     }
-    case Kind::kObject: return object_ == other.object_;
-    default: return false;
+    case Kind::kObject:
+      return object_ == other.object_;
+    default:
+      return false;
   }
 }
 

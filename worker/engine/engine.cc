@@ -1,0 +1,422 @@
+// Engine: scheduling, KV block accounting, stop conditions.
+#include "worker/engine/engine.h"
+
+#include <algorithm>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "glog/logging.h"
+
+namespace deepinfer {
+
+struct Engine::Sequence {
+  std::string id;
+  GenerationParams params;
+  std::vector<int32_t> tokens;  // prompt, then generated tokens
+  int64_t prompt_len = 0;
+  int64_t computed = 0;  // leading tokens whose KV entries are in the cache
+  std::vector<int32_t> blocks;
+  SamplingParams sampling;
+  std::vector<TokenLogprob> logprobs;
+  std::unique_ptr<tokenizer::IncrementalDecoder> decoder;
+  std::string text;
+  size_t max_stop_len = 0;
+  bool done = false;
+
+  int64_t remaining() const { return static_cast<int64_t>(tokens.size()) - computed; }
+  int64_t generated() const { return static_cast<int64_t>(tokens.size()) - prompt_len; }
+};
+
+namespace {
+
+RequestResult ErrorResult(const std::string& id, const absl::Status& status, uint64_t generation) {
+  RequestResult r;
+  r.set_request_id(id);
+  r.set_error_code(absl::StatusCodeToString(status.code()));
+  r.set_error_message(std::string(status.message()));
+  r.set_group_generation(generation);
+  return r;
+}
+
+// FNV-1a: a seed derived from the request id that is the same in every build.
+uint64_t IdSeed(const std::string& id) {
+  uint64_t h = 14695981039346656037ull;
+  for (unsigned char c : id) h = (h ^ c) * 1099511628211ull;
+  return h;
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(DeepseekV3Model* model, KvBlockPool* pool,
+                                                       RequestQueue* queue,
+                                                       const tokenizer::Tokenizer* tokenizer,
+                                                       EngineOptions options) {
+  if (model == nullptr || pool == nullptr || queue == nullptr) {
+    return absl::InvalidArgumentError("Engine: model, pool and queue are required");
+  }
+  if (options.max_batch_tokens <= 0 || options.max_running <= 0) {
+    return absl::InvalidArgumentError("Engine: max_batch_tokens and max_running must be > 0");
+  }
+  const int64_t capacity = static_cast<int64_t>(pool->num_blocks()) * pool->block_size();
+  if (capacity < 2) return absl::InvalidArgumentError("Engine: the KV pool holds < 2 tokens");
+  if (options.context_limit <= 0) options.context_limit = model->config().max_position_embeddings;
+  if (options.context_limit <= 0) options.context_limit = capacity;
+  options.context_limit = std::min(options.context_limit, capacity);
+  return std::unique_ptr<Engine>(new Engine(model, pool, queue, tokenizer, std::move(options)));
+}
+
+Engine::Engine(DeepseekV3Model* model, KvBlockPool* pool, RequestQueue* queue,
+               const tokenizer::Tokenizer* tokenizer, EngineOptions options)
+    : model_(model),
+      pool_(pool),
+      queue_(queue),
+      tokenizer_(tokenizer),
+      options_(std::move(options)),
+      vocab_(model->config().vocab_size) {
+  UpdateLoad();
+}
+
+Engine::~Engine() { DropAll(); }
+
+bool Engine::HasWork() const {
+  return !running_.empty() || !waiting_.empty() || queue_->num_items() > 0;
+}
+
+void Engine::Admit(WorkItem item, std::vector<RequestResult>* finished) {
+  if (held_ids_.contains(item.request_id())) return;  // a resend of a request we run
+  const GenerationParams& p = item.params();
+  auto fail = [&](absl::Status s) {
+    finished->push_back(ErrorResult(item.request_id(), s, options_.group_generation));
+  };
+  const int64_t n = item.prompt_token_ids_size();
+  if (n == 0) return fail(absl::InvalidArgumentError("empty prompt"));
+  for (int32_t t : item.prompt_token_ids()) {
+    if (t < 0 || t >= vocab_) {
+      return fail(absl::InvalidArgumentError(
+          absl::StrCat("prompt token id ", t, " outside the vocabulary of ", vocab_)));
+    }
+  }
+  if (n >= options_.context_limit) {
+    return fail(absl::InvalidArgumentError(absl::StrCat("prompt of ", n,
+                                                        " tokens leaves no room in the context of ",
+                                                        options_.context_limit, " tokens")));
+  }
+  if (p.max_tokens() < 0) return fail(absl::InvalidArgumentError("max_tokens < 0"));
+  if (p.temperature() < 0) return fail(absl::InvalidArgumentError("temperature < 0"));
+  if (p.top_p() < 0 || p.top_p() > 1)
+    return fail(absl::InvalidArgumentError("top_p not in [0, 1]"));
+  if (p.top_k() < 0) return fail(absl::InvalidArgumentError("top_k < 0"));
+  if (p.stop_size() > 0 && tokenizer_ == nullptr) {
+    return fail(absl::InvalidArgumentError(
+        "stop strings need a tokenizer, and the model directory has none"));
+  }
+  auto seq = std::make_unique<Sequence>();
+  seq->id = item.request_id();
+  seq->params = p;
+  seq->tokens.assign(item.prompt_token_ids().begin(), item.prompt_token_ids().end());
+  seq->prompt_len = n;
+  seq->sampling.temperature = p.temperature();
+  seq->sampling.top_k = p.top_k();
+  seq->sampling.top_p = p.top_p() > 0 ? p.top_p() : 1.0f;  // proto default 0: no top-p cut
+  // The coordinator always sets a seed; without one the id keeps a request reproducible.
+  seq->sampling.seed = p.has_seed() ? p.seed() : IdSeed(item.request_id());
+  seq->sampling.num_logprobs = std::max(0, p.logprobs());
+  if (tokenizer_ != nullptr) {
+    seq->decoder =
+        std::make_unique<tokenizer::IncrementalDecoder>(tokenizer_, /*skip_special_tokens=*/true);
+  }
+  for (const std::string& s : p.stop()) seq->max_stop_len = std::max(seq->max_stop_len, s.size());
+  held_ids_.insert(seq->id);
+  waiting_.push_back(std::move(seq));
+}
+
+void Engine::CancelRequests(const std::vector<std::string>& ids) {
+  for (const std::string& id : ids) {
+    if (!held_ids_.contains(id)) continue;
+    held_ids_.erase(id);
+    for (auto it = running_.begin(); it != running_.end(); ++it) {
+      if ((*it)->id == id) {
+        FreeBlocks(it->get());
+        running_.erase(it);
+        break;
+      }
+    }
+    for (auto it = waiting_.begin(); it != waiting_.end(); ++it) {
+      if ((*it)->id == id) {
+        FreeBlocks(it->get());
+        waiting_.erase(it);
+        break;
+      }
+    }
+  }
+}
+
+void Engine::FreeBlocks(Sequence* seq) {
+  if (!seq->blocks.empty()) {
+    absl::Status s = pool_->Free(seq->blocks);
+    CHECK(s.ok()) << "freeing blocks of " << seq->id << ": " << s;
+    seq->blocks.clear();
+  }
+  seq->computed = 0;
+}
+
+void Engine::Preempt(std::list<std::unique_ptr<Sequence>>::iterator it) {
+  VLOG(1) << "rank " << options_.rank << ": preempting " << (*it)->id << " ("
+          << (*it)->tokens.size() << " tokens)";
+  FreeBlocks(it->get());
+  waiting_.push_front(std::move(*it));
+  running_.erase(it);
+  ++preemptions_;
+}
+
+bool Engine::Reserve(Sequence* seq, int64_t tokens,
+                     const absl::flat_hash_set<Sequence*>& scheduled) {
+  const int64_t bs = pool_->block_size();
+  const int32_t needed =
+      pool_->BlocksFor(seq->computed + tokens) - static_cast<int32_t>(seq->blocks.size());
+  if (needed <= 0) return true;
+  while (pool_->num_free_blocks() < needed) {
+    // Victim: the most recently admitted running sequence not already in this step.
+    auto victim = running_.end();
+    for (auto it = running_.end(); it != running_.begin();) {
+      --it;
+      if (it->get() != seq && !scheduled.contains(it->get())) {
+        victim = it;
+        break;
+      }
+    }
+    if (victim == running_.end()) return false;
+    Preempt(victim);
+  }
+  (void)bs;
+  auto blocks = pool_->Allocate(needed);
+  CHECK(blocks.ok()) << blocks.status();
+  seq->blocks.insert(seq->blocks.end(), blocks->begin(), blocks->end());
+  return true;
+}
+
+absl::StatusOr<std::vector<RequestResult>> Engine::Step() {
+  std::vector<RequestResult> finished;
+  RequestQueue::Drained drained = queue_->Drain();
+  for (WorkItem& item : drained.items) Admit(std::move(item), &finished);
+  CancelRequests(drained.cancelled);
+
+  struct Planned {
+    Sequence* seq;
+    int64_t n;
+  };
+  std::vector<Planned> plan;
+  absl::flat_hash_set<Sequence*> scheduled;
+  int64_t budget = options_.max_batch_tokens;
+  const int64_t bs = pool_->block_size();
+  auto plan_one = [&](Sequence* s, int64_t n) {
+    plan.push_back({s, n});
+    scheduled.insert(s);
+    budget -= n;
+  };
+  // 1. Decodes: one token each, oldest first.
+  for (auto it = running_.begin(); it != running_.end() && budget > 0;) {
+    Sequence* s = it->get();
+    if (s->remaining() != 1 || scheduled.contains(s)) {
+      ++it;
+      continue;
+    }
+    if (!Reserve(s, 1, scheduled)) {
+      auto next = std::next(it);
+      Preempt(it);
+      it = next;
+      continue;
+    }
+    plan_one(s, 1);
+    ++it;
+  }
+  // 2. Prefill chunks of running sequences (a chunk shrinks to the free blocks before anyone
+  // is preempted for it).
+  for (auto it = running_.begin(); it != running_.end() && budget > 0;) {
+    Sequence* s = it->get();
+    if (s->remaining() <= 1 || scheduled.contains(s)) {
+      ++it;
+      continue;
+    }
+    const int64_t slack = static_cast<int64_t>(s->blocks.size()) * bs - s->computed;
+    const int64_t room = slack + static_cast<int64_t>(pool_->num_free_blocks()) * bs;
+    int64_t n = std::min(s->remaining(), budget);
+    if (room >= 1) n = std::min(n, room);
+    if (!Reserve(s, room >= 1 ? n : 1, scheduled)) {
+      auto next = std::next(it);
+      Preempt(it);
+      it = next;
+      continue;
+    }
+    if (room < 1) n = 1;
+    plan_one(s, n);
+    ++it;
+  }
+  // 3. Admission, preempted sequences first.
+  while (!waiting_.empty() && budget > 0 &&
+         static_cast<int32_t>(running_.size()) < options_.max_running) {
+    Sequence* s = waiting_.front().get();
+    const int64_t room = static_cast<int64_t>(pool_->num_free_blocks()) * bs;
+    if (room < 1) break;
+    const int64_t n = std::min({s->remaining(), budget, room});
+    running_.push_back(std::move(waiting_.front()));
+    waiting_.pop_front();
+    CHECK(Reserve(s, n, scheduled));  // fits in free blocks: nobody is preempted
+    plan_one(s, n);
+  }
+
+  if (!plan.empty() || options_.step_when_idle) {
+    std::vector<SequenceStep> batch;
+    batch.reserve(plan.size());
+    for (const Planned& p : plan) {
+      SequenceStep step;
+      step.tokens.assign(p.seq->tokens.begin() + p.seq->computed,
+                         p.seq->tokens.begin() + p.seq->computed + p.n);
+      step.position_offset = p.seq->computed;
+      step.block_table = p.seq->blocks;
+      if (p.seq->computed + p.n == static_cast<int64_t>(p.seq->tokens.size())) {
+        step.sampling = p.seq->sampling;
+      }
+      batch.push_back(std::move(step));
+    }
+    absl::StatusOr<StepOutput> out = model_->Step(batch, pool_);
+    if (!out.ok()) return out.status();
+    for (size_t i = 0; i < plan.size(); ++i) {
+      Sequence* s = plan[i].seq;
+      s->computed += plan[i].n;
+      if (s->remaining() != 0) continue;  // an intermediate prefill chunk
+      RequestResult result;
+      if (Advance(s, out->sampled[i], &result)) {
+        s->done = true;
+        finished.push_back(std::move(result));
+      }
+    }
+    for (auto it = running_.begin(); it != running_.end();) {
+      if ((*it)->done) {
+        FreeBlocks(it->get());
+        held_ids_.erase((*it)->id);
+        it = running_.erase(it);
+      } else {
+        ++it;
+      }
+    }
+  }
+  UpdateLoad();
+  return finished;
+}
+
+bool Engine::Advance(Sequence* s, const SampledToken& sampled, RequestResult* result) {
+  const int32_t t = sampled.token;
+  const GenerationParams& p = s->params;
+  const bool eos = !p.ignore_eos() &&
+                   std::find(options_.eos_token_ids.begin(), options_.eos_token_ids.end(), t) !=
+                       options_.eos_token_ids.end();
+  const bool stop_token = std::find(p.stop_token_ids().begin(), p.stop_token_ids().end(), t) !=
+                          p.stop_token_ids().end();
+  if (eos || stop_token) {
+    Finish(s, "stop", result);
+    return true;
+  }
+  s->tokens.push_back(t);
+  if (p.logprobs() >= 0) {
+    TokenLogprob lp;
+    lp.set_token_id(t);
+    lp.set_logprob(sampled.logprob);
+    for (const auto& [id, logprob] : sampled.top_logprobs) {
+      lp.add_top_token_ids(id);
+      lp.add_top_logprobs(logprob);
+    }
+    s->logprobs.push_back(std::move(lp));
+  }
+  if (s->decoder != nullptr) {
+    absl::StatusOr<std::string> piece = s->decoder->Add(static_cast<uint32_t>(t));
+    if (!piece.ok()) {
+      *result = ErrorResult(s->id, piece.status(), options_.group_generation);
+      return true;
+    }
+    const size_t from = s->text.size();
+    s->text += *piece;
+    if (CutAtStopString(s, from)) {
+      s->decoder.reset();  // the rest of the text is not returned
+      Finish(s, "stop", result);
+      return true;
+    }
+  }
+  if ((p.max_tokens() > 0 && s->generated() >= p.max_tokens()) ||
+      static_cast<int64_t>(s->tokens.size()) >= options_.context_limit) {
+    Finish(s, "length", result);
+    return true;
+  }
+  return false;
+}
+
+bool Engine::CutAtStopString(Sequence* s, size_t from) {
+  if (s->max_stop_len == 0) return false;
+  // A stop string may start in text that was already there.
+  const size_t start = from >= s->max_stop_len - 1 ? from - (s->max_stop_len - 1) : 0;
+  size_t best = std::string::npos;
+  for (const std::string& stop : s->params.stop()) {
+    if (stop.empty()) continue;
+    const size_t pos = s->text.find(stop, start);
+    if (pos < best) best = pos;
+  }
+  if (best == std::string::npos) return false;
+  s->text.resize(best);
+  return true;
+}
+
+void Engine::Finish(Sequence* s, const std::string& reason, RequestResult* result) {
+  std::string why = reason;
+  if (s->decoder != nullptr) {
+    absl::StatusOr<std::string> rest = s->decoder->Finish();
+    if (rest.ok()) {
+      const size_t from = s->text.size();
+      s->text += *rest;
+      if (CutAtStopString(s, from)) why = "stop";
+    }
+  }
+  result->Clear();
+  result->set_request_id(s->id);
+  result->mutable_token_ids()->Add(s->tokens.begin() + s->prompt_len, s->tokens.end());
+  result->set_text(s->text);
+  result->set_finish_reason(why);
+  result->set_prompt_tokens(static_cast<int32_t>(s->prompt_len));
+  for (TokenLogprob& lp : s->logprobs) *result->add_logprobs() = std::move(lp);
+  result->set_group_generation(options_.group_generation);
+}
+
+int Engine::DropAll() {
+  int dropped = 0;
+  for (auto& s : running_) {
+    FreeBlocks(s.get());
+    ++dropped;
+  }
+  for (auto& s : waiting_) {
+    FreeBlocks(s.get());
+    ++dropped;
+  }
+  running_.clear();
+  waiting_.clear();
+  held_ids_.clear();
+  UpdateLoad();
+  return dropped;
+}
+
+void Engine::UpdateLoad() {
+  EngineLoad load;
+  load.running = static_cast<int32_t>(running_.size());
+  load.waiting = static_cast<int32_t>(waiting_.size());
+  for (const auto& s : running_) load.tokens += static_cast<int64_t>(s->tokens.size());
+  for (const auto& s : waiting_) load.tokens += static_cast<int64_t>(s->tokens.size());
+  load.kv_blocks_total = pool_->num_blocks();
+  load.kv_blocks_used = pool_->num_blocks() - pool_->num_free_blocks();
+  absl::MutexLock lock(&load_mu_);
+  load_ = load;
+}
+
+EngineLoad Engine::load() const {
+  absl::MutexLock lock(&load_mu_);
+  return load_;
+}
+
+}  // namespace deepinfer

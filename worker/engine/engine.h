@@ -1,0 +1,140 @@
+// Engine: continuous batching for one rank over DeepseekV3Model::Step.
+//
+// Requests come from a RequestQueue and join between steps. Each step has a budget of
+// max_batch_tokens new tokens and max_running sequences, spent in this order:
+//   1. decode: every running sequence whose tokens are all in the cache gets one token;
+//   2. prefill chunks of running sequences whose prompt is not fully in the cache yet;
+//   3. waiting sequences (preempted ones first, then new ones in arrival order) are admitted
+//      while budget and free KV blocks last; a prompt longer than what is left is chunked.
+// KV blocks come from the rank's KvBlockPool as sequences grow. When a running sequence needs
+// a block and the pool is empty, the most recently admitted sequence not yet scheduled in this
+// step is preempted by recomputation: its blocks are freed, it keeps its generated tokens and
+// goes back to the front of the waiting queue; when re-admitted, prompt + generated tokens are
+// prefilled again. Sampling is keyed by (seed, position), so chunking, batching and preemption
+// do not change a request's tokens.
+//
+// A request finishes on EOS (unless ignore_eos) or one of its stop_token_ids (the token is
+// not returned), a stop string (the text is cut before it; finish_reason "stop"), max_tokens,
+// or the context limit (finish_reason "length"). Errors that concern one request (bad prompt,
+// stop strings without a tokenizer) fail that request only; an error of the step itself (a
+// collective failed) is returned and leaves the engine to be dropped.
+//
+// Not thread-safe: one rank thread drives an engine; other threads talk to it through its
+// RequestQueue and read load() .
+#ifndef DEEPINFER_WORKER_ENGINE_ENGINE_H_
+#define DEEPINFER_WORKER_ENGINE_ENGINE_H_
+
+#include <cstdint>
+#include <deque>
+#include <list>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/container/flat_hash_set.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "proto/cluster.pb.h"
+#include "proto/common.pb.h"
+#include "worker/engine/request_queue.h"
+#include "worker/kv_cache/kv_block_pool.h"
+#include "worker/model/deepseek_v3_model.h"
+#include "worker/tokenizer/incremental_decoder.h"
+#include "worker/tokenizer/tokenizer.h"
+
+namespace deepinfer {
+
+struct EngineOptions {
+  int32_t max_batch_tokens = 2048;
+  int32_t max_running = 256;
+  // Prompt + generated tokens of one request; 0: the model's max_position_embeddings. Always
+  // capped by the KV pool's capacity, so one sequence alone always fits.
+  int64_t context_limit = 0;
+  std::vector<int32_t> eos_token_ids;
+  // Written into every result.
+  uint64_t group_generation = 0;
+  int32_t rank = 0;
+  // Run Model::Step even when nothing is scheduled (an expert-parallel rank must take part in
+  // every step's all-to-alls).
+  bool step_when_idle = false;
+};
+
+// Counters for heartbeats (RankLoad), readable from any thread.
+struct EngineLoad {
+  int32_t running = 0;
+  int32_t waiting = 0;
+  int64_t tokens = 0;
+  int64_t kv_blocks_used = 0;
+  int64_t kv_blocks_total = 0;
+};
+
+class Engine {
+ public:
+  // `model`, `pool`, `queue` and `tokenizer` (may be null) must outlive the engine.
+  static absl::StatusOr<std::unique_ptr<Engine>> Create(DeepseekV3Model* model, KvBlockPool* pool,
+                                                        RequestQueue* queue,
+                                                        const tokenizer::Tokenizer* tokenizer,
+                                                        EngineOptions options);
+  ~Engine();
+
+  // Whether a step would do anything (requests held, or queued in the RequestQueue).
+  bool HasWork() const;
+
+  // Takes new requests and cancellations from the queue, schedules, runs one Model::Step and
+  // returns the requests that finished (or failed) in it. An error means the step itself
+  // failed; the engine's requests are then in an unknown state and should be dropped.
+  absl::StatusOr<std::vector<RequestResult>> Step();
+
+  // Forgets every request (the group failed; the coordinator re-runs them) and frees their
+  // blocks. Returns how many were dropped.
+  int DropAll();
+
+  EngineLoad load() const;
+  int64_t context_limit() const { return options_.context_limit; }
+  // Sequences preempted so far (for tests and logs).
+  int64_t preemptions() const { return preemptions_; }
+
+ private:
+  struct Sequence;
+  Engine(DeepseekV3Model* model, KvBlockPool* pool, RequestQueue* queue,
+         const tokenizer::Tokenizer* tokenizer, EngineOptions options);
+
+  // Validates a new item; on success queues it, else adds an error result to `finished`.
+  void Admit(WorkItem item, std::vector<RequestResult>* finished);
+  void CancelRequests(const std::vector<std::string>& ids);
+  // Frees the sequence's blocks and moves it to the front of waiting_.
+  void Preempt(std::list<std::unique_ptr<Sequence>>::iterator it);
+  // Makes `seq` able to hold `tokens` more positions, preempting others (never one in
+  // `scheduled`) if needed. False if even that is not enough (then `seq` has no new blocks).
+  bool Reserve(Sequence* seq, int64_t tokens, const absl::flat_hash_set<Sequence*>& scheduled);
+  // Handles a sampled token; returns true when the sequence finished (result filled).
+  bool Advance(Sequence* seq, const SampledToken& sampled, RequestResult* result);
+  // Ends a sequence with a finish reason (flushing the decoder and checking stop strings).
+  void Finish(Sequence* seq, const std::string& reason, RequestResult* result);
+  // Searches the stop strings in the text added since `from`; true (and text cut) if found.
+  bool CutAtStopString(Sequence* seq, size_t from);
+  void FreeBlocks(Sequence* seq);
+  void UpdateLoad();
+
+  DeepseekV3Model* const model_;
+  KvBlockPool* const pool_;
+  RequestQueue* const queue_;
+  const tokenizer::Tokenizer* const tokenizer_;
+  EngineOptions options_;
+  int64_t vocab_ = 0;
+
+  // Admission order; preemption victims come from the back.
+  std::list<std::unique_ptr<Sequence>> running_;
+  std::deque<std::unique_ptr<Sequence>> waiting_;
+  absl::flat_hash_set<std::string> held_ids_;
+  int64_t preemptions_ = 0;
+
+  mutable absl::Mutex load_mu_;
+  EngineLoad load_ ABSL_GUARDED_BY(load_mu_);
+};
+
+}  // namespace deepinfer
+
+#endif  // DEEPINFER_WORKER_ENGINE_ENGINE_H_

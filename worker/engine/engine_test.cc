@@ -1,0 +1,445 @@
+// Engine against the HF fixture dsv3_qlora_rope: greedy results equal HF's and
+// GenerateGreedyOnCpu; batching, chunking and preemption do not change any request's tokens;
+// stop tokens, EOS, stop strings, max_tokens, context limit, logprobs and per-request errors.
+#include "worker/engine/engine.h"
+
+#include <cstdlib>
+#include <fstream>
+#include <map>
+#include <sstream>
+
+#include "absl/strings/str_cat.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "nlohmann/json.hpp"
+#include "worker/backend/cpu/cpu_backend.h"
+#include "worker/model/cpu_generate.h"
+#include "worker/model/model_loader.h"
+#include "worker/tokenizer/test_tokenizer_json.h"
+
+namespace deepinfer {
+namespace {
+
+using ::testing::ElementsAreArray;
+
+struct Prompt {
+  std::vector<int32_t> ids;
+  std::vector<int32_t> greedy;  // HF's 24-token greedy continuation
+};
+
+std::string FixtureDir() {
+  const char* src = std::getenv("TEST_SRCDIR");
+  return std::string(src ? src : ".") + "/deepinfer/tests/fixtures/dsv3_qlora_rope";
+}
+
+std::string ReadFile(const std::string& path) {
+  std::ifstream in(path);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+std::vector<int32_t> IntList(const nlohmann::json& obj, const char* key) {
+  std::vector<int32_t> out;
+  auto it = obj.find(key);
+  if (it == obj.end() || !it->is_array()) return out;
+  for (const auto& v : *it) {
+    if (v.is_number_integer()) out.push_back(v.get<int32_t>());
+  }
+  return out;
+}
+
+std::vector<Prompt> LoadPrompts() {
+  std::vector<Prompt> out;
+  nlohmann::json j = nlohmann::json::parse(ReadFile(FixtureDir() + "/expected.json"), nullptr,
+                                           /*allow_exceptions=*/false);
+  if (!j.is_object() || !j.contains("prompts") || !j["prompts"].is_array()) return out;
+  for (const auto& p : j["prompts"]) {
+    if (p.is_object()) out.push_back({IntList(p, "ids"), IntList(p, "greedy_24")});
+  }
+  return out;
+}
+
+WorkItem Item(const std::string& id, const std::vector<int32_t>& prompt, int32_t max_tokens) {
+  WorkItem item;
+  item.set_request_id(id);
+  item.mutable_prompt_token_ids()->Add(prompt.begin(), prompt.end());
+  item.mutable_params()->set_max_tokens(max_tokens);
+  item.mutable_params()->set_logprobs(-1);
+  item.mutable_params()->set_seed(1234);
+  return item;
+}
+
+WorkItem Sampled(const std::string& id, const std::vector<int32_t>& prompt, int32_t max_tokens,
+                 uint64_t seed) {
+  WorkItem item = Item(id, prompt, max_tokens);
+  item.mutable_params()->set_temperature(0.9f);
+  item.mutable_params()->set_top_p(0.95f);
+  item.mutable_params()->set_seed(seed);
+  return item;
+}
+
+std::vector<int32_t> Tokens(const RequestResult& r) {
+  return std::vector<int32_t>(r.token_ids().begin(), r.token_ids().end());
+}
+
+class EngineTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    backend_ = new CpuBackend(2);
+    auto m = LoadDeepseekV3(FixtureDir(), backend_);
+    ASSERT_TRUE(m.ok()) << m.status();
+    model_ = m->release();
+  }
+  static void TearDownTestSuite() {
+    delete model_;
+    delete backend_;
+  }
+  void SetUp() override {
+    prompts_ = LoadPrompts();
+    ASSERT_EQ(prompts_.size(), 4u);
+    for (const Prompt& p : prompts_) ASSERT_EQ(p.greedy.size(), 24u);
+  }
+
+  // A fresh engine over its own pool.
+  std::unique_ptr<Engine> MakeEngine(int32_t num_blocks = 256, int32_t block_size = 16,
+                                     EngineOptions options = {},
+                                     const tokenizer::Tokenizer* tok = nullptr,
+                                     DeepseekV3Model* model = nullptr) {
+    if (model == nullptr) model = model_;
+    auto pool = KvBlockPool::Create(backend_, model->CacheOptions(num_blocks, block_size));
+    EXPECT_TRUE(pool.ok()) << pool.status();
+    pool_ = std::move(*pool);
+    queue_ = std::make_unique<RequestQueue>();
+    if (options.eos_token_ids.empty()) options.eos_token_ids = {1};  // generation_config.json
+    auto e = Engine::Create(model, pool_.get(), queue_.get(), tok, options);
+    EXPECT_TRUE(e.ok()) << e.status();
+    return std::move(*e);
+  }
+
+  // Submits `items` and steps until the engine is idle.
+  std::map<std::string, RequestResult> Run(Engine* engine, std::vector<WorkItem> items) {
+    queue_->Push(std::move(items));
+    std::map<std::string, RequestResult> results;
+    int steps = 0;
+    while (engine->HasWork()) {
+      auto r = engine->Step();
+      EXPECT_TRUE(r.ok()) << r.status();
+      if (!r.ok()) break;
+      for (RequestResult& res : *r) {
+        EXPECT_EQ(results.count(res.request_id()), 0u) << "two results for " << res.request_id();
+        results[res.request_id()] = std::move(res);
+      }
+      EXPECT_LT(++steps, 100000) << "engine does not finish";
+      if (steps >= 100000) break;
+    }
+    EXPECT_EQ(engine->load().kv_blocks_used, 0) << "blocks leaked";
+    return results;
+  }
+
+  // Each item alone on a fresh engine with the default options.
+  std::map<std::string, RequestResult> RunAlone(const std::vector<WorkItem>& items) {
+    std::map<std::string, RequestResult> out;
+    for (const WorkItem& item : items) {
+      auto engine = MakeEngine();
+      auto r = Run(engine.get(), {item});
+      out[item.request_id()] = r[item.request_id()];
+    }
+    return out;
+  }
+
+  static CpuBackend* backend_;
+  static DeepseekV3Model* model_;
+  std::vector<Prompt> prompts_;
+  std::unique_ptr<KvBlockPool> pool_;
+  std::unique_ptr<RequestQueue> queue_;
+};
+
+CpuBackend* EngineTest::backend_ = nullptr;
+DeepseekV3Model* EngineTest::model_ = nullptr;
+
+TEST_F(EngineTest, GreedyEqualsHfAndGenerateGreedyOnCpu) {
+  for (size_t i = 0; i < prompts_.size(); ++i) {
+    auto engine = MakeEngine();
+    const std::string id = absl::StrCat("p", i);
+    auto results = Run(engine.get(), {Item(id, prompts_[i].ids, 24)});
+    ASSERT_EQ(results.count(id), 1u);
+    const RequestResult& r = results[id];
+    EXPECT_EQ(r.error_code(), "");
+    EXPECT_THAT(Tokens(r), ElementsAreArray(prompts_[i].greedy)) << id;
+    auto reference = GenerateGreedyOnCpu(FixtureDir(), prompts_[i].ids, 24, 2);
+    ASSERT_TRUE(reference.ok()) << reference.status();
+    EXPECT_THAT(Tokens(r), ElementsAreArray(*reference)) << id;
+    EXPECT_EQ(r.finish_reason(), "length");
+    EXPECT_EQ(r.prompt_tokens(), static_cast<int>(prompts_[i].ids.size()));
+    EXPECT_EQ(r.text(), "");  // the fixture has no tokenizer
+    EXPECT_EQ(r.logprobs_size(), 0);
+  }
+}
+
+// Many requests of different lengths and sampling parameters at once give what each gives alone.
+std::vector<WorkItem> MixedItems(const std::vector<Prompt>& prompts) {
+  std::vector<WorkItem> items;
+  const int32_t lengths[] = {24, 9, 17, 3};
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    items.push_back(Item(absl::StrCat("g", i), prompts[i].ids, lengths[i]));
+    items.push_back(Sampled(absl::StrCat("s", i), prompts[i].ids, 20 - 3 * i, 100 + i));
+    // The same prompt twice, other seed: same-prompt sequences must not share cache entries.
+    items.push_back(Sampled(absl::StrCat("t", i), prompts[i].ids, 12, 200 + i));
+  }
+  return items;
+}
+
+TEST_F(EngineTest, ConcurrentRequestsEqualEachAlone) {
+  std::vector<WorkItem> items = MixedItems(prompts_);
+  auto alone = RunAlone(items);
+  auto engine = MakeEngine();
+  auto together = Run(engine.get(), items);
+  ASSERT_EQ(together.size(), items.size());
+  for (const WorkItem& item : items) {
+    const std::string& id = item.request_id();
+    EXPECT_THAT(Tokens(together[id]), ElementsAreArray(Tokens(alone[id]))) << id;
+    EXPECT_EQ(together[id].finish_reason(), alone[id].finish_reason()) << id;
+    EXPECT_EQ(together[id].token_ids_size(),
+              std::min<int>(item.params().max_tokens(), together[id].token_ids_size()));
+  }
+  // Sampling really happened: two seeds on one prompt do not give one sequence everywhere.
+  int differ = 0;
+  for (size_t i = 0; i < prompts_.size(); ++i) {
+    const auto s = Tokens(together[absl::StrCat("s", i)]);
+    const auto t = Tokens(together[absl::StrCat("t", i)]);
+    const size_t n = std::min(s.size(), t.size());
+    if (!std::equal(s.begin(), s.begin() + n, t.begin())) ++differ;
+  }
+  EXPECT_GT(differ, 0);
+  // Greedy ones are HF's.
+  for (size_t i = 0; i < prompts_.size(); ++i) {
+    const auto g = Tokens(together[absl::StrCat("g", i)]);
+    EXPECT_THAT(
+        g, ElementsAreArray(prompts_[i].greedy.begin(), prompts_[i].greedy.begin() + g.size()));
+  }
+}
+
+TEST_F(EngineTest, PreemptionWithTinyPoolGivesIdenticalTokens) {
+  std::vector<WorkItem> items = MixedItems(prompts_);
+  // The 130-token prompt does not fit 30 blocks of 4 with its continuation; leave it out.
+  items.erase(std::remove_if(items.begin(), items.end(),
+                             [](const WorkItem& w) { return w.request_id().back() == '3'; }),
+              items.end());
+  auto alone = RunAlone(items);
+  auto engine = MakeEngine(/*num_blocks=*/30, /*block_size=*/4);
+  auto together = Run(engine.get(), items);
+  EXPECT_GT(engine->preemptions(), 0);
+  ASSERT_EQ(together.size(), items.size());
+  for (const WorkItem& item : items) {
+    const std::string& id = item.request_id();
+    EXPECT_EQ(together[id].error_code(), "") << together[id].error_message();
+    EXPECT_THAT(Tokens(together[id]), ElementsAreArray(Tokens(alone[id]))) << id;
+  }
+}
+
+TEST_F(EngineTest, ChunkedPrefillEqualsUnchunked) {
+  std::vector<WorkItem> items = MixedItems(prompts_);
+  auto alone = RunAlone(items);
+  EngineOptions options;
+  options.max_batch_tokens = 7;  // every prompt but the first is chunked
+  auto engine = MakeEngine(256, 16, options);
+  auto chunked = Run(engine.get(), items);
+  ASSERT_EQ(chunked.size(), items.size());
+  for (const WorkItem& item : items) {
+    const std::string& id = item.request_id();
+    EXPECT_THAT(Tokens(chunked[id]), ElementsAreArray(Tokens(alone[id]))) << id;
+  }
+  // max_running = 1 serialises them; same tokens again.
+  options.max_batch_tokens = 2048;
+  options.max_running = 1;
+  engine = MakeEngine(256, 16, options);
+  auto serial = Run(engine.get(), items);
+  for (const WorkItem& item : items) {
+    const std::string& id = item.request_id();
+    EXPECT_THAT(Tokens(serial[id]), ElementsAreArray(Tokens(alone[id]))) << id;
+  }
+}
+
+TEST_F(EngineTest, StopTokenAndEos) {
+  const Prompt& p = prompts_[1];
+  // Stop at the first occurrence of the 7th greedy token; it is not returned.
+  const int32_t stop = p.greedy[6];
+  const size_t first = std::find(p.greedy.begin(), p.greedy.end(), stop) - p.greedy.begin();
+  WorkItem item = Item("stop", p.ids, 24);
+  item.mutable_params()->add_stop_token_ids(stop);
+  auto engine = MakeEngine();
+  auto r = Run(engine.get(), {item})["stop"];
+  EXPECT_THAT(Tokens(r), ElementsAreArray(p.greedy.begin(), p.greedy.begin() + first));
+  EXPECT_EQ(r.finish_reason(), "stop");
+
+  // The same token as EOS, then with ignore_eos.
+  EngineOptions options;
+  options.eos_token_ids = {stop};
+  engine = MakeEngine(256, 16, options);
+  r = Run(engine.get(), {Item("eos", p.ids, 24)})["eos"];
+  EXPECT_THAT(Tokens(r), ElementsAreArray(p.greedy.begin(), p.greedy.begin() + first));
+  EXPECT_EQ(r.finish_reason(), "stop");
+  WorkItem ignore = Item("ignore", p.ids, 24);
+  ignore.mutable_params()->set_ignore_eos(true);
+  engine = MakeEngine(256, 16, options);
+  r = Run(engine.get(), {ignore})["ignore"];
+  EXPECT_THAT(Tokens(r), ElementsAreArray(p.greedy));
+  EXPECT_EQ(r.finish_reason(), "length");
+}
+
+TEST_F(EngineTest, MaxTokensAndContextLimit) {
+  const Prompt& p = prompts_[0];
+  auto engine = MakeEngine();
+  auto r = Run(engine.get(), {Item("five", p.ids, 5)})["five"];
+  EXPECT_THAT(Tokens(r), ElementsAreArray(p.greedy.begin(), p.greedy.begin() + 5));
+  EXPECT_EQ(r.finish_reason(), "length");
+  // max_tokens 0: up to the context limit.
+  EngineOptions options;
+  options.context_limit = static_cast<int64_t>(p.ids.size()) + 11;
+  engine = MakeEngine(256, 16, options);
+  r = Run(engine.get(), {Item("ctx", p.ids, 0)})["ctx"];
+  EXPECT_THAT(Tokens(r), ElementsAreArray(p.greedy.begin(), p.greedy.begin() + 11));
+  EXPECT_EQ(r.finish_reason(), "length");
+  // The model's max_position_embeddings (512) when nothing else limits it.
+  engine = MakeEngine();
+  EXPECT_EQ(engine->context_limit(), 512);
+  // ... capped by what the pool holds.
+  engine = MakeEngine(10, 16);
+  EXPECT_EQ(engine->context_limit(), 160);
+}
+
+TEST_F(EngineTest, LogprobsShape) {
+  const Prompt& p = prompts_[2];
+  WorkItem three = Item("three", p.ids, 8);
+  three.mutable_params()->set_logprobs(3);
+  WorkItem zero = Item("zero", p.ids, 8);
+  zero.mutable_params()->set_logprobs(0);
+  WorkItem sampled = Sampled("sampled", p.ids, 8, 9);
+  sampled.mutable_params()->set_logprobs(2);
+  auto engine = MakeEngine();
+  auto results = Run(engine.get(), {three, zero, sampled, Item("none", p.ids, 8)});
+  const RequestResult& r = results["three"];
+  ASSERT_EQ(r.logprobs_size(), 8);
+  for (int i = 0; i < 8; ++i) {
+    const TokenLogprob& lp = r.logprobs(i);
+    EXPECT_EQ(lp.token_id(), r.token_ids(i));
+    ASSERT_EQ(lp.top_token_ids_size(), 3);
+    ASSERT_EQ(lp.top_logprobs_size(), 3);
+    EXPECT_EQ(lp.top_token_ids(0), lp.token_id());  // greedy picks the most likely
+    EXPECT_FLOAT_EQ(lp.top_logprobs(0), lp.logprob());
+    EXPECT_LE(lp.logprob(), 0.0f);
+    EXPECT_GE(lp.top_logprobs(0), lp.top_logprobs(1));
+    EXPECT_GE(lp.top_logprobs(1), lp.top_logprobs(2));
+  }
+  ASSERT_EQ(results["zero"].logprobs_size(), 8);
+  EXPECT_EQ(results["zero"].logprobs(0).top_token_ids_size(), 0);
+  EXPECT_FLOAT_EQ(results["zero"].logprobs(0).logprob(), r.logprobs(0).logprob());
+  const RequestResult& s = results["sampled"];
+  ASSERT_EQ(s.logprobs_size(), s.token_ids_size());
+  for (int i = 0; i < s.logprobs_size(); ++i) {
+    EXPECT_EQ(s.logprobs(i).token_id(), s.token_ids(i));
+    EXPECT_EQ(s.logprobs(i).top_token_ids_size(), 2);
+  }
+  EXPECT_EQ(results["none"].logprobs_size(), 0);
+}
+
+TEST_F(EngineTest, PerRequestErrorsFailOnlyThatRequest) {
+  EngineOptions options;
+  options.context_limit = 20;
+  auto engine = MakeEngine(256, 16, options);
+  WorkItem stop_string = Item("stopstr", prompts_[0].ids, 4);
+  stop_string.mutable_params()->add_stop("x");
+  WorkItem bad_token = Item("badtok", {1, 2, 5000}, 4);
+  auto results = Run(engine.get(), {Item("long", prompts_[2].ids, 4), stop_string, bad_token,
+                                    Item("ok", prompts_[0].ids, 4), Item("empty", {}, 4)});
+  EXPECT_EQ(results["long"].error_code(), "INVALID_ARGUMENT");
+  EXPECT_THAT(results["long"].error_message(), ::testing::HasSubstr("context"));
+  EXPECT_EQ(results["stopstr"].error_code(), "INVALID_ARGUMENT");
+  EXPECT_THAT(results["stopstr"].error_message(), ::testing::HasSubstr("tokenizer"));
+  EXPECT_EQ(results["badtok"].error_code(), "INVALID_ARGUMENT");
+  EXPECT_EQ(results["empty"].error_code(), "INVALID_ARGUMENT");
+  EXPECT_EQ(results["ok"].error_code(), "");
+  EXPECT_THAT(Tokens(results["ok"]),
+              ElementsAreArray(prompts_[0].greedy.begin(), prompts_[0].greedy.begin() + 4));
+}
+
+TEST_F(EngineTest, CancelDropsRequest) {
+  auto engine = MakeEngine();
+  queue_->Push({Item("a", prompts_[0].ids, 24), Item("b", prompts_[1].ids, 24)});
+  auto first = engine->Step();
+  ASSERT_TRUE(first.ok());
+  EXPECT_TRUE(first->empty());
+  EXPECT_EQ(engine->load().running, 2);
+  queue_->Cancel({"a", "unknown"});
+  auto rest = Run(engine.get(), {});
+  EXPECT_EQ(rest.count("a"), 0u);
+  EXPECT_THAT(Tokens(rest["b"]), ElementsAreArray(prompts_[1].greedy));
+}
+
+TEST_F(EngineTest, DropAllFreesEverything) {
+  auto engine = MakeEngine();
+  queue_->Push({Item("a", prompts_[0].ids, 24), Item("b", prompts_[1].ids, 24)});
+  ASSERT_TRUE(engine->Step().ok());
+  EXPECT_GT(engine->load().kv_blocks_used, 0);
+  EXPECT_EQ(engine->DropAll(), 2);
+  EXPECT_EQ(engine->load().kv_blocks_used, 0);
+  EXPECT_FALSE(engine->HasWork());
+}
+
+// Stop strings need text: a dummy model over the test tokenizer's vocabulary (ids 0..264 all
+// decode: 256 byte-level characters and 9 merges).
+TEST_F(EngineTest, StopStringsCutTextAndEndRequest) {
+  nlohmann::json config =
+      nlohmann::json::parse(ReadFile(FixtureDir() + "/config.json"), nullptr, false);
+  ASSERT_TRUE(config.is_object());
+  config["vocab_size"] = 265;
+  const std::string path = std::string(std::getenv("TEST_TMPDIR")) + "/config.json";
+  std::ofstream(path) << config.dump();
+  CpuBackend backend(2);
+  auto model = LoadDeepseekV3("dummy:" + path + "@11", &backend);
+  ASSERT_TRUE(model.ok()) << model.status();
+  auto tok = tokenizer::Tokenizer::FromJson(tokenizer::TestTokenizerJson().dump(), nullptr);
+  ASSERT_TRUE(tok.ok()) << tok.status();
+  const std::vector<int32_t> prompt = {72, 101, 108, 108, 111, 44, 32, 119};
+  EngineOptions options;
+  options.eos_token_ids = {264};
+  auto engine = MakeEngine(64, 16, options, tok->get(), model->get());
+  WorkItem full_item = Sampled("full", prompt, 40, 5);
+  full_item.mutable_params()->set_ignore_eos(true);
+  auto full = Run(engine.get(), {full_item})["full"];
+  ASSERT_EQ(full.token_ids_size(), 40);
+  std::vector<uint32_t> ids(full.token_ids().begin(), full.token_ids().end());
+  auto text = (*tok)->Decode(ids, /*skip_special_tokens=*/true);
+  ASSERT_TRUE(text.ok());
+  EXPECT_EQ(full.text(), *text);
+  ASSERT_GE(text->size(), 12u);
+  // A stop string from the middle of the text: the result ends before its first occurrence.
+  const std::string stop = text->substr(text->size() / 2, 3);
+  const size_t at = text->find(stop);
+  WorkItem cut = full_item;
+  cut.set_request_id("cut");
+  cut.mutable_params()->add_stop("never there \x01");
+  cut.mutable_params()->add_stop(stop);
+  auto r = Run(engine.get(), {cut})["cut"];
+  EXPECT_EQ(r.finish_reason(), "stop");
+  EXPECT_EQ(r.text(), text->substr(0, at));
+  EXPECT_LT(r.token_ids_size(), 40);
+  EXPECT_THAT(Tokens(r), ElementsAreArray(full.token_ids().begin(),
+                                          full.token_ids().begin() + r.token_ids_size()));
+}
+
+// An expert-parallel rank without requests still steps (an empty batch), and then it works on.
+TEST_F(EngineTest, IdleStepRunsAnEmptyBatch) {
+  EngineOptions options;
+  options.step_when_idle = true;
+  auto engine = MakeEngine(256, 16, options);
+  auto idle = engine->Step();
+  ASSERT_TRUE(idle.ok()) << idle.status();
+  EXPECT_TRUE(idle->empty());
+  auto r = Run(engine.get(), {Item("after", prompts_[0].ids, 24)})["after"];
+  EXPECT_THAT(Tokens(r), ElementsAreArray(prompts_[0].greedy));
+}
+
+}  // namespace
+}  // namespace deepinfer

@@ -1,0 +1,303 @@
+// RankGroup: forming, the lock-step loop, failure handling.
+#include "worker/engine/rank_group.h"
+
+#include <map>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "glog/logging.h"
+#include "worker/backend/cpu/cpu_backend.h"
+#include "worker/model/model_loader.h"
+
+namespace deepinfer {
+
+DispatcherFactory LocalDispatcherFactory() {
+  DispatcherFactory f;
+  f.partitioned = false;
+  f.make = [](comm::Communicator*, ExpertRange, const ModelConfig& config,
+              const ModelWeights& weights,
+              Backend* backend) { return MakeLocalExpertDispatcher(config, weights, backend); };
+  return f;
+}
+
+// One rank's state. Members are declared so that they are destroyed in dependency order
+// (engine, then pool, model, backend, communicator).
+struct RankGroup::Rank {
+  int global = 0;
+  RequestQueue queue;
+  std::unique_ptr<comm::TcpCommunicator> comm;
+  std::unique_ptr<Backend> backend;
+  std::unique_ptr<DeepseekV3Model> model;
+  std::unique_ptr<KvBlockPool> pool;
+  std::unique_ptr<Engine> engine;
+  bool engine_published = false;  // guarded by RankGroup::mu_
+};
+
+ExpertRange RankGroup::ExpertsOf(int64_t num_experts, int world_size, int rank) {
+  const int64_t per = num_experts / world_size;
+  return {rank * per, per};
+}
+
+absl::StatusOr<std::unique_ptr<RankGroup>> RankGroup::Create(
+    const RankGroupOptions& options, const GroupLayout& layout,
+    std::unique_ptr<comm::TcpCommunicator::RootListener> root, ResultSink sink) {
+  if (options.model == nullptr) return absl::InvalidArgumentError("RankGroup: no model");
+  if (!options.dispatcher.make) return absl::InvalidArgumentError("RankGroup: no dispatcher");
+  if (options.block_size <= 0 || options.kv_cache_tokens < 2 * options.block_size) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("KV cache of ", options.kv_cache_tokens, " tokens is too small"));
+  }
+  const GroupLayout& l = layout;
+  if (l.world_size < 1 || l.num_ranks < 1 || l.first_rank < 0 ||
+      l.first_rank + l.num_ranks > l.world_size) {
+    return absl::InvalidArgumentError(absl::StrCat("ranks ", l.first_rank, "..",
+                                                   l.first_rank + l.num_ranks - 1,
+                                                   " are not in a world of size ", l.world_size));
+  }
+  const int64_t experts = options.model->config.n_routed_experts;
+  if (experts > 0 && experts % l.world_size != 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(experts, " routed experts do not divide over a world of size ", l.world_size));
+  }
+  if (l.world_size > 1) {
+    if (l.group_incarnation == 0) {
+      return absl::InvalidArgumentError("group_incarnation must be non-zero");
+    }
+    if (l.root_address.empty() && !(l.first_rank == 0 && root != nullptr)) {
+      return absl::InvalidArgumentError("no root_address for a group of several ranks");
+    }
+  }
+  std::unique_ptr<RankGroup> group(new RankGroup(options, layout, std::move(sink)));
+  if (l.first_rank == 0) group->root_ = std::move(root);
+  return group;
+}
+
+RankGroup::RankGroup(const RankGroupOptions& options, const GroupLayout& layout, ResultSink sink)
+    : options_(options), layout_(layout), sink_(std::move(sink)) {
+  for (int i = 0; i < layout_.num_ranks; ++i) {
+    ranks_.push_back(std::make_unique<Rank>());
+    ranks_.back()->global = layout_.first_rank + i;
+  }
+}
+
+RankGroup::~RankGroup() { Stop(); }
+
+void RankGroup::Start() {
+  {
+    absl::MutexLock lock(&mu_);
+    if (started_ || stopping_) return;
+    started_ = true;
+  }
+  for (int i = 0; i < layout_.num_ranks; ++i) threads_.emplace_back([this, i] { RunRank(i); });
+}
+
+void RankGroup::Stop() {
+  {
+    absl::MutexLock lock(&mu_);
+    if (!stopping_) {
+      stopping_ = true;
+      const absl::Status reason = absl::CancelledError(
+          absl::StrCat("group generation ", layout_.generation, " was shut down"));
+      for (comm::Communicator* c : comms_) c->Abort(reason);
+    }
+  }
+  for (auto& r : ranks_) r->queue.Wake();
+  for (std::thread& t : threads_) {
+    if (t.joinable()) t.join();
+  }
+}
+
+bool RankGroup::stopping() const {
+  absl::MutexLock lock(&mu_);
+  return stopping_ || status_ == GROUP_FAILED;
+}
+
+void RankGroup::Fail(int global_rank, const absl::Status& status) {
+  absl::MutexLock lock(&mu_);
+  if (stopping_ || status_ == GROUP_FAILED) return;
+  status_ = GROUP_FAILED;
+  error_ = absl::StrCat("rank ", global_rank, ": ", status.ToString());
+  LOG(WARNING) << "group generation " << layout_.generation << " failed: " << error_;
+  for (comm::Communicator* c : comms_) c->Abort(status);
+}
+
+bool RankGroup::FormRank(int local) {
+  Rank& r = *ranks_[local];
+  comm::TcpCommunicatorSpec spec;
+  spec.rank = r.global;
+  spec.world_size = layout_.world_size;
+  spec.root_address = layout_.root_address;
+  spec.group_incarnation = layout_.group_incarnation;
+  spec.listen_host = options_.listen_host;
+  spec.timeout = options_.collective_timeout;
+  if (spec.root_address.empty() && root_ != nullptr) spec.root_address = root_->address;
+  auto c = comm::TcpCommunicator::Create(spec, r.global == 0 ? std::move(root_) : nullptr);
+  if (!c.ok()) {
+    Fail(r.global, c.status());
+    return false;
+  }
+  {
+    absl::MutexLock lock(&mu_);
+    r.comm = std::move(*c);
+    comms_.push_back(r.comm.get());
+    if (stopping_ || status_ == GROUP_FAILED) {
+      r.comm->Abort(absl::CancelledError("group stopped while forming"));
+      return false;
+    }
+  }
+  r.backend = std::make_unique<CpuBackend>(options_.threads_per_rank);
+  const ModelConfig& config = options_.model->config;
+  const ExpertRange range = ExpertsOf(config.n_routed_experts, layout_.world_size, r.global);
+  LoadOptions load;
+  if (options_.dispatcher.partitioned) {
+    load.hosts_expert = [range](int64_t, int64_t e) {
+      return e >= range.first && e < range.first + range.count;
+    };
+  }
+  comm::Communicator* comm = r.comm.get();
+  ExpertDispatcherFactory make = [this, comm, range](const ModelConfig& c, const ModelWeights& w,
+                                                     Backend* b) {
+    return options_.dispatcher.make(comm, range, c, w, b);
+  };
+  auto model = LoadDeepseekV3(options_.model->spec, r.backend.get(), load, make);
+  if (!model.ok()) {
+    Fail(r.global, model.status());
+    return false;
+  }
+  r.model = std::move(*model);
+  const int32_t bs = options_.block_size;
+  const int32_t blocks = static_cast<int32_t>((options_.kv_cache_tokens + bs - 1) / bs);
+  auto pool = KvBlockPool::Create(r.backend.get(), r.model->CacheOptions(blocks, bs));
+  if (!pool.ok()) {
+    Fail(r.global, pool.status());
+    return false;
+  }
+  r.pool = std::move(*pool);
+  EngineOptions eo;
+  eo.max_batch_tokens = options_.max_batch_tokens;
+  eo.max_running = options_.max_running;
+  eo.eos_token_ids = options_.model->eos_token_ids;
+  eo.group_generation = layout_.generation;
+  eo.rank = r.global;
+  eo.step_when_idle = options_.dispatcher.partitioned && layout_.world_size > 1;
+  auto engine =
+      Engine::Create(r.model.get(), r.pool.get(), &r.queue, options_.model->tokenizer.get(), eo);
+  if (!engine.ok()) {
+    Fail(r.global, engine.status());
+    return false;
+  }
+  {
+    absl::MutexLock lock(&mu_);
+    r.engine = std::move(*engine);
+    r.engine_published = true;
+  }
+  // Nobody serves before every rank has its weights.
+  if (absl::Status s = r.comm->Barrier(); !s.ok()) {
+    Fail(r.global, s);
+    return false;
+  }
+  return true;
+}
+
+void RankGroup::RunRank(int local) {
+  Rank& r = *ranks_[local];
+  if (FormRank(local)) {
+    {
+      absl::MutexLock lock(&mu_);
+      if (++ranks_formed_ == layout_.num_ranks && status_ == GROUP_FORMING) {
+        status_ = GROUP_SERVING;
+        LOG(INFO) << "group generation " << layout_.generation << " serving (ranks "
+                  << layout_.first_rank << ".." << layout_.first_rank + layout_.num_ranks - 1
+                  << " of " << layout_.world_size << ")";
+      }
+    }
+    while (!stopping()) {
+      int64_t any = r.engine->HasWork() ? 1 : 0;
+      if (absl::Status s = r.comm->AllReduce(&any, &any, 1, comm::ReduceOp::kMax); !s.ok()) {
+        Fail(r.global, s);
+        break;
+      }
+      if (any == 0) {
+        r.queue.WaitForWork(options_.idle_wait);
+        continue;
+      }
+      absl::StatusOr<std::vector<RequestResult>> finished = r.engine->Step();
+      if (!finished.ok()) {
+        Fail(r.global, finished.status());
+        break;
+      }
+      if (!finished->empty()) sink_(std::move(*finished));
+    }
+  }
+  // Whatever this rank still holds is dropped: the coordinator re-runs it.
+  if (r.engine != nullptr) {
+    const int dropped = r.engine->DropAll();
+    if (dropped > 0) LOG(INFO) << "rank " << r.global << ": dropped " << dropped << " request(s)";
+  }
+  r.queue.Drain();
+}
+
+absl::Status RankGroup::Submit(std::vector<WorkItem> items) {
+  std::map<int, std::vector<WorkItem>> by_rank;
+  for (WorkItem& item : items) {
+    const int local = item.rank() - layout_.first_rank;
+    if (local < 0 || local >= layout_.num_ranks) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "request ", item.request_id(), ": rank ", item.rank(), " is not on this worker (ranks ",
+          layout_.first_rank, "..", layout_.first_rank + layout_.num_ranks - 1, ")"));
+    }
+    by_rank[local].push_back(std::move(item));
+  }
+  for (auto& [local, list] : by_rank) ranks_[local]->queue.Push(std::move(list));
+  return absl::OkStatus();
+}
+
+void RankGroup::Cancel(const std::vector<std::string>& request_ids) {
+  for (auto& r : ranks_) r->queue.Cancel(request_ids);
+}
+
+GroupStatus RankGroup::status() const {
+  absl::MutexLock lock(&mu_);
+  return status_;
+}
+
+std::string RankGroup::error() const {
+  absl::MutexLock lock(&mu_);
+  return error_;
+}
+
+GroupStatus RankGroup::AwaitFormed() const {
+  absl::MutexLock lock(&mu_);
+  auto formed = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return status_ != GROUP_FORMING; };
+  mu_.Await(absl::Condition(&formed));
+  return status_;
+}
+
+void RankGroup::AwaitFailed() const {
+  absl::MutexLock lock(&mu_);
+  auto failed = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return status_ == GROUP_FAILED; };
+  mu_.Await(absl::Condition(&failed));
+}
+
+std::vector<RankLoad> RankGroup::Loads() const {
+  std::vector<RankLoad> out;
+  const int64_t planned_blocks =
+      (options_.kv_cache_tokens + options_.block_size - 1) / options_.block_size;
+  absl::MutexLock lock(&mu_);
+  for (const auto& r : ranks_) {
+    RankLoad load;
+    load.set_rank(r->global);
+    EngineLoad e;
+    e.kv_blocks_total = planned_blocks;
+    if (r->engine_published) e = r->engine->load();
+    load.set_running_requests(e.running);
+    load.set_waiting_requests(e.waiting + r->queue.num_items());
+    load.set_queued_tokens(e.tokens + r->queue.num_tokens());
+    load.set_kv_blocks_used(e.kv_blocks_used);
+    load.set_kv_blocks_total(e.kv_blocks_total);
+    out.push_back(std::move(load));
+  }
+  return out;
+}
+
+}  // namespace deepinfer

@@ -1,0 +1,163 @@
+// RankGroup: this worker's ranks of one expert-parallel group (one generation), each a thread
+// with its own communicator, CPU backend, model, KV pool and Engine.
+//
+// Every rank of the group, in this process or another, runs the same loop in lock-step:
+//   1. all-reduce (max) of "I have work";
+//   2. if anyone has work, every rank runs one Engine step (a rank without requests steps
+//      with an empty batch when its dispatcher exchanges tokens, so the MoE all-to-alls of
+//      all ranks match); otherwise every rank sleeps on its RequestQueue for up to idle_wait
+//      (a new request wakes it) and loops.
+// Forming: each rank joins the TcpCommunicator group, loads its weights (with a partitioned
+// dispatcher only its contiguous range of routed experts: E / world_size from
+// global_rank * E / world_size), then a barrier; after that the group is SERVING.
+//
+// Any failure (a collective failed because a peer died or aborted, a rank could not load)
+// makes the group FAILED: the first error is kept, every local communicator is aborted so the
+// other local ranks and the peers stop at once, in-flight requests are dropped (the
+// coordinator re-runs them) and the threads end. A FAILED group stays FAILED; the worker waits
+// for a new ConfigureGroup.
+//
+//   FORMING --(all local ranks passed the barrier)--> SERVING
+//   FORMING | SERVING --(any error)--> FAILED
+#ifndef DEEPINFER_WORKER_ENGINE_RANK_GROUP_H_
+#define DEEPINFER_WORKER_ENGINE_RANK_GROUP_H_
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "proto/cluster.pb.h"
+#include "proto/common.pb.h"
+#include "proto/worker.pb.h"
+#include "worker/backend/backend.h"
+#include "worker/comm/tcp_communicator.h"
+#include "worker/engine/engine.h"
+#include "worker/engine/model_files.h"
+#include "worker/engine/request_queue.h"
+#include "worker/kv_cache/kv_block_pool.h"
+#include "worker/model/deepseek_v3_model.h"
+#include "worker/model/expert_dispatcher.h"
+#include "worker/model/model_weights.h"
+
+namespace deepinfer {
+
+// Routed experts [first, first + count) of every MoE layer.
+struct ExpertRange {
+  int64_t first = 0;
+  int64_t count = 0;
+};
+
+// How a rank gets its ExpertDispatcher. The local one (default) serves every expert without
+// communication, so each rank loads all experts; an expert-parallel one (partitioned = true)
+// serves the rank's range and exchanges tokens through the rank's communicator.
+struct DispatcherFactory {
+  bool partitioned = false;
+  std::function<absl::StatusOr<std::unique_ptr<ExpertDispatcher>>(
+      comm::Communicator* comm, ExpertRange range, const ModelConfig& config,
+      const ModelWeights& weights, Backend* backend)>
+      make;
+};
+DispatcherFactory LocalDispatcherFactory();
+
+struct RankGroupOptions {
+  // Opened once by the worker; must outlive the group.
+  const ModelFiles* model = nullptr;
+  int threads_per_rank = 1;
+  int64_t kv_cache_tokens = 16384;  // per rank
+  int32_t block_size = 16;
+  int32_t max_batch_tokens = 2048;
+  int32_t max_running = 256;
+  DispatcherFactory dispatcher = LocalDispatcherFactory();
+  // Where non-root ranks accept their peers (TcpCommunicatorSpec::listen_host).
+  std::string listen_host = "127.0.0.1";
+  // Bound on forming the group and on each collective (a rank waits this long for a peer
+  // that is slow to load or hangs; a peer that dies is noticed at once).
+  absl::Duration collective_timeout = absl::Minutes(5);
+  // How long idle ranks sleep between agreement rounds unless a request wakes them.
+  absl::Duration idle_wait = absl::Milliseconds(2);
+};
+
+struct GroupLayout {
+  uint64_t generation = 0;
+  uint64_t group_incarnation = 0;
+  int world_size = 1;
+  int first_rank = 0;  // global rank of this worker's first rank
+  int num_ranks = 1;   // ranks on this worker
+  std::string root_address;
+};
+
+// Receives finished requests; called from rank threads, must not block for long.
+using ResultSink = std::function<void(std::vector<RequestResult>)>;
+
+class RankGroup {
+ public:
+  // Checks the layout (INVALID_ARGUMENT: ranks outside the world, experts that do not divide
+  // over the world) and prepares the queues; no thread runs until Start(). `root` is rank 0's
+  // rendezvous socket bound by PrepareGroup (null: Create binds root_address itself).
+  static absl::StatusOr<std::unique_ptr<RankGroup>> Create(
+      const RankGroupOptions& options, const GroupLayout& layout,
+      std::unique_ptr<comm::TcpCommunicator::RootListener> root, ResultSink sink);
+  ~RankGroup();  // Stop()
+
+  RankGroup(const RankGroup&) = delete;
+  RankGroup& operator=(const RankGroup&) = delete;
+
+  // Starts the rank threads (forming, then serving). Once.
+  void Start();
+  // Leaves the group (aborting the communicators, which fails the peers), drops requests and
+  // joins the threads. Idempotent.
+  void Stop();
+
+  // Queues items on their ranks' engines (requests may arrive while forming). INVALID_ARGUMENT
+  // (and nothing queued) if an item names a rank this worker does not run.
+  absl::Status Submit(std::vector<WorkItem> items);
+  void Cancel(const std::vector<std::string>& request_ids);
+
+  const GroupLayout& layout() const { return layout_; }
+  GroupStatus status() const;
+  std::string error() const;
+  // Blocks while the group is FORMING; returns the status after.
+  GroupStatus AwaitFormed() const;
+  // Blocks until the group is FAILED (tests).
+  void AwaitFailed() const;
+  std::vector<RankLoad> Loads() const;
+  // The experts global rank `rank` hosts when experts are partitioned.
+  static ExpertRange ExpertsOf(int64_t num_experts, int world_size, int rank);
+
+ private:
+  struct Rank;
+  RankGroup(const RankGroupOptions& options, const GroupLayout& layout, ResultSink sink);
+  void RunRank(int local);
+  // Forms the communicator and loads the model; false (group failed) on error.
+  bool FormRank(int local);
+  void Fail(int global_rank, const absl::Status& status);
+  bool stopping() const;
+
+  const RankGroupOptions options_;
+  const GroupLayout layout_;
+  const ResultSink sink_;
+  std::vector<std::unique_ptr<Rank>> ranks_;
+  std::unique_ptr<comm::TcpCommunicator::RootListener> root_;
+  std::vector<std::thread> threads_;
+
+  mutable absl::Mutex mu_;
+  GroupStatus status_ ABSL_GUARDED_BY(mu_) = GROUP_FORMING;
+  std::string error_ ABSL_GUARDED_BY(mu_);
+  int ranks_formed_ ABSL_GUARDED_BY(mu_) = 0;
+  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  bool started_ ABSL_GUARDED_BY(mu_) = false;
+  // Communicators that exist so far, for Fail() and Stop() to abort.
+  std::vector<comm::Communicator*> comms_ ABSL_GUARDED_BY(mu_);
+};
+
+}  // namespace deepinfer
+
+#endif  // DEEPINFER_WORKER_ENGINE_RANK_GROUP_H_

@@ -1,0 +1,257 @@
+// RankGroup: one rank equals HF's greedy tokens; two ranks in one worker (TcpCommunicator on
+// loopback, local dispatcher) give the same tokens as one rank; a peer that dies turns the
+// group FAILED (and drops its requests) instead of hanging; bad layouts are refused.
+#include "worker/engine/rank_group.h"
+
+#include <cstdlib>
+#include <fstream>
+#include <map>
+#include <sstream>
+#include <thread>
+
+#include "absl/strings/str_cat.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "nlohmann/json.hpp"
+
+namespace deepinfer {
+namespace {
+
+using ::testing::ElementsAreArray;
+
+std::string FixtureDir() {
+  const char* src = std::getenv("TEST_SRCDIR");
+  return std::string(src ? src : ".") + "/deepinfer/tests/fixtures/dsv3_qlora_rope";
+}
+
+struct Prompt {
+  std::vector<int32_t> ids, greedy;
+};
+
+std::vector<Prompt> LoadPrompts() {
+  std::ifstream in(FixtureDir() + "/expected.json");
+  std::stringstream ss;
+  ss << in.rdbuf();
+  nlohmann::json j = nlohmann::json::parse(ss.str(), nullptr, false);
+  std::vector<Prompt> out;
+  if (!j.is_object() || !j.contains("prompts")) return out;
+  for (const auto& p : j["prompts"]) {
+    Prompt pr;
+    for (const auto& v : p["ids"]) pr.ids.push_back(v.get<int32_t>());
+    for (const auto& v : p["greedy_24"]) pr.greedy.push_back(v.get<int32_t>());
+    out.push_back(pr);
+  }
+  return out;
+}
+
+// Thread-safe sink that tests wait on.
+class Collector {
+ public:
+  ResultSink Sink() {
+    return [this](std::vector<RequestResult> results) {
+      absl::MutexLock lock(&mu_);
+      for (RequestResult& r : results) results_[r.request_id()] = std::move(r);
+    };
+  }
+  std::map<std::string, RequestResult> Await(size_t n) {
+    absl::MutexLock lock(&mu_);
+    auto enough = [this, n]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return results_.size() >= n; };
+    mu_.Await(absl::Condition(&enough));
+    return results_;
+  }
+  size_t size() {
+    absl::MutexLock lock(&mu_);
+    return results_.size();
+  }
+
+ private:
+  absl::Mutex mu_;
+  std::map<std::string, RequestResult> results_ ABSL_GUARDED_BY(mu_);
+};
+
+WorkItem Item(const std::string& id, int rank, const std::vector<int32_t>& prompt,
+              int32_t max_tokens, float temperature, uint64_t seed) {
+  WorkItem item;
+  item.set_request_id(id);
+  item.set_rank(rank);
+  item.mutable_prompt_token_ids()->Add(prompt.begin(), prompt.end());
+  item.mutable_params()->set_max_tokens(max_tokens);
+  item.mutable_params()->set_temperature(temperature);
+  item.mutable_params()->set_seed(seed);
+  item.mutable_params()->set_logprobs(-1);
+  return item;
+}
+
+std::vector<int32_t> Tokens(const RequestResult& r) {
+  return std::vector<int32_t>(r.token_ids().begin(), r.token_ids().end());
+}
+
+class RankGroupTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    prompts_ = LoadPrompts();
+    ASSERT_EQ(prompts_.size(), 4u);
+    auto files = ModelFiles::Open(FixtureDir());
+    ASSERT_TRUE(files.ok()) << files.status();
+    files_ = std::move(*files);
+    options_.model = files_.get();
+    options_.kv_cache_tokens = 4096;
+    options_.collective_timeout = absl::Seconds(60);
+  }
+  // Requests on `ranks` ranks, round-robin.
+  std::vector<WorkItem> Items(int ranks) {
+    std::vector<WorkItem> items;
+    for (size_t i = 0; i < prompts_.size(); ++i) {
+      items.push_back(Item(absl::StrCat("g", i), i % ranks, prompts_[i].ids, 24, 0, 1));
+      items.push_back(Item(absl::StrCat("s", i), (i + 1) % ranks, prompts_[i].ids, 16, 0.8f, i));
+    }
+    return items;
+  }
+
+  std::vector<Prompt> prompts_;
+  std::unique_ptr<ModelFiles> files_;
+  RankGroupOptions options_;
+};
+
+TEST_F(RankGroupTest, OneRankGivesHfTokens) {
+  Collector results;
+  GroupLayout layout;
+  layout.generation = 7;
+  auto group = RankGroup::Create(options_, layout, nullptr, results.Sink());
+  ASSERT_TRUE(group.ok()) << group.status();
+  EXPECT_EQ((*group)->status(), GROUP_FORMING);
+  ASSERT_TRUE((*group)->Submit(Items(1)).ok());  // accepted while forming
+  (*group)->Start();
+  EXPECT_EQ((*group)->AwaitFormed(), GROUP_SERVING) << (*group)->error();
+  auto got = results.Await(8);
+  for (size_t i = 0; i < prompts_.size(); ++i) {
+    const RequestResult& r = got[absl::StrCat("g", i)];
+    EXPECT_THAT(Tokens(r), ElementsAreArray(prompts_[i].greedy));
+    EXPECT_EQ(r.group_generation(), 7u);
+    EXPECT_EQ(got[absl::StrCat("s", i)].token_ids_size(), 16);
+  }
+  auto loads = (*group)->Loads();
+  ASSERT_EQ(loads.size(), 1u);
+  EXPECT_EQ(loads[0].rank(), 0);
+  EXPECT_EQ(loads[0].kv_blocks_total(), 4096 / 16);
+  // A rank this worker does not run.
+  EXPECT_TRUE(absl::IsInvalidArgument((*group)->Submit({Item("x", 1, {5}, 1, 0, 1)})));
+}
+
+TEST_F(RankGroupTest, TwoRanksInOneWorkerEqualOneRank) {
+  Collector one;
+  {
+    auto group = RankGroup::Create(options_, GroupLayout{}, nullptr, one.Sink());
+    ASSERT_TRUE(group.ok());
+    (*group)->Start();
+    ASSERT_TRUE((*group)->Submit(Items(1)).ok());
+    one.Await(8);
+  }
+  auto root = comm::TcpCommunicator::ListenRoot("127.0.0.1:0");
+  ASSERT_TRUE(root.ok()) << root.status();
+  GroupLayout layout;
+  layout.generation = 2;
+  layout.group_incarnation = 0x1234;
+  layout.world_size = 2;
+  layout.num_ranks = 2;
+  layout.root_address = root->address;
+  Collector two;
+  auto group = RankGroup::Create(
+      options_, layout, std::make_unique<comm::TcpCommunicator::RootListener>(std::move(*root)),
+      two.Sink());
+  ASSERT_TRUE(group.ok()) << group.status();
+  (*group)->Start();
+  ASSERT_EQ((*group)->AwaitFormed(), GROUP_SERVING) << (*group)->error();
+  ASSERT_TRUE((*group)->Submit(Items(2)).ok());
+  auto a = one.Await(8);
+  auto b = two.Await(8);
+  for (const auto& [id, r] : a) {
+    EXPECT_EQ(b[id].error_code(), "");
+    EXPECT_THAT(Tokens(b[id]), ElementsAreArray(Tokens(r))) << id;
+  }
+  auto loads = (*group)->Loads();
+  ASSERT_EQ(loads.size(), 2u);
+  EXPECT_EQ(loads[1].rank(), 1);
+}
+
+TEST_F(RankGroupTest, DeadPeerFailsTheGroup) {
+  auto root = comm::TcpCommunicator::ListenRoot("127.0.0.1:0");
+  ASSERT_TRUE(root.ok());
+  GroupLayout layout;
+  layout.generation = 3;
+  layout.group_incarnation = 99;
+  layout.world_size = 2;
+  layout.num_ranks = 1;  // rank 1 is the test's own peer
+  layout.root_address = root->address;
+  Collector results;
+  auto group = RankGroup::Create(
+      options_, layout, std::make_unique<comm::TcpCommunicator::RootListener>(std::move(*root)),
+      results.Sink());
+  ASSERT_TRUE(group.ok()) << group.status();
+  (*group)->Start();
+  comm::TcpCommunicatorSpec spec;
+  spec.rank = 1;
+  spec.world_size = 2;
+  spec.root_address = layout.root_address;
+  spec.group_incarnation = 99;
+  auto peer = comm::TcpCommunicator::Create(spec);
+  ASSERT_TRUE(peer.ok()) << peer.status();
+  ASSERT_TRUE((*peer)->Barrier().ok());  // "loaded"
+  ASSERT_EQ((*group)->AwaitFormed(), GROUP_SERVING);
+  // Play the loop until rank 0 has work, then die in the middle of it.
+  ASSERT_TRUE((*group)->Submit({Item("lost", 0, prompts_[3].ids, 24, 0, 1)}).ok());
+  for (;;) {
+    int64_t any = 0;
+    ASSERT_TRUE((*peer)->AllReduce(&any, &any, 1, comm::ReduceOp::kMax).ok());
+    if (any != 0) break;
+  }
+  peer->reset();
+  (*group)->AwaitFailed();
+  EXPECT_EQ((*group)->status(), GROUP_FAILED);
+  EXPECT_THAT((*group)->error(), ::testing::HasSubstr("rank 0"));
+  (*group)->Stop();
+  EXPECT_EQ(results.size(), 0u);  // the request was dropped, not reported
+  EXPECT_EQ((*group)->Loads()[0].running_requests(), 0);
+}
+
+TEST_F(RankGroupTest, PeerThatNeverFormsFailsTheGroup) {
+  options_.collective_timeout = absl::Milliseconds(300);
+  GroupLayout layout;
+  layout.generation = 4;
+  layout.group_incarnation = 5;
+  layout.world_size = 2;
+  layout.num_ranks = 1;
+  layout.first_rank = 1;
+  layout.root_address = "127.0.0.1:1";  // nobody listens there
+  Collector results;
+  auto group = RankGroup::Create(options_, layout, nullptr, results.Sink());
+  ASSERT_TRUE(group.ok()) << group.status();
+  (*group)->Start();
+  EXPECT_EQ((*group)->AwaitFormed(), GROUP_FAILED);
+  EXPECT_THAT((*group)->error(), ::testing::HasSubstr("rank 1"));
+}
+
+TEST_F(RankGroupTest, RefusesBadLayouts) {
+  GroupLayout layout;
+  layout.world_size = 3;  // 8 experts
+  layout.group_incarnation = 1;
+  layout.root_address = "127.0.0.1:1";
+  auto g = RankGroup::Create(options_, layout, nullptr, Collector().Sink());
+  EXPECT_TRUE(absl::IsInvalidArgument(g.status())) << g.status();
+  EXPECT_THAT(std::string(g.status().message()), ::testing::HasSubstr("divide"));
+  layout.world_size = 2;
+  layout.first_rank = 1;
+  layout.num_ranks = 2;
+  EXPECT_TRUE(absl::IsInvalidArgument(
+      RankGroup::Create(options_, layout, nullptr, Collector().Sink()).status()));
+  layout.first_rank = 0;
+  layout.num_ranks = 1;
+  layout.root_address.clear();
+  EXPECT_TRUE(absl::IsInvalidArgument(
+      RankGroup::Create(options_, layout, nullptr, Collector().Sink()).status()));
+  EXPECT_EQ(RankGroup::ExpertsOf(8, 2, 1).first, 4);
+  EXPECT_EQ(RankGroup::ExpertsOf(8, 2, 1).count, 4);
+}
+
+}  // namespace
+}  // namespace deepinfer

@@ -1,0 +1,354 @@
+// A WorkerServer with an engine, driven through its WorkerService like the coordinator drives
+// it, against a fake ClusterService that records registrations, heartbeats and results:
+//  * a 1-rank group: results arrive through ReportResults and equal GenerateGreedyOnCpu;
+//  * a 2-rank group in one worker (TcpCommunicator on loopback) gives the same tokens;
+//  * a refused ReportResults (the coordinator "restarted") is resent after re-registering;
+//  * a dead peer turns into GROUP_FAILED in heartbeats, and a new generation serves again;
+//  * stale generations and coordinators, and foreign ranks, are refused.
+#include <cstdlib>
+#include <fstream>
+#include <map>
+#include <sstream>
+
+#include "absl/strings/str_cat.h"
+#include "gmock/gmock.h"
+#include "grpcpp/grpcpp.h"
+#include "gtest/gtest.h"
+#include "nlohmann/json.hpp"
+#include "proto/cluster.grpc.pb.h"
+#include "proto/worker.grpc.pb.h"
+#include "worker/comm/tcp_communicator.h"
+#include "worker/model/cpu_generate.h"
+#include "worker/worker_server.h"
+
+namespace deepinfer {
+namespace {
+
+using ::testing::ElementsAreArray;
+
+std::string FixtureDir() {
+  const char* src = std::getenv("TEST_SRCDIR");
+  return std::string(src ? src : ".") + "/deepinfer/tests/fixtures/dsv3_qlora_rope";
+}
+
+std::vector<std::vector<int32_t>> FixturePrompts() {
+  std::ifstream in(FixtureDir() + "/expected.json");
+  std::stringstream ss;
+  ss << in.rdbuf();
+  nlohmann::json j = nlohmann::json::parse(ss.str(), nullptr, false);
+  std::vector<std::vector<int32_t>> out;
+  if (!j.is_object() || !j.contains("prompts")) return out;
+  for (const auto& p : j["prompts"]) {
+    std::vector<int32_t> ids;
+    for (const auto& v : p["ids"]) ids.push_back(v.get<int32_t>());
+    out.push_back(ids);
+  }
+  return out;
+}
+
+// ClusterService that accepts everything and lets tests wait for what arrived.
+class FakeCoordinator final : public ClusterService::CallbackService {
+ public:
+  FakeCoordinator() {
+    grpc::ServerBuilder builder;
+    builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port_);
+    builder.RegisterService(this);
+    server_ = builder.BuildAndStart();
+  }
+  ~FakeCoordinator() override { server_->Shutdown(); }
+
+  grpc::ServerUnaryReactor* Register(grpc::CallbackServerContext* context,
+                                     const RegisterRequest* request,
+                                     RegisterResponse* response) override {
+    absl::MutexLock lock(&mu_);
+    ++registrations_;
+    last_register_ = *request;
+    response->set_coordinator_incarnation(incarnation_);
+    response->set_heartbeat_interval_ms(30);
+    response->set_heartbeat_timeout_ms(5000);
+    auto* reactor = context->DefaultReactor();
+    reactor->Finish(grpc::Status::OK);
+    return reactor;
+  }
+  grpc::ServerUnaryReactor* Heartbeat(grpc::CallbackServerContext* context,
+                                      const HeartbeatRequest* request,
+                                      HeartbeatResponse* response) override {
+    absl::MutexLock lock(&mu_);
+    auto* reactor = context->DefaultReactor();
+    if (request->coordinator_incarnation() != incarnation_) {
+      reactor->Finish(grpc::Status(grpc::StatusCode::FAILED_PRECONDITION, "other incarnation"));
+      return reactor;
+    }
+    last_heartbeat_ = *request;
+    ++heartbeats_;
+    response->set_coordinator_incarnation(incarnation_);
+    response->set_state(READY);
+    reactor->Finish(grpc::Status::OK);
+    return reactor;
+  }
+  grpc::ServerUnaryReactor* ReportResults(grpc::CallbackServerContext* context,
+                                          const ReportResultsRequest* request,
+                                          ReportResultsResponse* response) override {
+    absl::MutexLock lock(&mu_);
+    auto* reactor = context->DefaultReactor();
+    if (refuse_reports_ > 0) {
+      // As a restarted coordinator: it does not know the worker, and has a new incarnation.
+      --refuse_reports_;
+      ++incarnation_;
+      reactor->Finish(grpc::Status(grpc::StatusCode::NOT_FOUND, "unknown worker"));
+      return reactor;
+    }
+    if (request->coordinator_incarnation() != incarnation_) {
+      reactor->Finish(grpc::Status(grpc::StatusCode::FAILED_PRECONDITION, "other incarnation"));
+      return reactor;
+    }
+    for (const RequestResult& r : request->results()) results_[r.request_id()] = r;
+    reactor->Finish(grpc::Status::OK);
+    return reactor;
+  }
+
+  int port() const { return port_; }
+  uint64_t incarnation() {
+    absl::MutexLock lock(&mu_);
+    return incarnation_;
+  }
+  void RefuseNextReports(int n) {
+    absl::MutexLock lock(&mu_);
+    refuse_reports_ = n;
+  }
+  int registrations() {
+    absl::MutexLock lock(&mu_);
+    return registrations_;
+  }
+  RegisterRequest last_register() {
+    absl::MutexLock lock(&mu_);
+    return last_register_;
+  }
+  // Waits for a heartbeat (sent after the call) reporting `generation` in a state other
+  // than FORMING, and returns it.
+  HeartbeatRequest AwaitGroup(uint64_t generation) {
+    absl::MutexLock lock(&mu_);
+    auto done = [this, generation]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+      return last_heartbeat_.group_generation() == generation &&
+             last_heartbeat_.group_status() != GROUP_FORMING &&
+             last_heartbeat_.group_status() != GROUP_STATUS_UNSPECIFIED;
+    };
+    mu_.Await(absl::Condition(&done));
+    return last_heartbeat_;
+  }
+  // Waits for a heartbeat reporting `generation` with `status`.
+  HeartbeatRequest AwaitStatus(uint64_t generation, GroupStatus status) {
+    absl::MutexLock lock(&mu_);
+    auto done = [this, generation, status]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+      return last_heartbeat_.group_generation() == generation &&
+             last_heartbeat_.group_status() == status;
+    };
+    mu_.Await(absl::Condition(&done));
+    return last_heartbeat_;
+  }
+  // Waits until the worker registered with the current incarnation and heartbeats.
+  void AwaitRegistered() {
+    absl::MutexLock lock(&mu_);
+    const int seen = heartbeats_;
+    auto done = [this, seen]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+      return registrations_ > 0 && heartbeats_ > seen;
+    };
+    mu_.Await(absl::Condition(&done));
+  }
+  std::map<std::string, RequestResult> AwaitResults(size_t n) {
+    absl::MutexLock lock(&mu_);
+    auto done = [this, n]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return results_.size() >= n; };
+    mu_.Await(absl::Condition(&done));
+    return results_;
+  }
+
+ private:
+  int port_ = 0;
+  std::unique_ptr<grpc::Server> server_;
+  absl::Mutex mu_;
+  uint64_t incarnation_ ABSL_GUARDED_BY(mu_) = 1000;
+  int registrations_ ABSL_GUARDED_BY(mu_) = 0;
+  int heartbeats_ ABSL_GUARDED_BY(mu_) = 0;
+  int refuse_reports_ ABSL_GUARDED_BY(mu_) = 0;
+  RegisterRequest last_register_ ABSL_GUARDED_BY(mu_);
+  HeartbeatRequest last_heartbeat_ ABSL_GUARDED_BY(mu_);
+  std::map<std::string, RequestResult> results_ ABSL_GUARDED_BY(mu_);
+};
+
+class WorkerEngineTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    prompts_ = FixturePrompts();
+    ASSERT_EQ(prompts_.size(), 4u);
+  }
+
+  void StartWorker(int ranks) {
+    WorkerConfig config;
+    config.coordinator_address = absl::StrCat("127.0.0.1:", fake_.port());
+    config.node_name = "test-node";
+    Device cpu;
+    cpu.set_kind(Device::CPU);
+    config.devices.push_back(cpu);
+    config.engine.model = FixtureDir();
+    config.engine.num_ranks = ranks;
+    config.engine.kv_cache_tokens = 2048;
+    config.engine.collective_timeout = absl::Seconds(60);
+    auto worker = WorkerServer::Start(config);
+    ASSERT_TRUE(worker.ok()) << worker.status();
+    worker_ = std::move(*worker);
+    stub_ = WorkerService::NewStub(grpc::CreateChannel(absl::StrCat("127.0.0.1:", worker_->port()),
+                                                       grpc::InsecureChannelCredentials()));
+    fake_.AwaitRegistered();
+  }
+
+  grpc::Status Configure(uint64_t generation, int world, int first_rank,
+                         const std::string& root = "") {
+    ConfigureGroupRequest request;
+    request.set_coordinator_incarnation(fake_.incarnation());
+    request.set_generation(generation);
+    request.set_group_incarnation(generation * 77 + 1);
+    request.set_world_size(world);
+    request.set_first_rank(first_rank);
+    request.set_root_address(root);
+    grpc::ClientContext context;
+    ConfigureGroupResponse response;
+    return stub_->ConfigureGroup(&context, request, &response);
+  }
+
+  std::string Prepare(uint64_t generation) {
+    PrepareGroupRequest request;
+    request.set_coordinator_incarnation(fake_.incarnation());
+    request.set_generation(generation);
+    grpc::ClientContext context;
+    PrepareGroupResponse response;
+    grpc::Status s = stub_->PrepareGroup(&context, request, &response);
+    EXPECT_TRUE(s.ok()) << s.error_message();
+    return response.root_address();
+  }
+
+  grpc::Status Submit(uint64_t generation, std::vector<WorkItem> items, uint64_t incarnation = 0) {
+    SubmitRequestsRequest request;
+    request.set_coordinator_incarnation(incarnation != 0 ? incarnation : fake_.incarnation());
+    request.set_generation(generation);
+    for (WorkItem& item : items) *request.add_items() = std::move(item);
+    grpc::ClientContext context;
+    SubmitRequestsResponse response;
+    return stub_->SubmitRequests(&context, request, &response);
+  }
+
+  std::vector<WorkItem> GreedyItems(int ranks, const std::string& prefix = "r") {
+    std::vector<WorkItem> items;
+    for (size_t i = 0; i < prompts_.size(); ++i) {
+      WorkItem item;
+      item.set_request_id(absl::StrCat(prefix, i));
+      item.set_rank(i % ranks);
+      item.mutable_prompt_token_ids()->Add(prompts_[i].begin(), prompts_[i].end());
+      item.mutable_params()->set_max_tokens(16);
+      item.mutable_params()->set_seed(5);
+      item.mutable_params()->set_logprobs(-1);
+      items.push_back(item);
+    }
+    return items;
+  }
+
+  void ExpectGreedy(const std::map<std::string, RequestResult>& results,
+                    const std::string& prefix = "r") {
+    for (size_t i = 0; i < prompts_.size(); ++i) {
+      auto it = results.find(absl::StrCat(prefix, i));
+      ASSERT_NE(it, results.end());
+      auto reference = GenerateGreedyOnCpu(FixtureDir(), prompts_[i], 16, 1);
+      ASSERT_TRUE(reference.ok()) << reference.status();
+      EXPECT_EQ(it->second.error_code(), "") << it->second.error_message();
+      EXPECT_THAT(
+          std::vector<int32_t>(it->second.token_ids().begin(), it->second.token_ids().end()),
+          ElementsAreArray(*reference))
+          << it->first;
+      EXPECT_EQ(it->second.finish_reason(), "length");
+    }
+  }
+
+  FakeCoordinator fake_;
+  std::vector<std::vector<int32_t>> prompts_;
+  std::unique_ptr<WorkerServer> worker_;
+  std::unique_ptr<WorkerService::Stub> stub_;
+};
+
+TEST_F(WorkerEngineTest, OneRankGroupReportsGreedyResults) {
+  StartWorker(1);
+  EXPECT_EQ(fake_.last_register().num_ranks(), 1);
+  // Nothing is accepted before a group exists.
+  EXPECT_EQ(Submit(1, GreedyItems(1)).error_code(), grpc::StatusCode::FAILED_PRECONDITION);
+  ASSERT_TRUE(Configure(1, 1, 0).ok());
+  HeartbeatRequest hb = fake_.AwaitGroup(1);
+  ASSERT_EQ(hb.group_status(), GROUP_SERVING) << hb.group_error();
+  ASSERT_EQ(hb.rank_loads_size(), 1);
+  EXPECT_EQ(hb.rank_loads(0).kv_blocks_total(), 2048 / 16);
+
+  ASSERT_TRUE(Submit(1, GreedyItems(1)).ok());
+  auto results = fake_.AwaitResults(4);
+  ExpectGreedy(results);
+  EXPECT_EQ(results["r0"].group_generation(), 1u);
+
+  // Refusals: another generation, a stale coordinator, a rank not here, an older group.
+  EXPECT_EQ(Submit(2, GreedyItems(1)).error_code(), grpc::StatusCode::FAILED_PRECONDITION);
+  EXPECT_EQ(Submit(1, GreedyItems(1), /*incarnation=*/12345).error_code(),
+            grpc::StatusCode::FAILED_PRECONDITION);
+  EXPECT_EQ(Submit(1, GreedyItems(2)).error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_TRUE(Configure(1, 1, 0).ok());  // the same generation again: a retry, no change
+  EXPECT_EQ(Configure(0, 1, 0).error_code(), grpc::StatusCode::FAILED_PRECONDITION);
+  EXPECT_EQ(Configure(5, 3, 0).error_code(), grpc::StatusCode::INVALID_ARGUMENT);  // 8 experts
+}
+
+TEST_F(WorkerEngineTest, TwoRanksInOneWorkerGiveTheSameTokens) {
+  StartWorker(2);
+  EXPECT_EQ(fake_.last_register().num_ranks(), 2);
+  const std::string root = Prepare(1);
+  ASSERT_FALSE(root.empty());
+  ASSERT_TRUE(Configure(1, 2, 0, root).ok());
+  HeartbeatRequest hb = fake_.AwaitGroup(1);
+  ASSERT_EQ(hb.group_status(), GROUP_SERVING) << hb.group_error();
+  ASSERT_EQ(hb.rank_loads_size(), 2);
+  ASSERT_TRUE(Submit(1, GreedyItems(2)).ok());
+  ExpectGreedy(fake_.AwaitResults(4));
+}
+
+TEST_F(WorkerEngineTest, ResultsAreResentAfterTheCoordinatorRestarts) {
+  StartWorker(1);
+  ASSERT_TRUE(Configure(1, 1, 0).ok());
+  ASSERT_EQ(fake_.AwaitGroup(1).group_status(), GROUP_SERVING);
+  const int registrations = fake_.registrations();
+  fake_.RefuseNextReports(1);
+  ASSERT_TRUE(Submit(1, GreedyItems(1)).ok());
+  ExpectGreedy(fake_.AwaitResults(4));
+  EXPECT_GT(fake_.registrations(), registrations);
+  EXPECT_EQ(worker_->undelivered_results(), 0u);
+}
+
+TEST_F(WorkerEngineTest, DeadPeerTurnsIntoGroupFailedAndANewGenerationServes) {
+  StartWorker(1);
+  const std::string root = Prepare(2);
+  ASSERT_TRUE(Configure(2, 2, 0, root).ok());
+  // This test is rank 1 of the group: join, pass the load barrier, then die.
+  comm::TcpCommunicatorSpec spec;
+  spec.rank = 1;
+  spec.world_size = 2;
+  spec.root_address = root;
+  spec.group_incarnation = 2 * 77 + 1;
+  auto peer = comm::TcpCommunicator::Create(spec);
+  ASSERT_TRUE(peer.ok()) << peer.status();
+  ASSERT_TRUE((*peer)->Barrier().ok());
+  ASSERT_EQ(fake_.AwaitGroup(2).group_status(), GROUP_SERVING);
+  peer->reset();
+  // The worker's rank notices at its next agreement round.
+  HeartbeatRequest hb = fake_.AwaitStatus(2, GROUP_FAILED);
+  EXPECT_THAT(hb.group_error(), ::testing::HasSubstr("rank 0"));
+  EXPECT_EQ(Submit(2, GreedyItems(1)).error_code(), grpc::StatusCode::FAILED_PRECONDITION);
+  // A new group of one serves again.
+  ASSERT_TRUE(Configure(3, 1, 0).ok());
+  ASSERT_EQ(fake_.AwaitGroup(3).group_status(), GROUP_SERVING);
+  ASSERT_TRUE(Submit(3, GreedyItems(1)).ok());
+  ExpectGreedy(fake_.AwaitResults(4));
+}
+
+}  // namespace
+}  // namespace deepinfer
