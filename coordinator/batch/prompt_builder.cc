@@ -109,7 +109,9 @@ absl::StatusOr<std::vector<int32_t>> PromptBuilder::Build(const BatchLine& line)
 }
 
 std::string PromptBuilder::TokenText(int32_t id) const {
-  if (tokenizer_ == nullptr || id < 0) return "";
+  // Without a tokenizer a token is named by its id, as vLLM does ("token_id:123"), so
+  // that logprob alternatives stay distinct.
+  if (tokenizer_ == nullptr) return absl::StrCat("token_id:", id);
   absl::StatusOr<std::string> text =
       tokenizer_->Decode({static_cast<uint32_t>(id)}, /*skip_special_tokens=*/false);
   return text.ok() ? *text : "";

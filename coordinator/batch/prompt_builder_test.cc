@@ -79,6 +79,7 @@ TEST(PromptBuilderTest, FromModelFixtureHasNoTokenizer) {
   auto builder = PromptBuilder::FromModel("tests/fixtures/dsv3_qlora_rope");
   ASSERT_TRUE(builder.ok()) << builder.status();
   EXPECT_FALSE((*builder)->has_tokenizer());
+  EXPECT_EQ((*builder)->TokenText(42), "token_id:42");
   EXPECT_GT((*builder)->limits().vocab_size, 0);
   auto missing = PromptBuilder::FromModel("/nonexistent/model");
   EXPECT_THAT(std::string(missing.status().message()), HasSubstr("/nonexistent/model"));

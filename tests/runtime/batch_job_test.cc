@@ -243,8 +243,8 @@ TEST_F(ClusterTest, KilledWorkerMidJobLosesNothing) {
   StartCoordinator(0);
   StartWorker(0);
   StartWorker(1);
-  const int n = 40;
-  auto id = client_->SubmitJob("kill-worker", MakeJob(n, 24, 11));
+  const int n = 200;
+  auto id = client_->SubmitJob("kill-worker", MakeJob(n, 64, 11));
   ASSERT_TRUE(id.ok()) << id.status();
   Job job = WaitForJob(*id, [](const Job& j) { return j.completed_requests() >= 3; });
   ASSERT_LT(job.completed_requests(), n) << "the job finished before the kill";
@@ -263,8 +263,8 @@ TEST_F(ClusterTest, KilledAndRestartedCoordinatorResumesWithoutDuplicates) {
   StartCoordinator(0);
   StartWorker(0);
   StartWorker(1);
-  const int n = 40;
-  auto id = client_->SubmitJob("kill-coordinator", MakeJob(n, 24, 12));
+  const int n = 200;
+  auto id = client_->SubmitJob("kill-coordinator", MakeJob(n, 64, 12));
   ASSERT_TRUE(id.ok()) << id.status();
   Job job = WaitForJob(*id, [](const Job& j) { return j.completed_requests() >= 3; });
   ASSERT_LT(job.completed_requests(), n) << "the job finished before the kill";
