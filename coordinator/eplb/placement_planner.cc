@@ -92,15 +92,18 @@ std::vector<double> RefineBySwaps(const std::vector<double>& weights, int num_pa
     const double top_weight = pack_weight[top];
     double best_pair_max = top_weight * (1 - 1e-12);
     int best_i = -1, best_j = -1;
+    std::vector<int> in_top;
     for (size_t i = 0; i < weights.size(); ++i) {
-      if (pack_of[i] != top) continue;
+      if (pack_of[i] == top) in_top.push_back(static_cast<int>(i));
+    }
+    for (int i : in_top) {
       for (size_t j = 0; j < weights.size(); ++j) {
         if (pack_of[j] == top || weights[j] >= weights[i]) continue;
         const double delta = weights[i] - weights[j];
         const double pair_max = std::max(top_weight - delta, pack_weight[pack_of[j]] + delta);
         if (pair_max < best_pair_max) {
           best_pair_max = pair_max;
-          best_i = static_cast<int>(i);
+          best_i = i;
           best_j = static_cast<int>(j);
         }
       }
@@ -146,6 +149,9 @@ bool Better(const GpuAssignment& a, const GpuAssignment& b) {
   return a.max_gpu_load < b.max_gpu_load * (1 - 1e-12);
 }
 
+// A plan this close to the lower bound (relative) is not worth searching further.
+constexpr double kCloseEnough = 1e-3;
+
 // Moves single replicas from an expert with several to one of the experts with the most
 // load per replica, or the least, while that lowers the busiest GPU. The targets are
 // limited to those few experts, and the search to `budget` packings, so that planning
@@ -156,7 +162,7 @@ GpuAssignment MoveReplicas(const std::vector<int>& experts, const std::vector<do
   constexpr int kHotTargets = 8;
   constexpr int kColdTargets = 2;
   bool improved = true;
-  while (improved && budget > 0 && best.max_gpu_load > lower_bound * (1 + 1e-9)) {
+  while (improved && budget > 0 && best.max_gpu_load > lower_bound * (1 + kCloseEnough)) {
     improved = false;
     std::vector<int> by_share(num_experts);
     std::iota(by_share.begin(), by_share.end(), 0);
@@ -202,13 +208,13 @@ GpuAssignment ReplicateAndPack(const std::vector<int>& experts, const std::vecto
   for (size_t i = 0; i < loads.size(); ++i) {
     lower_bound = std::max(lower_bound, loads[i] / eplb_count[i]);
   }
-  // A packing costs about slots^2 (mostly the swap refinement); the budget keeps a layer
-  // of a DeepSeek-V3-sized deployment (288 slots) to a few dozen packings and leaves
-  // small cases, where the searches matter most (few slots per GPU), thousands.
-  int budget = std::max(32, static_cast<int>(5e5 / (static_cast<double>(num_slots) * num_slots)));
+  // A packing costs about slots x (GPUs + slots per GPU x swaps); the budget keeps a layer
+  // of a DeepSeek-V3-sized deployment (288 slots) to about 60 packings (61 layers plan in
+  // well under a second) and leaves small cases, where the search matters most, thousands.
+  int budget = std::max(32, static_cast<int>(5e6 / (static_cast<double>(num_slots) * num_slots)));
   GpuAssignment best = PackReplicas(experts, loads, eplb_count, num_gpus);
   for (int filler = 0; filler <= num_extra; ++filler) {
-    if (best.max_gpu_load <= lower_bound * (1 + 1e-9) || budget <= 0) break;
+    if (best.max_gpu_load <= lower_bound * (1 + kCloseEnough) || budget <= 0) break;
     GpuAssignment start =
         filler == 0 ? best
                     : PackReplicas(experts, loads, Replicate(loads, num_slots, filler), num_gpus);

@@ -43,7 +43,8 @@ std::string FormatClusterStatusTable(const ClusterStatusResponse& status) {
   }
   std::string out = absl::StrFormat("coordinator incarnation %016x, up %.0fs, %d worker(s)\n",
                                     status.coordinator_incarnation(),
-                                    status.coordinator_uptime_ms() / 1000.0, status.workers_size());
+                                    status.coordinator_uptime_ms() / 1000.0,
+                                    status.workers_size());
   if (status.workers().empty()) return out;
   for (const auto& row : rows) {
     std::string line;
