@@ -16,9 +16,12 @@ namespace {
 
 std::string Divisors(int n) {
   std::vector<int> divisors;
-  for (int d = 1; d <= n; ++d) {
-    if (n % d == 0) divisors.push_back(d);
+  for (int64_t d = 1; d * d <= n; ++d) {
+    if (n % d != 0) continue;
+    divisors.push_back(static_cast<int>(d));
+    if (d * d != n) divisors.push_back(static_cast<int>(n / d));
   }
+  std::sort(divisors.begin(), divisors.end());
   return absl::StrJoin(divisors, ", ");
 }
 
@@ -314,11 +317,17 @@ absl::Status ValidatePlannerConfig(int num_logical, const PlannerConfig& c) {
                      " nodes; node counts that work: ", Divisors(c.num_gpus)));
   }
   if (c.num_physical < num_logical) {
-    const int fewest = (num_logical + c.num_gpus - 1) / c.num_gpus * c.num_gpus;
+    const int64_t fewest =
+        (int64_t{num_logical} + c.num_gpus - 1) / c.num_gpus * int64_t{c.num_gpus};
     return absl::InvalidArgumentError(
         absl::StrCat(c.num_physical, " physical expert slots are fewer than the ", num_logical,
                      " logical experts (every expert needs a slot); the fewest that work on ",
                      c.num_gpus, " GPUs: ", fewest, " (", fewest - num_logical, " redundant)"));
+  }
+  if (c.num_physical - num_logical > kMaxRedundantExperts) {
+    return absl::InvalidArgumentError(absl::StrCat(c.num_physical, " physical expert slots for ",
+                                                   num_logical, " logical experts is more than ",
+                                                   kMaxRedundantExperts, " redundant ones"));
   }
   if (absl::Status s =
           CheckExpertsDivideOverRanks(num_logical, c.num_physical - num_logical, c.num_gpus);

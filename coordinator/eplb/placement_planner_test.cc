@@ -414,6 +414,12 @@ TEST(PlacementPlannerTest, RejectsInvalidSizesSayingWhatWouldWork) {
   EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(s.message(), HasSubstr("8 expert groups to divide evenly over the nodes"));
   EXPECT_THAT(s.message(), HasSubstr("global policy"));
+  // Absurd sizes are refused before anything is allocated.
+  s = PlanError(64, Config(1 << 30, 8, 2, 8, P::kAuto));
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(s.message(), HasSubstr("more than 1048576 redundant"));
+  s = PlanError(64, Config(96, 8, 3, 2000000000, P::kAuto));
+  EXPECT_THAT(s.message(), HasSubstr("2000000000 GPUs do not split evenly over 3 nodes"));
   // Non-positive sizes.
   s = PlanError(64, Config(96, 8, 2, 0, P::kAuto));
   EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);

@@ -58,7 +58,7 @@ absl::Status CheckExpertsDivideOverRanks(int num_logical, int num_redundant, int
   if (physical % num_ranks == 0) return absl::OkStatus();
   // The redundant counts just below and just above that make the total a multiple of the
   // rank count; the one below only if it is not negative.
-  const int64_t up = (num_logical + num_redundant) / num_ranks * num_ranks + num_ranks;
+  const int64_t up = physical / num_ranks * num_ranks + num_ranks;
   const int64_t down = up - num_ranks;
   std::vector<std::string> options;
   if (down - num_logical >= 0) {
