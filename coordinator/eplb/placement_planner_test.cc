@@ -417,7 +417,7 @@ TEST(PlacementPlannerTest, RejectsInvalidSizesSayingWhatWouldWork) {
   // Absurd sizes are refused before anything is allocated.
   s = PlanError(64, Config(1 << 30, 8, 2, 8, P::kAuto));
   EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_THAT(s.message(), HasSubstr("more than 1048576 redundant"));
+  EXPECT_THAT(s.message(), HasSubstr("more than 4096 redundant"));
   s = PlanError(64, Config(96, 8, 3, 2000000000, P::kAuto));
   EXPECT_THAT(s.message(), HasSubstr("2000000000 GPUs do not split evenly over 3 nodes"));
   // Non-positive sizes.

@@ -16,8 +16,9 @@ namespace deepinfer {
 
 inline constexpr int kDefaultNumRedundantExperts = 32;
 inline constexpr char kOverrideNumExtraExpertsEnv[] = "DEEPINFER_OVERRIDE_NUM_EXTRA_EXPERTS";
-// Far above any real deployment; keeps slot arithmetic far from int overflow.
-inline constexpr int kMaxRedundantExperts = 1 << 20;
+// Far above any real deployment (32 is the usual figure at scale); keeps plans
+// of absurd sizes from exhausting memory or time.
+inline constexpr int kMaxRedundantExperts = 4096;
 
 // `flag_value`: the flag's value, nullopt when it was not given. `env_value`: the
 // environment variable's value, nullptr when unset; an empty value counts as unset.
