@@ -1,5 +1,6 @@
 // deepinfer-admin: operator tool. `status` lists the coordinator's workers and their
-// states; `drain` stops new work going to a worker.
+// states; `drain` stops new work going to a worker; `plan` computes an expert placement
+// (EPLB) offline from a file of expert loads.
 #include <unistd.h>
 
 #include <iostream>
@@ -11,6 +12,7 @@
 #include "coordinator/client/coordinator_client.h"
 #include "coordinator/rpc/auth.h"
 #include "tools/admin/cluster_status_format.h"
+#include "tools/admin/plan_command.h"
 
 namespace deepinfer {
 namespace {
@@ -106,6 +108,43 @@ int Drain(const std::vector<std::string>& args) {
   return 0;
 }
 
+int Plan(const std::vector<std::string>& args) {
+  PlanCommandConfig config;
+  // -1: not given (FlagSet has no optional ints).
+  int64_t num_replicas = -1;
+  int64_t num_redundant_experts = -1;
+  FlagSet flags(
+      "deepinfer-admin plan --load F.json --num-gpus M [--num-replicas R] [--num-groups G]\n"
+      "    [--num-nodes N] [--policy auto|hierarchical|global] [--current P.json]",
+      "Plans an expert placement (EPLB) from per-layer expert loads, offline: F.json is\n"
+      "[[tokens of expert 0, tokens of expert 1, ...], ...], one array per MoE layer.\n"
+      "Prints {\"phy2log\", \"log2phy\", \"logcnt\"} JSON on stdout and the max/mean tokens\n"
+      "per GPU before and after, per layer and overall, on stderr. See docs/eplb.md.");
+  flags.AddString("load", &config.load_file, "JSON file of per-layer logical expert loads.");
+  flags.AddInt("num-replicas", &num_replicas,
+               "Physical experts per layer (logical + redundant); a multiple of --num-gpus. "
+               "Default (-1): logical + --num-redundant-experts.");
+  flags.AddInt("num-redundant-experts", &num_redundant_experts,
+               "Redundant experts per layer when --num-replicas is not given; "
+               "DEEPINFER_OVERRIDE_NUM_EXTRA_EXPERTS overrides it. Default (-1): 32.");
+  flags.AddInt("num-groups", &config.num_groups,
+               "Expert groups of the model (n_group in config.json; 8 for DeepSeek-V3).");
+  flags.AddInt("num-nodes", &config.num_nodes, "Nodes; divides --num-gpus.");
+  flags.AddInt("num-gpus", &config.num_gpus, "GPUs (ranks) in the expert-parallel group.");
+  flags.AddString("policy", &config.policy,
+                  "auto (hierarchical when the groups divide over the nodes, else global), "
+                  "hierarchical or global.");
+  flags.AddString("current", &config.current_placement_file,
+                  "Placement JSON to report as \"before\" (default: experts in order, no "
+                  "replicas).");
+  flags.Require("load");
+  flags.Require("num-gpus");
+  if (int rc = ParseOrExit(flags, args, "plan"); rc >= 0) return rc;
+  if (num_replicas != -1) config.num_replicas = num_replicas;
+  if (num_redundant_experts != -1) config.num_redundant_experts = num_redundant_experts;
+  return RunPlanCommand(config, std::cout, std::cerr);
+}
+
 }  // namespace
 }  // namespace deepinfer
 
@@ -115,6 +154,7 @@ int main(int argc, char** argv) {
       {
           {"status", "list workers and their states", deepinfer::Status},
           {"drain", "stop giving new work to a worker", deepinfer::Drain},
+          {"plan", "plan an expert placement (EPLB) from a file of expert loads", deepinfer::Plan},
       },
       argc, argv);
 }
