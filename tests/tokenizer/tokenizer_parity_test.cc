@@ -237,7 +237,7 @@ TEST_F(TokenizerParityTest, VariantConfigurationsMatchHfTokenizers) {
     variant.apply(&modified);
     const std::string path = std::string(std::getenv("TEST_TMPDIR")) + "/" + variant.name + ".json";
     std::ofstream(path) << modified.dump();
-    auto tokenizer = Tokenizer::FromJson(modified.dump(), nullptr);
+    auto tokenizer = Tokenizer::FromParsedJson(modified, nullptr);
     ASSERT_TRUE(tokenizer.ok()) << tokenizer.status();
     auto expected = RunReference("encode " + corpus_path + " " + path);
     ASSERT_TRUE(expected.ok()) << expected.status();
