@@ -189,6 +189,9 @@ int64_t NormalizeIndex(int64_t index, int64_t size) { return index < 0 ? index +
 
 class Interpreter {
  public:
+  static constexpr int kMaxMacroDepth = 100;
+  static constexpr int64_t kMaxRangeLength = 10'000'000;
+
   absl::Status Execute(const StmtList& body, const std::shared_ptr<Scope>& scope, std::string* out,
                        Flow* flow) {
     for (const auto& stmt : body) {
@@ -373,7 +376,14 @@ class Interpreter {
           }
           std::string text;
           Flow flow = Flow::kNormal;
+          // Unbounded recursion would overflow the stack; the reference fails too.
+          if (macro_depth_ >= kMaxMacroDepth) {
+            return absl::ResourceExhaustedError(
+                absl::StrCat("macro ", macro->name, ": recursion deeper than ", kMaxMacroDepth));
+          }
+          ++macro_depth_;
           absl::Status status = Execute(macro->body, frame, &text, &flow);
+          --macro_depth_;
           if (!status.ok()) return status;
           return Value::String(std::move(text));
         });
@@ -503,6 +513,11 @@ class Interpreter {
         if (bounds.size() >= 2) start = bounds[0], stop = bounds[1];
         if (bounds.size() == 3) step = bounds[2];
         if (step == 0) return TypeError("range() step must not be zero");
+        const double count = (static_cast<double>(stop) - start) / step;
+        if (count > kMaxRangeLength) {
+          return absl::ResourceExhaustedError(
+              absl::StrCat("range() of more than ", kMaxRangeLength, " items"));
+        }
         Value::Array items;
         for (int64_t i = start; step > 0 ? i < stop : i > stop; i += step) {
           items.push_back(Value::Int(i));
@@ -1106,6 +1121,8 @@ class Interpreter {
     }
     return TypeError(absl::StrCat("unknown filter '", name, "' for a ", v.TypeName()));
   }
+
+  int macro_depth_ = 0;
 };
 
 }  // namespace
