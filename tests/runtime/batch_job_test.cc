@@ -121,6 +121,38 @@ TEST(BatchJobTest, SameTokensOnOneWorkerTwoWorkersAndTwoRanks) {
   }
 }
 
+// HF transformers' own greedy continuations (recorded in the fixture by
+// tools/make_fixtures.py) come out of `deepinfer run`, on one worker and on two.
+TEST(BatchJobTest, DeepinferRunReproducesHfGreedyTokens) {
+  json expected = json::parse(ReadFile(Runfile(std::string(kModel) + "/expected.json")));
+  std::vector<std::string> lines;
+  std::map<std::string, std::vector<int>> want;
+  for (size_t i = 0; i < expected["prompts"].size(); ++i) {
+    const json& p = expected["prompts"][i];
+    const std::string id = absl::StrCat("hf-", i);
+    want[id] = p["greedy_24"].get<std::vector<int>>();
+    lines.push_back(json({{"custom_id", id},
+                          {"method", "POST"},
+                          {"url", "/v1/completions"},
+                          {"body",
+                           {{"prompt", p["ids"]},
+                            {"max_tokens", 24},
+                            {"temperature", 0},
+                            {"ignore_eos", true},
+                            {"return_token_ids", true}}}})
+                        .dump());
+  }
+  ASSERT_FALSE(want.empty());
+  for (int workers : {1, 2}) {
+    auto out = ByCustomId(RunJob(absl::StrCat("hf", workers), absl::StrJoin(lines, "\n") + "\n",
+                                 workers, 1));
+    ASSERT_EQ(out.size(), want.size());
+    for (const auto& [id, tokens] : want) {
+      EXPECT_EQ(Tokens(out[id]), tokens) << id << " on " << workers << " worker(s)";
+    }
+  }
+}
+
 TEST(BatchJobTest, GoodAndBadLinesEachGetTheirLine) {
   std::vector<std::string> lines = {
       R"({"custom_id": "ok-1", "method": "POST", "url": "/v1/completions", "body": {"prompt": [5, 6, 7], "max_tokens": 3, "temperature": 0, "ignore_eos": true, "logprobs": 2}})",
