@@ -220,7 +220,9 @@ void RankGroup::RunRank(int local) {
         break;
       }
       if (any == 0) {
-        r.queue.WaitForWork(options_.idle_wait);
+        // Alone, only our own queue can bring work, and a push wakes us; with peers, their
+        // work is only learnt at the next agreement round.
+        r.queue.WaitForWork(layout_.world_size == 1 ? absl::Milliseconds(100) : options_.idle_wait);
         continue;
       }
       absl::StatusOr<std::vector<RequestResult>> finished = r.engine->Step();
