@@ -17,6 +17,7 @@
 #include "nlohmann/json.hpp"
 #include "proto/cluster.grpc.pb.h"
 #include "proto/worker.grpc.pb.h"
+#include "tests/testing/fake_cluster_service.h"
 #include "worker/comm/tcp_communicator.h"
 #include "worker/model/cpu_generate.h"
 #include "worker/worker_server.h"
@@ -45,133 +46,6 @@ std::vector<std::vector<int32_t>> FixturePrompts() {
   }
   return out;
 }
-
-// ClusterService that accepts everything and lets tests wait for what arrived.
-class FakeCoordinator final : public ClusterService::CallbackService {
- public:
-  FakeCoordinator() {
-    grpc::ServerBuilder builder;
-    builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port_);
-    builder.RegisterService(this);
-    server_ = builder.BuildAndStart();
-  }
-  ~FakeCoordinator() override { server_->Shutdown(); }
-
-  grpc::ServerUnaryReactor* Register(grpc::CallbackServerContext* context,
-                                     const RegisterRequest* request,
-                                     RegisterResponse* response) override {
-    absl::MutexLock lock(&mu_);
-    ++registrations_;
-    last_register_ = *request;
-    response->set_coordinator_incarnation(incarnation_);
-    response->set_heartbeat_interval_ms(30);
-    response->set_heartbeat_timeout_ms(5000);
-    auto* reactor = context->DefaultReactor();
-    reactor->Finish(grpc::Status::OK);
-    return reactor;
-  }
-  grpc::ServerUnaryReactor* Heartbeat(grpc::CallbackServerContext* context,
-                                      const HeartbeatRequest* request,
-                                      HeartbeatResponse* response) override {
-    absl::MutexLock lock(&mu_);
-    auto* reactor = context->DefaultReactor();
-    if (request->coordinator_incarnation() != incarnation_) {
-      reactor->Finish(grpc::Status(grpc::StatusCode::FAILED_PRECONDITION, "other incarnation"));
-      return reactor;
-    }
-    heartbeats_by_worker_[request->worker_id()] = *request;
-    response->set_coordinator_incarnation(incarnation_);
-    response->set_state(READY);
-    reactor->Finish(grpc::Status::OK);
-    return reactor;
-  }
-  grpc::ServerUnaryReactor* ReportResults(grpc::CallbackServerContext* context,
-                                          const ReportResultsRequest* request,
-                                          ReportResultsResponse* response) override {
-    absl::MutexLock lock(&mu_);
-    auto* reactor = context->DefaultReactor();
-    if (refuse_reports_ > 0) {
-      // As a restarted coordinator: it does not know the worker, and has a new incarnation.
-      --refuse_reports_;
-      ++incarnation_;
-      reactor->Finish(grpc::Status(grpc::StatusCode::NOT_FOUND, "unknown worker"));
-      return reactor;
-    }
-    if (request->coordinator_incarnation() != incarnation_) {
-      reactor->Finish(grpc::Status(grpc::StatusCode::FAILED_PRECONDITION, "other incarnation"));
-      return reactor;
-    }
-    for (const RequestResult& r : request->results()) results_[r.request_id()] = r;
-    reactor->Finish(grpc::Status::OK);
-    return reactor;
-  }
-
-  int port() const { return port_; }
-  uint64_t incarnation() {
-    absl::MutexLock lock(&mu_);
-    return incarnation_;
-  }
-  void RefuseNextReports(int n) {
-    absl::MutexLock lock(&mu_);
-    refuse_reports_ = n;
-  }
-  int registrations() {
-    absl::MutexLock lock(&mu_);
-    return registrations_;
-  }
-  RegisterRequest last_register() {
-    absl::MutexLock lock(&mu_);
-    return last_register_;
-  }
-  // Waits for a heartbeat of `worker` reporting `generation` in a state other than FORMING,
-  // and returns it.
-  HeartbeatRequest AwaitGroup(const std::string& worker, uint64_t generation) {
-    absl::MutexLock lock(&mu_);
-    auto done = [this, &worker, generation]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-      const HeartbeatRequest& hb = heartbeats_by_worker_[worker];
-      return hb.group_generation() == generation && hb.group_status() != GROUP_FORMING &&
-             hb.group_status() != GROUP_STATUS_UNSPECIFIED;
-    };
-    mu_.Await(absl::Condition(&done));
-    return heartbeats_by_worker_[worker];
-  }
-  // Waits for a heartbeat of `worker` reporting `generation` with `status`.
-  HeartbeatRequest AwaitStatus(const std::string& worker, uint64_t generation, GroupStatus status) {
-    absl::MutexLock lock(&mu_);
-    auto done = [this, &worker, generation, status]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-      const HeartbeatRequest& hb = heartbeats_by_worker_[worker];
-      return hb.group_generation() == generation && hb.group_status() == status;
-    };
-    mu_.Await(absl::Condition(&done));
-    return heartbeats_by_worker_[worker];
-  }
-  // Waits until `worker` registered with the current incarnation and heartbeats (its link
-  // state says registered once a heartbeat was accepted).
-  void AwaitRegistered(const std::string& worker) {
-    absl::MutexLock lock(&mu_);
-    auto done = [this, &worker]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-      return heartbeats_by_worker_.count(worker) > 0;
-    };
-    mu_.Await(absl::Condition(&done));
-  }
-  std::map<std::string, RequestResult> AwaitResults(size_t n) {
-    absl::MutexLock lock(&mu_);
-    auto done = [this, n]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return results_.size() >= n; };
-    mu_.Await(absl::Condition(&done));
-    return results_;
-  }
-
- private:
-  int port_ = 0;
-  std::unique_ptr<grpc::Server> server_;
-  absl::Mutex mu_;
-  uint64_t incarnation_ ABSL_GUARDED_BY(mu_) = 1000;
-  int registrations_ ABSL_GUARDED_BY(mu_) = 0;
-  int refuse_reports_ ABSL_GUARDED_BY(mu_) = 0;
-  RegisterRequest last_register_ ABSL_GUARDED_BY(mu_);
-  std::map<std::string, HeartbeatRequest> heartbeats_by_worker_ ABSL_GUARDED_BY(mu_);
-  std::map<std::string, RequestResult> results_ ABSL_GUARDED_BY(mu_);
-};
 
 class WorkerEngineTest : public ::testing::Test {
  protected:
@@ -277,7 +151,7 @@ class WorkerEngineTest : public ::testing::Test {
     }
   }
 
-  FakeCoordinator fake_;
+  testing::FakeClusterService fake_;
   std::vector<std::vector<int32_t>> prompts_;
   std::unique_ptr<WorkerServer> worker_;
   std::unique_ptr<WorkerService::Stub> stub_;
