@@ -470,9 +470,19 @@ absl::Status TcpCommunicator::ExchangeLocked(FrameOp op, uint8_t detail,
     return absl::OkStatus();
   };
   auto lost = [&](const PeerIo& p, const std::string& what) {
-    return absl::UnavailableError(absl::StrCat("rank ", p.rank, " ", what, " during ", where(),
-                                               " (the process exited, crashed or lost the "
-                                               "network)"));
+    // The connection we noticed first may belong to a rank that only gave up because
+    // another one died; list every connection already closed, so the log shows the
+    // culprit too.
+    std::vector<int> also;
+    for (int r = 0; r < n; ++r) {
+      if (r == p.rank || !peers_[r].valid()) continue;
+      pollfd q{peers_[r].get(), POLLRDHUP, 0};
+      if (poll(&q, 1, 0) > 0 && (q.revents & (POLLRDHUP | POLLHUP | POLLERR))) also.push_back(r);
+    }
+    return absl::UnavailableError(absl::StrCat(
+        "rank ", p.rank, " ", what, " during ", where(),
+        " (the process exited, crashed or lost the network)",
+        also.empty() ? "" : "; connections also closed by rank(s) ", absl::StrJoin(also, ", ")));
   };
 
   // Moves as much as the socket takes; sets send_done at the end of the frame.
