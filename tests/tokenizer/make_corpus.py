@@ -218,6 +218,8 @@ cases = [
     ("[{{ missing.attr.deeper }}{{ none.x }}{{ [1]['x'] }}]{{ 'abc'[2:-1:-1] }}{{ 'abcd'[-3:-1] }}"
      "{{ [1, 2, 3][::-2] }}{{ [1, 2, 3][5:] }}", {}),
     ("a\u00a0\u3000 {{- 'b' -}} \u2003\nc{{ 'x' }}\u00a0{%- if true %}y{% endif %}", {}),
+    ("{{ 'straße ﬁ éà ÿ ǆ ωσ ǰ'|upper }}|{{ 'ÉCOLE ΟΔΥΣΣΕΥΣ İ Σ ΑΣ.'|lower }}|{{ 'été'|capitalize }}"
+     "|{{ 'Привет'.upper() }}{{ 'ΣΑΣ'.lower() }}|{{ 'ǅ'|lower }}{{ 'ǅ'|upper }}", {}),
     ("{{ '\u00a0x\u3000'|trim }}|{{ ' x\n'.strip() }}|{{ 'xx'.rstrip('x') }}", {}),
     ("{%- set x = 'a' -%}\n  {{ x }}  \n{%- if true %}\n  in\n{%- endif %}\nend", {}),
 ]

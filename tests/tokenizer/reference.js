@@ -6,7 +6,9 @@
 // works when started through a Bazel runfiles symlink.
 //
 //   node reference.js model_dir                 -> {"model_dir": the model directory}
-//   node reference.js encode CORPUS.jsonl       -> per line {"ids", "ids_with_special", "decoded"}
+//   node reference.js encode CORPUS.jsonl       -> per line {"ids", "ids_with_special", "decoded"
+//                                                  (of ids), "decoded_skipping_special" (of
+//                                                  ids_with_special, skip_special_tokens)}
 //   node reference.js encode CORPUS.jsonl TOKENIZER.json
 //                                               -> the same for another tokenizer.json, whose own
 //                                                  post-processor gives ids_with_special
@@ -81,7 +83,9 @@ async function encode(corpusFile, tokenizerFile) {
     const ids = (await plain.encode(text, null, { addSpecialTokens: false })).getIds();
     const idsWithSpecial = (await withSpecial.encode(text, null, { addSpecialTokens: true })).getIds();
     const decoded = await plain.decode(ids, false);
-    out.push(JSON.stringify({ ids, ids_with_special: idsWithSpecial, decoded }));
+    const decodedSkippingSpecial = await plain.decode(idsWithSpecial, true);
+    out.push(JSON.stringify({ ids, ids_with_special: idsWithSpecial, decoded,
+      decoded_skipping_special: decodedSkippingSpecial }));
   }
   process.stdout.write(out.join('\n') + '\n');
 }

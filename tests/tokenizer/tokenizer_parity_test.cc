@@ -91,6 +91,11 @@ TEST_F(TokenizerParityTest, DecodeMatchesHfAndRoundTrips) {
     auto decoded = tokenizer_->Decode(ids, false);
     ASSERT_TRUE(decoded.ok()) << decoded.status();
     EXPECT_EQ(*decoded, (*expected_)[i]["decoded"].get<std::string>()) << "corpus line " << i + 1;
+    const std::vector<uint32_t> with_special = Ids((*expected_)[i]["ids_with_special"]);
+    auto skipping = tokenizer_->Decode(with_special, /*skip_special_tokens=*/true);
+    ASSERT_TRUE(skipping.ok()) << skipping.status();
+    EXPECT_EQ(*skipping, (*expected_)[i]["decoded_skipping_special"].get<std::string>())
+        << "corpus line " << i + 1;
     // Invalid UTF-8 comes back repaired (U+FFFD), everything else unchanged.
     auto round_trip = tokenizer_->Decode(tokenizer_->Encode((*inputs_)[i], false), false);
     ASSERT_TRUE(round_trip.ok()) << round_trip.status();
@@ -237,7 +242,7 @@ TEST_F(TokenizerParityTest, VariantConfigurationsMatchHfTokenizers) {
     variant.apply(&modified);
     const std::string path = std::string(std::getenv("TEST_TMPDIR")) + "/" + variant.name + ".json";
     std::ofstream(path) << modified.dump();
-    auto tokenizer = Tokenizer::FromJson(modified.dump(), nullptr);
+    auto tokenizer = Tokenizer::FromParsedJson(modified, nullptr);
     ASSERT_TRUE(tokenizer.ok()) << tokenizer.status();
     auto expected = RunReference("encode " + corpus_path + " " + path);
     ASSERT_TRUE(expected.ok()) << expected.status();

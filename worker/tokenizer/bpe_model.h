@@ -28,8 +28,6 @@ class BpeModel {
   std::optional<uint32_t> TokenToId(absl::string_view token) const;
   // nullptr for ids outside the vocabulary.
   const std::string* IdToToken(uint32_t id) const;
-  // One past the largest id of the vocabulary.
-  size_t IdLimit() const { return id_to_token_.size(); }
   // Number of vocabulary entries (HF's get_vocab_size, which sizes new added-token ids).
   size_t VocabSize() const { return vocab_.size(); }
 

@@ -6,7 +6,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_replace.h"
-#include "worker/tokenizer/pattern_json.h"
+#include "worker/tokenizer/config_json.h"
 #include "worker/tokenizer/utf8.h"
 
 namespace deepinfer::tokenizer {

@@ -6,6 +6,8 @@
 // the difference once the window's text no longer ends in U+FFFD, the approach of HF TGI and
 // vLLM. The window always starts at an id boundary where earlier text is final, so the
 // concatenation of everything emitted plus Finish() equals Tokenizer::Decode of all ids.
+// Text that really ends in U+FFFD (invalid bytes, or a token that is U+FFFD) is held until the
+// next id or Finish().
 #ifndef WORKER_TOKENIZER_INCREMENTAL_DECODER_H_
 #define WORKER_TOKENIZER_INCREMENTAL_DECODER_H_
 

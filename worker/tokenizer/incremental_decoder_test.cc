@@ -63,5 +63,35 @@ TEST_F(IncrementalDecoderTest, MergedAndAddedTokens) {
   EXPECT_EQ(*skipping.Add(264), " world");  // a bad id does not poison the stream
 }
 
+// A Llama-style byte-fallback tokenizer: "<0xE4><0xBD><0xA0>" is "你", and the decoder strips
+// the first token's leading space, so windows that start mid-stream must not lose spaces.
+TEST(IncrementalDecoderByteFallbackTest, StreamsByteTokensAndKeepsSpaces) {
+  const nlohmann::json json = {
+      {"added_tokens", nlohmann::json::array()},
+      {"model",
+       {{"type", "BPE"},
+        {"vocab",
+         {{"<unk>", 0}, {"▁a", 1}, {"<0xE4>", 2}, {"<0xBD>", 3}, {"<0xA0>", 4}, {"▁b", 5}}},
+        {"merges", nlohmann::json::array()},
+        {"unk_token", "<unk>"},
+        {"byte_fallback", true}}},
+      {"decoder",
+       {{"type", "Sequence"},
+        {"decoders",
+         {{{"type", "Replace"}, {"pattern", {{"String", "▁"}}}, {"content", " "}},
+          {{"type", "ByteFallback"}},
+          {{"type", "Fuse"}},
+          {{"type", "Strip"}, {"content", " "}, {"start", 1}, {"stop", 0}}}}}}};
+  auto tokenizer = Tokenizer::FromJson(json.dump(), nullptr);
+  ASSERT_TRUE(tokenizer.ok()) << tokenizer.status();
+  IncrementalDecoder decoder(tokenizer->get(), false);
+  std::vector<std::string> pieces;
+  for (uint32_t id : {1, 2, 3, 4, 5, 5}) pieces.push_back(*decoder.Add(id));
+  EXPECT_EQ(pieces, (std::vector<std::string>{"a", "", "", "你", " b", " b"}));
+  auto one_shot = (*tokenizer)->Decode({1, 2, 3, 4, 5, 5}, false);
+  ASSERT_TRUE(one_shot.ok());
+  EXPECT_EQ(*one_shot, "a你 b b");
+}
+
 }  // namespace
 }  // namespace deepinfer::tokenizer

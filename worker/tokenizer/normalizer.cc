@@ -5,7 +5,7 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
-#include "worker/tokenizer/pattern_json.h"
+#include "worker/tokenizer/config_json.h"
 #include "worker/tokenizer/regex.h"
 #include "worker/tokenizer/utf8.h"
 

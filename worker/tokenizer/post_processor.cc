@@ -6,7 +6,7 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
-#include "worker/tokenizer/pattern_json.h"
+#include "worker/tokenizer/config_json.h"
 
 namespace deepinfer::tokenizer {
 namespace {

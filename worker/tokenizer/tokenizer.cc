@@ -81,9 +81,13 @@ absl::StatusOr<std::unique_ptr<Tokenizer>> Tokenizer::FromJson(
   const nlohmann::json root =
       nlohmann::json::parse(tokenizer_json.begin(), tokenizer_json.end(), nullptr,
                             /*allow_exceptions=*/false);
-  if (root.is_discarded() || !root.is_object()) {
-    return absl::InvalidArgumentError("tokenizer.json is not a JSON object");
-  }
+  if (root.is_discarded()) return absl::InvalidArgumentError("tokenizer.json is not valid JSON");
+  return FromParsedJson(root, tokenizer_config);
+}
+
+absl::StatusOr<std::unique_ptr<Tokenizer>> Tokenizer::FromParsedJson(
+    const nlohmann::json& root, const nlohmann::json& tokenizer_config) {
+  if (!root.is_object()) return absl::InvalidArgumentError("tokenizer.json is not a JSON object");
   auto section = [&root](const char* key) -> const nlohmann::json& {
     static const nlohmann::json* null_json = new nlohmann::json();
     auto it = root.find(key);
@@ -169,13 +173,8 @@ absl::StatusOr<std::unique_ptr<Tokenizer>> Tokenizer::FromDirectory(const std::s
 }
 
 void Tokenizer::EncodeText(absl::string_view text, std::vector<uint32_t>* ids) const {
-  std::vector<std::string> words;
-  if (pre_tokenizer_ != nullptr) {
-    words.emplace_back(text);
-    pre_tokenizer_->PreTokenize(&words);
-  } else {
-    words.emplace_back(text);
-  }
+  std::vector<std::string> words = {std::string(text)};
+  if (pre_tokenizer_ != nullptr) pre_tokenizer_->PreTokenize(&words);
   for (const std::string& word : words) model_->Tokenize(word, ids);
 }
 

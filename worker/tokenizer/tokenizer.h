@@ -34,6 +34,9 @@ class Tokenizer {
   // post-processor for Llama-family tokenizer classes, as transformers does.
   static absl::StatusOr<std::unique_ptr<Tokenizer>> FromJson(
       absl::string_view tokenizer_json, const nlohmann::json& tokenizer_config);
+  // The same from an already parsed tokenizer.json.
+  static absl::StatusOr<std::unique_ptr<Tokenizer>> FromParsedJson(
+      const nlohmann::json& root, const nlohmann::json& tokenizer_config);
 
   // Loads `directory`/tokenizer.json and, if present, `directory`/tokenizer_config.json.
   // kNotFound when the directory has no tokenizer.json.

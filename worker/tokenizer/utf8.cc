@@ -104,18 +104,6 @@ std::string RepairUtf8(absl::string_view text) {
   return out;
 }
 
-size_t IncompleteUtf8SuffixLength(absl::string_view text) {
-  for (size_t back = 1; back <= 3 && back <= text.size(); ++back) {
-    const size_t pos = text.size() - back;
-    const uint8_t b = static_cast<uint8_t>(text[pos]);
-    if ((b & 0xC0) == 0x80) continue;  // continuation byte: keep looking for the lead
-    size_t consistent, needed;
-    ScanSequence(text, pos, &consistent, &needed);
-    return (needed > back && consistent == back) ? back : 0;
-  }
-  return 0;
-}
-
 bool IsUnicodeWhitespace(char32_t c) {
   return (c >= 0x09 && c <= 0x0D) || c == 0x20 || c == 0x85 || c == 0xA0 || c == 0x1680 ||
          (c >= 0x2000 && c <= 0x200A) || c == 0x2028 || c == 0x2029 || c == 0x202F || c == 0x205F ||

@@ -27,10 +27,6 @@ bool IsValidUtf8(absl::string_view text);
 // Replaces every maximal invalid subsequence by U+FFFD (Rust from_utf8_lossy / WHATWG rule).
 std::string RepairUtf8(absl::string_view text);
 
-// Number of bytes at the end of `text` that form the start of a UTF-8 sequence that more bytes
-// could still complete (0..3).
-size_t IncompleteUtf8SuffixLength(absl::string_view text);
-
 // Unicode White_Space (what Rust's char::is_whitespace tests).
 bool IsUnicodeWhitespace(char32_t code_point);
 

@@ -26,13 +26,9 @@ TEST(Utf8Test, RepairReplacesMaximalInvalidSubparts) {
   EXPECT_EQ(RepairUtf8("\x80\xFF"), std::string(kFffd) + kFffd);
 }
 
-TEST(Utf8Test, ValidityAndIncompleteSuffix) {
+TEST(Utf8Test, Validity) {
   EXPECT_TRUE(IsValidUtf8("ok 你"));
   EXPECT_FALSE(IsValidUtf8("\xE4\xBD"));
-  EXPECT_EQ(IncompleteUtf8SuffixLength("a\xE4\xBD"), 2u);
-  EXPECT_EQ(IncompleteUtf8SuffixLength("a\xF0"), 1u);
-  EXPECT_EQ(IncompleteUtf8SuffixLength("a你"), 0u);
-  EXPECT_EQ(IncompleteUtf8SuffixLength("a\xFF"), 0u);
 }
 
 TEST(Utf8Test, CodePoints) {

@@ -14,6 +14,10 @@ using Type = Token::Type;
 
 class Parser {
  public:
+  // Blocks and expressions nest by recursion; bounding the depth keeps a hostile template from
+  // overflowing the stack.
+  static constexpr int kMaxDepth = 200;
+
   explicit Parser(std::vector<Token> tokens) : tokens_(std::move(tokens)) {}
 
   absl::StatusOr<StmtList> ParseAll() {
@@ -25,6 +29,12 @@ class Parser {
   }
 
  private:
+  struct DepthGuard {
+    explicit DepthGuard(int* depth) : depth(depth) { ++*depth; }
+    ~DepthGuard() { --*depth; }
+    int* depth;
+  };
+
   // Parses statements until a {% tag %} whose name is in `stop` (consumed up to the name) or
   // the end of input (only allowed when `stop` is empty).
   absl::Status ParseBody(const std::vector<std::string>& stop, StmtList* body,
@@ -76,6 +86,8 @@ class Parser {
   }
 
   absl::StatusOr<std::unique_ptr<Stmt>> ParseStatement(const std::string& name, size_t offset) {
+    DepthGuard guard(&depth_);
+    if (depth_ > kMaxDepth) return Error("blocks nested too deeply");
     auto stmt = std::make_unique<Stmt>();
     stmt->offset = offset;
     std::string end_tag;
@@ -212,6 +224,8 @@ class Parser {
   }
 
   absl::StatusOr<ExprPtr> ParseExpression() {
+    DepthGuard guard(&depth_);
+    if (depth_ > kMaxDepth) return Error("expression nested too deeply");
     auto value = ParseOr();
     if (!value.ok() || !IsName("if")) return value;
     ++pos_;
@@ -248,6 +262,8 @@ class Parser {
   }
 
   absl::StatusOr<ExprPtr> ParseNot() {
+    DepthGuard guard(&depth_);
+    if (depth_ > kMaxDepth) return Error("expression nested too deeply");
     if (IsName("not")) {
       ++pos_;
       auto operand = ParseNot();
@@ -373,6 +389,8 @@ class Parser {
   }
 
   absl::StatusOr<ExprPtr> ParseUnary() {
+    DepthGuard guard(&depth_);
+    if (depth_ > kMaxDepth) return Error("expression nested too deeply");
     if (IsSymbol("-") || IsSymbol("+")) {
       const std::string op = tokens_[pos_++].text;
       auto operand = ParseUnary();
@@ -612,6 +630,7 @@ class Parser {
 
   std::vector<Token> tokens_;
   size_t pos_ = 0;
+  int depth_ = 0;
 };
 
 }  // namespace

@@ -1,5 +1,8 @@
 #include "worker/tokenizer/jinja/template.h"
 
+#include <locale.h>
+#include <wctype.h>
+
 #include <algorithm>
 #include <cmath>
 #include <map>
@@ -84,10 +87,126 @@ std::string Title(const std::string& s) {
   return out;
 }
 
-std::string Capitalize(const std::string& s) {
-  std::string out = s;
-  if (!out.empty()) out[0] = absl::ascii_toupper(out[0]);
+// Unicode case mapping as JavaScript's toUpperCase / toLowerCase: glibc's simple mappings
+// (C.UTF-8 locale) plus the unconditional multi-character ones of SpecialCasing.txt that occur
+// in practice, and the final-sigma rule. ASCII only if the locale is missing.
+locale_t Utf8Locale() {
+  static const locale_t locale = newlocale(LC_CTYPE_MASK, "C.UTF-8", static_cast<locale_t>(0));
+  return locale;
+}
+
+const char* SpecialUpper(char32_t c) {
+  switch (c) {
+    case 0xDF:
+      return "SS";
+    case 0x149:
+      return "\u02BCN";
+    case 0x1F0:
+      return "J\u030C";
+    case 0x390:
+      return "\u0399\u0308\u0301";
+    case 0x3B0:
+      return "\u03A5\u0308\u0301";
+    case 0x587:
+      return "\u0535\u0552";
+    case 0x1E96:
+      return "H\u0331";
+    case 0x1E97:
+      return "T\u0308";
+    case 0x1E98:
+      return "W\u030A";
+    case 0x1E99:
+      return "Y\u030A";
+    case 0x1E9A:
+      return "A\u02BE";
+    case 0xFB00:
+      return "FF";
+    case 0xFB01:
+      return "FI";
+    case 0xFB02:
+      return "FL";
+    case 0xFB03:
+      return "FFI";
+    case 0xFB04:
+      return "FFL";
+    case 0xFB05:
+      return "ST";
+    case 0xFB06:
+      return "ST";
+    case 0xFB13:
+      return "\u0544\u0546";
+    case 0xFB14:
+      return "\u0544\u0535";
+    case 0xFB15:
+      return "\u0544\u053B";
+    case 0xFB16:
+      return "\u054E\u0546";
+    case 0xFB17:
+      return "\u0544\u053D";
+    default:
+      return nullptr;
+  }
+}
+
+std::vector<char32_t> CodePoints(const std::string& s) {
+  std::vector<char32_t> out;
+  for (size_t pos = 0; pos < s.size();) {
+    size_t length = ValidUtf8SequenceLength(s, pos);
+    if (length == 0) {
+      out.push_back(0xFFFD);
+      ++pos;
+    } else {
+      out.push_back(DecodeCodePoint(s, pos, &length));
+      pos += length;
+    }
+  }
   return out;
+}
+
+bool IsCased(char32_t c, locale_t locale) {
+  return towupper_l(c, locale) != c || towlower_l(c, locale) != c;
+}
+
+std::string JsToUpper(const std::string& s) {
+  const locale_t locale = Utf8Locale();
+  if (locale == static_cast<locale_t>(0)) return absl::AsciiStrToUpper(s);
+  std::string out;
+  for (char32_t c : CodePoints(s)) {
+    const char* special = SpecialUpper(c);
+    if (special != nullptr) {
+      out += special;
+    } else {
+      AppendCodePoint(static_cast<char32_t>(towupper_l(c, locale)), &out);
+    }
+  }
+  return out;
+}
+
+std::string JsToLower(const std::string& s) {
+  const locale_t locale = Utf8Locale();
+  if (locale == static_cast<locale_t>(0)) return absl::AsciiStrToLower(s);
+  const std::vector<char32_t> cps = CodePoints(s);
+  std::string out;
+  for (size_t i = 0; i < cps.size(); ++i) {
+    const char32_t c = cps[i];
+    if (c == 0x130) {  // İ
+      out += "i\u0307";
+    } else if (c == 0x3A3 && i > 0 && IsCased(cps[i - 1], locale) &&
+               !(i + 1 < cps.size() && IsCased(cps[i + 1], locale))) {
+      out += "\u03C2";  // final sigma
+    } else {
+      AppendCodePoint(static_cast<char32_t>(towlower_l(c, locale)), &out);
+    }
+  }
+  return out;
+}
+
+// JavaScript charAt(0).toUpperCase() + slice(1).
+std::string Capitalize(const std::string& s) {
+  if (s.empty()) return s;
+  size_t length = ValidUtf8SequenceLength(s, 0);
+  if (length == 0) length = 1;
+  return JsToUpper(s.substr(0, length)) + s.substr(length);
 }
 
 // JavaScript String(value) for primitives, which @huggingface/jinja's "+" on strings uses.
@@ -189,6 +308,9 @@ int64_t NormalizeIndex(int64_t index, int64_t size) { return index < 0 ? index +
 
 class Interpreter {
  public:
+  static constexpr int kMaxMacroDepth = 100;
+  static constexpr int64_t kMaxRangeLength = 10'000'000;
+
   absl::Status Execute(const StmtList& body, const std::shared_ptr<Scope>& scope, std::string* out,
                        Flow* flow) {
     for (const auto& stmt : body) {
@@ -373,7 +495,14 @@ class Interpreter {
           }
           std::string text;
           Flow flow = Flow::kNormal;
+          // Unbounded recursion would overflow the stack; the reference fails too.
+          if (macro_depth_ >= kMaxMacroDepth) {
+            return absl::ResourceExhaustedError(
+                absl::StrCat("macro ", macro->name, ": recursion deeper than ", kMaxMacroDepth));
+          }
+          ++macro_depth_;
           absl::Status status = Execute(macro->body, frame, &text, &flow);
+          --macro_depth_;
           if (!status.ok()) return status;
           return Value::String(std::move(text));
         });
@@ -503,6 +632,11 @@ class Interpreter {
         if (bounds.size() >= 2) start = bounds[0], stop = bounds[1];
         if (bounds.size() == 3) step = bounds[2];
         if (step == 0) return TypeError("range() step must not be zero");
+        const double count = (static_cast<double>(stop) - start) / step;
+        if (count > kMaxRangeLength) {
+          return absl::ResourceExhaustedError(
+              absl::StrCat("range() of more than ", kMaxRangeLength, " items"));
+        }
         Value::Array items;
         for (int64_t i = start; step > 0 ? i < stop : i > stop; i += step) {
           items.push_back(Value::Int(i));
@@ -663,8 +797,8 @@ class Interpreter {
       if (name == "upper" || name == "lower" || name == "title" || name == "capitalize") {
         return bind([name](const Value& self, const CallArguments&) -> absl::StatusOr<Value> {
           std::string s = self.string_value();
-          if (name == "upper") return Value::String(absl::AsciiStrToUpper(s));
-          if (name == "lower") return Value::String(absl::AsciiStrToLower(s));
+          if (name == "upper") return Value::String(JsToUpper(s));
+          if (name == "lower") return Value::String(JsToLower(s));
           if (name == "title") return Value::String(Title(s));
           return Value::String(Capitalize(s));
         });
@@ -947,8 +1081,8 @@ class Interpreter {
     if (v.is_string()) {
       const std::string& s = v.string_value();
       if (name == "trim") return Value::String(Strip(s, true, true));
-      if (name == "upper") return Value::String(absl::AsciiStrToUpper(s));
-      if (name == "lower") return Value::String(absl::AsciiStrToLower(s));
+      if (name == "upper") return Value::String(JsToUpper(s));
+      if (name == "lower") return Value::String(JsToLower(s));
       if (name == "title") return Value::String(Title(s));
       if (name == "capitalize") return Value::String(Capitalize(s));
       if (name == "safe" || name == "e" || name == "escape") {
@@ -1106,6 +1240,8 @@ class Interpreter {
     }
     return TypeError(absl::StrCat("unknown filter '", name, "' for a ", v.TypeName()));
   }
+
+  int macro_depth_ = 0;
 };
 
 }  // namespace

@@ -132,6 +132,17 @@ TEST(TemplateTest, Errors) {
   EXPECT_EQ(RenderStatus("{{ {'a': 1}[1] }}").code(), absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(RenderStatus("{{ 'x'.nosuchmethod() }}").code(), absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(RenderStatus("{{ 'unterminated }}").code(), absl::StatusCode::kInvalidArgument);
+  // Hostile templates fail cleanly instead of exhausting the stack or memory.
+  EXPECT_EQ(RenderStatus("{% macro f() %}{{ f() }}{% endmacro %}{{ f() }}").code(),
+            absl::StatusCode::kResourceExhausted);
+  EXPECT_EQ(RenderStatus("{{ " + std::string(100000, '(') + "1" + std::string(100000, ')') + " }}")
+                .code(),
+            absl::StatusCode::kInvalidArgument);
+  std::string nested;
+  for (int i = 0; i < 100000; ++i) nested += "{% if true %}";
+  EXPECT_EQ(RenderStatus(nested).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(RenderStatus("{{ range(1000000000)|length }}").code(),
+            absl::StatusCode::kResourceExhausted);
 }
 
 }  // namespace

@@ -1,7 +1,7 @@
-// Reads the {"String": s} / {"Regex": r} pattern objects that several tokenizer.json components
-// (Split, Replace) share, as a compiled regex.
-#ifndef WORKER_TOKENIZER_PATTERN_JSON_H_
-#define WORKER_TOKENIZER_PATTERN_JSON_H_
+// Helpers for reading tokenizer.json component objects: typed fields with clear errors, and
+// the {"String": s} / {"Regex": r} pattern objects that Split and Replace share.
+#ifndef WORKER_TOKENIZER_CONFIG_JSON_H_
+#define WORKER_TOKENIZER_CONFIG_JSON_H_
 
 #include <memory>
 
@@ -23,4 +23,4 @@ bool GetBoolField(const nlohmann::json& config, const char* key, bool fallback);
 
 }  // namespace deepinfer::tokenizer
 
-#endif  // WORKER_TOKENIZER_PATTERN_JSON_H_
+#endif  // WORKER_TOKENIZER_CONFIG_JSON_H_

@@ -1,4 +1,4 @@
-#include "worker/tokenizer/pattern_json.h"
+#include "worker/tokenizer/config_json.h"
 
 #include <string>
 
