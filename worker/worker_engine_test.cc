@@ -17,6 +17,7 @@
 #include "nlohmann/json.hpp"
 #include "proto/cluster.grpc.pb.h"
 #include "proto/worker.grpc.pb.h"
+#include "tests/testing/fake_cluster_service.h"
 #include "worker/comm/tcp_communicator.h"
 #include "worker/model/cpu_generate.h"
 #include "worker/worker_server.h"
@@ -46,135 +47,6 @@ std::vector<std::vector<int32_t>> FixturePrompts() {
   return out;
 }
 
-// ClusterService that accepts everything and lets tests wait for what arrived.
-class FakeCoordinator final : public ClusterService::CallbackService {
- public:
-  FakeCoordinator() {
-    grpc::ServerBuilder builder;
-    builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port_);
-    builder.RegisterService(this);
-    server_ = builder.BuildAndStart();
-  }
-  ~FakeCoordinator() override { server_->Shutdown(); }
-
-  grpc::ServerUnaryReactor* Register(grpc::CallbackServerContext* context,
-                                     const RegisterRequest* request,
-                                     RegisterResponse* response) override {
-    absl::MutexLock lock(&mu_);
-    ++registrations_;
-    last_register_ = *request;
-    response->set_coordinator_incarnation(incarnation_);
-    response->set_heartbeat_interval_ms(30);
-    response->set_heartbeat_timeout_ms(5000);
-    auto* reactor = context->DefaultReactor();
-    reactor->Finish(grpc::Status::OK);
-    return reactor;
-  }
-  grpc::ServerUnaryReactor* Heartbeat(grpc::CallbackServerContext* context,
-                                      const HeartbeatRequest* request,
-                                      HeartbeatResponse* response) override {
-    absl::MutexLock lock(&mu_);
-    auto* reactor = context->DefaultReactor();
-    if (request->coordinator_incarnation() != incarnation_) {
-      reactor->Finish(grpc::Status(grpc::StatusCode::FAILED_PRECONDITION, "other incarnation"));
-      return reactor;
-    }
-    last_heartbeat_ = *request;
-    ++heartbeats_;
-    response->set_coordinator_incarnation(incarnation_);
-    response->set_state(READY);
-    reactor->Finish(grpc::Status::OK);
-    return reactor;
-  }
-  grpc::ServerUnaryReactor* ReportResults(grpc::CallbackServerContext* context,
-                                          const ReportResultsRequest* request,
-                                          ReportResultsResponse* response) override {
-    absl::MutexLock lock(&mu_);
-    auto* reactor = context->DefaultReactor();
-    if (refuse_reports_ > 0) {
-      // As a restarted coordinator: it does not know the worker, and has a new incarnation.
-      --refuse_reports_;
-      ++incarnation_;
-      reactor->Finish(grpc::Status(grpc::StatusCode::NOT_FOUND, "unknown worker"));
-      return reactor;
-    }
-    if (request->coordinator_incarnation() != incarnation_) {
-      reactor->Finish(grpc::Status(grpc::StatusCode::FAILED_PRECONDITION, "other incarnation"));
-      return reactor;
-    }
-    for (const RequestResult& r : request->results()) results_[r.request_id()] = r;
-    reactor->Finish(grpc::Status::OK);
-    return reactor;
-  }
-
-  int port() const { return port_; }
-  uint64_t incarnation() {
-    absl::MutexLock lock(&mu_);
-    return incarnation_;
-  }
-  void RefuseNextReports(int n) {
-    absl::MutexLock lock(&mu_);
-    refuse_reports_ = n;
-  }
-  int registrations() {
-    absl::MutexLock lock(&mu_);
-    return registrations_;
-  }
-  RegisterRequest last_register() {
-    absl::MutexLock lock(&mu_);
-    return last_register_;
-  }
-  // Waits for a heartbeat (sent after the call) reporting `generation` in a state other
-  // than FORMING, and returns it.
-  HeartbeatRequest AwaitGroup(uint64_t generation) {
-    absl::MutexLock lock(&mu_);
-    auto done = [this, generation]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-      return last_heartbeat_.group_generation() == generation &&
-             last_heartbeat_.group_status() != GROUP_FORMING &&
-             last_heartbeat_.group_status() != GROUP_STATUS_UNSPECIFIED;
-    };
-    mu_.Await(absl::Condition(&done));
-    return last_heartbeat_;
-  }
-  // Waits for a heartbeat reporting `generation` with `status`.
-  HeartbeatRequest AwaitStatus(uint64_t generation, GroupStatus status) {
-    absl::MutexLock lock(&mu_);
-    auto done = [this, generation, status]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-      return last_heartbeat_.group_generation() == generation &&
-             last_heartbeat_.group_status() == status;
-    };
-    mu_.Await(absl::Condition(&done));
-    return last_heartbeat_;
-  }
-  // Waits until the worker registered with the current incarnation and heartbeats.
-  void AwaitRegistered() {
-    absl::MutexLock lock(&mu_);
-    const int seen = heartbeats_;
-    auto done = [this, seen]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-      return registrations_ > 0 && heartbeats_ > seen;
-    };
-    mu_.Await(absl::Condition(&done));
-  }
-  std::map<std::string, RequestResult> AwaitResults(size_t n) {
-    absl::MutexLock lock(&mu_);
-    auto done = [this, n]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return results_.size() >= n; };
-    mu_.Await(absl::Condition(&done));
-    return results_;
-  }
-
- private:
-  int port_ = 0;
-  std::unique_ptr<grpc::Server> server_;
-  absl::Mutex mu_;
-  uint64_t incarnation_ ABSL_GUARDED_BY(mu_) = 1000;
-  int registrations_ ABSL_GUARDED_BY(mu_) = 0;
-  int heartbeats_ ABSL_GUARDED_BY(mu_) = 0;
-  int refuse_reports_ ABSL_GUARDED_BY(mu_) = 0;
-  RegisterRequest last_register_ ABSL_GUARDED_BY(mu_);
-  HeartbeatRequest last_heartbeat_ ABSL_GUARDED_BY(mu_);
-  std::map<std::string, RequestResult> results_ ABSL_GUARDED_BY(mu_);
-};
-
 class WorkerEngineTest : public ::testing::Test {
  protected:
   void SetUp() override {
@@ -182,8 +54,9 @@ class WorkerEngineTest : public ::testing::Test {
     ASSERT_EQ(prompts_.size(), 4u);
   }
 
-  void StartWorker(int ranks) {
+  std::unique_ptr<WorkerServer> NewWorker(int ranks, const std::string& id) {
     WorkerConfig config;
+    config.worker_id = id;
     config.coordinator_address = absl::StrCat("127.0.0.1:", fake_.port());
     config.node_name = "test-node";
     Device cpu;
@@ -194,15 +67,25 @@ class WorkerEngineTest : public ::testing::Test {
     config.engine.kv_cache_tokens = 2048;
     config.engine.collective_timeout = absl::Seconds(60);
     auto worker = WorkerServer::Start(config);
-    ASSERT_TRUE(worker.ok()) << worker.status();
-    worker_ = std::move(*worker);
-    stub_ = WorkerService::NewStub(grpc::CreateChannel(absl::StrCat("127.0.0.1:", worker_->port()),
-                                                       grpc::InsecureChannelCredentials()));
-    fake_.AwaitRegistered();
+    EXPECT_TRUE(worker.ok()) << worker.status();
+    if (!worker.ok()) return nullptr;
+    return std::move(*worker);
+  }
+
+  static std::unique_ptr<WorkerService::Stub> StubOf(const WorkerServer& worker) {
+    return WorkerService::NewStub(grpc::CreateChannel(absl::StrCat("127.0.0.1:", worker.port()),
+                                                      grpc::InsecureChannelCredentials()));
+  }
+
+  void StartWorker(int ranks) {
+    worker_ = NewWorker(ranks, "w0");
+    ASSERT_NE(worker_, nullptr);
+    stub_ = StubOf(*worker_);
+    fake_.AwaitRegistered("w0");
   }
 
   grpc::Status Configure(uint64_t generation, int world, int first_rank,
-                         const std::string& root = "") {
+                         const std::string& root = "", WorkerService::Stub* stub = nullptr) {
     ConfigureGroupRequest request;
     request.set_coordinator_incarnation(fake_.incarnation());
     request.set_generation(generation);
@@ -212,7 +95,7 @@ class WorkerEngineTest : public ::testing::Test {
     request.set_root_address(root);
     grpc::ClientContext context;
     ConfigureGroupResponse response;
-    return stub_->ConfigureGroup(&context, request, &response);
+    return (stub != nullptr ? stub : stub_.get())->ConfigureGroup(&context, request, &response);
   }
 
   std::string Prepare(uint64_t generation) {
@@ -226,14 +109,15 @@ class WorkerEngineTest : public ::testing::Test {
     return response.root_address();
   }
 
-  grpc::Status Submit(uint64_t generation, std::vector<WorkItem> items, uint64_t incarnation = 0) {
+  grpc::Status Submit(uint64_t generation, std::vector<WorkItem> items, uint64_t incarnation = 0,
+                      WorkerService::Stub* stub = nullptr) {
     SubmitRequestsRequest request;
     request.set_coordinator_incarnation(incarnation != 0 ? incarnation : fake_.incarnation());
     request.set_generation(generation);
     for (WorkItem& item : items) *request.add_items() = std::move(item);
     grpc::ClientContext context;
     SubmitRequestsResponse response;
-    return stub_->SubmitRequests(&context, request, &response);
+    return (stub != nullptr ? stub : stub_.get())->SubmitRequests(&context, request, &response);
   }
 
   std::vector<WorkItem> GreedyItems(int ranks, const std::string& prefix = "r") {
@@ -267,7 +151,7 @@ class WorkerEngineTest : public ::testing::Test {
     }
   }
 
-  FakeCoordinator fake_;
+  testing::FakeClusterService fake_;
   std::vector<std::vector<int32_t>> prompts_;
   std::unique_ptr<WorkerServer> worker_;
   std::unique_ptr<WorkerService::Stub> stub_;
@@ -279,7 +163,7 @@ TEST_F(WorkerEngineTest, OneRankGroupReportsGreedyResults) {
   // Nothing is accepted before a group exists.
   EXPECT_EQ(Submit(1, GreedyItems(1)).error_code(), grpc::StatusCode::FAILED_PRECONDITION);
   ASSERT_TRUE(Configure(1, 1, 0).ok());
-  HeartbeatRequest hb = fake_.AwaitGroup(1);
+  HeartbeatRequest hb = fake_.AwaitGroup(worker_->worker_id(), 1);
   ASSERT_EQ(hb.group_status(), GROUP_SERVING) << hb.group_error();
   ASSERT_EQ(hb.rank_loads_size(), 1);
   EXPECT_EQ(hb.rank_loads(0).kv_blocks_total(), 2048 / 16);
@@ -305,7 +189,7 @@ TEST_F(WorkerEngineTest, TwoRanksInOneWorkerGiveTheSameTokens) {
   const std::string root = Prepare(1);
   ASSERT_FALSE(root.empty());
   ASSERT_TRUE(Configure(1, 2, 0, root).ok());
-  HeartbeatRequest hb = fake_.AwaitGroup(1);
+  HeartbeatRequest hb = fake_.AwaitGroup(worker_->worker_id(), 1);
   ASSERT_EQ(hb.group_status(), GROUP_SERVING) << hb.group_error();
   ASSERT_EQ(hb.rank_loads_size(), 2);
   ASSERT_TRUE(Submit(1, GreedyItems(2)).ok());
@@ -315,7 +199,7 @@ TEST_F(WorkerEngineTest, TwoRanksInOneWorkerGiveTheSameTokens) {
 TEST_F(WorkerEngineTest, ResultsAreResentAfterTheCoordinatorRestarts) {
   StartWorker(1);
   ASSERT_TRUE(Configure(1, 1, 0).ok());
-  ASSERT_EQ(fake_.AwaitGroup(1).group_status(), GROUP_SERVING);
+  ASSERT_EQ(fake_.AwaitGroup(worker_->worker_id(), 1).group_status(), GROUP_SERVING);
   const int registrations = fake_.registrations();
   fake_.RefuseNextReports(1);
   ASSERT_TRUE(Submit(1, GreedyItems(1)).ok());
@@ -337,16 +221,42 @@ TEST_F(WorkerEngineTest, DeadPeerTurnsIntoGroupFailedAndANewGenerationServes) {
   auto peer = comm::TcpCommunicator::Create(spec);
   ASSERT_TRUE(peer.ok()) << peer.status();
   ASSERT_TRUE((*peer)->Barrier().ok());
-  ASSERT_EQ(fake_.AwaitGroup(2).group_status(), GROUP_SERVING);
+  ASSERT_EQ(fake_.AwaitGroup(worker_->worker_id(), 2).group_status(), GROUP_SERVING);
   peer->reset();
   // The worker's rank notices at its next agreement round.
-  HeartbeatRequest hb = fake_.AwaitStatus(2, GROUP_FAILED);
+  HeartbeatRequest hb = fake_.AwaitStatus(worker_->worker_id(), 2, GROUP_FAILED);
   EXPECT_THAT(hb.group_error(), ::testing::HasSubstr("rank 0"));
   EXPECT_EQ(Submit(2, GreedyItems(1)).error_code(), grpc::StatusCode::FAILED_PRECONDITION);
   // A new group of one serves again.
   ASSERT_TRUE(Configure(3, 1, 0).ok());
-  ASSERT_EQ(fake_.AwaitGroup(3).group_status(), GROUP_SERVING);
+  ASSERT_EQ(fake_.AwaitGroup(worker_->worker_id(), 3).group_status(), GROUP_SERVING);
   ASSERT_TRUE(Submit(3, GreedyItems(1)).ok());
+  ExpectGreedy(fake_.AwaitResults(4));
+}
+
+// Two workers of one rank each form a group of two, as the coordinator forms it: PrepareGroup
+// on the worker of rank 0, then ConfigureGroup on both.
+TEST_F(WorkerEngineTest, TwoWorkersFormOneGroup) {
+  StartWorker(1);
+  std::unique_ptr<WorkerServer> second = NewWorker(1, "w1");
+  ASSERT_NE(second, nullptr);
+  auto second_stub = StubOf(*second);
+  fake_.AwaitRegistered("w1");
+  const std::string root = Prepare(1);
+  ASSERT_TRUE(Configure(1, 2, 0, root).ok());
+  ASSERT_TRUE(Configure(1, 2, 1, root, second_stub.get()).ok());
+  ASSERT_EQ(fake_.AwaitGroup("w0", 1).group_status(), GROUP_SERVING);
+  HeartbeatRequest hb = fake_.AwaitGroup("w1", 1);
+  ASSERT_EQ(hb.group_status(), GROUP_SERVING);
+  ASSERT_EQ(hb.rank_loads_size(), 1);
+  EXPECT_EQ(hb.rank_loads(0).rank(), 1);
+  std::vector<WorkItem> items = GreedyItems(2);
+  std::vector<WorkItem> mine, theirs;
+  for (WorkItem& item : items) (item.rank() == 0 ? mine : theirs).push_back(item);
+  // Each worker only takes its own ranks.
+  EXPECT_EQ(Submit(1, theirs).error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  ASSERT_TRUE(Submit(1, mine).ok());
+  ASSERT_TRUE(Submit(1, theirs, 0, second_stub.get()).ok());
   ExpectGreedy(fake_.AwaitResults(4));
 }
 

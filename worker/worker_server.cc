@@ -156,6 +156,7 @@ absl::StatusOr<std::unique_ptr<WorkerServer>> WorkerServer::Start(WorkerConfig c
     options.group.max_batch_tokens = e.max_batch_tokens;
     options.group.max_running = e.max_running;
     options.group.collective_timeout = e.collective_timeout;
+    options.group.dispatcher = e.dispatcher;
     options.group.listen_host = wildcard ? "0.0.0.0" : config.host;
     ResultOutbox* outbox = self->outbox_.get();
     self->controller_ = std::make_unique<GroupController>(

@@ -34,6 +34,8 @@ struct WorkerEngineConfig {
   int32_t max_running = 256;
   // Bound on forming a group and on each collective.
   absl::Duration collective_timeout = absl::Minutes(5);
+  // How ranks get their ExpertDispatcher; the expert-parallel one plugs in here.
+  DispatcherFactory dispatcher = LocalDispatcherFactory();
 };
 
 struct WorkerConfig {

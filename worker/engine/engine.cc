@@ -57,6 +57,9 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(DeepseekV3Model* model, K
   if (options.max_batch_tokens <= 0 || options.max_running <= 0) {
     return absl::InvalidArgumentError("Engine: max_batch_tokens and max_running must be > 0");
   }
+  // More sequences than tokens per step would leave the newest decodes without budget while
+  // the oldest keep going.
+  options.max_running = std::min(options.max_running, options.max_batch_tokens);
   const int64_t capacity = static_cast<int64_t>(pool->num_blocks()) * pool->block_size();
   if (capacity < 2) return absl::InvalidArgumentError("Engine: the KV pool holds < 2 tokens");
   if (options.context_limit <= 0) options.context_limit = model->config().max_position_embeddings;

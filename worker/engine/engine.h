@@ -20,7 +20,7 @@
 // collective failed) is returned and leaves the engine to be dropped.
 //
 // Not thread-safe: one rank thread drives an engine; other threads talk to it through its
-// RequestQueue and read load() .
+// RequestQueue and read load().
 #ifndef DEEPINFER_WORKER_ENGINE_ENGINE_H_
 #define DEEPINFER_WORKER_ENGINE_ENGINE_H_
 

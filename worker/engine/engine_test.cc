@@ -109,6 +109,9 @@ class EngineTest : public ::testing::Test {
     if (model == nullptr) model = model_;
     auto pool = KvBlockPool::Create(backend_, model->CacheOptions(num_blocks, block_size));
     EXPECT_TRUE(pool.ok()) << pool.status();
+    // Earlier engines of the test may still be alive and use their pool and queue.
+    if (pool_ != nullptr) old_pools_.push_back(std::move(pool_));
+    if (queue_ != nullptr) old_queues_.push_back(std::move(queue_));
     pool_ = std::move(*pool);
     queue_ = std::make_unique<RequestQueue>();
     if (options.eos_token_ids.empty()) options.eos_token_ids = {1};  // generation_config.json
@@ -151,8 +154,10 @@ class EngineTest : public ::testing::Test {
   static CpuBackend* backend_;
   static DeepseekV3Model* model_;
   std::vector<Prompt> prompts_;
-  std::unique_ptr<KvBlockPool> pool_;
   std::unique_ptr<RequestQueue> queue_;
+  std::unique_ptr<KvBlockPool> pool_;
+  std::vector<std::unique_ptr<RequestQueue>> old_queues_;
+  std::vector<std::unique_ptr<KvBlockPool>> old_pools_;
 };
 
 CpuBackend* EngineTest::backend_ = nullptr;

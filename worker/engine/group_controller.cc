@@ -85,6 +85,9 @@ absl::Status GroupController::Configure(const ConfigureGroupRequest& request) {
       prepared_generation_ == request.generation()) {
     root = std::move(prepared_);
   }
+  // A socket prepared for this or an older generation is not needed any more (a group of
+  // one never connects to it).
+  if (prepared_generation_ <= request.generation()) prepared_.reset();
   auto group = RankGroup::Create(options_.group, layout, std::move(root), sink_);
   if (!group.ok()) return group.status();
   LOG(INFO) << "configuring group generation " << layout.generation << ": ranks "

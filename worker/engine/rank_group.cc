@@ -67,7 +67,10 @@ absl::StatusOr<std::unique_ptr<RankGroup>> RankGroup::Create(
       return absl::InvalidArgumentError("no root_address for a group of several ranks");
     }
   }
-  std::unique_ptr<RankGroup> group(new RankGroup(options, layout, std::move(sink)));
+  // Every local rank reads the address; only rank 0 takes the listener.
+  GroupLayout resolved = layout;
+  if (resolved.root_address.empty() && root != nullptr) resolved.root_address = root->address;
+  std::unique_ptr<RankGroup> group(new RankGroup(options, resolved, std::move(sink)));
   if (l.first_rank == 0) group->root_ = std::move(root);
   return group;
 }
@@ -130,7 +133,6 @@ bool RankGroup::FormRank(int local) {
   spec.group_incarnation = layout_.group_incarnation;
   spec.listen_host = options_.listen_host;
   spec.timeout = options_.collective_timeout;
-  if (spec.root_address.empty() && root_ != nullptr) spec.root_address = root_->address;
   auto c = comm::TcpCommunicator::Create(spec, r.global == 0 ? std::move(root_) : nullptr);
   if (!c.ok()) {
     Fail(r.global, c.status());
@@ -218,7 +220,9 @@ void RankGroup::RunRank(int local) {
         break;
       }
       if (any == 0) {
-        r.queue.WaitForWork(options_.idle_wait);
+        // Alone, only our own queue can bring work, and a push wakes us; with peers, their
+        // work is only learnt at the next agreement round.
+        r.queue.WaitForWork(layout_.world_size == 1 ? absl::Milliseconds(100) : options_.idle_wait);
         continue;
       }
       absl::StatusOr<std::vector<RequestResult>> finished = r.engine->Step();
