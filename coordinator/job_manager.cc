@@ -324,6 +324,28 @@ void JobManager::Run() {
   }
 }
 
+// Routed experts are split evenly over the ranks: leaves workers out (the last by id)
+// until the world size divides the expert count. Those stay READY as spares and join
+// when the membership changes again. Empty if no subset works.
+std::vector<JobManager::Member> JobManager::SelectMembers(std::vector<Member> eligible) const {
+  const int64_t experts = prompts_->limits().routed_experts;
+  if (experts <= 0) return eligible;
+  auto world = [](const std::vector<Member>& ms) {
+    int64_t w = 0;
+    for (const Member& m : ms) w += m.num_ranks;
+    return w;
+  };
+  const size_t all = eligible.size();
+  const int64_t all_ranks = world(eligible);
+  while (!eligible.empty() && experts % world(eligible) != 0) eligible.pop_back();
+  if (eligible.size() < all) {
+    LOG_EVERY_N(WARNING, 100) << "leaving " << all - eligible.size()
+                              << " worker(s) out of the group: " << all_ranks
+                              << " ranks do not divide " << experts << " routed experts";
+  }
+  return eligible;
+}
+
 void JobManager::Tick() {
   const std::vector<WorkerSnapshot> snapshot = registry_->Snapshot();
   const absl::Time now = clock_->Now();
@@ -337,10 +359,21 @@ void JobManager::Tick() {
                                         w.registration.worker_incarnation, "/",
                                         w.registration.num_ranks));
   }
+  const size_t ready = eligible.size();
+  eligible = SelectMembers(std::move(eligible));
+  eligible_key.clear();
+  for (const Member& m : eligible) {
+    eligible_key.push_back(absl::StrCat(m.worker_id, "/", m.incarnation, "/", m.num_ranks));
+  }
   bool form = false;
   {
     absl::MutexLock lock(&mu_);
     if (stop_) return;
+    if (ready > 0 && eligible.empty()) {
+      last_group_error_ = absl::StrCat("no subset of the ", ready,
+                                       " READY worker(s) has a rank count that divides ",
+                                       prompts_->limits().routed_experts, " routed experts");
+    }
     // Is the current group still whole?
     if (group_.generation != 0) {
       std::string broken;
@@ -386,7 +419,7 @@ void JobManager::Tick() {
     for (const Member& m : group_.members) {
       current_key.push_back(absl::StrCat(m.worker_id, "/", m.incarnation, "/", m.num_ranks));
     }
-    const bool enough = static_cast<int>(eligible.size()) >= config_.min_workers ||
+    const bool enough = static_cast<int>(ready) >= config_.min_workers ||
                         (next_generation_ > 1 && !eligible.empty());
     form = enough && key != MembersKey(current_key) && now - seen_since_ >= config_.settle &&
            now >= retry_after_;

@@ -129,6 +129,7 @@ class JobManager {
                        const std::vector<int64_t>* pending);
   void Run();
   void Tick();
+  std::vector<Member> SelectMembers(std::vector<Member> eligible) const;
   // Forms a new group from `members` (no lock held: it makes RPCs).
   void FormGroup(std::vector<Member> members);
   void Dispatch();

@@ -343,6 +343,27 @@ TEST_F(JobManagerTest, ResumesAfterRestartWithoutDuplicates) {
   EXPECT_EQ(Output(*id).size(), 5u);
 }
 
+TEST_F(JobManagerTest, LeavesOutWorkersWhoseRanksDoNotDivideTheExperts) {
+  PromptBuilder eight_experts(ModelLimits{100, 64, 8}, nullptr, nullptr);
+  manager_.reset();
+  JobManagerConfig config;
+  config.settle = absl::ZeroDuration();
+  config.tick = absl::Milliseconds(5);
+  manager_ = std::make_unique<JobManager>(store_.get(), &eight_experts, &registry_, &workers_,
+                                          &clock_, config);
+  ASSERT_TRUE(manager_->Start().ok());
+  AddWorker("w1", 1, 2);
+  AddWorker("w2", 2, 1);  // 3 ranks do not divide 8 experts: w2 waits as a spare
+  ServeWhenConfigured({{"w1", 1}}, 1);
+  auto configured = workers_.configured();
+  ASSERT_EQ(configured.size(), 1u);
+  EXPECT_EQ(configured[0].first, "w1:1");
+  EXPECT_EQ(configured[0].second.world_size(), 2);
+  absl::SleepFor(absl::Milliseconds(100));
+  EXPECT_EQ(workers_.configured().size(), 1u);  // stable: no re-forming in a loop
+  manager_.reset();
+}
+
 TEST_F(JobManagerTest, WaitsForMinWorkers) {
   StartManager(/*min_workers=*/2);
   AddWorker("w1", 1, 1);

@@ -22,6 +22,9 @@ struct ModelLimits {
   int64_t vocab_size = 0;
   // Longest sequence (prompt + generated) the model serves.
   int64_t max_context = 0;
+  // Routed experts per MoE layer (0 for a dense model); the expert-parallel world size
+  // must divide it.
+  int64_t routed_experts = 0;
 };
 
 class PromptBuilder {
