@@ -289,6 +289,29 @@ TEST_F(JobManagerTest, LostWorkerRequestsRunAgainExactlyOnce) {
   EXPECT_EQ(ids.size(), 8u);
 }
 
+TEST_F(JobManagerTest, JoiningWorkerGetsANewGenerationAndWork) {
+  AddWorker("w1", 1, 1);
+  ServeWhenConfigured({{"w1", 1}}, 1);
+  std::vector<std::string> lines;
+  for (int i = 0; i < 4; ++i) lines.push_back(Line(absl::StrCat("r", i), absl::StrCat("[", i, "]")));
+  auto id = manager_->Submit("", absl::StrJoin(lines, "\n"));
+  ASSERT_TRUE(id.ok());
+  auto first = workers_.Take(4);  // all on w1, never answered: the group changes first
+  AddWorker("w2", 2, 1);
+  ServeWhenConfigured({{"w1", 1}, {"w2", 2}}, 2);
+  auto second = workers_.Take(4);  // re-run on the new generation, spread over both
+  std::set<std::string> addresses;
+  std::vector<RequestResult> results;
+  for (const auto& [address, item] : second) {
+    addresses.insert(address);
+    results.push_back(ResultFor(item));
+  }
+  EXPECT_EQ(addresses, (std::set<std::string>{"w1:1", "w2:1"}));
+  ASSERT_TRUE(manager_->OnResults(results).ok());
+  EXPECT_EQ(GetJob(*id).state(), Job::COMPLETED);
+  EXPECT_EQ(Output(*id).size(), 4u);
+}
+
 TEST_F(JobManagerTest, FailedSubmitIsRequeued) {
   AddWorker("w1", 1, 1);
   ServeWhenConfigured({{"w1", 1}}, 1);
