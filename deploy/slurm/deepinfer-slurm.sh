@@ -23,7 +23,8 @@
 #   --worker-arg ARG       extra flag for every worker, repeatable (e.g. --worker-arg=--threads=4)
 #   --coordinator-arg ARG  extra flag for the coordinator, repeatable
 #   --srun-arg ARG         extra flag for both srun steps, repeatable (e.g. --srun-arg=--mem=0)
-#   --startup-timeout S    seconds to wait for the coordinator's port file (default 300)
+#   --startup-timeout S    seconds for the coordinator to serve and every worker to register
+#                          (default 600)
 #   --job-timeout S        give up on the job after S seconds (default 0: never)
 #   -h, --help             this text
 #
@@ -39,7 +40,7 @@ bad_usage() { echo "deepinfer-slurm.sh: $*  (try --help)" >&2; exit 2; }
 
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 model="" input="" output="" run_dir="" bin_dir=${DEEPINFER_BIN_DIR:-} backend=cpu
-workers_per_node=1 ranks_per_worker="" startup_timeout=300 job_timeout=0
+workers_per_node=1 ranks_per_worker="" startup_timeout=600 job_timeout=0
 worker_args=() coordinator_args=() srun_args=()
 while [[ $# -gt 0 ]]; do
   arg=$1
@@ -92,7 +93,7 @@ if [[ -z $bin_dir ]]; then
   [[ -n $bin_dir ]] || die "no deepinfer binaries found in $here/../bin or $here/../../bin; pass --bin-dir (tools/setup.sh fills bin/, deploy/bundle.sh makes a bundle)"
 fi
 bin_dir=$(cd "$bin_dir" && pwd)
-for b in deepinfer-coordinator deepinfer-worker deepinfer; do
+for b in deepinfer-coordinator deepinfer-worker deepinfer deepinfer-admin; do
   [[ -x $bin_dir/$b ]] || die "$bin_dir/$b is missing or not executable (--bin-dir)"
 done
 [[ -d $model || $model == dummy:* ]] || die "model directory '$model' does not exist (it must be on a filesystem every node sees)"
@@ -149,7 +150,7 @@ stop_step() {
   local pid=$1 name=$2 label=$3 step i
   [[ -n $pid ]] && kill -0 "$pid" 2>/dev/null || return 0
   log "stopping $label"
-  step=$(squeue -h -s -j "$SLURM_JOB_ID" -o '%i %j' 2>/dev/null | awk -v n="$name" '$2 == n {print $1; exit}')
+  step=$(squeue -h -s -j "$SLURM_JOB_ID" -o '%i %j' 2>/dev/null | awk -v n="$name" '$2 == n {print $1; exit}' || true)
   if [[ -n $step ]]; then scancel --signal=TERM "$step" 2>/dev/null || true; else kill -TERM "$pid" 2>/dev/null || true; fi
   for ((i = 0; i < 300; i++)); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
   if kill -0 "$pid" 2>/dev/null; then
@@ -234,8 +235,22 @@ DEEPINFER_COORDINATOR=$coord_address DEEPINFER_MODEL=$model DEEPINFER_BACKEND=$b
 workers_pid=$!
 log "started $num_workers worker task(s); logs: $run_dir/logs/worker-N.log"
 
-# ------------------------------------------------------------------ serve only
 client=(--coordinator "$coord_address" --auth-token-file "$token")
+# Every worker must register within the startup timeout: the coordinator waits for all
+# of them (--min-workers) before it forms the first group, so a worker that never comes
+# up (bad node, wrong path) would otherwise leave the job waiting until the time limit.
+registered=0
+until [[ $registered -ge $num_workers ]]; do
+  if ! kill -0 "$coord_pid" 2>/dev/null; then show_logs; die "the coordinator exited while the workers were starting"; fi
+  if ! kill -0 "$workers_pid" 2>/dev/null; then show_logs; die "every worker exited before registering"; fi
+  if ((SECONDS > deadline)); then show_logs; die "only $registered of $num_workers worker(s) registered within ${startup_timeout}s"; fi
+  sleep 1
+  status=$("$bin_dir/deepinfer-admin" status --json "${client[@]}" 2>/dev/null || true)
+  registered=$({ grep -o '"worker_id"' <<<"$status" || true; } | wc -l)
+done
+log "all $num_workers worker(s) registered"
+
+# ------------------------------------------------------------------ serve only
 if [[ -z $input ]]; then
   log "serving until scancel or the time limit. From any node:"
   log "  $bin_dir/deepinfer submit --input FILE --coordinator $coord_address --auth-token-file $token"
