@@ -10,6 +10,8 @@
 #                 each saw the node's GPUs; no deepinfer process is left behind
 #   killed_worker one worker task is SIGKILLed mid-job; the Slurm job still COMPLETES with
 #                 every request exactly once and no error
+#   scancel       a serving cluster is scancel'ed: CANCELLED, every daemon exits through
+#                 its SIGTERM path, no process left
 # Slurm is stopped afterwards whatever happened. Prints "PASS: slurm/CASE" or
 # "FAIL: slurm/CASE" per case and ends with "slurm: N passed, N failed"; exit 1 on a failure.
 #
@@ -80,7 +82,12 @@ log "starting a local Slurm in $SLURM_LOCAL_BASE (slurmctld :$ctld_port, slurmd 
 # fake GPUs so that the GPU request path (--gpus-per-node) is exercised too.
 SLURM_LOCAL_CPUS=8 SLURM_LOCAL_FAKE_GPUS=2 SLURM_LOCAL_LINK_ETC=0 SLURM_LOCAL_TIMEOUT=120 \
 SLURM_LOCAL_CTLD_PORT=$ctld_port SLURM_LOCAL_SLURMD_PORT=$slurmd_port \
-  bash "$root/tests/slurm/start-local-slurm.sh"
+  bash "$root/tests/slurm/start-local-slurm.sh" || {
+  case_t0=$SECONDS
+  for c in bundle job killed_worker scancel; do fail "$c" "not run: the local Slurm did not start"; done
+  echo "slurm: $passed passed, $failed failed"
+  exit 1
+}
 export SLURM_CONF=$SLURM_LOCAL_BASE/etc/slurm.conf
 
 # ------------------------------------------------------------------ bundle
@@ -88,7 +95,8 @@ case_t0=$SECONDS
 bundle=$work/bundle/deepinfer
 if ! bash "$root/deploy/bundle.sh" --from "$bazel_bin" --out "$bundle"; then
   fail bundle "deploy/bundle.sh failed"
-  echo "slurm: $passed passed, $((failed + 2)) failed"
+  for c in job killed_worker scancel; do fail "$c" "not run: no bundle"; done
+  echo "slurm: $passed passed, $failed failed"
   exit 1
 fi
 # Run from an unrelated directory, empty environment: only $ORIGIN can find lib/.
@@ -261,6 +269,34 @@ sleep 1
 left=$(leftovers)
 [[ -z $left ]] || err+=" deepinfer processes left behind: $left;"
 if [[ -z $err ]]; then pass killed_worker; else fail killed_worker "$err"; fi
+
+# ------------------------------------------------------------------ scancel
+# A serving cluster (no --input) stopped by scancel: the job ends CANCELLED, every daemon
+# exits through its SIGTERM path (logs "shutting down"), nothing is left running.
+case_t0=$SECONDS
+dir=$work/case-scancel; mkdir -p "$dir"
+jid=$(submit "$dir")
+run=$dir/deepinfer-$jid
+log "scancel: Slurm job $jid (serving)"
+err=""
+end=$((SECONDS + 600))
+until grep -q "all 2 worker(s) registered" "$dir/deepinfer-$jid.out" 2>/dev/null; do
+  if is_final "$(job_state "$jid")" || ((SECONDS > end)); then err+=" the cluster never came up ($(job_state "$jid"));"; break; fi
+  sleep 0.5
+done
+if [[ -z $err ]]; then
+  scancel "$jid"
+  st=$(wait_slurm_job "$jid" 300)
+  log "scancel: Slurm job $jid ended: $st"
+  [[ $st == CANCELLED* ]] || err+=" Slurm job state '$st', expected CANCELLED;"
+  for f in coordinator worker-0 worker-1; do
+    grep -q "received, shutting down" "$run/logs/$f.log" 2>/dev/null || err+=" $f did not shut down on SIGTERM;"
+  done
+fi
+sleep 1
+left=$(leftovers)
+[[ -z $left ]] || err+=" deepinfer processes left behind: $left;"
+if [[ -z $err ]]; then pass scancel; else fail scancel "$err"; fi
 
 log "done in $((SECONDS - T0)) s"
 echo "slurm: $passed passed, $failed failed"
