@@ -142,29 +142,32 @@ token=$run_dir/auth.token
 step_args=(--kill-on-bad-exit=0 "${srun_args[@]}")
 if [[ $(srun --help 2>&1) == *--overlap* ]]; then step_args+=(--overlap); fi
 
-coord_pid="" workers_pid="" job_id="" stopping=0
-# Stops a step by name. A SIGTERM to srun itself makes it cancel the step (tasks get
-# SIGKILL), so the tasks are sent SIGTERM through scancel and exit cleanly; srun is
-# killed only if they are still there after 30 s.
-stop_step() {
-  local pid=$1 name=$2 label=$3 step i
-  [[ -n $pid ]] && kill -0 "$pid" 2>/dev/null || return 0
+coord_pid="" worker_pids=() job_id="" stopping=0
+alive() { local p; for p in "$@"; do kill -0 "$p" 2>/dev/null && return 0; done; return 1; }
+workers_alive() { alive "${worker_pids[@]}"; }
+# Stops the steps whose name starts with PREFIX and whose sruns are PIDS. A SIGTERM to srun
+# itself makes it cancel its step (the tasks get SIGKILL), so the tasks are sent SIGTERM
+# through `scancel --signal` and exit cleanly; sruns still there after 30 s are killed.
+stop_steps() {
+  local prefix=$1 label=$2 step i; shift 2
+  alive "$@" || return 0
   log "stopping $label"
-  step=$(squeue -h -s -j "$SLURM_JOB_ID" -o '%i %j' 2>/dev/null | awk -v n="$name" '$2 == n {print $1; exit}' || true)
-  if [[ -n $step ]]; then scancel --signal=TERM "$step" 2>/dev/null || true; else kill -TERM "$pid" 2>/dev/null || true; fi
-  for ((i = 0; i < 300; i++)); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
-  if kill -0 "$pid" 2>/dev/null; then
+  for step in $(squeue -h -s -j "$SLURM_JOB_ID" -o '%i %j' 2>/dev/null | awk -v p="$prefix" 'index($2, p) == 1 {print $1}' || true); do
+    scancel --signal=TERM "$step" 2>/dev/null || true
+  done
+  for ((i = 0; i < 300; i++)); do alive "$@" || break; sleep 0.1; done
+  if alive "$@"; then
     log "$label still running after 30 s, killing"
-    kill -KILL "$pid" 2>/dev/null || true
+    kill -KILL "$@" 2>/dev/null || true
   fi
-  wait "$pid" 2>/dev/null || true
+  for i in "$@"; do wait "$i" 2>/dev/null || true; done
 }
 cleanup() {
   [[ $stopping == 0 ]] || return 0
   stopping=1
   # Workers first, so the coordinator still answers them while they drain.
-  stop_step "$workers_pid" deepinfer-workers "the workers"
-  stop_step "$coord_pid" deepinfer-coordinator "the coordinator"
+  if [[ ${#worker_pids[@]} -gt 0 ]]; then stop_steps deepinfer-worker- "the workers" "${worker_pids[@]}"; fi
+  if [[ -n $coord_pid ]]; then stop_steps deepinfer-coordinator "the coordinator" "$coord_pid"; fi
 }
 on_signal() {
   log "received SIG$1 (scancel, time limit or node failure): shutting down"
@@ -210,16 +213,18 @@ echo "$coord_address" >"$run_dir/coordinator.address"
 log "coordinator serving at $coord_address"
 
 # ------------------------------------------------------------------ workers
-# One task per worker. Each task learns its own node, names itself after its global task
-# rank (ids must differ when several workers share a node) and advertises its NodeAddr.
-# Slurm gives every task of the step all of the node's allocated GPUs (CUDA_VISIBLE_DEVICES).
+# One step per worker, not one step of all workers: srun ends a whole step when one of its
+# tasks is killed, and a dead worker must leave the others running (the coordinator forms
+# a new group without it). Each worker is named after its index (ids must differ when
+# several share a node) and advertises its node's NodeAddr. Every step on a node gets all
+# of the node's allocated GPUs from Slurm (CUDA_VISIBLE_DEVICES).
 worker_task='
 set -euo pipefail
 node=${SLURMD_NODENAME:-$(hostname -s)}
 addr=$node
 for pair in $DEEPINFER_NODE_ADDRS; do [[ ${pair%%=*} == "$node" ]] && addr=${pair#*=}; done
-id=worker-$SLURM_PROCID-$node
-echo $$ >"$DEEPINFER_RUN_DIR/pids/worker-$SLURM_PROCID.pid"
+id=worker-$DEEPINFER_WORKER_INDEX-$node
+echo $$ >"$DEEPINFER_RUN_DIR/pids/worker-$DEEPINFER_WORKER_INDEX.pid"
 echo "$id on $node ($addr): CUDA_VISIBLE_DEVICES=${CUDA_VISIBLE_DEVICES:-none}" >&2
 exec "$DEEPINFER_BIN_DIR/deepinfer-worker" --coordinator "$DEEPINFER_COORDINATOR" \
   --model "$DEEPINFER_MODEL" --backend "$DEEPINFER_BACKEND" --host 0.0.0.0 \
@@ -227,13 +232,15 @@ exec "$DEEPINFER_BIN_DIR/deepinfer-worker" --coordinator "$DEEPINFER_COORDINATOR
 '
 extra=("${worker_args[@]}")
 [[ -z $ranks_per_worker ]] || extra+=(--ranks "$ranks_per_worker")
-DEEPINFER_NODE_ADDRS=$node_addrs DEEPINFER_RUN_DIR=$run_dir DEEPINFER_BIN_DIR=$bin_dir \
-DEEPINFER_COORDINATOR=$coord_address DEEPINFER_MODEL=$model DEEPINFER_BACKEND=$backend \
-  srun --nodes="$num_nodes" --ntasks="$num_workers" --ntasks-per-node="$workers_per_node" \
-  --job-name=deepinfer-workers "${step_args[@]}" --output="$run_dir/logs/worker-%t.log" \
-  bash -c "$worker_task" deepinfer-worker-task "${extra[@]}" &
-workers_pid=$!
-log "started $num_workers worker task(s); logs: $run_dir/logs/worker-N.log"
+export DEEPINFER_NODE_ADDRS=$node_addrs DEEPINFER_RUN_DIR=$run_dir DEEPINFER_BIN_DIR=$bin_dir \
+  DEEPINFER_COORDINATOR=$coord_address DEEPINFER_MODEL=$model DEEPINFER_BACKEND=$backend
+for ((i = 0; i < num_workers; i++)); do
+  DEEPINFER_WORKER_INDEX=$i srun --nodes=1 --ntasks=1 --nodelist="${nodes[i / workers_per_node]}" \
+    --job-name="deepinfer-worker-$i" "${step_args[@]}" --output="$run_dir/logs/worker-$i.log" \
+    bash -c "$worker_task" deepinfer-worker-task "${extra[@]}" &
+  worker_pids+=($!)
+done
+log "started $num_workers worker(s); logs: $run_dir/logs/worker-N.log"
 
 client=(--coordinator "$coord_address" --auth-token-file "$token")
 # Every worker must register within the startup timeout: the coordinator waits for all
@@ -242,7 +249,7 @@ client=(--coordinator "$coord_address" --auth-token-file "$token")
 registered=0
 until [[ $registered -ge $num_workers ]]; do
   if ! kill -0 "$coord_pid" 2>/dev/null; then show_logs; die "the coordinator exited while the workers were starting"; fi
-  if ! kill -0 "$workers_pid" 2>/dev/null; then show_logs; die "every worker exited before registering"; fi
+  if ! workers_alive; then show_logs; die "every worker exited before registering"; fi
   if ((SECONDS > deadline)); then show_logs; die "only $registered of $num_workers worker(s) registered within ${startup_timeout}s"; fi
   sleep 1
   status=$("$bin_dir/deepinfer-admin" status --json "${client[@]}" 2>/dev/null || true)
@@ -255,8 +262,9 @@ if [[ -z $input ]]; then
   log "serving until scancel or the time limit. From any node:"
   log "  $bin_dir/deepinfer submit --input FILE --coordinator $coord_address --auth-token-file $token"
   log "  $bin_dir/deepinfer-admin status --coordinator $coord_address --auth-token-file $token"
-  # wait -n returns when either step ends; a daemon that exits on its own is a failure.
-  wait -n "$coord_pid" "$workers_pid" || true
+  # Serve while the coordinator and at least one worker live; a dead worker is logged
+  # (the others go on without it), the end of all of them or of the coordinator is a failure.
+  while kill -0 "$coord_pid" 2>/dev/null && workers_alive; do sleep 2; done
   if ! kill -0 "$coord_pid" 2>/dev/null; then show_logs; die "the coordinator exited"; fi
   show_logs; die "every worker exited"
 fi
@@ -271,10 +279,16 @@ log "submitted $input as job $job_id"
 wait_pid=$!
 # `deepinfer wait` follows the job; this loop notices what it cannot: every worker gone
 # (the job would wait forever for a group), or the time limit of --job-timeout.
-started=$SECONDS failure=""
+started=$SECONDS failure="" gone=()
 while kill -0 "$wait_pid" 2>/dev/null; do
+  for i in "${!worker_pids[@]}"; do
+    if [[ -z ${gone[i]:-} ]] && ! kill -0 "${worker_pids[i]}" 2>/dev/null; then
+      gone[i]=1
+      log "worker $i exited; the job goes on with the others (log: $run_dir/logs/worker-$i.log)"
+    fi
+  done
   if ! kill -0 "$coord_pid" 2>/dev/null; then failure="the coordinator exited"; break; fi
-  if ! kill -0 "$workers_pid" 2>/dev/null; then failure="every worker exited"; break; fi
+  if ! workers_alive; then failure="every worker exited"; break; fi
   if ((job_timeout > 0 && SECONDS - started > job_timeout)); then failure="the job did not finish within --job-timeout=${job_timeout}s"; break; fi
   sleep 1
 done

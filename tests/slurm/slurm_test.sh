@@ -44,6 +44,7 @@ pass() { echo "PASS: slurm/$1 ($((SECONDS - case_t0))s)"; passed=$((passed + 1))
 fail() { echo "FAIL: slurm/$1: $2"; failed=$((failed + 1)); show_logs=1; }
 
 work=$(mktemp -d /tmp/deepinfer-slurm-test.XXXXXX)
+chmod 755 "$work"   # munged refuses a socket below a directory others cannot enter
 export SLURM_LOCAL_BASE=$work/slurm
 show_logs=0
 finish() {
@@ -192,7 +193,7 @@ submit() {
 leftovers() {
   local p
   for p in /proc/[0-9]*; do
-    [[ $(tr '\0' ' ' <"$p/cmdline" 2>/dev/null) == "$bundle/bin/deepinfer"* ]] && echo -n "${p#/proc/} "
+    [[ $({ tr '\0' ' ' <"$p/cmdline"; } 2>/dev/null) == "$bundle/bin/deepinfer"* ]] && echo -n "${p#/proc/} "
   done
   return 0
 }
@@ -230,7 +231,13 @@ case_t0=$SECONDS
 dir=$work/case-killed; mkdir -p "$dir"
 n=200 tokens=64
 make_job "$dir/input.jsonl" $n $tokens 11
-jid=$(submit "$dir" --input "$dir/input.jsonl" --output "$dir/output.jsonl" --coordinator-arg=--heartbeat-timeout-ms=3000)
+# --max-running=8: requests finish one after another instead of all at the end, so the
+# kill lands while most of the job is still to do. --collective-timeout-s=30: after the
+# kill the coordinator first retries 2-rank groups, which leave the survivor waiting for its
+# dead peer until this timeout (default 300 s) before the 1-rank group can form.
+jid=$(submit "$dir" --input "$dir/input.jsonl" --output "$dir/output.jsonl" \
+  --coordinator-arg=--heartbeat-timeout-ms=3000 --worker-arg=--max-running=8 \
+  --worker-arg=--collective-timeout-s=30)
 run=$dir/deepinfer-$jid
 log "killed_worker: Slurm job $jid ($n requests x $tokens tokens)"
 err="" killed_at=""
@@ -264,6 +271,11 @@ if [[ -n $killed_at ]]; then
   else
     err+=" no output file;"
   fi
+  # The survivor finished the job in a new group, under the same Slurm job.
+  grep -q "forming group generation [2-9]" "$run/logs/coordinator.log" ||
+    err+=" the coordinator never formed a second group;"
+  grep -q "worker 1 exited; the job goes on" "$dir/deepinfer-$jid.out" ||
+    err+=" the launcher did not report the dead worker;"
 fi
 sleep 1
 left=$(leftovers)
