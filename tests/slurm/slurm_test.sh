@@ -10,8 +10,9 @@
 #                 each saw the node's GPUs; no deepinfer process is left behind
 #   killed_worker one worker task is SIGKILLed mid-job; the Slurm job still COMPLETES with
 #                 every request exactly once and no error
-#   scancel       a serving cluster is scancel'ed: CANCELLED, every daemon exits through
-#                 its SIGTERM path, no process left
+#   scancel       a serving cluster (a copy of the sbatch script, DEEPINFER_HOME=bundle) is
+#                 scancel'ed: CANCELLED, every daemon exits through its SIGTERM path, no
+#                 process left
 # Slurm is stopped afterwards whatever happened. Prints "PASS: slurm/CASE" or
 # "FAIL: slurm/CASE" per case and ends with "slurm: N passed, N failed"; exit 1 on a failure.
 #
@@ -186,7 +187,7 @@ wait_slurm_job() {
 # submit CASE_DIR ARGS...: sbatch the launcher from CASE_DIR (the "shared" submit directory)
 submit() {
   local dir=$1; shift
-  (cd "$dir" && sbatch --parsable --time=00:30:00 --gpus-per-node=2 "$bundle/slurm/deepinfer.sbatch" \
+  (cd "$dir" && sbatch --parsable --time=00:30:00 --gpus-per-node=2 "${sbatch_script:-$bundle/slurm/deepinfer.sbatch}" \
      --model "$model" --workers-per-node 2 --worker-arg=--threads=1 --job-timeout 1200 "$@")
 }
 # deepinfer processes started from this work directory that are still alive
@@ -284,10 +285,12 @@ if [[ -z $err ]]; then pass killed_worker; else fail killed_worker "$err"; fi
 
 # ------------------------------------------------------------------ scancel
 # A serving cluster (no --input) stopped by scancel: the job ends CANCELLED, every daemon
-# exits through its SIGTERM path (logs "shutting down"), nothing is left running.
+# exits through its SIGTERM path (logs "shutting down"), nothing is left running. Submitted
+# as a user's own copy of the batch script, which finds the launcher through DEEPINFER_HOME.
 case_t0=$SECONDS
 dir=$work/case-scancel; mkdir -p "$dir"
-jid=$(submit "$dir")
+cp "$bundle/slurm/deepinfer.sbatch" "$dir/my-deepinfer.sbatch"
+jid=$(DEEPINFER_HOME=$bundle sbatch_script=$dir/my-deepinfer.sbatch submit "$dir")
 run=$dir/deepinfer-$jid
 log "scancel: Slurm job $jid (serving)"
 err=""
