@@ -92,6 +92,7 @@ if [[ -z $bin_dir ]]; then
   done
   [[ -n $bin_dir ]] || die "no deepinfer binaries found in $here/../bin or $here/../../bin; pass --bin-dir (tools/setup.sh fills bin/, deploy/bundle.sh makes a bundle)"
 fi
+[[ -d $bin_dir ]] || die "--bin-dir '$bin_dir' is not a directory"
 bin_dir=$(cd "$bin_dir" && pwd)
 for b in deepinfer-coordinator deepinfer-worker deepinfer deepinfer-admin; do
   [[ -x $bin_dir/$b ]] || die "$bin_dir/$b is missing or not executable (--bin-dir)"
@@ -112,7 +113,12 @@ fi
 run_dir=${run_dir:-${SLURM_SUBMIT_DIR:-$PWD}/deepinfer-$SLURM_JOB_ID}
 mkdir -p "$run_dir/logs" "$run_dir/pids" || die "cannot create the run directory '$run_dir'"
 run_dir=$(cd "$run_dir" && pwd)
-rm -f "$run_dir/coordinator.port" "$run_dir/coordinator.address" "$run_dir/job.id"
+rm -f "$run_dir/coordinator.port" "$run_dir/coordinator.address"
+# A batch job requeued after a node failure runs again under the same job id, so with the
+# same run directory: its coordinator resumes the unfinished job from state/, which must
+# then not be submitted a second time.
+restart=${SLURM_RESTART_COUNT:-0}
+[[ $restart -gt 0 ]] || rm -f "$run_dir/job.id"
 
 nodes=()
 while read -r n; do nodes+=("$n"); done < <(scontrol show hostnames "$SLURM_JOB_NODELIST")
@@ -270,10 +276,15 @@ if [[ -z $input ]]; then
 fi
 
 # ------------------------------------------------------------------ one job
-job_id=$("$bin_dir/deepinfer" submit --input "$input" --name "slurm-$SLURM_JOB_ID" "${client[@]}" | tail -n 1) \
-  || { show_logs; die "deepinfer submit failed"; }
-echo "$job_id" >"$run_dir/job.id"
-log "submitted $input as job $job_id"
+if [[ $restart -gt 0 && -s $run_dir/job.id ]]; then
+  job_id=$(cat "$run_dir/job.id")
+  log "Slurm restart $restart: the coordinator resumes job $job_id from $run_dir/state"
+else
+  job_id=$("$bin_dir/deepinfer" submit --input "$input" --name "slurm-$SLURM_JOB_ID" "${client[@]}" | tail -n 1) \
+    || { show_logs; die "deepinfer submit failed"; }
+  echo "$job_id" >"$run_dir/job.id"
+  log "submitted $input as job $job_id"
+fi
 
 "$bin_dir/deepinfer" wait "$job_id" "${client[@]}" >"$run_dir/wait.out" 2>"$run_dir/logs/wait.log" &
 wait_pid=$!
