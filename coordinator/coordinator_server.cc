@@ -47,6 +47,7 @@ absl::StatusOr<std::unique_ptr<CoordinatorServer>> CoordinatorServer::Start(
     self->worker_channel_ =
         std::make_unique<GrpcWorkerChannel>(config.auth_token, absl::Seconds(10));
     JobManagerConfig jobs = config.jobs;
+    jobs.regroup_delay = config.heartbeat_timeout + config.heartbeat_interval;
     if (jobs.model_name.empty()) {
       jobs.model_name = config.model.substr(config.model.find_last_of('/') + 1);
     }

@@ -377,6 +377,7 @@ void JobManager::Tick() {
     // Is the current group still whole?
     if (group_.generation != 0) {
       std::string broken;
+      bool member_failed = false;
       bool all_serving = true;
       for (const Member& m : group_.members) {
         auto w = std::find_if(snapshot.begin(), snapshot.end(), [&](const WorkerSnapshot& s) {
@@ -390,6 +391,7 @@ void JobManager::Tick() {
                    w->report.group_status == GROUP_FAILED) {
           broken = absl::StrCat("worker ", m.worker_id, " reports the group failed: ",
                                 w->report.group_error);
+          member_failed = true;
         }
         if (!broken.empty()) break;
         all_serving = all_serving && w->report.group_generation == group_.generation &&
@@ -400,6 +402,7 @@ void JobManager::Tick() {
         last_group_error_ = broken;
         RequeueInflightLocked("the group broke");
         group_ = Group();
+        if (member_failed) retry_after_ = std::max(retry_after_, now + config_.regroup_delay);
         BumpLocked();
       } else if (!group_.serving && all_serving) {
         group_.serving = true;

@@ -45,6 +45,10 @@ struct JobManagerConfig {
   absl::Duration settle = absl::Milliseconds(500);
   // Wait after a failed attempt to form a group.
   absl::Duration retry = absl::Seconds(1);
+  // Wait after a member reports the group failed before forming the next one. A peer
+  // that died is what usually breaks a group, and it must be LOST (heartbeat timeout)
+  // before the next group leaves it out; otherwise the survivors would wait for it.
+  absl::Duration regroup_delay = absl::Seconds(6);
   // Requests in flight per rank at most.
   int max_inflight_per_rank = 256;
   // Scheduler period.

@@ -111,6 +111,7 @@ class JobManagerTest : public ::testing::Test {
     config.min_workers = min_workers;
     config.settle = absl::ZeroDuration();
     config.retry = absl::ZeroDuration();
+    config.regroup_delay = absl::Seconds(6);
     config.tick = absl::Milliseconds(5);
     config.model_name = "tiny";
     manager_ = std::make_unique<JobManager>(store_.get(), &prompts_, &registry_, &workers_,
