@@ -68,6 +68,10 @@ int main(int argc, char** argv) {
   flags.AddInt("max-batch-tokens", &max_batch_tokens,
                "New tokens per engine step (decode + prefill chunks).");
   flags.AddInt("max-running", &max_running, "Sequences per engine step.");
+  flags.AddBool("expert-parallel", &config.engine.expert_parallel,
+                "Split the routed experts over the ranks of a multi-rank group (each rank\n"
+                "loads E / world_size of them; tokens travel by all-to-all). false: every\n"
+                "rank loads every expert and computes its own tokens.");
   flags.AddInt("collective-timeout-s", &collective_timeout_s,
                "Seconds a rank waits for its peers (forming a group, each collective).");
   flags.AddString("log-dir", &log_dir, "Write glog files here instead of to stderr.");

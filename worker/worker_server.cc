@@ -156,8 +156,8 @@ absl::StatusOr<std::unique_ptr<WorkerServer>> WorkerServer::Start(WorkerConfig c
     options.group.max_batch_tokens = e.max_batch_tokens;
     options.group.max_running = e.max_running;
     options.group.collective_timeout = e.collective_timeout;
-    options.group.dispatcher = e.dispatcher;
     options.group.listen_host = wildcard ? "0.0.0.0" : config.host;
+    options.group.dispatcher = e.expert_parallel ? EpDispatcherFactory() : LocalDispatcherFactory();
     ResultOutbox* outbox = self->outbox_.get();
     self->controller_ = std::make_unique<GroupController>(
         std::move(options), [outbox](std::vector<RequestResult> r) { outbox->Add(std::move(r)); });
@@ -196,9 +196,9 @@ absl::StatusOr<std::unique_ptr<WorkerServer>> WorkerServer::Start(WorkerConfig c
     GroupController* controller = self->controller_.get();
     link.fill_heartbeat = [controller](HeartbeatRequest* r) { controller->FillHeartbeat(r); };
   }
-  LOG(INFO) << "worker " << link.worker_id << " serving on " << link.listen_address
-            << " with " << link.devices.size() << " device(s) (incarnation "
-            << self->incarnation_ << "); coordinator " << link.coordinator_address;
+  LOG(INFO) << "worker " << link.worker_id << " serving on " << link.listen_address << " with "
+            << link.devices.size() << " device(s) (incarnation " << self->incarnation_
+            << "); coordinator " << link.coordinator_address;
   self->link_ = std::make_unique<CoordinatorLink>(std::move(link));
   return self;
 }

@@ -34,8 +34,9 @@ struct WorkerEngineConfig {
   int32_t max_running = 256;
   // Bound on forming a group and on each collective.
   absl::Duration collective_timeout = absl::Minutes(5);
-  // How ranks get their ExpertDispatcher; the expert-parallel one plugs in here.
-  DispatcherFactory dispatcher = LocalDispatcherFactory();
+  // Groups of several ranks split the routed experts over the ranks (each rank loads E / world
+  // of them and tokens travel by all-to-all); false: every rank loads every expert.
+  bool expert_parallel = true;
 };
 
 struct WorkerConfig {

@@ -12,6 +12,7 @@
 #include <set>
 #include <sstream>
 
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -32,6 +33,7 @@ using ::deepinfer::testing::Subprocess;
 using ::deepinfer::testing::TempPath;
 using ::deepinfer::testing::WaitUntil;
 using ::testing::HasSubstr;
+using ::testing::Not;
 using json = nlohmann::json;
 
 const char kModel[] = "tests/fixtures/dsv3_qlora_rope";
@@ -93,11 +95,12 @@ std::string RunJob(const std::string& name, const std::string& input, int worker
   const std::string in = TempPath(name + ".in.jsonl");
   const std::string out = TempPath(name + ".out.jsonl");
   std::ofstream(in) << input;
-  auto result = RunCommand({Runfile("coordinator/cli/deepinfer"), "run", std::string("--model=") + kModel,
-                            "--input=" + in, "--output=" + out, absl::StrCat("--workers=", workers),
-                            absl::StrCat("--ranks-per-worker=", ranks), "--timeout-s=600",
-                            "--state-dir=" + TempPath(name + ".state")},
-                           TempPath(name + ".run"), absl::Seconds(900));
+  auto result =
+      RunCommand({Runfile("coordinator/cli/deepinfer"), "run", std::string("--model=") + kModel,
+                  "--input=" + in, "--output=" + out, absl::StrCat("--workers=", workers),
+                  absl::StrCat("--ranks-per-worker=", ranks), "--timeout-s=600",
+                  "--state-dir=" + TempPath(name + ".state")},
+                 TempPath(name + ".run"), absl::Seconds(900));
   EXPECT_TRUE(result.ok()) << result.status();
   if (!result.ok()) return "";
   EXPECT_EQ(result->exit_code, 0) << result->err;
@@ -118,6 +121,20 @@ TEST(BatchJobTest, SameTokensOnOneWorkerTwoWorkersAndTwoRanks) {
     EXPECT_EQ(Tokens(line), Tokens(two_workers[id])) << id << " differs on 2 workers";
     EXPECT_EQ(Tokens(line), Tokens(two_ranks[id])) << id << " differs on 2 ranks";
     EXPECT_EQ(line["response"]["body"]["usage"]["completion_tokens"], 8);
+  }
+  // Multi-rank groups split the 8 routed experts over their ranks (expert parallelism, the
+  // worker's default): each rank hosted half of them.
+  const std::string one_log = ReadFile(TempPath("one.state/logs/worker-0.log"));
+  const std::string w0 = ReadFile(TempPath("two_workers.state/logs/worker-0.log"));
+  const std::string w1 = ReadFile(TempPath("two_workers.state/logs/worker-1.log"));
+  const std::string ranks = ReadFile(TempPath("two_ranks.state/logs/worker-0.log"));
+  EXPECT_THAT(one_log, Not(HasSubstr("expert parallel"))) << one_log;
+  for (const std::string* log : {&w0, &w1, &ranks}) {
+    EXPECT_EQ(
+        absl::StrContains(*log, "rank 0 of 2: expert parallel, hosts routed experts 0..3 of 8") +
+            absl::StrContains(*log, "rank 1 of 2: expert parallel, hosts routed experts 4..7 of 8"),
+        log == &ranks ? 2 : 1)
+        << *log;
   }
 }
 
@@ -228,16 +245,15 @@ class ClusterTest : public ::testing::Test {
         absl::Seconds(60)))
         << coordinator_->ReadStderr();
     port_ = bound;
-    client_.emplace(CoordinatorClientOptions{absl::StrCat("127.0.0.1:", bound), "", "test",
-                                             absl::Seconds(10)});
+    client_.emplace(
+        CoordinatorClientOptions{absl::StrCat("127.0.0.1:", bound), "", "test", absl::Seconds(10)});
   }
 
   void StartWorker(int i) {
-    auto p = Subprocess::Start({Runfile("worker/deepinfer-worker"),
-                                absl::StrCat("--coordinator=127.0.0.1:", port_),
-                                std::string("--model=") + kModel, absl::StrCat("--worker-id=w", i),
-                                "--threads=1"},
-                               TempPath(absl::StrCat(name_, ".worker", i, ".", ++starts_)));
+    auto p = Subprocess::Start(
+        {Runfile("worker/deepinfer-worker"), absl::StrCat("--coordinator=127.0.0.1:", port_),
+         std::string("--model=") + kModel, absl::StrCat("--worker-id=w", i), "--threads=1"},
+        TempPath(absl::StrCat(name_, ".worker", i, ".", ++starts_)));
     ASSERT_TRUE(p.ok()) << p.status();
     workers_[i].emplace(std::move(*p));
   }

@@ -7,6 +7,7 @@
 #include "absl/strings/str_cat.h"
 #include "glog/logging.h"
 #include "worker/backend/cpu/cpu_backend.h"
+#include "worker/model/ep_expert_dispatcher.h"
 #include "worker/model/model_loader.h"
 
 namespace deepinfer {
@@ -17,6 +18,32 @@ DispatcherFactory LocalDispatcherFactory() {
   f.make = [](comm::Communicator*, ExpertRange, const ModelConfig& config,
               const ModelWeights& weights,
               Backend* backend) { return MakeLocalExpertDispatcher(config, weights, backend); };
+  return f;
+}
+
+DispatcherFactory EpDispatcherFactory() {
+  DispatcherFactory f;
+  f.partitioned = true;
+  f.make = [](comm::Communicator* comm, ExpertRange range, const ModelConfig& config,
+              const ModelWeights& weights,
+              Backend* backend) -> absl::StatusOr<std::unique_ptr<ExpertDispatcher>> {
+    if (comm->world_size() == 1) return MakeLocalExpertDispatcher(config, weights, backend);
+    auto d = EpExpertDispatcher::Create(comm, backend, config.n_routed_experts, config.hidden_size);
+    if (!d.ok()) return d.status();
+    const std::vector<int64_t>& local = (*d)->local_experts();
+    // The weights were loaded for `range`; the dispatcher must serve exactly those experts.
+    if (local.empty() || local.front() != range.first ||
+        static_cast<int64_t>(local.size()) != range.count) {
+      return absl::InternalError(absl::StrCat("rank ", comm->rank(), " loaded experts ",
+                                              range.first, "..", range.first + range.count - 1,
+                                              " but its dispatcher serves ", local.size(),
+                                              " experts from ", local.empty() ? -1 : local[0]));
+    }
+    LOG(INFO) << "rank " << comm->rank() << " of " << comm->world_size()
+              << ": expert parallel, hosts routed experts " << local.front() << ".." << local.back()
+              << " of " << config.n_routed_experts;
+    return std::unique_ptr<ExpertDispatcher>(std::move(*d));
+  };
   return f;
 }
 

@@ -55,9 +55,10 @@ struct ExpertRange {
   int64_t count = 0;
 };
 
-// How a rank gets its ExpertDispatcher. The local one (default) serves every expert without
-// communication, so each rank loads all experts; an expert-parallel one (partitioned = true)
-// serves the rank's range and exchanges tokens through the rank's communicator.
+// How a rank gets its ExpertDispatcher. The local one (RankGroupOptions' default) serves every
+// expert without communication, so each rank loads all experts; an expert-parallel one
+// (partitioned = true) serves the rank's range and exchanges tokens through the rank's
+// communicator, so each rank loads only its range.
 struct DispatcherFactory {
   bool partitioned = false;
   std::function<absl::StatusOr<std::unique_ptr<ExpertDispatcher>>(
@@ -66,6 +67,9 @@ struct DispatcherFactory {
       make;
 };
 DispatcherFactory LocalDispatcherFactory();
+// Expert parallelism (EpExpertDispatcher), what the worker runs by default. A group of one
+// rank gets the local dispatcher (same experts, no exchange to pay for).
+DispatcherFactory EpDispatcherFactory();
 
 struct RankGroupOptions {
   // Opened once by the worker; must outlive the group.

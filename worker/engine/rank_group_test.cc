@@ -1,6 +1,7 @@
 // RankGroup: one rank equals HF's greedy tokens; two ranks in one worker (TcpCommunicator on
-// loopback, local dispatcher) give the same tokens as one rank; a peer that dies turns the
-// group FAILED (and drops its requests) instead of hanging; bad layouts are refused.
+// loopback, local or expert-parallel dispatcher) give the same tokens as one rank; a peer that
+// dies turns the group FAILED (and drops its requests) instead of hanging; bad layouts are
+// refused.
 #include "worker/engine/rank_group.h"
 
 #include <cstdlib>
@@ -108,6 +109,10 @@ class RankGroupTest : public ::testing::Test {
     return items;
   }
 
+  // Requests on one rank and on a group of two ranks in this process (options_) finish with
+  // the same tokens.
+  void ExpectTwoRanksEqualOneRank();
+
   std::vector<Prompt> prompts_;
   std::unique_ptr<ModelFiles> files_;
   RankGroupOptions options_;
@@ -138,7 +143,16 @@ TEST_F(RankGroupTest, OneRankGivesHfTokens) {
   EXPECT_TRUE(absl::IsInvalidArgument((*group)->Submit({Item("x", 1, {5}, 1, 0, 1)})));
 }
 
-TEST_F(RankGroupTest, TwoRanksInOneWorkerEqualOneRank) {
+TEST_F(RankGroupTest, TwoRanksInOneWorkerEqualOneRank) { ExpectTwoRanksEqualOneRank(); }
+
+TEST_F(RankGroupTest, TwoExpertParallelRanksEqualOneRank) {
+  // Each rank loads 4 of the 8 experts and the idle rank steps with empty batches; a missed
+  // collective would fail the group (or time out) instead of finishing the requests.
+  options_.dispatcher = EpDispatcherFactory();
+  ExpectTwoRanksEqualOneRank();
+}
+
+void RankGroupTest::ExpectTwoRanksEqualOneRank() {
   Collector one;
   {
     auto group = RankGroup::Create(options_, GroupLayout{}, nullptr, one.Sink());

@@ -6,8 +6,8 @@
 // one code path, and a batch may mix them. Attention is MLA in the absorbed form: the cache
 // holds, per token and layer, the normalised latent (kv_lora_rank) and the rotated rope key;
 // queries are projected into the latent space through W_uk and outputs lifted back through W_uv.
-// Routed experts go through an ExpertDispatcher (dispatch -> grouped GEMM -> combine), so
-// expert parallelism can be added behind that interface.
+// Routed experts go through an ExpertDispatcher (dispatch -> grouped GEMM -> combine): local
+// (LocalExpertDispatcher) or expert-parallel over a communicator (EpExpertDispatcher).
 #ifndef DEEPINFER_WORKER_MODEL_DEEPSEEK_V3_MODEL_H_
 #define DEEPINFER_WORKER_MODEL_DEEPSEEK_V3_MODEL_H_
 
@@ -51,9 +51,11 @@ class DeepseekV3Model {
       const ModelConfig& config, std::unique_ptr<ModelWeights> weights, Backend* backend,
       std::unique_ptr<ExpertDispatcher> dispatcher);
 
-  // Runs one forward step. Not thread-safe: one engine loop drives a model. INVALID_ARGUMENT
-  // for malformed sequences (no tokens, block table too short, token outside the vocabulary);
-  // FAILED_PRECONDITION if a token is routed to an expert the dispatcher cannot serve.
+  // Runs one forward step. An empty batch still runs every layer, so an expert-parallel rank
+  // without tokens takes part in each MoE layer's exchange. Not thread-safe: one engine loop
+  // drives a model. INVALID_ARGUMENT for malformed sequences (no tokens, block table too
+  // short, token outside the vocabulary); FAILED_PRECONDITION if a token is routed to an expert
+  // the dispatcher cannot serve; a dispatcher's communicator error as it is.
   absl::StatusOr<StepOutput> Step(const std::vector<SequenceStep>& batch, KvBlockPool* cache);
 
   const ModelConfig& config() const { return config_; }

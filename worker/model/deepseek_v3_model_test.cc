@@ -181,6 +181,58 @@ TEST_F(ModelTest, RejectsBadSteps) {
   EXPECT_FALSE(model_->Step({empty}, pool_.get()).ok());
 }
 
+// Counts Dispatch / Combine calls around another dispatcher.
+class CountingDispatcher : public ExpertDispatcher {
+ public:
+  CountingDispatcher(std::unique_ptr<ExpertDispatcher> inner, int* dispatches, int* combines)
+      : inner_(std::move(inner)), dispatches_(dispatches), combines_(combines) {}
+  const std::vector<int64_t>& local_experts() const override { return inner_->local_experts(); }
+  absl::Status Dispatch(int64_t num_tokens, int64_t top_k, const float* hidden,
+                        const int32_t* topk_ids, const float* topk_weights,
+                        DispatchedTokens* out) override {
+    ++*dispatches_;
+    return inner_->Dispatch(num_tokens, top_k, hidden, topk_ids, topk_weights, out);
+  }
+  absl::Status Combine(const DispatchedTokens& d, const float* expert_out, float* out) override {
+    ++*combines_;
+    return inner_->Combine(d, expert_out, out);
+  }
+
+ private:
+  std::unique_ptr<ExpertDispatcher> inner_;
+  int* dispatches_;
+  int* combines_;
+};
+
+// An expert-parallel rank without tokens must still take part in every MoE layer's exchange.
+TEST(ModelLoadTest, EmptyBatchStillDispatchesAndCombinesInEveryMoeLayer) {
+  CpuBackend be(1);
+  int dispatches = 0, combines = 0;
+  ExpertDispatcherFactory make =
+      [&](const ModelConfig& c, const ModelWeights& w,
+          Backend* b) -> absl::StatusOr<std::unique_ptr<ExpertDispatcher>> {
+    auto inner = MakeLocalExpertDispatcher(c, w, b);
+    if (!inner.ok()) return inner.status();
+    return std::unique_ptr<ExpertDispatcher>(
+        std::make_unique<CountingDispatcher>(std::move(*inner), &dispatches, &combines));
+  };
+  auto m = LoadDeepseekV3(FixtureDir(), &be, LoadOptions{}, make);
+  ASSERT_TRUE(m.ok()) << m.status();
+  auto pool = KvBlockPool::Create(&be, (*m)->CacheOptions(8, 16));
+  ASSERT_TRUE(pool.ok());
+  auto busy = (*m)->Step({MakeStep(Prompt(5, 1), 0, *(*pool)->Allocate(1), false)}, pool->get());
+  ASSERT_TRUE(busy.ok()) << busy.status();
+  const int moe_layers = dispatches;
+  EXPECT_EQ(moe_layers, 2);  // the fixture: 3 layers, the first dense
+  EXPECT_EQ(combines, moe_layers);
+  auto idle = (*m)->Step({}, pool->get());
+  ASSERT_TRUE(idle.ok()) << idle.status();
+  EXPECT_TRUE(idle->logits.empty());
+  EXPECT_TRUE(idle->sampled.empty());
+  EXPECT_EQ(dispatches, 2 * moe_layers);
+  EXPECT_EQ(combines, 2 * moe_layers);
+}
+
 TEST(ModelLoadTest, HostsOnlyRequestedExperts) {
   CpuBackend be(1);
   auto config = ModelConfig::FromFile(FixtureDir() + "/config.json");

@@ -25,6 +25,12 @@ struct DispatchedTokens {
   // Implementation state for Combine (e.g. source token and weight of each row).
   std::unique_ptr<DeviceBuffer> row_token;
   std::unique_ptr<DeviceBuffer> row_weight;
+  // Expert-parallel exchange plan (empty for a single-rank dispatcher), host side because the
+  // host sizes the exchange: rows this rank sent to each rank (Combine gets as many back), rows
+  // it received from each rank, and for each received row, in arrival order, its row in `hidden`.
+  std::vector<int64_t> sent_rows_per_rank;
+  std::vector<int64_t> received_rows_per_rank;
+  std::vector<int64_t> received_row_slot;
 };
 
 class ExpertDispatcher {

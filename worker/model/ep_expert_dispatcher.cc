@@ -1,0 +1,237 @@
+// EpExpertDispatcher: host-planned all-to-all dispatch and combine.
+//
+// Wire format of the Dispatch segment from rank s to rank d (both host memory):
+//   [n rows x hidden_size float32][n int32 local expert ids of those rows]
+// with n = bytes / (4 * (hidden_size + 1)). The rows are in (expert, token) order on the sender.
+// Combine's segment from d back to s is the n output rows in the order s sent them.
+//
+// Why the result is bit-identical to LocalExpertDispatcher: the sender orders its rows by
+// (global expert, token), destinations own ascending contiguous expert ranges, and each
+// destination returns a sender's rows in the order it received them. So the rows that come back,
+// concatenated over destinations, are in (global expert, token) order -- exactly the row order
+// LocalExpertDispatcher hands to ScatterAddRows -- and each row is multiplied by the same weight
+// and added with the same ScatterAddRows. The expert output of a row does not depend on which
+// other rows share its grouped GEMM (the backend computes each output row on its own).
+#include "worker/model/ep_expert_dispatcher.h"
+
+#include <algorithm>
+#include <cstring>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+
+namespace deepinfer {
+
+absl::StatusOr<std::unique_ptr<EpExpertDispatcher>> EpExpertDispatcher::Create(
+    comm::Communicator* comm, Backend* backend, int64_t num_experts, int64_t hidden_size) {
+  if (comm == nullptr || backend == nullptr) {
+    return absl::InvalidArgumentError("EpExpertDispatcher: no communicator or backend");
+  }
+  if (hidden_size <= 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("EpExpertDispatcher: hidden size ", hidden_size, " must be positive"));
+  }
+  const int world = comm->world_size();
+  if (num_experts <= 0 || num_experts % world != 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "expert parallelism: ", num_experts, " routed experts do not divide over ", world,
+        " ranks (each rank must host the same number of experts; use a world size that "
+        "divides ",
+        num_experts, ")"));
+  }
+  if (comm->memory_kind() != comm::MemoryKind::kHost) {
+    return absl::UnimplementedError(
+        "EpExpertDispatcher: device-memory communicators are not supported yet (the exchange "
+        "needs the backend's stream); use a host communicator");
+  }
+  return std::unique_ptr<EpExpertDispatcher>(
+      new EpExpertDispatcher(comm, backend, num_experts, hidden_size));
+}
+
+EpExpertDispatcher::EpExpertDispatcher(comm::Communicator* comm, Backend* backend,
+                                       int64_t num_experts, int64_t hidden_size)
+    : comm_(comm),
+      backend_(backend),
+      num_experts_(num_experts),
+      hidden_size_(hidden_size),
+      experts_per_rank_(num_experts / comm->world_size()) {
+  const int64_t first = comm_->rank() * experts_per_rank_;
+  for (int64_t e = 0; e < experts_per_rank_; ++e) local_experts_.push_back(first + e);
+}
+
+absl::Status EpExpertDispatcher::Fail(absl::Status error) {
+  comm_->Abort(error);
+  return error;
+}
+
+absl::Status EpExpertDispatcher::Dispatch(int64_t num_tokens, int64_t top_k, const float* hidden,
+                                          const int32_t* topk_ids, const float* topk_weights,
+                                          DispatchedTokens* out) {
+  const int world = comm_->world_size();
+  const int64_t H = hidden_size_;
+  const int64_t n = num_tokens * top_k;
+  std::vector<int32_t> ids(n);
+  std::vector<float> weights(n);
+  backend_->CopyToHost(topk_ids, n * sizeof(int32_t), ids.data());
+  backend_->CopyToHost(topk_weights, n * sizeof(float), weights.data());
+
+  // Counting sort of the (token, choice) pairs by expert, stable in token order: the row order
+  // LocalExpertDispatcher uses, which Combine reproduces.
+  std::vector<int64_t> expert_start(num_experts_ + 1, 0);
+  for (int64_t i = 0; i < n; ++i) {
+    const int32_t e = ids[i];
+    if (e < 0 || e >= num_experts_) {
+      return Fail(absl::FailedPreconditionError(
+          absl::StrCat("EpExpertDispatcher: token ", i / std::max<int64_t>(1, top_k),
+                       " routed to expert ", e, ", outside the model's ", num_experts_)));
+    }
+    ++expert_start[e + 1];
+  }
+  for (int64_t e = 0; e < num_experts_; ++e) expert_start[e + 1] += expert_start[e];
+  std::vector<int64_t> next(expert_start.begin(), expert_start.end() - 1);
+  std::vector<int32_t> row_token(n), row_expert(n);
+  std::vector<float> row_weight(n);
+  for (int64_t t = 0; t < num_tokens; ++t) {
+    for (int64_t k = 0; k < top_k; ++k) {
+      const int32_t e = ids[t * top_k + k];
+      const int64_t row = next[e]++;
+      row_token[row] = static_cast<int32_t>(t);
+      row_expert[row] = e;
+      row_weight[row] = weights[t * top_k + k];
+    }
+  }
+  out->row_token = backend_->Allocate(n * sizeof(int32_t));
+  out->row_weight = backend_->Allocate(n * sizeof(float));
+  backend_->CopyToDevice(row_token.data(), n * sizeof(int32_t), out->row_token->data());
+  backend_->CopyToDevice(row_weight.data(), n * sizeof(float), out->row_weight->data());
+  auto send_rows = backend_->Allocate(n * H * sizeof(float));
+  backend_->GatherRows(n, H, hidden, out->row_token->as<int32_t>(), send_rows->as<float>());
+
+  // Destination d gets the rows of experts [d*per, (d+1)*per): one contiguous run of rows.
+  const int64_t per = experts_per_rank_;
+  const size_t row_bytes = (H + 1) * sizeof(float);  // the row and its int32 local expert id
+  out->sent_rows_per_rank.assign(world, 0);
+  std::vector<size_t> send_bytes(world);
+  std::vector<float> send(n * (H + 1));
+  for (int d = 0; d < world; ++d) {
+    const int64_t first = expert_start[d * per];
+    const int64_t rows = expert_start[(d + 1) * per] - first;
+    out->sent_rows_per_rank[d] = rows;
+    send_bytes[d] = rows * row_bytes;
+    float* seg = send.data() + first * (H + 1);
+    backend_->CopyToHost(send_rows->as<float>() + first * H, rows * H * sizeof(float), seg);
+    for (int64_t r = 0; r < rows; ++r) {
+      const int32_t local = static_cast<int32_t>(row_expert[first + r] - d * per);
+      std::memcpy(seg + rows * H + r, &local, sizeof(int32_t));
+    }
+  }
+  absl::StatusOr<std::vector<size_t>> recv_bytes = comm_->AllToAllSizes(send_bytes);
+  if (!recv_bytes.ok()) return Fail(recv_bytes.status());
+  out->received_rows_per_rank.assign(world, 0);
+  int64_t received = 0;
+  for (int s = 0; s < world; ++s) {
+    if ((*recv_bytes)[s] % row_bytes != 0) {
+      return Fail(absl::FailedPreconditionError(
+          absl::StrCat("EpExpertDispatcher: rank ", s, " sends ", (*recv_bytes)[s],
+                       " bytes, not whole rows of hidden size ", H, " (", row_bytes,
+                       " bytes each): the ranks run different models")));
+    }
+    out->received_rows_per_rank[s] = static_cast<int64_t>((*recv_bytes)[s] / row_bytes);
+    received += out->received_rows_per_rank[s];
+  }
+  std::vector<float> recv(received * (H + 1));
+  if (absl::Status st = comm_->AllToAllV(send.data(), send_bytes, recv.data(), *recv_bytes);
+      !st.ok()) {
+    return Fail(st);
+  }
+
+  // Group by local expert (ascending), then source rank, then the source's order: a stable
+  // counting sort of the rows in arrival order.
+  std::vector<int32_t> arrival_expert(received);
+  {
+    int64_t j = 0;
+    const float* seg = recv.data();
+    for (int s = 0; s < world; ++s) {
+      const int64_t rows = out->received_rows_per_rank[s];
+      for (int64_t r = 0; r < rows; ++r, ++j) {
+        int32_t local;
+        std::memcpy(&local, seg + rows * H + r, sizeof(int32_t));
+        if (local < 0 || local >= per) {
+          return Fail(absl::FailedPreconditionError(
+              absl::StrCat("EpExpertDispatcher: rank ", s, " sent a row for local expert ", local,
+                           " but rank ", comm_->rank(), " hosts ", per)));
+        }
+        arrival_expert[j] = local;
+      }
+      seg += rows * (H + 1);
+    }
+  }
+  out->group_offsets.assign(per + 1, 0);
+  for (int32_t local : arrival_expert) ++out->group_offsets[local + 1];
+  for (int64_t e = 0; e < per; ++e) out->group_offsets[e + 1] += out->group_offsets[e];
+  std::vector<int64_t> slot_next(out->group_offsets.begin(), out->group_offsets.end() - 1);
+  out->received_row_slot.resize(received);
+  std::vector<float> grouped(received * H);
+  {
+    int64_t j = 0;
+    const float* seg = recv.data();
+    for (int s = 0; s < world; ++s) {
+      const int64_t rows = out->received_rows_per_rank[s];
+      for (int64_t r = 0; r < rows; ++r, ++j) {
+        const int64_t slot = slot_next[arrival_expert[j]]++;
+        out->received_row_slot[j] = slot;
+        std::memcpy(grouped.data() + slot * H, seg + r * H, H * sizeof(float));
+      }
+      seg += rows * (H + 1);
+    }
+  }
+  out->num_rows = received;
+  out->hidden = backend_->Allocate(received * H * sizeof(float));
+  backend_->CopyToDevice(grouped.data(), grouped.size() * sizeof(float), out->hidden->data());
+  return absl::OkStatus();
+}
+
+absl::Status EpExpertDispatcher::Combine(const DispatchedTokens& d, const float* expert_out,
+                                         float* out) {
+  const int world = comm_->world_size();
+  const int64_t H = hidden_size_;
+  if (static_cast<int>(d.sent_rows_per_rank.size()) != world ||
+      static_cast<int>(d.received_rows_per_rank.size()) != world ||
+      static_cast<int64_t>(d.received_row_slot.size()) != d.num_rows || d.row_token == nullptr ||
+      d.row_weight == nullptr) {
+    return Fail(absl::InvalidArgumentError(
+        "EpExpertDispatcher::Combine: the DispatchedTokens do not come from this dispatcher"));
+  }
+  // Outputs back in arrival order, i.e. each source's rows in the order it sent them.
+  std::vector<float> grouped(d.num_rows * H);
+  backend_->CopyToHost(expert_out, grouped.size() * sizeof(float), grouped.data());
+  std::vector<float> send(d.num_rows * H);
+  for (int64_t j = 0; j < d.num_rows; ++j) {
+    std::memcpy(send.data() + j * H, grouped.data() + d.received_row_slot[j] * H,
+                H * sizeof(float));
+  }
+  std::vector<size_t> send_bytes(world), recv_bytes(world);
+  int64_t back = 0;
+  for (int r = 0; r < world; ++r) {
+    send_bytes[r] = d.received_rows_per_rank[r] * H * sizeof(float);
+    recv_bytes[r] = d.sent_rows_per_rank[r] * H * sizeof(float);
+    back += d.sent_rows_per_rank[r];
+  }
+  if (d.row_token->size_bytes() != back * sizeof(int32_t)) {
+    return Fail(absl::InvalidArgumentError(
+        "EpExpertDispatcher::Combine: the DispatchedTokens do not come from this dispatcher"));
+  }
+  std::vector<float> recv(back * H);
+  if (absl::Status st = comm_->AllToAllV(send.data(), send_bytes, recv.data(), recv_bytes);
+      !st.ok()) {
+    return Fail(st);
+  }
+  // Rows are back in (expert, token) order, as LocalExpertDispatcher combines them.
+  auto rows = backend_->Allocate(recv.size() * sizeof(float));
+  backend_->CopyToDevice(recv.data(), recv.size() * sizeof(float), rows->data());
+  backend_->ScatterAddRows(back, H, rows->as<float>(), d.row_token->as<int32_t>(),
+                           d.row_weight->as<float>(), out);
+  return absl::OkStatus();
+}
+
+}  // namespace deepinfer

@@ -1,0 +1,69 @@
+// EpExpertDispatcher: the expert-parallel ExpertDispatcher. The routed experts are split over the
+// ranks of a communicator group in contiguous ranges (rank r hosts experts [r*E/W, (r+1)*E/W));
+// Dispatch sends the hidden row of every (token, choice) to the rank owning the chosen expert and
+// groups what arrives by local expert; Combine sends the expert outputs back to the token's rank
+// and adds each token's weighted contributions in ascending expert id, the order
+// LocalExpertDispatcher uses, so a group of ranks computes bit-identical logits to one rank that
+// hosts every expert (docs/model.md, "Expert parallelism").
+//
+// Collectives per MoE layer, on every rank, also on a rank without tokens (zero-size segments):
+//   Dispatch: AllToAllSizes (bytes per destination), AllToAllV (rows + their local expert ids);
+//   Combine:  AllToAllV (output rows; sizes known from Dispatch).
+// The exchange is staged through host memory (Backend::CopyToHost / CopyToDevice around a
+// kHost communicator), so it is correct on a device backend with a TCP communicator too.
+// Not thread-safe: the model's one engine thread calls Dispatch and Combine in turn.
+#ifndef DEEPINFER_WORKER_MODEL_EP_EXPERT_DISPATCHER_H_
+#define DEEPINFER_WORKER_MODEL_EP_EXPERT_DISPATCHER_H_
+
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "worker/backend/backend.h"
+#include "worker/comm/communicator.h"
+#include "worker/model/expert_dispatcher.h"
+
+namespace deepinfer {
+
+class EpExpertDispatcher : public ExpertDispatcher {
+ public:
+  // `comm` and `backend` must outlive the dispatcher. INVALID_ARGUMENT if num_experts is not a
+  // positive multiple of comm->world_size() (every rank must host the same number of experts
+  // so that each can compute any expert's owner); UNIMPLEMENTED for a device-memory
+  // communicator (its collectives need the backend's stream, which Backend does not expose).
+  static absl::StatusOr<std::unique_ptr<EpExpertDispatcher>> Create(comm::Communicator* comm,
+                                                                    Backend* backend,
+                                                                    int64_t num_experts,
+                                                                    int64_t hidden_size);
+
+  // This rank's experts: [rank * E / W, (rank + 1) * E / W), ascending.
+  const std::vector<int64_t>& local_experts() const override { return local_experts_; }
+
+  // Collective: every rank of the group must call it, in the same layer order. On an error
+  // (a token routed outside [0, E), a failed or inconsistent exchange) the communicator is
+  // aborted, so that the peers fail at once instead of waiting for this rank.
+  absl::Status Dispatch(int64_t num_tokens, int64_t top_k, const float* hidden,
+                        const int32_t* topk_ids, const float* topk_weights,
+                        DispatchedTokens* out) override;
+  // Collective, like Dispatch; `dispatched` must come from this dispatcher's last Dispatch.
+  absl::Status Combine(const DispatchedTokens& dispatched, const float* expert_out,
+                       float* out) override;
+
+ private:
+  EpExpertDispatcher(comm::Communicator* comm, Backend* backend, int64_t num_experts,
+                     int64_t hidden_size);
+  // Aborts the communicator with `error` (this rank leaves the lock-step) and returns it.
+  absl::Status Fail(absl::Status error);
+
+  comm::Communicator* const comm_;
+  Backend* const backend_;
+  const int64_t num_experts_;
+  const int64_t hidden_size_;
+  const int64_t experts_per_rank_;
+  std::vector<int64_t> local_experts_;
+};
+
+}  // namespace deepinfer
+
+#endif  // DEEPINFER_WORKER_MODEL_EP_EXPERT_DISPATCHER_H_
