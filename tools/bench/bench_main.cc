@@ -39,6 +39,9 @@ int main(int argc, char** argv) {
   flags.AddInt("output-len", &config.output_len, "Decode steps (including warm-up).");
   flags.AddInt("warmup", &config.warmup, "Decode steps not timed.");
   flags.AddInt("prefill-repeats", &config.prefill_repeats, "Timed prefill steps (median).");
+  flags.AddInt("op-timing-steps", &config.op_timing_steps,
+               "CUDA: extra decode steps (and one prefill step) with per-op timing, reported "
+               "apart from the throughput figures.");
   flags.AddString("csv", &csv, "Append a CSV row (header if the file is new).");
   absl::Status parsed = flags.Parse(std::vector<std::string>(argv + 1, argv + argc));
   if (flags.help_requested()) {

@@ -99,7 +99,23 @@ absl::StatusOr<BenchResult> RunBenchmark(const BenchConfig& bc) {
 
   const int64_t ctx = bc.context_length, n = bc.decode_num_requests;
   const int64_t prefill_seqs = std::max<int64_t>(1, bc.prefill_batch_tokens / ctx);
-  const int64_t per_seq_blocks = (ctx + bc.output_len + bc.block_size) / bc.block_size;
+  const int64_t per_seq_blocks =
+      (ctx + bc.output_len + bc.op_timing_steps + bc.block_size) / bc.block_size;
+#ifdef DEEPINFER_WITH_CUDA
+  auto* cuda = dynamic_cast<CudaBackend*>(backend->get());
+#endif
+  // Runs `fn` with per-op timing on (CUDA only) and returns the op table.
+  auto with_op_timing = [&](auto fn) -> std::string {
+#ifdef DEEPINFER_WITH_CUDA
+    if (cuda != nullptr && bc.op_timing_steps > 0) {
+      cuda->SetOpTiming(true);
+      fn();
+      cuda->SetOpTiming(false);
+      return cuda->TakeOpTimingReport();
+    }
+#endif
+    return "";
+  };
   const int64_t blocks = per_seq_blocks * std::max(n, prefill_seqs);
   auto pool_or = KvBlockPool::Create(
       backend->get(),
@@ -122,18 +138,25 @@ absl::StatusOr<BenchResult> RunBenchmark(const BenchConfig& bc) {
 
   // ---- Prefill ----
   std::vector<double> prefill_times;
-  for (int64_t rep = 0; rep < bc.prefill_repeats + 1; ++rep) {  // +1: the first is warm-up
+  const int64_t prefill_runs = bc.prefill_repeats + 1 + (bc.op_timing_steps > 0 ? 1 : 0);
+  for (int64_t rep = 0; rep < prefill_runs; ++rep) {  // the first is warm-up, then timed
+    const bool op_timed = rep == bc.prefill_repeats + 1;
     std::vector<SequenceStep> batch;
     for (int64_t i = 0; i < prefill_seqs; ++i) {
       auto s = new_seq();
       if (!s.ok()) return s.status();
       batch.push_back(std::move(*s));
     }
+    absl::StatusOr<StepOutput> out;
     const Clock::time_point t0 = Clock::now();
-    auto out = model->Step(batch, pool.get());
+    if (op_timed) {
+      r.prefill_op_report = with_op_timing([&] { out = model->Step(batch, pool.get()); });
+    } else {
+      out = model->Step(batch, pool.get());
+    }
     const Clock::time_point t1 = Clock::now();
     if (!out.ok()) return out.status();
-    if (rep > 0) prefill_times.push_back(Seconds(t0, t1));
+    if (rep > 0 && !op_timed) prefill_times.push_back(Seconds(t0, t1));
     for (const SequenceStep& s : batch) {
       absl::Status st = pool->Free(s.block_table);
       if (!st.ok()) return st;
@@ -181,6 +204,21 @@ absl::StatusOr<BenchResult> RunBenchmark(const BenchConfig& bc) {
       seqs[i].tokens = {t};
     }
   }
+  absl::Status timed_status;
+  r.decode_op_report = with_op_timing([&] {
+    for (int64_t step = 0; step < bc.op_timing_steps && timed_status.ok(); ++step) {
+      auto out = model->Step(seqs, pool.get());
+      if (!out.ok()) {
+        timed_status = out.status();
+        return;
+      }
+      for (int64_t i = 0; i < n; ++i) {
+        seqs[i].position_offset += 1;
+        seqs[i].tokens = {Argmax(out->logits[i])};
+      }
+    }
+  });
+  if (!timed_status.ok()) return timed_status;
   r.decode_batch = n;
   r.decode_steps = static_cast<int64_t>(step_times.size());
   r.decode_p50_seconds = Percentile(step_times, 0.5);
@@ -193,7 +231,7 @@ absl::StatusOr<BenchResult> RunBenchmark(const BenchConfig& bc) {
   r.decode_roofline_fraction =
       dc.RooflineSeconds(bc.peak_bytes_per_s, bc.peak_flops_per_s) / r.decode_p50_seconds;
 #ifdef DEEPINFER_WITH_CUDA
-  if (auto* cuda = dynamic_cast<CudaBackend*>(backend->get())) {
+  if (cuda != nullptr) {
     auto peak = cuda->ReservedBytes(/*high_water_mark=*/true);
     if (peak.ok()) r.device_bytes_reserved_peak = static_cast<int64_t>(*peak);
   }
@@ -225,6 +263,13 @@ std::string FormatBenchReport(const BenchConfig& c, const BenchResult& r) {
   if (r.device_bytes_reserved_peak >= 0) {
     absl::StrAppendFormat(&out, "device_memory_reserved_peak: %.3f GiB\n",
                           r.device_bytes_reserved_peak / 1073741824.0);
+  }
+  if (!r.prefill_op_report.empty()) {
+    absl::StrAppend(&out, "prefill ops (one step, synchronised per op):\n", r.prefill_op_report);
+  }
+  if (!r.decode_op_report.empty()) {
+    absl::StrAppend(&out, "decode ops (", c.op_timing_steps, " steps, synchronised per op):\n",
+                    r.decode_op_report);
   }
   absl::StrAppend(&out, "seq0_decode_tokens:");
   for (int32_t t : r.first_decode_tokens) absl::StrAppend(&out, " ", t);

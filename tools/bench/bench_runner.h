@@ -30,6 +30,9 @@ struct BenchConfig {
   int64_t prefill_repeats = 3;
   int64_t warmup = 2;
   int64_t block_size = 16;
+  // CUDA only: after the timed runs, one more prefill step and this many decode steps with
+  // per-op timing on (CudaBackend::SetOpTiming), reported separately.
+  int64_t op_timing_steps = 0;
   double bytes_per_param = 4;  // the dtype the backend keeps weights and cache in (fp32 today)
   double peak_bytes_per_s = 4.3e12;
   double peak_flops_per_s = 790e12;
@@ -51,8 +54,9 @@ struct BenchResult {
   double decode_bytes_per_step = 0;
   double decode_flops_per_step = 0;
   double param_count = 0;
-  int64_t device_bytes_reserved_peak = -1;   // -1: the backend cannot say
-  std::vector<int32_t> first_decode_tokens;  // of sequence 0, for a sanity look
+  int64_t device_bytes_reserved_peak = -1;          // -1: the backend cannot say
+  std::vector<int32_t> first_decode_tokens;         // of sequence 0, for a sanity look
+  std::string prefill_op_report, decode_op_report;  // with op_timing_steps > 0 on CUDA
 };
 
 absl::StatusOr<BenchResult> RunBenchmark(const BenchConfig& config);

@@ -3,6 +3,7 @@
 # folder tools/gpu/prepare.sh made; this script is copied into that folder and run from there:
 #
 #   bash .gpu/run_all.sh            (device tool: carry [".gpu"], logs come back from $OUT)
+#   BENCH_MODE=profile bash ...     (benchmark: a short per-op profile instead of the full model)
 #
 # Per step a log (gtest output) in $OUT/logs.tar.gz (the device tool returns at most 8 files, so
 # the logs travel as one archive, refreshed after every step in case the call is cut short) and
@@ -52,7 +53,7 @@ for t in "$here"/bin/*_test; do
   step "$(basename "$t")" 300 "$t" --gtest_color=no
 done
 if [[ -x "$here/bin/bench" && -f "$here/bench_cases.sh" ]]; then
-  step bench 300 bash "$here/bench_cases.sh" "$here"
+  step bench 300 bash "$here/bench_cases.sh" "$here" "${BENCH_MODE:-full}"
 fi
 for t in "$here"/bin/*_test; do
   n=$(basename "$t")
@@ -66,5 +67,10 @@ for n in mla_attention_test rms_norm_test argmax_test; do
   step "racecheck_$n" 240 compute-sanitizer --tool racecheck --error-exitcode 1 "$here/bin/$n" \
     --gtest_color=no
 done
+# The whole model under memcheck: every op with the model's real strides and shapes.
+if [[ -x "$here/bin/cuda_parity_test" ]]; then
+  step memcheck_cuda_parity_test 120 compute-sanitizer --tool memcheck --error-exitcode 1 \
+    "$here/bin/cuda_parity_test" --gtest_color=no
+fi
 echo "failed steps: $failed" | tee -a "$summary"
 exit "$failed"

@@ -2,11 +2,13 @@
 #include "worker/backend/cuda/cuda_backend.h"
 
 #include <algorithm>
+#include <chrono>
 #include <cstdint>
 #include <limits>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "glog/logging.h"
 #include "kernels/activation/elementwise.h"
 #include "kernels/attention/mla_attention.h"
@@ -43,6 +45,49 @@ class CudaBuffer : public DeviceBuffer {
 bool FitsInt(int64_t v) { return v >= 0 && v <= std::numeric_limits<int>::max(); }
 
 }  // namespace
+
+class CudaBackend::OpTimer {
+ public:
+  OpTimer(CudaBackend* b, const char* name)
+      : b_(b), name_(name), active_(b->op_timing_ && !b->in_timed_op_) {
+    if (!active_) return;
+    b_->in_timed_op_ = true;
+    b_->Check(cudaStreamSynchronize(b_->stream_), "cudaStreamSynchronize");
+    start_ = std::chrono::steady_clock::now();
+  }
+  ~OpTimer() {
+    if (!active_) return;
+    b_->Check(cudaStreamSynchronize(b_->stream_), "cudaStreamSynchronize");
+    OpTotal& t = b_->op_totals_[name_];
+    ++t.calls;
+    t.seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count();
+    b_->in_timed_op_ = false;
+  }
+
+ private:
+  CudaBackend* b_;
+  const char* name_;
+  bool active_;
+  std::chrono::steady_clock::time_point start_;
+};
+
+void CudaBackend::SetOpTiming(bool on) { op_timing_ = on; }
+
+std::string CudaBackend::TakeOpTimingReport() {
+  std::vector<std::pair<std::string, OpTotal>> v(op_totals_.begin(), op_totals_.end());
+  std::sort(v.begin(), v.end(),
+            [](const auto& a, const auto& b) { return a.second.seconds > b.second.seconds; });
+  double total = 0;
+  for (const auto& e : v) total += e.second.seconds;
+  std::string out;
+  for (const auto& e : v) {
+    absl::StrAppendFormat(&out, "  %-18s %8d calls %10.3f ms %5.1f%%\n", e.first, e.second.calls,
+                          e.second.seconds * 1e3, total > 0 ? 100 * e.second.seconds / total : 0);
+  }
+  absl::StrAppendFormat(&out, "  %-18s %8s       %10.3f ms\n", "total", "", total * 1e3);
+  op_totals_.clear();
+  return out;
+}
 
 absl::StatusOr<std::unique_ptr<CudaBackend>> CudaBackend::Create(int device) {
   int count = 0;
@@ -129,6 +174,7 @@ absl::StatusOr<size_t> CudaBackend::ReservedBytes(bool high_water_mark) const {
 }
 
 std::unique_ptr<DeviceBuffer> CudaBackend::Allocate(size_t bytes) {
+  OpTimer timer(this, "Allocate");
   cudaSetDevice(device_);
   // At least one 256-byte granule, so data() is never null even for empty tensors.
   const size_t rounded = ((std::max<size_t>(bytes, 1) + 255) / 256) * 256;
@@ -140,6 +186,7 @@ std::unique_ptr<DeviceBuffer> CudaBackend::Allocate(size_t bytes) {
 }
 
 void CudaBackend::CopyToDevice(const void* host, size_t bytes, void* device) {
+  OpTimer timer(this, "CopyToDevice");
   if (bytes == 0) return;
   // From pageable memory the call returns once the data is staged, so the caller may reuse
   // or free `host` immediately.
@@ -148,6 +195,7 @@ void CudaBackend::CopyToDevice(const void* host, size_t bytes, void* device) {
 }
 
 void CudaBackend::CopyToHost(const void* device, size_t bytes, void* host) {
+  OpTimer timer(this, "CopyToHost");
   if (bytes == 0) return;
   if (Check(cudaMemcpyAsync(host, device, bytes, cudaMemcpyDeviceToHost, stream_),
             "cudaMemcpyAsync(DeviceToHost)")) {
@@ -156,6 +204,7 @@ void CudaBackend::CopyToHost(const void* device, size_t bytes, void* host) {
 }
 
 void CudaBackend::CopyDeviceToDevice(const void* src, size_t bytes, void* dst) {
+  OpTimer timer(this, "CopyDeviceToDevice");
   if (bytes == 0) return;
   Check(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, stream_),
         "cudaMemcpyAsync(DeviceToDevice)");
@@ -165,6 +214,7 @@ void CudaBackend::Synchronize() { Check(cudaStreamSynchronize(stream_), "cudaStr
 
 void CudaBackend::Gemm(int64_t m, int64_t n, int64_t k, const float* a, int64_t lda, const float* w,
                        int64_t ldw, float* c, int64_t ldc, bool accumulate) {
+  OpTimer timer(this, "Gemm");
   if (m <= 0 || n <= 0) return;
   if (!FitsInt(m) || !FitsInt(n) || !FitsInt(k) || !FitsInt(lda) || !FitsInt(ldw) ||
       !FitsInt(ldc)) {
@@ -184,6 +234,7 @@ void CudaBackend::Gemm(int64_t m, int64_t n, int64_t k, const float* a, int64_t 
 void CudaBackend::GroupedGemm(const std::vector<int64_t>& offsets,
                               const std::vector<const float*>& weights, int64_t n, int64_t k,
                               const float* a, float* c) {
+  OpTimer timer(this, "GroupedGemm");
   if (offsets.size() != weights.size() + 1) {
     Record(absl::InvalidArgumentError("CudaBackend::GroupedGemm: offsets.size() != groups + 1"));
     return;
@@ -197,25 +248,30 @@ void CudaBackend::GroupedGemm(const std::vector<int64_t>& offsets,
 
 void CudaBackend::RmsNorm(int64_t rows, int64_t dim, const float* x, int64_t ldx,
                           const float* weight, float eps, float* out, int64_t ldout) {
+  OpTimer timer(this, "RmsNorm");
   Check(kernels::RmsNormF32(rows, dim, x, ldx, weight, eps, out, ldout, stream_),
         "kernels::RmsNormF32");
 }
 
 void CudaBackend::Add(int64_t n, const float* a, const float* b, float* out) {
+  OpTimer timer(this, "Add");
   Check(kernels::AddF32(n, a, b, out, stream_), "kernels::AddF32");
 }
 
 void CudaBackend::SiluMul(int64_t rows, int64_t inter, const float* x, float* out) {
+  OpTimer timer(this, "SiluMul");
   Check(kernels::SiluMulF32(rows, inter, x, out, stream_), "kernels::SiluMulF32");
 }
 
 void CudaBackend::GatherRows(int64_t rows, int64_t dim, const float* src, const int32_t* idx,
                              float* dst) {
+  OpTimer timer(this, "GatherRows");
   Check(kernels::GatherRowsF32(rows, dim, src, idx, dst, stream_), "kernels::GatherRowsF32");
 }
 
 void CudaBackend::ScatterAddRows(int64_t rows, int64_t dim, const float* src, const int32_t* idx,
                                  const float* weight, float* dst) {
+  OpTimer timer(this, "ScatterAddRows");
   Check(kernels::ScatterAddRowsF32(rows, dim, src, idx, weight, dst, stream_),
         "kernels::ScatterAddRowsF32");
 }
@@ -223,6 +279,7 @@ void CudaBackend::ScatterAddRows(int64_t rows, int64_t dim, const float* src, co
 void CudaBackend::ApplyRope(int64_t tokens, int64_t heads, float* x, int64_t token_stride,
                             int64_t head_stride, int64_t rope_dim, const int32_t* positions,
                             const float* inv_freq, float attention_factor, bool interleaved) {
+  OpTimer timer(this, "ApplyRope");
   Check(kernels::ApplyRopeF32(tokens, heads, x, token_stride, head_stride, rope_dim, positions,
                               inv_freq, attention_factor, interleaved, stream_),
         "kernels::ApplyRopeF32");
@@ -231,6 +288,7 @@ void CudaBackend::ApplyRope(int64_t tokens, int64_t heads, float* x, int64_t tok
 void CudaBackend::WriteLatentCache(int64_t tokens, const float* latent, int64_t ld_latent,
                                    const float* rope_key, int64_t ld_rope, const int32_t* slots,
                                    const PagedLatentCacheView& cache) {
+  OpTimer timer(this, "WriteLatentCache");
   const kernels::PagedLatentCache c{cache.cache, cache.block_size, cache.latent_dim,
                                     cache.rope_dim};
   Check(
@@ -239,6 +297,7 @@ void CudaBackend::WriteLatentCache(int64_t tokens, const float* latent, int64_t 
 }
 
 void CudaBackend::MlaAttention(const MlaAttentionArgs& a) {
+  OpTimer timer(this, "MlaAttention");
   kernels::MlaAttentionParams p;
   p.num_tokens = a.num_tokens;
   p.num_heads = a.num_heads;
@@ -257,6 +316,7 @@ void CudaBackend::MlaAttention(const MlaAttentionArgs& a) {
 }
 
 void CudaBackend::NoauxTcRoute(const NoauxTcRouteArgs& a) {
+  OpTimer timer(this, "NoauxTcRoute");
   kernels::NoauxTcRouteParams p;
   p.num_tokens = a.num_tokens;
   p.num_experts = a.num_experts;
@@ -273,6 +333,7 @@ void CudaBackend::NoauxTcRoute(const NoauxTcRouteArgs& a) {
 }
 
 void CudaBackend::ArgmaxRows(int64_t rows, int64_t vocab, const float* logits, int32_t* out) {
+  OpTimer timer(this, "ArgmaxRows");
   Check(kernels::ArgmaxRowsF32(rows, vocab, logits, out, stream_), "kernels::ArgmaxRowsF32");
 }
 

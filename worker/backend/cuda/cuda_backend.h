@@ -18,6 +18,7 @@
 #include <cublas_v2.h>
 #include <cuda_runtime_api.h>
 
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -79,12 +80,28 @@ class CudaBackend : public Backend {
   // Bytes the allocator holds from the driver now and at most (cudaMemPoolAttrReserved*).
   absl::StatusOr<size_t> ReservedBytes(bool high_water_mark) const;
 
+  // Per-op attribution for profiling (off by default): while on, every op synchronises the
+  // stream before and after itself and adds the host-measured wall time (launch overhead
+  // included) to a per-op total. This serialises the GPU, so measure throughput with it off.
+  void SetOpTiming(bool on);
+  // One line per op name: calls, total ms, share; sorted by total, then cleared.
+  std::string TakeOpTimingReport();
+
  private:
   CudaBackend(int device, cudaStream_t stream, cublasHandle_t cublas, cudaMemPool_t pool);
   // Records the first failure; returns false if `st` is an error.
   bool Record(const absl::Status& st);
   bool Check(cudaError_t err, const char* call);
   bool CheckBlas(cublasStatus_t st, const char* call);
+  class OpTimer;  // RAII guard of one op when op timing is on
+
+  struct OpTotal {
+    int64_t calls = 0;
+    double seconds = 0;
+  };
+  bool op_timing_ = false;
+  bool in_timed_op_ = false;  // GroupedGemm calls Gemm: count only the outer op
+  std::map<std::string, OpTotal> op_totals_;
 
   const int device_;
   cudaStream_t stream_;

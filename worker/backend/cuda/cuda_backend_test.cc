@@ -4,6 +4,8 @@
 #include "worker/backend/cuda/cuda_backend.h"
 
 #include <limits>
+#include <sstream>
+#include <string>
 #include <vector>
 
 #include "gtest/gtest.h"
@@ -14,6 +16,20 @@ namespace deepinfer {
 namespace {
 
 using testing::AllClose;
+
+// The call count in an op timing report's line for `op` ("  <op> <calls> calls <ms> ms ..."),
+// or -1 if there is no such line.
+int64_t CallsOf(const std::string& report, const std::string& op) {
+  std::istringstream lines(report);
+  std::string line;
+  while (std::getline(lines, line)) {
+    std::istringstream words(line);
+    std::string name;
+    int64_t calls = -1;
+    if (words >> name >> calls && name == op) return calls;
+  }
+  return -1;
+}
 
 class CudaBackendTest : public ::testing::Test {
  protected:
@@ -102,6 +118,24 @@ TEST_F(CudaBackendTest, GroupedGemmUsesEachGroupsWeights) {
   auto dc = Poisoned(rows * n);
   gpu_->GroupedGemm(offsets, wg, n, k, da->as<float>(), dc->as<float>());
   EXPECT_TRUE(AllClose(Download(*dc), want, 1e-4, 1e-5));
+  EXPECT_TRUE(gpu_->status().ok()) << gpu_->status();
+}
+
+TEST_F(CudaBackendTest, OpTimingCountsOuterOpsOnly) {
+  auto a = Upload(testing::RandomFloats(4 * 8, testing::FreshSeed()));
+  auto w = Upload(testing::RandomFloats(8 * 8, testing::FreshSeed()));
+  auto c = gpu_->Allocate(4 * 8 * sizeof(float));
+  gpu_->SetOpTiming(true);
+  gpu_->Gemm(4, 8, 8, a->as<float>(), 8, w->as<float>(), 8, c->as<float>(), 8, false);
+  gpu_->GroupedGemm({0, 2, 4}, {w->as<float>(), w->as<float>()}, 8, 8, a->as<float>(),
+                    c->as<float>());
+  gpu_->SetOpTiming(false);
+  gpu_->Gemm(4, 8, 8, a->as<float>(), 8, w->as<float>(), 8, c->as<float>(), 8, false);
+  const std::string report = gpu_->TakeOpTimingReport();
+  // The grouped GEMM's two inner Gemm calls and the untimed one are not counted.
+  EXPECT_EQ(CallsOf(report, "Gemm"), 1) << report;
+  EXPECT_EQ(CallsOf(report, "GroupedGemm"), 1) << report;
+  EXPECT_EQ(gpu_->TakeOpTimingReport().find("calls"), std::string::npos);  // cleared
   EXPECT_TRUE(gpu_->status().ok()) << gpu_->status();
 }
 
