@@ -42,6 +42,8 @@ class CudaBackend : public Backend {
 
   std::string name() const override { return "cuda"; }
   std::unique_ptr<DeviceBuffer> Allocate(size_t bytes) override;
+  // Returns once `host` may be reused: from ordinary (pageable) memory the runtime stages the
+  // data before returning. Pinned host memory would be read later; callers keep none.
   void CopyToDevice(const void* host, size_t bytes, void* device) override;
   // Synchronises the stream: the host data is complete when this returns.
   void CopyToHost(const void* device, size_t bytes, void* host) override;
