@@ -18,6 +18,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/status/status.h"
 #include "worker/backend/device_buffer.h"
 
 namespace deepinfer {
@@ -80,6 +81,9 @@ class Backend {
   virtual void CopyDeviceToDevice(const void* src, size_t bytes, void* dst) = 0;
   // Blocks until every op issued so far has completed (no-op on the CPU).
   virtual void Synchronize() = 0;
+  // The first error an op has hit since the backend was created (ops return nothing, and a GPU
+  // reports errors asynchronously). Always OK on the CPU. Checked by the model after each step.
+  virtual absl::Status status() const { return absl::OkStatus(); }
 
   // ---- Dense math --------------------------------------------------------------------------
   // c[i, j] (+)= sum_p a[i, p] * w[j, p] for i < m, j < n, p < k.

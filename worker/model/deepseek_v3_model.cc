@@ -164,6 +164,8 @@ absl::StatusOr<StepOutput> DeepseekV3Model::Step(const std::vector<SequenceStep>
                  logits->as<float>(), V, false);
   std::vector<float> host(R * V);
   backend_->CopyToHost(logits->data(), host.size() * sizeof(float), host.data());
+  // A GPU backend reports failed ops asynchronously; the copy above has waited for all of them.
+  if (absl::Status st = backend_->status(); !st.ok()) return st;
   StepOutput out;
   int64_t row = 0;
   for (const SequenceStep& s : batch) {

@@ -55,7 +55,8 @@ class DeepseekV3Model {
   // without tokens takes part in each MoE layer's exchange. Not thread-safe: one engine loop
   // drives a model. INVALID_ARGUMENT for malformed sequences (no tokens, block table too
   // short, token outside the vocabulary); FAILED_PRECONDITION if a token is routed to an expert
-  // the dispatcher cannot serve; a dispatcher's communicator error as it is.
+  // the dispatcher cannot serve; a dispatcher's communicator error as it is; the backend's first
+  // error (Backend::status(), e.g. a failed CUDA call) if it has one.
   absl::StatusOr<StepOutput> Step(const std::vector<SequenceStep>& batch, KvBlockPool* cache);
 
   const ModelConfig& config() const { return config_; }

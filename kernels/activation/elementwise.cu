@@ -1,0 +1,51 @@
+// Grid-stride elementwise kernels; 64-bit indices because expert activations can exceed 2^31.
+#include <algorithm>
+
+#include "kernels/activation/elementwise.h"
+
+namespace deepinfer {
+namespace kernels {
+namespace {
+
+constexpr int kThreads = 256;
+
+unsigned GridFor(int64_t n) {
+  return static_cast<unsigned>(std::min<int64_t>((n + kThreads - 1) / kThreads, 65535));
+}
+
+__global__ void AddKernel(int64_t n, const float* a, const float* b, float* out) {
+  for (int64_t i = blockIdx.x * int64_t{kThreads} + threadIdx.x; i < n;
+       i += int64_t{gridDim.x} * kThreads) {
+    out[i] = a[i] + b[i];
+  }
+}
+
+__global__ void SiluMulKernel(int64_t rows, int64_t inter, const float* x, float* out) {
+  const int64_t n = rows * inter;
+  for (int64_t i = blockIdx.x * int64_t{kThreads} + threadIdx.x; i < n;
+       i += int64_t{gridDim.x} * kThreads) {
+    const int64_t r = i / inter, c = i % inter;
+    const float g = x[r * 2 * inter + c];
+    const float u = x[r * 2 * inter + inter + c];
+    // expf (not __expf): the fast intrinsic is off by several ulp for large |g|.
+    out[i] = g / (1.0f + expf(-g)) * u;
+  }
+}
+
+}  // namespace
+
+cudaError_t AddF32(int64_t n, const float* a, const float* b, float* out, cudaStream_t stream) {
+  if (n <= 0) return cudaSuccess;
+  AddKernel<<<GridFor(n), kThreads, 0, stream>>>(n, a, b, out);
+  return cudaGetLastError();
+}
+
+cudaError_t SiluMulF32(int64_t rows, int64_t inter, const float* x, float* out,
+                       cudaStream_t stream) {
+  if (rows <= 0 || inter <= 0) return cudaSuccess;
+  SiluMulKernel<<<GridFor(rows * inter), kThreads, 0, stream>>>(rows, inter, x, out);
+  return cudaGetLastError();
+}
+
+}  // namespace kernels
+}  // namespace deepinfer

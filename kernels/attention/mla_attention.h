@@ -1,0 +1,57 @@
+// Absorbed multi-head latent attention (fp32) over the paged latent KV cache, and the write of
+// new latents/rope keys into that cache: the GPU counterparts of Backend::WriteLatentCache and
+// Backend::MlaAttention. Prefill and decode tokens go through the same kernel (each query token
+// carries its own sequence and causal context length).
+#ifndef DEEPINFER_KERNELS_ATTENTION_MLA_ATTENTION_H_
+#define DEEPINFER_KERNELS_ATTENTION_MLA_ATTENTION_H_
+
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+
+namespace deepinfer {
+namespace kernels {
+
+// Cache layout: entry t of block b is at cache + (b*block_size + t) * (latent_dim + rope_dim),
+// the latent first, the rope key after.
+struct PagedLatentCache {
+  float* cache = nullptr;
+  int32_t block_size = 0;
+  int32_t latent_dim = 0;
+  int32_t rope_dim = 0;
+};
+
+// The largest latent_dim MlaAttentionF32 accepts (DeepSeek-V3: 512).
+constexpr int32_t kMaxMlaLatentDim = 1024;
+
+struct MlaAttentionParams {
+  int32_t num_tokens = 0;
+  int32_t num_heads = 0;
+  const float* q_latent = nullptr;  // [tokens, heads, latent_dim]
+  const float* q_rope = nullptr;    // (t, h, i) at q_rope[t*token_stride + h*head_stride + i]
+  int64_t q_rope_token_stride = 0;
+  int64_t q_rope_head_stride = 0;
+  PagedLatentCache cache;
+  const int32_t* block_tables = nullptr;  // [num_seqs, max_blocks_per_seq]
+  int32_t max_blocks_per_seq = 0;
+  const int32_t* token_seq = nullptr;    // [tokens]: the token's row in block_tables
+  const int32_t* context_len = nullptr;  // [tokens]: cached positions the token sees (>= 1)
+  float softmax_scale = 1.0f;
+  float* out_latent = nullptr;  // [tokens, heads, latent_dim]
+};
+
+// Writes token t's latent (row t of latent, stride ld_latent) and rope key (row t of rope_key,
+// stride ld_rope) into cache slot slots[t] = block * block_size + offset.
+cudaError_t WriteLatentCacheF32(int64_t tokens, const float* latent, int64_t ld_latent,
+                                const float* rope_key, int64_t ld_rope, const int32_t* slots,
+                                const PagedLatentCache& cache, cudaStream_t stream);
+
+// out[t, h] = sum_j softmax_j(scale * (q_latent[t,h]·c_j + q_rope[t,h]·k_j)) c_j over the
+// first context_len[t] entries of the token's sequence. cudaErrorInvalidValue if latent_dim
+// exceeds kMaxMlaLatentDim.
+cudaError_t MlaAttentionF32(const MlaAttentionParams& params, cudaStream_t stream);
+
+}  // namespace kernels
+}  // namespace deepinfer
+
+#endif  // DEEPINFER_KERNELS_ATTENTION_MLA_ATTENTION_H_

@@ -1,0 +1,46 @@
+// RMSNorm: one block per row; the sum of squares is reduced in fp32 through warp shuffles.
+#include "kernels/norm/rms_norm.h"
+
+namespace deepinfer {
+namespace kernels {
+namespace {
+
+constexpr int kThreads = 256;
+
+__global__ void RmsNormKernel(int64_t dim, const float* x, int64_t ldx, const float* weight,
+                              float eps, float* out, int64_t ldout) {
+  __shared__ float partial[kThreads / 32];
+  __shared__ float inv_rms;
+  const float* xr = x + blockIdx.x * ldx;
+  float* orow = out + blockIdx.x * ldout;
+  float ss = 0.0f;
+  for (int64_t i = threadIdx.x; i < dim; i += kThreads) ss += xr[i] * xr[i];
+  for (int o = 16; o > 0; o >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o);
+  if ((threadIdx.x & 31) == 0) partial[threadIdx.x / 32] = ss;
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    float total = 0.0f;
+    for (int w = 0; w < kThreads / 32; ++w) total += partial[w];
+    // 1/sqrt rather than rsqrtf: rsqrtf is approximate (2 ulp), the CPU reference is exact.
+    inv_rms = 1.0f / sqrtf(total / static_cast<float>(dim) + eps);
+  }
+  __syncthreads();
+  // Every thread has finished reading its part of xr before inv_rms is published, so writing
+  // in place (out == x) is safe.
+  const float inv = inv_rms;
+  for (int64_t i = threadIdx.x; i < dim; i += kThreads) orow[i] = weight[i] * (xr[i] * inv);
+}
+
+}  // namespace
+
+cudaError_t RmsNormF32(int64_t rows, int64_t dim, const float* x, int64_t ldx, const float* weight,
+                       float eps, float* out, int64_t ldout, cudaStream_t stream) {
+  if (rows <= 0 || dim <= 0) return cudaSuccess;
+  if (rows > 0x7fffffff) return cudaErrorInvalidValue;
+  RmsNormKernel<<<static_cast<unsigned>(rows), kThreads, 0, stream>>>(dim, x, ldx, weight, eps, out,
+                                                                      ldout);
+  return cudaGetLastError();
+}
+
+}  // namespace kernels
+}  // namespace deepinfer

@@ -1,0 +1,22 @@
+// RMSNorm kernel (fp32): the GPU counterpart of Backend::RmsNorm. C-style API so that any
+// backend or test can call it with device pointers and a stream.
+#ifndef DEEPINFER_KERNELS_NORM_RMS_NORM_H_
+#define DEEPINFER_KERNELS_NORM_RMS_NORM_H_
+
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+
+namespace deepinfer {
+namespace kernels {
+
+// out[r, :] = x[r, :] / sqrt(mean(x[r, :]^2) + eps) * weight, statistics in fp32. Row strides
+// ldx / ldout are in elements; out may alias x (each row is read fully before it is written).
+// Returns the launch error, if any.
+cudaError_t RmsNormF32(int64_t rows, int64_t dim, const float* x, int64_t ldx, const float* weight,
+                       float eps, float* out, int64_t ldout, cudaStream_t stream);
+
+}  // namespace kernels
+}  // namespace deepinfer
+
+#endif  // DEEPINFER_KERNELS_NORM_RMS_NORM_H_

@@ -1,0 +1,46 @@
+// ArgmaxRowsF32 against CpuBackend::ArgmaxRows, including planted ties (lowest index wins).
+#include "kernels/sampling/argmax.h"
+
+#include <limits>
+#include <random>
+#include <vector>
+
+#include "gtest/gtest.h"
+#include "kernels/testing/gpu_test_util.h"
+#include "worker/backend/cpu/cpu_backend.h"
+
+namespace deepinfer {
+namespace {
+
+using testing::DeviceArray;
+
+TEST(ArgmaxKernelTest, MatchesCpuBackendWithTies) {
+  DEEPINFER_SKIP_WITHOUT_GPU();
+  CpuBackend cpu(2);
+  for (int64_t vocab : {1, 7, 1000, 129280}) {
+    const uint32_t seed = testing::FreshSeed();
+    SCOPED_TRACE(::testing::Message() << "vocab " << vocab << " seed " << seed);
+    const int64_t rows = 12;
+    auto logits = testing::RandomFloats(rows * vocab, seed);
+    std::mt19937 gen(seed + 1);
+    std::uniform_int_distribution<int64_t> col(0, vocab - 1);
+    for (int64_t r = 0; r < rows; r += 2) {  // even rows: the maximum twice (or more)
+      const float top = 100.0f + r;
+      for (int k = 0; k < 3; ++k) logits[r * vocab + col(gen)] = top;
+    }
+    for (int64_t i = 0; i < vocab; ++i) logits[3 * vocab + i] = -1.5f;  // a constant row
+    std::vector<int32_t> want(rows);
+    cpu.ArgmaxRows(rows, vocab, logits.data(), want.data());
+    DeviceArray<float> dl(logits);
+    DeviceArray<int32_t> dout(rows);
+    dout.Poison();
+    DEEPINFER_CUDA_OK(kernels::ArgmaxRowsF32(rows, vocab, dl.get(), dout.get(), nullptr));
+    std::vector<int32_t> got;
+    DEEPINFER_CUDA_OK(dout.Download(&got));
+    EXPECT_EQ(got, want);
+    EXPECT_EQ(got[3], 0);
+  }
+}
+
+}  // namespace
+}  // namespace deepinfer

@@ -1,0 +1,72 @@
+// ParallelDummyWeightSource: DummyWeightSource's formula, element ranges split over threads.
+// parallel_dummy_weight_source_test checks that the values stay identical to DummyWeightSource.
+#include "tools/bench/parallel_dummy_weight_source.h"
+
+#include <algorithm>
+#include <cmath>
+#include <thread>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "worker/sampling/counter_rng.h"
+
+namespace deepinfer {
+namespace {
+
+uint64_t Fnv1a(const std::string& s) {
+  uint64_t h = 1469598103934665603ull;
+  for (unsigned char c : s) {
+    h ^= c;
+    h *= 1099511628211ull;
+  }
+  return h;
+}
+
+}  // namespace
+
+ParallelDummyWeightSource::ParallelDummyWeightSource(uint64_t seed, int num_threads)
+    : seed_(seed),
+      num_threads_(num_threads > 0 ? num_threads
+                                   : std::max(1u, std::thread::hardware_concurrency())) {}
+
+absl::Status ParallelDummyWeightSource::ReadFloat32(const std::string& name,
+                                                    const std::vector<int64_t>& shape, float* out) {
+  int64_t n = 1;
+  for (int64_t d : shape) n *= d;
+  if (absl::StrContains(name, "norm")) {
+    std::fill(out, out + n, 1.0f);
+    return absl::OkStatus();
+  }
+  const uint64_t key = seed_ ^ Fnv1a(name);
+  float amplitude;
+  if (absl::StrContains(name, "e_score_correction_bias")) {
+    amplitude = 0.05f;
+  } else if (absl::StrContains(name, "embed_tokens")) {
+    amplitude = std::sqrt(3.0f);
+  } else {
+    const int64_t fan_in = shape.empty() ? 1 : shape.back();
+    amplitude = std::sqrt(3.0f / static_cast<float>(fan_in));
+  }
+  auto fill = [&](int64_t begin, int64_t end) {
+    for (int64_t i = begin; i < end; ++i) {
+      out[i] = (2.0f * CounterRng::Uniform(key, 0, i) - 1.0f) * amplitude;
+    }
+  };
+  const int64_t threads = std::min<int64_t>(num_threads_, std::max<int64_t>(1, n / (1 << 16)));
+  if (threads <= 1) {
+    fill(0, n);
+    return absl::OkStatus();
+  }
+  std::vector<std::thread> workers;
+  for (int64_t t = 0; t < threads; ++t) {
+    workers.emplace_back(fill, n * t / threads, n * (t + 1) / threads);
+  }
+  for (std::thread& w : workers) w.join();
+  return absl::OkStatus();
+}
+
+std::string ParallelDummyWeightSource::description() const {
+  return absl::StrCat("dummy(seed=", seed_, ")");
+}
+
+}  // namespace deepinfer

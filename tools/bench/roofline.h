@@ -1,0 +1,43 @@
+// Roofline model of a DeepSeek-V3-architecture step, from the config alone: how many bytes a
+// step must read from GPU memory (weights touched + latent KV cache) and how many FLOPs it must
+// do, so the benchmark can report measured times as a fraction of what the hardware allows
+// (bytes / 4.3 TB/s and FLOPs / 790 TFLOP/s on an H200, docs/DEVICE.md).
+#ifndef DEEPINFER_TOOLS_BENCH_ROOFLINE_H_
+#define DEEPINFER_TOOLS_BENCH_ROOFLINE_H_
+
+#include <cstdint>
+
+#include "worker/model/model_config.h"
+
+namespace deepinfer {
+
+struct ParamCounts {
+  double total = 0;             // every weight of the main model (no MTP layers)
+  double active_per_token = 0;  // what one token multiplies through (top_k + shared experts)
+  double embedding = 0;         // vocab x hidden (read one row per token)
+  double per_routed_expert = 0;
+  int64_t moe_layers = 0;
+};
+
+ParamCounts CountParams(const ModelConfig& c);
+
+struct StepCost {
+  double bytes = 0;
+  double flops = 0;
+  // max(bytes / bandwidth, flops / peak): the shortest time the step could take.
+  double RooflineSeconds(double bytes_per_s, double flops_per_s) const;
+};
+
+// A decode step of `batch` sequences, each with `context` cached tokens, weights of
+// `bytes_per_param` bytes: all non-expert weights (embedding: one row per sequence), the
+// expected number of distinct routed experts that `batch` tokens touch under uniform routing,
+// and the cache entries of every sequence in every layer.
+StepCost DecodeStepCost(const ModelConfig& c, int64_t batch, int64_t context,
+                        double bytes_per_param);
+
+// A prefill step of `seqs` prompts of `len` tokens each (causal attention, absorbed MLA).
+StepCost PrefillStepCost(const ModelConfig& c, int64_t seqs, int64_t len, double bytes_per_param);
+
+}  // namespace deepinfer
+
+#endif  // DEEPINFER_TOOLS_BENCH_ROOFLINE_H_

@@ -1,0 +1,63 @@
+// Roofline counts checked against published DeepSeek-V3 figures (671B parameters, 37B active)
+// and against hand arithmetic for a tiny config.
+#include "tools/bench/roofline.h"
+
+#include <algorithm>
+
+#include "gtest/gtest.h"
+
+namespace deepinfer {
+namespace {
+
+ModelConfig DeepseekV3() {
+  ModelConfig c;
+  c.vocab_size = 129280;
+  c.hidden_size = 7168;
+  c.intermediate_size = 18432;
+  c.moe_intermediate_size = 2048;
+  c.num_hidden_layers = 61;
+  c.num_attention_heads = 128;
+  c.q_lora_rank = 1536;
+  c.kv_lora_rank = 512;
+  c.qk_nope_head_dim = 128;
+  c.qk_rope_head_dim = 64;
+  c.v_head_dim = 128;
+  c.n_routed_experts = 256;
+  c.n_shared_experts = 1;
+  c.num_experts_per_tok = 8;
+  c.first_k_dense_replace = 3;
+  return c;
+}
+
+TEST(RooflineTest, DeepseekV3ParameterCounts) {
+  const ParamCounts p = CountParams(DeepseekV3());
+  EXPECT_NEAR(p.total / 1e9, 671.0, 1.0);            // DeepSeek-V3 report: 671B
+  EXPECT_NEAR(p.active_per_token / 1e9, 37.0, 1.0);  // and 37B activated per token
+  EXPECT_EQ(p.moe_layers, 58);
+}
+
+TEST(RooflineTest, DecodeReadsEveryExpertAtLargeBatchAndFewAtBatchOne) {
+  const ModelConfig c = DeepseekV3();
+  const ParamCounts p = CountParams(c);
+  const StepCost one = DecodeStepCost(c, 1, 0, 1.0);
+  const StepCost many = DecodeStepCost(c, 4096, 0, 1.0);
+  // Batch 1 touches top_k experts per layer: the active parameters (which count the LM head,
+  // not the embedding table, of which one row is read) plus one step of cache.
+  EXPECT_NEAR(one.bytes / 1e9, p.active_per_token / 1e9, 0.01);
+  // A huge batch touches every expert: about all parameters minus the embedding table.
+  EXPECT_NEAR(many.bytes / 1e9, (p.total - p.embedding) / 1e9, 1.0);
+  EXPECT_NEAR(one.flops, 2.0 * p.active_per_token + 61.0 * 128 * (2 * 576 + 2 * 512), 1e3);
+}
+
+TEST(RooflineTest, CacheBytesAndAttentionFlopsScaleWithContext) {
+  const ModelConfig c = DeepseekV3();
+  const StepCost a = DecodeStepCost(c, 8, 999, 2.0);
+  const StepCost b = DecodeStepCost(c, 8, 1999, 2.0);
+  // 1000 more cached tokens per sequence: 576 values x 61 layers x 2 bytes each.
+  EXPECT_NEAR(b.bytes - a.bytes, 8.0 * 1000 * 576 * 61 * 2, 1.0);
+  EXPECT_NEAR(b.flops - a.flops, 8.0 * 1000 * 61 * 128 * (2 * 576 + 2 * 512), 1e3);
+  EXPECT_DOUBLE_EQ(a.RooflineSeconds(4.3e12, 790e12), std::max(a.bytes / 4.3e12, a.flops / 790e12));
+}
+
+}  // namespace
+}  // namespace deepinfer

@@ -1,0 +1,62 @@
+#!/bin/bash
+# prepare.sh - build the GPU tests (and the benchmark) with CUDA and -c opt here, on a machine
+# without a GPU, and bundle them with the parity fixtures into one relocatable folder that the
+# device tool carries to the GPU machine, where tools/gpu/run_all.sh (copied into the folder)
+# runs them all.
+#
+#   tools/gpu/prepare.sh [--out DIR]        (default DIR: <repo>/.gpu, git-ignored)
+#
+# DIR/bin/*     stripped binaries, RUNPATH $ORIGIN/../lib (tools/bundle.sh)
+# DIR/lib/      the non-glibc, non-CUDA shared libraries they need (absl, glog, gtest, ...)
+# DIR/srcdir/   TEST_SRCDIR for the parity tests: deepinfer/tests/fixtures/...
+# DIR/configs/  model configs for the benchmark
+# DIR/run_all.sh
+# Then, with the device tool: carry [DIR relative to the repo root], command
+# `bash DIR/run_all.sh` (logs under $OUT).
+set -euo pipefail
+repo=$(cd "$(dirname "$0")/../.." && pwd)
+out="$repo/.gpu"
+if [[ "${1:-}" == "--out" ]]; then out=$2; fi
+cd "$repo"
+
+tests=(
+  //kernels/activation:elementwise_test
+  //kernels/attention:mla_attention_test
+  //kernels/embedding:rows_test
+  //kernels/moe:noaux_tc_router_test
+  //kernels/norm:rms_norm_test
+  //kernels/rope:rope_test
+  //kernels/sampling:argmax_test
+  //worker/backend/cuda:cuda_backend_test
+  //worker/backend:backend_factory_test
+  //tests/parity:cuda_parity_test
+)
+tools=()
+[[ -f tools/bench/BUILD ]] && tools+=(//tools/bench:bench)
+
+bazel build -c opt --config=cuda "${tests[@]}" "${tools[@]}"
+bin_dir=$(bazel info -c opt --config=cuda bazel-bin 2>/dev/null)
+
+rm -rf "$out"
+mkdir -p "$out/bin" "$out/lib" "$out/srcdir/deepinfer/tests" "$out/configs"
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+for t in "${tests[@]}" "${tools[@]}"; do
+  path=${t#//}
+  path=${path/://}
+  name=$(basename "$path")
+  bash tools/bundle.sh "$bin_dir/$path" "$tmp/$name" > /dev/null
+  cp "$tmp/$name/bin/$name" "$out/bin/$name"
+  chmod u+w "$out/bin/$name"
+  strip --strip-unneeded "$out/bin/$name"
+  cp -n "$tmp/$name"/lib/* "$out/lib/" 2>/dev/null || true
+done
+cp -r tests/fixtures "$out/srcdir/deepinfer/tests/"
+rm -f "$out/srcdir/deepinfer/tests/fixtures/BUILD"
+for d in tests/fixtures/*/; do cp "$d/config.json" "$out/configs/$(basename "$d").json"; done
+[[ -d tools/bench/configs ]] && cp tools/bench/configs/*.json "$out/configs/"
+cp tools/gpu/run_all.sh "$out/run_all.sh"
+[[ -f tools/bench/bench_cases.sh ]] && cp tools/bench/bench_cases.sh "$out/bench_cases.sh"
+git rev-parse HEAD > "$out/COMMIT"
+git status --short >> "$out/COMMIT"
+du -sh "$out" "$out"/bin "$out"/lib

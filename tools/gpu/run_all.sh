@@ -1,0 +1,76 @@
+#!/bin/bash
+# run_all.sh - runs every GPU test (and the benchmark, when bundled) on the GPU machine from the
+# folder tools/gpu/prepare.sh made; this script is copied into that folder and run from there:
+#
+#   bash .gpu/run_all.sh            (device tool: carry [".gpu"], logs come back from $OUT)
+#   BENCH_MODE=profile bash ...     (benchmark: a short per-op profile instead of the full model)
+#
+# Per step a log (gtest output) in $OUT/logs.tar.gz (the device tool returns at most 8 files, so
+# the logs travel as one archive, refreshed after every step in case the call is cut short) and
+# a line in $OUT/summary.txt; $OUT/machine.txt describes the GPU. The kernel tests
+# also run under compute-sanitizer memcheck (out-of-bounds and misaligned accesses) and the
+# attention / reduction kernels under racecheck (shared-memory races). Exit status: the number
+# of failed steps (0 = all passed).
+set -uo pipefail
+here=$(cd "$(dirname "$0")" && pwd)
+OUT=${OUT:-/tmp/gpu-out}
+mkdir -p "$OUT"
+export LD_LIBRARY_PATH="$here/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+export TEST_SRCDIR="$here/srcdir"
+export NCCL_NVLS_ENABLE=0
+export PATH="$PATH:/usr/local/cuda/bin"
+logs=/tmp/gpu-logs
+rm -rf "$logs"
+mkdir -p "$logs"
+summary="$OUT/summary.txt"
+: > "$summary"
+failed=0
+
+step() {  # step NAME TIMEOUT_S COMMAND... : runs, logs to $logs/NAME.log, records the result
+  local name=$1 limit=$2
+  shift 2
+  local start_ms=$(($(date +%s%N) / 1000000))
+  timeout "$limit" "$@" > "$logs/$name.log" 2>&1
+  local rc=$?
+  local ms=$(($(date +%s%N) / 1000000 - start_ms))
+  local verdict=PASS
+  [[ $rc -eq 0 ]] || { verdict="FAIL(rc=$rc)"; failed=$((failed + 1)); }
+  # A gtest binary that skipped everything still exits 0: say so, it is not a pass on the GPU.
+  if grep -q '\[  SKIPPED \]' "$logs/$name.log" 2>/dev/null; then verdict="$verdict+SKIPS"; fi
+  printf '%-40s %-16s %5d.%03ds  %s\n' "$name" "$verdict" $((ms / 1000)) $((ms % 1000)) \
+    "$(grep -E '^\[  (PASSED|FAILED) |ERROR SUMMARY' "$logs/$name.log" | tr '\n' ' ')" |
+    tee -a "$summary"
+  tar -C "$logs" -czf "$OUT/logs.tar.gz" .
+}
+
+{
+  echo "commit: $(head -1 "$here/COMMIT" 2>/dev/null)"
+  nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv
+  ls -la /usr/local/cuda/lib64/libcublas.so* 2>/dev/null | head -3
+} > "$OUT/machine.txt" 2>&1
+
+for t in "$here"/bin/*_test; do
+  step "$(basename "$t")" 300 "$t" --gtest_color=no
+done
+if [[ -x "$here/bin/bench" && -f "$here/bench_cases.sh" ]]; then
+  step bench 300 bash "$here/bench_cases.sh" "$here" "${BENCH_MODE:-full}"
+fi
+for t in "$here"/bin/*_test; do
+  n=$(basename "$t")
+  case "$n" in
+    cuda_parity_test | backend_factory_test) continue ;;
+  esac
+  step "memcheck_$n" 240 compute-sanitizer --tool memcheck --error-exitcode 1 "$t" --gtest_color=no
+done
+for n in mla_attention_test rms_norm_test argmax_test; do
+  [[ -x "$here/bin/$n" ]] || continue
+  step "racecheck_$n" 240 compute-sanitizer --tool racecheck --error-exitcode 1 "$here/bin/$n" \
+    --gtest_color=no
+done
+# The whole model under memcheck: every op with the model's real strides and shapes.
+if [[ -x "$here/bin/cuda_parity_test" ]]; then
+  step memcheck_cuda_parity_test 120 compute-sanitizer --tool memcheck --error-exitcode 1 \
+    "$here/bin/cuda_parity_test" --gtest_color=no
+fi
+echo "failed steps: $failed" | tee -a "$summary"
+exit "$failed"

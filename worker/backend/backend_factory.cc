@@ -1,0 +1,38 @@
+// MakeBackend: name -> Backend.
+#include "worker/backend/backend_factory.h"
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "worker/backend/cpu/cpu_backend.h"
+#ifdef DEEPINFER_WITH_CUDA
+#include "worker/backend/cuda/cuda_backend.h"
+#endif
+
+namespace deepinfer {
+
+std::vector<std::string> AvailableBackends() {
+#ifdef DEEPINFER_WITH_CUDA
+  return {"cpu", "cuda"};
+#else
+  return {"cpu"};
+#endif
+}
+
+absl::StatusOr<std::unique_ptr<Backend>> MakeBackend(const BackendOptions& options) {
+  if (options.kind == "cpu") return std::make_unique<CpuBackend>(options.cpu_threads);
+  if (options.kind == "cuda") {
+#ifdef DEEPINFER_WITH_CUDA
+    auto cuda = CudaBackend::Create(options.cuda_device);
+    if (!cuda.ok()) return cuda.status();
+    return std::unique_ptr<Backend>(std::move(*cuda));
+#else
+    return absl::UnimplementedError(
+        "backend 'cuda': this binary was built without CUDA (--config=cpu or no nvcc)");
+#endif
+  }
+  return absl::InvalidArgumentError(
+      absl::StrCat("unknown backend '", options.kind,
+                   "' (available: ", absl::StrJoin(AvailableBackends(), ", "), ")"));
+}
+
+}  // namespace deepinfer

@@ -1,0 +1,31 @@
+// MakeBackend: builds the Backend a worker runs on from its name, so binaries choose the device
+// with a flag (`--backend cpu|cuda`) without depending on CUDA themselves: the CUDA backend is
+// linked in only when the build has CUDA (`--config=cpu` builds return UNIMPLEMENTED for it).
+#ifndef DEEPINFER_WORKER_BACKEND_BACKEND_FACTORY_H_
+#define DEEPINFER_WORKER_BACKEND_BACKEND_FACTORY_H_
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "worker/backend/backend.h"
+
+namespace deepinfer {
+
+struct BackendOptions {
+  std::string kind = "cpu";  // "cpu" or "cuda"
+  int cpu_threads = 0;       // cpu: <= 0 means one per hardware thread
+  int cuda_device = 0;       // cuda: device ordinal
+};
+
+// INVALID_ARGUMENT for an unknown kind; UNIMPLEMENTED for "cuda" in a build without CUDA;
+// FAILED_PRECONDITION for "cuda" on a machine without that GPU.
+absl::StatusOr<std::unique_ptr<Backend>> MakeBackend(const BackendOptions& options);
+
+// The kinds this build can make ("cpu", and "cuda" when built with CUDA).
+std::vector<std::string> AvailableBackends();
+
+}  // namespace deepinfer
+
+#endif  // DEEPINFER_WORKER_BACKEND_BACKEND_FACTORY_H_

@@ -1,0 +1,42 @@
+// MakeBackend: names, errors, and the CUDA backend where the build and machine have it.
+#include "worker/backend/backend_factory.h"
+
+#include "gtest/gtest.h"
+#ifdef DEEPINFER_WITH_CUDA
+#include <cuda_runtime_api.h>
+#endif
+
+namespace deepinfer {
+namespace {
+
+TEST(BackendFactoryTest, MakesCpuBackend) {
+  auto b = MakeBackend({"cpu", 1, 0});
+  ASSERT_TRUE(b.ok()) << b.status();
+  EXPECT_EQ((*b)->name(), "cpu");
+  EXPECT_TRUE((*b)->status().ok());
+}
+
+TEST(BackendFactoryTest, RejectsUnknownKind) {
+  auto b = MakeBackend({"tpu", 0, 0});
+  EXPECT_EQ(b.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(b.status().message().find("available: cpu"), absl::string_view::npos) << b.status();
+}
+
+TEST(BackendFactoryTest, CudaDependsOnBuildAndMachine) {
+  auto b = MakeBackend({"cuda", 0, 0});
+#ifdef DEEPINFER_WITH_CUDA
+  int n = 0;
+  if (cudaGetDeviceCount(&n) != cudaSuccess || n == 0) {
+    EXPECT_EQ(b.status().code(), absl::StatusCode::kFailedPrecondition) << b.status();
+    return;
+  }
+  ASSERT_TRUE(b.ok()) << b.status();
+  EXPECT_EQ((*b)->name(), "cuda");
+  EXPECT_EQ(MakeBackend({"cuda", 0, n}).status().code(), absl::StatusCode::kFailedPrecondition);
+#else
+  EXPECT_EQ(b.status().code(), absl::StatusCode::kUnimplemented) << b.status();
+#endif
+}
+
+}  // namespace
+}  // namespace deepinfer

@@ -1,0 +1,340 @@
+// CudaBackend: Backend ops mapped onto kernels/ and cuBLAS on one stream.
+#include "worker/backend/cuda/cuda_backend.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cstdint>
+#include <limits>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "glog/logging.h"
+#include "kernels/activation/elementwise.h"
+#include "kernels/attention/mla_attention.h"
+#include "kernels/embedding/rows.h"
+#include "kernels/moe/noaux_tc_router.h"
+#include "kernels/norm/rms_norm.h"
+#include "kernels/rope/rope.h"
+#include "kernels/sampling/argmax.h"
+#include "worker/backend/cuda/cuda_status.h"
+
+namespace deepinfer {
+namespace {
+
+// cudaMallocAsync memory, freed on the same stream so later frees are ordered after the ops
+// that used the buffer.
+class CudaBuffer : public DeviceBuffer {
+ public:
+  CudaBuffer(void* ptr, size_t bytes, cudaStream_t stream)
+      : ptr_(ptr), bytes_(bytes), stream_(stream) {}
+  ~CudaBuffer() override {
+    cudaError_t err = cudaFreeAsync(ptr_, stream_);
+    if (err != cudaSuccess) LOG(ERROR) << CudaStatus(err, "cudaFreeAsync");
+  }
+  void* data() override { return ptr_; }
+  const void* data() const override { return ptr_; }
+  size_t size_bytes() const override { return bytes_; }
+
+ private:
+  void* ptr_;
+  size_t bytes_;
+  cudaStream_t stream_;
+};
+
+bool FitsInt(int64_t v) { return v >= 0 && v <= std::numeric_limits<int>::max(); }
+
+}  // namespace
+
+class CudaBackend::OpTimer {
+ public:
+  OpTimer(CudaBackend* b, const char* name)
+      : b_(b), name_(name), active_(b->op_timing_ && !b->in_timed_op_) {
+    if (!active_) return;
+    b_->in_timed_op_ = true;
+    b_->Check(cudaStreamSynchronize(b_->stream_), "cudaStreamSynchronize");
+    start_ = std::chrono::steady_clock::now();
+  }
+  ~OpTimer() {
+    if (!active_) return;
+    b_->Check(cudaStreamSynchronize(b_->stream_), "cudaStreamSynchronize");
+    OpTotal& t = b_->op_totals_[name_];
+    ++t.calls;
+    t.seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count();
+    b_->in_timed_op_ = false;
+  }
+
+ private:
+  CudaBackend* b_;
+  const char* name_;
+  bool active_;
+  std::chrono::steady_clock::time_point start_;
+};
+
+void CudaBackend::SetOpTiming(bool on) { op_timing_ = on; }
+
+std::string CudaBackend::TakeOpTimingReport() {
+  std::vector<std::pair<std::string, OpTotal>> v(op_totals_.begin(), op_totals_.end());
+  std::sort(v.begin(), v.end(),
+            [](const auto& a, const auto& b) { return a.second.seconds > b.second.seconds; });
+  double total = 0;
+  for (const auto& e : v) total += e.second.seconds;
+  std::string out;
+  for (const auto& e : v) {
+    absl::StrAppendFormat(&out, "  %-18s %8d calls %10.3f ms %5.1f%%\n", e.first, e.second.calls,
+                          e.second.seconds * 1e3, total > 0 ? 100 * e.second.seconds / total : 0);
+  }
+  absl::StrAppendFormat(&out, "  %-18s %8s       %10.3f ms\n", "total", "", total * 1e3);
+  op_totals_.clear();
+  return out;
+}
+
+absl::StatusOr<std::unique_ptr<CudaBackend>> CudaBackend::Create(int device) {
+  int count = 0;
+  cudaError_t err = cudaGetDeviceCount(&count);
+  if (err != cudaSuccess || count == 0) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("CudaBackend: no CUDA device (cudaGetDeviceCount: ",
+                     err == cudaSuccess ? "0 devices" : cudaGetErrorString(err), ")"));
+  }
+  if (device < 0 || device >= count) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("CudaBackend: device ", device, " requested, ", count, " present"));
+  }
+  absl::Status st = CudaStatus(cudaSetDevice(device), "cudaSetDevice");
+  if (!st.ok()) return st;
+  cudaStream_t stream = nullptr;
+  st = CudaStatus(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), "cudaStreamCreate");
+  if (!st.ok()) return st;
+  cudaMemPool_t pool = nullptr;
+  st = CudaStatus(cudaDeviceGetDefaultMemPool(&pool, device), "cudaDeviceGetDefaultMemPool");
+  if (st.ok()) {
+    // Keep freed memory in the pool instead of returning it at every synchronisation: the model
+    // allocates its activations afresh each step.
+    uint64_t keep_all = std::numeric_limits<uint64_t>::max();
+    st = CudaStatus(cudaMemPoolSetAttribute(pool, cudaMemPoolAttrReleaseThreshold, &keep_all),
+                    "cudaMemPoolSetAttribute(ReleaseThreshold)");
+  }
+  cublasHandle_t cublas = nullptr;
+  if (st.ok()) st = CublasStatus(cublasCreate(&cublas), "cublasCreate");
+  if (st.ok()) st = CublasStatus(cublasSetStream(cublas, stream), "cublasSetStream");
+  // Plain fp32 arithmetic: TF32 tensor cores would cost the 1e-3 parity with HF float32.
+  if (st.ok())
+    st = CublasStatus(cublasSetMathMode(cublas, CUBLAS_DEFAULT_MATH), "cublasSetMathMode");
+  if (!st.ok()) {
+    if (cublas != nullptr) cublasDestroy(cublas);
+    cudaStreamDestroy(stream);
+    return st;
+  }
+  return std::unique_ptr<CudaBackend>(new CudaBackend(device, stream, cublas, pool));
+}
+
+CudaBackend::CudaBackend(int device, cudaStream_t stream, cublasHandle_t cublas, cudaMemPool_t pool)
+    : device_(device), stream_(stream), cublas_(cublas), pool_(pool) {}
+
+CudaBackend::~CudaBackend() {
+  cudaSetDevice(device_);
+  Check(cudaStreamSynchronize(stream_), "cudaStreamSynchronize");
+  cublasDestroy(cublas_);
+  cudaStreamDestroy(stream_);
+}
+
+bool CudaBackend::Record(const absl::Status& st) {
+  if (st.ok()) return true;
+  absl::MutexLock lock(&mu_);
+  if (first_error_.ok()) {
+    LOG(ERROR) << "CudaBackend: " << st;
+    first_error_ = st;
+  }
+  return false;
+}
+
+bool CudaBackend::Check(cudaError_t err, const char* call) {
+  return err == cudaSuccess || Record(CudaStatus(err, call));
+}
+
+bool CudaBackend::CheckBlas(cublasStatus_t st, const char* call) {
+  return st == CUBLAS_STATUS_SUCCESS || Record(CublasStatus(st, call));
+}
+
+absl::Status CudaBackend::status() const {
+  absl::MutexLock lock(&mu_);
+  return first_error_;
+}
+
+absl::StatusOr<size_t> CudaBackend::ReservedBytes(bool high_water_mark) const {
+  uint64_t v = 0;
+  absl::Status st = CudaStatus(
+      cudaMemPoolGetAttribute(
+          pool_,
+          high_water_mark ? cudaMemPoolAttrReservedMemHigh : cudaMemPoolAttrReservedMemCurrent, &v),
+      "cudaMemPoolGetAttribute");
+  if (!st.ok()) return st;
+  return static_cast<size_t>(v);
+}
+
+std::unique_ptr<DeviceBuffer> CudaBackend::Allocate(size_t bytes) {
+  OpTimer timer(this, "Allocate");
+  cudaSetDevice(device_);
+  // At least one 256-byte granule, so data() is never null even for empty tensors.
+  const size_t rounded = ((std::max<size_t>(bytes, 1) + 255) / 256) * 256;
+  void* ptr = nullptr;
+  absl::Status st = CudaStatus(cudaMallocAsync(&ptr, rounded, stream_), "cudaMallocAsync");
+  if (st.ok()) st = CudaStatus(cudaMemsetAsync(ptr, 0, rounded, stream_), "cudaMemsetAsync");
+  CHECK(st.ok()) << "CudaBackend: allocating " << bytes << " bytes: " << st;
+  return std::make_unique<CudaBuffer>(ptr, bytes, stream_);
+}
+
+void CudaBackend::CopyToDevice(const void* host, size_t bytes, void* device) {
+  OpTimer timer(this, "CopyToDevice");
+  if (bytes == 0) return;
+  // From pageable memory the call returns once the data is staged, so the caller may reuse
+  // or free `host` immediately.
+  Check(cudaMemcpyAsync(device, host, bytes, cudaMemcpyHostToDevice, stream_),
+        "cudaMemcpyAsync(HostToDevice)");
+}
+
+void CudaBackend::CopyToHost(const void* device, size_t bytes, void* host) {
+  OpTimer timer(this, "CopyToHost");
+  if (bytes == 0) return;
+  if (Check(cudaMemcpyAsync(host, device, bytes, cudaMemcpyDeviceToHost, stream_),
+            "cudaMemcpyAsync(DeviceToHost)")) {
+    Check(cudaStreamSynchronize(stream_), "cudaStreamSynchronize");
+  }
+}
+
+void CudaBackend::CopyDeviceToDevice(const void* src, size_t bytes, void* dst) {
+  OpTimer timer(this, "CopyDeviceToDevice");
+  if (bytes == 0) return;
+  Check(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, stream_),
+        "cudaMemcpyAsync(DeviceToDevice)");
+}
+
+void CudaBackend::Synchronize() { Check(cudaStreamSynchronize(stream_), "cudaStreamSynchronize"); }
+
+void CudaBackend::Gemm(int64_t m, int64_t n, int64_t k, const float* a, int64_t lda, const float* w,
+                       int64_t ldw, float* c, int64_t ldc, bool accumulate) {
+  OpTimer timer(this, "Gemm");
+  if (m <= 0 || n <= 0) return;
+  if (!FitsInt(m) || !FitsInt(n) || !FitsInt(k) || !FitsInt(lda) || !FitsInt(ldw) ||
+      !FitsInt(ldc)) {
+    Record(absl::InvalidArgumentError(
+        absl::StrCat("CudaBackend::Gemm: sizes beyond int range (m ", m, " n ", n, " k ", k, ")")));
+    return;
+  }
+  // Row-major C[m,n] = A[m,k]·W[n,k]ᵀ is column-major Cᵀ[n,m] = W·Aᵀ, with W read as the
+  // column-major [k,n] matrix it is in memory (hence op T) and A as column-major [k,m] (op N).
+  const float alpha = 1.0f, beta = accumulate ? 1.0f : 0.0f;
+  CheckBlas(cublasSgemm(cublas_, CUBLAS_OP_T, CUBLAS_OP_N, static_cast<int>(n), static_cast<int>(m),
+                        static_cast<int>(k), &alpha, w, static_cast<int>(ldw), a,
+                        static_cast<int>(lda), &beta, c, static_cast<int>(ldc)),
+            "cublasSgemm");
+}
+
+void CudaBackend::GroupedGemm(const std::vector<int64_t>& offsets,
+                              const std::vector<const float*>& weights, int64_t n, int64_t k,
+                              const float* a, float* c) {
+  OpTimer timer(this, "GroupedGemm");
+  if (offsets.size() != weights.size() + 1) {
+    Record(absl::InvalidArgumentError("CudaBackend::GroupedGemm: offsets.size() != groups + 1"));
+    return;
+  }
+  for (size_t g = 0; g < weights.size(); ++g) {
+    const int64_t rows = offsets[g + 1] - offsets[g];
+    if (rows == 0) continue;
+    Gemm(rows, n, k, a + offsets[g] * k, k, weights[g], k, c + offsets[g] * n, n, false);
+  }
+}
+
+void CudaBackend::RmsNorm(int64_t rows, int64_t dim, const float* x, int64_t ldx,
+                          const float* weight, float eps, float* out, int64_t ldout) {
+  OpTimer timer(this, "RmsNorm");
+  Check(kernels::RmsNormF32(rows, dim, x, ldx, weight, eps, out, ldout, stream_),
+        "kernels::RmsNormF32");
+}
+
+void CudaBackend::Add(int64_t n, const float* a, const float* b, float* out) {
+  OpTimer timer(this, "Add");
+  Check(kernels::AddF32(n, a, b, out, stream_), "kernels::AddF32");
+}
+
+void CudaBackend::SiluMul(int64_t rows, int64_t inter, const float* x, float* out) {
+  OpTimer timer(this, "SiluMul");
+  Check(kernels::SiluMulF32(rows, inter, x, out, stream_), "kernels::SiluMulF32");
+}
+
+void CudaBackend::GatherRows(int64_t rows, int64_t dim, const float* src, const int32_t* idx,
+                             float* dst) {
+  OpTimer timer(this, "GatherRows");
+  Check(kernels::GatherRowsF32(rows, dim, src, idx, dst, stream_), "kernels::GatherRowsF32");
+}
+
+void CudaBackend::ScatterAddRows(int64_t rows, int64_t dim, const float* src, const int32_t* idx,
+                                 const float* weight, float* dst) {
+  OpTimer timer(this, "ScatterAddRows");
+  Check(kernels::ScatterAddRowsF32(rows, dim, src, idx, weight, dst, stream_),
+        "kernels::ScatterAddRowsF32");
+}
+
+void CudaBackend::ApplyRope(int64_t tokens, int64_t heads, float* x, int64_t token_stride,
+                            int64_t head_stride, int64_t rope_dim, const int32_t* positions,
+                            const float* inv_freq, float attention_factor, bool interleaved) {
+  OpTimer timer(this, "ApplyRope");
+  Check(kernels::ApplyRopeF32(tokens, heads, x, token_stride, head_stride, rope_dim, positions,
+                              inv_freq, attention_factor, interleaved, stream_),
+        "kernels::ApplyRopeF32");
+}
+
+void CudaBackend::WriteLatentCache(int64_t tokens, const float* latent, int64_t ld_latent,
+                                   const float* rope_key, int64_t ld_rope, const int32_t* slots,
+                                   const PagedLatentCacheView& cache) {
+  OpTimer timer(this, "WriteLatentCache");
+  const kernels::PagedLatentCache c{cache.cache, cache.block_size, cache.latent_dim,
+                                    cache.rope_dim};
+  Check(
+      kernels::WriteLatentCacheF32(tokens, latent, ld_latent, rope_key, ld_rope, slots, c, stream_),
+      "kernels::WriteLatentCacheF32");
+}
+
+void CudaBackend::MlaAttention(const MlaAttentionArgs& a) {
+  OpTimer timer(this, "MlaAttention");
+  kernels::MlaAttentionParams p;
+  p.num_tokens = a.num_tokens;
+  p.num_heads = a.num_heads;
+  p.q_latent = a.q_latent;
+  p.q_rope = a.q_rope;
+  p.q_rope_token_stride = a.q_rope_token_stride;
+  p.q_rope_head_stride = a.q_rope_head_stride;
+  p.cache = {a.cache.cache, a.cache.block_size, a.cache.latent_dim, a.cache.rope_dim};
+  p.block_tables = a.block_tables;
+  p.max_blocks_per_seq = a.max_blocks_per_seq;
+  p.token_seq = a.token_seq;
+  p.context_len = a.context_len;
+  p.softmax_scale = a.softmax_scale;
+  p.out_latent = a.out_latent;
+  Check(kernels::MlaAttentionF32(p, stream_), "kernels::MlaAttentionF32");
+}
+
+void CudaBackend::NoauxTcRoute(const NoauxTcRouteArgs& a) {
+  OpTimer timer(this, "NoauxTcRoute");
+  kernels::NoauxTcRouteParams p;
+  p.num_tokens = a.num_tokens;
+  p.num_experts = a.num_experts;
+  p.router_logits = a.router_logits;
+  p.correction_bias = a.correction_bias;
+  p.num_groups = a.num_groups;
+  p.topk_groups = a.topk_groups;
+  p.top_k = a.top_k;
+  p.normalize = a.normalize;
+  p.scaling_factor = a.scaling_factor;
+  p.topk_ids = a.topk_ids;
+  p.topk_weights = a.topk_weights;
+  Check(kernels::NoauxTcRouteF32(p, stream_), "kernels::NoauxTcRouteF32");
+}
+
+void CudaBackend::ArgmaxRows(int64_t rows, int64_t vocab, const float* logits, int32_t* out) {
+  OpTimer timer(this, "ArgmaxRows");
+  Check(kernels::ArgmaxRowsF32(rows, vocab, logits, out, stream_), "kernels::ArgmaxRowsF32");
+}
+
+}  // namespace deepinfer

@@ -1,0 +1,118 @@
+// CudaBackend: Backend on one NVIDIA GPU, fp32. Buffers come from the stream-ordered allocator
+// (cudaMallocAsync on the backend's one stream, with a pool that keeps freed memory, so the
+// model's per-step temporaries do not go back to the driver every step); every op is issued
+// on that stream; dense GEMMs go to cuBLAS (fp32, no TF32), everything else to kernels/.
+//
+// Errors: the Backend ops return nothing, so the first CUDA or cuBLAS error is recorded (with
+// the failing call named), logged, and returned by status(); DeepseekV3Model::Step checks it
+// after each step. Later ops still run (their results are meaningless after an error), and a
+// sticky device error such as an illegal address makes the whole context unusable, as usual in
+// CUDA. Allocation failure is fatal, as the Backend contract says.
+//
+// Buffers from Allocate() must be destroyed before the backend (they free on its stream).
+// Not thread-safe, like the model that drives it: one engine thread issues the ops, and that
+// thread's current CUDA device must be device() (Create sets it for the calling thread).
+#ifndef DEEPINFER_WORKER_BACKEND_CUDA_CUDA_BACKEND_H_
+#define DEEPINFER_WORKER_BACKEND_CUDA_CUDA_BACKEND_H_
+
+#include <cublas_v2.h>
+#include <cuda_runtime_api.h>
+
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "worker/backend/backend.h"
+
+namespace deepinfer {
+
+class CudaBackend : public Backend {
+ public:
+  // Uses GPU `device`; FAILED_PRECONDITION if there is no such device, INTERNAL for other CUDA
+  // or cuBLAS setup errors.
+  static absl::StatusOr<std::unique_ptr<CudaBackend>> Create(int device = 0);
+  ~CudaBackend() override;
+  CudaBackend(const CudaBackend&) = delete;
+  CudaBackend& operator=(const CudaBackend&) = delete;
+
+  std::string name() const override { return "cuda"; }
+  std::unique_ptr<DeviceBuffer> Allocate(size_t bytes) override;
+  // Returns once `host` may be reused: from ordinary (pageable) memory the runtime stages the
+  // data before returning. Pinned host memory would be read later; callers keep none.
+  void CopyToDevice(const void* host, size_t bytes, void* device) override;
+  // Synchronises the stream: the host data is complete when this returns.
+  void CopyToHost(const void* device, size_t bytes, void* host) override;
+  // src and dst must not overlap (cudaMemcpy semantics; the model never overlaps them).
+  void CopyDeviceToDevice(const void* src, size_t bytes, void* dst) override;
+  void Synchronize() override;
+
+  void Gemm(int64_t m, int64_t n, int64_t k, const float* a, int64_t lda, const float* w,
+            int64_t ldw, float* c, int64_t ldc, bool accumulate) override;
+  // One cuBLAS call per non-empty group (correctness first; a grouped GEMM is the next step).
+  void GroupedGemm(const std::vector<int64_t>& offsets, const std::vector<const float*>& weights,
+                   int64_t n, int64_t k, const float* a, float* c) override;
+  void RmsNorm(int64_t rows, int64_t dim, const float* x, int64_t ldx, const float* weight,
+               float eps, float* out, int64_t ldout) override;
+  void Add(int64_t n, const float* a, const float* b, float* out) override;
+  void SiluMul(int64_t rows, int64_t inter, const float* x, float* out) override;
+  void GatherRows(int64_t rows, int64_t dim, const float* src, const int32_t* idx,
+                  float* dst) override;
+  void ScatterAddRows(int64_t rows, int64_t dim, const float* src, const int32_t* idx,
+                      const float* weight, float* dst) override;
+  void ApplyRope(int64_t tokens, int64_t heads, float* x, int64_t token_stride, int64_t head_stride,
+                 int64_t rope_dim, const int32_t* positions, const float* inv_freq,
+                 float attention_factor, bool interleaved) override;
+  void WriteLatentCache(int64_t tokens, const float* latent, int64_t ld_latent,
+                        const float* rope_key, int64_t ld_rope, const int32_t* slots,
+                        const PagedLatentCacheView& cache) override;
+  void MlaAttention(const MlaAttentionArgs& args) override;
+  void NoauxTcRoute(const NoauxTcRouteArgs& args) override;
+  void ArgmaxRows(int64_t rows, int64_t vocab, const float* logits, int32_t* out) override;
+
+  // The first error any op has hit (OK if none).
+  absl::Status status() const override;
+
+  int device() const { return device_; }
+  cudaStream_t stream() const { return stream_; }
+  // Bytes the allocator holds from the driver now and at most (cudaMemPoolAttrReserved*).
+  absl::StatusOr<size_t> ReservedBytes(bool high_water_mark) const;
+
+  // Per-op attribution for profiling (off by default): while on, every op synchronises the
+  // stream before and after itself and adds the host-measured wall time (launch overhead
+  // included) to a per-op total. This serialises the GPU, so measure throughput with it off.
+  void SetOpTiming(bool on);
+  // One line per op name: calls, total ms, share; sorted by total, then cleared.
+  std::string TakeOpTimingReport();
+
+ private:
+  CudaBackend(int device, cudaStream_t stream, cublasHandle_t cublas, cudaMemPool_t pool);
+  // Records the first failure; returns false if `st` is an error.
+  bool Record(const absl::Status& st);
+  bool Check(cudaError_t err, const char* call);
+  bool CheckBlas(cublasStatus_t st, const char* call);
+  class OpTimer;  // RAII guard of one op when op timing is on
+
+  struct OpTotal {
+    int64_t calls = 0;
+    double seconds = 0;
+  };
+  bool op_timing_ = false;
+  bool in_timed_op_ = false;  // GroupedGemm calls Gemm: count only the outer op
+  std::map<std::string, OpTotal> op_totals_;
+
+  const int device_;
+  cudaStream_t stream_;
+  cublasHandle_t cublas_;
+  cudaMemPool_t pool_;
+  mutable absl::Mutex mu_;
+  absl::Status first_error_ ABSL_GUARDED_BY(mu_);
+};
+
+}  // namespace deepinfer
+
+#endif  // DEEPINFER_WORKER_BACKEND_CUDA_CUDA_BACKEND_H_
