@@ -7,6 +7,13 @@ namespace {
 
 using json = nlohmann::ordered_json;
 
+// Characters (code points) in UTF-8 text: OpenAI's text_offset counts characters.
+int64_t CodePoints(const std::string& text) {
+  int64_t n = 0;
+  for (unsigned char c : text) n += (c & 0xC0) != 0x80;
+  return n;
+}
+
 json Usage(const RequestResult& result) {
   const int64_t completion = result.token_ids_size();
   return {{"prompt_tokens", result.prompt_tokens()},
@@ -31,7 +38,7 @@ json CompletionLogprobs(const RequestResult& result, const OutputContext& contex
     }
     top.push_back(std::move(alternatives));
     offsets.push_back(offset);
-    offset += static_cast<int64_t>(text.size());
+    offset += CodePoints(text);
   }
   return {{"tokens", tokens},
           {"token_logprobs", token_logprobs},

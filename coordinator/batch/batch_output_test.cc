@@ -91,6 +91,15 @@ TEST(BatchOutputTest, ChatLogprobsHaveBytes) {
   EXPECT_EQ(content[0]["top_logprobs"][1]["token"], "e");
 }
 
+TEST(BatchOutputTest, TextOffsetsCountCharactersNotBytes) {
+  BatchLine request = Parse(R"({"custom_id": "q", "url": "/v1/completions",
+      "body": {"prompt": [1], "logprobs": 0}})");
+  OutputContext context = Context();
+  context.token_text = [](int32_t id) { return id == 5 ? std::string("喜庆") : std::string("ab"); };
+  json line = json::parse(FormatResultLine(request, Result(), context));
+  EXPECT_EQ(line["response"]["body"]["choices"][0]["logprobs"]["text_offset"], json({0, 2}));
+}
+
 TEST(BatchOutputTest, ErrorLine) {
   json line = json::parse(FormatErrorLine("q9", "job-1:9", kInvalidRequest, "line 9: bad"));
   EXPECT_EQ(line["custom_id"], "q9");
