@@ -11,6 +11,7 @@
 #include "coordinator/rpc/auth.h"
 #include "coordinator/rpc/daemon.h"
 #include "glog/logging.h"
+#include "worker/backend/backend_factory.h"
 #include "worker/device_discovery.h"
 #include "worker/worker_server.h"
 
@@ -60,7 +61,8 @@ int main(int argc, char** argv) {
                   "Checkpoint directory (config.json, safetensors, optional tokenizer.json and\n"
                   "generation_config.json), or dummy:CONFIG.json@SEED for random weights.");
   flags.Require("model");
-  flags.AddString("backend", &backend, "cpu, or cuda (not built yet).");
+  flags.AddString("backend", &backend,
+                  "cpu, or cuda (fp32 CUDA backend, one rank per GPU; see docs/cuda.md).");
   flags.AddInt("ranks", &ranks,
                "Engine ranks on this worker (default: one per GPU; 1 on the CPU).");
   flags.AddInt("threads", &threads, "CPU threads per rank (default: cores / ranks).");
@@ -105,12 +107,21 @@ int main(int argc, char** argv) {
     return 1;
   }
   config.devices = *found;
+  int cuda_devices = 0;
+  for (const auto& d : config.devices) cuda_devices += d.kind() == deepinfer::Device::CUDA;
   if (backend == "cuda") {
-    std::cerr << "deepinfer-worker: --backend cuda: the CUDA backend is not built yet; use "
-                 "--backend cpu\n";
-    return 2;
-  }
-  if (backend != "cpu") {
+    const std::vector<std::string> kinds = deepinfer::AvailableBackends();
+    if (std::find(kinds.begin(), kinds.end(), "cuda") == kinds.end()) {
+      std::cerr << "deepinfer-worker: --backend cuda: this build has no CUDA support; use "
+                   "--backend cpu\n";
+      return 2;
+    }
+    if (cuda_devices == 0) {
+      std::cerr << "deepinfer-worker: --backend cuda: no CUDA GPU found (--devices=" << devices
+                << ")\n";
+      return 1;
+    }
+  } else if (backend != "cpu") {
     std::cerr << "deepinfer-worker: --backend must be cpu or cuda, not '" << backend << "'\n";
     return 2;
   }
@@ -121,9 +132,15 @@ int main(int argc, char** argv) {
     return 2;
   }
   if (ranks == 0) {
-    // One rank per GPU once the CUDA backend exists; the CPU backend runs one by default.
-    ranks = 1;
+    // One rank per GPU on CUDA; the CPU backend runs one by default.
+    ranks = backend == "cuda" ? cuda_devices : 1;
   }
+  if (backend == "cuda" && ranks > cuda_devices) {
+    std::cerr << "deepinfer-worker: --ranks " << ranks << " but only " << cuda_devices
+              << " CUDA GPU(s)\n";
+    return 2;
+  }
+  config.engine.backend = backend;
   const int cores = std::max(1u, std::thread::hardware_concurrency());
   config.engine.num_ranks = static_cast<int>(ranks);
   config.engine.threads_per_rank =

@@ -37,6 +37,8 @@ struct WorkerEngineConfig {
   // Groups of several ranks split the routed experts over the ranks (each rank loads E / world
   // of them and tokens travel by all-to-all); false: every rank loads every expert.
   bool expert_parallel = true;
+  // "cpu" or "cuda" (one rank per GPU).
+  std::string backend = "cpu";
 };
 
 struct WorkerConfig {

@@ -6,7 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "glog/logging.h"
-#include "worker/backend/cpu/cpu_backend.h"
+#include "worker/backend/backend_factory.h"
 #include "worker/model/ep_expert_dispatcher.h"
 #include "worker/model/model_loader.h"
 
@@ -174,7 +174,16 @@ bool RankGroup::FormRank(int local) {
       return false;
     }
   }
-  r.backend = std::make_unique<CpuBackend>(options_.threads_per_rank);
+  BackendOptions backend_options;
+  backend_options.kind = options_.backend;
+  backend_options.cpu_threads = options_.threads_per_rank;
+  backend_options.cuda_device = r.global - layout_.first_rank;
+  auto backend = MakeBackend(backend_options);
+  if (!backend.ok()) {
+    Fail(r.global, backend.status());
+    return false;
+  }
+  r.backend = std::move(*backend);
   const ModelConfig& config = options_.model->config;
   const ExpertRange range = ExpertsOf(config.n_routed_experts, layout_.world_size, r.global);
   LoadOptions load;

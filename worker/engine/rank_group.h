@@ -74,6 +74,8 @@ DispatcherFactory EpDispatcherFactory();
 struct RankGroupOptions {
   // Opened once by the worker; must outlive the group.
   const ModelFiles* model = nullptr;
+  // "cpu", or "cuda": rank i of this worker then runs on CUDA device i.
+  std::string backend = "cpu";
   int threads_per_rank = 1;
   int64_t kv_cache_tokens = 16384;  // per rank
   int32_t block_size = 16;
