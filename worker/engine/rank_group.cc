@@ -184,6 +184,7 @@ bool RankGroup::FormRank(int local) {
     return false;
   }
   r.backend = std::move(*backend);
+  LOG(INFO) << "rank " << r.global << ": " << r.backend->name() << " backend";
   const ModelConfig& config = options_.model->config;
   const ExpertRange range = ExpertsOf(config.n_routed_experts, layout_.world_size, r.global);
   LoadOptions load;
