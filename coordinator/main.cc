@@ -58,20 +58,7 @@ int main(int argc, char** argv) {
   flags.AddString("log-dir", &log_dir, "Write glog files here instead of to stderr.");
   flags.AddInt("v", &verbosity, "Verbose logging level (glog --v).");
 
-  absl::Status parsed = flags.Parse(std::vector<std::string>(argv + 1, argv + argc));
-  if (flags.help_requested()) {
-    std::cout << flags.Help();
-    return 0;
-  }
-  if (!parsed.ok()) {
-    std::cerr << "deepinfer-coordinator: " << parsed.message() << "\n";
-    return 2;
-  }
-  if (!flags.positional().empty()) {
-    std::cerr << "deepinfer-coordinator: unexpected argument '" << flags.positional()[0]
-              << "' (see --help)\n";
-    return 2;
-  }
+  if (int rc = flags.ParseMain(argc, argv, "deepinfer-coordinator"); rc >= 0) return rc;
   deepinfer::InitDaemonLogging(argv[0], log_dir, static_cast<int>(verbosity));
 
   deepinfer::CoordinatorConfig config;

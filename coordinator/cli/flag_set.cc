@@ -1,5 +1,7 @@
 #include "coordinator/cli/flag_set.h"
 
+#include <iostream>
+
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -143,6 +145,25 @@ absl::Status FlagSet::Parse(const std::vector<std::string>& args) {
                      absl::StrJoin(missing, ", "), " (see --help)"));
   }
   return absl::OkStatus();
+}
+
+int FlagSet::ParseMain(int argc, char** argv, const std::string& program,
+                       size_t max_positional) {
+  absl::Status parsed = Parse(std::vector<std::string>(argv + 1, argv + argc));
+  if (help_requested_) {
+    std::cout << Help();
+    return 0;
+  }
+  if (!parsed.ok()) {
+    std::cerr << program << ": " << parsed.message() << "\n";
+    return 2;
+  }
+  if (positional_.size() > max_positional) {
+    std::cerr << program << ": unexpected argument '" << positional_[max_positional]
+              << "' (see --help)\n";
+    return 2;
+  }
+  return -1;
 }
 
 std::string FlagSet::Help() const {

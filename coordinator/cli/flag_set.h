@@ -35,6 +35,11 @@ class FlagSet {
   // sets help_requested() without checking required flags.
   absl::Status Parse(const std::vector<std::string>& args);
 
+  // For a binary's main: parses argv[1..argc); prints the help (returns 0) or the error
+  // prefixed with `program` (returns 2, also for more than `max_positional` arguments);
+  // returns -1 when main should go on.
+  int ParseMain(int argc, char** argv, const std::string& program, size_t max_positional = 0);
+
   bool help_requested() const { return help_requested_; }
   const std::vector<std::string>& positional() const { return positional_; }
   // Usage line, description, and every flag with its default and help.

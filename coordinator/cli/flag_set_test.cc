@@ -86,5 +86,21 @@ TEST_F(FlagSetTest, HelpSkipsValidationAndListsDefaults) {
   EXPECT_THAT(help, HasSubstr("--verbose  (default: false)"));
 }
 
+TEST_F(FlagSetTest, ParseMainReturnsExitCodes) {
+  std::string a0 = "tool", a1 = "--port=3", a2 = "extra", bad = "--bogus";
+  char* ok[] = {a0.data(), a1.data()};
+  EXPECT_EQ(flags_.ParseMain(2, ok, "tool"), -1);
+  EXPECT_EQ(opts_.port, 3);
+  char* positional[] = {a0.data(), a2.data()};
+  testing::internal::CaptureStderr();
+  EXPECT_EQ(flags_.ParseMain(2, positional, "tool"), 2);
+  EXPECT_THAT(testing::internal::GetCapturedStderr(), HasSubstr("unexpected argument 'extra'"));
+  FlagSet other("x", "");
+  char* unknown[] = {a0.data(), bad.data()};
+  testing::internal::CaptureStderr();
+  EXPECT_EQ(other.ParseMain(2, unknown, "tool"), 2);
+  EXPECT_THAT(testing::internal::GetCapturedStderr(), HasSubstr("tool: unknown flag --bogus"));
+}
+
 }  // namespace
 }  // namespace deepinfer
