@@ -47,6 +47,8 @@ class CpuBackend : public Backend {
   void MlaAttention(const MlaAttentionArgs& args) override;
   void NoauxTcRoute(const NoauxTcRouteArgs& args) override;
   void ArgmaxRows(int64_t rows, int64_t vocab, const float* logits, int32_t* out) override;
+  void GreedySampleRows(int64_t rows, int64_t vocab, const float* logits, int32_t* token,
+                        float* logprob) override;
 
  private:
   ThreadPool pool_;
