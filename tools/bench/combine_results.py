@@ -101,7 +101,10 @@ def main():
         for r in rows:
             f.write("| " + " | ".join(fmt(r.get(c)) for c in COLUMNS) + " |\n")
         for label in labels:
-            for side, data in (("ours", ours.get(label)), ("hf", hf.get(label))):
+            for side, given in (("ours", ours), ("hf", hf)):
+                if label not in given:
+                    continue
+                data = given[label]
                 if data is None:
                     f.write(f"\n{label} / {side}: no result (step failed or timed out)\n")
                 else:
