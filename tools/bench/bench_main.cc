@@ -4,6 +4,8 @@
 //
 //   deepinfer-bench --model DIR --load-format dummy --backend cuda --decode-num-requests 1,128
 //       --context-length 1024 --prefill-batch-tokens 32768 --output-len 16 [--json] [--csv F]
+#include <malloc.h>
+
 #include <fstream>
 #include <iostream>
 #include <string>
@@ -13,6 +15,13 @@
 #include "tools/bench/bench_runner.h"
 
 int main(int argc, char** argv) {
+  // Loading stages every weight tensor in a fresh host vector. glibc serves blocks above its
+  // mmap threshold (at most 32 MB) with a new mapping each time, so every byte of a model with
+  // large tensors (DeepSeek-V3's 59 MB experts) would be page-faulted and zeroed by the kernel
+  // again; from the heap, freed blocks are reused instead (measured on the H200 host: V3's
+  // first 4 layers loaded in 73 s through mmap, see docs/performance.md for the heap figure).
+  mallopt(M_MMAP_MAX, 0);
+  mallopt(M_TRIM_THRESHOLD, -1);  // keep freed heap memory (a few GB) for the next tensor
   deepinfer::BenchConfig config;
   std::string load_format = "auto", csv, requests = "64";
   int64_t seed = 0;

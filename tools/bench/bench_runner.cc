@@ -242,10 +242,11 @@ absl::StatusOr<BenchResult> RunBenchmark(const BenchConfig& bc) {
     r.prefill_tokens_per_step = prefill_seqs * ctx;
     r.prefill_step_seconds = Percentile(prefill_times, 0.5);
     r.prefill_tokens_per_s = r.prefill_tokens_per_step / r.prefill_step_seconds;
+    const StepCost pc = PrefillStepCost(mc, prefill_seqs, ctx, r.bytes_per_value);
+    r.prefill_bytes_per_step = pc.bytes;
+    r.prefill_flops_per_step = pc.flops;
     r.prefill_roofline_fraction =
-        PrefillStepCost(mc, prefill_seqs, ctx, r.bytes_per_value)
-            .RooflineSeconds(bc.peak_bytes_per_s, bc.peak_flops_per_s) /
-        r.prefill_step_seconds;
+        pc.RooflineSeconds(bc.peak_bytes_per_s, bc.peak_flops_per_s) / r.prefill_step_seconds;
   }
 
   // ---- Decode, per batch size: N sequences at ctx cached tokens, then N-way decode steps ----
@@ -383,13 +384,15 @@ std::string FormatBenchJson(const BenchConfig& c, const BenchResult& r) {
   // The model string is a path: escape the two characters JSON strings cannot hold raw.
   const std::string model = absl::StrReplaceAll(c.model, {{"\\", "\\\\"}, {"\"", "\\\""}});
   return absl::StrFormat(
-      "{\"model\": \"%s\", \"backend\": \"%s\", \"dtype\": \"%s\", \"params\": %.0f, "
-      "\"load_s\": %.3f, \"context\": %d, \"prefill\": {\"tokens_per_step\": %d, "
-      "\"step_s\": %.6f, \"tokens_per_s\": %.3f, \"roofline_fraction\": %.6f}, "
-      "\"decode\": [%s], \"mem_peak_bytes\": %d}\n",
-      model, r.backend, c.dtype, r.param_count, r.load_seconds, c.context_length,
-      r.prefill_tokens_per_step, r.prefill_step_seconds, r.prefill_tokens_per_s,
-      r.prefill_roofline_fraction, decode, r.device_bytes_reserved_peak);
+      "{\"model\": \"%s\", \"backend\": \"%s\", \"dtype\": \"%s\", \"bytes_per_value\": %.0f, "
+      "\"params\": %.0f, \"load_s\": %.3f, \"context\": %d, \"peak_bytes_per_s\": %.4g, "
+      "\"peak_flops_per_s\": %.4g, \"prefill\": {\"tokens_per_step\": %d, \"step_s\": %.6f, "
+      "\"tokens_per_s\": %.3f, \"roofline_fraction\": %.6f, \"bytes_per_step\": %.6g, "
+      "\"flops_per_step\": %.6g}, \"decode\": [%s], \"mem_peak_bytes\": %d}\n",
+      model, r.backend, c.dtype, r.bytes_per_value, r.param_count, r.load_seconds,
+      c.context_length, c.peak_bytes_per_s, c.peak_flops_per_s, r.prefill_tokens_per_step,
+      r.prefill_step_seconds, r.prefill_tokens_per_s, r.prefill_roofline_fraction,
+      r.prefill_bytes_per_step, r.prefill_flops_per_step, decode, r.device_bytes_reserved_peak);
 }
 
 std::string BenchCsvHeader() {

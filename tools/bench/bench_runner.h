@@ -71,6 +71,8 @@ struct BenchResult {
   double prefill_step_seconds = 0;      // median
   double prefill_tokens_per_s = 0;
   double prefill_roofline_fraction = 0;
+  double prefill_bytes_per_step = 0;  // roofline cost of one prefill step
+  double prefill_flops_per_step = 0;
   std::vector<DecodeResult> decode;                 // one per BenchConfig::decode_num_requests
   int64_t device_bytes_reserved_peak = -1;          // -1: the backend cannot say
   std::string prefill_op_report, decode_op_report;  // with op_timing_steps > 0 on CUDA

@@ -50,7 +50,8 @@ TEST(BenchRunnerTest, ProducesAllFiguresOnCpu) {
   EXPECT_EQ(r->prefill_tokens_per_step, 40);
   ASSERT_EQ(r->decode.size(), 1u);
   ExpectDecodeFigures(r->decode[0], 3);
-  for (double v : {r->prefill_tokens_per_s, r->prefill_roofline_fraction}) {
+  for (double v : {r->prefill_tokens_per_s, r->prefill_roofline_fraction,
+                   r->prefill_bytes_per_step, r->prefill_flops_per_step}) {
     EXPECT_TRUE(std::isfinite(v) && v > 0) << v;
   }
   EXPECT_EQ(r->device_bytes_reserved_peak, -1);  // the CPU backend reports no device memory
@@ -59,7 +60,8 @@ TEST(BenchRunnerTest, ProducesAllFiguresOnCpu) {
   const std::string json = FormatBenchJson(c, *r);
   EXPECT_EQ(json.front(), '{');
   EXPECT_NE(json.find("\"requests\": 3"), std::string::npos) << json;
-  EXPECT_NE(json.find("\"dtype\": \"float32\""), std::string::npos) << json;
+  EXPECT_NE(json.find("\"dtype\": \"float32\", \"bytes_per_value\": 4,"), std::string::npos)
+      << json;
   ASSERT_EQ(BenchCsvRows(c, *r).size(), 1u);
   EXPECT_EQ(BenchCsvRows(c, *r)[0].find('\n'), std::string::npos);
 }

@@ -7,8 +7,10 @@ hf_bench.py outputs (plain python3, no torch).
 
 Each --ours / --hf is LABEL=FILE; files that are missing or empty (a step that failed or ran out
 of time) give rows with empty cells. Rows: per label, prefill (tokens per step) and decode at
-each request count either side measured. Ratios: ours/hf (tokens/s) and ours' roofline
-fraction (measured time vs the config's roofline at ours' dtype).
+each request count either side measured. Ratios: ours/hf (tokens/s), ours' roofline fraction
+(the config's roofline time at ours' dtype / measured time), and HF's roofline fraction: the
+same cost figures (bytes and FLOPs per step, from ours' JSON) with the bytes rescaled to HF's
+dtype, against HF's measured time.
 """
 
 import argparse
@@ -18,7 +20,7 @@ import sys
 
 COLUMNS = ["model", "phase", "requests", "context", "tokens_per_step", "ours_dtype",
            "ours_tok_s", "ours_p50_s", "ours_p99_s", "ours_roofline", "hf_dtype", "hf_tok_s",
-           "hf_p50_s", "ours_over_hf", "ours_mem_gib", "hf_mem_gib"]
+           "hf_p50_s", "hf_roofline", "ours_over_hf", "ours_mem_gib", "hf_mem_gib"]
 
 
 def load(spec):
@@ -41,6 +43,19 @@ def fmt(v, digits=4):
     return str(v)
 
 
+BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
+
+
+def roofline_fraction(cost, ours, hf_dtype, seconds):
+    """Roofline time of `cost` (bytes/FLOPs at ours' dtype) at hf_dtype, over `seconds`."""
+    if not cost.get("bytes_per_step") or not seconds or hf_dtype not in BYTES:
+        return None
+    scale = BYTES[hf_dtype] / ours.get("bytes_per_value", 4)
+    t = max(cost["bytes_per_step"] * scale / ours.get("peak_bytes_per_s", 4.3e12),
+            cost.get("flops_per_step", 0) / ours.get("peak_flops_per_s", 790e12))
+    return t / seconds
+
+
 def rows_for(label, ours, hf):
     rows = []
     ctx = (ours or {}).get("context") or (hf or {}).get("context")
@@ -57,7 +72,9 @@ def rows_for(label, ours, hf):
                  tokens_per_step=op.get("tokens_per_step") or hp.get("tokens_per_step"),
                  ours_tok_s=op.get("tokens_per_s"), ours_p50_s=op.get("step_s"),
                  ours_roofline=op.get("roofline_fraction"), hf_tok_s=hp.get("tokens_per_s"),
-                 hf_p50_s=hp.get("step_s"))
+                 hf_p50_s=hp.get("step_s"),
+                 hf_roofline=roofline_fraction(op, ours or {}, base["hf_dtype"], hp.get("step_s"))
+                 if op.get("tokens_per_step") == hp.get("tokens_per_step") else None)
         if op.get("tokens_per_step") and hp.get("tokens_per_step") and \
                 op["tokens_per_step"] != hp["tokens_per_step"]:
             r["phase"] = f"prefill (hf: {hp['tokens_per_step']} tokens/step)"
@@ -69,7 +86,9 @@ def rows_for(label, ours, hf):
         rows.append(dict(base, phase="decode", requests=n, tokens_per_step=n,
                          ours_tok_s=od.get("tokens_per_s"), ours_p50_s=od.get("p50_s"),
                          ours_p99_s=od.get("p99_s"), ours_roofline=od.get("roofline_fraction"),
-                         hf_tok_s=hd.get("tokens_per_s"), hf_p50_s=hd.get("p50_s")))
+                         hf_tok_s=hd.get("tokens_per_s"), hf_p50_s=hd.get("p50_s"),
+                         hf_roofline=roofline_fraction(od, ours or {}, base["hf_dtype"],
+                                                       hd.get("p50_s"))))
     for r in rows:
         if r.get("ours_tok_s") and r.get("hf_tok_s"):
             r["ours_over_hf"] = r["ours_tok_s"] / r["hf_tok_s"]

@@ -93,6 +93,14 @@ def main():
     result["params"] = sum(p.numel() for p in model.parameters())
     result["param_dtype"] = str(next(model.parameters()).dtype)
     result["experts_implementation"] = str(getattr(model.config, "_experts_implementation", None))
+    # HF's own init must have filled the weights (all-equal router weights would route every
+    # token to the same experts and flatter the MoE timing): record a few standard deviations.
+    result["weight_std"] = {
+        name: float(p.detach().float().std())
+        for name, p in model.named_parameters()
+        if name.endswith(("embed_tokens.weight", "layers.1.mlp.gate.weight",
+                          "layers.1.mlp.experts.down_proj", "layers.1.self_attn.o_proj.weight"))
+    }
     vocab = cfg.vocab_size
     gen = torch.Generator(device="cuda").manual_seed(1234)
 

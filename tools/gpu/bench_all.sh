@@ -8,9 +8,9 @@
 #
 # Cases (context 1024 everywhere, dummy weights):
 #   moonlight (configs/moonlight_shaped.json: hidden 2048, 27 layers, 64 experts top-6):
-#     ours and HF: prefill 32 x 1024 tokens per step, decode at 1 and 128 requests
+#     ours and HF: prefill 32 x 1024 tokens per step, decode at 1, 64 and 128 requests
 #   v3_4layers (configs/deepseek_v3_4layers.json: DeepSeek-V3's shapes, its first 4 layers,
-#     3 dense + 1 MoE with 256 experts top-8): ours only, prefill 8 x 1024, decode at 64
+#     3 dense + 1 MoE with 256 experts top-8): ours only, prefill 8 x 1024, decode at 1, 64, 128
 # Our dtype is BENCH_DTYPE (default float32, the backend's only dtype today); HF runs bf16.
 # Everything is capped to finish inside BENCH_BUDGET_S (default 170) seconds: each step gets a
 # timeout from what is left, so a slow step costs its own row, not the table.
@@ -59,12 +59,12 @@ step() {  # step NAME CAP_S COMMAND... : stdout -> $work/NAME.json, stderr -> $w
 bench=("$here/bin/deepinfer-bench" --backend cuda --dtype "$dtype" --load-format dummy --seed 1
   --context-length 1024 --decode-fill random --warmup 3 --output-len 11 --json)
 step ours_moonlight 80 "${bench[@]}" --model "$here/configs/moonlight_shaped.json" \
-  --decode-num-requests 1,128 --prefill-batch-tokens 32768 --iters 1
+  --decode-num-requests 1,64,128 --prefill-batch-tokens 32768 --iters 1
 step hf_moonlight 50 python3 "$here/hf_bench.py" --config "$here/configs/moonlight_shaped.json" \
-  --context 1024 --prefill-batch 32 --prefill-iters 3 --decode-requests 1,128 --warmup 3 \
+  --context 1024 --prefill-batch 32 --prefill-iters 3 --decode-requests 1,64,128 --warmup 3 \
   --decode-steps 8 --budget-s 40
 step ours_v3_4layers 90 "${bench[@]}" --model "$here/configs/deepseek_v3_4layers.json" \
-  --decode-num-requests 64 --prefill-batch-tokens 8192 --iters 1
+  --decode-num-requests 1,64,128 --prefill-batch-tokens 8192 --iters 1
 
 python3 "$here/combine_results.py" \
   --ours "moonlight=$work/ours_moonlight.json" --hf "moonlight=$work/hf_moonlight.json" \
