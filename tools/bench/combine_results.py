@@ -30,9 +30,14 @@ def load(spec):
     try:
         with open(path) as f:
             text = f.read().strip()
-        return label, json.loads(text.splitlines()[-1]) if text else None
-    except (OSError, ValueError):
+    except OSError:
         return label, None
+    for candidate in (text, text.splitlines()[-1] if text else ""):  # whole file, or last line
+        try:
+            return label, json.loads(candidate)
+        except ValueError:
+            pass
+    return label, None
 
 
 def fmt(v, digits=4):
