@@ -43,6 +43,7 @@ tests=(
 )
 tools=(//tools/bench:deepinfer-bench)
 [[ $bench_only -eq 1 ]] && tests=()
+[[ $bench_only -eq 1 ]] || tools+=(//kernels/attention:mla_attention_bench)
 
 bazel build -c opt --config=cuda "${tests[@]}" "${tools[@]}"
 bin_dir=$(bazel info -c opt --config=cuda bazel-bin 2>/dev/null)

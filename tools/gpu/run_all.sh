@@ -52,6 +52,9 @@ step() {  # step NAME TIMEOUT_S COMMAND... : runs, logs to $logs/NAME.log, recor
 for t in "$here"/bin/*_test; do
   step "$(basename "$t")" 300 "$t" --gtest_color=no
 done
+if [[ -x "$here/bin/mla_attention_bench" ]]; then  # old vs new attention kernel
+  step mla_attention_bench 120 "$here/bin/mla_attention_bench"
+fi
 if [[ -x "$here/bin/deepinfer-bench" && -f "$here/bench_cases.sh" ]]; then
   step bench 300 bash "$here/bench_cases.sh" "$here" "${BENCH_MODE:-full}"
 fi
