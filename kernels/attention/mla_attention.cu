@@ -124,16 +124,43 @@ constexpr int kGroupThreads = 256;  // = kGroupHeads * kKeyChunk: one softmax el
 constexpr int kTileSlices = 16;     // lanes splitting one 4x4 score tile's dot products
 constexpr int kMaxColIters = kMaxMlaLatentDim / kGroupThreads;
 
-// Shared memory: key row offsets [2][kKeyChunk] (int64, double-buffered so the next chunk's
-// are computed while this one loads), then Q [16][d4], K [16][d4] (float4, rows zero-padded to
-// a multiple of 4), scores [heads][keys], P [keys][heads], alpha/max/sum [heads].
-constexpr int kRowOffsetsFloat4 = 2 * kKeyChunk * 8 / 16;
+// Shared memory: key row offsets [3][kKeyChunk] (int64; chunk c's in slot c % 3, computed two
+// chunks ahead), then Q [16][d4], K [2][16][d4] (float4, rows zero-padded to a multiple of 4;
+// chunk c + 1 is copied in with cp.async while chunk c is computed), scores [heads][keys],
+// P [keys][heads], alpha/max/sum [heads]. Latent 512 + rope 64: 110.6 KB, two blocks per SM.
+constexpr int kRowSlots = 3;
+constexpr int kRowOffsetsFloat4 = kRowSlots * kKeyChunk * 8 / 16;
 constexpr int kSmallFloats = 2 * kGroupHeads * kKeyChunk + 3 * kGroupHeads;
 
 size_t GroupedSmemBytes(int dim) {
   const size_t d4 = (static_cast<size_t>(dim) + 3) / 4;
-  return (kRowOffsetsFloat4 + (kGroupHeads + kKeyChunk) * d4) * sizeof(float4) +
+  return (kRowOffsetsFloat4 + (kGroupHeads + 2 * kKeyChunk) * d4) * sizeof(float4) +
          kSmallFloats * sizeof(float);
+}
+
+// 16-byte global -> shared copy that completes asynchronously (sm_80+; a plain copy on older
+// targets, where the waits below are no-ops).
+__device__ __forceinline__ void CopyAsync16(float4* dst, const float4* src) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  const unsigned addr = static_cast<unsigned>(__cvta_generic_to_shared(dst));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(addr), "l"(src) : "memory");
+#else
+  *dst = *src;
+#endif
+}
+
+__device__ __forceinline__ void CopyAsyncCommit() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  asm volatile("cp.async.commit_group;\n" ::: "memory");
+#endif
+}
+
+// Waits until at most kPending of this thread's committed copy groups are still in flight.
+template <int kPending>
+__device__ __forceinline__ void CopyAsyncWait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(kPending) : "memory");
+#endif
 }
 
 // Sums part[i] and part[i + N] pairwise across lanes lane ^ N: afterwards part[0..N) holds,
@@ -157,10 +184,40 @@ __device__ __forceinline__ int64_t KeyRowOffset(const MlaAttentionParams& p, con
          (p.cache.latent_dim + p.cache.rope_dim);
 }
 
+// Starts copying the 16 keys whose row offsets are in rows (-1: past the end, zero-filled) into
+// dst [16][d4] and commits them as one copy group (empty for threads with nothing to copy).
+__device__ __forceinline__ void LoadKeyChunk(const MlaAttentionParams& p, const int64_t* rows,
+                                             float4* dst, int d4, int dim, bool vec_loads) {
+  int j = threadIdx.x / d4, f = threadIdx.x - j * d4;
+  for (int i = threadIdx.x; i < kKeyChunk * d4; i += kGroupThreads) {
+    const int64_t row = rows[j];
+    const float* src = p.cache.cache + row;
+    if (row < 0) {
+      dst[i] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);  // keys past the end: P V needs no mask
+    } else if (vec_loads) {
+      CopyAsync16(dst + i, reinterpret_cast<const float4*>(src) + f);
+    } else {
+      const int c = f * 4;
+      float4 v = make_float4(src[c], 0.0f, 0.0f, 0.0f);
+      if (c + 1 < dim) v.y = src[c + 1];
+      if (c + 2 < dim) v.z = src[c + 2];
+      if (c + 3 < dim) v.w = src[c + 3];
+      dst[i] = v;
+    }
+    f += kGroupThreads;
+    while (f >= d4) {
+      f -= d4;
+      ++j;
+    }
+  }
+  CopyAsyncCommit();
+}
+
 // Block index = (token * num_splits + split) * num_groups + group: the head groups of one
 // (token, split) run side by side and share its keys through L2.
+// Two blocks per SM up to latent 512; wider latents need more shared memory than that leaves.
 template <int kColIters>
-__global__ void __launch_bounds__(kGroupThreads, 2)
+__global__ void __launch_bounds__(kGroupThreads, kColIters <= 2 ? 2 : 1)
     MlaGroupedKernel(MlaAttentionParams p, int num_groups, int num_splits, bool vec_loads,
                      float* ws_out, float* ws_ml) {
   extern __shared__ float4 smem4[];
@@ -168,8 +225,8 @@ __global__ void __launch_bounds__(kGroupThreads, 2)
   const int d4 = (dim + 3) / 4;
   int64_t* rows = reinterpret_cast<int64_t*>(smem4);
   float4* q4 = smem4 + kRowOffsetsFloat4;
-  float4* k4 = q4 + kGroupHeads * d4;
-  float* score = reinterpret_cast<float*>(k4 + kKeyChunk * d4);  // [heads][keys]
+  float4* kbuf = q4 + kGroupHeads * d4;                              // [2][16][d4]
+  float* score = reinterpret_cast<float*>(kbuf + 2 * kKeyChunk * d4);  // [heads][keys]
   float* prob = score + kGroupHeads * kKeyChunk;                  // [keys][heads]
   float* alpha = prob + kKeyChunk * kGroupHeads;
   float* run_max = alpha + kGroupHeads;
@@ -214,7 +271,9 @@ __global__ void __launch_bounds__(kGroupThreads, 2)
     run_max[tid] = -INFINITY;
     run_sum[tid] = 0.0f;
   }
-  if (tid < kKeyChunk) rows[tid] = begin + tid < end ? KeyRowOffset(p, table, begin + tid) : -1;
+  if (tid < 2 * kKeyChunk) {  // chunks 0 and 1
+    rows[tid] = begin + tid < end ? KeyRowOffset(p, table, begin + tid) : -1;
+  }
 
   float acc[kGroupHeads][kColIters];
 #pragma unroll
@@ -226,34 +285,27 @@ __global__ void __launch_bounds__(kGroupThreads, 2)
   const int warp = tid / 32, lane = tid % 32;
   const int tile = warp * 2 + lane / kTileSlices, slice = lane % kTileSlices;
   const int tile_head = (tile / 4) * 4, tile_key = (tile % 4) * 4;
-  int buf = 0;
-  for (int64_t j0 = begin; j0 < end; j0 += kKeyChunk, buf ^= 1) {
-    // Row offsets of this chunk are written; the previous chunk's K and P reads are done.
-    __syncthreads();
-    const int64_t* chunk_rows = rows + buf * kKeyChunk;
-    for (int i = tid; i < kKeyChunk * d4; i += kGroupThreads) {
-      const int j = i / d4, f = i - j * d4;
-      const int64_t row = chunk_rows[j];
-      float4 v = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-      if (row >= 0) {
-        const float* src = p.cache.cache + row;
-        if (vec_loads) {
-          v = reinterpret_cast<const float4*>(src)[f];
-        } else {
-          const int c = f * 4;
-          v.x = src[c];
-          if (c + 1 < dim) v.y = src[c + 1];
-          if (c + 2 < dim) v.z = src[c + 2];
-          if (c + 3 < dim) v.w = src[c + 3];
-        }
-      }
-      k4[i] = v;  // keys past the end stay zero, so P V below needs no mask
+  __syncthreads();  // Q, rows of chunks 0 and 1
+  LoadKeyChunk(p, rows, kbuf, d4, dim, vec_loads);
+  int chunk = 0;
+  for (int64_t j0 = begin; j0 < end; j0 += kKeyChunk, ++chunk) {
+    const float4* k4 = kbuf + (chunk & 1) * kKeyChunk * d4;
+    const bool has_next = j0 + kKeyChunk < end;
+    // The other buffer was last read before the previous iteration's closing barrier.
+    if (has_next) {
+      LoadKeyChunk(p, rows + ((chunk + 1) % kRowSlots) * kKeyChunk,
+                   kbuf + ((chunk + 1) & 1) * kKeyChunk * d4, d4, dim, vec_loads);
     }
-    if (tid < kKeyChunk) {
-      const int64_t j = j0 + kKeyChunk + tid;
-      rows[(buf ^ 1) * kKeyChunk + tid] = j < end ? KeyRowOffset(p, table, j) : -1;
+    if (tid < kKeyChunk) {  // two chunks ahead; that slot was last read two iterations ago
+      const int64_t j = j0 + 2 * kKeyChunk + tid;
+      rows[((chunk + 2) % kRowSlots) * kKeyChunk + tid] = j < end ? KeyRowOffset(p, table, j) : -1;
     }
-    __syncthreads();
+    if (has_next) {
+      CopyAsyncWait<1>();  // this chunk's copies (all but the newest group) have landed
+    } else {
+      CopyAsyncWait<0>();
+    }
+    __syncthreads();  // ... for every thread
 
     {  // Scores: this half-warp's 4 heads x 4 keys.
       float part[16];
@@ -294,6 +346,7 @@ __global__ void __launch_bounds__(kGroupThreads, 2)
       float mx = s;
 #pragma unroll
       for (int o = kKeyChunk / 2; o > 0; o >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
+      __syncwarp();  // every lane has read run_max[h] before lane j == 0 rewrites it
       const float new_max = fmaxf(old_max, mx);  // finite: every chunk has a key in range
       const float pj = expf(s - new_max);        // 0 for keys past the end
       float sum = pj;
@@ -340,6 +393,7 @@ __global__ void __launch_bounds__(kGroupThreads, 2)
         }
       }
     }
+    __syncthreads();  // this K buffer and P are rewritten next iteration
   }
 
   __syncthreads();  // run_sum is final (also when the loop ran zero times)
