@@ -3,7 +3,9 @@
 // MlaAttentionF32: one block per (token, context split, group of kGroupHeads = 16 heads), so a
 // cached key is read from memory once for 16 heads instead of once per head. Per chunk of
 // kKeyChunk = 16 keys:
-//   load     the chunk's [latent | rope] rows into shared memory (float4 when aligned);
+//   load     the chunk's [latent | rope] rows into shared memory with 16-byte cp.async (plain
+//            loads when rows are not float4-aligned), double-buffered: chunk c + 1 is in
+//            flight while chunk c is computed;
 //   score    S[16 heads x 16 keys] = Q K^T: each half-warp owns a 4x4 (head x key) tile and
 //            splits the dot products over its 16 lanes in float4 steps; a reduce-scatter of
 //            the 16 partial sums leaves one finished score per lane;
@@ -118,8 +120,8 @@ __global__ void MlaAttentionPerHeadKernel(MlaAttentionParams p) {
 
 // ---- Grouped-head kernel (MlaAttentionF32) ----
 
-constexpr int kGroupHeads = 16;    // heads sharing each key load
-constexpr int kKeyChunk = 16;      // keys per shared-memory chunk
+constexpr int kGroupHeads = 16;     // heads sharing each key load
+constexpr int kKeyChunk = 16;       // keys per shared-memory chunk
 constexpr int kGroupThreads = 256;  // = kGroupHeads * kKeyChunk: one softmax element per thread
 constexpr int kTileSlices = 16;     // lanes splitting one 4x4 score tile's dot products
 constexpr int kMaxColIters = kMaxMlaLatentDim / kGroupThreads;
@@ -225,9 +227,9 @@ __global__ void __launch_bounds__(kGroupThreads, kColIters <= 2 ? 2 : 1)
   const int d4 = (dim + 3) / 4;
   int64_t* rows = reinterpret_cast<int64_t*>(smem4);
   float4* q4 = smem4 + kRowOffsetsFloat4;
-  float4* kbuf = q4 + kGroupHeads * d4;                              // [2][16][d4]
+  float4* kbuf = q4 + kGroupHeads * d4;                                // [2][16][d4]
   float* score = reinterpret_cast<float*>(kbuf + 2 * kKeyChunk * d4);  // [heads][keys]
-  float* prob = score + kGroupHeads * kKeyChunk;                  // [keys][heads]
+  float* prob = score + kGroupHeads * kKeyChunk;                       // [keys][heads]
   float* alpha = prob + kKeyChunk * kGroupHeads;
   float* run_max = alpha + kGroupHeads;
   float* run_sum = run_max + kGroupHeads;
@@ -261,9 +263,9 @@ __global__ void __launch_bounds__(kGroupThreads, kColIters <= 2 ? 2 : 1)
     const int64_t h = h0 + hh;
     float v = 0.0f;
     if (h < p.num_heads && c < dim) {
-      v = c < latent ? p.q_latent[(t * p.num_heads + h) * latent + c]
-                     : p.q_rope[t * p.q_rope_token_stride + h * p.q_rope_head_stride +
-                                (c - latent)];
+      v = c < latent
+              ? p.q_latent[(t * p.num_heads + h) * latent + c]
+              : p.q_rope[t * p.q_rope_token_stride + h * p.q_rope_head_stride + (c - latent)];
     }
     qf[i] = v;
   }
@@ -345,7 +347,8 @@ __global__ void __launch_bounds__(kGroupThreads, kColIters <= 2 ? 2 : 1)
       const float old_max = run_max[h];
       float mx = s;
 #pragma unroll
-      for (int o = kKeyChunk / 2; o > 0; o >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
+      for (int o = kKeyChunk / 2; o > 0; o >>= 1)
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
       __syncwarp();  // every lane has read run_max[h] before lane j == 0 rewrites it
       const float new_max = fmaxf(old_max, mx);  // finite: every chunk has a key in range
       const float pj = expf(s - new_max);        // 0 for keys past the end
@@ -513,11 +516,10 @@ cudaError_t PlanGrouped(const MlaAttentionParams& p, GroupedPlan* plan) {
     const int64_t want = blocks >= slots ? 1 : slots / blocks;
     plan->num_splits = static_cast<int>(want < kMaxMlaSplits ? want : kMaxMlaSplits);
   }
-  plan->workspace_bytes =
-      plan->num_splits == 1
-          ? 0
-          : static_cast<size_t>(p.num_tokens) * p.num_heads * plan->num_splits *
-                (static_cast<size_t>(p.cache.latent_dim) + 2) * sizeof(float);
+  plan->workspace_bytes = plan->num_splits == 1
+                              ? 0
+                              : static_cast<size_t>(p.num_tokens) * p.num_heads * plan->num_splits *
+                                    (static_cast<size_t>(p.cache.latent_dim) + 2) * sizeof(float);
   return cudaSuccess;
 }
 
@@ -574,10 +576,10 @@ cudaError_t MlaAttentionF32(const MlaAttentionParams& params, cudaStream_t strea
     if (e != cudaSuccess) return e;
   }
   float* ws_out = static_cast<float*>(workspace);
-  float* ws_ml = ws_out == nullptr ? nullptr
-                                   : ws_out + static_cast<size_t>(params.num_tokens) *
-                                                  params.num_heads * plan.num_splits *
-                                                  params.cache.latent_dim;
+  float* ws_ml = ws_out == nullptr
+                     ? nullptr
+                     : ws_out + static_cast<size_t>(params.num_tokens) * params.num_heads *
+                                    plan.num_splits * params.cache.latent_dim;
   const int dim = params.cache.latent_dim + params.cache.rope_dim;
   const bool vec_loads =
       dim % 4 == 0 && reinterpret_cast<uintptr_t>(params.cache.cache) % sizeof(float4) == 0;
@@ -587,8 +589,8 @@ cudaError_t MlaAttentionF32(const MlaAttentionParams& params, cudaStream_t strea
   if (e == cudaSuccess && plan.num_splits > 1) {
     MlaCombineKernel<<<static_cast<unsigned>(static_cast<int64_t>(params.num_tokens) *
                                              params.num_heads),
-                       128, 0, stream>>>(ws_out, ws_ml, plan.num_splits,
-                                         params.cache.latent_dim, params.out_latent);
+                       128, 0, stream>>>(ws_out, ws_ml, plan.num_splits, params.cache.latent_dim,
+                                         params.out_latent);
     e = cudaGetLastError();
   }
   if (own_workspace) {

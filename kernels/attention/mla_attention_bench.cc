@@ -18,14 +18,13 @@
 namespace deepinfer {
 namespace {
 
-#define BENCH_CUDA(expr)                                                                \
-  do {                                                                                  \
-    cudaError_t e_ = (expr);                                                            \
-    if (e_ != cudaSuccess) {                                                            \
-      std::fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #expr,                 \
-                   cudaGetErrorString(e_));                                             \
-      std::exit(1);                                                                     \
-    }                                                                                   \
+#define BENCH_CUDA(expr)                                                                         \
+  do {                                                                                           \
+    cudaError_t e_ = (expr);                                                                     \
+    if (e_ != cudaSuccess) {                                                                     \
+      std::fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #expr, cudaGetErrorString(e_)); \
+      std::exit(1);                                                                              \
+    }                                                                                            \
   } while (0)
 
 constexpr int32_t kLatent = 512, kRope = 64, kBlockSize = 16;
@@ -45,7 +44,8 @@ std::vector<float> Uniform(size_t n, uint64_t seed) {
 template <typename T>
 T* Upload(const std::vector<T>& host) {
   T* d = nullptr;
-  BENCH_CUDA(cudaMalloc(reinterpret_cast<void**>(&d), std::max<size_t>(host.size(), 1) * sizeof(T)));
+  BENCH_CUDA(
+      cudaMalloc(reinterpret_cast<void**>(&d), std::max<size_t>(host.size(), 1) * sizeof(T)));
   BENCH_CUDA(cudaMemcpy(d, host.data(), host.size() * sizeof(T), cudaMemcpyHostToDevice));
   return d;
 }
@@ -83,7 +83,8 @@ void Run(const Batch& batch) {
   // Sequence s owns blocks s, s + seqs, s + 2 seqs, ...: interleaved, as a pool hands them out.
   std::vector<int32_t> tables(num_blocks);
   for (int32_t s = 0; s < batch.seqs; ++s) {
-    for (int32_t b = 0; b < blocks_per_seq; ++b) tables[s * blocks_per_seq + b] = b * batch.seqs + s;
+    for (int32_t b = 0; b < blocks_per_seq; ++b)
+      tables[s * blocks_per_seq + b] = b * batch.seqs + s;
   }
   std::vector<int32_t> token_seq, context_len;
   int64_t key_reads = 0;
@@ -157,8 +158,8 @@ void Run(const Batch& batch) {
     const double d = std::fabs(static_cast<double>(a[i]) - b[i]);
     if (!(d <= worst)) worst = d;  // NaN sticks
   }
-  std::printf("%-28s speedup %.2fx, max |grouped - per-head| = %.3g\n", batch.name,
-              old_ms / new_ms, worst);
+  std::printf("%-28s speedup %.2fx, max |grouped - per-head| = %.3g\n", batch.name, old_ms / new_ms,
+              worst);
   if (sweep) {
     for (int splits : {1, 2, 4, 8, 16, 32, 64}) {
       p.num_splits = splits;
@@ -166,10 +167,10 @@ void Run(const Batch& batch) {
     }
   }
   std::fflush(stdout);
-  for (void* ptr : {static_cast<void*>(cache), static_cast<void*>(q_latent), static_cast<void*>(q),
-                    static_cast<void*>(d_tables), static_cast<void*>(d_seq),
-                    static_cast<void*>(d_len), static_cast<void*>(out_new),
-                    static_cast<void*>(out_old), ws}) {
+  for (void* ptr :
+       {static_cast<void*>(cache), static_cast<void*>(q_latent), static_cast<void*>(q),
+        static_cast<void*>(d_tables), static_cast<void*>(d_seq), static_cast<void*>(d_len),
+        static_cast<void*>(out_new), static_cast<void*>(out_old), ws}) {
     BENCH_CUDA(cudaFree(ptr));
   }
 }

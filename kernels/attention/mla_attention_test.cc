@@ -190,7 +190,9 @@ std::vector<Case> Cases() {
 }
 
 INSTANTIATE_TEST_SUITE_P(Cases, MlaAttentionKernelTest, ::testing::ValuesIn(Cases()),
-                         [](const ::testing::TestParamInfo<Case>& info) { return info.param.name; });
+                         [](const ::testing::TestParamInfo<Case>& info) {
+                           return info.param.name;
+                         });
 
 TEST(MlaAttentionKernelLimitsTest, RejectsTooWideLatent) {
   DEEPINFER_SKIP_WITHOUT_GPU();
