@@ -5,6 +5,8 @@
 # runs them all.
 #
 #   tools/gpu/prepare.sh [--out DIR]        (default DIR: <repo>/.gpu, git-ignored)
+#   GPU_TESTS="//kernels/moe:permute_test ..." GPU_TOOLS="..." tools/gpu/prepare.sh --out DIR
+#                                           (bundle only those targets: a smaller, faster run)
 #
 # DIR/bin/*     stripped binaries, RUNPATH $ORIGIN/../lib (tools/bundle.sh)
 # DIR/lib/      the non-glibc, non-CUDA shared libraries they need (absl, glog, gtest, ...)
@@ -23,7 +25,9 @@ tests=(
   //kernels/activation:elementwise_test
   //kernels/attention:mla_attention_test
   //kernels/embedding:rows_test
+  //kernels/moe:grouped_gemm_test
   //kernels/moe:noaux_tc_router_test
+  //kernels/moe:permute_test
   //kernels/norm:rms_norm_test
   //kernels/rope:rope_test
   //kernels/sampling:argmax_test
@@ -31,8 +35,10 @@ tests=(
   //worker/backend:backend_factory_test
   //tests/parity:cuda_parity_test
 )
-tools=()
+tools=(//kernels/moe:grouped_gemm_bench)
 [[ -f tools/bench/BUILD ]] && tools+=(//tools/bench:bench)
+if [[ -n "${GPU_TESTS+set}" ]]; then read -r -a tests <<< "$GPU_TESTS"; fi
+if [[ -n "${GPU_TOOLS+set}" ]]; then read -r -a tools <<< "$GPU_TOOLS"; fi
 
 bazel build -c opt --config=cuda "${tests[@]}" "${tools[@]}"
 bin_dir=$(bazel info -c opt --config=cuda bazel-bin 2>/dev/null)

@@ -1,0 +1,228 @@
+// grouped_gemm_bench: achieved HBM bandwidth of GroupedGemmBf16 at the Moonlight MoE shapes
+// (64 experts; gate_up n = 2*1408, k = 2048; down n = 2048, k = 1408) for 128 tokens x top-6
+// (768 rows, every expert busy) and 1 token x top-6 (6 rows, 6 experts), against the 4.3 TB/s
+// copy roofline of the H200. For reference it also times today's path (one cublasSgemm per
+// expert on fp32 weights, offsets known on the host).
+//
+// Each timed launch is preceded by an L2 flush (a 256 MiB memset) and timed alone with CUDA
+// events; the 1-token case also rotates through 10 disjoint expert sets. Median of 50 after 5
+// warm-ups. Bytes = weights of the busy experts + x + y.
+//
+//   grouped_gemm_bench            (prints one line per case; exit status 1 on a CUDA error)
+#include <cublas_v2.h>
+#include <cuda_runtime_api.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <numeric>
+#include <random>
+#include <vector>
+
+#include "kernels/moe/grouped_gemm.h"
+#include "kernels/moe/moe_reference.h"
+
+namespace deepinfer {
+namespace {
+
+#define BENCH_CUDA(expr)                                                              \
+  do {                                                                                \
+    cudaError_t e_ = (expr);                                                          \
+    if (e_ != cudaSuccess) {                                                          \
+      std::fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #expr,              \
+                   cudaGetErrorString(e_));                                           \
+      std::exit(1);                                                                   \
+    }                                                                                 \
+  } while (0)
+
+template <typename T>
+T* DeviceAlloc(size_t bytes) {
+  void* p = nullptr;
+  BENCH_CUDA(cudaMalloc(&p, bytes));
+  return static_cast<T*>(p);
+}
+
+constexpr int kExperts = 64, kTopK = 6, kWarmup = 5, kIters = 50;
+constexpr double kRooflineGBs = 4300.0;
+
+struct Timer {
+  Timer() {
+    BENCH_CUDA(cudaEventCreate(&start));
+    BENCH_CUDA(cudaEventCreate(&stop));
+    flush = DeviceAlloc<void>(kFlushBytes);
+  }
+  ~Timer() {
+    cudaEventDestroy(start);
+    cudaEventDestroy(stop);
+    cudaFree(flush);
+  }
+  // Median microseconds of fn(i) over kIters, each after an L2 flush.
+  template <typename Fn>
+  double MedianUs(Fn fn) {
+    std::vector<float> ms;
+    for (int i = 0; i < kWarmup + kIters; ++i) {
+      BENCH_CUDA(cudaMemsetAsync(flush, i & 0xff, kFlushBytes, nullptr));
+      BENCH_CUDA(cudaEventRecord(start, nullptr));
+      fn(i);
+      BENCH_CUDA(cudaEventRecord(stop, nullptr));
+      BENCH_CUDA(cudaEventSynchronize(stop));
+      float t = 0;
+      BENCH_CUDA(cudaEventElapsedTime(&t, start, stop));
+      if (i >= kWarmup) ms.push_back(t);
+    }
+    std::nth_element(ms.begin(), ms.begin() + ms.size() / 2, ms.end());
+    return ms[ms.size() / 2] * 1e3;
+  }
+  static constexpr size_t kFlushBytes = size_t{256} << 20;
+  cudaEvent_t start, stop;
+  void* flush = nullptr;
+};
+
+void Report(const char* name, double us, double bytes) {
+  const double gbs = bytes / (us * 1e-6) / 1e9;
+  std::printf("%-44s %9.1f us  %8.1f GB/s  %5.1f%% of %.1f TB/s  (roofline %.1f us, %.1f MB)\n",
+              name, us, gbs, 100.0 * gbs / kRooflineGBs, kRooflineGBs / 1e3,
+              bytes / (kRooflineGBs * 1e9) * 1e6, bytes / 1e6);
+}
+
+void RunShape(const char* shape, int32_t n, int32_t k, Timer& timer, cublasHandle_t cublas) {
+  std::mt19937 gen(1234);
+  // Weights: one random expert matrix, copied to every expert (the bytes are what matters).
+  const size_t per_expert = size_t(n) * k;
+  std::vector<uint16_t> host_w(per_expert);
+  std::normal_distribution<float> normal(0.0f, 0.02f);
+  for (auto& v : host_w) v = kernels::FloatToBf16(normal(gen));
+  uint16_t* w = DeviceAlloc<uint16_t>(per_expert * kExperts * sizeof(uint16_t));
+  for (int e = 0; e < kExperts; ++e) {
+    BENCH_CUDA(cudaMemcpy(w + e * per_expert, host_w.data(), per_expert * 2, cudaMemcpyHostToDevice));
+  }
+  std::vector<uint64_t> ptrs(kExperts);
+  for (int e = 0; e < kExperts; ++e) ptrs[e] = reinterpret_cast<uint64_t>(w + e * per_expert);
+  uint64_t* dptrs = DeviceAlloc<uint64_t>(kExperts * sizeof(uint64_t));
+  BENCH_CUDA(cudaMemcpy(dptrs, ptrs.data(), kExperts * 8, cudaMemcpyHostToDevice));
+
+  const int32_t max_rows = 128 * kTopK;
+  std::vector<float> host_x(size_t(max_rows) * k);
+  for (auto& v : host_x) v = normal(gen) * 50;
+  float* x = DeviceAlloc<float>(host_x.size() * 4);
+  float* y = DeviceAlloc<float>(size_t(max_rows) * n * 4);
+  BENCH_CUDA(cudaMemcpy(x, host_x.data(), host_x.size() * 4, cudaMemcpyHostToDevice));
+
+  // Routing cases: offsets for 128 random tokens, and 10 disjoint single-token expert sets.
+  std::vector<int32_t> perm(kExperts);
+  std::iota(perm.begin(), perm.end(), 0);
+  std::vector<int32_t> counts(kExperts, 0);
+  for (int t = 0; t < 128; ++t) {
+    std::shuffle(perm.begin(), perm.end(), gen);
+    for (int j = 0; j < kTopK; ++j) ++counts[perm[j]];
+  }
+  std::vector<std::vector<int32_t>> offsets_sets;
+  auto add_offsets = [&](const std::vector<int32_t>& c) {
+    std::vector<int32_t> off(kExperts + 1, 0);
+    for (int e = 0; e < kExperts; ++e) off[e + 1] = off[e] + c[e];
+    offsets_sets.push_back(off);
+  };
+  add_offsets(counts);
+  constexpr int kSingleSets = kExperts / kTopK;
+  for (int s = 0; s < kSingleSets; ++s) {
+    std::vector<int32_t> c(kExperts, 0);
+    for (int j = 0; j < kTopK; ++j) c[s * kTopK + j] = 1;
+    add_offsets(c);
+  }
+  int32_t* doff = DeviceAlloc<int32_t>(offsets_sets.size() * (kExperts + 1) * 4);
+  for (size_t i = 0; i < offsets_sets.size(); ++i) {
+    BENCH_CUDA(cudaMemcpy(doff + i * (kExperts + 1), offsets_sets[i].data(), (kExperts + 1) * 4,
+                          cudaMemcpyHostToDevice));
+  }
+
+  kernels::GroupedGemmBf16Params p;
+  p.num_slots = kExperts;
+  p.n = n;
+  p.k = k;
+  p.x = x;
+  p.weights = reinterpret_cast<const uint16_t* const*>(dptrs);
+  p.y = y;
+  char name[128];
+  {  // 128 tokens x top-6.
+    p.max_rows = max_rows;
+    p.rows_per_slot_hint = 128;
+    p.slot_offsets = doff;
+    const double us = timer.MedianUs([&](int) { BENCH_CUDA(kernels::GroupedGemmBf16(p, nullptr)); });
+    const double bytes = double(kExperts) * per_expert * 2 + double(max_rows) * (k + n) * 4;
+    std::snprintf(name, sizeof(name), "%s 128 tok x top6 (768 rows) bf16 kernel", shape);
+    Report(name, us, bytes);
+  }
+  {  // 1 token x top-6.
+    p.max_rows = kTopK;
+    p.rows_per_slot_hint = 1;
+    const double us = timer.MedianUs([&](int i) {
+      p.slot_offsets = doff + (1 + i % kSingleSets) * (kExperts + 1);
+      BENCH_CUDA(kernels::GroupedGemmBf16(p, nullptr));
+    });
+    const double bytes = double(kTopK) * per_expert * 2 + double(kTopK) * (k + n) * 4;
+    std::snprintf(name, sizeof(name), "%s 1 tok x top6 (6 rows) bf16 kernel", shape);
+    Report(name, us, bytes);
+  }
+  BENCH_CUDA(cudaFree(w));
+
+  // Today's path for comparison: fp32 weights, one cublasSgemm per busy expert.
+  std::vector<float> host_wf(per_expert);
+  for (size_t i = 0; i < per_expert; ++i) host_wf[i] = kernels::Bf16ToFloat(host_w[i]);
+  float* wf = DeviceAlloc<float>(per_expert * kExperts * 4);
+  for (int e = 0; e < kExperts; ++e) {
+    BENCH_CUDA(cudaMemcpy(wf + e * per_expert, host_wf.data(), per_expert * 4, cudaMemcpyHostToDevice));
+  }
+  auto sgemm_groups = [&](const std::vector<int32_t>& off) {
+    const float one = 1.0f, zero = 0.0f;
+    for (int e = 0; e < kExperts; ++e) {
+      const int rows = off[e + 1] - off[e];
+      if (rows == 0) continue;
+      if (cublasSgemm(cublas, CUBLAS_OP_T, CUBLAS_OP_N, n, rows, k, &one, wf + e * per_expert, k,
+                      x + size_t(off[e]) * k, k, &zero, y + size_t(off[e]) * n,
+                      n) != CUBLAS_STATUS_SUCCESS) {
+        std::fprintf(stderr, "cublasSgemm failed\n");
+        std::exit(1);
+      }
+    }
+  };
+  {
+    const double us = timer.MedianUs([&](int) { sgemm_groups(offsets_sets[0]); });
+    const double bytes = double(kExperts) * per_expert * 4 + double(max_rows) * (k + n) * 4;
+    std::snprintf(name, sizeof(name), "%s 128 tok x top6 fp32 cublasSgemm/expert", shape);
+    Report(name, us, bytes);
+  }
+  {
+    const double us =
+        timer.MedianUs([&](int i) { sgemm_groups(offsets_sets[1 + i % kSingleSets]); });
+    const double bytes = double(kTopK) * per_expert * 4 + double(kTopK) * (k + n) * 4;
+    std::snprintf(name, sizeof(name), "%s 1 tok x top6 fp32 cublasSgemm/expert", shape);
+    Report(name, us, bytes);
+  }
+  cudaFree(wf);
+  cudaFree(x);
+  cudaFree(y);
+  cudaFree(dptrs);
+  cudaFree(doff);
+}
+
+}  // namespace
+}  // namespace deepinfer
+
+int main() {
+  int devices = 0;
+  if (cudaGetDeviceCount(&devices) != cudaSuccess || devices == 0) {
+    std::fprintf(stderr, "grouped_gemm_bench: no CUDA device\n");
+    return 1;
+  }
+  cudaDeviceProp prop;
+  BENCH_CUDA(cudaGetDeviceProperties(&prop, 0));
+  std::printf("device: %s, %d SMs\n", prop.name, prop.multiProcessorCount);
+  cublasHandle_t cublas;
+  if (cublasCreate(&cublas) != CUBLAS_STATUS_SUCCESS) return 1;
+  deepinfer::Timer timer;
+  deepinfer::RunShape("gate_up n=2816 k=2048", 2 * 1408, 2048, timer, cublas);
+  deepinfer::RunShape("down    n=2048 k=1408", 2048, 1408, timer, cublas);
+  cublasDestroy(cublas);
+  return 0;
+}
