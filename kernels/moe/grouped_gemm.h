@@ -14,6 +14,12 @@
 namespace deepinfer {
 namespace kernels {
 
+enum class GroupedGemmAlgo {
+  kAuto,        // CUDA cores for rows_per_slot_hint <= 2 (decode), else tensor cores if built
+  kCudaCore,    // fp32 FMA on CUDA cores: x used at full fp32 precision
+  kTensorCore,  // mma.sync bf16 with x split into bf16 hi + lo (sm_80+; else cudaErrorNotSupported)
+};
+
 // All pointers are device pointers.
 struct GroupedGemmBf16Params {
   int32_t num_slots = 0;
@@ -32,10 +38,14 @@ struct GroupedGemmBf16Params {
   // register tile): any slot size stays correct. Decode knows it: a token's top-k experts are
   // distinct, so a slot has at most num_tokens rows.
   int32_t rows_per_slot_hint = 0;
+  GroupedGemmAlgo algo = GroupedGemmAlgo::kAuto;
 };
 
-// fp32 accumulation (each lane sums its k-slice in ascending order, then a butterfly across the
-// warp), fp32 out: results differ from the sequential reference only by fp32 summation order.
+// Weights are used exactly; products are accumulated in fp32, and the result is fp32. CUDA-core
+// path: x in fp32, so results differ from the sequential reference only by summation order
+// (per lane ascending k, then a butterfly across the warp). Tensor-core path: x is split into
+// two bf16 terms (hi + lo, relative error <= 2^-17 per element) and accumulated by the MMA
+// units in fp32; the error bound is about 2^-16 * sum |x w| per output.
 // cudaErrorInvalidValue for k not a multiple of 8, non-positive n / k / num_slots, negative
 // max_rows, or a misaligned x. max_rows == 0 launches nothing.
 cudaError_t GroupedGemmBf16(const GroupedGemmBf16Params& params, cudaStream_t stream);

@@ -18,6 +18,7 @@
 #include <cstdlib>
 #include <numeric>
 #include <random>
+#include <utility>
 #include <vector>
 
 #include "kernels/moe/grouped_gemm.h"
@@ -144,25 +145,32 @@ void RunShape(const char* shape, int32_t n, int32_t k, Timer& timer, cublasHandl
   p.weights = reinterpret_cast<const uint16_t* const*>(dptrs);
   p.y = y;
   char name[128];
-  {  // 128 tokens x top-6.
-    p.max_rows = max_rows;
-    p.rows_per_slot_hint = 128;
-    p.slot_offsets = doff;
-    const double us = timer.MedianUs([&](int) { BENCH_CUDA(kernels::GroupedGemmBf16(p, nullptr)); });
-    const double bytes = double(kExperts) * per_expert * 2 + double(max_rows) * (k + n) * 4;
-    std::snprintf(name, sizeof(name), "%s 128 tok x top6 (768 rows) bf16 kernel", shape);
-    Report(name, us, bytes);
-  }
-  {  // 1 token x top-6.
-    p.max_rows = kTopK;
-    p.rows_per_slot_hint = 1;
-    const double us = timer.MedianUs([&](int i) {
-      p.slot_offsets = doff + (1 + i % kSingleSets) * (kExperts + 1);
-      BENCH_CUDA(kernels::GroupedGemmBf16(p, nullptr));
-    });
-    const double bytes = double(kTopK) * per_expert * 2 + double(kTopK) * (k + n) * 4;
-    std::snprintf(name, sizeof(name), "%s 1 tok x top6 (6 rows) bf16 kernel", shape);
-    Report(name, us, bytes);
+  const std::pair<kernels::GroupedGemmAlgo, const char*> algos[] = {
+      {kernels::GroupedGemmAlgo::kCudaCore, "cuda-core"},
+      {kernels::GroupedGemmAlgo::kTensorCore, "tensor-core"}};
+  for (const auto& [algo, algo_name] : algos) {
+    p.algo = algo;
+    {  // 128 tokens x top-6.
+      p.max_rows = max_rows;
+      p.rows_per_slot_hint = 128;
+      p.slot_offsets = doff;
+      const double us =
+          timer.MedianUs([&](int) { BENCH_CUDA(kernels::GroupedGemmBf16(p, nullptr)); });
+      const double bytes = double(kExperts) * per_expert * 2 + double(max_rows) * (k + n) * 4;
+      std::snprintf(name, sizeof(name), "%s 128 tok x top6 bf16 %s", shape, algo_name);
+      Report(name, us, bytes);
+    }
+    {  // 1 token x top-6.
+      p.max_rows = kTopK;
+      p.rows_per_slot_hint = 1;
+      const double us = timer.MedianUs([&](int i) {
+        p.slot_offsets = doff + (1 + i % kSingleSets) * (kExperts + 1);
+        BENCH_CUDA(kernels::GroupedGemmBf16(p, nullptr));
+      });
+      const double bytes = double(kTopK) * per_expert * 2 + double(kTopK) * (k + n) * 4;
+      std::snprintf(name, sizeof(name), "%s 1 tok x top6 bf16 %s", shape, algo_name);
+      Report(name, us, bytes);
+    }
   }
   BENCH_CUDA(cudaFree(w));
 

@@ -210,7 +210,8 @@ TEST(MoePermuteTest, PermuteGroupedGemmCombine) {
   kernels::MoeCombineReference(tokens, top_k, N, want.choice_row.data(), r.weights.data(),
                                want_y.data(), want_out.data());
 
-  DeviceArray<float> dhidden(hidden), dy(r.ids.size() * N), dout(want_out), dweights(r.weights);
+  DeviceArray<float> dhidden(hidden), dy(r.ids.size() * N), dweights(r.weights);
+  DeviceArray<float> dout(std::vector<float>(want_out.size(), 0.0f));
   DeviceArray<int32_t> dids(r.ids), dmap(r.slot_of_expert);
   DeviceArray<uint16_t> dw(w);
   std::vector<uint64_t> ptrs;
