@@ -4,9 +4,12 @@
 // copy roofline of the H200. For reference it also times today's path (one cublasSgemm per
 // expert on fp32 weights, offsets known on the host).
 //
-// Each timed launch is preceded by an L2 flush (a 256 MiB memset) and timed alone with CUDA
-// events; the 1-token case also rotates through 10 disjoint expert sets. Median of 50 after 5
-// warm-ups. Bytes = weights of the busy experts + x + y.
+// Each timed launch is preceded by an L2 flush and timed alone with CUDA events; the 1-token
+// case also rotates through 10 disjoint expert sets. The flush READS 256 MiB (cublasIsamax):
+// a memset would leave the L2 full of dirty lines whose write-back then competes with the
+// timed kernel (that inflated a 35 MB read to ~85 MB of traffic in a first version). Median of
+// 50 after 5 warm-ups. Bytes = weights of the busy experts + x + y. Also times MoePermuteF32 and
+// MoeCombineF32 at the same shapes (hidden 2048).
 //
 //   grouped_gemm_bench            (prints one line per case; exit status 1 on a CUDA error)
 #include <cublas_v2.h>
@@ -22,6 +25,7 @@
 #include <vector>
 
 #include "kernels/moe/grouped_gemm.h"
+#include "kernels/moe/moe_permute.h"
 #include "kernels/moe/moe_reference.h"
 
 namespace deepinfer {
@@ -48,10 +52,11 @@ constexpr int kExperts = 64, kTopK = 6, kWarmup = 5, kIters = 50;
 constexpr double kRooflineGBs = 4300.0;
 
 struct Timer {
-  Timer() {
+  explicit Timer(cublasHandle_t cublas) : cublas(cublas) {
     BENCH_CUDA(cudaEventCreate(&start));
     BENCH_CUDA(cudaEventCreate(&stop));
-    flush = DeviceAlloc<void>(kFlushBytes);
+    flush = DeviceAlloc<float>(kFlushBytes);
+    BENCH_CUDA(cudaMemset(flush, 0x3c, kFlushBytes));
   }
   ~Timer() {
     cudaEventDestroy(start);
@@ -63,7 +68,11 @@ struct Timer {
   double MedianUs(Fn fn) {
     std::vector<float> ms;
     for (int i = 0; i < kWarmup + kIters; ++i) {
-      BENCH_CUDA(cudaMemsetAsync(flush, i & 0xff, kFlushBytes, nullptr));
+      int max_at = 0;  // host result: returns once the read pass is done
+      if (cublasIsamax(cublas, kFlushBytes / 4, flush, 1, &max_at) != CUBLAS_STATUS_SUCCESS) {
+        std::fprintf(stderr, "cublasIsamax failed\n");
+        std::exit(1);
+      }
       BENCH_CUDA(cudaEventRecord(start, nullptr));
       fn(i);
       BENCH_CUDA(cudaEventRecord(stop, nullptr));
@@ -76,8 +85,9 @@ struct Timer {
     return ms[ms.size() / 2] * 1e3;
   }
   static constexpr size_t kFlushBytes = size_t{256} << 20;
+  cublasHandle_t cublas;
   cudaEvent_t start, stop;
-  void* flush = nullptr;
+  float* flush = nullptr;
 };
 
 void Report(const char* name, double us, double bytes) {
@@ -160,6 +170,21 @@ void RunShape(const char* shape, int32_t n, int32_t k, Timer& timer, cublasHandl
       std::snprintf(name, sizeof(name), "%s 128 tok x top6 bf16 %s", shape, algo_name);
       Report(name, us, bytes);
     }
+    if (algo == kernels::GroupedGemmAlgo::kTensorCore) {
+      // A tighter rows_per_slot_hint (the busiest slot has about 25 rows here) picks a smaller
+      // register tile (more resident warps).
+      for (int hint : {16, 32}) {
+        p.max_rows = max_rows;
+        p.rows_per_slot_hint = hint;
+        p.slot_offsets = doff;
+        const double us =
+            timer.MedianUs([&](int) { BENCH_CUDA(kernels::GroupedGemmBf16(p, nullptr)); });
+        const double bytes = double(kExperts) * per_expert * 2 + double(max_rows) * (k + n) * 4;
+        std::snprintf(name, sizeof(name), "%s 128 tok x top6 bf16 %s hint %d", shape, algo_name,
+                      hint);
+        Report(name, us, bytes);
+      }
+    }
     {  // 1 token x top-6.
       p.max_rows = kTopK;
       p.rows_per_slot_hint = 1;
@@ -214,6 +239,66 @@ void RunShape(const char* shape, int32_t n, int32_t k, Timer& timer, cublasHandl
   cudaFree(doff);
 }
 
+void RunPermuteCombine(int32_t tokens, Timer& timer) {
+  const int32_t hidden = 2048, choices = tokens * kTopK;
+  std::mt19937 gen(99);
+  std::vector<int32_t> ids, map(kExperts);
+  std::iota(map.begin(), map.end(), 0);
+  std::vector<int32_t> perm = map;
+  for (int t = 0; t < tokens; ++t) {
+    std::shuffle(perm.begin(), perm.end(), gen);
+    ids.insert(ids.end(), perm.begin(), perm.begin() + kTopK);
+  }
+  std::vector<float> host(size_t(choices) * hidden, 0.5f);
+  int32_t* dids = DeviceAlloc<int32_t>(choices * 4);
+  int32_t* dmap = DeviceAlloc<int32_t>(kExperts * 4);
+  int32_t* ints = DeviceAlloc<int32_t>((kExperts * 2 + 1 + choices * 2) * 4);
+  float* hid = DeviceAlloc<float>(size_t(tokens) * hidden * 4);
+  float* perm_h = DeviceAlloc<float>(size_t(choices) * hidden * 4);
+  float* wts = DeviceAlloc<float>(choices * 4);
+  float* out = DeviceAlloc<float>(size_t(tokens) * hidden * 4);
+  BENCH_CUDA(cudaMemcpy(dids, ids.data(), choices * 4, cudaMemcpyHostToDevice));
+  BENCH_CUDA(cudaMemcpy(dmap, map.data(), kExperts * 4, cudaMemcpyHostToDevice));
+  BENCH_CUDA(cudaMemcpy(hid, host.data(), size_t(tokens) * hidden * 4, cudaMemcpyHostToDevice));
+  BENCH_CUDA(cudaMemcpy(perm_h, host.data(), host.size() * 4, cudaMemcpyHostToDevice));
+  BENCH_CUDA(cudaMemcpy(wts, host.data(), choices * 4, cudaMemcpyHostToDevice));
+  BENCH_CUDA(cudaMemcpy(out, host.data(), size_t(tokens) * hidden * 4, cudaMemcpyHostToDevice));
+  kernels::MoePermuteParams p;
+  p.num_tokens = tokens;
+  p.top_k = kTopK;
+  p.num_experts = kExperts;
+  p.num_slots = kExperts;
+  p.topk_ids = dids;
+  p.slot_of_expert = dmap;
+  p.hidden_size = hidden;
+  p.hidden = hid;
+  p.slot_counts = ints;
+  p.slot_offsets = ints + kExperts;
+  p.choice_row = ints + 2 * kExperts + 1;
+  p.row_token = ints + 2 * kExperts + 1 + choices;
+  p.permuted_hidden = perm_h;
+  char name[128];
+  std::snprintf(name, sizeof(name), "MoePermuteF32 %d tok x top6 hidden 2048", tokens);
+  double us = timer.MedianUs([&](int) { BENCH_CUDA(kernels::MoePermuteF32(p, nullptr)); });
+  Report(name, us, double(choices) * hidden * 4 * 2);
+  kernels::MoeCombineParams c;
+  c.num_tokens = tokens;
+  c.top_k = kTopK;
+  c.hidden_size = hidden;
+  c.choice_row = p.choice_row;
+  c.topk_weights = wts;
+  c.expert_out = perm_h;
+  c.out = out;
+  std::snprintf(name, sizeof(name), "MoeCombineF32 %d tok x top6 hidden 2048", tokens);
+  us = timer.MedianUs([&](int) { BENCH_CUDA(kernels::MoeCombineF32(c, nullptr)); });
+  Report(name, us, double(choices) * hidden * 4 + double(tokens) * hidden * 8);
+  for (void* ptr : {static_cast<void*>(dids), static_cast<void*>(dmap), static_cast<void*>(ints),
+                    static_cast<void*>(hid), static_cast<void*>(perm_h), static_cast<void*>(wts),
+                    static_cast<void*>(out)}) {
+    cudaFree(ptr);
+  }
+}
+
 }  // namespace
 }  // namespace deepinfer
 
@@ -228,9 +313,11 @@ int main() {
   std::printf("device: %s, %d SMs\n", prop.name, prop.multiProcessorCount);
   cublasHandle_t cublas;
   if (cublasCreate(&cublas) != CUBLAS_STATUS_SUCCESS) return 1;
-  deepinfer::Timer timer;
+  deepinfer::Timer timer(cublas);
   deepinfer::RunShape("gate_up n=2816 k=2048", 2 * 1408, 2048, timer, cublas);
   deepinfer::RunShape("down    n=2048 k=1408", 2048, 1408, timer, cublas);
+  deepinfer::RunPermuteCombine(128, timer);
+  deepinfer::RunPermuteCombine(1, timer);
   cublasDestroy(cublas);
   return 0;
 }
