@@ -9,11 +9,11 @@
 // L1, shared by the block's warps). Rows of a slot are processed in tiles of 8/4/2/1 so that
 // a slot with m rows streams its weights ceil(m / 8) times (later passes hit L2), and the
 // accumulators stay in registers.
-#include "kernels/moe/grouped_gemm.h"
-
 #include <cuda_bf16.h>
 
 #include <algorithm>
+
+#include "kernels/moe/grouped_gemm.h"
 
 namespace deepinfer {
 namespace kernels {
@@ -154,36 +154,35 @@ __global__ void __launch_bounds__(kThreads) GroupedGemmBf16Kernel(GroupedGemmBf1
   const uint16_t* weights = p.weights[slot];
   // Blocks stride over the weight-row tiles: the grid holds about one resident wave, so there
   // is no tail wave (decode runs only a few tens of microseconds).
-  for (int64_t n_first = int64_t{blockIdx.x} * kRowsPerBlock + warp * kRowsPerWarp;
-       n_first < p.n; n_first += int64_t{gridDim.x} * kRowsPerBlock) {
-  const uint4* w[kRowsPerWarp];
-  bool n_ok[kRowsPerWarp];
+  for (int64_t n_first = int64_t{blockIdx.x} * kRowsPerBlock + warp * kRowsPerWarp; n_first < p.n;
+       n_first += int64_t{gridDim.x} * kRowsPerBlock) {
+    const uint4* w[kRowsPerWarp];
+    bool n_ok[kRowsPerWarp];
 #pragma unroll
-  for (int j = 0; j < kRowsPerWarp; ++j) {
-    n_ok[j] = n_first + j < p.n;
-    // A row past n re-reads the last row (in bounds) and is not stored.
-    const int64_t row = min(n_first + j, int64_t{p.n} - 1);
-    w[j] = reinterpret_cast<const uint4*>(weights + row * p.k);
-  }
-  for (int row0 = row_begin; row0 < row_end;) {
-    const int rest = row_end - row0;
-    if (kMaxTile >= 8 && rest >= 5) {
-      RowTile<kMaxTile >= 8 ? 8 : 1>(p.x, row0, min(rest, 8), p.k, w, n_ok, n_first, p.n, p.y);
-      row0 += min(rest, 8);
-    } else if (kMaxTile >= 4 && rest >= 3) {
-      RowTile<kMaxTile >= 4 ? 4 : 1>(p.x, row0, min(rest, 4), p.k, w, n_ok, n_first, p.n, p.y);
-      row0 += min(rest, 4);
-    } else if (kMaxTile >= 2 && rest >= 2) {
-      RowTile<kMaxTile >= 2 ? 2 : 1>(p.x, row0, 2, p.k, w, n_ok, n_first, p.n, p.y);
-      row0 += 2;
-    } else {
-      RowTile<1>(p.x, row0, 1, p.k, w, n_ok, n_first, p.n, p.y);
-      row0 += 1;
+    for (int j = 0; j < kRowsPerWarp; ++j) {
+      n_ok[j] = n_first + j < p.n;
+      // A row past n re-reads the last row (in bounds) and is not stored.
+      const int64_t row = min(n_first + j, int64_t{p.n} - 1);
+      w[j] = reinterpret_cast<const uint4*>(weights + row * p.k);
+    }
+    for (int row0 = row_begin; row0 < row_end;) {
+      const int rest = row_end - row0;
+      if (kMaxTile >= 8 && rest >= 5) {
+        RowTile<kMaxTile >= 8 ? 8 : 1>(p.x, row0, min(rest, 8), p.k, w, n_ok, n_first, p.n, p.y);
+        row0 += min(rest, 8);
+      } else if (kMaxTile >= 4 && rest >= 3) {
+        RowTile<kMaxTile >= 4 ? 4 : 1>(p.x, row0, min(rest, 4), p.k, w, n_ok, n_first, p.n, p.y);
+        row0 += min(rest, 4);
+      } else if (kMaxTile >= 2 && rest >= 2) {
+        RowTile<kMaxTile >= 2 ? 2 : 1>(p.x, row0, 2, p.k, w, n_ok, n_first, p.n, p.y);
+        row0 += 2;
+      } else {
+        RowTile<1>(p.x, row0, 1, p.k, w, n_ok, n_first, p.n, p.y);
+        row0 += 1;
+      }
     }
   }
-  }
 }
-
 
 // ---- Tensor-core variant (sm_80+): mma.sync m16n8k16, bf16 in, fp32 accumulate. ------------
 // A = 16 weight rows x 16 k (bf16 as stored), B = 16 k x 8 x rows. x is fp32: it is split into
@@ -200,8 +199,7 @@ constexpr int kTcThreads = kTcWarps * 32;
 constexpr int kTcFeatureTiles = 2;  // 16-row weight tiles per warp
 constexpr int kTcFeaturesPerBlock = kTcWarps * kTcFeatureTiles * 16;
 
-__device__ __forceinline__ void MmaBf16(float c[4], const unsigned a[4], unsigned b0,
-                                        unsigned b1) {
+__device__ __forceinline__ void MmaBf16(float c[4], const unsigned a[4], unsigned b0, unsigned b1) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
   asm volatile(
       "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
@@ -214,8 +212,7 @@ __device__ __forceinline__ void MmaBf16(float c[4], const unsigned a[4], unsigne
 // Packs (f0, f1) as bf16x2 hi (f0 in the low half) and the rounding residual as lo.
 __device__ __forceinline__ void SplitBf16x2(float f0, float f1, unsigned* hi, unsigned* lo) {
   const __nv_bfloat162 h = __floats2bfloat162_rn(f0, f1);
-  const __nv_bfloat162 l =
-      __floats2bfloat162_rn(f0 - __low2float(h), f1 - __high2float(h));
+  const __nv_bfloat162 l = __floats2bfloat162_rn(f0 - __low2float(h), f1 - __high2float(h));
   *hi = *reinterpret_cast<const unsigned*>(&h);
   *lo = *reinterpret_cast<const unsigned*>(&l);
 }
@@ -307,8 +304,7 @@ __global__ void __launch_bounds__(kTcThreads) GroupedGemmBf16TcKernel(GroupedGem
   const int slot = work[0], row_begin = work[1], row_end = work[2];
   if (row_begin >= row_end) return;
   const int warp = threadIdx.x / 32;
-  const int64_t feature0 =
-      int64_t{blockIdx.x} * kTcFeaturesPerBlock + warp * kTcFeatureTiles * 16;
+  const int64_t feature0 = int64_t{blockIdx.x} * kTcFeaturesPerBlock + warp * kTcFeatureTiles * 16;
   if (feature0 >= p.n) return;
   const uint16_t* weights = p.weights[slot];
   for (int row0 = row_begin; row0 < row_end;) {
@@ -344,8 +340,7 @@ int64_t ResidentBlocks(Kernel kernel, int threads) {
     int device = 0, sms = 0, per_sm = 0;
     if (cudaGetDevice(&device) != cudaSuccess ||
         cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device) != cudaSuccess ||
-        cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, threads, 0) !=
-            cudaSuccess) {
+        cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, threads, 0) != cudaSuccess) {
       return int64_t{0};
     }
     return int64_t{sms} * per_sm;
@@ -371,9 +366,9 @@ cudaError_t GroupedGemmBf16(const GroupedGemmBf16Params& p, cudaStream_t stream)
     tensor_cores = false;
   }
   if (tensor_cores) {
-    const dim3 grid(static_cast<unsigned>((int64_t{p.n} + kTcFeaturesPerBlock - 1) /
-                                          kTcFeaturesPerBlock),
-                    static_cast<unsigned>(slot_blocks));
+    const dim3 grid(
+        static_cast<unsigned>((int64_t{p.n} + kTcFeaturesPerBlock - 1) / kTcFeaturesPerBlock),
+        static_cast<unsigned>(slot_blocks));
     if (hint <= 8) {
       GroupedGemmBf16TcKernel<1><<<grid, kTcThreads, 0, stream>>>(p);
     } else if (hint <= 16) {
@@ -386,7 +381,8 @@ cudaError_t GroupedGemmBf16(const GroupedGemmBf16Params& p, cudaStream_t stream)
   const int64_t n_tiles = (int64_t{p.n} + kRowsPerBlock - 1) / kRowsPerBlock;
   auto launch = [&](auto kernel) {
     const int64_t wave = ResidentBlocks(kernel, kThreads);
-    const int64_t x = std::max<int64_t>(1, std::min(n_tiles, wave > 0 ? wave / slot_blocks : n_tiles));
+    const int64_t x =
+        std::max<int64_t>(1, std::min(n_tiles, wave > 0 ? wave / slot_blocks : n_tiles));
     kernel<<<dim3(static_cast<unsigned>(x), static_cast<unsigned>(slot_blocks)), kThreads, 0,
              stream>>>(p);
   };

@@ -31,14 +31,13 @@
 namespace deepinfer {
 namespace {
 
-#define BENCH_CUDA(expr)                                                              \
-  do {                                                                                \
-    cudaError_t e_ = (expr);                                                          \
-    if (e_ != cudaSuccess) {                                                          \
-      std::fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #expr,              \
-                   cudaGetErrorString(e_));                                           \
-      std::exit(1);                                                                   \
-    }                                                                                 \
+#define BENCH_CUDA(expr)                                                                         \
+  do {                                                                                           \
+    cudaError_t e_ = (expr);                                                                     \
+    if (e_ != cudaSuccess) {                                                                     \
+      std::fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #expr, cudaGetErrorString(e_)); \
+      std::exit(1);                                                                              \
+    }                                                                                            \
   } while (0)
 
 template <typename T>
@@ -106,7 +105,8 @@ void RunShape(const char* shape, int32_t n, int32_t k, Timer& timer, cublasHandl
   for (auto& v : host_w) v = kernels::FloatToBf16(normal(gen));
   uint16_t* w = DeviceAlloc<uint16_t>(per_expert * kExperts * sizeof(uint16_t));
   for (int e = 0; e < kExperts; ++e) {
-    BENCH_CUDA(cudaMemcpy(w + e * per_expert, host_w.data(), per_expert * 2, cudaMemcpyHostToDevice));
+    BENCH_CUDA(
+        cudaMemcpy(w + e * per_expert, host_w.data(), per_expert * 2, cudaMemcpyHostToDevice));
   }
   std::vector<uint64_t> ptrs(kExperts);
   for (int e = 0; e < kExperts; ++e) ptrs[e] = reinterpret_cast<uint64_t>(w + e * per_expert);
@@ -204,7 +204,8 @@ void RunShape(const char* shape, int32_t n, int32_t k, Timer& timer, cublasHandl
   for (size_t i = 0; i < per_expert; ++i) host_wf[i] = kernels::Bf16ToFloat(host_w[i]);
   float* wf = DeviceAlloc<float>(per_expert * kExperts * 4);
   for (int e = 0; e < kExperts; ++e) {
-    BENCH_CUDA(cudaMemcpy(wf + e * per_expert, host_wf.data(), per_expert * 4, cudaMemcpyHostToDevice));
+    BENCH_CUDA(
+        cudaMemcpy(wf + e * per_expert, host_wf.data(), per_expert * 4, cudaMemcpyHostToDevice));
   }
   auto sgemm_groups = [&](const std::vector<int32_t>& off) {
     const float one = 1.0f, zero = 0.0f;

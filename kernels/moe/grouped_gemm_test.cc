@@ -27,9 +27,12 @@ struct Case {
 
 const char* Name(kernels::GroupedGemmAlgo a) {
   switch (a) {
-    case kernels::GroupedGemmAlgo::kAuto: return "auto";
-    case kernels::GroupedGemmAlgo::kCudaCore: return "cuda-core";
-    case kernels::GroupedGemmAlgo::kTensorCore: return "tensor-core";
+    case kernels::GroupedGemmAlgo::kAuto:
+      return "auto";
+    case kernels::GroupedGemmAlgo::kCudaCore:
+      return "cuda-core";
+    case kernels::GroupedGemmAlgo::kTensorCore:
+      return "tensor-core";
   }
   return "?";
 }
@@ -40,9 +43,9 @@ constexpr kernels::GroupedGemmAlgo kAlgos[] = {kernels::GroupedGemmAlgo::kCudaCo
 
 void RunCase(const Case& c) {
   const uint32_t seed = testing::FreshSeed();
-  SCOPED_TRACE(::testing::Message() << "n " << c.n << " k " << c.k << " slots "
-                                    << c.counts.size() << " hint " << c.hint << " algo " << Name(c.algo)
-                                    << " seed " << seed);
+  SCOPED_TRACE(::testing::Message()
+               << "n " << c.n << " k " << c.k << " slots " << c.counts.size() << " hint " << c.hint
+               << " algo " << Name(c.algo) << " seed " << seed);
   const int32_t slots = static_cast<int32_t>(c.counts.size());
   std::vector<int32_t> offsets(slots + 1, 0);
   for (int32_t s = 0; s < slots; ++s) offsets[s + 1] = offsets[s] + c.counts[s];
@@ -64,8 +67,7 @@ void RunCase(const Case& c) {
     if (matrix_of_slot[s] >= 0) host_w[s] = w.data() + size_t(matrix_of_slot[s]) * c.n * c.k;
   }
   std::vector<float> want(static_cast<size_t>(max_rows) * c.n, 0.0f);
-  kernels::GroupedGemmBf16Reference(slots, offsets.data(), c.n, c.k, x.data(), host_w,
-                                    want.data());
+  kernels::GroupedGemmBf16Reference(slots, offsets.data(), c.n, c.k, x.data(), host_w, want.data());
 
   DeviceArray<float> dx(x), dy(want.size());
   DeviceArray<uint16_t> dw(w);
@@ -99,9 +101,9 @@ void RunCase(const Case& c) {
   // (allow 2^-23 per step for the units' internal rounding). A dropped or doubled term would be
   // ~sum|x w| / k, at least 10x above either bound for every k here.
   // The fp32 reference must match too, within its own sequential bound k * 2^-24 * sum|x w|.
-  const bool tc = c.algo == kernels::GroupedGemmAlgo::kTensorCore ||
-                  (c.algo == kernels::GroupedGemmAlgo::kAuto &&
-                   (c.hint > 0 ? c.hint : max_rows) > 2);
+  const bool tc =
+      c.algo == kernels::GroupedGemmAlgo::kTensorCore ||
+      (c.algo == kernels::GroupedGemmAlgo::kAuto && (c.hint > 0 ? c.hint : max_rows) > 2);
   const double rel = tc ? std::ldexp(1.0, -17) + (c.k / 8 + 8) * std::ldexp(1.0, -23)
                         : (c.k / 32 + 6) * std::ldexp(1.0, -24);
   int bad = 0;

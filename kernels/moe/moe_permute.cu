@@ -139,8 +139,7 @@ cudaError_t MoePermuteF32(const MoePermuteParams& p, cudaStream_t stream) {
   const bool vec4 = p.hidden_size % 4 == 0 && reinterpret_cast<uintptr_t>(p.hidden) % 16 == 0 &&
                     reinterpret_cast<uintptr_t>(p.permuted_hidden) % 16 == 0;
   GatherKernel<<<static_cast<unsigned>(choices), kGatherThreads, 0, stream>>>(
-      p.hidden_size, vec4, p.hidden, p.slot_offsets + p.num_slots, p.row_token,
-      p.permuted_hidden);
+      p.hidden_size, vec4, p.hidden, p.slot_offsets + p.num_slots, p.row_token, p.permuted_hidden);
   return cudaGetLastError();
 }
 

@@ -27,10 +27,10 @@ struct MoePermuteParams {
   int64_t hidden_size = 0;
   const float* hidden = nullptr;  // [num_tokens, hidden_size]
   // Outputs.
-  int32_t* slot_counts = nullptr;   // [num_slots]
-  int32_t* slot_offsets = nullptr;  // [num_slots + 1]: exclusive prefix; [num_slots] = rows
-  int32_t* choice_row = nullptr;    // [num_tokens, top_k]: row of the choice, or -1
-  int32_t* row_token = nullptr;     // [num_tokens * top_k]: source token of each row
+  int32_t* slot_counts = nullptr;    // [num_slots]
+  int32_t* slot_offsets = nullptr;   // [num_slots + 1]: exclusive prefix; [num_slots] = rows
+  int32_t* choice_row = nullptr;     // [num_tokens, top_k]: row of the choice, or -1
+  int32_t* row_token = nullptr;      // [num_tokens * top_k]: source token of each row
   float* permuted_hidden = nullptr;  // [num_tokens * top_k, hidden_size]
 };
 
@@ -47,10 +47,10 @@ struct MoeCombineParams {
   int32_t num_tokens = 0;
   int32_t top_k = 0;
   int64_t hidden_size = 0;
-  const int32_t* choice_row = nullptr;    // [num_tokens, top_k] from MoePermuteF32
-  const float* topk_weights = nullptr;    // [num_tokens, top_k]
-  const float* expert_out = nullptr;      // [rows, hidden_size], rows in permuted order
-  float* out = nullptr;                   // [num_tokens, hidden_size], added into
+  const int32_t* choice_row = nullptr;  // [num_tokens, top_k] from MoePermuteF32
+  const float* topk_weights = nullptr;  // [num_tokens, top_k]
+  const float* expert_out = nullptr;    // [rows, hidden_size], rows in permuted order
+  float* out = nullptr;                 // [num_tokens, hidden_size], added into
 };
 
 // out[t, :] += w[t, k] * expert_out[choice_row[t, k], :] summed over k = 0, 1, ... in order,

@@ -52,8 +52,11 @@ Routing MakeRouting(int32_t tokens, int32_t top_k, int32_t experts, int32_t host
 
 struct DevicePermutation {
   explicit DevicePermutation(const Routing& r, int64_t hidden)
-      : counts(r.slots), offsets(r.slots + 1), choice_row(r.ids.size()),
-        row_token(r.ids.size()), permuted(r.ids.size() * hidden) {}
+      : counts(r.slots),
+        offsets(r.slots + 1),
+        choice_row(r.ids.size()),
+        row_token(r.ids.size()),
+        permuted(r.ids.size() * hidden) {}
   DeviceArray<int32_t> counts, offsets, choice_row, row_token;
   DeviceArray<float> permuted;
 };
@@ -85,9 +88,9 @@ void RunPermute(const Routing& r, int64_t hidden_size, DeviceArray<float>& hidde
 void CheckPermuteAndCombine(int32_t tokens, int32_t top_k, int32_t experts, int32_t hosted,
                             int invalid_every, int64_t hidden_size) {
   const uint32_t seed = testing::FreshSeed();
-  SCOPED_TRACE(::testing::Message() << "tokens " << tokens << " top_k " << top_k << " experts "
-                                    << experts << " slots " << hosted << " hidden "
-                                    << hidden_size << " seed " << seed);
+  SCOPED_TRACE(::testing::Message()
+               << "tokens " << tokens << " top_k " << top_k << " experts " << experts << " slots "
+               << hosted << " hidden " << hidden_size << " seed " << seed);
   const Routing r = MakeRouting(tokens, top_k, experts, hosted, invalid_every, seed);
   const auto hidden = testing::RandomFloats(size_t(tokens) * hidden_size, seed + 1);
   const kernels::MoePermutation want =
@@ -123,8 +126,8 @@ void CheckPermuteAndCombine(int32_t tokens, int32_t top_k, int32_t experts, int3
   const auto expert_out = testing::RandomFloats(std::max(rows, 1) * hidden_size, seed + 2);
   const auto out0 = testing::RandomFloats(size_t(tokens) * hidden_size, seed + 3);
   std::vector<float> want_out = out0;
-  kernels::MoeCombineReference(tokens, top_k, hidden_size, want.choice_row.data(),
-                               r.weights.data(), expert_out.data(), want_out.data());
+  kernels::MoeCombineReference(tokens, top_k, hidden_size, want.choice_row.data(), r.weights.data(),
+                               expert_out.data(), want_out.data());
   DeviceArray<float> dexpert(expert_out), dout(out0), dw(r.weights);
   kernels::MoeCombineParams c;
   c.num_tokens = tokens;
@@ -139,7 +142,8 @@ void CheckPermuteAndCombine(int32_t tokens, int32_t top_k, int32_t experts, int3
   DEEPINFER_CUDA_OK(dout.Download(&got_out));
   ASSERT_EQ(got_out.size(), want_out.size());
   size_t differ = 0;
-  for (size_t i = 0; i < got_out.size(); ++i) differ += std::memcmp(&got_out[i], &want_out[i], 4) != 0;
+  for (size_t i = 0; i < got_out.size(); ++i)
+    differ += std::memcmp(&got_out[i], &want_out[i], 4) != 0;
   EXPECT_EQ(differ, 0u) << "combine elements not bit-identical to the reference";
 }
 
@@ -197,9 +201,8 @@ TEST(MoePermuteTest, PermuteGroupedGemmCombine) {
   std::vector<uint16_t> w(wf.size());
   for (size_t i = 0; i < w.size(); ++i) w[i] = kernels::FloatToBf16(wf[i]);
 
-  const kernels::MoePermutation want =
-      kernels::MoePermuteReference(tokens, top_k, experts, hosted, r.ids.data(),
-                                   r.slot_of_expert.data(), H, hidden.data());
+  const kernels::MoePermutation want = kernels::MoePermuteReference(
+      tokens, top_k, experts, hosted, r.ids.data(), r.slot_of_expert.data(), H, hidden.data());
   const int32_t rows = want.slot_offsets.back();
   std::vector<const uint16_t*> host_w;
   for (int32_t s = 0; s < hosted; ++s) host_w.push_back(w.data() + size_t(s) * N * H);

@@ -23,7 +23,8 @@ MoePermutation MoePermuteReference(int32_t num_tokens, int32_t top_k, int32_t nu
     if (s >= 0) ++p.slot_counts[s];
   }
   p.slot_offsets.assign(num_slots + 1, 0);
-  for (int32_t s = 0; s < num_slots; ++s) p.slot_offsets[s + 1] = p.slot_offsets[s] + p.slot_counts[s];
+  for (int32_t s = 0; s < num_slots; ++s)
+    p.slot_offsets[s + 1] = p.slot_offsets[s] + p.slot_counts[s];
   const int32_t rows = p.slot_offsets[num_slots];
   std::vector<int32_t> next(p.slot_offsets.begin(), p.slot_offsets.end() - 1);
   p.choice_row.assign(choices, -1);
@@ -60,8 +61,8 @@ void MoeCombineReference(int32_t num_tokens, int32_t top_k, int64_t hidden_size,
   }
 }
 
-void GroupedGemmBf16Reference(int32_t num_slots, const int32_t* slot_offsets, int32_t n,
-                              int32_t k, const float* x, const std::vector<const uint16_t*>& weights,
+void GroupedGemmBf16Reference(int32_t num_slots, const int32_t* slot_offsets, int32_t n, int32_t k,
+                              const float* x, const std::vector<const uint16_t*>& weights,
                               float* y) {
   for (int32_t s = 0; s < num_slots; ++s) {
     for (int64_t r = slot_offsets[s]; r < slot_offsets[s + 1]; ++r) {

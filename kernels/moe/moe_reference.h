@@ -32,11 +32,11 @@ inline uint16_t FloatToBf16(float f) {
 
 // Result of MoePermuteReference (see MoePermuteParams in moe_permute.h for the contract).
 struct MoePermutation {
-  std::vector<int32_t> slot_counts;   // [num_slots]
-  std::vector<int32_t> slot_offsets;  // [num_slots + 1], exclusive prefix of slot_counts
-  std::vector<int32_t> choice_row;    // [num_tokens * top_k]: row of each (token, k), or -1
-  std::vector<int32_t> row_token;     // [slot_offsets.back()]: source token of each row
-  std::vector<float> permuted_hidden; // [slot_offsets.back(), hidden_size]
+  std::vector<int32_t> slot_counts;    // [num_slots]
+  std::vector<int32_t> slot_offsets;   // [num_slots + 1], exclusive prefix of slot_counts
+  std::vector<int32_t> choice_row;     // [num_tokens * top_k]: row of each (token, k), or -1
+  std::vector<int32_t> row_token;      // [slot_offsets.back()]: source token of each row
+  std::vector<float> permuted_hidden;  // [slot_offsets.back(), hidden_size]
 };
 
 // Rows are grouped by slot (ascending) and, within a slot, ordered by (token, k). Choices whose
@@ -56,8 +56,8 @@ void MoeCombineReference(int32_t num_tokens, int32_t top_k, int64_t hidden_size,
 // y[r, :] = x[r, :] · W_sᵀ for the rows r of each slot s (slot_offsets[s] <= r <
 // slot_offsets[s+1]); weights[s] is bf16 [n, k] row-major (may be null for an empty slot).
 // fp32 products and sums in ascending p.
-void GroupedGemmBf16Reference(int32_t num_slots, const int32_t* slot_offsets, int32_t n,
-                              int32_t k, const float* x, const std::vector<const uint16_t*>& weights,
+void GroupedGemmBf16Reference(int32_t num_slots, const int32_t* slot_offsets, int32_t n, int32_t k,
+                              const float* x, const std::vector<const uint16_t*>& weights,
                               float* y);
 
 }  // namespace kernels

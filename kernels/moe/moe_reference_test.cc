@@ -69,7 +69,8 @@ TEST(MoeReferenceTest, PermuteAndCombineMatchLocalExpertDispatcher) {
   ASSERT_EQ(0, std::memcmp(d.row_token->data(), ref.row_token.data(),
                            ref.row_token.size() * sizeof(int32_t)));
   // Each choice's row holds that choice's token.
-  for (int32_t i = 0; i < tokens * top_k; ++i) EXPECT_EQ(ref.row_token[ref.choice_row[i]], i / top_k);
+  for (int32_t i = 0; i < tokens * top_k; ++i)
+    EXPECT_EQ(ref.row_token[ref.choice_row[i]], i / top_k);
 
   const auto expert_out = RandomFloats(size_t(d.num_rows) * hidden, gen, 1.0f);
   std::vector<float> want(size_t(tokens) * hidden, 0.0f), got = want;
