@@ -1,14 +1,16 @@
-// Decode-shaped grouped GEMM on CUDA cores. Grid: x = tiles of kRowsPerBlock weight rows (output
-// features), y = the j-th NON-EMPTY slot, j < min(num_slots, max_rows) (a slot is found from
-// the device offsets by warp 0; blocks past the last non-empty slot exit). So with one token
-// and top-6, only 6 columns of blocks do work, whatever num_slots is.
+// Two kernels, both with this grid (the CUDA-core one strides over its x when the grid is capped
+// at one resident wave), and a tensor-core variant further down for slots with many rows. Grid: x =
+// tiles of kRowsPerBlock weight rows (output features), y = the j-th NON-EMPTY slot, j <
+// min(num_slots, max_rows) (a slot is found from the device offsets by warp 0; blocks past the last
+// non-empty slot exit). So with one token and top-6, only 6 columns of blocks do work, whatever
+// num_slots is.
 //
-// Inside a block each warp owns kRowsPerWarp weight rows and streams them once per row tile:
-// every lane loads 16 bytes (8 bf16) of each row per step, converts them to fp32 (a shift) and
-// multiplies them with the matching 8 floats of each x row of the tile (x rows come through
-// L1, shared by the block's warps). Rows of a slot are processed in tiles of 8/4/2/1 so that
-// a slot with m rows streams its weights ceil(m / 8) times (later passes hit L2), and the
-// accumulators stay in registers.
+// CUDA cores: inside a block each warp owns kRowsPerWarp weight rows and streams them once per row
+// tile: every lane loads 16 bytes (8 bf16) of each row per step, converts them to fp32 (a shift)
+// and multiplies them with the matching 8 floats of each x row of the tile (x rows come through L1,
+// shared by the block's warps). Rows of a slot are processed in tiles of 8/4/2/1 so that a slot
+// with m rows streams its weights ceil(m / 8) times (later passes hit L2), and the accumulators
+// stay in registers.
 #include <cuda_bf16.h>
 
 #include <algorithm>

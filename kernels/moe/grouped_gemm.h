@@ -1,9 +1,11 @@
 // Grouped expert GEMM with bf16 weights for the MoE path: y = x · W_slotᵀ for the rows of each
 // local expert slot, where the slot boundaries are read from DEVICE memory (as MoePermuteF32
-// leaves them), so the host never needs the routing. Tuned for decode (a few rows per expert):
-// each expert's weights are streamed from HBM once with 16-byte loads and applied to all of the
-// slot's rows. Correct for any group size, but a large group (prefill) is better served by a
-// tensor-core GEMM per group. CPU reference: GroupedGemmBf16Reference (moe_reference.h).
+// leaves them), so the host never needs the routing. Tuned for decode and small batches (a few
+// to a few tens of rows per expert): each expert's weights are streamed from HBM with 16-byte
+// loads and applied to all of the slot's rows, on CUDA cores (one row) or with bf16 MMAs. Correct
+// for any group size, but large groups (prefill) are better served by cuBLAS / CUTLASS per
+// group. CPU reference: GroupedGemmBf16Reference (moe_reference.h). Contracts and H200 numbers:
+// docs/kernels.md.
 #ifndef DEEPINFER_KERNELS_MOE_GROUPED_GEMM_H_
 #define DEEPINFER_KERNELS_MOE_GROUPED_GEMM_H_
 
