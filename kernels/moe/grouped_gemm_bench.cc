@@ -5,9 +5,9 @@
 // expert on fp32 weights, offsets known on the host).
 //
 // Each timed launch is preceded by an L2 flush and timed alone with CUDA events; the 1-token
-// case also rotates through 10 disjoint expert sets. The flush READS 256 MiB (cublasIsamax):
-// a memset would leave the L2 full of dirty lines whose write-back then competes with the
-// timed kernel (that inflated a 35 MB read to ~85 MB of traffic in a first version). Median of
+// case also rotates through 10 disjoint expert sets. The flush READS 256 MiB (cublasIsamax)
+// rather than writing, so no dirty L2 lines are written back during the timed kernel (a
+// memset flush gave about the same numbers on the H200, within a few percent). Median of
 // 50 after 5 warm-ups. Bytes = weights of the busy experts + x + y. Also times MoePermuteF32 and
 // MoeCombineF32 at the same shapes (hidden 2048).
 //
