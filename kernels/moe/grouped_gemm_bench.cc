@@ -7,7 +7,7 @@
 // Each timed launch is preceded by an L2 flush and timed alone with CUDA events; the 1-token
 // case also rotates through 10 disjoint expert sets. The flush READS 256 MiB (cublasIsamax)
 // rather than writing, so no dirty L2 lines are written back during the timed kernel (a
-// memset flush gave about the same numbers on the H200, within a few percent). Median of
+// memset flush gave numbers within about 10 % of these, either way, on the H200). Median of
 // 50 after 5 warm-ups. Bytes = weights of the busy experts + x + y. Also times MoePermuteF32 and
 // MoeCombineF32 at the same shapes (hidden 2048).
 //
