@@ -8,6 +8,8 @@
 #
 # --bench-only: only deepinfer-bench and the benchmark scripts (run DIR/bench_all.sh there:
 # our cases and the HF transformers baseline in one call, tools/gpu/bench_all.sh).
+#   GPU_TESTS="//kernels/moe:permute_test ..." GPU_TOOLS="..." tools/gpu/prepare.sh --out DIR
+#                                           (bundle only those targets: a smaller, faster run)
 #
 # DIR/bin/*     stripped binaries, RUNPATH $ORIGIN/../lib (tools/bundle.sh)
 # DIR/lib/      the non-glibc, non-CUDA shared libraries they need (absl, glog, gtest, ...)
@@ -33,7 +35,9 @@ tests=(
   //kernels/activation:elementwise_test
   //kernels/attention:mla_attention_test
   //kernels/embedding:rows_test
+  //kernels/moe:grouped_gemm_test
   //kernels/moe:noaux_tc_router_test
+  //kernels/moe:permute_test
   //kernels/norm:rms_norm_test
   //kernels/rope:rope_test
   //kernels/sampling:argmax_test
@@ -43,7 +47,9 @@ tests=(
 )
 tools=(//tools/bench:deepinfer-bench)
 [[ $bench_only -eq 1 ]] && tests=()
-[[ $bench_only -eq 1 ]] || tools+=(//kernels/attention:mla_attention_bench)
+[[ $bench_only -eq 1 ]] || tools+=(//kernels/attention:mla_attention_bench //kernels/moe:grouped_gemm_bench)
+if [[ -n "${GPU_TESTS+set}" ]]; then read -r -a tests <<< "$GPU_TESTS"; fi
+if [[ -n "${GPU_TOOLS+set}" ]]; then read -r -a tools <<< "$GPU_TOOLS"; fi
 
 bazel build -c opt --config=cuda "${tests[@]}" "${tools[@]}"
 bin_dir=$(bazel info -c opt --config=cuda bazel-bin 2>/dev/null)
