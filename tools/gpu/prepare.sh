@@ -11,6 +11,7 @@
 # DIR/srcdir/   TEST_SRCDIR for the parity tests: deepinfer/tests/fixtures/...
 # DIR/configs/  model configs for the benchmark
 # DIR/run_all.sh
+# DIR/hf_bf16_error.py   HF transformers' bf16 error on the fixtures (tools/parity/)
 # Then, with the device tool: carry [DIR relative to the repo root], command
 # `bash DIR/run_all.sh` (logs under $OUT).
 set -euo pipefail
@@ -56,6 +57,7 @@ rm -f "$out/srcdir/deepinfer/tests/fixtures/BUILD"
 for d in tests/fixtures/*/; do cp "$d/config.json" "$out/configs/$(basename "$d").json"; done
 [[ -d tools/bench/configs ]] && cp tools/bench/configs/*.json "$out/configs/"
 cp tools/gpu/run_all.sh "$out/run_all.sh"
+cp tools/parity/hf_bf16_error.py "$out/hf_bf16_error.py"
 [[ -f tools/bench/bench_cases.sh ]] && cp tools/bench/bench_cases.sh "$out/bench_cases.sh"
 git rev-parse HEAD > "$out/COMMIT"
 git status --short >> "$out/COMMIT"
