@@ -2,6 +2,7 @@
 #include "worker/engine/memory_plan.h"
 
 #include <algorithm>
+#include <cstdlib>
 #include <limits>
 
 #include "absl/strings/str_cat.h"
@@ -13,7 +14,13 @@ namespace {
 constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
 constexpr int64_t kFixedReserveBytes = int64_t{256} << 20;
 
-std::string GiB(int64_t bytes) { return absl::StrFormat("%.2f GiB", bytes / kGiB); }
+// GiB with two decimals; small amounts (test models) in MiB so they do not read as zero.
+std::string GiB(int64_t bytes) {
+  if (bytes != 0 && std::abs(bytes) < (int64_t{1} << 30)) {
+    return absl::StrFormat("%.1f MiB", bytes / (1024.0 * 1024.0));
+  }
+  return absl::StrFormat("%.2f GiB", bytes / kGiB);
+}
 
 absl::Status CheckUtilization(double utilization) {
   if (!(utilization > 0.0 && utilization <= 1.0)) {

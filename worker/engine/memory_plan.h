@@ -52,7 +52,7 @@ struct KvCachePlan {
   int64_t kv_bytes() const { return tokens() * kv_bytes_per_token; }
   int32_t block_size = 16;
   // "weights 1.23 GiB, KV cache 4567 blocks x 16 = 73072 tokens (3.45 GiB), activation reserve
-  // 0.50 GiB, in use 2.00 GiB of 139.80 GiB, utilization 0.90"
+  // 512.0 MiB, in use after loading 2.00 GiB of 139.80 GiB, utilization 0.90" (MiB below 1 GiB)
   std::string ToString(double utilization) const;
 };
 

@@ -45,9 +45,14 @@ TEST(MemoryPlanTest, KvCacheGetsUtilizationMinusInUseMinusReserve) {
   EXPECT_EQ(plan->num_blocks, 3712);
   EXPECT_EQ(plan->tokens(), 59392);
   EXPECT_EQ(plan->kv_bytes(), 58 * kGiB);
-  EXPECT_NE(plan->ToString(o.utilization).find("3712 blocks x 16 = 59392 tokens"),
+  EXPECT_NE(plan->ToString(o.utilization).find("3712 blocks x 16 = 59392 tokens (58.00 GiB)"),
             std::string::npos)
       << plan->ToString(o.utilization);
+  // Amounts under 1 GiB in MiB (a test model's weights must not read "0.00 GiB").
+  auto tiny = PlanKvCache(Device(100 * kGiB, 99 * kGiB), 3 << 20, 2 * kGiB, 576, o);
+  ASSERT_TRUE(tiny.ok());
+  EXPECT_NE(tiny->ToString(o.utilization).find("weights 3.0 MiB"), std::string::npos)
+      << tiny->ToString(o.utilization);
   // Lower utilization: 50 - 30 - 2 = 18 GiB.
   o.utilization = 0.5;
   plan = PlanKvCache(Device(100 * kGiB, 70 * kGiB), 28 * kGiB, 2 * kGiB, int64_t{1} << 20, o);

@@ -203,7 +203,7 @@ bool RankGroup::FormRank(int local) {
   const int64_t weight_bytes = ModelWeights::DeviceBytes(config, r.backend->weight_dtype(), load);
   LOG(INFO) << "rank " << r.global << ": " << r.backend->name() << " backend, "
             << WeightDTypeName(r.backend->weight_dtype()) << " weights ("
-            << absl::StrFormat("%.2f GiB", weight_bytes / double{1 << 30}) << ")";
+            << absl::StrFormat("%.1f MiB", weight_bytes / double{1 << 20}) << ")";
   // On a GPU, memory is planned up front: the weights must fit before anything is loaded.
   MemoryPlanOptions plan_options;
   plan_options.utilization = options_.gpu_memory_utilization;
