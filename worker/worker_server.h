@@ -29,7 +29,9 @@ struct WorkerEngineConfig {
   std::string model;
   int num_ranks = 1;
   int threads_per_rank = 1;
-  int64_t kv_cache_tokens = 16384;  // per rank
+  // KV cache per rank in tokens; 0: planned from GPU memory (CPU: 16384). RankGroupOptions.
+  int64_t kv_cache_tokens = 0;
+  double gpu_memory_utilization = 0.9;
   int32_t max_batch_tokens = 2048;
   int32_t max_running = 256;
   // Bound on forming a group and on each collective.
@@ -39,6 +41,8 @@ struct WorkerEngineConfig {
   bool expert_parallel = true;
   // "cpu" or "cuda" (one rank per GPU).
   std::string backend = "cpu";
+  // Matrix weights: "bfloat16" or "float32"; empty: the backend's default (bf16 on cuda).
+  std::string dtype;
 };
 
 struct WorkerConfig {

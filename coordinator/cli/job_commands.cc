@@ -265,6 +265,7 @@ class LocalCluster {
                                        absl::StrCat("--ranks=", options.ranks_per_worker),
                                        absl::StrCat("--worker-id=worker-", i),
                                        "--auth-token-file=" + token_file_};
+      if (!options.dtype.empty()) argv.push_back("--dtype=" + options.dtype);
       for (absl::string_view extra : absl::StrSplit(options.worker_args, ' ', absl::SkipEmpty())) {
         argv.emplace_back(extra);
       }

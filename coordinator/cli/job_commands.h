@@ -37,6 +37,8 @@ struct RunOptions {
   std::string input;
   std::string output;
   std::string backend = "cpu";
+  // Passed to the workers as --dtype when set (empty: the backend's default).
+  std::string dtype;
   int64_t workers = 1;
   int64_t ranks_per_worker = 1;
   // Where the local cluster keeps its database and logs; a fresh temporary

@@ -153,6 +153,9 @@ int Run(const std::vector<std::string>& args) {
   flags.AddString("output", &options.output, "Where to write the output lines.");
   flags.Require("output");
   flags.AddString("backend", &options.backend, "cpu or cuda.");
+  flags.AddString("dtype", &options.dtype,
+                  "Weight storage on the workers: bfloat16 or float32 (default: bfloat16 on\n"
+                  "cuda, float32 on cpu).");
   flags.AddInt("workers", &options.workers, "Worker processes (as nodes would be).");
   flags.AddInt("ranks-per-worker", &options.ranks_per_worker,
                "Engine ranks per worker (GPUs per node); all ranks form one expert-\n"

@@ -16,6 +16,7 @@
 # DIR/srcdir/   TEST_SRCDIR for the parity tests: deepinfer/tests/fixtures/...
 # DIR/configs/  model configs for the benchmark
 # DIR/run_all.sh
+# DIR/hf_bf16_error.py   HF transformers' bf16 error on the fixtures (tools/parity/)
 # Then, with the device tool: carry [DIR relative to the repo root], command
 # `bash DIR/run_all.sh` (logs under $OUT).
 set -euo pipefail
@@ -75,6 +76,7 @@ for d in tests/fixtures/*/; do cp "$d/config.json" "$out/configs/$(basename "$d"
 cp tools/gpu/run_all.sh "$out/run_all.sh"
 cp tools/bench/bench_cases.sh tools/bench/sweep.sh tools/bench/hf_bench.py \
   tools/bench/combine_results.py tools/gpu/bench_all.sh "$out/"
+cp tools/parity/hf_bf16_error.py "$out/hf_bf16_error.py"
 git rev-parse HEAD > "$out/COMMIT"
 git status --short >> "$out/COMMIT"
 du -sh "$out" "$out"/bin "$out"/lib

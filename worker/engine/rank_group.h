@@ -71,13 +71,22 @@ DispatcherFactory LocalDispatcherFactory();
 // rank gets the local dispatcher (same experts, no exchange to pay for).
 DispatcherFactory EpDispatcherFactory();
 
+inline constexpr int64_t kDefaultCpuKvCacheTokens = 16384;
+
 struct RankGroupOptions {
   // Opened once by the worker; must outlive the group.
   const ModelFiles* model = nullptr;
   // "cpu", or "cuda": rank i of this worker then runs on CUDA device i.
   std::string backend = "cpu";
+  // Matrix weight storage, "bfloat16" or "float32"; empty: the backend's default
+  // (BackendOptions::dtype).
+  std::string dtype;
   int threads_per_rank = 1;
-  int64_t kv_cache_tokens = 16384;  // per rank
+  // KV cache per rank, in tokens. 0: planned from GPU memory (memory_plan.h) on a GPU, and
+  // kDefaultCpuKvCacheTokens on the CPU; > 0: exactly this many (rounded up to whole blocks).
+  int64_t kv_cache_tokens = 0;
+  // Fraction of each GPU's memory a rank plans to use (weights + KV cache + activations).
+  double gpu_memory_utilization = 0.9;
   int32_t block_size = 16;
   int32_t max_batch_tokens = 2048;
   int32_t max_running = 256;

@@ -89,7 +89,8 @@ std::string CudaBackend::TakeOpTimingReport() {
   return out;
 }
 
-absl::StatusOr<std::unique_ptr<CudaBackend>> CudaBackend::Create(int device) {
+absl::StatusOr<std::unique_ptr<CudaBackend>> CudaBackend::Create(int device,
+                                                                 WeightDType weight_dtype) {
   int count = 0;
   cudaError_t err = cudaGetDeviceCount(&count);
   if (err != cudaSuccess || count == 0) {
@@ -126,11 +127,12 @@ absl::StatusOr<std::unique_ptr<CudaBackend>> CudaBackend::Create(int device) {
     cudaStreamDestroy(stream);
     return st;
   }
-  return std::unique_ptr<CudaBackend>(new CudaBackend(device, stream, cublas, pool));
+  return std::unique_ptr<CudaBackend>(new CudaBackend(device, weight_dtype, stream, cublas, pool));
 }
 
-CudaBackend::CudaBackend(int device, cudaStream_t stream, cublasHandle_t cublas, cudaMemPool_t pool)
-    : device_(device), stream_(stream), cublas_(cublas), pool_(pool) {}
+CudaBackend::CudaBackend(int device, WeightDType weight_dtype, cudaStream_t stream,
+                         cublasHandle_t cublas, cudaMemPool_t pool)
+    : device_(device), weight_dtype_(weight_dtype), stream_(stream), cublas_(cublas), pool_(pool) {}
 
 CudaBackend::~CudaBackend() {
   cudaSetDevice(device_);
@@ -212,7 +214,47 @@ void CudaBackend::CopyDeviceToDevice(const void* src, size_t bytes, void* dst) {
 
 void CudaBackend::Synchronize() { Check(cudaStreamSynchronize(stream_), "cudaStreamSynchronize"); }
 
-void CudaBackend::Gemm(int64_t m, int64_t n, int64_t k, const float* a, int64_t lda, const float* w,
+absl::StatusOr<DeviceMemoryInfo> CudaBackend::MemoryInfo() const {
+  cudaSetDevice(device_);
+  size_t free_bytes = 0, total_bytes = 0;
+  absl::Status st = CudaStatus(cudaMemGetInfo(&free_bytes, &total_bytes), "cudaMemGetInfo");
+  if (!st.ok()) return st;
+  DeviceMemoryInfo info;
+  info.total_bytes = total_bytes;
+  info.free_bytes = free_bytes;
+  return info;
+}
+
+std::unique_ptr<DeviceBuffer> CudaBackend::RoundToBf16(const float* a, int64_t elements) {
+  auto scratch = Allocate(std::max<int64_t>(elements, 1) * sizeof(uint16_t));
+  Check(kernels::RoundF32ToBf16(elements, a, scratch->as<uint16_t>(), stream_),
+        "kernels::RoundF32ToBf16");
+  return scratch;
+}
+
+void CudaBackend::GemmOnCublas(int64_t m, int64_t n, int64_t k, const void* a, int64_t lda,
+                               WeightView w, int64_t ldw, float* c, int64_t ldc, bool accumulate) {
+  // Row-major C[m,n] = A[m,k]·W[n,k]ᵀ is column-major Cᵀ[n,m] = W·Aᵀ, with W read as the
+  // column-major [k,n] matrix it is in memory (hence op T) and A as column-major [k,m] (op N).
+  const float alpha = 1.0f, beta = accumulate ? 1.0f : 0.0f;
+  if (w.dtype == WeightDType::kFloat32) {
+    CheckBlas(
+        cublasSgemm(cublas_, CUBLAS_OP_T, CUBLAS_OP_N, static_cast<int>(n), static_cast<int>(m),
+                    static_cast<int>(k), &alpha, static_cast<const float*>(w.data),
+                    static_cast<int>(ldw), static_cast<const float*>(a), static_cast<int>(lda),
+                    &beta, c, static_cast<int>(ldc)),
+        "cublasSgemm");
+    return;
+  }
+  CheckBlas(
+      cublasGemmEx(cublas_, CUBLAS_OP_T, CUBLAS_OP_N, static_cast<int>(n), static_cast<int>(m),
+                   static_cast<int>(k), &alpha, w.data, CUDA_R_16BF, static_cast<int>(ldw), a,
+                   CUDA_R_16BF, static_cast<int>(lda), &beta, c, CUDA_R_32F, static_cast<int>(ldc),
+                   CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
+      "cublasGemmEx(bf16)");
+}
+
+void CudaBackend::Gemm(int64_t m, int64_t n, int64_t k, const float* a, int64_t lda, WeightView w,
                        int64_t ldw, float* c, int64_t ldc, bool accumulate) {
   OpTimer timer(this, "Gemm");
   if (m <= 0 || n <= 0) return;
@@ -222,27 +264,74 @@ void CudaBackend::Gemm(int64_t m, int64_t n, int64_t k, const float* a, int64_t 
         absl::StrCat("CudaBackend::Gemm: sizes beyond int range (m ", m, " n ", n, " k ", k, ")")));
     return;
   }
-  // Row-major C[m,n] = A[m,k]·W[n,k]ᵀ is column-major Cᵀ[n,m] = W·Aᵀ, with W read as the
-  // column-major [k,n] matrix it is in memory (hence op T) and A as column-major [k,m] (op N).
-  const float alpha = 1.0f, beta = accumulate ? 1.0f : 0.0f;
-  CheckBlas(cublasSgemm(cublas_, CUBLAS_OP_T, CUBLAS_OP_N, static_cast<int>(n), static_cast<int>(m),
-                        static_cast<int>(k), &alpha, w, static_cast<int>(ldw), a,
-                        static_cast<int>(lda), &beta, c, static_cast<int>(ldc)),
-            "cublasSgemm");
+  if (w.dtype == WeightDType::kFloat32) {
+    GemmOnCublas(m, n, k, a, lda, w, ldw, c, ldc, accumulate);
+    return;
+  }
+  // Rounded with a's row stride kept, so lda stays valid (the gaps are rounded too, unused).
+  auto a16 = RoundToBf16(a, (m - 1) * lda + k);
+  GemmOnCublas(m, n, k, a16->data(), lda, w, ldw, c, ldc, accumulate);
+}
+
+void CudaBackend::BatchedGemm(int64_t batch, int64_t m, int64_t n, int64_t k, const float* a,
+                              int64_t lda, int64_t stride_a, WeightView w, int64_t ldw,
+                              int64_t stride_w, float* c, int64_t ldc, int64_t stride_c) {
+  OpTimer timer(this, "BatchedGemm");
+  if (batch <= 0 || m <= 0 || n <= 0) return;
+  if (!FitsInt(batch) || !FitsInt(m) || !FitsInt(n) || !FitsInt(k) || !FitsInt(lda) ||
+      !FitsInt(ldw) || !FitsInt(ldc)) {
+    Record(absl::InvalidArgumentError(absl::StrCat(
+        "CudaBackend::BatchedGemm: sizes beyond int range (batch ", batch, " m ", m, ")")));
+    return;
+  }
+  const float alpha = 1.0f, beta = 0.0f;
+  if (w.dtype == WeightDType::kFloat32) {
+    CheckBlas(cublasSgemmStridedBatched(cublas_, CUBLAS_OP_T, CUBLAS_OP_N, static_cast<int>(n),
+                                        static_cast<int>(m), static_cast<int>(k), &alpha,
+                                        static_cast<const float*>(w.data), static_cast<int>(ldw),
+                                        stride_w, a, static_cast<int>(lda), stride_a, &beta, c,
+                                        static_cast<int>(ldc), stride_c, static_cast<int>(batch)),
+              "cublasSgemmStridedBatched");
+    return;
+  }
+  // Every element any product reads lies in the first (batch-1)*stride_a + (m-1)*lda + k.
+  auto a16 = RoundToBf16(a, (batch - 1) * stride_a + (m - 1) * lda + k);
+  CheckBlas(cublasGemmStridedBatchedEx(
+                cublas_, CUBLAS_OP_T, CUBLAS_OP_N, static_cast<int>(n), static_cast<int>(m),
+                static_cast<int>(k), &alpha, w.data, CUDA_R_16BF, static_cast<int>(ldw), stride_w,
+                a16->data(), CUDA_R_16BF, static_cast<int>(lda), stride_a, &beta, c, CUDA_R_32F,
+                static_cast<int>(ldc), stride_c, static_cast<int>(batch), CUBLAS_COMPUTE_32F,
+                CUBLAS_GEMM_DEFAULT),
+            "cublasGemmStridedBatchedEx(bf16)");
 }
 
 void CudaBackend::GroupedGemm(const std::vector<int64_t>& offsets,
-                              const std::vector<const float*>& weights, int64_t n, int64_t k,
+                              const std::vector<WeightView>& weights, int64_t n, int64_t k,
                               const float* a, float* c) {
   OpTimer timer(this, "GroupedGemm");
   if (offsets.size() != weights.size() + 1) {
     Record(absl::InvalidArgumentError("CudaBackend::GroupedGemm: offsets.size() != groups + 1"));
     return;
   }
+  const int64_t rows = offsets.back() - offsets.front();
+  if (rows <= 0 || n <= 0) return;
+  if (!FitsInt(rows) || !FitsInt(n) || !FitsInt(k)) {
+    Record(absl::InvalidArgumentError(absl::StrCat(
+        "CudaBackend::GroupedGemm: sizes beyond int range (rows ", rows, " n ", n, ")")));
+    return;
+  }
+  bool any_bf16 = false;
+  for (const WeightView& w : weights) any_bf16 |= w.dtype == WeightDType::kBFloat16;
+  std::unique_ptr<DeviceBuffer> a16;
+  if (any_bf16) a16 = RoundToBf16(a + offsets.front() * k, rows * k);
   for (size_t g = 0; g < weights.size(); ++g) {
-    const int64_t rows = offsets[g + 1] - offsets[g];
-    if (rows == 0) continue;
-    Gemm(rows, n, k, a + offsets[g] * k, k, weights[g], k, c + offsets[g] * n, n, false);
+    const int64_t group_rows = offsets[g + 1] - offsets[g];
+    if (group_rows == 0) continue;
+    const void* ag =
+        weights[g].dtype == WeightDType::kFloat32
+            ? static_cast<const void*>(a + offsets[g] * k)
+            : static_cast<const void*>(a16->as<uint16_t>() + (offsets[g] - offsets.front()) * k);
+    GemmOnCublas(group_rows, n, k, ag, k, weights[g], k, c + offsets[g] * n, n, false);
   }
 }
 

@@ -3,6 +3,7 @@
 // its error reporting. The per-kernel ops are covered in kernels/*/ tests.
 #include "worker/backend/cuda/cuda_backend.h"
 
+#include <iostream>
 #include <limits>
 #include <sstream>
 #include <string>
@@ -35,7 +36,7 @@ class CudaBackendTest : public ::testing::Test {
  protected:
   void SetUp() override {
     DEEPINFER_SKIP_WITHOUT_GPU();
-    auto b = CudaBackend::Create(0);
+    auto b = CudaBackend::Create(0, WeightDType::kBFloat16);
     ASSERT_TRUE(b.ok()) << b.status();
     gpu_ = std::move(*b);
   }
@@ -55,7 +56,20 @@ class CudaBackendTest : public ::testing::Test {
     return Upload(std::vector<float>(n, std::numeric_limits<float>::quiet_NaN()));
   }
 
+  // Both as bf16 weights: the same rounded values on each side (WeightView of UploadWeight).
+  WeightView CpuBf16(const std::vector<float>& w,
+                     std::vector<std::unique_ptr<DeviceBuffer>>* keep) {
+    keep->push_back(cpu16_.UploadWeight(w.data(), w.size()));
+    return WeightView(keep->back()->data(), WeightDType::kBFloat16);
+  }
+  WeightView GpuBf16(const std::vector<float>& w,
+                     std::vector<std::unique_ptr<DeviceBuffer>>* keep) {
+    keep->push_back(gpu_->UploadWeight(w.data(), w.size()));
+    return WeightView(keep->back()->data(), WeightDType::kBFloat16);
+  }
+
   CpuBackend cpu_{2};
+  CpuBackend cpu16_{2, WeightDType::kBFloat16};
   std::unique_ptr<CudaBackend> gpu_;
 };
 
@@ -96,6 +110,109 @@ TEST_F(CudaBackendTest, GemmMatchesCpuWithStridesAndAccumulate) {
   EXPECT_TRUE(gpu_->status().ok()) << gpu_->status();
 }
 
+// bf16 x bf16 products are exact in fp32 on both sides (the CPU widens the rounded operands,
+// cuBLAS multiplies them on tensor cores), so only the fp32 summation order differs; the bound
+// is a little looser than fp32's because the tensor cores' accumulation order is coarser.
+TEST_F(CudaBackendTest, Bf16GemmMatchesCpuBf16WithStridesAndAccumulate) {
+  ASSERT_EQ(gpu_->weight_dtype(), WeightDType::kBFloat16);
+  struct Case {
+    int64_t m, n, k, lda, ldw, ldc;
+  };
+  for (Case c : {Case{1, 129, 96, 96, 96, 129}, Case{37, 29, 45, 50, 47, 31},
+                 Case{130, 512, 1024, 1030, 1024, 520}, Case{5, 3, 0, 1, 1, 3}}) {
+    for (bool accumulate : {false, true}) {
+      const uint32_t seed = testing::FreshSeed();
+      SCOPED_TRACE(::testing::Message() << "m " << c.m << " n " << c.n << " k " << c.k
+                                        << " accumulate " << accumulate << " seed " << seed);
+      auto a = testing::RandomFloats(c.m * c.lda, seed);
+      auto w = testing::RandomFloats(c.n * c.ldw, seed + 1);
+      auto out = testing::RandomFloats(c.m * c.ldc, seed + 2);
+      std::vector<std::unique_ptr<DeviceBuffer>> keep;
+      std::vector<float> want = out;
+      cpu16_.Gemm(c.m, c.n, c.k, a.data(), c.lda, CpuBf16(w, &keep), c.ldw, want.data(), c.ldc,
+                  accumulate);
+      auto da = Upload(a), dc = Upload(out);
+      gpu_->Gemm(c.m, c.n, c.k, da->as<float>(), c.lda, GpuBf16(w, &keep), c.ldw, dc->as<float>(),
+                 c.ldc, accumulate);
+      const auto r = AllClose(Download(*dc), want, 1e-3, 1e-4);
+      EXPECT_TRUE(r);
+      std::cout << "[bf16-gemm] m " << c.m << " n " << c.n << " k " << c.k << ": " << r.message()
+                << "\n";
+    }
+  }
+  EXPECT_TRUE(gpu_->status().ok()) << gpu_->status();
+}
+
+// The absorbed-MLA layouts: W_uk (a = the nope slice of each head of q, w = per-head [kvl, nope]
+// blocks) and W_uv (a = per-head latent slices, w = the value rows of kv_b, strided).
+TEST_F(CudaBackendTest, BatchedGemmMatchesCpuFp32AndBf16) {
+  const int64_t T = 9, nh = 16, nope = 128, rope = 64, vd = 128, kvl = 512, qk = nope + rope;
+  struct Case {
+    const char* name;
+    int64_t m, n, k, lda, stride_a, ldw, stride_w, ldc, stride_c, a_size, w_size, c_size;
+  };
+  for (Case c : {Case{"w_uk", T, kvl, nope, nh * qk, qk, nope, kvl * nope, nh * kvl, kvl,
+                      T * nh * qk, nh * kvl * nope, T * nh * kvl},
+                 Case{"w_uv", T, vd, kvl, nh * kvl, kvl, kvl, (nope + vd) * kvl, nh * vd, vd,
+                      T * nh * kvl, nh * (nope + vd) * kvl, T * nh * vd}}) {
+    for (WeightDType dt : {WeightDType::kFloat32, WeightDType::kBFloat16}) {
+      const uint32_t seed = testing::FreshSeed();
+      SCOPED_TRACE(::testing::Message()
+                   << c.name << " " << WeightDTypeName(dt) << " seed " << seed);
+      auto a = testing::RandomFloats(c.a_size, seed);
+      auto w = testing::RandomFloats(c.w_size, seed + 1);
+      std::vector<std::unique_ptr<DeviceBuffer>> keep;
+      auto dw = Upload(w), da = Upload(a);
+      const WeightView cw = dt == WeightDType::kFloat32 ? WeightView(w.data()) : CpuBf16(w, &keep);
+      const WeightView gw =
+          dt == WeightDType::kFloat32 ? WeightView(dw->as<float>()) : GpuBf16(w, &keep);
+      std::vector<float> want(c.c_size);
+      (dt == WeightDType::kFloat32 ? cpu_ : cpu16_)
+          .BatchedGemm(nh, c.m, c.n, c.k, a.data(), c.lda, c.stride_a, cw, c.ldw, c.stride_w,
+                       want.data(), c.ldc, c.stride_c);
+      auto dc = Poisoned(c.c_size);
+      gpu_->BatchedGemm(nh, c.m, c.n, c.k, da->as<float>(), c.lda, c.stride_a, gw, c.ldw,
+                        c.stride_w, dc->as<float>(), c.ldc, c.stride_c);
+      const auto r = AllClose(Download(*dc), want, dt == WeightDType::kFloat32 ? 2e-4 : 1e-3,
+                              dt == WeightDType::kFloat32 ? 1e-5 : 1e-4);
+      EXPECT_TRUE(r);
+      std::cout << "[batched-gemm] " << c.name << " " << WeightDTypeName(dt) << ": " << r.message()
+                << "\n";
+    }
+  }
+  EXPECT_TRUE(gpu_->status().ok()) << gpu_->status();
+}
+
+TEST_F(CudaBackendTest, Bf16GroupedGemmUsesEachGroupsWeights) {
+  const uint32_t seed = testing::FreshSeed();
+  SCOPED_TRACE(::testing::Message() << "seed " << seed);
+  const int64_t n = 96, k = 64;
+  const std::vector<int64_t> offsets = {0, 3, 3, 11, 12};
+  const int64_t rows = offsets.back();
+  auto a = testing::RandomFloats(rows * k, seed);
+  std::vector<std::unique_ptr<DeviceBuffer>> keep;
+  std::vector<WeightView> wc, wg;
+  for (size_t g = 0; g + 1 < offsets.size(); ++g) {
+    auto w = testing::RandomFloats(n * k, seed + 1 + g);
+    wc.push_back(CpuBf16(w, &keep));
+    wg.push_back(GpuBf16(w, &keep));
+  }
+  std::vector<float> want(rows * n);
+  cpu16_.GroupedGemm(offsets, wc, n, k, a.data(), want.data());
+  auto da = Upload(a);
+  auto dc = Poisoned(rows * n);
+  gpu_->GroupedGemm(offsets, wg, n, k, da->as<float>(), dc->as<float>());
+  EXPECT_TRUE(AllClose(Download(*dc), want, 1e-3, 1e-4));
+  EXPECT_TRUE(gpu_->status().ok()) << gpu_->status();
+}
+
+TEST_F(CudaBackendTest, MemoryInfoReportsTheDevice) {
+  auto info = gpu_->MemoryInfo();
+  ASSERT_TRUE(info.ok()) << info.status();
+  EXPECT_GT(info->total_bytes, size_t{0});
+  EXPECT_LE(info->free_bytes, info->total_bytes);
+}
+
 TEST_F(CudaBackendTest, GroupedGemmUsesEachGroupsWeights) {
   const uint32_t seed = testing::FreshSeed();
   SCOPED_TRACE(::testing::Message() << "seed " << seed);
@@ -105,7 +222,7 @@ TEST_F(CudaBackendTest, GroupedGemmUsesEachGroupsWeights) {
   auto a = testing::RandomFloats(rows * k, seed);
   std::vector<std::vector<float>> w;
   std::vector<std::unique_ptr<DeviceBuffer>> dw;
-  std::vector<const float*> wc, wg;
+  std::vector<WeightView> wc, wg;
   for (size_t g = 0; g + 1 < offsets.size(); ++g) {
     w.push_back(testing::RandomFloats(n * k, seed + 1 + g));
     dw.push_back(Upload(w.back()));
