@@ -103,6 +103,24 @@ struct NoauxTcRouteArgs {
   float* topk_weights = nullptr;  // [tokens, top_k]
 };
 
+// Arguments of Backend::RoutedExperts: the routed-expert part of a MoE layer on one rank that
+// hosts every expert, with the routing left on the device. Slot s of the tables holds expert s.
+struct RoutedExpertsArgs {
+  int32_t num_tokens = 0;
+  int32_t top_k = 0;
+  int32_t num_experts = 0;
+  int64_t hidden_size = 0;
+  int64_t inter = 0;                       // moe_intermediate_size
+  const float* hidden = nullptr;           // [tokens, hidden_size]
+  const int32_t* topk_ids = nullptr;       // [tokens, top_k], ascending within a token
+  const float* topk_weights = nullptr;     // [tokens, top_k]
+  const int32_t* slot_of_expert = nullptr;  // device [num_experts]: expert e's slot
+  const void* const* gate_up = nullptr;    // device [num_experts] pointers, [2*inter, hidden] each
+  const void* const* down = nullptr;       // device [num_experts] pointers, [hidden, inter] each
+  WeightDType dtype = WeightDType::kFloat32;  // of the expert matrices
+  float* out = nullptr;                    // [tokens, hidden_size], overwritten
+};
+
 class Backend {
  public:
   virtual ~Backend() = default;
@@ -145,6 +163,11 @@ class Backend {
   virtual void GroupedGemm(const std::vector<int64_t>& offsets,
                            const std::vector<WeightView>& weights, int64_t n, int64_t k,
                            const float* a, float* c) = 0;
+  // out[t] = sum over k of topk_weights[t, k] * expert_{topk_ids[t, k]}(hidden[t]), summed in k
+  // order (as LocalExpertDispatcher::Combine does), computed without copying the routing to the
+  // host. Returns false, doing nothing, when the backend has no such path for these arguments;
+  // the caller then goes through its ExpertDispatcher and GroupedGemm.
+  virtual bool RoutedExperts(const RoutedExpertsArgs& args) { return false; }
   // out[r, :] = x[r, :] / rms(x[r, :]) * weight (statistics in fp32). out may alias x.
   virtual void RmsNorm(int64_t rows, int64_t dim, const float* x, int64_t ldx, const float* weight,
                        float eps, float* out, int64_t ldout) = 0;

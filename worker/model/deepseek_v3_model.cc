@@ -58,6 +58,30 @@ DeepseekV3Model::DeepseekV3Model(const ModelConfig& config, std::unique_ptr<Mode
   backend_->CopyToDevice(inv.data(), inv.size() * sizeof(float), inv_freq_->data());
   rope_attention_factor_ = static_cast<float>(config_.RopeAttentionFactor());
   softmax_scale_ = static_cast<float>(config_.SoftmaxScale());
+  // One rank with every expert: device tables for Backend::RoutedExperts (expert e in slot e).
+  const int64_t E = config_.n_routed_experts;
+  if (dispatcher_ != nullptr && dispatcher_->single_rank() &&
+      static_cast<int64_t>(dispatcher_->local_experts().size()) == E) {
+    std::vector<int32_t> slots(E);
+    for (int64_t e = 0; e < E; ++e) slots[e] = static_cast<int32_t>(e);
+    expert_slots_ = backend_->Allocate(E * sizeof(int32_t));
+    backend_->CopyToDevice(slots.data(), E * sizeof(int32_t), expert_slots_->data());
+    expert_tables_.resize(config_.num_hidden_layers);
+    for (int64_t l = 0; l < config_.num_hidden_layers; ++l) {
+      const LayerWeights& L = weights_->layers[l];
+      if (!L.moe) continue;
+      std::vector<const void*> gate_up(E), down(E);
+      for (int64_t e = 0; e < E; ++e) {
+        gate_up[e] = L.experts.at(e).gate_up->data();
+        down[e] = L.experts.at(e).down->data();
+      }
+      ExpertTables& t = expert_tables_[l];
+      t.gate_up = backend_->Allocate(E * sizeof(void*));
+      t.down = backend_->Allocate(E * sizeof(void*));
+      backend_->CopyToDevice(gate_up.data(), E * sizeof(void*), t.gate_up->data());
+      backend_->CopyToDevice(down.data(), E * sizeof(void*), t.down->data());
+    }
+  }
 }
 
 KvBlockPoolOptions DeepseekV3Model::CacheOptions(int32_t num_blocks, int32_t block_size) const {
@@ -342,9 +366,13 @@ absl::Status DeepseekV3Model::Moe(int64_t layer, int64_t rows, const float* h, f
   ra.topk_weights = topk_w->as<float>();
   backend_->NoauxTcRoute(ra);
 
+  absl::Status st;
+  if (!expert_tables_.empty() && RoutedExpertsOnDevice(layer, rows, h, topk_ids->as<int32_t>(),
+                                                       topk_w->as<float>(), out)) {
+    return SharedExperts(L, rows, h, out);
+  }
   DispatchedTokens d;
-  absl::Status st =
-      dispatcher_->Dispatch(rows, K, h, topk_ids->as<int32_t>(), topk_w->as<float>(), &d);
+  st = dispatcher_->Dispatch(rows, K, h, topk_ids->as<int32_t>(), topk_w->as<float>(), &d);
   if (!st.ok()) return st;
   std::vector<WeightView> gate_up, down;
   for (int64_t e : dispatcher_->local_experts()) {
@@ -366,12 +394,39 @@ absl::Status DeepseekV3Model::Moe(int64_t layer, int64_t rows, const float* h, f
   backend_->CopyDeviceToDevice(zero->data(), rows * H * sizeof(float), out);
   st = dispatcher_->Combine(d, expert_out->as<float>(), out);
   if (!st.ok()) return st;
-  if (c.n_shared_experts > 0) {
-    auto shared = Floats(rows * H);
-    st = Mlp(L.shared, rows, h, shared->as<float>());
-    if (!st.ok()) return st;
-    backend_->Add(rows * H, out, shared->as<float>(), out);
-  }
+  return SharedExperts(L, rows, h, out);
+}
+
+bool DeepseekV3Model::RoutedExpertsOnDevice(int64_t layer, int64_t rows, const float* h,
+                                            const int32_t* topk_ids, const float* topk_w,
+                                            float* out) {
+  const ModelConfig& c = config_;
+  RoutedExpertsArgs a;
+  a.num_tokens = static_cast<int32_t>(rows);
+  a.top_k = static_cast<int32_t>(c.num_experts_per_tok);
+  a.num_experts = static_cast<int32_t>(c.n_routed_experts);
+  a.hidden_size = c.hidden_size;
+  a.inter = c.moe_intermediate_size;
+  a.hidden = h;
+  a.topk_ids = topk_ids;
+  a.topk_weights = topk_w;
+  a.slot_of_expert = expert_slots_->as<int32_t>();
+  a.gate_up = static_cast<const void* const*>(expert_tables_[layer].gate_up->data());
+  a.down = static_cast<const void* const*>(expert_tables_[layer].down->data());
+  a.dtype = weights_->matrix_dtype;
+  a.out = out;
+  return backend_->RoutedExperts(a);
+}
+
+// out += shared experts(h), after the routed sum, as HF and DeepSeek add them.
+absl::Status DeepseekV3Model::SharedExperts(const LayerWeights& L, int64_t rows, const float* h,
+                                            float* out) {
+  if (config_.n_shared_experts == 0) return absl::OkStatus();
+  const int64_t H = config_.hidden_size;
+  auto shared = Floats(rows * H);
+  absl::Status st = Mlp(L.shared, rows, h, shared->as<float>());
+  if (!st.ok()) return st;
+  backend_->Add(rows * H, out, shared->as<float>(), out);
   return absl::OkStatus();
 }
 

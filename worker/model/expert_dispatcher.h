@@ -38,6 +38,9 @@ class ExpertDispatcher {
   virtual ~ExpertDispatcher() = default;
   // Global ids of the experts this rank computes, in the order of DispatchedTokens groups.
   virtual const std::vector<int64_t>& local_experts() const = 0;
+  // True when Dispatch/Combine involve no other rank, so the model may compute the routed
+  // experts another way (Backend::RoutedExperts) without breaking a collective's order.
+  virtual bool single_rank() const { return false; }
   // hidden [num_tokens, hidden_size]; topk_ids / topk_weights [num_tokens, top_k] (device).
   virtual absl::Status Dispatch(int64_t num_tokens, int64_t top_k, const float* hidden,
                                 const int32_t* topk_ids, const float* topk_weights,

@@ -13,6 +13,8 @@
 #include "kernels/activation/elementwise.h"
 #include "kernels/attention/mla_attention.h"
 #include "kernels/embedding/rows.h"
+#include "kernels/moe/grouped_gemm.h"
+#include "kernels/moe/moe_permute.h"
 #include "kernels/moe/noaux_tc_router.h"
 #include "kernels/norm/rms_norm.h"
 #include "kernels/rope/rope.h"
@@ -431,6 +433,71 @@ void CudaBackend::GreedySampleRows(int64_t rows, int64_t vocab, const float* log
   OpTimer timer(this, "GreedySampleRows");
   Check(kernels::GreedySampleRowsF32(rows, vocab, logits, token, logprob, stream_),
         "kernels::GreedySampleRowsF32");
+}
+
+bool CudaBackend::RoutedExperts(const RoutedExpertsArgs& a) {
+  if (a.dtype != WeightDType::kBFloat16 || a.num_tokens > kMaxFusedMoeTokens ||
+      a.num_experts > kernels::kMaxMoeSlots || a.hidden_size % 8 != 0 || a.inter % 8 != 0) {
+    return false;
+  }
+  OpTimer timer(this, "RoutedExperts");
+  const int64_t T = a.num_tokens, K = a.top_k, H = a.hidden_size, I = a.inter;
+  const int64_t rows = std::max<int64_t>(1, T * K);
+  auto counts = Allocate(a.num_experts * sizeof(int32_t));
+  auto offsets = Allocate((a.num_experts + 1) * sizeof(int32_t));
+  auto choice_row = Allocate(rows * sizeof(int32_t));
+  auto row_token = Allocate(rows * sizeof(int32_t));
+  auto permuted = Allocate(rows * H * sizeof(float));
+  kernels::MoePermuteParams p;
+  p.num_tokens = static_cast<int32_t>(T);
+  p.top_k = static_cast<int32_t>(K);
+  p.num_experts = a.num_experts;
+  p.num_slots = a.num_experts;
+  p.topk_ids = a.topk_ids;
+  p.slot_of_expert = a.slot_of_expert;
+  p.hidden_size = H;
+  p.hidden = a.hidden;
+  p.slot_counts = counts->as<int32_t>();
+  p.slot_offsets = offsets->as<int32_t>();
+  p.choice_row = choice_row->as<int32_t>();
+  p.row_token = row_token->as<int32_t>();
+  p.permuted_hidden = permuted->as<float>();
+  Check(kernels::MoePermuteF32(p, stream_), "kernels::MoePermuteF32");
+
+  auto gate_up = Allocate(rows * 2 * I * sizeof(float));
+  kernels::GroupedGemmBf16Params g;
+  g.num_slots = a.num_experts;
+  g.max_rows = static_cast<int32_t>(T * K);
+  g.slot_offsets = offsets->as<int32_t>();
+  g.n = static_cast<int32_t>(2 * I);
+  g.k = static_cast<int32_t>(H);
+  g.x = permuted->as<float>();
+  g.weights = reinterpret_cast<const uint16_t* const*>(a.gate_up);
+  g.y = gate_up->as<float>();
+  g.rows_per_slot_hint = static_cast<int32_t>(T);  // a token's top-k experts are distinct
+  Check(kernels::GroupedGemmBf16(g, stream_), "kernels::GroupedGemmBf16(gate_up)");
+  auto act = Allocate(rows * I * sizeof(float));
+  Check(kernels::SiluMulF32(T * K, I, gate_up->as<float>(), act->as<float>(), stream_),
+        "kernels::SiluMulF32");
+  auto expert_out = Allocate(rows * H * sizeof(float));
+  g.n = static_cast<int32_t>(H);
+  g.k = static_cast<int32_t>(I);
+  g.x = act->as<float>();
+  g.weights = reinterpret_cast<const uint16_t* const*>(a.down);
+  g.y = expert_out->as<float>();
+  Check(kernels::GroupedGemmBf16(g, stream_), "kernels::GroupedGemmBf16(down)");
+
+  Check(cudaMemsetAsync(a.out, 0, T * H * sizeof(float), stream_), "cudaMemsetAsync");
+  kernels::MoeCombineParams c;
+  c.num_tokens = static_cast<int32_t>(T);
+  c.top_k = static_cast<int32_t>(K);
+  c.hidden_size = H;
+  c.choice_row = choice_row->as<int32_t>();
+  c.topk_weights = a.topk_weights;
+  c.expert_out = expert_out->as<float>();
+  c.out = a.out;
+  Check(kernels::MoeCombineF32(c, stream_), "kernels::MoeCombineF32");
+  return true;
 }
 
 }  // namespace deepinfer

@@ -69,6 +69,11 @@ class CudaBackend : public Backend {
   // with bf16 weights the activations are rounded once for all groups.
   void GroupedGemm(const std::vector<int64_t>& offsets, const std::vector<WeightView>& weights,
                    int64_t n, int64_t k, const float* a, float* c) override;
+  // bf16 experts and up to kMaxFusedMoeTokens tokens (decode, small prefills): device
+  // permutation, grouped bf16 GEMMs reading the group offsets from device memory, combine.
+  // Larger batches return false (per-expert cuBLAS GEMMs are faster for big groups).
+  bool RoutedExperts(const RoutedExpertsArgs& args) override;
+  static constexpr int32_t kMaxFusedMoeTokens = 512;
   void RmsNorm(int64_t rows, int64_t dim, const float* x, int64_t ldx, const float* weight,
                float eps, float* out, int64_t ldout) override;
   void Add(int64_t n, const float* a, const float* b, float* out) override;
