@@ -84,6 +84,10 @@ class Backend {
   // The first error an op has hit since the backend was created (ops return nothing, and a GPU
   // reports errors asynchronously). Always OK on the CPU. Checked by the model after each step.
   virtual absl::Status status() const { return absl::OkStatus(); }
+  // The native stream every op is issued on (a cudaStream_t for CUDA), for work that must be
+  // ordered with the ops without going through this interface (NCCL collectives of a device
+  // communicator); null on the CPU, whose ops complete before returning.
+  virtual void* native_stream() const { return nullptr; }
 
   // ---- Dense math --------------------------------------------------------------------------
   // c[i, j] (+)= sum_p a[i, p] * w[j, p] for i < m, j < n, p < k.
