@@ -15,6 +15,7 @@
 #include "coordinator/rpc/auth.h"
 #include "grpcpp/grpcpp.h"
 #include "proto/worker.grpc.pb.h"
+#include "worker/comm/data_plane.h"
 #include "worker/coordinator_link.h"
 #include "worker/engine/group_controller.h"
 #include "worker/engine/model_files.h"
@@ -39,6 +40,8 @@ struct WorkerEngineConfig {
   bool expert_parallel = true;
   // "cpu" or "cuda" (one rank per GPU).
   std::string backend = "cpu";
+  // What carries the expert exchange: auto (NCCL for several cuda ranks), tcp or nccl.
+  comm::DataPlaneChoice communicator = comm::DataPlaneChoice::kAuto;
 };
 
 struct WorkerConfig {
