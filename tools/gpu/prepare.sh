@@ -11,6 +11,8 @@
 # DIR/srcdir/   TEST_SRCDIR for the parity tests: deepinfer/tests/fixtures/...
 # DIR/configs/  model configs for the benchmark
 # DIR/run_all.sh
+# DIR/multi_gpu.sh  the multi-GPU checks (NCCL tests, `deepinfer run` over 2 GPUs), which need
+#                   bin/deepinfer, bin/deepinfer-coordinator, bin/deepinfer-worker (bundled too)
 # Then, with the device tool: carry [DIR relative to the repo root], command
 # `bash DIR/run_all.sh` (logs under $OUT).
 set -euo pipefail
@@ -30,18 +32,22 @@ tests=(
   //worker/backend/cuda:cuda_backend_test
   //worker/backend:backend_factory_test
   //tests/parity:cuda_parity_test
+  //worker/comm:nccl_communicator_test
+  //worker/model:ep_expert_dispatcher_gpu_test
 )
+# The daemons and the CLI, for multi_gpu.sh (`deepinfer run --backend cuda`).
+daemons=(//coordinator/cli:deepinfer //coordinator:deepinfer-coordinator //worker:deepinfer-worker)
 tools=()
 [[ -f tools/bench/BUILD ]] && tools+=(//tools/bench:bench)
 
-bazel build -c opt --config=cuda "${tests[@]}" "${tools[@]}"
+bazel build -c opt --config=cuda "${tests[@]}" "${tools[@]}" "${daemons[@]}"
 bin_dir=$(bazel info -c opt --config=cuda bazel-bin 2>/dev/null)
 
 rm -rf "$out"
 mkdir -p "$out/bin" "$out/lib" "$out/srcdir/deepinfer/tests" "$out/configs"
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
-for t in "${tests[@]}" "${tools[@]}"; do
+for t in "${tests[@]}" "${tools[@]}" "${daemons[@]}"; do
   path=${t#//}
   path=${path/://}
   name=$(basename "$path")
@@ -56,6 +62,7 @@ rm -f "$out/srcdir/deepinfer/tests/fixtures/BUILD"
 for d in tests/fixtures/*/; do cp "$d/config.json" "$out/configs/$(basename "$d").json"; done
 [[ -d tools/bench/configs ]] && cp tools/bench/configs/*.json "$out/configs/"
 cp tools/gpu/run_all.sh "$out/run_all.sh"
+cp tools/gpu/multi_gpu.sh "$out/multi_gpu.sh"
 [[ -f tools/bench/bench_cases.sh ]] && cp tools/bench/bench_cases.sh "$out/bench_cases.sh"
 git rev-parse HEAD > "$out/COMMIT"
 git status --short >> "$out/COMMIT"
