@@ -450,7 +450,7 @@ int RunCommand(const RunOptions& options) {
     cluster.Stop();
   }
   if (temporary && !options.keep_state && code == 0) {
-    std::system(absl::StrCat("rm -rf '", state_dir, "'").c_str());
+    (void)!std::system(absl::StrCat("rm -rf '", state_dir, "'").c_str());
   } else if (code != 0) {
     std::cerr << "logs and state kept in " << state_dir << "\n";
   }
