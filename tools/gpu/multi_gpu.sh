@@ -75,12 +75,13 @@ run() {  # run NAME [env assignments...] -- deepinfer-run flags...
   local envs=()
   while [[ $# -gt 0 && "$1" != -- ]]; do envs+=("$1"); shift; done
   shift
-  local start=$(date +%s.%N)
+  local start_ms=$(($(date +%s%N) / 1000000))
   env "${envs[@]}" timeout 300 "$here/bin/deepinfer" run --model "$model" --backend cuda \
     --bin-dir "$here/bin" --input "$logs/in.jsonl" --output "$logs/$name.out.jsonl" \
     --state-dir "$logs/$name.state" --timeout-s 280 "$@" > "$logs/$name.log" 2>&1
   local rc=$?
-  echo "exit $rc in $(echo "$(date +%s.%N) - $start" | bc) s" >> "$logs/$name.log"
+  local ms=$(($(date +%s%N) / 1000000 - start_ms))
+  echo "exit $rc in $((ms / 1000)).$(printf '%03d' $((ms % 1000))) s" >> "$logs/$name.log"
   return $rc
 }
 
