@@ -211,6 +211,10 @@ class NcclTwoRankTest : public ::testing::Test {
     });
     for (int r = 0; r < kWorld; ++r) ASSERT_TRUE(status[r].ok()) << "rank " << r << ": " << status[r];
   }
+  // Together, as ranks would: a healthy communicator's finalize may wait for its peers.
+  void TearDown() override {
+    if (nccl_.size() == kWorld) testing::OnAllRanks(kWorld, [&](int r) { nccl_[r].reset(); });
+  }
   testing::TcpGroup tcp_;
   std::vector<std::unique_ptr<Communicator>> nccl_;
 };
