@@ -32,9 +32,9 @@ bool NcclAvailable() {
 absl::Status CheckDataPlaneChoice(DataPlaneChoice choice, absl::string_view backend) {
   if (choice != DataPlaneChoice::kNccl) return absl::OkStatus();
   if (backend != "cuda") {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "communicator nccl needs the cuda backend (NCCL moves GPU memory), not '", backend,
-        "'; use --backend cuda, or --communicator tcp"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("communicator nccl needs the cuda backend (NCCL moves GPU memory), not '",
+                     backend, "'; use --backend cuda, or --communicator tcp"));
   }
   if (!NcclAvailable()) {
     return absl::UnimplementedError(

@@ -70,9 +70,8 @@ TEST(DataPlaneTest, ShareFromRankZeroWithTheWrongSizeFailsEveryRank) {
   TcpGroup group = MakeTcpGroup(kWorld, absl::Seconds(20));
   ASSERT_EQ(group.size(), static_cast<size_t>(kWorld));
   std::vector<absl::Status> status(kWorld);
-  OnAllRanks(kWorld, [&](int r) {
-    status[r] = ShareFromRankZero(group[r].get(), "short", 128).status();
-  });
+  OnAllRanks(kWorld,
+             [&](int r) { status[r] = ShareFromRankZero(group[r].get(), "short", 128).status(); });
   EXPECT_TRUE(absl::IsInvalidArgument(status[0])) << status[0];
   EXPECT_THAT(std::string(status[0].message()), HasSubstr("5 bytes"));
   EXPECT_FALSE(status[1].ok());  // told by rank 0's abort instead of waiting out the timeout

@@ -69,9 +69,9 @@ absl::Status CudaError(const std::string& what, const char* call, cudaError_t er
 
 absl::Status NcclError(const std::string& what, const char* call, ncclResult_t r, ncclComm_t comm) {
   const char* last = ncclGetLastError(comm);
-  std::string msg = absl::StrCat(what, ": ", call, ": ", ncclGetErrorString(r),
-                                 (last != nullptr && *last != '\0') ? absl::StrCat(" (", last, ")")
-                                                                    : std::string());
+  std::string msg = absl::StrCat(
+      what, ": ", call, ": ", ncclGetErrorString(r),
+      (last != nullptr && *last != '\0') ? absl::StrCat(" (", last, ")") : std::string());
   switch (r) {
     case ncclRemoteError:
     case ncclSystemError:
@@ -130,9 +130,8 @@ NcclCommunicator::NcclCommunicator(const NcclCommunicatorSpec& spec) : spec_(spe
 
 absl::Status NcclCommunicator::Init() {
   ForceNvlsOff();
-  const std::string what =
-      absl::StrCat("NCCL init of rank ", spec_.rank, " of ", spec_.world_size, " on GPU ",
-                   spec_.device);
+  const std::string what = absl::StrCat("NCCL init of rank ", spec_.rank, " of ", spec_.world_size,
+                                        " on GPU ", spec_.device);
   int count = 0;
   if (cudaError_t e = cudaGetDeviceCount(&count); e != cudaSuccess) {
     return CudaError(what, "cudaGetDeviceCount", e);
@@ -230,7 +229,8 @@ NcclCommunicator::~NcclCommunicator() {
       comm_ = nullptr;
     }
   }
-  if (default_stream_ != nullptr) (void)cudaStreamSynchronize(static_cast<cudaStream_t>(default_stream_));
+  if (default_stream_ != nullptr)
+    (void)cudaStreamSynchronize(static_cast<cudaStream_t>(default_stream_));
   if (sizes_device_ != nullptr) (void)cudaFree(sizes_device_);
   if (sizes_host_ != nullptr) (void)cudaFreeHost(sizes_host_);
   if (barrier_device_ != nullptr) (void)cudaFree(barrier_device_);
@@ -271,7 +271,8 @@ absl::Status NcclCommunicator::Fail(const absl::Status& error) {
 }
 
 void NcclCommunicator::Abort(const absl::Status& reason) {
-  (void)Fail(absl::AbortedError(absl::StrCat("rank ", spec_.rank, " aborted: ", reason.ToString())));
+  (void)Fail(
+      absl::AbortedError(absl::StrCat("rank ", spec_.rank, " aborted: ", reason.ToString())));
 }
 
 absl::Status NcclCommunicator::AwaitNotInProgressLocked(const std::string& what,
@@ -304,8 +305,8 @@ absl::Status NcclCommunicator::Enqueue(const char* what, void* stream, Issue iss
     if (absl::Status b = BrokenStatus(); !b.ok()) return b;
     if (comm_ == nullptr) return absl::FailedPreconditionError("NCCL communicator is closed");
     ScopedDevice device(spec_.device);
-    const std::string name = absl::StrCat(what, " #", ++sequence_, " on rank ", spec_.rank,
-                                          " of ", spec_.world_size, " (GPU ", spec_.device, ")");
+    const std::string name = absl::StrCat(what, " #", ++sequence_, " on rank ", spec_.rank, " of ",
+                                          spec_.world_size, " (GPU ", spec_.device, ")");
     const absl::Time deadline = absl::Now() + spec_.timeout;
     cudaStream_t s = static_cast<cudaStream_t>(stream);
     if (ncclResult_t r = ncclGroupStart(); r != ncclSuccess) {
@@ -384,10 +385,9 @@ void NcclCommunicator::Watchdog() {
         } else if (e != cudaErrorNotReady) {
           error = CudaError(pending_what_, "cudaEventQuery", e);
         } else if (absl::Now() - pending_since_ > spec_.timeout) {
-          error = absl::DeadlineExceededError(
-              absl::StrCat(pending_what_, ": not complete after ",
-                           absl::FormatDuration(spec_.timeout),
-                           " (a peer is missing, stalled, or ran another collective)"));
+          error = absl::DeadlineExceededError(absl::StrCat(
+              pending_what_, ": not complete after ", absl::FormatDuration(spec_.timeout),
+              " (a peer is missing, stalled, or ran another collective)"));
         }
       }
     }
@@ -400,9 +400,9 @@ absl::Status NcclCommunicator::DoAllToAllV(const void* send, const std::vector<s
                                            StreamHandle stream) {
   const int me = spec_.rank;
   if (send_bytes[me] != recv_bytes[me]) {
-    return Fail(absl::InvalidArgumentError(absl::StrCat(
-        "AllToAllV on rank ", me, ": sends ", send_bytes[me], " bytes to itself but expects ",
-        recv_bytes[me])));
+    return Fail(absl::InvalidArgumentError(
+        absl::StrCat("AllToAllV on rank ", me, ": sends ", send_bytes[me],
+                     " bytes to itself but expects ", recv_bytes[me])));
   }
   const int n = spec_.world_size;
   std::vector<size_t> send_off(n, 0), recv_off(n, 0);
@@ -412,36 +412,33 @@ absl::Status NcclCommunicator::DoAllToAllV(const void* send, const std::vector<s
   }
   const char* s = static_cast<const char*>(send);
   char* d = static_cast<char*>(recv);
-  return Enqueue("AllToAllV", StreamOrDefault(stream),
-                 [&](ncclComm_t comm, cudaStream_t st, const std::string& name) -> absl::Status {
-                   if (send_bytes[me] > 0) {
-                     if (cudaError_t e = cudaMemcpyAsync(d + recv_off[me], s + send_off[me],
-                                                         send_bytes[me], cudaMemcpyDeviceToDevice,
-                                                         st);
-                         e != cudaSuccess) {
-                       return CudaError(name, "cudaMemcpyAsync", e);
-                     }
-                   }
-                   for (int r = 0; r < n; ++r) {
-                     if (r == me) continue;
-                     if (send_bytes[r] > 0) {
-                       if (ncclResult_t e = ncclSend(s + send_off[r], send_bytes[r], ncclUint8, r,
-                                                     comm, st);
-                           e != ncclSuccess) {
-                         return NcclError(absl::StrCat(name, ", to rank ", r), "ncclSend", e, comm);
-                       }
-                     }
-                     if (recv_bytes[r] > 0) {
-                       if (ncclResult_t e =
-                               ncclRecv(d + recv_off[r], recv_bytes[r], ncclUint8, r, comm, st);
-                           e != ncclSuccess) {
-                         return NcclError(absl::StrCat(name, ", from rank ", r), "ncclRecv", e,
-                                          comm);
-                       }
-                     }
-                   }
-                   return absl::OkStatus();
-                 });
+  return Enqueue(
+      "AllToAllV", StreamOrDefault(stream),
+      [&](ncclComm_t comm, cudaStream_t st, const std::string& name) -> absl::Status {
+        if (send_bytes[me] > 0) {
+          if (cudaError_t e = cudaMemcpyAsync(d + recv_off[me], s + send_off[me], send_bytes[me],
+                                              cudaMemcpyDeviceToDevice, st);
+              e != cudaSuccess) {
+            return CudaError(name, "cudaMemcpyAsync", e);
+          }
+        }
+        for (int r = 0; r < n; ++r) {
+          if (r == me) continue;
+          if (send_bytes[r] > 0) {
+            if (ncclResult_t e = ncclSend(s + send_off[r], send_bytes[r], ncclUint8, r, comm, st);
+                e != ncclSuccess) {
+              return NcclError(absl::StrCat(name, ", to rank ", r), "ncclSend", e, comm);
+            }
+          }
+          if (recv_bytes[r] > 0) {
+            if (ncclResult_t e = ncclRecv(d + recv_off[r], recv_bytes[r], ncclUint8, r, comm, st);
+                e != ncclSuccess) {
+              return NcclError(absl::StrCat(name, ", from rank ", r), "ncclRecv", e, comm);
+            }
+          }
+        }
+        return absl::OkStatus();
+      });
 }
 
 absl::StatusOr<std::vector<size_t>> NcclCommunicator::DoAllToAllSizes(
@@ -452,40 +449,40 @@ absl::StatusOr<std::vector<size_t>> NcclCommunicator::DoAllToAllSizes(
   const int me = spec_.rank;
   for (int r = 0; r < n; ++r) sizes_host_[r] = static_cast<int64_t>(send_bytes[r]);
   void* stream = default_stream_;
-  absl::Status st = Enqueue(
-      "AllToAllSizes", stream,
-      [&](ncclComm_t comm, cudaStream_t s, const std::string& name) -> absl::Status {
-        if (cudaError_t e = cudaMemcpyAsync(sizes_device_, sizes_host_, n * sizeof(int64_t),
-                                            cudaMemcpyHostToDevice, s);
-            e != cudaSuccess) {
-          return CudaError(name, "cudaMemcpyAsync", e);
-        }
-        for (int r = 0; r < n; ++r) {
-          if (r == me) continue;
-          if (ncclResult_t e = ncclSend(sizes_device_ + r, 1, ncclInt64, r, comm, s);
-              e != ncclSuccess) {
-            return NcclError(absl::StrCat(name, ", to rank ", r), "ncclSend", e, comm);
-          }
-          if (ncclResult_t e = ncclRecv(sizes_device_ + n + r, 1, ncclInt64, r, comm, s);
-              e != ncclSuccess) {
-            return NcclError(absl::StrCat(name, ", from rank ", r), "ncclRecv", e, comm);
-          }
-        }
-        if (cudaError_t e = cudaMemcpyAsync(sizes_host_ + n, sizes_device_ + n,
-                                            n * sizeof(int64_t), cudaMemcpyDeviceToHost, s);
-            e != cudaSuccess) {
-          return CudaError(name, "cudaMemcpyAsync", e);
-        }
-        return absl::OkStatus();
-      });
+  absl::Status st =
+      Enqueue("AllToAllSizes", stream,
+              [&](ncclComm_t comm, cudaStream_t s, const std::string& name) -> absl::Status {
+                if (cudaError_t e = cudaMemcpyAsync(sizes_device_, sizes_host_, n * sizeof(int64_t),
+                                                    cudaMemcpyHostToDevice, s);
+                    e != cudaSuccess) {
+                  return CudaError(name, "cudaMemcpyAsync", e);
+                }
+                for (int r = 0; r < n; ++r) {
+                  if (r == me) continue;
+                  if (ncclResult_t e = ncclSend(sizes_device_ + r, 1, ncclInt64, r, comm, s);
+                      e != ncclSuccess) {
+                    return NcclError(absl::StrCat(name, ", to rank ", r), "ncclSend", e, comm);
+                  }
+                  if (ncclResult_t e = ncclRecv(sizes_device_ + n + r, 1, ncclInt64, r, comm, s);
+                      e != ncclSuccess) {
+                    return NcclError(absl::StrCat(name, ", from rank ", r), "ncclRecv", e, comm);
+                  }
+                }
+                if (cudaError_t e = cudaMemcpyAsync(sizes_host_ + n, sizes_device_ + n,
+                                                    n * sizeof(int64_t), cudaMemcpyDeviceToHost, s);
+                    e != cudaSuccess) {
+                  return CudaError(name, "cudaMemcpyAsync", e);
+                }
+                return absl::OkStatus();
+              });
   if (!st.ok()) return st;
   if (absl::Status w = WaitStream("AllToAllSizes", stream); !w.ok()) return w;
   std::vector<size_t> recv(n);
   for (int r = 0; r < n; ++r) {
     const int64_t v = r == me ? sizes_host_[r] : sizes_host_[n + r];
     if (v < 0) {
-      return Fail(absl::FailedPreconditionError(absl::StrCat(
-          "AllToAllSizes on rank ", me, ": rank ", r, " sends a negative size ", v)));
+      return Fail(absl::FailedPreconditionError(
+          absl::StrCat("AllToAllSizes on rank ", me, ": rank ", r, " sends a negative size ", v)));
     }
     recv[r] = static_cast<size_t>(v);
   }
@@ -495,28 +492,29 @@ absl::StatusOr<std::vector<size_t>> NcclCommunicator::DoAllToAllSizes(
 absl::Status NcclCommunicator::DoAllGather(const void* send, size_t bytes_per_rank, void* recv,
                                            StreamHandle stream) {
   if (bytes_per_rank == 0) return BrokenStatus();
-  return Enqueue("AllGather", StreamOrDefault(stream),
-                 [&](ncclComm_t comm, cudaStream_t s, const std::string& name) -> absl::Status {
-                   if (ncclResult_t e = ncclAllGather(send, recv, bytes_per_rank, ncclUint8, comm, s);
-                       e != ncclSuccess) {
-                     return NcclError(name, "ncclAllGather", e, comm);
-                   }
-                   return absl::OkStatus();
-                 });
+  return Enqueue(
+      "AllGather", StreamOrDefault(stream),
+      [&](ncclComm_t comm, cudaStream_t s, const std::string& name) -> absl::Status {
+        if (ncclResult_t e = ncclAllGather(send, recv, bytes_per_rank, ncclUint8, comm, s);
+            e != ncclSuccess) {
+          return NcclError(name, "ncclAllGather", e, comm);
+        }
+        return absl::OkStatus();
+      });
 }
 
 absl::Status NcclCommunicator::DoAllReduce(const void* send, void* recv, size_t count,
                                            DataType type, ReduceOp op, StreamHandle stream) {
   if (count == 0) return BrokenStatus();
-  return Enqueue("AllReduce", StreamOrDefault(stream),
-                 [&](ncclComm_t comm, cudaStream_t s, const std::string& name) -> absl::Status {
-                   if (ncclResult_t e =
-                           ncclAllReduce(send, recv, count, NcclType(type), NcclOp(op), comm, s);
-                       e != ncclSuccess) {
-                     return NcclError(name, "ncclAllReduce", e, comm);
-                   }
-                   return absl::OkStatus();
-                 });
+  return Enqueue(
+      "AllReduce", StreamOrDefault(stream),
+      [&](ncclComm_t comm, cudaStream_t s, const std::string& name) -> absl::Status {
+        if (ncclResult_t e = ncclAllReduce(send, recv, count, NcclType(type), NcclOp(op), comm, s);
+            e != ncclSuccess) {
+          return NcclError(name, "ncclAllReduce", e, comm);
+        }
+        return absl::OkStatus();
+      });
 }
 
 absl::Status NcclCommunicator::DoBarrier(StreamHandle stream) {

@@ -65,8 +65,7 @@ class NcclCommunicator final : public Communicator {
   // Joins the group; returns once all ranks have joined. INVALID_ARGUMENT for a bad spec,
   // FAILED_PRECONDITION when the GPU does not exist, DEADLINE_EXCEEDED when the group is not
   // complete within spec.timeout, INTERNAL for other CUDA / NCCL errors.
-  static absl::StatusOr<std::unique_ptr<NcclCommunicator>> Create(
-      const NcclCommunicatorSpec& spec);
+  static absl::StatusOr<std::unique_ptr<NcclCommunicator>> Create(const NcclCommunicatorSpec& spec);
   ~NcclCommunicator() override;
 
   int rank() const override { return spec_.rank; }
@@ -113,9 +112,9 @@ class NcclCommunicator final : public Communicator {
   void Watchdog();
 
   const NcclCommunicatorSpec spec_;
-  void* own_stream_ = nullptr;      // cudaStream_t we created (null if the spec gave one)
-  void* default_stream_ = nullptr;  // spec's or own
-  void* done_event_ = nullptr;      // cudaEvent_t after the last enqueued collective
+  void* own_stream_ = nullptr;       // cudaStream_t we created (null if the spec gave one)
+  void* default_stream_ = nullptr;   // spec's or own
+  void* done_event_ = nullptr;       // cudaEvent_t after the last enqueued collective
   int64_t* sizes_device_ = nullptr;  // [2 * world]: AllToAllSizes send then receive
   int64_t* sizes_host_ = nullptr;    // pinned, the same layout
   int32_t* barrier_device_ = nullptr;

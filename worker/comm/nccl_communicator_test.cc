@@ -209,7 +209,8 @@ class NcclTwoRankTest : public ::testing::Test {
       status[r] = c.status();
       if (c.ok()) nccl_[r] = std::move(*c);
     });
-    for (int r = 0; r < kWorld; ++r) ASSERT_TRUE(status[r].ok()) << "rank " << r << ": " << status[r];
+    for (int r = 0; r < kWorld; ++r)
+      ASSERT_TRUE(status[r].ok()) << "rank " << r << ": " << status[r];
   }
   // Together, as ranks would: a healthy communicator's finalize may wait for its peers.
   void TearDown() override {

@@ -200,8 +200,7 @@ bool RankGroup::FormRank(int local) {
   comm::Communicator* comm = r.comm.get();
   if (*plane == comm::DataPlane::kNccl) {
     auto nccl = comm::FormNcclCommunicator(r.comm.get(), backend_options.cuda_device,
-                                           r.backend->native_stream(),
-                                           options_.collective_timeout);
+                                           r.backend->native_stream(), options_.collective_timeout);
     if (!nccl.ok()) {
       Fail(r.global, nccl.status());
       return false;

@@ -9,8 +9,8 @@
 //      (a new request wakes it) and loops.
 // Forming: each rank joins the TcpCommunicator group (the control plane: the agreement above,
 // barriers), opens its backend, with an NCCL data plane forms the NCCL group over it
-// (comm/data_plane.h; the expert exchange then runs GPU to GPU), loads its weights (with a partitioned
-// dispatcher only its contiguous range of routed experts: E / world_size from
+// (comm/data_plane.h; the expert exchange then runs GPU to GPU), loads its weights (with a
+// partitioned dispatcher only its contiguous range of routed experts: E / world_size from
 // global_rank * E / world_size), then a barrier; after that the group is SERVING.
 //
 // Any failure (a collective failed because a peer died or aborted, a rank could not load)

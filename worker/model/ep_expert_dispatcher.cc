@@ -46,9 +46,10 @@ absl::StatusOr<std::unique_ptr<EpExpertDispatcher>> EpExpertDispatcher::Create(
         num_experts, ")"));
   }
   if (comm->memory_kind() == comm::MemoryKind::kDevice && backend->native_stream() == nullptr) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "EpExpertDispatcher: a device-memory communicator needs a device backend with a stream, "
-        "not '", backend->name(), "'"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("EpExpertDispatcher: a device-memory communicator needs a backend with a "
+                     "stream, not '",
+                     backend->name(), "'"));
   }
   return std::unique_ptr<EpExpertDispatcher>(
       new EpExpertDispatcher(comm, backend, num_experts, hidden_size));
@@ -141,7 +142,7 @@ absl::Status EpExpertDispatcher::Dispatch(int64_t num_tokens, int64_t top_k, con
 
   // arrival_expert[j]: the local expert of the j-th received row (sources in rank order).
   std::vector<int32_t> arrival_expert(received);
-  std::vector<float> recv;                 // host path: the received segments
+  std::vector<float> recv;                  // host path: the received segments
   std::unique_ptr<DeviceBuffer> recv_rows;  // device path: [received, H] in arrival order
   if (device_exchange_) {
     // Rows and their ids travel as two all-to-alls of device buffers, enqueued on the
@@ -247,8 +248,7 @@ absl::Status EpExpertDispatcher::Dispatch(int64_t num_tokens, int64_t top_k, con
     for (int s = 0; s < world; ++s) {
       const int64_t rows = out->received_rows_per_rank[s];
       for (int64_t r = 0; r < rows; ++r, ++j) {
-        std::memcpy(grouped.data() + out->received_row_slot[j] * H, seg + r * H,
-                    H * sizeof(float));
+        std::memcpy(grouped.data() + out->received_row_slot[j] * H, seg + r * H, H * sizeof(float));
       }
       seg += rows * (H + 1);
     }

@@ -51,8 +51,8 @@ enum class Plane { kTcp, kNccl };
 
 // Runs the scripts' sequences on `world` expert-parallel ranks (rank r on GPU r, loading only
 // its experts) over `plane`; got[r] = rank r's logits.
-void RunEp(const std::string& fixture, int world, const std::vector<ScriptedSeq>& seqs,
-           int steps, Plane plane, std::vector<LogitsMap>* got) {
+void RunEp(const std::string& fixture, int world, const std::vector<ScriptedSeq>& seqs, int steps,
+           Plane plane, std::vector<LogitsMap>* got) {
   const std::string dir = FixtureDir(fixture);
   auto config = ModelConfig::FromFile(dir + "/config.json");
   ASSERT_TRUE(config.ok()) << config.status();
@@ -96,8 +96,8 @@ void RunEp(const std::string& fixture, int world, const std::vector<ScriptedSeq>
       c->Abort(model.status());
       return;
     }
-    status[r] = RunScript(model->get(), backend->get(), seqs, world == 1 ? -1 : r, steps,
-                          &(*got)[r]);
+    status[r] =
+        RunScript(model->get(), backend->get(), seqs, world == 1 ? -1 : r, steps, &(*got)[r]);
     if (!status[r].ok()) c->Abort(status[r]);
   });
   for (int r = 0; r < world; ++r) ASSERT_TRUE(status[r].ok()) << "rank " << r << ": " << status[r];
@@ -134,8 +134,8 @@ void Compare(const std::vector<ScriptedSeq>& seqs, const LogitsMap& reference,
       EXPECT_TRUE(same) << what << ": sequence " << key.first << " step " << key.second
                         << ": max diff " << diff;
     } else {
-      EXPECT_LE(diff, 1e-4f * scale) << what << ": sequence " << key.first << " step "
-                                     << key.second;
+      EXPECT_LE(diff, 1e-4f * scale)
+          << what << ": sequence " << key.first << " step " << key.second;
     }
     ++compared;
   }
@@ -147,7 +147,8 @@ void Compare(const std::vector<ScriptedSeq>& seqs, const LogitsMap& reference,
 std::vector<Script> UnevenScripts() {
   // Rank 0 has three sequences (one prefilled in chunks, one starting late), rank 1 one short
   // sequence that finishes early, so its later steps are empty batches.
-  return {{0, 0, 30, 7, 3}, {0, 2, 5, 64, 6}, {0, 0, 1, 64, 2}, {1, 1, 3, 64, 1}, {1, 0, 12, 64, 4}};
+  return {
+      {0, 0, 30, 7, 3}, {0, 2, 5, 64, 6}, {0, 0, 1, 64, 2}, {1, 1, 3, 64, 1}, {1, 0, 12, 64, 4}};
 }
 
 class EpGpuTest : public ::testing::TestWithParam<std::string> {};

@@ -24,14 +24,13 @@
 #include "worker/backend/cpu/cpu_backend.h"
 #include "worker/comm/tcp_communicator.h"
 #include "worker/kv_cache/kv_block_pool.h"
-#include "worker/model/local_expert_dispatcher.h"
 #include "worker/model/ep_test_script.h"
+#include "worker/model/local_expert_dispatcher.h"
 #include "worker/model/model_loader.h"
 
 namespace deepinfer {
 namespace {
 
-using ::testing::HasSubstr;
 using ep_testing::FixtureDir;
 using ep_testing::LogitsMap;
 using ep_testing::MakeSeqs;
@@ -40,6 +39,7 @@ using ep_testing::RunScript;
 using ep_testing::SameBits;
 using ep_testing::Script;
 using ep_testing::ScriptedSeq;
+using ::testing::HasSubstr;
 using Group = std::vector<std::unique_ptr<comm::TcpCommunicator>>;
 
 // Forms a group of `n` ranks, one thread each; empty (and a test failure) on error.

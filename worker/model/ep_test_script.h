@@ -83,8 +83,9 @@ using LogitsMap = std::map<std::pair<int, int>, std::vector<float>>;
 
 // Steps the sequences whose rank is in `ranks` (all of them when ranks is empty) through
 // `model` for `steps` steps; a step with no active sequence is an empty batch.
-inline absl::Status RunScript(DeepseekV3Model* model, Backend* backend, std::vector<ScriptedSeq> seqs,
-                       int only_rank, int steps, LogitsMap* out) {
+inline absl::Status RunScript(DeepseekV3Model* model, Backend* backend,
+                              std::vector<ScriptedSeq> seqs, int only_rank, int steps,
+                              LogitsMap* out) {
   auto pool = KvBlockPool::Create(backend, model->CacheOptions(256, kBlockSize));
   if (!pool.ok()) return pool.status();
   for (int step = 0; step < steps; ++step) {
