@@ -26,6 +26,7 @@ int main(int argc, char** argv) {
   std::string log_dir;
   int64_t verbosity = 0;
   std::string backend = "cpu";
+  std::string communicator = "auto";
   int64_t ranks = 0;
   int64_t threads = 0;
   std::string dtype;
@@ -68,6 +69,10 @@ int main(int argc, char** argv) {
   flags.AddString("dtype", &dtype,
                   "Weight storage: bfloat16 (fp32 accumulation) or float32. Default:\n"
                   "bfloat16 with --backend cuda, float32 with --backend cpu.");
+  flags.AddString("communicator", &communicator,
+                  "What carries the expert-parallel exchange: auto (nccl when --backend cuda\n"
+                  "and the group has more than one rank, tcp otherwise), tcp, or nccl (GPU to\n"
+                  "GPU; needs --backend cuda). docs/communicator.md.");
   flags.AddInt("ranks", &ranks,
                "Engine ranks on this worker (default: one per GPU; 1 on the CPU).");
   flags.AddInt("threads", &threads, "CPU threads per rank (default: cores / ranks).");
@@ -123,6 +128,18 @@ int main(int argc, char** argv) {
     std::cerr << "deepinfer-worker: --backend must be cpu or cuda, not '" << backend << "'\n";
     return 2;
   }
+  absl::StatusOr<deepinfer::comm::DataPlaneChoice> plane =
+      deepinfer::comm::ParseDataPlaneChoice(communicator);
+  if (plane.ok()) {
+    if (absl::Status s = deepinfer::comm::CheckDataPlaneChoice(*plane, backend); !s.ok()) {
+      plane = s;
+    }
+  }
+  if (!plane.ok()) {
+    std::cerr << "deepinfer-worker: --communicator: " << plane.status().message() << "\n";
+    return 2;
+  }
+  config.engine.communicator = *plane;
   if (ranks < 0 || threads < 0 || kv_cache_tokens < 0 || max_batch_tokens <= 0 ||
       max_running <= 0 || collective_timeout_s <= 0) {
     std::cerr << "deepinfer-worker: --ranks, --threads, --kv-cache-tokens, --max-batch-tokens,\n"

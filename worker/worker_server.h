@@ -15,6 +15,7 @@
 #include "coordinator/rpc/auth.h"
 #include "grpcpp/grpcpp.h"
 #include "proto/worker.grpc.pb.h"
+#include "worker/comm/data_plane.h"
 #include "worker/coordinator_link.h"
 #include "worker/engine/group_controller.h"
 #include "worker/engine/model_files.h"
@@ -43,6 +44,8 @@ struct WorkerEngineConfig {
   std::string backend = "cpu";
   // Matrix weights: "bfloat16" or "float32"; empty: the backend's default (bf16 on cuda).
   std::string dtype;
+  // What carries the expert exchange: auto (NCCL for several cuda ranks), tcp or nccl.
+  comm::DataPlaneChoice communicator = comm::DataPlaneChoice::kAuto;
 };
 
 struct WorkerConfig {

@@ -170,6 +170,10 @@ int Run(const std::vector<std::string>& args) {
                   "Directory of deepinfer-coordinator and deepinfer-worker (default: next to\n"
                   "this binary).");
   flags.AddInt("timeout-s", &options.timeout_s, "Give up after this many seconds (0: never).");
+  flags.AddBool("split-gpus", &options.split_gpus,
+                "Give each worker its own GPUs through CUDA_VISIBLE_DEVICES (worker i gets\n"
+                "--ranks-per-worker of them from GPU i * ranks-per-worker), as separate\n"
+                "nodes would have.");
   if (int rc = Parse(flags, args, "run", 0, 0); rc >= 0) return rc;
   return RunCommand(options);
 }

@@ -146,6 +146,10 @@ class Backend {
   // Uploads n fp32 host values as a weight in weight_dtype() (bf16: rounded to nearest even).
   // The model loads every matrix weight through this; vectors (norms, biases) stay fp32.
   std::unique_ptr<DeviceBuffer> UploadWeight(const float* host, int64_t n);
+  // The native stream every op is issued on (a cudaStream_t for CUDA), for work that must be
+  // ordered with the ops without going through this interface (NCCL collectives of a device
+  // communicator); null on the CPU, whose ops complete before returning.
+  virtual void* native_stream() const { return nullptr; }
 
   // ---- Dense math --------------------------------------------------------------------------
   // c[i, j] (+)= sum_p a[i, p] * w[j, p] for i < m, j < n, p < k. With a bf16 w, a is

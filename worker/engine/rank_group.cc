@@ -50,12 +50,15 @@ DispatcherFactory EpDispatcherFactory() {
 }
 
 // One rank's state. Members are declared so that they are destroyed in dependency order
-// (engine, then pool, model, backend, communicator).
+// (engine, then pool, model, data-plane communicator, backend, TCP communicator).
 struct RankGroup::Rank {
   int global = 0;
   RequestQueue queue;
   std::unique_ptr<comm::TcpCommunicator> comm;
   std::unique_ptr<Backend> backend;
+  // The NCCL communicator when the data plane is NCCL (uses the backend's stream); null for TCP,
+  // whose exchange runs over `comm`.
+  std::unique_ptr<comm::Communicator> data_comm;
   std::unique_ptr<DeepseekV3Model> model;
   std::unique_ptr<KvBlockPool> pool;
   std::unique_ptr<Engine> engine;
@@ -192,6 +195,36 @@ bool RankGroup::FormRank(int local) {
     return false;
   }
   r.backend = std::move(*backend);
+  // Only an expert-parallel dispatcher exchanges tokens; the others need no data plane.
+  absl::StatusOr<comm::DataPlane> plane =
+      options_.dispatcher.partitioned
+          ? comm::ResolveDataPlane(options_.communicator, options_.backend, layout_.world_size)
+          : comm::DataPlane::kTcp;
+  if (!plane.ok()) {
+    Fail(r.global, plane.status());
+    return false;
+  }
+  comm::Communicator* comm = r.comm.get();
+  if (*plane == comm::DataPlane::kNccl) {
+    auto nccl = comm::FormNcclCommunicator(r.comm.get(), backend_options.cuda_device,
+                                           r.backend->native_stream(), options_.collective_timeout);
+    if (!nccl.ok()) {
+      Fail(r.global, nccl.status());
+      return false;
+    }
+    absl::MutexLock lock(&mu_);
+    r.data_comm = std::move(*nccl);
+    comms_.push_back(r.data_comm.get());
+    if (stopping_ || status_ == GROUP_FAILED) {
+      r.data_comm->Abort(absl::CancelledError("group stopped while forming"));
+      return false;
+    }
+    comm = r.data_comm.get();
+  }
+  if (r.global == layout_.first_rank) {
+    LOG(INFO) << "group generation " << layout_.generation << ": expert exchange over "
+              << comm::DataPlaneName(*plane);
+  }
   const ModelConfig& config = options_.model->config;
   const ExpertRange range = ExpertsOf(config.n_routed_experts, layout_.world_size, r.global);
   LoadOptions load;
@@ -218,7 +251,6 @@ bool RankGroup::FormRank(int local) {
       return false;
     }
   }
-  comm::Communicator* comm = r.comm.get();
   ExpertDispatcherFactory make = [this, comm, range](const ModelConfig& c, const ModelWeights& w,
                                                      Backend* b) {
     return options_.dispatcher.make(comm, range, c, w, b);

@@ -7,8 +7,10 @@
 //      with an empty batch when its dispatcher exchanges tokens, so the MoE all-to-alls of
 //      all ranks match); otherwise every rank sleeps on its RequestQueue for up to idle_wait
 //      (a new request wakes it) and loops.
-// Forming: each rank joins the TcpCommunicator group, loads its weights (with a partitioned
-// dispatcher only its contiguous range of routed experts: E / world_size from
+// Forming: each rank joins the TcpCommunicator group (the control plane: the agreement above,
+// barriers), opens its backend, with an NCCL data plane forms the NCCL group over it
+// (comm/data_plane.h; the expert exchange then runs GPU to GPU), loads its weights (with a
+// partitioned dispatcher only its contiguous range of routed experts: E / world_size from
 // global_rank * E / world_size), then a barrier; after that the group is SERVING.
 //
 // Any failure (a collective failed because a peer died or aborted, a rank could not load)
@@ -38,6 +40,7 @@
 #include "proto/common.pb.h"
 #include "proto/worker.pb.h"
 #include "worker/backend/backend.h"
+#include "worker/comm/data_plane.h"
 #include "worker/comm/tcp_communicator.h"
 #include "worker/engine/engine.h"
 #include "worker/engine/model_files.h"
@@ -91,6 +94,10 @@ struct RankGroupOptions {
   int32_t max_batch_tokens = 2048;
   int32_t max_running = 256;
   DispatcherFactory dispatcher = LocalDispatcherFactory();
+  // What carries the expert-parallel exchange (--communicator): auto is NCCL for a cuda
+  // backend, a partitioned dispatcher and more than one rank in the group; TCP otherwise. The
+  // TCP group is formed in every case: it carries the lock-step agreement and NCCL's bootstrap.
+  comm::DataPlaneChoice communicator = comm::DataPlaneChoice::kAuto;
   // Where non-root ranks accept their peers (TcpCommunicatorSpec::listen_host).
   std::string listen_host = "127.0.0.1";
   // Bound on forming the group and on each collective (a rank waits this long for a peer

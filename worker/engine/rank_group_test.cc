@@ -186,6 +186,33 @@ TEST_F(RankGroupTest, TwoExpertParallelRanksEqualOneRank) {
   ExpectTwoRanksEqualOneRank();
 }
 
+TEST_F(RankGroupTest, NcclOnTheCpuBackendFailsTheGroupWithAClearError) {
+  options_.dispatcher = EpDispatcherFactory();
+  options_.communicator = comm::DataPlaneChoice::kNccl;  // backend stays "cpu"
+  auto root = comm::TcpCommunicator::ListenRoot("127.0.0.1:0");
+  ASSERT_TRUE(root.ok()) << root.status();
+  GroupLayout layout;
+  layout.generation = 3;
+  layout.group_incarnation = 0x77;
+  layout.world_size = 2;
+  layout.num_ranks = 2;
+  layout.root_address = root->address;
+  Collector results;
+  auto group = RankGroup::Create(
+      options_, layout, std::make_unique<comm::TcpCommunicator::RootListener>(std::move(*root)),
+      results.Sink());
+  ASSERT_TRUE(group.ok()) << group.status();
+  (*group)->Start();
+  EXPECT_EQ((*group)->AwaitFormed(), GROUP_FAILED);
+  EXPECT_THAT((*group)->error(), ::testing::HasSubstr("nccl needs the cuda backend"));
+}
+
+TEST_F(RankGroupTest, TwoExpertParallelRanksOverAnExplicitTcpDataPlaneEqualOneRank) {
+  options_.dispatcher = EpDispatcherFactory();
+  options_.communicator = comm::DataPlaneChoice::kTcp;
+  ExpectTwoRanksEqualOneRank();
+}
+
 void RankGroupTest::ExpectTwoRanksEqualOneRank() {
   Collector one;
   {

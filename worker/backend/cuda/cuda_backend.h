@@ -99,6 +99,7 @@ class CudaBackend : public Backend {
 
   int device() const { return device_; }
   cudaStream_t stream() const { return stream_; }
+  void* native_stream() const override { return stream_; }
   // Bytes the allocator holds from the driver now and at most (cudaMemPoolAttrReserved*).
   absl::StatusOr<size_t> ReservedBytes(bool high_water_mark) const;
 
