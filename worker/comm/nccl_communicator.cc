@@ -468,14 +468,20 @@ absl::StatusOr<std::vector<size_t>> NcclCommunicator::DoAllToAllSizes(
                     return NcclError(absl::StrCat(name, ", from rank ", r), "ncclRecv", e, comm);
                   }
                 }
-                if (cudaError_t e = cudaMemcpyAsync(sizes_host_ + n, sizes_device_ + n,
-                                                    n * sizeof(int64_t), cudaMemcpyDeviceToHost, s);
-                    e != cudaSuccess) {
-                  return CudaError(name, "cudaMemcpyAsync", e);
-                }
                 return absl::OkStatus();
               });
   if (!st.ok()) return st;
+  // The copy back is issued after the group has ended: CUDA calls made inside a group run at
+  // once, while the group's sends and receives are launched by ncclGroupEnd, so a copy issued
+  // inside it would read the receive buffer before anything arrived.
+  {
+    ScopedDevice device(spec_.device);
+    if (cudaError_t e = cudaMemcpyAsync(sizes_host_ + n, sizes_device_ + n, n * sizeof(int64_t),
+                                        cudaMemcpyDeviceToHost, static_cast<cudaStream_t>(stream));
+        e != cudaSuccess) {
+      return Fail(CudaError("AllToAllSizes", "cudaMemcpyAsync", e));
+    }
+  }
   if (absl::Status w = WaitStream("AllToAllSizes", stream); !w.ok()) return w;
   std::vector<size_t> recv(n);
   for (int r = 0; r < n; ++r) {
