@@ -23,6 +23,7 @@ tests=(
   //kernels/activation:elementwise_test
   //kernels/attention:mla_attention_test
   //kernels/embedding:rows_test
+  //kernels/moe:expert_counts_test
   //kernels/moe:noaux_tc_router_test
   //kernels/norm:rms_norm_test
   //kernels/rope:rope_test
