@@ -30,7 +30,7 @@ DispatcherFactory EpDispatcherFactory() {
     if (comm->world_size() == 1) return MakeLocalExpertDispatcher(config, weights, backend);
     auto d = EpExpertDispatcher::Create(comm, backend, config.n_routed_experts, config.hidden_size);
     if (!d.ok()) return d.status();
-    const std::vector<int64_t>& local = (*d)->local_experts();
+    const std::vector<int64_t>& local = (*d)->local_experts(0);
     // The weights were loaded for `range`; the dispatcher must serve exactly those experts.
     if (local.empty() || local.front() != range.first ||
         static_cast<int64_t>(local.size()) != range.count) {

@@ -130,4 +130,28 @@ absl::StatusOr<std::unique_ptr<ModelWeights>> ModelWeights::Load(const ModelConf
   return w;
 }
 
+absl::StatusOr<std::vector<std::map<int64_t, MlpWeights>>> ModelWeights::LoadRoutedExperts(
+    const ModelConfig& c, WeightSource* source, Backend* backend,
+    const std::vector<std::vector<int64_t>>& experts) {
+  Loader ld(source, backend);
+  std::vector<std::map<int64_t, MlpWeights>> out(experts.size());
+  int64_t moe = 0;
+  for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
+    if (!c.IsMoeLayer(l)) continue;
+    if (moe >= static_cast<int64_t>(experts.size())) break;
+    for (int64_t e : experts[moe]) {
+      if (e < 0 || e >= c.n_routed_experts) {
+        return absl::InvalidArgumentError(absl::StrCat("routed expert ", e, " of layer ", l,
+                                                       " is outside the model's ",
+                                                       c.n_routed_experts));
+      }
+      if (out[moe].count(e)) continue;
+      DI_RETURN_IF_ERROR(ld.LoadMlp(absl::StrCat("model.layers.", l, ".mlp.experts.", e, "."),
+                                    c.hidden_size, c.moe_intermediate_size, &out[moe][e]));
+    }
+    ++moe;
+  }
+  return out;
+}
+
 }  // namespace deepinfer

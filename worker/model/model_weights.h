@@ -54,6 +54,12 @@ class ModelWeights {
                                                             WeightSource* source, Backend* backend,
                                                             const LoadOptions& options);
 
+  // Routed experts only, for a live EPLB placement change: per MoE layer (0 = the first MoE
+  // layer), the experts listed in `experts[moe_layer]`. The source's errors as they are.
+  static absl::StatusOr<std::vector<std::map<int64_t, MlpWeights>>> LoadRoutedExperts(
+      const ModelConfig& config, WeightSource* source, Backend* backend,
+      const std::vector<std::vector<int64_t>>& experts);
+
   std::unique_ptr<DeviceBuffer> embed;  // [vocab, hidden]
   std::unique_ptr<DeviceBuffer> final_norm;
   std::unique_ptr<DeviceBuffer> lm_head;  // [vocab, hidden]
