@@ -90,6 +90,16 @@ class WorkerServer::Service final : public WorkerService::CallbackService {
     return reactor;
   }
 
+  grpc::ServerUnaryReactor* SetExpertPlacement(grpc::CallbackServerContext* context,
+                                               const SetExpertPlacementRequest* request,
+                                               SetExpertPlacementResponse* response) override {
+    grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+    absl::Status s = Admit(*context, request->coordinator_incarnation());
+    if (s.ok()) s = owner_->controller_->SetPlacement(*request);
+    reactor->Finish(ToGrpc(s));
+    return reactor;
+  }
+
   grpc::ServerUnaryReactor* CancelRequests(grpc::CallbackServerContext* context,
                                            const CancelRequestsRequest* request,
                                            CancelRequestsResponse* response) override {
@@ -159,6 +169,7 @@ absl::StatusOr<std::unique_ptr<WorkerServer>> WorkerServer::Start(WorkerConfig c
     options.group.collective_timeout = e.collective_timeout;
     options.group.listen_host = wildcard ? "0.0.0.0" : config.host;
     options.group.dispatcher = e.expert_parallel ? EpDispatcherFactory() : LocalDispatcherFactory();
+    options.placement = e.placement;
     ResultOutbox* outbox = self->outbox_.get();
     self->controller_ = std::make_unique<GroupController>(
         std::move(options), [outbox](std::vector<RequestResult> r) { outbox->Add(std::move(r)); });

@@ -39,6 +39,8 @@ struct WorkerEngineConfig {
   bool expert_parallel = true;
   // "cpu" or "cuda" (one rank per GPU).
   std::string backend = "cpu";
+  // EPLB placement (--expert-placement) for groups the coordinator configures without one.
+  std::shared_ptr<const ExpertPlacement> placement;
 };
 
 struct WorkerConfig {
