@@ -46,6 +46,11 @@ class FakeWorkers : public WorkerChannel {
     return absl::OkStatus();
   }
 
+  absl::Status SetExpertPlacement(const std::string& address,
+                                  const SetExpertPlacementRequest& request) override {
+    return absl::UnimplementedError("not used here");
+  }
+
   // Waits until at least `n` items were submitted in total (since the last Take).
   std::vector<std::pair<std::string, WorkItem>> Take(size_t n) {
     absl::MutexLock lock(&mu_);

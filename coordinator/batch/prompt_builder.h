@@ -25,6 +25,8 @@ struct ModelLimits {
   // Routed experts per MoE layer (0 for a dense model); the expert-parallel world size
   // must divide it.
   int64_t routed_experts = 0;
+  // Expert groups of the router (n_group), for EPLB's hierarchical placement.
+  int64_t expert_groups = 1;
 };
 
 class PromptBuilder {
