@@ -438,14 +438,17 @@ void RankGroup::RunRank(int local) {
         ready = static_cast<int64_t>(*staged);
       }
       // One round agrees on both: does anyone have work, and which placement epoch has every
-      // rank ready (max of ready and of -ready: the newest and the oldest).
+      // rank ready (max of ready and of -ready: the newest and the oldest). Groups without
+      // placements agree on the first only.
       int64_t agree[3] = {r.engine->HasWork() ? 1 : 0, ready, -ready};
-      if (absl::Status s = r.comm->AllReduce(agree, agree, 3, comm::ReduceOp::kMax); !s.ok()) {
+      if (absl::Status s = r.comm->AllReduce(agree, agree, placements ? 3 : 1,
+                                             comm::ReduceOp::kMax);
+          !s.ok()) {
         Fail(r.global, s);
         break;
       }
       const int64_t any = agree[0];
-      if (agree[1] == -agree[2] && agree[1] > static_cast<int64_t>(r.epoch)) {
+      if (placements && agree[1] == -agree[2] && agree[1] > static_cast<int64_t>(r.epoch)) {
         if (absl::Status s = SwitchPlacement(local); !s.ok()) {
           Fail(r.global, s);
           break;
