@@ -82,13 +82,12 @@ grpc::ServerUnaryReactor* AdminServiceImpl::Rebalance(grpc::CallbackServerContex
   if (!policy.ok()) return Finish(context, ToGrpcStatus(policy.status()));
   const GroupView group = jobs_->group();
   if (!group.serving || group.world_size < 2) {
-    return Finish(context,
-                  grpc::Status(grpc::StatusCode::FAILED_PRECONDITION,
-                               group.serving ? "the group has one rank: nothing to balance"
-                                             : "no serving expert-parallel group"));
+    return Finish(context, grpc::Status(grpc::StatusCode::FAILED_PRECONDITION,
+                                        group.serving ? "the group has one rank: nothing to balance"
+                                                      : "no serving expert-parallel group"));
   }
-  absl::StatusOr<ExpertBalancer::Plan> plan = balancer_->PlanFor(
-      *policy, group.world_size, static_cast<int>(group.members.size()));
+  absl::StatusOr<ExpertBalancer::Plan> plan =
+      balancer_->PlanFor(*policy, group.world_size, static_cast<int>(group.members.size()));
   if (!plan.ok()) return Finish(context, ToGrpcStatus(plan.status()));
   response->set_report(plan->report);
   response->set_placement_json(PlacementToJson(*plan->placement));

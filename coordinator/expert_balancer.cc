@@ -39,15 +39,14 @@ ExpertPlacementSpec ExpertBalancer::SpecForGroup(int world_size) const {
   absl::MutexLock lock(&mu_);
   if (current_ == nullptr || world_size <= 1) return ExpertPlacementSpec();
   if (absl::Status st = current_->CheckGpuCount(world_size); !st.ok()) {
-    LOG(WARNING) << "expert placement epoch " << epoch_ << " left out of a group of "
-                 << world_size << " ranks: " << st.message();
+    LOG(WARNING) << "expert placement epoch " << epoch_ << " left out of a group of " << world_size
+                 << " ranks: " << st.message();
     return ExpertPlacementSpec();
   }
   return PlacementToProto(*current_, epoch_);
 }
 
-absl::StatusOr<ExpertBalancer::Plan> ExpertBalancer::PlanFor(PlacementPolicy policy,
-                                                             int world_size,
+absl::StatusOr<ExpertBalancer::Plan> ExpertBalancer::PlanFor(PlacementPolicy policy, int world_size,
                                                              int num_nodes) const {
   ExpertLoadWindow::Snapshot s = window_.Get();
   if (s.num_steps == 0 || s.loads.empty()) {
@@ -78,13 +77,14 @@ absl::StatusOr<ExpertBalancer::Plan> ExpertBalancer::PlanFor(PlacementPolicy pol
           ? BalanceReport::ForPlacement(*current, s.loads, world_size)
           : BalanceReport::ForContiguous(s.loads, world_size);
   if (!before.ok()) return before.status();
-  absl::StatusOr<BalanceReport> after = BalanceReport::ForPlacement(*placement, s.loads, world_size);
+  absl::StatusOr<BalanceReport> after =
+      BalanceReport::ForPlacement(*placement, s.loads, world_size);
   if (!after.ok()) return after.status();
   Plan plan;
   plan.report = absl::StrCat(
-      "policy ", PlacementPolicyName(EffectivePolicy(pc)), "; window of ", s.num_steps,
-      " steps; ", s.loads.size(), " MoE layers, ", config_.num_logical, " logical experts, ",
-      pc.num_physical, " physical, ", world_size, " GPUs on ", pc.num_nodes, " node(s)\n",
+      "policy ", PlacementPolicyName(EffectivePolicy(pc)), "; window of ", s.num_steps, " steps; ",
+      s.loads.size(), " MoE layers, ", config_.num_logical, " logical experts, ", pc.num_physical,
+      " physical, ", world_size, " GPUs on ", pc.num_nodes, " node(s)\n",
       "tokens per GPU, before (", current != nullptr ? "current placement" : "experts in order",
       ") and after:\n", FormatBalanceComparison(*before, *after));
   plan.imbalance_before = before->imbalance();

@@ -446,15 +446,15 @@ void JobManager::ApplyPlacement(std::shared_ptr<const ExpertPlacement> placement
   placement_changes_.push_back({std::move(placement), generation, std::move(done)});
 }
 
-absl::StatusOr<uint64_t> JobManager::SendPlacement(
-    std::shared_ptr<const ExpertPlacement> placement, uint64_t generation) {
+absl::StatusOr<uint64_t> JobManager::SendPlacement(std::shared_ptr<const ExpertPlacement> placement,
+                                                   uint64_t generation) {
   std::vector<Member> members;
   {
     absl::MutexLock lock(&mu_);
     if (group_.generation != generation || !group_.serving) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          "group generation ", generation, " is not serving any more (now generation ",
-          group_.generation, group_.serving ? ", serving)" : ", not serving)"));
+      return absl::FailedPreconditionError(
+          absl::StrCat("group generation ", generation, " is not serving any more (now generation ",
+                       group_.generation, group_.serving ? ", serving)" : ", not serving)"));
     }
     members = group_.members;
   }
@@ -505,8 +505,8 @@ void JobManager::ChangePlacements() {
     balancer_->MarkChecked();
     return;
   }
-  LOG(INFO) << "automatic rebalance: max/mean tokens per GPU " << plan->imbalance_before
-            << " -> " << plan->imbalance_after << "\n"
+  LOG(INFO) << "automatic rebalance: max/mean tokens per GPU " << plan->imbalance_before << " -> "
+            << plan->imbalance_after << "\n"
             << plan->report;
   absl::StatusOr<uint64_t> epoch = SendPlacement(plan->placement, generation);
   if (!epoch.ok()) LOG(WARNING) << "automatic rebalance: " << epoch.status();

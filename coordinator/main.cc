@@ -10,10 +10,10 @@
 #include "absl/strings/numbers.h"
 #include "absl/time/time.h"
 #include "coordinator/cli/flag_set.h"
+#include "coordinator/coordinator_server.h"
 #include "coordinator/eplb/placement_json.h"
 #include "coordinator/eplb/placement_planner.h"
 #include "coordinator/eplb/redundant_experts.h"
-#include "coordinator/coordinator_server.h"
 #include "coordinator/rpc/auth.h"
 #include "coordinator/rpc/daemon.h"
 #include "glog/logging.h"
@@ -140,8 +140,7 @@ int main(int argc, char** argv) {
                 << "\n";
       return 2;
     }
-    config.eplb.initial =
-        std::make_shared<const deepinfer::ExpertPlacement>(std::move(*placement));
+    config.eplb.initial = std::make_shared<const deepinfer::ExpertPlacement>(std::move(*placement));
   }
   config.heartbeat_interval = absl::Milliseconds(heartbeat_interval_ms);
   config.heartbeat_timeout = absl::Milliseconds(heartbeat_timeout_ms);

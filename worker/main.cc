@@ -139,8 +139,7 @@ int main(int argc, char** argv) {
     absl::StatusOr<deepinfer::ExpertPlacement> placement =
         deepinfer::ReadPlacementFile(expert_placement);
     if (!placement.ok()) {
-      std::cerr << "deepinfer-worker: --expert-placement: " << placement.status().message()
-                << "\n";
+      std::cerr << "deepinfer-worker: --expert-placement: " << placement.status().message() << "\n";
       return 2;
     }
     config.engine.placement =

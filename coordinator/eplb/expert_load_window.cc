@@ -10,14 +10,13 @@ namespace deepinfer {
 ExpertLoadWindow::ExpertLoadWindow(int64_t window_steps)
     : window_steps_(std::max<int64_t>(1, window_steps)) {}
 
-absl::Status ExpertLoadWindow::Add(int rank, uint64_t generation, int64_t num_steps,
-                                   int num_layers, int num_experts,
-                                   const std::vector<int64_t>& counts) {
+absl::Status ExpertLoadWindow::Add(int rank, uint64_t generation, int64_t num_steps, int num_layers,
+                                   int num_experts, const std::vector<int64_t>& counts) {
   if (num_steps < 0 || num_layers < 1 || num_experts < 1 ||
       counts.size() != static_cast<size_t>(num_layers) * num_experts) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "expert load report of rank ", rank, ": ", counts.size(), " counts for ", num_layers,
-        " layers x ", num_experts, " experts over ", num_steps, " steps"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("expert load report of rank ", rank, ": ", counts.size(), " counts for ",
+                     num_layers, " layers x ", num_experts, " experts over ", num_steps, " steps"));
   }
   for (int64_t c : counts) {
     if (c < 0) {

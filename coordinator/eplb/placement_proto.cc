@@ -36,9 +36,9 @@ absl::StatusOr<ExpertPlacement> PlacementFromProto(const ExpertPlacementSpec& sp
     const ExpertPlacementLayer& layer = spec.layers(l);
     const int width = layer.replica_width();
     if (E <= 0 || width <= 0 || layer.log2phy_size() != static_cast<int64_t>(E) * width) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("expert placement layer ", l, ": log2phy has ", layer.log2phy_size(),
-                       " entries, expected ", E, " logical experts x replica width ", width));
+      return absl::InvalidArgumentError(absl::StrCat("expert placement layer ", l, ": log2phy has ",
+                                                     layer.log2phy_size(), " entries, expected ", E,
+                                                     " logical experts x replica width ", width));
     }
     phy2log.emplace_back(layer.phy2log().begin(), layer.phy2log().end());
     log2phy.emplace_back(E);

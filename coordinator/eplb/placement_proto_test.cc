@@ -11,8 +11,7 @@ using ::testing::HasSubstr;
 
 TEST(PlacementProtoTest, RoundTripKeepsReplicaOrder) {
   // Expert 1 has replicas in slots 3 and 0, in that order.
-  auto p = ExpertPlacement::FromTables({{1, 0, 2, 1}}, {{{1, -1}, {3, 0}, {2, -1}}},
-                                       {{1, 2, 1}});
+  auto p = ExpertPlacement::FromTables({{1, 0, 2, 1}}, {{{1, -1}, {3, 0}, {2, -1}}}, {{1, 2, 1}});
   ASSERT_TRUE(p.ok()) << p.status();
   ExpertPlacementSpec spec = PlacementToProto(*p, 7);
   EXPECT_EQ(spec.epoch(), 7u);

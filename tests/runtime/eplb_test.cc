@@ -132,8 +132,8 @@ class Cluster {
     address_ = absl::StrCat("127.0.0.1:", port);
     client_.emplace(CoordinatorClientOptions{address_, "", "test", absl::Seconds(30)});
     for (int i = 0; i < 2; ++i) {
-      std::vector<std::string> w = {Runfile("worker/deepinfer-worker"),
-                                    "--coordinator=" + address_, std::string("--model=") + kModel,
+      std::vector<std::string> w = {Runfile("worker/deepinfer-worker"), "--coordinator=" + address_,
+                                    std::string("--model=") + kModel,
                                     absl::StrCat("--worker-id=w", i), "--threads=1",
                                     // Few sequences per step: a longer job, so that the
                                     // rebalance test switches well before its end.
@@ -232,10 +232,10 @@ TEST_F(EplbTest, LiveRebalanceMidJobKeepsTokensAndLosesNothing) {
         return load.ok() && load->num_steps() > 0 && load->num_gpus() == 2;
       },
       absl::Seconds(60)));
-  auto before = RunCommand({Runfile("tools/admin/deepinfer-admin"), "expert-load",
-                            "--coordinator=" + address_, "--save=" + TempPath("loads.json"),
-                            "--plot=" + TempPath("loads.png")},
-                           TempPath("expert-load"), absl::Seconds(60));
+  auto before = RunCommand(
+      {Runfile("tools/admin/deepinfer-admin"), "expert-load", "--coordinator=" + address_,
+       "--save=" + TempPath("loads.json"), "--plot=" + TempPath("loads.png")},
+      TempPath("expert-load"), absl::Seconds(60));
   ASSERT_TRUE(before.ok()) << before.status();
   EXPECT_EQ(before->exit_code, 0) << before->err;
   EXPECT_THAT(before->out, HasSubstr("experts in order, no placement"));

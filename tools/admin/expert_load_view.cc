@@ -36,8 +36,7 @@ absl::StatusOr<ExpertLoads> LoadsFromResponse(const GetExpertLoadResponse& r) {
   const int L = r.num_layers(), E = r.num_experts();
   if (L < 1 || E < 1 || r.loads_size() != static_cast<int64_t>(L) * E) {
     return absl::InvalidArgumentError(absl::StrCat("expert load response has ", r.loads_size(),
-                                                   " loads for ", L, " layers x ", E,
-                                                   " experts"));
+                                                   " loads for ", L, " layers x ", E, " experts"));
   }
   ExpertLoads loads(L, std::vector<double>(E));
   for (int l = 0; l < L; ++l) {
@@ -64,12 +63,13 @@ absl::StatusOr<BalanceReport> GpuLoads(const GetExpertLoadResponse& r) {
 absl::StatusOr<std::string> FormatExpertLoadTable(const GetExpertLoadResponse& r) {
   absl::StatusOr<BalanceReport> report = GpuLoads(r);
   if (!report.ok()) return report.status();
-  std::string out = absl::StrCat(
-      "expert load: last ", r.num_steps(), " steps (window ", r.window_steps(), "), ",
-      r.num_layers(), " MoE layers x ", r.num_experts(), " experts, ", r.num_gpus(),
-      " GPUs; layout: ", LayoutName(r), "\ntokens per GPU:\n");
+  std::string out =
+      absl::StrCat("expert load: last ", r.num_steps(), " steps (window ", r.window_steps(), "), ",
+                   r.num_layers(), " MoE layers x ", r.num_experts(), " experts, ", r.num_gpus(),
+                   " GPUs; layout: ", LayoutName(r), "\ntokens per GPU:\n");
   absl::StrAppendFormat(&out, "%-8s", "layer");
-  for (int g = 0; g < r.num_gpus(); ++g) absl::StrAppendFormat(&out, " %10s", absl::StrCat("gpu", g));
+  for (int g = 0; g < r.num_gpus(); ++g)
+    absl::StrAppendFormat(&out, " %10s", absl::StrCat("gpu", g));
   absl::StrAppendFormat(&out, " %12s %12s %9s\n", "max", "mean", "max/mean");
   for (size_t l = 0; l < report->layers().size(); ++l) {
     const BalanceReport::Layer& layer = report->layers()[l];
@@ -93,7 +93,8 @@ absl::StatusOr<std::string> RenderExpertLoadPng(const GetExpertLoadResponse& r) 
   const int cell_w = std::max(4, 512 / gpus), cell_h = std::max(2, std::min(24, 480 / layers));
   const int width = gpus * cell_w, height = layers * (cell_h + 1);
   double peak = 0;
-  for (const BalanceReport::Layer& layer : report->layers()) peak = std::max(peak, layer.max_tokens);
+  for (const BalanceReport::Layer& layer : report->layers())
+    peak = std::max(peak, layer.max_tokens);
   std::vector<uint8_t> rgb(static_cast<size_t>(width) * height * 3, 255);
   for (int l = 0; l < layers; ++l) {
     for (int g = 0; g < gpus; ++g) {

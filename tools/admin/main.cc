@@ -12,8 +12,8 @@
 #include "coordinator/cli/flag_set.h"
 #include "coordinator/cli/subcommands.h"
 #include "coordinator/client/coordinator_client.h"
-#include "coordinator/rpc/auth.h"
 #include "coordinator/eplb/expert_loads.h"
+#include "coordinator/rpc/auth.h"
 #include "tools/admin/cluster_status_format.h"
 #include "tools/admin/expert_load_view.h"
 #include "tools/admin/plan_command.h"
@@ -152,12 +152,13 @@ int Plan(const std::vector<std::string>& args) {
 int ExpertLoad(const std::vector<std::string>& args) {
   ConnectionFlags connection;
   std::string save, plot;
-  FlagSet flags("deepinfer-admin expert-load [--coordinator HOST:PORT] [--save F.json] "
-                "[--plot F.png] [flags]",
-                "Shows the coordinator's window of expert load statistics (the last\n"
-                "--eplb-window-steps steps of the group): tokens per GPU per MoE layer under\n"
-                "the layout the group runs, max, mean and max/mean. Exits 1 if the coordinator\n"
-                "cannot be reached or has no statistics yet.");
+  FlagSet flags(
+      "deepinfer-admin expert-load [--coordinator HOST:PORT] [--save F.json] "
+      "[--plot F.png] [flags]",
+      "Shows the coordinator's window of expert load statistics (the last\n"
+      "--eplb-window-steps steps of the group): tokens per GPU per MoE layer under\n"
+      "the layout the group runs, max, mean and max/mean. Exits 1 if the coordinator\n"
+      "cannot be reached or has no statistics yet.");
   connection.AddTo(flags);
   flags.AddString("save", &save,
                   "Also write the per-layer logical expert loads as JSON (what `plan --load` "
@@ -213,14 +214,15 @@ int Rebalance(const std::vector<std::string>& args) {
   std::string policy = "auto";
   bool dry_run = false;
   std::string save;
-  FlagSet flags("deepinfer-admin rebalance [--coordinator HOST:PORT] "
-                "[--policy auto|hierarchical|global] [--dry-run] [flags]",
-                "Plans an expert placement (EPLB) from the coordinator's load window for the\n"
-                "serving group, prints max/mean tokens per GPU before (the layout running now)\n"
-                "and after, per layer and overall, and -- unless --dry-run -- applies it: the\n"
-                "ranks load the expert weights they now need and switch together between two\n"
-                "steps; no request is dropped. Exits 1 when the coordinator refuses (no group,\n"
-                "no statistics, sizes that do not work: the message says which).");
+  FlagSet flags(
+      "deepinfer-admin rebalance [--coordinator HOST:PORT] "
+      "[--policy auto|hierarchical|global] [--dry-run] [flags]",
+      "Plans an expert placement (EPLB) from the coordinator's load window for the\n"
+      "serving group, prints max/mean tokens per GPU before (the layout running now)\n"
+      "and after, per layer and overall, and -- unless --dry-run -- applies it: the\n"
+      "ranks load the expert weights they now need and switch together between two\n"
+      "steps; no request is dropped. Exits 1 when the coordinator refuses (no group,\n"
+      "no statistics, sizes that do not work: the message says which).");
   connection.AddTo(flags);
   flags.AddString("policy", &policy, "auto, hierarchical or global.");
   flags.AddBool("dry-run", &dry_run, "Plan and print, change nothing.");

@@ -28,8 +28,7 @@ TEST(PngWriterTest, ChecksumsMatchPublishedCheckValues) {
   std::string bytes;
   for (int i = 0; i < 100000; ++i) bytes.push_back(static_cast<char>((i * 131 + i / 7) & 0xFF));
   EXPECT_EQ(Crc32(bytes), crc32(0, reinterpret_cast<const Bytef*>(bytes.data()), bytes.size()));
-  EXPECT_EQ(Adler32(bytes),
-            adler32(1, reinterpret_cast<const Bytef*>(bytes.data()), bytes.size()));
+  EXPECT_EQ(Adler32(bytes), adler32(1, reinterpret_cast<const Bytef*>(bytes.data()), bytes.size()));
 }
 
 void ExpectDecodes(int width, int height) {
@@ -67,9 +66,9 @@ void ExpectDecodes(int width, int height) {
   EXPECT_EQ(types, (std::vector<std::string>{"IHDR", "IDAT", "IEND"}));
   std::vector<uint8_t> raw(static_cast<size_t>(height) * (1 + width * 3) + 1);
   uLongf raw_len = raw.size();
-  ASSERT_EQ(uncompress(raw.data(), &raw_len, reinterpret_cast<const Bytef*>(idat.data()),
-                       idat.size()),
-            Z_OK);
+  ASSERT_EQ(
+      uncompress(raw.data(), &raw_len, reinterpret_cast<const Bytef*>(idat.data()), idat.size()),
+      Z_OK);
   ASSERT_EQ(raw_len, static_cast<uLongf>(height) * (1 + width * 3));
   for (int y = 0; y < height; ++y) {
     const uint8_t* row = raw.data() + static_cast<size_t>(y) * (1 + width * 3);

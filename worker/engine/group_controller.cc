@@ -135,13 +135,13 @@ absl::Status GroupController::SetPlacement(const SetExpertPlacementRequest& requ
   if (!placement.ok()) return placement.status();
   absl::MutexLock lock(&mu_);
   if (current_ == nullptr || current_->layout().generation != request.generation()) {
-    return absl::FailedPreconditionError(
-        absl::StrCat("expert placement for group generation ", request.generation(),
-                     ", which is not this worker's group"));
+    return absl::FailedPreconditionError(absl::StrCat("expert placement for group generation ",
+                                                      request.generation(),
+                                                      ", which is not this worker's group"));
   }
   if (current_->status() == GROUP_FAILED) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "group generation ", request.generation(), " failed: ", current_->error()));
+    return absl::FailedPreconditionError(
+        absl::StrCat("group generation ", request.generation(), " failed: ", current_->error()));
   }
   return current_->SetPlacement(std::make_shared<const ExpertPlacement>(std::move(*placement)),
                                 request.placement().epoch());

@@ -244,8 +244,8 @@ absl::StatusOr<uint64_t> RankGroup::StagePlacement(int local) {
     if (!loaded.ok()) return loaded.status();
     int64_t count = 0;
     for (const auto& layer : *loaded) count += static_cast<int64_t>(layer.size());
-    LOG(INFO) << "rank " << r.global << ": expert placement epoch " << epoch << " staged ("
-              << count << " expert weights loaded)";
+    LOG(INFO) << "rank " << r.global << ": expert placement epoch " << epoch << " staged (" << count
+              << " expert weights loaded)";
     r.staged = std::move(placement);
     r.staged_epoch = epoch;
     r.staged_needed = std::move(needed);
@@ -259,8 +259,7 @@ absl::Status RankGroup::SwitchPlacement(int local) {
   if (r.staged == nullptr) {
     return absl::InternalError("the group agreed on a placement this rank has not staged");
   }
-  absl::Status st =
-      r.model->SwitchPlacement(r.staged, r.staged_needed, std::move(r.staged_loaded));
+  absl::Status st = r.model->SwitchPlacement(r.staged, r.staged_needed, std::move(r.staged_loaded));
   if (!st.ok()) return st;
   r.staged = nullptr;
   r.staged_needed.clear();
@@ -370,8 +369,8 @@ bool RankGroup::FormRank(int local) {
     };
   }
   comm::Communicator* comm = r.comm.get();
-  ExpertDispatcherFactory make = [this, comm, range, placement](
-                                     const ModelConfig& c, const ModelWeights& w, Backend* b) {
+  ExpertDispatcherFactory make = [this, comm, range, placement](const ModelConfig& c,
+                                                                const ModelWeights& w, Backend* b) {
     return options_.dispatcher.make(comm, range, placement, c, w, b);
   };
   auto model = LoadDeepseekV3(options_.model->spec, r.backend.get(), load, make);
@@ -441,8 +440,8 @@ void RankGroup::RunRank(int local) {
       // rank ready (max of ready and of -ready: the newest and the oldest). Groups without
       // placements agree on the first only.
       int64_t agree[3] = {r.engine->HasWork() ? 1 : 0, ready, -ready};
-      if (absl::Status s = r.comm->AllReduce(agree, agree, placements ? 3 : 1,
-                                             comm::ReduceOp::kMax);
+      if (absl::Status s =
+              r.comm->AllReduce(agree, agree, placements ? 3 : 1, comm::ReduceOp::kMax);
           !s.ok()) {
         Fail(r.global, s);
         break;

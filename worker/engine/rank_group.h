@@ -42,6 +42,7 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "coordinator/eplb/expert_placement.h"
 #include "proto/cluster.pb.h"
 #include "proto/common.pb.h"
 #include "proto/worker.pb.h"
@@ -52,7 +53,6 @@
 #include "worker/engine/request_queue.h"
 #include "worker/kv_cache/kv_block_pool.h"
 #include "worker/model/deepseek_v3_model.h"
-#include "coordinator/eplb/expert_placement.h"
 #include "worker/model/expert_dispatcher.h"
 #include "worker/model/model_weights.h"
 
@@ -72,9 +72,8 @@ struct DispatcherFactory {
   bool partitioned = false;
   // `placement`: the EPLB placement the rank starts with (null: contiguous `range`).
   std::function<absl::StatusOr<std::unique_ptr<ExpertDispatcher>>(
-      comm::Communicator* comm, ExpertRange range,
-      std::shared_ptr<const ExpertPlacement> placement, const ModelConfig& config,
-      const ModelWeights& weights, Backend* backend)>
+      comm::Communicator* comm, ExpertRange range, std::shared_ptr<const ExpertPlacement> placement,
+      const ModelConfig& config, const ModelWeights& weights, Backend* backend)>
       make;
 };
 DispatcherFactory LocalDispatcherFactory();

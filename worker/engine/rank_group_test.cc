@@ -343,7 +343,8 @@ TEST_F(RankGroupTest, RefusesPlacementsThatDoNotFit) {
   options_.dispatcher = EpDispatcherFactory();
   auto ep = RankGroup::Create(options_, layout, nullptr, Collector().Sink());
   ASSERT_TRUE(ep.ok());
-  auto nine = ExpertPlacement::FromPhy2Log({{0, 1, 2, 3, 4, 5, 6, 7, 0}, {0, 1, 2, 3, 4, 5, 6, 7, 1}}, 8);
+  auto nine =
+      ExpertPlacement::FromPhy2Log({{0, 1, 2, 3, 4, 5, 6, 7, 0}, {0, 1, 2, 3, 4, 5, 6, 7, 1}}, 8);
   ASSERT_TRUE(nine.ok());
   absl::Status st = (*ep)->SetPlacement(std::make_shared<const ExpertPlacement>(*nine), 1);
   EXPECT_TRUE(absl::IsInvalidArgument(st)) << st;

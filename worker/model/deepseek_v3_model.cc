@@ -94,18 +94,16 @@ std::vector<std::vector<int64_t>> DeepseekV3Model::MissingExperts(
   return missing;
 }
 
-absl::Status DeepseekV3Model::SwitchPlacement(
-    std::shared_ptr<const ExpertPlacement> placement,
-    const std::vector<std::vector<int64_t>>& needed,
-    std::vector<std::map<int64_t, MlpWeights>> loaded) {
+absl::Status DeepseekV3Model::SwitchPlacement(std::shared_ptr<const ExpertPlacement> placement,
+                                              const std::vector<std::vector<int64_t>>& needed,
+                                              std::vector<std::map<int64_t, MlpWeights>> loaded) {
   if (dispatcher_ == nullptr) {
     return absl::FailedPreconditionError("expert placement for a model without routed experts");
   }
   if (static_cast<int64_t>(needed.size()) != num_moe_layers_ ||
       static_cast<int64_t>(loaded.size()) != num_moe_layers_) {
     return absl::InvalidArgumentError(absl::StrCat("expert placement for ", needed.size(),
-                                                   " MoE layers, the model has ",
-                                                   num_moe_layers_));
+                                                   " MoE layers, the model has ", num_moe_layers_));
   }
   // Check first, so that a bad switch changes nothing.
   for (int64_t l = 0; l < config_.num_hidden_layers; ++l) {

@@ -118,9 +118,9 @@ absl::Status EpExpertDispatcher::Dispatch(int64_t moe_layer, int64_t num_tokens,
   const int64_t H = hidden_size_;
   const int64_t n = num_tokens * top_k;
   if (placement_ != nullptr && (moe_layer < 0 || moe_layer >= placement_->num_layers())) {
-    return Fail(absl::FailedPreconditionError(
-        absl::StrCat("EpExpertDispatcher: MoE layer ", moe_layer, " is not in the placement (",
-                     placement_->num_layers(), " layers)")));
+    return Fail(absl::FailedPreconditionError(absl::StrCat("EpExpertDispatcher: MoE layer ",
+                                                           moe_layer, " is not in the placement (",
+                                                           placement_->num_layers(), " layers)")));
   }
   // Slots per rank: E / W without a placement (slot = expert), P / W with one.
   const int64_t per =
@@ -157,8 +157,8 @@ absl::Status EpExpertDispatcher::Dispatch(int64_t moe_layer, int64_t num_tokens,
         row_slot[row] = e;
       } else {
         const std::vector<int>& replicas = placement_->log2phy()[moe_layer][e];
-        row_slot[row] = replicas[ChooseReplica(t, comm_->rank(), e,
-                                               static_cast<int64_t>(replicas.size()))];
+        row_slot[row] =
+            replicas[ChooseReplica(t, comm_->rank(), e, static_cast<int64_t>(replicas.size()))];
       }
     }
   }
@@ -233,10 +233,9 @@ absl::Status EpExpertDispatcher::Dispatch(int64_t moe_layer, int64_t num_tokens,
         int32_t local;
         std::memcpy(&local, seg + rows * H + r, sizeof(int32_t));
         if (local < 0 || local >= per) {
-          return Fail(absl::FailedPreconditionError(
-              absl::StrCat("EpExpertDispatcher: rank ", s, " sent a row for local slot ", local,
-                           " but rank ", comm_->rank(), " hosts ", per,
-                           " (the ranks use different placements)")));
+          return Fail(absl::FailedPreconditionError(absl::StrCat(
+              "EpExpertDispatcher: rank ", s, " sent a row for local slot ", local, " but rank ",
+              comm_->rank(), " hosts ", per, " (the ranks use different placements)")));
         }
         arrival_expert[j] = local;
       }

@@ -63,7 +63,7 @@ class EpExpertDispatcher : public ExpertDispatcher {
   // The logical experts global rank `rank` of `world_size` hosts in each layer of `placement`
   // (its slots' experts, in slot order). The placement must divide over world_size.
   static std::vector<std::vector<int64_t>> ExpertsOfRank(const ExpertPlacement& placement,
-                                                          int world_size, int rank);
+                                                         int world_size, int rank);
 
  private:
   EpExpertDispatcher(comm::Communicator* comm, Backend* backend, int64_t num_experts,

@@ -203,7 +203,8 @@ TEST(EpExpertDispatcherTest, CombineAddsInAscendingExpertOrderLikeLocal) {
       status[r] = d.status();
       if (!d.ok()) return;
       DispatchedTokens dt;
-      status[r] = (*d)->Dispatch(0, x.tokens, K, x.hidden.data(), x.ids.data(), x.weights.data(), &dt);
+      status[r] =
+          (*d)->Dispatch(0, x.tokens, K, x.hidden.data(), x.ids.data(), x.weights.data(), &dt);
       if (!status[r].ok()) return;
       std::vector<float> expert_out = ScaledExperts(dt, (*d)->local_experts(0), H);
       ep[r].assign(x.tokens * H, 0.0f);
@@ -411,10 +412,9 @@ void ExpectEpEqualsOneRank(const std::string& fixture, int world,
   std::vector<absl::Status> status(world);
   const int64_t moe_layers = config->num_hidden_layers - config->first_k_dense_replace;
   std::shared_ptr<const ExpertPlacement> placement =
-      mode == PlacementMode::kNone
-          ? nullptr
-          : ReplicaPlacement(static_cast<int>(config->n_routed_experts), world,
-                             static_cast<int>(moe_layers));
+      mode == PlacementMode::kNone ? nullptr
+                                   : ReplicaPlacement(static_cast<int>(config->n_routed_experts),
+                                                      world, static_cast<int>(moe_layers));
   OnAllRanks(world, [&](int r) {
     CpuBackend be(1);
     comm::Communicator* c = group[r].get();
@@ -429,9 +429,8 @@ void ExpectEpEqualsOneRank(const std::string& fixture, int world,
     ExpertDispatcherFactory make =
         [&, c](const ModelConfig& cfg, const ModelWeights& w,
                Backend* b) -> absl::StatusOr<std::unique_ptr<ExpertDispatcher>> {
-      auto d = EpExpertDispatcher::Create(
-          c, b, cfg.n_routed_experts, cfg.hidden_size,
-          mode == PlacementMode::kFromStart ? placement : nullptr);
+      auto d = EpExpertDispatcher::Create(c, b, cfg.n_routed_experts, cfg.hidden_size,
+                                          mode == PlacementMode::kFromStart ? placement : nullptr);
       if (!d.ok()) return d.status();
       return std::unique_ptr<ExpertDispatcher>(std::move(*d));
     };
@@ -453,7 +452,7 @@ void ExpectEpEqualsOneRank(const std::string& fixture, int world,
     };
     status[r] = RunScript(m, &be, seqs, r, steps, &got[r], [&](int step) {
       return mode == PlacementMode::kSwitchLater && step == 2 ? switch_to_placement()
-                                                               : absl::OkStatus();
+                                                              : absl::OkStatus();
     });
   });
   for (int r = 0; r < world; ++r) ASSERT_TRUE(status[r].ok()) << "rank " << r << ": " << status[r];

@@ -46,9 +46,8 @@ class ExpertDispatcher {
   virtual const std::vector<int64_t>& local_experts(int64_t moe_layer) const = 0;
   // hidden [num_tokens, hidden_size]; topk_ids / topk_weights [num_tokens, top_k] (device).
   virtual absl::Status Dispatch(int64_t moe_layer, int64_t num_tokens, int64_t top_k,
-                                const float* hidden,
-                                const int32_t* topk_ids, const float* topk_weights,
-                                DispatchedTokens* out) = 0;
+                                const float* hidden, const int32_t* topk_ids,
+                                const float* topk_weights, DispatchedTokens* out) = 0;
   // expert_out [num_rows, hidden_size] in dispatch order; adds into out [num_tokens, hidden].
   virtual absl::Status Combine(const DispatchedTokens& dispatched, const float* expert_out,
                                float* out) = 0;

@@ -141,9 +141,8 @@ absl::StatusOr<std::vector<std::map<int64_t, MlpWeights>>> ModelWeights::LoadRou
     if (moe >= static_cast<int64_t>(experts.size())) break;
     for (int64_t e : experts[moe]) {
       if (e < 0 || e >= c.n_routed_experts) {
-        return absl::InvalidArgumentError(absl::StrCat("routed expert ", e, " of layer ", l,
-                                                       " is outside the model's ",
-                                                       c.n_routed_experts));
+        return absl::InvalidArgumentError(absl::StrCat(
+            "routed expert ", e, " of layer ", l, " is outside the model's ", c.n_routed_experts));
       }
       if (out[moe].count(e)) continue;
       DI_RETURN_IF_ERROR(ld.LoadMlp(absl::StrCat("model.layers.", l, ".mlp.experts.", e, "."),
