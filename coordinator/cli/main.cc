@@ -5,6 +5,7 @@
 
 #include <fstream>
 
+#include "coordinator/cli/bench_command.h"
 #include "coordinator/cli/flag_set.h"
 #include "coordinator/cli/job_commands.h"
 #include "coordinator/cli/subcommands.h"
@@ -220,6 +221,8 @@ int main(int argc, char** argv) {
           {"tokenize", "tokenize text or chat messages with a model's tokenizer",
            deepinfer::Tokenize},
           {"devices", "list the devices a worker on this machine would use", deepinfer::Devices},
+          {"bench", "measure prefill/decode throughput against the roofline (deepinfer-bench)",
+           deepinfer::BenchCommand},
       },
       argc, argv);
 }

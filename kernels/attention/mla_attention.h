@@ -1,7 +1,10 @@
 // Absorbed multi-head latent attention (fp32) over the paged latent KV cache, and the write of
 // new latents/rope keys into that cache: the GPU counterparts of Backend::WriteLatentCache and
 // Backend::MlaAttention. Prefill and decode tokens go through the same kernel (each query token
-// carries its own sequence and causal context length).
+// carries its own sequence and causal context length). MlaAttentionF32 reads each cached key
+// once per (token, group of 16 heads) and splits long contexts over several blocks (split-K);
+// MlaAttentionPerHeadF32 is the earlier one-block-per-(token, head) kernel, kept as the
+// benchmark's baseline and a second GPU implementation for the tests.
 #ifndef DEEPINFER_KERNELS_ATTENTION_MLA_ATTENTION_H_
 #define DEEPINFER_KERNELS_ATTENTION_MLA_ATTENTION_H_
 
@@ -38,6 +41,15 @@ struct MlaAttentionParams {
   const int32_t* context_len = nullptr;  // [tokens]: cached positions the token sees (>= 1)
   float softmax_scale = 1.0f;
   float* out_latent = nullptr;  // [tokens, heads, latent_dim]
+  // Split-K scratch (partial max/sum/output per context split), at least
+  // MlaAttentionWorkspaceBytes(params) bytes. When null and a split is needed, MlaAttentionF32
+  // allocates it with cudaMallocAsync on the stream and frees it (cudaFreeAsync) after the
+  // combine; pass one to keep allocations out of the step.
+  void* workspace = nullptr;
+  size_t workspace_bytes = 0;
+  // Context splits per (token, head group); 0 picks them from the token count and the
+  // device's SM count so that even one decode token fills the GPU. Tests and the benchmark set it.
+  int32_t num_splits = 0;
 };
 
 // Writes token t's latent (row t of latent, stride ld_latent) and rope key (row t of rope_key,
@@ -46,10 +58,23 @@ cudaError_t WriteLatentCacheF32(int64_t tokens, const float* latent, int64_t ld_
                                 const float* rope_key, int64_t ld_rope, const int32_t* slots,
                                 const PagedLatentCache& cache, cudaStream_t stream);
 
+// The largest num_splits MlaAttentionF32 accepts.
+constexpr int32_t kMaxMlaSplits = 64;
+
 // out[t, h] = sum_j softmax_j(scale * (q_latent[t,h]·c_j + q_rope[t,h]·k_j)) c_j over the
 // first context_len[t] entries of the token's sequence. cudaErrorInvalidValue if latent_dim
-// exceeds kMaxMlaLatentDim.
+// exceeds kMaxMlaLatentDim, num_splits is outside [0, kMaxMlaSplits], or a given workspace is
+// smaller than MlaAttentionWorkspaceBytes.
 cudaError_t MlaAttentionF32(const MlaAttentionParams& params, cudaStream_t stream);
+
+// Bytes of workspace MlaAttentionF32 needs for these params on the current device (0 when it
+// runs without splitting). Reads the device's SM count when params.num_splits is 0.
+cudaError_t MlaAttentionWorkspaceBytes(const MlaAttentionParams& params, size_t* bytes);
+
+// Same contract as MlaAttentionF32 (workspace and num_splits are ignored), one block per
+// (token, head): every key is re-read for each head. The baseline the new kernel is measured
+// against.
+cudaError_t MlaAttentionPerHeadF32(const MlaAttentionParams& params, cudaStream_t stream);
 
 }  // namespace kernels
 }  // namespace deepinfer

@@ -1,11 +1,15 @@
-// WriteLatentCacheF32 + MlaAttentionF32 against the CpuBackend ops: three sequences of different
-// lengths in shuffled cache blocks, queries that mix prefill (causal) and decode tokens, contexts
-// longer than one key chunk, DeepSeek-V3's latent/rope sizes and a small fixture-like shape.
+// WriteLatentCacheF32, MlaAttentionF32 and the older MlaAttentionPerHeadF32 against the
+// CpuBackend ops: sequences of different lengths in shuffled cache blocks, queries that mix
+// prefill (causal) and decode tokens or decode tokens alone, contexts longer than one key chunk,
+// head counts that do not fill a head group, DeepSeek-V3's 128 heads and latent/rope sizes,
+// context splits chosen automatically or forced (with an internal or a caller's workspace).
 #include "kernels/attention/mla_attention.h"
 
 #include <algorithm>
 #include <numeric>
+#include <ostream>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "gtest/gtest.h"
@@ -18,52 +22,70 @@ namespace {
 using testing::AllClose;
 using testing::DeviceArray;
 
-struct Shape {
+struct Case {
+  std::string name;
   int32_t heads, latent, rope, nope;
+  int32_t block_size = 16;
+  std::vector<int32_t> seq_len = {1, 21, 300};
+  bool decode_only = false;  // one query per sequence (seeing all of it) instead of every position
+  int32_t num_splits = 0;    // 0: MlaAttentionF32 picks
 };
 
-class MlaAttentionKernelTest : public ::testing::TestWithParam<Shape> {};
+void PrintTo(const Case& c, std::ostream* os) { *os << c.name; }
+
+class MlaAttentionKernelTest : public ::testing::TestWithParam<Case> {};
 
 TEST_P(MlaAttentionKernelTest, MatchesCpuBackend) {
   DEEPINFER_SKIP_WITHOUT_GPU();
-  const Shape s = GetParam();
+  const Case s = GetParam();
   const uint32_t seed = testing::FreshSeed();
-  SCOPED_TRACE(::testing::Message() << "heads " << s.heads << " latent " << s.latent << " rope "
-                                    << s.rope << " seed " << seed);
+  SCOPED_TRACE(::testing::Message() << s.name << " seed " << seed);
   CpuBackend cpu(2);
-  const int32_t block_size = 16, num_blocks = 64;
-  const std::vector<int32_t> seq_len = {1, 21, 300};
-  const int32_t max_blocks = (300 + block_size - 1) / block_size;
+  const int32_t block_size = s.block_size;
+  int32_t max_blocks = 0, num_blocks = 0;
+  for (int32_t len : s.seq_len) {
+    const int32_t n = (len + block_size - 1) / block_size;
+    max_blocks = std::max(max_blocks, n);
+    num_blocks += n;
+  }
+  num_blocks += 3;  // a few blocks no sequence owns
   std::mt19937 gen(seed);
   std::vector<int32_t> perm(num_blocks);
   std::iota(perm.begin(), perm.end(), 0);
   std::shuffle(perm.begin(), perm.end(), gen);
-  std::vector<int32_t> tables(seq_len.size() * max_blocks, 0);
+  const size_t num_seqs = s.seq_len.size();
+  std::vector<int32_t> tables(num_seqs * max_blocks, 0);
   int next = 0;
-  for (size_t q = 0; q < seq_len.size(); ++q) {
-    for (int32_t b = 0; b * block_size < seq_len[q]; ++b) tables[q * max_blocks + b] = perm[next++];
-  }
-  // Every cached token of every sequence is written through WriteLatentCache.
-  std::vector<int32_t> slots, token_seq, context_len;
-  for (size_t q = 0; q < seq_len.size(); ++q) {
-    for (int32_t p = 0; p < seq_len[q]; ++p) {
-      slots.push_back(tables[q * max_blocks + p / block_size] * block_size + p % block_size);
-      token_seq.push_back(static_cast<int32_t>(q));
-      context_len.push_back(p + 1);
+  for (size_t q = 0; q < num_seqs; ++q) {
+    for (int32_t b = 0; b * block_size < s.seq_len[q]; ++b) {
+      tables[q * max_blocks + b] = perm[next++];
     }
   }
-  const int64_t tokens = static_cast<int64_t>(slots.size());
+  // Every cached token of every sequence is written through WriteLatentCache; the queries are
+  // every position (causal prefill + decode mix) or each sequence's last position.
+  std::vector<int32_t> slots, token_seq, context_len;
+  for (size_t q = 0; q < num_seqs; ++q) {
+    for (int32_t p = 0; p < s.seq_len[q]; ++p) {
+      slots.push_back(tables[q * max_blocks + p / block_size] * block_size + p % block_size);
+      if (!s.decode_only || p + 1 == s.seq_len[q]) {
+        token_seq.push_back(static_cast<int32_t>(q));
+        context_len.push_back(p + 1);
+      }
+    }
+  }
+  const int64_t cached = static_cast<int64_t>(slots.size());
+  const int64_t tokens = static_cast<int64_t>(token_seq.size());
   const int64_t entry = s.latent + s.rope;
   const int64_t ld_kv = entry + 3;  // [latent | rope] rows with padding, as from the kv_a GEMM
-  auto kv = testing::RandomFloats(tokens * ld_kv, seed + 1);
+  auto kv = testing::RandomFloats(cached * ld_kv, seed + 1);
   const int64_t qk = s.nope + s.rope, qdim = s.heads * qk;
   auto q_latent = testing::RandomFloats(tokens * s.heads * s.latent, seed + 2);
   auto q = testing::RandomFloats(tokens * qdim, seed + 3);
   const float scale = 0.0721f;
 
-  std::vector<float> cache_cpu(num_blocks * block_size * entry, 0.0f);
+  std::vector<float> cache_cpu(static_cast<size_t>(num_blocks) * block_size * entry, 0.0f);
   PagedLatentCacheView view{cache_cpu.data(), block_size, s.latent, s.rope};
-  cpu.WriteLatentCache(tokens, kv.data(), ld_kv, kv.data() + s.latent, ld_kv, slots.data(), view);
+  cpu.WriteLatentCache(cached, kv.data(), ld_kv, kv.data() + s.latent, ld_kv, slots.data(), view);
   MlaAttentionArgs a;
   a.num_tokens = static_cast<int32_t>(tokens);
   a.num_heads = s.heads;
@@ -84,13 +106,12 @@ TEST_P(MlaAttentionKernelTest, MatchesCpuBackend) {
   DeviceArray<float> dkv(kv), dql(q_latent), dq(q), dcache(cache_cpu.size()), dout(want.size());
   DeviceArray<int32_t> dslots(slots), dseq(token_seq), dlen(context_len), dtables(tables);
   dcache.Poison();  // never-written slots must not be read
-  dout.Poison();
   kernels::PagedLatentCache cache{dcache.get(), block_size, s.latent, s.rope};
-  DEEPINFER_CUDA_OK(kernels::WriteLatentCacheF32(tokens, dkv.get(), ld_kv, dkv.get() + s.latent,
+  DEEPINFER_CUDA_OK(kernels::WriteLatentCacheF32(cached, dkv.get(), ld_kv, dkv.get() + s.latent,
                                                  ld_kv, dslots.get(), cache, nullptr));
   std::vector<float> got_cache;
   DEEPINFER_CUDA_OK(dcache.Download(&got_cache));
-  for (int64_t t = 0; t < tokens; ++t) {
+  for (int64_t t = 0; t < cached; ++t) {
     for (int64_t i = 0; i < entry; ++i) {
       const int64_t at = slots[t] * entry + i;
       ASSERT_EQ(got_cache[at], cache_cpu[at]) << "cache slot " << slots[t] << " element " << i;
@@ -110,16 +131,68 @@ TEST_P(MlaAttentionKernelTest, MatchesCpuBackend) {
   p.context_len = dlen.get();
   p.softmax_scale = scale;
   p.out_latent = dout.get();
-  DEEPINFER_CUDA_OK(kernels::MlaAttentionF32(p, nullptr));
+  p.num_splits = s.num_splits;
   std::vector<float> got;
-  DEEPINFER_CUDA_OK(dout.Download(&got));
   // fp32 online softmax vs the reference's double accumulation.
-  EXPECT_TRUE(AllClose(got, want, 2e-5, 1e-4));
+  {
+    SCOPED_TRACE("MlaAttentionF32, workspace allocated inside");
+    dout.Poison();
+    DEEPINFER_CUDA_OK(kernels::MlaAttentionF32(p, nullptr));
+    DEEPINFER_CUDA_OK(dout.Download(&got));
+    EXPECT_TRUE(AllClose(got, want, 2e-5, 1e-4));
+  }
+  {
+    SCOPED_TRACE("MlaAttentionF32, caller's workspace");
+    size_t bytes = 0;
+    DEEPINFER_CUDA_OK(kernels::MlaAttentionWorkspaceBytes(p, &bytes));
+    if (s.num_splits > 1) {
+      EXPECT_GT(bytes, 0u);
+    }
+    DeviceArray<float> ws(bytes / sizeof(float));
+    ws.Poison();  // partial results must all be written before the combine reads them
+    p.workspace = ws.get();
+    p.workspace_bytes = bytes;
+    dout.Poison();
+    DEEPINFER_CUDA_OK(kernels::MlaAttentionF32(p, nullptr));
+    DEEPINFER_CUDA_OK(dout.Download(&got));
+    EXPECT_TRUE(AllClose(got, want, 2e-5, 1e-4));
+    if (bytes > 0) {
+      p.workspace_bytes = bytes - 1;
+      EXPECT_EQ(kernels::MlaAttentionF32(p, nullptr), cudaErrorInvalidValue);
+    }
+    p.workspace = nullptr;
+    p.workspace_bytes = 0;
+  }
+  {
+    SCOPED_TRACE("MlaAttentionPerHeadF32");
+    dout.Poison();
+    DEEPINFER_CUDA_OK(kernels::MlaAttentionPerHeadF32(p, nullptr));
+    DEEPINFER_CUDA_OK(dout.Download(&got));
+    EXPECT_TRUE(AllClose(got, want, 2e-5, 1e-4));
+  }
 }
 
-INSTANTIATE_TEST_SUITE_P(Shapes, MlaAttentionKernelTest,
-                         ::testing::Values(Shape{4, 512, 64, 128}, Shape{2, 32, 16, 16},
-                                           Shape{3, 1024, 64, 8}));
+std::vector<Case> Cases() {
+  std::vector<Case> c;
+  // Prefill + decode mix over sequences of 1, 21 and 300 positions.
+  c.push_back({"dsv3_latent_4_heads", 4, 512, 64, 128});
+  c.push_back({"tiny_2_heads", 2, 32, 16, 16});
+  c.push_back({"latent_1024_3_heads", 3, 1024, 64, 8});
+  c.push_back({"odd_dims_block_5", 5, 30, 5, 4, 5});  // rows not float4-aligned, bs 5
+  c.push_back({"moonlight_16_heads_block_64", 16, 512, 64, 128, 64});
+  c.push_back({"20_heads_split_3", 20, 512, 64, 128, 16, {1, 21, 300}, false, 3});
+  // Decode only: few tokens, long contexts, many splits (some empty for the short sequences).
+  c.push_back({"decode_16_heads", 16, 512, 64, 128, 16, {1, 37, 1500}, true});
+  c.push_back({"decode_128_heads", 128, 512, 64, 128, 16, {1, 37, 1500}, true});
+  c.push_back({"decode_split_7_block_1", 16, 512, 64, 128, 1, {1, 37, 700}, true, 7});
+  c.push_back({"decode_split_max", 17, 256, 64, 32, 16, {3, 2000}, true, kernels::kMaxMlaSplits});
+  return c;
+}
+
+INSTANTIATE_TEST_SUITE_P(Cases, MlaAttentionKernelTest, ::testing::ValuesIn(Cases()),
+                         [](const ::testing::TestParamInfo<Case>& info) {
+                           return info.param.name;
+                         });
 
 TEST(MlaAttentionKernelLimitsTest, RejectsTooWideLatent) {
   DEEPINFER_SKIP_WITHOUT_GPU();
@@ -128,6 +201,20 @@ TEST(MlaAttentionKernelLimitsTest, RejectsTooWideLatent) {
   p.num_heads = 1;
   p.cache.latent_dim = kernels::kMaxMlaLatentDim + 1;
   EXPECT_EQ(kernels::MlaAttentionF32(p, nullptr), cudaErrorInvalidValue);
+  EXPECT_EQ(kernels::MlaAttentionPerHeadF32(p, nullptr), cudaErrorInvalidValue);
+}
+
+TEST(MlaAttentionKernelLimitsTest, RejectsTooManySplits) {
+  DEEPINFER_SKIP_WITHOUT_GPU();
+  kernels::MlaAttentionParams p;
+  p.num_tokens = 1;
+  p.num_heads = 1;
+  p.cache.latent_dim = 512;
+  p.cache.rope_dim = 64;
+  p.num_splits = kernels::kMaxMlaSplits + 1;
+  EXPECT_EQ(kernels::MlaAttentionF32(p, nullptr), cudaErrorInvalidValue);
+  size_t bytes = 0;
+  EXPECT_EQ(kernels::MlaAttentionWorkspaceBytes(p, &bytes), cudaErrorInvalidValue);
 }
 
 }  // namespace

@@ -13,6 +13,12 @@ namespace kernels {
 cudaError_t ArgmaxRowsF32(int64_t rows, int64_t vocab, const float* logits, int32_t* out,
                           cudaStream_t stream);
 
+// Greedy sampling with the chosen token's log-probability: token[r] = argmax of row r (lowest
+// index on ties) and logprob[r] = logits[r, token] - logsumexp(logits[r, :]) (the max and the
+// sum of exp(l - max) accumulated in double, as worker/sampling/Sampler does on the host).
+cudaError_t GreedySampleRowsF32(int64_t rows, int64_t vocab, const float* logits, int32_t* token,
+                                float* logprob, cudaStream_t stream);
+
 }  // namespace kernels
 }  // namespace deepinfer
 

@@ -42,5 +42,33 @@ TEST(ArgmaxKernelTest, MatchesCpuBackendWithTies) {
   }
 }
 
+TEST(ArgmaxKernelTest, GreedySampleMatchesCpuBackend) {
+  DEEPINFER_SKIP_WITHOUT_GPU();
+  CpuBackend cpu(2);
+  for (int64_t vocab : {1, 33, 129280}) {
+    const uint32_t seed = testing::FreshSeed();
+    SCOPED_TRACE(::testing::Message() << "vocab " << vocab << " seed " << seed);
+    const int64_t rows = 9;
+    auto logits = testing::RandomFloats(rows * vocab, seed);
+    for (int64_t i = 0; i < vocab; ++i) logits[i] *= 20.0f;  // a peaked row
+    std::vector<int32_t> want_tok(rows);
+    std::vector<float> want_lp(rows);
+    cpu.GreedySampleRows(rows, vocab, logits.data(), want_tok.data(), want_lp.data());
+    DeviceArray<float> dl(logits);
+    DeviceArray<int32_t> dtok(rows);
+    DeviceArray<float> dlp(rows);
+    dtok.Poison();
+    dlp.Poison();
+    DEEPINFER_CUDA_OK(
+        kernels::GreedySampleRowsF32(rows, vocab, dl.get(), dtok.get(), dlp.get(), nullptr));
+    std::vector<int32_t> got_tok;
+    std::vector<float> got_lp;
+    DEEPINFER_CUDA_OK(dtok.Download(&got_tok));
+    DEEPINFER_CUDA_OK(dlp.Download(&got_lp));
+    EXPECT_EQ(got_tok, want_tok);
+    for (int64_t r = 0; r < rows; ++r) EXPECT_NEAR(got_lp[r], want_lp[r], 1e-5f) << "row " << r;
+  }
+}
+
 }  // namespace
 }  // namespace deepinfer

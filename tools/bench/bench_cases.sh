@@ -11,7 +11,7 @@ csv="${OUT:-/tmp}/bench.csv"
 rc=0
 run() {
   echo "=== bench $*"
-  "$here/bin/bench" --backend cuda --csv "$csv" "$@" || rc=1
+  "$here/bin/deepinfer-bench" --backend cuda --csv "$csv" "$@" || rc=1
 }
 # A tiny fixture-sized model first: checks the whole path quickly.
 run --model "dummy:$here/configs/dsv3_yarn_nolora.json@1" --decode-num-requests 8 \
@@ -19,12 +19,12 @@ run --model "dummy:$here/configs/dsv3_yarn_nolora.json@1" --decode-num-requests 
 if [[ "$mode" == profile ]]; then
   run --model "dummy:$here/configs/moonlight_shaped_4layers.json@1" --decode-num-requests 64 \
     --context-length 1024 --prefill-batch-tokens 8192 --output-len 12 --warmup 3 \
-    --prefill-repeats 2 --op-timing-steps 3
+    --iters 2 --op-timing-steps 3
   exit $rc
 fi
 # Moonlight-16B-A3B-shaped (hidden 2048, 27 layers, 64 experts top-6, 2 shared, kv_lora 512,
 # vocab 129280) with dummy weights, fp32 (~63 GB of weights on the GPU).
 run --model "dummy:$here/configs/moonlight_shaped.json@1" --decode-num-requests 64 \
   --context-length 1024 --prefill-batch-tokens 8192 --output-len 16 --warmup 3 \
-  --prefill-repeats 3
+  --iters 3
 exit $rc

@@ -1,74 +1,108 @@
-// bench: prefill / decode throughput, step latency and memory of the DeepSeek-V3 model on a
-// backend, against the config's roofline. Flags only; the work is in bench_runner.
+// deepinfer-bench (also `deepinfer bench`): prefill / decode throughput, step latency and device
+// memory of the DeepSeek-V3 model on a backend, each next to the roofline computed from the
+// config. Flags only; the work is in bench_runner.
 //
-//   bench --model dummy:CONFIG.json@SEED --backend cuda --decode-num-requests 64
-//         --context-length 1024 --prefill-batch-tokens 8192 --output-len 32 [--csv FILE]
-//   bench --model CONFIG.json --load-format dummy ...       (the same, seed from --seed)
-#include <cstdio>
+//   deepinfer-bench --model DIR --load-format dummy --backend cuda --decode-num-requests 1,128
+//       --context-length 1024 --prefill-batch-tokens 32768 --output-len 16 [--json] [--csv F]
+#include <malloc.h>
+
 #include <fstream>
 #include <iostream>
 #include <string>
 #include <vector>
 
-#include "absl/strings/match.h"
-#include "absl/strings/str_cat.h"
 #include "coordinator/cli/flag_set.h"
 #include "tools/bench/bench_runner.h"
 
 int main(int argc, char** argv) {
+  // Loading stages every weight tensor in a fresh host vector, and every step copies the
+  // logits into one (66 MB at 128 requests). glibc serves blocks above its mmap ceiling (32 MB)
+  // with a new mapping each time, page-faulted and zeroed anew; from the heap, freed blocks are
+  // reused. Measured on the H200 host (docs/performance.md): V3's first 4 layers load in 33 s
+  // instead of 73 s, a Moonlight-shaped decode step at 128 requests takes 0.19 s, not 0.27 s.
+  mallopt(M_MMAP_MAX, 0);
+  mallopt(M_TRIM_THRESHOLD, -1);  // keep freed heap memory (a few GB) for the next tensor
   deepinfer::BenchConfig config;
-  std::string load_format = "auto", csv;
+  std::string load_format = "auto", csv, requests = "64";
   int64_t seed = 0;
+  bool json = false;
   deepinfer::FlagSet flags(
-      "bench --model DIR|dummy:CONFIG.json@SEED [flags]",
-      "Measures prefill tokens/s, decode tokens/s at a batch of N requests, decode step latency "
-      "p50/p99 and device memory, each next to the roofline computed from the config.");
-  flags.AddString("model", &config.model, "Checkpoint directory, or dummy:CONFIG.json[@SEED].");
+      "deepinfer bench --model DIR [flags]   (or deepinfer-bench ...)",
+      "Loads a DeepSeek-V3-family model on one backend and measures prefill tokens/s, decode\n"
+      "tokens/s at N concurrent requests, decode step latency p50/p99 and peak device memory.\n"
+      "Each throughput is also given as a fraction of the roofline computed from config.json:\n"
+      "decode reads the weights the active experts of that batch touch plus the latent KV\n"
+      "cache (bytes / 4.3 TB/s), prefill is mostly FLOPs (/ 790 TFLOP/s); the larger of the\n"
+      "two times is the roofline. Numbers go to stdout (text, or one JSON object with --json).");
+  flags.AddString("model", &config.model,
+                  "Checkpoint directory (config.json + safetensors), or with --load-format dummy\n"
+                  "a directory holding config.json or the config file itself; the older form\n"
+                  "dummy:CONFIG.json[@SEED] also works.");
   flags.Require("model");
   flags.AddString("load-format", &load_format,
-                  "auto, or dummy: --model is then a config.json and weights are random.");
-  flags.AddInt("seed", &seed, "Seed of dummy weights with --load-format dummy.");
+                  "auto: read the checkpoint's weights; dummy: random weights of the config's\n"
+                  "shapes (no weight files needed), seeded by --seed.");
+  flags.AddInt("seed", &seed, "Seed of the dummy weights.");
   flags.AddString("backend", &config.backend, "cpu or cuda.");
+  flags.AddString("dtype", &config.dtype,
+                  "float32 or bfloat16: the weight and cache dtype, and the bytes per value of\n"
+                  "the roofline. This build's backends run float32 only.");
   flags.AddInt("cuda-device", &config.cuda_device, "GPU ordinal for --backend cuda.");
   flags.AddInt("load-threads", &config.load_threads, "Dummy weight generator threads (0: all).");
-  flags.AddInt("decode-num-requests", &config.decode_num_requests, "Decode batch size N.");
+  flags.AddString("decode-num-requests", &requests,
+                  "Concurrent requests N of a decode step; a comma list (1,128) measures each\n"
+                  "in turn with the model loaded once.");
   flags.AddInt("context-length", &config.context_length,
-               "Prompt length for prefill, and cached tokens per request before decoding.");
+               "Prompt length of each prefill sequence, and tokens each decode request has\n"
+               "cached before its timed steps.");
   flags.AddInt("prefill-batch-tokens", &config.prefill_batch_tokens,
-               "Tokens per prefill step (whole prompts of --context-length).");
-  flags.AddInt("output-len", &config.output_len, "Decode steps (including warm-up).");
-  flags.AddInt("warmup", &config.warmup, "Decode steps not timed.");
-  flags.AddInt("prefill-repeats", &config.prefill_repeats, "Timed prefill steps (median).");
+               "Tokens per prefill step, as whole prompts of --context-length (32768 with\n"
+               "context 1024: 32 prompts). 0 skips the prefill measurement.");
+  flags.AddInt("output-len", &config.output_len,
+               "Decode steps per request count, --warmup steps included.");
+  flags.AddInt("warmup", &config.warmup,
+               "Decode steps not timed (prefill always warms up with one untimed prompt).");
+  flags.AddInt("iters", &config.prefill_repeats, "Timed prefill steps (the median is reported).");
+  flags.AddString("decode-fill", &config.decode_fill,
+                  "How decode requests get their cached context: prefill (model steps, untimed)\n"
+                  "or random (random values written into their cache blocks: no model steps,\n"
+                  "the same decode work; for large batches of slow models).");
   flags.AddInt("op-timing-steps", &config.op_timing_steps,
-               "CUDA: extra decode steps (and one prefill step) with per-op timing, reported "
+               "CUDA: extra decode steps (and one prefill step) with per-op timing, reported\n"
                "apart from the throughput figures.");
-  flags.AddString("csv", &csv, "Append a CSV row (header if the file is new).");
-  absl::Status parsed = flags.Parse(std::vector<std::string>(argv + 1, argv + argc));
-  if (flags.help_requested()) {
-    std::cout << flags.Help();
-    return 0;
-  }
-  if (!parsed.ok()) {
-    std::cerr << parsed << "\n" << flags.Help();
+  flags.AddBool("json", &json, "Print one JSON object instead of the text report.");
+  flags.AddString("csv", &csv, "Append one CSV row per request count (header if the file is new).");
+  if (int rc = flags.ParseMain(argc, argv, "deepinfer-bench"); rc >= 0) return rc;
+  if (!deepinfer::ParseRequestCounts(requests, &config.decode_num_requests)) {
+    std::cerr << "deepinfer-bench: --decode-num-requests must be a number or a comma list of "
+                 "numbers, not '"
+              << requests << "'\n";
     return 2;
   }
-  if (load_format == "dummy" && !absl::StartsWith(config.model, "dummy:")) {
-    config.model = absl::StrCat("dummy:", config.model, "@", seed);
-  } else if (load_format != "dummy" && load_format != "auto") {
-    std::cerr << "--load-format must be auto or dummy\n";
+  if (load_format == "dummy") {
+    config.model = deepinfer::DummyModelSpec(config.model, seed);
+  } else if (load_format != "auto") {
+    std::cerr << "deepinfer-bench: --load-format must be auto or dummy, not '" << load_format
+              << "'\n";
     return 2;
   }
   auto result = deepinfer::RunBenchmark(config);
   if (!result.ok()) {
-    std::cerr << "bench failed: " << result.status() << "\n";
+    std::cerr << "deepinfer-bench failed: " << result.status() << "\n";
     return 1;
   }
-  std::cout << deepinfer::FormatBenchReport(config, *result) << std::flush;
+  std::cout << (json ? deepinfer::FormatBenchJson(config, *result)
+                     : deepinfer::FormatBenchReport(config, *result))
+            << std::flush;
   if (!csv.empty()) {
     const bool fresh = !std::ifstream(csv).good();
     std::ofstream f(csv, std::ios::app);
     if (fresh) f << deepinfer::BenchCsvHeader() << "\n";
-    f << deepinfer::BenchCsvRow(config, *result) << "\n";
+    for (const std::string& row : deepinfer::BenchCsvRows(config, *result)) f << row << "\n";
+    if (!f) {
+      std::cerr << "deepinfer-bench: cannot write '" << csv << "'\n";
+      return 1;
+    }
   }
   return 0;
 }

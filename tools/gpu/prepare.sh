@@ -4,7 +4,12 @@
 # device tool carries to the GPU machine, where tools/gpu/run_all.sh (copied into the folder)
 # runs them all.
 #
-#   tools/gpu/prepare.sh [--out DIR]        (default DIR: <repo>/.gpu, git-ignored)
+#   tools/gpu/prepare.sh [--out DIR] [--bench-only]   (default DIR: <repo>/.gpu, git-ignored)
+#
+# --bench-only: only deepinfer-bench and the benchmark scripts (run DIR/bench_all.sh there:
+# our cases and the HF transformers baseline in one call, tools/gpu/bench_all.sh).
+#   GPU_TESTS="//kernels/moe:permute_test ..." GPU_TOOLS="..." tools/gpu/prepare.sh --out DIR
+#                                           (bundle only those targets: a smaller, faster run)
 #
 # DIR/bin/*     stripped binaries, RUNPATH $ORIGIN/../lib (tools/bundle.sh)
 # DIR/lib/      the non-glibc, non-CUDA shared libraries they need (absl, glog, gtest, ...)
@@ -16,7 +21,14 @@
 set -euo pipefail
 repo=$(cd "$(dirname "$0")/../.." && pwd)
 out="$repo/.gpu"
-if [[ "${1:-}" == "--out" ]]; then out=$2; fi
+bench_only=0
+while [[ $# -gt 0 ]]; do
+  case "$1" in
+    --out) out=$2; shift 2 ;;
+    --bench-only) bench_only=1; shift ;;
+    *) echo "prepare.sh: unknown argument '$1' (--out DIR, --bench-only)" >&2; exit 2 ;;
+  esac
+done
 cd "$repo"
 
 tests=(
@@ -24,7 +36,9 @@ tests=(
   //kernels/attention:mla_attention_test
   //kernels/embedding:rows_test
   //kernels/moe:expert_counts_test
+  //kernels/moe:grouped_gemm_test
   //kernels/moe:noaux_tc_router_test
+  //kernels/moe:permute_test
   //kernels/norm:rms_norm_test
   //kernels/rope:rope_test
   //kernels/sampling:argmax_test
@@ -32,8 +46,11 @@ tests=(
   //worker/backend:backend_factory_test
   //tests/parity:cuda_parity_test
 )
-tools=()
-[[ -f tools/bench/BUILD ]] && tools+=(//tools/bench:bench)
+tools=(//tools/bench:deepinfer-bench)
+[[ $bench_only -eq 1 ]] && tests=()
+[[ $bench_only -eq 1 ]] || tools+=(//kernels/attention:mla_attention_bench //kernels/moe:grouped_gemm_bench)
+if [[ -n "${GPU_TESTS+set}" ]]; then read -r -a tests <<< "$GPU_TESTS"; fi
+if [[ -n "${GPU_TOOLS+set}" ]]; then read -r -a tools <<< "$GPU_TOOLS"; fi
 
 bazel build -c opt --config=cuda "${tests[@]}" "${tools[@]}"
 bin_dir=$(bazel info -c opt --config=cuda bazel-bin 2>/dev/null)
@@ -52,12 +69,13 @@ for t in "${tests[@]}" "${tools[@]}"; do
   strip --strip-unneeded "$out/bin/$name"
   cp -n "$tmp/$name"/lib/* "$out/lib/" 2>/dev/null || true
 done
-cp -r tests/fixtures "$out/srcdir/deepinfer/tests/"
+cp -r tests/fixtures "$out/srcdir/deepinfer/tests/"  # the configs below come from here too
 rm -f "$out/srcdir/deepinfer/tests/fixtures/BUILD"
 for d in tests/fixtures/*/; do cp "$d/config.json" "$out/configs/$(basename "$d").json"; done
 [[ -d tools/bench/configs ]] && cp tools/bench/configs/*.json "$out/configs/"
 cp tools/gpu/run_all.sh "$out/run_all.sh"
-[[ -f tools/bench/bench_cases.sh ]] && cp tools/bench/bench_cases.sh "$out/bench_cases.sh"
+cp tools/bench/bench_cases.sh tools/bench/sweep.sh tools/bench/hf_bench.py \
+  tools/bench/combine_results.py tools/gpu/bench_all.sh "$out/"
 git rev-parse HEAD > "$out/COMMIT"
 git status --short >> "$out/COMMIT"
 du -sh "$out" "$out"/bin "$out"/lib

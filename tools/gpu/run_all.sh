@@ -52,7 +52,14 @@ step() {  # step NAME TIMEOUT_S COMMAND... : runs, logs to $logs/NAME.log, recor
 for t in "$here"/bin/*_test; do
   step "$(basename "$t")" 300 "$t" --gtest_color=no
 done
-if [[ -x "$here/bin/bench" && -f "$here/bench_cases.sh" ]]; then
+if [[ -x "$here/bin/mla_attention_bench" ]]; then  # old vs new attention kernel
+  step mla_attention_bench 120 "$here/bin/mla_attention_bench"
+fi
+if [[ -x "$here/bin/grouped_gemm_bench" ]]; then
+  step grouped_gemm_bench 120 "$here/bin/grouped_gemm_bench"
+  cp "$logs/grouped_gemm_bench.log" "$OUT/grouped_gemm_bench.txt"
+fi
+if [[ -x "$here/bin/deepinfer-bench" && -f "$here/bench_cases.sh" ]]; then
   step bench 300 bash "$here/bench_cases.sh" "$here" "${BENCH_MODE:-full}"
 fi
 for t in "$here"/bin/*_test; do
@@ -62,7 +69,7 @@ for t in "$here"/bin/*_test; do
   esac
   step "memcheck_$n" 240 compute-sanitizer --tool memcheck --error-exitcode 1 "$t" --gtest_color=no
 done
-for n in mla_attention_test rms_norm_test argmax_test; do
+for n in mla_attention_test rms_norm_test argmax_test permute_test; do
   [[ -x "$here/bin/$n" ]] || continue
   step "racecheck_$n" 240 compute-sanitizer --tool racecheck --error-exitcode 1 "$here/bin/$n" \
     --gtest_color=no

@@ -139,6 +139,11 @@ class Backend {
   // Greedy sampling on the device: out[r] = argmax of logits row r (lowest index on ties).
   // Seeded temperature/top-k/top-p sampling is worker/sampling/sampler.h, on host logits.
   virtual void ArgmaxRows(int64_t rows, int64_t vocab, const float* logits, int32_t* out) = 0;
+  // Greedy sampling with the log-probability the engine reports: token[r] = argmax of row r
+  // (lowest index on ties), logprob[r] = logits[r, token[r]] - logsumexp(row r), the normaliser
+  // accumulated in double. Lets a decode step return rows × (int, float) instead of the logits.
+  virtual void GreedySampleRows(int64_t rows, int64_t vocab, const float* logits, int32_t* token,
+                                float* logprob) = 0;
 };
 
 }  // namespace deepinfer

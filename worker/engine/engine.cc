@@ -277,6 +277,7 @@ absl::StatusOr<std::vector<RequestResult>> Engine::Step() {
                          p.seq->tokens.begin() + p.seq->computed + p.n);
       step.position_offset = p.seq->computed;
       step.block_table = p.seq->blocks;
+      step.return_logits = false;  // only the sampled token is needed
       if (p.seq->computed + p.n == static_cast<int64_t>(p.seq->tokens.size())) {
         step.sampling = p.seq->sampling;
       }

@@ -234,22 +234,78 @@ absl::StatusOr<StepOutput> DeepseekV3Model::Step(const std::vector<SequenceStep>
   auto logits = Floats(R * V);
   backend_->Gemm(R, V, H, sel->as<float>(), H, weights_->lm_head->as<float>(), H,
                  logits->as<float>(), V, false);
-  std::vector<float> host(R * V);
-  backend_->CopyToHost(logits->data(), host.size() * sizeof(float), host.data());
-  // A GPU backend reports failed ops asynchronously; the copy above has waited for all of them.
+  // Rows of sequences that want logits, or whose sampling needs the whole row on the host
+  // (temperature, top logprobs), are copied back; the rest are sampled greedily on the device.
+  auto device_greedy = [](const SequenceStep& s) {
+    return !s.return_logits && s.sampling.has_value() && s.sampling->temperature <= 0.0f &&
+           s.sampling->num_logprobs == 0;
+  };
+  auto needs_host = [&](const SequenceStep& s) {
+    return s.return_logits || (s.sampling.has_value() && !device_greedy(s));
+  };
+  std::vector<int32_t> greedy_rows;  // logits rows sampled on the device
+  for (size_t si = 0, row = 0; si < batch.size(); ++si) {
+    const SequenceStep& s = batch[si];
+    const int64_t n = s.all_logits ? static_cast<int64_t>(s.tokens.size()) : 1;
+    if (device_greedy(s)) greedy_rows.push_back(static_cast<int32_t>(row + n - 1));
+    row += n;
+  }
+  std::vector<int32_t> greedy_token(greedy_rows.size());
+  std::vector<float> greedy_logprob(greedy_rows.size());
+  if (!greedy_rows.empty()) {
+    const int64_t G = static_cast<int64_t>(greedy_rows.size());
+    auto rows_g = upload_ints(greedy_rows);
+    auto picked = Floats(G * V);
+    backend_->GatherRows(G, V, logits->as<float>(), rows_g->as<int32_t>(), picked->as<float>());
+    auto tok = backend_->Allocate(G * sizeof(int32_t));
+    auto lp = Floats(G);
+    backend_->GreedySampleRows(G, V, picked->as<float>(), tok->as<int32_t>(), lp->as<float>());
+    backend_->CopyToHost(tok->data(), G * sizeof(int32_t), greedy_token.data());
+    backend_->CopyToHost(lp->data(), G * sizeof(float), greedy_logprob.data());
+  }
+  std::vector<float> host;  // the copied rows, in batch order
+  {
+    int64_t row = 0;
+    for (const SequenceStep& s : batch) {
+      const int64_t n = s.all_logits ? static_cast<int64_t>(s.tokens.size()) : 1;
+      if (needs_host(s)) {
+        const size_t at = host.size();
+        host.resize(at + n * V);
+        backend_->CopyToHost(logits->as<float>() + row * V, n * V * sizeof(float),
+                             host.data() + at);
+      }
+      row += n;
+    }
+  }
+  // A GPU backend reports failed ops asynchronously; the copies above have waited for all of them.
   if (absl::Status st = backend_->status(); !st.ok()) return st;
   StepOutput out;
-  int64_t row = 0;
+  int64_t host_row = 0;
+  size_t greedy_i = 0;
   for (const SequenceStep& s : batch) {
     const int64_t n = s.all_logits ? static_cast<int64_t>(s.tokens.size()) : 1;
-    out.logits.emplace_back(host.begin() + row * V, host.begin() + (row + n) * V);
-    row += n;
     SampledToken sampled;
-    if (s.sampling.has_value()) {
-      auto tok = Sampler::Sample(host.data() + (row - 1) * V, static_cast<int32_t>(V), *s.sampling,
-                                 s.position_offset + static_cast<int64_t>(s.tokens.size()));
-      if (!tok.ok()) return tok.status();
-      sampled = std::move(*tok);
+    if (device_greedy(s)) {
+      out.logits.emplace_back();
+      sampled.token = greedy_token[greedy_i];
+      sampled.logprob = greedy_logprob[greedy_i];
+      ++greedy_i;
+    } else if (!needs_host(s)) {
+      out.logits.emplace_back();  // an intermediate prefill chunk: nothing to return
+    } else {
+      const float* rows = host.data() + host_row * V;
+      host_row += n;
+      if (s.return_logits) {
+        out.logits.emplace_back(rows, rows + n * V);
+      } else {
+        out.logits.emplace_back();
+      }
+      if (s.sampling.has_value()) {
+        auto tok = Sampler::Sample(rows + (n - 1) * V, static_cast<int32_t>(V), *s.sampling,
+                                   s.position_offset + static_cast<int64_t>(s.tokens.size()));
+        if (!tok.ok()) return tok.status();
+        sampled = std::move(*tok);
+      }
     }
     out.sampled.push_back(std::move(sampled));
   }

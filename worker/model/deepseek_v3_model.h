@@ -35,10 +35,15 @@ struct SequenceStep {
   // If set, the next token is sampled from the last row's logits (position of the sampled
   // token = position_offset + tokens.size(), which keys the seeded random stream).
   std::optional<SamplingParams> sampling;
+  // Whether StepOutput::logits carries this sequence's rows. The engine only needs the sampled
+  // token: without logits, a greedy pick without top logprobs is made on the device and only
+  // the token and its logprob come back to the host (not a whole vocabulary row).
+  bool return_logits = true;
 };
 
 struct StepOutput {
-  // Per sequence, row-major [rows, vocab]: rows = tokens.size() if all_logits, else 1.
+  // Per sequence, row-major [rows, vocab]: rows = tokens.size() if all_logits, else 1; empty
+  // where SequenceStep::return_logits is false.
   std::vector<std::vector<float>> logits;
   // Per sequence; token -1 where SequenceStep::sampling was unset.
   std::vector<SampledToken> sampled;

@@ -74,6 +74,52 @@ class ModelTest : public ::testing::Test {
   std::unique_ptr<KvBlockPool> pool_;
 };
 
+// Without logits, greedy rows are sampled on the device; the result must be what the host
+// Sampler picks from the returned logits (token and logprob), and rows that need the host
+// (temperature, top logprobs) still go through the Sampler.
+TEST_F(ModelTest, StepWithoutLogitsSamplesLikeTheHostSampler) {
+  SamplingParams greedy;
+  SamplingParams greedy_top;
+  greedy_top.num_logprobs = 3;
+  SamplingParams hot;
+  hot.temperature = 0.8f;
+  hot.seed = 7;
+  const std::vector<SamplingParams> params = {greedy, greedy_top, hot, greedy};
+  std::vector<SequenceStep> with, without;
+  for (size_t i = 0; i < params.size(); ++i) {
+    with.push_back(MakeStep(Prompt(6 + 3 * i, i), 0, Blocks(4), i == 3, params[i]));
+  }
+  // Same prompts in fresh blocks for the second run.
+  for (size_t i = 0; i < params.size(); ++i) {
+    without.push_back(MakeStep(Prompt(6 + 3 * i, i), 0, Blocks(4), i == 3, params[i]));
+    without.back().return_logits = false;
+  }
+  // An intermediate prefill chunk: no sampling, no logits wanted.
+  without.push_back(MakeStep(Prompt(5, 9), 0, Blocks(2), false));
+  without.back().return_logits = false;
+  auto a = model_->Step(with, pool_.get());
+  ASSERT_TRUE(a.ok()) << a.status();
+  auto b = model_->Step(without, pool_.get());
+  ASSERT_TRUE(b.ok()) << b.status();
+  ASSERT_EQ(b->sampled.size(), without.size());
+  for (size_t i = 0; i < params.size(); ++i) {
+    SCOPED_TRACE(i);
+    EXPECT_TRUE(b->logits[i].empty());
+    const int64_t V = model_->config().vocab_size;
+    const std::vector<float>& l = a->logits[i];
+    auto want = Sampler::Sample(l.data() + l.size() - V, static_cast<int32_t>(V), params[i],
+                                static_cast<int64_t>(with[i].tokens.size()));
+    ASSERT_TRUE(want.ok());
+    EXPECT_EQ(b->sampled[i].token, want->token);
+    EXPECT_EQ(a->sampled[i].token, want->token);
+    EXPECT_NEAR(b->sampled[i].logprob, want->logprob, 1e-5f);
+    EXPECT_LT(b->sampled[i].logprob, 0.0f);
+    EXPECT_EQ(b->sampled[i].top_logprobs.size(), want->top_logprobs.size());
+  }
+  EXPECT_TRUE(b->logits.back().empty());
+  EXPECT_EQ(b->sampled.back().token, -1);
+}
+
 TEST_F(ModelTest, BatchedDecodeOfDifferentLengthsEqualsEachAlone) {
   const std::vector<int> lens = {5, 13, 22};
   const int steps = 4;

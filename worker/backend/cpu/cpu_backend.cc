@@ -332,4 +332,17 @@ void CpuBackend::ArgmaxRows(int64_t rows, int64_t vocab, const float* logits, in
   }
 }
 
+void CpuBackend::GreedySampleRows(int64_t rows, int64_t vocab, const float* logits,
+                                  int32_t* token, float* logprob) {
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* l = logits + r * vocab;
+    const int64_t best = std::max_element(l, l + vocab) - l;
+    const double mx = l[best];
+    double sum = 0;
+    for (int64_t i = 0; i < vocab; ++i) sum += std::exp(static_cast<double>(l[i]) - mx);
+    token[r] = static_cast<int32_t>(best);
+    logprob[r] = static_cast<float>(l[best] - (mx + std::log(sum)));
+  }
+}
+
 }  // namespace deepinfer

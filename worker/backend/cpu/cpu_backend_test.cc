@@ -227,6 +227,20 @@ TEST(CpuBackendTest, NoauxTcRouterGroupLimitBiasAndUnbiasedWeights) {
   EXPECT_NEAR(w[0], 0.55 * 2.5, 1e-5);
 }
 
+TEST(CpuBackendTest, GreedySampleRowsGivesTokenAndLogSoftmax) {
+  CpuBackend be(1);
+  const std::vector<float> l = {1.0f, 3.0f, 3.0f, -2.0f,  // tie: lowest index
+                                0.0f, 0.0f, 0.0f, 0.0f};
+  std::vector<int32_t> tok(2, -1);
+  std::vector<float> lp(2, 1.0f);
+  be.GreedySampleRows(2, 4, l.data(), tok.data(), lp.data());
+  EXPECT_EQ(tok[0], 1);
+  EXPECT_EQ(tok[1], 0);
+  const double z0 = std::log(std::exp(1.0) + 2 * std::exp(3.0) + std::exp(-2.0));
+  EXPECT_NEAR(lp[0], 3.0 - z0, 1e-6);
+  EXPECT_NEAR(lp[1], -std::log(4.0), 1e-6);
+}
+
 TEST(CpuBackendTest, ArgmaxRows) {
   CpuBackend be(1);
   std::vector<float> l = {0, 3, 1, 3, -1, -2, -0.5f, -3};

@@ -345,4 +345,11 @@ void CudaBackend::ArgmaxRows(int64_t rows, int64_t vocab, const float* logits, i
   Check(kernels::ArgmaxRowsF32(rows, vocab, logits, out, stream_), "kernels::ArgmaxRowsF32");
 }
 
+void CudaBackend::GreedySampleRows(int64_t rows, int64_t vocab, const float* logits,
+                                   int32_t* token, float* logprob) {
+  OpTimer timer(this, "GreedySampleRows");
+  Check(kernels::GreedySampleRowsF32(rows, vocab, logits, token, logprob, stream_),
+        "kernels::GreedySampleRowsF32");
+}
+
 }  // namespace deepinfer

@@ -1,0 +1,404 @@
+// Two kernels, both with this grid (the CUDA-core one strides over its x when the grid is capped
+// at one resident wave), and a tensor-core variant further down for slots with many rows. Grid: x =
+// tiles of kRowsPerBlock weight rows (output features), y = the j-th NON-EMPTY slot, j <
+// min(num_slots, max_rows) (a slot is found from the device offsets by warp 0; blocks past the last
+// non-empty slot exit). So with one token and top-6, only 6 columns of blocks do work, whatever
+// num_slots is.
+//
+// CUDA cores: inside a block each warp owns kRowsPerWarp weight rows and streams them once per row
+// tile: every lane loads 16 bytes (8 bf16) of each row per step, converts them to fp32 (a shift)
+// and multiplies them with the matching 8 floats of each x row of the tile (x rows come through L1,
+// shared by the block's warps). Rows of a slot are processed in tiles of 8/4/2/1 so that a slot
+// with m rows streams its weights ceil(m / 8) times (later passes hit L2), and the accumulators
+// stay in registers.
+#include <cuda_bf16.h>
+
+#include <algorithm>
+
+#include "kernels/moe/grouped_gemm.h"
+
+namespace deepinfer {
+namespace kernels {
+namespace {
+
+constexpr int kWarps = 8;
+constexpr int kThreads = kWarps * 32;
+constexpr int kRowsPerWarp = 2;
+constexpr int kRowsPerBlock = kWarps * kRowsPerWarp;
+// 16-byte weight loads in flight per lane and weight row: more for one row, whose registers
+// are otherwise idle, so a decode warp has most of its weight bytes requested at once.
+template <int MT>
+constexpr int kUnroll = MT == 1 ? 4 : 2;
+// kAuto: the CUDA-core kernel up to this many rows per slot (decode), tensor cores above.
+constexpr int kCudaCoreMaxRowsPerSlot = 2;
+
+__device__ __forceinline__ void Bf16x8ToFloat(const uint4& v, float f[8]) {
+  const unsigned u[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    f[2 * i] = __uint_as_float(u[i] << 16);
+    f[2 * i + 1] = __uint_as_float(u[i] & 0xffff0000u);
+  }
+}
+
+// Rows [row0, row0 + valid) of x (valid <= MT; missing rows re-read the last valid one and are
+// not stored) times the warp's weight rows w[j] (j < kRowsPerWarp; store only if n_ok[j]).
+template <int MT>
+__device__ __forceinline__ void RowTile(const float* x, int64_t row0, int valid, int k,
+                                        const uint4* const w[kRowsPerWarp],
+                                        const bool n_ok[kRowsPerWarp], int64_t n_first, int n,
+                                        float* y) {
+  const int lane = threadIdx.x % 32;
+  const int kv = k / 8;
+  const float4* xr[MT];
+#pragma unroll
+  for (int r = 0; r < MT; ++r) {
+    xr[r] = reinterpret_cast<const float4*>(x + (row0 + min(r, valid - 1)) * int64_t{k});
+  }
+  float acc[MT][kRowsPerWarp];
+#pragma unroll
+  for (int r = 0; r < MT; ++r)
+#pragma unroll
+    for (int j = 0; j < kRowsPerWarp; ++j) acc[r][j] = 0.0f;
+
+  for (int v0 = lane; v0 < kv; v0 += 32 * kUnroll<MT>) {
+    uint4 wv[kUnroll<MT>][kRowsPerWarp];
+#pragma unroll
+    for (int u = 0; u < kUnroll<MT>; ++u) {
+      const int v = v0 + u * 32;
+#pragma unroll
+      for (int j = 0; j < kRowsPerWarp; ++j) {
+        wv[u][j] = v < kv ? __ldg(w[j] + v) : make_uint4(0, 0, 0, 0);
+      }
+    }
+#pragma unroll
+    for (int u = 0; u < kUnroll<MT>; ++u) {
+      const int v = v0 + u * 32;
+      if (v >= kv) break;
+      float wf[kRowsPerWarp][8];
+#pragma unroll
+      for (int j = 0; j < kRowsPerWarp; ++j) Bf16x8ToFloat(wv[u][j], wf[j]);
+#pragma unroll
+      for (int r = 0; r < MT; ++r) {
+        const float4 a = __ldg(xr[r] + 2 * v), b = __ldg(xr[r] + 2 * v + 1);
+#pragma unroll
+        for (int j = 0; j < kRowsPerWarp; ++j) {
+          float s = acc[r][j];
+          s = fmaf(a.x, wf[j][0], s);
+          s = fmaf(a.y, wf[j][1], s);
+          s = fmaf(a.z, wf[j][2], s);
+          s = fmaf(a.w, wf[j][3], s);
+          s = fmaf(b.x, wf[j][4], s);
+          s = fmaf(b.y, wf[j][5], s);
+          s = fmaf(b.z, wf[j][6], s);
+          s = fmaf(b.w, wf[j][7], s);
+          acc[r][j] = s;
+        }
+      }
+    }
+  }
+#pragma unroll
+  for (int r = 0; r < MT; ++r) {
+#pragma unroll
+    for (int j = 0; j < kRowsPerWarp; ++j) {
+      float s = acc[r][j];
+#pragma unroll
+      for (int o = 16; o > 0; o /= 2) s += __shfl_xor_sync(0xffffffffu, s, o);
+      // Every lane holds the sum; spread the stores over lanes.
+      if (r < valid && n_ok[j] && lane == (r * kRowsPerWarp + j) % 32) {
+        y[(row0 + r) * int64_t{n} + n_first + j] = s;
+      }
+    }
+  }
+}
+
+// The block serves the blockIdx.y-th non-empty slot: warp 0 finds it in the device offsets and
+// leaves {slot, first row, end row} in work (end <= first: no such slot, the block exits).
+__device__ void FindSlot(const GroupedGemmBf16Params& p, int work[3]) {
+  if (threadIdx.x < 32) {
+    const int lane = threadIdx.x;
+    int seen = 0;
+    bool found = false;
+    for (int base = 0; base < p.num_slots && !found; base += 32) {
+      const int s = base + lane;
+      int b = 0, e = 0;
+      if (s < p.num_slots) {
+        b = min(p.slot_offsets[s], p.max_rows);
+        e = min(p.slot_offsets[s + 1], p.max_rows);
+      }
+      const unsigned nonempty = __ballot_sync(0xffffffffu, e > b);
+      const int rank = static_cast<int>(blockIdx.y) - seen;
+      if (rank < __popc(nonempty)) {
+        found = true;
+        if (e > b && __popc(nonempty & ((1u << lane) - 1u)) == rank) {
+          work[0] = s;
+          work[1] = b;
+          work[2] = e;
+        }
+      }
+      seen += __popc(nonempty);
+    }
+    if (!found && lane == 0) work[1] = work[2] = 0;
+  }
+  __syncthreads();
+}
+
+// kMaxTile bounds the row tile: larger tiles re-stream the weights less often for big slots but
+// need more registers (fewer resident warps), so decode with one row per slot uses kMaxTile 1.
+template <int kMaxTile>
+__global__ void __launch_bounds__(kThreads) GroupedGemmBf16Kernel(GroupedGemmBf16Params p) {
+  __shared__ int work[3];
+  FindSlot(p, work);
+  const int slot = work[0], row_begin = work[1], row_end = work[2];
+  if (row_begin >= row_end) return;
+
+  const int warp = threadIdx.x / 32;
+  const uint16_t* weights = p.weights[slot];
+  // Blocks stride over the weight-row tiles: the grid holds about one resident wave, so there
+  // is no tail wave (decode runs only a few tens of microseconds).
+  for (int64_t n_first = int64_t{blockIdx.x} * kRowsPerBlock + warp * kRowsPerWarp; n_first < p.n;
+       n_first += int64_t{gridDim.x} * kRowsPerBlock) {
+    const uint4* w[kRowsPerWarp];
+    bool n_ok[kRowsPerWarp];
+#pragma unroll
+    for (int j = 0; j < kRowsPerWarp; ++j) {
+      n_ok[j] = n_first + j < p.n;
+      // A row past n re-reads the last row (in bounds) and is not stored.
+      const int64_t row = min(n_first + j, int64_t{p.n} - 1);
+      w[j] = reinterpret_cast<const uint4*>(weights + row * p.k);
+    }
+    for (int row0 = row_begin; row0 < row_end;) {
+      const int rest = row_end - row0;
+      if (kMaxTile >= 8 && rest >= 5) {
+        RowTile<kMaxTile >= 8 ? 8 : 1>(p.x, row0, min(rest, 8), p.k, w, n_ok, n_first, p.n, p.y);
+        row0 += min(rest, 8);
+      } else if (kMaxTile >= 4 && rest >= 3) {
+        RowTile<kMaxTile >= 4 ? 4 : 1>(p.x, row0, min(rest, 4), p.k, w, n_ok, n_first, p.n, p.y);
+        row0 += min(rest, 4);
+      } else if (kMaxTile >= 2 && rest >= 2) {
+        RowTile<kMaxTile >= 2 ? 2 : 1>(p.x, row0, 2, p.k, w, n_ok, n_first, p.n, p.y);
+        row0 += 2;
+      } else {
+        RowTile<1>(p.x, row0, 1, p.k, w, n_ok, n_first, p.n, p.y);
+        row0 += 1;
+      }
+    }
+  }
+}
+
+// ---- Tensor-core variant (sm_80+): mma.sync m16n8k16, bf16 in, fp32 accumulate. ------------
+// A = 16 weight rows x 16 k (bf16 as stored), B = 16 k x 8 x rows. x is fp32: it is split into
+// hi = bf16(x) and lo = bf16(x - hi) and both are multiplied (two MMAs), so x keeps about 16
+// significant bits (relative error <= 2^-17) while the weights are exact: close to the fp32
+// CUDA-core path at a fraction of its instruction count when slots have many rows.
+//
+// k order: the sum over k does not care about order, so each thread loads 8 CONTIGUOUS k values
+// (one 16-byte load of a weight row, two float4 of an x row) and the fragment registers are
+// filled so that MMA-logical k (2t, 2t+1 | 2t+8, 2t+9) of half h maps to physical
+// 8t + 4h + (0, 1 | 2, 3) inside a 32-wide k block, for A and B alike.
+constexpr int kTcWarps = 4;
+constexpr int kTcThreads = kTcWarps * 32;
+constexpr int kTcFeatureTiles = 2;  // 16-row weight tiles per warp
+constexpr int kTcFeaturesPerBlock = kTcWarps * kTcFeatureTiles * 16;
+
+__device__ __forceinline__ void MmaBf16(float c[4], const unsigned a[4], unsigned b0, unsigned b1) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+      "{%8,%9}, {%0,%1,%2,%3};\n"
+      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+#endif
+}
+
+// Packs (f0, f1) as bf16x2 hi (f0 in the low half) and the rounding residual as lo.
+__device__ __forceinline__ void SplitBf16x2(float f0, float f1, unsigned* hi, unsigned* lo) {
+  const __nv_bfloat162 h = __floats2bfloat162_rn(f0, f1);
+  const __nv_bfloat162 l = __floats2bfloat162_rn(f0 - __low2float(h), f1 - __high2float(h));
+  *hi = *reinterpret_cast<const unsigned*>(&h);
+  *lo = *reinterpret_cast<const unsigned*>(&l);
+}
+
+// One pass: the warp's 16 * kTcFeatureTiles weight rows times x rows [row0, row0 + 8 * NT)
+// (rows >= row_end are read as a clamped valid row and not stored).
+template <int NT>
+__device__ __forceinline__ void TcRowPass(const GroupedGemmBf16Params& p, const uint16_t* weights,
+                                          int64_t feature0, int row0, int row_end) {
+  const int lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
+  const uint4* w[kTcFeatureTiles][2];
+#pragma unroll
+  for (int f = 0; f < kTcFeatureTiles; ++f) {
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      const int64_t feature = min(feature0 + f * 16 + half * 8 + g, int64_t{p.n} - 1);
+      w[f][half] = reinterpret_cast<const uint4*>(weights + feature * p.k);
+    }
+  }
+  const float4* x[NT];
+#pragma unroll
+  for (int j = 0; j < NT; ++j) {
+    const int row = min(row0 + j * 8 + g, row_end - 1);
+    x[j] = reinterpret_cast<const float4*>(p.x + int64_t{row} * p.k);
+  }
+  float acc[kTcFeatureTiles][NT][4];
+#pragma unroll
+  for (int f = 0; f < kTcFeatureTiles; ++f)
+#pragma unroll
+    for (int j = 0; j < NT; ++j)
+#pragma unroll
+      for (int i = 0; i < 4; ++i) acc[f][j][i] = 0.0f;
+
+  const int chunks = p.k / 8;  // 16-byte weight chunks per row; thread t takes chunk 4*step + t
+  for (int c = t; c - t < chunks; c += 4) {
+    const bool ok = c < chunks;
+    uint4 a[kTcFeatureTiles][2];
+#pragma unroll
+    for (int f = 0; f < kTcFeatureTiles; ++f)
+#pragma unroll
+      for (int half = 0; half < 2; ++half)
+        a[f][half] = ok ? __ldg(w[f][half] + c) : make_uint4(0, 0, 0, 0);
+    unsigned bhi[NT][4], blo[NT][4];
+#pragma unroll
+    for (int j = 0; j < NT; ++j) {
+      float4 v0 = make_float4(0, 0, 0, 0), v1 = v0;
+      if (ok) {
+        v0 = __ldg(x[j] + 2 * c);
+        v1 = __ldg(x[j] + 2 * c + 1);
+      }
+      SplitBf16x2(v0.x, v0.y, &bhi[j][0], &blo[j][0]);
+      SplitBf16x2(v0.z, v0.w, &bhi[j][1], &blo[j][1]);
+      SplitBf16x2(v1.x, v1.y, &bhi[j][2], &blo[j][2]);
+      SplitBf16x2(v1.z, v1.w, &bhi[j][3], &blo[j][3]);
+    }
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+#pragma unroll
+      for (int f = 0; f < kTcFeatureTiles; ++f) {
+        const unsigned frag[4] = {h ? a[f][0].z : a[f][0].x, h ? a[f][1].z : a[f][1].x,
+                                  h ? a[f][0].w : a[f][0].y, h ? a[f][1].w : a[f][1].y};
+#pragma unroll
+        for (int j = 0; j < NT; ++j) {
+          MmaBf16(acc[f][j], frag, bhi[j][2 * h], bhi[j][2 * h + 1]);
+          MmaBf16(acc[f][j], frag, blo[j][2 * h], blo[j][2 * h + 1]);
+        }
+      }
+    }
+  }
+  // C fragment: c0, c1 = (feature g, rows 2t, 2t+1); c2, c3 = (feature g + 8, same rows).
+#pragma unroll
+  for (int f = 0; f < kTcFeatureTiles; ++f) {
+#pragma unroll
+    for (int j = 0; j < NT; ++j) {
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        const int64_t feature = feature0 + f * 16 + g + (i >= 2 ? 8 : 0);
+        const int row = row0 + j * 8 + 2 * t + (i % 2);
+        if (feature < p.n && row < row_end) p.y[int64_t{row} * p.n + feature] = acc[f][j][i];
+      }
+    }
+  }
+}
+
+template <int kMaxNT>
+__global__ void __launch_bounds__(kTcThreads) GroupedGemmBf16TcKernel(GroupedGemmBf16Params p) {
+  __shared__ int work[3];
+  FindSlot(p, work);
+  const int slot = work[0], row_begin = work[1], row_end = work[2];
+  if (row_begin >= row_end) return;
+  const int warp = threadIdx.x / 32;
+  const int64_t feature0 = int64_t{blockIdx.x} * kTcFeaturesPerBlock + warp * kTcFeatureTiles * 16;
+  if (feature0 >= p.n) return;
+  const uint16_t* weights = p.weights[slot];
+  for (int row0 = row_begin; row0 < row_end;) {
+    const int rest = row_end - row0;
+    if (kMaxNT >= 4 && rest > 16) {
+      TcRowPass<kMaxNT >= 4 ? 4 : 1>(p, weights, feature0, row0, row_end);
+      row0 += 32;
+    } else if (kMaxNT >= 2 && rest > 8) {
+      TcRowPass<kMaxNT >= 2 ? 2 : 1>(p, weights, feature0, row0, row_end);
+      row0 += 16;
+    } else {
+      TcRowPass<1>(p, weights, feature0, row0, row_end);
+      row0 += 8;
+    }
+  }
+}
+
+// True if the tensor-core kernel was compiled for this device (SASS or PTX of sm_80+); the
+// compute_75 PTX fallback has no MMA.
+bool TensorCoresAvailable() {
+  static const bool available = [] {
+    cudaFuncAttributes attr;
+    if (cudaFuncGetAttributes(&attr, GroupedGemmBf16TcKernel<1>) != cudaSuccess) return false;
+    return attr.binaryVersion >= 80 && attr.ptxVersion >= 80;
+  }();
+  return available;
+}
+// Blocks of `kernel` resident on the whole current device at once (0 if unknown). Cached per
+// kernel; assumes every device the process uses is of one kind.
+template <typename Kernel>
+int64_t ResidentBlocks(Kernel kernel, int threads) {
+  static const int64_t blocks = [&] {
+    int device = 0, sms = 0, per_sm = 0;
+    if (cudaGetDevice(&device) != cudaSuccess ||
+        cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device) != cudaSuccess ||
+        cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, threads, 0) != cudaSuccess) {
+      return int64_t{0};
+    }
+    return int64_t{sms} * per_sm;
+  }();
+  return blocks;
+}
+
+}  // namespace
+
+cudaError_t GroupedGemmBf16(const GroupedGemmBf16Params& p, cudaStream_t stream) {
+  if (p.num_slots <= 0 || p.n <= 0 || p.k <= 0 || p.k % 8 != 0 || p.max_rows < 0 ||
+      reinterpret_cast<uintptr_t>(p.x) % 16 != 0) {
+    return cudaErrorInvalidValue;
+  }
+  if (p.max_rows == 0) return cudaSuccess;
+  const int hint = p.rows_per_slot_hint > 0 ? p.rows_per_slot_hint : p.max_rows;
+  const int64_t slot_blocks = std::min<int64_t>(p.num_slots, p.max_rows);
+  if (slot_blocks > 65535) return cudaErrorInvalidValue;
+  bool tensor_cores = p.algo == GroupedGemmAlgo::kTensorCore ||
+                      (p.algo == GroupedGemmAlgo::kAuto && hint > kCudaCoreMaxRowsPerSlot);
+  if (tensor_cores && !TensorCoresAvailable()) {
+    if (p.algo == GroupedGemmAlgo::kTensorCore) return cudaErrorNotSupported;
+    tensor_cores = false;
+  }
+  if (tensor_cores) {
+    const dim3 grid(
+        static_cast<unsigned>((int64_t{p.n} + kTcFeaturesPerBlock - 1) / kTcFeaturesPerBlock),
+        static_cast<unsigned>(slot_blocks));
+    if (hint <= 8) {
+      GroupedGemmBf16TcKernel<1><<<grid, kTcThreads, 0, stream>>>(p);
+    } else if (hint <= 16) {
+      GroupedGemmBf16TcKernel<2><<<grid, kTcThreads, 0, stream>>>(p);
+    } else {
+      GroupedGemmBf16TcKernel<4><<<grid, kTcThreads, 0, stream>>>(p);
+    }
+    return cudaGetLastError();
+  }
+  const int64_t n_tiles = (int64_t{p.n} + kRowsPerBlock - 1) / kRowsPerBlock;
+  auto launch = [&](auto kernel) {
+    const int64_t wave = ResidentBlocks(kernel, kThreads);
+    const int64_t x =
+        std::max<int64_t>(1, std::min(n_tiles, wave > 0 ? wave / slot_blocks : n_tiles));
+    kernel<<<dim3(static_cast<unsigned>(x), static_cast<unsigned>(slot_blocks)), kThreads, 0,
+             stream>>>(p);
+  };
+  if (hint <= 1) {
+    launch(GroupedGemmBf16Kernel<1>);
+  } else if (hint <= 2) {
+    launch(GroupedGemmBf16Kernel<2>);
+  } else if (hint <= 4) {
+    launch(GroupedGemmBf16Kernel<4>);
+  } else {
+    launch(GroupedGemmBf16Kernel<8>);
+  }
+  return cudaGetLastError();
+}
+
+}  // namespace kernels
+}  // namespace deepinfer

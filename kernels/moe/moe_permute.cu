@@ -1,0 +1,157 @@
+// Permutation plan in one block of kPlanWarps warps: the choices are split into one contiguous
+// segment per warp; each warp counts its segment per slot (order-free), the per-warp counts
+// become per-warp starting ranks (exclusive over warps) and per-slot offsets (exclusive over
+// slots), and each warp then walks its segment 32 choices at a time in order, ranking equal
+// slots inside the 32 with __match_any_sync. No global atomics, so rows are deterministic.
+// One block suffices: decode has a few hundred choices, prefill tens of thousands (a few
+// microseconds either way, far below the expert GEMMs).
+#include "kernels/moe/moe_permute.h"
+
+namespace deepinfer {
+namespace kernels {
+namespace {
+
+constexpr int kPlanWarps = 16;
+constexpr int kPlanThreads = kPlanWarps * 32;
+static_assert(kPlanThreads >= kMaxMoeSlots, "one plan thread per slot");
+constexpr int kGatherThreads = 256;
+constexpr int kCombineThreads = 256;
+
+__device__ __forceinline__ int SlotOf(const MoePermuteParams& p, int64_t i) {
+  const int e = p.topk_ids[i];
+  if (e < 0 || e >= p.num_experts) return -1;
+  const int s = p.slot_of_expert[e];
+  return s < p.num_slots ? s : -1;
+}
+
+// Dynamic shared memory: kPlanWarps * num_slots counters.
+__global__ void __launch_bounds__(kPlanThreads) PermutePlanKernel(MoePermuteParams p) {
+  extern __shared__ int warp_rank[];  // [kPlanWarps][num_slots]
+  __shared__ int slot_total[kMaxMoeSlots];
+  __shared__ int scan[2][kMaxMoeSlots];
+  const int S = p.num_slots;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int64_t choices = int64_t{p.num_tokens} * p.top_k;
+  const int64_t seg = (choices + kPlanWarps - 1) / kPlanWarps;
+  const int64_t seg_begin = min(choices, warp * seg), seg_end = min(choices, seg_begin + seg);
+  int* my_rank = warp_rank + warp * S;
+
+  for (int i = threadIdx.x; i < kPlanWarps * S; i += kPlanThreads) warp_rank[i] = 0;
+  __syncthreads();
+  for (int64_t i = seg_begin + lane; i < seg_end; i += 32) {
+    const int s = SlotOf(p, i);
+    if (s >= 0) atomicAdd(&my_rank[s], 1);
+  }
+  __syncthreads();
+  // Per slot: counts of the warps -> each warp's first rank inside the slot.
+  const int s = threadIdx.x;
+  int total = 0;
+  if (s < S) {
+    for (int w = 0; w < kPlanWarps; ++w) {
+      const int c = warp_rank[w * S + s];
+      warp_rank[w * S + s] = total;
+      total += c;
+    }
+    slot_total[s] = total;
+    p.slot_counts[s] = total;
+  }
+  // Inclusive scan over slots (Hillis-Steele, double-buffered), then shift to exclusive.
+  int buf = 0;
+  if (s < kMaxMoeSlots) scan[0][s] = s < S ? total : 0;
+  __syncthreads();
+  for (int d = 1; d < kMaxMoeSlots; d *= 2) {
+    if (s < kMaxMoeSlots) scan[buf ^ 1][s] = scan[buf][s] + (s >= d ? scan[buf][s - d] : 0);
+    buf ^= 1;
+    __syncthreads();
+  }
+  if (s < S) {
+    const int start = scan[buf][s] - slot_total[s];
+    p.slot_offsets[s] = start;
+    slot_total[s] = start;  // from here on: the slot's first row
+    if (s == S - 1) p.slot_offsets[S] = scan[buf][s];
+  }
+  __syncthreads();
+  // Ordered ranking: only this warp touches my_rank from here on.
+  const unsigned lt_mask = (1u << lane) - 1u;
+  for (int64_t base = seg_begin; base < seg_end; base += 32) {
+    const int64_t i = base + lane;
+    const int slot = i < seg_end ? SlotOf(p, i) : -2;
+    const unsigned peers = __match_any_sync(0xffffffffu, slot);
+    if (slot >= 0) {
+      const int row = slot_total[slot] + my_rank[slot] + __popc(peers & lt_mask);
+      p.choice_row[i] = row;
+      p.row_token[row] = static_cast<int>(i / p.top_k);
+    } else if (slot == -1) {
+      p.choice_row[i] = -1;
+    }
+    __syncwarp();
+    if (slot >= 0 && lane == __ffs(peers) - 1) my_rank[slot] += __popc(peers);
+    __syncwarp();
+  }
+}
+
+__global__ void __launch_bounds__(kGatherThreads)
+    GatherKernel(int64_t hidden_size, bool vec4, const float* hidden, const int32_t* rows_total,
+                 const int32_t* row_token, float* out) {
+  const int row = blockIdx.x;
+  if (row >= *rows_total) return;
+  const int64_t t = row_token[row];
+  if (vec4) {
+    const float4* src = reinterpret_cast<const float4*>(hidden + t * hidden_size);
+    float4* dst = reinterpret_cast<float4*>(out + row * hidden_size);
+    for (int64_t c = threadIdx.x; c < hidden_size / 4; c += kGatherThreads) dst[c] = src[c];
+  } else {
+    const float* src = hidden + t * hidden_size;
+    float* dst = out + row * hidden_size;
+    for (int64_t c = threadIdx.x; c < hidden_size; c += kGatherThreads) dst[c] = src[c];
+  }
+}
+
+// One block (x) per token, threads over columns. __fmul_rn / __fadd_rn keep nvcc from fusing
+// the product and the sum into an FMA, which would round differently from the reference.
+__global__ void __launch_bounds__(kCombineThreads) CombineKernel(MoeCombineParams p) {
+  const int64_t t = blockIdx.x;
+  const int64_t c = (blockIdx.y * int64_t{kCombineThreads} + threadIdx.x);
+  if (c >= p.hidden_size) return;
+  float acc = p.out[t * p.hidden_size + c];
+  for (int k = 0; k < p.top_k; ++k) {
+    const int row = p.choice_row[t * p.top_k + k];
+    if (row < 0) continue;
+    const float w = p.topk_weights[t * p.top_k + k];
+    acc = __fadd_rn(acc, __fmul_rn(w, p.expert_out[int64_t{row} * p.hidden_size + c]));
+  }
+  p.out[t * p.hidden_size + c] = acc;
+}
+
+}  // namespace
+
+cudaError_t MoePermuteF32(const MoePermuteParams& p, cudaStream_t stream) {
+  if (p.num_slots < 1 || p.num_slots > kMaxMoeSlots || p.num_tokens < 0 || p.top_k < 0 ||
+      p.num_experts < 0 || p.hidden_size < 0) {
+    return cudaErrorInvalidValue;
+  }
+  const int64_t choices = int64_t{p.num_tokens} * p.top_k;
+  if (choices >= (int64_t{1} << 31)) return cudaErrorInvalidValue;
+  const size_t shared = sizeof(int) * kPlanWarps * p.num_slots;
+  PermutePlanKernel<<<1, kPlanThreads, shared, stream>>>(p);
+  cudaError_t err = cudaGetLastError();
+  if (err != cudaSuccess || choices == 0 || p.hidden_size == 0) return err;
+  const bool vec4 = p.hidden_size % 4 == 0 && reinterpret_cast<uintptr_t>(p.hidden) % 16 == 0 &&
+                    reinterpret_cast<uintptr_t>(p.permuted_hidden) % 16 == 0;
+  GatherKernel<<<static_cast<unsigned>(choices), kGatherThreads, 0, stream>>>(
+      p.hidden_size, vec4, p.hidden, p.slot_offsets + p.num_slots, p.row_token, p.permuted_hidden);
+  return cudaGetLastError();
+}
+
+cudaError_t MoeCombineF32(const MoeCombineParams& p, cudaStream_t stream) {
+  if (p.num_tokens < 0 || p.top_k < 0 || p.hidden_size < 0) return cudaErrorInvalidValue;
+  if (p.num_tokens == 0 || p.top_k == 0 || p.hidden_size == 0) return cudaSuccess;
+  const int64_t col_blocks = (p.hidden_size + kCombineThreads - 1) / kCombineThreads;
+  if (col_blocks > 65535) return cudaErrorInvalidValue;
+  const dim3 grid(static_cast<unsigned>(p.num_tokens), static_cast<unsigned>(col_blocks));
+  CombineKernel<<<grid, kCombineThreads, 0, stream>>>(p);
+  return cudaGetLastError();
+}
+
+}  // namespace kernels
+}  // namespace deepinfer

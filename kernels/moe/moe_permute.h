@@ -1,0 +1,65 @@
+// Device-side MoE token permutation: from each token's top-k expert ids to rows grouped by local
+// expert slot (counts and offsets left in device memory, so the grouped expert GEMM can read
+// them without a host round trip), and the weighted combine of the experts' outputs back into
+// token order. The CPU reference is kernels/moe/moe_reference.h.
+#ifndef DEEPINFER_KERNELS_MOE_MOE_PERMUTE_H_
+#define DEEPINFER_KERNELS_MOE_MOE_PERMUTE_H_
+
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+
+namespace deepinfer {
+namespace kernels {
+
+// Local slots one permutation can address (DeepSeek-V3: 256 experts, Kimi-K2: 384, plus
+// redundant EPLB replicas on one rank).
+constexpr int32_t kMaxMoeSlots = 512;
+
+// All pointers are device pointers. "choices" are the num_tokens * top_k (token, k) pairs.
+struct MoePermuteParams {
+  int32_t num_tokens = 0;
+  int32_t top_k = 0;
+  int32_t num_experts = 0;                  // global expert ids are < num_experts
+  int32_t num_slots = 0;                    // local slots, 1..kMaxMoeSlots
+  const int32_t* topk_ids = nullptr;        // [num_tokens, top_k]
+  const int32_t* slot_of_expert = nullptr;  // [num_experts]: local slot, or -1 (not hosted)
+  int64_t hidden_size = 0;
+  const float* hidden = nullptr;  // [num_tokens, hidden_size]
+  // Outputs.
+  int32_t* slot_counts = nullptr;    // [num_slots]
+  int32_t* slot_offsets = nullptr;   // [num_slots + 1]: exclusive prefix; [num_slots] = rows
+  int32_t* choice_row = nullptr;     // [num_tokens, top_k]: row of the choice, or -1
+  int32_t* row_token = nullptr;      // [num_tokens * top_k]: source token of each row
+  float* permuted_hidden = nullptr;  // [num_tokens * top_k, hidden_size]
+};
+
+// Rows are grouped by slot in ascending slot order and, inside a slot, ordered by (token, k):
+// the result is deterministic and equals MoePermuteReference. A choice whose expert id is out
+// of [0, num_experts) or whose slot is -1 (or >= num_slots) gets no row (choice_row = -1);
+// rows = slot_offsets[num_slots] <= num_tokens * top_k, and row_token / permuted_hidden
+// entries at or beyond rows are left untouched. Two launches on `stream` (plan: one block;
+// gather: one block per possible row, those beyond `rows` exit). cudaErrorInvalidValue for
+// num_slots outside 1..kMaxMoeSlots, negative sizes, or num_tokens * top_k >= 2^31.
+cudaError_t MoePermuteF32(const MoePermuteParams& params, cudaStream_t stream);
+
+struct MoeCombineParams {
+  int32_t num_tokens = 0;
+  int32_t top_k = 0;
+  int64_t hidden_size = 0;
+  const int32_t* choice_row = nullptr;  // [num_tokens, top_k] from MoePermuteF32
+  const float* topk_weights = nullptr;  // [num_tokens, top_k]
+  const float* expert_out = nullptr;    // [rows, hidden_size], rows in permuted order
+  float* out = nullptr;                 // [num_tokens, hidden_size], added into
+};
+
+// out[t, :] += w[t, k] * expert_out[choice_row[t, k], :] summed over k = 0, 1, ... in order,
+// each step an fp32 product then an fp32 sum (never fused), skipping choice_row -1: bit for bit
+// MoeCombineReference. With ids ascending within a token (as the noaux_tc router emits them)
+// and slots ascending in expert id, this is also LocalExpertDispatcher::Combine's order.
+cudaError_t MoeCombineF32(const MoeCombineParams& params, cudaStream_t stream);
+
+}  // namespace kernels
+}  // namespace deepinfer
+
+#endif  // DEEPINFER_KERNELS_MOE_MOE_PERMUTE_H_

@@ -1,0 +1,48 @@
+#!/bin/bash
+# bench_scripts_test: sweep.sh writes one CSV row per (context, request count), and
+# combine_results.py puts ours and an HF result side by side with ratios computed from the
+# inputs. Runs deepinfer-bench on the CPU with the small parity fixture's config.
+#   bench_scripts_test.sh DEEPINFER_BENCH SWEEP_SH COMBINE_PY CONFIG_JSON
+set -euo pipefail
+bench=$1 sweep=$2 combine=$3 config=$4
+tmp=${TEST_TMPDIR:-$(mktemp -d)}
+fail() { echo "FAIL: $*" >&2; exit 1; }
+small=(--backend cpu --prefill-batch-tokens 16 --output-len 3 --warmup 1)
+
+# --- sweep.sh: 2 contexts x 2 request counts = 4 rows under one header ---
+"$sweep" --bench "$bench" --model "$config" --out "$tmp/sweep.csv" --contexts "8 16" \
+  --requests 1,2 -- "${small[@]}" 2> "$tmp/sweep.log" || fail "sweep.sh failed: $(cat "$tmp/sweep.log")"
+[[ $(wc -l < "$tmp/sweep.csv") -eq 5 ]] || fail "want header + 4 rows: $(cat "$tmp/sweep.csv")"
+[[ $(grep -c '^model,backend,dtype,requests,context' "$tmp/sweep.csv") -eq 1 ]] || fail "one header"
+# requests,context columns (4th, 5th) cover the grid
+got=$(tail -n +2 "$tmp/sweep.csv" | cut -d, -f4,5 | sort | tr '\n' ' ')
+[[ "$got" == "1,16 1,8 2,16 2,8 " ]] || fail "grid rows: $got"
+if "$sweep" --model "$config" 2> /dev/null; then fail "sweep.sh without --out must fail"; fi
+
+# --- combine_results.py: ratios from the inputs, missing inputs reported ---
+"$bench" --model "$config" --load-format dummy "${small[@]}" --decode-num-requests 1,2 \
+  --context-length 8 --json > "$tmp/ours.json"
+cat > "$tmp/hf.json" << 'JSON'
+{"dtype": "bfloat16", "context": 8, "prefill": {"tokens_per_step": 16, "step_s": 2.0,
+ "tokens_per_s": 8.0}, "decode": [{"requests": 2, "p50_s": 0.5, "tokens_per_s": 4.0}]}
+JSON
+python3 "$combine" --ours "m=$tmp/ours.json" --hf "m=$tmp/hf.json" \
+  --ours "gone=$tmp/missing.json" --csv "$tmp/c.csv" --md "$tmp/c.md" > /dev/null
+grep -q 'gone / ours: no result' "$tmp/c.md" || fail "missing input not reported: $(cat "$tmp/c.md")"
+python3 - "$tmp/ours.json" "$tmp/c.csv" << 'PY'
+import csv, json, sys
+ours = json.load(open(sys.argv[1]))
+rows = {(r["model"], r["phase"], r["requests"]): r for r in csv.DictReader(open(sys.argv[2]))}
+assert set(rows) == {("m", "prefill", ""), ("m", "decode", "1"), ("m", "decode", "2")}, rows
+d2 = [d for d in ours["decode"] if d["requests"] == 2][0]
+r = rows[("m", "decode", "2")]
+assert abs(float(r["ours_over_hf"]) - d2["tokens_per_s"] / 4.0) <= 1e-4 * d2["tokens_per_s"], r
+# HF roofline: ours' bytes at 2 instead of 4 bytes per value, over HF's 0.5 s.
+t = max(d2["bytes_per_step"] / 2 / 4.3e12, d2["flops_per_step"] / 790e12)
+assert abs(float(r["hf_roofline"]) - t / 0.5) <= 1e-4 * t / 0.5, (r, t)
+assert rows[("m", "decode", "1")]["hf_tok_s"] == "", "no HF figure at 1 request"
+p = rows[("m", "prefill", "")]
+assert abs(float(p["ours_over_hf"]) - ours["prefill"]["tokens_per_s"] / 8.0) <= \
+    1e-4 * ours["prefill"]["tokens_per_s"], p
+PY
+echo PASS

@@ -1,0 +1,77 @@
+#!/bin/bash
+# bench_all.sh - one GPU-machine call: our benchmark cases and the HF transformers baseline on
+# the same configs, combined into one table with ratios. Copied into the bundle by
+# tools/gpu/prepare.sh (--bench-only is enough) and run from there:
+#
+#   tools/gpu/prepare.sh --out .gpu/bench --bench-only
+#   device tool: carry [".gpu/bench"], command `bash .gpu/bench/bench_all.sh`
+#
+# Cases (context 1024 everywhere, dummy weights):
+#   moonlight (configs/moonlight_shaped.json: hidden 2048, 27 layers, 64 experts top-6):
+#     ours and HF: prefill 32 x 1024 tokens per step, decode at 1, 64 and 128 requests
+#   v3_4layers (configs/deepseek_v3_4layers.json: DeepSeek-V3's shapes, its first 4 layers,
+#     3 dense + 1 MoE with 256 experts top-8): ours only, prefill 8 x 1024, decode at 1, 64, 128
+# Our dtype is BENCH_DTYPE (default float32, the backend's only dtype today); HF runs bf16.
+# Everything is capped to finish inside BENCH_BUDGET_S (default 170) seconds: each step gets a
+# timeout from what is left, so a slow step costs its own row, not the table.
+#
+# $OUT gets: bench_all.md (the table), bench_all.csv, summary.txt (one line per step) and
+# results.tar.gz (every JSON and log). Exit status: the number of failed steps.
+set -uo pipefail
+here=$(cd "$(dirname "$0")" && pwd)
+OUT=${OUT:-/tmp/bench-out}
+mkdir -p "$OUT"
+export LD_LIBRARY_PATH="$here/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+export NCCL_NVLS_ENABLE=0
+budget=${BENCH_BUDGET_S:-170}
+dtype=${BENCH_DTYPE:-float32}
+work=/tmp/bench-all
+rm -rf "$work"
+mkdir -p "$work"
+summary="$OUT/summary.txt"
+start=$(date +%s)
+failed=0
+{
+  echo "commit: $(head -1 "$here/COMMIT" 2>/dev/null)"
+  nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
+  nproc
+} > "$summary" 2>&1
+
+step() {  # step NAME CAP_S COMMAND... : stdout -> $work/NAME.json, stderr -> $work/NAME.log
+  local name=$1 cap=$2
+  shift 2
+  local left=$((budget - ($(date +%s) - start) - 5))
+  local limit=$((cap < left ? cap : left))
+  if ((limit < 10)); then
+    echo "$name SKIPPED (time budget)" | tee -a "$summary"
+    failed=$((failed + 1))
+    return
+  fi
+  local t0=$(date +%s)
+  timeout "$limit" "$@" > "$work/$name.json" 2> "$work/$name.log"
+  local rc=$?
+  local verdict=PASS
+  [[ $rc -eq 0 ]] || { verdict="FAIL(rc=$rc, limit ${limit}s)"; failed=$((failed + 1)); }
+  echo "$name $verdict $(($(date +%s) - t0))s" | tee -a "$summary"
+  tar -C "$work" -czf "$OUT/results.tar.gz" .
+}
+
+bench=("$here/bin/deepinfer-bench" --backend cuda --dtype "$dtype" --load-format dummy --seed 1
+  --context-length 1024 --decode-fill random --warmup 3 --output-len 11 --json)
+step ours_moonlight 80 "${bench[@]}" --model "$here/configs/moonlight_shaped.json" \
+  --decode-num-requests 1,64,128 --prefill-batch-tokens 32768 --iters 1
+step hf_moonlight 50 python3 "$here/hf_bench.py" --config "$here/configs/moonlight_shaped.json" \
+  --context 1024 --prefill-batch 32 --prefill-iters 3 --decode-requests 1,64,128 --warmup 3 \
+  --decode-steps 8 --budget-s 40
+step ours_v3_4layers 90 "${bench[@]}" --model "$here/configs/deepseek_v3_4layers.json" \
+  --decode-num-requests 1,64,128 --prefill-batch-tokens 8192 --iters 1
+
+python3 "$here/combine_results.py" \
+  --ours "moonlight=$work/ours_moonlight.json" --hf "moonlight=$work/hf_moonlight.json" \
+  --ours "v3_4layers=$work/ours_v3_4layers.json" \
+  --title "deepinfer-bench ($dtype) vs HF transformers (bf16), context 1024, commit $(head -1 "$here/COMMIT" 2>/dev/null | cut -c1-12)" \
+  --csv "$OUT/bench_all.csv" --md "$OUT/bench_all.md" > /dev/null 2> "$work/combine.log" ||
+  failed=$((failed + 1))
+tar -C "$work" -czf "$OUT/results.tar.gz" .
+echo "total $(($(date +%s) - start))s, failed steps: $failed" | tee -a "$summary"
+exit "$failed"
