@@ -6,6 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "coordinator/eplb/placement_proto.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
@@ -48,7 +49,13 @@ class FakeWorkers : public WorkerChannel {
 
   absl::Status SetExpertPlacement(const std::string& address,
                                   const SetExpertPlacementRequest& request) override {
-    return absl::UnimplementedError("not used here");
+    absl::MutexLock lock(&mu_);
+    placements_.push_back({address, request});
+    return absl::OkStatus();
+  }
+  std::vector<std::pair<std::string, SetExpertPlacementRequest>> placements() {
+    absl::MutexLock lock(&mu_);
+    return placements_;
   }
 
   // Waits until at least `n` items were submitted in total (since the last Take).
@@ -77,6 +84,7 @@ class FakeWorkers : public WorkerChannel {
   absl::Mutex mu_;
   std::vector<std::string> prepared_ ABSL_GUARDED_BY(mu_);
   std::vector<std::pair<std::string, ConfigureGroupRequest>> configured_ ABSL_GUARDED_BY(mu_);
+  std::vector<std::pair<std::string, SetExpertPlacementRequest>> placements_ ABSL_GUARDED_BY(mu_);
   std::vector<std::pair<std::string, WorkItem>> items_ ABSL_GUARDED_BY(mu_);
   std::vector<std::string> cancelled_ ABSL_GUARDED_BY(mu_);
   std::string refuse_address_ ABSL_GUARDED_BY(mu_);
@@ -110,7 +118,7 @@ class JobManagerTest : public ::testing::Test {
     StartManager();
   }
 
-  void StartManager(int min_workers = 1) {
+  void StartManager(int min_workers = 1, ExpertBalancer* balancer = nullptr) {
     manager_.reset();
     JobManagerConfig config;
     config.min_workers = min_workers;
@@ -121,6 +129,7 @@ class JobManagerTest : public ::testing::Test {
     config.model_name = "tiny";
     manager_ = std::make_unique<JobManager>(store_.get(), &prompts_, &registry_, &workers_,
                                             &clock_, config);
+    manager_->set_expert_balancer(balancer);
     ASSERT_TRUE(manager_->Start().ok());
   }
 
@@ -252,6 +261,55 @@ TEST_F(JobManagerTest, GroupSpansWorkersAndLoadIsSpread) {
   std::map<int, int> per_rank;
   for (const auto& [address, item] : items) ++per_rank[item.rank()];
   EXPECT_EQ(per_rank, (std::map<int, int>{{0, 2}, {1, 2}, {2, 2}}));
+}
+
+TEST_F(JobManagerTest, ExpertPlacementsGoToNewGroupsAndLiveToTheServingOne) {
+  ExpertBalancerConfig eplb;
+  eplb.num_logical = 4;
+  eplb.num_redundant = 2;
+  auto initial = ExpertPlacement::FromPhy2Log({{0, 1, 2, 3, 0, 1}}, 4);
+  ASSERT_TRUE(initial.ok());
+  eplb.initial = std::make_shared<const ExpertPlacement>(*initial);
+  ExpertBalancer balancer(eplb);
+  StartManager(2, &balancer);
+  AddWorker("w1", 1, 1);
+  AddWorker("w2", 2, 1);
+  ServeWhenConfigured({{"w1", 1}, {"w2", 2}}, 1);
+  auto configured = workers_.configured();
+  ASSERT_EQ(configured.size(), 2u);
+  for (const auto& [address, c] : configured) {
+    EXPECT_EQ(c.placement().epoch(), 1u);
+    EXPECT_EQ(*PlacementFromProto(c.placement()), *initial);
+  }
+  ASSERT_TRUE(WaitFor([&] { return manager_->group().serving; }));
+  auto next = std::make_shared<const ExpertPlacement>(
+      *ExpertPlacement::FromPhy2Log({{3, 2, 1, 0, 3, 3}}, 4));
+  absl::Mutex mu;
+  std::vector<absl::StatusOr<uint64_t>> done;
+  auto record = [&](absl::StatusOr<uint64_t> r) {
+    absl::MutexLock lock(&mu);
+    done.push_back(r);
+  };
+  manager_->ApplyPlacement(next, 7, record);  // not the serving generation
+  manager_->ApplyPlacement(next, 1, record);
+  ASSERT_TRUE(WaitFor([&] {
+    absl::MutexLock lock(&mu);
+    return done.size() == 2;
+  }));
+  EXPECT_TRUE(absl::IsFailedPrecondition(done[0].status())) << done[0].status();
+  ASSERT_TRUE(done[1].ok()) << done[1].status();
+  EXPECT_EQ(*done[1], 2u);
+  auto sent = workers_.placements();
+  ASSERT_EQ(sent.size(), 2u);
+  EXPECT_EQ(sent[0].first, "w1:1");
+  EXPECT_EQ(sent[1].first, "w2:1");
+  for (const auto& [address, r] : sent) {
+    EXPECT_EQ(r.generation(), 1u);
+    EXPECT_EQ(r.placement().epoch(), 2u);
+    EXPECT_EQ(*PlacementFromProto(r.placement()), *next);
+  }
+  // A group formed later starts with the newest placement.
+  EXPECT_EQ(balancer.SpecForGroup(2).epoch(), 2u);
 }
 
 TEST_F(JobManagerTest, LostWorkerRequestsRunAgainExactlyOnce) {
