@@ -312,6 +312,48 @@ TEST_F(JobManagerTest, ExpertPlacementsGoToNewGroupsAndLiveToTheServingOne) {
   EXPECT_EQ(balancer.SpecForGroup(2).epoch(), 2u);
 }
 
+// Heartbeat of global rank `rank` with 10 steps of counts for 1 layer of 4 experts.
+HeartbeatRequest LoadBeat(int rank, std::vector<int64_t> counts) {
+  HeartbeatRequest hb;
+  ExpertLoadReport* r = hb.add_expert_loads();
+  r->set_rank(rank);
+  r->set_group_generation(1);
+  r->set_num_steps(10);
+  r->set_num_layers(1);
+  r->set_num_experts(4);
+  for (int64_t c : counts) r->add_counts(c);
+  return hb;
+}
+
+TEST_F(JobManagerTest, AutomaticRebalanceOnlyAboveTheThreshold) {
+  ExpertBalancerConfig eplb;
+  eplb.num_logical = 4;
+  eplb.num_redundant = 2;
+  eplb.interval_steps = 10;
+  eplb.balance_threshold = 1.05;
+  ExpertBalancer balancer(eplb);
+  StartManager(2, &balancer);
+  AddWorker("w1", 1, 1);
+  AddWorker("w2", 2, 1);
+  ServeWhenConfigured({{"w1", 1}, {"w2", 2}}, 1);
+  ASSERT_TRUE(WaitFor([&] { return manager_->group().serving; }));
+  // Balanced (experts {0,1} and {2,3} carry the same): checked, skipped.
+  balancer.OnHeartbeat("w1", LoadBeat(0, {50, 50, 50, 50}));
+  ASSERT_TRUE(WaitFor([&] { return !balancer.AutoRebalanceDue(); }));
+  absl::SleepFor(absl::Milliseconds(50));
+  EXPECT_TRUE(workers_.placements().empty());
+  // Skewed: expert 0 carries most; the next interval sends a placement to both workers.
+  balancer.OnHeartbeat("w1", LoadBeat(0, {900, 20, 20, 20}));
+  balancer.OnHeartbeat("w2", LoadBeat(1, {900, 20, 20, 20}));
+  ASSERT_TRUE(WaitFor([&] { return workers_.placements().size() == 2; }));
+  auto sent = workers_.placements();
+  EXPECT_EQ(sent[0].second.placement().epoch(), 1u);
+  auto placement = PlacementFromProto(sent[0].second.placement());
+  ASSERT_TRUE(placement.ok()) << placement.status();
+  EXPECT_EQ(placement->num_physical(), 6);
+  EXPECT_GE(placement->logcnt()[0][0], 2);  // the hot expert got a replica
+}
+
 TEST_F(JobManagerTest, LostWorkerRequestsRunAgainExactlyOnce) {
   AddWorker("w1", 1, 1);
   AddWorker("w2", 2, 1);
