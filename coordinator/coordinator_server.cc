@@ -60,10 +60,13 @@ absl::StatusOr<std::unique_ptr<CoordinatorServer>> CoordinatorServer::Start(
       eplb.num_logical = static_cast<int>(self->prompts_->limits().routed_experts);
       eplb.num_groups =
           static_cast<int>(std::max<int64_t>(1, self->prompts_->limits().expert_groups));
-      if (eplb.initial != nullptr && eplb.initial->num_logical() != eplb.num_logical) {
-        return absl::InvalidArgumentError(
-            absl::StrCat("--expert-placement has ", eplb.initial->num_logical(),
-                         " logical experts; the model has ", eplb.num_logical));
+      const int64_t moe_layers = self->prompts_->limits().moe_layers;
+      if (eplb.initial != nullptr && (eplb.initial->num_logical() != eplb.num_logical ||
+                                      eplb.initial->num_layers() != moe_layers)) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "--expert-placement has ", eplb.initial->num_layers(), " layers of ",
+            eplb.initial->num_logical(), " logical experts; the model has ", moe_layers,
+            " MoE layers of ", eplb.num_logical));
       }
       self->balancer_ = std::make_unique<ExpertBalancer>(std::move(eplb));
       self->jobs_->set_expert_balancer(self->balancer_.get());

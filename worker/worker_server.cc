@@ -156,6 +156,19 @@ absl::StatusOr<std::unique_ptr<WorkerServer>> WorkerServer::Start(WorkerConfig c
     auto model = ModelFiles::Open(e.model);
     if (!model.ok()) return model.status();
     self->model_ = std::move(*model);
+    if (e.placement != nullptr) {
+      // Refused here, not at every ConfigureGroup: a placement for another model never fits.
+      const ModelConfig& c = self->model_->config;
+      int64_t moe_layers = 0;
+      for (int64_t l = 0; l < c.num_hidden_layers; ++l) moe_layers += c.IsMoeLayer(l) ? 1 : 0;
+      if (e.placement->num_logical() != c.n_routed_experts ||
+          e.placement->num_layers() != moe_layers) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "--expert-placement has ", e.placement->num_layers(), " layers of ",
+            e.placement->num_logical(), " logical experts; the model has ", moe_layers,
+            " MoE layers of ", c.n_routed_experts));
+      }
+    }
     GroupControllerOptions options;
     options.num_ranks = e.num_ranks;
     options.bind_host = wildcard ? "0.0.0.0" : config.host;

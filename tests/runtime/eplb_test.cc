@@ -294,5 +294,32 @@ TEST_F(EplbTest, ReplicaPlacementGivenToTheWorkersKeepsTokens) {
   EXPECT_THAT(WorkerLogs(), HasSubstr("expert parallel with an EPLB placement, 5 expert slots"));
 }
 
+TEST(EplbFlagsTest, PlacementsForAnotherModelAreRefusedAtStart) {
+  const std::string file = TempPath("one-layer.json");
+  std::ofstream(file) << R"({"phy2log": [[0,1,2,3,4,5,6,7]], "log2phy": [[[0],[1],[2],[3],[4],[5],[6],[7]]], "logcnt": [[1,1,1,1,1,1,1,1]]})";
+  auto worker = RunCommand({Runfile("worker/deepinfer-worker"), "--coordinator=127.0.0.1:1",
+                            std::string("--model=") + kModel, "--expert-placement=" + file},
+                           TempPath("bad-worker"), absl::Seconds(60));
+  ASSERT_TRUE(worker.ok()) << worker.status();
+  EXPECT_NE(worker->exit_code, 0);
+  EXPECT_THAT(worker->err, HasSubstr("--expert-placement has 1 layers of 8 logical experts; the "
+                                     "model has 2 MoE layers of 8"));
+  auto coordinator = RunCommand(
+      {Runfile("coordinator/deepinfer-coordinator"), "--listen=127.0.0.1:0",
+       std::string("--model=") + kModel, "--state-dir=" + TempPath("bad-coordinator.state"),
+       "--expert-placement=" + file},
+      TempPath("bad-coordinator"), absl::Seconds(60));
+  ASSERT_TRUE(coordinator.ok()) << coordinator.status();
+  EXPECT_NE(coordinator->exit_code, 0);
+  EXPECT_THAT(coordinator->err, HasSubstr("--expert-placement has 1 layers"));
+  auto missing = RunCommand({Runfile("worker/deepinfer-worker"), "--coordinator=127.0.0.1:1",
+                             std::string("--model=") + kModel,
+                             "--expert-placement=" + TempPath("nope.json")},
+                            TempPath("missing-placement"), absl::Seconds(60));
+  ASSERT_TRUE(missing.ok());
+  EXPECT_EQ(missing->exit_code, 2);
+  EXPECT_THAT(missing->err, HasSubstr("--expert-placement"));
+}
+
 }  // namespace
 }  // namespace deepinfer
