@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <future>
 #include <map>
 #include <utility>
 
@@ -71,6 +72,12 @@ struct RankGroup::Rank {
   bool engine_published = false;  // guarded by RankGroup::mu_
   // EPLB. The placement epoch this rank runs (written by the rank thread under mu_).
   uint64_t epoch = 0;
+  // A placement whose missing expert weights a helper thread is reading from the checkpoint
+  // (rank thread only; at most one at a time).
+  std::shared_ptr<const ExpertPlacement> loading;
+  uint64_t loading_epoch = 0;
+  std::vector<std::vector<int64_t>> loading_needed;
+  std::future<absl::StatusOr<ModelWeights::HostExperts>> loading_host;
   // A placement whose weights are loaded but not switched to yet (rank thread only).
   std::shared_ptr<const ExpertPlacement> staged;
   uint64_t staged_epoch = 0;
@@ -233,23 +240,41 @@ absl::StatusOr<uint64_t> RankGroup::StagePlacement(int local) {
     placement = pending_placement_;
     epoch = pending_epoch_;
   }
-  if (placement != nullptr && epoch > r.epoch && epoch > r.staged_epoch) {
+  // Start reading a newer placement's missing experts on a helper thread (one at a time: a
+  // newer placement waits for the read in flight), so that the rank keeps stepping meanwhile.
+  if (placement != nullptr && epoch > r.epoch && epoch > r.staged_epoch &&
+      epoch > r.loading_epoch && !r.loading_host.valid()) {
     std::vector<std::vector<int64_t>> needed =
         EpExpertDispatcher::ExpertsOfRank(*placement, layout_.world_size, r.global);
     std::vector<std::vector<int64_t>> missing = r.model->MissingExperts(needed);
-    ModelConfig config;
-    auto source = OpenWeightSource(options_.model->spec, &config);
-    if (!source.ok()) return source.status();
-    auto loaded = ModelWeights::LoadRoutedExperts(config, source->get(), r.backend.get(), missing);
-    if (!loaded.ok()) return loaded.status();
-    int64_t count = 0;
-    for (const auto& layer : *loaded) count += static_cast<int64_t>(layer.size());
-    LOG(INFO) << "rank " << r.global << ": expert placement epoch " << epoch << " staged (" << count
-              << " expert weights loaded)";
-    r.staged = std::move(placement);
-    r.staged_epoch = epoch;
-    r.staged_needed = std::move(needed);
-    r.staged_loaded = std::move(*loaded);
+    const std::string spec = options_.model->spec;
+    r.loading_host = std::async(std::launch::async, [spec, missing]() {
+      ModelConfig config;
+      auto source = OpenWeightSource(spec, &config);
+      if (!source.ok()) return absl::StatusOr<ModelWeights::HostExperts>(source.status());
+      return ModelWeights::ReadRoutedExperts(config, source->get(), missing);
+    });
+    r.loading = std::move(placement);
+    r.loading_epoch = epoch;
+    r.loading_needed = std::move(needed);
+  }
+  // A finished read: upload (on this thread, which owns the backend) and mark it ready.
+  if (r.loading_host.valid() &&
+      r.loading_host.wait_for(std::chrono::seconds(0)) == std::future_status::ready) {
+    absl::StatusOr<ModelWeights::HostExperts> host = r.loading_host.get();
+    if (!host.ok()) return host.status();
+    if (r.loading_epoch > r.epoch && r.loading_epoch > r.staged_epoch) {
+      int64_t count = 0;
+      for (const auto& layer : *host) count += static_cast<int64_t>(layer.size());
+      r.staged_loaded = ModelWeights::UploadRoutedExperts(*host, r.backend.get());
+      r.staged = std::move(r.loading);
+      r.staged_epoch = r.loading_epoch;
+      r.staged_needed = std::move(r.loading_needed);
+      LOG(INFO) << "rank " << r.global << ": expert placement epoch " << r.staged_epoch
+                << " staged (" << count << " expert weights loaded)";
+    }
+    r.loading = nullptr;
+    r.loading_needed.clear();
   }
   return r.staged != nullptr ? r.staged_epoch : r.epoch;
 }
@@ -258,6 +283,27 @@ absl::Status RankGroup::SwitchPlacement(int local) {
   Rank& r = *ranks_[local];
   if (r.staged == nullptr) {
     return absl::InternalError("the group agreed on a placement this rank has not staged");
+  }
+  // Experts the staged weights lack because the rank switched to another placement after they
+  // were read (rare: placements in quick succession) are read now.
+  std::vector<std::vector<int64_t>> missing = r.model->MissingExperts(r.staged_needed);
+  bool more = false;
+  for (size_t m = 0; m < missing.size(); ++m) {
+    auto& list = missing[m];
+    list.erase(std::remove_if(list.begin(), list.end(),
+                              [&](int64_t e) { return r.staged_loaded[m].count(e) > 0; }),
+               list.end());
+    more = more || !list.empty();
+  }
+  if (more) {
+    ModelConfig config;
+    auto source = OpenWeightSource(options_.model->spec, &config);
+    if (!source.ok()) return source.status();
+    auto extra = ModelWeights::LoadRoutedExperts(config, source->get(), r.backend.get(), missing);
+    if (!extra.ok()) return extra.status();
+    for (size_t m = 0; m < extra->size(); ++m) {
+      for (auto& [e, w] : (*extra)[m]) r.staged_loaded[m][e] = std::move(w);
+    }
   }
   absl::Status st = r.model->SwitchPlacement(r.staged, r.staged_needed, std::move(r.staged_loaded));
   if (!st.ok()) return st;

@@ -14,8 +14,9 @@
 //
 // EPLB (docs/eplb.md): every rank counts the tokens it routes to each expert on its device and
 // reads the counts back about once per `expert_load_interval`; TakeExpertLoads hands them to
-// the heartbeat. SetPlacement makes a placement pending: each rank loads the expert weights it
-// is missing for it (between two of its steps), and the step agreement (1.) also carries the
+// the heartbeat. SetPlacement makes a placement pending: each rank reads the expert weights it
+// is missing for it from the checkpoint on a helper thread while it keeps stepping, uploads
+// them between two of its steps, and the step agreement (1.) also carries the
 // newest placement epoch each rank has ready; when every rank has the same new epoch ready,
 // all of them switch before the same step. Requests keep running across the switch.
 //
@@ -170,8 +171,9 @@ class RankGroup {
   void RunRank(int local);
   // Forms the communicator and loads the model; false (group failed) on error.
   bool FormRank(int local);
-  // Loads the weights of a pending placement newer than what `local` has ready (no-op
-  // otherwise). Returns the newest epoch the rank has ready (its running one if none).
+  // Starts reading the missing expert weights of a pending placement newer than what `local`
+  // has (on a helper thread), and uploads them once read. Returns the newest epoch the rank
+  // has ready (its running one if none); never waits for the read.
   absl::StatusOr<uint64_t> StagePlacement(int local);
   // Switches rank `local` to its staged placement.
   absl::Status SwitchPlacement(int local);

@@ -283,19 +283,25 @@ TEST_F(RankGroupTest, LivePlacementSwitchKeepsTokensAndCountsExpertLoads) {
   ASSERT_EQ((*group)->AwaitFormed(), GROUP_SERVING) << (*group)->error();
   EXPECT_EQ((*group)->placement_epoch(), 0u);
   ASSERT_TRUE((*group)->Submit(Items(2)).ok());
-  // While the requests run: both ranks stage it and switch at one agreed step.
+  // While the requests run: both ranks stage it and switch at one agreed step; a second
+  // placement follows at once (it may be read before the first is switched to).
   ASSERT_TRUE((*group)->SetPlacement(ReplicaPlacement(), 5).ok());
   EXPECT_TRUE((*group)->SetPlacement(ReplicaPlacement(), 5).ok());  // a retry: no-op
+  auto reversed = ExpertPlacement::FromPhy2Log(
+      {{7, 6, 5, 4, 0, 3, 2, 1, 0, 7}, {7, 6, 5, 4, 4, 3, 2, 1, 0, 0}}, 8);
+  ASSERT_TRUE(reversed.ok());
+  absl::SleepFor(absl::Milliseconds(20));
+  ASSERT_TRUE((*group)->SetPlacement(std::make_shared<const ExpertPlacement>(*reversed), 6).ok());
   auto a = one.Await(8);
   auto b = two.Await(8);
   for (const auto& [id, r] : a) {
     EXPECT_EQ(b[id].error_code(), "") << b[id].error_message();
     EXPECT_THAT(Tokens(b[id]), ElementsAreArray(Tokens(r))) << id;
   }
-  for (int i = 0; i < 500 && (*group)->placement_epoch() != 5u; ++i) {
+  for (int i = 0; i < 500 && (*group)->placement_epoch() != 6u; ++i) {
     absl::SleepFor(absl::Milliseconds(10));
   }
-  EXPECT_EQ((*group)->placement_epoch(), 5u);
+  EXPECT_EQ((*group)->placement_epoch(), 6u);
   EXPECT_EQ((*group)->status(), GROUP_SERVING) << (*group)->error();
   // Expert loads: reports of 2 MoE layers x 8 experts, top-2 of every token computed: each
   // request's prompt once and every generated token fed back (all but a last one that hit

@@ -60,6 +60,21 @@ class ModelWeights {
       const ModelConfig& config, WeightSource* source, Backend* backend,
       const std::vector<std::vector<int64_t>>& experts);
 
+  // The same in two halves: ReadRoutedExperts reads and converts on the host (no backend, so
+  // any thread may run it while the rank keeps stepping); UploadRoutedExperts copies the result
+  // to the backend (on the thread that owns the backend).
+  struct HostMlp {
+    int64_t inter = 0;
+    std::vector<float> gate_up;  // [2 * inter, hidden]
+    std::vector<float> down;     // [hidden, inter]
+  };
+  using HostExperts = std::vector<std::map<int64_t, HostMlp>>;
+  static absl::StatusOr<HostExperts> ReadRoutedExperts(
+      const ModelConfig& config, WeightSource* source,
+      const std::vector<std::vector<int64_t>>& experts);
+  static std::vector<std::map<int64_t, MlpWeights>> UploadRoutedExperts(const HostExperts& host,
+                                                                        Backend* backend);
+
   std::unique_ptr<DeviceBuffer> embed;  // [vocab, hidden]
   std::unique_ptr<DeviceBuffer> final_norm;
   std::unique_ptr<DeviceBuffer> lm_head;  // [vocab, hidden]
