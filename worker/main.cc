@@ -29,9 +29,12 @@ int main(int argc, char** argv) {
   std::string log_dir;
   int64_t verbosity = 0;
   std::string backend = "cpu";
+  std::string communicator = "auto";
   int64_t ranks = 0;
   int64_t threads = 0;
-  int64_t kv_cache_tokens = 16384;
+  std::string dtype;
+  int64_t kv_cache_tokens = 0;
+  double gpu_memory_utilization = 0.9;
   int64_t max_batch_tokens = 2048;
   int64_t max_running = 256;
   int64_t collective_timeout_s = 300;
@@ -65,11 +68,24 @@ int main(int argc, char** argv) {
                   "generation_config.json), or dummy:CONFIG.json@SEED for random weights.");
   flags.Require("model");
   flags.AddString("backend", &backend,
-                  "cpu, or cuda (fp32 CUDA backend, one rank per GPU; see docs/cuda.md).");
+                  "cpu, or cuda (CUDA backend, one rank per GPU; see docs/cuda.md).");
+  flags.AddString("dtype", &dtype,
+                  "Weight storage: bfloat16 (fp32 accumulation) or float32. Default:\n"
+                  "bfloat16 with --backend cuda, float32 with --backend cpu.");
+  flags.AddString("communicator", &communicator,
+                  "What carries the expert-parallel exchange: auto (nccl when --backend cuda\n"
+                  "and the group has more than one rank, tcp otherwise), tcp, or nccl (GPU to\n"
+                  "GPU; needs --backend cuda). docs/communicator.md.");
   flags.AddInt("ranks", &ranks,
                "Engine ranks on this worker (default: one per GPU; 1 on the CPU).");
   flags.AddInt("threads", &threads, "CPU threads per rank (default: cores / ranks).");
-  flags.AddInt("kv-cache-tokens", &kv_cache_tokens, "KV cache capacity per rank, in tokens.");
+  flags.AddInt("kv-cache-tokens", &kv_cache_tokens,
+               "KV cache capacity per rank, in tokens. 0 (default): on a GPU, what\n"
+               "--gpu-memory-utilization leaves after the weights and an activation reserve;\n"
+               "on the CPU, 16384.");
+  flags.AddDouble("gpu-memory-utilization", &gpu_memory_utilization,
+                  "Fraction of each GPU's memory a rank may use for weights, activations and\n"
+                  "the KV cache, in (0, 1].");
   flags.AddInt("max-batch-tokens", &max_batch_tokens,
                "New tokens per engine step (decode + prefill chunks).");
   flags.AddInt("max-running", &max_running, "Sequences per engine step.");
@@ -119,11 +135,34 @@ int main(int argc, char** argv) {
     std::cerr << "deepinfer-worker: --backend must be cpu or cuda, not '" << backend << "'\n";
     return 2;
   }
-  if (ranks < 0 || threads < 0 || kv_cache_tokens <= 0 || max_batch_tokens <= 0 ||
+  absl::StatusOr<deepinfer::comm::DataPlaneChoice> plane =
+      deepinfer::comm::ParseDataPlaneChoice(communicator);
+  if (plane.ok()) {
+    if (absl::Status s = deepinfer::comm::CheckDataPlaneChoice(*plane, backend); !s.ok()) {
+      plane = s;
+    }
+  }
+  if (!plane.ok()) {
+    std::cerr << "deepinfer-worker: --communicator: " << plane.status().message() << "\n";
+    return 2;
+  }
+  config.engine.communicator = *plane;
+  if (ranks < 0 || threads < 0 || kv_cache_tokens < 0 || max_batch_tokens <= 0 ||
       max_running <= 0 || collective_timeout_s <= 0) {
     std::cerr << "deepinfer-worker: --ranks, --threads, --kv-cache-tokens, --max-batch-tokens,\n"
                  "--max-running and --collective-timeout-s must be positive\n";
     return 2;
+  }
+  if (!(gpu_memory_utilization > 0 && gpu_memory_utilization <= 1)) {
+    std::cerr << "deepinfer-worker: --gpu-memory-utilization must be in (0, 1], not "
+              << gpu_memory_utilization << "\n";
+    return 2;
+  }
+  if (!dtype.empty()) {
+    if (absl::StatusOr<deepinfer::WeightDType> d = deepinfer::ParseWeightDType(dtype); !d.ok()) {
+      std::cerr << "deepinfer-worker: --dtype: " << d.status().message() << "\n";
+      return 2;
+    }
   }
   if (ranks == 0) {
     // One rank per GPU on CUDA; the CPU backend runs one by default.
@@ -149,7 +188,9 @@ int main(int argc, char** argv) {
   config.engine.num_ranks = static_cast<int>(ranks);
   config.engine.threads_per_rank =
       threads > 0 ? static_cast<int>(threads) : std::max(1, cores / static_cast<int>(ranks));
+  config.engine.dtype = dtype;
   config.engine.kv_cache_tokens = kv_cache_tokens;
+  config.engine.gpu_memory_utilization = gpu_memory_utilization;
   config.engine.max_batch_tokens = static_cast<int32_t>(max_batch_tokens);
   config.engine.max_running = static_cast<int32_t>(max_running);
   config.engine.collective_timeout = absl::Seconds(collective_timeout_s);

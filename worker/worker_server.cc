@@ -175,8 +175,14 @@ absl::StatusOr<std::unique_ptr<WorkerServer>> WorkerServer::Start(WorkerConfig c
     options.advertise_host = config.advertise_host;
     options.group.model = self->model_.get();
     options.group.backend = e.backend;
+    if (absl::Status st = comm::CheckDataPlaneChoice(e.communicator, e.backend); !st.ok()) {
+      return st;
+    }
+    options.group.communicator = e.communicator;
     options.group.threads_per_rank = std::max(1, e.threads_per_rank);
+    options.group.dtype = e.dtype;
     options.group.kv_cache_tokens = e.kv_cache_tokens;
+    options.group.gpu_memory_utilization = e.gpu_memory_utilization;
     options.group.max_batch_tokens = e.max_batch_tokens;
     options.group.max_running = e.max_running;
     options.group.collective_timeout = e.collective_timeout;

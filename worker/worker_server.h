@@ -15,6 +15,7 @@
 #include "coordinator/rpc/auth.h"
 #include "grpcpp/grpcpp.h"
 #include "proto/worker.grpc.pb.h"
+#include "worker/comm/data_plane.h"
 #include "worker/coordinator_link.h"
 #include "worker/engine/group_controller.h"
 #include "worker/engine/model_files.h"
@@ -29,7 +30,9 @@ struct WorkerEngineConfig {
   std::string model;
   int num_ranks = 1;
   int threads_per_rank = 1;
-  int64_t kv_cache_tokens = 16384;  // per rank
+  // KV cache per rank in tokens; 0: planned from GPU memory (CPU: 16384). RankGroupOptions.
+  int64_t kv_cache_tokens = 0;
+  double gpu_memory_utilization = 0.9;
   int32_t max_batch_tokens = 2048;
   int32_t max_running = 256;
   // Bound on forming a group and on each collective.
@@ -41,6 +44,10 @@ struct WorkerEngineConfig {
   std::string backend = "cpu";
   // EPLB placement (--expert-placement) for groups the coordinator configures without one.
   std::shared_ptr<const ExpertPlacement> placement;
+  // Matrix weights: "bfloat16" or "float32"; empty: the backend's default (bf16 on cuda).
+  std::string dtype;
+  // What carries the expert exchange: auto (NCCL for several cuda ranks), tcp or nccl.
+  comm::DataPlaneChoice communicator = comm::DataPlaneChoice::kAuto;
 };
 
 struct WorkerConfig {

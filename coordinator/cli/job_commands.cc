@@ -17,6 +17,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
 #include "coordinator/cli/child_process.h"
@@ -173,6 +174,29 @@ int ResultsCommand(const ConnectionOptions& connection, const std::string& job_i
 // ---------------------------------------------------------------------------------
 // deepinfer run
 
+absl::StatusOr<std::vector<std::string>> GpuSetsPerWorker(const char* visible, int64_t workers,
+                                                          int64_t per_worker) {
+  std::vector<std::string> gpus;
+  if (visible != nullptr && *visible != '\0') {
+    gpus = absl::StrSplit(visible, ',', absl::SkipWhitespace());
+  } else {
+    for (int64_t i = 0; i < workers * per_worker; ++i) gpus.push_back(absl::StrCat(i));
+  }
+  if (static_cast<int64_t>(gpus.size()) < workers * per_worker) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--split-gpus: ", workers, " worker(s) x ", per_worker, " GPU(s) need ",
+        workers * per_worker, " GPUs, CUDA_VISIBLE_DEVICES lists ", gpus.size(), " (", visible,
+        ")"));
+  }
+  std::vector<std::string> sets;
+  for (int64_t w = 0; w < workers; ++w) {
+    std::vector<std::string> mine(gpus.begin() + w * per_worker,
+                                  gpus.begin() + (w + 1) * per_worker);
+    sets.push_back(absl::StrJoin(mine, ","));
+  }
+  return sets;
+}
+
 namespace {
 
 std::atomic<int> g_interrupted{0};
@@ -257,14 +281,29 @@ class LocalCluster {
       absl::SleepFor(absl::Milliseconds(20));
     }
     address_ = absl::StrCat("127.0.0.1:", port);
+    std::vector<std::string> gpu_sets;
+    if (options.split_gpus) {
+      auto sets = GpuSetsPerWorker(std::getenv("CUDA_VISIBLE_DEVICES"), options.workers,
+                                   options.ranks_per_worker);
+      if (!sets.ok()) return sets.status();
+      gpu_sets = *std::move(sets);
+    }
     for (int64_t i = 0; i < options.workers; ++i) {
-      std::vector<std::string> argv = {daemons->second,
+      std::vector<std::string> argv;
+      if (options.split_gpus) {
+        // Through env(1), so that only the child's environment changes.
+        argv = {"/usr/bin/env", "CUDA_VISIBLE_DEVICES=" + gpu_sets[i]};
+      }
+      for (std::string& a : std::vector<std::string>{daemons->second,
                                        "--coordinator=" + address_,
                                        "--model=" + options.model,
                                        "--backend=" + options.backend,
                                        absl::StrCat("--ranks=", options.ranks_per_worker),
                                        absl::StrCat("--worker-id=worker-", i),
-                                       "--auth-token-file=" + token_file_};
+                                       "--auth-token-file=" + token_file_}) {
+        argv.push_back(std::move(a));
+      }
+      if (!options.dtype.empty()) argv.push_back("--dtype=" + options.dtype);
       for (absl::string_view extra : absl::StrSplit(options.worker_args, ' ', absl::SkipEmpty())) {
         argv.emplace_back(extra);
       }
@@ -412,7 +451,7 @@ int RunCommand(const RunOptions& options) {
     cluster.Stop();
   }
   if (temporary && !options.keep_state && code == 0) {
-    std::system(absl::StrCat("rm -rf '", state_dir, "'").c_str());
+    (void)!std::system(absl::StrCat("rm -rf '", state_dir, "'").c_str());
   } else if (code != 0) {
     std::cerr << "logs and state kept in " << state_dir << "\n";
   }

@@ -6,6 +6,7 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "coordinator/client/coordinator_client.h"
@@ -37,6 +38,8 @@ struct RunOptions {
   std::string input;
   std::string output;
   std::string backend = "cpu";
+  // Passed to the workers as --dtype when set (empty: the backend's default).
+  std::string dtype;
   int64_t workers = 1;
   int64_t ranks_per_worker = 1;
   // Where the local cluster keeps its database and logs; a fresh temporary
@@ -49,7 +52,17 @@ struct RunOptions {
   // binary (or in the Bazel tree) when empty.
   std::string bin_dir;
   int64_t timeout_s = 0;  // 0: no limit
+  // Give each worker its own GPUs (CUDA_VISIBLE_DEVICES): worker i sees GPUs
+  // i*ranks_per_worker .. (i+1)*ranks_per_worker-1 of the ones this process sees, as
+  // separate nodes would.
+  bool split_gpus = false;
 };
+
+// CUDA_VISIBLE_DEVICES of each worker for RunOptions::split_gpus: consecutive slices of
+// `visible` (this process's CUDA_VISIBLE_DEVICES; null or empty: GPUs 0, 1, ...).
+// INVALID_ARGUMENT when `visible` lists fewer GPUs than workers * per_worker.
+absl::StatusOr<std::vector<std::string>> GpuSetsPerWorker(const char* visible, int64_t workers,
+                                                          int64_t per_worker);
 
 // Starts a coordinator and `workers` worker processes on loopback, runs the input
 // file as one job, writes the output, stops everything. Exit 0 when the job

@@ -153,6 +153,9 @@ int Run(const std::vector<std::string>& args) {
   flags.AddString("output", &options.output, "Where to write the output lines.");
   flags.Require("output");
   flags.AddString("backend", &options.backend, "cpu or cuda.");
+  flags.AddString("dtype", &options.dtype,
+                  "Weight storage on the workers: bfloat16 or float32 (default: bfloat16 on\n"
+                  "cuda, float32 on cpu).");
   flags.AddInt("workers", &options.workers, "Worker processes (as nodes would be).");
   flags.AddInt("ranks-per-worker", &options.ranks_per_worker,
                "Engine ranks per worker (GPUs per node); all ranks form one expert-\n"
@@ -167,6 +170,10 @@ int Run(const std::vector<std::string>& args) {
                   "Directory of deepinfer-coordinator and deepinfer-worker (default: next to\n"
                   "this binary).");
   flags.AddInt("timeout-s", &options.timeout_s, "Give up after this many seconds (0: never).");
+  flags.AddBool("split-gpus", &options.split_gpus,
+                "Give each worker its own GPUs through CUDA_VISIBLE_DEVICES (worker i gets\n"
+                "--ranks-per-worker of them from GPU i * ranks-per-worker), as separate\n"
+                "nodes would have.");
   if (int rc = Parse(flags, args, "run", 0, 0); rc >= 0) return rc;
   return RunCommand(options);
 }

@@ -1,4 +1,6 @@
 // Grid-stride elementwise kernels; 64-bit indices because expert activations can exceed 2^31.
+#include <cuda_bf16.h>
+
 #include <algorithm>
 
 #include "kernels/activation/elementwise.h"
@@ -32,7 +34,20 @@ __global__ void SiluMulKernel(int64_t rows, int64_t inter, const float* x, float
   }
 }
 
+__global__ void RoundToBf16Kernel(int64_t n, const float* x, uint16_t* out) {
+  for (int64_t i = blockIdx.x * int64_t{kThreads} + threadIdx.x; i < n;
+       i += int64_t{gridDim.x} * kThreads) {
+    out[i] = __bfloat16_as_ushort(__float2bfloat16_rn(x[i]));
+  }
+}
+
 }  // namespace
+
+cudaError_t RoundF32ToBf16(int64_t n, const float* x, uint16_t* out, cudaStream_t stream) {
+  if (n <= 0) return cudaSuccess;
+  RoundToBf16Kernel<<<GridFor(n), kThreads, 0, stream>>>(n, x, out);
+  return cudaGetLastError();
+}
 
 cudaError_t AddF32(int64_t n, const float* a, const float* b, float* out, cudaStream_t stream) {
   if (n <= 0) return cudaSuccess;

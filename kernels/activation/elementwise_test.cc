@@ -1,10 +1,12 @@
-// AddF32 and SiluMulF32 against CpuBackend (outputs poisoned first, odd sizes, aliasing).
+// AddF32 and SiluMulF32 against CpuBackend (outputs poisoned first, odd sizes, aliasing);
+// RoundF32ToBf16 against the host rounding of worker/backend/bf16.h.
 #include "kernels/activation/elementwise.h"
 
 #include <vector>
 
 #include "gtest/gtest.h"
 #include "kernels/testing/gpu_test_util.h"
+#include "worker/backend/bf16.h"
 #include "worker/backend/cpu/cpu_backend.h"
 
 namespace deepinfer {
@@ -55,6 +57,31 @@ TEST(ElementwiseKernelTest, SiluMulMatchesCpuBackend) {
       EXPECT_TRUE(AllClose(got, want, 1e-6, 2e-6));
     }
   }
+}
+
+TEST(ElementwiseKernelTest, RoundToBf16MatchesHostRounding) {
+  DEEPINFER_SKIP_WITHOUT_GPU();
+  const uint32_t seed = testing::FreshSeed();
+  SCOPED_TRACE(::testing::Message() << "seed " << seed);
+  auto x = testing::RandomFloats(100003, seed, 100.0f);
+  // Ties (1 + 2^-8 rounds to even 1.0, 1 + 3*2^-8 up), signed zero, large and tiny values.
+  const std::vector<float> special = {1.0f + 1.0f / 256, 1.0f + 3.0f / 256, -0.0f,
+                                      3.0e38f,           1.0e-40f,          -65504.0f};
+  x.insert(x.end(), special.begin(), special.end());
+  DeviceArray<float> dx(x);
+  DeviceArray<uint16_t> dout(x.size());
+  dout.Poison();
+  DEEPINFER_CUDA_OK(kernels::RoundF32ToBf16(x.size(), dx.get(), dout.get(), nullptr));
+  std::vector<uint16_t> got;
+  DEEPINFER_CUDA_OK(dout.Download(&got));
+  int wrong = 0;
+  for (size_t i = 0; i < x.size(); ++i) {
+    if (got[i] != FloatToBf16Bits(x[i]) && ++wrong <= 5) {
+      ADD_FAILURE() << "x[" << i << "] = " << x[i] << ": got " << got[i] << " want "
+                    << FloatToBf16Bits(x[i]);
+    }
+  }
+  EXPECT_EQ(wrong, 0);
 }
 
 }  // namespace

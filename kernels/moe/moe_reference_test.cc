@@ -117,7 +117,7 @@ TEST(MoeReferenceTest, GroupedGemmMatchesCpuBackendOnWidenedWeights) {
     ASSERT_LE(std::abs(widened[i] - wf[i]), std::abs(wf[i]) * std::ldexp(1.0f, -8));
   }
   std::vector<const uint16_t*> wp;
-  std::vector<const float*> fp;
+  std::vector<WeightView> fp;
   for (int32_t s = 0; s < slots; ++s) {
     wp.push_back(w.data() + size_t(s) * n * k);
     fp.push_back(widened.data() + size_t(s) * n * k);

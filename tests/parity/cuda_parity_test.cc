@@ -1,8 +1,10 @@
-// Parity of the model on the CUDA backend (fp32) with HF transformers: for every fixture prompt,
-// logits at every prompt position within 1e-3 of HF's float32 logits (max abs difference
+// Parity of the model on the CUDA backend with HF transformers. fp32 weights: for every fixture
+// prompt, logits at every prompt position within 1e-3 of HF's float32 logits (max abs difference
 // relative to the max abs HF logit; the CPU engine's bound is 1e-4), and greedy decoding through
 // the paged cache on the GPU (prefill, then one token per step) reproduces HF's 24-token
-// continuation, for sequences alone and batched. Skips on machines without a GPU.
+// continuation, for sequences alone and batched. bf16 weights (the CUDA default): the bounds of
+// tests/parity/parity_checks.h, as the CPU bf16 test, with the max relative error printed for
+// the bf16 parity claim (tools/parity/hf_bf16_error.py prints HF bf16's). Skips without a GPU.
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -10,6 +12,7 @@
 #include "gtest/gtest.h"
 #include "kernels/testing/gpu_test_util.h"
 #include "tests/parity/hf_fixture.h"
+#include "tests/parity/parity_checks.h"
 #include "worker/backend/cuda/cuda_backend.h"
 #include "worker/kv_cache/kv_block_pool.h"
 #include "worker/model/deepseek_v3_model.h"
@@ -29,7 +32,7 @@ class CudaParityTest : public ::testing::TestWithParam<std::string> {
  protected:
   void SetUp() override {
     DEEPINFER_SKIP_WITHOUT_GPU();
-    auto b = CudaBackend::Create(0);
+    auto b = CudaBackend::Create(0, WeightDType::kFloat32);
     ASSERT_TRUE(b.ok()) << b.status();
     backend_ = std::move(*b);
     fx_ = LoadFixture(GetParam());
@@ -112,6 +115,68 @@ TEST_P(CudaParityTest, GreedyContinuationsMatchHfAloneAndBatched) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Fixtures, CudaParityTest,
+                         ::testing::Values("dsv3_qlora_rope", "dsv3_yarn_nolora"));
+
+class CudaBf16ParityTest : public ::testing::TestWithParam<std::string> {
+ protected:
+  void SetUp() override {
+    DEEPINFER_SKIP_WITHOUT_GPU();
+    auto b = CudaBackend::Create(0, WeightDType::kBFloat16);
+    ASSERT_TRUE(b.ok()) << b.status();
+    backend_ = std::move(*b);
+    fx_ = LoadFixture(GetParam());
+    ASSERT_FALSE(fx_.prompts.empty());
+    auto m = LoadDeepseekV3(fx_.dir, backend_.get());
+    ASSERT_TRUE(m.ok()) << m.status();
+    model_ = std::move(*m);
+    auto pool = KvBlockPool::Create(backend_.get(), model_->CacheOptions(256, kBlockSize));
+    ASSERT_TRUE(pool.ok());
+    pool_ = std::move(*pool);
+  }
+
+  std::unique_ptr<CudaBackend> backend_;
+  Fixture fx_;
+  std::unique_ptr<DeepseekV3Model> model_;
+  std::unique_ptr<KvBlockPool> pool_;
+};
+
+TEST_P(CudaBf16ParityTest, PromptLogitsWithinBf16ToleranceOfHfFloat32) {
+  double worst = 0, sum_sq = 0;
+  int64_t within = 0, positions = 0;
+  for (const FixturePrompt& p : fx_.prompts) {
+    auto e = PromptLogitsError(model_.get(), pool_.get(), fx_, p);
+    ASSERT_TRUE(e.ok()) << e.status();
+    worst = std::max(worst, e->max_rel);
+    for (double r : e->position_rel) {
+      within += r <= kBf16Tolerance;
+      sum_sq += r * r;
+    }
+    positions += static_cast<int64_t>(e->position_rel.size());
+    std::printf("[bf16-parity] cuda %s prompt_len=%zu rel=%.3e\n", GetParam().c_str(), p.ids.size(),
+                e->max_rel);
+  }
+  std::printf(
+      "[bf16-parity] cuda %s ours: max rel logit error vs HF float32 %.3e, rms over positions "
+      "%.3e, %lld of %lld positions within %.0e\n",
+      GetParam().c_str(), worst, std::sqrt(sum_sq / positions), static_cast<long long>(within),
+      static_cast<long long>(positions), kBf16Tolerance);
+  EXPECT_GE(within, kBf16PositionsWithin * positions);
+}
+
+TEST_P(CudaBf16ParityTest, TeacherForcedGreedyMostlyMatchesHf) {
+  int64_t matches = 0, positions = 0;
+  for (const FixturePrompt& p : fx_.prompts) {
+    auto r = TeacherForcedGreedy(model_.get(), pool_.get(), p);
+    ASSERT_TRUE(r.ok()) << r.status();
+    matches += r->matches;
+    positions += r->positions;
+  }
+  std::printf("[bf16-parity] cuda %s greedy agreement %lld / %lld\n", GetParam().c_str(),
+              static_cast<long long>(matches), static_cast<long long>(positions));
+  EXPECT_GE(matches, kBf16GreedyAgreement * positions);
+}
+
+INSTANTIATE_TEST_SUITE_P(Fixtures, CudaBf16ParityTest,
                          ::testing::Values("dsv3_qlora_rope", "dsv3_yarn_nolora"));
 
 }  // namespace

@@ -2,12 +2,18 @@
 // prompt position must match HF's float32 logits within 1e-4 (max abs difference relative to
 // the max abs HF logit), and greedy decoding through the paged cache (prefill, then one token
 // per step) must reproduce HF's 24-token continuation, for sequences alone and batched.
+//
+// Bf16ParityTest runs the same model with bf16 matrix weights (and bf16-rounded GEMM
+// activations, fp32 accumulation: the CUDA default) against the same HF float32 logits, with
+// the bf16 bounds of tests/parity/parity_checks.h (kBf16Tolerance at kBf16PositionsWithin of the
+// positions, HF's greedy tokens predicted under teacher forcing at kBf16GreedyAgreement).
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
 
 #include "gtest/gtest.h"
 #include "tests/parity/hf_fixture.h"
+#include "tests/parity/parity_checks.h"
 #include "worker/backend/cpu/cpu_backend.h"
 #include "worker/kv_cache/kv_block_pool.h"
 #include "worker/model/deepseek_v3_model.h"
@@ -106,6 +112,66 @@ TEST_P(ParityTest, GreedyContinuationsMatchHfAloneAndBatched) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Fixtures, ParityTest,
+                         ::testing::Values("dsv3_qlora_rope", "dsv3_yarn_nolora"));
+
+class Bf16ParityTest : public ::testing::TestWithParam<std::string> {
+ protected:
+  void SetUp() override {
+    fx_ = LoadFixture(GetParam());
+    ASSERT_FALSE(fx_.prompts.empty());
+    auto m = LoadDeepseekV3(fx_.dir, &backend_);
+    ASSERT_TRUE(m.ok()) << m.status();
+    model_ = std::move(*m);
+    auto pool = KvBlockPool::Create(&backend_, model_->CacheOptions(256, kBlockSize));
+    ASSERT_TRUE(pool.ok());
+    pool_ = std::move(*pool);
+  }
+
+  CpuBackend backend_{2, WeightDType::kBFloat16};
+  Fixture fx_;
+  std::unique_ptr<DeepseekV3Model> model_;
+  std::unique_ptr<KvBlockPool> pool_;
+};
+
+TEST_P(Bf16ParityTest, PromptLogitsWithinBf16ToleranceOfHfFloat32) {
+  double worst = 0, sum_sq = 0;
+  int64_t within = 0, positions = 0;
+  for (const FixturePrompt& p : fx_.prompts) {
+    auto e = PromptLogitsError(model_.get(), pool_.get(), fx_, p);
+    ASSERT_TRUE(e.ok()) << e.status();
+    worst = std::max(worst, e->max_rel);
+    for (double r : e->position_rel) {
+      within += r <= kBf16Tolerance;
+      sum_sq += r * r;
+      // Not fp32 in disguise: bf16 rounding must show (fp32 is ~1e-6 here).
+      EXPECT_GT(r, 1e-5) << "bf16 weights made no difference";
+    }
+    positions += static_cast<int64_t>(e->position_rel.size());
+    std::printf("[bf16-parity] cpu %s prompt_len=%zu rel=%.3e\n", GetParam().c_str(), p.ids.size(),
+                e->max_rel);
+  }
+  std::printf(
+      "[bf16-parity] cpu %s worst rel diff %.3e, rms over positions %.3e, %lld of %lld "
+      "positions within %.0e\n",
+      GetParam().c_str(), worst, std::sqrt(sum_sq / positions), static_cast<long long>(within),
+      static_cast<long long>(positions), kBf16Tolerance);
+  EXPECT_GE(within, kBf16PositionsWithin * positions);
+}
+
+TEST_P(Bf16ParityTest, TeacherForcedGreedyMostlyMatchesHf) {
+  int64_t matches = 0, positions = 0;
+  for (const FixturePrompt& p : fx_.prompts) {
+    auto r = TeacherForcedGreedy(model_.get(), pool_.get(), p);
+    ASSERT_TRUE(r.ok()) << r.status();
+    matches += r->matches;
+    positions += r->positions;
+  }
+  std::printf("[bf16-parity] cpu %s greedy agreement %lld / %lld\n", GetParam().c_str(),
+              static_cast<long long>(matches), static_cast<long long>(positions));
+  EXPECT_GE(matches, kBf16GreedyAgreement * positions);
+}
+
+INSTANTIATE_TEST_SUITE_P(Fixtures, Bf16ParityTest,
                          ::testing::Values("dsv3_qlora_rope", "dsv3_yarn_nolora"));
 
 }  // namespace

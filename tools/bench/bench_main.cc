@@ -45,8 +45,8 @@ int main(int argc, char** argv) {
   flags.AddInt("seed", &seed, "Seed of the dummy weights.");
   flags.AddString("backend", &config.backend, "cpu or cuda.");
   flags.AddString("dtype", &config.dtype,
-                  "float32 or bfloat16: the weight and cache dtype, and the bytes per value of\n"
-                  "the roofline. This build's backends run float32 only.");
+                  "bfloat16 or float32: the backend's weight dtype, and the bytes per value\n"
+                  "of the roofline (weights and latent cache).");
   flags.AddInt("cuda-device", &config.cuda_device, "GPU ordinal for --backend cuda.");
   flags.AddInt("load-threads", &config.load_threads, "Dummy weight generator threads (0: all).");
   flags.AddString("decode-num-requests", &requests,

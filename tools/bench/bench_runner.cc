@@ -146,14 +146,10 @@ absl::StatusOr<BenchResult> RunBenchmark(const BenchConfig& bc) {
   }
   auto bytes_per_value = BytesPerValue(bc.dtype);
   if (!bytes_per_value.ok()) return bytes_per_value.status();
-  if (bc.dtype != "float32") {
-    // TODO(bf16 merge): pass bc.dtype into BackendOptions.dtype here and drop this refusal.
-    return absl::UnimplementedError(
-        "bench: the backends of this build run float32 only (BackendOptions has no dtype yet)");
-  }
   BackendOptions bo;
   bo.kind = bc.backend;
   bo.cuda_device = static_cast<int>(bc.cuda_device);
+  bo.dtype = bc.dtype;
   auto backend = MakeBackend(bo);
   if (!backend.ok()) return backend.status();
   BenchResult r;

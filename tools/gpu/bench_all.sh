@@ -11,7 +11,7 @@
 #     ours and HF: prefill 32 x 1024 tokens per step, decode at 1, 64 and 128 requests
 #   v3_4layers (configs/deepseek_v3_4layers.json: DeepSeek-V3's shapes, its first 4 layers,
 #     3 dense + 1 MoE with 256 experts top-8): ours only, prefill 8 x 1024, decode at 1, 64, 128
-# Our dtype is BENCH_DTYPE (default float32, the backend's only dtype today); HF runs bf16.
+# Our dtype is BENCH_DTYPE (default bfloat16); HF runs bf16.
 # Everything is capped to finish inside BENCH_BUDGET_S (default 170) seconds: each step gets a
 # timeout from what is left, so a slow step costs its own row, not the table.
 #
@@ -24,7 +24,7 @@ mkdir -p "$OUT"
 export LD_LIBRARY_PATH="$here/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 export NCCL_NVLS_ENABLE=0
 budget=${BENCH_BUDGET_S:-170}
-dtype=${BENCH_DTYPE:-float32}
+dtype=${BENCH_DTYPE:-bfloat16}
 work=/tmp/bench-all
 rm -rf "$work"
 mkdir -p "$work"

@@ -16,6 +16,9 @@
 # DIR/srcdir/   TEST_SRCDIR for the parity tests: deepinfer/tests/fixtures/...
 # DIR/configs/  model configs for the benchmark
 # DIR/run_all.sh
+# DIR/hf_bf16_error.py   HF transformers' bf16 error on the fixtures (tools/parity/)
+# DIR/multi_gpu.sh  the multi-GPU checks (NCCL tests, `deepinfer run` over 2 GPUs), which need
+#                   bin/deepinfer, bin/deepinfer-coordinator, bin/deepinfer-worker (bundled too)
 # Then, with the device tool: carry [DIR relative to the repo root], command
 # `bash DIR/run_all.sh` (logs under $OUT).
 set -euo pipefail
@@ -45,21 +48,25 @@ tests=(
   //worker/backend/cuda:cuda_backend_test
   //worker/backend:backend_factory_test
   //tests/parity:cuda_parity_test
+  //worker/comm:nccl_communicator_test
+  //worker/model:ep_expert_dispatcher_gpu_test
 )
+# The daemons and the CLI, for multi_gpu.sh (`deepinfer run --backend cuda`).
+daemons=(//coordinator/cli:deepinfer //coordinator:deepinfer-coordinator //worker:deepinfer-worker)
 tools=(//tools/bench:deepinfer-bench)
 [[ $bench_only -eq 1 ]] && tests=()
 [[ $bench_only -eq 1 ]] || tools+=(//kernels/attention:mla_attention_bench //kernels/moe:grouped_gemm_bench)
 if [[ -n "${GPU_TESTS+set}" ]]; then read -r -a tests <<< "$GPU_TESTS"; fi
 if [[ -n "${GPU_TOOLS+set}" ]]; then read -r -a tools <<< "$GPU_TOOLS"; fi
 
-bazel build -c opt --config=cuda "${tests[@]}" "${tools[@]}"
+bazel build -c opt --config=cuda "${tests[@]}" "${tools[@]}" "${daemons[@]}"
 bin_dir=$(bazel info -c opt --config=cuda bazel-bin 2>/dev/null)
 
 rm -rf "$out"
 mkdir -p "$out/bin" "$out/lib" "$out/srcdir/deepinfer/tests" "$out/configs"
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
-for t in "${tests[@]}" "${tools[@]}"; do
+for t in "${tests[@]}" "${tools[@]}" "${daemons[@]}"; do
   path=${t#//}
   path=${path/://}
   name=$(basename "$path")
@@ -76,6 +83,8 @@ for d in tests/fixtures/*/; do cp "$d/config.json" "$out/configs/$(basename "$d"
 cp tools/gpu/run_all.sh "$out/run_all.sh"
 cp tools/bench/bench_cases.sh tools/bench/sweep.sh tools/bench/hf_bench.py \
   tools/bench/combine_results.py tools/gpu/bench_all.sh "$out/"
+cp tools/parity/hf_bf16_error.py "$out/hf_bf16_error.py"
+cp tools/gpu/multi_gpu.sh "$out/multi_gpu.sh"
 git rev-parse HEAD > "$out/COMMIT"
 git status --short >> "$out/COMMIT"
 du -sh "$out" "$out"/bin "$out"/lib

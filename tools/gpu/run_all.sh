@@ -4,6 +4,9 @@
 #
 #   bash .gpu/run_all.sh            (device tool: carry [".gpu"], logs come back from $OUT)
 #   BENCH_MODE=profile bash ...     (benchmark: a short per-op profile instead of the full model)
+#   STEPS="tests hf" bash ...       (only some steps; default all: tests hf bench memcheck
+#                                    racecheck model_memcheck; MEMCHECK="a_test b_test" limits
+#                                    memcheck to those binaries)
 #
 # Per step a log (gtest output) in $OUT/logs.tar.gz (the device tool returns at most 8 files, so
 # the logs travel as one archive, refreshed after every step in case the call is cut short) and
@@ -25,6 +28,8 @@ mkdir -p "$logs"
 summary="$OUT/summary.txt"
 : > "$summary"
 failed=0
+STEPS=${STEPS:-tests hf bench memcheck racecheck model_memcheck}
+want() { [[ " $STEPS " == *" $1 "* ]]; }
 
 step() {  # step NAME TIMEOUT_S COMMAND... : runs, logs to $logs/NAME.log, records the result
   local name=$1 limit=$2
@@ -49,33 +54,49 @@ step() {  # step NAME TIMEOUT_S COMMAND... : runs, logs to $logs/NAME.log, recor
   ls -la /usr/local/cuda/lib64/libcublas.so* 2>/dev/null | head -3
 } > "$OUT/machine.txt" 2>&1
 
-for t in "$here"/bin/*_test; do
-  step "$(basename "$t")" 300 "$t" --gtest_color=no
-done
-if [[ -x "$here/bin/mla_attention_bench" ]]; then  # old vs new attention kernel
+if want tests; then
+  for t in "$here"/bin/*_test; do
+    step "$(basename "$t")" 300 "$t" --gtest_color=no
+  done
+fi
+# HF transformers' own bf16 error on the fixtures, for "ours vs HF bf16" (cuda_parity_test
+# prints ours).
+if want hf && [[ -f "$here/hf_bf16_error.py" ]]; then
+  step hf_bf16_error 240 python3 "$here/hf_bf16_error.py" \
+    --fixtures "$here/srcdir/deepinfer/tests/fixtures"
+fi
+if want kbench && [[ -x "$here/bin/mla_attention_bench" ]]; then  # old vs new attention kernel
   step mla_attention_bench 120 "$here/bin/mla_attention_bench"
 fi
-if [[ -x "$here/bin/grouped_gemm_bench" ]]; then
+if want kbench && [[ -x "$here/bin/grouped_gemm_bench" ]]; then
   step grouped_gemm_bench 120 "$here/bin/grouped_gemm_bench"
   cp "$logs/grouped_gemm_bench.log" "$OUT/grouped_gemm_bench.txt"
 fi
-if [[ -x "$here/bin/deepinfer-bench" && -f "$here/bench_cases.sh" ]]; then
+if want bench && [[ -x "$here/bin/deepinfer-bench" && -f "$here/bench_cases.sh" ]]; then
   step bench 300 bash "$here/bench_cases.sh" "$here" "${BENCH_MODE:-full}"
 fi
-for t in "$here"/bin/*_test; do
-  n=$(basename "$t")
-  case "$n" in
-    cuda_parity_test | backend_factory_test) continue ;;
-  esac
-  step "memcheck_$n" 240 compute-sanitizer --tool memcheck --error-exitcode 1 "$t" --gtest_color=no
-done
-for n in mla_attention_test rms_norm_test argmax_test permute_test; do
-  [[ -x "$here/bin/$n" ]] || continue
-  step "racecheck_$n" 240 compute-sanitizer --tool racecheck --error-exitcode 1 "$here/bin/$n" \
-    --gtest_color=no
-done
+if want memcheck; then
+  for t in "$here"/bin/*_test; do
+    n=$(basename "$t")
+    case "$n" in
+      cuda_parity_test | backend_factory_test) continue ;;
+      # NCCL under compute-sanitizer is very slow and reports NCCL's own internals.
+      nccl_communicator_test | ep_expert_dispatcher_gpu_test) continue ;;
+    esac
+    [[ -z "${MEMCHECK:-}" || " $MEMCHECK " == *" $n "* ]] || continue
+    step "memcheck_$n" 240 compute-sanitizer --tool memcheck --error-exitcode 1 "$t" \
+      --gtest_color=no
+  done
+fi
+if want racecheck; then
+  for n in mla_attention_test rms_norm_test argmax_test permute_test; do
+    [[ -x "$here/bin/$n" ]] || continue
+    step "racecheck_$n" 240 compute-sanitizer --tool racecheck --error-exitcode 1 \
+      "$here/bin/$n" --gtest_color=no
+  done
+fi
 # The whole model under memcheck: every op with the model's real strides and shapes.
-if [[ -x "$here/bin/cuda_parity_test" ]]; then
+if want model_memcheck && [[ -x "$here/bin/cuda_parity_test" ]]; then
   step memcheck_cuda_parity_test 120 compute-sanitizer --tool memcheck --error-exitcode 1 \
     "$here/bin/cuda_parity_test" --gtest_color=no
 fi

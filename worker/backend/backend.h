@@ -3,8 +3,12 @@
 // Conventions (shared by every implementation, so a CUDA backend can be checked against the
 // CPU one op by op):
 //  * All pointers are device addresses from this backend's DeviceBuffers.
-//  * Activations and weights are fp32 row-major. "ld*" arguments are row strides in elements,
-//    so ops can read column slices (e.g. the rope part of each head) without copies.
+//  * Activations are fp32 row-major. "ld*" arguments are row strides in elements, so ops can
+//    read column slices (e.g. the rope part of each head) without copies.
+//  * Matrix weights (the operand W of the GEMMs) are stored in the backend's weight_dtype():
+//    fp32, or bf16 with fp32 accumulation. A bf16 GEMM rounds its fp32 activation operand to
+//    bf16 too (round to nearest even), so every product is exact in fp32 and only the summation
+//    order differs between backends. Norms, residuals, rope, attention and the router stay fp32.
 //  * Linear layers follow the checkpoint layout: W is [out_features, in_features], y = x·Wᵀ.
 //  * Index arrays (token ids, positions, slots, block tables, expert ids) are int32.
 //  * Host-side plans (expert group offsets) are passed as host vectors: they are produced by
@@ -19,9 +23,40 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "worker/backend/device_buffer.h"
 
 namespace deepinfer {
+
+// Storage type of matrix weights (see Backend::weight_dtype()).
+enum class WeightDType { kFloat32, kBFloat16 };
+const char* WeightDTypeName(WeightDType dtype);  // "float32" / "bfloat16"
+size_t WeightDTypeSize(WeightDType dtype);
+// "float32" / "bfloat16" (also "fp32", "bf16"); INVALID_ARGUMENT naming the bad value otherwise.
+absl::StatusOr<WeightDType> ParseWeightDType(const std::string& name);
+
+// A weight matrix operand: a device pointer and the type of its elements. Offsets (a head's
+// slice, a row block) are counted in elements, whatever the type.
+struct WeightView {
+  const void* data = nullptr;
+  WeightDType dtype = WeightDType::kFloat32;
+
+  WeightView() = default;
+  WeightView(const void* d, WeightDType t) : data(d), dtype(t) {}
+  // fp32 weights (tests, activations used as the W operand) convert implicitly.
+  WeightView(const float* d) : data(d), dtype(WeightDType::kFloat32) {}  // NOLINT
+  WeightView Offset(int64_t elements) const {
+    return {
+        static_cast<const char*>(data) + elements * static_cast<int64_t>(WeightDTypeSize(dtype)),
+        dtype};
+  }
+};
+
+// Device memory as the driver reports it (cudaMemGetInfo).
+struct DeviceMemoryInfo {
+  size_t total_bytes = 0;
+  size_t free_bytes = 0;
+};
 
 // Paged latent KV cache geometry for one layer, as the attention op sees it. Entry t of block b
 // lives at cache + ((b * block_size) + t) * entry_dim, with the latent first, rope key after.
@@ -68,10 +103,30 @@ struct NoauxTcRouteArgs {
   float* topk_weights = nullptr;  // [tokens, top_k]
 };
 
+// Arguments of Backend::RoutedExperts: the routed-expert part of a MoE layer on one rank that
+// hosts every expert, with the routing left on the device. Slot s of the tables holds expert s.
+struct RoutedExpertsArgs {
+  int32_t num_tokens = 0;
+  int32_t top_k = 0;
+  int32_t num_experts = 0;
+  int64_t hidden_size = 0;
+  int64_t inter = 0;                       // moe_intermediate_size
+  const float* hidden = nullptr;           // [tokens, hidden_size]
+  const int32_t* topk_ids = nullptr;       // [tokens, top_k], ascending within a token
+  const float* topk_weights = nullptr;     // [tokens, top_k]
+  const int32_t* slot_of_expert = nullptr;  // device [num_experts]: expert e's slot
+  const void* const* gate_up = nullptr;    // device [num_experts] pointers, [2*inter, hidden] each
+  const void* const* down = nullptr;       // device [num_experts] pointers, [hidden, inter] each
+  WeightDType dtype = WeightDType::kFloat32;  // of the expert matrices
+  float* out = nullptr;                    // [tokens, hidden_size], overwritten
+};
+
 class Backend {
  public:
   virtual ~Backend() = default;
   virtual std::string name() const = 0;
+  // How this backend stores matrix weights (chosen when it is made: BackendOptions::dtype).
+  virtual WeightDType weight_dtype() const = 0;
 
   // ---- Memory ------------------------------------------------------------------------------
   // Zero-initialised; never returns null (allocation failure is fatal, as for std::vector).
@@ -84,16 +139,39 @@ class Backend {
   // The first error an op has hit since the backend was created (ops return nothing, and a GPU
   // reports errors asynchronously). Always OK on the CPU. Checked by the model after each step.
   virtual absl::Status status() const { return absl::OkStatus(); }
+  // Total and free memory of the device (UNIMPLEMENTED on the CPU, which has no fixed budget).
+  virtual absl::StatusOr<DeviceMemoryInfo> MemoryInfo() const {
+    return absl::UnimplementedError(name() + " backend: no device memory to plan");
+  }
+  // Uploads n fp32 host values as a weight in weight_dtype() (bf16: rounded to nearest even).
+  // The model loads every matrix weight through this; vectors (norms, biases) stay fp32.
+  std::unique_ptr<DeviceBuffer> UploadWeight(const float* host, int64_t n);
+  // The native stream every op is issued on (a cudaStream_t for CUDA), for work that must be
+  // ordered with the ops without going through this interface (NCCL collectives of a device
+  // communicator); null on the CPU, whose ops complete before returning.
+  virtual void* native_stream() const { return nullptr; }
 
   // ---- Dense math --------------------------------------------------------------------------
-  // c[i, j] (+)= sum_p a[i, p] * w[j, p] for i < m, j < n, p < k.
-  virtual void Gemm(int64_t m, int64_t n, int64_t k, const float* a, int64_t lda, const float* w,
+  // c[i, j] (+)= sum_p a[i, p] * w[j, p] for i < m, j < n, p < k. With a bf16 w, a is
+  // rounded to bf16 and the sum is accumulated in fp32.
+  virtual void Gemm(int64_t m, int64_t n, int64_t k, const float* a, int64_t lda, WeightView w,
                     int64_t ldw, float* c, int64_t ldc, bool accumulate) = 0;
+  // `batch` independent GEMMs with the layout of Gemm (no accumulate): product b reads
+  // a + b*stride_a, w.Offset(b*stride_w) and writes c + b*stride_c (strides in elements).
+  // Used for the per-head W_uk / W_uv products of absorbed MLA (one launch for all heads).
+  virtual void BatchedGemm(int64_t batch, int64_t m, int64_t n, int64_t k, const float* a,
+                           int64_t lda, int64_t stride_a, WeightView w, int64_t ldw,
+                           int64_t stride_w, float* c, int64_t ldc, int64_t stride_c) = 0;
   // Rows of a [rows, k] split into consecutive groups; group g (rows offsets[g]..offsets[g+1])
   // is multiplied by weights[g] ([n, k]): c = a·W_gᵀ. offsets has weights.size() + 1 entries.
   virtual void GroupedGemm(const std::vector<int64_t>& offsets,
-                           const std::vector<const float*>& weights, int64_t n, int64_t k,
+                           const std::vector<WeightView>& weights, int64_t n, int64_t k,
                            const float* a, float* c) = 0;
+  // out[t] = sum over k of topk_weights[t, k] * expert_{topk_ids[t, k]}(hidden[t]), summed in k
+  // order (as LocalExpertDispatcher::Combine does), computed without copying the routing to the
+  // host. Returns false, doing nothing, when the backend has no such path for these arguments;
+  // the caller then goes through its ExpertDispatcher and GroupedGemm.
+  virtual bool RoutedExperts(const RoutedExpertsArgs& args) { return false; }
   // out[r, :] = x[r, :] / rms(x[r, :]) * weight (statistics in fp32). out may alias x.
   virtual void RmsNorm(int64_t rows, int64_t dim, const float* x, int64_t ldx, const float* weight,
                        float eps, float* out, int64_t ldout) = 0;

@@ -18,11 +18,21 @@ std::vector<std::string> AvailableBackends() {
 #endif
 }
 
+WeightDType DefaultWeightDType(const std::string& kind) {
+  return kind == "cuda" ? WeightDType::kBFloat16 : WeightDType::kFloat32;
+}
+
 absl::StatusOr<std::unique_ptr<Backend>> MakeBackend(const BackendOptions& options) {
-  if (options.kind == "cpu") return std::make_unique<CpuBackend>(options.cpu_threads);
+  WeightDType dtype = DefaultWeightDType(options.kind);
+  if (!options.dtype.empty()) {
+    absl::StatusOr<WeightDType> parsed = ParseWeightDType(options.dtype);
+    if (!parsed.ok()) return parsed.status();
+    dtype = *parsed;
+  }
+  if (options.kind == "cpu") return std::make_unique<CpuBackend>(options.cpu_threads, dtype);
   if (options.kind == "cuda") {
 #ifdef DEEPINFER_WITH_CUDA
-    auto cuda = CudaBackend::Create(options.cuda_device);
+    auto cuda = CudaBackend::Create(options.cuda_device, dtype);
     if (!cuda.ok()) return cuda.status();
     return std::unique_ptr<Backend>(std::move(*cuda));
 #else

@@ -17,9 +17,15 @@ struct BackendOptions {
   std::string kind = "cpu";  // "cpu" or "cuda"
   int cpu_threads = 0;       // cpu: <= 0 means one per hardware thread
   int cuda_device = 0;       // cuda: device ordinal
+  // Storage of matrix weights: "bfloat16" or "float32"; empty: the kind's default
+  // (DefaultWeightDType). From a --dtype flag.
+  std::string dtype;
 };
 
-// INVALID_ARGUMENT for an unknown kind; UNIMPLEMENTED for "cuda" in a build without CUDA;
+// bfloat16 on "cuda", float32 on "cpu" (the reference; it accepts bfloat16 too, for tests).
+WeightDType DefaultWeightDType(const std::string& kind);
+
+// INVALID_ARGUMENT for an unknown kind or dtype; UNIMPLEMENTED for "cuda" in a build without CUDA;
 // FAILED_PRECONDITION for "cuda" on a machine without that GPU.
 absl::StatusOr<std::unique_ptr<Backend>> MakeBackend(const BackendOptions& options);
 

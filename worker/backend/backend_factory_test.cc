@@ -10,20 +10,41 @@ namespace deepinfer {
 namespace {
 
 TEST(BackendFactoryTest, MakesCpuBackend) {
-  auto b = MakeBackend({"cpu", 1, 0});
+  auto b = MakeBackend({"cpu", 1, 0, ""});
   ASSERT_TRUE(b.ok()) << b.status();
   EXPECT_EQ((*b)->name(), "cpu");
   EXPECT_TRUE((*b)->status().ok());
 }
 
+TEST(BackendFactoryTest, WeightDTypeDefaultsPerKindAndCanBeChosen) {
+  EXPECT_EQ(DefaultWeightDType("cpu"), WeightDType::kFloat32);
+  EXPECT_EQ(DefaultWeightDType("cuda"), WeightDType::kBFloat16);
+  auto fp32 = MakeBackend({"cpu", 1, 0, ""});
+  ASSERT_TRUE(fp32.ok()) << fp32.status();
+  EXPECT_EQ((*fp32)->weight_dtype(), WeightDType::kFloat32);
+  auto bf16 = MakeBackend({"cpu", 1, 0, "bfloat16"});
+  ASSERT_TRUE(bf16.ok()) << bf16.status();
+  EXPECT_EQ((*bf16)->weight_dtype(), WeightDType::kBFloat16);
+  // A bf16 weight takes two bytes per element.
+  const float w[3] = {1.0f, 3.0f, -2.5f};
+  EXPECT_EQ((*bf16)->UploadWeight(w, 3)->size_bytes(), 6u);
+  EXPECT_EQ((*fp32)->UploadWeight(w, 3)->size_bytes(), 12u);
+}
+
+TEST(BackendFactoryTest, RejectsUnknownDType) {
+  auto b = MakeBackend({"cpu", 1, 0, "float8"});
+  EXPECT_EQ(b.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(b.status().message().find("'float8'"), absl::string_view::npos) << b.status();
+}
+
 TEST(BackendFactoryTest, RejectsUnknownKind) {
-  auto b = MakeBackend({"tpu", 0, 0});
+  auto b = MakeBackend({"tpu", 0, 0, ""});
   EXPECT_EQ(b.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_NE(b.status().message().find("available: cpu"), absl::string_view::npos) << b.status();
 }
 
 TEST(BackendFactoryTest, CudaDependsOnBuildAndMachine) {
-  auto b = MakeBackend({"cuda", 0, 0});
+  auto b = MakeBackend({"cuda", 0, 0, ""});
 #ifdef DEEPINFER_WITH_CUDA
   int n = 0;
   if (cudaGetDeviceCount(&n) != cudaSuccess || n == 0) {
@@ -32,7 +53,7 @@ TEST(BackendFactoryTest, CudaDependsOnBuildAndMachine) {
   }
   ASSERT_TRUE(b.ok()) << b.status();
   EXPECT_EQ((*b)->name(), "cuda");
-  EXPECT_EQ(MakeBackend({"cuda", 0, n}).status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(MakeBackend({"cuda", 0, n, ""}).status().code(), absl::StatusCode::kFailedPrecondition);
 #else
   EXPECT_EQ(b.status().code(), absl::StatusCode::kUnimplemented) << b.status();
 #endif

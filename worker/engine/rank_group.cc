@@ -8,8 +8,10 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "glog/logging.h"
 #include "worker/backend/backend_factory.h"
+#include "worker/engine/memory_plan.h"
 #include "worker/model/ep_expert_dispatcher.h"
 #include "worker/model/model_loader.h"
 
@@ -60,12 +62,15 @@ DispatcherFactory EpDispatcherFactory() {
 }
 
 // One rank's state. Members are declared so that they are destroyed in dependency order
-// (engine, then pool, model, backend, communicator).
+// (engine, then pool, model, data-plane communicator, backend, TCP communicator).
 struct RankGroup::Rank {
   int global = 0;
   RequestQueue queue;
   std::unique_ptr<comm::TcpCommunicator> comm;
   std::unique_ptr<Backend> backend;
+  // The NCCL communicator when the data plane is NCCL (uses the backend's stream); null for TCP,
+  // whose exchange runs over `comm`.
+  std::unique_ptr<comm::Communicator> data_comm;
   std::unique_ptr<DeepseekV3Model> model;
   std::unique_ptr<KvBlockPool> pool;
   std::unique_ptr<Engine> engine;
@@ -100,9 +105,14 @@ absl::StatusOr<std::unique_ptr<RankGroup>> RankGroup::Create(
     std::unique_ptr<comm::TcpCommunicator::RootListener> root, ResultSink sink) {
   if (options.model == nullptr) return absl::InvalidArgumentError("RankGroup: no model");
   if (!options.dispatcher.make) return absl::InvalidArgumentError("RankGroup: no dispatcher");
-  if (options.block_size <= 0 || options.kv_cache_tokens < 2 * options.block_size) {
+  if (options.block_size <= 0 || options.kv_cache_tokens < 0 ||
+      (options.kv_cache_tokens > 0 && options.kv_cache_tokens < 2 * options.block_size)) {
     return absl::InvalidArgumentError(
         absl::StrCat("KV cache of ", options.kv_cache_tokens, " tokens is too small"));
+  }
+  if (!(options.gpu_memory_utilization > 0 && options.gpu_memory_utilization <= 1)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "GPU memory utilization ", options.gpu_memory_utilization, " is not in (0, 1]"));
   }
   const GroupLayout& l = layout;
   if (l.world_size < 1 || l.num_ranks < 1 || l.first_rank < 0 ||
@@ -384,13 +394,43 @@ bool RankGroup::FormRank(int local) {
   backend_options.kind = options_.backend;
   backend_options.cpu_threads = options_.threads_per_rank;
   backend_options.cuda_device = r.global - layout_.first_rank;
+  backend_options.dtype = options_.dtype;
   auto backend = MakeBackend(backend_options);
   if (!backend.ok()) {
     Fail(r.global, backend.status());
     return false;
   }
   r.backend = std::move(*backend);
-  LOG(INFO) << "rank " << r.global << ": " << r.backend->name() << " backend";
+  // Only an expert-parallel dispatcher exchanges tokens; the others need no data plane.
+  absl::StatusOr<comm::DataPlane> plane =
+      options_.dispatcher.partitioned
+          ? comm::ResolveDataPlane(options_.communicator, options_.backend, layout_.world_size)
+          : comm::DataPlane::kTcp;
+  if (!plane.ok()) {
+    Fail(r.global, plane.status());
+    return false;
+  }
+  comm::Communicator* comm = r.comm.get();
+  if (*plane == comm::DataPlane::kNccl) {
+    auto nccl = comm::FormNcclCommunicator(r.comm.get(), backend_options.cuda_device,
+                                           r.backend->native_stream(), options_.collective_timeout);
+    if (!nccl.ok()) {
+      Fail(r.global, nccl.status());
+      return false;
+    }
+    absl::MutexLock lock(&mu_);
+    r.data_comm = std::move(*nccl);
+    comms_.push_back(r.data_comm.get());
+    if (stopping_ || status_ == GROUP_FAILED) {
+      r.data_comm->Abort(absl::CancelledError("group stopped while forming"));
+      return false;
+    }
+    comm = r.data_comm.get();
+  }
+  if (r.global == layout_.first_rank) {
+    LOG(INFO) << "group generation " << layout_.generation << ": expert exchange over "
+              << comm::DataPlaneName(*plane);
+  }
   const ModelConfig& config = options_.model->config;
   const ExpertRange range = ExpertsOf(config.n_routed_experts, layout_.world_size, r.global);
   LoadOptions load;
@@ -414,7 +454,24 @@ bool RankGroup::FormRank(int local) {
       return e >= range.first && e < range.first + range.count;
     };
   }
-  comm::Communicator* comm = r.comm.get();
+  const int64_t weight_bytes = ModelWeights::DeviceBytes(config, r.backend->weight_dtype(), load);
+  LOG(INFO) << "rank " << r.global << ": " << r.backend->name() << " backend, "
+            << WeightDTypeName(r.backend->weight_dtype()) << " weights ("
+            << absl::StrFormat("%.1f MiB", weight_bytes / double{1 << 20}) << ")";
+  // On a GPU, memory is planned up front: the weights must fit before anything is loaded.
+  MemoryPlanOptions plan_options;
+  plan_options.utilization = options_.gpu_memory_utilization;
+  plan_options.block_size = options_.block_size;
+  plan_options.max_batch_tokens = options_.max_batch_tokens;
+  const int64_t reserve = ActivationReserveBytes(config, options_.max_batch_tokens);
+  const absl::StatusOr<DeviceMemoryInfo> before_load = r.backend->MemoryInfo();
+  if (before_load.ok()) {
+    if (absl::Status st = CheckWeightsFit(*before_load, weight_bytes, reserve, plan_options);
+        !st.ok()) {
+      Fail(r.global, st);
+      return false;
+    }
+  }
   ExpertDispatcherFactory make = [this, comm, range, placement](const ModelConfig& c,
                                                                 const ModelWeights& w, Backend* b) {
     return options_.dispatcher.make(comm, range, placement, c, w, b);
@@ -426,8 +483,31 @@ bool RankGroup::FormRank(int local) {
   }
   r.model = std::move(*model);
   const int32_t bs = options_.block_size;
-  const int32_t blocks = static_cast<int32_t>((options_.kv_cache_tokens + bs - 1) / bs);
-  auto pool = KvBlockPool::Create(r.backend.get(), r.model->CacheOptions(blocks, bs));
+  int64_t blocks = 0;
+  if (options_.kv_cache_tokens > 0) {
+    blocks = (options_.kv_cache_tokens + bs - 1) / bs;
+    LOG(INFO) << "rank " << r.global << ": KV cache " << blocks << " blocks x " << bs
+              << " tokens (--kv-cache-tokens)";
+  } else if (before_load.ok()) {
+    absl::StatusOr<DeviceMemoryInfo> after_load = r.backend->MemoryInfo();
+    absl::StatusOr<KvCachePlan> plan =
+        after_load.ok()
+            ? PlanKvCache(*after_load, weight_bytes, reserve, KvBytesPerToken(config), plan_options)
+            : absl::StatusOr<KvCachePlan>(after_load.status());
+    if (!plan.ok()) {
+      Fail(r.global, plan.status());
+      return false;
+    }
+    blocks = plan->num_blocks;
+    LOG(INFO) << "rank " << r.global
+              << ": memory plan: " << plan->ToString(options_.gpu_memory_utilization);
+  } else {
+    blocks = (kDefaultCpuKvCacheTokens + bs - 1) / bs;
+    LOG(INFO) << "rank " << r.global << ": KV cache " << blocks << " blocks x " << bs
+              << " tokens (CPU default)";
+  }
+  auto pool =
+      KvBlockPool::Create(r.backend.get(), r.model->CacheOptions(static_cast<int32_t>(blocks), bs));
   if (!pool.ok()) {
     Fail(r.global, pool.status());
     return false;
@@ -570,6 +650,7 @@ void RankGroup::AwaitFailed() const {
 
 std::vector<RankLoad> RankGroup::Loads() const {
   std::vector<RankLoad> out;
+  // Before a rank's engine exists its cache size is the explicit one, or not known yet (0).
   const int64_t planned_blocks =
       (options_.kv_cache_tokens + options_.block_size - 1) / options_.block_size;
   absl::MutexLock lock(&mu_);

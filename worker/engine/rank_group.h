@@ -7,8 +7,10 @@
 //      with an empty batch when its dispatcher exchanges tokens, so the MoE all-to-alls of
 //      all ranks match); otherwise every rank sleeps on its RequestQueue for up to idle_wait
 //      (a new request wakes it) and loops.
-// Forming: each rank joins the TcpCommunicator group, loads its weights (with a partitioned
-// dispatcher only its contiguous range of routed experts: E / world_size from
+// Forming: each rank joins the TcpCommunicator group (the control plane: the agreement above,
+// barriers), opens its backend, with an NCCL data plane forms the NCCL group over it
+// (comm/data_plane.h; the expert exchange then runs GPU to GPU), loads its weights (with a
+// partitioned dispatcher only its contiguous range of routed experts: E / world_size from
 // global_rank * E / world_size, or, with an EPLB placement, the experts of its slots), then a
 // barrier; after that the group is SERVING.
 //
@@ -48,6 +50,7 @@
 #include "proto/common.pb.h"
 #include "proto/worker.pb.h"
 #include "worker/backend/backend.h"
+#include "worker/comm/data_plane.h"
 #include "worker/comm/tcp_communicator.h"
 #include "worker/engine/engine.h"
 #include "worker/engine/model_files.h"
@@ -82,17 +85,30 @@ DispatcherFactory LocalDispatcherFactory();
 // rank gets the local dispatcher (same experts, no exchange to pay for).
 DispatcherFactory EpDispatcherFactory();
 
+inline constexpr int64_t kDefaultCpuKvCacheTokens = 16384;
+
 struct RankGroupOptions {
   // Opened once by the worker; must outlive the group.
   const ModelFiles* model = nullptr;
   // "cpu", or "cuda": rank i of this worker then runs on CUDA device i.
   std::string backend = "cpu";
+  // Matrix weight storage, "bfloat16" or "float32"; empty: the backend's default
+  // (BackendOptions::dtype).
+  std::string dtype;
   int threads_per_rank = 1;
-  int64_t kv_cache_tokens = 16384;  // per rank
+  // KV cache per rank, in tokens. 0: planned from GPU memory (memory_plan.h) on a GPU, and
+  // kDefaultCpuKvCacheTokens on the CPU; > 0: exactly this many (rounded up to whole blocks).
+  int64_t kv_cache_tokens = 0;
+  // Fraction of each GPU's memory a rank plans to use (weights + KV cache + activations).
+  double gpu_memory_utilization = 0.9;
   int32_t block_size = 16;
   int32_t max_batch_tokens = 2048;
   int32_t max_running = 256;
   DispatcherFactory dispatcher = LocalDispatcherFactory();
+  // What carries the expert-parallel exchange (--communicator): auto is NCCL for a cuda
+  // backend, a partitioned dispatcher and more than one rank in the group; TCP otherwise. The
+  // TCP group is formed in every case: it carries the lock-step agreement and NCCL's bootstrap.
+  comm::DataPlaneChoice communicator = comm::DataPlaneChoice::kAuto;
   // Where non-root ranks accept their peers (TcpCommunicatorSpec::listen_host).
   std::string listen_host = "127.0.0.1";
   // Bound on forming the group and on each collective (a rank waits this long for a peer

@@ -147,10 +147,71 @@ TEST_F(RankGroupTest, OneRankGivesHfTokens) {
 
 TEST_F(RankGroupTest, TwoRanksInOneWorkerEqualOneRank) { ExpectTwoRanksEqualOneRank(); }
 
+// The dtype reaches the backend: bf16 weights serve (their tokens are checked against HF in
+// tests/parity), the CPU's KV cache defaults to kDefaultCpuKvCacheTokens without an explicit
+// size, and an unknown dtype fails the group with the backend factory's error.
+TEST_F(RankGroupTest, DtypeReachesTheBackendAndCpuCacheDefaults) {
+  options_.dtype = "bfloat16";
+  options_.kv_cache_tokens = 0;
+  Collector results;
+  auto group = RankGroup::Create(options_, GroupLayout(), nullptr, results.Sink());
+  ASSERT_TRUE(group.ok()) << group.status();
+  EXPECT_EQ((*group)->Loads()[0].kv_blocks_total(), 0);  // not planned before forming
+  ASSERT_TRUE((*group)->Submit({Item("b", 0, prompts_[0].ids, 8, 0, 1)}).ok());
+  (*group)->Start();
+  ASSERT_EQ((*group)->AwaitFormed(), GROUP_SERVING) << (*group)->error();
+  EXPECT_EQ(results.Await(1)["b"].token_ids_size(), 8);
+  EXPECT_EQ((*group)->Loads()[0].kv_blocks_total(), kDefaultCpuKvCacheTokens / 16);
+
+  options_.dtype = "float8";
+  auto bad = RankGroup::Create(options_, GroupLayout(), nullptr, Collector().Sink());
+  ASSERT_TRUE(bad.ok()) << bad.status();
+  (*bad)->Start();
+  EXPECT_EQ((*bad)->AwaitFormed(), GROUP_FAILED);
+  EXPECT_THAT((*bad)->error(), ::testing::HasSubstr("unknown weight dtype 'float8'"));
+}
+
+TEST_F(RankGroupTest, RefusesBadMemoryOptions) {
+  options_.gpu_memory_utilization = 1.5;
+  EXPECT_TRUE(absl::IsInvalidArgument(
+      RankGroup::Create(options_, GroupLayout(), nullptr, Collector().Sink()).status()));
+  options_.gpu_memory_utilization = 0.9;
+  options_.kv_cache_tokens = -1;
+  EXPECT_TRUE(absl::IsInvalidArgument(
+      RankGroup::Create(options_, GroupLayout(), nullptr, Collector().Sink()).status()));
+}
+
 TEST_F(RankGroupTest, TwoExpertParallelRanksEqualOneRank) {
   // Each rank loads 4 of the 8 experts and the idle rank steps with empty batches; a missed
   // collective would fail the group (or time out) instead of finishing the requests.
   options_.dispatcher = EpDispatcherFactory();
+  ExpectTwoRanksEqualOneRank();
+}
+
+TEST_F(RankGroupTest, NcclOnTheCpuBackendFailsTheGroupWithAClearError) {
+  options_.dispatcher = EpDispatcherFactory();
+  options_.communicator = comm::DataPlaneChoice::kNccl;  // backend stays "cpu"
+  auto root = comm::TcpCommunicator::ListenRoot("127.0.0.1:0");
+  ASSERT_TRUE(root.ok()) << root.status();
+  GroupLayout layout;
+  layout.generation = 3;
+  layout.group_incarnation = 0x77;
+  layout.world_size = 2;
+  layout.num_ranks = 2;
+  layout.root_address = root->address;
+  Collector results;
+  auto group = RankGroup::Create(
+      options_, layout, std::make_unique<comm::TcpCommunicator::RootListener>(std::move(*root)),
+      results.Sink());
+  ASSERT_TRUE(group.ok()) << group.status();
+  (*group)->Start();
+  EXPECT_EQ((*group)->AwaitFormed(), GROUP_FAILED);
+  EXPECT_THAT((*group)->error(), ::testing::HasSubstr("nccl needs the cuda backend"));
+}
+
+TEST_F(RankGroupTest, TwoExpertParallelRanksOverAnExplicitTcpDataPlaneEqualOneRank) {
+  options_.dispatcher = EpDispatcherFactory();
+  options_.communicator = comm::DataPlaneChoice::kTcp;
   ExpectTwoRanksEqualOneRank();
 }
 

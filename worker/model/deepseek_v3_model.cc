@@ -59,6 +59,30 @@ DeepseekV3Model::DeepseekV3Model(const ModelConfig& config, std::unique_ptr<Mode
   backend_->CopyToDevice(inv.data(), inv.size() * sizeof(float), inv_freq_->data());
   rope_attention_factor_ = static_cast<float>(config_.RopeAttentionFactor());
   softmax_scale_ = static_cast<float>(config_.SoftmaxScale());
+  // One rank with every expert: device tables for Backend::RoutedExperts (expert e in slot e).
+  const int64_t E = config_.n_routed_experts;
+  if (dispatcher_ != nullptr && dispatcher_->single_rank() &&
+      static_cast<int64_t>(dispatcher_->local_experts(0).size()) == E) {
+    std::vector<int32_t> slots(E);
+    for (int64_t e = 0; e < E; ++e) slots[e] = static_cast<int32_t>(e);
+    expert_slots_ = backend_->Allocate(E * sizeof(int32_t));
+    backend_->CopyToDevice(slots.data(), E * sizeof(int32_t), expert_slots_->data());
+    expert_tables_.resize(config_.num_hidden_layers);
+    for (int64_t l = 0; l < config_.num_hidden_layers; ++l) {
+      const LayerWeights& L = weights_->layers[l];
+      if (!L.moe) continue;
+      std::vector<const void*> gate_up(E), down(E);
+      for (int64_t e = 0; e < E; ++e) {
+        gate_up[e] = L.experts.at(e).gate_up->data();
+        down[e] = L.experts.at(e).down->data();
+      }
+      ExpertTables& t = expert_tables_[l];
+      t.gate_up = backend_->Allocate(E * sizeof(void*));
+      t.down = backend_->Allocate(E * sizeof(void*));
+      backend_->CopyToDevice(gate_up.data(), E * sizeof(void*), t.gate_up->data());
+      backend_->CopyToDevice(down.data(), E * sizeof(void*), t.down->data());
+    }
+  }
   for (int64_t l = 0; l < config_.num_hidden_layers; ++l) {
     moe_index_.push_back(weights_->layers[l].moe ? num_moe_layers_++ : -1);
   }
@@ -232,7 +256,7 @@ absl::StatusOr<StepOutput> DeepseekV3Model::Step(const std::vector<SequenceStep>
                     sel->as<float>(), H);
   const int64_t V = c.vocab_size;
   auto logits = Floats(R * V);
-  backend_->Gemm(R, V, H, sel->as<float>(), H, weights_->lm_head->as<float>(), H,
+  backend_->Gemm(R, V, H, sel->as<float>(), H, weights_->Matrix(weights_->lm_head), H,
                  logits->as<float>(), V, false);
   // Rows of sequences that want logits, or whose sampling needs the whole row on the host
   // (temperature, top logprobs), are copied back; the rest are sampled greedily on the device.
@@ -314,7 +338,8 @@ absl::StatusOr<StepOutput> DeepseekV3Model::Step(const std::vector<SequenceStep>
 
 void DeepseekV3Model::Attention(int64_t layer, const StepContext& ctx, const float* h, float* out) {
   const ModelConfig& c = config_;
-  const LayerWeights& L = weights_->layers[layer];
+  const ModelWeights& W = *weights_;
+  const LayerWeights& L = W.layers[layer];
   const int64_t T = ctx.num_tokens, H = c.hidden_size, nh = c.num_attention_heads;
   const int64_t nope = c.qk_nope_head_dim, rope = c.qk_rope_head_dim, vd = c.v_head_dim;
   const int64_t kvl = c.kv_lora_rank, qk = c.qk_head_dim(), qdim = nh * qk;
@@ -325,18 +350,17 @@ void DeepseekV3Model::Attention(int64_t layer, const StepContext& ctx, const flo
   if (c.q_lora_rank > 0) {
     const int64_t r = c.q_lora_rank;
     auto qa = Floats(T * r);
-    backend_->Gemm(T, r, H, h, H, L.q_a->as<float>(), H, qa->as<float>(), r, false);
+    backend_->Gemm(T, r, H, h, H, W.Matrix(L.q_a), H, qa->as<float>(), r, false);
     backend_->RmsNorm(T, r, qa->as<float>(), r, L.q_a_norm->as<float>(), kLatentNormEps,
                       qa->as<float>(), r);
-    backend_->Gemm(T, qdim, r, qa->as<float>(), r, L.q_b->as<float>(), r, q->as<float>(), qdim,
-                   false);
+    backend_->Gemm(T, qdim, r, qa->as<float>(), r, W.Matrix(L.q_b), r, q->as<float>(), qdim, false);
   } else {
-    backend_->Gemm(T, qdim, H, h, H, L.q->as<float>(), H, q->as<float>(), qdim, false);
+    backend_->Gemm(T, qdim, H, h, H, W.Matrix(L.q), H, q->as<float>(), qdim, false);
   }
   // Latent and shared rope key: [T, kv_lora | rope].
   const int64_t kvw = kvl + rope;
   auto kv = Floats(T * kvw);
-  backend_->Gemm(T, kvw, H, h, H, L.kv_a->as<float>(), H, kv->as<float>(), kvw, false);
+  backend_->Gemm(T, kvw, H, h, H, W.Matrix(L.kv_a), H, kv->as<float>(), kvw, false);
   auto latent = Floats(T * kvl);
   backend_->RmsNorm(T, kvl, kv->as<float>(), kvw, L.kv_a_norm->as<float>(), kLatentNormEps,
                     latent->as<float>(), kvl);
@@ -349,13 +373,11 @@ void DeepseekV3Model::Attention(int64_t layer, const StepContext& ctx, const flo
   backend_->WriteLatentCache(T, latent->as<float>(), kvl, kv->as<float>() + kvl, kvw,
                              ctx.slots->as<int32_t>(), view);
 
-  // Absorb W_uk into the query: q_latent[t, h] = q_nope[t, h] · W_uk[h].
+  // Absorb W_uk into the query: q_latent[t, h] = q_nope[t, h] · W_uk[h], all heads in one
+  // batched GEMM (head h: the nope slice of q's head h, block h of w_uk_t, column block h).
   auto q_latent = Floats(T * nh * kvl);
-  for (int64_t hd = 0; hd < nh; ++hd) {
-    backend_->Gemm(T, kvl, nope, q->as<float>() + hd * qk, qdim,
-                   L.w_uk_t->as<float>() + hd * kvl * nope, nope, q_latent->as<float>() + hd * kvl,
-                   nh * kvl, false);
-  }
+  backend_->BatchedGemm(nh, T, kvl, nope, q->as<float>(), qdim, qk, W.Matrix(L.w_uk_t), nope,
+                        kvl * nope, q_latent->as<float>(), nh * kvl, kvl);
   auto o_latent = Floats(T * nh * kvl);
   MlaAttentionArgs args;
   args.num_tokens = static_cast<int32_t>(T);
@@ -375,22 +397,21 @@ void DeepseekV3Model::Attention(int64_t layer, const StepContext& ctx, const flo
 
   // Lift back through W_uv (value half of kv_b, rows h*(nope+v)+nope ..) and project out.
   auto o = Floats(T * nh * vd);
-  for (int64_t hd = 0; hd < nh; ++hd) {
-    backend_->Gemm(T, vd, kvl, o_latent->as<float>() + hd * kvl, nh * kvl,
-                   L.kv_b->as<float>() + (hd * (nope + vd) + nope) * kvl, kvl,
-                   o->as<float>() + hd * vd, nh * vd, false);
-  }
-  backend_->Gemm(T, H, nh * vd, o->as<float>(), nh * vd, L.o_proj->as<float>(), nh * vd, out, H,
+  backend_->BatchedGemm(nh, T, vd, kvl, o_latent->as<float>(), nh * kvl, kvl,
+                        W.Matrix(L.kv_b).Offset(nope * kvl), kvl, (nope + vd) * kvl, o->as<float>(),
+                        nh * vd, vd);
+  backend_->Gemm(T, H, nh * vd, o->as<float>(), nh * vd, W.Matrix(L.o_proj), nh * vd, out, H,
                  false);
 }
 
 absl::Status DeepseekV3Model::Mlp(const MlpWeights& w, int64_t rows, const float* h, float* out) {
   const int64_t H = config_.hidden_size, I = w.inter;
   auto gu = Floats(rows * 2 * I);
-  backend_->Gemm(rows, 2 * I, H, h, H, w.gate_up->as<float>(), H, gu->as<float>(), 2 * I, false);
+  backend_->Gemm(rows, 2 * I, H, h, H, weights_->Matrix(w.gate_up), H, gu->as<float>(), 2 * I,
+                 false);
   auto act = Floats(rows * I);
   backend_->SiluMul(rows, I, gu->as<float>(), act->as<float>());
-  backend_->Gemm(rows, H, I, act->as<float>(), I, w.down->as<float>(), I, out, H, false);
+  backend_->Gemm(rows, H, I, act->as<float>(), I, weights_->Matrix(w.down), I, out, H, false);
   return absl::OkStatus();
 }
 
@@ -421,15 +442,19 @@ absl::Status DeepseekV3Model::Moe(int64_t layer, int64_t rows, const float* h, f
   backend_->AccumulateExpertCounts(rows * K, topk_ids->as<int32_t>(), E,
                                    expert_counts_->as<int64_t>() + moe * E);
 
+  absl::Status st;
+  if (!expert_tables_.empty() && RoutedExpertsOnDevice(layer, rows, h, topk_ids->as<int32_t>(),
+                                                       topk_w->as<float>(), out)) {
+    return SharedExperts(L, rows, h, out);
+  }
   DispatchedTokens d;
-  absl::Status st =
-      dispatcher_->Dispatch(moe, rows, K, h, topk_ids->as<int32_t>(), topk_w->as<float>(), &d);
+  st = dispatcher_->Dispatch(moe, rows, K, h, topk_ids->as<int32_t>(), topk_w->as<float>(), &d);
   if (!st.ok()) return st;
-  std::vector<const float*> gate_up, down;
+  std::vector<WeightView> gate_up, down;
   for (int64_t e : dispatcher_->local_experts(moe)) {
     const MlpWeights& ew = L.experts.at(e);
-    gate_up.push_back(ew.gate_up->as<float>());
-    down.push_back(ew.down->as<float>());
+    gate_up.push_back(weights_->Matrix(ew.gate_up));
+    down.push_back(weights_->Matrix(ew.down));
   }
   auto expert_out = Floats(std::max<int64_t>(1, d.num_rows) * H);
   if (d.num_rows > 0) {
@@ -445,12 +470,39 @@ absl::Status DeepseekV3Model::Moe(int64_t layer, int64_t rows, const float* h, f
   backend_->CopyDeviceToDevice(zero->data(), rows * H * sizeof(float), out);
   st = dispatcher_->Combine(d, expert_out->as<float>(), out);
   if (!st.ok()) return st;
-  if (c.n_shared_experts > 0) {
-    auto shared = Floats(rows * H);
-    st = Mlp(L.shared, rows, h, shared->as<float>());
-    if (!st.ok()) return st;
-    backend_->Add(rows * H, out, shared->as<float>(), out);
-  }
+  return SharedExperts(L, rows, h, out);
+}
+
+bool DeepseekV3Model::RoutedExpertsOnDevice(int64_t layer, int64_t rows, const float* h,
+                                            const int32_t* topk_ids, const float* topk_w,
+                                            float* out) {
+  const ModelConfig& c = config_;
+  RoutedExpertsArgs a;
+  a.num_tokens = static_cast<int32_t>(rows);
+  a.top_k = static_cast<int32_t>(c.num_experts_per_tok);
+  a.num_experts = static_cast<int32_t>(c.n_routed_experts);
+  a.hidden_size = c.hidden_size;
+  a.inter = c.moe_intermediate_size;
+  a.hidden = h;
+  a.topk_ids = topk_ids;
+  a.topk_weights = topk_w;
+  a.slot_of_expert = expert_slots_->as<int32_t>();
+  a.gate_up = static_cast<const void* const*>(expert_tables_[layer].gate_up->data());
+  a.down = static_cast<const void* const*>(expert_tables_[layer].down->data());
+  a.dtype = weights_->matrix_dtype;
+  a.out = out;
+  return backend_->RoutedExperts(a);
+}
+
+// out += shared experts(h), after the routed sum, as HF and DeepSeek add them.
+absl::Status DeepseekV3Model::SharedExperts(const LayerWeights& L, int64_t rows, const float* h,
+                                            float* out) {
+  if (config_.n_shared_experts == 0) return absl::OkStatus();
+  const int64_t H = config_.hidden_size;
+  auto shared = Floats(rows * H);
+  absl::Status st = Mlp(L.shared, rows, h, shared->as<float>());
+  if (!st.ok()) return st;
+  backend_->Add(rows * H, out, shared->as<float>(), out);
   return absl::OkStatus();
 }
 

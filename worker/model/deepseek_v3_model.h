@@ -96,6 +96,10 @@ class DeepseekV3Model {
   void Attention(int64_t layer, const StepContext& ctx, const float* h, float* out);
   absl::Status Mlp(const MlpWeights& w, int64_t rows, const float* h, float* out);
   absl::Status Moe(int64_t layer, int64_t rows, const float* h, float* out);
+  // Backend::RoutedExperts for one rank hosting every expert; false: use the dispatcher.
+  bool RoutedExpertsOnDevice(int64_t layer, int64_t rows, const float* h, const int32_t* topk_ids,
+                             const float* topk_w, float* out);
+  absl::Status SharedExperts(const LayerWeights& L, int64_t rows, const float* h, float* out);
   std::unique_ptr<DeviceBuffer> Floats(int64_t n) { return backend_->Allocate(n * sizeof(float)); }
 
   const ModelConfig config_;
@@ -103,6 +107,13 @@ class DeepseekV3Model {
   Backend* backend_;
   std::unique_ptr<ExpertDispatcher> dispatcher_;
   std::unique_ptr<DeviceBuffer> inv_freq_;
+  // Device tables for Backend::RoutedExperts (empty unless one rank hosts every expert):
+  // expert -> slot map, and per MoE layer the experts' gate_up / down weight pointers.
+  struct ExpertTables {
+    std::unique_ptr<DeviceBuffer> gate_up, down;
+  };
+  std::unique_ptr<DeviceBuffer> expert_slots_;
+  std::vector<ExpertTables> expert_tables_;
   float rope_attention_factor_ = 1.0f;
   float softmax_scale_ = 1.0f;
   // Per model layer, its index among the MoE layers (-1 for a dense layer).

@@ -57,6 +57,33 @@ float MaxDiff(const std::vector<float>& a, const std::vector<float>& b) {
   return m;
 }
 
+// Memory planning sizes the weights from the config before loading; the estimate must be what
+// loading allocates, for both matrix dtypes and for an expert subset.
+TEST(ModelWeightsTest, DeviceBytesIsWhatLoadAllocates) {
+  auto config = ModelConfig::FromFile(FixtureDir() + "/config.json");
+  ASSERT_TRUE(config.ok()) << config.status();
+  auto ckpt =
+      SafetensorsCheckpoint::Open(FixtureDir(), config->fp8_block_rows, config->fp8_block_cols);
+  ASSERT_TRUE(ckpt.ok()) << ckpt.status();
+  LoadOptions subset;
+  subset.hosts_expert = [](int64_t, int64_t e) { return e % 4 == 1; };
+  for (WeightDType dt : {WeightDType::kFloat32, WeightDType::kBFloat16}) {
+    for (const LoadOptions& o : {LoadOptions{}, subset}) {
+      CpuBackend be(1, dt);
+      auto w = ModelWeights::Load(*config, ckpt->get(), &be, o);
+      ASSERT_TRUE(w.ok()) << w.status();
+      EXPECT_EQ((*w)->matrix_dtype, dt);
+      EXPECT_EQ(ModelWeights::DeviceBytes(*config, dt, o), (*w)->device_bytes)
+          << WeightDTypeName(dt);
+    }
+  }
+  // bf16 halves the matrices: well under the fp32 size, above half of it (fp32 embedding).
+  const int64_t f32 = ModelWeights::DeviceBytes(*config, WeightDType::kFloat32, {});
+  const int64_t b16 = ModelWeights::DeviceBytes(*config, WeightDType::kBFloat16, {});
+  EXPECT_LT(b16, f32 * 3 / 4);
+  EXPECT_GT(b16, f32 / 2);
+}
+
 class ModelTest : public ::testing::Test {
  protected:
   void SetUp() override {

@@ -1,19 +1,25 @@
 // EpExpertDispatcher: host-planned all-to-all dispatch and combine.
 //
-// Wire format of the Dispatch segment from rank s to rank d (both host memory):
-//   [n rows x hidden_size float32][n int32 local slot ids of those rows]
-// with n = bytes / (4 * (hidden_size + 1)). The rows are in (expert, token) order on the sender.
+// Wire format of the Dispatch exchange from rank s to rank d, n rows in (expert, token) order on
+// the sender (the size exchange announces n * 4 * (hidden_size + 1) bytes on both paths):
+//   host communicator: one segment [n rows x hidden_size float32][n int32 local slot ids],
+//     staged through host memory;
+//   device communicator: two all-to-alls of device buffers on the backend's stream, the rows
+//     [n x hidden_size float32] then the ids [n int32], so that received rows are contiguous
+//     and are grouped with one GatherRows (no host staging of the rows).
 // Combine's segment from d back to s is the n output rows in the order s sent them.
+// Both paths move the same float bits and apply the same ScatterAddRows, so their results
+// are identical.
 //
 // Why the result is bit-identical to LocalExpertDispatcher: the sender orders its rows by
 // (global expert, token) -- the combine order -- picks each row's slot (its expert's only slot,
 // or one replica by ChooseReplica), and sends rows grouped by destination, keeping the combine
 // order within a destination (sent_row_order remembers where each sent row came from). Each
 // destination returns a sender's rows in the order it received them, and Combine puts them back
-// into the combine order before the same ScatterAddRows that LocalExpertDispatcher uses, with
-// the same weights. The expert output of a row does not depend on which other rows share its
-// grouped GEMM, nor on which replica computed it (replicas hold the same weights; the backend
-// computes each output row on its own). Without replicas and with contiguous experts,
+// into the combine order (exact row copies) before the same ScatterAddRows that
+// LocalExpertDispatcher uses, with the same weights. The expert output of a row does not depend
+// on which other rows share its grouped GEMM, nor on which replica computed it (replicas hold
+// the same weights; the backend computes each output row on its own). Without a placement,
 // sent_row_order is the identity and the exchange is the one of plain expert parallelism.
 #include "worker/model/ep_expert_dispatcher.h"
 
@@ -44,10 +50,11 @@ absl::StatusOr<std::unique_ptr<EpExpertDispatcher>> EpExpertDispatcher::Create(
         "divides ",
         num_experts, ")"));
   }
-  if (comm->memory_kind() != comm::MemoryKind::kHost) {
-    return absl::UnimplementedError(
-        "EpExpertDispatcher: device-memory communicators are not supported yet (the exchange "
-        "needs the backend's stream); use a host communicator");
+  if (comm->memory_kind() == comm::MemoryKind::kDevice && backend->native_stream() == nullptr) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("EpExpertDispatcher: a device-memory communicator needs a backend with a "
+                     "stream, not '",
+                     backend->name(), "'"));
   }
   std::unique_ptr<EpExpertDispatcher> d(
       new EpExpertDispatcher(comm, backend, num_experts, hidden_size));
@@ -63,7 +70,8 @@ EpExpertDispatcher::EpExpertDispatcher(comm::Communicator* comm, Backend* backen
       backend_(backend),
       num_experts_(num_experts),
       hidden_size_(hidden_size),
-      experts_per_rank_(num_experts / comm->world_size()) {
+      experts_per_rank_(num_experts / comm->world_size()),
+      device_exchange_(comm->memory_kind() == comm::MemoryKind::kDevice) {
   const int64_t first = comm_->rank() * experts_per_rank_;
   for (int64_t e = 0; e < experts_per_rank_; ++e) contiguous_experts_.push_back(first + e);
 }
@@ -106,6 +114,7 @@ absl::Status EpExpertDispatcher::SetPlacement(std::shared_ptr<const ExpertPlacem
   return absl::OkStatus();
 }
 
+
 absl::Status EpExpertDispatcher::Fail(absl::Status error) {
   comm_->Abort(error);
   return error;
@@ -118,9 +127,9 @@ absl::Status EpExpertDispatcher::Dispatch(int64_t moe_layer, int64_t num_tokens,
   const int64_t H = hidden_size_;
   const int64_t n = num_tokens * top_k;
   if (placement_ != nullptr && (moe_layer < 0 || moe_layer >= placement_->num_layers())) {
-    return Fail(absl::FailedPreconditionError(absl::StrCat("EpExpertDispatcher: MoE layer ",
-                                                           moe_layer, " is not in the placement (",
-                                                           placement_->num_layers(), " layers)")));
+    return Fail(absl::FailedPreconditionError(
+        absl::StrCat("EpExpertDispatcher: MoE layer ", moe_layer, " is not in the placement (",
+                     placement_->num_layers(), " layers)")));
   }
   // Slots per rank: E / W without a placement (slot = expert), P / W with one.
   const int64_t per =
@@ -157,12 +166,13 @@ absl::Status EpExpertDispatcher::Dispatch(int64_t moe_layer, int64_t num_tokens,
         row_slot[row] = e;
       } else {
         const std::vector<int>& replicas = placement_->log2phy()[moe_layer][e];
-        row_slot[row] =
-            replicas[ChooseReplica(t, comm_->rank(), e, static_cast<int64_t>(replicas.size()))];
+        row_slot[row] = replicas[ChooseReplica(t, comm_->rank(), e,
+                                               static_cast<int64_t>(replicas.size()))];
       }
     }
   }
-  // Rows grouped by destination rank (slot / per), combine order kept within each.
+  // Rows grouped by destination rank (slot / per), combine order kept within each: sent row j
+  // is combine row sent_row_order[j], with local slot id local_ids[j] on its destination.
   out->sent_row_order.resize(n);
   out->sent_rows_per_rank.assign(world, 0);
   {
@@ -174,8 +184,12 @@ absl::Status EpExpertDispatcher::Dispatch(int64_t moe_layer, int64_t num_tokens,
     }
     for (int64_t r = 0; r < n; ++r) out->sent_row_order[dest_next[row_slot[r] / per]++] = r;
   }
-  std::vector<int32_t> sent_token(n);
-  for (int64_t j = 0; j < n; ++j) sent_token[j] = row_token[out->sent_row_order[j]];
+  std::vector<int32_t> sent_token(n), local_ids(n);
+  for (int64_t j = 0; j < n; ++j) {
+    const int64_t r = out->sent_row_order[j];
+    sent_token[j] = row_token[r];
+    local_ids[j] = static_cast<int32_t>(row_slot[r] % per);
+  }
   out->row_token = backend_->Allocate(n * sizeof(int32_t));
   out->row_weight = backend_->Allocate(n * sizeof(float));
   backend_->CopyToDevice(row_token.data(), n * sizeof(int32_t), out->row_token->data());
@@ -185,22 +199,10 @@ absl::Status EpExpertDispatcher::Dispatch(int64_t moe_layer, int64_t num_tokens,
   auto send_rows = backend_->Allocate(n * H * sizeof(float));
   backend_->GatherRows(n, H, hidden, sent_token_dev->as<int32_t>(), send_rows->as<float>());
 
-  const size_t row_bytes = (H + 1) * sizeof(float);  // the row and its int32 local slot id
+  // The size exchange counts each row with its int32 local slot id, on both paths.
+  const size_t row_bytes = (H + 1) * sizeof(float);
   std::vector<size_t> send_bytes(world);
-  std::vector<float> send(n * (H + 1));
-  int64_t first = 0;
-  for (int d = 0; d < world; ++d) {
-    const int64_t rows = out->sent_rows_per_rank[d];
-    send_bytes[d] = rows * row_bytes;
-    float* seg = send.data() + first * (H + 1);
-    backend_->CopyToHost(send_rows->as<float>() + first * H, rows * H * sizeof(float), seg);
-    for (int64_t r = 0; r < rows; ++r) {
-      const int32_t local =
-          static_cast<int32_t>(row_slot[out->sent_row_order[first + r]] - d * per);
-      std::memcpy(seg + rows * H + r, &local, sizeof(int32_t));
-    }
-    first += rows;
-  }
+  for (int d = 0; d < world; ++d) send_bytes[d] = out->sent_rows_per_rank[d] * row_bytes;
   absl::StatusOr<std::vector<size_t>> recv_bytes = comm_->AllToAllSizes(send_bytes);
   if (!recv_bytes.ok()) return Fail(recv_bytes.status());
   out->received_rows_per_rank.assign(world, 0);
@@ -215,38 +217,104 @@ absl::Status EpExpertDispatcher::Dispatch(int64_t moe_layer, int64_t num_tokens,
     out->received_rows_per_rank[s] = static_cast<int64_t>((*recv_bytes)[s] / row_bytes);
     received += out->received_rows_per_rank[s];
   }
-  std::vector<float> recv(received * (H + 1));
-  if (absl::Status st = comm_->AllToAllV(send.data(), send_bytes, recv.data(), *recv_bytes);
-      !st.ok()) {
-    return Fail(st);
-  }
 
-  // Group by local expert (ascending), then source rank, then the source's order: a stable
-  // counting sort of the rows in arrival order.
+  // arrival_expert[j]: the local expert of the j-th received row (sources in rank order).
   std::vector<int32_t> arrival_expert(received);
-  {
+  std::vector<float> recv;                  // host path: the received segments
+  std::unique_ptr<DeviceBuffer> recv_rows;  // device path: [received, H] in arrival order
+  if (device_exchange_) {
+    // Rows and their ids travel as two all-to-alls of device buffers, enqueued on the
+    // backend's stream after GatherRows: no host staging of the rows.
+    auto send_ids = backend_->Allocate(n * sizeof(int32_t));
+    backend_->CopyToDevice(local_ids.data(), n * sizeof(int32_t), send_ids->data());
+    recv_rows = backend_->Allocate(received * H * sizeof(float));
+    auto recv_ids = backend_->Allocate(received * sizeof(int32_t));
+    std::vector<size_t> rows_out(world), rows_in(world), ids_out(world), ids_in(world);
+    for (int r = 0; r < world; ++r) {
+      rows_out[r] = out->sent_rows_per_rank[r] * H * sizeof(float);
+      rows_in[r] = out->received_rows_per_rank[r] * H * sizeof(float);
+      ids_out[r] = out->sent_rows_per_rank[r] * sizeof(int32_t);
+      ids_in[r] = out->received_rows_per_rank[r] * sizeof(int32_t);
+    }
+    if (absl::Status st = comm_->AllToAllV(send_rows->data(), rows_out, recv_rows->data(), rows_in,
+                                           backend_->native_stream());
+        !st.ok()) {
+      return Fail(st);
+    }
+    if (absl::Status st = comm_->AllToAllV(send_ids->data(), ids_out, recv_ids->data(), ids_in,
+                                           backend_->native_stream());
+        !st.ok()) {
+      return Fail(st);
+    }
+    // Synchronises the stream: the plan below needs the ids on the host.
+    backend_->CopyToHost(recv_ids->data(), received * sizeof(int32_t), arrival_expert.data());
+    if (absl::Status st = backend_->status(); !st.ok()) return Fail(st);
+  } else {
+    // Segment to d: [rows x H float32][rows int32 local slot ids], staged in host memory.
+    std::vector<float> send(n * (H + 1));
+    int64_t first = 0;
+    for (int d = 0; d < world; ++d) {
+      const int64_t rows = out->sent_rows_per_rank[d];
+      float* seg = send.data() + first * (H + 1);
+      backend_->CopyToHost(send_rows->as<float>() + first * H, rows * H * sizeof(float), seg);
+      std::memcpy(seg + rows * H, local_ids.data() + first, rows * sizeof(int32_t));
+      first += rows;
+    }
+    recv.resize(received * (H + 1));
+    if (absl::Status st = comm_->AllToAllV(send.data(), send_bytes, recv.data(), *recv_bytes);
+        !st.ok()) {
+      return Fail(st);
+    }
     int64_t j = 0;
     const float* seg = recv.data();
     for (int s = 0; s < world; ++s) {
       const int64_t rows = out->received_rows_per_rank[s];
       for (int64_t r = 0; r < rows; ++r, ++j) {
-        int32_t local;
-        std::memcpy(&local, seg + rows * H + r, sizeof(int32_t));
+        std::memcpy(&arrival_expert[j], seg + rows * H + r, sizeof(int32_t));
+      }
+      seg += rows * (H + 1);
+    }
+  }
+  {
+    int64_t j = 0;
+    for (int s = 0; s < world; ++s) {
+      for (int64_t r = 0; r < out->received_rows_per_rank[s]; ++r, ++j) {
+        const int32_t local = arrival_expert[j];
         if (local < 0 || local >= per) {
           return Fail(absl::FailedPreconditionError(absl::StrCat(
               "EpExpertDispatcher: rank ", s, " sent a row for local slot ", local, " but rank ",
               comm_->rank(), " hosts ", per, " (the ranks use different placements)")));
         }
-        arrival_expert[j] = local;
       }
-      seg += rows * (H + 1);
     }
   }
+
+  // Group by local slot (ascending), then source rank, then the source's order: a stable
+  // counting sort of the rows in arrival order.
   out->group_offsets.assign(per + 1, 0);
   for (int32_t local : arrival_expert) ++out->group_offsets[local + 1];
   for (int64_t e = 0; e < per; ++e) out->group_offsets[e + 1] += out->group_offsets[e];
   std::vector<int64_t> slot_next(out->group_offsets.begin(), out->group_offsets.end() - 1);
   out->received_row_slot.resize(received);
+  for (int64_t j = 0; j < received; ++j) {
+    out->received_row_slot[j] = slot_next[arrival_expert[j]]++;
+  }
+  out->num_rows = received;
+  out->hidden = backend_->Allocate(received * H * sizeof(float));
+  if (device_exchange_) {
+    // hidden[slot] = recv_rows[arrival index of slot]: an exact row copy on the device.
+    std::vector<int32_t> arrival_of_slot(received);
+    for (int64_t j = 0; j < received; ++j) {
+      arrival_of_slot[out->received_row_slot[j]] = static_cast<int32_t>(j);
+    }
+    if (received > 0) {
+      auto idx = backend_->Allocate(received * sizeof(int32_t));
+      backend_->CopyToDevice(arrival_of_slot.data(), received * sizeof(int32_t), idx->data());
+      backend_->GatherRows(received, H, recv_rows->as<float>(), idx->as<int32_t>(),
+                           out->hidden->as<float>());
+    }
+    return absl::OkStatus();
+  }
   std::vector<float> grouped(received * H);
   {
     int64_t j = 0;
@@ -254,15 +322,11 @@ absl::Status EpExpertDispatcher::Dispatch(int64_t moe_layer, int64_t num_tokens,
     for (int s = 0; s < world; ++s) {
       const int64_t rows = out->received_rows_per_rank[s];
       for (int64_t r = 0; r < rows; ++r, ++j) {
-        const int64_t slot = slot_next[arrival_expert[j]]++;
-        out->received_row_slot[j] = slot;
-        std::memcpy(grouped.data() + slot * H, seg + r * H, H * sizeof(float));
+        std::memcpy(grouped.data() + out->received_row_slot[j] * H, seg + r * H, H * sizeof(float));
       }
       seg += rows * (H + 1);
     }
   }
-  out->num_rows = received;
-  out->hidden = backend_->Allocate(received * H * sizeof(float));
   backend_->CopyToDevice(grouped.data(), grouped.size() * sizeof(float), out->hidden->data());
   return absl::OkStatus();
 }
@@ -279,14 +343,6 @@ absl::Status EpExpertDispatcher::Combine(const DispatchedTokens& d, const float*
     return Fail(absl::InvalidArgumentError(
         "EpExpertDispatcher::Combine: the DispatchedTokens do not come from this dispatcher"));
   }
-  // Outputs back in arrival order, i.e. each source's rows in the order it sent them.
-  std::vector<float> grouped(d.num_rows * H);
-  backend_->CopyToHost(expert_out, grouped.size() * sizeof(float), grouped.data());
-  std::vector<float> send(d.num_rows * H);
-  for (int64_t j = 0; j < d.num_rows; ++j) {
-    std::memcpy(send.data() + j * H, grouped.data() + d.received_row_slot[j] * H,
-                H * sizeof(float));
-  }
   std::vector<size_t> send_bytes(world), recv_bytes(world);
   int64_t back = 0;
   for (int r = 0; r < world; ++r) {
@@ -298,18 +354,49 @@ absl::Status EpExpertDispatcher::Combine(const DispatchedTokens& d, const float*
     return Fail(absl::InvalidArgumentError(
         "EpExpertDispatcher::Combine: the DispatchedTokens do not come from this dispatcher"));
   }
-  std::vector<float> recv(back * H);
-  if (absl::Status st = comm_->AllToAllV(send.data(), send_bytes, recv.data(), recv_bytes);
-      !st.ok()) {
-    return Fail(st);
+  // Outputs go back in arrival order, i.e. each source's rows in the order it sent them.
+  auto rows = backend_->Allocate(back * H * sizeof(float));
+  if (device_exchange_) {
+    auto send = backend_->Allocate(d.num_rows * H * sizeof(float));
+    if (d.num_rows > 0) {
+      std::vector<int32_t> slot(d.received_row_slot.begin(), d.received_row_slot.end());
+      auto idx = backend_->Allocate(d.num_rows * sizeof(int32_t));
+      backend_->CopyToDevice(slot.data(), slot.size() * sizeof(int32_t), idx->data());
+      backend_->GatherRows(d.num_rows, H, expert_out, idx->as<int32_t>(), send->as<float>());
+    }
+    if (absl::Status st = comm_->AllToAllV(send->data(), send_bytes, rows->data(), recv_bytes,
+                                           backend_->native_stream());
+        !st.ok()) {
+      return Fail(st);
+    }
+  } else {
+    std::vector<float> grouped(d.num_rows * H);
+    backend_->CopyToHost(expert_out, grouped.size() * sizeof(float), grouped.data());
+    std::vector<float> send(d.num_rows * H);
+    for (int64_t j = 0; j < d.num_rows; ++j) {
+      std::memcpy(send.data() + j * H, grouped.data() + d.received_row_slot[j] * H,
+                  H * sizeof(float));
+    }
+    std::vector<float> recv(back * H);
+    if (absl::Status st = comm_->AllToAllV(send.data(), send_bytes, recv.data(), recv_bytes);
+        !st.ok()) {
+      return Fail(st);
+    }
+    backend_->CopyToDevice(recv.data(), recv.size() * sizeof(float), rows->data());
   }
-  // Back into (expert, token) order, as LocalExpertDispatcher combines them.
-  std::vector<float> ordered(recv.size());
-  for (int64_t j = 0; j < back; ++j) {
-    std::memcpy(ordered.data() + d.sent_row_order[j] * H, recv.data() + j * H, H * sizeof(float));
+  // Back into (expert, token) order, as LocalExpertDispatcher combines them (exact row copies;
+  // nothing to do when every row went out in that order, as without a placement).
+  bool identity = true;
+  for (int64_t j = 0; j < back && identity; ++j) identity = d.sent_row_order[j] == j;
+  if (!identity) {
+    std::vector<int32_t> sent_index(back);
+    for (int64_t j = 0; j < back; ++j) sent_index[d.sent_row_order[j]] = static_cast<int32_t>(j);
+    auto idx = backend_->Allocate(back * sizeof(int32_t));
+    backend_->CopyToDevice(sent_index.data(), back * sizeof(int32_t), idx->data());
+    auto ordered = backend_->Allocate(back * H * sizeof(float));
+    backend_->GatherRows(back, H, rows->as<float>(), idx->as<int32_t>(), ordered->as<float>());
+    rows = std::move(ordered);
   }
-  auto rows = backend_->Allocate(ordered.size() * sizeof(float));
-  backend_->CopyToDevice(ordered.data(), ordered.size() * sizeof(float), rows->data());
   backend_->ScatterAddRows(back, H, rows->as<float>(), d.row_token->as<int32_t>(),
                            d.row_weight->as<float>(), out);
   return absl::OkStatus();

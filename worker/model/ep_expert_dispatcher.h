@@ -13,8 +13,10 @@
 // Collectives per MoE layer, on every rank, also on a rank without tokens (zero-size segments):
 //   Dispatch: AllToAllSizes (bytes per destination), AllToAllV (rows + their local expert ids);
 //   Combine:  AllToAllV (output rows; sizes known from Dispatch).
-// The exchange is staged through host memory (Backend::CopyToHost / CopyToDevice around a
-// kHost communicator), so it is correct on a device backend with a TCP communicator too.
+// With a host communicator (TCP) the exchange is staged through host memory
+// (Backend::CopyToHost / CopyToDevice), so it is correct on a device backend too; with a device
+// communicator (NCCL) device buffers go straight to the collectives, enqueued on the backend's
+// stream (Backend::native_stream). Only the routing plan (ids, counts) visits the host.
 // Not thread-safe: the model's one engine thread calls Dispatch and Combine in turn.
 #ifndef DEEPINFER_WORKER_MODEL_EP_EXPERT_DISPATCHER_H_
 #define DEEPINFER_WORKER_MODEL_EP_EXPERT_DISPATCHER_H_
@@ -35,9 +37,9 @@ class EpExpertDispatcher : public ExpertDispatcher {
  public:
   // `comm` and `backend` must outlive the dispatcher. INVALID_ARGUMENT if num_experts is not a
   // positive multiple of comm->world_size() (every rank must host the same number of experts
-  // so that each can compute any expert's owner); UNIMPLEMENTED for a device-memory
-  // communicator (its collectives need the backend's stream, which Backend does not expose).
-  // With `placement`, starts with it (see SetPlacement; its errors too).
+  // so that each can compute any expert's owner), or for a device-memory communicator with a
+  // backend that has no stream (the CPU). With `placement`, starts with it (see SetPlacement;
+  // its errors too).
   static absl::StatusOr<std::unique_ptr<EpExpertDispatcher>> Create(
       comm::Communicator* comm, Backend* backend, int64_t num_experts, int64_t hidden_size,
       std::shared_ptr<const ExpertPlacement> placement = nullptr);
@@ -76,6 +78,8 @@ class EpExpertDispatcher : public ExpertDispatcher {
   const int64_t num_experts_;
   const int64_t hidden_size_;
   const int64_t experts_per_rank_;
+  // The communicator moves device memory: no host staging.
+  const bool device_exchange_;
   std::vector<int64_t> contiguous_experts_;  // without a placement, every layer
   std::shared_ptr<const ExpertPlacement> placement_;
   std::vector<std::vector<int64_t>> placed_experts_;  // per layer, with a placement

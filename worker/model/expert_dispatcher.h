@@ -44,6 +44,9 @@ class ExpertDispatcher {
   // first MoE layer), in the order of DispatchedTokens groups. With EPLB replicas one expert
   // may appear twice (two slots on this rank).
   virtual const std::vector<int64_t>& local_experts(int64_t moe_layer) const = 0;
+  // True when Dispatch/Combine involve no other rank, so the model may compute the routed
+  // experts another way (Backend::RoutedExperts) without breaking a collective's order.
+  virtual bool single_rank() const { return false; }
   // hidden [num_tokens, hidden_size]; topk_ids / topk_weights [num_tokens, top_k] (device).
   virtual absl::Status Dispatch(int64_t moe_layer, int64_t num_tokens, int64_t top_k,
                                 const float* hidden, const int32_t* topk_ids,

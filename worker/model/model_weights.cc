@@ -11,6 +11,7 @@ namespace {
 class Loader {
  public:
   Loader(WeightSource* src, Backend* be) : src_(src), be_(be) {}
+  int64_t bytes() const { return bytes_; }
 
   absl::Status ReadHost(const std::string& name, const std::vector<int64_t>& shape,
                         std::vector<float>* out) {
@@ -19,9 +20,17 @@ class Loader {
     out->resize(n);
     return src_->ReadFloat32(name, shape, out->data());
   }
+  // fp32 (vectors, embedding, router).
   std::unique_ptr<DeviceBuffer> Upload(const std::vector<float>& v) {
     auto buf = be_->Allocate(v.size() * sizeof(float));
     be_->CopyToDevice(v.data(), v.size() * sizeof(float), buf->data());
+    bytes_ += buf->size_bytes();
+    return buf;
+  }
+  // In the backend's weight dtype.
+  std::unique_ptr<DeviceBuffer> UploadMatrix(const std::vector<float>& v) {
+    auto buf = be_->UploadWeight(v.data(), static_cast<int64_t>(v.size()));
+    bytes_ += buf->size_bytes();
     return buf;
   }
   absl::Status Load(const std::string& name, const std::vector<int64_t>& shape,
@@ -30,6 +39,14 @@ class Loader {
     absl::Status st = ReadHost(name, shape, &host);
     if (!st.ok()) return st;
     *out = Upload(host);
+    return absl::OkStatus();
+  }
+  absl::Status LoadMatrix(const std::string& name, const std::vector<int64_t>& shape,
+                          std::unique_ptr<DeviceBuffer>* out) {
+    std::vector<float> host;
+    absl::Status st = ReadHost(name, shape, &host);
+    if (!st.ok()) return st;
+    *out = UploadMatrix(host);
     return absl::OkStatus();
   }
   // prefix: "...mlp." or "...experts.7."; gate and up stacked into one [2*inter, hidden] matrix.
@@ -41,13 +58,14 @@ class Loader {
     if (!st.ok()) return st;
     gate.insert(gate.end(), up.begin(), up.end());
     m->inter = inter;
-    m->gate_up = Upload(gate);
-    return Load(prefix + "down_proj.weight", {hidden, inter}, &m->down);
+    m->gate_up = UploadMatrix(gate);
+    return LoadMatrix(prefix + "down_proj.weight", {hidden, inter}, &m->down);
   }
 
  private:
   WeightSource* src_;
   Backend* be_;
+  int64_t bytes_ = 0;
 };
 
 #define DI_RETURN_IF_ERROR(expr) \
@@ -64,13 +82,15 @@ absl::StatusOr<std::unique_ptr<ModelWeights>> ModelWeights::Load(const ModelConf
                                                                  const LoadOptions& options) {
   Loader ld(source, backend);
   auto w = std::make_unique<ModelWeights>();
+  w->matrix_dtype = backend->weight_dtype();
   const int64_t hid = c.hidden_size, nh = c.num_attention_heads;
   const int64_t nope = c.qk_nope_head_dim, rope = c.qk_rope_head_dim, vd = c.v_head_dim;
   const int64_t kvl = c.kv_lora_rank;
   DI_RETURN_IF_ERROR(ld.Load("model.embed_tokens.weight", {c.vocab_size, hid}, &w->embed));
   DI_RETURN_IF_ERROR(ld.Load("model.norm.weight", {hid}, &w->final_norm));
-  DI_RETURN_IF_ERROR(ld.Load(c.tie_word_embeddings ? "model.embed_tokens.weight" : "lm_head.weight",
-                             {c.vocab_size, hid}, &w->lm_head));
+  DI_RETURN_IF_ERROR(
+      ld.LoadMatrix(c.tie_word_embeddings ? "model.embed_tokens.weight" : "lm_head.weight",
+                    {c.vocab_size, hid}, &w->lm_head));
   // Layers >= num_hidden_layers are MTP modules (num_nextn_predict_layers); not loaded here.
   w->layers.resize(c.num_hidden_layers);
   for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
@@ -81,14 +101,14 @@ absl::StatusOr<std::unique_ptr<ModelWeights>> ModelWeights::Load(const ModelConf
         ld.Load(p + "post_attention_layernorm.weight", {hid}, &L.post_attention_norm));
     const std::string a = p + "self_attn.";
     if (c.q_lora_rank > 0) {
-      DI_RETURN_IF_ERROR(ld.Load(a + "q_a_proj.weight", {c.q_lora_rank, hid}, &L.q_a));
+      DI_RETURN_IF_ERROR(ld.LoadMatrix(a + "q_a_proj.weight", {c.q_lora_rank, hid}, &L.q_a));
       DI_RETURN_IF_ERROR(ld.Load(a + "q_a_layernorm.weight", {c.q_lora_rank}, &L.q_a_norm));
       DI_RETURN_IF_ERROR(
-          ld.Load(a + "q_b_proj.weight", {nh * c.qk_head_dim(), c.q_lora_rank}, &L.q_b));
+          ld.LoadMatrix(a + "q_b_proj.weight", {nh * c.qk_head_dim(), c.q_lora_rank}, &L.q_b));
     } else {
-      DI_RETURN_IF_ERROR(ld.Load(a + "q_proj.weight", {nh * c.qk_head_dim(), hid}, &L.q));
+      DI_RETURN_IF_ERROR(ld.LoadMatrix(a + "q_proj.weight", {nh * c.qk_head_dim(), hid}, &L.q));
     }
-    DI_RETURN_IF_ERROR(ld.Load(a + "kv_a_proj_with_mqa.weight", {kvl + rope, hid}, &L.kv_a));
+    DI_RETURN_IF_ERROR(ld.LoadMatrix(a + "kv_a_proj_with_mqa.weight", {kvl + rope, hid}, &L.kv_a));
     DI_RETURN_IF_ERROR(ld.Load(a + "kv_a_layernorm.weight", {kvl}, &L.kv_a_norm));
     std::vector<float> kv_b;
     DI_RETURN_IF_ERROR(ld.ReadHost(a + "kv_b_proj.weight", {nh * (nope + vd), kvl}, &kv_b));
@@ -99,9 +119,9 @@ absl::StatusOr<std::unique_ptr<ModelWeights>> ModelWeights::Load(const ModelConf
         for (int64_t ci = 0; ci < kvl; ++ci) uk_t[(h * kvl + ci) * nope + d] = row[ci];
       }
     }
-    L.kv_b = ld.Upload(kv_b);
-    L.w_uk_t = ld.Upload(uk_t);
-    DI_RETURN_IF_ERROR(ld.Load(a + "o_proj.weight", {hid, nh * vd}, &L.o_proj));
+    L.kv_b = ld.UploadMatrix(kv_b);
+    L.w_uk_t = ld.UploadMatrix(uk_t);
+    DI_RETURN_IF_ERROR(ld.LoadMatrix(a + "o_proj.weight", {hid, nh * vd}, &L.o_proj));
 
     const std::string m = p + "mlp.";
     L.moe = c.IsMoeLayer(l);
@@ -115,7 +135,7 @@ absl::StatusOr<std::unique_ptr<ModelWeights>> ModelWeights::Load(const ModelConf
       DI_RETURN_IF_ERROR(
           ld.Load(m + "gate.e_score_correction_bias", {c.n_routed_experts}, &L.router_bias));
     } else {
-      L.router_bias = backend->Allocate(c.n_routed_experts * sizeof(float));
+      L.router_bias = ld.Upload(std::vector<float>(c.n_routed_experts, 0.0f));
     }
     if (c.n_shared_experts > 0) {
       DI_RETURN_IF_ERROR(ld.LoadMlp(m + "shared_experts.", hid,
@@ -127,6 +147,7 @@ absl::StatusOr<std::unique_ptr<ModelWeights>> ModelWeights::Load(const ModelConf
                                     c.moe_intermediate_size, &L.experts[e]));
     }
   }
+  w->device_bytes = ld.bytes();
   return w;
 }
 
@@ -170,8 +191,8 @@ std::vector<std::map<int64_t, MlpWeights>> ModelWeights::UploadRoutedExperts(
     for (const auto& [e, m] : host[moe]) {
       MlpWeights& w = out[moe][e];
       w.inter = m.inter;
-      w.gate_up = ld.Upload(m.gate_up);
-      w.down = ld.Upload(m.down);
+      w.gate_up = ld.UploadMatrix(m.gate_up);
+      w.down = ld.UploadMatrix(m.down);
     }
   }
   return out;
@@ -183,6 +204,38 @@ absl::StatusOr<std::vector<std::map<int64_t, MlpWeights>>> ModelWeights::LoadRou
   absl::StatusOr<HostExperts> host = ReadRoutedExperts(c, source, experts);
   if (!host.ok()) return host.status();
   return UploadRoutedExperts(*host, backend);
+}
+
+int64_t ModelWeights::DeviceBytes(const ModelConfig& c, WeightDType matrix_dtype,
+                                  const LoadOptions& options) {
+  const int64_t f32 = sizeof(float), mat = static_cast<int64_t>(WeightDTypeSize(matrix_dtype));
+  const int64_t hid = c.hidden_size, nh = c.num_attention_heads;
+  const int64_t rope = c.qk_rope_head_dim, kvl = c.kv_lora_rank;
+  const int64_t nope = c.qk_nope_head_dim, vd = c.v_head_dim;
+  auto mlp = [&](int64_t inter) { return 3 * inter * hid * mat; };
+  int64_t bytes = c.vocab_size * hid * (f32 + mat) + hid * f32;  // embed, lm_head, final norm
+  for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
+    bytes += 2 * hid * f32;  // input / post-attention norms
+    if (c.q_lora_rank > 0) {
+      bytes +=
+          (c.q_lora_rank * hid + nh * c.qk_head_dim() * c.q_lora_rank) * mat + c.q_lora_rank * f32;
+    } else {
+      bytes += nh * c.qk_head_dim() * hid * mat;
+    }
+    bytes += (kvl + rope) * hid * mat + kvl * f32;                              // kv_a, kv_a_norm
+    bytes += (nh * (nope + vd) * kvl + nh * kvl * nope + hid * nh * vd) * mat;  // kv_b, uk_t, o
+    if (!c.IsMoeLayer(l)) {
+      bytes += mlp(c.intermediate_size);
+      continue;
+    }
+    bytes += (c.n_routed_experts * hid + c.n_routed_experts) * f32;  // router and its bias
+    if (c.n_shared_experts > 0) bytes += mlp(c.moe_intermediate_size * c.n_shared_experts);
+    for (int64_t e = 0; e < c.n_routed_experts; ++e) {
+      if (options.hosts_expert && !options.hosts_expert(l, e)) continue;
+      bytes += mlp(c.moe_intermediate_size);
+    }
+  }
+  return bytes;
 }
 
 }  // namespace deepinfer

@@ -1,8 +1,11 @@
-// ModelWeights: the DeepSeek-V3 weights one rank hosts, uploaded to a backend as fp32, in the
-// layouts the forward pass consumes (gate and up projections fused as [gate; up], the key half
-// of kv_b_proj pre-transposed per head for the absorbed attention). Which routed experts are
-// loaded is the caller's choice (LoadOptions::hosts_expert), so an expert-parallel rank reads
-// only its share of the checkpoint.
+// ModelWeights: the DeepSeek-V3 weights one rank hosts, uploaded to a backend in the layouts the
+// forward pass consumes. The matrices the GEMMs read (attention projections, W_uk / W_uv, dense
+// and expert MLPs, lm_head) are stored in the backend's weight_dtype() (Backend::UploadWeight:
+// fp32 or bf16; FP8 checkpoints are dequantised first); the embedding table, norms, the router
+// and its bias stay fp32 (the router's top-k choice is sensitive to rounding). Layouts: gate and
+// up projections fused as [gate; up], the key half of kv_b_proj pre-transposed per head for the
+// absorbed attention. Which routed experts are loaded is the caller's choice
+// (LoadOptions::hosts_expert), so an expert-parallel rank reads only its share of the checkpoint.
 #ifndef DEEPINFER_WORKER_MODEL_MODEL_WEIGHTS_H_
 #define DEEPINFER_WORKER_MODEL_MODEL_WEIGHTS_H_
 
@@ -25,21 +28,23 @@ struct LoadOptions {
 };
 
 // SwiGLU MLP: y = down(silu(gate x) * up x). gate_up is [2 * inter, hidden] (gate rows first).
+// Buffers marked "matrix" hold ModelWeights::matrix_dtype elements; the others fp32.
 struct MlpWeights {
   int64_t inter = 0;
-  std::unique_ptr<DeviceBuffer> gate_up;
-  std::unique_ptr<DeviceBuffer> down;  // [hidden, inter]
+  std::unique_ptr<DeviceBuffer> gate_up;  // matrix
+  std::unique_ptr<DeviceBuffer> down;     // matrix [hidden, inter]
 };
 
 struct LayerWeights {
   std::unique_ptr<DeviceBuffer> input_norm, post_attention_norm;
   // MLA. With q_lora: q_a [q_lora, hidden], q_a_norm, q_b [heads*qk_head, q_lora]; else q.
+  // q_a, q_b, q are matrices.
   std::unique_ptr<DeviceBuffer> q_a, q_a_norm, q_b, q;
-  std::unique_ptr<DeviceBuffer> kv_a;       // [kv_lora + rope, hidden]
+  std::unique_ptr<DeviceBuffer> kv_a;       // matrix [kv_lora + rope, hidden]
   std::unique_ptr<DeviceBuffer> kv_a_norm;  // [kv_lora]
-  std::unique_ptr<DeviceBuffer> kv_b;       // [heads * (nope + v), kv_lora] as in the checkpoint
-  std::unique_ptr<DeviceBuffer> w_uk_t;     // [heads, kv_lora, nope]: key half, transposed
-  std::unique_ptr<DeviceBuffer> o_proj;     // [hidden, heads * v]
+  std::unique_ptr<DeviceBuffer> kv_b;  // matrix [heads * (nope + v), kv_lora] as in the checkpoint
+  std::unique_ptr<DeviceBuffer> w_uk_t;  // matrix [heads, kv_lora, nope]: key half, transposed
+  std::unique_ptr<DeviceBuffer> o_proj;  // matrix [hidden, heads * v]
   bool moe = false;
   MlpWeights dense;                           // dense layers
   std::unique_ptr<DeviceBuffer> router;       // [experts, hidden]
@@ -50,9 +55,14 @@ struct LayerWeights {
 
 class ModelWeights {
  public:
+  // Matrices in backend->weight_dtype().
   static absl::StatusOr<std::unique_ptr<ModelWeights>> Load(const ModelConfig& config,
                                                             WeightSource* source, Backend* backend,
                                                             const LoadOptions& options);
+  // The bytes Load will allocate for this config, matrix dtype and expert selection, computed
+  // from the shapes alone (so memory can be planned before anything is read or allocated).
+  static int64_t DeviceBytes(const ModelConfig& config, WeightDType matrix_dtype,
+                             const LoadOptions& options);
 
   // Routed experts only, for a live EPLB placement change: per MoE layer (0 = the first MoE
   // layer), the experts listed in `experts[moe_layer]`. The source's errors as they are.
@@ -75,9 +85,16 @@ class ModelWeights {
   static std::vector<std::map<int64_t, MlpWeights>> UploadRoutedExperts(const HostExperts& host,
                                                                         Backend* backend);
 
+  // A matrix buffer as a GEMM operand.
+  WeightView Matrix(const std::unique_ptr<DeviceBuffer>& buf) const {
+    return WeightView(buf->data(), matrix_dtype);
+  }
+
+  WeightDType matrix_dtype = WeightDType::kFloat32;
+  int64_t device_bytes = 0;             // what Load allocated (buffer sizes)
   std::unique_ptr<DeviceBuffer> embed;  // [vocab, hidden]
   std::unique_ptr<DeviceBuffer> final_norm;
-  std::unique_ptr<DeviceBuffer> lm_head;  // [vocab, hidden]
+  std::unique_ptr<DeviceBuffer> lm_head;  // matrix [vocab, hidden]
   std::vector<LayerWeights> layers;
 };
 

@@ -9,6 +9,7 @@
 #include <numeric>
 
 #include "glog/logging.h"
+#include "worker/backend/bf16.h"
 
 namespace deepinfer {
 namespace {
@@ -65,7 +66,8 @@ inline void Dot4(const float* a, int64_t lda, const float* b, int64_t k, float o
 
 }  // namespace
 
-CpuBackend::CpuBackend(int num_threads) : pool_(num_threads) {}
+CpuBackend::CpuBackend(int num_threads, WeightDType weight_dtype)
+    : pool_(num_threads), weight_dtype_(weight_dtype) {}
 
 std::unique_ptr<DeviceBuffer> CpuBackend::Allocate(size_t bytes) {
   return std::make_unique<HostBuffer>(bytes);
@@ -83,16 +85,18 @@ void CpuBackend::CopyDeviceToDevice(const void* src, size_t bytes, void* dst) {
   if (bytes > 0) std::memmove(dst, src, bytes);
 }
 
-void CpuBackend::Gemm(int64_t m, int64_t n, int64_t k, const float* a, int64_t lda, const float* w,
+void CpuBackend::Gemm(int64_t m, int64_t n, int64_t k, const float* a, int64_t lda, WeightView wv,
                       int64_t ldw, float* c, int64_t ldc, bool accumulate) {
   if (m <= 0 || n <= 0) return;
-  auto body = [&](int64_t i0, int64_t i1, int64_t j0, int64_t j1) {
+  // fp32 kernel on rows [i0, i1) x columns [j0, j1); w row j is at w + (j - j0) * ldw.
+  auto f32 = [&](const float* a_rows, int64_t a_ld, int64_t i0, int64_t i1, const float* w,
+                 int64_t w_ld, int64_t j0, int64_t j1) {
     int64_t i = i0;
     for (; i + 4 <= i1; i += 4) {
-      const float* ar = a + i * lda;
+      const float* ar = a_rows + (i - i0) * a_ld;
       for (int64_t j = j0; j < j1; ++j) {
         float v[4];
-        Dot4(ar, lda, w + j * ldw, k, v);
+        Dot4(ar, a_ld, w + (j - j0) * w_ld, k, v);
         for (int r = 0; r < 4; ++r) {
           float* cr = c + (i + r) * ldc + j;
           *cr = accumulate ? *cr + v[r] : v[r];
@@ -100,11 +104,36 @@ void CpuBackend::Gemm(int64_t m, int64_t n, int64_t k, const float* a, int64_t l
       }
     }
     for (; i < i1; ++i) {
-      const float* ar = a + i * lda;
+      const float* ar = a_rows + (i - i0) * a_ld;
       float* cr = c + i * ldc;
       for (int64_t j = j0; j < j1; ++j) {
-        float v = Dot(ar, w + j * ldw, k);
+        float v = Dot(ar, w + (j - j0) * w_ld, k);
         cr[j] = accumulate ? cr[j] + v : v;
+      }
+    }
+  };
+  auto body = [&](int64_t i0, int64_t i1, int64_t j0, int64_t j1) {
+    if (wv.dtype == WeightDType::kFloat32) {
+      const float* w = static_cast<const float*>(wv.data);
+      f32(a + i0 * lda, lda, i0, i1, w + j0 * ldw, ldw, j0, j1);
+      return;
+    }
+    // bf16: widen tiles of ~64 KiB (bf16-rounded a rows, weight rows) and run the fp32 kernel,
+    // so the result equals the fp32 GEMM of the rounded operands bit for bit.
+    const uint16_t* w = static_cast<const uint16_t*>(wv.data);
+    const int64_t tile = std::max<int64_t>(4, 16384 / std::max<int64_t>(1, k));
+    std::vector<float> at(tile * k), wt(tile * k);
+    for (int64_t it = i0; it < i1; it += tile) {
+      const int64_t ie = std::min(i1, it + tile);
+      for (int64_t i = it; i < ie; ++i) {
+        for (int64_t p = 0; p < k; ++p) at[(i - it) * k + p] = RoundToBf16(a[i * lda + p]);
+      }
+      for (int64_t jt = j0; jt < j1; jt += tile) {
+        const int64_t je = std::min(j1, jt + tile);
+        for (int64_t j = jt; j < je; ++j) {
+          for (int64_t p = 0; p < k; ++p) wt[(j - jt) * k + p] = Bf16BitsToFloat(w[j * ldw + p]);
+        }
+        f32(at.data(), k, it, ie, wt.data(), k, jt, je);
       }
     }
   };
@@ -118,8 +147,16 @@ void CpuBackend::Gemm(int64_t m, int64_t n, int64_t k, const float* a, int64_t l
   }
 }
 
+void CpuBackend::BatchedGemm(int64_t batch, int64_t m, int64_t n, int64_t k, const float* a,
+                             int64_t lda, int64_t stride_a, WeightView w, int64_t ldw,
+                             int64_t stride_w, float* c, int64_t ldc, int64_t stride_c) {
+  for (int64_t b = 0; b < batch; ++b) {
+    Gemm(m, n, k, a + b * stride_a, lda, w.Offset(b * stride_w), ldw, c + b * stride_c, ldc, false);
+  }
+}
+
 void CpuBackend::GroupedGemm(const std::vector<int64_t>& offsets,
-                             const std::vector<const float*>& weights, int64_t n, int64_t k,
+                             const std::vector<WeightView>& weights, int64_t n, int64_t k,
                              const float* a, float* c) {
   CHECK_EQ(offsets.size(), weights.size() + 1);
   for (size_t g = 0; g < weights.size(); ++g) {

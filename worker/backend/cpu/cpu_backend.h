@@ -1,7 +1,9 @@
 // CpuBackend: the reference implementation of Backend in fp32 on host memory, multi-threaded
-// with a ThreadPool. It is what CI runs and the oracle the CUDA kernels are checked against,
-// so it favours clear, exactly specified arithmetic (fp32 storage, fp32 accumulation with
-// fixed summation order) over speed.
+// with a ThreadPool. Weights are fp32, or bf16 (BackendOptions::dtype) so CI can run the bf16
+// model: a bf16 GEMM widens the weight tile and the bf16-rounded activations to fp32 on the
+// fly and runs the fp32 kernel, i.e. exactly bf16 x bf16 products with fp32 accumulation. It is
+// what CI runs and the oracle the CUDA kernels are checked against, so it favours clear, exactly
+// specified arithmetic (fp32 storage, fp32 accumulation with fixed summation order) over speed.
 #ifndef DEEPINFER_WORKER_BACKEND_CPU_CPU_BACKEND_H_
 #define DEEPINFER_WORKER_BACKEND_CPU_CPU_BACKEND_H_
 
@@ -17,18 +19,22 @@ namespace deepinfer {
 class CpuBackend : public Backend {
  public:
   // num_threads <= 0: one per hardware thread.
-  explicit CpuBackend(int num_threads = 0);
+  explicit CpuBackend(int num_threads = 0, WeightDType weight_dtype = WeightDType::kFloat32);
 
   std::string name() const override { return "cpu"; }
+  WeightDType weight_dtype() const override { return weight_dtype_; }
   std::unique_ptr<DeviceBuffer> Allocate(size_t bytes) override;
   void CopyToDevice(const void* host, size_t bytes, void* device) override;
   void CopyToHost(const void* device, size_t bytes, void* host) override;
   void CopyDeviceToDevice(const void* src, size_t bytes, void* dst) override;
   void Synchronize() override {}
 
-  void Gemm(int64_t m, int64_t n, int64_t k, const float* a, int64_t lda, const float* w,
-            int64_t ldw, float* c, int64_t ldc, bool accumulate) override;
-  void GroupedGemm(const std::vector<int64_t>& offsets, const std::vector<const float*>& weights,
+  void Gemm(int64_t m, int64_t n, int64_t k, const float* a, int64_t lda, WeightView w, int64_t ldw,
+            float* c, int64_t ldc, bool accumulate) override;
+  void BatchedGemm(int64_t batch, int64_t m, int64_t n, int64_t k, const float* a, int64_t lda,
+                   int64_t stride_a, WeightView w, int64_t ldw, int64_t stride_w, float* c,
+                   int64_t ldc, int64_t stride_c) override;
+  void GroupedGemm(const std::vector<int64_t>& offsets, const std::vector<WeightView>& weights,
                    int64_t n, int64_t k, const float* a, float* c) override;
   void RmsNorm(int64_t rows, int64_t dim, const float* x, int64_t ldx, const float* weight,
                float eps, float* out, int64_t ldout) override;
@@ -54,6 +60,7 @@ class CpuBackend : public Backend {
 
  private:
   ThreadPool pool_;
+  const WeightDType weight_dtype_;
 };
 
 }  // namespace deepinfer

@@ -3,9 +3,11 @@
 
 #include <cmath>
 #include <random>
+#include <utility>
 #include <vector>
 
 #include "gtest/gtest.h"
+#include "worker/backend/bf16.h"
 
 namespace deepinfer {
 namespace {
@@ -32,6 +34,100 @@ TEST(CpuBackendTest, GemmMatchesNaiveWithStridesAndAccumulate) {
           for (int p = 0; p < k; ++p) ref += double(a[i * lda + p]) * w[j * k + p];
         }
         EXPECT_NEAR(c[i * ldc + j], ref, 1e-4) << i << "," << j;
+      }
+    }
+  }
+}
+
+std::vector<uint16_t> ToBf16Bits(const std::vector<float>& v) {
+  std::vector<uint16_t> out(v.size());
+  for (size_t i = 0; i < v.size(); ++i) out[i] = FloatToBf16Bits(v[i]);
+  return out;
+}
+
+TEST(CpuBackendTest, Bf16RoundingIsNearestEven) {
+  EXPECT_EQ(FloatToBf16Bits(1.0f), 0x3f80);
+  // 1 + 2^-8 is halfway between 1 and 1 + 2^-7: ties go to the even mantissa (1.0).
+  EXPECT_EQ(RoundToBf16(1.0f + 1.0f / 256), 1.0f);
+  EXPECT_EQ(RoundToBf16(1.0f + 3.0f / 256), 1.0f + 4.0f / 256);
+  EXPECT_EQ(RoundToBf16(-2.0f), -2.0f);
+  EXPECT_TRUE(std::isnan(RoundToBf16(std::nanf(""))));
+}
+
+// A bf16 GEMM is the fp32 GEMM of the bf16-rounded operands: products of bf16 values are exact
+// in fp32, so with the same summation order the results are identical, and both are within
+// fp32 accumulation error of a double-precision sum of the rounded operands.
+TEST(CpuBackendTest, Bf16GemmEqualsFp32GemmOfRoundedOperands) {
+  for (int threads : {1, 2}) {
+    CpuBackend be(threads, WeightDType::kBFloat16);
+    EXPECT_EQ(be.weight_dtype(), WeightDType::kBFloat16);
+    // k = 2048 makes the widened tiles 8 rows high: several tiles in both directions.
+    for (auto [m, k] :
+         {std::pair{1, 300}, std::pair{3, 300}, std::pair{37, 300}, std::pair{37, 2048}}) {
+      const int n = 29, lda = k + 10, ldw = k + 5, ldc = 31;
+      auto a = Random(m * lda, 11), w = Random(n * ldw, 12), c = Random(m * ldc, 13);
+      std::vector<float> a_r(a.size()), w_r(w.size());
+      for (size_t i = 0; i < a.size(); ++i) a_r[i] = RoundToBf16(a[i]);
+      for (size_t i = 0; i < w.size(); ++i) w_r[i] = RoundToBf16(w[i]);
+      const std::vector<uint16_t> w_bits = ToBf16Bits(w);
+      auto got = c, want = c;
+      be.Gemm(m, n, k, a.data(), lda, WeightView(w_bits.data(), WeightDType::kBFloat16), ldw,
+              got.data(), ldc, /*accumulate=*/true);
+      be.Gemm(m, n, k, a_r.data(), lda, w_r.data(), ldw, want.data(), ldc, /*accumulate=*/true);
+      for (int i = 0; i < m; ++i) {
+        for (int j = 0; j < ldc; ++j) {
+          ASSERT_EQ(got[i * ldc + j], want[i * ldc + j]) << m << ": " << i << "," << j;
+          double ref = c[i * ldc + j];
+          if (j < n) {
+            for (int p = 0; p < k; ++p) ref += double(a_r[i * lda + p]) * w_r[j * ldw + p];
+          }
+          EXPECT_NEAR(got[i * ldc + j], ref, 5e-4) << i << "," << j;
+        }
+      }
+    }
+  }
+}
+
+TEST(CpuBackendTest, UploadWeightStoresBf16Bits) {
+  CpuBackend be(1, WeightDType::kBFloat16);
+  const std::vector<float> w = {1.0f, 1.0f + 1.0f / 256, -3.14159f, 65504.0f};
+  auto buf = be.UploadWeight(w.data(), w.size());
+  ASSERT_EQ(buf->size_bytes(), w.size() * 2);
+  const uint16_t* bits = buf->as<uint16_t>();
+  for (size_t i = 0; i < w.size(); ++i) EXPECT_EQ(bits[i], FloatToBf16Bits(w[i])) << i;
+}
+
+TEST(CpuBackendTest, BatchedGemmMatchesNaivePerBatch) {
+  for (WeightDType dt : {WeightDType::kFloat32, WeightDType::kBFloat16}) {
+    CpuBackend be(2, dt);
+    // The W_uk layout of absorbed MLA: a = per-head slices of q, c = per-head slices.
+    const int batch = 3, m = 5, n = 6, k = 4, lda = 20, stride_a = 7, ldw = 4;
+    const int stride_w = n * ldw + 2, ldc = 25, stride_c = 8;
+    auto a = Random(m * lda, 21), w = Random(batch * stride_w, 22);
+    std::vector<float> w_r(w.size());
+    for (size_t i = 0; i < w.size(); ++i)
+      w_r[i] = dt == WeightDType::kFloat32 ? w[i] : RoundToBf16(w[i]);
+    const std::vector<uint16_t> w_bits = ToBf16Bits(w);
+    const WeightView wv = dt == WeightDType::kFloat32
+                              ? WeightView(w.data())
+                              : WeightView(w_bits.data(), WeightDType::kBFloat16);
+    std::vector<float> c(m * ldc, -7.0f);
+    be.BatchedGemm(batch, m, n, k, a.data(), lda, stride_a, wv, ldw, stride_w, c.data(), ldc,
+                   stride_c);
+    for (int i = 0; i < m; ++i) {
+      for (int col = 0; col < ldc; ++col) {
+        const int b = col / stride_c, j = col % stride_c;
+        if (b >= batch || j >= n) {
+          EXPECT_EQ(c[i * ldc + col], -7.0f) << "wrote outside the products at " << col;
+          continue;
+        }
+        double ref = 0;
+        for (int p = 0; p < k; ++p) {
+          const float av = a[i * lda + b * stride_a + p];
+          ref += double(dt == WeightDType::kFloat32 ? av : RoundToBf16(av)) *
+                 w_r[b * stride_w + j * ldw + p];
+        }
+        EXPECT_NEAR(c[i * ldc + col], ref, 1e-5) << b << ": " << i << "," << j;
       }
     }
   }

@@ -14,6 +14,8 @@
 #include "kernels/attention/mla_attention.h"
 #include "kernels/embedding/rows.h"
 #include "kernels/moe/expert_counts.h"
+#include "kernels/moe/grouped_gemm.h"
+#include "kernels/moe/moe_permute.h"
 #include "kernels/moe/noaux_tc_router.h"
 #include "kernels/norm/rms_norm.h"
 #include "kernels/rope/rope.h"
@@ -90,7 +92,8 @@ std::string CudaBackend::TakeOpTimingReport() {
   return out;
 }
 
-absl::StatusOr<std::unique_ptr<CudaBackend>> CudaBackend::Create(int device) {
+absl::StatusOr<std::unique_ptr<CudaBackend>> CudaBackend::Create(int device,
+                                                                 WeightDType weight_dtype) {
   int count = 0;
   cudaError_t err = cudaGetDeviceCount(&count);
   if (err != cudaSuccess || count == 0) {
@@ -127,11 +130,12 @@ absl::StatusOr<std::unique_ptr<CudaBackend>> CudaBackend::Create(int device) {
     cudaStreamDestroy(stream);
     return st;
   }
-  return std::unique_ptr<CudaBackend>(new CudaBackend(device, stream, cublas, pool));
+  return std::unique_ptr<CudaBackend>(new CudaBackend(device, weight_dtype, stream, cublas, pool));
 }
 
-CudaBackend::CudaBackend(int device, cudaStream_t stream, cublasHandle_t cublas, cudaMemPool_t pool)
-    : device_(device), stream_(stream), cublas_(cublas), pool_(pool) {}
+CudaBackend::CudaBackend(int device, WeightDType weight_dtype, cudaStream_t stream,
+                         cublasHandle_t cublas, cudaMemPool_t pool)
+    : device_(device), weight_dtype_(weight_dtype), stream_(stream), cublas_(cublas), pool_(pool) {}
 
 CudaBackend::~CudaBackend() {
   cudaSetDevice(device_);
@@ -213,7 +217,47 @@ void CudaBackend::CopyDeviceToDevice(const void* src, size_t bytes, void* dst) {
 
 void CudaBackend::Synchronize() { Check(cudaStreamSynchronize(stream_), "cudaStreamSynchronize"); }
 
-void CudaBackend::Gemm(int64_t m, int64_t n, int64_t k, const float* a, int64_t lda, const float* w,
+absl::StatusOr<DeviceMemoryInfo> CudaBackend::MemoryInfo() const {
+  cudaSetDevice(device_);
+  size_t free_bytes = 0, total_bytes = 0;
+  absl::Status st = CudaStatus(cudaMemGetInfo(&free_bytes, &total_bytes), "cudaMemGetInfo");
+  if (!st.ok()) return st;
+  DeviceMemoryInfo info;
+  info.total_bytes = total_bytes;
+  info.free_bytes = free_bytes;
+  return info;
+}
+
+std::unique_ptr<DeviceBuffer> CudaBackend::RoundToBf16(const float* a, int64_t elements) {
+  auto scratch = Allocate(std::max<int64_t>(elements, 1) * sizeof(uint16_t));
+  Check(kernels::RoundF32ToBf16(elements, a, scratch->as<uint16_t>(), stream_),
+        "kernels::RoundF32ToBf16");
+  return scratch;
+}
+
+void CudaBackend::GemmOnCublas(int64_t m, int64_t n, int64_t k, const void* a, int64_t lda,
+                               WeightView w, int64_t ldw, float* c, int64_t ldc, bool accumulate) {
+  // Row-major C[m,n] = A[m,k]·W[n,k]ᵀ is column-major Cᵀ[n,m] = W·Aᵀ, with W read as the
+  // column-major [k,n] matrix it is in memory (hence op T) and A as column-major [k,m] (op N).
+  const float alpha = 1.0f, beta = accumulate ? 1.0f : 0.0f;
+  if (w.dtype == WeightDType::kFloat32) {
+    CheckBlas(
+        cublasSgemm(cublas_, CUBLAS_OP_T, CUBLAS_OP_N, static_cast<int>(n), static_cast<int>(m),
+                    static_cast<int>(k), &alpha, static_cast<const float*>(w.data),
+                    static_cast<int>(ldw), static_cast<const float*>(a), static_cast<int>(lda),
+                    &beta, c, static_cast<int>(ldc)),
+        "cublasSgemm");
+    return;
+  }
+  CheckBlas(
+      cublasGemmEx(cublas_, CUBLAS_OP_T, CUBLAS_OP_N, static_cast<int>(n), static_cast<int>(m),
+                   static_cast<int>(k), &alpha, w.data, CUDA_R_16BF, static_cast<int>(ldw), a,
+                   CUDA_R_16BF, static_cast<int>(lda), &beta, c, CUDA_R_32F, static_cast<int>(ldc),
+                   CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
+      "cublasGemmEx(bf16)");
+}
+
+void CudaBackend::Gemm(int64_t m, int64_t n, int64_t k, const float* a, int64_t lda, WeightView w,
                        int64_t ldw, float* c, int64_t ldc, bool accumulate) {
   OpTimer timer(this, "Gemm");
   if (m <= 0 || n <= 0) return;
@@ -223,27 +267,74 @@ void CudaBackend::Gemm(int64_t m, int64_t n, int64_t k, const float* a, int64_t 
         absl::StrCat("CudaBackend::Gemm: sizes beyond int range (m ", m, " n ", n, " k ", k, ")")));
     return;
   }
-  // Row-major C[m,n] = A[m,k]·W[n,k]ᵀ is column-major Cᵀ[n,m] = W·Aᵀ, with W read as the
-  // column-major [k,n] matrix it is in memory (hence op T) and A as column-major [k,m] (op N).
-  const float alpha = 1.0f, beta = accumulate ? 1.0f : 0.0f;
-  CheckBlas(cublasSgemm(cublas_, CUBLAS_OP_T, CUBLAS_OP_N, static_cast<int>(n), static_cast<int>(m),
-                        static_cast<int>(k), &alpha, w, static_cast<int>(ldw), a,
-                        static_cast<int>(lda), &beta, c, static_cast<int>(ldc)),
-            "cublasSgemm");
+  if (w.dtype == WeightDType::kFloat32) {
+    GemmOnCublas(m, n, k, a, lda, w, ldw, c, ldc, accumulate);
+    return;
+  }
+  // Rounded with a's row stride kept, so lda stays valid (the gaps are rounded too, unused).
+  auto a16 = RoundToBf16(a, (m - 1) * lda + k);
+  GemmOnCublas(m, n, k, a16->data(), lda, w, ldw, c, ldc, accumulate);
+}
+
+void CudaBackend::BatchedGemm(int64_t batch, int64_t m, int64_t n, int64_t k, const float* a,
+                              int64_t lda, int64_t stride_a, WeightView w, int64_t ldw,
+                              int64_t stride_w, float* c, int64_t ldc, int64_t stride_c) {
+  OpTimer timer(this, "BatchedGemm");
+  if (batch <= 0 || m <= 0 || n <= 0) return;
+  if (!FitsInt(batch) || !FitsInt(m) || !FitsInt(n) || !FitsInt(k) || !FitsInt(lda) ||
+      !FitsInt(ldw) || !FitsInt(ldc)) {
+    Record(absl::InvalidArgumentError(absl::StrCat(
+        "CudaBackend::BatchedGemm: sizes beyond int range (batch ", batch, " m ", m, ")")));
+    return;
+  }
+  const float alpha = 1.0f, beta = 0.0f;
+  if (w.dtype == WeightDType::kFloat32) {
+    CheckBlas(cublasSgemmStridedBatched(cublas_, CUBLAS_OP_T, CUBLAS_OP_N, static_cast<int>(n),
+                                        static_cast<int>(m), static_cast<int>(k), &alpha,
+                                        static_cast<const float*>(w.data), static_cast<int>(ldw),
+                                        stride_w, a, static_cast<int>(lda), stride_a, &beta, c,
+                                        static_cast<int>(ldc), stride_c, static_cast<int>(batch)),
+              "cublasSgemmStridedBatched");
+    return;
+  }
+  // Every element any product reads lies in the first (batch-1)*stride_a + (m-1)*lda + k.
+  auto a16 = RoundToBf16(a, (batch - 1) * stride_a + (m - 1) * lda + k);
+  CheckBlas(cublasGemmStridedBatchedEx(
+                cublas_, CUBLAS_OP_T, CUBLAS_OP_N, static_cast<int>(n), static_cast<int>(m),
+                static_cast<int>(k), &alpha, w.data, CUDA_R_16BF, static_cast<int>(ldw), stride_w,
+                a16->data(), CUDA_R_16BF, static_cast<int>(lda), stride_a, &beta, c, CUDA_R_32F,
+                static_cast<int>(ldc), stride_c, static_cast<int>(batch), CUBLAS_COMPUTE_32F,
+                CUBLAS_GEMM_DEFAULT),
+            "cublasGemmStridedBatchedEx(bf16)");
 }
 
 void CudaBackend::GroupedGemm(const std::vector<int64_t>& offsets,
-                              const std::vector<const float*>& weights, int64_t n, int64_t k,
+                              const std::vector<WeightView>& weights, int64_t n, int64_t k,
                               const float* a, float* c) {
   OpTimer timer(this, "GroupedGemm");
   if (offsets.size() != weights.size() + 1) {
     Record(absl::InvalidArgumentError("CudaBackend::GroupedGemm: offsets.size() != groups + 1"));
     return;
   }
+  const int64_t rows = offsets.back() - offsets.front();
+  if (rows <= 0 || n <= 0) return;
+  if (!FitsInt(rows) || !FitsInt(n) || !FitsInt(k)) {
+    Record(absl::InvalidArgumentError(absl::StrCat(
+        "CudaBackend::GroupedGemm: sizes beyond int range (rows ", rows, " n ", n, ")")));
+    return;
+  }
+  bool any_bf16 = false;
+  for (const WeightView& w : weights) any_bf16 |= w.dtype == WeightDType::kBFloat16;
+  std::unique_ptr<DeviceBuffer> a16;
+  if (any_bf16) a16 = RoundToBf16(a + offsets.front() * k, rows * k);
   for (size_t g = 0; g < weights.size(); ++g) {
-    const int64_t rows = offsets[g + 1] - offsets[g];
-    if (rows == 0) continue;
-    Gemm(rows, n, k, a + offsets[g] * k, k, weights[g], k, c + offsets[g] * n, n, false);
+    const int64_t group_rows = offsets[g + 1] - offsets[g];
+    if (group_rows == 0) continue;
+    const void* ag =
+        weights[g].dtype == WeightDType::kFloat32
+            ? static_cast<const void*>(a + offsets[g] * k)
+            : static_cast<const void*>(a16->as<uint16_t>() + (offsets[g] - offsets.front()) * k);
+    GemmOnCublas(group_rows, n, k, ag, k, weights[g], k, c + offsets[g] * n, n, false);
   }
 }
 
@@ -350,6 +441,71 @@ void CudaBackend::GreedySampleRows(int64_t rows, int64_t vocab, const float* log
   OpTimer timer(this, "GreedySampleRows");
   Check(kernels::GreedySampleRowsF32(rows, vocab, logits, token, logprob, stream_),
         "kernels::GreedySampleRowsF32");
+}
+
+bool CudaBackend::RoutedExperts(const RoutedExpertsArgs& a) {
+  if (a.dtype != WeightDType::kBFloat16 || a.num_tokens > kMaxFusedMoeTokens ||
+      a.num_experts > kernels::kMaxMoeSlots || a.hidden_size % 8 != 0 || a.inter % 8 != 0) {
+    return false;
+  }
+  OpTimer timer(this, "RoutedExperts");
+  const int64_t T = a.num_tokens, K = a.top_k, H = a.hidden_size, I = a.inter;
+  const int64_t rows = std::max<int64_t>(1, T * K);
+  auto counts = Allocate(a.num_experts * sizeof(int32_t));
+  auto offsets = Allocate((a.num_experts + 1) * sizeof(int32_t));
+  auto choice_row = Allocate(rows * sizeof(int32_t));
+  auto row_token = Allocate(rows * sizeof(int32_t));
+  auto permuted = Allocate(rows * H * sizeof(float));
+  kernels::MoePermuteParams p;
+  p.num_tokens = static_cast<int32_t>(T);
+  p.top_k = static_cast<int32_t>(K);
+  p.num_experts = a.num_experts;
+  p.num_slots = a.num_experts;
+  p.topk_ids = a.topk_ids;
+  p.slot_of_expert = a.slot_of_expert;
+  p.hidden_size = H;
+  p.hidden = a.hidden;
+  p.slot_counts = counts->as<int32_t>();
+  p.slot_offsets = offsets->as<int32_t>();
+  p.choice_row = choice_row->as<int32_t>();
+  p.row_token = row_token->as<int32_t>();
+  p.permuted_hidden = permuted->as<float>();
+  Check(kernels::MoePermuteF32(p, stream_), "kernels::MoePermuteF32");
+
+  auto gate_up = Allocate(rows * 2 * I * sizeof(float));
+  kernels::GroupedGemmBf16Params g;
+  g.num_slots = a.num_experts;
+  g.max_rows = static_cast<int32_t>(T * K);
+  g.slot_offsets = offsets->as<int32_t>();
+  g.n = static_cast<int32_t>(2 * I);
+  g.k = static_cast<int32_t>(H);
+  g.x = permuted->as<float>();
+  g.weights = reinterpret_cast<const uint16_t* const*>(a.gate_up);
+  g.y = gate_up->as<float>();
+  g.rows_per_slot_hint = static_cast<int32_t>(T);  // a token's top-k experts are distinct
+  Check(kernels::GroupedGemmBf16(g, stream_), "kernels::GroupedGemmBf16(gate_up)");
+  auto act = Allocate(rows * I * sizeof(float));
+  Check(kernels::SiluMulF32(T * K, I, gate_up->as<float>(), act->as<float>(), stream_),
+        "kernels::SiluMulF32");
+  auto expert_out = Allocate(rows * H * sizeof(float));
+  g.n = static_cast<int32_t>(H);
+  g.k = static_cast<int32_t>(I);
+  g.x = act->as<float>();
+  g.weights = reinterpret_cast<const uint16_t* const*>(a.down);
+  g.y = expert_out->as<float>();
+  Check(kernels::GroupedGemmBf16(g, stream_), "kernels::GroupedGemmBf16(down)");
+
+  Check(cudaMemsetAsync(a.out, 0, T * H * sizeof(float), stream_), "cudaMemsetAsync");
+  kernels::MoeCombineParams c;
+  c.num_tokens = static_cast<int32_t>(T);
+  c.top_k = static_cast<int32_t>(K);
+  c.hidden_size = H;
+  c.choice_row = choice_row->as<int32_t>();
+  c.topk_weights = a.topk_weights;
+  c.expert_out = expert_out->as<float>();
+  c.out = a.out;
+  Check(kernels::MoeCombineF32(c, stream_), "kernels::MoeCombineF32");
+  return true;
 }
 
 }  // namespace deepinfer

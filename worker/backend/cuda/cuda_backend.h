@@ -1,7 +1,12 @@
-// CudaBackend: Backend on one NVIDIA GPU, fp32. Buffers come from the stream-ordered allocator
+// CudaBackend: Backend on one NVIDIA GPU. Buffers come from the stream-ordered allocator
 // (cudaMallocAsync on the backend's one stream, with a pool that keeps freed memory, so the
 // model's per-step temporaries do not go back to the driver every step); every op is issued
-// on that stream; dense GEMMs go to cuBLAS (fp32, no TF32), everything else to kernels/.
+// on that stream; dense GEMMs go to cuBLAS, everything else to kernels/ (fp32).
+//
+// GEMMs: fp32 weights use cublasSgemm (no TF32); bf16 weights (the default) round the fp32
+// activation operand to bf16 in a scratch buffer (kernels::RoundF32ToBf16) and call
+// cublasGemmEx / cublasGemmStridedBatchedEx with bf16 inputs, fp32 output and
+// CUBLAS_COMPUTE_32F (tensor cores, fp32 accumulation).
 //
 // Errors: the Backend ops return nothing, so the first CUDA or cuBLAS error is recorded (with
 // the failing call named), logged, and returned by status(); DeepseekV3Model::Step checks it
@@ -35,12 +40,14 @@ class CudaBackend : public Backend {
  public:
   // Uses GPU `device`; FAILED_PRECONDITION if there is no such device, INTERNAL for other CUDA
   // or cuBLAS setup errors.
-  static absl::StatusOr<std::unique_ptr<CudaBackend>> Create(int device = 0);
+  static absl::StatusOr<std::unique_ptr<CudaBackend>> Create(
+      int device = 0, WeightDType weight_dtype = WeightDType::kBFloat16);
   ~CudaBackend() override;
   CudaBackend(const CudaBackend&) = delete;
   CudaBackend& operator=(const CudaBackend&) = delete;
 
   std::string name() const override { return "cuda"; }
+  WeightDType weight_dtype() const override { return weight_dtype_; }
   std::unique_ptr<DeviceBuffer> Allocate(size_t bytes) override;
   // Returns once `host` may be reused: from ordinary (pageable) memory the runtime stages the
   // data before returning. Pinned host memory would be read later; callers keep none.
@@ -50,12 +57,23 @@ class CudaBackend : public Backend {
   // src and dst must not overlap (cudaMemcpy semantics; the model never overlaps them).
   void CopyDeviceToDevice(const void* src, size_t bytes, void* dst) override;
   void Synchronize() override;
+  // cudaMemGetInfo of device().
+  absl::StatusOr<DeviceMemoryInfo> MemoryInfo() const override;
 
-  void Gemm(int64_t m, int64_t n, int64_t k, const float* a, int64_t lda, const float* w,
-            int64_t ldw, float* c, int64_t ldc, bool accumulate) override;
-  // One cuBLAS call per non-empty group (correctness first; a grouped GEMM is the next step).
-  void GroupedGemm(const std::vector<int64_t>& offsets, const std::vector<const float*>& weights,
+  void Gemm(int64_t m, int64_t n, int64_t k, const float* a, int64_t lda, WeightView w, int64_t ldw,
+            float* c, int64_t ldc, bool accumulate) override;
+  void BatchedGemm(int64_t batch, int64_t m, int64_t n, int64_t k, const float* a, int64_t lda,
+                   int64_t stride_a, WeightView w, int64_t ldw, int64_t stride_w, float* c,
+                   int64_t ldc, int64_t stride_c) override;
+  // One cuBLAS call per non-empty group (correctness first; a grouped GEMM is the next step);
+  // with bf16 weights the activations are rounded once for all groups.
+  void GroupedGemm(const std::vector<int64_t>& offsets, const std::vector<WeightView>& weights,
                    int64_t n, int64_t k, const float* a, float* c) override;
+  // bf16 experts and up to kMaxFusedMoeTokens tokens (decode, small prefills): device
+  // permutation, grouped bf16 GEMMs reading the group offsets from device memory, combine.
+  // Larger batches return false (per-expert cuBLAS GEMMs are faster for big groups).
+  bool RoutedExperts(const RoutedExpertsArgs& args) override;
+  static constexpr int32_t kMaxFusedMoeTokens = 512;
   void RmsNorm(int64_t rows, int64_t dim, const float* x, int64_t ldx, const float* weight,
                float eps, float* out, int64_t ldout) override;
   void Add(int64_t n, const float* a, const float* b, float* out) override;
@@ -83,6 +101,7 @@ class CudaBackend : public Backend {
 
   int device() const { return device_; }
   cudaStream_t stream() const { return stream_; }
+  void* native_stream() const override { return stream_; }
   // Bytes the allocator holds from the driver now and at most (cudaMemPoolAttrReserved*).
   absl::StatusOr<size_t> ReservedBytes(bool high_water_mark) const;
 
@@ -94,7 +113,13 @@ class CudaBackend : public Backend {
   std::string TakeOpTimingReport();
 
  private:
-  CudaBackend(int device, cudaStream_t stream, cublasHandle_t cublas, cudaMemPool_t pool);
+  CudaBackend(int device, WeightDType weight_dtype, cudaStream_t stream, cublasHandle_t cublas,
+              cudaMemPool_t pool);
+  // One GEMM of the Gemm layout on cuBLAS. a is fp32 for fp32 weights, bf16 bits otherwise.
+  void GemmOnCublas(int64_t m, int64_t n, int64_t k, const void* a, int64_t lda, WeightView w,
+                    int64_t ldw, float* c, int64_t ldc, bool accumulate);
+  // Rounds the `elements` fp32 values at a to bf16 into a new scratch buffer.
+  std::unique_ptr<DeviceBuffer> RoundToBf16(const float* a, int64_t elements);
   // Records the first failure; returns false if `st` is an error.
   bool Record(const absl::Status& st);
   bool Check(cudaError_t err, const char* call);
@@ -110,6 +135,7 @@ class CudaBackend : public Backend {
   std::map<std::string, OpTotal> op_totals_;
 
   const int device_;
+  const WeightDType weight_dtype_;
   cudaStream_t stream_;
   cublasHandle_t cublas_;
   cudaMemPool_t pool_;

@@ -1,0 +1,152 @@
+#!/bin/bash
+# multi_gpu.sh - the expert-parallel NCCL checks for a machine with 2 GPUs, run from the folder
+# tools/gpu/prepare.sh made (copied there as multi_gpu.sh):
+#
+#   bash .gpu/multi_gpu.sh            (device tool: kind nvidia-h200-x2, carry [".gpu"])
+#
+# 1. the NCCL tests: nccl_communicator_test and ep_expert_dispatcher_gpu_test (their two-rank
+#    cases need 2 GPUs and skip otherwise: a SKIPS verdict below means they did not run);
+# 2. `deepinfer run --backend cuda` on the HF fixture's prompts (greedy, 24 tokens):
+#      ref      one worker, one GPU (CUDA_VISIBLE_DEVICES=0)
+#      a_nccl   one worker --ranks 2 (both GPUs), --communicator nccl
+#      a_tcp    the same over --communicator tcp (the host-staged exchange)
+#      b_nccl   two workers, one GPU each (--split-gpus: CUDA_VISIBLE_DEVICES=0 and =1), nccl
+#    and compares every run's tokens with ref's and with HF's greedy_24.
+# With one GPU, the 2-GPU runs are reported as SKIPPED and `ref` plus a one-rank NCCL run
+# (nccl1: forming and wiring only, a group of one exchanges nothing) still run.
+# Logs: $OUT/multi_gpu_summary.txt and $OUT/multi_gpu_logs.tar.gz. Exit status: failed steps.
+# NCCL_NVLS_ENABLE=0 is forced (NVLink multicast must stay off on these machines).
+set -uo pipefail
+here=$(cd "$(dirname "$0")" && pwd)
+OUT=${OUT:-/tmp/gpu-out}
+mkdir -p "$OUT"
+export LD_LIBRARY_PATH="$here/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+export TEST_SRCDIR="$here/srcdir"
+export NCCL_NVLS_ENABLE=0
+logs=/tmp/multi-gpu-logs
+rm -rf "$logs"
+mkdir -p "$logs"
+summary="$OUT/multi_gpu_summary.txt"
+: > "$summary"
+failed=0
+gpus=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | wc -l)
+{
+  echo "commit: $(head -1 "$here/COMMIT" 2>/dev/null)"
+  echo "GPUs: $gpus"
+  nvidia-smi topo -m 2>&1 | head -8
+} | tee -a "$summary"
+
+record() {  # record NAME VERDICT DETAIL
+  printf '%-34s %-14s %s\n' "$1" "$2" "$3" | tee -a "$summary"
+  [[ "$2" == PASS* || "$2" == SKIPPED ]] || failed=$((failed + 1))
+  tar -C "$logs" -czf "$OUT/multi_gpu_logs.tar.gz" .
+}
+
+# ---- 1. tests ----------------------------------------------------------------------------
+for n in nccl_communicator_test ep_expert_dispatcher_gpu_test; do
+  if [[ ! -x "$here/bin/$n" ]]; then
+    record "$n" "FAIL(missing)" "not in the bundle"
+    continue
+  fi
+  timeout 300 "$here/bin/$n" --gtest_color=no > "$logs/$n.log" 2>&1
+  rc=$?
+  verdict=PASS
+  [[ $rc -eq 0 ]] || verdict="FAIL(rc=$rc)"
+  grep -q '\[  SKIPPED \]' "$logs/$n.log" && verdict="$verdict+SKIPS"
+  record "$n" "$verdict" "$(grep -E '^\[  (PASSED|FAILED) ' "$logs/$n.log" | tr '\n' ' ')"
+done
+grep -h "logit rows compared" "$logs"/ep_expert_dispatcher_gpu_test.log 2>/dev/null | sort | uniq -c \
+  | tee -a "$summary"
+
+# ---- 2. deepinfer run --------------------------------------------------------------------
+model="$here/srcdir/deepinfer/tests/fixtures/dsv3_qlora_rope"
+python3 - "$model/expected.json" > "$logs/in.jsonl" <<'PY'
+import json, sys
+e = json.load(open(sys.argv[1]))
+for i, p in enumerate(e["prompts"]):
+    print(json.dumps({"custom_id": f"hf-{i}", "method": "POST", "url": "/v1/completions",
+                      "body": {"prompt": p["ids"], "max_tokens": 24, "temperature": 0,
+                               "ignore_eos": True, "return_token_ids": True}}))
+PY
+
+run() {  # run NAME [env assignments...] -- deepinfer-run flags...
+  local name=$1
+  shift
+  local envs=()
+  while [[ $# -gt 0 && "$1" != -- ]]; do envs+=("$1"); shift; done
+  shift
+  local start_ms=$(($(date +%s%N) / 1000000))
+  env "${envs[@]}" timeout 300 "$here/bin/deepinfer" run --model "$model" --backend cuda \
+    --bin-dir "$here/bin" --input "$logs/in.jsonl" --output "$logs/$name.out.jsonl" \
+    --state-dir "$logs/$name.state" --timeout-s 280 "$@" > "$logs/$name.log" 2>&1
+  local rc=$?
+  local ms=$(($(date +%s%N) / 1000000 - start_ms))
+  echo "exit $rc in $((ms / 1000)).$(printf '%03d' $((ms % 1000))) s" >> "$logs/$name.log"
+  return $rc
+}
+
+compare() {  # compare NAME: tokens vs ref and vs HF; prints "same_as_ref/n same_as_hf/n"
+  python3 - "$model/expected.json" "$logs/ref.out.jsonl" "$logs/$1.out.jsonl" <<'PY'
+import json, sys
+e = json.load(open(sys.argv[1]))
+def tokens(path):
+    out = {}
+    try:
+        for line in open(path):
+            j = json.loads(line)
+            r = j.get("response")
+            out[j["custom_id"]] = r["body"]["choices"][0]["token_ids"] if r else None
+    except OSError:
+        pass
+    return out
+ref, got = tokens(sys.argv[2]), tokens(sys.argv[3])
+n = len(e["prompts"])
+same_ref = sum(1 for i in range(n) if got.get(f"hf-{i}") is not None and got.get(f"hf-{i}") == ref.get(f"hf-{i}"))
+same_hf = sum(1 for i, p in enumerate(e["prompts"]) if got.get(f"hf-{i}") == p["greedy_24"])
+print(f"{same_ref}/{n} {same_hf}/{n}")
+PY
+}
+
+check_run() {  # check_run NAME RC [EXPECTED_PLANE]
+  local name=$1 rc=$2 plane=${3:-}
+  local cmp
+  cmp=$(compare "$name")
+  local same_ref=${cmp%% *} same_hf=${cmp##* }
+  local verdict=PASS
+  [[ $rc -eq 0 ]] || verdict="FAIL(rc=$rc)"
+  [[ "${same_ref%/*}" == "${same_ref#*/}" ]] || verdict="FAIL(tokens)"
+  local planes=""
+  if [[ -n "$plane" ]]; then
+    planes=$(grep -ho "expert exchange over [a-z]*" "$logs/$name.state"/logs/worker-*.log 2>/dev/null \
+      | sort | uniq -c | tr -s ' ' | tr '\n' ';')
+    grep -q "expert exchange over $plane" "$logs/$name.state"/logs/worker-*.log 2>/dev/null \
+      || verdict="FAIL(no $plane)"
+  fi
+  record "run_$name" "$verdict" "same as ref: $same_ref, same as HF greedy_24: $same_hf, \
+$(tail -1 "$logs/$name.log") $planes"
+}
+
+run ref CUDA_VISIBLE_DEVICES=0 -- --workers 1 --ranks-per-worker 1
+rc=$?
+check_run ref $rc
+run nccl1 CUDA_VISIBLE_DEVICES=0 -- --workers 1 --ranks-per-worker 1 \
+  --worker-args "--communicator=nccl"
+check_run nccl1 $? nccl
+if [[ $gpus -ge 2 ]]; then
+  run a_nccl CUDA_VISIBLE_DEVICES=0,1 -- --workers 1 --ranks-per-worker 2 \
+    --worker-args "--communicator=nccl"
+  check_run a_nccl $? nccl
+  run a_tcp CUDA_VISIBLE_DEVICES=0,1 -- --workers 1 --ranks-per-worker 2 \
+    --worker-args "--communicator=tcp"
+  check_run a_tcp $? tcp
+  run b_nccl CUDA_VISIBLE_DEVICES=0,1 -- --workers 2 --ranks-per-worker 1 --split-gpus \
+    --worker-args "--communicator=nccl"
+  check_run b_nccl $? nccl
+  run b_auto CUDA_VISIBLE_DEVICES=0,1 -- --workers 2 --ranks-per-worker 1 --split-gpus
+  check_run b_auto $? nccl
+else
+  for n in a_nccl a_tcp b_nccl b_auto; do record "run_$n" SKIPPED "needs 2 GPUs, have $gpus"; done
+fi
+echo "failed steps: $failed" | tee -a "$summary"
+tar -C "$logs" -czf "$OUT/multi_gpu_logs.tar.gz" .
+exit "$failed"

@@ -1,0 +1,37 @@
+// Backend helpers shared by every implementation: weight dtypes and weight upload.
+#include "worker/backend/backend.h"
+
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "worker/backend/bf16.h"
+
+namespace deepinfer {
+
+const char* WeightDTypeName(WeightDType dtype) {
+  return dtype == WeightDType::kBFloat16 ? "bfloat16" : "float32";
+}
+
+size_t WeightDTypeSize(WeightDType dtype) { return dtype == WeightDType::kBFloat16 ? 2 : 4; }
+
+absl::StatusOr<WeightDType> ParseWeightDType(const std::string& name) {
+  if (name == "float32" || name == "fp32") return WeightDType::kFloat32;
+  if (name == "bfloat16" || name == "bf16") return WeightDType::kBFloat16;
+  return absl::InvalidArgumentError(
+      absl::StrCat("unknown weight dtype '", name, "' (expected bfloat16 or float32)"));
+}
+
+std::unique_ptr<DeviceBuffer> Backend::UploadWeight(const float* host, int64_t n) {
+  const WeightDType dtype = weight_dtype();
+  auto buf = Allocate(static_cast<size_t>(n) * WeightDTypeSize(dtype));
+  if (dtype == WeightDType::kFloat32) {
+    CopyToDevice(host, n * sizeof(float), buf->data());
+    return buf;
+  }
+  std::vector<uint16_t> bits(n);
+  for (int64_t i = 0; i < n; ++i) bits[i] = FloatToBf16Bits(host[i]);
+  CopyToDevice(bits.data(), n * sizeof(uint16_t), buf->data());
+  return buf;
+}
+
+}  // namespace deepinfer

@@ -1,0 +1,98 @@
+// MemoryPlan arithmetic on made-up devices, and the reserve's dependence on the step size.
+#include "worker/engine/memory_plan.h"
+
+#include "gtest/gtest.h"
+
+namespace deepinfer {
+namespace {
+
+constexpr int64_t kGiB = int64_t{1} << 30;
+
+ModelConfig SmallConfig() {
+  ModelConfig c;
+  c.vocab_size = 1000;
+  c.hidden_size = 96;
+  c.intermediate_size = 192;
+  c.moe_intermediate_size = 32;
+  c.num_hidden_layers = 3;
+  c.num_attention_heads = 4;
+  c.q_lora_rank = 48;
+  c.kv_lora_rank = 32;
+  c.qk_nope_head_dim = 24;
+  c.qk_rope_head_dim = 16;
+  c.v_head_dim = 24;
+  c.n_routed_experts = 8;
+  c.n_shared_experts = 1;
+  c.num_experts_per_tok = 2;
+  return c;
+}
+
+DeviceMemoryInfo Device(int64_t total, int64_t free) {
+  DeviceMemoryInfo d;
+  d.total_bytes = static_cast<size_t>(total);
+  d.free_bytes = static_cast<size_t>(free);
+  return d;
+}
+
+TEST(MemoryPlanTest, KvCacheGetsUtilizationMinusInUseMinusReserve) {
+  MemoryPlanOptions o;
+  o.utilization = 0.9;
+  o.block_size = 16;
+  // 100 GiB device, 30 GiB in use after loading 28 GiB of weights, 2 GiB reserve:
+  // 90 - 30 - 2 = 58 GiB of KV at 1 MiB per token = 59392 tokens = 3712 blocks.
+  auto plan = PlanKvCache(Device(100 * kGiB, 70 * kGiB), 28 * kGiB, 2 * kGiB, int64_t{1} << 20, o);
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  EXPECT_EQ(plan->num_blocks, 3712);
+  EXPECT_EQ(plan->tokens(), 59392);
+  EXPECT_EQ(plan->kv_bytes(), 58 * kGiB);
+  EXPECT_NE(plan->ToString(o.utilization).find("3712 blocks x 16 = 59392 tokens (58.00 GiB)"),
+            std::string::npos)
+      << plan->ToString(o.utilization);
+  // Amounts under 1 GiB in MiB (a test model's weights must not read "0.00 GiB").
+  auto tiny = PlanKvCache(Device(100 * kGiB, 99 * kGiB), 3 << 20, 2 * kGiB, 576, o);
+  ASSERT_TRUE(tiny.ok());
+  EXPECT_NE(tiny->ToString(o.utilization).find("weights 3.0 MiB"), std::string::npos)
+      << tiny->ToString(o.utilization);
+  // Lower utilization: 50 - 30 - 2 = 18 GiB.
+  o.utilization = 0.5;
+  plan = PlanKvCache(Device(100 * kGiB, 70 * kGiB), 28 * kGiB, 2 * kGiB, int64_t{1} << 20, o);
+  ASSERT_TRUE(plan.ok());
+  EXPECT_EQ(plan->kv_bytes(), 18 * kGiB);
+}
+
+TEST(MemoryPlanTest, NoRoomForTheCacheIsAClearError) {
+  MemoryPlanOptions o;
+  o.utilization = 0.3;
+  auto plan = PlanKvCache(Device(100 * kGiB, 70 * kGiB), 28 * kGiB, 2 * kGiB, int64_t{1} << 20, o);
+  EXPECT_EQ(plan.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_NE(plan.status().message().find("no room for the KV cache"), std::string::npos)
+      << plan.status();
+}
+
+TEST(MemoryPlanTest, WeightsThatDoNotFitAreRejectedBeforeLoading) {
+  MemoryPlanOptions o;
+  o.utilization = 0.9;
+  // 90 - 1 in use = 89 GiB available.
+  EXPECT_TRUE(CheckWeightsFit(Device(100 * kGiB, 99 * kGiB), 80 * kGiB, 9 * kGiB, o).ok());
+  absl::Status st = CheckWeightsFit(Device(100 * kGiB, 99 * kGiB), 85 * kGiB, 5 * kGiB, o);
+  EXPECT_EQ(st.code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_NE(st.message().find("the weights do not fit"), std::string::npos) << st;
+  EXPECT_NE(st.message().find("85.00 GiB"), std::string::npos) << st;
+  o.utilization = 1.5;
+  EXPECT_EQ(CheckWeightsFit(Device(100 * kGiB, 99 * kGiB), 1, 1, o).code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
+TEST(MemoryPlanTest, ReserveGrowsWithTheStepAndKvBytesFollowTheConfig) {
+  const ModelConfig c = SmallConfig();
+  const int64_t r1 = ActivationReserveBytes(c, 1024), r2 = ActivationReserveBytes(c, 2048);
+  EXPECT_GT(r1, int64_t{256} << 20);
+  // Linear in the step size above the fixed part.
+  EXPECT_EQ(r2 - r1, r1 - (int64_t{256} << 20));
+  // The logits rows alone (vocab floats per token) must be covered.
+  EXPECT_GE(r1 - (int64_t{256} << 20), 1024 * c.vocab_size * 4);
+  EXPECT_EQ(KvBytesPerToken(c), 3 * (32 + 16) * 4);
+}
+
+}  // namespace
+}  // namespace deepinfer
