@@ -131,6 +131,9 @@ class Backend {
   // ---- Memory ------------------------------------------------------------------------------
   // Zero-initialised; never returns null (allocation failure is fatal, as for std::vector).
   virtual std::unique_ptr<DeviceBuffer> Allocate(size_t bytes) = 0;
+  // A buffer whose contents are unspecified until written (no zeroing pass on a GPU): for
+  // per-step temporaries that an op overwrites completely before anything reads them.
+  virtual std::unique_ptr<DeviceBuffer> AllocateScratch(size_t bytes) { return Allocate(bytes); }
   virtual void CopyToDevice(const void* host, size_t bytes, void* device) = 0;
   virtual void CopyToHost(const void* device, size_t bytes, void* host) = 0;
   virtual void CopyDeviceToDevice(const void* src, size_t bytes, void* dst) = 0;

@@ -219,7 +219,7 @@ absl::StatusOr<StepOutput> DeepseekV3Model::Step(const std::vector<SequenceStep>
   ctx.num_tokens = T;
   ctx.max_blocks_per_seq = max_blocks;
   auto upload_ints = [&](const std::vector<int32_t>& v) {
-    auto buf = backend_->Allocate(std::max<size_t>(1, v.size()) * sizeof(int32_t));
+    auto buf = backend_->AllocateScratch(std::max<size_t>(1, v.size()) * sizeof(int32_t));
     backend_->CopyToDevice(v.data(), v.size() * sizeof(int32_t), buf->data());
     return buf;
   };
@@ -281,7 +281,7 @@ absl::StatusOr<StepOutput> DeepseekV3Model::Step(const std::vector<SequenceStep>
     auto rows_g = upload_ints(greedy_rows);
     auto picked = Floats(G * V);
     backend_->GatherRows(G, V, logits->as<float>(), rows_g->as<int32_t>(), picked->as<float>());
-    auto tok = backend_->Allocate(G * sizeof(int32_t));
+    auto tok = backend_->AllocateScratch(G * sizeof(int32_t));
     auto lp = Floats(G);
     backend_->GreedySampleRows(G, V, picked->as<float>(), tok->as<int32_t>(), lp->as<float>());
     backend_->CopyToHost(tok->data(), G * sizeof(int32_t), greedy_token.data());
@@ -423,7 +423,7 @@ absl::Status DeepseekV3Model::Moe(int64_t layer, int64_t rows, const float* h, f
   const int64_t moe = moe_index_[layer];
   auto router_logits = Floats(rows * E);
   backend_->Gemm(rows, E, H, h, H, L.router->as<float>(), H, router_logits->as<float>(), E, false);
-  auto topk_ids = backend_->Allocate(rows * K * sizeof(int32_t));
+  auto topk_ids = backend_->AllocateScratch(rows * K * sizeof(int32_t));
   auto topk_w = Floats(rows * K);
   NoauxTcRouteArgs ra;
   ra.num_tokens = static_cast<int32_t>(rows);
@@ -466,7 +466,7 @@ absl::Status DeepseekV3Model::Moe(int64_t layer, int64_t rows, const float* h, f
     backend_->GroupedGemm(d.group_offsets, down, H, I, act->as<float>(), expert_out->as<float>());
   }
   // out = routed sum (experts ascending) + shared experts, as HF and DeepSeek add them.
-  auto zero = Floats(rows * H);
+  auto zero = backend_->Allocate(rows * H * sizeof(float));
   backend_->CopyDeviceToDevice(zero->data(), rows * H * sizeof(float), out);
   st = dispatcher_->Combine(d, expert_out->as<float>(), out);
   if (!st.ok()) return st;

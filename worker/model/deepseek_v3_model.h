@@ -100,7 +100,10 @@ class DeepseekV3Model {
   bool RoutedExpertsOnDevice(int64_t layer, int64_t rows, const float* h, const int32_t* topk_ids,
                              const float* topk_w, float* out);
   absl::Status SharedExperts(const LayerWeights& L, int64_t rows, const float* h, float* out);
-  std::unique_ptr<DeviceBuffer> Floats(int64_t n) { return backend_->Allocate(n * sizeof(float)); }
+  // Per-step temporaries, written by an op before they are read (not zeroed).
+  std::unique_ptr<DeviceBuffer> Floats(int64_t n) {
+    return backend_->AllocateScratch(n * sizeof(float));
+  }
 
   const ModelConfig config_;
   std::unique_ptr<ModelWeights> weights_;

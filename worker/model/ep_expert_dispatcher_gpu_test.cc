@@ -10,6 +10,9 @@
 //  * two ranks with an EPLB placement with replicas (docs/eplb.md): NCCL bit-identical to TCP
 //    with the same placement, and equal to no placement within fp32 tolerance;
 //  * a device communicator with the CPU backend is refused.
+// fp32 weights: with bf16 ones a LocalExpertDispatcher model takes Backend::RoutedExperts (fp32
+// activations into the grouped expert GEMM) while the expert-parallel path rounds activations
+// to bf16 for cuBLAS, so "local" and "one rank over NCCL" would differ by bf16 rounding.
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
@@ -66,7 +69,7 @@ void RunEp(const std::string& fixture, int world, const std::vector<ScriptedSeq>
   std::vector<absl::Status> status(world);
   comm::testing::OnAllRanks(world, [&](int r) {
     // Destroyed in reverse: model, NCCL communicator, backend.
-    auto backend = CudaBackend::Create(r);
+    auto backend = CudaBackend::Create(r, WeightDType::kFloat32);
     if (!backend.ok()) {
       status[r] = backend.status();
       tcp[r]->Abort(status[r]);
@@ -116,7 +119,7 @@ void RunEp(const std::string& fixture, int world, const std::vector<ScriptedSeq>
 // One CUDA rank hosting every expert (LocalExpertDispatcher).
 void RunOneRank(const std::string& fixture, const std::vector<ScriptedSeq>& seqs, int steps,
                 LogitsMap* out) {
-  auto backend = CudaBackend::Create(0);
+  auto backend = CudaBackend::Create(0, WeightDType::kFloat32);
   ASSERT_TRUE(backend.ok()) << backend.status();
   auto model = LoadDeepseekV3(FixtureDir(fixture), backend->get());
   ASSERT_TRUE(model.ok()) << model.status();

@@ -179,13 +179,23 @@ absl::StatusOr<size_t> CudaBackend::ReservedBytes(bool high_water_mark) const {
 }
 
 std::unique_ptr<DeviceBuffer> CudaBackend::Allocate(size_t bytes) {
+  return AllocateOnStream(bytes, /*zero=*/true);
+}
+
+std::unique_ptr<DeviceBuffer> CudaBackend::AllocateScratch(size_t bytes) {
+  return AllocateOnStream(bytes, /*zero=*/false);
+}
+
+std::unique_ptr<DeviceBuffer> CudaBackend::AllocateOnStream(size_t bytes, bool zero) {
   OpTimer timer(this, "Allocate");
   cudaSetDevice(device_);
   // At least one 256-byte granule, so data() is never null even for empty tensors.
   const size_t rounded = ((std::max<size_t>(bytes, 1) + 255) / 256) * 256;
   void* ptr = nullptr;
   absl::Status st = CudaStatus(cudaMallocAsync(&ptr, rounded, stream_), "cudaMallocAsync");
-  if (st.ok()) st = CudaStatus(cudaMemsetAsync(ptr, 0, rounded, stream_), "cudaMemsetAsync");
+  if (st.ok() && zero) {
+    st = CudaStatus(cudaMemsetAsync(ptr, 0, rounded, stream_), "cudaMemsetAsync");
+  }
   CHECK(st.ok()) << "CudaBackend: allocating " << bytes << " bytes: " << st;
   return std::make_unique<CudaBuffer>(ptr, bytes, stream_);
 }
@@ -229,7 +239,7 @@ absl::StatusOr<DeviceMemoryInfo> CudaBackend::MemoryInfo() const {
 }
 
 std::unique_ptr<DeviceBuffer> CudaBackend::RoundToBf16(const float* a, int64_t elements) {
-  auto scratch = Allocate(std::max<int64_t>(elements, 1) * sizeof(uint16_t));
+  auto scratch = AllocateScratch(std::max<int64_t>(elements, 1) * sizeof(uint16_t));
   Check(kernels::RoundF32ToBf16(elements, a, scratch->as<uint16_t>(), stream_),
         "kernels::RoundF32ToBf16");
   return scratch;
@@ -453,9 +463,9 @@ bool CudaBackend::RoutedExperts(const RoutedExpertsArgs& a) {
   const int64_t rows = std::max<int64_t>(1, T * K);
   auto counts = Allocate(a.num_experts * sizeof(int32_t));
   auto offsets = Allocate((a.num_experts + 1) * sizeof(int32_t));
-  auto choice_row = Allocate(rows * sizeof(int32_t));
-  auto row_token = Allocate(rows * sizeof(int32_t));
-  auto permuted = Allocate(rows * H * sizeof(float));
+  auto choice_row = AllocateScratch(rows * sizeof(int32_t));
+  auto row_token = AllocateScratch(rows * sizeof(int32_t));
+  auto permuted = AllocateScratch(rows * H * sizeof(float));
   kernels::MoePermuteParams p;
   p.num_tokens = static_cast<int32_t>(T);
   p.top_k = static_cast<int32_t>(K);
@@ -472,7 +482,7 @@ bool CudaBackend::RoutedExperts(const RoutedExpertsArgs& a) {
   p.permuted_hidden = permuted->as<float>();
   Check(kernels::MoePermuteF32(p, stream_), "kernels::MoePermuteF32");
 
-  auto gate_up = Allocate(rows * 2 * I * sizeof(float));
+  auto gate_up = AllocateScratch(rows * 2 * I * sizeof(float));
   kernels::GroupedGemmBf16Params g;
   g.num_slots = a.num_experts;
   g.max_rows = static_cast<int32_t>(T * K);
@@ -484,10 +494,10 @@ bool CudaBackend::RoutedExperts(const RoutedExpertsArgs& a) {
   g.y = gate_up->as<float>();
   g.rows_per_slot_hint = static_cast<int32_t>(T);  // a token's top-k experts are distinct
   Check(kernels::GroupedGemmBf16(g, stream_), "kernels::GroupedGemmBf16(gate_up)");
-  auto act = Allocate(rows * I * sizeof(float));
+  auto act = AllocateScratch(rows * I * sizeof(float));
   Check(kernels::SiluMulF32(T * K, I, gate_up->as<float>(), act->as<float>(), stream_),
         "kernels::SiluMulF32");
-  auto expert_out = Allocate(rows * H * sizeof(float));
+  auto expert_out = AllocateScratch(rows * H * sizeof(float));
   g.n = static_cast<int32_t>(H);
   g.k = static_cast<int32_t>(I);
   g.x = act->as<float>();

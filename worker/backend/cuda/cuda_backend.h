@@ -49,6 +49,7 @@ class CudaBackend : public Backend {
   std::string name() const override { return "cuda"; }
   WeightDType weight_dtype() const override { return weight_dtype_; }
   std::unique_ptr<DeviceBuffer> Allocate(size_t bytes) override;
+  std::unique_ptr<DeviceBuffer> AllocateScratch(size_t bytes) override;
   // Returns once `host` may be reused: from ordinary (pageable) memory the runtime stages the
   // data before returning. Pinned host memory would be read later; callers keep none.
   void CopyToDevice(const void* host, size_t bytes, void* device) override;
@@ -113,6 +114,7 @@ class CudaBackend : public Backend {
   std::string TakeOpTimingReport();
 
  private:
+  std::unique_ptr<DeviceBuffer> AllocateOnStream(size_t bytes, bool zero);
   CudaBackend(int device, WeightDType weight_dtype, cudaStream_t stream, cublasHandle_t cublas,
               cudaMemPool_t pool);
   // One GEMM of the Gemm layout on cuBLAS. a is fp32 for fp32 weights, bf16 bits otherwise.
