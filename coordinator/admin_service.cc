@@ -1,5 +1,10 @@
 #include "coordinator/admin_service.h"
 
+#include <memory>
+#include <utility>
+
+#include "coordinator/eplb/placement_json.h"
+#include "coordinator/eplb/placement_planner.h"
 #include "glog/logging.h"
 
 namespace deepinfer {
@@ -50,6 +55,58 @@ grpc::ServerUnaryReactor* AdminServiceImpl::DrainWorker(grpc::CallbackServerCont
   LOG(INFO) << "worker " << request->worker_id() << " drained by " << request->client_id();
   response->set_state(*state);
   return Finish(context, grpc::Status::OK);
+}
+
+grpc::ServerUnaryReactor* AdminServiceImpl::GetExpertLoad(grpc::CallbackServerContext* context,
+                                                          const GetExpertLoadRequest* request,
+                                                          GetExpertLoadResponse* response) {
+  if (grpc::Status s = auth_->Check(*context); !s.ok()) return Finish(context, s);
+  if (balancer_ == nullptr || jobs_ == nullptr) return Finish(context, grpc::Status::OK);
+  const GroupView group = jobs_->group();
+  balancer_->FillStatus(group.members, response);
+  response->set_num_gpus(group.serving ? group.world_size : 0);
+  return Finish(context, grpc::Status::OK);
+}
+
+grpc::ServerUnaryReactor* AdminServiceImpl::Rebalance(grpc::CallbackServerContext* context,
+                                                      const RebalanceRequest* request,
+                                                      RebalanceResponse* response) {
+  if (grpc::Status s = auth_->Check(*context); !s.ok()) return Finish(context, s);
+  if (balancer_ == nullptr || jobs_ == nullptr) {
+    return Finish(context, grpc::Status(grpc::StatusCode::FAILED_PRECONDITION,
+                                        "this coordinator runs without --model: no expert "
+                                        "parallel group to rebalance"));
+  }
+  absl::StatusOr<PlacementPolicy> policy =
+      ParsePlacementPolicy(request->policy().empty() ? "auto" : request->policy());
+  if (!policy.ok()) return Finish(context, ToGrpcStatus(policy.status()));
+  const GroupView group = jobs_->group();
+  if (!group.serving || group.world_size < 2) {
+    return Finish(context, grpc::Status(grpc::StatusCode::FAILED_PRECONDITION,
+                                        group.serving ? "the group has one rank: nothing to balance"
+                                                      : "no serving expert-parallel group"));
+  }
+  absl::StatusOr<ExpertBalancer::Plan> plan =
+      balancer_->PlanFor(*policy, group.world_size, static_cast<int>(group.members.size()));
+  if (!plan.ok()) return Finish(context, ToGrpcStatus(plan.status()));
+  response->set_report(plan->report);
+  response->set_placement_json(PlacementToJson(*plan->placement));
+  response->set_imbalance_before(plan->imbalance_before);
+  response->set_imbalance_after(plan->imbalance_after);
+  if (request->dry_run()) return Finish(context, grpc::Status::OK);
+  LOG(INFO) << "rebalance asked by " << request->client_id() << ": max/mean tokens per GPU "
+            << plan->imbalance_before << " -> " << plan->imbalance_after;
+  // The scheduler thread sends it to the workers and finishes the call.
+  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  jobs_->ApplyPlacement(plan->placement, group.generation,
+                        [reactor, response](absl::StatusOr<uint64_t> epoch) {
+                          if (epoch.ok()) {
+                            response->set_epoch(*epoch);
+                            response->set_applied(true);
+                          }
+                          reactor->Finish(ToGrpcStatus(epoch.status()));
+                        });
+  return reactor;
 }
 
 }  // namespace deepinfer

@@ -1,10 +1,13 @@
 // gRPC glue for AdminService (proto/admin.proto): cluster status and worker drain,
-// read from and applied to the WorkerRegistry.
+// read from and applied to the WorkerRegistry; EPLB load statistics and rebalancing through
+// the ExpertBalancer and the JobManager (which owns the group and sends placements).
 #ifndef DEEPINFER_COORDINATOR_ADMIN_SERVICE_H_
 #define DEEPINFER_COORDINATOR_ADMIN_SERVICE_H_
 
 #include "absl/time/time.h"
 #include "coordinator/clock.h"
+#include "coordinator/expert_balancer.h"
+#include "coordinator/job_manager.h"
 #include "coordinator/rpc/auth.h"
 #include "coordinator/worker_registry.h"
 #include "proto/admin.grpc.pb.h"
@@ -23,12 +26,26 @@ class AdminServiceImpl final : public AdminService::CallbackService {
   grpc::ServerUnaryReactor* DrainWorker(grpc::CallbackServerContext* context,
                                         const DrainWorkerRequest* request,
                                         DrainWorkerResponse* response) override;
+  grpc::ServerUnaryReactor* GetExpertLoad(grpc::CallbackServerContext* context,
+                                          const GetExpertLoadRequest* request,
+                                          GetExpertLoadResponse* response) override;
+  grpc::ServerUnaryReactor* Rebalance(grpc::CallbackServerContext* context,
+                                      const RebalanceRequest* request,
+                                      RebalanceResponse* response) override;
+
+  // EPLB; both null (the default) when the coordinator runs without a model.
+  void set_eplb(JobManager* jobs, ExpertBalancer* balancer) {
+    jobs_ = jobs;
+    balancer_ = balancer;
+  }
 
  private:
   WorkerRegistry* const registry_;
   const TokenAuthenticator* const auth_;
   const Clock* const clock_;
   const absl::Time start_time_;
+  JobManager* jobs_ = nullptr;
+  ExpertBalancer* balancer_ = nullptr;
 };
 
 }  // namespace deepinfer

@@ -60,6 +60,7 @@ grpc::ServerUnaryReactor* ClusterServiceImpl::Heartbeat(grpc::CallbackServerCont
     VLOG(1) << "heartbeat refused: " << state.status();
     return Finish(context, ToGrpcStatus(state.status()));
   }
+  if (balancer_ != nullptr) balancer_->OnHeartbeat(request->worker_id(), *request);
   response->set_coordinator_incarnation(registry_->coordinator_incarnation());
   response->set_state(*state);
   return Finish(context, grpc::Status::OK);

@@ -5,6 +5,7 @@
 #define DEEPINFER_COORDINATOR_CLUSTER_SERVICE_H_
 
 #include "absl/time/time.h"
+#include "coordinator/expert_balancer.h"
 #include "coordinator/job_manager.h"
 #include "coordinator/rpc/auth.h"
 #include "coordinator/worker_registry.h"
@@ -20,6 +21,8 @@ class ClusterServiceImpl final : public ClusterService::CallbackService {
 
   // Results go to `jobs` once it is set (before serving starts); may stay null.
   void set_job_manager(JobManager* jobs) { jobs_ = jobs; }
+  // EPLB load statistics from heartbeats go here (optional; must outlive the service).
+  void set_expert_balancer(ExpertBalancer* balancer) { balancer_ = balancer; }
 
   grpc::ServerUnaryReactor* Register(grpc::CallbackServerContext* context,
                                      const RegisterRequest* request,
@@ -36,6 +39,7 @@ class ClusterServiceImpl final : public ClusterService::CallbackService {
   const TokenAuthenticator* const auth_;
   const absl::Duration heartbeat_interval_;
   JobManager* jobs_ = nullptr;
+  ExpertBalancer* balancer_ = nullptr;
 };
 
 }  // namespace deepinfer

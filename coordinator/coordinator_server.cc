@@ -55,6 +55,24 @@ absl::StatusOr<std::unique_ptr<CoordinatorServer>> CoordinatorServer::Start(
                                                self->registry_.get(),
                                                self->worker_channel_.get(), self->clock_, jobs);
     self->cluster_service_->set_job_manager(self->jobs_.get());
+    if (self->prompts_->limits().routed_experts > 0) {
+      ExpertBalancerConfig eplb = config.eplb;
+      eplb.num_logical = static_cast<int>(self->prompts_->limits().routed_experts);
+      eplb.num_groups =
+          static_cast<int>(std::max<int64_t>(1, self->prompts_->limits().expert_groups));
+      const int64_t moe_layers = self->prompts_->limits().moe_layers;
+      if (eplb.initial != nullptr && (eplb.initial->num_logical() != eplb.num_logical ||
+                                      eplb.initial->num_layers() != moe_layers)) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "--expert-placement has ", eplb.initial->num_layers(), " layers of ",
+            eplb.initial->num_logical(), " logical experts; the model has ", moe_layers,
+            " MoE layers of ", eplb.num_logical));
+      }
+      self->balancer_ = std::make_unique<ExpertBalancer>(std::move(eplb));
+      self->jobs_->set_expert_balancer(self->balancer_.get());
+      self->cluster_service_->set_expert_balancer(self->balancer_.get());
+      self->admin_service_->set_eplb(self->jobs_.get(), self->balancer_.get());
+    }
   }
   self->job_service_ = std::make_unique<JobServiceImpl>(self->jobs_.get(), self->auth_.get());
 
@@ -91,8 +109,9 @@ void CoordinatorServer::Shutdown() {
     server_->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
     server_.reset();
   }
-  // After the server: its handlers use the job manager.
+  // After the server: its handlers use the job manager and the balancer.
   jobs_.reset();
+  balancer_.reset();
   monitor_.reset();
 }
 

@@ -38,6 +38,9 @@ struct CoordinatorConfig {
   std::string model;      // checkpoint directory or dummy:CONFIG[@seed]
   std::string state_dir;  // SQLite database and job files
   JobManagerConfig jobs;
+  // EPLB (with a model): window, automatic rebalance, redundant slots, initial placement.
+  // num_logical and num_groups are filled from the model.
+  ExpertBalancerConfig eplb;
 };
 
 class CoordinatorServer {
@@ -73,6 +76,7 @@ class CoordinatorServer {
   std::unique_ptr<BatchJobStore> store_;
   std::unique_ptr<PromptBuilder> prompts_;
   std::unique_ptr<GrpcWorkerChannel> worker_channel_;
+  std::unique_ptr<ExpertBalancer> balancer_;
   std::unique_ptr<JobManager> jobs_;
   std::unique_ptr<JobServiceImpl> job_service_;
   std::unique_ptr<grpc::Server> server_;

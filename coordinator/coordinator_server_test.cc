@@ -112,6 +112,17 @@ TEST_F(CoordinatorServerTest, DrainThroughAdmin) {
             grpc::StatusCode::NOT_FOUND);
 }
 
+TEST_F(CoordinatorServerTest, ExpertLoadAndRebalanceWithoutAModel) {
+  GetExpertLoadResponse load;
+  ASSERT_TRUE(admin_->GetExpertLoad(Context(kToken).get(), GetExpertLoadRequest(), &load).ok());
+  EXPECT_EQ(load.num_steps(), 0);
+  EXPECT_EQ(load.num_gpus(), 0);
+  RebalanceResponse rebalanced;
+  grpc::Status s = admin_->Rebalance(Context(kToken).get(), RebalanceRequest(), &rebalanced);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::FAILED_PRECONDITION);
+  EXPECT_THAT(s.error_message(), ::testing::HasSubstr("without --model"));
+}
+
 TEST_F(CoordinatorServerTest, EveryRpcRefusesMissingOrWrongToken) {
   for (const std::string token : {"", "wrong"}) {
     SCOPED_TRACE(absl::StrCat("token '", token, "'"));
@@ -127,6 +138,14 @@ TEST_F(CoordinatorServerTest, EveryRpcRefusesMissingOrWrongToken) {
               grpc::StatusCode::UNAUTHENTICATED);
     DrainWorkerResponse drained;
     EXPECT_EQ(admin_->DrainWorker(Context(token).get(), DrainWorkerRequest(), &drained)
+                  .error_code(),
+              grpc::StatusCode::UNAUTHENTICATED);
+    GetExpertLoadResponse load;
+    EXPECT_EQ(admin_->GetExpertLoad(Context(token).get(), GetExpertLoadRequest(), &load)
+                  .error_code(),
+              grpc::StatusCode::UNAUTHENTICATED);
+    RebalanceResponse rebalanced;
+    EXPECT_EQ(admin_->Rebalance(Context(token).get(), RebalanceRequest(), &rebalanced)
                   .error_code(),
               grpc::StatusCode::UNAUTHENTICATED);
   }

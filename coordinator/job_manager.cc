@@ -10,6 +10,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "coordinator/batch/batch_output.h"
+#include "coordinator/eplb/placement_proto.h"
 #include "glog/logging.h"
 
 namespace deepinfer {
@@ -51,6 +52,12 @@ JobManager::~JobManager() {
     stop_ = true;
   }
   if (thread_.joinable()) thread_.join();
+  std::vector<PlacementChange> changes;
+  {
+    absl::MutexLock lock(&mu_);
+    changes.swap(placement_changes_);
+  }
+  for (PlacementChange& c : changes) c.done(absl::CancelledError("the coordinator is stopping"));
 }
 
 int64_t JobManager::NowMs() const { return absl::ToUnixMillis(clock_->Now()); }
@@ -428,7 +435,81 @@ void JobManager::Tick() {
            now >= retry_after_;
   }
   if (form) FormGroup(std::move(eligible));
+  ChangePlacements();
   Dispatch();
+}
+
+void JobManager::ApplyPlacement(std::shared_ptr<const ExpertPlacement> placement,
+                                uint64_t generation,
+                                std::function<void(absl::StatusOr<uint64_t>)> done) {
+  absl::MutexLock lock(&mu_);
+  placement_changes_.push_back({std::move(placement), generation, std::move(done)});
+}
+
+absl::StatusOr<uint64_t> JobManager::SendPlacement(std::shared_ptr<const ExpertPlacement> placement,
+                                                   uint64_t generation) {
+  std::vector<Member> members;
+  {
+    absl::MutexLock lock(&mu_);
+    if (group_.generation != generation || !group_.serving) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("group generation ", generation, " is not serving any more (now generation ",
+                       group_.generation, group_.serving ? ", serving)" : ", not serving)"));
+    }
+    members = group_.members;
+  }
+  const uint64_t epoch = balancer_->Commit(placement);
+  SetExpertPlacementRequest request;
+  request.set_coordinator_incarnation(registry_->coordinator_incarnation());
+  request.set_generation(generation);
+  *request.mutable_placement() = PlacementToProto(*placement, epoch);
+  for (const Member& m : members) {
+    if (absl::Status st = workers_->SetExpertPlacement(m.address, request); !st.ok()) {
+      return absl::UnavailableError(absl::StrCat("worker ", m.worker_id,
+                                                 " did not take expert placement epoch ", epoch,
+                                                 ": ", st.message()));
+    }
+  }
+  LOG(INFO) << "expert placement epoch " << epoch << " sent to the " << members.size()
+            << " worker(s) of group generation " << generation;
+  return epoch;
+}
+
+void JobManager::ChangePlacements() {
+  if (balancer_ == nullptr) return;
+  std::vector<PlacementChange> changes;
+  uint64_t generation = 0;
+  int world_size = 0;
+  int num_nodes = 0;
+  {
+    absl::MutexLock lock(&mu_);
+    changes.swap(placement_changes_);
+    if (group_.serving) {
+      generation = group_.generation;
+      world_size = group_.world_size;
+      num_nodes = static_cast<int>(group_.members.size());
+    }
+  }
+  for (PlacementChange& c : changes) c.done(SendPlacement(c.placement, c.generation));
+  if (generation == 0 || world_size <= 1 || !balancer_->AutoRebalanceDue()) return;
+  absl::StatusOr<ExpertBalancer::Plan> plan =
+      balancer_->PlanFor(balancer_->config().auto_policy, world_size, num_nodes);
+  if (!plan.ok()) {
+    LOG_EVERY_N(WARNING, 20) << "automatic rebalance: " << plan.status();
+    balancer_->MarkChecked();
+    return;
+  }
+  if (plan->imbalance_before <= balancer_->config().balance_threshold) {
+    VLOG(1) << "automatic rebalance skipped: max/mean " << plan->imbalance_before
+            << " is within the threshold " << balancer_->config().balance_threshold;
+    balancer_->MarkChecked();
+    return;
+  }
+  LOG(INFO) << "automatic rebalance: max/mean tokens per GPU " << plan->imbalance_before << " -> "
+            << plan->imbalance_after << "\n"
+            << plan->report;
+  absl::StatusOr<uint64_t> epoch = SendPlacement(plan->placement, generation);
+  if (!epoch.ok()) LOG(WARNING) << "automatic rebalance: " << epoch.status();
 }
 
 void JobManager::FormGroup(std::vector<Member> members) {
@@ -452,6 +533,7 @@ void JobManager::FormGroup(std::vector<Member> members) {
     configure.set_generation(group_.generation);
     configure.set_group_incarnation(absl::Uniform<uint64_t>(absl::BitGen()) | 1);
     configure.set_world_size(rank);
+    if (balancer_ != nullptr) *configure.mutable_placement() = balancer_->SpecForGroup(rank);
     BumpLocked();
   }
   LOG(INFO) << "forming group generation " << prepare.generation() << ": "

@@ -18,6 +18,8 @@
 
 #include <cstdint>
 #include <deque>
+#include <functional>
+#include <memory>
 #include <string>
 #include <thread>
 #include <vector>
@@ -31,6 +33,7 @@
 #include "coordinator/batch/batch_line.h"
 #include "coordinator/batch/prompt_builder.h"
 #include "coordinator/clock.h"
+#include "coordinator/expert_balancer.h"
 #include "coordinator/worker_channel.h"
 #include "coordinator/worker_registry.h"
 #include "proto/cluster.pb.h"
@@ -95,7 +98,25 @@ class JobManager {
 
   GroupView group() const;
 
+  // EPLB (docs/eplb.md); optional, set before Start(). New groups start with the balancer's
+  // placement, and its automatic rebalance runs on the scheduler thread.
+  void set_expert_balancer(ExpertBalancer* balancer) { balancer_ = balancer; }
+  // Hands `placement` (as the next epoch) to every member of group `generation`, from the
+  // scheduler thread, then calls `done` there with the epoch; FAILED_PRECONDITION if that
+  // group is not the serving one, UNAVAILABLE if a member did not take it.
+  void ApplyPlacement(std::shared_ptr<const ExpertPlacement> placement, uint64_t generation,
+                      std::function<void(absl::StatusOr<uint64_t>)> done);
+
  private:
+  struct PlacementChange {
+    std::shared_ptr<const ExpertPlacement> placement;
+    uint64_t generation = 0;
+    std::function<void(absl::StatusOr<uint64_t>)> done;
+  };
+  // Sends queued and automatic placement changes (no lock held: it makes RPCs).
+  void ChangePlacements();
+  absl::StatusOr<uint64_t> SendPlacement(std::shared_ptr<const ExpertPlacement> placement,
+                                         uint64_t generation);
   struct QueuedRequest {
     std::string job_id;
     int64_t line_number = 0;
@@ -165,6 +186,9 @@ class JobManager {
   // The READY set seen last, and since when, for the settle delay.
   std::string seen_members_key_ ABSL_GUARDED_BY(mu_);
   absl::Time seen_since_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
+
+  ExpertBalancer* balancer_ = nullptr;
+  std::vector<PlacementChange> placement_changes_ ABSL_GUARDED_BY(mu_);
 
   std::thread thread_;
 };

@@ -6,6 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "coordinator/eplb/placement_proto.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
@@ -46,6 +47,17 @@ class FakeWorkers : public WorkerChannel {
     return absl::OkStatus();
   }
 
+  absl::Status SetExpertPlacement(const std::string& address,
+                                  const SetExpertPlacementRequest& request) override {
+    absl::MutexLock lock(&mu_);
+    placements_.push_back({address, request});
+    return absl::OkStatus();
+  }
+  std::vector<std::pair<std::string, SetExpertPlacementRequest>> placements() {
+    absl::MutexLock lock(&mu_);
+    return placements_;
+  }
+
   // Waits until at least `n` items were submitted in total (since the last Take).
   std::vector<std::pair<std::string, WorkItem>> Take(size_t n) {
     absl::MutexLock lock(&mu_);
@@ -72,6 +84,7 @@ class FakeWorkers : public WorkerChannel {
   absl::Mutex mu_;
   std::vector<std::string> prepared_ ABSL_GUARDED_BY(mu_);
   std::vector<std::pair<std::string, ConfigureGroupRequest>> configured_ ABSL_GUARDED_BY(mu_);
+  std::vector<std::pair<std::string, SetExpertPlacementRequest>> placements_ ABSL_GUARDED_BY(mu_);
   std::vector<std::pair<std::string, WorkItem>> items_ ABSL_GUARDED_BY(mu_);
   std::vector<std::string> cancelled_ ABSL_GUARDED_BY(mu_);
   std::string refuse_address_ ABSL_GUARDED_BY(mu_);
@@ -105,7 +118,7 @@ class JobManagerTest : public ::testing::Test {
     StartManager();
   }
 
-  void StartManager(int min_workers = 1) {
+  void StartManager(int min_workers = 1, ExpertBalancer* balancer = nullptr) {
     manager_.reset();
     JobManagerConfig config;
     config.min_workers = min_workers;
@@ -116,6 +129,7 @@ class JobManagerTest : public ::testing::Test {
     config.model_name = "tiny";
     manager_ = std::make_unique<JobManager>(store_.get(), &prompts_, &registry_, &workers_,
                                             &clock_, config);
+    manager_->set_expert_balancer(balancer);
     ASSERT_TRUE(manager_->Start().ok());
   }
 
@@ -247,6 +261,97 @@ TEST_F(JobManagerTest, GroupSpansWorkersAndLoadIsSpread) {
   std::map<int, int> per_rank;
   for (const auto& [address, item] : items) ++per_rank[item.rank()];
   EXPECT_EQ(per_rank, (std::map<int, int>{{0, 2}, {1, 2}, {2, 2}}));
+}
+
+TEST_F(JobManagerTest, ExpertPlacementsGoToNewGroupsAndLiveToTheServingOne) {
+  ExpertBalancerConfig eplb;
+  eplb.num_logical = 4;
+  eplb.num_redundant = 2;
+  auto initial = ExpertPlacement::FromPhy2Log({{0, 1, 2, 3, 0, 1}}, 4);
+  ASSERT_TRUE(initial.ok());
+  eplb.initial = std::make_shared<const ExpertPlacement>(*initial);
+  ExpertBalancer balancer(eplb);
+  StartManager(2, &balancer);
+  AddWorker("w1", 1, 1);
+  AddWorker("w2", 2, 1);
+  ServeWhenConfigured({{"w1", 1}, {"w2", 2}}, 1);
+  auto configured = workers_.configured();
+  ASSERT_EQ(configured.size(), 2u);
+  for (const auto& [address, c] : configured) {
+    EXPECT_EQ(c.placement().epoch(), 1u);
+    EXPECT_EQ(*PlacementFromProto(c.placement()), *initial);
+  }
+  ASSERT_TRUE(WaitFor([&] { return manager_->group().serving; }));
+  auto next = std::make_shared<const ExpertPlacement>(
+      *ExpertPlacement::FromPhy2Log({{3, 2, 1, 0, 3, 3}}, 4));
+  absl::Mutex mu;
+  std::vector<absl::StatusOr<uint64_t>> done;
+  auto record = [&](absl::StatusOr<uint64_t> r) {
+    absl::MutexLock lock(&mu);
+    done.push_back(r);
+  };
+  manager_->ApplyPlacement(next, 7, record);  // not the serving generation
+  manager_->ApplyPlacement(next, 1, record);
+  ASSERT_TRUE(WaitFor([&] {
+    absl::MutexLock lock(&mu);
+    return done.size() == 2;
+  }));
+  EXPECT_TRUE(absl::IsFailedPrecondition(done[0].status())) << done[0].status();
+  ASSERT_TRUE(done[1].ok()) << done[1].status();
+  EXPECT_EQ(*done[1], 2u);
+  auto sent = workers_.placements();
+  ASSERT_EQ(sent.size(), 2u);
+  EXPECT_EQ(sent[0].first, "w1:1");
+  EXPECT_EQ(sent[1].first, "w2:1");
+  for (const auto& [address, r] : sent) {
+    EXPECT_EQ(r.generation(), 1u);
+    EXPECT_EQ(r.placement().epoch(), 2u);
+    EXPECT_EQ(*PlacementFromProto(r.placement()), *next);
+  }
+  // A group formed later starts with the newest placement.
+  EXPECT_EQ(balancer.SpecForGroup(2).epoch(), 2u);
+}
+
+// Heartbeat of global rank `rank` with 10 steps of counts for 1 layer of 4 experts.
+HeartbeatRequest LoadBeat(int rank, std::vector<int64_t> counts) {
+  HeartbeatRequest hb;
+  ExpertLoadReport* r = hb.add_expert_loads();
+  r->set_rank(rank);
+  r->set_group_generation(1);
+  r->set_num_steps(10);
+  r->set_num_layers(1);
+  r->set_num_experts(4);
+  for (int64_t c : counts) r->add_counts(c);
+  return hb;
+}
+
+TEST_F(JobManagerTest, AutomaticRebalanceOnlyAboveTheThreshold) {
+  ExpertBalancerConfig eplb;
+  eplb.num_logical = 4;
+  eplb.num_redundant = 2;
+  eplb.interval_steps = 10;
+  eplb.balance_threshold = 1.05;
+  ExpertBalancer balancer(eplb);
+  StartManager(2, &balancer);
+  AddWorker("w1", 1, 1);
+  AddWorker("w2", 2, 1);
+  ServeWhenConfigured({{"w1", 1}, {"w2", 2}}, 1);
+  ASSERT_TRUE(WaitFor([&] { return manager_->group().serving; }));
+  // Balanced (experts {0,1} and {2,3} carry the same): checked, skipped.
+  balancer.OnHeartbeat("w1", LoadBeat(0, {50, 50, 50, 50}));
+  ASSERT_TRUE(WaitFor([&] { return !balancer.AutoRebalanceDue(); }));
+  absl::SleepFor(absl::Milliseconds(50));
+  EXPECT_TRUE(workers_.placements().empty());
+  // Skewed: expert 0 carries most; the next interval sends a placement to both workers.
+  balancer.OnHeartbeat("w1", LoadBeat(0, {900, 20, 20, 20}));
+  balancer.OnHeartbeat("w2", LoadBeat(1, {900, 20, 20, 20}));
+  ASSERT_TRUE(WaitFor([&] { return workers_.placements().size() == 2; }));
+  auto sent = workers_.placements();
+  EXPECT_EQ(sent[0].second.placement().epoch(), 1u);
+  auto placement = PlacementFromProto(sent[0].second.placement());
+  ASSERT_TRUE(placement.ok()) << placement.status();
+  EXPECT_EQ(placement->num_physical(), 6);
+  EXPECT_GE(placement->logcnt()[0][0], 2);  // the hot expert got a replica
 }
 
 TEST_F(JobManagerTest, LostWorkerRequestsRunAgainExactlyOnce) {

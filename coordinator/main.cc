@@ -2,6 +2,8 @@
 // CoordinatorConfig, starts the CoordinatorServer, and runs until SIGTERM/SIGINT.
 #include <algorithm>
 #include <iostream>
+#include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -9,6 +11,9 @@
 #include "absl/time/time.h"
 #include "coordinator/cli/flag_set.h"
 #include "coordinator/coordinator_server.h"
+#include "coordinator/eplb/placement_json.h"
+#include "coordinator/eplb/placement_planner.h"
+#include "coordinator/eplb/redundant_experts.h"
 #include "coordinator/rpc/auth.h"
 #include "coordinator/rpc/daemon.h"
 #include "glog/logging.h"
@@ -26,6 +31,12 @@ int main(int argc, char** argv) {
   int64_t heartbeat_timeout_ms = 5000;
   std::string log_dir;
   int64_t verbosity = 0;
+  std::string expert_placement;
+  int64_t num_redundant_experts = -1;
+  int64_t eplb_window_steps = 1000;
+  int64_t eplb_interval_steps = 0;
+  double eplb_balance_threshold = 1.05;
+  std::string eplb_policy = "auto";
 
   deepinfer::FlagSet flags(
       "deepinfer-coordinator [flags]",
@@ -55,6 +66,25 @@ int main(int argc, char** argv) {
                "How often workers are told to heartbeat.");
   flags.AddInt("heartbeat-timeout-ms", &heartbeat_timeout_ms,
                "A worker silent for longer than this is marked LOST.");
+  flags.AddString("expert-placement", &expert_placement,
+                  "EPLB placement JSON (as `deepinfer-admin plan` prints it) that every\n"
+                  "expert-parallel group starts with when its slots divide over the group's\n"
+                  "ranks (docs/eplb.md). Default: experts split contiguously.");
+  flags.AddInt("num-redundant-experts", &num_redundant_experts,
+               "Redundant expert slots per MoE layer for the placements the coordinator\n"
+               "plans (rebalance). Default (-1): $DEEPINFER_OVERRIDE_NUM_EXTRA_EXPERTS,\n"
+               "else 32. logical + redundant must divide over the group's ranks.");
+  flags.AddInt("eplb-window-steps", &eplb_window_steps,
+               "Steps of expert load statistics the coordinator keeps (sliding window) for\n"
+               "rebalancing and `deepinfer-admin expert-load`.");
+  flags.AddInt("eplb-interval-steps", &eplb_interval_steps,
+               "Rebalance the experts automatically every this many steps (0: only on\n"
+               "`deepinfer-admin rebalance`).");
+  flags.AddDouble("eplb-balance-threshold", &eplb_balance_threshold,
+                  "Automatic rebalance is skipped while max/mean tokens per GPU of the\n"
+                  "current layout is at most this.");
+  flags.AddString("eplb-policy", &eplb_policy,
+                  "Placement policy of the automatic rebalance: auto, hierarchical or global.");
   flags.AddString("log-dir", &log_dir, "Write glog files here instead of to stderr.");
   flags.AddInt("v", &verbosity, "Verbose logging level (glog --v).");
 
@@ -77,6 +107,41 @@ int main(int argc, char** argv) {
     return 2;
   }
   config.jobs.min_workers = static_cast<int>(std::max<int64_t>(1, min_workers));
+  if (eplb_window_steps < 1 || eplb_interval_steps < 0 || !(eplb_balance_threshold >= 1.0)) {
+    std::cerr << "deepinfer-coordinator: --eplb-window-steps must be >= 1, "
+                 "--eplb-interval-steps >= 0 and --eplb-balance-threshold >= 1\n";
+    return 2;
+  }
+  config.eplb.window_steps = eplb_window_steps;
+  config.eplb.interval_steps = eplb_interval_steps;
+  config.eplb.balance_threshold = eplb_balance_threshold;
+  if (absl::StatusOr<deepinfer::PlacementPolicy> policy =
+          deepinfer::ParsePlacementPolicy(eplb_policy);
+      policy.ok()) {
+    config.eplb.auto_policy = *policy;
+  } else {
+    std::cerr << "deepinfer-coordinator: --eplb-policy: " << policy.status().message() << "\n";
+    return 2;
+  }
+  {
+    absl::StatusOr<int> redundant = deepinfer::ResolveNumRedundantExpertsFromEnv(
+        num_redundant_experts == -1 ? std::nullopt : std::optional<int64_t>(num_redundant_experts));
+    if (!redundant.ok()) {
+      std::cerr << "deepinfer-coordinator: " << redundant.status().message() << "\n";
+      return 2;
+    }
+    config.eplb.num_redundant = *redundant;
+  }
+  if (!expert_placement.empty()) {
+    absl::StatusOr<deepinfer::ExpertPlacement> placement =
+        deepinfer::ReadPlacementFile(expert_placement);
+    if (!placement.ok()) {
+      std::cerr << "deepinfer-coordinator: --expert-placement: " << placement.status().message()
+                << "\n";
+      return 2;
+    }
+    config.eplb.initial = std::make_shared<const deepinfer::ExpertPlacement>(std::move(*placement));
+  }
   config.heartbeat_interval = absl::Milliseconds(heartbeat_interval_ms);
   config.heartbeat_timeout = absl::Milliseconds(heartbeat_timeout_ms);
   if (!auth_token_file.empty()) {

@@ -59,4 +59,11 @@ absl::Status GrpcWorkerChannel::CancelRequests(const std::string& address,
                   "CancelRequests", address);
 }
 
+absl::Status GrpcWorkerChannel::SetExpertPlacement(const std::string& address,
+                                                   const SetExpertPlacementRequest& request) {
+  SetExpertPlacementResponse response;
+  return Annotate(Stub(address)->SetExpertPlacement(Context().get(), request, &response),
+                  "SetExpertPlacement", address);
+}
+
 }  // namespace deepinfer

@@ -28,6 +28,8 @@ class WorkerChannel {
                                       const SubmitRequestsRequest& request) = 0;
   virtual absl::Status CancelRequests(const std::string& address,
                                       const CancelRequestsRequest& request) = 0;
+  virtual absl::Status SetExpertPlacement(const std::string& address,
+                                          const SetExpertPlacementRequest& request) = 0;
 };
 
 class GrpcWorkerChannel : public WorkerChannel {
@@ -43,6 +45,8 @@ class GrpcWorkerChannel : public WorkerChannel {
                               const SubmitRequestsRequest& request) override;
   absl::Status CancelRequests(const std::string& address,
                               const CancelRequestsRequest& request) override;
+  absl::Status SetExpertPlacement(const std::string& address,
+                                  const SetExpertPlacementRequest& request) override;
 
  private:
   WorkerService::Stub* Stub(const std::string& address);

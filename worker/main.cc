@@ -3,11 +3,13 @@
 // reports results until SIGTERM/SIGINT.
 #include <algorithm>
 #include <iostream>
+#include <memory>
 #include <string>
 #include <thread>
 #include <vector>
 
 #include "coordinator/cli/flag_set.h"
+#include "coordinator/eplb/placement_json.h"
 #include "coordinator/rpc/auth.h"
 #include "coordinator/rpc/daemon.h"
 #include "glog/logging.h"
@@ -23,6 +25,7 @@ int main(int argc, char** argv) {
   std::string port_file;
   std::string devices = "auto";
   std::string auth_token_file;
+  std::string expert_placement;
   std::string log_dir;
   int64_t verbosity = 0;
   std::string backend = "cpu";
@@ -90,6 +93,10 @@ int main(int argc, char** argv) {
                 "Split the routed experts over the ranks of a multi-rank group (each rank\n"
                 "loads E / world_size of them; tokens travel by all-to-all). false: every\n"
                 "rank loads every expert and computes its own tokens.");
+  flags.AddString("expert-placement", &expert_placement,
+                  "EPLB placement JSON (as `deepinfer-admin plan` prints it) for the expert-\n"
+                  "parallel groups this worker joins, when the coordinator sends none; its\n"
+                  "physical slots are spread evenly over the group's ranks (docs/eplb.md).");
   flags.AddInt("collective-timeout-s", &collective_timeout_s,
                "Seconds a rank waits for its peers (forming a group, each collective).");
   flags.AddString("log-dir", &log_dir, "Write glog files here instead of to stderr.");
@@ -167,6 +174,16 @@ int main(int argc, char** argv) {
     return 2;
   }
   config.engine.backend = backend;
+  if (!expert_placement.empty()) {
+    absl::StatusOr<deepinfer::ExpertPlacement> placement =
+        deepinfer::ReadPlacementFile(expert_placement);
+    if (!placement.ok()) {
+      std::cerr << "deepinfer-worker: --expert-placement: " << placement.status().message() << "\n";
+      return 2;
+    }
+    config.engine.placement =
+        std::make_shared<const deepinfer::ExpertPlacement>(std::move(*placement));
+  }
   const int cores = std::max(1u, std::thread::hardware_concurrency());
   config.engine.num_ranks = static_cast<int>(ranks);
   config.engine.threads_per_rank =

@@ -90,6 +90,16 @@ class WorkerServer::Service final : public WorkerService::CallbackService {
     return reactor;
   }
 
+  grpc::ServerUnaryReactor* SetExpertPlacement(grpc::CallbackServerContext* context,
+                                               const SetExpertPlacementRequest* request,
+                                               SetExpertPlacementResponse* response) override {
+    grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+    absl::Status s = Admit(*context, request->coordinator_incarnation());
+    if (s.ok()) s = owner_->controller_->SetPlacement(*request);
+    reactor->Finish(ToGrpc(s));
+    return reactor;
+  }
+
   grpc::ServerUnaryReactor* CancelRequests(grpc::CallbackServerContext* context,
                                            const CancelRequestsRequest* request,
                                            CancelRequestsResponse* response) override {
@@ -146,6 +156,19 @@ absl::StatusOr<std::unique_ptr<WorkerServer>> WorkerServer::Start(WorkerConfig c
     auto model = ModelFiles::Open(e.model);
     if (!model.ok()) return model.status();
     self->model_ = std::move(*model);
+    if (e.placement != nullptr) {
+      // Refused here, not at every ConfigureGroup: a placement for another model never fits.
+      const ModelConfig& c = self->model_->config;
+      int64_t moe_layers = 0;
+      for (int64_t l = 0; l < c.num_hidden_layers; ++l) moe_layers += c.IsMoeLayer(l) ? 1 : 0;
+      if (e.placement->num_logical() != c.n_routed_experts ||
+          e.placement->num_layers() != moe_layers) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "--expert-placement has ", e.placement->num_layers(), " layers of ",
+            e.placement->num_logical(), " logical experts; the model has ", moe_layers,
+            " MoE layers of ", c.n_routed_experts));
+      }
+    }
     GroupControllerOptions options;
     options.num_ranks = e.num_ranks;
     options.bind_host = wildcard ? "0.0.0.0" : config.host;
@@ -165,6 +188,7 @@ absl::StatusOr<std::unique_ptr<WorkerServer>> WorkerServer::Start(WorkerConfig c
     options.group.collective_timeout = e.collective_timeout;
     options.group.listen_host = wildcard ? "0.0.0.0" : config.host;
     options.group.dispatcher = e.expert_parallel ? EpDispatcherFactory() : LocalDispatcherFactory();
+    options.placement = e.placement;
     ResultOutbox* outbox = self->outbox_.get();
     self->controller_ = std::make_unique<GroupController>(
         std::move(options), [outbox](std::vector<RequestResult> r) { outbox->Add(std::move(r)); });

@@ -42,6 +42,8 @@ struct WorkerEngineConfig {
   bool expert_parallel = true;
   // "cpu" or "cuda" (one rank per GPU).
   std::string backend = "cpu";
+  // EPLB placement (--expert-placement) for groups the coordinator configures without one.
+  std::shared_ptr<const ExpertPlacement> placement;
   // Matrix weights: "bfloat16" or "float32"; empty: the backend's default (bf16 on cuda).
   std::string dtype;
   // What carries the expert exchange: auto (NCCL for several cuda ranks), tcp or nccl.

@@ -30,6 +30,10 @@ absl::StatusOr<std::unique_ptr<PromptBuilder>> PromptBuilder::FromModel(const st
   ModelLimits limits;
   limits.vocab_size = config->vocab_size;
   limits.routed_experts = config->n_routed_experts;
+  limits.expert_groups = config->n_group;
+  for (int64_t l = 0; l < config->num_hidden_layers; ++l) {
+    limits.moe_layers += config->IsMoeLayer(l) ? 1 : 0;
+  }
   limits.max_context = config->max_position_embeddings > 0 ? config->max_position_embeddings
                                                            : int64_t{1} << 20;
   std::unique_ptr<tokenizer::Tokenizer> tok;

@@ -25,6 +25,10 @@ struct ModelLimits {
   // Routed experts per MoE layer (0 for a dense model); the expert-parallel world size
   // must divide it.
   int64_t routed_experts = 0;
+  // Expert groups of the router (n_group), for EPLB's hierarchical placement.
+  int64_t expert_groups = 1;
+  // MoE layers (the layers of an EPLB placement).
+  int64_t moe_layers = 0;
 };
 
 class PromptBuilder {

@@ -55,6 +55,27 @@ absl::StatusOr<DrainWorkerResponse> CoordinatorClient::DrainWorker(const std::st
   return response;
 }
 
+absl::StatusOr<GetExpertLoadResponse> CoordinatorClient::GetExpertLoad() {
+  GetExpertLoadRequest request;
+  request.set_client_id(options_.client_id);
+  GetExpertLoadResponse response;
+  grpc::Status status = admin_->GetExpertLoad(NewContext().get(), request, &response);
+  if (!status.ok()) return Annotate(status, "GetExpertLoad");
+  return response;
+}
+
+absl::StatusOr<RebalanceResponse> CoordinatorClient::Rebalance(const std::string& policy,
+                                                               bool dry_run) {
+  RebalanceRequest request;
+  request.set_client_id(options_.client_id);
+  request.set_policy(policy);
+  request.set_dry_run(dry_run);
+  RebalanceResponse response;
+  grpc::Status status = admin_->Rebalance(NewContext().get(), request, &response);
+  if (!status.ok()) return Annotate(status, "Rebalance");
+  return response;
+}
+
 absl::StatusOr<std::string> CoordinatorClient::SubmitJob(const std::string& name,
                                                          const std::string& input_jsonl) {
   SubmitJobRequest request;

@@ -31,6 +31,9 @@ class CoordinatorClient {
 
   absl::StatusOr<ClusterStatusResponse> ClusterStatus();
   absl::StatusOr<DrainWorkerResponse> DrainWorker(const std::string& worker_id);
+  // EPLB (docs/eplb.md).
+  absl::StatusOr<GetExpertLoadResponse> GetExpertLoad();
+  absl::StatusOr<RebalanceResponse> Rebalance(const std::string& policy, bool dry_run);
 
   // Jobs (JobService).
   absl::StatusOr<std::string> SubmitJob(const std::string& name, const std::string& input_jsonl);

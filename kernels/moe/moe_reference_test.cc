@@ -55,7 +55,7 @@ TEST(MoeReferenceTest, PermuteAndCombineMatchLocalExpertDispatcher) {
   std::iota(local.begin(), local.end(), 0);
   LocalExpertDispatcher dispatcher(&cpu, experts, hidden, local);
   DispatchedTokens d;
-  ASSERT_TRUE(dispatcher.Dispatch(tokens, top_k, h.data(), ids.data(), weights.data(), &d).ok());
+  ASSERT_TRUE(dispatcher.Dispatch(0, tokens, top_k, h.data(), ids.data(), weights.data(), &d).ok());
   ASSERT_EQ(d.num_rows, ref.slot_offsets.back());
   ASSERT_EQ(d.group_offsets.size(), ref.slot_offsets.size());
   for (size_t i = 0; i < d.group_offsets.size(); ++i) {

@@ -1,8 +1,10 @@
 // deepinfer-admin: operator tool. `status` lists the coordinator's workers and their
 // states; `drain` stops new work going to a worker; `plan` computes an expert placement
-// (EPLB) offline from a file of expert loads.
+// (EPLB) offline from a file of expert loads; `expert-load` shows the coordinator's expert
+// load window; `rebalance` plans a placement from it and applies it live.
 #include <unistd.h>
 
+#include <fstream>
 #include <iostream>
 #include <string>
 #include <vector>
@@ -10,8 +12,10 @@
 #include "coordinator/cli/flag_set.h"
 #include "coordinator/cli/subcommands.h"
 #include "coordinator/client/coordinator_client.h"
+#include "coordinator/eplb/expert_loads.h"
 #include "coordinator/rpc/auth.h"
 #include "tools/admin/cluster_status_format.h"
+#include "tools/admin/expert_load_view.h"
 #include "tools/admin/plan_command.h"
 
 namespace deepinfer {
@@ -145,6 +149,114 @@ int Plan(const std::vector<std::string>& args) {
   return RunPlanCommand(config, std::cout, std::cerr);
 }
 
+int ExpertLoad(const std::vector<std::string>& args) {
+  ConnectionFlags connection;
+  std::string save, plot;
+  FlagSet flags(
+      "deepinfer-admin expert-load [--coordinator HOST:PORT] [--save F.json] "
+      "[--plot F.png] [flags]",
+      "Shows the coordinator's window of expert load statistics (the last\n"
+      "--eplb-window-steps steps of the group): tokens per GPU per MoE layer under\n"
+      "the layout the group runs, max, mean and max/mean. Exits 1 if the coordinator\n"
+      "cannot be reached or has no statistics yet.");
+  connection.AddTo(flags);
+  flags.AddString("save", &save,
+                  "Also write the per-layer logical expert loads as JSON (what `plan --load` "
+                  "reads).");
+  flags.AddString("plot", &plot, "Also write a heat map (layers x GPUs) as PNG.");
+  if (int rc = ParseOrExit(flags, args, "expert-load"); rc >= 0) return rc;
+  auto options = connection.Options();
+  if (!options.ok()) {
+    std::cerr << "deepinfer-admin expert-load: " << options.status().message() << "\n";
+    return 2;
+  }
+  CoordinatorClient client(*options);
+  auto response = client.GetExpertLoad();
+  if (!response.ok()) {
+    std::cerr << "deepinfer-admin expert-load: " << response.status().message() << "\n";
+    return 1;
+  }
+  absl::StatusOr<ExpertLoads> loads = LoadsFromResponse(*response);
+  if (!loads.ok()) {
+    std::cerr << "deepinfer-admin expert-load: " << loads.status().message() << "\n";
+    return 1;
+  }
+  if (!save.empty()) {
+    if (absl::Status st = WriteExpertLoadsFile(save, *loads); !st.ok()) {
+      std::cerr << "deepinfer-admin expert-load: " << st.message() << "\n";
+      return 1;
+    }
+  }
+  absl::StatusOr<std::string> table = FormatExpertLoadTable(*response);
+  if (!table.ok()) {
+    std::cerr << "deepinfer-admin expert-load: " << table.status().message() << "\n";
+    return 1;
+  }
+  std::cout << *table;
+  if (!plot.empty()) {
+    absl::StatusOr<std::string> png = RenderExpertLoadPng(*response);
+    if (!png.ok()) {
+      std::cerr << "deepinfer-admin expert-load: " << png.status().message() << "\n";
+      return 1;
+    }
+    std::ofstream out(plot, std::ios::binary);
+    out << *png;
+    if (!out.good()) {
+      std::cerr << "deepinfer-admin expert-load: cannot write " << plot << "\n";
+      return 1;
+    }
+  }
+  return 0;
+}
+
+int Rebalance(const std::vector<std::string>& args) {
+  ConnectionFlags connection;
+  std::string policy = "auto";
+  bool dry_run = false;
+  std::string save;
+  FlagSet flags(
+      "deepinfer-admin rebalance [--coordinator HOST:PORT] "
+      "[--policy auto|hierarchical|global] [--dry-run] [flags]",
+      "Plans an expert placement (EPLB) from the coordinator's load window for the\n"
+      "serving group, prints max/mean tokens per GPU before (the layout running now)\n"
+      "and after, per layer and overall, and -- unless --dry-run -- applies it: the\n"
+      "ranks load the expert weights they now need and switch together between two\n"
+      "steps; no request is dropped. Exits 1 when the coordinator refuses (no group,\n"
+      "no statistics, sizes that do not work: the message says which).");
+  connection.AddTo(flags);
+  flags.AddString("policy", &policy, "auto, hierarchical or global.");
+  flags.AddBool("dry-run", &dry_run, "Plan and print, change nothing.");
+  flags.AddString("save", &save, "Also write the new placement JSON to this file.");
+  if (int rc = ParseOrExit(flags, args, "rebalance"); rc >= 0) return rc;
+  auto options = connection.Options();
+  if (!options.ok()) {
+    std::cerr << "deepinfer-admin rebalance: " << options.status().message() << "\n";
+    return 2;
+  }
+  CoordinatorClient client(*options);
+  auto response = client.Rebalance(policy, dry_run);
+  if (!response.ok()) {
+    std::cerr << "deepinfer-admin rebalance: " << response.status().message() << "\n";
+    return 1;
+  }
+  std::cout << response->report();
+  if (!save.empty()) {
+    std::ofstream out(save);
+    out << response->placement_json();
+    if (!out.good()) {
+      std::cerr << "deepinfer-admin rebalance: cannot write " << save << "\n";
+      return 1;
+    }
+  }
+  if (response->applied()) {
+    std::cout << "applied: expert placement epoch " << response->epoch()
+              << " handed to the group; its ranks switch between two steps\n";
+  } else {
+    std::cout << "dry run: nothing changed\n";
+  }
+  return 0;
+}
+
 }  // namespace
 }  // namespace deepinfer
 
@@ -155,6 +267,10 @@ int main(int argc, char** argv) {
           {"status", "list workers and their states", deepinfer::Status},
           {"drain", "stop giving new work to a worker", deepinfer::Drain},
           {"plan", "plan an expert placement (EPLB) from a file of expert loads", deepinfer::Plan},
+          {"expert-load", "show the expert load window (EPLB) per layer and GPU",
+           deepinfer::ExpertLoad},
+          {"rebalance", "re-plan the expert placement from the load window and apply it live",
+           deepinfer::Rebalance},
       },
       argc, argv);
 }

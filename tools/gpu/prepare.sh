@@ -38,6 +38,7 @@ tests=(
   //kernels/activation:elementwise_test
   //kernels/attention:mla_attention_test
   //kernels/embedding:rows_test
+  //kernels/moe:expert_counts_test
   //kernels/moe:grouped_gemm_test
   //kernels/moe:noaux_tc_router_test
   //kernels/moe:permute_test

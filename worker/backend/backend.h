@@ -210,6 +210,11 @@ class Backend {
 
   // ---- MoE routing -------------------------------------------------------------------------
   virtual void NoauxTcRoute(const NoauxTcRouteArgs& args) = 0;
+  // Expert load statistics (EPLB): counts[ids[i]] += 1 for i in [0, n), on the device, so that
+  // counting costs no host round-trip; the counts are read back only when a load window is
+  // reported. Ids outside [0, num_experts) are not counted (the dispatcher reports them).
+  virtual void AccumulateExpertCounts(int64_t n, const int32_t* ids, int64_t num_experts,
+                                      int64_t* counts) = 0;
 
   // ---- Sampling ----------------------------------------------------------------------------
   // Greedy sampling on the device: out[r] = argmax of logits row r (lowest index on ties).

@@ -4,6 +4,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "coordinator/eplb/placement_proto.h"
 #include "glog/logging.h"
 
 namespace deepinfer {
@@ -80,6 +81,14 @@ absl::Status GroupController::Configure(const ConfigureGroupRequest& request) {
   layout.first_rank = request.first_rank();
   layout.num_ranks = options_.num_ranks;
   layout.root_address = request.root_address();
+  if (request.placement().layers_size() > 0) {
+    auto placement = PlacementFromProto(request.placement());
+    if (!placement.ok()) return placement.status();
+    layout.placement = std::make_shared<const ExpertPlacement>(std::move(*placement));
+    layout.placement_epoch = request.placement().epoch();
+  } else {
+    layout.placement = options_.placement;
+  }
   std::unique_ptr<comm::TcpCommunicator::RootListener> root;
   if (layout.first_rank == 0 && layout.world_size > 1 && prepared_ != nullptr &&
       prepared_generation_ == request.generation()) {
@@ -121,6 +130,23 @@ void GroupController::Cancel(const std::vector<std::string>& request_ids) {
   if (current_ != nullptr) current_->Cancel(request_ids);
 }
 
+absl::Status GroupController::SetPlacement(const SetExpertPlacementRequest& request) {
+  auto placement = PlacementFromProto(request.placement());
+  if (!placement.ok()) return placement.status();
+  absl::MutexLock lock(&mu_);
+  if (current_ == nullptr || current_->layout().generation != request.generation()) {
+    return absl::FailedPreconditionError(absl::StrCat("expert placement for group generation ",
+                                                      request.generation(),
+                                                      ", which is not this worker's group"));
+  }
+  if (current_->status() == GROUP_FAILED) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("group generation ", request.generation(), " failed: ", current_->error()));
+  }
+  return current_->SetPlacement(std::make_shared<const ExpertPlacement>(std::move(*placement)),
+                                request.placement().epoch());
+}
+
 void GroupController::FillHeartbeat(HeartbeatRequest* request) const {
   absl::MutexLock lock(&mu_);
   if (current_ == nullptr) {
@@ -131,6 +157,10 @@ void GroupController::FillHeartbeat(HeartbeatRequest* request) const {
   request->set_group_status(current_->status());
   request->set_group_error(current_->error());
   for (RankLoad& load : current_->Loads()) *request->add_rank_loads() = std::move(load);
+  request->set_placement_epoch(current_->placement_epoch());
+  for (ExpertLoadReport& r : current_->TakeExpertLoads()) {
+    *request->add_expert_loads() = std::move(r);
+  }
 }
 
 }  // namespace deepinfer

@@ -33,6 +33,8 @@ struct GroupControllerOptions {
   // (empty: bind_host; needed when bind_host is a wildcard).
   std::string bind_host = "127.0.0.1";
   std::string advertise_host;
+  // EPLB placement (--expert-placement) for groups whose ConfigureGroup carries none.
+  std::shared_ptr<const ExpertPlacement> placement;
 };
 
 class GroupController {
@@ -58,7 +60,13 @@ class GroupController {
   absl::Status Submit(uint64_t generation, std::vector<WorkItem> items);
   void Cancel(const std::vector<std::string>& request_ids);
 
-  // group_generation, group_status, group_error and rank_loads.
+  // Live EPLB placement change of the current group (RankGroup::SetPlacement).
+  // FAILED_PRECONDITION unless `generation` is the current group's and it has not failed;
+  // INVALID_ARGUMENT for a placement that is malformed or does not fit.
+  absl::Status SetPlacement(const SetExpertPlacementRequest& request);
+
+  // group_generation, group_status, group_error, rank_loads, placement_epoch, and the expert
+  // load statistics gathered since the previous call (taken: each is sent once).
   void FillHeartbeat(HeartbeatRequest* request) const;
 
  private:

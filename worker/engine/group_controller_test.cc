@@ -1,9 +1,10 @@
 // GroupController without RPCs: heartbeat contents before and after a group, generation
-// ordering, refusals, and a replaced group that serves in turn.
+// ordering, refusals (also of expert placements), and a replaced group that serves in turn.
 #include "worker/engine/group_controller.h"
 
 #include <cstdlib>
 
+#include "coordinator/eplb/placement_proto.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
@@ -89,6 +90,25 @@ TEST(GroupControllerTest, ConfigureSubmitAndReplace) {
   EXPECT_EQ(second[1].request_id(), "b");
   EXPECT_EQ(second[1].group_generation(), 5u);
   EXPECT_THAT(second[1].token_ids(), ::testing::ElementsAreArray(first[0].token_ids()));
+
+  // Expert placements: heartbeats carry the running epoch and the expert counts; a placement
+  // for another generation, a malformed one, and one for a group of one rank are refused.
+  hb.Clear();
+  controller.FillHeartbeat(&hb);
+  EXPECT_EQ(hb.placement_epoch(), 0u);
+  SetExpertPlacementRequest place;
+  place.set_generation(4);
+  auto p = ExpertPlacement::FromPhy2Log({{0, 1, 2, 3, 4, 5, 6, 7}, {0, 1, 2, 3, 4, 5, 6, 7}}, 8);
+  ASSERT_TRUE(p.ok());
+  *place.mutable_placement() = PlacementToProto(*p, 1);
+  EXPECT_TRUE(absl::IsFailedPrecondition(controller.SetPlacement(place)));  // generation 5 runs
+  place.set_generation(5);
+  EXPECT_TRUE(absl::IsFailedPrecondition(controller.SetPlacement(place)));  // one rank
+  place.mutable_placement()->mutable_layers(0)->clear_log2phy();
+  EXPECT_TRUE(absl::IsInvalidArgument(controller.SetPlacement(place)));
+  ConfigureGroupRequest bad = Layout(6, 1);
+  bad.mutable_placement()->add_layers();
+  EXPECT_TRUE(absl::IsInvalidArgument(controller.Configure(bad)));
 
   auto address = controller.Prepare(6);
   ASSERT_TRUE(address.ok()) << address.status();

@@ -1,6 +1,9 @@
 // RankGroup: forming, the lock-step loop, failure handling.
 #include "worker/engine/rank_group.h"
 
+#include <algorithm>
+#include <cstdint>
+#include <future>
 #include <map>
 #include <utility>
 
@@ -17,8 +20,8 @@ namespace deepinfer {
 DispatcherFactory LocalDispatcherFactory() {
   DispatcherFactory f;
   f.partitioned = false;
-  f.make = [](comm::Communicator*, ExpertRange, const ModelConfig& config,
-              const ModelWeights& weights,
+  f.make = [](comm::Communicator*, ExpertRange, std::shared_ptr<const ExpertPlacement>,
+              const ModelConfig& config, const ModelWeights& weights,
               Backend* backend) { return MakeLocalExpertDispatcher(config, weights, backend); };
   return f;
 }
@@ -26,13 +29,22 @@ DispatcherFactory LocalDispatcherFactory() {
 DispatcherFactory EpDispatcherFactory() {
   DispatcherFactory f;
   f.partitioned = true;
-  f.make = [](comm::Communicator* comm, ExpertRange range, const ModelConfig& config,
+  f.make = [](comm::Communicator* comm, ExpertRange range,
+              std::shared_ptr<const ExpertPlacement> placement, const ModelConfig& config,
               const ModelWeights& weights,
               Backend* backend) -> absl::StatusOr<std::unique_ptr<ExpertDispatcher>> {
     if (comm->world_size() == 1) return MakeLocalExpertDispatcher(config, weights, backend);
-    auto d = EpExpertDispatcher::Create(comm, backend, config.n_routed_experts, config.hidden_size);
+    const bool placed = placement != nullptr;
+    auto d = EpExpertDispatcher::Create(comm, backend, config.n_routed_experts, config.hidden_size,
+                                        std::move(placement));
     if (!d.ok()) return d.status();
-    const std::vector<int64_t>& local = (*d)->local_experts();
+    if (placed) {
+      LOG(INFO) << "rank " << comm->rank() << " of " << comm->world_size()
+                << ": expert parallel with an EPLB placement, " << (*d)->local_experts(0).size()
+                << " expert slots per layer";
+      return std::unique_ptr<ExpertDispatcher>(std::move(*d));
+    }
+    const std::vector<int64_t>& local = (*d)->local_experts(0);
     // The weights were loaded for `range`; the dispatcher must serve exactly those experts.
     if (local.empty() || local.front() != range.first ||
         static_cast<int64_t>(local.size()) != range.count) {
@@ -63,6 +75,24 @@ struct RankGroup::Rank {
   std::unique_ptr<KvBlockPool> pool;
   std::unique_ptr<Engine> engine;
   bool engine_published = false;  // guarded by RankGroup::mu_
+  // EPLB. The placement epoch this rank runs (written by the rank thread under mu_).
+  uint64_t epoch = 0;
+  // A placement whose missing expert weights a helper thread is reading from the checkpoint
+  // (rank thread only; at most one at a time).
+  std::shared_ptr<const ExpertPlacement> loading;
+  uint64_t loading_epoch = 0;
+  std::vector<std::vector<int64_t>> loading_needed;
+  std::future<absl::StatusOr<ModelWeights::HostExperts>> loading_host;
+  // A placement whose weights are loaded but not switched to yet (rank thread only).
+  std::shared_ptr<const ExpertPlacement> staged;
+  uint64_t staged_epoch = 0;
+  std::vector<std::vector<int64_t>> staged_needed;
+  std::vector<std::map<int64_t, MlpWeights>> staged_loaded;
+  // Expert counts: steps since they were last read back (rank thread), and what was read
+  // back since the last TakeExpertLoads (guarded by RankGroup::mu_).
+  int64_t steps_uncollected = 0;
+  absl::Time last_collect = absl::InfinitePast();
+  ExpertLoadReport report;
 };
 
 ExpertRange RankGroup::ExpertsOf(int64_t num_experts, int world_size, int rank) {
@@ -96,6 +126,13 @@ absl::StatusOr<std::unique_ptr<RankGroup>> RankGroup::Create(
     return absl::InvalidArgumentError(
         absl::StrCat(experts, " routed experts do not divide over a world of size ", l.world_size));
   }
+  GroupLayout checked = layout;
+  if (checked.placement != nullptr &&
+      !(options.dispatcher.partitioned && l.world_size > 1 && experts > 0)) {
+    LOG(INFO) << "expert placement ignored: experts are not split over ranks in this group";
+    checked.placement = nullptr;
+    checked.placement_epoch = 0;
+  }
   if (l.world_size > 1) {
     if (l.group_incarnation == 0) {
       return absl::InvalidArgumentError("group_incarnation must be non-zero");
@@ -105,9 +142,12 @@ absl::StatusOr<std::unique_ptr<RankGroup>> RankGroup::Create(
     }
   }
   // Every local rank reads the address; only rank 0 takes the listener.
-  GroupLayout resolved = layout;
+  GroupLayout resolved = checked;
   if (resolved.root_address.empty() && root != nullptr) resolved.root_address = root->address;
   std::unique_ptr<RankGroup> group(new RankGroup(options, resolved, std::move(sink)));
+  if (resolved.placement != nullptr) {
+    if (absl::Status st = group->CheckPlacement(*resolved.placement); !st.ok()) return st;
+  }
   if (l.first_rank == 0) group->root_ = std::move(root);
   return group;
 }
@@ -117,7 +157,173 @@ RankGroup::RankGroup(const RankGroupOptions& options, const GroupLayout& layout,
   for (int i = 0; i < layout_.num_ranks; ++i) {
     ranks_.push_back(std::make_unique<Rank>());
     ranks_.back()->global = layout_.first_rank + i;
+    ranks_.back()->epoch = layout_.placement != nullptr ? layout_.placement_epoch : 0;
   }
+}
+
+bool RankGroup::placements_apply() const {
+  return options_.dispatcher.partitioned && layout_.world_size > 1 &&
+         options_.model->config.n_routed_experts > 0;
+}
+
+absl::Status RankGroup::CheckPlacement(const ExpertPlacement& placement) const {
+  const ModelConfig& c = options_.model->config;
+  int64_t moe_layers = 0;
+  for (int64_t l = 0; l < c.num_hidden_layers; ++l) moe_layers += c.IsMoeLayer(l) ? 1 : 0;
+  if (placement.num_logical() != c.n_routed_experts || placement.num_layers() != moe_layers) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "expert placement has ", placement.num_layers(), " layers of ", placement.num_logical(),
+        " logical experts; the model has ", moe_layers, " MoE layers of ", c.n_routed_experts));
+  }
+  if (absl::Status st = placement.CheckGpuCount(layout_.world_size); !st.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat("expert placement does not fit a group of ",
+                                                   layout_.world_size, " ranks: ", st.message()));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status RankGroup::SetPlacement(std::shared_ptr<const ExpertPlacement> placement,
+                                     uint64_t epoch) {
+  if (!placements_apply()) {
+    return absl::FailedPreconditionError(
+        "expert placements need a group of several ranks with experts split over them");
+  }
+  if (placement == nullptr) return absl::InvalidArgumentError("no expert placement");
+  if (absl::Status st = CheckPlacement(*placement); !st.ok()) return st;
+  absl::MutexLock lock(&mu_);
+  uint64_t newest = pending_epoch_;
+  for (const auto& r : ranks_) newest = std::max(newest, r->epoch);
+  if (epoch <= newest) return absl::OkStatus();  // a retry, or older than what runs
+  pending_placement_ = std::move(placement);
+  pending_epoch_ = epoch;
+  LOG(INFO) << "group generation " << layout_.generation << ": expert placement epoch " << epoch
+            << " pending";
+  return absl::OkStatus();
+}
+
+uint64_t RankGroup::placement_epoch() const {
+  absl::MutexLock lock(&mu_);
+  uint64_t epoch = UINT64_MAX;
+  for (const auto& r : ranks_) epoch = std::min(epoch, r->epoch);
+  return ranks_.empty() ? 0 : epoch;
+}
+
+std::vector<ExpertLoadReport> RankGroup::TakeExpertLoads() {
+  std::vector<ExpertLoadReport> out;
+  absl::MutexLock lock(&mu_);
+  for (auto& r : ranks_) {
+    if (r->report.num_steps() == 0) continue;
+    out.push_back(std::move(r->report));
+    r->report = ExpertLoadReport();
+  }
+  return out;
+}
+
+void RankGroup::CollectExpertCounts(int local) {
+  Rank& r = *ranks_[local];
+  r.last_collect = absl::Now();
+  if (r.steps_uncollected == 0 || r.model == nullptr || r.model->num_moe_layers() == 0) return;
+  std::vector<int64_t> counts = r.model->TakeExpertCounts();
+  const int64_t steps = r.steps_uncollected;
+  r.steps_uncollected = 0;
+  absl::MutexLock lock(&mu_);
+  ExpertLoadReport& rep = r.report;
+  if (rep.num_steps() == 0) {
+    rep.set_rank(r.global);
+    rep.set_group_generation(layout_.generation);
+    rep.set_num_layers(static_cast<int32_t>(r.model->num_moe_layers()));
+    rep.set_num_experts(static_cast<int32_t>(r.model->config().n_routed_experts));
+    rep.mutable_counts()->Resize(static_cast<int>(counts.size()), 0);
+  }
+  rep.set_num_steps(rep.num_steps() + steps);
+  for (size_t i = 0; i < counts.size(); ++i) {
+    rep.set_counts(static_cast<int>(i), rep.counts(static_cast<int>(i)) + counts[i]);
+  }
+}
+
+absl::StatusOr<uint64_t> RankGroup::StagePlacement(int local) {
+  Rank& r = *ranks_[local];
+  std::shared_ptr<const ExpertPlacement> placement;
+  uint64_t epoch = 0;
+  {
+    absl::MutexLock lock(&mu_);
+    placement = pending_placement_;
+    epoch = pending_epoch_;
+  }
+  // Start reading a newer placement's missing experts on a helper thread (one at a time: a
+  // newer placement waits for the read in flight), so that the rank keeps stepping meanwhile.
+  if (placement != nullptr && epoch > r.epoch && epoch > r.staged_epoch &&
+      epoch > r.loading_epoch && !r.loading_host.valid()) {
+    std::vector<std::vector<int64_t>> needed =
+        EpExpertDispatcher::ExpertsOfRank(*placement, layout_.world_size, r.global);
+    std::vector<std::vector<int64_t>> missing = r.model->MissingExperts(needed);
+    const std::string spec = options_.model->spec;
+    r.loading_host = std::async(std::launch::async, [spec, missing]() {
+      ModelConfig config;
+      auto source = OpenWeightSource(spec, &config);
+      if (!source.ok()) return absl::StatusOr<ModelWeights::HostExperts>(source.status());
+      return ModelWeights::ReadRoutedExperts(config, source->get(), missing);
+    });
+    r.loading = std::move(placement);
+    r.loading_epoch = epoch;
+    r.loading_needed = std::move(needed);
+  }
+  // A finished read: upload (on this thread, which owns the backend) and mark it ready.
+  if (r.loading_host.valid() &&
+      r.loading_host.wait_for(std::chrono::seconds(0)) == std::future_status::ready) {
+    absl::StatusOr<ModelWeights::HostExperts> host = r.loading_host.get();
+    if (!host.ok()) return host.status();
+    if (r.loading_epoch > r.epoch && r.loading_epoch > r.staged_epoch) {
+      int64_t count = 0;
+      for (const auto& layer : *host) count += static_cast<int64_t>(layer.size());
+      r.staged_loaded = ModelWeights::UploadRoutedExperts(*host, r.backend.get());
+      r.staged = std::move(r.loading);
+      r.staged_epoch = r.loading_epoch;
+      r.staged_needed = std::move(r.loading_needed);
+      LOG(INFO) << "rank " << r.global << ": expert placement epoch " << r.staged_epoch
+                << " staged (" << count << " expert weights loaded)";
+    }
+    r.loading = nullptr;
+    r.loading_needed.clear();
+  }
+  return r.staged != nullptr ? r.staged_epoch : r.epoch;
+}
+
+absl::Status RankGroup::SwitchPlacement(int local) {
+  Rank& r = *ranks_[local];
+  if (r.staged == nullptr) {
+    return absl::InternalError("the group agreed on a placement this rank has not staged");
+  }
+  // Experts the staged weights lack because the rank switched to another placement after they
+  // were read (rare: placements in quick succession) are read now.
+  std::vector<std::vector<int64_t>> missing = r.model->MissingExperts(r.staged_needed);
+  bool more = false;
+  for (size_t m = 0; m < missing.size(); ++m) {
+    auto& list = missing[m];
+    list.erase(std::remove_if(list.begin(), list.end(),
+                              [&](int64_t e) { return r.staged_loaded[m].count(e) > 0; }),
+               list.end());
+    more = more || !list.empty();
+  }
+  if (more) {
+    ModelConfig config;
+    auto source = OpenWeightSource(options_.model->spec, &config);
+    if (!source.ok()) return source.status();
+    auto extra = ModelWeights::LoadRoutedExperts(config, source->get(), r.backend.get(), missing);
+    if (!extra.ok()) return extra.status();
+    for (size_t m = 0; m < extra->size(); ++m) {
+      for (auto& [e, w] : (*extra)[m]) r.staged_loaded[m][e] = std::move(w);
+    }
+  }
+  absl::Status st = r.model->SwitchPlacement(r.staged, r.staged_needed, std::move(r.staged_loaded));
+  if (!st.ok()) return st;
+  r.staged = nullptr;
+  r.staged_needed.clear();
+  r.staged_loaded.clear();
+  absl::MutexLock lock(&mu_);
+  r.epoch = r.staged_epoch;
+  LOG(INFO) << "rank " << r.global << ": switched to expert placement epoch " << r.epoch;
+  return absl::OkStatus();
 }
 
 RankGroup::~RankGroup() { Stop(); }
@@ -228,7 +434,22 @@ bool RankGroup::FormRank(int local) {
   const ModelConfig& config = options_.model->config;
   const ExpertRange range = ExpertsOf(config.n_routed_experts, layout_.world_size, r.global);
   LoadOptions load;
-  if (options_.dispatcher.partitioned) {
+  std::shared_ptr<const ExpertPlacement> placement = layout_.placement;
+  if (placement != nullptr) {
+    // Per model layer, the experts of this rank's slots (dense layers have none).
+    auto placed = std::make_shared<std::vector<std::vector<int64_t>>>(
+        EpExpertDispatcher::ExpertsOfRank(*placement, layout_.world_size, r.global));
+    std::vector<int64_t> moe_index;
+    for (int64_t l = 0, m = 0; l < config.num_hidden_layers; ++l) {
+      moe_index.push_back(config.IsMoeLayer(l) ? m++ : -1);
+    }
+    load.hosts_expert = [placed, moe_index](int64_t layer, int64_t e) {
+      const int64_t m = moe_index[layer];
+      if (m < 0) return false;
+      const std::vector<int64_t>& mine = (*placed)[m];
+      return std::find(mine.begin(), mine.end(), e) != mine.end();
+    };
+  } else if (options_.dispatcher.partitioned) {
     load.hosts_expert = [range](int64_t, int64_t e) {
       return e >= range.first && e < range.first + range.count;
     };
@@ -251,9 +472,9 @@ bool RankGroup::FormRank(int local) {
       return false;
     }
   }
-  ExpertDispatcherFactory make = [this, comm, range](const ModelConfig& c, const ModelWeights& w,
-                                                     Backend* b) {
-    return options_.dispatcher.make(comm, range, c, w, b);
+  ExpertDispatcherFactory make = [this, comm, range, placement](const ModelConfig& c,
+                                                                const ModelWeights& w, Backend* b) {
+    return options_.dispatcher.make(comm, range, placement, c, w, b);
   };
   auto model = LoadDeepseekV3(options_.model->spec, r.backend.get(), load, make);
   if (!model.ok()) {
@@ -330,13 +551,36 @@ void RankGroup::RunRank(int local) {
                   << " of " << layout_.world_size << ")";
       }
     }
+    const bool placements = placements_apply();
     while (!stopping()) {
-      int64_t any = r.engine->HasWork() ? 1 : 0;
-      if (absl::Status s = r.comm->AllReduce(&any, &any, 1, comm::ReduceOp::kMax); !s.ok()) {
+      int64_t ready = static_cast<int64_t>(r.epoch);
+      if (placements) {
+        absl::StatusOr<uint64_t> staged = StagePlacement(local);
+        if (!staged.ok()) {
+          Fail(r.global, staged.status());
+          break;
+        }
+        ready = static_cast<int64_t>(*staged);
+      }
+      // One round agrees on both: does anyone have work, and which placement epoch has every
+      // rank ready (max of ready and of -ready: the newest and the oldest). Groups without
+      // placements agree on the first only.
+      int64_t agree[3] = {r.engine->HasWork() ? 1 : 0, ready, -ready};
+      if (absl::Status s =
+              r.comm->AllReduce(agree, agree, placements ? 3 : 1, comm::ReduceOp::kMax);
+          !s.ok()) {
         Fail(r.global, s);
         break;
       }
+      const int64_t any = agree[0];
+      if (placements && agree[1] == -agree[2] && agree[1] > static_cast<int64_t>(r.epoch)) {
+        if (absl::Status s = SwitchPlacement(local); !s.ok()) {
+          Fail(r.global, s);
+          break;
+        }
+      }
       if (any == 0) {
+        if (r.steps_uncollected > 0) CollectExpertCounts(local);
         // Alone, only our own queue can bring work, and a push wakes us; with peers, their
         // work is only learnt at the next agreement round.
         r.queue.WaitForWork(layout_.world_size == 1 ? absl::Milliseconds(100) : options_.idle_wait);
@@ -346,6 +590,10 @@ void RankGroup::RunRank(int local) {
       if (!finished.ok()) {
         Fail(r.global, finished.status());
         break;
+      }
+      ++r.steps_uncollected;
+      if (absl::Now() - r.last_collect >= options_.expert_load_interval) {
+        CollectExpertCounts(local);
       }
       if (!finished->empty()) sink_(std::move(*finished));
     }

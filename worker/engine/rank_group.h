@@ -11,7 +11,16 @@
 // barriers), opens its backend, with an NCCL data plane forms the NCCL group over it
 // (comm/data_plane.h; the expert exchange then runs GPU to GPU), loads its weights (with a
 // partitioned dispatcher only its contiguous range of routed experts: E / world_size from
-// global_rank * E / world_size), then a barrier; after that the group is SERVING.
+// global_rank * E / world_size, or, with an EPLB placement, the experts of its slots), then a
+// barrier; after that the group is SERVING.
+//
+// EPLB (docs/eplb.md): every rank counts the tokens it routes to each expert on its device and
+// reads the counts back about once per `expert_load_interval`; TakeExpertLoads hands them to
+// the heartbeat. SetPlacement makes a placement pending: each rank reads the expert weights it
+// is missing for it from the checkpoint on a helper thread while it keeps stepping, uploads
+// them between two of its steps, and the step agreement (1.) also carries the
+// newest placement epoch each rank has ready; when every rank has the same new epoch ready,
+// all of them switch before the same step. Requests keep running across the switch.
 //
 // Any failure (a collective failed because a peer died or aborted, a rank could not load)
 // makes the group FAILED: the first error is kept, every local communicator is aborted so the
@@ -36,6 +45,7 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "coordinator/eplb/expert_placement.h"
 #include "proto/cluster.pb.h"
 #include "proto/common.pb.h"
 #include "proto/worker.pb.h"
@@ -64,9 +74,10 @@ struct ExpertRange {
 // communicator, so each rank loads only its range.
 struct DispatcherFactory {
   bool partitioned = false;
+  // `placement`: the EPLB placement the rank starts with (null: contiguous `range`).
   std::function<absl::StatusOr<std::unique_ptr<ExpertDispatcher>>(
-      comm::Communicator* comm, ExpertRange range, const ModelConfig& config,
-      const ModelWeights& weights, Backend* backend)>
+      comm::Communicator* comm, ExpertRange range, std::shared_ptr<const ExpertPlacement> placement,
+      const ModelConfig& config, const ModelWeights& weights, Backend* backend)>
       make;
 };
 DispatcherFactory LocalDispatcherFactory();
@@ -105,6 +116,8 @@ struct RankGroupOptions {
   absl::Duration collective_timeout = absl::Minutes(5);
   // How long idle ranks sleep between agreement rounds unless a request wakes them.
   absl::Duration idle_wait = absl::Milliseconds(2);
+  // How often a stepping rank reads its expert counts back from the device.
+  absl::Duration expert_load_interval = absl::Seconds(1);
 };
 
 struct GroupLayout {
@@ -114,6 +127,9 @@ struct GroupLayout {
   int first_rank = 0;  // global rank of this worker's first rank
   int num_ranks = 1;   // ranks on this worker
   std::string root_address;
+  // EPLB placement to start with (null: experts contiguous), and its epoch.
+  std::shared_ptr<const ExpertPlacement> placement;
+  uint64_t placement_epoch = 0;
 };
 
 // Receives finished requests; called from rank threads, must not block for long.
@@ -122,7 +138,9 @@ using ResultSink = std::function<void(std::vector<RequestResult>)>;
 class RankGroup {
  public:
   // Checks the layout (INVALID_ARGUMENT: ranks outside the world, experts that do not divide
-  // over the world) and prepares the queues; no thread runs until Start(). `root` is rank 0's
+  // over the world, a placement that does not fit the model or the world) and prepares the
+  // queues; no thread runs until Start(). A placement is ignored (logged) where the dispatcher
+  // is not partitioned or the world has one rank. `root` is rank 0's
   // rendezvous socket bound by PrepareGroup (null: Create binds root_address itself).
   static absl::StatusOr<std::unique_ptr<RankGroup>> Create(
       const RankGroupOptions& options, const GroupLayout& layout,
@@ -151,6 +169,15 @@ class RankGroup {
   // Blocks until the group is FAILED (tests).
   void AwaitFailed() const;
   std::vector<RankLoad> Loads() const;
+
+  // Live EPLB placement change (see the top comment); returns at once. INVALID_ARGUMENT for a
+  // placement that does not fit; FAILED_PRECONDITION where placements do not apply (not
+  // partitioned, or one rank). An epoch not newer than the pending or running one is ignored.
+  absl::Status SetPlacement(std::shared_ptr<const ExpertPlacement> placement, uint64_t epoch);
+  // The placement epoch every local rank runs (the smallest, while they switch).
+  uint64_t placement_epoch() const;
+  // Expert counts gathered since the last call, one report per local rank that stepped.
+  std::vector<ExpertLoadReport> TakeExpertLoads();
   // The experts global rank `rank` hosts when experts are partitioned.
   static ExpertRange ExpertsOf(int64_t num_experts, int world_size, int rank);
 
@@ -160,6 +187,17 @@ class RankGroup {
   void RunRank(int local);
   // Forms the communicator and loads the model; false (group failed) on error.
   bool FormRank(int local);
+  // Starts reading the missing expert weights of a pending placement newer than what `local`
+  // has (on a helper thread), and uploads them once read. Returns the newest epoch the rank
+  // has ready (its running one if none); never waits for the read.
+  absl::StatusOr<uint64_t> StagePlacement(int local);
+  // Switches rank `local` to its staged placement.
+  absl::Status SwitchPlacement(int local);
+  // Reads the rank's expert counts back into its pending report.
+  void CollectExpertCounts(int local);
+  // Checks a placement against the model and the world.
+  absl::Status CheckPlacement(const ExpertPlacement& placement) const;
+  bool placements_apply() const;
   void Fail(int global_rank, const absl::Status& status);
   bool stopping() const;
 
@@ -178,6 +216,9 @@ class RankGroup {
   bool started_ ABSL_GUARDED_BY(mu_) = false;
   // Communicators that exist so far, for Fail() and Stop() to abort.
   std::vector<comm::Communicator*> comms_ ABSL_GUARDED_BY(mu_);
+  // The newest placement handed to SetPlacement, not yet run by every local rank.
+  std::shared_ptr<const ExpertPlacement> pending_placement_ ABSL_GUARDED_BY(mu_);
+  uint64_t pending_epoch_ ABSL_GUARDED_BY(mu_) = 0;
 };
 
 }  // namespace deepinfer

@@ -7,10 +7,12 @@
 #include <cstdlib>
 #include <fstream>
 #include <map>
+#include <set>
 #include <sstream>
 #include <thread>
 
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
@@ -304,6 +306,122 @@ TEST_F(RankGroupTest, PeerThatNeverFormsFailsTheGroup) {
   (*group)->Start();
   EXPECT_EQ((*group)->AwaitFormed(), GROUP_FAILED);
   EXPECT_THAT((*group)->error(), ::testing::HasSubstr("rank 1"));
+}
+
+// 10 slots per MoE layer of the fixture (2 layers, 8 experts): experts 0 and 7 (layer 0),
+// 2 and 5 (layer 1) have two replicas.
+std::shared_ptr<const ExpertPlacement> ReplicaPlacement() {
+  auto p = ExpertPlacement::FromPhy2Log(
+      {{0, 1, 2, 3, 7, 4, 5, 6, 7, 0}, {2, 2, 0, 1, 3, 4, 5, 5, 6, 7}}, 8);
+  EXPECT_TRUE(p.ok()) << p.status();
+  return std::make_shared<const ExpertPlacement>(std::move(*p));
+}
+
+TEST_F(RankGroupTest, LivePlacementSwitchKeepsTokensAndCountsExpertLoads) {
+  options_.dispatcher = EpDispatcherFactory();
+  Collector one;
+  {
+    auto group = RankGroup::Create(options_, GroupLayout{}, nullptr, one.Sink());
+    ASSERT_TRUE(group.ok());
+    (*group)->Start();
+    ASSERT_TRUE((*group)->Submit(Items(1)).ok());
+    one.Await(8);
+  }
+  auto root = comm::TcpCommunicator::ListenRoot("127.0.0.1:0");
+  ASSERT_TRUE(root.ok()) << root.status();
+  GroupLayout layout;
+  layout.generation = 4;
+  layout.group_incarnation = 0x77;
+  layout.world_size = 2;
+  layout.num_ranks = 2;
+  layout.root_address = root->address;
+  Collector two;
+  auto group = RankGroup::Create(
+      options_, layout, std::make_unique<comm::TcpCommunicator::RootListener>(std::move(*root)),
+      two.Sink());
+  ASSERT_TRUE(group.ok()) << group.status();
+  (*group)->Start();
+  ASSERT_EQ((*group)->AwaitFormed(), GROUP_SERVING) << (*group)->error();
+  EXPECT_EQ((*group)->placement_epoch(), 0u);
+  ASSERT_TRUE((*group)->Submit(Items(2)).ok());
+  // While the requests run: both ranks stage it and switch at one agreed step; a second
+  // placement follows at once (it may be read before the first is switched to).
+  ASSERT_TRUE((*group)->SetPlacement(ReplicaPlacement(), 5).ok());
+  EXPECT_TRUE((*group)->SetPlacement(ReplicaPlacement(), 5).ok());  // a retry: no-op
+  auto reversed = ExpertPlacement::FromPhy2Log(
+      {{7, 6, 5, 4, 0, 3, 2, 1, 0, 7}, {7, 6, 5, 4, 4, 3, 2, 1, 0, 0}}, 8);
+  ASSERT_TRUE(reversed.ok());
+  absl::SleepFor(absl::Milliseconds(20));
+  ASSERT_TRUE((*group)->SetPlacement(std::make_shared<const ExpertPlacement>(*reversed), 6).ok());
+  auto a = one.Await(8);
+  auto b = two.Await(8);
+  for (const auto& [id, r] : a) {
+    EXPECT_EQ(b[id].error_code(), "") << b[id].error_message();
+    EXPECT_THAT(Tokens(b[id]), ElementsAreArray(Tokens(r))) << id;
+  }
+  for (int i = 0; i < 500 && (*group)->placement_epoch() != 6u; ++i) {
+    absl::SleepFor(absl::Milliseconds(10));
+  }
+  EXPECT_EQ((*group)->placement_epoch(), 6u);
+  EXPECT_EQ((*group)->status(), GROUP_SERVING) << (*group)->error();
+  // Expert loads: reports of 2 MoE layers x 8 experts, top-2 of every token computed: each
+  // request's prompt once and every generated token fed back (all but a last one that hit
+  // the length limit; an EOS is not returned). Ranks read their counts back about once a
+  // second and when they go idle, so the last reports may come a little after the results.
+  int64_t tokens = 0;
+  for (const auto& [id, r] : b) {
+    tokens += r.prompt_tokens() + r.token_ids_size() - (r.finish_reason() == "length" ? 1 : 0);
+  }
+  int64_t total = 0;
+  std::set<int> ranks;
+  for (int i = 0; i < 500 && total < 2 * tokens; ++i) {
+    for (const ExpertLoadReport& r : (*group)->TakeExpertLoads()) {
+      ranks.insert(r.rank());
+      EXPECT_EQ(r.group_generation(), 4u);
+      EXPECT_EQ(r.num_layers(), 2);
+      EXPECT_EQ(r.num_experts(), 8);
+      ASSERT_EQ(r.counts_size(), 16);
+      EXPECT_GT(r.num_steps(), 0);
+      int64_t layer0 = 0, layer1 = 0;
+      for (int e = 0; e < 8; ++e) {
+        layer0 += r.counts(e);
+        layer1 += r.counts(8 + e);
+      }
+      EXPECT_EQ(layer0, layer1);  // every token passes both MoE layers
+      total += layer0;
+    }
+    absl::SleepFor(absl::Milliseconds(10));
+  }
+  EXPECT_EQ(ranks, (std::set<int>{0, 1}));
+  EXPECT_EQ(total, 2 * tokens);
+}
+
+TEST_F(RankGroupTest, RefusesPlacementsThatDoNotFit) {
+  GroupLayout layout;
+  layout.generation = 1;
+  layout.group_incarnation = 1;
+  layout.world_size = 2;
+  layout.num_ranks = 1;
+  layout.root_address = "127.0.0.1:1";
+  // Not expert parallel: placements do not apply.
+  auto local = RankGroup::Create(options_, layout, nullptr, Collector().Sink());
+  ASSERT_TRUE(local.ok());
+  EXPECT_TRUE(absl::IsFailedPrecondition((*local)->SetPlacement(ReplicaPlacement(), 1)));
+  options_.dispatcher = EpDispatcherFactory();
+  auto ep = RankGroup::Create(options_, layout, nullptr, Collector().Sink());
+  ASSERT_TRUE(ep.ok());
+  auto nine =
+      ExpertPlacement::FromPhy2Log({{0, 1, 2, 3, 4, 5, 6, 7, 0}, {0, 1, 2, 3, 4, 5, 6, 7, 1}}, 8);
+  ASSERT_TRUE(nine.ok());
+  absl::Status st = (*ep)->SetPlacement(std::make_shared<const ExpertPlacement>(*nine), 1);
+  EXPECT_TRUE(absl::IsInvalidArgument(st)) << st;
+  EXPECT_THAT(std::string(st.message()), ::testing::HasSubstr("does not fit a group of 2"));
+  auto one_layer = ExpertPlacement::FromPhy2Log({{0, 1, 2, 3, 4, 5, 6, 7}}, 8);
+  st = (*ep)->SetPlacement(std::make_shared<const ExpertPlacement>(*one_layer), 1);
+  EXPECT_THAT(std::string(st.message()), ::testing::HasSubstr("the model has 2 MoE layers"));
+  layout.placement = std::make_shared<const ExpertPlacement>(*nine);
+  EXPECT_TRUE(absl::IsInvalidArgument(
+      RankGroup::Create(options_, layout, nullptr, Collector().Sink()).status()));
 }
 
 TEST_F(RankGroupTest, RefusesBadLayouts) {

@@ -32,9 +32,10 @@ absl::StatusOr<std::unique_ptr<DeepseekV3Model>> DeepseekV3Model::Create(
     return absl::InvalidArgumentError("DeepseekV3Model: a MoE model needs an ExpertDispatcher");
   }
   if (dispatcher != nullptr) {
+    int64_t moe = 0;
     for (int64_t l = 0; l < config.num_hidden_layers; ++l) {
       if (!weights->layers[l].moe) continue;
-      for (int64_t e : dispatcher->local_experts()) {
+      for (int64_t e : dispatcher->local_experts(moe++)) {
         if (!weights->layers[l].experts.count(e)) {
           return absl::InvalidArgumentError(
               absl::StrCat("DeepseekV3Model: dispatcher serves expert ", e, " of layer ", l,
@@ -61,7 +62,7 @@ DeepseekV3Model::DeepseekV3Model(const ModelConfig& config, std::unique_ptr<Mode
   // One rank with every expert: device tables for Backend::RoutedExperts (expert e in slot e).
   const int64_t E = config_.n_routed_experts;
   if (dispatcher_ != nullptr && dispatcher_->single_rank() &&
-      static_cast<int64_t>(dispatcher_->local_experts().size()) == E) {
+      static_cast<int64_t>(dispatcher_->local_experts(0).size()) == E) {
     std::vector<int32_t> slots(E);
     for (int64_t e = 0; e < E; ++e) slots[e] = static_cast<int32_t>(e);
     expert_slots_ = backend_->Allocate(E * sizeof(int32_t));
@@ -82,6 +83,77 @@ DeepseekV3Model::DeepseekV3Model(const ModelConfig& config, std::unique_ptr<Mode
       backend_->CopyToDevice(down.data(), E * sizeof(void*), t.down->data());
     }
   }
+  for (int64_t l = 0; l < config_.num_hidden_layers; ++l) {
+    moe_index_.push_back(weights_->layers[l].moe ? num_moe_layers_++ : -1);
+  }
+  if (num_moe_layers_ > 0) {
+    expert_counts_ =
+        backend_->Allocate(num_moe_layers_ * config_.n_routed_experts * sizeof(int64_t));
+  }
+}
+
+std::vector<int64_t> DeepseekV3Model::TakeExpertCounts() {
+  const size_t n = static_cast<size_t>(num_moe_layers_ * config_.n_routed_experts);
+  std::vector<int64_t> counts(n, 0);
+  if (n == 0) return counts;
+  backend_->CopyToHost(expert_counts_->data(), n * sizeof(int64_t), counts.data());
+  const std::vector<int64_t> zero(n, 0);
+  backend_->CopyToDevice(zero.data(), n * sizeof(int64_t), expert_counts_->data());
+  return counts;
+}
+
+std::vector<std::vector<int64_t>> DeepseekV3Model::MissingExperts(
+    const std::vector<std::vector<int64_t>>& needed) const {
+  std::vector<std::vector<int64_t>> missing(needed.size());
+  for (int64_t l = 0; l < config_.num_hidden_layers; ++l) {
+    const int64_t moe = moe_index_[l];
+    if (moe < 0 || moe >= static_cast<int64_t>(needed.size())) continue;
+    for (int64_t e : needed[moe]) {
+      if (!weights_->layers[l].experts.count(e) &&
+          std::find(missing[moe].begin(), missing[moe].end(), e) == missing[moe].end()) {
+        missing[moe].push_back(e);
+      }
+    }
+  }
+  return missing;
+}
+
+absl::Status DeepseekV3Model::SwitchPlacement(std::shared_ptr<const ExpertPlacement> placement,
+                                              const std::vector<std::vector<int64_t>>& needed,
+                                              std::vector<std::map<int64_t, MlpWeights>> loaded) {
+  if (dispatcher_ == nullptr) {
+    return absl::FailedPreconditionError("expert placement for a model without routed experts");
+  }
+  if (static_cast<int64_t>(needed.size()) != num_moe_layers_ ||
+      static_cast<int64_t>(loaded.size()) != num_moe_layers_) {
+    return absl::InvalidArgumentError(absl::StrCat("expert placement for ", needed.size(),
+                                                   " MoE layers, the model has ", num_moe_layers_));
+  }
+  // Check first, so that a bad switch changes nothing.
+  for (int64_t l = 0; l < config_.num_hidden_layers; ++l) {
+    const int64_t moe = moe_index_[l];
+    if (moe < 0) continue;
+    for (int64_t e : needed[moe]) {
+      if (!weights_->layers[l].experts.count(e) && !loaded[moe].count(e)) {
+        return absl::FailedPreconditionError(absl::StrCat(
+            "expert ", e, " of layer ", l, " is needed by the new placement but not loaded"));
+      }
+    }
+  }
+  if (absl::Status st = dispatcher_->SetPlacement(std::move(placement)); !st.ok()) return st;
+  for (int64_t l = 0; l < config_.num_hidden_layers; ++l) {
+    const int64_t moe = moe_index_[l];
+    if (moe < 0) continue;
+    std::map<int64_t, MlpWeights>& experts = weights_->layers[l].experts;
+    std::map<int64_t, MlpWeights> kept;
+    for (int64_t e : needed[moe]) {
+      if (kept.count(e)) continue;
+      auto old = experts.find(e);
+      kept[e] = old != experts.end() ? std::move(old->second) : std::move(loaded[moe][e]);
+    }
+    experts = std::move(kept);  // experts no longer hosted are freed here
+  }
+  return absl::OkStatus();
 }
 
 KvBlockPoolOptions DeepseekV3Model::CacheOptions(int32_t num_blocks, int32_t block_size) const {
@@ -348,6 +420,7 @@ absl::Status DeepseekV3Model::Moe(int64_t layer, int64_t rows, const float* h, f
   const LayerWeights& L = weights_->layers[layer];
   const int64_t H = c.hidden_size, E = c.n_routed_experts, K = c.num_experts_per_tok;
   const int64_t I = c.moe_intermediate_size;
+  const int64_t moe = moe_index_[layer];
   auto router_logits = Floats(rows * E);
   backend_->Gemm(rows, E, H, h, H, L.router->as<float>(), H, router_logits->as<float>(), E, false);
   auto topk_ids = backend_->AllocateScratch(rows * K * sizeof(int32_t));
@@ -365,6 +438,9 @@ absl::Status DeepseekV3Model::Moe(int64_t layer, int64_t rows, const float* h, f
   ra.topk_ids = topk_ids->as<int32_t>();
   ra.topk_weights = topk_w->as<float>();
   backend_->NoauxTcRoute(ra);
+  // EPLB load statistics, on the device (read back by TakeExpertCounts).
+  backend_->AccumulateExpertCounts(rows * K, topk_ids->as<int32_t>(), E,
+                                   expert_counts_->as<int64_t>() + moe * E);
 
   absl::Status st;
   if (!expert_tables_.empty() && RoutedExpertsOnDevice(layer, rows, h, topk_ids->as<int32_t>(),
@@ -372,10 +448,10 @@ absl::Status DeepseekV3Model::Moe(int64_t layer, int64_t rows, const float* h, f
     return SharedExperts(L, rows, h, out);
   }
   DispatchedTokens d;
-  st = dispatcher_->Dispatch(rows, K, h, topk_ids->as<int32_t>(), topk_w->as<float>(), &d);
+  st = dispatcher_->Dispatch(moe, rows, K, h, topk_ids->as<int32_t>(), topk_w->as<float>(), &d);
   if (!st.ok()) return st;
   std::vector<WeightView> gate_up, down;
-  for (int64_t e : dispatcher_->local_experts()) {
+  for (int64_t e : dispatcher_->local_experts(moe)) {
     const MlpWeights& ew = L.experts.at(e);
     gate_up.push_back(weights_->Matrix(ew.gate_up));
     down.push_back(weights_->Matrix(ew.down));

@@ -12,6 +12,7 @@
 #define DEEPINFER_WORKER_MODEL_DEEPSEEK_V3_MODEL_H_
 
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <optional>
 #include <vector>
@@ -65,6 +66,25 @@ class DeepseekV3Model {
   absl::StatusOr<StepOutput> Step(const std::vector<SequenceStep>& batch, KvBlockPool* cache);
 
   const ModelConfig& config() const { return config_; }
+  int64_t num_moe_layers() const { return num_moe_layers_; }
+
+  // EPLB load statistics: tokens routed to each logical expert since the last call,
+  // [num_moe_layers][n_routed_experts] row-major, counted on the device by every Step (of the
+  // tokens this rank routes); reading resets them. Copies from the device: call between steps.
+  std::vector<int64_t> TakeExpertCounts();
+
+  // Live EPLB placement change, in two halves so that loading can happen before the switch:
+  // MissingExperts lists, per MoE layer, the experts of `needed` (per MoE layer, the logical
+  // experts this rank hosts under the new placement) whose weights are not loaded here;
+  // SwitchPlacement then takes those weights (`loaded`, per MoE layer), hands the placement to
+  // the dispatcher and frees the experts no longer hosted. FAILED_PRECONDITION if a needed
+  // expert has no weights (nothing changes then); the dispatcher's error for a placement that
+  // does not fit. Call between steps, on every rank of the group at the same step.
+  std::vector<std::vector<int64_t>> MissingExperts(
+      const std::vector<std::vector<int64_t>>& needed) const;
+  absl::Status SwitchPlacement(std::shared_ptr<const ExpertPlacement> placement,
+                               const std::vector<std::vector<int64_t>>& needed,
+                               std::vector<std::map<int64_t, MlpWeights>> loaded);
   // Geometry a KvBlockPool for this model must have (num_blocks / block_size filled by caller).
   KvBlockPoolOptions CacheOptions(int32_t num_blocks, int32_t block_size) const;
 
@@ -99,6 +119,10 @@ class DeepseekV3Model {
   std::vector<ExpertTables> expert_tables_;
   float rope_attention_factor_ = 1.0f;
   float softmax_scale_ = 1.0f;
+  // Per model layer, its index among the MoE layers (-1 for a dense layer).
+  std::vector<int64_t> moe_index_;
+  int64_t num_moe_layers_ = 0;
+  std::unique_ptr<DeviceBuffer> expert_counts_;  // int64 [num_moe_layers, n_routed_experts]
 };
 
 }  // namespace deepinfer

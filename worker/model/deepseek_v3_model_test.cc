@@ -244,6 +244,33 @@ TEST_F(ModelTest, SeededSamplingIsIndependentOfBatchComposition) {
   EXPECT_EQ(alone.size(), 8u);
 }
 
+TEST_F(ModelTest, CountsTokensPerExpertOfEveryMoeLayerUntilTaken) {
+  const ModelConfig& c = model_->config();
+  ASSERT_GT(model_->num_moe_layers(), 0);
+  EXPECT_EQ(model_->TakeExpertCounts(),
+            std::vector<int64_t>(model_->num_moe_layers() * c.n_routed_experts, 0));
+  // 7 + 4 tokens over two steps: every MoE layer routes each token to top_k experts.
+  SequenceStep st = MakeStep(Prompt(7, 1), 0, Blocks(4), false);
+  ASSERT_TRUE(model_->Step({st}, pool_.get()).ok());
+  st.position_offset = 7;
+  st.tokens = {5, 6, 7, 8};
+  ASSERT_TRUE(model_->Step({st}, pool_.get()).ok());
+  const std::vector<int64_t> counts = model_->TakeExpertCounts();
+  ASSERT_EQ(counts.size(), static_cast<size_t>(model_->num_moe_layers() * c.n_routed_experts));
+  for (int64_t l = 0; l < model_->num_moe_layers(); ++l) {
+    int64_t sum = 0, used = 0;
+    for (int64_t e = 0; e < c.n_routed_experts; ++e) {
+      sum += counts[l * c.n_routed_experts + e];
+      used += counts[l * c.n_routed_experts + e] > 0;
+    }
+    EXPECT_EQ(sum, 11 * c.num_experts_per_tok) << "MoE layer " << l;
+    EXPECT_GT(used, c.num_experts_per_tok) << "MoE layer " << l;  // not one constant choice
+  }
+  // Taking resets.
+  EXPECT_EQ(model_->TakeExpertCounts(),
+            std::vector<int64_t>(model_->num_moe_layers() * c.n_routed_experts, 0));
+}
+
 TEST_F(ModelTest, RejectsBadSteps) {
   SequenceStep small = MakeStep(Prompt(9, 0), 0, Blocks(2), false);  // 2 blocks of 4 < 9 positions
   auto r = model_->Step({small}, pool_.get());
@@ -259,12 +286,14 @@ class CountingDispatcher : public ExpertDispatcher {
  public:
   CountingDispatcher(std::unique_ptr<ExpertDispatcher> inner, int* dispatches, int* combines)
       : inner_(std::move(inner)), dispatches_(dispatches), combines_(combines) {}
-  const std::vector<int64_t>& local_experts() const override { return inner_->local_experts(); }
-  absl::Status Dispatch(int64_t num_tokens, int64_t top_k, const float* hidden,
+  const std::vector<int64_t>& local_experts(int64_t moe_layer) const override {
+    return inner_->local_experts(moe_layer);
+  }
+  absl::Status Dispatch(int64_t moe_layer, int64_t num_tokens, int64_t top_k, const float* hidden,
                         const int32_t* topk_ids, const float* topk_weights,
                         DispatchedTokens* out) override {
     ++*dispatches_;
-    return inner_->Dispatch(num_tokens, top_k, hidden, topk_ids, topk_weights, out);
+    return inner_->Dispatch(moe_layer, num_tokens, top_k, hidden, topk_ids, topk_weights, out);
   }
   absl::Status Combine(const DispatchedTokens& d, const float* expert_out, float* out) override {
     ++*combines_;

@@ -2,7 +2,7 @@
 //
 // Wire format of the Dispatch exchange from rank s to rank d, n rows in (expert, token) order on
 // the sender (the size exchange announces n * 4 * (hidden_size + 1) bytes on both paths):
-//   host communicator: one segment [n rows x hidden_size float32][n int32 local expert ids],
+//   host communicator: one segment [n rows x hidden_size float32][n int32 local slot ids],
 //     staged through host memory;
 //   device communicator: two all-to-alls of device buffers on the backend's stream, the rows
 //     [n x hidden_size float32] then the ids [n int32], so that received rows are contiguous
@@ -12,12 +12,15 @@
 // are identical.
 //
 // Why the result is bit-identical to LocalExpertDispatcher: the sender orders its rows by
-// (global expert, token), destinations own ascending contiguous expert ranges, and each
-// destination returns a sender's rows in the order it received them. So the rows that come back,
-// concatenated over destinations, are in (global expert, token) order -- exactly the row order
-// LocalExpertDispatcher hands to ScatterAddRows -- and each row is multiplied by the same weight
-// and added with the same ScatterAddRows. The expert output of a row does not depend on which
-// other rows share its grouped GEMM (the backend computes each output row on its own).
+// (global expert, token) -- the combine order -- picks each row's slot (its expert's only slot,
+// or one replica by ChooseReplica), and sends rows grouped by destination, keeping the combine
+// order within a destination (sent_row_order remembers where each sent row came from). Each
+// destination returns a sender's rows in the order it received them, and Combine puts them back
+// into the combine order (exact row copies) before the same ScatterAddRows that
+// LocalExpertDispatcher uses, with the same weights. The expert output of a row does not depend
+// on which other rows share its grouped GEMM, nor on which replica computed it (replicas hold
+// the same weights; the backend computes each output row on its own). Without a placement,
+// sent_row_order is the identity and the exchange is the one of plain expert parallelism.
 #include "worker/model/ep_expert_dispatcher.h"
 
 #include <algorithm>
@@ -25,11 +28,13 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "worker/model/replica_choice.h"
 
 namespace deepinfer {
 
 absl::StatusOr<std::unique_ptr<EpExpertDispatcher>> EpExpertDispatcher::Create(
-    comm::Communicator* comm, Backend* backend, int64_t num_experts, int64_t hidden_size) {
+    comm::Communicator* comm, Backend* backend, int64_t num_experts, int64_t hidden_size,
+    std::shared_ptr<const ExpertPlacement> placement) {
   if (comm == nullptr || backend == nullptr) {
     return absl::InvalidArgumentError("EpExpertDispatcher: no communicator or backend");
   }
@@ -51,8 +56,12 @@ absl::StatusOr<std::unique_ptr<EpExpertDispatcher>> EpExpertDispatcher::Create(
                      "stream, not '",
                      backend->name(), "'"));
   }
-  return std::unique_ptr<EpExpertDispatcher>(
+  std::unique_ptr<EpExpertDispatcher> d(
       new EpExpertDispatcher(comm, backend, num_experts, hidden_size));
+  if (placement != nullptr) {
+    if (absl::Status st = d->SetPlacement(std::move(placement)); !st.ok()) return st;
+  }
+  return d;
 }
 
 EpExpertDispatcher::EpExpertDispatcher(comm::Communicator* comm, Backend* backend,
@@ -64,20 +73,67 @@ EpExpertDispatcher::EpExpertDispatcher(comm::Communicator* comm, Backend* backen
       experts_per_rank_(num_experts / comm->world_size()),
       device_exchange_(comm->memory_kind() == comm::MemoryKind::kDevice) {
   const int64_t first = comm_->rank() * experts_per_rank_;
-  for (int64_t e = 0; e < experts_per_rank_; ++e) local_experts_.push_back(first + e);
+  for (int64_t e = 0; e < experts_per_rank_; ++e) contiguous_experts_.push_back(first + e);
 }
+
+std::vector<std::vector<int64_t>> EpExpertDispatcher::ExpertsOfRank(
+    const ExpertPlacement& placement, int world_size, int rank) {
+  const int per = placement.num_physical() / world_size;
+  std::vector<std::vector<int64_t>> out(placement.num_layers());
+  for (int l = 0; l < placement.num_layers(); ++l) {
+    for (int p = rank * per; p < (rank + 1) * per; ++p) out[l].push_back(placement.phy2log()[l][p]);
+  }
+  return out;
+}
+
+const std::vector<int64_t>& EpExpertDispatcher::local_experts(int64_t moe_layer) const {
+  if (placement_ == nullptr || moe_layer < 0 ||
+      moe_layer >= static_cast<int64_t>(placed_experts_.size())) {
+    return contiguous_experts_;
+  }
+  return placed_experts_[moe_layer];
+}
+
+absl::Status EpExpertDispatcher::SetPlacement(std::shared_ptr<const ExpertPlacement> placement) {
+  if (placement == nullptr) {
+    placement_ = nullptr;
+    placed_experts_.clear();
+    return absl::OkStatus();
+  }
+  if (placement->num_logical() != num_experts_) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("expert placement has ", placement->num_logical(),
+                     " logical experts but the model has ", num_experts_));
+  }
+  if (absl::Status st = placement->CheckGpuCount(comm_->world_size()); !st.ok()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("expert placement does not fit this group: ", st.message()));
+  }
+  placed_experts_ = ExpertsOfRank(*placement, comm_->world_size(), comm_->rank());
+  placement_ = std::move(placement);
+  return absl::OkStatus();
+}
+
 
 absl::Status EpExpertDispatcher::Fail(absl::Status error) {
   comm_->Abort(error);
   return error;
 }
 
-absl::Status EpExpertDispatcher::Dispatch(int64_t num_tokens, int64_t top_k, const float* hidden,
-                                          const int32_t* topk_ids, const float* topk_weights,
-                                          DispatchedTokens* out) {
+absl::Status EpExpertDispatcher::Dispatch(int64_t moe_layer, int64_t num_tokens, int64_t top_k,
+                                          const float* hidden, const int32_t* topk_ids,
+                                          const float* topk_weights, DispatchedTokens* out) {
   const int world = comm_->world_size();
   const int64_t H = hidden_size_;
   const int64_t n = num_tokens * top_k;
+  if (placement_ != nullptr && (moe_layer < 0 || moe_layer >= placement_->num_layers())) {
+    return Fail(absl::FailedPreconditionError(
+        absl::StrCat("EpExpertDispatcher: MoE layer ", moe_layer, " is not in the placement (",
+                     placement_->num_layers(), " layers)")));
+  }
+  // Slots per rank: E / W without a placement (slot = expert), P / W with one.
+  const int64_t per =
+      placement_ == nullptr ? experts_per_rank_ : placement_->num_physical() / world;
   std::vector<int32_t> ids(n);
   std::vector<float> weights(n);
   backend_->CopyToHost(topk_ids, n * sizeof(int32_t), ids.data());
@@ -97,34 +153,56 @@ absl::Status EpExpertDispatcher::Dispatch(int64_t num_tokens, int64_t top_k, con
   }
   for (int64_t e = 0; e < num_experts_; ++e) expert_start[e + 1] += expert_start[e];
   std::vector<int64_t> next(expert_start.begin(), expert_start.end() - 1);
-  std::vector<int32_t> row_token(n), row_expert(n);
+  std::vector<int32_t> row_token(n);
+  std::vector<int64_t> row_slot(n);
   std::vector<float> row_weight(n);
   for (int64_t t = 0; t < num_tokens; ++t) {
     for (int64_t k = 0; k < top_k; ++k) {
       const int32_t e = ids[t * top_k + k];
       const int64_t row = next[e]++;
       row_token[row] = static_cast<int32_t>(t);
-      row_expert[row] = e;
       row_weight[row] = weights[t * top_k + k];
+      if (placement_ == nullptr) {
+        row_slot[row] = e;
+      } else {
+        const std::vector<int>& replicas = placement_->log2phy()[moe_layer][e];
+        row_slot[row] = replicas[ChooseReplica(t, comm_->rank(), e,
+                                               static_cast<int64_t>(replicas.size()))];
+      }
     }
+  }
+  // Rows grouped by destination rank (slot / per), combine order kept within each: sent row j
+  // is combine row sent_row_order[j], with local slot id local_ids[j] on its destination.
+  out->sent_row_order.resize(n);
+  out->sent_rows_per_rank.assign(world, 0);
+  {
+    std::vector<int64_t> dest_next(world + 1, 0);
+    for (int64_t r = 0; r < n; ++r) ++dest_next[row_slot[r] / per + 1];
+    for (int d = 0; d < world; ++d) {
+      out->sent_rows_per_rank[d] = dest_next[d + 1];
+      dest_next[d + 1] += dest_next[d];
+    }
+    for (int64_t r = 0; r < n; ++r) out->sent_row_order[dest_next[row_slot[r] / per]++] = r;
+  }
+  std::vector<int32_t> sent_token(n), local_ids(n);
+  for (int64_t j = 0; j < n; ++j) {
+    const int64_t r = out->sent_row_order[j];
+    sent_token[j] = row_token[r];
+    local_ids[j] = static_cast<int32_t>(row_slot[r] % per);
   }
   out->row_token = backend_->Allocate(n * sizeof(int32_t));
   out->row_weight = backend_->Allocate(n * sizeof(float));
   backend_->CopyToDevice(row_token.data(), n * sizeof(int32_t), out->row_token->data());
   backend_->CopyToDevice(row_weight.data(), n * sizeof(float), out->row_weight->data());
+  auto sent_token_dev = backend_->Allocate(n * sizeof(int32_t));
+  backend_->CopyToDevice(sent_token.data(), n * sizeof(int32_t), sent_token_dev->data());
   auto send_rows = backend_->Allocate(n * H * sizeof(float));
-  backend_->GatherRows(n, H, hidden, out->row_token->as<int32_t>(), send_rows->as<float>());
+  backend_->GatherRows(n, H, hidden, sent_token_dev->as<int32_t>(), send_rows->as<float>());
 
-  // Destination d gets the rows of experts [d*per, (d+1)*per): one contiguous run of rows.
-  // The size exchange counts each row with its int32 local expert id, on both paths.
-  const int64_t per = experts_per_rank_;
+  // The size exchange counts each row with its int32 local slot id, on both paths.
   const size_t row_bytes = (H + 1) * sizeof(float);
-  out->sent_rows_per_rank.assign(world, 0);
   std::vector<size_t> send_bytes(world);
-  for (int d = 0; d < world; ++d) {
-    out->sent_rows_per_rank[d] = expert_start[(d + 1) * per] - expert_start[d * per];
-    send_bytes[d] = out->sent_rows_per_rank[d] * row_bytes;
-  }
+  for (int d = 0; d < world; ++d) send_bytes[d] = out->sent_rows_per_rank[d] * row_bytes;
   absl::StatusOr<std::vector<size_t>> recv_bytes = comm_->AllToAllSizes(send_bytes);
   if (!recv_bytes.ok()) return Fail(recv_bytes.status());
   out->received_rows_per_rank.assign(world, 0);
@@ -147,8 +225,6 @@ absl::Status EpExpertDispatcher::Dispatch(int64_t num_tokens, int64_t top_k, con
   if (device_exchange_) {
     // Rows and their ids travel as two all-to-alls of device buffers, enqueued on the
     // backend's stream after GatherRows: no host staging of the rows.
-    std::vector<int32_t> local_ids(n);
-    for (int64_t i = 0; i < n; ++i) local_ids[i] = static_cast<int32_t>(row_expert[i] % per);
     auto send_ids = backend_->Allocate(n * sizeof(int32_t));
     backend_->CopyToDevice(local_ids.data(), n * sizeof(int32_t), send_ids->data());
     recv_rows = backend_->Allocate(received * H * sizeof(float));
@@ -174,17 +250,15 @@ absl::Status EpExpertDispatcher::Dispatch(int64_t num_tokens, int64_t top_k, con
     backend_->CopyToHost(recv_ids->data(), received * sizeof(int32_t), arrival_expert.data());
     if (absl::Status st = backend_->status(); !st.ok()) return Fail(st);
   } else {
-    // Segment to d: [rows x H float32][rows int32 local expert ids], staged in host memory.
+    // Segment to d: [rows x H float32][rows int32 local slot ids], staged in host memory.
     std::vector<float> send(n * (H + 1));
+    int64_t first = 0;
     for (int d = 0; d < world; ++d) {
-      const int64_t first = expert_start[d * per];
       const int64_t rows = out->sent_rows_per_rank[d];
       float* seg = send.data() + first * (H + 1);
       backend_->CopyToHost(send_rows->as<float>() + first * H, rows * H * sizeof(float), seg);
-      for (int64_t r = 0; r < rows; ++r) {
-        const int32_t local = static_cast<int32_t>(row_expert[first + r] - d * per);
-        std::memcpy(seg + rows * H + r, &local, sizeof(int32_t));
-      }
+      std::memcpy(seg + rows * H, local_ids.data() + first, rows * sizeof(int32_t));
+      first += rows;
     }
     recv.resize(received * (H + 1));
     if (absl::Status st = comm_->AllToAllV(send.data(), send_bytes, recv.data(), *recv_bytes);
@@ -207,15 +281,15 @@ absl::Status EpExpertDispatcher::Dispatch(int64_t num_tokens, int64_t top_k, con
       for (int64_t r = 0; r < out->received_rows_per_rank[s]; ++r, ++j) {
         const int32_t local = arrival_expert[j];
         if (local < 0 || local >= per) {
-          return Fail(absl::FailedPreconditionError(
-              absl::StrCat("EpExpertDispatcher: rank ", s, " sent a row for local expert ", local,
-                           " but rank ", comm_->rank(), " hosts ", per)));
+          return Fail(absl::FailedPreconditionError(absl::StrCat(
+              "EpExpertDispatcher: rank ", s, " sent a row for local slot ", local, " but rank ",
+              comm_->rank(), " hosts ", per, " (the ranks use different placements)")));
         }
       }
     }
   }
 
-  // Group by local expert (ascending), then source rank, then the source's order: a stable
+  // Group by local slot (ascending), then source rank, then the source's order: a stable
   // counting sort of the rows in arrival order.
   out->group_offsets.assign(per + 1, 0);
   for (int32_t local : arrival_expert) ++out->group_offsets[local + 1];
@@ -264,7 +338,8 @@ absl::Status EpExpertDispatcher::Combine(const DispatchedTokens& d, const float*
   if (static_cast<int>(d.sent_rows_per_rank.size()) != world ||
       static_cast<int>(d.received_rows_per_rank.size()) != world ||
       static_cast<int64_t>(d.received_row_slot.size()) != d.num_rows || d.row_token == nullptr ||
-      d.row_weight == nullptr) {
+      d.row_weight == nullptr ||
+      d.row_token->size_bytes() != d.sent_row_order.size() * sizeof(int32_t)) {
     return Fail(absl::InvalidArgumentError(
         "EpExpertDispatcher::Combine: the DispatchedTokens do not come from this dispatcher"));
   }
@@ -309,7 +384,19 @@ absl::Status EpExpertDispatcher::Combine(const DispatchedTokens& d, const float*
     }
     backend_->CopyToDevice(recv.data(), recv.size() * sizeof(float), rows->data());
   }
-  // Rows are back in (expert, token) order, as LocalExpertDispatcher combines them.
+  // Back into (expert, token) order, as LocalExpertDispatcher combines them (exact row copies;
+  // nothing to do when every row went out in that order, as without a placement).
+  bool identity = true;
+  for (int64_t j = 0; j < back && identity; ++j) identity = d.sent_row_order[j] == j;
+  if (!identity) {
+    std::vector<int32_t> sent_index(back);
+    for (int64_t j = 0; j < back; ++j) sent_index[d.sent_row_order[j]] = static_cast<int32_t>(j);
+    auto idx = backend_->Allocate(back * sizeof(int32_t));
+    backend_->CopyToDevice(sent_index.data(), back * sizeof(int32_t), idx->data());
+    auto ordered = backend_->Allocate(back * H * sizeof(float));
+    backend_->GatherRows(back, H, rows->as<float>(), idx->as<int32_t>(), ordered->as<float>());
+    rows = std::move(ordered);
+  }
   backend_->ScatterAddRows(back, H, rows->as<float>(), d.row_token->as<int32_t>(),
                            d.row_weight->as<float>(), out);
   return absl::OkStatus();

@@ -1,10 +1,14 @@
-// EpExpertDispatcher: the expert-parallel ExpertDispatcher. The routed experts are split over the
-// ranks of a communicator group in contiguous ranges (rank r hosts experts [r*E/W, (r+1)*E/W));
-// Dispatch sends the hidden row of every (token, choice) to the rank owning the chosen expert and
-// groups what arrives by local expert; Combine sends the expert outputs back to the token's rank
-// and adds each token's weighted contributions in ascending expert id, the order
-// LocalExpertDispatcher uses, so a group of ranks computes bit-identical logits to one rank that
-// hosts every expert (docs/model.md, "Expert parallelism").
+// EpExpertDispatcher: the expert-parallel ExpertDispatcher. Without a placement the routed
+// experts are split over the ranks of a communicator group in contiguous ranges (rank r hosts
+// experts [r*E/W, (r+1)*E/W)); with an EPLB placement (SetPlacement) each MoE layer has P
+// physical slots, P/W per rank in order, and slot p hosts logical expert phy2log[layer][p], so
+// a rank may host replicas of hot experts. Dispatch sends the hidden row of every
+// (token, choice) to the rank hosting the chosen replica (ChooseReplica: a function of the
+// token's row, this rank and the expert) and groups what arrives by local slot; Combine sends
+// the expert outputs back to the token's rank and adds each token's weighted contributions in
+// ascending expert id, the order LocalExpertDispatcher uses, so a group of ranks computes
+// bit-identical logits to one rank that hosts every expert, with or without replicas
+// (docs/model.md, "Expert parallelism"; docs/eplb.md).
 //
 // Collectives per MoE layer, on every rank, also on a rank without tokens (zero-size segments):
 //   Dispatch: AllToAllSizes (bytes per destination), AllToAllV (rows + their local expert ids);
@@ -19,6 +23,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <utility>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -33,24 +38,34 @@ class EpExpertDispatcher : public ExpertDispatcher {
   // `comm` and `backend` must outlive the dispatcher. INVALID_ARGUMENT if num_experts is not a
   // positive multiple of comm->world_size() (every rank must host the same number of experts
   // so that each can compute any expert's owner), or for a device-memory communicator with a
-  // backend that has no stream (the CPU).
-  static absl::StatusOr<std::unique_ptr<EpExpertDispatcher>> Create(comm::Communicator* comm,
-                                                                    Backend* backend,
-                                                                    int64_t num_experts,
-                                                                    int64_t hidden_size);
+  // backend that has no stream (the CPU). With `placement`, starts with it (see SetPlacement;
+  // its errors too).
+  static absl::StatusOr<std::unique_ptr<EpExpertDispatcher>> Create(
+      comm::Communicator* comm, Backend* backend, int64_t num_experts, int64_t hidden_size,
+      std::shared_ptr<const ExpertPlacement> placement = nullptr);
 
-  // This rank's experts: [rank * E / W, (rank + 1) * E / W), ascending.
-  const std::vector<int64_t>& local_experts() const override { return local_experts_; }
+  // This rank's experts in MoE layer `moe_layer`: without a placement [rank * E / W,
+  // (rank + 1) * E / W), ascending; with one, the logical experts of its slots in slot order.
+  const std::vector<int64_t>& local_experts(int64_t moe_layer) const override;
 
   // Collective: every rank of the group must call it, in the same layer order. On an error
   // (a token routed outside [0, E), a failed or inconsistent exchange) the communicator is
   // aborted, so that the peers fail at once instead of waiting for this rank.
-  absl::Status Dispatch(int64_t num_tokens, int64_t top_k, const float* hidden,
+  absl::Status Dispatch(int64_t moe_layer, int64_t num_tokens, int64_t top_k, const float* hidden,
                         const int32_t* topk_ids, const float* topk_weights,
                         DispatchedTokens* out) override;
   // Collective, like Dispatch; `dispatched` must come from this dispatcher's last Dispatch.
   absl::Status Combine(const DispatchedTokens& dispatched, const float* expert_out,
                        float* out) override;
+  // INVALID_ARGUMENT (and no change) unless the placement has E logical experts and its slots
+  // divide over the W ranks. Its layer count is checked at Dispatch (FAILED_PRECONDITION for a
+  // layer it does not have). Not collective: every rank must switch between the same two steps.
+  absl::Status SetPlacement(std::shared_ptr<const ExpertPlacement> placement) override;
+
+  // The logical experts global rank `rank` of `world_size` hosts in each layer of `placement`
+  // (its slots' experts, in slot order). The placement must divide over world_size.
+  static std::vector<std::vector<int64_t>> ExpertsOfRank(const ExpertPlacement& placement,
+                                                         int world_size, int rank);
 
  private:
   EpExpertDispatcher(comm::Communicator* comm, Backend* backend, int64_t num_experts,
@@ -65,7 +80,9 @@ class EpExpertDispatcher : public ExpertDispatcher {
   const int64_t experts_per_rank_;
   // The communicator moves device memory: no host staging.
   const bool device_exchange_;
-  std::vector<int64_t> local_experts_;
+  std::vector<int64_t> contiguous_experts_;  // without a placement, every layer
+  std::shared_ptr<const ExpertPlacement> placement_;
+  std::vector<std::vector<int64_t>> placed_experts_;  // per layer, with a placement
 };
 
 }  // namespace deepinfer

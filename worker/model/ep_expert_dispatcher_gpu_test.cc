@@ -7,6 +7,8 @@
 //    within fp32 tolerance (bit-identical on the CPU backend, see ep_expert_dispatcher_test;
 //    on CUDA each rank's dense GEMMs see another batch size than the one rank's, and cuBLAS may
 //    pick another kernel for it);
+//  * two ranks with an EPLB placement with replicas (docs/eplb.md): NCCL bit-identical to TCP
+//    with the same placement, and equal to no placement within fp32 tolerance;
 //  * a device communicator with the CPU backend is refused.
 // fp32 weights: with bf16 ones a LocalExpertDispatcher model takes Backend::RoutedExperts (fp32
 // activations into the grouped expert GEMM) while the expert-parallel path rounds activations
@@ -53,9 +55,10 @@ int GpuCount() {
 enum class Plane { kTcp, kNccl };
 
 // Runs the scripts' sequences on `world` expert-parallel ranks (rank r on GPU r, loading only
-// its experts) over `plane`; got[r] = rank r's logits.
+// its experts) over `plane`, with `placement` if set; got[r] = rank r's logits.
 void RunEp(const std::string& fixture, int world, const std::vector<ScriptedSeq>& seqs, int steps,
-           Plane plane, std::vector<LogitsMap>* got) {
+           Plane plane, std::vector<LogitsMap>* got,
+           std::shared_ptr<const ExpertPlacement> placement = nullptr) {
   const std::string dir = FixtureDir(fixture);
   auto config = ModelConfig::FromFile(dir + "/config.json");
   ASSERT_TRUE(config.ok()) << config.status();
@@ -85,11 +88,18 @@ void RunEp(const std::string& fixture, int world, const std::vector<ScriptedSeq>
       c = nccl.get();
     }
     LoadOptions load;
-    load.hosts_expert = [&](int64_t, int64_t e) { return e / per == r; };
+    std::vector<std::vector<int64_t>> placed;
+    if (placement != nullptr) placed = EpExpertDispatcher::ExpertsOfRank(*placement, world, r);
+    load.hosts_expert = [&](int64_t layer, int64_t e) {
+      if (placement == nullptr) return e / per == r;
+      const auto& mine = placed[layer - config->first_k_dense_replace];
+      return std::find(mine.begin(), mine.end(), e) != mine.end();
+    };
     ExpertDispatcherFactory make =
-        [c](const ModelConfig& cfg, const ModelWeights&,
-            Backend* b) -> absl::StatusOr<std::unique_ptr<ExpertDispatcher>> {
-      auto d = EpExpertDispatcher::Create(c, b, cfg.n_routed_experts, cfg.hidden_size);
+        [c, placement](const ModelConfig& cfg, const ModelWeights&,
+                       Backend* b) -> absl::StatusOr<std::unique_ptr<ExpertDispatcher>> {
+      auto d =
+          EpExpertDispatcher::Create(c, b, cfg.n_routed_experts, cfg.hidden_size, placement);
       if (!d.ok()) return d.status();
       return std::unique_ptr<ExpertDispatcher>(std::move(*d));
     };
@@ -180,6 +190,33 @@ TEST_P(EpGpuTest, TwoRanksOverNcclEqualTcpBitForBitAndOneRank) {
   LogitsMap local;
   RunOneRank(GetParam(), seqs, 9, &local);
   Compare(seqs, local, nccl, false, false, "2 ranks NCCL vs one rank");
+}
+
+TEST_P(EpGpuTest, TwoRanksWithReplicaPlacementOverNcclEqualTcpBitForBit) {
+  if (GpuCount() < 2) GTEST_SKIP() << "needs 2 GPUs, have " << GpuCount();
+  auto config = ModelConfig::FromFile(FixtureDir(GetParam()) + "/config.json");
+  ASSERT_TRUE(config.ok()) << config.status();
+  // E + 2 slots per MoE layer; slot p hosts expert (3p + l) mod E, so two experts per layer
+  // have a replica.
+  const int E = static_cast<int>(config->n_routed_experts);
+  const int layers = static_cast<int>(config->num_hidden_layers - config->first_k_dense_replace);
+  std::vector<std::vector<int>> phy2log(layers, std::vector<int>(E + 2));
+  for (int l = 0; l < layers; ++l) {
+    for (int p = 0; p < E + 2; ++p) phy2log[l][p] = (3 * p + l) % E;
+  }
+  auto placement = ExpertPlacement::FromPhy2Log(phy2log, E);
+  ASSERT_TRUE(placement.ok()) << placement.status();
+  auto shared = std::make_shared<const ExpertPlacement>(std::move(*placement));
+  const std::vector<ScriptedSeq> seqs = MakeSeqs(UnevenScripts());
+  std::vector<LogitsMap> nccl, tcp, plain;
+  RunEp(GetParam(), 2, seqs, 9, Plane::kNccl, &nccl, shared);
+  RunEp(GetParam(), 2, seqs, 9, Plane::kTcp, &tcp, shared);
+  RunEp(GetParam(), 2, seqs, 9, Plane::kTcp, &plain);
+  LogitsMap tcp_all, plain_all;
+  for (const LogitsMap& m : tcp) tcp_all.insert(m.begin(), m.end());
+  for (const LogitsMap& m : plain) plain_all.insert(m.begin(), m.end());
+  Compare(seqs, tcp_all, nccl, false, true, "2 ranks + placement: NCCL vs TCP");
+  Compare(seqs, plain_all, nccl, false, false, "2 ranks + placement vs no placement");
 }
 
 INSTANTIATE_TEST_SUITE_P(Fixtures, EpGpuTest,

@@ -130,9 +130,9 @@ TEST(EpExpertDispatcherTest, DispatchGroupsByLocalExpertThenSourceRankThenToken)
       auto d = EpExpertDispatcher::Create(group[r].get(), &be, E, H);
       status[r] = d.status();
       if (!d.ok()) return;
-      local[r] = (*d)->local_experts();
+      local[r] = (*d)->local_experts(0);
       DispatchedTokens dt;
-      status[r] = (*d)->Dispatch(in[r].tokens, K, in[r].hidden.data(), in[r].ids.data(),
+      status[r] = (*d)->Dispatch(0, in[r].tokens, K, in[r].hidden.data(), in[r].ids.data(),
                                  in[r].weights.data(), &dt);
       if (!status[r].ok()) return;
       const float* h = dt.hidden->as<float>();
@@ -202,17 +202,18 @@ TEST(EpExpertDispatcherTest, CombineAddsInAscendingExpertOrderLikeLocal) {
       status[r] = d.status();
       if (!d.ok()) return;
       DispatchedTokens dt;
-      status[r] = (*d)->Dispatch(x.tokens, K, x.hidden.data(), x.ids.data(), x.weights.data(), &dt);
+      status[r] =
+          (*d)->Dispatch(0, x.tokens, K, x.hidden.data(), x.ids.data(), x.weights.data(), &dt);
       if (!status[r].ok()) return;
-      std::vector<float> expert_out = ScaledExperts(dt, (*d)->local_experts(), H);
+      std::vector<float> expert_out = ScaledExperts(dt, (*d)->local_experts(0), H);
       ep[r].assign(x.tokens * H, 0.0f);
       status[r] = (*d)->Combine(dt, expert_out.data(), ep[r].data());
       // The single-rank reference on the same tokens.
       LocalExpertDispatcher ld(&be, E, H, {0, 1, 2, 3, 4, 5, 6, 7});
       DispatchedTokens lt;
       EXPECT_TRUE(
-          ld.Dispatch(x.tokens, K, x.hidden.data(), x.ids.data(), x.weights.data(), &lt).ok());
-      std::vector<float> local_out = ScaledExperts(lt, ld.local_experts(), H);
+          ld.Dispatch(0, x.tokens, K, x.hidden.data(), x.ids.data(), x.weights.data(), &lt).ok());
+      std::vector<float> local_out = ScaledExperts(lt, ld.local_experts(0), H);
       local[r].assign(x.tokens * H, 0.0f);
       EXPECT_TRUE(ld.Combine(lt, local_out.data(), local[r].data()).ok());
     });
@@ -265,7 +266,7 @@ TEST(EpExpertDispatcherTest, BadExpertIdFailsEveryRankInsteadOfHanging) {
     std::vector<float> hidden = {1.0f}, w = {1.0f};
     std::vector<int32_t> ids = {r == 0 ? 9 : 1};
     DispatchedTokens dt;
-    status[r] = (*d)->Dispatch(1, 1, hidden.data(), ids.data(), w.data(), &dt);
+    status[r] = (*d)->Dispatch(0, 1, 1, hidden.data(), ids.data(), w.data(), &dt);
   });
   EXPECT_TRUE(absl::IsFailedPrecondition(status[0])) << status[0];
   EXPECT_THAT(std::string(status[0].message()), HasSubstr("expert 9"));
@@ -274,11 +275,31 @@ TEST(EpExpertDispatcherTest, BadExpertIdFailsEveryRankInsteadOfHanging) {
 
 // ---- The fixture models end to end ---------------------------------------------------------
 
+// An EPLB placement with replicas for `layers` MoE layers of E experts over `world` ranks:
+// E + world slots, slot p of layer l hosting expert (3p + l) mod E, so every expert has a slot
+// and `world` experts per layer have two (sometimes both on one rank).
+std::shared_ptr<const ExpertPlacement> ReplicaPlacement(int E, int world, int layers) {
+  std::vector<std::vector<int>> phy2log(layers, std::vector<int>(E + world));
+  for (int l = 0; l < layers; ++l) {
+    for (int p = 0; p < E + world; ++p) phy2log[l][p] = (3 * p + l) % E;
+  }
+  auto placement = ExpertPlacement::FromPhy2Log(phy2log, E);
+  EXPECT_TRUE(placement.ok()) << placement.status();
+  return std::make_shared<const ExpertPlacement>(std::move(*placement));
+}
+
+enum class PlacementMode {
+  kNone,         // contiguous experts, no placement
+  kFromStart,    // the replica placement from the first step
+  kSwitchLater,  // contiguous, then switched live to the replica placement before step 2
+};
+
 // Runs `scripts` once on a single rank hosting every expert (LocalExpertDispatcher) and once
 // over `world` expert-parallel ranks, each loading only its own experts, and compares every
 // logit bit for bit.
 void ExpectEpEqualsOneRank(const std::string& fixture, int world,
-                           const std::vector<Script>& scripts, int steps) {
+                           const std::vector<Script>& scripts, int steps,
+                           PlacementMode mode = PlacementMode::kNone) {
   const std::vector<ScriptedSeq> seqs = MakeSeqs(scripts);
   const std::string dir = FixtureDir(fixture);
   auto config = ModelConfig::FromFile(dir + "/config.json");
@@ -296,15 +317,27 @@ void ExpectEpEqualsOneRank(const std::string& fixture, int world,
   ASSERT_EQ(group.size(), static_cast<size_t>(world));
   std::vector<LogitsMap> got(world);
   std::vector<absl::Status> status(world);
+  const int64_t moe_layers = config->num_hidden_layers - config->first_k_dense_replace;
+  std::shared_ptr<const ExpertPlacement> placement =
+      mode == PlacementMode::kNone ? nullptr
+                                   : ReplicaPlacement(static_cast<int>(config->n_routed_experts),
+                                                      world, static_cast<int>(moe_layers));
   OnAllRanks(world, [&](int r) {
     CpuBackend be(1);
     comm::Communicator* c = group[r].get();
     LoadOptions load;
-    load.hosts_expert = [&](int64_t, int64_t e) { return e / per == r; };
+    std::vector<std::vector<int64_t>> placed;
+    if (placement != nullptr) placed = EpExpertDispatcher::ExpertsOfRank(*placement, world, r);
+    load.hosts_expert = [&](int64_t layer, int64_t e) {
+      if (mode != PlacementMode::kFromStart) return e / per == r;
+      const auto& mine = placed[layer - config->first_k_dense_replace];
+      return std::find(mine.begin(), mine.end(), e) != mine.end();
+    };
     ExpertDispatcherFactory make =
-        [c](const ModelConfig& cfg, const ModelWeights& w,
-            Backend* b) -> absl::StatusOr<std::unique_ptr<ExpertDispatcher>> {
-      auto d = EpExpertDispatcher::Create(c, b, cfg.n_routed_experts, cfg.hidden_size);
+        [&, c](const ModelConfig& cfg, const ModelWeights& w,
+               Backend* b) -> absl::StatusOr<std::unique_ptr<ExpertDispatcher>> {
+      auto d = EpExpertDispatcher::Create(c, b, cfg.n_routed_experts, cfg.hidden_size,
+                                          mode == PlacementMode::kFromStart ? placement : nullptr);
       if (!d.ok()) return d.status();
       return std::unique_ptr<ExpertDispatcher>(std::move(*d));
     };
@@ -314,7 +347,20 @@ void ExpectEpEqualsOneRank(const std::string& fixture, int world,
       c->Abort(model.status());
       return;
     }
-    status[r] = RunScript(model->get(), &be, seqs, r, steps, &got[r]);
+    DeepseekV3Model* m = model->get();
+    auto switch_to_placement = [&]() -> absl::Status {
+      std::vector<std::vector<int64_t>> missing = m->MissingExperts(placed);
+      ModelConfig cfg;
+      auto source = OpenWeightSource(dir, &cfg);
+      if (!source.ok()) return source.status();
+      auto loaded = ModelWeights::LoadRoutedExperts(cfg, source->get(), &be, missing);
+      if (!loaded.ok()) return loaded.status();
+      return m->SwitchPlacement(placement, placed, std::move(*loaded));
+    };
+    status[r] = RunScript(m, &be, seqs, r, steps, &got[r], [&](int step) {
+      return mode == PlacementMode::kSwitchLater && step == 2 ? switch_to_placement()
+                                                              : absl::OkStatus();
+    });
   });
   for (int r = 0; r < world; ++r) ASSERT_TRUE(status[r].ok()) << "rank " << r << ": " << status[r];
   size_t compared = 0;
@@ -358,6 +404,20 @@ TEST_P(EpModelTest, UnevenTokensAndIdleRanksGiveLogitsBitIdenticalToOneRank) {
   };
   if (world > 2) scripts.push_back({2, 3, 12, 5, 2});
   ExpectEpEqualsOneRank(fixture, world, scripts, 9);
+}
+
+TEST_P(EpModelTest, ReplicaPlacementGivesLogitsBitIdenticalToOneRank) {
+  const auto& [fixture, world] = GetParam();
+  std::vector<Script> scripts = {{0, 0, 30, 7, 3}, {0, 2, 5, 64, 6}, {world - 1, 1, 9, 64, 4}};
+  for (int r = 1; r < world - 1; ++r) scripts.push_back({r, 0, 13, 64, 3});
+  ExpectEpEqualsOneRank(fixture, world, scripts, 9, PlacementMode::kFromStart);
+}
+
+TEST_P(EpModelTest, LivePlacementSwitchMidRunGivesLogitsBitIdenticalToOneRank) {
+  const auto& [fixture, world] = GetParam();
+  std::vector<Script> scripts = {{0, 0, 30, 7, 3}, {0, 2, 5, 64, 6}, {world - 1, 1, 9, 64, 4}};
+  for (int r = 1; r < world - 1; ++r) scripts.push_back({r, 0, 13, 64, 3});
+  ExpectEpEqualsOneRank(fixture, world, scripts, 9, PlacementMode::kSwitchLater);
 }
 
 INSTANTIATE_TEST_SUITE_P(Fixtures, EpModelTest,

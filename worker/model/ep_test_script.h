@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
+#include <functional>
 #include <map>
 #include <string>
 #include <utility>
@@ -82,13 +83,18 @@ inline std::vector<ScriptedSeq> MakeSeqs(const std::vector<Script>& scripts) {
 using LogitsMap = std::map<std::pair<int, int>, std::vector<float>>;
 
 // Steps the sequences whose rank is in `ranks` (all of them when ranks is empty) through
-// `model` for `steps` steps; a step with no active sequence is an empty batch.
+// `model` for `steps` steps; a step with no active sequence is an empty batch. `before_step`,
+// if set, runs before each step (e.g. an EPLB placement switch).
 inline absl::Status RunScript(DeepseekV3Model* model, Backend* backend,
                               std::vector<ScriptedSeq> seqs, int only_rank, int steps,
-                              LogitsMap* out) {
+                              LogitsMap* out,
+                              const std::function<absl::Status(int step)>& before_step = nullptr) {
   auto pool = KvBlockPool::Create(backend, model->CacheOptions(256, kBlockSize));
   if (!pool.ok()) return pool.status();
   for (int step = 0; step < steps; ++step) {
+    if (before_step) {
+      if (absl::Status st = before_step(step); !st.ok()) return st;
+    }
     std::vector<SequenceStep> batch;
     std::vector<int> which;
     for (size_t i = 0; i < seqs.size(); ++i) {

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "coordinator/eplb/expert_placement.h"
 #include "worker/backend/device_buffer.h"
 
 namespace deepinfer {
@@ -31,23 +32,35 @@ struct DispatchedTokens {
   std::vector<int64_t> sent_rows_per_rank;
   std::vector<int64_t> received_rows_per_rank;
   std::vector<int64_t> received_row_slot;
+  // The sender's rows in the order they were sent (grouped by destination): sent row j is row
+  // sent_row_order[j] of the (expert, token) order Combine adds in. Identity without replicas.
+  std::vector<int64_t> sent_row_order;
 };
 
 class ExpertDispatcher {
  public:
   virtual ~ExpertDispatcher() = default;
-  // Global ids of the experts this rank computes, in the order of DispatchedTokens groups.
-  virtual const std::vector<int64_t>& local_experts() const = 0;
+  // Global (logical) ids of the experts this rank computes in MoE layer `moe_layer` (0 = the
+  // first MoE layer), in the order of DispatchedTokens groups. With EPLB replicas one expert
+  // may appear twice (two slots on this rank).
+  virtual const std::vector<int64_t>& local_experts(int64_t moe_layer) const = 0;
   // True when Dispatch/Combine involve no other rank, so the model may compute the routed
   // experts another way (Backend::RoutedExperts) without breaking a collective's order.
   virtual bool single_rank() const { return false; }
   // hidden [num_tokens, hidden_size]; topk_ids / topk_weights [num_tokens, top_k] (device).
-  virtual absl::Status Dispatch(int64_t num_tokens, int64_t top_k, const float* hidden,
-                                const int32_t* topk_ids, const float* topk_weights,
-                                DispatchedTokens* out) = 0;
+  virtual absl::Status Dispatch(int64_t moe_layer, int64_t num_tokens, int64_t top_k,
+                                const float* hidden, const int32_t* topk_ids,
+                                const float* topk_weights, DispatchedTokens* out) = 0;
   // expert_out [num_rows, hidden_size] in dispatch order; adds into out [num_tokens, hidden].
   virtual absl::Status Combine(const DispatchedTokens& dispatched, const float* expert_out,
                                float* out) = 0;
+  // Switches to an EPLB placement (physical slots spread evenly over the group's ranks; null:
+  // back to contiguous experts). Takes effect at the next Dispatch; the caller makes sure the
+  // weights of the new local experts are loaded and that every rank switches at the same step.
+  // UNIMPLEMENTED for dispatchers without placements (one rank hosting every expert).
+  virtual absl::Status SetPlacement(std::shared_ptr<const ExpertPlacement> placement) {
+    return absl::UnimplementedError("this expert dispatcher does not take EPLB placements");
+  }
 };
 
 }  // namespace deepinfer

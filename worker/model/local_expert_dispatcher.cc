@@ -18,7 +18,8 @@ LocalExpertDispatcher::LocalExpertDispatcher(Backend* backend, int64_t num_exper
   for (size_t i = 0; i < local_experts_.size(); ++i) slot_of_expert_[local_experts_[i]] = i;
 }
 
-absl::Status LocalExpertDispatcher::Dispatch(int64_t num_tokens, int64_t top_k, const float* hidden,
+absl::Status LocalExpertDispatcher::Dispatch(int64_t /*moe_layer*/, int64_t num_tokens,
+                                             int64_t top_k, const float* hidden,
                                              const int32_t* topk_ids, const float* topk_weights,
                                              DispatchedTokens* out) {
   const int64_t n = num_tokens * top_k;

@@ -18,9 +18,9 @@ class LocalExpertDispatcher : public ExpertDispatcher {
   LocalExpertDispatcher(Backend* backend, int64_t num_experts, int64_t hidden_size,
                         std::vector<int64_t> local_experts);
 
-  const std::vector<int64_t>& local_experts() const override { return local_experts_; }
+  const std::vector<int64_t>& local_experts(int64_t) const override { return local_experts_; }
   bool single_rank() const override { return true; }
-  absl::Status Dispatch(int64_t num_tokens, int64_t top_k, const float* hidden,
+  absl::Status Dispatch(int64_t moe_layer, int64_t num_tokens, int64_t top_k, const float* hidden,
                         const int32_t* topk_ids, const float* topk_weights,
                         DispatchedTokens* out) override;
   absl::Status Combine(const DispatchedTokens& dispatched, const float* expert_out,

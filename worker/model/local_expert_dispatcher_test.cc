@@ -14,7 +14,7 @@ TEST(LocalExpertDispatcherTest, GroupsRowsByExpertAndCombinesWeighted) {
   std::vector<int32_t> ids = {2, 0, 0, 3, 2, 1};   // top-2 each
   std::vector<float> w = {0.5f, 1.0f, 2.0f, 1.0f, 1.0f, 3.0f};
   DispatchedTokens out;
-  ASSERT_TRUE(d.Dispatch(3, 2, hidden.data(), ids.data(), w.data(), &out).ok());
+  ASSERT_TRUE(d.Dispatch(0, 3, 2, hidden.data(), ids.data(), w.data(), &out).ok());
   EXPECT_EQ(out.group_offsets, (std::vector<int64_t>{0, 2, 3, 5, 6}));
   const float* rows = out.hidden->as<float>();
   // Expert 0: tokens 0, 1; expert 1: token 2; expert 2: tokens 0, 2; expert 3: token 1.
@@ -33,7 +33,7 @@ TEST(LocalExpertDispatcherTest, UnhostedExpertIsAnError) {
   std::vector<int32_t> ids = {3};
   std::vector<float> w = {1};
   DispatchedTokens out;
-  auto st = d.Dispatch(1, 1, hidden.data(), ids.data(), w.data(), &out);
+  auto st = d.Dispatch(0, 1, 1, hidden.data(), ids.data(), w.data(), &out);
   EXPECT_EQ(st.code(), absl::StatusCode::kFailedPrecondition);
 }
 

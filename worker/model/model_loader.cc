@@ -35,9 +35,8 @@ absl::StatusOr<std::unique_ptr<DeepseekV3Model>> LoadDeepseekV3(const std::strin
   return LoadDeepseekV3(model, backend, options, MakeLocalExpertDispatcher);
 }
 
-absl::StatusOr<std::unique_ptr<DeepseekV3Model>> LoadDeepseekV3(
-    const std::string& model, Backend* backend, const LoadOptions& options,
-    const ExpertDispatcherFactory& make_dispatcher) {
+absl::StatusOr<std::unique_ptr<WeightSource>> OpenWeightSource(const std::string& model,
+                                                               ModelConfig* config_out) {
   std::unique_ptr<WeightSource> source;
   std::string config_path;
   if (absl::StartsWith(model, "dummy:")) {
@@ -62,6 +61,18 @@ absl::StatusOr<std::unique_ptr<DeepseekV3Model>> LoadDeepseekV3(
     if (!ckpt.ok()) return ckpt.status();
     source = std::move(*ckpt);
   }
+  *config_out = std::move(*config);
+  return source;
+}
+
+absl::StatusOr<std::unique_ptr<DeepseekV3Model>> LoadDeepseekV3(
+    const std::string& model, Backend* backend, const LoadOptions& options,
+    const ExpertDispatcherFactory& make_dispatcher) {
+  ModelConfig config_value;
+  auto opened = OpenWeightSource(model, &config_value);
+  if (!opened.ok()) return opened.status();
+  std::unique_ptr<WeightSource> source = std::move(*opened);
+  const ModelConfig* config = &config_value;
   auto weights = ModelWeights::Load(*config, source.get(), backend, options);
   if (!weights.ok()) return weights.status();
   std::unique_ptr<ExpertDispatcher> dispatcher;

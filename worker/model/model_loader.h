@@ -21,6 +21,11 @@ absl::StatusOr<std::unique_ptr<DeepseekV3Model>> LoadDeepseekV3(const std::strin
                                                                 Backend* backend,
                                                                 const LoadOptions& options = {});
 
+// The weight source of `model` (a checkpoint directory or "dummy:CONFIG[@seed]") and its
+// config, as LoadDeepseekV3 opens them; for loading experts again after a placement change.
+absl::StatusOr<std::unique_ptr<WeightSource>> OpenWeightSource(const std::string& model,
+                                                               ModelConfig* config);
+
 // Builds the ExpertDispatcher of a model once its config and weights are loaded (an
 // expert-parallel rank wires its communicator in here).
 using ExpertDispatcherFactory = std::function<absl::StatusOr<std::unique_ptr<ExpertDispatcher>>(

@@ -151,6 +151,61 @@ absl::StatusOr<std::unique_ptr<ModelWeights>> ModelWeights::Load(const ModelConf
   return w;
 }
 
+absl::StatusOr<ModelWeights::HostExperts> ModelWeights::ReadRoutedExperts(
+    const ModelConfig& c, WeightSource* source, const std::vector<std::vector<int64_t>>& experts) {
+  HostExperts out(experts.size());
+  const int64_t hid = c.hidden_size, inter = c.moe_intermediate_size;
+  int64_t moe = 0;
+  for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
+    if (!c.IsMoeLayer(l)) continue;
+    if (moe >= static_cast<int64_t>(experts.size())) break;
+    for (int64_t e : experts[moe]) {
+      if (e < 0 || e >= c.n_routed_experts) {
+        return absl::InvalidArgumentError(absl::StrCat("routed expert ", e, " of layer ", l,
+                                                       " is outside the model's ",
+                                                       c.n_routed_experts));
+      }
+      if (out[moe].count(e)) continue;
+      const std::string prefix = absl::StrCat("model.layers.", l, ".mlp.experts.", e, ".");
+      HostMlp& m = out[moe][e];
+      m.inter = inter;
+      m.gate_up.resize(2 * inter * hid);
+      m.down.resize(hid * inter);
+      DI_RETURN_IF_ERROR(source->ReadFloat32(prefix + "gate_proj.weight", {inter, hid},
+                                             m.gate_up.data()));
+      DI_RETURN_IF_ERROR(source->ReadFloat32(prefix + "up_proj.weight", {inter, hid},
+                                             m.gate_up.data() + inter * hid));
+      DI_RETURN_IF_ERROR(source->ReadFloat32(prefix + "down_proj.weight", {hid, inter},
+                                             m.down.data()));
+    }
+    ++moe;
+  }
+  return out;
+}
+
+std::vector<std::map<int64_t, MlpWeights>> ModelWeights::UploadRoutedExperts(
+    const HostExperts& host, Backend* backend) {
+  Loader ld(nullptr, backend);
+  std::vector<std::map<int64_t, MlpWeights>> out(host.size());
+  for (size_t moe = 0; moe < host.size(); ++moe) {
+    for (const auto& [e, m] : host[moe]) {
+      MlpWeights& w = out[moe][e];
+      w.inter = m.inter;
+      w.gate_up = ld.UploadMatrix(m.gate_up);
+      w.down = ld.UploadMatrix(m.down);
+    }
+  }
+  return out;
+}
+
+absl::StatusOr<std::vector<std::map<int64_t, MlpWeights>>> ModelWeights::LoadRoutedExperts(
+    const ModelConfig& c, WeightSource* source, Backend* backend,
+    const std::vector<std::vector<int64_t>>& experts) {
+  absl::StatusOr<HostExperts> host = ReadRoutedExperts(c, source, experts);
+  if (!host.ok()) return host.status();
+  return UploadRoutedExperts(*host, backend);
+}
+
 int64_t ModelWeights::DeviceBytes(const ModelConfig& c, WeightDType matrix_dtype,
                                   const LoadOptions& options) {
   const int64_t f32 = sizeof(float), mat = static_cast<int64_t>(WeightDTypeSize(matrix_dtype));

@@ -64,6 +64,27 @@ class ModelWeights {
   static int64_t DeviceBytes(const ModelConfig& config, WeightDType matrix_dtype,
                              const LoadOptions& options);
 
+  // Routed experts only, for a live EPLB placement change: per MoE layer (0 = the first MoE
+  // layer), the experts listed in `experts[moe_layer]`. The source's errors as they are.
+  static absl::StatusOr<std::vector<std::map<int64_t, MlpWeights>>> LoadRoutedExperts(
+      const ModelConfig& config, WeightSource* source, Backend* backend,
+      const std::vector<std::vector<int64_t>>& experts);
+
+  // The same in two halves: ReadRoutedExperts reads and converts on the host (no backend, so
+  // any thread may run it while the rank keeps stepping); UploadRoutedExperts copies the result
+  // to the backend (on the thread that owns the backend).
+  struct HostMlp {
+    int64_t inter = 0;
+    std::vector<float> gate_up;  // [2 * inter, hidden]
+    std::vector<float> down;     // [hidden, inter]
+  };
+  using HostExperts = std::vector<std::map<int64_t, HostMlp>>;
+  static absl::StatusOr<HostExperts> ReadRoutedExperts(
+      const ModelConfig& config, WeightSource* source,
+      const std::vector<std::vector<int64_t>>& experts);
+  static std::vector<std::map<int64_t, MlpWeights>> UploadRoutedExperts(const HostExperts& host,
+                                                                        Backend* backend);
+
   // A matrix buffer as a GEMM operand.
   WeightView Matrix(const std::unique_ptr<DeviceBuffer>& buf) const {
     return WeightView(buf->data(), matrix_dtype);

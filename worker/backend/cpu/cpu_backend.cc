@@ -302,6 +302,14 @@ void CpuBackend::MlaAttention(const MlaAttentionArgs& args) {
   });
 }
 
+void CpuBackend::AccumulateExpertCounts(int64_t n, const int32_t* ids, int64_t num_experts,
+                                        int64_t* counts) {
+  // Sequential: n is tokens x top_k of one step, far cheaper than the router GEMM before it.
+  for (int64_t i = 0; i < n; ++i) {
+    if (ids[i] >= 0 && ids[i] < num_experts) ++counts[ids[i]];
+  }
+}
+
 void CpuBackend::NoauxTcRoute(const NoauxTcRouteArgs& a) {
   const int64_t per_group = a.num_experts / a.num_groups;
   pool_.ParallelFor(a.num_tokens, 16, [&](int64_t b, int64_t e) {

@@ -272,6 +272,16 @@ TEST(CpuBackendTest, MlaAttentionOverPagedCacheMatchesDense) {
 
 float Logit(double p) { return static_cast<float>(std::log(p / (1 - p))); }
 
+TEST(CpuBackendTest, AccumulateExpertCountsAddsAndSkipsOutOfRangeIds) {
+  CpuBackend be(1);
+  std::vector<int64_t> counts = {10, 0, 0, 1};
+  const std::vector<int32_t> ids = {0, 2, 2, -1, 4, 3, 2};
+  be.AccumulateExpertCounts(static_cast<int64_t>(ids.size()), ids.data(), 4, counts.data());
+  EXPECT_EQ(counts, (std::vector<int64_t>{11, 0, 3, 2}));
+  be.AccumulateExpertCounts(0, ids.data(), 4, counts.data());
+  EXPECT_EQ(counts, (std::vector<int64_t>{11, 0, 3, 2}));
+}
+
 TEST(CpuBackendTest, NoauxTcRouterGroupLimitBiasAndUnbiasedWeights) {
   CpuBackend be(1);
   // 8 experts in 4 groups of 2; keep 2 groups, pick 2 experts, scale 2.5.

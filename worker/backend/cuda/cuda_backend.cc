@@ -13,6 +13,7 @@
 #include "kernels/activation/elementwise.h"
 #include "kernels/attention/mla_attention.h"
 #include "kernels/embedding/rows.h"
+#include "kernels/moe/expert_counts.h"
 #include "kernels/moe/grouped_gemm.h"
 #include "kernels/moe/moe_permute.h"
 #include "kernels/moe/noaux_tc_router.h"
@@ -431,6 +432,13 @@ void CudaBackend::NoauxTcRoute(const NoauxTcRouteArgs& a) {
   p.topk_ids = a.topk_ids;
   p.topk_weights = a.topk_weights;
   Check(kernels::NoauxTcRouteF32(p, stream_), "kernels::NoauxTcRouteF32");
+}
+
+void CudaBackend::AccumulateExpertCounts(int64_t n, const int32_t* ids, int64_t num_experts,
+                                         int64_t* counts) {
+  OpTimer timer(this, "AccumulateExpertCounts");
+  Check(kernels::AccumulateExpertCounts(n, ids, num_experts, counts, stream_),
+        "kernels::AccumulateExpertCounts");
 }
 
 void CudaBackend::ArgmaxRows(int64_t rows, int64_t vocab, const float* logits, int32_t* out) {

@@ -1,0 +1,34 @@
+// Expert counts: one thread per (token, choice), a 64-bit atomic add per id. A step routes at
+// most a few thousand pairs onto 256 counters, so contention is low and a shared-memory
+// histogram would not pay for its extra pass.
+#include "kernels/moe/expert_counts.h"
+
+namespace deepinfer {
+namespace kernels {
+namespace {
+
+constexpr int kThreads = 256;
+
+__global__ void AccumulateExpertCountsKernel(int64_t n, const int32_t* ids, int64_t num_experts,
+                                             unsigned long long* counts) {
+  const int64_t i = blockIdx.x * int64_t{kThreads} + threadIdx.x;
+  if (i >= n) return;
+  const int32_t e = ids[i];
+  if (e >= 0 && e < num_experts) atomicAdd(counts + e, 1ull);
+}
+
+}  // namespace
+
+cudaError_t AccumulateExpertCounts(int64_t n, const int32_t* ids, int64_t num_experts,
+                                   int64_t* counts, cudaStream_t stream) {
+  if (n < 0 || num_experts < 1) return cudaErrorInvalidValue;
+  if (n == 0) return cudaSuccess;
+  static_assert(sizeof(unsigned long long) == sizeof(int64_t), "64-bit counters");
+  const int64_t blocks = (n + kThreads - 1) / kThreads;
+  AccumulateExpertCountsKernel<<<static_cast<unsigned>(blocks), kThreads, 0, stream>>>(
+      n, ids, num_experts, reinterpret_cast<unsigned long long*>(counts));
+  return cudaGetLastError();
+}
+
+}  // namespace kernels
+}  // namespace deepinfer
