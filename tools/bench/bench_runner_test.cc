@@ -43,6 +43,7 @@ void ExpectDecodeFigures(const DecodeResult& d, int64_t batch) {
 
 TEST(BenchRunnerTest, ProducesAllFiguresOnCpu) {
   BenchConfig c = SmallConfig();
+  c.dtype = "float32";
   auto r = RunBenchmark(c);
   ASSERT_TRUE(r.ok()) << r.status();
   EXPECT_EQ(r->backend, "cpu");
@@ -97,10 +98,12 @@ TEST(BenchRunnerTest, RejectsBadInput) {
   c = SmallConfig();
   c.dtype = "fp8";
   EXPECT_EQ(RunBenchmark(c).status().code(), absl::StatusCode::kInvalidArgument);
-  // Not measured as float32 under a bfloat16 label.
+  // bfloat16 (the default) reaches the backend: bf16 weights, 2 bytes per value.
   c = SmallConfig();
   c.dtype = "bfloat16";
-  EXPECT_EQ(RunBenchmark(c).status().code(), absl::StatusCode::kUnimplemented);
+  auto bf16 = RunBenchmark(c);
+  ASSERT_TRUE(bf16.ok()) << bf16.status();
+  EXPECT_EQ(bf16->bytes_per_value, 2);
 }
 
 TEST(BenchRunnerTest, FlagHelpers) {

@@ -37,8 +37,9 @@ assert set(rows) == {("m", "prefill", ""), ("m", "decode", "1"), ("m", "decode",
 d2 = [d for d in ours["decode"] if d["requests"] == 2][0]
 r = rows[("m", "decode", "2")]
 assert abs(float(r["ours_over_hf"]) - d2["tokens_per_s"] / 4.0) <= 1e-4 * d2["tokens_per_s"], r
-# HF roofline: ours' bytes at 2 instead of 4 bytes per value, over HF's 0.5 s.
-t = max(d2["bytes_per_step"] / 2 / 4.3e12, d2["flops_per_step"] / 790e12)
+# HF roofline: ours' bytes rescaled to 2 bytes per value (HF's bf16), over HF's 0.5 s.
+t = max(d2["bytes_per_step"] * 2 / ours["bytes_per_value"] / 4.3e12,
+        d2["flops_per_step"] / 790e12)
 assert abs(float(r["hf_roofline"]) - t / 0.5) <= 1e-4 * t / 0.5, (r, t)
 assert rows[("m", "decode", "1")]["hf_tok_s"] == "", "no HF figure at 1 request"
 p = rows[("m", "prefill", "")]
