@@ -267,6 +267,9 @@ absl::StatusOr<BenchResult> RunBenchmark(const BenchConfig& bc) {
     for (int64_t i = 0; i < n; ++i) {
       seqs[i].position_offset = ctx;
       seqs[i].tokens = {next[i]};
+      // As the engine decodes: greedy, sampled on the device, no logits back to the host.
+      seqs[i].sampling = SamplingParams{};
+      seqs[i].return_logits = false;
     }
     DecodeResult d;
     std::vector<double> step_times;
@@ -277,7 +280,7 @@ absl::StatusOr<BenchResult> RunBenchmark(const BenchConfig& bc) {
       if (!out.ok()) return out.status();
       if (step >= bc.warmup) step_times.push_back(Seconds(t0, t1));
       for (int64_t i = 0; i < n; ++i) {
-        const int32_t t = Argmax(out->logits[i]);
+        const int32_t t = out->sampled[i].token;
         if (i == 0) d.seq0_tokens.push_back(t);
         seqs[i].position_offset += 1;
         seqs[i].tokens = {t};
@@ -294,7 +297,7 @@ absl::StatusOr<BenchResult> RunBenchmark(const BenchConfig& bc) {
           }
           for (int64_t i = 0; i < n; ++i) {
             seqs[i].position_offset += 1;
-            seqs[i].tokens = {Argmax(out->logits[i])};
+            seqs[i].tokens = {out->sampled[i].token};
           }
         }
       });

@@ -289,16 +289,27 @@ absl::StatusOr<StepOutput> DeepseekV3Model::Step(const std::vector<SequenceStep>
   }
   std::vector<float> host;  // the copied rows, in batch order
   {
-    int64_t row = 0;
+    // One copy per run of consecutive sequences that need their rows (usually one copy).
+    std::vector<std::pair<int64_t, int64_t>> runs;  // (first logits row, rows)
+    int64_t row = 0, wanted = 0;
     for (const SequenceStep& s : batch) {
       const int64_t n = s.all_logits ? static_cast<int64_t>(s.tokens.size()) : 1;
       if (needs_host(s)) {
-        const size_t at = host.size();
-        host.resize(at + n * V);
-        backend_->CopyToHost(logits->as<float>() + row * V, n * V * sizeof(float),
-                             host.data() + at);
+        if (!runs.empty() && runs.back().first + runs.back().second == row) {
+          runs.back().second += n;
+        } else {
+          runs.emplace_back(row, n);
+        }
+        wanted += n;
       }
       row += n;
+    }
+    host.resize(wanted * V);
+    int64_t at = 0;
+    for (const auto& [first, n] : runs) {
+      backend_->CopyToHost(logits->as<float>() + first * V, n * V * sizeof(float),
+                           host.data() + at * V);
+      at += n;
     }
   }
   // A GPU backend reports failed ops asynchronously; the copies above have waited for all of them.
