@@ -59,30 +59,7 @@ DeepseekV3Model::DeepseekV3Model(const ModelConfig& config, std::unique_ptr<Mode
   backend_->CopyToDevice(inv.data(), inv.size() * sizeof(float), inv_freq_->data());
   rope_attention_factor_ = static_cast<float>(config_.RopeAttentionFactor());
   softmax_scale_ = static_cast<float>(config_.SoftmaxScale());
-  // One rank with every expert: device tables for Backend::RoutedExperts (expert e in slot e).
-  const int64_t E = config_.n_routed_experts;
-  if (dispatcher_ != nullptr && dispatcher_->single_rank() &&
-      static_cast<int64_t>(dispatcher_->local_experts(0).size()) == E) {
-    std::vector<int32_t> slots(E);
-    for (int64_t e = 0; e < E; ++e) slots[e] = static_cast<int32_t>(e);
-    expert_slots_ = backend_->Allocate(E * sizeof(int32_t));
-    backend_->CopyToDevice(slots.data(), E * sizeof(int32_t), expert_slots_->data());
-    expert_tables_.resize(config_.num_hidden_layers);
-    for (int64_t l = 0; l < config_.num_hidden_layers; ++l) {
-      const LayerWeights& L = weights_->layers[l];
-      if (!L.moe) continue;
-      std::vector<const void*> gate_up(E), down(E);
-      for (int64_t e = 0; e < E; ++e) {
-        gate_up[e] = L.experts.at(e).gate_up->data();
-        down[e] = L.experts.at(e).down->data();
-      }
-      ExpertTables& t = expert_tables_[l];
-      t.gate_up = backend_->Allocate(E * sizeof(void*));
-      t.down = backend_->Allocate(E * sizeof(void*));
-      backend_->CopyToDevice(gate_up.data(), E * sizeof(void*), t.gate_up->data());
-      backend_->CopyToDevice(down.data(), E * sizeof(void*), t.down->data());
-    }
-  }
+  BuildExpertTables();
   for (int64_t l = 0; l < config_.num_hidden_layers; ++l) {
     moe_index_.push_back(weights_->layers[l].moe ? num_moe_layers_++ : -1);
   }
@@ -116,6 +93,35 @@ std::vector<std::vector<int64_t>> DeepseekV3Model::MissingExperts(
     }
   }
   return missing;
+}
+
+// One rank with every expert: device tables for Backend::RoutedExperts (expert e in slot e),
+// rebuilt whenever the experts' buffers may have changed (a placement switch).
+void DeepseekV3Model::BuildExpertTables() {
+  expert_tables_.clear();
+  const int64_t E = config_.n_routed_experts;
+  if (dispatcher_ != nullptr && dispatcher_->single_rank() &&
+      static_cast<int64_t>(dispatcher_->local_experts(0).size()) == E) {
+    std::vector<int32_t> slots(E);
+    for (int64_t e = 0; e < E; ++e) slots[e] = static_cast<int32_t>(e);
+    expert_slots_ = backend_->Allocate(E * sizeof(int32_t));
+    backend_->CopyToDevice(slots.data(), E * sizeof(int32_t), expert_slots_->data());
+    expert_tables_.resize(config_.num_hidden_layers);
+    for (int64_t l = 0; l < config_.num_hidden_layers; ++l) {
+      const LayerWeights& L = weights_->layers[l];
+      if (!L.moe) continue;
+      std::vector<const void*> gate_up(E), down(E);
+      for (int64_t e = 0; e < E; ++e) {
+        gate_up[e] = L.experts.at(e).gate_up->data();
+        down[e] = L.experts.at(e).down->data();
+      }
+      ExpertTables& t = expert_tables_[l];
+      t.gate_up = backend_->Allocate(E * sizeof(void*));
+      t.down = backend_->Allocate(E * sizeof(void*));
+      backend_->CopyToDevice(gate_up.data(), E * sizeof(void*), t.gate_up->data());
+      backend_->CopyToDevice(down.data(), E * sizeof(void*), t.down->data());
+    }
+  }
 }
 
 absl::Status DeepseekV3Model::SwitchPlacement(std::shared_ptr<const ExpertPlacement> placement,
@@ -153,6 +159,7 @@ absl::Status DeepseekV3Model::SwitchPlacement(std::shared_ptr<const ExpertPlacem
     }
     experts = std::move(kept);  // experts no longer hosted are freed here
   }
+  BuildExpertTables();
   return absl::OkStatus();
 }
 

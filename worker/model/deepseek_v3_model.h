@@ -99,6 +99,7 @@ class DeepseekV3Model {
   // Backend::RoutedExperts for one rank hosting every expert; false: use the dispatcher.
   bool RoutedExpertsOnDevice(int64_t layer, int64_t rows, const float* h, const int32_t* topk_ids,
                              const float* topk_w, float* out);
+  void BuildExpertTables();
   absl::Status SharedExperts(const LayerWeights& L, int64_t rows, const float* h, float* out);
   // Per-step temporaries, written by an op before they are read (not zeroed).
   std::unique_ptr<DeviceBuffer> Floats(int64_t n) {
