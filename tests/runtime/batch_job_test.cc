@@ -22,11 +22,14 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
+#include "tests/testing/batch_jobs.h"
 #include "tests/testing/subprocess.h"
 
 namespace deepinfer {
 namespace {
 
+using ::deepinfer::testing::MakeCompletionJob;
+using ::deepinfer::testing::ReadFile;
 using ::deepinfer::testing::RunCommand;
 using ::deepinfer::testing::Runfile;
 using ::deepinfer::testing::Subprocess;
@@ -37,41 +40,6 @@ using ::testing::Not;
 using json = nlohmann::json;
 
 const char kModel[] = "tests/fixtures/dsv3_qlora_rope";
-
-std::string ReadFile(const std::string& path) {
-  std::ifstream in(path);
-  std::stringstream b;
-  b << in.rdbuf();
-  return b.str();
-}
-
-// `n` completion requests with random token-id prompts (ids 2..999: no BOS/EOS);
-// every third samples with a seed, the others are greedy.
-std::string MakeJob(int n, int max_tokens, uint32_t seed, bool ignore_eos = true) {
-  std::mt19937 rng(seed);
-  std::vector<std::string> lines;
-  for (int i = 0; i < n; ++i) {
-    std::vector<int> prompt(3 + rng() % 20);
-    for (int& t : prompt) t = 2 + static_cast<int>(rng() % 998);
-    json body = {{"prompt", prompt},
-                 {"max_tokens", max_tokens},
-                 {"ignore_eos", ignore_eos},
-                 {"return_token_ids", true}};
-    if (i % 3 == 2) {
-      body["temperature"] = 0.8;
-      body["top_p"] = 0.9;
-      body["seed"] = 1000 + i;
-    } else {
-      body["temperature"] = 0;
-    }
-    lines.push_back(json({{"custom_id", absl::StrCat("req-", i)},
-                          {"method", "POST"},
-                          {"url", "/v1/completions"},
-                          {"body", body}})
-                        .dump());
-  }
-  return absl::StrJoin(lines, "\n") + "\n";
-}
 
 // Output lines by custom_id; fails the test on a duplicate.
 std::map<std::string, json> ByCustomId(const std::string& output) {
@@ -108,7 +76,7 @@ std::string RunJob(const std::string& name, const std::string& input, int worker
 }
 
 TEST(BatchJobTest, SameTokensOnOneWorkerTwoWorkersAndTwoRanks) {
-  const std::string job = MakeJob(12, 8, 7);
+  const std::string job = MakeCompletionJob(12, 8, 7);
   auto one = ByCustomId(RunJob("one", job, 1, 1));
   auto two_workers = ByCustomId(RunJob("two_workers", job, 2, 1));
   auto two_ranks = ByCustomId(RunJob("two_ranks", job, 1, 2));
@@ -292,7 +260,7 @@ TEST_F(ClusterTest, KilledWorkerMidJobLosesNothing) {
   StartWorker(0);
   StartWorker(1);
   const int n = 200;
-  auto id = client_->SubmitJob("kill-worker", MakeJob(n, 64, 11));
+  auto id = client_->SubmitJob("kill-worker", MakeCompletionJob(n, 64, 11));
   ASSERT_TRUE(id.ok()) << id.status();
   Job job = WaitForJob(*id, [](const Job& j) { return j.completed_requests() >= 3; });
   ASSERT_LT(job.completed_requests(), n) << "the job finished before the kill";
@@ -312,7 +280,7 @@ TEST_F(ClusterTest, KilledAndRestartedCoordinatorResumesWithoutDuplicates) {
   StartWorker(0);
   StartWorker(1);
   const int n = 200;
-  auto id = client_->SubmitJob("kill-coordinator", MakeJob(n, 64, 12));
+  auto id = client_->SubmitJob("kill-coordinator", MakeCompletionJob(n, 64, 12));
   ASSERT_TRUE(id.ok()) << id.status();
   Job job = WaitForJob(*id, [](const Job& j) { return j.completed_requests() >= 3; });
   ASSERT_LT(job.completed_requests(), n) << "the job finished before the kill";
@@ -334,7 +302,7 @@ TEST_F(ClusterTest, KilledAndRestartedCoordinatorResumesWithoutDuplicates) {
 TEST(BatchJobTest, TwoThousandShortRequests) {
   const int n = 2000;
   const absl::Time start = absl::Now();
-  auto lines = ByCustomId(RunJob("many", MakeJob(n, 1, 99), 1, 1));
+  auto lines = ByCustomId(RunJob("many", MakeCompletionJob(n, 1, 99), 1, 1));
   const double seconds = absl::ToDoubleSeconds(absl::Now() - start);
   EXPECT_EQ(lines.size(), static_cast<size_t>(n));
   int ok = 0;

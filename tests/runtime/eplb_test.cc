@@ -22,11 +22,14 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
+#include "tests/testing/batch_jobs.h"
 #include "tests/testing/subprocess.h"
 
 namespace deepinfer {
 namespace {
 
+using ::deepinfer::testing::MakeCompletionJob;
+using ::deepinfer::testing::ReadFile;
 using ::deepinfer::testing::RunCommand;
 using ::deepinfer::testing::Runfile;
 using ::deepinfer::testing::Subprocess;
@@ -46,40 +49,6 @@ const char kReplicaPlacement[] = R"({
               [[2,-1],[3,-1],[0,1],[4,-1],[5,-1],[6,7],[8,-1],[9,-1]]],
   "logcnt": [[2,1,1,1,1,1,1,2],[1,1,2,1,1,2,1,1]]
 })";
-
-std::string ReadFile(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  std::stringstream b;
-  b << in.rdbuf();
-  return b.str();
-}
-
-// `n` completion requests with random token-id prompts; every third samples with a seed.
-std::string MakeJob(int n, int max_tokens, uint32_t seed) {
-  std::mt19937 rng(seed);
-  std::vector<std::string> lines;
-  for (int i = 0; i < n; ++i) {
-    std::vector<int> prompt(3 + rng() % 20);
-    for (int& t : prompt) t = 2 + static_cast<int>(rng() % 998);
-    json body = {{"prompt", prompt},
-                 {"max_tokens", max_tokens},
-                 {"ignore_eos", true},
-                 {"return_token_ids", true}};
-    if (i % 3 == 2) {
-      body["temperature"] = 0.8;
-      body["top_p"] = 0.9;
-      body["seed"] = 1000 + i;
-    } else {
-      body["temperature"] = 0;
-    }
-    lines.push_back(json({{"custom_id", absl::StrCat("req-", i)},
-                          {"method", "POST"},
-                          {"url", "/v1/completions"},
-                          {"body", body}})
-                        .dump());
-  }
-  return absl::StrJoin(lines, "\n") + "\n";
-}
 
 // custom_id -> token ids; fails the test on duplicates or error lines.
 std::map<std::string, std::vector<int>> TokensById(const std::string& output) {
@@ -215,14 +184,14 @@ class EplbTest : public ::testing::Test, public Cluster {
     // Tokens without any placement: contiguous experts, no rebalance.
     Cluster reference;
     reference.StartCluster("reference", {}, {});
-    Reference() = reference.RunToEnd(MakeJob(kRequests, kMaxTokens, 5), kRequests);
+    Reference() = reference.RunToEnd(MakeCompletionJob(kRequests, kMaxTokens, 5), kRequests);
     ASSERT_EQ(Reference().size(), static_cast<size_t>(kRequests));
   }
 };
 
 TEST_F(EplbTest, LiveRebalanceMidJobKeepsTokensAndLosesNothing) {
   StartCluster("rebalance", {}, {});
-  auto id = client_->SubmitJob("rebalance", MakeJob(kRequests, kMaxTokens, 5));
+  auto id = client_->SubmitJob("rebalance", MakeCompletionJob(kRequests, kMaxTokens, 5));
   ASSERT_TRUE(id.ok()) << id.status();
   // Some results and a load window first.
   WaitForJob(*id, [](const Job& j) { return j.completed_requests() >= 2; });
@@ -279,7 +248,7 @@ TEST_F(EplbTest, ReplicaPlacementFromTheCoordinatorKeepsTokens) {
   const std::string file = TempPath("replicas.json");
   std::ofstream(file) << kReplicaPlacement;
   StartCluster("coordinator_placement", {"--expert-placement=" + file}, {});
-  auto tokens = RunToEnd(MakeJob(kRequests, kMaxTokens, 5), kRequests);
+  auto tokens = RunToEnd(MakeCompletionJob(kRequests, kMaxTokens, 5), kRequests);
   ExpectSameTokens(Reference(), tokens, "with a replica placement from the coordinator");
   const std::string logs = WorkerLogs();
   EXPECT_THAT(logs, HasSubstr("expert parallel with an EPLB placement, 5 expert slots"));
@@ -289,7 +258,7 @@ TEST_F(EplbTest, ReplicaPlacementGivenToTheWorkersKeepsTokens) {
   const std::string file = TempPath("replicas-worker.json");
   std::ofstream(file) << kReplicaPlacement;
   StartCluster("worker_placement", {}, {"--expert-placement=" + file});
-  auto tokens = RunToEnd(MakeJob(kRequests, kMaxTokens, 5), kRequests);
+  auto tokens = RunToEnd(MakeCompletionJob(kRequests, kMaxTokens, 5), kRequests);
   ExpectSameTokens(Reference(), tokens, "with a replica placement from the workers");
   EXPECT_THAT(WorkerLogs(), HasSubstr("expert parallel with an EPLB placement, 5 expert slots"));
 }

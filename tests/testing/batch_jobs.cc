@@ -1,0 +1,48 @@
+#include "tests/testing/batch_jobs.h"
+
+#include <fstream>
+#include <random>
+#include <sstream>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "nlohmann/json.hpp"
+
+namespace deepinfer::testing {
+
+std::string ReadFile(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  std::stringstream b;
+  b << in.rdbuf();
+  return b.str();
+}
+
+std::string MakeCompletionJob(int n, int max_tokens, uint32_t seed, bool ignore_eos) {
+  using json = nlohmann::json;
+  std::mt19937 rng(seed);
+  std::vector<std::string> lines;
+  for (int i = 0; i < n; ++i) {
+    std::vector<int> prompt(3 + rng() % 20);
+    for (int& t : prompt) t = 2 + static_cast<int>(rng() % 998);
+    json body = {{"prompt", prompt},
+                 {"max_tokens", max_tokens},
+                 {"ignore_eos", ignore_eos},
+                 {"return_token_ids", true}};
+    if (i % 3 == 2) {
+      body["temperature"] = 0.8;
+      body["top_p"] = 0.9;
+      body["seed"] = 1000 + i;
+    } else {
+      body["temperature"] = 0;
+    }
+    lines.push_back(json({{"custom_id", absl::StrCat("req-", i)},
+                          {"method", "POST"},
+                          {"url", "/v1/completions"},
+                          {"body", body}})
+                        .dump());
+  }
+  return absl::StrJoin(lines, "\n") + "\n";
+}
+
+}  // namespace deepinfer::testing
