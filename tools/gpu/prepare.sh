@@ -4,7 +4,14 @@
 # device tool carries to the GPU machine, where tools/gpu/run_all.sh (copied into the folder)
 # runs them all.
 #
-#   tools/gpu/prepare.sh [--out DIR] [--bench-only]   (default DIR: <repo>/.gpu, git-ignored)
+#   tools/gpu/prepare.sh [--out DIR] [--bench-only] [--pack FILE.tar.xz]
+#                                           (default DIR: <repo>/.gpu, git-ignored)
+#
+# Everything in one device call (tests, the 2-GPU checks when there are 2 GPUs, the benchmark
+# against HF, an op profile), results in one archive:
+#   tools/gpu/prepare.sh --out .gpu/all --pack .gpu/pack/all.tar.xz
+#   device tool: carry [".gpu/pack"], command
+#     mkdir -p /tmp/b && tar xJf .gpu/pack/all.tar.xz -C /tmp/b && bash /tmp/b/all/session_check.sh
 #
 # --bench-only: only deepinfer-bench and the benchmark scripts (run DIR/bench_all.sh there:
 # our cases and the HF transformers baseline in one call, tools/gpu/bench_all.sh).
@@ -25,11 +32,14 @@ set -euo pipefail
 repo=$(cd "$(dirname "$0")/../.." && pwd)
 out="$repo/.gpu"
 bench_only=0
+pack=""
 while [[ $# -gt 0 ]]; do
   case "$1" in
     --out) out=$2; shift 2 ;;
     --bench-only) bench_only=1; shift ;;
-    *) echo "prepare.sh: unknown argument '$1' (--out DIR, --bench-only)" >&2; exit 2 ;;
+    --pack) pack=$2; shift 2 ;;
+    *) echo "prepare.sh: unknown argument '$1' (--out DIR, --bench-only, --pack FILE.tar.xz)" >&2
+       exit 2 ;;
   esac
 done
 cd "$repo"
@@ -84,7 +94,15 @@ cp tools/gpu/run_all.sh "$out/run_all.sh"
 cp tools/bench/bench_cases.sh tools/bench/sweep.sh tools/bench/hf_bench.py \
   tools/bench/combine_results.py tools/gpu/bench_all.sh "$out/"
 cp tools/parity/hf_bf16_error.py "$out/hf_bf16_error.py"
-cp tools/gpu/multi_gpu.sh "$out/multi_gpu.sh"
+cp tools/gpu/multi_gpu.sh tools/gpu/session_check.sh "$out/"
 git rev-parse HEAD > "$out/COMMIT"
 git status --short >> "$out/COMMIT"
 du -sh "$out" "$out"/bin "$out"/lib
+# --pack FILE.tar.xz: the bundle as one xz archive (about 4x smaller: the device tool counts the
+# working tree plus what it carries against 64 MiB). On the GPU machine:
+#   mkdir -p /tmp/b && tar xJf FILE.tar.xz -C /tmp/b && bash /tmp/b/<bundle dir>/session_check.sh
+if [[ -n "$pack" ]]; then
+  mkdir -p "$(dirname "$pack")"
+  tar -C "$(dirname "$out")" -cJf "$pack" "$(basename "$out")"
+  du -sh "$pack"
+fi
