@@ -3,7 +3,7 @@
 // barrier), as one device-neutral interface.
 //
 // Implementations: TcpCommunicator (host memory, TCP between processes; CI, laptops, and
-// the one-rank case) and, later, an NCCL one (device memory, enqueued on a CUDA stream).
+// the one-rank case) and NcclCommunicator (device memory, enqueued on a CUDA stream).
 // docs/communicator.md describes the semantics and how NCCL maps onto them.
 //
 // Rules every implementation keeps:
