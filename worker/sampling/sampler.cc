@@ -10,6 +10,16 @@
 
 namespace deepinfer {
 
+RowSamplingParams ToRowSamplingParams(const SamplingParams& params, int64_t position) {
+  RowSamplingParams row;
+  row.temperature = params.temperature;
+  row.top_k = params.top_k;
+  row.top_p = params.top_p;
+  row.seed = params.seed;
+  row.position = position;
+  return row;
+}
+
 absl::StatusOr<SampledToken> Sampler::Sample(const float* logits, int32_t vocab,
                                              const SamplingParams& params, int64_t position) {
   if (vocab <= 0) return absl::InvalidArgumentError("Sampler: empty vocabulary");
@@ -62,8 +72,11 @@ absl::StatusOr<SampledToken> Sampler::Sample(const float* logits, int32_t vocab,
     }
     double best = -1;
     for (int32_t i = 0; i < keep; ++i) {
+      // 0 - log(u) rather than -log(u): equal for u < 1, but u == 1 gives E = +0, so the token
+      // wins the race (race +inf) instead of losing it with -inf; with a single candidate that
+      // left no winner at all (token -1).
       const double e =
-          -std::log(static_cast<double>(CounterRng::Uniform(params.seed, position, order[i])));
+          0.0 - std::log(static_cast<double>(CounterRng::Uniform(params.seed, position, order[i])));
       const double race = p[i] / e;
       if (race > best) {
         best = race;
