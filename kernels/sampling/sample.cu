@@ -94,13 +94,13 @@ __device__ RowNormaliser Normalise(const float* l, int64_t vocab, u64* su, doubl
   k = BlockReduce(k, su, Max());
   const double mx = l[IdOfKey(k)];
   double sum = 0;
-  for (int64_t i = threadIdx.x; i < vocab; i += kThreads) sum += exp(static_cast<double>(l[i]) - mx);
+  for (int64_t i = threadIdx.x; i < vocab; i += kThreads)
+    sum += exp(static_cast<double>(l[i]) - mx);
   return {k, mx + log(BlockReduce(sum, sd, Sum()))};
 }
 
 __global__ void SampleRowsKernel(int64_t vocab, const float* logits,
-                                 const RowSamplingParams* params, int32_t* token,
-                                 float* logprob) {
+                                 const RowSamplingParams* params, int32_t* token, float* logprob) {
   __shared__ u64 su[kWarps + 1];
   __shared__ double sd[kWarps + 1];
   __shared__ double race_v[kWarps];

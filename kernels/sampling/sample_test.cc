@@ -70,16 +70,16 @@ TEST(SampleKernelTest, SampleRowsMatchesCpuBackend) {
     ASSERT_TRUE(dl.ok() && dp.ok() && dtok.ok() && dlp.ok());
     dtok.Poison();
     dlp.Poison();
-    DEEPINFER_CUDA_OK(kernels::SampleRowsF32(rows, vocab, dl.get(), dp.get(), dtok.get(),
-                                             dlp.get(), nullptr));
+    DEEPINFER_CUDA_OK(
+        kernels::SampleRowsF32(rows, vocab, dl.get(), dp.get(), dtok.get(), dlp.get(), nullptr));
     std::vector<int32_t> got_tok;
     std::vector<float> got_lp;
     DEEPINFER_CUDA_OK(dtok.Download(&got_tok));
     DEEPINFER_CUDA_OK(dlp.Download(&got_lp));
     for (int64_t r = 0; r < rows; ++r) {
       SCOPED_TRACE(::testing::Message()
-                   << "row " << r << " T " << params[r].temperature << " top_k "
-                   << params[r].top_k << " top_p " << params[r].top_p);
+                   << "row " << r << " T " << params[r].temperature << " top_k " << params[r].top_k
+                   << " top_p " << params[r].top_p);
       EXPECT_EQ(got_tok[r], want_tok[r]);
       if (want_tok[r] < 0) {
         EXPECT_TRUE(std::isnan(got_lp[r]));  // an invalid row, both NaN
@@ -116,8 +116,8 @@ TEST(SampleKernelTest, SameTokensOverManyPositions) {
   DeviceArray<int32_t> dtok(rows);
   DeviceArray<float> dlp(rows);
   dtok.Poison();
-  DEEPINFER_CUDA_OK(kernels::SampleRowsF32(rows, vocab, dl.get(), dp.get(), dtok.get(),
-                                           dlp.get(), nullptr));
+  DEEPINFER_CUDA_OK(
+      kernels::SampleRowsF32(rows, vocab, dl.get(), dp.get(), dtok.get(), dlp.get(), nullptr));
   std::vector<int32_t> got;
   DEEPINFER_CUDA_OK(dtok.Download(&got));
   EXPECT_EQ(got, want);

@@ -39,10 +39,9 @@ DEEPINFER_HOST_DEVICE void Philox4x32(uint64_t key, uint32_t ctr[4]) {
 
 // Uniform in (0, 1] for (seed, position, index): 24 random bits, never 0 so -log(u) is finite.
 DEEPINFER_HOST_DEVICE float CounterUniform(uint64_t seed, int64_t position, int64_t index) {
-  uint32_t ctr[4] = {static_cast<uint32_t>(position),
-                     static_cast<uint32_t>(static_cast<uint64_t>(position) >> 32),
-                     static_cast<uint32_t>(index),
-                     static_cast<uint32_t>(static_cast<uint64_t>(index) >> 32)};
+  uint32_t ctr[4] = {
+      static_cast<uint32_t>(position), static_cast<uint32_t>(static_cast<uint64_t>(position) >> 32),
+      static_cast<uint32_t>(index), static_cast<uint32_t>(static_cast<uint64_t>(index) >> 32)};
   Philox4x32(seed, ctr);
   return static_cast<float>((ctr[0] >> 8) + 1) * (1.0f / 16777216.0f);
 }

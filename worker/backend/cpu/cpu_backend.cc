@@ -399,8 +399,8 @@ void CpuBackend::SampleRows(int64_t rows, int64_t vocab, const float* logits,
       sp.top_k = params[r].top_k;
       sp.top_p = params[r].top_p;
       sp.seed = params[r].seed;
-      auto s = Sampler::Sample(logits + r * vocab, static_cast<int32_t>(vocab), sp,
-                               params[r].position);
+      auto s =
+          Sampler::Sample(logits + r * vocab, static_cast<int32_t>(vocab), sp, params[r].position);
       token[r] = s.ok() ? s->token : -1;
       logprob[r] = s.ok() ? s->logprob : std::numeric_limits<float>::quiet_NaN();
     }
@@ -410,8 +410,8 @@ void CpuBackend::SampleRows(int64_t rows, int64_t vocab, const float* logits,
 void CpuBackend::TopLogprobsRows(int64_t rows, int64_t vocab, const float* logits, int32_t n,
                                  int32_t* ids, float* logprobs) {
   if (n < 1 || n > kMaxTopLogprobs) {
-    Record(absl::InvalidArgumentError(absl::StrCat("TopLogprobsRows: n must be in [1, ",
-                                                   kMaxTopLogprobs, "], got ", n)));
+    Record(absl::InvalidArgumentError(
+        absl::StrCat("TopLogprobsRows: n must be in [1, ", kMaxTopLogprobs, "], got ", n)));
     return;
   }
   if (vocab <= 0 || vocab > std::numeric_limits<int32_t>::max()) {

@@ -446,8 +446,7 @@ TEST(CpuBackendTest, TopLogprobsRowsIsSampler) {
   std::vector<float> l(4, 0.0f);
   be.TopLogprobsRows(1, 4, l.data(), kMaxTopLogprobs + 1, ids.data(), lps.data());
   EXPECT_EQ(be.status().code(), absl::StatusCode::kInvalidArgument) << be.status();
-  EXPECT_NE(be.status().message().find("n must be in [1, 20]"), std::string::npos)
-      << be.status();
+  EXPECT_NE(be.status().message().find("n must be in [1, 20]"), std::string::npos) << be.status();
   EXPECT_EQ(ids[0], -7);
 }
 

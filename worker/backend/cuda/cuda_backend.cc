@@ -470,8 +470,8 @@ void CudaBackend::TopLogprobsRows(int64_t rows, int64_t vocab, const float* logi
                                   int32_t* ids, float* logprobs) {
   OpTimer timer(this, "TopLogprobsRows");
   if (n < 1 || n > kMaxTopLogprobs) {
-    Record(absl::InvalidArgumentError(absl::StrCat("TopLogprobsRows: n must be in [1, ",
-                                                   kMaxTopLogprobs, "], got ", n)));
+    Record(absl::InvalidArgumentError(
+        absl::StrCat("TopLogprobsRows: n must be in [1, ", kMaxTopLogprobs, "], got ", n)));
     return;
   }
   if (vocab <= 0 || vocab > std::numeric_limits<int32_t>::max()) {

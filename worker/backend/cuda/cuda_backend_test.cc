@@ -378,8 +378,8 @@ TEST_F(CudaBackendTest, SampleRowsAndTopLogprobsRowsMatchCpu) {
   gpu_->CopyToDevice(params.data(), rows * sizeof(RowSamplingParams), dp->data());
   auto dtok = Poisoned(rows), dlp = Poisoned(rows), dids = Poisoned(rows * n),
        dtop = Poisoned(rows * n);
-  gpu_->SampleRows(rows, vocab, dl->as<float>(), dp->as<RowSamplingParams>(),
-                   dtok->as<int32_t>(), dlp->as<float>());
+  gpu_->SampleRows(rows, vocab, dl->as<float>(), dp->as<RowSamplingParams>(), dtok->as<int32_t>(),
+                   dlp->as<float>());
   gpu_->TopLogprobsRows(rows, vocab, dl->as<float>(), n, dids->as<int32_t>(), dtop->as<float>());
   std::vector<int32_t> got_tok(rows), got_ids(rows * n);
   gpu_->CopyToHost(dtok->data(), rows * sizeof(int32_t), got_tok.data());
