@@ -109,7 +109,7 @@ __global__ void SampleRowsKernel(int64_t vocab, const float* logits,
   const int64_t row = blockIdx.x;
   const float* l = logits + row * vocab;
   const RowSamplingParams p = params[row];
-  if (!(p.top_p > 0.0f && p.top_p <= 1.0f)) {  // Sampler's INVALID_ARGUMENT
+  if (!(p.top_p > 0.0f && p.top_p <= 1.0f) || isnan(p.temperature)) {  // Sampler's errors
     if (threadIdx.x == 0) {
       token[row] = -1;
       logprob[row] = NAN;
@@ -198,7 +198,8 @@ __global__ void SampleRowsKernel(int64_t vocab, const float* logits,
   }
   if (threadIdx.x == 0) {
     token[row] = tok;
-    logprob[row] = static_cast<float>(static_cast<double>(l[tok]) - norm.log_z);
+    // tok < 0 (no race winner) cannot happen: the row maximum always races with p > 0.
+    logprob[row] = tok < 0 ? NAN : static_cast<float>(static_cast<double>(l[tok]) - norm.log_z);
   }
 }
 

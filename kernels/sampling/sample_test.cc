@@ -18,7 +18,7 @@ namespace {
 using testing::DeviceArray;
 
 // Rows cycle through greedy, temperature only, top-k (1, small, >= vocab) and top-p (tiny,
-// small, large) and their mixes; every thirteenth row has an invalid top_p.
+// small, large) and their mixes; some rows have an invalid top_p or a NaN temperature.
 std::vector<RowSamplingParams> MixedParams(int64_t rows, int64_t vocab, std::mt19937_64* gen) {
   const float temps[] = {0.0f, 0.3f, 1.0f, 1.7f};
   const int32_t ks[] = {0, 1, 7, 50, static_cast<int32_t>(vocab) + 1};
@@ -31,6 +31,7 @@ std::vector<RowSamplingParams> MixedParams(int64_t rows, int64_t vocab, std::mt1
     out[r].seed = (*gen)();
     out[r].position = static_cast<int64_t>((*gen)() % (int64_t{1} << 40));
     if (r % 13 == 12) out[r].top_p = r % 2 ? -0.5f : std::numeric_limits<float>::quiet_NaN();
+    if (r % 13 == 6) out[r].temperature = std::numeric_limits<float>::quiet_NaN();
   }
   return out;
 }

@@ -231,8 +231,8 @@ class Backend {
   // is the token Sampler::Sample picks for row r with params[r] (temperature, top-k, top-p,
   // seed, position; greedy when temperature <= 0), logprob[r] its log-softmax over the raw row.
   // The CPU backend calls Sampler itself; the CUDA kernel follows the same arithmetic (see
-  // docs/cuda.md for where the two may still differ). A row whose top_p is outside (0, 1] gets
-  // token -1 and a NaN logprob; a vocab outside [1, 2^31) is an INVALID_ARGUMENT in status()
+  // docs/cuda.md for where the two may still differ). A row whose top_p is outside (0, 1] or
+  // whose temperature is NaN gets token -1 and a NaN logprob; a vocab outside [1, 2^31) is an INVALID_ARGUMENT in status()
   // and nothing is written. Logits must not be NaN.
   virtual void SampleRows(int64_t rows, int64_t vocab, const float* logits,
                           const RowSamplingParams* params, int32_t* token, float* logprob) = 0;

@@ -11,7 +11,7 @@ namespace deepinfer {
 // The fields mean what SamplingParams' fields mean (worker/sampling/sampler.h); position is
 // the `position` argument of Sampler::Sample (it keys the random stream).
 struct RowSamplingParams {
-  float temperature = 0.0f;  // <= 0: greedy
+  float temperature = 0.0f;  // <= 0: greedy; NaN makes the row invalid
   int32_t top_k = 0;         // <= 0: no limit
   float top_p = 1.0f;        // in (0, 1]; anything else makes the row invalid
   int32_t reserved = 0;      // padding, keep 0

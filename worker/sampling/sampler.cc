@@ -27,6 +27,9 @@ absl::StatusOr<SampledToken> Sampler::Sample(const float* logits, int32_t vocab,
     return absl::InvalidArgumentError(
         absl::StrCat("Sampler: top_p must be in (0, 1], got ", params.top_p));
   }
+  if (std::isnan(params.temperature)) {
+    return absl::InvalidArgumentError("Sampler: temperature is NaN");
+  }
   if (params.num_logprobs < 0) {
     return absl::InvalidArgumentError("Sampler: num_logprobs must be >= 0");
   }

@@ -4,6 +4,7 @@
 #include <cmath>
 #include <map>
 #include <set>
+#include <string>
 #include <vector>
 
 #include "gtest/gtest.h"
@@ -116,6 +117,15 @@ TEST(SamplerTest, UniformOfOneWinsTheRace) {
   p.top_k = 0;
   l = {9.0f, 0.0f, 9.0f};  // token 1 is unlikely but its E is 0
   EXPECT_EQ(Sampler::Sample(l.data(), 3, p, 0)->token, 1);
+}
+
+TEST(SamplerTest, NanTemperatureIsRejected) {
+  auto l = Logits();
+  SamplingParams p;
+  p.temperature = std::nanf("");
+  auto s = Sampler::Sample(l.data(), 50, p, 0);
+  ASSERT_FALSE(s.ok());
+  EXPECT_NE(s.status().message().find("temperature"), std::string::npos) << s.status();
 }
 
 TEST(SamplerTest, ToRowSamplingParamsCarriesEveryField) {

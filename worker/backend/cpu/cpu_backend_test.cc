@@ -348,7 +348,7 @@ TEST(CpuBackendTest, ArgmaxRows) {
 }
 
 // Random parameters covering greedy, temperature only, top-k (1, small, >= vocab), top-p
-// (tiny, small, large) and both; every eleventh row has an invalid top_p.
+// (tiny, small, large) and both; some rows have an invalid top_p or a NaN temperature.
 std::vector<RowSamplingParams> RandomRowParams(int64_t rows, int64_t vocab, std::mt19937_64* gen) {
   const float temps[] = {0.0f, 0.3f, 1.0f, 1.7f};
   const int32_t ks[] = {0, 1, 5, static_cast<int32_t>(vocab) + 3};
@@ -361,6 +361,7 @@ std::vector<RowSamplingParams> RandomRowParams(int64_t rows, int64_t vocab, std:
     out[r].seed = (*gen)();
     out[r].position = static_cast<int64_t>((*gen)() % 100000);
     if (r % 11 == 10) out[r].top_p = r % 2 ? 0.0f : 1.5f;
+    if (r % 11 == 5) out[r].temperature = std::nanf("");
   }
   return out;
 }
