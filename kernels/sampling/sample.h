@@ -1,7 +1,8 @@
 // Seeded sampling and top log-probabilities on the device (fp32 logits): the GPU counterparts
 // of worker/sampling/Sampler, behind Backend::SampleRows and Backend::TopLogprobsRows.
 //
-// Not yet run on a GPU (docs/cuda.md, "Device sampling"): compiled and checked here only.
+// Not yet run on a GPU (docs/cuda.md, "Device sampling"): compiled, and its per-row algorithm
+// (sample_row.h) tested on the host, only.
 #ifndef DEEPINFER_KERNELS_SAMPLING_SAMPLE_H_
 #define DEEPINFER_KERNELS_SAMPLING_SAMPLE_H_
 

@@ -124,6 +124,41 @@ TEST(SampleKernelTest, SameTokensOverManyPositions) {
   EXPECT_EQ(got, want);
 }
 
+// A planted race tie (two tokens with U == 1, see sample_row_test): the earlier candidate wins
+// in Sampler's order, id order without a filter, logit order with one.
+TEST(SampleKernelTest, RaceTiesGoToTheEarlierCandidate) {
+  DEEPINFER_SKIP_WITHOUT_GPU();
+  CpuBackend cpu(2);
+  const int64_t vocab = 480000, rows = 3;
+  std::vector<float> logits(rows * vocab, 0.0f);
+  std::vector<RowSamplingParams> params(rows);
+  const int32_t ks[] = {0, 2, 0};
+  const float ps[] = {1.0f, 1.0f, 0.99f};
+  for (int64_t r = 0; r < rows; ++r) {
+    logits[r * vocab + 141671] = 0.5f;  // U(1, 10, id) == 1 for both ids
+    logits[r * vocab + 471104] = 1.0f;
+    params[r].temperature = 1.0f;
+    params[r].top_k = ks[r];
+    params[r].top_p = ps[r];
+    params[r].seed = 1;
+    params[r].position = 10;
+  }
+  std::vector<int32_t> want(rows);
+  std::vector<float> want_lp(rows);
+  cpu.SampleRows(rows, vocab, logits.data(), params.data(), want.data(), want_lp.data());
+  EXPECT_EQ(want, (std::vector<int32_t>{141671, 471104, 471104}));
+  DeviceArray<float> dl(logits);
+  DeviceArray<RowSamplingParams> dp(params);
+  DeviceArray<int32_t> dtok(rows);
+  DeviceArray<float> dlp(rows);
+  dtok.Poison();
+  DEEPINFER_CUDA_OK(
+      kernels::SampleRowsF32(rows, vocab, dl.get(), dp.get(), dtok.get(), dlp.get(), nullptr));
+  std::vector<int32_t> got;
+  DEEPINFER_CUDA_OK(dtok.Download(&got));
+  EXPECT_EQ(got, want);
+}
+
 TEST(SampleKernelTest, TopLogprobsMatchesCpuBackend) {
   DEEPINFER_SKIP_WITHOUT_GPU();
   CpuBackend cpu(2);
