@@ -232,8 +232,8 @@ class Backend {
   // seed, position; greedy when temperature <= 0), logprob[r] its log-softmax over the raw row.
   // The CPU backend calls Sampler itself; the CUDA kernel follows the same arithmetic (see
   // docs/cuda.md for where the two may still differ). A row whose top_p is outside (0, 1] or
-  // whose temperature is NaN gets token -1 and a NaN logprob; a vocab outside [1, 2^31) is an INVALID_ARGUMENT in status()
-  // and nothing is written. Logits must not be NaN.
+  // whose temperature is NaN gets token -1 and a NaN logprob; a vocab outside [1, 2^31) is an
+  // INVALID_ARGUMENT in status() and nothing is written. Logits must not be NaN.
   virtual void SampleRows(int64_t rows, int64_t vocab, const float* logits,
                           const RowSamplingParams* params, int32_t* token, float* logprob) = 0;
   // The n most likely tokens of every row (n in [1, kMaxTopLogprobs], else an INVALID_ARGUMENT
