@@ -55,6 +55,7 @@ tests=(
   //kernels/norm:rms_norm_test
   //kernels/rope:rope_test
   //kernels/sampling:argmax_test
+  //kernels/sampling:sample_test
   //worker/backend/cuda:cuda_backend_test
   //worker/backend:backend_factory_test
   //tests/parity:cuda_parity_test

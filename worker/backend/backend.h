@@ -25,6 +25,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "worker/backend/device_buffer.h"
+#include "worker/sampling/row_sampling_params.h"
 
 namespace deepinfer {
 
@@ -218,13 +219,29 @@ class Backend {
 
   // ---- Sampling ----------------------------------------------------------------------------
   // Greedy sampling on the device: out[r] = argmax of logits row r (lowest index on ties).
-  // Seeded temperature/top-k/top-p sampling is worker/sampling/sampler.h, on host logits.
+  // Seeded temperature/top-k/top-p sampling: worker/sampling/sampler.h on host logits, or
+  // SampleRows below on the device.
   virtual void ArgmaxRows(int64_t rows, int64_t vocab, const float* logits, int32_t* out) = 0;
   // Greedy sampling with the log-probability the engine reports: token[r] = argmax of row r
   // (lowest index on ties), logprob[r] = logits[r, token[r]] - logsumexp(row r), the normaliser
   // accumulated in double. Lets a decode step return rows × (int, float) instead of the logits.
   virtual void GreedySampleRows(int64_t rows, int64_t vocab, const float* logits, int32_t* token,
                                 float* logprob) = 0;
+  // Seeded sampling of every row with its own parameters, params[r] (device memory): token[r]
+  // is the token Sampler::Sample picks for row r with params[r] (temperature, top-k, top-p,
+  // seed, position; greedy when temperature <= 0), logprob[r] its log-softmax over the raw row.
+  // The CPU backend calls Sampler itself; the CUDA kernel follows the same arithmetic (see
+  // docs/cuda.md for where the two may still differ). A row whose top_p is outside (0, 1] or
+  // whose temperature is NaN gets token -1 and a NaN logprob; a vocab outside [1, 2^31) is an
+  // INVALID_ARGUMENT in status() and nothing is written. Logits must not be NaN.
+  virtual void SampleRows(int64_t rows, int64_t vocab, const float* logits,
+                          const RowSamplingParams* params, int32_t* token, float* logprob) = 0;
+  // The n most likely tokens of every row (n in [1, kMaxTopLogprobs], else an INVALID_ARGUMENT
+  // in status() and nothing written), as Sampler reports top_logprobs: ids[r * n + j] by logit
+  // descending, lower id first on ties, logprobs[r * n + j] their log-softmax over the row.
+  // Entries j >= vocab get id -1 and logprob -inf.
+  virtual void TopLogprobsRows(int64_t rows, int64_t vocab, const float* logits, int32_t n,
+                               int32_t* ids, float* logprobs) = 0;
 };
 
 }  // namespace deepinfer

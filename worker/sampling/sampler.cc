@@ -10,12 +10,25 @@
 
 namespace deepinfer {
 
+RowSamplingParams ToRowSamplingParams(const SamplingParams& params, int64_t position) {
+  RowSamplingParams row;
+  row.temperature = params.temperature;
+  row.top_k = params.top_k;
+  row.top_p = params.top_p;
+  row.seed = params.seed;
+  row.position = position;
+  return row;
+}
+
 absl::StatusOr<SampledToken> Sampler::Sample(const float* logits, int32_t vocab,
                                              const SamplingParams& params, int64_t position) {
   if (vocab <= 0) return absl::InvalidArgumentError("Sampler: empty vocabulary");
   if (!(params.top_p > 0.0f && params.top_p <= 1.0f)) {
     return absl::InvalidArgumentError(
         absl::StrCat("Sampler: top_p must be in (0, 1], got ", params.top_p));
+  }
+  if (std::isnan(params.temperature)) {
+    return absl::InvalidArgumentError("Sampler: temperature is NaN");
   }
   if (params.num_logprobs < 0) {
     return absl::InvalidArgumentError("Sampler: num_logprobs must be >= 0");
@@ -62,8 +75,11 @@ absl::StatusOr<SampledToken> Sampler::Sample(const float* logits, int32_t vocab,
     }
     double best = -1;
     for (int32_t i = 0; i < keep; ++i) {
+      // 0 - log(u) rather than -log(u): equal for u < 1, but u == 1 gives E = +0, so the token
+      // wins the race (race +inf) instead of losing it with -inf; with a single candidate that
+      // left no winner at all (token -1).
       const double e =
-          -std::log(static_cast<double>(CounterRng::Uniform(params.seed, position, order[i])));
+          0.0 - std::log(static_cast<double>(CounterRng::Uniform(params.seed, position, order[i])));
       const double race = p[i] / e;
       if (race > best) {
         best = race;

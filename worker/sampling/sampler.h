@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "worker/sampling/row_sampling_params.h"
 
 namespace deepinfer {
 
@@ -31,6 +32,10 @@ struct SampledToken {
   float logprob = 0.0f;
   std::vector<std::pair<int32_t, float>> top_logprobs;  // descending, num_logprobs entries
 };
+
+// The device-memory form of (params, position) for Backend::SampleRows. num_logprobs is not
+// part of it: top log-probabilities are Backend::TopLogprobsRows.
+RowSamplingParams ToRowSamplingParams(const SamplingParams& params, int64_t position);
 
 class Sampler {
  public:

@@ -4,6 +4,7 @@
 #include <cmath>
 #include <map>
 #include <set>
+#include <string>
 #include <vector>
 
 #include "gtest/gtest.h"
@@ -100,6 +101,47 @@ TEST(SamplerTest, TopKAndTopPRestrictSupport) {
     EXPECT_EQ(Sampler::Sample(l.data(), 50, q, pos)->token, idx[0]);
   q.top_p = 0.0f;
   EXPECT_FALSE(Sampler::Sample(l.data(), 50, q, 0).ok());
+}
+
+TEST(SamplerTest, UniformOfOneWinsTheRace) {
+  // A draw of exactly 1 (probability 2^-24 per token) means E = 0: that token arrives first.
+  // It used to get race -inf, and as the only candidate left no token at all (-1).
+  const uint64_t seed = 7935899;  // found by search: the one input with U == 1 below
+  ASSERT_EQ(CounterRng::Uniform(seed, 0, 1), 1.0f);
+  std::vector<float> l = {0.0f, 5.0f, 1.0f};
+  SamplingParams p;
+  p.temperature = 1.0f;
+  p.seed = seed;
+  p.top_k = 1;
+  EXPECT_EQ(Sampler::Sample(l.data(), 3, p, 0)->token, 1);
+  p.top_k = 0;
+  l = {9.0f, 0.0f, 9.0f};  // token 1 is unlikely but its E is 0
+  EXPECT_EQ(Sampler::Sample(l.data(), 3, p, 0)->token, 1);
+}
+
+TEST(SamplerTest, NanTemperatureIsRejected) {
+  auto l = Logits();
+  SamplingParams p;
+  p.temperature = std::nanf("");
+  auto s = Sampler::Sample(l.data(), 50, p, 0);
+  ASSERT_FALSE(s.ok());
+  EXPECT_NE(s.status().message().find("temperature"), std::string::npos) << s.status();
+}
+
+TEST(SamplerTest, ToRowSamplingParamsCarriesEveryField) {
+  SamplingParams p;
+  p.temperature = 0.7f;
+  p.top_k = 40;
+  p.top_p = 0.9f;
+  p.seed = 0x123456789abcdefull;
+  p.num_logprobs = 3;
+  const RowSamplingParams r = ToRowSamplingParams(p, 77);
+  EXPECT_EQ(r.temperature, 0.7f);
+  EXPECT_EQ(r.top_k, 40);
+  EXPECT_EQ(r.top_p, 0.9f);
+  EXPECT_EQ(r.seed, 0x123456789abcdefull);
+  EXPECT_EQ(r.position, 77);
+  EXPECT_EQ(r.reserved, 0);
 }
 
 }  // namespace

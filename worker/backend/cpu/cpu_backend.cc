@@ -8,8 +8,10 @@
 #include <limits>
 #include <numeric>
 
+#include "absl/strings/str_cat.h"
 #include "glog/logging.h"
 #include "worker/backend/bf16.h"
+#include "worker/sampling/sampler.h"
 
 namespace deepinfer {
 namespace {
@@ -380,6 +382,67 @@ void CpuBackend::GreedySampleRows(int64_t rows, int64_t vocab, const float* logi
     token[r] = static_cast<int32_t>(best);
     logprob[r] = static_cast<float>(l[best] - (mx + std::log(sum)));
   }
+}
+
+// Row by row through Sampler itself, so the CPU op is Sampler by construction.
+void CpuBackend::SampleRows(int64_t rows, int64_t vocab, const float* logits,
+                            const RowSamplingParams* params, int32_t* token, float* logprob) {
+  if (vocab <= 0 || vocab > std::numeric_limits<int32_t>::max()) {
+    Record(absl::InvalidArgumentError(
+        absl::StrCat("SampleRows: vocab must be in [1, 2^31), got ", vocab)));
+    return;
+  }
+  pool_.ParallelFor(rows, 1, [&](int64_t b, int64_t e) {
+    for (int64_t r = b; r < e; ++r) {
+      SamplingParams sp;
+      sp.temperature = params[r].temperature;
+      sp.top_k = params[r].top_k;
+      sp.top_p = params[r].top_p;
+      sp.seed = params[r].seed;
+      auto s =
+          Sampler::Sample(logits + r * vocab, static_cast<int32_t>(vocab), sp, params[r].position);
+      token[r] = s.ok() ? s->token : -1;
+      logprob[r] = s.ok() ? s->logprob : std::numeric_limits<float>::quiet_NaN();
+    }
+  });
+}
+
+void CpuBackend::TopLogprobsRows(int64_t rows, int64_t vocab, const float* logits, int32_t n,
+                                 int32_t* ids, float* logprobs) {
+  if (n < 1 || n > kMaxTopLogprobs) {
+    Record(absl::InvalidArgumentError(
+        absl::StrCat("TopLogprobsRows: n must be in [1, ", kMaxTopLogprobs, "], got ", n)));
+    return;
+  }
+  if (vocab <= 0 || vocab > std::numeric_limits<int32_t>::max()) {
+    Record(absl::InvalidArgumentError(
+        absl::StrCat("TopLogprobsRows: vocab must be in [1, 2^31), got ", vocab)));
+    return;
+  }
+  pool_.ParallelFor(rows, 1, [&](int64_t b, int64_t e) {
+    for (int64_t r = b; r < e; ++r) {
+      SamplingParams sp;  // greedy: only top_logprobs is used
+      sp.num_logprobs = n;
+      auto s = Sampler::Sample(logits + r * vocab, static_cast<int32_t>(vocab), sp, 0);
+      CHECK(s.ok()) << s.status();  // the arguments were checked above
+      for (int32_t j = 0; j < n; ++j) {
+        const bool have = j < static_cast<int32_t>(s->top_logprobs.size());
+        ids[r * n + j] = have ? s->top_logprobs[j].first : -1;
+        logprobs[r * n + j] =
+            have ? s->top_logprobs[j].second : -std::numeric_limits<float>::infinity();
+      }
+    }
+  });
+}
+
+void CpuBackend::Record(const absl::Status& st) {
+  absl::MutexLock lock(&mu_);
+  if (status_.ok()) status_ = st;
+}
+
+absl::Status CpuBackend::status() const {
+  absl::MutexLock lock(&mu_);
+  return status_;
 }
 
 }  // namespace deepinfer

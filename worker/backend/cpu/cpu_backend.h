@@ -11,6 +11,9 @@
 #include <string>
 #include <vector>
 
+#include "absl/base/thread_annotations.h"
+#include "absl/status/status.h"
+#include "absl/synchronization/mutex.h"
 #include "worker/backend/backend.h"
 #include "worker/backend/cpu/thread_pool.h"
 
@@ -57,10 +60,21 @@ class CpuBackend : public Backend {
   void ArgmaxRows(int64_t rows, int64_t vocab, const float* logits, int32_t* out) override;
   void GreedySampleRows(int64_t rows, int64_t vocab, const float* logits, int32_t* token,
                         float* logprob) override;
+  void SampleRows(int64_t rows, int64_t vocab, const float* logits, const RowSamplingParams* params,
+                  int32_t* token, float* logprob) override;
+  void TopLogprobsRows(int64_t rows, int64_t vocab, const float* logits, int32_t n, int32_t* ids,
+                       float* logprobs) override;
+
+  // The first invalid-argument error an op has hit (only TopLogprobsRows reports one).
+  absl::Status status() const override;
 
  private:
+  void Record(const absl::Status& st);
+
   ThreadPool pool_;
   const WeightDType weight_dtype_;
+  mutable absl::Mutex mu_;
+  absl::Status status_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace deepinfer

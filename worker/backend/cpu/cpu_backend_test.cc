@@ -2,12 +2,14 @@
 #include "worker/backend/cpu/cpu_backend.h"
 
 #include <cmath>
+#include <limits>
 #include <random>
 #include <utility>
 #include <vector>
 
 #include "gtest/gtest.h"
 #include "worker/backend/bf16.h"
+#include "worker/sampling/sampler.h"
 
 namespace deepinfer {
 namespace {
@@ -343,6 +345,110 @@ TEST(CpuBackendTest, ArgmaxRows) {
   std::vector<int32_t> out(2);
   be.ArgmaxRows(2, 4, l.data(), out.data());
   EXPECT_EQ(out, (std::vector<int32_t>{1, 2}));
+}
+
+// Random parameters covering greedy, temperature only, top-k (1, small, >= vocab), top-p
+// (tiny, small, large) and both; some rows have an invalid top_p or a NaN temperature.
+std::vector<RowSamplingParams> RandomRowParams(int64_t rows, int64_t vocab, std::mt19937_64* gen) {
+  const float temps[] = {0.0f, 0.3f, 1.0f, 1.7f};
+  const int32_t ks[] = {0, 1, 5, static_cast<int32_t>(vocab) + 3};
+  const float ps[] = {1.0f, 0.9f, 0.3f, 1e-6f};
+  std::vector<RowSamplingParams> out(rows);
+  for (int64_t r = 0; r < rows; ++r) {
+    out[r].temperature = temps[(*gen)() % 4];
+    out[r].top_k = ks[(*gen)() % 4];
+    out[r].top_p = ps[(*gen)() % 4];
+    out[r].seed = (*gen)();
+    out[r].position = static_cast<int64_t>((*gen)() % 100000);
+    if (r % 11 == 10) out[r].top_p = r % 2 ? 0.0f : 1.5f;
+    if (r % 11 == 5) out[r].temperature = std::nanf("");
+  }
+  return out;
+}
+
+TEST(CpuBackendTest, SampleRowsIsSampler) {
+  CpuBackend be(2);
+  const uint32_t seed = std::random_device{}();
+  SCOPED_TRACE(::testing::Message() << "seed " << seed);
+  std::mt19937_64 gen(seed);
+  for (int64_t vocab : {1, 9, 500}) {
+    const int64_t rows = 40;
+    auto logits = Random(rows * vocab, seed + vocab);
+    for (int64_t r = 0; r < rows; r += 3) {  // planted ties, -0 against +0 among them
+      logits[r * vocab + gen() % vocab] = 0.0f;
+      logits[r * vocab + gen() % vocab] = -0.0f;
+      logits[r * vocab + gen() % vocab] = 2.5f;
+      logits[r * vocab + gen() % vocab] = 2.5f;
+    }
+    const auto params = RandomRowParams(rows, vocab, &gen);
+    std::vector<int32_t> tok(rows, -7);
+    std::vector<float> lp(rows, 7.0f);
+    be.SampleRows(rows, vocab, logits.data(), params.data(), tok.data(), lp.data());
+    for (int64_t r = 0; r < rows; ++r) {
+      SCOPED_TRACE(::testing::Message() << "vocab " << vocab << " row " << r);
+      SamplingParams sp;
+      sp.temperature = params[r].temperature;
+      sp.top_k = params[r].top_k;
+      sp.top_p = params[r].top_p;
+      sp.seed = params[r].seed;
+      auto want = Sampler::Sample(logits.data() + r * vocab, static_cast<int32_t>(vocab), sp,
+                                  params[r].position);
+      if (!want.ok()) {
+        EXPECT_EQ(tok[r], -1);
+        EXPECT_TRUE(std::isnan(lp[r]));
+        continue;
+      }
+      EXPECT_EQ(tok[r], want->token);
+      EXPECT_EQ(lp[r], want->logprob);
+    }
+  }
+  EXPECT_TRUE(be.status().ok()) << be.status();
+  std::vector<int32_t> tok(1, -7);
+  std::vector<float> lp(1, 7.0f);
+  const RowSamplingParams one;
+  be.SampleRows(1, 0, nullptr, &one, tok.data(), lp.data());
+  EXPECT_EQ(be.status().code(), absl::StatusCode::kInvalidArgument) << be.status();
+  EXPECT_EQ(tok[0], -7);
+}
+
+TEST(CpuBackendTest, TopLogprobsRowsIsSampler) {
+  const uint32_t seed = std::random_device{}();
+  SCOPED_TRACE(::testing::Message() << "seed " << seed);
+  CpuBackend be(2);
+  for (int64_t vocab : {1, 7, 300}) {
+    for (int32_t n : {1, 5, kMaxTopLogprobs}) {
+      SCOPED_TRACE(::testing::Message() << "vocab " << vocab << " n " << n);
+      const int64_t rows = 6;
+      auto logits = Random(rows * vocab, seed + vocab + n);
+      for (int64_t i = 0; i < vocab; i += 2) logits[i] = 1.25f;  // row 0: many ties
+      std::vector<int32_t> ids(rows * n, -7);
+      std::vector<float> lps(rows * n, 7.0f);
+      be.TopLogprobsRows(rows, vocab, logits.data(), n, ids.data(), lps.data());
+      for (int64_t r = 0; r < rows; ++r) {
+        SamplingParams sp;
+        sp.num_logprobs = n;
+        auto want = Sampler::Sample(logits.data() + r * vocab, static_cast<int32_t>(vocab), sp, 0);
+        ASSERT_TRUE(want.ok()) << want.status();
+        for (int32_t j = 0; j < n; ++j) {
+          if (j < vocab) {
+            EXPECT_EQ(ids[r * n + j], want->top_logprobs[j].first) << r << "," << j;
+            EXPECT_EQ(lps[r * n + j], want->top_logprobs[j].second) << r << "," << j;
+          } else {
+            EXPECT_EQ(ids[r * n + j], -1);
+            EXPECT_EQ(lps[r * n + j], -std::numeric_limits<float>::infinity());
+          }
+        }
+      }
+    }
+  }
+  EXPECT_TRUE(be.status().ok()) << be.status();
+  std::vector<int32_t> ids(kMaxTopLogprobs + 1, -7);
+  std::vector<float> lps(kMaxTopLogprobs + 1, 7.0f);
+  std::vector<float> l(4, 0.0f);
+  be.TopLogprobsRows(1, 4, l.data(), kMaxTopLogprobs + 1, ids.data(), lps.data());
+  EXPECT_EQ(be.status().code(), absl::StatusCode::kInvalidArgument) << be.status();
+  EXPECT_NE(be.status().message().find("n must be in [1, 20]"), std::string::npos) << be.status();
+  EXPECT_EQ(ids[0], -7);
 }
 
 }  // namespace

@@ -20,6 +20,7 @@
 #include "kernels/norm/rms_norm.h"
 #include "kernels/rope/rope.h"
 #include "kernels/sampling/argmax.h"
+#include "kernels/sampling/sample.h"
 #include "worker/backend/cuda/cuda_status.h"
 
 namespace deepinfer {
@@ -451,6 +452,35 @@ void CudaBackend::GreedySampleRows(int64_t rows, int64_t vocab, const float* log
   OpTimer timer(this, "GreedySampleRows");
   Check(kernels::GreedySampleRowsF32(rows, vocab, logits, token, logprob, stream_),
         "kernels::GreedySampleRowsF32");
+}
+
+void CudaBackend::SampleRows(int64_t rows, int64_t vocab, const float* logits,
+                             const RowSamplingParams* params, int32_t* token, float* logprob) {
+  OpTimer timer(this, "SampleRows");
+  if (vocab <= 0 || vocab > std::numeric_limits<int32_t>::max()) {
+    Record(absl::InvalidArgumentError(
+        absl::StrCat("SampleRows: vocab must be in [1, 2^31), got ", vocab)));
+    return;
+  }
+  Check(kernels::SampleRowsF32(rows, vocab, logits, params, token, logprob, stream_),
+        "kernels::SampleRowsF32");
+}
+
+void CudaBackend::TopLogprobsRows(int64_t rows, int64_t vocab, const float* logits, int32_t n,
+                                  int32_t* ids, float* logprobs) {
+  OpTimer timer(this, "TopLogprobsRows");
+  if (n < 1 || n > kMaxTopLogprobs) {
+    Record(absl::InvalidArgumentError(
+        absl::StrCat("TopLogprobsRows: n must be in [1, ", kMaxTopLogprobs, "], got ", n)));
+    return;
+  }
+  if (vocab <= 0 || vocab > std::numeric_limits<int32_t>::max()) {
+    Record(absl::InvalidArgumentError(
+        absl::StrCat("TopLogprobsRows: vocab must be in [1, 2^31), got ", vocab)));
+    return;
+  }
+  Check(kernels::TopLogprobsF32(rows, vocab, logits, n, ids, logprobs, stream_),
+        "kernels::TopLogprobsF32");
 }
 
 bool CudaBackend::RoutedExperts(const RoutedExpertsArgs& a) {

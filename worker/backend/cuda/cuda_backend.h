@@ -96,6 +96,10 @@ class CudaBackend : public Backend {
   void ArgmaxRows(int64_t rows, int64_t vocab, const float* logits, int32_t* out) override;
   void GreedySampleRows(int64_t rows, int64_t vocab, const float* logits, int32_t* token,
                         float* logprob) override;
+  void SampleRows(int64_t rows, int64_t vocab, const float* logits, const RowSamplingParams* params,
+                  int32_t* token, float* logprob) override;
+  void TopLogprobsRows(int64_t rows, int64_t vocab, const float* logits, int32_t n, int32_t* ids,
+                       float* logprobs) override;
 
   // The first error any op has hit (OK if none).
   absl::Status status() const override;

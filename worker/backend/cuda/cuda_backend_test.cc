@@ -352,5 +352,49 @@ TEST_F(CudaBackendTest, KernelErrorsAreRecordedWithTheCallNamed) {
   EXPECT_EQ(gpu_->status(), st);
 }
 
+// The sampling ops pass their arguments through to kernels/sampling:sample in the right order
+// (the kernels themselves are checked against Sampler in kernels/sampling:sample_test).
+TEST_F(CudaBackendTest, SampleRowsAndTopLogprobsRowsMatchCpu) {
+  const int64_t rows = 5, vocab = 300;
+  const int32_t n = 4;
+  const uint32_t seed = testing::FreshSeed();
+  SCOPED_TRACE(::testing::Message() << "seed " << seed);
+  const auto logits = testing::RandomFloats(rows * vocab, seed, 2.0f);
+  std::vector<RowSamplingParams> params(rows);
+  for (int64_t r = 0; r < rows; ++r) {
+    params[r].temperature = 1.0f;
+    params[r].top_k = r % 2 ? 20 : 0;
+    params[r].top_p = r % 3 ? 0.9f : 1.0f;
+    params[r].seed = seed + r;
+    params[r].position = 1000 + r;
+  }
+  std::vector<int32_t> want_tok(rows), want_ids(rows * n);
+  std::vector<float> want_lp(rows), want_top(rows * n);
+  cpu_.SampleRows(rows, vocab, logits.data(), params.data(), want_tok.data(), want_lp.data());
+  cpu_.TopLogprobsRows(rows, vocab, logits.data(), n, want_ids.data(), want_top.data());
+
+  auto dl = Upload(logits);
+  auto dp = gpu_->Allocate(rows * sizeof(RowSamplingParams));
+  gpu_->CopyToDevice(params.data(), rows * sizeof(RowSamplingParams), dp->data());
+  auto dtok = Poisoned(rows), dlp = Poisoned(rows), dids = Poisoned(rows * n),
+       dtop = Poisoned(rows * n);
+  gpu_->SampleRows(rows, vocab, dl->as<float>(), dp->as<RowSamplingParams>(), dtok->as<int32_t>(),
+                   dlp->as<float>());
+  gpu_->TopLogprobsRows(rows, vocab, dl->as<float>(), n, dids->as<int32_t>(), dtop->as<float>());
+  std::vector<int32_t> got_tok(rows), got_ids(rows * n);
+  gpu_->CopyToHost(dtok->data(), rows * sizeof(int32_t), got_tok.data());
+  gpu_->CopyToHost(dids->data(), rows * n * sizeof(int32_t), got_ids.data());
+  EXPECT_EQ(got_tok, want_tok);
+  EXPECT_EQ(got_ids, want_ids);
+  EXPECT_TRUE(AllClose(Download(*dlp), want_lp, 1e-5, 0));
+  EXPECT_TRUE(AllClose(Download(*dtop), want_top, 1e-5, 0));
+  EXPECT_TRUE(gpu_->status().ok()) << gpu_->status();
+  // An n beyond kMaxTopLogprobs is an INVALID_ARGUMENT that names it.
+  gpu_->TopLogprobsRows(rows, vocab, dl->as<float>(), kMaxTopLogprobs + 1, dids->as<int32_t>(),
+                        dtop->as<float>());
+  EXPECT_EQ(gpu_->status().code(), absl::StatusCode::kInvalidArgument) << gpu_->status();
+  EXPECT_NE(gpu_->status().message().find("TopLogprobsRows"), absl::string_view::npos);
+}
+
 }  // namespace
 }  // namespace deepinfer

@@ -1,0 +1,181 @@
+// Device sampling: one block of 512 threads per row runs kernels/sampling/sample_row.h (the
+// algorithm, shared with a host test) with BlockOf512: reductions over the block in a fixed
+// order (each thread's strided values, a warp butterfly, then the warps in order), so a row's
+// result does not change from run to run.
+//
+// Cost per row (V = vocab): 2 passes for the log-softmax normaliser, +1 for the temperature
+// normaliser and +1 for the race; +64 counting passes with top-k < V; +64 passes with a double
+// exp each with top-p < 1. Correctness first: a radix select with a histogram of probability
+// mass would cut the 64 passes to about 4, once this has run on a GPU.
+#include <math.h>
+
+#include "kernels/sampling/sample.h"
+#include "kernels/sampling/sample_row.h"
+
+namespace deepinfer {
+namespace kernels {
+namespace {
+
+using sample_row::u64;
+
+constexpr int kThreads = 512;
+constexpr int kWarps = kThreads / 32;
+
+struct SumOp {
+  template <typename T>
+  __device__ T operator()(T a, T b) const {
+    return a + b;
+  }
+};
+struct MaxOp {
+  __device__ u64 operator()(u64 a, u64 b) const { return a > b ? a : b; }
+};
+
+// Block-wide reduction; every thread gets the result. s holds kWarps + 1 values.
+template <typename T, typename Op>
+__device__ T BlockReduce(T v, T* s, Op op) {
+  for (int o = 16; o > 0; o >>= 1) v = op(v, __shfl_xor_sync(0xffffffffu, v, o));
+  __syncthreads();  // everyone has read the previous result out of s
+  if ((threadIdx.x & 31) == 0) s[threadIdx.x / 32] = v;
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    T t = s[0];
+    for (int w = 1; w < kWarps; ++w) t = op(t, s[w]);
+    s[kWarps] = t;
+  }
+  __syncthreads();
+  return s[kWarps];
+}
+
+__device__ __forceinline__ bool RaceBetter(double v, u64 r, double best, u64 rank) {
+  return v > best || (v == best && r > rank);
+}
+
+// The Block of sample_row.h for kThreads threads; the arrays are the kernel's shared memory.
+// Its functions are __host__ __device__ only so that the shared templates instantiate; they
+// run on the device alone.
+struct BlockOf512 {
+  u64* su;     // [kWarps + 1]
+  double* sd;  // [kWarps + 1]
+  double* rv;  // [kWarps + 1]
+  u64* rr;     // [kWarps + 1]
+
+  DEEPINFER_HOST_DEVICE int64_t first() const {
+#if defined(__CUDA_ARCH__)
+    return threadIdx.x;
+#else
+    return 0;
+#endif
+  }
+  DEEPINFER_HOST_DEVICE int64_t step() const { return kThreads; }
+  DEEPINFER_HOST_DEVICE bool leader() const { return first() == 0; }
+  DEEPINFER_HOST_DEVICE double SumD(double v) {
+#if defined(__CUDA_ARCH__)
+    return BlockReduce(v, sd, SumOp());
+#else
+    return v;
+#endif
+  }
+  DEEPINFER_HOST_DEVICE u64 SumU(u64 v) {
+#if defined(__CUDA_ARCH__)
+    return BlockReduce(v, su, SumOp());
+#else
+    return v;
+#endif
+  }
+  DEEPINFER_HOST_DEVICE u64 MaxU(u64 v) {
+#if defined(__CUDA_ARCH__)
+    return BlockReduce(v, su, MaxOp());
+#else
+    return v;
+#endif
+  }
+  DEEPINFER_HOST_DEVICE void RaceMax(double* best, u64* rank) {
+#if defined(__CUDA_ARCH__)
+    double b = *best;
+    u64 r = *rank;
+    for (int o = 16; o > 0; o >>= 1) {
+      const double ob = __shfl_xor_sync(0xffffffffu, b, o);
+      const u64 orank = __shfl_xor_sync(0xffffffffu, r, o);
+      if (RaceBetter(ob, orank, b, r)) {
+        b = ob;
+        r = orank;
+      }
+    }
+    __syncthreads();
+    if ((threadIdx.x & 31) == 0) {
+      rv[threadIdx.x / 32] = b;
+      rr[threadIdx.x / 32] = r;
+    }
+    __syncthreads();
+    if (threadIdx.x == 0) {
+      for (int w = 1; w < kWarps; ++w) {
+        if (RaceBetter(rv[w], rr[w], b, r)) {
+          b = rv[w];
+          r = rr[w];
+        }
+      }
+      rv[kWarps] = b;
+      rr[kWarps] = r;
+    }
+    __syncthreads();
+    *best = rv[kWarps];
+    *rank = rr[kWarps];
+#else
+    (void)best;
+    (void)rank;
+#endif
+  }
+};
+
+__global__ void SampleRowsKernel(int64_t vocab, const float* logits,
+                                 const RowSamplingParams* params, int32_t* token, float* logprob) {
+  __shared__ u64 su[kWarps + 1];
+  __shared__ double sd[kWarps + 1];
+  __shared__ double rv[kWarps + 1];
+  __shared__ u64 rr[kWarps + 1];
+  BlockOf512 block{su, sd, rv, rr};
+  const int64_t row = blockIdx.x;
+  const RowSamplingParams p = params[row];
+  float lp;
+  const int32_t tok = sample_row::SampleRow(block, logits + row * vocab, vocab, p, &lp);
+  if (threadIdx.x == 0) {
+    token[row] = tok;
+    logprob[row] = lp;
+  }
+}
+
+__global__ void TopLogprobsKernel(int64_t vocab, const float* logits, int32_t n, int32_t* ids,
+                                  float* logprobs) {
+  __shared__ u64 su[kWarps + 1];
+  __shared__ double sd[kWarps + 1];
+  BlockOf512 block{su, sd, nullptr, nullptr};
+  const int64_t row = blockIdx.x;
+  sample_row::TopLogprobsRow(block, logits + row * vocab, vocab, n, ids + row * n,
+                             logprobs + row * n);
+}
+
+}  // namespace
+
+cudaError_t SampleRowsF32(int64_t rows, int64_t vocab, const float* logits,
+                          const RowSamplingParams* params, int32_t* token, float* logprob,
+                          cudaStream_t stream) {
+  if (rows <= 0) return cudaSuccess;
+  if (vocab <= 0 || vocab > 0x7fffffff || rows > 0x7fffffff) return cudaErrorInvalidValue;
+  SampleRowsKernel<<<static_cast<unsigned>(rows), kThreads, 0, stream>>>(vocab, logits, params,
+                                                                         token, logprob);
+  return cudaGetLastError();
+}
+
+cudaError_t TopLogprobsF32(int64_t rows, int64_t vocab, const float* logits, int32_t n,
+                           int32_t* ids, float* logprobs, cudaStream_t stream) {
+  if (n < 1 || n > kMaxTopLogprobs) return cudaErrorInvalidValue;
+  if (rows <= 0) return cudaSuccess;
+  if (vocab <= 0 || vocab > 0x7fffffff || rows > 0x7fffffff) return cudaErrorInvalidValue;
+  TopLogprobsKernel<<<static_cast<unsigned>(rows), kThreads, 0, stream>>>(vocab, logits, n, ids,
+                                                                          logprobs);
+  return cudaGetLastError();
+}
+
+}  // namespace kernels
+}  // namespace deepinfer

@@ -1,0 +1,210 @@
+// The per-row algorithm of kernels/sampling:sample, written once for the device and the host.
+// The kernel runs SampleRow / TopLogprobsRow with a block of 512 threads (reductions over the
+// block); SerialBlock runs the same code in one host thread, so a CPU test checks the kernel's
+// own logic (keys, bisections, tie order, arithmetic) against Sampler on this machine. What
+// that cannot check is the CUDA part: the block reductions, barriers and device exp/log.
+//
+// Where Sampler sorts the row (top-k, top-p), this bisects over 64-bit candidate keys that
+// order tokens exactly as Sampler's sort does (logit descending, then id ascending), each step
+// one reduction over the row: the top-k cut is the largest key c with #{key >= c} >= k, the
+// top-p cut the largest c with mass{key >= c} >= top_p. No scratch memory and no sort.
+#ifndef DEEPINFER_KERNELS_SAMPLING_SAMPLE_ROW_H_
+#define DEEPINFER_KERNELS_SAMPLING_SAMPLE_ROW_H_
+
+#include <math.h>
+
+#include <cstdint>
+#include <cstring>
+
+#include "worker/sampling/counter_rng.h"
+#include "worker/sampling/row_sampling_params.h"
+
+namespace deepinfer {
+namespace kernels {
+namespace sample_row {
+
+using u64 = unsigned long long;
+
+// Candidate order as a number: a larger key is an earlier candidate. High half: the logit's bits
+// mapped to an unsigned integer that sorts like the float (-0 taken as +0, as == does); low
+// half: the complemented id, so a lower id is larger. A non-NaN logit's key is never 0.
+DEEPINFER_HOST_DEVICE u64 Key(float v, int64_t i) {
+  if (v == 0.0f) v = 0.0f;
+#if defined(__CUDA_ARCH__)
+  uint32_t u = __float_as_uint(v);
+#else
+  uint32_t u;
+  std::memcpy(&u, &v, sizeof(u));
+#endif
+  u = (u & 0x80000000u) ? ~u : (u | 0x80000000u);
+  return (static_cast<u64>(u) << 32) | (0xFFFFFFFFu - static_cast<uint32_t>(i));
+}
+
+DEEPINFER_HOST_DEVICE int32_t IdOfKey(u64 k) {
+  return static_cast<int32_t>(0xFFFFFFFFu - static_cast<uint32_t>(k));
+}
+
+// a * b - c with the product rounded first, as the host computes it: nvcc would otherwise
+// contract it into an FMA.
+DEEPINFER_HOST_DEVICE double MulSub(double a, double b, double c) {
+#if defined(__CUDA_ARCH__)
+  return __dsub_rn(__dmul_rn(a, b), c);
+#else
+  return a * b - c;
+#endif
+}
+
+// The largest c in [lo, 2^64) with pred(c), for pred true at lo and monotone (true, then false).
+template <typename Pred>
+DEEPINFER_HOST_DEVICE u64 LargestWith(u64 lo, Pred pred) {
+  u64 hi = ~0ull;
+  while (lo < hi) {
+    const u64 mid = lo + (hi - lo) / 2 + 1;  // in (lo, hi], no overflow
+    if (pred(mid)) {
+      lo = mid;
+    } else {
+      hi = mid - 1;
+    }
+  }
+  return lo;
+}
+
+// One thread doing the whole row: a block of one. The Block concept: first()/step() give this
+// thread's strided loop over the row; SumD / SumU / MaxU reduce over the block (every thread
+// gets the result); RaceMax keeps the larger (race, rank) pair, larger rank on equal races;
+// leader() is the thread that writes results.
+struct SerialBlock {
+  int64_t first() const { return 0; }
+  int64_t step() const { return 1; }
+  bool leader() const { return true; }
+  double SumD(double v) { return v; }
+  u64 SumU(u64 v) { return v; }
+  u64 MaxU(u64 v) { return v; }
+  void RaceMax(double*, u64*) {}
+};
+
+struct RowNormaliser {
+  u64 max_key;   // the row's largest key: its argmax, lowest id on ties
+  double log_z;  // logsumexp of the raw row
+};
+
+// As Sampler: the maximum, then the sum of exp(l - max) in double.
+template <class Block>
+DEEPINFER_HOST_DEVICE RowNormaliser Normalise(Block& b, const float* l, int64_t vocab) {
+  u64 k = 0;
+  for (int64_t i = b.first(); i < vocab; i += b.step()) {
+    const u64 ki = Key(l[i], i);
+    k = ki > k ? ki : k;
+  }
+  k = b.MaxU(k);
+  const double mx = l[IdOfKey(k)];
+  double sum = 0;
+  for (int64_t i = b.first(); i < vocab; i += b.step()) sum += exp(static_cast<double>(l[i]) - mx);
+  return {k, mx + log(b.SumD(sum))};
+}
+
+// Sampler::Sample's token for the row (-1 for Sampler's INVALID_ARGUMENT: top_p outside
+// (0, 1] or a NaN temperature); *logprob its log-softmax (NaN for -1). Every thread returns it.
+template <class Block>
+DEEPINFER_HOST_DEVICE int32_t SampleRow(Block& b, const float* l, int64_t vocab,
+                                        const RowSamplingParams& p, float* logprob) {
+  if (!(p.top_p > 0.0f && p.top_p <= 1.0f) || isnan(p.temperature)) {
+    *logprob = NAN;
+    return -1;
+  }
+  const RowNormaliser norm = Normalise(b, l, vocab);
+  int32_t tok = IdOfKey(norm.max_key);  // greedy
+  if (p.temperature > 0.0f) {
+    // Sampler's arithmetic step by step.
+    const double inv_t = 1.0 / static_cast<double>(p.temperature);
+    const double top = static_cast<double>(l[tok]) * inv_t;  // the largest l * inv_t
+    auto weight = [&](int64_t i) { return exp(MulSub(static_cast<double>(l[i]), inv_t, top)); };
+    int64_t keep = vocab;
+    if (p.top_k > 0 && p.top_k < keep) keep = p.top_k;
+    // Sampler leaves the candidates in id order unless it filters; that order breaks race ties.
+    const bool sorted = keep < vocab || p.top_p < 1.0f;
+    u64 cut = 0;  // the candidates are the tokens whose key is >= cut
+    if (keep < vocab) {
+      // Keys are distinct, so this is the keep-th largest key.
+      cut = LargestWith(0, [&](u64 c) {
+        u64 n = 0;
+        for (int64_t i = b.first(); i < vocab; i += b.step()) n += Key(l[i], i) >= c ? 1 : 0;
+        return b.SumU(n) >= static_cast<u64>(keep);
+      });
+    }
+    double z = 0;
+    for (int64_t i = b.first(); i < vocab; i += b.step())
+      if (Key(l[i], i) >= cut) z += weight(i);
+    z = b.SumD(z);
+    if (p.top_p < 1.0f) {
+      // The shortest prefix whose probability (normalised over the top-k) reaches top_p. If
+      // rounding keeps the total below top_p, pred(cut) is false and all of top-k stays, as in
+      // Sampler.
+      const double top_p = p.top_p;
+      cut = LargestWith(cut, [&](u64 c) {
+        double mass = 0;
+        for (int64_t i = b.first(); i < vocab; i += b.step())
+          if (Key(l[i], i) >= c) mass += weight(i) / z;
+        return b.SumD(mass) >= top_p;
+      });
+    }
+    // The race: the largest p_i / E_i wins; on equal values the earlier candidate (larger rank)
+    // wins, as Sampler's strict > keeps the first. E = 0 - log(u) as in Sampler (u == 1: +0).
+    double best = -1.0;
+    u64 rank = 0;
+    for (int64_t i = b.first(); i < vocab; i += b.step()) {
+      const u64 k = Key(l[i], i);
+      if (k < cut) continue;
+      const double e = 0.0 - log(static_cast<double>(CounterUniform(p.seed, p.position, i)));
+      const double race = weight(i) / z / e;
+      const u64 r = sorted ? k : (k & 0xFFFFFFFFull);
+      if (race > best || (race == best && r > rank)) {
+        best = race;
+        rank = r;
+      }
+    }
+    b.RaceMax(&best, &rank);
+    // Both rank forms keep the complemented id in the low half. No winner (-1) cannot happen:
+    // the row maximum always races with p > 0.
+    tok = rank == 0 ? -1 : IdOfKey(rank);
+  }
+  *logprob = tok < 0 ? NAN : static_cast<float>(static_cast<double>(l[tok]) - norm.log_z);
+  return tok;
+}
+
+// The n most likely tokens (n rounds of a max over the keys below the previous round's);
+// the leader writes ids[j], logprobs[j] for j < n (-1 and -inf past the vocabulary).
+template <class Block>
+DEEPINFER_HOST_DEVICE void TopLogprobsRow(Block& b, const float* l, int64_t vocab, int32_t n,
+                                          int32_t* ids, float* logprobs) {
+  const RowNormaliser norm = Normalise(b, l, vocab);
+  u64 prev = norm.max_key;
+  for (int32_t j = 0; j < n; ++j) {
+    u64 k = prev;
+    if (j > 0) {
+      k = 0;
+      for (int64_t i = b.first(); i < vocab; i += b.step()) {
+        const u64 ki = Key(l[i], i);
+        if (ki < prev && ki > k) k = ki;
+      }
+      k = b.MaxU(k);
+    }
+    if (b.leader()) {
+      if (k == 0) {  // fewer than n tokens
+        ids[j] = -1;
+        logprobs[j] = -INFINITY;
+      } else {
+        const int32_t id = IdOfKey(k);
+        ids[j] = id;
+        logprobs[j] = static_cast<float>(static_cast<double>(l[id]) - norm.log_z);
+      }
+    }
+    prev = k;
+  }
+}
+
+}  // namespace sample_row
+}  // namespace kernels
+}  // namespace deepinfer
+
+#endif  // DEEPINFER_KERNELS_SAMPLING_SAMPLE_ROW_H_
