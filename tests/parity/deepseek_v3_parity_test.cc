@@ -7,168 +7,84 @@
 // activations, fp32 accumulation: the CUDA default) against the same HF float32 logits, with
 // the bf16 bounds of tests/parity/parity_checks.h (kBf16Tolerance at kBf16PositionsWithin of the
 // positions, HF's greedy tokens predicted under teacher forcing at kBf16GreedyAgreement).
-#include <algorithm>
-#include <cmath>
 #include <cstdio>
 
 #include "gtest/gtest.h"
-#include "tests/parity/hf_fixture.h"
 #include "tests/parity/parity_checks.h"
 #include "worker/backend/cpu/cpu_backend.h"
-#include "worker/kv_cache/kv_block_pool.h"
-#include "worker/model/deepseek_v3_model.h"
-#include "worker/model/model_loader.h"
 
 namespace deepinfer {
 namespace {
 
 constexpr double kTolerance = 1e-4;
-constexpr int32_t kBlockSize = 16;
-
-int32_t Argmax(const std::vector<float>& l) {
-  return static_cast<int32_t>(std::max_element(l.begin(), l.end()) - l.begin());
-}
 
 class ParityTest : public ::testing::TestWithParam<std::string> {
  protected:
+  explicit ParityTest(WeightDType dtype = WeightDType::kFloat32) : backend_(2, dtype) {}
   void SetUp() override {
-    fx_ = LoadFixture(GetParam());
-    ASSERT_FALSE(fx_.prompts.empty());
-    auto m = LoadDeepseekV3(fx_.dir, &backend_);
+    auto m = LoadParityModel(GetParam(), &backend_);
     ASSERT_TRUE(m.ok()) << m.status();
-    model_ = std::move(*m);
-    ASSERT_EQ(model_->config().vocab_size, fx_.vocab);
-    auto pool = KvBlockPool::Create(&backend_, model_->CacheOptions(256, kBlockSize));
-    ASSERT_TRUE(pool.ok());
-    pool_ = std::move(*pool);
-  }
-  SequenceStep Prefill(const FixturePrompt& p, bool all_logits) {
-    const int64_t total = static_cast<int64_t>(p.ids.size() + p.greedy.size());
-    SequenceStep s;
-    s.tokens = p.ids;
-    s.block_table = *pool_->Allocate(pool_->BlocksFor(total));
-    s.all_logits = all_logits;
-    return s;
+    m_ = std::move(*m);
   }
 
-  CpuBackend backend_{2};
-  Fixture fx_;
-  std::unique_ptr<DeepseekV3Model> model_;
-  std::unique_ptr<KvBlockPool> pool_;
+  CpuBackend backend_;
+  ParityModel m_;
 };
 
 TEST_P(ParityTest, PromptLogitsMatchHfAtEveryPosition) {
-  double worst = 0;
-  for (const FixturePrompt& p : fx_.prompts) {
-    auto r = model_->Step({Prefill(p, true)}, pool_.get());
-    ASSERT_TRUE(r.ok()) << r.status();
-    const std::vector<float>& ours = r->logits[0];
-    ASSERT_EQ(ours.size(), p.ids.size() * fx_.vocab);
-    const float* hf = fx_.logits.data() + p.logits_row_offset * fx_.vocab;
-    double max_ref = 0, max_diff = 0;
-    for (size_t i = 0; i < ours.size(); ++i) {
-      max_ref = std::max(max_ref, std::abs(static_cast<double>(hf[i])));
-      max_diff = std::max(max_diff, std::abs(static_cast<double>(ours[i]) - hf[i]));
-    }
-    const double rel = max_diff / max_ref;
-    worst = std::max(worst, rel);
-    std::printf("[parity] %s prompt_len=%zu max_abs_diff=%.3e max_abs_logit=%.3f rel=%.3e\n",
-                GetParam().c_str(), p.ids.size(), max_diff, max_ref, rel);
-    EXPECT_LE(rel, kTolerance) << "prompt of " << p.ids.size() << " tokens";
+  auto e = AllPromptsLogitsError(m_);
+  ASSERT_TRUE(e.ok()) << e.status();
+  for (size_t i = 0; i < m_.fx.prompts.size(); ++i) {
+    const size_t len = m_.fx.prompts[i].ids.size();
+    std::printf("[parity] %s prompt_len=%zu rel=%.3e\n", GetParam().c_str(), len,
+                e->prompt_max_rel[i]);
+    EXPECT_LE(e->prompt_max_rel[i], kTolerance) << "prompt of " << len << " tokens";
   }
-  std::printf("[parity] %s worst rel diff %.3e\n", GetParam().c_str(), worst);
+  std::printf("[parity] %s worst rel diff %.3e\n", GetParam().c_str(), e->max_rel);
 }
 
 TEST_P(ParityTest, GreedyContinuationsMatchHfAloneAndBatched) {
-  // Alone: prefill, then one-token decode steps through the paged cache.
-  for (const FixturePrompt& p : fx_.prompts) {
-    SequenceStep s = Prefill(p, false);
-    std::vector<int32_t> got;
-    while (got.size() < p.greedy.size()) {
-      auto r = model_->Step({s}, pool_.get());
-      ASSERT_TRUE(r.ok()) << r.status();
-      got.push_back(Argmax(r->logits[0]));
-      s.position_offset += static_cast<int64_t>(s.tokens.size());
-      s.tokens = {got.back()};
+  for (bool batched : {false, true}) {
+    auto got = GreedyContinuations(m_, batched);
+    ASSERT_TRUE(got.ok()) << got.status();
+    for (size_t s = 0; s < got->size(); ++s) {
+      EXPECT_EQ((*got)[s], m_.fx.prompts[s].greedy)
+          << (batched ? "batched, " : "alone, ") << "prompt " << s;
     }
-    EXPECT_EQ(got, p.greedy) << "prompt of " << p.ids.size() << " tokens";
-  }
-  // Batched: all prompts prefilled in one step, then decoded together.
-  std::vector<SequenceStep> batch;
-  for (const FixturePrompt& p : fx_.prompts) batch.push_back(Prefill(p, false));
-  std::vector<std::vector<int32_t>> got(batch.size());
-  for (size_t step = 0; step < fx_.prompts[0].greedy.size(); ++step) {
-    auto r = model_->Step(batch, pool_.get());
-    ASSERT_TRUE(r.ok()) << r.status();
-    for (size_t s = 0; s < batch.size(); ++s) {
-      got[s].push_back(Argmax(r->logits[s]));
-      batch[s].position_offset += static_cast<int64_t>(batch[s].tokens.size());
-      batch[s].tokens = {got[s].back()};
-    }
-  }
-  for (size_t s = 0; s < batch.size(); ++s) {
-    EXPECT_EQ(got[s], fx_.prompts[s].greedy) << "batched, prompt " << s;
   }
 }
 
 INSTANTIATE_TEST_SUITE_P(Fixtures, ParityTest,
                          ::testing::Values("dsv3_qlora_rope", "dsv3_yarn_nolora"));
 
-class Bf16ParityTest : public ::testing::TestWithParam<std::string> {
+class Bf16ParityTest : public ParityTest {
  protected:
-  void SetUp() override {
-    fx_ = LoadFixture(GetParam());
-    ASSERT_FALSE(fx_.prompts.empty());
-    auto m = LoadDeepseekV3(fx_.dir, &backend_);
-    ASSERT_TRUE(m.ok()) << m.status();
-    model_ = std::move(*m);
-    auto pool = KvBlockPool::Create(&backend_, model_->CacheOptions(256, kBlockSize));
-    ASSERT_TRUE(pool.ok());
-    pool_ = std::move(*pool);
-  }
-
-  CpuBackend backend_{2, WeightDType::kBFloat16};
-  Fixture fx_;
-  std::unique_ptr<DeepseekV3Model> model_;
-  std::unique_ptr<KvBlockPool> pool_;
+  Bf16ParityTest() : ParityTest(WeightDType::kBFloat16) {}
 };
 
 TEST_P(Bf16ParityTest, PromptLogitsWithinBf16ToleranceOfHfFloat32) {
-  double worst = 0, sum_sq = 0;
-  int64_t within = 0, positions = 0;
-  for (const FixturePrompt& p : fx_.prompts) {
-    auto e = PromptLogitsError(model_.get(), pool_.get(), fx_, p);
-    ASSERT_TRUE(e.ok()) << e.status();
-    worst = std::max(worst, e->max_rel);
-    for (double r : e->position_rel) {
-      within += r <= kBf16Tolerance;
-      sum_sq += r * r;
-      // Not fp32 in disguise: bf16 rounding must show (fp32 is ~1e-6 here).
-      EXPECT_GT(r, 1e-5) << "bf16 weights made no difference";
-    }
-    positions += static_cast<int64_t>(e->position_rel.size());
-    std::printf("[bf16-parity] cpu %s prompt_len=%zu rel=%.3e\n", GetParam().c_str(), p.ids.size(),
-                e->max_rel);
+  auto e = AllPromptsLogitsError(m_);
+  ASSERT_TRUE(e.ok()) << e.status();
+  for (double r : e->position_rel) {
+    // Not fp32 in disguise: bf16 rounding must show (fp32 is ~1e-6 here).
+    EXPECT_GT(r, 1e-5) << "bf16 weights made no difference";
   }
+  const int64_t positions = static_cast<int64_t>(e->position_rel.size());
+  const int64_t within = e->WithinCount(kBf16Tolerance);
   std::printf(
       "[bf16-parity] cpu %s worst rel diff %.3e, rms over positions %.3e, %lld of %lld "
       "positions within %.0e\n",
-      GetParam().c_str(), worst, std::sqrt(sum_sq / positions), static_cast<long long>(within),
+      GetParam().c_str(), e->max_rel, e->rms, static_cast<long long>(within),
       static_cast<long long>(positions), kBf16Tolerance);
   EXPECT_GE(within, kBf16PositionsWithin * positions);
 }
 
 TEST_P(Bf16ParityTest, TeacherForcedGreedyMostlyMatchesHf) {
-  int64_t matches = 0, positions = 0;
-  for (const FixturePrompt& p : fx_.prompts) {
-    auto r = TeacherForcedGreedy(model_.get(), pool_.get(), p);
-    ASSERT_TRUE(r.ok()) << r.status();
-    matches += r->matches;
-    positions += r->positions;
-  }
+  auto r = AllPromptsTeacherForced(m_);
+  ASSERT_TRUE(r.ok()) << r.status();
   std::printf("[bf16-parity] cpu %s greedy agreement %lld / %lld\n", GetParam().c_str(),
-              static_cast<long long>(matches), static_cast<long long>(positions));
-  EXPECT_GE(matches, kBf16GreedyAgreement * positions);
+              static_cast<long long>(r->matches), static_cast<long long>(r->positions));
+  EXPECT_GE(r->matches, kBf16GreedyAgreement * r->positions);
 }
 
 INSTANTIATE_TEST_SUITE_P(Fixtures, Bf16ParityTest,

@@ -5,6 +5,8 @@
 #include <cmath>
 #include <utility>
 
+#include "worker/model/model_loader.h"
+
 namespace deepinfer {
 namespace {
 
@@ -12,7 +14,107 @@ int32_t Argmax(const std::vector<float>& l) {
   return static_cast<int32_t>(std::max_element(l.begin(), l.end()) - l.begin());
 }
 
+constexpr int32_t kBlocks = 256;
+constexpr int32_t kBlockSize = 16;
+
 }  // namespace
+
+absl::StatusOr<ParityModel> LoadParityModel(const std::string& fixture, Backend* backend) {
+  ParityModel m;
+  m.fx = LoadFixture(fixture);
+  if (m.fx.prompts.empty()) return absl::NotFoundError("fixture " + fixture + " has no prompts");
+  auto model = LoadDeepseekV3(m.fx.dir, backend);
+  if (!model.ok()) return model.status();
+  m.model = std::move(*model);
+  if (m.model->config().vocab_size != m.fx.vocab) {
+    return absl::FailedPreconditionError("fixture " + fixture + ": model and logits vocab differ");
+  }
+  auto pool = KvBlockPool::Create(backend, m.model->CacheOptions(kBlocks, kBlockSize));
+  if (!pool.ok()) return pool.status();
+  m.pool = std::move(*pool);
+  return m;
+}
+
+int64_t FixtureLogitsError::WithinCount(double tolerance) const {
+  int64_t n = 0;
+  for (double r : position_rel) n += r <= tolerance;
+  return n;
+}
+
+absl::StatusOr<FixtureLogitsError> AllPromptsLogitsError(const ParityModel& m) {
+  FixtureLogitsError all;
+  double sum_sq = 0;
+  for (const FixturePrompt& p : m.fx.prompts) {
+    auto e = PromptLogitsError(m.model.get(), m.pool.get(), m.fx, p);
+    if (!e.ok()) return e.status();
+    all.prompt_max_rel.push_back(e->max_rel);
+    all.max_rel = std::max(all.max_rel, e->max_rel);
+    for (double r : e->position_rel) {
+      all.position_rel.push_back(r);
+      sum_sq += r * r;
+    }
+  }
+  all.rms = std::sqrt(sum_sq / static_cast<double>(all.position_rel.size()));
+  return all;
+}
+
+absl::StatusOr<TeacherForcedResult> AllPromptsTeacherForced(const ParityModel& m) {
+  TeacherForcedResult sum;
+  for (const FixturePrompt& p : m.fx.prompts) {
+    auto r = TeacherForcedGreedy(m.model.get(), m.pool.get(), p);
+    if (!r.ok()) return r.status();
+    sum.matches += r->matches;
+    sum.positions += r->positions;
+  }
+  return sum;
+}
+
+absl::StatusOr<std::vector<std::vector<int32_t>>> GreedyContinuations(const ParityModel& m,
+                                                                      bool batched) {
+  const std::vector<FixturePrompt>& prompts = m.fx.prompts;
+  std::vector<SequenceStep> seqs;
+  for (const FixturePrompt& p : prompts) {
+    auto blocks =
+        m.pool->Allocate(m.pool->BlocksFor(static_cast<int64_t>(p.ids.size() + p.greedy.size())));
+    if (!blocks.ok()) return blocks.status();
+    SequenceStep s;
+    s.tokens = p.ids;
+    s.block_table = *blocks;
+    seqs.push_back(std::move(s));
+  }
+  std::vector<std::vector<int32_t>> got(prompts.size());
+  absl::Status st;
+  // Runs `group` (indices into seqs) for `steps` steps, feeding back each argmax.
+  auto run = [&](const std::vector<size_t>& group, size_t steps) {
+    for (size_t step = 0; step < steps && st.ok(); ++step) {
+      std::vector<SequenceStep> batch;
+      for (size_t i : group) batch.push_back(seqs[i]);
+      auto r = m.model->Step(batch, m.pool.get());
+      if (!r.ok()) {
+        st = r.status();
+        return;
+      }
+      for (size_t j = 0; j < group.size(); ++j) {
+        SequenceStep& s = seqs[group[j]];
+        got[group[j]].push_back(Argmax(r->logits[j]));
+        s.position_offset += static_cast<int64_t>(s.tokens.size());
+        s.tokens = {got[group[j]].back()};
+      }
+    }
+  };
+  if (batched) {
+    std::vector<size_t> all(prompts.size());
+    for (size_t i = 0; i < all.size(); ++i) all[i] = i;
+    run(all, prompts.empty() ? 0 : prompts[0].greedy.size());
+  } else {
+    for (size_t i = 0; i < prompts.size(); ++i) run({i}, prompts[i].greedy.size());
+  }
+  for (const SequenceStep& s : seqs) {
+    if (absl::Status f = m.pool->Free(s.block_table); st.ok()) st = f;
+  }
+  if (!st.ok()) return st;
+  return got;
+}
 
 absl::StatusOr<LogitsError> PromptLogitsError(DeepseekV3Model* model, KvBlockPool* pool,
                                               const Fixture& fx, const FixturePrompt& prompt) {

@@ -7,10 +7,13 @@
 #define DEEPINFER_TESTS_PARITY_PARITY_CHECKS_H_
 
 #include <cstdint>
+#include <memory>
+#include <string>
 #include <vector>
 
 #include "absl/status/statusor.h"
 #include "tests/parity/hf_fixture.h"
+#include "worker/backend/backend.h"
 #include "worker/kv_cache/kv_block_pool.h"
 #include "worker/model/deepseek_v3_model.h"
 
@@ -51,6 +54,32 @@ struct TeacherForcedResult {
 // at each step our argmax is compared with HF's next greedy token. Frees its blocks.
 absl::StatusOr<TeacherForcedResult> TeacherForcedGreedy(DeepseekV3Model* model, KvBlockPool* pool,
                                                         const FixturePrompt& prompt);
+
+// A fixture with the model loaded from it on `backend` and a KV cache for its prompts.
+struct ParityModel {
+  Fixture fx;
+  std::unique_ptr<DeepseekV3Model> model;
+  std::unique_ptr<KvBlockPool> pool;
+};
+absl::StatusOr<ParityModel> LoadParityModel(const std::string& fixture, Backend* backend);
+
+// PromptLogitsError over every prompt of the fixture.
+struct FixtureLogitsError {
+  std::vector<double> prompt_max_rel;  // per prompt
+  std::vector<double> position_rel;    // every position of every prompt
+  double max_rel = 0;
+  double rms = 0;  // over positions
+  int64_t WithinCount(double tolerance) const;
+};
+absl::StatusOr<FixtureLogitsError> AllPromptsLogitsError(const ParityModel& m);
+
+// TeacherForcedGreedy summed over every prompt of the fixture.
+absl::StatusOr<TeacherForcedResult> AllPromptsTeacherForced(const ParityModel& m);
+
+// Greedy continuations of every prompt (prefill, then one token per step through the paged
+// cache, as many tokens as HF's greedy continuation): each prompt alone, or all in one batch.
+absl::StatusOr<std::vector<std::vector<int32_t>>> GreedyContinuations(const ParityModel& m,
+                                                                      bool batched);
 
 }  // namespace deepinfer
 
