@@ -227,18 +227,9 @@ class ClusterTest : public ::testing::Test {
   }
 
   Job WaitForJob(const std::string& id, const std::function<bool(const Job&)>& done) {
-    Job last;
-    EXPECT_TRUE(WaitUntil(
-        [&] {
-          auto job = client_->GetJob(id);
-          if (!job.ok()) return false;
-          last = *job;
-          return done(last);
-        },
-        absl::Seconds(600)))
-        << "job stuck at " << last.DebugString() << "\ncoordinator:\n"
-        << coordinator_->ReadStderr().substr(0, 20000);
-    return last;
+    return testing::WaitForJob(*client_, id, done, [&] {
+      return "coordinator:\n" + coordinator_->ReadStderr().substr(0, 20000);
+    });
   }
 
   std::string Output(const std::string& id) {

@@ -115,18 +115,9 @@ class Cluster {
   }
 
   Job WaitForJob(const std::string& id, const std::function<bool(const Job&)>& done) {
-    Job last;
-    EXPECT_TRUE(WaitUntil(
-        [&] {
-          auto job = client_->GetJob(id);
-          if (!job.ok()) return false;
-          last = *job;
-          return done(last);
-        },
-        absl::Seconds(600)))
-        << "job stuck at " << last.DebugString() << "\ncoordinator:\n"
-        << coordinator_->ReadStderr().substr(0, 20000);
-    return last;
+    return testing::WaitForJob(*client_, id, done, [&] {
+      return "coordinator:\n" + coordinator_->ReadStderr().substr(0, 20000);
+    });
   }
 
   // Submits `input`, waits for it, checks nothing was lost; returns tokens by custom_id.

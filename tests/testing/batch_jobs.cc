@@ -7,7 +7,9 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
+#include "tests/testing/subprocess.h"
 
 namespace deepinfer::testing {
 
@@ -43,6 +45,23 @@ std::string MakeCompletionJob(int n, int max_tokens, uint32_t seed, bool ignore_
                         .dump());
   }
   return absl::StrJoin(lines, "\n") + "\n";
+}
+
+Job WaitForJob(CoordinatorClient& client, const std::string& id,
+               const std::function<bool(const Job&)>& done,
+               const std::function<std::string()>& diagnostics) {
+  Job last;
+  EXPECT_TRUE(WaitUntil(
+      [&] {
+        auto job = client.GetJob(id);
+        if (!job.ok()) return false;
+        last = *job;
+        return done(last);
+      },
+      absl::Seconds(600)))
+      << "job stuck at " << last.DebugString() << "\n"
+      << diagnostics();
+  return last;
 }
 
 }  // namespace deepinfer::testing

@@ -4,7 +4,10 @@
 #define DEEPINFER_TESTS_TESTING_BATCH_JOBS_H_
 
 #include <cstdint>
+#include <functional>
 #include <string>
+
+#include "coordinator/client/coordinator_client.h"
 
 namespace deepinfer::testing {
 
@@ -15,6 +18,13 @@ std::string ReadFile(const std::string& path);
 // (no BOS/EOS on the fixtures), `max_tokens` each, token ids returned; every third request
 // samples (temperature 0.8, top_p 0.9, seed 1000 + i), the others are greedy.
 std::string MakeCompletionJob(int n, int max_tokens, uint32_t seed, bool ignore_eos = true);
+
+// Polls job `id` until `done` holds, for at most 10 minutes; if it never does, the test fails
+// with the job's last state and `diagnostics()` (e.g. the coordinator's log). Returns the last
+// state seen.
+Job WaitForJob(CoordinatorClient& client, const std::string& id,
+               const std::function<bool(const Job&)>& done,
+               const std::function<std::string()>& diagnostics);
 
 }  // namespace deepinfer::testing
 
