@@ -115,6 +115,39 @@ class RankGroupTest : public ::testing::Test {
   // the same tokens.
   void ExpectTwoRanksEqualOneRank();
 
+  // Items(1) run to the end on one rank alone (options_).
+  void RunOneRank(Collector* results) {
+    auto group = RankGroup::Create(options_, GroupLayout{}, nullptr, results->Sink());
+    ASSERT_TRUE(group.ok()) << group.status();
+    (*group)->Start();
+    ASSERT_TRUE((*group)->Submit(Items(1)).ok());
+    results->Await(8);
+  }
+
+  // A started group (options_) of `num_ranks` ranks in this process out of `world_size`, rank 0
+  // listening on a free local port; null (with a test failure) if it cannot be created.
+  std::unique_ptr<RankGroup> StartGroup(uint64_t generation, uint64_t incarnation, int world_size,
+                                        int num_ranks, Collector* results,
+                                        GroupLayout* layout_out = nullptr) {
+    auto root = comm::TcpCommunicator::ListenRoot("127.0.0.1:0");
+    EXPECT_TRUE(root.ok()) << root.status();
+    if (!root.ok()) return nullptr;
+    GroupLayout layout;
+    layout.generation = generation;
+    layout.group_incarnation = incarnation;
+    layout.world_size = world_size;
+    layout.num_ranks = num_ranks;
+    layout.root_address = root->address;
+    if (layout_out != nullptr) *layout_out = layout;
+    auto group = RankGroup::Create(
+        options_, layout, std::make_unique<comm::TcpCommunicator::RootListener>(std::move(*root)),
+        results->Sink());
+    EXPECT_TRUE(group.ok()) << group.status();
+    if (!group.ok()) return nullptr;
+    (*group)->Start();
+    return std::move(*group);
+  }
+
   std::vector<Prompt> prompts_;
   std::unique_ptr<ModelFiles> files_;
   RankGroupOptions options_;
@@ -191,22 +224,11 @@ TEST_F(RankGroupTest, TwoExpertParallelRanksEqualOneRank) {
 TEST_F(RankGroupTest, NcclOnTheCpuBackendFailsTheGroupWithAClearError) {
   options_.dispatcher = EpDispatcherFactory();
   options_.communicator = comm::DataPlaneChoice::kNccl;  // backend stays "cpu"
-  auto root = comm::TcpCommunicator::ListenRoot("127.0.0.1:0");
-  ASSERT_TRUE(root.ok()) << root.status();
-  GroupLayout layout;
-  layout.generation = 3;
-  layout.group_incarnation = 0x77;
-  layout.world_size = 2;
-  layout.num_ranks = 2;
-  layout.root_address = root->address;
   Collector results;
-  auto group = RankGroup::Create(
-      options_, layout, std::make_unique<comm::TcpCommunicator::RootListener>(std::move(*root)),
-      results.Sink());
-  ASSERT_TRUE(group.ok()) << group.status();
-  (*group)->Start();
-  EXPECT_EQ((*group)->AwaitFormed(), GROUP_FAILED);
-  EXPECT_THAT((*group)->error(), ::testing::HasSubstr("nccl needs the cuda backend"));
+  auto group = StartGroup(3, 0x77, 2, 2, &results);
+  ASSERT_NE(group, nullptr);
+  EXPECT_EQ(group->AwaitFormed(), GROUP_FAILED);
+  EXPECT_THAT(group->error(), ::testing::HasSubstr("nccl needs the cuda backend"));
 }
 
 TEST_F(RankGroupTest, TwoExpertParallelRanksOverAnExplicitTcpDataPlaneEqualOneRank) {
@@ -217,55 +239,29 @@ TEST_F(RankGroupTest, TwoExpertParallelRanksOverAnExplicitTcpDataPlaneEqualOneRa
 
 void RankGroupTest::ExpectTwoRanksEqualOneRank() {
   Collector one;
-  {
-    auto group = RankGroup::Create(options_, GroupLayout{}, nullptr, one.Sink());
-    ASSERT_TRUE(group.ok());
-    (*group)->Start();
-    ASSERT_TRUE((*group)->Submit(Items(1)).ok());
-    one.Await(8);
-  }
-  auto root = comm::TcpCommunicator::ListenRoot("127.0.0.1:0");
-  ASSERT_TRUE(root.ok()) << root.status();
-  GroupLayout layout;
-  layout.generation = 2;
-  layout.group_incarnation = 0x1234;
-  layout.world_size = 2;
-  layout.num_ranks = 2;
-  layout.root_address = root->address;
+  RunOneRank(&one);
   Collector two;
-  auto group = RankGroup::Create(
-      options_, layout, std::make_unique<comm::TcpCommunicator::RootListener>(std::move(*root)),
-      two.Sink());
-  ASSERT_TRUE(group.ok()) << group.status();
-  (*group)->Start();
-  ASSERT_EQ((*group)->AwaitFormed(), GROUP_SERVING) << (*group)->error();
-  ASSERT_TRUE((*group)->Submit(Items(2)).ok());
+  auto group = StartGroup(2, 0x1234, 2, 2, &two);
+  ASSERT_NE(group, nullptr);
+  ASSERT_EQ(group->AwaitFormed(), GROUP_SERVING) << group->error();
+  ASSERT_TRUE(group->Submit(Items(2)).ok());
   auto a = one.Await(8);
   auto b = two.Await(8);
   for (const auto& [id, r] : a) {
     EXPECT_EQ(b[id].error_code(), "");
     EXPECT_THAT(Tokens(b[id]), ElementsAreArray(Tokens(r))) << id;
   }
-  auto loads = (*group)->Loads();
+  auto loads = group->Loads();
   ASSERT_EQ(loads.size(), 2u);
   EXPECT_EQ(loads[1].rank(), 1);
 }
 
 TEST_F(RankGroupTest, DeadPeerFailsTheGroup) {
-  auto root = comm::TcpCommunicator::ListenRoot("127.0.0.1:0");
-  ASSERT_TRUE(root.ok());
-  GroupLayout layout;
-  layout.generation = 3;
-  layout.group_incarnation = 99;
-  layout.world_size = 2;
-  layout.num_ranks = 1;  // rank 1 is the test's own peer
-  layout.root_address = root->address;
   Collector results;
-  auto group = RankGroup::Create(
-      options_, layout, std::make_unique<comm::TcpCommunicator::RootListener>(std::move(*root)),
-      results.Sink());
-  ASSERT_TRUE(group.ok()) << group.status();
-  (*group)->Start();
+  GroupLayout layout;
+  // Rank 1 of the two is the test's own peer below.
+  auto group = StartGroup(3, 99, 2, /*num_ranks=*/1, &results, &layout);
+  ASSERT_NE(group, nullptr);
   comm::TcpCommunicatorSpec spec;
   spec.rank = 1;
   spec.world_size = 2;
@@ -274,21 +270,21 @@ TEST_F(RankGroupTest, DeadPeerFailsTheGroup) {
   auto peer = comm::TcpCommunicator::Create(spec);
   ASSERT_TRUE(peer.ok()) << peer.status();
   ASSERT_TRUE((*peer)->Barrier().ok());  // "loaded"
-  ASSERT_EQ((*group)->AwaitFormed(), GROUP_SERVING);
+  ASSERT_EQ(group->AwaitFormed(), GROUP_SERVING);
   // Play the loop until rank 0 has work, then die in the middle of it.
-  ASSERT_TRUE((*group)->Submit({Item("lost", 0, prompts_[3].ids, 24, 0, 1)}).ok());
+  ASSERT_TRUE(group->Submit({Item("lost", 0, prompts_[3].ids, 24, 0, 1)}).ok());
   for (;;) {
     int64_t any = 0;
     ASSERT_TRUE((*peer)->AllReduce(&any, &any, 1, comm::ReduceOp::kMax).ok());
     if (any != 0) break;
   }
   peer->reset();
-  (*group)->AwaitFailed();
-  EXPECT_EQ((*group)->status(), GROUP_FAILED);
-  EXPECT_THAT((*group)->error(), ::testing::HasSubstr("rank 0"));
-  (*group)->Stop();
+  group->AwaitFailed();
+  EXPECT_EQ(group->status(), GROUP_FAILED);
+  EXPECT_THAT(group->error(), ::testing::HasSubstr("rank 0"));
+  group->Stop();
   EXPECT_EQ(results.size(), 0u);  // the request was dropped, not reported
-  EXPECT_EQ((*group)->Loads()[0].running_requests(), 0);
+  EXPECT_EQ(group->Loads()[0].running_requests(), 0);
 }
 
 TEST_F(RankGroupTest, PeerThatNeverFormsFailsTheGroup) {
@@ -320,50 +316,33 @@ std::shared_ptr<const ExpertPlacement> ReplicaPlacement() {
 TEST_F(RankGroupTest, LivePlacementSwitchKeepsTokensAndCountsExpertLoads) {
   options_.dispatcher = EpDispatcherFactory();
   Collector one;
-  {
-    auto group = RankGroup::Create(options_, GroupLayout{}, nullptr, one.Sink());
-    ASSERT_TRUE(group.ok());
-    (*group)->Start();
-    ASSERT_TRUE((*group)->Submit(Items(1)).ok());
-    one.Await(8);
-  }
-  auto root = comm::TcpCommunicator::ListenRoot("127.0.0.1:0");
-  ASSERT_TRUE(root.ok()) << root.status();
-  GroupLayout layout;
-  layout.generation = 4;
-  layout.group_incarnation = 0x77;
-  layout.world_size = 2;
-  layout.num_ranks = 2;
-  layout.root_address = root->address;
+  RunOneRank(&one);
   Collector two;
-  auto group = RankGroup::Create(
-      options_, layout, std::make_unique<comm::TcpCommunicator::RootListener>(std::move(*root)),
-      two.Sink());
-  ASSERT_TRUE(group.ok()) << group.status();
-  (*group)->Start();
-  ASSERT_EQ((*group)->AwaitFormed(), GROUP_SERVING) << (*group)->error();
-  EXPECT_EQ((*group)->placement_epoch(), 0u);
-  ASSERT_TRUE((*group)->Submit(Items(2)).ok());
+  auto group = StartGroup(4, 0x77, 2, 2, &two);
+  ASSERT_NE(group, nullptr);
+  ASSERT_EQ(group->AwaitFormed(), GROUP_SERVING) << group->error();
+  EXPECT_EQ(group->placement_epoch(), 0u);
+  ASSERT_TRUE(group->Submit(Items(2)).ok());
   // While the requests run: both ranks stage it and switch at one agreed step; a second
   // placement follows at once (it may be read before the first is switched to).
-  ASSERT_TRUE((*group)->SetPlacement(ReplicaPlacement(), 5).ok());
-  EXPECT_TRUE((*group)->SetPlacement(ReplicaPlacement(), 5).ok());  // a retry: no-op
+  ASSERT_TRUE(group->SetPlacement(ReplicaPlacement(), 5).ok());
+  EXPECT_TRUE(group->SetPlacement(ReplicaPlacement(), 5).ok());  // a retry: no-op
   auto reversed = ExpertPlacement::FromPhy2Log(
       {{7, 6, 5, 4, 0, 3, 2, 1, 0, 7}, {7, 6, 5, 4, 4, 3, 2, 1, 0, 0}}, 8);
   ASSERT_TRUE(reversed.ok());
   absl::SleepFor(absl::Milliseconds(20));
-  ASSERT_TRUE((*group)->SetPlacement(std::make_shared<const ExpertPlacement>(*reversed), 6).ok());
+  ASSERT_TRUE(group->SetPlacement(std::make_shared<const ExpertPlacement>(*reversed), 6).ok());
   auto a = one.Await(8);
   auto b = two.Await(8);
   for (const auto& [id, r] : a) {
     EXPECT_EQ(b[id].error_code(), "") << b[id].error_message();
     EXPECT_THAT(Tokens(b[id]), ElementsAreArray(Tokens(r))) << id;
   }
-  for (int i = 0; i < 500 && (*group)->placement_epoch() != 6u; ++i) {
+  for (int i = 0; i < 500 && group->placement_epoch() != 6u; ++i) {
     absl::SleepFor(absl::Milliseconds(10));
   }
-  EXPECT_EQ((*group)->placement_epoch(), 6u);
-  EXPECT_EQ((*group)->status(), GROUP_SERVING) << (*group)->error();
+  EXPECT_EQ(group->placement_epoch(), 6u);
+  EXPECT_EQ(group->status(), GROUP_SERVING) << group->error();
   // Expert loads: reports of 2 MoE layers x 8 experts, top-2 of every token computed: each
   // request's prompt once and every generated token fed back (all but a last one that hit
   // the length limit; an EOS is not returned). Ranks read their counts back about once a
@@ -375,7 +354,7 @@ TEST_F(RankGroupTest, LivePlacementSwitchKeepsTokensAndCountsExpertLoads) {
   int64_t total = 0;
   std::set<int> ranks;
   for (int i = 0; i < 500 && total < 2 * tokens; ++i) {
-    for (const ExpertLoadReport& r : (*group)->TakeExpertLoads()) {
+    for (const ExpertLoadReport& r : group->TakeExpertLoads()) {
       ranks.insert(r.rank());
       EXPECT_EQ(r.group_generation(), 4u);
       EXPECT_EQ(r.num_layers(), 2);
