@@ -274,25 +274,18 @@ absl::StatusOr<StepOutput> DeepseekV3Model::Step(const std::vector<SequenceStep>
   auto needs_host = [&](const SequenceStep& s) {
     return s.return_logits || (s.sampling.has_value() && !device_greedy(s));
   };
-  std::vector<int32_t> greedy_rows;  // logits rows sampled on the device
-  for (size_t si = 0, row = 0; si < batch.size(); ++si) {
-    const SequenceStep& s = batch[si];
-    const int64_t n = s.all_logits ? static_cast<int64_t>(s.tokens.size()) : 1;
-    if (device_greedy(s)) greedy_rows.push_back(static_cast<int32_t>(row + n - 1));
-    row += n;
-  }
-  std::vector<int32_t> greedy_token(greedy_rows.size());
-  std::vector<float> greedy_logprob(greedy_rows.size());
-  if (!greedy_rows.empty()) {
-    const int64_t G = static_cast<int64_t>(greedy_rows.size());
-    auto rows_g = upload_ints(greedy_rows);
-    auto picked = Floats(G * V);
-    backend_->GatherRows(G, V, logits->as<float>(), rows_g->as<int32_t>(), picked->as<float>());
-    auto tok = backend_->AllocateScratch(G * sizeof(int32_t));
-    auto lp = Floats(G);
-    backend_->GreedySampleRows(G, V, picked->as<float>(), tok->as<int32_t>(), lp->as<float>());
-    backend_->CopyToHost(tok->data(), G * sizeof(int32_t), greedy_token.data());
-    backend_->CopyToHost(lp->data(), G * sizeof(float), greedy_logprob.data());
+  // Greedy picks for every logits row at once when any sequence is sampled on the device (one
+  // read of the logits); only the rows of such sequences are used.
+  std::vector<int32_t> row_token;
+  std::vector<float> row_logprob;
+  if (std::any_of(batch.begin(), batch.end(), device_greedy)) {
+    auto tok = backend_->AllocateScratch(R * sizeof(int32_t));
+    auto lp = Floats(R);
+    backend_->GreedySampleRows(R, V, logits->as<float>(), tok->as<int32_t>(), lp->as<float>());
+    row_token.resize(R);
+    row_logprob.resize(R);
+    backend_->CopyToHost(tok->data(), R * sizeof(int32_t), row_token.data());
+    backend_->CopyToHost(lp->data(), R * sizeof(float), row_logprob.data());
   }
   std::vector<float> host;  // the copied rows, in batch order
   {
@@ -322,16 +315,15 @@ absl::StatusOr<StepOutput> DeepseekV3Model::Step(const std::vector<SequenceStep>
   // A GPU backend reports failed ops asynchronously; the copies above have waited for all of them.
   if (absl::Status st = backend_->status(); !st.ok()) return st;
   StepOutput out;
-  int64_t host_row = 0;
-  size_t greedy_i = 0;
+  int64_t host_row = 0, logits_row = 0;
   for (const SequenceStep& s : batch) {
     const int64_t n = s.all_logits ? static_cast<int64_t>(s.tokens.size()) : 1;
+    logits_row += n;
     SampledToken sampled;
     if (device_greedy(s)) {
       out.logits.emplace_back();
-      sampled.token = greedy_token[greedy_i];
-      sampled.logprob = greedy_logprob[greedy_i];
-      ++greedy_i;
+      sampled.token = row_token[logits_row - 1];
+      sampled.logprob = row_logprob[logits_row - 1];
     } else if (!needs_host(s)) {
       out.logits.emplace_back();  // an intermediate prefill chunk: nothing to return
     } else {
