@@ -158,19 +158,5 @@ int main(int argc, char** argv) {
                     "register workers and submit jobs";
   }
 
-  auto server = deepinfer::CoordinatorServer::Start(config);
-  if (!server.ok()) {
-    std::cerr << "deepinfer-coordinator: " << server.status().message() << "\n";
-    return 1;
-  }
-  if (!port_file.empty()) {
-    if (absl::Status s = deepinfer::WritePortFile(port_file, (*server)->port()); !s.ok()) {
-      std::cerr << "deepinfer-coordinator: " << s.message() << "\n";
-      return 1;
-    }
-  }
-  int signal = deepinfer::WaitForTerminationSignal();
-  LOG(INFO) << "signal " << signal << " received, shutting down";
-  (*server)->Shutdown();
-  return 0;
+  return deepinfer::ServeUntilSignal("deepinfer-coordinator", deepinfer::CoordinatorServer::Start(config), port_file);
 }

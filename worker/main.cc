@@ -207,19 +207,5 @@ int main(int argc, char** argv) {
     config.auth_token = *token;
   }
 
-  auto server = deepinfer::WorkerServer::Start(config);
-  if (!server.ok()) {
-    std::cerr << "deepinfer-worker: " << server.status().message() << "\n";
-    return 1;
-  }
-  if (!port_file.empty()) {
-    if (absl::Status s = deepinfer::WritePortFile(port_file, (*server)->port()); !s.ok()) {
-      std::cerr << "deepinfer-worker: " << s.message() << "\n";
-      return 1;
-    }
-  }
-  int signal = deepinfer::WaitForTerminationSignal();
-  LOG(INFO) << "signal " << signal << " received, shutting down";
-  (*server)->Shutdown();
-  return 0;
+  return deepinfer::ServeUntilSignal("deepinfer-worker", deepinfer::WorkerServer::Start(config), port_file);
 }
