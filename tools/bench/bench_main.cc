@@ -4,6 +4,7 @@
 //
 //   deepinfer-bench --model DIR --load-format dummy --backend cuda --decode-num-requests 1,128
 //       --context-length 1024 --prefill-batch-tokens 32768 --output-len 16 [--json] [--csv F]
+//   expert parallel over 2 GPUs: ... --ranks 2 [--communicator nccl] [--time-all-to-all]
 #include <malloc.h>
 
 #include <fstream>
@@ -47,7 +48,22 @@ int main(int argc, char** argv) {
   flags.AddString("dtype", &config.dtype,
                   "bfloat16 or float32: the backend's weight dtype, and the bytes per value\n"
                   "of the roofline (weights and latent cache).");
-  flags.AddInt("cuda-device", &config.cuda_device, "GPU ordinal for --backend cuda.");
+  flags.AddInt("cuda-device", &config.cuda_device,
+               "GPU ordinal for --backend cuda (of rank 0; rank r runs on this + r).");
+  flags.AddInt("ranks", &config.ranks,
+               "Expert-parallel ranks in this process, one thread each (rank r on GPU r with\n"
+               "--backend cuda): every rank runs its own --decode-num-requests requests\n"
+               "(data-parallel attention) and 1/ranks of the routed experts, exchanging\n"
+               "tokens all-to-all in every MoE layer; figures per rank and per GPU. 1: one\n"
+               "rank with every expert, no exchange.");
+  flags.AddString("communicator", &config.communicator,
+                  "With --ranks > 1, what carries the expert exchange: auto (nccl on cuda, tcp\n"
+                  "on cpu), tcp (host-staged over loopback) or nccl.");
+  flags.AddBool("time-all-to-all", &config.time_all_to_all,
+                "With --ranks > 1: after each request count's timed steps, as many more steps\n"
+                "with the backend synchronised around every exchange call, reporting the\n"
+                "time per step in the all-to-all (the throughput figures come from the\n"
+                "unsynchronised steps).");
   flags.AddInt("load-threads", &config.load_threads, "Dummy weight generator threads (0: all).");
   flags.AddString("decode-num-requests", &requests,
                   "Concurrent requests N of a decode step; a comma list (1,128) measures each\n"

@@ -5,20 +5,28 @@
 #include <chrono>
 #include <memory>
 #include <random>
+#include <thread>
 #include <utility>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_replace.h"
 #include "absl/strings/str_split.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "tools/bench/exchange_meter.h"
 #include "tools/bench/parallel_dummy_weight_source.h"
 #include "tools/bench/roofline.h"
 #include "worker/backend/backend_factory.h"
+#include "worker/comm/data_plane.h"
+#include "worker/comm/tcp_communicator.h"
+#include "worker/device_discovery.h"
+#include "worker/engine/rank_group.h"
 #include "worker/kv_cache/kv_block_pool.h"
 #include "worker/model/deepseek_v3_model.h"
-#include "worker/model/local_expert_dispatcher.h"
 #include "worker/model/model_loader.h"
 #include "worker/model/model_weights.h"
 #ifdef DEEPINFER_WITH_CUDA
@@ -41,30 +49,53 @@ double Percentile(std::vector<double> v, double q) {
   return v[i];
 }
 
-// Dummy weights through the multi-threaded generator (same values as LoadDeepseekV3's dummy
-// format), anything else through LoadDeepseekV3.
-absl::StatusOr<std::unique_ptr<DeepseekV3Model>> Load(const BenchConfig& bc, Backend* backend) {
-  if (!absl::StartsWith(bc.model, "dummy:")) return LoadDeepseekV3(bc.model, backend);
-  std::string spec = bc.model.substr(6);
-  uint64_t seed = 0;
+// "dummy:CONFIG.json[@SEED]" -> CONFIG.json and SEED; false if `model` is not a dummy spec.
+absl::StatusOr<bool> ParseDummySpec(const std::string& model, std::string* config_path,
+                                    uint64_t* seed) {
+  if (!absl::StartsWith(model, "dummy:")) return false;
+  std::string spec = model.substr(6);
+  *seed = 0;
   const size_t at = spec.rfind('@');
   if (at != std::string::npos) {
-    if (!absl::SimpleAtoi(spec.substr(at + 1), &seed)) {
-      return absl::InvalidArgumentError(absl::StrCat("bad dummy seed in '", bc.model, "'"));
+    if (!absl::SimpleAtoi(spec.substr(at + 1), seed)) {
+      return absl::InvalidArgumentError(absl::StrCat("bad dummy seed in '", model, "'"));
     }
     spec = spec.substr(0, at);
   }
-  auto config = ModelConfig::FromFile(spec);
+  *config_path = spec;
+  return true;
+}
+
+// The model's config, without its weights.
+absl::StatusOr<ModelConfig> ReadConfig(const std::string& model) {
+  std::string path;
+  uint64_t seed = 0;
+  absl::StatusOr<bool> dummy = ParseDummySpec(model, &path, &seed);
+  if (!dummy.ok()) return dummy.status();
+  return ModelConfig::FromFile(*dummy ? path : model + "/config.json");
+}
+
+// Dummy weights through the multi-threaded generator (same values as LoadDeepseekV3's dummy
+// format), anything else through LoadDeepseekV3; only the routed experts `load` hosts, with the
+// dispatcher `make` builds.
+absl::StatusOr<std::unique_ptr<DeepseekV3Model>> Load(const BenchConfig& bc, Backend* backend,
+                                                      const LoadOptions& load,
+                                                      const ExpertDispatcherFactory& make) {
+  std::string path;
+  uint64_t seed = 0;
+  absl::StatusOr<bool> dummy = ParseDummySpec(bc.model, &path, &seed);
+  if (!dummy.ok()) return dummy.status();
+  if (!*dummy) return LoadDeepseekV3(bc.model, backend, load, make);
+  auto config = ModelConfig::FromFile(path);
   if (!config.ok()) return config.status();
   ParallelDummyWeightSource source(seed, static_cast<int>(bc.load_threads));
-  auto weights = ModelWeights::Load(*config, &source, backend, LoadOptions{});
+  auto weights = ModelWeights::Load(*config, &source, backend, load);
   if (!weights.ok()) return weights.status();
-  std::vector<int64_t> all(config->n_routed_experts);
-  for (int64_t e = 0; e < config->n_routed_experts; ++e) all[e] = e;
   std::unique_ptr<ExpertDispatcher> dispatcher;
   if (config->n_routed_experts > 0) {
-    dispatcher = std::make_unique<LocalExpertDispatcher>(backend, config->n_routed_experts,
-                                                         config->hidden_size, std::move(all));
+    auto made = make(*config, **weights, backend);
+    if (!made.ok()) return made.status();
+    dispatcher = std::move(*made);
   }
   return DeepseekV3Model::Create(*config, std::move(*weights), backend, std::move(dispatcher));
 }
@@ -77,8 +108,8 @@ int32_t Argmax(const std::vector<float>& l) {
 // a cache of realistic magnitude without prefill steps having written it.
 void FillCacheRandom(Backend* backend, const KvBlockPool& pool, uint32_t seed) {
   const KvBlockPoolOptions& o = pool.options();
-  const size_t per_layer = static_cast<size_t>(o.num_blocks) * o.block_size *
-                           (o.latent_dim + o.rope_dim);
+  const size_t per_layer =
+      static_cast<size_t>(o.num_blocks) * o.block_size * (o.latent_dim + o.rope_dim);
   // One random chunk, copied repeatedly at shifting offsets: enough variety for timing.
   std::vector<float> chunk(std::min<size_t>(per_layer, size_t{1} << 22));
   std::mt19937 gen(seed);
@@ -99,6 +130,369 @@ void FillCacheRandom(Backend* backend, const KvBlockPool& pool, uint32_t seed) {
 std::string Join(const std::vector<int32_t>& v) {
   std::string out;
   for (int32_t t : v) absl::StrAppend(&out, out.empty() ? "" : " ", t);
+  return out;
+}
+
+// The raw figures of one rank, merged over the ranks by RunBenchmark.
+struct RankDecodeTimes {
+  std::vector<double> step_seconds;  // timed steps
+  std::vector<int32_t> seq0_tokens;
+  ExchangeCounts exchange;                                      // summed over the timed steps
+  std::vector<double> all_to_all_seconds, synced_step_seconds;  // per synchronised step
+};
+
+struct RankOutput {
+  std::string backend;
+  double load_seconds = 0;
+  std::vector<double> prefill_seconds;
+  std::vector<RankDecodeTimes> decode;
+  int64_t device_bytes_reserved_peak = -1;
+  std::string prefill_op_report, decode_op_report;
+};
+
+// What the rank threads of one run share: rank 0's rendezvous socket, and every communicator
+// that exists, so that a failing rank aborts them all and the other ranks leave their
+// collectives at once instead of waiting out the timeout.
+class RankSet {
+ public:
+  RankSet(int64_t ranks, std::unique_ptr<comm::TcpCommunicator::RootListener> root)
+      : ranks_(ranks),
+        root_address_(root != nullptr ? root->address : ""),
+        root_(std::move(root)) {}
+
+  int64_t ranks() const { return ranks_; }
+  const std::string& root_address() const { return root_address_; }
+  // Rank 0 takes the listener (once).
+  std::unique_ptr<comm::TcpCommunicator::RootListener> TakeRoot() {
+    absl::MutexLock lock(&mu_);
+    return std::move(root_);
+  }
+  // False (and `c` aborted) if a rank failed already.
+  bool Add(comm::Communicator* c) {
+    absl::MutexLock lock(&mu_);
+    if (!first_error_.ok()) {
+      c->Abort(first_error_);
+      return false;
+    }
+    comms_.push_back(c);
+    return true;
+  }
+  // Before `c` is destroyed.
+  void Remove(comm::Communicator* c) {
+    absl::MutexLock lock(&mu_);
+    comms_.erase(std::remove(comms_.begin(), comms_.end(), c), comms_.end());
+  }
+  void Fail(int64_t rank, const absl::Status& st) {
+    absl::MutexLock lock(&mu_);
+    if (!first_error_.ok()) return;
+    first_error_ =
+        ranks_ > 1 ? absl::Status(st.code(), absl::StrCat("rank ", rank, ": ", st.message())) : st;
+    for (comm::Communicator* c : comms_) c->Abort(first_error_);
+  }
+  absl::Status first_error() const {
+    absl::MutexLock lock(&mu_);
+    return first_error_;
+  }
+
+ private:
+  const int64_t ranks_;
+  const std::string root_address_;
+  mutable absl::Mutex mu_;
+  std::unique_ptr<comm::TcpCommunicator::RootListener> root_ ABSL_GUARDED_BY(mu_);
+  std::vector<comm::Communicator*> comms_ ABSL_GUARDED_BY(mu_);
+  absl::Status first_error_ ABSL_GUARDED_BY(mu_);
+};
+
+// One rank's objects, declared so that they are destroyed in dependency order (pool, model,
+// meter, data-plane communicator, backend, TCP communicator), on the rank's thread.
+struct RankState {
+  RankSet* set = nullptr;
+  std::unique_ptr<comm::TcpCommunicator> control;  // ranks > 1
+  std::unique_ptr<Backend> backend;
+  std::unique_ptr<comm::Communicator> nccl;  // with an NCCL data plane
+  std::unique_ptr<ExchangeMeter> meter;      // ranks > 1: between dispatcher and data plane
+  std::unique_ptr<DeepseekV3Model> model;
+  std::unique_ptr<KvBlockPool> pool;
+
+  ~RankState() {
+    pool.reset();
+    model.reset();
+    meter.reset();
+    if (nccl != nullptr) set->Remove(nccl.get());
+    nccl.reset();
+    backend.reset();
+    if (control != nullptr) set->Remove(control.get());
+  }
+};
+
+// Joins the TCP group (ranks > 1), opens the backend, forms the NCCL data plane if asked, loads
+// the rank's share of the model and makes its KV pool of `blocks` blocks.
+absl::Status SetUpRank(const BenchConfig& bc, int64_t rank, int64_t blocks, RankState* s) {
+  const int64_t ranks = s->set->ranks();
+  const absl::Duration timeout = absl::Minutes(10);  // loading a big model sits between barriers
+  if (ranks > 1) {
+    comm::TcpCommunicatorSpec spec;
+    spec.rank = static_cast<int>(rank);
+    spec.world_size = static_cast<int>(ranks);
+    spec.root_address = s->set->root_address();
+    spec.group_incarnation = 0x62656e6368;  // "bench": one group per process
+    spec.timeout = timeout;
+    auto c = comm::TcpCommunicator::Create(spec, rank == 0 ? s->set->TakeRoot() : nullptr);
+    if (!c.ok()) return c.status();
+    s->control = std::move(*c);
+    if (!s->set->Add(s->control.get())) return s->set->first_error();
+  }
+  BackendOptions bo;
+  bo.kind = bc.backend;
+  bo.cuda_device = static_cast<int>(bc.cuda_device + rank);
+  bo.dtype = bc.dtype;
+  if (ranks > 1 && bc.backend == "cpu") {
+    bo.cpu_threads = std::max(1, static_cast<int>(std::thread::hardware_concurrency() / ranks));
+  }
+  auto backend = MakeBackend(bo);
+  if (!backend.ok()) return backend.status();
+  s->backend = std::move(*backend);
+  auto choice = comm::ParseDataPlaneChoice(bc.communicator);
+  if (!choice.ok()) return choice.status();
+  LoadOptions load;
+  ExpertDispatcherFactory make = MakeLocalExpertDispatcher;
+  if (ranks > 1) {
+    auto plane = comm::ResolveDataPlane(*choice, bc.backend, static_cast<int>(ranks));
+    if (!plane.ok()) return plane.status();
+    comm::Communicator* data = s->control.get();
+    if (*plane == comm::DataPlane::kNccl) {
+      auto nccl = comm::FormNcclCommunicator(s->control.get(), bo.cuda_device,
+                                             s->backend->native_stream(), timeout);
+      if (!nccl.ok()) return nccl.status();
+      s->nccl = std::move(*nccl);
+      if (!s->set->Add(s->nccl.get())) return s->set->first_error();
+      data = s->nccl.get();
+    }
+    s->meter = std::make_unique<ExchangeMeter>(data, s->backend.get());
+    // The worker's pieces: its expert range and its expert-parallel dispatcher factory, which
+    // checks that the dispatcher serves exactly the range loaded.
+    auto read = ReadConfig(bc.model);
+    if (!read.ok()) return read.status();
+    const ExpertRange range = RankGroup::ExpertsOf(read->n_routed_experts, static_cast<int>(ranks),
+                                                   static_cast<int>(rank));
+    load.hosts_expert = [range](int64_t, int64_t e) {
+      return e >= range.first && e < range.first + range.count;
+    };
+    make = [meter = s->meter.get(), range](const ModelConfig& c, const ModelWeights& w,
+                                           Backend* b) {
+      return EpDispatcherFactory().make(meter, range, nullptr, c, w, b);
+    };
+  }
+  auto model = Load(bc, s->backend.get(), load, make);
+  if (!model.ok()) return model.status();
+  s->model = std::move(*model);
+  auto pool = KvBlockPool::Create(
+      s->backend.get(),
+      s->model->CacheOptions(static_cast<int32_t>(blocks), static_cast<int32_t>(bc.block_size)));
+  if (!pool.ok()) return pool.status();
+  s->pool = std::move(*pool);
+  if (bc.decode_fill == "random") FillCacheRandom(s->backend.get(), *s->pool, 99);
+  s->backend->Synchronize();
+  // Every rank has its weights before anyone steps.
+  if (s->control != nullptr) return s->control->Barrier();
+  return absl::OkStatus();
+}
+
+// One rank's whole benchmark (RunBenchmark's loop); every rank runs the same steps.
+absl::Status RunRank(const BenchConfig& bc, int64_t rank, RankState* s, RankOutput* o) {
+  const int64_t ctx = bc.context_length;
+  const int64_t prefill_seqs = std::max<int64_t>(1, bc.prefill_batch_tokens / ctx);
+  const int64_t timed = bc.output_len - bc.warmup;
+  const int64_t synced = bc.ranks > 1 && bc.time_all_to_all ? timed : 0;
+  const int64_t per_seq_blocks =
+      (ctx + bc.output_len + synced + bc.op_timing_steps + bc.block_size) / bc.block_size;
+  int64_t max_n = 0;
+  for (int64_t n : bc.decode_num_requests) max_n = std::max(max_n, n);
+  const int64_t blocks = per_seq_blocks * std::max(max_n, prefill_seqs);
+
+  const Clock::time_point load_start = Clock::now();
+  if (absl::Status st = SetUpRank(bc, rank, blocks, s); !st.ok()) return st;
+  o->load_seconds = Seconds(load_start, Clock::now());
+  o->backend = s->backend->name();
+  DeepseekV3Model* model = s->model.get();
+  KvBlockPool* pool = s->pool.get();
+  const ModelConfig& mc = model->config();
+#ifdef DEEPINFER_WITH_CUDA
+  auto* cuda = dynamic_cast<CudaBackend*>(s->backend.get());
+#endif
+  // Runs `fn` with per-op timing on (CUDA only) and returns the op table.
+  auto with_op_timing = [&](auto fn) -> std::string {
+#ifdef DEEPINFER_WITH_CUDA
+    if (cuda != nullptr && bc.op_timing_steps > 0) {
+      cuda->SetOpTiming(true);
+      fn();
+      cuda->SetOpTiming(false);
+      return cuda->TakeOpTimingReport();
+    }
+#endif
+    fn();
+    return "";
+  };
+  // Lines the ranks up before a timed step (not timed itself).
+  auto line_up = [&]() -> absl::Status {
+    return s->control != nullptr ? s->control->Barrier() : absl::OkStatus();
+  };
+
+  // Random prompt tokens, never all the same (timing on degenerate data is misleading). `gen`
+  // is the one-rank run's stream on every rank; ranks other than 0 replace every sequence but
+  // the first with their own (`own`), so that sequence 0 is the same everywhere.
+  std::mt19937 gen(1234);
+  std::mt19937 own(static_cast<uint32_t>(1234 + 7919 * rank));
+  std::uniform_int_distribution<int32_t> tok(0, static_cast<int32_t>(mc.vocab_size - 1));
+  auto new_seqs = [&](int64_t count) -> absl::StatusOr<std::vector<SequenceStep>> {
+    std::vector<SequenceStep> batch(count);
+    for (int64_t i = 0; i < count; ++i) {
+      SequenceStep& s = batch[i];
+      s.tokens.resize(ctx);
+      for (int32_t& t : s.tokens) t = tok(gen);
+      if (rank > 0 && i > 0) {
+        for (int32_t& t : s.tokens) t = tok(own);
+      }
+      auto b = pool->Allocate(static_cast<int32_t>(per_seq_blocks));
+      if (!b.ok()) return b.status();
+      s.block_table = std::move(*b);
+    }
+    return batch;
+  };
+  auto free_seqs = [&](const std::vector<SequenceStep>& batch) -> absl::Status {
+    for (const SequenceStep& s : batch) {
+      absl::Status st = pool->Free(s.block_table);
+      if (!st.ok()) return st;
+    }
+    return absl::OkStatus();
+  };
+  auto advance = [](const StepOutput& out, std::vector<SequenceStep>* seqs) {
+    for (size_t i = 0; i < seqs->size(); ++i) {
+      (*seqs)[i].position_offset += 1;
+      (*seqs)[i].tokens = {out.sampled[i].token};
+    }
+  };
+
+  // ---- Prefill: a one-prompt warm-up, then the timed steps, then the op-timed one ----
+  if (bc.prefill_batch_tokens > 0) {
+    const int64_t runs = bc.prefill_repeats + 1 + (bc.op_timing_steps > 0 ? 1 : 0);
+    for (int64_t rep = 0; rep < runs; ++rep) {
+      const bool op_timed = rep == bc.prefill_repeats + 1;
+      auto batch = new_seqs(rep == 0 ? 1 : prefill_seqs);
+      if (!batch.ok()) return batch.status();
+      if (absl::Status st = line_up(); !st.ok()) return st;
+      absl::StatusOr<StepOutput> out;
+      const Clock::time_point t0 = Clock::now();
+      if (op_timed) {
+        o->prefill_op_report = with_op_timing([&] { out = model->Step(*batch, pool); });
+      } else {
+        out = model->Step(*batch, pool);
+      }
+      const Clock::time_point t1 = Clock::now();
+      if (!out.ok()) return out.status();
+      if (rep > 0 && !op_timed) o->prefill_seconds.push_back(Seconds(t0, t1));
+      if (absl::Status st = free_seqs(*batch); !st.ok()) return st;
+    }
+  }
+
+  // ---- Decode, per batch size: N sequences at ctx cached tokens, then N-way decode steps ----
+  for (size_t which = 0; which < bc.decode_num_requests.size(); ++which) {
+    const int64_t n = bc.decode_num_requests[which];
+    const bool last = which + 1 == bc.decode_num_requests.size();
+    auto seqs_or = new_seqs(n);
+    if (!seqs_or.ok()) return seqs_or.status();
+    std::vector<SequenceStep> seqs = std::move(*seqs_or);
+    std::vector<int32_t> next(n);
+    if (bc.decode_fill == "prefill") {
+      for (int64_t i = 0; i < n; i += prefill_seqs) {
+        std::vector<SequenceStep> chunk(seqs.begin() + i,
+                                        seqs.begin() + std::min(n, i + prefill_seqs));
+        auto out = model->Step(chunk, pool);
+        if (!out.ok()) return out.status();
+        for (size_t j = 0; j < chunk.size(); ++j) next[i + j] = Argmax(out->logits[j]);
+      }
+    } else {
+      // The cache already holds values.
+      for (int64_t i = 0; i < n; ++i) {
+        next[i] = tok(gen);
+        if (rank > 0 && i > 0) next[i] = tok(own);
+      }
+    }
+    for (int64_t i = 0; i < n; ++i) {
+      seqs[i].position_offset = ctx;
+      seqs[i].tokens = {next[i]};
+      // As the engine decodes: greedy, sampled on the device, no logits back to the host.
+      seqs[i].sampling = SamplingParams{};
+      seqs[i].return_logits = false;
+    }
+    RankDecodeTimes d;
+    if (s->meter != nullptr) s->meter->Take();  // not the fill's exchanges
+    for (int64_t step = 0; step < bc.output_len; ++step) {
+      if (absl::Status st = line_up(); !st.ok()) return st;
+      const Clock::time_point t0 = Clock::now();
+      auto out = model->Step(seqs, pool);
+      const Clock::time_point t1 = Clock::now();
+      if (!out.ok()) return out.status();
+      if (s->meter != nullptr) {
+        const ExchangeCounts c = s->meter->Take();
+        if (step >= bc.warmup) {
+          d.exchange.calls += c.calls;
+          d.exchange.bytes_to_peers += c.bytes_to_peers;
+        }
+      }
+      if (step >= bc.warmup) d.step_seconds.push_back(Seconds(t0, t1));
+      d.seq0_tokens.push_back(out->sampled[0].token);
+      advance(*out, &seqs);
+    }
+    // The all-to-all's time: as many steps again, synchronised around each exchange call.
+    if (synced > 0) {
+      s->meter->set_timing(true);
+      for (int64_t step = 0; step < synced; ++step) {
+        if (absl::Status st = line_up(); !st.ok()) return st;
+        const Clock::time_point t0 = Clock::now();
+        auto out = model->Step(seqs, pool);
+        const Clock::time_point t1 = Clock::now();
+        if (!out.ok()) return out.status();
+        d.synced_step_seconds.push_back(Seconds(t0, t1));
+        d.all_to_all_seconds.push_back(s->meter->Take().seconds);
+        advance(*out, &seqs);
+      }
+      s->meter->set_timing(false);
+    }
+    absl::Status timed_status;
+    if (last && bc.op_timing_steps > 0) {
+      o->decode_op_report = with_op_timing([&] {
+        for (int64_t step = 0; step < bc.op_timing_steps && timed_status.ok(); ++step) {
+          auto out = model->Step(seqs, pool);
+          if (!out.ok()) {
+            timed_status = out.status();
+            return;
+          }
+          advance(*out, &seqs);
+        }
+      });
+    }
+    if (!timed_status.ok()) return timed_status;
+    if (absl::Status st = free_seqs(seqs); !st.ok()) return st;
+    o->decode.push_back(std::move(d));
+  }
+#ifdef DEEPINFER_WITH_CUDA
+  if (cuda != nullptr) {
+    auto peak = cuda->ReservedBytes(/*high_water_mark=*/true);
+    if (peak.ok()) o->device_bytes_reserved_peak = static_cast<int64_t>(*peak);
+  }
+#endif
+  if (absl::Status st = s->backend->status(); !st.ok()) return st;
+  // Nobody tears its communicators down while a peer may still be in the last exchange.
+  return line_up();
+}
+
+// Per step, the slowest rank's time.
+std::vector<double> SlowestPerStep(const std::vector<const std::vector<double>*>& per_rank) {
+  std::vector<double> out(per_rank.empty() ? 0 : per_rank[0]->size(), 0);
+  for (const std::vector<double>* v : per_rank) {
+    for (size_t i = 0; i < out.size() && i < v->size(); ++i) out[i] = std::max(out[i], (*v)[i]);
+  }
   return out;
 }
 
@@ -129,10 +523,8 @@ absl::StatusOr<double> BytesPerValue(const std::string& dtype) {
 }
 
 absl::StatusOr<BenchResult> RunBenchmark(const BenchConfig& bc) {
-  int64_t max_n = 0;
   for (int64_t n : bc.decode_num_requests) {
     if (n <= 0) return absl::InvalidArgumentError("bench: decode request counts must be > 0");
-    max_n = std::max(max_n, n);
   }
   if (bc.decode_num_requests.empty() || bc.context_length <= 0 || bc.output_len <= bc.warmup ||
       bc.warmup < 0 || bc.prefill_batch_tokens < 0 || bc.prefill_repeats <= 0) {
@@ -141,191 +533,145 @@ absl::StatusOr<BenchResult> RunBenchmark(const BenchConfig& bc) {
         "iterations, prefill tokens >= 0, and output_len > warmup >= 0");
   }
   if (bc.decode_fill != "prefill" && bc.decode_fill != "random") {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "bench: --decode-fill must be prefill or random, not '", bc.decode_fill, "'"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("bench: --decode-fill must be prefill or random, not '", bc.decode_fill, "'"));
   }
   auto bytes_per_value = BytesPerValue(bc.dtype);
   if (!bytes_per_value.ok()) return bytes_per_value.status();
-  BackendOptions bo;
-  bo.kind = bc.backend;
-  bo.cuda_device = static_cast<int>(bc.cuda_device);
-  bo.dtype = bc.dtype;
-  auto backend = MakeBackend(bo);
-  if (!backend.ok()) return backend.status();
-  BenchResult r;
-  r.backend = (*backend)->name();
-  r.bytes_per_value = *bytes_per_value;
-
-  const Clock::time_point load_start = Clock::now();
-  auto model_or = Load(bc, backend->get());
-  if (!model_or.ok()) return model_or.status();
-  std::unique_ptr<DeepseekV3Model> model = std::move(*model_or);
-  (*backend)->Synchronize();
-  r.load_seconds = Seconds(load_start, Clock::now());
-  const ModelConfig& mc = model->config();
-  r.param_count = CountParams(mc).total;
-
-  const int64_t ctx = bc.context_length;
-  const int64_t prefill_seqs = std::max<int64_t>(1, bc.prefill_batch_tokens / ctx);
-  const int64_t per_seq_blocks =
-      (ctx + bc.output_len + bc.op_timing_steps + bc.block_size) / bc.block_size;
-#ifdef DEEPINFER_WITH_CUDA
-  auto* cuda = dynamic_cast<CudaBackend*>(backend->get());
-#endif
-  // Runs `fn` with per-op timing on (CUDA only) and returns the op table.
-  auto with_op_timing = [&](auto fn) -> std::string {
-#ifdef DEEPINFER_WITH_CUDA
-    if (cuda != nullptr && bc.op_timing_steps > 0) {
-      cuda->SetOpTiming(true);
-      fn();
-      cuda->SetOpTiming(false);
-      return cuda->TakeOpTimingReport();
+  const int64_t ranks = bc.ranks;
+  if (ranks < 1) {
+    return absl::InvalidArgumentError(absl::StrCat("bench: --ranks must be >= 1, not ", ranks));
+  }
+  auto choice = comm::ParseDataPlaneChoice(bc.communicator);
+  if (!choice.ok()) return choice.status();
+  if (absl::Status st = comm::CheckDataPlaneChoice(*choice, bc.backend); !st.ok()) return st;
+  auto config = ReadConfig(bc.model);
+  if (!config.ok()) return config.status();
+  std::unique_ptr<comm::TcpCommunicator::RootListener> root;
+  if (ranks > 1) {
+    if (config->n_routed_experts <= 0) {
+      return absl::InvalidArgumentError(
+          "bench: --ranks > 1 splits the routed experts over the ranks, but this model has none");
     }
-#endif
-    return "";
-  };
-  const int64_t blocks = per_seq_blocks * std::max(max_n, prefill_seqs);
-  auto pool_or = KvBlockPool::Create(
-      backend->get(),
-      model->CacheOptions(static_cast<int32_t>(blocks), static_cast<int32_t>(bc.block_size)));
-  if (!pool_or.ok()) return pool_or.status();
-  std::unique_ptr<KvBlockPool> pool = std::move(*pool_or);
-  if (bc.decode_fill == "random") FillCacheRandom(backend->get(), *pool, 99);
-
-  // Random prompt tokens, never all the same (timing on degenerate data is misleading).
-  std::mt19937 gen(1234);
-  std::uniform_int_distribution<int32_t> tok(0, static_cast<int32_t>(mc.vocab_size - 1));
-  auto new_seqs = [&](int64_t count) -> absl::StatusOr<std::vector<SequenceStep>> {
-    std::vector<SequenceStep> batch(count);
-    for (SequenceStep& s : batch) {
-      s.tokens.resize(ctx);
-      for (int32_t& t : s.tokens) t = tok(gen);
-      auto b = pool->Allocate(static_cast<int32_t>(per_seq_blocks));
-      if (!b.ok()) return b.status();
-      s.block_table = std::move(*b);
+    if (config->n_routed_experts % ranks != 0) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "bench: --ranks ", ranks, " does not divide the model's ", config->n_routed_experts,
+          " routed experts (every rank hosts the same number)"));
     }
-    return batch;
-  };
-  auto free_seqs = [&](const std::vector<SequenceStep>& batch) -> absl::Status {
-    for (const SequenceStep& s : batch) {
-      absl::Status st = pool->Free(s.block_table);
-      if (!st.ok()) return st;
-    }
-    return absl::OkStatus();
-  };
-
-  // ---- Prefill: a one-prompt warm-up, then the timed steps, then the op-timed one ----
-  if (bc.prefill_batch_tokens > 0) {
-    std::vector<double> prefill_times;
-    const int64_t runs = bc.prefill_repeats + 1 + (bc.op_timing_steps > 0 ? 1 : 0);
-    for (int64_t rep = 0; rep < runs; ++rep) {
-      const bool op_timed = rep == bc.prefill_repeats + 1;
-      auto batch = new_seqs(rep == 0 ? 1 : prefill_seqs);
-      if (!batch.ok()) return batch.status();
-      absl::StatusOr<StepOutput> out;
-      const Clock::time_point t0 = Clock::now();
-      if (op_timed) {
-        r.prefill_op_report = with_op_timing([&] { out = model->Step(*batch, pool.get()); });
-      } else {
-        out = model->Step(*batch, pool.get());
+    if (bc.backend == "cuda") {
+      std::string why;
+      const int64_t gpus = static_cast<int64_t>(FindCudaDevices(&why).size());
+      if (bc.cuda_device < 0 || bc.cuda_device + ranks > gpus) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "bench: --ranks ", ranks, " from --cuda-device ", bc.cuda_device, " needs GPUs ",
+            bc.cuda_device, "..", bc.cuda_device + ranks - 1, ", this machine shows ", gpus,
+            why.empty() ? "" : absl::StrCat(" (", why, ")"), " (CUDA_VISIBLE_DEVICES applies)"));
       }
-      const Clock::time_point t1 = Clock::now();
-      if (!out.ok()) return out.status();
-      if (rep > 0 && !op_timed) prefill_times.push_back(Seconds(t0, t1));
-      absl::Status st = free_seqs(*batch);
-      if (!st.ok()) return st;
     }
+    auto listener = comm::TcpCommunicator::ListenRoot("127.0.0.1:0");
+    if (!listener.ok()) return listener.status();
+    root = std::make_unique<comm::TcpCommunicator::RootListener>(std::move(*listener));
+  }
+
+  // ---- Every rank on its own thread (one rank: this one) ----
+  RankSet set(ranks, std::move(root));
+  std::vector<RankOutput> outputs(ranks);
+  auto run_rank = [&](int64_t rank) {
+    RankState state;
+    state.set = &set;
+    absl::Status st = RunRank(bc, rank, &state, &outputs[rank]);
+    if (!st.ok()) set.Fail(rank, st);
+  };
+  if (ranks == 1) {
+    run_rank(0);
+  } else {
+    std::vector<std::thread> threads;
+    for (int64_t r = 0; r < ranks; ++r) threads.emplace_back(run_rank, r);
+    for (std::thread& t : threads) t.join();
+  }
+  if (absl::Status st = set.first_error(); !st.ok()) return st;
+
+  // ---- Merge ----
+  BenchResult r;
+  r.backend = outputs[0].backend;
+  r.ranks = ranks;
+  if (ranks > 1) {
+    auto plane = comm::ResolveDataPlane(*choice, bc.backend, static_cast<int>(ranks));
+    if (plane.ok()) r.data_plane = comm::DataPlaneName(*plane);
+  }
+  r.bytes_per_value = *bytes_per_value;
+  r.param_count = CountParams(*config).total;
+  for (const RankOutput& o : outputs) {
+    r.load_seconds = std::max(r.load_seconds, o.load_seconds);
+    r.device_bytes_reserved_peak =
+        std::max(r.device_bytes_reserved_peak, o.device_bytes_reserved_peak);
+  }
+  r.prefill_op_report = outputs[0].prefill_op_report;
+  r.decode_op_report = outputs[0].decode_op_report;
+  const int64_t ctx = bc.context_length;
+  if (bc.prefill_batch_tokens > 0) {
+    const int64_t prefill_seqs = std::max<int64_t>(1, bc.prefill_batch_tokens / ctx);
+    std::vector<const std::vector<double>*> per_rank;
+    for (const RankOutput& o : outputs) per_rank.push_back(&o.prefill_seconds);
     r.prefill_tokens_per_step = prefill_seqs * ctx;
-    r.prefill_step_seconds = Percentile(prefill_times, 0.5);
-    r.prefill_tokens_per_s = r.prefill_tokens_per_step / r.prefill_step_seconds;
-    const StepCost pc = PrefillStepCost(mc, prefill_seqs, ctx, r.bytes_per_value);
+    r.prefill_step_seconds = Percentile(SlowestPerStep(per_rank), 0.5);
+    r.prefill_tokens_per_s = ranks * r.prefill_tokens_per_step / r.prefill_step_seconds;
+    const StepCost pc = PrefillStepCost(*config, prefill_seqs, ctx, r.bytes_per_value, ranks);
     r.prefill_bytes_per_step = pc.bytes;
     r.prefill_flops_per_step = pc.flops;
     r.prefill_roofline_fraction =
         pc.RooflineSeconds(bc.peak_bytes_per_s, bc.peak_flops_per_s) / r.prefill_step_seconds;
   }
-
-  // ---- Decode, per batch size: N sequences at ctx cached tokens, then N-way decode steps ----
   for (size_t which = 0; which < bc.decode_num_requests.size(); ++which) {
     const int64_t n = bc.decode_num_requests[which];
-    const bool last = which + 1 == bc.decode_num_requests.size();
-    auto seqs_or = new_seqs(n);
-    if (!seqs_or.ok()) return seqs_or.status();
-    std::vector<SequenceStep> seqs = std::move(*seqs_or);
-    std::vector<int32_t> next(n);
-    if (bc.decode_fill == "prefill") {
-      for (int64_t i = 0; i < n; i += prefill_seqs) {
-        std::vector<SequenceStep> chunk(seqs.begin() + i,
-                                        seqs.begin() + std::min(n, i + prefill_seqs));
-        auto out = model->Step(chunk, pool.get());
-        if (!out.ok()) return out.status();
-        for (size_t j = 0; j < chunk.size(); ++j) next[i + j] = Argmax(out->logits[j]);
-      }
-    } else {
-      for (int64_t i = 0; i < n; ++i) next[i] = tok(gen);  // the cache already holds values
-    }
-    for (int64_t i = 0; i < n; ++i) {
-      seqs[i].position_offset = ctx;
-      seqs[i].tokens = {next[i]};
-      // As the engine decodes: greedy, sampled on the device, no logits back to the host.
-      seqs[i].sampling = SamplingParams{};
-      seqs[i].return_logits = false;
-    }
     DecodeResult d;
-    std::vector<double> step_times;
-    for (int64_t step = 0; step < bc.output_len; ++step) {
-      const Clock::time_point t0 = Clock::now();
-      auto out = model->Step(seqs, pool.get());
-      const Clock::time_point t1 = Clock::now();
-      if (!out.ok()) return out.status();
-      if (step >= bc.warmup) step_times.push_back(Seconds(t0, t1));
-      for (int64_t i = 0; i < n; ++i) {
-        const int32_t t = out->sampled[i].token;
-        if (i == 0) d.seq0_tokens.push_back(t);
-        seqs[i].position_offset += 1;
-        seqs[i].tokens = {t};
-      }
-    }
-    absl::Status timed_status;
-    if (last) {
-      r.decode_op_report = with_op_timing([&] {
-        for (int64_t step = 0; step < bc.op_timing_steps && timed_status.ok(); ++step) {
-          auto out = model->Step(seqs, pool.get());
-          if (!out.ok()) {
-            timed_status = out.status();
-            return;
-          }
-          for (int64_t i = 0; i < n; ++i) {
-            seqs[i].position_offset += 1;
-            seqs[i].tokens = {out->sampled[i].token};
-          }
-        }
-      });
-    }
-    if (!timed_status.ok()) return timed_status;
-    absl::Status st = free_seqs(seqs);
-    if (!st.ok()) return st;
     d.batch = n;
-    d.steps = static_cast<int64_t>(step_times.size());
-    d.p50_seconds = Percentile(step_times, 0.5);
-    d.p99_seconds = Percentile(step_times, 0.99);
-    d.tokens_per_s = n / d.p50_seconds;
+    std::vector<const std::vector<double>*> steps, synced;
+    for (const RankOutput& o : outputs) {
+      steps.push_back(&o.decode[which].step_seconds);
+      synced.push_back(&o.decode[which].synced_step_seconds);
+    }
+    const std::vector<double> slowest = SlowestPerStep(steps);
+    d.steps = static_cast<int64_t>(slowest.size());
+    d.p50_seconds = Percentile(slowest, 0.5);
+    d.p99_seconds = Percentile(slowest, 0.99);
+    d.tokens_per_s = ranks * n / d.p50_seconds;
+    d.tokens_per_s_per_gpu = n / d.p50_seconds;
     // Mid-run context: the cost model at ctx + output_len / 2 cached tokens.
-    const StepCost dc = DecodeStepCost(mc, n, ctx + bc.output_len / 2, r.bytes_per_value);
+    const StepCost dc =
+        DecodeStepCost(*config, n, ctx + bc.output_len / 2, r.bytes_per_value, ranks);
     d.bytes_per_step = dc.bytes;
     d.flops_per_step = dc.flops;
     d.roofline_fraction =
         dc.RooflineSeconds(bc.peak_bytes_per_s, bc.peak_flops_per_s) / d.p50_seconds;
+    d.seq0_tokens = outputs[0].decode[which].seq0_tokens;
+    if (ranks > 1) {
+      double a2a_sum = 0;
+      for (int64_t k = 0; k < ranks; ++k) {
+        const RankDecodeTimes& t = outputs[k].decode[which];
+        RankDecodeResult pr;
+        pr.rank = k;
+        pr.p50_seconds = Percentile(t.step_seconds, 0.5);
+        pr.p99_seconds = Percentile(t.step_seconds, 0.99);
+        pr.seq0_tokens = t.seq0_tokens;
+        const double timed = std::max<double>(1, static_cast<double>(t.step_seconds.size()));
+        pr.exchange_calls_per_step = t.exchange.calls / timed;
+        pr.exchange_bytes_per_step = t.exchange.bytes_to_peers / timed;
+        d.exchange_bytes_per_step += pr.exchange_bytes_per_step / ranks;
+        if (!t.all_to_all_seconds.empty()) {
+          pr.all_to_all_p50_seconds = Percentile(t.all_to_all_seconds, 0.5);
+          pr.synced_step_p50_seconds = Percentile(t.synced_step_seconds, 0.5);
+          a2a_sum += pr.all_to_all_p50_seconds;
+        }
+        d.per_rank.push_back(std::move(pr));
+      }
+      if (!outputs[0].decode[which].all_to_all_seconds.empty()) {
+        d.all_to_all_seconds_per_step = a2a_sum / ranks;
+        d.synced_step_p50_seconds = Percentile(SlowestPerStep(synced), 0.5);
+      }
+    }
     r.decode.push_back(std::move(d));
   }
-#ifdef DEEPINFER_WITH_CUDA
-  if (cuda != nullptr) {
-    auto peak = cuda->ReservedBytes(/*high_water_mark=*/true);
-    if (peak.ok()) r.device_bytes_reserved_peak = static_cast<int64_t>(*peak);
-  }
-#endif
-  absl::Status st = (*backend)->status();
-  if (!st.ok()) return st;
   return r;
 }
 
@@ -334,79 +680,154 @@ std::string FormatBenchReport(const BenchConfig& c, const BenchResult& r) {
   absl::StrAppendFormat(&out, "model: %s (%.3fB parameters, %s, %.0f bytes each)\n", c.model,
                         r.param_count / 1e9, c.dtype, r.bytes_per_value);
   absl::StrAppendFormat(&out, "backend: %s\nload_s: %.2f\n", r.backend, r.load_seconds);
-  if (r.prefill_tokens_per_step > 0) {
+  const bool ep = r.ranks > 1;
+  if (ep) {
     absl::StrAppendFormat(&out,
-                          "prefill: %d tokens/step (%d x %d), median step %.4f s, %.1f tok/s, "
-                          "roofline fraction %.4f\n",
-                          r.prefill_tokens_per_step, r.prefill_tokens_per_step / c.context_length,
-                          c.context_length, r.prefill_step_seconds, r.prefill_tokens_per_s,
-                          r.prefill_roofline_fraction);
+                          "ranks: %d (expert parallel over %s; each rank its own requests, "
+                          "figures per rank; a step's time is the slowest rank's)\n",
+                          r.ranks, r.data_plane);
   }
-  for (const DecodeResult& d : r.decode) {
+  if (r.prefill_tokens_per_step > 0) {
     absl::StrAppendFormat(
         &out,
-        "decode: batch %d, context %d, %d timed steps, p50 %.4f s, p99 %.4f s, %.1f tok/s, "
-        "roofline fraction %.4f (%.3g bytes, %.3g FLOPs per step; %.0f GB/s, %.0f TFLOP/s "
-        "peaks)\n",
-        d.batch, c.context_length, d.steps, d.p50_seconds, d.p99_seconds, d.tokens_per_s,
-        d.roofline_fraction, d.bytes_per_step, d.flops_per_step, c.peak_bytes_per_s / 1e9,
-        c.peak_flops_per_s / 1e12);
-    absl::StrAppend(&out, "seq0_decode_tokens (batch ", d.batch, "): ", Join(d.seq0_tokens),
-                    "\n");
+        "prefill: %d tokens/step%s (%d x %d), median step %.4f s, %.1f tok/s%s, "
+        "roofline fraction %.4f\n",
+        r.prefill_tokens_per_step, ep ? " per rank" : "",
+        r.prefill_tokens_per_step / c.context_length, c.context_length, r.prefill_step_seconds,
+        r.prefill_tokens_per_s,
+        ep ? absl::StrFormat(" (%.1f per GPU)", r.prefill_tokens_per_s / r.ranks) : "",
+        r.prefill_roofline_fraction);
+  }
+  for (const DecodeResult& d : r.decode) {
+    if (ep) {
+      absl::StrAppendFormat(
+          &out,
+          "decode: batch %d per rank x %d ranks, context %d, %d timed steps, p50 %.4f s, p99 "
+          "%.4f s, %.1f tok/s, %.1f tok/s per GPU, roofline fraction %.4f per GPU (%.3g bytes, "
+          "%.3g FLOPs per step and GPU; %.0f GB/s, %.0f TFLOP/s peaks)\n",
+          d.batch, r.ranks, c.context_length, d.steps, d.p50_seconds, d.p99_seconds, d.tokens_per_s,
+          d.tokens_per_s_per_gpu, d.roofline_fraction, d.bytes_per_step, d.flops_per_step,
+          c.peak_bytes_per_s / 1e9, c.peak_flops_per_s / 1e12);
+      for (const RankDecodeResult& k : d.per_rank) {
+        absl::StrAppendFormat(&out,
+                              "  rank %d: p50 %.4f s, p99 %.4f s, %.1f exchange calls and %.4g "
+                              "bytes to other ranks per step",
+                              k.rank, k.p50_seconds, k.p99_seconds, k.exchange_calls_per_step,
+                              k.exchange_bytes_per_step);
+        if (k.all_to_all_p50_seconds >= 0) {
+          absl::StrAppendFormat(&out, ", all-to-all p50 %.6f s per step (synced step p50 %.4f s)",
+                                k.all_to_all_p50_seconds, k.synced_step_p50_seconds);
+        }
+        absl::StrAppend(&out, "\n");
+      }
+      if (d.all_to_all_seconds_per_step >= 0) {
+        absl::StrAppendFormat(
+            &out,
+            "all_to_all (batch %d): %.6f s per step (%.1f%% of the synced step; mean over ranks "
+            "of each rank's p50, backend synchronised around every exchange call), step p50 "
+            "%.4f s synced vs %.4f s unsynced, %.4g bytes to other ranks per rank and step\n",
+            d.batch, d.all_to_all_seconds_per_step,
+            100.0 * d.all_to_all_seconds_per_step / d.synced_step_p50_seconds,
+            d.synced_step_p50_seconds, d.p50_seconds, d.exchange_bytes_per_step);
+      } else {
+        absl::StrAppendFormat(&out,
+                              "all_to_all (batch %d): not timed (--time-all-to-all), %.4g bytes "
+                              "to other ranks per rank and step\n",
+                              d.batch, d.exchange_bytes_per_step);
+      }
+    } else {
+      absl::StrAppendFormat(
+          &out,
+          "decode: batch %d, context %d, %d timed steps, p50 %.4f s, p99 %.4f s, %.1f tok/s, "
+          "roofline fraction %.4f (%.3g bytes, %.3g FLOPs per step; %.0f GB/s, %.0f TFLOP/s "
+          "peaks)\n",
+          d.batch, c.context_length, d.steps, d.p50_seconds, d.p99_seconds, d.tokens_per_s,
+          d.roofline_fraction, d.bytes_per_step, d.flops_per_step, c.peak_bytes_per_s / 1e9,
+          c.peak_flops_per_s / 1e12);
+    }
+    absl::StrAppend(&out, "seq0_decode_tokens (batch ", d.batch, "): ", Join(d.seq0_tokens), "\n");
+    for (const RankDecodeResult& k : d.per_rank) {
+      if (k.rank == 0) continue;  // the line above
+      absl::StrAppend(&out, "seq0_decode_tokens (batch ", d.batch, ", rank ", k.rank,
+                      "): ", Join(k.seq0_tokens), "\n");
+    }
   }
   if (r.device_bytes_reserved_peak >= 0) {
-    absl::StrAppendFormat(&out, "device_memory_reserved_peak: %.3f GiB\n",
-                          r.device_bytes_reserved_peak / 1073741824.0);
+    absl::StrAppendFormat(&out, "device_memory_reserved_peak: %.3f GiB%s\n",
+                          r.device_bytes_reserved_peak / 1073741824.0,
+                          ep ? " (the most of any rank)" : "");
   }
   if (!r.prefill_op_report.empty()) {
-    absl::StrAppend(&out, "prefill ops (one step, synchronised per op):\n", r.prefill_op_report);
+    absl::StrAppend(&out, "prefill ops (one step, synchronised per op", ep ? ", rank 0" : "",
+                    "):\n", r.prefill_op_report);
   }
   if (!r.decode_op_report.empty()) {
-    absl::StrAppend(&out, "decode ops (", c.op_timing_steps, " steps, synchronised per op):\n",
-                    r.decode_op_report);
+    absl::StrAppend(&out, "decode ops (", c.op_timing_steps, " steps, synchronised per op",
+                    ep ? ", rank 0" : "", "):\n", r.decode_op_report);
   }
   return out;
 }
 
 std::string FormatBenchJson(const BenchConfig& c, const BenchResult& r) {
+  auto json_list = [](const std::vector<int32_t>& v) {
+    return absl::StrReplaceAll(Join(v), {{" ", ", "}});
+  };
   std::string decode;
   for (const DecodeResult& d : r.decode) {
+    std::string per_rank;
+    for (const RankDecodeResult& k : d.per_rank) {
+      absl::StrAppendFormat(
+          &per_rank,
+          "%s{\"rank\": %d, \"p50_s\": %.6f, \"p99_s\": %.6f, \"exchange_calls_per_step\": %.3f, "
+          "\"exchange_bytes_per_step\": %.6g, \"all_to_all_p50_s\": %.6g, "
+          "\"synced_step_p50_s\": %.6g, \"seq0_tokens\": [%s]}",
+          per_rank.empty() ? "" : ", ", k.rank, k.p50_seconds, k.p99_seconds,
+          k.exchange_calls_per_step, k.exchange_bytes_per_step, k.all_to_all_p50_seconds,
+          k.synced_step_p50_seconds, json_list(k.seq0_tokens));
+    }
     absl::StrAppendFormat(
         &decode,
-        "%s{\"requests\": %d, \"timed_steps\": %d, \"tokens_per_s\": %.3f, \"p50_s\": %.6f, "
-        "\"p99_s\": %.6f, \"roofline_fraction\": %.6f, \"bytes_per_step\": %.6g, "
-        "\"flops_per_step\": %.6g, \"seq0_tokens\": [%s]}",
-        decode.empty() ? "" : ", ", d.batch, d.steps, d.tokens_per_s, d.p50_seconds,
-        d.p99_seconds, d.roofline_fraction, d.bytes_per_step, d.flops_per_step,
-        absl::StrReplaceAll(Join(d.seq0_tokens), {{" ", ", "}}));
+        "%s{\"requests\": %d, \"timed_steps\": %d, \"tokens_per_s\": %.3f, "
+        "\"tokens_per_s_per_gpu\": %.3f, \"p50_s\": %.6f, \"p99_s\": %.6f, "
+        "\"roofline_fraction\": %.6f, \"bytes_per_step\": %.6g, \"flops_per_step\": %.6g, "
+        "\"exchange_bytes_per_step\": %.6g, \"all_to_all_s_per_step\": %.6g, "
+        "\"synced_step_p50_s\": %.6g, \"seq0_tokens\": [%s], \"per_rank\": [%s]}",
+        decode.empty() ? "" : ", ", d.batch, d.steps, d.tokens_per_s, d.tokens_per_s_per_gpu,
+        d.p50_seconds, d.p99_seconds, d.roofline_fraction, d.bytes_per_step, d.flops_per_step,
+        d.exchange_bytes_per_step, d.all_to_all_seconds_per_step, d.synced_step_p50_seconds,
+        json_list(d.seq0_tokens), per_rank);
   }
   // The model string is a path: escape the two characters JSON strings cannot hold raw.
   const std::string model = absl::StrReplaceAll(c.model, {{"\\", "\\\\"}, {"\"", "\\\""}});
   return absl::StrFormat(
       "{\"model\": \"%s\", \"backend\": \"%s\", \"dtype\": \"%s\", \"bytes_per_value\": %.0f, "
+      "\"ranks\": %d, \"data_plane\": \"%s\", "
       "\"params\": %.0f, \"load_s\": %.3f, \"context\": %d, \"peak_bytes_per_s\": %.4g, "
       "\"peak_flops_per_s\": %.4g, \"prefill\": {\"tokens_per_step\": %d, \"step_s\": %.6f, "
       "\"tokens_per_s\": %.3f, \"roofline_fraction\": %.6f, \"bytes_per_step\": %.6g, "
       "\"flops_per_step\": %.6g}, \"decode\": [%s], \"mem_peak_bytes\": %d}\n",
-      model, r.backend, c.dtype, r.bytes_per_value, r.param_count, r.load_seconds,
-      c.context_length, c.peak_bytes_per_s, c.peak_flops_per_s, r.prefill_tokens_per_step,
-      r.prefill_step_seconds, r.prefill_tokens_per_s, r.prefill_roofline_fraction,
-      r.prefill_bytes_per_step, r.prefill_flops_per_step, decode, r.device_bytes_reserved_peak);
+      model, r.backend, c.dtype, r.bytes_per_value, r.ranks, r.data_plane, r.param_count,
+      r.load_seconds, c.context_length, c.peak_bytes_per_s, c.peak_flops_per_s,
+      r.prefill_tokens_per_step, r.prefill_step_seconds, r.prefill_tokens_per_s,
+      r.prefill_roofline_fraction, r.prefill_bytes_per_step, r.prefill_flops_per_step, decode,
+      r.device_bytes_reserved_peak);
 }
 
 std::string BenchCsvHeader() {
   return "model,backend,dtype,requests,context,prefill_tokens,prefill_tok_s,prefill_roofline,"
-         "decode_tok_s,decode_p50_s,decode_p99_s,decode_roofline,mem_peak_bytes,load_s";
+         "decode_tok_s,decode_p50_s,decode_p99_s,decode_roofline,mem_peak_bytes,load_s,ranks,"
+         "decode_tok_s_per_gpu,all_to_all_s_per_step,exchange_bytes_per_step";
 }
 
 std::vector<std::string> BenchCsvRows(const BenchConfig& c, const BenchResult& r) {
   std::vector<std::string> rows;
   for (const DecodeResult& d : r.decode) {
     rows.push_back(absl::StrFormat(
-        "%s,%s,%s,%d,%d,%d,%.2f,%.5f,%.2f,%.6f,%.6f,%.5f,%d,%.2f", c.model, r.backend, c.dtype,
-        d.batch, c.context_length, r.prefill_tokens_per_step, r.prefill_tokens_per_s,
-        r.prefill_roofline_fraction, d.tokens_per_s, d.p50_seconds, d.p99_seconds,
-        d.roofline_fraction, r.device_bytes_reserved_peak, r.load_seconds));
+        "%s,%s,%s,%d,%d,%d,%.2f,%.5f,%.2f,%.6f,%.6f,%.5f,%d,%.2f,%d,%.2f,%.6g,%.6g", c.model,
+        r.backend, c.dtype, d.batch, c.context_length, r.prefill_tokens_per_step,
+        r.prefill_tokens_per_s, r.prefill_roofline_fraction, d.tokens_per_s, d.p50_seconds,
+        d.p99_seconds, d.roofline_fraction, r.device_bytes_reserved_peak, r.load_seconds, r.ranks,
+        d.tokens_per_s_per_gpu, d.all_to_all_seconds_per_step, d.exchange_bytes_per_step));
   }
   return rows;
 }

@@ -12,6 +12,24 @@
 // their cache blocks, which costs no model steps and times the same work), then output_len
 // greedy decode steps of all N sequences run; every step is timed, the first `warmup` are
 // dropped.
+//
+// Expert parallelism (`ranks` > 1): `ranks` ranks in this process, one thread each, rank r on
+// CUDA device cuda_device + r (or on its own CPU backend), as DeepSeek serves: data-parallel
+// attention (every rank has its own KV pool and its own N sequences of each measurement) and
+// expert-parallel MoE (rank r loads and serves routed experts [r*E/ranks, (r+1)*E/ranks) through
+// an EpExpertDispatcher; the tokens' rows go to their experts' ranks and back in an all-to-all
+// per MoE layer). The ranks form a TcpCommunicator group on loopback (the control plane) and,
+// with `communicator` nccl (or auto on cuda), an NCCL group over it for the exchange, as a
+// worker's RankGroup does. Every rank runs the same loop and steps the same number of times;
+// a barrier on the TCP group (untimed) starts each timed step on all ranks together. Rank 0's
+// prompts are the one-rank run's; on every rank sequence 0's prompt is rank 0's sequence 0, the
+// others are the rank's own, so every rank's sequence 0 must decode the same greedy tokens as
+// the one-rank run. A step's time is the slowest rank's.
+// The expert exchange is measured by an ExchangeMeter (exchange_meter.h) between the
+// dispatcher and the communicator: calls and bytes sent to other ranks per step always; with
+// `time_all_to_all`, after the timed steps of each N, as many more steps run with the backend
+// synchronised around every exchange call, giving the time per step spent in the all-to-all
+// (and the step time under that synchronisation, next to the unsynchronised one).
 #ifndef DEEPINFER_TOOLS_BENCH_BENCH_RUNNER_H_
 #define DEEPINFER_TOOLS_BENCH_BENCH_RUNNER_H_
 
@@ -43,6 +61,14 @@ struct BenchConfig {
   // CUDA only: after the timed runs, one more prefill step and this many decode steps (at the
   // last batch size) with per-op timing on (CudaBackend::SetOpTiming), reported separately.
   int64_t op_timing_steps = 0;
+  // Expert-parallel ranks in this process (see the top comment); 1: one rank with every expert
+  // and no communicator, the plain benchmark.
+  int64_t ranks = 1;
+  // Data plane of the expert exchange with ranks > 1: "auto" (NCCL on cuda, TCP on cpu),
+  // "tcp" or "nccl" (comm/data_plane.h).
+  std::string communicator = "auto";
+  // With ranks > 1: also measure the time in the all-to-all (extra synchronised steps).
+  bool time_all_to_all = false;
   double peak_bytes_per_s = 4.3e12;
   double peak_flops_per_s = 790e12;
 };
@@ -50,32 +76,57 @@ struct BenchConfig {
 // Bytes per weight / cache value of a BenchConfig::dtype; INVALID_ARGUMENT for other names.
 absl::StatusOr<double> BytesPerValue(const std::string& dtype);
 
+// One rank's view of a decode measurement (ranks > 1).
+struct RankDecodeResult {
+  int64_t rank = 0;
+  double p50_seconds = 0;  // of this rank's own step times
+  double p99_seconds = 0;
+  std::vector<int32_t> seq0_tokens;
+  double exchange_calls_per_step = 0;  // AllToAllSizes + AllToAllV calls
+  double exchange_bytes_per_step = 0;  // sent to other ranks
+  // time_all_to_all only (else -1): p50 over the synchronised steps of the time spent in
+  // exchange calls, and of those steps' time.
+  double all_to_all_p50_seconds = -1;
+  double synced_step_p50_seconds = -1;
+};
+
 struct DecodeResult {
-  int64_t batch = 0;
+  int64_t batch = 0;  // sequences per rank
   int64_t steps = 0;  // timed
+  // Of the step time (with ranks > 1, per step the slowest rank's).
   double p50_seconds = 0;
   double p99_seconds = 0;
-  double tokens_per_s = 0;  // batch / median step time
+  double tokens_per_s = 0;          // all ranks: ranks * batch / p50
+  double tokens_per_s_per_gpu = 0;  // tokens_per_s / ranks
+  // Per rank (one GPU's share: its sequences, its experts for every rank's tokens).
   double roofline_fraction = 0;
   double bytes_per_step = 0;
   double flops_per_step = 0;
-  std::vector<int32_t> seq0_tokens;  // greedy tokens of sequence 0, for a sanity look
+  std::vector<int32_t> seq0_tokens;  // greedy tokens of rank 0's sequence 0, for a sanity look
+  // ranks > 1: every rank's figures, and the exchange averaged over the ranks.
+  std::vector<RankDecodeResult> per_rank;
+  double exchange_bytes_per_step = 0;       // per rank, sent to other ranks
+  double all_to_all_seconds_per_step = -1;  // time_all_to_all: mean over ranks of their p50
+  double synced_step_p50_seconds = -1;      // time_all_to_all: step p50 (slowest rank) synced
 };
 
 struct BenchResult {
   std::string backend;
+  int64_t ranks = 1;
+  std::string data_plane;  // ranks > 1: "tcp" or "nccl"
   double bytes_per_value = 4;
   double load_seconds = 0;
   double param_count = 0;
-  int64_t prefill_tokens_per_step = 0;  // 0: prefill not measured
-  double prefill_step_seconds = 0;      // median
-  double prefill_tokens_per_s = 0;
+  int64_t prefill_tokens_per_step = 0;  // per rank; 0: prefill not measured
+  double prefill_step_seconds = 0;      // median (per step, the slowest rank's)
+  double prefill_tokens_per_s = 0;      // all ranks
   double prefill_roofline_fraction = 0;
   double prefill_bytes_per_step = 0;  // roofline cost of one prefill step
   double prefill_flops_per_step = 0;
-  std::vector<DecodeResult> decode;                 // one per BenchConfig::decode_num_requests
-  int64_t device_bytes_reserved_peak = -1;          // -1: the backend cannot say
-  std::string prefill_op_report, decode_op_report;  // with op_timing_steps > 0 on CUDA
+  std::vector<DecodeResult> decode;         // one per BenchConfig::decode_num_requests
+  int64_t device_bytes_reserved_peak = -1;  // -1: the backend cannot say (max over ranks)
+  // With op_timing_steps > 0 on CUDA (rank 0's).
+  std::string prefill_op_report, decode_op_report;
 };
 
 // "64" or "1,128" -> {64} or {1, 128}; false (and *out unspecified) on anything else.
@@ -85,6 +136,10 @@ bool ParseRequestCounts(const std::string& text, std::vector<int64_t>* out);
 // a .json file itself; "dummy:..." specs pass unchanged.
 std::string DummyModelSpec(const std::string& model, int64_t seed);
 
+// INVALID_ARGUMENT for bad settings (among them ranks < 1, more ranks than GPUs from
+// cuda_device on cuda, ranks > 1 with a dense model or with routed experts that do not divide
+// over the ranks, a communicator the backend cannot use); otherwise the first error of any
+// rank (the other ranks' communicators are then aborted, so they stop at once).
 absl::StatusOr<BenchResult> RunBenchmark(const BenchConfig& config);
 
 // Human-readable report (one "key: value" line per figure), the same as one JSON object, and

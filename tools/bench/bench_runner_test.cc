@@ -1,10 +1,13 @@
 // RunBenchmark end to end on the CPU backend with a tiny dummy model: every figure is
 // produced, finite and positive, for each requested batch size and both cache fills; the
-// flag helpers and the refusals.
+// flag helpers and the refusals. Expert parallelism (--ranks 2 and 4, TCP between threads)
+// against the one-rank run: every rank's sequence 0 decodes the one-rank run's greedy tokens.
 #include "tools/bench/bench_runner.h"
 
 #include <cmath>
 #include <cstdlib>
+#include <fstream>
+#include <sstream>
 #include <string>
 
 #include "gtest/gtest.h"
@@ -34,8 +37,8 @@ void ExpectDecodeFigures(const DecodeResult& d, int64_t batch) {
   EXPECT_EQ(d.batch, batch);
   EXPECT_EQ(d.steps, 4);
   EXPECT_EQ(d.seq0_tokens.size(), 5u);
-  for (double v : {d.tokens_per_s, d.p50_seconds, d.roofline_fraction, d.bytes_per_step,
-                   d.flops_per_step}) {
+  for (double v :
+       {d.tokens_per_s, d.p50_seconds, d.roofline_fraction, d.bytes_per_step, d.flops_per_step}) {
     EXPECT_TRUE(std::isfinite(v) && v > 0) << v;
   }
   EXPECT_LE(d.p50_seconds, d.p99_seconds);
@@ -51,8 +54,8 @@ TEST(BenchRunnerTest, ProducesAllFiguresOnCpu) {
   EXPECT_EQ(r->prefill_tokens_per_step, 40);
   ASSERT_EQ(r->decode.size(), 1u);
   ExpectDecodeFigures(r->decode[0], 3);
-  for (double v : {r->prefill_tokens_per_s, r->prefill_roofline_fraction,
-                   r->prefill_bytes_per_step, r->prefill_flops_per_step}) {
+  for (double v : {r->prefill_tokens_per_s, r->prefill_roofline_fraction, r->prefill_bytes_per_step,
+                   r->prefill_flops_per_step}) {
     EXPECT_TRUE(std::isfinite(v) && v > 0) << v;
   }
   EXPECT_EQ(r->device_bytes_reserved_peak, -1);  // the CPU backend reports no device memory
@@ -104,6 +107,140 @@ TEST(BenchRunnerTest, RejectsBadInput) {
   auto bf16 = RunBenchmark(c);
   ASSERT_TRUE(bf16.ok()) << bf16.status();
   EXPECT_EQ(bf16->bytes_per_value, 2);
+}
+
+// The fixture: hidden 96, 3 layers of which 2 MoE, 8 routed experts top-2.
+constexpr int64_t kMoeLayers = 2, kHidden = 96, kTopK = 2;
+
+void ExpectSameTokensAsOneRank(const BenchConfig& base, bool time_all_to_all) {
+  BenchConfig one = base;
+  auto ref = RunBenchmark(one);
+  ASSERT_TRUE(ref.ok()) << ref.status();
+  EXPECT_EQ(ref->ranks, 1);
+  for (const DecodeResult& d : ref->decode) {
+    EXPECT_TRUE(d.per_rank.empty());
+    EXPECT_DOUBLE_EQ(d.tokens_per_s_per_gpu, d.tokens_per_s);
+  }
+  for (int64_t ranks : {2, 4}) {
+    SCOPED_TRACE(ranks);
+    BenchConfig c = base;
+    c.ranks = ranks;
+    c.time_all_to_all = time_all_to_all;
+    auto r = RunBenchmark(c);
+    ASSERT_TRUE(r.ok()) << r.status();
+    EXPECT_EQ(r->ranks, ranks);
+    EXPECT_EQ(r->data_plane, "tcp");  // auto on the CPU
+    ASSERT_EQ(r->decode.size(), ref->decode.size());
+    for (size_t i = 0; i < r->decode.size(); ++i) {
+      const DecodeResult& d = r->decode[i];
+      SCOPED_TRACE(d.batch);
+      EXPECT_EQ(d.seq0_tokens, ref->decode[i].seq0_tokens);
+      EXPECT_EQ(d.steps, base.output_len - base.warmup);
+      EXPECT_NEAR(d.tokens_per_s, ranks * d.batch / d.p50_seconds, 1e-9 * d.tokens_per_s);
+      EXPECT_NEAR(d.tokens_per_s_per_gpu, d.tokens_per_s / ranks, 1e-9 * d.tokens_per_s);
+      EXPECT_TRUE(std::isfinite(d.roofline_fraction) && d.roofline_fraction > 0);
+      ASSERT_EQ(d.per_rank.size(), static_cast<size_t>(ranks));
+      double bytes = 0;
+      for (int64_t k = 0; k < ranks; ++k) {
+        const RankDecodeResult& pr = d.per_rank[k];
+        EXPECT_EQ(pr.rank, k);
+        // Every rank's sequence 0 is the one-rank run's.
+        EXPECT_EQ(pr.seq0_tokens, ref->decode[i].seq0_tokens) << "rank " << k;
+        EXPECT_LE(pr.p50_seconds, d.p50_seconds);  // a step is the slowest rank's
+        // Over TCP, per MoE layer: sizes + rows (Dispatch), rows (Combine).
+        EXPECT_DOUBLE_EQ(pr.exchange_calls_per_step, 3.0 * kMoeLayers);
+        // At most: every row of its own tokens out, (hidden + id) floats each, and back the
+        // outputs of every rank's rows.
+        EXPECT_LE(pr.exchange_bytes_per_step,
+                  kMoeLayers * d.batch * kTopK * 4.0 * ((kHidden + 1) + ranks * kHidden));
+        bytes += pr.exchange_bytes_per_step;
+        if (time_all_to_all) {
+          EXPECT_GT(pr.all_to_all_p50_seconds, 0);
+          EXPECT_GE(pr.synced_step_p50_seconds, pr.all_to_all_p50_seconds);
+        } else {
+          EXPECT_EQ(pr.all_to_all_p50_seconds, -1);
+        }
+      }
+      EXPECT_GT(bytes, 0);  // some rows always leave their rank (8 experts over 2 or 4 ranks)
+      EXPECT_NEAR(d.exchange_bytes_per_step, bytes / ranks, 1e-6 * bytes);
+      if (time_all_to_all) {
+        EXPECT_GT(d.all_to_all_seconds_per_step, 0);
+        EXPECT_GT(d.synced_step_p50_seconds, 0);
+      } else {
+        EXPECT_EQ(d.all_to_all_seconds_per_step, -1);
+      }
+    }
+    const std::string report = FormatBenchReport(c, *r);
+    EXPECT_NE(report.find("ranks: " + std::to_string(ranks) + " (expert parallel over tcp"),
+              std::string::npos)
+        << report;
+    EXPECT_NE(report.find("tok/s per GPU"), std::string::npos) << report;
+    EXPECT_NE(report.find("seq0_decode_tokens (batch 3, rank " + std::to_string(ranks - 1)),
+              std::string::npos)
+        << report;
+    EXPECT_NE(report.find(time_all_to_all ? "s per step (" : "not timed (--time-all-to-all)"),
+              std::string::npos)
+        << report;
+    const std::string json = FormatBenchJson(c, *r);
+    EXPECT_NE(json.find("\"ranks\": " + std::to_string(ranks)), std::string::npos) << json;
+    EXPECT_NE(json.find("\"per_rank\": [{\"rank\": 0"), std::string::npos) << json;
+    ASSERT_EQ(BenchCsvRows(c, *r).size(), r->decode.size());
+  }
+}
+
+TEST(BenchRunnerTest, ExpertParallelRanksDecodeTheOneRankTokens) {
+  BenchConfig c = SmallConfig();
+  c.decode_num_requests = {1, 3};
+  ExpectSameTokensAsOneRank(c, /*time_all_to_all=*/false);
+}
+
+TEST(BenchRunnerTest, ExpertParallelRandomFillTimedAllToAll) {
+  BenchConfig c = SmallConfig();
+  c.decode_num_requests = {3};
+  c.decode_fill = "random";
+  c.prefill_batch_tokens = 0;
+  ExpectSameTokensAsOneRank(c, /*time_all_to_all=*/true);
+}
+
+TEST(BenchRunnerTest, ExpertParallelRefusals) {
+  auto refused = [](const BenchConfig& c, const std::string& words) {
+    auto r = RunBenchmark(c);
+    ASSERT_FALSE(r.ok());
+    EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument) << r.status();
+    EXPECT_NE(r.status().message().find(words), std::string::npos) << r.status();
+  };
+  BenchConfig c = SmallConfig();
+  c.ranks = 0;
+  refused(c, "--ranks must be >= 1");
+  c.ranks = 3;  // 8 experts
+  refused(c, "--ranks 3 does not divide the model's 8 routed experts");
+  c.ranks = 2;
+  c.communicator = "nccl";  // needs cuda
+  refused(c, "nccl");
+  c.communicator = "carrier pigeon";
+  refused(c, "carrier pigeon");
+  c = SmallConfig();
+  c.backend = "cuda";
+  c.ranks = 2;
+  c.cuda_device = 1000;  // no machine has these
+  refused(c, "--ranks 2 from --cuda-device 1000 needs GPUs 1000..1001");
+  // A dense model has no experts to split.
+  const std::string dense = std::string(std::getenv("TEST_TMPDIR")) + "/dense.json";
+  {
+    std::ifstream in(FixtureDir() + "/config.json");
+    std::stringstream text;
+    text << in.rdbuf();
+    std::string s = text.str();
+    const std::string moe = "\"n_routed_experts\": 8";
+    const size_t at = s.find(moe);
+    ASSERT_NE(at, std::string::npos);
+    s.replace(at, moe.size(), "\"n_routed_experts\": 0");
+    std::ofstream(dense) << s;
+  }
+  c = SmallConfig();
+  c.model = DummyModelSpec(dense, 7);
+  c.ranks = 2;
+  refused(c, "this model has none");
 }
 
 TEST(BenchRunnerTest, FlagHelpers) {

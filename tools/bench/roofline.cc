@@ -62,11 +62,13 @@ double StepCost::RooflineSeconds(double bytes_per_s, double flops_per_s) const {
 }
 
 StepCost DecodeStepCost(const ModelConfig& c, int64_t batch, int64_t context,
-                        double bytes_per_param) {
+                        double bytes_per_param, int64_t ranks) {
   const ParamCounts p = CountParams(c);
   const double E = c.n_routed_experts, k = c.num_experts_per_tok;
-  // Expected distinct experts among batch*top_k uniform choices (without repeats per token).
-  const double touched = E > 0 ? E * (1.0 - std::pow(1.0 - k / E, static_cast<double>(batch))) : 0;
+  // Expected distinct experts among all ranks' batch*top_k uniform choices (without repeats per
+  // token); each rank hosts 1 / ranks of them.
+  const double tokens = static_cast<double>(batch) * ranks;
+  const double touched = E > 0 ? E * (1.0 - std::pow(1.0 - k / E, tokens)) / ranks : 0;
   const double routed_all = p.moe_layers * E * p.per_routed_expert;
   // The embedding table is read one row per token, unless it is also the (tied) LM head.
   const double non_expert = p.total - routed_all - (c.tie_word_embeddings ? 0.0 : p.embedding);
@@ -79,11 +81,15 @@ StepCost DecodeStepCost(const ModelConfig& c, int64_t batch, int64_t context,
   return s;
 }
 
-StepCost PrefillStepCost(const ModelConfig& c, int64_t seqs, int64_t len, double bytes_per_param) {
+StepCost PrefillStepCost(const ModelConfig& c, int64_t seqs, int64_t len, double bytes_per_param,
+                         int64_t ranks) {
   const ParamCounts p = CountParams(c);
   StepCost s;
   const double tokens = static_cast<double>(seqs) * len;
-  s.bytes = (p.total - p.embedding + tokens * c.hidden_size) * bytes_per_param +
+  // Routed experts other ranks host are not read here.
+  const double others = p.moe_layers * static_cast<double>(c.n_routed_experts) *
+                        p.per_routed_expert * (1.0 - 1.0 / ranks);
+  s.bytes = (p.total - p.embedding - others + tokens * c.hidden_size) * bytes_per_param +
             tokens * CacheBytesPerEntry(c, bytes_per_param);
   // Token i of a prompt attends to i + 1 entries: len*(len+1)/2 keys per prompt. The LM head
   // runs only for the last token of each prompt.

@@ -59,5 +59,29 @@ TEST(RooflineTest, CacheBytesAndAttentionFlopsScaleWithContext) {
   EXPECT_DOUBLE_EQ(a.RooflineSeconds(4.3e12, 790e12), std::max(a.bytes / 4.3e12, a.flops / 790e12));
 }
 
+TEST(RooflineTest, ExpertParallelShareOfOneGpu) {
+  const ModelConfig c = DeepseekV3();
+  const ParamCounts p = CountParams(c);
+  const double expert_bytes = 58.0 * 256 * p.per_routed_expert;  // every routed expert, 1 byte
+  // A huge batch per rank touches every expert: each of 8 GPUs reads 1/8 of them and every
+  // other weight.
+  const StepCost many = DecodeStepCost(c, 4096, 0, 1.0, 8);
+  EXPECT_NEAR(many.bytes / 1e9, (p.total - p.embedding - expert_bytes * 7 / 8) / 1e9, 1.0);
+  // One sequence per rank on 2 ranks: 2 tokens' distinct experts in all (E(1-(1-k/E)^2)),
+  // half of them here; attention weights and cache as for one sequence.
+  const StepCost two = DecodeStepCost(c, 1, 100, 1.0, 2);
+  const StepCost alone = DecodeStepCost(c, 1, 100, 1.0, 1);
+  const double q = 1.0 - 8.0 / 256;
+  const double distinct_two = 256 * (1 - q * q), distinct_one = 8;
+  EXPECT_NEAR(two.bytes - alone.bytes,
+              58.0 * (distinct_two / 2 - distinct_one) * p.per_routed_expert, 1e3);
+  EXPECT_DOUBLE_EQ(two.flops, alone.flops);  // its own tokens' FLOPs
+  // Prefill: every expert is read, 1/ranks of them per GPU.
+  const StepCost pre1 = PrefillStepCost(c, 4, 512, 2.0);
+  const StepCost pre4 = PrefillStepCost(c, 4, 512, 2.0, 4);
+  EXPECT_NEAR(pre1.bytes - pre4.bytes, expert_bytes * 2.0 * 3 / 4, 1e3);
+  EXPECT_DOUBLE_EQ(pre1.flops, pre4.flops);
+}
+
 }  // namespace
 }  // namespace deepinfer
