@@ -14,10 +14,22 @@
 #    and compares every run's tokens with ref's and with HF's greedy_24.
 # With one GPU, the 2-GPU runs are reported as SKIPPED and `ref` plus a one-rank NCCL run
 # (nccl1: forming and wiring only, a group of one exchanges nothing) still run.
+# 3. bench2 (issue 7, result 3): `deepinfer-bench --ranks 2 --time-all-to-all` (expert parallel
+#    over both GPUs, NCCL) on the Moonlight-shaped config with dummy weights, decode at 1, 64 and
+#    128 requests per rank, context 1024, then the same with --ranks 1 on GPU 0; both reports go
+#    into the summary (decode tokens/s per GPU, step p50/p99, all-to-all time and bytes per
+#    step, and each rank's seq0 tokens, which must equal the one-rank run's). The decode cache
+#    is filled with random values (--decode-fill random, as bench_all.sh does) so that both runs
+#    fit in BENCH2_BUDGET_S (default 150 s); BENCH2_FLAGS replaces the measurement flags,
+#    BENCH2_BACKEND / BENCH2_MODEL / BENCH2_BIN the backend, config and binary (a CPU check:
+#    BENCH2_BACKEND=cpu with a fixture config).
+# MULTI_GPU_PARTS="tests runs bench2" (default: all three) picks the parts.
 # Logs: $OUT/multi_gpu_summary.txt and $OUT/multi_gpu_logs.tar.gz. Exit status: failed steps.
 # NCCL_NVLS_ENABLE=0 is forced (NVLink multicast must stay off on these machines).
 set -uo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
+parts=${MULTI_GPU_PARTS:-tests runs bench2}
+want() { [[ " $parts " == *" $1 "* ]]; }
 OUT=${OUT:-/tmp/gpu-out}
 mkdir -p "$OUT"
 export LD_LIBRARY_PATH="$here/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
@@ -43,7 +55,7 @@ record() {  # record NAME VERDICT DETAIL
 }
 
 # ---- 1. tests ----------------------------------------------------------------------------
-for n in nccl_communicator_test ep_expert_dispatcher_gpu_test; do
+want tests && for n in nccl_communicator_test ep_expert_dispatcher_gpu_test; do
   if [[ ! -x "$here/bin/$n" ]]; then
     record "$n" "FAIL(missing)" "not in the bundle"
     continue
@@ -55,10 +67,11 @@ for n in nccl_communicator_test ep_expert_dispatcher_gpu_test; do
   grep -q '\[  SKIPPED \]' "$logs/$n.log" && verdict="$verdict+SKIPS"
   record "$n" "$verdict" "$(grep -E '^\[  (PASSED|FAILED) ' "$logs/$n.log" | tr '\n' ' ')"
 done
-grep -h "logit rows compared" "$logs"/ep_expert_dispatcher_gpu_test.log 2>/dev/null | sort | uniq -c \
-  | tee -a "$summary"
+want tests && grep -h "logit rows compared" "$logs"/ep_expert_dispatcher_gpu_test.log 2>/dev/null \
+  | sort | uniq -c | tee -a "$summary"
 
 # ---- 2. deepinfer run --------------------------------------------------------------------
+if want runs; then
 model="$here/srcdir/deepinfer/tests/fixtures/dsv3_qlora_rope"
 python3 - "$model/expected.json" > "$logs/in.jsonl" <<'PY'
 import json, sys
@@ -146,6 +159,68 @@ if [[ $gpus -ge 2 ]]; then
   check_run b_auto $? nccl
 else
   for n in a_nccl a_tcp b_nccl b_auto; do record "run_$n" SKIPPED "needs 2 GPUs, have $gpus"; done
+fi
+fi  # runs
+
+# ---- 3. bench2: the benchmark at 2 ranks against 1 -------------------------------------------
+bench2() {  # bench2 NAME RANKS VISIBLE_DEVICES LIMIT_S
+  local name=$1 ranks=$2 visible=$3 limit=$4
+  local flags
+  read -r -a flags <<< "${BENCH2_FLAGS:---decode-num-requests 1,64,128 --context-length 1024 \
+--output-len 16 --warmup 2 --iters 3 --decode-fill random}"
+  local extra=()
+  ((ranks > 1)) && extra=(--time-all-to-all)
+  local start=$(date +%s)
+  env CUDA_VISIBLE_DEVICES="$visible" timeout "$limit" "$bench_bin" --backend "$bench_backend" \
+    --model "$bench_model" --load-format dummy --ranks "$ranks" "${extra[@]}" "${flags[@]}" \
+    > "$logs/$name.txt" 2> "$logs/$name.err"
+  local rc=$?
+  local verdict=PASS
+  [[ $rc -eq 0 ]] || verdict="FAIL(rc=$rc)"
+  ((rc == 124)) && verdict="FAIL(timeout ${limit}s)"
+  record "$name" "$verdict" "--ranks $ranks, $(($(date +%s) - start)) s: $logs/$name.txt"
+  {
+    echo "---- $name: deepinfer-bench --backend $bench_backend --model $(basename "$bench_model") \
+--load-format dummy --ranks $ranks ${extra[*]} ${flags[*]}"
+    cat "$logs/$name.txt"
+    [[ $rc -eq 0 ]] || tail -5 "$logs/$name.err"
+  } | tee -a "$summary"
+}
+if want bench2; then
+  bench_bin=${BENCH2_BIN:-$here/bin/deepinfer-bench}
+  bench_backend=${BENCH2_BACKEND:-cuda}
+  bench_model=${BENCH2_MODEL:-$here/configs/moonlight_shaped.json}
+  budget=${BENCH2_BUDGET_S:-150}
+  t0=$(date +%s)
+  if [[ $bench_backend != cuda || $gpus -ge 2 ]]; then
+    # Most of the budget: loading is shared by two GPUs, the exchange is extra work.
+    bench2 bench2_ranks2 2 0,1 $((budget * 3 / 5))
+  else
+    record bench2_ranks2 SKIPPED "needs 2 GPUs, have $gpus"
+  fi
+  left=$((budget - ($(date +%s) - t0)))
+  ((left < 30)) && left=30
+  bench2 bench2_ranks1 1 0 "$left"
+  # Every rank's sequence 0 must decode the one-rank run's greedy tokens (same dummy weights,
+  # same prompt); bf16 GEMMs of other batch shapes may round differently on the GPU, so a
+  # difference is reported, not failed.
+  if [[ -s "$logs/bench2_ranks2.txt" && -s "$logs/bench2_ranks1.txt" ]]; then
+    python3 - "$logs/bench2_ranks1.txt" "$logs/bench2_ranks2.txt" << 'PY' | tee -a "$summary"
+import re, sys
+def seq0(path):
+    out = {}
+    for line in open(path):
+        m = re.match(r"seq0_decode_tokens \(batch (\d+)(?:, rank (\d+))?\): (.*)", line)
+        if m:
+            out[(int(m.group(1)), int(m.group(2) or 0))] = m.group(3).split()
+    return out
+one, two = seq0(sys.argv[1]), seq0(sys.argv[2])
+for (batch, rank), tokens in sorted(two.items()):
+    ref = one.get((batch, 0))
+    same = sum(a == b for a, b in zip(tokens, ref or []))
+    print(f"bench2 seq0 tokens, batch {batch} rank {rank}: {same}/{len(tokens)} equal to --ranks 1")
+PY
+  fi
 fi
 echo "failed steps: $failed" | tee -a "$summary"
 tar -C "$logs" -czf "$OUT/multi_gpu_logs.tar.gz" .

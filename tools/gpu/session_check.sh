@@ -1,18 +1,20 @@
 #!/bin/bash
 # session_check.sh - every GPU check in one device call, from a bundle tools/gpu/prepare.sh made
 # (copied there): the GPU tests (run_all.sh, tests step), the multi-GPU checks when the machine
-# has 2 or more GPUs (multi_gpu.sh), the benchmark against HF transformers (bench_all.sh) and a
-# per-op profile of a 4-layer Moonlight-shaped model. Each part has its own time limit, so one
+# has 2 or more GPUs (multi_gpu.sh: its NCCL tests and `deepinfer run`s in `multi`, its
+# benchmark at 2 ranks against 1 rank in `bench2`), the benchmark against HF transformers
+# (bench_all.sh) and a per-op profile of a 4-layer Moonlight-shaped model. Each part has its own time limit, so one
 # hang costs its part only. The device tool returns at most 8 files: everything goes into
 # $OUT/session.tar.gz, plus $OUT/summary.txt (every part's summary) and $OUT/bench_all.md.
 #
-#   SESSION_PARTS="tests multi bench profile" (default: all four)
+#   SESSION_PARTS="tests multi bench2 bench profile" (default: all five; multi and bench2 run
+#   only with 2 or more GPUs)
 set -uo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 OUT=${OUT:-/tmp/gpu-out}
 mkdir -p "$OUT"
 export NCCL_NVLS_ENABLE=0
-parts=${SESSION_PARTS:-tests multi bench profile}
+parts=${SESSION_PARTS:-tests multi bench2 bench profile}
 want() { [[ " $parts " == *" $1 "* ]]; }
 work=/tmp/session-check
 rm -rf "$work"
@@ -27,7 +29,12 @@ part() {  # part NAME LIMIT_S COMMAND...
   echo "== $name: exit $? after $(($(date +%s) - t0)) s" >> "$work/summary.txt"
 }
 want tests && part tests 240 env STEPS=tests bash "$here/run_all.sh"
-if want multi && ((gpus >= 2)); then part multi 240 bash "$here/multi_gpu.sh"; fi
+if want multi && ((gpus >= 2)); then
+  part multi 240 env MULTI_GPU_PARTS="tests runs" bash "$here/multi_gpu.sh"
+fi
+if want bench2 && ((gpus >= 2)); then
+  part bench2 180 env MULTI_GPU_PARTS=bench2 BENCH2_BUDGET_S=160 bash "$here/multi_gpu.sh"
+fi
 want bench && part bench 260 env BENCH_BUDGET_S=240 bash "$here/bench_all.sh"
 if want profile; then
   part profile 120 env LD_LIBRARY_PATH="$here/lib" "$here/bin/deepinfer-bench" --backend cuda \
