@@ -229,7 +229,9 @@ struct RankState {
 // the rank's share of the model and makes its KV pool of `blocks` blocks.
 absl::Status SetUpRank(const BenchConfig& bc, int64_t rank, int64_t blocks, RankState* s) {
   const int64_t ranks = s->set->ranks();
-  const absl::Duration timeout = absl::Minutes(10);  // loading a big model sits between barriers
+  // TCP: a barrier waits for every rank to load its weights (a minute or more for big models).
+  // NCCL: bounds forming and each exchange, which never wait for loading.
+  const absl::Duration timeout = absl::Minutes(10), nccl_timeout = absl::Minutes(2);
   if (ranks > 1) {
     comm::TcpCommunicatorSpec spec;
     spec.rank = static_cast<int>(rank);
@@ -262,7 +264,7 @@ absl::Status SetUpRank(const BenchConfig& bc, int64_t rank, int64_t blocks, Rank
     comm::Communicator* data = s->control.get();
     if (*plane == comm::DataPlane::kNccl) {
       auto nccl = comm::FormNcclCommunicator(s->control.get(), bo.cuda_device,
-                                             s->backend->native_stream(), timeout);
+                                             s->backend->native_stream(), nccl_timeout);
       if (!nccl.ok()) return nccl.status();
       s->nccl = std::move(*nccl);
       if (!s->set->Add(s->nccl.get())) return s->set->first_error();
