@@ -1,6 +1,6 @@
 // ExchangeMeter over a two-rank TCP group on loopback: data passes through unchanged, only the
 // exchange calls are counted, bytes count what goes to the other rank, and the time is measured
-// only with timing on (a peer that arrives 50 ms late shows up in it).
+// only with timing on (a peer that arrives 200 ms late shows up in it).
 #include "tools/bench/exchange_meter.h"
 
 #include <chrono>
@@ -50,7 +50,7 @@ TEST(ExchangeMeterTest, CountsExchangesAndTimesThemOnlyWhenAsked) {
     ASSERT_TRUE(meter.Barrier().ok());
     untimed[r] = meter.Take();
     meter.set_timing(true);
-    if (r == 1) std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    if (r == 1) std::this_thread::sleep_for(std::chrono::milliseconds(200));
     exchange();
     timed[r] = meter.Take();
     EXPECT_EQ(meter.Take().calls, 0);  // Take zeroes
@@ -63,7 +63,7 @@ TEST(ExchangeMeterTest, CountsExchangesAndTimesThemOnlyWhenAsked) {
     EXPECT_EQ(timed[r].bytes_to_peers, untimed[r].bytes_to_peers) << r;
   }
   // Rank 0 waited for rank 1 inside the timed exchange.
-  EXPECT_GE(timed[0].seconds, 0.045);
+  EXPECT_GE(timed[0].seconds, 0.1);
   EXPECT_GT(timed[1].seconds, 0);
   // Segment s of rank r's receive buffer is what rank s sent to r. Rank 0 receives [its own
   // 1 int: 0][rank 1's segment for rank 0: 6 ints from 100].
