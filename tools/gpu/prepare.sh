@@ -24,8 +24,9 @@
 # DIR/configs/  model configs for the benchmark
 # DIR/run_all.sh
 # DIR/hf_bf16_error.py   HF transformers' bf16 error on the fixtures (tools/parity/)
-# DIR/multi_gpu.sh  the multi-GPU checks (NCCL tests, `deepinfer run` over 2 GPUs), which need
-#                   bin/deepinfer, bin/deepinfer-coordinator, bin/deepinfer-worker (bundled too)
+# DIR/multi_gpu.sh  the multi-GPU checks (NCCL tests, `deepinfer run` over 2 GPUs, which need
+#                   bin/deepinfer, bin/deepinfer-coordinator, bin/deepinfer-worker, bundled too;
+#                   bench2: deepinfer-bench --ranks 2 against --ranks 1)
 # Then, with the device tool: carry [DIR relative to the repo root], command
 # `bash DIR/run_all.sh` (logs under $OUT).
 set -euo pipefail
