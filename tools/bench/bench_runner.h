@@ -43,6 +43,13 @@ struct BenchConfig {
   // CUDA only: after the timed runs, one more prefill step and this many decode steps (at the
   // last batch size) with per-op timing on (CudaBackend::SetOpTiming), reported separately.
   int64_t op_timing_steps = 0;
+  // Decode sampling: greedy by default; ParseDecodeSampling reads "T,TOP_K,TOP_P" (seeded per
+  // request). Sampled on the device unless decode_sampling_on_host, which asks for the logits
+  // rows as well so the host Sampler picks (the path before device sampling).
+  float decode_temperature = 0.0f;
+  int32_t decode_top_k = 0;
+  float decode_top_p = 1.0f;
+  bool decode_sampling_on_host = false;
   double peak_bytes_per_s = 4.3e12;
   double peak_flops_per_s = 790e12;
 };
@@ -84,6 +91,10 @@ bool ParseRequestCounts(const std::string& text, std::vector<int64_t>* out);
 // --model with --load-format dummy -> BenchConfig::model: a directory means its config.json,
 // a .json file itself; "dummy:..." specs pass unchanged.
 std::string DummyModelSpec(const std::string& model, int64_t seed);
+
+// "T,TOP_K,TOP_P" (e.g. "0.8,50,0.95") into the decode_* sampling fields; "" keeps greedy.
+// False for anything else.
+bool ParseDecodeSampling(const std::string& text, BenchConfig* config);
 
 absl::StatusOr<BenchResult> RunBenchmark(const BenchConfig& config);
 
