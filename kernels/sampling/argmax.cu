@@ -18,9 +18,9 @@ static_assert(kPerThread % 4 == 0, "a thread loads whole float4s");
 constexpr int32_t kNoIndex = 0x7fffffff;
 
 struct Partial {
-  float max;   // -inf when nothing above -inf was seen
+  float max;    // -inf when nothing above -inf was seen
   int32_t arg;  // kNoIndex then
-  double sum;  // sum of exp(l - max) over the values seen (0 for ArgmaxRows)
+  double sum;   // sum of exp(l - max) over the values seen (0 for ArgmaxRows)
 };
 static_assert(sizeof(Partial) == 16, "workspace layout");
 

@@ -36,8 +36,7 @@ TEST(ArgmaxKernelTest, MatchesCpuBackendWithTies) {
     DeviceArray<int32_t> dout(rows);
     DeviceArray<char> ws(kernels::ArgmaxWorkspaceBytes(rows, vocab));
     dout.Poison();
-    DEEPINFER_CUDA_OK(
-        kernels::ArgmaxRowsF32(rows, vocab, dl.get(), ws.get(), dout.get(), nullptr));
+    DEEPINFER_CUDA_OK(kernels::ArgmaxRowsF32(rows, vocab, dl.get(), ws.get(), dout.get(), nullptr));
     std::vector<int32_t> got;
     DEEPINFER_CUDA_OK(dout.Download(&got));
     EXPECT_EQ(got, want);
@@ -107,8 +106,8 @@ TEST(ArgmaxKernelTest, TiesAcrossChunksAndUnalignedRows) {
   dlp.Poison();
   DEEPINFER_CUDA_OK(
       kernels::ArgmaxRowsF32(rows, vocab, dbuf.get() + 1, ws.get(), dout.get(), nullptr));
-  DEEPINFER_CUDA_OK(kernels::GreedySampleRowsF32(rows, vocab, dbuf.get() + 1, ws.get(),
-                                                 dtok.get(), dlp.get(), nullptr));
+  DEEPINFER_CUDA_OK(kernels::GreedySampleRowsF32(rows, vocab, dbuf.get() + 1, ws.get(), dtok.get(),
+                                                 dlp.get(), nullptr));
   std::vector<int32_t> got, got_tok;
   std::vector<float> got_lp;
   DEEPINFER_CUDA_OK(dout.Download(&got));

@@ -19,11 +19,11 @@ namespace kernels {
 // Sampler::Sample picks for the same logits, parameters and position, logprob[r] its
 // log-softmax over the raw row. Follows Sampler step by step: candidates in (logit descending,
 // lower id first) order, top-k then the top-p prefix of the top-k-normalised probabilities
-// (in double; the prefix mass summed in 2^-53 fixed point), then the race argmax p_i / -log(U(seed, position, i)) with ties going to the
-// earlier candidate. A row whose top_p is outside (0, 1] or whose temperature is NaN (Sampler's
-// INVALID_ARGUMENT) gets token -1 and logprob NaN.
-// One block per row; O(V) per row without filtering, O(8 V) more for top-k and for top-p
-// (radix select).
+// (in double; the prefix mass summed in 2^-53 fixed point), then the race argmax
+// p_i / -log(U(seed, position, i)) with ties going to the earlier candidate. A row whose top_p
+// is outside (0, 1] or whose temperature is NaN (Sampler's INVALID_ARGUMENT) gets token -1 and
+// logprob NaN. One block per row; O(V) per row without filtering, O(8 V) more for top-k and
+// for top-p (radix select).
 cudaError_t SampleRowsF32(int64_t rows, int64_t vocab, const float* logits,
                           const RowSamplingParams* params, int32_t* token, float* logprob,
                           cudaStream_t stream);

@@ -109,11 +109,11 @@ int Main() {
                               {"T=1,k=50,p=.9", 1.0f, 50, 0.9f}};
   for (int64_t rows : {1, 64, 128, 256}) {
     Report("ArgmaxRows", "", rows, timer.MedianUs([&] {
-             return kernels::ArgmaxRowsF32(rows, kVocab, logits, ws, tok, nullptr);
-           }));
+      return kernels::ArgmaxRowsF32(rows, kVocab, logits, ws, tok, nullptr);
+    }));
     Report("GreedySample", "", rows, timer.MedianUs([&] {
-             return kernels::GreedySampleRowsF32(rows, kVocab, logits, ws, tok, lp, nullptr);
-           }));
+      return kernels::GreedySampleRowsF32(rows, kVocab, logits, ws, tok, lp, nullptr);
+    }));
     for (const Variant& v : variants) {
       std::vector<RowSamplingParams> p(rows);
       for (int64_t r = 0; r < rows; ++r) {
@@ -123,16 +123,16 @@ int Main() {
         p[r].seed = 1000 + r;
         p[r].position = r;
       }
-      BENCH_CUDA(cudaMemcpy(params, p.data(), rows * sizeof(RowSamplingParams),
-                            cudaMemcpyHostToDevice));
+      BENCH_CUDA(
+          cudaMemcpy(params, p.data(), rows * sizeof(RowSamplingParams), cudaMemcpyHostToDevice));
       Report("SampleRows", v.name, rows, timer.MedianUs([&] {
-               return kernels::SampleRowsF32(rows, kVocab, logits, params, tok, lp, nullptr);
-             }));
+        return kernels::SampleRowsF32(rows, kVocab, logits, params, tok, lp, nullptr);
+      }));
     }
     for (int32_t n : {5, kMaxTopLogprobs}) {
       Report("TopLogprobs", "n=" + std::to_string(n), rows, timer.MedianUs([&] {
-               return kernels::TopLogprobsF32(rows, kVocab, logits, n, tok, lp, nullptr);
-             }));
+        return kernels::TopLogprobsF32(rows, kVocab, logits, n, tok, lp, nullptr);
+      }));
     }
   }
   BENCH_CUDA(cudaDeviceSynchronize());

@@ -355,10 +355,10 @@ std::string FormatBenchReport(const BenchConfig& c, const BenchResult& r) {
                         r.param_count / 1e9, c.dtype, r.bytes_per_value);
   absl::StrAppendFormat(&out, "backend: %s\nload_s: %.2f\n", r.backend, r.load_seconds);
   if (c.decode_temperature > 0 || c.decode_sampling_on_host) {
-    absl::StrAppendFormat(&out, "decode sampling: temperature %g, top_k %d, top_p %g, %s\n",
-                          c.decode_temperature, c.decode_top_k, c.decode_top_p,
-                          c.decode_sampling_on_host ? "on the host (logits copied back)"
-                                                    : "on the device");
+    absl::StrAppendFormat(
+        &out, "decode sampling: temperature %g, top_k %d, top_p %g, %s\n", c.decode_temperature,
+        c.decode_top_k, c.decode_top_p,
+        c.decode_sampling_on_host ? "on the host (logits copied back)" : "on the device");
   }
   if (r.prefill_tokens_per_step > 0) {
     absl::StrAppendFormat(&out,

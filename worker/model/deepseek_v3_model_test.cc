@@ -171,7 +171,7 @@ TEST_F(ModelTest, DeviceAndHostSamplingAgree) {
   params[5].num_logprobs = kMaxTopLogprobs;
   params[6].num_logprobs = kMaxTopLogprobs + 5;  // beyond the device: host rows
   params[7].temperature = 0.5f;
-  params[7].seed = 11;                              // all_logits below
+  params[7].seed = 11;  // all_logits below
   params[8].temperature = 0.9f;
   params[8].top_k = 1;
   params[8].seed = 12;

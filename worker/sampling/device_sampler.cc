@@ -125,8 +125,8 @@ absl::StatusOr<std::vector<SampledToken>> DeviceSampler::Sample(
       ++sample_i;
     }
     if (t.token < 0 || t.token >= vocab) {
-      return absl::InternalError(absl::StrCat("DeviceSampler: request ", i,
-                                              " got token ", t.token, " from the device"));
+      return absl::InternalError(
+          absl::StrCat("DeviceSampler: request ", i, " got token ", t.token, " from the device"));
     }
     if (q.params.num_logprobs > 0) {
       const int64_t base = 2 * greedy_n + 2 * sample_n + top_i * top_n;

@@ -49,9 +49,9 @@ void ExpectSameAsSampler(const std::vector<float>& logits, int64_t vocab,
   ASSERT_EQ(got.size(), requests.size());
   for (size_t i = 0; i < requests.size(); ++i) {
     const RowSampleRequest& q = requests[i];
-    SCOPED_TRACE(::testing::Message() << "request " << i << " row " << q.row << " T "
-                                      << q.params.temperature << " k " << q.params.top_k << " p "
-                                      << q.params.top_p << " n " << q.params.num_logprobs);
+    SCOPED_TRACE(::testing::Message()
+                 << "request " << i << " row " << q.row << " T " << q.params.temperature << " k "
+                 << q.params.top_k << " p " << q.params.top_p << " n " << q.params.num_logprobs);
     auto want = Sampler::Sample(logits.data() + q.row * vocab, static_cast<int32_t>(vocab),
                                 q.params, q.position);
     ASSERT_TRUE(want.ok()) << want.status();
@@ -101,8 +101,7 @@ TEST(DeviceSamplerTest, RejectsBadRequests) {
             absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(code(one([](RowSampleRequest* q) { q->params.num_logprobs = kMaxTopLogprobs + 1; })),
             absl::StatusCode::kInvalidArgument);
-  EXPECT_EQ(code(one([](RowSampleRequest* q) { q->row = 4; })),
-            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(code(one([](RowSampleRequest* q) { q->row = 4; })), absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(code(one([](RowSampleRequest* q) { q->row = -1; })),
             absl::StatusCode::kInvalidArgument);
   EXPECT_FALSE(DeviceSampler::Supports([] {

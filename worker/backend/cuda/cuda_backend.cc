@@ -453,9 +453,9 @@ void CudaBackend::GreedySampleRows(int64_t rows, int64_t vocab, const float* log
                                    int32_t* token, float* logprob) {
   OpTimer timer(this, "GreedySampleRows");
   auto workspace = AllocateScratch(kernels::ArgmaxWorkspaceBytes(rows, vocab));
-  Check(kernels::GreedySampleRowsF32(rows, vocab, logits, workspace->data(), token, logprob,
-                                     stream_),
-        "kernels::GreedySampleRowsF32");
+  Check(
+      kernels::GreedySampleRowsF32(rows, vocab, logits, workspace->data(), token, logprob, stream_),
+      "kernels::GreedySampleRowsF32");
 }
 
 void CudaBackend::SampleRows(int64_t rows, int64_t vocab, const float* logits,
