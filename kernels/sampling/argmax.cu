@@ -1,5 +1,5 @@
-// Row argmax and log-sum-exp in two passes (see argmax.h). One reduction serves both ops: a
-// partial is (max, lowest index of the max, sum of exp(l - max)); ArgmaxRows leaves the sum 0.
+// Row argmax and log-sum-exp in two passes (see argmax.h). One partial serves both ops: (max,
+// lowest index of the max, sum of exp(l - max)); ArgmaxRows leaves the sum 0.
 #include <math.h>
 
 #include <algorithm>
@@ -43,26 +43,13 @@ __device__ __forceinline__ void Absorb(Partial* p, const Partial& q) {
   }
 }
 
-// One value at index i, visited in increasing i by this thread: a strict > keeps the lowest
-// index. -inf adds nothing to the sum (and must not: exp(-inf - -inf) is NaN).
-template <bool kSum>
-__device__ __forceinline__ void Visit(Partial* p, float v, int32_t i) {
-  if (v > p->max) {
-    if (kSum) p->sum = p->sum * static_cast<double>(expf(p->max - v)) + 1.0;
-    p->max = v;
-    p->arg = i;
-  } else if (kSum && v != -INFINITY) {
-    p->sum += static_cast<double>(expf(v - p->max));
-  }
-}
-
 template <bool kSum>
 __device__ Partial ShuffleAbsorb(Partial p) {
   for (int o = 16; o > 0; o >>= 1) {
     Partial q;
     q.max = __shfl_xor_sync(0xffffffffu, p.max, o);
     q.arg = __shfl_xor_sync(0xffffffffu, p.arg, o);
-    q.sum = __shfl_xor_sync(0xffffffffu, p.sum, o);
+    if (kSum) q.sum = __shfl_xor_sync(0xffffffffu, p.sum, o);
     Absorb<kSum>(&p, q);
   }
   return p;
@@ -70,41 +57,78 @@ __device__ Partial ShuffleAbsorb(Partial p) {
 
 // Pass 1: block (chunk, row) reduces logits[row, chunk * kArgmaxChunk, + kArgmaxChunk) into
 // parts[row * chunks + chunk]. kVec: rows start 16-byte aligned and vocab % 4 == 0.
+// Each thread holds its kPerThread values in registers: first the chunk's max and its lowest
+// index (block reduction), then, with kSum, the sum of expf(v - chunk max) over the same
+// registers in double, reduced over the block in a fixed order. No exp in the reductions.
 template <bool kSum, bool kVec>
 __global__ void ChunkPartialsKernel(int64_t vocab, const float* logits, Partial* parts) {
   __shared__ Partial warp_part[kWarps];
+  __shared__ double warp_sum[kWarps];
+  __shared__ Partial chunk;
   const int64_t row = blockIdx.y;
   const int64_t begin = static_cast<int64_t>(blockIdx.x) * kArgmaxChunk;
   const int64_t end = min(vocab, begin + kArgmaxChunk);
   const float* l = logits + row * vocab;
-  Partial p{-INFINITY, kNoIndex, 0.0};
-  if (kVec && end - begin == kArgmaxChunk) {
-    // Every load issued before any is used; thread t reads float4s t, t + 256, ... of the chunk,
-    // so its indices still increase.
-    float4 v[kPerThread / 4];
+  // v[j] is the value at index Index(j), increasing in j; past the row's end, -inf.
+  float v[kPerThread];
+  const bool vec = kVec && end - begin == kArgmaxChunk;
+  auto index = [&](int j) {
+    return static_cast<int32_t>(vec ? begin + 4 * (threadIdx.x + (j / 4) * kThreads) + j % 4
+                                    : begin + threadIdx.x + j * kThreads);
+  };
+  if (vec) {
+    // Thread t reads float4s t, t + 256, ... of the chunk; every load issued before any use.
     const float4* l4 = reinterpret_cast<const float4*>(l + begin);
 #pragma unroll
-    for (int j = 0; j < kPerThread / 4; ++j) v[j] = l4[threadIdx.x + j * kThreads];
-#pragma unroll
     for (int j = 0; j < kPerThread / 4; ++j) {
-      const int32_t i = static_cast<int32_t>(begin + 4 * (threadIdx.x + j * kThreads));
-      Visit<kSum>(&p, v[j].x, i);
-      Visit<kSum>(&p, v[j].y, i + 1);
-      Visit<kSum>(&p, v[j].z, i + 2);
-      Visit<kSum>(&p, v[j].w, i + 3);
+      const float4 x = l4[threadIdx.x + j * kThreads];
+      v[4 * j] = x.x;
+      v[4 * j + 1] = x.y;
+      v[4 * j + 2] = x.z;
+      v[4 * j + 3] = x.w;
     }
   } else {
-    for (int64_t i = begin + threadIdx.x; i < end; i += kThreads) {
-      Visit<kSum>(&p, l[i], static_cast<int32_t>(i));
+#pragma unroll
+    for (int j = 0; j < kPerThread; ++j) {
+      const int64_t i = begin + threadIdx.x + j * kThreads;
+      v[j] = i < end ? l[i] : -INFINITY;
     }
   }
-  p = ShuffleAbsorb<kSum>(p);
+  // Max and its lowest index: a strict > over increasing indices, then the block.
+  Partial p{-INFINITY, kNoIndex, 0.0};
+#pragma unroll
+  for (int j = 0; j < kPerThread; ++j) {
+    if (v[j] > p.max) {
+      p.max = v[j];
+      p.arg = index(j);
+    }
+  }
+  p = ShuffleAbsorb<false>(p);
   if ((threadIdx.x & 31) == 0) warp_part[threadIdx.x / 32] = p;
   __syncthreads();
   if (threadIdx.x == 0) {
-    for (int w = 1; w < kWarps; ++w) Absorb<kSum>(&p, warp_part[w]);
-    parts[row * gridDim.x + blockIdx.x] = p;
+    for (int w = 1; w < kWarps; ++w) Absorb<false>(&p, warp_part[w]);
+    chunk = p;
   }
+  __syncthreads();
+  if (kSum) {
+    // -inf values add nothing (and a chunk of only -inf must not compute exp(-inf - -inf)).
+    const float mx = chunk.max;
+    double sum = 0;
+#pragma unroll
+    for (int j = 0; j < kPerThread; ++j) {
+      sum += v[j] == -INFINITY ? 0.0 : static_cast<double>(expf(v[j] - mx));
+    }
+    for (int o = 16; o > 0; o >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
+    if ((threadIdx.x & 31) == 0) warp_sum[threadIdx.x / 32] = sum;
+    __syncthreads();
+    if (threadIdx.x == 0) {
+      double total = 0;
+      for (int w = 0; w < kWarps; ++w) total += warp_sum[w];
+      chunk.sum = total;
+    }
+  }
+  if (threadIdx.x == 0) parts[row * gridDim.x + blockIdx.x] = chunk;
 }
 
 // Pass 2: one warp per row combines the row's chunk partials (lane c takes chunks c, c + 32,

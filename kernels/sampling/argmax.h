@@ -30,8 +30,8 @@ cudaError_t ArgmaxRowsF32(int64_t rows, int64_t vocab, const float* logits, void
                           int32_t* out, cudaStream_t stream);
 
 // Greedy sampling with the chosen token's log-probability: token[r] = argmax of row r (lowest
-// index on ties) and logprob[r] = logits[r, token] - logsumexp(logits[r, :]). Each thread sums
-// expf(l - its running max) in double; the chunks' sums are rescaled to the row maximum in
+// index on ties) and logprob[r] = logits[r, token] - logsumexp(logits[r, :]). Each block sums
+// expf(l - its chunk's max) in double; the chunks' sums are rescaled to the row maximum in
 // double (Sampler sums exp(l - max) in double: the two agree to ~1e-7 relative).
 cudaError_t GreedySampleRowsF32(int64_t rows, int64_t vocab, const float* logits, void* workspace,
                                 int32_t* token, float* logprob, cudaStream_t stream);
