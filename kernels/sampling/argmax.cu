@@ -1,6 +1,9 @@
-// Argmax: one block per row; each thread keeps its best (value, index), then a shuffle and a
-// shared-memory reduction combine them with "larger value, else lower index".
+// Row argmax and log-sum-exp in two passes (see argmax.h). One partial serves both ops: (max,
+// lowest index of the max, sum of exp(l - max)); ArgmaxRows leaves the sum 0.
 #include <math.h>
+
+#include <algorithm>
+#include <cstdint>
 
 #include "kernels/sampling/argmax.h"
 
@@ -9,99 +12,188 @@ namespace kernels {
 namespace {
 
 constexpr int kThreads = 256;
+constexpr int kWarps = kThreads / 32;
+constexpr int kPerThread = static_cast<int>(kArgmaxChunk / kThreads);  // 16 values
+static_assert(kPerThread % 4 == 0, "a thread loads whole float4s");
+constexpr int32_t kNoIndex = 0x7fffffff;
 
-__device__ __forceinline__ void Better(float v, int32_t i, float* bv, int32_t* bi) {
-  if (v > *bv || (v == *bv && i < *bi)) {
-    *bv = v;
-    *bi = i;
+struct Partial {
+  float max;    // -inf when nothing above -inf was seen
+  int32_t arg;  // kNoIndex then
+  double sum;   // sum of exp(l - max) over the values seen (0 for ArgmaxRows)
+};
+static_assert(sizeof(Partial) == 16, "workspace layout");
+
+int64_t ChunksPerRow(int64_t vocab) { return (vocab + kArgmaxChunk - 1) / kArgmaxChunk; }
+
+// p absorbs q: larger max wins, the lower index on equal maxima; sums rescale to the new max.
+// Equal maxima (including both -inf, whose sums are 0) need no exp.
+template <bool kSum>
+__device__ __forceinline__ void Absorb(Partial* p, const Partial& q) {
+  const bool q_wins = q.max > p->max || (q.max == p->max && q.arg < p->arg);
+  if (kSum) {
+    const float mx = q_wins ? q.max : p->max;
+    const double sp = p->max == mx ? p->sum : p->sum * exp(static_cast<double>(p->max) - mx);
+    const double sq = q.max == mx ? q.sum : q.sum * exp(static_cast<double>(q.max) - mx);
+    p->sum = sp + sq;
+  }
+  if (q_wins) {
+    p->max = q.max;
+    p->arg = q.arg;
   }
 }
 
-__global__ void ArgmaxRowsKernel(int64_t vocab, const float* logits, int32_t* out) {
-  __shared__ float wv[kThreads / 32];
-  __shared__ int32_t wi[kThreads / 32];
-  const float* l = logits + blockIdx.x * vocab;
-  float bv = -INFINITY;
-  int32_t bi = 0x7fffffff;
-  for (int64_t i = threadIdx.x; i < vocab; i += kThreads)
-    Better(l[i], static_cast<int32_t>(i), &bv, &bi);
+template <bool kSum>
+__device__ Partial ShuffleAbsorb(Partial p) {
   for (int o = 16; o > 0; o >>= 1) {
-    const float v = __shfl_xor_sync(0xffffffffu, bv, o);
-    const int32_t i = __shfl_xor_sync(0xffffffffu, bi, o);
-    Better(v, i, &bv, &bi);
+    Partial q;
+    q.max = __shfl_xor_sync(0xffffffffu, p.max, o);
+    q.arg = __shfl_xor_sync(0xffffffffu, p.arg, o);
+    if (kSum) q.sum = __shfl_xor_sync(0xffffffffu, p.sum, o);
+    Absorb<kSum>(&p, q);
   }
-  if ((threadIdx.x & 31) == 0) {
-    wv[threadIdx.x / 32] = bv;
-    wi[threadIdx.x / 32] = bi;
+  return p;
+}
+
+// Pass 1: block (chunk, row) reduces logits[row, chunk * kArgmaxChunk, + kArgmaxChunk) into
+// parts[row * chunks + chunk]. kVec: rows start 16-byte aligned and vocab % 4 == 0.
+// Each thread holds its kPerThread values in registers: first the chunk's max and its lowest
+// index (block reduction), then, with kSum, the sum of expf(v - chunk max) over the same
+// registers in double, reduced over the block in a fixed order. No exp in the reductions.
+template <bool kSum, bool kVec>
+__global__ void ChunkPartialsKernel(int64_t vocab, const float* logits, Partial* parts) {
+  __shared__ Partial warp_part[kWarps];
+  __shared__ double warp_sum[kWarps];
+  __shared__ Partial chunk;
+  const int64_t row = blockIdx.y;
+  const int64_t begin = static_cast<int64_t>(blockIdx.x) * kArgmaxChunk;
+  const int64_t end = min(vocab, begin + kArgmaxChunk);
+  const float* l = logits + row * vocab;
+  // v[j] is the value at index Index(j), increasing in j; past the row's end, -inf.
+  float v[kPerThread];
+  const bool vec = kVec && end - begin == kArgmaxChunk;
+  auto index = [&](int j) {
+    return static_cast<int32_t>(vec ? begin + 4 * (threadIdx.x + (j / 4) * kThreads) + j % 4
+                                    : begin + threadIdx.x + j * kThreads);
+  };
+  if (vec) {
+    // Thread t reads float4s t, t + 256, ... of the chunk; every load issued before any use.
+    const float4* l4 = reinterpret_cast<const float4*>(l + begin);
+#pragma unroll
+    for (int j = 0; j < kPerThread / 4; ++j) {
+      const float4 x = l4[threadIdx.x + j * kThreads];
+      v[4 * j] = x.x;
+      v[4 * j + 1] = x.y;
+      v[4 * j + 2] = x.z;
+      v[4 * j + 3] = x.w;
+    }
+  } else {
+#pragma unroll
+    for (int j = 0; j < kPerThread; ++j) {
+      const int64_t i = begin + threadIdx.x + j * kThreads;
+      v[j] = i < end ? l[i] : -INFINITY;
+    }
   }
+  // Max and its lowest index: a strict > over increasing indices, then the block.
+  Partial p{-INFINITY, kNoIndex, 0.0};
+#pragma unroll
+  for (int j = 0; j < kPerThread; ++j) {
+    if (v[j] > p.max) {
+      p.max = v[j];
+      p.arg = index(j);
+    }
+  }
+  p = ShuffleAbsorb<false>(p);
+  if ((threadIdx.x & 31) == 0) warp_part[threadIdx.x / 32] = p;
   __syncthreads();
   if (threadIdx.x == 0) {
-    for (int w = 1; w < kThreads / 32; ++w) Better(wv[w], wi[w], &bv, &bi);
-    // A row of all -inf (or NaN) has no strict maximum: report index 0 like std::max_element.
-    out[blockIdx.x] = bi == 0x7fffffff ? 0 : bi;
+    for (int w = 1; w < kWarps; ++w) Absorb<false>(&p, warp_part[w]);
+    chunk = p;
+  }
+  __syncthreads();
+  if (kSum) {
+    // -inf values add nothing (and a chunk of only -inf must not compute exp(-inf - -inf)).
+    const float mx = chunk.max;
+    double sum = 0;
+#pragma unroll
+    for (int j = 0; j < kPerThread; ++j) {
+      sum += v[j] == -INFINITY ? 0.0 : static_cast<double>(expf(v[j] - mx));
+    }
+    for (int o = 16; o > 0; o >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
+    if ((threadIdx.x & 31) == 0) warp_sum[threadIdx.x / 32] = sum;
+    __syncthreads();
+    if (threadIdx.x == 0) {
+      double total = 0;
+      for (int w = 0; w < kWarps; ++w) total += warp_sum[w];
+      chunk.sum = total;
+    }
+  }
+  if (threadIdx.x == 0) parts[row * gridDim.x + blockIdx.x] = chunk;
+}
+
+// Pass 2: one warp per row combines the row's chunk partials (lane c takes chunks c, c + 32,
+// ...) and writes the token and, with kSum, its logprob.
+template <bool kSum>
+__global__ void CombineKernel(int64_t rows, int64_t vocab, int64_t chunks, const float* logits,
+                              const Partial* parts, int32_t* token, float* logprob) {
+  const int64_t row = static_cast<int64_t>(blockIdx.x) * (blockDim.x / 32) + threadIdx.x / 32;
+  if (row >= rows) return;
+  const int lane = threadIdx.x & 31;
+  Partial p{-INFINITY, kNoIndex, 0.0};
+  for (int64_t c = lane; c < chunks; c += 32) Absorb<kSum>(&p, parts[row * chunks + c]);
+  p = ShuffleAbsorb<kSum>(p);
+  if (lane == 0) {
+    const int32_t arg = p.arg == kNoIndex ? 0 : p.arg;
+    token[row] = arg;
+    if (kSum) {
+      const double log_z = static_cast<double>(p.max) + log(p.sum);
+      logprob[row] = static_cast<float>(static_cast<double>(logits[row * vocab + arg]) - log_z);
+    }
   }
 }
 
-// Pass 1 as in ArgmaxRowsKernel; pass 2 sums exp(l - max) in double over the same row.
-__global__ void GreedySampleKernel(int64_t vocab, const float* logits, int32_t* token,
-                                   float* logprob) {
-  __shared__ float wv[kThreads / 32];
-  __shared__ int32_t wi[kThreads / 32];
-  __shared__ double ws[kThreads / 32];
-  __shared__ float row_max;
-  __shared__ int32_t row_arg;
-  const float* l = logits + blockIdx.x * vocab;
-  float bv = -INFINITY;
-  int32_t bi = 0x7fffffff;
-  for (int64_t i = threadIdx.x; i < vocab; i += kThreads)
-    Better(l[i], static_cast<int32_t>(i), &bv, &bi);
-  for (int o = 16; o > 0; o >>= 1) {
-    const float v = __shfl_xor_sync(0xffffffffu, bv, o);
-    const int32_t i = __shfl_xor_sync(0xffffffffu, bi, o);
-    Better(v, i, &bv, &bi);
+template <bool kSum>
+cudaError_t Launch(int64_t rows, int64_t vocab, const float* logits, void* workspace,
+                   int32_t* token, float* logprob, cudaStream_t stream) {
+  if (rows <= 0) return cudaSuccess;
+  if (vocab <= 0 || vocab > 0x7fffffff) return cudaErrorInvalidValue;
+  const int64_t chunks = ChunksPerRow(vocab);
+  auto* parts = static_cast<Partial*>(workspace);
+  // Rows go on grid.y (at most 65535 per launch).
+  constexpr int64_t kMaxGridRows = 65535;
+  constexpr int kRowsPerBlock = 8;  // warps of the combine block
+  for (int64_t r0 = 0; r0 < rows; r0 += kMaxGridRows) {
+    const int64_t n = std::min(rows - r0, kMaxGridRows);
+    const float* l = logits + r0 * vocab;
+    Partial* pr = parts + r0 * chunks;
+    const dim3 grid(static_cast<unsigned>(chunks), static_cast<unsigned>(n));
+    if (vocab % 4 == 0 && reinterpret_cast<uintptr_t>(logits) % 16 == 0) {
+      ChunkPartialsKernel<kSum, true><<<grid, kThreads, 0, stream>>>(vocab, l, pr);
+    } else {
+      ChunkPartialsKernel<kSum, false><<<grid, kThreads, 0, stream>>>(vocab, l, pr);
+    }
+    const unsigned blocks = static_cast<unsigned>((n + kRowsPerBlock - 1) / kRowsPerBlock);
+    CombineKernel<kSum><<<blocks, kRowsPerBlock * 32, 0, stream>>>(
+        n, vocab, chunks, l, pr, token + r0, kSum ? logprob + r0 : nullptr);
   }
-  if ((threadIdx.x & 31) == 0) {
-    wv[threadIdx.x / 32] = bv;
-    wi[threadIdx.x / 32] = bi;
-  }
-  __syncthreads();
-  if (threadIdx.x == 0) {
-    for (int w = 1; w < kThreads / 32; ++w) Better(wv[w], wi[w], &bv, &bi);
-    row_arg = bi == 0x7fffffff ? 0 : bi;
-    row_max = bv;
-  }
-  __syncthreads();
-  const double mx = row_max;
-  double sum = 0;
-  for (int64_t i = threadIdx.x; i < vocab; i += kThreads) sum += exp(static_cast<double>(l[i]) - mx);
-  for (int o = 16; o > 0; o >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
-  if ((threadIdx.x & 31) == 0) ws[threadIdx.x / 32] = sum;
-  __syncthreads();
-  if (threadIdx.x == 0) {
-    double total = 0;
-    for (int w = 0; w < kThreads / 32; ++w) total += ws[w];
-    token[blockIdx.x] = row_arg;
-    logprob[blockIdx.x] = static_cast<float>(l[row_arg] - (mx + log(total)));
-  }
+  return cudaGetLastError();
 }
 
 }  // namespace
 
-cudaError_t GreedySampleRowsF32(int64_t rows, int64_t vocab, const float* logits, int32_t* token,
-                                float* logprob, cudaStream_t stream) {
-  if (rows <= 0) return cudaSuccess;
-  if (vocab <= 0 || vocab > 0x7fffffff || rows > 0x7fffffff) return cudaErrorInvalidValue;
-  GreedySampleKernel<<<static_cast<unsigned>(rows), kThreads, 0, stream>>>(vocab, logits, token,
-                                                                           logprob);
-  return cudaGetLastError();
+size_t ArgmaxWorkspaceBytes(int64_t rows, int64_t vocab) {
+  if (rows <= 0 || vocab <= 0) return 0;
+  return static_cast<size_t>(rows * ChunksPerRow(vocab)) * sizeof(Partial);
 }
 
-cudaError_t ArgmaxRowsF32(int64_t rows, int64_t vocab, const float* logits, int32_t* out,
-                          cudaStream_t stream) {
-  if (rows <= 0) return cudaSuccess;
-  if (vocab <= 0 || vocab > 0x7fffffff || rows > 0x7fffffff) return cudaErrorInvalidValue;
-  ArgmaxRowsKernel<<<static_cast<unsigned>(rows), kThreads, 0, stream>>>(vocab, logits, out);
-  return cudaGetLastError();
+cudaError_t ArgmaxRowsF32(int64_t rows, int64_t vocab, const float* logits, void* workspace,
+                          int32_t* out, cudaStream_t stream) {
+  return Launch<false>(rows, vocab, logits, workspace, out, nullptr, stream);
+}
+
+cudaError_t GreedySampleRowsF32(int64_t rows, int64_t vocab, const float* logits, void* workspace,
+                                int32_t* token, float* logprob, cudaStream_t stream) {
+  return Launch<true>(rows, vocab, logits, workspace, token, logprob, stream);
 }
 
 }  // namespace kernels

@@ -1,6 +1,7 @@
 // ArgmaxRowsF32 against CpuBackend::ArgmaxRows, including planted ties (lowest index wins).
 #include "kernels/sampling/argmax.h"
 
+#include <cmath>
 #include <limits>
 #include <random>
 #include <vector>
@@ -17,7 +18,7 @@ using testing::DeviceArray;
 TEST(ArgmaxKernelTest, MatchesCpuBackendWithTies) {
   DEEPINFER_SKIP_WITHOUT_GPU();
   CpuBackend cpu(2);
-  for (int64_t vocab : {1, 7, 1000, 129280}) {
+  for (int64_t vocab : {1, 7, 1000, 4096, 4097, 12289, 129280}) {
     const uint32_t seed = testing::FreshSeed();
     SCOPED_TRACE(::testing::Message() << "vocab " << vocab << " seed " << seed);
     const int64_t rows = 12;
@@ -33,8 +34,9 @@ TEST(ArgmaxKernelTest, MatchesCpuBackendWithTies) {
     cpu.ArgmaxRows(rows, vocab, logits.data(), want.data());
     DeviceArray<float> dl(logits);
     DeviceArray<int32_t> dout(rows);
+    DeviceArray<char> ws(kernels::ArgmaxWorkspaceBytes(rows, vocab));
     dout.Poison();
-    DEEPINFER_CUDA_OK(kernels::ArgmaxRowsF32(rows, vocab, dl.get(), dout.get(), nullptr));
+    DEEPINFER_CUDA_OK(kernels::ArgmaxRowsF32(rows, vocab, dl.get(), ws.get(), dout.get(), nullptr));
     std::vector<int32_t> got;
     DEEPINFER_CUDA_OK(dout.Download(&got));
     EXPECT_EQ(got, want);
@@ -45,7 +47,7 @@ TEST(ArgmaxKernelTest, MatchesCpuBackendWithTies) {
 TEST(ArgmaxKernelTest, GreedySampleMatchesCpuBackend) {
   DEEPINFER_SKIP_WITHOUT_GPU();
   CpuBackend cpu(2);
-  for (int64_t vocab : {1, 33, 129280}) {
+  for (int64_t vocab : {1, 33, 4096, 8193, 129280}) {
     const uint32_t seed = testing::FreshSeed();
     SCOPED_TRACE(::testing::Message() << "vocab " << vocab << " seed " << seed);
     const int64_t rows = 9;
@@ -57,16 +59,66 @@ TEST(ArgmaxKernelTest, GreedySampleMatchesCpuBackend) {
     DeviceArray<float> dl(logits);
     DeviceArray<int32_t> dtok(rows);
     DeviceArray<float> dlp(rows);
+    DeviceArray<char> ws(kernels::ArgmaxWorkspaceBytes(rows, vocab));
     dtok.Poison();
     dlp.Poison();
-    DEEPINFER_CUDA_OK(
-        kernels::GreedySampleRowsF32(rows, vocab, dl.get(), dtok.get(), dlp.get(), nullptr));
+    DEEPINFER_CUDA_OK(kernels::GreedySampleRowsF32(rows, vocab, dl.get(), ws.get(), dtok.get(),
+                                                   dlp.get(), nullptr));
     std::vector<int32_t> got_tok;
     std::vector<float> got_lp;
     DEEPINFER_CUDA_OK(dtok.Download(&got_tok));
     DEEPINFER_CUDA_OK(dlp.Download(&got_lp));
     EXPECT_EQ(got_tok, want_tok);
     for (int64_t r = 0; r < rows; ++r) EXPECT_NEAR(got_lp[r], want_lp[r], 1e-5f) << "row " << r;
+  }
+}
+
+// The maximum planted in several chunks of the row (ties across blocks go to the lowest
+// index), rows that are not 16-byte aligned (the scalar path), a row of -inf, many rows.
+TEST(ArgmaxKernelTest, TiesAcrossChunksAndUnalignedRows) {
+  DEEPINFER_SKIP_WITHOUT_GPU();
+  CpuBackend cpu(2);
+  const int64_t vocab = 129280, rows = 70;
+  const uint32_t seed = testing::FreshSeed();
+  SCOPED_TRACE(::testing::Message() << "seed " << seed);
+  // One spare float in front: logits + 1 is 4-byte but not 16-byte aligned.
+  auto buf = testing::RandomFloats(rows * vocab + 1, seed, 3.0f);
+  float* logits = buf.data() + 1;
+  std::mt19937 gen(seed + 1);
+  std::uniform_int_distribution<int64_t> col(0, vocab - 1);
+  for (int64_t r = 0; r < rows; ++r) {
+    const int64_t a = col(gen), b = col(gen);
+    logits[r * vocab + a] = 50.0f;
+    logits[r * vocab + b] = 50.0f;
+    logits[r * vocab + (r * 4096) % vocab] = 50.0f;  // a chunk's first value
+  }
+  for (int64_t i = 0; i < vocab; ++i) logits[5 * vocab + i] = -INFINITY;
+  std::vector<int32_t> want(rows), want_tok(rows);
+  std::vector<float> want_lp(rows);
+  cpu.ArgmaxRows(rows, vocab, logits, want.data());
+  cpu.GreedySampleRows(rows, vocab, logits, want_tok.data(), want_lp.data());
+  DeviceArray<float> dbuf(buf);
+  DeviceArray<int32_t> dout(rows), dtok(rows);
+  DeviceArray<float> dlp(rows);
+  DeviceArray<char> ws(kernels::ArgmaxWorkspaceBytes(rows, vocab));
+  dout.Poison();
+  dtok.Poison();
+  dlp.Poison();
+  DEEPINFER_CUDA_OK(
+      kernels::ArgmaxRowsF32(rows, vocab, dbuf.get() + 1, ws.get(), dout.get(), nullptr));
+  DEEPINFER_CUDA_OK(kernels::GreedySampleRowsF32(rows, vocab, dbuf.get() + 1, ws.get(), dtok.get(),
+                                                 dlp.get(), nullptr));
+  std::vector<int32_t> got, got_tok;
+  std::vector<float> got_lp;
+  DEEPINFER_CUDA_OK(dout.Download(&got));
+  DEEPINFER_CUDA_OK(dtok.Download(&got_tok));
+  DEEPINFER_CUDA_OK(dlp.Download(&got_lp));
+  EXPECT_EQ(got, want);
+  EXPECT_EQ(got_tok, want_tok);
+  EXPECT_EQ(got[5], 0);
+  for (int64_t r = 0; r < rows; ++r) {
+    if (r == 5) continue;  // log-sum-exp of -inf values: NaN on both sides
+    EXPECT_NEAR(got_lp[r], want_lp[r], 1e-5f) << "row " << r;
   }
 }
 

@@ -4,9 +4,9 @@
 // result does not change from run to run.
 //
 // Cost per row (V = vocab): 2 passes for the log-softmax normaliser, +1 for the temperature
-// normaliser and +1 for the race; +64 counting passes with top-k < V; +64 passes with a double
-// exp each with top-p < 1. Correctness first: a radix select with a histogram of probability
-// mass would cut the 64 passes to about 4, once this has run on a GPU.
+// normaliser and +1 for the race; +8 radix-select passes with top-k < V (counting) and +8
+// with top-p < 1 (a double exp for each token still in the running: all of them in the first
+// pass, those sharing the chosen digits after).
 #include <math.h>
 
 #include "kernels/sampling/sample.h"
@@ -59,6 +59,7 @@ struct BlockOf512 {
   double* sd;  // [kWarps + 1]
   double* rv;  // [kWarps + 1]
   u64* rr;     // [kWarps + 1]
+  u64* hist;   // [sample_row::kBins]
 
   DEEPINFER_HOST_DEVICE int64_t first() const {
 #if defined(__CUDA_ARCH__)
@@ -76,13 +77,6 @@ struct BlockOf512 {
     return v;
 #endif
   }
-  DEEPINFER_HOST_DEVICE u64 SumU(u64 v) {
-#if defined(__CUDA_ARCH__)
-    return BlockReduce(v, su, SumOp());
-#else
-    return v;
-#endif
-  }
   DEEPINFER_HOST_DEVICE u64 MaxU(u64 v) {
 #if defined(__CUDA_ARCH__)
     return BlockReduce(v, su, MaxOp());
@@ -90,6 +84,40 @@ struct BlockOf512 {
     return v;
 #endif
   }
+  DEEPINFER_HOST_DEVICE void HistClear() {
+#if defined(__CUDA_ARCH__)
+    __syncthreads();  // everyone has read the previous histogram
+    for (int i = threadIdx.x; i < sample_row::kBins; i += kThreads) hist[i] = 0;
+    __syncthreads();
+#endif
+  }
+  // The warp's lanes with the same bin sum their values (one round per distinct bin, led by
+  // its lowest lane) and add them with one shared-memory atomic: the first digits put most of
+  // the row into a few bins, where one atomic per lane would serialise.
+  DEEPINFER_HOST_DEVICE void HistAdd(int bin, u64 v) {
+#if defined(__CUDA_ARCH__)
+    const int lane = threadIdx.x & 31;
+    unsigned todo = __ballot_sync(0xffffffffu, bin >= 0);
+    while (todo != 0) {
+      const int leader = __ffs(todo) - 1;
+      const int lead_bin = __shfl_sync(0xffffffffu, bin, leader);
+      const bool mine = bin == lead_bin;
+      u64 x = mine ? v : 0;
+      for (int o = 16; o > 0; o >>= 1) x += __shfl_xor_sync(0xffffffffu, x, o);
+      if (lane == leader) atomicAdd(&hist[lead_bin], x);
+      todo &= ~__ballot_sync(0xffffffffu, mine);
+    }
+#else
+    (void)bin;
+    (void)v;
+#endif
+  }
+  DEEPINFER_HOST_DEVICE void HistDone() {
+#if defined(__CUDA_ARCH__)
+    __syncthreads();
+#endif
+  }
+  DEEPINFER_HOST_DEVICE u64 Hist(int bin) const { return hist[bin]; }
   DEEPINFER_HOST_DEVICE void RaceMax(double* best, u64* rank) {
 #if defined(__CUDA_ARCH__)
     double b = *best;
@@ -134,7 +162,8 @@ __global__ void SampleRowsKernel(int64_t vocab, const float* logits,
   __shared__ double sd[kWarps + 1];
   __shared__ double rv[kWarps + 1];
   __shared__ u64 rr[kWarps + 1];
-  BlockOf512 block{su, sd, rv, rr};
+  __shared__ u64 hist[sample_row::kBins];
+  BlockOf512 block{su, sd, rv, rr, hist};
   const int64_t row = blockIdx.x;
   const RowSamplingParams p = params[row];
   float lp;
@@ -149,7 +178,7 @@ __global__ void TopLogprobsKernel(int64_t vocab, const float* logits, int32_t n,
                                   float* logprobs) {
   __shared__ u64 su[kWarps + 1];
   __shared__ double sd[kWarps + 1];
-  BlockOf512 block{su, sd, nullptr, nullptr};
+  BlockOf512 block{su, sd, nullptr, nullptr, nullptr};
   const int64_t row = blockIdx.x;
   sample_row::TopLogprobsRow(block, logits + row * vocab, vocab, n, ids + row * n,
                              logprobs + row * n);

@@ -1,8 +1,8 @@
 // Seeded sampling and top log-probabilities on the device (fp32 logits): the GPU counterparts
 // of worker/sampling/Sampler, behind Backend::SampleRows and Backend::TopLogprobsRows.
 //
-// Not yet run on a GPU (docs/cuda.md, "Device sampling"): compiled, and its per-row algorithm
-// (sample_row.h) tested on the host, only.
+// Its per-row algorithm (sample_row.h) is also tested on the host against Sampler; the kernels
+// against the CPU backend on an H200 (docs/cuda.md, "Device sampling", with their cost).
 #ifndef DEEPINFER_KERNELS_SAMPLING_SAMPLE_H_
 #define DEEPINFER_KERNELS_SAMPLING_SAMPLE_H_
 
@@ -19,10 +19,11 @@ namespace kernels {
 // Sampler::Sample picks for the same logits, parameters and position, logprob[r] its
 // log-softmax over the raw row. Follows Sampler step by step: candidates in (logit descending,
 // lower id first) order, top-k then the top-p prefix of the top-k-normalised probabilities
-// (in double), then the race argmax p_i / -log(U(seed, position, i)) with ties going to the
-// earlier candidate. A row whose top_p is outside (0, 1] or whose temperature is NaN (Sampler's
-// INVALID_ARGUMENT) gets token -1 and logprob NaN.
-// One block per row; O(V) per row without filtering, O(64 V) more for top-k and for top-p.
+// (in double; the prefix mass summed in 2^-53 fixed point), then the race argmax
+// p_i / -log(U(seed, position, i)) with ties going to the earlier candidate. A row whose top_p
+// is outside (0, 1] or whose temperature is NaN (Sampler's INVALID_ARGUMENT) gets token -1 and
+// logprob NaN. One block per row; O(V) per row without filtering, O(8 V) more for top-k and
+// for top-p (radix select).
 cudaError_t SampleRowsF32(int64_t rows, int64_t vocab, const float* logits,
                           const RowSamplingParams* params, int32_t* token, float* logprob,
                           cudaStream_t stream);

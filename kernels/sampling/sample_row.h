@@ -4,10 +4,13 @@
 // own logic (keys, bisections, tie order, arithmetic) against Sampler on this machine. What
 // that cannot check is the CUDA part: the block reductions, barriers and device exp/log.
 //
-// Where Sampler sorts the row (top-k, top-p), this bisects over 64-bit candidate keys that
-// order tokens exactly as Sampler's sort does (logit descending, then id ascending), each step
-// one reduction over the row: the top-k cut is the largest key c with #{key >= c} >= k, the
-// top-p cut the largest c with mass{key >= c} >= top_p. No scratch memory and no sort.
+// Where Sampler sorts the row (top-k, top-p), this selects over 64-bit candidate keys that
+// order tokens exactly as Sampler's sort does (logit descending, then id ascending): the top-k
+// cut is the largest key c with #{key >= c} >= k, the top-p cut the largest c with
+// mass{key >= c} >= top_p. A radix select finds each cut 8 bits at a time, one pass over the
+// row per digit with a 256-bin histogram (8 passes, not a 64-step bisection); the mass is
+// summed in 2^-53 fixed point, so the histogram's order of additions cannot change it. No
+// scratch memory beyond the histogram and no sort.
 #ifndef DEEPINFER_KERNELS_SAMPLING_SAMPLE_ROW_H_
 #define DEEPINFER_KERNELS_SAMPLING_SAMPLE_ROW_H_
 
@@ -54,34 +57,81 @@ DEEPINFER_HOST_DEVICE double MulSub(double a, double b, double c) {
 #endif
 }
 
-// The largest c in [lo, 2^64) with pred(c), for pred true at lo and monotone (true, then false).
-template <typename Pred>
-DEEPINFER_HOST_DEVICE u64 LargestWith(u64 lo, Pred pred) {
-  u64 hi = ~0ull;
-  while (lo < hi) {
-    const u64 mid = lo + (hi - lo) / 2 + 1;  // in (lo, hi], no overflow
-    if (pred(mid)) {
-      lo = mid;
-    } else {
-      hi = mid - 1;
-    }
-  }
-  return lo;
-}
+constexpr int kBins = 256;  // radix-select histogram: 8 bits per pass
 
 // One thread doing the whole row: a block of one. The Block concept: first()/step() give this
-// thread's strided loop over the row; SumD / SumU / MaxU reduce over the block (every thread
-// gets the result); RaceMax keeps the larger (race, rank) pair, larger rank on equal races;
-// leader() is the thread that writes results.
+// thread's strided loop over the row; SumD / MaxU reduce over the block (every thread gets the
+// result); RaceMax keeps the larger (race, rank) pair, larger rank on equal races; leader() is
+// the thread that writes results. HistClear / HistAdd / HistDone / Hist: a block-wide
+// histogram of kBins u64 bins: cleared, then every thread calls HistAdd the same number of
+// times (bin < 0 adds nothing; the device combines a warp's adds per bin before one atomic),
+// then every thread reads it.
+
 struct SerialBlock {
   int64_t first() const { return 0; }
   int64_t step() const { return 1; }
   bool leader() const { return true; }
   double SumD(double v) { return v; }
-  u64 SumU(u64 v) { return v; }
   u64 MaxU(u64 v) { return v; }
   void RaceMax(double*, u64*) {}
+  void HistClear() {
+    for (u64& h : hist) h = 0;
+  }
+  void HistAdd(int bin, u64 v) {
+    if (bin >= 0) hist[bin] += v;
+  }
+  void HistDone() {}
+  u64 Hist(int bin) const { return hist[bin]; }
+  u64 hist[kBins];
 };
+
+// The largest c >= lo with F(c) >= target, where F(c) is the sum of f(i) (>= 0) over the
+// tokens whose key is >= c; lo if even F(lo) < target (no cut: as the bisection it replaces,
+// which assumed its predicate true at lo). Radix select, most significant digit first: each
+// pass histograms the next 8 bits of the keys that share the digits chosen so far, and keeps
+// the largest digit whose bin, with everything above it, still reaches target. The result is
+// then a key whose own f makes the sum reach target, so no larger c can.
+template <class Block, typename F>
+DEEPINFER_HOST_DEVICE u64 LargestCut(Block& b, const float* l, int64_t vocab, u64 lo, u64 target,
+                                     F f) {
+  u64 prefix = 0;  // the digits chosen so far, in place
+  u64 above = 0;   // F of the keys above every key with that prefix
+  for (int shift = 56; shift >= 0; shift -= 8) {
+    b.HistClear();
+    // Every thread runs the same number of iterations (HistAdd's contract).
+    for (int64_t base = 0; base < vocab; base += b.step()) {
+      const int64_t i = base + b.first();
+      int bin = -1;
+      u64 v = 0;
+      if (i < vocab) {
+        const u64 k = Key(l[i], i);
+        if (k >= lo && (shift == 56 || (k >> (shift + 8)) == (prefix >> (shift + 8)))) {
+          bin = static_cast<int>((k >> shift) & 0xFF);
+          v = f(i);
+        }
+      }
+      b.HistAdd(bin, v);
+    }
+    b.HistDone();
+    int d = kBins - 1;
+    u64 cum = above;
+    for (; d >= 0; --d) {
+      const u64 h = b.Hist(d);
+      if (cum + h >= target) break;
+      cum += h;
+    }
+    if (d < 0) return lo;  // only in the first pass: F(lo) < target
+    prefix |= static_cast<u64>(d) << shift;
+    above = cum;
+  }
+  return prefix;
+}
+
+// Probability mass in fixed point: p * 2^53, rounded (p <= 1, so a row's total stays below
+// 2^64 with room to spare). Exact integer sums: the order of additions cannot matter.
+DEEPINFER_HOST_DEVICE u64 FixedMass(double p) {
+  return static_cast<u64>(p * 9007199254740992.0 + 0.5);
+}
 
 struct RowNormaliser {
   u64 max_key;   // the row's largest key: its argmax, lowest id on ties
@@ -126,11 +176,7 @@ DEEPINFER_HOST_DEVICE int32_t SampleRow(Block& b, const float* l, int64_t vocab,
     u64 cut = 0;  // the candidates are the tokens whose key is >= cut
     if (keep < vocab) {
       // Keys are distinct, so this is the keep-th largest key.
-      cut = LargestWith(0, [&](u64 c) {
-        u64 n = 0;
-        for (int64_t i = b.first(); i < vocab; i += b.step()) n += Key(l[i], i) >= c ? 1 : 0;
-        return b.SumU(n) >= static_cast<u64>(keep);
-      });
+      cut = LargestCut(b, l, vocab, 0, static_cast<u64>(keep), [](int64_t) { return u64{1}; });
     }
     double z = 0;
     for (int64_t i = b.first(); i < vocab; i += b.step())
@@ -140,13 +186,8 @@ DEEPINFER_HOST_DEVICE int32_t SampleRow(Block& b, const float* l, int64_t vocab,
       // The shortest prefix whose probability (normalised over the top-k) reaches top_p. If
       // rounding keeps the total below top_p, pred(cut) is false and all of top-k stays, as in
       // Sampler.
-      const double top_p = p.top_p;
-      cut = LargestWith(cut, [&](u64 c) {
-        double mass = 0;
-        for (int64_t i = b.first(); i < vocab; i += b.step())
-          if (Key(l[i], i) >= c) mass += weight(i) / z;
-        return b.SumD(mass) >= top_p;
-      });
+      cut = LargestCut(b, l, vocab, cut, FixedMass(p.top_p),
+                       [&](int64_t i) { return FixedMass(weight(i) / z); });
     }
     // The race: the largest p_i / E_i wins; on equal values the earlier candidate (larger rank)
     // wins, as Sampler's strict > keeps the first. E = 0 - log(u) as in Sampler (u == 1: +0).

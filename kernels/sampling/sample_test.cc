@@ -1,6 +1,6 @@
 // SampleRowsF32 and TopLogprobsF32 against CpuBackend (which runs worker/sampling's Sampler):
 // the same tokens, logprobs within 1e-5, on fresh random logits with planted ties (-0 against
-// +0 among them) and mixed per-row parameters. Not yet run on a GPU (docs/cuda.md).
+// +0 among them) and mixed per-row parameters.
 #include "kernels/sampling/sample.h"
 
 #include <cmath>

@@ -86,6 +86,13 @@ int main(int argc, char** argv) {
   flags.AddInt("op-timing-steps", &config.op_timing_steps,
                "CUDA: extra decode steps (and one prefill step) with per-op timing, reported\n"
                "apart from the throughput figures.");
+  std::string decode_sampling;
+  flags.AddString("decode-sampling", &decode_sampling,
+                  "T,TOP_K,TOP_P of every decode request (e.g. 0.8,50,0.95), seeded per\n"
+                  "request; empty: greedy.");
+  flags.AddBool("decode-sampling-on-host", &config.decode_sampling_on_host,
+                "Decode steps also return the logits rows and the host Sampler picks (the path\n"
+                "before device sampling), for comparison.");
   flags.AddBool("json", &json, "Print one JSON object instead of the text report.");
   flags.AddString("csv", &csv, "Append one CSV row per request count (header if the file is new).");
   if (int rc = flags.ParseMain(argc, argv, "deepinfer-bench"); rc >= 0) return rc;
@@ -93,6 +100,12 @@ int main(int argc, char** argv) {
     std::cerr << "deepinfer-bench: --decode-num-requests must be a number or a comma list of "
                  "numbers, not '"
               << requests << "'\n";
+    return 2;
+  }
+  if (!deepinfer::ParseDecodeSampling(decode_sampling, &config)) {
+    std::cerr << "deepinfer-bench: --decode-sampling must be T,TOP_K,TOP_P with T >= 0, "
+                 "TOP_K >= 0 and TOP_P in (0, 1], not '"
+              << decode_sampling << "'\n";
     return 2;
   }
   if (load_format == "dummy") {

@@ -423,9 +423,15 @@ absl::Status RunRank(const BenchConfig& bc, int64_t rank, RankState* s, RankOutp
     for (int64_t i = 0; i < n; ++i) {
       seqs[i].position_offset = ctx;
       seqs[i].tokens = {next[i]};
-      // As the engine decodes: greedy, sampled on the device, no logits back to the host.
-      seqs[i].sampling = SamplingParams{};
-      seqs[i].return_logits = false;
+      // As the engine decodes: sampled on the device (greedy by default, seeded per request),
+      // no logits back to the host unless the host path is asked for.
+      SamplingParams sp;
+      sp.temperature = bc.decode_temperature;
+      sp.top_k = bc.decode_top_k;
+      sp.top_p = bc.decode_top_p;
+      sp.seed = static_cast<uint64_t>(i);
+      seqs[i].sampling = sp;
+      seqs[i].return_logits = bc.decode_sampling_on_host;
     }
     RankDecodeTimes d;
     if (s->meter != nullptr) s->meter->Take();  // not the fill's exchanges
@@ -508,6 +514,21 @@ bool ParseRequestCounts(const std::string& text, std::vector<int64_t>* out) {
     out->push_back(n);
   }
   return !out->empty();
+}
+
+bool ParseDecodeSampling(const std::string& text, BenchConfig* config) {
+  if (text.empty()) return true;
+  std::vector<std::string> parts = absl::StrSplit(text, ',');
+  float t = 0, p = 0;
+  int32_t k = 0;
+  if (parts.size() != 3 || !absl::SimpleAtof(parts[0], &t) || !absl::SimpleAtoi(parts[1], &k) ||
+      !absl::SimpleAtof(parts[2], &p) || !(t >= 0) || k < 0 || !(p > 0 && p <= 1)) {
+    return false;
+  }
+  config->decode_temperature = t;
+  config->decode_top_k = k;
+  config->decode_top_p = p;
+  return true;
 }
 
 std::string DummyModelSpec(const std::string& model, int64_t seed) {
@@ -682,6 +703,12 @@ std::string FormatBenchReport(const BenchConfig& c, const BenchResult& r) {
   absl::StrAppendFormat(&out, "model: %s (%.3fB parameters, %s, %.0f bytes each)\n", c.model,
                         r.param_count / 1e9, c.dtype, r.bytes_per_value);
   absl::StrAppendFormat(&out, "backend: %s\nload_s: %.2f\n", r.backend, r.load_seconds);
+  if (c.decode_temperature > 0 || c.decode_sampling_on_host) {
+    absl::StrAppendFormat(
+        &out, "decode sampling: temperature %g, top_k %d, top_p %g, %s\n", c.decode_temperature,
+        c.decode_top_k, c.decode_top_p,
+        c.decode_sampling_on_host ? "on the host (logits copied back)" : "on the device");
+  }
   const bool ep = r.ranks > 1;
   if (ep) {
     absl::StrAppendFormat(&out,

@@ -69,6 +69,13 @@ struct BenchConfig {
   std::string communicator = "auto";
   // With ranks > 1: also measure the time in the all-to-all (extra synchronised steps).
   bool time_all_to_all = false;
+  // Decode sampling: greedy by default; ParseDecodeSampling reads "T,TOP_K,TOP_P" (seeded per
+  // request). Sampled on the device unless decode_sampling_on_host, which asks for the logits
+  // rows as well so the host Sampler picks (the path before device sampling).
+  float decode_temperature = 0.0f;
+  int32_t decode_top_k = 0;
+  float decode_top_p = 1.0f;
+  bool decode_sampling_on_host = false;
   double peak_bytes_per_s = 4.3e12;
   double peak_flops_per_s = 790e12;
 };
@@ -135,6 +142,10 @@ bool ParseRequestCounts(const std::string& text, std::vector<int64_t>* out);
 // --model with --load-format dummy -> BenchConfig::model: a directory means its config.json,
 // a .json file itself; "dummy:..." specs pass unchanged.
 std::string DummyModelSpec(const std::string& model, int64_t seed);
+
+// "T,TOP_K,TOP_P" (e.g. "0.8,50,0.95") into the decode_* sampling fields; "" keeps greedy.
+// False for anything else.
+bool ParseDecodeSampling(const std::string& text, BenchConfig* config);
 
 // INVALID_ARGUMENT for bad settings (among them ranks < 1, more ranks than GPUs from
 // cuda_device on cuda, ranks > 1 with a dense model or with routed experts that do not divide

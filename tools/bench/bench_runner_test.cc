@@ -243,6 +243,25 @@ TEST(BenchRunnerTest, ExpertParallelRefusals) {
   refused(c, "this model has none");
 }
 
+// Seeded sampling in the decode steps: the device path and the host path (logits back, the
+// host Sampler) produce the same tokens.
+TEST(BenchRunnerTest, SampledDecodeSameOnDeviceAndHost) {
+  BenchConfig c = SmallConfig();
+  c.prefill_batch_tokens = 0;
+  c.decode_temperature = 0.9f;
+  c.decode_top_k = 20;
+  c.decode_top_p = 0.9f;
+  auto device = RunBenchmark(c);
+  ASSERT_TRUE(device.ok()) << device.status();
+  c.decode_sampling_on_host = true;
+  auto host = RunBenchmark(c);
+  ASSERT_TRUE(host.ok()) << host.status();
+  ASSERT_EQ(device->decode.size(), 1u);
+  ASSERT_EQ(host->decode.size(), 1u);
+  EXPECT_EQ(device->decode[0].seq0_tokens, host->decode[0].seq0_tokens);
+  EXPECT_EQ(device->decode[0].seq0_tokens.size(), 5u);
+}
+
 TEST(BenchRunnerTest, FlagHelpers) {
   std::vector<int64_t> counts;
   EXPECT_TRUE(ParseRequestCounts("64", &counts));
@@ -254,6 +273,17 @@ TEST(BenchRunnerTest, FlagHelpers) {
   EXPECT_EQ(DummyModelSpec("/m/dir", 3), "dummy:/m/dir/config.json@3");
   EXPECT_EQ(DummyModelSpec("/m/c.json", 0), "dummy:/m/c.json@0");
   EXPECT_EQ(DummyModelSpec("dummy:/m/c.json@5", 0), "dummy:/m/c.json@5");
+  BenchConfig c;
+  EXPECT_TRUE(ParseDecodeSampling("", &c));
+  EXPECT_EQ(c.decode_temperature, 0.0f);
+  EXPECT_TRUE(ParseDecodeSampling("0.8,50,0.95", &c));
+  EXPECT_EQ(c.decode_temperature, 0.8f);
+  EXPECT_EQ(c.decode_top_k, 50);
+  EXPECT_EQ(c.decode_top_p, 0.95f);
+  EXPECT_FALSE(ParseDecodeSampling("0.8,50", &c));
+  EXPECT_FALSE(ParseDecodeSampling("0.8,50,1.5", &c));
+  EXPECT_FALSE(ParseDecodeSampling("-1,0,1", &c));
+  EXPECT_FALSE(ParseDecodeSampling("hot,0,1", &c));
   EXPECT_EQ(BytesPerValue("bfloat16").value(), 2);
   EXPECT_EQ(BytesPerValue("float32").value(), 4);
 }

@@ -57,6 +57,7 @@ tests=(
   //kernels/rope:rope_test
   //kernels/sampling:argmax_test
   //kernels/sampling:sample_test
+  //worker/sampling:device_sampler_gpu_test
   //worker/backend/cuda:cuda_backend_test
   //worker/backend:backend_factory_test
   //tests/parity:cuda_parity_test
@@ -67,7 +68,8 @@ tests=(
 daemons=(//coordinator/cli:deepinfer //coordinator:deepinfer-coordinator //worker:deepinfer-worker)
 tools=(//tools/bench:deepinfer-bench)
 [[ $bench_only -eq 1 ]] && tests=()
-[[ $bench_only -eq 1 ]] || tools+=(//kernels/attention:mla_attention_bench //kernels/moe:grouped_gemm_bench)
+[[ $bench_only -eq 1 ]] || tools+=(//kernels/attention:mla_attention_bench //kernels/moe:grouped_gemm_bench
+  //kernels/sampling:sampling_bench)
 if [[ -n "${GPU_TESTS+set}" ]]; then read -r -a tests <<< "$GPU_TESTS"; fi
 if [[ -n "${GPU_TOOLS+set}" ]]; then read -r -a tools <<< "$GPU_TOOLS"; fi
 

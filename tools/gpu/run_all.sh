@@ -72,6 +72,10 @@ if want kbench && [[ -x "$here/bin/grouped_gemm_bench" ]]; then
   step grouped_gemm_bench 120 "$here/bin/grouped_gemm_bench"
   cp "$logs/grouped_gemm_bench.log" "$OUT/grouped_gemm_bench.txt"
 fi
+if want kbench && [[ -x "$here/bin/sampling_bench" ]]; then
+  step sampling_bench 120 "$here/bin/sampling_bench"
+  cp "$logs/sampling_bench.log" "$OUT/sampling_bench.txt"
+fi
 if want bench && [[ -x "$here/bin/deepinfer-bench" && -f "$here/bench_cases.sh" ]]; then
   step bench 300 bash "$here/bench_cases.sh" "$here" "${BENCH_MODE:-full}"
 fi
@@ -89,7 +93,7 @@ if want memcheck; then
   done
 fi
 if want racecheck; then
-  for n in mla_attention_test rms_norm_test argmax_test permute_test; do
+  for n in mla_attention_test rms_norm_test argmax_test permute_test sample_test; do
     [[ -x "$here/bin/$n" ]] || continue
     step "racecheck_$n" 240 compute-sanitizer --tool racecheck --error-exitcode 1 \
       "$here/bin/$n" --gtest_color=no

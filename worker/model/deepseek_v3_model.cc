@@ -5,6 +5,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "worker/sampling/device_sampler.h"
 
 namespace deepinfer {
 namespace {
@@ -265,36 +266,35 @@ absl::StatusOr<StepOutput> DeepseekV3Model::Step(const std::vector<SequenceStep>
   auto logits = Floats(R * V);
   backend_->Gemm(R, V, H, sel->as<float>(), H, weights_->Matrix(weights_->lm_head), H,
                  logits->as<float>(), V, false);
-  // Rows of sequences that want logits, or whose sampling needs the whole row on the host
-  // (temperature, top logprobs), are copied back; the rest are sampled greedily on the device.
-  auto device_greedy = [](const SequenceStep& s) {
-    return !s.return_logits && s.sampling.has_value() && s.sampling->temperature <= 0.0f &&
-           s.sampling->num_logprobs == 0;
+  return SampleOrCopyLogits(batch, logits->as<float>(), R);
+}
+
+absl::StatusOr<StepOutput> DeepseekV3Model::SampleOrCopyLogits(
+    const std::vector<SequenceStep>& batch, const float* logits, int64_t rows) {
+  const int64_t V = config_.vocab_size;
+  // Sequences that want no logits are sampled on the device (DeviceSampler); the rows of those
+  // that want logits, or more top logprobs than the device gives, are copied to the host.
+  auto on_device = [](const SequenceStep& s) {
+    return !s.return_logits && s.sampling.has_value() && DeviceSampler::Supports(*s.sampling);
   };
   auto needs_host = [&](const SequenceStep& s) {
-    return s.return_logits || (s.sampling.has_value() && !device_greedy(s));
+    return s.return_logits || (s.sampling.has_value() && !on_device(s));
   };
-  // Greedy picks for every logits row at once when any sequence is sampled on the device (one
-  // read of the logits); only the rows of such sequences are used.
-  std::vector<int32_t> row_token;
-  std::vector<float> row_logprob;
-  if (std::any_of(batch.begin(), batch.end(), device_greedy)) {
-    auto tok = backend_->AllocateScratch(R * sizeof(int32_t));
-    auto lp = Floats(R);
-    backend_->GreedySampleRows(R, V, logits->as<float>(), tok->as<int32_t>(), lp->as<float>());
-    row_token.resize(R);
-    row_logprob.resize(R);
-    backend_->CopyToHost(tok->data(), R * sizeof(int32_t), row_token.data());
-    backend_->CopyToHost(lp->data(), R * sizeof(float), row_logprob.data());
-  }
-  std::vector<float> host;  // the copied rows, in batch order
+  std::vector<RowSampleRequest> requests;
+  std::vector<std::pair<int64_t, int64_t>> runs;  // (first logits row, rows) to copy
+  int64_t wanted = 0;
   {
-    // One copy per run of consecutive sequences that need their rows (usually one copy).
-    std::vector<std::pair<int64_t, int64_t>> runs;  // (first logits row, rows)
-    int64_t row = 0, wanted = 0;
+    int64_t row = 0;
     for (const SequenceStep& s : batch) {
       const int64_t n = s.all_logits ? static_cast<int64_t>(s.tokens.size()) : 1;
-      if (needs_host(s)) {
+      if (on_device(s)) {
+        RowSampleRequest q;
+        q.row = row + n - 1;
+        q.params = *s.sampling;
+        q.position = s.position_offset + static_cast<int64_t>(s.tokens.size());
+        requests.push_back(q);
+      } else if (needs_host(s)) {
+        // One copy per run of consecutive sequences that need their rows.
         if (!runs.empty() && runs.back().first + runs.back().second == row) {
           runs.back().second += n;
         } else {
@@ -304,44 +304,44 @@ absl::StatusOr<StepOutput> DeepseekV3Model::Step(const std::vector<SequenceStep>
       }
       row += n;
     }
-    host.resize(wanted * V);
-    int64_t at = 0;
-    for (const auto& [first, n] : runs) {
-      backend_->CopyToHost(logits->as<float>() + first * V, n * V * sizeof(float),
-                           host.data() + at * V);
-      at += n;
-    }
+  }
+  auto sampled = DeviceSampler::Sample(backend_, logits, rows, V, requests);
+  if (!sampled.ok()) return sampled.status();
+  std::vector<float> host(wanted * V);  // the copied rows, in batch order
+  int64_t at = 0;
+  for (const auto& [first, n] : runs) {
+    backend_->CopyToHost(logits + first * V, n * V * sizeof(float), host.data() + at * V);
+    at += n;
   }
   // A GPU backend reports failed ops asynchronously; the copies above have waited for all of them.
   if (absl::Status st = backend_->status(); !st.ok()) return st;
   StepOutput out;
-  int64_t host_row = 0, logits_row = 0;
+  int64_t host_row = 0;
+  size_t device_i = 0;
   for (const SequenceStep& s : batch) {
     const int64_t n = s.all_logits ? static_cast<int64_t>(s.tokens.size()) : 1;
-    logits_row += n;
-    SampledToken sampled;
-    if (device_greedy(s)) {
+    SampledToken sampled_token;
+    if (on_device(s)) {
       out.logits.emplace_back();
-      sampled.token = row_token[logits_row - 1];
-      sampled.logprob = row_logprob[logits_row - 1];
+      sampled_token = std::move((*sampled)[device_i++]);
     } else if (!needs_host(s)) {
       out.logits.emplace_back();  // an intermediate prefill chunk: nothing to return
     } else {
-      const float* rows = host.data() + host_row * V;
+      const float* host_rows = host.data() + host_row * V;
       host_row += n;
       if (s.return_logits) {
-        out.logits.emplace_back(rows, rows + n * V);
+        out.logits.emplace_back(host_rows, host_rows + n * V);
       } else {
         out.logits.emplace_back();
       }
       if (s.sampling.has_value()) {
-        auto tok = Sampler::Sample(rows + (n - 1) * V, static_cast<int32_t>(V), *s.sampling,
+        auto tok = Sampler::Sample(host_rows + (n - 1) * V, static_cast<int32_t>(V), *s.sampling,
                                    s.position_offset + static_cast<int64_t>(s.tokens.size()));
         if (!tok.ok()) return tok.status();
-        sampled = std::move(*tok);
+        sampled_token = std::move(*tok);
       }
     }
-    out.sampled.push_back(std::move(sampled));
+    out.sampled.push_back(std::move(sampled_token));
   }
   return out;
 }

@@ -36,8 +36,9 @@ struct SequenceStep {
   // token = position_offset + tokens.size(), which keys the seeded random stream).
   std::optional<SamplingParams> sampling;
   // Whether StepOutput::logits carries this sequence's rows. The engine only needs the sampled
-  // token: without logits, a greedy pick without top logprobs is made on the device and only
-  // the token and its logprob come back to the host (not a whole vocabulary row).
+  // token: without logits, the token is sampled on the device (greedy, seeded temperature /
+  // top-k / top-p, up to kMaxTopLogprobs top logprobs; worker/sampling/device_sampler.h) and
+  // only the token and its log-probabilities come back to the host (not a vocabulary row).
   bool return_logits = true;
 };
 
@@ -93,6 +94,11 @@ class DeepseekV3Model {
                   Backend* backend, std::unique_ptr<ExpertDispatcher> dispatcher);
 
   struct StepContext;  // per-step device metadata (positions, slots, block tables)
+  // The step's tail after the LM head: samples the sequences that want no logits on the device
+  // (DeviceSampler), copies the other rows to the host (Sampler picks there), and checks the
+  // backend's status. logits: [rows, vocab], each sequence's rows in batch order.
+  absl::StatusOr<StepOutput> SampleOrCopyLogits(const std::vector<SequenceStep>& batch,
+                                                const float* logits, int64_t rows);
   void Attention(int64_t layer, const StepContext& ctx, const float* h, float* out);
   absl::Status Mlp(const MlpWeights& w, int64_t rows, const float* h, float* out);
   absl::Status Moe(int64_t layer, int64_t rows, const float* h, float* out);

@@ -147,6 +147,68 @@ TEST_F(ModelTest, StepWithoutLogitsSamplesLikeTheHostSampler) {
   EXPECT_EQ(b->sampled.back().token, -1);
 }
 
+// Every sampled sequence that wants no logits goes through DeviceSampler (on the CPU backend:
+// Sampler's arithmetic in the backend's ops): the same SampledToken, bit for bit, as the host
+// path (return_logits) gives for a mix of greedy, seeded temperature / top-k / top-p and top
+// logprobs, including more top logprobs than the device serves (copied to the host) and a
+// sequence with all its logits rows; a bad parameter is Sampler's INVALID_ARGUMENT.
+TEST_F(ModelTest, DeviceAndHostSamplingAgree) {
+  std::vector<SamplingParams> params(9);
+  params[1].num_logprobs = 4;
+  params[2].temperature = 0.8f;
+  params[2].seed = 7;
+  params[3].temperature = 1.3f;
+  params[3].top_k = 5;
+  params[3].seed = 8;
+  params[3].num_logprobs = 2;
+  params[4].temperature = 1.0f;
+  params[4].top_p = 0.6f;
+  params[4].seed = 9;
+  params[5].temperature = 2.0f;
+  params[5].top_k = 50;
+  params[5].top_p = 0.9f;
+  params[5].seed = 10;
+  params[5].num_logprobs = kMaxTopLogprobs;
+  params[6].num_logprobs = kMaxTopLogprobs + 5;  // beyond the device: host rows
+  params[7].temperature = 0.5f;
+  params[7].seed = 11;  // all_logits below
+  params[8].temperature = 0.9f;
+  params[8].top_k = 1;
+  params[8].seed = 12;
+  std::vector<SequenceStep> host, device;
+  for (size_t i = 0; i < params.size(); ++i) {
+    host.push_back(MakeStep(Prompt(3 + i, i), 0, Blocks(3), i == 7, params[i]));
+    device.push_back(MakeStep(Prompt(3 + i, i), 0, Blocks(3), i == 7, params[i]));
+    device.back().return_logits = false;
+  }
+  for (int step = 0; step < 2; ++step) {  // the prompts, then one decode step each
+    SCOPED_TRACE(step);
+    auto a = model_->Step(host, pool_.get());
+    ASSERT_TRUE(a.ok()) << a.status();
+    auto b = model_->Step(device, pool_.get());
+    ASSERT_TRUE(b.ok()) << b.status();
+    for (size_t i = 0; i < params.size(); ++i) {
+      SCOPED_TRACE(i);
+      EXPECT_FALSE(a->logits[i].empty());
+      EXPECT_TRUE(b->logits[i].empty());
+      EXPECT_EQ(b->sampled[i].token, a->sampled[i].token);
+      EXPECT_EQ(b->sampled[i].logprob, a->sampled[i].logprob);
+      EXPECT_EQ(b->sampled[i].top_logprobs, a->sampled[i].top_logprobs);
+      EXPECT_EQ(b->sampled[i].top_logprobs.size(), static_cast<size_t>(params[i].num_logprobs));
+      for (auto* s : {&host[i], &device[i]}) {
+        s->position_offset += static_cast<int64_t>(s->tokens.size());
+        s->tokens = {a->sampled[i].token};
+      }
+    }
+  }
+  SamplingParams bad;
+  bad.temperature = 1.0f;
+  bad.top_p = 1.5f;
+  SequenceStep s = MakeStep(Prompt(4, 1), 0, Blocks(1), false, bad);
+  s.return_logits = false;
+  EXPECT_EQ(model_->Step({s}, pool_.get()).status().code(), absl::StatusCode::kInvalidArgument);
+}
+
 TEST_F(ModelTest, BatchedDecodeOfDifferentLengthsEqualsEachAlone) {
   const std::vector<int> lens = {5, 13, 22};
   const int steps = 4;

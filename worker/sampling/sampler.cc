@@ -20,9 +20,7 @@ RowSamplingParams ToRowSamplingParams(const SamplingParams& params, int64_t posi
   return row;
 }
 
-absl::StatusOr<SampledToken> Sampler::Sample(const float* logits, int32_t vocab,
-                                             const SamplingParams& params, int64_t position) {
-  if (vocab <= 0) return absl::InvalidArgumentError("Sampler: empty vocabulary");
+absl::Status Sampler::Validate(const SamplingParams& params) {
   if (!(params.top_p > 0.0f && params.top_p <= 1.0f)) {
     return absl::InvalidArgumentError(
         absl::StrCat("Sampler: top_p must be in (0, 1], got ", params.top_p));
@@ -33,6 +31,13 @@ absl::StatusOr<SampledToken> Sampler::Sample(const float* logits, int32_t vocab,
   if (params.num_logprobs < 0) {
     return absl::InvalidArgumentError("Sampler: num_logprobs must be >= 0");
   }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<SampledToken> Sampler::Sample(const float* logits, int32_t vocab,
+                                             const SamplingParams& params, int64_t position) {
+  if (vocab <= 0) return absl::InvalidArgumentError("Sampler: empty vocabulary");
+  if (absl::Status st = Validate(params); !st.ok()) return st;
   SampledToken out;
   // Log-softmax of the raw logits, in double for a stable normaliser.
   double mx = *std::max_element(logits, logits + vocab);

@@ -39,6 +39,9 @@ RowSamplingParams ToRowSamplingParams(const SamplingParams& params, int64_t posi
 
 class Sampler {
  public:
+  // The checks Sample makes on params: INVALID_ARGUMENT for top_p outside (0, 1], a NaN
+  // temperature or a negative num_logprobs (DeviceSampler makes the same ones).
+  static absl::Status Validate(const SamplingParams& params);
   // position: index of the token being sampled within its sequence (prompt length + generated
   // so far); it keys the random stream.
   static absl::StatusOr<SampledToken> Sample(const float* logits, int32_t vocab,

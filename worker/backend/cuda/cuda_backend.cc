@@ -444,14 +444,18 @@ void CudaBackend::AccumulateExpertCounts(int64_t n, const int32_t* ids, int64_t 
 
 void CudaBackend::ArgmaxRows(int64_t rows, int64_t vocab, const float* logits, int32_t* out) {
   OpTimer timer(this, "ArgmaxRows");
-  Check(kernels::ArgmaxRowsF32(rows, vocab, logits, out, stream_), "kernels::ArgmaxRowsF32");
+  auto workspace = AllocateScratch(kernels::ArgmaxWorkspaceBytes(rows, vocab));
+  Check(kernels::ArgmaxRowsF32(rows, vocab, logits, workspace->data(), out, stream_),
+        "kernels::ArgmaxRowsF32");
 }
 
 void CudaBackend::GreedySampleRows(int64_t rows, int64_t vocab, const float* logits,
                                    int32_t* token, float* logprob) {
   OpTimer timer(this, "GreedySampleRows");
-  Check(kernels::GreedySampleRowsF32(rows, vocab, logits, token, logprob, stream_),
-        "kernels::GreedySampleRowsF32");
+  auto workspace = AllocateScratch(kernels::ArgmaxWorkspaceBytes(rows, vocab));
+  Check(
+      kernels::GreedySampleRowsF32(rows, vocab, logits, workspace->data(), token, logprob, stream_),
+      "kernels::GreedySampleRowsF32");
 }
 
 void CudaBackend::SampleRows(int64_t rows, int64_t vocab, const float* logits,
