@@ -171,6 +171,9 @@ absl::StatusOr<BenchResult> RunBenchmark(const BenchConfig& bc) {
       (ctx + bc.output_len + bc.op_timing_steps + bc.block_size) / bc.block_size;
 #ifdef DEEPINFER_WITH_CUDA
   auto* cuda = dynamic_cast<CudaBackend*>(backend->get());
+  if (cuda != nullptr && bc.mla_prefill_min_tokens >= 0) {
+    cuda->SetMlaPrefillMinTokens(static_cast<int32_t>(bc.mla_prefill_min_tokens));
+  }
 #endif
   // Runs `fn` with per-op timing on (CUDA only) and returns the op table.
   auto with_op_timing = [&](auto fn) -> std::string {

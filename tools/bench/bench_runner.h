@@ -43,6 +43,9 @@ struct BenchConfig {
   // CUDA only: after the timed runs, one more prefill step and this many decode steps (at the
   // last batch size) with per-op timing on (CudaBackend::SetOpTiming), reported separately.
   int64_t op_timing_steps = 0;
+  // CUDA only: CudaBackend::SetMlaPrefillMinTokens (0: never use the tensor-core prefill
+  // attention); -1 keeps the backend's default.
+  int64_t mla_prefill_min_tokens = -1;
   double peak_bytes_per_s = 4.3e12;
   double peak_flops_per_s = 790e12;
 };

@@ -89,7 +89,13 @@ class CudaBackend : public Backend {
   void WriteLatentCache(int64_t tokens, const float* latent, int64_t ld_latent,
                         const float* rope_key, int64_t ld_rope, const int32_t* slots,
                         const PagedLatentCacheView& cache) override;
+  // Sequences of args.sequences with at least kMlaPrefillMinTokens new tokens go to
+  // kernels::MlaPrefillBf16 (bf16 tensor cores, with bf16 weights only), the other tokens to
+  // kernels::MlaAttentionF32 (fp32; decode). Without args.sequences, all to MlaAttentionF32.
   void MlaAttention(const MlaAttentionArgs& args) override;
+  static constexpr int32_t kMlaPrefillMinTokens = 64;
+  // Overrides kMlaPrefillMinTokens (0: never use MlaPrefillBf16), for benchmarks.
+  void SetMlaPrefillMinTokens(int32_t n) { mla_prefill_min_tokens_ = n; }
   void NoauxTcRoute(const NoauxTcRouteArgs& args) override;
   void AccumulateExpertCounts(int64_t n, const int32_t* ids, int64_t num_experts,
                               int64_t* counts) override;
@@ -137,6 +143,7 @@ class CudaBackend : public Backend {
     double seconds = 0;
   };
   bool op_timing_ = false;
+  int32_t mla_prefill_min_tokens_ = kMlaPrefillMinTokens;
   bool in_timed_op_ = false;  // GroupedGemm calls Gemm: count only the outer op
   std::map<std::string, OpTotal> op_totals_;
 
