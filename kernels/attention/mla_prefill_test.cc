@@ -173,6 +173,7 @@ TEST_P(MlaPrefillTest, MatchesCpuBackend) {
     cudaMemset(dcache_f.get() + b * block_elems, 0xFF, block_elems * sizeof(float));
     cudaMemset(dcache_b.get() + b * block_elems, 0xFF, block_elems * sizeof(uint16_t));
   }
+  DEEPINFER_CUDA_OK(cudaDeviceSynchronize());
 
   std::vector<kernels::MlaPrefillSequence> seqs;
   for (size_t i = 0; i < pr.spans.size(); ++i) {
@@ -291,6 +292,7 @@ TEST(CudaBackendMlaAttentionTest, PicksThePathPerSequence) {
     a.sequences = pr.spans.data();
     a.num_sequences = static_cast<int32_t>(pr.spans.size());
     dout.Poison();
+    DEEPINFER_CUDA_OK(cudaDeviceSynchronize());  // the backend's stream does not wait for memsets
     gpu.MlaAttention(a);
     gpu.Synchronize();
     ASSERT_TRUE(gpu.status().ok()) << gpu.status();
