@@ -161,8 +161,8 @@ bool Valid(const MlaPrefillParams& p) {
   for (int32_t i = 0; i < p.num_sequences; ++i) {
     const MlaPrefillSequence& s = p.sequences[i];
     if (s.num_tokens <= 0 || s.num_tokens > s.context_len || s.first_token < 0 || s.seq < 0 ||
-        static_cast<int64_t>(s.context_len) > static_cast<int64_t>(p.max_blocks_per_seq) *
-                                                  p.block_size) {
+        static_cast<int64_t>(s.context_len) >
+            static_cast<int64_t>(p.max_blocks_per_seq) * p.block_size) {
       return false;
     }
   }
@@ -182,8 +182,7 @@ std::vector<Batch> PlanBatches(const MlaPrefillParams& p) {
     b.context = s.context_len;
     // Chunk rows: the request, cut so that one sequence's scores + probabilities (6 bytes per
     // score) fit half the budget.
-    const int64_t fit_rows =
-        static_cast<int64_t>(kWorkspaceBudget / 2) / (6 * RoundUp8(b.context));
+    const int64_t fit_rows = static_cast<int64_t>(kWorkspaceBudget / 2) / (6 * RoundUp8(b.context));
     const int64_t rows = std::max<int64_t>(p.num_heads, std::min(want_rows, fit_rows));
     b.chunk_tokens = std::min<int64_t>(b.tokens, std::max<int64_t>(1, rows / p.num_heads));
     b.count = 1;
@@ -266,12 +265,12 @@ cudaError_t MlaPrefillBf16(const MlaPrefillParams& p, cublasHandle_t blas, cudaS
       if (err != cudaSuccess) break;
       // Row-major S[rows, keys] = Q·Kᵀ is column-major Sᵀ = K·Qᵀ: cuBLAS sees K as a
       // [dim x keys] column-major matrix, transposed.
-      bst = cublasGemmStridedBatchedEx(
-          blas, CUBLAS_OP_T, CUBLAS_OP_N, static_cast<int>(keys_seen), static_cast<int>(rows),
-          static_cast<int>(dim), &p.softmax_scale, keys, CUDA_R_16BF, static_cast<int>(dim),
-          b.context * dim, queries, CUDA_R_16BF, static_cast<int>(dim), rows * dim, &zero, scores,
-          CUDA_R_32F, static_cast<int>(ld), rows * ld, b.count, CUBLAS_COMPUTE_32F,
-          CUBLAS_GEMM_DEFAULT);
+      bst = cublasGemmStridedBatchedEx(blas, CUBLAS_OP_T, CUBLAS_OP_N, static_cast<int>(keys_seen),
+                                       static_cast<int>(rows), static_cast<int>(dim),
+                                       &p.softmax_scale, keys, CUDA_R_16BF, static_cast<int>(dim),
+                                       b.context * dim, queries, CUDA_R_16BF, static_cast<int>(dim),
+                                       rows * dim, &zero, scores, CUDA_R_32F, static_cast<int>(ld),
+                                       rows * ld, b.count, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
       if (bst != CUBLAS_STATUS_SUCCESS) break;
       CausalSoftmaxKernel<<<static_cast<unsigned>(b.count * rows), kThreads, 0, stream>>>(
           scores, ld, rows, p.num_heads, past + i0 + 1, probs);

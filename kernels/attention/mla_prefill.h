@@ -74,8 +74,8 @@ size_t MlaPrefillWorkspaceBytes(const MlaPrefillParams& params);
 // handle is set to that stream). cudaErrorInvalidValue for bad sizes (latent_dim or rope_dim not
 // a multiple of 8, a sequence with num_tokens > context_len, a workspace too small); when a cuBLAS
 // call fails, cudaErrorUnknown and its status in *blas_status (when not null).
-cudaError_t MlaPrefillBf16(const MlaPrefillParams& params, cublasHandle_t blas,
-                           cudaStream_t stream, cublasStatus_t* blas_status = nullptr);
+cudaError_t MlaPrefillBf16(const MlaPrefillParams& params, cublasHandle_t blas, cudaStream_t stream,
+                           cublasStatus_t* blas_status = nullptr);
 
 }  // namespace kernels
 }  // namespace deepinfer

@@ -9,9 +9,12 @@
 // deviation of about 1.7; rounding both operands of a 576-term dot product moves a score by about
 // scale * sqrt(576 * 2/3) * u ~ 3e-3 (random-walk), which moves an output by that much times
 // |c_j - o| (a few units at most), and the rounding of P and C adds about u relative. So outputs
-// (magnitude <= ~3) are expected within ~1e-2 of the reference: the bound is 2e-2 absolute
-// + 2e-2 relative per element (10u), and 4e-3 for the root mean square error (a systematic
-// error, e.g. a wrong scale, a missed key or a mask off by one on short rows, exceeds both).
+// (magnitude <= ~3) are expected within ~1e-2 of the reference, more in the tail: a row that sees
+// two keys with p ~ 1/2 moves by p(1-p) * ds * |c_0 - c_1|, up to ~0.25 * 0.015 * 8 = 0.03 for a
+// 5-sigma score error. Measured on the H200 over 8 cases (23M outputs): max 0.022, root mean
+// square <= 1.7e-3. So the bound is 4e-2 absolute + 2e-2 relative per element (20u), and 4e-3
+// for the root mean square error: a systematic error (a wrong scale, a missed or extra key, a
+// mask off by one on the short rows, where one key changes the output by O(1)) exceeds them.
 #include "kernels/attention/mla_prefill.h"
 
 #include <algorithm>
@@ -35,7 +38,7 @@ namespace {
 using testing::AllClose;
 using testing::DeviceArray;
 
-constexpr double kAtol = 2e-2, kRtol = 2e-2, kRmsBound = 4e-3;
+constexpr double kAtol = 4e-2, kRtol = 2e-2, kRmsBound = 4e-3;
 constexpr int32_t kLatent = 512, kRope = 64, kNope = 128;
 constexpr float kScale = 0.0721f;
 
@@ -165,7 +168,8 @@ TEST_P(MlaPrefillTest, MatchesCpuBackend) {
   std::vector<bool> owned(pr.num_blocks, false);
   for (size_t i = 0; i < pr.seqs.size(); ++i) {
     const int32_t len = pr.seqs[i].past + pr.seqs[i].tokens;
-    for (int32_t b = 0; b * pr.block_size < len; ++b) owned[pr.tables[i * pr.max_blocks + b]] = true;
+    for (int32_t b = 0; b * pr.block_size < len; ++b)
+      owned[pr.tables[i * pr.max_blocks + b]] = true;
   }
   const int64_t block_elems = static_cast<int64_t>(pr.block_size) * (kLatent + kRope);
   for (int32_t b = 0; b < pr.num_blocks; ++b) {
@@ -187,7 +191,8 @@ TEST_P(MlaPrefillTest, MatchesCpuBackend) {
   p.q_rope_token_stride = pr.heads * (kNope + kRope);
   p.q_rope_head_stride = kNope + kRope;
   p.cache = c.bf16_cache ? static_cast<const void*>(dcache_b.get()) : dcache_f.get();
-  p.cache_dtype = c.bf16_cache ? kernels::MlaCacheDType::kBFloat16 : kernels::MlaCacheDType::kFloat32;
+  p.cache_dtype =
+      c.bf16_cache ? kernels::MlaCacheDType::kBFloat16 : kernels::MlaCacheDType::kFloat32;
   p.block_size = pr.block_size;
   p.latent_dim = kLatent;
   p.rope_dim = kRope;
@@ -269,16 +274,23 @@ TEST(MlaPrefillLimitsTest, RejectsBadSequences) {
   EXPECT_EQ(kernels::MlaPrefillBf16(p, nullptr, nullptr), cudaErrorInvalidValue);
 }
 
-// CudaBackend::MlaAttention with host spans: sequences with >= kMlaPrefillMinTokens new tokens
+// CudaBackend::MlaAttention with host spans: sequences for which UsesTensorCoreAttention holds
 // take the tensor-core path (bf16 bound), the others the fp32 kernel (fp32 bound, as in
 // mla_attention_test) in runs between them; fp32 weights keep every token on the fp32 kernel.
 TEST(CudaBackendMlaAttentionTest, PicksThePathPerSequence) {
   DEEPINFER_SKIP_WITHOUT_GPU();
   const uint32_t seed = testing::FreshSeed();
   SCOPED_TRACE(::testing::Message() << "seed " << seed);
-  const int32_t big = CudaBackend::kMlaPrefillMinTokens;
-  // decode | prefill | short prefill | decode | prefill with past | decode
-  const Problem pr(16, 16, {{500, 1}, {0, big + 36}, {20, 10}, {7, 1}, {130, big}, {3, 1}},
+  // decode | prefill | too few tokens | decode | too little work | tokens after a long past |
+  // decode
+  const Problem pr(16, 16,
+                   {{500, 1},
+                    {0, 160},
+                    {2000, CudaBackend::kMlaPrefillMinTokens - 1},
+                    {7, 1},
+                    {0, 100},
+                    {2048, CudaBackend::kMlaPrefillMinTokens},
+                    {3, 1}},
                    false, seed);
   for (WeightDType dtype : {WeightDType::kBFloat16, WeightDType::kFloat32}) {
     SCOPED_TRACE(WeightDTypeName(dtype));
@@ -298,9 +310,13 @@ TEST(CudaBackendMlaAttentionTest, PicksThePathPerSequence) {
     ASSERT_TRUE(gpu.status().ok()) << gpu.status();
     std::vector<float> got;
     DEEPINFER_CUDA_OK(dout.Download(&got));
+    int64_t on_tensor_cores = 0;
     for (const MlaSequenceSpan& s : pr.spans) {
-      const bool tensor_cores =
-          dtype == WeightDType::kBFloat16 && s.num_tokens >= CudaBackend::kMlaPrefillMinTokens;
+      const bool tensor_cores = gpu.UsesTensorCoreAttention(s);
+      on_tensor_cores += tensor_cores;
+      EXPECT_EQ(tensor_cores,
+                dtype == WeightDType::kBFloat16 &&
+                    (s.first_token == 1 || s.num_tokens == CudaBackend::kMlaPrefillMinTokens));
       SCOPED_TRACE(::testing::Message() << "span at " << s.first_token << ", " << s.num_tokens
                                         << " tokens, tensor cores " << tensor_cores);
       if (tensor_cores) {
@@ -309,6 +325,7 @@ TEST(CudaBackendMlaAttentionTest, PicksThePathPerSequence) {
         pr.Expect(got, s.first_token, s.first_token + s.num_tokens, 2e-5, 1e-4, 1e-5);
       }
     }
+    EXPECT_EQ(on_tensor_cores, dtype == WeightDType::kBFloat16 ? 2 : 0);
     // Spans that do not tile the tokens are an error naming the op.
     std::vector<MlaSequenceSpan> bad = pr.spans;
     bad[1].first_token += 1;

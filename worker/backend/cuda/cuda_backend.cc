@@ -400,6 +400,12 @@ void CudaBackend::WriteLatentCache(int64_t tokens, const float* latent, int64_t 
       "kernels::WriteLatentCacheF32");
 }
 
+bool CudaBackend::UsesTensorCoreAttention(const MlaSequenceSpan& s) const {
+  return weight_dtype_ == WeightDType::kBFloat16 && mla_prefill_min_tokens_ > 0 &&
+         s.num_tokens >= mla_prefill_min_tokens_ &&
+         static_cast<int64_t>(s.num_tokens) * s.context_len >= kMlaPrefillMinWork;
+}
+
 void CudaBackend::MlaAttention(const MlaAttentionArgs& a) {
   OpTimer timer(this, "MlaAttention");
   kernels::MlaAttentionParams p;
@@ -416,23 +422,20 @@ void CudaBackend::MlaAttention(const MlaAttentionArgs& a) {
   p.context_len = a.context_len;
   p.softmax_scale = a.softmax_scale;
   p.out_latent = a.out_latent;
-  // Tensor cores for long prefills only with bf16 weights: the fp32 model keeps fp32 attention
-  // (its parity with HF float32 is 1e-3).
   std::vector<kernels::MlaPrefillSequence> prefill;
   if (a.sequences != nullptr) {
     int32_t next = 0;
     for (int32_t i = 0; i < a.num_sequences; ++i) {
       const MlaSequenceSpan& s = a.sequences[i];
       if (s.first_token != next || s.num_tokens <= 0 || s.num_tokens > s.context_len) {
-        Record(absl::InvalidArgumentError(absl::StrCat(
-            "CudaBackend::MlaAttention: sequence ", i, " has first token ", s.first_token, ", ",
-            s.num_tokens, " tokens, context ", s.context_len, " (expected first token ", next,
-            ", 1 <= tokens <= context)")));
+        Record(absl::InvalidArgumentError(
+            absl::StrCat("CudaBackend::MlaAttention: sequence ", i, " has first token ",
+                         s.first_token, ", ", s.num_tokens, " tokens, context ", s.context_len,
+                         " (expected first token ", next, ", 1 <= tokens <= context)")));
         return;
       }
       next += s.num_tokens;
-      if (weight_dtype_ == WeightDType::kBFloat16 && mla_prefill_min_tokens_ > 0 &&
-          s.num_tokens >= mla_prefill_min_tokens_) {
+      if (UsesTensorCoreAttention(s)) {
         prefill.push_back({i, s.first_token, s.num_tokens, s.context_len});
       }
     }
@@ -527,8 +530,8 @@ void CudaBackend::ArgmaxRows(int64_t rows, int64_t vocab, const float* logits, i
   Check(kernels::ArgmaxRowsF32(rows, vocab, logits, out, stream_), "kernels::ArgmaxRowsF32");
 }
 
-void CudaBackend::GreedySampleRows(int64_t rows, int64_t vocab, const float* logits,
-                                   int32_t* token, float* logprob) {
+void CudaBackend::GreedySampleRows(int64_t rows, int64_t vocab, const float* logits, int32_t* token,
+                                   float* logprob) {
   OpTimer timer(this, "GreedySampleRows");
   Check(kernels::GreedySampleRowsF32(rows, vocab, logits, token, logprob, stream_),
         "kernels::GreedySampleRowsF32");
