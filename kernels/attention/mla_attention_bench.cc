@@ -1,9 +1,12 @@
 // Times MlaAttentionF32 (grouped heads, split-K) against MlaAttentionPerHeadF32 (one block per
 // (token, head)) on the Moonlight and DeepSeek-V3 attention shapes (latent 512, rope 64, block
-// size 16, fp32 cache): decode batches over a 1024-position context and a causal 8 x 1024-token
-// prefill. Prints per case the median of 20 timed runs (CUDA events, after 3 warm-ups), the
-// achieved bandwidth on the distinct cache bytes the batch reads, the FMA rate, and the largest
-// difference between the two kernels' outputs. Decode cases also sweep forced split counts.
+// size 16, fp32 cache): decode batches over a 1024-position context and causal prefills. Prints
+// per case the median of 20 timed runs (CUDA events, after 3 warm-ups), the achieved bandwidth
+// on the distinct cache bytes the batch reads, the FMA rate, and the largest difference between
+// the kernels' outputs. Decode cases also sweep forced split counts. Prefill cases also time
+// MlaPrefillBf16 (bf16 tensor cores through cuBLAS), and a sweep of one sequence's new tokens
+// (with and without earlier context) gives the crossover between the two prefill paths.
+#include <cublas_v2.h>
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
@@ -14,6 +17,7 @@
 #include <vector>
 
 #include "kernels/attention/mla_attention.h"
+#include "kernels/attention/mla_prefill.h"
 
 namespace deepinfer {
 namespace {
@@ -53,8 +57,21 @@ T* Upload(const std::vector<T>& host) {
 struct Batch {
   const char* name;
   int32_t seqs, context, heads;
-  bool prefill;  // every position of each sequence queries causally; else one decode token each
+  int32_t new_tokens;  // the last new_tokens positions of each sequence query causally (1: decode)
+  bool per_head = true;  // also time the old per-head kernel
 };
+
+cublasHandle_t Blas() {
+  static cublasHandle_t handle = [] {
+    cublasHandle_t h = nullptr;
+    if (cublasCreate(&h) != CUBLAS_STATUS_SUCCESS) {
+      std::fprintf(stderr, "cublasCreate failed\n");
+      std::exit(1);
+    }
+    return h;
+  }();
+  return handle;
+}
 
 template <typename Fn>
 double MedianMs(Fn&& fn) {
@@ -89,7 +106,7 @@ void Run(const Batch& batch) {
   std::vector<int32_t> token_seq, context_len;
   int64_t key_reads = 0;
   for (int32_t s = 0; s < batch.seqs; ++s) {
-    for (int32_t p = batch.prefill ? 0 : batch.context - 1; p < batch.context; ++p) {
+    for (int32_t p = batch.context - batch.new_tokens; p < batch.context; ++p) {
       token_seq.push_back(s);
       context_len.push_back(p + 1);
       key_reads += p + 1;
@@ -128,9 +145,13 @@ void Run(const Batch& batch) {
     std::printf("%-28s %-9s splits %-4d %9.3f ms %8.1f GB/s %7.2f TFMA/s\n", batch.name, kernel,
                 splits, ms, cache_bytes / (ms * 1e-3) / 1e9, fma / (ms * 1e-3) / 1e12);
   };
+  const bool prefill = batch.new_tokens > 1;
   p.out_latent = out_old;
-  const double old_ms = MedianMs([&] { return kernels::MlaAttentionPerHeadF32(p, nullptr); });
-  report("per-head", 1, old_ms);
+  double old_ms = 0;
+  if (batch.per_head) {
+    old_ms = MedianMs([&] { return kernels::MlaAttentionPerHeadF32(p, nullptr); });
+    report("per-head", 1, old_ms);
+  }
   p.out_latent = out_new;
   size_t ws_bytes = 0;
   BENCH_CUDA(kernels::MlaAttentionWorkspaceBytes(p, &ws_bytes));
@@ -143,23 +164,58 @@ void Run(const Batch& batch) {
   void* ws = nullptr;
   const size_t ws_max = static_cast<size_t>(tokens) * batch.heads * kernels::kMaxMlaSplits *
                         (kLatent + 2) * sizeof(float);
-  const bool sweep = !batch.prefill && ws_max < (size_t{4} << 30);
+  const bool sweep = !prefill && ws_max < (size_t{4} << 30);
   BENCH_CUDA(cudaMalloc(&ws, std::max<size_t>(sweep ? ws_max : ws_bytes, 1)));
   p.workspace = ws;
   p.workspace_bytes = sweep ? ws_max : ws_bytes;
   const double new_ms = MedianMs([&] { return kernels::MlaAttentionF32(p, nullptr); });
   report("grouped", auto_splits, new_ms);
 
-  std::vector<float> a(out_elems), b(out_elems);
-  BENCH_CUDA(cudaMemcpy(a.data(), out_new, out_elems * sizeof(float), cudaMemcpyDeviceToHost));
-  BENCH_CUDA(cudaMemcpy(b.data(), out_old, out_elems * sizeof(float), cudaMemcpyDeviceToHost));
-  double worst = 0;
-  for (size_t i = 0; i < out_elems; ++i) {
-    const double d = std::fabs(static_cast<double>(a[i]) - b[i]);
-    if (!(d <= worst)) worst = d;  // NaN sticks
+  auto max_diff = [&](const float* x, const float* y) {
+    std::vector<float> a(out_elems), b(out_elems);
+    BENCH_CUDA(cudaMemcpy(a.data(), x, out_elems * sizeof(float), cudaMemcpyDeviceToHost));
+    BENCH_CUDA(cudaMemcpy(b.data(), y, out_elems * sizeof(float), cudaMemcpyDeviceToHost));
+    double worst = 0;
+    for (size_t i = 0; i < out_elems; ++i) {
+      const double d = std::fabs(static_cast<double>(a[i]) - b[i]);
+      if (!(d <= worst)) worst = d;  // NaN sticks
+    }
+    return worst;
+  };
+  if (batch.per_head) {
+    std::printf("%-28s speedup %.2fx, max |grouped - per-head| = %.3g\n", batch.name,
+                old_ms / new_ms, max_diff(out_new, out_old));
   }
-  std::printf("%-28s speedup %.2fx, max |grouped - per-head| = %.3g\n", batch.name, old_ms / new_ms,
-              worst);
+  if (prefill) {
+    std::vector<kernels::MlaPrefillSequence> seqs;
+    for (int32_t s = 0; s < batch.seqs; ++s) {
+      seqs.push_back({s, s * batch.new_tokens, batch.new_tokens, batch.context});
+    }
+    kernels::MlaPrefillParams f;
+    f.num_heads = batch.heads;
+    f.q_latent = q_latent;
+    f.q_rope = q + 128;
+    f.q_rope_token_stride = batch.heads * qk;
+    f.q_rope_head_stride = qk;
+    f.cache = cache;
+    f.block_size = kBlockSize;
+    f.latent_dim = kLatent;
+    f.rope_dim = kRope;
+    f.block_tables = d_tables;
+    f.max_blocks_per_seq = blocks_per_seq;
+    f.sequences = seqs.data();
+    f.num_sequences = batch.seqs;
+    f.softmax_scale = p.softmax_scale;
+    f.out_latent = out_old;
+    f.workspace_bytes = kernels::MlaPrefillWorkspaceBytes(f);
+    BENCH_CUDA(cudaMalloc(&f.workspace, std::max<size_t>(f.workspace_bytes, 1)));
+    const double tc_ms = MedianMs([&] { return kernels::MlaPrefillBf16(f, Blas(), nullptr); });
+    report("tc-bf16", 0, tc_ms);
+    std::printf("%-28s tc-bf16 vs grouped fp32: %.2fx, max |diff| = %.3g, workspace %.1f MiB\n",
+                batch.name, new_ms / tc_ms, max_diff(out_new, out_old),
+                f.workspace_bytes / 1048576.0);
+    BENCH_CUDA(cudaFree(f.workspace));
+  }
   if (sweep) {
     for (int splits : {1, 2, 4, 8, 16, 32, 64}) {
       p.num_splits = splits;
@@ -189,13 +245,26 @@ int main() {
   std::printf("device %s, %d SMs; latent %d rope %d block %d fp32\n", prop.name,
               prop.multiProcessorCount, deepinfer::kLatent, deepinfer::kRope,
               deepinfer::kBlockSize);
-  for (const deepinfer::Batch& b : {
-           deepinfer::Batch{"decode 1 x ctx1024 h16", 1, 1024, 16, false},
-           deepinfer::Batch{"decode 128 x ctx1024 h16", 128, 1024, 16, false},
-           deepinfer::Batch{"decode 64 x ctx1024 h128", 64, 1024, 128, false},
-           deepinfer::Batch{"prefill 8 x 1024 h16", 8, 1024, 16, true},
+  using deepinfer::Batch;
+  for (const Batch& b : {
+           Batch{"decode 1 x ctx1024 h16", 1, 1024, 16, 1},
+           Batch{"decode 128 x ctx1024 h16", 128, 1024, 16, 1},
+           Batch{"decode 64 x ctx1024 h128", 64, 1024, 128, 1},
+           Batch{"prefill 8 x 1024 h16", 8, 1024, 16, 1024},
+           Batch{"prefill 1 x 1024 h128", 1, 1024, 128, 1024, false},
+           Batch{"prefill 1 x 4096 h16", 1, 4096, 16, 4096, false},
        }) {
     deepinfer::Run(b);
+  }
+  // Crossover: one sequence, n new tokens, no earlier context or 2048 positions of it.
+  static char names[64][48];
+  int k = 0;
+  for (int32_t past : {0, 2048}) {
+    for (int32_t n : {16, 32, 64, 128, 256, 512}) {
+      std::snprintf(names[k], sizeof(names[k]), "sweep past %d new %d h16", past, n);
+      deepinfer::Run(Batch{names[k], 1, past + n, 16, n, false});
+      ++k;
+    }
   }
   return 0;
 }

@@ -93,6 +93,9 @@ int main(int argc, char** argv) {
   flags.AddBool("decode-sampling-on-host", &config.decode_sampling_on_host,
                 "Decode steps also return the logits rows and the host Sampler picks (the path\n"
                 "before device sampling), for comparison.");
+  flags.AddInt("mla-prefill-min-tokens", &config.mla_prefill_min_tokens,
+               "CUDA, bf16: new tokens from which a sequence's attention runs on tensor cores\n"
+               "(0: never, for a before/after comparison; -1: the backend's default).");
   flags.AddBool("json", &json, "Print one JSON object instead of the text report.");
   flags.AddString("csv", &csv, "Append one CSV row per request count (header if the file is new).");
   if (int rc = flags.ParseMain(argc, argv, "deepinfer-bench"); rc >= 0) return rc;

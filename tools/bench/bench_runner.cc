@@ -321,6 +321,9 @@ absl::Status RunRank(const BenchConfig& bc, int64_t rank, RankState* s, RankOutp
   const ModelConfig& mc = model->config();
 #ifdef DEEPINFER_WITH_CUDA
   auto* cuda = dynamic_cast<CudaBackend*>(s->backend.get());
+  if (cuda != nullptr && bc.mla_prefill_min_tokens >= 0) {
+    cuda->SetMlaPrefillMinTokens(static_cast<int32_t>(bc.mla_prefill_min_tokens));
+  }
 #endif
   // Runs `fn` with per-op timing on (CUDA only) and returns the op table.
   auto with_op_timing = [&](auto fn) -> std::string {

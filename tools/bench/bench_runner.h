@@ -76,6 +76,9 @@ struct BenchConfig {
   int32_t decode_top_k = 0;
   float decode_top_p = 1.0f;
   bool decode_sampling_on_host = false;
+  // CUDA only: CudaBackend::SetMlaPrefillMinTokens (0: never use the tensor-core prefill
+  // attention); -1 keeps the backend's default.
+  int64_t mla_prefill_min_tokens = -1;
   double peak_bytes_per_s = 4.3e12;
   double peak_flops_per_s = 790e12;
 };

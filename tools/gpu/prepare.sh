@@ -15,8 +15,8 @@
 #
 # --bench-only: only deepinfer-bench and the benchmark scripts (run DIR/bench_all.sh there:
 # our cases and the HF transformers baseline in one call, tools/gpu/bench_all.sh).
-#   GPU_TESTS="//kernels/moe:permute_test ..." GPU_TOOLS="..." tools/gpu/prepare.sh --out DIR
-#                                           (bundle only those targets: a smaller, faster run)
+#   GPU_TESTS="//kernels/moe:permute_test ..." GPU_TOOLS="..." GPU_DAEMONS="" \
+#     tools/gpu/prepare.sh --out DIR        (bundle only those targets: a smaller, faster run)
 #
 # DIR/bin/*     stripped binaries, RUNPATH $ORIGIN/../lib (tools/bundle.sh)
 # DIR/lib/      the non-glibc, non-CUDA shared libraries they need (absl, glog, gtest, ...)
@@ -48,6 +48,7 @@ cd "$repo"
 tests=(
   //kernels/activation:elementwise_test
   //kernels/attention:mla_attention_test
+  //kernels/attention:mla_prefill_test
   //kernels/embedding:rows_test
   //kernels/moe:expert_counts_test
   //kernels/moe:grouped_gemm_test
@@ -72,6 +73,7 @@ tools=(//tools/bench:deepinfer-bench)
   //kernels/sampling:sampling_bench)
 if [[ -n "${GPU_TESTS+set}" ]]; then read -r -a tests <<< "$GPU_TESTS"; fi
 if [[ -n "${GPU_TOOLS+set}" ]]; then read -r -a tools <<< "$GPU_TOOLS"; fi
+if [[ -n "${GPU_DAEMONS+set}" ]]; then read -r -a daemons <<< "$GPU_DAEMONS"; fi
 
 bazel build -c opt --config=cuda "${tests[@]}" "${tools[@]}" "${daemons[@]}"
 bin_dir=$(bazel info -c opt --config=cuda bazel-bin 2>/dev/null)

@@ -69,6 +69,17 @@ struct PagedLatentCacheView {
   int32_t entry_dim() const { return latent_dim + rope_dim; }
 };
 
+// Host-side shape of one sequence of an MlaAttention call (block-table row i is sequence i):
+// its query rows are tokens first_token .. first_token + num_tokens - 1, at positions
+// context_len - num_tokens .. context_len - 1 (so token_seq / context_len of those rows are i and
+// context_len - num_tokens + 1 ...). Lets a backend choose a prefill algorithm per sequence
+// without reading the device arrays back.
+struct MlaSequenceSpan {
+  int32_t first_token = 0;
+  int32_t num_tokens = 0;
+  int32_t context_len = 0;
+};
+
 // Arguments of the absorbed-MLA attention op. Each query token t belongs to sequence
 // token_seq[t] and sees the first context_len[t] cached positions of that sequence (causal:
 // its own position + 1). Block tables are [num_seqs, max_blocks_per_seq], row-major.
@@ -87,6 +98,11 @@ struct MlaAttentionArgs {
   const int32_t* context_len = nullptr;
   float softmax_scale = 1.0f;
   float* out_latent = nullptr;  // [tokens, heads, latent_dim]
+  // Optional (HOST memory, may be null): one span per block-table row, in token order, covering
+  // every token exactly once and agreeing with token_seq / context_len. Without it a backend
+  // uses its general (decode) algorithm for every token.
+  const MlaSequenceSpan* sequences = nullptr;
+  int32_t num_sequences = 0;
 };
 
 // Arguments of the DeepSeek "noaux_tc" router.
@@ -207,6 +223,8 @@ class Backend {
                                 const float* rope_key, int64_t ld_rope, const int32_t* slots,
                                 const PagedLatentCacheView& cache) = 0;
   // Absorbed MLA: out[t, h] = sum_j softmax_j(scale * (q_latent·c_j + q_rope·k_j)) c_j.
+  // The CUDA backend with bf16 weights runs sequences of args.sequences with many new tokens on
+  // bf16 tensor cores (docs/cuda.md); everything else is fp32.
   virtual void MlaAttention(const MlaAttentionArgs& args) = 0;
 
   // ---- MoE routing -------------------------------------------------------------------------

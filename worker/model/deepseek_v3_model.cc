@@ -20,6 +20,7 @@ struct DeepseekV3Model::StepContext {
   std::unique_ptr<DeviceBuffer> positions, slots, token_seq, context_len, block_tables;
   int32_t max_blocks_per_seq = 0;
   KvBlockPool* cache = nullptr;
+  std::vector<MlaSequenceSpan> spans;  // host copy of each sequence's rows, for MlaAttention
 };
 
 absl::StatusOr<std::unique_ptr<DeepseekV3Model>> DeepseekV3Model::Create(
@@ -209,6 +210,8 @@ absl::StatusOr<StepOutput> DeepseekV3Model::Step(const std::vector<SequenceStep>
       }
       tables[si * max_blocks + b] = s.block_table[b];
     }
+    ctx.spans.push_back({static_cast<int32_t>(ids.size()), static_cast<int32_t>(s.tokens.size()),
+                         static_cast<int32_t>(end)});
     for (size_t i = 0; i < s.tokens.size(); ++i) {
       if (s.tokens[i] < 0 || s.tokens[i] >= c.vocab_size) {
         return absl::InvalidArgumentError(
@@ -403,6 +406,8 @@ void DeepseekV3Model::Attention(int64_t layer, const StepContext& ctx, const flo
   args.context_len = ctx.context_len->as<int32_t>();
   args.softmax_scale = softmax_scale_;
   args.out_latent = o_latent->as<float>();
+  args.sequences = ctx.spans.data();
+  args.num_sequences = static_cast<int32_t>(ctx.spans.size());
   backend_->MlaAttention(args);
 
   // Lift back through W_uv (value half of kv_b, rows h*(nope+v)+nope ..) and project out.

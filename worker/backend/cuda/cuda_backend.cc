@@ -12,6 +12,7 @@
 #include "glog/logging.h"
 #include "kernels/activation/elementwise.h"
 #include "kernels/attention/mla_attention.h"
+#include "kernels/attention/mla_prefill.h"
 #include "kernels/embedding/rows.h"
 #include "kernels/moe/expert_counts.h"
 #include "kernels/moe/grouped_gemm.h"
@@ -399,6 +400,12 @@ void CudaBackend::WriteLatentCache(int64_t tokens, const float* latent, int64_t 
       "kernels::WriteLatentCacheF32");
 }
 
+bool CudaBackend::UsesTensorCoreAttention(const MlaSequenceSpan& s) const {
+  return weight_dtype_ == WeightDType::kBFloat16 && mla_prefill_min_tokens_ > 0 &&
+         s.num_tokens >= mla_prefill_min_tokens_ &&
+         static_cast<int64_t>(s.num_tokens) * s.context_len >= kMlaPrefillMinWork;
+}
+
 void CudaBackend::MlaAttention(const MlaAttentionArgs& a) {
   OpTimer timer(this, "MlaAttention");
   kernels::MlaAttentionParams p;
@@ -415,7 +422,83 @@ void CudaBackend::MlaAttention(const MlaAttentionArgs& a) {
   p.context_len = a.context_len;
   p.softmax_scale = a.softmax_scale;
   p.out_latent = a.out_latent;
-  Check(kernels::MlaAttentionF32(p, stream_), "kernels::MlaAttentionF32");
+  std::vector<kernels::MlaPrefillSequence> prefill;
+  if (a.sequences != nullptr) {
+    int32_t next = 0;
+    for (int32_t i = 0; i < a.num_sequences; ++i) {
+      const MlaSequenceSpan& s = a.sequences[i];
+      if (s.first_token != next || s.num_tokens <= 0 || s.num_tokens > s.context_len) {
+        Record(absl::InvalidArgumentError(
+            absl::StrCat("CudaBackend::MlaAttention: sequence ", i, " has first token ",
+                         s.first_token, ", ", s.num_tokens, " tokens, context ", s.context_len,
+                         " (expected first token ", next, ", 1 <= tokens <= context)")));
+        return;
+      }
+      next += s.num_tokens;
+      if (UsesTensorCoreAttention(s)) {
+        prefill.push_back({i, s.first_token, s.num_tokens, s.context_len});
+      }
+    }
+    if (next != a.num_tokens) {
+      Record(absl::InvalidArgumentError(absl::StrCat("CudaBackend::MlaAttention: the sequences ",
+                                                     "cover ", next, " tokens, the batch has ",
+                                                     a.num_tokens)));
+      return;
+    }
+  }
+  if (prefill.empty()) {
+    Check(kernels::MlaAttentionF32(p, stream_), "kernels::MlaAttentionF32");
+    return;
+  }
+  // The other sequences' tokens go through the fp32 kernel, one launch per run of consecutive
+  // tokens between prefill sequences.
+  int32_t run_begin = 0;
+  auto flush = [&](int32_t run_end) {
+    if (run_end > run_begin) {
+      kernels::MlaAttentionParams r = p;
+      const int64_t t0 = run_begin;
+      r.num_tokens = run_end - run_begin;
+      r.q_latent = p.q_latent + t0 * a.num_heads * a.cache.latent_dim;
+      r.q_rope = p.q_rope + t0 * a.q_rope_token_stride;
+      r.token_seq = p.token_seq + t0;
+      r.context_len = p.context_len + t0;
+      r.out_latent = p.out_latent + t0 * a.num_heads * a.cache.latent_dim;
+      Check(kernels::MlaAttentionF32(r, stream_), "kernels::MlaAttentionF32");
+    }
+  };
+  for (const kernels::MlaPrefillSequence& s : prefill) {
+    flush(s.first_token);
+    run_begin = s.first_token + s.num_tokens;
+  }
+  flush(a.num_tokens);
+
+  kernels::MlaPrefillParams f;
+  f.num_heads = a.num_heads;
+  f.q_latent = a.q_latent;
+  f.q_rope = a.q_rope;
+  f.q_rope_token_stride = a.q_rope_token_stride;
+  f.q_rope_head_stride = a.q_rope_head_stride;
+  f.cache = a.cache.cache;
+  f.cache_dtype = kernels::MlaCacheDType::kFloat32;
+  f.block_size = a.cache.block_size;
+  f.latent_dim = a.cache.latent_dim;
+  f.rope_dim = a.cache.rope_dim;
+  f.block_tables = a.block_tables;
+  f.max_blocks_per_seq = a.max_blocks_per_seq;
+  f.sequences = prefill.data();
+  f.num_sequences = static_cast<int32_t>(prefill.size());
+  f.softmax_scale = a.softmax_scale;
+  f.out_latent = a.out_latent;
+  f.workspace_bytes = kernels::MlaPrefillWorkspaceBytes(f);
+  auto workspace = AllocateScratch(std::max<size_t>(f.workspace_bytes, 1));
+  f.workspace = workspace->data();
+  cublasStatus_t blas = CUBLAS_STATUS_SUCCESS;
+  const cudaError_t e = kernels::MlaPrefillBf16(f, cublas_, stream_, &blas);
+  if (blas != CUBLAS_STATUS_SUCCESS) {
+    CheckBlas(blas, "kernels::MlaPrefillBf16 (cuBLAS)");
+  } else {
+    Check(e, "kernels::MlaPrefillBf16");
+  }
 }
 
 void CudaBackend::NoauxTcRoute(const NoauxTcRouteArgs& a) {
@@ -449,8 +532,8 @@ void CudaBackend::ArgmaxRows(int64_t rows, int64_t vocab, const float* logits, i
         "kernels::ArgmaxRowsF32");
 }
 
-void CudaBackend::GreedySampleRows(int64_t rows, int64_t vocab, const float* logits,
-                                   int32_t* token, float* logprob) {
+void CudaBackend::GreedySampleRows(int64_t rows, int64_t vocab, const float* logits, int32_t* token,
+                                   float* logprob) {
   OpTimer timer(this, "GreedySampleRows");
   auto workspace = AllocateScratch(kernels::ArgmaxWorkspaceBytes(rows, vocab));
   Check(

@@ -89,7 +89,21 @@ class CudaBackend : public Backend {
   void WriteLatentCache(int64_t tokens, const float* latent, int64_t ld_latent,
                         const float* rope_key, int64_t ld_rope, const int32_t* slots,
                         const PagedLatentCacheView& cache) override;
+  // Sequences of args.sequences for which UsesTensorCoreAttention holds go to
+  // kernels::MlaPrefillBf16 (bf16 tensor cores), the other tokens to kernels::MlaAttentionF32
+  // (fp32; decode). Without args.sequences, all to MlaAttentionF32. INVALID_ARGUMENT in status()
+  // when the spans do not tile the tokens.
   void MlaAttention(const MlaAttentionArgs& args) override;
+  // With bf16 weights (the fp32 model keeps fp32 attention), a sequence with at least
+  // kMlaPrefillMinTokens new tokens and kMlaPrefillMinWork (new tokens x context) query-key
+  // pairs. Measured on the H200 (docs/cuda.md): one 64-token prompt (4096 pairs) is faster on
+  // the fp32 kernel (31 vs 41 us), a 128-token one (16384) on tensor cores (48 vs 35 us), and 16
+  // new tokens after 2048 cached (33024) too (85 vs 37 us).
+  bool UsesTensorCoreAttention(const MlaSequenceSpan& s) const;
+  static constexpr int32_t kMlaPrefillMinTokens = 16;
+  static constexpr int64_t kMlaPrefillMinWork = 16384;
+  // Overrides kMlaPrefillMinTokens (0: never use MlaPrefillBf16), for benchmarks.
+  void SetMlaPrefillMinTokens(int32_t n) { mla_prefill_min_tokens_ = n; }
   void NoauxTcRoute(const NoauxTcRouteArgs& args) override;
   void AccumulateExpertCounts(int64_t n, const int32_t* ids, int64_t num_experts,
                               int64_t* counts) override;
@@ -137,6 +151,7 @@ class CudaBackend : public Backend {
     double seconds = 0;
   };
   bool op_timing_ = false;
+  int32_t mla_prefill_min_tokens_ = kMlaPrefillMinTokens;
   bool in_timed_op_ = false;  // GroupedGemm calls Gemm: count only the outer op
   std::map<std::string, OpTotal> op_totals_;
 

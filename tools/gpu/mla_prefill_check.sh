@@ -1,0 +1,65 @@
+#!/bin/bash
+# mla_prefill_check.sh - the device run of the tensor-core MLA prefill work in one call (copy it
+# into a bundle made by tools/gpu/prepare.sh with at least mla_prefill_test, cuda_parity_test,
+# mla_attention_bench and deepinfer-bench): the tests, the kernel benchmark, the 4-layer
+# Moonlight-shaped op profile with the prefill path on and off (--mla-prefill-min-tokens 0), and
+# the 27-layer prefill with it on (and off, if the time left allows). Logs go to
+# $OUT/logs.tar.gz (refreshed after each step), one line per step to $OUT/summary.txt.
+#
+#   bash DIR/mla_prefill_check.sh        (BUDGET_S: skip optional steps past it, default 95;
+#                                         PARTS: "tests kbench profile l27 l27before backend",
+#                                         the default, or a subset)
+set -uo pipefail
+here=$(cd "$(dirname "$0")" && pwd)
+OUT=${OUT:-/tmp/gpu-out}
+mkdir -p "$OUT"
+export LD_LIBRARY_PATH="$here/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+export TEST_SRCDIR="$here/srcdir"
+export NCCL_NVLS_ENABLE=0
+logs=/tmp/mla-prefill-logs
+rm -rf "$logs"
+mkdir -p "$logs"
+summary="$OUT/summary.txt"
+{
+  echo "commit: $(head -1 "$here/COMMIT" 2>/dev/null)"
+  nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
+} > "$summary" 2>&1
+start=$(date +%s)
+step() {  # step NAME LIMIT_S COMMAND...
+  local name=$1 limit=$2
+  shift 2
+  local t0=$(date +%s)
+  timeout "$limit" "$@" > "$logs/$name.log" 2>&1
+  local rc=$?
+  printf '%-24s rc=%-3d %4ds  %s\n' "$name" "$rc" $(($(date +%s) - t0)) \
+    "$(grep -E '^\[  (PASSED|FAILED) ' "$logs/$name.log" | tr '\n' ' ')" >> "$summary"
+  tar -C "$logs" -czf "$OUT/logs.tar.gz" .
+}
+left() { (($(date +%s) - start < ${BUDGET_S:-95})); }
+parts=${PARTS:-tests kbench profile l27 l27before backend}
+want() { [[ " $parts " == *" $1 "* ]]; }
+
+if want tests; then
+  step mla_prefill_test 40 "$here/bin/mla_prefill_test" --gtest_color=no
+  step cuda_parity_test 30 "$here/bin/cuda_parity_test" --gtest_color=no
+fi
+want kbench && step mla_attention_bench 30 "$here/bin/mla_attention_bench"
+bench=("$here/bin/deepinfer-bench" --backend cuda --load-format dummy)
+prof=(--model "$here/configs/moonlight_shaped_4layers.json" --decode-num-requests 1,128
+  --context-length 1024 --prefill-batch-tokens 8192 --output-len 8 --warmup 2 --iters 2
+  --op-timing-steps 3)
+l27=(--model "$here/configs/moonlight_shaped.json" --decode-num-requests 1
+  --prefill-batch-tokens 8192 --context-length 1024 --output-len 4 --warmup 1 --iters 2)
+if want profile; then
+  step profile4_after 30 "${bench[@]}" "${prof[@]}"
+  step profile4_before 30 "${bench[@]}" "${prof[@]}" --mla-prefill-min-tokens 0
+fi
+want l27 && left && step layers27_after "${L27_LIMIT_S:-60}" "${bench[@]}" "${l27[@]}"
+want l27before && left && step layers27_before 60 "${bench[@]}" "${l27[@]}" \
+  --mla-prefill-min-tokens 0
+want backend && left && step cuda_backend_test 20 "$here/bin/cuda_backend_test" --gtest_color=no
+for f in "$logs"/profile4_*.log "$logs"/layers27_*.log; do
+  [[ -f "$f" ]] && { echo "== $(basename "$f")"; grep -E "prefill|decode|MlaAttention|total" "$f"; } >> "$summary"
+done
+grep -h "bf16-parity\|mla-prefill\] tokens 0\.\.1024" "$logs"/*.log >> "$summary" 2>/dev/null
+echo "elapsed $(($(date +%s) - start)) s" >> "$summary"
