@@ -14,6 +14,7 @@
 #include "kernels/attention/mla_attention.h"
 #include "kernels/embedding/rows.h"
 #include "kernels/moe/expert_counts.h"
+#include "kernels/moe/expert_gemm_cublas.h"
 #include "kernels/moe/grouped_gemm.h"
 #include "kernels/moe/moe_permute.h"
 #include "kernels/moe/noaux_tc_router.h"
@@ -484,11 +485,16 @@ void CudaBackend::TopLogprobsRows(int64_t rows, int64_t vocab, const float* logi
 }
 
 bool CudaBackend::RoutedExperts(const RoutedExpertsArgs& a) {
-  if (a.dtype != WeightDType::kBFloat16 || a.num_tokens > kMaxFusedMoeTokens ||
-      a.num_experts > kernels::kMaxMoeSlots || a.hidden_size % 8 != 0 || a.inter % 8 != 0) {
+  if (a.num_experts < 1 || a.num_experts > kernels::kMaxMoeSlots || a.hidden_size % 8 != 0 ||
+      a.inter % 8 != 0 || a.num_tokens < 0 || a.top_k < 1) {
     return false;
   }
-  OpTimer timer(this, "RoutedExperts");
+  // Decode and small prefills: everything stays on the device (no host synchronisation, so the
+  // step can be captured in a CUDA graph). Larger batches: cuBLAS tensor-core GEMMs per expert,
+  // fed with the group offsets through one small device-to-host copy.
+  const bool device_grouped =
+      a.dtype == WeightDType::kBFloat16 && a.num_tokens <= kMaxFusedMoeTokens;
+  OpTimer timer(this, device_grouped ? "RoutedExperts" : "RoutedExpertsCublas");
   const int64_t T = a.num_tokens, K = a.top_k, H = a.hidden_size, I = a.inter;
   const int64_t rows = std::max<int64_t>(1, T * K);
   auto counts = Allocate(a.num_experts * sizeof(int32_t));
@@ -512,28 +518,33 @@ bool CudaBackend::RoutedExperts(const RoutedExpertsArgs& a) {
   p.permuted_hidden = permuted->as<float>();
   Check(kernels::MoePermuteF32(p, stream_), "kernels::MoePermuteF32");
 
-  auto gate_up = AllocateScratch(rows * 2 * I * sizeof(float));
-  kernels::GroupedGemmBf16Params g;
-  g.num_slots = a.num_experts;
-  g.max_rows = static_cast<int32_t>(T * K);
-  g.slot_offsets = offsets->as<int32_t>();
-  g.n = static_cast<int32_t>(2 * I);
-  g.k = static_cast<int32_t>(H);
-  g.x = permuted->as<float>();
-  g.weights = reinterpret_cast<const uint16_t* const*>(a.gate_up);
-  g.y = gate_up->as<float>();
-  g.rows_per_slot_hint = static_cast<int32_t>(T);  // a token's top-k experts are distinct
-  Check(kernels::GroupedGemmBf16(g, stream_), "kernels::GroupedGemmBf16(gate_up)");
-  auto act = AllocateScratch(rows * I * sizeof(float));
-  Check(kernels::SiluMulF32(T * K, I, gate_up->as<float>(), act->as<float>(), stream_),
-        "kernels::SiluMulF32");
   auto expert_out = AllocateScratch(rows * H * sizeof(float));
-  g.n = static_cast<int32_t>(H);
-  g.k = static_cast<int32_t>(I);
-  g.x = act->as<float>();
-  g.weights = reinterpret_cast<const uint16_t* const*>(a.down);
-  g.y = expert_out->as<float>();
-  Check(kernels::GroupedGemmBf16(g, stream_), "kernels::GroupedGemmBf16(down)");
+  if (device_grouped) {
+    auto gate_up = AllocateScratch(rows * 2 * I * sizeof(float));
+    kernels::GroupedGemmBf16Params g;
+    g.num_slots = a.num_experts;
+    g.max_rows = static_cast<int32_t>(T * K);
+    g.slot_offsets = offsets->as<int32_t>();
+    g.n = static_cast<int32_t>(2 * I);
+    g.k = static_cast<int32_t>(H);
+    g.x = permuted->as<float>();
+    g.weights = reinterpret_cast<const uint16_t* const*>(a.gate_up);
+    g.y = gate_up->as<float>();
+    g.rows_per_slot_hint = static_cast<int32_t>(T);  // a token's top-k experts are distinct
+    Check(kernels::GroupedGemmBf16(g, stream_), "kernels::GroupedGemmBf16(gate_up)");
+    auto act = AllocateScratch(rows * I * sizeof(float));
+    Check(kernels::SiluMulF32(T * K, I, gate_up->as<float>(), act->as<float>(), stream_),
+          "kernels::SiluMulF32");
+    g.n = static_cast<int32_t>(H);
+    g.k = static_cast<int32_t>(I);
+    g.x = act->as<float>();
+    g.weights = reinterpret_cast<const uint16_t* const*>(a.down);
+    g.y = expert_out->as<float>();
+    Check(kernels::GroupedGemmBf16(g, stream_), "kernels::GroupedGemmBf16(down)");
+  } else if (!ExpertGemmsOnCublas(a, offsets->as<int32_t>(), permuted->as<float>(),
+                                  expert_out->as<float>())) {
+    return true;  // the error is recorded; the output is meaningless, as after any failed op
+  }
 
   Check(cudaMemsetAsync(a.out, 0, T * H * sizeof(float), stream_), "cudaMemsetAsync");
   kernels::MoeCombineParams c;
@@ -546,6 +557,87 @@ bool CudaBackend::RoutedExperts(const RoutedExpertsArgs& a) {
   c.out = a.out;
   Check(kernels::MoeCombineF32(c, stream_), "kernels::MoeCombineF32");
   return true;
+}
+
+bool CudaBackend::ExpertGemmsOnCublas(const RoutedExpertsArgs& a, const int32_t* offsets,
+                                      const float* permuted, float* expert_out) {
+  const int64_t E = a.num_experts, H = a.hidden_size, I = a.inter;
+  const int64_t rows = std::max<int64_t>(1, int64_t{a.num_tokens} * a.top_k);
+  if (!FitsInt(rows * std::max(H, 2 * I))) {
+    return Record(absl::InvalidArgumentError(absl::StrCat(
+        "CudaBackend::RoutedExperts: ", a.num_tokens, " tokens x top-", a.top_k,
+        " is beyond int range for the expert GEMMs")));
+  }
+  // The one host synchronisation of this path: cuBLAS takes each group's row count on the host.
+  std::vector<int32_t> host_offsets(E + 1);
+  if (!Check(cudaMemcpyAsync(host_offsets.data(), offsets, (E + 1) * sizeof(int32_t),
+                             cudaMemcpyDeviceToHost, stream_),
+             "cudaMemcpyAsync(expert offsets)") ||
+      !Check(cudaStreamSynchronize(stream_), "cudaStreamSynchronize")) {
+    return false;
+  }
+  std::vector<const void*> gate_up(E), down(E);
+  if (a.gate_up_host != nullptr && a.down_host != nullptr) {
+    gate_up.assign(a.gate_up_host, a.gate_up_host + E);
+    down.assign(a.down_host, a.down_host + E);
+  } else if (!Check(cudaMemcpyAsync(gate_up.data(), a.gate_up, E * sizeof(void*),
+                                    cudaMemcpyDeviceToHost, stream_),
+                    "cudaMemcpyAsync(gate_up table)") ||
+             !Check(cudaMemcpyAsync(down.data(), a.down, E * sizeof(void*),
+                                    cudaMemcpyDeviceToHost, stream_),
+                    "cudaMemcpyAsync(down table)") ||
+             !Check(cudaStreamSynchronize(stream_), "cudaStreamSynchronize")) {
+    return false;
+  }
+  const bool bf16 = a.dtype == WeightDType::kBFloat16;
+  // bf16 weights: the activation operand is rounded to bf16, as every bf16 GEMM of the backend.
+  std::unique_ptr<DeviceBuffer> x16;
+  if (bf16) x16 = RoundToBf16(permuted, rows * H);
+  auto pointers = AllocateScratch(3 * E * sizeof(void*));
+  auto gate_up_out = AllocateScratch(rows * 2 * I * sizeof(float));
+  kernels::ExpertGemmCublasParams g;
+  g.num_slots = static_cast<int32_t>(E);
+  g.host_offsets = host_offsets.data();
+  g.host_weights = gate_up.data();
+  g.weight_type = bf16 ? CUDA_R_16BF : CUDA_R_32F;
+  g.n = static_cast<int32_t>(2 * I);
+  g.k = static_cast<int32_t>(H);
+  g.x = bf16 ? x16->data() : static_cast<const void*>(permuted);
+  g.y = gate_up_out->as<float>();
+  g.device_pointers = static_cast<void**>(pointers->data());
+  if (!ExpertGemms(g, "gate_up")) return false;
+  auto act = AllocateScratch(rows * I * sizeof(float));
+  Check(kernels::SiluMulF32(rows, I, gate_up_out->as<float>(), act->as<float>(), stream_),
+        "kernels::SiluMulF32");
+  std::unique_ptr<DeviceBuffer> act16;
+  if (bf16) act16 = RoundToBf16(act->as<float>(), rows * I);
+  g.host_weights = down.data();
+  g.n = static_cast<int32_t>(H);
+  g.k = static_cast<int32_t>(I);
+  g.x = bf16 ? act16->data() : act->data();
+  g.y = expert_out;
+  return ExpertGemms(g, "down");
+}
+
+bool CudaBackend::ExpertGemms(const kernels::ExpertGemmCublasParams& g, const char* which) {
+  using kernels::ExpertGemmCublasAlgo;
+  cublasStatus_t st = kernels::ExpertGemmsCublas(cublas_, g, expert_gemm_algo_);
+  // A cuBLAS without a grouped GEMM for these types says NOT_SUPPORTED (or INVALID_VALUE for a
+  // type combination it does not know): fall back for good. Our own argument checks are the
+  // same for both algorithms, so a real argument error fails again below and is recorded.
+  if (expert_gemm_algo_ == ExpertGemmCublasAlgo::kGroupedBatched &&
+      (st == CUBLAS_STATUS_NOT_SUPPORTED || st == CUBLAS_STATUS_INVALID_VALUE ||
+       st == CUBLAS_STATUS_ARCH_MISMATCH)) {
+    LOG(WARNING) << "CudaBackend: cublasGemmGroupedBatchedEx failed (" << cublasGetStatusName(st)
+                 << "); using one cuBLAS GEMM per expert from now on";
+    expert_gemm_algo_ = ExpertGemmCublasAlgo::kPerExpert;
+    st = kernels::ExpertGemmsCublas(cublas_, g, expert_gemm_algo_);
+  }
+  const std::string call = absl::StrCat(
+      "kernels::ExpertGemmsCublas(", which, ", ",
+      expert_gemm_algo_ == ExpertGemmCublasAlgo::kGroupedBatched ? "grouped batched" : "per expert",
+      ")");
+  return CheckBlas(st, call.c_str());
 }
 
 }  // namespace deepinfer
