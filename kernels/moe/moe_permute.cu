@@ -7,6 +7,8 @@
 // microseconds either way, far below the expert GEMMs).
 #include "kernels/moe/moe_permute.h"
 
+#include <cuda_bf16.h>
+
 namespace deepinfer {
 namespace kernels {
 namespace {
@@ -107,6 +109,34 @@ __global__ void __launch_bounds__(kGatherThreads)
   }
 }
 
+__device__ __forceinline__ unsigned Bf16x2Bits(float lo, float hi) {
+  return static_cast<unsigned>(__bfloat16_as_ushort(__float2bfloat16_rn(lo))) |
+         (static_cast<unsigned>(__bfloat16_as_ushort(__float2bfloat16_rn(hi))) << 16);
+}
+
+// The same gather, rounding to bf16 on the way (vec4: 4 floats in, 8 bytes out per step).
+__global__ void __launch_bounds__(kGatherThreads)
+    GatherBf16Kernel(int64_t hidden_size, bool vec4, const float* hidden,
+                     const int32_t* rows_total, const int32_t* row_token, uint16_t* out) {
+  const int row = blockIdx.x;
+  if (row >= *rows_total) return;
+  const int64_t t = row_token[row];
+  if (vec4) {
+    const float4* src = reinterpret_cast<const float4*>(hidden + t * hidden_size);
+    uint2* dst = reinterpret_cast<uint2*>(out + row * hidden_size);
+    for (int64_t c = threadIdx.x; c < hidden_size / 4; c += kGatherThreads) {
+      const float4 v = src[c];
+      dst[c] = make_uint2(Bf16x2Bits(v.x, v.y), Bf16x2Bits(v.z, v.w));
+    }
+  } else {
+    const float* src = hidden + t * hidden_size;
+    uint16_t* dst = out + row * hidden_size;
+    for (int64_t c = threadIdx.x; c < hidden_size; c += kGatherThreads) {
+      dst[c] = __bfloat16_as_ushort(__float2bfloat16_rn(src[c]));
+    }
+  }
+}
+
 // One block (x) per token, threads over columns. __fmul_rn / __fadd_rn keep nvcc from fusing
 // the product and the sum into an FMA, which would round differently from the reference.
 __global__ void __launch_bounds__(kCombineThreads) CombineKernel(MoeCombineParams p) {
@@ -136,6 +166,15 @@ cudaError_t MoePermuteF32(const MoePermuteParams& p, cudaStream_t stream) {
   PermutePlanKernel<<<1, kPlanThreads, shared, stream>>>(p);
   cudaError_t err = cudaGetLastError();
   if (err != cudaSuccess || choices == 0 || p.hidden_size == 0) return err;
+  if (p.permuted_hidden_bf16 != nullptr) {
+    const bool vec4 = p.hidden_size % 4 == 0 &&
+                      reinterpret_cast<uintptr_t>(p.hidden) % 16 == 0 &&
+                      reinterpret_cast<uintptr_t>(p.permuted_hidden_bf16) % 8 == 0;
+    GatherBf16Kernel<<<static_cast<unsigned>(choices), kGatherThreads, 0, stream>>>(
+        p.hidden_size, vec4, p.hidden, p.slot_offsets + p.num_slots, p.row_token,
+        p.permuted_hidden_bf16);
+    return cudaGetLastError();
+  }
   const bool vec4 = p.hidden_size % 4 == 0 && reinterpret_cast<uintptr_t>(p.hidden) % 16 == 0 &&
                     reinterpret_cast<uintptr_t>(p.permuted_hidden) % 16 == 0;
   GatherKernel<<<static_cast<unsigned>(choices), kGatherThreads, 0, stream>>>(

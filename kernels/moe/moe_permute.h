@@ -32,6 +32,9 @@ struct MoePermuteParams {
   int32_t* choice_row = nullptr;     // [num_tokens, top_k]: row of the choice, or -1
   int32_t* row_token = nullptr;      // [num_tokens * top_k]: source token of each row
   float* permuted_hidden = nullptr;  // [num_tokens * top_k, hidden_size]
+  // If set, the gathered rows are written here instead, rounded to bf16 (nearest even; the
+  // operand of a bf16 GEMM), and permuted_hidden is not used (may be null).
+  uint16_t* permuted_hidden_bf16 = nullptr;  // [num_tokens * top_k, hidden_size]
 };
 
 // Rows are grouped by slot in ascending slot order and, inside a slot, ordered by (token, k):

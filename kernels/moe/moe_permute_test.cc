@@ -122,6 +122,39 @@ void CheckPermuteAndCombine(int32_t tokens, int32_t top_k, int32_t experts, int3
     ASSERT_TRUE(std::isnan(permuted[i])) << "row " << i / hidden_size << " beyond rows written";
   }
 
+  // The bf16 gather (the operand of the cuBLAS expert GEMMs): the same rows, each value rounded
+  // to nearest even as the host reference rounds it; nothing written past `rows`.
+  {
+    DeviceArray<uint16_t> permuted16(r.ids.size() * hidden_size);
+    permuted16.Poison();
+    kernels::MoePermuteParams p;
+    p.num_tokens = r.tokens;
+    p.top_k = r.top_k;
+    p.num_experts = r.experts;
+    p.num_slots = r.slots;
+    p.topk_ids = dids.get();
+    p.slot_of_expert = dmap.get();
+    p.hidden_size = hidden_size;
+    p.hidden = dhidden.get();
+    p.slot_counts = d.counts.get();
+    p.slot_offsets = d.offsets.get();
+    p.choice_row = d.choice_row.get();
+    p.row_token = d.row_token.get();
+    p.permuted_hidden = nullptr;
+    p.permuted_hidden_bf16 = permuted16.get();
+    DEEPINFER_CUDA_OK(kernels::MoePermuteF32(p, nullptr));
+    std::vector<uint16_t> got16;
+    DEEPINFER_CUDA_OK(permuted16.Download(&got16));
+    size_t wrong = 0;
+    for (size_t i = 0; i < size_t(rows) * hidden_size; ++i) {
+      wrong += got16[i] != kernels::FloatToBf16(want.permuted_hidden[i]);
+    }
+    EXPECT_EQ(wrong, 0u) << "bf16 gather differs from the rounded reference rows";
+    for (size_t i = size_t(rows) * hidden_size; i < got16.size(); ++i) {
+      ASSERT_EQ(got16[i], 0xFFFF) << "bf16 row " << i / hidden_size << " beyond rows written";
+    }
+  }
+
   // Combine: bit for bit, into a non-zero output.
   const auto expert_out = testing::RandomFloats(std::max(rows, 1) * hidden_size, seed + 2);
   const auto out0 = testing::RandomFloats(size_t(tokens) * hidden_size, seed + 3);

@@ -501,7 +501,9 @@ bool CudaBackend::RoutedExperts(const RoutedExpertsArgs& a) {
   auto offsets = Allocate((a.num_experts + 1) * sizeof(int32_t));
   auto choice_row = AllocateScratch(rows * sizeof(int32_t));
   auto row_token = AllocateScratch(rows * sizeof(int32_t));
-  auto permuted = AllocateScratch(rows * H * sizeof(float));
+  // The cuBLAS path with bf16 weights gathers the rows straight into bf16 (its GEMM operand).
+  const bool gather_bf16 = !device_grouped && a.dtype == WeightDType::kBFloat16;
+  auto permuted = AllocateScratch(rows * H * (gather_bf16 ? sizeof(uint16_t) : sizeof(float)));
   kernels::MoePermuteParams p;
   p.num_tokens = static_cast<int32_t>(T);
   p.top_k = static_cast<int32_t>(K);
@@ -515,7 +517,11 @@ bool CudaBackend::RoutedExperts(const RoutedExpertsArgs& a) {
   p.slot_offsets = offsets->as<int32_t>();
   p.choice_row = choice_row->as<int32_t>();
   p.row_token = row_token->as<int32_t>();
-  p.permuted_hidden = permuted->as<float>();
+  if (gather_bf16) {
+    p.permuted_hidden_bf16 = permuted->as<uint16_t>();
+  } else {
+    p.permuted_hidden = permuted->as<float>();
+  }
   Check(kernels::MoePermuteF32(p, stream_), "kernels::MoePermuteF32");
 
   auto expert_out = AllocateScratch(rows * H * sizeof(float));
@@ -541,7 +547,7 @@ bool CudaBackend::RoutedExperts(const RoutedExpertsArgs& a) {
     g.weights = reinterpret_cast<const uint16_t* const*>(a.down);
     g.y = expert_out->as<float>();
     Check(kernels::GroupedGemmBf16(g, stream_), "kernels::GroupedGemmBf16(down)");
-  } else if (!ExpertGemmsOnCublas(a, offsets->as<int32_t>(), permuted->as<float>(),
+  } else if (!ExpertGemmsOnCublas(a, offsets->as<int32_t>(), permuted->data(),
                                   expert_out->as<float>())) {
     return true;  // the error is recorded; the output is meaningless, as after any failed op
   }
@@ -560,7 +566,7 @@ bool CudaBackend::RoutedExperts(const RoutedExpertsArgs& a) {
 }
 
 bool CudaBackend::ExpertGemmsOnCublas(const RoutedExpertsArgs& a, const int32_t* offsets,
-                                      const float* permuted, float* expert_out) {
+                                      const void* permuted, float* expert_out) {
   const int64_t E = a.num_experts, H = a.hidden_size, I = a.inter;
   const int64_t rows = std::max<int64_t>(1, int64_t{a.num_tokens} * a.top_k);
   if (!FitsInt(rows * std::max(H, 2 * I))) {
@@ -589,10 +595,9 @@ bool CudaBackend::ExpertGemmsOnCublas(const RoutedExpertsArgs& a, const int32_t*
              !Check(cudaStreamSynchronize(stream_), "cudaStreamSynchronize")) {
     return false;
   }
+  // bf16 weights: the activation operands are rounded to bf16 (the permutation did it for the
+  // hidden rows), as every bf16 GEMM of the backend.
   const bool bf16 = a.dtype == WeightDType::kBFloat16;
-  // bf16 weights: the activation operand is rounded to bf16, as every bf16 GEMM of the backend.
-  std::unique_ptr<DeviceBuffer> x16;
-  if (bf16) x16 = RoundToBf16(permuted, rows * H);
   auto pointers = AllocateScratch(3 * E * sizeof(void*));
   auto gate_up_out = AllocateScratch(rows * 2 * I * sizeof(float));
   kernels::ExpertGemmCublasParams g;
@@ -602,19 +607,23 @@ bool CudaBackend::ExpertGemmsOnCublas(const RoutedExpertsArgs& a, const int32_t*
   g.weight_type = bf16 ? CUDA_R_16BF : CUDA_R_32F;
   g.n = static_cast<int32_t>(2 * I);
   g.k = static_cast<int32_t>(H);
-  g.x = bf16 ? x16->data() : static_cast<const void*>(permuted);
+  g.x = permuted;
   g.y = gate_up_out->as<float>();
   g.device_pointers = static_cast<void**>(pointers->data());
   if (!ExpertGemms(g, "gate_up")) return false;
-  auto act = AllocateScratch(rows * I * sizeof(float));
-  Check(kernels::SiluMulF32(rows, I, gate_up_out->as<float>(), act->as<float>(), stream_),
-        "kernels::SiluMulF32");
-  std::unique_ptr<DeviceBuffer> act16;
-  if (bf16) act16 = RoundToBf16(act->as<float>(), rows * I);
+  auto act = AllocateScratch(rows * I * (bf16 ? sizeof(uint16_t) : sizeof(float)));
+  if (bf16) {
+    Check(kernels::SiluMulF32ToBf16(rows, I, gate_up_out->as<float>(), act->as<uint16_t>(),
+                                    stream_),
+          "kernels::SiluMulF32ToBf16");
+  } else {
+    Check(kernels::SiluMulF32(rows, I, gate_up_out->as<float>(), act->as<float>(), stream_),
+          "kernels::SiluMulF32");
+  }
   g.host_weights = down.data();
   g.n = static_cast<int32_t>(H);
   g.k = static_cast<int32_t>(I);
-  g.x = bf16 ? act16->data() : act->data();
+  g.x = act->data();
   g.y = expert_out;
   return ExpertGemms(g, "down");
 }

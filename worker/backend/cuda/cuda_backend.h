@@ -137,8 +137,9 @@ class CudaBackend : public Backend {
                     int64_t ldw, float* c, int64_t ldc, bool accumulate);
   // RoutedExperts' large-batch expert GEMMs (gate_up, SiLU-mul, down) on cuBLAS; false after
   // recording an error.
+  // `permuted` holds the gathered rows in the weights' type (bf16 or fp32).
   bool ExpertGemmsOnCublas(const RoutedExpertsArgs& a, const int32_t* offsets,
-                           const float* permuted, float* expert_out);
+                           const void* permuted, float* expert_out);
   // One kernels::ExpertGemmsCublas call with expert_gemm_algo_ (and its fallback).
   bool ExpertGemms(const kernels::ExpertGemmCublasParams& g, const char* which);
   // Rounds the `elements` fp32 values at a to bf16 into a new scratch buffer.
