@@ -14,7 +14,6 @@
 #include <cuda_bf16.h>
 
 #include <algorithm>
-#include <type_traits>
 
 #include "kernels/moe/grouped_gemm.h"
 
@@ -221,10 +220,8 @@ __device__ __forceinline__ void SplitBf16x2(float f0, float f1, unsigned* hi, un
 }
 
 // One pass: the warp's 16 * kTcFeatureTiles weight rows times x rows [row0, row0 + 8 * NT)
-// (rows >= row_end are read as a clamped valid row and not stored). U: 16-byte k chunks per
-// thread and weight row loaded before any of them is used (U = 2: each row is read as 128
-// contiguous bytes by the 4 threads of a group, and twice the bytes are in flight).
-template <int NT, int U>
+// (rows >= row_end are read as a clamped valid row and not stored).
+template <int NT>
 __device__ __forceinline__ void TcRowPass(const GroupedGemmBf16Params& p, const uint16_t* weights,
                                           int64_t feature0, int row0, int row_end) {
   const int lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
@@ -252,47 +249,37 @@ __device__ __forceinline__ void TcRowPass(const GroupedGemmBf16Params& p, const 
       for (int i = 0; i < 4; ++i) acc[f][j][i] = 0.0f;
 
   const int chunks = p.k / 8;  // 16-byte weight chunks per row; thread t takes chunk 4*step + t
-  for (int c0 = t; c0 - t < chunks; c0 += 4 * U) {
-    uint4 a[U][kTcFeatureTiles][2];
+  for (int c = t; c - t < chunks; c += 4) {
+    const bool ok = c < chunks;
+    uint4 a[kTcFeatureTiles][2];
 #pragma unroll
-    for (int u = 0; u < U; ++u) {
-      const int c = c0 + 4 * u;
-      const bool ok = c < chunks;
+    for (int f = 0; f < kTcFeatureTiles; ++f)
 #pragma unroll
-      for (int f = 0; f < kTcFeatureTiles; ++f)
+      for (int half = 0; half < 2; ++half)
+        a[f][half] = ok ? __ldg(w[f][half] + c) : make_uint4(0, 0, 0, 0);
+    unsigned bhi[NT][4], blo[NT][4];
 #pragma unroll
-        for (int half = 0; half < 2; ++half)
-          a[u][f][half] = ok ? __ldg(w[f][half] + c) : make_uint4(0, 0, 0, 0);
+    for (int j = 0; j < NT; ++j) {
+      float4 v0 = make_float4(0, 0, 0, 0), v1 = v0;
+      if (ok) {
+        v0 = __ldg(x[j] + 2 * c);
+        v1 = __ldg(x[j] + 2 * c + 1);
+      }
+      SplitBf16x2(v0.x, v0.y, &bhi[j][0], &blo[j][0]);
+      SplitBf16x2(v0.z, v0.w, &bhi[j][1], &blo[j][1]);
+      SplitBf16x2(v1.x, v1.y, &bhi[j][2], &blo[j][2]);
+      SplitBf16x2(v1.z, v1.w, &bhi[j][3], &blo[j][3]);
     }
 #pragma unroll
-    for (int u = 0; u < U; ++u) {
-      const int c = c0 + 4 * u;
-      const bool ok = c < chunks;
-      unsigned bhi[NT][4], blo[NT][4];
+    for (int h = 0; h < 2; ++h) {
 #pragma unroll
-      for (int j = 0; j < NT; ++j) {
-        float4 v0 = make_float4(0, 0, 0, 0), v1 = v0;
-        if (ok) {
-          v0 = __ldg(x[j] + 2 * c);
-          v1 = __ldg(x[j] + 2 * c + 1);
-        }
-        SplitBf16x2(v0.x, v0.y, &bhi[j][0], &blo[j][0]);
-        SplitBf16x2(v0.z, v0.w, &bhi[j][1], &blo[j][1]);
-        SplitBf16x2(v1.x, v1.y, &bhi[j][2], &blo[j][2]);
-        SplitBf16x2(v1.z, v1.w, &bhi[j][3], &blo[j][3]);
-      }
+      for (int f = 0; f < kTcFeatureTiles; ++f) {
+        const unsigned frag[4] = {h ? a[f][0].z : a[f][0].x, h ? a[f][1].z : a[f][1].x,
+                                  h ? a[f][0].w : a[f][0].y, h ? a[f][1].w : a[f][1].y};
 #pragma unroll
-      for (int h = 0; h < 2; ++h) {
-#pragma unroll
-        for (int f = 0; f < kTcFeatureTiles; ++f) {
-          const uint4* af = a[u][f];
-          const unsigned frag[4] = {h ? af[0].z : af[0].x, h ? af[1].z : af[1].x,
-                                    h ? af[0].w : af[0].y, h ? af[1].w : af[1].y};
-#pragma unroll
-          for (int j = 0; j < NT; ++j) {
-            MmaBf16(acc[f][j], frag, bhi[j][2 * h], bhi[j][2 * h + 1]);
-            MmaBf16(acc[f][j], frag, blo[j][2 * h], blo[j][2 * h + 1]);
-          }
+        for (int j = 0; j < NT; ++j) {
+          MmaBf16(acc[f][j], frag, bhi[j][2 * h], bhi[j][2 * h + 1]);
+          MmaBf16(acc[f][j], frag, blo[j][2 * h], blo[j][2 * h + 1]);
         }
       }
     }
@@ -312,7 +299,7 @@ __device__ __forceinline__ void TcRowPass(const GroupedGemmBf16Params& p, const 
   }
 }
 
-template <int kMaxNT, int U>
+template <int kMaxNT>
 __global__ void __launch_bounds__(kTcThreads) GroupedGemmBf16TcKernel(GroupedGemmBf16Params p) {
   __shared__ int work[3];
   FindSlot(p, work);
@@ -325,13 +312,13 @@ __global__ void __launch_bounds__(kTcThreads) GroupedGemmBf16TcKernel(GroupedGem
   for (int row0 = row_begin; row0 < row_end;) {
     const int rest = row_end - row0;
     if (kMaxNT >= 4 && rest > 16) {
-      TcRowPass<kMaxNT >= 4 ? 4 : 1, U>(p, weights, feature0, row0, row_end);
+      TcRowPass<kMaxNT >= 4 ? 4 : 1>(p, weights, feature0, row0, row_end);
       row0 += 32;
     } else if (kMaxNT >= 2 && rest > 8) {
-      TcRowPass<kMaxNT >= 2 ? 2 : 1, U>(p, weights, feature0, row0, row_end);
+      TcRowPass<kMaxNT >= 2 ? 2 : 1>(p, weights, feature0, row0, row_end);
       row0 += 16;
     } else {
-      TcRowPass<1, U>(p, weights, feature0, row0, row_end);
+      TcRowPass<1>(p, weights, feature0, row0, row_end);
       row0 += 8;
     }
   }
@@ -342,7 +329,7 @@ __global__ void __launch_bounds__(kTcThreads) GroupedGemmBf16TcKernel(GroupedGem
 bool TensorCoresAvailable() {
   static const bool available = [] {
     cudaFuncAttributes attr;
-    if (cudaFuncGetAttributes(&attr, GroupedGemmBf16TcKernel<1, 1>) != cudaSuccess) return false;
+    if (cudaFuncGetAttributes(&attr, GroupedGemmBf16TcKernel<1>) != cudaSuccess) return false;
     return attr.binaryVersion >= 80 && attr.ptxVersion >= 80;
   }();
   return available;
@@ -374,32 +361,22 @@ cudaError_t GroupedGemmBf16(const GroupedGemmBf16Params& p, cudaStream_t stream)
   const int hint = p.rows_per_slot_hint > 0 ? p.rows_per_slot_hint : p.max_rows;
   const int64_t slot_blocks = std::min<int64_t>(p.num_slots, p.max_rows);
   if (slot_blocks > 65535) return cudaErrorInvalidValue;
-  const bool forced_tc = p.algo == GroupedGemmAlgo::kTensorCore ||
-                         p.algo == GroupedGemmAlgo::kTensorCoreUnrolled;
-  bool tensor_cores =
-      forced_tc || (p.algo == GroupedGemmAlgo::kAuto && hint > kCudaCoreMaxRowsPerSlot);
+  bool tensor_cores = p.algo == GroupedGemmAlgo::kTensorCore ||
+                      (p.algo == GroupedGemmAlgo::kAuto && hint > kCudaCoreMaxRowsPerSlot);
   if (tensor_cores && !TensorCoresAvailable()) {
-    if (forced_tc) return cudaErrorNotSupported;
+    if (p.algo == GroupedGemmAlgo::kTensorCore) return cudaErrorNotSupported;
     tensor_cores = false;
   }
   if (tensor_cores) {
     const dim3 grid(
         static_cast<unsigned>((int64_t{p.n} + kTcFeaturesPerBlock - 1) / kTcFeaturesPerBlock),
         static_cast<unsigned>(slot_blocks));
-    auto launch = [&](auto unroll) {
-      constexpr int U = decltype(unroll)::value;
-      if (hint <= 8) {
-        GroupedGemmBf16TcKernel<1, U><<<grid, kTcThreads, 0, stream>>>(p);
-      } else if (hint <= 16) {
-        GroupedGemmBf16TcKernel<2, U><<<grid, kTcThreads, 0, stream>>>(p);
-      } else {
-        GroupedGemmBf16TcKernel<4, U><<<grid, kTcThreads, 0, stream>>>(p);
-      }
-    };
-    if (p.algo == GroupedGemmAlgo::kTensorCoreUnrolled) {
-      launch(std::integral_constant<int, 2>());
+    if (hint <= 8) {
+      GroupedGemmBf16TcKernel<1><<<grid, kTcThreads, 0, stream>>>(p);
+    } else if (hint <= 16) {
+      GroupedGemmBf16TcKernel<2><<<grid, kTcThreads, 0, stream>>>(p);
     } else {
-      launch(std::integral_constant<int, 1>());
+      GroupedGemmBf16TcKernel<4><<<grid, kTcThreads, 0, stream>>>(p);
     }
     return cudaGetLastError();
   }

@@ -20,10 +20,6 @@ enum class GroupedGemmAlgo {
   kAuto,        // CUDA cores for rows_per_slot_hint <= 2 (decode), else tensor cores if built
   kCudaCore,    // fp32 FMA on CUDA cores: x used at full fp32 precision
   kTensorCore,  // mma.sync bf16 with x split into bf16 hi + lo (sm_80+; else cudaErrorNotSupported)
-  // kTensorCore with two 16-byte k chunks per thread and weight row loaded ahead (128
-  // contiguous bytes per row, twice the loads in flight). Same arithmetic and results up to
-  // summation order; a decode-bandwidth experiment, not chosen by kAuto until measured faster.
-  kTensorCoreUnrolled,
 };
 
 // All pointers are device pointers.

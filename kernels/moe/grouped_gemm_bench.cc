@@ -157,8 +157,7 @@ void RunShape(const char* shape, int32_t n, int32_t k, Timer& timer, cublasHandl
   char name[128];
   const std::pair<kernels::GroupedGemmAlgo, const char*> algos[] = {
       {kernels::GroupedGemmAlgo::kCudaCore, "cuda-core"},
-      {kernels::GroupedGemmAlgo::kTensorCore, "tensor-core"},
-      {kernels::GroupedGemmAlgo::kTensorCoreUnrolled, "tensor-core-unrolled"}};
+      {kernels::GroupedGemmAlgo::kTensorCore, "tensor-core"}};
   for (const auto& [algo, algo_name] : algos) {
     p.algo = algo;
     {  // 128 tokens x top-6.
@@ -171,7 +170,7 @@ void RunShape(const char* shape, int32_t n, int32_t k, Timer& timer, cublasHandl
       std::snprintf(name, sizeof(name), "%s 128 tok x top6 bf16 %s", shape, algo_name);
       Report(name, us, bytes);
     }
-    if (algo != kernels::GroupedGemmAlgo::kCudaCore) {
+    if (algo == kernels::GroupedGemmAlgo::kTensorCore) {
       // A tighter rows_per_slot_hint (the busiest slot has about 25 rows here) picks a smaller
       // register tile (more resident warps).
       for (int hint : {16, 32}) {

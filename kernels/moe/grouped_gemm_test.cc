@@ -33,15 +33,12 @@ const char* Name(kernels::GroupedGemmAlgo a) {
       return "cuda-core";
     case kernels::GroupedGemmAlgo::kTensorCore:
       return "tensor-core";
-    case kernels::GroupedGemmAlgo::kTensorCoreUnrolled:
-      return "tensor-core-unrolled";
   }
   return "?";
 }
 
 constexpr kernels::GroupedGemmAlgo kAlgos[] = {kernels::GroupedGemmAlgo::kCudaCore,
                                                kernels::GroupedGemmAlgo::kTensorCore,
-                                               kernels::GroupedGemmAlgo::kTensorCoreUnrolled,
                                                kernels::GroupedGemmAlgo::kAuto};
 
 void RunCase(const Case& c) {
@@ -106,7 +103,6 @@ void RunCase(const Case& c) {
   // The fp32 reference must match too, within its own sequential bound k * 2^-24 * sum|x w|.
   const bool tc =
       c.algo == kernels::GroupedGemmAlgo::kTensorCore ||
-      c.algo == kernels::GroupedGemmAlgo::kTensorCoreUnrolled ||
       (c.algo == kernels::GroupedGemmAlgo::kAuto && (c.hint > 0 ? c.hint : max_rows) > 2);
   const double rel = tc ? std::ldexp(1.0, -17) + (c.k / 8 + 8) * std::ldexp(1.0, -23)
                         : (c.k / 32 + 6) * std::ldexp(1.0, -24);
