@@ -3,7 +3,8 @@
 // 128 to 8192 tokens with uniform random routing, four ways:
 //
 //   device-grouped   GroupedGemmBf16 (offsets read on the device; what decode uses), fp32 x
-//   cublas-grouped   ExpertGemmsCublas kGroupedBatched (one cublasGemmGroupedBatchedEx), bf16 x
+//   cublas-chunkN    ExpertGemmsCublas kChunked, N rows per chunk (each expert padded to a
+//                    multiple of N, one cublasGemmBatchedEx per GEMM), bf16 x
 //   cublas-loop      ExpertGemmsCublas kPerExpert (one cublasGemmEx per expert), bf16 x
 //   cublas-dense     one cublasGemmEx over all rows with expert 0's weights: the ceiling
 //                    (same FLOPs, no grouping), bf16 x
@@ -14,7 +15,8 @@
 // when it exceeds the GPU time, the GPU waits for the host. A cublas-loop line with the SAME
 // routing every iteration (shapes cached) separates heuristic cost from launch cost.
 // TFLOP/s = 2 * rows * (2*I*H + H*I) / time; H200 dense bf16 peak 989 (SXM spec) — we quote
-// 790 as in docs/performance.md.
+// 790 as in docs/performance.md. (cublasGemmGroupedBatchedEx was tried first: this cuBLAS
+// answers CUBLAS_STATUS_NOT_SUPPORTED for bf16 inputs with fp32 output.)
 //
 //   moe_prefill_bench       (one line per case; exit status 1 on a CUDA / cuBLAS error)
 #include <cublas_v2.h>
@@ -64,8 +66,9 @@ constexpr int kWarmup = 3, kIters = 10;
 constexpr int kMaxTokens = 8192;
 constexpr double kPeakTflops = 790.0;
 
-// Offsets [E + 1] of a uniform random routing of `tokens` tokens (K distinct experts each).
-std::vector<int32_t> RandomOffsets(int tokens, std::mt19937& gen) {
+// Counts [E] then offsets [E + 1] of a uniform random routing of `tokens` tokens (K distinct
+// experts each), each expert's rows padded to a multiple of `align`.
+std::vector<int32_t> RandomPlan(int tokens, int align, std::mt19937& gen) {
   std::vector<int32_t> counts(kExperts, 0), all(kExperts);
   for (int t = 0; t < tokens; ++t) {
     for (int e = 0; e < kExperts; ++e) all[e] = e;
@@ -75,9 +78,12 @@ std::vector<int32_t> RandomOffsets(int tokens, std::mt19937& gen) {
       ++counts[all[k]];
     }
   }
-  std::vector<int32_t> offsets(kExperts + 1, 0);
-  for (int e = 0; e < kExperts; ++e) offsets[e + 1] = offsets[e] + counts[e];
-  return offsets;
+  std::vector<int32_t> plan(counts);
+  plan.push_back(0);
+  for (int e = 0; e < kExperts; ++e) {
+    plan.push_back(plan.back() + (counts[e] + align - 1) / align * align);
+  }
+  return plan;
 }
 
 struct Buffers {
@@ -93,12 +99,13 @@ struct Buffers {
   uint16_t* act16 = nullptr;   // [rows, I]
   float* y = nullptr;          // [rows, H]
   int32_t* offsets_dev = nullptr;
-  void** pointers = nullptr;   // 3 * E
+  void** pointers = nullptr;   // for kChunked
+  int64_t pointers_size = 0;
 };
 
 Buffers Make() {
   Buffers b;
-  const size_t max_rows = size_t{kMaxTokens} * kTopK;
+  const size_t max_rows = size_t{kMaxTokens} * kTopK + size_t{kExperts} * 256;
   std::mt19937 gen(7);
   std::normal_distribution<float> normal(0.0f, 0.02f);
   auto fill16 = [&](uint16_t* dst, size_t n) {
@@ -133,15 +140,19 @@ Buffers Make() {
   fill16(b.act16, max_rows * kInter);
   b.y = DeviceAlloc<float>(max_rows * kHidden * 4);
   b.offsets_dev = DeviceAlloc<int32_t>((kExperts + 1) * 4);
-  b.pointers = DeviceAlloc<void*>(3 * kExperts * sizeof(void*));
+  b.pointers_size = kernels::ExpertGemmPointerCount(max_rows, 64);
+  b.pointers = DeviceAlloc<void*>(b.pointers_size * sizeof(void*));
   return b;
 }
 
-enum class Way { kDeviceGrouped, kCublasGrouped, kCublasLoop, kCublasDense };
-const char* Name(Way w) {
+enum class Way { kDeviceGrouped, kCublasChunked, kCublasLoop, kCublasDense };
+const char* Name(Way w, int chunk) {
+  static char buf[32];
   switch (w) {
     case Way::kDeviceGrouped: return "device-grouped";
-    case Way::kCublasGrouped: return "cublas-grouped";
+    case Way::kCublasChunked:
+      std::snprintf(buf, sizeof(buf), "cublas-chunk%d", chunk);
+      return buf;
     case Way::kCublasLoop: return "cublas-loop";
     case Way::kCublasDense: return "cublas-dense";
   }
@@ -149,11 +160,12 @@ const char* Name(Way w) {
 }
 
 // Issues gate_up and down for one routing; false (after printing why) if cuBLAS refused.
-bool Issue(Way way, const Buffers& b, const std::vector<int32_t>& offsets, int tokens,
+bool Issue(Way way, int chunk, const Buffers& b, const std::vector<int32_t>& plan, int tokens,
            cublasHandle_t cublas) {
   const int rows = tokens * kTopK;
+  const int32_t* offsets = plan.data() + kExperts;
   if (way == Way::kDeviceGrouped) {
-    BENCH_CUDA(cudaMemcpyAsync(b.offsets_dev, offsets.data(), (kExperts + 1) * 4,
+    BENCH_CUDA(cudaMemcpyAsync(b.offsets_dev, offsets, (kExperts + 1) * 4,
                                cudaMemcpyHostToDevice, nullptr));
     kernels::GroupedGemmBf16Params g;
     g.num_slots = kExperts;
@@ -186,11 +198,14 @@ bool Issue(Way way, const Buffers& b, const std::vector<int32_t>& offsets, int t
                             CUBLAS_GEMM_DEFAULT));
     return true;
   }
-  const auto algo = way == Way::kCublasGrouped ? kernels::ExpertGemmCublasAlgo::kGroupedBatched
+  const auto algo = way == Way::kCublasChunked ? kernels::ExpertGemmCublasAlgo::kChunked
                                                : kernels::ExpertGemmCublasAlgo::kPerExpert;
   kernels::ExpertGemmCublasParams p;
   p.num_slots = kExperts;
-  p.host_offsets = offsets.data();
+  p.host_counts = plan.data();
+  p.host_offsets = offsets;
+  p.chunk_rows = chunk;
+  p.device_pointers_size = b.pointers_size;
   p.host_weights = b.gate_up_ptrs.data();
   p.weight_type = CUDA_R_16BF;
   p.n = 2 * kInter;
@@ -208,25 +223,28 @@ bool Issue(Way way, const Buffers& b, const std::vector<int32_t>& offsets, int t
     st = kernels::ExpertGemmsCublas(cublas, p, algo);
   }
   if (st != CUBLAS_STATUS_SUCCESS) {
-    std::printf("tokens %5d  %-15s refused: %s\n", tokens, Name(way), cublasGetStatusName(st));
+    std::printf("tokens %5d  %-15s refused: %s\n", tokens, Name(way, chunk),
+                cublasGetStatusName(st));
     return false;
   }
   return true;
 }
 
-void RunCase(Way way, int tokens, bool same_routing, const Buffers& b, cublasHandle_t cublas) {
+void RunCase(Way way, int chunk, int tokens, bool same_routing, const Buffers& b,
+             cublasHandle_t cublas) {
   std::mt19937 gen(tokens);
   cudaEvent_t start, stop;
   BENCH_CUDA(cudaEventCreate(&start));
   BENCH_CUDA(cudaEventCreate(&stop));
-  std::vector<int32_t> offsets = RandomOffsets(tokens, gen);
+  const int align = way == Way::kCublasChunked ? chunk : 1;
+  std::vector<int32_t> plan = RandomPlan(tokens, align, gen);
   std::vector<double> gpu_us, host_us;
   for (int i = 0; i < kWarmup + kIters; ++i) {
-    if (!same_routing) offsets = RandomOffsets(tokens, gen);
+    if (!same_routing) plan = RandomPlan(tokens, align, gen);
     BENCH_CUDA(cudaDeviceSynchronize());
     BENCH_CUDA(cudaEventRecord(start, nullptr));
     const auto t0 = std::chrono::steady_clock::now();
-    if (!Issue(way, b, offsets, tokens, cublas)) {
+    if (!Issue(way, chunk, b, plan, tokens, cublas)) {
       cudaEventDestroy(start);
       cudaEventDestroy(stop);
       return;
@@ -249,7 +267,7 @@ void RunCase(Way way, int tokens, bool same_routing, const Buffers& b, cublasHan
   const double flops = 2.0 * tokens * kTopK * (3.0 * kInter * kHidden);
   const double tflops = flops / (us * 1e-6) / 1e12;
   std::printf("tokens %5d  %-15s%-14s %9.1f us (host issue %8.1f us)  %6.1f TFLOP/s  %5.1f%% of %g\n",
-              tokens, Name(way), same_routing ? " same-routing" : "", us, host, tflops,
+              tokens, Name(way, chunk), same_routing ? " same-routing" : "", us, host, tflops,
               100.0 * tflops / kPeakTflops, kPeakTflops);
   std::fflush(stdout);
   cudaEventDestroy(start);
@@ -269,11 +287,12 @@ int Main() {
               cublas_version, kExperts, kTopK, kHidden, kInter);
   const Buffers b = Make();
   for (int tokens : {128, 256, 512, 1024, 2048, 4096, 8192}) {
-    for (Way way : {Way::kDeviceGrouped, Way::kCublasGrouped, Way::kCublasLoop,
-                    Way::kCublasDense}) {
-      RunCase(way, tokens, /*same_routing=*/false, b, cublas);
+    RunCase(Way::kDeviceGrouped, 0, tokens, /*same_routing=*/false, b, cublas);
+    for (int chunk : {64, 128, 256}) {
+      RunCase(Way::kCublasChunked, chunk, tokens, /*same_routing=*/false, b, cublas);
     }
-    RunCase(Way::kCublasLoop, tokens, /*same_routing=*/true, b, cublas);
+    RunCase(Way::kCublasLoop, 0, tokens, /*same_routing=*/false, b, cublas);
+    RunCase(Way::kCublasDense, 0, tokens, /*same_routing=*/false, b, cublas);
   }
   cublasDestroy(cublas);
   return 0;

@@ -15,8 +15,8 @@
 #
 # --bench-only: only deepinfer-bench and the benchmark scripts (run DIR/bench_all.sh there:
 # our cases and the HF transformers baseline in one call, tools/gpu/bench_all.sh).
-#   GPU_TESTS="//kernels/moe:permute_test ..." GPU_TOOLS="..." tools/gpu/prepare.sh --out DIR
-#                                           (bundle only those targets: a smaller, faster run)
+#   GPU_TESTS="//kernels/moe:permute_test ..." GPU_TOOLS="..." GPU_DAEMONS="" \
+#     tools/gpu/prepare.sh --out DIR        (bundle only those targets: a smaller, faster run)
 #
 # DIR/bin/*     stripped binaries, RUNPATH $ORIGIN/../lib (tools/bundle.sh)
 # DIR/lib/      the non-glibc, non-CUDA shared libraries they need (absl, glog, gtest, ...)
@@ -66,9 +66,11 @@ tests=(
 daemons=(//coordinator/cli:deepinfer //coordinator:deepinfer-coordinator //worker:deepinfer-worker)
 tools=(//tools/bench:deepinfer-bench)
 [[ $bench_only -eq 1 ]] && tests=()
-[[ $bench_only -eq 1 ]] || tools+=(//kernels/attention:mla_attention_bench //kernels/moe:grouped_gemm_bench)
+[[ $bench_only -eq 1 ]] || tools+=(//kernels/attention:mla_attention_bench //kernels/moe:grouped_gemm_bench //kernels/moe:moe_prefill_bench)
 if [[ -n "${GPU_TESTS+set}" ]]; then read -r -a tests <<< "$GPU_TESTS"; fi
 if [[ -n "${GPU_TOOLS+set}" ]]; then read -r -a tools <<< "$GPU_TOOLS"; fi
+# GPU_DAEMONS="" leaves the daemons out (a bundle that does not run multi_gpu.sh).
+if [[ -n "${GPU_DAEMONS+set}" ]]; then read -r -a daemons <<< "$GPU_DAEMONS"; fi
 
 bazel build -c opt --config=cuda "${tests[@]}" "${tools[@]}" "${daemons[@]}"
 bin_dir=$(bazel info -c opt --config=cuda bazel-bin 2>/dev/null)

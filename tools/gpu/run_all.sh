@@ -72,6 +72,9 @@ if want kbench && [[ -x "$here/bin/grouped_gemm_bench" ]]; then
   step grouped_gemm_bench 120 "$here/bin/grouped_gemm_bench"
   cp "$logs/grouped_gemm_bench.log" "$OUT/grouped_gemm_bench.txt"
 fi
+if want kbench && [[ -x "$here/bin/moe_prefill_bench" ]]; then
+  step moe_prefill_bench 120 "$here/bin/moe_prefill_bench"
+fi
 if want bench && [[ -x "$here/bin/deepinfer-bench" && -f "$here/bench_cases.sh" ]]; then
   step bench 300 bash "$here/bench_cases.sh" "$here" "${BENCH_MODE:-full}"
 fi

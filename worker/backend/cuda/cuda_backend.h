@@ -77,13 +77,13 @@ class CudaBackend : public Backend {
   //  * bf16 and at most kMaxFusedMoeTokens tokens (decode, small prefills):
   //    kernels::GroupedGemmBf16, which reads the group offsets on the device: no host
   //    synchronisation (capturable in a CUDA graph);
-  //  * otherwise: cuBLAS tensor-core GEMMs per expert group (kernels::ExpertGemmsCublas,
-  //    expert_gemm_algo()), after ONE device-to-host copy of the group offsets; activations
-  //    rounded to bf16 for bf16 weights, as in Gemm.
+  //  * otherwise: cuBLAS tensor-core GEMMs (kernels::ExpertGemmsCublas, expert_gemm_algo():
+  //    by default each expert's rows in fixed chunks, all chunks in one batched call), after
+  //    ONE device-to-host copy of the group sizes; activations rounded to bf16 for bf16
+  //    weights, as in Gemm.
   bool RoutedExperts(const RoutedExpertsArgs& args) override;
   static constexpr int32_t kMaxFusedMoeTokens = 512;
-  // How the large-batch path calls cuBLAS (default kGroupedBatched; it switches itself to
-  // kPerExpert for good if this cuBLAS refuses the grouped call). For tests and benchmarks.
+  // How the large-batch path calls cuBLAS (default kChunked). For tests and benchmarks.
   void SetExpertGemmAlgo(kernels::ExpertGemmCublasAlgo algo) { expert_gemm_algo_ = algo; }
   kernels::ExpertGemmCublasAlgo expert_gemm_algo() const { return expert_gemm_algo_; }
   void RmsNorm(int64_t rows, int64_t dim, const float* x, int64_t ldx, const float* weight,
@@ -137,10 +137,12 @@ class CudaBackend : public Backend {
                     int64_t ldw, float* c, int64_t ldc, bool accumulate);
   // RoutedExperts' large-batch expert GEMMs (gate_up, SiLU-mul, down) on cuBLAS; false after
   // recording an error.
-  // `permuted` holds the gathered rows in the weights' type (bf16 or fp32).
-  bool ExpertGemmsOnCublas(const RoutedExpertsArgs& a, const int32_t* offsets,
-                           const void* permuted, float* expert_out);
-  // One kernels::ExpertGemmsCublas call with expert_gemm_algo_ (and its fallback).
+  // plan: device counts [E] | offsets [E + 1] of the permutation (rows padded to chunk_rows
+  // for kChunked); `rows` the row buffers' size; `permuted` the gathered rows in the weights'
+  // type (bf16 or fp32).
+  bool ExpertGemmsOnCublas(const RoutedExpertsArgs& a, const int32_t* plan, int32_t chunk_rows,
+                           int64_t rows, const void* permuted, float* expert_out);
+  // One kernels::ExpertGemmsCublas call with expert_gemm_algo_.
   bool ExpertGemms(const kernels::ExpertGemmCublasParams& g, const char* which);
   // Rounds the `elements` fp32 values at a to bf16 into a new scratch buffer.
   std::unique_ptr<DeviceBuffer> RoundToBf16(const float* a, int64_t elements);
@@ -148,7 +150,8 @@ class CudaBackend : public Backend {
   bool Record(const absl::Status& st);
   bool Check(cudaError_t err, const char* call);
   bool CheckBlas(cublasStatus_t st, const char* call);
-  class OpTimer;  // RAII guard of one op when op timing is on
+  class OpTimer;     // RAII guard of one op when op timing is on
+  class PhaseTimer;  // a phase inside an op ("Op/phase" in the report)
 
   struct OpTotal {
     int64_t calls = 0;
@@ -158,8 +161,7 @@ class CudaBackend : public Backend {
   bool in_timed_op_ = false;  // GroupedGemm calls Gemm: count only the outer op
   std::map<std::string, OpTotal> op_totals_;
 
-  kernels::ExpertGemmCublasAlgo expert_gemm_algo_ =
-      kernels::ExpertGemmCublasAlgo::kGroupedBatched;
+  kernels::ExpertGemmCublasAlgo expert_gemm_algo_ = kernels::ExpertGemmCublasAlgo::kChunked;
 
   const int device_;
   const WeightDType weight_dtype_;

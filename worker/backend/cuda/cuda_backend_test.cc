@@ -4,6 +4,7 @@
 #include "worker/backend/cuda/cuda_backend.h"
 
 #include <algorithm>
+#include <cmath>
 #include <iostream>
 #include <random>
 #include <limits>
@@ -226,8 +227,8 @@ class RoutedExpertsTest : public CudaBackendTest {
     const bool cublas_path = !bf16 || T > CudaBackend::kMaxFusedMoeTokens;
     SCOPED_TRACE(::testing::Message()
                  << "tokens " << T << (bf16 ? " bf16" : " fp32") << " weights, "
-                 << (cublas_path ? (algo == kernels::ExpertGemmCublasAlgo::kGroupedBatched
-                                        ? "cuBLAS grouped batched"
+                 << (cublas_path ? (algo == kernels::ExpertGemmCublasAlgo::kChunked
+                                        ? "cuBLAS chunked"
                                         : "cuBLAS per expert")
                                  : "device grouped GEMM")
                  << ", seed " << seed);
@@ -250,9 +251,15 @@ class RoutedExpertsTest : public CudaBackendTest {
     std::vector<WeightView> ref_gu(E), ref_dn(E);
     Backend& ref = bf16 && cublas_path ? static_cast<Backend&>(cpu16_) : cpu_;
     std::vector<std::vector<float>> host_w;
+    std::vector<std::vector<double>> down_max(E, std::vector<double>(H, 0.0));
     for (int64_t e = 0; e < E; ++e) {
       auto gu = testing::RandomFloats(2 * I * H, seed + 10 + e, 0.125f);
       auto dn = testing::RandomFloats(H * I, seed + 1000 + e, 0.125f);
+      for (int64_t j = 0; j < H; ++j) {
+        for (int64_t i = 0; i < I; ++i) {
+          down_max[e][j] = std::max(down_max[e][j], 1.01 * std::abs(dn[j * I + i]));
+        }
+      }
       if (bf16) {
         gu_ptr[e] = GpuBf16(gu, &keep).data;
         dn_ptr[e] = GpuBf16(dn, &keep).data;
@@ -277,6 +284,11 @@ class RoutedExpertsTest : public CudaBackendTest {
       ref_dn[e] = host_w.back().data();
     }
     std::vector<float> want(T * H, 0.0f);
+    // flip[t, j]: how much out[t, j] moves if one activation of each of t's experts lands on
+    // the other side of a bf16 rounding boundary (the cuBLAS bf16 path rounds activations
+    // computed in another summation order than the CPU's, so a few of the ~10^6 activations
+    // round the other way): sum_k |w| * 2^-8 * max|act| * max_i |W_down[j, i]|.
+    std::vector<double> flip(T * H, 0.0);
     std::vector<float> gu(2 * I), act(I), y(H);
     for (int64_t t = 0; t < T; ++t) {
       for (int64_t k = 0; k < K; ++k) {
@@ -284,7 +296,12 @@ class RoutedExpertsTest : public CudaBackendTest {
         ref.Gemm(1, 2 * I, H, x.data() + t * H, H, ref_gu[e], H, gu.data(), 2 * I, false);
         ref.SiluMul(1, I, gu.data(), act.data());
         ref.Gemm(1, H, I, act.data(), I, ref_dn[e], I, y.data(), H, false);
-        for (int64_t i = 0; i < H; ++i) want[t * H + i] += w[t * K + k] * y[i];
+        double amax = 0;
+        for (float v : act) amax = std::max(amax, std::abs(static_cast<double>(v)));
+        for (int64_t i = 0; i < H; ++i) {
+          want[t * H + i] += w[t * K + k] * y[i];
+          flip[t * H + i] += std::abs(w[t * K + k]) * std::ldexp(amax, -8) * down_max[e][i];
+        }
       }
     }
     std::vector<int32_t> slots(E);
@@ -323,15 +340,25 @@ class RoutedExpertsTest : public CudaBackendTest {
     gpu_->SetExpertGemmAlgo(algo);
     ASSERT_TRUE(gpu_->RoutedExperts(a));
     const std::vector<float> got = Download(*dout);
-    if (cublas_path && gpu_->expert_gemm_algo() != algo) {
-      std::cout << "note: cuBLAS refused the grouped batched GEMM, ran per expert\n";
-    }
     // Outputs are O(1). device-grouped: fp32 x, bf16 hi+lo split (<= 2^-17 relative) and
-    // summation order; cuBLAS bf16: like the bf16 CPU backend up to summation order, which can
-    // flip the bf16 rounding of an activation (one bf16 ulp of one of 64 products); fp32:
-    // summation order only.
-    const double tol = !bf16 ? 1e-4 : cublas_path ? 2e-3 : 1e-3;
-    EXPECT_TRUE(AllClose(got, want, tol, tol));
+    // summation order; cuBLAS bf16: like the bf16 CPU backend up to summation order and the
+    // activation roundings it can flip (flip[], at most a few percent of an output; a wrong or
+    // missing expert moves an output by O(1)); fp32: summation order only.
+    const double tol = !bf16 ? 1e-4 : cublas_path ? 1e-3 : 1e-3;
+    const bool flips = bf16 && cublas_path;
+    int64_t bad = 0, flipped = 0;
+    for (int64_t i = 0; i < T * H; ++i) {
+      const double diff = std::abs(static_cast<double>(got[i]) - want[i]);
+      const double bound = tol + tol * std::abs(want[i]);
+      if (diff > bound) ++flipped;
+      if (!(diff <= bound + (flips ? flip[i] : 0.0)) && ++bad <= 5) {
+        ADD_FAILURE() << "out[" << i / H << ", " << i % H << "] = " << got[i] << ", want "
+                      << want[i] << " (bound " << bound << " + flip " << flip[i] << ")";
+      }
+    }
+    EXPECT_EQ(bad, 0);
+    // Rounding flips touch a few tokens, not the output at large.
+    EXPECT_LE(flipped, T * H / 50) << "outputs beyond the plain tolerance";
     EXPECT_TRUE(gpu_->status().ok()) << gpu_->status();
   }
 };
@@ -339,12 +366,12 @@ class RoutedExpertsTest : public CudaBackendTest {
 TEST_F(RoutedExpertsTest, DeviceGroupedPathMatchesPerTokenReference) {
   for (int64_t T : {int64_t{1}, int64_t{3}, int64_t{40}, int64_t{300},
                     int64_t{CudaBackend::kMaxFusedMoeTokens}}) {
-    Run(T, WeightDType::kBFloat16, kernels::ExpertGemmCublasAlgo::kGroupedBatched);
+    Run(T, WeightDType::kBFloat16, kernels::ExpertGemmCublasAlgo::kChunked);
   }
 }
 
 TEST_F(RoutedExpertsTest, CublasPathMatchesPerTokenReference) {
-  for (auto algo : {kernels::ExpertGemmCublasAlgo::kGroupedBatched,
+  for (auto algo : {kernels::ExpertGemmCublasAlgo::kChunked,
                     kernels::ExpertGemmCublasAlgo::kPerExpert}) {
     for (int64_t T : {int64_t{CudaBackend::kMaxFusedMoeTokens} + 1, int64_t{4096}}) {
       Run(T, WeightDType::kBFloat16, algo);
