@@ -78,10 +78,10 @@ std::vector<int32_t> RandomPlan(int tokens, int align, std::mt19937& gen) {
       ++counts[all[k]];
     }
   }
-  std::vector<int32_t> plan(counts);
-  plan.push_back(0);
+  std::vector<int32_t> plan(2 * kExperts + 1, 0);
   for (int e = 0; e < kExperts; ++e) {
-    plan.push_back(plan.back() + (counts[e] + align - 1) / align * align);
+    plan[e] = counts[e];
+    plan[kExperts + e + 1] = plan[kExperts + e] + (counts[e] + align - 1) / align * align;
   }
   return plan;
 }
