@@ -701,7 +701,16 @@ bool CudaBackend::ExpertGemmsOnCublas(const RoutedExpertsArgs& a, const int32_t*
 }
 
 bool CudaBackend::ExpertGemms(const kernels::ExpertGemmCublasParams& g, const char* which) {
-  const cublasStatus_t st = kernels::ExpertGemmsCublas(cublas_, g, expert_gemm_algo_);
+  cublasStatus_t st = kernels::ExpertGemmsCublas(cublas_, g, expert_gemm_algo_);
+  if (st == CUBLAS_STATUS_NOT_SUPPORTED &&
+      expert_gemm_algo_ == kernels::ExpertGemmCublasAlgo::kChunked) {
+    // A cuBLAS without this batched type combination: per expert from now on (the padded
+    // layout of this call works for both).
+    LOG(WARNING) << "CudaBackend: cublasGemmBatchedEx refused the chunked expert GEMM; using "
+                    "one cuBLAS GEMM per expert";
+    expert_gemm_algo_ = kernels::ExpertGemmCublasAlgo::kPerExpert;
+    st = kernels::ExpertGemmsCublas(cublas_, g, expert_gemm_algo_);
+  }
   const std::string call = absl::StrCat(
       "kernels::ExpertGemmsCublas(", which, ", ",
       expert_gemm_algo_ == kernels::ExpertGemmCublasAlgo::kChunked ? "chunked" : "per expert",

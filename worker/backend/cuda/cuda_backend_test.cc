@@ -340,6 +340,9 @@ class RoutedExpertsTest : public CudaBackendTest {
     gpu_->SetExpertGemmAlgo(algo);
     ASSERT_TRUE(gpu_->RoutedExperts(a));
     const std::vector<float> got = Download(*dout);
+    if (cublas_path && gpu_->expert_gemm_algo() != algo) {
+      std::cout << "note: cuBLAS refused the chunked batched GEMM, ran per expert\n";
+    }
     // Outputs are O(1). device-grouped: fp32 x, bf16 hi+lo split (<= 2^-17 relative) and
     // summation order; cuBLAS bf16: like the bf16 CPU backend up to summation order and the
     // activation roundings it can flip (flip[], at most a few percent of an output; a wrong or
