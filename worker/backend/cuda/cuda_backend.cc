@@ -49,14 +49,11 @@ class CudaBuffer : public DeviceBuffer {
 
 bool FitsInt(int64_t v) { return v >= 0 && v <= std::numeric_limits<int>::max(); }
 
-// Rows per chunk of the kChunked expert GEMMs for `avg_rows` rows per expert on average: small
-// enough that the padding (half a chunk per busy expert on average) stays a small share,
-// large enough for cuBLAS's tiles.
-int32_t ChunkRowsFor(int64_t avg_rows) {
-  if (avg_rows < 128) return 64;
-  if (avg_rows < 1024) return 128;
-  return 256;
-}
+// Rows per chunk of the kChunked expert GEMMs for `avg_rows` rows per expert on average: the
+// padding (half a chunk per busy expert on average) against cuBLAS's tile efficiency. Measured
+// on the H200 at the Moonlight shape (moe_prefill_bench, docs/kernels.md): 64 was fastest up to
+// 48 rows per expert, 128 from 96 rows on (256 never clearly better).
+int32_t ChunkRowsFor(int64_t avg_rows) { return avg_rows < 96 ? 64 : 128; }
 
 }  // namespace
 
