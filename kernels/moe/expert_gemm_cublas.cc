@@ -19,8 +19,7 @@ cublasStatus_t ExpertGemmsCublas(cublasHandle_t cublas, const ExpertGemmCublasPa
   if (p.num_slots <= 0 || p.n <= 0 || p.k <= 0 || p.host_offsets == nullptr ||
       p.host_weights == nullptr || p.x == nullptr || p.y == nullptr ||
       (p.weight_type != CUDA_R_16BF && p.weight_type != CUDA_R_32F) ||
-      (chunked && (p.chunk_rows <= 0 || p.device_pointers == nullptr)) ||
-      p.host_offsets[0] != 0) {
+      (chunked && (p.chunk_rows <= 0 || p.device_pointers == nullptr)) || p.host_offsets[0] != 0) {
     return CUBLAS_STATUS_INVALID_VALUE;
   }
   const size_t x_row_bytes = TypeSize(p.weight_type) * static_cast<size_t>(p.k);
@@ -54,11 +53,11 @@ cublasStatus_t ExpertGemmsCublas(cublasHandle_t cublas, const ExpertGemmCublasPa
 
   if (!chunked) {
     for (const Piece& g : pieces) {
-      const cublasStatus_t st = cublasGemmEx(
-          cublas, CUBLAS_OP_T, CUBLAS_OP_N, p.n, g.rows, p.k, &alpha, p.host_weights[g.slot],
-          p.weight_type, p.k, x + g.row * x_row_bytes, p.weight_type, p.k, &beta,
-          p.y + static_cast<int64_t>(g.row) * p.n, CUDA_R_32F, p.n, CUBLAS_COMPUTE_32F,
-          CUBLAS_GEMM_DEFAULT);
+      const cublasStatus_t st =
+          cublasGemmEx(cublas, CUBLAS_OP_T, CUBLAS_OP_N, p.n, g.rows, p.k, &alpha,
+                       p.host_weights[g.slot], p.weight_type, p.k, x + g.row * x_row_bytes,
+                       p.weight_type, p.k, &beta, p.y + static_cast<int64_t>(g.row) * p.n,
+                       CUDA_R_32F, p.n, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
       if (st != CUBLAS_STATUS_SUCCESS) return st;
     }
     return CUBLAS_STATUS_SUCCESS;

@@ -35,11 +35,11 @@ struct ExpertGemmCublasParams {
   // (CUDA_R_16BF or CUDA_R_32F); an empty slot's entry is not read and may be null.
   const void* const* host_weights = nullptr;
   cudaDataType_t weight_type = CUDA_R_16BF;
-  int32_t n = 0;             // output features
-  int32_t k = 0;             // input features
-  const void* x = nullptr;   // device [rows, k], of weight_type (bf16 activations for bf16 W)
-  float* y = nullptr;        // device [rows, n], fp32; rows of no slot are not written (kChunked:
-                             // padding rows may be written, with meaningless values)
+  int32_t n = 0;            // output features
+  int32_t k = 0;            // input features
+  const void* x = nullptr;  // device [rows, k], of weight_type (bf16 activations for bf16 W)
+  float* y = nullptr;       // device [rows, n], fp32; rows of no slot are not written (kChunked:
+                            // padding rows may be written, with meaningless values)
   // kChunked: rows per chunk; each host_offsets[s] must be a multiple of it, and each slot
   // padded to a multiple (host_offsets[s + 1] - host_offsets[s] >= its count rounded up).
   int32_t chunk_rows = 0;

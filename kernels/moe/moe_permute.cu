@@ -5,9 +5,9 @@
 // slots inside the 32 with __match_any_sync. No global atomics, so rows are deterministic.
 // One block suffices: decode has a few hundred choices, prefill tens of thousands (a few
 // microseconds either way, far below the expert GEMMs).
-#include "kernels/moe/moe_permute.h"
-
 #include <cuda_bf16.h>
+
+#include "kernels/moe/moe_permute.h"
 
 namespace deepinfer {
 namespace kernels {
@@ -119,8 +119,8 @@ __device__ __forceinline__ unsigned Bf16x2Bits(float lo, float hi) {
 
 // The same gather, rounding to bf16 on the way (vec4: 4 floats in, 8 bytes out per step).
 __global__ void __launch_bounds__(kGatherThreads)
-    GatherBf16Kernel(int64_t hidden_size, bool vec4, const float* hidden,
-                     const int32_t* rows_total, const int32_t* row_token, uint16_t* out) {
+    GatherBf16Kernel(int64_t hidden_size, bool vec4, const float* hidden, const int32_t* rows_total,
+                     const int32_t* row_token, uint16_t* out) {
   const int row = blockIdx.x;
   if (row >= *rows_total) return;
   const int64_t t = row_token[row];
@@ -185,8 +185,7 @@ cudaError_t MoePermuteF32(const MoePermuteParams& p, cudaStream_t stream) {
     return cudaErrorInvalidValue;
   }
   const int64_t choices = int64_t{p.num_tokens} * p.top_k;
-  if (MoePermutedRowsBound(p.num_tokens, p.top_k, p.num_slots, p.row_align) >=
-      (int64_t{1} << 31)) {
+  if (MoePermutedRowsBound(p.num_tokens, p.top_k, p.num_slots, p.row_align) >= (int64_t{1} << 31)) {
     return cudaErrorInvalidValue;
   }
   const size_t shared = sizeof(int) * kPlanWarps * p.num_slots;
@@ -204,8 +203,7 @@ cudaError_t MoePermuteF32(const MoePermuteParams& p, cudaStream_t stream) {
     return cudaGetLastError();
   }
   if (p.permuted_hidden_bf16 != nullptr) {
-    const bool vec4 = p.hidden_size % 4 == 0 &&
-                      reinterpret_cast<uintptr_t>(p.hidden) % 16 == 0 &&
+    const bool vec4 = p.hidden_size % 4 == 0 && reinterpret_cast<uintptr_t>(p.hidden) % 16 == 0 &&
                       reinterpret_cast<uintptr_t>(p.permuted_hidden_bf16) % 8 == 0;
     GatherBf16Kernel<<<static_cast<unsigned>(choices), kGatherThreads, 0, stream>>>(
         p.hidden_size, vec4, p.hidden, p.slot_offsets + p.num_slots, p.row_token,

@@ -185,10 +185,9 @@ void CheckPermuteAndCombine(int32_t tokens, int32_t top_k, int32_t experts, int3
 void CheckPaddedPermute(int32_t tokens, int32_t top_k, int32_t experts, int32_t hosted,
                         int invalid_every, int64_t hidden_size, int32_t align, bool bf16) {
   const uint32_t seed = testing::FreshSeed();
-  SCOPED_TRACE(::testing::Message()
-               << "tokens " << tokens << " top_k " << top_k << " slots " << hosted << " hidden "
-               << hidden_size << " row_align " << align << (bf16 ? " bf16" : " fp32") << " seed "
-               << seed);
+  SCOPED_TRACE(::testing::Message() << "tokens " << tokens << " top_k " << top_k << " slots "
+                                    << hosted << " hidden " << hidden_size << " row_align " << align
+                                    << (bf16 ? " bf16" : " fp32") << " seed " << seed);
   const Routing r = MakeRouting(tokens, top_k, experts, hosted, invalid_every, seed);
   const auto hidden = testing::RandomFloats(size_t(tokens) * hidden_size, seed + 1);
   const kernels::MoePermutation want =
@@ -262,7 +261,8 @@ void CheckPaddedPermute(int32_t tokens, int32_t top_k, int32_t experts, int32_t 
                  kernels::FloatToBf16(want.permuted_hidden[q * hidden_size + c]);
       }
     }
-    for (size_t i = 0; i < got.size(); ++i) gap_written += !real[i / hidden_size] && got[i] != 0xFFFF;
+    for (size_t i = 0; i < got.size(); ++i)
+      gap_written += !real[i / hidden_size] && got[i] != 0xFFFF;
   } else {
     std::vector<float> got;
     DEEPINFER_CUDA_OK(out32.Download(&got));

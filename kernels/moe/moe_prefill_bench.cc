@@ -45,13 +45,13 @@ namespace {
       std::exit(1);                                                                              \
     }                                                                                            \
   } while (0)
-#define BENCH_BLAS(expr)                                                                    \
-  do {                                                                                      \
-    cublasStatus_t s_ = (expr);                                                             \
-    if (s_ != CUBLAS_STATUS_SUCCESS) {                                                      \
+#define BENCH_BLAS(expr)                                                                          \
+  do {                                                                                            \
+    cublasStatus_t s_ = (expr);                                                                   \
+    if (s_ != CUBLAS_STATUS_SUCCESS) {                                                            \
       std::fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #expr, cublasGetStatusName(s_)); \
-      std::exit(1);                                                                         \
-    }                                                                                       \
+      std::exit(1);                                                                               \
+    }                                                                                             \
   } while (0)
 
 template <typename T>
@@ -92,14 +92,14 @@ struct Buffers {
   std::vector<const void*> gate_up_ptrs, down_ptrs;
   const uint16_t* const* gate_up_dev = nullptr;
   const uint16_t* const* down_dev = nullptr;
-  float* x32 = nullptr;        // [rows, H]
-  uint16_t* x16 = nullptr;     // [rows, H]
-  float* gu = nullptr;         // [rows, 2I]
-  float* act32 = nullptr;      // [rows, I]
-  uint16_t* act16 = nullptr;   // [rows, I]
-  float* y = nullptr;          // [rows, H]
+  float* x32 = nullptr;       // [rows, H]
+  uint16_t* x16 = nullptr;    // [rows, H]
+  float* gu = nullptr;        // [rows, 2I]
+  float* act32 = nullptr;     // [rows, I]
+  uint16_t* act16 = nullptr;  // [rows, I]
+  float* y = nullptr;         // [rows, H]
   int32_t* offsets_dev = nullptr;
-  void** pointers = nullptr;   // for kChunked
+  void** pointers = nullptr;  // for kChunked
   int64_t pointers_size = 0;
 };
 
@@ -149,12 +149,15 @@ enum class Way { kDeviceGrouped, kCublasChunked, kCublasLoop, kCublasDense };
 const char* Name(Way w, int chunk) {
   static char buf[32];
   switch (w) {
-    case Way::kDeviceGrouped: return "device-grouped";
+    case Way::kDeviceGrouped:
+      return "device-grouped";
     case Way::kCublasChunked:
       std::snprintf(buf, sizeof(buf), "cublas-chunk%d", chunk);
       return buf;
-    case Way::kCublasLoop: return "cublas-loop";
-    case Way::kCublasDense: return "cublas-dense";
+    case Way::kCublasLoop:
+      return "cublas-loop";
+    case Way::kCublasDense:
+      return "cublas-dense";
   }
   return "?";
 }
@@ -165,8 +168,8 @@ bool Issue(Way way, int chunk, const Buffers& b, const std::vector<int32_t>& pla
   const int rows = tokens * kTopK;
   const int32_t* offsets = plan.data() + kExperts;
   if (way == Way::kDeviceGrouped) {
-    BENCH_CUDA(cudaMemcpyAsync(b.offsets_dev, offsets, (kExperts + 1) * 4,
-                               cudaMemcpyHostToDevice, nullptr));
+    BENCH_CUDA(cudaMemcpyAsync(b.offsets_dev, offsets, (kExperts + 1) * 4, cudaMemcpyHostToDevice,
+                               nullptr));
     kernels::GroupedGemmBf16Params g;
     g.num_slots = kExperts;
     g.max_rows = rows;
@@ -266,9 +269,10 @@ void RunCase(Way way, int chunk, int tokens, bool same_routing, const Buffers& b
   const double us = median(gpu_us), host = median(host_us);
   const double flops = 2.0 * tokens * kTopK * (3.0 * kInter * kHidden);
   const double tflops = flops / (us * 1e-6) / 1e12;
-  std::printf("tokens %5d  %-15s%-14s %9.1f us (host issue %8.1f us)  %6.1f TFLOP/s  %5.1f%% of %g\n",
-              tokens, Name(way, chunk), same_routing ? " same-routing" : "", us, host, tflops,
-              100.0 * tflops / kPeakTflops, kPeakTflops);
+  std::printf(
+      "tokens %5d  %-15s%-14s %9.1f us (host issue %8.1f us)  %6.1f TFLOP/s  %5.1f%% of %g\n",
+      tokens, Name(way, chunk), same_routing ? " same-routing" : "", us, host, tflops,
+      100.0 * tflops / kPeakTflops, kPeakTflops);
   std::fflush(stdout);
   cudaEventDestroy(start);
   cudaEventDestroy(stop);

@@ -126,8 +126,8 @@ std::string CudaBackend::TakeOpTimingReport() {
                           e.second.seconds * 1e3, total > 0 ? 100 * e.second.seconds / total : 0);
   }
   for (const auto& e : phases) {
-    absl::StrAppendFormat(&out, "    (phase) %-30s %6d calls %10.3f ms\n", e.first,
-                          e.second.calls, e.second.seconds * 1e3);
+    absl::StrAppendFormat(&out, "    (phase) %-30s %6d calls %10.3f ms\n", e.first, e.second.calls,
+                          e.second.seconds * 1e3);
   }
   absl::StrAppendFormat(&out, "  %-18s %8s       %10.3f ms\n", "total", "", total * 1e3);
   op_totals_.clear();
@@ -540,13 +540,13 @@ bool CudaBackend::RoutedExperts(const RoutedExpertsArgs& a) {
   const bool chunked =
       !device_grouped && expert_gemm_algo_ == kernels::ExpertGemmCublasAlgo::kChunked;
   const int32_t row_align = chunked ? ChunkRowsFor(T * K / E) : 1;
-  const int64_t rows = std::max<int64_t>(
-      1, kernels::MoePermutedRowsBound(static_cast<int32_t>(T), static_cast<int32_t>(K), E,
-                                       row_align));
+  const int64_t rows =
+      std::max<int64_t>(1, kernels::MoePermutedRowsBound(static_cast<int32_t>(T),
+                                                         static_cast<int32_t>(K), E, row_align));
   if (!FitsInt(rows * std::max(H, 2 * I))) {
-    Record(absl::InvalidArgumentError(
-        absl::StrCat("CudaBackend::RoutedExperts: ", T, " tokens x top-", K,
-                     " is beyond int range for the expert GEMMs")));
+    Record(
+        absl::InvalidArgumentError(absl::StrCat("CudaBackend::RoutedExperts: ", T, " tokens x top-",
+                                                K, " is beyond int range for the expert GEMMs")));
     return true;
   }
   // Counts then offsets in one buffer, so the cuBLAS path copies both back at once.
@@ -644,8 +644,8 @@ bool CudaBackend::ExpertGemmsOnCublas(const RoutedExpertsArgs& a, const int32_t*
   } else if (!Check(cudaMemcpyAsync(gate_up.data(), a.gate_up, E * sizeof(void*),
                                     cudaMemcpyDeviceToHost, stream_),
                     "cudaMemcpyAsync(gate_up table)") ||
-             !Check(cudaMemcpyAsync(down.data(), a.down, E * sizeof(void*),
-                                    cudaMemcpyDeviceToHost, stream_),
+             !Check(cudaMemcpyAsync(down.data(), a.down, E * sizeof(void*), cudaMemcpyDeviceToHost,
+                                    stream_),
                     "cudaMemcpyAsync(down table)") ||
              !Check(cudaStreamSynchronize(stream_), "cudaStreamSynchronize")) {
     return false;
@@ -683,8 +683,7 @@ bool CudaBackend::ExpertGemmsOnCublas(const RoutedExpertsArgs& a, const int32_t*
                                       stream_),
             "kernels::SiluMulF32ToBf16");
     } else {
-      Check(kernels::SiluMulF32(act_rows, I, gate_up_out->as<float>(), act->as<float>(),
-                                stream_),
+      Check(kernels::SiluMulF32(act_rows, I, gate_up_out->as<float>(), act->as<float>(), stream_),
             "kernels::SiluMulF32");
     }
   }
@@ -710,8 +709,7 @@ bool CudaBackend::ExpertGemms(const kernels::ExpertGemmCublasParams& g, const ch
   }
   const std::string call = absl::StrCat(
       "kernels::ExpertGemmsCublas(", which, ", ",
-      expert_gemm_algo_ == kernels::ExpertGemmCublasAlgo::kChunked ? "chunked" : "per expert",
-      ")");
+      expert_gemm_algo_ == kernels::ExpertGemmCublasAlgo::kChunked ? "chunked" : "per expert", ")");
   return CheckBlas(st, call.c_str());
 }
 

@@ -6,8 +6,8 @@
 #include <algorithm>
 #include <cmath>
 #include <iostream>
-#include <random>
 #include <limits>
+#include <random>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -227,10 +227,10 @@ class RoutedExpertsTest : public CudaBackendTest {
     const bool cublas_path = !bf16 || T > CudaBackend::kMaxFusedMoeTokens;
     SCOPED_TRACE(::testing::Message()
                  << "tokens " << T << (bf16 ? " bf16" : " fp32") << " weights, "
-                 << (cublas_path ? (algo == kernels::ExpertGemmCublasAlgo::kChunked
-                                        ? "cuBLAS chunked"
-                                        : "cuBLAS per expert")
-                                 : "device grouped GEMM")
+                 << (cublas_path
+                         ? (algo == kernels::ExpertGemmCublasAlgo::kChunked ? "cuBLAS chunked"
+                                                                            : "cuBLAS per expert")
+                         : "device grouped GEMM")
                  << ", seed " << seed);
     std::mt19937 gen(seed);
     auto x = testing::RandomFloats(T * H, seed);
@@ -374,8 +374,8 @@ TEST_F(RoutedExpertsTest, DeviceGroupedPathMatchesPerTokenReference) {
 }
 
 TEST_F(RoutedExpertsTest, CublasPathMatchesPerTokenReference) {
-  for (auto algo : {kernels::ExpertGemmCublasAlgo::kChunked,
-                    kernels::ExpertGemmCublasAlgo::kPerExpert}) {
+  for (auto algo :
+       {kernels::ExpertGemmCublasAlgo::kChunked, kernels::ExpertGemmCublasAlgo::kPerExpert}) {
     for (int64_t T : {int64_t{CudaBackend::kMaxFusedMoeTokens} + 1, int64_t{4096}}) {
       Run(T, WeightDType::kBFloat16, algo);
     }
