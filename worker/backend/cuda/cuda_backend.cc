@@ -532,8 +532,13 @@ bool CudaBackend::RoutedExperts(const RoutedExpertsArgs& a) {
   // Decode and small prefills: everything stays on the device (no host synchronisation, so the
   // step can be captured in a CUDA graph). Larger batches: cuBLAS tensor-core GEMMs per expert,
   // fed with the group sizes through one small device-to-host copy.
+  // While the stream is being captured into a CUDA graph, the host copy of the cuBLAS path
+  // would fail the capture: take the device path then, at any size (correct, only slower).
+  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+  Check(cudaStreamIsCapturing(stream_, &capture), "cudaStreamIsCapturing");
   const bool device_grouped =
-      a.dtype == WeightDType::kBFloat16 && a.num_tokens <= kMaxFusedMoeTokens;
+      a.dtype == WeightDType::kBFloat16 &&
+      (a.num_tokens <= kMaxFusedMoeTokens || capture != cudaStreamCaptureStatusNone);
   OpTimer timer(this, device_grouped ? "RoutedExperts" : "RoutedExpertsCublas");
   const int64_t T = a.num_tokens, K = a.top_k, H = a.hidden_size, I = a.inter;
   const int32_t E = a.num_experts;

@@ -74,7 +74,8 @@ class CudaBackend : public Backend {
   // Any batch, bf16 or fp32 experts, one rank hosting them (up to kernels::kMaxMoeSlots):
   // device permutation (kernels::MoePermuteF32), expert GEMMs, SiLU-mul, and the per-token
   // gather combine (kernels::MoeCombineF32, k order, no atomics). The expert GEMMs:
-  //  * bf16 and at most kMaxFusedMoeTokens tokens (decode, small prefills):
+  //  * bf16 and at most kMaxFusedMoeTokens tokens (decode), or any bf16 batch while the stream
+  //    is being captured into a CUDA graph:
   //    kernels::GroupedGemmBf16, which reads the group offsets on the device: no host
   //    synchronisation (capturable in a CUDA graph);
   //  * otherwise: cuBLAS tensor-core GEMMs (kernels::ExpertGemmsCublas, expert_gemm_algo():
@@ -82,7 +83,9 @@ class CudaBackend : public Backend {
   //    ONE device-to-host copy of the group sizes; activations rounded to bf16 for bf16
   //    weights, as in Gemm.
   bool RoutedExperts(const RoutedExpertsArgs& args) override;
-  static constexpr int32_t kMaxFusedMoeTokens = 512;
+  // The chunked cuBLAS GEMMs were faster from 128 tokens on (the smallest size measured,
+  // docs/kernels.md); decode batches up to here keep the path without host synchronisation.
+  static constexpr int32_t kMaxFusedMoeTokens = 128;
   // How the large-batch path calls cuBLAS (default kChunked). For tests and benchmarks.
   void SetExpertGemmAlgo(kernels::ExpertGemmCublasAlgo algo) { expert_gemm_algo_ = algo; }
   kernels::ExpertGemmCublasAlgo expert_gemm_algo() const { return expert_gemm_algo_; }

@@ -367,8 +367,8 @@ class RoutedExpertsTest : public CudaBackendTest {
 };
 
 TEST_F(RoutedExpertsTest, DeviceGroupedPathMatchesPerTokenReference) {
-  for (int64_t T : {int64_t{1}, int64_t{3}, int64_t{40}, int64_t{300},
-                    int64_t{CudaBackend::kMaxFusedMoeTokens}}) {
+  for (int64_t T :
+       {int64_t{1}, int64_t{3}, int64_t{40}, int64_t{CudaBackend::kMaxFusedMoeTokens}}) {
     Run(T, WeightDType::kBFloat16, kernels::ExpertGemmCublasAlgo::kChunked);
   }
 }
@@ -376,7 +376,7 @@ TEST_F(RoutedExpertsTest, DeviceGroupedPathMatchesPerTokenReference) {
 TEST_F(RoutedExpertsTest, CublasPathMatchesPerTokenReference) {
   for (auto algo :
        {kernels::ExpertGemmCublasAlgo::kChunked, kernels::ExpertGemmCublasAlgo::kPerExpert}) {
-    for (int64_t T : {int64_t{CudaBackend::kMaxFusedMoeTokens} + 1, int64_t{4096}}) {
+    for (int64_t T : {int64_t{CudaBackend::kMaxFusedMoeTokens} + 1, int64_t{513}, int64_t{4096}}) {
       Run(T, WeightDType::kBFloat16, algo);
     }
     for (int64_t T : {int64_t{1}, int64_t{300}, int64_t{513}, int64_t{4096}}) {
