@@ -34,6 +34,17 @@ __global__ void SiluMulKernel(int64_t rows, int64_t inter, const float* x, float
   }
 }
 
+__global__ void SiluMulToBf16Kernel(int64_t rows, int64_t inter, const float* x, uint16_t* out) {
+  const int64_t n = rows * inter;
+  for (int64_t i = blockIdx.x * int64_t{kThreads} + threadIdx.x; i < n;
+       i += int64_t{gridDim.x} * kThreads) {
+    const int64_t r = i / inter, c = i % inter;
+    const float g = x[r * 2 * inter + c];
+    const float u = x[r * 2 * inter + inter + c];
+    out[i] = __bfloat16_as_ushort(__float2bfloat16_rn(g / (1.0f + expf(-g)) * u));
+  }
+}
+
 __global__ void RoundToBf16Kernel(int64_t n, const float* x, uint16_t* out) {
   for (int64_t i = blockIdx.x * int64_t{kThreads} + threadIdx.x; i < n;
        i += int64_t{gridDim.x} * kThreads) {
@@ -59,6 +70,13 @@ cudaError_t SiluMulF32(int64_t rows, int64_t inter, const float* x, float* out,
                        cudaStream_t stream) {
   if (rows <= 0 || inter <= 0) return cudaSuccess;
   SiluMulKernel<<<GridFor(rows * inter), kThreads, 0, stream>>>(rows, inter, x, out);
+  return cudaGetLastError();
+}
+
+cudaError_t SiluMulF32ToBf16(int64_t rows, int64_t inter, const float* x, uint16_t* out,
+                             cudaStream_t stream) {
+  if (rows <= 0 || inter <= 0) return cudaSuccess;
+  SiluMulToBf16Kernel<<<GridFor(rows * inter), kThreads, 0, stream>>>(rows, inter, x, out);
   return cudaGetLastError();
 }
 

@@ -18,6 +18,11 @@ cudaError_t AddF32(int64_t n, const float* a, const float* b, float* out, cudaSt
 cudaError_t SiluMulF32(int64_t rows, int64_t inter, const float* x, float* out,
                        cudaStream_t stream);
 
+// SiluMulF32 with the result rounded to bf16 (nearest even) in the same pass: the activation
+// operand of a bf16 down-projection GEMM, without an fp32 intermediate in memory.
+cudaError_t SiluMulF32ToBf16(int64_t rows, int64_t inter, const float* x, uint16_t* out,
+                             cudaStream_t stream);
+
 // out[i] = bf16 bits of x[i], rounded to nearest even (as worker/backend/bf16.h on the host).
 cudaError_t RoundF32ToBf16(int64_t n, const float* x, uint16_t* out, cudaStream_t stream);
 

@@ -2,6 +2,7 @@
 // RoundF32ToBf16 against the host rounding of worker/backend/bf16.h.
 #include "kernels/activation/elementwise.h"
 
+#include <cstdlib>
 #include <vector>
 
 #include "gtest/gtest.h"
@@ -55,6 +56,43 @@ TEST(ElementwiseKernelTest, SiluMulMatchesCpuBackend) {
       DEEPINFER_CUDA_OK(dout.Download(&got));
       // expf differs from glibc's by up to 2 ulp.
       EXPECT_TRUE(AllClose(got, want, 1e-6, 2e-6));
+    }
+  }
+}
+
+// The fused SiLU-mul + bf16 rounding: bit for bit what SiluMulF32 then RoundF32ToBf16 give
+// (each checked against the host above and below), and within one bf16 step of the CPU
+// backend's SiluMul rounded on the host (expf may differ by 2 fp32 ulp, which can move a value
+// across a bf16 rounding boundary).
+TEST(ElementwiseKernelTest, SiluMulToBf16MatchesSiluMulThenRounding) {
+  DEEPINFER_SKIP_WITHOUT_GPU();
+  CpuBackend cpu(2);
+  for (int64_t inter : {3, 1408}) {
+    for (int64_t rows : {1, 130}) {
+      const uint32_t seed = testing::FreshSeed();
+      SCOPED_TRACE(::testing::Message()
+                   << "inter " << inter << " rows " << rows << " seed " << seed);
+      auto x = testing::RandomFloats(rows * 2 * inter, seed, 4.0f);
+      std::vector<float> cpu_out(rows * inter);
+      cpu.SiluMul(rows, inter, x.data(), cpu_out.data());
+      DeviceArray<float> dx(x), dact(rows * inter);
+      DeviceArray<uint16_t> dout(rows * inter), dwant(rows * inter);
+      dout.Poison();
+      DEEPINFER_CUDA_OK(kernels::SiluMulF32ToBf16(rows, inter, dx.get(), dout.get(), nullptr));
+      DEEPINFER_CUDA_OK(kernels::SiluMulF32(rows, inter, dx.get(), dact.get(), nullptr));
+      DEEPINFER_CUDA_OK(kernels::RoundF32ToBf16(rows * inter, dact.get(), dwant.get(), nullptr));
+      std::vector<uint16_t> got, want;
+      DEEPINFER_CUDA_OK(dout.Download(&got));
+      DEEPINFER_CUDA_OK(dwant.Download(&want));
+      EXPECT_EQ(got, want);
+      int far = 0;
+      for (size_t i = 0; i < got.size(); ++i) {
+        const int host = FloatToBf16Bits(cpu_out[i]);
+        if (std::abs(static_cast<int>(got[i]) - host) > 1 && ++far <= 5) {
+          ADD_FAILURE() << "element " << i << ": got bf16 bits " << got[i] << ", host " << host;
+        }
+      }
+      EXPECT_EQ(far, 0);
     }
   }
 }

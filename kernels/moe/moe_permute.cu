@@ -5,6 +5,8 @@
 // slots inside the 32 with __match_any_sync. No global atomics, so rows are deterministic.
 // One block suffices: decode has a few hundred choices, prefill tens of thousands (a few
 // microseconds either way, far below the expert GEMMs).
+#include <cuda_bf16.h>
+
 #include "kernels/moe/moe_permute.h"
 
 namespace deepinfer {
@@ -55,9 +57,12 @@ __global__ void __launch_bounds__(kPlanThreads) PermutePlanKernel(MoePermutePara
     slot_total[s] = total;
     p.slot_counts[s] = total;
   }
-  // Inclusive scan over slots (Hillis-Steele, double-buffered), then shift to exclusive.
+  // Inclusive scan over slots of the padded sizes (Hillis-Steele, double-buffered), then shift
+  // to exclusive.
+  const int padded = (total + p.row_align - 1) / p.row_align * p.row_align;
+  if (s < S) slot_total[s] = padded;
   int buf = 0;
-  if (s < kMaxMoeSlots) scan[0][s] = s < S ? total : 0;
+  if (s < kMaxMoeSlots) scan[0][s] = s < S ? padded : 0;
   __syncthreads();
   for (int d = 1; d < kMaxMoeSlots; d *= 2) {
     if (s < kMaxMoeSlots) scan[buf ^ 1][s] = scan[buf][s] + (s >= d ? scan[buf][s - d] : 0);
@@ -107,6 +112,55 @@ __global__ void __launch_bounds__(kGatherThreads)
   }
 }
 
+__device__ __forceinline__ unsigned Bf16x2Bits(float lo, float hi) {
+  return static_cast<unsigned>(__bfloat16_as_ushort(__float2bfloat16_rn(lo))) |
+         (static_cast<unsigned>(__bfloat16_as_ushort(__float2bfloat16_rn(hi))) << 16);
+}
+
+// The same gather, rounding to bf16 on the way (vec4: 4 floats in, 8 bytes out per step).
+__global__ void __launch_bounds__(kGatherThreads)
+    GatherBf16Kernel(int64_t hidden_size, bool vec4, const float* hidden, const int32_t* rows_total,
+                     const int32_t* row_token, uint16_t* out) {
+  const int row = blockIdx.x;
+  if (row >= *rows_total) return;
+  const int64_t t = row_token[row];
+  if (vec4) {
+    const float4* src = reinterpret_cast<const float4*>(hidden + t * hidden_size);
+    uint2* dst = reinterpret_cast<uint2*>(out + row * hidden_size);
+    for (int64_t c = threadIdx.x; c < hidden_size / 4; c += kGatherThreads) {
+      const float4 v = src[c];
+      dst[c] = make_uint2(Bf16x2Bits(v.x, v.y), Bf16x2Bits(v.z, v.w));
+    }
+  } else {
+    const float* src = hidden + t * hidden_size;
+    uint16_t* dst = out + row * hidden_size;
+    for (int64_t c = threadIdx.x; c < hidden_size; c += kGatherThreads) {
+      dst[c] = __bfloat16_as_ushort(__float2bfloat16_rn(src[c]));
+    }
+  }
+}
+
+// The gather for padded layouts (row_align > 1): one block per choice, to its row (gap rows
+// have no source token, so the row-major gather above cannot be used). T: float or uint16_t
+// (bf16, rounded to nearest even).
+template <typename T>
+__global__ void __launch_bounds__(kGatherThreads)
+    GatherByChoiceKernel(int64_t hidden_size, int top_k, const float* hidden,
+                         const int32_t* choice_row, T* out) {
+  const int64_t i = blockIdx.x;
+  const int row = choice_row[i];
+  if (row < 0) return;
+  const float* src = hidden + (i / top_k) * hidden_size;
+  T* dst = out + row * hidden_size;
+  for (int64_t c = threadIdx.x; c < hidden_size; c += kGatherThreads) {
+    if constexpr (sizeof(T) == 2) {
+      dst[c] = __bfloat16_as_ushort(__float2bfloat16_rn(src[c]));
+    } else {
+      dst[c] = src[c];
+    }
+  }
+}
+
 // One block (x) per token, threads over columns. __fmul_rn / __fadd_rn keep nvcc from fusing
 // the product and the sum into an FMA, which would round differently from the reference.
 __global__ void __launch_bounds__(kCombineThreads) CombineKernel(MoeCombineParams p) {
@@ -127,15 +181,35 @@ __global__ void __launch_bounds__(kCombineThreads) CombineKernel(MoeCombineParam
 
 cudaError_t MoePermuteF32(const MoePermuteParams& p, cudaStream_t stream) {
   if (p.num_slots < 1 || p.num_slots > kMaxMoeSlots || p.num_tokens < 0 || p.top_k < 0 ||
-      p.num_experts < 0 || p.hidden_size < 0) {
+      p.num_experts < 0 || p.hidden_size < 0 || p.row_align < 1) {
     return cudaErrorInvalidValue;
   }
   const int64_t choices = int64_t{p.num_tokens} * p.top_k;
-  if (choices >= (int64_t{1} << 31)) return cudaErrorInvalidValue;
+  if (MoePermutedRowsBound(p.num_tokens, p.top_k, p.num_slots, p.row_align) >= (int64_t{1} << 31)) {
+    return cudaErrorInvalidValue;
+  }
   const size_t shared = sizeof(int) * kPlanWarps * p.num_slots;
   PermutePlanKernel<<<1, kPlanThreads, shared, stream>>>(p);
   cudaError_t err = cudaGetLastError();
   if (err != cudaSuccess || choices == 0 || p.hidden_size == 0) return err;
+  if (p.row_align > 1) {
+    if (p.permuted_hidden_bf16 != nullptr) {
+      GatherByChoiceKernel<uint16_t><<<static_cast<unsigned>(choices), kGatherThreads, 0, stream>>>(
+          p.hidden_size, p.top_k, p.hidden, p.choice_row, p.permuted_hidden_bf16);
+    } else {
+      GatherByChoiceKernel<float><<<static_cast<unsigned>(choices), kGatherThreads, 0, stream>>>(
+          p.hidden_size, p.top_k, p.hidden, p.choice_row, p.permuted_hidden);
+    }
+    return cudaGetLastError();
+  }
+  if (p.permuted_hidden_bf16 != nullptr) {
+    const bool vec4 = p.hidden_size % 4 == 0 && reinterpret_cast<uintptr_t>(p.hidden) % 16 == 0 &&
+                      reinterpret_cast<uintptr_t>(p.permuted_hidden_bf16) % 8 == 0;
+    GatherBf16Kernel<<<static_cast<unsigned>(choices), kGatherThreads, 0, stream>>>(
+        p.hidden_size, vec4, p.hidden, p.slot_offsets + p.num_slots, p.row_token,
+        p.permuted_hidden_bf16);
+    return cudaGetLastError();
+  }
   const bool vec4 = p.hidden_size % 4 == 0 && reinterpret_cast<uintptr_t>(p.hidden) % 16 == 0 &&
                     reinterpret_cast<uintptr_t>(p.permuted_hidden) % 16 == 0;
   GatherKernel<<<static_cast<unsigned>(choices), kGatherThreads, 0, stream>>>(

@@ -32,7 +32,23 @@ struct MoePermuteParams {
   int32_t* choice_row = nullptr;     // [num_tokens, top_k]: row of the choice, or -1
   int32_t* row_token = nullptr;      // [num_tokens * top_k]: source token of each row
   float* permuted_hidden = nullptr;  // [num_tokens * top_k, hidden_size]
+  // If set, the gathered rows are written here instead, rounded to bf16 (nearest even; the
+  // operand of a bf16 GEMM), and permuted_hidden is not used (may be null).
+  uint16_t* permuted_hidden_bf16 = nullptr;  // [num_tokens * top_k, hidden_size]
+  // Every slot starts at a multiple of row_align (>= 1): slot s owns rows [slot_offsets[s],
+  // slot_offsets[s] + slot_counts[s]), then padding rows up to the next multiple, which no
+  // choice maps to and nothing writes (row_token / permuted rows there stay as they were).
+  // slot_offsets[num_slots] is the padded total, at most num_tokens * top_k +
+  // num_slots * (row_align - 1): size the row buffers for that. Lets a GEMM take each slot in
+  // whole tiles of row_align rows (kernels::ExpertGemmsCublas kChunked).
+  int32_t row_align = 1;
 };
+
+// Upper bound of slot_offsets[num_slots] (the row buffers' size) for these sizes.
+inline int64_t MoePermutedRowsBound(int32_t num_tokens, int32_t top_k, int32_t num_slots,
+                                    int32_t row_align) {
+  return int64_t{num_tokens} * top_k + int64_t{num_slots} * (row_align - 1);
+}
 
 // Rows are grouped by slot in ascending slot order and, inside a slot, ordered by (token, k):
 // the result is deterministic and equals MoePermuteReference. A choice whose expert id is out
@@ -40,7 +56,7 @@ struct MoePermuteParams {
 // rows = slot_offsets[num_slots] <= num_tokens * top_k, and row_token / permuted_hidden
 // entries at or beyond rows are left untouched. Two launches on `stream` (plan: one block;
 // gather: one block per possible row, those beyond `rows` exit). cudaErrorInvalidValue for
-// num_slots outside 1..kMaxMoeSlots, negative sizes, or num_tokens * top_k >= 2^31.
+// num_slots outside 1..kMaxMoeSlots, negative sizes, row_align < 1, or a row bound >= 2^31.
 cudaError_t MoePermuteF32(const MoePermuteParams& params, cudaStream_t stream);
 
 struct MoeCombineParams {

@@ -122,6 +122,39 @@ void CheckPermuteAndCombine(int32_t tokens, int32_t top_k, int32_t experts, int3
     ASSERT_TRUE(std::isnan(permuted[i])) << "row " << i / hidden_size << " beyond rows written";
   }
 
+  // The bf16 gather (the operand of the cuBLAS expert GEMMs): the same rows, each value rounded
+  // to nearest even as the host reference rounds it; nothing written past `rows`.
+  {
+    DeviceArray<uint16_t> permuted16(r.ids.size() * hidden_size);
+    permuted16.Poison();
+    kernels::MoePermuteParams p;
+    p.num_tokens = r.tokens;
+    p.top_k = r.top_k;
+    p.num_experts = r.experts;
+    p.num_slots = r.slots;
+    p.topk_ids = dids.get();
+    p.slot_of_expert = dmap.get();
+    p.hidden_size = hidden_size;
+    p.hidden = dhidden.get();
+    p.slot_counts = d.counts.get();
+    p.slot_offsets = d.offsets.get();
+    p.choice_row = d.choice_row.get();
+    p.row_token = d.row_token.get();
+    p.permuted_hidden = nullptr;
+    p.permuted_hidden_bf16 = permuted16.get();
+    DEEPINFER_CUDA_OK(kernels::MoePermuteF32(p, nullptr));
+    std::vector<uint16_t> got16;
+    DEEPINFER_CUDA_OK(permuted16.Download(&got16));
+    size_t wrong = 0;
+    for (size_t i = 0; i < size_t(rows) * hidden_size; ++i) {
+      wrong += got16[i] != kernels::FloatToBf16(want.permuted_hidden[i]);
+    }
+    EXPECT_EQ(wrong, 0u) << "bf16 gather differs from the rounded reference rows";
+    for (size_t i = size_t(rows) * hidden_size; i < got16.size(); ++i) {
+      ASSERT_EQ(got16[i], 0xFFFF) << "bf16 row " << i / hidden_size << " beyond rows written";
+    }
+  }
+
   // Combine: bit for bit, into a non-zero output.
   const auto expert_out = testing::RandomFloats(std::max(rows, 1) * hidden_size, seed + 2);
   const auto out0 = testing::RandomFloats(size_t(tokens) * hidden_size, seed + 3);
@@ -145,6 +178,113 @@ void CheckPermuteAndCombine(int32_t tokens, int32_t top_k, int32_t experts, int3
   for (size_t i = 0; i < got_out.size(); ++i)
     differ += std::memcmp(&got_out[i], &want_out[i], 4) != 0;
   EXPECT_EQ(differ, 0u) << "combine elements not bit-identical to the reference";
+}
+
+// row_align > 1 (the chunked cuBLAS path's layout): the reference permutation with each slot
+// moved to a start padded to a multiple of `align`; gap rows are never written.
+void CheckPaddedPermute(int32_t tokens, int32_t top_k, int32_t experts, int32_t hosted,
+                        int invalid_every, int64_t hidden_size, int32_t align, bool bf16) {
+  const uint32_t seed = testing::FreshSeed();
+  SCOPED_TRACE(::testing::Message() << "tokens " << tokens << " top_k " << top_k << " slots "
+                                    << hosted << " hidden " << hidden_size << " row_align " << align
+                                    << (bf16 ? " bf16" : " fp32") << " seed " << seed);
+  const Routing r = MakeRouting(tokens, top_k, experts, hosted, invalid_every, seed);
+  const auto hidden = testing::RandomFloats(size_t(tokens) * hidden_size, seed + 1);
+  const kernels::MoePermutation want =
+      kernels::MoePermuteReference(tokens, top_k, experts, hosted, r.ids.data(),
+                                   r.slot_of_expert.data(), hidden_size, hidden.data());
+  std::vector<int32_t> padded(hosted + 1, 0);
+  for (int32_t s = 0; s < hosted; ++s) {
+    padded[s + 1] = padded[s] + (want.slot_counts[s] + align - 1) / align * align;
+  }
+  const int64_t bound = kernels::MoePermutedRowsBound(tokens, top_k, hosted, align);
+  ASSERT_LE(padded[hosted], bound);
+  // Reference row -> padded row.
+  std::vector<int32_t> moved(std::max<int32_t>(want.slot_offsets.back(), 1), -1);
+  for (int32_t s = 0; s < hosted; ++s) {
+    for (int32_t q = want.slot_offsets[s]; q < want.slot_offsets[s + 1]; ++q) {
+      moved[q] = q - want.slot_offsets[s] + padded[s];
+    }
+  }
+  DeviceArray<float> dhidden(hidden);
+  DeviceArray<int32_t> dids(r.ids), dmap(r.slot_of_expert);
+  DeviceArray<int32_t> counts(hosted), offsets(hosted + 1), choice_row(r.ids.size()),
+      row_token(std::max<int64_t>(bound, 1));
+  DeviceArray<float> out32(std::max<int64_t>(bound, 1) * hidden_size);
+  DeviceArray<uint16_t> out16(std::max<int64_t>(bound, 1) * hidden_size);
+  for (auto* a : {&counts, &offsets, &choice_row, &row_token}) a->Poison();
+  out32.Poison();
+  out16.Poison();
+  kernels::MoePermuteParams p;
+  p.num_tokens = tokens;
+  p.top_k = top_k;
+  p.num_experts = experts;
+  p.num_slots = hosted;
+  p.topk_ids = dids.get();
+  p.slot_of_expert = dmap.get();
+  p.hidden_size = hidden_size;
+  p.hidden = dhidden.get();
+  p.slot_counts = counts.get();
+  p.slot_offsets = offsets.get();
+  p.choice_row = choice_row.get();
+  p.row_token = row_token.get();
+  if (bf16) {
+    p.permuted_hidden_bf16 = out16.get();
+  } else {
+    p.permuted_hidden = out32.get();
+  }
+  p.row_align = align;
+  DEEPINFER_CUDA_OK(kernels::MoePermuteF32(p, nullptr));
+  std::vector<int32_t> got_counts, got_offsets, got_choice, got_token;
+  DEEPINFER_CUDA_OK(counts.Download(&got_counts));
+  DEEPINFER_CUDA_OK(offsets.Download(&got_offsets));
+  DEEPINFER_CUDA_OK(choice_row.Download(&got_choice));
+  DEEPINFER_CUDA_OK(row_token.Download(&got_token));
+  EXPECT_EQ(got_counts, want.slot_counts);
+  EXPECT_EQ(got_offsets, padded);
+  std::vector<int32_t> want_choice(want.choice_row.size()), want_token(got_token.size(), -1);
+  for (size_t i = 0; i < want.choice_row.size(); ++i) {
+    want_choice[i] = want.choice_row[i] < 0 ? -1 : moved[want.choice_row[i]];
+  }
+  for (int32_t q = 0; q < want.slot_offsets.back(); ++q) want_token[moved[q]] = want.row_token[q];
+  EXPECT_EQ(got_choice, want_choice);
+  EXPECT_EQ(got_token, want_token);  // gap rows keep the poison (-1)
+  size_t wrong = 0, gap_written = 0;
+  std::vector<bool> real(std::max<int64_t>(bound, 1), false);
+  for (int32_t q = 0; q < want.slot_offsets.back(); ++q) real[moved[q]] = true;
+  if (bf16) {
+    std::vector<uint16_t> got;
+    DEEPINFER_CUDA_OK(out16.Download(&got));
+    for (int32_t q = 0; q < want.slot_offsets.back(); ++q) {
+      for (int64_t c = 0; c < hidden_size; ++c) {
+        wrong += got[moved[q] * hidden_size + c] !=
+                 kernels::FloatToBf16(want.permuted_hidden[q * hidden_size + c]);
+      }
+    }
+    for (size_t i = 0; i < got.size(); ++i)
+      gap_written += !real[i / hidden_size] && got[i] != 0xFFFF;
+  } else {
+    std::vector<float> got;
+    DEEPINFER_CUDA_OK(out32.Download(&got));
+    for (int32_t q = 0; q < want.slot_offsets.back(); ++q) {
+      wrong += std::memcmp(&got[moved[q] * hidden_size], &want.permuted_hidden[q * hidden_size],
+                           hidden_size * sizeof(float)) != 0;
+    }
+    for (size_t i = 0; i < got.size(); ++i) {
+      gap_written += !real[i / hidden_size] && !std::isnan(got[i]);
+    }
+  }
+  EXPECT_EQ(wrong, 0u) << "gathered rows differ from the reference";
+  EXPECT_EQ(gap_written, 0u) << "padding rows were written";
+}
+
+TEST(MoePermuteTest, PaddedRowsForChunkedGemms) {
+  DEEPINFER_SKIP_WITHOUT_GPU();
+  CheckPaddedPermute(1, 6, 64, 64, 0, 2048, 64, /*bf16=*/true);
+  CheckPaddedPermute(700, 6, 64, 64, 0, 256, 128, /*bf16=*/true);
+  CheckPaddedPermute(333, 8, 256, 100, 37, 70, 16, /*bf16=*/false);  // subset, invalid ids
+  CheckPaddedPermute(4099, 8, 512, kernels::kMaxMoeSlots, 0, 64, 256, /*bf16=*/true);
+  CheckPaddedPermute(0, 6, 64, 64, 0, 32, 64, /*bf16=*/false);
 }
 
 TEST(MoePermuteTest, DecodeOneToken) {
@@ -181,6 +321,10 @@ TEST(MoePermuteTest, RejectsBadSizes) {
   p.num_slots = 4;
   p.num_tokens = 1 << 20;
   p.top_k = 1 << 12;
+  EXPECT_EQ(kernels::MoePermuteF32(p, nullptr), cudaErrorInvalidValue);
+  p.num_tokens = 4;
+  p.top_k = 2;
+  p.row_align = 0;
   EXPECT_EQ(kernels::MoePermuteF32(p, nullptr), cudaErrorInvalidValue);
   kernels::MoeCombineParams c;
   c.hidden_size = -1;

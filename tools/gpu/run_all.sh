@@ -76,6 +76,9 @@ if want kbench && [[ -x "$here/bin/sampling_bench" ]]; then
   step sampling_bench 120 "$here/bin/sampling_bench"
   cp "$logs/sampling_bench.log" "$OUT/sampling_bench.txt"
 fi
+if want kbench && [[ -x "$here/bin/moe_prefill_bench" ]]; then
+  step moe_prefill_bench 120 "$here/bin/moe_prefill_bench"
+fi
 if want bench && [[ -x "$here/bin/deepinfer-bench" && -f "$here/bench_cases.sh" ]]; then
   step bench 300 bash "$here/bench_cases.sh" "$here" "${BENCH_MODE:-full}"
 fi

@@ -134,6 +134,10 @@ struct RoutedExpertsArgs {
   const int32_t* slot_of_expert = nullptr;  // device [num_experts]: expert e's slot
   const void* const* gate_up = nullptr;    // device [num_experts] pointers, [2*inter, hidden] each
   const void* const* down = nullptr;       // device [num_experts] pointers, [hidden, inter] each
+  // The same two tables in host memory (optional): a backend whose large-batch path needs the
+  // pointers on the host reads them here instead of copying the device tables back.
+  const void* const* gate_up_host = nullptr;
+  const void* const* down_host = nullptr;
   WeightDType dtype = WeightDType::kFloat32;  // of the expert matrices
   float* out = nullptr;                    // [tokens, hidden_size], overwritten
 };
@@ -188,9 +192,10 @@ class Backend {
                            const std::vector<WeightView>& weights, int64_t n, int64_t k,
                            const float* a, float* c) = 0;
   // out[t] = sum over k of topk_weights[t, k] * expert_{topk_ids[t, k]}(hidden[t]), summed in k
-  // order (as LocalExpertDispatcher::Combine does), computed without copying the routing to the
-  // host. Returns false, doing nothing, when the backend has no such path for these arguments;
-  // the caller then goes through its ExpertDispatcher and GroupedGemm.
+  // order (as LocalExpertDispatcher::Combine does), without copying the routing to the host
+  // (a backend may copy the per-expert row counts back for large batches). Returns false,
+  // doing nothing, when the backend has no such path for these arguments; the caller then goes
+  // through its ExpertDispatcher and GroupedGemm.
   virtual bool RoutedExperts(const RoutedExpertsArgs& args) { return false; }
   // out[r, :] = x[r, :] / rms(x[r, :]) * weight (statistics in fp32). out may alias x.
   virtual void RmsNorm(int64_t rows, int64_t dim, const float* x, int64_t ldx, const float* weight,

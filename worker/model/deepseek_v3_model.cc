@@ -98,11 +98,14 @@ std::vector<std::vector<int64_t>> DeepseekV3Model::MissingExperts(
 }
 
 // One rank with every expert: device tables for Backend::RoutedExperts (expert e in slot e),
-// rebuilt whenever the experts' buffers may have changed (a placement switch).
+// rebuilt whenever the experts' buffers may have changed (a placement switch). bf16 weights
+// only: fp32 is the parity mode, and there the dispatcher path keeps one rank bit-identical to
+// expert parallelism (same GEMM calls, same combine order; ep_expert_dispatcher_gpu_test).
 void DeepseekV3Model::BuildExpertTables() {
   expert_tables_.clear();
   const int64_t E = config_.n_routed_experts;
   if (dispatcher_ != nullptr && dispatcher_->single_rank() &&
+      weights_->matrix_dtype == WeightDType::kBFloat16 &&
       static_cast<int64_t>(dispatcher_->local_experts(0).size()) == E) {
     std::vector<int32_t> slots(E);
     for (int64_t e = 0; e < E; ++e) slots[e] = static_cast<int32_t>(e);
@@ -122,6 +125,8 @@ void DeepseekV3Model::BuildExpertTables() {
       t.down = backend_->Allocate(E * sizeof(void*));
       backend_->CopyToDevice(gate_up.data(), E * sizeof(void*), t.gate_up->data());
       backend_->CopyToDevice(down.data(), E * sizeof(void*), t.down->data());
+      t.gate_up_host = std::move(gate_up);
+      t.down_host = std::move(down);
     }
   }
 }
@@ -504,6 +509,8 @@ bool DeepseekV3Model::RoutedExpertsOnDevice(int64_t layer, int64_t rows, const f
   a.slot_of_expert = expert_slots_->as<int32_t>();
   a.gate_up = static_cast<const void* const*>(expert_tables_[layer].gate_up->data());
   a.down = static_cast<const void* const*>(expert_tables_[layer].down->data());
+  a.gate_up_host = expert_tables_[layer].gate_up_host.data();
+  a.down_host = expert_tables_[layer].down_host.data();
   a.dtype = weights_->matrix_dtype;
   a.out = out;
   return backend_->RoutedExperts(a);

@@ -121,6 +121,7 @@ class DeepseekV3Model {
   // expert -> slot map, and per MoE layer the experts' gate_up / down weight pointers.
   struct ExpertTables {
     std::unique_ptr<DeviceBuffer> gate_up, down;
+    std::vector<const void*> gate_up_host, down_host;  // the same pointers, on the host
   };
   std::unique_ptr<DeviceBuffer> expert_slots_;
   std::vector<ExpertTables> expert_tables_;

@@ -15,6 +15,7 @@
 #include "kernels/attention/mla_prefill.h"
 #include "kernels/embedding/rows.h"
 #include "kernels/moe/expert_counts.h"
+#include "kernels/moe/expert_gemm_cublas.h"
 #include "kernels/moe/grouped_gemm.h"
 #include "kernels/moe/moe_permute.h"
 #include "kernels/moe/noaux_tc_router.h"
@@ -49,6 +50,12 @@ class CudaBuffer : public DeviceBuffer {
 
 bool FitsInt(int64_t v) { return v >= 0 && v <= std::numeric_limits<int>::max(); }
 
+// Rows per chunk of the kChunked expert GEMMs for `avg_rows` rows per expert on average: the
+// padding (half a chunk per busy expert on average) against cuBLAS's tile efficiency. Measured
+// on the H200 at the Moonlight shape (moe_prefill_bench, docs/kernels.md): 64 was fastest up to
+// 48 rows per expert, 128 from 96 rows on (256 never clearly better).
+int32_t ChunkRowsFor(int64_t avg_rows) { return avg_rows < 96 ? 64 : 128; }
+
 }  // namespace
 
 class CudaBackend::OpTimer {
@@ -76,18 +83,52 @@ class CudaBackend::OpTimer {
   std::chrono::steady_clock::time_point start_;
 };
 
+// A phase inside a timed op (op timing on and `active`): synchronises around itself and adds
+// its time under its own name ("Op/phase"), which the report lists apart from the op totals.
+class CudaBackend::PhaseTimer {
+ public:
+  PhaseTimer(CudaBackend* b, const char* name, bool active)
+      : b_(b), name_(name), active_(active && b->op_timing_) {
+    if (!active_) return;
+    b_->Check(cudaStreamSynchronize(b_->stream_), "cudaStreamSynchronize");
+    start_ = std::chrono::steady_clock::now();
+  }
+  ~PhaseTimer() {
+    if (!active_) return;
+    b_->Check(cudaStreamSynchronize(b_->stream_), "cudaStreamSynchronize");
+    OpTotal& t = b_->op_totals_[name_];
+    ++t.calls;
+    t.seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count();
+  }
+
+ private:
+  CudaBackend* b_;
+  const char* name_;
+  bool active_;
+  std::chrono::steady_clock::time_point start_;
+};
+
 void CudaBackend::SetOpTiming(bool on) { op_timing_ = on; }
 
 std::string CudaBackend::TakeOpTimingReport() {
-  std::vector<std::pair<std::string, OpTotal>> v(op_totals_.begin(), op_totals_.end());
-  std::sort(v.begin(), v.end(),
-            [](const auto& a, const auto& b) { return a.second.seconds > b.second.seconds; });
+  // Ops, then the phases inside ops ("Op/phase", already counted in their op's time).
+  std::vector<std::pair<std::string, OpTotal>> v, phases;
+  for (const auto& e : op_totals_) {
+    (e.first.find('/') == std::string::npos ? v : phases).push_back(e);
+  }
+  auto by_time = [](const auto& a, const auto& b) { return a.second.seconds > b.second.seconds; };
+  std::sort(v.begin(), v.end(), by_time);
+  std::sort(phases.begin(), phases.end(), by_time);
   double total = 0;
   for (const auto& e : v) total += e.second.seconds;
   std::string out;
   for (const auto& e : v) {
     absl::StrAppendFormat(&out, "  %-18s %8d calls %10.3f ms %5.1f%%\n", e.first, e.second.calls,
                           e.second.seconds * 1e3, total > 0 ? 100 * e.second.seconds / total : 0);
+  }
+  for (const auto& e : phases) {
+    absl::StrAppendFormat(&out, "    (phase) %-30s %6d calls %10.3f ms\n", e.first, e.second.calls,
+                          e.second.seconds * 1e3);
   }
   absl::StrAppendFormat(&out, "  %-18s %8s       %10.3f ms\n", "total", "", total * 1e3);
   op_totals_.clear();
@@ -571,57 +612,95 @@ void CudaBackend::TopLogprobsRows(int64_t rows, int64_t vocab, const float* logi
 }
 
 bool CudaBackend::RoutedExperts(const RoutedExpertsArgs& a) {
-  if (a.dtype != WeightDType::kBFloat16 || a.num_tokens > kMaxFusedMoeTokens ||
-      a.num_experts > kernels::kMaxMoeSlots || a.hidden_size % 8 != 0 || a.inter % 8 != 0) {
+  if (a.num_experts < 1 || a.num_experts > kernels::kMaxMoeSlots || a.hidden_size % 8 != 0 ||
+      a.inter % 8 != 0 || a.num_tokens < 0 || a.top_k < 1) {
     return false;
   }
-  OpTimer timer(this, "RoutedExperts");
+  // Decode and small prefills: everything stays on the device (no host synchronisation, so the
+  // step can be captured in a CUDA graph). Larger batches: cuBLAS tensor-core GEMMs per expert,
+  // fed with the group sizes through one small device-to-host copy.
+  // While the stream is being captured into a CUDA graph, the host copy of the cuBLAS path
+  // would fail the capture: take the device path then, at any size (correct, only slower).
+  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+  Check(cudaStreamIsCapturing(stream_, &capture), "cudaStreamIsCapturing");
+  const bool device_grouped =
+      a.dtype == WeightDType::kBFloat16 &&
+      (a.num_tokens <= kMaxFusedMoeTokens || capture != cudaStreamCaptureStatusNone);
+  OpTimer timer(this, device_grouped ? "RoutedExperts" : "RoutedExpertsCublas");
   const int64_t T = a.num_tokens, K = a.top_k, H = a.hidden_size, I = a.inter;
-  const int64_t rows = std::max<int64_t>(1, T * K);
-  auto counts = Allocate(a.num_experts * sizeof(int32_t));
-  auto offsets = Allocate((a.num_experts + 1) * sizeof(int32_t));
-  auto choice_row = AllocateScratch(rows * sizeof(int32_t));
+  const int32_t E = a.num_experts;
+  const bool chunked =
+      !device_grouped && expert_gemm_algo_ == kernels::ExpertGemmCublasAlgo::kChunked;
+  const int32_t row_align = chunked ? ChunkRowsFor(T * K / E) : 1;
+  const int64_t rows =
+      std::max<int64_t>(1, kernels::MoePermutedRowsBound(static_cast<int32_t>(T),
+                                                         static_cast<int32_t>(K), E, row_align));
+  if (!FitsInt(rows * std::max(H, 2 * I))) {
+    Record(
+        absl::InvalidArgumentError(absl::StrCat("CudaBackend::RoutedExperts: ", T, " tokens x top-",
+                                                K, " is beyond int range for the expert GEMMs")));
+    return true;
+  }
+  // Counts then offsets in one buffer, so the cuBLAS path copies both back at once.
+  auto plan = Allocate((2 * E + 1) * sizeof(int32_t));
+  auto choice_row = AllocateScratch(std::max<int64_t>(1, T * K) * sizeof(int32_t));
   auto row_token = AllocateScratch(rows * sizeof(int32_t));
-  auto permuted = AllocateScratch(rows * H * sizeof(float));
+  // The cuBLAS path with bf16 weights gathers the rows straight into bf16 (its GEMM operand).
+  const bool gather_bf16 = !device_grouped && a.dtype == WeightDType::kBFloat16;
+  auto permuted = AllocateScratch(rows * H * (gather_bf16 ? sizeof(uint16_t) : sizeof(float)));
   kernels::MoePermuteParams p;
   p.num_tokens = static_cast<int32_t>(T);
   p.top_k = static_cast<int32_t>(K);
-  p.num_experts = a.num_experts;
-  p.num_slots = a.num_experts;
+  p.num_experts = E;
+  p.num_slots = E;
   p.topk_ids = a.topk_ids;
   p.slot_of_expert = a.slot_of_expert;
   p.hidden_size = H;
   p.hidden = a.hidden;
-  p.slot_counts = counts->as<int32_t>();
-  p.slot_offsets = offsets->as<int32_t>();
+  p.slot_counts = plan->as<int32_t>();
+  p.slot_offsets = plan->as<int32_t>() + E;
   p.choice_row = choice_row->as<int32_t>();
   p.row_token = row_token->as<int32_t>();
-  p.permuted_hidden = permuted->as<float>();
-  Check(kernels::MoePermuteF32(p, stream_), "kernels::MoePermuteF32");
+  if (gather_bf16) {
+    p.permuted_hidden_bf16 = permuted->as<uint16_t>();
+  } else {
+    p.permuted_hidden = permuted->as<float>();
+  }
+  p.row_align = row_align;
+  {
+    PhaseTimer phase(this, "RoutedExpertsCublas/permute", !device_grouped);
+    Check(kernels::MoePermuteF32(p, stream_), "kernels::MoePermuteF32");
+  }
 
-  auto gate_up = AllocateScratch(rows * 2 * I * sizeof(float));
-  kernels::GroupedGemmBf16Params g;
-  g.num_slots = a.num_experts;
-  g.max_rows = static_cast<int32_t>(T * K);
-  g.slot_offsets = offsets->as<int32_t>();
-  g.n = static_cast<int32_t>(2 * I);
-  g.k = static_cast<int32_t>(H);
-  g.x = permuted->as<float>();
-  g.weights = reinterpret_cast<const uint16_t* const*>(a.gate_up);
-  g.y = gate_up->as<float>();
-  g.rows_per_slot_hint = static_cast<int32_t>(T);  // a token's top-k experts are distinct
-  Check(kernels::GroupedGemmBf16(g, stream_), "kernels::GroupedGemmBf16(gate_up)");
-  auto act = AllocateScratch(rows * I * sizeof(float));
-  Check(kernels::SiluMulF32(T * K, I, gate_up->as<float>(), act->as<float>(), stream_),
-        "kernels::SiluMulF32");
   auto expert_out = AllocateScratch(rows * H * sizeof(float));
-  g.n = static_cast<int32_t>(H);
-  g.k = static_cast<int32_t>(I);
-  g.x = act->as<float>();
-  g.weights = reinterpret_cast<const uint16_t* const*>(a.down);
-  g.y = expert_out->as<float>();
-  Check(kernels::GroupedGemmBf16(g, stream_), "kernels::GroupedGemmBf16(down)");
+  if (device_grouped) {
+    auto gate_up = AllocateScratch(rows * 2 * I * sizeof(float));
+    kernels::GroupedGemmBf16Params g;
+    g.num_slots = E;
+    g.max_rows = static_cast<int32_t>(T * K);
+    g.slot_offsets = p.slot_offsets;
+    g.n = static_cast<int32_t>(2 * I);
+    g.k = static_cast<int32_t>(H);
+    g.x = permuted->as<float>();
+    g.weights = reinterpret_cast<const uint16_t* const*>(a.gate_up);
+    g.y = gate_up->as<float>();
+    g.rows_per_slot_hint = static_cast<int32_t>(T);  // a token's top-k experts are distinct
+    Check(kernels::GroupedGemmBf16(g, stream_), "kernels::GroupedGemmBf16(gate_up)");
+    auto act = AllocateScratch(rows * I * sizeof(float));
+    Check(kernels::SiluMulF32(T * K, I, gate_up->as<float>(), act->as<float>(), stream_),
+          "kernels::SiluMulF32");
+    g.n = static_cast<int32_t>(H);
+    g.k = static_cast<int32_t>(I);
+    g.x = act->as<float>();
+    g.weights = reinterpret_cast<const uint16_t* const*>(a.down);
+    g.y = expert_out->as<float>();
+    Check(kernels::GroupedGemmBf16(g, stream_), "kernels::GroupedGemmBf16(down)");
+  } else if (!ExpertGemmsOnCublas(a, plan->as<int32_t>(), row_align, rows, permuted->data(),
+                                  expert_out->as<float>())) {
+    return true;  // the error is recorded; the output is meaningless, as after any failed op
+  }
 
+  PhaseTimer phase(this, "RoutedExpertsCublas/combine", !device_grouped);
   Check(cudaMemsetAsync(a.out, 0, T * H * sizeof(float), stream_), "cudaMemsetAsync");
   kernels::MoeCombineParams c;
   c.num_tokens = static_cast<int32_t>(T);
@@ -633,6 +712,97 @@ bool CudaBackend::RoutedExperts(const RoutedExpertsArgs& a) {
   c.out = a.out;
   Check(kernels::MoeCombineF32(c, stream_), "kernels::MoeCombineF32");
   return true;
+}
+
+bool CudaBackend::ExpertGemmsOnCublas(const RoutedExpertsArgs& a, const int32_t* plan,
+                                      int32_t chunk_rows, int64_t rows, const void* permuted,
+                                      float* expert_out) {
+  const int64_t E = a.num_experts, H = a.hidden_size, I = a.inter;
+  // The one host synchronisation of this path: cuBLAS takes the group sizes on the host.
+  std::vector<int32_t> host_plan(2 * E + 1);  // counts [E] | offsets [E + 1]
+  {
+    PhaseTimer phase(this, "RoutedExpertsCublas/plan_to_host", true);
+    if (!Check(cudaMemcpyAsync(host_plan.data(), plan, host_plan.size() * sizeof(int32_t),
+                               cudaMemcpyDeviceToHost, stream_),
+               "cudaMemcpyAsync(expert counts)") ||
+        !Check(cudaStreamSynchronize(stream_), "cudaStreamSynchronize")) {
+      return false;
+    }
+  }
+  std::vector<const void*> gate_up(E), down(E);
+  if (a.gate_up_host != nullptr && a.down_host != nullptr) {
+    gate_up.assign(a.gate_up_host, a.gate_up_host + E);
+    down.assign(a.down_host, a.down_host + E);
+  } else if (!Check(cudaMemcpyAsync(gate_up.data(), a.gate_up, E * sizeof(void*),
+                                    cudaMemcpyDeviceToHost, stream_),
+                    "cudaMemcpyAsync(gate_up table)") ||
+             !Check(cudaMemcpyAsync(down.data(), a.down, E * sizeof(void*), cudaMemcpyDeviceToHost,
+                                    stream_),
+                    "cudaMemcpyAsync(down table)") ||
+             !Check(cudaStreamSynchronize(stream_), "cudaStreamSynchronize")) {
+    return false;
+  }
+  // bf16 weights: the activation operands are rounded to bf16 (the permutation did it for the
+  // hidden rows), as every bf16 GEMM of the backend.
+  const bool bf16 = a.dtype == WeightDType::kBFloat16;
+  const int64_t pointer_count = kernels::ExpertGemmPointerCount(rows, chunk_rows);
+  auto pointers = AllocateScratch(pointer_count * sizeof(void*));
+  auto gate_up_out = AllocateScratch(rows * 2 * I * sizeof(float));
+  kernels::ExpertGemmCublasParams g;
+  g.num_slots = static_cast<int32_t>(E);
+  g.host_counts = host_plan.data();
+  g.host_offsets = host_plan.data() + E;
+  g.host_weights = gate_up.data();
+  g.weight_type = bf16 ? CUDA_R_16BF : CUDA_R_32F;
+  g.n = static_cast<int32_t>(2 * I);
+  g.k = static_cast<int32_t>(H);
+  g.x = permuted;
+  g.y = gate_up_out->as<float>();
+  g.chunk_rows = chunk_rows;
+  g.device_pointers = static_cast<void**>(pointers->data());
+  g.device_pointers_size = pointer_count;
+  {
+    PhaseTimer phase(this, "RoutedExpertsCublas/gate_up", true);
+    if (!ExpertGemms(g, "gate_up")) return false;
+  }
+  // Padding rows (kChunked) go through SiLU-mul too: meaningless values nobody reads.
+  auto act = AllocateScratch(rows * I * (bf16 ? sizeof(uint16_t) : sizeof(float)));
+  {
+    PhaseTimer phase(this, "RoutedExpertsCublas/silu_mul", true);
+    const int64_t act_rows = host_plan[2 * E];  // padded total
+    if (bf16) {
+      Check(kernels::SiluMulF32ToBf16(act_rows, I, gate_up_out->as<float>(), act->as<uint16_t>(),
+                                      stream_),
+            "kernels::SiluMulF32ToBf16");
+    } else {
+      Check(kernels::SiluMulF32(act_rows, I, gate_up_out->as<float>(), act->as<float>(), stream_),
+            "kernels::SiluMulF32");
+    }
+  }
+  g.host_weights = down.data();
+  g.n = static_cast<int32_t>(H);
+  g.k = static_cast<int32_t>(I);
+  g.x = act->data();
+  g.y = expert_out;
+  PhaseTimer phase(this, "RoutedExpertsCublas/down", true);
+  return ExpertGemms(g, "down");
+}
+
+bool CudaBackend::ExpertGemms(const kernels::ExpertGemmCublasParams& g, const char* which) {
+  cublasStatus_t st = kernels::ExpertGemmsCublas(cublas_, g, expert_gemm_algo_);
+  if (st == CUBLAS_STATUS_NOT_SUPPORTED &&
+      expert_gemm_algo_ == kernels::ExpertGemmCublasAlgo::kChunked) {
+    // A cuBLAS without this batched type combination: per expert from now on (the padded
+    // layout of this call works for both).
+    LOG(WARNING) << "CudaBackend: cublasGemmBatchedEx refused the chunked expert GEMM; using "
+                    "one cuBLAS GEMM per expert";
+    expert_gemm_algo_ = kernels::ExpertGemmCublasAlgo::kPerExpert;
+    st = kernels::ExpertGemmsCublas(cublas_, g, expert_gemm_algo_);
+  }
+  const std::string call = absl::StrCat(
+      "kernels::ExpertGemmsCublas(", which, ", ",
+      expert_gemm_algo_ == kernels::ExpertGemmCublasAlgo::kChunked ? "chunked" : "per expert", ")");
+  return CheckBlas(st, call.c_str());
 }
 
 }  // namespace deepinfer

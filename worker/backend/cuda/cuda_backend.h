@@ -32,6 +32,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
+#include "kernels/moe/expert_gemm_cublas.h"
 #include "worker/backend/backend.h"
 
 namespace deepinfer {
@@ -70,11 +71,24 @@ class CudaBackend : public Backend {
   // with bf16 weights the activations are rounded once for all groups.
   void GroupedGemm(const std::vector<int64_t>& offsets, const std::vector<WeightView>& weights,
                    int64_t n, int64_t k, const float* a, float* c) override;
-  // bf16 experts and up to kMaxFusedMoeTokens tokens (decode, small prefills): device
-  // permutation, grouped bf16 GEMMs reading the group offsets from device memory, combine.
-  // Larger batches return false (per-expert cuBLAS GEMMs are faster for big groups).
+  // Any batch, bf16 or fp32 experts, one rank hosting them (up to kernels::kMaxMoeSlots):
+  // device permutation (kernels::MoePermuteF32), expert GEMMs, SiLU-mul, and the per-token
+  // gather combine (kernels::MoeCombineF32, k order, no atomics). The expert GEMMs:
+  //  * bf16 and at most kMaxFusedMoeTokens tokens (decode), or any bf16 batch while the stream
+  //    is being captured into a CUDA graph:
+  //    kernels::GroupedGemmBf16, which reads the group offsets on the device: no host
+  //    synchronisation (capturable in a CUDA graph);
+  //  * otherwise: cuBLAS tensor-core GEMMs (kernels::ExpertGemmsCublas, expert_gemm_algo():
+  //    by default each expert's rows in fixed chunks, all chunks in one batched call), after
+  //    ONE device-to-host copy of the group sizes; activations rounded to bf16 for bf16
+  //    weights, as in Gemm.
   bool RoutedExperts(const RoutedExpertsArgs& args) override;
-  static constexpr int32_t kMaxFusedMoeTokens = 512;
+  // The chunked cuBLAS GEMMs were faster from 128 tokens on (the smallest size measured,
+  // docs/kernels.md); decode batches up to here keep the path without host synchronisation.
+  static constexpr int32_t kMaxFusedMoeTokens = 128;
+  // How the large-batch path calls cuBLAS (default kChunked). For tests and benchmarks.
+  void SetExpertGemmAlgo(kernels::ExpertGemmCublasAlgo algo) { expert_gemm_algo_ = algo; }
+  kernels::ExpertGemmCublasAlgo expert_gemm_algo() const { return expert_gemm_algo_; }
   void RmsNorm(int64_t rows, int64_t dim, const float* x, int64_t ldx, const float* weight,
                float eps, float* out, int64_t ldout) override;
   void Add(int64_t n, const float* a, const float* b, float* out) override;
@@ -138,13 +152,23 @@ class CudaBackend : public Backend {
   // One GEMM of the Gemm layout on cuBLAS. a is fp32 for fp32 weights, bf16 bits otherwise.
   void GemmOnCublas(int64_t m, int64_t n, int64_t k, const void* a, int64_t lda, WeightView w,
                     int64_t ldw, float* c, int64_t ldc, bool accumulate);
+  // RoutedExperts' large-batch expert GEMMs (gate_up, SiLU-mul, down) on cuBLAS; false after
+  // recording an error.
+  // plan: device counts [E] | offsets [E + 1] of the permutation (rows padded to chunk_rows
+  // for kChunked); `rows` the row buffers' size; `permuted` the gathered rows in the weights'
+  // type (bf16 or fp32).
+  bool ExpertGemmsOnCublas(const RoutedExpertsArgs& a, const int32_t* plan, int32_t chunk_rows,
+                           int64_t rows, const void* permuted, float* expert_out);
+  // One kernels::ExpertGemmsCublas call with expert_gemm_algo_.
+  bool ExpertGemms(const kernels::ExpertGemmCublasParams& g, const char* which);
   // Rounds the `elements` fp32 values at a to bf16 into a new scratch buffer.
   std::unique_ptr<DeviceBuffer> RoundToBf16(const float* a, int64_t elements);
   // Records the first failure; returns false if `st` is an error.
   bool Record(const absl::Status& st);
   bool Check(cudaError_t err, const char* call);
   bool CheckBlas(cublasStatus_t st, const char* call);
-  class OpTimer;  // RAII guard of one op when op timing is on
+  class OpTimer;     // RAII guard of one op when op timing is on
+  class PhaseTimer;  // a phase inside an op ("Op/phase" in the report)
 
   struct OpTotal {
     int64_t calls = 0;
@@ -154,6 +178,8 @@ class CudaBackend : public Backend {
   int32_t mla_prefill_min_tokens_ = kMlaPrefillMinTokens;
   bool in_timed_op_ = false;  // GroupedGemm calls Gemm: count only the outer op
   std::map<std::string, OpTotal> op_totals_;
+
+  kernels::ExpertGemmCublasAlgo expert_gemm_algo_ = kernels::ExpertGemmCublasAlgo::kChunked;
 
   const int device_;
   const WeightDType weight_dtype_;
