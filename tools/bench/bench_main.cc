@@ -70,6 +70,13 @@ int main(int argc, char** argv) {
   flags.AddInt("op-timing-steps", &config.op_timing_steps,
                "CUDA: extra decode steps (and one prefill step) with per-op timing, reported\n"
                "apart from the throughput figures.");
+  flags.AddBool("cuda-graphs", &config.cuda_graphs,
+                "CUDA: replay decode steps from CUDA graphs recorded per batch-size bucket\n"
+                "(batches padded to 1 2 4 8 16 24 32 48 64 96 128 160 192 256 ...); off: every\n"
+                "op launched eagerly. Never used by the op-timed steps.");
+  flags.AddInt("cuda-graph-max-batch", &config.cuda_graph_max_batch,
+               "Largest decode batch run from a CUDA graph (the last bucket); larger batches\n"
+               "run eagerly.");
   flags.AddBool("json", &json, "Print one JSON object instead of the text report.");
   flags.AddString("csv", &csv, "Append one CSV row per request count (header if the file is new).");
   if (int rc = flags.ParseMain(argc, argv, "deepinfer-bench"); rc >= 0) return rc;
@@ -77,6 +84,11 @@ int main(int argc, char** argv) {
     std::cerr << "deepinfer-bench: --decode-num-requests must be a number or a comma list of "
                  "numbers, not '"
               << requests << "'\n";
+    return 2;
+  }
+  if (config.cuda_graph_max_batch < 1) {
+    std::cerr << "deepinfer-bench: --cuda-graph-max-batch must be >= 1, not "
+              << config.cuda_graph_max_batch << "\n";
     return 2;
   }
   if (load_format == "dummy") {

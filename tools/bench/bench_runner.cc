@@ -160,6 +160,10 @@ absl::StatusOr<BenchResult> RunBenchmark(const BenchConfig& bc) {
   auto model_or = Load(bc, backend->get());
   if (!model_or.ok()) return model_or.status();
   std::unique_ptr<DeepseekV3Model> model = std::move(*model_or);
+  DecodeGraphOptions graphs;
+  graphs.enabled = bc.cuda_graphs;
+  graphs.max_batch = bc.cuda_graph_max_batch;
+  model->SetDecodeGraphOptions(graphs);
   (*backend)->Synchronize();
   r.load_seconds = Seconds(load_start, Clock::now());
   const ModelConfig& mc = model->config();
@@ -184,7 +188,8 @@ absl::StatusOr<BenchResult> RunBenchmark(const BenchConfig& bc) {
 #endif
     return "";
   };
-  const int64_t blocks = per_seq_blocks * std::max(max_n, prefill_seqs);
+  // + 1: the decode graphs keep one block for their padding rows.
+  const int64_t blocks = per_seq_blocks * std::max(max_n, prefill_seqs) + 1;
   auto pool_or = KvBlockPool::Create(
       backend->get(),
       model->CacheOptions(static_cast<int32_t>(blocks), static_cast<int32_t>(bc.block_size)));
@@ -322,8 +327,11 @@ absl::StatusOr<BenchResult> RunBenchmark(const BenchConfig& bc) {
   if (cuda != nullptr) {
     auto peak = cuda->ReservedBytes(/*high_water_mark=*/true);
     if (peak.ok()) r.device_bytes_reserved_peak = static_cast<int64_t>(*peak);
+    auto graph_peak = cuda->GraphReservedBytes(/*high_water_mark=*/true);
+    if (graph_peak.ok()) r.graph_bytes_reserved_peak = static_cast<int64_t>(*graph_peak);
   }
 #endif
+  r.decode_graph_steps = model->decode_graph_steps();
   absl::Status st = (*backend)->status();
   if (!st.ok()) return st;
   return r;
@@ -354,9 +362,16 @@ std::string FormatBenchReport(const BenchConfig& c, const BenchResult& r) {
     absl::StrAppend(&out, "seq0_decode_tokens (batch ", d.batch, "): ", Join(d.seq0_tokens),
                     "\n");
   }
+  absl::StrAppendFormat(&out, "cuda_graphs: %s (max batch %d), %d decode steps on the graph path\n",
+                        c.cuda_graphs ? "on" : "off", c.cuda_graph_max_batch,
+                        r.decode_graph_steps);
   if (r.device_bytes_reserved_peak >= 0) {
     absl::StrAppendFormat(&out, "device_memory_reserved_peak: %.3f GiB\n",
                           r.device_bytes_reserved_peak / 1073741824.0);
+  }
+  if (r.graph_bytes_reserved_peak >= 0) {
+    absl::StrAppendFormat(&out, "graph_memory_reserved_peak: %.3f GiB\n",
+                          r.graph_bytes_reserved_peak / 1073741824.0);
   }
   if (!r.prefill_op_report.empty()) {
     absl::StrAppend(&out, "prefill ops (one step, synchronised per op):\n", r.prefill_op_report);
@@ -387,11 +402,13 @@ std::string FormatBenchJson(const BenchConfig& c, const BenchResult& r) {
       "\"params\": %.0f, \"load_s\": %.3f, \"context\": %d, \"peak_bytes_per_s\": %.4g, "
       "\"peak_flops_per_s\": %.4g, \"prefill\": {\"tokens_per_step\": %d, \"step_s\": %.6f, "
       "\"tokens_per_s\": %.3f, \"roofline_fraction\": %.6f, \"bytes_per_step\": %.6g, "
-      "\"flops_per_step\": %.6g}, \"decode\": [%s], \"mem_peak_bytes\": %d}\n",
+      "\"flops_per_step\": %.6g}, \"decode\": [%s], \"mem_peak_bytes\": %d, "
+      "\"cuda_graphs\": %s, \"decode_graph_steps\": %d, \"graph_mem_peak_bytes\": %d}\n",
       model, r.backend, c.dtype, r.bytes_per_value, r.param_count, r.load_seconds,
       c.context_length, c.peak_bytes_per_s, c.peak_flops_per_s, r.prefill_tokens_per_step,
       r.prefill_step_seconds, r.prefill_tokens_per_s, r.prefill_roofline_fraction,
-      r.prefill_bytes_per_step, r.prefill_flops_per_step, decode, r.device_bytes_reserved_peak);
+      r.prefill_bytes_per_step, r.prefill_flops_per_step, decode, r.device_bytes_reserved_peak,
+      c.cuda_graphs ? "true" : "false", r.decode_graph_steps, r.graph_bytes_reserved_peak);
 }
 
 std::string BenchCsvHeader() {

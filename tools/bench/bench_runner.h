@@ -43,6 +43,10 @@ struct BenchConfig {
   // CUDA only: after the timed runs, one more prefill step and this many decode steps (at the
   // last batch size) with per-op timing on (CudaBackend::SetOpTiming), reported separately.
   int64_t op_timing_steps = 0;
+  // Decode steps replayed from CUDA graphs per batch-size bucket (DecodeGraphOptions; cuda only,
+  // and never while op timing runs).
+  bool cuda_graphs = true;
+  int64_t cuda_graph_max_batch = 256;
   double peak_bytes_per_s = 4.3e12;
   double peak_flops_per_s = 790e12;
 };
@@ -75,6 +79,9 @@ struct BenchResult {
   double prefill_flops_per_step = 0;
   std::vector<DecodeResult> decode;                 // one per BenchConfig::decode_num_requests
   int64_t device_bytes_reserved_peak = -1;          // -1: the backend cannot say
+  // CUDA graph allocator (the recorded decode steps' activations), apart from the above.
+  int64_t graph_bytes_reserved_peak = -1;
+  int64_t decode_graph_steps = 0;  // decode steps that replayed a graph (or ran its padded path)
   std::string prefill_op_report, decode_op_report;  // with op_timing_steps > 0 on CUDA
 };
 

@@ -482,6 +482,7 @@ bool RankGroup::FormRank(int local) {
     return false;
   }
   r.model = std::move(*model);
+  r.model->SetDecodeGraphOptions(options_.decode_graphs);
   const int32_t bs = options_.block_size;
   int64_t blocks = 0;
   if (options_.kv_cache_tokens > 0) {
