@@ -16,6 +16,7 @@
 #include "tools/bench/parallel_dummy_weight_source.h"
 #include "tools/bench/roofline.h"
 #include "worker/backend/backend_factory.h"
+#include "worker/engine/memory_plan.h"
 #include "worker/kv_cache/kv_block_pool.h"
 #include "worker/model/deepseek_v3_model.h"
 #include "worker/model/local_expert_dispatcher.h"
@@ -332,6 +333,17 @@ absl::StatusOr<BenchResult> RunBenchmark(const BenchConfig& bc) {
   }
 #endif
   r.decode_graph_steps = model->decode_graph_steps();
+  if (bc.cuda_graphs && r.decode_graph_steps > 0) {
+    const std::vector<int64_t> all = DeepseekV3Model::DecodeGraphBuckets(bc.cuda_graph_max_batch);
+    std::vector<int64_t> used;
+    for (int64_t n : bc.decode_num_requests) {
+      auto b = std::lower_bound(all.begin(), all.end(), n);
+      if (b != all.end() && std::find(used.begin(), used.end(), *b) == used.end()) {
+        used.push_back(*b);
+      }
+    }
+    r.graph_bytes_planned = DecodeGraphReserveBytes(mc, used);
+  }
   absl::Status st = (*backend)->status();
   if (!st.ok()) return st;
   return r;
@@ -370,8 +382,11 @@ std::string FormatBenchReport(const BenchConfig& c, const BenchResult& r) {
                           r.device_bytes_reserved_peak / 1073741824.0);
   }
   if (r.graph_bytes_reserved_peak >= 0) {
-    absl::StrAppendFormat(&out, "graph_memory_reserved_peak: %.3f GiB\n",
-                          r.graph_bytes_reserved_peak / 1073741824.0);
+    absl::StrAppendFormat(&out,
+                          "graph_memory_reserved_peak: %.3f GiB (memory plan for these buckets: "
+                          "%.3f GiB)\n",
+                          r.graph_bytes_reserved_peak / 1073741824.0,
+                          r.graph_bytes_planned / 1073741824.0);
   }
   if (!r.prefill_op_report.empty()) {
     absl::StrAppend(&out, "prefill ops (one step, synchronised per op):\n", r.prefill_op_report);

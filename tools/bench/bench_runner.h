@@ -81,6 +81,9 @@ struct BenchResult {
   int64_t device_bytes_reserved_peak = -1;          // -1: the backend cannot say
   // CUDA graph allocator (the recorded decode steps' activations), apart from the above.
   int64_t graph_bytes_reserved_peak = -1;
+  // What the memory plan reserves for the graphs of the buckets this run used
+  // (DecodeGraphReserveBytes), to compare with the above.
+  int64_t graph_bytes_planned = 0;
   int64_t decode_graph_steps = 0;  // decode steps that replayed a graph (or ran its padded path)
   std::string prefill_op_report, decode_op_report;  // with op_timing_steps > 0 on CUDA
 };
