@@ -77,6 +77,9 @@ int main(int argc, char** argv) {
   flags.AddInt("cuda-graph-max-batch", &config.cuda_graph_max_batch,
                "Largest decode batch run from a CUDA graph (the last bucket); larger batches\n"
                "run eagerly.");
+  flags.AddBool("compare-eager-decode", &config.compare_eager_decode,
+                "With --cuda-graphs: measure every decode batch size again with graphs off\n"
+                "(the same sequences, --output-len more steps), in the same process.");
   flags.AddBool("json", &json, "Print one JSON object instead of the text report.");
   flags.AddString("csv", &csv, "Append one CSV row per request count (header if the file is new).");
   if (int rc = flags.ParseMain(argc, argv, "deepinfer-bench"); rc >= 0) return rc;

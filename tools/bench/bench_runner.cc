@@ -172,8 +172,9 @@ absl::StatusOr<BenchResult> RunBenchmark(const BenchConfig& bc) {
 
   const int64_t ctx = bc.context_length;
   const int64_t prefill_seqs = std::max<int64_t>(1, bc.prefill_batch_tokens / ctx);
+  const int64_t decode_steps = bc.output_len * (bc.compare_eager_decode ? 2 : 1);
   const int64_t per_seq_blocks =
-      (ctx + bc.output_len + bc.op_timing_steps + bc.block_size) / bc.block_size;
+      (ctx + decode_steps + bc.op_timing_steps + bc.block_size) / bc.block_size;
 #ifdef DEEPINFER_WITH_CUDA
   auto* cuda = dynamic_cast<CudaBackend*>(backend->get());
 #endif
@@ -277,20 +278,53 @@ absl::StatusOr<BenchResult> RunBenchmark(const BenchConfig& bc) {
       seqs[i].sampling = SamplingParams{};
       seqs[i].return_logits = false;
     }
-    DecodeResult d;
-    std::vector<double> step_times;
-    for (int64_t step = 0; step < bc.output_len; ++step) {
-      const Clock::time_point t0 = Clock::now();
-      auto out = model->Step(seqs, pool.get());
-      const Clock::time_point t1 = Clock::now();
-      if (!out.ok()) return out.status();
-      if (step >= bc.warmup) step_times.push_back(Seconds(t0, t1));
-      for (int64_t i = 0; i < n; ++i) {
-        const int32_t t = out->sampled[i].token;
-        if (i == 0) d.seq0_tokens.push_back(t);
-        seqs[i].position_offset += 1;
-        seqs[i].tokens = {t};
+    // output_len steps, the first `warmup` untimed; the sequences continue from where they are.
+    auto timed_decode = [&](DecodeResult* d) -> absl::Status {
+      std::vector<double> step_times;
+      const int64_t context_before = seqs[0].position_offset;
+      for (int64_t step = 0; step < bc.output_len; ++step) {
+        const Clock::time_point t0 = Clock::now();
+        auto out = model->Step(seqs, pool.get());
+        const Clock::time_point t1 = Clock::now();
+        if (!out.ok()) return out.status();
+        if (step >= bc.warmup) step_times.push_back(Seconds(t0, t1));
+        for (int64_t i = 0; i < n; ++i) {
+          const int32_t t = out->sampled[i].token;
+          if (i == 0) d->seq0_tokens.push_back(t);
+          seqs[i].position_offset += 1;
+          seqs[i].tokens = {t};
+        }
       }
+      d->batch = n;
+      d->steps = static_cast<int64_t>(step_times.size());
+      d->p50_seconds = Percentile(step_times, 0.5);
+      d->p99_seconds = Percentile(step_times, 0.99);
+      d->tokens_per_s = n / d->p50_seconds;
+      // Mid-run context: the cost model at context + output_len / 2 cached tokens.
+      const StepCost dc =
+          DecodeStepCost(mc, n, context_before + bc.output_len / 2, r.bytes_per_value);
+      d->bytes_per_step = dc.bytes;
+      d->flops_per_step = dc.flops;
+      d->roofline_fraction =
+          dc.RooflineSeconds(bc.peak_bytes_per_s, bc.peak_flops_per_s) / d->p50_seconds;
+      return absl::OkStatus();
+    };
+    DecodeResult d;
+    d.cuda_graphs = bc.cuda_graphs;
+    if (absl::Status st = timed_decode(&d); !st.ok()) return st;
+    r.decode.push_back(std::move(d));
+    if (bc.cuda_graphs && bc.compare_eager_decode) {
+      // The same sequences, output_len more steps, every op launched eagerly.
+      DecodeGraphOptions eager = model->decode_graph_options();
+      eager.enabled = false;
+      model->SetDecodeGraphOptions(eager);
+      DecodeResult e;
+      e.cuda_graphs = false;
+      absl::Status st = timed_decode(&e);
+      eager.enabled = true;
+      model->SetDecodeGraphOptions(eager);
+      if (!st.ok()) return st;
+      r.decode.push_back(std::move(e));
     }
     absl::Status timed_status;
     if (last) {
@@ -311,18 +345,6 @@ absl::StatusOr<BenchResult> RunBenchmark(const BenchConfig& bc) {
     if (!timed_status.ok()) return timed_status;
     absl::Status st = free_seqs(seqs);
     if (!st.ok()) return st;
-    d.batch = n;
-    d.steps = static_cast<int64_t>(step_times.size());
-    d.p50_seconds = Percentile(step_times, 0.5);
-    d.p99_seconds = Percentile(step_times, 0.99);
-    d.tokens_per_s = n / d.p50_seconds;
-    // Mid-run context: the cost model at ctx + output_len / 2 cached tokens.
-    const StepCost dc = DecodeStepCost(mc, n, ctx + bc.output_len / 2, r.bytes_per_value);
-    d.bytes_per_step = dc.bytes;
-    d.flops_per_step = dc.flops;
-    d.roofline_fraction =
-        dc.RooflineSeconds(bc.peak_bytes_per_s, bc.peak_flops_per_s) / d.p50_seconds;
-    r.decode.push_back(std::move(d));
   }
 #ifdef DEEPINFER_WITH_CUDA
   if (cuda != nullptr) {
@@ -365,10 +387,12 @@ std::string FormatBenchReport(const BenchConfig& c, const BenchResult& r) {
   for (const DecodeResult& d : r.decode) {
     absl::StrAppendFormat(
         &out,
-        "decode: batch %d, context %d, %d timed steps, p50 %.4f s, p99 %.4f s, %.1f tok/s, "
+        "decode: batch %d, context %d, %d timed steps%s, p50 %.4f s, p99 %.4f s, %.1f tok/s, "
         "roofline fraction %.4f (%.3g bytes, %.3g FLOPs per step; %.0f GB/s, %.0f TFLOP/s "
         "peaks)\n",
-        d.batch, c.context_length, d.steps, d.p50_seconds, d.p99_seconds, d.tokens_per_s,
+        d.batch, c.context_length, d.steps,
+        c.compare_eager_decode ? (d.cuda_graphs ? " (cuda graphs)" : " (eager)") : "",
+        d.p50_seconds, d.p99_seconds, d.tokens_per_s,
         d.roofline_fraction, d.bytes_per_step, d.flops_per_step, c.peak_bytes_per_s / 1e9,
         c.peak_flops_per_s / 1e12);
     absl::StrAppend(&out, "seq0_decode_tokens (batch ", d.batch, "): ", Join(d.seq0_tokens),
@@ -403,10 +427,10 @@ std::string FormatBenchJson(const BenchConfig& c, const BenchResult& r) {
   for (const DecodeResult& d : r.decode) {
     absl::StrAppendFormat(
         &decode,
-        "%s{\"requests\": %d, \"timed_steps\": %d, \"tokens_per_s\": %.3f, \"p50_s\": %.6f, "
+        "%s{\"requests\": %d, \"cuda_graphs\": %s, \"timed_steps\": %d, \"tokens_per_s\": %.3f, \"p50_s\": %.6f, "
         "\"p99_s\": %.6f, \"roofline_fraction\": %.6f, \"bytes_per_step\": %.6g, "
         "\"flops_per_step\": %.6g, \"seq0_tokens\": [%s]}",
-        decode.empty() ? "" : ", ", d.batch, d.steps, d.tokens_per_s, d.p50_seconds,
+        decode.empty() ? "" : ", ", d.batch, d.cuda_graphs ? "true" : "false", d.steps, d.tokens_per_s, d.p50_seconds,
         d.p99_seconds, d.roofline_fraction, d.bytes_per_step, d.flops_per_step,
         absl::StrReplaceAll(Join(d.seq0_tokens), {{" ", ", "}}));
   }

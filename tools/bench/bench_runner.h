@@ -47,6 +47,9 @@ struct BenchConfig {
   // and never while op timing runs).
   bool cuda_graphs = true;
   int64_t cuda_graph_max_batch = 256;
+  // With cuda_graphs: after each batch size's timed steps, output_len more steps of the same
+  // sequences with graphs off, reported as a second decode result (one load for both).
+  bool compare_eager_decode = false;
   double peak_bytes_per_s = 4.3e12;
   double peak_flops_per_s = 790e12;
 };
@@ -64,6 +67,7 @@ struct DecodeResult {
   double bytes_per_step = 0;
   double flops_per_step = 0;
   std::vector<int32_t> seq0_tokens;  // greedy tokens of sequence 0, for a sanity look
+  bool cuda_graphs = false;          // measured with BenchConfig::cuda_graphs on
 };
 
 struct BenchResult {
