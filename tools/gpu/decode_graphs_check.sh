@@ -29,10 +29,11 @@ head -1 "$here/COMMIT" >> "$OUT/machine.txt" 2>/dev/null
 step() {  # step NAME TIMEOUT_S COMMAND...
   local name=$1 limit=$2
   shift 2
-  local start=$(date +%s.%N)
+  local start_ms=$(($(date +%s%N) / 1000000))
   timeout "$limit" "$@" > "$logs/$name.log" 2>&1
   local rc=$?
-  printf '%-28s rc=%-4s %6.1fs %s\n' "$name" "$rc" "$(echo "$(date +%s.%N) - $start" | bc)" \
+  local ms=$(($(date +%s%N) / 1000000 - start_ms))
+  printf '%-28s rc=%-4s %5d.%03ds %s\n' "$name" "$rc" $((ms / 1000)) $((ms % 1000)) \
     "$(grep -E '^\[  (PASSED|FAILED) ' "$logs/$name.log" | tr '\n' ' ')" >> "$OUT/summary.txt"
   tar -C "$logs" -czf "$OUT/logs.tar.gz" .
 }
