@@ -131,7 +131,9 @@ TEST_F(DecodeGraphGpuTest, ReplayEqualsPaddedEagerBitForBitAndPlainEagerClosely)
   std::printf("[decode-graphs] EPLB counts: %lld of %zu (layer, expert) entries differ from plain "
               "eager\n",
               static_cast<long long>(differing), a->counts.size());
-  if (same == all) EXPECT_EQ(a->counts, c->counts);
+  if (same == all) {
+    EXPECT_EQ(a->counts, c->counts);
+  }
 }
 
 TEST_F(DecodeGraphGpuTest, NewCacheRecordsAgainWithTheSameResults) {
