@@ -43,8 +43,7 @@ TEST(ExpertCountsKernelTest, MatchesCpuBackendOverSeveralCalls) {
 TEST(ExpertCountsKernelTest, EmptyInputIsANoOpAndBadSizesAreRefused) {
   DEEPINFER_SKIP_WITHOUT_GPU();
   DeviceArray<int64_t> counts(std::vector<int64_t>(4, 5));
-  DEEPINFER_CUDA_OK(
-      kernels::AccumulateExpertCounts(0, nullptr, 4, nullptr, counts.get(), nullptr));
+  DEEPINFER_CUDA_OK(kernels::AccumulateExpertCounts(0, nullptr, 4, nullptr, counts.get(), nullptr));
   std::vector<int64_t> got;
   DEEPINFER_CUDA_OK(counts.Download(&got));
   EXPECT_EQ(got, std::vector<int64_t>(4, 5));
@@ -68,8 +67,8 @@ TEST(ExpertCountsKernelTest, CountLimitInDeviceMemoryLeavesOutTheRest) {
     EXPECT_EQ(total, std::min<int64_t>(limit, ids.size()));
     DeviceArray<int32_t> dlimit(std::vector<int32_t>{limit});
     DeviceArray<int64_t> counts(std::vector<int64_t>(experts, 0));
-    DEEPINFER_CUDA_OK(kernels::AccumulateExpertCounts(ids.size(), dids.get(), experts,
-                                                      dlimit.get(), counts.get(), nullptr));
+    DEEPINFER_CUDA_OK(kernels::AccumulateExpertCounts(ids.size(), dids.get(), experts, dlimit.get(),
+                                                      counts.get(), nullptr));
     std::vector<int64_t> got;
     DEEPINFER_CUDA_OK(counts.Download(&got));
     EXPECT_EQ(got, want);

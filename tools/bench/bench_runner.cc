@@ -392,15 +392,13 @@ std::string FormatBenchReport(const BenchConfig& c, const BenchResult& r) {
         "peaks)\n",
         d.batch, c.context_length, d.steps,
         c.compare_eager_decode ? (d.cuda_graphs ? " (cuda graphs)" : " (eager)") : "",
-        d.p50_seconds, d.p99_seconds, d.tokens_per_s,
-        d.roofline_fraction, d.bytes_per_step, d.flops_per_step, c.peak_bytes_per_s / 1e9,
-        c.peak_flops_per_s / 1e12);
+        d.p50_seconds, d.p99_seconds, d.tokens_per_s, d.roofline_fraction, d.bytes_per_step,
+        d.flops_per_step, c.peak_bytes_per_s / 1e9, c.peak_flops_per_s / 1e12);
     absl::StrAppend(&out, "seq0_decode_tokens (batch ", d.batch, "): ", Join(d.seq0_tokens),
                     "\n");
   }
   absl::StrAppendFormat(&out, "cuda_graphs: %s (max batch %d), %d decode steps on the graph path\n",
-                        c.cuda_graphs ? "on" : "off", c.cuda_graph_max_batch,
-                        r.decode_graph_steps);
+                        c.cuda_graphs ? "on" : "off", c.cuda_graph_max_batch, r.decode_graph_steps);
   if (r.device_bytes_reserved_peak >= 0) {
     absl::StrAppendFormat(&out, "device_memory_reserved_peak: %.3f GiB\n",
                           r.device_bytes_reserved_peak / 1073741824.0);
@@ -425,14 +423,15 @@ std::string FormatBenchReport(const BenchConfig& c, const BenchResult& r) {
 std::string FormatBenchJson(const BenchConfig& c, const BenchResult& r) {
   std::string decode;
   for (const DecodeResult& d : r.decode) {
-    absl::StrAppendFormat(
-        &decode,
-        "%s{\"requests\": %d, \"cuda_graphs\": %s, \"timed_steps\": %d, \"tokens_per_s\": %.3f, \"p50_s\": %.6f, "
-        "\"p99_s\": %.6f, \"roofline_fraction\": %.6f, \"bytes_per_step\": %.6g, "
-        "\"flops_per_step\": %.6g, \"seq0_tokens\": [%s]}",
-        decode.empty() ? "" : ", ", d.batch, d.cuda_graphs ? "true" : "false", d.steps, d.tokens_per_s, d.p50_seconds,
-        d.p99_seconds, d.roofline_fraction, d.bytes_per_step, d.flops_per_step,
-        absl::StrReplaceAll(Join(d.seq0_tokens), {{" ", ", "}}));
+    absl::StrAppendFormat(&decode,
+                          "%s{\"requests\": %d, \"cuda_graphs\": %s, \"timed_steps\": %d, "
+                          "\"tokens_per_s\": %.3f, \"p50_s\": %.6f, "
+                          "\"p99_s\": %.6f, \"roofline_fraction\": %.6f, \"bytes_per_step\": %.6g, "
+                          "\"flops_per_step\": %.6g, \"seq0_tokens\": [%s]}",
+                          decode.empty() ? "" : ", ", d.batch, d.cuda_graphs ? "true" : "false",
+                          d.steps, d.tokens_per_s, d.p50_seconds, d.p99_seconds,
+                          d.roofline_fraction, d.bytes_per_step, d.flops_per_step,
+                          absl::StrReplaceAll(Join(d.seq0_tokens), {{" ", ", "}}));
   }
   // The model string is a path: escape the two characters JSON strings cannot hold raw.
   const std::string model = absl::StrReplaceAll(c.model, {{"\\", "\\\\"}, {"\"", "\\\""}});
@@ -443,10 +442,10 @@ std::string FormatBenchJson(const BenchConfig& c, const BenchResult& r) {
       "\"tokens_per_s\": %.3f, \"roofline_fraction\": %.6f, \"bytes_per_step\": %.6g, "
       "\"flops_per_step\": %.6g}, \"decode\": [%s], \"mem_peak_bytes\": %d, "
       "\"cuda_graphs\": %s, \"decode_graph_steps\": %d, \"graph_mem_peak_bytes\": %d}\n",
-      model, r.backend, c.dtype, r.bytes_per_value, r.param_count, r.load_seconds,
-      c.context_length, c.peak_bytes_per_s, c.peak_flops_per_s, r.prefill_tokens_per_step,
-      r.prefill_step_seconds, r.prefill_tokens_per_s, r.prefill_roofline_fraction,
-      r.prefill_bytes_per_step, r.prefill_flops_per_step, decode, r.device_bytes_reserved_peak,
+      model, r.backend, c.dtype, r.bytes_per_value, r.param_count, r.load_seconds, c.context_length,
+      c.peak_bytes_per_s, c.peak_flops_per_s, r.prefill_tokens_per_step, r.prefill_step_seconds,
+      r.prefill_tokens_per_s, r.prefill_roofline_fraction, r.prefill_bytes_per_step,
+      r.prefill_flops_per_step, decode, r.device_bytes_reserved_peak,
       c.cuda_graphs ? "true" : "false", r.decode_graph_steps, r.graph_bytes_reserved_peak);
 }
 

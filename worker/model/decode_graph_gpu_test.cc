@@ -112,12 +112,14 @@ TEST_F(DecodeGraphGpuTest, ReplayEqualsPaddedEagerBitForBitAndPlainEagerClosely)
       ++all;
       if (a->tokens[s][i] != c->tokens[s][i]) continue;
       ++same;
-      worst = std::max(worst, static_cast<double>(std::fabs(a->logprobs[s][i] - c->logprobs[s][i])));
+      worst =
+          std::max(worst, static_cast<double>(std::fabs(a->logprobs[s][i] - c->logprobs[s][i])));
     }
   }
-  std::printf("[decode-graphs] replay vs plain eager: %lld / %lld tokens equal, max |logprob "
-              "diff| %.3g\n",
-              static_cast<long long>(same), static_cast<long long>(all), worst);
+  std::printf(
+      "[decode-graphs] replay vs plain eager: %lld / %lld tokens equal, max |logprob "
+      "diff| %.3g\n",
+      static_cast<long long>(same), static_cast<long long>(all), worst);
   EXPECT_GE(same * 100, all * 99);
   EXPECT_LE(worst, 1e-3);
   int64_t decoded = 0;
@@ -128,9 +130,10 @@ TEST_F(DecodeGraphGpuTest, ReplayEqualsPaddedEagerBitForBitAndPlainEagerClosely)
   EXPECT_EQ(Total(c->counts), want_total);
   int64_t differing = 0;
   for (size_t e = 0; e < a->counts.size(); ++e) differing += a->counts[e] != c->counts[e];
-  std::printf("[decode-graphs] EPLB counts: %lld of %zu (layer, expert) entries differ from plain "
-              "eager\n",
-              static_cast<long long>(differing), a->counts.size());
+  std::printf(
+      "[decode-graphs] EPLB counts: %lld of %zu (layer, expert) entries differ from plain "
+      "eager\n",
+      static_cast<long long>(differing), a->counts.size());
   if (same == all) {
     EXPECT_EQ(a->counts, c->counts);
   }

@@ -4,8 +4,8 @@
 // the design — bucket padding, the padding rows' reserved cache block, EPLB counts of real rows
 // only, growing contexts and a batch size that changes between steps, re-recording for a new
 // cache — against the same model with graphs off. (A placement switch also drops the
-// recordings, but it needs an expert-parallel dispatcher, which never takes this path.) The CUDA graph
-// version of these checks is decode_graph_gpu_test.cc.
+// recordings, but it needs an expert-parallel dispatcher, which never takes this path.) The CUDA
+// graph version of these checks is decode_graph_gpu_test.cc.
 #include <algorithm>
 #include <cstring>
 #include <functional>
@@ -48,9 +48,8 @@ class RecordingCpuBackend : public CpuBackend {
   bool RoutedExperts(const RoutedExpertsArgs& a) override {
     if (a.dtype != WeightDType::kBFloat16 || refuse_experts_) return false;
     const int32_t E = a.num_experts;
-    kernels::MoePermutation p =
-        kernels::MoePermuteReference(a.num_tokens, a.top_k, E, E, a.topk_ids, a.slot_of_expert,
-                                     a.hidden_size, a.hidden);
+    kernels::MoePermutation p = kernels::MoePermuteReference(
+        a.num_tokens, a.top_k, E, E, a.topk_ids, a.slot_of_expert, a.hidden_size, a.hidden);
     std::vector<const uint16_t*> gate_up(E), down(E);
     for (int32_t e = 0; e < E; ++e) {
       gate_up[e] = static_cast<const uint16_t*>(a.gate_up[e]);
@@ -112,8 +111,8 @@ TEST(DecodeGraphTest, BucketsAreCappedAndEndAtTheMax) {
   EXPECT_EQ(DeepseekV3Model::DecodeGraphBuckets(256).back(), 256);
   EXPECT_EQ(DeepseekV3Model::DecodeGraphBuckets(256).size(), 14u);
   EXPECT_EQ(DeepseekV3Model::DecodeGraphBuckets(400),
-            (std::vector<int64_t>{1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 160, 192, 256, 320,
-                                  384, 400}));
+            (std::vector<int64_t>{1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 160, 192, 256, 320, 384,
+                                  400}));
 }
 
 // Graph steps against the same model with graphs off: the same tokens, logprobs and EPLB counts

@@ -419,8 +419,8 @@ std::optional<absl::StatusOr<StepOutput>> DeepseekV3Model::DecodeWithGraph(
     const std::vector<SequenceStep>& batch, KvBlockPool* cache) {
   const ModelConfig& c = config_;
   const int64_t n = static_cast<int64_t>(batch.size());
-  if (!graph_options_.enabled || n == 0 || graph_buckets_.empty() ||
-      n > graph_buckets_.back() || !backend_->SupportsCapture()) {
+  if (!graph_options_.enabled || n == 0 || graph_buckets_.empty() || n > graph_buckets_.back() ||
+      !backend_->SupportsCapture()) {
     return std::nullopt;
   }
   if (num_moe_layers_ > 0 && expert_tables_.empty()) return std::nullopt;  // dispatcher path
@@ -428,8 +428,8 @@ std::optional<absl::StatusOr<StepOutput>> DeepseekV3Model::DecodeWithGraph(
   // The graphs' fixed block-table width: the longest sequence the cache (and the model) allows.
   int32_t max_blocks = cache->num_blocks();
   if (c.max_position_embeddings > 0) {
-    max_blocks = std::min<int32_t>(
-        max_blocks, static_cast<int32_t>((c.max_position_embeddings + bs - 1) / bs));
+    max_blocks = std::min<int32_t>(max_blocks,
+                                   static_cast<int32_t>((c.max_position_embeddings + bs - 1) / bs));
   }
   for (const SequenceStep& s : batch) {
     if (s.tokens.size() != 1 || s.return_logits || !s.sampling.has_value() ||
@@ -486,7 +486,8 @@ std::optional<absl::StatusOr<StepOutput>> DeepseekV3Model::DecodeWithGraph(
     if (i < n) {
       const SequenceStep& s = batch[i];
       const int64_t pos = s.position_offset;
-      const int64_t used = std::min<int64_t>(static_cast<int64_t>(s.block_table.size()), max_blocks);
+      const int64_t used =
+          std::min<int64_t>(static_cast<int64_t>(s.block_table.size()), max_blocks);
       std::copy(s.block_table.begin(), s.block_table.begin() + used, row);
       in[i] = s.tokens[0];
       in[B + i] = static_cast<int32_t>(pos);
@@ -545,12 +546,12 @@ std::optional<absl::StatusOr<StepOutput>> DeepseekV3Model::DecodeWithGraph(
       absl::StatusOr<DeviceMemoryInfo> after = backend_->MemoryInfo();
       std::string mem;
       if (before.ok() && after.ok()) {
-        mem = absl::StrFormat(", device memory in use +%.1f MiB",
-                              (static_cast<double>(before->free_bytes) - after->free_bytes) /
-                                  (1 << 20));
+        mem = absl::StrFormat(
+            ", device memory in use +%.1f MiB",
+            (static_cast<double>(before->free_bytes) - after->free_bytes) / (1 << 20));
       }
-      LOG(INFO) << absl::StrFormat("decode graph for batch bucket %d recorded in %.1f ms%s", B,
-                                   ms, mem);
+      LOG(INFO) << absl::StrFormat("decode graph for batch bucket %d recorded in %.1f ms%s", B, ms,
+                                   mem);
     }
   }
 
@@ -628,8 +629,8 @@ void DeepseekV3Model::Attention(int64_t layer, const StepContext& ctx, const flo
   backend_->ApplyRope(T, nh, q->as<float>() + nope, qdim, qk, rope, positions,
                       inv_freq_->as<float>(), rope_attention_factor_, il);
   const PagedLatentCacheView view = ctx.cache->LayerView(static_cast<int32_t>(layer));
-  backend_->WriteLatentCache(T, latent->as<float>(), kvl, kv->as<float>() + kvl, kvw,
-                             ctx.slots, view);
+  backend_->WriteLatentCache(T, latent->as<float>(), kvl, kv->as<float>() + kvl, kvw, ctx.slots,
+                             view);
 
   // Absorb W_uk into the query: q_latent[t, h] = q_nope[t, h] · W_uk[h], all heads in one
   // batched GEMM (head h: the nope slice of q's head h, block h of w_uk_t, column block h).

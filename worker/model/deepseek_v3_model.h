@@ -132,8 +132,7 @@ class DeepseekV3Model {
   void DropDecodeGraphs();
   void Attention(int64_t layer, const StepContext& ctx, const float* h, float* out);
   absl::Status Mlp(const MlpWeights& w, int64_t rows, const float* h, float* out);
-  absl::Status Moe(int64_t layer, int64_t rows, const float* h, float* out,
-                   const StepContext& ctx);
+  absl::Status Moe(int64_t layer, int64_t rows, const float* h, float* out, const StepContext& ctx);
   // Backend::RoutedExperts for one rank hosting every expert; false: use the dispatcher.
   bool RoutedExpertsOnDevice(int64_t layer, int64_t rows, const float* h, const int32_t* topk_ids,
                              const float* topk_w, float* out);
@@ -171,7 +170,7 @@ class DeepseekV3Model {
   std::map<int64_t, bool> failed_buckets_;  // recording failed: general path from then on
   uint64_t graph_cache_id_ = 0;
   KvBlockPool* graph_cache_ = nullptr;
-  int32_t padding_block_ = -1;   // a block of graph_cache_ kept for padding rows' cache writes
+  int32_t padding_block_ = -1;    // a block of graph_cache_ kept for padding rows' cache writes
   int32_t graph_max_blocks_ = 0;  // fixed block-table width of the graphs
   int64_t decode_graph_steps_ = 0;
   int64_t decode_graphs_recorded_ = 0;

@@ -285,8 +285,7 @@ TEST(CpuBackendTest, AccumulateExpertCountsAddsAndSkipsOutOfRangeIds) {
   EXPECT_EQ(counts, (std::vector<int64_t>{11, 0, 3, 2}));
   // A limit counts only the first ids (the padding rows of a replayed step are left out).
   const int32_t limit = 3;
-  be.AccumulateExpertCounts(static_cast<int64_t>(ids.size()), ids.data(), 4, &limit,
-                            counts.data());
+  be.AccumulateExpertCounts(static_cast<int64_t>(ids.size()), ids.data(), 4, &limit, counts.data());
   EXPECT_EQ(counts, (std::vector<int64_t>{12, 0, 5, 2}));
 }
 

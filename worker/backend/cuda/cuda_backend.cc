@@ -208,8 +208,9 @@ absl::StatusOr<std::unique_ptr<CapturedOps>> CudaBackend::Capture(
     // An op refused while recording invalidates the capture; the stream itself stays usable.
     cudaGetLastError();
     if (!recorded.ok()) return recorded;
-    return absl::FailedPreconditionError(absl::StrCat(
-        "CudaBackend::Capture: the ops could not be recorded: ", (!op_error.ok() ? op_error : st).ToString()));
+    return absl::FailedPreconditionError(
+        absl::StrCat("CudaBackend::Capture: the ops could not be recorded: ",
+                     (!op_error.ok() ? op_error : st).ToString()));
   }
   cudaGraphExec_t exec = nullptr;
   st = CudaStatus(cudaGraphInstantiate(&exec, graph, 0), "cudaGraphInstantiate");
@@ -224,7 +225,8 @@ absl::StatusOr<size_t> CudaBackend::GraphReservedBytes(bool high_water_mark) con
   uint64_t v = 0;
   absl::Status st = CudaStatus(
       cudaDeviceGetGraphMemAttribute(
-          device_, high_water_mark ? cudaGraphMemAttrReservedMemHigh : cudaGraphMemAttrReservedMemCurrent,
+          device_,
+          high_water_mark ? cudaGraphMemAttrReservedMemHigh : cudaGraphMemAttrReservedMemCurrent,
           &v),
       "cudaDeviceGetGraphMemAttribute");
   if (!st.ok()) return st;
