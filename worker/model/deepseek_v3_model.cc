@@ -517,7 +517,7 @@ std::optional<absl::StatusOr<StepOutput>> DeepseekV3Model::DecodeWithGraph(
       // The device path refused (e.g. routed experts it cannot run): the layers before it only
       // rewrote this step's cache entries, which the general path writes again.
       LOG(WARNING) << "decode graphs: batch bucket " << B << " runs eagerly: " << st;
-      failed_buckets_[B] = true;
+      failed_buckets_.insert(B);
       decode_graphs_.erase(B);
       return std::nullopt;
     }
@@ -536,7 +536,7 @@ std::optional<absl::StatusOr<StepOutput>> DeepseekV3Model::DecodeWithGraph(
     if (!ops.ok()) {
       LOG(WARNING) << "decode graphs: recording batch bucket " << B
                    << " failed, it runs eagerly: " << ops.status();
-      failed_buckets_[B] = true;
+      failed_buckets_.insert(B);
       decode_graphs_.erase(B);
     } else {
       g.ops = std::move(*ops);

@@ -8,6 +8,8 @@
 // queries are projected into the latent space through W_uk and outputs lifted back through W_uv.
 // Routed experts go through an ExpertDispatcher (dispatch -> grouped GEMM -> combine): local
 // (LocalExpertDispatcher) or expert-parallel over a communicator (EpExpertDispatcher).
+// Decode steps that qualify (DecodeGraphOptions) are padded to a batch-size bucket and replayed
+// from ops recorded once per bucket (Backend::Capture: CUDA graphs).
 #ifndef DEEPINFER_WORKER_MODEL_DEEPSEEK_V3_MODEL_H_
 #define DEEPINFER_WORKER_MODEL_DEEPSEEK_V3_MODEL_H_
 
@@ -15,6 +17,7 @@
 #include <map>
 #include <memory>
 #include <optional>
+#include <set>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -167,7 +170,7 @@ class DeepseekV3Model {
   DecodeGraphOptions graph_options_;
   std::vector<int64_t> graph_buckets_;
   std::map<int64_t, std::unique_ptr<DecodeGraph>> decode_graphs_;
-  std::map<int64_t, bool> failed_buckets_;  // recording failed: general path from then on
+  std::set<int64_t> failed_buckets_;  // recording failed: general path from then on
   uint64_t graph_cache_id_ = 0;
   KvBlockPool* graph_cache_ = nullptr;
   int32_t padding_block_ = -1;    // a block of graph_cache_ kept for padding rows' cache writes
