@@ -72,6 +72,12 @@ int main(int argc, char** argv) {
   flags.AddString("dtype", &dtype,
                   "Weight storage: bfloat16 (fp32 accumulation) or float32. Default:\n"
                   "bfloat16 with --backend cuda, float32 with --backend cpu.");
+  flags.AddBool("cuda-graphs", &config.engine.cuda_graphs,
+                "With --backend cuda: replay decode steps from CUDA graphs recorded per\n"
+                "batch-size bucket (batches padded to 1 2 4 8 16 24 32 48 64 96 128 160 192\n"
+                "256 ...); --cuda-graphs=false launches every op eagerly. docs/cuda.md.");
+  flags.AddInt("cuda-graph-max-batch", &config.engine.cuda_graph_max_batch,
+               "Largest decode batch run from a CUDA graph (the last bucket).");
   flags.AddString("communicator", &communicator,
                   "What carries the expert-parallel exchange: auto (nccl when --backend cuda\n"
                   "and the group has more than one rank, tcp otherwise), tcp, or nccl (GPU to\n"
@@ -189,6 +195,11 @@ int main(int argc, char** argv) {
   config.engine.threads_per_rank =
       threads > 0 ? static_cast<int>(threads) : std::max(1, cores / static_cast<int>(ranks));
   config.engine.dtype = dtype;
+  if (config.engine.cuda_graph_max_batch < 1) {
+    std::cerr << "deepinfer-worker: --cuda-graph-max-batch must be >= 1, not "
+              << config.engine.cuda_graph_max_batch << "\n";
+    return 2;
+  }
   config.engine.kv_cache_tokens = kv_cache_tokens;
   config.engine.gpu_memory_utilization = gpu_memory_utilization;
   config.engine.max_batch_tokens = static_cast<int32_t>(max_batch_tokens);

@@ -46,6 +46,9 @@ struct WorkerEngineConfig {
   std::shared_ptr<const ExpertPlacement> placement;
   // Matrix weights: "bfloat16" or "float32"; empty: the backend's default (bf16 on cuda).
   std::string dtype;
+  // Decode steps replayed from CUDA graphs (RankGroupOptions::decode_graphs).
+  bool cuda_graphs = true;
+  int64_t cuda_graph_max_batch = 256;
   // What carries the expert exchange: auto (NCCL for several cuda ranks), tcp or nccl.
   comm::DataPlaneChoice communicator = comm::DataPlaneChoice::kAuto;
 };

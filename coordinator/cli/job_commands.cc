@@ -304,6 +304,8 @@ class LocalCluster {
         argv.push_back(std::move(a));
       }
       if (!options.dtype.empty()) argv.push_back("--dtype=" + options.dtype);
+      argv.push_back(absl::StrCat("--cuda-graphs=", options.cuda_graphs ? "true" : "false"));
+      argv.push_back(absl::StrCat("--cuda-graph-max-batch=", options.cuda_graph_max_batch));
       for (absl::string_view extra : absl::StrSplit(options.worker_args, ' ', absl::SkipEmpty())) {
         argv.emplace_back(extra);
       }

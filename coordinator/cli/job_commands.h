@@ -40,6 +40,9 @@ struct RunOptions {
   std::string backend = "cpu";
   // Passed to the workers as --dtype when set (empty: the backend's default).
   std::string dtype;
+  // Passed to the workers as --cuda-graphs / --cuda-graph-max-batch.
+  bool cuda_graphs = true;
+  int64_t cuda_graph_max_batch = 256;
   int64_t workers = 1;
   int64_t ranks_per_worker = 1;
   // Where the local cluster keeps its database and logs; a fresh temporary

@@ -156,6 +156,11 @@ int Run(const std::vector<std::string>& args) {
   flags.AddString("dtype", &options.dtype,
                   "Weight storage on the workers: bfloat16 or float32 (default: bfloat16 on\n"
                   "cuda, float32 on cpu).");
+  flags.AddBool("cuda-graphs", &options.cuda_graphs,
+                "With --backend cuda: decode steps replayed from CUDA graphs per batch-size\n"
+                "bucket (passed to the workers; --cuda-graphs=false: eager).");
+  flags.AddInt("cuda-graph-max-batch", &options.cuda_graph_max_batch,
+               "Largest decode batch run from a CUDA graph (passed to the workers).");
   flags.AddInt("workers", &options.workers, "Worker processes (as nodes would be).");
   flags.AddInt("ranks-per-worker", &options.ranks_per_worker,
                "Engine ranks per worker (GPUs per node); all ranks form one expert-\n"

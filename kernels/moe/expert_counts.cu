@@ -10,9 +10,10 @@ namespace {
 constexpr int kThreads = 256;
 
 __global__ void AccumulateExpertCountsKernel(int64_t n, const int32_t* ids, int64_t num_experts,
+                                             const int32_t* count_limit,
                                              unsigned long long* counts) {
   const int64_t i = blockIdx.x * int64_t{kThreads} + threadIdx.x;
-  if (i >= n) return;
+  if (i >= n || (count_limit != nullptr && i >= *count_limit)) return;
   const int32_t e = ids[i];
   if (e >= 0 && e < num_experts) atomicAdd(counts + e, 1ull);
 }
@@ -20,13 +21,14 @@ __global__ void AccumulateExpertCountsKernel(int64_t n, const int32_t* ids, int6
 }  // namespace
 
 cudaError_t AccumulateExpertCounts(int64_t n, const int32_t* ids, int64_t num_experts,
-                                   int64_t* counts, cudaStream_t stream) {
+                                   const int32_t* count_limit, int64_t* counts,
+                                   cudaStream_t stream) {
   if (n < 0 || num_experts < 1) return cudaErrorInvalidValue;
   if (n == 0) return cudaSuccess;
   static_assert(sizeof(unsigned long long) == sizeof(int64_t), "64-bit counters");
   const int64_t blocks = (n + kThreads - 1) / kThreads;
   AccumulateExpertCountsKernel<<<static_cast<unsigned>(blocks), kThreads, 0, stream>>>(
-      n, ids, num_experts, reinterpret_cast<unsigned long long*>(counts));
+      n, ids, num_experts, count_limit, reinterpret_cast<unsigned long long*>(counts));
   return cudaGetLastError();
 }
 

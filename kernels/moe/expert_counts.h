@@ -12,9 +12,12 @@ namespace deepinfer {
 namespace kernels {
 
 // counts[ids[i]] += 1 for i in [0, n) (atomics; ids outside [0, num_experts) are skipped).
-// ids and counts are device pointers. cudaErrorInvalidValue for n < 0 or num_experts < 1.
+// ids and counts are device pointers. count_limit (device, may be null): only i < *count_limit
+// is counted, read when the kernel runs (a replayed graph of fixed n skips its padding rows).
+// cudaErrorInvalidValue for n < 0 or num_experts < 1.
 cudaError_t AccumulateExpertCounts(int64_t n, const int32_t* ids, int64_t num_experts,
-                                   int64_t* counts, cudaStream_t stream);
+                                   const int32_t* count_limit, int64_t* counts,
+                                   cudaStream_t stream);
 
 }  // namespace kernels
 }  // namespace deepinfer

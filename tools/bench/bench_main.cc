@@ -96,6 +96,16 @@ int main(int argc, char** argv) {
   flags.AddInt("mla-prefill-min-tokens", &config.mla_prefill_min_tokens,
                "CUDA, bf16: new tokens from which a sequence's attention runs on tensor cores\n"
                "(0: never, for a before/after comparison; -1: the backend's default).");
+  flags.AddBool("cuda-graphs", &config.cuda_graphs,
+                "CUDA: replay decode steps from CUDA graphs recorded per batch-size bucket\n"
+                "(batches padded to 1 2 4 8 16 24 32 48 64 96 128 160 192 256 ...); off: every\n"
+                "op launched eagerly. Never used by the op-timed steps.");
+  flags.AddInt("cuda-graph-max-batch", &config.cuda_graph_max_batch,
+               "Largest decode batch run from a CUDA graph (the last bucket); larger batches\n"
+               "run eagerly.");
+  flags.AddBool("compare-eager-decode", &config.compare_eager_decode,
+                "With --cuda-graphs: measure every decode batch size again with graphs off\n"
+                "(the same sequences, --output-len more steps), in the same process.");
   flags.AddBool("json", &json, "Print one JSON object instead of the text report.");
   flags.AddString("csv", &csv, "Append one CSV row per request count (header if the file is new).");
   if (int rc = flags.ParseMain(argc, argv, "deepinfer-bench"); rc >= 0) return rc;
@@ -103,6 +113,11 @@ int main(int argc, char** argv) {
     std::cerr << "deepinfer-bench: --decode-num-requests must be a number or a comma list of "
                  "numbers, not '"
               << requests << "'\n";
+    return 2;
+  }
+  if (config.cuda_graph_max_batch < 1) {
+    std::cerr << "deepinfer-bench: --cuda-graph-max-batch must be >= 1, not "
+              << config.cuda_graph_max_batch << "\n";
     return 2;
   }
   if (!deepinfer::ParseDecodeSampling(decode_sampling, &config)) {

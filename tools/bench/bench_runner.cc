@@ -25,6 +25,7 @@
 #include "worker/comm/tcp_communicator.h"
 #include "worker/device_discovery.h"
 #include "worker/engine/rank_group.h"
+#include "worker/engine/memory_plan.h"
 #include "worker/kv_cache/kv_block_pool.h"
 #include "worker/model/deepseek_v3_model.h"
 #include "worker/model/model_loader.h"
@@ -139,6 +140,8 @@ struct RankDecodeTimes {
   std::vector<int32_t> seq0_tokens;
   ExchangeCounts exchange;                                      // summed over the timed steps
   std::vector<double> all_to_all_seconds, synced_step_seconds;  // per synchronised step
+  // compare_eager_decode: output_len more steps of the same sequences with graphs off.
+  std::vector<double> eager_step_seconds;
 };
 
 struct RankOutput {
@@ -147,6 +150,8 @@ struct RankOutput {
   std::vector<double> prefill_seconds;
   std::vector<RankDecodeTimes> decode;
   int64_t device_bytes_reserved_peak = -1;
+  int64_t graph_bytes_reserved_peak = -1;  // the CUDA graph allocator's peak
+  int64_t decode_graph_steps = 0;          // decode steps that took the graph path
   std::string prefill_op_report, decode_op_report;
 };
 
@@ -288,6 +293,10 @@ absl::Status SetUpRank(const BenchConfig& bc, int64_t rank, int64_t blocks, Rank
   auto model = Load(bc, s->backend.get(), load, make);
   if (!model.ok()) return model.status();
   s->model = std::move(*model);
+  DecodeGraphOptions graphs;
+  graphs.enabled = bc.cuda_graphs;
+  graphs.max_batch = bc.cuda_graph_max_batch;
+  s->model->SetDecodeGraphOptions(graphs);
   auto pool = KvBlockPool::Create(
       s->backend.get(),
       s->model->CacheOptions(static_cast<int32_t>(blocks), static_cast<int32_t>(bc.block_size)));
@@ -306,11 +315,14 @@ absl::Status RunRank(const BenchConfig& bc, int64_t rank, RankState* s, RankOutp
   const int64_t prefill_seqs = std::max<int64_t>(1, bc.prefill_batch_tokens / ctx);
   const int64_t timed = bc.output_len - bc.warmup;
   const int64_t synced = bc.ranks > 1 && bc.time_all_to_all ? timed : 0;
-  const int64_t per_seq_blocks =
-      (ctx + bc.output_len + synced + bc.op_timing_steps + bc.block_size) / bc.block_size;
+  const bool compare_eager = bc.cuda_graphs && bc.compare_eager_decode;
+  const int64_t per_seq_blocks = (ctx + bc.output_len * (compare_eager ? 2 : 1) + synced +
+                                  bc.op_timing_steps + bc.block_size) /
+                                 bc.block_size;
   int64_t max_n = 0;
   for (int64_t n : bc.decode_num_requests) max_n = std::max(max_n, n);
-  const int64_t blocks = per_seq_blocks * std::max(max_n, prefill_seqs);
+  // + 1: the decode graphs keep one block for their padding rows.
+  const int64_t blocks = per_seq_blocks * std::max(max_n, prefill_seqs) + 1;
 
   const Clock::time_point load_start = Clock::now();
   if (absl::Status st = SetUpRank(bc, rank, blocks, s); !st.ok()) return st;
@@ -470,6 +482,29 @@ absl::Status RunRank(const BenchConfig& bc, int64_t rank, RankState* s, RankOutp
       }
       s->meter->set_timing(false);
     }
+    if (compare_eager) {
+      // The same sequences, output_len more steps, every op launched eagerly.
+      DecodeGraphOptions eager = model->decode_graph_options();
+      eager.enabled = false;
+      model->SetDecodeGraphOptions(eager);
+      absl::Status st;
+      for (int64_t step = 0; step < bc.output_len && st.ok(); ++step) {
+        if (st = line_up(); !st.ok()) break;
+        const Clock::time_point t0 = Clock::now();
+        auto out = model->Step(seqs, pool);
+        const Clock::time_point t1 = Clock::now();
+        if (!out.ok()) {
+          st = out.status();
+          break;
+        }
+        if (s->meter != nullptr) s->meter->Take();
+        if (step >= bc.warmup) d.eager_step_seconds.push_back(Seconds(t0, t1));
+        advance(*out, &seqs);
+      }
+      eager.enabled = true;
+      model->SetDecodeGraphOptions(eager);
+      if (!st.ok()) return st;
+    }
     absl::Status timed_status;
     if (last && bc.op_timing_steps > 0) {
       o->decode_op_report = with_op_timing([&] {
@@ -491,8 +526,11 @@ absl::Status RunRank(const BenchConfig& bc, int64_t rank, RankState* s, RankOutp
   if (cuda != nullptr) {
     auto peak = cuda->ReservedBytes(/*high_water_mark=*/true);
     if (peak.ok()) o->device_bytes_reserved_peak = static_cast<int64_t>(*peak);
+    auto graph_peak = cuda->GraphReservedBytes(/*high_water_mark=*/true);
+    if (graph_peak.ok()) o->graph_bytes_reserved_peak = static_cast<int64_t>(*graph_peak);
   }
 #endif
+  o->decode_graph_steps = model->decode_graph_steps();
   if (absl::Status st = s->backend->status(); !st.ok()) return st;
   // Nobody tears its communicators down while a peer may still be in the last exchange.
   return line_up();
@@ -631,6 +669,19 @@ absl::StatusOr<BenchResult> RunBenchmark(const BenchConfig& bc) {
     r.load_seconds = std::max(r.load_seconds, o.load_seconds);
     r.device_bytes_reserved_peak =
         std::max(r.device_bytes_reserved_peak, o.device_bytes_reserved_peak);
+    r.graph_bytes_reserved_peak = std::max(r.graph_bytes_reserved_peak, o.graph_bytes_reserved_peak);
+  }
+  r.decode_graph_steps = outputs[0].decode_graph_steps;
+  if (bc.cuda_graphs && r.decode_graph_steps > 0) {
+    const std::vector<int64_t> all = DeepseekV3Model::DecodeGraphBuckets(bc.cuda_graph_max_batch);
+    std::vector<int64_t> used;
+    for (int64_t n : bc.decode_num_requests) {
+      auto b = std::lower_bound(all.begin(), all.end(), n);
+      if (b != all.end() && std::find(used.begin(), used.end(), *b) == used.end()) {
+        used.push_back(*b);
+      }
+    }
+    r.graph_bytes_planned = DecodeGraphReserveBytes(*config, used);
   }
   r.prefill_op_report = outputs[0].prefill_op_report;
   r.decode_op_report = outputs[0].decode_op_report;
@@ -652,10 +703,12 @@ absl::StatusOr<BenchResult> RunBenchmark(const BenchConfig& bc) {
     const int64_t n = bc.decode_num_requests[which];
     DecodeResult d;
     d.batch = n;
-    std::vector<const std::vector<double>*> steps, synced;
+    d.cuda_graphs = bc.cuda_graphs;
+    std::vector<const std::vector<double>*> steps, synced, eager;
     for (const RankOutput& o : outputs) {
       steps.push_back(&o.decode[which].step_seconds);
       synced.push_back(&o.decode[which].synced_step_seconds);
+      eager.push_back(&o.decode[which].eager_step_seconds);
     }
     const std::vector<double> slowest = SlowestPerStep(steps);
     d.steps = static_cast<int64_t>(slowest.size());
@@ -696,7 +749,27 @@ absl::StatusOr<BenchResult> RunBenchmark(const BenchConfig& bc) {
         d.synced_step_p50_seconds = Percentile(SlowestPerStep(synced), 0.5);
       }
     }
+    const bool compared = !outputs[0].decode[which].eager_step_seconds.empty();
     r.decode.push_back(std::move(d));
+    if (compared) {
+      // The graphs-off steps that followed (compare_eager_decode), one context later.
+      const std::vector<double> slowest_eager = SlowestPerStep(eager);
+      DecodeResult e;
+      e.batch = n;
+      e.cuda_graphs = false;
+      e.steps = static_cast<int64_t>(slowest_eager.size());
+      e.p50_seconds = Percentile(slowest_eager, 0.5);
+      e.p99_seconds = Percentile(slowest_eager, 0.99);
+      e.tokens_per_s = ranks * n / e.p50_seconds;
+      e.tokens_per_s_per_gpu = n / e.p50_seconds;
+      const StepCost ec = DecodeStepCost(*config, n, ctx + bc.output_len + bc.output_len / 2,
+                                         r.bytes_per_value, ranks);
+      e.bytes_per_step = ec.bytes;
+      e.flops_per_step = ec.flops;
+      e.roofline_fraction =
+          ec.RooflineSeconds(bc.peak_bytes_per_s, bc.peak_flops_per_s) / e.p50_seconds;
+      r.decode.push_back(std::move(e));
+    }
   }
   return r;
 }
@@ -770,10 +843,12 @@ std::string FormatBenchReport(const BenchConfig& c, const BenchResult& r) {
     } else {
       absl::StrAppendFormat(
           &out,
-          "decode: batch %d, context %d, %d timed steps, p50 %.4f s, p99 %.4f s, %.1f tok/s, "
+          "decode: batch %d, context %d, %d timed steps%s, p50 %.4f s, p99 %.4f s, %.1f tok/s, "
           "roofline fraction %.4f (%.3g bytes, %.3g FLOPs per step; %.0f GB/s, %.0f TFLOP/s "
           "peaks)\n",
-          d.batch, c.context_length, d.steps, d.p50_seconds, d.p99_seconds, d.tokens_per_s,
+          d.batch, c.context_length, d.steps,
+          c.compare_eager_decode ? (d.cuda_graphs ? " (cuda graphs)" : " (eager)") : "",
+          d.p50_seconds, d.p99_seconds, d.tokens_per_s,
           d.roofline_fraction, d.bytes_per_step, d.flops_per_step, c.peak_bytes_per_s / 1e9,
           c.peak_flops_per_s / 1e12);
     }
@@ -784,10 +859,19 @@ std::string FormatBenchReport(const BenchConfig& c, const BenchResult& r) {
                       "): ", Join(k.seq0_tokens), "\n");
     }
   }
+  absl::StrAppendFormat(&out, "cuda_graphs: %s (max batch %d), %d decode steps on the graph path\n",
+                        c.cuda_graphs ? "on" : "off", c.cuda_graph_max_batch, r.decode_graph_steps);
   if (r.device_bytes_reserved_peak >= 0) {
     absl::StrAppendFormat(&out, "device_memory_reserved_peak: %.3f GiB%s\n",
                           r.device_bytes_reserved_peak / 1073741824.0,
                           ep ? " (the most of any rank)" : "");
+  }
+  if (r.graph_bytes_reserved_peak >= 0) {
+    absl::StrAppendFormat(&out,
+                          "graph_memory_reserved_peak: %.3f GiB (memory plan for these buckets: "
+                          "%.3f GiB)\n",
+                          r.graph_bytes_reserved_peak / 1073741824.0,
+                          r.graph_bytes_planned / 1073741824.0);
   }
   if (!r.prefill_op_report.empty()) {
     absl::StrAppend(&out, "prefill ops (one step, synchronised per op", ep ? ", rank 0" : "",
@@ -819,12 +903,12 @@ std::string FormatBenchJson(const BenchConfig& c, const BenchResult& r) {
     }
     absl::StrAppendFormat(
         &decode,
-        "%s{\"requests\": %d, \"timed_steps\": %d, \"tokens_per_s\": %.3f, "
+        "%s{\"requests\": %d, \"cuda_graphs\": %s, \"timed_steps\": %d, \"tokens_per_s\": %.3f, "
         "\"tokens_per_s_per_gpu\": %.3f, \"p50_s\": %.6f, \"p99_s\": %.6f, "
         "\"roofline_fraction\": %.6f, \"bytes_per_step\": %.6g, \"flops_per_step\": %.6g, "
         "\"exchange_bytes_per_step\": %.6g, \"all_to_all_s_per_step\": %.6g, "
         "\"synced_step_p50_s\": %.6g, \"seq0_tokens\": [%s], \"per_rank\": [%s]}",
-        decode.empty() ? "" : ", ", d.batch, d.steps, d.tokens_per_s, d.tokens_per_s_per_gpu,
+        decode.empty() ? "" : ", ", d.batch, d.cuda_graphs ? "true" : "false", d.steps, d.tokens_per_s, d.tokens_per_s_per_gpu,
         d.p50_seconds, d.p99_seconds, d.roofline_fraction, d.bytes_per_step, d.flops_per_step,
         d.exchange_bytes_per_step, d.all_to_all_seconds_per_step, d.synced_step_p50_seconds,
         json_list(d.seq0_tokens), per_rank);
@@ -837,12 +921,14 @@ std::string FormatBenchJson(const BenchConfig& c, const BenchResult& r) {
       "\"params\": %.0f, \"load_s\": %.3f, \"context\": %d, \"peak_bytes_per_s\": %.4g, "
       "\"peak_flops_per_s\": %.4g, \"prefill\": {\"tokens_per_step\": %d, \"step_s\": %.6f, "
       "\"tokens_per_s\": %.3f, \"roofline_fraction\": %.6f, \"bytes_per_step\": %.6g, "
-      "\"flops_per_step\": %.6g}, \"decode\": [%s], \"mem_peak_bytes\": %d}\n",
+      "\"flops_per_step\": %.6g}, \"decode\": [%s], \"mem_peak_bytes\": %d, "
+      "\"cuda_graphs\": %s, \"decode_graph_steps\": %d, \"graph_mem_peak_bytes\": %d}\n",
       model, r.backend, c.dtype, r.bytes_per_value, r.ranks, r.data_plane, r.param_count,
       r.load_seconds, c.context_length, c.peak_bytes_per_s, c.peak_flops_per_s,
       r.prefill_tokens_per_step, r.prefill_step_seconds, r.prefill_tokens_per_s,
       r.prefill_roofline_fraction, r.prefill_bytes_per_step, r.prefill_flops_per_step, decode,
-      r.device_bytes_reserved_peak);
+      r.device_bytes_reserved_peak, c.cuda_graphs ? "true" : "false", r.decode_graph_steps,
+      r.graph_bytes_reserved_peak);
 }
 
 std::string BenchCsvHeader() {

@@ -79,6 +79,13 @@ struct BenchConfig {
   // CUDA only: CudaBackend::SetMlaPrefillMinTokens (0: never use the tensor-core prefill
   // attention); -1 keeps the backend's default.
   int64_t mla_prefill_min_tokens = -1;
+  // Decode steps replayed from CUDA graphs per batch-size bucket (DecodeGraphOptions; cuda only,
+  // and never while op timing runs).
+  bool cuda_graphs = true;
+  int64_t cuda_graph_max_batch = 256;
+  // With cuda_graphs: after each batch size's timed steps, output_len more steps of the same
+  // sequences with graphs off, reported as a second decode result (one load for both).
+  bool compare_eager_decode = false;
   double peak_bytes_per_s = 4.3e12;
   double peak_flops_per_s = 790e12;
 };
@@ -118,6 +125,7 @@ struct DecodeResult {
   double exchange_bytes_per_step = 0;       // per rank, sent to other ranks
   double all_to_all_seconds_per_step = -1;  // time_all_to_all: mean over ranks of their p50
   double synced_step_p50_seconds = -1;      // time_all_to_all: step p50 (slowest rank) synced
+  bool cuda_graphs = false;          // measured with BenchConfig::cuda_graphs on
 };
 
 struct BenchResult {
@@ -135,6 +143,12 @@ struct BenchResult {
   double prefill_flops_per_step = 0;
   std::vector<DecodeResult> decode;         // one per BenchConfig::decode_num_requests
   int64_t device_bytes_reserved_peak = -1;  // -1: the backend cannot say (max over ranks)
+  // CUDA graph allocator (the recorded decode steps' activations), apart from the above.
+  int64_t graph_bytes_reserved_peak = -1;
+  // What the memory plan reserves for the graphs of the buckets this run used
+  // (DecodeGraphReserveBytes), to compare with the above.
+  int64_t graph_bytes_planned = 0;
+  int64_t decode_graph_steps = 0;  // decode steps that replayed a graph (or ran its padded path)
   // With op_timing_steps > 0 on CUDA (rank 0's).
   std::string prefill_op_report, decode_op_report;
 };

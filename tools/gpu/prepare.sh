@@ -64,6 +64,7 @@ tests=(
   //tests/parity:cuda_parity_test
   //worker/comm:nccl_communicator_test
   //worker/model:ep_expert_dispatcher_gpu_test
+  //worker/model:decode_graph_gpu_test
 )
 # The daemons and the CLI, for multi_gpu.sh (`deepinfer run --backend cuda`).
 daemons=(//coordinator/cli:deepinfer //coordinator:deepinfer-coordinator //worker:deepinfer-worker)

@@ -18,6 +18,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -142,6 +143,18 @@ struct RoutedExpertsArgs {
   float* out = nullptr;                    // [tokens, hidden_size], overwritten
 };
 
+// Ops recorded once by Backend::Capture and issued again by Replay (a CUDA graph): the same
+// kernels with the same arguments, reading and writing the same device addresses, so callers
+// change what a replay computes only by writing new values into the buffers it reads.
+class CapturedOps {
+ public:
+  virtual ~CapturedOps() = default;
+  // Issues the recorded ops on the backend's stream, ordered after every op issued before it
+  // (asynchronous like any op: copy results back, or Synchronize, to wait). An error launching
+  // them is returned here; errors of the ops themselves show in Backend::status().
+  virtual absl::Status Replay() = 0;
+};
+
 class Backend {
  public:
   virtual ~Backend() = default;
@@ -174,6 +187,22 @@ class Backend {
   // ordered with the ops without going through this interface (NCCL collectives of a device
   // communicator); null on the CPU, whose ops complete before returning.
   virtual void* native_stream() const { return nullptr; }
+
+  // ---- Capture and replay ------------------------------------------------------------------
+  // Whether Capture can be used now (CUDA: yes, except while per-op timing is on, which needs
+  // every op to run on its own; CPU: never).
+  virtual bool SupportsCapture() const { return false; }
+  // Runs `record` while recording, instead of running, the ops it issues on this backend, and
+  // returns them for replay. Buffers `record` allocates must be freed before it returns (they
+  // then become part of the recording's own memory); it must not copy to or from the host,
+  // synchronise, or depend on values computed by the ops it records, since none of them run.
+  // Returns record's error if it fails, FAILED_PRECONDITION naming the cause if the ops could not
+  // be recorded (e.g. an op that needs the host), UNIMPLEMENTED where SupportsCapture() is false.
+  // Errors while recording do not reach status(): the backend stays usable.
+  virtual absl::StatusOr<std::unique_ptr<CapturedOps>> Capture(
+      const std::function<absl::Status()>& record) {
+    return absl::UnimplementedError(name() + " backend: recording ops for replay is not supported");
+  }
 
   // ---- Dense math --------------------------------------------------------------------------
   // c[i, j] (+)= sum_p a[i, p] * w[j, p] for i < m, j < n, p < k. With a bf16 w, a is
@@ -237,8 +266,10 @@ class Backend {
   // Expert load statistics (EPLB): counts[ids[i]] += 1 for i in [0, n), on the device, so that
   // counting costs no host round-trip; the counts are read back only when a load window is
   // reported. Ids outside [0, num_experts) are not counted (the dispatcher reports them).
+  // count_limit (optional, device memory): only ids[i] with i < *count_limit are counted, so a
+  // replayed step of fixed size n can leave out its padding rows.
   virtual void AccumulateExpertCounts(int64_t n, const int32_t* ids, int64_t num_experts,
-                                      int64_t* counts) = 0;
+                                      const int32_t* count_limit, int64_t* counts) = 0;
 
   // ---- Sampling ----------------------------------------------------------------------------
   // Greedy sampling on the device: out[r] = argmax of logits row r (lowest index on ties).

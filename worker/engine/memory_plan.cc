@@ -53,6 +53,14 @@ int64_t ActivationReserveBytes(const ModelConfig& c, int32_t max_batch_tokens) {
          kFixedReserveBytes;
 }
 
+int64_t DecodeGraphReserveBytes(const ModelConfig& c, const std::vector<int64_t>& buckets) {
+  int64_t bytes = 0;
+  for (int64_t b : buckets) {
+    bytes += (ActivationReserveBytes(c, static_cast<int32_t>(b)) - kFixedReserveBytes) / 2;
+  }
+  return bytes;
+}
+
 int64_t KvBytesPerToken(const ModelConfig& c) {
   return c.num_hidden_layers * (c.kv_lora_rank + c.qk_rope_head_dim) *
          static_cast<int64_t>(sizeof(float));

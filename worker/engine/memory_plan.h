@@ -13,6 +13,7 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -32,6 +33,12 @@ struct MemoryPlanOptions {
 // dispatched rows and bf16 operand copies) plus the residual stream and a full logits row per
 // token, doubled for allocator fragmentation, plus 256 MiB for cuBLAS workspaces and kernels.
 int64_t ActivationReserveBytes(const ModelConfig& config, int32_t max_batch_tokens);
+
+// Decode steps recorded as CUDA graphs keep their activations in the graph allocator, apart
+// from the reserve above and for as long as the graphs live: per bucket (batch size, e.g.
+// DeepseekV3Model::DecodeGraphBuckets), that many tokens' live activations, not doubled (a
+// recorded graph's allocations do not fragment) and without the fixed part.
+int64_t DecodeGraphReserveBytes(const ModelConfig& config, const std::vector<int64_t>& buckets);
 
 // Bytes of latent KV cache per token (all layers, fp32 entries).
 int64_t KvBytesPerToken(const ModelConfig& config);

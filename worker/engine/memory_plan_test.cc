@@ -94,5 +94,17 @@ TEST(MemoryPlanTest, ReserveGrowsWithTheStepAndKvBytesFollowTheConfig) {
   EXPECT_EQ(KvBytesPerToken(c), 3 * (32 + 16) * 4);
 }
 
+TEST(MemoryPlanTest, DecodeGraphReserveCoversEveryBucketsTokensOnce) {
+  const ModelConfig c = SmallConfig();
+  const int64_t fixed = int64_t{256} << 20;
+  EXPECT_EQ(DecodeGraphReserveBytes(c, {}), 0);
+  // One bucket: half the (doubled) step reserve of that many tokens, without the fixed part.
+  EXPECT_EQ(2 * DecodeGraphReserveBytes(c, {64}), ActivationReserveBytes(c, 64) - fixed);
+  // Buckets add up: 1 + 2 + 4 tokens' worth.
+  EXPECT_EQ(DecodeGraphReserveBytes(c, {1, 2, 4}), 7 * DecodeGraphReserveBytes(c, {1}));
+  // Each bucket's logits rows are covered.
+  EXPECT_GE(DecodeGraphReserveBytes(c, {8}), 8 * c.vocab_size * 4);
+}
+
 }  // namespace
 }  // namespace deepinfer

@@ -463,7 +463,11 @@ bool RankGroup::FormRank(int local) {
   plan_options.utilization = options_.gpu_memory_utilization;
   plan_options.block_size = options_.block_size;
   plan_options.max_batch_tokens = options_.max_batch_tokens;
-  const int64_t reserve = ActivationReserveBytes(config, options_.max_batch_tokens);
+  int64_t reserve = ActivationReserveBytes(config, options_.max_batch_tokens);
+  if (options_.backend == "cuda" && options_.decode_graphs.enabled) {
+    reserve += DecodeGraphReserveBytes(
+        config, DeepseekV3Model::DecodeGraphBuckets(options_.decode_graphs.max_batch));
+  }
   const absl::StatusOr<DeviceMemoryInfo> before_load = r.backend->MemoryInfo();
   if (before_load.ok()) {
     if (absl::Status st = CheckWeightsFit(*before_load, weight_bytes, reserve, plan_options);
@@ -482,6 +486,7 @@ bool RankGroup::FormRank(int local) {
     return false;
   }
   r.model = std::move(*model);
+  r.model->SetDecodeGraphOptions(options_.decode_graphs);
   const int32_t bs = options_.block_size;
   int64_t blocks = 0;
   if (options_.kv_cache_tokens > 0) {

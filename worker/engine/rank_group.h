@@ -95,6 +95,9 @@ struct RankGroupOptions {
   // Matrix weight storage, "bfloat16" or "float32"; empty: the backend's default
   // (BackendOptions::dtype).
   std::string dtype;
+  // Decode steps replayed from CUDA graphs per batch-size bucket (used where the backend can
+  // record: cuda; DeepseekV3Model::SetDecodeGraphOptions).
+  DecodeGraphOptions decode_graphs;
   int threads_per_rank = 1;
   // KV cache per rank, in tokens. 0: planned from GPU memory (memory_plan.h) on a GPU, and
   // kDefaultCpuKvCacheTokens on the CPU; > 0: exactly this many (rounded up to whole blocks).

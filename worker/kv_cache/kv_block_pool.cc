@@ -1,11 +1,17 @@
 // KvBlockPool: free-list allocation of paged latent-cache blocks.
 #include "worker/kv_cache/kv_block_pool.h"
 
+#include <atomic>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
 
 namespace deepinfer {
+namespace {
+
+std::atomic<uint64_t> next_pool_id{0};
+
+}  // namespace
 
 absl::StatusOr<std::unique_ptr<KvBlockPool>> KvBlockPool::Create(Backend* backend,
                                                                  const KvBlockPoolOptions& o) {
@@ -24,7 +30,7 @@ absl::StatusOr<std::unique_ptr<KvBlockPool>> KvBlockPool::Create(Backend* backen
 
 KvBlockPool::KvBlockPool(const KvBlockPoolOptions& options,
                          std::vector<std::unique_ptr<DeviceBuffer>> layers)
-    : options_(options), layers_(std::move(layers)) {
+    : options_(options), id_(next_pool_id.fetch_add(1) + 1), layers_(std::move(layers)) {
   absl::MutexLock lock(&mu_);
   in_use_.assign(options_.num_blocks, 0);
   // Hand out low ids first (pop from the back).

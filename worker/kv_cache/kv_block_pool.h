@@ -44,11 +44,15 @@ class KvBlockPool {
   const KvBlockPoolOptions& options() const { return options_; }
   // Cache view of one layer for the attention ops.
   PagedLatentCacheView LayerView(int32_t layer) const;
+  // Different for every pool this process creates: lets a user of a pool's addresses (the
+  // model's recorded decode graphs) notice that it was handed another pool.
+  uint64_t id() const { return id_; }
 
  private:
   KvBlockPool(const KvBlockPoolOptions& options, std::vector<std::unique_ptr<DeviceBuffer>> layers);
 
   const KvBlockPoolOptions options_;
+  const uint64_t id_;
   std::vector<std::unique_ptr<DeviceBuffer>> layers_;
   mutable absl::Mutex mu_;
   std::vector<int32_t> free_ ABSL_GUARDED_BY(mu_);  // used as a stack: LIFO reuse

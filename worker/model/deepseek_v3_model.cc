@@ -2,10 +2,13 @@
 #include "worker/model/deepseek_v3_model.h"
 
 #include <algorithm>
+#include <chrono>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "worker/sampling/device_sampler.h"
+#include "absl/strings/str_format.h"
+#include "glog/logging.h"
 
 namespace deepinfer {
 namespace {
@@ -17,10 +20,32 @@ constexpr float kLatentNormEps = 1e-6f;
 
 struct DeepseekV3Model::StepContext {
   int64_t num_tokens = 0;
-  std::unique_ptr<DeviceBuffer> positions, slots, token_seq, context_len, block_tables;
+  // Device int32 arrays: per token, then block tables [sequences, max_blocks_per_seq].
+  const int32_t* positions = nullptr;
+  const int32_t* slots = nullptr;
+  const int32_t* token_seq = nullptr;
+  const int32_t* context_len = nullptr;
+  const int32_t* block_tables = nullptr;
   int32_t max_blocks_per_seq = 0;
   KvBlockPool* cache = nullptr;
   std::vector<MlaSequenceSpan> spans;  // host copy of each sequence's rows, for MlaAttention
+  // Device int32: how many (token, expert) pairs EPLB counts (a padded step's real tokens x
+  // top_k); null: all of them.
+  const int32_t* counted_pairs = nullptr;
+  // Routed experts only through Backend::RoutedExperts (a recorded step cannot go through the
+  // dispatcher, which needs the host): FAILED_PRECONDITION where that path refuses.
+  bool device_only = false;
+};
+
+// Inputs and outputs of one bucket's decode step stay at fixed device addresses: the recorded
+// ops read and write exactly these. inputs (int32): ids | positions | slots | token_seq |
+// context_len [bucket each] | counted pairs [1] | block tables [bucket, graph_max_blocks_];
+// outputs: token (int32) | logprob (float) [bucket each].
+struct DeepseekV3Model::DecodeGraph {
+  int64_t bucket = 0;
+  std::unique_ptr<DeviceBuffer> inputs, outputs;
+  std::vector<int32_t> host_inputs;  // staging for the one upload per step
+  std::unique_ptr<CapturedOps> ops;  // null until recorded (or with replay off)
 };
 
 absl::StatusOr<std::unique_ptr<DeepseekV3Model>> DeepseekV3Model::Create(
@@ -69,6 +94,32 @@ DeepseekV3Model::DeepseekV3Model(const ModelConfig& config, std::unique_ptr<Mode
     expert_counts_ =
         backend_->Allocate(num_moe_layers_ * config_.n_routed_experts * sizeof(int64_t));
   }
+  graph_buckets_ = DecodeGraphBuckets(graph_options_.max_batch);
+}
+
+DeepseekV3Model::~DeepseekV3Model() { DropDecodeGraphs(); }
+
+std::vector<int64_t> DeepseekV3Model::DecodeGraphBuckets(int64_t max_batch) {
+  std::vector<int64_t> buckets;
+  for (int64_t b : {1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 160, 192, 256}) {
+    if (b < max_batch) buckets.push_back(b);
+  }
+  for (int64_t b = 320; b < max_batch; b += 64) buckets.push_back(b);
+  if (max_batch >= 1) buckets.push_back(max_batch);
+  return buckets;
+}
+
+void DeepseekV3Model::SetDecodeGraphOptions(const DecodeGraphOptions& options) {
+  graph_options_ = options;
+  graph_buckets_ = DecodeGraphBuckets(options.max_batch);
+  DropDecodeGraphs();
+  failed_buckets_.clear();
+}
+
+void DeepseekV3Model::DropDecodeGraphs() {
+  // Recorded ops may still be running: they must finish before their buffers are freed.
+  if (!decode_graphs_.empty()) backend_->Synchronize();
+  decode_graphs_.clear();
 }
 
 std::vector<int64_t> DeepseekV3Model::TakeExpertCounts() {
@@ -102,6 +153,7 @@ std::vector<std::vector<int64_t>> DeepseekV3Model::MissingExperts(
 // only: fp32 is the parity mode, and there the dispatcher path keeps one rank bit-identical to
 // expert parallelism (same GEMM calls, same combine order; ep_expert_dispatcher_gpu_test).
 void DeepseekV3Model::BuildExpertTables() {
+  DropDecodeGraphs();  // they hold the tables' addresses
   expert_tables_.clear();
   const int64_t E = config_.n_routed_experts;
   if (dispatcher_ != nullptr && dispatcher_->single_rank() &&
@@ -188,6 +240,9 @@ absl::StatusOr<StepOutput> DeepseekV3Model::Step(const std::vector<SequenceStep>
       co.rope_dim != c.qk_rope_head_dim) {
     return absl::InvalidArgumentError("DeepseekV3Model::Step: KV cache geometry does not match");
   }
+  if (std::optional<absl::StatusOr<StepOutput>> out = DecodeWithGraph(batch, cache)) {
+    return *std::move(out);
+  }
   // Host-side metadata for every new token.
   StepContext ctx;
   ctx.cache = cache;
@@ -240,29 +295,22 @@ absl::StatusOr<StepOutput> DeepseekV3Model::Step(const std::vector<SequenceStep>
     return buf;
   };
   auto ids_dev = upload_ints(ids);
-  ctx.positions = upload_ints(positions);
-  ctx.slots = upload_ints(slots);
-  ctx.token_seq = upload_ints(token_seq);
-  ctx.context_len = upload_ints(context_len);
-  ctx.block_tables = upload_ints(tables);
+  auto positions_dev = upload_ints(positions);
+  auto slots_dev = upload_ints(slots);
+  auto token_seq_dev = upload_ints(token_seq);
+  auto context_len_dev = upload_ints(context_len);
+  auto tables_dev = upload_ints(tables);
+  ctx.positions = positions_dev->as<int32_t>();
+  ctx.slots = slots_dev->as<int32_t>();
+  ctx.token_seq = token_seq_dev->as<int32_t>();
+  ctx.context_len = context_len_dev->as<int32_t>();
+  ctx.block_tables = tables_dev->as<int32_t>();
 
   const int64_t H = c.hidden_size;
-  auto x = Floats(T * H), h = Floats(T * H), y = Floats(T * H);
+  auto x = Floats(T * H);
   float* xp = x->as<float>();
-  float* hp = h->as<float>();
-  float* yp = y->as<float>();
-  backend_->GatherRows(T, H, weights_->embed->as<float>(), ids_dev->as<int32_t>(), xp);
+  if (absl::Status st = Layers(ctx, ids_dev->as<int32_t>(), xp); !st.ok()) return st;
   const float eps = static_cast<float>(c.rms_norm_eps);
-  for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
-    const LayerWeights& L = weights_->layers[l];
-    backend_->RmsNorm(T, H, xp, H, L.input_norm->as<float>(), eps, hp, H);
-    Attention(l, ctx, hp, yp);
-    backend_->Add(T * H, xp, yp, xp);
-    backend_->RmsNorm(T, H, xp, H, L.post_attention_norm->as<float>(), eps, hp, H);
-    absl::Status st = L.moe ? Moe(l, T, hp, yp) : Mlp(L.dense, T, hp, yp);
-    if (!st.ok()) return st;
-    backend_->Add(T * H, xp, yp, xp);
-  }
   // Final norm and LM head only for the rows whose logits are wanted.
   const int64_t R = static_cast<int64_t>(out_rows.size());
   auto rows_dev = upload_ints(out_rows);
@@ -354,6 +402,207 @@ absl::StatusOr<StepOutput> DeepseekV3Model::SampleOrCopyLogits(
   return out;
 }
 
+absl::Status DeepseekV3Model::Layers(const StepContext& ctx, const int32_t* ids, float* xp) {
+  const ModelConfig& c = config_;
+  const int64_t T = ctx.num_tokens, H = c.hidden_size;
+  auto h = Floats(T * H), y = Floats(T * H);
+  float* hp = h->as<float>();
+  float* yp = y->as<float>();
+  backend_->GatherRows(T, H, weights_->embed->as<float>(), ids, xp);
+  const float eps = static_cast<float>(c.rms_norm_eps);
+  for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
+    const LayerWeights& L = weights_->layers[l];
+    backend_->RmsNorm(T, H, xp, H, L.input_norm->as<float>(), eps, hp, H);
+    Attention(l, ctx, hp, yp);
+    backend_->Add(T * H, xp, yp, xp);
+    backend_->RmsNorm(T, H, xp, H, L.post_attention_norm->as<float>(), eps, hp, H);
+    absl::Status st = L.moe ? Moe(l, T, hp, yp, ctx) : Mlp(L.dense, T, hp, yp);
+    if (!st.ok()) return st;
+    backend_->Add(T * H, xp, yp, xp);
+  }
+  return absl::OkStatus();
+}
+
+std::optional<absl::StatusOr<StepOutput>> DeepseekV3Model::DecodeWithGraph(
+    const std::vector<SequenceStep>& batch, KvBlockPool* cache) {
+  const ModelConfig& c = config_;
+  const int64_t n = static_cast<int64_t>(batch.size());
+  if (!graph_options_.enabled || n == 0 || graph_buckets_.empty() || n > graph_buckets_.back() ||
+      !backend_->SupportsCapture()) {
+    return std::nullopt;
+  }
+  if (num_moe_layers_ > 0 && expert_tables_.empty()) return std::nullopt;  // dispatcher path
+  const int32_t bs = cache->block_size();
+  // The graphs' fixed block-table width: the longest sequence the cache (and the model) allows.
+  int32_t max_blocks = cache->num_blocks();
+  if (c.max_position_embeddings > 0) {
+    max_blocks = std::min<int32_t>(max_blocks,
+                                   static_cast<int32_t>((c.max_position_embeddings + bs - 1) / bs));
+  }
+  for (const SequenceStep& s : batch) {
+    if (s.tokens.size() != 1 || s.return_logits || !s.sampling.has_value() ||
+        s.sampling->temperature > 0.0f || s.sampling->num_logprobs != 0) {
+      return std::nullopt;
+    }
+    // Malformed input goes the general way, which names what is wrong.
+    const int64_t needed = s.position_offset / bs + 1;
+    if (s.tokens[0] < 0 || s.tokens[0] >= c.vocab_size || s.position_offset < 0 ||
+        static_cast<int64_t>(s.block_table.size()) < needed || needed > max_blocks) {
+      return std::nullopt;
+    }
+    for (int64_t b = 0; b < needed; ++b) {
+      if (s.block_table[b] < 0 || s.block_table[b] >= cache->num_blocks()) return std::nullopt;
+    }
+  }
+  const int64_t bucket = *std::lower_bound(graph_buckets_.begin(), graph_buckets_.end(), n);
+  if (failed_buckets_.count(bucket)) return std::nullopt;
+
+  // Graphs hold the cache's addresses and a block of it for padding rows: a new cache (or a new
+  // geometry) means new graphs.
+  if (graph_cache_id_ != cache->id() || graph_max_blocks_ != max_blocks) {
+    DropDecodeGraphs();
+    graph_cache_id_ = 0;
+    graph_cache_ = nullptr;
+    padding_block_ = -1;
+    absl::StatusOr<std::vector<int32_t>> block = cache->Allocate(1);
+    if (!block.ok()) return std::nullopt;  // full: try again with the next step
+    graph_cache_id_ = cache->id();
+    graph_cache_ = cache;
+    padding_block_ = (*block)[0];
+    graph_max_blocks_ = max_blocks;
+  }
+
+  std::unique_ptr<DecodeGraph>& slot = decode_graphs_[bucket];
+  const bool first_use = slot == nullptr;
+  if (first_use) {
+    slot = std::make_unique<DecodeGraph>();
+    slot->bucket = bucket;
+    const size_t ints = 5 * bucket + 1 + bucket * static_cast<size_t>(max_blocks);
+    slot->host_inputs.assign(ints, 0);
+    slot->inputs = backend_->Allocate(ints * sizeof(int32_t));
+    slot->outputs = backend_->Allocate(2 * bucket * sizeof(int32_t));
+  }
+  DecodeGraph& g = *slot;
+  const int64_t B = bucket;
+  int32_t* in = g.host_inputs.data();
+  int32_t* tables = in + 5 * B + 1;
+  const int32_t pad_slot = padding_block_ * bs;
+  for (int64_t i = 0; i < B; ++i) {
+    int32_t* row = tables + i * max_blocks;
+    std::fill(row, row + max_blocks, padding_block_);
+    in[3 * B + i] = static_cast<int32_t>(i);  // token_seq
+    if (i < n) {
+      const SequenceStep& s = batch[i];
+      const int64_t pos = s.position_offset;
+      const int64_t used =
+          std::min<int64_t>(static_cast<int64_t>(s.block_table.size()), max_blocks);
+      std::copy(s.block_table.begin(), s.block_table.begin() + used, row);
+      in[i] = s.tokens[0];
+      in[B + i] = static_cast<int32_t>(pos);
+      in[2 * B + i] = s.block_table[pos / bs] * bs + static_cast<int32_t>(pos % bs);
+      in[4 * B + i] = static_cast<int32_t>(pos + 1);
+    } else {
+      // Padding: token 0 at position 0 of the reserved block, seeing only itself.
+      in[i] = 0;
+      in[B + i] = 0;
+      in[2 * B + i] = pad_slot;
+      in[4 * B + i] = 1;
+    }
+  }
+  in[5 * B] = static_cast<int32_t>(n * c.num_experts_per_tok);  // EPLB counts real rows only
+  backend_->CopyToDevice(in, g.host_inputs.size() * sizeof(int32_t), g.inputs->data());
+
+  if (g.ops != nullptr) {
+    if (absl::Status st = g.ops->Replay(); !st.ok()) return absl::StatusOr<StepOutput>(st);
+  } else {
+    // First use (or replay off): run the same ops eagerly. This also loads every kernel once
+    // before anything is recorded.
+    absl::Status st = DecodeForward(g);
+    if (!st.ok()) {
+      if (st.code() != absl::StatusCode::kFailedPrecondition) {
+        return absl::StatusOr<StepOutput>(st);
+      }
+      // The device path refused (e.g. routed experts it cannot run): the layers before it only
+      // rewrote this step's cache entries, which the general path writes again.
+      LOG(WARNING) << "decode graphs: batch bucket " << B << " runs eagerly: " << st;
+      failed_buckets_.insert(B);
+      decode_graphs_.erase(B);
+      return std::nullopt;
+    }
+  }
+  std::vector<int32_t> out_host(2 * B);
+  backend_->CopyToHost(g.outputs->data(), 2 * B * sizeof(int32_t), out_host.data());
+  if (absl::Status st = backend_->status(); !st.ok()) return absl::StatusOr<StepOutput>(st);
+  ++decode_graph_steps_;
+
+  if (first_use && graph_options_.replay) {
+    // Record for the next steps (nothing runs now).
+    const auto t0 = std::chrono::steady_clock::now();
+    absl::StatusOr<DeviceMemoryInfo> before = backend_->MemoryInfo();
+    absl::StatusOr<std::unique_ptr<CapturedOps>> ops =
+        backend_->Capture([&] { return DecodeForward(g); });
+    if (!ops.ok()) {
+      LOG(WARNING) << "decode graphs: recording batch bucket " << B
+                   << " failed, it runs eagerly: " << ops.status();
+      failed_buckets_.insert(B);
+      decode_graphs_.erase(B);
+    } else {
+      g.ops = std::move(*ops);
+      ++decode_graphs_recorded_;
+      const double ms =
+          std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+      absl::StatusOr<DeviceMemoryInfo> after = backend_->MemoryInfo();
+      std::string mem;
+      if (before.ok() && after.ok()) {
+        mem = absl::StrFormat(
+            ", device memory in use +%.1f MiB",
+            (static_cast<double>(before->free_bytes) - after->free_bytes) / (1 << 20));
+      }
+      LOG(INFO) << absl::StrFormat("decode graph for batch bucket %d recorded in %.1f ms%s", B, ms,
+                                   mem);
+    }
+  }
+
+  StepOutput out;
+  out.logits.resize(n);
+  out.sampled.resize(n);
+  const float* logprobs = reinterpret_cast<const float*>(out_host.data() + B);
+  for (int64_t i = 0; i < n; ++i) {
+    out.sampled[i].token = out_host[i];
+    out.sampled[i].logprob = logprobs[i];
+  }
+  return absl::StatusOr<StepOutput>(std::move(out));
+}
+
+absl::Status DeepseekV3Model::DecodeForward(const DecodeGraph& g) {
+  const ModelConfig& c = config_;
+  const int64_t B = g.bucket, H = c.hidden_size, V = c.vocab_size;
+  const int32_t* in = g.inputs->as<int32_t>();
+  StepContext ctx;
+  ctx.num_tokens = B;
+  ctx.positions = in + B;
+  ctx.slots = in + 2 * B;
+  ctx.token_seq = in + 3 * B;
+  ctx.context_len = in + 4 * B;
+  ctx.counted_pairs = in + 5 * B;
+  ctx.block_tables = in + 5 * B + 1;
+  ctx.max_blocks_per_seq = graph_max_blocks_;
+  ctx.cache = graph_cache_;
+  ctx.device_only = true;
+  auto x = Floats(B * H);
+  if (absl::Status st = Layers(ctx, in, x->as<float>()); !st.ok()) return st;
+  // Every row is a sequence's last token: final norm, LM head and greedy pick for all of them.
+  auto sel = Floats(B * H);
+  backend_->RmsNorm(B, H, x->as<float>(), H, weights_->final_norm->as<float>(),
+                    static_cast<float>(c.rms_norm_eps), sel->as<float>(), H);
+  auto logits = Floats(B * V);
+  backend_->Gemm(B, V, H, sel->as<float>(), H, weights_->Matrix(weights_->lm_head), H,
+                 logits->as<float>(), V, false);
+  int32_t* out = g.outputs->as<int32_t>();
+  backend_->GreedySampleRows(B, V, logits->as<float>(), out, reinterpret_cast<float*>(out + B));
+  return absl::OkStatus();
+}
+
 void DeepseekV3Model::Attention(int64_t layer, const StepContext& ctx, const float* h, float* out) {
   const ModelConfig& c = config_;
   const ModelWeights& W = *weights_;
@@ -361,7 +610,7 @@ void DeepseekV3Model::Attention(int64_t layer, const StepContext& ctx, const flo
   const int64_t T = ctx.num_tokens, H = c.hidden_size, nh = c.num_attention_heads;
   const int64_t nope = c.qk_nope_head_dim, rope = c.qk_rope_head_dim, vd = c.v_head_dim;
   const int64_t kvl = c.kv_lora_rank, qk = c.qk_head_dim(), qdim = nh * qk;
-  const int32_t* positions = ctx.positions->as<int32_t>();
+  const int32_t* positions = ctx.positions;
 
   // Queries: [T, heads, nope | rope].
   auto q = Floats(T * qdim);
@@ -388,8 +637,8 @@ void DeepseekV3Model::Attention(int64_t layer, const StepContext& ctx, const flo
   backend_->ApplyRope(T, nh, q->as<float>() + nope, qdim, qk, rope, positions,
                       inv_freq_->as<float>(), rope_attention_factor_, il);
   const PagedLatentCacheView view = ctx.cache->LayerView(static_cast<int32_t>(layer));
-  backend_->WriteLatentCache(T, latent->as<float>(), kvl, kv->as<float>() + kvl, kvw,
-                             ctx.slots->as<int32_t>(), view);
+  backend_->WriteLatentCache(T, latent->as<float>(), kvl, kv->as<float>() + kvl, kvw, ctx.slots,
+                             view);
 
   // Absorb W_uk into the query: q_latent[t, h] = q_nope[t, h] · W_uk[h], all heads in one
   // batched GEMM (head h: the nope slice of q's head h, block h of w_uk_t, column block h).
@@ -405,10 +654,10 @@ void DeepseekV3Model::Attention(int64_t layer, const StepContext& ctx, const flo
   args.q_rope_token_stride = qdim;
   args.q_rope_head_stride = qk;
   args.cache = view;
-  args.block_tables = ctx.block_tables->as<int32_t>();
+  args.block_tables = ctx.block_tables;
   args.max_blocks_per_seq = ctx.max_blocks_per_seq;
-  args.token_seq = ctx.token_seq->as<int32_t>();
-  args.context_len = ctx.context_len->as<int32_t>();
+  args.token_seq = ctx.token_seq;
+  args.context_len = ctx.context_len;
   args.softmax_scale = softmax_scale_;
   args.out_latent = o_latent->as<float>();
   args.sequences = ctx.spans.data();
@@ -435,7 +684,8 @@ absl::Status DeepseekV3Model::Mlp(const MlpWeights& w, int64_t rows, const float
   return absl::OkStatus();
 }
 
-absl::Status DeepseekV3Model::Moe(int64_t layer, int64_t rows, const float* h, float* out) {
+absl::Status DeepseekV3Model::Moe(int64_t layer, int64_t rows, const float* h, float* out,
+                                  const StepContext& ctx) {
   const ModelConfig& c = config_;
   const LayerWeights& L = weights_->layers[layer];
   const int64_t H = c.hidden_size, E = c.n_routed_experts, K = c.num_experts_per_tok;
@@ -458,15 +708,25 @@ absl::Status DeepseekV3Model::Moe(int64_t layer, int64_t rows, const float* h, f
   ra.topk_ids = topk_ids->as<int32_t>();
   ra.topk_weights = topk_w->as<float>();
   backend_->NoauxTcRoute(ra);
-  // EPLB load statistics, on the device (read back by TakeExpertCounts).
-  backend_->AccumulateExpertCounts(rows * K, topk_ids->as<int32_t>(), E,
-                                   expert_counts_->as<int64_t>() + moe * E);
+  // EPLB load statistics, on the device (read back by TakeExpertCounts); counted once the path
+  // is known, so that a refused device-only step has counted nothing.
+  auto count = [&] {
+    backend_->AccumulateExpertCounts(rows * K, topk_ids->as<int32_t>(), E, ctx.counted_pairs,
+                                     expert_counts_->as<int64_t>() + moe * E);
+  };
 
   absl::Status st;
   if (!expert_tables_.empty() && RoutedExpertsOnDevice(layer, rows, h, topk_ids->as<int32_t>(),
                                                        topk_w->as<float>(), out)) {
+    count();
     return SharedExperts(L, rows, h, out);
   }
+  if (ctx.device_only) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("the backend cannot run the routed experts of ", rows,
+                     " tokens on the device (Backend::RoutedExperts)"));
+  }
+  count();
   DispatchedTokens d;
   st = dispatcher_->Dispatch(moe, rows, K, h, topk_ids->as<int32_t>(), topk_w->as<float>(), &d);
   if (!st.ok()) return st;

@@ -8,6 +8,8 @@
 // queries are projected into the latent space through W_uk and outputs lifted back through W_uv.
 // Routed experts go through an ExpertDispatcher (dispatch -> grouped GEMM -> combine): local
 // (LocalExpertDispatcher) or expert-parallel over a communicator (EpExpertDispatcher).
+// Decode steps that qualify (DecodeGraphOptions) are padded to a batch-size bucket and replayed
+// from ops recorded once per bucket (Backend::Capture: CUDA graphs).
 #ifndef DEEPINFER_WORKER_MODEL_DEEPSEEK_V3_MODEL_H_
 #define DEEPINFER_WORKER_MODEL_DEEPSEEK_V3_MODEL_H_
 
@@ -15,6 +17,7 @@
 #include <map>
 #include <memory>
 #include <optional>
+#include <set>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -50,6 +53,19 @@ struct StepOutput {
   std::vector<SampledToken> sampled;
 };
 
+// Decode steps recorded once per batch-size bucket and replayed (Backend::Capture: CUDA graphs).
+// A step takes this path when the backend can record, every sequence brings exactly one new
+// token, is greedy-sampled on the device (sampling set, temperature <= 0, no top logprobs, no
+// logits returned), the routed experts run on the device (one rank hosting every expert), and
+// the batch fits the largest bucket; everything else runs as before.
+struct DecodeGraphOptions {
+  bool enabled = true;      // --cuda-graphs
+  int64_t max_batch = 256;  // --cuda-graph-max-batch: the largest bucket (>= 1)
+  // false: run the padded per-bucket decode path without recording it (tests: tells the effect
+  // of padding apart from that of replay).
+  bool replay = true;
+};
+
 class DeepseekV3Model {
  public:
   // The dispatcher must serve every expert the router can choose (all of them for a local
@@ -57,6 +73,7 @@ class DeepseekV3Model {
   static absl::StatusOr<std::unique_ptr<DeepseekV3Model>> Create(
       const ModelConfig& config, std::unique_ptr<ModelWeights> weights, Backend* backend,
       std::unique_ptr<ExpertDispatcher> dispatcher);
+  ~DeepseekV3Model();
 
   // Runs one forward step. An empty batch still runs every layer, so an expert-parallel rank
   // without tokens takes part in each MoE layer's exchange. Not thread-safe: one engine loop
@@ -65,6 +82,17 @@ class DeepseekV3Model {
   // the dispatcher cannot serve; a dispatcher's communicator error as it is; the backend's first
   // error (Backend::status(), e.g. a failed CUDA call) if it has one.
   absl::StatusOr<StepOutput> Step(const std::vector<SequenceStep>& batch, KvBlockPool* cache);
+
+  // Replaces the decode graph options (drops graphs recorded so far).
+  void SetDecodeGraphOptions(const DecodeGraphOptions& options);
+  const DecodeGraphOptions& decode_graph_options() const { return graph_options_; }
+  // Batch sizes decode steps are padded to: 1 2 4 8 16 24 32 48 64 96 128 160 192 256, then
+  // steps of 64, those <= max_batch, and max_batch itself last.
+  static std::vector<int64_t> DecodeGraphBuckets(int64_t max_batch);
+  // Decode steps that ran on the padded bucket path (replayed or, with replay off, eager) and
+  // graphs recorded so far: for tests and logs.
+  int64_t decode_graph_steps() const { return decode_graph_steps_; }
+  int64_t decode_graphs_recorded() const { return decode_graphs_recorded_; }
 
   const ModelConfig& config() const { return config_; }
   int64_t num_moe_layers() const { return num_moe_layers_; }
@@ -99,9 +127,21 @@ class DeepseekV3Model {
   // backend's status. logits: [rows, vocab], each sequence's rows in batch order.
   absl::StatusOr<StepOutput> SampleOrCopyLogits(const std::vector<SequenceStep>& batch,
                                                 const float* logits, int64_t rows);
+  struct DecodeGraph;  // one bucket's recorded decode step and its persistent buffers
+  // Embedding and every layer for ctx's tokens (ids: device [T]); x [T, hidden] ends as the
+  // residual stream after the last layer.
+  absl::Status Layers(const StepContext& ctx, const int32_t* ids, float* x);
+  // The decode fast path (see DecodeGraphOptions): nullopt when the batch does not qualify (the
+  // caller then runs the general path, which also reports malformed input).
+  std::optional<absl::StatusOr<StepOutput>> DecodeWithGraph(const std::vector<SequenceStep>& batch,
+                                                            KvBlockPool* cache);
+  // The device-only decode step of one bucket, reading g's inputs and writing its outputs: what
+  // is recorded and replayed.
+  absl::Status DecodeForward(const DecodeGraph& g);
+  void DropDecodeGraphs();
   void Attention(int64_t layer, const StepContext& ctx, const float* h, float* out);
   absl::Status Mlp(const MlpWeights& w, int64_t rows, const float* h, float* out);
-  absl::Status Moe(int64_t layer, int64_t rows, const float* h, float* out);
+  absl::Status Moe(int64_t layer, int64_t rows, const float* h, float* out, const StepContext& ctx);
   // Backend::RoutedExperts for one rank hosting every expert; false: use the dispatcher.
   bool RoutedExpertsOnDevice(int64_t layer, int64_t rows, const float* h, const int32_t* topk_ids,
                              const float* topk_w, float* out);
@@ -131,6 +171,19 @@ class DeepseekV3Model {
   std::vector<int64_t> moe_index_;
   int64_t num_moe_layers_ = 0;
   std::unique_ptr<DeviceBuffer> expert_counts_;  // int64 [num_moe_layers, n_routed_experts]
+
+  // Decode graphs, per bucket, valid for the cache they were made with (graph_cache_id_): they
+  // hold its addresses, as they hold the expert tables' (dropped by BuildExpertTables).
+  DecodeGraphOptions graph_options_;
+  std::vector<int64_t> graph_buckets_;
+  std::map<int64_t, std::unique_ptr<DecodeGraph>> decode_graphs_;
+  std::set<int64_t> failed_buckets_;  // recording failed: general path from then on
+  uint64_t graph_cache_id_ = 0;
+  KvBlockPool* graph_cache_ = nullptr;
+  int32_t padding_block_ = -1;    // a block of graph_cache_ kept for padding rows' cache writes
+  int32_t graph_max_blocks_ = 0;  // fixed block-table width of the graphs
+  int64_t decode_graph_steps_ = 0;
+  int64_t decode_graphs_recorded_ = 0;
 };
 
 }  // namespace deepinfer

@@ -305,7 +305,8 @@ void CpuBackend::MlaAttention(const MlaAttentionArgs& args) {
 }
 
 void CpuBackend::AccumulateExpertCounts(int64_t n, const int32_t* ids, int64_t num_experts,
-                                        int64_t* counts) {
+                                        const int32_t* count_limit, int64_t* counts) {
+  if (count_limit != nullptr) n = std::min<int64_t>(n, std::max<int32_t>(0, *count_limit));
   // Sequential: n is tokens x top_k of one step, far cheaper than the router GEMM before it.
   for (int64_t i = 0; i < n; ++i) {
     if (ids[i] >= 0 && ids[i] < num_experts) ++counts[ids[i]];

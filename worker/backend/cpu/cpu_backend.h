@@ -56,7 +56,7 @@ class CpuBackend : public Backend {
   void MlaAttention(const MlaAttentionArgs& args) override;
   void NoauxTcRoute(const NoauxTcRouteArgs& args) override;
   void AccumulateExpertCounts(int64_t n, const int32_t* ids, int64_t num_experts,
-                              int64_t* counts) override;
+                              const int32_t* count_limit, int64_t* counts) override;
   void ArgmaxRows(int64_t rows, int64_t vocab, const float* logits, int32_t* out) override;
   void GreedySampleRows(int64_t rows, int64_t vocab, const float* logits, int32_t* token,
                         float* logprob) override;

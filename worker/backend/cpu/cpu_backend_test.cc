@@ -278,10 +278,22 @@ TEST(CpuBackendTest, AccumulateExpertCountsAddsAndSkipsOutOfRangeIds) {
   CpuBackend be(1);
   std::vector<int64_t> counts = {10, 0, 0, 1};
   const std::vector<int32_t> ids = {0, 2, 2, -1, 4, 3, 2};
-  be.AccumulateExpertCounts(static_cast<int64_t>(ids.size()), ids.data(), 4, counts.data());
+  be.AccumulateExpertCounts(static_cast<int64_t>(ids.size()), ids.data(), 4, nullptr,
+                            counts.data());
   EXPECT_EQ(counts, (std::vector<int64_t>{11, 0, 3, 2}));
-  be.AccumulateExpertCounts(0, ids.data(), 4, counts.data());
+  be.AccumulateExpertCounts(0, ids.data(), 4, nullptr, counts.data());
   EXPECT_EQ(counts, (std::vector<int64_t>{11, 0, 3, 2}));
+  // A limit counts only the first ids (the padding rows of a replayed step are left out).
+  const int32_t limit = 3;
+  be.AccumulateExpertCounts(static_cast<int64_t>(ids.size()), ids.data(), 4, &limit, counts.data());
+  EXPECT_EQ(counts, (std::vector<int64_t>{12, 0, 5, 2}));
+}
+
+TEST(CpuBackendTest, CaptureIsNotSupported) {
+  CpuBackend be(1);
+  EXPECT_FALSE(be.SupportsCapture());
+  auto captured = be.Capture([] { return absl::OkStatus(); });
+  EXPECT_EQ(captured.status().code(), absl::StatusCode::kUnimplemented);
 }
 
 TEST(CpuBackendTest, NoauxTcRouterGroupLimitBiasAndUnbiasedWeights) {

@@ -56,6 +56,25 @@ bool FitsInt(int64_t v) { return v >= 0 && v <= std::numeric_limits<int>::max();
 // 48 rows per expert, 128 from 96 rows on (256 never clearly better).
 int32_t ChunkRowsFor(int64_t avg_rows) { return avg_rows < 96 ? 64 : 128; }
 
+// An instantiated CUDA graph, launched on the backend's stream.
+class CudaGraphOps : public CapturedOps {
+ public:
+  CudaGraphOps(cudaGraph_t graph, cudaGraphExec_t exec, cudaStream_t stream)
+      : graph_(graph), exec_(exec), stream_(stream) {}
+  ~CudaGraphOps() override {
+    cudaGraphExecDestroy(exec_);
+    cudaGraphDestroy(graph_);
+  }
+  absl::Status Replay() override {
+    return CudaStatus(cudaGraphLaunch(exec_, stream_), "cudaGraphLaunch");
+  }
+
+ private:
+  cudaGraph_t graph_;
+  cudaGraphExec_t exec_;
+  cudaStream_t stream_;
+};
+
 }  // namespace
 
 class CudaBackend::OpTimer {
@@ -168,28 +187,101 @@ absl::StatusOr<std::unique_ptr<CudaBackend>> CudaBackend::Create(int device,
   // Plain fp32 arithmetic: TF32 tensor cores would cost the 1e-3 parity with HF float32.
   if (st.ok())
     st = CublasStatus(cublasSetMathMode(cublas, CUBLAS_DEFAULT_MATH), "cublasSetMathMode");
+  // A workspace of our own: cuBLAS then never allocates while a graph is recorded, and eager
+  // and recorded GEMMs see the same workspace size (the same algorithm choices).
+  void* workspace = nullptr;
+  if (st.ok()) st = CudaStatus(cudaMalloc(&workspace, kCublasWorkspaceBytes), "cudaMalloc");
+  if (st.ok()) {
+    st = CublasStatus(cublasSetWorkspace(cublas, workspace, kCublasWorkspaceBytes),
+                      "cublasSetWorkspace");
+  }
   if (!st.ok()) {
     if (cublas != nullptr) cublasDestroy(cublas);
+    if (workspace != nullptr) cudaFree(workspace);
     cudaStreamDestroy(stream);
     return st;
   }
-  return std::unique_ptr<CudaBackend>(new CudaBackend(device, weight_dtype, stream, cublas, pool));
+  return std::unique_ptr<CudaBackend>(
+      new CudaBackend(device, weight_dtype, stream, cublas, pool, workspace));
 }
 
 CudaBackend::CudaBackend(int device, WeightDType weight_dtype, cudaStream_t stream,
-                         cublasHandle_t cublas, cudaMemPool_t pool)
-    : device_(device), weight_dtype_(weight_dtype), stream_(stream), cublas_(cublas), pool_(pool) {}
+                         cublasHandle_t cublas, cudaMemPool_t pool, void* cublas_workspace)
+    : device_(device),
+      weight_dtype_(weight_dtype),
+      stream_(stream),
+      cublas_(cublas),
+      pool_(pool),
+      cublas_workspace_(cublas_workspace) {}
 
 CudaBackend::~CudaBackend() {
   cudaSetDevice(device_);
   Check(cudaStreamSynchronize(stream_), "cudaStreamSynchronize");
   cublasDestroy(cublas_);
+  cudaFree(cublas_workspace_);
   cudaStreamDestroy(stream_);
+}
+
+absl::StatusOr<std::unique_ptr<CapturedOps>> CudaBackend::Capture(
+    const std::function<absl::Status()>& record) {
+  if (op_timing_) {
+    return absl::FailedPreconditionError(
+        "CudaBackend::Capture: op timing is on (it synchronises around every op)");
+  }
+  cudaSetDevice(device_);
+  {
+    absl::MutexLock lock(&mu_);
+    capturing_ = true;
+    capture_error_ = absl::OkStatus();
+  }
+  absl::Status st = CudaStatus(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal),
+                               "cudaStreamBeginCapture");
+  absl::Status recorded = st.ok() ? record() : absl::OkStatus();
+  cudaGraph_t graph = nullptr;
+  if (st.ok()) st = CudaStatus(cudaStreamEndCapture(stream_, &graph), "cudaStreamEndCapture");
+  absl::Status op_error;
+  {
+    absl::MutexLock lock(&mu_);
+    capturing_ = false;
+    op_error = capture_error_;
+  }
+  if (!recorded.ok() || !op_error.ok() || !st.ok()) {
+    if (graph != nullptr) cudaGraphDestroy(graph);
+    // An op refused while recording invalidates the capture; the stream itself stays usable.
+    cudaGetLastError();
+    if (!recorded.ok()) return recorded;
+    return absl::FailedPreconditionError(
+        absl::StrCat("CudaBackend::Capture: the ops could not be recorded: ",
+                     (!op_error.ok() ? op_error : st).ToString()));
+  }
+  cudaGraphExec_t exec = nullptr;
+  st = CudaStatus(cudaGraphInstantiate(&exec, graph, 0), "cudaGraphInstantiate");
+  if (!st.ok()) {
+    cudaGraphDestroy(graph);
+    return st;
+  }
+  return std::unique_ptr<CapturedOps>(new CudaGraphOps(graph, exec, stream_));
+}
+
+absl::StatusOr<size_t> CudaBackend::GraphReservedBytes(bool high_water_mark) const {
+  uint64_t v = 0;
+  absl::Status st = CudaStatus(
+      cudaDeviceGetGraphMemAttribute(
+          device_,
+          high_water_mark ? cudaGraphMemAttrReservedMemHigh : cudaGraphMemAttrReservedMemCurrent,
+          &v),
+      "cudaDeviceGetGraphMemAttribute");
+  if (!st.ok()) return st;
+  return static_cast<size_t>(v);
 }
 
 bool CudaBackend::Record(const absl::Status& st) {
   if (st.ok()) return true;
   absl::MutexLock lock(&mu_);
+  if (capturing_) {
+    if (capture_error_.ok()) capture_error_ = st;
+    return false;
+  }
   if (first_error_.ok()) {
     LOG(ERROR) << "CudaBackend: " << st;
     first_error_ = st;
@@ -560,9 +652,9 @@ void CudaBackend::NoauxTcRoute(const NoauxTcRouteArgs& a) {
 }
 
 void CudaBackend::AccumulateExpertCounts(int64_t n, const int32_t* ids, int64_t num_experts,
-                                         int64_t* counts) {
+                                         const int32_t* count_limit, int64_t* counts) {
   OpTimer timer(this, "AccumulateExpertCounts");
-  Check(kernels::AccumulateExpertCounts(n, ids, num_experts, counts, stream_),
+  Check(kernels::AccumulateExpertCounts(n, ids, num_experts, count_limit, counts, stream_),
         "kernels::AccumulateExpertCounts");
 }
 

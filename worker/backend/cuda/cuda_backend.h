@@ -14,6 +14,12 @@
 // sticky device error such as an illegal address makes the whole context unusable, as usual in
 // CUDA. Allocation failure is fatal, as the Backend contract says.
 //
+// Capture (CUDA graphs): the ops are recorded with cudaStreamBeginCapture in thread-local mode,
+// instantiated once and replayed with cudaGraphLaunch. Buffers allocated while recording become
+// graph memory nodes (the graph allocator's pool, GraphReservedBytes), and cuBLAS works in a
+// fixed workspace of the backend (cublasSetWorkspace) so that it allocates nothing of its own
+// and picks the same algorithms recorded and eager.
+//
 // Buffers from Allocate() must be destroyed before the backend (they free on its stream).
 // Not thread-safe, like the model that drives it: one engine thread issues the ops, and that
 // thread's current CUDA device must be device() (Create sets it for the calling thread).
@@ -23,6 +29,7 @@
 #include <cublas_v2.h>
 #include <cuda_runtime_api.h>
 
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
@@ -120,7 +127,7 @@ class CudaBackend : public Backend {
   void SetMlaPrefillMinTokens(int32_t n) { mla_prefill_min_tokens_ = n; }
   void NoauxTcRoute(const NoauxTcRouteArgs& args) override;
   void AccumulateExpertCounts(int64_t n, const int32_t* ids, int64_t num_experts,
-                              int64_t* counts) override;
+                              const int32_t* count_limit, int64_t* counts) override;
   void ArgmaxRows(int64_t rows, int64_t vocab, const float* logits, int32_t* out) override;
   void GreedySampleRows(int64_t rows, int64_t vocab, const float* logits, int32_t* token,
                         float* logprob) override;
@@ -131,6 +138,15 @@ class CudaBackend : public Backend {
 
   // The first error any op has hit (OK if none).
   absl::Status status() const override;
+
+  // False while op timing is on (a replay would not time its ops one by one).
+  bool SupportsCapture() const override { return !op_timing_; }
+  absl::StatusOr<std::unique_ptr<CapturedOps>> Capture(
+      const std::function<absl::Status()>& record) override;
+  // Bytes the CUDA graph allocator holds now and at most (cudaGraphMemAttrReservedMem*): the
+  // activations of captured graphs, kept apart from ReservedBytes' pool.
+  absl::StatusOr<size_t> GraphReservedBytes(bool high_water_mark) const;
+  static constexpr size_t kCublasWorkspaceBytes = size_t{32} << 20;
 
   int device() const { return device_; }
   cudaStream_t stream() const { return stream_; }
@@ -148,7 +164,7 @@ class CudaBackend : public Backend {
  private:
   std::unique_ptr<DeviceBuffer> AllocateOnStream(size_t bytes, bool zero);
   CudaBackend(int device, WeightDType weight_dtype, cudaStream_t stream, cublasHandle_t cublas,
-              cudaMemPool_t pool);
+              cudaMemPool_t pool, void* cublas_workspace);
   // One GEMM of the Gemm layout on cuBLAS. a is fp32 for fp32 weights, bf16 bits otherwise.
   void GemmOnCublas(int64_t m, int64_t n, int64_t k, const void* a, int64_t lda, WeightView w,
                     int64_t ldw, float* c, int64_t ldc, bool accumulate);
@@ -186,8 +202,13 @@ class CudaBackend : public Backend {
   cudaStream_t stream_;
   cublasHandle_t cublas_;
   cudaMemPool_t pool_;
+  void* cublas_workspace_;  // cudaMalloc'ed, kCublasWorkspaceBytes
   mutable absl::Mutex mu_;
   absl::Status first_error_ ABSL_GUARDED_BY(mu_);
+  // While Capture records: errors go here instead of first_error_ (a failed recording is
+  // reported by Capture and leaves the backend usable).
+  bool capturing_ ABSL_GUARDED_BY(mu_) = false;
+  absl::Status capture_error_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace deepinfer

@@ -1,0 +1,204 @@
+// Decode steps replayed from CUDA graphs (DecodeGraphOptions) on the GPU, bf16 dummy weights of
+// a small DeepSeek-V3 shape, batch sizes 1 3 5 64 100 changing between steps (padded to the
+// buckets 1 4 8 64 128 and 2), contexts growing step by step:
+//  * replayed steps give bit-identical tokens, logprobs and EPLB counts to the same padded
+//    steps run eagerly (DecodeGraphOptions::replay = false): what recording may not change;
+//  * against plain eager steps (graphs off, no padding) on the same inputs: cuBLAS may pick
+//    other GEMM kernels for other row counts, so bits may differ; tokens must agree (>= 99% of
+//    them, printed) and logprobs stay within 1e-3 — and EPLB counted exactly the real rows;
+//  * a new KV cache records again, with the same results; op timing turns graphs off.
+// Skips without a GPU.
+#include <cmath>
+#include <cstring>
+#include <memory>
+#include <vector>
+
+#include "gtest/gtest.h"
+#include "kernels/testing/gpu_test_util.h"
+#include "worker/backend/cuda/cuda_backend.h"
+#include "worker/model/decode_graph_test_driver.h"
+#include "worker/model/model_loader.h"
+
+namespace deepinfer {
+namespace {
+
+using testing::DecodeRun;
+using testing::RunDecodeSchedule;
+
+testing::TinyMoeShape GpuShape() {
+  testing::TinyMoeShape s;
+  s.hidden = 1024;
+  s.heads = 8;
+  s.kv_lora = 512;
+  s.nope = 128;
+  s.rope = 64;
+  s.v = 128;
+  s.layers = 4;
+  s.experts = 64;
+  s.top_k = 6;
+  s.moe_inter = 256;
+  s.inter = 2048;
+  s.vocab = 16384;
+  return s;
+}
+
+std::unique_ptr<DeepseekV3Model> Load(Backend* backend, const DecodeGraphOptions& options) {
+  static const std::string spec = testing::WriteDummyModelSpec(GpuShape(), "decode_graph_gpu", 9);
+  auto model = LoadDeepseekV3(spec, backend);
+  EXPECT_TRUE(model.ok()) << model.status();
+  if (!model.ok()) return nullptr;
+  (*model)->SetDecodeGraphOptions(options);
+  return std::move(*model);
+}
+
+int64_t Total(const std::vector<int64_t>& v) {
+  int64_t t = 0;
+  for (int64_t x : v) t += x;
+  return t;
+}
+
+void ExpectBitIdentical(const DecodeRun& a, const DecodeRun& b) {
+  ASSERT_EQ(a.tokens.size(), b.tokens.size());
+  for (size_t s = 0; s < a.tokens.size(); ++s) {
+    ASSERT_EQ(a.tokens[s], b.tokens[s]) << "step " << s;
+    ASSERT_EQ(std::memcmp(a.logprobs[s].data(), b.logprobs[s].data(),
+                          a.logprobs[s].size() * sizeof(float)),
+              0)
+        << "step " << s;
+  }
+  EXPECT_EQ(a.counts, b.counts);
+}
+
+const std::vector<int64_t> kSchedule = {1, 3, 5, 64, 100, 100, 5, 64, 3, 1, 100, 2};
+
+class DecodeGraphGpuTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (!deepinfer::testing::HasCudaDevice()) GTEST_SKIP() << "no CUDA device";
+    auto b = CudaBackend::Create(0, WeightDType::kBFloat16);
+    ASSERT_TRUE(b.ok()) << b.status();
+    backend_ = std::move(*b);
+  }
+  std::unique_ptr<CudaBackend> backend_;
+};
+
+TEST_F(DecodeGraphGpuTest, ReplayEqualsPaddedEagerBitForBitAndPlainEagerClosely) {
+  DecodeGraphOptions on, padded_eager, off;
+  padded_eager.replay = false;
+  off.enabled = false;
+  auto graphs = Load(backend_.get(), on);
+  auto eager_padded = Load(backend_.get(), padded_eager);
+  auto eager = Load(backend_.get(), off);
+  ASSERT_TRUE(graphs && eager_padded && eager);
+
+  auto a = RunDecodeSchedule(graphs.get(), backend_.get(), kSchedule, 100);
+  ASSERT_TRUE(a.ok()) << a.status();
+  auto b = RunDecodeSchedule(eager_padded.get(), backend_.get(), kSchedule, 100);
+  ASSERT_TRUE(b.ok()) << b.status();
+  auto c = RunDecodeSchedule(eager.get(), backend_.get(), kSchedule, 100, /*forced=*/&*a);
+  ASSERT_TRUE(c.ok()) << c.status();
+
+  EXPECT_EQ(graphs->decode_graph_steps(), static_cast<int64_t>(kSchedule.size()));
+  EXPECT_EQ(graphs->decode_graphs_recorded(), 6);  // buckets 1 4 8 64 128 2
+  EXPECT_EQ(eager_padded->decode_graphs_recorded(), 0);
+  EXPECT_EQ(eager->decode_graph_steps(), 0);
+  ExpectBitIdentical(*a, *b);
+
+  // Plain eager on the same inputs.
+  int64_t same = 0, all = 0;
+  double worst = 0;
+  for (size_t s = 0; s < kSchedule.size(); ++s) {
+    for (size_t i = 0; i < a->tokens[s].size(); ++i) {
+      ++all;
+      if (a->tokens[s][i] != c->tokens[s][i]) continue;
+      ++same;
+      worst =
+          std::max(worst, static_cast<double>(std::fabs(a->logprobs[s][i] - c->logprobs[s][i])));
+    }
+  }
+  std::printf(
+      "[decode-graphs] replay vs plain eager: %lld / %lld tokens equal, max |logprob "
+      "diff| %.3g\n",
+      static_cast<long long>(same), static_cast<long long>(all), worst);
+  EXPECT_GE(same * 100, all * 99);
+  EXPECT_LE(worst, 1e-3);
+  int64_t decoded = 0;
+  for (int64_t n : kSchedule) decoded += n;
+  const int64_t want_total = (a->prefill_tokens + decoded) * graphs->config().num_experts_per_tok *
+                             graphs->num_moe_layers();
+  EXPECT_EQ(Total(a->counts), want_total);
+  EXPECT_EQ(Total(c->counts), want_total);
+  int64_t differing = 0;
+  for (size_t e = 0; e < a->counts.size(); ++e) differing += a->counts[e] != c->counts[e];
+  std::printf(
+      "[decode-graphs] EPLB counts: %lld of %zu (layer, expert) entries differ from plain "
+      "eager\n",
+      static_cast<long long>(differing), a->counts.size());
+  if (same == all) {
+    EXPECT_EQ(a->counts, c->counts);
+  }
+}
+
+TEST_F(DecodeGraphGpuTest, NewCacheRecordsAgainWithTheSameResults) {
+  auto model = Load(backend_.get(), DecodeGraphOptions{});
+  ASSERT_TRUE(model);
+  const std::vector<int64_t> schedule = {3, 3, 7, 7};
+  auto first = RunDecodeSchedule(model.get(), backend_.get(), schedule, 8);
+  ASSERT_TRUE(first.ok()) << first.status();
+  EXPECT_EQ(model->decode_graphs_recorded(), 2);  // buckets 4 and 8
+  auto second = RunDecodeSchedule(model.get(), backend_.get(), schedule, 8);
+  ASSERT_TRUE(second.ok()) << second.status();
+  EXPECT_EQ(model->decode_graphs_recorded(), 4);
+  ExpectBitIdentical(*first, *second);
+  auto reserved = backend_->GraphReservedBytes(/*high_water_mark=*/true);
+  ASSERT_TRUE(reserved.ok()) << reserved.status();
+  std::printf("[decode-graphs] graph memory reserved (high water mark): %.1f MiB\n",
+              *reserved / 1048576.0);
+}
+
+TEST_F(DecodeGraphGpuTest, OpTimingRunsEagerly) {
+  auto model = Load(backend_.get(), DecodeGraphOptions{});
+  ASSERT_TRUE(model);
+  backend_->SetOpTiming(true);
+  auto run = RunDecodeSchedule(model.get(), backend_.get(), {2, 2}, 2);
+  backend_->SetOpTiming(false);
+  ASSERT_TRUE(run.ok()) << run.status();
+  EXPECT_EQ(model->decode_graph_steps(), 0);
+  EXPECT_FALSE(backend_->TakeOpTimingReport().empty());
+}
+
+// A failed recording (an op that needs the host inside Capture) is reported by Capture and
+// leaves the backend usable.
+TEST_F(DecodeGraphGpuTest, FailedRecordingLeavesTheBackendUsable) {
+  auto buf = backend_->Allocate(64);
+  auto ops = backend_->Capture([&] {
+    int32_t host[16];
+    backend_->CopyToHost(buf->data(), sizeof(host), host);  // synchronises: not recordable
+    return absl::OkStatus();
+  });
+  EXPECT_FALSE(ops.ok());
+  EXPECT_EQ(ops.status().code(), absl::StatusCode::kFailedPrecondition) << ops.status();
+  EXPECT_TRUE(backend_->status().ok()) << backend_->status();
+  std::vector<int32_t> host(16, -1);
+  backend_->CopyToHost(buf->data(), 64, host.data());
+  EXPECT_TRUE(backend_->status().ok()) << backend_->status();
+  EXPECT_EQ(host, std::vector<int32_t>(16, 0));
+  // And a good recording replays: a copy recorded once, run twice with new source values.
+  auto src = backend_->Allocate(64);
+  auto copy = backend_->Capture([&] {
+    backend_->CopyDeviceToDevice(src->data(), 64, buf->data());
+    return absl::OkStatus();
+  });
+  ASSERT_TRUE(copy.ok()) << copy.status();
+  for (int32_t v : {7, 9}) {
+    std::vector<int32_t> values(16, v);
+    backend_->CopyToDevice(values.data(), 64, src->data());
+    ASSERT_TRUE((*copy)->Replay().ok());
+    backend_->CopyToHost(buf->data(), 64, host.data());
+    EXPECT_EQ(host, values);
+  }
+  EXPECT_TRUE(backend_->status().ok()) << backend_->status();
+}
+
+}  // namespace
+}  // namespace deepinfer

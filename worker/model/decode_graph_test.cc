@@ -1,0 +1,200 @@
+// The model's decode-graph path (DecodeGraphOptions) on a CPU backend that "records" by keeping
+// the callable and "replays" by calling it again, with the routed experts on the backend
+// (kernels/moe reference functions): runs on CI without a GPU and checks the model's side of
+// the design — bucket padding, the padding rows' reserved cache block, EPLB counts of real rows
+// only, growing contexts and a batch size that changes between steps, re-recording for a new
+// cache — against the same model with graphs off. (A placement switch also drops the
+// recordings, but it needs an expert-parallel dispatcher, which never takes this path.) The CUDA
+// graph version of these checks is decode_graph_gpu_test.cc.
+#include <algorithm>
+#include <cstring>
+#include <functional>
+#include <memory>
+#include <set>
+#include <vector>
+
+#include "gtest/gtest.h"
+#include "kernels/moe/moe_reference.h"
+#include "worker/backend/cpu/cpu_backend.h"
+#include "worker/model/decode_graph_test_driver.h"
+#include "worker/model/model_loader.h"
+
+namespace deepinfer {
+namespace {
+
+using testing::DecodeRun;
+using testing::RunDecodeSchedule;
+
+class RecordedCpuOps : public CapturedOps {
+ public:
+  explicit RecordedCpuOps(std::function<absl::Status()> fn) : fn_(std::move(fn)) {}
+  absl::Status Replay() override { return fn_(); }
+
+ private:
+  std::function<absl::Status()> fn_;
+};
+
+// CpuBackend with Capture (nothing runs while recording; Replay issues the ops again) and
+// Backend::RoutedExperts for bf16 experts, so the model can take its decode-graph path.
+class RecordingCpuBackend : public CpuBackend {
+ public:
+  RecordingCpuBackend() : CpuBackend(2, WeightDType::kBFloat16) {}
+  bool SupportsCapture() const override { return capture_; }
+  absl::StatusOr<std::unique_ptr<CapturedOps>> Capture(
+      const std::function<absl::Status()>& record) override {
+    ++captures_;
+    return std::unique_ptr<CapturedOps>(new RecordedCpuOps(record));
+  }
+  bool RoutedExperts(const RoutedExpertsArgs& a) override {
+    if (a.dtype != WeightDType::kBFloat16 || refuse_experts_) return false;
+    const int32_t E = a.num_experts;
+    kernels::MoePermutation p = kernels::MoePermuteReference(
+        a.num_tokens, a.top_k, E, E, a.topk_ids, a.slot_of_expert, a.hidden_size, a.hidden);
+    std::vector<const uint16_t*> gate_up(E), down(E);
+    for (int32_t e = 0; e < E; ++e) {
+      gate_up[e] = static_cast<const uint16_t*>(a.gate_up[e]);
+      down[e] = static_cast<const uint16_t*>(a.down[e]);
+    }
+    const int64_t rows = p.slot_offsets.back(), H = a.hidden_size, I = a.inter;
+    std::vector<float> gu(std::max<int64_t>(1, rows * 2 * I)), act(std::max<int64_t>(1, rows * I)),
+        eo(std::max<int64_t>(1, rows * H));
+    kernels::GroupedGemmBf16Reference(E, p.slot_offsets.data(), static_cast<int32_t>(2 * I),
+                                      static_cast<int32_t>(H), p.permuted_hidden.data(), gate_up,
+                                      gu.data());
+    SiluMul(rows, I, gu.data(), act.data());
+    kernels::GroupedGemmBf16Reference(E, p.slot_offsets.data(), static_cast<int32_t>(H),
+                                      static_cast<int32_t>(I), act.data(), down, eo.data());
+    std::fill(a.out, a.out + a.num_tokens * H, 0.0f);
+    kernels::MoeCombineReference(a.num_tokens, a.top_k, H, p.choice_row.data(), a.topk_weights,
+                                 eo.data(), a.out);
+    return true;
+  }
+  bool capture_ = true;
+  bool refuse_experts_ = false;
+  int captures_ = 0;
+};
+
+std::unique_ptr<DeepseekV3Model> Load(Backend* backend, const DecodeGraphOptions& options) {
+  static const std::string spec =
+      testing::WriteDummyModelSpec(testing::TinyMoeShape{}, "decode_graph_tiny", 5);
+  auto model = LoadDeepseekV3(spec, backend);
+  EXPECT_TRUE(model.ok()) << model.status();
+  if (!model.ok()) return nullptr;
+  (*model)->SetDecodeGraphOptions(options);
+  return std::move(*model);
+}
+
+int64_t Total(const std::vector<int64_t>& v) {
+  int64_t t = 0;
+  for (int64_t x : v) t += x;
+  return t;
+}
+
+void ExpectBitIdentical(const DecodeRun& a, const DecodeRun& b) {
+  ASSERT_EQ(a.tokens.size(), b.tokens.size());
+  for (size_t s = 0; s < a.tokens.size(); ++s) {
+    ASSERT_EQ(a.tokens[s], b.tokens[s]) << "step " << s;
+    ASSERT_EQ(std::memcmp(a.logprobs[s].data(), b.logprobs[s].data(),
+                          a.logprobs[s].size() * sizeof(float)),
+              0)
+        << "step " << s;
+  }
+  EXPECT_EQ(a.counts, b.counts);
+}
+
+const std::vector<int64_t> kSchedule = {1, 3, 5, 64, 100, 100, 5, 64, 3, 1, 100, 2};
+
+TEST(DecodeGraphTest, BucketsAreCappedAndEndAtTheMax) {
+  EXPECT_EQ(DeepseekV3Model::DecodeGraphBuckets(1), (std::vector<int64_t>{1}));
+  EXPECT_EQ(DeepseekV3Model::DecodeGraphBuckets(100),
+            (std::vector<int64_t>{1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 100}));
+  EXPECT_EQ(DeepseekV3Model::DecodeGraphBuckets(256).back(), 256);
+  EXPECT_EQ(DeepseekV3Model::DecodeGraphBuckets(256).size(), 14u);
+  EXPECT_EQ(DeepseekV3Model::DecodeGraphBuckets(400),
+            (std::vector<int64_t>{1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 160, 192, 256, 320, 384,
+                                  400}));
+}
+
+// Graph steps against the same model with graphs off: the same tokens, logprobs and EPLB counts
+// (on the CPU every row's arithmetic is independent of the batch size, so padding changes no
+// bit), with and without replay.
+TEST(DecodeGraphTest, PaddedReplayedStepsEqualEagerSteps) {
+  RecordingCpuBackend backend;
+  DecodeGraphOptions on, padded_eager, off;
+  padded_eager.replay = false;
+  off.enabled = false;
+  auto graphs = Load(&backend, on);
+  auto eager_padded = Load(&backend, padded_eager);
+  auto eager = Load(&backend, off);
+  ASSERT_TRUE(graphs && eager_padded && eager);
+
+  auto a = RunDecodeSchedule(graphs.get(), &backend, kSchedule, 100);
+  ASSERT_TRUE(a.ok()) << a.status();
+  auto b = RunDecodeSchedule(eager_padded.get(), &backend, kSchedule, 100);
+  ASSERT_TRUE(b.ok()) << b.status();
+  auto c = RunDecodeSchedule(eager.get(), &backend, kSchedule, 100);
+  ASSERT_TRUE(c.ok()) << c.status();
+  ExpectBitIdentical(*a, *b);
+  ExpectBitIdentical(*a, *c);
+
+  // Every decode step took the graph path; one recording per bucket used (1 4 8 64 100 2).
+  EXPECT_EQ(graphs->decode_graph_steps(), static_cast<int64_t>(kSchedule.size()));
+  EXPECT_EQ(graphs->decode_graphs_recorded(), 6);
+  EXPECT_EQ(eager_padded->decode_graph_steps(), static_cast<int64_t>(kSchedule.size()));
+  EXPECT_EQ(eager_padded->decode_graphs_recorded(), 0);
+  EXPECT_EQ(eager->decode_graph_steps(), 0);
+  // EPLB counted the real rows only: every token once per MoE layer and choice.
+  int64_t decoded = 0;
+  for (int64_t n : kSchedule) decoded += n;
+  const ModelConfig& mc = graphs->config();
+  EXPECT_EQ(Total(a->counts),
+            (a->prefill_tokens + decoded) * mc.num_experts_per_tok * graphs->num_moe_layers());
+}
+
+// A new cache (its addresses are in the recordings) records the buckets again; the results
+// are those of the first cache.
+TEST(DecodeGraphTest, NewCacheRecordsAgain) {
+  RecordingCpuBackend backend;
+  auto model = Load(&backend, DecodeGraphOptions{});
+  ASSERT_TRUE(model);
+  const std::vector<int64_t> schedule = {3, 3, 7};
+  auto first = RunDecodeSchedule(model.get(), &backend, schedule, 8);
+  ASSERT_TRUE(first.ok()) << first.status();
+  EXPECT_EQ(model->decode_graphs_recorded(), 2);  // buckets 4 and 8
+  auto second = RunDecodeSchedule(model.get(), &backend, schedule, 8);
+  ASSERT_TRUE(second.ok()) << second.status();
+  EXPECT_EQ(model->decode_graphs_recorded(), 4);
+  ExpectBitIdentical(*first, *second);
+}
+
+// Where the backend cannot record, or refuses the routed experts on the device, steps take the
+// general path with the same results.
+TEST(DecodeGraphTest, FallsBackWhenRecordingOrDeviceExpertsAreUnavailable) {
+  RecordingCpuBackend backend;
+  auto reference = Load(&backend, DecodeGraphOptions{});
+  ASSERT_TRUE(reference);
+  const std::vector<int64_t> schedule = {5, 5, 2};
+  auto want = RunDecodeSchedule(reference.get(), &backend, schedule, 5);
+  ASSERT_TRUE(want.ok()) << want.status();
+
+  backend.capture_ = false;
+  auto no_capture = Load(&backend, DecodeGraphOptions{});
+  auto got = RunDecodeSchedule(no_capture.get(), &backend, schedule, 5);
+  ASSERT_TRUE(got.ok()) << got.status();
+  EXPECT_EQ(no_capture->decode_graph_steps(), 0);
+  ExpectBitIdentical(*want, *got);
+
+  backend.capture_ = true;
+  backend.refuse_experts_ = true;
+  auto refused = Load(&backend, DecodeGraphOptions{});
+  got = RunDecodeSchedule(refused.get(), &backend, schedule, 5);
+  ASSERT_TRUE(got.ok()) << got.status();
+  EXPECT_EQ(refused->decode_graph_steps(), 0);
+  EXPECT_EQ(refused->decode_graphs_recorded(), 0);
+  // The dispatcher path computes the experts its own way: same tokens, counts exactly equal.
+  EXPECT_EQ(got->counts, want->counts);
+  EXPECT_EQ(Total(got->counts), Total(want->counts));
+}
+
+}  // namespace
+}  // namespace deepinfer

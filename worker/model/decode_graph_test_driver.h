@@ -1,0 +1,128 @@
+// Shared by the decode-graph tests (decode_graph_test.cc on a CPU backend that records by
+// storing the callable, decode_graph_gpu_test.cc on CUDA graphs): a small DeepSeek-V3 config for
+// dummy weights, and a driver that prefills a set of prompts and then decodes them with a
+// schedule of batch sizes (the first n sequences take part in a step, so the batch size changes
+// between steps and contexts grow), collecting every sampled token and logprob and the EPLB
+// counts.
+#ifndef DEEPINFER_WORKER_MODEL_DECODE_GRAPH_TEST_DRIVER_H_
+#define DEEPINFER_WORKER_MODEL_DECODE_GRAPH_TEST_DRIVER_H_
+
+#include <cstdint>
+#include <cstdlib>
+#include <fstream>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/strings/str_cat.h"
+#include "worker/kv_cache/kv_block_pool.h"
+#include "worker/model/deepseek_v3_model.h"
+
+namespace deepinfer {
+namespace testing {
+
+struct TinyMoeShape {
+  int64_t hidden = 256;
+  int64_t heads = 4;
+  int64_t kv_lora = 64;
+  int64_t nope = 32;
+  int64_t rope = 32;
+  int64_t v = 32;
+  int64_t layers = 3;  // the first dense, the rest MoE
+  int64_t experts = 16;
+  int64_t top_k = 4;
+  int64_t moe_inter = 64;
+  int64_t inter = 512;
+  int64_t vocab = 1024;
+};
+
+// Writes a config.json for `shape` under TEST_TMPDIR; returns the "dummy:<path>@seed" spec.
+inline std::string WriteDummyModelSpec(const TinyMoeShape& s, const std::string& name, int seed) {
+  const std::string path = absl::StrCat(std::getenv("TEST_TMPDIR"), "/", name, ".json");
+  std::ofstream(path) << absl::StrCat(
+      R"({"architectures": ["DeepseekV3ForCausalLM"], "model_type": "deepseek_v3",)",
+      R"("vocab_size": )", s.vocab, R"(, "hidden_size": )", s.hidden, R"(, "intermediate_size": )",
+      s.inter, R"(, "moe_intermediate_size": )", s.moe_inter, R"(, "num_hidden_layers": )",
+      s.layers, R"(, "num_attention_heads": )", s.heads, R"(, "num_key_value_heads": )", s.heads,
+      R"(, "q_lora_rank": null, "kv_lora_rank": )", s.kv_lora, R"(, "qk_nope_head_dim": )", s.nope,
+      R"(, "qk_rope_head_dim": )", s.rope, R"(, "v_head_dim": )", s.v, R"(, "n_routed_experts": )",
+      s.experts, R"(, "n_shared_experts": 1, "num_experts_per_tok": )", s.top_k,
+      R"(, "n_group": 1, "topk_group": 1, "topk_method": "noaux_tc", "scoring_func": "sigmoid",)",
+      R"("norm_topk_prob": true, "routed_scaling_factor": 2.5, "first_k_dense_replace": 1,)",
+      R"("moe_layer_freq": 1, "rms_norm_eps": 1e-05, "max_position_embeddings": 4096,)",
+      R"("rope_theta": 10000.0, "rope_scaling": null, "tie_word_embeddings": false})");
+  return absl::StrCat("dummy:", path, "@", seed);
+}
+
+struct DecodeRun {
+  std::vector<std::vector<int32_t>> tokens;  // per decode step, per sequence of the step
+  std::vector<std::vector<float>> logprobs;
+  std::vector<int64_t> counts;  // TakeExpertCounts after the run (prefill included)
+  int64_t prefill_tokens = 0;
+};
+
+// Prefills `num_seqs` prompts (lengths 1..61, in steps of 16 sequences) in a fresh cache, then
+// runs one greedy decode step per schedule entry n over sequences 0..n-1 (sampled on the device,
+// no logits: the decode-graph case). With `forced`, each step's input tokens are forced's
+// outputs of the step before (teacher forcing), so two models are compared on equal inputs.
+inline absl::StatusOr<DecodeRun> RunDecodeSchedule(DeepseekV3Model* model, Backend* backend,
+                                                   const std::vector<int64_t>& schedule,
+                                                   int64_t num_seqs,
+                                                   const DecodeRun* forced = nullptr) {
+  const int32_t bs = 16;
+  const int64_t vocab = model->config().vocab_size;
+  std::vector<SequenceStep> seqs(num_seqs);
+  int64_t blocks = 1;
+  for (int64_t i = 0; i < num_seqs; ++i) {
+    const int64_t len = 1 + (i * 37) % 61;
+    for (int64_t j = 0; j < len; ++j) {
+      seqs[i].tokens.push_back(static_cast<int32_t>((i * 131 + j * 7 + 3) % vocab));
+    }
+    blocks += (len + static_cast<int64_t>(schedule.size()) + bs) / bs;
+  }
+  auto pool = KvBlockPool::Create(backend, model->CacheOptions(static_cast<int32_t>(blocks), bs));
+  if (!pool.ok()) return pool.status();
+  DecodeRun run;
+  for (SequenceStep& s : seqs) {
+    auto b = (*pool)->Allocate((*pool)->BlocksFor(static_cast<int64_t>(s.tokens.size()) +
+                                                  static_cast<int64_t>(schedule.size())));
+    if (!b.ok()) return b.status();
+    s.block_table = std::move(*b);
+    s.sampling = SamplingParams{};
+    s.return_logits = false;
+    run.prefill_tokens += static_cast<int64_t>(s.tokens.size());
+  }
+  for (int64_t i = 0; i < num_seqs; i += 16) {
+    std::vector<SequenceStep> chunk(seqs.begin() + i,
+                                    seqs.begin() + std::min<int64_t>(num_seqs, i + 16));
+    auto out = model->Step(chunk, pool->get());
+    if (!out.ok()) return out.status();
+    for (size_t j = 0; j < chunk.size(); ++j) {
+      SequenceStep& s = seqs[i + j];
+      s.position_offset = static_cast<int64_t>(s.tokens.size());
+      s.tokens = {out->sampled[j].token};
+    }
+  }
+  for (size_t step = 0; step < schedule.size(); ++step) {
+    const int64_t n = schedule[step];
+    std::vector<SequenceStep> batch(seqs.begin(), seqs.begin() + n);
+    auto out = model->Step(batch, pool->get());
+    if (!out.ok()) return out.status();
+    run.tokens.emplace_back();
+    run.logprobs.emplace_back();
+    for (int64_t i = 0; i < n; ++i) {
+      run.tokens.back().push_back(out->sampled[i].token);
+      run.logprobs.back().push_back(out->sampled[i].logprob);
+      seqs[i].position_offset += 1;
+      seqs[i].tokens = {forced != nullptr ? forced->tokens[step][i] : out->sampled[i].token};
+    }
+  }
+  run.counts = model->TakeExpertCounts();
+  return run;
+}
+
+}  // namespace testing
+}  // namespace deepinfer
+
+#endif  // DEEPINFER_WORKER_MODEL_DECODE_GRAPH_TEST_DRIVER_H_
