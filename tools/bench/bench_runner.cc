@@ -16,6 +16,7 @@
 #include "tools/bench/parallel_dummy_weight_source.h"
 #include "tools/bench/roofline.h"
 #include "worker/backend/backend_factory.h"
+#include "worker/backend/bf16.h"
 #include "worker/kv_cache/kv_block_pool.h"
 #include "worker/model/deepseek_v3_model.h"
 #include "worker/model/local_expert_dispatcher.h"
@@ -79,17 +80,25 @@ void FillCacheRandom(Backend* backend, const KvBlockPool& pool, uint32_t seed) {
   const KvBlockPoolOptions& o = pool.options();
   const size_t per_layer = static_cast<size_t>(o.num_blocks) * o.block_size *
                            (o.latent_dim + o.rope_dim);
+  const bool bf16 = o.dtype == WeightDType::kBFloat16;
   // One random chunk, copied repeatedly at shifting offsets: enough variety for timing.
   std::vector<float> chunk(std::min<size_t>(per_layer, size_t{1} << 22));
   std::mt19937 gen(seed);
   std::uniform_real_distribution<float> u(-1.0f, 1.0f);
   for (float& v : chunk) v = u(gen);
+  std::vector<uint16_t> chunk16;
+  if (bf16) {
+    for (float v : chunk) chunk16.push_back(FloatToBf16Bits(v));
+  }
+  const size_t elem = WeightDTypeSize(o.dtype);
+  const char* src = bf16 ? reinterpret_cast<const char*>(chunk16.data())
+                         : reinterpret_cast<const char*>(chunk.data());
   for (int32_t layer = 0; layer < o.num_layers; ++layer) {
-    float* dst = pool.LayerView(layer).cache;
+    char* dst = static_cast<char*>(pool.LayerView(layer).cache);
     for (size_t done = 0; done < per_layer;) {
       const size_t shift = (layer * 7919 + done) % chunk.size();
       const size_t n = std::min(per_layer - done, chunk.size() - shift);
-      backend->CopyToDevice(chunk.data() + shift, n * sizeof(float), dst + done);
+      backend->CopyToDevice(src + shift * elem, n * elem, dst + done * elem);
       done += n;
     }
   }
@@ -190,6 +199,8 @@ absl::StatusOr<BenchResult> RunBenchmark(const BenchConfig& bc) {
       model->CacheOptions(static_cast<int32_t>(blocks), static_cast<int32_t>(bc.block_size)));
   if (!pool_or.ok()) return pool_or.status();
   std::unique_ptr<KvBlockPool> pool = std::move(*pool_or);
+  r.kv_cache_dtype = WeightDTypeName(pool->options().dtype);
+  r.cache_bytes_per_value = static_cast<double>(WeightDTypeSize(pool->options().dtype));
   if (bc.decode_fill == "random") FillCacheRandom(backend->get(), *pool, 99);
 
   // Random prompt tokens, never all the same (timing on degenerate data is misleading).
@@ -238,7 +249,7 @@ absl::StatusOr<BenchResult> RunBenchmark(const BenchConfig& bc) {
     r.prefill_tokens_per_step = prefill_seqs * ctx;
     r.prefill_step_seconds = Percentile(prefill_times, 0.5);
     r.prefill_tokens_per_s = r.prefill_tokens_per_step / r.prefill_step_seconds;
-    const StepCost pc = PrefillStepCost(mc, prefill_seqs, ctx, r.bytes_per_value);
+    const StepCost pc = PrefillStepCost(mc, prefill_seqs, ctx, r.bytes_per_value, r.cache_bytes_per_value);
     r.prefill_bytes_per_step = pc.bytes;
     r.prefill_flops_per_step = pc.flops;
     r.prefill_roofline_fraction =
@@ -311,7 +322,8 @@ absl::StatusOr<BenchResult> RunBenchmark(const BenchConfig& bc) {
     d.p99_seconds = Percentile(step_times, 0.99);
     d.tokens_per_s = n / d.p50_seconds;
     // Mid-run context: the cost model at ctx + output_len / 2 cached tokens.
-    const StepCost dc = DecodeStepCost(mc, n, ctx + bc.output_len / 2, r.bytes_per_value);
+    const StepCost dc = DecodeStepCost(mc, n, ctx + bc.output_len / 2, r.bytes_per_value,
+                                        r.cache_bytes_per_value);
     d.bytes_per_step = dc.bytes;
     d.flops_per_step = dc.flops;
     d.roofline_fraction =
@@ -331,8 +343,8 @@ absl::StatusOr<BenchResult> RunBenchmark(const BenchConfig& bc) {
 
 std::string FormatBenchReport(const BenchConfig& c, const BenchResult& r) {
   std::string out;
-  absl::StrAppendFormat(&out, "model: %s (%.3fB parameters, %s, %.0f bytes each)\n", c.model,
-                        r.param_count / 1e9, c.dtype, r.bytes_per_value);
+  absl::StrAppendFormat(&out, "model: %s (%.3fB parameters, %s, %.0f bytes each; KV cache %s)\n",
+                        c.model, r.param_count / 1e9, c.dtype, r.bytes_per_value, r.kv_cache_dtype);
   absl::StrAppendFormat(&out, "backend: %s\nload_s: %.2f\n", r.backend, r.load_seconds);
   if (r.prefill_tokens_per_step > 0) {
     absl::StrAppendFormat(&out,

@@ -65,6 +65,8 @@ struct DecodeResult {
 struct BenchResult {
   std::string backend;
   double bytes_per_value = 4;
+  std::string kv_cache_dtype = "float32";  // the KvBlockPool's element type
+  double cache_bytes_per_value = 4;
   double load_seconds = 0;
   double param_count = 0;
   int64_t prefill_tokens_per_step = 0;  // 0: prefill not measured

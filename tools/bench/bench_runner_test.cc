@@ -48,6 +48,8 @@ TEST(BenchRunnerTest, ProducesAllFiguresOnCpu) {
   ASSERT_TRUE(r.ok()) << r.status();
   EXPECT_EQ(r->backend, "cpu");
   EXPECT_EQ(r->bytes_per_value, 4);
+  EXPECT_EQ(r->kv_cache_dtype, "float32");
+  EXPECT_EQ(r->cache_bytes_per_value, 4);
   EXPECT_EQ(r->prefill_tokens_per_step, 40);
   ASSERT_EQ(r->decode.size(), 1u);
   ExpectDecodeFigures(r->decode[0], 3);
@@ -104,6 +106,9 @@ TEST(BenchRunnerTest, RejectsBadInput) {
   auto bf16 = RunBenchmark(c);
   ASSERT_TRUE(bf16.ok()) << bf16.status();
   EXPECT_EQ(bf16->bytes_per_value, 2);
+  // ... and a bf16 KV cache, counted at 2 bytes per value in the roofline.
+  EXPECT_EQ(bf16->kv_cache_dtype, "bfloat16");
+  EXPECT_EQ(bf16->cache_bytes_per_value, 2);
 }
 
 TEST(BenchRunnerTest, FlagHelpers) {

@@ -29,14 +29,16 @@ struct StepCost {
 };
 
 // A decode step of `batch` sequences, each with `context` cached tokens, weights of
-// `bytes_per_param` bytes: all non-expert weights (embedding: one row per sequence), the
-// expected number of distinct routed experts that `batch` tokens touch under uniform routing,
-// and the cache entries of every sequence in every layer.
+// `bytes_per_param` bytes and cache entries of `cache_bytes_per_value` bytes per value (the
+// KvBlockPool's dtype): all non-expert weights (embedding: one row per sequence), the expected
+// number of distinct routed experts that `batch` tokens touch under uniform routing, and the
+// cache entries of every sequence in every layer.
 StepCost DecodeStepCost(const ModelConfig& c, int64_t batch, int64_t context,
-                        double bytes_per_param);
+                        double bytes_per_param, double cache_bytes_per_value);
 
 // A prefill step of `seqs` prompts of `len` tokens each (causal attention, absorbed MLA).
-StepCost PrefillStepCost(const ModelConfig& c, int64_t seqs, int64_t len, double bytes_per_param);
+StepCost PrefillStepCost(const ModelConfig& c, int64_t seqs, int64_t len, double bytes_per_param,
+                         double cache_bytes_per_value);
 
 }  // namespace deepinfer
 

@@ -53,9 +53,9 @@ int64_t ActivationReserveBytes(const ModelConfig& c, int32_t max_batch_tokens) {
          kFixedReserveBytes;
 }
 
-int64_t KvBytesPerToken(const ModelConfig& c) {
+int64_t KvBytesPerToken(const ModelConfig& c, WeightDType cache_dtype) {
   return c.num_hidden_layers * (c.kv_lora_rank + c.qk_rope_head_dim) *
-         static_cast<int64_t>(sizeof(float));
+         static_cast<int64_t>(WeightDTypeSize(cache_dtype));
 }
 
 absl::Status CheckWeightsFit(const DeviceMemoryInfo& before_load, int64_t weight_bytes,

@@ -492,7 +492,9 @@ bool RankGroup::FormRank(int local) {
     absl::StatusOr<DeviceMemoryInfo> after_load = r.backend->MemoryInfo();
     absl::StatusOr<KvCachePlan> plan =
         after_load.ok()
-            ? PlanKvCache(*after_load, weight_bytes, reserve, KvBytesPerToken(config), plan_options)
+            ? PlanKvCache(*after_load, weight_bytes, reserve,
+                          KvBytesPerToken(config, r.model->CacheOptions(0, bs).dtype),
+                          plan_options)
             : absl::StatusOr<KvCachePlan>(after_load.status());
     if (!plan.ok()) {
       Fail(r.global, plan.status());
