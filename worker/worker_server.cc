@@ -181,6 +181,7 @@ absl::StatusOr<std::unique_ptr<WorkerServer>> WorkerServer::Start(WorkerConfig c
     options.group.communicator = e.communicator;
     options.group.threads_per_rank = std::max(1, e.threads_per_rank);
     options.group.dtype = e.dtype;
+    options.group.kv_cache_dtype = e.kv_cache_dtype;
     options.group.kv_cache_tokens = e.kv_cache_tokens;
     options.group.gpu_memory_utilization = e.gpu_memory_utilization;
     options.group.max_batch_tokens = e.max_batch_tokens;

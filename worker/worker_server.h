@@ -46,6 +46,8 @@ struct WorkerEngineConfig {
   std::shared_ptr<const ExpertPlacement> placement;
   // Matrix weights: "bfloat16" or "float32"; empty: the backend's default (bf16 on cuda).
   std::string dtype;
+  // Latent KV cache elements: "auto"/empty (= the weights' dtype), "bfloat16" or "float32".
+  std::string kv_cache_dtype;
   // What carries the expert exchange: auto (NCCL for several cuda ranks), tcp or nccl.
   comm::DataPlaneChoice communicator = comm::DataPlaneChoice::kAuto;
 };

@@ -304,6 +304,9 @@ class LocalCluster {
         argv.push_back(std::move(a));
       }
       if (!options.dtype.empty()) argv.push_back("--dtype=" + options.dtype);
+      if (!options.kv_cache_dtype.empty()) {
+        argv.push_back("--kv-cache-dtype=" + options.kv_cache_dtype);
+      }
       for (absl::string_view extra : absl::StrSplit(options.worker_args, ' ', absl::SkipEmpty())) {
         argv.emplace_back(extra);
       }

@@ -40,6 +40,8 @@ struct RunOptions {
   std::string backend = "cpu";
   // Passed to the workers as --dtype when set (empty: the backend's default).
   std::string dtype;
+  // Passed to the workers as --kv-cache-dtype when set (empty: auto, the weights' dtype).
+  std::string kv_cache_dtype;
   int64_t workers = 1;
   int64_t ranks_per_worker = 1;
   // Where the local cluster keeps its database and logs; a fresh temporary

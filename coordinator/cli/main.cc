@@ -156,6 +156,9 @@ int Run(const std::vector<std::string>& args) {
   flags.AddString("dtype", &options.dtype,
                   "Weight storage on the workers: bfloat16 or float32 (default: bfloat16 on\n"
                   "cuda, float32 on cpu).");
+  flags.AddString("kv-cache-dtype", &options.kv_cache_dtype,
+                  "Latent KV cache elements on the workers: auto (default: the weights'\n"
+                  "dtype), bfloat16 or float32.");
   flags.AddInt("workers", &options.workers, "Worker processes (as nodes would be).");
   flags.AddInt("ranks-per-worker", &options.ranks_per_worker,
                "Engine ranks per worker (GPUs per node); all ranks form one expert-\n"

@@ -194,9 +194,12 @@ absl::StatusOr<BenchResult> RunBenchmark(const BenchConfig& bc) {
     return "";
   };
   const int64_t blocks = per_seq_blocks * std::max(max_n, prefill_seqs);
-  auto pool_or = KvBlockPool::Create(
-      backend->get(),
-      model->CacheOptions(static_cast<int32_t>(blocks), static_cast<int32_t>(bc.block_size)));
+  KvBlockPoolOptions cache_options =
+      model->CacheOptions(static_cast<int32_t>(blocks), static_cast<int32_t>(bc.block_size));
+  auto cache_dtype = ResolveKvCacheDType(bc.kv_cache_dtype, (*backend)->weight_dtype());
+  if (!cache_dtype.ok()) return cache_dtype.status();
+  cache_options.dtype = *cache_dtype;
+  auto pool_or = KvBlockPool::Create(backend->get(), cache_options);
   if (!pool_or.ok()) return pool_or.status();
   std::unique_ptr<KvBlockPool> pool = std::move(*pool_or);
   r.kv_cache_dtype = WeightDTypeName(pool->options().dtype);

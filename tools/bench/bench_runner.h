@@ -26,10 +26,12 @@ namespace deepinfer {
 struct BenchConfig {
   std::string model;  // checkpoint dir, or "dummy:CONFIG.json[@SEED]"
   std::string backend = "cpu";
-  // Matrix weight dtype of the backend ("float32" or "bfloat16", BackendOptions::dtype). Also
-  // the roofline's bytes per value, for weights and the latent cache alike: the roofline is
-  // what an engine storing both in that dtype must read (our latent cache is fp32 today).
+  // Matrix weight dtype of the backend ("float32" or "bfloat16", BackendOptions::dtype), and
+  // the roofline's bytes per weight.
   std::string dtype = "bfloat16";
+  // Latent KV cache element type ("auto" = dtype, "bfloat16", "float32"); the roofline counts
+  // the cache at this size.
+  std::string kv_cache_dtype = "auto";
   int64_t cuda_device = 0;
   int64_t load_threads = 0;  // dummy weights: generator threads (0: all cores)
   std::vector<int64_t> decode_num_requests = {64};  // one decode measurement per entry

@@ -109,6 +109,14 @@ TEST(BenchRunnerTest, RejectsBadInput) {
   // ... and a bf16 KV cache, counted at 2 bytes per value in the roofline.
   EXPECT_EQ(bf16->kv_cache_dtype, "bfloat16");
   EXPECT_EQ(bf16->cache_bytes_per_value, 2);
+  // An fp32 cache under bf16 weights when asked for; a bad name is rejected.
+  c.kv_cache_dtype = "float32";
+  auto f32_cache = RunBenchmark(c);
+  ASSERT_TRUE(f32_cache.ok()) << f32_cache.status();
+  EXPECT_EQ(f32_cache->kv_cache_dtype, "float32");
+  EXPECT_EQ(f32_cache->cache_bytes_per_value, 4);
+  c.kv_cache_dtype = "int8";
+  EXPECT_EQ(RunBenchmark(c).status().code(), absl::StatusCode::kInvalidArgument);
 }
 
 TEST(BenchRunnerTest, FlagHelpers) {

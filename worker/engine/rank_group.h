@@ -95,6 +95,8 @@ struct RankGroupOptions {
   // Matrix weight storage, "bfloat16" or "float32"; empty: the backend's default
   // (BackendOptions::dtype).
   std::string dtype;
+  // Latent KV cache elements: "auto" or empty (= the weights' dtype), "bfloat16", "float32".
+  std::string kv_cache_dtype;
   int threads_per_rank = 1;
   // KV cache per rank, in tokens. 0: planned from GPU memory (memory_plan.h) on a GPU, and
   // kDefaultCpuKvCacheTokens on the CPU; > 0: exactly this many (rounded up to whole blocks).

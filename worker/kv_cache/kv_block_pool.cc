@@ -7,6 +7,14 @@
 
 namespace deepinfer {
 
+absl::StatusOr<WeightDType> ResolveKvCacheDType(const std::string& name, WeightDType weight_dtype) {
+  if (name.empty() || name == "auto") return weight_dtype;
+  if (name == "float32" || name == "fp32") return WeightDType::kFloat32;
+  if (name == "bfloat16" || name == "bf16") return WeightDType::kBFloat16;
+  return absl::InvalidArgumentError(absl::StrCat("unknown KV cache dtype '", name,
+                                                 "' (expected auto, bfloat16 or float32)"));
+}
+
 absl::StatusOr<std::unique_ptr<KvBlockPool>> KvBlockPool::Create(Backend* backend,
                                                                  const KvBlockPoolOptions& o) {
   if (o.num_layers <= 0 || o.num_blocks <= 0 || o.block_size <= 0 || o.latent_dim <= 0 ||

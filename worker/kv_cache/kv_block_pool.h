@@ -8,6 +8,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
@@ -32,6 +33,11 @@ struct KvBlockPoolOptions {
     return static_cast<size_t>(latent_dim + rope_dim) * WeightDTypeSize(dtype);
   }
 };
+
+// The cache element type a --kv-cache-dtype value selects: "auto" (or empty) = weight_dtype, the
+// backend's; "bfloat16" / "float32" (also "bf16" / "fp32"); INVALID_ARGUMENT naming the value
+// otherwise.
+absl::StatusOr<WeightDType> ResolveKvCacheDType(const std::string& name, WeightDType weight_dtype);
 
 class KvBlockPool {
  public:

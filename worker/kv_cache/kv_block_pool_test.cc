@@ -48,6 +48,16 @@ TEST(KvBlockPoolTest, LayerViewsAreDistinctAndSized) {
   EXPECT_FALSE(KvBlockPool::Create(&be, {0, 2, 4, 6, 2}).ok());
 }
 
+TEST(KvBlockPoolTest, ResolveKvCacheDType) {
+  EXPECT_EQ(*ResolveKvCacheDType("auto", WeightDType::kBFloat16), WeightDType::kBFloat16);
+  EXPECT_EQ(*ResolveKvCacheDType("", WeightDType::kFloat32), WeightDType::kFloat32);
+  EXPECT_EQ(*ResolveKvCacheDType("float32", WeightDType::kBFloat16), WeightDType::kFloat32);
+  EXPECT_EQ(*ResolveKvCacheDType("bf16", WeightDType::kFloat32), WeightDType::kBFloat16);
+  const auto bad = ResolveKvCacheDType("fp8", WeightDType::kFloat32);
+  EXPECT_EQ(bad.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(bad.status().message().find("'fp8'"), std::string::npos);
+}
+
 TEST(KvBlockPoolTest, Bf16EntriesTakeTwoBytesPerValue) {
   CpuBackend be(1);
   KvBlockPoolOptions o{3, 2, 4, 6, 2};
