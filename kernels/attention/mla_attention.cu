@@ -36,6 +36,10 @@
 #include <math.h>
 
 #include <cstdint>
+#include <map>
+#include <mutex>
+#include <tuple>
+#include <utility>
 
 #include "kernels/attention/mla_attention.h"
 
@@ -489,21 +493,37 @@ __global__ void MlaCombineKernel(const float* ws_out, const float* ws_ml, int nu
 constexpr int kMmaWarps = 4;
 constexpr int kMmaThreads = 32 * kMmaWarps;
 constexpr int kMmaHeads = 16;  // the M of m16n8k16: one head group
-constexpr int kMmaKeys = 32;   // keys per shared-memory chunk: 4 score n-tiles, 2 P·V k-steps
 constexpr int kMmaMaxLatent = 512;                          // 4 warps x 16 n-tiles x 8 columns
 constexpr int kMmaMaxDim = 640;                             // latent + rope, padded to 16
 constexpr int kMmaMaxKSteps = kMmaMaxDim / 16 / kMmaWarps;  // score k-steps per warp
-constexpr int kRedLd = kMmaKeys + 8;  // partial-score rows: +8 floats keeps float2 stores apart
 
 // Shared-memory row of one key in bf16 elements: the entry padded to whole k-steps (zeros),
 // plus 8 so that the 8 rows an ldmatrix reads start in different bank groups.
 __host__ __device__ __forceinline__ int MmaRowStride(int dim) { return (dim + 15) / 16 * 16 + 8; }
 
-// Row offsets [3][32] (int64), keys [2][32][row stride] (bf16), partial scores [4][16][kRedLd].
-size_t MmaSmemBytes(int dim) {
-  return kRowSlots * kMmaKeys * sizeof(int64_t) +
-         2 * kMmaKeys * static_cast<size_t>(MmaRowStride(dim)) * sizeof(__nv_bfloat16) +
-         kMmaWarps * kMmaHeads * kRedLd * sizeof(float);
+// Pipeline shapes of the tensor-core kernel: keys per shared-memory chunk (a multiple of 16:
+// kKeys / 8 score n-tiles, kKeys / 16 P·V k-steps), chunks in the ring (kStages - 1 in flight
+// while one is computed) and blocks per SM the shared memory is sized for.
+struct MmaShape {
+  int keys, stages, min_blocks;
+};
+constexpr MmaShape kMmaShapes[] = {
+    {16, 5, 2},  // variant 1: 2 blocks per SM, up to 8 chunks (147 KB) in flight per SM
+    {32, 5, 1},  // variant 2: 1 block per SM, 4 chunks (147 KB) in flight, fewer barriers per key
+    {32, 2, 2},  // variant 3: the first version, double-buffered, 2 blocks per SM
+};
+constexpr int kMmaVariants = 3;
+static_assert(kMmaVariants == kMaxMlaMmaVariant, "mla_attention.h documents the variants");
+
+// Partial-score rows: kKeys + 8 floats keeps a half-warp's float2 stores in distinct banks.
+__host__ __device__ constexpr int MmaRedLd(int keys) { return keys + 8; }
+
+// Row offsets [stages + 1][keys] (int64), keys [stages][keys][row stride] (bf16), partial scores
+// [4][16][keys + 8] (fp32).
+size_t MmaSmemBytes(const MmaShape& m, int dim) {
+  return static_cast<size_t>(m.stages + 1) * m.keys * sizeof(int64_t) +
+         static_cast<size_t>(m.stages) * m.keys * MmaRowStride(dim) * sizeof(__nv_bfloat16) +
+         static_cast<size_t>(kMmaWarps) * kMmaHeads * MmaRedLd(m.keys) * sizeof(float);
 }
 
 __device__ __forceinline__ uint32_t Bf16x2Bits(__nv_bfloat162 v) {
@@ -558,16 +578,18 @@ __device__ __forceinline__ float QueryValue(const MlaAttentionParams& p, int64_t
              : p.q_rope[t * p.q_rope_token_stride + h * p.q_rope_head_stride + (c - latent)];
 }
 
-// Starts copying the 32 bf16 keys whose row offsets are in rows (-1: past the end, zeroed)
-// into dst [32][ld] and commits them as one copy group. vec_loads: 16-byte cp.async (rows are
-// whole 16-byte pieces and the cache is 16-byte aligned); else 2-byte loads.
+// Starts copying the kKeys bf16 keys whose row offsets are in rows (-1: past the end, zeroed)
+// into dst [kKeys][ld] and commits them as one copy group (empty when !any). vec_loads: 16-byte
+// cp.async (rows are whole 16-byte pieces and the cache is 16-byte aligned); else 2-byte loads.
+template <int kKeys>
 __device__ __forceinline__ void LoadKeyChunkBf16(const MlaAttentionParams& p, const int64_t* rows,
                                                  __nv_bfloat16* dst, int ld, int dim,
-                                                 bool vec_loads) {
+                                                 bool vec_loads, bool any) {
   const __nv_bfloat16* cache = static_cast<const __nv_bfloat16*>(p.cache.cache);
-  if (vec_loads) {
+  if (!any) {
+  } else if (vec_loads) {
     const int d8 = dim / 8;
-    for (int i = threadIdx.x; i < kMmaKeys * d8; i += kMmaThreads) {
+    for (int i = threadIdx.x; i < kKeys * d8; i += kMmaThreads) {
       const int j = i / d8, f = i - j * d8;
       const int64_t row = rows[j];
       __nv_bfloat16* d = dst + j * ld + f * 8;
@@ -578,7 +600,7 @@ __device__ __forceinline__ void LoadKeyChunkBf16(const MlaAttentionParams& p, co
       }
     }
   } else {
-    for (int i = threadIdx.x; i < kMmaKeys * dim; i += kMmaThreads) {
+    for (int i = threadIdx.x; i < kKeys * dim; i += kMmaThreads) {
       const int j = i / dim, c = i - j * dim;
       const int64_t row = rows[j];
       dst[j * ld + c] = row < 0 ? __float2bfloat16_rn(0.0f) : cache[row + c];
@@ -588,18 +610,24 @@ __device__ __forceinline__ void LoadKeyChunkBf16(const MlaAttentionParams& p, co
 }
 
 // Block index = (token * num_splits + split) * num_groups + group, as MlaGroupedKernel. kNT:
-// n-tiles of 8 latent columns per warp in P·V (even; latent <= 32 * kNT).
-template <int kNT>
-__global__ void __launch_bounds__(kMmaThreads, 2)
+// n-tiles of 8 latent columns per warp in P·V (even; latent <= 32 * kNT); kVariant: the
+// pipeline shape, kMmaShapes[kVariant - 1].
+template <int kNT, int kVariant>
+__global__ void __launch_bounds__(kMmaThreads, kMmaShapes[kVariant - 1].min_blocks)
     MlaBf16MmaKernel(MlaAttentionParams p, int num_groups, int num_splits, bool vec_loads,
                      float* ws_out, float* ws_ml) {
+  constexpr int kKeys = kMmaShapes[kVariant - 1].keys;
+  constexpr int kStages = kMmaShapes[kVariant - 1].stages;
+  constexpr int kTiles = kKeys / 8;   // score n-tiles per chunk
+  constexpr int kKSteps = kKeys / 16;  // P·V k-steps per chunk
+  constexpr int kRedLd = MmaRedLd(kKeys);
   extern __shared__ float4 smem4[];
   const int latent = p.cache.latent_dim, dim = latent + p.cache.rope_dim;
   const int ksteps = (dim + 15) / 16;
   const int ld = MmaRowStride(dim);
-  int64_t* rows = reinterpret_cast<int64_t*>(smem4);  // [3][kMmaKeys]
-  __nv_bfloat16* kbuf = reinterpret_cast<__nv_bfloat16*>(rows + kRowSlots * kMmaKeys);
-  float* red = reinterpret_cast<float*>(kbuf + 2 * kMmaKeys * ld);  // [warps][16][kRedLd]
+  int64_t* rows = reinterpret_cast<int64_t*>(smem4);  // [kStages + 1][kKeys]: chunk c in c % (S+1)
+  __nv_bfloat16* kbuf = reinterpret_cast<__nv_bfloat16*>(rows + (kStages + 1) * kKeys);
+  float* red = reinterpret_cast<float*>(kbuf + kStages * kKeys * ld);  // [warps][16][kRedLd]
 
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
   const int g = lane / 4, tq = lane % 4;  // mma fragment coordinates: row group, pair in row
@@ -611,7 +639,7 @@ __global__ void __launch_bounds__(kMmaThreads, 2)
       p.block_tables + static_cast<int64_t>(p.token_seq[t]) * p.max_blocks_per_seq;
   const int64_t len = p.context_len[t];
   const int64_t per_split = (len + num_splits - 1) / num_splits;
-  const int64_t span = (per_split + kMmaKeys - 1) / kMmaKeys * kMmaKeys;
+  const int64_t span = (per_split + kKeys - 1) / kKeys * kKeys;
   const int64_t begin = split * span;
   const int64_t end = len < begin + span ? len : begin + span;
 
@@ -641,15 +669,15 @@ __global__ void __launch_bounds__(kMmaThreads, 2)
       SplitBf16(x0, x1, &qhi[i][r], &qlo[i][r]);
     }
   }
-  // Zero the row padding of both key buffers once (copies never write it; the score k-steps
+  // Zero the row padding of every key buffer once (copies never write it; the score k-steps
   // read it, and 0 * garbage could be NaN).
   const int pad = ld - dim;
-  for (int i = tid; i < 2 * kMmaKeys * pad; i += kMmaThreads) {
+  for (int i = tid; i < kStages * kKeys * pad; i += kMmaThreads) {
     const int row = i / pad;
     kbuf[row * ld + dim + (i - row * pad)] = __float2bfloat16_rn(0.0f);
   }
-  if (tid < 2 * kMmaKeys) {  // chunks 0 and 1
-    rows[tid] = begin + tid < end ? KeyRowOffset(p, table, begin + tid) : -1;
+  for (int i = tid; i < kStages * kKeys; i += kMmaThreads) {  // chunks 0 .. kStages - 1
+    rows[i] = begin + i < end ? KeyRowOffset(p, table, begin + i) : -1;
   }
 
   float acc[kNT][4];
@@ -662,31 +690,35 @@ __global__ void __launch_bounds__(kMmaThreads, 2)
   const int col0 = warp * kNT * 8;
   const int mat = lane / 8, mat_row = lane % 8;  // ldmatrix: which matrix / row this lane names
 
-  __syncthreads();  // rows of chunks 0 and 1, padding
-  LoadKeyChunkBf16(p, rows, kbuf, ld, dim, vec_loads);
+  __syncthreads();  // rows of the first kStages chunks, padding
+  // Chunks 0 .. kStages - 2 in flight; one copy group per chunk (empty past the end), so that
+  // "all but the newest kStages - 1 groups" is always "this chunk".
+#pragma unroll
+  for (int c = 0; c < kStages - 1; ++c) {
+    LoadKeyChunkBf16<kKeys>(p, rows + c * kKeys, kbuf + c * kKeys * ld, ld, dim, vec_loads,
+                            begin + c * kKeys < end);
+  }
   int chunk = 0;
-  for (int64_t j0 = begin; j0 < end; j0 += kMmaKeys, ++chunk) {
-    const __nv_bfloat16* kc = kbuf + (chunk & 1) * kMmaKeys * ld;
-    const bool has_next = j0 + kMmaKeys < end;
-    if (has_next) {  // the other buffer was last read before the previous closing barrier
-      LoadKeyChunkBf16(p, rows + ((chunk + 1) % kRowSlots) * kMmaKeys,
-                       kbuf + ((chunk + 1) & 1) * kMmaKeys * ld, ld, dim, vec_loads);
+  for (int64_t j0 = begin; j0 < end; j0 += kKeys, ++chunk) {
+    const __nv_bfloat16* kc = kbuf + (chunk % kStages) * kKeys * ld;
+    {  // chunk + kStages - 1 into the buffer chunk - 1 used (read before the last closing barrier)
+      const int ahead = chunk + kStages - 1;
+      LoadKeyChunkBf16<kKeys>(p, rows + (ahead % (kStages + 1)) * kKeys,
+                              kbuf + (ahead % kStages) * kKeys * ld, ld, dim, vec_loads,
+                              j0 + (kStages - 1) * kKeys < end);
     }
-    if (tid < kMmaKeys) {  // two chunks ahead; that slot was last read two iterations ago
-      const int64_t j = j0 + 2 * kMmaKeys + tid;
-      rows[((chunk + 2) % kRowSlots) * kMmaKeys + tid] = j < end ? KeyRowOffset(p, table, j) : -1;
+    if (tid < kKeys) {  // rows one chunk further; that slot held chunk - 1's, long consumed
+      const int64_t j = j0 + kStages * kKeys + tid;
+      rows[((chunk + kStages) % (kStages + 1)) * kKeys + tid] =
+          j < end ? KeyRowOffset(p, table, j) : -1;
     }
-    if (has_next) {
-      CopyAsyncWait<1>();
-    } else {
-      CopyAsyncWait<0>();
-    }
-    __syncthreads();
+    CopyAsyncWait<kStages - 1>();  // this chunk's group has landed (for this thread) ...
+    __syncthreads();               // ... and for every thread
 
     // Partial scores over this warp's k-steps: s[n] is the C fragment of keys 8n .. 8n + 7.
-    float s[4][4];
+    float s[kTiles][4];
 #pragma unroll
-    for (int n = 0; n < 4; ++n) {
+    for (int n = 0; n < kTiles; ++n) {
 #pragma unroll
       for (int e = 0; e < 4; ++e) s[n][e] = 0.0f;
     }
@@ -695,7 +727,7 @@ __global__ void __launch_bounds__(kMmaThreads, 2)
       const int ks = warp + i * kMmaWarps;
       if (ks < ksteps) {
 #pragma unroll
-        for (int kp = 0; kp < 2; ++kp) {
+        for (int kp = 0; kp < kKSteps; ++kp) {
           // Matrices: keys 16 kp + 8 (mat >> 1) + 0..7, dims 16 ks + 8 (mat & 1) + 0..7.
           uint32_t b[4];
           LdMatrixX4<false>(b, kc + (kp * 16 + (mat >> 1) * 8 + mat_row) * ld + ks * 16 +
@@ -709,7 +741,7 @@ __global__ void __launch_bounds__(kMmaThreads, 2)
     }
     float* mine = red + warp * kMmaHeads * kRedLd;
 #pragma unroll
-    for (int n = 0; n < 4; ++n) {
+    for (int n = 0; n < kTiles; ++n) {
       *reinterpret_cast<float2*>(mine + g * kRedLd + n * 8 + 2 * tq) = make_float2(s[n][0], s[n][1]);
       *reinterpret_cast<float2*>(mine + (g + 8) * kRedLd + n * 8 + 2 * tq) =
           make_float2(s[n][2], s[n][3]);
@@ -718,7 +750,7 @@ __global__ void __launch_bounds__(kMmaThreads, 2)
     // Every warp sums the four partials in the same order, so all hold identical scores and
     // softmax state.
 #pragma unroll
-    for (int n = 0; n < 4; ++n) {
+    for (int n = 0; n < kTiles; ++n) {
 #pragma unroll
       for (int half = 0; half < 2; ++half) {
         float2 sum = make_float2(0.0f, 0.0f);
@@ -734,11 +766,11 @@ __global__ void __launch_bounds__(kMmaThreads, 2)
       }
     }
 
-    // Online softmax for rows g (e = 0, 1) and g + 8 (e = 2, 3); a row's 32 keys are spread
-    // over the 4 lanes of a quad.
+    // Online softmax for rows g (e = 0, 1) and g + 8 (e = 2, 3); a row's keys are spread over
+    // the 4 lanes of a quad.
     float mx[2] = {-INFINITY, -INFINITY};
 #pragma unroll
-    for (int n = 0; n < 4; ++n) {
+    for (int n = 0; n < kTiles; ++n) {
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
         const int64_t key = j0 + n * 8 + 2 * tq + (e & 1);
@@ -756,7 +788,7 @@ __global__ void __launch_bounds__(kMmaThreads, 2)
       alpha[r] = expf(run_max[r] - mx[r]);  // 0 on the first chunk (run_max = -inf)
     }
 #pragma unroll
-    for (int n = 0; n < 4; ++n) {
+    for (int n = 0; n < kTiles; ++n) {
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
         s[n][e] = expf(s[n][e] - mx[e >> 1]);  // 0 for keys past the end
@@ -778,11 +810,11 @@ __global__ void __launch_bounds__(kMmaThreads, 2)
       acc[n][3] *= alpha[1];
     }
 
-    // P as A fragments (hi, lo) for key k-steps 0-15 and 16-31: the C fragments of score
-    // n-tiles 2 kk and 2 kk + 1 are exactly the A fragment's four registers.
-    uint32_t phi[2][4], plo[2][4];
+    // P as A fragments (hi, lo) per 16-key k-step kk: the C fragments of score n-tiles 2 kk
+    // and 2 kk + 1 are exactly the A fragment's four registers.
+    uint32_t phi[kKSteps][4], plo[kKSteps][4];
 #pragma unroll
-    for (int kk = 0; kk < 2; ++kk) {
+    for (int kk = 0; kk < kKSteps; ++kk) {
       SplitBf16(s[2 * kk][0], s[2 * kk][1], &phi[kk][0], &plo[kk][0]);
       SplitBf16(s[2 * kk][2], s[2 * kk][3], &phi[kk][1], &plo[kk][1]);
       SplitBf16(s[2 * kk + 1][0], s[2 * kk + 1][1], &phi[kk][2], &plo[kk][2]);
@@ -794,7 +826,7 @@ __global__ void __launch_bounds__(kMmaThreads, 2)
       const int c0 = col0 + np * 16;
       if (c0 < latent) {
 #pragma unroll
-        for (int kk = 0; kk < 2; ++kk) {
+        for (int kk = 0; kk < kKSteps; ++kk) {
           // Matrices: keys 16 kk + 8 (mat & 1) + 0..7, columns c0 + 8 (mat >> 1) + 0..7.
           uint32_t b[4];
           LdMatrixX4<true>(b, kc + (kk * 16 + (mat & 1) * 8 + mat_row) * ld + c0 + (mat >> 1) * 8);
@@ -851,30 +883,94 @@ GroupedKernelFn GroupedKernelFor(int latent_dim) {
   }
 }
 
-GroupedKernelFn MmaKernelFor(int latent_dim) {
+template <int kVariant>
+GroupedKernelFn MmaKernelForVariant(int latent_dim) {
   const int cols = (latent_dim + kMmaWarps - 1) / kMmaWarps;  // per warp
-  if (cols <= 16) return MlaBf16MmaKernel<2>;
-  if (cols <= 32) return MlaBf16MmaKernel<4>;
-  if (cols <= 64) return MlaBf16MmaKernel<8>;
-  return MlaBf16MmaKernel<16>;
+  if (cols <= 16) return MlaBf16MmaKernel<2, kVariant>;
+  if (cols <= 32) return MlaBf16MmaKernel<4, kVariant>;
+  if (cols <= 64) return MlaBf16MmaKernel<8, kVariant>;
+  return MlaBf16MmaKernel<16, kVariant>;
+}
+
+GroupedKernelFn MmaKernelFor(int latent_dim, int variant) {
+  static_assert(kMmaVariants == 3, "one case per variant");
+  switch (variant) {
+    case 1:
+      return MmaKernelForVariant<1>(latent_dim);
+    case 2:
+      return MmaKernelForVariant<2>(latent_dim);
+    default:
+      return MmaKernelForVariant<3>(latent_dim);
+  }
 }
 
 bool IsBf16(const MlaAttentionParams& p) { return p.cache.type == LatentCacheType::kBFloat16; }
 
+// What a launch needs to know about a kernel on a device: constant for the process, but the
+// queries cost tens of microseconds per launch, so they are made once per (kernel, device) and
+// per shared-memory size (occupancy).
+struct KernelFacts {
+  cudaError_t error = cudaSuccess;
+  int ptx_version = 0;
+  int sms = 0;
+  int max_smem = 0;  // opt-in per block; the kernel's dynamic limit is raised to it once
+};
+
+cudaError_t FactsFor(GroupedKernelFn kernel, int device, KernelFacts* out) {
+  static std::mutex mu;
+  static std::map<std::pair<const void*, int>, KernelFacts>* facts =
+      new std::map<std::pair<const void*, int>, KernelFacts>();
+  std::lock_guard<std::mutex> lock(mu);
+  const auto key = std::make_pair(reinterpret_cast<const void*>(kernel), device);
+  auto it = facts->find(key);
+  if (it == facts->end()) {
+    KernelFacts f;
+    cudaFuncAttributes attr;
+    f.error = cudaFuncGetAttributes(&attr, kernel);
+    if (f.error == cudaSuccess) {
+      f.ptx_version = attr.ptxVersion;
+      f.error = cudaDeviceGetAttribute(&f.max_smem, cudaDevAttrMaxSharedMemoryPerBlockOptin, device);
+    }
+    if (f.error == cudaSuccess) {
+      f.error = cudaDeviceGetAttribute(&f.sms, cudaDevAttrMultiProcessorCount, device);
+    }
+    if (f.error == cudaSuccess) {
+      f.error = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                     f.max_smem - static_cast<int>(attr.sharedSizeBytes));
+    }
+    if (f.error != cudaSuccess) cudaGetLastError();  // reported through the return value
+    it = facts->emplace(key, f).first;
+  }
+  *out = it->second;
+  return out->error;
+}
+
+cudaError_t BlocksPerSm(GroupedKernelFn kernel, int device, int threads, size_t smem, int* out) {
+  static std::mutex mu;
+  static std::map<std::tuple<const void*, int, size_t>, int>* cache =
+      new std::map<std::tuple<const void*, int, size_t>, int>();
+  std::lock_guard<std::mutex> lock(mu);
+  const auto key = std::make_tuple(reinterpret_cast<const void*>(kernel), device, smem);
+  auto it = cache->find(key);
+  if (it != cache->end()) {
+    *out = it->second;
+    return cudaSuccess;
+  }
+  const cudaError_t e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(out, kernel, threads, smem);
+  if (e == cudaSuccess) cache->emplace(key, *out);
+  return e;
+}
+
 // True when the tensor-core kernel takes these params: bf16 cache, shape within its register
 // budget, and the kernel compiled for sm_80+ (its mma / ldmatrix code is absent from PTX JIT-
 // compiled for an older virtual architecture).
-bool UseMma(const MlaAttentionParams& p) {
+bool UseMma(const MlaAttentionParams& p, GroupedKernelFn kernel, int device) {
   if (!IsBf16(p) || p.cache.latent_dim > kMmaMaxLatent ||
       (p.cache.latent_dim + p.cache.rope_dim + 15) / 16 * 16 > kMmaMaxDim) {
     return false;
   }
-  cudaFuncAttributes attr;
-  if (cudaFuncGetAttributes(&attr, MmaKernelFor(p.cache.latent_dim)) != cudaSuccess) {
-    cudaGetLastError();  // not sticky: clear it, the grouped kernel runs instead
-    return false;
-  }
-  return attr.ptxVersion >= 80;
+  KernelFacts f;
+  return FactsFor(kernel, device, &f) == cudaSuccess && f.ptx_version >= 80;
 }
 
 struct GroupedPlan {
@@ -887,18 +983,27 @@ struct GroupedPlan {
   size_t workspace_bytes = 0;
 };
 
+// The tensor-core pipeline shape used when MlaAttentionParams::mma_variant is 0.
+constexpr int kDefaultMmaVariant = 1;
+
 cudaError_t PlanGrouped(const MlaAttentionParams& p, GroupedPlan* plan) {
   if (p.cache.latent_dim <= 0 || p.cache.latent_dim > kMaxMlaLatentDim || p.cache.rope_dim < 0 ||
-      p.num_splits < 0 || p.num_splits > kMaxMlaSplits ||
+      p.num_splits < 0 || p.num_splits > kMaxMlaSplits || p.mma_variant < 0 ||
+      p.mma_variant > kMmaVariants ||
       (p.cache.type != LatentCacheType::kFloat32 && !IsBf16(p))) {
     return cudaErrorInvalidValue;
   }
+  int device = 0;
+  cudaError_t e = cudaGetDevice(&device);
+  if (e != cudaSuccess) return e;
   const int dim = p.cache.latent_dim + p.cache.rope_dim;
-  plan->mma = UseMma(p);
+  const int variant = p.mma_variant == 0 ? kDefaultMmaVariant : p.mma_variant;
+  GroupedKernelFn mma_kernel = MmaKernelFor(p.cache.latent_dim, variant);
+  plan->mma = UseMma(p, mma_kernel, device);
   if (plan->mma) {
-    plan->kernel = MmaKernelFor(p.cache.latent_dim);
+    plan->kernel = mma_kernel;
     plan->threads = kMmaThreads;
-    plan->smem = MmaSmemBytes(dim);
+    plan->smem = MmaSmemBytes(kMmaShapes[variant - 1], dim);
   } else {
     plan->kernel = IsBf16(p) ? GroupedKernelFor<__nv_bfloat16>(p.cache.latent_dim)
                              : GroupedKernelFor<float>(p.cache.latent_dim);
@@ -906,27 +1011,19 @@ cudaError_t PlanGrouped(const MlaAttentionParams& p, GroupedPlan* plan) {
     plan->smem = GroupedSmemBytes(dim);
   }
   plan->num_groups = (p.num_heads + kGroupHeads - 1) / kGroupHeads;
-  int device = 0, max_smem = 0;
-  cudaError_t e = cudaGetDevice(&device);
+  KernelFacts facts;
+  e = FactsFor(plan->kernel, device, &facts);
   if (e != cudaSuccess) return e;
-  e = cudaDeviceGetAttribute(&max_smem, cudaDevAttrMaxSharedMemoryPerBlockOptin, device);
-  if (e != cudaSuccess) return e;
-  if (plan->smem > static_cast<size_t>(max_smem)) return cudaErrorInvalidValue;
-  e = cudaFuncSetAttribute(plan->kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                           static_cast<int>(plan->smem));
-  if (e != cudaSuccess) return e;
+  if (plan->smem > static_cast<size_t>(facts.max_smem)) return cudaErrorInvalidValue;
   plan->num_splits = p.num_splits;
   if (plan->num_splits == 0) {
-    int sms = 0, per_sm = 0;
-    e = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
-    if (e != cudaSuccess) return e;
-    e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, plan->kernel, plan->threads,
-                                                      plan->smem);
+    int per_sm = 0;
+    e = BlocksPerSm(plan->kernel, device, plan->threads, plan->smem, &per_sm);
     if (e != cudaSuccess) return e;
     // Split until one wave of blocks covers every SM slot (rounding down: a partial second
     // wave would cost more than it fills).
     const int64_t blocks = static_cast<int64_t>(p.num_tokens) * plan->num_groups;
-    const int64_t slots = static_cast<int64_t>(sms) * (per_sm > 0 ? per_sm : 1);
+    const int64_t slots = static_cast<int64_t>(facts.sms) * (per_sm > 0 ? per_sm : 1);
     const int64_t want = blocks >= slots ? 1 : slots / blocks;
     plan->num_splits = static_cast<int>(want < kMaxMlaSplits ? want : kMaxMlaSplits);
   }

@@ -56,6 +56,10 @@ struct MlaAttentionParams {
   // Context splits per (token, head group); 0 picks them from the token count and the
   // device's SM count so that even one decode token fills the GPU. Tests and the benchmark set it.
   int32_t num_splits = 0;
+  // bf16 cache, tensor-core kernel: its pipeline shape (1: 16-key chunks, 5 stages, 2 blocks
+  // per SM; 2: 32-key chunks, 5 stages, 1 block per SM; 3: 32-key chunks, double-buffered, 2
+  // blocks per SM); 0 = the default (mla_attention.cu). Tests and the benchmark set it.
+  int32_t mma_variant = 0;
 };
 
 // Writes token t's latent (row t of latent, stride ld_latent) and rope key (row t of rope_key,
@@ -67,6 +71,8 @@ cudaError_t WriteLatentCacheF32(int64_t tokens, const float* latent, int64_t ld_
 
 // The largest num_splits MlaAttentionF32 accepts.
 constexpr int32_t kMaxMlaSplits = 64;
+// The largest MlaAttentionParams::mma_variant.
+constexpr int32_t kMaxMlaMmaVariant = 3;
 
 // out[t, h] = sum_j softmax_j(scale * (q_latent[t,h]·c_j + q_rope[t,h]·k_j)) c_j over the
 // first context_len[t] entries of the token's sequence. cudaErrorInvalidValue if latent_dim

@@ -192,6 +192,17 @@ void Run(const Batch& batch) {
   const std::string bf16_name = std::string(kernels::MlaAttentionKernelName(pb));
   const double bf16_ms = MedianMs([&] { return kernels::MlaAttentionF32(pb, nullptr); });
   report(bf16_name.c_str(), 2, splits_of(ws_bf16), bf16_ms);
+  // The tensor-core kernel's pipeline shapes, each at its automatic split count.
+  for (int variant = 1; variant <= kernels::kMaxMlaMmaVariant; ++variant) {
+    kernels::MlaAttentionParams pv = pb;
+    pv.mma_variant = variant;
+    size_t ws_v = 0;
+    BENCH_CUDA(kernels::MlaAttentionWorkspaceBytes(pv, &ws_v));
+    if (ws_v > pv.workspace_bytes) continue;
+    const std::string name = bf16_name + " v" + std::to_string(variant);
+    report(name.c_str(), 2, splits_of(ws_v),
+           MedianMs([&] { return kernels::MlaAttentionF32(pv, nullptr); }));
+  }
 
   std::vector<float> a(out_elems), b(out_elems), c(out_elems);
   BENCH_CUDA(cudaMemcpy(a.data(), out_new, out_elems * sizeof(float), cudaMemcpyDeviceToHost));
@@ -214,10 +225,16 @@ void Run(const Batch& batch) {
               batch.name, bf16_name.c_str(), new_ms / bf16_ms, worst_bf16);
   if (sweep) {
     for (int splits : {1, 2, 4, 8, 16, 32, 64}) {
-      p.num_splits = pb.num_splits = splits;
+      p.num_splits = splits;
       report("grouped f32", 4, splits, MedianMs([&] { return kernels::MlaAttentionF32(p, nullptr); }));
-      report(bf16_name.c_str(), 2, splits,
-             MedianMs([&] { return kernels::MlaAttentionF32(pb, nullptr); }));
+      for (int variant = 1; variant <= kernels::kMaxMlaMmaVariant; ++variant) {
+        kernels::MlaAttentionParams pv = pb;
+        pv.num_splits = splits;
+        pv.mma_variant = variant;
+        const std::string name = bf16_name + " v" + std::to_string(variant);
+        report(name.c_str(), 2, splits,
+               MedianMs([&] { return kernels::MlaAttentionF32(pv, nullptr); }));
+      }
     }
   }
   std::fflush(stdout);

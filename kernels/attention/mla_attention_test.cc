@@ -178,15 +178,20 @@ TEST_P(MlaAttentionKernelTest, MatchesCpuBackend) {
   }
   std::vector<float> got;
   // fp32 online softmax vs the reference's double accumulation.
-  {
-    SCOPED_TRACE("MlaAttentionF32, workspace allocated inside");
+  // Every pipeline shape of the tensor-core kernel (0: the default), with the workspace
+  // allocated inside.
+  for (int variant = 0; variant <= (bf16 ? kernels::kMaxMlaMmaVariant : 0); ++variant) {
+    SCOPED_TRACE(::testing::Message() << "MlaAttentionF32, mma_variant " << variant);
+    p.mma_variant = variant;
     dout.Poison();
     DEEPINFER_CUDA_OK(kernels::MlaAttentionF32(p, nullptr));
     DEEPINFER_CUDA_OK(dout.Download(&got));
     const ::testing::AssertionResult close = AllClose(got, want, atol, rtol);
     EXPECT_TRUE(close);
-    std::cout << "[mla-attention] " << s.name << " " << kernel << ": " << close.message() << "\n";
+    std::cout << "[mla-attention] " << s.name << " " << kernel << " variant " << variant << ": "
+              << close.message() << "\n";
   }
+  p.mma_variant = 0;
   {
     SCOPED_TRACE("MlaAttentionF32, caller's workspace");
     size_t bytes = 0;
@@ -255,6 +260,17 @@ TEST(MlaAttentionKernelLimitsTest, RejectsTooWideLatent) {
   p.cache.latent_dim = kernels::kMaxMlaLatentDim + 1;
   EXPECT_EQ(kernels::MlaAttentionF32(p, nullptr), cudaErrorInvalidValue);
   EXPECT_EQ(kernels::MlaAttentionPerHeadF32(p, nullptr), cudaErrorInvalidValue);
+}
+
+TEST(MlaAttentionKernelLimitsTest, RejectsUnknownMmaVariant) {
+  DEEPINFER_SKIP_WITHOUT_GPU();
+  kernels::MlaAttentionParams p;
+  p.num_tokens = 1;
+  p.num_heads = 1;
+  p.cache = {nullptr, 16, 512, 64, kernels::LatentCacheType::kBFloat16};
+  p.mma_variant = kernels::kMaxMlaMmaVariant + 1;
+  EXPECT_EQ(kernels::MlaAttentionF32(p, nullptr), cudaErrorInvalidValue);
+  EXPECT_STREQ(kernels::MlaAttentionKernelName(p), "invalid");
 }
 
 TEST(MlaAttentionKernelLimitsTest, RejectsTooManySplits) {
