@@ -56,7 +56,9 @@ constexpr int kPerThread = kMaxMlaLatentDim / kThreads;
 __device__ __forceinline__ float ToFloat(float x) { return x; }
 __device__ __forceinline__ float ToFloat(__nv_bfloat16 x) { return __bfloat162float(x); }
 __device__ __forceinline__ void Store(float x, float* dst) { *dst = x; }
-__device__ __forceinline__ void Store(float x, __nv_bfloat16* dst) { *dst = __float2bfloat16_rn(x); }
+__device__ __forceinline__ void Store(float x, __nv_bfloat16* dst) {
+  *dst = __float2bfloat16_rn(x);
+}
 
 template <typename T>
 __global__ void WriteLatentCacheKernel(const float* latent, int64_t ld_latent,
@@ -324,7 +326,7 @@ __global__ void __launch_bounds__(kGroupThreads, kColIters <= 2 ? 2 : 1)
     // The other buffer was last read before the previous iteration's closing barrier.
     if (has_next) {
       LoadKeyChunk<T>(p, rows + ((chunk + 1) % kRowSlots) * kKeyChunk,
-                   kbuf + ((chunk + 1) & 1) * kKeyChunk * d4, d4, dim, vec_loads);
+                      kbuf + ((chunk + 1) & 1) * kKeyChunk * d4, d4, dim, vec_loads);
     }
     if (tid < kKeyChunk) {  // two chunks ahead; that slot was last read two iterations ago
       const int64_t j = j0 + 2 * kKeyChunk + tid;
@@ -492,7 +494,7 @@ __global__ void MlaCombineKernel(const float* ws_out, const float* ws_ml, int nu
 
 constexpr int kMmaWarps = 4;
 constexpr int kMmaThreads = 32 * kMmaWarps;
-constexpr int kMmaHeads = 16;  // the M of m16n8k16: one head group
+constexpr int kMmaHeads = 16;                               // the M of m16n8k16: one head group
 constexpr int kMmaMaxLatent = 512;                          // 4 warps x 16 n-tiles x 8 columns
 constexpr int kMmaMaxDim = 640;                             // latent + rope, padded to 16
 constexpr int kMmaMaxKSteps = kMmaMaxDim / 16 / kMmaWarps;  // score k-steps per warp
@@ -573,9 +575,8 @@ __device__ __forceinline__ void LdMatrixX4(uint32_t* r, const void* row) {
 __device__ __forceinline__ float QueryValue(const MlaAttentionParams& p, int64_t t, int h, int c,
                                             int latent, int dim) {
   if (h >= p.num_heads || c >= dim) return 0.0f;
-  return c < latent
-             ? p.q_latent[(t * p.num_heads + h) * latent + c]
-             : p.q_rope[t * p.q_rope_token_stride + h * p.q_rope_head_stride + (c - latent)];
+  return c < latent ? p.q_latent[(t * p.num_heads + h) * latent + c]
+                    : p.q_rope[t * p.q_rope_token_stride + h * p.q_rope_head_stride + (c - latent)];
 }
 
 // Starts copying the kKeys bf16 keys whose row offsets are in rows (-1: past the end, zeroed)
@@ -618,7 +619,7 @@ __global__ void __launch_bounds__(kMmaThreads, kMmaShapes[kVariant - 1].min_bloc
                      float* ws_out, float* ws_ml) {
   constexpr int kKeys = kMmaShapes[kVariant - 1].keys;
   constexpr int kStages = kMmaShapes[kVariant - 1].stages;
-  constexpr int kTiles = kKeys / 8;   // score n-tiles per chunk
+  constexpr int kTiles = kKeys / 8;    // score n-tiles per chunk
   constexpr int kKSteps = kKeys / 16;  // P·V k-steps per chunk
   constexpr int kRedLd = MmaRedLd(kKeys);
   extern __shared__ float4 smem4[];
@@ -730,8 +731,8 @@ __global__ void __launch_bounds__(kMmaThreads, kMmaShapes[kVariant - 1].min_bloc
         for (int kp = 0; kp < kKSteps; ++kp) {
           // Matrices: keys 16 kp + 8 (mat >> 1) + 0..7, dims 16 ks + 8 (mat & 1) + 0..7.
           uint32_t b[4];
-          LdMatrixX4<false>(b, kc + (kp * 16 + (mat >> 1) * 8 + mat_row) * ld + ks * 16 +
-                                   (mat & 1) * 8);
+          LdMatrixX4<false>(
+              b, kc + (kp * 16 + (mat >> 1) * 8 + mat_row) * ld + ks * 16 + (mat & 1) * 8);
           MmaBf16(s[2 * kp], qhi[i], b[0], b[1]);
           MmaBf16(s[2 * kp], qlo[i], b[0], b[1]);
           MmaBf16(s[2 * kp + 1], qhi[i], b[2], b[3]);
@@ -742,7 +743,8 @@ __global__ void __launch_bounds__(kMmaThreads, kMmaShapes[kVariant - 1].min_bloc
     float* mine = red + warp * kMmaHeads * kRedLd;
 #pragma unroll
     for (int n = 0; n < kTiles; ++n) {
-      *reinterpret_cast<float2*>(mine + g * kRedLd + n * 8 + 2 * tq) = make_float2(s[n][0], s[n][1]);
+      *reinterpret_cast<float2*>(mine + g * kRedLd + n * 8 + 2 * tq) =
+          make_float2(s[n][0], s[n][1]);
       *reinterpret_cast<float2*>(mine + (g + 8) * kRedLd + n * 8 + 2 * tq) =
           make_float2(s[n][2], s[n][3]);
     }
@@ -784,7 +786,7 @@ __global__ void __launch_bounds__(kMmaThreads, kMmaShapes[kVariant - 1].min_bloc
     for (int r = 0; r < 2; ++r) {
       mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 1));
       mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 2));
-      mx[r] = fmaxf(run_max[r], mx[r]);      // finite: every chunk has a key in range
+      mx[r] = fmaxf(run_max[r], mx[r]);     // finite: every chunk has a key in range
       alpha[r] = expf(run_max[r] - mx[r]);  // 0 on the first chunk (run_max = -inf)
     }
 #pragma unroll
@@ -929,7 +931,8 @@ cudaError_t FactsFor(GroupedKernelFn kernel, int device, KernelFacts* out) {
     f.error = cudaFuncGetAttributes(&attr, kernel);
     if (f.error == cudaSuccess) {
       f.ptx_version = attr.ptxVersion;
-      f.error = cudaDeviceGetAttribute(&f.max_smem, cudaDevAttrMaxSharedMemoryPerBlockOptin, device);
+      f.error =
+          cudaDeviceGetAttribute(&f.max_smem, cudaDevAttrMaxSharedMemoryPerBlockOptin, device);
     }
     if (f.error == cudaSuccess) {
       f.error = cudaDeviceGetAttribute(&f.sms, cudaDevAttrMultiProcessorCount, device);
@@ -989,8 +992,7 @@ constexpr int kDefaultMmaVariant = 3;
 cudaError_t PlanGrouped(const MlaAttentionParams& p, GroupedPlan* plan) {
   if (p.cache.latent_dim <= 0 || p.cache.latent_dim > kMaxMlaLatentDim || p.cache.rope_dim < 0 ||
       p.num_splits < 0 || p.num_splits > kMaxMlaSplits || p.mma_variant < 0 ||
-      p.mma_variant > kMmaVariants ||
-      (p.cache.type != LatentCacheType::kFloat32 && !IsBf16(p))) {
+      p.mma_variant > kMmaVariants || (p.cache.type != LatentCacheType::kFloat32 && !IsBf16(p))) {
     return cudaErrorInvalidValue;
   }
   int device = 0;

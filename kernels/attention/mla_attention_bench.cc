@@ -226,7 +226,8 @@ void Run(const Batch& batch) {
   if (sweep) {
     for (int splits : {1, 2, 4, 8, 16, 32, 64}) {
       p.num_splits = splits;
-      report("grouped f32", 4, splits, MedianMs([&] { return kernels::MlaAttentionF32(p, nullptr); }));
+      report("grouped f32", 4, splits,
+             MedianMs([&] { return kernels::MlaAttentionF32(p, nullptr); }));
       for (int variant = 1; variant <= kernels::kMaxMlaMmaVariant; ++variant) {
         kernels::MlaAttentionParams pv = pb;
         pv.num_splits = splits;

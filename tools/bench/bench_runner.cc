@@ -252,7 +252,8 @@ absl::StatusOr<BenchResult> RunBenchmark(const BenchConfig& bc) {
     r.prefill_tokens_per_step = prefill_seqs * ctx;
     r.prefill_step_seconds = Percentile(prefill_times, 0.5);
     r.prefill_tokens_per_s = r.prefill_tokens_per_step / r.prefill_step_seconds;
-    const StepCost pc = PrefillStepCost(mc, prefill_seqs, ctx, r.bytes_per_value, r.cache_bytes_per_value);
+    const StepCost pc =
+        PrefillStepCost(mc, prefill_seqs, ctx, r.bytes_per_value, r.cache_bytes_per_value);
     r.prefill_bytes_per_step = pc.bytes;
     r.prefill_flops_per_step = pc.flops;
     r.prefill_roofline_fraction =
@@ -325,8 +326,8 @@ absl::StatusOr<BenchResult> RunBenchmark(const BenchConfig& bc) {
     d.p99_seconds = Percentile(step_times, 0.99);
     d.tokens_per_s = n / d.p50_seconds;
     // Mid-run context: the cost model at ctx + output_len / 2 cached tokens.
-    const StepCost dc = DecodeStepCost(mc, n, ctx + bc.output_len / 2, r.bytes_per_value,
-                                        r.cache_bytes_per_value);
+    const StepCost dc =
+        DecodeStepCost(mc, n, ctx + bc.output_len / 2, r.bytes_per_value, r.cache_bytes_per_value);
     d.bytes_per_step = dc.bytes;
     d.flops_per_step = dc.flops;
     d.roofline_fraction =

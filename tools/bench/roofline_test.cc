@@ -59,7 +59,8 @@ TEST(RooflineTest, CacheBytesAndAttentionFlopsScaleWithContext) {
   // weights reads twice the cache bytes; the weights' share is unchanged.
   const StepCost f = DecodeStepCost(c, 8, 999, 2.0, 4.0);
   EXPECT_NEAR(f.bytes - a.bytes, 8.0 * 1000 * 576 * 61 * 2, 1.0);
-  const StepCost pf = PrefillStepCost(c, 2, 100, 2.0, 4.0), pb = PrefillStepCost(c, 2, 100, 2.0, 2.0);
+  const StepCost pf = PrefillStepCost(c, 2, 100, 2.0, 4.0),
+                 pb = PrefillStepCost(c, 2, 100, 2.0, 2.0);
   EXPECT_NEAR(pf.bytes - pb.bytes, 200.0 * 576 * 61 * 2, 1.0);
   EXPECT_DOUBLE_EQ(pf.flops, pb.flops);
   EXPECT_NEAR(b.flops - a.flops, 8.0 * 1000 * 61 * 128 * (2 * 576 + 2 * 512), 1e3);

@@ -499,11 +499,9 @@ bool RankGroup::FormRank(int local) {
   } else if (before_load.ok()) {
     absl::StatusOr<DeviceMemoryInfo> after_load = r.backend->MemoryInfo();
     absl::StatusOr<KvCachePlan> plan =
-        after_load.ok()
-            ? PlanKvCache(*after_load, weight_bytes, reserve,
-                          KvBytesPerToken(config, cache_options.dtype),
-                          plan_options)
-            : absl::StatusOr<KvCachePlan>(after_load.status());
+        after_load.ok() ? PlanKvCache(*after_load, weight_bytes, reserve,
+                                      KvBytesPerToken(config, cache_options.dtype), plan_options)
+                        : absl::StatusOr<KvCachePlan>(after_load.status());
     if (!plan.ok()) {
       Fail(r.global, plan.status());
       return false;

@@ -11,8 +11,8 @@ absl::StatusOr<WeightDType> ResolveKvCacheDType(const std::string& name, WeightD
   if (name.empty() || name == "auto") return weight_dtype;
   if (name == "float32" || name == "fp32") return WeightDType::kFloat32;
   if (name == "bfloat16" || name == "bf16") return WeightDType::kBFloat16;
-  return absl::InvalidArgumentError(absl::StrCat("unknown KV cache dtype '", name,
-                                                 "' (expected auto, bfloat16 or float32)"));
+  return absl::InvalidArgumentError(
+      absl::StrCat("unknown KV cache dtype '", name, "' (expected auto, bfloat16 or float32)"));
 }
 
 absl::StatusOr<std::unique_ptr<KvBlockPool>> KvBlockPool::Create(Backend* backend,

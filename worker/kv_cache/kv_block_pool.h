@@ -1,8 +1,8 @@
 // KvBlockPool: the paged latent KV cache of one rank. Per layer it holds num_blocks blocks of
 // block_size token entries; an entry is the normalised MLA latent (kv_lora_rank values) followed
-// by the rotated rope key (qk_rope_head_dim values), stored as float32 or bfloat16 (dtype). Sequences own lists of block ids (block
-// tables); the pool only hands blocks out and takes them back. Memory is a backend buffer, so
-// the same pool serves the CPU and CUDA backends.
+// by the rotated rope key (qk_rope_head_dim values), stored as float32 or bfloat16 (dtype).
+// Sequences own lists of block ids (block tables); the pool only hands blocks out and takes them
+// back. Memory is a backend buffer, so the same pool serves the CPU and CUDA backends.
 #ifndef DEEPINFER_WORKER_KV_CACHE_KV_BLOCK_POOL_H_
 #define DEEPINFER_WORKER_KV_CACHE_KV_BLOCK_POOL_H_
 

@@ -262,7 +262,8 @@ void CpuBackend::WriteLatentCache(int64_t tokens, const float* latent, int64_t l
     if (cache.dtype == WeightDType::kBFloat16) {
       uint16_t* dst = static_cast<uint16_t*>(cache.cache) + at;
       for (int64_t i = 0; i < cache.latent_dim; ++i) dst[i] = FloatToBf16Bits(l[i]);
-      for (int64_t i = 0; i < cache.rope_dim; ++i) dst[cache.latent_dim + i] = FloatToBf16Bits(r[i]);
+      for (int64_t i = 0; i < cache.rope_dim; ++i)
+        dst[cache.latent_dim + i] = FloatToBf16Bits(r[i]);
     } else {
       float* dst = static_cast<float*>(cache.cache) + at;
       std::memcpy(dst, l, cache.latent_dim * sizeof(float));
