@@ -15,6 +15,7 @@
 #include "glog/logging.h"
 #include "worker/backend/backend_factory.h"
 #include "worker/device_discovery.h"
+#include "worker/kv_cache/kv_block_pool.h"
 #include "worker/worker_server.h"
 
 int main(int argc, char** argv) {
@@ -33,6 +34,7 @@ int main(int argc, char** argv) {
   int64_t ranks = 0;
   int64_t threads = 0;
   std::string dtype;
+  std::string kv_cache_dtype = "auto";
   int64_t kv_cache_tokens = 0;
   double gpu_memory_utilization = 0.9;
   int64_t max_batch_tokens = 2048;
@@ -78,6 +80,9 @@ int main(int argc, char** argv) {
                 "256 ...); --cuda-graphs=false launches every op eagerly. docs/cuda.md.");
   flags.AddInt("cuda-graph-max-batch", &config.engine.cuda_graph_max_batch,
                "Largest decode batch run from a CUDA graph (the last bucket).");
+  flags.AddString("kv-cache-dtype", &kv_cache_dtype,
+                  "Latent KV cache elements: auto (the weights' --dtype), bfloat16 (half the\n"
+                  "bytes per token: twice the tokens, less for attention to read) or float32.");
   flags.AddString("communicator", &communicator,
                   "What carries the expert-parallel exchange: auto (nccl when --backend cuda\n"
                   "and the group has more than one rank, tcp otherwise), tcp, or nccl (GPU to\n"
@@ -170,6 +175,12 @@ int main(int argc, char** argv) {
       return 2;
     }
   }
+  if (absl::StatusOr<deepinfer::WeightDType> d =
+          deepinfer::ResolveKvCacheDType(kv_cache_dtype, deepinfer::WeightDType::kFloat32);
+      !d.ok()) {
+    std::cerr << "deepinfer-worker: --kv-cache-dtype: " << d.status().message() << "\n";
+    return 2;
+  }
   if (ranks == 0) {
     // One rank per GPU on CUDA; the CPU backend runs one by default.
     ranks = backend == "cuda" ? cuda_devices : 1;
@@ -200,6 +211,7 @@ int main(int argc, char** argv) {
               << config.engine.cuda_graph_max_batch << "\n";
     return 2;
   }
+  config.engine.kv_cache_dtype = kv_cache_dtype;
   config.engine.kv_cache_tokens = kv_cache_tokens;
   config.engine.gpu_memory_utilization = gpu_memory_utilization;
   config.engine.max_batch_tokens = static_cast<int32_t>(max_batch_tokens);

@@ -183,6 +183,7 @@ absl::StatusOr<std::unique_ptr<WorkerServer>> WorkerServer::Start(WorkerConfig c
     options.group.dtype = e.dtype;
     options.group.decode_graphs.enabled = e.cuda_graphs;
     options.group.decode_graphs.max_batch = e.cuda_graph_max_batch;
+    options.group.kv_cache_dtype = e.kv_cache_dtype;
     options.group.kv_cache_tokens = e.kv_cache_tokens;
     options.group.gpu_memory_utilization = e.gpu_memory_utilization;
     options.group.max_batch_tokens = e.max_batch_tokens;

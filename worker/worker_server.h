@@ -49,6 +49,8 @@ struct WorkerEngineConfig {
   // Decode steps replayed from CUDA graphs (RankGroupOptions::decode_graphs).
   bool cuda_graphs = true;
   int64_t cuda_graph_max_batch = 256;
+  // Latent KV cache elements: "auto"/empty (= the weights' dtype), "bfloat16" or "float32".
+  std::string kv_cache_dtype;
   // What carries the expert exchange: auto (NCCL for several cuda ranks), tcp or nccl.
   comm::DataPlaneChoice communicator = comm::DataPlaneChoice::kAuto;
 };

@@ -306,6 +306,9 @@ class LocalCluster {
       if (!options.dtype.empty()) argv.push_back("--dtype=" + options.dtype);
       argv.push_back(absl::StrCat("--cuda-graphs=", options.cuda_graphs ? "true" : "false"));
       argv.push_back(absl::StrCat("--cuda-graph-max-batch=", options.cuda_graph_max_batch));
+      if (!options.kv_cache_dtype.empty()) {
+        argv.push_back("--kv-cache-dtype=" + options.kv_cache_dtype);
+      }
       for (absl::string_view extra : absl::StrSplit(options.worker_args, ' ', absl::SkipEmpty())) {
         argv.emplace_back(extra);
       }

@@ -43,6 +43,8 @@ struct RunOptions {
   // Passed to the workers as --cuda-graphs / --cuda-graph-max-batch.
   bool cuda_graphs = true;
   int64_t cuda_graph_max_batch = 256;
+  // Passed to the workers as --kv-cache-dtype when set (empty: auto, the weights' dtype).
+  std::string kv_cache_dtype;
   int64_t workers = 1;
   int64_t ranks_per_worker = 1;
   // Where the local cluster keeps its database and logs; a fresh temporary

@@ -161,6 +161,9 @@ int Run(const std::vector<std::string>& args) {
                 "bucket (passed to the workers; --cuda-graphs=false: eager).");
   flags.AddInt("cuda-graph-max-batch", &options.cuda_graph_max_batch,
                "Largest decode batch run from a CUDA graph (passed to the workers).");
+  flags.AddString("kv-cache-dtype", &options.kv_cache_dtype,
+                  "Latent KV cache elements on the workers: auto (default: the weights'\n"
+                  "dtype), bfloat16 or float32.");
   flags.AddInt("workers", &options.workers, "Worker processes (as nodes would be).");
   flags.AddInt("ranks-per-worker", &options.ranks_per_worker,
                "Engine ranks per worker (GPUs per node); all ranks form one expert-\n"

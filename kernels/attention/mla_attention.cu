@@ -18,11 +18,30 @@
 // num_splits blocks; each writes its unnormalised output, max and denominator to a workspace and
 // MlaCombineKernel merges them (FlashDecoding). All accumulation is fp32.
 //
+// With a bf16 cache the same kernel widens each key to fp32 in shared memory (any shape), but
+// the usual shapes (latent <= 512, latent + rope <= 640) go to MlaBf16MmaKernel instead, which
+// is not limited by fp32 FMA throughput (on the H200 it is latency-bound, at ~30% of HBM
+// bandwidth for 128 x 1024 decode: docs/cuda.md): per chunk of keys (bf16 rows in shared memory,
+// cp.async ring, MmaShape; default 32 keys double-buffered) the scores
+// S[16 heads x 32 keys] = Q K^T and the update
+// O[16 x latent] += P V run as bf16 mma.sync.m16n8k16 with fp32 accumulation. Both fp32 operands
+// (Q and P) are split into bf16 hi + lo parts (x - hi is exactly representable to 8 more bits),
+// so each product is x_hi*k + x_lo*k with a relative error of about 2^-17 instead of bf16's
+// 2^-9, the keys being exact bf16 already: fp32-grade math at tensor-core speed. Warps split the
+// 576-long score dot products (k-steps), sum them through shared memory in a fixed order, and
+// then each runs the online softmax for all 16 heads itself and owns a quarter of the latent
+// columns of O.
+//
 // MlaAttentionPerHeadF32, the earlier kernel: one block per (token, head), keys scored one warp
 // per key, online softmax rescaling per-thread latent accumulators.
+#include <cuda_bf16.h>
 #include <math.h>
 
 #include <cstdint>
+#include <map>
+#include <mutex>
+#include <tuple>
+#include <utility>
 
 #include "kernels/attention/mla_attention.h"
 
@@ -35,15 +54,25 @@ constexpr int kWarps = kThreads / 32;
 constexpr int kChunk = 32;  // keys scored per round
 constexpr int kPerThread = kMaxMlaLatentDim / kThreads;
 
+// Cache element <-> fp32.
+__device__ __forceinline__ float ToFloat(float x) { return x; }
+__device__ __forceinline__ float ToFloat(__nv_bfloat16 x) { return __bfloat162float(x); }
+__device__ __forceinline__ void Store(float x, float* dst) { *dst = x; }
+__device__ __forceinline__ void Store(float x, __nv_bfloat16* dst) {
+  *dst = __float2bfloat16_rn(x);
+}
+
+template <typename T>
 __global__ void WriteLatentCacheKernel(const float* latent, int64_t ld_latent,
                                        const float* rope_key, int64_t ld_rope, const int32_t* slots,
                                        PagedLatentCache cache) {
   const int64_t t = blockIdx.x;
   const int64_t entry = cache.latent_dim + cache.rope_dim;
-  float* dst = cache.cache + static_cast<int64_t>(slots[t]) * entry;
+  T* dst = static_cast<T*>(cache.cache) + static_cast<int64_t>(slots[t]) * entry;
   for (int64_t i = threadIdx.x; i < entry; i += blockDim.x) {
-    dst[i] = i < cache.latent_dim ? latent[t * ld_latent + i]
-                                  : rope_key[t * ld_rope + (i - cache.latent_dim)];
+    Store(i < cache.latent_dim ? latent[t * ld_latent + i]
+                               : rope_key[t * ld_rope + (i - cache.latent_dim)],
+          dst + i);
   }
 }
 
@@ -51,7 +80,8 @@ __device__ __forceinline__ const float* Entry(const MlaAttentionParams& p, const
                                               int64_t j) {
   const int64_t bs = p.cache.block_size;
   const int64_t entry = p.cache.latent_dim + p.cache.rope_dim;
-  return p.cache.cache + (static_cast<int64_t>(table[j / bs]) * bs + j % bs) * entry;
+  return static_cast<const float*>(p.cache.cache) +
+         (static_cast<int64_t>(table[j / bs]) * bs + j % bs) * entry;
 }
 
 __global__ void MlaAttentionPerHeadKernel(MlaAttentionParams p) {
@@ -142,12 +172,12 @@ size_t GroupedSmemBytes(int dim) {
 
 // 16-byte global -> shared copy that completes asynchronously (sm_80+; a plain copy on older
 // targets, where the waits below are no-ops).
-__device__ __forceinline__ void CopyAsync16(float4* dst, const float4* src) {
+__device__ __forceinline__ void CopyAsync16(void* dst, const void* src) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
   const unsigned addr = static_cast<unsigned>(__cvta_generic_to_shared(dst));
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(addr), "l"(src) : "memory");
 #else
-  *dst = *src;
+  *static_cast<float4*>(dst) = *static_cast<const float4*>(src);
 #endif
 }
 
@@ -188,22 +218,24 @@ __device__ __forceinline__ int64_t KeyRowOffset(const MlaAttentionParams& p, con
 
 // Starts copying the 16 keys whose row offsets are in rows (-1: past the end, zero-filled) into
 // dst [16][d4] and commits them as one copy group (empty for threads with nothing to copy).
+// bf16 entries are widened to fp32 with plain loads (vec_loads is false for them).
+template <typename T>
 __device__ __forceinline__ void LoadKeyChunk(const MlaAttentionParams& p, const int64_t* rows,
                                              float4* dst, int d4, int dim, bool vec_loads) {
   int j = threadIdx.x / d4, f = threadIdx.x - j * d4;
   for (int i = threadIdx.x; i < kKeyChunk * d4; i += kGroupThreads) {
     const int64_t row = rows[j];
-    const float* src = p.cache.cache + row;
+    const T* src = static_cast<const T*>(p.cache.cache) + row;
     if (row < 0) {
       dst[i] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);  // keys past the end: P V needs no mask
     } else if (vec_loads) {
       CopyAsync16(dst + i, reinterpret_cast<const float4*>(src) + f);
     } else {
       const int c = f * 4;
-      float4 v = make_float4(src[c], 0.0f, 0.0f, 0.0f);
-      if (c + 1 < dim) v.y = src[c + 1];
-      if (c + 2 < dim) v.z = src[c + 2];
-      if (c + 3 < dim) v.w = src[c + 3];
+      float4 v = make_float4(ToFloat(src[c]), 0.0f, 0.0f, 0.0f);
+      if (c + 1 < dim) v.y = ToFloat(src[c + 1]);
+      if (c + 2 < dim) v.z = ToFloat(src[c + 2]);
+      if (c + 3 < dim) v.w = ToFloat(src[c + 3]);
       dst[i] = v;
     }
     f += kGroupThreads;
@@ -218,7 +250,7 @@ __device__ __forceinline__ void LoadKeyChunk(const MlaAttentionParams& p, const 
 // Block index = (token * num_splits + split) * num_groups + group: the head groups of one
 // (token, split) run side by side and share its keys through L2.
 // Two blocks per SM up to latent 512; wider latents need more shared memory than that leaves.
-template <int kColIters>
+template <int kColIters, typename T>
 __global__ void __launch_bounds__(kGroupThreads, kColIters <= 2 ? 2 : 1)
     MlaGroupedKernel(MlaAttentionParams p, int num_groups, int num_splits, bool vec_loads,
                      float* ws_out, float* ws_ml) {
@@ -288,15 +320,15 @@ __global__ void __launch_bounds__(kGroupThreads, kColIters <= 2 ? 2 : 1)
   const int tile = warp * 2 + lane / kTileSlices, slice = lane % kTileSlices;
   const int tile_head = (tile / 4) * 4, tile_key = (tile % 4) * 4;
   __syncthreads();  // Q, rows of chunks 0 and 1
-  LoadKeyChunk(p, rows, kbuf, d4, dim, vec_loads);
+  LoadKeyChunk<T>(p, rows, kbuf, d4, dim, vec_loads);
   int chunk = 0;
   for (int64_t j0 = begin; j0 < end; j0 += kKeyChunk, ++chunk) {
     const float4* k4 = kbuf + (chunk & 1) * kKeyChunk * d4;
     const bool has_next = j0 + kKeyChunk < end;
     // The other buffer was last read before the previous iteration's closing barrier.
     if (has_next) {
-      LoadKeyChunk(p, rows + ((chunk + 1) % kRowSlots) * kKeyChunk,
-                   kbuf + ((chunk + 1) & 1) * kKeyChunk * d4, d4, dim, vec_loads);
+      LoadKeyChunk<T>(p, rows + ((chunk + 1) % kRowSlots) * kKeyChunk,
+                      kbuf + ((chunk + 1) & 1) * kKeyChunk * d4, d4, dim, vec_loads);
     }
     if (tid < kKeyChunk) {  // two chunks ahead; that slot was last read two iterations ago
       const int64_t j = j0 + 2 * kKeyChunk + tid;
@@ -460,59 +492,544 @@ __global__ void MlaCombineKernel(const float* ws_out, const float* ws_ml, int nu
   }
 }
 
+// ---- Tensor-core kernel for bf16 caches ----
+
+constexpr int kMmaWarps = 4;
+constexpr int kMmaThreads = 32 * kMmaWarps;
+constexpr int kMmaHeads = 16;                               // the M of m16n8k16: one head group
+constexpr int kMmaMaxLatent = 512;                          // 4 warps x 16 n-tiles x 8 columns
+constexpr int kMmaMaxDim = 640;                             // latent + rope, padded to 16
+constexpr int kMmaMaxKSteps = kMmaMaxDim / 16 / kMmaWarps;  // score k-steps per warp
+
+// Shared-memory row of one key in bf16 elements: the entry padded to whole k-steps (zeros),
+// plus 8 so that the 8 rows an ldmatrix reads start in different bank groups.
+__host__ __device__ __forceinline__ int MmaRowStride(int dim) { return (dim + 15) / 16 * 16 + 8; }
+
+// Pipeline shapes of the tensor-core kernel: keys per shared-memory chunk (a multiple of 16:
+// kKeys / 8 score n-tiles, kKeys / 16 P·V k-steps), chunks in the ring (kStages - 1 in flight
+// while one is computed) and blocks per SM the shared memory is sized for.
+struct MmaShape {
+  int keys, stages, min_blocks;
+};
+// Measured on the H200 at 128 x 1024 decode (docs/cuda.md): 0.141, 0.170 and 0.119 ms. More
+// stages did not help because every iteration waits on a block-table lookup (rows below).
+constexpr MmaShape kMmaShapes[] = {
+    {16, 5, 2},  // variant 1: 2 blocks per SM, up to 8 chunks (147 KB) in flight per SM
+    {32, 5, 1},  // variant 2: 1 block per SM, 4 chunks (147 KB) in flight, fewer barriers per key
+    {32, 2, 2},  // variant 3 (default): double-buffered, 2 blocks per SM
+};
+constexpr int kMmaVariants = 3;
+static_assert(kMmaVariants == kMaxMlaMmaVariant, "mla_attention.h documents the variants");
+
+// Partial-score rows: kKeys + 8 floats keeps a half-warp's float2 stores in distinct banks.
+__host__ __device__ constexpr int MmaRedLd(int keys) { return keys + 8; }
+
+// Row offsets [stages + 1][keys] (int64), keys [stages][keys][row stride] (bf16), partial scores
+// [4][16][keys + 8] (fp32).
+size_t MmaSmemBytes(const MmaShape& m, int dim) {
+  return static_cast<size_t>(m.stages + 1) * m.keys * sizeof(int64_t) +
+         static_cast<size_t>(m.stages) * m.keys * MmaRowStride(dim) * sizeof(__nv_bfloat16) +
+         static_cast<size_t>(kMmaWarps) * kMmaHeads * MmaRedLd(m.keys) * sizeof(float);
+}
+
+__device__ __forceinline__ uint32_t Bf16x2Bits(__nv_bfloat162 v) {
+  return *reinterpret_cast<uint32_t*>(&v);
+}
+
+// (a, b) as bf16 pairs hi + lo with a ~= hi.x + lo.x to about 2^-17 relative (a in the low half).
+__device__ __forceinline__ void SplitBf16(float a, float b, uint32_t* hi, uint32_t* lo) {
+  const __nv_bfloat162 h = __floats2bfloat162_rn(a, b);
+  const float2 hf = __bfloat1622float2(h);
+  *hi = Bf16x2Bits(h);
+  *lo = Bf16x2Bits(__floats2bfloat162_rn(a - hf.x, b - hf.y));
+}
+
+// c[0..3] += A (16x16 bf16, row-major fragment a[0..3]) * B (16x8 bf16, fragment b0, b1).
+__device__ __forceinline__ void MmaBf16(float* c, const uint32_t* a, uint32_t b0, uint32_t b1) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+      "{%8,%9}, {%0,%1,%2,%3};\n"
+      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+#endif
+}
+
+// Four 8x8 bf16 matrices from shared memory; lane l gives the address of row l % 8 of matrix
+// l / 8. Trans: each thread gets a column pair instead of a row pair (V as the B operand).
+template <bool kTrans>
+__device__ __forceinline__ void LdMatrixX4(uint32_t* r, const void* row) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  const unsigned addr = static_cast<unsigned>(__cvta_generic_to_shared(row));
+  if (kTrans) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(addr)
+                 : "memory");
+  } else {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(addr)
+                 : "memory");
+  }
+#endif
+}
+
+// Element c of head h's query [q_latent | q_rope] (0 past the entry or the last head).
+__device__ __forceinline__ float QueryValue(const MlaAttentionParams& p, int64_t t, int h, int c,
+                                            int latent, int dim) {
+  if (h >= p.num_heads || c >= dim) return 0.0f;
+  return c < latent ? p.q_latent[(t * p.num_heads + h) * latent + c]
+                    : p.q_rope[t * p.q_rope_token_stride + h * p.q_rope_head_stride + (c - latent)];
+}
+
+// Starts copying the kKeys bf16 keys whose row offsets are in rows (-1: past the end, zeroed)
+// into dst [kKeys][ld] and commits them as one copy group (empty when !any). vec_loads: 16-byte
+// cp.async (rows are whole 16-byte pieces and the cache is 16-byte aligned); else 2-byte loads.
+template <int kKeys>
+__device__ __forceinline__ void LoadKeyChunkBf16(const MlaAttentionParams& p, const int64_t* rows,
+                                                 __nv_bfloat16* dst, int ld, int dim,
+                                                 bool vec_loads, bool any) {
+  const __nv_bfloat16* cache = static_cast<const __nv_bfloat16*>(p.cache.cache);
+  if (!any) {
+  } else if (vec_loads) {
+    const int d8 = dim / 8;
+    for (int i = threadIdx.x; i < kKeys * d8; i += kMmaThreads) {
+      const int j = i / d8, f = i - j * d8;
+      const int64_t row = rows[j];
+      __nv_bfloat16* d = dst + j * ld + f * 8;
+      if (row < 0) {
+        *reinterpret_cast<uint4*>(d) = make_uint4(0u, 0u, 0u, 0u);
+      } else {
+        CopyAsync16(d, cache + row + f * 8);
+      }
+    }
+  } else {
+    for (int i = threadIdx.x; i < kKeys * dim; i += kMmaThreads) {
+      const int j = i / dim, c = i - j * dim;
+      const int64_t row = rows[j];
+      dst[j * ld + c] = row < 0 ? __float2bfloat16_rn(0.0f) : cache[row + c];
+    }
+  }
+  CopyAsyncCommit();
+}
+
+// Block index = (token * num_splits + split) * num_groups + group, as MlaGroupedKernel. kNT:
+// n-tiles of 8 latent columns per warp in P·V (even; latent <= 32 * kNT); kVariant: the
+// pipeline shape, kMmaShapes[kVariant - 1].
+template <int kNT, int kVariant>
+__global__ void __launch_bounds__(kMmaThreads, kMmaShapes[kVariant - 1].min_blocks)
+    MlaBf16MmaKernel(MlaAttentionParams p, int num_groups, int num_splits, bool vec_loads,
+                     float* ws_out, float* ws_ml) {
+  constexpr int kKeys = kMmaShapes[kVariant - 1].keys;
+  constexpr int kStages = kMmaShapes[kVariant - 1].stages;
+  constexpr int kTiles = kKeys / 8;    // score n-tiles per chunk
+  constexpr int kKSteps = kKeys / 16;  // P·V k-steps per chunk
+  constexpr int kRedLd = MmaRedLd(kKeys);
+  extern __shared__ float4 smem4[];
+  const int latent = p.cache.latent_dim, dim = latent + p.cache.rope_dim;
+  const int ksteps = (dim + 15) / 16;
+  const int ld = MmaRowStride(dim);
+  int64_t* rows = reinterpret_cast<int64_t*>(smem4);  // [kStages + 1][kKeys]: chunk c in c % (S+1)
+  __nv_bfloat16* kbuf = reinterpret_cast<__nv_bfloat16*>(rows + (kStages + 1) * kKeys);
+  float* red = reinterpret_cast<float*>(kbuf + kStages * kKeys * ld);  // [warps][16][kRedLd]
+
+  const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
+  const int g = lane / 4, tq = lane % 4;  // mma fragment coordinates: row group, pair in row
+  const int group = blockIdx.x % num_groups;
+  const int split = (blockIdx.x / num_groups) % num_splits;
+  const int64_t t = blockIdx.x / num_groups / num_splits;
+  const int h0 = group * kMmaHeads;
+  const int32_t* table =
+      p.block_tables + static_cast<int64_t>(p.token_seq[t]) * p.max_blocks_per_seq;
+  const int64_t len = p.context_len[t];
+  const int64_t per_split = (len + num_splits - 1) / num_splits;
+  const int64_t span = (per_split + kKeys - 1) / kKeys * kKeys;
+  const int64_t begin = split * span;
+  const int64_t end = len < begin + span ? len : begin + span;
+
+  if (num_splits > 1 && begin >= end) {
+    if (tid < kMmaHeads && h0 + tid < p.num_heads) {
+      float* ml = ws_ml + ((t * p.num_heads + h0 + tid) * num_splits + split) * 2;
+      ml[0] = -INFINITY;
+      ml[1] = 0.0f;
+    }
+    return;
+  }
+
+  // This warp's score k-steps are warp, warp + 4, ...; their Q fragments (hi and lo) stay in
+  // registers. Fragment register r: head g + 8 (r & 1), dims 2 tq + 8 (r >> 1) + {0, 1}.
+  uint32_t qhi[kMmaMaxKSteps][4], qlo[kMmaMaxKSteps][4];
+#pragma unroll
+  for (int i = 0; i < kMmaMaxKSteps; ++i) {
+    const int ks = warp + i * kMmaWarps;
+#pragma unroll
+    for (int r = 0; r < 4; ++r) {
+      const int h = h0 + g + (r & 1) * 8, c = ks * 16 + 2 * tq + (r >> 1) * 8;
+      float x0 = 0.0f, x1 = 0.0f;
+      if (ks < ksteps) {
+        x0 = QueryValue(p, t, h, c, latent, dim);
+        x1 = QueryValue(p, t, h, c + 1, latent, dim);
+      }
+      SplitBf16(x0, x1, &qhi[i][r], &qlo[i][r]);
+    }
+  }
+  // Zero the row padding of every key buffer once (copies never write it; the score k-steps
+  // read it, and 0 * garbage could be NaN).
+  const int pad = ld - dim;
+  for (int i = tid; i < kStages * kKeys * pad; i += kMmaThreads) {
+    const int row = i / pad;
+    kbuf[row * ld + dim + (i - row * pad)] = __float2bfloat16_rn(0.0f);
+  }
+  for (int i = tid; i < kStages * kKeys; i += kMmaThreads) {  // chunks 0 .. kStages - 1
+    rows[i] = begin + i < end ? KeyRowOffset(p, table, begin + i) : -1;
+  }
+
+  float acc[kNT][4];
+#pragma unroll
+  for (int n = 0; n < kNT; ++n) {
+#pragma unroll
+    for (int e = 0; e < 4; ++e) acc[n][e] = 0.0f;
+  }
+  float run_max[2] = {-INFINITY, -INFINITY}, run_sum[2] = {0.0f, 0.0f};  // rows g, g + 8
+  const int col0 = warp * kNT * 8;
+  const int mat = lane / 8, mat_row = lane % 8;  // ldmatrix: which matrix / row this lane names
+
+  __syncthreads();  // rows of the first kStages chunks, padding
+  // Chunks 0 .. kStages - 2 in flight; one copy group per chunk (empty past the end), so that
+  // "all but the newest kStages - 1 groups" is always "this chunk".
+#pragma unroll
+  for (int c = 0; c < kStages - 1; ++c) {
+    LoadKeyChunkBf16<kKeys>(p, rows + c * kKeys, kbuf + c * kKeys * ld, ld, dim, vec_loads,
+                            begin + c * kKeys < end);
+  }
+  int chunk = 0;
+  for (int64_t j0 = begin; j0 < end; j0 += kKeys, ++chunk) {
+    const __nv_bfloat16* kc = kbuf + (chunk % kStages) * kKeys * ld;
+    {  // chunk + kStages - 1 into the buffer chunk - 1 used (read before the last closing barrier)
+      const int ahead = chunk + kStages - 1;
+      LoadKeyChunkBf16<kKeys>(p, rows + (ahead % (kStages + 1)) * kKeys,
+                              kbuf + (ahead % kStages) * kKeys * ld, ld, dim, vec_loads,
+                              j0 + (kStages - 1) * kKeys < end);
+    }
+    if (tid < kKeys) {  // rows one chunk further; that slot held chunk - 1's, long consumed
+      const int64_t j = j0 + kStages * kKeys + tid;
+      rows[((chunk + kStages) % (kStages + 1)) * kKeys + tid] =
+          j < end ? KeyRowOffset(p, table, j) : -1;
+    }
+    CopyAsyncWait<kStages - 1>();  // this chunk's group has landed (for this thread) ...
+    __syncthreads();               // ... and for every thread
+
+    // Partial scores over this warp's k-steps: s[n] is the C fragment of keys 8n .. 8n + 7.
+    float s[kTiles][4];
+#pragma unroll
+    for (int n = 0; n < kTiles; ++n) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) s[n][e] = 0.0f;
+    }
+#pragma unroll
+    for (int i = 0; i < kMmaMaxKSteps; ++i) {
+      const int ks = warp + i * kMmaWarps;
+      if (ks < ksteps) {
+#pragma unroll
+        for (int kp = 0; kp < kKSteps; ++kp) {
+          // Matrices: keys 16 kp + 8 (mat >> 1) + 0..7, dims 16 ks + 8 (mat & 1) + 0..7.
+          uint32_t b[4];
+          LdMatrixX4<false>(
+              b, kc + (kp * 16 + (mat >> 1) * 8 + mat_row) * ld + ks * 16 + (mat & 1) * 8);
+          MmaBf16(s[2 * kp], qhi[i], b[0], b[1]);
+          MmaBf16(s[2 * kp], qlo[i], b[0], b[1]);
+          MmaBf16(s[2 * kp + 1], qhi[i], b[2], b[3]);
+          MmaBf16(s[2 * kp + 1], qlo[i], b[2], b[3]);
+        }
+      }
+    }
+    float* mine = red + warp * kMmaHeads * kRedLd;
+#pragma unroll
+    for (int n = 0; n < kTiles; ++n) {
+      *reinterpret_cast<float2*>(mine + g * kRedLd + n * 8 + 2 * tq) =
+          make_float2(s[n][0], s[n][1]);
+      *reinterpret_cast<float2*>(mine + (g + 8) * kRedLd + n * 8 + 2 * tq) =
+          make_float2(s[n][2], s[n][3]);
+    }
+    __syncthreads();
+    // Every warp sums the four partials in the same order, so all hold identical scores and
+    // softmax state.
+#pragma unroll
+    for (int n = 0; n < kTiles; ++n) {
+#pragma unroll
+      for (int half = 0; half < 2; ++half) {
+        float2 sum = make_float2(0.0f, 0.0f);
+#pragma unroll
+        for (int w = 0; w < kMmaWarps; ++w) {
+          const float2 v = *reinterpret_cast<const float2*>(
+              red + (w * kMmaHeads + g + half * 8) * kRedLd + n * 8 + 2 * tq);
+          sum.x += v.x;
+          sum.y += v.y;
+        }
+        s[n][2 * half] = sum.x;
+        s[n][2 * half + 1] = sum.y;
+      }
+    }
+
+    // Online softmax for rows g (e = 0, 1) and g + 8 (e = 2, 3); a row's keys are spread over
+    // the 4 lanes of a quad.
+    float mx[2] = {-INFINITY, -INFINITY};
+#pragma unroll
+    for (int n = 0; n < kTiles; ++n) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int64_t key = j0 + n * 8 + 2 * tq + (e & 1);
+        const float v = key < end ? s[n][e] * p.softmax_scale : -INFINITY;
+        s[n][e] = v;
+        mx[e >> 1] = fmaxf(mx[e >> 1], v);
+      }
+    }
+    float alpha[2], sum[2] = {0.0f, 0.0f};
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 1));
+      mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 2));
+      mx[r] = fmaxf(run_max[r], mx[r]);     // finite: every chunk has a key in range
+      alpha[r] = expf(run_max[r] - mx[r]);  // 0 on the first chunk (run_max = -inf)
+    }
+#pragma unroll
+    for (int n = 0; n < kTiles; ++n) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        s[n][e] = expf(s[n][e] - mx[e >> 1]);  // 0 for keys past the end
+        sum[e >> 1] += s[n][e];
+      }
+    }
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      sum[r] += __shfl_xor_sync(0xffffffffu, sum[r], 1);
+      sum[r] += __shfl_xor_sync(0xffffffffu, sum[r], 2);
+      run_sum[r] = run_sum[r] * alpha[r] + sum[r];
+      run_max[r] = mx[r];
+    }
+#pragma unroll
+    for (int n = 0; n < kNT; ++n) {
+      acc[n][0] *= alpha[0];
+      acc[n][1] *= alpha[0];
+      acc[n][2] *= alpha[1];
+      acc[n][3] *= alpha[1];
+    }
+
+    // P as A fragments (hi, lo) per 16-key k-step kk: the C fragments of score n-tiles 2 kk
+    // and 2 kk + 1 are exactly the A fragment's four registers.
+    uint32_t phi[kKSteps][4], plo[kKSteps][4];
+#pragma unroll
+    for (int kk = 0; kk < kKSteps; ++kk) {
+      SplitBf16(s[2 * kk][0], s[2 * kk][1], &phi[kk][0], &plo[kk][0]);
+      SplitBf16(s[2 * kk][2], s[2 * kk][3], &phi[kk][1], &plo[kk][1]);
+      SplitBf16(s[2 * kk + 1][0], s[2 * kk + 1][1], &phi[kk][2], &plo[kk][2]);
+      SplitBf16(s[2 * kk + 1][2], s[2 * kk + 1][3], &phi[kk][3], &plo[kk][3]);
+    }
+    // O[16 x this warp's columns] += P V, V = the keys' latent part.
+#pragma unroll
+    for (int np = 0; np < kNT / 2; ++np) {
+      const int c0 = col0 + np * 16;
+      if (c0 < latent) {
+#pragma unroll
+        for (int kk = 0; kk < kKSteps; ++kk) {
+          // Matrices: keys 16 kk + 8 (mat & 1) + 0..7, columns c0 + 8 (mat >> 1) + 0..7.
+          uint32_t b[4];
+          LdMatrixX4<true>(b, kc + (kk * 16 + (mat & 1) * 8 + mat_row) * ld + c0 + (mat >> 1) * 8);
+          MmaBf16(acc[2 * np], phi[kk], b[0], b[1]);
+          MmaBf16(acc[2 * np], plo[kk], b[0], b[1]);
+          MmaBf16(acc[2 * np + 1], phi[kk], b[2], b[3]);
+          MmaBf16(acc[2 * np + 1], plo[kk], b[2], b[3]);
+        }
+      }
+    }
+    __syncthreads();  // this key buffer and the partial scores are rewritten next iteration
+  }
+
+#pragma unroll
+  for (int n = 0; n < kNT; ++n) {
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const int h = h0 + g + (e >> 1) * 8, c = col0 + n * 8 + 2 * tq + (e & 1);
+      if (h >= p.num_heads || c >= latent) continue;
+      const int64_t th = t * p.num_heads + h;
+      if (num_splits == 1) {
+        p.out_latent[th * latent + c] = acc[n][e] / run_sum[e >> 1];
+      } else {
+        ws_out[(th * num_splits + split) * latent + c] = acc[n][e];
+      }
+    }
+  }
+  if (num_splits > 1 && warp == 0 && tq == 0) {
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      const int h = h0 + g + r * 8;
+      if (h >= p.num_heads) continue;
+      float* ml = ws_ml + ((t * p.num_heads + h) * num_splits + split) * 2;
+      ml[0] = run_max[r];
+      ml[1] = run_sum[r];
+    }
+  }
+}
+
 using GroupedKernelFn = void (*)(MlaAttentionParams, int, int, bool, float*, float*);
 
+template <typename T>
 GroupedKernelFn GroupedKernelFor(int latent_dim) {
   switch ((latent_dim + kGroupThreads - 1) / kGroupThreads) {
     case 1:
-      return MlaGroupedKernel<1>;
+      return MlaGroupedKernel<1, T>;
     case 2:
-      return MlaGroupedKernel<2>;
+      return MlaGroupedKernel<2, T>;
     case 3:
-      return MlaGroupedKernel<3>;
+      return MlaGroupedKernel<3, T>;
     default:
       static_assert(kMaxColIters == 4, "one instantiation per column count");
-      return MlaGroupedKernel<4>;
+      return MlaGroupedKernel<4, T>;
   }
+}
+
+template <int kVariant>
+GroupedKernelFn MmaKernelForVariant(int latent_dim) {
+  const int cols = (latent_dim + kMmaWarps - 1) / kMmaWarps;  // per warp
+  if (cols <= 16) return MlaBf16MmaKernel<2, kVariant>;
+  if (cols <= 32) return MlaBf16MmaKernel<4, kVariant>;
+  if (cols <= 64) return MlaBf16MmaKernel<8, kVariant>;
+  return MlaBf16MmaKernel<16, kVariant>;
+}
+
+GroupedKernelFn MmaKernelFor(int latent_dim, int variant) {
+  static_assert(kMmaVariants == 3, "one case per variant");
+  switch (variant) {
+    case 1:
+      return MmaKernelForVariant<1>(latent_dim);
+    case 2:
+      return MmaKernelForVariant<2>(latent_dim);
+    default:
+      return MmaKernelForVariant<3>(latent_dim);
+  }
+}
+
+bool IsBf16(const MlaAttentionParams& p) { return p.cache.type == LatentCacheType::kBFloat16; }
+
+// What a launch needs to know about a kernel on a device: constant for the process, but the
+// queries cost tens of microseconds per launch, so they are made once per (kernel, device) and
+// per shared-memory size (occupancy).
+struct KernelFacts {
+  cudaError_t error = cudaSuccess;
+  int ptx_version = 0;
+  int sms = 0;
+  int max_smem = 0;  // opt-in per block; the kernel's dynamic limit is raised to it once
+};
+
+cudaError_t FactsFor(GroupedKernelFn kernel, int device, KernelFacts* out) {
+  static std::mutex mu;
+  static std::map<std::pair<const void*, int>, KernelFacts>* facts =
+      new std::map<std::pair<const void*, int>, KernelFacts>();
+  std::lock_guard<std::mutex> lock(mu);
+  const auto key = std::make_pair(reinterpret_cast<const void*>(kernel), device);
+  auto it = facts->find(key);
+  if (it == facts->end()) {
+    KernelFacts f;
+    cudaFuncAttributes attr;
+    f.error = cudaFuncGetAttributes(&attr, kernel);
+    if (f.error == cudaSuccess) {
+      f.ptx_version = attr.ptxVersion;
+      f.error =
+          cudaDeviceGetAttribute(&f.max_smem, cudaDevAttrMaxSharedMemoryPerBlockOptin, device);
+    }
+    if (f.error == cudaSuccess) {
+      f.error = cudaDeviceGetAttribute(&f.sms, cudaDevAttrMultiProcessorCount, device);
+    }
+    if (f.error == cudaSuccess) {
+      f.error = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                     f.max_smem - static_cast<int>(attr.sharedSizeBytes));
+    }
+    if (f.error != cudaSuccess) cudaGetLastError();  // reported through the return value
+    it = facts->emplace(key, f).first;
+  }
+  *out = it->second;
+  return out->error;
+}
+
+cudaError_t BlocksPerSm(GroupedKernelFn kernel, int device, int threads, size_t smem, int* out) {
+  static std::mutex mu;
+  static std::map<std::tuple<const void*, int, size_t>, int>* cache =
+      new std::map<std::tuple<const void*, int, size_t>, int>();
+  std::lock_guard<std::mutex> lock(mu);
+  const auto key = std::make_tuple(reinterpret_cast<const void*>(kernel), device, smem);
+  auto it = cache->find(key);
+  if (it != cache->end()) {
+    *out = it->second;
+    return cudaSuccess;
+  }
+  const cudaError_t e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(out, kernel, threads, smem);
+  if (e == cudaSuccess) cache->emplace(key, *out);
+  return e;
+}
+
+// True when the tensor-core kernel takes these params: bf16 cache, shape within its register
+// budget, and the kernel compiled for sm_80+ (its mma / ldmatrix code is absent from PTX JIT-
+// compiled for an older virtual architecture).
+bool UseMma(const MlaAttentionParams& p, GroupedKernelFn kernel, int device) {
+  if (!IsBf16(p) || p.cache.latent_dim > kMmaMaxLatent ||
+      (p.cache.latent_dim + p.cache.rope_dim + 15) / 16 * 16 > kMmaMaxDim) {
+    return false;
+  }
+  KernelFacts f;
+  return FactsFor(kernel, device, &f) == cudaSuccess && f.ptx_version >= 80;
 }
 
 struct GroupedPlan {
   GroupedKernelFn kernel = nullptr;
+  int threads = kGroupThreads;
   size_t smem = 0;
+  bool mma = false;
   int num_groups = 0;
   int num_splits = 0;
   size_t workspace_bytes = 0;
 };
 
+// The tensor-core pipeline shape used when MlaAttentionParams::mma_variant is 0.
+constexpr int kDefaultMmaVariant = 3;
+
 cudaError_t PlanGrouped(const MlaAttentionParams& p, GroupedPlan* plan) {
   if (p.cache.latent_dim <= 0 || p.cache.latent_dim > kMaxMlaLatentDim || p.cache.rope_dim < 0 ||
-      p.num_splits < 0 || p.num_splits > kMaxMlaSplits) {
+      p.num_splits < 0 || p.num_splits > kMaxMlaSplits || p.mma_variant < 0 ||
+      p.mma_variant > kMmaVariants || (p.cache.type != LatentCacheType::kFloat32 && !IsBf16(p))) {
     return cudaErrorInvalidValue;
   }
-  plan->kernel = GroupedKernelFor(p.cache.latent_dim);
-  plan->smem = GroupedSmemBytes(p.cache.latent_dim + p.cache.rope_dim);
-  plan->num_groups = (p.num_heads + kGroupHeads - 1) / kGroupHeads;
-  int device = 0, max_smem = 0;
+  int device = 0;
   cudaError_t e = cudaGetDevice(&device);
   if (e != cudaSuccess) return e;
-  e = cudaDeviceGetAttribute(&max_smem, cudaDevAttrMaxSharedMemoryPerBlockOptin, device);
+  const int dim = p.cache.latent_dim + p.cache.rope_dim;
+  const int variant = p.mma_variant == 0 ? kDefaultMmaVariant : p.mma_variant;
+  GroupedKernelFn mma_kernel = MmaKernelFor(p.cache.latent_dim, variant);
+  plan->mma = UseMma(p, mma_kernel, device);
+  if (plan->mma) {
+    plan->kernel = mma_kernel;
+    plan->threads = kMmaThreads;
+    plan->smem = MmaSmemBytes(kMmaShapes[variant - 1], dim);
+  } else {
+    plan->kernel = IsBf16(p) ? GroupedKernelFor<__nv_bfloat16>(p.cache.latent_dim)
+                             : GroupedKernelFor<float>(p.cache.latent_dim);
+    plan->threads = kGroupThreads;
+    plan->smem = GroupedSmemBytes(dim);
+  }
+  plan->num_groups = (p.num_heads + kGroupHeads - 1) / kGroupHeads;
+  KernelFacts facts;
+  e = FactsFor(plan->kernel, device, &facts);
   if (e != cudaSuccess) return e;
-  if (plan->smem > static_cast<size_t>(max_smem)) return cudaErrorInvalidValue;
-  e = cudaFuncSetAttribute(plan->kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                           static_cast<int>(plan->smem));
-  if (e != cudaSuccess) return e;
+  if (plan->smem > static_cast<size_t>(facts.max_smem)) return cudaErrorInvalidValue;
   plan->num_splits = p.num_splits;
   if (plan->num_splits == 0) {
-    int sms = 0, per_sm = 0;
-    e = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
-    if (e != cudaSuccess) return e;
-    e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, plan->kernel, kGroupThreads,
-                                                      plan->smem);
+    int per_sm = 0;
+    e = BlocksPerSm(plan->kernel, device, plan->threads, plan->smem, &per_sm);
     if (e != cudaSuccess) return e;
     // Split until one wave of blocks covers every SM slot (rounding down: a partial second
     // wave would cost more than it fills).
     const int64_t blocks = static_cast<int64_t>(p.num_tokens) * plan->num_groups;
-    const int64_t slots = static_cast<int64_t>(sms) * (per_sm > 0 ? per_sm : 1);
+    const int64_t slots = static_cast<int64_t>(facts.sms) * (per_sm > 0 ? per_sm : 1);
     const int64_t want = blocks >= slots ? 1 : slots / blocks;
     plan->num_splits = static_cast<int>(want < kMaxMlaSplits ? want : kMaxMlaSplits);
   }
@@ -530,15 +1047,23 @@ cudaError_t WriteLatentCacheF32(int64_t tokens, const float* latent, int64_t ld_
                                 const PagedLatentCache& cache, cudaStream_t stream) {
   if (tokens <= 0) return cudaSuccess;
   if (tokens > 0x7fffffff) return cudaErrorInvalidValue;
-  WriteLatentCacheKernel<<<static_cast<unsigned>(tokens), 128, 0, stream>>>(
-      latent, ld_latent, rope_key, ld_rope, slots, cache);
+  if (cache.type == LatentCacheType::kBFloat16) {
+    WriteLatentCacheKernel<__nv_bfloat16><<<static_cast<unsigned>(tokens), 128, 0, stream>>>(
+        latent, ld_latent, rope_key, ld_rope, slots, cache);
+  } else if (cache.type == LatentCacheType::kFloat32) {
+    WriteLatentCacheKernel<float><<<static_cast<unsigned>(tokens), 128, 0, stream>>>(
+        latent, ld_latent, rope_key, ld_rope, slots, cache);
+  } else {
+    return cudaErrorInvalidValue;
+  }
   return cudaGetLastError();
 }
 
 cudaError_t MlaAttentionPerHeadF32(const MlaAttentionParams& params, cudaStream_t stream) {
   if (params.num_tokens <= 0 || params.num_heads <= 0) return cudaSuccess;
   if (params.cache.latent_dim <= 0 || params.cache.latent_dim > kMaxMlaLatentDim ||
-      params.cache.rope_dim < 0 || params.num_heads > 65535) {
+      params.cache.rope_dim < 0 || params.num_heads > 65535 ||
+      params.cache.type != LatentCacheType::kFloat32) {
     return cudaErrorInvalidValue;
   }
   const size_t smem =
@@ -547,6 +1072,13 @@ cudaError_t MlaAttentionPerHeadF32(const MlaAttentionParams& params, cudaStream_
   dim3 grid(static_cast<unsigned>(params.num_tokens), static_cast<unsigned>(params.num_heads));
   MlaAttentionPerHeadKernel<<<grid, kThreads, smem, stream>>>(params);
   return cudaGetLastError();
+}
+
+const char* MlaAttentionKernelName(const MlaAttentionParams& params) {
+  GroupedPlan plan;
+  if (PlanGrouped(params, &plan) != cudaSuccess) return "invalid";
+  if (plan.mma) return "mma_bf16";
+  return IsBf16(params) ? "grouped_bf16" : "grouped_f32";
 }
 
 cudaError_t MlaAttentionWorkspaceBytes(const MlaAttentionParams& params, size_t* bytes) {
@@ -581,9 +1113,11 @@ cudaError_t MlaAttentionF32(const MlaAttentionParams& params, cudaStream_t strea
                      : ws_out + static_cast<size_t>(params.num_tokens) * params.num_heads *
                                     plan.num_splits * params.cache.latent_dim;
   const int dim = params.cache.latent_dim + params.cache.rope_dim;
-  const bool vec_loads =
-      dim % 4 == 0 && reinterpret_cast<uintptr_t>(params.cache.cache) % sizeof(float4) == 0;
-  plan.kernel<<<static_cast<unsigned>(blocks), kGroupThreads, plan.smem, stream>>>(
+  const bool aligned16 = reinterpret_cast<uintptr_t>(params.cache.cache) % 16 == 0;
+  // fp32 rows: whole float4s; bf16 rows (tensor-core kernel): whole 8-element pieces. The
+  // CUDA-core kernel widens bf16 with plain loads.
+  const bool vec_loads = aligned16 && (plan.mma ? dim % 8 == 0 : !IsBf16(params) && dim % 4 == 0);
+  plan.kernel<<<static_cast<unsigned>(blocks), plan.threads, plan.smem, stream>>>(
       params, plan.num_groups, plan.num_splits, vec_loads, ws_out, ws_ml);
   e = cudaGetLastError();
   if (e == cudaSuccess && plan.num_splits > 1) {

@@ -1,10 +1,12 @@
-// Absorbed multi-head latent attention (fp32) over the paged latent KV cache, and the write of
-// new latents/rope keys into that cache: the GPU counterparts of Backend::WriteLatentCache and
-// Backend::MlaAttention. Prefill and decode tokens go through the same kernel (each query token
-// carries its own sequence and causal context length). MlaAttentionF32 reads each cached key
-// once per (token, group of 16 heads) and splits long contexts over several blocks (split-K);
-// MlaAttentionPerHeadF32 is the earlier one-block-per-(token, head) kernel, kept as the
-// benchmark's baseline and a second GPU implementation for the tests.
+// Absorbed multi-head latent attention (fp32 activations and math) over the paged latent KV
+// cache (fp32 or bf16 entries), and the write of new latents/rope keys into that cache: the GPU
+// counterparts of Backend::WriteLatentCache and Backend::MlaAttention. Prefill and decode tokens
+// go through the same kernel (each query token carries its own sequence and causal context
+// length). MlaAttentionF32 reads each cached key once per (token, group of 16 heads) and splits
+// long contexts over several blocks (split-K); with a bf16 cache it runs both products on
+// tensor cores with fp32-accurate operands (see mla_attention.cu). MlaAttentionPerHeadF32 is the
+// earlier one-block-per-(token, head) kernel (fp32 cache only), kept as the benchmark's baseline
+// and a second GPU implementation for the tests.
 #ifndef DEEPINFER_KERNELS_ATTENTION_MLA_ATTENTION_H_
 #define DEEPINFER_KERNELS_ATTENTION_MLA_ATTENTION_H_
 
@@ -15,13 +17,17 @@
 namespace deepinfer {
 namespace kernels {
 
-// Cache layout: entry t of block b is at cache + (b*block_size + t) * (latent_dim + rope_dim),
-// the latent first, the rope key after.
+// Element type of the cache entries.
+enum class LatentCacheType : int32_t { kFloat32, kBFloat16 };
+
+// Cache layout: entry t of block b is at element (b*block_size + t) * (latent_dim + rope_dim)
+// of cache, the latent first, the rope key after; elements are fp32 or bf16 (type).
 struct PagedLatentCache {
-  float* cache = nullptr;
+  void* cache = nullptr;
   int32_t block_size = 0;
   int32_t latent_dim = 0;
   int32_t rope_dim = 0;
+  LatentCacheType type = LatentCacheType::kFloat32;
 };
 
 // The largest latent_dim MlaAttentionF32 accepts (DeepSeek-V3: 512).
@@ -50,16 +56,23 @@ struct MlaAttentionParams {
   // Context splits per (token, head group); 0 picks them from the token count and the
   // device's SM count so that even one decode token fills the GPU. Tests and the benchmark set it.
   int32_t num_splits = 0;
+  // bf16 cache, tensor-core kernel: its pipeline shape (1: 16-key chunks, 5 stages, 2 blocks
+  // per SM; 2: 32-key chunks, 5 stages, 1 block per SM; 3: 32-key chunks, double-buffered, 2
+  // blocks per SM); 0 = the default (mla_attention.cu). Tests and the benchmark set it.
+  int32_t mma_variant = 0;
 };
 
 // Writes token t's latent (row t of latent, stride ld_latent) and rope key (row t of rope_key,
-// stride ld_rope) into cache slot slots[t] = block * block_size + offset.
+// stride ld_rope) into cache slot slots[t] = block * block_size + offset; a bf16 cache stores
+// each value rounded to nearest even (__float2bfloat16_rn, as the host's FloatToBf16Bits).
 cudaError_t WriteLatentCacheF32(int64_t tokens, const float* latent, int64_t ld_latent,
                                 const float* rope_key, int64_t ld_rope, const int32_t* slots,
                                 const PagedLatentCache& cache, cudaStream_t stream);
 
 // The largest num_splits MlaAttentionF32 accepts.
 constexpr int32_t kMaxMlaSplits = 64;
+// The largest MlaAttentionParams::mma_variant.
+constexpr int32_t kMaxMlaMmaVariant = 3;
 
 // out[t, h] = sum_j softmax_j(scale * (q_latent[t,h]·c_j + q_rope[t,h]·k_j)) c_j over the
 // first context_len[t] entries of the token's sequence. cudaErrorInvalidValue if latent_dim
@@ -67,13 +80,19 @@ constexpr int32_t kMaxMlaSplits = 64;
 // smaller than MlaAttentionWorkspaceBytes.
 cudaError_t MlaAttentionF32(const MlaAttentionParams& params, cudaStream_t stream);
 
+// Which kernel MlaAttentionF32 runs for these params on the current device: "mma_bf16" (bf16
+// cache, latent_dim <= 512, latent_dim + rope_dim <= 640, a GPU with bf16 tensor cores),
+// "grouped_bf16" (other bf16 shapes: CUDA cores, keys widened to fp32 in shared memory),
+// "grouped_f32", or "invalid". For tests and the benchmark.
+const char* MlaAttentionKernelName(const MlaAttentionParams& params);
+
 // Bytes of workspace MlaAttentionF32 needs for these params on the current device (0 when it
 // runs without splitting). Reads the device's SM count when params.num_splits is 0.
 cudaError_t MlaAttentionWorkspaceBytes(const MlaAttentionParams& params, size_t* bytes);
 
 // Same contract as MlaAttentionF32 (workspace and num_splits are ignored), one block per
 // (token, head): every key is re-read for each head. The baseline the new kernel is measured
-// against.
+// against. fp32 caches only (cudaErrorInvalidValue for bf16).
 cudaError_t MlaAttentionPerHeadF32(const MlaAttentionParams& params, cudaStream_t stream);
 
 }  // namespace kernels

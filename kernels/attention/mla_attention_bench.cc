@@ -1,12 +1,11 @@
-// Times MlaAttentionF32 (grouped heads, split-K) against MlaAttentionPerHeadF32 (one block per
-// (token, head)) on the Moonlight and DeepSeek-V3 attention shapes (latent 512, rope 64, block
-// size 16, fp32 cache): decode batches over a 1024-position context and causal prefills. Prints
-// per case the median of 20 timed runs (CUDA events, after 3 warm-ups), the achieved bandwidth
-// on the distinct cache bytes the batch reads, the FMA rate, and the largest difference between
-// the kernels' outputs. Decode cases also sweep forced split counts. Prefill cases also time
-// MlaPrefillBf16 (bf16 tensor cores through cuBLAS), and a sweep of one sequence's new tokens
-// (with and without earlier context) gives the crossover between the two prefill paths.
-#include <cublas_v2.h>
+// Times MlaAttentionF32 with an fp32 cache (grouped heads on CUDA cores, split-K) and with a
+// bf16 cache (tensor cores) against MlaAttentionPerHeadF32 (one block per (token, head)) on the
+// Moonlight and DeepSeek-V3 attention shapes (latent 512, rope 64, block size 16): decode
+// batches over 1024- and 8192-position contexts and a causal 8 x 1024-token prefill. Both
+// caches hold the same (bf16-representable) values. Prints per case the median of 20 timed runs
+// (CUDA events, after 3 warm-ups), the achieved bandwidth on the distinct cache bytes the batch
+// reads at the cache's element size (and its share of 4.3 TB/s), the FMA rate, and the largest
+// differences between the kernels' outputs. Decode cases also sweep forced split counts.
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
@@ -14,10 +13,11 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
+#include <string>
 #include <vector>
 
 #include "kernels/attention/mla_attention.h"
-#include "kernels/attention/mla_prefill.h"
 
 namespace deepinfer {
 namespace {
@@ -57,21 +57,9 @@ T* Upload(const std::vector<T>& host) {
 struct Batch {
   const char* name;
   int32_t seqs, context, heads;
-  int32_t new_tokens;  // the last new_tokens positions of each sequence query causally (1: decode)
-  bool per_head = true;  // also time the old per-head kernel
+  bool prefill;  // every position of each sequence queries causally; else one decode token each
+  bool skip_per_head = false;  // the old kernel is too slow to be worth timing here
 };
-
-cublasHandle_t Blas() {
-  static cublasHandle_t handle = [] {
-    cublasHandle_t h = nullptr;
-    if (cublasCreate(&h) != CUBLAS_STATUS_SUCCESS) {
-      std::fprintf(stderr, "cublasCreate failed\n");
-      std::exit(1);
-    }
-    return h;
-  }();
-  return handle;
-}
 
 template <typename Fn>
 double MedianMs(Fn&& fn) {
@@ -93,6 +81,22 @@ double MedianMs(Fn&& fn) {
   return ms[ms.size() / 2];
 }
 
+uint16_t Bf16Bits(float f) {  // nearest even (finite inputs)
+  uint32_t u;
+  std::memcpy(&u, &f, 4);
+  u += 0x7fffu + ((u >> 16) & 1u);
+  return static_cast<uint16_t>(u >> 16);
+}
+
+float Bf16Value(uint16_t b) {
+  const uint32_t u = static_cast<uint32_t>(b) << 16;
+  float f;
+  std::memcpy(&f, &u, 4);
+  return f;
+}
+
+constexpr double kPeakBytesPerS = 4.3e12;  // H200 HBM, as tools/bench (docs/DEVICE.md)
+
 void Run(const Batch& batch) {
   const int64_t entry = kLatent + kRope;
   const int32_t blocks_per_seq = (batch.context + kBlockSize - 1) / kBlockSize;
@@ -106,14 +110,22 @@ void Run(const Batch& batch) {
   std::vector<int32_t> token_seq, context_len;
   int64_t key_reads = 0;
   for (int32_t s = 0; s < batch.seqs; ++s) {
-    for (int32_t p = batch.context - batch.new_tokens; p < batch.context; ++p) {
+    for (int32_t p = batch.prefill ? 0 : batch.context - 1; p < batch.context; ++p) {
       token_seq.push_back(s);
       context_len.push_back(p + 1);
       key_reads += p + 1;
     }
   }
   const int32_t tokens = static_cast<int32_t>(token_seq.size());
-  float* cache = Upload(Uniform(num_blocks * kBlockSize * entry, 1));
+  // The same values in both caches (bf16-representable), so every kernel computes one result.
+  std::vector<float> host_cache = Uniform(num_blocks * kBlockSize * entry, 1);
+  std::vector<uint16_t> host_cache16(host_cache.size());
+  for (size_t i = 0; i < host_cache.size(); ++i) {
+    host_cache16[i] = Bf16Bits(host_cache[i]);
+    host_cache[i] = Bf16Value(host_cache16[i]);
+  }
+  float* cache = Upload(host_cache);
+  uint16_t* cache16 = Upload(host_cache16);
   float* q_latent = Upload(Uniform(static_cast<size_t>(tokens) * batch.heads * kLatent, 2));
   const int64_t qk = 128 + kRope;  // q rows [nope 128 | rope 64] per head, as from q_b
   float* q = Upload(Uniform(static_cast<size_t>(tokens) * batch.heads * qk, 3));
@@ -121,9 +133,10 @@ void Run(const Batch& batch) {
   int32_t* d_seq = Upload(token_seq);
   int32_t* d_len = Upload(context_len);
   const size_t out_elems = static_cast<size_t>(tokens) * batch.heads * kLatent;
-  float *out_new = nullptr, *out_old = nullptr;
+  float *out_new = nullptr, *out_old = nullptr, *out_bf16 = nullptr;
   BENCH_CUDA(cudaMalloc(reinterpret_cast<void**>(&out_new), out_elems * sizeof(float)));
   BENCH_CUDA(cudaMalloc(reinterpret_cast<void**>(&out_old), out_elems * sizeof(float)));
+  BENCH_CUDA(cudaMalloc(reinterpret_cast<void**>(&out_bf16), out_elems * sizeof(float)));
 
   kernels::MlaAttentionParams p;
   p.num_tokens = tokens;
@@ -139,94 +152,98 @@ void Run(const Batch& batch) {
   p.context_len = d_len;
   p.softmax_scale = 1.0f / std::sqrt(192.0f);
 
-  const double cache_bytes = static_cast<double>(batch.seqs) * batch.context * entry * 4;
   const double fma = static_cast<double>(key_reads) * batch.heads * (entry + kLatent);
-  auto report = [&](const char* kernel, int splits, double ms) {
-    std::printf("%-28s %-9s splits %-4d %9.3f ms %8.1f GB/s %7.2f TFMA/s\n", batch.name, kernel,
-                splits, ms, cache_bytes / (ms * 1e-3) / 1e9, fma / (ms * 1e-3) / 1e12);
+  auto report = [&](const char* kernel, int elem_bytes, int splits, double ms) {
+    const double bytes = static_cast<double>(batch.seqs) * batch.context * entry * elem_bytes;
+    const double bw = bytes / (ms * 1e-3);
+    std::printf("%-26s %-13s splits %-3d %9.4f ms %7.1f GB/s (%4.1f%% of 4.3 TB/s) %6.2f TFMA/s\n",
+                batch.name, kernel, splits, ms, bw / 1e9, 100.0 * bw / kPeakBytesPerS,
+                fma / (ms * 1e-3) / 1e12);
   };
-  const bool prefill = batch.new_tokens > 1;
   p.out_latent = out_old;
   double old_ms = 0;
-  if (batch.per_head) {
+  if (!batch.skip_per_head) {
     old_ms = MedianMs([&] { return kernels::MlaAttentionPerHeadF32(p, nullptr); });
-    report("per-head", 1, old_ms);
+    report("per-head f32", 4, 1, old_ms);
   }
-  p.out_latent = out_new;
-  size_t ws_bytes = 0;
-  BENCH_CUDA(kernels::MlaAttentionWorkspaceBytes(p, &ws_bytes));
-  // Caller-provided workspace, as the backend would hold one; the auto split count is inferred
-  // back from its size (bytes = tokens * heads * splits * (latent + 2) * 4).
-  const int auto_splits =
-      ws_bytes == 0 ? 1
-                    : static_cast<int>(ws_bytes / (static_cast<size_t>(tokens) * batch.heads *
-                                                   (kLatent + 2) * sizeof(float)));
   void* ws = nullptr;
   const size_t ws_max = static_cast<size_t>(tokens) * batch.heads * kernels::kMaxMlaSplits *
                         (kLatent + 2) * sizeof(float);
-  const bool sweep = !prefill && ws_max < (size_t{4} << 30);
-  BENCH_CUDA(cudaMalloc(&ws, std::max<size_t>(sweep ? ws_max : ws_bytes, 1)));
-  p.workspace = ws;
-  p.workspace_bytes = sweep ? ws_max : ws_bytes;
-  const double new_ms = MedianMs([&] { return kernels::MlaAttentionF32(p, nullptr); });
-  report("grouped", auto_splits, new_ms);
-
-  auto max_diff = [&](const float* x, const float* y) {
-    std::vector<float> a(out_elems), b(out_elems);
-    BENCH_CUDA(cudaMemcpy(a.data(), x, out_elems * sizeof(float), cudaMemcpyDeviceToHost));
-    BENCH_CUDA(cudaMemcpy(b.data(), y, out_elems * sizeof(float), cudaMemcpyDeviceToHost));
-    double worst = 0;
-    for (size_t i = 0; i < out_elems; ++i) {
-      const double d = std::fabs(static_cast<double>(a[i]) - b[i]);
-      if (!(d <= worst)) worst = d;  // NaN sticks
-    }
-    return worst;
+  const bool sweep = !batch.prefill && ws_max < (size_t{4} << 30);
+  size_t ws_f32 = 0, ws_bf16 = 0;
+  BENCH_CUDA(kernels::MlaAttentionWorkspaceBytes(p, &ws_f32));
+  kernels::MlaAttentionParams pb = p;
+  pb.cache = {cache16, kBlockSize, kLatent, kRope, kernels::LatentCacheType::kBFloat16};
+  pb.out_latent = out_bf16;
+  BENCH_CUDA(kernels::MlaAttentionWorkspaceBytes(pb, &ws_bf16));
+  BENCH_CUDA(cudaMalloc(&ws, std::max<size_t>(sweep ? ws_max : std::max(ws_f32, ws_bf16), 1)));
+  // Caller-provided workspace, as the backend would hold one; the auto split count is inferred
+  // back from its size (bytes = tokens * heads * splits * (latent + 2) * 4).
+  auto splits_of = [&](size_t ws_bytes) {
+    return ws_bytes == 0 ? 1
+                         : static_cast<int>(ws_bytes / (static_cast<size_t>(tokens) * batch.heads *
+                                                        (kLatent + 2) * sizeof(float)));
   };
-  if (batch.per_head) {
-    std::printf("%-28s speedup %.2fx, max |grouped - per-head| = %.3g\n", batch.name,
-                old_ms / new_ms, max_diff(out_new, out_old));
+  p.out_latent = out_new;
+  p.workspace = pb.workspace = ws;
+  p.workspace_bytes = pb.workspace_bytes = sweep ? ws_max : std::max(ws_f32, ws_bf16);
+  const double new_ms = MedianMs([&] { return kernels::MlaAttentionF32(p, nullptr); });
+  report("grouped f32", 4, splits_of(ws_f32), new_ms);
+  const std::string bf16_name = std::string(kernels::MlaAttentionKernelName(pb));
+  const double bf16_ms = MedianMs([&] { return kernels::MlaAttentionF32(pb, nullptr); });
+  report(bf16_name.c_str(), 2, splits_of(ws_bf16), bf16_ms);
+  // The tensor-core kernel's pipeline shapes, each at its automatic split count.
+  for (int variant = 1; variant <= kernels::kMaxMlaMmaVariant; ++variant) {
+    kernels::MlaAttentionParams pv = pb;
+    pv.mma_variant = variant;
+    size_t ws_v = 0;
+    BENCH_CUDA(kernels::MlaAttentionWorkspaceBytes(pv, &ws_v));
+    if (ws_v > pv.workspace_bytes) continue;
+    const std::string name = bf16_name + " v" + std::to_string(variant);
+    report(name.c_str(), 2, splits_of(ws_v),
+           MedianMs([&] { return kernels::MlaAttentionF32(pv, nullptr); }));
   }
-  if (prefill) {
-    std::vector<kernels::MlaPrefillSequence> seqs;
-    for (int32_t s = 0; s < batch.seqs; ++s) {
-      seqs.push_back({s, s * batch.new_tokens, batch.new_tokens, batch.context});
-    }
-    kernels::MlaPrefillParams f;
-    f.num_heads = batch.heads;
-    f.q_latent = q_latent;
-    f.q_rope = q + 128;
-    f.q_rope_token_stride = batch.heads * qk;
-    f.q_rope_head_stride = qk;
-    f.cache = cache;
-    f.block_size = kBlockSize;
-    f.latent_dim = kLatent;
-    f.rope_dim = kRope;
-    f.block_tables = d_tables;
-    f.max_blocks_per_seq = blocks_per_seq;
-    f.sequences = seqs.data();
-    f.num_sequences = batch.seqs;
-    f.softmax_scale = p.softmax_scale;
-    f.out_latent = out_old;
-    f.workspace_bytes = kernels::MlaPrefillWorkspaceBytes(f);
-    BENCH_CUDA(cudaMalloc(&f.workspace, std::max<size_t>(f.workspace_bytes, 1)));
-    const double tc_ms = MedianMs([&] { return kernels::MlaPrefillBf16(f, Blas(), nullptr); });
-    report("tc-bf16", 0, tc_ms);
-    std::printf("%-28s tc-bf16 vs grouped fp32: %.2fx, max |diff| = %.3g, workspace %.1f MiB\n",
-                batch.name, new_ms / tc_ms, max_diff(out_new, out_old),
-                f.workspace_bytes / 1048576.0);
-    BENCH_CUDA(cudaFree(f.workspace));
+
+  std::vector<float> a(out_elems), b(out_elems), c(out_elems);
+  BENCH_CUDA(cudaMemcpy(a.data(), out_new, out_elems * sizeof(float), cudaMemcpyDeviceToHost));
+  BENCH_CUDA(cudaMemcpy(c.data(), out_bf16, out_elems * sizeof(float), cudaMemcpyDeviceToHost));
+  if (!batch.skip_per_head) {
+    BENCH_CUDA(cudaMemcpy(b.data(), out_old, out_elems * sizeof(float), cudaMemcpyDeviceToHost));
   }
+  double worst_old = 0, worst_bf16 = 0;
+  for (size_t i = 0; i < out_elems; ++i) {
+    const double d = std::fabs(static_cast<double>(a[i]) - b[i]);
+    const double e = std::fabs(static_cast<double>(a[i]) - c[i]);
+    if (!(d <= worst_old)) worst_old = d;  // NaN sticks
+    if (!(e <= worst_bf16)) worst_bf16 = e;
+  }
+  if (!batch.skip_per_head) {
+    std::printf("%-26s grouped f32 vs per-head: %.2fx, max |diff| = %.3g\n", batch.name,
+                old_ms / new_ms, worst_old);
+  }
+  std::printf("%-26s %s (bf16 cache) vs grouped f32 (fp32 cache): %.2fx, max |diff| = %.3g\n",
+              batch.name, bf16_name.c_str(), new_ms / bf16_ms, worst_bf16);
   if (sweep) {
     for (int splits : {1, 2, 4, 8, 16, 32, 64}) {
       p.num_splits = splits;
-      report("grouped", splits, MedianMs([&] { return kernels::MlaAttentionF32(p, nullptr); }));
+      report("grouped f32", 4, splits,
+             MedianMs([&] { return kernels::MlaAttentionF32(p, nullptr); }));
+      for (int variant = 1; variant <= kernels::kMaxMlaMmaVariant; ++variant) {
+        kernels::MlaAttentionParams pv = pb;
+        pv.num_splits = splits;
+        pv.mma_variant = variant;
+        const std::string name = bf16_name + " v" + std::to_string(variant);
+        report(name.c_str(), 2, splits,
+               MedianMs([&] { return kernels::MlaAttentionF32(pv, nullptr); }));
+      }
     }
   }
   std::fflush(stdout);
   for (void* ptr :
-       {static_cast<void*>(cache), static_cast<void*>(q_latent), static_cast<void*>(q),
-        static_cast<void*>(d_tables), static_cast<void*>(d_seq), static_cast<void*>(d_len),
-        static_cast<void*>(out_new), static_cast<void*>(out_old), ws}) {
+       {static_cast<void*>(cache), static_cast<void*>(cache16), static_cast<void*>(q_latent),
+        static_cast<void*>(q), static_cast<void*>(d_tables), static_cast<void*>(d_seq),
+        static_cast<void*>(d_len), static_cast<void*>(out_new), static_cast<void*>(out_old),
+        static_cast<void*>(out_bf16), ws}) {
     BENCH_CUDA(cudaFree(ptr));
   }
 }
@@ -242,29 +259,18 @@ int main() {
   }
   cudaDeviceProp prop;
   BENCH_CUDA(cudaGetDeviceProperties(&prop, 0));
-  std::printf("device %s, %d SMs; latent %d rope %d block %d fp32\n", prop.name,
+  std::printf("device %s, %d SMs; latent %d rope %d block %d; fp32 and bf16 caches\n", prop.name,
               prop.multiProcessorCount, deepinfer::kLatent, deepinfer::kRope,
               deepinfer::kBlockSize);
-  using deepinfer::Batch;
-  for (const Batch& b : {
-           Batch{"decode 1 x ctx1024 h16", 1, 1024, 16, 1},
-           Batch{"decode 128 x ctx1024 h16", 128, 1024, 16, 1},
-           Batch{"decode 64 x ctx1024 h128", 64, 1024, 128, 1},
-           Batch{"prefill 8 x 1024 h16", 8, 1024, 16, 1024},
-           Batch{"prefill 1 x 1024 h128", 1, 1024, 128, 1024, false},
-           Batch{"prefill 1 x 4096 h16", 1, 4096, 16, 4096, false},
+  for (const deepinfer::Batch& b : {
+           deepinfer::Batch{"decode 1 x ctx1024 h16", 1, 1024, 16, false},
+           deepinfer::Batch{"decode 1 x ctx8192 h16", 1, 8192, 16, false},
+           deepinfer::Batch{"decode 64 x ctx1024 h16", 64, 1024, 16, false},
+           deepinfer::Batch{"decode 128 x ctx1024 h16", 128, 1024, 16, false},
+           deepinfer::Batch{"decode 64 x ctx1024 h128", 64, 1024, 128, false, true},
+           deepinfer::Batch{"prefill 8 x 1024 h16", 8, 1024, 16, true, true},
        }) {
     deepinfer::Run(b);
-  }
-  // Crossover: one sequence, n new tokens, no earlier context or 2048 positions of it.
-  static char names[64][48];
-  int k = 0;
-  for (int32_t past : {0, 2048}) {
-    for (int32_t n : {16, 32, 64, 128, 256, 512}) {
-      std::snprintf(names[k], sizeof(names[k]), "sweep past %d new %d h16", past, n);
-      deepinfer::Run(Batch{names[k], 1, past + n, 16, n, false});
-      ++k;
-    }
   }
   return 0;
 }

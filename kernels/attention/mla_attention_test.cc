@@ -2,18 +2,22 @@
 // CpuBackend ops: sequences of different lengths in shuffled cache blocks, queries that mix
 // prefill (causal) and decode tokens or decode tokens alone, contexts longer than one key chunk,
 // head counts that do not fill a head group, DeepSeek-V3's 128 heads and latent/rope sizes,
-// context splits chosen automatically or forced (with an internal or a caller's workspace).
+// context splits chosen automatically or forced (with an internal or a caller's workspace);
+// every case with an fp32 and with a bf16 cache (the CPU reference reads the same bf16 values).
 #include "kernels/attention/mla_attention.h"
 
 #include <algorithm>
+#include <iostream>
 #include <numeric>
 #include <ostream>
 #include <random>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "gtest/gtest.h"
 #include "kernels/testing/gpu_test_util.h"
+#include "worker/backend/bf16.h"
 #include "worker/backend/cpu/cpu_backend.h"
 
 namespace deepinfer {
@@ -33,13 +37,24 @@ struct Case {
 
 void PrintTo(const Case& c, std::ostream* os) { *os << c.name; }
 
-class MlaAttentionKernelTest : public ::testing::TestWithParam<Case> {};
+// Tolerances against the CPU reference (fp32 dot products, double P·V sums) over the same cache
+// values. fp32 cache: fp32 online softmax on CUDA cores. bf16 cache, tensor-core kernel: Q and P
+// enter the MMAs as bf16 hi + lo pairs (about 2^-17 relative each), so a score of these N(0, 1)
+// inputs (576 products, sum |q k| ~ 370, x scale 0.07) moves by up to ~1e-4 and an output by a
+// few 1e-5; dropping the lo halves (plain bf16 operands) gives errors near 1e-2, far outside.
+constexpr double kF32Atol = 2e-5, kF32Rtol = 1e-4;
+constexpr double kBf16Atol = 1e-4, kBf16Rtol = 5e-4;
+
+class MlaAttentionKernelTest
+    : public ::testing::TestWithParam<std::tuple<Case, kernels::LatentCacheType>> {};
 
 TEST_P(MlaAttentionKernelTest, MatchesCpuBackend) {
   DEEPINFER_SKIP_WITHOUT_GPU();
-  const Case s = GetParam();
+  const Case s = std::get<0>(GetParam());
+  const bool bf16 = std::get<1>(GetParam()) == kernels::LatentCacheType::kBFloat16;
+  const double atol = bf16 ? kBf16Atol : kF32Atol, rtol = bf16 ? kBf16Rtol : kF32Rtol;
   const uint32_t seed = testing::FreshSeed();
-  SCOPED_TRACE(::testing::Message() << s.name << " seed " << seed);
+  SCOPED_TRACE(::testing::Message() << s.name << (bf16 ? " bf16" : " fp32") << " seed " << seed);
   CpuBackend cpu(2);
   const int32_t block_size = s.block_size;
   int32_t max_blocks = 0, num_blocks = 0;
@@ -83,8 +98,11 @@ TEST_P(MlaAttentionKernelTest, MatchesCpuBackend) {
   auto q = testing::RandomFloats(tokens * qdim, seed + 3);
   const float scale = 0.0721f;
 
-  std::vector<float> cache_cpu(static_cast<size_t>(num_blocks) * block_size * entry, 0.0f);
+  const size_t cache_elems = static_cast<size_t>(num_blocks) * block_size * entry;
+  std::vector<float> cache_cpu(cache_elems, 0.0f);
+  std::vector<uint16_t> cache_cpu16(cache_elems, 0);
   PagedLatentCacheView view{cache_cpu.data(), block_size, s.latent, s.rope};
+  if (bf16) view = {cache_cpu16.data(), block_size, s.latent, s.rope, WeightDType::kBFloat16};
   cpu.WriteLatentCache(cached, kv.data(), ld_kv, kv.data() + s.latent, ld_kv, slots.data(), view);
   MlaAttentionArgs a;
   a.num_tokens = static_cast<int32_t>(tokens);
@@ -103,18 +121,35 @@ TEST_P(MlaAttentionKernelTest, MatchesCpuBackend) {
   a.out_latent = want.data();
   cpu.MlaAttention(a);
 
-  DeviceArray<float> dkv(kv), dql(q_latent), dq(q), dcache(cache_cpu.size()), dout(want.size());
+  DeviceArray<float> dkv(kv), dql(q_latent), dq(q), dcache(cache_elems), dout(want.size());
+  DeviceArray<uint16_t> dcache16(cache_elems);
   DeviceArray<int32_t> dslots(slots), dseq(token_seq), dlen(context_len), dtables(tables);
-  dcache.Poison();  // never-written slots must not be read
+  dcache.Poison();  // never-written slots must not be read (0xFFFF is a bf16 NaN too)
+  dcache16.Poison();
   kernels::PagedLatentCache cache{dcache.get(), block_size, s.latent, s.rope};
+  if (bf16) {
+    cache = {dcache16.get(), block_size, s.latent, s.rope, kernels::LatentCacheType::kBFloat16};
+  }
   DEEPINFER_CUDA_OK(kernels::WriteLatentCacheF32(cached, dkv.get(), ld_kv, dkv.get() + s.latent,
                                                  ld_kv, dslots.get(), cache, nullptr));
-  std::vector<float> got_cache;
-  DEEPINFER_CUDA_OK(dcache.Download(&got_cache));
-  for (int64_t t = 0; t < cached; ++t) {
-    for (int64_t i = 0; i < entry; ++i) {
-      const int64_t at = slots[t] * entry + i;
-      ASSERT_EQ(got_cache[at], cache_cpu[at]) << "cache slot " << slots[t] << " element " << i;
+  // The device rounding is the host's bit for bit.
+  if (bf16) {
+    std::vector<uint16_t> got_cache;
+    DEEPINFER_CUDA_OK(dcache16.Download(&got_cache));
+    for (int64_t t = 0; t < cached; ++t) {
+      for (int64_t i = 0; i < entry; ++i) {
+        const int64_t at = slots[t] * entry + i;
+        ASSERT_EQ(got_cache[at], cache_cpu16[at]) << "cache slot " << slots[t] << " element " << i;
+      }
+    }
+  } else {
+    std::vector<float> got_cache;
+    DEEPINFER_CUDA_OK(dcache.Download(&got_cache));
+    for (int64_t t = 0; t < cached; ++t) {
+      for (int64_t i = 0; i < entry; ++i) {
+        const int64_t at = slots[t] * entry + i;
+        ASSERT_EQ(got_cache[at], cache_cpu[at]) << "cache slot " << slots[t] << " element " << i;
+      }
     }
   }
   kernels::MlaAttentionParams p;
@@ -132,15 +167,31 @@ TEST_P(MlaAttentionKernelTest, MatchesCpuBackend) {
   p.softmax_scale = scale;
   p.out_latent = dout.get();
   p.num_splits = s.num_splits;
+  const std::string kernel = kernels::MlaAttentionKernelName(p);
+  // The tensor-core kernel must be the one tested wherever its shape limits allow it.
+  if (bf16) {
+    EXPECT_EQ(kernel, s.latent <= 512 && (s.latent + s.rope + 15) / 16 * 16 <= 640
+                          ? "mma_bf16"
+                          : "grouped_bf16");
+  } else {
+    EXPECT_EQ(kernel, "grouped_f32");
+  }
   std::vector<float> got;
   // fp32 online softmax vs the reference's double accumulation.
-  {
-    SCOPED_TRACE("MlaAttentionF32, workspace allocated inside");
+  // Every pipeline shape of the tensor-core kernel (0: the default), with the workspace
+  // allocated inside.
+  for (int variant = 0; variant <= (bf16 ? kernels::kMaxMlaMmaVariant : 0); ++variant) {
+    SCOPED_TRACE(::testing::Message() << "MlaAttentionF32, mma_variant " << variant);
+    p.mma_variant = variant;
     dout.Poison();
     DEEPINFER_CUDA_OK(kernels::MlaAttentionF32(p, nullptr));
     DEEPINFER_CUDA_OK(dout.Download(&got));
-    EXPECT_TRUE(AllClose(got, want, 2e-5, 1e-4));
+    const ::testing::AssertionResult close = AllClose(got, want, atol, rtol);
+    EXPECT_TRUE(close);
+    std::cout << "[mla-attention] " << s.name << " " << kernel << " variant " << variant << ": "
+              << close.message() << "\n";
   }
+  p.mma_variant = 0;
   {
     SCOPED_TRACE("MlaAttentionF32, caller's workspace");
     size_t bytes = 0;
@@ -155,7 +206,7 @@ TEST_P(MlaAttentionKernelTest, MatchesCpuBackend) {
     dout.Poison();
     DEEPINFER_CUDA_OK(kernels::MlaAttentionF32(p, nullptr));
     DEEPINFER_CUDA_OK(dout.Download(&got));
-    EXPECT_TRUE(AllClose(got, want, 2e-5, 1e-4));
+    EXPECT_TRUE(AllClose(got, want, atol, rtol));
     if (bytes > 0) {
       p.workspace_bytes = bytes - 1;
       EXPECT_EQ(kernels::MlaAttentionF32(p, nullptr), cudaErrorInvalidValue);
@@ -163,12 +214,14 @@ TEST_P(MlaAttentionKernelTest, MatchesCpuBackend) {
     p.workspace = nullptr;
     p.workspace_bytes = 0;
   }
-  {
+  if (bf16) {
+    EXPECT_EQ(kernels::MlaAttentionPerHeadF32(p, nullptr), cudaErrorInvalidValue);  // fp32 only
+  } else {
     SCOPED_TRACE("MlaAttentionPerHeadF32");
     dout.Poison();
     DEEPINFER_CUDA_OK(kernels::MlaAttentionPerHeadF32(p, nullptr));
     DEEPINFER_CUDA_OK(dout.Download(&got));
-    EXPECT_TRUE(AllClose(got, want, 2e-5, 1e-4));
+    EXPECT_TRUE(AllClose(got, want, kF32Atol, kF32Rtol));
   }
 }
 
@@ -189,10 +242,15 @@ std::vector<Case> Cases() {
   return c;
 }
 
-INSTANTIATE_TEST_SUITE_P(Cases, MlaAttentionKernelTest, ::testing::ValuesIn(Cases()),
-                         [](const ::testing::TestParamInfo<Case>& info) {
-                           return info.param.name;
-                         });
+INSTANTIATE_TEST_SUITE_P(
+    Cases, MlaAttentionKernelTest,
+    ::testing::Combine(::testing::ValuesIn(Cases()),
+                       ::testing::Values(kernels::LatentCacheType::kFloat32,
+                                         kernels::LatentCacheType::kBFloat16)),
+    [](const ::testing::TestParamInfo<std::tuple<Case, kernels::LatentCacheType>>& info) {
+      return std::get<0>(info.param).name +
+             (std::get<1>(info.param) == kernels::LatentCacheType::kBFloat16 ? "_bf16" : "_fp32");
+    });
 
 TEST(MlaAttentionKernelLimitsTest, RejectsTooWideLatent) {
   DEEPINFER_SKIP_WITHOUT_GPU();
@@ -202,6 +260,17 @@ TEST(MlaAttentionKernelLimitsTest, RejectsTooWideLatent) {
   p.cache.latent_dim = kernels::kMaxMlaLatentDim + 1;
   EXPECT_EQ(kernels::MlaAttentionF32(p, nullptr), cudaErrorInvalidValue);
   EXPECT_EQ(kernels::MlaAttentionPerHeadF32(p, nullptr), cudaErrorInvalidValue);
+}
+
+TEST(MlaAttentionKernelLimitsTest, RejectsUnknownMmaVariant) {
+  DEEPINFER_SKIP_WITHOUT_GPU();
+  kernels::MlaAttentionParams p;
+  p.num_tokens = 1;
+  p.num_heads = 1;
+  p.cache = {nullptr, 16, 512, 64, kernels::LatentCacheType::kBFloat16};
+  p.mma_variant = kernels::kMaxMlaMmaVariant + 1;
+  EXPECT_EQ(kernels::MlaAttentionF32(p, nullptr), cudaErrorInvalidValue);
+  EXPECT_STREQ(kernels::MlaAttentionKernelName(p), "invalid");
 }
 
 TEST(MlaAttentionKernelLimitsTest, RejectsTooManySplits) {

@@ -2,10 +2,14 @@
 // prompt, logits at every prompt position within 1e-3 of HF's float32 logits (max abs difference
 // relative to the max abs HF logit; the CPU engine's bound is 1e-4), and greedy decoding through
 // the paged cache on the GPU (prefill, then one token per step) reproduces HF's 24-token
-// continuation, for sequences alone and batched. bf16 weights (the CUDA default): the bounds of
-// tests/parity/parity_checks.h, as the CPU bf16 test, with the max relative error printed for
-// the bf16 parity claim (tools/parity/hf_bf16_error.py prints HF bf16's). Skips without a GPU.
+// continuation, for sequences alone and batched. bf16 weights with an fp32 KV cache: the bounds
+// of tests/parity/parity_checks.h, as the CPU bf16 test, with the max relative error printed for
+// the bf16 parity claim (tools/parity/hf_bf16_error.py prints HF bf16's). bf16 weights with the
+// bf16 cache (the CUDA default): the same logit bounds, greedy agreement printed only (see
+// deepseek_v3_parity_test.cc). Skips without a GPU.
 #include <cstdio>
+#include <string>
+#include <utility>
 
 #include "gtest/gtest.h"
 #include "kernels/testing/gpu_test_util.h"
@@ -19,18 +23,21 @@ constexpr double kTolerance = 1e-3;
 
 class CudaParityTest : public ::testing::TestWithParam<std::string> {
  protected:
-  explicit CudaParityTest(WeightDType dtype = WeightDType::kFloat32) : dtype_(dtype) {}
+  explicit CudaParityTest(WeightDType dtype = WeightDType::kFloat32,
+                          std::string kv_cache_dtype = "auto")
+      : dtype_(dtype), kv_cache_dtype_(std::move(kv_cache_dtype)) {}
   void SetUp() override {
     DEEPINFER_SKIP_WITHOUT_GPU();
     auto b = CudaBackend::Create(0, dtype_);
     ASSERT_TRUE(b.ok()) << b.status();
     backend_ = std::move(*b);
-    auto m = LoadParityModel(GetParam(), backend_.get());
+    auto m = LoadParityModel(GetParam(), backend_.get(), kv_cache_dtype_);
     ASSERT_TRUE(m.ok()) << m.status();
     m_ = std::move(*m);
   }
 
   const WeightDType dtype_;
+  const std::string kv_cache_dtype_;
   std::unique_ptr<CudaBackend> backend_;  // declared first: destroyed after the model and cache
   ParityModel m_;
 };
@@ -63,22 +70,24 @@ INSTANTIATE_TEST_SUITE_P(Fixtures, CudaParityTest,
 
 class CudaBf16ParityTest : public CudaParityTest {
  protected:
-  CudaBf16ParityTest() : CudaParityTest(WeightDType::kBFloat16) {}
+  explicit CudaBf16ParityTest(const std::string& kv_cache_dtype = "float32")
+      : CudaParityTest(WeightDType::kBFloat16, kv_cache_dtype) {}
+  const char* Label() const { return kv_cache_dtype_ == "float32" ? "cuda" : "cuda bf16-cache"; }
 };
 
 TEST_P(CudaBf16ParityTest, PromptLogitsWithinBf16ToleranceOfHfFloat32) {
   auto e = AllPromptsLogitsError(m_);
   ASSERT_TRUE(e.ok()) << e.status();
   for (size_t i = 0; i < m_.fx.prompts.size(); ++i) {
-    std::printf("[bf16-parity] cuda %s prompt_len=%zu rel=%.3e\n", GetParam().c_str(),
+    std::printf("[bf16-parity] %s %s prompt_len=%zu rel=%.3e\n", Label(), GetParam().c_str(),
                 m_.fx.prompts[i].ids.size(), e->prompt_max_rel[i]);
   }
   const int64_t positions = static_cast<int64_t>(e->position_rel.size());
   const int64_t within = e->WithinCount(kBf16Tolerance);
   std::printf(
-      "[bf16-parity] cuda %s ours: max rel logit error vs HF float32 %.3e, rms over positions "
+      "[bf16-parity] %s %s ours: max rel logit error vs HF float32 %.3e, rms over positions "
       "%.3e, %lld of %lld positions within %.0e\n",
-      GetParam().c_str(), e->max_rel, e->rms, static_cast<long long>(within),
+      Label(), GetParam().c_str(), e->max_rel, e->rms, static_cast<long long>(within),
       static_cast<long long>(positions), kBf16Tolerance);
   EXPECT_GE(within, kBf16PositionsWithin * positions);
 }
@@ -86,12 +95,49 @@ TEST_P(CudaBf16ParityTest, PromptLogitsWithinBf16ToleranceOfHfFloat32) {
 TEST_P(CudaBf16ParityTest, TeacherForcedGreedyMostlyMatchesHf) {
   auto r = AllPromptsTeacherForced(m_);
   ASSERT_TRUE(r.ok()) << r.status();
-  std::printf("[bf16-parity] cuda %s greedy agreement %lld / %lld\n", GetParam().c_str(),
+  std::printf("[bf16-parity] %s %s greedy agreement %lld / %lld\n", Label(), GetParam().c_str(),
               static_cast<long long>(r->matches), static_cast<long long>(r->positions));
   EXPECT_GE(r->matches, kBf16GreedyAgreement * r->positions);
 }
 
 INSTANTIATE_TEST_SUITE_P(Fixtures, CudaBf16ParityTest,
+                         ::testing::Values("dsv3_qlora_rope", "dsv3_yarn_nolora"));
+
+// bf16 weights with the bf16 latent cache (the default for bf16 weights).
+class CudaBf16CacheParityTest : public CudaBf16ParityTest {
+ protected:
+  CudaBf16CacheParityTest() : CudaBf16ParityTest("auto") {}
+};
+
+TEST_P(CudaBf16CacheParityTest, CacheIsBf16) {
+  EXPECT_EQ(m_.pool->options().dtype, WeightDType::kBFloat16);
+}
+
+TEST_P(CudaBf16CacheParityTest, PromptLogitsWithinBf16ToleranceOfHfFloat32) {
+  auto e = AllPromptsLogitsError(m_);
+  ASSERT_TRUE(e.ok()) << e.status();
+  for (size_t i = 0; i < m_.fx.prompts.size(); ++i) {
+    std::printf("[bf16-parity] %s %s prompt_len=%zu rel=%.3e\n", Label(), GetParam().c_str(),
+                m_.fx.prompts[i].ids.size(), e->prompt_max_rel[i]);
+  }
+  const int64_t positions = static_cast<int64_t>(e->position_rel.size());
+  const int64_t within = e->WithinCount(kBf16Tolerance);
+  std::printf(
+      "[bf16-parity] %s %s ours: max rel logit error vs HF float32 %.3e, rms over positions "
+      "%.3e, %lld of %lld positions within %.0e\n",
+      Label(), GetParam().c_str(), e->max_rel, e->rms, static_cast<long long>(within),
+      static_cast<long long>(positions), kBf16Tolerance);
+  EXPECT_GE(within, kBf16PositionsWithin * positions);
+}
+
+TEST_P(CudaBf16CacheParityTest, TeacherForcedGreedyReported) {
+  auto r = AllPromptsTeacherForced(m_);
+  ASSERT_TRUE(r.ok()) << r.status();
+  std::printf("[bf16-parity] %s %s greedy agreement %lld / %lld\n", Label(), GetParam().c_str(),
+              static_cast<long long>(r->matches), static_cast<long long>(r->positions));
+}
+
+INSTANTIATE_TEST_SUITE_P(Fixtures, CudaBf16CacheParityTest,
                          ::testing::Values("dsv3_qlora_rope", "dsv3_yarn_nolora"));
 
 }  // namespace

@@ -19,7 +19,8 @@ constexpr int32_t kBlockSize = 16;
 
 }  // namespace
 
-absl::StatusOr<ParityModel> LoadParityModel(const std::string& fixture, Backend* backend) {
+absl::StatusOr<ParityModel> LoadParityModel(const std::string& fixture, Backend* backend,
+                                            const std::string& kv_cache_dtype) {
   ParityModel m;
   m.fx = LoadFixture(fixture);
   if (m.fx.prompts.empty()) return absl::NotFoundError("fixture " + fixture + " has no prompts");
@@ -29,7 +30,11 @@ absl::StatusOr<ParityModel> LoadParityModel(const std::string& fixture, Backend*
   if (m.model->config().vocab_size != m.fx.vocab) {
     return absl::FailedPreconditionError("fixture " + fixture + ": model and logits vocab differ");
   }
-  auto pool = KvBlockPool::Create(backend, m.model->CacheOptions(kBlocks, kBlockSize));
+  KvBlockPoolOptions cache = m.model->CacheOptions(kBlocks, kBlockSize);
+  auto cache_dtype = ResolveKvCacheDType(kv_cache_dtype, backend->weight_dtype());
+  if (!cache_dtype.ok()) return cache_dtype.status();
+  cache.dtype = *cache_dtype;
+  auto pool = KvBlockPool::Create(backend, cache);
   if (!pool.ok()) return pool.status();
   m.pool = std::move(*pool);
   return m;

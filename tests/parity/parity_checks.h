@@ -55,13 +55,15 @@ struct TeacherForcedResult {
 absl::StatusOr<TeacherForcedResult> TeacherForcedGreedy(DeepseekV3Model* model, KvBlockPool* pool,
                                                         const FixturePrompt& prompt);
 
-// A fixture with the model loaded from it on `backend` and a KV cache for its prompts.
+// A fixture with the model loaded from it on `backend` and a KV cache for its prompts, whose
+// entries are kv_cache_dtype ("auto": the backend's weight dtype, as the engine's default).
 struct ParityModel {
   Fixture fx;
   std::unique_ptr<DeepseekV3Model> model;
   std::unique_ptr<KvBlockPool> pool;
 };
-absl::StatusOr<ParityModel> LoadParityModel(const std::string& fixture, Backend* backend);
+absl::StatusOr<ParityModel> LoadParityModel(const std::string& fixture, Backend* backend,
+                                            const std::string& kv_cache_dtype = "auto");
 
 // PromptLogitsError over every prompt of the fixture.
 struct FixtureLogitsError {

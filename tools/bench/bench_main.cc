@@ -46,8 +46,11 @@ int main(int argc, char** argv) {
   flags.AddInt("seed", &seed, "Seed of the dummy weights.");
   flags.AddString("backend", &config.backend, "cpu or cuda.");
   flags.AddString("dtype", &config.dtype,
-                  "bfloat16 or float32: the backend's weight dtype, and the bytes per value\n"
-                  "of the roofline (weights and latent cache).");
+                  "bfloat16 or float32: the backend's weight dtype, and the bytes per weight\n"
+                  "of the roofline.");
+  flags.AddString("kv-cache-dtype", &config.kv_cache_dtype,
+                  "auto (= --dtype), bfloat16 or float32: the latent KV cache's element type,\n"
+                  "and its bytes per value in the roofline.");
   flags.AddInt("cuda-device", &config.cuda_device,
                "GPU ordinal for --backend cuda (of rank 0; rank r runs on this + r).");
   flags.AddInt("ranks", &config.ranks,

@@ -26,6 +26,7 @@
 #include "worker/device_discovery.h"
 #include "worker/engine/rank_group.h"
 #include "worker/engine/memory_plan.h"
+#include "worker/backend/bf16.h"
 #include "worker/kv_cache/kv_block_pool.h"
 #include "worker/model/deepseek_v3_model.h"
 #include "worker/model/model_loader.h"
@@ -109,19 +110,27 @@ int32_t Argmax(const std::vector<float>& l) {
 // a cache of realistic magnitude without prefill steps having written it.
 void FillCacheRandom(Backend* backend, const KvBlockPool& pool, uint32_t seed) {
   const KvBlockPoolOptions& o = pool.options();
-  const size_t per_layer =
-      static_cast<size_t>(o.num_blocks) * o.block_size * (o.latent_dim + o.rope_dim);
+  const size_t per_layer = static_cast<size_t>(o.num_blocks) * o.block_size *
+                           (o.latent_dim + o.rope_dim);
+  const bool bf16 = o.dtype == WeightDType::kBFloat16;
   // One random chunk, copied repeatedly at shifting offsets: enough variety for timing.
   std::vector<float> chunk(std::min<size_t>(per_layer, size_t{1} << 22));
   std::mt19937 gen(seed);
   std::uniform_real_distribution<float> u(-1.0f, 1.0f);
   for (float& v : chunk) v = u(gen);
+  std::vector<uint16_t> chunk16;
+  if (bf16) {
+    for (float v : chunk) chunk16.push_back(FloatToBf16Bits(v));
+  }
+  const size_t elem = WeightDTypeSize(o.dtype);
+  const char* src = bf16 ? reinterpret_cast<const char*>(chunk16.data())
+                         : reinterpret_cast<const char*>(chunk.data());
   for (int32_t layer = 0; layer < o.num_layers; ++layer) {
-    float* dst = pool.LayerView(layer).cache;
+    char* dst = static_cast<char*>(pool.LayerView(layer).cache);
     for (size_t done = 0; done < per_layer;) {
       const size_t shift = (layer * 7919 + done) % chunk.size();
       const size_t n = std::min(per_layer - done, chunk.size() - shift);
-      backend->CopyToDevice(chunk.data() + shift, n * sizeof(float), dst + done);
+      backend->CopyToDevice(src + shift * elem, n * elem, dst + done * elem);
       done += n;
     }
   }
@@ -151,6 +160,7 @@ struct RankOutput {
   std::vector<RankDecodeTimes> decode;
   int64_t device_bytes_reserved_peak = -1;
   int64_t graph_bytes_reserved_peak = -1;  // the CUDA graph allocator's peak
+  WeightDType kv_cache_dtype = WeightDType::kFloat32;
   int64_t decode_graph_steps = 0;          // decode steps that took the graph path
   std::string prefill_op_report, decode_op_report;
 };
@@ -297,9 +307,12 @@ absl::Status SetUpRank(const BenchConfig& bc, int64_t rank, int64_t blocks, Rank
   graphs.enabled = bc.cuda_graphs;
   graphs.max_batch = bc.cuda_graph_max_batch;
   s->model->SetDecodeGraphOptions(graphs);
-  auto pool = KvBlockPool::Create(
-      s->backend.get(),
-      s->model->CacheOptions(static_cast<int32_t>(blocks), static_cast<int32_t>(bc.block_size)));
+  KvBlockPoolOptions cache_options =
+      s->model->CacheOptions(static_cast<int32_t>(blocks), static_cast<int32_t>(bc.block_size));
+  auto cache_dtype = ResolveKvCacheDType(bc.kv_cache_dtype, s->backend->weight_dtype());
+  if (!cache_dtype.ok()) return cache_dtype.status();
+  cache_options.dtype = *cache_dtype;
+  auto pool = KvBlockPool::Create(s->backend.get(), cache_options);
   if (!pool.ok()) return pool.status();
   s->pool = std::move(*pool);
   if (bc.decode_fill == "random") FillCacheRandom(s->backend.get(), *s->pool, 99);
@@ -328,6 +341,7 @@ absl::Status RunRank(const BenchConfig& bc, int64_t rank, RankState* s, RankOutp
   if (absl::Status st = SetUpRank(bc, rank, blocks, s); !st.ok()) return st;
   o->load_seconds = Seconds(load_start, Clock::now());
   o->backend = s->backend->name();
+  o->kv_cache_dtype = s->pool->options().dtype;
   DeepseekV3Model* model = s->model.get();
   KvBlockPool* pool = s->pool.get();
   const ModelConfig& mc = model->config();
@@ -664,6 +678,8 @@ absl::StatusOr<BenchResult> RunBenchmark(const BenchConfig& bc) {
     if (plane.ok()) r.data_plane = comm::DataPlaneName(*plane);
   }
   r.bytes_per_value = *bytes_per_value;
+  r.kv_cache_dtype = WeightDTypeName(outputs[0].kv_cache_dtype);
+  r.cache_bytes_per_value = static_cast<double>(WeightDTypeSize(outputs[0].kv_cache_dtype));
   r.param_count = CountParams(*config).total;
   for (const RankOutput& o : outputs) {
     r.load_seconds = std::max(r.load_seconds, o.load_seconds);
@@ -693,7 +709,8 @@ absl::StatusOr<BenchResult> RunBenchmark(const BenchConfig& bc) {
     r.prefill_tokens_per_step = prefill_seqs * ctx;
     r.prefill_step_seconds = Percentile(SlowestPerStep(per_rank), 0.5);
     r.prefill_tokens_per_s = ranks * r.prefill_tokens_per_step / r.prefill_step_seconds;
-    const StepCost pc = PrefillStepCost(*config, prefill_seqs, ctx, r.bytes_per_value, ranks);
+    const StepCost pc = PrefillStepCost(*config, prefill_seqs, ctx, r.bytes_per_value,
+                                          r.cache_bytes_per_value, ranks);
     r.prefill_bytes_per_step = pc.bytes;
     r.prefill_flops_per_step = pc.flops;
     r.prefill_roofline_fraction =
@@ -718,7 +735,8 @@ absl::StatusOr<BenchResult> RunBenchmark(const BenchConfig& bc) {
     d.tokens_per_s_per_gpu = n / d.p50_seconds;
     // Mid-run context: the cost model at ctx + output_len / 2 cached tokens.
     const StepCost dc =
-        DecodeStepCost(*config, n, ctx + bc.output_len / 2, r.bytes_per_value, ranks);
+        DecodeStepCost(*config, n, ctx + bc.output_len / 2, r.bytes_per_value,
+                       r.cache_bytes_per_value, ranks);
     d.bytes_per_step = dc.bytes;
     d.flops_per_step = dc.flops;
     d.roofline_fraction =
@@ -763,7 +781,7 @@ absl::StatusOr<BenchResult> RunBenchmark(const BenchConfig& bc) {
       e.tokens_per_s = ranks * n / e.p50_seconds;
       e.tokens_per_s_per_gpu = n / e.p50_seconds;
       const StepCost ec = DecodeStepCost(*config, n, ctx + bc.output_len + bc.output_len / 2,
-                                         r.bytes_per_value, ranks);
+                                         r.bytes_per_value, r.cache_bytes_per_value, ranks);
       e.bytes_per_step = ec.bytes;
       e.flops_per_step = ec.flops;
       e.roofline_fraction =
@@ -776,8 +794,8 @@ absl::StatusOr<BenchResult> RunBenchmark(const BenchConfig& bc) {
 
 std::string FormatBenchReport(const BenchConfig& c, const BenchResult& r) {
   std::string out;
-  absl::StrAppendFormat(&out, "model: %s (%.3fB parameters, %s, %.0f bytes each)\n", c.model,
-                        r.param_count / 1e9, c.dtype, r.bytes_per_value);
+  absl::StrAppendFormat(&out, "model: %s (%.3fB parameters, %s, %.0f bytes each; KV cache %s)\n",
+                        c.model, r.param_count / 1e9, c.dtype, r.bytes_per_value, r.kv_cache_dtype);
   absl::StrAppendFormat(&out, "backend: %s\nload_s: %.2f\n", r.backend, r.load_seconds);
   if (c.decode_temperature > 0 || c.decode_sampling_on_host) {
     absl::StrAppendFormat(

@@ -44,10 +44,12 @@ namespace deepinfer {
 struct BenchConfig {
   std::string model;  // checkpoint dir, or "dummy:CONFIG.json[@SEED]"
   std::string backend = "cpu";
-  // Matrix weight dtype of the backend ("float32" or "bfloat16", BackendOptions::dtype). Also
-  // the roofline's bytes per value, for weights and the latent cache alike: the roofline is
-  // what an engine storing both in that dtype must read (our latent cache is fp32 today).
+  // Matrix weight dtype of the backend ("float32" or "bfloat16", BackendOptions::dtype), and
+  // the roofline's bytes per weight.
   std::string dtype = "bfloat16";
+  // Latent KV cache element type ("auto" = dtype, "bfloat16", "float32"); the roofline counts
+  // the cache at this size.
+  std::string kv_cache_dtype = "auto";
   int64_t cuda_device = 0;
   int64_t load_threads = 0;  // dummy weights: generator threads (0: all cores)
   std::vector<int64_t> decode_num_requests = {64};  // one decode measurement per entry
@@ -133,6 +135,8 @@ struct BenchResult {
   int64_t ranks = 1;
   std::string data_plane;  // ranks > 1: "tcp" or "nccl"
   double bytes_per_value = 4;
+  std::string kv_cache_dtype = "float32";  // the KvBlockPool's element type
+  double cache_bytes_per_value = 4;
   double load_seconds = 0;
   double param_count = 0;
   int64_t prefill_tokens_per_step = 0;  // per rank; 0: prefill not measured

@@ -51,6 +51,8 @@ TEST(BenchRunnerTest, ProducesAllFiguresOnCpu) {
   ASSERT_TRUE(r.ok()) << r.status();
   EXPECT_EQ(r->backend, "cpu");
   EXPECT_EQ(r->bytes_per_value, 4);
+  EXPECT_EQ(r->kv_cache_dtype, "float32");
+  EXPECT_EQ(r->cache_bytes_per_value, 4);
   EXPECT_EQ(r->prefill_tokens_per_step, 40);
   ASSERT_EQ(r->decode.size(), 1u);
   ExpectDecodeFigures(r->decode[0], 3);
@@ -107,6 +109,17 @@ TEST(BenchRunnerTest, RejectsBadInput) {
   auto bf16 = RunBenchmark(c);
   ASSERT_TRUE(bf16.ok()) << bf16.status();
   EXPECT_EQ(bf16->bytes_per_value, 2);
+  // ... and a bf16 KV cache, counted at 2 bytes per value in the roofline.
+  EXPECT_EQ(bf16->kv_cache_dtype, "bfloat16");
+  EXPECT_EQ(bf16->cache_bytes_per_value, 2);
+  // An fp32 cache under bf16 weights when asked for; a bad name is rejected.
+  c.kv_cache_dtype = "float32";
+  auto f32_cache = RunBenchmark(c);
+  ASSERT_TRUE(f32_cache.ok()) << f32_cache.status();
+  EXPECT_EQ(f32_cache->kv_cache_dtype, "float32");
+  EXPECT_EQ(f32_cache->cache_bytes_per_value, 4);
+  c.kv_cache_dtype = "int8";
+  EXPECT_EQ(RunBenchmark(c).status().code(), absl::StatusCode::kInvalidArgument);
 }
 
 // The fixture: hidden 96, 3 layers of which 2 MoE, 8 routed experts top-2.

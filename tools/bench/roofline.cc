@@ -24,9 +24,9 @@ double AttentionFlopsPerToken(const ModelConfig& c, double keys) {
          (2.0 * (c.kv_lora_rank + c.qk_rope_head_dim) + 2.0 * c.kv_lora_rank);
 }
 
-double CacheBytesPerEntry(const ModelConfig& c, double bytes_per_param) {
+double CacheBytesPerEntry(const ModelConfig& c, double bytes_per_value) {
   return c.num_hidden_layers * static_cast<double>(c.kv_lora_rank + c.qk_rope_head_dim) *
-         bytes_per_param;
+         bytes_per_value;
 }
 
 }  // namespace
@@ -62,7 +62,8 @@ double StepCost::RooflineSeconds(double bytes_per_s, double flops_per_s) const {
 }
 
 StepCost DecodeStepCost(const ModelConfig& c, int64_t batch, int64_t context,
-                        double bytes_per_param, int64_t ranks) {
+                        double bytes_per_param, double cache_bytes_per_value,
+                        int64_t ranks) {
   const ParamCounts p = CountParams(c);
   const double E = c.n_routed_experts, k = c.num_experts_per_tok;
   // Expected distinct experts among all ranks' batch*top_k uniform choices (without repeats per
@@ -76,13 +77,13 @@ StepCost DecodeStepCost(const ModelConfig& c, int64_t batch, int64_t context,
   s.bytes = (non_expert + p.moe_layers * touched * p.per_routed_expert +
              batch * static_cast<double>(c.hidden_size)) *
                 bytes_per_param +
-            batch * static_cast<double>(context + 1) * CacheBytesPerEntry(c, bytes_per_param);
+            batch * static_cast<double>(context + 1) * CacheBytesPerEntry(c, cache_bytes_per_value);
   s.flops = batch * (2.0 * p.active_per_token + AttentionFlopsPerToken(c, context + 1));
   return s;
 }
 
 StepCost PrefillStepCost(const ModelConfig& c, int64_t seqs, int64_t len, double bytes_per_param,
-                         int64_t ranks) {
+                         double cache_bytes_per_value, int64_t ranks) {
   const ParamCounts p = CountParams(c);
   StepCost s;
   const double tokens = static_cast<double>(seqs) * len;
@@ -90,7 +91,7 @@ StepCost PrefillStepCost(const ModelConfig& c, int64_t seqs, int64_t len, double
   const double others = p.moe_layers * static_cast<double>(c.n_routed_experts) *
                         p.per_routed_expert * (1.0 - 1.0 / ranks);
   s.bytes = (p.total - p.embedding - others + tokens * c.hidden_size) * bytes_per_param +
-            tokens * CacheBytesPerEntry(c, bytes_per_param);
+            tokens * CacheBytesPerEntry(c, cache_bytes_per_value);
   // Token i of a prompt attends to i + 1 entries: len*(len+1)/2 keys per prompt. The LM head
   // runs only for the last token of each prompt.
   const double keys = static_cast<double>(seqs) * len * (len + 1) / 2.0;

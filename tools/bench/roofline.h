@@ -29,7 +29,8 @@ struct StepCost {
 };
 
 // A decode step of `batch` sequences, each with `context` cached tokens, weights of
-// `bytes_per_param` bytes: all non-expert weights (embedding: one row per sequence), the
+// `bytes_per_param` bytes and cache entries of `cache_bytes_per_value` bytes per value (the
+// KvBlockPool's dtype): all non-expert weights (embedding: one row per sequence), the
 // expected number of distinct routed experts that `batch` tokens touch under uniform routing,
 // and the cache entries of every sequence in every layer.
 // With `ranks` > 1, one GPU's share of an expert-parallel step where each of `ranks` GPUs runs
@@ -38,12 +39,13 @@ struct StepCost {
 // its own sequences' cache; FLOPs of its own `batch` tokens (the expert rows it computes for
 // others balance, on average, the ones others compute for it).
 StepCost DecodeStepCost(const ModelConfig& c, int64_t batch, int64_t context,
-                        double bytes_per_param, int64_t ranks = 1);
+                        double bytes_per_param, double cache_bytes_per_value,
+                        int64_t ranks = 1);
 
 // A prefill step of `seqs` prompts of `len` tokens each (causal attention, absorbed MLA); with
 // `ranks` > 1, one GPU's share as above (every expert is touched: 1 / ranks of them each).
 StepCost PrefillStepCost(const ModelConfig& c, int64_t seqs, int64_t len, double bytes_per_param,
-                         int64_t ranks = 1);
+                         double cache_bytes_per_value, int64_t ranks = 1);
 
 }  // namespace deepinfer
 

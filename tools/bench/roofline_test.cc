@@ -39,8 +39,8 @@ TEST(RooflineTest, DeepseekV3ParameterCounts) {
 TEST(RooflineTest, DecodeReadsEveryExpertAtLargeBatchAndFewAtBatchOne) {
   const ModelConfig c = DeepseekV3();
   const ParamCounts p = CountParams(c);
-  const StepCost one = DecodeStepCost(c, 1, 0, 1.0);
-  const StepCost many = DecodeStepCost(c, 4096, 0, 1.0);
+  const StepCost one = DecodeStepCost(c, 1, 0, 1.0, 1.0);
+  const StepCost many = DecodeStepCost(c, 4096, 0, 1.0, 1.0);
   // Batch 1 touches top_k experts per layer: the active parameters (which count the LM head,
   // not the embedding table, of which one row is read) plus one step of cache.
   EXPECT_NEAR(one.bytes / 1e9, p.active_per_token / 1e9, 0.01);
@@ -51,10 +51,18 @@ TEST(RooflineTest, DecodeReadsEveryExpertAtLargeBatchAndFewAtBatchOne) {
 
 TEST(RooflineTest, CacheBytesAndAttentionFlopsScaleWithContext) {
   const ModelConfig c = DeepseekV3();
-  const StepCost a = DecodeStepCost(c, 8, 999, 2.0);
-  const StepCost b = DecodeStepCost(c, 8, 1999, 2.0);
+  const StepCost a = DecodeStepCost(c, 8, 999, 2.0, 2.0);
+  const StepCost b = DecodeStepCost(c, 8, 1999, 2.0, 2.0);
   // 1000 more cached tokens per sequence: 576 values x 61 layers x 2 bytes each.
   EXPECT_NEAR(b.bytes - a.bytes, 8.0 * 1000 * 576 * 61 * 2, 1.0);
+  // The cache is counted at its own element size, not the weights': an fp32 cache under bf16
+  // weights reads twice the cache bytes; the weights' share is unchanged.
+  const StepCost f = DecodeStepCost(c, 8, 999, 2.0, 4.0);
+  EXPECT_NEAR(f.bytes - a.bytes, 8.0 * 1000 * 576 * 61 * 2, 1.0);
+  const StepCost pf = PrefillStepCost(c, 2, 100, 2.0, 4.0),
+                 pb = PrefillStepCost(c, 2, 100, 2.0, 2.0);
+  EXPECT_NEAR(pf.bytes - pb.bytes, 200.0 * 576 * 61 * 2, 1.0);
+  EXPECT_DOUBLE_EQ(pf.flops, pb.flops);
   EXPECT_NEAR(b.flops - a.flops, 8.0 * 1000 * 61 * 128 * (2 * 576 + 2 * 512), 1e3);
   EXPECT_DOUBLE_EQ(a.RooflineSeconds(4.3e12, 790e12), std::max(a.bytes / 4.3e12, a.flops / 790e12));
 }
@@ -65,20 +73,20 @@ TEST(RooflineTest, ExpertParallelShareOfOneGpu) {
   const double expert_bytes = 58.0 * 256 * p.per_routed_expert;  // every routed expert, 1 byte
   // A huge batch per rank touches every expert: each of 8 GPUs reads 1/8 of them and every
   // other weight.
-  const StepCost many = DecodeStepCost(c, 4096, 0, 1.0, 8);
+  const StepCost many = DecodeStepCost(c, 4096, 0, 1.0, 1.0, 8);
   EXPECT_NEAR(many.bytes / 1e9, (p.total - p.embedding - expert_bytes * 7 / 8) / 1e9, 1.0);
   // One sequence per rank on 2 ranks: 2 tokens' distinct experts in all (E(1-(1-k/E)^2)),
   // half of them here; attention weights and cache as for one sequence.
-  const StepCost two = DecodeStepCost(c, 1, 100, 1.0, 2);
-  const StepCost alone = DecodeStepCost(c, 1, 100, 1.0, 1);
+  const StepCost two = DecodeStepCost(c, 1, 100, 1.0, 1.0, 2);
+  const StepCost alone = DecodeStepCost(c, 1, 100, 1.0, 1.0, 1);
   const double q = 1.0 - 8.0 / 256;
   const double distinct_two = 256 * (1 - q * q), distinct_one = 8;
   EXPECT_NEAR(two.bytes - alone.bytes,
               58.0 * (distinct_two / 2 - distinct_one) * p.per_routed_expert, 1e3);
   EXPECT_DOUBLE_EQ(two.flops, alone.flops);  // its own tokens' FLOPs
   // Prefill: every expert is read, 1/ranks of them per GPU.
-  const StepCost pre1 = PrefillStepCost(c, 4, 512, 2.0);
-  const StepCost pre4 = PrefillStepCost(c, 4, 512, 2.0, 4);
+  const StepCost pre1 = PrefillStepCost(c, 4, 512, 2.0, 2.0);
+  const StepCost pre4 = PrefillStepCost(c, 4, 512, 2.0, 2.0, 4);
   EXPECT_NEAR(pre1.bytes - pre4.bytes, expert_bytes * 2.0 * 3 / 4, 1e3);
   EXPECT_DOUBLE_EQ(pre1.flops, pre4.flops);
 }

@@ -8,7 +8,8 @@
 //  * Matrix weights (the operand W of the GEMMs) are stored in the backend's weight_dtype():
 //    fp32, or bf16 with fp32 accumulation. A bf16 GEMM rounds its fp32 activation operand to
 //    bf16 too (round to nearest even), so every product is exact in fp32 and only the summation
-//    order differs between backends. Norms, residuals, rope, attention and the router stay fp32.
+//    order differs between backends. Norms, residuals, rope, attention math and the router stay
+//    fp32; the latent KV cache may store bf16 (PagedLatentCacheView::dtype).
 //  * Linear layers follow the checkpoint layout: W is [out_features, in_features], y = x·Wᵀ.
 //  * Index arrays (token ids, positions, slots, block tables, expert ids) are int32.
 //  * Host-side plans (expert group offsets) are passed as host vectors: they are produced by
@@ -61,13 +62,19 @@ struct DeviceMemoryInfo {
 };
 
 // Paged latent KV cache geometry for one layer, as the attention op sees it. Entry t of block b
-// lives at cache + ((b * block_size) + t) * entry_dim, with the latent first, rope key after.
+// lives at element ((b * block_size) + t) * entry_dim of cache, with the latent first, rope key
+// after. Elements are dtype: float32, or bfloat16 (the backend's dtype by default, see
+// KvBlockPoolOptions), which WriteLatentCache rounds to nearest even and the attention op widens
+// to fp32 before any arithmetic.
 struct PagedLatentCacheView {
-  float* cache = nullptr;
+  void* cache = nullptr;
   int32_t block_size = 0;
   int32_t latent_dim = 0;  // kv_lora_rank
   int32_t rope_dim = 0;    // qk_rope_head_dim
+  WeightDType dtype = WeightDType::kFloat32;
   int32_t entry_dim() const { return latent_dim + rope_dim; }
+  // Bytes of one entry (latent + rope key) in dtype.
+  size_t entry_bytes() const { return static_cast<size_t>(entry_dim()) * WeightDTypeSize(dtype); }
 };
 
 // Host-side shape of one sequence of an MlaAttention call (block-table row i is sequence i):
@@ -252,11 +259,13 @@ class Backend {
                          const float* inv_freq, float attention_factor, bool interleaved) = 0;
 
   // ---- Attention ---------------------------------------------------------------------------
-  // Writes each token's latent and rope key into its cache slot (slot = block*block_size+off).
+  // Writes each token's latent and rope key into its cache slot (slot = block*block_size+off),
+  // rounded to nearest even when the cache is bf16.
   virtual void WriteLatentCache(int64_t tokens, const float* latent, int64_t ld_latent,
                                 const float* rope_key, int64_t ld_rope, const int32_t* slots,
                                 const PagedLatentCacheView& cache) = 0;
-  // Absorbed MLA: out[t, h] = sum_j softmax_j(scale * (q_latent·c_j + q_rope·k_j)) c_j.
+  // Absorbed MLA: out[t, h] = sum_j softmax_j(scale * (q_latent·c_j + q_rope·k_j)) c_j, with
+  // the cached c_j, k_j widened to fp32 (exact from bf16) and fp32 math.
   // The CUDA backend with bf16 weights runs sequences of args.sequences with many new tokens on
   // bf16 tensor cores (docs/cuda.md); everything else is fp32.
   virtual void MlaAttention(const MlaAttentionArgs& args) = 0;

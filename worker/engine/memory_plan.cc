@@ -61,9 +61,9 @@ int64_t DecodeGraphReserveBytes(const ModelConfig& c, const std::vector<int64_t>
   return bytes;
 }
 
-int64_t KvBytesPerToken(const ModelConfig& c) {
+int64_t KvBytesPerToken(const ModelConfig& c, WeightDType cache_dtype) {
   return c.num_hidden_layers * (c.kv_lora_rank + c.qk_rope_head_dim) *
-         static_cast<int64_t>(sizeof(float));
+         static_cast<int64_t>(WeightDTypeSize(cache_dtype));
 }
 
 absl::Status CheckWeightsFit(const DeviceMemoryInfo& before_load, int64_t weight_bytes,

@@ -40,8 +40,9 @@ int64_t ActivationReserveBytes(const ModelConfig& config, int32_t max_batch_toke
 // recorded graph's allocations do not fragment) and without the fixed part.
 int64_t DecodeGraphReserveBytes(const ModelConfig& config, const std::vector<int64_t>& buckets);
 
-// Bytes of latent KV cache per token (all layers, fp32 entries).
-int64_t KvBytesPerToken(const ModelConfig& config);
+// Bytes of latent KV cache per token (all layers) with entries of cache_dtype (the KvBlockPool's
+// KvBlockPoolOptions::dtype: bf16 halves it).
+int64_t KvBytesPerToken(const ModelConfig& config, WeightDType cache_dtype);
 
 // RESOURCE_EXHAUSTED, naming every term, when weight_bytes + reserve_bytes exceed
 // utilization * total - in use; INVALID_ARGUMENT for a utilization outside (0, 1].

@@ -91,7 +91,9 @@ TEST(MemoryPlanTest, ReserveGrowsWithTheStepAndKvBytesFollowTheConfig) {
   EXPECT_EQ(r2 - r1, r1 - (int64_t{256} << 20));
   // The logits rows alone (vocab floats per token) must be covered.
   EXPECT_GE(r1 - (int64_t{256} << 20), 1024 * c.vocab_size * 4);
-  EXPECT_EQ(KvBytesPerToken(c), 3 * (32 + 16) * 4);
+  EXPECT_EQ(KvBytesPerToken(c, WeightDType::kFloat32), 3 * (32 + 16) * 4);
+  // A bf16 cache: half the bytes, so the same budget plans twice the tokens.
+  EXPECT_EQ(KvBytesPerToken(c, WeightDType::kBFloat16), 3 * (32 + 16) * 2);
 }
 
 TEST(MemoryPlanTest, DecodeGraphReserveCoversEveryBucketsTokensOnce) {

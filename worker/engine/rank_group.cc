@@ -110,6 +110,11 @@ absl::StatusOr<std::unique_ptr<RankGroup>> RankGroup::Create(
     return absl::InvalidArgumentError(
         absl::StrCat("KV cache of ", options.kv_cache_tokens, " tokens is too small"));
   }
+  if (absl::StatusOr<WeightDType> d =
+          ResolveKvCacheDType(options.kv_cache_dtype, WeightDType::kFloat32);
+      !d.ok()) {
+    return d.status();
+  }
   if (!(options.gpu_memory_utilization > 0 && options.gpu_memory_utilization <= 1)) {
     return absl::InvalidArgumentError(absl::StrCat(
         "GPU memory utilization ", options.gpu_memory_utilization, " is not in (0, 1]"));
@@ -488,6 +493,9 @@ bool RankGroup::FormRank(int local) {
   r.model = std::move(*model);
   r.model->SetDecodeGraphOptions(options_.decode_graphs);
   const int32_t bs = options_.block_size;
+  KvBlockPoolOptions cache_options = r.model->CacheOptions(0, bs);
+  // Checked in Create: the name is valid.
+  cache_options.dtype = *ResolveKvCacheDType(options_.kv_cache_dtype, r.backend->weight_dtype());
   int64_t blocks = 0;
   if (options_.kv_cache_tokens > 0) {
     blocks = (options_.kv_cache_tokens + bs - 1) / bs;
@@ -496,9 +504,9 @@ bool RankGroup::FormRank(int local) {
   } else if (before_load.ok()) {
     absl::StatusOr<DeviceMemoryInfo> after_load = r.backend->MemoryInfo();
     absl::StatusOr<KvCachePlan> plan =
-        after_load.ok()
-            ? PlanKvCache(*after_load, weight_bytes, reserve, KvBytesPerToken(config), plan_options)
-            : absl::StatusOr<KvCachePlan>(after_load.status());
+        after_load.ok() ? PlanKvCache(*after_load, weight_bytes, reserve,
+                                      KvBytesPerToken(config, cache_options.dtype), plan_options)
+                        : absl::StatusOr<KvCachePlan>(after_load.status());
     if (!plan.ok()) {
       Fail(r.global, plan.status());
       return false;
@@ -511,8 +519,8 @@ bool RankGroup::FormRank(int local) {
     LOG(INFO) << "rank " << r.global << ": KV cache " << blocks << " blocks x " << bs
               << " tokens (CPU default)";
   }
-  auto pool =
-      KvBlockPool::Create(r.backend.get(), r.model->CacheOptions(static_cast<int32_t>(blocks), bs));
+  cache_options.num_blocks = static_cast<int32_t>(blocks);
+  auto pool = KvBlockPool::Create(r.backend.get(), cache_options);
   if (!pool.ok()) {
     Fail(r.global, pool.status());
     return false;

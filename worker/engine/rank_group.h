@@ -98,6 +98,8 @@ struct RankGroupOptions {
   // Decode steps replayed from CUDA graphs per batch-size bucket (used where the backend can
   // record: cuda; DeepseekV3Model::SetDecodeGraphOptions).
   DecodeGraphOptions decode_graphs;
+  // Latent KV cache elements: "auto" or empty (= the weights' dtype), "bfloat16", "float32".
+  std::string kv_cache_dtype;
   int threads_per_rank = 1;
   // KV cache per rank, in tokens. 0: planned from GPU memory (memory_plan.h) on a GPU, and
   // kDefaultCpuKvCacheTokens on the CPU; > 0: exactly this many (rounded up to whole blocks).

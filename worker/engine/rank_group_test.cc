@@ -212,6 +212,12 @@ TEST_F(RankGroupTest, RefusesBadMemoryOptions) {
   options_.kv_cache_tokens = -1;
   EXPECT_TRUE(absl::IsInvalidArgument(
       RankGroup::Create(options_, GroupLayout(), nullptr, Collector().Sink()).status()));
+  options_.kv_cache_tokens = 0;
+  options_.kv_cache_dtype = "int4";
+  const absl::Status bad_cache =
+      RankGroup::Create(options_, GroupLayout(), nullptr, Collector().Sink()).status();
+  EXPECT_TRUE(absl::IsInvalidArgument(bad_cache));
+  EXPECT_THAT(bad_cache.message(), ::testing::HasSubstr("'int4'"));
 }
 
 TEST_F(RankGroupTest, TwoExpertParallelRanksEqualOneRank) {

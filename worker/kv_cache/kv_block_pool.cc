@@ -13,17 +13,25 @@ std::atomic<uint64_t> next_pool_id{0};
 
 }  // namespace
 
+absl::StatusOr<WeightDType> ResolveKvCacheDType(const std::string& name, WeightDType weight_dtype) {
+  if (name.empty() || name == "auto") return weight_dtype;
+  if (name == "float32" || name == "fp32") return WeightDType::kFloat32;
+  if (name == "bfloat16" || name == "bf16") return WeightDType::kBFloat16;
+  return absl::InvalidArgumentError(
+      absl::StrCat("unknown KV cache dtype '", name, "' (expected auto, bfloat16 or float32)"));
+}
+
 absl::StatusOr<std::unique_ptr<KvBlockPool>> KvBlockPool::Create(Backend* backend,
                                                                  const KvBlockPoolOptions& o) {
   if (o.num_layers <= 0 || o.num_blocks <= 0 || o.block_size <= 0 || o.latent_dim <= 0 ||
       o.rope_dim < 0) {
     return absl::InvalidArgumentError(
         absl::StrCat("KvBlockPool: bad geometry layers=", o.num_layers, " blocks=", o.num_blocks,
-                     " block_size=", o.block_size, " latent=", o.latent_dim, " rope=", o.rope_dim));
+                     " block_size=", o.block_size, " latent=", o.latent_dim, " rope=", o.rope_dim,
+                     " dtype=", WeightDTypeName(o.dtype)));
   }
   std::vector<std::unique_ptr<DeviceBuffer>> layers;
-  const size_t bytes = static_cast<size_t>(o.num_blocks) * o.block_size *
-                       (o.latent_dim + o.rope_dim) * sizeof(float);
+  const size_t bytes = static_cast<size_t>(o.num_blocks) * o.block_size * o.EntryBytes();
   for (int32_t l = 0; l < o.num_layers; ++l) layers.push_back(backend->Allocate(bytes));
   return std::unique_ptr<KvBlockPool>(new KvBlockPool(o, std::move(layers)));
 }
@@ -81,10 +89,11 @@ int32_t KvBlockPool::num_free_blocks() const {
 
 PagedLatentCacheView KvBlockPool::LayerView(int32_t layer) const {
   PagedLatentCacheView v;
-  v.cache = static_cast<float*>(layers_[layer]->data());
+  v.cache = layers_[layer]->data();
   v.block_size = options_.block_size;
   v.latent_dim = options_.latent_dim;
   v.rope_dim = options_.rope_dim;
+  v.dtype = options_.dtype;
   return v;
 }
 

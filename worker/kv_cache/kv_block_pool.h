@@ -1,13 +1,14 @@
 // KvBlockPool: the paged latent KV cache of one rank. Per layer it holds num_blocks blocks of
-// block_size token entries; an entry is the normalised MLA latent (kv_lora_rank floats) followed
-// by the rotated rope key (qk_rope_head_dim floats). Sequences own lists of block ids (block
-// tables); the pool only hands blocks out and takes them back. Memory is a backend buffer, so
-// the same pool serves the CPU and CUDA backends.
+// block_size token entries; an entry is the normalised MLA latent (kv_lora_rank values) followed
+// by the rotated rope key (qk_rope_head_dim values), stored as float32 or bfloat16 (dtype).
+// Sequences own lists of block ids (block tables); the pool only hands blocks out and takes them
+// back. Memory is a backend buffer, so the same pool serves the CPU and CUDA backends.
 #ifndef DEEPINFER_WORKER_KV_CACHE_KV_BLOCK_POOL_H_
 #define DEEPINFER_WORKER_KV_CACHE_KV_BLOCK_POOL_H_
 
 #include <cstdint>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
@@ -24,7 +25,19 @@ struct KvBlockPoolOptions {
   int32_t block_size = 16;
   int32_t latent_dim = 0;  // kv_lora_rank
   int32_t rope_dim = 0;    // qk_rope_head_dim
+  // Element type of the entries; DeepseekV3Model::CacheOptions uses the backend's weight dtype
+  // (bf16 halves the bytes attention reads per token and doubles the tokens a budget holds).
+  WeightDType dtype = WeightDType::kFloat32;
+  // Bytes of one layer's entry (latent + rope key).
+  size_t EntryBytes() const {
+    return static_cast<size_t>(latent_dim + rope_dim) * WeightDTypeSize(dtype);
+  }
 };
+
+// The cache element type a --kv-cache-dtype value selects: "auto" (or empty) = weight_dtype, the
+// backend's; "bfloat16" / "float32" (also "bf16" / "fp32"); INVALID_ARGUMENT naming the value
+// otherwise.
+absl::StatusOr<WeightDType> ResolveKvCacheDType(const std::string& name, WeightDType weight_dtype);
 
 class KvBlockPool {
  public:

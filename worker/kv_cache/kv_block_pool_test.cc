@@ -42,8 +42,33 @@ TEST(KvBlockPoolTest, LayerViewsAreDistinctAndSized) {
   EXPECT_EQ(v0.entry_dim(), 8);
   EXPECT_EQ(v0.block_size, 4);
   // Whole layer is writable (2 blocks * 4 slots * 8 floats).
-  for (int i = 0; i < 2 * 4 * 8; ++i) v2.cache[i] = 1.0f;
+  EXPECT_EQ(v0.dtype, WeightDType::kFloat32);
+  EXPECT_EQ(v0.entry_bytes(), 8u * 4);
+  for (int i = 0; i < 2 * 4 * 8; ++i) static_cast<float*>(v2.cache)[i] = 1.0f;
   EXPECT_FALSE(KvBlockPool::Create(&be, {0, 2, 4, 6, 2}).ok());
+}
+
+TEST(KvBlockPoolTest, ResolveKvCacheDType) {
+  EXPECT_EQ(*ResolveKvCacheDType("auto", WeightDType::kBFloat16), WeightDType::kBFloat16);
+  EXPECT_EQ(*ResolveKvCacheDType("", WeightDType::kFloat32), WeightDType::kFloat32);
+  EXPECT_EQ(*ResolveKvCacheDType("float32", WeightDType::kBFloat16), WeightDType::kFloat32);
+  EXPECT_EQ(*ResolveKvCacheDType("bf16", WeightDType::kFloat32), WeightDType::kBFloat16);
+  const auto bad = ResolveKvCacheDType("fp8", WeightDType::kFloat32);
+  EXPECT_EQ(bad.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(bad.status().message().find("'fp8'"), std::string::npos);
+}
+
+TEST(KvBlockPoolTest, Bf16EntriesTakeTwoBytesPerValue) {
+  CpuBackend be(1);
+  KvBlockPoolOptions o{3, 2, 4, 6, 2};
+  o.dtype = WeightDType::kBFloat16;
+  EXPECT_EQ(o.EntryBytes(), 8u * 2);
+  auto pool = KvBlockPool::Create(&be, o);
+  ASSERT_TRUE(pool.ok());
+  const PagedLatentCacheView v = (*pool)->LayerView(1);
+  EXPECT_EQ(v.dtype, WeightDType::kBFloat16);
+  EXPECT_EQ(v.entry_bytes(), 8u * 2);
+  for (int i = 0; i < 2 * 4 * 8; ++i) static_cast<uint16_t*>(v.cache)[i] = 0x3f80;  // 1.0
 }
 
 }  // namespace

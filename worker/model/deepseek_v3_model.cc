@@ -229,6 +229,7 @@ KvBlockPoolOptions DeepseekV3Model::CacheOptions(int32_t num_blocks, int32_t blo
   o.block_size = block_size;
   o.latent_dim = static_cast<int32_t>(config_.kv_lora_rank);
   o.rope_dim = static_cast<int32_t>(config_.qk_rope_head_dim);
+  o.dtype = backend_->weight_dtype();  // bf16 weights: a bf16 cache too (fp32 stays fp32)
   return o;
 }
 

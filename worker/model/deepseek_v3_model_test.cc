@@ -369,6 +369,37 @@ class CountingDispatcher : public ExpertDispatcher {
 };
 
 // An expert-parallel rank without tokens must still take part in every MoE layer's exchange.
+// The cache takes the backend's dtype: bf16 weights give a bf16 cache. Decoding from it must
+// read back exactly what the prefill wrote and attended to (prefill attention reads the cache
+// too), so prefill + one decode step equals one longer prefill; fp32 weights keep fp32 entries.
+TEST(ModelCacheTest, Bf16BackendKeepsABf16CacheThatDecodeReadsBackAsPrefillDid) {
+  {
+    CpuBackend be(1);
+    auto m = LoadDeepseekV3(FixtureDir(), &be);
+    ASSERT_TRUE(m.ok()) << m.status();
+    EXPECT_EQ((*m)->CacheOptions(8, 16).dtype, WeightDType::kFloat32);
+  }
+  CpuBackend be(2, WeightDType::kBFloat16);
+  auto m = LoadDeepseekV3(FixtureDir(), &be);
+  ASSERT_TRUE(m.ok()) << m.status();
+  const KvBlockPoolOptions o = (*m)->CacheOptions(16, 4);
+  EXPECT_EQ(o.dtype, WeightDType::kBFloat16);
+  auto pool = KvBlockPool::Create(&be, o);
+  ASSERT_TRUE(pool.ok());
+  const auto prompt = Prompt(14, 3);
+  auto full = (*m)->Step({MakeStep(prompt, 0, *(*pool)->Allocate(4), true)}, pool->get());
+  ASSERT_TRUE(full.ok()) << full.status();
+  const auto table = *(*pool)->Allocate(4);
+  auto head = (*m)->Step(
+      {MakeStep(std::vector<int32_t>(prompt.begin(), prompt.end() - 1), 0, table, false)},
+      pool->get());
+  ASSERT_TRUE(head.ok()) << head.status();
+  auto last = (*m)->Step({MakeStep({prompt.back()}, 13, table, false)}, pool->get());
+  ASSERT_TRUE(last.ok()) << last.status();
+  const std::vector<float> want(full->logits[0].end() - 1000, full->logits[0].end());
+  EXPECT_LE(MaxDiff(last->logits[0], want), 1e-5f);
+}
+
 TEST(ModelLoadTest, EmptyBatchStillDispatchesAndCombinesInEveryMoeLayer) {
   CpuBackend be(1);
   int dispatches = 0, combines = 0;

@@ -256,9 +256,19 @@ void CpuBackend::WriteLatentCache(int64_t tokens, const float* latent, int64_t l
                                   const PagedLatentCacheView& cache) {
   const int64_t entry = cache.entry_dim();
   for (int64_t t = 0; t < tokens; ++t) {
-    float* dst = cache.cache + static_cast<int64_t>(slots[t]) * entry;
-    std::memcpy(dst, latent + t * ld_latent, cache.latent_dim * sizeof(float));
-    std::memcpy(dst + cache.latent_dim, rope_key + t * ld_rope, cache.rope_dim * sizeof(float));
+    const int64_t at = static_cast<int64_t>(slots[t]) * entry;
+    const float* l = latent + t * ld_latent;
+    const float* r = rope_key + t * ld_rope;
+    if (cache.dtype == WeightDType::kBFloat16) {
+      uint16_t* dst = static_cast<uint16_t*>(cache.cache) + at;
+      for (int64_t i = 0; i < cache.latent_dim; ++i) dst[i] = FloatToBf16Bits(l[i]);
+      for (int64_t i = 0; i < cache.rope_dim; ++i)
+        dst[cache.latent_dim + i] = FloatToBf16Bits(r[i]);
+    } else {
+      float* dst = static_cast<float*>(cache.cache) + at;
+      std::memcpy(dst, l, cache.latent_dim * sizeof(float));
+      std::memcpy(dst + cache.latent_dim, r, cache.rope_dim * sizeof(float));
+    }
   }
 }
 
@@ -267,10 +277,19 @@ void CpuBackend::MlaAttention(const MlaAttentionArgs& args) {
   const int64_t rope = args.cache.rope_dim;
   const int64_t entry = args.cache.entry_dim();
   const int64_t bs = args.cache.block_size;
+  const bool bf16 = args.cache.dtype == WeightDType::kBFloat16;
   const int64_t work = static_cast<int64_t>(args.num_tokens) * args.num_heads;
   pool_.ParallelFor(work, 1, [&](int64_t b, int64_t e) {
-    std::vector<float> scores;
+    std::vector<float> scores, widened(bf16 ? entry : 0);
     std::vector<double> acc(latent);
+    // Cache entry j of the token's sequence as fp32 (bf16 entries widened exactly).
+    auto key = [&](const int32_t* table, int64_t j) -> const float* {
+      const int64_t at = (static_cast<int64_t>(table[j / bs]) * bs + j % bs) * entry;
+      if (!bf16) return static_cast<const float*>(args.cache.cache) + at;
+      const uint16_t* src = static_cast<const uint16_t*>(args.cache.cache) + at;
+      for (int64_t i = 0; i < entry; ++i) widened[i] = Bf16BitsToFloat(src[i]);
+      return widened.data();
+    };
     for (int64_t w = b; w < e; ++w) {
       const int64_t t = w / args.num_heads;
       const int64_t h = w % args.num_heads;
@@ -282,7 +301,7 @@ void CpuBackend::MlaAttention(const MlaAttentionArgs& args) {
       scores.resize(len);
       float mx = -std::numeric_limits<float>::infinity();
       for (int64_t j = 0; j < len; ++j) {
-        const float* kv = args.cache.cache + (table[j / bs] * bs + j % bs) * entry;
+        const float* kv = key(table, j);
         float s = (Dot(ql, kv, latent) + Dot(qr, kv + latent, rope)) * args.softmax_scale;
         scores[j] = s;
         mx = std::max(mx, s);
@@ -294,7 +313,7 @@ void CpuBackend::MlaAttention(const MlaAttentionArgs& args) {
       }
       std::fill(acc.begin(), acc.end(), 0.0);
       for (int64_t j = 0; j < len; ++j) {
-        const float* kv = args.cache.cache + (table[j / bs] * bs + j % bs) * entry;
+        const float* kv = key(table, j);
         const double p = scores[j];
         for (int64_t c = 0; c < latent; ++c) acc[c] += p * kv[c];
       }

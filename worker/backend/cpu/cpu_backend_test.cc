@@ -211,23 +211,44 @@ TEST(CpuBackendTest, RopeRotatesPairsAndDependsOnRelativePosition) {
   }
 }
 
-TEST(CpuBackendTest, MlaAttentionOverPagedCacheMatchesDense) {
+// Writes two sequences into a paged cache of the given element type, checks the stored bits
+// (bf16: nearest-even rounding of each value) and the attention output against a double
+// reference over the values the cache holds.
+void CheckMlaOverPagedCache(WeightDType dtype) {
   CpuBackend be(2);
   const int heads = 3, latent = 6, rope = 4, bs = 4, entry = latent + rope;
   const int num_blocks = 8, max_blocks = 3;
-  std::vector<float> cache(num_blocks * bs * entry, 0.0f);
+  const bool bf16 = dtype == WeightDType::kBFloat16;
+  std::vector<float> cache32(num_blocks * bs * entry, 0.0f);
+  std::vector<uint16_t> cache16(num_blocks * bs * entry, 0);
+  void* cache = bf16 ? static_cast<void*>(cache16.data()) : static_cast<void*>(cache32.data());
+  const PagedLatentCacheView view{cache, bs, latent, rope, dtype};
+  EXPECT_EQ(view.entry_bytes(), entry * (bf16 ? 2u : 4u));
   // Two sequences with scattered blocks: lengths 9 and 5.
   std::vector<int32_t> tables = {5, 1, 6, 2, 7, 0};
   std::vector<int> lens = {9, 5};
-  std::vector<std::vector<float>> dense(2);
+  std::vector<std::vector<float>> dense(2), stored(2);
   for (int s = 0; s < 2; ++s) {
     dense[s] = Random(lens[s] * entry, 20 + s);
+    stored[s] = dense[s];
+    if (bf16) {
+      for (float& v : stored[s]) v = RoundToBf16(v);
+    }
     std::vector<int32_t> slots;
     for (int j = 0; j < lens[s]; ++j)
       slots.push_back(tables[s * max_blocks + j / bs] * bs + j % bs);
-    PagedLatentCacheView v{cache.data(), bs, latent, rope};
     be.WriteLatentCache(lens[s], dense[s].data(), entry, dense[s].data() + latent, entry,
-                        slots.data(), v);
+                        slots.data(), view);
+    for (int j = 0; j < lens[s]; ++j) {
+      for (int i = 0; i < entry; ++i) {
+        const int64_t at = static_cast<int64_t>(slots[j]) * entry + i;
+        if (bf16) {
+          ASSERT_EQ(cache16[at], FloatToBf16Bits(dense[s][j * entry + i])) << "slot " << slots[j];
+        } else {
+          ASSERT_EQ(cache32[at], dense[s][j * entry + i]) << "slot " << slots[j];
+        }
+      }
+    }
   }
   // Three query tokens: seq 0 at ctx 9 and 4, seq 1 at ctx 5.
   std::vector<int32_t> token_seq = {0, 0, 1}, ctx = {9, 4, 5};
@@ -241,7 +262,7 @@ TEST(CpuBackendTest, MlaAttentionOverPagedCacheMatchesDense) {
   args.q_rope = qr.data();
   args.q_rope_token_stride = heads * rope;
   args.q_rope_head_stride = rope;
-  args.cache = {cache.data(), bs, latent, rope};
+  args.cache = view;
   args.block_tables = tables.data();
   args.max_blocks_per_seq = max_blocks;
   args.token_seq = token_seq.data();
@@ -250,7 +271,7 @@ TEST(CpuBackendTest, MlaAttentionOverPagedCacheMatchesDense) {
   args.out_latent = out.data();
   be.MlaAttention(args);
   for (int t = 0; t < 3; ++t) {
-    const auto& kv = dense[token_seq[t]];
+    const auto& kv = stored[token_seq[t]];
     for (int h = 0; h < heads; ++h) {
       std::vector<double> s(ctx[t]);
       double mx = -1e30, den = 0;
@@ -270,6 +291,14 @@ TEST(CpuBackendTest, MlaAttentionOverPagedCacheMatchesDense) {
       }
     }
   }
+}
+
+TEST(CpuBackendTest, MlaAttentionOverPagedCacheMatchesDense) {
+  CheckMlaOverPagedCache(WeightDType::kFloat32);
+}
+
+TEST(CpuBackendTest, MlaAttentionOverBf16PagedCacheMatchesDenseOfRoundedValues) {
+  CheckMlaOverPagedCache(WeightDType::kBFloat16);
 }
 
 float Logit(double p) { return static_cast<float>(std::log(p / (1 - p))); }

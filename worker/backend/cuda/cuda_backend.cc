@@ -522,12 +522,21 @@ void CudaBackend::ApplyRope(int64_t tokens, int64_t heads, float* x, int64_t tok
         "kernels::ApplyRopeF32");
 }
 
+namespace {
+
+kernels::PagedLatentCache KernelCache(const PagedLatentCacheView& v) {
+  return {v.cache, v.block_size, v.latent_dim, v.rope_dim,
+          v.dtype == WeightDType::kBFloat16 ? kernels::LatentCacheType::kBFloat16
+                                            : kernels::LatentCacheType::kFloat32};
+}
+
+}  // namespace
+
 void CudaBackend::WriteLatentCache(int64_t tokens, const float* latent, int64_t ld_latent,
                                    const float* rope_key, int64_t ld_rope, const int32_t* slots,
                                    const PagedLatentCacheView& cache) {
   OpTimer timer(this, "WriteLatentCache");
-  const kernels::PagedLatentCache c{cache.cache, cache.block_size, cache.latent_dim,
-                                    cache.rope_dim};
+  const kernels::PagedLatentCache c = KernelCache(cache);
   Check(
       kernels::WriteLatentCacheF32(tokens, latent, ld_latent, rope_key, ld_rope, slots, c, stream_),
       "kernels::WriteLatentCacheF32");
@@ -548,7 +557,7 @@ void CudaBackend::MlaAttention(const MlaAttentionArgs& a) {
   p.q_rope = a.q_rope;
   p.q_rope_token_stride = a.q_rope_token_stride;
   p.q_rope_head_stride = a.q_rope_head_stride;
-  p.cache = {a.cache.cache, a.cache.block_size, a.cache.latent_dim, a.cache.rope_dim};
+  p.cache = KernelCache(a.cache);
   p.block_tables = a.block_tables;
   p.max_blocks_per_seq = a.max_blocks_per_seq;
   p.token_seq = a.token_seq;
