@@ -283,57 +283,71 @@ TEST(CudaBackendMlaAttentionTest, PicksThePathPerSequence) {
   SCOPED_TRACE(::testing::Message() << "seed " << seed);
   // decode | prefill | too few tokens | decode | too little work | tokens after a long past |
   // decode
-  const Problem pr(16, 16,
-                   {{500, 1},
-                    {0, 160},
-                    {2000, CudaBackend::kMlaPrefillMinTokens - 1},
-                    {7, 1},
-                    {0, 100},
-                    {2048, CudaBackend::kMlaPrefillMinTokens},
-                    {3, 1}},
-                   false, seed);
-  for (WeightDType dtype : {WeightDType::kBFloat16, WeightDType::kFloat32}) {
-    SCOPED_TRACE(WeightDTypeName(dtype));
-    auto gpu_or = CudaBackend::Create(0, dtype);
-    ASSERT_TRUE(gpu_or.ok()) << gpu_or.status();
-    CudaBackend& gpu = **gpu_or;
-    DeviceArray<float> dcache(pr.cache), dql(pr.q_latent), dq(pr.q), dout(pr.want.size());
-    DeviceArray<int32_t> dtables(pr.tables), dseq(pr.token_seq), dlen(pr.context_len);
-    MlaAttentionArgs a = pr.Args(dcache.get(), dtables.get(), dseq.get(), dlen.get(), dql.get(),
-                                 dq.get(), dout.get());
-    a.sequences = pr.spans.data();
-    a.num_sequences = static_cast<int32_t>(pr.spans.size());
-    dout.Poison();
-    DEEPINFER_CUDA_OK(cudaDeviceSynchronize());  // the backend's stream does not wait for memsets
-    gpu.MlaAttention(a);
-    gpu.Synchronize();
-    ASSERT_TRUE(gpu.status().ok()) << gpu.status();
-    std::vector<float> got;
-    DEEPINFER_CUDA_OK(dout.Download(&got));
-    int64_t on_tensor_cores = 0;
-    for (const MlaSequenceSpan& s : pr.spans) {
-      const bool tensor_cores = gpu.UsesTensorCoreAttention(s);
-      on_tensor_cores += tensor_cores;
-      EXPECT_EQ(tensor_cores,
-                dtype == WeightDType::kBFloat16 &&
-                    (s.first_token == 1 || s.num_tokens == CudaBackend::kMlaPrefillMinTokens));
-      SCOPED_TRACE(::testing::Message() << "span at " << s.first_token << ", " << s.num_tokens
-                                        << " tokens, tensor cores " << tensor_cores);
-      if (tensor_cores) {
-        pr.Expect(got, s.first_token, s.first_token + s.num_tokens, kAtol, kRtol, kRmsBound);
-      } else {
-        pr.Expect(got, s.first_token, s.first_token + s.num_tokens, 2e-5, 1e-4, 1e-5);
+  // The cache in fp32, and in bf16 (the default with bf16 weights): the backend must hand the
+  // tensor-core path and the decode kernel the cache's element type.
+  for (bool bf16_cache : {false, true}) {
+    SCOPED_TRACE(bf16_cache ? "bf16 cache" : "fp32 cache");
+    const Problem pr(16, 16,
+                     {{500, 1},
+                      {0, 160},
+                      {2000, CudaBackend::kMlaPrefillMinTokens - 1},
+                      {7, 1},
+                      {0, 100},
+                      {2048, CudaBackend::kMlaPrefillMinTokens},
+                      {3, 1}},
+                     bf16_cache, seed);
+    std::vector<uint16_t> cache_bits(pr.cache.size());
+    for (size_t i = 0; i < cache_bits.size(); ++i) cache_bits[i] = FloatToBf16Bits(pr.cache[i]);
+    for (WeightDType dtype : {WeightDType::kBFloat16, WeightDType::kFloat32}) {
+      SCOPED_TRACE(WeightDTypeName(dtype));
+      auto gpu_or = CudaBackend::Create(0, dtype);
+      ASSERT_TRUE(gpu_or.ok()) << gpu_or.status();
+      CudaBackend& gpu = **gpu_or;
+      DeviceArray<float> dcache(pr.cache), dql(pr.q_latent), dq(pr.q), dout(pr.want.size());
+      DeviceArray<int32_t> dtables(pr.tables), dseq(pr.token_seq), dlen(pr.context_len);
+      DeviceArray<uint16_t> dcache_b(cache_bits);
+      MlaAttentionArgs a = pr.Args(dcache.get(), dtables.get(), dseq.get(), dlen.get(), dql.get(),
+                                   dq.get(), dout.get());
+      if (bf16_cache) {
+        a.cache.cache = dcache_b.get();
+        a.cache.dtype = WeightDType::kBFloat16;
       }
+      a.sequences = pr.spans.data();
+      a.num_sequences = static_cast<int32_t>(pr.spans.size());
+      dout.Poison();
+      DEEPINFER_CUDA_OK(cudaDeviceSynchronize());  // the backend's stream does not wait for memsets
+      gpu.MlaAttention(a);
+      gpu.Synchronize();
+      ASSERT_TRUE(gpu.status().ok()) << gpu.status();
+      std::vector<float> got;
+      DEEPINFER_CUDA_OK(dout.Download(&got));
+      int64_t on_tensor_cores = 0;
+      for (const MlaSequenceSpan& s : pr.spans) {
+        const bool tensor_cores = gpu.UsesTensorCoreAttention(s);
+        on_tensor_cores += tensor_cores;
+        EXPECT_EQ(tensor_cores,
+                  dtype == WeightDType::kBFloat16 &&
+                      (s.first_token == 1 || s.num_tokens == CudaBackend::kMlaPrefillMinTokens));
+        SCOPED_TRACE(::testing::Message() << "span at " << s.first_token << ", " << s.num_tokens
+                                          << " tokens, tensor cores " << tensor_cores);
+        if (tensor_cores) {
+          pr.Expect(got, s.first_token, s.first_token + s.num_tokens, kAtol, kRtol, kRmsBound);
+        } else {
+          // The bf16-cache decode kernel splits q and p into bf16 hi + lo parts (~2^-17).
+          pr.Expect(got, s.first_token, s.first_token + s.num_tokens, bf16_cache ? 5e-5 : 2e-5,
+                    1e-4, 1e-5);
+        }
+      }
+      EXPECT_EQ(on_tensor_cores, dtype == WeightDType::kBFloat16 ? 2 : 0);
+      // Spans that do not tile the tokens are an error naming the op.
+      std::vector<MlaSequenceSpan> bad = pr.spans;
+      bad[1].first_token += 1;
+      a.sequences = bad.data();
+      gpu.MlaAttention(a);
+      EXPECT_NE(gpu.status().message().find("CudaBackend::MlaAttention: sequence 1"),
+                absl::string_view::npos)
+          << gpu.status();
     }
-    EXPECT_EQ(on_tensor_cores, dtype == WeightDType::kBFloat16 ? 2 : 0);
-    // Spans that do not tile the tokens are an error naming the op.
-    std::vector<MlaSequenceSpan> bad = pr.spans;
-    bad[1].first_token += 1;
-    a.sequences = bad.data();
-    gpu.MlaAttention(a);
-    EXPECT_NE(gpu.status().message().find("CudaBackend::MlaAttention: sequence 1"),
-              absl::string_view::npos)
-        << gpu.status();
   }
 }
 

@@ -68,6 +68,9 @@ fi
 if want kbench && [[ -x "$here/bin/mla_attention_bench" ]]; then  # old vs new attention kernel
   step mla_attention_bench 120 "$here/bin/mla_attention_bench"
 fi
+if want kbench && [[ -x "$here/bin/mla_prefill_bench" ]]; then  # prefill: CUDA cores vs tensor cores
+  step mla_prefill_bench 120 "$here/bin/mla_prefill_bench"
+fi
 if want kbench && [[ -x "$here/bin/grouped_gemm_bench" ]]; then
   step grouped_gemm_bench 120 "$here/bin/grouped_gemm_bench"
   cp "$logs/grouped_gemm_bench.log" "$OUT/grouped_gemm_bench.txt"

@@ -621,7 +621,8 @@ void CudaBackend::MlaAttention(const MlaAttentionArgs& a) {
   f.q_rope_token_stride = a.q_rope_token_stride;
   f.q_rope_head_stride = a.q_rope_head_stride;
   f.cache = a.cache.cache;
-  f.cache_dtype = kernels::MlaCacheDType::kFloat32;
+  f.cache_dtype = a.cache.dtype == WeightDType::kBFloat16 ? kernels::MlaCacheDType::kBFloat16
+                                                         : kernels::MlaCacheDType::kFloat32;
   f.block_size = a.cache.block_size;
   f.latent_dim = a.cache.latent_dim;
   f.rope_dim = a.cache.rope_dim;
