@@ -18,18 +18,12 @@
 #include <vector>
 
 #include "kernels/attention/mla_attention.h"
+#include "kernels/testing/bench_util.h"
 
 namespace deepinfer {
 namespace {
 
-#define BENCH_CUDA(expr)                                                                         \
-  do {                                                                                           \
-    cudaError_t e_ = (expr);                                                                     \
-    if (e_ != cudaSuccess) {                                                                     \
-      std::fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #expr, cudaGetErrorString(e_)); \
-      std::exit(1);                                                                              \
-    }                                                                                            \
-  } while (0)
+using bench::Upload;
 
 constexpr int32_t kLatent = 512, kRope = 64, kBlockSize = 16;
 
@@ -43,15 +37,6 @@ std::vector<float> Uniform(size_t n, uint64_t seed) {
     f = static_cast<float>(static_cast<int64_t>(x >> 40) - (1ll << 23)) / (1ll << 23);
   }
   return v;
-}
-
-template <typename T>
-T* Upload(const std::vector<T>& host) {
-  T* d = nullptr;
-  BENCH_CUDA(
-      cudaMalloc(reinterpret_cast<void**>(&d), std::max<size_t>(host.size(), 1) * sizeof(T)));
-  BENCH_CUDA(cudaMemcpy(d, host.data(), host.size() * sizeof(T), cudaMemcpyHostToDevice));
-  return d;
 }
 
 struct Batch {

@@ -27,25 +27,12 @@
 #include "kernels/moe/grouped_gemm.h"
 #include "kernels/moe/moe_permute.h"
 #include "kernels/moe/moe_reference.h"
+#include "kernels/testing/bench_util.h"
 
 namespace deepinfer {
 namespace {
 
-#define BENCH_CUDA(expr)                                                                         \
-  do {                                                                                           \
-    cudaError_t e_ = (expr);                                                                     \
-    if (e_ != cudaSuccess) {                                                                     \
-      std::fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #expr, cudaGetErrorString(e_)); \
-      std::exit(1);                                                                              \
-    }                                                                                            \
-  } while (0)
-
-template <typename T>
-T* DeviceAlloc(size_t bytes) {
-  void* p = nullptr;
-  BENCH_CUDA(cudaMalloc(&p, bytes));
-  return static_cast<T*>(p);
-}
+using bench::DeviceAlloc;
 
 constexpr int kExperts = 64, kTopK = 6, kWarmup = 5, kIters = 50;
 constexpr double kRooflineGBs = 4300.0;

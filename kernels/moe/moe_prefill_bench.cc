@@ -33,18 +33,13 @@
 #include "kernels/moe/expert_gemm_cublas.h"
 #include "kernels/moe/grouped_gemm.h"
 #include "kernels/moe/moe_reference.h"
+#include "kernels/testing/bench_util.h"
 
 namespace deepinfer {
 namespace {
 
-#define BENCH_CUDA(expr)                                                                         \
-  do {                                                                                           \
-    cudaError_t e_ = (expr);                                                                     \
-    if (e_ != cudaSuccess) {                                                                     \
-      std::fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #expr, cudaGetErrorString(e_)); \
-      std::exit(1);                                                                              \
-    }                                                                                            \
-  } while (0)
+using bench::DeviceAlloc;
+
 #define BENCH_BLAS(expr)                                                                          \
   do {                                                                                            \
     cublasStatus_t s_ = (expr);                                                                   \
@@ -53,13 +48,6 @@ namespace {
       std::exit(1);                                                                               \
     }                                                                                             \
   } while (0)
-
-template <typename T>
-T* DeviceAlloc(size_t bytes) {
-  void* p = nullptr;
-  BENCH_CUDA(cudaMalloc(&p, bytes));
-  return static_cast<T*>(p);
-}
 
 constexpr int kExperts = 64, kTopK = 6, kHidden = 2048, kInter = 1408;
 constexpr int kWarmup = 3, kIters = 10;

@@ -19,25 +19,12 @@
 
 #include "kernels/sampling/argmax.h"
 #include "kernels/sampling/sample.h"
+#include "kernels/testing/bench_util.h"
 
 namespace deepinfer {
 namespace {
 
-#define BENCH_CUDA(expr)                                                                         \
-  do {                                                                                           \
-    cudaError_t e_ = (expr);                                                                     \
-    if (e_ != cudaSuccess) {                                                                     \
-      std::fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #expr, cudaGetErrorString(e_)); \
-      std::exit(1);                                                                              \
-    }                                                                                            \
-  } while (0)
-
-template <typename T>
-T* DeviceAlloc(size_t bytes) {
-  void* p = nullptr;
-  BENCH_CUDA(cudaMalloc(&p, std::max<size_t>(bytes, 1)));
-  return static_cast<T*>(p);
-}
+using bench::DeviceAlloc;
 
 constexpr int64_t kVocab = 129280;
 constexpr int kWarmup = 3, kIters = 20;
