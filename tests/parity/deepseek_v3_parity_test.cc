@@ -80,14 +80,7 @@ TEST_P(Bf16ParityTest, PromptLogitsWithinBf16ToleranceOfHfFloat32) {
     // Not fp32 in disguise: bf16 rounding must show (fp32 is ~1e-6 here).
     EXPECT_GT(r, 1e-5) << "bf16 weights made no difference";
   }
-  const int64_t positions = static_cast<int64_t>(e->position_rel.size());
-  const int64_t within = e->WithinCount(kBf16Tolerance);
-  std::printf(
-      "[bf16-parity] %s %s worst rel diff %.3e, rms over positions %.3e, %lld of %lld "
-      "positions within %.0e\n",
-      Label(), GetParam().c_str(), e->max_rel, e->rms, static_cast<long long>(within),
-      static_cast<long long>(positions), kBf16Tolerance);
-  EXPECT_GE(within, kBf16PositionsWithin * positions);
+  ExpectBf16LogitsWithinTolerance(*e, Label(), GetParam());
 }
 
 TEST_P(Bf16ParityTest, TeacherForcedGreedyMostlyMatchesHf) {
@@ -111,20 +104,13 @@ TEST_P(Bf16CacheParityTest, CacheIsBf16) {
   EXPECT_EQ(m_.pool->options().dtype, WeightDType::kBFloat16);
 }
 
+// The logit bound holds as with the fp32 cache. Greedy agreement is printed, not asserted: the
+// bf16 cache rounds the keys too, and on these random-weight fixtures (near-tied logits) it
+// agrees on fewer positions than kBf16GreedyAgreement (docs/cuda.md, "bf16 latent KV cache").
 TEST_P(Bf16CacheParityTest, PromptLogitsWithinBf16ToleranceOfHfFloat32) {
   auto e = AllPromptsLogitsError(m_);
   ASSERT_TRUE(e.ok()) << e.status();
-  const int64_t positions = static_cast<int64_t>(e->position_rel.size());
-  const int64_t within = e->WithinCount(kBf16Tolerance);
-  std::printf(
-      "[bf16-parity] %s %s worst rel diff %.3e, rms over positions %.3e, %lld of %lld "
-      "positions within %.0e\n",
-      Label(), GetParam().c_str(), e->max_rel, e->rms, static_cast<long long>(within),
-      static_cast<long long>(positions), kBf16Tolerance);
-  EXPECT_GE(within, kBf16PositionsWithin * positions);
-}
-
-TEST_P(Bf16CacheParityTest, TeacherForcedGreedyReported) {
+  ExpectBf16LogitsWithinTolerance(*e, Label(), GetParam());
   auto r = AllPromptsTeacherForced(m_);
   ASSERT_TRUE(r.ok()) << r.status();
   std::printf("[bf16-parity] %s %s greedy agreement %lld / %lld\n", Label(), GetParam().c_str(),

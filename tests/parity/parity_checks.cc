@@ -3,8 +3,11 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
+#include <string>
 #include <utility>
 
+#include "gtest/gtest.h"
 #include "worker/model/model_loader.h"
 
 namespace deepinfer {
@@ -178,6 +181,18 @@ absl::StatusOr<TeacherForcedResult> TeacherForcedGreedy(DeepseekV3Model* model, 
   if (absl::Status f = pool->Free(*blocks); st.ok()) st = f;
   if (!st.ok()) return st;
   return result;
+}
+
+void ExpectBf16LogitsWithinTolerance(const FixtureLogitsError& e, const std::string& label,
+                                     const std::string& fixture) {
+  const int64_t positions = static_cast<int64_t>(e.position_rel.size());
+  const int64_t within = e.WithinCount(kBf16Tolerance);
+  std::printf(
+      "[bf16-parity] %s %s ours: max rel logit error vs HF float32 %.3e, rms over positions "
+      "%.3e, %lld of %lld positions within %.0e\n",
+      label.c_str(), fixture.c_str(), e.max_rel, e.rms, static_cast<long long>(within),
+      static_cast<long long>(positions), kBf16Tolerance);
+  EXPECT_GE(within, kBf16PositionsWithin * positions) << label << " " << fixture;
 }
 
 }  // namespace deepinfer

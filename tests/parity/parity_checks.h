@@ -78,6 +78,12 @@ absl::StatusOr<FixtureLogitsError> AllPromptsLogitsError(const ParityModel& m);
 // TeacherForcedGreedy summed over every prompt of the fixture.
 absl::StatusOr<TeacherForcedResult> AllPromptsTeacherForced(const ParityModel& m);
 
+// The bf16 logit check shared by the CPU and CUDA parity tests: at least kBf16PositionsWithin of
+// all prompt positions within kBf16Tolerance of HF float32 (gtest expectations), the figures
+// printed with `label` ("cpu", "cuda bf16-cache", ...) and the fixture's name.
+void ExpectBf16LogitsWithinTolerance(const FixtureLogitsError& e, const std::string& label,
+                                     const std::string& fixture);
+
 // Greedy continuations of every prompt (prefill, then one token per step through the paged
 // cache, as many tokens as HF's greedy continuation): each prompt alone, or all in one batch.
 absl::StatusOr<std::vector<std::vector<int32_t>>> GreedyContinuations(const ParityModel& m,
