@@ -44,32 +44,12 @@ testing::TinyMoeShape GpuShape() {
 
 std::unique_ptr<DeepseekV3Model> Load(Backend* backend, const DecodeGraphOptions& options) {
   static const std::string spec = testing::WriteDummyModelSpec(GpuShape(), "decode_graph_gpu", 9);
-  auto model = LoadDeepseekV3(spec, backend);
-  EXPECT_TRUE(model.ok()) << model.status();
-  if (!model.ok()) return nullptr;
-  (*model)->SetDecodeGraphOptions(options);
-  return std::move(*model);
+  return testing::LoadWithDecodeGraphs(spec, backend, options);
 }
 
-int64_t Total(const std::vector<int64_t>& v) {
-  int64_t t = 0;
-  for (int64_t x : v) t += x;
-  return t;
-}
-
-void ExpectBitIdentical(const DecodeRun& a, const DecodeRun& b) {
-  ASSERT_EQ(a.tokens.size(), b.tokens.size());
-  for (size_t s = 0; s < a.tokens.size(); ++s) {
-    ASSERT_EQ(a.tokens[s], b.tokens[s]) << "step " << s;
-    ASSERT_EQ(std::memcmp(a.logprobs[s].data(), b.logprobs[s].data(),
-                          a.logprobs[s].size() * sizeof(float)),
-              0)
-        << "step " << s;
-  }
-  EXPECT_EQ(a.counts, b.counts);
-}
-
-const std::vector<int64_t> kSchedule = {1, 3, 5, 64, 100, 100, 5, 64, 3, 1, 100, 2};
+using testing::ExpectBitIdentical;
+using testing::Total;
+const std::vector<int64_t>& kSchedule = testing::DecodeSchedule();
 
 class DecodeGraphGpuTest : public ::testing::Test {
  protected:

@@ -9,6 +9,7 @@
 
 #include <cstdint>
 #include <cstdlib>
+#include <cstring>
 #include <fstream>
 #include <memory>
 #include <string>
@@ -16,8 +17,10 @@
 
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
+#include "gtest/gtest.h"
 #include "worker/kv_cache/kv_block_pool.h"
 #include "worker/model/deepseek_v3_model.h"
+#include "worker/model/model_loader.h"
 
 namespace deepinfer {
 namespace testing {
@@ -120,6 +123,45 @@ inline absl::StatusOr<DecodeRun> RunDecodeSchedule(DeepseekV3Model* model, Backe
   }
   run.counts = model->TakeExpertCounts();
   return run;
+}
+
+// The batch sizes both decode-graph tests step through: padding (3, 5, 100), buckets reused
+// and revisited, the size changing every step.
+inline const std::vector<int64_t>& DecodeSchedule() {
+  static const std::vector<int64_t>* schedule =
+      new std::vector<int64_t>{1, 3, 5, 64, 100, 100, 5, 64, 3, 1, 100, 2};
+  return *schedule;
+}
+
+// The dummy-weight model of `spec` (WriteDummyModelSpec) on `backend` with decode-graph
+// `options`; null (and a test failure) if it does not load.
+inline std::unique_ptr<DeepseekV3Model> LoadWithDecodeGraphs(const std::string& spec,
+                                                             Backend* backend,
+                                                             const DecodeGraphOptions& options) {
+  auto model = LoadDeepseekV3(spec, backend);
+  EXPECT_TRUE(model.ok()) << model.status();
+  if (!model.ok()) return nullptr;
+  (*model)->SetDecodeGraphOptions(options);
+  return std::move(*model);
+}
+
+inline int64_t Total(const std::vector<int64_t>& v) {
+  int64_t t = 0;
+  for (int64_t x : v) t += x;
+  return t;
+}
+
+// Same tokens, bit-identical logprobs at every step, same EPLB counts.
+inline void ExpectBitIdentical(const DecodeRun& a, const DecodeRun& b) {
+  ASSERT_EQ(a.tokens.size(), b.tokens.size());
+  for (size_t s = 0; s < a.tokens.size(); ++s) {
+    ASSERT_EQ(a.tokens[s], b.tokens[s]) << "step " << s;
+    ASSERT_EQ(std::memcmp(a.logprobs[s].data(), b.logprobs[s].data(),
+                          a.logprobs[s].size() * sizeof(float)),
+              0)
+        << "step " << s;
+  }
+  EXPECT_EQ(a.counts, b.counts);
 }
 
 }  // namespace testing
