@@ -289,29 +289,9 @@ class LocalCluster {
       gpu_sets = *std::move(sets);
     }
     for (int64_t i = 0; i < options.workers; ++i) {
-      std::vector<std::string> argv;
-      if (options.split_gpus) {
-        // Through env(1), so that only the child's environment changes.
-        argv = {"/usr/bin/env", "CUDA_VISIBLE_DEVICES=" + gpu_sets[i]};
-      }
-      for (std::string& a : std::vector<std::string>{daemons->second,
-                                       "--coordinator=" + address_,
-                                       "--model=" + options.model,
-                                       "--backend=" + options.backend,
-                                       absl::StrCat("--ranks=", options.ranks_per_worker),
-                                       absl::StrCat("--worker-id=worker-", i),
-                                       "--auth-token-file=" + token_file_}) {
-        argv.push_back(std::move(a));
-      }
-      if (!options.dtype.empty()) argv.push_back("--dtype=" + options.dtype);
-      argv.push_back(absl::StrCat("--cuda-graphs=", options.cuda_graphs ? "true" : "false"));
-      argv.push_back(absl::StrCat("--cuda-graph-max-batch=", options.cuda_graph_max_batch));
-      if (!options.kv_cache_dtype.empty()) {
-        argv.push_back("--kv-cache-dtype=" + options.kv_cache_dtype);
-      }
-      for (absl::string_view extra : absl::StrSplit(options.worker_args, ' ', absl::SkipEmpty())) {
-        argv.emplace_back(extra);
-      }
+      std::vector<std::string> argv =
+          LocalWorkerArgv(options, i, daemons->second, address_, token_file_,
+                          options.split_gpus ? gpu_sets[i] : std::string());
       auto worker = ChildProcess::Start(argv, absl::StrCat(logs, "/worker-", i, ".log"), true);
       if (!worker.ok()) return worker.status();
       workers_.push_back(std::move(*worker));
@@ -363,6 +343,35 @@ class LocalCluster {
 };
 
 }  // namespace
+
+std::vector<std::string> LocalWorkerArgv(const RunOptions& options, int64_t index,
+                                         const std::string& worker_binary,
+                                         const std::string& coordinator_address,
+                                         const std::string& token_file,
+                                         const std::string& gpu_set) {
+  std::vector<std::string> argv;
+  if (!gpu_set.empty()) {
+    // Through env(1), so that only the child's environment changes.
+    argv = {"/usr/bin/env", "CUDA_VISIBLE_DEVICES=" + gpu_set};
+  }
+  for (std::string& a : std::vector<std::string>{worker_binary,
+                                                 "--coordinator=" + coordinator_address,
+                                                 "--model=" + options.model,
+                                                 "--backend=" + options.backend,
+                                                 absl::StrCat("--ranks=", options.ranks_per_worker),
+                                                 absl::StrCat("--worker-id=worker-", index),
+                                                 "--auth-token-file=" + token_file}) {
+    argv.push_back(std::move(a));
+  }
+  if (!options.dtype.empty()) argv.push_back("--dtype=" + options.dtype);
+  argv.push_back(absl::StrCat("--cuda-graphs=", options.cuda_graphs ? "true" : "false"));
+  argv.push_back(absl::StrCat("--cuda-graph-max-batch=", options.cuda_graph_max_batch));
+  if (!options.kv_cache_dtype.empty()) argv.push_back("--kv-cache-dtype=" + options.kv_cache_dtype);
+  for (absl::string_view extra : absl::StrSplit(options.worker_args, ' ', absl::SkipEmpty())) {
+    argv.emplace_back(extra);
+  }
+  return argv;
+}
 
 int RunCommand(const RunOptions& options) {
   if (options.workers < 1 || options.ranks_per_worker < 1) {

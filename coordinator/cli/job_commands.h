@@ -69,6 +69,18 @@ struct RunOptions {
 absl::StatusOr<std::vector<std::string>> GpuSetsPerWorker(const char* visible, int64_t workers,
                                                           int64_t per_worker);
 
+// The command line of local worker `index` of `deepinfer run`: `worker_binary` with the
+// coordinator's address, the model, backend, ranks, worker id and token file, every engine
+// option of `options` the worker takes (--dtype when set, --cuda-graphs,
+// --cuda-graph-max-batch, --kv-cache-dtype when set), then options.worker_args split at spaces
+// (so they can override). With a non-empty `gpu_set`, run through env(1) with
+// CUDA_VISIBLE_DEVICES=gpu_set.
+std::vector<std::string> LocalWorkerArgv(const RunOptions& options, int64_t index,
+                                         const std::string& worker_binary,
+                                         const std::string& coordinator_address,
+                                         const std::string& token_file,
+                                         const std::string& gpu_set);
+
 // Starts a coordinator and `workers` worker processes on loopback, runs the input
 // file as one job, writes the output, stops everything. Exit 0 when the job
 // completed (lines that failed have error lines in the output).
