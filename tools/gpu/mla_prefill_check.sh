@@ -1,7 +1,7 @@
 #!/bin/bash
 # mla_prefill_check.sh - the device run of the tensor-core MLA prefill work in one call (copy it
 # into a bundle made by tools/gpu/prepare.sh with at least mla_prefill_test, cuda_parity_test,
-# mla_attention_bench and deepinfer-bench): the tests, the kernel benchmark, the 4-layer
+# mla_prefill_bench and deepinfer-bench): the tests, the kernel benchmark, the 4-layer
 # Moonlight-shaped op profile with the prefill path on and off (--mla-prefill-min-tokens 0), and
 # the 27-layer prefill with it on (and off, if the time left allows). Logs go to
 # $OUT/logs.tar.gz (refreshed after each step), one line per step to $OUT/summary.txt.
@@ -43,7 +43,7 @@ if want tests; then
   step mla_prefill_test 40 "$here/bin/mla_prefill_test" --gtest_color=no
   step cuda_parity_test 30 "$here/bin/cuda_parity_test" --gtest_color=no
 fi
-want kbench && step mla_attention_bench 30 "$here/bin/mla_attention_bench"
+want kbench && step mla_prefill_bench 30 "$here/bin/mla_prefill_bench"
 bench=("$here/bin/deepinfer-bench" --backend cuda --load-format dummy)
 prof=(--model "$here/configs/moonlight_shaped_4layers.json" --decode-num-requests 1,128
   --context-length 1024 --prefill-batch-tokens 8192 --output-len 8 --warmup 2 --iters 2
