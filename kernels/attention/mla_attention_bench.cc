@@ -23,21 +23,11 @@
 namespace deepinfer {
 namespace {
 
+using bench::MedianMs;
+using bench::Uniform;
 using bench::Upload;
 
 constexpr int32_t kLatent = 512, kRope = 64, kBlockSize = 16;
-
-std::vector<float> Uniform(size_t n, uint64_t seed) {
-  std::vector<float> v(n);
-  uint64_t x = seed * 0x9E3779B97F4A7C15ull + 1;
-  for (float& f : v) {
-    x ^= x << 13;
-    x ^= x >> 7;
-    x ^= x << 17;
-    f = static_cast<float>(static_cast<int64_t>(x >> 40) - (1ll << 23)) / (1ll << 23);
-  }
-  return v;
-}
 
 struct Batch {
   const char* name;
@@ -45,26 +35,6 @@ struct Batch {
   bool prefill;  // every position of each sequence queries causally; else one decode token each
   bool skip_per_head = false;  // the old kernel is too slow to be worth timing here
 };
-
-template <typename Fn>
-double MedianMs(Fn&& fn) {
-  for (int i = 0; i < 3; ++i) BENCH_CUDA(fn());
-  cudaEvent_t a, b;
-  BENCH_CUDA(cudaEventCreate(&a));
-  BENCH_CUDA(cudaEventCreate(&b));
-  std::vector<float> ms(20);
-  for (float& m : ms) {
-    BENCH_CUDA(cudaEventRecord(a));
-    BENCH_CUDA(fn());
-    BENCH_CUDA(cudaEventRecord(b));
-    BENCH_CUDA(cudaEventSynchronize(b));
-    BENCH_CUDA(cudaEventElapsedTime(&m, a, b));
-  }
-  std::sort(ms.begin(), ms.end());
-  BENCH_CUDA(cudaEventDestroy(a));
-  BENCH_CUDA(cudaEventDestroy(b));
-  return ms[ms.size() / 2];
-}
 
 uint16_t Bf16Bits(float f) {  // nearest even (finite inputs)
   uint32_t u;

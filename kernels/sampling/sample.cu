@@ -97,15 +97,15 @@ struct BlockOf512 {
   DEEPINFER_HOST_DEVICE void HistAdd(int bin, u64 v) {
 #if defined(__CUDA_ARCH__)
     const int lane = threadIdx.x & 31;
-    unsigned todo = __ballot_sync(0xffffffffu, bin >= 0);
-    while (todo != 0) {
-      const int leader = __ffs(todo) - 1;
+    unsigned pending = __ballot_sync(0xffffffffu, bin >= 0);
+    while (pending != 0) {
+      const int leader = __ffs(pending) - 1;
       const int lead_bin = __shfl_sync(0xffffffffu, bin, leader);
       const bool mine = bin == lead_bin;
       u64 x = mine ? v : 0;
       for (int o = 16; o > 0; o >>= 1) x += __shfl_xor_sync(0xffffffffu, x, o);
       if (lane == leader) atomicAdd(&hist[lead_bin], x);
-      todo &= ~__ballot_sync(0xffffffffu, mine);
+      pending &= ~__ballot_sync(0xffffffffu, mine);
     }
 #else
     (void)bin;

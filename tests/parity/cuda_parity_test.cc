@@ -68,6 +68,15 @@ TEST_P(CudaParityTest, GreedyContinuationsMatchHfAloneAndBatched) {
 INSTANTIATE_TEST_SUITE_P(Fixtures, CudaParityTest,
                          ::testing::Values("dsv3_qlora_rope", "dsv3_yarn_nolora"));
 
+// Each prompt's worst relative logit error, one line each.
+void PrintPromptErrors(const ParityModel& m, const FixtureLogitsError& e, const char* label,
+                       const std::string& fixture) {
+  for (size_t i = 0; i < m.fx.prompts.size(); ++i) {
+    std::printf("[bf16-parity] %s %s prompt_len=%zu rel=%.3e\n", label, fixture.c_str(),
+                m.fx.prompts[i].ids.size(), e.prompt_max_rel[i]);
+  }
+}
+
 class CudaBf16ParityTest : public CudaParityTest {
  protected:
   explicit CudaBf16ParityTest(const std::string& kv_cache_dtype = "float32")
@@ -78,18 +87,14 @@ class CudaBf16ParityTest : public CudaParityTest {
 TEST_P(CudaBf16ParityTest, PromptLogitsWithinBf16ToleranceOfHfFloat32) {
   auto e = AllPromptsLogitsError(m_);
   ASSERT_TRUE(e.ok()) << e.status();
-  for (size_t i = 0; i < m_.fx.prompts.size(); ++i) {
-    std::printf("[bf16-parity] %s %s prompt_len=%zu rel=%.3e\n", Label(), GetParam().c_str(),
-                m_.fx.prompts[i].ids.size(), e->prompt_max_rel[i]);
-  }
+  PrintPromptErrors(m_, *e, Label(), GetParam());
   ExpectBf16LogitsWithinTolerance(*e, Label(), GetParam());
 }
 
 TEST_P(CudaBf16ParityTest, TeacherForcedGreedyMostlyMatchesHf) {
   auto r = AllPromptsTeacherForced(m_);
   ASSERT_TRUE(r.ok()) << r.status();
-  std::printf("[bf16-parity] %s %s greedy agreement %lld / %lld\n", Label(), GetParam().c_str(),
-              static_cast<long long>(r->matches), static_cast<long long>(r->positions));
+  PrintGreedyAgreement(*r, Label(), GetParam());
   EXPECT_GE(r->matches, kBf16GreedyAgreement * r->positions);
 }
 
@@ -110,15 +115,11 @@ TEST_P(CudaBf16CacheParityTest, CacheIsBf16) {
 TEST_P(CudaBf16CacheParityTest, PromptLogitsWithinBf16ToleranceOfHfFloat32) {
   auto e = AllPromptsLogitsError(m_);
   ASSERT_TRUE(e.ok()) << e.status();
-  for (size_t i = 0; i < m_.fx.prompts.size(); ++i) {
-    std::printf("[bf16-parity] %s %s prompt_len=%zu rel=%.3e\n", Label(), GetParam().c_str(),
-                m_.fx.prompts[i].ids.size(), e->prompt_max_rel[i]);
-  }
+  PrintPromptErrors(m_, *e, Label(), GetParam());
   ExpectBf16LogitsWithinTolerance(*e, Label(), GetParam());
   auto r = AllPromptsTeacherForced(m_);
   ASSERT_TRUE(r.ok()) << r.status();
-  std::printf("[bf16-parity] %s %s greedy agreement %lld / %lld\n", Label(), GetParam().c_str(),
-              static_cast<long long>(r->matches), static_cast<long long>(r->positions));
+  PrintGreedyAgreement(*r, Label(), GetParam());
 }
 
 INSTANTIATE_TEST_SUITE_P(Fixtures, CudaBf16CacheParityTest,

@@ -86,8 +86,7 @@ TEST_P(Bf16ParityTest, PromptLogitsWithinBf16ToleranceOfHfFloat32) {
 TEST_P(Bf16ParityTest, TeacherForcedGreedyMostlyMatchesHf) {
   auto r = AllPromptsTeacherForced(m_);
   ASSERT_TRUE(r.ok()) << r.status();
-  std::printf("[bf16-parity] %s %s greedy agreement %lld / %lld\n", Label(), GetParam().c_str(),
-              static_cast<long long>(r->matches), static_cast<long long>(r->positions));
+  PrintGreedyAgreement(*r, Label(), GetParam());
   EXPECT_GE(r->matches, kBf16GreedyAgreement * r->positions);
 }
 
@@ -113,8 +112,7 @@ TEST_P(Bf16CacheParityTest, PromptLogitsWithinBf16ToleranceOfHfFloat32) {
   ExpectBf16LogitsWithinTolerance(*e, Label(), GetParam());
   auto r = AllPromptsTeacherForced(m_);
   ASSERT_TRUE(r.ok()) << r.status();
-  std::printf("[bf16-parity] %s %s greedy agreement %lld / %lld\n", Label(), GetParam().c_str(),
-              static_cast<long long>(r->matches), static_cast<long long>(r->positions));
+  PrintGreedyAgreement(*r, Label(), GetParam());
 }
 
 INSTANTIATE_TEST_SUITE_P(Fixtures, Bf16CacheParityTest,

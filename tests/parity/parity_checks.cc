@@ -195,4 +195,10 @@ void ExpectBf16LogitsWithinTolerance(const FixtureLogitsError& e, const std::str
   EXPECT_GE(within, kBf16PositionsWithin * positions) << label << " " << fixture;
 }
 
+void PrintGreedyAgreement(const TeacherForcedResult& r, const std::string& label,
+                          const std::string& fixture) {
+  std::printf("[bf16-parity] %s %s greedy agreement %lld / %lld\n", label.c_str(), fixture.c_str(),
+              static_cast<long long>(r.matches), static_cast<long long>(r.positions));
+}
+
 }  // namespace deepinfer

@@ -83,6 +83,9 @@ absl::StatusOr<TeacherForcedResult> AllPromptsTeacherForced(const ParityModel& m
 // printed with `label` ("cpu", "cuda bf16-cache", ...) and the fixture's name.
 void ExpectBf16LogitsWithinTolerance(const FixtureLogitsError& e, const std::string& label,
                                      const std::string& fixture);
+// Prints the teacher-forced greedy agreement ("[bf16-parity] LABEL FIXTURE greedy agreement M / N").
+void PrintGreedyAgreement(const TeacherForcedResult& r, const std::string& label,
+                          const std::string& fixture);
 
 // Greedy continuations of every prompt (prefill, then one token per step through the paged
 // cache, as many tokens as HF's greedy continuation): each prompt alone, or all in one batch.

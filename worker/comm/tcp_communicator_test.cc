@@ -18,6 +18,7 @@
 #include "absl/synchronization/notification.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "worker/comm/tcp_test_group.h"
 
 namespace deepinfer::comm {
 namespace {
@@ -26,44 +27,12 @@ using ::testing::AnyOf;
 using ::testing::ContainsRegex;
 using ::testing::HasSubstr;
 
-using Group = std::vector<std::unique_ptr<TcpCommunicator>>;
+using Group = testing::TcpGroup;
+using testing::OnAllRanks;
 
-// Forms a group of `n` ranks, one thread each; fails the test if any rank fails.
-Group MakeGroup(int n, absl::Duration timeout = absl::Seconds(60), uint64_t incarnation = 77) {
-  Group group(n);
-  absl::StatusOr<TcpCommunicator::RootListener> root = TcpCommunicator::ListenRoot("127.0.0.1:0");
-  EXPECT_TRUE(root.ok()) << root.status();
-  if (!root.ok()) return {};
-  const std::string address = root->address;
-  auto root_ptr = std::make_unique<TcpCommunicator::RootListener>(std::move(*root));
-  std::vector<std::thread> threads;
-  std::vector<absl::Status> status(n);
-  for (int r = 0; r < n; ++r) {
-    threads.emplace_back([&, r] {
-      TcpCommunicatorSpec spec;
-      spec.rank = r;
-      spec.world_size = n;
-      spec.root_address = address;
-      spec.group_incarnation = incarnation;
-      spec.timeout = timeout;
-      auto comm = TcpCommunicator::Create(spec, r == 0 ? std::move(root_ptr) : nullptr);
-      status[r] = comm.status();
-      if (comm.ok()) group[r] = std::move(*comm);
-    });
-  }
-  for (auto& t : threads) t.join();
-  for (int r = 0; r < n; ++r) {
-    EXPECT_TRUE(status[r].ok()) << "rank " << r << ": " << status[r];
-    if (!status[r].ok()) return {};
-  }
-  return group;
-}
-
-// Runs `fn(rank)` on one thread per rank and waits for all.
-void OnAllRanks(int n, const std::function<void(int)>& fn) {
-  std::vector<std::thread> threads;
-  for (int r = 0; r < n; ++r) threads.emplace_back(fn, r);
-  for (auto& t : threads) t.join();
+// The tests' groups form with incarnation 77.
+Group MakeGroup(int n, absl::Duration timeout = absl::Seconds(60)) {
+  return testing::MakeTcpGroup(n, timeout, /*incarnation=*/77);
 }
 
 // Deterministic pseudo-random content, so that a receiver can recompute what a sender

@@ -19,8 +19,10 @@ namespace deepinfer::comm::testing {
 
 using TcpGroup = std::vector<std::unique_ptr<TcpCommunicator>>;
 
-// Forms a group of `n` ranks; adds a test failure and returns an empty group if any fails.
-inline TcpGroup MakeTcpGroup(int n, absl::Duration timeout = absl::Seconds(60)) {
+// Forms a group of `n` ranks, one thread each; adds a test failure and returns an empty group if
+// any fails.
+inline TcpGroup MakeTcpGroup(int n, absl::Duration timeout = absl::Seconds(60),
+                             uint64_t incarnation = 91) {
   TcpGroup group(n);
   absl::StatusOr<TcpCommunicator::RootListener> root = TcpCommunicator::ListenRoot("127.0.0.1:0");
   EXPECT_TRUE(root.ok()) << root.status();
@@ -35,7 +37,7 @@ inline TcpGroup MakeTcpGroup(int n, absl::Duration timeout = absl::Seconds(60)) 
       spec.rank = r;
       spec.world_size = n;
       spec.root_address = address;
-      spec.group_incarnation = 91;
+      spec.group_incarnation = incarnation;
       spec.timeout = timeout;
       auto comm = TcpCommunicator::Create(spec, r == 0 ? std::move(root_ptr) : nullptr);
       status[r] = comm.status();
