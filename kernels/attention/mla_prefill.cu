@@ -1,11 +1,13 @@
-// MlaPrefillBf16: absorbed MLA for prefill as two cuBLAS GEMMs per chunk of queries (see
-// mla_prefill.h). The kernels here only move data (gather the paged cache, pack the queries) and
-// run the causal softmax; the FLOPs are cuBLAS's bf16 tensor-core GEMMs.
+// MlaPrefillBf16: absorbed MLA for prefill (see mla_prefill.h). The cuBLAS path: the kernels here
+// only move data (gather the paged cache, pack the queries) and run the causal softmax, the FLOPs
+// are cuBLAS's bf16 tensor-core GEMMs. The fused path: flash::FusedKernel below.
 #include <cuda_bf16.h>
 #include <math.h>
 
 #include <algorithm>
 #include <cstdint>
+#include <map>
+#include <mutex>
 #include <vector>
 
 #include "kernels/attention/mla_prefill.h"
@@ -204,10 +206,463 @@ std::vector<Batch> PlanBatches(const MlaPrefillParams& p) {
   return batches;
 }
 
+
+// ---------------------------------------------------------------------------------------------
+// The fused kernel (MlaPrefillKernel::kFused): flash attention for absorbed MLA.
+//
+// A block takes 64 query rows of one sequence (rows are (token, head) pairs, token-major, so 4
+// tokens at 16 heads, half a token at 128: every row scores the same keys) and streams the
+// sequence's keys in tiles of 64 from the paged bf16 cache. Shared memory, the constraint at
+// 576 bf16 per row: Q tile 72 KiB + two key tiles 144 KiB (cp.async double buffering) + P 8 KiB
+// + row statistics 2 KiB = 226 KiB, one block (8 warps) per SM. 32-key tiles would leave room
+// for nothing more (the Q tile stays) and halve each warp's work per barrier; 128 keys or 128
+// rows do not fit. Warp w owns rows 32 * (w / 4) .. + 32 in both phases:
+//   S = Q K^T: its 32 rows x keys 16 * (w % 4) .. + 16 over the 576 columns (36 k-steps of
+//     mma.m16n8k16), scaled and masked (key > position: -inf) in registers;
+//   the row max and sum of the tile are combined across the 4 warps of a row group in shared
+//     memory (every warp keeps the same running max m and sum l for its rows in registers);
+//   P = exp(S - m) rounded to bf16 into shared memory;
+//   O[32 rows x latent columns 128 * (w % 4) .. + 128] = O * exp(m_old - m) + P V (V = the
+//     latent columns of the key tile, ldmatrix.trans): 128 fp32 accumulators per thread.
+// Rows of shared tiles are 72 16-byte chunks; chunk c of row r sits at c ^ (r % 8), so the 8
+// rows an ldmatrix reads fall in 8 different bank groups.
+namespace flash {
+
+constexpr int kRows = 64, kKeys = 64, kLatent = 512, kRope = 64, kDim = kLatent + kRope;
+constexpr int kChunks = kDim / 8;     // 16-byte chunks per row
+constexpr int kRowBytes = kDim * 2;   // 1152
+constexpr int kWarps = 8, kThreads = kWarps * 32;
+constexpr int kTileBytes = kRows * kRowBytes;  // Q tile; a key tile is the same size
+constexpr int kPBytes = kRows * kKeys * 2;
+constexpr int kStatBytes = 2 * 4 * kRows * 4;  // partial row max and sum of the 4 key slices
+constexpr int kSmemBytes = 3 * kTileBytes + kPBytes + kStatBytes;
+constexpr int kMaxSeqs = 64;  // sequences per launch (kernel parameter space)
+
+struct Seq {
+  int32_t seq, first_token, num_tokens, context_len, tiles;
+};
+
+struct Args {
+  const float* q_latent;
+  const float* q_rope;
+  int64_t q_rope_token_stride, q_rope_head_stride;
+  const __nv_bfloat16* cache;
+  int32_t block_size, max_blocks, heads;
+  int32_t max_tiles;  // tiles of the launch's longest sequence; block y covers tile
+  int32_t y_offset;   // max_tiles - 1 - (y_offset + blockIdx.y)
+  const int32_t* tables;
+  float scale_log2;  // softmax_scale * log2(e): scores in the exp2 domain
+  float* out;
+  Seq seqs[kMaxSeqs];
+};
+
+__device__ __forceinline__ uint32_t Swizzled(int row, int chunk) {
+  return static_cast<uint32_t>(row * kRowBytes + ((chunk ^ (row & 7)) << 4));
+}
+
+__device__ __forceinline__ uint32_t SharedAddr(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+
+// 16 bytes global -> shared, asynchronously; zero-filled when !valid (src is not read then).
+__device__ __forceinline__ void CopyAsync16(uint32_t dst, const void* src, bool valid) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src),
+               "r"(valid ? 16 : 0)
+               : "memory");
+#endif
+}
+
+__device__ __forceinline__ void CopyAsyncCommit() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  asm volatile("cp.async.commit_group;\n" ::: "memory");
+#endif
+}
+
+__device__ __forceinline__ void CopyAsyncWaitAll() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  asm volatile("cp.async.wait_group 0;\n" ::: "memory");
+#endif
+}
+
+template <bool kTrans>
+__device__ __forceinline__ void LdMatrixX4(uint32_t* r, uint32_t addr) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  if (kTrans) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(addr)
+                 : "memory");
+  } else {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(addr)
+                 : "memory");
+  }
+#endif
+}
+
+// c[0..3] += A (16x16, fragment a[0..3]) * B (16x8, fragment b0, b1), bf16 in, fp32 sums.
+__device__ __forceinline__ void Mma(float* c, const uint32_t* a, uint32_t b0, uint32_t b1) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+      "{%8,%9}, {%0,%1,%2,%3};\n"
+      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+#endif
+}
+
+__device__ __forceinline__ uint32_t PackBf16(float lo, float hi) {
+  const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+  return *reinterpret_cast<const uint32_t*>(&v);
+}
+
+// Starts the copy of key tile kt (keys kt * 64 ..) of sequence s into `tile`; keys at or past
+// kv_end are zero-filled. Thread t copies chunks t % 4, t % 4 + 4, ... of key t / 4.
+__device__ __forceinline__ void LoadKeyTile(const Args& a, const Seq& s, int kt, int kv_end,
+                                            uint32_t tile) {
+  const int key = threadIdx.x / 4, first = threadIdx.x % 4;
+  const int pos = kt * kKeys + key;
+  const bool valid = pos < kv_end;
+  const __nv_bfloat16* src = a.cache;
+  if (valid) {
+    const int32_t block = a.tables[static_cast<int64_t>(s.seq) * a.max_blocks + pos / a.block_size];
+    src += (static_cast<int64_t>(block) * a.block_size + pos % a.block_size) * kDim;
+  }
+#pragma unroll
+  for (int c = first; c < kChunks; c += 4) {
+    CopyAsync16(tile + Swizzled(key, c), valid ? src + c * 8 : a.cache, valid);
+  }
+}
+
+// (Compiled for older virtual architectures too, where the mma / ldmatrix / cp.async helpers are
+// empty: UseFused checks the kernel's PTX version before launching it.)
+__global__ void __launch_bounds__(kThreads, 1) FusedKernel(const __grid_constant__ Args a) {
+  extern __shared__ __align__(128) unsigned char smem[];
+  const Seq& s = a.seqs[blockIdx.x];
+  // The tiles with the most keys first (the causal triangle's long rows).
+  const int tile = a.max_tiles - 1 - (a.y_offset + static_cast<int>(blockIdx.y));
+  if (tile >= s.tiles) return;
+  const int heads = a.heads;
+  const int64_t rows_total = static_cast<int64_t>(s.num_tokens) * heads;
+  const int64_t row0 = static_cast<int64_t>(tile) * kRows;
+  const int past = s.context_len - s.num_tokens;  // position of the first new token
+  const int64_t last_row = min(row0 + kRows, rows_total) - 1;
+  const int kv_end = past + static_cast<int>(last_row / heads) + 1;  // keys the block's rows see
+  const int num_kt = (kv_end + kKeys - 1) / kKeys;
+
+  unsigned char* q_smem = smem;
+  const uint32_t q_tile = SharedAddr(q_smem);
+  const uint32_t k_tile[2] = {q_tile + kTileBytes, q_tile + 2 * kTileBytes};
+  const uint32_t p_tile = q_tile + 3 * kTileBytes;
+  float* red_max = reinterpret_cast<float*>(smem + 3 * kTileBytes + kPBytes);  // [4][kRows]
+  float* red_sum = red_max + 4 * kRows;                                        // [4][kRows]
+
+  LoadKeyTile(a, s, 0, kv_end, k_tile[0]);
+  CopyAsyncCommit();
+
+  // Q tile: rows past the sequence's last are zero (they score 0 and are never written).
+  for (int i = threadIdx.x; i < kRows * kChunks; i += kThreads) {
+    const int r = i / kChunks, c = i % kChunks;
+    const int64_t row = row0 + r;
+    float v[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+    if (row < rows_total) {
+      const int64_t t = s.first_token + row / heads;
+      const int64_t h = row % heads;
+      if (c < kLatent / 8) {
+        const float4* src =
+            reinterpret_cast<const float4*>(a.q_latent + (t * heads + h) * kLatent + c * 8);
+        const float4 x = src[0], y = src[1];
+        v[0] = x.x, v[1] = x.y, v[2] = x.z, v[3] = x.w, v[4] = y.x, v[5] = y.y, v[6] = y.z,
+        v[7] = y.w;
+      } else {
+        const float* src = a.q_rope + t * a.q_rope_token_stride + h * a.q_rope_head_stride +
+                           (c - kLatent / 8) * 8;
+        const float4 x = reinterpret_cast<const float4*>(src)[0];
+        const float4 y = reinterpret_cast<const float4*>(src)[1];
+        v[0] = x.x, v[1] = x.y, v[2] = x.z, v[3] = x.w, v[4] = y.x, v[5] = y.y, v[6] = y.z,
+        v[7] = y.w;
+      }
+    }
+    uint4 packed;
+    packed.x = PackBf16(v[0], v[1]);
+    packed.y = PackBf16(v[2], v[3]);
+    packed.z = PackBf16(v[4], v[5]);
+    packed.w = PackBf16(v[6], v[7]);
+    *reinterpret_cast<uint4*>(q_smem + Swizzled(r, c)) = packed;
+  }
+
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int wr = warp / 4, wc = warp % 4;  // row group (32 rows), key slice / latent quarter
+  const int g = lane / 4, t4 = lane % 4;
+  // This thread's 4 accumulator rows: rr = 2 * mi + half -> row wr*32 + mi*16 + half*8 + g.
+  int row_of[4], pos_of[4];
+#pragma unroll
+  for (int rr = 0; rr < 4; ++rr) {
+    row_of[rr] = wr * 32 + (rr / 2) * 16 + (rr % 2) * 8 + g;
+    const int64_t row = min(row0 + row_of[rr], last_row);  // padding rows: see all keys
+    pos_of[rr] = past + static_cast<int>(row / heads);
+  }
+  float m[4], l[4];
+#pragma unroll
+  for (int rr = 0; rr < 4; ++rr) m[rr] = -INFINITY, l[rr] = 0.0f;
+  float o[2][16][4];
+#pragma unroll
+  for (int mi = 0; mi < 2; ++mi)
+#pragma unroll
+    for (int nj = 0; nj < 16; ++nj)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) o[mi][nj][e] = 0.0f;
+
+  // ldmatrix lane addresses (before the tile base and k offset).
+  const int a_row = lane % 16, a_chunk = lane / 16;                      // A: Q and P
+  const int b_key = wc * 16 + lane % 8 + (lane / 16) * 8, b_chunk = (lane / 8) % 2;  // B: K
+  const int v_key = lane % 8 + ((lane / 8) % 2) * 8, v_chunk = lane / 16;           // B: V (trans)
+
+  for (int kt = 0; kt < num_kt; ++kt) {
+    CopyAsyncWaitAll();
+    __syncthreads();  // tile kt (and Q) visible; every warp is done with tile kt - 1
+    if (kt + 1 < num_kt) {
+      LoadKeyTile(a, s, kt + 1, kv_end, k_tile[(kt + 1) & 1]);
+      CopyAsyncCommit();
+    }
+    const uint32_t kb = k_tile[kt & 1];
+
+    float sc[2][2][4];
+#pragma unroll
+    for (int mi = 0; mi < 2; ++mi)
+#pragma unroll
+      for (int ni = 0; ni < 2; ++ni)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) sc[mi][ni][e] = 0.0f;
+#pragma unroll 4
+    for (int kk = 0; kk < kChunks / 2; ++kk) {
+      uint32_t qa[2][4], kf[4];
+#pragma unroll
+      for (int mi = 0; mi < 2; ++mi) {
+        const int r = wr * 32 + mi * 16 + a_row;
+        LdMatrixX4<false>(qa[mi], q_tile + Swizzled(r, kk * 2 + a_chunk));
+      }
+      LdMatrixX4<false>(kf, kb + Swizzled(b_key, kk * 2 + b_chunk));
+#pragma unroll
+      for (int mi = 0; mi < 2; ++mi) {
+        Mma(sc[mi][0], qa[mi], kf[0], kf[1]);
+        Mma(sc[mi][1], qa[mi], kf[2], kf[3]);
+      }
+    }
+
+    // Scale, mask, this warp's row maxima over its 16 keys.
+    float part[4];
+#pragma unroll
+    for (int rr = 0; rr < 4; ++rr) part[rr] = -INFINITY;
+#pragma unroll
+    for (int mi = 0; mi < 2; ++mi)
+#pragma unroll
+      for (int ni = 0; ni < 2; ++ni)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int rr = mi * 2 + e / 2;
+          const int key = kt * kKeys + wc * 16 + ni * 8 + 2 * t4 + (e & 1);
+          const float v = key <= pos_of[rr] ? sc[mi][ni][e] * a.scale_log2 : -INFINITY;
+          sc[mi][ni][e] = v;
+          part[rr] = fmaxf(part[rr], v);
+        }
+#pragma unroll
+    for (int rr = 0; rr < 4; ++rr) {
+      part[rr] = fmaxf(part[rr], __shfl_xor_sync(0xffffffffu, part[rr], 1));
+      part[rr] = fmaxf(part[rr], __shfl_xor_sync(0xffffffffu, part[rr], 2));
+      if (t4 == 0) red_max[wc * kRows + row_of[rr]] = part[rr];
+    }
+    __syncthreads();
+    float alpha[4];
+#pragma unroll
+    for (int rr = 0; rr < 4; ++rr) {
+      const int r = row_of[rr];
+      const float mx = fmaxf(fmaxf(fmaxf(m[rr], red_max[r]), red_max[kRows + r]),
+                             fmaxf(red_max[2 * kRows + r], red_max[3 * kRows + r]));
+      // Every row sees key 0 in tile 0, so mx is finite from then on.
+      alpha[rr] = exp2f(m[rr] - mx);
+      m[rr] = mx;
+      part[rr] = 0.0f;
+    }
+#pragma unroll
+    for (int mi = 0; mi < 2; ++mi)
+#pragma unroll
+      for (int ni = 0; ni < 2; ++ni)
+#pragma unroll
+        for (int half = 0; half < 2; ++half) {
+          const int rr = mi * 2 + half;
+          const float p0 = exp2f(sc[mi][ni][2 * half] - m[rr]);
+          const float p1 = exp2f(sc[mi][ni][2 * half + 1] - m[rr]);
+          part[rr] += p0 + p1;
+          const int r = row_of[rr];
+          *reinterpret_cast<uint32_t*>(smem + 3 * kTileBytes + r * (kKeys * 2) +
+                                       (((wc * 2 + ni) ^ (r & 7)) << 4) + 4 * t4) =
+              PackBf16(p0, p1);
+        }
+#pragma unroll
+    for (int rr = 0; rr < 4; ++rr) {
+      part[rr] += __shfl_xor_sync(0xffffffffu, part[rr], 1);
+      part[rr] += __shfl_xor_sync(0xffffffffu, part[rr], 2);
+      if (t4 == 0) red_sum[wc * kRows + row_of[rr]] = part[rr];
+    }
+    __syncthreads();
+#pragma unroll
+    for (int rr = 0; rr < 4; ++rr) {
+      const int r = row_of[rr];
+      l[rr] = l[rr] * alpha[rr] + (red_sum[r] + red_sum[kRows + r]) +
+              (red_sum[2 * kRows + r] + red_sum[3 * kRows + r]);
+    }
+#pragma unroll
+    for (int mi = 0; mi < 2; ++mi)
+#pragma unroll
+      for (int nj = 0; nj < 16; ++nj)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) o[mi][nj][e] *= alpha[mi * 2 + e / 2];
+
+    // O += P V over the tile's 64 keys (4 k-steps), latent columns wc * 128 .. + 128.
+#pragma unroll
+    for (int ks = 0; ks < kKeys / 16; ++ks) {
+      uint32_t pa[2][4];
+#pragma unroll
+      for (int mi = 0; mi < 2; ++mi) {
+        const int r = wr * 32 + mi * 16 + a_row;
+        LdMatrixX4<false>(pa[mi], p_tile + r * (kKeys * 2) + (((ks * 2 + a_chunk) ^ (r & 7)) << 4));
+      }
+      const int vr = ks * 16 + v_key;
+#pragma unroll
+      for (int nb = 0; nb < 8; ++nb) {
+        uint32_t vf[4];
+        LdMatrixX4<true>(vf, kb + Swizzled(vr, wc * 16 + nb * 2 + v_chunk));
+#pragma unroll
+        for (int mi = 0; mi < 2; ++mi) {
+          Mma(o[mi][2 * nb], pa[mi], vf[0], vf[1]);
+          Mma(o[mi][2 * nb + 1], pa[mi], vf[2], vf[3]);
+        }
+      }
+    }
+  }
+
+  // O / l into out_latent (fp32), rows of this sequence only.
+#pragma unroll
+  for (int rr = 0; rr < 4; ++rr) {
+    const int64_t row = row0 + row_of[rr];
+    if (row >= rows_total) continue;
+    const float inv = 1.0f / l[rr];
+    float* dst = a.out + (static_cast<int64_t>(s.first_token) * heads + row) * kLatent + wc * 128 +
+                 2 * t4;
+    const int mi = rr / 2, e0 = (rr % 2) * 2;
+#pragma unroll
+    for (int nj = 0; nj < 16; ++nj) {
+      *reinterpret_cast<float2*>(dst + nj * 8) =
+          make_float2(o[mi][nj][e0] * inv, o[mi][nj][e0 + 1] * inv);
+    }
+  }
+}
+
+}  // namespace flash
+
+// Per device: the fused kernel's PTX version and the device's opt-in shared memory per block
+// (the kernel's attribute raised to kSmemBytes when it fits). Cached; errors are cached too.
+struct FusedFacts {
+  cudaError_t error = cudaSuccess;
+  int ptx_version = 0;
+  int max_smem = 0;
+};
+
+FusedFacts FusedFactsForCurrentDevice() {
+  static std::mutex mu;
+  static std::map<int, FusedFacts>* facts = new std::map<int, FusedFacts>();
+  int device = 0;
+  FusedFacts f;
+  f.error = cudaGetDevice(&device);
+  if (f.error != cudaSuccess) {
+    cudaGetLastError();
+    return f;
+  }
+  std::lock_guard<std::mutex> lock(mu);
+  auto it = facts->find(device);
+  if (it != facts->end()) return it->second;
+  cudaFuncAttributes attr;
+  f.error = cudaFuncGetAttributes(&attr, flash::FusedKernel);
+  if (f.error == cudaSuccess) {
+    f.ptx_version = attr.ptxVersion;
+    f.error = cudaDeviceGetAttribute(&f.max_smem, cudaDevAttrMaxSharedMemoryPerBlockOptin, device);
+  }
+  if (f.error == cudaSuccess && f.max_smem >= flash::kSmemBytes) {
+    f.error = cudaFuncSetAttribute(flash::FusedKernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                   flash::kSmemBytes);
+  }
+  if (f.error != cudaSuccess) cudaGetLastError();  // reported through the facts
+  facts->emplace(device, f);
+  return f;
+}
+
+bool Aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
+
+// The shapes the fused kernel is written for (the device is checked separately).
+bool FusedShape(const MlaPrefillParams& p) {
+  return p.cache_dtype == MlaCacheDType::kBFloat16 && p.latent_dim == flash::kLatent &&
+         p.rope_dim == flash::kRope && Aligned16(p.cache) && Aligned16(p.q_latent) &&
+         Aligned16(p.q_rope) && p.q_rope_token_stride % 4 == 0 && p.q_rope_head_stride % 4 == 0;
+}
+
+bool UseFused(const MlaPrefillParams& p) {
+  if (p.kernel == MlaPrefillKernel::kCublas || !FusedShape(p)) return false;
+  const FusedFacts f = FusedFactsForCurrentDevice();
+  return f.error == cudaSuccess && f.ptx_version >= 80 && f.max_smem >= flash::kSmemBytes;
+}
+
+// One launch per 64 sequences (and per 65535 tiles of the longest one).
+cudaError_t RunFused(const MlaPrefillParams& p, cudaStream_t stream) {
+  flash::Args a{};
+  a.q_latent = p.q_latent;
+  a.q_rope = p.q_rope;
+  a.q_rope_token_stride = p.q_rope_token_stride;
+  a.q_rope_head_stride = p.q_rope_head_stride;
+  a.cache = static_cast<const __nv_bfloat16*>(p.cache);
+  a.block_size = p.block_size;
+  a.max_blocks = p.max_blocks_per_seq;
+  a.heads = p.num_heads;
+  a.tables = p.block_tables;
+  a.scale_log2 = p.softmax_scale * 1.4426950408889634f;
+  a.out = p.out_latent;
+  constexpr int32_t kMaxGridY = 65535;
+  for (int32_t first = 0; first < p.num_sequences; first += flash::kMaxSeqs) {
+    const int32_t n = std::min(flash::kMaxSeqs, p.num_sequences - first);
+    int64_t max_tiles = 0;
+    for (int32_t i = 0; i < n; ++i) {
+      const MlaPrefillSequence& s = p.sequences[first + i];
+      const int64_t tiles =
+          (static_cast<int64_t>(s.num_tokens) * p.num_heads + flash::kRows - 1) / flash::kRows;
+      if (tiles > INT32_MAX) return cudaErrorInvalidValue;
+      a.seqs[i] = {s.seq, s.first_token, s.num_tokens, s.context_len, static_cast<int32_t>(tiles)};
+      max_tiles = std::max(max_tiles, tiles);
+    }
+    a.max_tiles = static_cast<int32_t>(max_tiles);
+    for (int64_t y0 = 0; y0 < max_tiles; y0 += kMaxGridY) {
+      a.y_offset = static_cast<int32_t>(y0);
+      const dim3 grid(static_cast<unsigned>(n),
+                      static_cast<unsigned>(std::min<int64_t>(kMaxGridY, max_tiles - y0)));
+      flash::FusedKernel<<<grid, flash::kThreads, flash::kSmemBytes, stream>>>(a);
+      const cudaError_t e = cudaGetLastError();
+      if (e != cudaSuccess) return e;
+    }
+  }
+  return cudaSuccess;
+}
+
 }  // namespace
 
+bool MlaPrefillFusedSupported(const MlaPrefillParams& params) {
+  MlaPrefillParams p = params;
+  p.kernel = MlaPrefillKernel::kFused;
+  return Valid(p) && UseFused(p);
+}
+
 size_t MlaPrefillWorkspaceBytes(const MlaPrefillParams& params) {
-  if (!Valid(params)) return 0;
+  if (!Valid(params) || UseFused(params)) return 0;
   size_t bytes = 0;
   for (const Batch& b : PlanBatches(params)) bytes = std::max(bytes, LayoutFor(params, b).total);
   return bytes;
@@ -218,6 +673,8 @@ cudaError_t MlaPrefillBf16(const MlaPrefillParams& p, cublasHandle_t blas, cudaS
   if (blas_status != nullptr) *blas_status = CUBLAS_STATUS_SUCCESS;
   if (p.num_sequences == 0) return cudaSuccess;
   if (!Valid(p)) return cudaErrorInvalidValue;
+  if (UseFused(p)) return RunFused(p, stream);
+  if (p.kernel == MlaPrefillKernel::kFused) return cudaErrorInvalidValue;
   const std::vector<Batch> batches = PlanBatches(p);
   size_t need = 0;
   for (const Batch& b : batches) need = std::max(need, LayoutFor(p, b).total);

@@ -1,8 +1,16 @@
 // Absorbed MLA attention for prefill on bf16 tensor cores: the counterpart of MlaAttentionF32 for
 // sequences with many new tokens. Absorbed MLA is multi-query attention with one shared key
-// [latent | rope] (576 wide for DeepSeek-V3) and the latent as the value, so per sequence and
-// chunk of queries it is two plain GEMMs (cuBLAS, bf16 inputs, fp32 accumulation) around a
-// causal softmax:
+// [latent | rope] (576 wide for DeepSeek-V3) and the latent as the value. Two implementations:
+//
+// Fused (MlaPrefillKernel::kFused, the default where supported): one flash-attention kernel
+// (mma.sync bf16, fp32 accumulation, online softmax) per (sequence, tile of 64 query rows =
+// tokens x heads, which all share the key); 64-key tiles stream from the paged bf16 cache with
+// cp.async double buffering; scores and probabilities never leave the SM; no workspace.
+// Supported: bf16 cache, latent 512, rope 64, an sm_90-class device (it needs 226 KiB of shared
+// memory per block: the Q tile, two key tiles and P) and a build for sm_80+.
+//
+// cuBLAS (MlaPrefillKernel::kCublas, and the fallback for everything else): per sequence and
+// chunk of queries two plain GEMMs (bf16 inputs, fp32 accumulation) around a causal softmax:
 //   gather   the sequence's cached rows into a contiguous bf16 [L, latent + rope] buffer;
 //   pack     the chunk's queries [tokens * heads, latent + rope] in bf16 (q_latent | q_rope);
 //   S = scale * Q K^T  (fp32),  P = softmax over each row's visible keys, rounded to bf16;
@@ -21,6 +29,13 @@
 
 namespace deepinfer {
 namespace kernels {
+
+// Which implementation MlaPrefillBf16 runs (see the top of this file).
+enum class MlaPrefillKernel {
+  kAuto,    // kFused when MlaPrefillFusedSupported, else kCublas
+  kCublas,  // gather + cuBLAS GEMMs + softmax (any latent / rope multiple of 8, fp32 or bf16 cache)
+  kFused,   // the flash kernel; cudaErrorInvalidValue when not MlaPrefillFusedSupported
+};
 
 // Element type of the paged latent cache (fp32 today; bf16 bit patterns as uint16_t).
 enum class MlaCacheDType { kFloat32, kBFloat16 };
@@ -62,12 +77,17 @@ struct MlaPrefillParams {
   // Query rows (tokens * heads) per GEMM chunk; 0 = kMlaPrefillChunkRows. Smaller chunks waste
   // less on masked keys (each chunk's GEMMs stop at its last query's context).
   int32_t chunk_rows = 0;
+  MlaPrefillKernel kernel = MlaPrefillKernel::kAuto;
 };
 
 constexpr int32_t kMlaPrefillChunkRows = 4096;
 
-// Bytes of workspace MlaPrefillBf16 needs for these params (gathered keys, packed queries,
-// scores and probabilities of one chunk).
+// Whether the fused kernel takes these params on the current device: bf16 cache, latent_dim 512,
+// rope_dim 64, a 16-byte aligned cache, enough opt-in shared memory and sm_80+ code in the build.
+bool MlaPrefillFusedSupported(const MlaPrefillParams& params);
+
+// Bytes of workspace MlaPrefillBf16 needs for these params (cuBLAS path: gathered keys, packed
+// queries, scores and probabilities of one chunk; 0 when the fused kernel runs them).
 size_t MlaPrefillWorkspaceBytes(const MlaPrefillParams& params);
 
 // Runs the prefill attention of every sequence in params.sequences on `stream` (the cuBLAS

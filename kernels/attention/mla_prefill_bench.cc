@@ -1,9 +1,10 @@
 // Times the prefill paths of MLA attention on the Moonlight and DeepSeek-V3 attention shapes
-// (latent 512, rope 64, block size 16, fp32 cache): MlaAttentionF32 (grouped heads on CUDA cores,
-// split-K), MlaAttentionPerHeadF32 where it is cheap enough, and MlaPrefillBf16 (bf16 tensor
-// cores through cuBLAS). Prints per case the median of 20 timed runs (CUDA events, after 3
-// warm-ups), bandwidth on the distinct cache bytes, the FMA rate and the largest difference
-// between the kernels' outputs. A sweep of one sequence's new tokens (with and without earlier
+// (latent 512, rope 64, block size 16): MlaAttentionF32 (grouped heads on CUDA cores, split-K,
+// fp32 cache), MlaAttentionPerHeadF32 where it is cheap enough, and MlaPrefillBf16: cuBLAS on the
+// fp32 cache ("tc-bf16"), cuBLAS on the same values in a bf16 cache ("cublas-c16") and the fused
+// flash kernel on that bf16 cache ("fused"). Prints per case the median of 20 timed runs (CUDA
+// events, after 3 warm-ups), bandwidth on the distinct fp32 cache bytes, the FMA rate and the
+// largest difference between the kernels' outputs. A sweep of one sequence's new tokens (with and without earlier
 // context) gives the crossover between the two prefill paths (CudaBackend's rule). The decode
 // shapes and the bf16 cache: mla_attention_bench.
 #include <cublas_v2.h>
@@ -19,6 +20,7 @@
 #include "kernels/attention/mla_attention.h"
 #include "kernels/attention/mla_prefill.h"
 #include "kernels/testing/bench_util.h"
+#include "worker/backend/bf16.h"
 
 namespace deepinfer {
 namespace {
@@ -68,7 +70,11 @@ void Run(const Batch& batch) {
     }
   }
   const int32_t tokens = static_cast<int32_t>(token_seq.size());
-  float* cache = Upload(Uniform(num_blocks * kBlockSize * entry, 1));
+  const std::vector<float> cache_values = Uniform(num_blocks * kBlockSize * entry, 1);
+  float* cache = Upload(cache_values);
+  std::vector<uint16_t> cache_bits(cache_values.size());
+  for (size_t i = 0; i < cache_bits.size(); ++i) cache_bits[i] = FloatToBf16Bits(cache_values[i]);
+  uint16_t* cache_bf16 = Upload(cache_bits);
   float* q_latent = Upload(Uniform(static_cast<size_t>(tokens) * batch.heads * kLatent, 2));
   const int64_t qk = 128 + kRope;  // q rows [nope 128 | rope 64] per head, as from q_b
   float* q = Upload(Uniform(static_cast<size_t>(tokens) * batch.heads * qk, 3));
@@ -162,6 +168,9 @@ void Run(const Batch& batch) {
     f.num_sequences = batch.seqs;
     f.softmax_scale = p.softmax_scale;
     f.out_latent = out_old;
+    f.kernel = kernels::MlaPrefillKernel::kCublas;
+    // cuBLAS on the fp32 cache (the earlier numbers), then both paths on the same values in a
+    // bf16 cache (the model's cache with bf16 weights).
     f.workspace_bytes = kernels::MlaPrefillWorkspaceBytes(f);
     BENCH_CUDA(cudaMalloc(&f.workspace, std::max<size_t>(f.workspace_bytes, 1)));
     const double tc_ms = MedianMs([&] { return kernels::MlaPrefillBf16(f, Blas(), nullptr); });
@@ -169,6 +178,21 @@ void Run(const Batch& batch) {
     std::printf("%-28s tc-bf16 vs grouped fp32: %.2fx, max |diff| = %.3g, workspace %.1f MiB\n",
                 batch.name, new_ms / tc_ms, max_diff(out_new, out_old),
                 f.workspace_bytes / 1048576.0);
+    f.cache = cache_bf16;
+    f.cache_dtype = kernels::MlaCacheDType::kBFloat16;
+    const double cublas_ms = MedianMs([&] { return kernels::MlaPrefillBf16(f, Blas(), nullptr); });
+    report("cublas-c16", 0, cublas_ms);
+    f.kernel = kernels::MlaPrefillKernel::kFused;
+    f.out_latent = out_new;
+    if (!kernels::MlaPrefillFusedSupported(f)) {
+      std::printf("%-28s fused kernel not supported here\n", batch.name);
+    } else {
+      const double fused_ms = MedianMs([&] { return kernels::MlaPrefillBf16(f, Blas(), nullptr); });
+      report("fused", 0, fused_ms);
+      std::printf("%-28s fused vs cublas (bf16 cache): %.2fx, %.1f TFLOP/s, max |diff| = %.3g\n",
+                  batch.name, cublas_ms / fused_ms, 2 * fma / (fused_ms * 1e-3) / 1e12,
+                  max_diff(out_new, out_old));
+    }
     BENCH_CUDA(cudaFree(f.workspace));
   }
   if (sweep) {
@@ -181,7 +205,8 @@ void Run(const Batch& batch) {
   for (void* ptr :
        {static_cast<void*>(cache), static_cast<void*>(q_latent), static_cast<void*>(q),
         static_cast<void*>(d_tables), static_cast<void*>(d_seq), static_cast<void*>(d_len),
-        static_cast<void*>(out_new), static_cast<void*>(out_old), ws}) {
+        static_cast<void*>(out_new), static_cast<void*>(out_old), ws,
+        static_cast<void*>(cache_bf16)}) {
     BENCH_CUDA(cudaFree(ptr));
   }
 }
@@ -205,6 +230,8 @@ int main() {
            Batch{"prefill 8 x 1024 h16", 8, 1024, 16, 1024},
            Batch{"prefill 1 x 1024 h128", 1, 1024, 128, 1024, false},
            Batch{"prefill 1 x 4096 h16", 1, 4096, 16, 4096, false},
+           Batch{"prefill 32 x 1024 h16", 32, 1024, 16, 1024, false},
+           Batch{"prefill 8 x 1024 h128", 8, 1024, 128, 1024, false},
        }) {
     deepinfer::Run(b);
   }

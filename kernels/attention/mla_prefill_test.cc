@@ -1,8 +1,12 @@
-// MlaPrefillBf16 (and CudaBackend::MlaAttention's choice between it and MlaAttentionF32) against
+// MlaPrefillBf16, both implementations (cuBLAS and the fused flash kernel), and
+// CudaBackend::MlaAttention's choice between it and MlaAttentionF32, against
 // CpuBackend::MlaAttention (fp32): one 1024-token prompt, chunked prefill (sequences with earlier
-// context, different lengths), block sizes 16 and 64, 16 and 128 heads, equal-shape sequences
-// batched into one strided GEMM, forced small query chunks, a bf16 cache, on fresh random data
-// with the outputs poisoned first.
+// context, different lengths), block sizes 16, 32 and 64, 16, 20 and 128 heads, equal-shape
+// sequences batched into one strided GEMM, forced small query chunks, a bf16 cache, 70 sequences
+// (two fused launches), on fresh random data with the outputs and unowned cache blocks poisoned.
+// The fused kernel has the same precision contract (bf16 q, keys and P; fp32 sums), so the same
+// bounds; its P is rounded before normalisation (O = sum bf16(p) c / l), which moves the error
+// by O(u) relative only.
 //
 // Tolerance: the kernel rounds q, the cached rows and P to bf16 (unit roundoff u = 2^-9), the
 // reference does not. With unit-variance inputs and scale 0.0721 the scores have a standard
@@ -41,6 +45,16 @@ using testing::DeviceArray;
 constexpr double kAtol = 4e-2, kRtol = 2e-2, kRmsBound = 4e-3;
 constexpr int32_t kLatent = 512, kRope = 64, kNope = 128;
 constexpr float kScale = 0.0721f;
+
+int MaxSharedMemoryPerBlockOptin() {
+  int device = 0, bytes = 0;
+  if (cudaGetDevice(&device) != cudaSuccess ||
+      cudaDeviceGetAttribute(&bytes, cudaDevAttrMaxSharedMemoryPerBlockOptin, device) !=
+          cudaSuccess) {
+    return 0;
+  }
+  return bytes;
+}
 
 struct Seq {
   int32_t past;    // positions already cached
@@ -208,7 +222,8 @@ TEST_P(MlaPrefillTest, MatchesCpuBackend) {
   ASSERT_EQ(cublasCreate(&blas), CUBLAS_STATUS_SUCCESS);
   std::vector<float> got;
   {
-    SCOPED_TRACE("workspace allocated inside");
+    SCOPED_TRACE("cuBLAS, workspace allocated inside");
+    p.kernel = kernels::MlaPrefillKernel::kCublas;
     dout.Poison();
     cublasStatus_t bst = CUBLAS_STATUS_SUCCESS;
     DEEPINFER_CUDA_OK(kernels::MlaPrefillBf16(p, blas, nullptr, &bst));
@@ -217,7 +232,7 @@ TEST_P(MlaPrefillTest, MatchesCpuBackend) {
     pr.Expect(got, 0, pr.tokens, kAtol, kRtol, kRmsBound);
   }
   {
-    SCOPED_TRACE("caller's workspace, poisoned");
+    SCOPED_TRACE("cuBLAS, caller's workspace, poisoned");
     const size_t bytes = kernels::MlaPrefillWorkspaceBytes(p);
     ASSERT_GT(bytes, 0u);
     DeviceArray<uint8_t> ws(bytes);
@@ -230,6 +245,35 @@ TEST_P(MlaPrefillTest, MatchesCpuBackend) {
     pr.Expect(got, 0, pr.tokens, kAtol, kRtol, kRmsBound);
     p.workspace_bytes = bytes - 1;
     EXPECT_EQ(kernels::MlaPrefillBf16(p, blas, nullptr), cudaErrorInvalidValue);
+    p.workspace = nullptr;
+    p.workspace_bytes = 0;
+  }
+  {
+    // The fused kernel reads the bf16 cache only: for the fp32-cache cases it gets the same
+    // values rounded to bf16, which is what the cuBLAS path's gather does, so the bound is the
+    // same.
+    SCOPED_TRACE("fused");
+    p.cache = dcache_b.get();
+    p.cache_dtype = kernels::MlaCacheDType::kBFloat16;
+    p.kernel = kernels::MlaPrefillKernel::kFused;
+    if (!kernels::MlaPrefillFusedSupported(p)) {
+      EXPECT_LT(MaxSharedMemoryPerBlockOptin(), 226 * 1024)
+          << "the fused kernel should run on a device with this much shared memory";
+      std::printf("[mla-prefill] fused kernel not supported on this device: not run\n");
+    } else {
+      EXPECT_EQ(kernels::MlaPrefillWorkspaceBytes(p), 0u);
+      dout.Poison();
+      DEEPINFER_CUDA_OK(kernels::MlaPrefillBf16(p, nullptr, nullptr));
+      DEEPINFER_CUDA_OK(dout.Download(&got));
+      pr.Expect(got, 0, pr.tokens, kAtol, kRtol, kRmsBound);
+      // kAuto picks it (no cuBLAS handle needed).
+      p.kernel = kernels::MlaPrefillKernel::kAuto;
+      dout.Poison();
+      DEEPINFER_CUDA_OK(kernels::MlaPrefillBf16(p, nullptr, nullptr));
+      std::vector<float> again;
+      DEEPINFER_CUDA_OK(dout.Download(&again));
+      EXPECT_EQ(again, got) << "kAuto should run the fused kernel (deterministic)";
+    }
   }
   cublasDestroy(blas);
 }
@@ -247,6 +291,13 @@ std::vector<Case> Cases() {
   // Small chunks of queries (33 tokens, 16 heads): many chunks per sequence, ragged last one.
   c.push_back({"small_chunks", 16, 64, {{0, 300}, {300, 300}, {300, 300}}, false, 16 * 33});
   c.push_back({"bf16_cache", 16, 16, {{0, 200}, {123, 77}}, true});
+  // Long prompt at 128 heads (half a token per 64-row tile); heads that do not divide 64 (tiles
+  // cut tokens anywhere); more sequences than one fused launch takes (64).
+  c.push_back({"past100_new300_heads128_block16", 128, 16, {{100, 300}}, true});
+  c.push_back({"heads20_block32", 20, 32, {{0, 131}, {65, 64}}, true});
+  std::vector<Seq> many;
+  for (int i = 0; i < 70; ++i) many.push_back({(i * 37) % 150, 1 + (i * 13) % 40});
+  c.push_back({"70_seqs_heads16_block16", 16, 16, many, true});
   return c;
 }
 
@@ -271,6 +322,16 @@ TEST(MlaPrefillLimitsTest, RejectsBadSequences) {
   EXPECT_EQ(kernels::MlaPrefillBf16(p, nullptr, nullptr), cudaErrorInvalidValue);
   s = {0, 0, 10, 20};
   p.latent_dim = 30;  // not a multiple of 8
+  EXPECT_EQ(kernels::MlaPrefillBf16(p, nullptr, nullptr), cudaErrorInvalidValue);
+  // The fused kernel asked for shapes it does not take: an fp32 cache, latent 256.
+  p.latent_dim = kLatent;
+  p.kernel = kernels::MlaPrefillKernel::kFused;
+  p.cache_dtype = kernels::MlaCacheDType::kFloat32;
+  EXPECT_FALSE(kernels::MlaPrefillFusedSupported(p));
+  EXPECT_EQ(kernels::MlaPrefillBf16(p, nullptr, nullptr), cudaErrorInvalidValue);
+  p.cache_dtype = kernels::MlaCacheDType::kBFloat16;
+  p.latent_dim = 256;
+  EXPECT_FALSE(kernels::MlaPrefillFusedSupported(p));
   EXPECT_EQ(kernels::MlaPrefillBf16(p, nullptr, nullptr), cudaErrorInvalidValue);
 }
 
