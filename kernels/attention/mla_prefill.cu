@@ -206,7 +206,6 @@ std::vector<Batch> PlanBatches(const MlaPrefillParams& p) {
   return batches;
 }
 
-
 // ---------------------------------------------------------------------------------------------
 // The fused kernel (MlaPrefillKernel::kFused): flash attention for absorbed MLA.
 //
@@ -229,8 +228,8 @@ std::vector<Batch> PlanBatches(const MlaPrefillParams& p) {
 namespace flash {
 
 constexpr int kRows = 64, kKeys = 64, kLatent = 512, kRope = 64, kDim = kLatent + kRope;
-constexpr int kChunks = kDim / 8;     // 16-byte chunks per row
-constexpr int kRowBytes = kDim * 2;   // 1152
+constexpr int kChunks = kDim / 8;    // 16-byte chunks per row
+constexpr int kRowBytes = kDim * 2;  // 1152
 constexpr int kWarps = 8, kThreads = kWarps * 32;
 constexpr int kTileBytes = kRows * kRowBytes;  // Q tile; a key tile is the same size
 constexpr int kPBytes = kRows * kKeys * 2;
@@ -377,8 +376,8 @@ __global__ void __launch_bounds__(kThreads, 1) FusedKernel(const __grid_constant
         v[0] = x.x, v[1] = x.y, v[2] = x.z, v[3] = x.w, v[4] = y.x, v[5] = y.y, v[6] = y.z,
         v[7] = y.w;
       } else {
-        const float* src = a.q_rope + t * a.q_rope_token_stride + h * a.q_rope_head_stride +
-                           (c - kLatent / 8) * 8;
+        const float* src =
+            a.q_rope + t * a.q_rope_token_stride + h * a.q_rope_head_stride + (c - kLatent / 8) * 8;
         const float4 x = reinterpret_cast<const float4*>(src)[0];
         const float4 y = reinterpret_cast<const float4*>(src)[1];
         v[0] = x.x, v[1] = x.y, v[2] = x.z, v[3] = x.w, v[4] = y.x, v[5] = y.y, v[6] = y.z,
@@ -416,9 +415,9 @@ __global__ void __launch_bounds__(kThreads, 1) FusedKernel(const __grid_constant
       for (int e = 0; e < 4; ++e) o[mi][nj][e] = 0.0f;
 
   // ldmatrix lane addresses (before the tile base and k offset).
-  const int a_row = lane % 16, a_chunk = lane / 16;                      // A: Q and P
+  const int a_row = lane % 16, a_chunk = lane / 16;                                  // A: Q and P
   const int b_key = wc * 16 + lane % 8 + (lane / 16) * 8, b_chunk = (lane / 8) % 2;  // B: K
-  const int v_key = lane % 8 + ((lane / 8) % 2) * 8, v_chunk = lane / 16;           // B: V (trans)
+  const int v_key = lane % 8 + ((lane / 8) % 2) * 8, v_chunk = lane / 16;            // B: V (trans)
 
   for (int kt = 0; kt < num_kt; ++kt) {
     CopyAsyncWaitAll();
@@ -515,11 +514,13 @@ __global__ void __launch_bounds__(kThreads, 1) FusedKernel(const __grid_constant
               (red_sum[2 * kRows + r] + red_sum[3 * kRows + r]);
     }
 #pragma unroll
-    for (int mi = 0; mi < 2; ++mi)
+    for (int mi = 0; mi < 2; ++mi) {
 #pragma unroll
-      for (int nj = 0; nj < 16; ++nj)
+      for (int nj = 0; nj < 16; ++nj) {
 #pragma unroll
         for (int e = 0; e < 4; ++e) o[mi][nj][e] *= alpha[mi * 2 + e / 2];
+      }
+    }
 
     // O += P V over the tile's 64 keys (4 k-steps), latent columns wc * 128 .. + 128.
 #pragma unroll
@@ -550,8 +551,8 @@ __global__ void __launch_bounds__(kThreads, 1) FusedKernel(const __grid_constant
     const int64_t row = row0 + row_of[rr];
     if (row >= rows_total) continue;
     const float inv = 1.0f / l[rr];
-    float* dst = a.out + (static_cast<int64_t>(s.first_token) * heads + row) * kLatent + wc * 128 +
-                 2 * t4;
+    float* dst =
+        a.out + (static_cast<int64_t>(s.first_token) * heads + row) * kLatent + wc * 128 + 2 * t4;
     const int mi = rr / 2, e0 = (rr % 2) * 2;
 #pragma unroll
     for (int nj = 0; nj < 16; ++nj) {
@@ -608,10 +609,34 @@ bool FusedShape(const MlaPrefillParams& p) {
          Aligned16(p.q_rope) && p.q_rope_token_stride % 4 == 0 && p.q_rope_head_stride % 4 == 0;
 }
 
-bool UseFused(const MlaPrefillParams& p) {
-  if (p.kernel == MlaPrefillKernel::kCublas || !FusedShape(p)) return false;
+bool FusedRuns(const MlaPrefillParams& p) {
+  if (!FusedShape(p)) return false;
   const FusedFacts f = FusedFactsForCurrentDevice();
   return f.error == cudaSuccess && f.ptx_version >= 80 && f.max_smem >= flash::kSmemBytes;
+}
+
+// kAuto's choice for one sequence, from mla_prefill_bench on the H200 (docs/cuda.md): the fused
+// kernel won every measured case with context <= 1024 (1.02x - 1.6x) and lost every one with
+// more (1 x 4096: 0.91x; 16 .. 512 new tokens after 2048 cached: 0.2x - 0.8x), where its
+// per-tile rate (~160 TFLOP/s) is below cuBLAS's large GEMMs and few query tiles each stream
+// many keys serially. Hence: context <= 1024 and at least as many query tiles as key tiles.
+constexpr int32_t kFusedMaxContext = 1024;
+
+bool FusedWins(const MlaPrefillSequence& s, int32_t heads) {
+  const int64_t query_tiles =
+      (static_cast<int64_t>(s.num_tokens) * heads + flash::kRows - 1) / flash::kRows;
+  const int64_t key_tiles = (s.context_len + flash::kKeys - 1) / flash::kKeys;
+  return s.context_len <= kFusedMaxContext && query_tiles >= key_tiles;
+}
+
+// Whether MlaPrefillBf16 runs the fused kernel for valid params p (one choice per call).
+bool UseFused(const MlaPrefillParams& p) {
+  if (p.kernel == MlaPrefillKernel::kCublas || !FusedRuns(p)) return false;
+  if (p.kernel == MlaPrefillKernel::kFused) return true;
+  for (int32_t i = 0; i < p.num_sequences; ++i) {
+    if (!FusedWins(p.sequences[i], p.num_heads)) return false;
+  }
+  return true;
 }
 
 // One launch per 64 sequences (and per 65535 tiles of the longest one).
@@ -656,9 +681,11 @@ cudaError_t RunFused(const MlaPrefillParams& p, cudaStream_t stream) {
 }  // namespace
 
 bool MlaPrefillFusedSupported(const MlaPrefillParams& params) {
-  MlaPrefillParams p = params;
-  p.kernel = MlaPrefillKernel::kFused;
-  return Valid(p) && UseFused(p);
+  return Valid(params) && FusedRuns(params);
+}
+
+bool MlaPrefillUsesFused(const MlaPrefillParams& params) {
+  return Valid(params) && UseFused(params);
 }
 
 size_t MlaPrefillWorkspaceBytes(const MlaPrefillParams& params) {
@@ -673,8 +700,8 @@ cudaError_t MlaPrefillBf16(const MlaPrefillParams& p, cublasHandle_t blas, cudaS
   if (blas_status != nullptr) *blas_status = CUBLAS_STATUS_SUCCESS;
   if (p.num_sequences == 0) return cudaSuccess;
   if (!Valid(p)) return cudaErrorInvalidValue;
+  if (p.kernel == MlaPrefillKernel::kFused && !FusedRuns(p)) return cudaErrorInvalidValue;
   if (UseFused(p)) return RunFused(p, stream);
-  if (p.kernel == MlaPrefillKernel::kFused) return cudaErrorInvalidValue;
   const std::vector<Batch> batches = PlanBatches(p);
   size_t need = 0;
   for (const Batch& b : batches) need = std::max(need, LayoutFor(p, b).total);

@@ -2,7 +2,7 @@
 // sequences with many new tokens. Absorbed MLA is multi-query attention with one shared key
 // [latent | rope] (576 wide for DeepSeek-V3) and the latent as the value. Two implementations:
 //
-// Fused (MlaPrefillKernel::kFused, the default where supported): one flash-attention kernel
+// Fused (MlaPrefillKernel::kFused; kAuto where measured faster): one flash-attention kernel
 // (mma.sync bf16, fp32 accumulation, online softmax) per (sequence, tile of 64 query rows =
 // tokens x heads, which all share the key); 64-key tiles stream from the paged bf16 cache with
 // cp.async double buffering; scores and probabilities never leave the SM; no workspace.
@@ -32,7 +32,9 @@ namespace kernels {
 
 // Which implementation MlaPrefillBf16 runs (see the top of this file).
 enum class MlaPrefillKernel {
-  kAuto,    // kFused when MlaPrefillFusedSupported, else kCublas
+  kAuto,    // kFused when MlaPrefillFusedSupported and every sequence has context_len <= 1024
+            // and at least as many 64-row query tiles as 64-key tiles (where it was measured
+            // faster on the H200), else kCublas; MlaPrefillUsesFused says which
   kCublas,  // gather + cuBLAS GEMMs + softmax (any latent / rope multiple of 8, fp32 or bf16 cache)
   kFused,   // the flash kernel; cudaErrorInvalidValue when not MlaPrefillFusedSupported
 };
@@ -70,12 +72,13 @@ struct MlaPrefillParams {
   int32_t num_sequences = 0;
   float softmax_scale = 1.0f;
   float* out_latent = nullptr;  // [tokens, heads, latent_dim]; rows of other tokens untouched
-  // At least MlaPrefillWorkspaceBytes(params) bytes, or null: then MlaPrefillBf16 allocates it
-  // with cudaMallocAsync on the stream and frees it after the last use (cudaFreeAsync).
+  // cuBLAS path: at least MlaPrefillWorkspaceBytes(params) bytes, or null: then MlaPrefillBf16
+  // allocates it with cudaMallocAsync on the stream and frees it after the last use
+  // (cudaFreeAsync). The fused kernel needs none.
   void* workspace = nullptr;
   size_t workspace_bytes = 0;
-  // Query rows (tokens * heads) per GEMM chunk; 0 = kMlaPrefillChunkRows. Smaller chunks waste
-  // less on masked keys (each chunk's GEMMs stop at its last query's context).
+  // cuBLAS path: query rows (tokens * heads) per GEMM chunk; 0 = kMlaPrefillChunkRows. Smaller
+  // chunks waste less on masked keys (each chunk's GEMMs stop at its last query's context).
   int32_t chunk_rows = 0;
   MlaPrefillKernel kernel = MlaPrefillKernel::kAuto;
 };
@@ -86,14 +89,18 @@ constexpr int32_t kMlaPrefillChunkRows = 4096;
 // rope_dim 64, a 16-byte aligned cache, enough opt-in shared memory and sm_80+ code in the build.
 bool MlaPrefillFusedSupported(const MlaPrefillParams& params);
 
+// Whether MlaPrefillBf16 runs these (valid) params on the fused kernel (kAuto's choice).
+bool MlaPrefillUsesFused(const MlaPrefillParams& params);
+
 // Bytes of workspace MlaPrefillBf16 needs for these params (cuBLAS path: gathered keys, packed
 // queries, scores and probabilities of one chunk; 0 when the fused kernel runs them).
 size_t MlaPrefillWorkspaceBytes(const MlaPrefillParams& params);
 
 // Runs the prefill attention of every sequence in params.sequences on `stream` (the cuBLAS
-// handle is set to that stream). cudaErrorInvalidValue for bad sizes (latent_dim or rope_dim not
-// a multiple of 8, a sequence with num_tokens > context_len, a workspace too small); when a cuBLAS
-// call fails, cudaErrorUnknown and its status in *blas_status (when not null).
+// handle is set to that stream; unused, may be null, when the fused kernel runs).
+// cudaErrorInvalidValue for bad sizes (latent_dim or rope_dim not a multiple of 8, a sequence
+// with num_tokens > context_len, a workspace too small, kFused on params it does not take); when
+// a cuBLAS call fails, cudaErrorUnknown and its status in *blas_status (when not null).
 cudaError_t MlaPrefillBf16(const MlaPrefillParams& params, cublasHandle_t blas, cudaStream_t stream,
                            cublasStatus_t* blas_status = nullptr);
 

@@ -4,9 +4,9 @@
 // fp32 cache ("tc-bf16"), cuBLAS on the same values in a bf16 cache ("cublas-c16") and the fused
 // flash kernel on that bf16 cache ("fused"). Prints per case the median of 20 timed runs (CUDA
 // events, after 3 warm-ups), bandwidth on the distinct fp32 cache bytes, the FMA rate and the
-// largest difference between the kernels' outputs. A sweep of one sequence's new tokens (with and without earlier
-// context) gives the crossover between the two prefill paths (CudaBackend's rule). The decode
-// shapes and the bf16 cache: mla_attention_bench.
+// largest difference between the kernels' outputs. A sweep of one sequence's new tokens (with and
+// without earlier context) gives the crossover between the two prefill paths (CudaBackend's rule).
+// The decode shapes and the bf16 cache: mla_attention_bench.
 #include <cublas_v2.h>
 #include <cuda_runtime_api.h>
 
@@ -193,6 +193,9 @@ void Run(const Batch& batch) {
                   batch.name, cublas_ms / fused_ms, 2 * fma / (fused_ms * 1e-3) / 1e12,
                   max_diff(out_new, out_old));
     }
+    f.kernel = kernels::MlaPrefillKernel::kAuto;
+    std::printf("%-28s kAuto runs %s\n", batch.name,
+                kernels::MlaPrefillUsesFused(f) ? "the fused kernel" : "cuBLAS");
     BENCH_CUDA(cudaFree(f.workspace));
   }
   if (sweep) {
@@ -202,11 +205,10 @@ void Run(const Batch& batch) {
     }
   }
   std::fflush(stdout);
-  for (void* ptr :
-       {static_cast<void*>(cache), static_cast<void*>(q_latent), static_cast<void*>(q),
-        static_cast<void*>(d_tables), static_cast<void*>(d_seq), static_cast<void*>(d_len),
-        static_cast<void*>(out_new), static_cast<void*>(out_old), ws,
-        static_cast<void*>(cache_bf16)}) {
+  for (void* ptr : {static_cast<void*>(cache), static_cast<void*>(q_latent), static_cast<void*>(q),
+                    static_cast<void*>(d_tables), static_cast<void*>(d_seq),
+                    static_cast<void*>(d_len), static_cast<void*>(out_new),
+                    static_cast<void*>(out_old), ws, static_cast<void*>(cache_bf16)}) {
     BENCH_CUDA(cudaFree(ptr));
   }
 }

@@ -266,13 +266,26 @@ TEST_P(MlaPrefillTest, MatchesCpuBackend) {
       DEEPINFER_CUDA_OK(kernels::MlaPrefillBf16(p, nullptr, nullptr));
       DEEPINFER_CUDA_OK(dout.Download(&got));
       pr.Expect(got, 0, pr.tokens, kAtol, kRtol, kRmsBound);
-      // kAuto picks it (no cuBLAS handle needed).
+      // kAuto: the fused kernel when every sequence has context <= 1024 and at least as many
+      // 64-row query tiles as 64-key tiles, else cuBLAS (the rule in mla_prefill.h).
+      bool want_fused = true;
+      for (const kernels::MlaPrefillSequence& q : seqs) {
+        const int64_t query_tiles = (static_cast<int64_t>(q.num_tokens) * pr.heads + 63) / 64;
+        want_fused =
+            want_fused && q.context_len <= 1024 && query_tiles >= (q.context_len + 63) / 64;
+      }
       p.kernel = kernels::MlaPrefillKernel::kAuto;
+      EXPECT_EQ(kernels::MlaPrefillUsesFused(p), want_fused);
+      EXPECT_EQ(kernels::MlaPrefillWorkspaceBytes(p) == 0, want_fused);
       dout.Poison();
-      DEEPINFER_CUDA_OK(kernels::MlaPrefillBf16(p, nullptr, nullptr));
+      DEEPINFER_CUDA_OK(kernels::MlaPrefillBf16(p, blas, nullptr));
       std::vector<float> again;
       DEEPINFER_CUDA_OK(dout.Download(&again));
-      EXPECT_EQ(again, got) << "kAuto should run the fused kernel (deterministic)";
+      if (want_fused) {
+        EXPECT_EQ(again, got) << "kAuto should have run the fused kernel (deterministic)";
+      } else {
+        pr.Expect(again, 0, pr.tokens, kAtol, kRtol, kRmsBound);
+      }
     }
   }
   cublasDestroy(blas);
