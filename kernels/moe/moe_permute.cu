@@ -142,16 +142,29 @@ __global__ void __launch_bounds__(kGatherThreads)
 
 // The gather for padded layouts (row_align > 1): one block per choice, to its row (gap rows
 // have no source token, so the row-major gather above cannot be used). T: float or uint16_t
-// (bf16, rounded to nearest even).
+// (bf16, rounded to nearest even). vec4: 16-byte loads (and 16- or 8-byte stores), the width
+// the row-major gathers use; the scalar loop issues a quarter of the bytes per instruction.
 template <typename T>
 __global__ void __launch_bounds__(kGatherThreads)
-    GatherByChoiceKernel(int64_t hidden_size, int top_k, const float* hidden,
+    GatherByChoiceKernel(int64_t hidden_size, int top_k, bool vec4, const float* hidden,
                          const int32_t* choice_row, T* out) {
   const int64_t i = blockIdx.x;
   const int row = choice_row[i];
   if (row < 0) return;
   const float* src = hidden + (i / top_k) * hidden_size;
   T* dst = out + row * hidden_size;
+  if (vec4) {
+    const float4* src4 = reinterpret_cast<const float4*>(src);
+    for (int64_t c = threadIdx.x; c < hidden_size / 4; c += kGatherThreads) {
+      const float4 v = src4[c];
+      if constexpr (sizeof(T) == 2) {
+        reinterpret_cast<uint2*>(dst)[c] = make_uint2(Bf16x2Bits(v.x, v.y), Bf16x2Bits(v.z, v.w));
+      } else {
+        reinterpret_cast<float4*>(dst)[c] = v;
+      }
+    }
+    return;
+  }
   for (int64_t c = threadIdx.x; c < hidden_size; c += kGatherThreads) {
     if constexpr (sizeof(T) == 2) {
       dst[c] = __bfloat16_as_ushort(__float2bfloat16_rn(src[c]));
@@ -161,20 +174,77 @@ __global__ void __launch_bounds__(kGatherThreads)
   }
 }
 
-// One block (x) per token, threads over columns. __fmul_rn / __fadd_rn keep nvcc from fusing
-// the product and the sum into an FMA, which would round differently from the reference.
-__global__ void __launch_bounds__(kCombineThreads) CombineKernel(MoeCombineParams p) {
+__device__ __forceinline__ float Widen(float v) { return v; }
+__device__ __forceinline__ float Widen(uint16_t v) {
+  return __uint_as_float(static_cast<unsigned>(v) << 16);
+}
+
+// V consecutive columns of expert_out (V = 4: one 16-byte or 8-byte load).
+template <typename T, int V>
+struct Cols;
+template <typename T>
+struct Cols<T, 1> {
+  float v[1];
+  __device__ __forceinline__ explicit Cols(const T* p) { v[0] = Widen(*p); }
+};
+template <>
+struct Cols<float, 4> {
+  float v[4];
+  __device__ __forceinline__ explicit Cols(const float* p) {
+    const float4 q = *reinterpret_cast<const float4*>(p);
+    v[0] = q.x, v[1] = q.y, v[2] = q.z, v[3] = q.w;
+  }
+};
+template <>
+struct Cols<uint16_t, 4> {
+  float v[4];
+  __device__ __forceinline__ explicit Cols(const uint16_t* p) {
+    const uint2 q = *reinterpret_cast<const uint2*>(p);
+    v[0] = __uint_as_float(q.x << 16), v[1] = __uint_as_float(q.x & 0xffff0000u);
+    v[2] = __uint_as_float(q.y << 16), v[3] = __uint_as_float(q.y & 0xffff0000u);
+  }
+};
+
+// One block (x) per token, threads over groups of V columns. __fmul_rn / __fadd_rn keep nvcc
+// from fusing the product and the sum into an FMA, which would round differently from the
+// reference. T: float or uint16_t (bf16 bits) expert outputs.
+template <typename T, int V>
+__global__ void __launch_bounds__(kCombineThreads)
+    CombineKernel(MoeCombineParams p, const T* expert_out) {
   const int64_t t = blockIdx.x;
-  const int64_t c = (blockIdx.y * int64_t{kCombineThreads} + threadIdx.x);
+  const int64_t c = (blockIdx.y * int64_t{kCombineThreads} + threadIdx.x) * V;
   if (c >= p.hidden_size) return;
-  float acc = p.out[t * p.hidden_size + c];
+  float* out = p.out + t * p.hidden_size + c;
+  float acc[V];
+  for (int j = 0; j < V; ++j) acc[j] = p.accumulate ? out[j] : 0.0f;
   for (int k = 0; k < p.top_k; ++k) {
     const int row = p.choice_row[t * p.top_k + k];
     if (row < 0) continue;
     const float w = p.topk_weights[t * p.top_k + k];
-    acc = __fadd_rn(acc, __fmul_rn(w, p.expert_out[int64_t{row} * p.hidden_size + c]));
+    const Cols<T, V> y(expert_out + int64_t{row} * p.hidden_size + c);
+    for (int j = 0; j < V; ++j) acc[j] = __fadd_rn(acc[j], __fmul_rn(w, y.v[j]));
   }
-  p.out[t * p.hidden_size + c] = acc;
+  if constexpr (V == 4) {
+    *reinterpret_cast<float4*>(out) = make_float4(acc[0], acc[1], acc[2], acc[3]);
+  } else {
+    out[0] = acc[0];
+  }
+}
+
+template <typename T>
+cudaError_t LaunchCombine(const MoeCombineParams& p, const T* expert_out, cudaStream_t stream) {
+  const bool vec4 = p.hidden_size % 4 == 0 && reinterpret_cast<uintptr_t>(p.out) % 16 == 0 &&
+                    reinterpret_cast<uintptr_t>(expert_out) % (4 * sizeof(T)) == 0;
+  const int64_t per_block = int64_t{kCombineThreads} * (vec4 ? 4 : 1);
+  const int64_t col_blocks = (p.hidden_size + per_block - 1) / per_block;
+  if (col_blocks > 65535) return cudaErrorInvalidValue;
+  const dim3 grid(static_cast<unsigned>(p.num_tokens), static_cast<unsigned>(col_blocks));
+  if (vec4) {
+    CombineKernel<T, 4><<<grid, kCombineThreads, 0, stream>>>(p, expert_out);
+  } else {
+    CombineKernel<T, 1><<<grid, kCombineThreads, 0, stream>>>(p, expert_out);
+  }
+  return cudaGetLastError();
 }
 
 }  // namespace
@@ -193,12 +263,15 @@ cudaError_t MoePermuteF32(const MoePermuteParams& p, cudaStream_t stream) {
   cudaError_t err = cudaGetLastError();
   if (err != cudaSuccess || choices == 0 || p.hidden_size == 0) return err;
   if (p.row_align > 1) {
+    const bool aligned = p.hidden_size % 4 == 0 && reinterpret_cast<uintptr_t>(p.hidden) % 16 == 0;
     if (p.permuted_hidden_bf16 != nullptr) {
+      const bool vec4 = aligned && reinterpret_cast<uintptr_t>(p.permuted_hidden_bf16) % 8 == 0;
       GatherByChoiceKernel<uint16_t><<<static_cast<unsigned>(choices), kGatherThreads, 0, stream>>>(
-          p.hidden_size, p.top_k, p.hidden, p.choice_row, p.permuted_hidden_bf16);
+          p.hidden_size, p.top_k, vec4, p.hidden, p.choice_row, p.permuted_hidden_bf16);
     } else {
+      const bool vec4 = aligned && reinterpret_cast<uintptr_t>(p.permuted_hidden) % 16 == 0;
       GatherByChoiceKernel<float><<<static_cast<unsigned>(choices), kGatherThreads, 0, stream>>>(
-          p.hidden_size, p.top_k, p.hidden, p.choice_row, p.permuted_hidden);
+          p.hidden_size, p.top_k, vec4, p.hidden, p.choice_row, p.permuted_hidden);
     }
     return cudaGetLastError();
   }
@@ -219,12 +292,13 @@ cudaError_t MoePermuteF32(const MoePermuteParams& p, cudaStream_t stream) {
 
 cudaError_t MoeCombineF32(const MoeCombineParams& p, cudaStream_t stream) {
   if (p.num_tokens < 0 || p.top_k < 0 || p.hidden_size < 0) return cudaErrorInvalidValue;
-  if (p.num_tokens == 0 || p.top_k == 0 || p.hidden_size == 0) return cudaSuccess;
-  const int64_t col_blocks = (p.hidden_size + kCombineThreads - 1) / kCombineThreads;
-  if (col_blocks > 65535) return cudaErrorInvalidValue;
-  const dim3 grid(static_cast<unsigned>(p.num_tokens), static_cast<unsigned>(col_blocks));
-  CombineKernel<<<grid, kCombineThreads, 0, stream>>>(p);
-  return cudaGetLastError();
+  if (p.num_tokens == 0 || p.hidden_size == 0) return cudaSuccess;
+  if (p.top_k == 0) {
+    if (p.accumulate) return cudaSuccess;
+    return cudaMemsetAsync(p.out, 0, sizeof(float) * p.num_tokens * p.hidden_size, stream);
+  }
+  if (p.expert_out_bf16 != nullptr) return LaunchCombine(p, p.expert_out_bf16, stream);
+  return LaunchCombine(p, p.expert_out, stream);
 }
 
 }  // namespace kernels
