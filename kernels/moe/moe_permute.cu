@@ -3,8 +3,11 @@
 // become per-warp starting ranks (exclusive over warps) and per-slot offsets (exclusive over
 // slots), and each warp then walks its segment 32 choices at a time in order, ranking equal
 // slots inside the 32 with __match_any_sync. No global atomics, so rows are deterministic.
-// One block suffices: decode has a few hundred choices, prefill tens of thousands (a few
-// microseconds either way, far below the expert GEMMs).
+// One block suffices for decode (a few hundred choices). A prefill has tens of thousands, and
+// each choice's slot takes two dependent global loads (topk_ids, then slot_of_expert): the
+// counting pass issues kPlanUnroll choices' loads per lane before using any, and keeps each
+// slot in shared memory (int16) for the ranking pass when they fit (the device's opt-in shared
+// memory per block; 65536 choices need 128 KB), so that pass does not load them again.
 #include <cuda_bf16.h>
 
 #include "kernels/moe/moe_permute.h"
@@ -16,6 +19,8 @@ namespace {
 constexpr int kPlanWarps = 16;
 constexpr int kPlanThreads = kPlanWarps * 32;
 static_assert(kPlanThreads >= kMaxMoeSlots, "one plan thread per slot");
+constexpr int kPlanUnroll = 8;
+static_assert(kMaxMoeSlots <= 32767, "slots are cached as int16");
 constexpr int kGatherThreads = 256;
 constexpr int kCombineThreads = 256;
 
@@ -26,12 +31,15 @@ __device__ __forceinline__ int SlotOf(const MoePermuteParams& p, int64_t i) {
   return s < p.num_slots ? s : -1;
 }
 
-// Dynamic shared memory: kPlanWarps * num_slots counters.
-__global__ void __launch_bounds__(kPlanThreads) PermutePlanKernel(MoePermuteParams p) {
+// Dynamic shared memory: kPlanWarps * num_slots counters, then (cache_slots) one int16 slot
+// per choice.
+__global__ void __launch_bounds__(kPlanThreads)
+    PermutePlanKernel(MoePermuteParams p, bool cache_slots) {
   extern __shared__ int warp_rank[];  // [kPlanWarps][num_slots]
   __shared__ int slot_total[kMaxMoeSlots];
   __shared__ int scan[2][kMaxMoeSlots];
   const int S = p.num_slots;
+  int16_t* slot_cache = reinterpret_cast<int16_t*>(warp_rank + kPlanWarps * S);  // [choices]
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int64_t choices = int64_t{p.num_tokens} * p.top_k;
   const int64_t seg = (choices + kPlanWarps - 1) / kPlanWarps;
@@ -40,9 +48,19 @@ __global__ void __launch_bounds__(kPlanThreads) PermutePlanKernel(MoePermutePara
 
   for (int i = threadIdx.x; i < kPlanWarps * S; i += kPlanThreads) warp_rank[i] = 0;
   __syncthreads();
-  for (int64_t i = seg_begin + lane; i < seg_end; i += 32) {
-    const int s = SlotOf(p, i);
-    if (s >= 0) atomicAdd(&my_rank[s], 1);
+  for (int64_t base = seg_begin + lane; base < seg_end; base += 32 * kPlanUnroll) {
+    int slot[kPlanUnroll];
+#pragma unroll
+    for (int u = 0; u < kPlanUnroll; ++u) {
+      const int64_t i = base + 32 * u;
+      slot[u] = i < seg_end ? SlotOf(p, i) : -2;
+    }
+#pragma unroll
+    for (int u = 0; u < kPlanUnroll; ++u) {
+      if (slot[u] == -2) continue;
+      if (cache_slots) slot_cache[base + 32 * u] = static_cast<int16_t>(slot[u]);
+      if (slot[u] >= 0) atomicAdd(&my_rank[slot[u]], 1);
+    }
   }
   __syncthreads();
   // Per slot: counts of the warps -> each warp's first rank inside the slot.
@@ -80,7 +98,7 @@ __global__ void __launch_bounds__(kPlanThreads) PermutePlanKernel(MoePermutePara
   const unsigned lt_mask = (1u << lane) - 1u;
   for (int64_t base = seg_begin; base < seg_end; base += 32) {
     const int64_t i = base + lane;
-    const int slot = i < seg_end ? SlotOf(p, i) : -2;
+    const int slot = i >= seg_end ? -2 : cache_slots ? slot_cache[i] : SlotOf(p, i);
     const unsigned peers = __match_any_sync(0xffffffffu, slot);
     if (slot >= 0) {
       const int row = slot_total[slot] + my_rank[slot] + __popc(peers & lt_mask);
@@ -258,9 +276,25 @@ cudaError_t MoePermuteF32(const MoePermuteParams& p, cudaStream_t stream) {
   if (MoePermutedRowsBound(p.num_tokens, p.top_k, p.num_slots, p.row_align) >= (int64_t{1} << 31)) {
     return cudaErrorInvalidValue;
   }
-  const size_t shared = sizeof(int) * kPlanWarps * p.num_slots;
-  PermutePlanKernel<<<1, kPlanThreads, shared, stream>>>(p);
-  cudaError_t err = cudaGetLastError();
+  const size_t counters = sizeof(int) * kPlanWarps * p.num_slots;
+  const size_t cached = counters + sizeof(int16_t) * static_cast<size_t>(choices);
+  // Shared memory a block may opt into beyond the default 48 KB, minus the static arrays.
+  int device = 0, optin = 0;
+  cudaError_t err = cudaGetDevice(&device);
+  if (err == cudaSuccess) {
+    err = cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device);
+  }
+  if (err != cudaSuccess) return err;
+  const size_t static_bytes = sizeof(int) * 3 * kMaxMoeSlots;
+  const bool cache_slots = cached + static_bytes <= static_cast<size_t>(optin);
+  const size_t shared = cache_slots ? cached : counters;
+  if (shared + static_bytes > 48 * 1024) {
+    err = cudaFuncSetAttribute(PermutePlanKernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                               static_cast<int>(shared));
+    if (err != cudaSuccess) return err;
+  }
+  PermutePlanKernel<<<1, kPlanThreads, shared, stream>>>(p, cache_slots);
+  err = cudaGetLastError();
   if (err != cudaSuccess || choices == 0 || p.hidden_size == 0) return err;
   if (p.row_align > 1) {
     const bool aligned = p.hidden_size % 4 == 0 && reinterpret_cast<uintptr_t>(p.hidden) % 16 == 0;

@@ -336,6 +336,15 @@ TEST(MoePermuteTest, MaxSlotsManyTokens) {
   CheckPermuteAndCombine(4099, 8, 512, kernels::kMaxMoeSlots, 0, 64);
 }
 
+// The plan kernel keeps each choice's slot in shared memory when they fit (the 4099 x 8 case
+// above: 64 KB, beyond the default 48 KB) and reloads them otherwise: 8192 x 6 as in a Moonlight
+// prefill, and 40000 x 6 (480 KB of slots: more than any GPU's shared memory).
+TEST(MoePermuteTest, PrefillSizesWithAndWithoutSlotCache) {
+  DEEPINFER_SKIP_WITHOUT_GPU();
+  CheckPermuteAndCombine(8192, 6, 64, 64, 0, 16);
+  CheckPermuteAndCombine(40000, 6, 64, 50, 101, 8);
+}
+
 TEST(MoePermuteTest, NoTokens) {
   DEEPINFER_SKIP_WITHOUT_GPU();
   CheckPermuteAndCombine(0, 6, 64, 64, 0, 32);
