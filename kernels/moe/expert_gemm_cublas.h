@@ -22,6 +22,11 @@ enum class ExpertGemmCublasAlgo {
   kChunked,
   // One cublasGemmEx / cublasSgemm per non-empty slot (any layout).
   kPerExpert,
+  // One cublasGemmGroupedBatchedEx: a group of one GEMM per non-empty slot, each of exactly its
+  // rows (any layout, no padding rows computed). The A/B/C pointer arrays go to
+  // device_pointers (3 * num_slots entries). cuBLAS 13.1 answers NOT_SUPPORTED for bf16 in with
+  // fp32 out: bf16 weights need output_type CUDA_R_16BF.
+  kGrouped,
 };
 
 // Pointers marked "device" are device addresses; the rest is host memory.
@@ -38,13 +43,17 @@ struct ExpertGemmCublasParams {
   int32_t n = 0;            // output features
   int32_t k = 0;            // input features
   const void* x = nullptr;  // device [rows, k], of weight_type (bf16 activations for bf16 W)
-  float* y = nullptr;       // device [rows, n], fp32; rows of no slot are not written (kChunked:
-                            // padding rows may be written, with meaningless values)
+  void* y = nullptr;        // device [rows, n] of output_type; rows of no slot are not written
+                            // (kChunked: padding rows may be written, with meaningless values)
+  // CUDA_R_32F, or CUDA_R_16BF (bf16 weights only): the fp32 accumulator rounded to nearest
+  // even by cuBLAS's epilogue, half the output bytes.
+  cudaDataType_t output_type = CUDA_R_32F;
   // kChunked: rows per chunk; each host_offsets[s] must be a multiple of it, and each slot
   // padded to a multiple (host_offsets[s + 1] - host_offsets[s] >= its count rounded up).
   int32_t chunk_rows = 0;
-  // kChunked: device workspace of device_pointers_size pointers (3 per chunk: the A, B, C
-  // arrays cuBLAS reads on the device), filled from the host on the handle's stream.
+  // kChunked / kGrouped: device workspace of device_pointers_size pointers (3 per chunk or per
+  // slot: the A, B, C arrays cuBLAS reads on the device), filled from the host on the handle's
+  // stream.
   void** device_pointers = nullptr;
   int64_t device_pointers_size = 0;
 };
@@ -53,11 +62,14 @@ struct ExpertGemmCublasParams {
 inline int64_t ExpertGemmPointerCount(int64_t padded_rows, int32_t chunk_rows) {
   return 3 * (padded_rows / chunk_rows + 1);
 }
+// Pointer entries kGrouped needs at most.
+inline int64_t ExpertGemmGroupedPointerCount(int32_t num_slots) { return 3 * int64_t{num_slots}; }
 
-// Issues the GEMMs on `cublas`'s stream (fp32 output, CUBLAS_COMPUTE_32F: bf16 products are
-// exact in fp32, so the result differs from a sequential fp32 sum only in summation order).
-// CUBLAS_STATUS_INVALID_VALUE for bad sizes, a layout kChunked cannot use, or missing pointers;
-// cuBLAS's status otherwise.
+// Issues the GEMMs on `cublas`'s stream (CUBLAS_COMPUTE_32F: bf16 products are exact in fp32,
+// so the fp32 result differs from a sequential fp32 sum only in summation order; a bf16 output
+// is that result rounded). CUBLAS_STATUS_INVALID_VALUE for bad sizes, a layout kChunked cannot
+// use, missing pointers, a bf16 output of fp32 weights, or too small a pointer workspace;
+// cuBLAS's status otherwise (CUBLAS_STATUS_NOT_SUPPORTED: a type combination this cuBLAS lacks).
 cublasStatus_t ExpertGemmsCublas(cublasHandle_t cublas, const ExpertGemmCublasParams& params,
                                  ExpertGemmCublasAlgo algo);
 

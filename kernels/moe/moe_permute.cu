@@ -3,8 +3,11 @@
 // become per-warp starting ranks (exclusive over warps) and per-slot offsets (exclusive over
 // slots), and each warp then walks its segment 32 choices at a time in order, ranking equal
 // slots inside the 32 with __match_any_sync. No global atomics, so rows are deterministic.
-// One block suffices: decode has a few hundred choices, prefill tens of thousands (a few
-// microseconds either way, far below the expert GEMMs).
+// One block suffices for decode (a few hundred choices). A prefill has tens of thousands, and
+// each choice's slot takes two dependent global loads (topk_ids, then slot_of_expert): the
+// counting pass issues kPlanUnroll choices' loads per lane before using any, and keeps each
+// slot in shared memory (int16) for the ranking pass when they fit (the device's opt-in shared
+// memory per block; 65536 choices need 128 KB), so that pass does not load them again.
 #include <cuda_bf16.h>
 
 #include "kernels/moe/moe_permute.h"
@@ -16,6 +19,8 @@ namespace {
 constexpr int kPlanWarps = 16;
 constexpr int kPlanThreads = kPlanWarps * 32;
 static_assert(kPlanThreads >= kMaxMoeSlots, "one plan thread per slot");
+constexpr int kPlanUnroll = 8;
+static_assert(kMaxMoeSlots <= 32767, "slots are cached as int16");
 constexpr int kGatherThreads = 256;
 constexpr int kCombineThreads = 256;
 
@@ -26,12 +31,15 @@ __device__ __forceinline__ int SlotOf(const MoePermuteParams& p, int64_t i) {
   return s < p.num_slots ? s : -1;
 }
 
-// Dynamic shared memory: kPlanWarps * num_slots counters.
-__global__ void __launch_bounds__(kPlanThreads) PermutePlanKernel(MoePermuteParams p) {
+// Dynamic shared memory: kPlanWarps * num_slots counters, then (cache_slots) one int16 slot
+// per choice.
+__global__ void __launch_bounds__(kPlanThreads)
+    PermutePlanKernel(MoePermuteParams p, bool cache_slots) {
   extern __shared__ int warp_rank[];  // [kPlanWarps][num_slots]
   __shared__ int slot_total[kMaxMoeSlots];
   __shared__ int scan[2][kMaxMoeSlots];
   const int S = p.num_slots;
+  int16_t* slot_cache = reinterpret_cast<int16_t*>(warp_rank + kPlanWarps * S);  // [choices]
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int64_t choices = int64_t{p.num_tokens} * p.top_k;
   const int64_t seg = (choices + kPlanWarps - 1) / kPlanWarps;
@@ -40,9 +48,19 @@ __global__ void __launch_bounds__(kPlanThreads) PermutePlanKernel(MoePermutePara
 
   for (int i = threadIdx.x; i < kPlanWarps * S; i += kPlanThreads) warp_rank[i] = 0;
   __syncthreads();
-  for (int64_t i = seg_begin + lane; i < seg_end; i += 32) {
-    const int s = SlotOf(p, i);
-    if (s >= 0) atomicAdd(&my_rank[s], 1);
+  for (int64_t base = seg_begin + lane; base < seg_end; base += 32 * kPlanUnroll) {
+    int slot[kPlanUnroll];
+#pragma unroll
+    for (int u = 0; u < kPlanUnroll; ++u) {
+      const int64_t i = base + 32 * u;
+      slot[u] = i < seg_end ? SlotOf(p, i) : -2;
+    }
+#pragma unroll
+    for (int u = 0; u < kPlanUnroll; ++u) {
+      if (slot[u] == -2) continue;
+      if (cache_slots) slot_cache[base + 32 * u] = static_cast<int16_t>(slot[u]);
+      if (slot[u] >= 0) atomicAdd(&my_rank[slot[u]], 1);
+    }
   }
   __syncthreads();
   // Per slot: counts of the warps -> each warp's first rank inside the slot.
@@ -80,7 +98,7 @@ __global__ void __launch_bounds__(kPlanThreads) PermutePlanKernel(MoePermutePara
   const unsigned lt_mask = (1u << lane) - 1u;
   for (int64_t base = seg_begin; base < seg_end; base += 32) {
     const int64_t i = base + lane;
-    const int slot = i < seg_end ? SlotOf(p, i) : -2;
+    const int slot = i >= seg_end ? -2 : cache_slots ? slot_cache[i] : SlotOf(p, i);
     const unsigned peers = __match_any_sync(0xffffffffu, slot);
     if (slot >= 0) {
       const int row = slot_total[slot] + my_rank[slot] + __popc(peers & lt_mask);
@@ -142,16 +160,29 @@ __global__ void __launch_bounds__(kGatherThreads)
 
 // The gather for padded layouts (row_align > 1): one block per choice, to its row (gap rows
 // have no source token, so the row-major gather above cannot be used). T: float or uint16_t
-// (bf16, rounded to nearest even).
+// (bf16, rounded to nearest even). vec4: 16-byte loads (and 16- or 8-byte stores), the width
+// the row-major gathers use; the scalar loop issues a quarter of the bytes per instruction.
 template <typename T>
 __global__ void __launch_bounds__(kGatherThreads)
-    GatherByChoiceKernel(int64_t hidden_size, int top_k, const float* hidden,
+    GatherByChoiceKernel(int64_t hidden_size, int top_k, bool vec4, const float* hidden,
                          const int32_t* choice_row, T* out) {
   const int64_t i = blockIdx.x;
   const int row = choice_row[i];
   if (row < 0) return;
   const float* src = hidden + (i / top_k) * hidden_size;
   T* dst = out + row * hidden_size;
+  if (vec4) {
+    const float4* src4 = reinterpret_cast<const float4*>(src);
+    for (int64_t c = threadIdx.x; c < hidden_size / 4; c += kGatherThreads) {
+      const float4 v = src4[c];
+      if constexpr (sizeof(T) == 2) {
+        reinterpret_cast<uint2*>(dst)[c] = make_uint2(Bf16x2Bits(v.x, v.y), Bf16x2Bits(v.z, v.w));
+      } else {
+        reinterpret_cast<float4*>(dst)[c] = v;
+      }
+    }
+    return;
+  }
   for (int64_t c = threadIdx.x; c < hidden_size; c += kGatherThreads) {
     if constexpr (sizeof(T) == 2) {
       dst[c] = __bfloat16_as_ushort(__float2bfloat16_rn(src[c]));
@@ -161,20 +192,77 @@ __global__ void __launch_bounds__(kGatherThreads)
   }
 }
 
-// One block (x) per token, threads over columns. __fmul_rn / __fadd_rn keep nvcc from fusing
-// the product and the sum into an FMA, which would round differently from the reference.
-__global__ void __launch_bounds__(kCombineThreads) CombineKernel(MoeCombineParams p) {
+__device__ __forceinline__ float Widen(float v) { return v; }
+__device__ __forceinline__ float Widen(uint16_t v) {
+  return __uint_as_float(static_cast<unsigned>(v) << 16);
+}
+
+// V consecutive columns of expert_out (V = 4: one 16-byte or 8-byte load).
+template <typename T, int V>
+struct Cols;
+template <typename T>
+struct Cols<T, 1> {
+  float v[1];
+  __device__ __forceinline__ explicit Cols(const T* p) { v[0] = Widen(*p); }
+};
+template <>
+struct Cols<float, 4> {
+  float v[4];
+  __device__ __forceinline__ explicit Cols(const float* p) {
+    const float4 q = *reinterpret_cast<const float4*>(p);
+    v[0] = q.x, v[1] = q.y, v[2] = q.z, v[3] = q.w;
+  }
+};
+template <>
+struct Cols<uint16_t, 4> {
+  float v[4];
+  __device__ __forceinline__ explicit Cols(const uint16_t* p) {
+    const uint2 q = *reinterpret_cast<const uint2*>(p);
+    v[0] = __uint_as_float(q.x << 16), v[1] = __uint_as_float(q.x & 0xffff0000u);
+    v[2] = __uint_as_float(q.y << 16), v[3] = __uint_as_float(q.y & 0xffff0000u);
+  }
+};
+
+// One block (x) per token, threads over groups of V columns. __fmul_rn / __fadd_rn keep nvcc
+// from fusing the product and the sum into an FMA, which would round differently from the
+// reference. T: float or uint16_t (bf16 bits) expert outputs.
+template <typename T, int V>
+__global__ void __launch_bounds__(kCombineThreads)
+    CombineKernel(MoeCombineParams p, const T* expert_out) {
   const int64_t t = blockIdx.x;
-  const int64_t c = (blockIdx.y * int64_t{kCombineThreads} + threadIdx.x);
+  const int64_t c = (blockIdx.y * int64_t{kCombineThreads} + threadIdx.x) * V;
   if (c >= p.hidden_size) return;
-  float acc = p.out[t * p.hidden_size + c];
+  float* out = p.out + t * p.hidden_size + c;
+  float acc[V];
+  for (int j = 0; j < V; ++j) acc[j] = p.accumulate ? out[j] : 0.0f;
   for (int k = 0; k < p.top_k; ++k) {
     const int row = p.choice_row[t * p.top_k + k];
     if (row < 0) continue;
     const float w = p.topk_weights[t * p.top_k + k];
-    acc = __fadd_rn(acc, __fmul_rn(w, p.expert_out[int64_t{row} * p.hidden_size + c]));
+    const Cols<T, V> y(expert_out + int64_t{row} * p.hidden_size + c);
+    for (int j = 0; j < V; ++j) acc[j] = __fadd_rn(acc[j], __fmul_rn(w, y.v[j]));
   }
-  p.out[t * p.hidden_size + c] = acc;
+  if constexpr (V == 4) {
+    *reinterpret_cast<float4*>(out) = make_float4(acc[0], acc[1], acc[2], acc[3]);
+  } else {
+    out[0] = acc[0];
+  }
+}
+
+template <typename T>
+cudaError_t LaunchCombine(const MoeCombineParams& p, const T* expert_out, cudaStream_t stream) {
+  const bool vec4 = p.hidden_size % 4 == 0 && reinterpret_cast<uintptr_t>(p.out) % 16 == 0 &&
+                    reinterpret_cast<uintptr_t>(expert_out) % (4 * sizeof(T)) == 0;
+  const int64_t per_block = int64_t{kCombineThreads} * (vec4 ? 4 : 1);
+  const int64_t col_blocks = (p.hidden_size + per_block - 1) / per_block;
+  if (col_blocks > 65535) return cudaErrorInvalidValue;
+  const dim3 grid(static_cast<unsigned>(p.num_tokens), static_cast<unsigned>(col_blocks));
+  if (vec4) {
+    CombineKernel<T, 4><<<grid, kCombineThreads, 0, stream>>>(p, expert_out);
+  } else {
+    CombineKernel<T, 1><<<grid, kCombineThreads, 0, stream>>>(p, expert_out);
+  }
+  return cudaGetLastError();
 }
 
 }  // namespace
@@ -188,17 +276,36 @@ cudaError_t MoePermuteF32(const MoePermuteParams& p, cudaStream_t stream) {
   if (MoePermutedRowsBound(p.num_tokens, p.top_k, p.num_slots, p.row_align) >= (int64_t{1} << 31)) {
     return cudaErrorInvalidValue;
   }
-  const size_t shared = sizeof(int) * kPlanWarps * p.num_slots;
-  PermutePlanKernel<<<1, kPlanThreads, shared, stream>>>(p);
-  cudaError_t err = cudaGetLastError();
+  const size_t counters = sizeof(int) * kPlanWarps * p.num_slots;
+  const size_t cached = counters + sizeof(int16_t) * static_cast<size_t>(choices);
+  // Shared memory a block may opt into beyond the default 48 KB, minus the static arrays.
+  int device = 0, optin = 0;
+  cudaError_t err = cudaGetDevice(&device);
+  if (err == cudaSuccess) {
+    err = cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device);
+  }
+  if (err != cudaSuccess) return err;
+  const size_t static_bytes = sizeof(int) * 3 * kMaxMoeSlots;
+  const bool cache_slots = cached + static_bytes <= static_cast<size_t>(optin);
+  const size_t shared = cache_slots ? cached : counters;
+  if (shared + static_bytes > 48 * 1024) {
+    err = cudaFuncSetAttribute(PermutePlanKernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                               static_cast<int>(shared));
+    if (err != cudaSuccess) return err;
+  }
+  PermutePlanKernel<<<1, kPlanThreads, shared, stream>>>(p, cache_slots);
+  err = cudaGetLastError();
   if (err != cudaSuccess || choices == 0 || p.hidden_size == 0) return err;
   if (p.row_align > 1) {
+    const bool aligned = p.hidden_size % 4 == 0 && reinterpret_cast<uintptr_t>(p.hidden) % 16 == 0;
     if (p.permuted_hidden_bf16 != nullptr) {
+      const bool vec4 = aligned && reinterpret_cast<uintptr_t>(p.permuted_hidden_bf16) % 8 == 0;
       GatherByChoiceKernel<uint16_t><<<static_cast<unsigned>(choices), kGatherThreads, 0, stream>>>(
-          p.hidden_size, p.top_k, p.hidden, p.choice_row, p.permuted_hidden_bf16);
+          p.hidden_size, p.top_k, vec4, p.hidden, p.choice_row, p.permuted_hidden_bf16);
     } else {
+      const bool vec4 = aligned && reinterpret_cast<uintptr_t>(p.permuted_hidden) % 16 == 0;
       GatherByChoiceKernel<float><<<static_cast<unsigned>(choices), kGatherThreads, 0, stream>>>(
-          p.hidden_size, p.top_k, p.hidden, p.choice_row, p.permuted_hidden);
+          p.hidden_size, p.top_k, vec4, p.hidden, p.choice_row, p.permuted_hidden);
     }
     return cudaGetLastError();
   }
@@ -219,12 +326,13 @@ cudaError_t MoePermuteF32(const MoePermuteParams& p, cudaStream_t stream) {
 
 cudaError_t MoeCombineF32(const MoeCombineParams& p, cudaStream_t stream) {
   if (p.num_tokens < 0 || p.top_k < 0 || p.hidden_size < 0) return cudaErrorInvalidValue;
-  if (p.num_tokens == 0 || p.top_k == 0 || p.hidden_size == 0) return cudaSuccess;
-  const int64_t col_blocks = (p.hidden_size + kCombineThreads - 1) / kCombineThreads;
-  if (col_blocks > 65535) return cudaErrorInvalidValue;
-  const dim3 grid(static_cast<unsigned>(p.num_tokens), static_cast<unsigned>(col_blocks));
-  CombineKernel<<<grid, kCombineThreads, 0, stream>>>(p);
-  return cudaGetLastError();
+  if (p.num_tokens == 0 || p.hidden_size == 0) return cudaSuccess;
+  if (p.top_k == 0) {
+    if (p.accumulate) return cudaSuccess;
+    return cudaMemsetAsync(p.out, 0, sizeof(float) * p.num_tokens * p.hidden_size, stream);
+  }
+  if (p.expert_out_bf16 != nullptr) return LaunchCombine(p, p.expert_out_bf16, stream);
+  return LaunchCombine(p, p.expert_out, stream);
 }
 
 }  // namespace kernels

@@ -66,13 +66,20 @@ struct MoeCombineParams {
   const int32_t* choice_row = nullptr;  // [num_tokens, top_k] from MoePermuteF32
   const float* topk_weights = nullptr;  // [num_tokens, top_k]
   const float* expert_out = nullptr;    // [rows, hidden_size], rows in permuted order
-  float* out = nullptr;                 // [num_tokens, hidden_size], added into
+  // If set, the expert outputs are read from here as bf16 bits instead (a bf16-output expert
+  // GEMM: half the bytes of this pass), widened exactly to fp32; expert_out is not used.
+  const uint16_t* expert_out_bf16 = nullptr;  // [rows, hidden_size]
+  float* out = nullptr;                       // [num_tokens, hidden_size]
+  // true: the sum is added into out; false: out is overwritten (it is not read, so the caller
+  // needs no memset; the result equals adding into zeros, bit for bit).
+  bool accumulate = true;
 };
 
-// out[t, :] += w[t, k] * expert_out[choice_row[t, k], :] summed over k = 0, 1, ... in order,
+// out[t, :] (+)= w[t, k] * expert_out[choice_row[t, k], :] summed over k = 0, 1, ... in order,
 // each step an fp32 product then an fp32 sum (never fused), skipping choice_row -1: bit for bit
-// MoeCombineReference. With ids ascending within a token (as the noaux_tc router emits them)
-// and slots ascending in expert id, this is also LocalExpertDispatcher::Combine's order.
+// MoeCombineReference (into zeros when !accumulate). With ids ascending within a token (as the
+// noaux_tc router emits them) and slots ascending in expert id, this is also
+// LocalExpertDispatcher::Combine's order.
 cudaError_t MoeCombineF32(const MoeCombineParams& params, cudaStream_t stream);
 
 }  // namespace kernels

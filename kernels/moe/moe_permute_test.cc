@@ -178,6 +178,32 @@ void CheckPermuteAndCombine(int32_t tokens, int32_t top_k, int32_t experts, int3
   for (size_t i = 0; i < got_out.size(); ++i)
     differ += std::memcmp(&got_out[i], &want_out[i], 4) != 0;
   EXPECT_EQ(differ, 0u) << "combine elements not bit-identical to the reference";
+
+  // The bf16 combine of the cuBLAS path: bf16 expert outputs, out overwritten (poisoned here,
+  // never read): bit for bit the reference on the widened values into zeros.
+  std::vector<uint16_t> expert16(expert_out.size());
+  std::vector<float> expert_widened(expert_out.size());
+  for (size_t i = 0; i < expert_out.size(); ++i) {
+    expert16[i] = kernels::FloatToBf16(expert_out[i]);
+    expert_widened[i] = kernels::Bf16ToFloat(expert16[i]);
+  }
+  std::vector<float> want16(size_t(tokens) * hidden_size, 0.0f);
+  kernels::MoeCombineReference(tokens, top_k, hidden_size, want.choice_row.data(), r.weights.data(),
+                               expert_widened.data(), want16.data());
+  DeviceArray<uint16_t> dexpert16(expert16);
+  DeviceArray<float> dout16(size_t(tokens) * hidden_size);
+  dout16.Poison();
+  c.expert_out = nullptr;
+  c.expert_out_bf16 = dexpert16.get();
+  c.accumulate = false;
+  c.out = dout16.get();
+  DEEPINFER_CUDA_OK(kernels::MoeCombineF32(c, nullptr));
+  DEEPINFER_CUDA_OK(dout16.Download(&got_out));
+  ASSERT_EQ(got_out.size(), want16.size());
+  differ = 0;
+  for (size_t i = 0; i < got_out.size(); ++i)
+    differ += std::memcmp(&got_out[i], &want16[i], 4) != 0;
+  EXPECT_EQ(differ, 0u) << "bf16 combine elements not bit-identical to the reference";
 }
 
 // row_align > 1 (the chunked cuBLAS path's layout): the reference permutation with each slot
@@ -285,6 +311,9 @@ TEST(MoePermuteTest, PaddedRowsForChunkedGemms) {
   CheckPaddedPermute(333, 8, 256, 100, 37, 70, 16, /*bf16=*/false);  // subset, invalid ids
   CheckPaddedPermute(4099, 8, 512, kernels::kMaxMoeSlots, 0, 64, 256, /*bf16=*/true);
   CheckPaddedPermute(0, 6, 64, 64, 0, 32, 64, /*bf16=*/false);
+  // Both element types on both gather widths (hidden % 4 == 0: 16-byte loads).
+  CheckPaddedPermute(300, 6, 64, 64, 0, 512, 128, /*bf16=*/false);
+  CheckPaddedPermute(300, 6, 64, 64, 0, 70, 64, /*bf16=*/true);
 }
 
 TEST(MoePermuteTest, DecodeOneToken) {
@@ -305,6 +334,15 @@ TEST(MoePermuteTest, ExpertParallelSubsetWithInvalidIds) {
 TEST(MoePermuteTest, MaxSlotsManyTokens) {
   DEEPINFER_SKIP_WITHOUT_GPU();
   CheckPermuteAndCombine(4099, 8, 512, kernels::kMaxMoeSlots, 0, 64);
+}
+
+// The plan kernel keeps each choice's slot in shared memory when they fit (the 4099 x 8 case
+// above: 64 KB, beyond the default 48 KB) and reloads them otherwise: 8192 x 6 as in a Moonlight
+// prefill, and 40000 x 6 (480 KB of slots: more than any GPU's shared memory).
+TEST(MoePermuteTest, PrefillSizesWithAndWithoutSlotCache) {
+  DEEPINFER_SKIP_WITHOUT_GPU();
+  CheckPermuteAndCombine(8192, 6, 64, 64, 0, 16);
+  CheckPermuteAndCombine(40000, 6, 64, 50, 101, 8);
 }
 
 TEST(MoePermuteTest, NoTokens) {

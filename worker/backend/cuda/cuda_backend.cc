@@ -14,6 +14,7 @@
 #include "kernels/attention/mla_attention.h"
 #include "kernels/attention/mla_prefill.h"
 #include "kernels/embedding/rows.h"
+#include "kernels/moe/expert_activation.h"
 #include "kernels/moe/expert_counts.h"
 #include "kernels/moe/expert_gemm_cublas.h"
 #include "kernels/moe/grouped_gemm.h"
@@ -55,6 +56,18 @@ bool FitsInt(int64_t v) { return v >= 0 && v <= std::numeric_limits<int>::max();
 // on the H200 at the Moonlight shape (moe_prefill_bench, docs/kernels.md): 64 was fastest up to
 // 48 rows per expert, 128 from 96 rows on (256 never clearly better).
 int32_t ChunkRowsFor(int64_t avg_rows) { return avg_rows < 96 ? 64 : 128; }
+
+const char* ExpertGemmAlgoName(kernels::ExpertGemmCublasAlgo algo) {
+  switch (algo) {
+    case kernels::ExpertGemmCublasAlgo::kChunked:
+      return "chunked";
+    case kernels::ExpertGemmCublasAlgo::kPerExpert:
+      return "per expert";
+    case kernels::ExpertGemmCublasAlgo::kGrouped:
+      return "grouped";
+  }
+  return "?";
+}
 
 // An instantiated CUDA graph, launched on the backend's stream.
 class CudaGraphOps : public CapturedOps {
@@ -774,7 +787,12 @@ bool CudaBackend::RoutedExperts(const RoutedExpertsArgs& a) {
     Check(kernels::MoePermuteF32(p, stream_), "kernels::MoePermuteF32");
   }
 
-  auto expert_out = AllocateScratch(rows * H * sizeof(float));
+  // The cuBLAS path with bf16 weights: gate_up and down write bf16 (as a bf16 PyTorch model
+  // rounds each Linear's output), halving the GEMMs' output bytes and the SiLU-mul and combine
+  // passes over them.
+  const bool expert_out_bf16 = gather_bf16;
+  auto expert_out =
+      AllocateScratch(rows * H * (expert_out_bf16 ? sizeof(uint16_t) : sizeof(float)));
   if (device_grouped) {
     auto gate_up = AllocateScratch(rows * 2 * I * sizeof(float));
     kernels::GroupedGemmBf16Params g;
@@ -798,19 +816,28 @@ bool CudaBackend::RoutedExperts(const RoutedExpertsArgs& a) {
     g.y = expert_out->as<float>();
     Check(kernels::GroupedGemmBf16(g, stream_), "kernels::GroupedGemmBf16(down)");
   } else if (!ExpertGemmsOnCublas(a, plan->as<int32_t>(), row_align, rows, permuted->data(),
-                                  expert_out->as<float>())) {
+                                  expert_out->data())) {
     return true;  // the error is recorded; the output is meaningless, as after any failed op
   }
 
   PhaseTimer phase(this, "RoutedExpertsCublas/combine", !device_grouped);
-  Check(cudaMemsetAsync(a.out, 0, T * H * sizeof(float), stream_), "cudaMemsetAsync");
+  // The cuBLAS path's combine overwrites out (no memset pass; the same bits as adding into
+  // zeros).
+  if (device_grouped) {
+    Check(cudaMemsetAsync(a.out, 0, T * H * sizeof(float), stream_), "cudaMemsetAsync");
+  }
   kernels::MoeCombineParams c;
   c.num_tokens = static_cast<int32_t>(T);
   c.top_k = static_cast<int32_t>(K);
   c.hidden_size = H;
   c.choice_row = choice_row->as<int32_t>();
   c.topk_weights = a.topk_weights;
-  c.expert_out = expert_out->as<float>();
+  if (expert_out_bf16) {
+    c.expert_out_bf16 = expert_out->as<uint16_t>();
+  } else {
+    c.expert_out = expert_out->as<float>();
+  }
+  c.accumulate = device_grouped;
   c.out = a.out;
   Check(kernels::MoeCombineF32(c, stream_), "kernels::MoeCombineF32");
   return true;
@@ -818,7 +845,7 @@ bool CudaBackend::RoutedExperts(const RoutedExpertsArgs& a) {
 
 bool CudaBackend::ExpertGemmsOnCublas(const RoutedExpertsArgs& a, const int32_t* plan,
                                       int32_t chunk_rows, int64_t rows, const void* permuted,
-                                      float* expert_out) {
+                                      void* expert_out) {
   const int64_t E = a.num_experts, H = a.hidden_size, I = a.inter;
   // The one host synchronisation of this path: cuBLAS takes the group sizes on the host.
   std::vector<int32_t> host_plan(2 * E + 1);  // counts [E] | offsets [E + 1]
@@ -845,11 +872,13 @@ bool CudaBackend::ExpertGemmsOnCublas(const RoutedExpertsArgs& a, const int32_t*
     return false;
   }
   // bf16 weights: the activation operands are rounded to bf16 (the permutation did it for the
-  // hidden rows), as every bf16 GEMM of the backend.
+  // hidden rows), as every bf16 GEMM of the backend, and both GEMMs write bf16.
   const bool bf16 = a.dtype == WeightDType::kBFloat16;
-  const int64_t pointer_count = kernels::ExpertGemmPointerCount(rows, chunk_rows);
+  const int64_t pointer_count =
+      std::max(kernels::ExpertGemmPointerCount(rows, chunk_rows),
+               kernels::ExpertGemmGroupedPointerCount(static_cast<int32_t>(E)));
   auto pointers = AllocateScratch(pointer_count * sizeof(void*));
-  auto gate_up_out = AllocateScratch(rows * 2 * I * sizeof(float));
+  auto gate_up_out = AllocateScratch(rows * 2 * I * (bf16 ? sizeof(uint16_t) : sizeof(float)));
   kernels::ExpertGemmCublasParams g;
   g.num_slots = static_cast<int32_t>(E);
   g.host_counts = host_plan.data();
@@ -859,7 +888,8 @@ bool CudaBackend::ExpertGemmsOnCublas(const RoutedExpertsArgs& a, const int32_t*
   g.n = static_cast<int32_t>(2 * I);
   g.k = static_cast<int32_t>(H);
   g.x = permuted;
-  g.y = gate_up_out->as<float>();
+  g.y = gate_up_out->data();
+  g.output_type = bf16 ? CUDA_R_16BF : CUDA_R_32F;
   g.chunk_rows = chunk_rows;
   g.device_pointers = static_cast<void**>(pointers->data());
   g.device_pointers_size = pointer_count;
@@ -873,9 +903,9 @@ bool CudaBackend::ExpertGemmsOnCublas(const RoutedExpertsArgs& a, const int32_t*
     PhaseTimer phase(this, "RoutedExpertsCublas/silu_mul", true);
     const int64_t act_rows = host_plan[2 * E];  // padded total
     if (bf16) {
-      Check(kernels::SiluMulF32ToBf16(act_rows, I, gate_up_out->as<float>(), act->as<uint16_t>(),
-                                      stream_),
-            "kernels::SiluMulF32ToBf16");
+      Check(kernels::SiluMulBf16(act_rows, I, gate_up_out->as<uint16_t>(), act->as<uint16_t>(),
+                                 stream_),
+            "kernels::SiluMulBf16");
     } else {
       Check(kernels::SiluMulF32(act_rows, I, gate_up_out->as<float>(), act->as<float>(), stream_),
             "kernels::SiluMulF32");
@@ -893,17 +923,16 @@ bool CudaBackend::ExpertGemmsOnCublas(const RoutedExpertsArgs& a, const int32_t*
 bool CudaBackend::ExpertGemms(const kernels::ExpertGemmCublasParams& g, const char* which) {
   cublasStatus_t st = kernels::ExpertGemmsCublas(cublas_, g, expert_gemm_algo_);
   if (st == CUBLAS_STATUS_NOT_SUPPORTED &&
-      expert_gemm_algo_ == kernels::ExpertGemmCublasAlgo::kChunked) {
-    // A cuBLAS without this batched type combination: per expert from now on (the padded
-    // layout of this call works for both).
-    LOG(WARNING) << "CudaBackend: cublasGemmBatchedEx refused the chunked expert GEMM; using "
-                    "one cuBLAS GEMM per expert";
+      expert_gemm_algo_ != kernels::ExpertGemmCublasAlgo::kPerExpert) {
+    // A cuBLAS without this batched / grouped type combination: per expert from now on (it
+    // takes any layout, the padded one of kChunked included).
+    LOG(WARNING) << "CudaBackend: cuBLAS refused the " << ExpertGemmAlgoName(expert_gemm_algo_)
+                 << " expert GEMM; using one cuBLAS GEMM per expert";
     expert_gemm_algo_ = kernels::ExpertGemmCublasAlgo::kPerExpert;
     st = kernels::ExpertGemmsCublas(cublas_, g, expert_gemm_algo_);
   }
-  const std::string call = absl::StrCat(
-      "kernels::ExpertGemmsCublas(", which, ", ",
-      expert_gemm_algo_ == kernels::ExpertGemmCublasAlgo::kChunked ? "chunked" : "per expert", ")");
+  const std::string call = absl::StrCat("kernels::ExpertGemmsCublas(", which, ", ",
+                                        ExpertGemmAlgoName(expert_gemm_algo_), ")");
   return CheckBlas(st, call.c_str());
 }
 

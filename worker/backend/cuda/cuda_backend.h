@@ -88,7 +88,8 @@ class CudaBackend : public Backend {
   //  * otherwise: cuBLAS tensor-core GEMMs (kernels::ExpertGemmsCublas, expert_gemm_algo():
   //    by default each expert's rows in fixed chunks, all chunks in one batched call), after
   //    ONE device-to-host copy of the group sizes; activations rounded to bf16 for bf16
-  //    weights, as in Gemm.
+  //    weights, as in Gemm, and with bf16 weights both GEMMs write bf16 (kernels::SiluMulBf16
+  //    between them, the combine reads bf16), as a bf16 PyTorch model rounds each Linear.
   bool RoutedExperts(const RoutedExpertsArgs& args) override;
   // The chunked cuBLAS GEMMs were faster from 128 tokens on (the smallest size measured,
   // docs/kernels.md); decode batches up to here keep the path without host synchronisation.
@@ -172,9 +173,9 @@ class CudaBackend : public Backend {
   // recording an error.
   // plan: device counts [E] | offsets [E + 1] of the permutation (rows padded to chunk_rows
   // for kChunked); `rows` the row buffers' size; `permuted` the gathered rows in the weights'
-  // type (bf16 or fp32).
+  // type (bf16 or fp32); `expert_out` [rows, hidden] gets the down GEMM's output in that type.
   bool ExpertGemmsOnCublas(const RoutedExpertsArgs& a, const int32_t* plan, int32_t chunk_rows,
-                           int64_t rows, const void* permuted, float* expert_out);
+                           int64_t rows, const void* permuted, void* expert_out);
   // One kernels::ExpertGemmsCublas call with expert_gemm_algo_.
   bool ExpertGemms(const kernels::ExpertGemmCublasParams& g, const char* which);
   // Rounds the `elements` fp32 values at a to bf16 into a new scratch buffer.

@@ -228,8 +228,9 @@ class RoutedExpertsTest : public CudaBackendTest {
     SCOPED_TRACE(::testing::Message()
                  << "tokens " << T << (bf16 ? " bf16" : " fp32") << " weights, "
                  << (cublas_path
-                         ? (algo == kernels::ExpertGemmCublasAlgo::kChunked ? "cuBLAS chunked"
-                                                                            : "cuBLAS per expert")
+                         ? (algo == kernels::ExpertGemmCublasAlgo::kChunked   ? "cuBLAS chunked"
+                            : algo == kernels::ExpertGemmCublasAlgo::kGrouped ? "cuBLAS grouped"
+                                                                              : "cuBLAS per expert")
                          : "device grouped GEMM")
                  << ", seed " << seed);
     std::mt19937 gen(seed);
@@ -288,19 +289,36 @@ class RoutedExpertsTest : public CudaBackendTest {
     // the other side of a bf16 rounding boundary (the cuBLAS bf16 path rounds activations
     // computed in another summation order than the CPU's, so a few of the ~10^6 activations
     // round the other way): sum_k |w| * 2^-8 * max|act| * max_i |W_down[j, i]|.
+    // The cuBLAS path with bf16 weights also rounds both GEMMs' outputs to bf16 (as HF's bf16
+    // Linear layers do): so does the reference, and a gate/up value rounded the other way
+    // moves its activation by about as much as an activation rounded the other way (counted
+    // twice more in flip[]), an expert output rounded the other way moves out by |w| * 2^-8 *
+    // |y|.
+    const bool round_outputs = bf16 && cublas_path;
     std::vector<double> flip(T * H, 0.0);
     std::vector<float> gu(2 * I), act(I), y(H);
     for (int64_t t = 0; t < T; ++t) {
       for (int64_t k = 0; k < K; ++k) {
         const int32_t e = ids[t * K + k];
         ref.Gemm(1, 2 * I, H, x.data() + t * H, H, ref_gu[e], H, gu.data(), 2 * I, false);
+        if (round_outputs) {
+          for (float& v : gu) v = RoundToBf16(v);
+        }
         ref.SiluMul(1, I, gu.data(), act.data());
         ref.Gemm(1, H, I, act.data(), I, ref_dn[e], I, y.data(), H, false);
+        if (round_outputs) {
+          for (float& v : y) v = RoundToBf16(v);
+        }
         double amax = 0;
         for (float v : act) amax = std::max(amax, std::abs(static_cast<double>(v)));
+        const double act_flips = round_outputs ? 3.0 : 1.0;
         for (int64_t i = 0; i < H; ++i) {
           want[t * H + i] += w[t * K + k] * y[i];
-          flip[t * H + i] += std::abs(w[t * K + k]) * std::ldexp(amax, -8) * down_max[e][i];
+          flip[t * H + i] +=
+              std::abs(w[t * K + k]) * std::ldexp(amax, -8) * down_max[e][i] * act_flips;
+          if (round_outputs) {
+            flip[t * H + i] += std::abs(w[t * K + k]) * std::ldexp(std::abs(y[i]), -8);
+          }
         }
       }
     }
@@ -341,7 +359,7 @@ class RoutedExpertsTest : public CudaBackendTest {
     ASSERT_TRUE(gpu_->RoutedExperts(a));
     const std::vector<float> got = Download(*dout);
     if (cublas_path && gpu_->expert_gemm_algo() != algo) {
-      std::cout << "note: cuBLAS refused the chunked batched GEMM, ran per expert\n";
+      std::cout << "note: cuBLAS refused the batched / grouped GEMM, ran per expert\n";
     }
     // Outputs are O(1). device-grouped: fp32 x, bf16 hi+lo split (<= 2^-17 relative) and
     // summation order; cuBLAS bf16: like the bf16 CPU backend up to summation order and the
@@ -375,7 +393,8 @@ TEST_F(RoutedExpertsTest, DeviceGroupedPathMatchesPerTokenReference) {
 
 TEST_F(RoutedExpertsTest, CublasPathMatchesPerTokenReference) {
   for (auto algo :
-       {kernels::ExpertGemmCublasAlgo::kChunked, kernels::ExpertGemmCublasAlgo::kPerExpert}) {
+       {kernels::ExpertGemmCublasAlgo::kChunked, kernels::ExpertGemmCublasAlgo::kGrouped,
+        kernels::ExpertGemmCublasAlgo::kPerExpert}) {
     for (int64_t T : {int64_t{CudaBackend::kMaxFusedMoeTokens} + 1, int64_t{513}, int64_t{4096}}) {
       Run(T, WeightDType::kBFloat16, algo);
     }

@@ -1,0 +1,25 @@
+// SwiGLU's SiLU-and-multiply between the two bf16-output expert GEMMs of the prefill MoE path
+// (kernels/moe/expert_gemm_cublas.h): gate_up rows in bf16 in, the down GEMM's bf16 operand out.
+// The fp32-in variants (SiluMulF32, SiluMulF32ToBf16) are in kernels/activation/elementwise.h.
+#ifndef DEEPINFER_KERNELS_MOE_EXPERT_ACTIVATION_H_
+#define DEEPINFER_KERNELS_MOE_EXPERT_ACTIVATION_H_
+
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+
+namespace deepinfer {
+namespace kernels {
+
+// out[r, i] = bf16(silu(g) * u) with g = x[r, i], u = x[r, inter + i] widened exactly to fp32,
+// silu(g) = g / (1 + expf(-g)) in fp32 (as SiluMulF32ToBf16), rounded to nearest even; rows of x
+// are [gate | up], width 2 * inter, all values bf16 bits. Device pointers; one launch on
+// `stream` (8 values per thread when inter % 8 == 0 and both pointers are 16-byte aligned).
+// cudaErrorInvalidValue for negative sizes.
+cudaError_t SiluMulBf16(int64_t rows, int64_t inter, const uint16_t* x, uint16_t* out,
+                        cudaStream_t stream);
+
+}  // namespace kernels
+}  // namespace deepinfer
+
+#endif  // DEEPINFER_KERNELS_MOE_EXPERT_ACTIVATION_H_

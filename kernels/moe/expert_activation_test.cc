@@ -1,0 +1,74 @@
+// SiluMulBf16 against (1) SiluMulF32ToBf16 on the same values widened to fp32: bit for bit (the
+// same fp32 formula), and (2) the CPU backend's SiluMul rounded on the host: within one bf16
+// step (device and host expf may differ by an ulp, which can cross a rounding boundary). Both
+// the 8-wide and the scalar path (odd widths, unaligned pointers); outputs poisoned first.
+#include "kernels/moe/expert_activation.h"
+
+#include <cstdlib>
+#include <vector>
+
+#include "gtest/gtest.h"
+#include "kernels/activation/elementwise.h"
+#include "kernels/moe/moe_reference.h"
+#include "kernels/testing/gpu_test_util.h"
+#include "worker/backend/cpu/cpu_backend.h"
+
+namespace deepinfer {
+namespace {
+
+using testing::DeviceArray;
+
+// `shift` elements of offset on both device pointers (1: misaligned, the scalar path).
+void Check(int64_t rows, int64_t inter, int64_t shift) {
+  const uint32_t seed = testing::FreshSeed();
+  SCOPED_TRACE(::testing::Message()
+               << "rows " << rows << " inter " << inter << " shift " << shift << " seed " << seed);
+  const auto values = testing::RandomFloats(rows * 2 * inter, seed, 4.0f);
+  std::vector<uint16_t> x16(shift, 0);
+  std::vector<float> x;  // the bf16 values, widened
+  for (float v : values) {
+    x16.push_back(kernels::FloatToBf16(v));
+    x.push_back(kernels::Bf16ToFloat(x16.back()));
+  }
+  DeviceArray<uint16_t> dx(x16), dout(shift + rows * inter), dwant(rows * inter);
+  DeviceArray<float> dx32(x);
+  dout.Poison();
+  DEEPINFER_CUDA_OK(
+      kernels::SiluMulBf16(rows, inter, dx.get() + shift, dout.get() + shift, nullptr));
+  DEEPINFER_CUDA_OK(kernels::SiluMulF32ToBf16(rows, inter, dx32.get(), dwant.get(), nullptr));
+  std::vector<uint16_t> got, want;
+  DEEPINFER_CUDA_OK(dout.Download(&got));
+  DEEPINFER_CUDA_OK(dwant.Download(&want));
+  for (int64_t i = 0; i < shift; ++i) EXPECT_EQ(got[i], 0xFFFF) << "written before the output";
+  got.erase(got.begin(), got.begin() + shift);
+  EXPECT_EQ(got, want);
+  CpuBackend cpu(2);
+  std::vector<float> host(rows * inter);
+  cpu.SiluMul(rows, inter, x.data(), host.data());
+  int far = 0;
+  for (size_t i = 0; i < got.size(); ++i) {
+    const int h = kernels::FloatToBf16(host[i]);
+    if (std::abs(static_cast<int>(got[i]) - h) > 1 && ++far <= 5) {
+      ADD_FAILURE() << "element " << i << ": got bf16 bits " << got[i] << ", host " << h;
+    }
+  }
+  EXPECT_EQ(far, 0);
+}
+
+TEST(ExpertActivationTest, SiluMulBf16MatchesFp32Kernel) {
+  DEEPINFER_SKIP_WITHOUT_GPU();
+  Check(1, 1408, 0);    // 8-wide
+  Check(130, 1408, 0);  // 8-wide, many rows
+  Check(77, 24, 0);     // 8-wide, narrow rows
+  Check(130, 3, 0);     // scalar: odd width
+  Check(33, 1408, 1);   // scalar: unaligned pointers
+}
+
+TEST(ExpertActivationTest, EmptyAndBadSizes) {
+  DEEPINFER_SKIP_WITHOUT_GPU();
+  EXPECT_EQ(kernels::SiluMulBf16(0, 1408, nullptr, nullptr, nullptr), cudaSuccess);
+  EXPECT_EQ(kernels::SiluMulBf16(-1, 8, nullptr, nullptr, nullptr), cudaErrorInvalidValue);
+}
+
+}  // namespace
+}  // namespace deepinfer
