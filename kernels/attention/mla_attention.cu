@@ -247,6 +247,28 @@ __device__ __forceinline__ void LoadKeyChunk(const MlaAttentionParams& p, const 
   CopyAsyncCommit();
 }
 
+// Sets [begin, end) to split `split`'s keys of token t's context: splits cover whole chunks of
+// kChunkKeys keys, so trailing splits of a short context are empty. An empty split (only
+// possible with num_splits > 1) writes the combine's "nothing here" marker (max -inf, sum 0)
+// for its kHeads heads from h0 and returns true: the block has nothing else to do.
+template <int kChunkKeys, int kHeads>
+__device__ __forceinline__ bool SplitIsEmpty(const MlaAttentionParams& p, int64_t t, int split,
+                                             int num_splits, int h0, float* ws_ml, int64_t* begin,
+                                             int64_t* end) {
+  const int64_t len = p.context_len[t];
+  const int64_t per_split = (len + num_splits - 1) / num_splits;
+  const int64_t span = (per_split + kChunkKeys - 1) / kChunkKeys * kChunkKeys;
+  *begin = split * span;
+  *end = len < *begin + span ? len : *begin + span;
+  if (num_splits == 1 || *begin < *end) return false;
+  if (threadIdx.x < kHeads && h0 + static_cast<int>(threadIdx.x) < p.num_heads) {
+    float* ml = ws_ml + ((t * p.num_heads + h0 + threadIdx.x) * num_splits + split) * 2;
+    ml[0] = -INFINITY;
+    ml[1] = 0.0f;
+  }
+  return true;
+}
+
 // Block index = (token * num_splits + split) * num_groups + group: the head groups of one
 // (token, split) run side by side and share its keys through L2.
 // Two blocks per SM up to latent 512; wider latents need more shared memory than that leaves.
@@ -273,19 +295,8 @@ __global__ void __launch_bounds__(kGroupThreads, kColIters <= 2 ? 2 : 1)
   const int h0 = group * kGroupHeads;
   const int32_t* table =
       p.block_tables + static_cast<int64_t>(p.token_seq[t]) * p.max_blocks_per_seq;
-  const int64_t len = p.context_len[t];
-  // Splits cover whole chunks; trailing splits of a short context are empty.
-  const int64_t per_split = (len + num_splits - 1) / num_splits;
-  const int64_t span = (per_split + kKeyChunk - 1) / kKeyChunk * kKeyChunk;
-  const int64_t begin = split * span;
-  const int64_t end = len < begin + span ? len : begin + span;
-
-  if (num_splits > 1 && begin >= end) {
-    if (tid < kGroupHeads && h0 + tid < p.num_heads) {
-      float* ml = ws_ml + ((t * p.num_heads + h0 + tid) * num_splits + split) * 2;
-      ml[0] = -INFINITY;
-      ml[1] = 0.0f;
-    }
+  int64_t begin = 0, end = 0;
+  if (SplitIsEmpty<kKeyChunk, kGroupHeads>(p, t, split, num_splits, h0, ws_ml, &begin, &end)) {
     return;
   }
 
@@ -492,6 +503,87 @@ __global__ void MlaCombineKernel(const float* ws_out, const float* ws_ml, int nu
   }
 }
 
+// The same merge for the streamed tensor-core kernel, spread wider: a block per (token x head,
+// tile of 256 / kGroups columns); thread row r of the block sums splits r, r + kGroups, ...
+// of its column, loading all of them before it needs the weights (so the partials' loads and
+// the weights' overlap), and the rows' sums are added in row order. MlaCombineKernel has a
+// block per (token x head) and loads one split after another, which at one decode token (16
+// blocks, 64 splits) takes tens of microseconds.
+constexpr int kCombineThreads = 256;
+
+template <int kGroups>
+__global__ void __launch_bounds__(kCombineThreads)
+    MlaCombineWideKernel(const float* ws_out, const float* ws_ml, int num_splits, int latent,
+                         float* out) {
+  constexpr int kCols = kCombineThreads / kGroups;
+  constexpr int kPerThread = kMaxMlaSplits / kGroups;
+  __shared__ float weight[kMaxMlaSplits];
+  __shared__ float denom;
+  __shared__ float row_sum[kGroups][kCols];
+  const int64_t th = blockIdx.x;
+  const int tid = threadIdx.x, row = tid / kCols;
+  const int col = blockIdx.y * kCols + tid % kCols;
+  // Unconditional loads (an empty split's partial is never written, so it may be anything);
+  // weight 0 discards it below.
+  float x[kPerThread];
+  const float* part = ws_out + th * num_splits * latent + col;
+#pragma unroll
+  for (int i = 0; i < kPerThread; ++i) {
+    const int s = row + i * kGroups;
+    x[i] = s < num_splits && col < latent ? part[static_cast<int64_t>(s) * latent] : 0.0f;
+  }
+  if (tid < 32) {
+    const float* ml = ws_ml + th * num_splits * 2;
+    float mx = -INFINITY;
+    for (int s = tid; s < num_splits; s += 32) mx = fmaxf(mx, ml[2 * s]);
+    for (int o = 16; o > 0; o >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
+    float sum = 0.0f;
+    for (int s = tid; s < num_splits; s += 32) {
+      // Empty splits (l = 0, m = -inf) get weight 0 without evaluating exp(-inf - -inf).
+      const float w = ml[2 * s + 1] > 0.0f ? expf(ml[2 * s] - mx) : 0.0f;
+      weight[s] = w;
+      sum += w * ml[2 * s + 1];
+    }
+    for (int o = 16; o > 0; o >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
+    if (tid == 0) denom = sum;
+  }
+  __syncthreads();
+  float acc = 0.0f;
+#pragma unroll
+  for (int i = 0; i < kPerThread; ++i) {
+    const int s = row + i * kGroups;
+    if (s < num_splits && weight[s] != 0.0f) acc = fmaf(weight[s], x[i], acc);
+  }
+  row_sum[row][tid % kCols] = acc;
+  __syncthreads();
+  if (row == 0 && col < latent) {
+    float total = 0.0f;
+#pragma unroll
+    for (int r = 0; r < kGroups; ++r) total += row_sum[r][tid];
+    out[th * latent + col] = total / denom;
+  }
+}
+
+// Launches MlaCombineWideKernel with as many split rows as the split count keeps busy.
+cudaError_t LaunchWideCombine(const float* ws_out, const float* ws_ml, int64_t token_heads,
+                              int num_splits, int latent, float* out, cudaStream_t stream) {
+  const int groups = num_splits >= 8 ? 8 : num_splits >= 4 ? 4 : 2;
+  const dim3 grid(
+      static_cast<unsigned>(token_heads),
+      static_cast<unsigned>((latent + kCombineThreads / groups - 1) / (kCombineThreads / groups)));
+  if (groups == 8) {
+    MlaCombineWideKernel<8>
+        <<<grid, kCombineThreads, 0, stream>>>(ws_out, ws_ml, num_splits, latent, out);
+  } else if (groups == 4) {
+    MlaCombineWideKernel<4>
+        <<<grid, kCombineThreads, 0, stream>>>(ws_out, ws_ml, num_splits, latent, out);
+  } else {
+    MlaCombineWideKernel<2>
+        <<<grid, kCombineThreads, 0, stream>>>(ws_out, ws_ml, num_splits, latent, out);
+  }
+  return cudaGetLastError();
+}
+
 // ---- Tensor-core kernel for bf16 caches ----
 
 constexpr int kMmaWarps = 4;
@@ -508,17 +600,27 @@ __host__ __device__ __forceinline__ int MmaRowStride(int dim) { return (dim + 15
 // Pipeline shapes of the tensor-core kernel: keys per shared-memory chunk (a multiple of 16:
 // kKeys / 8 score n-tiles, kKeys / 16 P·V k-steps), chunks in the ring (kStages - 1 in flight
 // while one is computed) and blocks per SM the shared memory is sized for.
+// stream: the block-table entries a chunk needs are loaded into a register one iteration before
+// its row offsets are written (so no barrier waits on a table lookup), the scores accumulate
+// the Q hi and lo products in separate registers (half as long dependent mma chains), and the
+// split partials are merged by MlaCombineWideKernel. Without it (variants 1-3, the earlier
+// kernel, kept as the benchmark's baseline) every iteration's barrier waits on the lookup of
+// the rows kStages chunks ahead.
 struct MmaShape {
   int keys, stages, min_blocks;
+  bool stream;
 };
-// Measured on the H200 at 128 x 1024 decode (docs/cuda.md): 0.141, 0.170 and 0.119 ms. More
-// stages did not help because every iteration waits on a block-table lookup (rows below).
+// Measured on the H200 at 128 x 1024 decode (docs/cuda.md): variants 1-3 0.141, 0.170 and
+// 0.119 ms.
 constexpr MmaShape kMmaShapes[] = {
-    {16, 5, 2},  // variant 1: 2 blocks per SM, up to 8 chunks (147 KB) in flight per SM
-    {32, 5, 1},  // variant 2: 1 block per SM, 4 chunks (147 KB) in flight, fewer barriers per key
-    {32, 2, 2},  // variant 3 (default): double-buffered, 2 blocks per SM
+    {16, 5, 2, false},  // variant 1: 2 blocks per SM, up to 8 chunks (147 KB) in flight per SM
+    {32, 5, 1, false},  // variant 2: 1 block per SM, 4 chunks (147 KB) in flight
+    {32, 2, 2, false},  // variant 3: double-buffered, 2 blocks per SM
+    {32, 2, 2, true},   // variant 4: variant 3's shape, streamed
+    {16, 5, 2, true},   // variant 5: variant 1's shape, streamed
+    {32, 4, 1, true},   // variant 6: 1 block per SM, 3 chunks (110 KB) in flight, streamed
 };
-constexpr int kMmaVariants = 3;
+constexpr int kMmaVariants = 6;
 static_assert(kMmaVariants == kMaxMlaMmaVariant, "mla_attention.h documents the variants");
 
 // Partial-score rows: kKeys + 8 floats keeps a half-warp's float2 stores in distinct banks.
@@ -623,6 +725,7 @@ __global__ void __launch_bounds__(kMmaThreads, kMmaShapes[kVariant - 1].min_bloc
                      float* ws_out, float* ws_ml) {
   constexpr int kKeys = kMmaShapes[kVariant - 1].keys;
   constexpr int kStages = kMmaShapes[kVariant - 1].stages;
+  constexpr bool kStream = kMmaShapes[kVariant - 1].stream;
   constexpr int kTiles = kKeys / 8;    // score n-tiles per chunk
   constexpr int kKSteps = kKeys / 16;  // P·V k-steps per chunk
   constexpr int kRedLd = MmaRedLd(kKeys);
@@ -642,20 +745,8 @@ __global__ void __launch_bounds__(kMmaThreads, kMmaShapes[kVariant - 1].min_bloc
   const int h0 = group * kMmaHeads;
   const int32_t* table =
       p.block_tables + static_cast<int64_t>(p.token_seq[t]) * p.max_blocks_per_seq;
-  const int64_t len = p.context_len[t];
-  const int64_t per_split = (len + num_splits - 1) / num_splits;
-  const int64_t span = (per_split + kKeys - 1) / kKeys * kKeys;
-  const int64_t begin = split * span;
-  const int64_t end = len < begin + span ? len : begin + span;
-
-  if (num_splits > 1 && begin >= end) {
-    if (tid < kMmaHeads && h0 + tid < p.num_heads) {
-      float* ml = ws_ml + ((t * p.num_heads + h0 + tid) * num_splits + split) * 2;
-      ml[0] = -INFINITY;
-      ml[1] = 0.0f;
-    }
-    return;
-  }
+  int64_t begin = 0, end = 0;
+  if (SplitIsEmpty<kKeys, kMmaHeads>(p, t, split, num_splits, h0, ws_ml, &begin, &end)) return;
 
   // This warp's score k-steps are warp, warp + 4, ...; their Q fragments (hi and lo) stay in
   // registers. Fragment register r: head g + 8 (r & 1), dims 2 tq + 8 (r >> 1) + {0, 1}.
@@ -683,6 +774,13 @@ __global__ void __launch_bounds__(kMmaThreads, kMmaShapes[kVariant - 1].min_bloc
   }
   for (int i = tid; i < kStages * kKeys; i += kMmaThreads) {  // chunks 0 .. kStages - 1
     rows[i] = begin + i < end ? KeyRowOffset(p, table, begin + i) : -1;
+  }
+  // Stream: the block of key begin + kStages * kKeys + tid, written as a row offset in the
+  // first iteration (tid < kKeys; the next chunk's is loaded then).
+  const int64_t bs = p.cache.block_size, entry = dim;
+  int64_t next_block = 0;
+  if (kStream && tid < kKeys && begin + kStages * kKeys + tid < end) {
+    next_block = table[(begin + kStages * kKeys + tid) / bs];
   }
 
   float acc[kNT][4];
@@ -714,18 +812,31 @@ __global__ void __launch_bounds__(kMmaThreads, kMmaShapes[kVariant - 1].min_bloc
     }
     if (tid < kKeys) {  // rows one chunk further; that slot held chunk - 1's, long consumed
       const int64_t j = j0 + kStages * kKeys + tid;
-      rows[((chunk + kStages) % (kStages + 1)) * kKeys + tid] =
-          j < end ? KeyRowOffset(p, table, j) : -1;
+      int64_t row = -1;
+      if (kStream) {
+        if (j < end) row = (next_block * bs + j % bs) * entry;      // loaded an iteration ago
+        if (j + kKeys < end) next_block = table[(j + kKeys) / bs];  // used next iteration
+      } else if (j < end) {
+        row = KeyRowOffset(p, table, j);  // waited for at this iteration's barrier
+      }
+      rows[((chunk + kStages) % (kStages + 1)) * kKeys + tid] = row;
     }
     CopyAsyncWait<kStages - 1>();  // this chunk's group has landed (for this thread) ...
     __syncthreads();               // ... and for every thread
 
-    // Partial scores over this warp's k-steps: s[n] is the C fragment of keys 8n .. 8n + 7.
-    float s[kTiles][4];
+    // Partial scores over this warp's k-steps: s[n] is the C fragment of keys 8n .. 8n + 7
+    // (stream: the Q lo products go to s_lo[n], added once at the end).
+    constexpr int kLoTiles = kStream ? kTiles : 1;
+    float s[kTiles][4], s_lo[kLoTiles][4];
 #pragma unroll
     for (int n = 0; n < kTiles; ++n) {
 #pragma unroll
       for (int e = 0; e < 4; ++e) s[n][e] = 0.0f;
+    }
+#pragma unroll
+    for (int n = 0; n < kLoTiles; ++n) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) s_lo[n][e] = 0.0f;
     }
 #pragma unroll
     for (int i = 0; i < kMmaMaxKSteps; ++i) {
@@ -738,10 +849,17 @@ __global__ void __launch_bounds__(kMmaThreads, kMmaShapes[kVariant - 1].min_bloc
           LdMatrixX4<false>(
               b, kc + (kp * 16 + (mat >> 1) * 8 + mat_row) * ld + ks * 16 + (mat & 1) * 8);
           MmaBf16(s[2 * kp], qhi[i], b[0], b[1]);
-          MmaBf16(s[2 * kp], qlo[i], b[0], b[1]);
+          MmaBf16(kStream ? s_lo[2 * kp % kLoTiles] : s[2 * kp], qlo[i], b[0], b[1]);
           MmaBf16(s[2 * kp + 1], qhi[i], b[2], b[3]);
-          MmaBf16(s[2 * kp + 1], qlo[i], b[2], b[3]);
+          MmaBf16(kStream ? s_lo[(2 * kp + 1) % kLoTiles] : s[2 * kp + 1], qlo[i], b[2], b[3]);
         }
+      }
+    }
+    if (kStream) {
+#pragma unroll
+      for (int n = 0; n < kTiles; ++n) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) s[n][e] += s_lo[n % kLoTiles][e];
       }
     }
     float* mine = red + warp * kMmaHeads * kRedLd;
@@ -899,14 +1017,20 @@ GroupedKernelFn MmaKernelForVariant(int latent_dim) {
 }
 
 GroupedKernelFn MmaKernelFor(int latent_dim, int variant) {
-  static_assert(kMmaVariants == 3, "one case per variant");
+  static_assert(kMmaVariants == 6, "one case per variant");
   switch (variant) {
     case 1:
       return MmaKernelForVariant<1>(latent_dim);
     case 2:
       return MmaKernelForVariant<2>(latent_dim);
-    default:
+    case 3:
       return MmaKernelForVariant<3>(latent_dim);
+    case 4:
+      return MmaKernelForVariant<4>(latent_dim);
+    case 5:
+      return MmaKernelForVariant<5>(latent_dim);
+    default:
+      return MmaKernelForVariant<6>(latent_dim);
   }
 }
 
@@ -985,13 +1109,14 @@ struct GroupedPlan {
   int threads = kGroupThreads;
   size_t smem = 0;
   bool mma = false;
+  bool wide_combine = false;  // MlaCombineWideKernel (streamed tensor-core kernel)
   int num_groups = 0;
   int num_splits = 0;
   size_t workspace_bytes = 0;
 };
 
 // The tensor-core pipeline shape used when MlaAttentionParams::mma_variant is 0.
-constexpr int kDefaultMmaVariant = 3;
+constexpr int kDefaultMmaVariant = 6;
 
 cudaError_t PlanGrouped(const MlaAttentionParams& p, GroupedPlan* plan) {
   if (p.cache.latent_dim <= 0 || p.cache.latent_dim > kMaxMlaLatentDim || p.cache.rope_dim < 0 ||
@@ -1010,6 +1135,7 @@ cudaError_t PlanGrouped(const MlaAttentionParams& p, GroupedPlan* plan) {
     plan->kernel = mma_kernel;
     plan->threads = kMmaThreads;
     plan->smem = MmaSmemBytes(kMmaShapes[variant - 1], dim);
+    plan->wide_combine = kMmaShapes[variant - 1].stream;
   } else {
     plan->kernel = IsBf16(p) ? GroupedKernelFor<__nv_bfloat16>(p.cache.latent_dim)
                              : GroupedKernelFor<float>(p.cache.latent_dim);
@@ -1120,7 +1246,10 @@ cudaError_t MlaAttentionF32(const MlaAttentionParams& params, cudaStream_t strea
   plan.kernel<<<static_cast<unsigned>(blocks), plan.threads, plan.smem, stream>>>(
       params, plan.num_groups, plan.num_splits, vec_loads, ws_out, ws_ml);
   e = cudaGetLastError();
-  if (e == cudaSuccess && plan.num_splits > 1) {
+  if (e == cudaSuccess && plan.num_splits > 1 && plan.wide_combine) {
+    e = LaunchWideCombine(ws_out, ws_ml, static_cast<int64_t>(params.num_tokens) * params.num_heads,
+                          plan.num_splits, params.cache.latent_dim, params.out_latent, stream);
+  } else if (e == cudaSuccess && plan.num_splits > 1) {
     MlaCombineKernel<<<static_cast<unsigned>(static_cast<int64_t>(params.num_tokens) *
                                              params.num_heads),
                        128, 0, stream>>>(ws_out, ws_ml, plan.num_splits, params.cache.latent_dim,
