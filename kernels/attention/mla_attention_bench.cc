@@ -16,6 +16,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "kernels/attention/mla_attention.h"
@@ -168,9 +169,17 @@ void Run(const Batch& batch) {
     constexpr int kGraphCalls = 10, kGraphReplays = 5;
     cudaStream_t stream;
     BENCH_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
-    for (int variant : {3, 4, 5, 6}) {
+    // (variant, forced split count or 0); few tokens: also fewer splits than the automatic 64.
+    std::vector<std::pair<int, int>> runs = {{3, 0}, {4, 0}, {5, 0}, {6, 0}};
+    if (tokens < 16) {
+      for (int variant : {4, 6}) {
+        for (int splits : {8, 16, 32}) runs.emplace_back(variant, splits);
+      }
+    }
+    for (const auto& [variant, splits] : runs) {
       kernels::MlaAttentionParams pv = pb;
       pv.mma_variant = variant;
+      pv.num_splits = splits;
       size_t ws_v = 0;
       BENCH_CUDA(kernels::MlaAttentionWorkspaceBytes(pv, &ws_v));
       if (ws_v > pv.workspace_bytes) continue;
