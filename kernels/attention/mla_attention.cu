@@ -16,21 +16,23 @@
 //            broadcasts.
 // Decode (few tokens, long contexts) would leave most SMs idle, so the context is split over
 // num_splits blocks; each writes its unnormalised output, max and denominator to a workspace and
-// MlaCombineKernel merges them (FlashDecoding). All accumulation is fp32.
+// MlaCombineKernel (fewer than 8 splits) or MlaCombineWideKernel merges them (FlashDecoding).
+// All accumulation is fp32.
 //
 // With a bf16 cache the same kernel widens each key to fp32 in shared memory (any shape), but
 // the usual shapes (latent <= 512, latent + rope <= 640) go to MlaBf16MmaKernel instead, which
-// is not limited by fp32 FMA throughput (on the H200 it is latency-bound, at ~30% of HBM
-// bandwidth for 128 x 1024 decode: docs/cuda.md): per chunk of keys (bf16 rows in shared memory,
-// cp.async ring, MmaShape; default 32 keys double-buffered) the scores
-// S[16 heads x 32 keys] = Q K^T and the update
-// O[16 x latent] += P V run as bf16 mma.sync.m16n8k16 with fp32 accumulation. Both fp32 operands
-// (Q and P) are split into bf16 hi + lo parts (x - hi is exactly representable to 8 more bits),
-// so each product is x_hi*k + x_lo*k with a relative error of about 2^-17 instead of bf16's
-// 2^-9, the keys being exact bf16 already: fp32-grade math at tensor-core speed. Warps split the
-// 576-long score dot products (k-steps), sum them through shared memory in a fixed order, and
-// then each runs the online softmax for all 16 heads itself and owns a quarter of the latent
-// columns of O.
+// is not limited by fp32 FMA throughput. On the H200 it reaches ~30% of HBM bandwidth for
+// 128 x 1024 decode, bound by instruction issue, not by memory: ncu counts ~1,900 instructions
+// per warp per 32-key chunk at 6.1 cycles each (2 warps per scheduler), and a block alone on
+// the GPU still takes 5 us per chunk (docs/cuda.md). Per chunk of keys (bf16 rows in shared
+// memory, cp.async ring, MmaShape; default 32 keys double-buffered) the scores
+// S[16 heads x 32 keys] = Q K^T and the update O[16 x latent] += P V run as bf16
+// mma.sync.m16n8k16 with fp32 accumulation. Both fp32 operands (Q and P) are split into bf16
+// hi + lo parts (x - hi is exactly representable to 8 more bits), so each product is
+// x_hi*k + x_lo*k with a relative error of about 2^-17 instead of bf16's 2^-9, the keys being
+// exact bf16 already: fp32-grade math at tensor-core speed. Warps split the 576-long score dot
+// products (k-steps), sum them through shared memory in a fixed order, and then each runs the
+// online softmax for all 16 heads itself and owns a quarter of the latent columns of O.
 //
 // MlaAttentionPerHeadF32, the earlier kernel: one block per (token, head), keys scored one warp
 // per key, online softmax rescaling per-thread latent accumulators.
@@ -503,85 +505,67 @@ __global__ void MlaCombineKernel(const float* ws_out, const float* ws_ml, int nu
   }
 }
 
-// The same merge for the streamed tensor-core kernel, spread wider: a block per (token x head,
-// tile of 256 / kGroups columns); thread row r of the block sums splits r, r + kGroups, ...
-// of its column, loading all of them before it needs the weights (so the partials' loads and
-// the weights' overlap), and the rows' sums are added in row order. MlaCombineKernel has a
-// block per (token x head) and loads one split after another, which at one decode token (16
-// blocks, 64 splits) takes tens of microseconds.
-constexpr int kCombineThreads = 256;
+// The same merge for many splits (kWideCombineMinSplits or more: few decode tokens): a block
+// per (token x head, 32 columns), its 8 warps summing splits w, w + 8, ... of the lane's column.
+// Every partial is loaded before the weights are needed, so those loads and the weights'
+// overlap, and the 8 sums are added in warp order. MlaCombineKernel's block per (token x head)
+// loads its splits one after another: at one decode token (16 blocks, 64 splits) that took
+// 27.5 us of a 1 x 1024 call in a CUDA graph, this one 19 us (docs/cuda.md). With few splits
+// (2-4: many tokens) most of this kernel's loads would be predicated off; MlaCombineKernel
+// serves those.
+constexpr int kWideCombineMinSplits = 8;
+constexpr int kWideCombineRows = 8;
+constexpr int kWideCombineCols = 32;
+constexpr int kWideCombinePerThread = kMaxMlaSplits / kWideCombineRows;
 
-template <int kGroups>
-__global__ void __launch_bounds__(kCombineThreads)
+__global__ void __launch_bounds__(kWideCombineRows* kWideCombineCols)
     MlaCombineWideKernel(const float* ws_out, const float* ws_ml, int num_splits, int latent,
                          float* out) {
-  constexpr int kCols = kCombineThreads / kGroups;
-  constexpr int kPerThread = kMaxMlaSplits / kGroups;
   __shared__ float weight[kMaxMlaSplits];
   __shared__ float denom;
-  __shared__ float row_sum[kGroups][kCols];
+  __shared__ float row_sum[kWideCombineRows][kWideCombineCols];
   const int64_t th = blockIdx.x;
-  const int tid = threadIdx.x, row = tid / kCols;
-  const int col = blockIdx.y * kCols + tid % kCols;
-  // Unconditional loads (an empty split's partial is never written, so it may be anything);
-  // weight 0 discards it below.
-  float x[kPerThread];
+  const int row = threadIdx.x / kWideCombineCols, lane = threadIdx.x % kWideCombineCols;
+  const int col = blockIdx.y * kWideCombineCols + lane;
+  // Loads regardless of the split's weight (an empty split's partial is never written, so it
+  // may be anything); weight 0 discards it below.
+  float x[kWideCombinePerThread];
   const float* part = ws_out + th * num_splits * latent + col;
 #pragma unroll
-  for (int i = 0; i < kPerThread; ++i) {
-    const int s = row + i * kGroups;
+  for (int i = 0; i < kWideCombinePerThread; ++i) {
+    const int s = row + i * kWideCombineRows;
     x[i] = s < num_splits && col < latent ? part[static_cast<int64_t>(s) * latent] : 0.0f;
   }
-  if (tid < 32) {
+  if (threadIdx.x < 32) {
     const float* ml = ws_ml + th * num_splits * 2;
     float mx = -INFINITY;
-    for (int s = tid; s < num_splits; s += 32) mx = fmaxf(mx, ml[2 * s]);
+    for (int s = threadIdx.x; s < num_splits; s += 32) mx = fmaxf(mx, ml[2 * s]);
     for (int o = 16; o > 0; o >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
     float sum = 0.0f;
-    for (int s = tid; s < num_splits; s += 32) {
+    for (int s = threadIdx.x; s < num_splits; s += 32) {
       // Empty splits (l = 0, m = -inf) get weight 0 without evaluating exp(-inf - -inf).
       const float w = ml[2 * s + 1] > 0.0f ? expf(ml[2 * s] - mx) : 0.0f;
       weight[s] = w;
       sum += w * ml[2 * s + 1];
     }
     for (int o = 16; o > 0; o >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
-    if (tid == 0) denom = sum;
+    if (threadIdx.x == 0) denom = sum;
   }
   __syncthreads();
   float acc = 0.0f;
 #pragma unroll
-  for (int i = 0; i < kPerThread; ++i) {
-    const int s = row + i * kGroups;
+  for (int i = 0; i < kWideCombinePerThread; ++i) {
+    const int s = row + i * kWideCombineRows;
     if (s < num_splits && weight[s] != 0.0f) acc = fmaf(weight[s], x[i], acc);
   }
-  row_sum[row][tid % kCols] = acc;
+  row_sum[row][lane] = acc;
   __syncthreads();
   if (row == 0 && col < latent) {
     float total = 0.0f;
 #pragma unroll
-    for (int r = 0; r < kGroups; ++r) total += row_sum[r][tid];
+    for (int r = 0; r < kWideCombineRows; ++r) total += row_sum[r][lane];
     out[th * latent + col] = total / denom;
   }
-}
-
-// Launches MlaCombineWideKernel with as many split rows as the split count keeps busy.
-cudaError_t LaunchWideCombine(const float* ws_out, const float* ws_ml, int64_t token_heads,
-                              int num_splits, int latent, float* out, cudaStream_t stream) {
-  const int groups = num_splits >= 8 ? 8 : num_splits >= 4 ? 4 : 2;
-  const dim3 grid(
-      static_cast<unsigned>(token_heads),
-      static_cast<unsigned>((latent + kCombineThreads / groups - 1) / (kCombineThreads / groups)));
-  if (groups == 8) {
-    MlaCombineWideKernel<8>
-        <<<grid, kCombineThreads, 0, stream>>>(ws_out, ws_ml, num_splits, latent, out);
-  } else if (groups == 4) {
-    MlaCombineWideKernel<4>
-        <<<grid, kCombineThreads, 0, stream>>>(ws_out, ws_ml, num_splits, latent, out);
-  } else {
-    MlaCombineWideKernel<2>
-        <<<grid, kCombineThreads, 0, stream>>>(ws_out, ws_ml, num_splits, latent, out);
-  }
-  return cudaGetLastError();
 }
 
 // ---- Tensor-core kernel for bf16 caches ----
@@ -600,27 +584,17 @@ __host__ __device__ __forceinline__ int MmaRowStride(int dim) { return (dim + 15
 // Pipeline shapes of the tensor-core kernel: keys per shared-memory chunk (a multiple of 16:
 // kKeys / 8 score n-tiles, kKeys / 16 P·V k-steps), chunks in the ring (kStages - 1 in flight
 // while one is computed) and blocks per SM the shared memory is sized for.
-// stream: the block-table entries a chunk needs are loaded into a register one iteration before
-// its row offsets are written (so no barrier waits on a table lookup), the scores accumulate
-// the Q hi and lo products in separate registers (half as long dependent mma chains), and the
-// split partials are merged by MlaCombineWideKernel. Without it (variants 1-3, the earlier
-// kernel, kept as the benchmark's baseline) every iteration's barrier waits on the lookup of
-// the rows kStages chunks ahead.
 struct MmaShape {
   int keys, stages, min_blocks;
-  bool stream;
 };
-// Measured on the H200 at 128 x 1024 decode (docs/cuda.md): variants 1-3 0.141, 0.170 and
-// 0.119 ms.
+// Measured on the H200 at 128 x 1024 decode (docs/cuda.md): 0.141, 0.170 and 0.119 ms. More
+// stages did not help because every iteration waits on a block-table lookup (rows below).
 constexpr MmaShape kMmaShapes[] = {
-    {16, 5, 2, false},  // variant 1: 2 blocks per SM, up to 8 chunks (147 KB) in flight per SM
-    {32, 5, 1, false},  // variant 2: 1 block per SM, 4 chunks (147 KB) in flight
-    {32, 2, 2, false},  // variant 3: double-buffered, 2 blocks per SM
-    {32, 2, 2, true},   // variant 4: variant 3's shape, streamed
-    {16, 5, 2, true},   // variant 5: variant 1's shape, streamed
-    {32, 4, 1, true},   // variant 6: 1 block per SM, 3 chunks (110 KB) in flight, streamed
+    {16, 5, 2},  // variant 1: 2 blocks per SM, up to 8 chunks (147 KB) in flight per SM
+    {32, 5, 1},  // variant 2: 1 block per SM, 4 chunks (147 KB) in flight, fewer barriers per key
+    {32, 2, 2},  // variant 3 (default): double-buffered, 2 blocks per SM
 };
-constexpr int kMmaVariants = 6;
+constexpr int kMmaVariants = 3;
 static_assert(kMmaVariants == kMaxMlaMmaVariant, "mla_attention.h documents the variants");
 
 // Partial-score rows: kKeys + 8 floats keeps a half-warp's float2 stores in distinct banks.
@@ -725,7 +699,6 @@ __global__ void __launch_bounds__(kMmaThreads, kMmaShapes[kVariant - 1].min_bloc
                      float* ws_out, float* ws_ml) {
   constexpr int kKeys = kMmaShapes[kVariant - 1].keys;
   constexpr int kStages = kMmaShapes[kVariant - 1].stages;
-  constexpr bool kStream = kMmaShapes[kVariant - 1].stream;
   constexpr int kTiles = kKeys / 8;    // score n-tiles per chunk
   constexpr int kKSteps = kKeys / 16;  // P·V k-steps per chunk
   constexpr int kRedLd = MmaRedLd(kKeys);
@@ -775,13 +748,6 @@ __global__ void __launch_bounds__(kMmaThreads, kMmaShapes[kVariant - 1].min_bloc
   for (int i = tid; i < kStages * kKeys; i += kMmaThreads) {  // chunks 0 .. kStages - 1
     rows[i] = begin + i < end ? KeyRowOffset(p, table, begin + i) : -1;
   }
-  // Stream: the block of key begin + kStages * kKeys + tid, written as a row offset in the
-  // first iteration (tid < kKeys; the next chunk's is loaded then).
-  const int64_t bs = p.cache.block_size, entry = dim;
-  int64_t next_block = 0;
-  if (kStream && tid < kKeys && begin + kStages * kKeys + tid < end) {
-    next_block = table[(begin + kStages * kKeys + tid) / bs];
-  }
 
   float acc[kNT][4];
 #pragma unroll
@@ -812,31 +778,18 @@ __global__ void __launch_bounds__(kMmaThreads, kMmaShapes[kVariant - 1].min_bloc
     }
     if (tid < kKeys) {  // rows one chunk further; that slot held chunk - 1's, long consumed
       const int64_t j = j0 + kStages * kKeys + tid;
-      int64_t row = -1;
-      if (kStream) {
-        if (j < end) row = (next_block * bs + j % bs) * entry;      // loaded an iteration ago
-        if (j + kKeys < end) next_block = table[(j + kKeys) / bs];  // used next iteration
-      } else if (j < end) {
-        row = KeyRowOffset(p, table, j);  // waited for at this iteration's barrier
-      }
-      rows[((chunk + kStages) % (kStages + 1)) * kKeys + tid] = row;
+      rows[((chunk + kStages) % (kStages + 1)) * kKeys + tid] =
+          j < end ? KeyRowOffset(p, table, j) : -1;
     }
     CopyAsyncWait<kStages - 1>();  // this chunk's group has landed (for this thread) ...
     __syncthreads();               // ... and for every thread
 
-    // Partial scores over this warp's k-steps: s[n] is the C fragment of keys 8n .. 8n + 7
-    // (stream: the Q lo products go to s_lo[n], added once at the end).
-    constexpr int kLoTiles = kStream ? kTiles : 1;
-    float s[kTiles][4], s_lo[kLoTiles][4];
+    // Partial scores over this warp's k-steps: s[n] is the C fragment of keys 8n .. 8n + 7.
+    float s[kTiles][4];
 #pragma unroll
     for (int n = 0; n < kTiles; ++n) {
 #pragma unroll
       for (int e = 0; e < 4; ++e) s[n][e] = 0.0f;
-    }
-#pragma unroll
-    for (int n = 0; n < kLoTiles; ++n) {
-#pragma unroll
-      for (int e = 0; e < 4; ++e) s_lo[n][e] = 0.0f;
     }
 #pragma unroll
     for (int i = 0; i < kMmaMaxKSteps; ++i) {
@@ -849,17 +802,10 @@ __global__ void __launch_bounds__(kMmaThreads, kMmaShapes[kVariant - 1].min_bloc
           LdMatrixX4<false>(
               b, kc + (kp * 16 + (mat >> 1) * 8 + mat_row) * ld + ks * 16 + (mat & 1) * 8);
           MmaBf16(s[2 * kp], qhi[i], b[0], b[1]);
-          MmaBf16(kStream ? s_lo[2 * kp % kLoTiles] : s[2 * kp], qlo[i], b[0], b[1]);
+          MmaBf16(s[2 * kp], qlo[i], b[0], b[1]);
           MmaBf16(s[2 * kp + 1], qhi[i], b[2], b[3]);
-          MmaBf16(kStream ? s_lo[(2 * kp + 1) % kLoTiles] : s[2 * kp + 1], qlo[i], b[2], b[3]);
+          MmaBf16(s[2 * kp + 1], qlo[i], b[2], b[3]);
         }
-      }
-    }
-    if (kStream) {
-#pragma unroll
-      for (int n = 0; n < kTiles; ++n) {
-#pragma unroll
-        for (int e = 0; e < 4; ++e) s[n][e] += s_lo[n % kLoTiles][e];
       }
     }
     float* mine = red + warp * kMmaHeads * kRedLd;
@@ -1017,20 +963,14 @@ GroupedKernelFn MmaKernelForVariant(int latent_dim) {
 }
 
 GroupedKernelFn MmaKernelFor(int latent_dim, int variant) {
-  static_assert(kMmaVariants == 6, "one case per variant");
+  static_assert(kMmaVariants == 3, "one case per variant");
   switch (variant) {
     case 1:
       return MmaKernelForVariant<1>(latent_dim);
     case 2:
       return MmaKernelForVariant<2>(latent_dim);
-    case 3:
-      return MmaKernelForVariant<3>(latent_dim);
-    case 4:
-      return MmaKernelForVariant<4>(latent_dim);
-    case 5:
-      return MmaKernelForVariant<5>(latent_dim);
     default:
-      return MmaKernelForVariant<6>(latent_dim);
+      return MmaKernelForVariant<3>(latent_dim);
   }
 }
 
@@ -1109,14 +1049,13 @@ struct GroupedPlan {
   int threads = kGroupThreads;
   size_t smem = 0;
   bool mma = false;
-  bool wide_combine = false;  // MlaCombineWideKernel (streamed tensor-core kernel)
   int num_groups = 0;
   int num_splits = 0;
   size_t workspace_bytes = 0;
 };
 
 // The tensor-core pipeline shape used when MlaAttentionParams::mma_variant is 0.
-constexpr int kDefaultMmaVariant = 6;
+constexpr int kDefaultMmaVariant = 3;
 
 cudaError_t PlanGrouped(const MlaAttentionParams& p, GroupedPlan* plan) {
   if (p.cache.latent_dim <= 0 || p.cache.latent_dim > kMaxMlaLatentDim || p.cache.rope_dim < 0 ||
@@ -1135,7 +1074,6 @@ cudaError_t PlanGrouped(const MlaAttentionParams& p, GroupedPlan* plan) {
     plan->kernel = mma_kernel;
     plan->threads = kMmaThreads;
     plan->smem = MmaSmemBytes(kMmaShapes[variant - 1], dim);
-    plan->wide_combine = kMmaShapes[variant - 1].stream;
   } else {
     plan->kernel = IsBf16(p) ? GroupedKernelFor<__nv_bfloat16>(p.cache.latent_dim)
                              : GroupedKernelFor<float>(p.cache.latent_dim);
@@ -1246,14 +1184,17 @@ cudaError_t MlaAttentionF32(const MlaAttentionParams& params, cudaStream_t strea
   plan.kernel<<<static_cast<unsigned>(blocks), plan.threads, plan.smem, stream>>>(
       params, plan.num_groups, plan.num_splits, vec_loads, ws_out, ws_ml);
   e = cudaGetLastError();
-  if (e == cudaSuccess && plan.num_splits > 1 && plan.wide_combine) {
-    e = LaunchWideCombine(ws_out, ws_ml, static_cast<int64_t>(params.num_tokens) * params.num_heads,
-                          plan.num_splits, params.cache.latent_dim, params.out_latent, stream);
+  const int64_t token_heads = static_cast<int64_t>(params.num_tokens) * params.num_heads;
+  if (e == cudaSuccess && plan.num_splits >= kWideCombineMinSplits) {
+    const dim3 grid(
+        static_cast<unsigned>(token_heads),
+        static_cast<unsigned>((params.cache.latent_dim + kWideCombineCols - 1) / kWideCombineCols));
+    MlaCombineWideKernel<<<grid, kWideCombineRows * kWideCombineCols, 0, stream>>>(
+        ws_out, ws_ml, plan.num_splits, params.cache.latent_dim, params.out_latent);
+    e = cudaGetLastError();
   } else if (e == cudaSuccess && plan.num_splits > 1) {
-    MlaCombineKernel<<<static_cast<unsigned>(static_cast<int64_t>(params.num_tokens) *
-                                             params.num_heads),
-                       128, 0, stream>>>(ws_out, ws_ml, plan.num_splits, params.cache.latent_dim,
-                                         params.out_latent);
+    MlaCombineKernel<<<static_cast<unsigned>(token_heads), 128, 0, stream>>>(
+        ws_out, ws_ml, plan.num_splits, params.cache.latent_dim, params.out_latent);
     e = cudaGetLastError();
   }
   if (own_workspace) {

@@ -3,9 +3,9 @@
 // prefill (causal) and decode tokens or decode tokens alone, contexts longer than one key chunk,
 // head counts that do not fill a head group, DeepSeek-V3's 128 heads and latent/rope sizes,
 // context splits chosen automatically or forced (with an internal or a caller's workspace),
-// decode batches of 1, 3, 128 and 256 requests; every pipeline shape of the tensor-core kernel
-// (the earlier ones and the streamed ones); every case with an fp32 and with a bf16 cache (the CPU
-// reference reads the same bf16 values).
+// decode batches of 1, 3, 128 and 256 requests (both split combines: fewer and more than 8
+// splits); every pipeline shape of the tensor-core kernel; every case with an fp32 and with a bf16
+// cache (the CPU reference reads the same bf16 values).
 #include "kernels/attention/mla_attention.h"
 
 #include <algorithm>
