@@ -584,17 +584,23 @@ __host__ __device__ __forceinline__ int MmaRowStride(int dim) { return (dim + 15
 // Pipeline shapes of the tensor-core kernel: keys per shared-memory chunk (a multiple of 16:
 // kKeys / 8 score n-tiles, kKeys / 16 P·V k-steps), chunks in the ring (kStages - 1 in flight
 // while one is computed) and blocks per SM the shared memory is sized for.
+// lean: fewer instructions per chunk, the kernel's bound (docs/cuda.md): each key row is copied
+// by kMmaThreads / keys threads at fixed offsets (no division or 64-bit address per 16-byte
+// piece), and the softmax runs in base 2 (exp2f, log2 e folded into the score scale; the
+// workspace's maxima are stored in natural-log units as without it).
 struct MmaShape {
   int keys, stages, min_blocks;
+  bool lean;
 };
 // Measured on the H200 at 128 x 1024 decode (docs/cuda.md): 0.141, 0.170 and 0.119 ms. More
-// stages did not help because every iteration waits on a block-table lookup (rows below).
+// stages did not help: the kernel is bound by instruction issue, not memory.
 constexpr MmaShape kMmaShapes[] = {
-    {16, 5, 2},  // variant 1: 2 blocks per SM, up to 8 chunks (147 KB) in flight per SM
-    {32, 5, 1},  // variant 2: 1 block per SM, 4 chunks (147 KB) in flight, fewer barriers per key
-    {32, 2, 2},  // variant 3 (default): double-buffered, 2 blocks per SM
+    {16, 5, 2, false},  // variant 1: 2 blocks per SM, up to 8 chunks (147 KB) in flight per SM
+    {32, 5, 1, false},  // variant 2: 1 block per SM, 4 chunks (147 KB) in flight
+    {32, 2, 2, false},  // variant 3 (default): double-buffered, 2 blocks per SM
+    {32, 2, 2, true},   // variant 4: variant 3, lean (not yet run on a GPU)
 };
-constexpr int kMmaVariants = 3;
+constexpr int kMmaVariants = 4;
 static_assert(kMmaVariants == kMaxMlaMmaVariant, "mla_attention.h documents the variants");
 
 // Partial-score rows: kKeys + 8 floats keeps a half-warp's float2 stores in distinct banks.
@@ -662,12 +668,31 @@ __device__ __forceinline__ float QueryValue(const MlaAttentionParams& p, int64_t
 // Starts copying the kKeys bf16 keys whose row offsets are in rows (-1: past the end, zeroed)
 // into dst [kKeys][ld] and commits them as one copy group (empty when !any). vec_loads: 16-byte
 // cp.async (rows are whole 16-byte pieces and the cache is 16-byte aligned); else 2-byte loads.
-template <int kKeys>
+// kRowThreads: the 16-byte pieces of key row threadIdx / kPerRow are copied by that row's
+// kPerRow threads, piece threadIdx % kPerRow + k * kPerRow (fixed strides from one row lookup);
+// else piece i of the chunk by thread i % kMmaThreads.
+template <int kKeys, bool kRowThreads>
 __device__ __forceinline__ void LoadKeyChunkBf16(const MlaAttentionParams& p, const int64_t* rows,
                                                  __nv_bfloat16* dst, int ld, int dim,
                                                  bool vec_loads, bool any) {
+  static_assert(kMmaThreads % kKeys == 0, "whole threads per key row");
+  constexpr int kPerRow = kMmaThreads / kKeys;
   const __nv_bfloat16* cache = static_cast<const __nv_bfloat16*>(p.cache.cache);
   if (!any) {
+  } else if (vec_loads && kRowThreads) {
+    const int d8 = dim / 8, j = threadIdx.x / kPerRow, f0 = threadIdx.x % kPerRow;
+    const int64_t row = rows[j];
+    __nv_bfloat16* d = dst + j * ld + f0 * 8;
+    if (row < 0) {
+      for (int f = f0; f < d8; f += kPerRow, d += kPerRow * 8) {
+        *reinterpret_cast<uint4*>(d) = make_uint4(0u, 0u, 0u, 0u);
+      }
+    } else {
+      const __nv_bfloat16* src = cache + row + f0 * 8;
+      for (int f = f0; f < d8; f += kPerRow, d += kPerRow * 8, src += kPerRow * 8) {
+        CopyAsync16(d, src);
+      }
+    }
   } else if (vec_loads) {
     const int d8 = dim / 8;
     for (int i = threadIdx.x; i < kKeys * d8; i += kMmaThreads) {
@@ -699,6 +724,9 @@ __global__ void __launch_bounds__(kMmaThreads, kMmaShapes[kVariant - 1].min_bloc
                      float* ws_out, float* ws_ml) {
   constexpr int kKeys = kMmaShapes[kVariant - 1].keys;
   constexpr int kStages = kMmaShapes[kVariant - 1].stages;
+  constexpr bool kLean = kMmaShapes[kVariant - 1].lean;
+  // Softmax exponent: lean, base 2 with log2 e folded into the scale.
+  const float score_scale = kLean ? p.softmax_scale * 1.4426950408889634f : p.softmax_scale;
   constexpr int kTiles = kKeys / 8;    // score n-tiles per chunk
   constexpr int kKSteps = kKeys / 16;  // P·V k-steps per chunk
   constexpr int kRedLd = MmaRedLd(kKeys);
@@ -764,17 +792,17 @@ __global__ void __launch_bounds__(kMmaThreads, kMmaShapes[kVariant - 1].min_bloc
   // "all but the newest kStages - 1 groups" is always "this chunk".
 #pragma unroll
   for (int c = 0; c < kStages - 1; ++c) {
-    LoadKeyChunkBf16<kKeys>(p, rows + c * kKeys, kbuf + c * kKeys * ld, ld, dim, vec_loads,
-                            begin + c * kKeys < end);
+    LoadKeyChunkBf16<kKeys, kLean>(p, rows + c * kKeys, kbuf + c * kKeys * ld, ld, dim, vec_loads,
+                                   begin + c * kKeys < end);
   }
   int chunk = 0;
   for (int64_t j0 = begin; j0 < end; j0 += kKeys, ++chunk) {
     const __nv_bfloat16* kc = kbuf + (chunk % kStages) * kKeys * ld;
     {  // chunk + kStages - 1 into the buffer chunk - 1 used (read before the last closing barrier)
       const int ahead = chunk + kStages - 1;
-      LoadKeyChunkBf16<kKeys>(p, rows + (ahead % (kStages + 1)) * kKeys,
-                              kbuf + (ahead % kStages) * kKeys * ld, ld, dim, vec_loads,
-                              j0 + (kStages - 1) * kKeys < end);
+      LoadKeyChunkBf16<kKeys, kLean>(p, rows + (ahead % (kStages + 1)) * kKeys,
+                                     kbuf + (ahead % kStages) * kKeys * ld, ld, dim, vec_loads,
+                                     j0 + (kStages - 1) * kKeys < end);
     }
     if (tid < kKeys) {  // rows one chunk further; that slot held chunk - 1's, long consumed
       const int64_t j = j0 + kStages * kKeys + tid;
@@ -844,7 +872,7 @@ __global__ void __launch_bounds__(kMmaThreads, kMmaShapes[kVariant - 1].min_bloc
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
         const int64_t key = j0 + n * 8 + 2 * tq + (e & 1);
-        const float v = key < end ? s[n][e] * p.softmax_scale : -INFINITY;
+        const float v = key < end ? s[n][e] * score_scale : -INFINITY;
         s[n][e] = v;
         mx[e >> 1] = fmaxf(mx[e >> 1], v);
       }
@@ -854,14 +882,16 @@ __global__ void __launch_bounds__(kMmaThreads, kMmaShapes[kVariant - 1].min_bloc
     for (int r = 0; r < 2; ++r) {
       mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 1));
       mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 2));
-      mx[r] = fmaxf(run_max[r], mx[r]);     // finite: every chunk has a key in range
-      alpha[r] = expf(run_max[r] - mx[r]);  // 0 on the first chunk (run_max = -inf)
+      mx[r] = fmaxf(run_max[r], mx[r]);  // finite: every chunk has a key in range
+      // 0 on the first chunk (run_max = -inf)
+      alpha[r] = kLean ? exp2f(run_max[r] - mx[r]) : expf(run_max[r] - mx[r]);
     }
 #pragma unroll
     for (int n = 0; n < kTiles; ++n) {
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
-        s[n][e] = expf(s[n][e] - mx[e >> 1]);  // 0 for keys past the end
+        // 0 for keys past the end
+        s[n][e] = kLean ? exp2f(s[n][e] - mx[e >> 1]) : expf(s[n][e] - mx[e >> 1]);
         sum[e >> 1] += s[n][e];
       }
     }
@@ -930,7 +960,7 @@ __global__ void __launch_bounds__(kMmaThreads, kMmaShapes[kVariant - 1].min_bloc
       const int h = h0 + g + r * 8;
       if (h >= p.num_heads) continue;
       float* ml = ws_ml + ((t * p.num_heads + h) * num_splits + split) * 2;
-      ml[0] = run_max[r];
+      ml[0] = kLean ? run_max[r] * 0.6931471805599453f : run_max[r];  // natural-log units
       ml[1] = run_sum[r];
     }
   }
@@ -963,14 +993,16 @@ GroupedKernelFn MmaKernelForVariant(int latent_dim) {
 }
 
 GroupedKernelFn MmaKernelFor(int latent_dim, int variant) {
-  static_assert(kMmaVariants == 3, "one case per variant");
+  static_assert(kMmaVariants == 4, "one case per variant");
   switch (variant) {
     case 1:
       return MmaKernelForVariant<1>(latent_dim);
     case 2:
       return MmaKernelForVariant<2>(latent_dim);
-    default:
+    case 3:
       return MmaKernelForVariant<3>(latent_dim);
+    default:
+      return MmaKernelForVariant<4>(latent_dim);
   }
 }
 

@@ -169,9 +169,11 @@ void Run(const Batch& batch) {
     cudaStream_t stream;
     BENCH_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
     // (variant, forced split count or 0); few tokens: also fewer splits than the automatic 64.
-    std::vector<std::pair<int, int>> runs = {{1, 0}, {2, 0}, {3, 0}};
+    std::vector<std::pair<int, int>> runs = {{1, 0}, {2, 0}, {3, 0}, {4, 0}};
     if (tokens < 16) {
-      for (int splits : {4, 8, 16, 32}) runs.emplace_back(3, splits);
+      for (int variant : {3, 4}) {
+        for (int splits : {4, 8, 16, 32}) runs.emplace_back(variant, splits);
+      }
     }
     for (const auto& [variant, splits] : runs) {
       kernels::MlaAttentionParams pv = pb;
