@@ -16,21 +16,23 @@
 //            broadcasts.
 // Decode (few tokens, long contexts) would leave most SMs idle, so the context is split over
 // num_splits blocks; each writes its unnormalised output, max and denominator to a workspace and
-// MlaCombineKernel merges them (FlashDecoding). All accumulation is fp32.
+// MlaCombineKernel (fewer than 8 splits) or MlaCombineWideKernel merges them (FlashDecoding).
+// All accumulation is fp32.
 //
 // With a bf16 cache the same kernel widens each key to fp32 in shared memory (any shape), but
 // the usual shapes (latent <= 512, latent + rope <= 640) go to MlaBf16MmaKernel instead, which
-// is not limited by fp32 FMA throughput (on the H200 it is latency-bound, at ~30% of HBM
-// bandwidth for 128 x 1024 decode: docs/cuda.md): per chunk of keys (bf16 rows in shared memory,
-// cp.async ring, MmaShape; default 32 keys double-buffered) the scores
-// S[16 heads x 32 keys] = Q K^T and the update
-// O[16 x latent] += P V run as bf16 mma.sync.m16n8k16 with fp32 accumulation. Both fp32 operands
-// (Q and P) are split into bf16 hi + lo parts (x - hi is exactly representable to 8 more bits),
-// so each product is x_hi*k + x_lo*k with a relative error of about 2^-17 instead of bf16's
-// 2^-9, the keys being exact bf16 already: fp32-grade math at tensor-core speed. Warps split the
-// 576-long score dot products (k-steps), sum them through shared memory in a fixed order, and
-// then each runs the online softmax for all 16 heads itself and owns a quarter of the latent
-// columns of O.
+// is not limited by fp32 FMA throughput. On the H200 it reaches ~30% of HBM bandwidth for
+// 128 x 1024 decode, bound by instruction issue, not by memory: ncu counts ~1,900 instructions
+// per warp per 32-key chunk at 6.1 cycles each (2 warps per scheduler), and a block alone on
+// the GPU still takes 5 us per chunk (docs/cuda.md). Per chunk of keys (bf16 rows in shared
+// memory, cp.async ring, MmaShape; default 32 keys double-buffered) the scores
+// S[16 heads x 32 keys] = Q K^T and the update O[16 x latent] += P V run as bf16
+// mma.sync.m16n8k16 with fp32 accumulation. Both fp32 operands (Q and P) are split into bf16
+// hi + lo parts (x - hi is exactly representable to 8 more bits), so each product is
+// x_hi*k + x_lo*k with a relative error of about 2^-17 instead of bf16's 2^-9, the keys being
+// exact bf16 already: fp32-grade math at tensor-core speed. Warps split the 576-long score dot
+// products (k-steps), sum them through shared memory in a fixed order, and then each runs the
+// online softmax for all 16 heads itself and owns a quarter of the latent columns of O.
 //
 // MlaAttentionPerHeadF32, the earlier kernel: one block per (token, head), keys scored one warp
 // per key, online softmax rescaling per-thread latent accumulators.
@@ -247,6 +249,28 @@ __device__ __forceinline__ void LoadKeyChunk(const MlaAttentionParams& p, const 
   CopyAsyncCommit();
 }
 
+// Sets [begin, end) to split `split`'s keys of token t's context: splits cover whole chunks of
+// kChunkKeys keys, so trailing splits of a short context are empty. An empty split (only
+// possible with num_splits > 1) writes the combine's "nothing here" marker (max -inf, sum 0)
+// for its kHeads heads from h0 and returns true: the block has nothing else to do.
+template <int kChunkKeys, int kHeads>
+__device__ __forceinline__ bool SplitIsEmpty(const MlaAttentionParams& p, int64_t t, int split,
+                                             int num_splits, int h0, float* ws_ml, int64_t* begin,
+                                             int64_t* end) {
+  const int64_t len = p.context_len[t];
+  const int64_t per_split = (len + num_splits - 1) / num_splits;
+  const int64_t span = (per_split + kChunkKeys - 1) / kChunkKeys * kChunkKeys;
+  *begin = split * span;
+  *end = len < *begin + span ? len : *begin + span;
+  if (num_splits == 1 || *begin < *end) return false;
+  if (threadIdx.x < kHeads && h0 + static_cast<int>(threadIdx.x) < p.num_heads) {
+    float* ml = ws_ml + ((t * p.num_heads + h0 + threadIdx.x) * num_splits + split) * 2;
+    ml[0] = -INFINITY;
+    ml[1] = 0.0f;
+  }
+  return true;
+}
+
 // Block index = (token * num_splits + split) * num_groups + group: the head groups of one
 // (token, split) run side by side and share its keys through L2.
 // Two blocks per SM up to latent 512; wider latents need more shared memory than that leaves.
@@ -273,19 +297,8 @@ __global__ void __launch_bounds__(kGroupThreads, kColIters <= 2 ? 2 : 1)
   const int h0 = group * kGroupHeads;
   const int32_t* table =
       p.block_tables + static_cast<int64_t>(p.token_seq[t]) * p.max_blocks_per_seq;
-  const int64_t len = p.context_len[t];
-  // Splits cover whole chunks; trailing splits of a short context are empty.
-  const int64_t per_split = (len + num_splits - 1) / num_splits;
-  const int64_t span = (per_split + kKeyChunk - 1) / kKeyChunk * kKeyChunk;
-  const int64_t begin = split * span;
-  const int64_t end = len < begin + span ? len : begin + span;
-
-  if (num_splits > 1 && begin >= end) {
-    if (tid < kGroupHeads && h0 + tid < p.num_heads) {
-      float* ml = ws_ml + ((t * p.num_heads + h0 + tid) * num_splits + split) * 2;
-      ml[0] = -INFINITY;
-      ml[1] = 0.0f;
-    }
+  int64_t begin = 0, end = 0;
+  if (SplitIsEmpty<kKeyChunk, kGroupHeads>(p, t, split, num_splits, h0, ws_ml, &begin, &end)) {
     return;
   }
 
@@ -492,6 +505,69 @@ __global__ void MlaCombineKernel(const float* ws_out, const float* ws_ml, int nu
   }
 }
 
+// The same merge for many splits (kWideCombineMinSplits or more: few decode tokens): a block
+// per (token x head, 32 columns), its 8 warps summing splits w, w + 8, ... of the lane's column.
+// Every partial is loaded before the weights are needed, so those loads and the weights'
+// overlap, and the 8 sums are added in warp order. MlaCombineKernel's block per (token x head)
+// loads its splits one after another: at one decode token (16 blocks, 64 splits) that took
+// 27.5 us of a 1 x 1024 call in a CUDA graph, this one 19 us (docs/cuda.md). With few splits
+// (2-4: many tokens) most of this kernel's loads would be predicated off; MlaCombineKernel
+// serves those.
+constexpr int kWideCombineMinSplits = 8;
+constexpr int kWideCombineRows = 8;
+constexpr int kWideCombineCols = 32;
+constexpr int kWideCombinePerThread = kMaxMlaSplits / kWideCombineRows;
+
+__global__ void __launch_bounds__(kWideCombineRows* kWideCombineCols)
+    MlaCombineWideKernel(const float* ws_out, const float* ws_ml, int num_splits, int latent,
+                         float* out) {
+  __shared__ float weight[kMaxMlaSplits];
+  __shared__ float denom;
+  __shared__ float row_sum[kWideCombineRows][kWideCombineCols];
+  const int64_t th = blockIdx.x;
+  const int row = threadIdx.x / kWideCombineCols, lane = threadIdx.x % kWideCombineCols;
+  const int col = blockIdx.y * kWideCombineCols + lane;
+  // Loads regardless of the split's weight (an empty split's partial is never written, so it
+  // may be anything); weight 0 discards it below.
+  float x[kWideCombinePerThread];
+  const float* part = ws_out + th * num_splits * latent + col;
+#pragma unroll
+  for (int i = 0; i < kWideCombinePerThread; ++i) {
+    const int s = row + i * kWideCombineRows;
+    x[i] = s < num_splits && col < latent ? part[static_cast<int64_t>(s) * latent] : 0.0f;
+  }
+  if (threadIdx.x < 32) {
+    const float* ml = ws_ml + th * num_splits * 2;
+    float mx = -INFINITY;
+    for (int s = threadIdx.x; s < num_splits; s += 32) mx = fmaxf(mx, ml[2 * s]);
+    for (int o = 16; o > 0; o >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
+    float sum = 0.0f;
+    for (int s = threadIdx.x; s < num_splits; s += 32) {
+      // Empty splits (l = 0, m = -inf) get weight 0 without evaluating exp(-inf - -inf).
+      const float w = ml[2 * s + 1] > 0.0f ? expf(ml[2 * s] - mx) : 0.0f;
+      weight[s] = w;
+      sum += w * ml[2 * s + 1];
+    }
+    for (int o = 16; o > 0; o >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
+    if (threadIdx.x == 0) denom = sum;
+  }
+  __syncthreads();
+  float acc = 0.0f;
+#pragma unroll
+  for (int i = 0; i < kWideCombinePerThread; ++i) {
+    const int s = row + i * kWideCombineRows;
+    if (s < num_splits && weight[s] != 0.0f) acc = fmaf(weight[s], x[i], acc);
+  }
+  row_sum[row][lane] = acc;
+  __syncthreads();
+  if (row == 0 && col < latent) {
+    float total = 0.0f;
+#pragma unroll
+    for (int r = 0; r < kWideCombineRows; ++r) total += row_sum[r][lane];
+    out[th * latent + col] = total / denom;
+  }
+}
+
 // ---- Tensor-core kernel for bf16 caches ----
 
 constexpr int kMmaWarps = 4;
@@ -508,17 +584,23 @@ __host__ __device__ __forceinline__ int MmaRowStride(int dim) { return (dim + 15
 // Pipeline shapes of the tensor-core kernel: keys per shared-memory chunk (a multiple of 16:
 // kKeys / 8 score n-tiles, kKeys / 16 P·V k-steps), chunks in the ring (kStages - 1 in flight
 // while one is computed) and blocks per SM the shared memory is sized for.
+// lean: fewer instructions per chunk, the kernel's bound (docs/cuda.md): each key row is copied
+// by kMmaThreads / keys threads at fixed offsets (no division or 64-bit address per 16-byte
+// piece), and the softmax runs in base 2 (exp2f, log2 e folded into the score scale; the
+// workspace's maxima are stored in natural-log units as without it).
 struct MmaShape {
   int keys, stages, min_blocks;
+  bool lean;
 };
 // Measured on the H200 at 128 x 1024 decode (docs/cuda.md): 0.141, 0.170 and 0.119 ms. More
-// stages did not help because every iteration waits on a block-table lookup (rows below).
+// stages did not help: the kernel is bound by instruction issue, not memory.
 constexpr MmaShape kMmaShapes[] = {
-    {16, 5, 2},  // variant 1: 2 blocks per SM, up to 8 chunks (147 KB) in flight per SM
-    {32, 5, 1},  // variant 2: 1 block per SM, 4 chunks (147 KB) in flight, fewer barriers per key
-    {32, 2, 2},  // variant 3 (default): double-buffered, 2 blocks per SM
+    {16, 5, 2, false},  // variant 1: 2 blocks per SM, up to 8 chunks (147 KB) in flight per SM
+    {32, 5, 1, false},  // variant 2: 1 block per SM, 4 chunks (147 KB) in flight
+    {32, 2, 2, false},  // variant 3 (default): double-buffered, 2 blocks per SM
+    {32, 2, 2, true},   // variant 4: variant 3, lean (not yet run on a GPU)
 };
-constexpr int kMmaVariants = 3;
+constexpr int kMmaVariants = 4;
 static_assert(kMmaVariants == kMaxMlaMmaVariant, "mla_attention.h documents the variants");
 
 // Partial-score rows: kKeys + 8 floats keeps a half-warp's float2 stores in distinct banks.
@@ -586,12 +668,31 @@ __device__ __forceinline__ float QueryValue(const MlaAttentionParams& p, int64_t
 // Starts copying the kKeys bf16 keys whose row offsets are in rows (-1: past the end, zeroed)
 // into dst [kKeys][ld] and commits them as one copy group (empty when !any). vec_loads: 16-byte
 // cp.async (rows are whole 16-byte pieces and the cache is 16-byte aligned); else 2-byte loads.
-template <int kKeys>
+// kRowThreads: the 16-byte pieces of key row threadIdx / kPerRow are copied by that row's
+// kPerRow threads, piece threadIdx % kPerRow + k * kPerRow (fixed strides from one row lookup);
+// else piece i of the chunk by thread i % kMmaThreads.
+template <int kKeys, bool kRowThreads>
 __device__ __forceinline__ void LoadKeyChunkBf16(const MlaAttentionParams& p, const int64_t* rows,
                                                  __nv_bfloat16* dst, int ld, int dim,
                                                  bool vec_loads, bool any) {
+  static_assert(kMmaThreads % kKeys == 0, "whole threads per key row");
+  constexpr int kPerRow = kMmaThreads / kKeys;
   const __nv_bfloat16* cache = static_cast<const __nv_bfloat16*>(p.cache.cache);
   if (!any) {
+  } else if (vec_loads && kRowThreads) {
+    const int d8 = dim / 8, j = threadIdx.x / kPerRow, f0 = threadIdx.x % kPerRow;
+    const int64_t row = rows[j];
+    __nv_bfloat16* d = dst + j * ld + f0 * 8;
+    if (row < 0) {
+      for (int f = f0; f < d8; f += kPerRow, d += kPerRow * 8) {
+        *reinterpret_cast<uint4*>(d) = make_uint4(0u, 0u, 0u, 0u);
+      }
+    } else {
+      const __nv_bfloat16* src = cache + row + f0 * 8;
+      for (int f = f0; f < d8; f += kPerRow, d += kPerRow * 8, src += kPerRow * 8) {
+        CopyAsync16(d, src);
+      }
+    }
   } else if (vec_loads) {
     const int d8 = dim / 8;
     for (int i = threadIdx.x; i < kKeys * d8; i += kMmaThreads) {
@@ -623,6 +724,9 @@ __global__ void __launch_bounds__(kMmaThreads, kMmaShapes[kVariant - 1].min_bloc
                      float* ws_out, float* ws_ml) {
   constexpr int kKeys = kMmaShapes[kVariant - 1].keys;
   constexpr int kStages = kMmaShapes[kVariant - 1].stages;
+  constexpr bool kLean = kMmaShapes[kVariant - 1].lean;
+  // Softmax exponent: lean, base 2 with log2 e folded into the scale.
+  const float score_scale = kLean ? p.softmax_scale * 1.4426950408889634f : p.softmax_scale;
   constexpr int kTiles = kKeys / 8;    // score n-tiles per chunk
   constexpr int kKSteps = kKeys / 16;  // P·V k-steps per chunk
   constexpr int kRedLd = MmaRedLd(kKeys);
@@ -642,20 +746,8 @@ __global__ void __launch_bounds__(kMmaThreads, kMmaShapes[kVariant - 1].min_bloc
   const int h0 = group * kMmaHeads;
   const int32_t* table =
       p.block_tables + static_cast<int64_t>(p.token_seq[t]) * p.max_blocks_per_seq;
-  const int64_t len = p.context_len[t];
-  const int64_t per_split = (len + num_splits - 1) / num_splits;
-  const int64_t span = (per_split + kKeys - 1) / kKeys * kKeys;
-  const int64_t begin = split * span;
-  const int64_t end = len < begin + span ? len : begin + span;
-
-  if (num_splits > 1 && begin >= end) {
-    if (tid < kMmaHeads && h0 + tid < p.num_heads) {
-      float* ml = ws_ml + ((t * p.num_heads + h0 + tid) * num_splits + split) * 2;
-      ml[0] = -INFINITY;
-      ml[1] = 0.0f;
-    }
-    return;
-  }
+  int64_t begin = 0, end = 0;
+  if (SplitIsEmpty<kKeys, kMmaHeads>(p, t, split, num_splits, h0, ws_ml, &begin, &end)) return;
 
   // This warp's score k-steps are warp, warp + 4, ...; their Q fragments (hi and lo) stay in
   // registers. Fragment register r: head g + 8 (r & 1), dims 2 tq + 8 (r >> 1) + {0, 1}.
@@ -700,17 +792,17 @@ __global__ void __launch_bounds__(kMmaThreads, kMmaShapes[kVariant - 1].min_bloc
   // "all but the newest kStages - 1 groups" is always "this chunk".
 #pragma unroll
   for (int c = 0; c < kStages - 1; ++c) {
-    LoadKeyChunkBf16<kKeys>(p, rows + c * kKeys, kbuf + c * kKeys * ld, ld, dim, vec_loads,
-                            begin + c * kKeys < end);
+    LoadKeyChunkBf16<kKeys, kLean>(p, rows + c * kKeys, kbuf + c * kKeys * ld, ld, dim, vec_loads,
+                                   begin + c * kKeys < end);
   }
   int chunk = 0;
   for (int64_t j0 = begin; j0 < end; j0 += kKeys, ++chunk) {
     const __nv_bfloat16* kc = kbuf + (chunk % kStages) * kKeys * ld;
     {  // chunk + kStages - 1 into the buffer chunk - 1 used (read before the last closing barrier)
       const int ahead = chunk + kStages - 1;
-      LoadKeyChunkBf16<kKeys>(p, rows + (ahead % (kStages + 1)) * kKeys,
-                              kbuf + (ahead % kStages) * kKeys * ld, ld, dim, vec_loads,
-                              j0 + (kStages - 1) * kKeys < end);
+      LoadKeyChunkBf16<kKeys, kLean>(p, rows + (ahead % (kStages + 1)) * kKeys,
+                                     kbuf + (ahead % kStages) * kKeys * ld, ld, dim, vec_loads,
+                                     j0 + (kStages - 1) * kKeys < end);
     }
     if (tid < kKeys) {  // rows one chunk further; that slot held chunk - 1's, long consumed
       const int64_t j = j0 + kStages * kKeys + tid;
@@ -780,7 +872,7 @@ __global__ void __launch_bounds__(kMmaThreads, kMmaShapes[kVariant - 1].min_bloc
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
         const int64_t key = j0 + n * 8 + 2 * tq + (e & 1);
-        const float v = key < end ? s[n][e] * p.softmax_scale : -INFINITY;
+        const float v = key < end ? s[n][e] * score_scale : -INFINITY;
         s[n][e] = v;
         mx[e >> 1] = fmaxf(mx[e >> 1], v);
       }
@@ -790,14 +882,16 @@ __global__ void __launch_bounds__(kMmaThreads, kMmaShapes[kVariant - 1].min_bloc
     for (int r = 0; r < 2; ++r) {
       mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 1));
       mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 2));
-      mx[r] = fmaxf(run_max[r], mx[r]);     // finite: every chunk has a key in range
-      alpha[r] = expf(run_max[r] - mx[r]);  // 0 on the first chunk (run_max = -inf)
+      mx[r] = fmaxf(run_max[r], mx[r]);  // finite: every chunk has a key in range
+      // 0 on the first chunk (run_max = -inf)
+      alpha[r] = kLean ? exp2f(run_max[r] - mx[r]) : expf(run_max[r] - mx[r]);
     }
 #pragma unroll
     for (int n = 0; n < kTiles; ++n) {
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
-        s[n][e] = expf(s[n][e] - mx[e >> 1]);  // 0 for keys past the end
+        // 0 for keys past the end
+        s[n][e] = kLean ? exp2f(s[n][e] - mx[e >> 1]) : expf(s[n][e] - mx[e >> 1]);
         sum[e >> 1] += s[n][e];
       }
     }
@@ -866,7 +960,7 @@ __global__ void __launch_bounds__(kMmaThreads, kMmaShapes[kVariant - 1].min_bloc
       const int h = h0 + g + r * 8;
       if (h >= p.num_heads) continue;
       float* ml = ws_ml + ((t * p.num_heads + h) * num_splits + split) * 2;
-      ml[0] = run_max[r];
+      ml[0] = kLean ? run_max[r] * 0.6931471805599453f : run_max[r];  // natural-log units
       ml[1] = run_sum[r];
     }
   }
@@ -899,14 +993,16 @@ GroupedKernelFn MmaKernelForVariant(int latent_dim) {
 }
 
 GroupedKernelFn MmaKernelFor(int latent_dim, int variant) {
-  static_assert(kMmaVariants == 3, "one case per variant");
+  static_assert(kMmaVariants == 4, "one case per variant");
   switch (variant) {
     case 1:
       return MmaKernelForVariant<1>(latent_dim);
     case 2:
       return MmaKernelForVariant<2>(latent_dim);
-    default:
+    case 3:
       return MmaKernelForVariant<3>(latent_dim);
+    default:
+      return MmaKernelForVariant<4>(latent_dim);
   }
 }
 
@@ -1120,11 +1216,17 @@ cudaError_t MlaAttentionF32(const MlaAttentionParams& params, cudaStream_t strea
   plan.kernel<<<static_cast<unsigned>(blocks), plan.threads, plan.smem, stream>>>(
       params, plan.num_groups, plan.num_splits, vec_loads, ws_out, ws_ml);
   e = cudaGetLastError();
-  if (e == cudaSuccess && plan.num_splits > 1) {
-    MlaCombineKernel<<<static_cast<unsigned>(static_cast<int64_t>(params.num_tokens) *
-                                             params.num_heads),
-                       128, 0, stream>>>(ws_out, ws_ml, plan.num_splits, params.cache.latent_dim,
-                                         params.out_latent);
+  const int64_t token_heads = static_cast<int64_t>(params.num_tokens) * params.num_heads;
+  if (e == cudaSuccess && plan.num_splits >= kWideCombineMinSplits) {
+    const dim3 grid(
+        static_cast<unsigned>(token_heads),
+        static_cast<unsigned>((params.cache.latent_dim + kWideCombineCols - 1) / kWideCombineCols));
+    MlaCombineWideKernel<<<grid, kWideCombineRows * kWideCombineCols, 0, stream>>>(
+        ws_out, ws_ml, plan.num_splits, params.cache.latent_dim, params.out_latent);
+    e = cudaGetLastError();
+  } else if (e == cudaSuccess && plan.num_splits > 1) {
+    MlaCombineKernel<<<static_cast<unsigned>(token_heads), 128, 0, stream>>>(
+        ws_out, ws_ml, plan.num_splits, params.cache.latent_dim, params.out_latent);
     e = cudaGetLastError();
   }
   if (own_workspace) {

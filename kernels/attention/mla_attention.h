@@ -58,7 +58,8 @@ struct MlaAttentionParams {
   int32_t num_splits = 0;
   // bf16 cache, tensor-core kernel: its pipeline shape (1: 16-key chunks, 5 stages, 2 blocks
   // per SM; 2: 32-key chunks, 5 stages, 1 block per SM; 3: 32-key chunks, double-buffered, 2
-  // blocks per SM); 0 = the default (mla_attention.cu). Tests and the benchmark set it.
+  // blocks per SM; 4: 3 with fewer instructions per chunk, mla_attention.cu); 0 = the default
+  // (3). Tests and the benchmark set it.
   int32_t mma_variant = 0;
 };
 
@@ -72,7 +73,7 @@ cudaError_t WriteLatentCacheF32(int64_t tokens, const float* latent, int64_t ld_
 // The largest num_splits MlaAttentionF32 accepts.
 constexpr int32_t kMaxMlaSplits = 64;
 // The largest MlaAttentionParams::mma_variant.
-constexpr int32_t kMaxMlaMmaVariant = 3;
+constexpr int32_t kMaxMlaMmaVariant = 4;
 
 // out[t, h] = sum_j softmax_j(scale * (q_latent[t,h]·c_j + q_rope[t,h]·k_j)) c_j over the
 // first context_len[t] entries of the token's sequence. cudaErrorInvalidValue if latent_dim

@@ -1,7 +1,8 @@
 // Times MlaAttentionF32 with an fp32 cache (grouped heads on CUDA cores, split-K) and with a
 // bf16 cache (tensor cores) against MlaAttentionPerHeadF32 (one block per (token, head)) on the
 // Moonlight and DeepSeek-V3 attention shapes (latent 512, rope 64, block size 16): decode
-// batches over 1024- and 8192-position contexts and a causal 8 x 1024-token prefill. Both
+// batches of 1 to 256 requests over 1024- to 8192-position contexts and a causal 8 x 1024-token
+// prefill. Both
 // caches hold the same (bf16-representable) values. Prints per case the median of 20 timed runs
 // (CUDA events, after 3 warm-ups), the achieved bandwidth on the distinct cache bytes the batch
 // reads at the cache's element size (and its share of 4.3 TB/s), the FMA rate, and the largest
@@ -15,6 +16,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "kernels/attention/mla_attention.h"
@@ -159,6 +161,53 @@ void Run(const Batch& batch) {
            MedianMs([&] { return kernels::MlaAttentionF32(pv, nullptr); }));
   }
 
+  // As the decode step runs it: kGraphCalls calls captured into one CUDA graph (no host launch
+  // cost between them), the graph replayed kGraphReplays times; the mean per call. Each
+  // tensor-core pipeline shape at its automatic split count.
+  if (!batch.prefill) {
+    constexpr int kGraphCalls = 10, kGraphReplays = 5;
+    cudaStream_t stream;
+    BENCH_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+    // (variant, forced split count or 0); few tokens: also fewer splits than the automatic 64.
+    std::vector<std::pair<int, int>> runs = {{1, 0}, {2, 0}, {3, 0}, {4, 0}};
+    if (tokens < 16) {
+      for (int variant : {3, 4}) {
+        for (int splits : {4, 8, 16, 32}) runs.emplace_back(variant, splits);
+      }
+    }
+    for (const auto& [variant, splits] : runs) {
+      kernels::MlaAttentionParams pv = pb;
+      pv.mma_variant = variant;
+      pv.num_splits = splits;
+      size_t ws_v = 0;
+      BENCH_CUDA(kernels::MlaAttentionWorkspaceBytes(pv, &ws_v));
+      if (ws_v > pv.workspace_bytes) continue;
+      cudaGraph_t graph;
+      cudaGraphExec_t exec;
+      BENCH_CUDA(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
+      for (int i = 0; i < kGraphCalls; ++i) BENCH_CUDA(kernels::MlaAttentionF32(pv, stream));
+      BENCH_CUDA(cudaStreamEndCapture(stream, &graph));
+      BENCH_CUDA(cudaGraphInstantiate(&exec, graph, 0));
+      BENCH_CUDA(cudaGraphLaunch(exec, stream));  // warm-up
+      cudaEvent_t e0, e1;
+      BENCH_CUDA(cudaEventCreate(&e0));
+      BENCH_CUDA(cudaEventCreate(&e1));
+      BENCH_CUDA(cudaEventRecord(e0, stream));
+      for (int r = 0; r < kGraphReplays; ++r) BENCH_CUDA(cudaGraphLaunch(exec, stream));
+      BENCH_CUDA(cudaEventRecord(e1, stream));
+      BENCH_CUDA(cudaEventSynchronize(e1));
+      float total = 0;
+      BENCH_CUDA(cudaEventElapsedTime(&total, e0, e1));
+      const std::string name = bf16_name + " v" + std::to_string(variant) + " graph";
+      report(name.c_str(), 2, splits_of(ws_v), total / (kGraphCalls * kGraphReplays));
+      BENCH_CUDA(cudaEventDestroy(e0));
+      BENCH_CUDA(cudaEventDestroy(e1));
+      BENCH_CUDA(cudaGraphExecDestroy(exec));
+      BENCH_CUDA(cudaGraphDestroy(graph));
+    }
+    BENCH_CUDA(cudaStreamDestroy(stream));
+  }
+
   std::vector<float> a(out_elems), b(out_elems), c(out_elems);
   BENCH_CUDA(cudaMemcpy(a.data(), out_new, out_elems * sizeof(float), cudaMemcpyDeviceToHost));
   BENCH_CUDA(cudaMemcpy(c.data(), out_bf16, out_elems * sizeof(float), cudaMemcpyDeviceToHost));
@@ -206,7 +255,9 @@ void Run(const Batch& batch) {
 }  // namespace
 }  // namespace deepinfer
 
-int main() {
+// mla_attention_bench [NAME]: only the cases whose name contains NAME (e.g. for ncu).
+int main(int argc, char** argv) {
+  const std::string only = argc > 1 ? argv[1] : "";
   int n = 0;
   if (cudaGetDeviceCount(&n) != cudaSuccess || n == 0) {
     std::fprintf(stderr, "no CUDA device\n");
@@ -222,9 +273,12 @@ int main() {
            deepinfer::Batch{"decode 1 x ctx8192 h16", 1, 8192, 16, false},
            deepinfer::Batch{"decode 64 x ctx1024 h16", 64, 1024, 16, false},
            deepinfer::Batch{"decode 128 x ctx1024 h16", 128, 1024, 16, false},
+           deepinfer::Batch{"decode 256 x ctx1024 h16", 256, 1024, 16, false, true},
+           deepinfer::Batch{"decode 128 x ctx4096 h16", 128, 4096, 16, false, true},
            deepinfer::Batch{"decode 64 x ctx1024 h128", 64, 1024, 128, false, true},
            deepinfer::Batch{"prefill 8 x 1024 h16", 8, 1024, 16, true, true},
        }) {
+    if (std::string(b.name).find(only) == std::string::npos) continue;
     deepinfer::Run(b);
   }
   return 0;

@@ -2,8 +2,10 @@
 // CpuBackend ops: sequences of different lengths in shuffled cache blocks, queries that mix
 // prefill (causal) and decode tokens or decode tokens alone, contexts longer than one key chunk,
 // head counts that do not fill a head group, DeepSeek-V3's 128 heads and latent/rope sizes,
-// context splits chosen automatically or forced (with an internal or a caller's workspace);
-// every case with an fp32 and with a bf16 cache (the CPU reference reads the same bf16 values).
+// context splits chosen automatically or forced (with an internal or a caller's workspace),
+// decode batches of 1, 3, 128 and 256 requests (both split combines: fewer and more than 8
+// splits); every pipeline shape of the tensor-core kernel; every case with an fp32 and with a bf16
+// cache (the CPU reference reads the same bf16 values).
 #include "kernels/attention/mla_attention.h"
 
 #include <algorithm>
@@ -239,6 +241,15 @@ std::vector<Case> Cases() {
   c.push_back({"decode_128_heads", 128, 512, 64, 128, 16, {1, 37, 1500}, true});
   c.push_back({"decode_split_7_block_1", 16, 512, 64, 128, 1, {1, 37, 700}, true, 7});
   c.push_back({"decode_split_max", 17, 256, 64, 32, 16, {3, 2000}, true, kernels::kMaxMlaSplits});
+  // Decode batches of the shapes the benchmark times (Moonlight: 16 heads, latent 512 + rope 64),
+  // at the automatic split count: one request whose context is not a whole number of blocks,
+  // and 128 / 256 requests of mixed lengths (many empty splits, chunks that end mid-block).
+  c.push_back({"decode_1_request_ctx_1025", 16, 512, 64, 128, 16, {1025}, true});
+  std::vector<int32_t> mixed128, mixed256;
+  for (int32_t i = 0; i < 128; ++i) mixed128.push_back(1 + (i * 97) % 1100);
+  for (int32_t i = 0; i < 256; ++i) mixed256.push_back(1 + (i * 61) % 700);
+  c.push_back({"decode_128_requests_mixed", 16, 512, 64, 128, 16, mixed128, true});
+  c.push_back({"decode_256_requests_block_64", 16, 512, 64, 128, 64, mixed256, true});
   return c;
 }
 
