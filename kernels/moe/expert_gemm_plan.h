@@ -33,7 +33,7 @@ struct ExpertGemmPlanGemm {
   int64_t x_row_bytes = 0;               // bytes of one x row (k * element size)
   void* y = nullptr;                     // device [rows, n]
   int64_t y_row_bytes = 0;               // bytes of one y row
-  const void* dummy_x = nullptr;         // device [chunk_rows, k], any finite values
+  const void* dummy_x = nullptr;         // device [chunk_rows, k], any values
   void* dummy_y = nullptr;               // device [chunk_rows, n], written with garbage
   // Output: device [3 * batch] pointers, the A (weights), B (x) and C (y) arrays one after the
   // other, as cublasGemmBatchedEx takes them.

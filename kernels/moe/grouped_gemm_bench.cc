@@ -177,6 +177,17 @@ void RunShape(const MoeShape& shape, Timer& timer, cublasHandle_t cublas) {
       p.rows_per_slot_hint = tokens;
       report("bf16x-stream",
              timer.MedianUs([&](int) { BENCH_CUDA(kernels::GroupedGemmBf16Stream(p, nullptr)); }));
+      // The busiest slot's rows as the hint (a smaller row tile: fewer registers, more blocks
+      // per SM), which the backend could only estimate.
+      const int32_t busiest = *std::max_element(counts.begin(), counts.end());
+      auto tile = [](int32_t hint) { return hint <= 8 ? 1 : hint <= 16 ? 2 : 4; };
+      if (tile(busiest) != tile(tokens)) {
+        p.rows_per_slot_hint = busiest;
+        char variant[64];
+        std::snprintf(variant, sizeof(variant), "bf16x-stream hint %d", busiest);
+        report(variant, timer.MedianUs(
+                            [&](int) { BENCH_CUDA(kernels::GroupedGemmBf16Stream(p, nullptr)); }));
+      }
     }
     for (int32_t chunk : {8, 16, 32}) {
       upload_plan(chunk);
