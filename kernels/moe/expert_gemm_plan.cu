@@ -2,7 +2,6 @@
 // shared memory gives each slot its first entry, then the threads fill the entries, each
 // finding its slot by binary search in the scan.
 #include "kernels/moe/expert_gemm_plan.h"
-
 #include "kernels/moe/moe_permute.h"
 
 namespace deepinfer {
@@ -30,7 +29,10 @@ __global__ void __launch_bounds__(kThreads) PlanKernel(ExpertGemmPlanParams p) {
     int lo = 0, hi = kThreads - 1;  // first slot with end_entry > 0
     while (lo < hi) {
       const int mid = (lo + hi) / 2;
-      if (end_entry[mid] > 0) hi = mid; else lo = mid + 1;
+      if (end_entry[mid] > 0)
+        hi = mid;
+      else
+        lo = mid + 1;
     }
     first_slot = lo;
   }
@@ -40,7 +42,10 @@ __global__ void __launch_bounds__(kThreads) PlanKernel(ExpertGemmPlanParams p) {
       int lo = 0, hi = kThreads - 1;  // first slot with end_entry > j
       while (lo < hi) {
         const int mid = (lo + hi) / 2;
-        if (end_entry[mid] > j) hi = mid; else lo = mid + 1;
+        if (end_entry[mid] > j)
+          hi = mid;
+        else
+          lo = mid + 1;
       }
       slot = lo;
       const int first = slot > 0 ? end_entry[slot - 1] : 0;
@@ -66,8 +71,7 @@ __global__ void __launch_bounds__(kThreads) PlanKernel(ExpertGemmPlanParams p) {
 
 cudaError_t PlanExpertGemmBatches(const ExpertGemmPlanParams& p, cudaStream_t stream) {
   if (p.num_slots < 1 || p.num_slots > kMaxMoeSlots || p.chunk_rows < 1 || p.batch < 1 ||
-      p.num_gemms < 1 || p.num_gemms > 2 || p.slot_counts == nullptr ||
-      p.slot_offsets == nullptr) {
+      p.num_gemms < 1 || p.num_gemms > 2 || p.slot_counts == nullptr || p.slot_offsets == nullptr) {
     return cudaErrorInvalidValue;
   }
   for (int gi = 0; gi < p.num_gemms; ++gi) {

@@ -22,8 +22,7 @@ namespace kernels {
 // rows needs ceil(c / chunk_rows) <= (c + chunk_rows - 1) / chunk_rows chunks. At least 1.
 inline int32_t ExpertGemmBatchBound(int64_t rows, int32_t num_slots, int32_t chunk_rows) {
   const int64_t busy = std::min<int64_t>(num_slots, rows);
-  return static_cast<int32_t>(
-      std::max<int64_t>(1, (rows + busy * (chunk_rows - 1)) / chunk_rows));
+  return static_cast<int32_t>(std::max<int64_t>(1, (rows + busy * (chunk_rows - 1)) / chunk_rows));
 }
 
 // One of the GEMMs sharing the row layout (gate_up and down): y = x · W_sᵀ per chunk.
@@ -45,7 +44,7 @@ struct ExpertGemmPlanParams {
   const int32_t* slot_counts = nullptr;   // device [num_slots]
   const int32_t* slot_offsets = nullptr;  // device [num_slots + 1], multiples of chunk_rows
   int32_t chunk_rows = 0;
-  int32_t batch = 0;     // entries to fill: ExpertGemmBatchBound for the launch's sizes
+  int32_t batch = 0;      // entries to fill: ExpertGemmBatchBound for the launch's sizes
   int32_t num_gemms = 0;  // 1 or 2 entries of gemm[] to plan
   ExpertGemmPlanGemm gemm[2];
 };

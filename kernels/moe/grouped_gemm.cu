@@ -352,7 +352,8 @@ __device__ __forceinline__ void StreamRowPass(const GroupedGemmBf16StreamParams&
                                               const uint16_t* weights, int64_t block_feature0,
                                               int row0, int row_end, float* red) {
   const int lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
-  const int warp = threadIdx.x / 32, group = warp % kStFeatureGroups, quarter = warp / kStFeatureGroups;
+  const int warp = threadIdx.x / 32, group = warp % kStFeatureGroups,
+            quarter = warp / kStFeatureGroups;
   const int64_t feature0 = block_feature0 + group * kStMTiles * 16;
   const uint4* w[kStMTiles][2];
 #pragma unroll
@@ -401,8 +402,9 @@ __device__ __forceinline__ void StreamRowPass(const GroupedGemmBf16StreamParams&
       for (int h = 0; h < 2; ++h) {
 #pragma unroll
         for (int f = 0; f < kStMTiles; ++f) {
-          const unsigned frag[4] = {h ? a[u][f][0].z : a[u][f][0].x, h ? a[u][f][1].z : a[u][f][1].x,
-                                    h ? a[u][f][0].w : a[u][f][0].y, h ? a[u][f][1].w : a[u][f][1].y};
+          const unsigned frag[4] = {
+              h ? a[u][f][0].z : a[u][f][0].x, h ? a[u][f][1].z : a[u][f][1].x,
+              h ? a[u][f][0].w : a[u][f][0].y, h ? a[u][f][1].w : a[u][f][1].y};
 #pragma unroll
           for (int j = 0; j < NT; ++j) {
             MmaBf16(acc[f][j], frag, h ? b[u][j].z : b[u][j].x, h ? b[u][j].w : b[u][j].y);

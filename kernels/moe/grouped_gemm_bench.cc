@@ -132,8 +132,8 @@ void RunShape(const MoeShape& shape, Timer& timer, cublasHandle_t cublas) {
       std::shuffle(perm.begin(), perm.end(), gen);
       for (int j = 0; j < K; ++j) ++counts[perm[j]];
     }
-    const int busy = static_cast<int>(std::count_if(counts.begin(), counts.end(),
-                                                    [](int32_t c) { return c > 0; }));
+    const int busy = static_cast<int>(
+        std::count_if(counts.begin(), counts.end(), [](int32_t c) { return c > 0; }));
     const double bytes = double(busy) * per_expert * 2;
     const int32_t rows = tokens * K;
     auto upload_plan = [&](int32_t align) {
@@ -218,8 +218,9 @@ void RunShape(const MoeShape& shape, Timer& timer, cublasHandle_t cublas) {
       std::snprintf(variant, sizeof(variant), "planned-c%d (batch %d)", chunk, p.batch);
       report(variant, us);
       if (chunk == 16) {
-        report("planner kernel alone",
-               timer.MedianUs([&](int) { BENCH_CUDA(kernels::PlanExpertGemmBatches(p, nullptr)); }));
+        report("planner kernel alone", timer.MedianUs([&](int) {
+          BENCH_CUDA(kernels::PlanExpertGemmBatches(p, nullptr));
+        }));
       }
     }
   }

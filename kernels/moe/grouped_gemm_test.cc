@@ -6,11 +6,11 @@
 // row count (blocks without work), and rows past the last slot checked to stay poisoned.
 #include "kernels/moe/grouped_gemm.h"
 
+#include <cublas_v2.h>
+
 #include <cmath>
 #include <random>
 #include <vector>
-
-#include <cublas_v2.h>
 
 #include "gtest/gtest.h"
 #include "kernels/moe/expert_gemm_plan.h"
@@ -55,13 +55,12 @@ constexpr kernels::GroupedGemmAlgo kAlgos[] = {kernels::GroupedGemmAlgo::kCudaCo
 
 void RunCase(const Case& c) {
   const uint32_t seed = testing::FreshSeed();
-  SCOPED_TRACE(::testing::Message()
-               << "n " << c.n << " k " << c.k << " slots " << c.counts.size() << " hint " << c.hint
-               << " impl "
-               << (c.impl == Impl::kStream    ? "stream"
-                   : c.impl == Impl::kPlanned ? "planned cuBLAS"
-                                              : Name(c.algo))
-               << " chunk " << c.chunk << " seed " << seed);
+  SCOPED_TRACE(::testing::Message() << "n " << c.n << " k " << c.k << " slots " << c.counts.size()
+                                    << " hint " << c.hint << " impl "
+                                    << (c.impl == Impl::kStream    ? "stream"
+                                        : c.impl == Impl::kPlanned ? "planned cuBLAS"
+                                                                   : Name(c.algo))
+                                    << " chunk " << c.chunk << " seed " << seed);
   const int32_t slots = static_cast<int32_t>(c.counts.size());
   // kPlanned: each slot starts at a multiple of the chunk (padding rows after its rows).
   const int32_t align = c.impl == Impl::kPlanned ? c.chunk : 1;

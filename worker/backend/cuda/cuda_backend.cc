@@ -738,7 +738,7 @@ bool CudaBackend::RoutedExperts(const RoutedExpertsArgs& a) {
   const bool chunked =
       !device_grouped && expert_gemm_algo_ == kernels::ExpertGemmCublasAlgo::kChunked;
   const bool planned = device_grouped && decode_algo == DecodeMoeAlgo::kPlannedCublas;
-  const int32_t row_align = chunked ? ChunkRowsFor(T * K / E) : planned ? kPlannedChunkRows : 1;
+  const int32_t row_align = chunked ? ChunkRowsFor(T * K / E) : planned ? PlannedChunkRows(T) : 1;
   const int64_t rows =
       std::max<int64_t>(1, kernels::MoePermutedRowsBound(static_cast<int32_t>(T),
                                                          static_cast<int32_t>(K), E, row_align));
@@ -806,8 +806,13 @@ bool CudaBackend::RoutedExperts(const RoutedExpertsArgs& a) {
 
 CudaBackend::DecodeMoeAlgo CudaBackend::DecodeMoeAlgoFor(int64_t tokens) const {
   if (decode_moe_algo_ != DecodeMoeAlgo::kAuto) return decode_moe_algo_;
-  (void)tokens;
-  return DecodeMoeAlgo::kStream;
+  // Fastest per size in grouped_gemm_bench (Moonlight and V3 shapes; 1, 8, 64, 128, 256 tokens
+  // measured, the thresholds between them are not): the CUDA-core kernel for 1-2 rows per
+  // expert, the planned cuBLAS chunks from a few rows, the streaming kernel around 64 tokens.
+  if (tokens <= 2) return DecodeMoeAlgo::kGroupedF32;
+  if (tokens <= 32) return DecodeMoeAlgo::kPlannedCublas;
+  if (tokens <= 96) return DecodeMoeAlgo::kStream;
+  return DecodeMoeAlgo::kPlannedCublas;
 }
 
 void CudaBackend::ExpertGemmsOnDevice(const RoutedExpertsArgs& a, DecodeMoeAlgo algo,
@@ -865,7 +870,7 @@ void CudaBackend::ExpertGemmsOnDevice(const RoutedExpertsArgs& a, DecodeMoeAlgo 
   }
   // kPlannedCublas: the pointer arrays of both GEMMs from the device counts, then one batched
   // call each over a fixed number of chunks (the dummies compute garbage into dummy_y).
-  const int32_t C = kPlannedChunkRows;
+  const int32_t C = PlannedChunkRows(T);
   const int32_t batch = kernels::ExpertGemmBatchBound(T * K, E, C);
   auto pointers = AllocateScratch(2 * 3 * static_cast<size_t>(batch) * sizeof(void*));
   auto dummy_x = AllocateScratch(C * std::max(H, I) * sizeof(uint16_t));
@@ -878,10 +883,27 @@ void CudaBackend::ExpertGemmsOnDevice(const RoutedExpertsArgs& a, DecodeMoeAlgo 
   p.batch = batch;
   p.num_gemms = 2;
   void** ptrs = static_cast<void**>(pointers->data());
-  p.gemm[0] = {a.gate_up, permuted,         H * 2, gate_up->data(), 2 * I * 4,
-               dummy_x->data(), dummy_y->data(), ptrs};
-  p.gemm[1] = {a.down,          act->data(), I * 2, expert_out,      H * 4,
-               dummy_x->data(), dummy_y->data(), ptrs + 3 * batch};
+  // gate_up: permuted [rows, H] bf16 -> gate_up [rows, 2I] fp32; down: act [rows, I] bf16 ->
+  // expert_out [rows, H] fp32.
+  const struct {
+    const void* const* weights;
+    const void* x;
+    int64_t x_row_bytes;
+    void* y;
+    int64_t y_row_bytes;
+  } gemms[2] = {{a.gate_up, permuted, H * 2, gate_up->data(), 2 * I * 4},
+                {a.down, act->data(), I * 2, expert_out, H * 4}};
+  for (int i = 0; i < 2; ++i) {
+    kernels::ExpertGemmPlanGemm& g = p.gemm[i];
+    g.weights = gemms[i].weights;
+    g.x = gemms[i].x;
+    g.x_row_bytes = gemms[i].x_row_bytes;
+    g.y = gemms[i].y;
+    g.y_row_bytes = gemms[i].y_row_bytes;
+    g.dummy_x = dummy_x->data();
+    g.dummy_y = dummy_y->data();
+    g.pointers = ptrs + 3 * batch * i;
+  }
   Check(kernels::PlanExpertGemmBatches(p, stream_), "kernels::PlanExpertGemmBatches");
   CheckBlas(kernels::PlannedExpertGemmsBf16(cublas_, ptrs, batch, static_cast<int32_t>(2 * I),
                                             static_cast<int32_t>(H), C),

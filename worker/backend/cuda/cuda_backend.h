@@ -99,10 +99,12 @@ class CudaBackend : public Backend {
   //  kStream:        kernels::GroupedGemmBf16Stream on bf16 activations (gathered into bf16,
   //                  SiLU-mul written in bf16);
   //  kPlannedCublas: kernels::PlanExpertGemmBatches + one cublasGemmBatchedEx per GEMM over
-  //                  chunks of kPlannedChunkRows rows (bf16 activations, padded layout).
-  // kAuto picks by size (DecodeMoeAlgoFor, measured on the H200: docs/kernels.md).
+  //                  chunks of PlannedChunkRows(tokens) rows (bf16 activations, padded layout).
+  // kAuto picks by size (DecodeMoeAlgoFor; grouped_gemm_bench on the H200, docs/kernels.md):
+  // kGroupedF32 up to 2 tokens, kPlannedCublas up to 32, kStream up to 96, kPlannedCublas above.
   enum class DecodeMoeAlgo { kAuto, kGroupedF32, kStream, kPlannedCublas };
-  static constexpr int32_t kPlannedChunkRows = 16;
+  // Rows per chunk of kPlannedCublas: 8 up to 32 tokens, else 32 (measured at 8 and 64 tokens).
+  static int32_t PlannedChunkRows(int64_t tokens) { return tokens <= 32 ? 8 : 32; }
   // The algorithm the device path uses for `tokens` tokens (never kAuto).
   DecodeMoeAlgo DecodeMoeAlgoFor(int64_t tokens) const;
   // Forces one decode algorithm (kAuto: by size, the default); a forced one also takes bf16

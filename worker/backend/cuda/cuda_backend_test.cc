@@ -390,7 +390,8 @@ class RoutedExpertsTest : public CudaBackendTest {
     EXPECT_EQ(bad, 0);
     // Rounding flips touch a few tokens, not the output at large.
     // (at least two tokens' worth allowed, for the decode sizes of a few tokens).
-    EXPECT_LE(flipped, std::max<int64_t>(T * H / 50, 2 * H)) << "outputs beyond the plain tolerance";
+    EXPECT_LE(flipped, std::max<int64_t>(T * H / 50, 2 * H))
+        << "outputs beyond the plain tolerance";
     EXPECT_TRUE(gpu_->status().ok()) << gpu_->status();
     gpu_->SetDecodeMoeAlgo(DecodeAlgo::kAuto);
   }
