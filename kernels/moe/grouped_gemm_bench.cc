@@ -1,15 +1,17 @@
-// grouped_gemm_bench: achieved HBM bandwidth of GroupedGemmBf16 at the Moonlight MoE shapes
-// (64 experts; gate_up n = 2*1408, k = 2048; down n = 2048, k = 1408) for 128 tokens x top-6
-// (768 rows, every expert busy) and 1 token x top-6 (6 rows, 6 experts), against the 4.3 TB/s
-// copy roofline of the H200. For reference it also times today's path (one cublasSgemm per
-// expert on fp32 weights, offsets known on the host).
+// grouped_gemm_bench: the decode expert GEMMs, every way, at 1, 8, 64, 128 and 256 tokens of
+// the Moonlight MoE shape (64 experts top-6; gate_up n = 2*1408, k = 2048; down n = 2048,
+// k = 1408) and the DeepSeek-V3 one (256 experts top-8; gate_up n = 2*2048, k = 7168; down
+// n = 7168, k = 2048), as GB/s of the ACTIVE experts' weights (the bytes a decode step must
+// read) against the 4.3 TB/s copy roofline of the H200:
+//   f32x-grouped    GroupedGemmBf16 kAuto, fp32 activations (the decode path before this bench)
+//   bf16x-stream    GroupedGemmBf16Stream, bf16 activations
+//   planned-cN      PlanExpertGemmBatches + one cublasGemmBatchedEx over chunks of N rows
+//                   (padded layout, fixed batch ExpertGemmBatchBound; planner included)
 //
-// Each timed launch is preceded by an L2 flush and timed alone with CUDA events; the 1-token
-// case also rotates through 10 disjoint expert sets. The flush READS 256 MiB (cublasIsamax)
-// rather than writing, so no dirty L2 lines are written back during the timed kernel (a
-// memset flush gave numbers within about 10 % of these, either way, on the H200). Median of
-// 50 after 5 warm-ups. Bytes = weights of the busy experts + x + y. Also times MoePermuteF32 and
-// MoeCombineF32 at the same shapes (hidden 2048).
+// Each timed launch is preceded by an L2 flush and timed alone with CUDA events. The flush
+// READS 256 MiB (cublasIsamax) rather than writing, so no dirty L2 lines are written back during
+// the timed kernel. Median of 30 after 5 warm-ups. Also times MoePermuteF32 and MoeCombineF32
+// (hidden 2048).
 //
 //   grouped_gemm_bench            (prints one line per case; exit status 1 on a CUDA error)
 #include <cublas_v2.h>
@@ -24,6 +26,8 @@
 #include <utility>
 #include <vector>
 
+#include "kernels/moe/expert_gemm_plan.h"
+#include "kernels/moe/expert_gemm_planned.h"
 #include "kernels/moe/grouped_gemm.h"
 #include "kernels/moe/moe_permute.h"
 #include "kernels/moe/moe_reference.h"
@@ -33,8 +37,9 @@ namespace deepinfer {
 namespace {
 
 using bench::DeviceAlloc;
+using bench::Upload;
 
-constexpr int kExperts = 64, kTopK = 6, kWarmup = 5, kIters = 50;
+constexpr int kExperts = 64, kTopK = 6, kWarmup = 5, kIters = 30;
 constexpr double kRooflineGBs = 4300.0;
 
 struct Timer {
@@ -78,153 +83,152 @@ struct Timer {
 
 void Report(const char* name, double us, double bytes) {
   const double gbs = bytes / (us * 1e-6) / 1e9;
-  std::printf("%-44s %9.1f us  %8.1f GB/s  %5.1f%% of %.1f TB/s  (roofline %.1f us, %.1f MB)\n",
+  std::printf("%-72s %9.1f us  %8.1f GB/s  %5.1f%% of %.1f TB/s  (roofline %.1f us, %.1f MB)\n",
               name, us, gbs, 100.0 * gbs / kRooflineGBs, kRooflineGBs / 1e3,
               bytes / (kRooflineGBs * 1e9) * 1e6, bytes / 1e6);
 }
 
-void RunShape(const char* shape, int32_t n, int32_t k, Timer& timer, cublasHandle_t cublas) {
+struct MoeShape {
+  const char* name;
+  int32_t experts, top_k, n, k;
+};
+
+void RunShape(const MoeShape& shape, Timer& timer, cublasHandle_t cublas) {
+  const int32_t E = shape.experts, K = shape.top_k, n = shape.n, k = shape.k;
   std::mt19937 gen(1234);
-  // Weights: one random expert matrix, copied to every expert (the bytes are what matters).
+  // Weights: one random expert matrix copied to every expert (the bytes are what matters).
   const size_t per_expert = size_t(n) * k;
   std::vector<uint16_t> host_w(per_expert);
   std::normal_distribution<float> normal(0.0f, 0.02f);
   for (auto& v : host_w) v = kernels::FloatToBf16(normal(gen));
-  uint16_t* w = DeviceAlloc<uint16_t>(per_expert * kExperts * sizeof(uint16_t));
-  for (int e = 0; e < kExperts; ++e) {
-    BENCH_CUDA(
-        cudaMemcpy(w + e * per_expert, host_w.data(), per_expert * 2, cudaMemcpyHostToDevice));
+  uint16_t* w = DeviceAlloc<uint16_t>(per_expert * E * sizeof(uint16_t));
+  BENCH_CUDA(cudaMemcpy(w, host_w.data(), per_expert * 2, cudaMemcpyHostToDevice));
+  for (int e = 1; e < E; ++e) {
+    BENCH_CUDA(cudaMemcpy(w + e * per_expert, w, per_expert * 2, cudaMemcpyDeviceToDevice));
   }
-  std::vector<uint64_t> ptrs(kExperts);
-  for (int e = 0; e < kExperts; ++e) ptrs[e] = reinterpret_cast<uint64_t>(w + e * per_expert);
-  uint64_t* dptrs = DeviceAlloc<uint64_t>(kExperts * sizeof(uint64_t));
-  BENCH_CUDA(cudaMemcpy(dptrs, ptrs.data(), kExperts * 8, cudaMemcpyHostToDevice));
+  std::vector<uint64_t> ptrs(E);
+  for (int e = 0; e < E; ++e) ptrs[e] = reinterpret_cast<uint64_t>(w + e * per_expert);
+  uint64_t* dptrs = Upload(ptrs);
 
-  const int32_t max_rows = 128 * kTopK;
+  constexpr int32_t kMaxTokens = 256, kMaxChunk = 32;
+  const int64_t max_rows = int64_t{kMaxTokens} * K + int64_t{E} * (kMaxChunk - 1);
   std::vector<float> host_x(size_t(max_rows) * k);
   for (auto& v : host_x) v = normal(gen) * 50;
-  float* x = DeviceAlloc<float>(host_x.size() * 4);
+  std::vector<uint16_t> host_xb(host_x.size());
+  for (size_t i = 0; i < host_x.size(); ++i) host_xb[i] = kernels::FloatToBf16(host_x[i]);
+  float* x = Upload(host_x);
+  uint16_t* xb = Upload(host_xb);
   float* y = DeviceAlloc<float>(size_t(max_rows) * n * 4);
-  BENCH_CUDA(cudaMemcpy(x, host_x.data(), host_x.size() * 4, cudaMemcpyHostToDevice));
+  float* dummy_y = DeviceAlloc<float>(size_t(kMaxChunk) * n * 4);
+  void** pointers = DeviceAlloc<void*>(3 * size_t(max_rows) * sizeof(void*));
+  int32_t* dplan = DeviceAlloc<int32_t>((2 * E + 1) * 4);  // counts | offsets
 
-  // Routing cases: offsets for 128 random tokens, and 10 disjoint single-token expert sets.
-  std::vector<int32_t> perm(kExperts);
-  std::iota(perm.begin(), perm.end(), 0);
-  std::vector<int32_t> counts(kExperts, 0);
-  for (int t = 0; t < 128; ++t) {
-    std::shuffle(perm.begin(), perm.end(), gen);
-    for (int j = 0; j < kTopK; ++j) ++counts[perm[j]];
-  }
-  std::vector<std::vector<int32_t>> offsets_sets;
-  auto add_offsets = [&](const std::vector<int32_t>& c) {
-    std::vector<int32_t> off(kExperts + 1, 0);
-    for (int e = 0; e < kExperts; ++e) off[e + 1] = off[e] + c[e];
-    offsets_sets.push_back(off);
-  };
-  add_offsets(counts);
-  constexpr int kSingleSets = kExperts / kTopK;
-  for (int s = 0; s < kSingleSets; ++s) {
-    std::vector<int32_t> c(kExperts, 0);
-    for (int j = 0; j < kTopK; ++j) c[s * kTopK + j] = 1;
-    add_offsets(c);
-  }
-  int32_t* doff = DeviceAlloc<int32_t>(offsets_sets.size() * (kExperts + 1) * 4);
-  for (size_t i = 0; i < offsets_sets.size(); ++i) {
-    BENCH_CUDA(cudaMemcpy(doff + i * (kExperts + 1), offsets_sets[i].data(), (kExperts + 1) * 4,
-                          cudaMemcpyHostToDevice));
-  }
-
-  kernels::GroupedGemmBf16Params p;
-  p.num_slots = kExperts;
-  p.n = n;
-  p.k = k;
-  p.x = x;
-  p.weights = reinterpret_cast<const uint16_t* const*>(dptrs);
-  p.y = y;
-  char name[128];
-  const std::pair<kernels::GroupedGemmAlgo, const char*> algos[] = {
-      {kernels::GroupedGemmAlgo::kCudaCore, "cuda-core"},
-      {kernels::GroupedGemmAlgo::kTensorCore, "tensor-core"}};
-  for (const auto& [algo, algo_name] : algos) {
-    p.algo = algo;
-    {  // 128 tokens x top-6.
-      p.max_rows = max_rows;
-      p.rows_per_slot_hint = 128;
-      p.slot_offsets = doff;
-      const double us =
-          timer.MedianUs([&](int) { BENCH_CUDA(kernels::GroupedGemmBf16(p, nullptr)); });
-      const double bytes = double(kExperts) * per_expert * 2 + double(max_rows) * (k + n) * 4;
-      std::snprintf(name, sizeof(name), "%s 128 tok x top6 bf16 %s", shape, algo_name);
-      Report(name, us, bytes);
+  char name[160];
+  for (int32_t tokens : {1, 8, 64, 128, 256}) {
+    // Random distinct top-K experts per token.
+    std::vector<int32_t> perm(E), counts(E, 0);
+    std::iota(perm.begin(), perm.end(), 0);
+    for (int t = 0; t < tokens; ++t) {
+      std::shuffle(perm.begin(), perm.end(), gen);
+      for (int j = 0; j < K; ++j) ++counts[perm[j]];
     }
-    if (algo == kernels::GroupedGemmAlgo::kTensorCore) {
-      // A tighter rows_per_slot_hint (the busiest slot has about 25 rows here) picks a smaller
-      // register tile (more resident warps).
-      for (int hint : {16, 32}) {
-        p.max_rows = max_rows;
-        p.rows_per_slot_hint = hint;
-        p.slot_offsets = doff;
-        const double us =
-            timer.MedianUs([&](int) { BENCH_CUDA(kernels::GroupedGemmBf16(p, nullptr)); });
-        const double bytes = double(kExperts) * per_expert * 2 + double(max_rows) * (k + n) * 4;
-        std::snprintf(name, sizeof(name), "%s 128 tok x top6 bf16 %s hint %d", shape, algo_name,
-                      hint);
-        Report(name, us, bytes);
+    const int busy = static_cast<int>(
+        std::count_if(counts.begin(), counts.end(), [](int32_t c) { return c > 0; }));
+    const double bytes = double(busy) * per_expert * 2;
+    const int32_t rows = tokens * K;
+    auto upload_plan = [&](int32_t align) {
+      std::vector<int32_t> plan(2 * E + 1, 0);
+      for (int e = 0; e < E; ++e) {
+        plan[e] = counts[e];
+        plan[E + e + 1] = plan[E + e] + (counts[e] + align - 1) / align * align;
+      }
+      BENCH_CUDA(cudaMemcpy(dplan, plan.data(), plan.size() * 4, cudaMemcpyHostToDevice));
+    };
+    auto report = [&](const char* variant, double us) {
+      std::snprintf(name, sizeof(name), "%s %3d tok (%3d experts) %s", shape.name, tokens, busy,
+                    variant);
+      Report(name, us, bytes);
+    };
+    upload_plan(1);
+    {
+      kernels::GroupedGemmBf16Params p;
+      p.num_slots = E;
+      p.max_rows = rows;
+      p.slot_offsets = dplan + E;
+      p.n = n;
+      p.k = k;
+      p.x = x;
+      p.weights = reinterpret_cast<const uint16_t* const*>(dptrs);
+      p.y = y;
+      p.rows_per_slot_hint = tokens;
+      report("f32x-grouped",
+             timer.MedianUs([&](int) { BENCH_CUDA(kernels::GroupedGemmBf16(p, nullptr)); }));
+    }
+    {
+      kernels::GroupedGemmBf16StreamParams p;
+      p.num_slots = E;
+      p.max_rows = rows;
+      p.slot_offsets = dplan + E;
+      p.n = n;
+      p.k = k;
+      p.x = xb;
+      p.weights = reinterpret_cast<const uint16_t* const*>(dptrs);
+      p.y = y;
+      p.rows_per_slot_hint = tokens;
+      report("bf16x-stream",
+             timer.MedianUs([&](int) { BENCH_CUDA(kernels::GroupedGemmBf16Stream(p, nullptr)); }));
+      // The busiest slot's rows as the hint (a smaller row tile: fewer registers, more blocks
+      // per SM), which the backend could only estimate.
+      const int32_t busiest = *std::max_element(counts.begin(), counts.end());
+      auto tile = [](int32_t hint) { return hint <= 8 ? 1 : hint <= 16 ? 2 : 4; };
+      if (tile(busiest) != tile(tokens)) {
+        p.rows_per_slot_hint = busiest;
+        char variant[64];
+        std::snprintf(variant, sizeof(variant), "bf16x-stream hint %d", busiest);
+        report(variant, timer.MedianUs(
+                            [&](int) { BENCH_CUDA(kernels::GroupedGemmBf16Stream(p, nullptr)); }));
       }
     }
-    {  // 1 token x top-6.
-      p.max_rows = kTopK;
-      p.rows_per_slot_hint = 1;
-      const double us = timer.MedianUs([&](int i) {
-        p.slot_offsets = doff + (1 + i % kSingleSets) * (kExperts + 1);
-        BENCH_CUDA(kernels::GroupedGemmBf16(p, nullptr));
+    for (int32_t chunk : {8, 16, 32}) {
+      upload_plan(chunk);
+      kernels::ExpertGemmPlanParams p;
+      p.num_slots = E;
+      p.slot_counts = dplan;
+      p.slot_offsets = dplan + E;
+      p.chunk_rows = chunk;
+      p.batch = kernels::ExpertGemmBatchBound(rows, E, chunk);
+      p.num_gemms = 1;
+      p.gemm[0].weights = reinterpret_cast<const void* const*>(dptrs);
+      p.gemm[0].x = xb;
+      p.gemm[0].x_row_bytes = int64_t{k} * 2;
+      p.gemm[0].y = y;
+      p.gemm[0].y_row_bytes = int64_t{n} * 4;
+      p.gemm[0].dummy_x = xb;
+      p.gemm[0].dummy_y = dummy_y;
+      p.gemm[0].pointers = pointers;
+      const double us = timer.MedianUs([&](int) {
+        BENCH_CUDA(kernels::PlanExpertGemmBatches(p, nullptr));
+        if (kernels::PlannedExpertGemmsBf16(cublas, pointers, p.batch, n, k, chunk) !=
+            CUBLAS_STATUS_SUCCESS) {
+          std::fprintf(stderr, "cublasGemmBatchedEx failed\n");
+          std::exit(1);
+        }
       });
-      const double bytes = double(kTopK) * per_expert * 2 + double(kTopK) * (k + n) * 4;
-      std::snprintf(name, sizeof(name), "%s 1 tok x top6 bf16 %s", shape, algo_name);
-      Report(name, us, bytes);
-    }
-  }
-  BENCH_CUDA(cudaFree(w));
-
-  // Today's path for comparison: fp32 weights, one cublasSgemm per busy expert.
-  std::vector<float> host_wf(per_expert);
-  for (size_t i = 0; i < per_expert; ++i) host_wf[i] = kernels::Bf16ToFloat(host_w[i]);
-  float* wf = DeviceAlloc<float>(per_expert * kExperts * 4);
-  for (int e = 0; e < kExperts; ++e) {
-    BENCH_CUDA(
-        cudaMemcpy(wf + e * per_expert, host_wf.data(), per_expert * 4, cudaMemcpyHostToDevice));
-  }
-  auto sgemm_groups = [&](const std::vector<int32_t>& off) {
-    const float one = 1.0f, zero = 0.0f;
-    for (int e = 0; e < kExperts; ++e) {
-      const int rows = off[e + 1] - off[e];
-      if (rows == 0) continue;
-      if (cublasSgemm(cublas, CUBLAS_OP_T, CUBLAS_OP_N, n, rows, k, &one, wf + e * per_expert, k,
-                      x + size_t(off[e]) * k, k, &zero, y + size_t(off[e]) * n,
-                      n) != CUBLAS_STATUS_SUCCESS) {
-        std::fprintf(stderr, "cublasSgemm failed\n");
-        std::exit(1);
+      char variant[64];
+      std::snprintf(variant, sizeof(variant), "planned-c%d (batch %d)", chunk, p.batch);
+      report(variant, us);
+      if (chunk == 16) {
+        report("planner kernel alone", timer.MedianUs([&](int) {
+          BENCH_CUDA(kernels::PlanExpertGemmBatches(p, nullptr));
+        }));
       }
     }
-  };
-  {
-    const double us = timer.MedianUs([&](int) { sgemm_groups(offsets_sets[0]); });
-    const double bytes = double(kExperts) * per_expert * 4 + double(max_rows) * (k + n) * 4;
-    std::snprintf(name, sizeof(name), "%s 128 tok x top6 fp32 cublasSgemm/expert", shape);
-    Report(name, us, bytes);
   }
-  {
-    const double us =
-        timer.MedianUs([&](int i) { sgemm_groups(offsets_sets[1 + i % kSingleSets]); });
-    const double bytes = double(kTopK) * per_expert * 4 + double(kTopK) * (k + n) * 4;
-    std::snprintf(name, sizeof(name), "%s 1 tok x top6 fp32 cublasSgemm/expert", shape);
-    Report(name, us, bytes);
+  for (void* ptr : {static_cast<void*>(w), static_cast<void*>(dptrs), static_cast<void*>(x),
+                    static_cast<void*>(xb), static_cast<void*>(y), static_cast<void*>(dummy_y),
+                    static_cast<void*>(pointers), static_cast<void*>(dplan)}) {
+    cudaFree(ptr);
   }
-  cudaFree(wf);
-  cudaFree(x);
-  cudaFree(y);
-  cudaFree(dptrs);
-  cudaFree(doff);
 }
 
 void RunPermuteCombine(int32_t tokens, Timer& timer) {
@@ -302,8 +306,13 @@ int main() {
   cublasHandle_t cublas;
   if (cublasCreate(&cublas) != CUBLAS_STATUS_SUCCESS) return 1;
   deepinfer::Timer timer(cublas);
-  deepinfer::RunShape("gate_up n=2816 k=2048", 2 * 1408, 2048, timer, cublas);
-  deepinfer::RunShape("down    n=2048 k=1408", 2048, 1408, timer, cublas);
+  // Moonlight first (the 4-layer bench's shape), then DeepSeek-V3.
+  const deepinfer::MoeShape shapes[] = {{"moonlight gate_up n=2816 k=2048", 64, 6, 2816, 2048},
+                                        {"moonlight down    n=2048 k=1408", 64, 6, 2048, 1408},
+                                        {"v3 gate_up n=4096 k=7168", 256, 8, 4096, 7168},
+                                        {"v3 down    n=7168 k=2048", 256, 8, 7168, 2048}};
+  for (const auto& shape : shapes) deepinfer::RunShape(shape, timer, cublas);
+  std::fflush(stdout);
   deepinfer::RunPermuteCombine(128, timer);
   deepinfer::RunPermuteCombine(1, timer);
   cublasDestroy(cublas);

@@ -1,14 +1,20 @@
-// GroupedGemmBf16 against GroupedGemmBf16Reference on fresh random data: slots of many sizes
+// GroupedGemmBf16 (fp32 activations), GroupedGemmBf16Stream (bf16 activations) and the
+// device-planned chunked cuBLAS GEMMs (PlanExpertGemmBatches + PlannedExpertGemmsBf16) against
+// GroupedGemmBf16Reference and an exact dot product on fresh random data: slots of many sizes
 // (empty ones with null weights, 1..7 rows to hit every row-tile remainder, and a large one),
 // n not a multiple of the block's rows, offsets only in device memory, max_rows above the real
 // row count (blocks without work), and rows past the last slot checked to stay poisoned.
 #include "kernels/moe/grouped_gemm.h"
+
+#include <cublas_v2.h>
 
 #include <cmath>
 #include <random>
 #include <vector>
 
 #include "gtest/gtest.h"
+#include "kernels/moe/expert_gemm_plan.h"
+#include "kernels/moe/expert_gemm_planned.h"
 #include "kernels/moe/moe_reference.h"
 #include "kernels/testing/gpu_test_util.h"
 
@@ -17,12 +23,18 @@ namespace {
 
 using testing::DeviceArray;
 
+// Which implementation a case runs: GroupedGemmBf16 with `algo`, GroupedGemmBf16Stream, or the
+// device-planned cuBLAS chunks of `chunk` rows (padded layout).
+enum class Impl { kGrouped, kStream, kPlanned };
+
 struct Case {
   int32_t n, k;
   std::vector<int32_t> counts;  // rows per slot
   int32_t spare_rows;           // max_rows - real rows
   int32_t hint;                 // rows_per_slot_hint
   kernels::GroupedGemmAlgo algo;
+  Impl impl = Impl::kGrouped;
+  int32_t chunk = 1;  // kPlanned: rows per chunk
 };
 
 const char* Name(kernels::GroupedGemmAlgo a) {
@@ -43,15 +55,30 @@ constexpr kernels::GroupedGemmAlgo kAlgos[] = {kernels::GroupedGemmAlgo::kCudaCo
 
 void RunCase(const Case& c) {
   const uint32_t seed = testing::FreshSeed();
-  SCOPED_TRACE(::testing::Message()
-               << "n " << c.n << " k " << c.k << " slots " << c.counts.size() << " hint " << c.hint
-               << " algo " << Name(c.algo) << " seed " << seed);
+  SCOPED_TRACE(::testing::Message() << "n " << c.n << " k " << c.k << " slots " << c.counts.size()
+                                    << " hint " << c.hint << " impl "
+                                    << (c.impl == Impl::kStream    ? "stream"
+                                        : c.impl == Impl::kPlanned ? "planned cuBLAS"
+                                                                   : Name(c.algo))
+                                    << " chunk " << c.chunk << " seed " << seed);
   const int32_t slots = static_cast<int32_t>(c.counts.size());
+  // kPlanned: each slot starts at a multiple of the chunk (padding rows after its rows).
+  const int32_t align = c.impl == Impl::kPlanned ? c.chunk : 1;
   std::vector<int32_t> offsets(slots + 1, 0);
-  for (int32_t s = 0; s < slots; ++s) offsets[s + 1] = offsets[s] + c.counts[s];
+  for (int32_t s = 0; s < slots; ++s) {
+    offsets[s + 1] = offsets[s] + (c.counts[s] + align - 1) / align * align;
+  }
   const int32_t rows = offsets[slots], max_rows = rows + c.spare_rows;
 
   auto x = testing::RandomFloats(static_cast<size_t>(max_rows) * c.k, seed);
+  // bf16 activations: x holds bf16 values exactly, so the exact product below is what the
+  // kernel computes up to its summation.
+  const bool bf16_x = c.impl != Impl::kGrouped;
+  std::vector<uint16_t> xb(x.size());
+  for (size_t i = 0; i < x.size(); ++i) {
+    xb[i] = kernels::FloatToBf16(x[i]);
+    if (bf16_x) x[i] = kernels::Bf16ToFloat(xb[i]);
+  }
   // Weights only for busy slots (an empty slot's pointer is null: the kernel must not read it).
   std::vector<int32_t> matrix_of_slot(slots, -1);
   int32_t busy = 0;
@@ -79,19 +106,67 @@ void RunCase(const Case& c) {
     }
   }
   DeviceArray<uint64_t> dptrs(ptrs);
+  DeviceArray<uint16_t> dxb(xb);
+  DeviceArray<int32_t> dcounts(c.counts);
   dy.Poison();
-  kernels::GroupedGemmBf16Params p;
-  p.num_slots = slots;
-  p.max_rows = max_rows;
-  p.slot_offsets = doff.get();
-  p.n = c.n;
-  p.k = c.k;
-  p.x = dx.get();
-  p.weights = reinterpret_cast<const uint16_t* const*>(dptrs.get());
-  p.y = dy.get();
-  p.rows_per_slot_hint = c.hint;
-  p.algo = c.algo;
-  DEEPINFER_CUDA_OK(kernels::GroupedGemmBf16(p, nullptr));
+  if (c.impl == Impl::kGrouped) {
+    kernels::GroupedGemmBf16Params p;
+    p.num_slots = slots;
+    p.max_rows = max_rows;
+    p.slot_offsets = doff.get();
+    p.n = c.n;
+    p.k = c.k;
+    p.x = dx.get();
+    p.weights = reinterpret_cast<const uint16_t* const*>(dptrs.get());
+    p.y = dy.get();
+    p.rows_per_slot_hint = c.hint;
+    p.algo = c.algo;
+    DEEPINFER_CUDA_OK(kernels::GroupedGemmBf16(p, nullptr));
+  } else if (c.impl == Impl::kStream) {
+    kernels::GroupedGemmBf16StreamParams p;
+    p.num_slots = slots;
+    p.max_rows = max_rows;
+    p.slot_offsets = doff.get();
+    p.n = c.n;
+    p.k = c.k;
+    p.x = dxb.get();
+    p.weights = reinterpret_cast<const uint16_t* const*>(dptrs.get());
+    p.y = dy.get();
+    p.rows_per_slot_hint = c.hint;
+    DEEPINFER_CUDA_OK(kernels::GroupedGemmBf16Stream(p, nullptr));
+  } else {
+    // The batch bound of the REAL rows (what the backend sizes it with), so a bound that is
+    // too small drops chunks and fails the comparison.
+    kernels::ExpertGemmPlanParams p;
+    p.num_slots = slots;
+    p.slot_counts = dcounts.get();
+    p.slot_offsets = doff.get();
+    p.chunk_rows = c.chunk;
+    int32_t real_rows = 0;
+    for (int32_t v : c.counts) real_rows += v;
+    p.batch = kernels::ExpertGemmBatchBound(real_rows, slots, c.chunk);
+    p.num_gemms = 1;
+    DeviceArray<uint16_t> dummy_x(static_cast<size_t>(c.chunk) * c.k);
+    DeviceArray<float> dummy_y(static_cast<size_t>(c.chunk) * c.n);
+    DEEPINFER_CUDA_OK(cudaMemset(dummy_x.get(), 0, size_t{2} * c.chunk * c.k));
+    DeviceArray<uint64_t> pointers(3 * static_cast<size_t>(p.batch));
+    p.gemm[0].weights = reinterpret_cast<const void* const*>(dptrs.get());
+    p.gemm[0].x = dxb.get();
+    p.gemm[0].x_row_bytes = int64_t{c.k} * 2;
+    p.gemm[0].y = dy.get();
+    p.gemm[0].y_row_bytes = int64_t{c.n} * 4;
+    p.gemm[0].dummy_x = dummy_x.get();
+    p.gemm[0].dummy_y = dummy_y.get();
+    p.gemm[0].pointers = reinterpret_cast<void**>(pointers.get());
+    DEEPINFER_CUDA_OK(kernels::PlanExpertGemmBatches(p, nullptr));
+    cublasHandle_t cublas;
+    ASSERT_EQ(cublasCreate(&cublas), CUBLAS_STATUS_SUCCESS);
+    EXPECT_EQ(kernels::PlannedExpertGemmsBf16(cublas, reinterpret_cast<void**>(pointers.get()),
+                                              p.batch, c.n, c.k, c.chunk),
+              CUBLAS_STATUS_SUCCESS);
+    DEEPINFER_CUDA_OK(cudaDeviceSynchronize());
+    cublasDestroy(cublas);
+  }
   std::vector<float> got;
   DEEPINFER_CUDA_OK(dy.Download(&got));
 
@@ -101,14 +176,17 @@ void RunCase(const Case& c) {
   // (allow 2^-23 per step for the units' internal rounding). A dropped or doubled term would be
   // ~sum|x w| / k, at least 10x above either bound for every k here.
   // The fp32 reference must match too, within its own sequential bound k * 2^-24 * sum|x w|.
+  // bf16 activations (stream, planned): products exact, fp32 accumulation as the tensor-core
+  // path without the split term.
   const bool tc =
       c.algo == kernels::GroupedGemmAlgo::kTensorCore ||
       (c.algo == kernels::GroupedGemmAlgo::kAuto && (c.hint > 0 ? c.hint : max_rows) > 2);
-  const double rel = tc ? std::ldexp(1.0, -17) + (c.k / 8 + 8) * std::ldexp(1.0, -23)
-                        : (c.k / 32 + 6) * std::ldexp(1.0, -24);
+  const double rel = bf16_x ? (c.k / 8 + 8) * std::ldexp(1.0, -23)
+                     : tc   ? std::ldexp(1.0, -17) + (c.k / 8 + 8) * std::ldexp(1.0, -23)
+                            : (c.k / 32 + 6) * std::ldexp(1.0, -24);
   int bad = 0;
   for (int32_t s = 0; s < slots; ++s) {
-    for (int32_t r = offsets[s]; r < offsets[s + 1]; ++r) {
+    for (int32_t r = offsets[s]; r < offsets[s] + c.counts[s]; ++r) {
       for (int32_t j = 0; j < c.n; ++j) {
         double exact = 0, abs_sum = 0;
         const uint16_t* wr = host_w[s] + size_t(j) * c.k;
@@ -178,6 +256,73 @@ TEST(GroupedGemmBf16Test, ManySlotsFewRows) {
   for (auto algo : kAlgos) RunCase({64, 128, counts, 1, 0, algo});
 }
 
+// The bf16-activation kernels on the same cases: GroupedGemmBf16Stream at every row tile, and
+// the planned cuBLAS chunks of 8, 16 and 32 rows.
+std::vector<Case> BaseCases() {
+  std::vector<int32_t> decode(64, 0);
+  for (int e : {3, 9, 17, 30, 41, 63}) decode[e] = 1;
+  std::vector<int32_t> many(300, 0);
+  many[40] = 2;
+  many[299] = 3;
+  std::vector<Case> cases;
+  for (int32_t hint : {0, 1, 12, 20}) {
+    cases.push_back({40, 264, {0, 1, 2, 3, 0, 4, 5, 6, 7, 8, 9, 0, 17}, 5, hint, {}});
+  }
+  cases.push_back({136, 520, {70, 0, 1, 33}, 0, 0, {}});
+  cases.push_back({136, 520, {70, 0, 1, 33}, 0, 16, {}});  // hint below the busiest slot
+  cases.push_back({2 * 1408, 2048, decode, 0, 1, {}});
+  cases.push_back({2048, 1408, decode, 0, 1, {}});
+  cases.push_back({64, 128, many, 1, 0, {}});
+  cases.push_back({72, 8, {5, 0, 9}, 0, 9, {}});  // k of a single 16-byte chunk
+  return cases;
+}
+
+TEST(GroupedGemmBf16StreamTest, MatchesExactProducts) {
+  DEEPINFER_SKIP_WITHOUT_GPU();
+  for (Case c : BaseCases()) {
+    c.impl = Impl::kStream;
+    RunCase(c);
+  }
+}
+
+TEST(GroupedGemmBf16StreamTest, MoonlightBatchShapeWithOneHotExpert) {
+  DEEPINFER_SKIP_WITHOUT_GPU();
+  // 128 tokens x top-6 over 8 of 64 experts' worth of rows, one expert taking every token.
+  std::mt19937 gen(testing::FreshSeed());
+  std::vector<int32_t> counts(8, 0);
+  counts[5] = 128;
+  for (int i = 0; i < 8 * 12; ++i) ++counts[gen() % 8];
+  RunCase({2048, 1408, counts, 0, 128, {}, Impl::kStream});
+  RunCase({2048, 1408, counts, 0, 128, {}, Impl::kPlanned, 16});
+}
+
+TEST(PlannedExpertGemmsTest, MatchesExactProducts) {
+  DEEPINFER_SKIP_WITHOUT_GPU();
+  for (int32_t chunk : {8, 16, 32}) {
+    for (Case c : BaseCases()) {
+      c.impl = Impl::kPlanned;
+      c.chunk = chunk;
+      RunCase(c);
+    }
+  }
+}
+
+TEST(PlannedExpertGemmsTest, BatchBoundCoversWorstCase) {
+  // Every busy slot one row past a chunk boundary: the bound is reached exactly.
+  EXPECT_EQ(kernels::ExpertGemmBatchBound(6, 64, 16), 6);
+  EXPECT_EQ(kernels::ExpertGemmBatchBound(17 * 4, 4, 16), 8);  // 4 slots of 17 rows: 2 chunks each
+  EXPECT_EQ(kernels::ExpertGemmBatchBound(0, 64, 16), 1);
+  EXPECT_EQ(kernels::ExpertGemmBatchBound(768, 64, 16), (768 + 64 * 15) / 16);
+}
+
+TEST(PlannedExpertGemmsTest, RejectsBadArguments) {
+  kernels::ExpertGemmPlanParams p;
+  p.num_slots = 0;
+  EXPECT_EQ(kernels::PlanExpertGemmBatches(p, nullptr), cudaErrorInvalidValue);
+  EXPECT_EQ(kernels::PlannedExpertGemmsBf16(nullptr, nullptr, 1, 8, 8, 8),
+            CUBLAS_STATUS_INVALID_VALUE);
+}
+
 TEST(GroupedGemmBf16Test, RejectsBadShapes) {
   kernels::GroupedGemmBf16Params p;
   p.num_slots = 1;
@@ -193,6 +338,16 @@ TEST(GroupedGemmBf16Test, RejectsBadShapes) {
   EXPECT_EQ(kernels::GroupedGemmBf16(p, nullptr), cudaErrorInvalidValue);
   p.max_rows = 0;
   EXPECT_EQ(kernels::GroupedGemmBf16(p, nullptr), cudaSuccess);  // nothing to do
+
+  kernels::GroupedGemmBf16StreamParams q;
+  q.num_slots = 1;
+  q.max_rows = 1;
+  q.n = 8;
+  q.k = 12;
+  EXPECT_EQ(kernels::GroupedGemmBf16Stream(q, nullptr), cudaErrorInvalidValue);
+  q.k = 16;
+  q.max_rows = 0;
+  EXPECT_EQ(kernels::GroupedGemmBf16Stream(q, nullptr), cudaSuccess);
 }
 
 }  // namespace

@@ -99,6 +99,10 @@ int main(int argc, char** argv) {
   flags.AddInt("mla-prefill-min-tokens", &config.mla_prefill_min_tokens,
                "CUDA, bf16: new tokens from which a sequence's attention runs on tensor cores\n"
                "(0: never, for a before/after comparison; -1: the backend's default).");
+  flags.AddString("decode-moe-algo", &config.decode_moe_algo,
+                  "CUDA, bf16: force the expert GEMMs of the device MoE path (grouped-f32,\n"
+                  "stream or planned) for EVERY batch, prefill included (compare decode\n"
+                  "figures only); empty: the backend's choice by size.");
   flags.AddBool("cuda-graphs", &config.cuda_graphs,
                 "CUDA: replay decode steps from CUDA graphs recorded per batch-size bucket\n"
                 "(batches padded to 1 2 4 8 16 24 32 48 64 96 128 160 192 256 ...); off: every\n"

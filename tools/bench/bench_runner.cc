@@ -350,6 +350,20 @@ absl::Status RunRank(const BenchConfig& bc, int64_t rank, RankState* s, RankOutp
   if (cuda != nullptr && bc.mla_prefill_min_tokens >= 0) {
     cuda->SetMlaPrefillMinTokens(static_cast<int32_t>(bc.mla_prefill_min_tokens));
   }
+  if (cuda != nullptr && !bc.decode_moe_algo.empty()) {
+    using Algo = CudaBackend::DecodeMoeAlgo;
+    if (bc.decode_moe_algo == "grouped-f32") {
+      cuda->SetDecodeMoeAlgo(Algo::kGroupedF32);
+    } else if (bc.decode_moe_algo == "stream") {
+      cuda->SetDecodeMoeAlgo(Algo::kStream);
+    } else if (bc.decode_moe_algo == "planned") {
+      cuda->SetDecodeMoeAlgo(Algo::kPlannedCublas);
+    } else {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--decode-moe-algo must be grouped-f32, stream or planned, got '",
+                       bc.decode_moe_algo, "'"));
+    }
+  }
 #endif
   // Runs `fn` with per-op timing on (CUDA only) and returns the op table.
   auto with_op_timing = [&](auto fn) -> std::string {

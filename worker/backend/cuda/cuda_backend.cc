@@ -17,6 +17,8 @@
 #include "kernels/moe/expert_activation.h"
 #include "kernels/moe/expert_counts.h"
 #include "kernels/moe/expert_gemm_cublas.h"
+#include "kernels/moe/expert_gemm_plan.h"
+#include "kernels/moe/expert_gemm_planned.h"
 #include "kernels/moe/grouped_gemm.h"
 #include "kernels/moe/moe_permute.h"
 #include "kernels/moe/noaux_tc_router.h"
@@ -740,13 +742,16 @@ bool CudaBackend::RoutedExperts(const RoutedExpertsArgs& a) {
   Check(cudaStreamIsCapturing(stream_, &capture), "cudaStreamIsCapturing");
   const bool device_grouped =
       a.dtype == WeightDType::kBFloat16 &&
-      (a.num_tokens <= kMaxFusedMoeTokens || capture != cudaStreamCaptureStatusNone);
+      (a.num_tokens <= kMaxFusedMoeTokens || capture != cudaStreamCaptureStatusNone ||
+       decode_moe_algo_ != DecodeMoeAlgo::kAuto);
+  const DecodeMoeAlgo decode_algo = DecodeMoeAlgoFor(a.num_tokens);
   OpTimer timer(this, device_grouped ? "RoutedExperts" : "RoutedExpertsCublas");
   const int64_t T = a.num_tokens, K = a.top_k, H = a.hidden_size, I = a.inter;
   const int32_t E = a.num_experts;
   const bool chunked =
       !device_grouped && expert_gemm_algo_ == kernels::ExpertGemmCublasAlgo::kChunked;
-  const int32_t row_align = chunked ? ChunkRowsFor(T * K / E) : 1;
+  const bool planned = device_grouped && decode_algo == DecodeMoeAlgo::kPlannedCublas;
+  const int32_t row_align = chunked ? ChunkRowsFor(T * K / E) : planned ? PlannedChunkRows(T) : 1;
   const int64_t rows =
       std::max<int64_t>(1, kernels::MoePermutedRowsBound(static_cast<int32_t>(T),
                                                          static_cast<int32_t>(K), E, row_align));
@@ -760,8 +765,10 @@ bool CudaBackend::RoutedExperts(const RoutedExpertsArgs& a) {
   auto plan = Allocate((2 * E + 1) * sizeof(int32_t));
   auto choice_row = AllocateScratch(std::max<int64_t>(1, T * K) * sizeof(int32_t));
   auto row_token = AllocateScratch(rows * sizeof(int32_t));
-  // The cuBLAS path with bf16 weights gathers the rows straight into bf16 (its GEMM operand).
-  const bool gather_bf16 = !device_grouped && a.dtype == WeightDType::kBFloat16;
+  // bf16 weights gather the rows straight into bf16 (the GEMM operand), except for the device
+  // path's fp32-activation kernel.
+  const bool gather_bf16 = a.dtype == WeightDType::kBFloat16 &&
+                           !(device_grouped && decode_algo == DecodeMoeAlgo::kGroupedF32);
   auto permuted = AllocateScratch(rows * H * (gather_bf16 ? sizeof(uint16_t) : sizeof(float)));
   kernels::MoePermuteParams p;
   p.num_tokens = static_cast<int32_t>(T);
@@ -789,32 +796,13 @@ bool CudaBackend::RoutedExperts(const RoutedExpertsArgs& a) {
 
   // The cuBLAS path with bf16 weights: gate_up and down write bf16 (as a bf16 PyTorch model
   // rounds each Linear's output), halving the GEMMs' output bytes and the SiLU-mul and combine
-  // passes over them.
-  const bool expert_out_bf16 = gather_bf16;
+  // passes over them. The device path's GEMMs write fp32.
+  const bool expert_out_bf16 = gather_bf16 && !device_grouped;
   auto expert_out =
       AllocateScratch(rows * H * (expert_out_bf16 ? sizeof(uint16_t) : sizeof(float)));
   if (device_grouped) {
-    auto gate_up = AllocateScratch(rows * 2 * I * sizeof(float));
-    kernels::GroupedGemmBf16Params g;
-    g.num_slots = E;
-    g.max_rows = static_cast<int32_t>(T * K);
-    g.slot_offsets = p.slot_offsets;
-    g.n = static_cast<int32_t>(2 * I);
-    g.k = static_cast<int32_t>(H);
-    g.x = permuted->as<float>();
-    g.weights = reinterpret_cast<const uint16_t* const*>(a.gate_up);
-    g.y = gate_up->as<float>();
-    g.rows_per_slot_hint = static_cast<int32_t>(T);  // a token's top-k experts are distinct
-    Check(kernels::GroupedGemmBf16(g, stream_), "kernels::GroupedGemmBf16(gate_up)");
-    auto act = AllocateScratch(rows * I * sizeof(float));
-    Check(kernels::SiluMulF32(T * K, I, gate_up->as<float>(), act->as<float>(), stream_),
-          "kernels::SiluMulF32");
-    g.n = static_cast<int32_t>(H);
-    g.k = static_cast<int32_t>(I);
-    g.x = act->as<float>();
-    g.weights = reinterpret_cast<const uint16_t* const*>(a.down);
-    g.y = expert_out->as<float>();
-    Check(kernels::GroupedGemmBf16(g, stream_), "kernels::GroupedGemmBf16(down)");
+    ExpertGemmsOnDevice(a, decode_algo, plan->as<int32_t>(), rows, permuted->data(),
+                        expert_out->as<float>());
   } else if (!ExpertGemmsOnCublas(a, plan->as<int32_t>(), row_align, rows, permuted->data(),
                                   expert_out->data())) {
     return true;  // the error is recorded; the output is meaningless, as after any failed op
@@ -841,6 +829,118 @@ bool CudaBackend::RoutedExperts(const RoutedExpertsArgs& a) {
   c.out = a.out;
   Check(kernels::MoeCombineF32(c, stream_), "kernels::MoeCombineF32");
   return true;
+}
+
+CudaBackend::DecodeMoeAlgo CudaBackend::DecodeMoeAlgoFor(int64_t tokens) const {
+  if (decode_moe_algo_ != DecodeMoeAlgo::kAuto) return decode_moe_algo_;
+  // Fastest per size in grouped_gemm_bench (Moonlight and V3 shapes; 1, 8, 64, 128, 256 tokens
+  // measured, the thresholds between them are not): the CUDA-core kernel for 1-2 rows per
+  // expert, the planned cuBLAS chunks from a few rows, the streaming kernel around 64 tokens.
+  if (tokens <= 2) return DecodeMoeAlgo::kGroupedF32;
+  if (tokens <= 32) return DecodeMoeAlgo::kPlannedCublas;
+  if (tokens <= 96) return DecodeMoeAlgo::kStream;
+  return DecodeMoeAlgo::kPlannedCublas;
+}
+
+void CudaBackend::ExpertGemmsOnDevice(const RoutedExpertsArgs& a, DecodeMoeAlgo algo,
+                                      const int32_t* plan, int64_t rows, const void* permuted,
+                                      float* expert_out) {
+  const int64_t T = a.num_tokens, K = a.top_k, H = a.hidden_size, I = a.inter;
+  const int32_t E = a.num_experts;
+  const int32_t* offsets = plan + E;
+  auto gate_up = AllocateScratch(rows * 2 * I * sizeof(float));
+  if (algo == DecodeMoeAlgo::kGroupedF32) {
+    kernels::GroupedGemmBf16Params g;
+    g.num_slots = E;
+    g.max_rows = static_cast<int32_t>(T * K);
+    g.slot_offsets = offsets;
+    g.n = static_cast<int32_t>(2 * I);
+    g.k = static_cast<int32_t>(H);
+    g.x = static_cast<const float*>(permuted);
+    g.weights = reinterpret_cast<const uint16_t* const*>(a.gate_up);
+    g.y = gate_up->as<float>();
+    g.rows_per_slot_hint = static_cast<int32_t>(T);  // a token's top-k experts are distinct
+    Check(kernels::GroupedGemmBf16(g, stream_), "kernels::GroupedGemmBf16(gate_up)");
+    auto act = AllocateScratch(rows * I * sizeof(float));
+    Check(kernels::SiluMulF32(T * K, I, gate_up->as<float>(), act->as<float>(), stream_),
+          "kernels::SiluMulF32");
+    g.n = static_cast<int32_t>(H);
+    g.k = static_cast<int32_t>(I);
+    g.x = act->as<float>();
+    g.weights = reinterpret_cast<const uint16_t* const*>(a.down);
+    g.y = expert_out;
+    Check(kernels::GroupedGemmBf16(g, stream_), "kernels::GroupedGemmBf16(down)");
+    return;
+  }
+  auto act = AllocateScratch(rows * I * sizeof(uint16_t));
+  if (algo == DecodeMoeAlgo::kStream) {
+    kernels::GroupedGemmBf16StreamParams g;
+    g.num_slots = E;
+    g.max_rows = static_cast<int32_t>(T * K);
+    g.slot_offsets = offsets;
+    g.n = static_cast<int32_t>(2 * I);
+    g.k = static_cast<int32_t>(H);
+    g.x = static_cast<const uint16_t*>(permuted);
+    g.weights = reinterpret_cast<const uint16_t* const*>(a.gate_up);
+    g.y = gate_up->as<float>();
+    g.rows_per_slot_hint = static_cast<int32_t>(T);
+    Check(kernels::GroupedGemmBf16Stream(g, stream_), "kernels::GroupedGemmBf16Stream(gate_up)");
+    Check(kernels::SiluMulF32ToBf16(T * K, I, gate_up->as<float>(), act->as<uint16_t>(), stream_),
+          "kernels::SiluMulF32ToBf16");
+    g.n = static_cast<int32_t>(H);
+    g.k = static_cast<int32_t>(I);
+    g.x = act->as<uint16_t>();
+    g.weights = reinterpret_cast<const uint16_t* const*>(a.down);
+    g.y = expert_out;
+    Check(kernels::GroupedGemmBf16Stream(g, stream_), "kernels::GroupedGemmBf16Stream(down)");
+    return;
+  }
+  // kPlannedCublas: the pointer arrays of both GEMMs from the device counts, then one batched
+  // call each over a fixed number of chunks (the dummies compute garbage into dummy_y).
+  const int32_t C = PlannedChunkRows(T);
+  const int32_t batch = kernels::ExpertGemmBatchBound(T * K, E, C);
+  auto pointers = AllocateScratch(2 * 3 * static_cast<size_t>(batch) * sizeof(void*));
+  auto dummy_x = AllocateScratch(C * std::max(H, I) * sizeof(uint16_t));
+  auto dummy_y = AllocateScratch(C * std::max(2 * I, H) * sizeof(float));
+  kernels::ExpertGemmPlanParams p;
+  p.num_slots = E;
+  p.slot_counts = plan;
+  p.slot_offsets = offsets;
+  p.chunk_rows = C;
+  p.batch = batch;
+  p.num_gemms = 2;
+  void** ptrs = static_cast<void**>(pointers->data());
+  // gate_up: permuted [rows, H] bf16 -> gate_up [rows, 2I] fp32; down: act [rows, I] bf16 ->
+  // expert_out [rows, H] fp32.
+  const struct {
+    const void* const* weights;
+    const void* x;
+    int64_t x_row_bytes;
+    void* y;
+    int64_t y_row_bytes;
+  } gemms[2] = {{a.gate_up, permuted, H * 2, gate_up->data(), 2 * I * 4},
+                {a.down, act->data(), I * 2, expert_out, H * 4}};
+  for (int i = 0; i < 2; ++i) {
+    kernels::ExpertGemmPlanGemm& g = p.gemm[i];
+    g.weights = gemms[i].weights;
+    g.x = gemms[i].x;
+    g.x_row_bytes = gemms[i].x_row_bytes;
+    g.y = gemms[i].y;
+    g.y_row_bytes = gemms[i].y_row_bytes;
+    g.dummy_x = dummy_x->data();
+    g.dummy_y = dummy_y->data();
+    g.pointers = ptrs + 3 * batch * i;
+  }
+  Check(kernels::PlanExpertGemmBatches(p, stream_), "kernels::PlanExpertGemmBatches");
+  CheckBlas(kernels::PlannedExpertGemmsBf16(cublas_, ptrs, batch, static_cast<int32_t>(2 * I),
+                                            static_cast<int32_t>(H), C),
+            "PlannedExpertGemmsBf16(gate_up)");
+  // Over every row of the padded layout (padding rows carry garbage nobody reads).
+  Check(kernels::SiluMulF32ToBf16(rows, I, gate_up->as<float>(), act->as<uint16_t>(), stream_),
+        "kernels::SiluMulF32ToBf16");
+  CheckBlas(kernels::PlannedExpertGemmsBf16(cublas_, ptrs + 3 * batch, batch,
+                                            static_cast<int32_t>(H), static_cast<int32_t>(I), C),
+            "PlannedExpertGemmsBf16(down)");
 }
 
 bool CudaBackend::ExpertGemmsOnCublas(const RoutedExpertsArgs& a, const int32_t* plan,

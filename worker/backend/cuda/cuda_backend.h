@@ -82,9 +82,9 @@ class CudaBackend : public Backend {
   // device permutation (kernels::MoePermuteF32), expert GEMMs, SiLU-mul, and the per-token
   // gather combine (kernels::MoeCombineF32, k order, no atomics). The expert GEMMs:
   //  * bf16 and at most kMaxFusedMoeTokens tokens (decode), or any bf16 batch while the stream
-  //    is being captured into a CUDA graph:
-  //    kernels::GroupedGemmBf16, which reads the group offsets on the device: no host
-  //    synchronisation (capturable in a CUDA graph);
+  //    is being captured into a CUDA graph (or with a decode algorithm forced by
+  //    SetDecodeMoeAlgo): DecodeMoeAlgoFor(tokens), all of which read the group sizes on the
+  //    device: no host synchronisation (capturable in a CUDA graph);
   //  * otherwise: cuBLAS tensor-core GEMMs (kernels::ExpertGemmsCublas, expert_gemm_algo():
   //    by default each expert's rows in fixed chunks, all chunks in one batched call), after
   //    ONE device-to-host copy of the group sizes; activations rounded to bf16 for bf16
@@ -94,6 +94,23 @@ class CudaBackend : public Backend {
   // The chunked cuBLAS GEMMs were faster from 128 tokens on (the smallest size measured,
   // docs/kernels.md); decode batches up to here keep the path without host synchronisation.
   static constexpr int32_t kMaxFusedMoeTokens = 128;
+  // The expert GEMMs of the device path (no host synchronisation):
+  //  kGroupedF32:    kernels::GroupedGemmBf16 on fp32 activations (CUDA cores for 1-2 rows per
+  //                  expert, tensor cores with x split into bf16 hi + lo above);
+  //  kStream:        kernels::GroupedGemmBf16Stream on bf16 activations (gathered into bf16,
+  //                  SiLU-mul written in bf16);
+  //  kPlannedCublas: kernels::PlanExpertGemmBatches + one cublasGemmBatchedEx per GEMM over
+  //                  chunks of PlannedChunkRows(tokens) rows (bf16 activations, padded layout).
+  // kAuto picks by size (DecodeMoeAlgoFor; grouped_gemm_bench on the H200, docs/kernels.md):
+  // kGroupedF32 up to 2 tokens, kPlannedCublas up to 32, kStream up to 96, kPlannedCublas above.
+  enum class DecodeMoeAlgo { kAuto, kGroupedF32, kStream, kPlannedCublas };
+  // Rows per chunk of kPlannedCublas: 8 up to 32 tokens, else 32 (measured at 8 and 64 tokens).
+  static int32_t PlannedChunkRows(int64_t tokens) { return tokens <= 32 ? 8 : 32; }
+  // The algorithm the device path uses for `tokens` tokens (never kAuto).
+  DecodeMoeAlgo DecodeMoeAlgoFor(int64_t tokens) const;
+  // Forces one decode algorithm (kAuto: by size, the default); a forced one also takes bf16
+  // batches above kMaxFusedMoeTokens. For tests and benchmarks.
+  void SetDecodeMoeAlgo(DecodeMoeAlgo algo) { decode_moe_algo_ = algo; }
   // How the large-batch path calls cuBLAS (default kChunked). For tests and benchmarks.
   void SetExpertGemmAlgo(kernels::ExpertGemmCublasAlgo algo) { expert_gemm_algo_ = algo; }
   kernels::ExpertGemmCublasAlgo expert_gemm_algo() const { return expert_gemm_algo_; }
@@ -169,6 +186,11 @@ class CudaBackend : public Backend {
   // One GEMM of the Gemm layout on cuBLAS. a is fp32 for fp32 weights, bf16 bits otherwise.
   void GemmOnCublas(int64_t m, int64_t n, int64_t k, const void* a, int64_t lda, WeightView w,
                     int64_t ldw, float* c, int64_t ldc, bool accumulate);
+  // RoutedExperts' device-path expert GEMMs (gate_up, SiLU-mul, down) with `algo` (not kAuto):
+  // plan = device counts [E] | offsets [E + 1]; `permuted` the gathered rows (fp32 for
+  // kGroupedF32, bf16 otherwise); `rows` the row buffers' size.
+  void ExpertGemmsOnDevice(const RoutedExpertsArgs& a, DecodeMoeAlgo algo, const int32_t* plan,
+                           int64_t rows, const void* permuted, float* expert_out);
   // RoutedExperts' large-batch expert GEMMs (gate_up, SiLU-mul, down) on cuBLAS; false after
   // recording an error.
   // plan: device counts [E] | offsets [E + 1] of the permutation (rows padded to chunk_rows
@@ -197,6 +219,7 @@ class CudaBackend : public Backend {
   std::map<std::string, OpTotal> op_totals_;
 
   kernels::ExpertGemmCublasAlgo expert_gemm_algo_ = kernels::ExpertGemmCublasAlgo::kChunked;
+  DecodeMoeAlgo decode_moe_algo_ = DecodeMoeAlgo::kAuto;
 
   const int device_;
   const WeightDType weight_dtype_;
