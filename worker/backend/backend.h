@@ -130,6 +130,23 @@ struct MlaAttentionArgs {
   int32_t num_sequences = 0;
 };
 
+// Arguments of Backend::NormRopeWriteLatentCache: an MLA layer's key and query preparation.
+struct NormRopeCacheArgs {
+  int64_t tokens = 0;
+  const float* kv = nullptr;  // [tokens, ld_kv]: cache.latent_dim values, then cache.rope_dim
+  int64_t ld_kv = 0;
+  const float* norm_weight = nullptr;  // kv_a_layernorm, [latent_dim]
+  float eps = 1e-6f;
+  float* q = nullptr;  // first query rope slice, rotated in place (q_heads 0: no query)
+  int64_t q_heads = 0, q_token_stride = 0, q_head_stride = 0;
+  const int32_t* positions = nullptr;
+  const float* inv_freq = nullptr;
+  float attention_factor = 1.0f;
+  bool interleaved = false;
+  const int32_t* slots = nullptr;
+  PagedLatentCacheView cache;
+};
+
 // Arguments of the DeepSeek "noaux_tc" router.
 struct NoauxTcRouteArgs {
   int32_t num_tokens = 0;
@@ -290,6 +307,11 @@ class Backend {
   virtual void WriteLatentCache(int64_t tokens, const float* latent, int64_t ld_latent,
                                 const float* rope_key, int64_t ld_rope, const int32_t* slots,
                                 const PagedLatentCacheView& cache) = 0;
+  // RmsNorm of each token's latent (kv[t, :latent_dim]), ApplyRope of its shared rope key
+  // (kv[t, latent_dim:], one head) and of the query's q_heads rope slices (in place), and
+  // WriteLatentCache of the normed latent and rotated key, in one op: the same values as those
+  // four ops. kv is not changed.
+  virtual void NormRopeWriteLatentCache(const NormRopeCacheArgs& args) = 0;
   // Absorbed MLA: out[t, h] = sum_j softmax_j(scale * (q_latent·c_j + q_rope·k_j)) c_j, with
   // the cached c_j, k_j widened to fp32 (exact from bf16) and fp32 math.
   // The CUDA backend with bf16 weights runs sequences of args.sequences with many new tokens on

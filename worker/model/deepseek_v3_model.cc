@@ -699,17 +699,37 @@ void DeepseekV3Model::Attention(int64_t layer, const StepContext& ctx, Activatio
   const int64_t kvw = kvl + rope;
   auto kv = Floats(T * kvw);
   backend_->Gemm(T, kvw, H, h, H, W.Matrix(L.kv_a), H, kv->as<float>(), kvw, false);
-  auto latent = Floats(T * kvl);
-  backend_->RmsNorm(T, kvl, kv->as<float>(), kvw, L.kv_a_norm->as<float>(), kLatentNormEps,
-                    latent->as<float>(), kvl);
   const bool il = c.rope_interleave;
-  backend_->ApplyRope(T, 1, kv->as<float>() + kvl, kvw, 0, rope, positions, inv_freq_->as<float>(),
-                      rope_attention_factor_, il);
-  backend_->ApplyRope(T, nh, q->as<float>() + nope, qdim, qk, rope, positions,
-                      inv_freq_->as<float>(), rope_attention_factor_, il);
   const PagedLatentCacheView view = ctx.cache->LayerView(static_cast<int32_t>(layer));
-  backend_->WriteLatentCache(T, latent->as<float>(), kvl, kv->as<float>() + kvl, kvw, ctx.slots,
-                             view);
+  if (fused_ops_) {
+    NormRopeCacheArgs nr;
+    nr.tokens = T;
+    nr.kv = kv->as<float>();
+    nr.ld_kv = kvw;
+    nr.norm_weight = L.kv_a_norm->as<float>();
+    nr.eps = kLatentNormEps;
+    nr.q = q->as<float>() + nope;
+    nr.q_heads = nh;
+    nr.q_token_stride = qdim;
+    nr.q_head_stride = qk;
+    nr.positions = positions;
+    nr.inv_freq = inv_freq_->as<float>();
+    nr.attention_factor = rope_attention_factor_;
+    nr.interleaved = il;
+    nr.slots = ctx.slots;
+    nr.cache = view;
+    backend_->NormRopeWriteLatentCache(nr);
+  } else {
+    auto latent = Floats(T * kvl);
+    backend_->RmsNorm(T, kvl, kv->as<float>(), kvw, L.kv_a_norm->as<float>(), kLatentNormEps,
+                      latent->as<float>(), kvl);
+    backend_->ApplyRope(T, 1, kv->as<float>() + kvl, kvw, 0, rope, positions,
+                        inv_freq_->as<float>(), rope_attention_factor_, il);
+    backend_->ApplyRope(T, nh, q->as<float>() + nope, qdim, qk, rope, positions,
+                        inv_freq_->as<float>(), rope_attention_factor_, il);
+    backend_->WriteLatentCache(T, latent->as<float>(), kvl, kv->as<float>() + kvl, kvw,
+                               ctx.slots, view);
+  }
 
   // Absorb W_uk into the query: q_latent[t, h] = q_nope[t, h] · W_uk[h], all heads in one
   // batched GEMM (head h: the nope slice of q's head h, block h of w_uk_t, column block h).

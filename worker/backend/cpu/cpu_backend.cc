@@ -224,6 +224,24 @@ void CpuBackend::SiluMul(int64_t rows, int64_t inter, const float* x, float* out
                     });
 }
 
+void CpuBackend::NormRopeWriteLatentCache(const NormRopeCacheArgs& a) {
+  // The four ops it stands for, in order (the reference for the fused GPU kernel).
+  const int64_t T = a.tokens, L = a.cache.latent_dim, R = a.cache.rope_dim;
+  if (T <= 0) return;
+  std::vector<float> latent(T * L), key(T * R);
+  RmsNorm(T, L, a.kv, a.ld_kv, a.norm_weight, a.eps, latent.data(), L);
+  for (int64_t t = 0; t < T; ++t) {
+    std::memcpy(key.data() + t * R, a.kv + t * a.ld_kv + L, R * sizeof(float));
+  }
+  ApplyRope(T, 1, key.data(), R, 0, R, a.positions, a.inv_freq, a.attention_factor,
+            a.interleaved);
+  if (a.q_heads > 0) {
+    ApplyRope(T, a.q_heads, a.q, a.q_token_stride, a.q_head_stride, R, a.positions, a.inv_freq,
+              a.attention_factor, a.interleaved);
+  }
+  WriteLatentCache(T, latent.data(), L, key.data(), R, a.slots, a.cache);
+}
+
 void CpuBackend::SiluMulBf16(int64_t rows, int64_t inter, const float* x, uint16_t* out) {
   std::vector<float> act(rows * inter);
   SiluMul(rows, inter, x, act.data());

@@ -580,6 +580,30 @@ void CudaBackend::WriteLatentCache(int64_t tokens, const float* latent, int64_t 
       "kernels::WriteLatentCacheF32");
 }
 
+void CudaBackend::NormRopeWriteLatentCache(const NormRopeCacheArgs& a) {
+  OpTimer timer(this, "NormRopeWriteLatentCache");
+  kernels::NormRopeCacheParams p;
+  p.tokens = a.tokens;
+  p.kv = a.kv;
+  p.ld_kv = a.ld_kv;
+  p.norm_weight = a.norm_weight;
+  p.eps = a.eps;
+  p.latent_dim = a.cache.latent_dim;
+  p.rope_dim = a.cache.rope_dim;
+  p.q = a.q;
+  p.q_heads = a.q_heads;
+  p.q_token_stride = a.q_token_stride;
+  p.q_head_stride = a.q_head_stride;
+  p.positions = a.positions;
+  p.inv_freq = a.inv_freq;
+  p.attention_factor = a.attention_factor;
+  p.interleaved = a.interleaved;
+  p.slots = a.slots;
+  p.cache = a.cache.cache;
+  p.cache_bf16 = a.cache.dtype == WeightDType::kBFloat16;
+  Check(kernels::NormRopeWriteLatentCacheF32(p, stream_), "kernels::NormRopeWriteLatentCacheF32");
+}
+
 bool CudaBackend::UsesTensorCoreAttention(const MlaSequenceSpan& s) const {
   return weight_dtype_ == WeightDType::kBFloat16 && mla_prefill_min_tokens_ > 0 &&
          s.num_tokens >= mla_prefill_min_tokens_ &&
