@@ -35,10 +35,10 @@ TEST(SmallMGemmTest, MatchesCpuBackend) {
   CpuBackend cpu(2);
   const std::vector<Case> cases = {
       {1, 1, 576, 2048, 0, 0, 0, false},    {1, 1, 3072, 2048, 0, 0, 0, false},
-      {1, 2, 1000, 2816, 8, 8, 3, false},   {1, 3, 257, 4096, 4, 0, 0, true},
-      {1, 4, 129, 11264, 0, 8, 0, false},   {16, 1, 512, 128, 64, 0, 0, false},
+      {1, 2, 1000, 2816, 8, 8, 3, false},   {1, 3, 257, 4096, 8, 0, 0, true},
+      {1, 2, 129, 11264, 0, 8, 0, false},   {16, 1, 512, 128, 64, 0, 0, false},
       {16, 4, 128, 512, 0, 0, 0, false},    {3, 2, 33, 64, 8, 16, 5, true},
-      {2, 1, 65, 8, 0, 0, 0, false},        {1, 4, 7, 40, 4, 8, 1, true},
+      {2, 1, 65, 8, 0, 0, 0, false},        {1, 4, 7, 40, 8, 8, 1, true},
   };
   for (const Case& c : cases) {
     for (bool a_bf16 : {false, true}) {
@@ -124,6 +124,11 @@ TEST(SmallMGemmTest, RefusesWhatItCannotRun) {
   EXPECT_FALSE(kernels::SmallMGemmSupports(bad));
   bad = p;
   bad.lda = 66;  // rows of a not 16-byte aligned
+  EXPECT_FALSE(kernels::SmallMGemmSupports(bad));
+  bad = p;
+  bad.a_bf16 = true;
+  EXPECT_TRUE(kernels::SmallMGemmSupports(bad));
+  bad.lda = 68;  // 16-byte aligned as fp32 rows, not as bf16 rows
   EXPECT_FALSE(kernels::SmallMGemmSupports(bad));
   bad = p;
   bad.k = 32 * 1024;  // an fp32 row of 128 KiB: beyond what L1 keeps

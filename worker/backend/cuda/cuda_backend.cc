@@ -403,7 +403,13 @@ void CudaBackend::GemmOnCublas(int64_t m, int64_t n, int64_t k, const void* a, i
 }
 
 bool CudaBackend::SmallMGemm(const kernels::SmallMGemmParams& p) {
-  if (!small_m_gemm_ || !kernels::SmallMGemmSupports(p)) return false;
+  // Measured on the H200 (small_m_gemm_bench, docs/kernels.md): at m = 1 the kernel beat cuBLAS
+  // at every decode shape; at m = 4 only up to n = 3072 (from n = 5632 cuBLAS was faster: each
+  // weight chunk re-reads 4 activation rows from L1).
+  if (!small_m_gemm_ || (p.m > 1 && p.n > kSmallMGemmMaxColumnsAboveOneRow) ||
+      !kernels::SmallMGemmSupports(p)) {
+    return false;
+  }
   Check(kernels::SmallMGemmBf16(p, stream_), "kernels::SmallMGemmBf16");
   return true;
 }

@@ -70,15 +70,18 @@ class CudaBackend : public Backend {
   // cudaMemGetInfo of device().
   absl::StatusOr<DeviceMemoryInfo> MemoryInfo() const override;
 
-  // bf16 weights and at most kernels::kSmallMGemmMaxRows rows (decode): kernels::SmallMGemmBf16
-  // (one launch, reads an fp32 a and rounds it as it goes), where it takes the operands and
-  // small_m_gemm() is on; otherwise cuBLAS, after rounding an fp32 a to bf16 (a bf16 a goes to
+  // bf16 weights and one row, or up to kernels::kSmallMGemmMaxRows rows and at most
+  // kSmallMGemmMaxColumnsAboveOneRow columns (decode): kernels::SmallMGemmBf16 (one launch,
+  // reads an fp32 a and rounds it as it goes), where it takes the operands and small_m_gemm() is
+  // on; otherwise cuBLAS, after rounding an fp32 a to bf16 (a bf16 a goes to
   // cuBLAS as it is). Same for BatchedGemm.
   void Gemm(int64_t m, int64_t n, int64_t k, ActivationView a, int64_t lda, WeightView w,
             int64_t ldw, float* c, int64_t ldc, bool accumulate) override;
   // Whether Gemm / BatchedGemm use kernels::SmallMGemmBf16 for small m (default on); off: cuBLAS
   // for every size, for before/after measurements.
   void SetSmallMGemm(bool on) { small_m_gemm_ = on; }
+  // With more than one row, the small-m kernel only up to this many output columns.
+  static constexpr int64_t kSmallMGemmMaxColumnsAboveOneRow = 4096;
   bool small_m_gemm() const { return small_m_gemm_; }
   void BatchedGemm(int64_t batch, int64_t m, int64_t n, int64_t k, const float* a, int64_t lda,
                    int64_t stride_a, WeightView w, int64_t ldw, int64_t stride_w, float* c,
