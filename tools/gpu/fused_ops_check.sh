@@ -23,6 +23,7 @@ budget=${BUDGET_S:-140}
 step() {  # step NAME MAX_S COMMAND...: skipped when the budget is spent
   local name=$1 limit=$2
   shift 2
+  if [[ ! -x $1 ]]; then echo "$name SKIPPED (not bundled)" >> "$summary"; return; fi
   local left=$((budget - ($(date +%s) - start)))
   if ((left < 5)); then echo "$name SKIPPED (budget)" >> "$summary"; return; fi
   ((limit > left)) && limit=$left
