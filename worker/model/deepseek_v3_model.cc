@@ -318,7 +318,7 @@ absl::StatusOr<StepOutput> DeepseekV3Model::Step(const std::vector<SequenceStep>
   if (absl::Status st = Layers(ctx, ids_dev->as<int32_t>(), xp, y->as<float>()); !st.ok()) {
     return st;
   }
-  if (fused_ops_) backend_->Add(T * H, xp, y->as<float>(), xp);
+  if (ResidualPending()) backend_->Add(T * H, xp, y->as<float>(), xp);
   // Final norm and LM head only for the rows whose logits are wanted.
   const int64_t R = static_cast<int64_t>(out_rows.size());
   auto rows_dev = upload_ints(out_rows);
@@ -453,10 +453,6 @@ absl::Status DeepseekV3Model::Layers(const StepContext& ctx, const int32_t* ids,
                          want_f32 ? hp : nullptr, h16p);
     absl::Status st = L.moe ? Moe(l, T, hp, h_gemm, yp, ctx) : Mlp(L.dense, T, h_gemm, yp, false);
     if (!st.ok()) return st;
-  }
-  if (c.num_hidden_layers == 0) {
-    const std::vector<float> zero(T * H, 0.0f);  // nothing pending: y = 0
-    backend_->CopyToDevice(zero.data(), zero.size() * sizeof(float), yp);
   }
   return absl::OkStatus();
 }
@@ -654,8 +650,9 @@ absl::Status DeepseekV3Model::DecodeForward(const DecodeGraph& g) {
   // Every row is a sequence's last token: final norm, LM head and greedy pick for all of them.
   auto sel = Floats(B * H);
   auto sel16 = backend_->AllocateScratch(Bf16Operands() ? B * H * sizeof(uint16_t) : 1);
-  const ActivationView head_in = FinalNorm(B, x->as<float>(), fused_ops_ ? y->as<float>() : nullptr,
-                                           sel->as<float>(), sel16->as<uint16_t>());
+  const ActivationView head_in =
+      FinalNorm(B, x->as<float>(), ResidualPending() ? y->as<float>() : nullptr, sel->as<float>(),
+                sel16->as<uint16_t>());
   auto logits = Floats(B * V);
   backend_->Gemm(B, V, H, head_in, H, weights_->Matrix(weights_->lm_head), H, logits->as<float>(),
                  V, false);

@@ -136,9 +136,11 @@ class DeepseekV3Model {
                                                 const float* logits, int64_t rows);
   struct DecodeGraph;  // one bucket's recorded decode step and its persistent buffers
   // Embedding and every layer for ctx's tokens (ids: device [T]); x [T, hidden] ends as the
-  // residual stream after the last layer, except that with fused_ops_ the last layer's output,
-  // left in y [T, hidden], is still to be added (the caller fuses it into the final norm).
+  // residual stream after the last layer, except that when ResidualPending() the last layer's
+  // output, left in y [T, hidden], is still to be added (the caller fuses it into the final
+  // norm).
   absl::Status Layers(const StepContext& ctx, const int32_t* ids, float* x, float* y);
+  bool ResidualPending() const { return fused_ops_ && config_.num_hidden_layers > 0; }
   // The final norm of `rows` rows of x (contiguous): into out, or with fused ops and bf16
   // weights into out_bf16 (the LM head's operand); returns the LM head's operand. y: with
   // fused ops, the last layer's output still to be added to x (null: already added).
