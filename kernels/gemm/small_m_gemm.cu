@@ -108,9 +108,9 @@ void Launch(const SmallMGemmParams& p, cudaStream_t stream) {
   constexpr int64_t kRowsPerBlock = kThreads / G;
   const dim3 grid(static_cast<unsigned>((p.n + kRowsPerBlock - 1) / kRowsPerBlock),
                   static_cast<unsigned>(p.batch));
-  SmallMGemmKernel<M, kBf16A, G><<<grid, kThreads, 0, stream>>>(
-      p.n, p.k, p.a, p.lda, p.w, p.ldw, p.c, p.ldc, p.accumulate, p.stride_a, p.stride_w,
-      p.stride_c);
+  SmallMGemmKernel<M, kBf16A, G><<<grid, kThreads, 0, stream>>>(p.n, p.k, p.a, p.lda, p.w, p.ldw,
+                                                                p.c, p.ldc, p.accumulate,
+                                                                p.stride_a, p.stride_w, p.stride_c);
 }
 
 template <int M, bool kBf16A>
@@ -145,19 +145,27 @@ bool SmallMGemmSupports(const SmallMGemmParams& p) {
   const int64_t a_align = 16 / a_bytes;  // elements per 16 bytes
   return p.m >= 1 && p.m <= kSmallMGemmMaxRows && p.n >= 1 && p.k >= 8 && p.k % 8 == 0 &&
          p.batch >= 1 && p.batch <= 65535 && p.n <= (int64_t{1} << 30) && p.a != nullptr &&
-         p.w != nullptr && p.c != nullptr && Aligned16(p.a) && Aligned16(p.w) &&
-         p.ldw % 8 == 0 && p.ldw >= p.k && p.lda % a_align == 0 && p.lda >= p.k &&
-         p.ldc >= p.n && (p.batch == 1 || (p.stride_a % a_align == 0 && p.stride_w % 8 == 0)) &&
+         p.w != nullptr && p.c != nullptr && Aligned16(p.a) && Aligned16(p.w) && p.ldw % 8 == 0 &&
+         p.ldw >= p.k && p.lda % a_align == 0 && p.lda >= p.k && p.ldc >= p.n &&
+         (p.batch == 1 || (p.stride_a % a_align == 0 && p.stride_w % 8 == 0)) &&
          p.m * p.k * a_bytes <= 96 * 1024;
 }
 
 cudaError_t SmallMGemmBf16(const SmallMGemmParams& p, cudaStream_t stream) {
   if (!SmallMGemmSupports(p)) return cudaErrorInvalidValue;
   switch (p.m) {
-    case 1: LaunchForA<1>(p, stream); break;
-    case 2: LaunchForA<2>(p, stream); break;
-    case 3: LaunchForA<3>(p, stream); break;
-    default: LaunchForA<4>(p, stream); break;
+    case 1:
+      LaunchForA<1>(p, stream);
+      break;
+    case 2:
+      LaunchForA<2>(p, stream);
+      break;
+    case 3:
+      LaunchForA<3>(p, stream);
+      break;
+    default:
+      LaunchForA<4>(p, stream);
+      break;
   }
   return cudaGetLastError();
 }

@@ -141,11 +141,16 @@ class Bench {
 int main() {
   using deepinfer::Shape;
   const Shape shapes[] = {
-      {"q_proj", 1, 3072, 2048},       {"kv_a_proj", 1, 576, 2048},
-      {"o_proj", 1, 2048, 2048},       {"shared gate_up", 1, 5632, 2048},
-      {"shared down", 1, 2048, 2816},  {"dense gate_up", 1, 22528, 2048},
-      {"dense down", 1, 2048, 11264},  {"lm_head", 1, 129280, 2048},
-      {"absorb W_uk (16 heads)", 16, 512, 128}, {"lift W_uv (16 heads)", 16, 128, 512},
+      {"q_proj", 1, 3072, 2048},
+      {"kv_a_proj", 1, 576, 2048},
+      {"o_proj", 1, 2048, 2048},
+      {"shared gate_up", 1, 5632, 2048},
+      {"shared down", 1, 2048, 2816},
+      {"dense gate_up", 1, 22528, 2048},
+      {"dense down", 1, 2048, 11264},
+      {"lm_head", 1, 129280, 2048},
+      {"absorb W_uk (16 heads)", 16, 512, 128},
+      {"lift W_uv (16 heads)", 16, 128, 512},
   };
   deepinfer::Bench bench;
   for (int64_t m : {1, 4}) {

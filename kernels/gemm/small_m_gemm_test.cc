@@ -34,11 +34,11 @@ TEST(SmallMGemmTest, MatchesCpuBackend) {
   DEEPINFER_SKIP_WITHOUT_GPU();
   CpuBackend cpu(2);
   const std::vector<Case> cases = {
-      {1, 1, 576, 2048, 0, 0, 0, false},    {1, 1, 3072, 2048, 0, 0, 0, false},
-      {1, 2, 1000, 2816, 8, 8, 3, false},   {1, 3, 257, 4096, 8, 0, 0, true},
-      {1, 2, 129, 11264, 0, 8, 0, false},   {16, 1, 512, 128, 64, 0, 0, false},
-      {16, 4, 128, 512, 0, 0, 0, false},    {3, 2, 33, 64, 8, 16, 5, true},
-      {2, 1, 65, 8, 0, 0, 0, false},        {1, 4, 7, 40, 8, 8, 1, true},
+      {1, 1, 576, 2048, 0, 0, 0, false},  {1, 1, 3072, 2048, 0, 0, 0, false},
+      {1, 2, 1000, 2816, 8, 8, 3, false}, {1, 3, 257, 4096, 8, 0, 0, true},
+      {1, 2, 129, 11264, 0, 8, 0, false}, {16, 1, 512, 128, 64, 0, 0, false},
+      {16, 4, 128, 512, 0, 0, 0, false},  {3, 2, 33, 64, 8, 16, 5, true},
+      {2, 1, 65, 8, 0, 0, 0, false},      {1, 4, 7, 40, 8, 8, 1, true},
   };
   for (const Case& c : cases) {
     for (bool a_bf16 : {false, true}) {

@@ -65,15 +65,15 @@ __global__ void AddRmsNormKernel(int64_t dim, float* x, const float* y, const fl
   for (int64_t i = threadIdx.x; i < dim; i += kThreads) {
     const float v = weight[i] * (xr[i] * inv);
     if (out != nullptr) out[blockIdx.x * dim + i] = v;
-    if (out_bf16 != nullptr) out_bf16[blockIdx.x * dim + i] = __bfloat16_as_ushort(__float2bfloat16_rn(v));
+    if (out_bf16 != nullptr)
+      out_bf16[blockIdx.x * dim + i] = __bfloat16_as_ushort(__float2bfloat16_rn(v));
   }
 }
 
 }  // namespace
 
-cudaError_t AddRmsNormF32(int64_t rows, int64_t dim, float* x, const float* y,
-                          const float* weight, float eps, float* out, uint16_t* out_bf16,
-                          cudaStream_t stream) {
+cudaError_t AddRmsNormF32(int64_t rows, int64_t dim, float* x, const float* y, const float* weight,
+                          float eps, float* out, uint16_t* out_bf16, cudaStream_t stream) {
   if (rows <= 0 || dim <= 0) return cudaSuccess;
   if (rows > 0x7fffffff) return cudaErrorInvalidValue;
   AddRmsNormKernel<<<static_cast<unsigned>(rows), kThreads, 0, stream>>>(dim, x, y, weight, eps,

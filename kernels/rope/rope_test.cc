@@ -122,8 +122,8 @@ TEST(RopeKernelTest, NormRopeWriteLatentCacheMatchesCpuAndTheUnfusedKernels) {
         // The unfused kernels, on copies.
         DeviceArray<float> ukv(kv), uq(q), ulatent(T * L);
         DeviceArray<uint8_t> ucache(cache0);
-        DEEPINFER_CUDA_OK(kernels::RmsNormF32(T, L, ukv.get(), kvw, dw.get(), 1e-6f,
-                                              ulatent.get(), L, nullptr));
+        DEEPINFER_CUDA_OK(
+            kernels::RmsNormF32(T, L, ukv.get(), kvw, dw.get(), 1e-6f, ulatent.get(), L, nullptr));
         DEEPINFER_CUDA_OK(kernels::ApplyRopeF32(T, 1, ukv.get() + L, kvw, 0, R, dpos.get(),
                                                 dinv.get(), 1.25f, interleaved, nullptr));
         if (heads > 0) {
@@ -131,10 +131,9 @@ TEST(RopeKernelTest, NormRopeWriteLatentCacheMatchesCpuAndTheUnfusedKernels) {
                                                   dpos.get(), dinv.get(), 1.25f, interleaved,
                                                   nullptr));
         }
-        kernels::PagedLatentCache uc{ucache.get(), 4, static_cast<int32_t>(L),
-                                     static_cast<int32_t>(R),
-                                     bf16 ? kernels::LatentCacheType::kBFloat16
-                                          : kernels::LatentCacheType::kFloat32};
+        kernels::PagedLatentCache uc{
+            ucache.get(), 4, static_cast<int32_t>(L), static_cast<int32_t>(R),
+            bf16 ? kernels::LatentCacheType::kBFloat16 : kernels::LatentCacheType::kFloat32};
         DEEPINFER_CUDA_OK(kernels::WriteLatentCacheF32(T, ulatent.get(), L, ukv.get() + L, kvw,
                                                        dslots.get(), uc, nullptr));
         std::vector<float> unfused_q;

@@ -333,9 +333,9 @@ absl::Status RunRank(const BenchConfig& bc, int64_t rank, RankState* s, RankOutp
   const int64_t synced = bc.ranks > 1 && bc.time_all_to_all ? timed : 0;
   const bool compare_eager = bc.cuda_graphs && bc.compare_eager_decode;
   const int64_t decode_runs = 1 + (compare_eager ? 1 : 0) + (bc.compare_unfused_decode ? 1 : 0);
-  const int64_t per_seq_blocks = (ctx + bc.output_len * decode_runs + synced +
-                                  bc.op_timing_steps + bc.block_size) /
-                                 bc.block_size;
+  const int64_t per_seq_blocks =
+      (ctx + bc.output_len * decode_runs + synced + bc.op_timing_steps + bc.block_size) /
+      bc.block_size;
   int64_t max_n = 0;
   for (int64_t n : bc.decode_num_requests) max_n = std::max(max_n, n);
   // + 1: the decode graphs keep one block for their padding rows.
@@ -924,9 +924,8 @@ std::string FormatBenchReport(const BenchConfig& c, const BenchResult& r) {
               c.compare_eager_decode ? (d.cuda_graphs ? " (cuda graphs)" : " (eager)") : "",
               c.compare_unfused_decode || !c.fused_ops ? (d.fused_ops ? " (fused)" : " (unfused)")
                                                        : ""),
-          d.p50_seconds, d.p99_seconds, d.tokens_per_s,
-          d.roofline_fraction, d.bytes_per_step, d.flops_per_step, c.peak_bytes_per_s / 1e9,
-          c.peak_flops_per_s / 1e12);
+          d.p50_seconds, d.p99_seconds, d.tokens_per_s, d.roofline_fraction, d.bytes_per_step,
+          d.flops_per_step, c.peak_bytes_per_s / 1e9, c.peak_flops_per_s / 1e12);
     }
     absl::StrAppend(&out, "seq0_decode_tokens (batch ", d.batch, "): ", Join(d.seq0_tokens), "\n");
     for (const RankDecodeResult& k : d.per_rank) {

@@ -275,8 +275,8 @@ class Backend {
   // not null, x += y (as Add); then out = RmsNorm(x) (as RmsNorm computes it) and out_bf16 = the
   // same values rounded to bf16 (a Gemm operand: ActivationView::Bf16). out and out_bf16 are
   // each optional (null: not written); neither may alias x or y.
-  virtual void AddRmsNorm(int64_t rows, int64_t dim, float* x, const float* y,
-                          const float* weight, float eps, float* out, uint16_t* out_bf16) = 0;
+  virtual void AddRmsNorm(int64_t rows, int64_t dim, float* x, const float* y, const float* weight,
+                          float eps, float* out, uint16_t* out_bf16) = 0;
   // out = a + b, elementwise over n values. out may alias a or b.
   virtual void Add(int64_t n, const float* a, const float* b, float* out) = 0;
   // out[r, i] = silu(x[r, i]) * x[r, inter + i]: x rows are [gate | up] of width 2*inter.

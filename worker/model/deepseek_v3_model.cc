@@ -679,10 +679,10 @@ void DeepseekV3Model::Attention(int64_t layer, const StepContext& ctx, Activatio
     backend_->Gemm(T, r, H, h, H, W.Matrix(L.q_a), H, qa->as<float>(), r, false);
     if (Bf16Operands()) {
       auto qa16 = backend_->AllocateScratch(T * r * sizeof(uint16_t));
-      backend_->AddRmsNorm(T, r, qa->as<float>(), nullptr, L.q_a_norm->as<float>(),
-                           kLatentNormEps, nullptr, qa16->as<uint16_t>());
-      backend_->Gemm(T, qdim, r, ActivationView::Bf16(qa16->as<uint16_t>()), r, W.Matrix(L.q_b),
-                     r, q->as<float>(), qdim, false);
+      backend_->AddRmsNorm(T, r, qa->as<float>(), nullptr, L.q_a_norm->as<float>(), kLatentNormEps,
+                           nullptr, qa16->as<uint16_t>());
+      backend_->Gemm(T, qdim, r, ActivationView::Bf16(qa16->as<uint16_t>()), r, W.Matrix(L.q_b), r,
+                     q->as<float>(), qdim, false);
     } else {
       backend_->RmsNorm(T, r, qa->as<float>(), r, L.q_a_norm->as<float>(), kLatentNormEps,
                         qa->as<float>(), r);
@@ -724,8 +724,8 @@ void DeepseekV3Model::Attention(int64_t layer, const StepContext& ctx, Activatio
                         inv_freq_->as<float>(), rope_attention_factor_, il);
     backend_->ApplyRope(T, nh, q->as<float>() + nope, qdim, qk, rope, positions,
                         inv_freq_->as<float>(), rope_attention_factor_, il);
-    backend_->WriteLatentCache(T, latent->as<float>(), kvl, kv->as<float>() + kvl, kvw,
-                               ctx.slots, view);
+    backend_->WriteLatentCache(T, latent->as<float>(), kvl, kv->as<float>() + kvl, kvw, ctx.slots,
+                               view);
   }
 
   // Absorb W_uk into the query: q_latent[t, h] = q_nope[t, h] · W_uk[h], all heads in one

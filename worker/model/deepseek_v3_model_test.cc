@@ -420,8 +420,8 @@ TEST(ModelFusedOpsTest, FusedOpsGiveBitIdenticalLogits) {
       auto prefill = (*m)->Step(
           {MakeStep(Prompt(9, 1), 0, a, true), MakeStep(Prompt(5, 2), 0, b, false)}, pool->get());
       ASSERT_TRUE(prefill.ok()) << prefill.status();
-      auto decode = (*m)->Step({MakeStep({7}, 9, a, false), MakeStep({11}, 5, b, false)},
-                               pool->get());
+      auto decode =
+          (*m)->Step({MakeStep({7}, 9, a, false), MakeStep({11}, 5, b, false)}, pool->get());
       ASSERT_TRUE(decode.ok()) << decode.status();
       for (auto* out : {&*prefill, &*decode}) {
         for (auto& row : out->logits) logits[fused].push_back(row);

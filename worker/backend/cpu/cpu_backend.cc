@@ -233,8 +233,7 @@ void CpuBackend::NormRopeWriteLatentCache(const NormRopeCacheArgs& a) {
   for (int64_t t = 0; t < T; ++t) {
     std::memcpy(key.data() + t * R, a.kv + t * a.ld_kv + L, R * sizeof(float));
   }
-  ApplyRope(T, 1, key.data(), R, 0, R, a.positions, a.inv_freq, a.attention_factor,
-            a.interleaved);
+  ApplyRope(T, 1, key.data(), R, 0, R, a.positions, a.inv_freq, a.attention_factor, a.interleaved);
   if (a.q_heads > 0) {
     ApplyRope(T, a.q_heads, a.q, a.q_token_stride, a.q_head_stride, R, a.positions, a.inv_freq,
               a.attention_factor, a.interleaved);

@@ -32,8 +32,8 @@ class CpuBackend : public Backend {
   void CopyDeviceToDevice(const void* src, size_t bytes, void* dst) override;
   void Synchronize() override {}
 
-  void Gemm(int64_t m, int64_t n, int64_t k, ActivationView a, int64_t lda, WeightView w, int64_t ldw,
-            float* c, int64_t ldc, bool accumulate) override;
+  void Gemm(int64_t m, int64_t n, int64_t k, ActivationView a, int64_t lda, WeightView w,
+            int64_t ldw, float* c, int64_t ldc, bool accumulate) override;
   void BatchedGemm(int64_t batch, int64_t m, int64_t n, int64_t k, const float* a, int64_t lda,
                    int64_t stride_a, WeightView w, int64_t ldw, int64_t stride_w, float* c,
                    int64_t ldc, int64_t stride_c) override;

@@ -414,8 +414,8 @@ bool CudaBackend::SmallMGemm(const kernels::SmallMGemmParams& p) {
   return true;
 }
 
-void CudaBackend::Gemm(int64_t m, int64_t n, int64_t k, ActivationView a, int64_t lda,
-                       WeightView w, int64_t ldw, float* c, int64_t ldc, bool accumulate) {
+void CudaBackend::Gemm(int64_t m, int64_t n, int64_t k, ActivationView a, int64_t lda, WeightView w,
+                       int64_t ldw, float* c, int64_t ldc, bool accumulate) {
   OpTimer timer(this, "Gemm");
   if (m <= 0 || n <= 0) return;
   if (!FitsInt(m) || !FitsInt(n) || !FitsInt(k) || !FitsInt(lda) || !FitsInt(ldw) ||

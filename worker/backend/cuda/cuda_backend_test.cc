@@ -163,7 +163,8 @@ INSTANTIATE_TEST_SUITE_P(TokensAndSmallM, BatchedGemmTest,
 
 TEST_P(BatchedGemmTest, MatchesCpuFp32AndBf16) {
   gpu_->SetSmallMGemm(std::get<1>(GetParam()));
-  const int64_t T = std::get<0>(GetParam()), nh = 16, nope = 128, rope = 64, vd = 128, kvl = 512, qk = nope + rope;
+  const int64_t T = std::get<0>(GetParam()), nh = 16, nope = 128, rope = 64, vd = 128, kvl = 512,
+                qk = nope + rope;
   struct Case {
     const char* name;
     int64_t m, n, k, lda, stride_a, ldw, stride_w, ldc, stride_c, a_size, w_size, c_size;
@@ -219,15 +220,15 @@ TEST_F(CudaBackendTest, Bf16ActivationOperandGivesTheSameBitsAsRoundingInGemm) {
         for (size_t i = 0; i < a.size(); ++i) a16[i] = FloatToBf16Bits(a[i]);
         std::vector<std::unique_ptr<DeviceBuffer>> keep;
         std::vector<float> want = out;
-        cpu16_.Gemm(m, n, k, ActivationView::Bf16(a16.data()), k, CpuBf16(w, &keep), k,
-                    want.data(), n, accumulate);
+        cpu16_.Gemm(m, n, k, ActivationView::Bf16(a16.data()), k, CpuBf16(w, &keep), k, want.data(),
+                    n, accumulate);
         const WeightView gw = GpuBf16(w, &keep);
         auto da = Upload(a), dc32 = Upload(out), dc16 = Upload(out);
         auto da16 = gpu_->Allocate(a16.size() * sizeof(uint16_t));
         gpu_->CopyToDevice(a16.data(), a16.size() * sizeof(uint16_t), da16->data());
         gpu_->Gemm(m, n, k, da->as<float>(), k, gw, k, dc32->as<float>(), n, accumulate);
-        gpu_->Gemm(m, n, k, ActivationView::Bf16(da16->as<uint16_t>()), k, gw, k,
-                   dc16->as<float>(), n, accumulate);
+        gpu_->Gemm(m, n, k, ActivationView::Bf16(da16->as<uint16_t>()), k, gw, k, dc16->as<float>(),
+                   n, accumulate);
         const std::vector<float> got32 = Download(*dc32), got16 = Download(*dc16);
         EXPECT_TRUE(AllClose(got16, got32, 0, 0));
         EXPECT_TRUE(AllClose(got16, want, 2e-3, 1e-4));
