@@ -1,6 +1,8 @@
 // RMSNorm: one block per row; the sum of squares is reduced in fp32 through warp shuffles.
 #include "kernels/norm/rms_norm.h"
 
+#include <cuda_bf16.h>
+
 namespace deepinfer {
 namespace kernels {
 namespace {
@@ -31,7 +33,53 @@ __global__ void RmsNormKernel(int64_t dim, const float* x, int64_t ldx, const fl
   for (int64_t i = threadIdx.x; i < dim; i += kThreads) orow[i] = weight[i] * (xr[i] * inv);
 }
 
+// x += y (optional), then RmsNormKernel's arithmetic in the same order (each thread sums the
+// same elements, the same reduction), so out is bit for bit what AddF32 + RmsNormF32 give.
+__global__ void AddRmsNormKernel(int64_t dim, float* x, const float* y, const float* weight,
+                                 float eps, float* out, uint16_t* out_bf16) {
+  __shared__ float partial[kThreads / 32];
+  __shared__ float inv_rms;
+  float* xr = x + blockIdx.x * dim;
+  float ss = 0.0f;
+  if (y != nullptr) {
+    const float* yr = y + blockIdx.x * dim;
+    for (int64_t i = threadIdx.x; i < dim; i += kThreads) {
+      const float v = xr[i] + yr[i];
+      xr[i] = v;
+      ss += v * v;
+    }
+  } else {
+    for (int64_t i = threadIdx.x; i < dim; i += kThreads) ss += xr[i] * xr[i];
+  }
+  for (int o = 16; o > 0; o >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o);
+  if ((threadIdx.x & 31) == 0) partial[threadIdx.x / 32] = ss;
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    float total = 0.0f;
+    for (int w = 0; w < kThreads / 32; ++w) total += partial[w];
+    inv_rms = 1.0f / sqrtf(total / static_cast<float>(dim) + eps);
+  }
+  __syncthreads();
+  const float inv = inv_rms;
+  // Each thread reads back only the x elements it wrote itself.
+  for (int64_t i = threadIdx.x; i < dim; i += kThreads) {
+    const float v = weight[i] * (xr[i] * inv);
+    if (out != nullptr) out[blockIdx.x * dim + i] = v;
+    if (out_bf16 != nullptr)
+      out_bf16[blockIdx.x * dim + i] = __bfloat16_as_ushort(__float2bfloat16_rn(v));
+  }
+}
+
 }  // namespace
+
+cudaError_t AddRmsNormF32(int64_t rows, int64_t dim, float* x, const float* y, const float* weight,
+                          float eps, float* out, uint16_t* out_bf16, cudaStream_t stream) {
+  if (rows <= 0 || dim <= 0) return cudaSuccess;
+  if (rows > 0x7fffffff) return cudaErrorInvalidValue;
+  AddRmsNormKernel<<<static_cast<unsigned>(rows), kThreads, 0, stream>>>(dim, x, y, weight, eps,
+                                                                         out, out_bf16);
+  return cudaGetLastError();
+}
 
 cudaError_t RmsNormF32(int64_t rows, int64_t dim, const float* x, int64_t ldx, const float* weight,
                        float eps, float* out, int64_t ldout, cudaStream_t stream) {

@@ -1,10 +1,14 @@
 // RmsNormF32 against CpuBackend::RmsNorm: strided rows, several widths, in place and not.
 #include "kernels/norm/rms_norm.h"
 
+#include <cmath>
+#include <cstdint>
 #include <vector>
 
 #include "gtest/gtest.h"
+#include "kernels/activation/elementwise.h"
 #include "kernels/testing/gpu_test_util.h"
+#include "worker/backend/bf16.h"
 #include "worker/backend/cpu/cpu_backend.h"
 
 namespace deepinfer {
@@ -48,6 +52,75 @@ TEST(RmsNormKernelTest, MatchesCpuBackend) {
           }
         }
         EXPECT_TRUE(AllClose(got, want, 1e-5, 1e-5));
+      }
+    }
+  }
+}
+
+// AddRmsNormF32 against CpuBackend::AddRmsNorm, and bit for bit against the three kernels it
+// replaces (AddF32, RmsNormF32, RoundF32ToBf16), with and without y and each output.
+TEST(RmsNormKernelTest, AddRmsNormMatchesCpuBackendAndTheUnfusedKernels) {
+  DEEPINFER_SKIP_WITHOUT_GPU();
+  CpuBackend cpu(2);
+  for (int64_t dim : {7, 512, 2048, 7168}) {
+    for (int64_t rows : {1, 5, 33}) {
+      for (int variant = 0; variant < 4; ++variant) {
+        const bool with_y = variant != 1, want_f32 = variant != 2, want_bf16 = variant != 3;
+        const uint32_t seed = testing::FreshSeed();
+        SCOPED_TRACE(::testing::Message() << "dim " << dim << " rows " << rows << " variant "
+                                          << variant << " seed " << seed);
+        const int64_t n = rows * dim;
+        auto x = testing::RandomFloats(n, seed, 3.0f);
+        auto y = testing::RandomFloats(n, seed + 1, 2.0f);
+        auto w = testing::RandomFloats(dim, seed + 2);
+        const float eps = 1e-6f;
+        std::vector<float> cpu_x = x, cpu_out(n);
+        std::vector<uint16_t> cpu_bf16(n);
+        cpu.AddRmsNorm(rows, dim, cpu_x.data(), with_y ? y.data() : nullptr, w.data(), eps,
+                       cpu_out.data(), cpu_bf16.data());
+
+        DeviceArray<float> dx(x), dy(y), dw(w), dout(n);
+        DeviceArray<uint16_t> dbf16(n);
+        dout.Poison();
+        dbf16.Poison();
+        DEEPINFER_CUDA_OK(kernels::AddRmsNormF32(rows, dim, dx.get(), with_y ? dy.get() : nullptr,
+                                                 dw.get(), eps, want_f32 ? dout.get() : nullptr,
+                                                 want_bf16 ? dbf16.get() : nullptr, nullptr));
+        std::vector<float> got_x, got_out;
+        std::vector<uint16_t> got_bf16;
+        DEEPINFER_CUDA_OK(dx.Download(&got_x));
+        DEEPINFER_CUDA_OK(dout.Download(&got_out));
+        DEEPINFER_CUDA_OK(dbf16.Download(&got_bf16));
+        EXPECT_TRUE(AllClose(got_x, cpu_x, 0, 0));  // one fp32 add per element
+
+        // The unfused kernels on the original x.
+        DeviceArray<float> ux(x), uout(n);
+        DeviceArray<uint16_t> ubf16(n);
+        if (with_y) DEEPINFER_CUDA_OK(kernels::AddF32(n, ux.get(), dy.get(), ux.get(), nullptr));
+        DEEPINFER_CUDA_OK(
+            kernels::RmsNormF32(rows, dim, ux.get(), dim, dw.get(), eps, uout.get(), dim, nullptr));
+        DEEPINFER_CUDA_OK(kernels::RoundF32ToBf16(n, uout.get(), ubf16.get(), nullptr));
+        std::vector<float> unfused_out;
+        std::vector<uint16_t> unfused_bf16;
+        DEEPINFER_CUDA_OK(uout.Download(&unfused_out));
+        DEEPINFER_CUDA_OK(ubf16.Download(&unfused_bf16));
+        if (want_f32) {
+          EXPECT_TRUE(AllClose(got_out, cpu_out, 1e-5, 1e-5));
+          EXPECT_TRUE(AllClose(got_out, unfused_out, 0, 0));
+        } else {
+          for (float v : got_out) ASSERT_TRUE(std::isnan(v)) << "out written though null";
+        }
+        if (want_bf16) {
+          EXPECT_EQ(got_bf16, unfused_bf16);
+          int64_t far = 0;  // the CPU's rounding of its own (1e-5-close) values
+          for (int64_t i = 0; i < n; ++i) {
+            far += std::abs(Bf16BitsToFloat(got_bf16[i]) - Bf16BitsToFloat(cpu_bf16[i])) >
+                   1e-5f + std::abs(cpu_out[i]) * (1.0f / 128);
+          }
+          EXPECT_EQ(far, 0);
+        } else {
+          for (uint16_t v : got_bf16) ASSERT_EQ(v, 0xFFFF) << "out_bf16 written though null";
+        }
       }
     }
   }

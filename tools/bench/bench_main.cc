@@ -110,6 +110,12 @@ int main(int argc, char** argv) {
   flags.AddInt("cuda-graph-max-batch", &config.cuda_graph_max_batch,
                "Largest decode batch run from a CUDA graph (the last bucket); larger batches\n"
                "run eagerly.");
+  flags.AddBool("fused-ops", &config.fused_ops,
+                "Fused ops in the model's step (residual add + norm, bf16 GEMM operands) and, on\n"
+                "CUDA, the small-m GEMM kernel; off: the ops of before, for comparison.");
+  flags.AddBool("compare-unfused-decode", &config.compare_unfused_decode,
+                "After each decode batch size, --output-len more steps of the same sequences\n"
+                "with --fused-ops off, reported as a second decode line marked (unfused).");
   flags.AddBool("compare-eager-decode", &config.compare_eager_decode,
                 "With --cuda-graphs: measure every decode batch size again with graphs off\n"
                 "(the same sequences, --output-len more steps), in the same process.");

@@ -151,6 +151,8 @@ struct RankDecodeTimes {
   std::vector<double> all_to_all_seconds, synced_step_seconds;  // per synchronised step
   // compare_eager_decode: output_len more steps of the same sequences with graphs off.
   std::vector<double> eager_step_seconds;
+  // compare_unfused_decode: output_len more steps with fused ops off.
+  std::vector<double> unfused_step_seconds;
 };
 
 struct RankOutput {
@@ -307,6 +309,7 @@ absl::Status SetUpRank(const BenchConfig& bc, int64_t rank, int64_t blocks, Rank
   graphs.enabled = bc.cuda_graphs;
   graphs.max_batch = bc.cuda_graph_max_batch;
   s->model->SetDecodeGraphOptions(graphs);
+  s->model->SetFusedOps(bc.fused_ops);
   KvBlockPoolOptions cache_options =
       s->model->CacheOptions(static_cast<int32_t>(blocks), static_cast<int32_t>(bc.block_size));
   auto cache_dtype = ResolveKvCacheDType(bc.kv_cache_dtype, s->backend->weight_dtype());
@@ -329,9 +332,10 @@ absl::Status RunRank(const BenchConfig& bc, int64_t rank, RankState* s, RankOutp
   const int64_t timed = bc.output_len - bc.warmup;
   const int64_t synced = bc.ranks > 1 && bc.time_all_to_all ? timed : 0;
   const bool compare_eager = bc.cuda_graphs && bc.compare_eager_decode;
-  const int64_t per_seq_blocks = (ctx + bc.output_len * (compare_eager ? 2 : 1) + synced +
-                                  bc.op_timing_steps + bc.block_size) /
-                                 bc.block_size;
+  const int64_t decode_runs = 1 + (compare_eager ? 1 : 0) + (bc.compare_unfused_decode ? 1 : 0);
+  const int64_t per_seq_blocks =
+      (ctx + bc.output_len * decode_runs + synced + bc.op_timing_steps + bc.block_size) /
+      bc.block_size;
   int64_t max_n = 0;
   for (int64_t n : bc.decode_num_requests) max_n = std::max(max_n, n);
   // + 1: the decode graphs keep one block for their padding rows.
@@ -364,7 +368,14 @@ absl::Status RunRank(const BenchConfig& bc, int64_t rank, RankState* s, RankOutp
                        bc.decode_moe_algo, "'"));
     }
   }
+  if (cuda != nullptr) cuda->SetSmallMGemm(bc.fused_ops);
 #endif
+  auto set_fused = [&](bool on) {
+    model->SetFusedOps(on);
+#ifdef DEEPINFER_WITH_CUDA
+    if (cuda != nullptr) cuda->SetSmallMGemm(on);
+#endif
+  };
   // Runs `fn` with per-op timing on (CUDA only) and returns the op table.
   auto with_op_timing = [&](auto fn) -> std::string {
 #ifdef DEEPINFER_WITH_CUDA
@@ -531,6 +542,26 @@ absl::Status RunRank(const BenchConfig& bc, int64_t rank, RankState* s, RankOutp
       }
       eager.enabled = true;
       model->SetDecodeGraphOptions(eager);
+      if (!st.ok()) return st;
+    }
+    if (bc.compare_unfused_decode) {
+      // The same sequences, output_len more steps, the ops of before the fusions.
+      set_fused(false);
+      absl::Status st;
+      for (int64_t step = 0; step < bc.output_len && st.ok(); ++step) {
+        if (st = line_up(); !st.ok()) break;
+        const Clock::time_point t0 = Clock::now();
+        auto out = model->Step(seqs, pool);
+        const Clock::time_point t1 = Clock::now();
+        if (!out.ok()) {
+          st = out.status();
+          break;
+        }
+        if (s->meter != nullptr) s->meter->Take();
+        if (step >= bc.warmup) d.unfused_step_seconds.push_back(Seconds(t0, t1));
+        advance(*out, &seqs);
+      }
+      set_fused(bc.fused_ops);
       if (!st.ok()) return st;
     }
     absl::Status timed_status;
@@ -735,11 +766,13 @@ absl::StatusOr<BenchResult> RunBenchmark(const BenchConfig& bc) {
     DecodeResult d;
     d.batch = n;
     d.cuda_graphs = bc.cuda_graphs;
-    std::vector<const std::vector<double>*> steps, synced, eager;
+    d.fused_ops = bc.fused_ops;
+    std::vector<const std::vector<double>*> steps, synced, eager, unfused;
     for (const RankOutput& o : outputs) {
       steps.push_back(&o.decode[which].step_seconds);
       synced.push_back(&o.decode[which].synced_step_seconds);
       eager.push_back(&o.decode[which].eager_step_seconds);
+      unfused.push_back(&o.decode[which].unfused_step_seconds);
     }
     const std::vector<double> slowest = SlowestPerStep(steps);
     d.steps = static_cast<int64_t>(slowest.size());
@@ -789,6 +822,7 @@ absl::StatusOr<BenchResult> RunBenchmark(const BenchConfig& bc) {
       DecodeResult e;
       e.batch = n;
       e.cuda_graphs = false;
+      e.fused_ops = bc.fused_ops;
       e.steps = static_cast<int64_t>(slowest_eager.size());
       e.p50_seconds = Percentile(slowest_eager, 0.5);
       e.p99_seconds = Percentile(slowest_eager, 0.99);
@@ -801,6 +835,27 @@ absl::StatusOr<BenchResult> RunBenchmark(const BenchConfig& bc) {
       e.roofline_fraction =
           ec.RooflineSeconds(bc.peak_bytes_per_s, bc.peak_flops_per_s) / e.p50_seconds;
       r.decode.push_back(std::move(e));
+    }
+    if (!outputs[0].decode[which].unfused_step_seconds.empty()) {
+      // The fused-ops-off steps that followed (compare_unfused_decode), after any eager ones.
+      const std::vector<double> slowest_unfused = SlowestPerStep(unfused);
+      const int64_t before = bc.output_len * (compared ? 2 : 1);
+      DecodeResult u;
+      u.batch = n;
+      u.cuda_graphs = bc.cuda_graphs;
+      u.fused_ops = false;
+      u.steps = static_cast<int64_t>(slowest_unfused.size());
+      u.p50_seconds = Percentile(slowest_unfused, 0.5);
+      u.p99_seconds = Percentile(slowest_unfused, 0.99);
+      u.tokens_per_s = ranks * n / u.p50_seconds;
+      u.tokens_per_s_per_gpu = n / u.p50_seconds;
+      const StepCost uc = DecodeStepCost(*config, n, ctx + before + bc.output_len / 2,
+                                         r.bytes_per_value, r.cache_bytes_per_value, ranks);
+      u.bytes_per_step = uc.bytes;
+      u.flops_per_step = uc.flops;
+      u.roofline_fraction =
+          uc.RooflineSeconds(bc.peak_bytes_per_s, bc.peak_flops_per_s) / u.p50_seconds;
+      r.decode.push_back(std::move(u));
     }
   }
   return r;
@@ -879,10 +934,12 @@ std::string FormatBenchReport(const BenchConfig& c, const BenchResult& r) {
           "roofline fraction %.4f (%.3g bytes, %.3g FLOPs per step; %.0f GB/s, %.0f TFLOP/s "
           "peaks)\n",
           d.batch, c.context_length, d.steps,
-          c.compare_eager_decode ? (d.cuda_graphs ? " (cuda graphs)" : " (eager)") : "",
-          d.p50_seconds, d.p99_seconds, d.tokens_per_s,
-          d.roofline_fraction, d.bytes_per_step, d.flops_per_step, c.peak_bytes_per_s / 1e9,
-          c.peak_flops_per_s / 1e12);
+          absl::StrCat(
+              c.compare_eager_decode ? (d.cuda_graphs ? " (cuda graphs)" : " (eager)") : "",
+              c.compare_unfused_decode || !c.fused_ops ? (d.fused_ops ? " (fused)" : " (unfused)")
+                                                       : ""),
+          d.p50_seconds, d.p99_seconds, d.tokens_per_s, d.roofline_fraction, d.bytes_per_step,
+          d.flops_per_step, c.peak_bytes_per_s / 1e9, c.peak_flops_per_s / 1e12);
     }
     absl::StrAppend(&out, "seq0_decode_tokens (batch ", d.batch, "): ", Join(d.seq0_tokens), "\n");
     for (const RankDecodeResult& k : d.per_rank) {
@@ -935,12 +992,14 @@ std::string FormatBenchJson(const BenchConfig& c, const BenchResult& r) {
     }
     absl::StrAppendFormat(
         &decode,
-        "%s{\"requests\": %d, \"cuda_graphs\": %s, \"timed_steps\": %d, \"tokens_per_s\": %.3f, "
+        "%s{\"requests\": %d, \"cuda_graphs\": %s, \"fused_ops\": %s, \"timed_steps\": %d, "
+        "\"tokens_per_s\": %.3f, "
         "\"tokens_per_s_per_gpu\": %.3f, \"p50_s\": %.6f, \"p99_s\": %.6f, "
         "\"roofline_fraction\": %.6f, \"bytes_per_step\": %.6g, \"flops_per_step\": %.6g, "
         "\"exchange_bytes_per_step\": %.6g, \"all_to_all_s_per_step\": %.6g, "
         "\"synced_step_p50_s\": %.6g, \"seq0_tokens\": [%s], \"per_rank\": [%s]}",
-        decode.empty() ? "" : ", ", d.batch, d.cuda_graphs ? "true" : "false", d.steps, d.tokens_per_s, d.tokens_per_s_per_gpu,
+        decode.empty() ? "" : ", ", d.batch, d.cuda_graphs ? "true" : "false",
+        d.fused_ops ? "true" : "false", d.steps, d.tokens_per_s, d.tokens_per_s_per_gpu,
         d.p50_seconds, d.p99_seconds, d.roofline_fraction, d.bytes_per_step, d.flops_per_step,
         d.exchange_bytes_per_step, d.all_to_all_seconds_per_step, d.synced_step_p50_seconds,
         json_list(d.seq0_tokens), per_rank);

@@ -91,6 +91,12 @@ struct BenchConfig {
   // With cuda_graphs: after each batch size's timed steps, output_len more steps of the same
   // sequences with graphs off, reported as a second decode result (one load for both).
   bool compare_eager_decode = false;
+  // DeepseekV3Model::SetFusedOps and CudaBackend::SetSmallMGemm (the fused ops of a decode
+  // step; off: the op sequence of before, for comparisons).
+  bool fused_ops = true;
+  // After each batch size's timed steps (and the eager ones), output_len more steps of the same
+  // sequences with fused ops off, reported as a further decode result (one load for both).
+  bool compare_unfused_decode = false;
   double peak_bytes_per_s = 4.3e12;
   double peak_flops_per_s = 790e12;
 };
@@ -131,6 +137,7 @@ struct DecodeResult {
   double all_to_all_seconds_per_step = -1;  // time_all_to_all: mean over ranks of their p50
   double synced_step_p50_seconds = -1;      // time_all_to_all: step p50 (slowest rank) synced
   bool cuda_graphs = false;          // measured with BenchConfig::cuda_graphs on
+  bool fused_ops = true;             // measured with fused ops (BenchConfig::fused_ops)
 };
 
 struct BenchResult {

@@ -50,6 +50,7 @@ tests=(
   //kernels/attention:mla_attention_test
   //kernels/attention:mla_prefill_test
   //kernels/embedding:rows_test
+  //kernels/gemm:small_m_gemm_test
   //kernels/moe:expert_counts_test
   //kernels/moe:grouped_gemm_test
   //kernels/moe:noaux_tc_router_test
@@ -71,7 +72,7 @@ daemons=(//coordinator/cli:deepinfer //coordinator:deepinfer-coordinator //worke
 tools=(//tools/bench:deepinfer-bench)
 [[ $bench_only -eq 1 ]] && tests=()
 [[ $bench_only -eq 1 ]] || tools+=(//kernels/attention:mla_attention_bench //kernels/attention:mla_prefill_bench
-  //kernels/moe:grouped_gemm_bench
+  //kernels/moe:grouped_gemm_bench //kernels/gemm:small_m_gemm_bench
   //kernels/moe:moe_prefill_bench //kernels/sampling:sampling_bench)
 if [[ -n "${GPU_TESTS+set}" ]]; then read -r -a tests <<< "$GPU_TESTS"; fi
 if [[ -n "${GPU_TOOLS+set}" ]]; then read -r -a tools <<< "$GPU_TOOLS"; fi

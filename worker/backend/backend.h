@@ -55,6 +55,23 @@ struct WeightView {
   }
 };
 
+// An activation operand of Gemm: fp32 rows, or rows already rounded to bf16 (bits, as
+// AddRmsNorm's out_bf16 and SiluMulBf16 write them). A bf16 operand gives exactly the products
+// of the fp32 rows it was rounded from, without a rounding pass per GEMM; it needs bf16 weights
+// on the CUDA backend (INVALID_ARGUMENT in status() otherwise).
+struct ActivationView {
+  const void* data = nullptr;
+  WeightDType dtype = WeightDType::kFloat32;
+
+  ActivationView(const float* d) : data(d), dtype(WeightDType::kFloat32) {}  // NOLINT
+  static ActivationView Bf16(const uint16_t* d) {
+    ActivationView v(nullptr);
+    v.data = d;
+    v.dtype = WeightDType::kBFloat16;
+    return v;
+  }
+};
+
 // Device memory as the driver reports it (cudaMemGetInfo).
 struct DeviceMemoryInfo {
   size_t total_bytes = 0;
@@ -111,6 +128,23 @@ struct MlaAttentionArgs {
   // uses its general (decode) algorithm for every token.
   const MlaSequenceSpan* sequences = nullptr;
   int32_t num_sequences = 0;
+};
+
+// Arguments of Backend::NormRopeWriteLatentCache: an MLA layer's key and query preparation.
+struct NormRopeCacheArgs {
+  int64_t tokens = 0;
+  const float* kv = nullptr;  // [tokens, ld_kv]: cache.latent_dim values, then cache.rope_dim
+  int64_t ld_kv = 0;
+  const float* norm_weight = nullptr;  // kv_a_layernorm, [latent_dim]
+  float eps = 1e-6f;
+  float* q = nullptr;  // first query rope slice, rotated in place (q_heads 0: no query)
+  int64_t q_heads = 0, q_token_stride = 0, q_head_stride = 0;
+  const int32_t* positions = nullptr;
+  const float* inv_freq = nullptr;
+  float attention_factor = 1.0f;
+  bool interleaved = false;
+  const int32_t* slots = nullptr;
+  PagedLatentCacheView cache;
 };
 
 // Arguments of the DeepSeek "noaux_tc" router.
@@ -212,9 +246,10 @@ class Backend {
   }
 
   // ---- Dense math --------------------------------------------------------------------------
-  // c[i, j] (+)= sum_p a[i, p] * w[j, p] for i < m, j < n, p < k. With a bf16 w, a is
-  // rounded to bf16 and the sum is accumulated in fp32.
-  virtual void Gemm(int64_t m, int64_t n, int64_t k, const float* a, int64_t lda, WeightView w,
+  // c[i, j] (+)= sum_p a[i, p] * w[j, p] for i < m, j < n, p < k. With a bf16 w, an fp32 a is
+  // rounded to bf16 (a bf16 a already is) and the sum is accumulated in fp32. With accumulate,
+  // each c[i, j] is c[i, j] + the sum, one fp32 addition (as Add would do it).
+  virtual void Gemm(int64_t m, int64_t n, int64_t k, ActivationView a, int64_t lda, WeightView w,
                     int64_t ldw, float* c, int64_t ldc, bool accumulate) = 0;
   // `batch` independent GEMMs with the layout of Gemm (no accumulate): product b reads
   // a + b*stride_a, w.Offset(b*stride_w) and writes c + b*stride_c (strides in elements).
@@ -236,10 +271,18 @@ class Backend {
   // out[r, :] = x[r, :] / rms(x[r, :]) * weight (statistics in fp32). out may alias x.
   virtual void RmsNorm(int64_t rows, int64_t dim, const float* x, int64_t ldx, const float* weight,
                        float eps, float* out, int64_t ldout) = 0;
+  // The residual add and the next norm in one op, over contiguous rows of width dim: when y is
+  // not null, x += y (as Add); then out = RmsNorm(x) (as RmsNorm computes it) and out_bf16 = the
+  // same values rounded to bf16 (a Gemm operand: ActivationView::Bf16). out and out_bf16 are
+  // each optional (null: not written); neither may alias x or y.
+  virtual void AddRmsNorm(int64_t rows, int64_t dim, float* x, const float* y, const float* weight,
+                          float eps, float* out, uint16_t* out_bf16) = 0;
   // out = a + b, elementwise over n values. out may alias a or b.
   virtual void Add(int64_t n, const float* a, const float* b, float* out) = 0;
   // out[r, i] = silu(x[r, i]) * x[r, inter + i]: x rows are [gate | up] of width 2*inter.
   virtual void SiluMul(int64_t rows, int64_t inter, const float* x, float* out) = 0;
+  // SiluMul's values rounded to bf16 (bits), to feed a bf16 Gemm directly.
+  virtual void SiluMulBf16(int64_t rows, int64_t inter, const float* x, uint16_t* out) = 0;
 
   // ---- Embedding and permutation -----------------------------------------------------------
   // dst[r, :] = src[idx[r], :], rows of width dim.
@@ -264,6 +307,11 @@ class Backend {
   virtual void WriteLatentCache(int64_t tokens, const float* latent, int64_t ld_latent,
                                 const float* rope_key, int64_t ld_rope, const int32_t* slots,
                                 const PagedLatentCacheView& cache) = 0;
+  // RmsNorm of each token's latent (kv[t, :latent_dim]), ApplyRope of its shared rope key
+  // (kv[t, latent_dim:], one head) and of the query's q_heads rope slices (in place), and
+  // WriteLatentCache of the normed latent and rotated key, in one op: the same values as those
+  // four ops. kv is not changed.
+  virtual void NormRopeWriteLatentCache(const NormRopeCacheArgs& args) = 0;
   // Absorbed MLA: out[t, h] = sum_j softmax_j(scale * (q_latent·c_j + q_rope·k_j)) c_j, with
   // the cached c_j, k_j widened to fp32 (exact from bf16) and fp32 math.
   // The CUDA backend with bf16 weights runs sequences of args.sequences with many new tokens on

@@ -116,6 +116,11 @@ void DeepseekV3Model::SetDecodeGraphOptions(const DecodeGraphOptions& options) {
   failed_buckets_.clear();
 }
 
+void DeepseekV3Model::SetFusedOps(bool on) {
+  fused_ops_ = on;
+  DropDecodeGraphs();
+}
+
 void DeepseekV3Model::DropDecodeGraphs() {
   // Recorded ops may still be running: they must finish before their buffers are freed.
   if (!decode_graphs_.empty()) backend_->Synchronize();
@@ -308,21 +313,24 @@ absl::StatusOr<StepOutput> DeepseekV3Model::Step(const std::vector<SequenceStep>
   ctx.block_tables = tables_dev->as<int32_t>();
 
   const int64_t H = c.hidden_size;
-  auto x = Floats(T * H);
+  auto x = Floats(T * H), y = Floats(T * H);
   float* xp = x->as<float>();
-  if (absl::Status st = Layers(ctx, ids_dev->as<int32_t>(), xp); !st.ok()) return st;
-  const float eps = static_cast<float>(c.rms_norm_eps);
+  if (absl::Status st = Layers(ctx, ids_dev->as<int32_t>(), xp, y->as<float>()); !st.ok()) {
+    return st;
+  }
+  if (ResidualPending()) backend_->Add(T * H, xp, y->as<float>(), xp);
   // Final norm and LM head only for the rows whose logits are wanted.
   const int64_t R = static_cast<int64_t>(out_rows.size());
   auto rows_dev = upload_ints(out_rows);
   auto sel = Floats(R * H);
   backend_->GatherRows(R, H, xp, rows_dev->as<int32_t>(), sel->as<float>());
-  backend_->RmsNorm(R, H, sel->as<float>(), H, weights_->final_norm->as<float>(), eps,
-                    sel->as<float>(), H);
+  auto sel16 = backend_->AllocateScratch(Bf16Operands() ? R * H * sizeof(uint16_t) : 1);
+  const ActivationView head_in =
+      FinalNorm(R, sel->as<float>(), nullptr, sel->as<float>(), sel16->as<uint16_t>());
   const int64_t V = c.vocab_size;
   auto logits = Floats(R * V);
-  backend_->Gemm(R, V, H, sel->as<float>(), H, weights_->Matrix(weights_->lm_head), H,
-                 logits->as<float>(), V, false);
+  backend_->Gemm(R, V, H, head_in, H, weights_->Matrix(weights_->lm_head), H, logits->as<float>(),
+                 V, false);
   return SampleOrCopyLogits(batch, logits->as<float>(), R);
 }
 
@@ -403,25 +411,72 @@ absl::StatusOr<StepOutput> DeepseekV3Model::SampleOrCopyLogits(
   return out;
 }
 
-absl::Status DeepseekV3Model::Layers(const StepContext& ctx, const int32_t* ids, float* xp) {
+absl::Status DeepseekV3Model::Layers(const StepContext& ctx, const int32_t* ids, float* xp,
+                                     float* yp) {
   const ModelConfig& c = config_;
   const int64_t T = ctx.num_tokens, H = c.hidden_size;
-  auto h = Floats(T * H), y = Floats(T * H);
+  auto h = Floats(T * H);
   float* hp = h->as<float>();
-  float* yp = y->as<float>();
   backend_->GatherRows(T, H, weights_->embed->as<float>(), ids, xp);
   const float eps = static_cast<float>(c.rms_norm_eps);
+  if (!fused_ops_) {
+    for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
+      const LayerWeights& L = weights_->layers[l];
+      backend_->RmsNorm(T, H, xp, H, L.input_norm->as<float>(), eps, hp, H);
+      Attention(l, ctx, hp, yp);
+      backend_->Add(T * H, xp, yp, xp);
+      backend_->RmsNorm(T, H, xp, H, L.post_attention_norm->as<float>(), eps, hp, H);
+      absl::Status st = L.moe ? Moe(l, T, hp, hp, yp, ctx) : Mlp(L.dense, T, hp, yp, false);
+      if (!st.ok()) return st;
+      backend_->Add(T * H, xp, yp, xp);
+    }
+    return absl::OkStatus();
+  }
+  // Fused: each residual add happens inside the next norm, which also writes the bf16 operand
+  // of the GEMMs that read it (bf16 weights).
+  std::unique_ptr<DeviceBuffer> h16;
+  ActivationView h_gemm(hp);
+  if (Bf16Operands()) {
+    h16 = backend_->AllocateScratch(T * H * sizeof(uint16_t));
+    h_gemm = ActivationView::Bf16(h16->as<uint16_t>());
+  }
+  uint16_t* h16p = h16 != nullptr ? h16->as<uint16_t>() : nullptr;
   for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
     const LayerWeights& L = weights_->layers[l];
-    backend_->RmsNorm(T, H, xp, H, L.input_norm->as<float>(), eps, hp, H);
-    Attention(l, ctx, hp, yp);
-    backend_->Add(T * H, xp, yp, xp);
-    backend_->RmsNorm(T, H, xp, H, L.post_attention_norm->as<float>(), eps, hp, H);
-    absl::Status st = L.moe ? Moe(l, T, hp, yp, ctx) : Mlp(L.dense, T, hp, yp);
+    // x += the previous layer's output (nothing to add before the first layer).
+    backend_->AddRmsNorm(T, H, xp, l == 0 ? nullptr : yp, L.input_norm->as<float>(), eps,
+                         h16p != nullptr ? nullptr : hp, h16p);
+    Attention(l, ctx, h_gemm, yp);
+    // The MoE's router and routed experts read fp32 rows; the dense MLP only the GEMM operand.
+    const bool want_f32 = L.moe || h16p == nullptr;
+    backend_->AddRmsNorm(T, H, xp, yp, L.post_attention_norm->as<float>(), eps,
+                         want_f32 ? hp : nullptr, h16p);
+    absl::Status st = L.moe ? Moe(l, T, hp, h_gemm, yp, ctx) : Mlp(L.dense, T, h_gemm, yp, false);
     if (!st.ok()) return st;
-    backend_->Add(T * H, xp, yp, xp);
   }
   return absl::OkStatus();
+}
+
+ActivationView DeepseekV3Model::FinalNorm(int64_t rows, float* x, const float* y, float* out,
+                                          uint16_t* out_bf16) {
+  const int64_t H = config_.hidden_size;
+  const float eps = static_cast<float>(config_.rms_norm_eps);
+  const float* norm = weights_->final_norm->as<float>();
+  if (!fused_ops_) {
+    backend_->RmsNorm(rows, H, x, H, norm, eps, out, H);
+    return out;
+  }
+  if (Bf16Operands()) {
+    backend_->AddRmsNorm(rows, H, x, y, norm, eps, nullptr, out_bf16);
+    return ActivationView::Bf16(out_bf16);
+  }
+  if (out == x) {
+    // AddRmsNorm's output may not alias x: y is null here (Step adds it before gathering).
+    backend_->RmsNorm(rows, H, x, H, norm, eps, out, H);
+  } else {
+    backend_->AddRmsNorm(rows, H, x, y, norm, eps, out, nullptr);
+  }
+  return out;
 }
 
 std::optional<absl::StatusOr<StepOutput>> DeepseekV3Model::DecodeWithGraph(
@@ -590,21 +645,24 @@ absl::Status DeepseekV3Model::DecodeForward(const DecodeGraph& g) {
   ctx.max_blocks_per_seq = graph_max_blocks_;
   ctx.cache = graph_cache_;
   ctx.device_only = true;
-  auto x = Floats(B * H);
-  if (absl::Status st = Layers(ctx, in, x->as<float>()); !st.ok()) return st;
+  auto x = Floats(B * H), y = Floats(B * H);
+  if (absl::Status st = Layers(ctx, in, x->as<float>(), y->as<float>()); !st.ok()) return st;
   // Every row is a sequence's last token: final norm, LM head and greedy pick for all of them.
   auto sel = Floats(B * H);
-  backend_->RmsNorm(B, H, x->as<float>(), H, weights_->final_norm->as<float>(),
-                    static_cast<float>(c.rms_norm_eps), sel->as<float>(), H);
+  auto sel16 = backend_->AllocateScratch(Bf16Operands() ? B * H * sizeof(uint16_t) : 1);
+  const ActivationView head_in =
+      FinalNorm(B, x->as<float>(), ResidualPending() ? y->as<float>() : nullptr, sel->as<float>(),
+                sel16->as<uint16_t>());
   auto logits = Floats(B * V);
-  backend_->Gemm(B, V, H, sel->as<float>(), H, weights_->Matrix(weights_->lm_head), H,
-                 logits->as<float>(), V, false);
+  backend_->Gemm(B, V, H, head_in, H, weights_->Matrix(weights_->lm_head), H, logits->as<float>(),
+                 V, false);
   int32_t* out = g.outputs->as<int32_t>();
   backend_->GreedySampleRows(B, V, logits->as<float>(), out, reinterpret_cast<float*>(out + B));
   return absl::OkStatus();
 }
 
-void DeepseekV3Model::Attention(int64_t layer, const StepContext& ctx, const float* h, float* out) {
+void DeepseekV3Model::Attention(int64_t layer, const StepContext& ctx, ActivationView h,
+                                float* out) {
   const ModelConfig& c = config_;
   const ModelWeights& W = *weights_;
   const LayerWeights& L = W.layers[layer];
@@ -619,9 +677,18 @@ void DeepseekV3Model::Attention(int64_t layer, const StepContext& ctx, const flo
     const int64_t r = c.q_lora_rank;
     auto qa = Floats(T * r);
     backend_->Gemm(T, r, H, h, H, W.Matrix(L.q_a), H, qa->as<float>(), r, false);
-    backend_->RmsNorm(T, r, qa->as<float>(), r, L.q_a_norm->as<float>(), kLatentNormEps,
-                      qa->as<float>(), r);
-    backend_->Gemm(T, qdim, r, qa->as<float>(), r, W.Matrix(L.q_b), r, q->as<float>(), qdim, false);
+    if (Bf16Operands()) {
+      auto qa16 = backend_->AllocateScratch(T * r * sizeof(uint16_t));
+      backend_->AddRmsNorm(T, r, qa->as<float>(), nullptr, L.q_a_norm->as<float>(), kLatentNormEps,
+                           nullptr, qa16->as<uint16_t>());
+      backend_->Gemm(T, qdim, r, ActivationView::Bf16(qa16->as<uint16_t>()), r, W.Matrix(L.q_b), r,
+                     q->as<float>(), qdim, false);
+    } else {
+      backend_->RmsNorm(T, r, qa->as<float>(), r, L.q_a_norm->as<float>(), kLatentNormEps,
+                        qa->as<float>(), r);
+      backend_->Gemm(T, qdim, r, qa->as<float>(), r, W.Matrix(L.q_b), r, q->as<float>(), qdim,
+                     false);
+    }
   } else {
     backend_->Gemm(T, qdim, H, h, H, W.Matrix(L.q), H, q->as<float>(), qdim, false);
   }
@@ -629,17 +696,37 @@ void DeepseekV3Model::Attention(int64_t layer, const StepContext& ctx, const flo
   const int64_t kvw = kvl + rope;
   auto kv = Floats(T * kvw);
   backend_->Gemm(T, kvw, H, h, H, W.Matrix(L.kv_a), H, kv->as<float>(), kvw, false);
-  auto latent = Floats(T * kvl);
-  backend_->RmsNorm(T, kvl, kv->as<float>(), kvw, L.kv_a_norm->as<float>(), kLatentNormEps,
-                    latent->as<float>(), kvl);
   const bool il = c.rope_interleave;
-  backend_->ApplyRope(T, 1, kv->as<float>() + kvl, kvw, 0, rope, positions, inv_freq_->as<float>(),
-                      rope_attention_factor_, il);
-  backend_->ApplyRope(T, nh, q->as<float>() + nope, qdim, qk, rope, positions,
-                      inv_freq_->as<float>(), rope_attention_factor_, il);
   const PagedLatentCacheView view = ctx.cache->LayerView(static_cast<int32_t>(layer));
-  backend_->WriteLatentCache(T, latent->as<float>(), kvl, kv->as<float>() + kvl, kvw, ctx.slots,
-                             view);
+  if (fused_ops_) {
+    NormRopeCacheArgs nr;
+    nr.tokens = T;
+    nr.kv = kv->as<float>();
+    nr.ld_kv = kvw;
+    nr.norm_weight = L.kv_a_norm->as<float>();
+    nr.eps = kLatentNormEps;
+    nr.q = q->as<float>() + nope;
+    nr.q_heads = nh;
+    nr.q_token_stride = qdim;
+    nr.q_head_stride = qk;
+    nr.positions = positions;
+    nr.inv_freq = inv_freq_->as<float>();
+    nr.attention_factor = rope_attention_factor_;
+    nr.interleaved = il;
+    nr.slots = ctx.slots;
+    nr.cache = view;
+    backend_->NormRopeWriteLatentCache(nr);
+  } else {
+    auto latent = Floats(T * kvl);
+    backend_->RmsNorm(T, kvl, kv->as<float>(), kvw, L.kv_a_norm->as<float>(), kLatentNormEps,
+                      latent->as<float>(), kvl);
+    backend_->ApplyRope(T, 1, kv->as<float>() + kvl, kvw, 0, rope, positions,
+                        inv_freq_->as<float>(), rope_attention_factor_, il);
+    backend_->ApplyRope(T, nh, q->as<float>() + nope, qdim, qk, rope, positions,
+                        inv_freq_->as<float>(), rope_attention_factor_, il);
+    backend_->WriteLatentCache(T, latent->as<float>(), kvl, kv->as<float>() + kvl, kvw, ctx.slots,
+                               view);
+  }
 
   // Absorb W_uk into the query: q_latent[t, h] = q_nope[t, h] · W_uk[h], all heads in one
   // batched GEMM (head h: the nope slice of q's head h, block h of w_uk_t, column block h).
@@ -674,19 +761,27 @@ void DeepseekV3Model::Attention(int64_t layer, const StepContext& ctx, const flo
                  false);
 }
 
-absl::Status DeepseekV3Model::Mlp(const MlpWeights& w, int64_t rows, const float* h, float* out) {
+absl::Status DeepseekV3Model::Mlp(const MlpWeights& w, int64_t rows, ActivationView h, float* out,
+                                  bool accumulate) {
   const int64_t H = config_.hidden_size, I = w.inter;
   auto gu = Floats(rows * 2 * I);
   backend_->Gemm(rows, 2 * I, H, h, H, weights_->Matrix(w.gate_up), H, gu->as<float>(), 2 * I,
                  false);
+  if (Bf16Operands()) {
+    auto act16 = backend_->AllocateScratch(rows * I * sizeof(uint16_t));
+    backend_->SiluMulBf16(rows, I, gu->as<float>(), act16->as<uint16_t>());
+    backend_->Gemm(rows, H, I, ActivationView::Bf16(act16->as<uint16_t>()), I,
+                   weights_->Matrix(w.down), I, out, H, accumulate);
+    return absl::OkStatus();
+  }
   auto act = Floats(rows * I);
   backend_->SiluMul(rows, I, gu->as<float>(), act->as<float>());
-  backend_->Gemm(rows, H, I, act->as<float>(), I, weights_->Matrix(w.down), I, out, H, false);
+  backend_->Gemm(rows, H, I, act->as<float>(), I, weights_->Matrix(w.down), I, out, H, accumulate);
   return absl::OkStatus();
 }
 
-absl::Status DeepseekV3Model::Moe(int64_t layer, int64_t rows, const float* h, float* out,
-                                  const StepContext& ctx) {
+absl::Status DeepseekV3Model::Moe(int64_t layer, int64_t rows, const float* h,
+                                  ActivationView h_gemm, float* out, const StepContext& ctx) {
   const ModelConfig& c = config_;
   const LayerWeights& L = weights_->layers[layer];
   const int64_t H = c.hidden_size, E = c.n_routed_experts, K = c.num_experts_per_tok;
@@ -720,7 +815,7 @@ absl::Status DeepseekV3Model::Moe(int64_t layer, int64_t rows, const float* h, f
   if (!expert_tables_.empty() && RoutedExpertsOnDevice(layer, rows, h, topk_ids->as<int32_t>(),
                                                        topk_w->as<float>(), out)) {
     count();
-    return SharedExperts(L, rows, h, out);
+    return SharedExperts(L, rows, h_gemm, out);
   }
   if (ctx.device_only) {
     return absl::FailedPreconditionError(
@@ -751,7 +846,7 @@ absl::Status DeepseekV3Model::Moe(int64_t layer, int64_t rows, const float* h, f
   backend_->CopyDeviceToDevice(zero->data(), rows * H * sizeof(float), out);
   st = dispatcher_->Combine(d, expert_out->as<float>(), out);
   if (!st.ok()) return st;
-  return SharedExperts(L, rows, h, out);
+  return SharedExperts(L, rows, h_gemm, out);
 }
 
 bool DeepseekV3Model::RoutedExpertsOnDevice(int64_t layer, int64_t rows, const float* h,
@@ -778,12 +873,14 @@ bool DeepseekV3Model::RoutedExpertsOnDevice(int64_t layer, int64_t rows, const f
 }
 
 // out += shared experts(h), after the routed sum, as HF and DeepSeek add them.
-absl::Status DeepseekV3Model::SharedExperts(const LayerWeights& L, int64_t rows, const float* h,
+absl::Status DeepseekV3Model::SharedExperts(const LayerWeights& L, int64_t rows, ActivationView h,
                                             float* out) {
   if (config_.n_shared_experts == 0) return absl::OkStatus();
+  // Fused: the down projection adds into out itself (one fp32 addition per element, as Add).
+  if (fused_ops_) return Mlp(L.shared, rows, h, out, /*accumulate=*/true);
   const int64_t H = config_.hidden_size;
   auto shared = Floats(rows * H);
-  absl::Status st = Mlp(L.shared, rows, h, shared->as<float>());
+  absl::Status st = Mlp(L.shared, rows, h, shared->as<float>(), false);
   if (!st.ok()) return st;
   backend_->Add(rows * H, out, shared->as<float>(), out);
   return absl::OkStatus();

@@ -86,6 +86,13 @@ class DeepseekV3Model {
   // Replaces the decode graph options (drops graphs recorded so far).
   void SetDecodeGraphOptions(const DecodeGraphOptions& options);
   const DecodeGraphOptions& decode_graph_options() const { return graph_options_; }
+  // Fused ops (default on): each residual add goes into the next norm (Backend::AddRmsNorm),
+  // norms and SiLU-mul hand bf16 weights' GEMMs their operand already in bf16, and the shared
+  // experts' down projection accumulates into the routed sum. The same values as the unfused
+  // ops (every rounding as before; only cuBLAS's kernel choice may differ). Off: the op per
+  // step of before, for measurements. Drops recorded decode graphs.
+  void SetFusedOps(bool on);
+  bool fused_ops() const { return fused_ops_; }
   // Batch sizes decode steps are padded to: 1 2 4 8 16 24 32 48 64 96 128 160 192 256, then
   // steps of 64, those <= max_batch, and max_batch itself last.
   static std::vector<int64_t> DecodeGraphBuckets(int64_t max_batch);
@@ -129,8 +136,15 @@ class DeepseekV3Model {
                                                 const float* logits, int64_t rows);
   struct DecodeGraph;  // one bucket's recorded decode step and its persistent buffers
   // Embedding and every layer for ctx's tokens (ids: device [T]); x [T, hidden] ends as the
-  // residual stream after the last layer.
-  absl::Status Layers(const StepContext& ctx, const int32_t* ids, float* x);
+  // residual stream after the last layer, except that when ResidualPending() the last layer's
+  // output, left in y [T, hidden], is still to be added (the caller fuses it into the final
+  // norm).
+  absl::Status Layers(const StepContext& ctx, const int32_t* ids, float* x, float* y);
+  bool ResidualPending() const { return fused_ops_ && config_.num_hidden_layers > 0; }
+  // The final norm of `rows` rows of x (contiguous): into out, or with fused ops and bf16
+  // weights into out_bf16 (the LM head's operand); returns the LM head's operand. y: with
+  // fused ops, the last layer's output still to be added to x (null: already added).
+  ActivationView FinalNorm(int64_t rows, float* x, const float* y, float* out, uint16_t* out_bf16);
   // The decode fast path (see DecodeGraphOptions): nullopt when the batch does not qualify (the
   // caller then runs the general path, which also reports malformed input).
   std::optional<absl::StatusOr<StepOutput>> DecodeWithGraph(const std::vector<SequenceStep>& batch,
@@ -139,14 +153,23 @@ class DeepseekV3Model {
   // is recorded and replayed.
   absl::Status DecodeForward(const DecodeGraph& g);
   void DropDecodeGraphs();
-  void Attention(int64_t layer, const StepContext& ctx, const float* h, float* out);
-  absl::Status Mlp(const MlpWeights& w, int64_t rows, const float* h, float* out);
-  absl::Status Moe(int64_t layer, int64_t rows, const float* h, float* out, const StepContext& ctx);
+  // h: the normed rows as the GEMMs take them (bf16 with fused ops and bf16 weights).
+  void Attention(int64_t layer, const StepContext& ctx, ActivationView h, float* out);
+  // out = MLP(h), or out += MLP(h) with accumulate.
+  absl::Status Mlp(const MlpWeights& w, int64_t rows, ActivationView h, float* out,
+                   bool accumulate);
+  // h: fp32 (router, routed experts); h_gemm: the same rows for the shared experts' GEMM.
+  absl::Status Moe(int64_t layer, int64_t rows, const float* h, ActivationView h_gemm, float* out,
+                   const StepContext& ctx);
+  // With fused ops and bf16 weights: a bf16 copy of the normed rows feeds the GEMMs.
+  bool Bf16Operands() const {
+    return fused_ops_ && weights_->matrix_dtype == WeightDType::kBFloat16;
+  }
   // Backend::RoutedExperts for one rank hosting every expert; false: use the dispatcher.
   bool RoutedExpertsOnDevice(int64_t layer, int64_t rows, const float* h, const int32_t* topk_ids,
                              const float* topk_w, float* out);
   void BuildExpertTables();
-  absl::Status SharedExperts(const LayerWeights& L, int64_t rows, const float* h, float* out);
+  absl::Status SharedExperts(const LayerWeights& L, int64_t rows, ActivationView h, float* out);
   // Per-step temporaries, written by an op before they are read (not zeroed).
   std::unique_ptr<DeviceBuffer> Floats(int64_t n) {
     return backend_->AllocateScratch(n * sizeof(float));
@@ -175,6 +198,7 @@ class DeepseekV3Model {
   // Decode graphs, per bucket, valid for the cache they were made with (graph_cache_id_): they
   // hold its addresses, as they hold the expert tables' (dropped by BuildExpertTables).
   DecodeGraphOptions graph_options_;
+  bool fused_ops_ = true;
   std::vector<int64_t> graph_buckets_;
   std::map<int64_t, std::unique_ptr<DecodeGraph>> decode_graphs_;
   std::set<int64_t> failed_buckets_;  // recording failed: general path from then on

@@ -400,6 +400,41 @@ TEST(ModelCacheTest, Bf16BackendKeepsABf16CacheThatDecodeReadsBackAsPrefillDid) 
   EXPECT_LE(MaxDiff(last->logits[0], want), 1e-5f);
 }
 
+// Fused ops (AddRmsNorm, bf16 GEMM operands, the shared experts accumulating into the routed
+// sum) must give exactly the values of the unfused op sequence on the CPU reference: every
+// rounding and every fp32 addition is the same, only fewer passes. Prefill and decode, fp32 and
+// bf16 weights (the fixture has q_lora, so the q_a norm's bf16 operand is covered too).
+TEST(ModelFusedOpsTest, FusedOpsGiveBitIdenticalLogits) {
+  for (WeightDType dt : {WeightDType::kFloat32, WeightDType::kBFloat16}) {
+    SCOPED_TRACE(WeightDTypeName(dt));
+    CpuBackend be(2, dt);
+    auto m = LoadDeepseekV3(FixtureDir(), &be);
+    ASSERT_TRUE(m.ok()) << m.status();
+    EXPECT_TRUE((*m)->fused_ops());  // the default
+    std::vector<std::vector<float>> logits[2];
+    for (bool fused : {true, false}) {
+      (*m)->SetFusedOps(fused);
+      auto pool = KvBlockPool::Create(&be, (*m)->CacheOptions(16, 4));
+      ASSERT_TRUE(pool.ok());
+      const auto a = *(*pool)->Allocate(4), b = *(*pool)->Allocate(4);
+      auto prefill = (*m)->Step(
+          {MakeStep(Prompt(9, 1), 0, a, true), MakeStep(Prompt(5, 2), 0, b, false)}, pool->get());
+      ASSERT_TRUE(prefill.ok()) << prefill.status();
+      auto decode =
+          (*m)->Step({MakeStep({7}, 9, a, false), MakeStep({11}, 5, b, false)}, pool->get());
+      ASSERT_TRUE(decode.ok()) << decode.status();
+      for (auto* out : {&*prefill, &*decode}) {
+        for (auto& row : out->logits) logits[fused].push_back(row);
+      }
+    }
+    ASSERT_EQ(logits[0].size(), logits[1].size());
+    for (size_t i = 0; i < logits[0].size(); ++i) {
+      ASSERT_FALSE(logits[0][i].empty());
+      EXPECT_EQ(logits[0][i], logits[1][i]) << "logits " << i;
+    }
+  }
+}
+
 TEST(ModelLoadTest, EmptyBatchStillDispatchesAndCombinesInEveryMoeLayer) {
   CpuBackend be(1);
   int dispatches = 0, combines = 0;

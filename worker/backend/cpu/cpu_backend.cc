@@ -87,9 +87,20 @@ void CpuBackend::CopyDeviceToDevice(const void* src, size_t bytes, void* dst) {
   if (bytes > 0) std::memmove(dst, src, bytes);
 }
 
-void CpuBackend::Gemm(int64_t m, int64_t n, int64_t k, const float* a, int64_t lda, WeightView wv,
-                      int64_t ldw, float* c, int64_t ldc, bool accumulate) {
+void CpuBackend::Gemm(int64_t m, int64_t n, int64_t k, ActivationView av, int64_t lda,
+                      WeightView wv, int64_t ldw, float* c, int64_t ldc, bool accumulate) {
   if (m <= 0 || n <= 0) return;
+  std::vector<float> widened;  // a bf16 a as fp32 (exact; rounding it again changes nothing)
+  const float* a = static_cast<const float*>(av.data);
+  if (av.dtype == WeightDType::kBFloat16) {
+    const uint16_t* a16 = static_cast<const uint16_t*>(av.data);
+    widened.resize(m * k);
+    for (int64_t i = 0; i < m; ++i) {
+      for (int64_t p = 0; p < k; ++p) widened[i * k + p] = Bf16BitsToFloat(a16[i * lda + p]);
+    }
+    a = widened.data();
+    lda = k;
+  }
   // fp32 kernel on rows [i0, i1) x columns [j0, j1); w row j is at w + (j - j0) * ldw.
   auto f32 = [&](const float* a_rows, int64_t a_ld, int64_t i0, int64_t i1, const float* w,
                  int64_t w_ld, int64_t j0, int64_t j1) {
@@ -181,6 +192,18 @@ void CpuBackend::RmsNorm(int64_t rows, int64_t dim, const float* x, int64_t ldx,
   });
 }
 
+void CpuBackend::AddRmsNorm(int64_t rows, int64_t dim, float* x, const float* y,
+                            const float* weight, float eps, float* out, uint16_t* out_bf16) {
+  // Exactly Add, then RmsNorm, then the rounding of a bf16 Gemm operand.
+  if (y != nullptr) Add(rows * dim, x, y, x);
+  std::vector<float> scratch(out == nullptr ? rows * dim : 0);
+  float* normed = out != nullptr ? out : scratch.data();
+  RmsNorm(rows, dim, x, dim, weight, eps, normed, dim);
+  if (out_bf16 != nullptr) {
+    for (int64_t i = 0; i < rows * dim; ++i) out_bf16[i] = FloatToBf16Bits(normed[i]);
+  }
+}
+
 void CpuBackend::Add(int64_t n, const float* a, const float* b, float* out) {
   pool_.ParallelFor(n, 1 << 14, [&](int64_t s, int64_t e) {
     for (int64_t i = s; i < e; ++i) out[i] = a[i] + b[i];
@@ -199,6 +222,29 @@ void CpuBackend::SiluMul(int64_t rows, int64_t inter, const float* x, float* out
                         }
                       }
                     });
+}
+
+void CpuBackend::NormRopeWriteLatentCache(const NormRopeCacheArgs& a) {
+  // The four ops it stands for, in order (the reference for the fused GPU kernel).
+  const int64_t T = a.tokens, L = a.cache.latent_dim, R = a.cache.rope_dim;
+  if (T <= 0) return;
+  std::vector<float> latent(T * L), key(T * R);
+  RmsNorm(T, L, a.kv, a.ld_kv, a.norm_weight, a.eps, latent.data(), L);
+  for (int64_t t = 0; t < T; ++t) {
+    std::memcpy(key.data() + t * R, a.kv + t * a.ld_kv + L, R * sizeof(float));
+  }
+  ApplyRope(T, 1, key.data(), R, 0, R, a.positions, a.inv_freq, a.attention_factor, a.interleaved);
+  if (a.q_heads > 0) {
+    ApplyRope(T, a.q_heads, a.q, a.q_token_stride, a.q_head_stride, R, a.positions, a.inv_freq,
+              a.attention_factor, a.interleaved);
+  }
+  WriteLatentCache(T, latent.data(), L, key.data(), R, a.slots, a.cache);
+}
+
+void CpuBackend::SiluMulBf16(int64_t rows, int64_t inter, const float* x, uint16_t* out) {
+  std::vector<float> act(rows * inter);
+  SiluMul(rows, inter, x, act.data());
+  for (int64_t i = 0; i < rows * inter; ++i) out[i] = FloatToBf16Bits(act[i]);
 }
 
 void CpuBackend::GatherRows(int64_t rows, int64_t dim, const float* src, const int32_t* idx,

@@ -32,8 +32,8 @@ class CpuBackend : public Backend {
   void CopyDeviceToDevice(const void* src, size_t bytes, void* dst) override;
   void Synchronize() override {}
 
-  void Gemm(int64_t m, int64_t n, int64_t k, const float* a, int64_t lda, WeightView w, int64_t ldw,
-            float* c, int64_t ldc, bool accumulate) override;
+  void Gemm(int64_t m, int64_t n, int64_t k, ActivationView a, int64_t lda, WeightView w,
+            int64_t ldw, float* c, int64_t ldc, bool accumulate) override;
   void BatchedGemm(int64_t batch, int64_t m, int64_t n, int64_t k, const float* a, int64_t lda,
                    int64_t stride_a, WeightView w, int64_t ldw, int64_t stride_w, float* c,
                    int64_t ldc, int64_t stride_c) override;
@@ -42,7 +42,11 @@ class CpuBackend : public Backend {
   void RmsNorm(int64_t rows, int64_t dim, const float* x, int64_t ldx, const float* weight,
                float eps, float* out, int64_t ldout) override;
   void Add(int64_t n, const float* a, const float* b, float* out) override;
+  void AddRmsNorm(int64_t rows, int64_t dim, float* x, const float* y, const float* weight,
+                  float eps, float* out, uint16_t* out_bf16) override;
   void SiluMul(int64_t rows, int64_t inter, const float* x, float* out) override;
+  void SiluMulBf16(int64_t rows, int64_t inter, const float* x, uint16_t* out) override;
+  void NormRopeWriteLatentCache(const NormRopeCacheArgs& args) override;
   void GatherRows(int64_t rows, int64_t dim, const float* src, const int32_t* idx,
                   float* dst) override;
   void ScatterAddRows(int64_t rows, int64_t dim, const float* src, const int32_t* idx,

@@ -2,6 +2,7 @@
 #include "worker/backend/cpu/cpu_backend.h"
 
 #include <cmath>
+#include <cstdint>
 #include <limits>
 #include <random>
 #include <utility>
@@ -87,6 +88,100 @@ TEST(CpuBackendTest, Bf16GemmEqualsFp32GemmOfRoundedOperands) {
         }
       }
     }
+  }
+}
+
+// The fused ops are defined as the ops they replace: same bits.
+TEST(CpuBackendTest, FusedOpsEqualTheOpsTheyReplace) {
+  CpuBackend be(2, WeightDType::kBFloat16);
+  std::mt19937 gen(7);
+  std::normal_distribution<float> d(0.0f, 2.0f);
+  auto random = [&](int64_t n) {
+    std::vector<float> v(n);
+    for (float& x : v) x = d(gen);
+    return v;
+  };
+  const int64_t rows = 3, dim = 96, n = 40;
+  // AddRmsNorm = Add, RmsNorm, rounding.
+  auto x = random(rows * dim), y = random(rows * dim), w = random(dim);
+  std::vector<float> fx = x, fout(rows * dim), ux = x, uout(rows * dim);
+  std::vector<uint16_t> f16(rows * dim);
+  be.AddRmsNorm(rows, dim, fx.data(), y.data(), w.data(), 1e-6f, fout.data(), f16.data());
+  be.Add(rows * dim, ux.data(), y.data(), ux.data());
+  be.RmsNorm(rows, dim, ux.data(), dim, w.data(), 1e-6f, uout.data(), dim);
+  EXPECT_EQ(fx, ux);
+  EXPECT_EQ(fout, uout);
+  for (int64_t i = 0; i < rows * dim; ++i) ASSERT_EQ(f16[i], FloatToBf16Bits(uout[i]));
+  std::vector<uint16_t> only16(rows * dim);
+  be.AddRmsNorm(rows, dim, fx.data(), nullptr, w.data(), 1e-6f, nullptr, only16.data());
+  std::vector<float> again(rows * dim);
+  be.RmsNorm(rows, dim, fx.data(), dim, w.data(), 1e-6f, again.data(), dim);
+  for (int64_t i = 0; i < rows * dim; ++i) ASSERT_EQ(only16[i], FloatToBf16Bits(again[i]));
+
+  // Gemm of a bf16 operand = Gemm of the fp32 rows it was rounded from (bf16 weights), also
+  // with a row stride and accumulating.
+  auto wm = random(n * dim);
+  auto wbuf = be.UploadWeight(wm.data(), wm.size());
+  const WeightView wv(wbuf->data(), WeightDType::kBFloat16);
+  const int64_t lda = dim + 8;
+  auto a = random(rows * lda);
+  std::vector<uint16_t> a16(a.size());
+  for (size_t i = 0; i < a.size(); ++i) a16[i] = FloatToBf16Bits(a[i]);
+  for (bool accumulate : {false, true}) {
+    auto c0 = random(rows * n);
+    std::vector<float> c32 = c0, c16 = c0;
+    be.Gemm(rows, n, dim, a.data(), lda, wv, dim, c32.data(), n, accumulate);
+    be.Gemm(rows, n, dim, ActivationView::Bf16(a16.data()), lda, wv, dim, c16.data(), n,
+            accumulate);
+    EXPECT_EQ(c16, c32) << "accumulate " << accumulate;
+  }
+
+  // SiluMulBf16 = SiluMul, rounded.
+  auto g = random(rows * 2 * n);
+  std::vector<float> act(rows * n);
+  std::vector<uint16_t> act16(rows * n);
+  be.SiluMul(rows, n, g.data(), act.data());
+  be.SiluMulBf16(rows, n, g.data(), act16.data());
+  for (int64_t i = 0; i < rows * n; ++i) ASSERT_EQ(act16[i], FloatToBf16Bits(act[i]));
+}
+
+// NormRopeWriteLatentCache = RmsNorm + ApplyRope (key) + ApplyRope (query) + WriteLatentCache.
+TEST(CpuBackendTest, NormRopeWriteLatentCacheEqualsTheFourOps) {
+  CpuBackend be(2);
+  std::mt19937 gen(11);
+  std::normal_distribution<float> d(0.0f, 1.0f);
+  auto random = [&](int64_t n) {
+    std::vector<float> v(n);
+    for (float& x : v) x = d(gen);
+    return v;
+  };
+  const int64_t T = 3, L = 32, R = 8, nh = 2, qk = 4 + R, kvw = L + R, slots_total = 8;
+  const std::vector<int32_t> positions = {0, 5, 900}, slots = {6, 1, 3};
+  const std::vector<float> inv_freq = {1.0f, 0.1f, 0.01f, 0.001f};
+  for (WeightDType dt : {WeightDType::kFloat32, WeightDType::kBFloat16}) {
+    const auto kv = random(T * kvw), q = random(T * nh * qk), w = random(L);
+    const size_t bytes = slots_total * kvw * WeightDTypeSize(dt);
+    std::vector<uint8_t> fused_cache(bytes, 0), unfused_cache(bytes, 0);
+    PagedLatentCacheView view;
+    view.block_size = 4, view.latent_dim = L, view.rope_dim = R, view.dtype = dt;
+    std::vector<float> fq = q;
+    NormRopeCacheArgs a;
+    a.tokens = T, a.kv = kv.data(), a.ld_kv = kvw, a.norm_weight = w.data(), a.eps = 1e-6f;
+    a.q = fq.data() + 4, a.q_heads = nh, a.q_token_stride = nh * qk, a.q_head_stride = qk;
+    a.positions = positions.data(), a.inv_freq = inv_freq.data(), a.attention_factor = 1.1f;
+    a.interleaved = true, a.slots = slots.data(), a.cache = view;
+    a.cache.cache = fused_cache.data();
+    be.NormRopeWriteLatentCache(a);
+
+    std::vector<float> ukv = kv, uq = q, latent(T * L);
+    be.RmsNorm(T, L, ukv.data(), kvw, w.data(), 1e-6f, latent.data(), L);
+    be.ApplyRope(T, 1, ukv.data() + L, kvw, 0, R, positions.data(), inv_freq.data(), 1.1f, true);
+    be.ApplyRope(T, nh, uq.data() + 4, nh * qk, qk, R, positions.data(), inv_freq.data(), 1.1f,
+                 true);
+    view.cache = unfused_cache.data();
+    be.WriteLatentCache(T, latent.data(), L, ukv.data() + L, kvw, slots.data(), view);
+    EXPECT_EQ(fq, uq) << WeightDTypeName(dt);
+    EXPECT_EQ(fused_cache, unfused_cache) << WeightDTypeName(dt);
   }
 }
 

@@ -417,7 +417,19 @@ void CudaBackend::GemmOnCublas(int64_t m, int64_t n, int64_t k, const void* a, i
       "cublasGemmEx(bf16)");
 }
 
-void CudaBackend::Gemm(int64_t m, int64_t n, int64_t k, const float* a, int64_t lda, WeightView w,
+bool CudaBackend::SmallMGemm(const kernels::SmallMGemmParams& p) {
+  // Measured on the H200 (small_m_gemm_bench, docs/kernels.md): at m = 1 the kernel beat cuBLAS
+  // at every decode shape; at m = 4 only up to n = 3072 (from n = 5632 cuBLAS was faster: each
+  // weight chunk re-reads 4 activation rows from L1).
+  if (!small_m_gemm_ || (p.m > 1 && p.n > kSmallMGemmMaxColumnsAboveOneRow) ||
+      !kernels::SmallMGemmSupports(p)) {
+    return false;
+  }
+  Check(kernels::SmallMGemmBf16(p, stream_), "kernels::SmallMGemmBf16");
+  return true;
+}
+
+void CudaBackend::Gemm(int64_t m, int64_t n, int64_t k, ActivationView a, int64_t lda, WeightView w,
                        int64_t ldw, float* c, int64_t ldc, bool accumulate) {
   OpTimer timer(this, "Gemm");
   if (m <= 0 || n <= 0) return;
@@ -427,12 +439,27 @@ void CudaBackend::Gemm(int64_t m, int64_t n, int64_t k, const float* a, int64_t 
         absl::StrCat("CudaBackend::Gemm: sizes beyond int range (m ", m, " n ", n, " k ", k, ")")));
     return;
   }
+  const bool a_bf16 = a.dtype == WeightDType::kBFloat16;
   if (w.dtype == WeightDType::kFloat32) {
-    GemmOnCublas(m, n, k, a, lda, w, ldw, c, ldc, accumulate);
+    if (a_bf16) {
+      Record(absl::InvalidArgumentError(
+          "CudaBackend::Gemm: a bf16 activation operand needs bf16 weights, these are fp32"));
+      return;
+    }
+    GemmOnCublas(m, n, k, a.data, lda, w, ldw, c, ldc, accumulate);
+    return;
+  }
+  kernels::SmallMGemmParams p;
+  p.m = m, p.n = n, p.k = k, p.a = a.data, p.a_bf16 = a_bf16, p.lda = lda;
+  p.w = static_cast<const uint16_t*>(w.data), p.ldw = ldw, p.c = c, p.ldc = ldc;
+  p.accumulate = accumulate;
+  if (SmallMGemm(p)) return;
+  if (a_bf16) {
+    GemmOnCublas(m, n, k, a.data, lda, w, ldw, c, ldc, accumulate);
     return;
   }
   // Rounded with a's row stride kept, so lda stays valid (the gaps are rounded too, unused).
-  auto a16 = RoundToBf16(a, (m - 1) * lda + k);
+  auto a16 = RoundToBf16(static_cast<const float*>(a.data), (m - 1) * lda + k);
   GemmOnCublas(m, n, k, a16->data(), lda, w, ldw, c, ldc, accumulate);
 }
 
@@ -457,6 +484,11 @@ void CudaBackend::BatchedGemm(int64_t batch, int64_t m, int64_t n, int64_t k, co
               "cublasSgemmStridedBatched");
     return;
   }
+  kernels::SmallMGemmParams p;
+  p.m = m, p.n = n, p.k = k, p.a = a, p.lda = lda;
+  p.w = static_cast<const uint16_t*>(w.data), p.ldw = ldw, p.c = c, p.ldc = ldc;
+  p.batch = batch, p.stride_a = stride_a, p.stride_w = stride_w, p.stride_c = stride_c;
+  if (SmallMGemm(p)) return;
   // Every element any product reads lies in the first (batch-1)*stride_a + (m-1)*lda + k.
   auto a16 = RoundToBf16(a, (batch - 1) * stride_a + (m - 1) * lda + k);
   CheckBlas(cublasGemmStridedBatchedEx(
@@ -505,6 +537,13 @@ void CudaBackend::RmsNorm(int64_t rows, int64_t dim, const float* x, int64_t ldx
         "kernels::RmsNormF32");
 }
 
+void CudaBackend::AddRmsNorm(int64_t rows, int64_t dim, float* x, const float* y,
+                             const float* weight, float eps, float* out, uint16_t* out_bf16) {
+  OpTimer timer(this, "AddRmsNorm");
+  Check(kernels::AddRmsNormF32(rows, dim, x, y, weight, eps, out, out_bf16, stream_),
+        "kernels::AddRmsNormF32");
+}
+
 void CudaBackend::Add(int64_t n, const float* a, const float* b, float* out) {
   OpTimer timer(this, "Add");
   Check(kernels::AddF32(n, a, b, out, stream_), "kernels::AddF32");
@@ -513,6 +552,11 @@ void CudaBackend::Add(int64_t n, const float* a, const float* b, float* out) {
 void CudaBackend::SiluMul(int64_t rows, int64_t inter, const float* x, float* out) {
   OpTimer timer(this, "SiluMul");
   Check(kernels::SiluMulF32(rows, inter, x, out, stream_), "kernels::SiluMulF32");
+}
+
+void CudaBackend::SiluMulBf16(int64_t rows, int64_t inter, const float* x, uint16_t* out) {
+  OpTimer timer(this, "SiluMulBf16");
+  Check(kernels::SiluMulF32ToBf16(rows, inter, x, out, stream_), "kernels::SiluMulF32ToBf16");
 }
 
 void CudaBackend::GatherRows(int64_t rows, int64_t dim, const float* src, const int32_t* idx,
@@ -555,6 +599,30 @@ void CudaBackend::WriteLatentCache(int64_t tokens, const float* latent, int64_t 
   Check(
       kernels::WriteLatentCacheF32(tokens, latent, ld_latent, rope_key, ld_rope, slots, c, stream_),
       "kernels::WriteLatentCacheF32");
+}
+
+void CudaBackend::NormRopeWriteLatentCache(const NormRopeCacheArgs& a) {
+  OpTimer timer(this, "NormRopeWriteLatentCache");
+  kernels::NormRopeCacheParams p;
+  p.tokens = a.tokens;
+  p.kv = a.kv;
+  p.ld_kv = a.ld_kv;
+  p.norm_weight = a.norm_weight;
+  p.eps = a.eps;
+  p.latent_dim = a.cache.latent_dim;
+  p.rope_dim = a.cache.rope_dim;
+  p.q = a.q;
+  p.q_heads = a.q_heads;
+  p.q_token_stride = a.q_token_stride;
+  p.q_head_stride = a.q_head_stride;
+  p.positions = a.positions;
+  p.inv_freq = a.inv_freq;
+  p.attention_factor = a.attention_factor;
+  p.interleaved = a.interleaved;
+  p.slots = a.slots;
+  p.cache = a.cache.cache;
+  p.cache_bf16 = a.cache.dtype == WeightDType::kBFloat16;
+  Check(kernels::NormRopeWriteLatentCacheF32(p, stream_), "kernels::NormRopeWriteLatentCacheF32");
 }
 
 bool CudaBackend::UsesTensorCoreAttention(const MlaSequenceSpan& s) const {

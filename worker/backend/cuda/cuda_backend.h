@@ -39,6 +39,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
+#include "kernels/gemm/small_m_gemm.h"
 #include "kernels/moe/expert_gemm_cublas.h"
 #include "worker/backend/backend.h"
 
@@ -69,8 +70,19 @@ class CudaBackend : public Backend {
   // cudaMemGetInfo of device().
   absl::StatusOr<DeviceMemoryInfo> MemoryInfo() const override;
 
-  void Gemm(int64_t m, int64_t n, int64_t k, const float* a, int64_t lda, WeightView w, int64_t ldw,
-            float* c, int64_t ldc, bool accumulate) override;
+  // bf16 weights and one row, or up to kernels::kSmallMGemmMaxRows rows and at most
+  // kSmallMGemmMaxColumnsAboveOneRow columns (decode): kernels::SmallMGemmBf16 (one launch,
+  // reads an fp32 a and rounds it as it goes), where it takes the operands and small_m_gemm() is
+  // on; otherwise cuBLAS, after rounding an fp32 a to bf16 (a bf16 a goes to
+  // cuBLAS as it is). Same for BatchedGemm.
+  void Gemm(int64_t m, int64_t n, int64_t k, ActivationView a, int64_t lda, WeightView w,
+            int64_t ldw, float* c, int64_t ldc, bool accumulate) override;
+  // Whether Gemm / BatchedGemm use kernels::SmallMGemmBf16 for small m (default on); off: cuBLAS
+  // for every size, for before/after measurements.
+  void SetSmallMGemm(bool on) { small_m_gemm_ = on; }
+  // With more than one row, the small-m kernel only up to this many output columns.
+  static constexpr int64_t kSmallMGemmMaxColumnsAboveOneRow = 4096;
+  bool small_m_gemm() const { return small_m_gemm_; }
   void BatchedGemm(int64_t batch, int64_t m, int64_t n, int64_t k, const float* a, int64_t lda,
                    int64_t stride_a, WeightView w, int64_t ldw, int64_t stride_w, float* c,
                    int64_t ldc, int64_t stride_c) override;
@@ -117,7 +129,12 @@ class CudaBackend : public Backend {
   void RmsNorm(int64_t rows, int64_t dim, const float* x, int64_t ldx, const float* weight,
                float eps, float* out, int64_t ldout) override;
   void Add(int64_t n, const float* a, const float* b, float* out) override;
+  void AddRmsNorm(int64_t rows, int64_t dim, float* x, const float* y, const float* weight,
+                  float eps, float* out, uint16_t* out_bf16) override;
   void SiluMul(int64_t rows, int64_t inter, const float* x, float* out) override;
+  void SiluMulBf16(int64_t rows, int64_t inter, const float* x, uint16_t* out) override;
+  // kernels::NormRopeWriteLatentCacheF32: one launch.
+  void NormRopeWriteLatentCache(const NormRopeCacheArgs& args) override;
   void GatherRows(int64_t rows, int64_t dim, const float* src, const int32_t* idx,
                   float* dst) override;
   void ScatterAddRows(int64_t rows, int64_t dim, const float* src, const int32_t* idx,
@@ -200,6 +217,9 @@ class CudaBackend : public Backend {
                            int64_t rows, const void* permuted, void* expert_out);
   // One kernels::ExpertGemmsCublas call with expert_gemm_algo_.
   bool ExpertGemms(const kernels::ExpertGemmCublasParams& g, const char* which);
+  // Runs one Gemm / BatchedGemm on kernels::SmallMGemmBf16 when small_m_gemm_ is on and it takes
+  // the operands; false (nothing launched) otherwise.
+  bool SmallMGemm(const kernels::SmallMGemmParams& p);
   // Rounds the `elements` fp32 values at a to bf16 into a new scratch buffer.
   std::unique_ptr<DeviceBuffer> RoundToBf16(const float* a, int64_t elements);
   // Records the first failure; returns false if `st` is an error.
@@ -216,6 +236,7 @@ class CudaBackend : public Backend {
   bool op_timing_ = false;
   int32_t mla_prefill_min_tokens_ = kMlaPrefillMinTokens;
   bool in_timed_op_ = false;  // GroupedGemm calls Gemm: count only the outer op
+  bool small_m_gemm_ = true;
   std::map<std::string, OpTotal> op_totals_;
 
   kernels::ExpertGemmCublasAlgo expert_gemm_algo_ = kernels::ExpertGemmCublasAlgo::kChunked;

@@ -10,6 +10,7 @@
 #include <random>
 #include <sstream>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "gtest/gtest.h"
@@ -150,8 +151,20 @@ TEST_F(CudaBackendTest, Bf16GemmMatchesCpuBf16WithStridesAndAccumulate) {
 
 // The absorbed-MLA layouts: W_uk (a = the nope slice of each head of q, w = per-head [kvl, nope]
 // blocks) and W_uv (a = per-head latent slices, w = the value rows of kv_b, strided).
-TEST_F(CudaBackendTest, BatchedGemmMatchesCpuFp32AndBf16) {
-  const int64_t T = 9, nh = 16, nope = 128, rope = 64, vd = 128, kvl = 512, qk = nope + rope;
+class BatchedGemmTest : public CudaBackendTest,
+                        public ::testing::WithParamInterface<std::tuple<int64_t, bool>> {};
+
+// T = 9 tokens (cuBLAS), and T = 1 (decode) with the small-m kernel on and off.
+INSTANTIATE_TEST_SUITE_P(TokensAndSmallM, BatchedGemmTest,
+                         ::testing::Values(std::make_tuple(int64_t{9}, true),
+                                           std::make_tuple(int64_t{1}, true),
+                                           std::make_tuple(int64_t{1}, false),
+                                           std::make_tuple(int64_t{3}, true)));
+
+TEST_P(BatchedGemmTest, MatchesCpuFp32AndBf16) {
+  gpu_->SetSmallMGemm(std::get<1>(GetParam()));
+  const int64_t T = std::get<0>(GetParam()), nh = 16, nope = 128, rope = 64, vd = 128, kvl = 512,
+                qk = nope + rope;
   struct Case {
     const char* name;
     int64_t m, n, k, lda, stride_a, ldw, stride_w, ldc, stride_c, a_size, w_size, c_size;
@@ -185,6 +198,96 @@ TEST_F(CudaBackendTest, BatchedGemmMatchesCpuFp32AndBf16) {
                 << "\n";
     }
   }
+  EXPECT_TRUE(gpu_->status().ok()) << gpu_->status();
+}
+
+// A bf16 activation operand (what AddRmsNorm / SiluMulBf16 write) gives bit for bit what the
+// fp32 operand it was rounded from gives, on cuBLAS (m > 4, or small-m off) and on the small-m
+// kernel; both within the bf16 bound of the CPU.
+TEST_F(CudaBackendTest, Bf16ActivationOperandGivesTheSameBitsAsRoundingInGemm) {
+  const int64_t n = 576, k = 2048;
+  for (int64_t m : {1, 3, 4, 9, 130}) {
+    for (bool small_m : {true, false}) {
+      for (bool accumulate : {false, true}) {
+        gpu_->SetSmallMGemm(small_m);
+        const uint32_t seed = testing::FreshSeed();
+        SCOPED_TRACE(::testing::Message() << "m " << m << " small_m " << small_m << " accumulate "
+                                          << accumulate << " seed " << seed);
+        auto a = testing::RandomFloats(m * k, seed);
+        auto w = testing::RandomFloats(n * k, seed + 1);
+        auto out = testing::RandomFloats(m * n, seed + 2);
+        std::vector<uint16_t> a16(a.size());
+        for (size_t i = 0; i < a.size(); ++i) a16[i] = FloatToBf16Bits(a[i]);
+        std::vector<std::unique_ptr<DeviceBuffer>> keep;
+        std::vector<float> want = out;
+        cpu16_.Gemm(m, n, k, ActivationView::Bf16(a16.data()), k, CpuBf16(w, &keep), k, want.data(),
+                    n, accumulate);
+        const WeightView gw = GpuBf16(w, &keep);
+        auto da = Upload(a), dc32 = Upload(out), dc16 = Upload(out);
+        auto da16 = gpu_->Allocate(a16.size() * sizeof(uint16_t));
+        gpu_->CopyToDevice(a16.data(), a16.size() * sizeof(uint16_t), da16->data());
+        gpu_->Gemm(m, n, k, da->as<float>(), k, gw, k, dc32->as<float>(), n, accumulate);
+        gpu_->Gemm(m, n, k, ActivationView::Bf16(da16->as<uint16_t>()), k, gw, k, dc16->as<float>(),
+                   n, accumulate);
+        const std::vector<float> got32 = Download(*dc32), got16 = Download(*dc16);
+        EXPECT_TRUE(AllClose(got16, got32, 0, 0));
+        EXPECT_TRUE(AllClose(got16, want, 2e-3, 1e-4));
+      }
+    }
+  }
+  EXPECT_TRUE(gpu_->status().ok()) << gpu_->status();
+}
+
+TEST_F(CudaBackendTest, Bf16ActivationWithFp32WeightsIsAnError) {
+  auto a = gpu_->Allocate(64 * sizeof(uint16_t));
+  auto w = Upload(std::vector<float>(64 * 8, 1.0f));
+  auto c = gpu_->Allocate(8 * sizeof(float));
+  gpu_->Gemm(1, 8, 64, ActivationView::Bf16(a->as<uint16_t>()), 64, w->as<float>(), 64,
+             c->as<float>(), 8, false);
+  EXPECT_EQ(gpu_->status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(gpu_->status().message().find("bf16 weights"), std::string::npos) << gpu_->status();
+}
+
+// The backend ops behind the model's fused step, against the CPU reference.
+TEST_F(CudaBackendTest, AddRmsNormAndSiluMulBf16MatchCpu) {
+  const int64_t rows = 5, dim = 2048, inter = 1408;
+  const uint32_t seed = testing::FreshSeed();
+  SCOPED_TRACE(::testing::Message() << "seed " << seed);
+  auto x = testing::RandomFloats(rows * dim, seed, 3.0f);
+  auto y = testing::RandomFloats(rows * dim, seed + 1);
+  auto wn = testing::RandomFloats(dim, seed + 2);
+  std::vector<float> cx = x, cout(rows * dim);
+  std::vector<uint16_t> c16(rows * dim);
+  cpu_.AddRmsNorm(rows, dim, cx.data(), y.data(), wn.data(), 1e-6f, cout.data(), c16.data());
+  auto dx = Upload(x), dy = Upload(y), dwn = Upload(wn), dout = Poisoned(rows * dim);
+  auto d16 = gpu_->Allocate(rows * dim * sizeof(uint16_t));
+  gpu_->AddRmsNorm(rows, dim, dx->as<float>(), dy->as<float>(), dwn->as<float>(), 1e-6f,
+                   dout->as<float>(), d16->as<uint16_t>());
+  EXPECT_TRUE(AllClose(Download(*dx), cx, 0, 0));
+  const std::vector<float> got = Download(*dout);
+  EXPECT_TRUE(AllClose(got, cout, 1e-5, 1e-5));
+  std::vector<uint16_t> g16(rows * dim);
+  gpu_->CopyToHost(d16->data(), g16.size() * sizeof(uint16_t), g16.data());
+  for (int64_t i = 0; i < rows * dim; ++i) {
+    ASSERT_EQ(g16[i], FloatToBf16Bits(got[i])) << "element " << i;  // its own fp32 output, rounded
+  }
+
+  auto g = testing::RandomFloats(rows * 2 * inter, seed + 3, 4.0f);
+  std::vector<uint16_t> want(rows * inter), act(rows * inter);
+  cpu_.SiluMulBf16(rows, inter, g.data(), want.data());
+  auto dg = Upload(g);
+  auto dact = gpu_->Allocate(act.size() * sizeof(uint16_t));
+  gpu_->SiluMulBf16(rows, inter, dg->as<float>(), dact->as<uint16_t>());
+  gpu_->CopyToHost(dact->data(), act.size() * sizeof(uint16_t), act.data());
+  int64_t differ = 0;
+  for (size_t i = 0; i < act.size(); ++i) {
+    // expf may differ from glibc's in the last fp32 bit, which can move the bf16 rounding by
+    // one bf16 ulp (rarely); never more.
+    const float a = Bf16BitsToFloat(act[i]), b = Bf16BitsToFloat(want[i]);
+    ASSERT_LE(std::abs(a - b), std::abs(b) / 128 + 1e-30f) << "element " << i;
+    differ += act[i] != want[i];
+  }
+  EXPECT_LE(differ, static_cast<int64_t>(act.size()) / 1000);
   EXPECT_TRUE(gpu_->status().ok()) << gpu_->status();
 }
 

@@ -1,0 +1,174 @@
+// Small-m bf16 GEMM: a group of G lanes (G = 32 for long rows, fewer for short ones) owns one
+// weight row at a time; each lane reads 16-byte chunks of it (8 bf16), several chunks in flight,
+// multiplies them with the same k slice of each of the m activation rows (read through L1, where
+// the rows stay: every group of the SM reads the same m rows), and the group sums its lanes'
+// partials with shuffles.
+#include "kernels/gemm/small_m_gemm.h"
+
+#include <cuda_bf16.h>
+
+namespace deepinfer {
+namespace kernels {
+namespace {
+
+constexpr int kThreads = 256;
+constexpr int kUnroll = 4;  // 16-byte weight chunks each lane has in flight
+
+__device__ __forceinline__ float Bf16Lo(uint32_t v) { return __uint_as_float(v << 16); }
+__device__ __forceinline__ float Bf16Hi(uint32_t v) { return __uint_as_float(v & 0xffff0000u); }
+__device__ __forceinline__ float RoundBf16(float x) {
+  return __bfloat162float(__float2bfloat16_rn(x));
+}
+
+// The 8 values a[p .. p+8) as fp32 (bf16-rounded).
+template <bool kBf16A>
+__device__ __forceinline__ void LoadA8(const void* row, int64_t p, float (&v)[8]) {
+  if constexpr (kBf16A) {
+    const uint4 q = __ldg(reinterpret_cast<const uint4*>(static_cast<const uint16_t*>(row) + p));
+    v[0] = Bf16Lo(q.x), v[1] = Bf16Hi(q.x), v[2] = Bf16Lo(q.y), v[3] = Bf16Hi(q.y);
+    v[4] = Bf16Lo(q.z), v[5] = Bf16Hi(q.z), v[6] = Bf16Lo(q.w), v[7] = Bf16Hi(q.w);
+  } else {
+    const float4* f = reinterpret_cast<const float4*>(static_cast<const float*>(row) + p);
+    const float4 x = __ldg(f), y = __ldg(f + 1);
+    v[0] = RoundBf16(x.x), v[1] = RoundBf16(x.y), v[2] = RoundBf16(x.z), v[3] = RoundBf16(x.w);
+    v[4] = RoundBf16(y.x), v[5] = RoundBf16(y.y), v[6] = RoundBf16(y.z), v[7] = RoundBf16(y.w);
+  }
+}
+
+template <int M, bool kBf16A, int G>
+__global__ void __launch_bounds__(kThreads)
+    SmallMGemmKernel(int64_t n, int64_t k, const void* __restrict__ a, int64_t lda,
+                     const uint16_t* __restrict__ w, int64_t ldw, float* __restrict__ c,
+                     int64_t ldc, bool accumulate, int64_t stride_a, int64_t stride_w,
+                     int64_t stride_c) {
+  constexpr int kRowsPerBlock = kThreads / G;
+  const int lane = threadIdx.x % G;
+  const int64_t j = static_cast<int64_t>(blockIdx.x) * kRowsPerBlock + threadIdx.x / G;
+  const int64_t b = blockIdx.y;
+  const size_t a_bytes = kBf16A ? 2 : 4;
+  const char* ab = static_cast<const char*>(a) + b * stride_a * a_bytes;
+  const uint16_t* wr = w + b * stride_w + j * ldw;
+  float acc[M];
+#pragma unroll
+  for (int r = 0; r < M; ++r) acc[r] = 0.0f;
+  if (j < n) {
+    constexpr int64_t kStep = 8 * G;  // k values per group pass
+    int64_t p = 8 * lane;
+    // Main loop: kUnroll chunks loaded before any is used.
+    for (; p + (kUnroll - 1) * kStep < k; p += kUnroll * kStep) {
+      uint4 wq[kUnroll];
+#pragma unroll
+      for (int u = 0; u < kUnroll; ++u) {
+        wq[u] = __ldg(reinterpret_cast<const uint4*>(wr + p + u * kStep));
+      }
+#pragma unroll
+      for (int u = 0; u < kUnroll; ++u) {
+        const float wv[8] = {Bf16Lo(wq[u].x), Bf16Hi(wq[u].x), Bf16Lo(wq[u].y), Bf16Hi(wq[u].y),
+                             Bf16Lo(wq[u].z), Bf16Hi(wq[u].z), Bf16Lo(wq[u].w), Bf16Hi(wq[u].w)};
+#pragma unroll
+        for (int r = 0; r < M; ++r) {
+          float av[8];
+          LoadA8<kBf16A>(ab + r * lda * a_bytes, p + u * kStep, av);
+#pragma unroll
+          for (int e = 0; e < 8; ++e) acc[r] = fmaf(av[e], wv[e], acc[r]);
+        }
+      }
+    }
+    for (; p < k; p += kStep) {
+      const uint4 q = __ldg(reinterpret_cast<const uint4*>(wr + p));
+      const float wv[8] = {Bf16Lo(q.x), Bf16Hi(q.x), Bf16Lo(q.y), Bf16Hi(q.y),
+                           Bf16Lo(q.z), Bf16Hi(q.z), Bf16Lo(q.w), Bf16Hi(q.w)};
+#pragma unroll
+      for (int r = 0; r < M; ++r) {
+        float av[8];
+        LoadA8<kBf16A>(ab + r * lda * a_bytes, p, av);
+#pragma unroll
+        for (int e = 0; e < 8; ++e) acc[r] = fmaf(av[e], wv[e], acc[r]);
+      }
+    }
+  }
+  // Sum the group's lanes (groups are aligned within the warp; every lane takes part).
+#pragma unroll
+  for (int r = 0; r < M; ++r) {
+#pragma unroll
+    for (int o = G / 2; o > 0; o >>= 1) acc[r] += __shfl_xor_sync(0xffffffffu, acc[r], o);
+  }
+  if (j < n && lane == 0) {
+    float* cb = c + b * stride_c + j;
+#pragma unroll
+    for (int r = 0; r < M; ++r) {
+      float* cr = cb + r * ldc;
+      *cr = accumulate ? *cr + acc[r] : acc[r];
+    }
+  }
+}
+
+template <int M, bool kBf16A, int G>
+void Launch(const SmallMGemmParams& p, cudaStream_t stream) {
+  constexpr int64_t kRowsPerBlock = kThreads / G;
+  const dim3 grid(static_cast<unsigned>((p.n + kRowsPerBlock - 1) / kRowsPerBlock),
+                  static_cast<unsigned>(p.batch));
+  SmallMGemmKernel<M, kBf16A, G><<<grid, kThreads, 0, stream>>>(p.n, p.k, p.a, p.lda, p.w, p.ldw,
+                                                                p.c, p.ldc, p.accumulate,
+                                                                p.stride_a, p.stride_w, p.stride_c);
+}
+
+template <int M, bool kBf16A>
+void LaunchForK(const SmallMGemmParams& p, cudaStream_t stream) {
+  // The group: as many lanes as the row has 16-byte chunks, up to a warp.
+  if (p.k >= 256) {
+    Launch<M, kBf16A, 32>(p, stream);
+  } else if (p.k >= 128) {
+    Launch<M, kBf16A, 16>(p, stream);
+  } else if (p.k >= 64) {
+    Launch<M, kBf16A, 8>(p, stream);
+  } else {
+    Launch<M, kBf16A, 4>(p, stream);
+  }
+}
+
+template <int M>
+void LaunchForA(const SmallMGemmParams& p, cudaStream_t stream) {
+  if (p.a_bf16) {
+    LaunchForK<M, true>(p, stream);
+  } else {
+    LaunchForK<M, false>(p, stream);
+  }
+}
+
+bool Aligned16(const void* ptr) { return reinterpret_cast<uintptr_t>(ptr) % 16 == 0; }
+
+}  // namespace
+
+bool SmallMGemmSupports(const SmallMGemmParams& p) {
+  const int64_t a_bytes = p.a_bf16 ? 2 : 4;
+  const int64_t a_align = 16 / a_bytes;  // elements per 16 bytes
+  return p.m >= 1 && p.m <= kSmallMGemmMaxRows && p.n >= 1 && p.k >= 8 && p.k % 8 == 0 &&
+         p.batch >= 1 && p.batch <= 65535 && p.n <= (int64_t{1} << 30) && p.a != nullptr &&
+         p.w != nullptr && p.c != nullptr && Aligned16(p.a) && Aligned16(p.w) && p.ldw % 8 == 0 &&
+         p.ldw >= p.k && p.lda % a_align == 0 && p.lda >= p.k && p.ldc >= p.n &&
+         (p.batch == 1 || (p.stride_a % a_align == 0 && p.stride_w % 8 == 0)) &&
+         p.m * p.k * a_bytes <= 96 * 1024;
+}
+
+cudaError_t SmallMGemmBf16(const SmallMGemmParams& p, cudaStream_t stream) {
+  if (!SmallMGemmSupports(p)) return cudaErrorInvalidValue;
+  switch (p.m) {
+    case 1:
+      LaunchForA<1>(p, stream);
+      break;
+    case 2:
+      LaunchForA<2>(p, stream);
+      break;
+    case 3:
+      LaunchForA<3>(p, stream);
+      break;
+    default:
+      LaunchForA<4>(p, stream);
+      break;
+  }
+  return cudaGetLastError();
+}
+
+}  // namespace kernels
+}  // namespace deepinfer

@@ -1,0 +1,48 @@
+// GEMM for a few activation rows against a bf16 weight matrix (decode at batch 1..4): the
+// weights are streamed once, 16 bytes per lane, and every loaded weight row is used for all m
+// activation rows. cuBLAS's choices for M = 1 launch more kernels and read the weights below
+// HBM bandwidth; this kernel is the CudaBackend's Gemm / BatchedGemm for small m.
+#ifndef DEEPINFER_KERNELS_GEMM_SMALL_M_GEMM_H_
+#define DEEPINFER_KERNELS_GEMM_SMALL_M_GEMM_H_
+
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+
+namespace deepinfer {
+namespace kernels {
+
+// The largest m SmallMGemmBf16 takes.
+inline constexpr int64_t kSmallMGemmMaxRows = 4;
+
+// c_b[i, j] (+)= sum_p bf16(a_b[i, p]) * w_b[j, p] for i < m, j < n, p < k and every product b
+// of `batch` (a_b = a + b*stride_a, w_b = w + b*stride_w, c_b = c + b*stride_c, in elements).
+// a is fp32 (each value rounded to bf16 to nearest even as it is read, exactly as
+// RoundF32ToBf16) or, with a_bf16, bf16 bits; w is bf16 bits; c is fp32, accumulated in fp32.
+// So every product is exact and only the order of the sums differs from cuBLAS.
+struct SmallMGemmParams {
+  int64_t m = 0, n = 0, k = 0;
+  const void* a = nullptr;
+  bool a_bf16 = false;
+  int64_t lda = 0;
+  const uint16_t* w = nullptr;
+  int64_t ldw = 0;
+  float* c = nullptr;
+  int64_t ldc = 0;
+  bool accumulate = false;
+  int64_t batch = 1;
+  int64_t stride_a = 0, stride_w = 0, stride_c = 0;
+};
+
+// Whether SmallMGemmBf16 takes these arguments: 1 <= m <= kSmallMGemmMaxRows, k a multiple of
+// 8, w, a and their row and batch strides 16-byte aligned, and m rows of a small enough to be
+// re-read from L1 (m * k * sizeof(a value) <= 96 KiB).
+bool SmallMGemmSupports(const SmallMGemmParams& p);
+
+// Returns cudaErrorInvalidValue (launching nothing) where SmallMGemmSupports is false.
+cudaError_t SmallMGemmBf16(const SmallMGemmParams& p, cudaStream_t stream);
+
+}  // namespace kernels
+}  // namespace deepinfer
+
+#endif  // DEEPINFER_KERNELS_GEMM_SMALL_M_GEMM_H_
