@@ -1,8 +1,12 @@
-// Small-m bf16 GEMM: a group of G lanes (G = 32 for long rows, fewer for short ones) owns one
-// weight row at a time; each lane reads 16-byte chunks of it (8 bf16), several chunks in flight,
-// multiplies them with the same k slice of each of the m activation rows (read through L1, where
-// the rows stay: every group of the SM reads the same m rows), and the group sums its lanes'
-// partials with shuffles.
+// Small-m bf16 GEMM, two layouts (SmallMGemmAlgo). kRowPerGroup: a group of G lanes (G = 32 for
+// long rows, fewer for short ones) owns one weight row at a time; each lane reads 16-byte chunks
+// of it (8 bf16), several chunks in flight, multiplies them with the same k slice of each of the
+// m activation rows (read through L1, where the rows stay: every group of the SM reads the same m
+// rows), and the group sums its lanes' partials with shuffles. kSplitK: S warps of a block share
+// one weight row (the row's 256-value groups dealt out round robin), every warp issues all its
+// loads of a round (up to 4 x 16 bytes a lane) before using any, and the S partial sums meet in
+// shared memory, added in warp order (deterministic); so mid-size matrices get many blocks and
+// one round of loads instead of a few blocks that wait on several dependent rounds.
 #include "kernels/gemm/small_m_gemm.h"
 
 #include <cuda_bf16.h>
@@ -103,6 +107,110 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
+// 16 bytes of weights that are read once: not kept in L1, which holds the activation rows.
+__device__ __forceinline__ uint4 LoadWeights16(const uint16_t* p) {
+  uint4 v;
+  asm("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
+      : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+      : "l"(p));
+  return v;
+}
+
+constexpr int kSplitKWarps = kThreads / 32;
+constexpr int kSplitKChunks = 4;  // 16-byte weight chunks per lane and round
+
+// kSplitK: S warps per weight row, kSplitKWarps / S rows per block.
+template <int M, bool kBf16A, int S>
+__global__ void __launch_bounds__(kThreads)
+    SmallMGemmSplitKKernel(int64_t n, int64_t k, const void* __restrict__ a, int64_t lda,
+                           const uint16_t* __restrict__ w, int64_t ldw, float* __restrict__ c,
+                           int64_t ldc, bool accumulate, int64_t stride_a, int64_t stride_w,
+                           int64_t stride_c) {
+  constexpr int kRowsPerBlock = kSplitKWarps / S;
+  __shared__ float partial[kSplitKWarps][M];
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int slice = warp % S;
+  const int64_t j = static_cast<int64_t>(blockIdx.x) * kRowsPerBlock + warp / S;
+  const int64_t b = blockIdx.y;
+  const size_t a_bytes = kBf16A ? 2 : 4;
+  const char* ab = static_cast<const char*>(a) + b * stride_a * a_bytes;
+  if (j < n) {
+    const uint16_t* wr = w + b * stride_w + j * ldw;
+    const int64_t chunks = k / 8;                // 16-byte chunks of the row
+    const int64_t groups = (chunks + 31) / 32;   // 32 chunks: one warp-wide load
+    float acc[M];
+#pragma unroll
+    for (int r = 0; r < M; ++r) acc[r] = 0.0f;
+    // This warp's groups: slice, slice + S, ...; kSplitKChunks of them per round.
+    for (int64_t g0 = slice; g0 < groups; g0 += S * kSplitKChunks) {
+      uint4 wq[kSplitKChunks];
+#pragma unroll
+      for (int u = 0; u < kSplitKChunks; ++u) {
+        const int64_t q = (g0 + u * S) * 32 + lane;
+        wq[u] = q < chunks ? LoadWeights16(wr + 8 * q) : make_uint4(0, 0, 0, 0);
+      }
+#pragma unroll
+      for (int u = 0; u < kSplitKChunks; ++u) {
+        const int64_t q = (g0 + u * S) * 32 + lane;
+        if (q >= chunks) continue;
+        const float wv[8] = {Bf16Lo(wq[u].x), Bf16Hi(wq[u].x), Bf16Lo(wq[u].y), Bf16Hi(wq[u].y),
+                             Bf16Lo(wq[u].z), Bf16Hi(wq[u].z), Bf16Lo(wq[u].w), Bf16Hi(wq[u].w)};
+#pragma unroll
+        for (int r = 0; r < M; ++r) {
+          float av[8];
+          LoadA8<kBf16A>(ab + r * lda * a_bytes, 8 * q, av);
+#pragma unroll
+          for (int e = 0; e < 8; ++e) acc[r] = fmaf(av[e], wv[e], acc[r]);
+        }
+      }
+    }
+#pragma unroll
+    for (int r = 0; r < M; ++r) {
+#pragma unroll
+      for (int o = 16; o > 0; o >>= 1) acc[r] += __shfl_xor_sync(0xffffffffu, acc[r], o);
+      if (lane == 0) partial[warp][r] = acc[r];
+    }
+  }
+  __syncthreads();
+  // One thread per (row, activation row) adds the row's S partials in warp order.
+  if (threadIdx.x < kRowsPerBlock * M) {
+    const int row = threadIdx.x / M, r = threadIdx.x % M;
+    const int64_t jj = static_cast<int64_t>(blockIdx.x) * kRowsPerBlock + row;
+    if (jj < n) {
+      float sum = 0.0f;
+#pragma unroll
+      for (int s = 0; s < S; ++s) sum += partial[row * S + s][r];
+      float* cr = c + b * stride_c + r * ldc + jj;
+      *cr = accumulate ? *cr + sum : sum;
+    }
+  }
+}
+
+template <int M, bool kBf16A, int S>
+void LaunchSplitK(const SmallMGemmParams& p, cudaStream_t stream) {
+  constexpr int64_t kRowsPerBlock = kSplitKWarps / S;
+  const dim3 grid(static_cast<unsigned>((p.n + kRowsPerBlock - 1) / kRowsPerBlock),
+                  static_cast<unsigned>(p.batch));
+  SmallMGemmSplitKKernel<M, kBf16A, S><<<grid, kThreads, 0, stream>>>(
+      p.n, p.k, p.a, p.lda, p.w, p.ldw, p.c, p.ldc, p.accumulate, p.stride_a, p.stride_w,
+      p.stride_c);
+}
+
+// The fewest warps per row that leave each at most kSplitKChunks groups (one round), up to 8.
+template <int M, bool kBf16A>
+void LaunchSplitKForK(const SmallMGemmParams& p, cudaStream_t stream) {
+  const int64_t groups = (p.k / 8 + 31) / 32;
+  if (groups <= kSplitKChunks) {
+    LaunchSplitK<M, kBf16A, 1>(p, stream);
+  } else if (groups <= 2 * kSplitKChunks) {
+    LaunchSplitK<M, kBf16A, 2>(p, stream);
+  } else if (groups <= 4 * kSplitKChunks) {
+    LaunchSplitK<M, kBf16A, 4>(p, stream);
+  } else {
+    LaunchSplitK<M, kBf16A, 8>(p, stream);
+  }
+}
+
 template <int M, bool kBf16A, int G>
 void Launch(const SmallMGemmParams& p, cudaStream_t stream) {
   constexpr int64_t kRowsPerBlock = kThreads / G;
@@ -115,6 +223,12 @@ void Launch(const SmallMGemmParams& p, cudaStream_t stream) {
 
 template <int M, bool kBf16A>
 void LaunchForK(const SmallMGemmParams& p, cudaStream_t stream) {
+  const bool split_k = p.algo == SmallMGemmAlgo::kSplitK ||
+                       (p.algo == SmallMGemmAlgo::kAuto && p.k >= kSmallMGemmSplitKMinK);
+  if (split_k) {
+    LaunchSplitKForK<M, kBf16A>(p, stream);
+    return;
+  }
   // The group: as many lanes as the row has 16-byte chunks, up to a warp.
   if (p.k >= 256) {
     Launch<M, kBf16A, 32>(p, stream);

@@ -15,6 +15,19 @@ namespace kernels {
 // The largest m SmallMGemmBf16 takes.
 inline constexpr int64_t kSmallMGemmMaxRows = 4;
 
+// How the weight rows are spread over the GPU.
+enum class SmallMGemmAlgo {
+  kAuto,  // kSplitK for k >= kSmallMGemmSplitKMinK, else kRowPerGroup
+  // One group of up to 32 lanes per weight row, looping over k: few blocks for short n, and a
+  // warp's loads for long k come in several dependent rounds.
+  kRowPerGroup,
+  // A weight row's k split over 1, 2, 4 or 8 warps of one block (chosen so a warp has at most
+  // 4 KiB of the row, all its 16-byte loads issued before the first is used); the warps' partial
+  // sums are added in warp order through shared memory, so the result is deterministic.
+  kSplitK,
+};
+inline constexpr int64_t kSmallMGemmSplitKMinK = 1024;
+
 // c_b[i, j] (+)= sum_p bf16(a_b[i, p]) * w_b[j, p] for i < m, j < n, p < k and every product b
 // of `batch` (a_b = a + b*stride_a, w_b = w + b*stride_w, c_b = c + b*stride_c, in elements).
 // a is fp32 (each value rounded to bf16 to nearest even as it is read, exactly as
@@ -32,6 +45,7 @@ struct SmallMGemmParams {
   bool accumulate = false;
   int64_t batch = 1;
   int64_t stride_a = 0, stride_w = 0, stride_c = 0;
+  SmallMGemmAlgo algo = SmallMGemmAlgo::kAuto;  // a performance choice only
 };
 
 // Whether SmallMGemmBf16 takes these arguments: 1 <= m <= kSmallMGemmMaxRows, k a multiple of

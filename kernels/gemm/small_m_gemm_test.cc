@@ -1,6 +1,8 @@
 // SmallMGemmBf16 against CpuBackend::Gemm with bf16 weights (which rounds a to bf16 and sums
-// in fp32): every m, several k (each lane-group width), strided and batched operands,
-// accumulate; a bf16 a gives bit for bit what the fp32 a it was rounded from gives; refusals.
+// in fp32): both layouts (kRowPerGroup, kSplitK with 1, 2, 4 and 8 warps per row, partial last
+// groups), every m, several k (each lane-group width), strided and batched operands,
+// accumulate; a bf16 a gives bit for bit what the fp32 a it was rounded from gives; kSplitK
+// gives the same bits on every run; refusals.
 #include "kernels/gemm/small_m_gemm.h"
 
 #include <cmath>
@@ -38,14 +40,18 @@ TEST(SmallMGemmTest, MatchesCpuBackend) {
       {1, 2, 1000, 2816, 8, 8, 3, false}, {1, 3, 257, 4096, 8, 0, 0, true},
       {1, 2, 129, 11264, 0, 8, 0, false}, {16, 1, 512, 128, 64, 0, 0, false},
       {16, 4, 128, 512, 0, 0, 0, false},  {3, 2, 33, 64, 8, 16, 5, true},
-      {2, 1, 65, 8, 0, 0, 0, false},      {1, 4, 7, 40, 8, 8, 1, true},
+      {2, 1, 65, 8, 0, 0, 0, false},      {1, 4, 7, 40, 8, 8, 1, true},       {1, 1, 37, 1032, 0, 0, 0, false},
+      {2, 3, 19, 6152, 8, 8, 2, true},    {1, 1, 2048, 11264, 0, 0, 0, true},
   };
   for (const Case& c : cases) {
+    for (const kernels::SmallMGemmAlgo algo :
+         {kernels::SmallMGemmAlgo::kRowPerGroup, kernels::SmallMGemmAlgo::kSplitK})
     for (bool a_bf16 : {false, true}) {
       const uint32_t seed = testing::FreshSeed();
       SCOPED_TRACE(::testing::Message()
                    << "batch " << c.batch << " m " << c.m << " n " << c.n << " k " << c.k
-                   << " a_bf16 " << a_bf16 << " accumulate " << c.accumulate << " seed " << seed);
+                   << " a_bf16 " << a_bf16 << " accumulate " << c.accumulate << " algo "
+                   << static_cast<int>(algo) << " seed " << seed);
       const int64_t lda = c.k + c.lda_pad, ldw = c.k + c.ldw_pad, ldc = c.n + c.ldc_pad;
       const int64_t stride_a = c.m * lda, stride_w = c.n * ldw + 8, stride_c = c.m * ldc;
       std::vector<float> a = testing::RandomFloats(c.batch * stride_a, seed, 2.0f);
@@ -74,6 +80,7 @@ TEST(SmallMGemmTest, MatchesCpuBackend) {
       p.accumulate = c.accumulate;
       p.batch = c.batch;
       p.stride_a = stride_a, p.stride_w = stride_w, p.stride_c = stride_c;
+      p.algo = algo;
       ASSERT_TRUE(kernels::SmallMGemmSupports(p));
       DEEPINFER_CUDA_OK(kernels::SmallMGemmBf16(p, nullptr));
       std::vector<float> got;
@@ -99,6 +106,15 @@ TEST(SmallMGemmTest, MatchesCpuBackend) {
         std::vector<float> got2;
         DEEPINFER_CUDA_OK(dc2.Download(&got2));
         EXPECT_TRUE(AllClose(got2, got, 0, 0));
+      }
+      if (algo == kernels::SmallMGemmAlgo::kSplitK) {
+        // Deterministic: a second run from the same c gives the same bits.
+        DeviceArray<float> dc3(c0);
+        p.c = dc3.get();
+        DEEPINFER_CUDA_OK(kernels::SmallMGemmBf16(p, nullptr));
+        std::vector<float> got3;
+        DEEPINFER_CUDA_OK(dc3.Download(&got3));
+        EXPECT_TRUE(AllClose(got3, got, 0, 0));
       }
     }
   }
