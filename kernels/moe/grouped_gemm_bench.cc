@@ -13,7 +13,13 @@
 // the timed kernel. Median of 30 after 5 warm-ups. Also times MoePermuteF32 and MoeCombineF32
 // (hidden 2048).
 //
-//   grouped_gemm_bench            (prints one line per case; exit status 1 on a CUDA error)
+// --decode: only the 1- and 2-token Moonlight GEMMs of the fp32-activation decode path, kCudaCore
+// (what kAuto runs there) against kCudaCoreSplitK, each timed alone as above and back to back in
+// a CUDA graph as in the decode step: launch i uses experts 6i .. 6i+5 (1 token) or 12i .. 12i+11
+// (2 tokens, one row each), so no launch finds its weights in L2; time per launch = graph time
+// / launches, median of 10 replays.
+//
+//   grouped_gemm_bench [--decode]  (prints one line per case; exit status 1 on a CUDA error)
 #include <cublas_v2.h>
 #include <cuda_runtime_api.h>
 
@@ -23,6 +29,7 @@
 #include <cstdlib>
 #include <numeric>
 #include <random>
+#include <string_view>
 #include <utility>
 #include <vector>
 
@@ -231,6 +238,104 @@ void RunShape(const MoeShape& shape, Timer& timer, cublasHandle_t cublas) {
   }
 }
 
+// Microseconds per launch of a graph of launch(i, stream) for i < launches, back to back.
+template <typename Fn>
+double GraphUsPerLaunch(int launches, Fn launch) {
+  cudaStream_t st;
+  BENCH_CUDA(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
+  cudaGraph_t graph;
+  BENCH_CUDA(cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal));
+  for (int i = 0; i < launches; ++i) launch(i, st);
+  BENCH_CUDA(cudaStreamEndCapture(st, &graph));
+  cudaGraphExec_t exec;
+  BENCH_CUDA(cudaGraphInstantiate(&exec, graph, 0));
+  cudaEvent_t start, stop;
+  BENCH_CUDA(cudaEventCreate(&start));
+  BENCH_CUDA(cudaEventCreate(&stop));
+  std::vector<float> ms;
+  for (int i = 0; i < 2 + 10; ++i) {
+    BENCH_CUDA(cudaEventRecord(start, st));
+    BENCH_CUDA(cudaGraphLaunch(exec, st));
+    BENCH_CUDA(cudaEventRecord(stop, st));
+    BENCH_CUDA(cudaEventSynchronize(stop));
+    float t = 0;
+    BENCH_CUDA(cudaEventElapsedTime(&t, start, stop));
+    if (i >= 2) ms.push_back(t);
+  }
+  BENCH_CUDA(cudaEventDestroy(start));
+  BENCH_CUDA(cudaEventDestroy(stop));
+  BENCH_CUDA(cudaGraphExecDestroy(exec));
+  BENCH_CUDA(cudaGraphDestroy(graph));
+  BENCH_CUDA(cudaStreamDestroy(st));
+  std::sort(ms.begin(), ms.end());
+  return 1000.0 * ms[ms.size() / 2] / launches;
+}
+
+// --decode: kCudaCore against kCudaCoreSplitK at 1 and 2 tokens, alone and in a graph.
+void RunDecode(const MoeShape& shape, Timer& timer) {
+  const int32_t E = shape.experts, K = shape.top_k, n = shape.n, k = shape.k;
+  const size_t per_expert = size_t(n) * k;
+  std::vector<uint16_t> host_w(per_expert);
+  std::mt19937 gen(1234);
+  std::normal_distribution<float> normal(0.0f, 0.02f);
+  for (auto& v : host_w) v = kernels::FloatToBf16(normal(gen));
+  uint16_t* w = DeviceAlloc<uint16_t>(per_expert * E * sizeof(uint16_t));
+  BENCH_CUDA(cudaMemcpy(w, host_w.data(), per_expert * 2, cudaMemcpyHostToDevice));
+  for (int e = 1; e < E; ++e) {
+    BENCH_CUDA(cudaMemcpy(w + e * per_expert, w, per_expert * 2, cudaMemcpyDeviceToDevice));
+  }
+  std::vector<uint64_t> ptrs(E);
+  for (int e = 0; e < E; ++e) ptrs[e] = reinterpret_cast<uint64_t>(w + e * per_expert);
+  uint64_t* dptrs = Upload(ptrs);
+  std::vector<float> host_x(size_t(2) * K * k);
+  for (auto& v : host_x) v = normal(gen) * 50;
+  float* x = Upload(host_x);
+  float* y = DeviceAlloc<float>(size_t(2) * K * n * 4);
+  for (int32_t tokens : {1, 2}) {
+    const int32_t busy = tokens * K, launches = E / busy;
+    // Launch i: experts busy*i .. busy*i + busy - 1, one row each.
+    std::vector<int32_t> offsets(size_t(launches) * (E + 1), 0);
+    for (int i = 0; i < launches; ++i) {
+      int32_t* o = offsets.data() + size_t(i) * (E + 1);
+      for (int e = 0; e < E; ++e) o[e + 1] = o[e] + (e >= busy * i && e < busy * (i + 1));
+    }
+    int32_t* doffsets = Upload(offsets);
+    const double bytes = double(busy) * per_expert * 2;
+    for (const auto& [algo, variant] :
+         {std::pair{kernels::GroupedGemmAlgo::kCudaCore, "f32x kCudaCore      "},
+          std::pair{kernels::GroupedGemmAlgo::kCudaCoreSplitK, "f32x kCudaCoreSplitK"}}) {
+      kernels::GroupedGemmBf16Params p;
+      p.num_slots = E;
+      p.max_rows = busy;
+      p.n = n;
+      p.k = k;
+      p.x = x;
+      p.weights = reinterpret_cast<const uint16_t* const*>(dptrs);
+      p.y = y;
+      p.rows_per_slot_hint = tokens;
+      p.algo = algo;
+      auto launch = [&](int i, cudaStream_t st) {
+        kernels::GroupedGemmBf16Params q = p;
+        q.slot_offsets = doffsets + size_t(i) * (E + 1);
+        BENCH_CUDA(kernels::GroupedGemmBf16(q, st));
+      };
+      char name[160];
+      std::snprintf(name, sizeof(name), "%s %d tok (%2d experts) %s alone", shape.name, tokens,
+                    busy, variant);
+      Report(name, timer.MedianUs([&](int) { launch(0, nullptr); }), bytes);
+      std::snprintf(name, sizeof(name), "%s %d tok (%2d experts) %s graph x%d", shape.name, tokens,
+                    busy, variant, launches);
+      Report(name, GraphUsPerLaunch(launches, launch), bytes);
+      std::fflush(stdout);
+    }
+    cudaFree(doffsets);
+  }
+  for (void* ptr : {static_cast<void*>(w), static_cast<void*>(dptrs), static_cast<void*>(x),
+                    static_cast<void*>(y)}) {
+    cudaFree(ptr);
+  }
+}
+
 void RunPermuteCombine(int32_t tokens, Timer& timer) {
   const int32_t hidden = 2048, choices = tokens * kTopK;
   std::mt19937 gen(99);
@@ -294,7 +399,12 @@ void RunPermuteCombine(int32_t tokens, Timer& timer) {
 }  // namespace
 }  // namespace deepinfer
 
-int main() {
+int main(int argc, char** argv) {
+  const bool decode_only = argc == 2 && std::string_view(argv[1]) == "--decode";
+  if (argc > 2 || (argc == 2 && !decode_only)) {
+    std::fprintf(stderr, "usage: grouped_gemm_bench [--decode]\n");
+    return 2;
+  }
   int devices = 0;
   if (cudaGetDeviceCount(&devices) != cudaSuccess || devices == 0) {
     std::fprintf(stderr, "grouped_gemm_bench: no CUDA device\n");
@@ -311,6 +421,12 @@ int main() {
                                         {"moonlight down    n=2048 k=1408", 64, 6, 2048, 1408},
                                         {"v3 gate_up n=4096 k=7168", 256, 8, 4096, 7168},
                                         {"v3 down    n=7168 k=2048", 256, 8, 7168, 2048}};
+  if (decode_only) {
+    deepinfer::RunDecode(shapes[0], timer);
+    deepinfer::RunDecode(shapes[1], timer);
+    cublasDestroy(cublas);
+    return 0;
+  }
   for (const auto& shape : shapes) deepinfer::RunShape(shape, timer, cublas);
   std::fflush(stdout);
   deepinfer::RunPermuteCombine(128, timer);

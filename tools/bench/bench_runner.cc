@@ -368,6 +368,27 @@ absl::Status RunRank(const BenchConfig& bc, int64_t rank, RankState* s, RankOutp
                        bc.decode_moe_algo, "'"));
     }
   }
+  if (cuda != nullptr && !bc.small_m_gemm_algo.empty()) {
+    if (bc.small_m_gemm_algo == "row") {
+      cuda->SetSmallMGemmAlgo(kernels::SmallMGemmAlgo::kRowPerGroup);
+    } else if (bc.small_m_gemm_algo == "split-k") {
+      cuda->SetSmallMGemmAlgo(kernels::SmallMGemmAlgo::kSplitK);
+    } else {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "--small-m-gemm-algo must be row or split-k, got '", bc.small_m_gemm_algo, "'"));
+    }
+  }
+  if (cuda != nullptr && !bc.decode_grouped_algo.empty()) {
+    if (bc.decode_grouped_algo == "cuda-core") {
+      cuda->SetDecodeGroupedGemmAlgo(kernels::GroupedGemmAlgo::kCudaCore);
+    } else if (bc.decode_grouped_algo == "split-k") {
+      cuda->SetDecodeGroupedGemmAlgo(kernels::GroupedGemmAlgo::kCudaCoreSplitK);
+    } else {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--decode-grouped-algo must be cuda-core or split-k, got '",
+                       bc.decode_grouped_algo, "'"));
+    }
+  }
   if (cuda != nullptr) cuda->SetSmallMGemm(bc.fused_ops);
 #endif
   auto set_fused = [&](bool on) {

@@ -163,41 +163,49 @@ INSTANTIATE_TEST_SUITE_P(TokensAndSmallM, BatchedGemmTest,
 
 TEST_P(BatchedGemmTest, MatchesCpuFp32AndBf16) {
   gpu_->SetSmallMGemm(std::get<1>(GetParam()));
-  const int64_t T = std::get<0>(GetParam()), nh = 16, nope = 128, rope = 64, vd = 128, kvl = 512,
-                qk = nope + rope;
-  struct Case {
-    const char* name;
-    int64_t m, n, k, lda, stride_a, ldw, stride_w, ldc, stride_c, a_size, w_size, c_size;
-  };
-  for (Case c : {Case{"w_uk", T, kvl, nope, nh * qk, qk, nope, kvl * nope, nh * kvl, kvl,
-                      T * nh * qk, nh * kvl * nope, T * nh * kvl},
-                 Case{"w_uv", T, vd, kvl, nh * kvl, kvl, kvl, (nope + vd) * kvl, nh * vd, vd,
-                      T * nh * kvl, nh * (nope + vd) * kvl, T * nh * vd}}) {
-    for (WeightDType dt : {WeightDType::kFloat32, WeightDType::kBFloat16}) {
-      const uint32_t seed = testing::FreshSeed();
-      SCOPED_TRACE(::testing::Message()
-                   << c.name << " " << WeightDTypeName(dt) << " seed " << seed);
-      auto a = testing::RandomFloats(c.a_size, seed);
-      auto w = testing::RandomFloats(c.w_size, seed + 1);
-      std::vector<std::unique_ptr<DeviceBuffer>> keep;
-      auto dw = Upload(w), da = Upload(a);
-      const WeightView cw = dt == WeightDType::kFloat32 ? WeightView(w.data()) : CpuBf16(w, &keep);
-      const WeightView gw =
-          dt == WeightDType::kFloat32 ? WeightView(dw->as<float>()) : GpuBf16(w, &keep);
-      std::vector<float> want(c.c_size);
-      (dt == WeightDType::kFloat32 ? cpu_ : cpu16_)
-          .BatchedGemm(nh, c.m, c.n, c.k, a.data(), c.lda, c.stride_a, cw, c.ldw, c.stride_w,
-                       want.data(), c.ldc, c.stride_c);
-      auto dc = Poisoned(c.c_size);
-      gpu_->BatchedGemm(nh, c.m, c.n, c.k, da->as<float>(), c.lda, c.stride_a, gw, c.ldw,
-                        c.stride_w, dc->as<float>(), c.ldc, c.stride_c);
-      const auto r = AllClose(Download(*dc), want, dt == WeightDType::kFloat32 ? 2e-4 : 1e-3,
-                              dt == WeightDType::kFloat32 ? 1e-5 : 1e-4);
-      EXPECT_TRUE(r);
-      std::cout << "[batched-gemm] " << c.name << " " << WeightDTypeName(dt) << ": " << r.message()
-                << "\n";
+  // Both small-m layouts (the shapes' k is below the split-k threshold of kAuto).
+  for (const kernels::SmallMGemmAlgo small_m_algo :
+       {kernels::SmallMGemmAlgo::kRowPerGroup, kernels::SmallMGemmAlgo::kSplitK}) {
+    gpu_->SetSmallMGemmAlgo(small_m_algo);
+    SCOPED_TRACE(::testing::Message() << "small-m algo " << static_cast<int>(small_m_algo));
+    const int64_t T = std::get<0>(GetParam()), nh = 16, nope = 128, rope = 64, vd = 128, kvl = 512,
+                  qk = nope + rope;
+    struct Case {
+      const char* name;
+      int64_t m, n, k, lda, stride_a, ldw, stride_w, ldc, stride_c, a_size, w_size, c_size;
+    };
+    for (Case c : {Case{"w_uk", T, kvl, nope, nh * qk, qk, nope, kvl * nope, nh * kvl, kvl,
+                        T * nh * qk, nh * kvl * nope, T * nh * kvl},
+                   Case{"w_uv", T, vd, kvl, nh * kvl, kvl, kvl, (nope + vd) * kvl, nh * vd, vd,
+                        T * nh * kvl, nh * (nope + vd) * kvl, T * nh * vd}}) {
+      for (WeightDType dt : {WeightDType::kFloat32, WeightDType::kBFloat16}) {
+        const uint32_t seed = testing::FreshSeed();
+        SCOPED_TRACE(::testing::Message()
+                     << c.name << " " << WeightDTypeName(dt) << " seed " << seed);
+        auto a = testing::RandomFloats(c.a_size, seed);
+        auto w = testing::RandomFloats(c.w_size, seed + 1);
+        std::vector<std::unique_ptr<DeviceBuffer>> keep;
+        auto dw = Upload(w), da = Upload(a);
+        const WeightView cw =
+            dt == WeightDType::kFloat32 ? WeightView(w.data()) : CpuBf16(w, &keep);
+        const WeightView gw =
+            dt == WeightDType::kFloat32 ? WeightView(dw->as<float>()) : GpuBf16(w, &keep);
+        std::vector<float> want(c.c_size);
+        (dt == WeightDType::kFloat32 ? cpu_ : cpu16_)
+            .BatchedGemm(nh, c.m, c.n, c.k, a.data(), c.lda, c.stride_a, cw, c.ldw, c.stride_w,
+                         want.data(), c.ldc, c.stride_c);
+        auto dc = Poisoned(c.c_size);
+        gpu_->BatchedGemm(nh, c.m, c.n, c.k, da->as<float>(), c.lda, c.stride_a, gw, c.ldw,
+                          c.stride_w, dc->as<float>(), c.ldc, c.stride_c);
+        const auto r = AllClose(Download(*dc), want, dt == WeightDType::kFloat32 ? 2e-4 : 1e-3,
+                                dt == WeightDType::kFloat32 ? 1e-5 : 1e-4);
+        EXPECT_TRUE(r);
+        std::cout << "[batched-gemm] " << c.name << " " << WeightDTypeName(dt) << ": "
+                  << r.message() << "\n";
+      }
     }
   }
+  gpu_->SetSmallMGemmAlgo(kernels::SmallMGemmAlgo::kAuto);
   EXPECT_TRUE(gpu_->status().ok()) << gpu_->status();
 }
 
@@ -535,6 +543,19 @@ TEST_F(RoutedExpertsTest, EveryDecodeAlgoMatchesPerTokenReference) {
       }
     }
   }
+}
+
+// kGroupedF32 on the split-k CUDA-core kernel (what SetDecodeGroupedGemmAlgo selects), at the
+// 1-2 rows per expert it is made for and at 7 tokens (a slot of up to 7 rows, 2 at a time).
+TEST_F(RoutedExpertsTest, GroupedF32SplitKMatchesPerTokenReference) {
+  gpu_->SetDecodeGroupedGemmAlgo(kernels::GroupedGemmAlgo::kCudaCoreSplitK);
+  for (int64_t T : {int64_t{1}, int64_t{2}, int64_t{7}}) {
+    for (bool skewed : {false, true}) {
+      Run(T, WeightDType::kBFloat16, kernels::ExpertGemmCublasAlgo::kChunked,
+          DecodeAlgo::kGroupedF32, skewed);
+    }
+  }
+  gpu_->SetDecodeGroupedGemmAlgo(kernels::GroupedGemmAlgo::kAuto);
 }
 
 TEST_F(RoutedExpertsTest, CublasPathMatchesPerTokenReference) {
