@@ -1,0 +1,65 @@
+#!/bin/bash
+# gemv_check.sh - the decode-at-1-request kernel checks in one short device call, from a folder
+# made by
+#   GPU_TESTS="//kernels/gemm:small_m_gemm_test //kernels/moe:grouped_gemm_test \
+#     //worker/backend/cuda:cuda_backend_test //worker/model:decode_graph_gpu_test \
+#     //tests/parity:cuda_parity_test" \
+#   GPU_TOOLS="//kernels/gemm:small_m_gemm_bench //kernels/moe:grouped_gemm_bench \
+#     //worker/backend/cuda:graph_alloc_bench //tools/bench:deepinfer-bench" GPU_DAEMONS="" \
+#     tools/gpu/prepare.sh --out DIR && cp tools/gpu/gemv_check.sh DIR/
+# then (device tool) `bash DIR/gemv_check.sh`. The tests of the changed kernels and paths first,
+# then the micro-benchmarks (old and new layouts in one binary), then the 27-layer Moonlight-shaped
+# decode bench (the backend's default, then at 1 request with the old small-m layout and with
+# the split-k grouped kernel). Every step is cut at the call's deadline (GEMV_BUDGET_S, default
+# 110 s from the start). One log per step in $OUT/logs.tar.gz (refreshed after each step), one
+# line per step in $OUT/summary.txt.
+set -uo pipefail
+here=$(cd "$(dirname "$0")" && pwd)
+OUT=${OUT:-/tmp/gpu-out}
+mkdir -p "$OUT"
+logs=/tmp/gemv-logs
+rm -rf "$logs"
+mkdir -p "$logs"
+export LD_LIBRARY_PATH="$here/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+export TEST_SRCDIR="$here/srcdir"
+export NCCL_NVLS_ENABLE=0
+B="$here/bin"
+C="$here/configs"
+deadline=$(($(date +%s) + ${GEMV_BUDGET_S:-110}))
+: > "$OUT/summary.txt"
+head -1 "$here/COMMIT" > "$OUT/machine.txt" 2>/dev/null
+
+step() {  # step NAME TIMEOUT_S COMMAND...
+  local name=$1 limit=$2
+  shift 2
+  local left=$((deadline - $(date +%s)))
+  if ((left < 3)); then
+    echo "$name skipped (deadline)" >> "$OUT/summary.txt"
+    return
+  fi
+  ((limit > left)) && limit=$left
+  local start_ms=$(($(date +%s%N) / 1000000))
+  timeout "$limit" stdbuf -oL -eL "$@" > "$logs/$name.log" 2>&1
+  local rc=$?
+  local ms=$(($(date +%s%N) / 1000000 - start_ms))
+  printf '%-28s rc=%-4s %5d.%03ds %s\n' "$name" "$rc" $((ms / 1000)) $((ms % 1000)) \
+    "$(grep -E '^\[  (PASSED|FAILED) ' "$logs/$name.log" | tr '\n' ' ')" >> "$OUT/summary.txt"
+  tar -C "$logs" -czf "$OUT/logs.tar.gz" .
+}
+
+bench27=("$B/deepinfer-bench" --backend cuda --dtype bfloat16 --load-format dummy --seed 1
+  --context-length 1024 --decode-fill random --model "$C/moonlight_shaped.json"
+  --prefill-batch-tokens 8192 --warmup 3 --output-len 11 --iters 1)
+step small_m_gemm_test 20 "$B/small_m_gemm_test" --gtest_color=no
+step grouped_gemm_test 25 "$B/grouped_gemm_test" --gtest_color=no
+step cuda_backend_test 25 "$B/cuda_backend_test" --gtest_color=no \
+  --gtest_filter='*BatchedGemm*:*Bf16Gemm*:*Bf16Activation*:*GemmMatchesCpu*:*GroupedF32SplitK*:*DeviceGroupedPath*'
+step decode_graph_gpu_test 25 "$B/decode_graph_gpu_test" --gtest_color=no
+step cuda_parity_test 25 "$B/cuda_parity_test" --gtest_color=no
+step small_m_gemm_bench 20 "$B/small_m_gemm_bench"
+step grouped_gemm_bench 10 "$B/grouped_gemm_bench" --decode
+step graph_alloc_bench 5 "$B/graph_alloc_bench"
+step bench27 40 "${bench27[@]}" --decode-num-requests 1,64,128
+step bench27_1_row 25 "${bench27[@]}" --decode-num-requests 1 --small-m-gemm-algo row
+step bench27_1_grouped_splitk 25 "${bench27[@]}" --decode-num-requests 1 --decode-grouped-algo split-k
+cat "$OUT/summary.txt"
