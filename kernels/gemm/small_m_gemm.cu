@@ -224,7 +224,7 @@ void Launch(const SmallMGemmParams& p, cudaStream_t stream) {
 template <int M, bool kBf16A>
 void LaunchForK(const SmallMGemmParams& p, cudaStream_t stream) {
   const bool split_k = p.algo == SmallMGemmAlgo::kSplitK ||
-                       (p.algo == SmallMGemmAlgo::kAuto && p.k >= kSmallMGemmSplitKMinK);
+                       (p.algo == SmallMGemmAlgo::kAuto && SmallMGemmAutoIsSplitK(p));
   if (split_k) {
     LaunchSplitKForK<M, kBf16A>(p, stream);
     return;
@@ -253,6 +253,13 @@ void LaunchForA(const SmallMGemmParams& p, cudaStream_t stream) {
 bool Aligned16(const void* ptr) { return reinterpret_cast<uintptr_t>(ptr) % 16 == 0; }
 
 }  // namespace
+
+bool SmallMGemmAutoIsSplitK(const SmallMGemmParams& p) {
+  if (p.k < 1024) return false;
+  const int64_t rows = p.n * p.batch;
+  if (rows <= 1024) return true;
+  return p.m == 1 && (rows <= 2048 || p.k > 2048 || rows >= 65536);
+}
 
 bool SmallMGemmSupports(const SmallMGemmParams& p) {
   const int64_t a_bytes = p.a_bf16 ? 2 : 4;

@@ -17,7 +17,7 @@ inline constexpr int64_t kSmallMGemmMaxRows = 4;
 
 // How the weight rows are spread over the GPU.
 enum class SmallMGemmAlgo {
-  kAuto,  // kSplitK for k >= kSmallMGemmSplitKMinK, else kRowPerGroup
+  kAuto,  // SmallMGemmAutoIsSplitK: where kSplitK measured faster on the H200
   // One group of up to 32 lanes per weight row, looping over k: few blocks for short n, and a
   // warp's loads for long k come in several dependent rounds.
   kRowPerGroup,
@@ -26,7 +26,6 @@ enum class SmallMGemmAlgo {
   // sums are added in warp order through shared memory, so the result is deterministic.
   kSplitK,
 };
-inline constexpr int64_t kSmallMGemmSplitKMinK = 1024;
 
 // c_b[i, j] (+)= sum_p bf16(a_b[i, p]) * w_b[j, p] for i < m, j < n, p < k and every product b
 // of `batch` (a_b = a + b*stride_a, w_b = w + b*stride_w, c_b = c + b*stride_c, in elements).
@@ -52,6 +51,14 @@ struct SmallMGemmParams {
 // 8, w, a and their row and batch strides 16-byte aligned, and m rows of a small enough to be
 // re-read from L1 (m * k * sizeof(a value) <= 96 KiB).
 bool SmallMGemmSupports(const SmallMGemmParams& p);
+
+// kAuto's choice, from small_m_gemm_bench on the H200 (back-to-back launches in a CUDA graph,
+// docs/kernels.md): kSplitK from k = 1024 when the row-per-group grid is short (n * batch <=
+// 1024 weight rows: under one block per SM), and at m = 1 also for n * batch <= 2048, for
+// k > 2048 (several dependent rounds of loads per row) and for very wide matrices (n * batch >=
+// 65536, the LM head); kRowPerGroup otherwise (at m = 1 for n = 3072 .. 22528 with k = 2048 it
+// was as fast or faster, and at m = 4 for every n above 1024).
+bool SmallMGemmAutoIsSplitK(const SmallMGemmParams& p);
 
 // Returns cudaErrorInvalidValue (launching nothing) where SmallMGemmSupports is false.
 cudaError_t SmallMGemmBf16(const SmallMGemmParams& p, cudaStream_t stream);

@@ -187,123 +187,6 @@ __global__ void __launch_bounds__(kThreads) GroupedGemmBf16Kernel(GroupedGemmBf1
   }
 }
 
-// ---- kCudaCoreSplitK: decode, 1-2 rows per slot. ------------------------------------------
-// Block: kWarps / S weight rows of one slot, S warps per row; a warp takes the row's 256-value
-// groups slice, slice + S, ..., kSplitKChunks of them per round, all loads of a round issued
-// before any is used. Rows of the slot go MT at a time (more than MT re-read the weights, from
-// L2). The S partials of a row are added in warp order through shared memory.
-constexpr int kSplitKChunks = 4;
-
-// 16 bytes of weights that are read once per row tile: not kept in L1 (which holds x).
-__device__ __forceinline__ uint4 LoadWeights16(const uint4* p) {
-  uint4 v;
-  asm("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
-      : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-      : "l"(p));
-  return v;
-}
-
-template <int MT, int S>
-__global__ void __launch_bounds__(kThreads) GroupedGemmBf16SplitKKernel(GroupedGemmBf16Params p) {
-  constexpr int kRowsPerTile = kWarps / S;
-  __shared__ int work[3];
-  __shared__ float partial[kWarps][MT];
-  FindSlot(p, work);
-  const int slot = work[0], row_begin = work[1], row_end = work[2];
-  if (row_begin >= row_end) return;
-
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  const int slice = warp % S;
-  const int64_t j = int64_t{blockIdx.x} * kRowsPerTile + warp / S;
-  const bool j_ok = j < p.n;
-  const uint4* wr =
-      reinterpret_cast<const uint4*>(p.weights[slot] + min(j, int64_t{p.n} - 1) * int64_t{p.k});
-  const int chunks = p.k / 8, groups = (chunks + 31) / 32;
-  for (int row0 = row_begin; row0 < row_end; row0 += MT) {
-    const int valid = min(MT, row_end - row0);
-    if (j_ok) {
-      const float4* xr[MT];
-#pragma unroll
-      for (int r = 0; r < MT; ++r) {
-        xr[r] = reinterpret_cast<const float4*>(p.x + (row0 + min(r, valid - 1)) * int64_t{p.k});
-      }
-      float acc[MT];
-#pragma unroll
-      for (int r = 0; r < MT; ++r) acc[r] = 0.0f;
-      for (int g0 = slice; g0 < groups; g0 += S * kSplitKChunks) {
-        uint4 wq[kSplitKChunks];
-#pragma unroll
-        for (int u = 0; u < kSplitKChunks; ++u) {
-          const int q = (g0 + u * S) * 32 + lane;
-          wq[u] = q < chunks ? LoadWeights16(wr + q) : make_uint4(0, 0, 0, 0);
-        }
-#pragma unroll
-        for (int u = 0; u < kSplitKChunks; ++u) {
-          const int q = (g0 + u * S) * 32 + lane;
-          if (q >= chunks) continue;
-          float wf[8];
-          Bf16x8ToFloat(wq[u], wf);
-#pragma unroll
-          for (int r = 0; r < MT; ++r) {
-            const float4 a = __ldg(xr[r] + 2 * q), b = __ldg(xr[r] + 2 * q + 1);
-            float s = acc[r];
-            s = fmaf(a.x, wf[0], s);
-            s = fmaf(a.y, wf[1], s);
-            s = fmaf(a.z, wf[2], s);
-            s = fmaf(a.w, wf[3], s);
-            s = fmaf(b.x, wf[4], s);
-            s = fmaf(b.y, wf[5], s);
-            s = fmaf(b.z, wf[6], s);
-            s = fmaf(b.w, wf[7], s);
-            acc[r] = s;
-          }
-        }
-      }
-#pragma unroll
-      for (int r = 0; r < MT; ++r) {
-#pragma unroll
-        for (int o = 16; o > 0; o /= 2) acc[r] += __shfl_xor_sync(0xffffffffu, acc[r], o);
-        if (lane == 0) partial[warp][r] = acc[r];
-      }
-    }
-    __syncthreads();
-    if (threadIdx.x < kRowsPerTile * MT) {
-      const int row = threadIdx.x / MT, r = threadIdx.x % MT;
-      const int64_t jj = int64_t{blockIdx.x} * kRowsPerTile + row;
-      if (jj < p.n && r < valid) {
-        float sum = 0.0f;
-#pragma unroll
-        for (int s = 0; s < S; ++s) sum += partial[row * S + s][r];
-        p.y[(row0 + r) * int64_t{p.n} + jj] = sum;
-      }
-    }
-    __syncthreads();  // partial is rewritten by the next row tile
-  }
-}
-
-template <int MT, int S>
-void LaunchSplitK(const GroupedGemmBf16Params& p, int64_t slot_blocks, cudaStream_t stream) {
-  constexpr int64_t kRowsPerTile = kWarps / S;
-  const dim3 grid(static_cast<unsigned>((int64_t{p.n} + kRowsPerTile - 1) / kRowsPerTile),
-                  static_cast<unsigned>(slot_blocks));
-  GroupedGemmBf16SplitKKernel<MT, S><<<grid, kThreads, 0, stream>>>(p);
-}
-
-// The fewest warps per row that leave each at most kSplitKChunks groups (one round), up to 8.
-template <int MT>
-void LaunchSplitKForK(const GroupedGemmBf16Params& p, int64_t slot_blocks, cudaStream_t stream) {
-  const int groups = (p.k / 8 + 31) / 32;
-  if (groups <= kSplitKChunks) {
-    LaunchSplitK<MT, 1>(p, slot_blocks, stream);
-  } else if (groups <= 2 * kSplitKChunks) {
-    LaunchSplitK<MT, 2>(p, slot_blocks, stream);
-  } else if (groups <= 4 * kSplitKChunks) {
-    LaunchSplitK<MT, 4>(p, slot_blocks, stream);
-  } else {
-    LaunchSplitK<MT, 8>(p, slot_blocks, stream);
-  }
-}
-
 // ---- Tensor-core variant (sm_80+): mma.sync m16n8k16, bf16 in, fp32 accumulate. ------------
 // A = 16 weight rows x 16 k (bf16 as stored), B = 16 k x 8 x rows. x is fp32: it is split into
 // hi = bf16(x) and lo = bf16(x - hi) and both are multiplied (two MMAs), so x keeps about 16
@@ -630,14 +513,6 @@ cudaError_t GroupedGemmBf16(const GroupedGemmBf16Params& p, cudaStream_t stream)
   const int hint = p.rows_per_slot_hint > 0 ? p.rows_per_slot_hint : p.max_rows;
   const int64_t slot_blocks = std::min<int64_t>(p.num_slots, p.max_rows);
   if (slot_blocks > 65535) return cudaErrorInvalidValue;
-  if (p.algo == GroupedGemmAlgo::kCudaCoreSplitK) {
-    if (hint <= 1) {
-      LaunchSplitKForK<1>(p, slot_blocks, stream);
-    } else {
-      LaunchSplitKForK<2>(p, slot_blocks, stream);
-    }
-    return cudaGetLastError();
-  }
   bool tensor_cores = p.algo == GroupedGemmAlgo::kTensorCore ||
                       (p.algo == GroupedGemmAlgo::kAuto && hint > kCudaCoreMaxRowsPerSlot);
   if (tensor_cores && !TensorCoresAvailable()) {

@@ -20,11 +20,6 @@ enum class GroupedGemmAlgo {
   kAuto,        // CUDA cores for rows_per_slot_hint <= 2 (decode), else tensor cores if built
   kCudaCore,    // fp32 FMA on CUDA cores: x used at full fp32 precision
   kTensorCore,  // mma.sync bf16 with x split into bf16 hi + lo (sm_80+; else cudaErrorNotSupported)
-  // fp32 FMA on CUDA cores as kCudaCore, for decode (1-2 rows per slot): a weight row's k split
-  // over 1-8 warps of a block, each warp's 16-byte loads (at most 4 a lane) issued in one round,
-  // the warps' partial sums added in warp order through shared memory (deterministic); one block
-  // per (4-8 weight rows, slot) instead of a grid of about one resident wave that loops.
-  kCudaCoreSplitK,
 };
 
 // All pointers are device pointers.
@@ -49,9 +44,8 @@ struct GroupedGemmBf16Params {
 };
 
 // Weights are used exactly; products are accumulated in fp32, and the result is fp32. CUDA-core
-// paths: x in fp32, so results differ from the sequential reference only by summation order
-// (per lane ascending k, then a butterfly across the warp; kCudaCoreSplitK then adds the 1-8
-// warps' sums of a row in warp order). Tensor-core path: x is split into
+// path: x in fp32, so results differ from the sequential reference only by summation order
+// (per lane ascending k, then a butterfly across the warp). Tensor-core path: x is split into
 // two bf16 terms (hi + lo, relative error <= 2^-17 per element) and accumulated by the MMA
 // units in fp32; the error bound is about 2^-16 * sum |x w| per output.
 // cudaErrorInvalidValue for k not a multiple of 8, non-positive n / k / num_slots, negative

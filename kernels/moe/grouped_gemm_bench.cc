@@ -13,8 +13,8 @@
 // the timed kernel. Median of 30 after 5 warm-ups. Also times MoePermuteF32 and MoeCombineF32
 // (hidden 2048).
 //
-// --decode: only the 1- and 2-token Moonlight GEMMs of the fp32-activation decode path, kCudaCore
-// (what kAuto runs there) against kCudaCoreSplitK, each timed alone as above and back to back in
+// --decode: only the 1- and 2-token Moonlight GEMMs of the fp32-activation decode path (the
+// backend's choice there: GroupedGemmBf16, CUDA cores), timed alone as above and back to back in
 // a CUDA graph as in the decode step: launch i uses experts 6i .. 6i+5 (1 token) or 12i .. 12i+11
 // (2 tokens, one row each), so no launch finds its weights in L2; time per launch = graph time
 // / launches, median of 10 replays.
@@ -271,7 +271,7 @@ double GraphUsPerLaunch(int launches, Fn launch) {
   return 1000.0 * ms[ms.size() / 2] / launches;
 }
 
-// --decode: kCudaCore against kCudaCoreSplitK at 1 and 2 tokens, alone and in a graph.
+// --decode: the CUDA-core grouped kernel at 1 and 2 tokens, alone and in a graph.
 void RunDecode(const MoeShape& shape, Timer& timer) {
   const int32_t E = shape.experts, K = shape.top_k, n = shape.n, k = shape.k;
   const size_t per_expert = size_t(n) * k;
@@ -301,9 +301,8 @@ void RunDecode(const MoeShape& shape, Timer& timer) {
     }
     int32_t* doffsets = Upload(offsets);
     const double bytes = double(busy) * per_expert * 2;
-    for (const auto& [algo, variant] :
-         {std::pair{kernels::GroupedGemmAlgo::kCudaCore, "f32x kCudaCore      "},
-          std::pair{kernels::GroupedGemmAlgo::kCudaCoreSplitK, "f32x kCudaCoreSplitK"}}) {
+    {
+      const char* variant = "f32x kCudaCore";
       kernels::GroupedGemmBf16Params p;
       p.num_slots = E;
       p.max_rows = busy;
@@ -313,7 +312,7 @@ void RunDecode(const MoeShape& shape, Timer& timer) {
       p.weights = reinterpret_cast<const uint16_t* const*>(dptrs);
       p.y = y;
       p.rows_per_slot_hint = tokens;
-      p.algo = algo;
+      p.algo = kernels::GroupedGemmAlgo::kCudaCore;
       auto launch = [&](int i, cudaStream_t st) {
         kernels::GroupedGemmBf16Params q = p;
         q.slot_offsets = doffsets + size_t(i) * (E + 1);

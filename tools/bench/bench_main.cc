@@ -107,9 +107,6 @@ int main(int argc, char** argv) {
       "small-m-gemm-algo", &config.small_m_gemm_algo,
       "CUDA: force the small-m GEMM layout (row: a lane group per weight row; split-k:\n"
       "a row's k over several warps); empty: by k.");
-  flags.AddString("decode-grouped-algo", &config.decode_grouped_algo,
-                  "CUDA, bf16: the kernel of the grouped-f32 decode expert GEMMs (1-2 tokens):\n"
-                  "cuda-core or split-k; empty: the backend's default.");
   flags.AddBool("cuda-graphs", &config.cuda_graphs,
                 "CUDA: replay decode steps from CUDA graphs recorded per batch-size bucket\n"
                 "(batches padded to 1 2 4 8 16 24 32 48 64 96 128 160 192 256 ...); off: every\n"

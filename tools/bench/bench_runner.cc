@@ -378,17 +378,6 @@ absl::Status RunRank(const BenchConfig& bc, int64_t rank, RankState* s, RankOutp
           "--small-m-gemm-algo must be row or split-k, got '", bc.small_m_gemm_algo, "'"));
     }
   }
-  if (cuda != nullptr && !bc.decode_grouped_algo.empty()) {
-    if (bc.decode_grouped_algo == "cuda-core") {
-      cuda->SetDecodeGroupedGemmAlgo(kernels::GroupedGemmAlgo::kCudaCore);
-    } else if (bc.decode_grouped_algo == "split-k") {
-      cuda->SetDecodeGroupedGemmAlgo(kernels::GroupedGemmAlgo::kCudaCoreSplitK);
-    } else {
-      return absl::InvalidArgumentError(
-          absl::StrCat("--decode-grouped-algo must be cuda-core or split-k, got '",
-                       bc.decode_grouped_algo, "'"));
-    }
-  }
   if (cuda != nullptr) cuda->SetSmallMGemm(bc.fused_ops);
 #endif
   auto set_fused = [&](bool on) {

@@ -84,10 +84,9 @@ struct BenchConfig {
   // CUDA only: CudaBackend::SetDecodeMoeAlgo: "grouped-f32", "stream" or "planned" forces that
   // expert GEMM for the device MoE path (any bf16 batch); empty keeps the backend's choice.
   std::string decode_moe_algo;
-  // CUDA: the small-m GEMM layout ("row", "split-k"; empty: by k) and the grouped-f32 decode
-  // expert kernel ("cuda-core", "split-k"; empty: the backend's default).
+  // CUDA: CudaBackend::SetSmallMGemmAlgo, the small-m GEMM layout ("row" or "split-k"); empty:
+  // kernels::SmallMGemmAutoIsSplitK's choice.
   std::string small_m_gemm_algo;
-  std::string decode_grouped_algo;
   // Decode steps replayed from CUDA graphs per batch-size bucket (DecodeGraphOptions; cuda only,
   // and never while op timing runs).
   bool cuda_graphs = true;

@@ -930,7 +930,6 @@ void CudaBackend::ExpertGemmsOnDevice(const RoutedExpertsArgs& a, DecodeMoeAlgo 
     g.weights = reinterpret_cast<const uint16_t* const*>(a.gate_up);
     g.y = gate_up->as<float>();
     g.rows_per_slot_hint = static_cast<int32_t>(T);  // a token's top-k experts are distinct
-    g.algo = decode_grouped_algo_;
     Check(kernels::GroupedGemmBf16(g, stream_), "kernels::GroupedGemmBf16(gate_up)");
     auto act = AllocateScratch(rows * I * sizeof(float));
     Check(kernels::SiluMulF32(T * K, I, gate_up->as<float>(), act->as<float>(), stream_),

@@ -41,7 +41,6 @@
 #include "absl/synchronization/mutex.h"
 #include "kernels/gemm/small_m_gemm.h"
 #include "kernels/moe/expert_gemm_cublas.h"
-#include "kernels/moe/grouped_gemm.h"
 #include "worker/backend/backend.h"
 
 namespace deepinfer {
@@ -126,9 +125,6 @@ class CudaBackend : public Backend {
   // Forces one decode algorithm (kAuto: by size, the default); a forced one also takes bf16
   // batches above kMaxFusedMoeTokens. For tests and benchmarks.
   void SetDecodeMoeAlgo(DecodeMoeAlgo algo) { decode_moe_algo_ = algo; }
-  // The kernels::GroupedGemmAlgo of kGroupedF32 (default kAuto: CUDA cores up to 2 rows per
-  // expert, tensor cores above; kCudaCoreSplitK for comparison). For tests and benchmarks.
-  void SetDecodeGroupedGemmAlgo(kernels::GroupedGemmAlgo algo) { decode_grouped_algo_ = algo; }
   // How the large-batch path calls cuBLAS (default kChunked). For tests and benchmarks.
   void SetExpertGemmAlgo(kernels::ExpertGemmCublasAlgo algo) { expert_gemm_algo_ = algo; }
   kernels::ExpertGemmCublasAlgo expert_gemm_algo() const { return expert_gemm_algo_; }
@@ -244,7 +240,6 @@ class CudaBackend : public Backend {
   bool in_timed_op_ = false;  // GroupedGemm calls Gemm: count only the outer op
   bool small_m_gemm_ = true;
   kernels::SmallMGemmAlgo small_m_gemm_algo_ = kernels::SmallMGemmAlgo::kAuto;
-  kernels::GroupedGemmAlgo decode_grouped_algo_ = kernels::GroupedGemmAlgo::kAuto;
   std::map<std::string, OpTotal> op_totals_;
 
   kernels::ExpertGemmCublasAlgo expert_gemm_algo_ = kernels::ExpertGemmCublasAlgo::kChunked;

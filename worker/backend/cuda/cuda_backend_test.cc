@@ -545,19 +545,6 @@ TEST_F(RoutedExpertsTest, EveryDecodeAlgoMatchesPerTokenReference) {
   }
 }
 
-// kGroupedF32 on the split-k CUDA-core kernel (what SetDecodeGroupedGemmAlgo selects), at the
-// 1-2 rows per expert it is made for and at 7 tokens (a slot of up to 7 rows, 2 at a time).
-TEST_F(RoutedExpertsTest, GroupedF32SplitKMatchesPerTokenReference) {
-  gpu_->SetDecodeGroupedGemmAlgo(kernels::GroupedGemmAlgo::kCudaCoreSplitK);
-  for (int64_t T : {int64_t{1}, int64_t{2}, int64_t{7}}) {
-    for (bool skewed : {false, true}) {
-      Run(T, WeightDType::kBFloat16, kernels::ExpertGemmCublasAlgo::kChunked,
-          DecodeAlgo::kGroupedF32, skewed);
-    }
-  }
-  gpu_->SetDecodeGroupedGemmAlgo(kernels::GroupedGemmAlgo::kAuto);
-}
-
 TEST_F(RoutedExpertsTest, CublasPathMatchesPerTokenReference) {
   for (auto algo :
        {kernels::ExpertGemmCublasAlgo::kChunked, kernels::ExpertGemmCublasAlgo::kGrouped,
