@@ -819,8 +819,7 @@ bool CudaBackend::RoutedExperts(const RoutedExpertsArgs& a) {
   const bool chunked =
       !device_grouped && expert_gemm_algo_ == kernels::ExpertGemmCublasAlgo::kChunked;
   const bool planned = device_grouped && decode_algo == DecodeMoeAlgo::kPlannedCublas;
-  const int32_t row_align =
-      chunked ? ChunkRowsFor(T * K / E) : planned ? PlannedChunkRows(T, K, E) : 1;
+  const int32_t row_align = chunked ? ChunkRowsFor(T * K / E) : planned ? PlannedChunkRows(T) : 1;
   const int64_t rows =
       std::max<int64_t>(1, kernels::MoePermutedRowsBound(static_cast<int32_t>(T),
                                                          static_cast<int32_t>(K), E, row_align));
@@ -911,10 +910,9 @@ CudaBackend::DecodeMoeAlgo CudaBackend::DecodeMoeAlgoFor(int64_t tokens) const {
   return DecodeMoeAlgo::kPlannedCublas;
 }
 
-int32_t CudaBackend::PlannedChunkRows(int64_t tokens, int64_t top_k, int64_t num_experts) const {
+int32_t CudaBackend::PlannedChunkRows(int64_t tokens) const {
   if (planned_chunk_rows_ > 0) return planned_chunk_rows_;
-  if (tokens <= 32) return 8;
-  return tokens * top_k >= 8 * num_experts ? 64 : 32;
+  return tokens <= 32 ? 8 : 48;
 }
 
 absl::Status CudaBackend::SetPlannedChunkRows(int32_t rows) {
@@ -984,7 +982,7 @@ void CudaBackend::ExpertGemmsOnDevice(const RoutedExpertsArgs& a, DecodeMoeAlgo 
   // kPlannedCublas: the pointer arrays of both GEMMs from the device counts, then one batched
   // call each over a fixed number of chunks (the dummies, spread between the real chunks and
   // reading their weights, compute garbage into dummy_y).
-  const int32_t C = PlannedChunkRows(T, K, E);
+  const int32_t C = PlannedChunkRows(T);
   const int32_t batch = kernels::ExpertGemmBatchBound(T * K, E, C);
   auto pointers = AllocateScratch(2 * 3 * static_cast<size_t>(batch) * sizeof(void*));
   auto dummy_x = AllocateScratch(C * std::max(H, I) * sizeof(uint16_t));

@@ -118,10 +118,10 @@ class CudaBackend : public Backend {
   // kAuto picks by size (DecodeMoeAlgoFor; grouped_gemm_bench on the H200, docs/kernels.md):
   // kGroupedF32 up to 2 tokens, kPlannedCublas up to 32, kStream up to 96, kPlannedCublas above.
   enum class DecodeMoeAlgo { kAuto, kGroupedF32, kStream, kPlannedCublas };
-  // Rows per chunk of kPlannedCublas for `tokens` tokens x top_k over num_experts experts:
-  // SetPlannedChunkRows's value if set, else by size (docs/kernels.md): 8 up to 32 tokens, 64
-  // from 8 rows per expert on average, 32 otherwise.
-  int32_t PlannedChunkRows(int64_t tokens, int64_t top_k, int64_t num_experts) const;
+  // Rows per chunk of kPlannedCublas for `tokens` tokens: SetPlannedChunkRows's value if set,
+  // else by size (grouped_gemm_bench, docs/kernels.md): 8 up to 32 tokens, 48 above (fastest
+  // at 128-256 tokens on the Moonlight and V3 shapes; at 64 tokens the stream kernel runs).
+  int32_t PlannedChunkRows(int64_t tokens) const;
   // Forces the chunk rows of kPlannedCublas (1..kMaxPlannedChunkRows; 0: by size, the
   // default). For tests and benchmarks.
   absl::Status SetPlannedChunkRows(int32_t rows);

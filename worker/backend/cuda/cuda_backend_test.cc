@@ -547,7 +547,7 @@ TEST_F(RoutedExpertsTest, PlannedChunkSizesMatchPerTokenReference) {
     ASSERT_TRUE(gpu_->SetPlannedChunkRows(chunk).ok());
     for (int64_t T : {int64_t{3}, int64_t{64}, int64_t{192}}) {
       SCOPED_TRACE(::testing::Message() << "chunk rows " << chunk);
-      EXPECT_EQ(gpu_->PlannedChunkRows(T, K, E), chunk);
+      EXPECT_EQ(gpu_->PlannedChunkRows(T), chunk);
       for (bool skewed : {false, true}) {
         Run(T, WeightDType::kBFloat16, kernels::ExpertGemmCublasAlgo::kChunked,
             DecodeAlgo::kPlannedCublas, skewed);
@@ -555,7 +555,8 @@ TEST_F(RoutedExpertsTest, PlannedChunkSizesMatchPerTokenReference) {
     }
   }
   ASSERT_TRUE(gpu_->SetPlannedChunkRows(0).ok());
-  EXPECT_EQ(gpu_->PlannedChunkRows(16, K, E), 8);
+  EXPECT_EQ(gpu_->PlannedChunkRows(16), 8);
+  EXPECT_EQ(gpu_->PlannedChunkRows(128), 48);
   EXPECT_FALSE(gpu_->SetPlannedChunkRows(-1).ok());
   EXPECT_FALSE(gpu_->SetPlannedChunkRows(CudaBackend::kMaxPlannedChunkRows + 1).ok());
 }
