@@ -103,6 +103,9 @@ int main(int argc, char** argv) {
                   "CUDA, bf16: force the expert GEMMs of the device MoE path (grouped-f32,\n"
                   "stream or planned) for EVERY batch, prefill included (compare decode\n"
                   "figures only); empty: the backend's choice by size.");
+  flags.AddInt("decode-moe-chunk-rows", &config.decode_moe_chunk_rows,
+               "CUDA, bf16: rows per chunk of the planned cuBLAS expert GEMMs (1-256; 0: the\n"
+               "backend's choice by size).");
   flags.AddBool("cuda-graphs", &config.cuda_graphs,
                 "CUDA: replay decode steps from CUDA graphs recorded per batch-size bucket\n"
                 "(batches padded to 1 2 4 8 16 24 32 48 64 96 128 160 192 256 ...); off: every\n"

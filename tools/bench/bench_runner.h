@@ -84,6 +84,8 @@ struct BenchConfig {
   // CUDA only: CudaBackend::SetDecodeMoeAlgo: "grouped-f32", "stream" or "planned" forces that
   // expert GEMM for the device MoE path (any bf16 batch); empty keeps the backend's choice.
   std::string decode_moe_algo;
+  // CUDA only: CudaBackend::SetPlannedChunkRows (0: the backend's choice by size).
+  int64_t decode_moe_chunk_rows = 0;
   // Decode steps replayed from CUDA graphs per batch-size bucket (DecodeGraphOptions; cuda only,
   // and never while op timing runs).
   bool cuda_graphs = true;
