@@ -1087,7 +1087,7 @@ struct GroupedPlan {
 };
 
 // The tensor-core pipeline shape used when MlaAttentionParams::mma_variant is 0.
-constexpr int kDefaultMmaVariant = 3;
+constexpr int kDefaultMmaVariant = 4;
 
 cudaError_t PlanGrouped(const MlaAttentionParams& p, GroupedPlan* plan) {
   if (p.cache.latent_dim <= 0 || p.cache.latent_dim > kMaxMlaLatentDim || p.cache.rope_dim < 0 ||

@@ -59,7 +59,7 @@ struct MlaAttentionParams {
   // bf16 cache, tensor-core kernel: its pipeline shape (1: 16-key chunks, 5 stages, 2 blocks
   // per SM; 2: 32-key chunks, 5 stages, 1 block per SM; 3: 32-key chunks, double-buffered, 2
   // blocks per SM; 4: 3 with fewer instructions per chunk, mla_attention.cu); 0 = the default
-  // (3). Tests and the benchmark set it.
+  // (4, the fastest measured on the H200, docs/cuda.md). Tests and the benchmark set it.
   int32_t mma_variant = 0;
 };
 

@@ -36,20 +36,33 @@ __global__ void __launch_bounds__(kThreads) PlanKernel(ExpertGemmPlanParams p) {
     }
     first_slot = lo;
   }
+  // Dummies spread evenly (interleave_dummies): d_before(j) = floor(j D / batch) of them sit
+  // before entry j.
+  const int dummies = p.interleave_dummies && total < p.batch ? p.batch - total : 0;
   for (int j = s; j < p.batch; j += kThreads) {
+    // The real chunk whose pointers entry j takes (a dummy: the next one), and whether j is a
+    // dummy.
+    int chunk = j;
+    bool dummy = j >= total;
+    if (dummies > 0) {
+      const long long before = static_cast<long long>(j) * dummies / p.batch;
+      const long long through = static_cast<long long>(j + 1) * dummies / p.batch;
+      chunk = min(j - static_cast<int>(before), total - 1);
+      dummy = through > before;
+    }
     int slot = -1, row = 0;
-    if (j < total) {
-      int lo = 0, hi = kThreads - 1;  // first slot with end_entry > j
+    if (chunk >= 0 && chunk < total && (p.interleave_dummies || !dummy)) {
+      int lo = 0, hi = kThreads - 1;  // first slot with end_entry > chunk
       while (lo < hi) {
         const int mid = (lo + hi) / 2;
-        if (end_entry[mid] > j)
+        if (end_entry[mid] > chunk)
           hi = mid;
         else
           lo = mid + 1;
       }
       slot = lo;
       const int first = slot > 0 ? end_entry[slot - 1] : 0;
-      row = p.slot_offsets[slot] + (j - first) * C;
+      row = p.slot_offsets[slot] + (chunk - first) * C;
     }
     for (int gi = 0; gi < p.num_gemms; ++gi) {
       const ExpertGemmPlanGemm& g = p.gemm[gi];
@@ -57,12 +70,12 @@ __global__ void __launch_bounds__(kThreads) PlanKernel(ExpertGemmPlanParams p) {
       if (slot >= 0) {
         a[j] = g.weights[slot];
         a[p.batch + j] = static_cast<const char*>(g.x) + row * g.x_row_bytes;
-        g.pointers[2 * p.batch + j] = static_cast<char*>(g.y) + row * g.y_row_bytes;
       } else {
         a[j] = g.weights[first_slot];
         a[p.batch + j] = g.dummy_x;
-        g.pointers[2 * p.batch + j] = g.dummy_y;
       }
+      g.pointers[2 * p.batch + j] =
+          dummy ? g.dummy_y : static_cast<char*>(g.y) + row * g.y_row_bytes;
     }
   }
 }

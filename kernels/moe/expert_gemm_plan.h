@@ -3,9 +3,11 @@
 // left there, so the expert GEMMs of a decode step need no host synchronisation and can be
 // captured in a CUDA graph (ExpertGemmsCublas kChunked copies the counts to the host instead).
 // Each slot's rows (padded layout, MoePermuteParams::row_align = chunk_rows) are cut into chunks
-// of chunk_rows rows; the entries past the last chunk are "dummies": they multiply a dummy x
-// chunk by the first chunk's weights (one matrix, so its repeated reads hit L2) into a dummy
-// output nobody reads. docs/kernels.md has the measurements.
+// of chunk_rows rows; the entries the real chunks do not fill are "dummies" that write a dummy
+// output nobody reads: either all after the last chunk (dummy x times the first chunk's weights,
+// one matrix, so its repeated reads hit L2), or spread evenly between the real chunks, each a
+// copy of its neighbouring chunk's weights and x (read at about the same time, so from L2).
+// docs/kernels.md has the measurements.
 #ifndef DEEPINFER_KERNELS_MOE_EXPERT_GEMM_PLAN_H_
 #define DEEPINFER_KERNELS_MOE_EXPERT_GEMM_PLAN_H_
 
@@ -46,14 +48,20 @@ struct ExpertGemmPlanParams {
   int32_t chunk_rows = 0;
   int32_t batch = 0;      // entries to fill: ExpertGemmBatchBound for the launch's sizes
   int32_t num_gemms = 0;  // 1 or 2 entries of gemm[] to plan
+  // false: the dummies after the last real chunk; true: spread between the real chunks.
+  bool interleave_dummies = false;
   ExpertGemmPlanGemm gemm[2];
 };
 
-// One launch of one block on `stream`. Entry j < total chunks is chunk c of slot s in slot
-// order: A = weights[s], B = x + (slot_offsets[s] + c * chunk_rows) rows, C likewise in y; the
-// rest are dummies (A = the first chunk's weights, or weights[0] when no slot has rows, which
-// must then be readable). Chunks beyond `batch` (only if the counts break the bound, e.g.
-// duplicate expert ids) are dropped: size `batch` with ExpertGemmBatchBound.
+// One launch of one block on `stream`. The real chunks, chunk c of slot s in slot order, get
+// A = weights[s], B = x + (slot_offsets[s] + c * chunk_rows) rows, C likewise in y. Without
+// interleave_dummies they are entries 0 .. total - 1 and the rest are dummies (A = the first
+// chunk's weights, B = dummy_x). With it, of D = batch - total dummies, entry j is a dummy iff
+// floor((j + 1) D / batch) > floor(j D / batch), and takes A and B of the next real chunk (the
+// last one at the end). No real chunk: every entry is a dummy with A = weights[0] (which must
+// then be readable) and B = dummy_x. C of a dummy is always dummy_y. Chunks beyond `batch`
+// (only if the counts break the bound, e.g. duplicate expert ids) are dropped: size `batch` with
+// ExpertGemmBatchBound.
 // cudaErrorInvalidValue for num_slots outside 1..kMaxMoeSlots, chunk_rows < 1, batch < 1,
 // num_gemms outside 1..2, or a null pointer.
 cudaError_t PlanExpertGemmBatches(const ExpertGemmPlanParams& params, cudaStream_t stream);

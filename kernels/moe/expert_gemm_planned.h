@@ -11,12 +11,12 @@
 namespace deepinfer {
 namespace kernels {
 
-// Per entry j: C_j[chunk_rows, n] (fp32, row-major, ld n) = B_j[chunk_rows, k] (bf16, ld k) ·
-// A_j[n, k]ᵀ (bf16), with `pointers` the device array [A | B | C] of 3 * batch entries.
-// CUBLAS_COMPUTE_32F: bf16 products are exact in fp32. CUBLAS_STATUS_INVALID_VALUE for
-// non-positive sizes or a null pointer array.
+// Per entry j: C_j[chunk_rows, n] (row-major, ld n; fp32, or bf16 rounded to nearest with
+// out_bf16) = B_j[chunk_rows, k] (bf16, ld k) · A_j[n, k]ᵀ (bf16), with `pointers` the device
+// array [A | B | C] of 3 * batch entries. CUBLAS_COMPUTE_32F: bf16 products are exact in fp32.
+// CUBLAS_STATUS_INVALID_VALUE for non-positive sizes or a null pointer array.
 cublasStatus_t PlannedExpertGemmsBf16(cublasHandle_t cublas, void* const* pointers, int32_t batch,
-                                      int32_t n, int32_t k, int32_t chunk_rows);
+                                      int32_t n, int32_t k, int32_t chunk_rows, bool out_bf16);
 
 }  // namespace kernels
 }  // namespace deepinfer

@@ -1,4 +1,4 @@
-// grouped_gemm_bench: the decode expert GEMMs, every way, at 1, 8, 64, 128 and 256 tokens of
+// grouped_gemm_bench: the decode expert GEMMs, every way, at 1, 8, 64, 128, 192 and 256 tokens of
 // the Moonlight MoE shape (64 experts top-6; gate_up n = 2*1408, k = 2048; down n = 2048,
 // k = 1408) and the DeepSeek-V3 one (256 experts top-8; gate_up n = 2*2048, k = 7168; down
 // n = 7168, k = 2048), as GB/s of the ACTIVE experts' weights (the bytes a decode step must
@@ -6,11 +6,14 @@
 //   f32x-grouped    GroupedGemmBf16 kAuto, fp32 activations (the decode path before this bench)
 //   bf16x-stream    GroupedGemmBf16Stream, bf16 activations
 //   planned-cN      PlanExpertGemmBatches + one cublasGemmBatchedEx over chunks of N rows
-//                   (padded layout, fixed batch ExpertGemmBatchBound; planner included)
+//                   (padded layout, fixed batch ExpertGemmBatchBound; planner included), the
+//                   dummies after the real chunks ("tail") or spread between them ("inter"),
+//                   fp32 or bf16 ("b16") outputs; "exact": the batch cut to the real chunks
+//                   (no dummies: what a host-planned call pays, the floor for the dummies)
 //
 // Each timed launch is preceded by an L2 flush and timed alone with CUDA events. The flush
 // READS 256 MiB (cublasIsamax) rather than writing, so no dirty L2 lines are written back during
-// the timed kernel. Median of 30 after 5 warm-ups. Also times MoePermuteF32 and MoeCombineF32
+// the timed kernel. Median of 15 after 3 warm-ups. Also times MoePermuteF32 and MoeCombineF32
 // (hidden 2048).
 //
 // --decode: only the 1- and 2-token Moonlight GEMMs of the fp32-activation decode path (the
@@ -46,7 +49,7 @@ namespace {
 using bench::DeviceAlloc;
 using bench::Upload;
 
-constexpr int kExperts = 64, kTopK = 6, kWarmup = 5, kIters = 30;
+constexpr int kExperts = 64, kTopK = 6, kWarmup = 3, kIters = 15;
 constexpr double kRooflineGBs = 4300.0;
 
 struct Timer {
@@ -117,21 +120,25 @@ void RunShape(const MoeShape& shape, Timer& timer, cublasHandle_t cublas) {
   for (int e = 0; e < E; ++e) ptrs[e] = reinterpret_cast<uint64_t>(w + e * per_expert);
   uint64_t* dptrs = Upload(ptrs);
 
-  constexpr int32_t kMaxTokens = 256, kMaxChunk = 32;
+  constexpr int32_t kMaxTokens = 256, kMaxChunk = 64;
   const int64_t max_rows = int64_t{kMaxTokens} * K + int64_t{E} * (kMaxChunk - 1);
   std::vector<float> host_x(size_t(max_rows) * k);
-  for (auto& v : host_x) v = normal(gen) * 50;
+  // 1024 random rows, repeated (values do not matter to the timing).
+  const size_t random_values = std::min(host_x.size(), size_t{1024} * k);
+  for (size_t i = 0; i < random_values; ++i) host_x[i] = normal(gen) * 50;
+  for (size_t i = random_values; i < host_x.size(); ++i) host_x[i] = host_x[i - random_values];
   std::vector<uint16_t> host_xb(host_x.size());
   for (size_t i = 0; i < host_x.size(); ++i) host_xb[i] = kernels::FloatToBf16(host_x[i]);
   float* x = Upload(host_x);
   uint16_t* xb = Upload(host_xb);
   float* y = DeviceAlloc<float>(size_t(max_rows) * n * 4);
   float* dummy_y = DeviceAlloc<float>(size_t(kMaxChunk) * n * 4);
+  uint16_t* yb = DeviceAlloc<uint16_t>(size_t(max_rows) * n * 2);
   void** pointers = DeviceAlloc<void*>(3 * size_t(max_rows) * sizeof(void*));
   int32_t* dplan = DeviceAlloc<int32_t>((2 * E + 1) * 4);  // counts | offsets
 
   char name[160];
-  for (int32_t tokens : {1, 8, 64, 128, 256}) {
+  for (int32_t tokens : {1, 8, 64, 128, 192, 256}) {
     // Random distinct top-K experts per token.
     std::vector<int32_t> perm(E), counts(E, 0);
     std::iota(perm.begin(), perm.end(), 0);
@@ -196,35 +203,58 @@ void RunShape(const MoeShape& shape, Timer& timer, cublasHandle_t cublas) {
                             [&](int) { BENCH_CUDA(kernels::GroupedGemmBf16Stream(p, nullptr)); }));
       }
     }
-    for (int32_t chunk : {8, 16, 32}) {
+    // Small batches: the chunks measured before (dummies at the tail). From 64 tokens the grid
+    // of chunk sizes x dummy placement x output type, and the exact batch.
+    struct Planned {
+      int32_t chunk;
+      bool interleave, out_bf16, exact;
+    };
+    std::vector<Planned> variants;
+    if (tokens < 64) {
+      for (int32_t chunk : {8, 16, 32}) variants.push_back({chunk, false, false, false});
+    } else {
+      for (int32_t chunk : {16, 32, 48, 64}) {
+        variants.push_back({chunk, false, false, false});
+        variants.push_back({chunk, true, false, false});
+        variants.push_back({chunk, true, true, false});
+        variants.push_back({chunk, false, false, true});
+      }
+    }
+    for (const Planned& v : variants) {
+      const int32_t chunk = v.chunk;
       upload_plan(chunk);
+      int32_t real_chunks = 0;
+      for (int32_t c : counts) real_chunks += (c + chunk - 1) / chunk;
       kernels::ExpertGemmPlanParams p;
       p.num_slots = E;
       p.slot_counts = dplan;
       p.slot_offsets = dplan + E;
       p.chunk_rows = chunk;
-      p.batch = kernels::ExpertGemmBatchBound(rows, E, chunk);
+      p.batch = v.exact ? std::max(1, real_chunks) : kernels::ExpertGemmBatchBound(rows, E, chunk);
       p.num_gemms = 1;
+      p.interleave_dummies = v.interleave;
       p.gemm[0].weights = reinterpret_cast<const void* const*>(dptrs);
       p.gemm[0].x = xb;
       p.gemm[0].x_row_bytes = int64_t{k} * 2;
-      p.gemm[0].y = y;
-      p.gemm[0].y_row_bytes = int64_t{n} * 4;
+      p.gemm[0].y = v.out_bf16 ? static_cast<void*>(yb) : static_cast<void*>(y);
+      p.gemm[0].y_row_bytes = int64_t{n} * (v.out_bf16 ? 2 : 4);
       p.gemm[0].dummy_x = xb;
       p.gemm[0].dummy_y = dummy_y;
       p.gemm[0].pointers = pointers;
       const double us = timer.MedianUs([&](int) {
         BENCH_CUDA(kernels::PlanExpertGemmBatches(p, nullptr));
-        if (kernels::PlannedExpertGemmsBf16(cublas, pointers, p.batch, n, k, chunk) !=
+        if (kernels::PlannedExpertGemmsBf16(cublas, pointers, p.batch, n, k, chunk, v.out_bf16) !=
             CUBLAS_STATUS_SUCCESS) {
           std::fprintf(stderr, "cublasGemmBatchedEx failed\n");
           std::exit(1);
         }
       });
-      char variant[64];
-      std::snprintf(variant, sizeof(variant), "planned-c%d (batch %d)", chunk, p.batch);
+      char variant[96];
+      std::snprintf(variant, sizeof(variant), "planned-c%d %s%s (batch %d, %d real)", chunk,
+                    v.exact ? "exact" : v.interleave ? "inter" : "tail",
+                    v.out_bf16 ? " b16" : "", p.batch, real_chunks);
       report(variant, us);
-      if (chunk == 16) {
+      if (chunk == 16 && tokens < 64) {
         report("planner kernel alone", timer.MedianUs([&](int) {
           BENCH_CUDA(kernels::PlanExpertGemmBatches(p, nullptr));
         }));
@@ -233,6 +263,7 @@ void RunShape(const MoeShape& shape, Timer& timer, cublasHandle_t cublas) {
   }
   for (void* ptr : {static_cast<void*>(w), static_cast<void*>(dptrs), static_cast<void*>(x),
                     static_cast<void*>(xb), static_cast<void*>(y), static_cast<void*>(dummy_y),
+                    static_cast<void*>(yb),
                     static_cast<void*>(pointers), static_cast<void*>(dplan)}) {
     cudaFree(ptr);
   }

@@ -35,6 +35,9 @@ struct Case {
   kernels::GroupedGemmAlgo algo;
   Impl impl = Impl::kGrouped;
   int32_t chunk = 1;  // kPlanned: rows per chunk
+  bool interleave = false;  // kPlanned: dummies spread between the real chunks
+  bool out_bf16 = false;    // kPlanned: bf16 outputs
+  int32_t extra_batch = 0;  // kPlanned: entries beyond ExpertGemmBatchBound (more dummies)
 };
 
 const char* Name(kernels::GroupedGemmAlgo a) {
@@ -60,7 +63,9 @@ void RunCase(const Case& c) {
                                     << (c.impl == Impl::kStream    ? "stream"
                                         : c.impl == Impl::kPlanned ? "planned cuBLAS"
                                                                    : Name(c.algo))
-                                    << " chunk " << c.chunk << " seed " << seed);
+                                    << " chunk " << c.chunk << (c.interleave ? " interleaved" : "")
+                                    << (c.out_bf16 ? " bf16 out" : "") << " extra batch "
+                                    << c.extra_batch << " seed " << seed);
   const int32_t slots = static_cast<int32_t>(c.counts.size());
   // kPlanned: each slot starts at a multiple of the chunk (padding rows after its rows).
   const int32_t align = c.impl == Impl::kPlanned ? c.chunk : 1;
@@ -97,6 +102,7 @@ void RunCase(const Case& c) {
   kernels::GroupedGemmBf16Reference(slots, offsets.data(), c.n, c.k, x.data(), host_w, want.data());
 
   DeviceArray<float> dx(x), dy(want.size());
+  DeviceArray<uint16_t> dyb(c.out_bf16 ? want.size() : 0);  // the bf16 outputs
   DeviceArray<uint16_t> dw(w);
   DeviceArray<int32_t> doff(offsets);
   std::vector<uint64_t> ptrs(slots, 0);
@@ -109,6 +115,7 @@ void RunCase(const Case& c) {
   DeviceArray<uint16_t> dxb(xb);
   DeviceArray<int32_t> dcounts(c.counts);
   dy.Poison();
+  dyb.Poison();  // 0xFFFF: NaN as bf16
   if (c.impl == Impl::kGrouped) {
     kernels::GroupedGemmBf16Params p;
     p.num_slots = slots;
@@ -144,17 +151,18 @@ void RunCase(const Case& c) {
     p.chunk_rows = c.chunk;
     int32_t real_rows = 0;
     for (int32_t v : c.counts) real_rows += v;
-    p.batch = kernels::ExpertGemmBatchBound(real_rows, slots, c.chunk);
+    p.batch = kernels::ExpertGemmBatchBound(real_rows, slots, c.chunk) + c.extra_batch;
     p.num_gemms = 1;
+    p.interleave_dummies = c.interleave;
     DeviceArray<uint16_t> dummy_x(static_cast<size_t>(c.chunk) * c.k);
-    DeviceArray<float> dummy_y(static_cast<size_t>(c.chunk) * c.n);
+    DeviceArray<float> dummy_y(static_cast<size_t>(c.chunk) * c.n);  // fits bf16 too
     DEEPINFER_CUDA_OK(cudaMemset(dummy_x.get(), 0, size_t{2} * c.chunk * c.k));
     DeviceArray<uint64_t> pointers(3 * static_cast<size_t>(p.batch));
     p.gemm[0].weights = reinterpret_cast<const void* const*>(dptrs.get());
     p.gemm[0].x = dxb.get();
     p.gemm[0].x_row_bytes = int64_t{c.k} * 2;
-    p.gemm[0].y = dy.get();
-    p.gemm[0].y_row_bytes = int64_t{c.n} * 4;
+    p.gemm[0].y = c.out_bf16 ? static_cast<void*>(dyb.get()) : static_cast<void*>(dy.get());
+    p.gemm[0].y_row_bytes = int64_t{c.n} * (c.out_bf16 ? 2 : 4);
     p.gemm[0].dummy_x = dummy_x.get();
     p.gemm[0].dummy_y = dummy_y.get();
     p.gemm[0].pointers = reinterpret_cast<void**>(pointers.get());
@@ -162,13 +170,20 @@ void RunCase(const Case& c) {
     cublasHandle_t cublas;
     ASSERT_EQ(cublasCreate(&cublas), CUBLAS_STATUS_SUCCESS);
     EXPECT_EQ(kernels::PlannedExpertGemmsBf16(cublas, reinterpret_cast<void**>(pointers.get()),
-                                              p.batch, c.n, c.k, c.chunk),
+                                              p.batch, c.n, c.k, c.chunk, c.out_bf16),
               CUBLAS_STATUS_SUCCESS);
     DEEPINFER_CUDA_OK(cudaDeviceSynchronize());
     cublasDestroy(cublas);
   }
   std::vector<float> got;
-  DEEPINFER_CUDA_OK(dy.Download(&got));
+  if (c.out_bf16) {
+    std::vector<uint16_t> got_bf16;
+    DEEPINFER_CUDA_OK(dyb.Download(&got_bf16));
+    got.resize(got_bf16.size());
+    for (size_t i = 0; i < got.size(); ++i) got[i] = kernels::Bf16ToFloat(got_bf16[i]);
+  } else {
+    DEEPINFER_CUDA_OK(dy.Download(&got));
+  }
 
   // Per element against the exact (double) dot product. CUDA cores sum k/32 terms per lane in
   // fp32, then 5 butterfly steps: error <= about (k/32 + 6) * 2^-24 * sum|x w|. Tensor cores:
@@ -195,7 +210,9 @@ void RunCase(const Case& c) {
           exact += t;
           abs_sum += std::abs(t);
         }
-        const double tol = rel * abs_sum;
+        // bf16 outputs: plus the rounding to nearest, half a unit in the 8th bit.
+        const double tol =
+            rel * abs_sum + (c.out_bf16 ? std::ldexp(std::abs(exact) + rel * abs_sum, -8) : 0.0);
         const float g = got[size_t(r) * c.n + j], e = want[size_t(r) * c.n + j];
         if (!(std::abs(g - exact) <= tol) && bad++ < 5) {
           ADD_FAILURE() << "slot " << s << " row " << r << " col " << j << ": got " << g
@@ -298,11 +315,32 @@ TEST(GroupedGemmBf16StreamTest, MoonlightBatchShapeWithOneHotExpert) {
 
 TEST(PlannedExpertGemmsTest, MatchesExactProducts) {
   DEEPINFER_SKIP_WITHOUT_GPU();
-  for (int32_t chunk : {8, 16, 32}) {
-    for (Case c : BaseCases()) {
-      c.impl = Impl::kPlanned;
-      c.chunk = chunk;
-      RunCase(c);
+  for (int32_t chunk : {8, 16, 32, 48, 64}) {
+    for (bool interleave : {false, true}) {
+      for (Case c : BaseCases()) {
+        c.impl = Impl::kPlanned;
+        c.chunk = chunk;
+        c.interleave = interleave;
+        RunCase(c);
+      }
+    }
+  }
+}
+
+// bf16 outputs (the backend's gate_up), and batches with many more dummies than real chunks
+// (interleaved: dummies between, before and after the real chunks).
+TEST(PlannedExpertGemmsTest, Bf16OutputsAndExtraDummies) {
+  DEEPINFER_SKIP_WITHOUT_GPU();
+  for (int32_t chunk : {16, 64}) {
+    for (bool interleave : {false, true}) {
+      for (Case c : BaseCases()) {
+        c.impl = Impl::kPlanned;
+        c.chunk = chunk;
+        c.interleave = interleave;
+        c.out_bf16 = true;
+        c.extra_batch = 37;
+        RunCase(c);
+      }
     }
   }
 }
@@ -319,7 +357,7 @@ TEST(PlannedExpertGemmsTest, RejectsBadArguments) {
   kernels::ExpertGemmPlanParams p;
   p.num_slots = 0;
   EXPECT_EQ(kernels::PlanExpertGemmBatches(p, nullptr), cudaErrorInvalidValue);
-  EXPECT_EQ(kernels::PlannedExpertGemmsBf16(nullptr, nullptr, 1, 8, 8, 8),
+  EXPECT_EQ(kernels::PlannedExpertGemmsBf16(nullptr, nullptr, 1, 8, 8, 8, false),
             CUBLAS_STATUS_INVALID_VALUE);
 }
 

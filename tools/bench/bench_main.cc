@@ -106,7 +106,10 @@ int main(int argc, char** argv) {
   flags.AddString(
       "small-m-gemm-algo", &config.small_m_gemm_algo,
       "CUDA: force the small-m GEMM layout (row: a lane group per weight row; split-k:\n"
-      "a row's k over several warps); empty: by k.");
+      "a row's k over several warps); empty: by shape.");
+  flags.AddInt("decode-moe-chunk-rows", &config.decode_moe_chunk_rows,
+               "CUDA, bf16: rows per chunk of the planned cuBLAS expert GEMMs (1-256; 0: the\n"
+               "backend's choice by size).");
   flags.AddBool("cuda-graphs", &config.cuda_graphs,
                 "CUDA: replay decode steps from CUDA graphs recorded per batch-size bucket\n"
                 "(batches padded to 1 2 4 8 16 24 32 48 64 96 128 160 192 256 ...); off: every\n"

@@ -378,6 +378,19 @@ absl::Status RunRank(const BenchConfig& bc, int64_t rank, RankState* s, RankOutp
           "--small-m-gemm-algo must be row or split-k, got '", bc.small_m_gemm_algo, "'"));
     }
   }
+  if (cuda != nullptr && bc.decode_moe_chunk_rows != 0) {
+    if (bc.decode_moe_chunk_rows < 0 ||
+        bc.decode_moe_chunk_rows > CudaBackend::kMaxPlannedChunkRows) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--decode-moe-chunk-rows must be in [0, ", CudaBackend::kMaxPlannedChunkRows,
+                       "], got ", bc.decode_moe_chunk_rows));
+    }
+    if (absl::Status st =
+            cuda->SetPlannedChunkRows(static_cast<int32_t>(bc.decode_moe_chunk_rows));
+        !st.ok()) {
+      return st;
+    }
+  }
   if (cuda != nullptr) cuda->SetSmallMGemm(bc.fused_ops);
 #endif
   auto set_fused = [&](bool on) {

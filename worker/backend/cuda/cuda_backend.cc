@@ -912,13 +912,29 @@ CudaBackend::DecodeMoeAlgo CudaBackend::DecodeMoeAlgoFor(int64_t tokens) const {
   return DecodeMoeAlgo::kPlannedCublas;
 }
 
+int32_t CudaBackend::PlannedChunkRows(int64_t tokens) const {
+  if (planned_chunk_rows_ > 0) return planned_chunk_rows_;
+  return tokens <= 32 ? 8 : 48;
+}
+
+absl::Status CudaBackend::SetPlannedChunkRows(int32_t rows) {
+  if (rows < 0 || rows > kMaxPlannedChunkRows) {
+    return absl::InvalidArgumentError(absl::StrCat("SetPlannedChunkRows: rows must be in [0, ",
+                                                   kMaxPlannedChunkRows, "], got ", rows));
+  }
+  planned_chunk_rows_ = rows;
+  return absl::OkStatus();
+}
+
 void CudaBackend::ExpertGemmsOnDevice(const RoutedExpertsArgs& a, DecodeMoeAlgo algo,
                                       const int32_t* plan, int64_t rows, const void* permuted,
                                       float* expert_out) {
   const int64_t T = a.num_tokens, K = a.top_k, H = a.hidden_size, I = a.inter;
   const int32_t E = a.num_experts;
   const int32_t* offsets = plan + E;
-  auto gate_up = AllocateScratch(rows * 2 * I * sizeof(float));
+  // The planned cuBLAS GEMMs write gate_up in bf16 (as the prefill path), the kernels fp32.
+  const bool gate_up_bf16 = algo == DecodeMoeAlgo::kPlannedCublas;
+  auto gate_up = AllocateScratch(rows * 2 * I * (gate_up_bf16 ? sizeof(uint16_t) : sizeof(float)));
   if (algo == DecodeMoeAlgo::kGroupedF32) {
     kernels::GroupedGemmBf16Params g;
     g.num_slots = E;
@@ -966,7 +982,8 @@ void CudaBackend::ExpertGemmsOnDevice(const RoutedExpertsArgs& a, DecodeMoeAlgo 
     return;
   }
   // kPlannedCublas: the pointer arrays of both GEMMs from the device counts, then one batched
-  // call each over a fixed number of chunks (the dummies compute garbage into dummy_y).
+  // call each over a fixed number of chunks (the dummies, spread between the real chunks and
+  // reading their weights, compute garbage into dummy_y).
   const int32_t C = PlannedChunkRows(T);
   const int32_t batch = kernels::ExpertGemmBatchBound(T * K, E, C);
   auto pointers = AllocateScratch(2 * 3 * static_cast<size_t>(batch) * sizeof(void*));
@@ -979,8 +996,9 @@ void CudaBackend::ExpertGemmsOnDevice(const RoutedExpertsArgs& a, DecodeMoeAlgo 
   p.chunk_rows = C;
   p.batch = batch;
   p.num_gemms = 2;
+  p.interleave_dummies = true;
   void** ptrs = static_cast<void**>(pointers->data());
-  // gate_up: permuted [rows, H] bf16 -> gate_up [rows, 2I] fp32; down: act [rows, I] bf16 ->
+  // gate_up: permuted [rows, H] bf16 -> gate_up [rows, 2I] bf16; down: act [rows, I] bf16 ->
   // expert_out [rows, H] fp32.
   const struct {
     const void* const* weights;
@@ -988,7 +1006,7 @@ void CudaBackend::ExpertGemmsOnDevice(const RoutedExpertsArgs& a, DecodeMoeAlgo 
     int64_t x_row_bytes;
     void* y;
     int64_t y_row_bytes;
-  } gemms[2] = {{a.gate_up, permuted, H * 2, gate_up->data(), 2 * I * 4},
+  } gemms[2] = {{a.gate_up, permuted, H * 2, gate_up->data(), 2 * I * 2},
                 {a.down, act->data(), I * 2, expert_out, H * 4}};
   for (int i = 0; i < 2; ++i) {
     kernels::ExpertGemmPlanGemm& g = p.gemm[i];
@@ -1003,13 +1021,14 @@ void CudaBackend::ExpertGemmsOnDevice(const RoutedExpertsArgs& a, DecodeMoeAlgo 
   }
   Check(kernels::PlanExpertGemmBatches(p, stream_), "kernels::PlanExpertGemmBatches");
   CheckBlas(kernels::PlannedExpertGemmsBf16(cublas_, ptrs, batch, static_cast<int32_t>(2 * I),
-                                            static_cast<int32_t>(H), C),
+                                            static_cast<int32_t>(H), C, /*out_bf16=*/true),
             "PlannedExpertGemmsBf16(gate_up)");
   // Over every row of the padded layout (padding rows carry garbage nobody reads).
-  Check(kernels::SiluMulF32ToBf16(rows, I, gate_up->as<float>(), act->as<uint16_t>(), stream_),
-        "kernels::SiluMulF32ToBf16");
+  Check(kernels::SiluMulBf16(rows, I, gate_up->as<uint16_t>(), act->as<uint16_t>(), stream_),
+        "kernels::SiluMulBf16");
   CheckBlas(kernels::PlannedExpertGemmsBf16(cublas_, ptrs + 3 * batch, batch,
-                                            static_cast<int32_t>(H), static_cast<int32_t>(I), C),
+                                            static_cast<int32_t>(H), static_cast<int32_t>(I), C,
+                                            /*out_bf16=*/false),
             "PlannedExpertGemmsBf16(down)");
 }
 

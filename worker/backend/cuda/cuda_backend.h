@@ -114,12 +114,20 @@ class CudaBackend : public Backend {
   //  kStream:        kernels::GroupedGemmBf16Stream on bf16 activations (gathered into bf16,
   //                  SiLU-mul written in bf16);
   //  kPlannedCublas: kernels::PlanExpertGemmBatches + one cublasGemmBatchedEx per GEMM over
-  //                  chunks of PlannedChunkRows(tokens) rows (bf16 activations, padded layout).
+  //                  chunks of PlannedChunkRows rows (bf16 activations, padded layout; the
+  //                  dummy entries spread between the real chunks; gate_up written in bf16,
+  //                  kernels::SiluMulBf16, down in fp32).
   // kAuto picks by size (DecodeMoeAlgoFor; grouped_gemm_bench on the H200, docs/kernels.md):
   // kGroupedF32 up to 2 tokens, kPlannedCublas up to 32, kStream up to 96, kPlannedCublas above.
   enum class DecodeMoeAlgo { kAuto, kGroupedF32, kStream, kPlannedCublas };
-  // Rows per chunk of kPlannedCublas: 8 up to 32 tokens, else 32 (measured at 8 and 64 tokens).
-  static int32_t PlannedChunkRows(int64_t tokens) { return tokens <= 32 ? 8 : 32; }
+  // Rows per chunk of kPlannedCublas for `tokens` tokens: SetPlannedChunkRows's value if set,
+  // else by size (grouped_gemm_bench, docs/kernels.md): 8 up to 32 tokens, 48 above (fastest
+  // at 128-256 tokens on the Moonlight and V3 shapes; at 64 tokens the stream kernel runs).
+  int32_t PlannedChunkRows(int64_t tokens) const;
+  // Forces the chunk rows of kPlannedCublas (1..kMaxPlannedChunkRows; 0: by size, the
+  // default). For tests and benchmarks.
+  absl::Status SetPlannedChunkRows(int32_t rows);
+  static constexpr int32_t kMaxPlannedChunkRows = 256;
   // The algorithm the device path uses for `tokens` tokens (never kAuto).
   DecodeMoeAlgo DecodeMoeAlgoFor(int64_t tokens) const;
   // Forces one decode algorithm (kAuto: by size, the default); a forced one also takes bf16
@@ -244,6 +252,7 @@ class CudaBackend : public Backend {
 
   kernels::ExpertGemmCublasAlgo expert_gemm_algo_ = kernels::ExpertGemmCublasAlgo::kChunked;
   DecodeMoeAlgo decode_moe_algo_ = DecodeMoeAlgo::kAuto;
+  int32_t planned_chunk_rows_ = 0;  // 0: by size
 
   const int device_;
   const WeightDType weight_dtype_;

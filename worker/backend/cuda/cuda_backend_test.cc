@@ -433,14 +433,17 @@ class RoutedExpertsTest : public CudaBackendTest {
     // moves its activation by about as much as an activation rounded the other way (counted
     // twice more in flip[]), an expert output rounded the other way moves out by |w| * 2^-8 *
     // |y|.
+    // The planned cuBLAS decode path rounds gate_up's outputs to bf16 too (not down's).
     const bool round_outputs = bf16 && cublas_path;
+    const bool round_gate_up =
+        round_outputs || (bf16 && resolved == DecodeAlgo::kPlannedCublas);
     std::vector<double> flip(T * H, 0.0);
     std::vector<float> gu(2 * I), act(I), y(H);
     for (int64_t t = 0; t < T; ++t) {
       for (int64_t k = 0; k < K; ++k) {
         const int32_t e = ids[t * K + k];
         ref.Gemm(1, 2 * I, H, x.data() + t * H, H, ref_gu[e], H, gu.data(), 2 * I, false);
-        if (round_outputs) {
+        if (round_gate_up) {
           for (float& v : gu) v = RoundToBf16(v);
         }
         ref.SiluMul(1, I, gu.data(), act.data());
@@ -450,7 +453,7 @@ class RoutedExpertsTest : public CudaBackendTest {
         }
         double amax = 0;
         for (float v : act) amax = std::max(amax, std::abs(static_cast<double>(v)));
-        const double act_flips = round_outputs ? 3.0 : 1.0;
+        const double act_flips = round_gate_up ? 3.0 : 1.0;
         for (int64_t i = 0; i < H; ++i) {
           want[t * H + i] += w[t * K + k] * y[i];
           flip[t * H + i] +=
@@ -543,6 +546,27 @@ TEST_F(RoutedExpertsTest, EveryDecodeAlgoMatchesPerTokenReference) {
       }
     }
   }
+}
+
+// The planned cuBLAS path at every chunk size it may take (and odd ones), including chunks
+// larger than any expert's rows and chunks that split the busiest expert several times.
+TEST_F(RoutedExpertsTest, PlannedChunkSizesMatchPerTokenReference) {
+  for (int32_t chunk : {8, 16, 24, 32, 48, 64, 128}) {
+    ASSERT_TRUE(gpu_->SetPlannedChunkRows(chunk).ok());
+    for (int64_t T : {int64_t{3}, int64_t{64}, int64_t{192}}) {
+      SCOPED_TRACE(::testing::Message() << "chunk rows " << chunk);
+      EXPECT_EQ(gpu_->PlannedChunkRows(T), chunk);
+      for (bool skewed : {false, true}) {
+        Run(T, WeightDType::kBFloat16, kernels::ExpertGemmCublasAlgo::kChunked,
+            DecodeAlgo::kPlannedCublas, skewed);
+      }
+    }
+  }
+  ASSERT_TRUE(gpu_->SetPlannedChunkRows(0).ok());
+  EXPECT_EQ(gpu_->PlannedChunkRows(16), 8);
+  EXPECT_EQ(gpu_->PlannedChunkRows(128), 48);
+  EXPECT_FALSE(gpu_->SetPlannedChunkRows(-1).ok());
+  EXPECT_FALSE(gpu_->SetPlannedChunkRows(CudaBackend::kMaxPlannedChunkRows + 1).ok());
 }
 
 TEST_F(RoutedExpertsTest, CublasPathMatchesPerTokenReference) {
