@@ -51,7 +51,9 @@ tests=(
   //kernels/attention:mla_prefill_test
   //kernels/embedding:rows_test
   //kernels/gemm:small_m_gemm_test
+  //kernels/moe:expert_activation_test
   //kernels/moe:expert_counts_test
+  //kernels/moe:expert_gemm_cublas_test
   //kernels/moe:grouped_gemm_test
   //kernels/moe:noaux_tc_router_test
   //kernels/moe:permute_test
