@@ -12,31 +12,7 @@
 # step), one line per step in $OUT/summary.txt.
 set -uo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
-OUT=${OUT:-/tmp/gpu-out}
-mkdir -p "$OUT"
-logs=/tmp/graphs-logs
-rm -rf "$logs"
-mkdir -p "$logs"
-export LD_LIBRARY_PATH="$here/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
-export TEST_SRCDIR="$here/srcdir"
-export NCCL_NVLS_ENABLE=0
-B="$here/bin"
-C="$here/configs"
-: > "$OUT/summary.txt"
-nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv > "$OUT/machine.txt" 2>&1
-head -1 "$here/COMMIT" >> "$OUT/machine.txt" 2>/dev/null
-
-step() {  # step NAME TIMEOUT_S COMMAND...
-  local name=$1 limit=$2
-  shift 2
-  local start_ms=$(($(date +%s%N) / 1000000))
-  timeout "$limit" "$@" > "$logs/$name.log" 2>&1
-  local rc=$?
-  local ms=$(($(date +%s%N) / 1000000 - start_ms))
-  printf '%-28s rc=%-4s %5d.%03ds %s\n' "$name" "$rc" $((ms / 1000)) $((ms % 1000)) \
-    "$(grep -E '^\[  (PASSED|FAILED) ' "$logs/$name.log" | tr '\n' ' ')" >> "$OUT/summary.txt"
-  tar -C "$logs" -czf "$OUT/logs.tar.gz" .
-}
+. "$here/steps.sh"  # environment, step(), $OUT/machine.txt
 
 bench4=("$B/deepinfer-bench" --backend cuda --model "$C/moonlight_shaped_4layers.json"
   --load-format dummy --decode-num-requests 1,64,128 --context-length 1024

@@ -15,37 +15,7 @@
 # line per step in $OUT/summary.txt.
 set -uo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
-OUT=${OUT:-/tmp/gpu-out}
-mkdir -p "$OUT"
-logs=/tmp/gemv-logs
-rm -rf "$logs"
-mkdir -p "$logs"
-export LD_LIBRARY_PATH="$here/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
-export TEST_SRCDIR="$here/srcdir"
-export NCCL_NVLS_ENABLE=0
-B="$here/bin"
-C="$here/configs"
-deadline=$(($(date +%s) + ${GEMV_BUDGET_S:-110}))
-: > "$OUT/summary.txt"
-head -1 "$here/COMMIT" > "$OUT/machine.txt" 2>/dev/null
-
-step() {  # step NAME TIMEOUT_S COMMAND...
-  local name=$1 limit=$2
-  shift 2
-  local left=$((deadline - $(date +%s)))
-  if ((left < 3)); then
-    echo "$name skipped (deadline)" >> "$OUT/summary.txt"
-    return
-  fi
-  ((limit > left)) && limit=$left
-  local start_ms=$(($(date +%s%N) / 1000000))
-  timeout "$limit" stdbuf -oL -eL "$@" > "$logs/$name.log" 2>&1
-  local rc=$?
-  local ms=$(($(date +%s%N) / 1000000 - start_ms))
-  printf '%-28s rc=%-4s %5d.%03ds %s\n' "$name" "$rc" $((ms / 1000)) $((ms % 1000)) \
-    "$(grep -E '^\[  (PASSED|FAILED) ' "$logs/$name.log" | tr '\n' ' ')" >> "$OUT/summary.txt"
-  tar -C "$logs" -czf "$OUT/logs.tar.gz" .
-}
+STEP_BUDGET_S=${GEMV_BUDGET_S:-110} . "$here/steps.sh"  # environment, step(), $OUT/machine.txt
 
 bench27=("$B/deepinfer-bench" --backend cuda --dtype bfloat16 --load-format dummy --seed 1
   --context-length 1024 --decode-fill random --model "$C/moonlight_shaped.json"

@@ -11,31 +11,8 @@
 #                                         the default, or a subset)
 set -uo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
-OUT=${OUT:-/tmp/gpu-out}
-mkdir -p "$OUT"
-export LD_LIBRARY_PATH="$here/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
-export TEST_SRCDIR="$here/srcdir"
-export NCCL_NVLS_ENABLE=0
-logs=/tmp/mla-prefill-logs
-rm -rf "$logs"
-mkdir -p "$logs"
-summary="$OUT/summary.txt"
-{
-  echo "commit: $(head -1 "$here/COMMIT" 2>/dev/null)"
-  nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
-} > "$summary" 2>&1
-start=$(date +%s)
-step() {  # step NAME LIMIT_S COMMAND...
-  local name=$1 limit=$2
-  shift 2
-  local t0=$(date +%s)
-  timeout "$limit" "$@" > "$logs/$name.log" 2>&1
-  local rc=$?
-  printf '%-24s rc=%-3d %4ds  %s\n' "$name" "$rc" $(($(date +%s) - t0)) \
-    "$(grep -E '^\[  (PASSED|FAILED) ' "$logs/$name.log" | tr '\n' ' ')" >> "$summary"
-  tar -C "$logs" -czf "$OUT/logs.tar.gz" .
-}
-left() { (($(date +%s) - start < ${BUDGET_S:-95})); }
+. "$here/steps.sh"  # environment, step(), $OUT/machine.txt
+left() { (($(date +%s) - steps_start < ${BUDGET_S:-95})); }
 parts=${PARTS:-tests kbench profile l27 l27before backend}
 want() { [[ " $parts " == *" $1 "* ]]; }
 
@@ -62,4 +39,4 @@ for f in "$logs"/profile4_*.log "$logs"/layers27_*.log; do
   [[ -f "$f" ]] && { echo "== $(basename "$f")"; grep -E "prefill|decode|MlaAttention|total" "$f"; } >> "$summary"
 done
 grep -h "bf16-parity\|mla-prefill\] tokens 0\.\.1024" "$logs"/*.log >> "$summary" 2>/dev/null
-echo "elapsed $(($(date +%s) - start)) s" >> "$summary"
+echo "elapsed $(($(date +%s) - steps_start)) s" >> "$summary"

@@ -15,29 +15,7 @@
 # $OUT/logs.tar.gz (refreshed after each step), one line per step in $OUT/summary.txt.
 set -uo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
-OUT=${OUT:-/tmp/gpu-out}
-mkdir -p "$OUT"
-export LD_LIBRARY_PATH="$here/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
-export TEST_SRCDIR="$here/srcdir"
-export NCCL_NVLS_ENABLE=0
-logs=/tmp/moe-prefill-logs
-rm -rf "$logs"
-mkdir -p "$logs"
-summary="$OUT/summary.txt"
-{
-  echo "commit: $(head -1 "$here/COMMIT" 2>/dev/null)"
-  nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
-} > "$summary" 2>&1
-step() {  # step NAME LIMIT_S COMMAND...
-  local name=$1 limit=$2
-  shift 2
-  local t0=$(date +%s)
-  timeout "$limit" "$@" > "$logs/$name.log" 2>&1
-  local rc=$?
-  printf '%-24s rc=%-3d %4ds  %s\n' "$name" "$rc" $(($(date +%s) - t0)) \
-    "$(grep -E '^\[  (PASSED|FAILED) ' "$logs/$name.log" | tr '\n' ' ')" >> "$summary"
-  tar -C "$logs" -czf "$OUT/logs.tar.gz" .
-}
+. "$here/steps.sh"  # environment, step(), $OUT/machine.txt
 step expert_activation_test 15 "$here/bin/expert_activation_test" --gtest_color=no
 step permute_test 20 "$here/bin/permute_test" --gtest_color=no
 step routed_experts 30 "$here/bin/cuda_backend_test" --gtest_color=no \

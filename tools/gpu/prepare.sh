@@ -101,7 +101,7 @@ cp -r tests/fixtures "$out/srcdir/deepinfer/tests/"  # the configs below come fr
 rm -f "$out/srcdir/deepinfer/tests/fixtures/BUILD"
 for d in tests/fixtures/*/; do cp "$d/config.json" "$out/configs/$(basename "$d").json"; done
 [[ -d tools/bench/configs ]] && cp tools/bench/configs/*.json "$out/configs/"
-cp tools/gpu/run_all.sh "$out/run_all.sh"
+cp tools/gpu/run_all.sh tools/gpu/steps.sh tools/gpu/*_check.sh "$out/"
 cp tools/bench/bench_cases.sh tools/bench/sweep.sh tools/bench/hf_bench.py \
   tools/bench/combine_results.py tools/gpu/bench_all.sh "$out/"
 cp tools/parity/hf_bf16_error.py "$out/hf_bf16_error.py"

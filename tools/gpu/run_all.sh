@@ -16,43 +16,9 @@
 # of failed steps (0 = all passed).
 set -uo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
-OUT=${OUT:-/tmp/gpu-out}
-mkdir -p "$OUT"
-export LD_LIBRARY_PATH="$here/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
-export TEST_SRCDIR="$here/srcdir"
-export NCCL_NVLS_ENABLE=0
-export PATH="$PATH:/usr/local/cuda/bin"
-logs=/tmp/gpu-logs
-rm -rf "$logs"
-mkdir -p "$logs"
-summary="$OUT/summary.txt"
-: > "$summary"
-failed=0
+. "$here/steps.sh"  # the environment, $OUT/machine.txt, step(), $failed
 STEPS=${STEPS:-tests hf bench memcheck racecheck model_memcheck}
 want() { [[ " $STEPS " == *" $1 "* ]]; }
-
-step() {  # step NAME TIMEOUT_S COMMAND... : runs, logs to $logs/NAME.log, records the result
-  local name=$1 limit=$2
-  shift 2
-  local start_ms=$(($(date +%s%N) / 1000000))
-  timeout "$limit" "$@" > "$logs/$name.log" 2>&1
-  local rc=$?
-  local ms=$(($(date +%s%N) / 1000000 - start_ms))
-  local verdict=PASS
-  [[ $rc -eq 0 ]] || { verdict="FAIL(rc=$rc)"; failed=$((failed + 1)); }
-  # A gtest binary that skipped everything still exits 0: say so, it is not a pass on the GPU.
-  if grep -q '\[  SKIPPED \]' "$logs/$name.log" 2>/dev/null; then verdict="$verdict+SKIPS"; fi
-  printf '%-40s %-16s %5d.%03ds  %s\n' "$name" "$verdict" $((ms / 1000)) $((ms % 1000)) \
-    "$(grep -E '^\[  (PASSED|FAILED) |ERROR SUMMARY' "$logs/$name.log" | tr '\n' ' ')" |
-    tee -a "$summary"
-  tar -C "$logs" -czf "$OUT/logs.tar.gz" .
-}
-
-{
-  echo "commit: $(head -1 "$here/COMMIT" 2>/dev/null)"
-  nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv
-  ls -la /usr/local/cuda/lib64/libcublas.so* 2>/dev/null | head -3
-} > "$OUT/machine.txt" 2>&1
 
 if want tests; then
   for t in "$here"/bin/*_test; do
