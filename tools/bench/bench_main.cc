@@ -80,7 +80,8 @@ int main(int argc, char** argv) {
   flags.AddInt("output-len", &config.output_len,
                "Decode steps per request count, --warmup steps included.");
   flags.AddInt("warmup", &config.warmup,
-               "Decode steps not timed (prefill always warms up with one untimed prompt).");
+               "Decode steps not timed (prefill always warms up with one untimed step of the\n"
+               "timed size, reported apart).");
   flags.AddInt("iters", &config.prefill_repeats, "Timed prefill steps (the median is reported).");
   flags.AddString("decode-fill", &config.decode_fill,
                   "How decode requests get their cached context: prefill (model steps, untimed)\n"

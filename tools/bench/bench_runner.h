@@ -3,9 +3,9 @@
 // requests, decode step latency percentiles and memory, next to the config's roofline
 // (roofline.h).
 //
-// Prefill: one untimed warm-up step of a single prompt, then `prefill_repeats` steps of
-// ceil(prefill_batch_tokens / context_length) prompts of context_length random tokens, each
-// timed to the end of the step (the step copies its logits to the host, which waits for the
+// Prefill: `prefill_repeats` + 1 steps of ceil(prefill_batch_tokens / context_length) prompts
+// of context_length random tokens, the first untimed (a warm-up of the same size: a step of a
+// new size pays one-time costs), each other timed to the end of the step (the step copies its logits to the host, which waits for the
 // device); the median is reported. prefill_batch_tokens == 0 skips prefill.
 // Decode, per batch size N: N sequences get context_length cached tokens (decode_fill
 // "prefill": through untimed prefill steps; "random": random values written straight into
@@ -156,6 +156,9 @@ struct BenchResult {
   double param_count = 0;
   int64_t prefill_tokens_per_step = 0;  // per rank; 0: prefill not measured
   double prefill_step_seconds = 0;      // median (per step, the slowest rank's)
+  // The untimed warm-up step of the same size (the slowest rank's): the first step of a new size
+  // pays one-time costs (memory pool growth, cuBLAS kernel choice), shown apart.
+  double prefill_warmup_step_seconds = 0;
   double prefill_tokens_per_s = 0;      // all ranks
   double prefill_roofline_fraction = 0;
   double prefill_bytes_per_step = 0;  // roofline cost of one prefill step

@@ -57,13 +57,15 @@ TEST(BenchRunnerTest, ProducesAllFiguresOnCpu) {
   ASSERT_EQ(r->decode.size(), 1u);
   ExpectDecodeFigures(r->decode[0], 3);
   for (double v : {r->prefill_tokens_per_s, r->prefill_roofline_fraction, r->prefill_bytes_per_step,
-                   r->prefill_flops_per_step}) {
+                   r->prefill_flops_per_step, r->prefill_warmup_step_seconds}) {
     EXPECT_TRUE(std::isfinite(v) && v > 0) << v;
   }
   EXPECT_EQ(r->device_bytes_reserved_peak, -1);  // the CPU backend reports no device memory
   const std::string report = FormatBenchReport(c, *r);
   EXPECT_NE(report.find("decode: batch 3"), std::string::npos) << report;
+  EXPECT_NE(report.find("(untimed first step of this size "), std::string::npos) << report;
   const std::string json = FormatBenchJson(c, *r);
+  EXPECT_NE(json.find("\"warmup_step_s\": "), std::string::npos) << json;
   EXPECT_EQ(json.front(), '{');
   EXPECT_NE(json.find("\"requests\": 3"), std::string::npos) << json;
   EXPECT_NE(json.find("\"dtype\": \"float32\", \"bytes_per_value\": 4,"), std::string::npos)

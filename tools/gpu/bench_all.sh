@@ -59,12 +59,12 @@ step() {  # step NAME CAP_S COMMAND... : stdout -> $work/NAME.json, stderr -> $w
 bench=("$here/bin/deepinfer-bench" --backend cuda --dtype "$dtype" --load-format dummy --seed 1
   --context-length 1024 --decode-fill random --warmup 3 --output-len 11 --json)
 step ours_moonlight 120 "${bench[@]}" --model "$here/configs/moonlight_shaped.json" \
-  --decode-num-requests 1,64,128 --prefill-batch-tokens 32768 --iters 1
+  --decode-num-requests 1,64,128 --prefill-batch-tokens 32768 --iters 3
 step hf_moonlight 50 python3 "$here/hf_bench.py" --config "$here/configs/moonlight_shaped.json" \
   --context 1024 --prefill-batch 32 --prefill-iters 3 --decode-requests 1,64,128 --warmup 3 \
   --decode-steps 8 --budget-s 40
 step ours_v3_4layers 100 "${bench[@]}" --model "$here/configs/deepseek_v3_4layers.json" \
-  --decode-num-requests 1,64,128 --prefill-batch-tokens 8192 --iters 1
+  --decode-num-requests 1,64,128 --prefill-batch-tokens 8192 --iters 3
 
 python3 "$here/combine_results.py" \
   --ours "moonlight=$work/ours_moonlight.json" --hf "moonlight=$work/hf_moonlight.json" \
