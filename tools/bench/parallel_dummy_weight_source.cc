@@ -3,33 +3,19 @@
 #include "tools/bench/parallel_dummy_weight_source.h"
 
 #include <algorithm>
-#include <cmath>
 #include <thread>
 
-#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
-#include "worker/sampling/counter_rng.h"
 
 namespace deepinfer {
 namespace {
 
-uint64_t Fnv1a(const std::string& s) {
-  uint64_t h = 1469598103934665603ull;
-  for (unsigned char c : s) {
-    h ^= c;
-    h *= 1099511628211ull;
-  }
-  return h;
-}
-
 // out[i] for i in [begin, end). Compiled per instruction set and picked at run time: with
 // AVX-512 the compiler runs the Philox rounds 16 lanes wide (about 3x faster than scalar, the
 // values stay bit-identical).
-__attribute__((target_clones("avx512f", "avx2", "default"))) void FillUniform(
-    uint64_t key, float amplitude, int64_t begin, int64_t end, float* out) {
-  for (int64_t i = begin; i < end; ++i) {
-    out[i] = (2.0f * CounterRng::Uniform(key, 0, i) - 1.0f) * amplitude;
-  }
+__attribute__((target_clones("avx512f", "avx2", "default"))) void FillRange(
+    const DummyFill& fill, int64_t begin, int64_t end, float* out) {
+  for (int64_t i = begin; i < end; ++i) out[i] = DummyFillValue(fill, i);
 }
 
 }  // namespace
@@ -43,21 +29,8 @@ absl::Status ParallelDummyWeightSource::ReadFloat32(const std::string& name,
                                                     const std::vector<int64_t>& shape, float* out) {
   int64_t n = 1;
   for (int64_t d : shape) n *= d;
-  if (absl::StrContains(name, "norm")) {
-    std::fill(out, out + n, 1.0f);
-    return absl::OkStatus();
-  }
-  const uint64_t key = seed_ ^ Fnv1a(name);
-  float amplitude;
-  if (absl::StrContains(name, "e_score_correction_bias")) {
-    amplitude = 0.05f;
-  } else if (absl::StrContains(name, "embed_tokens")) {
-    amplitude = std::sqrt(3.0f);
-  } else {
-    const int64_t fan_in = shape.empty() ? 1 : shape.back();
-    amplitude = std::sqrt(3.0f / static_cast<float>(fan_in));
-  }
-  auto fill = [&](int64_t begin, int64_t end) { FillUniform(key, amplitude, begin, end, out); };
+  const DummyFill recipe = DummyTensorFill(seed_, name, shape);
+  auto fill = [&](int64_t begin, int64_t end) { FillRange(recipe, begin, end, out); };
   const int64_t threads = std::min<int64_t>(num_threads_, std::max<int64_t>(1, n / (1 << 16)));
   if (threads <= 1) {
     fill(0, n);

@@ -6,9 +6,11 @@
 #define DEEPINFER_TOOLS_BENCH_PARALLEL_DUMMY_WEIGHT_SOURCE_H_
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
+#include "worker/model/dummy_weight_source.h"
 #include "worker/model/weight_source.h"
 
 namespace deepinfer {
@@ -21,6 +23,10 @@ class ParallelDummyWeightSource : public WeightSource {
   absl::Status ReadFloat32(const std::string& name, const std::vector<int64_t>& shape,
                            float* out) override;
   bool Contains(const std::string& name) const override { return true; }
+  std::optional<DummyFill> DummyFillFor(const std::string& name,
+                                        const std::vector<int64_t>& shape) const override {
+    return DummyTensorFill(seed_, name, shape);
+  }
   std::string description() const override;
 
  private:

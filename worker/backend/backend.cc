@@ -1,6 +1,7 @@
 // Backend helpers shared by every implementation: weight dtypes and weight upload.
 #include "worker/backend/backend.h"
 
+#include <algorithm>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -32,6 +33,26 @@ std::unique_ptr<DeviceBuffer> Backend::UploadWeight(const float* host, int64_t n
   for (int64_t i = 0; i < n; ++i) bits[i] = FloatToBf16Bits(host[i]);
   CopyToDevice(bits.data(), n * sizeof(uint16_t), buf->data());
   return buf;
+}
+
+void Backend::FillDummy(const DummyFill& fill, int64_t n, WeightDType dtype, void* out) {
+  constexpr int64_t kSlice = int64_t{1} << 20;  // bounds the host staging buffer
+  const bool bf16 = dtype == WeightDType::kBFloat16;
+  std::vector<float> values;
+  std::vector<uint16_t> bits;
+  for (int64_t first = 0; first < n; first += kSlice) {
+    const int64_t count = std::min(kSlice, n - first);
+    char* dst = static_cast<char*>(out) + first * static_cast<int64_t>(WeightDTypeSize(dtype));
+    if (bf16) {
+      bits.resize(count);
+      for (int64_t i = 0; i < count; ++i) bits[i] = FloatToBf16Bits(DummyFillValue(fill, first + i));
+      CopyToDevice(bits.data(), count * sizeof(uint16_t), dst);
+    } else {
+      values.resize(count);
+      for (int64_t i = 0; i < count; ++i) values[i] = DummyFillValue(fill, first + i);
+      CopyToDevice(values.data(), count * sizeof(float), dst);
+    }
+  }
 }
 
 }  // namespace deepinfer

@@ -27,6 +27,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "worker/backend/device_buffer.h"
+#include "worker/backend/dummy_fill.h"
 #include "worker/sampling/row_sampling_params.h"
 
 namespace deepinfer {
@@ -224,6 +225,11 @@ class Backend {
   // Uploads n fp32 host values as a weight in weight_dtype() (bf16: rounded to nearest even).
   // The model loads every matrix weight through this; vectors (norms, biases) stay fp32.
   std::unique_ptr<DeviceBuffer> UploadWeight(const float* host, int64_t n);
+  // Writes elements 0..n-1 of `fill` to out as `dtype` (bf16 rounded to nearest even, as
+  // UploadWeight): a dummy-format weight made where it lives instead of generated on the host
+  // and uploaded. This implementation computes the values on the host in slices and copies
+  // them; the CUDA backend generates them in a kernel (the same bits).
+  virtual void FillDummy(const DummyFill& fill, int64_t n, WeightDType dtype, void* out);
   // The native stream every op is issued on (a cudaStream_t for CUDA), for work that must be
   // ordered with the ops without going through this interface (NCCL collectives of a device
   // communicator); null on the CPU, whose ops complete before returning.

@@ -5,7 +5,6 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
-#include "worker/sampling/counter_rng.h"
 
 namespace deepinfer {
 namespace {
@@ -21,27 +20,32 @@ uint64_t Fnv1a(const std::string& s) {
 
 }  // namespace
 
+DummyFill DummyTensorFill(uint64_t seed, const std::string& name,
+                          const std::vector<int64_t>& shape) {
+  DummyFill fill;
+  if (absl::StrContains(name, "norm")) {
+    fill.constant = true;
+    fill.value = 1.0f;
+    return fill;
+  }
+  fill.key = seed ^ Fnv1a(name);
+  if (absl::StrContains(name, "e_score_correction_bias")) {
+    fill.amplitude = 0.05f;
+  } else if (absl::StrContains(name, "embed_tokens")) {
+    fill.amplitude = std::sqrt(3.0f);  // unit variance
+  } else {
+    const int64_t fan_in = shape.empty() ? 1 : shape.back();
+    fill.amplitude = std::sqrt(3.0f / static_cast<float>(fan_in));
+  }
+  return fill;
+}
+
 absl::Status DummyWeightSource::ReadFloat32(const std::string& name,
                                             const std::vector<int64_t>& shape, float* out) {
   int64_t n = 1;
   for (int64_t d : shape) n *= d;
-  if (absl::StrContains(name, "norm")) {
-    for (int64_t i = 0; i < n; ++i) out[i] = 1.0f;
-    return absl::OkStatus();
-  }
-  const uint64_t key = seed_ ^ Fnv1a(name);
-  float amplitude;
-  if (absl::StrContains(name, "e_score_correction_bias")) {
-    amplitude = 0.05f;
-  } else if (absl::StrContains(name, "embed_tokens")) {
-    amplitude = std::sqrt(3.0f);  // unit variance
-  } else {
-    const int64_t fan_in = shape.empty() ? 1 : shape.back();
-    amplitude = std::sqrt(3.0f / static_cast<float>(fan_in));
-  }
-  for (int64_t i = 0; i < n; ++i) {
-    out[i] = (2.0f * CounterRng::Uniform(key, 0, i) - 1.0f) * amplitude;
-  }
+  const DummyFill fill = DummyTensorFill(seed_, name, shape);
+  for (int64_t i = 0; i < n; ++i) out[i] = DummyFillValue(fill, i);
   return absl::OkStatus();
 }
 

@@ -7,12 +7,18 @@
 #define DEEPINFER_WORKER_MODEL_DUMMY_WEIGHT_SOURCE_H_
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
+#include "worker/backend/dummy_fill.h"
 #include "worker/model/weight_source.h"
 
 namespace deepinfer {
+
+// The recipe of a dummy tensor (the rules above); element i is DummyFillValue(fill, i).
+DummyFill DummyTensorFill(uint64_t seed, const std::string& name,
+                          const std::vector<int64_t>& shape);
 
 class DummyWeightSource : public WeightSource {
  public:
@@ -21,6 +27,10 @@ class DummyWeightSource : public WeightSource {
   absl::Status ReadFloat32(const std::string& name, const std::vector<int64_t>& shape,
                            float* out) override;
   bool Contains(const std::string& name) const override { return true; }
+  std::optional<DummyFill> DummyFillFor(const std::string& name,
+                                        const std::vector<int64_t>& shape) const override {
+    return DummyTensorFill(seed_, name, shape);
+  }
   std::string description() const override;
 
  private:

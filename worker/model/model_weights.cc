@@ -1,6 +1,7 @@
 // ModelWeights loading: DeepSeek-V3 checkpoint names -> backend buffers.
 #include "worker/model/model_weights.h"
 
+#include <optional>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -12,6 +13,11 @@ class Loader {
  public:
   Loader(WeightSource* src, Backend* be) : src_(src), be_(be) {}
   int64_t bytes() const { return bytes_; }
+  static int64_t Elements(const std::vector<int64_t>& shape) {
+    int64_t n = 1;
+    for (int64_t d : shape) n *= d;
+    return n;
+  }
 
   absl::Status ReadHost(const std::string& name, const std::vector<int64_t>& shape,
                         std::vector<float>* out) {
@@ -19,6 +25,13 @@ class Loader {
     for (int64_t d : shape) n *= d;
     out->resize(n);
     return src_->ReadFloat32(name, shape, out->data());
+  }
+  // A generated (dummy-format) tensor of n elements made in place by the backend, as dtype.
+  std::unique_ptr<DeviceBuffer> Fill(const DummyFill& fill, int64_t n, WeightDType dtype) {
+    auto buf = be_->Allocate(static_cast<size_t>(n) * WeightDTypeSize(dtype));
+    be_->FillDummy(fill, n, dtype, buf->data());
+    bytes_ += buf->size_bytes();
+    return buf;
   }
   // fp32 (vectors, embedding, router).
   std::unique_ptr<DeviceBuffer> Upload(const std::vector<float>& v) {
@@ -35,6 +48,10 @@ class Loader {
   }
   absl::Status Load(const std::string& name, const std::vector<int64_t>& shape,
                     std::unique_ptr<DeviceBuffer>* out) {
+    if (std::optional<DummyFill> fill = src_->DummyFillFor(name, shape)) {
+      *out = Fill(*fill, Elements(shape), WeightDType::kFloat32);
+      return absl::OkStatus();
+    }
     std::vector<float> host;
     absl::Status st = ReadHost(name, shape, &host);
     if (!st.ok()) return st;
@@ -43,6 +60,10 @@ class Loader {
   }
   absl::Status LoadMatrix(const std::string& name, const std::vector<int64_t>& shape,
                           std::unique_ptr<DeviceBuffer>* out) {
+    if (std::optional<DummyFill> fill = src_->DummyFillFor(name, shape)) {
+      *out = Fill(*fill, Elements(shape), be_->weight_dtype());
+      return absl::OkStatus();
+    }
     std::vector<float> host;
     absl::Status st = ReadHost(name, shape, &host);
     if (!st.ok()) return st;
@@ -51,6 +72,22 @@ class Loader {
   }
   // prefix: "...mlp." or "...experts.7."; gate and up stacked into one [2*inter, hidden] matrix.
   absl::Status LoadMlp(const std::string& prefix, int64_t hidden, int64_t inter, MlpWeights* m) {
+    const std::optional<DummyFill> gate_fill =
+        src_->DummyFillFor(prefix + "gate_proj.weight", {inter, hidden});
+    const std::optional<DummyFill> up_fill =
+        src_->DummyFillFor(prefix + "up_proj.weight", {inter, hidden});
+    if (gate_fill && up_fill) {  // [gate; up] made in place, each with its own recipe
+      const WeightDType dtype = be_->weight_dtype();
+      const int64_t half = inter * hidden;
+      m->inter = inter;
+      m->gate_up = be_->Allocate(static_cast<size_t>(2 * half) * WeightDTypeSize(dtype));
+      be_->FillDummy(*gate_fill, half, dtype, m->gate_up->data());
+      be_->FillDummy(*up_fill, half, dtype,
+                     static_cast<char*>(m->gate_up->data()) +
+                         half * static_cast<int64_t>(WeightDTypeSize(dtype)));
+      bytes_ += m->gate_up->size_bytes();
+      return LoadMatrix(prefix + "down_proj.weight", {hidden, inter}, &m->down);
+    }
     std::vector<float> gate, up;
     absl::Status st = ReadHost(prefix + "gate_proj.weight", {inter, hidden}, &gate);
     if (!st.ok()) return st;

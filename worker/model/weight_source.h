@@ -5,10 +5,12 @@
 #define DEEPINFER_WORKER_MODEL_WEIGHT_SOURCE_H_
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "absl/status/status.h"
+#include "worker/backend/dummy_fill.h"
 
 namespace deepinfer {
 
@@ -20,6 +22,13 @@ class WeightSource {
   virtual absl::Status ReadFloat32(const std::string& name, const std::vector<int64_t>& shape,
                                    float* out) = 0;
   virtual bool Contains(const std::string& name) const = 0;
+  // Generated weights: the recipe of `name`'s values (ReadFloat32 would return exactly
+  // DummyFillValue(fill, i) for element i), so the loader can have the backend make them in
+  // place (Backend::FillDummy). nullopt (the default): read them.
+  virtual std::optional<DummyFill> DummyFillFor(const std::string& name,
+                                                const std::vector<int64_t>& shape) const {
+    return std::nullopt;
+  }
   // For messages: the checkpoint directory, or "dummy(seed=...)".
   virtual std::string description() const = 0;
 };

@@ -241,6 +241,20 @@ void CpuBackend::NormRopeWriteLatentCache(const NormRopeCacheArgs& a) {
   WriteLatentCache(T, latent.data(), L, key.data(), R, a.slots, a.cache);
 }
 
+void CpuBackend::FillDummy(const DummyFill& fill, int64_t n, WeightDType dtype, void* out) {
+  const bool bf16 = dtype == WeightDType::kBFloat16;
+  pool_.ParallelFor(n, int64_t{1} << 16, [&](int64_t b, int64_t e) {
+    for (int64_t i = b; i < e; ++i) {
+      const float v = DummyFillValue(fill, i);
+      if (bf16) {
+        static_cast<uint16_t*>(out)[i] = FloatToBf16Bits(v);
+      } else {
+        static_cast<float*>(out)[i] = v;
+      }
+    }
+  });
+}
+
 void CpuBackend::SiluMulBf16(int64_t rows, int64_t inter, const float* x, uint16_t* out) {
   std::vector<float> act(rows * inter);
   SiluMul(rows, inter, x, act.data());

@@ -46,6 +46,8 @@ class CpuBackend : public Backend {
                   float eps, float* out, uint16_t* out_bf16) override;
   void SiluMul(int64_t rows, int64_t inter, const float* x, float* out) override;
   void SiluMulBf16(int64_t rows, int64_t inter, const float* x, uint16_t* out) override;
+  // The host values of Backend::FillDummy, written in place by the thread pool.
+  void FillDummy(const DummyFill& fill, int64_t n, WeightDType dtype, void* out) override;
   void NormRopeWriteLatentCache(const NormRopeCacheArgs& args) override;
   void GatherRows(int64_t rows, int64_t dim, const float* src, const int32_t* idx,
                   float* dst) override;

@@ -14,6 +14,7 @@
 #include "kernels/attention/mla_attention.h"
 #include "kernels/attention/mla_prefill.h"
 #include "kernels/embedding/rows.h"
+#include "kernels/fill/dummy_fill.h"
 #include "kernels/moe/expert_activation.h"
 #include "kernels/moe/expert_counts.h"
 #include "kernels/moe/expert_gemm_cublas.h"
@@ -554,6 +555,17 @@ void CudaBackend::Add(int64_t n, const float* a, const float* b, float* out) {
 void CudaBackend::SiluMul(int64_t rows, int64_t inter, const float* x, float* out) {
   OpTimer timer(this, "SiluMul");
   Check(kernels::SiluMulF32(rows, inter, x, out, stream_), "kernels::SiluMulF32");
+}
+
+void CudaBackend::FillDummy(const DummyFill& fill, int64_t n, WeightDType dtype, void* out) {
+  OpTimer timer(this, "FillDummy");
+  if (dtype == WeightDType::kBFloat16) {
+    Check(kernels::FillDummyBf16(fill, n, static_cast<uint16_t*>(out), stream_),
+          "kernels::FillDummyBf16");
+  } else {
+    Check(kernels::FillDummyF32(fill, n, static_cast<float*>(out), stream_),
+          "kernels::FillDummyF32");
+  }
 }
 
 void CudaBackend::SiluMulBf16(int64_t rows, int64_t inter, const float* x, uint16_t* out) {

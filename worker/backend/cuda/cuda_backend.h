@@ -143,6 +143,7 @@ class CudaBackend : public Backend {
                   float eps, float* out, uint16_t* out_bf16) override;
   void SiluMul(int64_t rows, int64_t inter, const float* x, float* out) override;
   void SiluMulBf16(int64_t rows, int64_t inter, const float* x, uint16_t* out) override;
+  void FillDummy(const DummyFill& fill, int64_t n, WeightDType dtype, void* out) override;
   // kernels::NormRopeWriteLatentCacheF32: one launch.
   void NormRopeWriteLatentCache(const NormRopeCacheArgs& args) override;
   void GatherRows(int64_t rows, int64_t dim, const float* src, const int32_t* idx,

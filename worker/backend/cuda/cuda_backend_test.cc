@@ -91,6 +91,37 @@ TEST_F(CudaBackendTest, AllocateIsZeroedAndCopiesRoundTrip) {
   EXPECT_TRUE(gpu_->status().ok()) << gpu_->status();
 }
 
+// The dummy load format's weights made by the kernel: the same bits as the host computes
+// (Backend::FillDummy, the base implementation), fp32 and bf16, random and constant recipes, a
+// size that is no multiple of the grid and larger than one grid pass; the bytes after the
+// filled range stay untouched.
+TEST_F(CudaBackendTest, FillDummyKernelEqualsHostFill) {
+  DummyFill random;
+  random.key = 0x9e3779b97f4a7c15ull;
+  random.amplitude = 0.0625f;
+  DummyFill constant;
+  constant.constant = true;
+  constant.value = 1.0f;
+  const int64_t n = (int64_t{1} << 24) + 12345;  // > 65536 blocks x 256 threads
+  for (WeightDType dtype : {WeightDType::kFloat32, WeightDType::kBFloat16}) {
+    for (const DummyFill& fill : {random, constant}) {
+      SCOPED_TRACE(::testing::Message() << WeightDTypeName(dtype)
+                                        << (fill.constant ? " constant" : " random"));
+      const size_t bytes = static_cast<size_t>(n) * WeightDTypeSize(dtype);
+      auto want = gpu_->Allocate(bytes + 64);
+      auto got = gpu_->Allocate(bytes + 64);
+      gpu_->Backend::FillDummy(fill, n, dtype, want->data());
+      gpu_->FillDummy(fill, n, dtype, got->data());
+      std::vector<uint8_t> w(bytes + 64), g(bytes + 64);
+      gpu_->CopyToHost(want->data(), w.size(), w.data());
+      gpu_->CopyToHost(got->data(), g.size(), g.data());
+      ASSERT_TRUE(gpu_->status().ok()) << gpu_->status();
+      EXPECT_TRUE(w == g);
+      EXPECT_EQ(std::count(g.end() - 64, g.end(), 0), 64);  // Allocate zeroes; nothing past n
+    }
+  }
+}
+
 TEST_F(CudaBackendTest, GemmMatchesCpuWithStridesAndAccumulate) {
   struct Case {
     int64_t m, n, k, lda, ldw, ldc;
