@@ -549,46 +549,35 @@ absl::Status RunRank(const BenchConfig& bc, int64_t rank, RankState* s, RankOutp
       }
       s->meter->set_timing(false);
     }
-    if (compare_eager) {
-      // The same sequences, output_len more steps, every op launched eagerly.
-      DecodeGraphOptions eager = model->decode_graph_options();
-      eager.enabled = false;
-      model->SetDecodeGraphOptions(eager);
-      absl::Status st;
-      for (int64_t step = 0; step < bc.output_len && st.ok(); ++step) {
-        if (st = line_up(); !st.ok()) break;
+    // output_len more steps of the same sequences (a variant of the step set up by the caller),
+    // their times after the warm-up into `times`.
+    auto variant_steps = [&](std::vector<double>* times) -> absl::Status {
+      for (int64_t step = 0; step < bc.output_len; ++step) {
+        if (absl::Status st = line_up(); !st.ok()) return st;
         const Clock::time_point t0 = Clock::now();
         auto out = model->Step(seqs, pool);
         const Clock::time_point t1 = Clock::now();
-        if (!out.ok()) {
-          st = out.status();
-          break;
-        }
+        if (!out.ok()) return out.status();
         if (s->meter != nullptr) s->meter->Take();
-        if (step >= bc.warmup) d.eager_step_seconds.push_back(Seconds(t0, t1));
+        if (step >= bc.warmup) times->push_back(Seconds(t0, t1));
         advance(*out, &seqs);
       }
+      return absl::OkStatus();
+    };
+    if (compare_eager) {
+      // Every op launched eagerly.
+      DecodeGraphOptions eager = model->decode_graph_options();
+      eager.enabled = false;
+      model->SetDecodeGraphOptions(eager);
+      const absl::Status st = variant_steps(&d.eager_step_seconds);
       eager.enabled = true;
       model->SetDecodeGraphOptions(eager);
       if (!st.ok()) return st;
     }
     if (bc.compare_unfused_decode) {
-      // The same sequences, output_len more steps, the ops of before the fusions.
+      // The ops of before the fusions.
       set_fused(false);
-      absl::Status st;
-      for (int64_t step = 0; step < bc.output_len && st.ok(); ++step) {
-        if (st = line_up(); !st.ok()) break;
-        const Clock::time_point t0 = Clock::now();
-        auto out = model->Step(seqs, pool);
-        const Clock::time_point t1 = Clock::now();
-        if (!out.ok()) {
-          st = out.status();
-          break;
-        }
-        if (s->meter != nullptr) s->meter->Take();
-        if (step >= bc.warmup) d.unfused_step_seconds.push_back(Seconds(t0, t1));
-        advance(*out, &seqs);
-      }
+      const absl::Status st = variant_steps(&d.unfused_step_seconds);
       set_fused(bc.fused_ops);
       if (!st.ok()) return st;
     }
