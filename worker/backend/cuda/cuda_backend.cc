@@ -947,25 +947,36 @@ void CudaBackend::ExpertGemmsOnDevice(const RoutedExpertsArgs& a, DecodeMoeAlgo 
   // The planned cuBLAS GEMMs write gate_up in bf16 (as the prefill path), the kernels fp32.
   const bool gate_up_bf16 = algo == DecodeMoeAlgo::kPlannedCublas;
   auto gate_up = AllocateScratch(rows * 2 * I * (gate_up_bf16 ? sizeof(uint16_t) : sizeof(float)));
-  if (algo == DecodeMoeAlgo::kGroupedF32) {
-    kernels::GroupedGemmBf16Params g;
+  // The own kernels' parameters (GroupedGemmBf16Params / GroupedGemmBf16StreamParams share
+  // these fields): the slots, then gate_up's or down's shape and weights.
+  auto grouped = [&](auto& g) {
     g.num_slots = E;
     g.max_rows = static_cast<int32_t>(T * K);
     g.slot_offsets = offsets;
+    g.rows_per_slot_hint = static_cast<int32_t>(T);  // a token's top-k experts are distinct
+  };
+  auto gate_up_shape = [&](auto& g) {
     g.n = static_cast<int32_t>(2 * I);
     g.k = static_cast<int32_t>(H);
-    g.x = static_cast<const float*>(permuted);
     g.weights = reinterpret_cast<const uint16_t* const*>(a.gate_up);
+  };
+  auto down_shape = [&](auto& g) {
+    g.n = static_cast<int32_t>(H);
+    g.k = static_cast<int32_t>(I);
+    g.weights = reinterpret_cast<const uint16_t* const*>(a.down);
+  };
+  if (algo == DecodeMoeAlgo::kGroupedF32) {
+    kernels::GroupedGemmBf16Params g;
+    grouped(g);
+    gate_up_shape(g);
+    g.x = static_cast<const float*>(permuted);
     g.y = gate_up->as<float>();
-    g.rows_per_slot_hint = static_cast<int32_t>(T);  // a token's top-k experts are distinct
     Check(kernels::GroupedGemmBf16(g, stream_), "kernels::GroupedGemmBf16(gate_up)");
     auto act = AllocateScratch(rows * I * sizeof(float));
     Check(kernels::SiluMulF32(T * K, I, gate_up->as<float>(), act->as<float>(), stream_),
           "kernels::SiluMulF32");
-    g.n = static_cast<int32_t>(H);
-    g.k = static_cast<int32_t>(I);
+    down_shape(g);
     g.x = act->as<float>();
-    g.weights = reinterpret_cast<const uint16_t* const*>(a.down);
     g.y = expert_out;
     Check(kernels::GroupedGemmBf16(g, stream_), "kernels::GroupedGemmBf16(down)");
     return;
@@ -973,22 +984,15 @@ void CudaBackend::ExpertGemmsOnDevice(const RoutedExpertsArgs& a, DecodeMoeAlgo 
   auto act = AllocateScratch(rows * I * sizeof(uint16_t));
   if (algo == DecodeMoeAlgo::kStream) {
     kernels::GroupedGemmBf16StreamParams g;
-    g.num_slots = E;
-    g.max_rows = static_cast<int32_t>(T * K);
-    g.slot_offsets = offsets;
-    g.n = static_cast<int32_t>(2 * I);
-    g.k = static_cast<int32_t>(H);
+    grouped(g);
+    gate_up_shape(g);
     g.x = static_cast<const uint16_t*>(permuted);
-    g.weights = reinterpret_cast<const uint16_t* const*>(a.gate_up);
     g.y = gate_up->as<float>();
-    g.rows_per_slot_hint = static_cast<int32_t>(T);
     Check(kernels::GroupedGemmBf16Stream(g, stream_), "kernels::GroupedGemmBf16Stream(gate_up)");
     Check(kernels::SiluMulF32ToBf16(T * K, I, gate_up->as<float>(), act->as<uint16_t>(), stream_),
           "kernels::SiluMulF32ToBf16");
-    g.n = static_cast<int32_t>(H);
-    g.k = static_cast<int32_t>(I);
+    down_shape(g);
     g.x = act->as<uint16_t>();
-    g.weights = reinterpret_cast<const uint16_t* const*>(a.down);
     g.y = expert_out;
     Check(kernels::GroupedGemmBf16Stream(g, stream_), "kernels::GroupedGemmBf16Stream(down)");
     return;
