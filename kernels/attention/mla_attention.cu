@@ -46,10 +46,17 @@
 #include <utility>
 
 #include "kernels/attention/mla_attention.h"
+#include "kernels/attention/mma_sm80.cuh"
 
 namespace deepinfer {
 namespace kernels {
 namespace {
+
+using sm80::CopyAsyncCommit;
+using sm80::CopyAsyncWait;
+using sm80::LdMatrixX4;
+using sm80::MmaBf16;
+using sm80::SharedAddr;
 
 constexpr int kThreads = 128;
 constexpr int kWarps = kThreads / 32;
@@ -180,20 +187,6 @@ __device__ __forceinline__ void CopyAsync16(void* dst, const void* src) {
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(addr), "l"(src) : "memory");
 #else
   *static_cast<float4*>(dst) = *static_cast<const float4*>(src);
-#endif
-}
-
-__device__ __forceinline__ void CopyAsyncCommit() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-  asm volatile("cp.async.commit_group;\n" ::: "memory");
-#endif
-}
-
-// Waits until at most kPending of this thread's committed copy groups are still in flight.
-template <int kPending>
-__device__ __forceinline__ void CopyAsyncWait() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-  asm volatile("cp.async.wait_group %0;\n" ::"n"(kPending) : "memory");
 #endif
 }
 
@@ -624,37 +617,6 @@ __device__ __forceinline__ void SplitBf16(float a, float b, uint32_t* hi, uint32
   const float2 hf = __bfloat1622float2(h);
   *hi = Bf16x2Bits(h);
   *lo = Bf16x2Bits(__floats2bfloat162_rn(a - hf.x, b - hf.y));
-}
-
-// c[0..3] += A (16x16 bf16, row-major fragment a[0..3]) * B (16x8 bf16, fragment b0, b1).
-__device__ __forceinline__ void MmaBf16(float* c, const uint32_t* a, uint32_t b0, uint32_t b1) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-  asm volatile(
-      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
-      "{%8,%9}, {%0,%1,%2,%3};\n"
-      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-#endif
-}
-
-// Four 8x8 bf16 matrices from shared memory; lane l gives the address of row l % 8 of matrix
-// l / 8. Trans: each thread gets a column pair instead of a row pair (V as the B operand).
-template <bool kTrans>
-__device__ __forceinline__ void LdMatrixX4(uint32_t* r, const void* row) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-  const unsigned addr = static_cast<unsigned>(__cvta_generic_to_shared(row));
-  if (kTrans) {
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-                 : "r"(addr)
-                 : "memory");
-  } else {
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-                 : "r"(addr)
-                 : "memory");
-  }
-#endif
 }
 
 // Element c of head h's query [q_latent | q_rope] (0 past the entry or the last head).

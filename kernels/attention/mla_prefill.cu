@@ -11,10 +11,17 @@
 #include <vector>
 
 #include "kernels/attention/mla_prefill.h"
+#include "kernels/attention/mma_sm80.cuh"
 
 namespace deepinfer {
 namespace kernels {
 namespace {
+
+using sm80::CopyAsyncCommit;
+using sm80::CopyAsyncWait;
+using sm80::LdMatrixX4;
+using sm80::MmaBf16;
+using sm80::SharedAddr;
 
 constexpr int kThreads = 256;
 constexpr int kVec = 8;  // elements per thread-step of the copy kernels (16 bytes of bf16)
@@ -259,56 +266,12 @@ __device__ __forceinline__ uint32_t Swizzled(int row, int chunk) {
   return static_cast<uint32_t>(row * kRowBytes + ((chunk ^ (row & 7)) << 4));
 }
 
-__device__ __forceinline__ uint32_t SharedAddr(const void* p) {
-  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
-}
-
 // 16 bytes global -> shared, asynchronously; zero-filled when !valid (src is not read then).
 __device__ __forceinline__ void CopyAsync16(uint32_t dst, const void* src, bool valid) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src),
                "r"(valid ? 16 : 0)
                : "memory");
-#endif
-}
-
-__device__ __forceinline__ void CopyAsyncCommit() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-  asm volatile("cp.async.commit_group;\n" ::: "memory");
-#endif
-}
-
-__device__ __forceinline__ void CopyAsyncWaitAll() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-  asm volatile("cp.async.wait_group 0;\n" ::: "memory");
-#endif
-}
-
-template <bool kTrans>
-__device__ __forceinline__ void LdMatrixX4(uint32_t* r, uint32_t addr) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-  if (kTrans) {
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-                 : "r"(addr)
-                 : "memory");
-  } else {
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-                 : "r"(addr)
-                 : "memory");
-  }
-#endif
-}
-
-// c[0..3] += A (16x16, fragment a[0..3]) * B (16x8, fragment b0, b1), bf16 in, fp32 sums.
-__device__ __forceinline__ void Mma(float* c, const uint32_t* a, uint32_t b0, uint32_t b1) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-  asm volatile(
-      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
-      "{%8,%9}, {%0,%1,%2,%3};\n"
-      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 #endif
 }
 
@@ -420,7 +383,7 @@ __global__ void __launch_bounds__(kThreads, 1) FusedKernel(const __grid_constant
   const int v_key = lane % 8 + ((lane / 8) % 2) * 8, v_chunk = lane / 16;            // B: V (trans)
 
   for (int kt = 0; kt < num_kt; ++kt) {
-    CopyAsyncWaitAll();
+    CopyAsyncWait<0>();
     __syncthreads();  // tile kt (and Q) visible; every warp is done with tile kt - 1
     if (kt + 1 < num_kt) {
       LoadKeyTile(a, s, kt + 1, kv_end, k_tile[(kt + 1) & 1]);
@@ -446,8 +409,8 @@ __global__ void __launch_bounds__(kThreads, 1) FusedKernel(const __grid_constant
       LdMatrixX4<false>(kf, kb + Swizzled(b_key, kk * 2 + b_chunk));
 #pragma unroll
       for (int mi = 0; mi < 2; ++mi) {
-        Mma(sc[mi][0], qa[mi], kf[0], kf[1]);
-        Mma(sc[mi][1], qa[mi], kf[2], kf[3]);
+        MmaBf16(sc[mi][0], qa[mi], kf[0], kf[1]);
+        MmaBf16(sc[mi][1], qa[mi], kf[2], kf[3]);
       }
     }
 
@@ -538,8 +501,8 @@ __global__ void __launch_bounds__(kThreads, 1) FusedKernel(const __grid_constant
         LdMatrixX4<true>(vf, kb + Swizzled(vr, wc * 16 + nb * 2 + v_chunk));
 #pragma unroll
         for (int mi = 0; mi < 2; ++mi) {
-          Mma(o[mi][2 * nb], pa[mi], vf[0], vf[1]);
-          Mma(o[mi][2 * nb + 1], pa[mi], vf[2], vf[3]);
+          MmaBf16(o[mi][2 * nb], pa[mi], vf[0], vf[1]);
+          MmaBf16(o[mi][2 * nb + 1], pa[mi], vf[2], vf[3]);
         }
       }
     }
