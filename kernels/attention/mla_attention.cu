@@ -466,6 +466,24 @@ __global__ void __launch_bounds__(kGroupThreads, kColIters <= 2 ? 2 : 1)
   }
 }
 
+// Warp 0 of a merge block: the weight w_s = exp(m_s - max m) of each split (ml: the splits'
+// (m, l) pairs) into weight[], and sum_s w_s l_s into *denom.
+__device__ __forceinline__ void SplitWeights(const float* ml, int num_splits, float* weight,
+                                             float* denom) {
+  float mx = -INFINITY;
+  for (int s = threadIdx.x; s < num_splits; s += 32) mx = fmaxf(mx, ml[2 * s]);
+  for (int o = 16; o > 0; o >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
+  float sum = 0.0f;
+  for (int s = threadIdx.x; s < num_splits; s += 32) {
+    // Empty splits (l = 0, m = -inf) get weight 0 without evaluating exp(-inf - -inf).
+    const float w = ml[2 * s + 1] > 0.0f ? expf(ml[2 * s] - mx) : 0.0f;
+    weight[s] = w;
+    sum += w * ml[2 * s + 1];
+  }
+  for (int o = 16; o > 0; o >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
+  if (threadIdx.x == 0) *denom = sum;
+}
+
 // One block per (token, head): out = sum_s w_s O_s / sum_s w_s l_s, w_s = exp(m_s - max m).
 __global__ void MlaCombineKernel(const float* ws_out, const float* ws_ml, int num_splits,
                                  int latent, float* out) {
@@ -473,20 +491,7 @@ __global__ void MlaCombineKernel(const float* ws_out, const float* ws_ml, int nu
   __shared__ float denom;
   const int64_t th = blockIdx.x;
   const float* ml = ws_ml + th * num_splits * 2;
-  if (threadIdx.x < 32) {
-    float mx = -INFINITY;
-    for (int s = threadIdx.x; s < num_splits; s += 32) mx = fmaxf(mx, ml[2 * s]);
-    for (int o = 16; o > 0; o >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
-    float sum = 0.0f;
-    for (int s = threadIdx.x; s < num_splits; s += 32) {
-      // Empty splits (l = 0, m = -inf) get weight 0 without evaluating exp(-inf - -inf).
-      const float w = ml[2 * s + 1] > 0.0f ? expf(ml[2 * s] - mx) : 0.0f;
-      weight[s] = w;
-      sum += w * ml[2 * s + 1];
-    }
-    for (int o = 16; o > 0; o >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
-    if (threadIdx.x == 0) denom = sum;
-  }
+  if (threadIdx.x < 32) SplitWeights(ml, num_splits, weight, &denom);
   __syncthreads();
   const float* part = ws_out + th * num_splits * latent;
   for (int c = threadIdx.x; c < latent; c += blockDim.x) {
@@ -529,21 +534,7 @@ __global__ void __launch_bounds__(kWideCombineRows* kWideCombineCols)
     const int s = row + i * kWideCombineRows;
     x[i] = s < num_splits && col < latent ? part[static_cast<int64_t>(s) * latent] : 0.0f;
   }
-  if (threadIdx.x < 32) {
-    const float* ml = ws_ml + th * num_splits * 2;
-    float mx = -INFINITY;
-    for (int s = threadIdx.x; s < num_splits; s += 32) mx = fmaxf(mx, ml[2 * s]);
-    for (int o = 16; o > 0; o >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
-    float sum = 0.0f;
-    for (int s = threadIdx.x; s < num_splits; s += 32) {
-      // Empty splits (l = 0, m = -inf) get weight 0 without evaluating exp(-inf - -inf).
-      const float w = ml[2 * s + 1] > 0.0f ? expf(ml[2 * s] - mx) : 0.0f;
-      weight[s] = w;
-      sum += w * ml[2 * s + 1];
-    }
-    for (int o = 16; o > 0; o >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
-    if (threadIdx.x == 0) denom = sum;
-  }
+  if (threadIdx.x < 32) SplitWeights(ws_ml + th * num_splits * 2, num_splits, weight, &denom);
   __syncthreads();
   float acc = 0.0f;
 #pragma unroll
