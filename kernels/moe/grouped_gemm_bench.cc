@@ -163,32 +163,29 @@ void RunShape(const MoeShape& shape, Timer& timer, cublasHandle_t cublas) {
                     variant);
       Report(name, us, bytes);
     };
-    upload_plan(1);
-    {
-      kernels::GroupedGemmBf16Params p;
+    // The fields GroupedGemmBf16Params and GroupedGemmBf16StreamParams share.
+    auto common = [&](auto& p) {
       p.num_slots = E;
       p.max_rows = rows;
       p.slot_offsets = dplan + E;
       p.n = n;
       p.k = k;
-      p.x = x;
       p.weights = reinterpret_cast<const uint16_t* const*>(dptrs);
       p.y = y;
       p.rows_per_slot_hint = tokens;
+    };
+    upload_plan(1);
+    {
+      kernels::GroupedGemmBf16Params p;
+      common(p);
+      p.x = x;
       report("f32x-grouped",
              timer.MedianUs([&](int) { BENCH_CUDA(kernels::GroupedGemmBf16(p, nullptr)); }));
     }
     {
       kernels::GroupedGemmBf16StreamParams p;
-      p.num_slots = E;
-      p.max_rows = rows;
-      p.slot_offsets = dplan + E;
-      p.n = n;
-      p.k = k;
+      common(p);
       p.x = xb;
-      p.weights = reinterpret_cast<const uint16_t* const*>(dptrs);
-      p.y = y;
-      p.rows_per_slot_hint = tokens;
       report("bf16x-stream",
              timer.MedianUs([&](int) { BENCH_CUDA(kernels::GroupedGemmBf16Stream(p, nullptr)); }));
       // The busiest slot's rows as the hint (a smaller row tile: fewer registers, more blocks
