@@ -9,27 +9,34 @@ namespace {
 
 constexpr int kThreads = 256;
 
-__global__ void RmsNormKernel(int64_t dim, const float* x, int64_t ldx, const float* weight,
-                              float eps, float* out, int64_t ldout) {
+// 1 / rms of a row from each thread's partial sum of squares ss (the block's kThreads threads
+// all call it): warp shuffles, then the warps' sums in order by thread 0, published through
+// shared memory. 1/sqrt rather than rsqrtf: rsqrtf is approximate (2 ulp), the CPU reference is
+// exact.
+__device__ __forceinline__ float BlockInvRms(float ss, int64_t dim, float eps) {
   __shared__ float partial[kThreads / 32];
   __shared__ float inv_rms;
-  const float* xr = x + blockIdx.x * ldx;
-  float* orow = out + blockIdx.x * ldout;
-  float ss = 0.0f;
-  for (int64_t i = threadIdx.x; i < dim; i += kThreads) ss += xr[i] * xr[i];
   for (int o = 16; o > 0; o >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o);
   if ((threadIdx.x & 31) == 0) partial[threadIdx.x / 32] = ss;
   __syncthreads();
   if (threadIdx.x == 0) {
     float total = 0.0f;
     for (int w = 0; w < kThreads / 32; ++w) total += partial[w];
-    // 1/sqrt rather than rsqrtf: rsqrtf is approximate (2 ulp), the CPU reference is exact.
     inv_rms = 1.0f / sqrtf(total / static_cast<float>(dim) + eps);
   }
   __syncthreads();
-  // Every thread has finished reading its part of xr before inv_rms is published, so writing
-  // in place (out == x) is safe.
-  const float inv = inv_rms;
+  return inv_rms;
+}
+
+__global__ void RmsNormKernel(int64_t dim, const float* x, int64_t ldx, const float* weight,
+                              float eps, float* out, int64_t ldout) {
+  const float* xr = x + blockIdx.x * ldx;
+  float* orow = out + blockIdx.x * ldout;
+  float ss = 0.0f;
+  for (int64_t i = threadIdx.x; i < dim; i += kThreads) ss += xr[i] * xr[i];
+  // Every thread has finished reading its part of xr before the result is published, so
+  // writing in place (out == x) is safe.
+  const float inv = BlockInvRms(ss, dim, eps);
   for (int64_t i = threadIdx.x; i < dim; i += kThreads) orow[i] = weight[i] * (xr[i] * inv);
 }
 
@@ -37,8 +44,6 @@ __global__ void RmsNormKernel(int64_t dim, const float* x, int64_t ldx, const fl
 // same elements, the same reduction), so out is bit for bit what AddF32 + RmsNormF32 give.
 __global__ void AddRmsNormKernel(int64_t dim, float* x, const float* y, const float* weight,
                                  float eps, float* out, uint16_t* out_bf16) {
-  __shared__ float partial[kThreads / 32];
-  __shared__ float inv_rms;
   float* xr = x + blockIdx.x * dim;
   float ss = 0.0f;
   if (y != nullptr) {
@@ -51,16 +56,7 @@ __global__ void AddRmsNormKernel(int64_t dim, float* x, const float* y, const fl
   } else {
     for (int64_t i = threadIdx.x; i < dim; i += kThreads) ss += xr[i] * xr[i];
   }
-  for (int o = 16; o > 0; o >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o);
-  if ((threadIdx.x & 31) == 0) partial[threadIdx.x / 32] = ss;
-  __syncthreads();
-  if (threadIdx.x == 0) {
-    float total = 0.0f;
-    for (int w = 0; w < kThreads / 32; ++w) total += partial[w];
-    inv_rms = 1.0f / sqrtf(total / static_cast<float>(dim) + eps);
-  }
-  __syncthreads();
-  const float inv = inv_rms;
+  const float inv = BlockInvRms(ss, dim, eps);
   // Each thread reads back only the x elements it wrote itself.
   for (int64_t i = threadIdx.x; i < dim; i += kThreads) {
     const float v = weight[i] * (xr[i] * inv);
