@@ -105,7 +105,7 @@ cp tools/gpu/run_all.sh tools/gpu/steps.sh tools/gpu/*_check.sh "$out/"
 cp tools/bench/bench_cases.sh tools/bench/sweep.sh tools/bench/hf_bench.py \
   tools/bench/combine_results.py tools/gpu/bench_all.sh "$out/"
 cp tools/parity/hf_bf16_error.py "$out/hf_bf16_error.py"
-cp tools/gpu/multi_gpu.sh tools/gpu/session_check.sh "$out/"
+cp tools/gpu/multi_gpu.sh tools/gpu/session_check.sh tools/gpu/kernel_times.sh tools/gpu/kernel_times.py "$out/"
 git rev-parse HEAD > "$out/COMMIT"
 git status --short >> "$out/COMMIT"
 du -sh "$out" "$out"/bin "$out"/lib
