@@ -584,8 +584,7 @@ constexpr MmaShape kMmaShapes[] = {
     {32, 2, 2, false},  // variant 3 (default): double-buffered, 2 blocks per SM
     {32, 2, 2, true},   // variant 4: variant 3, lean (not yet run on a GPU)
 };
-constexpr int kMmaVariants = 4;
-static_assert(kMmaVariants == kMaxMlaMmaVariant, "mla_attention.h documents the variants");
+constexpr int kMmaVariants = 4;  // variant 5 is MlaBf16KeySplitKernel
 
 // Partial-score rows: kKeys + 8 floats keeps a half-warp's float2 stores in distinct banks.
 __host__ __device__ constexpr int MmaRedLd(int keys) { return keys + 8; }
@@ -919,6 +918,305 @@ __global__ void __launch_bounds__(kMmaThreads, kMmaShapes[kVariant - 1].min_bloc
   }
 }
 
+// ---- Key-split tensor-core kernel (variant 5): latent 512 + rope 64 ----
+//
+// The FlashMLA work split over mma.sync: one block of 4 warps per (token, context split, group
+// of 16 heads), keys in tiles of kSplitKeys = 64, double-buffered with cp.async. Per tile:
+//   score    warp w computes S[16 heads x keys 16w .. 16w + 15] over the whole 576-deep dot
+//            product (Q hi and lo fragments read from shared memory, where they were staged once
+//            per block; eight independent accumulator chains), so no partial scores are summed
+//            across warps;
+//   softmax  each warp takes its keys' row maxima, the four warps exchange them through shared
+//            memory (one barrier), and every warp applies the same tile maximum; each warp keeps
+//            its own keys' part of the running denominator (summed across warps once, at the
+//            end);
+//   value    warp w's P (its 16 keys) goes to shared memory as the bf16 hi / lo A fragment of
+//            P·V k-step w (one barrier); every warp then owns 128 of the 512 output columns and
+//            accumulates O[16 x 128] += P[16 x 64] V[64 x 128] over the four k-steps.
+// Q and P enter the MMAs as bf16 hi + lo pairs as in MlaBf16MmaKernel (fp32-grade scores and
+// weights; the cache's bf16 keys are exact). One block per SM (187 KB of shared memory).
+constexpr int kSplitLatent = 512, kSplitRope = 64;
+constexpr int kSplitDim = kSplitLatent + kSplitRope;
+constexpr int kSplitKeys = 64;                  // keys per tile
+constexpr int kSplitKSteps = kSplitDim / 16;    // score k-steps (36)
+constexpr int kSplitLd = kSplitDim + 8;         // bf16 row stride: ldmatrix rows in distinct banks
+constexpr int kSplitRowThreads = 8;             // threads copying one key row (128 bytes a step)
+constexpr int kSplitRowsPerPass = kMmaThreads / kSplitRowThreads;      // 16
+constexpr int kSplitRowsPerThread = kSplitKeys / kSplitRowsPerPass;    // 4
+constexpr int kSplitPiecesPerThread = kSplitDim / 8 / kSplitRowThreads;  // 9 16-byte pieces
+constexpr int kSplitWarpKeys = kSplitKeys / kMmaWarps;                 // 16 keys scored per warp
+constexpr int kSplitWarpCols = kSplitLatent / kMmaWarps;               // 128 columns per warp
+constexpr int kSplitNT = kSplitWarpCols / 8;                           // 16 output n-tiles
+static_assert(kSplitWarpKeys == 16, "a warp's keys are one P·V k-step");
+static_assert(kSplitDim % (8 * kSplitRowThreads) == 0, "whole 16-byte pieces per copying thread");
+// Shared memory: Q fragments [k-step][hi, lo][lane] (uint4), keys [2][kSplitKeys][kSplitLd]
+// (bf16), P fragments [warp][hi, lo][lane] (uint4), row maxima and row sums [warp][16] (fp32).
+constexpr size_t kSplitQBytes = size_t{kSplitKSteps} * 2 * 32 * sizeof(uint4);
+constexpr size_t kSplitKeyBytes = size_t{2} * kSplitKeys * kSplitLd * sizeof(__nv_bfloat16);
+constexpr size_t kSplitPBytes = size_t{kMmaWarps} * 2 * 32 * sizeof(uint4);
+constexpr size_t kSplitSmemBytes =
+    kSplitQBytes + kSplitKeyBytes + kSplitPBytes + 2 * kMmaWarps * kMmaHeads * sizeof(float);
+static_assert(kSplitKeyBytes % sizeof(uint4) == 0, "P fragments stay 16-byte aligned");
+
+// Cache offset of key j of the token's context, -1 past its end.
+__device__ __forceinline__ int64_t RowOrNone(const MlaAttentionParams& p, const int32_t* table,
+                                             int64_t j, int64_t end) {
+  return j < end ? KeyRowOffset(p, table, j) : -1;
+}
+
+// Starts copying the tile's key rows threadIdx / 8 + 16 k (row offsets rows[k]; -1: zeroed, so
+// that P·V never multiplies garbage) into dst [kSplitKeys][kSplitLd], 16-byte pieces
+// threadIdx % 8 + 8 i of each, and commits them as one copy group.
+__device__ __forceinline__ void LoadSplitTile(const __nv_bfloat16* cache,
+                                              const int64_t (&rows)[kSplitRowsPerThread],
+                                              __nv_bfloat16* dst) {
+  const int r0 = threadIdx.x / kSplitRowThreads, f0 = threadIdx.x % kSplitRowThreads;
+#pragma unroll
+  for (int k = 0; k < kSplitRowsPerThread; ++k) {
+    __nv_bfloat16* d = dst + (r0 + k * kSplitRowsPerPass) * kSplitLd + f0 * 8;
+    if (rows[k] < 0) {
+#pragma unroll
+      for (int i = 0; i < kSplitPiecesPerThread; ++i) {
+        *reinterpret_cast<uint4*>(d + i * 8 * kSplitRowThreads) = make_uint4(0u, 0u, 0u, 0u);
+      }
+    } else {
+      const __nv_bfloat16* s = cache + rows[k] + f0 * 8;
+#pragma unroll
+      for (int i = 0; i < kSplitPiecesPerThread; ++i) {
+        CopyAsync16(d + i * 8 * kSplitRowThreads, s + i * 8 * kSplitRowThreads);
+      }
+    }
+  }
+  CopyAsyncCommit();
+}
+
+// Block index = (token * num_splits + split) * num_groups + group, as MlaGroupedKernel. Needs a
+// 16-byte aligned cache (vec_loads is implied; PlanGrouped checks it).
+__global__ void __launch_bounds__(kMmaThreads, 1)
+    MlaBf16KeySplitKernel(MlaAttentionParams p, int num_groups, int num_splits, bool /*vec_loads*/,
+                          float* ws_out, float* ws_ml) {
+  extern __shared__ float4 smem4[];
+  uint4* qf = reinterpret_cast<uint4*>(smem4);
+  __nv_bfloat16* kbuf = reinterpret_cast<__nv_bfloat16*>(qf + kSplitKSteps * 2 * 32);
+  uint4* pf = reinterpret_cast<uint4*>(kbuf + 2 * kSplitKeys * kSplitLd);
+  float* red_max = reinterpret_cast<float*>(pf + kMmaWarps * 2 * 32);
+  float* red_sum = red_max + kMmaWarps * kMmaHeads;
+
+  const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
+  const int g = lane / 4, tq = lane % 4;  // mma fragment coordinates: row group, pair in row
+  const int group = blockIdx.x % num_groups;
+  const int split = (blockIdx.x / num_groups) % num_splits;
+  const int64_t t = blockIdx.x / num_groups / num_splits;
+  const int h0 = group * kMmaHeads;
+  const int32_t* table =
+      p.block_tables + static_cast<int64_t>(p.token_seq[t]) * p.max_blocks_per_seq;
+  int64_t begin = 0, end = 0;
+  if (SplitIsEmpty<kSplitKeys, kMmaHeads>(p, t, split, num_splits, h0, ws_ml, &begin, &end)) {
+    return;
+  }
+  const __nv_bfloat16* cache = static_cast<const __nv_bfloat16*>(p.cache.cache);
+  // Base-2 softmax: log2 e folded into the scale; the workspace's maxima in natural-log units.
+  const float score_scale = p.softmax_scale * 1.4426950408889634f;
+
+  // Tile 0 in flight while Q is staged; rows[] then holds tile 1's row offsets (one tile ahead).
+  const int my_row = tid / kSplitRowThreads;
+  int64_t rows[kSplitRowsPerThread];
+#pragma unroll
+  for (int k = 0; k < kSplitRowsPerThread; ++k) {
+    rows[k] = RowOrNone(p, table, begin + my_row + k * kSplitRowsPerPass, end);
+  }
+  LoadSplitTile(cache, rows, kbuf);
+#pragma unroll
+  for (int k = 0; k < kSplitRowsPerThread; ++k) {
+    rows[k] = RowOrNone(p, table, begin + kSplitKeys + my_row + k * kSplitRowsPerPass, end);
+  }
+  // Q as A fragments, hi and lo; register r: head g + 8 (r & 1), dims 2 tq + 8 (r >> 1) + {0, 1}.
+  for (int ks = warp; ks < kSplitKSteps; ks += kMmaWarps) {
+    uint32_t hi[4], lo[4];
+#pragma unroll
+    for (int r = 0; r < 4; ++r) {
+      const int h = h0 + g + (r & 1) * 8, c = ks * 16 + 2 * tq + (r >> 1) * 8;
+      SplitBf16(QueryValue(p, t, h, c, kSplitLatent, kSplitDim),
+                QueryValue(p, t, h, c + 1, kSplitLatent, kSplitDim), &hi[r], &lo[r]);
+    }
+    qf[(ks * 2) * 32 + lane] = make_uint4(hi[0], hi[1], hi[2], hi[3]);
+    qf[(ks * 2 + 1) * 32 + lane] = make_uint4(lo[0], lo[1], lo[2], lo[3]);
+  }
+
+  float acc[kSplitNT][4];
+#pragma unroll
+  for (int n = 0; n < kSplitNT; ++n) {
+#pragma unroll
+    for (int e = 0; e < 4; ++e) acc[n][e] = 0.0f;
+  }
+  // Rows g and g + 8: the running maximum (the same in every warp) and this lane's part of the
+  // running denominator (its keys only).
+  float run_max[2] = {-INFINITY, -INFINITY}, part_sum[2] = {0.0f, 0.0f};
+  const int mat = lane / 8, mat_row = lane % 8;  // ldmatrix: which matrix / row this lane names
+  const int key0 = warp * kSplitWarpKeys, col0 = warp * kSplitWarpCols;
+
+  int tile = 0;
+  for (int64_t j0 = begin; j0 < end; j0 += kSplitKeys, ++tile) {
+    CopyAsyncWait<0>();  // this tile's copies (the only group in flight) have landed ...
+    __syncthreads();     // ... for every thread, and every warp is done with the previous tile
+    const __nv_bfloat16* kc = kbuf + (tile & 1) * kSplitKeys * kSplitLd;
+    if (j0 + kSplitKeys < end) {  // the next tile into the buffer the previous one used
+      LoadSplitTile(cache, rows, kbuf + ((tile + 1) & 1) * kSplitKeys * kSplitLd);
+#pragma unroll
+      for (int k = 0; k < kSplitRowsPerThread; ++k) {
+        rows[k] = RowOrNone(p, table, j0 + 2 * kSplitKeys + my_row + k * kSplitRowsPerPass, end);
+      }
+    }
+
+    // S[16 x this warp's 16 keys]: chain (ks & 1) * 2 + lo of n-tile n (keys 8n .. 8n + 7), so
+    // that eight independent MMA chains are in flight.
+    float sc[4][2][4];
+#pragma unroll
+    for (int c = 0; c < 4; ++c) {
+#pragma unroll
+      for (int n = 0; n < 2; ++n) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) sc[c][n][e] = 0.0f;
+      }
+    }
+#pragma unroll
+    for (int ks = 0; ks < kSplitKSteps; ++ks) {
+      const uint4 qh4 = qf[(ks * 2) * 32 + lane], ql4 = qf[(ks * 2 + 1) * 32 + lane];
+      const uint32_t qh[4] = {qh4.x, qh4.y, qh4.z, qh4.w};
+      const uint32_t ql[4] = {ql4.x, ql4.y, ql4.z, ql4.w};
+      // Matrices: keys key0 + 8 (mat >> 1) + 0..7, dims 16 ks + 8 (mat & 1) + 0..7.
+      uint32_t b[4];
+      LdMatrixX4<false>(
+          b, kc + (key0 + (mat >> 1) * 8 + mat_row) * kSplitLd + ks * 16 + (mat & 1) * 8);
+      const int c = (ks & 1) * 2;
+      MmaBf16(sc[c][0], qh, b[0], b[1]);
+      MmaBf16(sc[c + 1][0], ql, b[0], b[1]);
+      MmaBf16(sc[c][1], qh, b[2], b[3]);
+      MmaBf16(sc[c + 1][1], ql, b[2], b[3]);
+    }
+    float s[2][4], mx[2] = {-INFINITY, -INFINITY};
+#pragma unroll
+    for (int n = 0; n < 2; ++n) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int64_t key = j0 + key0 + n * 8 + 2 * tq + (e & 1);
+        const float v = (sc[0][n][e] + sc[2][n][e]) + (sc[1][n][e] + sc[3][n][e]);
+        s[n][e] = key < end ? v * score_scale : -INFINITY;
+        mx[e >> 1] = fmaxf(mx[e >> 1], s[n][e]);
+      }
+    }
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 1));
+      mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 2));
+    }
+    if (tq == 0) {
+      red_max[warp * kMmaHeads + g] = mx[0];  // -inf when all this warp's keys are past the end
+      red_max[warp * kMmaHeads + g + 8] = mx[1];
+    }
+    __syncthreads();
+    float alpha[2];
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      float m = run_max[r];
+#pragma unroll
+      for (int w = 0; w < kMmaWarps; ++w) m = fmaxf(m, red_max[w * kMmaHeads + g + 8 * r]);
+      alpha[r] = exp2f(run_max[r] - m);  // 0 on the first tile (run_max = -inf); m is finite
+      run_max[r] = m;
+    }
+    float sum[2] = {0.0f, 0.0f};
+#pragma unroll
+    for (int n = 0; n < 2; ++n) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        s[n][e] = exp2f(s[n][e] - run_max[e >> 1]);  // 0 for keys past the end
+        sum[e >> 1] += s[n][e];
+      }
+    }
+#pragma unroll
+    for (int r = 0; r < 2; ++r) part_sum[r] = part_sum[r] * alpha[r] + sum[r];
+    // The C fragments of this warp's two n-tiles are exactly P·V k-step `warp`'s A fragment.
+    {
+      uint32_t phi[4], plo[4];
+      SplitBf16(s[0][0], s[0][1], &phi[0], &plo[0]);
+      SplitBf16(s[0][2], s[0][3], &phi[1], &plo[1]);
+      SplitBf16(s[1][0], s[1][1], &phi[2], &plo[2]);
+      SplitBf16(s[1][2], s[1][3], &phi[3], &plo[3]);
+      pf[(warp * 2) * 32 + lane] = make_uint4(phi[0], phi[1], phi[2], phi[3]);
+      pf[(warp * 2 + 1) * 32 + lane] = make_uint4(plo[0], plo[1], plo[2], plo[3]);
+    }
+    __syncthreads();
+#pragma unroll
+    for (int n = 0; n < kSplitNT; ++n) {
+      acc[n][0] *= alpha[0];
+      acc[n][1] *= alpha[0];
+      acc[n][2] *= alpha[1];
+      acc[n][3] *= alpha[1];
+    }
+    // O[16 x this warp's 128 columns] += P V, V = the keys' latent part.
+#pragma unroll
+    for (int kk = 0; kk < kMmaWarps; ++kk) {
+      const uint4 ph4 = pf[(kk * 2) * 32 + lane], pl4 = pf[(kk * 2 + 1) * 32 + lane];
+      const uint32_t ph[4] = {ph4.x, ph4.y, ph4.z, ph4.w};
+      const uint32_t pl[4] = {pl4.x, pl4.y, pl4.z, pl4.w};
+#pragma unroll
+      for (int np = 0; np < kSplitNT / 2; ++np) {
+        // Matrices: keys 16 kk + 8 (mat & 1) + 0..7, columns c0 + 8 (mat >> 1) + 0..7.
+        const int c0 = col0 + np * 16;
+        uint32_t b[4];
+        LdMatrixX4<true>(b, kc + (kk * 16 + (mat & 1) * 8 + mat_row) * kSplitLd + c0 +
+                                (mat >> 1) * 8);
+        MmaBf16(acc[2 * np], ph, b[0], b[1]);
+        MmaBf16(acc[2 * np], pl, b[0], b[1]);
+        MmaBf16(acc[2 * np + 1], ph, b[2], b[3]);
+        MmaBf16(acc[2 * np + 1], pl, b[2], b[3]);
+      }
+    }
+  }
+
+  // The denominators: this warp's keys over the quad, then the four warps in a fixed order.
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    part_sum[r] += __shfl_xor_sync(0xffffffffu, part_sum[r], 1);
+    part_sum[r] += __shfl_xor_sync(0xffffffffu, part_sum[r], 2);
+  }
+  if (tq == 0) {
+    red_sum[warp * kMmaHeads + g] = part_sum[0];
+    red_sum[warp * kMmaHeads + g + 8] = part_sum[1];
+  }
+  __syncthreads();
+  float total[2] = {0.0f, 0.0f};
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+#pragma unroll
+    for (int w = 0; w < kMmaWarps; ++w) total[r] += red_sum[w * kMmaHeads + g + 8 * r];
+  }
+#pragma unroll
+  for (int n = 0; n < kSplitNT; ++n) {
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const int h = h0 + g + (e >> 1) * 8, c = col0 + n * 8 + 2 * tq + (e & 1);
+      if (h >= p.num_heads) continue;
+      const int64_t th = t * p.num_heads + h;
+      if (num_splits == 1) {
+        p.out_latent[th * kSplitLatent + c] = acc[n][e] / total[e >> 1];
+      } else {
+        ws_out[(th * num_splits + split) * kSplitLatent + c] = acc[n][e];
+      }
+    }
+  }
+  if (num_splits > 1 && warp == 0 && tq == 0) {
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      const int h = h0 + g + r * 8;
+      if (h >= p.num_heads) continue;
+      float* ml = ws_ml + ((t * p.num_heads + h) * num_splits + split) * 2;
+      ml[0] = run_max[r] * 0.6931471805599453f;  // natural-log units
+      ml[1] = total[r];
+    }
+  }
+}
+
 using GroupedKernelFn = void (*)(MlaAttentionParams, int, int, bool, float*, float*);
 
 template <typename T>
@@ -1034,38 +1332,67 @@ struct GroupedPlan {
   int threads = kGroupThreads;
   size_t smem = 0;
   bool mma = false;
+  bool key_split = false;  // MlaBf16KeySplitKernel
   int num_groups = 0;
   int num_splits = 0;
   size_t workspace_bytes = 0;
 };
 
-// The tensor-core pipeline shape used when MlaAttentionParams::mma_variant is 0.
-constexpr int kDefaultMmaVariant = 4;
+// MlaAttentionParams::mma_variant of the key-split kernel (MlaBf16KeySplitKernel).
+constexpr int kKeySplitVariant = kMmaVariants + 1;
+static_assert(kKeySplitVariant == kMaxMlaMmaVariant, "mla_attention.h documents the variants");
+
+// The variant used when MlaAttentionParams::mma_variant is 0: the key-split kernel from
+// kKeySplitMinBlocks (token, head group) blocks up (many decode tokens), else variant 4
+// (docs/cuda.md has the measurements behind the threshold).
+constexpr int kKeySplitMinBlocks = 32;
+int DefaultMmaVariant(const MlaAttentionParams& p, int num_groups) {
+  return static_cast<int64_t>(p.num_tokens) * num_groups >= kKeySplitMinBlocks ? kKeySplitVariant
+                                                                               : 4;
+}
+
+// True when the key-split kernel takes these params (given the device's shared-memory limit):
+// bf16 cache of latent 512 + rope 64, 16-byte aligned (whole-row cp.async copies).
+bool KeySplitFits(const MlaAttentionParams& p, int max_smem) {
+  return IsBf16(p) && p.cache.latent_dim == kSplitLatent && p.cache.rope_dim == kSplitRope &&
+         reinterpret_cast<uintptr_t>(p.cache.cache) % 16 == 0 &&
+         kSplitSmemBytes <= static_cast<size_t>(max_smem);
+}
 
 cudaError_t PlanGrouped(const MlaAttentionParams& p, GroupedPlan* plan) {
   if (p.cache.latent_dim <= 0 || p.cache.latent_dim > kMaxMlaLatentDim || p.cache.rope_dim < 0 ||
       p.num_splits < 0 || p.num_splits > kMaxMlaSplits || p.mma_variant < 0 ||
-      p.mma_variant > kMmaVariants || (p.cache.type != LatentCacheType::kFloat32 && !IsBf16(p))) {
+      p.mma_variant > kMaxMlaMmaVariant || (p.cache.type != LatentCacheType::kFloat32 && !IsBf16(p))) {
     return cudaErrorInvalidValue;
   }
   int device = 0;
   cudaError_t e = cudaGetDevice(&device);
   if (e != cudaSuccess) return e;
   const int dim = p.cache.latent_dim + p.cache.rope_dim;
-  const int variant = p.mma_variant == 0 ? kDefaultMmaVariant : p.mma_variant;
-  GroupedKernelFn mma_kernel = MmaKernelFor(p.cache.latent_dim, variant);
+  plan->num_groups = (p.num_heads + kGroupHeads - 1) / kGroupHeads;
+  int variant = p.mma_variant == 0 ? DefaultMmaVariant(p, plan->num_groups) : p.mma_variant;
+  if (variant == kKeySplitVariant) {
+    // Shapes (or devices) the key-split kernel does not take run variant 4.
+    KernelFacts facts;
+    e = FactsFor(MlaBf16KeySplitKernel, device, &facts);
+    if (e != cudaSuccess) return e;
+    if (!KeySplitFits(p, facts.max_smem)) variant = 4;
+  }
+  GroupedKernelFn mma_kernel = variant == kKeySplitVariant
+                                   ? MlaBf16KeySplitKernel
+                                   : MmaKernelFor(p.cache.latent_dim, variant);
   plan->mma = UseMma(p, mma_kernel, device);
+  plan->key_split = plan->mma && variant == kKeySplitVariant;
   if (plan->mma) {
     plan->kernel = mma_kernel;
     plan->threads = kMmaThreads;
-    plan->smem = MmaSmemBytes(kMmaShapes[variant - 1], dim);
+    plan->smem = plan->key_split ? kSplitSmemBytes : MmaSmemBytes(kMmaShapes[variant - 1], dim);
   } else {
     plan->kernel = IsBf16(p) ? GroupedKernelFor<__nv_bfloat16>(p.cache.latent_dim)
                              : GroupedKernelFor<float>(p.cache.latent_dim);
     plan->threads = kGroupThreads;
     plan->smem = GroupedSmemBytes(dim);
   }
-  plan->num_groups = (p.num_heads + kGroupHeads - 1) / kGroupHeads;
   KernelFacts facts;
   e = FactsFor(plan->kernel, device, &facts);
   if (e != cudaSuccess) return e;
@@ -1126,6 +1453,7 @@ cudaError_t MlaAttentionPerHeadF32(const MlaAttentionParams& params, cudaStream_
 const char* MlaAttentionKernelName(const MlaAttentionParams& params) {
   GroupedPlan plan;
   if (PlanGrouped(params, &plan) != cudaSuccess) return "invalid";
+  if (plan.key_split) return "mma_bf16_key_split";
   if (plan.mma) return "mma_bf16";
   return IsBf16(params) ? "grouped_bf16" : "grouped_f32";
 }
