@@ -918,45 +918,43 @@ __global__ void __launch_bounds__(kMmaThreads, kMmaShapes[kVariant - 1].min_bloc
   }
 }
 
-// ---- Key-split tensor-core kernel (variant 5): latent 512 + rope 64 ----
+// ---- Key-split tensor-core kernel (variants 5 and 6): latent 512 + rope 64 ----
 //
 // The FlashMLA work split over mma.sync: one block of 4 warps per (token, context split, group
-// of 16 heads), keys in tiles of kSplitKeys = 64, double-buffered with cp.async. Per tile:
-//   score    warp w computes S[16 heads x keys 16w .. 16w + 15] over the whole 576-deep dot
-//            product (Q hi and lo fragments read from shared memory, where they were staged once
-//            per block; eight independent accumulator chains), so no partial scores are summed
-//            across warps;
+// of 16 heads), keys in tiles of kKeys (64: variant 5, one block per SM; 32: variant 6, two),
+// double-buffered with cp.async. Per tile:
+//   score    warp w computes S[16 heads x its kKeys / 4 keys] over the whole 576-deep dot
+//            product (Q hi and lo fragments read from shared memory, where they were staged
+//            once per block; independent accumulator chains per k-step parity and hi / lo), so
+//            no partial scores are summed across warps;
 //   softmax  each warp takes its keys' row maxima, the four warps exchange them through shared
 //            memory (one barrier), and every warp applies the same tile maximum; each warp keeps
 //            its own keys' part of the running denominator (summed across warps once, at the
 //            end);
-//   value    warp w's P (its 16 keys) goes to shared memory as the bf16 hi / lo A fragment of
-//            P·V k-step w (one barrier); every warp then owns 128 of the 512 output columns and
-//            accumulates O[16 x 128] += P[16 x 64] V[64 x 128] over the four k-steps.
+//   value    warp w's P goes to shared memory as its part of the bf16 hi / lo A fragments of
+//            P·V (one barrier); every warp then owns 128 of the 512 output columns and
+//            accumulates O[16 x 128] += P[16 x kKeys] V[kKeys x 128].
 // Q and P enter the MMAs as bf16 hi + lo pairs as in MlaBf16MmaKernel (fp32-grade scores and
-// weights; the cache's bf16 keys are exact). One block per SM (187 KB of shared memory).
+// weights; the cache's bf16 keys are exact).
 constexpr int kSplitLatent = 512, kSplitRope = 64;
 constexpr int kSplitDim = kSplitLatent + kSplitRope;
-constexpr int kSplitKeys = 64;                  // keys per tile
-constexpr int kSplitKSteps = kSplitDim / 16;    // score k-steps (36)
-constexpr int kSplitLd = kSplitDim + 8;         // bf16 row stride: ldmatrix rows in distinct banks
-constexpr int kSplitRowThreads = 8;             // threads copying one key row (128 bytes a step)
-constexpr int kSplitRowsPerPass = kMmaThreads / kSplitRowThreads;      // 16
-constexpr int kSplitRowsPerThread = kSplitKeys / kSplitRowsPerPass;    // 4
+constexpr int kSplitKSteps = kSplitDim / 16;  // score k-steps (36)
+constexpr int kSplitLd = kSplitDim + 8;       // bf16 row stride: ldmatrix rows in distinct banks
+constexpr int kSplitRowThreads = 8;           // threads copying one key row (128 bytes a step)
+constexpr int kSplitRowsPerPass = kMmaThreads / kSplitRowThreads;        // 16
 constexpr int kSplitPiecesPerThread = kSplitDim / 8 / kSplitRowThreads;  // 9 16-byte pieces
-constexpr int kSplitWarpKeys = kSplitKeys / kMmaWarps;                 // 16 keys scored per warp
-constexpr int kSplitWarpCols = kSplitLatent / kMmaWarps;               // 128 columns per warp
-constexpr int kSplitNT = kSplitWarpCols / 8;                           // 16 output n-tiles
-static_assert(kSplitWarpKeys == 16, "a warp's keys are one P·V k-step");
+constexpr int kSplitWarpCols = kSplitLatent / kMmaWarps;                 // 128 columns per warp
+constexpr int kSplitNT = kSplitWarpCols / 8;                             // 16 output n-tiles
 static_assert(kSplitDim % (8 * kSplitRowThreads) == 0, "whole 16-byte pieces per copying thread");
-// Shared memory: Q fragments [k-step][hi, lo][lane] (uint4), keys [2][kSplitKeys][kSplitLd]
-// (bf16), P fragments [warp][hi, lo][lane] (uint4), row maxima and row sums [warp][16] (fp32).
+static_assert(kSplitKSteps % 2 == 0, "8-key warps load two score k-steps per ldmatrix");
+
+// Shared memory: Q fragments [k-step][hi, lo][lane] (uint4), keys [2][kKeys][kSplitLd] (bf16),
+// P fragments [P·V k-step][hi, lo][lane] (uint4), row maxima and row sums [warp][16] (fp32).
 constexpr size_t kSplitQBytes = size_t{kSplitKSteps} * 2 * 32 * sizeof(uint4);
-constexpr size_t kSplitKeyBytes = size_t{2} * kSplitKeys * kSplitLd * sizeof(__nv_bfloat16);
-constexpr size_t kSplitPBytes = size_t{kMmaWarps} * 2 * 32 * sizeof(uint4);
-constexpr size_t kSplitSmemBytes =
-    kSplitQBytes + kSplitKeyBytes + kSplitPBytes + 2 * kMmaWarps * kMmaHeads * sizeof(float);
-static_assert(kSplitKeyBytes % sizeof(uint4) == 0, "P fragments stay 16-byte aligned");
+constexpr size_t SplitSmemBytes(int keys) {
+  return kSplitQBytes + size_t{2} * keys * kSplitLd * sizeof(__nv_bfloat16) +
+         size_t{keys / 16} * 2 * 32 * sizeof(uint4) + 2 * kMmaWarps * kMmaHeads * sizeof(float);
+}
 
 // Cache offset of key j of the token's context, -1 past its end.
 __device__ __forceinline__ int64_t RowOrNone(const MlaAttentionParams& p, const int32_t* table,
@@ -965,14 +963,14 @@ __device__ __forceinline__ int64_t RowOrNone(const MlaAttentionParams& p, const 
 }
 
 // Starts copying the tile's key rows threadIdx / 8 + 16 k (row offsets rows[k]; -1: zeroed, so
-// that P·V never multiplies garbage) into dst [kSplitKeys][kSplitLd], 16-byte pieces
-// threadIdx % 8 + 8 i of each, and commits them as one copy group.
+// that P·V never multiplies garbage) into dst [kKeys][kSplitLd], 16-byte pieces threadIdx % 8 +
+// 8 i of each, and commits them as one copy group.
+template <int kRows>
 __device__ __forceinline__ void LoadSplitTile(const __nv_bfloat16* cache,
-                                              const int64_t (&rows)[kSplitRowsPerThread],
-                                              __nv_bfloat16* dst) {
+                                              const int64_t (&rows)[kRows], __nv_bfloat16* dst) {
   const int r0 = threadIdx.x / kSplitRowThreads, f0 = threadIdx.x % kSplitRowThreads;
 #pragma unroll
-  for (int k = 0; k < kSplitRowsPerThread; ++k) {
+  for (int k = 0; k < kRows; ++k) {
     __nv_bfloat16* d = dst + (r0 + k * kSplitRowsPerPass) * kSplitLd + f0 * 8;
     if (rows[k] < 0) {
 #pragma unroll
@@ -992,14 +990,20 @@ __device__ __forceinline__ void LoadSplitTile(const __nv_bfloat16* cache,
 
 // Block index = (token * num_splits + split) * num_groups + group, as MlaGroupedKernel. Needs a
 // 16-byte aligned cache (vec_loads is implied; PlanGrouped checks it).
-__global__ void __launch_bounds__(kMmaThreads, 1)
+template <int kKeys>
+__global__ void __launch_bounds__(kMmaThreads, kKeys == 32 ? 2 : 1)
     MlaBf16KeySplitKernel(MlaAttentionParams p, int num_groups, int num_splits, bool /*vec_loads*/,
                           float* ws_out, float* ws_ml) {
+  constexpr int kWarpKeys = kKeys / kMmaWarps;             // keys scored per warp: 16 or 8
+  constexpr int kWarpTiles = kWarpKeys / 8;                // their score n-tiles: 2 or 1
+  constexpr int kPvSteps = kKeys / 16;                     // P·V k-steps per tile
+  constexpr int kRows = kKeys / kSplitRowsPerPass;         // key rows each thread copies
+  static_assert(kKeys == 64 || kKeys == 32, "tiles of 64 or 32 keys");
   extern __shared__ float4 smem4[];
   uint4* qf = reinterpret_cast<uint4*>(smem4);
   __nv_bfloat16* kbuf = reinterpret_cast<__nv_bfloat16*>(qf + kSplitKSteps * 2 * 32);
-  uint4* pf = reinterpret_cast<uint4*>(kbuf + 2 * kSplitKeys * kSplitLd);
-  float* red_max = reinterpret_cast<float*>(pf + kMmaWarps * 2 * 32);
+  uint4* pf = reinterpret_cast<uint4*>(kbuf + 2 * kKeys * kSplitLd);  // 16-byte aligned
+  float* red_max = reinterpret_cast<float*>(pf + kPvSteps * 2 * 32);
   float* red_sum = red_max + kMmaWarps * kMmaHeads;
 
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
@@ -1011,24 +1015,22 @@ __global__ void __launch_bounds__(kMmaThreads, 1)
   const int32_t* table =
       p.block_tables + static_cast<int64_t>(p.token_seq[t]) * p.max_blocks_per_seq;
   int64_t begin = 0, end = 0;
-  if (SplitIsEmpty<kSplitKeys, kMmaHeads>(p, t, split, num_splits, h0, ws_ml, &begin, &end)) {
-    return;
-  }
+  if (SplitIsEmpty<kKeys, kMmaHeads>(p, t, split, num_splits, h0, ws_ml, &begin, &end)) return;
   const __nv_bfloat16* cache = static_cast<const __nv_bfloat16*>(p.cache.cache);
   // Base-2 softmax: log2 e folded into the scale; the workspace's maxima in natural-log units.
   const float score_scale = p.softmax_scale * 1.4426950408889634f;
 
   // Tile 0 in flight while Q is staged; rows[] then holds tile 1's row offsets (one tile ahead).
   const int my_row = tid / kSplitRowThreads;
-  int64_t rows[kSplitRowsPerThread];
+  int64_t rows[kRows];
 #pragma unroll
-  for (int k = 0; k < kSplitRowsPerThread; ++k) {
+  for (int k = 0; k < kRows; ++k) {
     rows[k] = RowOrNone(p, table, begin + my_row + k * kSplitRowsPerPass, end);
   }
   LoadSplitTile(cache, rows, kbuf);
 #pragma unroll
-  for (int k = 0; k < kSplitRowsPerThread; ++k) {
-    rows[k] = RowOrNone(p, table, begin + kSplitKeys + my_row + k * kSplitRowsPerPass, end);
+  for (int k = 0; k < kRows; ++k) {
+    rows[k] = RowOrNone(p, table, begin + kKeys + my_row + k * kSplitRowsPerPass, end);
   }
   // Q as A fragments, hi and lo; register r: head g + 8 (r & 1), dims 2 tq + 8 (r >> 1) + {0, 1}.
   for (int ks = warp; ks < kSplitKSteps; ks += kMmaWarps) {
@@ -1053,50 +1055,67 @@ __global__ void __launch_bounds__(kMmaThreads, 1)
   // running denominator (its keys only).
   float run_max[2] = {-INFINITY, -INFINITY}, part_sum[2] = {0.0f, 0.0f};
   const int mat = lane / 8, mat_row = lane % 8;  // ldmatrix: which matrix / row this lane names
-  const int key0 = warp * kSplitWarpKeys, col0 = warp * kSplitWarpCols;
+  const int key0 = warp * kWarpKeys, col0 = warp * kSplitWarpCols;
 
   int tile = 0;
-  for (int64_t j0 = begin; j0 < end; j0 += kSplitKeys, ++tile) {
+  for (int64_t j0 = begin; j0 < end; j0 += kKeys, ++tile) {
     CopyAsyncWait<0>();  // this tile's copies (the only group in flight) have landed ...
     __syncthreads();     // ... for every thread, and every warp is done with the previous tile
-    const __nv_bfloat16* kc = kbuf + (tile & 1) * kSplitKeys * kSplitLd;
-    if (j0 + kSplitKeys < end) {  // the next tile into the buffer the previous one used
-      LoadSplitTile(cache, rows, kbuf + ((tile + 1) & 1) * kSplitKeys * kSplitLd);
+    const __nv_bfloat16* kc = kbuf + (tile & 1) * kKeys * kSplitLd;
+    if (j0 + kKeys < end) {  // the next tile into the buffer the previous one used
+      LoadSplitTile(cache, rows, kbuf + ((tile + 1) & 1) * kKeys * kSplitLd);
 #pragma unroll
-      for (int k = 0; k < kSplitRowsPerThread; ++k) {
-        rows[k] = RowOrNone(p, table, j0 + 2 * kSplitKeys + my_row + k * kSplitRowsPerPass, end);
+      for (int k = 0; k < kRows; ++k) {
+        rows[k] = RowOrNone(p, table, j0 + 2 * kKeys + my_row + k * kSplitRowsPerPass, end);
       }
     }
 
-    // S[16 x this warp's 16 keys]: chain (ks & 1) * 2 + lo of n-tile n (keys 8n .. 8n + 7), so
-    // that eight independent MMA chains are in flight.
-    float sc[4][2][4];
+    // S[16 x this warp's keys]: sc[(ks & 1) * 2 + lo][n] for n-tile n (keys 8n .. 8n + 7), so
+    // that 4 kWarpTiles independent MMA chains are in flight.
+    float sc[4][kWarpTiles][4];
 #pragma unroll
     for (int c = 0; c < 4; ++c) {
 #pragma unroll
-      for (int n = 0; n < 2; ++n) {
+      for (int n = 0; n < kWarpTiles; ++n) {
 #pragma unroll
         for (int e = 0; e < 4; ++e) sc[c][n][e] = 0.0f;
       }
     }
 #pragma unroll
-    for (int ks = 0; ks < kSplitKSteps; ++ks) {
-      const uint4 qh4 = qf[(ks * 2) * 32 + lane], ql4 = qf[(ks * 2 + 1) * 32 + lane];
-      const uint32_t qh[4] = {qh4.x, qh4.y, qh4.z, qh4.w};
-      const uint32_t ql[4] = {ql4.x, ql4.y, ql4.z, ql4.w};
-      // Matrices: keys key0 + 8 (mat >> 1) + 0..7, dims 16 ks + 8 (mat & 1) + 0..7.
-      uint32_t b[4];
-      LdMatrixX4<false>(
-          b, kc + (key0 + (mat >> 1) * 8 + mat_row) * kSplitLd + ks * 16 + (mat & 1) * 8);
-      const int c = (ks & 1) * 2;
-      MmaBf16(sc[c][0], qh, b[0], b[1]);
-      MmaBf16(sc[c + 1][0], ql, b[0], b[1]);
-      MmaBf16(sc[c][1], qh, b[2], b[3]);
-      MmaBf16(sc[c + 1][1], ql, b[2], b[3]);
-    }
-    float s[2][4], mx[2] = {-INFINITY, -INFINITY};
+    for (int ks2 = 0; ks2 < kSplitKSteps; ks2 += 2) {
+      uint32_t b[2][4];  // [k-step ks2 + i]: b0, b1 of n-tile 0, then of n-tile 1 (16 keys)
+      if (kWarpTiles == 2) {
+        // Matrices: keys key0 + 8 (mat >> 1) + 0..7, dims 16 ks + 8 (mat & 1) + 0..7.
 #pragma unroll
-    for (int n = 0; n < 2; ++n) {
+        for (int i = 0; i < 2; ++i) {
+          LdMatrixX4<false>(b[i], kc + (key0 + (mat >> 1) * 8 + mat_row) * kSplitLd +
+                                      (ks2 + i) * 16 + (mat & 1) * 8);
+        }
+      } else {
+        // Matrices: keys key0 + 0..7, dims 16 ks2 + 8 mat + 0..7 (k-steps ks2 and ks2 + 1).
+        uint32_t r[4];
+        LdMatrixX4<false>(r, kc + (key0 + mat_row) * kSplitLd + ks2 * 16 + mat * 8);
+        b[0][0] = r[0];
+        b[0][1] = r[1];
+        b[1][0] = r[2];
+        b[1][1] = r[3];
+      }
+#pragma unroll
+      for (int i = 0; i < 2; ++i) {
+        const int ks = ks2 + i;
+        const uint4 qh4 = qf[(ks * 2) * 32 + lane], ql4 = qf[(ks * 2 + 1) * 32 + lane];
+        const uint32_t qh[4] = {qh4.x, qh4.y, qh4.z, qh4.w};
+        const uint32_t ql[4] = {ql4.x, ql4.y, ql4.z, ql4.w};
+#pragma unroll
+        for (int n = 0; n < kWarpTiles; ++n) {
+          MmaBf16(sc[i * 2][n], qh, b[i][2 * n], b[i][2 * n + 1]);
+          MmaBf16(sc[i * 2 + 1][n], ql, b[i][2 * n], b[i][2 * n + 1]);
+        }
+      }
+    }
+    float s[kWarpTiles][4], mx[2] = {-INFINITY, -INFINITY};
+#pragma unroll
+    for (int n = 0; n < kWarpTiles; ++n) {
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
         const int64_t key = j0 + key0 + n * 8 + 2 * tq + (e & 1);
@@ -1126,7 +1145,7 @@ __global__ void __launch_bounds__(kMmaThreads, 1)
     }
     float sum[2] = {0.0f, 0.0f};
 #pragma unroll
-    for (int n = 0; n < 2; ++n) {
+    for (int n = 0; n < kWarpTiles; ++n) {
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
         s[n][e] = exp2f(s[n][e] - run_max[e >> 1]);  // 0 for keys past the end
@@ -1135,15 +1154,17 @@ __global__ void __launch_bounds__(kMmaThreads, 1)
     }
 #pragma unroll
     for (int r = 0; r < 2; ++r) part_sum[r] = part_sum[r] * alpha[r] + sum[r];
-    // The C fragments of this warp's two n-tiles are exactly P·V k-step `warp`'s A fragment.
-    {
-      uint32_t phi[4], plo[4];
-      SplitBf16(s[0][0], s[0][1], &phi[0], &plo[0]);
-      SplitBf16(s[0][2], s[0][3], &phi[1], &plo[1]);
-      SplitBf16(s[1][0], s[1][1], &phi[2], &plo[2]);
-      SplitBf16(s[1][2], s[1][3], &phi[3], &plo[3]);
-      pf[(warp * 2) * 32 + lane] = make_uint4(phi[0], phi[1], phi[2], phi[3]);
-      pf[(warp * 2 + 1) * 32 + lane] = make_uint4(plo[0], plo[1], plo[2], plo[3]);
+    // P·V k-step kk's A fragment (keys 16 kk .. 16 kk + 15): registers 0, 1 are the C fragment
+    // of keys 16 kk + 0..7, registers 2, 3 that of keys 16 kk + 8..15; this warp's n-tile n
+    // holds keys key0 + 8 n.
+#pragma unroll
+    for (int n = 0; n < kWarpTiles; ++n) {
+      const int kk = (key0 + 8 * n) / 16, half = ((key0 + 8 * n) / 8) % 2;
+      uint2 hi, lo;
+      SplitBf16(s[n][0], s[n][1], &hi.x, &lo.x);
+      SplitBf16(s[n][2], s[n][3], &hi.y, &lo.y);
+      reinterpret_cast<uint2*>(pf + (kk * 2) * 32 + lane)[half] = hi;
+      reinterpret_cast<uint2*>(pf + (kk * 2 + 1) * 32 + lane)[half] = lo;
     }
     __syncthreads();
 #pragma unroll
@@ -1155,7 +1176,7 @@ __global__ void __launch_bounds__(kMmaThreads, 1)
     }
     // O[16 x this warp's 128 columns] += P V, V = the keys' latent part.
 #pragma unroll
-    for (int kk = 0; kk < kMmaWarps; ++kk) {
+    for (int kk = 0; kk < kPvSteps; ++kk) {
       const uint4 ph4 = pf[(kk * 2) * 32 + lane], pl4 = pf[(kk * 2 + 1) * 32 + lane];
       const uint32_t ph[4] = {ph4.x, ph4.y, ph4.z, ph4.w};
       const uint32_t pl[4] = {pl4.x, pl4.y, pl4.z, pl4.w};
@@ -1338,9 +1359,12 @@ struct GroupedPlan {
   size_t workspace_bytes = 0;
 };
 
-// MlaAttentionParams::mma_variant of the key-split kernel (MlaBf16KeySplitKernel).
+// MlaAttentionParams::mma_variant of the key-split kernels: MlaBf16KeySplitKernel<64> (one
+// block per SM) and MlaBf16KeySplitKernel<32> (two).
 constexpr int kKeySplitVariant = kMmaVariants + 1;
-static_assert(kKeySplitVariant == kMaxMlaMmaVariant, "mla_attention.h documents the variants");
+constexpr int kKeySplit32Variant = kMmaVariants + 2;
+static_assert(kKeySplit32Variant == kMaxMlaMmaVariant, "mla_attention.h documents the variants");
+int KeySplitKeys(int variant) { return variant == kKeySplit32Variant ? 32 : 64; }
 
 // The variant used when MlaAttentionParams::mma_variant is 0: the key-split kernel from
 // kKeySplitMinBlocks (token, head group) blocks up (many decode tokens), else variant 4
@@ -1351,12 +1375,13 @@ int DefaultMmaVariant(const MlaAttentionParams& p, int num_groups) {
                                                                                : 4;
 }
 
-// True when the key-split kernel takes these params (given the device's shared-memory limit):
-// bf16 cache of latent 512 + rope 64, 16-byte aligned (whole-row cp.async copies).
-bool KeySplitFits(const MlaAttentionParams& p, int max_smem) {
+// True when a key-split kernel of kKeys-key tiles takes these params (given the device's
+// shared-memory limit): bf16 cache of latent 512 + rope 64, 16-byte aligned (whole-row cp.async
+// copies).
+bool KeySplitFits(const MlaAttentionParams& p, int keys, int max_smem) {
   return IsBf16(p) && p.cache.latent_dim == kSplitLatent && p.cache.rope_dim == kSplitRope &&
          reinterpret_cast<uintptr_t>(p.cache.cache) % 16 == 0 &&
-         kSplitSmemBytes <= static_cast<size_t>(max_smem);
+         SplitSmemBytes(keys) <= static_cast<size_t>(max_smem);
 }
 
 cudaError_t PlanGrouped(const MlaAttentionParams& p, GroupedPlan* plan) {
@@ -1371,22 +1396,28 @@ cudaError_t PlanGrouped(const MlaAttentionParams& p, GroupedPlan* plan) {
   const int dim = p.cache.latent_dim + p.cache.rope_dim;
   plan->num_groups = (p.num_heads + kGroupHeads - 1) / kGroupHeads;
   int variant = p.mma_variant == 0 ? DefaultMmaVariant(p, plan->num_groups) : p.mma_variant;
-  if (variant == kKeySplitVariant) {
-    // Shapes (or devices) the key-split kernel does not take run variant 4.
+  const bool key_split = variant >= kKeySplitVariant;
+  const int keys = KeySplitKeys(variant);
+  GroupedKernelFn mma_kernel = !key_split ? MmaKernelFor(p.cache.latent_dim, variant)
+                               : keys == 32 ? MlaBf16KeySplitKernel<32>
+                                            : MlaBf16KeySplitKernel<64>;
+  if (key_split) {
+    // Shapes (or devices) the key-split kernels do not take run variant 4.
     KernelFacts facts;
-    e = FactsFor(MlaBf16KeySplitKernel, device, &facts);
+    e = FactsFor(mma_kernel, device, &facts);
     if (e != cudaSuccess) return e;
-    if (!KeySplitFits(p, facts.max_smem)) variant = 4;
+    if (!KeySplitFits(p, keys, facts.max_smem)) {
+      variant = 4;
+      mma_kernel = MmaKernelFor(p.cache.latent_dim, variant);
+    }
   }
-  GroupedKernelFn mma_kernel = variant == kKeySplitVariant
-                                   ? MlaBf16KeySplitKernel
-                                   : MmaKernelFor(p.cache.latent_dim, variant);
   plan->mma = UseMma(p, mma_kernel, device);
-  plan->key_split = plan->mma && variant == kKeySplitVariant;
+  plan->key_split = plan->mma && variant >= kKeySplitVariant;
   if (plan->mma) {
     plan->kernel = mma_kernel;
     plan->threads = kMmaThreads;
-    plan->smem = plan->key_split ? kSplitSmemBytes : MmaSmemBytes(kMmaShapes[variant - 1], dim);
+    plan->smem =
+        plan->key_split ? SplitSmemBytes(keys) : MmaSmemBytes(kMmaShapes[variant - 1], dim);
   } else {
     plan->kernel = IsBf16(p) ? GroupedKernelFor<__nv_bfloat16>(p.cache.latent_dim)
                              : GroupedKernelFor<float>(p.cache.latent_dim);

@@ -169,14 +169,16 @@ void Run(const Batch& batch) {
     cudaStream_t stream;
     BENCH_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
     // (variant, forced split count or 0); few tokens: also fewer splits than the automatic 64.
-    // Many tokens: the key-split kernel (5) also at forced split counts (1 block per SM).
-    std::vector<std::pair<int, int>> runs = {{1, 0}, {2, 0}, {3, 0}, {4, 0}, {5, 0}};
+    // Many tokens: the key-split kernels (5, 6) also at forced split counts.
+    std::vector<std::pair<int, int>> runs = {{1, 0}, {2, 0}, {3, 0}, {4, 0}, {5, 0}, {6, 0}};
     if (tokens < 16) {
-      for (int variant : {3, 4, 5}) {
+      for (int variant : {3, 4, 5, 6}) {
         for (int splits : {4, 8, 16, 32}) runs.emplace_back(variant, splits);
       }
     } else {
-      for (int splits : {1, 2, 3, 4}) runs.emplace_back(5, splits);
+      for (int variant : {5, 6}) {
+        for (int splits : {1, 2, 3, 4}) runs.emplace_back(variant, splits);
+      }
     }
     for (const auto& [variant, splits] : runs) {
       kernels::MlaAttentionParams pv = pb;
