@@ -20,8 +20,11 @@
 // All accumulation is fp32.
 //
 // With a bf16 cache the same kernel widens each key to fp32 in shared memory (any shape), but
-// the usual shapes (latent <= 512, latent + rope <= 640) go to MlaBf16MmaKernel instead, which
-// is not limited by fp32 FMA throughput. On the H200 it reaches ~30% of HBM bandwidth for
+// DeepSeek's latent 512 + rope 64 goes to MlaBf16KeySplitKernel (FlashMLA's work split: each
+// warp scores its own keys over the whole dot product; described at the kernel; 1.2x faster
+// than MlaBf16MmaKernel at 64-256 decode tokens on the H200) and the other usual shapes
+// (latent <= 512, latent + rope <= 640) to MlaBf16MmaKernel, which is not limited by fp32 FMA
+// throughput. On the H200 MlaBf16MmaKernel reaches ~30-37% of HBM bandwidth for
 // 128 x 1024 decode, bound by instruction issue, not by memory: ncu counts ~1,900 instructions
 // per warp per 32-key chunk at 6.1 cycles each (2 warps per scheduler), and a block alone on
 // the GPU still takes 5 us per chunk (docs/cuda.md). Per chunk of keys (bf16 rows in shared
@@ -581,8 +584,8 @@ struct MmaShape {
 constexpr MmaShape kMmaShapes[] = {
     {16, 5, 2, false},  // variant 1: 2 blocks per SM, up to 8 chunks (147 KB) in flight per SM
     {32, 5, 1, false},  // variant 2: 1 block per SM, 4 chunks (147 KB) in flight
-    {32, 2, 2, false},  // variant 3 (default): double-buffered, 2 blocks per SM
-    {32, 2, 2, true},   // variant 4: variant 3, lean (not yet run on a GPU)
+    {32, 2, 2, false},  // variant 3: double-buffered, 2 blocks per SM
+    {32, 2, 2, true},   // variant 4: variant 3, lean (the fallback of the key-split kernels)
 };
 constexpr int kMmaVariants = 4;  // variant 5 is MlaBf16KeySplitKernel
 
@@ -994,10 +997,10 @@ template <int kKeys>
 __global__ void __launch_bounds__(kMmaThreads, kKeys == 32 ? 2 : 1)
     MlaBf16KeySplitKernel(MlaAttentionParams p, int num_groups, int num_splits, bool /*vec_loads*/,
                           float* ws_out, float* ws_ml) {
-  constexpr int kWarpKeys = kKeys / kMmaWarps;             // keys scored per warp: 16 or 8
-  constexpr int kWarpTiles = kWarpKeys / 8;                // their score n-tiles: 2 or 1
-  constexpr int kPvSteps = kKeys / 16;                     // P·V k-steps per tile
-  constexpr int kRows = kKeys / kSplitRowsPerPass;         // key rows each thread copies
+  constexpr int kWarpKeys = kKeys / kMmaWarps;      // keys scored per warp: 16 or 8
+  constexpr int kWarpTiles = kWarpKeys / 8;         // their score n-tiles: 2 or 1
+  constexpr int kPvSteps = kKeys / 16;              // P·V k-steps per tile
+  constexpr int kRows = kKeys / kSplitRowsPerPass;  // key rows each thread copies
   static_assert(kKeys == 64 || kKeys == 32, "tiles of 64 or 32 keys");
   extern __shared__ float4 smem4[];
   uint4* qf = reinterpret_cast<uint4*>(smem4);
@@ -1153,7 +1156,9 @@ __global__ void __launch_bounds__(kMmaThreads, kKeys == 32 ? 2 : 1)
       }
     }
 #pragma unroll
-    for (int r = 0; r < 2; ++r) part_sum[r] = part_sum[r] * alpha[r] + sum[r];
+    for (int r = 0; r < 2; ++r) {
+      part_sum[r] = part_sum[r] * alpha[r] + sum[r];
+    }
     // P·V k-step kk's A fragment (keys 16 kk .. 16 kk + 15): registers 0, 1 are the C fragment
     // of keys 16 kk + 0..7, registers 2, 3 that of keys 16 kk + 8..15; this warp's n-tile n
     // holds keys key0 + 8 n.
@@ -1185,8 +1190,8 @@ __global__ void __launch_bounds__(kMmaThreads, kKeys == 32 ? 2 : 1)
         // Matrices: keys 16 kk + 8 (mat & 1) + 0..7, columns c0 + 8 (mat >> 1) + 0..7.
         const int c0 = col0 + np * 16;
         uint32_t b[4];
-        LdMatrixX4<true>(b, kc + (kk * 16 + (mat & 1) * 8 + mat_row) * kSplitLd + c0 +
-                                (mat >> 1) * 8);
+        LdMatrixX4<true>(b,
+                         kc + (kk * 16 + (mat & 1) * 8 + mat_row) * kSplitLd + c0 + (mat >> 1) * 8);
         MmaBf16(acc[2 * np], ph, b[0], b[1]);
         MmaBf16(acc[2 * np], pl, b[0], b[1]);
         MmaBf16(acc[2 * np + 1], ph, b[2], b[3]);
@@ -1366,14 +1371,10 @@ constexpr int kKeySplit32Variant = kMmaVariants + 2;
 static_assert(kKeySplit32Variant == kMaxMlaMmaVariant, "mla_attention.h documents the variants");
 int KeySplitKeys(int variant) { return variant == kKeySplit32Variant ? 32 : 64; }
 
-// The variant used when MlaAttentionParams::mma_variant is 0: the key-split kernel from
-// kKeySplitMinBlocks (token, head group) blocks up (many decode tokens), else variant 4
-// (docs/cuda.md has the measurements behind the threshold).
-constexpr int kKeySplitMinBlocks = 32;
-int DefaultMmaVariant(const MlaAttentionParams& p, int num_groups) {
-  return static_cast<int64_t>(p.num_tokens) * num_groups >= kKeySplitMinBlocks ? kKeySplitVariant
-                                                                               : 4;
-}
+// The variant used when MlaAttentionParams::mma_variant is 0: the 32-key key-split kernel
+// (variant 6), the fastest measured on the H200 at 1, 64, 128 and 256 decode tokens (docs/cuda.md);
+// shapes it does not take run variant 4.
+constexpr int kDefaultMmaVariant = kKeySplit32Variant;
 
 // True when a key-split kernel of kKeys-key tiles takes these params (given the device's
 // shared-memory limit): bf16 cache of latent 512 + rope 64, 16-byte aligned (whole-row cp.async
@@ -1387,7 +1388,8 @@ bool KeySplitFits(const MlaAttentionParams& p, int keys, int max_smem) {
 cudaError_t PlanGrouped(const MlaAttentionParams& p, GroupedPlan* plan) {
   if (p.cache.latent_dim <= 0 || p.cache.latent_dim > kMaxMlaLatentDim || p.cache.rope_dim < 0 ||
       p.num_splits < 0 || p.num_splits > kMaxMlaSplits || p.mma_variant < 0 ||
-      p.mma_variant > kMaxMlaMmaVariant || (p.cache.type != LatentCacheType::kFloat32 && !IsBf16(p))) {
+      p.mma_variant > kMaxMlaMmaVariant ||
+      (p.cache.type != LatentCacheType::kFloat32 && !IsBf16(p))) {
     return cudaErrorInvalidValue;
   }
   int device = 0;
@@ -1395,10 +1397,10 @@ cudaError_t PlanGrouped(const MlaAttentionParams& p, GroupedPlan* plan) {
   if (e != cudaSuccess) return e;
   const int dim = p.cache.latent_dim + p.cache.rope_dim;
   plan->num_groups = (p.num_heads + kGroupHeads - 1) / kGroupHeads;
-  int variant = p.mma_variant == 0 ? DefaultMmaVariant(p, plan->num_groups) : p.mma_variant;
+  int variant = p.mma_variant == 0 ? kDefaultMmaVariant : p.mma_variant;
   const bool key_split = variant >= kKeySplitVariant;
   const int keys = KeySplitKeys(variant);
-  GroupedKernelFn mma_kernel = !key_split ? MmaKernelFor(p.cache.latent_dim, variant)
+  GroupedKernelFn mma_kernel = !key_split   ? MmaKernelFor(p.cache.latent_dim, variant)
                                : keys == 32 ? MlaBf16KeySplitKernel<32>
                                             : MlaBf16KeySplitKernel<64>;
   if (key_split) {

@@ -62,8 +62,8 @@ struct MlaAttentionParams {
   // work split: 64-key tiles, each warp scoring a quarter of the keys over the whole dot product
   // and owning a quarter of the output columns, 1 block per SM; 6: 5 with 32-key tiles, 2
   // blocks per SM; 5 and 6 take latent 512 + rope 64 only, other shapes run 4;
-  // mla_attention.cu); 0 = the default (5 from 32 (token, head group) blocks up, else 4: the
-  // fastest measured on the H200, docs/cuda.md). Tests and the benchmark set it.
+  // mla_attention.cu); 0 = the default (6, else 4 for shapes 6 does not take: the fastest
+  // measured on the H200, docs/cuda.md). Tests and the benchmark set it.
   int32_t mma_variant = 0;
 };
 
@@ -87,9 +87,9 @@ cudaError_t MlaAttentionF32(const MlaAttentionParams& params, cudaStream_t strea
 
 // Which kernel MlaAttentionF32 runs for these params on the current device: "mma_bf16" (bf16
 // cache, latent_dim <= 512, latent_dim + rope_dim <= 640, a GPU with bf16 tensor cores),
-// "mma_bf16_key_split" (the same, variants 5 and 6's kernel: latent 512 + rope 64, a 16-byte aligned
-// cache), "grouped_bf16" (other bf16 shapes: CUDA cores, keys widened to fp32 in shared memory),
-// "grouped_f32", or "invalid". For tests and the benchmark.
+// "mma_bf16_key_split" (the same, variants 5 and 6's kernel: latent 512 + rope 64, a 16-byte
+// aligned cache), "grouped_bf16" (other bf16 shapes: CUDA cores, keys widened to fp32 in shared
+// memory), "grouped_f32", or "invalid". For tests and the benchmark.
 const char* MlaAttentionKernelName(const MlaAttentionParams& params);
 
 // Bytes of workspace MlaAttentionF32 needs for these params on the current device (0 when it

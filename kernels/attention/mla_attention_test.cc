@@ -171,11 +171,10 @@ TEST_P(MlaAttentionKernelTest, MatchesCpuBackend) {
   p.num_splits = s.num_splits;
   const std::string kernel = kernels::MlaAttentionKernelName(p);
   // The tensor-core kernel must be the one tested wherever its shape limits allow it; by
-  // default the key-split one for latent 512 + rope 64 from 32 (token, head group) blocks up.
+  // default the key-split one for latent 512 + rope 64.
   const bool key_split_shape = s.latent == 512 && s.rope == 64;
   if (bf16) {
-    const int64_t blocks = tokens * ((s.heads + 15) / 16);
-    EXPECT_EQ(kernel, key_split_shape && blocks >= 32 ? "mma_bf16_key_split"
+    EXPECT_EQ(kernel, key_split_shape ? "mma_bf16_key_split"
                       : s.latent <= 512 && (s.latent + s.rope + 15) / 16 * 16 <= 640
                           ? "mma_bf16"
                           : "grouped_bf16");
