@@ -201,9 +201,9 @@ __global__ void __launch_bounds__(kThreads, 2) FlashKernel(const __grid_constant
     for (int e = 0; e < 4; ++e) o[nj][e] = 0.0f;
 
   // ldmatrix lane addresses (before the tile base and k offset).
-  const int a_row = warp * 16 + lane % 16, a_chunk = lane / 16;               // A: Q
-  const int b_key = lane % 8 + (lane / 16) * 8, b_chunk = (lane / 8) % 2;     // B: K
-  const int v_key = lane % 8 + ((lane / 8) % 2) * 8, v_chunk = lane / 16;     // B: V (trans)
+  const int a_row = warp * 16 + lane % 16, a_chunk = lane / 16;            // A: Q
+  const int b_key = lane % 8 + (lane / 16) * 8, b_chunk = (lane / 8) % 2;  // B: K
+  const int v_key = lane % 8 + ((lane / 8) % 2) * 8, v_chunk = lane / 16;  // B: V (trans)
 
   for (int kt = 0; kt < num_kt; ++kt) {
     CopyAsyncWait<0>();
@@ -269,9 +269,9 @@ __global__ void __launch_bounds__(kThreads, 2) FlashKernel(const __grid_constant
 #pragma unroll
       for (int e = 0; e < 4; ++e) o[nj][e] *= alpha[e / 2];
 
-    // O += P V: the accumulators of n-tiles 2ks, 2ks + 1 are the A fragment of k-step ks.
 #pragma unroll
     for (int ks = 0; ks < kKeys / 16; ++ks) {
+      // O += P V: the accumulators of n-tiles 2ks, 2ks + 1 are the A fragment of k-step ks.
       uint32_t pa[4];
       pa[0] = PackBf16(sc[2 * ks][0], sc[2 * ks][1]);
       pa[1] = PackBf16(sc[2 * ks][2], sc[2 * ks][3]);
@@ -398,8 +398,8 @@ std::vector<Group> PlanGroups(const MhaPrefillParams& p) {
   Group g;
   for (int32_t i = 0; i < p.num_sequences; ++i) {
     const int64_t len = p.sequences[i].context_len;
-    if (g.end > g.begin &&
-        (static_cast<size_t>(g.keys + len) * per_key > kWorkspaceBudget || i - g.begin >= mha::kMaxSeqs)) {
+    if (g.end > g.begin && (static_cast<size_t>(g.keys + len) * per_key > kWorkspaceBudget ||
+                            i - g.begin >= mha::kMaxSeqs)) {
       groups.push_back(g);
       g = Group{i, i, 0};
     }
@@ -489,9 +489,9 @@ cudaError_t MhaPrefillBf16(const MhaPrefillParams& p, cublasHandle_t blas, cudaS
     const float one = 1.0f, zero = 0.0f;
     if (st == CUBLAS_STATUS_SUCCESS) {
       st = cublasGemmEx(blas, CUBLAS_OP_T, CUBLAS_OP_N, kv_width, static_cast<int>(g.keys),
-                        p.latent_dim, &one, p.kv_b, CUDA_R_16BF, p.latent_dim, entries,
-                        CUDA_R_16BF, entry, &zero, kv, CUDA_R_16BF, kv_width,
-                        CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
+                        p.latent_dim, &one, p.kv_b, CUDA_R_16BF, p.latent_dim, entries, CUDA_R_16BF,
+                        entry, &zero, kv, CUDA_R_16BF, kv_width, CUBLAS_COMPUTE_32F,
+                        CUBLAS_GEMM_DEFAULT);
     }
     if (st != CUBLAS_STATUS_SUCCESS) {
       if (blas_status != nullptr) *blas_status = st;

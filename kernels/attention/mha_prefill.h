@@ -53,8 +53,8 @@ struct MhaPrefillParams {
   const void* cache = nullptr;
   bool cache_bf16 = true;
   int32_t block_size = 0;
-  int32_t latent_dim = 0;  // kv_lora_rank (512)
-  int32_t rope_dim = 0;    // qk_rope_head_dim (64)
+  int32_t latent_dim = 0;                 // kv_lora_rank (512)
+  int32_t rope_dim = 0;                   // qk_rope_head_dim (64)
   const int32_t* block_tables = nullptr;  // device [num_seqs, max_blocks_per_seq]
   int32_t max_blocks_per_seq = 0;
   // kv_b_proj, bf16 bits, [heads * (nope_dim + v_dim), latent_dim] row-major (checkpoint layout).

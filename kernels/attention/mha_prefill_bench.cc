@@ -158,8 +158,7 @@ void Run(CudaBackend& be, const Case& c) {
   const double abs_ms = MedianMs(be, absorbed);
   const double mha_ms = MedianMs(be, mha);
   if (!be.status().ok() || !mha_ran) {
-    std::fprintf(stderr, "%s: %s (mha ran: %d)\n", c.name, be.status().ToString().c_str(),
-                 mha_ran);
+    std::fprintf(stderr, "%s: %s (mha ran: %d)\n", c.name, be.status().ToString().c_str(), mha_ran);
     std::exit(1);
   }
   std::vector<float> oa(T * kHeads * kV);
@@ -177,8 +176,8 @@ void Run(CudaBackend& be, const Case& c) {
   const double pairs =
       static_cast<double>(c.seqs) * c.new_tokens * (c.past + (c.new_tokens + 1) / 2.0);
   const double keys = static_cast<double>(c.seqs) * context;
-  const double abs_flops = pairs * kHeads * 2.0 * (2 * kLatent + kRope) +
-                           2.0 * T * kHeads * kLatent * (kNope + kV);
+  const double abs_flops =
+      pairs * kHeads * 2.0 * (2 * kLatent + kRope) + 2.0 * T * kHeads * kLatent * (kNope + kV);
   const double mha_flops =
       pairs * kHeads * 2.0 * (kQk + kV) + 2.0 * keys * kLatent * kHeads * (kNope + kV);
   std::printf(

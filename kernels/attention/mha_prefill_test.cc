@@ -155,7 +155,8 @@ std::vector<Case> Cases() {
   std::vector<Case> c;
   c.push_back({"prompt1024_heads16_block16", 16, 16, {{0, 1024}}});
   // Cached prefixes and chunks that are not multiples of 64; a 1-token chunk; a chunk of 65.
-  c.push_back({"chunked_heads16_block16", 16, 16, {{100, 37}, {0, 1}, {5, 200}, {63, 65}, {300, 1}}});
+  c.push_back(
+      {"chunked_heads16_block16", 16, 16, {{100, 37}, {0, 1}, {5, 200}, {63, 65}, {300, 1}}});
   c.push_back({"fp32_cache_heads4_block64", 4, 64, {{0, 130}, {300, 70}}, false});
   c.push_back({"heads20_block64", 20, 64, {{0, 131}, {65, 64}}});
   std::vector<Seq> many;

@@ -785,13 +785,13 @@ absl::StatusOr<BenchResult> RunBenchmark(const BenchConfig& bc) {
     const bool mha_backend = bc.backend == "cpu" || bc.dtype == "bfloat16";
     const int64_t mha_min =
         *prefill_form == PrefillAttention::kMha ? 2 : DeepseekV3Model::kMhaPrefillMinTokens;
-    const MlaForm form = *prefill_form != PrefillAttention::kAbsorbed && mha_backend &&
-                                 ctx >= mha_min
-                             ? MlaForm::kNonAbsorbed
-                             : MlaForm::kAbsorbed;
+    const MlaForm form =
+        *prefill_form != PrefillAttention::kAbsorbed && mha_backend && ctx >= mha_min
+            ? MlaForm::kNonAbsorbed
+            : MlaForm::kAbsorbed;
     r.prefill_attention_form = form == MlaForm::kAbsorbed ? "absorbed" : "non-absorbed";
     const StepCost pc = PrefillStepCost(*config, prefill_seqs, ctx, r.bytes_per_value,
-                                          r.cache_bytes_per_value, ranks, form);
+                                        r.cache_bytes_per_value, ranks, form);
     r.prefill_bytes_per_step = pc.bytes;
     r.prefill_flops_per_step = pc.flops;
     r.prefill_roofline_fraction =

@@ -11,8 +11,6 @@
 #include <sstream>
 #include <string>
 
-#include <map>
-
 #include "gtest/gtest.h"
 
 namespace deepinfer {
@@ -114,8 +112,7 @@ TEST(BenchRunnerTest, PrefillRooflineCountsTheFormThatRuns) {
   EXPECT_DOUBLE_EQ(results["mha"].prefill_bytes_per_step,
                    results["absorbed"].prefill_bytes_per_step);
   c.prefill_attention = "mha";
-  EXPECT_NE(FormatBenchReport(c, results["mha"]).find("non-absorbed attention"),
-            std::string::npos);
+  EXPECT_NE(FormatBenchReport(c, results["mha"]).find("non-absorbed attention"), std::string::npos);
 }
 
 TEST(BenchRunnerTest, RejectsBadInput) {

@@ -22,8 +22,8 @@ absl::StatusOr<PrefillAttention> ParsePrefillAttention(const std::string& name) 
   if (name == "auto") return PrefillAttention::kAuto;
   if (name == "absorbed") return PrefillAttention::kAbsorbed;
   if (name == "mha") return PrefillAttention::kMha;
-  return absl::InvalidArgumentError(absl::StrCat(
-      "prefill attention must be auto, absorbed or mha, got \"", name, "\""));
+  return absl::InvalidArgumentError(
+      absl::StrCat("prefill attention must be auto, absorbed or mha, got \"", name, "\""));
 }
 
 const char* PrefillAttentionName(PrefillAttention form) {

@@ -274,9 +274,9 @@ TEST_F(ModelTest, NonAbsorbedPrefillGivesTheAbsorbedLogits) {
   auto run = [&](PrefillAttention form) {
     model_->SetPrefillAttention(form);
     std::vector<std::vector<float>> logits;
-    auto r = model_->Step({MakeStep(Prompt(30, 7), 0, Blocks(8), true),
-                           MakeStep(Prompt(17, 3), 0, Blocks(5), true)},
-                          pool_.get());
+    auto r = model_->Step(
+        {MakeStep(Prompt(30, 7), 0, Blocks(8), true), MakeStep(Prompt(17, 3), 0, Blocks(5), true)},
+        pool_.get());
     EXPECT_TRUE(r.ok()) << r.status();
     if (!r.ok()) return logits;
     logits = r->logits;

@@ -144,10 +144,10 @@ TEST(MhaPrefillGpuTest, NonAbsorbedPrefillMatchesTheCpuReferenceLikeTheAbsorbedP
     // Which attention op ran (the absorbed path's MlaAttention, or MhaPrefillAttention).
     EXPECT_EQ(report.find("MhaPrefillAttention") != std::string::npos, f == 1) << report;
     err[f] = Compare(got, want, vocab);
-    std::printf("[mha-prefill-gpu] %s: max |logit error| %.4g (max |logit| %.4g), greedy agree "
-                "%.4f\n",
-                PrefillAttentionName(forms[f]), err[f].max_abs, err[f].scale,
-                err[f].argmax_agree);
+    std::printf(
+        "[mha-prefill-gpu] %s: max |logit error| %.4g (max |logit| %.4g), greedy agree "
+        "%.4f\n",
+        PrefillAttentionName(forms[f]), err[f].max_abs, err[f].scale, err[f].argmax_agree);
   }
   EXPECT_LE(err[1].max_abs, 2.0 * err[0].max_abs);
   EXPECT_GE(err[1].argmax_agree, err[0].argmax_agree - 0.01);
