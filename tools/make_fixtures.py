@@ -6,7 +6,7 @@ computes from exactly those stored values: float32 logits at every prompt positi
 (logits.bin, row-major [positions, vocab], little-endian) and 24-token greedy continuations
 (expected.json). Runs on CPU torch; needs transformers >= 5 (DeepseekV3ForCausalLM).
 
-  python3 tools/make_fixtures.py --out tests/fixtures
+  python3 tools/make_fixtures.py --out tests/fixtures [--only NAME ...]
 """
 import argparse
 import json
@@ -47,6 +47,18 @@ FIXTURES = {
               "original_max_position_embeddings": 128, "beta_fast": 32.0, "beta_slow": 1.0,
               "mscale": 1.0, "mscale_all_dim": 1.0},
         prompts=[7, 33, 130], dtypes="mix"),
+    # (c) the MLA head sizes of DeepSeek-V3 / Moonlight (kv_lora 512, rope 64, nope 128, v 128),
+    # which the fast CUDA kernels require (the bf16 MLA decode key-split kernel, the
+    # non-absorbed prefill), small elsewhere; no q_lora, one group, one dense layer, weights
+    # stored as bf16 (HF's float32 reference runs on the bf16-rounded values).
+    "dsv3_mla_dims": dict(
+        hidden_size=128, intermediate_size=256, moe_intermediate_size=32, num_hidden_layers=2,
+        num_attention_heads=2, num_key_value_heads=2, n_shared_experts=1, n_routed_experts=8,
+        kv_lora_rank=512, q_lora_rank=None, qk_rope_head_dim=64, qk_nope_head_dim=128,
+        v_head_dim=128, n_group=1, topk_group=1, num_experts_per_tok=2, first_k_dense_replace=1,
+        rope_interleave=True,
+        rope={"rope_type": "default", "rope_theta": 50000.0},
+        prompts=[5, 70, 150], dtypes="bf16"),
 }
 
 
@@ -87,13 +99,25 @@ def storage_kind(name):
     return "fp8"
 
 
+def bf16_storage(name, t):
+    """Tensors a dtypes="bf16" fixture stores as bf16: the matrices (not norms, router, bias)."""
+    return t.dim() >= 2 and "norm" not in name and "mlp.gate." not in name and "e_score" not in name
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", required=True)
+    ap.add_argument("--only", nargs="+", default=None, metavar="NAME",
+                    help="make only these fixtures (the others are left as they are)")
     args = ap.parse_args()
+    unknown = sorted(set(args.only or []) - set(FIXTURES))
+    if unknown:
+        ap.error(f"unknown fixture(s) {unknown}; known: {sorted(FIXTURES)}")
     torch.set_num_threads(min(16, os.cpu_count() or 1))
     print("transformers", transformers.__version__, "torch", torch.__version__)
     for name, spec in FIXTURES.items():
+        if args.only and name not in args.only:
+            continue
         torch.manual_seed(1234 + len(name))
         cfg = make_config(spec)
         model = DeepseekV3ForCausalLM(cfg).eval().float()
@@ -114,6 +138,10 @@ def main():
                 if "e_score_correction_bias" in bname:
                     b.copy_((torch.rand(b.shape, generator=gen) - 0.5) * 0.2)
             quant = {}
+            if spec["dtypes"] == "bf16":  # round what bf16_storage() stores as bf16
+                for pname, p in model.named_parameters():
+                    if bf16_storage(pname, p):
+                        p.copy_(p.bfloat16().float())
             if spec["dtypes"] == "mix":
                 for pname, p in model.named_parameters():
                     kind = storage_kind(pname)
@@ -128,6 +156,14 @@ def main():
         shutil.rmtree(d, ignore_errors=True)
         model.save_pretrained(d, safe_serialization=True)
         print(name, "saved files:", sorted(os.listdir(d)))
+        if spec["dtypes"] == "bf16":
+            for f in sorted(os.listdir(d)):
+                if f.endswith(".safetensors"):
+                    path = os.path.join(d, f)
+                    sd = load_file(path)
+                    save_file({k: v.to(torch.bfloat16).contiguous()
+                               if bf16_storage(k, v) else v.contiguous() for k, v in sd.items()},
+                              path, metadata={"format": "pt"})
         if spec["dtypes"] == "mix":
             sd = {}
             for f in sorted(os.listdir(d)):

@@ -66,7 +66,8 @@ TEST_P(CudaParityTest, GreedyContinuationsMatchHfAloneAndBatched) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Fixtures, CudaParityTest,
-                         ::testing::Values("dsv3_qlora_rope", "dsv3_yarn_nolora"));
+                         ::testing::Values("dsv3_qlora_rope", "dsv3_yarn_nolora",
+                                           "dsv3_mla_dims"));
 
 // Each prompt's worst relative logit error, one line each.
 void PrintPromptErrors(const ParityModel& m, const FixtureLogitsError& e, const char* label,
@@ -99,7 +100,8 @@ TEST_P(CudaBf16ParityTest, TeacherForcedGreedyMostlyMatchesHf) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Fixtures, CudaBf16ParityTest,
-                         ::testing::Values("dsv3_qlora_rope", "dsv3_yarn_nolora"));
+                         ::testing::Values("dsv3_qlora_rope", "dsv3_yarn_nolora",
+                                           "dsv3_mla_dims"));
 
 // bf16 weights with the bf16 latent cache (the default for bf16 weights).
 class CudaBf16CacheParityTest : public CudaBf16ParityTest {
@@ -123,7 +125,8 @@ TEST_P(CudaBf16CacheParityTest, PromptLogitsWithinBf16ToleranceOfHfFloat32) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Fixtures, CudaBf16CacheParityTest,
-                         ::testing::Values("dsv3_qlora_rope", "dsv3_yarn_nolora"));
+                         ::testing::Values("dsv3_qlora_rope", "dsv3_yarn_nolora",
+                                           "dsv3_mla_dims"));
 
 }  // namespace
 }  // namespace deepinfer

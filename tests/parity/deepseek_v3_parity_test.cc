@@ -64,7 +64,8 @@ TEST_P(ParityTest, GreedyContinuationsMatchHfAloneAndBatched) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Fixtures, ParityTest,
-                         ::testing::Values("dsv3_qlora_rope", "dsv3_yarn_nolora"));
+                         ::testing::Values("dsv3_qlora_rope", "dsv3_yarn_nolora",
+                                           "dsv3_mla_dims"));
 
 class Bf16ParityTest : public ParityTest {
  protected:
@@ -91,7 +92,8 @@ TEST_P(Bf16ParityTest, TeacherForcedGreedyMostlyMatchesHf) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Fixtures, Bf16ParityTest,
-                         ::testing::Values("dsv3_qlora_rope", "dsv3_yarn_nolora"));
+                         ::testing::Values("dsv3_qlora_rope", "dsv3_yarn_nolora",
+                                           "dsv3_mla_dims"));
 
 // bf16 weights with the bf16 latent cache (the default for bf16 weights).
 class Bf16CacheParityTest : public Bf16ParityTest {
@@ -116,7 +118,8 @@ TEST_P(Bf16CacheParityTest, PromptLogitsWithinBf16ToleranceOfHfFloat32) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Fixtures, Bf16CacheParityTest,
-                         ::testing::Values("dsv3_qlora_rope", "dsv3_yarn_nolora"));
+                         ::testing::Values("dsv3_qlora_rope", "dsv3_yarn_nolora",
+                                           "dsv3_mla_dims"));
 
 }  // namespace
 }  // namespace deepinfer
