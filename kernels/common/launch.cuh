@@ -110,6 +110,13 @@ cudaError_t LaunchAfterPrecedingGrids(dim3 grid, size_t smem, cudaStream_t strea
                                  smem, stream, std::forward<A>(args)...);
 }
 
+// The __global__ entry that LaunchAfterPrecedingGrids<kBody, kThreads> launches, for
+// cudaFuncSetAttribute (e.g. more dynamic shared memory).
+template <auto kBody, int kThreads>
+constexpr auto EntryKernel() {
+  return launch_internal::Entry<kBody, kThreads>::kKernel;
+}
+
 // s = kPrefetch(args...) before the wait (it must read only memory no kernel of the stream
 // writes), then kBody(s, args...) after it.
 template <auto kPrefetch, auto kBody, int kThreads, typename... A>

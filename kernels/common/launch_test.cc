@@ -22,8 +22,7 @@ using ::deepinfer::testing::DeviceArray;
 constexpr int64_t kN = 1 << 18;
 constexpr int kSteps = 40;
 
-std::vector<float> HostChain(const std::vector<float>& x0, const std::vector<float>& w,
-                             int steps) {
+std::vector<float> HostChain(const std::vector<float>& x0, const std::vector<float>& w, int steps) {
   std::vector<float> x = x0, y(x0.size());
   const int64_t n = static_cast<int64_t>(x0.size());
   for (int s = 0; s < steps; ++s) {

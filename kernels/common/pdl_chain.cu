@@ -1,6 +1,5 @@
-#include "kernels/common/pdl_chain.h"
-
 #include "kernels/common/launch.cuh"
+#include "kernels/common/pdl_chain.h"
 
 namespace deepinfer {
 namespace kernels {
@@ -17,8 +16,7 @@ __device__ Scale LoadScale(int64_t n, const float* x, const float* w, float* y) 
   return Scale{i < n ? w[i % 256] : 0.0f};
 }
 
-__device__ void ChainStepBody(const Scale& s, int64_t n, const float* x, const float* w,
-                              float* y) {
+__device__ void ChainStepBody(const Scale& s, int64_t n, const float* x, const float* w, float* y) {
   const int64_t i = blockIdx.x * int64_t{kThreads} + threadIdx.x;
   if (i < n) y[i] = x[(i * 7919) % n] * s.w + 1.0f;
 }
