@@ -34,6 +34,7 @@
 
 #include <utility>
 
+#include "kernels/common/capture_deps.h"
 #include "kernels/common/pdl.h"
 
 namespace deepinfer {
@@ -94,8 +95,16 @@ cudaError_t Launch(void (*kernel)(P...), dim3 grid, unsigned threads, size_t sme
   attribute[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
   attribute[0].val.programmaticStreamSerializationAllowed = 1;
   if (ProgrammaticDependentLaunchEnabled()) {
-    config.attrs = attribute;
-    config.numAttrs = 1;
+    // Captured: the edges from the kernels this one follows are made programmatic explicitly
+    // (also when allocations captured beside the chain are among its dependencies); should
+    // that fail, the launch keeps plain edges. Eager: the attribute.
+    bool capturing = false;
+    if (MakeCapturedKernelDependenciesProgrammatic(stream, &capturing) != cudaSuccess) {
+      (void)cudaGetLastError();
+    } else if (!capturing) {
+      config.attrs = attribute;
+      config.numAttrs = 1;
+    }
   }
   return cudaLaunchKernelEx(&config, kernel, static_cast<P>(std::forward<A>(args))...);
 }

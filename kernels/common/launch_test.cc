@@ -2,13 +2,16 @@
 // elements the previous step wrote in other blocks, so a step that ran ahead of its predecessor
 // would read stale values. Checked against the host's values eagerly and replayed from a CUDA
 // graph (whose kernel-to-kernel edges must be programmatic), with a memset and stream-ordered
-// allocations (non-kernel graph nodes) inside the chain, and with PDL switched off.
+// allocations (non-kernel graph nodes) inside the chain, also captured beside the chain
+// (capture_deps.h), and with PDL switched off.
 #include <cuda_runtime_api.h>
 
 #include <cstdint>
+#include <string>
 #include <vector>
 
 #include "gtest/gtest.h"
+#include "kernels/common/capture_deps.h"
 #include "kernels/common/pdl.h"
 #include "kernels/common/pdl_chain.h"
 #include "kernels/testing/gpu_test_util.h"
@@ -32,11 +35,16 @@ std::vector<float> HostChain(const std::vector<float>& x0, const std::vector<flo
   return x;
 }
 
-class PdlChainTest : public ::testing::TestWithParam<bool> {
+struct Mode {
+  bool pdl;
+  bool aside;  // the chain's allocations through MallocAsideAsync / FreeAsideAsync
+};
+
+class PdlChainTest : public ::testing::TestWithParam<Mode> {
  protected:
   void SetUp() override {
     DEEPINFER_SKIP_WITHOUT_GPU();
-    SetProgrammaticDependentLaunch(GetParam());
+    SetProgrammaticDependentLaunch(GetParam().pdl);
   }
   void TearDown() override { SetProgrammaticDependentLaunch(true); }
 };
@@ -51,20 +59,24 @@ std::vector<float> Inputs(size_t n, uint32_t seed, float scale) {
 // Enqueues kSteps steps ping-ponging between a and b (the result in a, kSteps even); every
 // eighth step goes through a buffer allocated on the stream just before it and freed after it,
 // and a memset of an unrelated buffer sits in the middle, so the chain has non-kernel nodes.
-cudaError_t Enqueue(float* a, float* b, const float* w, float* unrelated, cudaStream_t st) {
+cudaError_t Enqueue(float* a, float* b, const float* w, float* unrelated, bool aside,
+                    cudaStream_t st) {
   for (int s = 0; s < kSteps; ++s) {
     float* x = s % 2 == 0 ? a : b;
     float* y = s % 2 == 0 ? b : a;
     cudaError_t e;
     if (s % 8 == 3) {
       void* tmp = nullptr;
-      if ((e = cudaMallocAsync(&tmp, kN * sizeof(float), st)) != cudaSuccess) return e;
+      e = aside ? MallocAsideAsync(&tmp, kN * sizeof(float), st)
+                : cudaMallocAsync(&tmp, kN * sizeof(float), st);
+      if (e != cudaSuccess) return e;
       if ((e = ChainStep(kN, x, w, static_cast<float*>(tmp), st)) != cudaSuccess) return e;
       // A memcpy node between two kernels.
       if ((e = cudaMemcpyAsync(y, tmp, kN * sizeof(float), cudaMemcpyDeviceToDevice, st)) !=
           cudaSuccess)
         return e;
-      if ((e = cudaFreeAsync(tmp, st)) != cudaSuccess) return e;
+      e = aside ? FreeAsideAsync(tmp, st) : cudaFreeAsync(tmp, st);
+      if (e != cudaSuccess) return e;
     } else {
       if ((e = ChainStep(kN, x, w, y, st)) != cudaSuccess) return e;
     }
@@ -84,7 +96,7 @@ TEST_P(PdlChainTest, EagerChainMatchesHost) {
   DEEPINFER_CUDA_OK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
   b.Poison();
   DEEPINFER_CUDA_OK(cudaDeviceSynchronize());
-  DEEPINFER_CUDA_OK(Enqueue(a.get(), b.get(), dw.get(), unrelated.get(), st));
+  DEEPINFER_CUDA_OK(Enqueue(a.get(), b.get(), dw.get(), unrelated.get(), GetParam().aside, st));
   std::vector<float> got;
   DEEPINFER_CUDA_OK(a.Download(&got));
   EXPECT_EQ(got, HostChain(x0, w, kSteps));
@@ -101,7 +113,7 @@ TEST_P(PdlChainTest, GraphReplayMatchesHostWithProgrammaticEdges) {
   DEEPINFER_CUDA_OK(cudaDeviceSynchronize());
   cudaGraph_t graph;
   DEEPINFER_CUDA_OK(cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal));
-  DEEPINFER_CUDA_OK(Enqueue(a.get(), b.get(), dw.get(), unrelated.get(), st));
+  DEEPINFER_CUDA_OK(Enqueue(a.get(), b.get(), dw.get(), unrelated.get(), GetParam().aside, st));
   DEEPINFER_CUDA_OK(cudaStreamEndCapture(st, &graph));
 
   size_t edges = 0;
@@ -115,14 +127,14 @@ TEST_P(PdlChainTest, GraphReplayMatchesHostWithProgrammaticEdges) {
   }
   int major = 0;
   DEEPINFER_CUDA_OK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, 0));
-  if (GetParam() && major >= 9) {
+  if (GetParam().pdl && major >= 9) {
     // Most steps follow a kernel directly (all but those after a copy or the memset).
     EXPECT_GE(programmatic, kSteps / 2) << "of " << edges << " edges";
-  } else if (!GetParam()) {
+  } else if (!GetParam().pdl) {
     EXPECT_EQ(programmatic, 0);
   }
   std::printf("%zu edges, %d programmatic (PDL %s)\n", edges, programmatic,
-              GetParam() ? "on" : "off");
+              GetParam().pdl ? "on" : "off");
 
   cudaGraphExec_t exec;
   DEEPINFER_CUDA_OK(cudaGraphInstantiate(&exec, graph, 0));
@@ -141,9 +153,12 @@ TEST_P(PdlChainTest, GraphReplayMatchesHostWithProgrammaticEdges) {
   DEEPINFER_CUDA_OK(cudaStreamDestroy(st));
 }
 
-INSTANTIATE_TEST_SUITE_P(PdlOnOff, PdlChainTest, ::testing::Bool(),
-                         [](const ::testing::TestParamInfo<bool>& info) {
-                           return info.param ? "pdl_on" : "pdl_off";
+INSTANTIATE_TEST_SUITE_P(PdlOnOff, PdlChainTest,
+                         ::testing::Values(Mode{false, false}, Mode{true, false}, Mode{true, true},
+                                           Mode{false, true}),
+                         [](const ::testing::TestParamInfo<Mode>& info) {
+                           return std::string(info.param.pdl ? "pdl_on" : "pdl_off") +
+                                  (info.param.aside ? "_aside" : "");
                          });
 
 }  // namespace

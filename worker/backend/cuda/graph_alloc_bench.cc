@@ -16,6 +16,11 @@
 //                     one-row GEMV of 2048 x 2048 bf16 weights (split-k, the o_proj shape), each
 //                     GEMV on its own weights (kKernels / 2 copies, 1.7 GB: none in L2), time
 //                     per kernel
+//   n+g alloc chain   PDL on, norm+gemv with the norm's output allocated before the norm and
+//                     freed after the GEMV (graph memory nodes between the kernels, as in the
+//                     model's decode graphs)
+//   n+g alloc aside   the same with the allocation and free captured beside the kernel chain
+//                     (kernels/common/capture_deps.h, what CudaBackend does while recording)
 //
 //   graph_alloc_bench     (one line per graph; exit status 1 on a CUDA error)
 #include <cuda_runtime_api.h>
@@ -30,6 +35,7 @@
 #include <vector>
 
 #include "kernels/activation/elementwise.h"
+#include "kernels/common/capture_deps.h"
 #include "kernels/common/pdl.h"
 #include "kernels/common/pdl_chain.h"
 #include "kernels/gemm/small_m_gemm.h"
@@ -189,6 +195,26 @@ int main() {
       }
     });
   }
+  // PDL on, the norm's bf16 output in a buffer allocated before the norm and freed after the
+  // GEMV (as the model's temporaries), captured in the chain or beside it (capture_deps.h).
   k::SetProgrammaticDependentLaunch(true);
+  for (bool aside : {false, true}) {
+    deepinfer::Time(aside ? "n+g alloc aside" : "n+g alloc chain", [&](cudaStream_t st) {
+      for (int i = 0; i < kPairs; ++i) {
+        void* tmp = nullptr;
+        BENCH_CUDA(aside ? k::MallocAsideAsync(&tmp, kDim * 2, st)
+                         : cudaMallocAsync(&tmp, kDim * 2, st));
+        uint16_t* h = static_cast<uint16_t*>(tmp);
+        BENCH_CUDA(k::AddRmsNormF32(1, kDim, x, y, norm_w, 1e-6f, nullptr, h, st));
+        k::SmallMGemmParams p;
+        p.m = 1, p.n = kDim, p.k = kDim;
+        p.a = h, p.a_bf16 = true, p.lda = kDim;
+        p.w = weights + static_cast<size_t>(i) * kDim * kDim, p.ldw = kDim;
+        p.c = gemv_out, p.ldc = kDim;
+        BENCH_CUDA(k::SmallMGemmBf16(p, st));
+        BENCH_CUDA(aside ? k::FreeAsideAsync(tmp, st) : cudaFreeAsync(tmp, st));
+      }
+    });
+  }
   return 0;
 }
