@@ -128,6 +128,10 @@ int main(int argc, char** argv) {
                 "CUDA, sm_90+: launch our kernels with programmatic dependent launch (each may\n"
                 "start while the one before it finishes; programmatic edges in the decode\n"
                 "graphs); off: plain stream order, for comparison.");
+  flags.AddBool("graph-allocations-aside", &config.graph_allocations_aside,
+                "CUDA, with --pdl: capture the decode graphs' small scratch allocations beside\n"
+                "the kernel chain (else a memory node between two kernels breaks their\n"
+                "programmatic edge); off: in stream order, for comparison.");
   flags.AddBool("compare-pdl-off-decode", &config.compare_pdl_off_decode,
                 "After each decode batch size (and any eager / unfused steps), --output-len more\n"
                 "steps of the same sequences with --pdl off, a further decode line (pdl off).");

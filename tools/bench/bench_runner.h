@@ -108,6 +108,9 @@ struct BenchConfig {
   // After each batch size's timed steps (and the eager and unfused ones), output_len more steps
   // of the same sequences with PDL off (decode graphs recorded again), a further decode result.
   bool compare_pdl_off_decode = false;
+  // CudaBackend::SetGraphAllocationsAside (with pdl: small scratch allocations captured beside
+  // the kernel chain, so that they do not break programmatic edges).
+  bool graph_allocations_aside = true;
   double peak_bytes_per_s = 4.3e12;
   double peak_flops_per_s = 790e12;
 };

@@ -12,8 +12,10 @@
 #   GPU_DAEMONS="" tools/gpu/prepare.sh --out DIR --pack PACK.tar.xz
 # then (device tool) untar and `bash DIR/pdl_check.sh`. Every test at once (they share the GPU;
 # none is timed), then graph_alloc_bench (empty / rounding / norm+GEMV chains in a graph, PDL
-# off and on), then the 27-layer Moonlight-shaped bench with PDL on and, in the same process
-# on the same sequences, off (--compare-pdl-off-decode). Budget PDL_BUDGET_S (default 105 s).
+# off and on, allocations in the chain or beside it), then the 27-layer Moonlight-shaped bench
+# with PDL on and, in the same process on the same sequences, off (--compare-pdl-off-decode),
+# then the 4-layer one at 1 request with the allocations beside the chain and in it. Budget
+# PDL_BUDGET_S (default 105 s).
 set -uo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 STEP_BUDGET_S=${PDL_BUDGET_S:-105} . "$here/steps.sh"  # environment, step(), $OUT/machine.txt
@@ -39,12 +41,19 @@ all_tests() {
 export -f all_tests
 export B
 export tests_list="${tests[*]}"
-step all_tests 45 bash -c 'tests=($tests_list); all_tests'
+step all_tests 50 bash -c 'tests=($tests_list); all_tests'
 step graph_alloc_bench 12 "$B/graph_alloc_bench"
 step bench27_pdl_on_off 100 "$B/deepinfer-bench" --backend cuda --dtype bfloat16 \
   --load-format dummy --seed 1 --context-length 1024 --decode-fill random \
   --model "$C/moonlight_shaped.json" --output-len 11 --warmup 3 --iters 1 \
   --decode-num-requests 1,128 --prefill-batch-tokens 1024 --compare-pdl-off-decode
+# What capturing the small allocations beside the kernel chain adds (4 layers, 1 request).
+for aside in true false; do
+  step "bench4_aside_$aside" 15 "$B/deepinfer-bench" --backend cuda --dtype bfloat16 \
+    --load-format dummy --seed 1 --context-length 1024 --decode-fill random \
+    --model "$C/moonlight_shaped_4layers.json" --output-len 11 --warmup 3 --iters 1 \
+    --decode-num-requests 1 --prefill-batch-tokens 0 --graph-allocations-aside=$aside
+done
 echo "total $(($(date +%s) - steps_start)) s" >> "$summary"
 grep -E "^=== " "$logs/all_tests.log" >> "$summary" 2>/dev/null
 cat "$summary"
