@@ -6,6 +6,7 @@
 // (capture_deps.h), and with PDL switched off.
 #include <cuda_runtime_api.h>
 
+#include <cmath>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -29,7 +30,7 @@ std::vector<float> HostChain(const std::vector<float>& x0, const std::vector<flo
   std::vector<float> x = x0, y(x0.size());
   const int64_t n = static_cast<int64_t>(x0.size());
   for (int s = 0; s < steps; ++s) {
-    for (int64_t i = 0; i < n; ++i) y[i] = x[(i * 7919) % n] * w[i % 256] + 1.0f;
+    for (int64_t i = 0; i < n; ++i) y[i] = std::fma(x[(i * 7919) % n], w[i % 256], 1.0f);
     x.swap(y);
   }
   return x;

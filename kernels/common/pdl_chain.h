@@ -12,8 +12,8 @@
 namespace deepinfer {
 namespace kernels {
 
-// One step: y[i] = x[(i * 7919) % n] * w[i % 256] + 1 (fp32; w is 256 values no step writes,
-// read before the wait). n > 0.
+// One step: y[i] = fma(x[(i * 7919) % n], w[i % 256], 1) (fp32, one rounding; w is 256 values
+// no step writes, read before the wait). n > 0.
 cudaError_t ChainStep(int64_t n, const float* x, const float* w, float* y, cudaStream_t stream);
 
 // A kernel of `blocks` x 32 threads that does nothing but the launch protocol.
