@@ -20,8 +20,11 @@
 // All accumulation is fp32.
 //
 // With a bf16 cache the same kernel widens each key to fp32 in shared memory (any shape), but
-// the usual shapes (latent <= 512, latent + rope <= 640) go to MlaBf16MmaKernel instead, which
-// is not limited by fp32 FMA throughput. On the H200 it reaches ~30% of HBM bandwidth for
+// DeepSeek's latent 512 + rope 64 goes to MlaBf16KeySplitKernel (FlashMLA's work split: each
+// warp scores its own keys over the whole dot product; described at the kernel; 1.2x faster
+// than MlaBf16MmaKernel at 64-256 decode tokens on the H200) and the other usual shapes
+// (latent <= 512, latent + rope <= 640) to MlaBf16MmaKernel, which is not limited by fp32 FMA
+// throughput. On the H200 MlaBf16MmaKernel reaches ~30-37% of HBM bandwidth for
 // 128 x 1024 decode, bound by instruction issue, not by memory: ncu counts ~1,900 instructions
 // per warp per 32-key chunk at 6.1 cycles each (2 warps per scheduler), and a block alone on
 // the GPU still takes 5 us per chunk (docs/cuda.md). Per chunk of keys (bf16 rows in shared
@@ -581,11 +584,10 @@ struct MmaShape {
 constexpr MmaShape kMmaShapes[] = {
     {16, 5, 2, false},  // variant 1: 2 blocks per SM, up to 8 chunks (147 KB) in flight per SM
     {32, 5, 1, false},  // variant 2: 1 block per SM, 4 chunks (147 KB) in flight
-    {32, 2, 2, false},  // variant 3 (default): double-buffered, 2 blocks per SM
-    {32, 2, 2, true},   // variant 4: variant 3, lean (not yet run on a GPU)
+    {32, 2, 2, false},  // variant 3: double-buffered, 2 blocks per SM
+    {32, 2, 2, true},   // variant 4: variant 3, lean (the fallback of the key-split kernels)
 };
-constexpr int kMmaVariants = 4;
-static_assert(kMmaVariants == kMaxMlaMmaVariant, "mla_attention.h documents the variants");
+constexpr int kMmaVariants = 4;  // variant 5 is MlaBf16KeySplitKernel
 
 // Partial-score rows: kKeys + 8 floats keeps a half-warp's float2 stores in distinct banks.
 __host__ __device__ constexpr int MmaRedLd(int keys) { return keys + 8; }
@@ -919,6 +921,328 @@ __global__ void __launch_bounds__(kMmaThreads, kMmaShapes[kVariant - 1].min_bloc
   }
 }
 
+// ---- Key-split tensor-core kernel (variants 5 and 6): latent 512 + rope 64 ----
+//
+// The FlashMLA work split over mma.sync: one block of 4 warps per (token, context split, group
+// of 16 heads), keys in tiles of kKeys (64: variant 5, one block per SM; 32: variant 6, two),
+// double-buffered with cp.async. Per tile:
+//   score    warp w computes S[16 heads x its kKeys / 4 keys] over the whole 576-deep dot
+//            product (Q hi and lo fragments read from shared memory, where they were staged
+//            once per block; independent accumulator chains per k-step parity and hi / lo), so
+//            no partial scores are summed across warps;
+//   softmax  each warp takes its keys' row maxima, the four warps exchange them through shared
+//            memory (one barrier), and every warp applies the same tile maximum; each warp keeps
+//            its own keys' part of the running denominator (summed across warps once, at the
+//            end);
+//   value    warp w's P goes to shared memory as its part of the bf16 hi / lo A fragments of
+//            P·V (one barrier); every warp then owns 128 of the 512 output columns and
+//            accumulates O[16 x 128] += P[16 x kKeys] V[kKeys x 128].
+// Q and P enter the MMAs as bf16 hi + lo pairs as in MlaBf16MmaKernel (fp32-grade scores and
+// weights; the cache's bf16 keys are exact).
+constexpr int kSplitLatent = 512, kSplitRope = 64;
+constexpr int kSplitDim = kSplitLatent + kSplitRope;
+constexpr int kSplitKSteps = kSplitDim / 16;  // score k-steps (36)
+constexpr int kSplitLd = kSplitDim + 8;       // bf16 row stride: ldmatrix rows in distinct banks
+constexpr int kSplitRowThreads = 8;           // threads copying one key row (128 bytes a step)
+constexpr int kSplitRowsPerPass = kMmaThreads / kSplitRowThreads;        // 16
+constexpr int kSplitPiecesPerThread = kSplitDim / 8 / kSplitRowThreads;  // 9 16-byte pieces
+constexpr int kSplitWarpCols = kSplitLatent / kMmaWarps;                 // 128 columns per warp
+constexpr int kSplitNT = kSplitWarpCols / 8;                             // 16 output n-tiles
+static_assert(kSplitDim % (8 * kSplitRowThreads) == 0, "whole 16-byte pieces per copying thread");
+static_assert(kSplitKSteps % 2 == 0, "8-key warps load two score k-steps per ldmatrix");
+
+// Shared memory: Q fragments [k-step][hi, lo][lane] (uint4), keys [2][kKeys][kSplitLd] (bf16),
+// P fragments [P·V k-step][hi, lo][lane] (uint4), row maxima and row sums [warp][16] (fp32).
+constexpr size_t kSplitQBytes = size_t{kSplitKSteps} * 2 * 32 * sizeof(uint4);
+constexpr size_t SplitSmemBytes(int keys) {
+  return kSplitQBytes + size_t{2} * keys * kSplitLd * sizeof(__nv_bfloat16) +
+         size_t{keys / 16} * 2 * 32 * sizeof(uint4) + 2 * kMmaWarps * kMmaHeads * sizeof(float);
+}
+
+// Cache offset of key j of the token's context, -1 past its end.
+__device__ __forceinline__ int64_t RowOrNone(const MlaAttentionParams& p, const int32_t* table,
+                                             int64_t j, int64_t end) {
+  return j < end ? KeyRowOffset(p, table, j) : -1;
+}
+
+// Starts copying the tile's key rows threadIdx / 8 + 16 k (row offsets rows[k]; -1: zeroed, so
+// that P·V never multiplies garbage) into dst [kKeys][kSplitLd], 16-byte pieces threadIdx % 8 +
+// 8 i of each, and commits them as one copy group.
+template <int kRows>
+__device__ __forceinline__ void LoadSplitTile(const __nv_bfloat16* cache,
+                                              const int64_t (&rows)[kRows], __nv_bfloat16* dst) {
+  const int r0 = threadIdx.x / kSplitRowThreads, f0 = threadIdx.x % kSplitRowThreads;
+#pragma unroll
+  for (int k = 0; k < kRows; ++k) {
+    __nv_bfloat16* d = dst + (r0 + k * kSplitRowsPerPass) * kSplitLd + f0 * 8;
+    if (rows[k] < 0) {
+#pragma unroll
+      for (int i = 0; i < kSplitPiecesPerThread; ++i) {
+        *reinterpret_cast<uint4*>(d + i * 8 * kSplitRowThreads) = make_uint4(0u, 0u, 0u, 0u);
+      }
+    } else {
+      const __nv_bfloat16* s = cache + rows[k] + f0 * 8;
+#pragma unroll
+      for (int i = 0; i < kSplitPiecesPerThread; ++i) {
+        CopyAsync16(d + i * 8 * kSplitRowThreads, s + i * 8 * kSplitRowThreads);
+      }
+    }
+  }
+  CopyAsyncCommit();
+}
+
+// Block index = (token * num_splits + split) * num_groups + group, as MlaGroupedKernel. Needs a
+// 16-byte aligned cache (vec_loads is implied; PlanGrouped checks it).
+template <int kKeys>
+__global__ void __launch_bounds__(kMmaThreads, kKeys == 32 ? 2 : 1)
+    MlaBf16KeySplitKernel(MlaAttentionParams p, int num_groups, int num_splits, bool /*vec_loads*/,
+                          float* ws_out, float* ws_ml) {
+  constexpr int kWarpKeys = kKeys / kMmaWarps;      // keys scored per warp: 16 or 8
+  constexpr int kWarpTiles = kWarpKeys / 8;         // their score n-tiles: 2 or 1
+  constexpr int kPvSteps = kKeys / 16;              // P·V k-steps per tile
+  constexpr int kRows = kKeys / kSplitRowsPerPass;  // key rows each thread copies
+  static_assert(kKeys == 64 || kKeys == 32, "tiles of 64 or 32 keys");
+  extern __shared__ float4 smem4[];
+  uint4* qf = reinterpret_cast<uint4*>(smem4);
+  __nv_bfloat16* kbuf = reinterpret_cast<__nv_bfloat16*>(qf + kSplitKSteps * 2 * 32);
+  uint4* pf = reinterpret_cast<uint4*>(kbuf + 2 * kKeys * kSplitLd);  // 16-byte aligned
+  float* red_max = reinterpret_cast<float*>(pf + kPvSteps * 2 * 32);
+  float* red_sum = red_max + kMmaWarps * kMmaHeads;
+
+  const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
+  const int g = lane / 4, tq = lane % 4;  // mma fragment coordinates: row group, pair in row
+  const int group = blockIdx.x % num_groups;
+  const int split = (blockIdx.x / num_groups) % num_splits;
+  const int64_t t = blockIdx.x / num_groups / num_splits;
+  const int h0 = group * kMmaHeads;
+  const int32_t* table =
+      p.block_tables + static_cast<int64_t>(p.token_seq[t]) * p.max_blocks_per_seq;
+  int64_t begin = 0, end = 0;
+  if (SplitIsEmpty<kKeys, kMmaHeads>(p, t, split, num_splits, h0, ws_ml, &begin, &end)) return;
+  const __nv_bfloat16* cache = static_cast<const __nv_bfloat16*>(p.cache.cache);
+  // Base-2 softmax: log2 e folded into the scale; the workspace's maxima in natural-log units.
+  const float score_scale = p.softmax_scale * 1.4426950408889634f;
+
+  // Tile 0 in flight while Q is staged; rows[] then holds tile 1's row offsets (one tile ahead).
+  const int my_row = tid / kSplitRowThreads;
+  int64_t rows[kRows];
+#pragma unroll
+  for (int k = 0; k < kRows; ++k) {
+    rows[k] = RowOrNone(p, table, begin + my_row + k * kSplitRowsPerPass, end);
+  }
+  LoadSplitTile(cache, rows, kbuf);
+#pragma unroll
+  for (int k = 0; k < kRows; ++k) {
+    rows[k] = RowOrNone(p, table, begin + kKeys + my_row + k * kSplitRowsPerPass, end);
+  }
+  // Q as A fragments, hi and lo; register r: head g + 8 (r & 1), dims 2 tq + 8 (r >> 1) + {0, 1}.
+  for (int ks = warp; ks < kSplitKSteps; ks += kMmaWarps) {
+    uint32_t hi[4], lo[4];
+#pragma unroll
+    for (int r = 0; r < 4; ++r) {
+      const int h = h0 + g + (r & 1) * 8, c = ks * 16 + 2 * tq + (r >> 1) * 8;
+      SplitBf16(QueryValue(p, t, h, c, kSplitLatent, kSplitDim),
+                QueryValue(p, t, h, c + 1, kSplitLatent, kSplitDim), &hi[r], &lo[r]);
+    }
+    qf[(ks * 2) * 32 + lane] = make_uint4(hi[0], hi[1], hi[2], hi[3]);
+    qf[(ks * 2 + 1) * 32 + lane] = make_uint4(lo[0], lo[1], lo[2], lo[3]);
+  }
+
+  float acc[kSplitNT][4];
+#pragma unroll
+  for (int n = 0; n < kSplitNT; ++n) {
+#pragma unroll
+    for (int e = 0; e < 4; ++e) acc[n][e] = 0.0f;
+  }
+  // Rows g and g + 8: the running maximum (the same in every warp) and this lane's part of the
+  // running denominator (its keys only).
+  float run_max[2] = {-INFINITY, -INFINITY}, part_sum[2] = {0.0f, 0.0f};
+  const int mat = lane / 8, mat_row = lane % 8;  // ldmatrix: which matrix / row this lane names
+  const int key0 = warp * kWarpKeys, col0 = warp * kSplitWarpCols;
+
+  int tile = 0;
+  for (int64_t j0 = begin; j0 < end; j0 += kKeys, ++tile) {
+    CopyAsyncWait<0>();  // this tile's copies (the only group in flight) have landed ...
+    __syncthreads();     // ... for every thread, and every warp is done with the previous tile
+    const __nv_bfloat16* kc = kbuf + (tile & 1) * kKeys * kSplitLd;
+    if (j0 + kKeys < end) {  // the next tile into the buffer the previous one used
+      LoadSplitTile(cache, rows, kbuf + ((tile + 1) & 1) * kKeys * kSplitLd);
+#pragma unroll
+      for (int k = 0; k < kRows; ++k) {
+        rows[k] = RowOrNone(p, table, j0 + 2 * kKeys + my_row + k * kSplitRowsPerPass, end);
+      }
+    }
+
+    // S[16 x this warp's keys]: sc[(ks & 1) * 2 + lo][n] for n-tile n (keys 8n .. 8n + 7), so
+    // that 4 kWarpTiles independent MMA chains are in flight.
+    float sc[4][kWarpTiles][4];
+#pragma unroll
+    for (int c = 0; c < 4; ++c) {
+#pragma unroll
+      for (int n = 0; n < kWarpTiles; ++n) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) sc[c][n][e] = 0.0f;
+      }
+    }
+#pragma unroll
+    for (int ks2 = 0; ks2 < kSplitKSteps; ks2 += 2) {
+      uint32_t b[2][4];  // [k-step ks2 + i]: b0, b1 of n-tile 0, then of n-tile 1 (16 keys)
+      if (kWarpTiles == 2) {
+        // Matrices: keys key0 + 8 (mat >> 1) + 0..7, dims 16 ks + 8 (mat & 1) + 0..7.
+#pragma unroll
+        for (int i = 0; i < 2; ++i) {
+          LdMatrixX4<false>(b[i], kc + (key0 + (mat >> 1) * 8 + mat_row) * kSplitLd +
+                                      (ks2 + i) * 16 + (mat & 1) * 8);
+        }
+      } else {
+        // Matrices: keys key0 + 0..7, dims 16 ks2 + 8 mat + 0..7 (k-steps ks2 and ks2 + 1).
+        uint32_t r[4];
+        LdMatrixX4<false>(r, kc + (key0 + mat_row) * kSplitLd + ks2 * 16 + mat * 8);
+        b[0][0] = r[0];
+        b[0][1] = r[1];
+        b[1][0] = r[2];
+        b[1][1] = r[3];
+      }
+#pragma unroll
+      for (int i = 0; i < 2; ++i) {
+        const int ks = ks2 + i;
+        const uint4 qh4 = qf[(ks * 2) * 32 + lane], ql4 = qf[(ks * 2 + 1) * 32 + lane];
+        const uint32_t qh[4] = {qh4.x, qh4.y, qh4.z, qh4.w};
+        const uint32_t ql[4] = {ql4.x, ql4.y, ql4.z, ql4.w};
+#pragma unroll
+        for (int n = 0; n < kWarpTiles; ++n) {
+          MmaBf16(sc[i * 2][n], qh, b[i][2 * n], b[i][2 * n + 1]);
+          MmaBf16(sc[i * 2 + 1][n], ql, b[i][2 * n], b[i][2 * n + 1]);
+        }
+      }
+    }
+    float s[kWarpTiles][4], mx[2] = {-INFINITY, -INFINITY};
+#pragma unroll
+    for (int n = 0; n < kWarpTiles; ++n) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int64_t key = j0 + key0 + n * 8 + 2 * tq + (e & 1);
+        const float v = (sc[0][n][e] + sc[2][n][e]) + (sc[1][n][e] + sc[3][n][e]);
+        s[n][e] = key < end ? v * score_scale : -INFINITY;
+        mx[e >> 1] = fmaxf(mx[e >> 1], s[n][e]);
+      }
+    }
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 1));
+      mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 2));
+    }
+    if (tq == 0) {
+      red_max[warp * kMmaHeads + g] = mx[0];  // -inf when all this warp's keys are past the end
+      red_max[warp * kMmaHeads + g + 8] = mx[1];
+    }
+    __syncthreads();
+    float alpha[2];
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      float m = run_max[r];
+#pragma unroll
+      for (int w = 0; w < kMmaWarps; ++w) m = fmaxf(m, red_max[w * kMmaHeads + g + 8 * r]);
+      alpha[r] = exp2f(run_max[r] - m);  // 0 on the first tile (run_max = -inf); m is finite
+      run_max[r] = m;
+    }
+    float sum[2] = {0.0f, 0.0f};
+#pragma unroll
+    for (int n = 0; n < kWarpTiles; ++n) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        s[n][e] = exp2f(s[n][e] - run_max[e >> 1]);  // 0 for keys past the end
+        sum[e >> 1] += s[n][e];
+      }
+    }
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      part_sum[r] = part_sum[r] * alpha[r] + sum[r];
+    }
+    // P·V k-step kk's A fragment (keys 16 kk .. 16 kk + 15): registers 0, 1 are the C fragment
+    // of keys 16 kk + 0..7, registers 2, 3 that of keys 16 kk + 8..15; this warp's n-tile n
+    // holds keys key0 + 8 n.
+#pragma unroll
+    for (int n = 0; n < kWarpTiles; ++n) {
+      const int kk = (key0 + 8 * n) / 16, half = ((key0 + 8 * n) / 8) % 2;
+      uint2 hi, lo;
+      SplitBf16(s[n][0], s[n][1], &hi.x, &lo.x);
+      SplitBf16(s[n][2], s[n][3], &hi.y, &lo.y);
+      reinterpret_cast<uint2*>(pf + (kk * 2) * 32 + lane)[half] = hi;
+      reinterpret_cast<uint2*>(pf + (kk * 2 + 1) * 32 + lane)[half] = lo;
+    }
+    __syncthreads();
+#pragma unroll
+    for (int n = 0; n < kSplitNT; ++n) {
+      acc[n][0] *= alpha[0];
+      acc[n][1] *= alpha[0];
+      acc[n][2] *= alpha[1];
+      acc[n][3] *= alpha[1];
+    }
+    // O[16 x this warp's 128 columns] += P V, V = the keys' latent part.
+#pragma unroll
+    for (int kk = 0; kk < kPvSteps; ++kk) {
+      const uint4 ph4 = pf[(kk * 2) * 32 + lane], pl4 = pf[(kk * 2 + 1) * 32 + lane];
+      const uint32_t ph[4] = {ph4.x, ph4.y, ph4.z, ph4.w};
+      const uint32_t pl[4] = {pl4.x, pl4.y, pl4.z, pl4.w};
+#pragma unroll
+      for (int np = 0; np < kSplitNT / 2; ++np) {
+        // Matrices: keys 16 kk + 8 (mat & 1) + 0..7, columns c0 + 8 (mat >> 1) + 0..7.
+        const int c0 = col0 + np * 16;
+        uint32_t b[4];
+        LdMatrixX4<true>(b,
+                         kc + (kk * 16 + (mat & 1) * 8 + mat_row) * kSplitLd + c0 + (mat >> 1) * 8);
+        MmaBf16(acc[2 * np], ph, b[0], b[1]);
+        MmaBf16(acc[2 * np], pl, b[0], b[1]);
+        MmaBf16(acc[2 * np + 1], ph, b[2], b[3]);
+        MmaBf16(acc[2 * np + 1], pl, b[2], b[3]);
+      }
+    }
+  }
+
+  // The denominators: this warp's keys over the quad, then the four warps in a fixed order.
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    part_sum[r] += __shfl_xor_sync(0xffffffffu, part_sum[r], 1);
+    part_sum[r] += __shfl_xor_sync(0xffffffffu, part_sum[r], 2);
+  }
+  if (tq == 0) {
+    red_sum[warp * kMmaHeads + g] = part_sum[0];
+    red_sum[warp * kMmaHeads + g + 8] = part_sum[1];
+  }
+  __syncthreads();
+  float total[2] = {0.0f, 0.0f};
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+#pragma unroll
+    for (int w = 0; w < kMmaWarps; ++w) total[r] += red_sum[w * kMmaHeads + g + 8 * r];
+  }
+#pragma unroll
+  for (int n = 0; n < kSplitNT; ++n) {
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const int h = h0 + g + (e >> 1) * 8, c = col0 + n * 8 + 2 * tq + (e & 1);
+      if (h >= p.num_heads) continue;
+      const int64_t th = t * p.num_heads + h;
+      if (num_splits == 1) {
+        p.out_latent[th * kSplitLatent + c] = acc[n][e] / total[e >> 1];
+      } else {
+        ws_out[(th * num_splits + split) * kSplitLatent + c] = acc[n][e];
+      }
+    }
+  }
+  if (num_splits > 1 && warp == 0 && tq == 0) {
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      const int h = h0 + g + r * 8;
+      if (h >= p.num_heads) continue;
+      float* ml = ws_ml + ((t * p.num_heads + h) * num_splits + split) * 2;
+      ml[0] = run_max[r] * 0.6931471805599453f;  // natural-log units
+      ml[1] = total[r];
+    }
+  }
+}
+
 using GroupedKernelFn = void (*)(MlaAttentionParams, int, int, bool, float*, float*);
 
 template <typename T>
@@ -1034,38 +1358,74 @@ struct GroupedPlan {
   int threads = kGroupThreads;
   size_t smem = 0;
   bool mma = false;
+  bool key_split = false;  // MlaBf16KeySplitKernel
   int num_groups = 0;
   int num_splits = 0;
   size_t workspace_bytes = 0;
 };
 
-// The tensor-core pipeline shape used when MlaAttentionParams::mma_variant is 0.
-constexpr int kDefaultMmaVariant = 4;
+// MlaAttentionParams::mma_variant of the key-split kernels: MlaBf16KeySplitKernel<64> (one
+// block per SM) and MlaBf16KeySplitKernel<32> (two).
+constexpr int kKeySplitVariant = kMmaVariants + 1;
+constexpr int kKeySplit32Variant = kMmaVariants + 2;
+static_assert(kKeySplit32Variant == kMaxMlaMmaVariant, "mla_attention.h documents the variants");
+int KeySplitKeys(int variant) { return variant == kKeySplit32Variant ? 32 : 64; }
+
+// The variant used when MlaAttentionParams::mma_variant is 0: the 32-key key-split kernel
+// (variant 6), the fastest measured on the H200 at 1, 64, 128 and 256 decode tokens (docs/cuda.md);
+// shapes it does not take run variant 4.
+constexpr int kDefaultMmaVariant = kKeySplit32Variant;
+
+// True when a key-split kernel of kKeys-key tiles takes these params (given the device's
+// shared-memory limit): bf16 cache of latent 512 + rope 64, 16-byte aligned (whole-row cp.async
+// copies).
+bool KeySplitFits(const MlaAttentionParams& p, int keys, int max_smem) {
+  return IsBf16(p) && p.cache.latent_dim == kSplitLatent && p.cache.rope_dim == kSplitRope &&
+         reinterpret_cast<uintptr_t>(p.cache.cache) % 16 == 0 &&
+         SplitSmemBytes(keys) <= static_cast<size_t>(max_smem);
+}
 
 cudaError_t PlanGrouped(const MlaAttentionParams& p, GroupedPlan* plan) {
   if (p.cache.latent_dim <= 0 || p.cache.latent_dim > kMaxMlaLatentDim || p.cache.rope_dim < 0 ||
       p.num_splits < 0 || p.num_splits > kMaxMlaSplits || p.mma_variant < 0 ||
-      p.mma_variant > kMmaVariants || (p.cache.type != LatentCacheType::kFloat32 && !IsBf16(p))) {
+      p.mma_variant > kMaxMlaMmaVariant ||
+      (p.cache.type != LatentCacheType::kFloat32 && !IsBf16(p))) {
     return cudaErrorInvalidValue;
   }
   int device = 0;
   cudaError_t e = cudaGetDevice(&device);
   if (e != cudaSuccess) return e;
   const int dim = p.cache.latent_dim + p.cache.rope_dim;
-  const int variant = p.mma_variant == 0 ? kDefaultMmaVariant : p.mma_variant;
-  GroupedKernelFn mma_kernel = MmaKernelFor(p.cache.latent_dim, variant);
+  plan->num_groups = (p.num_heads + kGroupHeads - 1) / kGroupHeads;
+  int variant = p.mma_variant == 0 ? kDefaultMmaVariant : p.mma_variant;
+  const bool key_split = variant >= kKeySplitVariant;
+  const int keys = KeySplitKeys(variant);
+  GroupedKernelFn mma_kernel = !key_split   ? MmaKernelFor(p.cache.latent_dim, variant)
+                               : keys == 32 ? MlaBf16KeySplitKernel<32>
+                                            : MlaBf16KeySplitKernel<64>;
+  if (key_split) {
+    // Shapes (or devices) the key-split kernels do not take run variant 4.
+    KernelFacts facts;
+    e = FactsFor(mma_kernel, device, &facts);
+    if (e != cudaSuccess) return e;
+    if (!KeySplitFits(p, keys, facts.max_smem)) {
+      variant = 4;
+      mma_kernel = MmaKernelFor(p.cache.latent_dim, variant);
+    }
+  }
   plan->mma = UseMma(p, mma_kernel, device);
+  plan->key_split = plan->mma && variant >= kKeySplitVariant;
   if (plan->mma) {
     plan->kernel = mma_kernel;
     plan->threads = kMmaThreads;
-    plan->smem = MmaSmemBytes(kMmaShapes[variant - 1], dim);
+    plan->smem =
+        plan->key_split ? SplitSmemBytes(keys) : MmaSmemBytes(kMmaShapes[variant - 1], dim);
   } else {
     plan->kernel = IsBf16(p) ? GroupedKernelFor<__nv_bfloat16>(p.cache.latent_dim)
                              : GroupedKernelFor<float>(p.cache.latent_dim);
     plan->threads = kGroupThreads;
     plan->smem = GroupedSmemBytes(dim);
   }
-  plan->num_groups = (p.num_heads + kGroupHeads - 1) / kGroupHeads;
   KernelFacts facts;
   e = FactsFor(plan->kernel, device, &facts);
   if (e != cudaSuccess) return e;
@@ -1126,6 +1486,7 @@ cudaError_t MlaAttentionPerHeadF32(const MlaAttentionParams& params, cudaStream_
 const char* MlaAttentionKernelName(const MlaAttentionParams& params) {
   GroupedPlan plan;
   if (PlanGrouped(params, &plan) != cudaSuccess) return "invalid";
+  if (plan.key_split) return "mma_bf16_key_split";
   if (plan.mma) return "mma_bf16";
   return IsBf16(params) ? "grouped_bf16" : "grouped_f32";
 }

@@ -156,7 +156,7 @@ void Run(const Batch& batch) {
     size_t ws_v = 0;
     BENCH_CUDA(kernels::MlaAttentionWorkspaceBytes(pv, &ws_v));
     if (ws_v > pv.workspace_bytes) continue;
-    const std::string name = bf16_name + " v" + std::to_string(variant);
+    const std::string name = "mma v" + std::to_string(variant);
     report(name.c_str(), 2, splits_of(ws_v),
            MedianMs([&] { return kernels::MlaAttentionF32(pv, nullptr); }));
   }
@@ -169,10 +169,15 @@ void Run(const Batch& batch) {
     cudaStream_t stream;
     BENCH_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
     // (variant, forced split count or 0); few tokens: also fewer splits than the automatic 64.
-    std::vector<std::pair<int, int>> runs = {{1, 0}, {2, 0}, {3, 0}, {4, 0}};
+    // Many tokens: the key-split kernels (5, 6) also at forced split counts.
+    std::vector<std::pair<int, int>> runs = {{1, 0}, {2, 0}, {3, 0}, {4, 0}, {5, 0}, {6, 0}};
     if (tokens < 16) {
-      for (int variant : {3, 4}) {
+      for (int variant : {3, 4, 5, 6}) {
         for (int splits : {4, 8, 16, 32}) runs.emplace_back(variant, splits);
+      }
+    } else {
+      for (int variant : {5, 6}) {
+        for (int splits : {1, 2, 3, 4}) runs.emplace_back(variant, splits);
       }
     }
     for (const auto& [variant, splits] : runs) {
@@ -198,7 +203,7 @@ void Run(const Batch& batch) {
       BENCH_CUDA(cudaEventSynchronize(e1));
       float total = 0;
       BENCH_CUDA(cudaEventElapsedTime(&total, e0, e1));
-      const std::string name = bf16_name + " v" + std::to_string(variant) + " graph";
+      const std::string name = "mma v" + std::to_string(variant) + " graph";
       report(name.c_str(), 2, splits_of(ws_v), total / (kGraphCalls * kGraphReplays));
       BENCH_CUDA(cudaEventDestroy(e0));
       BENCH_CUDA(cudaEventDestroy(e1));
@@ -236,7 +241,7 @@ void Run(const Batch& batch) {
         kernels::MlaAttentionParams pv = pb;
         pv.num_splits = splits;
         pv.mma_variant = variant;
-        const std::string name = bf16_name + " v" + std::to_string(variant);
+        const std::string name = "mma v" + std::to_string(variant);
         report(name.c_str(), 2, splits,
                MedianMs([&] { return kernels::MlaAttentionF32(pv, nullptr); }));
       }

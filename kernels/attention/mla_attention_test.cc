@@ -3,7 +3,7 @@
 // prefill (causal) and decode tokens or decode tokens alone, contexts longer than one key chunk,
 // head counts that do not fill a head group, DeepSeek-V3's 128 heads and latent/rope sizes,
 // context splits chosen automatically or forced (with an internal or a caller's workspace),
-// decode batches of 1, 3, 128 and 256 requests (both split combines: fewer and more than 8
+// decode batches of 1, 3, 64, 128 and 256 requests (both split combines: fewer and more than 8
 // splits); every pipeline shape of the tensor-core kernel; every case with an fp32 and with a bf16
 // cache (the CPU reference reads the same bf16 values).
 #include "kernels/attention/mla_attention.h"
@@ -170,9 +170,12 @@ TEST_P(MlaAttentionKernelTest, MatchesCpuBackend) {
   p.out_latent = dout.get();
   p.num_splits = s.num_splits;
   const std::string kernel = kernels::MlaAttentionKernelName(p);
-  // The tensor-core kernel must be the one tested wherever its shape limits allow it.
+  // The tensor-core kernel must be the one tested wherever its shape limits allow it; by
+  // default the key-split one for latent 512 + rope 64.
+  const bool key_split_shape = s.latent == 512 && s.rope == 64;
   if (bf16) {
-    EXPECT_EQ(kernel, s.latent <= 512 && (s.latent + s.rope + 15) / 16 * 16 <= 640
+    EXPECT_EQ(kernel, key_split_shape ? "mma_bf16_key_split"
+                      : s.latent <= 512 && (s.latent + s.rope + 15) / 16 * 16 <= 640
                           ? "mma_bf16"
                           : "grouped_bf16");
   } else {
@@ -185,6 +188,10 @@ TEST_P(MlaAttentionKernelTest, MatchesCpuBackend) {
   for (int variant = 0; variant <= (bf16 ? kernels::kMaxMlaMmaVariant : 0); ++variant) {
     SCOPED_TRACE(::testing::Message() << "MlaAttentionF32, mma_variant " << variant);
     p.mma_variant = variant;
+    if (bf16 && variant >= 5) {  // the key-split kernels; other shapes run variant 4
+      EXPECT_STREQ(kernels::MlaAttentionKernelName(p),
+                   key_split_shape ? "mma_bf16_key_split" : kernel.c_str());
+    }
     dout.Poison();
     DEEPINFER_CUDA_OK(kernels::MlaAttentionF32(p, nullptr));
     DEEPINFER_CUDA_OK(dout.Download(&got));
@@ -245,6 +252,12 @@ std::vector<Case> Cases() {
   // at the automatic split count: one request whose context is not a whole number of blocks,
   // and 128 / 256 requests of mixed lengths (many empty splits, chunks that end mid-block).
   c.push_back({"decode_1_request_ctx_1025", 16, 512, 64, 128, 16, {1025}, true});
+  std::vector<int32_t> mixed64 = {1, 63, 64, 65, 127, 128, 129, 1024, 1023, 1025};
+  for (int32_t i = 0; static_cast<int32_t>(mixed64.size()) < 64; ++i) {
+    mixed64.push_back(1 + (i * 131) % 1200);
+  }
+  c.push_back({"decode_64_requests_tile_edges", 16, 512, 64, 128, 16, mixed64, true});
+  c.push_back({"decode_64_requests_split_2_block_64", 16, 512, 64, 128, 64, mixed64, true, 2});
   std::vector<int32_t> mixed128, mixed256;
   for (int32_t i = 0; i < 128; ++i) mixed128.push_back(1 + (i * 97) % 1100);
   for (int32_t i = 0; i < 256; ++i) mixed256.push_back(1 + (i * 61) % 700);

@@ -121,6 +121,11 @@ int main(int argc, char** argv) {
   flags.AddBool("fused-ops", &config.fused_ops,
                 "Fused ops in the model's step (residual add + norm, bf16 GEMM operands) and, on\n"
                 "CUDA, the small-m GEMM kernel; off: the ops of before, for comparison.");
+  flags.AddString("prefill-attention", &config.prefill_attention,
+                  "auto, absorbed or mha: the MLA form of prefill steps (mha: keys expanded\n"
+                  "through kv_b, attention of width nope + rope; auto: mha where every sequence\n"
+                  "brings >= 64 new tokens and the backend has it). The prefill roofline counts\n"
+                  "the attention FLOPs of the form that runs.");
   flags.AddBool("compare-unfused-decode", &config.compare_unfused_decode,
                 "After each decode batch size, --output-len more steps of the same sequences\n"
                 "with --fused-ops off, reported as a second decode line marked (unfused).");

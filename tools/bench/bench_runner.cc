@@ -317,6 +317,9 @@ absl::Status SetUpRank(const BenchConfig& bc, int64_t rank, int64_t blocks, Rank
   // Process-wide (every rank sets the same value; with ranks > 1 in one process the PDL-off
   // comparison toggles it for all of them, which changes their timing, never their results).
   kernels::SetProgrammaticDependentLaunch(bc.pdl);
+  auto prefill_form = ParsePrefillAttention(bc.prefill_attention);
+  if (!prefill_form.ok()) return prefill_form.status();
+  s->model->SetPrefillAttention(*prefill_form);
   KvBlockPoolOptions cache_options =
       s->model->CacheOptions(static_cast<int32_t>(blocks), static_cast<int32_t>(bc.block_size));
   auto cache_dtype = ResolveKvCacheDType(bc.kv_cache_dtype, s->backend->weight_dtype());
@@ -697,6 +700,8 @@ absl::StatusOr<BenchResult> RunBenchmark(const BenchConfig& bc) {
   }
   auto bytes_per_value = BytesPerValue(bc.dtype);
   if (!bytes_per_value.ok()) return bytes_per_value.status();
+  auto prefill_form = ParsePrefillAttention(bc.prefill_attention);
+  if (!prefill_form.ok()) return prefill_form.status();
   const int64_t ranks = bc.ranks;
   if (ranks < 1) {
     return absl::InvalidArgumentError(absl::StrCat("bench: --ranks must be >= 1, not ", ranks));
@@ -794,8 +799,18 @@ absl::StatusOr<BenchResult> RunBenchmark(const BenchConfig& bc) {
           std::max(r.prefill_warmup_step_seconds, o.prefill_warmup_seconds);
     }
     r.prefill_tokens_per_s = ranks * r.prefill_tokens_per_step / r.prefill_step_seconds;
+    // The form DeepseekV3Model::UsesMhaPrefill picks for these prompts, where the backend has
+    // the non-absorbed op (CPU; CUDA with bf16 weights, on the shapes the kernel takes).
+    const bool mha_backend = bc.backend == "cpu" || bc.dtype == "bfloat16";
+    const int64_t mha_min =
+        *prefill_form == PrefillAttention::kMha ? 2 : DeepseekV3Model::kMhaPrefillMinTokens;
+    const MlaForm form =
+        *prefill_form != PrefillAttention::kAbsorbed && mha_backend && ctx >= mha_min
+            ? MlaForm::kNonAbsorbed
+            : MlaForm::kAbsorbed;
+    r.prefill_attention_form = form == MlaForm::kAbsorbed ? "absorbed" : "non-absorbed";
     const StepCost pc = PrefillStepCost(*config, prefill_seqs, ctx, r.bytes_per_value,
-                                          r.cache_bytes_per_value, ranks);
+                                        r.cache_bytes_per_value, ranks, form);
     r.prefill_bytes_per_step = pc.bytes;
     r.prefill_flops_per_step = pc.flops;
     r.prefill_roofline_fraction =
@@ -949,12 +964,12 @@ std::string FormatBenchReport(const BenchConfig& c, const BenchResult& r) {
     absl::StrAppendFormat(
         &out,
         "prefill: %d tokens/step%s (%d x %d), median step %.4f s, %.1f tok/s%s, "
-        "roofline fraction %.4f (untimed first step of this size %.4f s)\n",
+        "roofline fraction %.4f, %s attention (untimed first step of this size %.4f s)\n",
         r.prefill_tokens_per_step, ep ? " per rank" : "",
         r.prefill_tokens_per_step / c.context_length, c.context_length, r.prefill_step_seconds,
         r.prefill_tokens_per_s,
         ep ? absl::StrFormat(" (%.1f per GPU)", r.prefill_tokens_per_s / r.ranks) : "",
-        r.prefill_roofline_fraction, r.prefill_warmup_step_seconds);
+        r.prefill_roofline_fraction, r.prefill_attention_form, r.prefill_warmup_step_seconds);
   }
   for (const DecodeResult& d : r.decode) {
     if (ep) {

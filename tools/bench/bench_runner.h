@@ -99,6 +99,8 @@ struct BenchConfig {
   // DeepseekV3Model::SetFusedOps and CudaBackend::SetSmallMGemm (the fused ops of a decode
   // step; off: the op sequence of before, for comparisons).
   bool fused_ops = true;
+  // DeepseekV3Model::SetPrefillAttention: auto, absorbed or mha.
+  std::string prefill_attention = "auto";
   // After each batch size's timed steps (and the eager ones), output_len more steps of the same
   // sequences with fused ops off, reported as a further decode result (one load for both).
   bool compare_unfused_decode = false;
@@ -171,6 +173,8 @@ struct BenchResult {
   double prefill_warmup_step_seconds = 0;
   double prefill_tokens_per_s = 0;      // all ranks
   double prefill_roofline_fraction = 0;
+  // The MLA form the prefill steps ran and the roofline counted: "absorbed" or "non-absorbed".
+  std::string prefill_attention_form = "absorbed";
   double prefill_bytes_per_step = 0;  // roofline cost of one prefill step
   double prefill_flops_per_step = 0;
   std::vector<DecodeResult> decode;         // one per BenchConfig::decode_num_requests

@@ -7,6 +7,7 @@
 #include <cmath>
 #include <cstdlib>
 #include <fstream>
+#include <map>
 #include <sstream>
 #include <string>
 
@@ -91,6 +92,29 @@ TEST(BenchRunnerTest, SeveralBatchSizesRandomFillNoPrefill) {
   EXPECT_EQ(FormatBenchReport(c, *r).find("prefill:"), std::string::npos);
 }
 
+// --prefill-attention: the prompts of SmallConfig (40 tokens) take the non-absorbed form with
+// mha (CPU backend), the absorbed one with auto (fewer than 64 new tokens) and absorbed; the
+// roofline counts fewer attention FLOPs for the non-absorbed form, the same bytes.
+TEST(BenchRunnerTest, PrefillRooflineCountsTheFormThatRuns) {
+  BenchConfig c = SmallConfig();
+  c.dtype = "float32";
+  std::map<std::string, BenchResult> results;
+  for (const char* form : {"auto", "absorbed", "mha"}) {
+    c.prefill_attention = form;
+    auto r = RunBenchmark(c);
+    ASSERT_TRUE(r.ok()) << form << ": " << r.status();
+    results[form] = *r;
+  }
+  EXPECT_EQ(results["auto"].prefill_attention_form, "absorbed");
+  EXPECT_EQ(results["absorbed"].prefill_attention_form, "absorbed");
+  EXPECT_EQ(results["mha"].prefill_attention_form, "non-absorbed");
+  EXPECT_LT(results["mha"].prefill_flops_per_step, results["absorbed"].prefill_flops_per_step);
+  EXPECT_DOUBLE_EQ(results["mha"].prefill_bytes_per_step,
+                   results["absorbed"].prefill_bytes_per_step);
+  c.prefill_attention = "mha";
+  EXPECT_NE(FormatBenchReport(c, results["mha"]).find("non-absorbed attention"), std::string::npos);
+}
+
 TEST(BenchRunnerTest, RejectsBadInput) {
   BenchConfig c = SmallConfig();
   c.output_len = 1;
@@ -104,6 +128,9 @@ TEST(BenchRunnerTest, RejectsBadInput) {
   EXPECT_EQ(RunBenchmark(c).status().code(), absl::StatusCode::kInvalidArgument);
   c = SmallConfig();
   c.dtype = "fp8";
+  EXPECT_EQ(RunBenchmark(c).status().code(), absl::StatusCode::kInvalidArgument);
+  c = SmallConfig();
+  c.prefill_attention = "flash";
   EXPECT_EQ(RunBenchmark(c).status().code(), absl::StatusCode::kInvalidArgument);
   // bfloat16 (the default) reaches the backend: bf16 weights, 2 bytes per value.
   c = SmallConfig();

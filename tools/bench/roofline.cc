@@ -1,5 +1,6 @@
-// Roofline arithmetic. Attention FLOPs follow the absorbed form the model runs: scores over
-// latent + rope (2*(kv_lora+rope) per key and head) and the weighted latent sum (2*kv_lora).
+// Roofline arithmetic. Attention FLOPs follow the form the model runs (MlaForm): absorbed, scores
+// over latent + rope (2*(kv_lora+rope) per key and head) and the weighted latent sum
+// (2*kv_lora); non-absorbed, scores over nope + rope and the weighted value sum (2*v).
 #include "tools/bench/roofline.h"
 
 #include <algorithm>
@@ -19,9 +20,13 @@ double AttentionParams(const ModelConfig& c) {
 }
 
 // FLOPs of attention for one query token that sees `keys` cached entries, all layers.
-double AttentionFlopsPerToken(const ModelConfig& c, double keys) {
-  return c.num_hidden_layers * c.num_attention_heads * keys *
-         (2.0 * (c.kv_lora_rank + c.qk_rope_head_dim) + 2.0 * c.kv_lora_rank);
+double AttentionFlopsPerToken(const ModelConfig& c, double keys,
+                              MlaForm form = MlaForm::kAbsorbed) {
+  const double per_pair =
+      form == MlaForm::kAbsorbed
+          ? 2.0 * (c.kv_lora_rank + c.qk_rope_head_dim) + 2.0 * c.kv_lora_rank
+          : 2.0 * (c.qk_nope_head_dim + c.qk_rope_head_dim) + 2.0 * c.v_head_dim;
+  return c.num_hidden_layers * c.num_attention_heads * keys * per_pair;
 }
 
 double CacheBytesPerEntry(const ModelConfig& c, double bytes_per_value) {
@@ -83,7 +88,7 @@ StepCost DecodeStepCost(const ModelConfig& c, int64_t batch, int64_t context,
 }
 
 StepCost PrefillStepCost(const ModelConfig& c, int64_t seqs, int64_t len, double bytes_per_param,
-                         double cache_bytes_per_value, int64_t ranks) {
+                         double cache_bytes_per_value, int64_t ranks, MlaForm form) {
   const ParamCounts p = CountParams(c);
   StepCost s;
   const double tokens = static_cast<double>(seqs) * len;
@@ -97,7 +102,7 @@ StepCost PrefillStepCost(const ModelConfig& c, int64_t seqs, int64_t len, double
   const double keys = static_cast<double>(seqs) * len * (len + 1) / 2.0;
   const double lm_head = static_cast<double>(c.vocab_size) * c.hidden_size;
   s.flops = 2.0 * tokens * (p.active_per_token - lm_head) + 2.0 * seqs * lm_head +
-            AttentionFlopsPerToken(c, 1.0) * keys;
+            AttentionFlopsPerToken(c, 1.0, form) * keys;
   return s;
 }
 

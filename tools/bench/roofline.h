@@ -42,10 +42,19 @@ StepCost DecodeStepCost(const ModelConfig& c, int64_t batch, int64_t context,
                         double bytes_per_param, double cache_bytes_per_value,
                         int64_t ranks = 1);
 
-// A prefill step of `seqs` prompts of `len` tokens each (causal attention, absorbed MLA); with
+// The form of MLA attention a step runs, which sets its attention FLOPs per (query, key) pair
+// and head: absorbed, 2 * (kv_lora + rope) for the scores and 2 * kv_lora for the latent sum;
+// non-absorbed (prefill, DeepseekV3Model's PrefillAttention::kMha), 2 * (nope + rope) and
+// 2 * v. Both forms multiply each token once through kv_b's parameters (absorbed: W_uk into the
+// query, W_uv out of the latent; non-absorbed: expanding the token's key), so the dense count is
+// the same.
+enum class MlaForm { kAbsorbed, kNonAbsorbed };
+
+// A prefill step of `seqs` prompts of `len` tokens each (causal attention in `form`); with
 // `ranks` > 1, one GPU's share as above (every expert is touched: 1 / ranks of them each).
 StepCost PrefillStepCost(const ModelConfig& c, int64_t seqs, int64_t len, double bytes_per_param,
-                         double cache_bytes_per_value, int64_t ranks = 1);
+                         double cache_bytes_per_value, int64_t ranks = 1,
+                         MlaForm form = MlaForm::kAbsorbed);
 
 }  // namespace deepinfer
 

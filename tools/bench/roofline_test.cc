@@ -67,6 +67,19 @@ TEST(RooflineTest, CacheBytesAndAttentionFlopsScaleWithContext) {
   EXPECT_DOUBLE_EQ(a.RooflineSeconds(4.3e12, 790e12), std::max(a.bytes / 4.3e12, a.flops / 790e12));
 }
 
+// The non-absorbed prefill form changes only the attention FLOPs: per (query, key) pair and
+// head 2 * (128 + 64) + 2 * 128 = 640 instead of 2 * 576 + 2 * 512 = 2176 (the kv_b products are
+// counted once per token in both forms); bytes stay the same.
+TEST(RooflineTest, NonAbsorbedPrefillCountsItsOwnAttentionFlops) {
+  const ModelConfig c = DeepseekV3();
+  const StepCost absorbed = PrefillStepCost(c, 3, 1000, 2.0, 2.0);
+  const StepCost mha = PrefillStepCost(c, 3, 1000, 2.0, 2.0, 1, MlaForm::kNonAbsorbed);
+  const double pairs = 3.0 * 1000 * 1001 / 2;
+  EXPECT_DOUBLE_EQ(mha.bytes, absorbed.bytes);
+  EXPECT_NEAR(absorbed.flops - mha.flops, pairs * 61 * 128 * (2176 - 640), 1e6);
+  EXPECT_GT(mha.flops, 0.0);
+}
+
 TEST(RooflineTest, ExpertParallelShareOfOneGpu) {
   const ModelConfig c = DeepseekV3();
   const ParamCounts p = CountParams(c);

@@ -50,6 +50,7 @@ tests=(
   //kernels/common:launch_test
   //kernels/attention:mla_attention_test
   //kernels/attention:mla_prefill_test
+  //kernels/attention:mha_prefill_test
   //kernels/embedding:rows_test
   //kernels/gemm:small_m_gemm_test
   //kernels/moe:expert_activation_test
@@ -69,12 +70,14 @@ tests=(
   //worker/comm:nccl_communicator_test
   //worker/model:ep_expert_dispatcher_gpu_test
   //worker/model:decode_graph_gpu_test
+  //worker/model:mha_prefill_gpu_test
 )
 # The daemons and the CLI, for multi_gpu.sh (`deepinfer run --backend cuda`).
 daemons=(//coordinator/cli:deepinfer //coordinator:deepinfer-coordinator //worker:deepinfer-worker)
 tools=(//tools/bench:deepinfer-bench)
 [[ $bench_only -eq 1 ]] && tests=()
 [[ $bench_only -eq 1 ]] || tools+=(//kernels/attention:mla_attention_bench //kernels/attention:mla_prefill_bench
+  //kernels/attention:mha_prefill_bench
   //kernels/moe:grouped_gemm_bench //kernels/gemm:small_m_gemm_bench
   //kernels/moe:moe_prefill_bench //kernels/sampling:sampling_bench)
 if [[ -n "${GPU_TESTS+set}" ]]; then read -r -a tests <<< "$GPU_TESTS"; fi
@@ -106,7 +109,7 @@ cp tools/gpu/run_all.sh tools/gpu/steps.sh tools/gpu/*_check.sh "$out/"
 cp tools/bench/bench_cases.sh tools/bench/sweep.sh tools/bench/hf_bench.py \
   tools/bench/combine_results.py tools/gpu/bench_all.sh "$out/"
 cp tools/parity/hf_bf16_error.py "$out/hf_bf16_error.py"
-cp tools/gpu/multi_gpu.sh tools/gpu/session_check.sh "$out/"
+cp tools/gpu/multi_gpu.sh tools/gpu/session_check.sh tools/gpu/kernel_times.sh tools/gpu/kernel_times.py "$out/"
 git rev-parse HEAD > "$out/COMMIT"
 git status --short >> "$out/COMMIT"
 du -sh "$out" "$out"/bin "$out"/lib

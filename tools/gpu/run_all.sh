@@ -37,6 +37,9 @@ fi
 if want kbench && [[ -x "$here/bin/mla_prefill_bench" ]]; then  # prefill: CUDA cores vs tensor cores
   step mla_prefill_bench 120 "$here/bin/mla_prefill_bench"
 fi
+if want kbench && [[ -x "$here/bin/mha_prefill_bench" ]]; then  # prefill: absorbed vs non-absorbed
+  step mha_prefill_bench 60 "$here/bin/mha_prefill_bench"
+fi
 if want kbench && [[ -x "$here/bin/grouped_gemm_bench" ]]; then
   step grouped_gemm_bench 120 "$here/bin/grouped_gemm_bench"
   cp "$logs/grouped_gemm_bench.log" "$OUT/grouped_gemm_bench.txt"

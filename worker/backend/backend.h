@@ -131,6 +131,36 @@ struct MlaAttentionArgs {
   int32_t num_sequences = 0;
 };
 
+// Arguments of Backend::MhaPrefillAttention: MLA attention in the non-absorbed form for
+// prefill. Every key of a sequence (cache positions 0 .. context_len - 1, this step's included)
+// is expanded through kv_b into per-head K_nope = latent . W_uk^T and V = latent . W_uv^T, and
+// token t of head h attends with q = [q_nope | q_rope] over keys [K_nope | k_rope]:
+//   out[t, h] = sum_j softmax_j(scale * (q_nope . K_nope[j, h] + q_rope . k_rope[j])) V[j, h],
+// the same function as the absorbed MlaAttention followed by the W_uv product.
+struct MhaPrefillArgs {
+  int32_t num_tokens = 0;
+  int32_t num_heads = 0;
+  int32_t nope_dim = 0;  // qk_nope_head_dim
+  int32_t v_dim = 0;     // v_head_dim
+  // Head h of token t at q + t*q_token_stride + h*q_head_stride: nope_dim values, then
+  // cache.rope_dim already rotated.
+  const float* q = nullptr;
+  int64_t q_token_stride = 0;
+  int64_t q_head_stride = 0;
+  PagedLatentCacheView cache;  // normalised latents and rotated rope keys
+  const int32_t* block_tables = nullptr;
+  int32_t max_blocks_per_seq = 0;
+  WeightView kv_b;  // kv_b_proj: [heads * (nope_dim + v_dim), latent_dim], K_nope rows first
+  // HOST, required: one span per block-table row, covering every token once, in order.
+  const MlaSequenceSpan* sequences = nullptr;
+  int32_t num_sequences = 0;
+  float softmax_scale = 1.0f;
+  // [tokens, heads * v_dim] contiguous: fp32 (out) or rounded to bf16 (out_bf16, a Gemm
+  // operand: ActivationView::Bf16); exactly one is set.
+  float* out = nullptr;
+  uint16_t* out_bf16 = nullptr;
+};
+
 // Arguments of Backend::NormRopeWriteLatentCache: an MLA layer's key and query preparation.
 struct NormRopeCacheArgs {
   int64_t tokens = 0;
@@ -323,6 +353,13 @@ class Backend {
   // The CUDA backend with bf16 weights runs sequences of args.sequences with many new tokens on
   // bf16 tensor cores (docs/cuda.md); everything else is fp32.
   virtual void MlaAttention(const MlaAttentionArgs& args) = 0;
+
+  // Non-absorbed MLA prefill (MhaPrefillArgs). Returns false, doing nothing, when the backend
+  // has no such path for these arguments (the caller then runs the absorbed MlaAttention). The
+  // CPU computes it in fp32 (K / V from its Gemm); CUDA needs bf16 kv_b and rounds q, K, V and
+  // the probabilities to bf16 (kernels/attention/mha_prefill.h). Spans that do not tile the
+  // tokens: INVALID_ARGUMENT in status() (returns true).
+  virtual bool MhaPrefillAttention(const MhaPrefillArgs& args) { return false; }
 
   // ---- MoE routing -------------------------------------------------------------------------
   virtual void NoauxTcRoute(const NoauxTcRouteArgs& args) = 0;

@@ -18,6 +18,26 @@ constexpr float kLatentNormEps = 1e-6f;
 
 }  // namespace
 
+absl::StatusOr<PrefillAttention> ParsePrefillAttention(const std::string& name) {
+  if (name == "auto") return PrefillAttention::kAuto;
+  if (name == "absorbed") return PrefillAttention::kAbsorbed;
+  if (name == "mha") return PrefillAttention::kMha;
+  return absl::InvalidArgumentError(
+      absl::StrCat("prefill attention must be auto, absorbed or mha, got \"", name, "\""));
+}
+
+const char* PrefillAttentionName(PrefillAttention form) {
+  switch (form) {
+    case PrefillAttention::kAuto:
+      return "auto";
+    case PrefillAttention::kAbsorbed:
+      return "absorbed";
+    case PrefillAttention::kMha:
+      return "mha";
+  }
+  return "?";
+}
+
 struct DeepseekV3Model::StepContext {
   int64_t num_tokens = 0;
   // Device int32 arrays: per token, then block tables [sequences, max_blocks_per_seq].
@@ -728,6 +748,8 @@ void DeepseekV3Model::Attention(int64_t layer, const StepContext& ctx, Activatio
                                view);
   }
 
+  if (UsesMhaPrefill(ctx) && MhaPrefillAttention(layer, ctx, q->as<float>(), view, out)) return;
+
   // Absorb W_uk into the query: q_latent[t, h] = q_nope[t, h] · W_uk[h], all heads in one
   // batched GEMM (head h: the nope slice of q's head h, block h of w_uk_t, column block h).
   auto q_latent = Floats(T * nh * kvl);
@@ -759,6 +781,54 @@ void DeepseekV3Model::Attention(int64_t layer, const StepContext& ctx, Activatio
                         nh * vd, vd);
   backend_->Gemm(T, H, nh * vd, o->as<float>(), nh * vd, W.Matrix(L.o_proj), nh * vd, out, H,
                  false);
+}
+
+bool DeepseekV3Model::UsesMhaPrefill(const StepContext& ctx) const {
+  if (prefill_attention_ == PrefillAttention::kAbsorbed || ctx.device_only || ctx.spans.empty()) {
+    return false;
+  }
+  const int32_t min_tokens =
+      prefill_attention_ == PrefillAttention::kMha ? 2 : kMhaPrefillMinTokens;
+  for (const MlaSequenceSpan& s : ctx.spans) {
+    if (s.num_tokens < min_tokens) return false;
+  }
+  return true;
+}
+
+bool DeepseekV3Model::MhaPrefillAttention(int64_t layer, const StepContext& ctx, const float* q,
+                                          const PagedLatentCacheView& view, float* out) {
+  const ModelConfig& c = config_;
+  const LayerWeights& L = weights_->layers[layer];
+  const int64_t T = ctx.num_tokens, H = c.hidden_size, nh = c.num_attention_heads;
+  const int64_t vd = c.v_head_dim, qk = c.qk_head_dim();
+  const bool bf16_out = Bf16Operands();
+  auto o = backend_->AllocateScratch(T * nh * vd * (bf16_out ? sizeof(uint16_t) : sizeof(float)));
+  MhaPrefillArgs args;
+  args.num_tokens = static_cast<int32_t>(T);
+  args.num_heads = static_cast<int32_t>(nh);
+  args.nope_dim = static_cast<int32_t>(c.qk_nope_head_dim);
+  args.v_dim = static_cast<int32_t>(vd);
+  args.q = q;
+  args.q_token_stride = nh * qk;
+  args.q_head_stride = qk;
+  args.cache = view;
+  args.block_tables = ctx.block_tables;
+  args.max_blocks_per_seq = ctx.max_blocks_per_seq;
+  args.kv_b = weights_->Matrix(L.kv_b);
+  args.sequences = ctx.spans.data();
+  args.num_sequences = static_cast<int32_t>(ctx.spans.size());
+  args.softmax_scale = softmax_scale_;
+  if (bf16_out) {
+    args.out_bf16 = o->as<uint16_t>();
+  } else {
+    args.out = o->as<float>();
+  }
+  if (!backend_->MhaPrefillAttention(args)) return false;
+  const ActivationView o_view =
+      bf16_out ? ActivationView::Bf16(o->as<uint16_t>()) : ActivationView(o->as<float>());
+  backend_->Gemm(T, H, nh * vd, o_view, nh * vd, weights_->Matrix(L.o_proj), nh * vd, out, H,
+                 false);
+  return true;
 }
 
 absl::Status DeepseekV3Model::Mlp(const MlpWeights& w, int64_t rows, ActivationView h, float* out,

@@ -18,6 +18,7 @@
 #include <memory>
 #include <optional>
 #include <set>
+#include <string>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -66,6 +67,23 @@ struct DecodeGraphOptions {
   bool replay = true;
 };
 
+// Which form of MLA a prefill step's attention takes (--prefill-attention).
+enum class PrefillAttention {
+  // kMha for steps in which every sequence brings at least kMhaPrefillMinTokens new tokens and
+  // the backend has the non-absorbed op, else kAbsorbed.
+  kAuto,
+  // Always the absorbed form: q_nope . W_uk, attention over the 576-wide latent (MlaAttention),
+  // then . W_uv.
+  kAbsorbed,
+  // The non-absorbed form (Backend::MhaPrefillAttention: keys expanded through kv_b, attention
+  // of width nope + rope over values of width v) for every step in which each sequence brings
+  // more than one new token, where the backend has it; other steps absorbed.
+  kMha,
+};
+// "auto" / "absorbed" / "mha"; INVALID_ARGUMENT naming the bad value otherwise.
+absl::StatusOr<PrefillAttention> ParsePrefillAttention(const std::string& name);
+const char* PrefillAttentionName(PrefillAttention form);
+
 class DeepseekV3Model {
  public:
   // The dispatcher must serve every expert the router can choose (all of them for a local
@@ -93,6 +111,13 @@ class DeepseekV3Model {
   // step of before, for measurements. Drops recorded decode graphs.
   void SetFusedOps(bool on);
   bool fused_ops() const { return fused_ops_; }
+  // The prefill attention form (default kAuto; see PrefillAttention).
+  void SetPrefillAttention(PrefillAttention form) { prefill_attention_ = form; }
+  PrefillAttention prefill_attention() const { return prefill_attention_; }
+  // kAuto's least number of new tokens per sequence for the non-absorbed form. From the FLOP
+  // counts and measured rates (docs/cuda.md): expanding a key costs about as much as ~50 new
+  // tokens' absorbed attention to it saves.
+  static constexpr int32_t kMhaPrefillMinTokens = 64;
   // Batch sizes decode steps are padded to: 1 2 4 8 16 24 32 48 64 96 128 160 192 256, then
   // steps of 64, those <= max_batch, and max_batch itself last.
   static std::vector<int64_t> DecodeGraphBuckets(int64_t max_batch);
@@ -155,6 +180,12 @@ class DeepseekV3Model {
   void DropDecodeGraphs();
   // h: the normed rows as the GEMMs take them (bf16 with fused ops and bf16 weights).
   void Attention(int64_t layer, const StepContext& ctx, ActivationView h, float* out);
+  // Whether this step's attention takes the non-absorbed form (prefill_attention_, the spans).
+  bool UsesMhaPrefill(const StepContext& ctx) const;
+  // The non-absorbed attention and o_proj of one layer, after the cache holds this step's keys
+  // (q: [T, heads, nope | rotated rope]): false, doing nothing, when the backend declines.
+  bool MhaPrefillAttention(int64_t layer, const StepContext& ctx, const float* q,
+                           const PagedLatentCacheView& view, float* out);
   // out = MLP(h), or out += MLP(h) with accumulate.
   absl::Status Mlp(const MlpWeights& w, int64_t rows, ActivationView h, float* out,
                    bool accumulate);
@@ -199,6 +230,7 @@ class DeepseekV3Model {
   // hold its addresses, as they hold the expert tables' (dropped by BuildExpertTables).
   DecodeGraphOptions graph_options_;
   bool fused_ops_ = true;
+  PrefillAttention prefill_attention_ = PrefillAttention::kAuto;
   std::vector<int64_t> graph_buckets_;
   std::map<int64_t, std::unique_ptr<DecodeGraph>> decode_graphs_;
   std::set<int64_t> failed_buckets_;  // recording failed: general path from then on

@@ -266,6 +266,61 @@ TEST_F(ModelTest, ChunkedPrefillAndMixedBatchMatchFullPrefill) {
   EXPECT_LE(MaxDiff(joined, ref->logits[0]), 1e-5f);
 }
 
+// The non-absorbed prefill form (keys expanded through kv_b) is the same function as the absorbed
+// one: logits of two prompts in one step, and of a prompt whose second chunk attends to a cached
+// prefix, agree within fp32 summation-order differences. They are not bit-identical, which shows
+// the other form did run.
+TEST_F(ModelTest, NonAbsorbedPrefillGivesTheAbsorbedLogits) {
+  auto run = [&](PrefillAttention form) {
+    model_->SetPrefillAttention(form);
+    std::vector<std::vector<float>> logits;
+    auto r = model_->Step(
+        {MakeStep(Prompt(30, 7), 0, Blocks(8), true), MakeStep(Prompt(17, 3), 0, Blocks(5), true)},
+        pool_.get());
+    EXPECT_TRUE(r.ok()) << r.status();
+    if (!r.ok()) return logits;
+    logits = r->logits;
+    const auto prompt = Prompt(26, 5);
+    auto table = Blocks(8);
+    auto c1 = model_->Step(
+        {MakeStep(std::vector<int32_t>(prompt.begin(), prompt.begin() + 9), 0, table, true)},
+        pool_.get());
+    auto c2 = model_->Step(
+        {MakeStep(std::vector<int32_t>(prompt.begin() + 9, prompt.end()), 9, table, true)},
+        pool_.get());
+    EXPECT_TRUE(c1.ok() && c2.ok());
+    if (c1.ok() && c2.ok()) {
+      logits.push_back(c1->logits[0]);
+      logits.push_back(c2->logits[0]);
+    }
+    return logits;
+  };
+  const auto absorbed = run(PrefillAttention::kAbsorbed);
+  const auto mha = run(PrefillAttention::kMha);
+  ASSERT_EQ(absorbed.size(), 4u);
+  ASSERT_EQ(mha.size(), 4u);
+  bool identical = true;
+  for (size_t i = 0; i < absorbed.size(); ++i) {
+    float scale = 0;
+    for (float v : absorbed[i]) scale = std::max(scale, std::abs(v));
+    EXPECT_LE(MaxDiff(mha[i], absorbed[i]), 1e-4f * std::max(scale, 1.0f)) << "output " << i;
+    identical = identical && mha[i] == absorbed[i];
+  }
+  EXPECT_FALSE(identical);
+}
+
+TEST(PrefillAttentionTest, ParsesTheThreeFormsAndNamesABadOne) {
+  for (PrefillAttention f :
+       {PrefillAttention::kAuto, PrefillAttention::kAbsorbed, PrefillAttention::kMha}) {
+    auto parsed = ParsePrefillAttention(PrefillAttentionName(f));
+    ASSERT_TRUE(parsed.ok());
+    EXPECT_EQ(*parsed, f);
+  }
+  auto bad = ParsePrefillAttention("flash");
+  EXPECT_EQ(bad.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(bad.status().message().find("flash"), std::string::npos);
+}
+
 TEST_F(ModelTest, SeededSamplingIsIndependentOfBatchComposition) {
   SamplingParams sp;
   sp.temperature = 1.5f;

@@ -383,6 +383,97 @@ void CpuBackend::MlaAttention(const MlaAttentionArgs& args) {
   });
 }
 
+bool CpuBackend::MhaPrefillAttention(const MhaPrefillArgs& a) {
+  const int64_t latent = a.cache.latent_dim, rope = a.cache.rope_dim;
+  const int64_t entry = a.cache.entry_dim(), bs = a.cache.block_size;
+  const int64_t nh = a.num_heads, nope = a.nope_dim, vd = a.v_dim, head_w = nope + vd;
+  const int64_t kv_w = nh * head_w;
+  const bool bf16 = a.cache.dtype == WeightDType::kBFloat16;
+  if ((a.out == nullptr) == (a.out_bf16 == nullptr) || a.sequences == nullptr) {
+    Record(absl::InvalidArgumentError(
+        "CpuBackend::MhaPrefillAttention: needs the host spans and exactly one of out, out_bf16"));
+    return true;
+  }
+  int32_t next = 0;
+  for (int32_t i = 0; i < a.num_sequences; ++i) {
+    const MlaSequenceSpan& s = a.sequences[i];
+    if (s.first_token != next || s.num_tokens <= 0 || s.num_tokens > s.context_len ||
+        s.context_len > static_cast<int64_t>(a.max_blocks_per_seq) * bs) {
+      Record(absl::InvalidArgumentError(absl::StrCat(
+          "CpuBackend::MhaPrefillAttention: sequence ", i, " has first token ", s.first_token, ", ",
+          s.num_tokens, " tokens, context ", s.context_len, " (expected first token ", next,
+          ", 1 <= tokens <= context <= the block table's ", a.max_blocks_per_seq * bs, ")")));
+      return true;
+    }
+    next += s.num_tokens;
+  }
+  if (next != a.num_tokens) {
+    Record(absl::InvalidArgumentError(absl::StrCat("CpuBackend::MhaPrefillAttention: the spans ",
+                                                   "cover ", next, " tokens, the batch has ",
+                                                   a.num_tokens)));
+    return true;
+  }
+  for (int32_t i = 0; i < a.num_sequences; ++i) {
+    const MlaSequenceSpan& s = a.sequences[i];
+    const int64_t len = s.context_len, past = len - s.num_tokens;
+    const int32_t* table = a.block_tables + static_cast<int64_t>(i) * a.max_blocks_per_seq;
+    // The sequence's cached latents and rope keys as fp32 (bf16 widened exactly).
+    std::vector<float> lat(len * latent), k_rope(len * rope);
+    for (int64_t j = 0; j < len; ++j) {
+      const int64_t at = (static_cast<int64_t>(table[j / bs]) * bs + j % bs) * entry;
+      for (int64_t c = 0; c < entry; ++c) {
+        const float v = bf16 ? Bf16BitsToFloat(static_cast<const uint16_t*>(a.cache.cache)[at + c])
+                             : static_cast<const float*>(a.cache.cache)[at + c];
+        if (c < latent) {
+          lat[j * latent + c] = v;
+        } else {
+          k_rope[j * rope + c - latent] = v;
+        }
+      }
+    }
+    std::vector<float> kv(len * kv_w);  // [keys, heads, K_nope | V]
+    Gemm(len, kv_w, latent, lat.data(), latent, a.kv_b, latent, kv.data(), kv_w, false);
+    pool_.ParallelFor(s.num_tokens * nh, 1, [&](int64_t b, int64_t e) {
+      std::vector<float> scores;
+      std::vector<double> acc(vd);
+      for (int64_t w = b; w < e; ++w) {
+        const int64_t t = s.first_token + w / nh, h = w % nh, visible = past + w / nh + 1;
+        const float* q = a.q + t * a.q_token_stride + h * a.q_head_stride;
+        scores.resize(visible);
+        float mx = -std::numeric_limits<float>::infinity();
+        for (int64_t j = 0; j < visible; ++j) {
+          const float sc = (Dot(q, kv.data() + j * kv_w + h * head_w, nope) +
+                            Dot(q + nope, k_rope.data() + j * rope, rope)) *
+                           a.softmax_scale;
+          scores[j] = sc;
+          mx = std::max(mx, sc);
+        }
+        double denom = 0;
+        for (int64_t j = 0; j < visible; ++j) {
+          scores[j] = std::exp(scores[j] - mx);
+          denom += scores[j];
+        }
+        std::fill(acc.begin(), acc.end(), 0.0);
+        for (int64_t j = 0; j < visible; ++j) {
+          const float* v = kv.data() + j * kv_w + h * head_w + nope;
+          const double p = scores[j];
+          for (int64_t c = 0; c < vd; ++c) acc[c] += p * v[c];
+        }
+        const int64_t at = (t * nh + h) * vd;
+        for (int64_t c = 0; c < vd; ++c) {
+          const float o = static_cast<float>(acc[c] / denom);
+          if (a.out != nullptr) {
+            a.out[at + c] = o;
+          } else {
+            a.out_bf16[at + c] = FloatToBf16Bits(o);
+          }
+        }
+      }
+    });
+  }
+  return true;
+}
+
 void CpuBackend::AccumulateExpertCounts(int64_t n, const int32_t* ids, int64_t num_experts,
                                         const int32_t* count_limit, int64_t* counts) {
   if (count_limit != nullptr) n = std::min<int64_t>(n, std::max<int32_t>(0, *count_limit));

@@ -60,6 +60,7 @@ class CpuBackend : public Backend {
                         const float* rope_key, int64_t ld_rope, const int32_t* slots,
                         const PagedLatentCacheView& cache) override;
   void MlaAttention(const MlaAttentionArgs& args) override;
+  bool MhaPrefillAttention(const MhaPrefillArgs& args) override;
   void NoauxTcRoute(const NoauxTcRouteArgs& args) override;
   void AccumulateExpertCounts(int64_t n, const int32_t* ids, int64_t num_experts,
                               const int32_t* count_limit, int64_t* counts) override;

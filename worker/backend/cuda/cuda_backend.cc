@@ -11,6 +11,7 @@
 #include "absl/strings/str_format.h"
 #include "glog/logging.h"
 #include "kernels/activation/elementwise.h"
+#include "kernels/attention/mha_prefill.h"
 #include "kernels/attention/mla_attention.h"
 #include "kernels/attention/mla_prefill.h"
 #include "kernels/common/capture_deps.h"
@@ -751,6 +752,66 @@ void CudaBackend::MlaAttention(const MlaAttentionArgs& a) {
   } else {
     Check(e, "kernels::MlaPrefillBf16");
   }
+}
+
+bool CudaBackend::MhaPrefillAttention(const MhaPrefillArgs& a) {
+  if (a.kv_b.dtype != WeightDType::kBFloat16 || a.sequences == nullptr) return false;
+  std::vector<kernels::MhaPrefillSequence> seqs;
+  int32_t next = 0;
+  for (int32_t i = 0; i < a.num_sequences; ++i) {
+    const MlaSequenceSpan& s = a.sequences[i];
+    if (s.first_token != next || s.num_tokens <= 0 || s.num_tokens > s.context_len ||
+        s.context_len > static_cast<int64_t>(a.max_blocks_per_seq) * a.cache.block_size) {
+      Record(absl::InvalidArgumentError(absl::StrCat(
+          "CudaBackend::MhaPrefillAttention: sequence ", i, " has first token ", s.first_token,
+          ", ", s.num_tokens, " tokens, context ", s.context_len, " (expected first token ", next,
+          ", 1 <= tokens <= context <= the block table's ",
+          static_cast<int64_t>(a.max_blocks_per_seq) * a.cache.block_size, ")")));
+      return true;
+    }
+    next += s.num_tokens;
+    seqs.push_back({i, s.first_token, s.num_tokens, s.context_len});
+  }
+  if (next != a.num_tokens) {
+    Record(absl::InvalidArgumentError(absl::StrCat("CudaBackend::MhaPrefillAttention: the spans ",
+                                                   "cover ", next, " tokens, the batch has ",
+                                                   a.num_tokens)));
+    return true;
+  }
+  kernels::MhaPrefillParams p;
+  p.num_heads = a.num_heads;
+  p.nope_dim = a.nope_dim;
+  p.v_dim = a.v_dim;
+  p.q = a.q;
+  p.q_token_stride = a.q_token_stride;
+  p.q_head_stride = a.q_head_stride;
+  p.cache = a.cache.cache;
+  p.cache_bf16 = a.cache.dtype == WeightDType::kBFloat16;
+  p.block_size = a.cache.block_size;
+  p.latent_dim = a.cache.latent_dim;
+  p.rope_dim = a.cache.rope_dim;
+  p.block_tables = a.block_tables;
+  p.max_blocks_per_seq = a.max_blocks_per_seq;
+  p.kv_b = static_cast<const uint16_t*>(a.kv_b.data);
+  p.sequences = seqs.data();
+  p.num_sequences = static_cast<int32_t>(seqs.size());
+  p.softmax_scale = a.softmax_scale;
+  p.out = a.out;
+  p.out_bf16 = a.out_bf16;
+  p.out_token_stride = static_cast<int64_t>(a.num_heads) * a.v_dim;
+  if (!kernels::MhaPrefillSupported(p)) return false;
+  OpTimer timer(this, "MhaPrefillAttention");
+  p.workspace_bytes = kernels::MhaPrefillWorkspaceBytes(p);
+  auto workspace = AllocateScratch(std::max<size_t>(p.workspace_bytes, 1));
+  p.workspace = workspace->data();
+  cublasStatus_t blas = CUBLAS_STATUS_SUCCESS;
+  const cudaError_t e = kernels::MhaPrefillBf16(p, cublas_, stream_, &blas);
+  if (blas != CUBLAS_STATUS_SUCCESS) {
+    CheckBlas(blas, "kernels::MhaPrefillBf16 (cuBLAS)");
+  } else {
+    Check(e, "kernels::MhaPrefillBf16");
+  }
+  return true;
 }
 
 void CudaBackend::NoauxTcRoute(const NoauxTcRouteArgs& a) {

@@ -168,6 +168,8 @@ class CudaBackend : public Backend {
   // (fp32; decode). Without args.sequences, all to MlaAttentionF32. INVALID_ARGUMENT in status()
   // when the spans do not tile the tokens.
   void MlaAttention(const MlaAttentionArgs& args) override;
+  // kernels::MhaPrefillBf16 with bf16 kv_b on a device and shapes it takes (false otherwise).
+  bool MhaPrefillAttention(const MhaPrefillArgs& args) override;
   // With bf16 weights (the fp32 model keeps fp32 attention), a sequence with at least
   // kMlaPrefillMinTokens new tokens and kMlaPrefillMinWork (new tokens x context) query-key
   // pairs. Measured on the H200 (docs/cuda.md): one 64-token prompt (4096 pairs) is faster on

@@ -1,0 +1,515 @@
+// MhaPrefillBf16: non-absorbed MLA prefill (see mha_prefill.h). The gather kernel moves the
+// cached entries, cuBLAS expands them through kv_b, mha::FlashKernel below is the attention.
+#include <cuda_bf16.h>
+#include <math.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <map>
+#include <mutex>
+#include <vector>
+
+#include "kernels/attention/mha_prefill.h"
+#include "kernels/attention/mma_sm80.cuh"
+
+namespace deepinfer {
+namespace kernels {
+namespace {
+
+using sm80::CopyAsyncCommit;
+using sm80::CopyAsyncWait;
+using sm80::LdMatrixX4;
+using sm80::MmaBf16;
+using sm80::SharedAddr;
+
+constexpr int kCopyThreads = 256;
+// Soft cap on the workspace: sequences are grouped until a group's gathered and expanded keys
+// would pass it (a group has at least one sequence).
+constexpr size_t kWorkspaceBudget = size_t{256} << 20;
+constexpr size_t kAlign = 256;
+
+size_t AlignUp(size_t v) { return (v + kAlign - 1) / kAlign * kAlign; }
+
+// keys[key_base + j, :] = bf16(cache entry j of block-table row seq), j < len; 8 values a step.
+template <typename T>
+__global__ void GatherEntriesKernel(const T* cache, int block_size, int dim, const int32_t* tables,
+                                    int max_blocks, int seq, int64_t len, __nv_bfloat16* keys) {
+  const int vecs = dim / 8;
+  const int64_t total = len * vecs;
+  for (int64_t v = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; v < total;
+       v += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int64_t j = v / vecs;
+    const int c = static_cast<int>(v - j * vecs) * 8;
+    const int32_t block = tables[static_cast<int64_t>(seq) * max_blocks + j / block_size];
+    const T* src = cache + (static_cast<int64_t>(block) * block_size + j % block_size) * dim + c;
+    __align__(16) __nv_bfloat16 b[8];
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {
+      if constexpr (sizeof(T) == 2) {
+        b[i] = __ushort_as_bfloat16(src[i]);
+      } else {
+        b[i] = __float2bfloat16_rn(src[i]);
+      }
+    }
+    *reinterpret_cast<uint4*>(keys + j * dim + c) = *reinterpret_cast<const uint4*>(b);
+  }
+}
+
+// -------------------------------------------------------------------------------------------
+// The flash kernel. A block (4 warps) takes 64 query tokens of one (sequence, head); warp w owns
+// rows 16w .. 16w + 15 for the whole key range (no cross-warp reductions): S = Q K^T over 192
+// columns (12 k-steps of m16n8k16, 64 keys = 8 n-tiles), scaled, masked where key > position,
+// online softmax in the exp2 domain in registers, then P (the S accumulators repacked as bf16
+// A fragments, never in shared memory) times V (ldmatrix.trans) into 16 x 128 fp32
+// accumulators. Shared memory: Q 24 KiB + two (K 24 KiB + V 16 KiB) tiles (cp.async double
+// buffering) = 104 KiB, two blocks per SM. Rows of shared tiles are 16-byte chunks; chunk c of
+// row r sits at c ^ (r % 8), so the 8 rows an ldmatrix reads fall in 8 different bank groups.
+namespace mha {
+
+constexpr int kRows = 64, kKeys = 64, kNope = 128, kRope = 64, kQk = kNope + kRope, kV = 128;
+constexpr int kWarps = 4, kThreads = kWarps * 32;
+constexpr int kQkChunks = kQk / 8;  // 24
+constexpr int kQkRowBytes = kQk * 2;
+constexpr int kVRowBytes = kV * 2;
+constexpr int kQBytes = kRows * kQkRowBytes;
+constexpr int kKBytes = kKeys * kQkRowBytes;
+constexpr int kVBytes = kKeys * kVRowBytes;
+constexpr int kSmemBytes = kQBytes + 2 * (kKBytes + kVBytes);
+constexpr int kMaxSeqs = 64;  // sequences per launch (kernel parameter space)
+
+struct Seq {
+  int32_t first_token, num_tokens, context_len, key_base, tiles;
+};
+
+struct Args {
+  const float* q;
+  int64_t q_token_stride, q_head_stride;
+  const __nv_bfloat16* entries;  // the group's gathered cache entries [keys, entry_dim]
+  int32_t entry_dim, latent_dim;
+  const __nv_bfloat16* kv;  // [keys, heads * (kNope + kV)]
+  int32_t heads;
+  int32_t max_tiles;  // query tiles of the launch's longest sequence; block z covers tile
+  int32_t z_offset;   // max_tiles - 1 - (z_offset + blockIdx.z)
+  float scale_log2;   // softmax_scale * log2(e)
+  float* out;
+  __nv_bfloat16* out_bf16;
+  int64_t out_token_stride;
+  Seq seqs[kMaxSeqs];
+};
+
+template <int kRowBytes>
+__device__ __forceinline__ uint32_t Swizzled(int row, int chunk) {
+  return static_cast<uint32_t>(row * kRowBytes + ((chunk ^ (row & 7)) << 4));
+}
+
+// 16 bytes global -> shared, asynchronously; zero-filled when !valid (src is not read then).
+__device__ __forceinline__ void CopyAsync16(uint32_t dst, const void* src, bool valid) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src),
+               "r"(valid ? 16 : 0)
+               : "memory");
+#endif
+}
+
+__device__ __forceinline__ uint32_t PackBf16(float lo, float hi) {
+  const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+  return *reinterpret_cast<const uint32_t*>(&v);
+}
+
+// Starts the copy of key tile kt of sequence s, head h: K rows (nope | shared rope key) and V
+// rows; keys at or past kv_end are zero-filled. Two threads per key, 20 chunks each (16 K_nope,
+// 8 rope, 16 V chunks per key, alternating).
+__device__ __forceinline__ void LoadKeyTile(const Args& a, const Seq& s, int h, int kt, int kv_end,
+                                            uint32_t k_tile, uint32_t v_tile) {
+  const int key = threadIdx.x / 2, first = threadIdx.x % 2;
+  const int pos = kt * kKeys + key;
+  const bool valid = pos < kv_end;
+  const int64_t row = s.key_base + (valid ? pos : 0);
+  const __nv_bfloat16* kv = a.kv + row * a.heads * (kNope + kV) + h * (kNope + kV);
+  const __nv_bfloat16* rope = a.entries + row * a.entry_dim + a.latent_dim;
+#pragma unroll
+  for (int i = 0; i < 20; ++i) {
+    const int c = 2 * i + first;
+    if (i < 8) {
+      CopyAsync16(k_tile + Swizzled<kQkRowBytes>(key, c), kv + c * 8, valid);
+    } else if (i < 12) {
+      CopyAsync16(k_tile + Swizzled<kQkRowBytes>(key, c), rope + (c - 16) * 8, valid);
+    } else {
+      CopyAsync16(v_tile + Swizzled<kVRowBytes>(key, c - 24), kv + kNope + (c - 24) * 8, valid);
+    }
+  }
+}
+
+// (Compiled for older virtual architectures too, where the mma / ldmatrix / cp.async helpers are
+// empty: Supported checks the kernel's PTX version before launching it.)
+__global__ void __launch_bounds__(kThreads, 2) FlashKernel(const __grid_constant__ Args a) {
+  extern __shared__ __align__(128) unsigned char smem[];
+  const int h = blockIdx.x;
+  const Seq& s = a.seqs[blockIdx.y];
+  // The tiles with the most keys first (the causal triangle's long rows).
+  const int tile = a.max_tiles - 1 - (a.z_offset + static_cast<int>(blockIdx.z));
+  if (tile >= s.tiles) return;
+  const int row0 = tile * kRows;  // first query token of the block, within the sequence's new ones
+  const int past = s.context_len - s.num_tokens;
+  const int last_row = min(row0 + kRows, s.num_tokens) - 1;
+  const int kv_end = past + last_row + 1;  // keys the block's rows see
+  const int num_kt = (kv_end + kKeys - 1) / kKeys;
+
+  const uint32_t q_tile = SharedAddr(smem);
+  const uint32_t k_tile[2] = {q_tile + kQBytes, q_tile + kQBytes + kKBytes};
+  const uint32_t v_tile[2] = {q_tile + kQBytes + 2 * kKBytes,
+                              q_tile + kQBytes + 2 * kKBytes + kVBytes};
+
+  LoadKeyTile(a, s, h, 0, kv_end, k_tile[0], v_tile[0]);
+  CopyAsyncCommit();
+
+  // Q tile in bf16: rows past the sequence's last are zero (never written out).
+  for (int i = threadIdx.x; i < kRows * kQkChunks; i += kThreads) {
+    const int r = i / kQkChunks, c = i % kQkChunks;
+    float v[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+    if (row0 + r < s.num_tokens) {
+      const int64_t t = s.first_token + row0 + r;
+      const float4* src =
+          reinterpret_cast<const float4*>(a.q + t * a.q_token_stride + h * a.q_head_stride + c * 8);
+      const float4 x = src[0], y = src[1];
+      v[0] = x.x, v[1] = x.y, v[2] = x.z, v[3] = x.w, v[4] = y.x, v[5] = y.y, v[6] = y.z,
+      v[7] = y.w;
+    }
+    uint4 packed;
+    packed.x = PackBf16(v[0], v[1]);
+    packed.y = PackBf16(v[2], v[3]);
+    packed.z = PackBf16(v[4], v[5]);
+    packed.w = PackBf16(v[6], v[7]);
+    *reinterpret_cast<uint4*>(smem + Swizzled<kQkRowBytes>(r, c)) = packed;
+  }
+
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int g = lane / 4, t4 = lane % 4;
+  // This thread's two accumulator rows: warp * 16 + g + 8 * half. Padding rows see every key of
+  // the block (as its last row does).
+  int pos_of[2];
+#pragma unroll
+  for (int half = 0; half < 2; ++half) {
+    pos_of[half] = past + min(row0 + warp * 16 + g + 8 * half, last_row);
+  }
+  const int warp_first_pos = past + min(row0 + warp * 16, last_row);
+  float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
+  float o[kV / 8][4];
+#pragma unroll
+  for (int nj = 0; nj < kV / 8; ++nj)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) o[nj][e] = 0.0f;
+
+  // ldmatrix lane addresses (before the tile base and k offset).
+  const int a_row = warp * 16 + lane % 16, a_chunk = lane / 16;            // A: Q
+  const int b_key = lane % 8 + (lane / 16) * 8, b_chunk = (lane / 8) % 2;  // B: K
+  const int v_key = lane % 8 + ((lane / 8) % 2) * 8, v_chunk = lane / 16;  // B: V (trans)
+
+  for (int kt = 0; kt < num_kt; ++kt) {
+    CopyAsyncWait<0>();
+    __syncthreads();  // tile kt (and Q) visible; every warp is done with tile kt - 1
+    if (kt + 1 < num_kt) {
+      LoadKeyTile(a, s, h, kt + 1, kv_end, k_tile[(kt + 1) & 1], v_tile[(kt + 1) & 1]);
+      CopyAsyncCommit();
+    }
+    const uint32_t kb = k_tile[kt & 1], vb = v_tile[kt & 1];
+
+    float sc[kKeys / 8][4];
+#pragma unroll
+    for (int ni = 0; ni < kKeys / 8; ++ni)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) sc[ni][e] = 0.0f;
+#pragma unroll
+    for (int kk = 0; kk < kQk / 16; ++kk) {
+      uint32_t qa[4];
+      LdMatrixX4<false>(qa, q_tile + Swizzled<kQkRowBytes>(a_row, kk * 2 + a_chunk));
+#pragma unroll
+      for (int nb = 0; nb < kKeys / 16; ++nb) {
+        uint32_t kf[4];
+        LdMatrixX4<false>(kf, kb + Swizzled<kQkRowBytes>(nb * 16 + b_key, kk * 2 + b_chunk));
+        MmaBf16(sc[2 * nb], qa, kf[0], kf[1]);
+        MmaBf16(sc[2 * nb + 1], qa, kf[2], kf[3]);
+      }
+    }
+
+    // Scale, mask (only tiles that reach past the warp's first position), row maxima.
+    const bool mask = kt * kKeys + kKeys - 1 > warp_first_pos;
+    float mx[2] = {-INFINITY, -INFINITY};
+#pragma unroll
+    for (int ni = 0; ni < kKeys / 8; ++ni)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int key = kt * kKeys + ni * 8 + 2 * t4 + (e & 1);
+        float v = sc[ni][e] * a.scale_log2;
+        if (mask && key > pos_of[e / 2]) v = -INFINITY;
+        sc[ni][e] = v;
+        mx[e / 2] = fmaxf(mx[e / 2], v);
+      }
+    float alpha[2];
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      mx[half] = fmaxf(mx[half], __shfl_xor_sync(0xffffffffu, mx[half], 1));
+      mx[half] = fmaxf(mx[half], __shfl_xor_sync(0xffffffffu, mx[half], 2));
+      // Every row sees key 0 in tile 0, so the running max is finite from then on.
+      const float m_new = fmaxf(m[half], mx[half]);
+      alpha[half] = exp2f(m[half] - m_new);
+      m[half] = m_new;
+      l[half] *= alpha[half];
+    }
+#pragma unroll
+    for (int ni = 0; ni < kKeys / 8; ++ni)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const float p = exp2f(sc[ni][e] - m[e / 2]);
+        sc[ni][e] = p;
+        l[e / 2] += p;  // this thread's columns; the quad's parts are summed at the end
+      }
+#pragma unroll
+    for (int nj = 0; nj < kV / 8; ++nj)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) o[nj][e] *= alpha[e / 2];
+
+#pragma unroll
+    for (int ks = 0; ks < kKeys / 16; ++ks) {
+      // O += P V: the accumulators of n-tiles 2ks, 2ks + 1 are the A fragment of k-step ks.
+      uint32_t pa[4];
+      pa[0] = PackBf16(sc[2 * ks][0], sc[2 * ks][1]);
+      pa[1] = PackBf16(sc[2 * ks][2], sc[2 * ks][3]);
+      pa[2] = PackBf16(sc[2 * ks + 1][0], sc[2 * ks + 1][1]);
+      pa[3] = PackBf16(sc[2 * ks + 1][2], sc[2 * ks + 1][3]);
+#pragma unroll
+      for (int nb = 0; nb < kV / 16; ++nb) {
+        uint32_t vf[4];
+        LdMatrixX4<true>(vf, vb + Swizzled<kVRowBytes>(ks * 16 + v_key, nb * 2 + v_chunk));
+        MmaBf16(o[2 * nb], pa, vf[0], vf[1]);
+        MmaBf16(o[2 * nb + 1], pa, vf[2], vf[3]);
+      }
+    }
+  }
+
+  // O / l, rows of this sequence only.
+#pragma unroll
+  for (int half = 0; half < 2; ++half) {
+    l[half] += __shfl_xor_sync(0xffffffffu, l[half], 1);
+    l[half] += __shfl_xor_sync(0xffffffffu, l[half], 2);
+    const int row = row0 + warp * 16 + g + 8 * half;
+    if (row >= s.num_tokens) continue;
+    const float inv = 1.0f / l[half];
+    const int64_t at = (s.first_token + static_cast<int64_t>(row)) * a.out_token_stride +
+                       static_cast<int64_t>(h) * kV + 2 * t4;
+#pragma unroll
+    for (int nj = 0; nj < kV / 8; ++nj) {
+      const float x = o[nj][2 * half] * inv, y = o[nj][2 * half + 1] * inv;
+      if (a.out_bf16 != nullptr) {
+        *reinterpret_cast<uint32_t*>(a.out_bf16 + at + nj * 8) = PackBf16(x, y);
+      } else {
+        *reinterpret_cast<float2*>(a.out + at + nj * 8) = make_float2(x, y);
+      }
+    }
+  }
+}
+
+}  // namespace mha
+
+// Per device: the flash kernel's PTX version and the device's opt-in shared memory per block
+// (the kernel's attribute raised to kSmemBytes when it fits). Cached; errors are cached too.
+struct FlashFacts {
+  cudaError_t error = cudaSuccess;
+  int ptx_version = 0;
+  int max_smem = 0;
+};
+
+FlashFacts FlashFactsForCurrentDevice() {
+  static std::mutex mu;
+  static std::map<int, FlashFacts>* facts = new std::map<int, FlashFacts>();
+  int device = 0;
+  FlashFacts f;
+  f.error = cudaGetDevice(&device);
+  if (f.error != cudaSuccess) {
+    cudaGetLastError();
+    return f;
+  }
+  std::lock_guard<std::mutex> lock(mu);
+  auto it = facts->find(device);
+  if (it != facts->end()) return it->second;
+  cudaFuncAttributes attr;
+  f.error = cudaFuncGetAttributes(&attr, mha::FlashKernel);
+  if (f.error == cudaSuccess) {
+    f.ptx_version = attr.ptxVersion;
+    f.error = cudaDeviceGetAttribute(&f.max_smem, cudaDevAttrMaxSharedMemoryPerBlockOptin, device);
+  }
+  if (f.error == cudaSuccess && f.max_smem >= mha::kSmemBytes) {
+    f.error = cudaFuncSetAttribute(mha::FlashKernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                   mha::kSmemBytes);
+  }
+  if (f.error != cudaSuccess) cudaGetLastError();  // reported through the facts
+  facts->emplace(device, f);
+  return f;
+}
+
+bool Aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
+
+// The shapes and layouts the kernels are written for (the device is checked separately).
+bool ShapeOk(const MhaPrefillParams& p) {
+  const bool one_out = (p.out != nullptr) != (p.out_bf16 != nullptr);
+  return p.num_heads > 0 && p.nope_dim == mha::kNope && p.v_dim == mha::kV &&
+         p.rope_dim == mha::kRope && p.latent_dim > 0 && p.latent_dim % 8 == 0 &&
+         p.block_size > 0 && p.max_blocks_per_seq > 0 && p.q != nullptr && p.cache != nullptr &&
+         p.kv_b != nullptr && p.block_tables != nullptr && one_out && Aligned16(p.q) &&
+         p.q_token_stride % 4 == 0 && p.q_head_stride % 4 == 0 && Aligned16(p.cache) &&
+         Aligned16(p.kv_b) && p.out_token_stride >= static_cast<int64_t>(p.num_heads) * p.v_dim &&
+         p.out_token_stride % 2 == 0 && (p.sequences != nullptr || p.num_sequences == 0) &&
+         p.num_sequences >= 0;
+}
+
+bool SequencesOk(const MhaPrefillParams& p) {
+  for (int32_t i = 0; i < p.num_sequences; ++i) {
+    const MhaPrefillSequence& s = p.sequences[i];
+    if (s.num_tokens < 1 || s.num_tokens > s.context_len || s.first_token < 0 || s.seq < 0 ||
+        s.context_len > static_cast<int64_t>(p.max_blocks_per_seq) * p.block_size) {
+      return false;
+    }
+  }
+  return true;
+}
+
+bool Supported(const MhaPrefillParams& p) {
+  if (!ShapeOk(p)) return false;
+  const FlashFacts f = FlashFactsForCurrentDevice();
+  return f.error == cudaSuccess && f.ptx_version >= 80 && f.max_smem >= mha::kSmemBytes;
+}
+
+// Bytes of one key in the workspace: its gathered entry and its expanded K_nope | V of every head.
+size_t BytesPerKey(const MhaPrefillParams& p) {
+  return (static_cast<size_t>(p.latent_dim + p.rope_dim) +
+          static_cast<size_t>(p.num_heads) * (p.nope_dim + p.v_dim)) *
+         sizeof(uint16_t);
+}
+
+// Consecutive sequences whose keys fit the budget together (at least one each): [begin, end).
+struct Group {
+  int32_t begin = 0, end = 0;
+  int64_t keys = 0;
+};
+
+std::vector<Group> PlanGroups(const MhaPrefillParams& p) {
+  const size_t per_key = BytesPerKey(p);
+  std::vector<Group> groups;
+  Group g;
+  for (int32_t i = 0; i < p.num_sequences; ++i) {
+    const int64_t len = p.sequences[i].context_len;
+    if (g.end > g.begin && (static_cast<size_t>(g.keys + len) * per_key > kWorkspaceBudget ||
+                            i - g.begin >= mha::kMaxSeqs)) {
+      groups.push_back(g);
+      g = Group{i, i, 0};
+    }
+    g.end = i + 1;
+    g.keys += len;
+  }
+  if (g.end > g.begin) groups.push_back(g);
+  return groups;
+}
+
+// Workspace of a group of `keys` keys: gathered entries, then the expanded K_nope | V.
+size_t EntriesBytes(const MhaPrefillParams& p, int64_t keys) {
+  return AlignUp(static_cast<size_t>(keys) * (p.latent_dim + p.rope_dim) * sizeof(uint16_t));
+}
+size_t GroupBytes(const MhaPrefillParams& p, int64_t keys) {
+  return EntriesBytes(p, keys) + AlignUp(static_cast<size_t>(keys) * p.num_heads *
+                                         (p.nope_dim + p.v_dim) * sizeof(uint16_t));
+}
+
+unsigned GridFor(int64_t work) {
+  return static_cast<unsigned>(
+      std::max<int64_t>(1, std::min<int64_t>((work + kCopyThreads - 1) / kCopyThreads, 65535)));
+}
+
+}  // namespace
+
+bool MhaPrefillSupported(const MhaPrefillParams& params) { return Supported(params); }
+
+size_t MhaPrefillWorkspaceBytes(const MhaPrefillParams& params) {
+  if (!ShapeOk(params) || !SequencesOk(params)) return 0;
+  size_t bytes = 0;
+  for (const Group& g : PlanGroups(params)) bytes = std::max(bytes, GroupBytes(params, g.keys));
+  return bytes;
+}
+
+cudaError_t MhaPrefillBf16(const MhaPrefillParams& p, cublasHandle_t blas, cudaStream_t stream,
+                           cublasStatus_t* blas_status) {
+  if (blas_status != nullptr) *blas_status = CUBLAS_STATUS_SUCCESS;
+  if (!Supported(p) || !SequencesOk(p)) return cudaErrorInvalidValue;
+  if (p.num_sequences == 0) return cudaSuccess;
+  if (p.workspace_bytes < MhaPrefillWorkspaceBytes(p) || !Aligned16(p.workspace)) {
+    return cudaErrorInvalidValue;
+  }
+  const int entry = p.latent_dim + p.rope_dim;
+  const int kv_width = p.num_heads * (p.nope_dim + p.v_dim);
+  __nv_bfloat16* entries = static_cast<__nv_bfloat16*>(p.workspace);
+  mha::Args a{};
+  a.q = p.q;
+  a.q_token_stride = p.q_token_stride;
+  a.q_head_stride = p.q_head_stride;
+  a.entries = entries;
+  a.entry_dim = entry;
+  a.latent_dim = p.latent_dim;
+  a.heads = p.num_heads;
+  a.scale_log2 = p.softmax_scale * 1.4426950408889634f;
+  a.out = p.out;
+  a.out_bf16 = reinterpret_cast<__nv_bfloat16*>(p.out_bf16);
+  a.out_token_stride = p.out_token_stride;
+  cublasStatus_t st = cublasSetStream(blas, stream);
+  for (const Group& g : PlanGroups(p)) {
+    __nv_bfloat16* kv =
+        reinterpret_cast<__nv_bfloat16*>(static_cast<char*>(p.workspace) + EntriesBytes(p, g.keys));
+    a.kv = kv;
+    int64_t key_base = 0, max_tiles = 0;
+    for (int32_t i = g.begin; i < g.end; ++i) {
+      const MhaPrefillSequence& s = p.sequences[i];
+      const int64_t work = static_cast<int64_t>(s.context_len) * (entry / 8);
+      if (p.cache_bf16) {
+        GatherEntriesKernel<uint16_t><<<GridFor(work), kCopyThreads, 0, stream>>>(
+            static_cast<const uint16_t*>(p.cache), p.block_size, entry, p.block_tables,
+            p.max_blocks_per_seq, s.seq, s.context_len, entries + key_base * entry);
+      } else {
+        GatherEntriesKernel<float><<<GridFor(work), kCopyThreads, 0, stream>>>(
+            static_cast<const float*>(p.cache), p.block_size, entry, p.block_tables,
+            p.max_blocks_per_seq, s.seq, s.context_len, entries + key_base * entry);
+      }
+      const int64_t tiles = (s.num_tokens + mha::kRows - 1) / mha::kRows;
+      a.seqs[i - g.begin] = {s.first_token, s.num_tokens, s.context_len,
+                             static_cast<int32_t>(key_base), static_cast<int32_t>(tiles)};
+      max_tiles = std::max(max_tiles, tiles);
+      key_base += s.context_len;
+    }
+    cudaError_t e = cudaGetLastError();
+    if (e != cudaSuccess) return e;
+    // KV (row-major [keys, kv_width]) = entries[:, :latent] . kv_b^T; column-major that is
+    // KV^T = kv_b (op T of its [latent, kv_width] column-major view) x entries^T.
+    const float one = 1.0f, zero = 0.0f;
+    if (st == CUBLAS_STATUS_SUCCESS) {
+      st = cublasGemmEx(blas, CUBLAS_OP_T, CUBLAS_OP_N, kv_width, static_cast<int>(g.keys),
+                        p.latent_dim, &one, p.kv_b, CUDA_R_16BF, p.latent_dim, entries, CUDA_R_16BF,
+                        entry, &zero, kv, CUDA_R_16BF, kv_width, CUBLAS_COMPUTE_32F,
+                        CUBLAS_GEMM_DEFAULT);
+    }
+    if (st != CUBLAS_STATUS_SUCCESS) {
+      if (blas_status != nullptr) *blas_status = st;
+      return cudaErrorUnknown;
+    }
+    a.max_tiles = static_cast<int32_t>(max_tiles);
+    constexpr int64_t kMaxGridZ = 65535;
+    for (int64_t z0 = 0; z0 < max_tiles; z0 += kMaxGridZ) {
+      a.z_offset = static_cast<int32_t>(z0);
+      const dim3 grid(static_cast<unsigned>(p.num_heads), static_cast<unsigned>(g.end - g.begin),
+                      static_cast<unsigned>(std::min(kMaxGridZ, max_tiles - z0)));
+      mha::FlashKernel<<<grid, mha::kThreads, mha::kSmemBytes, stream>>>(a);
+      e = cudaGetLastError();
+      if (e != cudaSuccess) return e;
+    }
+  }
+  return cudaSuccess;
+}
+
+}  // namespace kernels
+}  // namespace deepinfer

@@ -1,0 +1,207 @@
+// Times MLA prefill attention in its two forms on the Moonlight attention shape (16 heads, latent
+// 512, rope 64, nope 128, v 128, bf16 weights and cache, block size 16), through CudaBackend as
+// the model calls it:
+//   absorbed  BatchedGemm q_nope . W_uk -> q_latent (fp32), MlaAttention (the fused flash kernel
+//             or cuBLAS, CudaBackend's choice), BatchedGemm o_latent . W_uv -> o (fp32);
+//   mha       MhaPrefillAttention: gather + kv_b expansion (cuBLAS, bf16 out) + flash attention
+//             of width 192 / 128, o in bf16 (o_proj's operand).
+// Prints per case the median of 20 timed runs (CUDA events on the backend's stream, after 3
+// warm-ups), each form's FLOPs and rate (its own count: absorbed 2 * (576 + 512) per (query,
+// key) pair and head plus the W_uk / W_uv products; mha 2 * (192 + 128) per pair and head plus
+// the expansion of every key), and the largest difference between the two forms' outputs.
+#include <cuda_runtime_api.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <memory>
+#include <vector>
+
+#include "kernels/testing/bench_util.h"
+#include "worker/backend/bf16.h"
+#include "worker/backend/cuda/cuda_backend.h"
+
+namespace deepinfer {
+namespace {
+
+using bench::Uniform;
+
+constexpr int32_t kHeads = 16, kLatent = 512, kRope = 64, kNope = 128, kV = 128;
+constexpr int32_t kQk = kNope + kRope, kBlockSize = 16;
+
+struct Case {
+  const char* name;
+  int32_t seqs, past, new_tokens;
+};
+
+// Median milliseconds of fn() (ops on the backend's stream) over 20 runs after 3 warm-ups.
+template <typename Fn>
+double MedianMs(CudaBackend& be, Fn&& fn) {
+  cudaStream_t stream = static_cast<cudaStream_t>(be.native_stream());
+  for (int i = 0; i < 3; ++i) fn();
+  cudaEvent_t a, b;
+  BENCH_CUDA(cudaEventCreate(&a));
+  BENCH_CUDA(cudaEventCreate(&b));
+  std::vector<float> ms(20);
+  for (float& m : ms) {
+    BENCH_CUDA(cudaEventRecord(a, stream));
+    fn();
+    BENCH_CUDA(cudaEventRecord(b, stream));
+    BENCH_CUDA(cudaEventSynchronize(b));
+    BENCH_CUDA(cudaEventElapsedTime(&m, a, b));
+  }
+  std::sort(ms.begin(), ms.end());
+  BENCH_CUDA(cudaEventDestroy(a));
+  BENCH_CUDA(cudaEventDestroy(b));
+  return ms[ms.size() / 2];
+}
+
+void Run(CudaBackend& be, const Case& c) {
+  const int32_t context = c.past + c.new_tokens;
+  const int32_t blocks_per_seq = (context + kBlockSize - 1) / kBlockSize;
+  const int64_t num_blocks = static_cast<int64_t>(c.seqs) * blocks_per_seq;
+  const int64_t T = static_cast<int64_t>(c.seqs) * c.new_tokens, entry = kLatent + kRope;
+  // Sequence s owns blocks s, s + seqs, ...: interleaved, as a pool hands them out.
+  std::vector<int32_t> tables(num_blocks);
+  for (int32_t s = 0; s < c.seqs; ++s) {
+    for (int32_t b = 0; b < blocks_per_seq; ++b) tables[s * blocks_per_seq + b] = b * c.seqs + s;
+  }
+  std::vector<float> cache_f = Uniform(num_blocks * kBlockSize * entry, 1);
+  std::vector<uint16_t> cache(cache_f.size());
+  for (size_t i = 0; i < cache.size(); ++i) cache[i] = FloatToBf16Bits(cache_f[i]);
+  std::vector<float> q = Uniform(T * kHeads * kQk, 2);
+  // kv_b ~ U(-1, 1) / sqrt(latent), rounded to bf16 first so that W_uk^T holds the same values.
+  std::vector<float> kv_b = Uniform(static_cast<size_t>(kHeads) * (kNope + kV) * kLatent, 3);
+  for (float& w : kv_b) w = RoundToBf16(w * 0.0442f);
+  std::vector<float> uk_t(static_cast<size_t>(kHeads) * kLatent * kNope);
+  for (int64_t h = 0; h < kHeads; ++h)
+    for (int64_t d = 0; d < kNope; ++d)
+      for (int64_t ci = 0; ci < kLatent; ++ci)
+        uk_t[(h * kLatent + ci) * kNope + d] = kv_b[(h * (kNope + kV) + d) * kLatent + ci];
+
+  auto dcache = be.Allocate(cache.size() * sizeof(uint16_t));
+  be.CopyToDevice(cache.data(), cache.size() * sizeof(uint16_t), dcache->data());
+  auto dtables = be.Allocate(tables.size() * sizeof(int32_t));
+  be.CopyToDevice(tables.data(), tables.size() * sizeof(int32_t), dtables->data());
+  auto dq = be.Allocate(q.size() * sizeof(float));
+  be.CopyToDevice(q.data(), q.size() * sizeof(float), dq->data());
+  auto dkv_b = be.UploadWeight(kv_b.data(), static_cast<int64_t>(kv_b.size()));
+  auto duk_t = be.UploadWeight(uk_t.data(), static_cast<int64_t>(uk_t.size()));
+  std::vector<int32_t> token_seq, context_len;
+  std::vector<MlaSequenceSpan> spans;
+  for (int32_t s = 0; s < c.seqs; ++s) {
+    spans.push_back({static_cast<int32_t>(token_seq.size()), c.new_tokens, context});
+    for (int32_t t = 0; t < c.new_tokens; ++t) {
+      token_seq.push_back(s);
+      context_len.push_back(c.past + t + 1);
+    }
+  }
+  auto dseq = be.Allocate(T * sizeof(int32_t)), dlen = be.Allocate(T * sizeof(int32_t));
+  be.CopyToDevice(token_seq.data(), T * sizeof(int32_t), dseq->data());
+  be.CopyToDevice(context_len.data(), T * sizeof(int32_t), dlen->data());
+  const PagedLatentCacheView view{dcache->data(), kBlockSize, kLatent, kRope,
+                                  WeightDType::kBFloat16};
+  const float scale = 1.0f / std::sqrt(static_cast<float>(kQk));
+  const WeightView kv_b_view(dkv_b->data(), WeightDType::kBFloat16);
+  const WeightView uk_view(duk_t->data(), WeightDType::kBFloat16);
+
+  auto q_latent = be.Allocate(T * kHeads * kLatent * sizeof(float));
+  auto o_latent = be.Allocate(T * kHeads * kLatent * sizeof(float));
+  auto o_abs = be.Allocate(T * kHeads * kV * sizeof(float));
+  auto o_mha = be.Allocate(T * kHeads * kV * sizeof(uint16_t));
+  auto absorbed = [&] {
+    be.BatchedGemm(kHeads, T, kLatent, kNope, dq->as<float>(), kHeads * kQk, kQk, uk_view, kNope,
+                   kLatent * kNope, q_latent->as<float>(), kHeads * kLatent, kLatent);
+    MlaAttentionArgs a;
+    a.num_tokens = static_cast<int32_t>(T);
+    a.num_heads = kHeads;
+    a.q_latent = q_latent->as<float>();
+    a.q_rope = dq->as<float>() + kNope;
+    a.q_rope_token_stride = kHeads * kQk;
+    a.q_rope_head_stride = kQk;
+    a.cache = view;
+    a.block_tables = dtables->as<int32_t>();
+    a.max_blocks_per_seq = blocks_per_seq;
+    a.token_seq = dseq->as<int32_t>();
+    a.context_len = dlen->as<int32_t>();
+    a.softmax_scale = scale;
+    a.out_latent = o_latent->as<float>();
+    a.sequences = spans.data();
+    a.num_sequences = static_cast<int32_t>(spans.size());
+    be.MlaAttention(a);
+    be.BatchedGemm(kHeads, T, kV, kLatent, o_latent->as<float>(), kHeads * kLatent, kLatent,
+                   kv_b_view.Offset(kNope * kLatent), kLatent, (kNope + kV) * kLatent,
+                   o_abs->as<float>(), kHeads * kV, kV);
+  };
+  bool mha_ran = true;
+  auto mha = [&] {
+    MhaPrefillArgs a;
+    a.num_tokens = static_cast<int32_t>(T);
+    a.num_heads = kHeads;
+    a.nope_dim = kNope;
+    a.v_dim = kV;
+    a.q = dq->as<float>();
+    a.q_token_stride = kHeads * kQk;
+    a.q_head_stride = kQk;
+    a.cache = view;
+    a.block_tables = dtables->as<int32_t>();
+    a.max_blocks_per_seq = blocks_per_seq;
+    a.kv_b = kv_b_view;
+    a.sequences = spans.data();
+    a.num_sequences = static_cast<int32_t>(spans.size());
+    a.softmax_scale = scale;
+    a.out_bf16 = o_mha->as<uint16_t>();
+    mha_ran = be.MhaPrefillAttention(a) && mha_ran;
+  };
+  const double abs_ms = MedianMs(be, absorbed);
+  const double mha_ms = MedianMs(be, mha);
+  if (!be.status().ok() || !mha_ran) {
+    std::fprintf(stderr, "%s: %s (mha ran: %d)\n", c.name, be.status().ToString().c_str(), mha_ran);
+    std::exit(1);
+  }
+  std::vector<float> oa(T * kHeads * kV);
+  std::vector<uint16_t> om(T * kHeads * kV);
+  be.CopyToHost(o_abs->data(), oa.size() * sizeof(float), oa.data());
+  be.CopyToHost(o_mha->data(), om.size() * sizeof(uint16_t), om.data());
+  double worst = 0, sq = 0, mag = 0;
+  for (size_t i = 0; i < oa.size(); ++i) {
+    const double d = std::abs(static_cast<double>(Bf16BitsToFloat(om[i])) - oa[i]);
+    worst = std::max(worst, d);
+    sq += d * d;
+    mag = std::max(mag, std::abs(static_cast<double>(oa[i])));
+  }
+  // (query, key) pairs of the causal mask, per head.
+  const double pairs =
+      static_cast<double>(c.seqs) * c.new_tokens * (c.past + (c.new_tokens + 1) / 2.0);
+  const double keys = static_cast<double>(c.seqs) * context;
+  const double abs_flops =
+      pairs * kHeads * 2.0 * (2 * kLatent + kRope) + 2.0 * T * kHeads * kLatent * (kNope + kV);
+  const double mha_flops =
+      pairs * kHeads * 2.0 * (kQk + kV) + 2.0 * keys * kLatent * kHeads * (kNope + kV);
+  std::printf(
+      "%-22s absorbed %8.3f ms (%6.1f TFLOP/s of %.3g) | mha %8.3f ms (%6.1f TFLOP/s of %.3g) | "
+      "speedup %.2fx | max |diff| %.3g (max |o| %.3g), rms %.3g\n",
+      c.name, abs_ms, abs_flops / abs_ms / 1e9, abs_flops, mha_ms, mha_flops / mha_ms / 1e9,
+      mha_flops, abs_ms / mha_ms, worst, mag, std::sqrt(sq / oa.size()));
+  std::fflush(stdout);
+}
+
+}  // namespace
+}  // namespace deepinfer
+
+int main() {
+  using deepinfer::Case;
+  auto be = deepinfer::CudaBackend::Create(0, deepinfer::WeightDType::kBFloat16);
+  if (!be.ok()) {
+    std::fprintf(stderr, "%s\n", be.status().ToString().c_str());
+    return 1;
+  }
+  for (const Case& c : {Case{"8 x 1024", 8, 0, 1024}, Case{"1 x 4096", 1, 0, 4096},
+                        Case{"4 x (1024 + 1024 new)", 4, 1024, 1024}, Case{"32 x 128", 32, 0, 128},
+                        Case{"32 x 64", 32, 0, 64}, Case{"8 x (960 + 64 new)", 8, 960, 64}}) {
+    deepinfer::Run(**be, c);
+  }
+  return 0;
+}
