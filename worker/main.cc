@@ -13,6 +13,7 @@
 #include "coordinator/rpc/auth.h"
 #include "coordinator/rpc/daemon.h"
 #include "glog/logging.h"
+#include "kernels/common/pdl.h"
 #include "worker/backend/backend_factory.h"
 #include "worker/device_discovery.h"
 #include "worker/kv_cache/kv_block_pool.h"
@@ -40,6 +41,7 @@ int main(int argc, char** argv) {
   int64_t max_batch_tokens = 2048;
   int64_t max_running = 256;
   int64_t collective_timeout_s = 300;
+  bool pdl = true;
 
   deepinfer::FlagSet flags(
       "deepinfer-worker --coordinator HOST:PORT [flags]",
@@ -80,6 +82,9 @@ int main(int argc, char** argv) {
                 "256 ...); --cuda-graphs=false launches every op eagerly. docs/cuda.md.");
   flags.AddInt("cuda-graph-max-batch", &config.engine.cuda_graph_max_batch,
                "Largest decode batch run from a CUDA graph (the last bucket).");
+  flags.AddBool("pdl", &pdl,
+                "With --backend cuda on sm_90+: launch our kernels with programmatic dependent\n"
+                "launch (each may start while the one before it finishes; docs/cuda.md).");
   flags.AddString("kv-cache-dtype", &kv_cache_dtype,
                   "Latent KV cache elements: auto (the weights' --dtype), bfloat16 (half the\n"
                   "bytes per token: twice the tokens, less for attention to read) or float32.");
@@ -114,6 +119,7 @@ int main(int argc, char** argv) {
   flags.AddInt("v", &verbosity, "Verbose logging level (glog --v).");
 
   if (int rc = flags.ParseMain(argc, argv, "deepinfer-worker"); rc >= 0) return rc;
+  deepinfer::kernels::SetProgrammaticDependentLaunch(pdl);
   deepinfer::InitDaemonLogging(argv[0], log_dir, static_cast<int>(verbosity));
   config.port = static_cast<int>(port);
 
@@ -230,5 +236,6 @@ int main(int argc, char** argv) {
     config.auth_token = *token;
   }
 
-  return deepinfer::ServeUntilSignal("deepinfer-worker", deepinfer::WorkerServer::Start(config), port_file);
+  return deepinfer::ServeUntilSignal("deepinfer-worker", deepinfer::WorkerServer::Start(config),
+                                     port_file);
 }

@@ -4,6 +4,7 @@
 #include <algorithm>
 
 #include "kernels/activation/elementwise.h"
+#include "kernels/common/launch.cuh"
 
 namespace deepinfer {
 namespace kernels {
@@ -15,14 +16,14 @@ unsigned GridFor(int64_t n) {
   return static_cast<unsigned>(std::min<int64_t>((n + kThreads - 1) / kThreads, 65535));
 }
 
-__global__ void AddKernel(int64_t n, const float* a, const float* b, float* out) {
+__device__ void AddBody(int64_t n, const float* a, const float* b, float* out) {
   for (int64_t i = blockIdx.x * int64_t{kThreads} + threadIdx.x; i < n;
        i += int64_t{gridDim.x} * kThreads) {
     out[i] = a[i] + b[i];
   }
 }
 
-__global__ void SiluMulKernel(int64_t rows, int64_t inter, const float* x, float* out) {
+__device__ void SiluMulBody(int64_t rows, int64_t inter, const float* x, float* out) {
   const int64_t n = rows * inter;
   for (int64_t i = blockIdx.x * int64_t{kThreads} + threadIdx.x; i < n;
        i += int64_t{gridDim.x} * kThreads) {
@@ -34,7 +35,7 @@ __global__ void SiluMulKernel(int64_t rows, int64_t inter, const float* x, float
   }
 }
 
-__global__ void SiluMulToBf16Kernel(int64_t rows, int64_t inter, const float* x, uint16_t* out) {
+__device__ void SiluMulToBf16Body(int64_t rows, int64_t inter, const float* x, uint16_t* out) {
   const int64_t n = rows * inter;
   for (int64_t i = blockIdx.x * int64_t{kThreads} + threadIdx.x; i < n;
        i += int64_t{gridDim.x} * kThreads) {
@@ -45,7 +46,7 @@ __global__ void SiluMulToBf16Kernel(int64_t rows, int64_t inter, const float* x,
   }
 }
 
-__global__ void RoundToBf16Kernel(int64_t n, const float* x, uint16_t* out) {
+__device__ void RoundToBf16Body(int64_t n, const float* x, uint16_t* out) {
   for (int64_t i = blockIdx.x * int64_t{kThreads} + threadIdx.x; i < n;
        i += int64_t{gridDim.x} * kThreads) {
     out[i] = __bfloat16_as_ushort(__float2bfloat16_rn(x[i]));
@@ -56,28 +57,26 @@ __global__ void RoundToBf16Kernel(int64_t n, const float* x, uint16_t* out) {
 
 cudaError_t RoundF32ToBf16(int64_t n, const float* x, uint16_t* out, cudaStream_t stream) {
   if (n <= 0) return cudaSuccess;
-  RoundToBf16Kernel<<<GridFor(n), kThreads, 0, stream>>>(n, x, out);
-  return cudaGetLastError();
+  return LaunchAfterPrecedingGrids<RoundToBf16Body, kThreads>(GridFor(n), 0, stream, n, x, out);
 }
 
 cudaError_t AddF32(int64_t n, const float* a, const float* b, float* out, cudaStream_t stream) {
   if (n <= 0) return cudaSuccess;
-  AddKernel<<<GridFor(n), kThreads, 0, stream>>>(n, a, b, out);
-  return cudaGetLastError();
+  return LaunchAfterPrecedingGrids<AddBody, kThreads>(GridFor(n), 0, stream, n, a, b, out);
 }
 
 cudaError_t SiluMulF32(int64_t rows, int64_t inter, const float* x, float* out,
                        cudaStream_t stream) {
   if (rows <= 0 || inter <= 0) return cudaSuccess;
-  SiluMulKernel<<<GridFor(rows * inter), kThreads, 0, stream>>>(rows, inter, x, out);
-  return cudaGetLastError();
+  return LaunchAfterPrecedingGrids<SiluMulBody, kThreads>(GridFor(rows * inter), 0, stream, rows,
+                                                          inter, x, out);
 }
 
 cudaError_t SiluMulF32ToBf16(int64_t rows, int64_t inter, const float* x, uint16_t* out,
                              cudaStream_t stream) {
   if (rows <= 0 || inter <= 0) return cudaSuccess;
-  SiluMulToBf16Kernel<<<GridFor(rows * inter), kThreads, 0, stream>>>(rows, inter, x, out);
-  return cudaGetLastError();
+  return LaunchAfterPrecedingGrids<SiluMulToBf16Body, kThreads>(GridFor(rows * inter), 0, stream,
+                                                                rows, inter, x, out);
 }
 
 }  // namespace kernels

@@ -3,6 +3,7 @@
 // every token appears top_k times in the expert output).
 #include <algorithm>
 
+#include "kernels/common/launch.cuh"
 #include "kernels/embedding/rows.h"
 
 namespace deepinfer {
@@ -11,14 +12,14 @@ namespace {
 
 constexpr int kThreads = 256;
 
-__global__ void GatherRowsKernel(int64_t dim, const float* src, const int32_t* idx, float* dst) {
+__device__ void GatherRowsBody(int64_t dim, const float* src, const int32_t* idx, float* dst) {
   const float* s = src + static_cast<int64_t>(idx[blockIdx.x]) * dim;
   float* d = dst + static_cast<int64_t>(blockIdx.x) * dim;
   for (int64_t i = threadIdx.x; i < dim; i += kThreads) d[i] = s[i];
 }
 
-__global__ void ScatterAddRowsKernel(int64_t rows, int64_t dim, const float* src,
-                                     const int32_t* idx, const float* weight, float* dst) {
+__device__ void ScatterAddRowsBody(int64_t rows, int64_t dim, const float* src, const int32_t* idx,
+                                   const float* weight, float* dst) {
   const int64_t c = blockIdx.x * int64_t{kThreads} + threadIdx.x;
   if (c >= dim) return;
   for (int64_t r = 0; r < rows; ++r) {
@@ -33,16 +34,16 @@ cudaError_t GatherRowsF32(int64_t rows, int64_t dim, const float* src, const int
                           float* dst, cudaStream_t stream) {
   if (rows <= 0 || dim <= 0) return cudaSuccess;
   if (rows > 0x7fffffff) return cudaErrorInvalidValue;
-  GatherRowsKernel<<<static_cast<unsigned>(rows), kThreads, 0, stream>>>(dim, src, idx, dst);
-  return cudaGetLastError();
+  return LaunchAfterPrecedingGrids<GatherRowsBody, kThreads>(static_cast<unsigned>(rows), 0, stream,
+                                                             dim, src, idx, dst);
 }
 
 cudaError_t ScatterAddRowsF32(int64_t rows, int64_t dim, const float* src, const int32_t* idx,
                               const float* weight, float* dst, cudaStream_t stream) {
   if (rows <= 0 || dim <= 0) return cudaSuccess;
   const unsigned blocks = static_cast<unsigned>((dim + kThreads - 1) / kThreads);
-  ScatterAddRowsKernel<<<blocks, kThreads, 0, stream>>>(rows, dim, src, idx, weight, dst);
-  return cudaGetLastError();
+  return LaunchAfterPrecedingGrids<ScatterAddRowsBody, kThreads>(blocks, 0, stream, rows, dim, src,
+                                                                 idx, weight, dst);
 }
 
 }  // namespace kernels

@@ -7,9 +7,14 @@
 // loads of a round (up to 4 x 16 bytes a lane) before using any, and the S partial sums meet in
 // shared memory, added in warp order (deterministic); so mid-size matrices get many blocks and
 // one round of loads instead of a few blocks that wait on several dependent rounds.
-#include "kernels/gemm/small_m_gemm.h"
-
+//
+// Both are launched with programmatic dependent launch (kernels/common/launch.cuh): the first
+// round of weight loads is issued before the wait for the preceding kernel (weights are never
+// written during a step), so it overlaps that kernel's tail and this kernel's launch.
 #include <cuda_bf16.h>
+
+#include "kernels/common/launch.cuh"
+#include "kernels/gemm/small_m_gemm.h"
 
 namespace deepinfer {
 namespace kernels {
@@ -39,12 +44,40 @@ __device__ __forceinline__ void LoadA8(const void* row, int64_t p, float (&v)[8]
   }
 }
 
+// A lane's first round of 16-byte weight chunks, loaded before the wait.
+template <int N>
+struct WeightChunks {
+  uint4 q[N];
+};
+
+// kRowPerGroup's first main-loop round (none if the row is too short for one).
 template <int M, bool kBf16A, int G>
-__global__ void __launch_bounds__(kThreads)
-    SmallMGemmKernel(int64_t n, int64_t k, const void* __restrict__ a, int64_t lda,
-                     const uint16_t* __restrict__ w, int64_t ldw, float* __restrict__ c,
-                     int64_t ldc, bool accumulate, int64_t stride_a, int64_t stride_w,
-                     int64_t stride_c) {
+__device__ WeightChunks<kUnroll> RowPerGroupPrefetch(int64_t n, int64_t k, const void* a,
+                                                     int64_t lda, const uint16_t* w, int64_t ldw,
+                                                     float* c, int64_t ldc, bool accumulate,
+                                                     int64_t stride_a, int64_t stride_w,
+                                                     int64_t stride_c) {
+  constexpr int kRowsPerBlock = kThreads / G;
+  constexpr int64_t kStep = 8 * G;
+  WeightChunks<kUnroll> first;
+  const int64_t j = static_cast<int64_t>(blockIdx.x) * kRowsPerBlock + threadIdx.x / G;
+  const int64_t p = 8 * (threadIdx.x % G);
+  if (j < n && p + (kUnroll - 1) * kStep < k) {
+    const uint16_t* wr = w + blockIdx.y * stride_w + j * ldw;
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      first.q[u] = __ldg(reinterpret_cast<const uint4*>(wr + p + u * kStep));
+    }
+  }
+  return first;
+}
+
+template <int M, bool kBf16A, int G>
+__device__ void RowPerGroupBody(const WeightChunks<kUnroll>& first, int64_t n, int64_t k,
+                                const void* __restrict__ a, int64_t lda,
+                                const uint16_t* __restrict__ w, int64_t ldw, float* __restrict__ c,
+                                int64_t ldc, bool accumulate, int64_t stride_a, int64_t stride_w,
+                                int64_t stride_c) {
   constexpr int kRowsPerBlock = kThreads / G;
   const int lane = threadIdx.x % G;
   const int64_t j = static_cast<int64_t>(blockIdx.x) * kRowsPerBlock + threadIdx.x / G;
@@ -58,12 +91,13 @@ __global__ void __launch_bounds__(kThreads)
   if (j < n) {
     constexpr int64_t kStep = 8 * G;  // k values per group pass
     int64_t p = 8 * lane;
-    // Main loop: kUnroll chunks loaded before any is used.
+    // Main loop: kUnroll chunks loaded before any is used (the first round by the prefetch).
     for (; p + (kUnroll - 1) * kStep < k; p += kUnroll * kStep) {
       uint4 wq[kUnroll];
 #pragma unroll
       for (int u = 0; u < kUnroll; ++u) {
-        wq[u] = __ldg(reinterpret_cast<const uint4*>(wr + p + u * kStep));
+        wq[u] =
+            p == 8 * lane ? first.q[u] : __ldg(reinterpret_cast<const uint4*>(wr + p + u * kStep));
       }
 #pragma unroll
       for (int u = 0; u < kUnroll; ++u) {
@@ -120,12 +154,40 @@ constexpr int kSplitKWarps = kThreads / 32;
 constexpr int kSplitKChunks = 4;  // 16-byte weight chunks per lane and round
 
 // kSplitK: S warps per weight row, kSplitKWarps / S rows per block.
+// The weight chunks of this lane's round: groups g0, g0 + S, ... (zeros past the row's end).
+template <int S>
+__device__ __forceinline__ void LoadSplitKRound(const uint16_t* wr, int64_t chunks, int64_t g0,
+                                                int lane, WeightChunks<kSplitKChunks>& wq) {
+#pragma unroll
+  for (int u = 0; u < kSplitKChunks; ++u) {
+    const int64_t q = (g0 + u * S) * 32 + lane;
+    wq.q[u] = q < chunks ? LoadWeights16(wr + 8 * q) : make_uint4(0, 0, 0, 0);
+  }
+}
+
+// kSplitK's first round of weight loads.
 template <int M, bool kBf16A, int S>
-__global__ void __launch_bounds__(kThreads)
-    SmallMGemmSplitKKernel(int64_t n, int64_t k, const void* __restrict__ a, int64_t lda,
-                           const uint16_t* __restrict__ w, int64_t ldw, float* __restrict__ c,
-                           int64_t ldc, bool accumulate, int64_t stride_a, int64_t stride_w,
-                           int64_t stride_c) {
+__device__ WeightChunks<kSplitKChunks> SplitKPrefetch(int64_t n, int64_t k, const void* a,
+                                                      int64_t lda, const uint16_t* w, int64_t ldw,
+                                                      float* c, int64_t ldc, bool accumulate,
+                                                      int64_t stride_a, int64_t stride_w,
+                                                      int64_t stride_c) {
+  constexpr int kRowsPerBlock = kSplitKWarps / S;
+  WeightChunks<kSplitKChunks> first;
+  const int warp = threadIdx.x / 32;
+  const int64_t j = static_cast<int64_t>(blockIdx.x) * kRowsPerBlock + warp / S;
+  if (j < n) {
+    LoadSplitKRound<S>(w + blockIdx.y * stride_w + j * ldw, k / 8, warp % S, threadIdx.x % 32,
+                       first);
+  }
+  return first;
+}
+
+template <int M, bool kBf16A, int S>
+__device__ void SplitKBody(const WeightChunks<kSplitKChunks>& first, int64_t n, int64_t k,
+                           const void* __restrict__ a, int64_t lda, const uint16_t* __restrict__ w,
+                           int64_t ldw, float* __restrict__ c, int64_t ldc, bool accumulate,
+                           int64_t stride_a, int64_t stride_w, int64_t stride_c) {
   constexpr int kRowsPerBlock = kSplitKWarps / S;
   __shared__ float partial[kSplitKWarps][M];
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
@@ -136,19 +198,17 @@ __global__ void __launch_bounds__(kThreads)
   const char* ab = static_cast<const char*>(a) + b * stride_a * a_bytes;
   if (j < n) {
     const uint16_t* wr = w + b * stride_w + j * ldw;
-    const int64_t chunks = k / 8;                // 16-byte chunks of the row
-    const int64_t groups = (chunks + 31) / 32;   // 32 chunks: one warp-wide load
+    const int64_t chunks = k / 8;               // 16-byte chunks of the row
+    const int64_t groups = (chunks + 31) / 32;  // 32 chunks: one warp-wide load
     float acc[M];
 #pragma unroll
     for (int r = 0; r < M; ++r) acc[r] = 0.0f;
-    // This warp's groups: slice, slice + S, ...; kSplitKChunks of them per round.
+    // This warp's groups: slice, slice + S, ...; kSplitKChunks of them per round (the first
+    // round loaded by the prefetch).
     for (int64_t g0 = slice; g0 < groups; g0 += S * kSplitKChunks) {
-      uint4 wq[kSplitKChunks];
-#pragma unroll
-      for (int u = 0; u < kSplitKChunks; ++u) {
-        const int64_t q = (g0 + u * S) * 32 + lane;
-        wq[u] = q < chunks ? LoadWeights16(wr + 8 * q) : make_uint4(0, 0, 0, 0);
-      }
+      WeightChunks<kSplitKChunks> round = first;
+      if (g0 != slice) LoadSplitKRound<S>(wr, chunks, g0, lane, round);
+      const uint4* wq = round.q;
 #pragma unroll
       for (int u = 0; u < kSplitKChunks; ++u) {
         const int64_t q = (g0 + u * S) * 32 + lane;
@@ -187,66 +247,67 @@ __global__ void __launch_bounds__(kThreads)
 }
 
 template <int M, bool kBf16A, int S>
-void LaunchSplitK(const SmallMGemmParams& p, cudaStream_t stream) {
+cudaError_t LaunchSplitK(const SmallMGemmParams& p, cudaStream_t stream) {
   constexpr int64_t kRowsPerBlock = kSplitKWarps / S;
   const dim3 grid(static_cast<unsigned>((p.n + kRowsPerBlock - 1) / kRowsPerBlock),
                   static_cast<unsigned>(p.batch));
-  SmallMGemmSplitKKernel<M, kBf16A, S><<<grid, kThreads, 0, stream>>>(
-      p.n, p.k, p.a, p.lda, p.w, p.ldw, p.c, p.ldc, p.accumulate, p.stride_a, p.stride_w,
-      p.stride_c);
+  return LaunchPrefetchThenAfterPrecedingGrids<SplitKPrefetch<M, kBf16A, S>,
+                                               SplitKBody<M, kBf16A, S>, kThreads>(
+      grid, 0, stream, p.n, p.k, p.a, p.lda, p.w, p.ldw, p.c, p.ldc, p.accumulate, p.stride_a,
+      p.stride_w, p.stride_c);
 }
 
 // The fewest warps per row that leave each at most kSplitKChunks groups (one round), up to 8.
 template <int M, bool kBf16A>
-void LaunchSplitKForK(const SmallMGemmParams& p, cudaStream_t stream) {
+cudaError_t LaunchSplitKForK(const SmallMGemmParams& p, cudaStream_t stream) {
   const int64_t groups = (p.k / 8 + 31) / 32;
   if (groups <= kSplitKChunks) {
-    LaunchSplitK<M, kBf16A, 1>(p, stream);
+    return LaunchSplitK<M, kBf16A, 1>(p, stream);
   } else if (groups <= 2 * kSplitKChunks) {
-    LaunchSplitK<M, kBf16A, 2>(p, stream);
+    return LaunchSplitK<M, kBf16A, 2>(p, stream);
   } else if (groups <= 4 * kSplitKChunks) {
-    LaunchSplitK<M, kBf16A, 4>(p, stream);
+    return LaunchSplitK<M, kBf16A, 4>(p, stream);
   } else {
-    LaunchSplitK<M, kBf16A, 8>(p, stream);
+    return LaunchSplitK<M, kBf16A, 8>(p, stream);
   }
 }
 
 template <int M, bool kBf16A, int G>
-void Launch(const SmallMGemmParams& p, cudaStream_t stream) {
+cudaError_t Launch(const SmallMGemmParams& p, cudaStream_t stream) {
   constexpr int64_t kRowsPerBlock = kThreads / G;
   const dim3 grid(static_cast<unsigned>((p.n + kRowsPerBlock - 1) / kRowsPerBlock),
                   static_cast<unsigned>(p.batch));
-  SmallMGemmKernel<M, kBf16A, G><<<grid, kThreads, 0, stream>>>(p.n, p.k, p.a, p.lda, p.w, p.ldw,
-                                                                p.c, p.ldc, p.accumulate,
-                                                                p.stride_a, p.stride_w, p.stride_c);
+  return LaunchPrefetchThenAfterPrecedingGrids<RowPerGroupPrefetch<M, kBf16A, G>,
+                                               RowPerGroupBody<M, kBf16A, G>, kThreads>(
+      grid, 0, stream, p.n, p.k, p.a, p.lda, p.w, p.ldw, p.c, p.ldc, p.accumulate, p.stride_a,
+      p.stride_w, p.stride_c);
 }
 
 template <int M, bool kBf16A>
-void LaunchForK(const SmallMGemmParams& p, cudaStream_t stream) {
+cudaError_t LaunchForK(const SmallMGemmParams& p, cudaStream_t stream) {
   const bool split_k = p.algo == SmallMGemmAlgo::kSplitK ||
                        (p.algo == SmallMGemmAlgo::kAuto && SmallMGemmAutoIsSplitK(p));
   if (split_k) {
-    LaunchSplitKForK<M, kBf16A>(p, stream);
-    return;
+    return LaunchSplitKForK<M, kBf16A>(p, stream);
   }
   // The group: as many lanes as the row has 16-byte chunks, up to a warp.
   if (p.k >= 256) {
-    Launch<M, kBf16A, 32>(p, stream);
+    return Launch<M, kBf16A, 32>(p, stream);
   } else if (p.k >= 128) {
-    Launch<M, kBf16A, 16>(p, stream);
+    return Launch<M, kBf16A, 16>(p, stream);
   } else if (p.k >= 64) {
-    Launch<M, kBf16A, 8>(p, stream);
+    return Launch<M, kBf16A, 8>(p, stream);
   } else {
-    Launch<M, kBf16A, 4>(p, stream);
+    return Launch<M, kBf16A, 4>(p, stream);
   }
 }
 
 template <int M>
-void LaunchForA(const SmallMGemmParams& p, cudaStream_t stream) {
+cudaError_t LaunchForA(const SmallMGemmParams& p, cudaStream_t stream) {
   if (p.a_bf16) {
-    LaunchForK<M, true>(p, stream);
+    return LaunchForK<M, true>(p, stream);
   } else {
-    LaunchForK<M, false>(p, stream);
+    return LaunchForK<M, false>(p, stream);
   }
 }
 
@@ -276,19 +337,14 @@ cudaError_t SmallMGemmBf16(const SmallMGemmParams& p, cudaStream_t stream) {
   if (!SmallMGemmSupports(p)) return cudaErrorInvalidValue;
   switch (p.m) {
     case 1:
-      LaunchForA<1>(p, stream);
-      break;
+      return LaunchForA<1>(p, stream);
     case 2:
-      LaunchForA<2>(p, stream);
-      break;
+      return LaunchForA<2>(p, stream);
     case 3:
-      LaunchForA<3>(p, stream);
-      break;
+      return LaunchForA<3>(p, stream);
     default:
-      LaunchForA<4>(p, stream);
-      break;
+      return LaunchForA<4>(p, stream);
   }
-  return cudaGetLastError();
 }
 
 }  // namespace kernels

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 
+#include "kernels/common/launch.cuh"
 #include "kernels/moe/expert_activation.h"
 
 namespace deepinfer {
@@ -28,8 +29,7 @@ __device__ __forceinline__ unsigned Pack(float lo, float hi) {
          (static_cast<unsigned>(__bfloat16_as_ushort(__float2bfloat16_rn(hi))) << 16);
 }
 
-__global__ void __launch_bounds__(kThreads)
-    SiluMulBf16Kernel(int64_t rows, int64_t inter, const uint16_t* x, uint16_t* out) {
+__device__ void SiluMulBf16Body(int64_t rows, int64_t inter, const uint16_t* x, uint16_t* out) {
   const int64_t n = rows * inter;
   for (int64_t i = blockIdx.x * int64_t{kThreads} + threadIdx.x; i < n;
        i += int64_t{gridDim.x} * kThreads) {
@@ -41,8 +41,7 @@ __global__ void __launch_bounds__(kThreads)
 }
 
 // inter % 8 == 0: element groups of 8 never straddle a row.
-__global__ void __launch_bounds__(kThreads)
-    SiluMulBf16x8Kernel(int64_t rows, int64_t inter, const uint16_t* x, uint16_t* out) {
+__device__ void SiluMulBf16x8Body(int64_t rows, int64_t inter, const uint16_t* x, uint16_t* out) {
   const int64_t groups = rows * inter / 8, inter8 = inter / 8;
   for (int64_t i = blockIdx.x * int64_t{kThreads} + threadIdx.x; i < groups;
        i += int64_t{gridDim.x} * kThreads) {
@@ -67,11 +66,11 @@ cudaError_t SiluMulBf16(int64_t rows, int64_t inter, const uint16_t* x, uint16_t
   const bool vec8 = inter % 8 == 0 && reinterpret_cast<uintptr_t>(x) % 16 == 0 &&
                     reinterpret_cast<uintptr_t>(out) % 16 == 0;
   if (vec8) {
-    SiluMulBf16x8Kernel<<<GridFor(rows * inter / 8), kThreads, 0, stream>>>(rows, inter, x, out);
-  } else {
-    SiluMulBf16Kernel<<<GridFor(rows * inter), kThreads, 0, stream>>>(rows, inter, x, out);
+    return LaunchAfterPrecedingGrids<SiluMulBf16x8Body, kThreads>(GridFor(rows * inter / 8), 0,
+                                                                  stream, rows, inter, x, out);
   }
-  return cudaGetLastError();
+  return LaunchAfterPrecedingGrids<SiluMulBf16Body, kThreads>(GridFor(rows * inter), 0, stream,
+                                                              rows, inter, x, out);
 }
 
 }  // namespace kernels

@@ -10,6 +10,7 @@
 // memory per block; 65536 choices need 128 KB), so that pass does not load them again.
 #include <cuda_bf16.h>
 
+#include "kernels/common/launch.cuh"
 #include "kernels/moe/moe_permute.h"
 
 namespace deepinfer {
@@ -33,8 +34,7 @@ __device__ __forceinline__ int SlotOf(const MoePermuteParams& p, int64_t i) {
 
 // Dynamic shared memory: kPlanWarps * num_slots counters, then (cache_slots) one int16 slot
 // per choice.
-__global__ void __launch_bounds__(kPlanThreads)
-    PermutePlanKernel(MoePermuteParams p, bool cache_slots) {
+__device__ void PermutePlanBody(MoePermuteParams p, bool cache_slots) {
   extern __shared__ int warp_rank[];  // [kPlanWarps][num_slots]
   __shared__ int slot_total[kMaxMoeSlots];
   __shared__ int scan[2][kMaxMoeSlots];
@@ -113,9 +113,8 @@ __global__ void __launch_bounds__(kPlanThreads)
   }
 }
 
-__global__ void __launch_bounds__(kGatherThreads)
-    GatherKernel(int64_t hidden_size, bool vec4, const float* hidden, const int32_t* rows_total,
-                 const int32_t* row_token, float* out) {
+__device__ void GatherBody(int64_t hidden_size, bool vec4, const float* hidden,
+                           const int32_t* rows_total, const int32_t* row_token, float* out) {
   const int row = blockIdx.x;
   if (row >= *rows_total) return;
   const int64_t t = row_token[row];
@@ -136,9 +135,8 @@ __device__ __forceinline__ unsigned Bf16x2Bits(float lo, float hi) {
 }
 
 // The same gather, rounding to bf16 on the way (vec4: 4 floats in, 8 bytes out per step).
-__global__ void __launch_bounds__(kGatherThreads)
-    GatherBf16Kernel(int64_t hidden_size, bool vec4, const float* hidden, const int32_t* rows_total,
-                     const int32_t* row_token, uint16_t* out) {
+__device__ void GatherBf16Body(int64_t hidden_size, bool vec4, const float* hidden,
+                               const int32_t* rows_total, const int32_t* row_token, uint16_t* out) {
   const int row = blockIdx.x;
   if (row >= *rows_total) return;
   const int64_t t = row_token[row];
@@ -163,9 +161,8 @@ __global__ void __launch_bounds__(kGatherThreads)
 // (bf16, rounded to nearest even). vec4: 16-byte loads (and 16- or 8-byte stores), the width
 // the row-major gathers use; the scalar loop issues a quarter of the bytes per instruction.
 template <typename T>
-__global__ void __launch_bounds__(kGatherThreads)
-    GatherByChoiceKernel(int64_t hidden_size, int top_k, bool vec4, const float* hidden,
-                         const int32_t* choice_row, T* out) {
+__device__ void GatherByChoiceBody(int64_t hidden_size, int top_k, bool vec4, const float* hidden,
+                                   const int32_t* choice_row, T* out) {
   const int64_t i = blockIdx.x;
   const int row = choice_row[i];
   if (row < 0) return;
@@ -227,8 +224,7 @@ struct Cols<uint16_t, 4> {
 // from fusing the product and the sum into an FMA, which would round differently from the
 // reference. T: float or uint16_t (bf16 bits) expert outputs.
 template <typename T, int V>
-__global__ void __launch_bounds__(kCombineThreads)
-    CombineKernel(MoeCombineParams p, const T* expert_out) {
+__device__ void CombineBody(MoeCombineParams p, const T* expert_out) {
   const int64_t t = blockIdx.x;
   const int64_t c = (blockIdx.y * int64_t{kCombineThreads} + threadIdx.x) * V;
   if (c >= p.hidden_size) return;
@@ -258,11 +254,11 @@ cudaError_t LaunchCombine(const MoeCombineParams& p, const T* expert_out, cudaSt
   if (col_blocks > 65535) return cudaErrorInvalidValue;
   const dim3 grid(static_cast<unsigned>(p.num_tokens), static_cast<unsigned>(col_blocks));
   if (vec4) {
-    CombineKernel<T, 4><<<grid, kCombineThreads, 0, stream>>>(p, expert_out);
-  } else {
-    CombineKernel<T, 1><<<grid, kCombineThreads, 0, stream>>>(p, expert_out);
+    return LaunchAfterPrecedingGrids<CombineBody<T, 4>, kCombineThreads>(grid, 0, stream, p,
+                                                                         expert_out);
   }
-  return cudaGetLastError();
+  return LaunchAfterPrecedingGrids<CombineBody<T, 1>, kCombineThreads>(grid, 0, stream, p,
+                                                                       expert_out);
 }
 
 }  // namespace
@@ -289,39 +285,38 @@ cudaError_t MoePermuteF32(const MoePermuteParams& p, cudaStream_t stream) {
   const bool cache_slots = cached + static_bytes <= static_cast<size_t>(optin);
   const size_t shared = cache_slots ? cached : counters;
   if (shared + static_bytes > 48 * 1024) {
-    err = cudaFuncSetAttribute(PermutePlanKernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                               static_cast<int>(shared));
+    err =
+        cudaFuncSetAttribute(EntryKernel<PermutePlanBody, kPlanThreads>(),
+                             cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(shared));
     if (err != cudaSuccess) return err;
   }
-  PermutePlanKernel<<<1, kPlanThreads, shared, stream>>>(p, cache_slots);
-  err = cudaGetLastError();
+  err = LaunchAfterPrecedingGrids<PermutePlanBody, kPlanThreads>(1, shared, stream, p, cache_slots);
   if (err != cudaSuccess || choices == 0 || p.hidden_size == 0) return err;
   if (p.row_align > 1) {
     const bool aligned = p.hidden_size % 4 == 0 && reinterpret_cast<uintptr_t>(p.hidden) % 16 == 0;
     if (p.permuted_hidden_bf16 != nullptr) {
       const bool vec4 = aligned && reinterpret_cast<uintptr_t>(p.permuted_hidden_bf16) % 8 == 0;
-      GatherByChoiceKernel<uint16_t><<<static_cast<unsigned>(choices), kGatherThreads, 0, stream>>>(
-          p.hidden_size, p.top_k, vec4, p.hidden, p.choice_row, p.permuted_hidden_bf16);
-    } else {
-      const bool vec4 = aligned && reinterpret_cast<uintptr_t>(p.permuted_hidden) % 16 == 0;
-      GatherByChoiceKernel<float><<<static_cast<unsigned>(choices), kGatherThreads, 0, stream>>>(
-          p.hidden_size, p.top_k, vec4, p.hidden, p.choice_row, p.permuted_hidden);
+      return LaunchAfterPrecedingGrids<GatherByChoiceBody<uint16_t>, kGatherThreads>(
+          static_cast<unsigned>(choices), 0, stream, p.hidden_size, p.top_k, vec4, p.hidden,
+          p.choice_row, p.permuted_hidden_bf16);
     }
-    return cudaGetLastError();
+    const bool vec4 = aligned && reinterpret_cast<uintptr_t>(p.permuted_hidden) % 16 == 0;
+    return LaunchAfterPrecedingGrids<GatherByChoiceBody<float>, kGatherThreads>(
+        static_cast<unsigned>(choices), 0, stream, p.hidden_size, p.top_k, vec4, p.hidden,
+        p.choice_row, p.permuted_hidden);
   }
   if (p.permuted_hidden_bf16 != nullptr) {
     const bool vec4 = p.hidden_size % 4 == 0 && reinterpret_cast<uintptr_t>(p.hidden) % 16 == 0 &&
                       reinterpret_cast<uintptr_t>(p.permuted_hidden_bf16) % 8 == 0;
-    GatherBf16Kernel<<<static_cast<unsigned>(choices), kGatherThreads, 0, stream>>>(
-        p.hidden_size, vec4, p.hidden, p.slot_offsets + p.num_slots, p.row_token,
-        p.permuted_hidden_bf16);
-    return cudaGetLastError();
+    return LaunchAfterPrecedingGrids<GatherBf16Body, kGatherThreads>(
+        static_cast<unsigned>(choices), 0, stream, p.hidden_size, vec4, p.hidden,
+        p.slot_offsets + p.num_slots, p.row_token, p.permuted_hidden_bf16);
   }
   const bool vec4 = p.hidden_size % 4 == 0 && reinterpret_cast<uintptr_t>(p.hidden) % 16 == 0 &&
                     reinterpret_cast<uintptr_t>(p.permuted_hidden) % 16 == 0;
-  GatherKernel<<<static_cast<unsigned>(choices), kGatherThreads, 0, stream>>>(
-      p.hidden_size, vec4, p.hidden, p.slot_offsets + p.num_slots, p.row_token, p.permuted_hidden);
-  return cudaGetLastError();
+  return LaunchAfterPrecedingGrids<GatherBody, kGatherThreads>(
+      static_cast<unsigned>(choices), 0, stream, p.hidden_size, vec4, p.hidden,
+      p.slot_offsets + p.num_slots, p.row_token, p.permuted_hidden);
 }
 
 cudaError_t MoeCombineF32(const MoeCombineParams& p, cudaStream_t stream) {

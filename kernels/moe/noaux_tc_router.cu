@@ -9,6 +9,7 @@
 // id order by one lane.
 #include <math.h>
 
+#include "kernels/common/launch.cuh"
 #include "kernels/moe/noaux_tc_router.h"
 
 namespace deepinfer {
@@ -28,8 +29,7 @@ __device__ __forceinline__ void WarpArgMax(float* value, int* index) {
   for (int offset = 16; offset > 0; offset /= 2) {
     const float v = __shfl_xor_sync(kFull, *value, offset);
     const int i = __shfl_xor_sync(kFull, *index, offset);
-    const bool better =
-        i >= 0 && (*index < 0 || v > *value || (v == *value && i < *index));
+    const bool better = i >= 0 && (*index < 0 || v > *value || (v == *value && i < *index));
     if (better) {
       *value = v;
       *index = i;
@@ -37,7 +37,7 @@ __device__ __forceinline__ void WarpArgMax(float* value, int* index) {
   }
 }
 
-__global__ void __launch_bounds__(kWarps * 32) NoauxTcRouteKernel(NoauxTcRouteParams p) {
+__device__ void NoauxTcRouteBody(NoauxTcRouteParams p) {
   __shared__ float s_choice[kWarps][kMaxRouterExperts];
   __shared__ int s_chosen[kWarps][kMaxRouterTopK];
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
@@ -155,8 +155,7 @@ cudaError_t NoauxTcRouteF32(const NoauxTcRouteParams& params, cudaStream_t strea
     return cudaErrorInvalidValue;
   }
   const unsigned blocks = static_cast<unsigned>((p.num_tokens + kWarps - 1) / kWarps);
-  NoauxTcRouteKernel<<<blocks, kWarps * 32, 0, stream>>>(params);
-  return cudaGetLastError();
+  return LaunchAfterPrecedingGrids<NoauxTcRouteBody, kWarps * 32>(blocks, 0, stream, params);
 }
 
 }  // namespace kernels

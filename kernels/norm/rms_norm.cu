@@ -1,7 +1,8 @@
 // RMSNorm: one block per row; the sum of squares is reduced in fp32 through warp shuffles.
-#include "kernels/norm/rms_norm.h"
-
 #include <cuda_bf16.h>
+
+#include "kernels/common/launch.cuh"
+#include "kernels/norm/rms_norm.h"
 
 namespace deepinfer {
 namespace kernels {
@@ -28,8 +29,8 @@ __device__ __forceinline__ float BlockInvRms(float ss, int64_t dim, float eps) {
   return inv_rms;
 }
 
-__global__ void RmsNormKernel(int64_t dim, const float* x, int64_t ldx, const float* weight,
-                              float eps, float* out, int64_t ldout) {
+__device__ void RmsNormBody(int64_t dim, const float* x, int64_t ldx, const float* weight,
+                            float eps, float* out, int64_t ldout) {
   const float* xr = x + blockIdx.x * ldx;
   float* orow = out + blockIdx.x * ldout;
   float ss = 0.0f;
@@ -42,8 +43,8 @@ __global__ void RmsNormKernel(int64_t dim, const float* x, int64_t ldx, const fl
 
 // x += y (optional), then RmsNormKernel's arithmetic in the same order (each thread sums the
 // same elements, the same reduction), so out is bit for bit what AddF32 + RmsNormF32 give.
-__global__ void AddRmsNormKernel(int64_t dim, float* x, const float* y, const float* weight,
-                                 float eps, float* out, uint16_t* out_bf16) {
+__device__ void AddRmsNormBody(int64_t dim, float* x, const float* y, const float* weight,
+                               float eps, float* out, uint16_t* out_bf16) {
   float* xr = x + blockIdx.x * dim;
   float ss = 0.0f;
   if (y != nullptr) {
@@ -72,18 +73,16 @@ cudaError_t AddRmsNormF32(int64_t rows, int64_t dim, float* x, const float* y, c
                           float eps, float* out, uint16_t* out_bf16, cudaStream_t stream) {
   if (rows <= 0 || dim <= 0) return cudaSuccess;
   if (rows > 0x7fffffff) return cudaErrorInvalidValue;
-  AddRmsNormKernel<<<static_cast<unsigned>(rows), kThreads, 0, stream>>>(dim, x, y, weight, eps,
-                                                                         out, out_bf16);
-  return cudaGetLastError();
+  return LaunchAfterPrecedingGrids<AddRmsNormBody, kThreads>(static_cast<unsigned>(rows), 0, stream,
+                                                             dim, x, y, weight, eps, out, out_bf16);
 }
 
 cudaError_t RmsNormF32(int64_t rows, int64_t dim, const float* x, int64_t ldx, const float* weight,
                        float eps, float* out, int64_t ldout, cudaStream_t stream) {
   if (rows <= 0 || dim <= 0) return cudaSuccess;
   if (rows > 0x7fffffff) return cudaErrorInvalidValue;
-  RmsNormKernel<<<static_cast<unsigned>(rows), kThreads, 0, stream>>>(dim, x, ldx, weight, eps, out,
-                                                                      ldout);
-  return cudaGetLastError();
+  return LaunchAfterPrecedingGrids<RmsNormBody, kThreads>(static_cast<unsigned>(rows), 0, stream,
+                                                          dim, x, ldx, weight, eps, out, ldout);
 }
 
 }  // namespace kernels

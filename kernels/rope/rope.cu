@@ -1,9 +1,10 @@
 // RoPE: one block per token, threads over (head, pair). cos/sin are evaluated in double from
 // the fp32 angle, like the CPU reference: at positions in the thousands the fp32 sincos
 // intrinsics would differ from it by more than the parity tolerance allows for.
-#include "kernels/rope/rope.h"
-
 #include <cuda_bf16.h>
+
+#include "kernels/common/launch.cuh"
+#include "kernels/rope/rope.h"
 
 namespace deepinfer {
 namespace kernels {
@@ -35,9 +36,9 @@ __device__ __forceinline__ RotatedPair RotatePair(const float* v, int64_t j, int
   return r;
 }
 
-__global__ void RopeKernel(int64_t heads, float* x, int64_t token_stride, int64_t head_stride,
-                           int64_t rope_dim, const int32_t* positions, const float* inv_freq,
-                           float attention_factor, bool interleaved) {
+__device__ void RopeBody(int64_t heads, float* x, int64_t token_stride, int64_t head_stride,
+                         int64_t rope_dim, const int32_t* positions, const float* inv_freq,
+                         float attention_factor, bool interleaved) {
   const int64_t t = blockIdx.x;
   const int64_t half = rope_dim / 2;
   const float pos = static_cast<float>(positions[t]);
@@ -60,7 +61,7 @@ __device__ __forceinline__ void StoreEntry(float x, __nv_bfloat16* dst) {
 }
 
 template <typename T>
-__global__ void __launch_bounds__(kNormThreads) NormRopeCacheKernel(NormRopeCacheParams p) {
+__device__ void NormRopeCacheBody(NormRopeCacheParams p) {
   __shared__ float partial[kNormThreads / 32];
   __shared__ float inv_rms;
   const int64_t t = blockIdx.x;
@@ -109,10 +110,9 @@ cudaError_t ApplyRopeF32(int64_t tokens, int64_t heads, float* x, int64_t token_
                          cudaStream_t stream) {
   if (tokens <= 0 || heads <= 0 || rope_dim <= 0) return cudaSuccess;
   if (rope_dim % 2 != 0 || tokens > 0x7fffffff) return cudaErrorInvalidValue;
-  RopeKernel<<<static_cast<unsigned>(tokens), kThreads, 0, stream>>>(
-      heads, x, token_stride, head_stride, rope_dim, positions, inv_freq, attention_factor,
-      interleaved);
-  return cudaGetLastError();
+  return LaunchAfterPrecedingGrids<RopeBody, kThreads>(
+      static_cast<unsigned>(tokens), 0, stream, heads, x, token_stride, head_stride, rope_dim,
+      positions, inv_freq, attention_factor, interleaved);
 }
 
 cudaError_t NormRopeWriteLatentCacheF32(const NormRopeCacheParams& p, cudaStream_t stream) {
@@ -123,11 +123,10 @@ cudaError_t NormRopeWriteLatentCacheF32(const NormRopeCacheParams& p, cudaStream
   }
   const unsigned grid = static_cast<unsigned>(p.tokens);
   if (p.cache_bf16) {
-    NormRopeCacheKernel<__nv_bfloat16><<<grid, kNormThreads, 0, stream>>>(p);
-  } else {
-    NormRopeCacheKernel<float><<<grid, kNormThreads, 0, stream>>>(p);
+    return LaunchAfterPrecedingGrids<NormRopeCacheBody<__nv_bfloat16>, kNormThreads>(grid, 0,
+                                                                                     stream, p);
   }
-  return cudaGetLastError();
+  return LaunchAfterPrecedingGrids<NormRopeCacheBody<float>, kNormThreads>(grid, 0, stream, p);
 }
 
 }  // namespace kernels

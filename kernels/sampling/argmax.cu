@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cstdint>
 
+#include "kernels/common/launch.cuh"
 #include "kernels/sampling/argmax.h"
 
 namespace deepinfer {
@@ -61,7 +62,7 @@ __device__ Partial ShuffleAbsorb(Partial p) {
 // index (block reduction), then, with kSum, the sum of expf(v - chunk max) over the same
 // registers in double, reduced over the block in a fixed order. No exp in the reductions.
 template <bool kSum, bool kVec>
-__global__ void ChunkPartialsKernel(int64_t vocab, const float* logits, Partial* parts) {
+__device__ void ChunkPartialsBody(int64_t vocab, const float* logits, Partial* parts) {
   __shared__ Partial warp_part[kWarps];
   __shared__ double warp_sum[kWarps];
   __shared__ Partial chunk;
@@ -134,8 +135,8 @@ __global__ void ChunkPartialsKernel(int64_t vocab, const float* logits, Partial*
 // Pass 2: one warp per row combines the row's chunk partials (lane c takes chunks c, c + 32,
 // ...) and writes the token and, with kSum, its logprob.
 template <bool kSum>
-__global__ void CombineKernel(int64_t rows, int64_t vocab, int64_t chunks, const float* logits,
-                              const Partial* parts, int32_t* token, float* logprob) {
+__device__ void CombineBody(int64_t rows, int64_t vocab, int64_t chunks, const float* logits,
+                            const Partial* parts, int32_t* token, float* logprob) {
   const int64_t row = static_cast<int64_t>(blockIdx.x) * (blockDim.x / 32) + threadIdx.x / 32;
   if (row >= rows) return;
   const int lane = threadIdx.x & 31;
@@ -167,16 +168,21 @@ cudaError_t Launch(int64_t rows, int64_t vocab, const float* logits, void* works
     const float* l = logits + r0 * vocab;
     Partial* pr = parts + r0 * chunks;
     const dim3 grid(static_cast<unsigned>(chunks), static_cast<unsigned>(n));
+    cudaError_t e;
     if (vocab % 4 == 0 && reinterpret_cast<uintptr_t>(logits) % 16 == 0) {
-      ChunkPartialsKernel<kSum, true><<<grid, kThreads, 0, stream>>>(vocab, l, pr);
+      e = LaunchAfterPrecedingGrids<ChunkPartialsBody<kSum, true>, kThreads>(grid, 0, stream, vocab,
+                                                                             l, pr);
     } else {
-      ChunkPartialsKernel<kSum, false><<<grid, kThreads, 0, stream>>>(vocab, l, pr);
+      e = LaunchAfterPrecedingGrids<ChunkPartialsBody<kSum, false>, kThreads>(grid, 0, stream,
+                                                                              vocab, l, pr);
     }
+    if (e != cudaSuccess) return e;
     const unsigned blocks = static_cast<unsigned>((n + kRowsPerBlock - 1) / kRowsPerBlock);
-    CombineKernel<kSum><<<blocks, kRowsPerBlock * 32, 0, stream>>>(
-        n, vocab, chunks, l, pr, token + r0, kSum ? logprob + r0 : nullptr);
+    e = LaunchAfterPrecedingGrids<CombineBody<kSum>, kRowsPerBlock * 32>(
+        blocks, 0, stream, n, vocab, chunks, l, pr, token + r0, kSum ? logprob + r0 : nullptr);
+    if (e != cudaSuccess) return e;
   }
-  return cudaGetLastError();
+  return cudaSuccess;
 }
 
 }  // namespace

@@ -9,6 +9,7 @@
 // pass, those sharing the chosen digits after).
 #include <math.h>
 
+#include "kernels/common/launch.cuh"
 #include "kernels/sampling/sample.h"
 #include "kernels/sampling/sample_row.h"
 
@@ -156,8 +157,8 @@ struct BlockOf512 {
   }
 };
 
-__global__ void SampleRowsKernel(int64_t vocab, const float* logits,
-                                 const RowSamplingParams* params, int32_t* token, float* logprob) {
+__device__ void SampleRowsBody(int64_t vocab, const float* logits, const RowSamplingParams* params,
+                               int32_t* token, float* logprob) {
   __shared__ u64 su[kWarps + 1];
   __shared__ double sd[kWarps + 1];
   __shared__ double rv[kWarps + 1];
@@ -174,8 +175,8 @@ __global__ void SampleRowsKernel(int64_t vocab, const float* logits,
   }
 }
 
-__global__ void TopLogprobsKernel(int64_t vocab, const float* logits, int32_t n, int32_t* ids,
-                                  float* logprobs) {
+__device__ void TopLogprobsBody(int64_t vocab, const float* logits, int32_t n, int32_t* ids,
+                                float* logprobs) {
   __shared__ u64 su[kWarps + 1];
   __shared__ double sd[kWarps + 1];
   BlockOf512 block{su, sd, nullptr, nullptr, nullptr};
@@ -191,9 +192,8 @@ cudaError_t SampleRowsF32(int64_t rows, int64_t vocab, const float* logits,
                           cudaStream_t stream) {
   if (rows <= 0) return cudaSuccess;
   if (vocab <= 0 || vocab > 0x7fffffff || rows > 0x7fffffff) return cudaErrorInvalidValue;
-  SampleRowsKernel<<<static_cast<unsigned>(rows), kThreads, 0, stream>>>(vocab, logits, params,
-                                                                         token, logprob);
-  return cudaGetLastError();
+  return LaunchAfterPrecedingGrids<SampleRowsBody, kThreads>(static_cast<unsigned>(rows), 0, stream,
+                                                             vocab, logits, params, token, logprob);
 }
 
 cudaError_t TopLogprobsF32(int64_t rows, int64_t vocab, const float* logits, int32_t n,
@@ -201,9 +201,8 @@ cudaError_t TopLogprobsF32(int64_t rows, int64_t vocab, const float* logits, int
   if (n < 1 || n > kMaxTopLogprobs) return cudaErrorInvalidValue;
   if (rows <= 0) return cudaSuccess;
   if (vocab <= 0 || vocab > 0x7fffffff || rows > 0x7fffffff) return cudaErrorInvalidValue;
-  TopLogprobsKernel<<<static_cast<unsigned>(rows), kThreads, 0, stream>>>(vocab, logits, n, ids,
-                                                                          logprobs);
-  return cudaGetLastError();
+  return LaunchAfterPrecedingGrids<TopLogprobsBody, kThreads>(
+      static_cast<unsigned>(rows), 0, stream, vocab, logits, n, ids, logprobs);
 }
 
 }  // namespace kernels

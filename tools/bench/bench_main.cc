@@ -129,6 +129,17 @@ int main(int argc, char** argv) {
   flags.AddBool("compare-unfused-decode", &config.compare_unfused_decode,
                 "After each decode batch size, --output-len more steps of the same sequences\n"
                 "with --fused-ops off, reported as a second decode line marked (unfused).");
+  flags.AddBool("pdl", &config.pdl,
+                "CUDA, sm_90+: launch our kernels with programmatic dependent launch (each may\n"
+                "start while the one before it finishes; programmatic edges in the decode\n"
+                "graphs); off: plain stream order, for comparison.");
+  flags.AddBool("graph-allocations-aside", &config.graph_allocations_aside,
+                "CUDA, with --pdl: capture the decode graphs' small scratch allocations beside\n"
+                "the kernel chain (else a memory node between two kernels breaks their\n"
+                "programmatic edge); off: in stream order, for comparison.");
+  flags.AddBool("compare-pdl-off-decode", &config.compare_pdl_off_decode,
+                "After each decode batch size (and any eager / unfused steps), --output-len more\n"
+                "steps of the same sequences with --pdl off, a further decode line (pdl off).");
   flags.AddBool("compare-eager-decode", &config.compare_eager_decode,
                 "With --cuda-graphs: measure every decode batch size again with graphs off\n"
                 "(the same sequences, --output-len more steps), in the same process.");

@@ -17,6 +17,7 @@
 #include "absl/strings/str_split.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "kernels/common/pdl.h"
 #include "tools/bench/exchange_meter.h"
 #include "tools/bench/parallel_dummy_weight_source.h"
 #include "tools/bench/roofline.h"
@@ -153,6 +154,8 @@ struct RankDecodeTimes {
   std::vector<double> eager_step_seconds;
   // compare_unfused_decode: output_len more steps with fused ops off.
   std::vector<double> unfused_step_seconds;
+  // compare_pdl_off_decode: output_len more steps with PDL off.
+  std::vector<double> pdl_off_step_seconds;
 };
 
 struct RankOutput {
@@ -311,6 +314,9 @@ absl::Status SetUpRank(const BenchConfig& bc, int64_t rank, int64_t blocks, Rank
   graphs.max_batch = bc.cuda_graph_max_batch;
   s->model->SetDecodeGraphOptions(graphs);
   s->model->SetFusedOps(bc.fused_ops);
+  // Process-wide (every rank sets the same value; with ranks > 1 in one process the PDL-off
+  // comparison toggles it for all of them, which changes their timing, never their results).
+  kernels::SetProgrammaticDependentLaunch(bc.pdl);
   auto prefill_form = ParsePrefillAttention(bc.prefill_attention);
   if (!prefill_form.ok()) return prefill_form.status();
   s->model->SetPrefillAttention(*prefill_form);
@@ -336,7 +342,8 @@ absl::Status RunRank(const BenchConfig& bc, int64_t rank, RankState* s, RankOutp
   const int64_t timed = bc.output_len - bc.warmup;
   const int64_t synced = bc.ranks > 1 && bc.time_all_to_all ? timed : 0;
   const bool compare_eager = bc.cuda_graphs && bc.compare_eager_decode;
-  const int64_t decode_runs = 1 + (compare_eager ? 1 : 0) + (bc.compare_unfused_decode ? 1 : 0);
+  const int64_t decode_runs = 1 + (compare_eager ? 1 : 0) + (bc.compare_unfused_decode ? 1 : 0) +
+                              (bc.compare_pdl_off_decode ? 1 : 0);
   const int64_t per_seq_blocks =
       (ctx + bc.output_len * decode_runs + synced + bc.op_timing_steps + bc.block_size) /
       bc.block_size;
@@ -396,6 +403,7 @@ absl::Status RunRank(const BenchConfig& bc, int64_t rank, RankState* s, RankOutp
     }
   }
   if (cuda != nullptr) cuda->SetSmallMGemm(bc.fused_ops);
+  if (cuda != nullptr) cuda->SetGraphAllocationsAside(bc.graph_allocations_aside);
 #endif
   auto set_fused = [&](bool on) {
     model->SetFusedOps(on);
@@ -582,6 +590,17 @@ absl::Status RunRank(const BenchConfig& bc, int64_t rank, RankState* s, RankOutp
       set_fused(false);
       const absl::Status st = variant_steps(&d.unfused_step_seconds);
       set_fused(bc.fused_ops);
+      if (!st.ok()) return st;
+    }
+    if (bc.compare_pdl_off_decode) {
+      // Plain stream order; the graphs are recorded again (setting the options drops them),
+      // without programmatic edges.
+      const DecodeGraphOptions graphs = model->decode_graph_options();
+      model->SetDecodeGraphOptions(graphs);
+      kernels::SetProgrammaticDependentLaunch(false);
+      const absl::Status st = variant_steps(&d.pdl_off_step_seconds);
+      model->SetDecodeGraphOptions(graphs);
+      kernels::SetProgrammaticDependentLaunch(bc.pdl);
       if (!st.ok()) return st;
     }
     absl::Status timed_status;
@@ -803,12 +822,14 @@ absl::StatusOr<BenchResult> RunBenchmark(const BenchConfig& bc) {
     d.batch = n;
     d.cuda_graphs = bc.cuda_graphs;
     d.fused_ops = bc.fused_ops;
-    std::vector<const std::vector<double>*> steps, synced, eager, unfused;
+    d.pdl = bc.pdl;
+    std::vector<const std::vector<double>*> steps, synced, eager, unfused, pdl_off;
     for (const RankOutput& o : outputs) {
       steps.push_back(&o.decode[which].step_seconds);
       synced.push_back(&o.decode[which].synced_step_seconds);
       eager.push_back(&o.decode[which].eager_step_seconds);
       unfused.push_back(&o.decode[which].unfused_step_seconds);
+      pdl_off.push_back(&o.decode[which].pdl_off_step_seconds);
     }
     const std::vector<double> slowest = SlowestPerStep(steps);
     d.steps = static_cast<int64_t>(slowest.size());
@@ -883,6 +904,30 @@ absl::StatusOr<BenchResult> RunBenchmark(const BenchConfig& bc) {
       u.steps = static_cast<int64_t>(slowest_unfused.size());
       u.p50_seconds = Percentile(slowest_unfused, 0.5);
       u.p99_seconds = Percentile(slowest_unfused, 0.99);
+      u.tokens_per_s = ranks * n / u.p50_seconds;
+      u.tokens_per_s_per_gpu = n / u.p50_seconds;
+      const StepCost uc = DecodeStepCost(*config, n, ctx + before + bc.output_len / 2,
+                                         r.bytes_per_value, r.cache_bytes_per_value, ranks);
+      u.bytes_per_step = uc.bytes;
+      u.flops_per_step = uc.flops;
+      u.roofline_fraction =
+          uc.RooflineSeconds(bc.peak_bytes_per_s, bc.peak_flops_per_s) / u.p50_seconds;
+      r.decode.push_back(std::move(u));
+    }
+    if (!outputs[0].decode[which].pdl_off_step_seconds.empty()) {
+      // The PDL-off steps that followed (compare_pdl_off_decode), after any eager and unfused.
+      const std::vector<double> slowest_off = SlowestPerStep(pdl_off);
+      const int64_t before =
+          bc.output_len * (1 + (compared ? 1 : 0) +
+                           (outputs[0].decode[which].unfused_step_seconds.empty() ? 0 : 1));
+      DecodeResult u;
+      u.batch = n;
+      u.cuda_graphs = bc.cuda_graphs;
+      u.fused_ops = bc.fused_ops;
+      u.pdl = false;
+      u.steps = static_cast<int64_t>(slowest_off.size());
+      u.p50_seconds = Percentile(slowest_off, 0.5);
+      u.p99_seconds = Percentile(slowest_off, 0.99);
       u.tokens_per_s = ranks * n / u.p50_seconds;
       u.tokens_per_s_per_gpu = n / u.p50_seconds;
       const StepCost uc = DecodeStepCost(*config, n, ctx + before + bc.output_len / 2,
@@ -973,7 +1018,8 @@ std::string FormatBenchReport(const BenchConfig& c, const BenchResult& r) {
           absl::StrCat(
               c.compare_eager_decode ? (d.cuda_graphs ? " (cuda graphs)" : " (eager)") : "",
               c.compare_unfused_decode || !c.fused_ops ? (d.fused_ops ? " (fused)" : " (unfused)")
-                                                       : ""),
+                                                       : "",
+              c.compare_pdl_off_decode || !c.pdl ? (d.pdl ? " (pdl on)" : " (pdl off)") : ""),
           d.p50_seconds, d.p99_seconds, d.tokens_per_s, d.roofline_fraction, d.bytes_per_step,
           d.flops_per_step, c.peak_bytes_per_s / 1e9, c.peak_flops_per_s / 1e12);
     }
@@ -1028,14 +1074,16 @@ std::string FormatBenchJson(const BenchConfig& c, const BenchResult& r) {
     }
     absl::StrAppendFormat(
         &decode,
-        "%s{\"requests\": %d, \"cuda_graphs\": %s, \"fused_ops\": %s, \"timed_steps\": %d, "
+        "%s{\"requests\": %d, \"cuda_graphs\": %s, \"fused_ops\": %s, \"pdl\": %s, "
+        "\"timed_steps\": %d, "
         "\"tokens_per_s\": %.3f, "
         "\"tokens_per_s_per_gpu\": %.3f, \"p50_s\": %.6f, \"p99_s\": %.6f, "
         "\"roofline_fraction\": %.6f, \"bytes_per_step\": %.6g, \"flops_per_step\": %.6g, "
         "\"exchange_bytes_per_step\": %.6g, \"all_to_all_s_per_step\": %.6g, "
         "\"synced_step_p50_s\": %.6g, \"seq0_tokens\": [%s], \"per_rank\": [%s]}",
         decode.empty() ? "" : ", ", d.batch, d.cuda_graphs ? "true" : "false",
-        d.fused_ops ? "true" : "false", d.steps, d.tokens_per_s, d.tokens_per_s_per_gpu,
+        d.fused_ops ? "true" : "false", d.pdl ? "true" : "false", d.steps, d.tokens_per_s,
+        d.tokens_per_s_per_gpu,
         d.p50_seconds, d.p99_seconds, d.roofline_fraction, d.bytes_per_step, d.flops_per_step,
         d.exchange_bytes_per_step, d.all_to_all_seconds_per_step, d.synced_step_p50_seconds,
         json_list(d.seq0_tokens), per_rank);

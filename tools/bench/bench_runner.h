@@ -104,6 +104,15 @@ struct BenchConfig {
   // After each batch size's timed steps (and the eager ones), output_len more steps of the same
   // sequences with fused ops off, reported as a further decode result (one load for both).
   bool compare_unfused_decode = false;
+  // kernels::SetProgrammaticDependentLaunch: our kernels launched with programmatic dependent
+  // launch (docs/cuda.md); off: plain stream order, for comparison.
+  bool pdl = true;
+  // After each batch size's timed steps (and the eager and unfused ones), output_len more steps
+  // of the same sequences with PDL off (decode graphs recorded again), a further decode result.
+  bool compare_pdl_off_decode = false;
+  // CudaBackend::SetGraphAllocationsAside (with pdl: small scratch allocations captured beside
+  // the kernel chain, so that they do not break programmatic edges).
+  bool graph_allocations_aside = true;
   double peak_bytes_per_s = 4.3e12;
   double peak_flops_per_s = 790e12;
 };
@@ -145,6 +154,7 @@ struct DecodeResult {
   double synced_step_p50_seconds = -1;      // time_all_to_all: step p50 (slowest rank) synced
   bool cuda_graphs = false;          // measured with BenchConfig::cuda_graphs on
   bool fused_ops = true;             // measured with fused ops (BenchConfig::fused_ops)
+  bool pdl = true;                   // measured with programmatic dependent launch
 };
 
 struct BenchResult {

@@ -47,6 +47,7 @@ cd "$repo"
 
 tests=(
   //kernels/activation:elementwise_test
+  //kernels/common:launch_test
   //kernels/attention:mla_attention_test
   //kernels/attention:mla_prefill_test
   //kernels/attention:mha_prefill_test

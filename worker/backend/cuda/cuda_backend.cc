@@ -14,6 +14,8 @@
 #include "kernels/attention/mha_prefill.h"
 #include "kernels/attention/mla_attention.h"
 #include "kernels/attention/mla_prefill.h"
+#include "kernels/common/capture_deps.h"
+#include "kernels/common/pdl.h"
 #include "kernels/embedding/rows.h"
 #include "kernels/fill/dummy_fill.h"
 #include "kernels/moe/expert_activation.h"
@@ -34,13 +36,14 @@ namespace deepinfer {
 namespace {
 
 // cudaMallocAsync memory, freed on the same stream so later frees are ordered after the ops
-// that used the buffer.
+// that used the buffer (aside: captured beside the kernel chain, kernels/common/capture_deps.h).
 class CudaBuffer : public DeviceBuffer {
  public:
-  CudaBuffer(void* ptr, size_t bytes, cudaStream_t stream)
-      : ptr_(ptr), bytes_(bytes), stream_(stream) {}
+  CudaBuffer(void* ptr, size_t bytes, cudaStream_t stream, bool aside)
+      : ptr_(ptr), bytes_(bytes), stream_(stream), aside_(aside) {}
   ~CudaBuffer() override {
-    cudaError_t err = cudaFreeAsync(ptr_, stream_);
+    cudaError_t err =
+        aside_ ? kernels::FreeAsideAsync(ptr_, stream_) : cudaFreeAsync(ptr_, stream_);
     if (err != cudaSuccess) LOG(ERROR) << CudaStatus(err, "cudaFreeAsync");
   }
   void* data() override { return ptr_; }
@@ -51,6 +54,7 @@ class CudaBuffer : public DeviceBuffer {
   void* ptr_;
   size_t bytes_;
   cudaStream_t stream_;
+  bool aside_;
 };
 
 bool FitsInt(int64_t v) { return v >= 0 && v <= std::numeric_limits<int>::max(); }
@@ -344,12 +348,20 @@ std::unique_ptr<DeviceBuffer> CudaBackend::AllocateOnStream(size_t bytes, bool z
   // At least one 256-byte granule, so data() is never null even for empty tensors.
   const size_t rounded = ((std::max<size_t>(bytes, 1) + 255) / 256) * 256;
   void* ptr = nullptr;
-  absl::Status st = CudaStatus(cudaMallocAsync(&ptr, rounded, stream_), "cudaMallocAsync");
+  bool aside = false;
+  if (!zero && allocations_aside_ && rounded <= kMaxAsideAllocationBytes &&
+      kernels::ProgrammaticDependentLaunchEnabled()) {
+    absl::MutexLock lock(&mu_);
+    aside = capturing_;
+  }
+  absl::Status st = aside ? CudaStatus(kernels::MallocAsideAsync(&ptr, rounded, stream_),
+                                       "kernels::MallocAsideAsync")
+                          : CudaStatus(cudaMallocAsync(&ptr, rounded, stream_), "cudaMallocAsync");
   if (st.ok() && zero) {
     st = CudaStatus(cudaMemsetAsync(ptr, 0, rounded, stream_), "cudaMemsetAsync");
   }
   CHECK(st.ok()) << "CudaBackend: allocating " << bytes << " bytes: " << st;
-  return std::make_unique<CudaBuffer>(ptr, bytes, stream_);
+  return std::make_unique<CudaBuffer>(ptr, bytes, stream_, aside);
 }
 
 void CudaBackend::CopyToDevice(const void* host, size_t bytes, void* device) {

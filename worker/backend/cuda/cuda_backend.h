@@ -80,6 +80,13 @@ class CudaBackend : public Backend {
   // Whether Gemm / BatchedGemm use kernels::SmallMGemmBf16 for small m (default on); off: cuBLAS
   // for every size, for before/after measurements.
   void SetSmallMGemm(bool on) { small_m_gemm_ = on; }
+  // While recording a graph with programmatic dependent launch on (kernels/common/pdl.h),
+  // scratch allocations of at most kMaxAsideAllocationBytes are captured beside the kernel chain
+  // (kernels/common/capture_deps.h), so that a memory node does not sit between two kernels and
+  // break their programmatic edge. Such graph memory is not reused within the graph (each
+  // recorded step holds all its small temporaries at once: a few MB at one request). Default on.
+  void SetGraphAllocationsAside(bool on) { allocations_aside_ = on; }
+  static constexpr size_t kMaxAsideAllocationBytes = 64 * 1024;
   // The small-m kernel's layout (default kAuto: by k); for tests and benchmarks.
   void SetSmallMGemmAlgo(kernels::SmallMGemmAlgo algo) { small_m_gemm_algo_ = algo; }
   // With more than one row, the small-m kernel only up to this many output columns.
@@ -250,6 +257,7 @@ class CudaBackend : public Backend {
   int32_t mla_prefill_min_tokens_ = kMlaPrefillMinTokens;
   bool in_timed_op_ = false;  // GroupedGemm calls Gemm: count only the outer op
   bool small_m_gemm_ = true;
+  bool allocations_aside_ = true;
   kernels::SmallMGemmAlgo small_m_gemm_algo_ = kernels::SmallMGemmAlgo::kAuto;
   std::map<std::string, OpTotal> op_totals_;
 
