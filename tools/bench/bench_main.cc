@@ -136,7 +136,8 @@ int main(int argc, char** argv) {
   flags.AddBool("graph-allocations-aside", &config.graph_allocations_aside,
                 "CUDA, with --pdl: capture the decode graphs' small scratch allocations beside\n"
                 "the kernel chain (else a memory node between two kernels breaks their\n"
-                "programmatic edge); off: in stream order, for comparison.");
+                "programmatic edge; costs graph memory the KV cache plan does not reserve);\n"
+                "default off: in stream order.");
   flags.AddBool("compare-pdl-off-decode", &config.compare_pdl_off_decode,
                 "After each decode batch size (and any eager / unfused steps), --output-len more\n"
                 "steps of the same sequences with --pdl off, a further decode line (pdl off).");

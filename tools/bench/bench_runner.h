@@ -112,7 +112,7 @@ struct BenchConfig {
   bool compare_pdl_off_decode = false;
   // CudaBackend::SetGraphAllocationsAside (with pdl: small scratch allocations captured beside
   // the kernel chain, so that they do not break programmatic edges).
-  bool graph_allocations_aside = true;
+  bool graph_allocations_aside = false;
   double peak_bytes_per_s = 4.3e12;
   double peak_flops_per_s = 790e12;
 };
