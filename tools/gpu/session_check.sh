@@ -3,18 +3,19 @@
 # (copied there): the GPU tests (run_all.sh, tests step), the multi-GPU checks when the machine
 # has 2 or more GPUs (multi_gpu.sh: its NCCL tests and `deepinfer run`s in `multi`, its
 # benchmark at 2 ranks against 1 rank in `bench2`), the benchmark against HF transformers
-# (bench_all.sh) and a per-op profile of a 4-layer Moonlight-shaped model. Each part has its own time limit, so one
-# hang costs its part only. The device tool returns at most 8 files: everything goes into
+# (bench_all.sh), a per-op profile of a 4-layer Moonlight-shaped model and the per-kernel times
+# of its decode graphs at 1 and 128 requests (kernel_times.sh, Nsight Compute). Each part has its
+# own time limit, so one hang costs its part only. The device tool returns at most 8 files: everything goes into
 # $OUT/session.tar.gz, plus $OUT/summary.txt (every part's summary) and $OUT/bench_all.md.
 #
-#   SESSION_PARTS="tests multi bench2 bench profile" (default: all five; multi and bench2 run
-#   only with 2 or more GPUs)
+#   SESSION_PARTS="tests multi bench2 bench profile kernels" (default: all six; multi and bench2
+#   run only with 2 or more GPUs)
 set -uo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 OUT=${OUT:-/tmp/gpu-out}
 mkdir -p "$OUT"
 export NCCL_NVLS_ENABLE=0
-parts=${SESSION_PARTS:-tests multi bench2 bench profile}
+parts=${SESSION_PARTS:-tests multi bench2 bench profile kernels}
 want() { [[ " $parts " == *" $1 "* ]]; }
 work=/tmp/session-check
 rm -rf "$work"
@@ -41,6 +42,11 @@ if want profile; then
     --model "$here/configs/moonlight_shaped_4layers.json" --load-format dummy \
     --decode-num-requests 1,128 --context-length 1024 --prefill-batch-tokens 8192 \
     --output-len 8 --warmup 2 --iters 2 --op-timing-steps 3
+fi
+if want kernels; then
+  for n in 1 128; do
+    part "kernels_$n" 90 bash "$here/kernel_times.sh" "$here/configs/moonlight_shaped_4layers.json" "$n"
+  done
 fi
 for f in "$work"/*/summary.txt "$work"/*/multi_gpu_summary.txt; do
   [[ -f "$f" ]] && { echo "-- $f"; cat "$f"; } >> "$work/summary.txt"
