@@ -921,11 +921,12 @@ __global__ void __launch_bounds__(kMmaThreads, kMmaShapes[kVariant - 1].min_bloc
   }
 }
 
-// ---- Key-split tensor-core kernel (variants 5 and 6): latent 512 + rope 64 ----
+// ---- Key-split tensor-core kernel (variants 5, 6 and 7): latent 512 + rope 64 ----
 //
 // The FlashMLA work split over mma.sync: one block of 4 warps per (token, context split, group
-// of 16 heads), keys in tiles of kKeys (64: variant 5, one block per SM; 32: variant 6, two),
-// double-buffered with cp.async. Per tile:
+// of 16 heads), keys in tiles of kKeys (64: variant 5, one block per SM; 32: variant 6, two;
+// variant 7: 6 with the shorter start-up of kFastStart, below), double-buffered with cp.async.
+// Per tile:
 //   score    warp w computes S[16 heads x its kKeys / 4 keys] over the whole 576-deep dot
 //            product (Q hi and lo fragments read from shared memory, where they were staged
 //            once per block; independent accumulator chains per k-step parity and hi / lo), so
