@@ -921,11 +921,12 @@ __global__ void __launch_bounds__(kMmaThreads, kMmaShapes[kVariant - 1].min_bloc
   }
 }
 
-// ---- Key-split tensor-core kernel (variants 5 and 6): latent 512 + rope 64 ----
+// ---- Key-split tensor-core kernel (variants 5, 6 and 7): latent 512 + rope 64 ----
 //
 // The FlashMLA work split over mma.sync: one block of 4 warps per (token, context split, group
-// of 16 heads), keys in tiles of kKeys (64: variant 5, one block per SM; 32: variant 6, two),
-// double-buffered with cp.async. Per tile:
+// of 16 heads), keys in tiles of kKeys (64: variant 5, one block per SM; 32: variant 6, two;
+// variant 7: 6 with the shorter start-up of kFastStart, below), double-buffered with cp.async.
+// Per tile:
 //   score    warp w computes S[16 heads x its kKeys / 4 keys] over the whole 576-deep dot
 //            product (Q hi and lo fragments read from shared memory, where they were staged
 //            once per block; independent accumulator chains per k-step parity and hi / lo), so
@@ -951,13 +952,30 @@ constexpr int kSplitNT = kSplitWarpCols / 8;                             // 16 o
 static_assert(kSplitDim % (8 * kSplitRowThreads) == 0, "whole 16-byte pieces per copying thread");
 static_assert(kSplitKSteps % 2 == 0, "8-key warps load two score k-steps per ldmatrix");
 
+// Variant 7 (kFastStart) also keeps the block-table entries of its split's keys in shared
+// memory, up to kSplitTableSlots of them (a split needing more reads the table in global memory
+// as variants 5 and 6 do): at block size 16, 4096 keys.
+constexpr int kSplitTableSlots = 256;
+constexpr int kSplitTablePerThread = kSplitTableSlots / kMmaThreads;  // loads per thread: 2
+static_assert(kSplitTableSlots % kMmaThreads == 0, "whole table loads per thread");
+
 // Shared memory: Q fragments [k-step][hi, lo][lane] (uint4), keys [2][kKeys][kSplitLd] (bf16),
-// P fragments [P·V k-step][hi, lo][lane] (uint4), row maxima and row sums [warp][16] (fp32).
+// P fragments [P·V k-step][hi, lo][lane] (uint4), row maxima and row sums [warp][16] (fp32),
+// and with fast_start the block-table entries [kSplitTableSlots] (int32).
 constexpr size_t kSplitQBytes = size_t{kSplitKSteps} * 2 * 32 * sizeof(uint4);
-constexpr size_t SplitSmemBytes(int keys) {
+constexpr size_t SplitSmemBytes(int keys, bool fast_start) {
   return kSplitQBytes + size_t{2} * keys * kSplitLd * sizeof(__nv_bfloat16) +
-         size_t{keys / 16} * 2 * 32 * sizeof(uint4) + 2 * kMmaWarps * kMmaHeads * sizeof(float);
+         static_cast<size_t>(keys / 16) * 2 * 32 * sizeof(uint4) +
+         2 * kMmaWarps * kMmaHeads * sizeof(float) +
+         (fast_start ? size_t{kSplitTableSlots} * sizeof(int32_t) : 0);
 }
+// Two 32-key blocks per SM on sm_90 (228 KB of shared memory per SM, 1 KB of it reserved per
+// block) with and without the table: 111.5 and 112.5 KB. A third key buffer (3-stage ring)
+// would take a block to 148 KB, one block per SM, so variant 7 stays double-buffered.
+static_assert(2 * (SplitSmemBytes(32, true) + 1024) <= 228 * 1024, "two blocks per SM");
+static_assert(2 * (SplitSmemBytes(32, true) + 32 * kSplitLd * sizeof(__nv_bfloat16) + 1024) >
+                  228 * 1024,
+              "a 3-stage ring would not fit two blocks per SM (revisit kFastStart's ring)");
 
 // Cache offset of key j of the token's context, -1 past its end.
 __device__ __forceinline__ int64_t RowOrNone(const MlaAttentionParams& p, const int32_t* table,
@@ -991,9 +1009,114 @@ __device__ __forceinline__ void LoadSplitTile(const __nv_bfloat16* cache,
   CopyAsyncCommit();
 }
 
+// ---- Variant 7's start-up (kFastStart) ----
+//
+// Q of one head group as fp32 float4s: element e = threadIdx + i * kMmaThreads of the
+// [16 heads][144 float4] group, i < kSplitQLoads; dims 4 f .. 4 f + 3 of [latent | rope].
+constexpr int kSplitQF4PerHead = kSplitDim / 4;                           // 144
+constexpr int kSplitQLoads = kMmaHeads * kSplitQF4PerHead / kMmaThreads;  // 18 per thread
+static_assert(kMmaHeads * kSplitQF4PerHead % kMmaThreads == 0, "whole Q loads per thread");
+static_assert(kSplitLatent % 4 == 0, "a float4 of Q lies in the latent or in the rope part");
+
+// Issues all of this thread's Q loads (nothing waits for them here): 16-byte loads where the
+// query pointers and strides allow (q_vec), else four 4-byte loads; heads past num_heads are 0.
+__device__ __forceinline__ void LoadQueryF4(const MlaAttentionParams& p, int64_t t, int h0,
+                                            bool q_vec, float4 (&q)[kSplitQLoads]) {
+#pragma unroll
+  for (int i = 0; i < kSplitQLoads; ++i) {
+    const int e = threadIdx.x + i * kMmaThreads;
+    const int hl = e / kSplitQF4PerHead, f = e - hl * kSplitQF4PerHead, h = h0 + hl;
+    q[i] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    if (h >= p.num_heads) continue;
+    if (4 * f < kSplitLatent) {  // q_latent rows are whole float4s when q_vec
+      const float* src = p.q_latent + (t * p.num_heads + h) * kSplitLatent + 4 * f;
+      q[i] = q_vec ? *reinterpret_cast<const float4*>(src)
+                   : make_float4(src[0], src[1], src[2], src[3]);
+    } else {
+      const float* src =
+          p.q_rope + t * p.q_rope_token_stride + h * p.q_rope_head_stride + (4 * f - kSplitLatent);
+      q[i] = q_vec ? *reinterpret_cast<const float4*>(src)
+                   : make_float4(src[0], src[1], src[2], src[3]);
+    }
+  }
+}
+
+// Writes the loaded Q as the A fragments of the score MMAs, hi and lo, in the layout the
+// variant 5 / 6 start-up writes: qf[(ks * 2 + lo) * 32 + lane] register r holds head
+// g + 8 (r & 1), dims 16 ks + 2 tq + 8 (r >> 1) + {0, 1} (lane = 4 g + tq). A float4 at dim c
+// is two such pairs: (c, c + 1) at tq = (c % 8) / 2 and (c + 2, c + 3) at the next tq.
+__device__ __forceinline__ void StoreQueryFragments(const float4 (&q)[kSplitQLoads], uint4* qf) {
+  uint32_t* words = reinterpret_cast<uint32_t*>(qf);
+#pragma unroll
+  for (int i = 0; i < kSplitQLoads; ++i) {
+    const int e = threadIdx.x + i * kMmaThreads;
+    const int hl = e / kSplitQF4PerHead, c = 4 * (e - hl * kSplitQF4PerHead);
+    const int ks = c / 16, o = c % 16;
+    const int r = hl / 8 + 2 * (o / 8), lane = (hl % 8) * 4 + (o % 8) / 2;
+    uint32_t hi[2], lo[2];
+    SplitBf16(q[i].x, q[i].y, &hi[0], &lo[0]);
+    SplitBf16(q[i].z, q[i].w, &hi[1], &lo[1]);
+#pragma unroll
+    for (int k = 0; k < 2; ++k) {
+      words[((ks * 2) * 32 + lane + k) * 4 + r] = hi[k];
+      words[((ks * 2 + 1) * 32 + lane + k) * 4 + r] = lo[k];
+    }
+  }
+}
+
+// Where variant 7 finds the block-table entries of its split: table entries first_block ..
+// first_block + kSplitTableSlots - 1 in shared memory (stab) when in_smem, else the table itself.
+struct SplitTable {
+  const int32_t* table;  // the token's row of block_tables (global)
+  const int32_t* stab;   // shared copy of entries first_block ...
+  int32_t first_block;
+  bool in_smem;
+};
+
+// Copies the table entries of keys [begin, end) into stab when they fit (one round of
+// kSplitTablePerThread independent loads per thread). The caller syncs before stab is read.
+__device__ __forceinline__ SplitTable PrefetchSplitTable(const MlaAttentionParams& p,
+                                                         const int32_t* table, int32_t* stab,
+                                                         int32_t begin, int32_t end) {
+  const int32_t bs = p.cache.block_size;
+  SplitTable st{table, stab, begin / bs, false};
+  const int32_t n = (end - 1) / bs - st.first_block + 1;
+  st.in_smem = n <= kSplitTableSlots;
+  if (st.in_smem) {
+    int32_t v[kSplitTablePerThread];
+#pragma unroll
+    for (int k = 0; k < kSplitTablePerThread; ++k) {
+      const int32_t i = threadIdx.x + k * kMmaThreads;
+      v[k] = i < n ? table[st.first_block + i] : 0;
+    }
+#pragma unroll
+    for (int k = 0; k < kSplitTablePerThread; ++k) {
+      const int32_t i = threadIdx.x + k * kMmaThreads;
+      if (i < n) stab[i] = v[k];
+    }
+  }
+  return st;
+}
+
+// Cache offset of key j (< 2^31: context lengths are int32) of the split, -1 at or past end:
+// 32-bit index math and, when the table is in shared memory, no global load.
+__device__ __forceinline__ int64_t SplitRowOrNone(const MlaAttentionParams& p, const SplitTable& st,
+                                                  int32_t j, int32_t end) {
+  if (j >= end) return -1;
+  const int32_t bs = p.cache.block_size;
+  const int32_t b = j / bs, o = j - b * bs;
+  const int32_t block = st.in_smem ? st.stab[b - st.first_block] : st.table[b];
+  return (static_cast<int64_t>(block) * bs + o) * kSplitDim;
+}
+
 // Block index = (token * num_splits + split) * num_groups + group, as MlaGroupedKernel. Needs a
-// 16-byte aligned cache (vec_loads is implied; PlanGrouped checks it).
-template <int kKeys>
+// 16-byte aligned cache (vec_loads is implied; PlanGrouped checks it). kFastStart (variant 7,
+// kKeys 32): the start-up takes fewer dependent steps: all of Q's fp32 loads are issued first
+// (16-byte loads), the split's block-table entries are copied into shared memory in one round,
+// tiles 0 and 1 are both put in flight, and only then is Q converted into its fragments (so the
+// conversion overlaps the key copies); tile row offsets come from the shared table with 32-bit
+// index math.
+template <int kKeys, bool kFastStart>
 __global__ void __launch_bounds__(kMmaThreads, kKeys == 32 ? 2 : 1)
     MlaBf16KeySplitKernel(MlaAttentionParams p, int num_groups, int num_splits, bool /*vec_loads*/,
                           float* ws_out, float* ws_ml) {
@@ -1008,6 +1131,8 @@ __global__ void __launch_bounds__(kMmaThreads, kKeys == 32 ? 2 : 1)
   uint4* pf = reinterpret_cast<uint4*>(kbuf + 2 * kKeys * kSplitLd);  // 16-byte aligned
   float* red_max = reinterpret_cast<float*>(pf + kPvSteps * 2 * 32);
   float* red_sum = red_max + kMmaWarps * kMmaHeads;
+  int32_t* stab = reinterpret_cast<int32_t*>(red_sum + kMmaWarps * kMmaHeads);  // kFastStart
+  static_assert(!kFastStart || kKeys == 32, "variant 7 is the 32-key kernel");
 
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
   const int g = lane / 4, tq = lane % 4;  // mma fragment coordinates: row group, pair in row
@@ -1015,6 +1140,15 @@ __global__ void __launch_bounds__(kMmaThreads, kKeys == 32 ? 2 : 1)
   const int split = (blockIdx.x / num_groups) % num_splits;
   const int64_t t = blockIdx.x / num_groups / num_splits;
   const int h0 = group * kMmaHeads;
+  float4 q4[kFastStart ? kSplitQLoads : 1];
+  if constexpr (kFastStart) {
+    // First, so that these loads are in flight with the token's sequence and length loads.
+    const uintptr_t q_bases =
+        reinterpret_cast<uintptr_t>(p.q_latent) | reinterpret_cast<uintptr_t>(p.q_rope);
+    const bool q_vec =
+        q_bases % 16 == 0 && p.q_rope_token_stride % 4 == 0 && p.q_rope_head_stride % 4 == 0;
+    LoadQueryF4(p, t, h0, q_vec, q4);
+  }
   const int32_t* table =
       p.block_tables + static_cast<int64_t>(p.token_seq[t]) * p.max_blocks_per_seq;
   int64_t begin = 0, end = 0;
@@ -1023,29 +1157,57 @@ __global__ void __launch_bounds__(kMmaThreads, kKeys == 32 ? 2 : 1)
   // Base-2 softmax: log2 e folded into the scale; the workspace's maxima in natural-log units.
   const float score_scale = p.softmax_scale * 1.4426950408889634f;
 
-  // Tile 0 in flight while Q is staged; rows[] then holds tile 1's row offsets (one tile ahead).
   const int my_row = tid / kSplitRowThreads;
   int64_t rows[kRows];
+  SplitTable st{};
+  // The row offsets of the tile starting at key j0 into rows[].
+  auto tile_rows = [&](int64_t j0) {
 #pragma unroll
-  for (int k = 0; k < kRows; ++k) {
-    rows[k] = RowOrNone(p, table, begin + my_row + k * kSplitRowsPerPass, end);
-  }
-  LoadSplitTile(cache, rows, kbuf);
-#pragma unroll
-  for (int k = 0; k < kRows; ++k) {
-    rows[k] = RowOrNone(p, table, begin + kKeys + my_row + k * kSplitRowsPerPass, end);
-  }
-  // Q as A fragments, hi and lo; register r: head g + 8 (r & 1), dims 2 tq + 8 (r >> 1) + {0, 1}.
-  for (int ks = warp; ks < kSplitKSteps; ks += kMmaWarps) {
-    uint32_t hi[4], lo[4];
-#pragma unroll
-    for (int r = 0; r < 4; ++r) {
-      const int h = h0 + g + (r & 1) * 8, c = ks * 16 + 2 * tq + (r >> 1) * 8;
-      SplitBf16(QueryValue(p, t, h, c, kSplitLatent, kSplitDim),
-                QueryValue(p, t, h, c + 1, kSplitLatent, kSplitDim), &hi[r], &lo[r]);
+    for (int k = 0; k < kRows; ++k) {
+      const int64_t j = j0 + my_row + k * kSplitRowsPerPass;
+      if constexpr (kFastStart) {
+        rows[k] = SplitRowOrNone(p, st, static_cast<int32_t>(j < end ? j : end),
+                                 static_cast<int32_t>(end));
+      } else {
+        rows[k] = RowOrNone(p, table, j, end);
+      }
     }
-    qf[(ks * 2) * 32 + lane] = make_uint4(hi[0], hi[1], hi[2], hi[3]);
-    qf[(ks * 2 + 1) * 32 + lane] = make_uint4(lo[0], lo[1], lo[2], lo[3]);
+  };
+  if constexpr (kFastStart) {
+    // The split's table entries into shared memory (one round of loads), then tiles 0 and 1 in
+    // flight (two copy groups; the second empty when the split has one tile) before Q's
+    // conversion; rows[] then holds tile 2's row offsets (two tiles ahead, see the loop).
+    st = PrefetchSplitTable(p, table, stab, static_cast<int32_t>(begin), static_cast<int32_t>(end));
+    __syncthreads();
+    tile_rows(begin);
+    LoadSplitTile(cache, rows, kbuf);
+    if (begin + kKeys < end) {
+      tile_rows(begin + kKeys);
+      LoadSplitTile(cache, rows, kbuf + kKeys * kSplitLd);
+      tile_rows(begin + 2 * kKeys);
+    } else {
+      CopyAsyncCommit();
+    }
+    StoreQueryFragments(q4, qf);  // published by the loop's first barrier
+  } else {
+    // Tile 0 in flight while Q is staged; rows[] then holds tile 1's row offsets (one tile
+    // ahead).
+    tile_rows(begin);
+    LoadSplitTile(cache, rows, kbuf);
+    tile_rows(begin + kKeys);
+    // Q as A fragments, hi and lo; register r: head g + 8 (r & 1), dims 2 tq + 8 (r >> 1) +
+    // {0, 1}.
+    for (int ks = warp; ks < kSplitKSteps; ks += kMmaWarps) {
+      uint32_t hi[4], lo[4];
+#pragma unroll
+      for (int r = 0; r < 4; ++r) {
+        const int h = h0 + g + (r & 1) * 8, c = ks * 16 + 2 * tq + (r >> 1) * 8;
+        SplitBf16(QueryValue(p, t, h, c, kSplitLatent, kSplitDim),
+                  QueryValue(p, t, h, c + 1, kSplitLatent, kSplitDim), &hi[r], &lo[r]);
+      }
+      qf[(ks * 2) * 32 + lane] = make_uint4(hi[0], hi[1], hi[2], hi[3]);
+      qf[(ks * 2 + 1) * 32 + lane] = make_uint4(lo[0], lo[1], lo[2], lo[3]);
+    }
   }
 
   float acc[kSplitNT][4];
@@ -1062,15 +1224,19 @@ __global__ void __launch_bounds__(kMmaThreads, kKeys == 32 ? 2 : 1)
 
   int tile = 0;
   for (int64_t j0 = begin; j0 < end; j0 += kKeys, ++tile) {
-    CopyAsyncWait<0>();  // this tile's copies (the only group in flight) have landed ...
-    __syncthreads();     // ... for every thread, and every warp is done with the previous tile
+    // kFastStart, tile 0: tile 1's group (committed after tile 0's) may stay in flight.
+    if (kFastStart && tile == 0) {
+      CopyAsyncWait<1>();
+    } else {
+      CopyAsyncWait<0>();  // this tile's copies (the only group in flight) have landed ...
+    }
+    __syncthreads();  // ... for every thread, and every warp is done with the previous tile
     const __nv_bfloat16* kc = kbuf + (tile & 1) * kKeys * kSplitLd;
-    if (j0 + kKeys < end) {  // the next tile into the buffer the previous one used
+    // The next tile into the buffer the previous one used (kFastStart: tile 1 is in flight
+    // already, so from tile 1 on, and rows[] holds tile + 1's offsets then).
+    if ((!kFastStart || tile > 0) && j0 + kKeys < end) {
       LoadSplitTile(cache, rows, kbuf + ((tile + 1) & 1) * kKeys * kSplitLd);
-#pragma unroll
-      for (int k = 0; k < kRows; ++k) {
-        rows[k] = RowOrNone(p, table, j0 + 2 * kKeys + my_row + k * kSplitRowsPerPass, end);
-      }
+      tile_rows(j0 + 2 * kKeys);
     }
 
     // S[16 x this warp's keys]: sc[(ks & 1) * 2 + lo][n] for n-tile n (keys 8n .. 8n + 7), so
@@ -1364,12 +1530,20 @@ struct GroupedPlan {
   size_t workspace_bytes = 0;
 };
 
-// MlaAttentionParams::mma_variant of the key-split kernels: MlaBf16KeySplitKernel<64> (one
-// block per SM) and MlaBf16KeySplitKernel<32> (two).
+// MlaAttentionParams::mma_variant of the key-split kernels: MlaBf16KeySplitKernel<64, false>
+// (one block per SM), <32, false> (two) and <32, true> (two, the shorter start-up).
 constexpr int kKeySplitVariant = kMmaVariants + 1;
 constexpr int kKeySplit32Variant = kMmaVariants + 2;
-static_assert(kKeySplit32Variant == kMaxMlaMmaVariant, "mla_attention.h documents the variants");
-int KeySplitKeys(int variant) { return variant == kKeySplit32Variant ? 32 : 64; }
+constexpr int kKeySplitFastVariant = kMmaVariants + 3;
+static_assert(kKeySplitFastVariant == kMaxMlaMmaVariant, "mla_attention.h documents the variants");
+int KeySplitKeys(int variant) { return variant == kKeySplitVariant ? 64 : 32; }
+bool KeySplitFastStart(int variant) { return variant == kKeySplitFastVariant; }
+
+GroupedKernelFn KeySplitKernelFor(int variant) {
+  if (variant == kKeySplitVariant) return MlaBf16KeySplitKernel<64, false>;
+  if (variant == kKeySplit32Variant) return MlaBf16KeySplitKernel<32, false>;
+  return MlaBf16KeySplitKernel<32, true>;
+}
 
 // The variant used when MlaAttentionParams::mma_variant is 0: the 32-key key-split kernel
 // (variant 6), the fastest measured on the H200 at 1, 64, 128 and 256 decode tokens (docs/cuda.md);
@@ -1379,10 +1553,10 @@ constexpr int kDefaultMmaVariant = kKeySplit32Variant;
 // True when a key-split kernel of kKeys-key tiles takes these params (given the device's
 // shared-memory limit): bf16 cache of latent 512 + rope 64, 16-byte aligned (whole-row cp.async
 // copies).
-bool KeySplitFits(const MlaAttentionParams& p, int keys, int max_smem) {
+bool KeySplitFits(const MlaAttentionParams& p, int keys, bool fast_start, int max_smem) {
   return IsBf16(p) && p.cache.latent_dim == kSplitLatent && p.cache.rope_dim == kSplitRope &&
          reinterpret_cast<uintptr_t>(p.cache.cache) % 16 == 0 &&
-         SplitSmemBytes(keys) <= static_cast<size_t>(max_smem);
+         SplitSmemBytes(keys, fast_start) <= static_cast<size_t>(max_smem);
 }
 
 cudaError_t PlanGrouped(const MlaAttentionParams& p, GroupedPlan* plan) {
@@ -1400,15 +1574,15 @@ cudaError_t PlanGrouped(const MlaAttentionParams& p, GroupedPlan* plan) {
   int variant = p.mma_variant == 0 ? kDefaultMmaVariant : p.mma_variant;
   const bool key_split = variant >= kKeySplitVariant;
   const int keys = KeySplitKeys(variant);
-  GroupedKernelFn mma_kernel = !key_split   ? MmaKernelFor(p.cache.latent_dim, variant)
-                               : keys == 32 ? MlaBf16KeySplitKernel<32>
-                                            : MlaBf16KeySplitKernel<64>;
+  const bool fast_start = KeySplitFastStart(variant);
+  GroupedKernelFn mma_kernel =
+      key_split ? KeySplitKernelFor(variant) : MmaKernelFor(p.cache.latent_dim, variant);
   if (key_split) {
     // Shapes (or devices) the key-split kernels do not take run variant 4.
     KernelFacts facts;
     e = FactsFor(mma_kernel, device, &facts);
     if (e != cudaSuccess) return e;
-    if (!KeySplitFits(p, keys, facts.max_smem)) {
+    if (!KeySplitFits(p, keys, fast_start, facts.max_smem)) {
       variant = 4;
       mma_kernel = MmaKernelFor(p.cache.latent_dim, variant);
     }
@@ -1418,8 +1592,8 @@ cudaError_t PlanGrouped(const MlaAttentionParams& p, GroupedPlan* plan) {
   if (plan->mma) {
     plan->kernel = mma_kernel;
     plan->threads = kMmaThreads;
-    plan->smem =
-        plan->key_split ? SplitSmemBytes(keys) : MmaSmemBytes(kMmaShapes[variant - 1], dim);
+    plan->smem = plan->key_split ? SplitSmemBytes(keys, fast_start)
+                                 : MmaSmemBytes(kMmaShapes[variant - 1], dim);
   } else {
     plan->kernel = IsBf16(p) ? GroupedKernelFor<__nv_bfloat16>(p.cache.latent_dim)
                              : GroupedKernelFor<float>(p.cache.latent_dim);

@@ -61,9 +61,12 @@ struct MlaAttentionParams {
   // blocks per SM; 4: 3 with fewer instructions per chunk; 5: the key-split kernel, FlashMLA's
   // work split: 64-key tiles, each warp scoring a quarter of the keys over the whole dot product
   // and owning a quarter of the output columns, 1 block per SM; 6: 5 with 32-key tiles, 2
-  // blocks per SM; 5 and 6 take latent 512 + rope 64 only, other shapes run 4;
+  // blocks per SM; 7: 6 with a shorter start-up (Q loaded with 16-byte loads before the first
+  // tiles' copies, which are both in flight before Q is converted; the split's block-table
+  // entries in shared memory); 5, 6 and 7 take latent 512 + rope 64 only, other shapes run 4;
   // mla_attention.cu); 0 = the default (6, else 4 for shapes 6 does not take: the fastest
-  // measured on the H200, docs/cuda.md). Tests and the benchmark set it.
+  // measured on the H200, docs/cuda.md). Tests, the benchmark and
+  // CudaBackend::SetMlaDecodeVariant set it.
   int32_t mma_variant = 0;
 };
 
@@ -77,7 +80,7 @@ cudaError_t WriteLatentCacheF32(int64_t tokens, const float* latent, int64_t ld_
 // The largest num_splits MlaAttentionF32 accepts.
 constexpr int32_t kMaxMlaSplits = 64;
 // The largest MlaAttentionParams::mma_variant.
-constexpr int32_t kMaxMlaMmaVariant = 6;
+constexpr int32_t kMaxMlaMmaVariant = 7;
 
 // out[t, h] = sum_j softmax_j(scale * (q_latent[t,h]·c_j + q_rope[t,h]·k_j)) c_j over the
 // first context_len[t] entries of the token's sequence. cudaErrorInvalidValue if latent_dim
@@ -87,7 +90,7 @@ cudaError_t MlaAttentionF32(const MlaAttentionParams& params, cudaStream_t strea
 
 // Which kernel MlaAttentionF32 runs for these params on the current device: "mma_bf16" (bf16
 // cache, latent_dim <= 512, latent_dim + rope_dim <= 640, a GPU with bf16 tensor cores),
-// "mma_bf16_key_split" (the same, variants 5 and 6's kernel: latent 512 + rope 64, a 16-byte
+// "mma_bf16_key_split" (the same, variants 5, 6 and 7's kernel: latent 512 + rope 64, a 16-byte
 // aligned cache), "grouped_bf16" (other bf16 shapes: CUDA cores, keys widened to fp32 in shared
 // memory), "grouped_f32", or "invalid". For tests and the benchmark.
 const char* MlaAttentionKernelName(const MlaAttentionParams& params);

@@ -168,16 +168,14 @@ void Run(const Batch& batch) {
     constexpr int kGraphCalls = 10, kGraphReplays = 5;
     cudaStream_t stream;
     BENCH_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
-    // (variant, forced split count or 0); few tokens: also fewer splits than the automatic 64.
-    // Many tokens: the key-split kernels (5, 6) also at forced split counts.
-    std::vector<std::pair<int, int>> runs = {{1, 0}, {2, 0}, {3, 0}, {4, 0}, {5, 0}, {6, 0}};
-    if (tokens < 16) {
-      for (int variant : {3, 4, 5, 6}) {
-        for (int splits : {4, 8, 16, 32}) runs.emplace_back(variant, splits);
-      }
-    } else {
-      for (int variant : {5, 6}) {
-        for (int splits : {1, 2, 3, 4}) runs.emplace_back(variant, splits);
+    // (variant, forced split count or 0): 4 (the lean chunked kernel), 6 (the 32-key key-split
+    // kernel, the default) and 7 (6 with the shorter start-up) at their automatic split counts;
+    // 6 and 7 also at forced ones (few tokens: fewer splits than the automatic 64).
+    std::vector<std::pair<int, int>> runs = {{4, 0}, {6, 0}, {7, 0}};
+    for (int variant : {6, 7}) {
+      for (int splits :
+           tokens < 16 ? std::vector<int>{4, 8, 16, 32} : std::vector<int>{1, 2, 3, 4}) {
+        runs.emplace_back(variant, splits);
       }
     }
     for (const auto& [variant, splits] : runs) {

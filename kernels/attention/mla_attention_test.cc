@@ -4,8 +4,10 @@
 // head counts that do not fill a head group, DeepSeek-V3's 128 heads and latent/rope sizes,
 // context splits chosen automatically or forced (with an internal or a caller's workspace),
 // decode batches of 1, 3, 64, 128 and 256 requests (both split combines: fewer and more than 8
-// splits); every pipeline shape of the tensor-core kernel; every case with an fp32 and with a bf16
-// cache (the CPU reference reads the same bf16 values).
+// splits); every pipeline shape of the tensor-core kernel (variant 7, the key-split kernel's
+// shorter start-up, included: its shared block-table copy and, past 256 blocks per split, its
+// global fallback); every case with an fp32 and with a bf16 cache (the CPU reference reads the
+// same bf16 values).
 #include "kernels/attention/mla_attention.h"
 
 #include <algorithm>
@@ -248,6 +250,9 @@ std::vector<Case> Cases() {
   c.push_back({"decode_128_heads", 128, 512, 64, 128, 16, {1, 37, 1500}, true});
   c.push_back({"decode_split_7_block_1", 16, 512, 64, 128, 1, {1, 37, 700}, true, 7});
   c.push_back({"decode_split_max", 17, 256, 64, 32, 16, {3, 2000}, true, kernels::kMaxMlaSplits});
+  // One split of 1025 blocks of 1 key: more block-table entries than variant 7 keeps in shared
+  // memory (256), so it reads them from the table in global memory.
+  c.push_back({"decode_table_in_global_block_1", 16, 512, 64, 128, 1, {5, 700, 1025}, true, 1});
   // Decode batches of the shapes the benchmark times (Moonlight: 16 heads, latent 512 + rope 64),
   // at the automatic split count: one request whose context is not a whole number of blocks,
   // and 128 / 256 requests of mixed lengths (many empty splits, chunks that end mid-block).

@@ -100,6 +100,10 @@ int main(int argc, char** argv) {
   flags.AddInt("mla-prefill-min-tokens", &config.mla_prefill_min_tokens,
                "CUDA, bf16: new tokens from which a sequence's attention runs on tensor cores\n"
                "(0: never, for a before/after comparison; -1: the backend's default).");
+  flags.AddInt("mla-decode-variant", &config.mla_decode_variant,
+               "CUDA: the MLA decode attention kernel's variant (kernels::MlaAttentionParams::\n"
+               "mma_variant: 6 the 32-key key-split kernel, 7 it with the shorter start-up, ...;\n"
+               "0: the kernel's default).");
   flags.AddString("decode-moe-algo", &config.decode_moe_algo,
                   "CUDA, bf16: force the expert GEMMs of the device MoE path (grouped-f32,\n"
                   "stream or planned) for EVERY batch, prefill included (compare decode\n"

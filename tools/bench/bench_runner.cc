@@ -3,6 +3,8 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdint>
+#include <limits>
 #include <memory>
 #include <random>
 #include <thread>
@@ -22,12 +24,12 @@
 #include "tools/bench/parallel_dummy_weight_source.h"
 #include "tools/bench/roofline.h"
 #include "worker/backend/backend_factory.h"
+#include "worker/backend/bf16.h"
 #include "worker/comm/data_plane.h"
 #include "worker/comm/tcp_communicator.h"
 #include "worker/device_discovery.h"
-#include "worker/engine/rank_group.h"
 #include "worker/engine/memory_plan.h"
-#include "worker/backend/bf16.h"
+#include "worker/engine/rank_group.h"
 #include "worker/kv_cache/kv_block_pool.h"
 #include "worker/model/deepseek_v3_model.h"
 #include "worker/model/model_loader.h"
@@ -364,6 +366,17 @@ absl::Status RunRank(const BenchConfig& bc, int64_t rank, RankState* s, RankOutp
   auto* cuda = dynamic_cast<CudaBackend*>(s->backend.get());
   if (cuda != nullptr && bc.mla_prefill_min_tokens >= 0) {
     cuda->SetMlaPrefillMinTokens(static_cast<int32_t>(bc.mla_prefill_min_tokens));
+  }
+  if (cuda != nullptr && bc.mla_decode_variant != 0) {
+    // Out-of-range values (int32 overflow included) are the setter's INVALID_ARGUMENT.
+    const int64_t v = bc.mla_decode_variant;
+    const bool fits_int32 =
+        v >= std::numeric_limits<int32_t>::min() && v <= std::numeric_limits<int32_t>::max();
+    const int32_t variant = fits_int32 ? static_cast<int32_t>(v) : -1;
+    if (absl::Status st = cuda->SetMlaDecodeVariant(variant); !st.ok()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--mla-decode-variant ", v, ": ", st.message()));
+    }
   }
   if (cuda != nullptr && !bc.decode_moe_algo.empty()) {
     using Algo = CudaBackend::DecodeMoeAlgo;

@@ -84,6 +84,9 @@ struct BenchConfig {
   // CUDA only: CudaBackend::SetDecodeMoeAlgo: "grouped-f32", "stream" or "planned" forces that
   // expert GEMM for the device MoE path (any bf16 batch); empty keeps the backend's choice.
   std::string decode_moe_algo;
+  // CUDA only: CudaBackend::SetMlaDecodeVariant, the MLA decode kernel's variant
+  // (kernels::MlaAttentionParams::mma_variant; 0: the kernel's default).
+  int64_t mla_decode_variant = 0;
   // CUDA: CudaBackend::SetSmallMGemmAlgo, the small-m GEMM layout ("row" or "split-k"); empty:
   // kernels::SmallMGemmAutoIsSplitK's choice.
   std::string small_m_gemm_algo;

@@ -658,9 +658,20 @@ bool CudaBackend::UsesTensorCoreAttention(const MlaSequenceSpan& s) const {
          static_cast<int64_t>(s.num_tokens) * s.context_len >= kMlaPrefillMinWork;
 }
 
+absl::Status CudaBackend::SetMlaDecodeVariant(int32_t variant) {
+  if (variant < 0 || variant > kernels::kMaxMlaMmaVariant) {
+    return absl::InvalidArgumentError(absl::StrCat("CudaBackend::SetMlaDecodeVariant: variant ",
+                                                   variant, " is outside [0, ",
+                                                   kernels::kMaxMlaMmaVariant, "]"));
+  }
+  mla_decode_variant_ = variant;
+  return absl::OkStatus();
+}
+
 void CudaBackend::MlaAttention(const MlaAttentionArgs& a) {
   OpTimer timer(this, "MlaAttention");
   kernels::MlaAttentionParams p;
+  p.mma_variant = mla_decode_variant_;
   p.num_tokens = a.num_tokens;
   p.num_heads = a.num_heads;
   p.q_latent = a.q_latent;

@@ -182,6 +182,11 @@ class CudaBackend : public Backend {
   static constexpr int64_t kMlaPrefillMinWork = 16384;
   // Overrides kMlaPrefillMinTokens (0: never use MlaPrefillBf16), for benchmarks.
   void SetMlaPrefillMinTokens(int32_t n) { mla_prefill_min_tokens_ = n; }
+  // kernels::MlaAttentionParams::mma_variant of every kernels::MlaAttentionF32 call (decode
+  // attention; 0: the kernel's default); INVALID_ARGUMENT outside [0, kMaxMlaMmaVariant]. For
+  // benchmarks (deepinfer-bench --mla-decode-variant) and tests.
+  absl::Status SetMlaDecodeVariant(int32_t variant);
+  int32_t mla_decode_variant() const { return mla_decode_variant_; }
   void NoauxTcRoute(const NoauxTcRouteArgs& args) override;
   void AccumulateExpertCounts(int64_t n, const int32_t* ids, int64_t num_experts,
                               const int32_t* count_limit, int64_t* counts) override;
@@ -257,6 +262,7 @@ class CudaBackend : public Backend {
   };
   bool op_timing_ = false;
   int32_t mla_prefill_min_tokens_ = kMlaPrefillMinTokens;
+  int32_t mla_decode_variant_ = 0;  // kernels::MlaAttentionParams::mma_variant
   bool in_timed_op_ = false;  // GroupedGemm calls Gemm: count only the outer op
   bool small_m_gemm_ = true;
   bool allocations_aside_ = false;

@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "gtest/gtest.h"
+#include "kernels/attention/mla_attention.h"
 #include "kernels/moe/moe_permute.h"
 #include "kernels/testing/gpu_test_util.h"
 #include "worker/backend/bf16.h"
@@ -693,6 +694,97 @@ TEST_F(CudaBackendTest, KernelErrorsAreRecordedWithTheCallNamed) {
   // here touches memory, so the context stays usable).
   gpu_->ApplyRope(1, 1, nullptr, 3, 3, 3, nullptr, nullptr, 1.0f, true);
   EXPECT_EQ(gpu_->status(), st);
+}
+
+TEST_F(CudaBackendTest, SetMlaDecodeVariantRejectsUnknownVariants) {
+  for (int32_t bad : {-1, kernels::kMaxMlaMmaVariant + 1}) {
+    const absl::Status st = gpu_->SetMlaDecodeVariant(bad);
+    EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument) << st;
+    EXPECT_NE(st.message().find("variant " + std::to_string(bad)), absl::string_view::npos) << st;
+  }
+  EXPECT_EQ(gpu_->mla_decode_variant(), 0);  // unchanged by the rejected calls
+  ASSERT_TRUE(gpu_->SetMlaDecodeVariant(7).ok());
+  EXPECT_EQ(gpu_->mla_decode_variant(), 7);
+}
+
+// Decode attention (bf16 cache, Moonlight's 16 heads of latent 512 + rope 64, shuffled blocks of
+// 16) at every SetMlaDecodeVariant value against CpuBackend over the same cache values.
+TEST_F(CudaBackendTest, MlaDecodeMatchesCpuAtEveryVariant) {
+  constexpr int32_t kHeads = 16, kLatent = 512, kRope = 64, kBlock = 16, kEntry = kLatent + kRope;
+  const std::vector<int32_t> lens = {37, 300, 1};
+  const int32_t max_blocks = 19, num_blocks = 3 * max_blocks;
+  const uint32_t seed = testing::FreshSeed();
+  SCOPED_TRACE(::testing::Message() << "seed " << seed);
+  std::mt19937 gen(seed);
+  std::vector<int32_t> perm(num_blocks);
+  for (int32_t i = 0; i < num_blocks; ++i) perm[i] = i;
+  std::shuffle(perm.begin(), perm.end(), gen);
+  std::vector<int32_t> tables(perm.begin(), perm.end());  // sequence q owns row q
+  std::vector<int32_t> slots, token_seq, context_len;
+  for (int32_t q = 0; q < 3; ++q) {
+    for (int32_t p = 0; p < lens[q]; ++p) {
+      slots.push_back(tables[q * max_blocks + p / kBlock] * kBlock + p % kBlock);
+    }
+    token_seq.push_back(q);
+    context_len.push_back(lens[q]);
+  }
+  const int64_t cached = static_cast<int64_t>(slots.size()), tokens = 3;
+  const auto kv = testing::RandomFloats(cached * kEntry, seed + 1);
+  const auto q_latent = testing::RandomFloats(tokens * kHeads * kLatent, seed + 2);
+  const auto q_rope = testing::RandomFloats(tokens * kHeads * kRope, seed + 3);
+  const size_t cache_elems = static_cast<size_t>(num_blocks) * kBlock * kEntry;
+  std::vector<uint16_t> cache_cpu(cache_elems, 0);
+  const PagedLatentCacheView cpu_view{cache_cpu.data(), kBlock, kLatent, kRope,
+                                      WeightDType::kBFloat16};
+  cpu_.WriteLatentCache(cached, kv.data(), kEntry, kv.data() + kLatent, kEntry, slots.data(),
+                        cpu_view);
+  MlaAttentionArgs a;
+  a.num_tokens = static_cast<int32_t>(tokens);
+  a.num_heads = kHeads;
+  a.q_latent = q_latent.data();
+  a.q_rope = q_rope.data();
+  a.q_rope_token_stride = kHeads * kRope;
+  a.q_rope_head_stride = kRope;
+  a.cache = cpu_view;
+  a.block_tables = tables.data();
+  a.max_blocks_per_seq = max_blocks;
+  a.token_seq = token_seq.data();
+  a.context_len = context_len.data();
+  a.softmax_scale = 0.0721f;
+  std::vector<float> want(tokens * kHeads * kLatent);
+  a.out_latent = want.data();
+  cpu_.MlaAttention(a);
+
+  auto upload_ints = [&](const std::vector<int32_t>& v) {
+    auto buf = gpu_->Allocate(v.size() * sizeof(int32_t));
+    gpu_->CopyToDevice(v.data(), v.size() * sizeof(int32_t), buf->data());
+    return buf;
+  };
+  auto dkv = Upload(kv), dql = Upload(q_latent), dqr = Upload(q_rope);
+  auto dslots = upload_ints(slots), dtables = upload_ints(tables);
+  auto dseq = upload_ints(token_seq), dlen = upload_ints(context_len);
+  auto dcache = gpu_->Allocate(cache_elems * sizeof(uint16_t));
+  const PagedLatentCacheView gpu_view{dcache->data(), kBlock, kLatent, kRope,
+                                      WeightDType::kBFloat16};
+  gpu_->WriteLatentCache(cached, dkv->as<float>(), kEntry, dkv->as<float>() + kLatent, kEntry,
+                         dslots->as<int32_t>(), gpu_view);
+  MlaAttentionArgs g = a;
+  g.q_latent = dql->as<float>();
+  g.q_rope = dqr->as<float>();
+  g.cache = gpu_view;
+  g.block_tables = dtables->as<int32_t>();
+  g.token_seq = dseq->as<int32_t>();
+  g.context_len = dlen->as<int32_t>();
+  for (int32_t variant = 0; variant <= kernels::kMaxMlaMmaVariant; ++variant) {
+    SCOPED_TRACE(::testing::Message() << "variant " << variant);
+    ASSERT_TRUE(gpu_->SetMlaDecodeVariant(variant).ok());
+    auto out = Poisoned(want.size());
+    g.out_latent = out->as<float>();
+    gpu_->MlaAttention(g);
+    // Q and P as bf16 hi + lo pairs on tensor cores (kernels/attention/mla_attention_test).
+    EXPECT_TRUE(AllClose(Download(*out), want, 1e-4, 5e-4));
+  }
+  EXPECT_TRUE(gpu_->status().ok()) << gpu_->status();
 }
 
 // The sampling ops pass their arguments through to kernels/sampling:sample in the right order
