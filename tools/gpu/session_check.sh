@@ -9,7 +9,8 @@
 # $OUT/session.tar.gz, plus $OUT/summary.txt (every part's summary) and $OUT/bench_all.md.
 #
 #   SESSION_PARTS="tests multi bench2 bench profile kernels" (default: all six; multi and bench2
-#   run only with 2 or more GPUs)
+#   run only with 2 or more GPUs); TESTS_S, BENCH_S, KERNELS_S override the tests', the
+#   benchmark's and each kernel-times part's limits (240, 260, 90 s)
 set -uo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 OUT=${OUT:-/tmp/gpu-out}
@@ -29,14 +30,14 @@ part() {  # part NAME LIMIT_S COMMAND...
   OUT="$work/$name" timeout "$limit" "$@" > "$work/$name.out" 2>&1
   echo "== $name: exit $? after $(($(date +%s) - t0)) s" >> "$work/summary.txt"
 }
-want tests && part tests 240 env STEPS=tests bash "$here/run_all.sh"
+want tests && part tests "${TESTS_S:-240}" env STEPS=tests bash "$here/run_all.sh"
 if want multi && ((gpus >= 2)); then
   part multi 240 env MULTI_GPU_PARTS="tests runs" bash "$here/multi_gpu.sh"
 fi
 if want bench2 && ((gpus >= 2)); then
   part bench2 180 env MULTI_GPU_PARTS=bench2 BENCH2_BUDGET_S=160 bash "$here/multi_gpu.sh"
 fi
-want bench && part bench 260 env BENCH_BUDGET_S=240 bash "$here/bench_all.sh"
+want bench && part bench "${BENCH_S:-260}" env BENCH_BUDGET_S=$((${BENCH_S:-260} - 20)) bash "$here/bench_all.sh"
 if want profile; then
   part profile 120 env LD_LIBRARY_PATH="$here/lib" "$here/bin/deepinfer-bench" --backend cuda \
     --model "$here/configs/moonlight_shaped_4layers.json" --load-format dummy \
@@ -45,7 +46,7 @@ if want profile; then
 fi
 if want kernels; then
   for n in 1 128; do
-    part "kernels_$n" 90 bash "$here/kernel_times.sh" "$here/configs/moonlight_shaped_4layers.json" "$n"
+    part "kernels_$n" "${KERNELS_S:-90}" bash "$here/kernel_times.sh" "$here/configs/moonlight_shaped_4layers.json" "$n"
   done
 fi
 for f in "$work"/*/summary.txt "$work"/*/multi_gpu_summary.txt; do
