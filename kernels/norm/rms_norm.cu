@@ -41,14 +41,67 @@ __device__ void RmsNormBody(int64_t dim, const float* x, int64_t ldx, const floa
   for (int64_t i = threadIdx.x; i < dim; i += kThreads) orow[i] = weight[i] * (xr[i] * inv);
 }
 
+// AddRmsNormBody for rows of at most kThreads * kPer (8, 16 or 28 per thread: hidden sizes
+// up to 2048, 4096, 7168 without spilling registers): every load (x, y, weight) is
+// issued before the first store, where the loop below has to wait for each element's load
+// after the previous element's store to x (x and y may alias as far as the compiler knows):
+// 8 dependent round trips per thread for a 2048-wide row. Each thread handles the same
+// elements in the same order as the loop, so the results are bit for bit the loop's.
+template <int kPer>
+__device__ __forceinline__ void AddRmsNormInRegisters(int64_t dim, float* xr, const float* yr,
+                                                      const float* weight, float eps, float* orow,
+                                                      uint16_t* orow_bf16) {
+  float v[kPer], w[kPer];
+#pragma unroll
+  for (int j = 0; j < kPer; ++j) {
+    const int64_t i = threadIdx.x + static_cast<int64_t>(j) * kThreads;
+    v[j] = 0.0f;
+    w[j] = 0.0f;
+    if (i < dim) {
+      v[j] = yr != nullptr ? xr[i] + yr[i] : xr[i];
+      w[j] = weight[i];
+    }
+  }
+  float ss = 0.0f;
+#pragma unroll
+  for (int j = 0; j < kPer; ++j) {
+    const int64_t i = threadIdx.x + static_cast<int64_t>(j) * kThreads;
+    if (i < dim) {
+      if (yr != nullptr) xr[i] = v[j];
+      ss += v[j] * v[j];
+    }
+  }
+  const float inv = BlockInvRms(ss, dim, eps);
+#pragma unroll
+  for (int j = 0; j < kPer; ++j) {
+    const int64_t i = threadIdx.x + static_cast<int64_t>(j) * kThreads;
+    if (i < dim) {
+      const float o = w[j] * (v[j] * inv);
+      if (orow != nullptr) orow[i] = o;
+      if (orow_bf16 != nullptr) orow_bf16[i] = __bfloat16_as_ushort(__float2bfloat16_rn(o));
+    }
+  }
+}
+
 // x += y (optional), then RmsNormKernel's arithmetic in the same order (each thread sums the
 // same elements, the same reduction), so out is bit for bit what AddF32 + RmsNormF32 give.
 __device__ void AddRmsNormBody(int64_t dim, float* x, const float* y, const float* weight,
                                float eps, float* out, uint16_t* out_bf16) {
   float* xr = x + blockIdx.x * dim;
+  const float* yr = y != nullptr ? y + blockIdx.x * dim : nullptr;
+  float* orow = out != nullptr ? out + blockIdx.x * dim : nullptr;
+  uint16_t* orow_bf16 = out_bf16 != nullptr ? out_bf16 + blockIdx.x * dim : nullptr;
+  if (dim <= kThreads * 8) {
+    return AddRmsNormInRegisters<8>(dim, xr, yr, weight, eps, orow, orow_bf16);
+  }
+  if (dim <= kThreads * 16) {
+    return AddRmsNormInRegisters<16>(dim, xr, yr, weight, eps, orow, orow_bf16);
+  }
+  if (dim <= kThreads * 28) {
+    return AddRmsNormInRegisters<28>(dim, xr, yr, weight, eps, orow, orow_bf16);
+  }
   float ss = 0.0f;
-  if (y != nullptr) {
-    const float* yr = y + blockIdx.x * dim;
+  if (yr != nullptr) {
     for (int64_t i = threadIdx.x; i < dim; i += kThreads) {
       const float v = xr[i] + yr[i];
       xr[i] = v;
@@ -61,9 +114,8 @@ __device__ void AddRmsNormBody(int64_t dim, float* x, const float* y, const floa
   // Each thread reads back only the x elements it wrote itself.
   for (int64_t i = threadIdx.x; i < dim; i += kThreads) {
     const float v = weight[i] * (xr[i] * inv);
-    if (out != nullptr) out[blockIdx.x * dim + i] = v;
-    if (out_bf16 != nullptr)
-      out_bf16[blockIdx.x * dim + i] = __bfloat16_as_ushort(__float2bfloat16_rn(v));
+    if (orow != nullptr) orow[i] = v;
+    if (orow_bf16 != nullptr) orow_bf16[i] = __bfloat16_as_ushort(__float2bfloat16_rn(v));
   }
 }
 

@@ -58,11 +58,12 @@ TEST(RmsNormKernelTest, MatchesCpuBackend) {
 }
 
 // AddRmsNormF32 against CpuBackend::AddRmsNorm, and bit for bit against the three kernels it
-// replaces (AddF32, RmsNormF32, RoundF32ToBf16), with and without y and each output.
+// replaces (AddF32, RmsNormF32, RoundF32ToBf16), with and without y and each output. The
+// widths reach each register-held row size (up to 2048, 4096, 7168) and the loop beyond.
 TEST(RmsNormKernelTest, AddRmsNormMatchesCpuBackendAndTheUnfusedKernels) {
   DEEPINFER_SKIP_WITHOUT_GPU();
   CpuBackend cpu(2);
-  for (int64_t dim : {7, 512, 2048, 7168}) {
+  for (int64_t dim : {7, 512, 2048, 2049, 4096, 7168, 7169}) {
     for (int64_t rows : {1, 5, 33}) {
       for (int variant = 0; variant < 4; ++variant) {
         const bool with_y = variant != 1, want_f32 = variant != 2, want_bf16 = variant != 3;
