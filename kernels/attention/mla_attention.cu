@@ -1545,10 +1545,10 @@ GroupedKernelFn KeySplitKernelFor(int variant) {
   return MlaBf16KeySplitKernel<32, true>;
 }
 
-// The variant used when MlaAttentionParams::mma_variant is 0: the 32-key key-split kernel
-// (variant 6), the fastest measured on the H200 at 1, 64, 128 and 256 decode tokens (docs/cuda.md);
-// shapes it does not take run variant 4.
-constexpr int kDefaultMmaVariant = kKeySplit32Variant;
+// The variant used when MlaAttentionParams::mma_variant is 0: the 32-key key-split kernel with
+// the short start-up (variant 7), the fastest measured on the H200 at 1, 64, 128 and 256 decode
+// tokens and 128 x 4096 (docs/cuda.md); shapes it does not take run variant 4.
+constexpr int kDefaultMmaVariant = kKeySplitFastVariant;
 
 // True when a key-split kernel of kKeys-key tiles takes these params (given the device's
 // shared-memory limit): bf16 cache of latent 512 + rope 64, 16-byte aligned (whole-row cp.async

@@ -64,7 +64,7 @@ struct MlaAttentionParams {
   // blocks per SM; 7: 6 with a shorter start-up (Q loaded with 16-byte loads before the first
   // tiles' copies, which are both in flight before Q is converted; the split's block-table
   // entries in shared memory); 5, 6 and 7 take latent 512 + rope 64 only, other shapes run 4;
-  // mla_attention.cu); 0 = the default (6, else 4 for shapes 6 does not take: the fastest
+  // mla_attention.cu); 0 = the default (7, else 4 for shapes 7 does not take: the fastest
   // measured on the H200, docs/cuda.md). Tests, the benchmark and
   // CudaBackend::SetMlaDecodeVariant set it.
   int32_t mma_variant = 0;
