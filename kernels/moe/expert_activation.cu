@@ -29,8 +29,14 @@ __device__ __forceinline__ unsigned Pack(float lo, float hi) {
          (static_cast<unsigned>(__bfloat16_as_ushort(__float2bfloat16_rn(hi))) << 16);
 }
 
-__device__ void SiluMulBf16Body(int64_t rows, int64_t inter, const uint16_t* x, uint16_t* out) {
-  const int64_t n = rows * inter;
+// The rows to compute: `rows`, or fewer when the device says so.
+__device__ __forceinline__ int64_t RowsInUse(int64_t rows, const int32_t* device_rows) {
+  return device_rows == nullptr ? rows : max(int64_t{0}, min(rows, int64_t{*device_rows}));
+}
+
+__device__ void SiluMulBf16Body(int64_t rows, int64_t inter, const uint16_t* x, uint16_t* out,
+                                const int32_t* device_rows) {
+  const int64_t n = RowsInUse(rows, device_rows) * inter;
   for (int64_t i = blockIdx.x * int64_t{kThreads} + threadIdx.x; i < n;
        i += int64_t{gridDim.x} * kThreads) {
     const int64_t r = i / inter, c = i % inter;
@@ -41,8 +47,9 @@ __device__ void SiluMulBf16Body(int64_t rows, int64_t inter, const uint16_t* x, 
 }
 
 // inter % 8 == 0: element groups of 8 never straddle a row.
-__device__ void SiluMulBf16x8Body(int64_t rows, int64_t inter, const uint16_t* x, uint16_t* out) {
-  const int64_t groups = rows * inter / 8, inter8 = inter / 8;
+__device__ void SiluMulBf16x8Body(int64_t rows, int64_t inter, const uint16_t* x, uint16_t* out,
+                                  const int32_t* device_rows) {
+  const int64_t groups = RowsInUse(rows, device_rows) * inter / 8, inter8 = inter / 8;
   for (int64_t i = blockIdx.x * int64_t{kThreads} + threadIdx.x; i < groups;
        i += int64_t{gridDim.x} * kThreads) {
     const int64_t r = i / inter8, c = i % inter8;
@@ -60,17 +67,17 @@ __device__ void SiluMulBf16x8Body(int64_t rows, int64_t inter, const uint16_t* x
 }  // namespace
 
 cudaError_t SiluMulBf16(int64_t rows, int64_t inter, const uint16_t* x, uint16_t* out,
-                        cudaStream_t stream) {
+                        cudaStream_t stream, const int32_t* device_rows) {
   if (rows < 0 || inter < 0) return cudaErrorInvalidValue;
   if (rows == 0 || inter == 0) return cudaSuccess;
   const bool vec8 = inter % 8 == 0 && reinterpret_cast<uintptr_t>(x) % 16 == 0 &&
                     reinterpret_cast<uintptr_t>(out) % 16 == 0;
   if (vec8) {
-    return LaunchAfterPrecedingGrids<SiluMulBf16x8Body, kThreads>(GridFor(rows * inter / 8), 0,
-                                                                  stream, rows, inter, x, out);
+    return LaunchAfterPrecedingGrids<SiluMulBf16x8Body, kThreads>(
+        GridFor(rows * inter / 8), 0, stream, rows, inter, x, out, device_rows);
   }
   return LaunchAfterPrecedingGrids<SiluMulBf16Body, kThreads>(GridFor(rows * inter), 0, stream,
-                                                              rows, inter, x, out);
+                                                              rows, inter, x, out, device_rows);
 }
 
 }  // namespace kernels

@@ -16,8 +16,11 @@ namespace kernels {
 // are [gate | up], width 2 * inter, all values bf16 bits. Device pointers; one launch on
 // `stream` (8 values per thread when inter % 8 == 0 and both pointers are 16-byte aligned).
 // cudaErrorInvalidValue for negative sizes.
+// With `device_rows` (a device int32), only the first min(rows, *device_rows) rows are computed,
+// the rest left as they are: a launch sized for a capacity (a CUDA graph) whose rows in use are
+// known on the device only (the decode MoE's padded expert layout, kernels/moe/expert_gemm_plan.h).
 cudaError_t SiluMulBf16(int64_t rows, int64_t inter, const uint16_t* x, uint16_t* out,
-                        cudaStream_t stream);
+                        cudaStream_t stream, const int32_t* device_rows = nullptr);
 
 }  // namespace kernels
 }  // namespace deepinfer

@@ -4,6 +4,7 @@
 // the 8-wide and the scalar path (odd widths, unaligned pointers); outputs poisoned first.
 #include "kernels/moe/expert_activation.h"
 
+#include <algorithm>
 #include <cstdlib>
 #include <vector>
 
@@ -62,6 +63,39 @@ TEST(ExpertActivationTest, SiluMulBf16MatchesFp32Kernel) {
   Check(77, 24, 0);     // 8-wide, narrow rows
   Check(130, 3, 0);     // scalar: odd width
   Check(33, 1408, 1);   // scalar: unaligned pointers
+}
+
+// A row bound read on the device: rows below it as without the bound, the rest untouched.
+TEST(ExpertActivationTest, DeviceRowBoundLimitsTheRowsComputed) {
+  DEEPINFER_SKIP_WITHOUT_GPU();
+  for (int64_t inter : {int64_t{1408}, int64_t{3}}) {  // the 8-wide and the scalar path
+    const int64_t rows = 130;
+    const auto values = testing::RandomFloats(rows * 2 * inter, testing::FreshSeed(), 4.0f);
+    std::vector<uint16_t> x16;
+    for (float v : values) x16.push_back(kernels::FloatToBf16(v));
+    DeviceArray<uint16_t> dx(x16), dall(rows * inter);
+    DEEPINFER_CUDA_OK(kernels::SiluMulBf16(rows, inter, dx.get(), dall.get(), nullptr));
+    std::vector<uint16_t> all;
+    DEEPINFER_CUDA_OK(dall.Download(&all));
+    for (int32_t bound : {77, 0, -5, 1000}) {
+      SCOPED_TRACE(::testing::Message() << "inter " << inter << " bound " << bound);
+      DeviceArray<int32_t> dbound(std::vector<int32_t>{bound});
+      DeviceArray<uint16_t> dout(rows * inter);
+      dout.Poison();
+      DEEPINFER_CUDA_OK(
+          kernels::SiluMulBf16(rows, inter, dx.get(), dout.get(), nullptr, dbound.get()));
+      std::vector<uint16_t> got;
+      DEEPINFER_CUDA_OK(dout.Download(&got));
+      const int64_t in_use = std::max<int64_t>(0, std::min<int64_t>(rows, bound));
+      for (int64_t i = 0; i < rows * inter; ++i) {
+        if (i < in_use * inter) {
+          ASSERT_EQ(got[i], all[i]) << "element " << i;
+        } else {
+          ASSERT_EQ(got[i], 0xFFFF) << "element " << i << " written beyond the bound";
+        }
+      }
+    }
+  }
 }
 
 TEST(ExpertActivationTest, EmptyAndBadSizes) {

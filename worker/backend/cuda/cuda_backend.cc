@@ -743,7 +743,7 @@ void CudaBackend::MlaAttention(const MlaAttentionArgs& a) {
   f.q_rope_head_stride = a.q_rope_head_stride;
   f.cache = a.cache.cache;
   f.cache_dtype = a.cache.dtype == WeightDType::kBFloat16 ? kernels::MlaCacheDType::kBFloat16
-                                                         : kernels::MlaCacheDType::kFloat32;
+                                                          : kernels::MlaCacheDType::kFloat32;
   f.block_size = a.cache.block_size;
   f.latent_dim = a.cache.latent_dim;
   f.rope_dim = a.cache.rope_dim;
@@ -1123,8 +1123,10 @@ void CudaBackend::ExpertGemmsOnDevice(const RoutedExpertsArgs& a, DecodeMoeAlgo 
   CheckBlas(kernels::PlannedExpertGemmsBf16(cublas_, ptrs, batch, static_cast<int32_t>(2 * I),
                                             static_cast<int32_t>(H), C, /*out_bf16=*/true),
             "PlannedExpertGemmsBf16(gate_up)");
-  // Over every row of the padded layout (padding rows carry garbage nobody reads).
-  Check(kernels::SiluMulBf16(rows, I, gate_up->as<uint16_t>(), act->as<uint16_t>(), stream_),
+  // Over the rows of the padded layout in use (offsets[E], known on the device only; their
+  // padding rows carry garbage nobody reads); the capacity's remaining rows are not touched.
+  Check(kernels::SiluMulBf16(rows, I, gate_up->as<uint16_t>(), act->as<uint16_t>(), stream_,
+                             offsets + E),
         "kernels::SiluMulBf16");
   CheckBlas(kernels::PlannedExpertGemmsBf16(cublas_, ptrs + 3 * batch, batch,
                                             static_cast<int32_t>(H), static_cast<int32_t>(I), C,
