@@ -18,9 +18,10 @@
 #    over both GPUs, NCCL) on the Moonlight-shaped config with dummy weights, decode at 1, 64 and
 #    128 requests per rank, context 1024, then the same with --ranks 1 on GPU 0; both reports go
 #    into the summary (decode tokens/s per GPU, step p50/p99, all-to-all time and bytes per
-#    step, and each rank's seq0 tokens, which must equal the one-rank run's). The decode cache
-#    is filled with random values (--decode-fill random, as bench_all.sh does) so that both runs
-#    fit in BENCH2_BUDGET_S (default 150 s); BENCH2_FLAGS replaces the measurement flags,
+#    step, and each rank's seq0 tokens against the one-rank run's). The decode cache is filled
+#    with random values (--decode-fill random, as bench_all.sh does) so that both runs fit in
+#    BENCH2_BUDGET_S (default 150 s); the fill depends on each rank's pool size, so the tokens
+#    are comparable only with BENCH2_FLAGS using --decode-fill prefill; BENCH2_FLAGS replaces the measurement flags,
 #    BENCH2_BACKEND / BENCH2_MODEL / BENCH2_BIN the backend, config and binary (a CPU check:
 #    BENCH2_BACKEND=cpu with a fixture config).
 # MULTI_GPU_PARTS="tests runs bench2" (default: all three) picks the parts.
