@@ -113,8 +113,8 @@ int32_t Argmax(const std::vector<float>& l) {
 // a cache of realistic magnitude without prefill steps having written it.
 void FillCacheRandom(Backend* backend, const KvBlockPool& pool, uint32_t seed) {
   const KvBlockPoolOptions& o = pool.options();
-  const size_t per_layer = static_cast<size_t>(o.num_blocks) * o.block_size *
-                           (o.latent_dim + o.rope_dim);
+  const size_t per_layer =
+      static_cast<size_t>(o.num_blocks) * o.block_size * (o.latent_dim + o.rope_dim);
   const bool bf16 = o.dtype == WeightDType::kBFloat16;
   // One random chunk, copied repeatedly at shifting offsets: enough variety for timing.
   std::vector<float> chunk(std::min<size_t>(per_layer, size_t{1} << 22));
@@ -169,7 +169,7 @@ struct RankOutput {
   int64_t device_bytes_reserved_peak = -1;
   int64_t graph_bytes_reserved_peak = -1;  // the CUDA graph allocator's peak
   WeightDType kv_cache_dtype = WeightDType::kFloat32;
-  int64_t decode_graph_steps = 0;          // decode steps that took the graph path
+  int64_t decode_graph_steps = 0;  // decode steps that took the graph path
   std::string prefill_op_report, decode_op_report;
 };
 
@@ -405,12 +405,11 @@ absl::Status RunRank(const BenchConfig& bc, int64_t rank, RankState* s, RankOutp
   if (cuda != nullptr && bc.decode_moe_chunk_rows != 0) {
     if (bc.decode_moe_chunk_rows < 0 ||
         bc.decode_moe_chunk_rows > CudaBackend::kMaxPlannedChunkRows) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("--decode-moe-chunk-rows must be in [0, ", CudaBackend::kMaxPlannedChunkRows,
-                       "], got ", bc.decode_moe_chunk_rows));
+      return absl::InvalidArgumentError(absl::StrCat("--decode-moe-chunk-rows must be in [0, ",
+                                                     CudaBackend::kMaxPlannedChunkRows, "], got ",
+                                                     bc.decode_moe_chunk_rows));
     }
-    if (absl::Status st =
-            cuda->SetPlannedChunkRows(static_cast<int32_t>(bc.decode_moe_chunk_rows));
+    if (absl::Status st = cuda->SetPlannedChunkRows(static_cast<int32_t>(bc.decode_moe_chunk_rows));
         !st.ok()) {
       return st;
     }
@@ -784,7 +783,8 @@ absl::StatusOr<BenchResult> RunBenchmark(const BenchConfig& bc) {
     r.load_seconds = std::max(r.load_seconds, o.load_seconds);
     r.device_bytes_reserved_peak =
         std::max(r.device_bytes_reserved_peak, o.device_bytes_reserved_peak);
-    r.graph_bytes_reserved_peak = std::max(r.graph_bytes_reserved_peak, o.graph_bytes_reserved_peak);
+    r.graph_bytes_reserved_peak =
+        std::max(r.graph_bytes_reserved_peak, o.graph_bytes_reserved_peak);
   }
   r.decode_graph_steps = outputs[0].decode_graph_steps;
   if (bc.cuda_graphs && r.decode_graph_steps > 0) {
@@ -831,11 +831,6 @@ absl::StatusOr<BenchResult> RunBenchmark(const BenchConfig& bc) {
   }
   for (size_t which = 0; which < bc.decode_num_requests.size(); ++which) {
     const int64_t n = bc.decode_num_requests[which];
-    DecodeResult d;
-    d.batch = n;
-    d.cuda_graphs = bc.cuda_graphs;
-    d.fused_ops = bc.fused_ops;
-    d.pdl = bc.pdl;
     std::vector<const std::vector<double>*> steps, synced, eager, unfused, pdl_off;
     for (const RankOutput& o : outputs) {
       steps.push_back(&o.decode[which].step_seconds);
@@ -844,20 +839,30 @@ absl::StatusOr<BenchResult> RunBenchmark(const BenchConfig& bc) {
       unfused.push_back(&o.decode[which].unfused_step_seconds);
       pdl_off.push_back(&o.decode[which].pdl_off_step_seconds);
     }
-    const std::vector<double> slowest = SlowestPerStep(steps);
-    d.steps = static_cast<int64_t>(slowest.size());
-    d.p50_seconds = Percentile(slowest, 0.5);
-    d.p99_seconds = Percentile(slowest, 0.99);
-    d.tokens_per_s = ranks * n / d.p50_seconds;
-    d.tokens_per_s_per_gpu = n / d.p50_seconds;
-    // Mid-run context: the cost model at ctx + output_len / 2 cached tokens.
-    const StepCost dc =
-        DecodeStepCost(*config, n, ctx + bc.output_len / 2, r.bytes_per_value,
-                       r.cache_bytes_per_value, ranks);
-    d.bytes_per_step = dc.bytes;
-    d.flops_per_step = dc.flops;
-    d.roofline_fraction =
-        dc.RooflineSeconds(bc.peak_bytes_per_s, bc.peak_flops_per_s) / d.p50_seconds;
+    // The figures of one run of timed steps (per step the slowest rank's time) that came after
+    // `before` other steps of the same sequences; the cost model at the run's mid context.
+    auto timed_run = [&](const std::vector<const std::vector<double>*>& times, int64_t before,
+                         bool cuda_graphs, bool fused_ops, bool pdl) {
+      const std::vector<double> slowest = SlowestPerStep(times);
+      DecodeResult t;
+      t.batch = n;
+      t.cuda_graphs = cuda_graphs;
+      t.fused_ops = fused_ops;
+      t.pdl = pdl;
+      t.steps = static_cast<int64_t>(slowest.size());
+      t.p50_seconds = Percentile(slowest, 0.5);
+      t.p99_seconds = Percentile(slowest, 0.99);
+      t.tokens_per_s = ranks * n / t.p50_seconds;
+      t.tokens_per_s_per_gpu = n / t.p50_seconds;
+      const StepCost cost = DecodeStepCost(*config, n, ctx + before + bc.output_len / 2,
+                                           r.bytes_per_value, r.cache_bytes_per_value, ranks);
+      t.bytes_per_step = cost.bytes;
+      t.flops_per_step = cost.flops;
+      t.roofline_fraction =
+          cost.RooflineSeconds(bc.peak_bytes_per_s, bc.peak_flops_per_s) / t.p50_seconds;
+      return t;
+    };
+    DecodeResult d = timed_run(steps, 0, bc.cuda_graphs, bc.fused_ops, bc.pdl);
     d.seq0_tokens = outputs[0].decode[which].seq0_tokens;
     if (ranks > 1) {
       double a2a_sum = 0;
@@ -885,71 +890,20 @@ absl::StatusOr<BenchResult> RunBenchmark(const BenchConfig& bc) {
       }
     }
     const bool compared = !outputs[0].decode[which].eager_step_seconds.empty();
+    const bool unfused_ran = !outputs[0].decode[which].unfused_step_seconds.empty();
     r.decode.push_back(std::move(d));
-    if (compared) {
-      // The graphs-off steps that followed (compare_eager_decode), one context later.
-      const std::vector<double> slowest_eager = SlowestPerStep(eager);
-      DecodeResult e;
-      e.batch = n;
-      e.cuda_graphs = false;
-      e.fused_ops = bc.fused_ops;
-      e.steps = static_cast<int64_t>(slowest_eager.size());
-      e.p50_seconds = Percentile(slowest_eager, 0.5);
-      e.p99_seconds = Percentile(slowest_eager, 0.99);
-      e.tokens_per_s = ranks * n / e.p50_seconds;
-      e.tokens_per_s_per_gpu = n / e.p50_seconds;
-      const StepCost ec = DecodeStepCost(*config, n, ctx + bc.output_len + bc.output_len / 2,
-                                         r.bytes_per_value, r.cache_bytes_per_value, ranks);
-      e.bytes_per_step = ec.bytes;
-      e.flops_per_step = ec.flops;
-      e.roofline_fraction =
-          ec.RooflineSeconds(bc.peak_bytes_per_s, bc.peak_flops_per_s) / e.p50_seconds;
-      r.decode.push_back(std::move(e));
+    // The comparison runs that followed, in this order, each output_len steps further on.
+    int64_t before = bc.output_len;
+    if (compared) {  // graphs off (compare_eager_decode)
+      r.decode.push_back(timed_run(eager, before, false, bc.fused_ops, bc.pdl));
+      before += bc.output_len;
     }
-    if (!outputs[0].decode[which].unfused_step_seconds.empty()) {
-      // The fused-ops-off steps that followed (compare_unfused_decode), after any eager ones.
-      const std::vector<double> slowest_unfused = SlowestPerStep(unfused);
-      const int64_t before = bc.output_len * (compared ? 2 : 1);
-      DecodeResult u;
-      u.batch = n;
-      u.cuda_graphs = bc.cuda_graphs;
-      u.fused_ops = false;
-      u.steps = static_cast<int64_t>(slowest_unfused.size());
-      u.p50_seconds = Percentile(slowest_unfused, 0.5);
-      u.p99_seconds = Percentile(slowest_unfused, 0.99);
-      u.tokens_per_s = ranks * n / u.p50_seconds;
-      u.tokens_per_s_per_gpu = n / u.p50_seconds;
-      const StepCost uc = DecodeStepCost(*config, n, ctx + before + bc.output_len / 2,
-                                         r.bytes_per_value, r.cache_bytes_per_value, ranks);
-      u.bytes_per_step = uc.bytes;
-      u.flops_per_step = uc.flops;
-      u.roofline_fraction =
-          uc.RooflineSeconds(bc.peak_bytes_per_s, bc.peak_flops_per_s) / u.p50_seconds;
-      r.decode.push_back(std::move(u));
+    if (unfused_ran) {  // fused ops off (compare_unfused_decode)
+      r.decode.push_back(timed_run(unfused, before, bc.cuda_graphs, false, bc.pdl));
+      before += bc.output_len;
     }
-    if (!outputs[0].decode[which].pdl_off_step_seconds.empty()) {
-      // The PDL-off steps that followed (compare_pdl_off_decode), after any eager and unfused.
-      const std::vector<double> slowest_off = SlowestPerStep(pdl_off);
-      const int64_t before =
-          bc.output_len * (1 + (compared ? 1 : 0) +
-                           (outputs[0].decode[which].unfused_step_seconds.empty() ? 0 : 1));
-      DecodeResult u;
-      u.batch = n;
-      u.cuda_graphs = bc.cuda_graphs;
-      u.fused_ops = bc.fused_ops;
-      u.pdl = false;
-      u.steps = static_cast<int64_t>(slowest_off.size());
-      u.p50_seconds = Percentile(slowest_off, 0.5);
-      u.p99_seconds = Percentile(slowest_off, 0.99);
-      u.tokens_per_s = ranks * n / u.p50_seconds;
-      u.tokens_per_s_per_gpu = n / u.p50_seconds;
-      const StepCost uc = DecodeStepCost(*config, n, ctx + before + bc.output_len / 2,
-                                         r.bytes_per_value, r.cache_bytes_per_value, ranks);
-      u.bytes_per_step = uc.bytes;
-      u.flops_per_step = uc.flops;
-      u.roofline_fraction =
-          uc.RooflineSeconds(bc.peak_bytes_per_s, bc.peak_flops_per_s) / u.p50_seconds;
-      r.decode.push_back(std::move(u));
+    if (!outputs[0].decode[which].pdl_off_step_seconds.empty()) {  // compare_pdl_off_decode
+      r.decode.push_back(timed_run(pdl_off, before, bc.cuda_graphs, bc.fused_ops, false));
     }
   }
   return r;
@@ -1096,10 +1050,9 @@ std::string FormatBenchJson(const BenchConfig& c, const BenchResult& r) {
         "\"synced_step_p50_s\": %.6g, \"seq0_tokens\": [%s], \"per_rank\": [%s]}",
         decode.empty() ? "" : ", ", d.batch, d.cuda_graphs ? "true" : "false",
         d.fused_ops ? "true" : "false", d.pdl ? "true" : "false", d.steps, d.tokens_per_s,
-        d.tokens_per_s_per_gpu,
-        d.p50_seconds, d.p99_seconds, d.roofline_fraction, d.bytes_per_step, d.flops_per_step,
-        d.exchange_bytes_per_step, d.all_to_all_seconds_per_step, d.synced_step_p50_seconds,
-        json_list(d.seq0_tokens), per_rank);
+        d.tokens_per_s_per_gpu, d.p50_seconds, d.p99_seconds, d.roofline_fraction, d.bytes_per_step,
+        d.flops_per_step, d.exchange_bytes_per_step, d.all_to_all_seconds_per_step,
+        d.synced_step_p50_seconds, json_list(d.seq0_tokens), per_rank);
   }
   // The model string is a path: escape the two characters JSON strings cannot hold raw.
   const std::string model = absl::StrReplaceAll(c.model, {{"\\", "\\\\"}, {"\"", "\\\""}});
@@ -1116,9 +1069,8 @@ std::string FormatBenchJson(const BenchConfig& c, const BenchResult& r) {
       r.load_seconds, c.context_length, c.peak_bytes_per_s, c.peak_flops_per_s,
       r.prefill_tokens_per_step, r.prefill_step_seconds, r.prefill_warmup_step_seconds,
       r.prefill_tokens_per_s, r.prefill_roofline_fraction, r.prefill_bytes_per_step,
-      r.prefill_flops_per_step, decode,
-      r.device_bytes_reserved_peak, c.cuda_graphs ? "true" : "false", r.decode_graph_steps,
-      r.graph_bytes_reserved_peak);
+      r.prefill_flops_per_step, decode, r.device_bytes_reserved_peak,
+      c.cuda_graphs ? "true" : "false", r.decode_graph_steps, r.graph_bytes_reserved_peak);
 }
 
 std::string BenchCsvHeader() {

@@ -92,6 +92,40 @@ TEST(BenchRunnerTest, SeveralBatchSizesRandomFillNoPrefill) {
   EXPECT_EQ(FormatBenchReport(c, *r).find("prefill:"), std::string::npos);
 }
 
+// --compare-unfused-decode and --compare-pdl-off-decode: after each batch size's timed steps, a
+// further result for each, in that order, of the same sequences at a later context.
+TEST(BenchRunnerTest, ComparisonRunsFollowTheMeasuredDecode) {
+  BenchConfig c = SmallConfig();
+  c.decode_fill = "random";
+  c.prefill_batch_tokens = 0;
+  c.compare_unfused_decode = true;
+  c.compare_pdl_off_decode = true;
+  auto r = RunBenchmark(c);
+  ASSERT_TRUE(r.ok()) << r.status();
+  ASSERT_EQ(r->decode.size(), 3u);
+  const DecodeResult &measured = r->decode[0], &unfused = r->decode[1], &pdl_off = r->decode[2];
+  ExpectDecodeFigures(measured, 3);
+  EXPECT_TRUE(measured.fused_ops && measured.pdl);
+  EXPECT_TRUE(!unfused.fused_ops && unfused.pdl);
+  EXPECT_TRUE(pdl_off.fused_ops && !pdl_off.pdl);
+  for (const DecodeResult* d : {&unfused, &pdl_off}) {
+    EXPECT_EQ(d->batch, 3);
+    EXPECT_EQ(d->steps, measured.steps);
+    EXPECT_LE(d->p50_seconds, d->p99_seconds);
+    EXPECT_DOUBLE_EQ(d->tokens_per_s, 3 / d->p50_seconds);
+    EXPECT_DOUBLE_EQ(d->tokens_per_s_per_gpu, d->tokens_per_s);
+    EXPECT_TRUE(std::isfinite(d->roofline_fraction) && d->roofline_fraction > 0);
+  }
+  // Each run decodes further into the sequences: more cache to read and attend per step.
+  EXPECT_GT(unfused.bytes_per_step, measured.bytes_per_step);
+  EXPECT_GT(pdl_off.bytes_per_step, unfused.bytes_per_step);
+  EXPECT_GT(unfused.flops_per_step, measured.flops_per_step);
+  EXPECT_GT(pdl_off.flops_per_step, unfused.flops_per_step);
+  const std::string report = FormatBenchReport(c, *r);
+  EXPECT_NE(report.find("(unfused)"), std::string::npos) << report;
+  EXPECT_NE(report.find("(pdl off)"), std::string::npos) << report;
+}
+
 // --prefill-attention: the prompts of SmallConfig (40 tokens) take the non-absorbed form with
 // mha (CPU backend), the absorbed one with auto (fewer than 64 new tokens) and absorbed; the
 // roofline counts fewer attention FLOPs for the non-absorbed form, the same bytes.
