@@ -5,12 +5,11 @@
 
 #include <algorithm>
 #include <cstdint>
-#include <map>
-#include <mutex>
 #include <vector>
 
 #include "kernels/attention/mha_prefill.h"
 #include "kernels/attention/mma_sm80.cuh"
+#include "kernels/common/kernel_facts.h"
 
 namespace deepinfer {
 namespace kernels {
@@ -311,42 +310,6 @@ __global__ void __launch_bounds__(kThreads, 2) FlashKernel(const __grid_constant
 
 }  // namespace mha
 
-// Per device: the flash kernel's PTX version and the device's opt-in shared memory per block
-// (the kernel's attribute raised to kSmemBytes when it fits). Cached; errors are cached too.
-struct FlashFacts {
-  cudaError_t error = cudaSuccess;
-  int ptx_version = 0;
-  int max_smem = 0;
-};
-
-FlashFacts FlashFactsForCurrentDevice() {
-  static std::mutex mu;
-  static std::map<int, FlashFacts>* facts = new std::map<int, FlashFacts>();
-  int device = 0;
-  FlashFacts f;
-  f.error = cudaGetDevice(&device);
-  if (f.error != cudaSuccess) {
-    cudaGetLastError();
-    return f;
-  }
-  std::lock_guard<std::mutex> lock(mu);
-  auto it = facts->find(device);
-  if (it != facts->end()) return it->second;
-  cudaFuncAttributes attr;
-  f.error = cudaFuncGetAttributes(&attr, mha::FlashKernel);
-  if (f.error == cudaSuccess) {
-    f.ptx_version = attr.ptxVersion;
-    f.error = cudaDeviceGetAttribute(&f.max_smem, cudaDevAttrMaxSharedMemoryPerBlockOptin, device);
-  }
-  if (f.error == cudaSuccess && f.max_smem >= mha::kSmemBytes) {
-    f.error = cudaFuncSetAttribute(mha::FlashKernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                   mha::kSmemBytes);
-  }
-  if (f.error != cudaSuccess) cudaGetLastError();  // reported through the facts
-  facts->emplace(device, f);
-  return f;
-}
-
 bool Aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
 
 // The shapes and layouts the kernels are written for (the device is checked separately).
@@ -375,7 +338,9 @@ bool SequencesOk(const MhaPrefillParams& p) {
 
 bool Supported(const MhaPrefillParams& p) {
   if (!ShapeOk(p)) return false;
-  const FlashFacts f = FlashFactsForCurrentDevice();
+  // The first call also raises the flash kernel's dynamic shared-memory limit to kSmemBytes.
+  const KernelFacts f =
+      KernelFactsForCurrentDevice(reinterpret_cast<const void*>(mha::FlashKernel), mha::kSmemBytes);
   return f.error == cudaSuccess && f.ptx_version >= 80 && f.max_smem >= mha::kSmemBytes;
 }
 

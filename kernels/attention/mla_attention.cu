@@ -50,6 +50,7 @@
 
 #include "kernels/attention/mla_attention.h"
 #include "kernels/attention/mma_sm80.cuh"
+#include "kernels/common/kernel_facts.h"
 
 namespace deepinfer {
 namespace kernels {
@@ -1451,43 +1452,10 @@ GroupedKernelFn MmaKernelFor(int latent_dim, int variant) {
 
 bool IsBf16(const MlaAttentionParams& p) { return p.cache.type == LatentCacheType::kBFloat16; }
 
-// What a launch needs to know about a kernel on a device: constant for the process, but the
-// queries cost tens of microseconds per launch, so they are made once per (kernel, device) and
-// per shared-memory size (occupancy).
-struct KernelFacts {
-  cudaError_t error = cudaSuccess;
-  int ptx_version = 0;
-  int sms = 0;
-  int max_smem = 0;  // opt-in per block; the kernel's dynamic limit is raised to it once
-};
-
+// KernelFacts of a decode kernel (cached per kernel and device; the first query raises its
+// dynamic shared-memory limit to all the device allows).
 cudaError_t FactsFor(GroupedKernelFn kernel, int device, KernelFacts* out) {
-  static std::mutex mu;
-  static std::map<std::pair<const void*, int>, KernelFacts>* facts =
-      new std::map<std::pair<const void*, int>, KernelFacts>();
-  std::lock_guard<std::mutex> lock(mu);
-  const auto key = std::make_pair(reinterpret_cast<const void*>(kernel), device);
-  auto it = facts->find(key);
-  if (it == facts->end()) {
-    KernelFacts f;
-    cudaFuncAttributes attr;
-    f.error = cudaFuncGetAttributes(&attr, kernel);
-    if (f.error == cudaSuccess) {
-      f.ptx_version = attr.ptxVersion;
-      f.error =
-          cudaDeviceGetAttribute(&f.max_smem, cudaDevAttrMaxSharedMemoryPerBlockOptin, device);
-    }
-    if (f.error == cudaSuccess) {
-      f.error = cudaDeviceGetAttribute(&f.sms, cudaDevAttrMultiProcessorCount, device);
-    }
-    if (f.error == cudaSuccess) {
-      f.error = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                     f.max_smem - static_cast<int>(attr.sharedSizeBytes));
-    }
-    if (f.error != cudaSuccess) cudaGetLastError();  // reported through the return value
-    it = facts->emplace(key, f).first;
-  }
-  *out = it->second;
+  *out = KernelFactsFor(reinterpret_cast<const void*>(kernel), device, kAllSharedMemory);
   return out->error;
 }
 

@@ -6,12 +6,11 @@
 
 #include <algorithm>
 #include <cstdint>
-#include <map>
-#include <mutex>
 #include <vector>
 
 #include "kernels/attention/mla_prefill.h"
 #include "kernels/attention/mma_sm80.cuh"
+#include "kernels/common/kernel_facts.h"
 
 namespace deepinfer {
 namespace kernels {
@@ -527,42 +526,6 @@ __global__ void __launch_bounds__(kThreads, 1) FusedKernel(const __grid_constant
 
 }  // namespace flash
 
-// Per device: the fused kernel's PTX version and the device's opt-in shared memory per block
-// (the kernel's attribute raised to kSmemBytes when it fits). Cached; errors are cached too.
-struct FusedFacts {
-  cudaError_t error = cudaSuccess;
-  int ptx_version = 0;
-  int max_smem = 0;
-};
-
-FusedFacts FusedFactsForCurrentDevice() {
-  static std::mutex mu;
-  static std::map<int, FusedFacts>* facts = new std::map<int, FusedFacts>();
-  int device = 0;
-  FusedFacts f;
-  f.error = cudaGetDevice(&device);
-  if (f.error != cudaSuccess) {
-    cudaGetLastError();
-    return f;
-  }
-  std::lock_guard<std::mutex> lock(mu);
-  auto it = facts->find(device);
-  if (it != facts->end()) return it->second;
-  cudaFuncAttributes attr;
-  f.error = cudaFuncGetAttributes(&attr, flash::FusedKernel);
-  if (f.error == cudaSuccess) {
-    f.ptx_version = attr.ptxVersion;
-    f.error = cudaDeviceGetAttribute(&f.max_smem, cudaDevAttrMaxSharedMemoryPerBlockOptin, device);
-  }
-  if (f.error == cudaSuccess && f.max_smem >= flash::kSmemBytes) {
-    f.error = cudaFuncSetAttribute(flash::FusedKernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                   flash::kSmemBytes);
-  }
-  if (f.error != cudaSuccess) cudaGetLastError();  // reported through the facts
-  facts->emplace(device, f);
-  return f;
-}
-
 bool Aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
 
 // The shapes the fused kernel is written for (the device is checked separately).
@@ -574,7 +537,9 @@ bool FusedShape(const MlaPrefillParams& p) {
 
 bool FusedRuns(const MlaPrefillParams& p) {
   if (!FusedShape(p)) return false;
-  const FusedFacts f = FusedFactsForCurrentDevice();
+  // The first call also raises the fused kernel's dynamic shared-memory limit to kSmemBytes.
+  const KernelFacts f = KernelFactsForCurrentDevice(
+      reinterpret_cast<const void*>(flash::FusedKernel), flash::kSmemBytes);
   return f.error == cudaSuccess && f.ptx_version >= 80 && f.max_smem >= flash::kSmemBytes;
 }
 
