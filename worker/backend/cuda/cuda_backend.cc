@@ -318,6 +318,38 @@ bool CudaBackend::CheckBlas(cublasStatus_t st, const char* call) {
   return st == CUBLAS_STATUS_SUCCESS || Record(CublasStatus(st, call));
 }
 
+void CudaBackend::CheckKernelOrBlas(cudaError_t err, cublasStatus_t blas, const char* call) {
+  if (blas != CUBLAS_STATUS_SUCCESS) {
+    CheckBlas(blas, absl::StrCat(call, " (cuBLAS)").c_str());
+  } else {
+    Check(err, call);
+  }
+}
+
+bool CudaBackend::SpansTileTheBatch(const char* op, const MlaSequenceSpan* spans, int32_t num_spans,
+                                    int32_t num_tokens, int64_t max_context) {
+  int32_t next = 0;
+  for (int32_t i = 0; i < num_spans; ++i) {
+    const MlaSequenceSpan& s = spans[i];
+    if (s.first_token != next || s.num_tokens <= 0 || s.num_tokens > s.context_len ||
+        (max_context >= 0 && s.context_len > max_context)) {
+      Record(absl::InvalidArgumentError(absl::StrCat(
+          op, ": sequence ", i, " has first token ", s.first_token, ", ", s.num_tokens,
+          " tokens, context ", s.context_len, " (expected first token ", next,
+          ", 1 <= tokens <= context",
+          max_context >= 0 ? absl::StrCat(" <= the block table's ", max_context) : "", ")")));
+      return false;
+    }
+    next += s.num_tokens;
+  }
+  if (next != num_tokens) {
+    Record(absl::InvalidArgumentError(
+        absl::StrCat(op, ": the sequences cover ", next, " tokens, the batch has ", num_tokens)));
+    return false;
+  }
+  return true;
+}
+
 absl::Status CudaBackend::status() const {
   absl::MutexLock lock(&mu_);
   return first_error_;
@@ -687,26 +719,15 @@ void CudaBackend::MlaAttention(const MlaAttentionArgs& a) {
   p.out_latent = a.out_latent;
   std::vector<kernels::MlaPrefillSequence> prefill;
   if (a.sequences != nullptr) {
-    int32_t next = 0;
+    if (!SpansTileTheBatch("CudaBackend::MlaAttention", a.sequences, a.num_sequences, a.num_tokens,
+                           /*max_context=*/-1)) {
+      return;
+    }
     for (int32_t i = 0; i < a.num_sequences; ++i) {
       const MlaSequenceSpan& s = a.sequences[i];
-      if (s.first_token != next || s.num_tokens <= 0 || s.num_tokens > s.context_len) {
-        Record(absl::InvalidArgumentError(
-            absl::StrCat("CudaBackend::MlaAttention: sequence ", i, " has first token ",
-                         s.first_token, ", ", s.num_tokens, " tokens, context ", s.context_len,
-                         " (expected first token ", next, ", 1 <= tokens <= context)")));
-        return;
-      }
-      next += s.num_tokens;
       if (UsesTensorCoreAttention(s)) {
         prefill.push_back({i, s.first_token, s.num_tokens, s.context_len});
       }
-    }
-    if (next != a.num_tokens) {
-      Record(absl::InvalidArgumentError(absl::StrCat("CudaBackend::MlaAttention: the sequences ",
-                                                     "cover ", next, " tokens, the batch has ",
-                                                     a.num_tokens)));
-      return;
     }
   }
   if (prefill.empty()) {
@@ -758,36 +779,20 @@ void CudaBackend::MlaAttention(const MlaAttentionArgs& a) {
   f.workspace = workspace->data();
   cublasStatus_t blas = CUBLAS_STATUS_SUCCESS;
   const cudaError_t e = kernels::MlaPrefillBf16(f, cublas_, stream_, &blas);
-  if (blas != CUBLAS_STATUS_SUCCESS) {
-    CheckBlas(blas, "kernels::MlaPrefillBf16 (cuBLAS)");
-  } else {
-    Check(e, "kernels::MlaPrefillBf16");
-  }
+  CheckKernelOrBlas(e, blas, "kernels::MlaPrefillBf16");
 }
 
 bool CudaBackend::MhaPrefillAttention(const MhaPrefillArgs& a) {
   if (a.kv_b.dtype != WeightDType::kBFloat16 || a.sequences == nullptr) return false;
+  if (!SpansTileTheBatch("CudaBackend::MhaPrefillAttention", a.sequences, a.num_sequences,
+                         a.num_tokens,
+                         static_cast<int64_t>(a.max_blocks_per_seq) * a.cache.block_size)) {
+    return true;
+  }
   std::vector<kernels::MhaPrefillSequence> seqs;
-  int32_t next = 0;
   for (int32_t i = 0; i < a.num_sequences; ++i) {
     const MlaSequenceSpan& s = a.sequences[i];
-    if (s.first_token != next || s.num_tokens <= 0 || s.num_tokens > s.context_len ||
-        s.context_len > static_cast<int64_t>(a.max_blocks_per_seq) * a.cache.block_size) {
-      Record(absl::InvalidArgumentError(absl::StrCat(
-          "CudaBackend::MhaPrefillAttention: sequence ", i, " has first token ", s.first_token,
-          ", ", s.num_tokens, " tokens, context ", s.context_len, " (expected first token ", next,
-          ", 1 <= tokens <= context <= the block table's ",
-          static_cast<int64_t>(a.max_blocks_per_seq) * a.cache.block_size, ")")));
-      return true;
-    }
-    next += s.num_tokens;
     seqs.push_back({i, s.first_token, s.num_tokens, s.context_len});
-  }
-  if (next != a.num_tokens) {
-    Record(absl::InvalidArgumentError(absl::StrCat("CudaBackend::MhaPrefillAttention: the spans ",
-                                                   "cover ", next, " tokens, the batch has ",
-                                                   a.num_tokens)));
-    return true;
   }
   kernels::MhaPrefillParams p;
   p.num_heads = a.num_heads;
@@ -817,11 +822,7 @@ bool CudaBackend::MhaPrefillAttention(const MhaPrefillArgs& a) {
   p.workspace = workspace->data();
   cublasStatus_t blas = CUBLAS_STATUS_SUCCESS;
   const cudaError_t e = kernels::MhaPrefillBf16(p, cublas_, stream_, &blas);
-  if (blas != CUBLAS_STATUS_SUCCESS) {
-    CheckBlas(blas, "kernels::MhaPrefillBf16 (cuBLAS)");
-  } else {
-    Check(e, "kernels::MhaPrefillBf16");
-  }
+  CheckKernelOrBlas(e, blas, "kernels::MhaPrefillBf16");
   return true;
 }
 

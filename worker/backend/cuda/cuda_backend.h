@@ -253,6 +253,14 @@ class CudaBackend : public Backend {
   bool Record(const absl::Status& st);
   bool Check(cudaError_t err, const char* call);
   bool CheckBlas(cublasStatus_t st, const char* call);
+  // A kernel entry point that may fail in cuBLAS (`blas`, reported as "call (cuBLAS)", first)
+  // or in CUDA (`err`).
+  void CheckKernelOrBlas(cudaError_t err, cublasStatus_t blas, const char* call);
+  // Whether `spans` tile the batch's `num_tokens` tokens in order, each with 1 <= tokens <=
+  // context (and context <= max_context when max_context >= 0); otherwise records
+  // INVALID_ARGUMENT naming `op` and the first bad span, and returns false.
+  bool SpansTileTheBatch(const char* op, const MlaSequenceSpan* spans, int32_t num_spans,
+                         int32_t num_tokens, int64_t max_context);
   class OpTimer;     // RAII guard of one op when op timing is on
   class PhaseTimer;  // a phase inside an op ("Op/phase" in the report)
 
@@ -263,7 +271,7 @@ class CudaBackend : public Backend {
   bool op_timing_ = false;
   int32_t mla_prefill_min_tokens_ = kMlaPrefillMinTokens;
   int32_t mla_decode_variant_ = 0;  // kernels::MlaAttentionParams::mma_variant
-  bool in_timed_op_ = false;  // GroupedGemm calls Gemm: count only the outer op
+  bool in_timed_op_ = false;        // GroupedGemm calls Gemm: count only the outer op
   bool small_m_gemm_ = true;
   bool allocations_aside_ = false;
   kernels::SmallMGemmAlgo small_m_gemm_algo_ = kernels::SmallMGemmAlgo::kAuto;
