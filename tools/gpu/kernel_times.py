@@ -61,7 +61,23 @@ def step_period(names, steps, min_kernels):
     return None
 
 
-def summarize(launches, steps, min_kernels=4):
+LAUNCH_WRAPPERS = ("void launch_internal::PrefetchWaitThenRun<&", "void launch_internal::WaitThenRun<&",
+                   "launch_internal::PrefetchWaitThenRun<&", "launch_internal::WaitThenRun<&")
+
+
+def short_name(name, width=100):
+    """The kernel's name without our launch wrappers and anonymous namespace, cut to `width`."""
+    for w in LAUNCH_WRAPPERS:
+        if name.startswith(w):
+            name = name[len(w):]
+            break
+    name = name.replace("deepinfer::<unnamed>::", "").replace("deepinfer::", "")
+    if name.startswith("void "):
+        name = name[len("void "):]
+    return name if len(name) <= width else name[:width - 3] + "..."
+
+
+def summarize(launches, steps, min_kernels=4, order=False):
     names = [n for n, _ in launches]
     p = step_period(names, steps, min_kernels)
     if p is None:
@@ -76,9 +92,12 @@ def summarize(launches, steps, min_kernels=4):
     out = [f"kernels per decode step: {p}, summed kernel time per step: {total:.1f} us "
            f"(mean of the last {steps} steps)"]
     for name, (calls, us) in sorted(per_name.items(), key=lambda kv: -kv[1][1]):
-        short = name if len(name) <= 70 else name[:67] + "..."
         out.append(f"  {us / steps:9.1f} us {100.0 * us / steps / total:5.1f}%  "
-                   f"{calls // steps:4d} calls  {short}")
+                   f"{calls // steps:4d} calls  {short_name(name)}")
+    if order:
+        out.append("the last step's kernels in launch order:")
+        for i, (name, us) in enumerate(tail[len(tail) - p:]):
+            out.append(f"  {i:4d} {us:9.1f} us  {short_name(name)}")
     return "\n".join(out)
 
 
@@ -86,12 +105,14 @@ def main(argv):
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("csv", help="ncu --csv --page raw output ('-' for standard input)")
     ap.add_argument("--steps", type=int, default=3, help="repeated decode steps to average")
+    ap.add_argument("--order", action="store_true",
+                    help="also list the last step's kernels in launch order")
     args = ap.parse_args(argv)
     if args.steps < 1:
         ap.error("--steps must be at least 1")
     f = sys.stdin if args.csv == "-" else open(args.csv, newline="")
     try:
-        print(summarize(read_launches(f), args.steps))
+        print(summarize(read_launches(f), args.steps, order=args.order))
     except ValueError as e:
         print(f"kernel_times.py: {args.csv}: {e}", file=sys.stderr)
         return 1

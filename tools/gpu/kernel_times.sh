@@ -35,6 +35,6 @@ bench=("$here/bin/deepinfer-bench" --backend cuda --dtype bfloat16 --load-format
   "$ncu" --graph-profiling node --cache-control none --clock-control none \
     --metrics gpu__time_duration.sum --csv --page raw "${bench[@]}" > "$csv" 2>/dev/null
   echo "# ncu exit status $?"
-  python3 "$here/kernel_times.py" --steps 3 "$csv"
+  python3 "$here/kernel_times.py" --steps 3 --order "$csv"
 } > "$OUT/$name.txt" 2>&1
 rm -f "$csv"

@@ -37,6 +37,13 @@ check "period and total" "kernels per decode step: 8, summed kernel time per ste
 check "gemm sum" "^ +18.0 us +64.3% +3 calls +gemm<bf16>$" "$tmp/a.out"
 check "norm sum" "^ +2.0 us +7.1% +2 calls +norm$" "$tmp/a.out"
 check "sample" "^ +2.0 us +7.1% +1 calls +sample$" "$tmp/a.out"
+# Our launch wrappers are stripped from the names, and --order lists the last step in order.
+sed -e 's/"norm"/"void launch_internal::WaitThenRun<\&deepinfer::<unnamed>::AddRmsNormBody>"/' \
+  "$tmp/a.csv" > "$tmp/e.csv"
+python3 "$script" --steps 3 --order "$tmp/e.csv" > "$tmp/e.out" 2>&1
+check "wrapper stripped" "^ +2.0 us +7.1% +2 calls +AddRmsNormBody>$" "$tmp/e.out"
+check "order first" "^ +0 +1.0 us +AddRmsNormBody>$" "$tmp/e.out"
+check "order last" "^ +7 +2.0 us +sample$" "$tmp/e.out"
 # The same in microseconds.
 sed -e 's/"nsecond"/"usecond"/' -e 's/"50,000"/"50"/' "$tmp/a.csv" |
   sed -E 's/"([0-9]+)000"$/"\1"/' > "$tmp/b.csv"
