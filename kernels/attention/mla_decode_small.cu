@@ -1,0 +1,521 @@
+// MLA decode attention for a few tokens (mla_decode_small.h).
+//
+// Grid (cluster size S, head groups, tokens), cluster (S, 1, 1): the S blocks of a cluster share
+// one (token, group of kHeads heads); block r (its rank) takes the r-th of S contiguous shares of
+// the token's context, and each of its kWarps warps a contiguous share of that. A warp runs the
+// online softmax over its keys by itself, kBatch keys per step:
+//   keys    lane l holds latent columns 16 l .. 16 l + 15 (two 16-byte loads of the bf16 row)
+//           and rope columns 2 l, 2 l + 1 (one 4-byte load) of each key, straight from global
+//           memory into registers; the next step's keys are loaded while this step computes,
+//           and the block-table lookups are done one per lane, 32 keys (one lookup) ahead;
+//   scores  each lane's 18 products per (head, key) in fp32, summed over the warp by an xor
+//           butterfly (every lane ends with the same bits, so all lanes keep the same softmax
+//           state), scaled into base 2 (log2 e folded into the scale);
+//   value   O[head, lane's 16 columns] = alpha O + sum_k p_k v_k, the keys' latent as the value,
+//           from the same registers.
+// Then the warps' (m, l, O) are merged in shared memory, and after a cluster barrier block r
+// merges columns r * 512 / S .. of every block's (m, l, O) through distributed shared memory
+// (S reads per output value, in rank order) and writes the normalised output. No workspace, no
+// second kernel, no atomics: the summation order is fixed, so results are the same bits on
+// every run. The keys are exact bf16 and all math is fp32 (as MlaAttentionF32's CUDA-core
+// kernels), so this matches the fp32 reference as closely as they do.
+#include "kernels/attention/mla_decode_small.h"
+
+#include <cooperative_groups.h>
+#include <cuda_bf16.h>
+#include <math.h>
+
+#include <cstdint>
+#include <map>
+#include <mutex>
+#include <tuple>
+#include <utility>
+
+namespace deepinfer {
+namespace kernels {
+namespace {
+
+constexpr int kWarps = 8;
+constexpr int kThreads = 32 * kWarps;
+constexpr int kLatent = kMlaDecodeSmallLatent;
+constexpr int kRope = kMlaDecodeSmallRope;
+constexpr int kLanePairs = kLatent / 32 / 2;  // bf16 pairs of latent per lane: 8
+constexpr int kLaneWords = kLanePairs + 1;    // + the lane's rope pair
+constexpr int kMaxCluster = kMlaDecodeSmallMaxCluster;
+static_assert(kLatent == 32 * 16 && kRope == 32 * 2, "lane layout: 16 latent + 2 rope columns");
+
+// Keys per warp step: 4, or 2 with 4 heads (registers: the query and O grow with the heads).
+template <int kHeads>
+__host__ __device__ constexpr int BatchFor() {
+  return kHeads >= 4 ? 2 : 4;
+}
+
+// Shared memory in floats: warp partials O [kWarps][kHeads][kLatent] and (m, l)
+// [kWarps][kHeads][2], the block's O [kHeads][kLatent] and (m, l) [kHeads][2], then the cluster
+// merge's (m, l) per block [kHeads][kMaxCluster][2], weights [kHeads][kMaxCluster] and
+// denominators [kHeads] (padded to 4).
+template <int kHeads>
+struct SmemLayout {
+  static constexpr int kWarpO = 0;
+  static constexpr int kWarpMl = kWarpO + kWarps * kHeads * kLatent;
+  static constexpr int kBlockO = kWarpMl + kWarps * kHeads * 2;
+  static constexpr int kBlockMl = kBlockO + kHeads * kLatent;
+  static constexpr int kMergeMl = kBlockMl + ((kHeads * 2 + 3) / 4) * 4;
+  static constexpr int kMergeW = kMergeMl + kHeads * kMaxCluster * 2;
+  static constexpr int kDenom = kMergeW + kHeads * kMaxCluster;
+  static constexpr int kFloats = kDenom + ((kHeads + 3) / 4) * 4;
+  static_assert(kBlockO % 4 == 0, "the block's O is read as float4");
+};
+
+// kBatch keys of one warp step: lane words 0..7 latent pairs, 8 the rope pair (zeros past the
+// warp's keys).
+template <int kBatch>
+struct KeyBatch {
+  uint32_t w[kBatch][kLaneWords];
+};
+
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+
+constexpr int kDim = kLatent + kRope;
+constexpr int kQPerLane = 2 * kLaneWords;  // 18 query values per lane and head
+constexpr int kCols4 = kLatent / 4;        // float4 columns of an output row
+
+// A bf16 pair (element 2i in the low half) as two floats: exact.
+__device__ __forceinline__ float2 Bf16Pair(uint32_t v) {
+  return make_float2(__uint_as_float(v << 16), __uint_as_float(v & 0xffff0000u));
+}
+
+// Element offset of key j's row in the cache.
+__device__ __forceinline__ int64_t KeyRow(const int32_t* table, int j, int block_size) {
+  return (static_cast<int64_t>(table[j / block_size]) * block_size + j % block_size) * kDim;
+}
+
+// Keys k0 .. k0 + kBatch - 1 of the warp (row offsets lane-distributed in rows: key k's at lane
+// k % 32); keys at or past n are zeros and touch no memory.
+template <int kBatch>
+__device__ __forceinline__ KeyBatch<kBatch> LoadKeys(const __nv_bfloat16* cache, int64_t rows,
+                                                     int k0, int n, int lane) {
+  KeyBatch<kBatch> b;
+#pragma unroll
+  for (int u = 0; u < kBatch; ++u) {
+    const int k = k0 + u;
+    const int64_t row = __shfl_sync(0xffffffffu, rows, k & 31);
+    if (k < n) {
+      const __nv_bfloat16* e = cache + row + lane * 16;
+      const uint4 a = __ldg(reinterpret_cast<const uint4*>(e));
+      const uint4 c = __ldg(reinterpret_cast<const uint4*>(e + 8));
+      b.w[u][0] = a.x;
+      b.w[u][1] = a.y;
+      b.w[u][2] = a.z;
+      b.w[u][3] = a.w;
+      b.w[u][4] = c.x;
+      b.w[u][5] = c.y;
+      b.w[u][6] = c.z;
+      b.w[u][7] = c.w;
+      b.w[u][8] = __ldg(reinterpret_cast<const unsigned int*>(cache + row + kLatent + lane * 2));
+    } else {
+#pragma unroll
+      for (int i = 0; i < kLaneWords; ++i) b.w[u][i] = 0u;
+    }
+  }
+  return b;
+}
+
+#endif  // __CUDA_ARCH__ >= 900
+
+template <int kHeads>
+__global__ void __launch_bounds__(kThreads, 1) MlaDecodeSmallKernel(MlaAttentionParams p) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  namespace cg = cooperative_groups;
+  constexpr int kBatch = BatchFor<kHeads>();
+  using L = SmemLayout<kHeads>;
+  extern __shared__ float4 smem4[];
+  float* smem = reinterpret_cast<float*>(smem4);
+  cg::cluster_group cluster = cg::this_cluster();
+  const int splits = static_cast<int>(cluster.num_blocks());
+  const int split = static_cast<int>(cluster.block_rank());
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int h0 = blockIdx.y * kHeads;
+  const int64_t t = blockIdx.z;
+  const int heads = p.num_heads;
+
+  // The query's lane columns for each head (0 for heads past the last).
+  float q[kHeads][kQPerLane];
+#pragma unroll
+  for (int h = 0; h < kHeads; ++h) {
+    const int hh = h0 + h;
+    if (hh < heads) {
+      const float4* ql =
+          reinterpret_cast<const float4*>(p.q_latent + (t * heads + hh) * kLatent + lane * 16);
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        const float4 x = ql[i];
+        q[h][4 * i] = x.x;
+        q[h][4 * i + 1] = x.y;
+        q[h][4 * i + 2] = x.z;
+        q[h][4 * i + 3] = x.w;
+      }
+      const float* qr = p.q_rope + t * p.q_rope_token_stride + hh * p.q_rope_head_stride + lane * 2;
+      q[h][16] = qr[0];
+      q[h][17] = qr[1];
+    } else {
+#pragma unroll
+      for (int i = 0; i < kQPerLane; ++i) q[h][i] = 0.0f;
+    }
+  }
+
+  // This warp's keys: [kb, kb + n) of the token's sequence.
+  const int len = p.context_len[t];
+  const int32_t* table =
+      p.block_tables + static_cast<int64_t>(p.token_seq[t]) * p.max_blocks_per_seq;
+  const int bs = p.cache.block_size;
+  const int per_split = (len + splits - 1) / splits;
+  const int cb = min(len, split * per_split), ce = min(len, cb + per_split);
+  // Warp shares in whole steps, so that only the last warp with keys has a partial step.
+  const int per_warp = ((ce - cb + kWarps - 1) / kWarps + kBatch - 1) / kBatch * kBatch;
+  const int kb = min(ce, cb + warp * per_warp);
+  const int n = min(ce, kb + per_warp) - kb;
+  const __nv_bfloat16* cache = static_cast<const __nv_bfloat16*>(p.cache.cache);
+  const float scale2 = p.softmax_scale * 1.4426950408889634f;
+
+  // Row offsets of keys 32 g + lane (rows_cur: this step's group g, rows_next: g + 1).
+  int64_t rows_cur = lane < n ? KeyRow(table, kb + lane, bs) : 0;
+  int64_t rows_next = 32 + lane < n ? KeyRow(table, kb + 32 + lane, bs) : 0;
+
+  float o[kHeads][2 * kLanePairs];
+  float m[kHeads], l[kHeads];
+#pragma unroll
+  for (int h = 0; h < kHeads; ++h) {
+    m[h] = -INFINITY;
+    l[h] = 0.0f;
+#pragma unroll
+    for (int c = 0; c < 2 * kLanePairs; ++c) o[h][c] = 0.0f;
+  }
+
+  KeyBatch<kBatch> cur = LoadKeys<kBatch>(cache, rows_cur, 0, n, lane);
+  for (int k0 = 0; k0 < n; k0 += kBatch) {
+    const int k1 = k0 + kBatch;
+    // kBatch divides 32: a step never straddles two groups of row offsets.
+    const KeyBatch<kBatch> nxt =
+        LoadKeys<kBatch>(cache, (k1 & 31) == 0 ? rows_next : rows_cur, k1, n, lane);
+
+    // Scores, base 2; -inf past the warp's keys (key k0 is always in range).
+    float s[kHeads][kBatch];
+#pragma unroll
+    for (int u = 0; u < kBatch; ++u) {
+#pragma unroll
+      for (int h = 0; h < kHeads; ++h) {
+        float acc = 0.0f;
+#pragma unroll
+        for (int i = 0; i < kLaneWords; ++i) {
+          const float2 k = Bf16Pair(cur.w[u][i]);
+          acc = fmaf(q[h][2 * i], k.x, acc);
+          acc = fmaf(q[h][2 * i + 1], k.y, acc);
+        }
+#pragma unroll
+        for (int off = 16; off > 0; off >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, off);
+        s[h][u] = k0 + u < n ? acc * scale2 : -INFINITY;
+      }
+    }
+    // Online softmax: the step's probabilities into s.
+#pragma unroll
+    for (int h = 0; h < kHeads; ++h) {
+      float mx = m[h];
+#pragma unroll
+      for (int u = 0; u < kBatch; ++u) mx = fmaxf(mx, s[h][u]);
+      const float alpha = exp2f(m[h] - mx);  // 0 on the first step (m = -inf, mx finite)
+      float sum = 0.0f;
+#pragma unroll
+      for (int u = 0; u < kBatch; ++u) {
+        s[h][u] = exp2f(s[h][u] - mx);
+        sum += s[h][u];
+      }
+      l[h] = fmaf(l[h], alpha, sum);
+      m[h] = mx;
+#pragma unroll
+      for (int c = 0; c < 2 * kLanePairs; ++c) o[h][c] *= alpha;
+    }
+    // O += P V over the lane's latent columns.
+#pragma unroll
+    for (int u = 0; u < kBatch; ++u) {
+#pragma unroll
+      for (int i = 0; i < kLanePairs; ++i) {
+        const float2 v = Bf16Pair(cur.w[u][i]);
+#pragma unroll
+        for (int h = 0; h < kHeads; ++h) {
+          o[h][2 * i] = fmaf(s[h][u], v.x, o[h][2 * i]);
+          o[h][2 * i + 1] = fmaf(s[h][u], v.y, o[h][2 * i + 1]);
+        }
+      }
+    }
+    if ((k1 & 31) == 0) {  // the next step starts group k1 / 32: look up the one after it
+      rows_cur = rows_next;
+      rows_next = k1 + 32 + lane < n ? KeyRow(table, kb + k1 + 32 + lane, bs) : 0;
+    }
+    cur = nxt;
+  }
+
+  // The warps' partials (a warp without keys: m = -inf, l = 0, O = 0).
+  float* warp_o = smem + L::kWarpO;
+  float* warp_ml = smem + L::kWarpMl;
+#pragma unroll
+  for (int h = 0; h < kHeads; ++h) {
+    float4* dst = reinterpret_cast<float4*>(warp_o + (warp * kHeads + h) * kLatent + lane * 16);
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      dst[i] = make_float4(o[h][4 * i], o[h][4 * i + 1], o[h][4 * i + 2], o[h][4 * i + 3]);
+    }
+    if (lane == 0) {
+      warp_ml[(warp * kHeads + h) * 2] = m[h];
+      warp_ml[(warp * kHeads + h) * 2 + 1] = l[h];
+    }
+  }
+  __syncthreads();
+
+  // The block's partial: warps merged in warp order; weight 0 for warps without keys.
+  float* block_o = smem + L::kBlockO;
+  float* block_ml = smem + L::kBlockMl;
+  for (int i = threadIdx.x; i < kHeads * kCols4; i += kThreads) {
+    const int h = i / kCols4, c4 = i % kCols4;
+    float mx = -INFINITY;
+    for (int w = 0; w < kWarps; ++w) mx = fmaxf(mx, warp_ml[(w * kHeads + h) * 2]);
+    float4 acc = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    float sum = 0.0f;
+    for (int w = 0; w < kWarps; ++w) {
+      const float lw = warp_ml[(w * kHeads + h) * 2 + 1];
+      const float wt = lw > 0.0f ? exp2f(warp_ml[(w * kHeads + h) * 2] - mx) : 0.0f;
+      const float4 x = reinterpret_cast<const float4*>(warp_o + (w * kHeads + h) * kLatent)[c4];
+      acc.x = fmaf(wt, x.x, acc.x);
+      acc.y = fmaf(wt, x.y, acc.y);
+      acc.z = fmaf(wt, x.z, acc.z);
+      acc.w = fmaf(wt, x.w, acc.w);
+      sum = fmaf(wt, lw, sum);
+    }
+    reinterpret_cast<float4*>(block_o)[h * kCols4 + c4] = acc;
+    if (c4 == 0) {
+      block_ml[2 * h] = mx;
+      block_ml[2 * h + 1] = sum;
+    }
+  }
+  cluster.sync();  // every block's partial is complete and visible to the cluster
+
+  // This block's columns of the output: every block's partial, in rank order.
+  float* merge_ml = smem + L::kMergeMl;
+  float* merge_w = smem + L::kMergeW;
+  float* denom = smem + L::kDenom;
+  if (threadIdx.x < kHeads * splits) {
+    const int h = threadIdx.x / splits, s = threadIdx.x % splits;
+    const float* remote = cluster.map_shared_rank(block_ml, s);
+    merge_ml[(h * kMaxCluster + s) * 2] = remote[2 * h];
+    merge_ml[(h * kMaxCluster + s) * 2 + 1] = remote[2 * h + 1];
+  }
+  __syncthreads();
+  if (threadIdx.x < kHeads) {
+    const int h = threadIdx.x;
+    const float* ml = merge_ml + h * kMaxCluster * 2;
+    float mx = -INFINITY;
+    for (int s = 0; s < splits; ++s) mx = fmaxf(mx, ml[2 * s]);
+    float sum = 0.0f;
+    for (int s = 0; s < splits; ++s) {
+      const float wt = ml[2 * s + 1] > 0.0f ? exp2f(ml[2 * s] - mx) : 0.0f;
+      merge_w[h * kMaxCluster + s] = wt;
+      sum = fmaf(wt, ml[2 * s + 1], sum);
+    }
+    denom[h] = sum;
+  }
+  __syncthreads();
+  const int slice4 = kCols4 / splits;
+  for (int i = threadIdx.x; i < kHeads * slice4; i += kThreads) {
+    const int h = i / slice4, c4 = split * slice4 + i % slice4;
+    float4 acc = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    for (int s = 0; s < splits; ++s) {
+      const float wt = merge_w[h * kMaxCluster + s];
+      const float4 x =
+          reinterpret_cast<const float4*>(cluster.map_shared_rank(block_o, s))[h * kCols4 + c4];
+      acc.x = fmaf(wt, x.x, acc.x);
+      acc.y = fmaf(wt, x.y, acc.y);
+      acc.z = fmaf(wt, x.z, acc.z);
+      acc.w = fmaf(wt, x.w, acc.w);
+    }
+    const int hh = h0 + h;
+    if (hh < heads) {
+      const float d = denom[h];
+      reinterpret_cast<float4*>(p.out_latent + (t * heads + hh) * kLatent)[c4] =
+          make_float4(acc.x / d, acc.y / d, acc.z / d, acc.w / d);
+    }
+  }
+  cluster.sync();  // no block leaves while others read its shared memory
+#endif  // __CUDA_ARCH__ >= 900
+}
+
+using KernelFn = void (*)(MlaAttentionParams);
+
+KernelFn KernelFor(int heads_per_block) {
+  switch (heads_per_block) {
+    case 1:
+      return MlaDecodeSmallKernel<1>;
+    case 2:
+      return MlaDecodeSmallKernel<2>;
+    default:
+      return MlaDecodeSmallKernel<4>;
+  }
+}
+
+size_t SmemBytes(int heads_per_block) {
+  switch (heads_per_block) {
+    case 1:
+      return SmemLayout<1>::kFloats * sizeof(float);
+    case 2:
+      return SmemLayout<2>::kFloats * sizeof(float);
+    default:
+      return SmemLayout<4>::kFloats * sizeof(float);
+  }
+}
+
+// Per (kernel, device), queried once: whether the kernel has its sm_90 code and the device
+// launches clusters, the SM count, and the raised shared-memory and cluster-size limits.
+struct KernelFacts {
+  cudaError_t error = cudaSuccess;
+  bool clusters = false;
+  int sms = 0;
+};
+
+KernelFacts FactsFor(int heads_per_block, int device) {
+  static std::mutex mu;
+  static std::map<std::pair<int, int>, KernelFacts>* facts =
+      new std::map<std::pair<int, int>, KernelFacts>();
+  std::lock_guard<std::mutex> lock(mu);
+  const auto key = std::make_pair(heads_per_block, device);
+  auto it = facts->find(key);
+  if (it != facts->end()) return it->second;
+  KernelFacts f;
+  const KernelFn kernel = KernelFor(heads_per_block);
+  cudaFuncAttributes attr;
+  int cluster_launch = 0;
+  f.error = cudaFuncGetAttributes(&attr, kernel);
+  if (f.error == cudaSuccess) {
+    f.error = cudaDeviceGetAttribute(&cluster_launch, cudaDevAttrClusterLaunch, device);
+  }
+  if (f.error == cudaSuccess) {
+    f.error = cudaDeviceGetAttribute(&f.sms, cudaDevAttrMultiProcessorCount, device);
+  }
+  f.clusters = f.error == cudaSuccess && cluster_launch != 0 && attr.ptxVersion >= 90;
+  if (f.clusters) {
+    f.error = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                   static_cast<int>(SmemBytes(heads_per_block)));
+  }
+  if (f.clusters && f.error == cudaSuccess) {
+    f.error = cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1);
+  }
+  if (f.error != cudaSuccess) cudaGetLastError();  // reported through the return value
+  facts->emplace(key, f);
+  return f;
+}
+
+cudaLaunchConfig_t LaunchConfig(const MlaAttentionParams& p, int cluster, int heads_per_block,
+                                cudaStream_t stream, cudaLaunchAttribute* attr) {
+  cudaLaunchConfig_t c = {};
+  c.gridDim = dim3(static_cast<unsigned>(cluster),
+                   static_cast<unsigned>((p.num_heads + heads_per_block - 1) / heads_per_block),
+                   static_cast<unsigned>(p.num_tokens));
+  c.blockDim = dim3(kThreads, 1, 1);
+  c.dynamicSmemBytes = SmemBytes(heads_per_block);
+  c.stream = stream;
+  attr->id = cudaLaunchAttributeClusterDimension;
+  attr->val.clusterDim.x = static_cast<unsigned>(cluster);
+  attr->val.clusterDim.y = 1;
+  attr->val.clusterDim.z = 1;
+  c.attrs = attr;
+  c.numAttrs = 1;
+  return c;
+}
+
+// Whether a cluster of `cluster` blocks of this kernel fits on the device (non-portable sizes
+// may not); once per (heads per block, cluster, device).
+cudaError_t ClusterFits(const MlaAttentionParams& p, int cluster, int heads_per_block, int device,
+                        bool* fits) {
+  static std::mutex mu;
+  static std::map<std::tuple<int, int, int>, int>* cache =
+      new std::map<std::tuple<int, int, int>, int>();
+  std::lock_guard<std::mutex> lock(mu);
+  const auto key = std::make_tuple(heads_per_block, cluster, device);
+  auto it = cache->find(key);
+  if (it == cache->end()) {
+    cudaLaunchAttribute attr;
+    const cudaLaunchConfig_t c = LaunchConfig(p, cluster, heads_per_block, nullptr, &attr);
+    int n = 0;
+    const cudaError_t e = cudaOccupancyMaxActiveClusters(&n, KernelFor(heads_per_block), &c);
+    if (e != cudaSuccess) {
+      cudaGetLastError();
+      return e;
+    }
+    it = cache->emplace(key, n).first;
+  }
+  *fits = it->second > 0;
+  return cudaSuccess;
+}
+
+bool Aligned16(const void* ptr) { return reinterpret_cast<uintptr_t>(ptr) % 16 == 0; }
+
+}  // namespace
+
+bool MlaDecodeSmallSupported(const MlaAttentionParams& p) {
+  if (p.cache.type != LatentCacheType::kBFloat16 || p.cache.latent_dim != kLatent ||
+      p.cache.rope_dim != kRope || p.cache.block_size <= 0 || !Aligned16(p.cache.cache) ||
+      !Aligned16(p.q_latent) || !Aligned16(p.out_latent) || p.num_tokens < 1 ||
+      p.num_tokens > 65535 || p.num_heads < 1) {
+    return false;
+  }
+  int device = 0;
+  if (cudaGetDevice(&device) != cudaSuccess) {
+    cudaGetLastError();
+    return false;
+  }
+  const KernelFacts f = FactsFor(1, device);
+  return f.error == cudaSuccess && f.clusters;
+}
+
+cudaError_t MlaDecodeSmall(const MlaAttentionParams& params, const MlaDecodeSmallOptions& options,
+                           cudaStream_t stream) {
+  if (params.num_tokens <= 0 || params.num_heads <= 0) return cudaSuccess;
+  const int cluster = options.cluster_size == 0 ? 8 : options.cluster_size;
+  if (!MlaDecodeSmallSupported(params) || cluster > kMaxCluster || cluster < 1 ||
+      (cluster & (cluster - 1)) != 0 ||
+      (options.heads_per_block != 0 && options.heads_per_block != 1 &&
+       options.heads_per_block != 2 && options.heads_per_block != 4)) {
+    return cudaErrorInvalidValue;
+  }
+  int device = 0;
+  cudaError_t e = cudaGetDevice(&device);
+  if (e != cudaSuccess) return e;
+  int heads_per_block = options.heads_per_block;
+  if (heads_per_block == 0) {
+    // One or two blocks per SM: more heads per block once the tokens fill the GPU without.
+    const int64_t slots = 2 * static_cast<int64_t>(FactsFor(1, device).sms);
+    heads_per_block = 1;
+    while (heads_per_block < 4 &&
+           static_cast<int64_t>(params.num_tokens) * cluster *
+                   ((params.num_heads + heads_per_block - 1) / heads_per_block) >
+               slots) {
+      heads_per_block *= 2;
+    }
+  }
+  const KernelFacts f = FactsFor(heads_per_block, device);
+  if (f.error != cudaSuccess) return f.error;
+  if (!f.clusters) return cudaErrorInvalidValue;
+  if ((params.num_heads + heads_per_block - 1) / heads_per_block > 65535) {
+    return cudaErrorInvalidValue;
+  }
+  bool fits = false;
+  e = ClusterFits(params, cluster, heads_per_block, device, &fits);
+  if (e != cudaSuccess) return e;
+  if (!fits) return cudaErrorNotSupported;
+  cudaLaunchAttribute attr;
+  const cudaLaunchConfig_t c = LaunchConfig(params, cluster, heads_per_block, stream, &attr);
+  e = cudaLaunchKernelEx(&c, KernelFor(heads_per_block), params);
+  if (e != cudaSuccess) return e;
+  return cudaGetLastError();
+}
+
+}  // namespace kernels
+}  // namespace deepinfer

@@ -1,0 +1,53 @@
+// Absorbed MLA decode attention for a few tokens (1-8 decode requests) at low latency: the same
+// contract as MlaAttentionF32 (mla_attention.h), one launch and no workspace. MlaAttentionF32
+// splits a lone token's context over 64 blocks of its tensor-core kernel and merges them in a
+// second kernel (~19 us at 1 x 1024 on the H200 in a CUDA graph, for a 1.18 MB read: all
+// latency). Here a thread-block cluster (sm_90) owns one (token, group of heads): each block of
+// the cluster takes a contiguous share of the context, each of its warps a share of that, with
+// the keys in registers and fp32 CUDA-core math; the warps' partial softmax results are merged
+// in shared memory, then the blocks' through distributed shared memory, in a fixed order (the
+// result does not depend on timing: graph replays equal eager runs bit for bit).
+#ifndef DEEPINFER_KERNELS_ATTENTION_MLA_DECODE_SMALL_H_
+#define DEEPINFER_KERNELS_ATTENTION_MLA_DECODE_SMALL_H_
+
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+
+#include "kernels/attention/mla_attention.h"
+
+namespace deepinfer {
+namespace kernels {
+
+// The decode batches CudaBackend sends here (more tokens go to MlaAttentionF32).
+constexpr int32_t kMlaDecodeSmallMaxTokens = 8;
+// The only cache shape the kernel takes (DeepSeek-V3 / Moonlight): latent 512 + rope 64, bf16.
+constexpr int32_t kMlaDecodeSmallLatent = 512;
+constexpr int32_t kMlaDecodeSmallRope = 64;
+// The largest cluster (context splits per token and head group): 16 is beyond the portable 8,
+// and needs the device's consent (cudaOccupancyMaxActiveClusters).
+constexpr int32_t kMlaDecodeSmallMaxCluster = 16;
+
+struct MlaDecodeSmallOptions {
+  // Blocks per cluster = context splits per (token, head group): 1, 2, 4, 8 or 16; 0 = 8.
+  int32_t cluster_size = 0;
+  // Heads per block: 1, 2 or 4; 0 picks from the token count (more heads per block when more
+  // tokens already fill the GPU; keys are then re-read by fewer blocks).
+  int32_t heads_per_block = 0;
+};
+
+// True when MlaDecodeSmall takes these params on the current device: a bf16 cache of latent 512 +
+// rope 64 at a 16-byte-aligned address, q_latent 16-byte aligned, 1 to 65535 tokens, and a
+// device and binary with thread-block clusters (sm_90 code).
+bool MlaDecodeSmallSupported(const MlaAttentionParams& params);
+
+// out[t, h] as MlaAttentionF32 (params.workspace, num_splits and mma_variant are ignored).
+// cudaErrorInvalidValue when !MlaDecodeSmallSupported(params) or an option is out of range;
+// cudaErrorNotSupported when the device cannot schedule a cluster of that size.
+cudaError_t MlaDecodeSmall(const MlaAttentionParams& params, const MlaDecodeSmallOptions& options,
+                           cudaStream_t stream);
+
+}  // namespace kernels
+}  // namespace deepinfer
+
+#endif  // DEEPINFER_KERNELS_ATTENTION_MLA_DECODE_SMALL_H_

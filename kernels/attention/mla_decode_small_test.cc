@@ -1,0 +1,298 @@
+// MlaDecodeSmall against CpuBackend::MlaAttention (fp32 dot products, double P·V sums) over the
+// same bf16 cache values: 1, 2, 3 and 8 decode tokens over contexts of 1, 15, 1024, 1025 and
+// 4096 positions and mixed lengths, two tokens of one sequence (different context lengths),
+// blocks of 16 and 64 in shuffled (random) block tables with blocks no sequence owns, head
+// counts that do not fill a head group; every cluster size and heads-per-block choice; the
+// cache's unwritten slots and the output poisoned (NaN); repeated calls and CUDA graph replays
+// give the same bits as the first call; unsupported shapes and options are rejected.
+#include "kernels/attention/mla_decode_small.h"
+
+#include <algorithm>
+#include <cstring>
+#include <iostream>
+#include <memory>
+#include <numeric>
+#include <ostream>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "gtest/gtest.h"
+#include "kernels/testing/gpu_test_util.h"
+#include "worker/backend/cpu/cpu_backend.h"
+
+namespace deepinfer {
+namespace {
+
+using testing::AllClose;
+using testing::DeviceArray;
+
+constexpr int32_t kLatent = kernels::kMlaDecodeSmallLatent, kRope = kernels::kMlaDecodeSmallRope;
+constexpr int32_t kNope = 128;
+// As mla_attention_test's bf16-cache bound (the tensor-core kernel's); fp32 CUDA-core math
+// lands far inside it.
+constexpr double kAtol = 1e-4, kRtol = 5e-4;
+
+struct Query {
+  int32_t seq, context;  // the token's sequence and the positions it sees
+};
+
+struct Case {
+  std::string name;
+  int32_t heads;
+  int32_t block_size;
+  std::vector<int32_t> seq_len;
+  std::vector<Query> queries;  // empty: one query per sequence, seeing all of it
+};
+
+void PrintTo(const Case& c, std::ostream* os) { *os << c.name; }
+
+// Device inputs of a case and the CPU reference's output.
+struct Problem {
+  kernels::MlaAttentionParams params;
+  std::vector<float> want;
+  std::unique_ptr<DeviceArray<float>> q_latent, q, out;
+  std::unique_ptr<DeviceArray<int32_t>> tables, token_seq, context_len;
+  std::unique_ptr<DeviceArray<uint16_t>> cache;
+};
+
+uint16_t Bf16Bits(float f) {  // nearest even (finite inputs)
+  uint32_t u;
+  std::memcpy(&u, &f, 4);
+  u += 0x7fffu + ((u >> 16) & 1u);
+  return static_cast<uint16_t>(u >> 16);
+}
+
+void Build(const Case& s, uint32_t seed, Problem* pr) {
+  const int32_t bs = s.block_size;
+  int32_t max_blocks = 0, num_blocks = 0;
+  for (int32_t len : s.seq_len) {
+    const int32_t n = (len + bs - 1) / bs;
+    max_blocks = std::max(max_blocks, n);
+    num_blocks += n;
+  }
+  num_blocks += 3;  // blocks no sequence owns (poisoned: must never be read)
+  std::mt19937 gen(seed);
+  std::vector<int32_t> perm(num_blocks);
+  std::iota(perm.begin(), perm.end(), 0);
+  std::shuffle(perm.begin(), perm.end(), gen);
+  const size_t num_seqs = s.seq_len.size();
+  std::vector<int32_t> tables(num_seqs * max_blocks, 0);
+  int next = 0;
+  for (size_t q = 0; q < num_seqs; ++q) {
+    for (int32_t b = 0; b * bs < s.seq_len[q]; ++b) tables[q * max_blocks + b] = perm[next++];
+  }
+  std::vector<Query> queries = s.queries;
+  if (queries.empty()) {
+    for (size_t q = 0; q < num_seqs; ++q) queries.push_back({static_cast<int32_t>(q), s.seq_len[q]});
+  }
+  std::vector<int32_t> token_seq, context_len;
+  for (const Query& q : queries) {
+    token_seq.push_back(q.seq);
+    context_len.push_back(q.context);
+  }
+  const int64_t tokens = static_cast<int64_t>(queries.size());
+  const int64_t entry = kLatent + kRope;
+  // The cache: every written slot a random bf16 value, the rest 0xFFFF (NaN).
+  const size_t cache_elems = static_cast<size_t>(num_blocks) * bs * entry;
+  std::vector<uint16_t> cache(cache_elems, 0xFFFFu);
+  std::vector<float> values = testing::RandomFloats(cache_elems, seed + 1);
+  for (size_t q = 0; q < num_seqs; ++q) {
+    for (int32_t p = 0; p < s.seq_len[q]; ++p) {
+      const int64_t slot = static_cast<int64_t>(tables[q * max_blocks + p / bs]) * bs + p % bs;
+      for (int64_t i = 0; i < entry; ++i) {
+        cache[slot * entry + i] = Bf16Bits(values[slot * entry + i]);
+      }
+    }
+  }
+  const int64_t qk = kNope + kRope, qdim = s.heads * qk;
+  auto q_latent = testing::RandomFloats(tokens * s.heads * kLatent, seed + 2);
+  auto q = testing::RandomFloats(tokens * qdim, seed + 3);
+  const float scale = 0.0721f;
+
+  CpuBackend cpu(2);
+  MlaAttentionArgs a;
+  a.num_tokens = static_cast<int32_t>(tokens);
+  a.num_heads = s.heads;
+  a.q_latent = q_latent.data();
+  a.q_rope = q.data() + kNope;
+  a.q_rope_token_stride = qdim;
+  a.q_rope_head_stride = qk;
+  a.cache = {cache.data(), bs, kLatent, kRope, WeightDType::kBFloat16};
+  a.block_tables = tables.data();
+  a.max_blocks_per_seq = max_blocks;
+  a.token_seq = token_seq.data();
+  a.context_len = context_len.data();
+  a.softmax_scale = scale;
+  pr->want.assign(tokens * s.heads * kLatent, 0.0f);
+  a.out_latent = pr->want.data();
+  cpu.MlaAttention(a);
+
+  pr->q_latent = std::make_unique<DeviceArray<float>>(q_latent);
+  pr->q = std::make_unique<DeviceArray<float>>(q);
+  pr->out = std::make_unique<DeviceArray<float>>(pr->want.size());
+  pr->tables = std::make_unique<DeviceArray<int32_t>>(tables);
+  pr->token_seq = std::make_unique<DeviceArray<int32_t>>(token_seq);
+  pr->context_len = std::make_unique<DeviceArray<int32_t>>(context_len);
+  pr->cache = std::make_unique<DeviceArray<uint16_t>>(cache);
+
+  kernels::MlaAttentionParams& p = pr->params;
+  p.num_tokens = static_cast<int32_t>(tokens);
+  p.num_heads = s.heads;
+  p.q_latent = pr->q_latent->get();
+  p.q_rope = pr->q->get() + kNope;
+  p.q_rope_token_stride = qdim;
+  p.q_rope_head_stride = qk;
+  p.cache = {pr->cache->get(), bs, kLatent, kRope, kernels::LatentCacheType::kBFloat16};
+  p.block_tables = pr->tables->get();
+  p.max_blocks_per_seq = max_blocks;
+  p.token_seq = pr->token_seq->get();
+  p.context_len = pr->context_len->get();
+  p.softmax_scale = scale;
+  p.out_latent = pr->out->get();
+}
+
+bool SameBits(const std::vector<float>& a, const std::vector<float>& b) {
+  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
+}
+
+class MlaDecodeSmallTest : public ::testing::TestWithParam<Case> {};
+
+TEST_P(MlaDecodeSmallTest, MatchesCpuBackendForEveryShape) {
+  DEEPINFER_SKIP_WITHOUT_GPU();
+  const Case s = GetParam();
+  const uint32_t seed = testing::FreshSeed();
+  SCOPED_TRACE(::testing::Message() << s.name << " seed " << seed);
+  Problem pr;
+  Build(s, seed, &pr);
+  if (!kernels::MlaDecodeSmallSupported(pr.params)) {
+    GTEST_SKIP() << "no thread-block clusters on this device";
+  }
+  std::vector<float> got, first;
+  for (int cluster : {0, 1, 2, 4, 8, 16}) {
+    for (int heads_per_block : {0, 1, 2, 4}) {
+      SCOPED_TRACE(::testing::Message()
+                   << "cluster " << cluster << ", heads per block " << heads_per_block);
+      const kernels::MlaDecodeSmallOptions o{cluster, heads_per_block};
+      pr.out->Poison();
+      const cudaError_t e = kernels::MlaDecodeSmall(pr.params, o, nullptr);
+      if (e == cudaErrorNotSupported) {  // the device cannot schedule this cluster size
+        std::cout << "[mla-decode-small] " << s.name << " cluster " << cluster
+                  << ": not schedulable here\n";
+        continue;
+      }
+      DEEPINFER_CUDA_OK(e);
+      DEEPINFER_CUDA_OK(pr.out->Download(&got));
+      const ::testing::AssertionResult close = AllClose(got, pr.want, kAtol, kRtol);
+      EXPECT_TRUE(close);
+      if (heads_per_block == 0) {
+        std::cout << "[mla-decode-small] " << s.name << " cluster " << cluster << ": "
+                  << close.message() << "\n";
+      }
+      // The same call again: the same bits (a fixed merge order, nothing timing-dependent).
+      pr.out->Poison();
+      DEEPINFER_CUDA_OK(kernels::MlaDecodeSmall(pr.params, o, nullptr));
+      DEEPINFER_CUDA_OK(pr.out->Download(&first));
+      EXPECT_TRUE(SameBits(first, got)) << "a repeated call changed the output";
+    }
+  }
+}
+
+std::vector<Case> Cases() {
+  std::vector<Case> c;
+  c.push_back({"1_token_ctx_1", 16, 16, {1}, {}});
+  c.push_back({"1_token_ctx_15", 16, 16, {15}, {}});
+  c.push_back({"1_token_ctx_1024", 16, 16, {1024}, {}});
+  c.push_back({"1_token_ctx_1025_block_64", 16, 64, {1025}, {}});
+  c.push_back({"1_token_ctx_4096", 16, 16, {4096}, {}});
+  c.push_back({"2_tokens_ctx_1024_4096", 16, 16, {1024, 4096}, {}});
+  c.push_back({"3_tokens_mixed_3_heads", 3, 16, {1, 15, 1025}, {}});
+  c.push_back({"8_tokens_mixed_block_64", 16, 64, {1, 15, 33, 100, 1024, 1025, 2000, 4096}, {}});
+  c.push_back({"8_tokens_ctx_1024_20_heads", 20, 16, std::vector<int32_t>(8, 1024), {}});
+  c.push_back({"8_heads_4_tokens", 8, 16, {7, 64, 513, 1024}, {}});
+  // Two tokens of one sequence (speculative / multi-token decode): contexts 999 and 1000.
+  c.push_back({"2_tokens_one_sequence", 16, 16, {1000}, {{0, 999}, {0, 1000}}});
+  return c;
+}
+
+INSTANTIATE_TEST_SUITE_P(Cases, MlaDecodeSmallTest, ::testing::ValuesIn(Cases()),
+                         [](const ::testing::TestParamInfo<Case>& info) {
+                           return info.param.name;
+                         });
+
+// Captured into a CUDA graph (as the decode step runs it) and replayed: the bits of an eager
+// call, also after the contexts change between replays (the grid does not depend on them).
+TEST(MlaDecodeSmallGraphTest, ReplayEqualsEagerBitForBit) {
+  DEEPINFER_SKIP_WITHOUT_GPU();
+  const uint32_t seed = testing::FreshSeed();
+  SCOPED_TRACE(::testing::Message() << "seed " << seed);
+  Problem pr;
+  Build({"graph", 16, 16, {1024, 300}, {}}, seed, &pr);
+  if (!kernels::MlaDecodeSmallSupported(pr.params)) GTEST_SKIP() << "no thread-block clusters";
+  const kernels::MlaDecodeSmallOptions o;
+  std::vector<float> eager, replayed;
+  DEEPINFER_CUDA_OK(kernels::MlaDecodeSmall(pr.params, o, nullptr));
+  DEEPINFER_CUDA_OK(pr.out->Download(&eager));
+  EXPECT_TRUE(AllClose(eager, pr.want, kAtol, kRtol));
+
+  cudaStream_t stream;
+  DEEPINFER_CUDA_OK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  cudaGraph_t graph;
+  cudaGraphExec_t exec;
+  DEEPINFER_CUDA_OK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
+  const cudaError_t launched = kernels::MlaDecodeSmall(pr.params, o, stream);
+  DEEPINFER_CUDA_OK(cudaStreamEndCapture(stream, &graph));
+  DEEPINFER_CUDA_OK(launched);
+  DEEPINFER_CUDA_OK(cudaGraphInstantiate(&exec, graph, 0));
+  for (int r = 0; r < 3; ++r) {
+    pr.out->Poison();
+    DEEPINFER_CUDA_OK(cudaGraphLaunch(exec, stream));
+    DEEPINFER_CUDA_OK(cudaStreamSynchronize(stream));
+    DEEPINFER_CUDA_OK(pr.out->Download(&replayed));
+    EXPECT_TRUE(SameBits(replayed, eager)) << "replay " << r;
+  }
+  // Shorter contexts in the same graph: equal to an eager call on them.
+  const std::vector<int32_t> shorter = {17, 1};
+  pr.context_len->Upload(shorter);
+  DEEPINFER_CUDA_OK(kernels::MlaDecodeSmall(pr.params, o, nullptr));
+  DEEPINFER_CUDA_OK(pr.out->Download(&eager));
+  pr.out->Poison();
+  DEEPINFER_CUDA_OK(cudaGraphLaunch(exec, stream));
+  DEEPINFER_CUDA_OK(cudaStreamSynchronize(stream));
+  DEEPINFER_CUDA_OK(pr.out->Download(&replayed));
+  EXPECT_TRUE(SameBits(replayed, eager)) << "replay after the contexts changed";
+  DEEPINFER_CUDA_OK(cudaGraphExecDestroy(exec));
+  DEEPINFER_CUDA_OK(cudaGraphDestroy(graph));
+  DEEPINFER_CUDA_OK(cudaStreamDestroy(stream));
+}
+
+TEST(MlaDecodeSmallLimitsTest, RejectsOtherShapesAndOptions) {
+  DEEPINFER_SKIP_WITHOUT_GPU();
+  Problem pr;
+  Build({"limits", 16, 16, {40}, {}}, 7, &pr);
+  if (!kernels::MlaDecodeSmallSupported(pr.params)) GTEST_SKIP() << "no thread-block clusters";
+  kernels::MlaAttentionParams p = pr.params;
+  p.cache.type = kernels::LatentCacheType::kFloat32;
+  EXPECT_FALSE(kernels::MlaDecodeSmallSupported(p));
+  EXPECT_EQ(kernels::MlaDecodeSmall(p, {}, nullptr), cudaErrorInvalidValue);
+  p = pr.params;
+  p.cache.latent_dim = 256;
+  EXPECT_FALSE(kernels::MlaDecodeSmallSupported(p));
+  p = pr.params;
+  p.cache.rope_dim = 32;
+  EXPECT_FALSE(kernels::MlaDecodeSmallSupported(p));
+  p = pr.params;
+  p.q_latent += 1;  // not 16-byte aligned
+  EXPECT_FALSE(kernels::MlaDecodeSmallSupported(p));
+  for (int cluster : {-1, 3, 32}) {
+    EXPECT_EQ(kernels::MlaDecodeSmall(pr.params, {cluster, 0}, nullptr), cudaErrorInvalidValue)
+        << "cluster " << cluster;
+  }
+  for (int heads : {-1, 3, 8}) {
+    EXPECT_EQ(kernels::MlaDecodeSmall(pr.params, {0, heads}, nullptr), cudaErrorInvalidValue)
+        << "heads per block " << heads;
+  }
+}
+
+}  // namespace
+}  // namespace deepinfer
