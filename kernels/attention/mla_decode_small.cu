@@ -430,10 +430,10 @@ cudaLaunchConfig_t LaunchConfig(const MlaAttentionParams& p, int cluster, int he
   return c;
 }
 
-// Whether a cluster of `cluster` blocks of this kernel fits on the device (non-portable sizes
-// may not); once per (heads per block, cluster, device).
-cudaError_t ClusterFits(const MlaAttentionParams& p, int cluster, int heads_per_block, int device,
-                        bool* fits) {
+// How many clusters of `cluster` blocks of this kernel the device runs at once (0: it cannot
+// schedule one; non-portable sizes may not fit); once per (heads per block, cluster, device).
+cudaError_t MaxActiveClusters(const MlaAttentionParams& p, int cluster, int heads_per_block,
+                              int device, int* out) {
   static std::mutex mu;
   static std::map<std::tuple<int, int, int>, int>* cache =
       new std::map<std::tuple<int, int, int>, int>();
@@ -451,7 +451,7 @@ cudaError_t ClusterFits(const MlaAttentionParams& p, int cluster, int heads_per_
     }
     it = cache->emplace(key, n).first;
   }
-  *fits = it->second > 0;
+  *out = it->second;
   return cudaSuccess;
 }
 
@@ -475,41 +475,57 @@ bool MlaDecodeSmallSupported(const MlaAttentionParams& p) {
   return f.error == cudaSuccess && f.clusters;
 }
 
-cudaError_t MlaDecodeSmall(const MlaAttentionParams& params, const MlaDecodeSmallOptions& options,
-                           cudaStream_t stream) {
-  if (params.num_tokens <= 0 || params.num_heads <= 0) return cudaSuccess;
-  const int cluster = options.cluster_size == 0 ? 8 : options.cluster_size;
-  if (!MlaDecodeSmallSupported(params) || cluster > kMaxCluster || cluster < 1 ||
-      (cluster & (cluster - 1)) != 0 ||
-      (options.heads_per_block != 0 && options.heads_per_block != 1 &&
-       options.heads_per_block != 2 && options.heads_per_block != 4)) {
+cudaError_t MlaDecodeSmallShape(const MlaAttentionParams& params,
+                                const MlaDecodeSmallOptions& options, int* cluster,
+                                int* heads_per_block) {
+  const int want_cluster = options.cluster_size, want_heads = options.heads_per_block;
+  if (!MlaDecodeSmallSupported(params) || want_cluster < 0 || want_cluster > kMaxCluster ||
+      (want_cluster & (want_cluster - 1)) != 0 ||
+      (want_heads != 0 && want_heads != 1 && want_heads != 2 && want_heads != 4)) {
     return cudaErrorInvalidValue;
   }
   int device = 0;
   cudaError_t e = cudaGetDevice(&device);
   if (e != cudaSuccess) return e;
-  int heads_per_block = options.heads_per_block;
-  if (heads_per_block == 0) {
-    // One or two blocks per SM: more heads per block once the tokens fill the GPU without.
-    const int64_t slots = 2 * static_cast<int64_t>(FactsFor(1, device).sms);
-    heads_per_block = 1;
-    while (heads_per_block < 4 &&
-           static_cast<int64_t>(params.num_tokens) * cluster *
-                   ((params.num_heads + heads_per_block - 1) / heads_per_block) >
-               slots) {
-      heads_per_block *= 2;
+  // Candidates in order of preference: the most blocks per (token, head group) first, then the
+  // fewest heads per block (more blocks); the first whose clusters all run at once wins, else
+  // the last (fewest clusters) that the device can schedule at all.
+  int found_cluster = 0, found_heads = 0;
+  for (const int c : {8, 4, 2, 1, 16}) {
+    if (want_cluster != 0 ? c != want_cluster : c == 16) continue;
+    for (const int h : {1, 2, 4}) {
+      if (want_heads != 0 && h != want_heads) continue;
+      const KernelFacts f = FactsFor(h, device);
+      if (f.error != cudaSuccess) return f.error;
+      if (!f.clusters) return cudaErrorInvalidValue;
+      if ((params.num_heads + h - 1) / h > 65535) continue;
+      int active = 0;
+      e = MaxActiveClusters(params, c, h, device, &active);
+      if (e != cudaSuccess) return e;
+      if (active == 0) continue;
+      found_cluster = c;
+      found_heads = h;
+      const int64_t clusters =
+          static_cast<int64_t>(params.num_tokens) * ((params.num_heads + h - 1) / h);
+      if (clusters <= active) {
+        *cluster = c;
+        *heads_per_block = h;
+        return cudaSuccess;
+      }
     }
   }
-  const KernelFacts f = FactsFor(heads_per_block, device);
-  if (f.error != cudaSuccess) return f.error;
-  if (!f.clusters) return cudaErrorInvalidValue;
-  if ((params.num_heads + heads_per_block - 1) / heads_per_block > 65535) {
-    return cudaErrorInvalidValue;
-  }
-  bool fits = false;
-  e = ClusterFits(params, cluster, heads_per_block, device, &fits);
+  if (found_cluster == 0) return cudaErrorNotSupported;
+  *cluster = found_cluster;
+  *heads_per_block = found_heads;
+  return cudaSuccess;
+}
+
+cudaError_t MlaDecodeSmall(const MlaAttentionParams& params, const MlaDecodeSmallOptions& options,
+                           cudaStream_t stream) {
+  if (params.num_tokens <= 0 || params.num_heads <= 0) return cudaSuccess;
+  int cluster = 0, heads_per_block = 0;
+  cudaError_t e = MlaDecodeSmallShape(params, options, &cluster, &heads_per_block);
   if (e != cudaSuccess) return e;
-  if (!fits) return cudaErrorNotSupported;
   cudaLaunchAttribute attr;
   const cudaLaunchConfig_t c = LaunchConfig(params, cluster, heads_per_block, stream, &attr);
   e = cudaLaunchKernelEx(&c, KernelFor(heads_per_block), params);

@@ -29,10 +29,9 @@ constexpr int32_t kMlaDecodeSmallRope = 64;
 constexpr int32_t kMlaDecodeSmallMaxCluster = 16;
 
 struct MlaDecodeSmallOptions {
-  // Blocks per cluster = context splits per (token, head group): 1, 2, 4, 8 or 16; 0 = 8.
+  // Blocks per cluster = context splits per (token, head group): 1, 2, 4, 8 or 16; 0 = auto.
   int32_t cluster_size = 0;
-  // Heads per block: 1, 2 or 4; 0 picks from the token count (more heads per block when more
-  // tokens already fill the GPU; keys are then re-read by fewer blocks).
+  // Heads per block: 1, 2 or 4; 0 = auto.
   int32_t heads_per_block = 0;
 };
 
@@ -41,9 +40,18 @@ struct MlaDecodeSmallOptions {
 // device and binary with thread-block clusters (sm_90 code).
 bool MlaDecodeSmallSupported(const MlaAttentionParams& params);
 
+// The (cluster size, heads per block) MlaDecodeSmall runs for these params and options: the
+// given values, and for each 0 the first of cluster 8, 4, 2, 1 and heads 1, 2, 4 (in that
+// order) whose tokens x head groups clusters all fit on the device at once
+// (cudaOccupancyMaxActiveClusters), else the last that fits at all; auto never picks 16.
+// cudaErrorInvalidValue for unsupported params or options out of range, cudaErrorNotSupported
+// when the device cannot schedule any candidate cluster (e.g. a given 16).
+cudaError_t MlaDecodeSmallShape(const MlaAttentionParams& params,
+                                const MlaDecodeSmallOptions& options, int* cluster,
+                                int* heads_per_block);
+
 // out[t, h] as MlaAttentionF32 (params.workspace, num_splits and mma_variant are ignored).
-// cudaErrorInvalidValue when !MlaDecodeSmallSupported(params) or an option is out of range;
-// cudaErrorNotSupported when the device cannot schedule a cluster of that size.
+// Errors as MlaDecodeSmallShape.
 cudaError_t MlaDecodeSmall(const MlaAttentionParams& params, const MlaDecodeSmallOptions& options,
                            cudaStream_t stream);
 

@@ -185,9 +185,16 @@ TEST_P(MlaDecodeSmallTest, MatchesCpuBackendForEveryShape) {
       DEEPINFER_CUDA_OK(pr.out->Download(&got));
       const ::testing::AssertionResult close = AllClose(got, pr.want, kAtol, kRtol);
       EXPECT_TRUE(close);
+      int shape_cluster = 0, shape_heads = 0;
+      DEEPINFER_CUDA_OK(
+          kernels::MlaDecodeSmallShape(pr.params, o, &shape_cluster, &shape_heads));
+      // Given values are kept; auto stays within the portable cluster sizes.
+      EXPECT_EQ(shape_cluster == cluster, cluster != 0);
+      EXPECT_NE(shape_cluster, cluster == 0 ? 16 : 0);
+      EXPECT_EQ(shape_heads == heads_per_block, heads_per_block != 0);
       if (heads_per_block == 0) {
-        std::cout << "[mla-decode-small] " << s.name << " cluster " << cluster << ": "
-                  << close.message() << "\n";
+        std::cout << "[mla-decode-small] " << s.name << " cluster " << shape_cluster
+                  << " heads per block " << shape_heads << ": " << close.message() << "\n";
       }
       // The same call again: the same bits (a fixed merge order, nothing timing-dependent).
       pr.out->Poison();

@@ -378,6 +378,7 @@ absl::Status RunRank(const BenchConfig& bc, int64_t rank, RankState* s, RankOutp
           absl::StrCat("--mla-decode-variant ", v, ": ", st.message()));
     }
   }
+  if (cuda != nullptr) cuda->SetMlaDecodeSmall(bc.mla_decode_small);
   if (cuda != nullptr && !bc.decode_moe_algo.empty()) {
     using Algo = CudaBackend::DecodeMoeAlgo;
     if (bc.decode_moe_algo == "grouped-f32") {

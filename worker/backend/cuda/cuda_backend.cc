@@ -13,6 +13,7 @@
 #include "kernels/activation/elementwise.h"
 #include "kernels/attention/mha_prefill.h"
 #include "kernels/attention/mla_attention.h"
+#include "kernels/attention/mla_decode_small.h"
 #include "kernels/attention/mla_prefill.h"
 #include "kernels/common/capture_deps.h"
 #include "kernels/common/pdl.h"
@@ -731,6 +732,16 @@ void CudaBackend::MlaAttention(const MlaAttentionArgs& a) {
     }
   }
   if (prefill.empty()) {
+    // A few decode tokens: one launch of the cluster kernel where it takes the shape (bf16
+    // cache, latent 512 + rope 64, sm_90); a device that cannot schedule its clusters falls back.
+    if (mla_decode_small_ && a.num_tokens <= kernels::kMlaDecodeSmallMaxTokens &&
+        kernels::MlaDecodeSmallSupported(p)) {
+      const cudaError_t e = kernels::MlaDecodeSmall(p, kernels::MlaDecodeSmallOptions(), stream_);
+      if (e != cudaErrorNotSupported) {
+        Check(e, "kernels::MlaDecodeSmall");
+        return;
+      }
+    }
     Check(kernels::MlaAttentionF32(p, stream_), "kernels::MlaAttentionF32");
     return;
   }

@@ -187,6 +187,10 @@ class CudaBackend : public Backend {
   // benchmarks (deepinfer-bench --mla-decode-variant) and tests.
   absl::Status SetMlaDecodeVariant(int32_t variant);
   int32_t mla_decode_variant() const { return mla_decode_variant_; }
+  // Batches of at most kernels::kMlaDecodeSmallMaxTokens tokens without prefill spans go to
+  // kernels::MlaDecodeSmall (one launch, no workspace) where it takes the shape; off: to
+  // MlaAttentionF32 as before (for comparisons). On by default.
+  void SetMlaDecodeSmall(bool on) { mla_decode_small_ = on; }
   void NoauxTcRoute(const NoauxTcRouteArgs& args) override;
   void AccumulateExpertCounts(int64_t n, const int32_t* ids, int64_t num_experts,
                               const int32_t* count_limit, int64_t* counts) override;
@@ -272,6 +276,7 @@ class CudaBackend : public Backend {
   int32_t mla_prefill_min_tokens_ = kMlaPrefillMinTokens;
   int32_t mla_decode_variant_ = 0;  // kernels::MlaAttentionParams::mma_variant
   bool in_timed_op_ = false;        // GroupedGemm calls Gemm: count only the outer op
+  bool mla_decode_small_ = true;
   bool small_m_gemm_ = true;
   bool allocations_aside_ = false;
   kernels::SmallMGemmAlgo small_m_gemm_algo_ = kernels::SmallMGemmAlgo::kAuto;

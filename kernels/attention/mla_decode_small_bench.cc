@@ -1,0 +1,176 @@
+// Times MlaDecodeSmall against MlaAttentionF32 (the tensor-core kernel with split-K and its
+// combine: the path it replaces) on the Moonlight decode shape (16 heads, latent 512 + rope 64,
+// bf16 cache, block 16) at 1, 2, 4 and 8 requests of 1024 and 4096 positions. Per case and
+// kernel: the mean per call of 10 calls captured in one CUDA graph and replayed 5 times (as the
+// decode step runs them; MlaAttentionF32 as the backend calls it, allocating its workspace in
+// the stream, and with a caller's workspace), the eager median of 20, and the largest
+// difference between the two kernels' outputs.
+#include <cuda_runtime_api.h>
+
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "kernels/attention/mla_attention.h"
+#include "kernels/attention/mla_decode_small.h"
+#include "kernels/testing/bench_util.h"
+
+namespace deepinfer {
+namespace {
+
+using bench::MedianMs;
+using bench::Uniform;
+using bench::Upload;
+
+constexpr int32_t kLatent = 512, kRope = 64, kBlockSize = 16, kHeads = 16;
+
+uint16_t Bf16Bits(float f) {  // nearest even (finite inputs)
+  uint32_t u;
+  std::memcpy(&u, &f, 4);
+  u += 0x7fffu + ((u >> 16) & 1u);
+  return static_cast<uint16_t>(u >> 16);
+}
+
+// Mean ms per call of `calls` calls of fn(stream) in one graph, replayed `replays` times.
+double GraphMs(const std::function<cudaError_t(cudaStream_t)>& fn, cudaStream_t stream) {
+  constexpr int kCalls = 10, kReplays = 5;
+  cudaGraph_t graph;
+  cudaGraphExec_t exec;
+  BENCH_CUDA(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
+  for (int i = 0; i < kCalls; ++i) BENCH_CUDA(fn(stream));
+  BENCH_CUDA(cudaStreamEndCapture(stream, &graph));
+  BENCH_CUDA(cudaGraphInstantiate(&exec, graph, 0));
+  BENCH_CUDA(cudaGraphLaunch(exec, stream));  // warm-up
+  BENCH_CUDA(cudaStreamSynchronize(stream));
+  cudaEvent_t e0, e1;
+  BENCH_CUDA(cudaEventCreate(&e0));
+  BENCH_CUDA(cudaEventCreate(&e1));
+  BENCH_CUDA(cudaEventRecord(e0, stream));
+  for (int r = 0; r < kReplays; ++r) BENCH_CUDA(cudaGraphLaunch(exec, stream));
+  BENCH_CUDA(cudaEventRecord(e1, stream));
+  BENCH_CUDA(cudaEventSynchronize(e1));
+  float total = 0;
+  BENCH_CUDA(cudaEventElapsedTime(&total, e0, e1));
+  BENCH_CUDA(cudaEventDestroy(e0));
+  BENCH_CUDA(cudaEventDestroy(e1));
+  BENCH_CUDA(cudaGraphExecDestroy(exec));
+  BENCH_CUDA(cudaGraphDestroy(graph));
+  return total / (kCalls * kReplays);
+}
+
+void Run(int32_t seqs, int32_t context, cudaStream_t stream) {
+  const int64_t entry = kLatent + kRope;
+  const int32_t blocks_per_seq = (context + kBlockSize - 1) / kBlockSize;
+  const int64_t num_blocks = static_cast<int64_t>(seqs) * blocks_per_seq;
+  std::vector<int32_t> tables(num_blocks);  // interleaved, as a pool hands blocks out
+  for (int32_t s = 0; s < seqs; ++s) {
+    for (int32_t b = 0; b < blocks_per_seq; ++b) tables[s * blocks_per_seq + b] = b * seqs + s;
+  }
+  std::vector<int32_t> token_seq(seqs), context_len(seqs, context);
+  for (int32_t s = 0; s < seqs; ++s) token_seq[s] = s;
+  const std::vector<float> values = Uniform(num_blocks * kBlockSize * entry, 1);
+  std::vector<uint16_t> cache16(values.size());
+  for (size_t i = 0; i < values.size(); ++i) cache16[i] = Bf16Bits(values[i]);
+  const int64_t qk = 128 + kRope;
+  const size_t out_elems = static_cast<size_t>(seqs) * kHeads * kLatent;
+  kernels::MlaAttentionParams p;
+  p.num_tokens = seqs;
+  p.num_heads = kHeads;
+  p.q_latent = Upload(Uniform(out_elems, 2));
+  p.q_rope = Upload(Uniform(static_cast<size_t>(seqs) * kHeads * qk, 3)) + 128;
+  p.q_rope_token_stride = kHeads * qk;
+  p.q_rope_head_stride = qk;
+  p.cache = {Upload(cache16), kBlockSize, kLatent, kRope, kernels::LatentCacheType::kBFloat16};
+  p.block_tables = Upload(tables);
+  p.max_blocks_per_seq = blocks_per_seq;
+  p.token_seq = Upload(token_seq);
+  p.context_len = Upload(context_len);
+  p.softmax_scale = 1.0f / std::sqrt(192.0f);
+  float* out_old = bench::DeviceAlloc<float>(out_elems * sizeof(float));
+  float* out_new = bench::DeviceAlloc<float>(out_elems * sizeof(float));
+
+  const double bytes = static_cast<double>(seqs) * context * entry * 2;
+  char name[64];
+  std::snprintf(name, sizeof(name), "decode %d x ctx%d h%d", seqs, context, kHeads);
+  auto report = [&](const char* kernel, double graph_ms, double eager_ms) {
+    std::printf("%-24s %-34s graph %8.2f us  eager %8.2f us  %6.1f GB/s in graph\n", name, kernel,
+                graph_ms * 1e3, eager_ms * 1e3, bytes / (graph_ms * 1e-3) / 1e9);
+  };
+
+  kernels::MlaAttentionParams old_p = p;
+  old_p.out_latent = out_old;
+  report("MlaAttentionF32 (own workspace)",
+         GraphMs([&](cudaStream_t s) { return kernels::MlaAttentionF32(old_p, s); }, stream),
+         MedianMs([&] { return kernels::MlaAttentionF32(old_p, nullptr); }));
+  kernels::MlaAttentionParams ws_p = old_p;
+  BENCH_CUDA(kernels::MlaAttentionWorkspaceBytes(ws_p, &ws_p.workspace_bytes));
+  ws_p.workspace = bench::DeviceAlloc<char>(ws_p.workspace_bytes);
+  report("MlaAttentionF32 (caller workspace)",
+         GraphMs([&](cudaStream_t s) { return kernels::MlaAttentionF32(ws_p, s); }, stream),
+         MedianMs([&] { return kernels::MlaAttentionF32(ws_p, nullptr); }));
+
+  kernels::MlaAttentionParams new_p = p;
+  new_p.out_latent = out_new;
+  if (!kernels::MlaDecodeSmallSupported(new_p)) {
+    std::printf("%-24s MlaDecodeSmall: not supported on this device\n", name);
+    return;
+  }
+  for (int cluster : {0, 4, 16}) {
+    for (int heads : {0, 1, 2, 4}) {
+      const kernels::MlaDecodeSmallOptions o{cluster, heads};
+      const cudaError_t probe = kernels::MlaDecodeSmall(new_p, o, stream);
+      BENCH_CUDA(cudaStreamSynchronize(stream));
+      if (probe == cudaErrorNotSupported) {
+        std::printf("%-24s MlaDecodeSmall cluster %d: not schedulable\n", name, cluster);
+        break;
+      }
+      BENCH_CUDA(probe);
+      int shape_cluster = 0, shape_heads = 0;
+      BENCH_CUDA(kernels::MlaDecodeSmallShape(new_p, o, &shape_cluster, &shape_heads));
+      const std::string kernel = "MlaDecodeSmall cluster " + std::to_string(shape_cluster) +
+                                 " heads " + std::to_string(shape_heads) +
+                                 (cluster == 0 && heads == 0 ? " (auto)" : "");
+      report(kernel.c_str(),
+             GraphMs([&](cudaStream_t s) { return kernels::MlaDecodeSmall(new_p, o, s); }, stream),
+             MedianMs([&] { return kernels::MlaDecodeSmall(new_p, o, nullptr); }));
+    }
+  }
+  // The outputs of the last calls of each: old_p and the last MlaDecodeSmall options.
+  BENCH_CUDA(kernels::MlaAttentionF32(old_p, nullptr));
+  BENCH_CUDA(kernels::MlaDecodeSmall(new_p, {}, nullptr));
+  std::vector<float> a(out_elems), b(out_elems);
+  BENCH_CUDA(cudaMemcpy(a.data(), out_old, out_elems * sizeof(float), cudaMemcpyDeviceToHost));
+  BENCH_CUDA(cudaMemcpy(b.data(), out_new, out_elems * sizeof(float), cudaMemcpyDeviceToHost));
+  double worst = 0;
+  for (size_t i = 0; i < out_elems; ++i) {
+    const double d = std::fabs(static_cast<double>(a[i]) - b[i]);
+    if (!(d <= worst)) worst = d;  // NaN sticks
+  }
+  std::printf("%-24s max |MlaDecodeSmall - MlaAttentionF32| = %.3g\n", name, worst);
+  std::fflush(stdout);
+}
+
+}  // namespace
+}  // namespace deepinfer
+
+int main() {
+  int n = 0;
+  if (cudaGetDeviceCount(&n) != cudaSuccess || n == 0) {
+    std::fprintf(stderr, "no CUDA device\n");
+    return 1;
+  }
+  cudaDeviceProp prop;
+  BENCH_CUDA(cudaGetDeviceProperties(&prop, 0));
+  std::printf("device %s, %d SMs; 16 heads, latent 512 + rope 64, bf16 cache, block 16\n",
+              prop.name, prop.multiProcessorCount);
+  cudaStream_t stream;
+  BENCH_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  for (int32_t context : {1024, 4096}) {
+    for (int32_t seqs : {1, 2, 4, 8}) deepinfer::Run(seqs, context, stream);
+  }
+  return 0;
+}
