@@ -732,9 +732,9 @@ void CudaBackend::MlaAttention(const MlaAttentionArgs& a) {
     }
   }
   if (prefill.empty()) {
-    // A few decode tokens: one launch of the cluster kernel where it takes the shape (bf16
-    // cache, latent 512 + rope 64, sm_90); a device that cannot schedule its clusters falls back.
-    if (mla_decode_small_ && a.num_tokens <= kernels::kMlaDecodeSmallMaxTokens &&
+    // One decode token: one launch of the cluster kernel where it takes the shape (bf16 cache,
+    // latent 512 + rope 64, sm_90); a device that cannot schedule its clusters falls back.
+    if (mla_decode_small_ && a.num_tokens <= kMlaDecodeSmallMaxTokens &&
         kernels::MlaDecodeSmallSupported(p)) {
       const cudaError_t e = kernels::MlaDecodeSmall(p, kernels::MlaDecodeSmallOptions(), stream_);
       if (e != cudaErrorNotSupported) {

@@ -187,10 +187,15 @@ class CudaBackend : public Backend {
   // benchmarks (deepinfer-bench --mla-decode-variant) and tests.
   absl::Status SetMlaDecodeVariant(int32_t variant);
   int32_t mla_decode_variant() const { return mla_decode_variant_; }
-  // Batches of at most kernels::kMlaDecodeSmallMaxTokens tokens without prefill spans go to
+  // Batches of at most kMlaDecodeSmallMaxTokens tokens without prefill spans go to
   // kernels::MlaDecodeSmall (one launch, no workspace) where it takes the shape; off: to
-  // MlaAttentionF32 as before (for comparisons). On by default.
+  // MlaAttentionF32 as before (for comparisons). On by default. Measured on the H200
+  // (docs/cuda.md, "Few-token decode kernel"): at 1 token x 1024 positions 10.3 us in a graph
+  // instead of 18.0 us, but slower from ~3K positions (24.4 vs 21.5 us at 4096); with 2-8 tokens
+  // it wins at 1024 and loses at 4096 by up to 2x, and a decode graph cannot choose by context
+  // (it is recorded once per batch bucket): so one token only.
   void SetMlaDecodeSmall(bool on) { mla_decode_small_ = on; }
+  static constexpr int32_t kMlaDecodeSmallMaxTokens = 1;
   void NoauxTcRoute(const NoauxTcRouteArgs& args) override;
   void AccumulateExpertCounts(int64_t n, const int32_t* ids, int64_t num_experts,
                               const int32_t* count_limit, int64_t* counts) override;
