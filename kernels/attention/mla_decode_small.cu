@@ -19,8 +19,6 @@
 // second kernel, no atomics: the summation order is fixed, so results are the same bits on
 // every run. The keys are exact bf16 and all math is fp32 (as MlaAttentionF32's CUDA-core
 // kernels), so this matches the fp32 reference as closely as they do.
-#include "kernels/attention/mla_decode_small.h"
-
 #include <cooperative_groups.h>
 #include <cuda_bf16.h>
 #include <math.h>
@@ -30,6 +28,8 @@
 #include <mutex>
 #include <tuple>
 #include <utility>
+
+#include "kernels/attention/mla_decode_small.h"
 
 namespace deepinfer {
 namespace kernels {
@@ -344,7 +344,8 @@ __global__ void __launch_bounds__(kThreads, 1) MlaDecodeSmallKernel(MlaAttention
           make_float4(acc.x / d, acc.y / d, acc.z / d, acc.w / d);
     }
   }
-  cluster.sync();  // no block leaves while others read its shared memory
+  // No block leaves while others read its shared memory.
+  cluster.sync();
 #endif  // __CUDA_ARCH__ >= 900
 }
 

@@ -84,7 +84,8 @@ void Build(const Case& s, uint32_t seed, Problem* pr) {
   }
   std::vector<Query> queries = s.queries;
   if (queries.empty()) {
-    for (size_t q = 0; q < num_seqs; ++q) queries.push_back({static_cast<int32_t>(q), s.seq_len[q]});
+    for (size_t q = 0; q < num_seqs; ++q)
+      queries.push_back({static_cast<int32_t>(q), s.seq_len[q]});
   }
   std::vector<int32_t> token_seq, context_len;
   for (const Query& q : queries) {
@@ -186,8 +187,7 @@ TEST_P(MlaDecodeSmallTest, MatchesCpuBackendForEveryShape) {
       const ::testing::AssertionResult close = AllClose(got, pr.want, kAtol, kRtol);
       EXPECT_TRUE(close);
       int shape_cluster = 0, shape_heads = 0;
-      DEEPINFER_CUDA_OK(
-          kernels::MlaDecodeSmallShape(pr.params, o, &shape_cluster, &shape_heads));
+      DEEPINFER_CUDA_OK(kernels::MlaDecodeSmallShape(pr.params, o, &shape_cluster, &shape_heads));
       // Given values are kept; auto stays within the portable cluster sizes.
       EXPECT_EQ(shape_cluster == cluster, cluster != 0);
       EXPECT_NE(shape_cluster, cluster == 0 ? 16 : 0);
