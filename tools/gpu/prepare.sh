@@ -49,6 +49,7 @@ tests=(
   //kernels/activation:elementwise_test
   //kernels/common:launch_test
   //kernels/attention:mla_attention_test
+  //kernels/attention:mla_decode_small_test
   //kernels/attention:mla_prefill_test
   //kernels/attention:mha_prefill_test
   //kernels/embedding:rows_test
@@ -76,8 +77,8 @@ tests=(
 daemons=(//coordinator/cli:deepinfer //coordinator:deepinfer-coordinator //worker:deepinfer-worker)
 tools=(//tools/bench:deepinfer-bench)
 [[ $bench_only -eq 1 ]] && tests=()
-[[ $bench_only -eq 1 ]] || tools+=(//kernels/attention:mla_attention_bench //kernels/attention:mla_prefill_bench
-  //kernels/attention:mha_prefill_bench
+[[ $bench_only -eq 1 ]] || tools+=(//kernels/attention:mla_attention_bench //kernels/attention:mla_decode_small_bench
+  //kernels/attention:mla_prefill_bench //kernels/attention:mha_prefill_bench
   //kernels/moe:grouped_gemm_bench //kernels/gemm:small_m_gemm_bench
   //kernels/moe:moe_prefill_bench //kernels/sampling:sampling_bench)
 if [[ -n "${GPU_TESTS+set}" ]]; then read -r -a tests <<< "$GPU_TESTS"; fi

@@ -34,6 +34,9 @@ fi
 if want kbench && [[ -x "$here/bin/mla_attention_bench" ]]; then  # old vs new attention kernel
   step mla_attention_bench 120 "$here/bin/mla_attention_bench"
 fi
+if want kbench && [[ -x "$here/bin/mla_decode_small_bench" ]]; then  # 1-8 decode tokens
+  step mla_decode_small_bench 60 "$here/bin/mla_decode_small_bench"
+fi
 if want kbench && [[ -x "$here/bin/mla_prefill_bench" ]]; then  # prefill: CUDA cores vs tensor cores
   step mla_prefill_bench 120 "$here/bin/mla_prefill_bench"
 fi
