@@ -30,6 +30,7 @@
 #include <utility>
 
 #include "kernels/attention/mla_decode_small.h"
+#include "kernels/common/kernel_facts.h"
 
 namespace deepinfer {
 namespace kernels {
@@ -373,39 +374,34 @@ size_t SmemBytes(int heads_per_block) {
   }
 }
 
-// Per (kernel, device), queried once: whether the kernel has its sm_90 code and the device
-// launches clusters, the SM count, and the raised shared-memory and cluster-size limits.
-struct KernelFacts {
+// Per (heads per block, device), queried once: whether the kernel has its sm_90 code, the
+// device launches clusters and gives the block its shared memory (KernelFactsFor raises the
+// dynamic limit), and non-portable cluster sizes (16) are allowed.
+struct ClusterFacts {
   cudaError_t error = cudaSuccess;
   bool clusters = false;
-  int sms = 0;
 };
 
-KernelFacts FactsFor(int heads_per_block, int device) {
+ClusterFacts FactsFor(int heads_per_block, int device) {
   static std::mutex mu;
-  static std::map<std::pair<int, int>, KernelFacts>* facts =
-      new std::map<std::pair<int, int>, KernelFacts>();
+  static std::map<std::pair<int, int>, ClusterFacts>* facts =
+      new std::map<std::pair<int, int>, ClusterFacts>();
   std::lock_guard<std::mutex> lock(mu);
   const auto key = std::make_pair(heads_per_block, device);
   auto it = facts->find(key);
   if (it != facts->end()) return it->second;
-  KernelFacts f;
+  ClusterFacts f;
   const KernelFn kernel = KernelFor(heads_per_block);
-  cudaFuncAttributes attr;
+  const int smem = static_cast<int>(SmemBytes(heads_per_block));
+  const KernelFacts k = KernelFactsFor(reinterpret_cast<const void*>(kernel), device, smem);
   int cluster_launch = 0;
-  f.error = cudaFuncGetAttributes(&attr, kernel);
+  f.error = k.error;
   if (f.error == cudaSuccess) {
     f.error = cudaDeviceGetAttribute(&cluster_launch, cudaDevAttrClusterLaunch, device);
   }
-  if (f.error == cudaSuccess) {
-    f.error = cudaDeviceGetAttribute(&f.sms, cudaDevAttrMultiProcessorCount, device);
-  }
-  f.clusters = f.error == cudaSuccess && cluster_launch != 0 && attr.ptxVersion >= 90;
+  f.clusters =
+      f.error == cudaSuccess && cluster_launch != 0 && k.ptx_version >= 90 && k.max_smem >= smem;
   if (f.clusters) {
-    f.error = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                   static_cast<int>(SmemBytes(heads_per_block)));
-  }
-  if (f.clusters && f.error == cudaSuccess) {
     f.error = cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1);
   }
   if (f.error != cudaSuccess) cudaGetLastError();  // reported through the return value
@@ -472,7 +468,7 @@ bool MlaDecodeSmallSupported(const MlaAttentionParams& p) {
     cudaGetLastError();
     return false;
   }
-  const KernelFacts f = FactsFor(1, device);
+  const ClusterFacts f = FactsFor(1, device);
   return f.error == cudaSuccess && f.clusters;
 }
 
@@ -496,7 +492,7 @@ cudaError_t MlaDecodeSmallShape(const MlaAttentionParams& params,
     if (want_cluster != 0 ? c != want_cluster : c == 16) continue;
     for (const int h : {1, 2, 4}) {
       if (want_heads != 0 && h != want_heads) continue;
-      const KernelFacts f = FactsFor(h, device);
+      const ClusterFacts f = FactsFor(h, device);
       if (f.error != cudaSuccess) return f.error;
       if (!f.clusters) return cudaErrorInvalidValue;
       if ((params.num_heads + h - 1) / h > 65535) continue;

@@ -1,10 +1,12 @@
 // Times MlaDecodeSmall against MlaAttentionF32 (the tensor-core kernel with split-K and its
 // combine: the path it replaces) on the Moonlight decode shape (16 heads, latent 512 + rope 64,
-// bf16 cache, block 16) at 1, 2, 4 and 8 requests of 1024 and 4096 positions. Per case and
-// kernel: the mean per call of 10 calls captured in one CUDA graph and replayed 5 times (as the
-// decode step runs them; MlaAttentionF32 as the backend calls it, allocating its workspace in
-// the stream, and with a caller's workspace), the eager median of 20, and the largest
-// difference between the two kernels' outputs.
+// bf16 cache, block 16). Default: 1 request at 512 ... 4096 positions (where CudaBackend's
+// kMlaDecodeSmallMaxContext comes from), the automatic cluster shape only; `full`: also every
+// cluster shape at 1, 2, 4 and 8 requests of 1024 and 4096 positions. Per case and kernel: the
+// mean per call of 10 calls captured in one CUDA graph and replayed 5 times (as the decode step
+// runs them; MlaAttentionF32 as the backend calls it, allocating its workspace in the stream,
+// and with a caller's workspace), the eager median of 20, and the largest difference between
+// the two kernels' outputs.
 #include <cuda_runtime_api.h>
 
 #include <cmath>
@@ -62,7 +64,7 @@ double GraphMs(const std::function<cudaError_t(cudaStream_t)>& fn, cudaStream_t 
   return total / (kCalls * kReplays);
 }
 
-void Run(int32_t seqs, int32_t context, cudaStream_t stream) {
+void Run(int32_t seqs, int32_t context, bool every_shape, cudaStream_t stream) {
   const int64_t entry = kLatent + kRope;
   const int32_t blocks_per_seq = (context + kBlockSize - 1) / kBlockSize;
   const int64_t num_blocks = static_cast<int64_t>(seqs) * blocks_per_seq;
@@ -121,6 +123,7 @@ void Run(int32_t seqs, int32_t context, cudaStream_t stream) {
   }
   for (int cluster : {0, 4, 16}) {
     for (int heads : {0, 1, 2, 4}) {
+      if (!every_shape && (cluster != 0 || heads != 0)) continue;
       const kernels::MlaDecodeSmallOptions o{cluster, heads};
       const cudaError_t probe = kernels::MlaDecodeSmall(new_p, o, stream);
       BENCH_CUDA(cudaStreamSynchronize(stream));
@@ -157,7 +160,12 @@ void Run(int32_t seqs, int32_t context, cudaStream_t stream) {
 }  // namespace
 }  // namespace deepinfer
 
-int main() {
+int main(int argc, char** argv) {
+  const bool full = argc > 1 && std::strcmp(argv[1], "full") == 0;
+  if (argc > 2 || (argc == 2 && !full)) {
+    std::fprintf(stderr, "usage: mla_decode_small_bench [full]\n");
+    return 2;
+  }
   int n = 0;
   if (cudaGetDeviceCount(&n) != cudaSuccess || n == 0) {
     std::fprintf(stderr, "no CUDA device\n");
@@ -169,8 +177,13 @@ int main() {
               prop.name, prop.multiProcessorCount);
   cudaStream_t stream;
   BENCH_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
-  for (int32_t context : {1024, 4096}) {
-    for (int32_t seqs : {1, 2, 4, 8}) deepinfer::Run(seqs, context, stream);
+  for (int32_t context : {512, 1024, 1536, 2048, 2560, 3072, 3584, 4096}) {
+    deepinfer::Run(1, context, /*every_shape=*/false, stream);
+  }
+  if (full) {
+    for (int32_t context : {1024, 4096}) {
+      for (int32_t seqs : {1, 2, 4, 8}) deepinfer::Run(seqs, context, /*every_shape=*/true, stream);
+    }
   }
   return 0;
 }

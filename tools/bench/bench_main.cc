@@ -105,8 +105,12 @@ int main(int argc, char** argv) {
                "mma_variant: 6 the 32-key key-split kernel, 7 it with the shorter start-up, ...;\n"
                "0: the kernel's default).");
   flags.AddBool("mla-decode-small", &config.mla_decode_small,
-                "CUDA, bf16 cache: attention of 1-8 decode tokens in one launch of the cluster\n"
-                "kernel (kernels::MlaDecodeSmall); off: the split-K kernel + combine as before.");
+                "CUDA, bf16 cache: attention of 1 decode token at contexts up to\n"
+                "--mla-decode-small-max-context in one launch of the cluster kernel\n"
+                "(kernels::MlaDecodeSmall); off: the split-K kernel + combine as before.");
+  flags.AddInt("mla-decode-small-max-context", &config.mla_decode_small_max_context,
+               "CUDA: the longest context --mla-decode-small takes (decode graphs record a\n"
+               "graph per side of it); 0: the backend's default.");
   flags.AddString("decode-moe-algo", &config.decode_moe_algo,
                   "CUDA, bf16: force the expert GEMMs of the device MoE path (grouped-f32,\n"
                   "stream or planned) for EVERY batch, prefill included (compare decode\n"

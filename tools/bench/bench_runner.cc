@@ -379,6 +379,15 @@ absl::Status RunRank(const BenchConfig& bc, int64_t rank, RankState* s, RankOutp
     }
   }
   if (cuda != nullptr) cuda->SetMlaDecodeSmall(bc.mla_decode_small);
+  if (cuda != nullptr && bc.mla_decode_small_max_context != 0) {
+    const int64_t v = bc.mla_decode_small_max_context;
+    const int32_t max_context =
+        v > 0 && v <= std::numeric_limits<int32_t>::max() ? static_cast<int32_t>(v) : -1;
+    if (absl::Status st = cuda->SetMlaDecodeSmallMaxContext(max_context); !st.ok()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--mla-decode-small-max-context ", v, ": ", st.message()));
+    }
+  }
   if (cuda != nullptr && !bc.decode_moe_algo.empty()) {
     using Algo = CudaBackend::DecodeMoeAlgo;
     if (bc.decode_moe_algo == "grouped-f32") {

@@ -81,9 +81,11 @@ struct BenchConfig {
   // CUDA only: CudaBackend::SetMlaPrefillMinTokens (0: never use the tensor-core prefill
   // attention); -1 keeps the backend's default.
   int64_t mla_prefill_min_tokens = -1;
-  // CUDA only: CudaBackend::SetMlaDecodeSmall (the one-launch attention kernel for 1-8 decode
-  // tokens); false: MlaAttentionF32 for them as before.
+  // CUDA only: CudaBackend::SetMlaDecodeSmall (the one-launch attention kernel for 1 decode
+  // token at contexts up to the max below); false: MlaAttentionF32 for it as before.
   bool mla_decode_small = true;
+  // CUDA only: CudaBackend::SetMlaDecodeSmallMaxContext (> 0); 0 keeps the backend's default.
+  int64_t mla_decode_small_max_context = 0;
   // CUDA only: CudaBackend::SetDecodeMoeAlgo: "grouped-f32", "stream" or "planned" forces that
   // expert GEMM for the device MoE path (any bf16 batch); empty keeps the backend's choice.
   std::string decode_moe_algo;

@@ -129,6 +129,11 @@ struct MlaAttentionArgs {
   // uses its general (decode) algorithm for every token.
   const MlaSequenceSpan* sequences = nullptr;
   int32_t num_sequences = 0;
+  // Optional (0: not given): the longest context_len the caller expects of this call's tokens,
+  // for a call whose lengths the host does not see (a recorded decode step, sequences null: it
+  // records the bound of its context class, see Backend::MlaDecodeContextBreak). Only a
+  // performance choice: results are correct for any lengths.
+  int32_t max_context_hint = 0;
 };
 
 // Arguments of Backend::MhaPrefillAttention: MLA attention in the non-absorbed form for
@@ -353,6 +358,12 @@ class Backend {
   // The CUDA backend with bf16 weights runs sequences of args.sequences with many new tokens on
   // bf16 tensor cores (docs/cuda.md); everything else is fp32.
   virtual void MlaAttention(const MlaAttentionArgs& args) = 0;
+  // The context length up to which MlaAttention of `num_tokens` decode tokens runs another
+  // kernel than above it, chosen by the longest context_len (from the sequences' spans where
+  // given, else max_context_hint); 0: the choice does not depend on the context. A recorded
+  // decode step must pass a hint <= this only for batches whose contexts all are <= it
+  // (DeepseekV3Model records one graph per side, see DecodeGraphOptions).
+  virtual int32_t MlaDecodeContextBreak(int32_t num_tokens) const { return 0; }
 
   // Non-absorbed MLA prefill (MhaPrefillArgs). Returns false, doing nothing, when the backend
   // has no such path for these arguments (the caller then runs the absorbed MlaAttention). The

@@ -6,9 +6,12 @@
 //  * against plain eager steps (graphs off, no padding) on the same inputs: cuBLAS may pick
 //    other GEMM kernels for other row counts, so bits may differ; tokens must agree (>= 99% of
 //    them, printed) and logprobs stay within 1e-3 — and EPLB counted exactly the real rows;
-//  * a new KV cache records again, with the same results; op timing turns graphs off.
+//  * a new KV cache records again, with the same results; op timing turns graphs off;
+//  * bucket 1 records a graph per side of the one-token attention kernel's context break.
 // Skips without a GPU.
+#include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <cstring>
 #include <memory>
 #include <vector>
@@ -117,6 +120,58 @@ TEST_F(DecodeGraphGpuTest, ReplayEqualsPaddedEagerBitForBitAndPlainEagerClosely)
   if (same == all) {
     EXPECT_EQ(a->counts, c->counts);
   }
+}
+
+// The one-token attention kernel depends on the context (CudaBackend's
+// mla_decode_small_max_context, set to 8 here): bucket 1's steps cross it (sequence 0's contexts
+// 2, 3, ... 15), so both of its graphs are recorded and replayed, each equal bit for bit to the
+// same steps run eagerly on the padded path; against plain eager steps (the kernel chosen from
+// the real context) tokens agree (all but at most one) and logprobs stay within 1e-3, and so
+// with the one-launch kernel off.
+TEST_F(DecodeGraphGpuTest, OneTokenGraphsOnBothSidesOfTheContextBreak) {
+  ASSERT_TRUE(backend_->SetMlaDecodeSmallMaxContext(8).ok());
+  DecodeGraphOptions on, padded_eager, off;
+  padded_eager.replay = false;
+  off.enabled = false;
+  auto graphs = Load(backend_.get(), on);
+  auto eager_padded = Load(backend_.get(), padded_eager);
+  auto eager = Load(backend_.get(), off);
+  ASSERT_TRUE(graphs && eager_padded && eager);
+  const std::vector<int64_t> schedule = {1, 1, 1, 2, 1, 1, 1, 1, 1, 1, 1, 1, 2, 1};
+  auto a = RunDecodeSchedule(graphs.get(), backend_.get(), schedule, 2);
+  ASSERT_TRUE(a.ok()) << a.status();
+  auto b = RunDecodeSchedule(eager_padded.get(), backend_.get(), schedule, 2);
+  ASSERT_TRUE(b.ok()) << b.status();
+  EXPECT_EQ(graphs->decode_graph_steps(), static_cast<int64_t>(schedule.size()));
+  EXPECT_EQ(graphs->decode_graphs_recorded(), 3);  // bucket 1 on each side, bucket 2
+  ExpectBitIdentical(*a, *b);
+
+  auto close_to_a = [&](const DecodeRun& c, const char* what) {
+    int64_t same = 0, all = 0;
+    double worst = 0;
+    for (size_t s = 0; s < schedule.size(); ++s) {
+      for (size_t i = 0; i < a->tokens[s].size(); ++i) {
+        ++all;
+        if (a->tokens[s][i] != c.tokens[s][i]) continue;
+        ++same;
+        worst =
+            std::max(worst, static_cast<double>(std::fabs(a->logprobs[s][i] - c.logprobs[s][i])));
+      }
+    }
+    std::printf(
+        "[decode-graphs] context break 8, replay vs %s: %lld / %lld tokens equal, max "
+        "|logprob diff| %.3g\n",
+        what, static_cast<long long>(same), static_cast<long long>(all), worst);
+    EXPECT_GE(same + 1, all) << what;  // a near-tie may flip one greedy pick
+    EXPECT_LE(worst, 1e-3) << what;
+  };
+  auto c = RunDecodeSchedule(eager.get(), backend_.get(), schedule, 2, /*forced=*/&*a);
+  ASSERT_TRUE(c.ok()) << c.status();
+  close_to_a(*c, "plain eager");
+  backend_->SetMlaDecodeSmall(false);
+  auto d = RunDecodeSchedule(eager.get(), backend_.get(), schedule, 2, /*forced=*/&*a);
+  ASSERT_TRUE(d.ok()) << d.status();
+  close_to_a(*d, "plain eager, key-split kernel only");
 }
 
 TEST_F(DecodeGraphGpuTest, NewCacheRecordsAgainWithTheSameResults) {

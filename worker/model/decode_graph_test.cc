@@ -69,9 +69,31 @@ class RecordingCpuBackend : public CpuBackend {
                                  eo.data(), a.out);
     return true;
   }
+  // A context-dependent attention choice (as CUDA's one-token kernel): with break_ > 0, one-token
+  // calls report it, and every call without spans (a recorded step) is checked: its hint must
+  // cover the batch's real contexts whenever it is at or below the break.
+  int32_t MlaDecodeContextBreak(int32_t num_tokens) const override {
+    return num_tokens == 1 ? break_ : 0;
+  }
+  void MlaAttention(const MlaAttentionArgs& a) override {
+    if (a.sequences == nullptr) {
+      int32_t longest = 0;  // host memory on the CPU
+      for (int32_t t = 0; t < a.num_tokens; ++t) longest = std::max(longest, a.context_len[t]);
+      ++hinted_calls_;
+      if (a.max_context_hint <= 0 ||
+          (a.num_tokens == 1 && break_ > 0 && a.max_context_hint <= break_ &&
+           longest > a.max_context_hint)) {
+        ++bad_hints_;
+      }
+      if (a.num_tokens == 1 && break_ > 0) ++(longest <= break_ ? short_calls_ : long_calls_);
+    }
+    CpuBackend::MlaAttention(a);
+  }
   bool capture_ = true;
   bool refuse_experts_ = false;
   int captures_ = 0;
+  int32_t break_ = 0;
+  int64_t hinted_calls_ = 0, bad_hints_ = 0, short_calls_ = 0, long_calls_ = 0;
 };
 
 std::unique_ptr<DeepseekV3Model> Load(Backend* backend, const DecodeGraphOptions& options) {
@@ -147,6 +169,33 @@ TEST(DecodeGraphTest, NewCacheRecordsAgain) {
 }
 
 // Where the backend cannot record, or refuses the routed experts on the device, steps take the
+// A backend whose one-token attention depends on the context (MlaDecodeContextBreak): bucket 1
+// gets a graph per side of the break, each replayed only for batches on its side (the hint
+// covers the real contexts), other buckets one graph; results as with graphs off.
+TEST(DecodeGraphTest, OneTokenBucketHasAGraphPerContextClass) {
+  RecordingCpuBackend backend;
+  backend.break_ = 8;
+  auto graphs = Load(&backend, DecodeGraphOptions{});
+  DecodeGraphOptions off;
+  off.enabled = false;
+  auto eager = Load(&backend, off);
+  ASSERT_TRUE(graphs && eager);
+  // Sequence 0 has a 1-token prompt: its contexts 2, 3, ... cross the break at the 8th step;
+  // bucket 2 in between, and bucket 1 below the break again never happens (contexts grow).
+  const std::vector<int64_t> schedule = {1, 1, 1, 2, 1, 1, 1, 1, 1, 1, 1, 1, 2, 1};
+  auto a = RunDecodeSchedule(graphs.get(), &backend, schedule, 2);
+  ASSERT_TRUE(a.ok()) << a.status();
+  EXPECT_EQ(backend.bad_hints_, 0);
+  EXPECT_GT(backend.short_calls_, 0);
+  EXPECT_GT(backend.long_calls_, 0);
+  EXPECT_GT(backend.hinted_calls_, 0);
+  auto b = RunDecodeSchedule(eager.get(), &backend, schedule, 2);
+  ASSERT_TRUE(b.ok()) << b.status();
+  ExpectBitIdentical(*a, *b);
+  EXPECT_EQ(graphs->decode_graph_steps(), static_cast<int64_t>(schedule.size()));
+  EXPECT_EQ(graphs->decode_graphs_recorded(), 3);  // bucket 1 twice, bucket 2 once
+}
+
 // general path with the same results.
 TEST(DecodeGraphTest, FallsBackWhenRecordingOrDeviceExpertsAreUnavailable) {
   RecordingCpuBackend backend;

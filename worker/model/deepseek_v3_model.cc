@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <limits>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -55,6 +56,8 @@ struct DeepseekV3Model::StepContext {
   // Routed experts only through Backend::RoutedExperts (a recorded step cannot go through the
   // dispatcher, which needs the host): FAILED_PRECONDITION where that path refuses.
   bool device_only = false;
+  // MlaAttentionArgs::max_context_hint (a recorded step: its context class's bound; 0: spans).
+  int32_t max_context_hint = 0;
 };
 
 // Inputs and outputs of one bucket's decode step stay at fixed device addresses: the recorded
@@ -63,6 +66,7 @@ struct DeepseekV3Model::StepContext {
 // outputs: token (int32) | logprob (float) [bucket each].
 struct DeepseekV3Model::DecodeGraph {
   int64_t bucket = 0;
+  int32_t max_context_hint = 0;  // the context class's bound (MlaAttentionArgs)
   std::unique_ptr<DeviceBuffer> inputs, outputs;
   std::vector<int32_t> host_inputs;  // staging for the one upload per step
   std::unique_ptr<CapturedOps> ops;  // null until recorded (or with replay off)
@@ -531,7 +535,14 @@ std::optional<absl::StatusOr<StepOutput>> DeepseekV3Model::DecodeWithGraph(
     }
   }
   const int64_t bucket = *std::lower_bound(graph_buckets_.begin(), graph_buckets_.end(), n);
-  if (failed_buckets_.count(bucket)) return std::nullopt;
+  // The context class: the backend's attention may pick its kernel by the longest context, which
+  // a recording cannot see, so batches up to the break and above it get a graph each.
+  int64_t max_context = 1;  // padding rows see one position
+  for (const SequenceStep& s : batch) max_context = std::max(max_context, s.position_offset + 1);
+  const int32_t context_break = backend_->MlaDecodeContextBreak(static_cast<int32_t>(bucket));
+  const int32_t context_class = context_break > 0 && max_context > context_break ? 1 : 0;
+  const GraphKey key(bucket, context_class);
+  if (failed_buckets_.count(key)) return std::nullopt;
 
   // Graphs hold the cache's addresses and a block of it for padding rows: a new cache (or a new
   // geometry) means new graphs.
@@ -548,11 +559,17 @@ std::optional<absl::StatusOr<StepOutput>> DeepseekV3Model::DecodeWithGraph(
     graph_max_blocks_ = max_blocks;
   }
 
-  std::unique_ptr<DecodeGraph>& slot = decode_graphs_[bucket];
+  std::unique_ptr<DecodeGraph>& slot = decode_graphs_[key];
   const bool first_use = slot == nullptr;
   if (first_use) {
     slot = std::make_unique<DecodeGraph>();
     slot->bucket = bucket;
+    // Class 0 under a break: the break; otherwise the longest context the graph can see.
+    slot->max_context_hint =
+        context_break > 0 && context_class == 0
+            ? context_break
+            : static_cast<int32_t>(std::min<int64_t>(static_cast<int64_t>(max_blocks) * bs,
+                                                     std::numeric_limits<int32_t>::max()));
     const size_t ints = 5 * bucket + 1 + bucket * static_cast<size_t>(max_blocks);
     slot->host_inputs.assign(ints, 0);
     slot->inputs = backend_->Allocate(ints * sizeof(int32_t));
@@ -600,9 +617,10 @@ std::optional<absl::StatusOr<StepOutput>> DeepseekV3Model::DecodeWithGraph(
       }
       // The device path refused (e.g. routed experts it cannot run): the layers before it only
       // rewrote this step's cache entries, which the general path writes again.
-      LOG(WARNING) << "decode graphs: batch bucket " << B << " runs eagerly: " << st;
-      failed_buckets_.insert(B);
-      decode_graphs_.erase(B);
+      LOG(WARNING) << "decode graphs: batch bucket " << B << " (context class " << context_class
+                   << ") runs eagerly: " << st;
+      failed_buckets_.insert(key);
+      decode_graphs_.erase(key);
       return std::nullopt;
     }
   }
@@ -618,10 +636,10 @@ std::optional<absl::StatusOr<StepOutput>> DeepseekV3Model::DecodeWithGraph(
     absl::StatusOr<std::unique_ptr<CapturedOps>> ops =
         backend_->Capture([&] { return DecodeForward(g); });
     if (!ops.ok()) {
-      LOG(WARNING) << "decode graphs: recording batch bucket " << B
-                   << " failed, it runs eagerly: " << ops.status();
-      failed_buckets_.insert(B);
-      decode_graphs_.erase(B);
+      LOG(WARNING) << "decode graphs: recording batch bucket " << B << " (context class "
+                   << context_class << ") failed, it runs eagerly: " << ops.status();
+      failed_buckets_.insert(key);
+      decode_graphs_.erase(key);
     } else {
       g.ops = std::move(*ops);
       ++decode_graphs_recorded_;
@@ -634,8 +652,10 @@ std::optional<absl::StatusOr<StepOutput>> DeepseekV3Model::DecodeWithGraph(
             ", device memory in use +%.1f MiB",
             (static_cast<double>(before->free_bytes) - after->free_bytes) / (1 << 20));
       }
-      LOG(INFO) << absl::StrFormat("decode graph for batch bucket %d recorded in %.1f ms%s", B, ms,
-                                   mem);
+      LOG(INFO) << absl::StrFormat(
+          "decode graph for batch bucket %d (context class %d, attention sees <= %d positions) "
+          "recorded in %.1f ms%s",
+          B, context_class, g.max_context_hint, ms, mem);
     }
   }
 
@@ -665,6 +685,7 @@ absl::Status DeepseekV3Model::DecodeForward(const DecodeGraph& g) {
   ctx.max_blocks_per_seq = graph_max_blocks_;
   ctx.cache = graph_cache_;
   ctx.device_only = true;
+  ctx.max_context_hint = g.max_context_hint;
   auto x = Floats(B * H), y = Floats(B * H);
   if (absl::Status st = Layers(ctx, in, x->as<float>(), y->as<float>()); !st.ok()) return st;
   // Every row is a sequence's last token: final norm, LM head and greedy pick for all of them.
@@ -772,6 +793,7 @@ void DeepseekV3Model::Attention(int64_t layer, const StepContext& ctx, Activatio
   args.out_latent = o_latent->as<float>();
   args.sequences = ctx.spans.data();
   args.num_sequences = static_cast<int32_t>(ctx.spans.size());
+  args.max_context_hint = ctx.max_context_hint;
   backend_->MlaAttention(args);
 
   // Lift back through W_uv (value half of kv_b, rows h*(nope+v)+nope ..) and project out.

@@ -19,6 +19,7 @@
 #include <optional>
 #include <set>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -122,7 +123,9 @@ class DeepseekV3Model {
   // steps of 64, those <= max_batch, and max_batch itself last.
   static std::vector<int64_t> DecodeGraphBuckets(int64_t max_batch);
   // Decode steps that ran on the padded bucket path (replayed or, with replay off, eager) and
-  // graphs recorded so far: for tests and logs.
+  // graphs recorded so far: for tests and logs. A bucket whose attention kernel depends on the
+  // context (Backend::MlaDecodeContextBreak > 0, e.g. CUDA's one-token kernel) has two graphs,
+  // for batches up to the break and above it, each recorded on first use.
   int64_t decode_graph_steps() const { return decode_graph_steps_; }
   int64_t decode_graphs_recorded() const { return decode_graphs_recorded_; }
 
@@ -232,8 +235,11 @@ class DeepseekV3Model {
   bool fused_ops_ = true;
   PrefillAttention prefill_attention_ = PrefillAttention::kAuto;
   std::vector<int64_t> graph_buckets_;
-  std::map<int64_t, std::unique_ptr<DecodeGraph>> decode_graphs_;
-  std::set<int64_t> failed_buckets_;  // recording failed: general path from then on
+  // Graphs per (bucket, context class): class 0 for batches whose longest context is at most
+  // the backend's MlaDecodeContextBreak for the bucket (the only class where it is 0), 1 above.
+  using GraphKey = std::pair<int64_t, int32_t>;
+  std::map<GraphKey, std::unique_ptr<DecodeGraph>> decode_graphs_;
+  std::set<GraphKey> failed_buckets_;  // recording failed: general path from then on
   uint64_t graph_cache_id_ = 0;
   KvBlockPool* graph_cache_ = nullptr;
   int32_t padding_block_ = -1;    // a block of graph_cache_ kept for padding rows' cache writes

@@ -701,6 +701,21 @@ absl::Status CudaBackend::SetMlaDecodeVariant(int32_t variant) {
   return absl::OkStatus();
 }
 
+absl::Status CudaBackend::SetMlaDecodeSmallMaxContext(int32_t max_context) {
+  if (max_context < 1) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "CudaBackend::SetMlaDecodeSmallMaxContext: max_context ", max_context, " is below 1"));
+  }
+  mla_decode_small_max_context_ = max_context;
+  return absl::OkStatus();
+}
+
+int32_t CudaBackend::MlaDecodeContextBreak(int32_t num_tokens) const {
+  return mla_decode_small_ && num_tokens >= 1 && num_tokens <= kMlaDecodeSmallMaxTokens
+             ? mla_decode_small_max_context_
+             : 0;
+}
+
 void CudaBackend::MlaAttention(const MlaAttentionArgs& a) {
   OpTimer timer(this, "MlaAttention");
   kernels::MlaAttentionParams p;
@@ -732,10 +747,18 @@ void CudaBackend::MlaAttention(const MlaAttentionArgs& a) {
     }
   }
   if (prefill.empty()) {
-    // One decode token: one launch of the cluster kernel where it takes the shape (bf16 cache,
-    // latent 512 + rope 64, sm_90); a device that cannot schedule its clusters falls back.
-    if (mla_decode_small_ && a.num_tokens <= kMlaDecodeSmallMaxTokens &&
-        kernels::MlaDecodeSmallSupported(p)) {
+    // One decode token at a short context: one launch of the cluster kernel where it takes the
+    // shape (bf16 cache, latent 512 + rope 64, sm_90); a device that cannot schedule its
+    // clusters falls back.
+    int32_t max_context = a.max_context_hint;
+    if (a.sequences != nullptr) {
+      max_context = 0;
+      for (int32_t i = 0; i < a.num_sequences; ++i) {
+        max_context = std::max(max_context, a.sequences[i].context_len);
+      }
+    }
+    if (mla_decode_small_ && a.num_tokens <= kMlaDecodeSmallMaxTokens && max_context > 0 &&
+        max_context <= mla_decode_small_max_context_ && kernels::MlaDecodeSmallSupported(p)) {
       const cudaError_t e = kernels::MlaDecodeSmall(p, kernels::MlaDecodeSmallOptions(), stream_);
       if (e != cudaErrorNotSupported) {
         Check(e, "kernels::MlaDecodeSmall");

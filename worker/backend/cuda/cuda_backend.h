@@ -187,15 +187,21 @@ class CudaBackend : public Backend {
   // benchmarks (deepinfer-bench --mla-decode-variant) and tests.
   absl::Status SetMlaDecodeVariant(int32_t variant);
   int32_t mla_decode_variant() const { return mla_decode_variant_; }
-  // Batches of at most kMlaDecodeSmallMaxTokens tokens without prefill spans go to
-  // kernels::MlaDecodeSmall (one launch, no workspace) where it takes the shape; off: to
-  // MlaAttentionF32 as before (for comparisons). On by default. Measured on the H200
-  // (docs/cuda.md, "Few-token decode kernel"): at 1 token x 1024 positions 10.3 us in a graph
-  // instead of 18.0 us, but slower from ~3K positions (24.4 vs 21.5 us at 4096); with 2-8 tokens
-  // it wins at 1024 and loses at 4096 by up to 2x, and a decode graph cannot choose by context
-  // (it is recorded once per batch bucket): so one token only.
+  // A batch of kMlaDecodeSmallMaxTokens (1) token without prefill spans whose context is at most
+  // mla_decode_small_max_context() goes to kernels::MlaDecodeSmall (one launch, no workspace)
+  // where it takes the shape; longer (or unknown: no spans and no max_context_hint) contexts and
+  // more tokens to MlaAttentionF32. Measured on the H200 (docs/cuda.md, "Few-token decode
+  // kernel"): the one-launch kernel wins at short contexts and loses at long ones (its work per
+  // key is fp32 CUDA-core instructions), and with 2-8 tokens loses at 4096 by up to 2x. Decode
+  // graphs learn the break from MlaDecodeContextBreak and record one graph per side.
   void SetMlaDecodeSmall(bool on) { mla_decode_small_ = on; }
   static constexpr int32_t kMlaDecodeSmallMaxTokens = 1;
+  static constexpr int32_t kMlaDecodeSmallMaxContext = 2048;
+  // Overrides kMlaDecodeSmallMaxContext (>= 1; INVALID_ARGUMENT otherwise), for benchmarks and
+  // tests. Decode graphs recorded before keep their kernel: set it before the first step.
+  absl::Status SetMlaDecodeSmallMaxContext(int32_t max_context);
+  int32_t mla_decode_small_max_context() const { return mla_decode_small_max_context_; }
+  int32_t MlaDecodeContextBreak(int32_t num_tokens) const override;
   void NoauxTcRoute(const NoauxTcRouteArgs& args) override;
   void AccumulateExpertCounts(int64_t n, const int32_t* ids, int64_t num_experts,
                               const int32_t* count_limit, int64_t* counts) override;
@@ -282,6 +288,7 @@ class CudaBackend : public Backend {
   int32_t mla_decode_variant_ = 0;  // kernels::MlaAttentionParams::mma_variant
   bool in_timed_op_ = false;        // GroupedGemm calls Gemm: count only the outer op
   bool mla_decode_small_ = true;
+  int32_t mla_decode_small_max_context_ = kMlaDecodeSmallMaxContext;
   bool small_m_gemm_ = true;
   bool allocations_aside_ = false;
   kernels::SmallMGemmAlgo small_m_gemm_algo_ = kernels::SmallMGemmAlgo::kAuto;

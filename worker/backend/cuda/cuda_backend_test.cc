@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <iostream>
 #include <limits>
 #include <random>
@@ -786,6 +787,120 @@ TEST_F(CudaBackendTest, MlaDecodeMatchesCpuAtEveryVariant) {
   }
   EXPECT_TRUE(gpu_->status().ok()) << gpu_->status();
 }
+TEST_F(CudaBackendTest, MlaDecodeSmallMaxContextIsCheckedAndReportedAsTheBreak) {
+  for (int32_t bad : {0, -1}) {
+    const absl::Status st = gpu_->SetMlaDecodeSmallMaxContext(bad);
+    EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument) << st;
+    EXPECT_NE(st.message().find("max_context " + std::to_string(bad)), absl::string_view::npos)
+        << st;
+  }
+  EXPECT_EQ(gpu_->mla_decode_small_max_context(), CudaBackend::kMlaDecodeSmallMaxContext);
+  EXPECT_EQ(gpu_->MlaDecodeContextBreak(1), CudaBackend::kMlaDecodeSmallMaxContext);
+  EXPECT_EQ(gpu_->MlaDecodeContextBreak(2), 0);  // more tokens: always the key-split kernel
+  ASSERT_TRUE(gpu_->SetMlaDecodeSmallMaxContext(300).ok());
+  EXPECT_EQ(gpu_->MlaDecodeContextBreak(1), 300);
+  gpu_->SetMlaDecodeSmall(false);
+  EXPECT_EQ(gpu_->MlaDecodeContextBreak(1), 0);
+}
+
+// One decode token (300 positions, Moonlight's attention shape): the kernel is chosen by the
+// longest context, from the spans where given, else from max_context_hint (a recorded step's
+// class bound), never from an unknown one; either kernel matches CpuBackend. The two kernels'
+// bits differ, so equal bits tell which one ran.
+TEST_F(CudaBackendTest, OneTokenDecodeKernelFollowsTheContextOrItsHint) {
+  constexpr int32_t kHeads = 16, kLatent = 512, kRope = 64, kBlock = 16, kEntry = kLatent + kRope;
+  constexpr int32_t kLen = 300, kMaxBlocks = 19;
+  const uint32_t seed = testing::FreshSeed();
+  SCOPED_TRACE(::testing::Message() << "seed " << seed);
+  std::mt19937 gen(seed);
+  std::vector<int32_t> tables(kMaxBlocks);
+  for (int32_t i = 0; i < kMaxBlocks; ++i) tables[i] = i;
+  std::shuffle(tables.begin(), tables.end(), gen);
+  std::vector<int32_t> slots, token_seq = {0}, context_len = {kLen};
+  for (int32_t p = 0; p < kLen; ++p) slots.push_back(tables[p / kBlock] * kBlock + p % kBlock);
+  const auto kv = testing::RandomFloats(int64_t{kLen} * kEntry, seed + 1);
+  const auto q_latent = testing::RandomFloats(kHeads * kLatent, seed + 2);
+  const auto q_rope = testing::RandomFloats(kHeads * kRope, seed + 3);
+  const size_t cache_elems = static_cast<size_t>(kMaxBlocks) * kBlock * kEntry;
+  std::vector<uint16_t> cache_cpu(cache_elems, 0);
+  const PagedLatentCacheView cpu_view{cache_cpu.data(), kBlock, kLatent, kRope,
+                                      WeightDType::kBFloat16};
+  cpu_.WriteLatentCache(kLen, kv.data(), kEntry, kv.data() + kLatent, kEntry, slots.data(),
+                        cpu_view);
+  MlaAttentionArgs a;
+  a.num_tokens = 1;
+  a.num_heads = kHeads;
+  a.q_latent = q_latent.data();
+  a.q_rope = q_rope.data();
+  a.q_rope_token_stride = kHeads * kRope;
+  a.q_rope_head_stride = kRope;
+  a.cache = cpu_view;
+  a.block_tables = tables.data();
+  a.max_blocks_per_seq = kMaxBlocks;
+  a.token_seq = token_seq.data();
+  a.context_len = context_len.data();
+  a.softmax_scale = 0.0721f;
+  std::vector<float> want(kHeads * kLatent);
+  a.out_latent = want.data();
+  cpu_.MlaAttention(a);
+
+  auto upload_ints = [&](const std::vector<int32_t>& v) {
+    auto buf = gpu_->Allocate(v.size() * sizeof(int32_t));
+    gpu_->CopyToDevice(v.data(), v.size() * sizeof(int32_t), buf->data());
+    return buf;
+  };
+  auto dkv = Upload(kv), dql = Upload(q_latent), dqr = Upload(q_rope);
+  auto dslots = upload_ints(slots), dtables = upload_ints(tables);
+  auto dseq = upload_ints(token_seq), dlen = upload_ints(context_len);
+  auto dcache = gpu_->Allocate(cache_elems * sizeof(uint16_t));
+  const PagedLatentCacheView gpu_view{dcache->data(), kBlock, kLatent, kRope,
+                                      WeightDType::kBFloat16};
+  gpu_->WriteLatentCache(kLen, dkv->as<float>(), kEntry, dkv->as<float>() + kLatent, kEntry,
+                         dslots->as<int32_t>(), gpu_view);
+  const MlaSequenceSpan span{0, 1, kLen};
+  auto run = [&](const MlaSequenceSpan* spans, int32_t hint) {
+    MlaAttentionArgs g = a;
+    g.q_latent = dql->as<float>();
+    g.q_rope = dqr->as<float>();
+    g.cache = gpu_view;
+    g.block_tables = dtables->as<int32_t>();
+    g.token_seq = dseq->as<int32_t>();
+    g.context_len = dlen->as<int32_t>();
+    g.sequences = spans;
+    g.num_sequences = spans != nullptr ? 1 : 0;
+    g.max_context_hint = hint;
+    auto out = Poisoned(want.size());
+    g.out_latent = out->as<float>();
+    gpu_->MlaAttention(g);
+    return Download(*out);
+  };
+  // The references: the key-split kernel with the one-launch kernel off, and the one-launch
+  // kernel for any context.
+  gpu_->SetMlaDecodeSmall(false);
+  const std::vector<float> key_split = run(&span, 0);
+  gpu_->SetMlaDecodeSmall(true);
+  ASSERT_TRUE(gpu_->SetMlaDecodeSmallMaxContext(1 << 20).ok());
+  const std::vector<float> small = run(&span, 0);
+  EXPECT_TRUE(AllClose(key_split, want, 1e-4, 5e-4));
+  EXPECT_TRUE(AllClose(small, want, 1e-4, 5e-4));
+  ASSERT_NE(std::memcmp(key_split.data(), small.data(), small.size() * sizeof(float)), 0)
+      << "the two kernels gave the same bits: this test cannot tell them apart";
+  auto same = [](const std::vector<float>& x, const std::vector<float>& y) {
+    return x.size() == y.size() && std::memcmp(x.data(), y.data(), x.size() * sizeof(float)) == 0;
+  };
+
+  ASSERT_TRUE(gpu_->SetMlaDecodeSmallMaxContext(kLen).ok());
+  EXPECT_TRUE(same(run(&span, 0), small));               // spans: the real context, at the max
+  EXPECT_TRUE(same(run(&span, kLen + 1), small));        // spans win over the hint
+  EXPECT_TRUE(same(run(nullptr, kLen), small));          // a class bound at the max
+  EXPECT_TRUE(same(run(nullptr, kLen + 1), key_split));  // above it
+  EXPECT_TRUE(same(run(nullptr, 0), key_split));         // unknown
+  ASSERT_TRUE(gpu_->SetMlaDecodeSmallMaxContext(kLen - 1).ok());
+  EXPECT_TRUE(same(run(&span, 0), key_split));  // the real context above the max
+  EXPECT_TRUE(same(run(&span, 1), key_split));
+  EXPECT_TRUE(gpu_->status().ok()) << gpu_->status();
+}
+
 
 // The sampling ops pass their arguments through to kernels/sampling:sample in the right order
 // (the kernels themselves are checked against Sampler in kernels/sampling:sample_test).
