@@ -201,7 +201,8 @@ class CudaBackend : public Backend {
   // positions against 11.6-11.8 us, i.e. equal at about 1.36K by interpolation.
   static constexpr int32_t kMlaDecodeSmallMaxContext = 1280;
   // Overrides kMlaDecodeSmallMaxContext (>= 1; INVALID_ARGUMENT otherwise), for benchmarks and
-  // tests. Decode graphs recorded before keep their kernel: set it before the first step.
+  // tests. Decode graphs recorded before keep their kernel (so with SetMlaDecodeSmall): set it
+  // before the first step.
   absl::Status SetMlaDecodeSmallMaxContext(int32_t max_context);
   int32_t mla_decode_small_max_context() const { return mla_decode_small_max_context_; }
   int32_t MlaDecodeContextBreak(int32_t num_tokens) const override;
