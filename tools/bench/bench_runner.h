@@ -92,6 +92,9 @@ struct BenchConfig {
   std::string small_m_gemm_algo;
   // CUDA only: CudaBackend::SetPlannedChunkRows (0: the backend's choice by size).
   int64_t decode_moe_chunk_rows = 0;
+  // CUDA only: CudaBackend::SetDecodeMoeSparseEpilogue (false: the previous SiLU-mul over every
+  // padded row and memset + accumulating combine, for old vs new).
+  bool decode_moe_sparse_epilogue = true;
   // Decode steps replayed from CUDA graphs per batch-size bucket (DecodeGraphOptions; cuda only,
   // and never while op timing runs).
   bool cuda_graphs = true;

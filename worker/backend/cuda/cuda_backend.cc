@@ -968,17 +968,18 @@ bool CudaBackend::RoutedExperts(const RoutedExpertsArgs& a) {
   auto expert_out =
       AllocateScratch(rows * H * (expert_out_bf16 ? sizeof(uint16_t) : sizeof(float)));
   if (device_grouped) {
-    ExpertGemmsOnDevice(a, decode_algo, plan->as<int32_t>(), rows, permuted->data(),
-                        expert_out->as<float>());
+    ExpertGemmsOnDevice(a, decode_algo, plan->as<int32_t>(), choice_row->as<int32_t>(), rows,
+                        permuted->data(), expert_out->as<float>());
   } else if (!ExpertGemmsOnCublas(a, plan->as<int32_t>(), row_align, rows, permuted->data(),
                                   expert_out->data())) {
     return true;  // the error is recorded; the output is meaningless, as after any failed op
   }
 
   PhaseTimer phase(this, "RoutedExpertsCublas/combine", !device_grouped);
-  // The cuBLAS path's combine overwrites out (no memset pass; the same bits as adding into
-  // zeros).
-  if (device_grouped) {
+  // The combine overwrites out (no memset pass; the same bits as adding into zeros), except
+  // on the device path with SetDecodeMoeSparseEpilogue(false) (the previous memset + add).
+  const bool accumulate = device_grouped && !decode_moe_sparse_epilogue_;
+  if (accumulate) {
     Check(cudaMemsetAsync(a.out, 0, T * H * sizeof(float), stream_), "cudaMemsetAsync");
   }
   kernels::MoeCombineParams c;
@@ -992,7 +993,7 @@ bool CudaBackend::RoutedExperts(const RoutedExpertsArgs& a) {
   } else {
     c.expert_out = expert_out->as<float>();
   }
-  c.accumulate = device_grouped;
+  c.accumulate = accumulate;
   c.out = a.out;
   Check(kernels::MoeCombineF32(c, stream_), "kernels::MoeCombineF32");
   return true;
@@ -1024,8 +1025,8 @@ absl::Status CudaBackend::SetPlannedChunkRows(int32_t rows) {
 }
 
 void CudaBackend::ExpertGemmsOnDevice(const RoutedExpertsArgs& a, DecodeMoeAlgo algo,
-                                      const int32_t* plan, int64_t rows, const void* permuted,
-                                      float* expert_out) {
+                                      const int32_t* plan, const int32_t* choice_row, int64_t rows,
+                                      const void* permuted, float* expert_out) {
   const int64_t T = a.num_tokens, K = a.top_k, H = a.hidden_size, I = a.inter;
   const int32_t E = a.num_experts;
   const int32_t* offsets = plan + E;
@@ -1124,11 +1125,19 @@ void CudaBackend::ExpertGemmsOnDevice(const RoutedExpertsArgs& a, DecodeMoeAlgo 
   CheckBlas(kernels::PlannedExpertGemmsBf16(cublas_, ptrs, batch, static_cast<int32_t>(2 * I),
                                             static_cast<int32_t>(H), C, /*out_bf16=*/true),
             "PlannedExpertGemmsBf16(gate_up)");
-  // Over the rows of the padded layout in use (offsets[E], known on the device only; their
-  // padding rows carry garbage nobody reads); the capacity's remaining rows are not touched.
-  Check(kernels::SiluMulBf16(rows, I, gate_up->as<uint16_t>(), act->as<uint16_t>(), stream_,
-                             offsets + E),
-        "kernels::SiluMulBf16");
+  // The real rows only (choice_row: T * K entries, each real row once): the chunks' padding
+  // rows (about three quarters of the rows in use at 128 tokens, chunk 48, 64 experts) keep
+  // garbage that the down GEMM turns into output rows nobody reads. Without the sparse
+  // epilogue: every row of the padded layout in use (offsets[E], known on the device only).
+  if (decode_moe_sparse_epilogue_) {
+    Check(kernels::SiluMulBf16ListedRows(T * K, choice_row, I, gate_up->as<uint16_t>(),
+                                         act->as<uint16_t>(), stream_),
+          "kernels::SiluMulBf16ListedRows");
+  } else {
+    Check(kernels::SiluMulBf16(rows, I, gate_up->as<uint16_t>(), act->as<uint16_t>(), stream_,
+                               offsets + E),
+          "kernels::SiluMulBf16");
+  }
   CheckBlas(kernels::PlannedExpertGemmsBf16(cublas_, ptrs + 3 * batch, batch,
                                             static_cast<int32_t>(H), static_cast<int32_t>(I), C,
                                             /*out_bf16=*/false),

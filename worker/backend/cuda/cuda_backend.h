@@ -125,7 +125,7 @@ class CudaBackend : public Backend {
   //  kPlannedCublas: kernels::PlanExpertGemmBatches + one cublasGemmBatchedEx per GEMM over
   //                  chunks of PlannedChunkRows rows (bf16 activations, padded layout; the
   //                  dummy entries spread between the real chunks; gate_up written in bf16,
-  //                  kernels::SiluMulBf16, down in fp32).
+  //                  kernels::SiluMulBf16ListedRows over the real rows, down in fp32).
   // kAuto picks by size (DecodeMoeAlgoFor; grouped_gemm_bench on the H200, docs/kernels.md):
   // kGroupedF32 up to 2 tokens, kPlannedCublas up to 32, kStream up to 96, kPlannedCublas above.
   enum class DecodeMoeAlgo { kAuto, kGroupedF32, kStream, kPlannedCublas };
@@ -142,6 +142,13 @@ class CudaBackend : public Backend {
   // Forces one decode algorithm (kAuto: by size, the default); a forced one also takes bf16
   // batches above kMaxFusedMoeTokens. For tests and benchmarks.
   void SetDecodeMoeAlgo(DecodeMoeAlgo algo) { decode_moe_algo_ = algo; }
+  // The device MoE path's work after the expert GEMMs' rows are known. On (the default): the
+  // planned path's SiLU-mul over the real rows only (kernels::SiluMulBf16ListedRows through
+  // the permutation's choice_row; the padding rows of the chunks are never computed) and the
+  // combine overwriting the output (no memset; the same bits as adding into zeros). Off: the
+  // previous SiLU-mul over every row of the padded layout in use and a memset + accumulating
+  // combine. Results are identical either way; for benchmarks (old vs new).
+  void SetDecodeMoeSparseEpilogue(bool on) { decode_moe_sparse_epilogue_ = on; }
   // How the large-batch path calls cuBLAS (default kChunked). For tests and benchmarks.
   void SetExpertGemmAlgo(kernels::ExpertGemmCublasAlgo algo) { expert_gemm_algo_ = algo; }
   kernels::ExpertGemmCublasAlgo expert_gemm_algo() const { return expert_gemm_algo_; }
@@ -232,9 +239,11 @@ class CudaBackend : public Backend {
                     int64_t ldw, float* c, int64_t ldc, bool accumulate);
   // RoutedExperts' device-path expert GEMMs (gate_up, SiLU-mul, down) with `algo` (not kAuto):
   // plan = device counts [E] | offsets [E + 1]; `permuted` the gathered rows (fp32 for
-  // kGroupedF32, bf16 otherwise); `rows` the row buffers' size.
+  // kGroupedF32, bf16 otherwise); `rows` the row buffers' size; choice_row [tokens, top_k] the
+  // permutation's row of each choice.
   void ExpertGemmsOnDevice(const RoutedExpertsArgs& a, DecodeMoeAlgo algo, const int32_t* plan,
-                           int64_t rows, const void* permuted, float* expert_out);
+                           const int32_t* choice_row, int64_t rows, const void* permuted,
+                           float* expert_out);
   // RoutedExperts' large-batch expert GEMMs (gate_up, SiLU-mul, down) on cuBLAS; false after
   // recording an error.
   // plan: device counts [E] | offsets [E + 1] of the permutation (rows padded to chunk_rows
@@ -280,6 +289,7 @@ class CudaBackend : public Backend {
   kernels::ExpertGemmCublasAlgo expert_gemm_algo_ = kernels::ExpertGemmCublasAlgo::kChunked;
   DecodeMoeAlgo decode_moe_algo_ = DecodeMoeAlgo::kAuto;
   int32_t planned_chunk_rows_ = 0;  // 0: by size
+  bool decode_moe_sparse_epilogue_ = true;
 
   const int device_;
   const WeightDType weight_dtype_;

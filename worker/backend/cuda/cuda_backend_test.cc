@@ -580,6 +580,20 @@ TEST_F(RoutedExpertsTest, EveryDecodeAlgoMatchesPerTokenReference) {
   }
 }
 
+// The previous epilogue (SiLU-mul over every row in use, memset + accumulating combine) kept
+// for benchmarks: still right. The new one is what every other test runs.
+TEST_F(RoutedExpertsTest, DenseEpilogueStillMatchesPerTokenReference) {
+  gpu_->SetDecodeMoeSparseEpilogue(false);
+  for (DecodeAlgo algo : {DecodeAlgo::kStream, DecodeAlgo::kPlannedCublas}) {
+    for (int64_t T : {int64_t{7}, int64_t{128}}) {
+      for (bool skewed : {false, true}) {
+        Run(T, WeightDType::kBFloat16, kernels::ExpertGemmCublasAlgo::kChunked, algo, skewed);
+      }
+    }
+  }
+  gpu_->SetDecodeMoeSparseEpilogue(true);
+}
+
 // The planned cuBLAS path at every chunk size it may take (and odd ones), including chunks
 // larger than any expert's rows and chunks that split the busiest expert several times.
 TEST_F(RoutedExpertsTest, PlannedChunkSizesMatchPerTokenReference) {
