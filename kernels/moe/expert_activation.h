@@ -1,6 +1,7 @@
 // SwiGLU's SiLU-and-multiply between the two bf16-output expert GEMMs of the MoE paths
-// (kernels/moe/expert_gemm_cublas.h, expert_gemm_planned.h): gate_up rows in bf16 in, the down GEMM's bf16 operand out.
-// The fp32-in variants (SiluMulF32, SiluMulF32ToBf16) are in kernels/activation/elementwise.h.
+// (kernels/moe/expert_gemm_cublas.h, expert_gemm_planned.h): gate_up rows in bf16 in, the down
+// GEMM's bf16 operand out. The fp32-in variants (SiluMulF32, SiluMulF32ToBf16) are in
+// kernels/activation/elementwise.h.
 #ifndef DEEPINFER_KERNELS_MOE_EXPERT_ACTIVATION_H_
 #define DEEPINFER_KERNELS_MOE_EXPERT_ACTIVATION_H_
 

@@ -4,8 +4,10 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <limits>
 #include <utility>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -240,6 +242,7 @@ CudaBackend::~CudaBackend() {
   Check(cudaStreamSynchronize(stream_), "cudaStreamSynchronize");
   cublasDestroy(cublas_);
   cudaFree(cublas_workspace_);
+  if (switch_stream_ != nullptr) cudaStreamDestroy(switch_stream_);
   cudaStreamDestroy(stream_);
 }
 
@@ -1121,10 +1124,50 @@ void CudaBackend::ExpertGemmsOnDevice(const RoutedExpertsArgs& a, DecodeMoeAlgo 
     g.dummy_y = dummy_y->data();
     g.pointers = ptrs + 3 * batch * i;
   }
+  // Inside a CUDA graph: each GEMM behind a switch node over batch sizes, the planner picking
+  // the smallest that holds the step's real chunks (so most dummies are never launched).
+  // Eagerly, or if the graph refuses the handles: the one fixed batch.
+  cudaGraph_t graph = nullptr;
+  int32_t num_buckets = 0;
+  if (decode_moe_graph_buckets_) {
+    cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+    if (cudaStreamGetCaptureInfo(stream_, &capture, nullptr, &graph) == cudaSuccess &&
+        capture == cudaStreamCaptureStatusActive) {
+      num_buckets = kernels::ExpertGemmBatchBuckets(
+          T * K, E, C, kernels::kMaxExpertGemmBatchBuckets, p.bucket_batch);
+      for (int i = 0; i < 2 && num_buckets > 0; ++i) {
+        if (cudaGraphConditionalHandleCreate(&p.bucket_handle[i], graph, num_buckets - 1,
+                                             cudaGraphCondAssignDefault) != cudaSuccess) {
+          (void)cudaGetLastError();
+          num_buckets = 0;
+        }
+      }
+      p.num_buckets = num_buckets;
+    }
+  }
   Check(kernels::PlanExpertGemmBatches(p, stream_), "kernels::PlanExpertGemmBatches");
-  CheckBlas(kernels::PlannedExpertGemmsBf16(cublas_, ptrs, batch, static_cast<int32_t>(2 * I),
-                                            static_cast<int32_t>(H), C, /*out_bf16=*/true),
-            "PlannedExpertGemmsBf16(gate_up)");
+  // gemm 0 (gate_up) or 1 (down) at batch b, on the cuBLAS handle's stream.
+  auto run_gemm = [&](int gi, int32_t b) {
+    if (gi == 0) {
+      CheckBlas(kernels::PlannedExpertGemmsBf16(cublas_, ptrs, b, static_cast<int32_t>(2 * I),
+                                                static_cast<int32_t>(H), C, /*out_bf16=*/true),
+                "PlannedExpertGemmsBf16(gate_up)");
+    } else {
+      CheckBlas(
+          kernels::PlannedExpertGemmsBf16(cublas_, ptrs + 3 * batch, b, static_cast<int32_t>(H),
+                                          static_cast<int32_t>(I), C, /*out_bf16=*/false),
+          "PlannedExpertGemmsBf16(down)");
+    }
+  };
+  auto gemm = [&](int gi) {
+    if (num_buckets == 0) {
+      run_gemm(gi, batch);
+      return;
+    }
+    CaptureSwitch(graph, p.bucket_handle[gi], num_buckets,
+                  [&](int32_t i) { run_gemm(gi, p.bucket_batch[i]); });
+  };
+  gemm(0);
   // The real rows only (choice_row: T * K entries, each real row once): the chunks' padding
   // rows (about three quarters of the rows in use at 128 tokens, chunk 48, 64 experts) keep
   // garbage that the down GEMM turns into output rows nobody reads. Without the sparse
@@ -1138,10 +1181,58 @@ void CudaBackend::ExpertGemmsOnDevice(const RoutedExpertsArgs& a, DecodeMoeAlgo 
                                offsets + E),
           "kernels::SiluMulBf16");
   }
-  CheckBlas(kernels::PlannedExpertGemmsBf16(cublas_, ptrs + 3 * batch, batch,
-                                            static_cast<int32_t>(H), static_cast<int32_t>(I), C,
-                                            /*out_bf16=*/false),
-            "PlannedExpertGemmsBf16(down)");
+  gemm(1);
+}
+
+void CudaBackend::CaptureSwitch(cudaGraph_t graph, cudaGraphConditionalHandle handle, int32_t size,
+                                const std::function<void(int32_t)>& body) {
+  const cudaGraphNode_t* deps = nullptr;
+  const cudaGraphEdgeData* edges = nullptr;
+  size_t num_deps = 0;
+  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+  if (!Check(
+          cudaStreamGetCaptureInfo(stream_, &capture, nullptr, nullptr, &deps, &edges, &num_deps),
+          "cudaStreamGetCaptureInfo")) {
+    return;
+  }
+  // Plain edges into the switch (programmatic ones join kernels only).
+  std::vector<cudaGraphNode_t> dep_nodes(deps, deps + num_deps);
+  cudaGraphNodeParams params = {};
+  params.type = cudaGraphNodeTypeConditional;
+  params.conditional.handle = handle;
+  params.conditional.type = cudaGraphCondTypeSwitch;
+  params.conditional.size = static_cast<unsigned>(size);
+  cudaGraphNode_t node = nullptr;
+  if (!Check(cudaGraphAddNode(&node, graph, dep_nodes.data(), nullptr, dep_nodes.size(), &params),
+             "cudaGraphAddNode(switch)")) {
+    return;
+  }
+  if (switch_stream_ == nullptr &&
+      !Check(cudaStreamCreateWithFlags(&switch_stream_, cudaStreamNonBlocking),
+             "cudaStreamCreate(switch)")) {
+    return;
+  }
+  // Each body recorded from switch_stream_ (the cuBLAS handle moved there meanwhile; setting a
+  // stream resets cuBLAS's workspace, so ours is set again each time).
+  for (int32_t i = 0; i < size; ++i) {
+    if (!Check(cudaStreamBeginCaptureToGraph(switch_stream_, params.conditional.phGraph_out[i],
+                                             nullptr, nullptr, 0, cudaStreamCaptureModeThreadLocal),
+               "cudaStreamBeginCaptureToGraph")) {
+      break;
+    }
+    CheckBlas(cublasSetStream(cublas_, switch_stream_), "cublasSetStream");
+    CheckBlas(cublasSetWorkspace(cublas_, cublas_workspace_, kCublasWorkspaceBytes),
+              "cublasSetWorkspace");
+    body(i);
+    cudaGraph_t recorded = nullptr;
+    Check(cudaStreamEndCapture(switch_stream_, &recorded), "cudaStreamEndCapture(switch body)");
+    CheckBlas(cublasSetStream(cublas_, stream_), "cublasSetStream");
+    CheckBlas(cublasSetWorkspace(cublas_, cublas_workspace_, kCublasWorkspaceBytes),
+              "cublasSetWorkspace");
+  }
+  Check(cudaStreamUpdateCaptureDependencies(stream_, &node, nullptr, 1,
+                                            cudaStreamSetCaptureDependencies),
+        "cudaStreamUpdateCaptureDependencies");
 }
 
 bool CudaBackend::ExpertGemmsOnCublas(const RoutedExpertsArgs& a, const int32_t* plan,

@@ -149,6 +149,12 @@ class CudaBackend : public Backend {
   // previous SiLU-mul over every row of the padded layout in use and a memset + accumulating
   // combine. Results are identical either way; for benchmarks (old vs new).
   void SetDecodeMoeSparseEpilogue(bool on) { decode_moe_sparse_epilogue_ = on; }
+  // Inside a CUDA graph, the planned path's two GEMMs each behind a switch node over up to
+  // kernels::kMaxExpertGemmBatchBuckets batch sizes (kernels::ExpertGemmBatchBuckets), the
+  // planner picking the smallest that holds the step's real chunks: the fixed batch's dummy
+  // chunks mostly not launched. On by default; off: the one fixed batch (as eagerly). Same
+  // results either way; for benchmarks (old vs new).
+  void SetDecodeMoeGraphBuckets(bool on) { decode_moe_graph_buckets_ = on; }
   // How the large-batch path calls cuBLAS (default kChunked). For tests and benchmarks.
   void SetExpertGemmAlgo(kernels::ExpertGemmCublasAlgo algo) { expert_gemm_algo_ = algo; }
   kernels::ExpertGemmCublasAlgo expert_gemm_algo() const { return expert_gemm_algo_; }
@@ -244,6 +250,12 @@ class CudaBackend : public Backend {
   void ExpertGemmsOnDevice(const RoutedExpertsArgs& a, DecodeMoeAlgo algo, const int32_t* plan,
                            const int32_t* choice_row, int64_t rows, const void* permuted,
                            float* expert_out);
+  // While stream_ is captured into `graph`: a switch node on `handle` with `size` bodies after
+  // the stream's current nodes, body(i) recording body i's cuBLAS calls (the handle moved to
+  // switch_stream_ meanwhile); the stream's next node then follows the switch. Errors are
+  // recorded.
+  void CaptureSwitch(cudaGraph_t graph, cudaGraphConditionalHandle handle, int32_t size,
+                     const std::function<void(int32_t)>& body);
   // RoutedExperts' large-batch expert GEMMs (gate_up, SiLU-mul, down) on cuBLAS; false after
   // recording an error.
   // plan: device counts [E] | offsets [E + 1] of the permutation (rows padded to chunk_rows
@@ -290,6 +302,8 @@ class CudaBackend : public Backend {
   DecodeMoeAlgo decode_moe_algo_ = DecodeMoeAlgo::kAuto;
   int32_t planned_chunk_rows_ = 0;  // 0: by size
   bool decode_moe_sparse_epilogue_ = true;
+  bool decode_moe_graph_buckets_ = true;
+  cudaStream_t switch_stream_ = nullptr;  // records CaptureSwitch's bodies; made on first use
 
   const int device_;
   const WeightDType weight_dtype_;
