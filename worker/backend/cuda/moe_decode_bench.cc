@@ -9,11 +9,13 @@
 //             memset + accumulating combine (main before this change)
 //   epilogue  SetDecodeMoeSparseEpilogue only (SiLU-mul over the real rows, no memset)
 //   new       that and SetDecodeMoeGraphBuckets (each GEMM behind a switch over batch sizes)
+//   new cN    new with N rows per chunk (SetPlannedChunkRows; the default is 48 above 32 tokens)
+//   stream    the bf16 streaming grouped kernel (what 33-96 tokens take), new epilogue
 //
-// Time: 20 replays back to back between two stream synchronisations, wall clock / 20, median
-// of 7 (after 3 warm-up replays). The weights of the busy experts (what the layer must read,
-// none of it in L2 at these sizes) over that time gives GB/s and the fraction of 4.3 TB/s
-// (docs/performance.md's roofline). "diff": largest |new - old| over the layer's output (0:
+// Time: 20 replays (V3: 4) back to back between two stream synchronisations, wall clock per
+// replay, median of 7 (after 3 warm-up replays). The weights of the busy experts (what the layer
+// must read, none of it in L2 at these sizes) over that time gives GB/s and the fraction of 4.3
+// TB/s (docs/performance.md's roofline). "diff": largest |new - old| over the layer's output (0:
 // bit for bit; the cuBLAS kernel may differ with the batch count).
 //
 //   moe_decode_bench     (one line per case; exit status 1 on an error)
@@ -55,6 +57,8 @@ struct Variant {
   const char* name;
   bool sparse_epilogue;
   bool graph_buckets;
+  int32_t chunk_rows = 0;  // SetPlannedChunkRows (0: the backend's choice)
+  CudaBackend::DecodeMoeAlgo algo = CudaBackend::DecodeMoeAlgo::kPlannedCublas;
 };
 
 // One layer's inputs on the device, for `tokens` tokens.
@@ -131,6 +135,8 @@ double TimeVariant(CudaBackend& b, const Variant& v, const RoutedExpertsArgs& a,
                    std::vector<float>* out) {
   b.SetDecodeMoeSparseEpilogue(v.sparse_epilogue);
   b.SetDecodeMoeGraphBuckets(v.graph_buckets);
+  b.SetDecodeMoeAlgo(v.algo);
+  if (!b.SetPlannedChunkRows(v.chunk_rows).ok()) Fail("SetPlannedChunkRows");
   auto ops = b.Capture([&] {
     b.RoutedExperts(a);
     return absl::OkStatus();
@@ -139,7 +145,8 @@ double TimeVariant(CudaBackend& b, const Variant& v, const RoutedExpertsArgs& a,
     std::fprintf(stderr, "%s\n", ops.status().ToString().c_str());
     Fail("capture");
   }
-  constexpr int kReplays = 20;
+  // About 6 ms of GPU time per timed batch of replays.
+  const int kReplays = a.num_experts > 64 ? 4 : 20;
   for (int i = 0; i < 3; ++i) {
     if (!(*ops)->Replay().ok()) Fail("replay");
   }
@@ -172,10 +179,13 @@ int Main() {
     return 1;
   }
   CudaBackend& b = **backend;
-  b.SetDecodeMoeAlgo(CudaBackend::DecodeMoeAlgo::kPlannedCublas);
   const Shape shapes[] = {{"moonlight", 64, 6, 2048, 1408}, {"v3", 256, 8, 7168, 2048}};
+  using Algo = CudaBackend::DecodeMoeAlgo;
   const Variant variants[] = {
-      {"old", false, false}, {"epilogue", true, false}, {"new", true, true}};
+      {"old", false, false},       {"epilogue", true, false},
+      {"new", true, true},         {"new c16", true, true, 16},
+      {"new c24", true, true, 24}, {"new c32", true, true, 32},
+      {"new c64", true, true, 64}, {"stream", true, true, 0, Algo::kStream}};
   std::printf("%-9s %6s %5s %12s | %-9s %9s %8s %9s %10s\n", "shape", "tokens", "busy",
               "weights MB", "variant", "us", "GB/s", "of 4.3TB", "diff");
   for (const Shape& s : shapes) {
