@@ -1004,18 +1004,17 @@ bool CudaBackend::RoutedExperts(const RoutedExpertsArgs& a) {
 
 CudaBackend::DecodeMoeAlgo CudaBackend::DecodeMoeAlgoFor(int64_t tokens) const {
   if (decode_moe_algo_ != DecodeMoeAlgo::kAuto) return decode_moe_algo_;
-  // Fastest per size in grouped_gemm_bench (Moonlight and V3 shapes; 1, 8, 64, 128, 256 tokens
-  // measured, the thresholds between them are not): the CUDA-core kernel for 1-2 rows per
-  // expert, the planned cuBLAS chunks from a few rows, the streaming kernel around 64 tokens.
+  // Fastest per size (grouped_gemm_bench at 1 and 8 tokens; moe_decode_bench, a whole layer in
+  // a CUDA graph, at 64-256 tokens, where the planned chunks beat the streaming kernel by 8 %
+  // (Moonlight) and 2 % (V3) at 64 tokens; the thresholds between the sizes are not measured):
+  // the CUDA-core kernel for 1-2 rows per expert, the planned cuBLAS chunks above.
   if (tokens <= 2) return DecodeMoeAlgo::kGroupedF32;
-  if (tokens <= 32) return DecodeMoeAlgo::kPlannedCublas;
-  if (tokens <= 96) return DecodeMoeAlgo::kStream;
   return DecodeMoeAlgo::kPlannedCublas;
 }
 
 int32_t CudaBackend::PlannedChunkRows(int64_t tokens) const {
   if (planned_chunk_rows_ > 0) return planned_chunk_rows_;
-  return tokens <= 32 ? 8 : 48;
+  return tokens <= 32 ? 8 : 32;
 }
 
 absl::Status CudaBackend::SetPlannedChunkRows(int32_t rows) {

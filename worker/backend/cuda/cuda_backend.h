@@ -126,12 +126,14 @@ class CudaBackend : public Backend {
   //                  chunks of PlannedChunkRows rows (bf16 activations, padded layout; the
   //                  dummy entries spread between the real chunks; gate_up written in bf16,
   //                  kernels::SiluMulBf16ListedRows over the real rows, down in fp32).
-  // kAuto picks by size (DecodeMoeAlgoFor; grouped_gemm_bench on the H200, docs/kernels.md):
-  // kGroupedF32 up to 2 tokens, kPlannedCublas up to 32, kStream up to 96, kPlannedCublas above.
+  // kAuto picks by size (DecodeMoeAlgoFor; grouped_gemm_bench and moe_decode_bench on the
+  // H200, docs/kernels.md): kGroupedF32 up to 2 tokens, kPlannedCublas above.
   enum class DecodeMoeAlgo { kAuto, kGroupedF32, kStream, kPlannedCublas };
   // Rows per chunk of kPlannedCublas for `tokens` tokens: SetPlannedChunkRows's value if set,
-  // else by size (grouped_gemm_bench, docs/kernels.md): 8 up to 32 tokens, 48 above (fastest
-  // at 128-256 tokens on the Moonlight and V3 shapes; at 64 tokens the stream kernel runs).
+  // else by size: 8 up to 32 tokens (grouped_gemm_bench), 32 above (moe_decode_bench, a layer
+  // in a CUDA graph with the batch switch: faster than 48 at 64-256 tokens on the Moonlight
+  // and V3 shapes; docs/kernels.md). Never depends on whether the stream is captured, so a
+  // replayed decode graph computes the same bits as the same step run eagerly.
   int32_t PlannedChunkRows(int64_t tokens) const;
   // Forces the chunk rows of kPlannedCublas (1..kMaxPlannedChunkRows; 0: by size, the
   // default). For tests and benchmarks.

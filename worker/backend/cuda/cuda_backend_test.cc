@@ -645,7 +645,10 @@ TEST_F(RoutedExpertsTest, PlannedChunkSizesMatchPerTokenReference) {
   }
   ASSERT_TRUE(gpu_->SetPlannedChunkRows(0).ok());
   EXPECT_EQ(gpu_->PlannedChunkRows(16), 8);
-  EXPECT_EQ(gpu_->PlannedChunkRows(128), 48);
+  EXPECT_EQ(gpu_->PlannedChunkRows(64), 32);
+  EXPECT_EQ(gpu_->PlannedChunkRows(128), 32);
+  EXPECT_EQ(gpu_->DecodeMoeAlgoFor(2), DecodeAlgo::kGroupedF32);
+  EXPECT_EQ(gpu_->DecodeMoeAlgoFor(64), DecodeAlgo::kPlannedCublas);
   EXPECT_FALSE(gpu_->SetPlannedChunkRows(-1).ok());
   EXPECT_FALSE(gpu_->SetPlannedChunkRows(CudaBackend::kMaxPlannedChunkRows + 1).ok());
 }

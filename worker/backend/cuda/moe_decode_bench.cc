@@ -9,7 +9,8 @@
 //             memset + accumulating combine (main before this change)
 //   epilogue  SetDecodeMoeSparseEpilogue only (SiLU-mul over the real rows, no memset)
 //   new       that and SetDecodeMoeGraphBuckets (each GEMM behind a switch over batch sizes)
-//   new cN    new with N rows per chunk (SetPlannedChunkRows; the default is 48 above 32 tokens)
+//   new cN    new with N rows per chunk (SetPlannedChunkRows; the default: 32 above 32 tokens,
+//             48 when this bench was run, docs/kernels.md)
 //   stream    the bf16 streaming grouped kernel (what 33-96 tokens take), new epilogue
 //
 // Time: 20 replays (V3: 4) back to back between two stream synchronisations, wall clock per
