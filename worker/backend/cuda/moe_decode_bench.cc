@@ -5,13 +5,12 @@
 // 7168, moe_intermediate 2048), bf16 weights, 64 / 128 / 256 tokens, uniform random distinct
 // top-k routing (one routing per case), the planned cuBLAS path forced. Variants:
 //
-//   old       one fixed batch with its dummy chunks, SiLU-mul over every padded row in use,
-//             memset + accumulating combine (main before this change)
-//   epilogue  SetDecodeMoeSparseEpilogue only (SiLU-mul over the real rows, no memset)
+//   old       48 rows per chunk (the default before), one fixed batch with its dummy chunks,
+//             SiLU-mul over every padded row in use, memset + accumulating combine
+//   epilogue  old with SetDecodeMoeSparseEpilogue (SiLU-mul over the real rows, no memset)
 //   new       that and SetDecodeMoeGraphBuckets (each GEMM behind a switch over batch sizes)
-//   new cN    new with N rows per chunk (SetPlannedChunkRows; the default: 32 above 32 tokens,
-//             48 when this bench was run, docs/kernels.md)
-//   stream    the bf16 streaming grouped kernel (what 33-96 tokens take), new epilogue
+//   new cN    new with N rows per chunk (SetPlannedChunkRows; the backend's default now: 32)
+//   stream    the bf16 streaming grouped kernel (what 33-96 tokens took before), new epilogue
 //
 // Time: 20 replays (V3: 4) back to back between two stream synchronisations, wall clock per
 // replay, median of 7 (after 3 warm-up replays). The weights of the busy experts (what the layer
@@ -182,9 +181,10 @@ int Main() {
   CudaBackend& b = **backend;
   const Shape shapes[] = {{"moonlight", 64, 6, 2048, 1408}, {"v3", 256, 8, 7168, 2048}};
   using Algo = CudaBackend::DecodeMoeAlgo;
+  // "old" / "epilogue" / "new" at 48 rows per chunk (the default when the bench was first run).
   const Variant variants[] = {
-      {"old", false, false},       {"epilogue", true, false},
-      {"new", true, true},         {"new c16", true, true, 16},
+      {"old", false, false, 48},   {"epilogue", true, false, 48},
+      {"new", true, true, 48},     {"new c16", true, true, 16},
       {"new c24", true, true, 24}, {"new c32", true, true, 32},
       {"new c64", true, true, 64}, {"stream", true, true, 0, Algo::kStream}};
   std::printf("%-9s %6s %5s %12s | %-9s %9s %8s %9s %10s\n", "shape", "tokens", "busy",
