@@ -7,6 +7,8 @@
 // output nobody reads: either all after the last chunk (dummy x times the first chunk's weights,
 // one matrix, so its repeated reads hit L2), or spread evenly between the real chunks, each a
 // copy of its neighbouring chunk's weights and x (read at about the same time, so from L2).
+// Inside a CUDA graph the planner can also pick the batch itself among a few sizes and set
+// switch nodes' handles, so that only the GEMM of that batch runs (most dummies never launched).
 // docs/kernels.md has the measurements.
 #ifndef DEEPINFER_KERNELS_MOE_EXPERT_GEMM_PLAN_H_
 #define DEEPINFER_KERNELS_MOE_EXPERT_GEMM_PLAN_H_

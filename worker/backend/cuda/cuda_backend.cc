@@ -1168,8 +1168,8 @@ void CudaBackend::ExpertGemmsOnDevice(const RoutedExpertsArgs& a, DecodeMoeAlgo 
   };
   gemm(0);
   // The real rows only (choice_row: T * K entries, each real row once): the chunks' padding
-  // rows (about three quarters of the rows in use at 128 tokens, chunk 48, 64 experts) keep
-  // garbage that the down GEMM turns into output rows nobody reads. Without the sparse
+  // rows (most of the rows in use: about 12 real rows per 32-row chunk at Moonlight's 128
+  // tokens) keep garbage that the down GEMM turns into output rows nobody reads. Without the sparse
   // epilogue: every row of the padded layout in use (offsets[E], known on the device only).
   if (decode_moe_sparse_epilogue_) {
     Check(kernels::SiluMulBf16ListedRows(T * K, choice_row, I, gate_up->as<uint16_t>(),
