@@ -1123,12 +1123,14 @@ void CudaBackend::ExpertGemmsOnDevice(const RoutedExpertsArgs& a, DecodeMoeAlgo 
     g.dummy_y = dummy_y->data();
     g.pointers = ptrs + 3 * batch * i;
   }
-  // Inside a CUDA graph: each GEMM behind a switch node over batch sizes, the planner picking
-  // the smallest that holds the step's real chunks (so most dummies are never launched).
-  // Eagerly, or if the graph refuses the handles: the one fixed batch.
+  // Inside a CUDA graph, above kMaxFixedBatchGraphMoeTokens: each GEMM behind a switch node
+  // over batch sizes, the planner picking the smallest that holds the step's real chunks (so
+  // most dummies are never launched). Eagerly, at fewer tokens (where the switches' few µs
+  // were not measured against the dummies they save), or if the graph refuses the handles:
+  // the one fixed batch.
   cudaGraph_t graph = nullptr;
   int32_t num_buckets = 0;
-  if (decode_moe_graph_buckets_) {
+  if (decode_moe_graph_buckets_ && T > kMaxFixedBatchGraphMoeTokens) {
     cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
     if (cudaStreamGetCaptureInfo(stream_, &capture, nullptr, &graph) == cudaSuccess &&
         capture == cudaStreamCaptureStatusActive) {

@@ -151,12 +151,15 @@ class CudaBackend : public Backend {
   // previous SiLU-mul over every row of the padded layout in use and a memset + accumulating
   // combine. Results are identical either way; for benchmarks (old vs new).
   void SetDecodeMoeSparseEpilogue(bool on) { decode_moe_sparse_epilogue_ = on; }
-  // Inside a CUDA graph, the planned path's two GEMMs each behind a switch node over up to
-  // kernels::kMaxExpertGemmBatchBuckets batch sizes (kernels::ExpertGemmBatchBuckets), the
-  // planner picking the smallest that holds the step's real chunks: the fixed batch's dummy
-  // chunks mostly not launched. On by default; off: the one fixed batch (as eagerly). Same
-  // results either way; for benchmarks (old vs new).
+  // Inside a CUDA graph and above kMaxFixedBatchGraphMoeTokens tokens, the planned path's two
+  // GEMMs each behind a switch node over up to kernels::kMaxExpertGemmBatchBuckets batch sizes
+  // (kernels::ExpertGemmBatchBuckets), the planner picking the smallest that holds the step's
+  // real chunks: the fixed batch's dummy chunks mostly not launched. On by default; off: the one
+  // fixed batch (as eagerly). Same results either way; for benchmarks (old vs new).
   void SetDecodeMoeGraphBuckets(bool on) { decode_moe_graph_buckets_ = on; }
+  // Up to this many tokens the recorded planned path keeps the one fixed batch (the switch was
+  // measured at 64-256 tokens only, docs/kernels.md).
+  static constexpr int64_t kMaxFixedBatchGraphMoeTokens = 32;
   // How the large-batch path calls cuBLAS (default kChunked). For tests and benchmarks.
   void SetExpertGemmAlgo(kernels::ExpertGemmCublasAlgo algo) { expert_gemm_algo_ = algo; }
   kernels::ExpertGemmCublasAlgo expert_gemm_algo() const { return expert_gemm_algo_; }

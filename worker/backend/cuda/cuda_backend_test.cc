@@ -596,9 +596,9 @@ TEST_F(RoutedExpertsTest, EveryDecodeAlgoMatchesPerTokenReference) {
 }
 
 // The planned path recorded into a CUDA graph: each GEMM behind a switch over batch sizes
-// (the planner picks the bucket on the device), and without it (the one fixed batch); chunk 8
-// and 48, random and skewed routing (all tokens on expert 3, a few experts busy: the smallest
-// buckets), 3-256 tokens.
+// (the planner picks the bucket on the device; above kMaxFixedBatchGraphMoeTokens tokens), and
+// without it (the one fixed batch); random and skewed routing (all tokens on expert 3, a few
+// experts busy: the smallest buckets), 3-256 tokens.
 TEST_F(RoutedExpertsTest, PlannedPathInCudaGraphMatchesPerTokenReference) {
   captured_ = true;
   for (bool buckets : {true, false}) {
