@@ -1,5 +1,6 @@
 // Grid-stride, 64-bit indices (rows * inter exceeds 2^31 at large prefills). The vector path
 // reads 8 gate and 8 up values (two 16-byte loads) and writes 8 results (one 16-byte store).
+// SiluMulBf16ListedRows runs the same bodies with launch row i mapped to row_of[i].
 #include <cuda_bf16.h>
 
 #include <algorithm>
@@ -34,25 +35,32 @@ __device__ __forceinline__ int64_t RowsInUse(int64_t rows, const int32_t* device
   return device_rows == nullptr ? rows : max(int64_t{0}, min(rows, int64_t{*device_rows}));
 }
 
+// Row i of the launch: row_of[i] of x and out (skipped when negative), or row i itself.
+__device__ __forceinline__ int64_t RowOf(int64_t i, const int32_t* row_of) {
+  return row_of == nullptr ? i : int64_t{row_of[i]};
+}
+
 __device__ void SiluMulBf16Body(int64_t rows, int64_t inter, const uint16_t* x, uint16_t* out,
-                                const int32_t* device_rows) {
+                                const int32_t* device_rows, const int32_t* row_of) {
   const int64_t n = RowsInUse(rows, device_rows) * inter;
   for (int64_t i = blockIdx.x * int64_t{kThreads} + threadIdx.x; i < n;
        i += int64_t{gridDim.x} * kThreads) {
-    const int64_t r = i / inter, c = i % inter;
+    const int64_t r = RowOf(i / inter, row_of), c = i % inter;
+    if (r < 0) continue;
     const float g = __uint_as_float(static_cast<unsigned>(x[r * 2 * inter + c]) << 16);
     const float u = __uint_as_float(static_cast<unsigned>(x[r * 2 * inter + inter + c]) << 16);
-    out[i] = __bfloat16_as_ushort(__float2bfloat16_rn(SiluMul(g, u)));
+    out[r * inter + c] = __bfloat16_as_ushort(__float2bfloat16_rn(SiluMul(g, u)));
   }
 }
 
 // inter % 8 == 0: element groups of 8 never straddle a row.
 __device__ void SiluMulBf16x8Body(int64_t rows, int64_t inter, const uint16_t* x, uint16_t* out,
-                                  const int32_t* device_rows) {
+                                  const int32_t* device_rows, const int32_t* row_of) {
   const int64_t groups = RowsInUse(rows, device_rows) * inter / 8, inter8 = inter / 8;
   for (int64_t i = blockIdx.x * int64_t{kThreads} + threadIdx.x; i < groups;
        i += int64_t{gridDim.x} * kThreads) {
-    const int64_t r = i / inter8, c = i % inter8;
+    const int64_t r = RowOf(i / inter8, row_of), c = i % inter8;
+    if (r < 0) continue;
     const uint4* row = reinterpret_cast<const uint4*>(x + r * 2 * inter);
     const uint4 g = row[c], u = row[inter8 + c];
     uint4 o;
@@ -60,8 +68,21 @@ __device__ void SiluMulBf16x8Body(int64_t rows, int64_t inter, const uint16_t* x
     o.y = Pack(SiluMul(Lo(g.y), Lo(u.y)), SiluMul(Hi(g.y), Hi(u.y)));
     o.z = Pack(SiluMul(Lo(g.z), Lo(u.z)), SiluMul(Hi(g.z), Hi(u.z)));
     o.w = Pack(SiluMul(Lo(g.w), Lo(u.w)), SiluMul(Hi(g.w), Hi(u.w)));
-    reinterpret_cast<uint4*>(out)[i] = o;
+    reinterpret_cast<uint4*>(out + r * inter)[c] = o;
   }
+}
+
+// One launch of either body over `rows` launch rows.
+cudaError_t Launch(int64_t rows, int64_t inter, const uint16_t* x, uint16_t* out,
+                   cudaStream_t stream, const int32_t* device_rows, const int32_t* row_of) {
+  const bool vec8 = inter % 8 == 0 && reinterpret_cast<uintptr_t>(x) % 16 == 0 &&
+                    reinterpret_cast<uintptr_t>(out) % 16 == 0;
+  if (vec8) {
+    return LaunchAfterPrecedingGrids<SiluMulBf16x8Body, kThreads>(
+        GridFor(rows * inter / 8), 0, stream, rows, inter, x, out, device_rows, row_of);
+  }
+  return LaunchAfterPrecedingGrids<SiluMulBf16Body, kThreads>(
+      GridFor(rows * inter), 0, stream, rows, inter, x, out, device_rows, row_of);
 }
 
 }  // namespace
@@ -70,14 +91,14 @@ cudaError_t SiluMulBf16(int64_t rows, int64_t inter, const uint16_t* x, uint16_t
                         cudaStream_t stream, const int32_t* device_rows) {
   if (rows < 0 || inter < 0) return cudaErrorInvalidValue;
   if (rows == 0 || inter == 0) return cudaSuccess;
-  const bool vec8 = inter % 8 == 0 && reinterpret_cast<uintptr_t>(x) % 16 == 0 &&
-                    reinterpret_cast<uintptr_t>(out) % 16 == 0;
-  if (vec8) {
-    return LaunchAfterPrecedingGrids<SiluMulBf16x8Body, kThreads>(
-        GridFor(rows * inter / 8), 0, stream, rows, inter, x, out, device_rows);
-  }
-  return LaunchAfterPrecedingGrids<SiluMulBf16Body, kThreads>(GridFor(rows * inter), 0, stream,
-                                                              rows, inter, x, out, device_rows);
+  return Launch(rows, inter, x, out, stream, device_rows, nullptr);
+}
+
+cudaError_t SiluMulBf16ListedRows(int64_t listed, const int32_t* row_of, int64_t inter,
+                                  const uint16_t* x, uint16_t* out, cudaStream_t stream) {
+  if (listed < 0 || inter < 0 || (listed > 0 && row_of == nullptr)) return cudaErrorInvalidValue;
+  if (listed == 0 || inter == 0) return cudaSuccess;
+  return Launch(listed, inter, x, out, stream, nullptr, row_of);
 }
 
 }  // namespace kernels

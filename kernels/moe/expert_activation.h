@@ -1,6 +1,7 @@
-// SwiGLU's SiLU-and-multiply between the two bf16-output expert GEMMs of the prefill MoE path
-// (kernels/moe/expert_gemm_cublas.h): gate_up rows in bf16 in, the down GEMM's bf16 operand out.
-// The fp32-in variants (SiluMulF32, SiluMulF32ToBf16) are in kernels/activation/elementwise.h.
+// SwiGLU's SiLU-and-multiply between the two bf16-output expert GEMMs of the MoE paths
+// (kernels/moe/expert_gemm_cublas.h, expert_gemm_planned.h): gate_up rows in bf16 in, the down
+// GEMM's bf16 operand out. The fp32-in variants (SiluMulF32, SiluMulF32ToBf16) are in
+// kernels/activation/elementwise.h.
 #ifndef DEEPINFER_KERNELS_MOE_EXPERT_ACTIVATION_H_
 #define DEEPINFER_KERNELS_MOE_EXPERT_ACTIVATION_H_
 
@@ -21,6 +22,15 @@ namespace kernels {
 // known on the device only (the decode MoE's padded expert layout, kernels/moe/expert_gemm_plan.h).
 cudaError_t SiluMulBf16(int64_t rows, int64_t inter, const uint16_t* x, uint16_t* out,
                         cudaStream_t stream, const int32_t* device_rows = nullptr);
+
+// SiluMulBf16 over listed rows only: for i < listed with row_of[i] >= 0 (device int32s),
+// out[row_of[i], :] from x[row_of[i], :] as above; every other row left as it is. The decode
+// MoE's padded expert layout passes MoePermuteF32's choice_row (tokens x top_k entries, each
+// real row once), so the padding rows of its chunks cost nothing. Rows listed twice are written
+// twice with the same values. cudaErrorInvalidValue for negative sizes or a null row_of with
+// listed > 0.
+cudaError_t SiluMulBf16ListedRows(int64_t listed, const int32_t* row_of, int64_t inter,
+                                  const uint16_t* x, uint16_t* out, cudaStream_t stream);
 
 }  // namespace kernels
 }  // namespace deepinfer

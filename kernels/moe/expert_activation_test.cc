@@ -2,10 +2,12 @@
 // same fp32 formula), and (2) the CPU backend's SiluMul rounded on the host: within one bf16
 // step (device and host expf may differ by an ulp, which can cross a rounding boundary). Both
 // the 8-wide and the scalar path (odd widths, unaligned pointers); outputs poisoned first.
+// SiluMulBf16's device row bound and SiluMulBf16ListedRows against the unbounded kernel.
 #include "kernels/moe/expert_activation.h"
 
 #include <algorithm>
 #include <cstdlib>
+#include <random>
 #include <vector>
 
 #include "gtest/gtest.h"
@@ -96,6 +98,54 @@ TEST(ExpertActivationTest, DeviceRowBoundLimitsTheRowsComputed) {
       }
     }
   }
+}
+
+// Listed rows (a permutation's choice_row: some rows in any order, -1 entries skipped): those
+// rows as the plain kernel computes them, bit for bit; the rest (padding) untouched.
+TEST(ExpertActivationTest, ListedRowsComputeOnlyThoseRows) {
+  DEEPINFER_SKIP_WITHOUT_GPU();
+  for (int64_t inter : {int64_t{1408}, int64_t{3}}) {  // the 8-wide and the scalar path
+    const int64_t rows = 96;
+    const uint32_t seed = testing::FreshSeed();
+    const auto values = testing::RandomFloats(rows * 2 * inter, seed, 4.0f);
+    std::vector<uint16_t> x16;
+    for (float v : values) x16.push_back(kernels::FloatToBf16(v));
+    DeviceArray<uint16_t> dx(x16), dall(rows * inter);
+    DEEPINFER_CUDA_OK(kernels::SiluMulBf16(rows, inter, dx.get(), dall.get(), nullptr));
+    std::vector<uint16_t> all;
+    DEEPINFER_CUDA_OK(dall.Download(&all));
+    // Every third row of the first two thirds, shuffled, and two -1 entries.
+    std::vector<int32_t> row_of = {-1};
+    for (int32_t r = 0; r < 2 * rows / 3; r += 3) row_of.push_back(r);
+    row_of.push_back(-1);
+    std::mt19937 gen(seed);
+    std::shuffle(row_of.begin(), row_of.end(), gen);
+    std::vector<bool> listed(rows, false);
+    for (int32_t r : row_of) {
+      if (r >= 0) listed[r] = true;
+    }
+    SCOPED_TRACE(::testing::Message() << "inter " << inter << " seed " << seed);
+    DeviceArray<int32_t> drow_of(row_of);
+    DeviceArray<uint16_t> dout(rows * inter);
+    dout.Poison();
+    DEEPINFER_CUDA_OK(kernels::SiluMulBf16ListedRows(
+        static_cast<int64_t>(row_of.size()), drow_of.get(), inter, dx.get(), dout.get(), nullptr));
+    std::vector<uint16_t> got;
+    DEEPINFER_CUDA_OK(dout.Download(&got));
+    for (int64_t i = 0; i < rows * inter; ++i) {
+      if (listed[i / inter]) {
+        ASSERT_EQ(got[i], all[i]) << "element " << i;
+      } else {
+        ASSERT_EQ(got[i], 0xFFFF) << "element " << i << " of an unlisted row written";
+      }
+    }
+  }
+  EXPECT_EQ(kernels::SiluMulBf16ListedRows(0, nullptr, 1408, nullptr, nullptr, nullptr),
+            cudaSuccess);
+  EXPECT_EQ(kernels::SiluMulBf16ListedRows(4, nullptr, 1408, nullptr, nullptr, nullptr),
+            cudaErrorInvalidValue);
+  EXPECT_EQ(kernels::SiluMulBf16ListedRows(-1, nullptr, 8, nullptr, nullptr, nullptr),
+            cudaErrorInvalidValue);
 }
 
 TEST(ExpertActivationTest, EmptyAndBadSizes) {

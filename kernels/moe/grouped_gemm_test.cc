@@ -8,8 +8,10 @@
 
 #include <cublas_v2.h>
 
+#include <algorithm>
 #include <cmath>
 #include <random>
+#include <tuple>
 #include <vector>
 
 #include "gtest/gtest.h"
@@ -34,7 +36,7 @@ struct Case {
   int32_t hint;                 // rows_per_slot_hint
   kernels::GroupedGemmAlgo algo;
   Impl impl = Impl::kGrouped;
-  int32_t chunk = 1;  // kPlanned: rows per chunk
+  int32_t chunk = 1;        // kPlanned: rows per chunk
   bool interleave = false;  // kPlanned: dummies spread between the real chunks
   bool out_bf16 = false;    // kPlanned: bf16 outputs
   int32_t extra_batch = 0;  // kPlanned: entries beyond ExpertGemmBatchBound (more dummies)
@@ -353,12 +355,73 @@ TEST(PlannedExpertGemmsTest, BatchBoundCoversWorstCase) {
   EXPECT_EQ(kernels::ExpertGemmBatchBound(768, 64, 16), (768 + 64 * 15) / 16);
 }
 
+TEST(PlannedExpertGemmsTest, BatchBucketsAscendToTheBound) {
+  for (const auto& [rows, slots, chunk] :
+       std::vector<std::tuple<int64_t, int32_t, int32_t>>{{768, 64, 48},
+                                                          {1024, 256, 48},
+                                                          {2048, 256, 48},
+                                                          {6, 64, 8},
+                                                          {1, 64, 48},
+                                                          {0, 64, 8},
+                                                          {96 * 8, 4, 8}}) {
+    SCOPED_TRACE(::testing::Message() << rows << " rows, " << slots << " slots, chunk " << chunk);
+    int32_t b[kernels::kMaxExpertGemmBatchBuckets];
+    const int32_t n = kernels::ExpertGemmBatchBuckets(rows, slots, chunk, 16, b);
+    const int32_t bound = kernels::ExpertGemmBatchBound(rows, slots, chunk);
+    ASSERT_GE(n, 1);
+    ASSERT_LE(n, 16);
+    EXPECT_EQ(b[n - 1], bound);
+    // The smallest bucket holds the fewest chunks the rows can take.
+    EXPECT_GE(b[0], std::max<int64_t>(1, (rows + chunk - 1) / chunk));
+    for (int32_t i = 1; i < n; ++i) EXPECT_GT(b[i], b[i - 1]);
+  }
+  // Moonlight at 128 tokens, chunk 48: 78 entries bound, 16 at least; 64 real chunks (every
+  // expert busy, none above 48 rows) fall into a bucket of at most 64 + 4.
+  int32_t b[kernels::kMaxExpertGemmBatchBuckets];
+  const int32_t n = kernels::ExpertGemmBatchBuckets(768, 64, 48, 16, b);
+  const int32_t* fit = std::lower_bound(b, b + n, 64);
+  ASSERT_NE(fit, b + n);
+  EXPECT_LE(*fit, 68);
+  EXPECT_EQ(kernels::ExpertGemmBatchBuckets(768, 64, 48, 1, b), 1);
+  EXPECT_EQ(b[0], 78);
+}
+
 TEST(PlannedExpertGemmsTest, RejectsBadArguments) {
   kernels::ExpertGemmPlanParams p;
   p.num_slots = 0;
   EXPECT_EQ(kernels::PlanExpertGemmBatches(p, nullptr), cudaErrorInvalidValue);
   EXPECT_EQ(kernels::PlannedExpertGemmsBf16(nullptr, nullptr, 1, 8, 8, 8, false),
             CUBLAS_STATUS_INVALID_VALUE);
+}
+
+// Buckets that do not end at the batch, or do not ascend (a valid plan first).
+TEST(PlannedExpertGemmsTest, RejectsBadBuckets) {
+  DEEPINFER_SKIP_WITHOUT_GPU();
+  kernels::ExpertGemmPlanParams p;
+  DeviceArray<int32_t> counts(std::vector<int32_t>(4, 1)), offsets(std::vector<int32_t>(5, 0));
+  DeviceArray<void*> table(std::vector<void*>(4, counts.get())), ptrs(std::vector<void*>(12));
+  p.num_slots = 4;
+  p.slot_counts = counts.get();
+  p.slot_offsets = offsets.get();
+  p.chunk_rows = 8;
+  p.batch = 4;
+  p.num_gemms = 1;
+  kernels::ExpertGemmPlanGemm& g = p.gemm[0];
+  g.weights = const_cast<const void* const*>(table.get());
+  g.x = g.dummy_x = counts.get();
+  g.y = g.dummy_y = counts.get();
+  g.pointers = ptrs.get();
+  EXPECT_EQ(kernels::PlanExpertGemmBatches(p, nullptr), cudaSuccess);
+  p.num_buckets = 2;
+  p.bucket_batch[0] = 2;
+  p.bucket_batch[1] = 3;
+  EXPECT_EQ(kernels::PlanExpertGemmBatches(p, nullptr), cudaErrorInvalidValue);
+  p.bucket_batch[0] = 4;
+  p.bucket_batch[1] = 4;
+  EXPECT_EQ(kernels::PlanExpertGemmBatches(p, nullptr), cudaErrorInvalidValue);
+  p.num_buckets = kernels::kMaxExpertGemmBatchBuckets + 1;
+  EXPECT_EQ(kernels::PlanExpertGemmBatches(p, nullptr), cudaErrorInvalidValue);
+  DEEPINFER_CUDA_OK(cudaDeviceSynchronize());
 }
 
 TEST(GroupedGemmBf16Test, RejectsBadShapes) {

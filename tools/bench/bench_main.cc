@@ -122,6 +122,14 @@ int main(int argc, char** argv) {
   flags.AddInt("decode-moe-chunk-rows", &config.decode_moe_chunk_rows,
                "CUDA, bf16: rows per chunk of the planned cuBLAS expert GEMMs (1-256; 0: the\n"
                "backend's choice by size).");
+  flags.AddBool("decode-moe-sparse-epilogue", &config.decode_moe_sparse_epilogue,
+                "CUDA, bf16: the device MoE path's SiLU-mul over the real rows only and its\n"
+                "combine without a memset (default); false: the previous epilogue (SiLU-mul\n"
+                "over every padded row, memset + accumulate), same results, for old vs new.");
+  flags.AddBool("decode-moe-graph-buckets", &config.decode_moe_graph_buckets,
+                "CUDA, bf16: inside the decode graphs, each planned expert GEMM behind a switch\n"
+                "over batch sizes picked on the device (default); false: the one fixed batch\n"
+                "with its dummy chunks, same results, for old vs new.");
   flags.AddBool("cuda-graphs", &config.cuda_graphs,
                 "CUDA: replay decode steps from CUDA graphs recorded per batch-size bucket\n"
                 "(batches padded to 1 2 4 8 16 24 32 48 64 96 128 160 192 256 ...); off: every\n"

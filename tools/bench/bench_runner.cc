@@ -424,6 +424,8 @@ absl::Status RunRank(const BenchConfig& bc, int64_t rank, RankState* s, RankOutp
       return st;
     }
   }
+  if (cuda != nullptr) cuda->SetDecodeMoeSparseEpilogue(bc.decode_moe_sparse_epilogue);
+  if (cuda != nullptr) cuda->SetDecodeMoeGraphBuckets(bc.decode_moe_graph_buckets);
   if (cuda != nullptr) cuda->SetSmallMGemm(bc.fused_ops);
   if (cuda != nullptr) cuda->SetGraphAllocationsAside(bc.graph_allocations_aside);
 #endif

@@ -3,14 +3,15 @@
 # folder made by
 #   GPU_TESTS="//kernels/moe:grouped_gemm_test //worker/backend/cuda:cuda_backend_test \
 #     //worker/model:decode_graph_gpu_test //tests/parity:cuda_parity_test" \
-#   GPU_TOOLS="//kernels/moe:grouped_gemm_bench //tools/bench:deepinfer-bench" GPU_DAEMONS="" \
+#   GPU_TOOLS="//worker/backend/cuda:moe_decode_bench //kernels/moe:grouped_gemm_bench \
+#     //tools/bench:deepinfer-bench" GPU_DAEMONS="" \
 #     tools/gpu/prepare.sh --out DIR --pack PACK.tar.xz   (after cp tools/gpu/moe_decode_check.sh
 #     into DIR; or copy it in before packing)
 # then (device tool) `mkdir -p /tmp/b && tar xJf PACK -C /tmp/b && bash /tmp/b/DIR/moe_decode_check.sh`.
 # Most important first, since the call may be cut short: the kernel tests against exact
 # products, the backend's RoutedExperts tests (every decode algorithm and planned chunk size),
-# the CUDA-graph decode test, the parity test, grouped_gemm_bench (every way, both shapes),
-# then the 27-layer Moonlight-shaped bench with the backend's choice. Each step's limit is cut
+# the CUDA-graph decode test, the parity test, moe_decode_bench (a whole layer in a CUDA graph,
+# old vs new), grouped_gemm_bench (every way, both shapes), then the 27-layer Moonlight-shaped bench with the backend's choice. Each step's limit is cut
 # to what is left of BUDGET_S (default 112 s). One log per step in $OUT/logs.tar.gz (refreshed
 # after each step), one line per step in $OUT/summary.txt.
 set -uo pipefail
@@ -25,9 +26,10 @@ bench27=("$B/deepinfer-bench" --backend cuda --dtype bfloat16 --load-format dumm
 step planned_gemm_test 25 "$B/grouped_gemm_test" --gtest_color=no \
   --gtest_filter='PlannedExpertGemms*:GroupedGemmBf16StreamTest.MatchesExactProducts'
 
-step routed_experts_test 25 "$B/cuda_backend_test" --gtest_color=no --gtest_filter='RoutedExpertsTest.EveryDecodeAlgo*:RoutedExpertsTest.PlannedChunk*:RoutedExpertsTest.DeviceGrouped*'
+step routed_experts_test 25 "$B/cuda_backend_test" --gtest_color=no --gtest_filter='RoutedExpertsTest.*'
 step decode_graph_gpu_test 20 "$B/decode_graph_gpu_test" --gtest_color=no
 step cuda_parity_test 20 "$B/cuda_parity_test" --gtest_color=no
+step moe_decode_bench 30 "$B/moe_decode_bench"
 step grouped_gemm_bench 30 "$B/grouped_gemm_bench"
 # The 27-layer bench needs more than the 45 s left in that run: give it its own call.
 step bench27_auto 60 "${bench27[@]}"

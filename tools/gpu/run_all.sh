@@ -47,6 +47,9 @@ if want kbench && [[ -x "$here/bin/grouped_gemm_bench" ]]; then
   step grouped_gemm_bench 120 "$here/bin/grouped_gemm_bench"
   cp "$logs/grouped_gemm_bench.log" "$OUT/grouped_gemm_bench.txt"
 fi
+if want kbench && [[ -x "$here/bin/moe_decode_bench" ]]; then  # a decode MoE layer in a graph
+  step moe_decode_bench 60 "$here/bin/moe_decode_bench"
+fi
 if want kbench && [[ -x "$here/bin/small_m_gemm_bench" ]]; then  # decode GEMMs: own vs cuBLAS
   step small_m_gemm_bench 60 "$here/bin/small_m_gemm_bench"
 fi

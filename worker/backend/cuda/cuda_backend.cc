@@ -4,8 +4,10 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <limits>
 #include <utility>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -241,6 +243,7 @@ CudaBackend::~CudaBackend() {
   Check(cudaStreamSynchronize(stream_), "cudaStreamSynchronize");
   cublasDestroy(cublas_);
   cudaFree(cublas_workspace_);
+  if (switch_stream_ != nullptr) cudaStreamDestroy(switch_stream_);
   cudaStreamDestroy(stream_);
 }
 
@@ -1002,17 +1005,18 @@ bool CudaBackend::RoutedExperts(const RoutedExpertsArgs& a) {
   auto expert_out =
       AllocateScratch(rows * H * (expert_out_bf16 ? sizeof(uint16_t) : sizeof(float)));
   if (device_grouped) {
-    ExpertGemmsOnDevice(a, decode_algo, plan->as<int32_t>(), rows, permuted->data(),
-                        expert_out->as<float>());
+    ExpertGemmsOnDevice(a, decode_algo, plan->as<int32_t>(), choice_row->as<int32_t>(), rows,
+                        permuted->data(), expert_out->as<float>());
   } else if (!ExpertGemmsOnCublas(a, plan->as<int32_t>(), row_align, rows, permuted->data(),
                                   expert_out->data())) {
     return true;  // the error is recorded; the output is meaningless, as after any failed op
   }
 
   PhaseTimer phase(this, "RoutedExpertsCublas/combine", !device_grouped);
-  // The cuBLAS path's combine overwrites out (no memset pass; the same bits as adding into
-  // zeros).
-  if (device_grouped) {
+  // The combine overwrites out (no memset pass; the same bits as adding into zeros), except
+  // on the device path with SetDecodeMoeSparseEpilogue(false) (the previous memset + add).
+  const bool accumulate = device_grouped && !decode_moe_sparse_epilogue_;
+  if (accumulate) {
     Check(cudaMemsetAsync(a.out, 0, T * H * sizeof(float), stream_), "cudaMemsetAsync");
   }
   kernels::MoeCombineParams c;
@@ -1026,7 +1030,7 @@ bool CudaBackend::RoutedExperts(const RoutedExpertsArgs& a) {
   } else {
     c.expert_out = expert_out->as<float>();
   }
-  c.accumulate = device_grouped;
+  c.accumulate = accumulate;
   c.out = a.out;
   Check(kernels::MoeCombineF32(c, stream_), "kernels::MoeCombineF32");
   return true;
@@ -1034,18 +1038,17 @@ bool CudaBackend::RoutedExperts(const RoutedExpertsArgs& a) {
 
 CudaBackend::DecodeMoeAlgo CudaBackend::DecodeMoeAlgoFor(int64_t tokens) const {
   if (decode_moe_algo_ != DecodeMoeAlgo::kAuto) return decode_moe_algo_;
-  // Fastest per size in grouped_gemm_bench (Moonlight and V3 shapes; 1, 8, 64, 128, 256 tokens
-  // measured, the thresholds between them are not): the CUDA-core kernel for 1-2 rows per
-  // expert, the planned cuBLAS chunks from a few rows, the streaming kernel around 64 tokens.
+  // Fastest per size (grouped_gemm_bench at 1 and 8 tokens; moe_decode_bench, a whole layer in
+  // a CUDA graph, at 64-256 tokens, where the planned chunks beat the streaming kernel by 8 %
+  // (Moonlight) and 2 % (V3) at 64 tokens; the thresholds between the sizes are not measured):
+  // the CUDA-core kernel for 1-2 rows per expert, the planned cuBLAS chunks above.
   if (tokens <= 2) return DecodeMoeAlgo::kGroupedF32;
-  if (tokens <= 32) return DecodeMoeAlgo::kPlannedCublas;
-  if (tokens <= 96) return DecodeMoeAlgo::kStream;
   return DecodeMoeAlgo::kPlannedCublas;
 }
 
 int32_t CudaBackend::PlannedChunkRows(int64_t tokens) const {
   if (planned_chunk_rows_ > 0) return planned_chunk_rows_;
-  return tokens <= 32 ? 8 : 48;
+  return tokens <= 32 ? 8 : 32;
 }
 
 absl::Status CudaBackend::SetPlannedChunkRows(int32_t rows) {
@@ -1058,8 +1061,8 @@ absl::Status CudaBackend::SetPlannedChunkRows(int32_t rows) {
 }
 
 void CudaBackend::ExpertGemmsOnDevice(const RoutedExpertsArgs& a, DecodeMoeAlgo algo,
-                                      const int32_t* plan, int64_t rows, const void* permuted,
-                                      float* expert_out) {
+                                      const int32_t* plan, const int32_t* choice_row, int64_t rows,
+                                      const void* permuted, float* expert_out) {
   const int64_t T = a.num_tokens, K = a.top_k, H = a.hidden_size, I = a.inter;
   const int32_t E = a.num_experts;
   const int32_t* offsets = plan + E;
@@ -1154,19 +1157,117 @@ void CudaBackend::ExpertGemmsOnDevice(const RoutedExpertsArgs& a, DecodeMoeAlgo 
     g.dummy_y = dummy_y->data();
     g.pointers = ptrs + 3 * batch * i;
   }
+  // Inside a CUDA graph, above kMaxFixedBatchGraphMoeTokens: each GEMM behind a switch node
+  // over batch sizes, the planner picking the smallest that holds the step's real chunks (so
+  // most dummies are never launched). Eagerly, at fewer tokens (where the switches' few µs
+  // were not measured against the dummies they save), or if the graph refuses the handles:
+  // the one fixed batch.
+  cudaGraph_t graph = nullptr;
+  int32_t num_buckets = 0;
+  if (decode_moe_graph_buckets_ && T > kMaxFixedBatchGraphMoeTokens) {
+    cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+    if (cudaStreamGetCaptureInfo(stream_, &capture, nullptr, &graph) == cudaSuccess &&
+        capture == cudaStreamCaptureStatusActive) {
+      num_buckets = kernels::ExpertGemmBatchBuckets(
+          T * K, E, C, kernels::kMaxExpertGemmBatchBuckets, p.bucket_batch);
+      for (int i = 0; i < 2 && num_buckets > 0; ++i) {
+        if (cudaGraphConditionalHandleCreate(&p.bucket_handle[i], graph, num_buckets - 1,
+                                             cudaGraphCondAssignDefault) != cudaSuccess) {
+          (void)cudaGetLastError();
+          num_buckets = 0;
+        }
+      }
+      p.num_buckets = num_buckets;
+    }
+  }
   Check(kernels::PlanExpertGemmBatches(p, stream_), "kernels::PlanExpertGemmBatches");
-  CheckBlas(kernels::PlannedExpertGemmsBf16(cublas_, ptrs, batch, static_cast<int32_t>(2 * I),
-                                            static_cast<int32_t>(H), C, /*out_bf16=*/true),
-            "PlannedExpertGemmsBf16(gate_up)");
-  // Over the rows of the padded layout in use (offsets[E], known on the device only; their
-  // padding rows carry garbage nobody reads); the capacity's remaining rows are not touched.
-  Check(kernels::SiluMulBf16(rows, I, gate_up->as<uint16_t>(), act->as<uint16_t>(), stream_,
-                             offsets + E),
-        "kernels::SiluMulBf16");
-  CheckBlas(kernels::PlannedExpertGemmsBf16(cublas_, ptrs + 3 * batch, batch,
-                                            static_cast<int32_t>(H), static_cast<int32_t>(I), C,
-                                            /*out_bf16=*/false),
-            "PlannedExpertGemmsBf16(down)");
+  // gemm 0 (gate_up) or 1 (down) at batch b, on the cuBLAS handle's stream.
+  auto run_gemm = [&](int gi, int32_t b) {
+    if (gi == 0) {
+      CheckBlas(kernels::PlannedExpertGemmsBf16(cublas_, ptrs, b, static_cast<int32_t>(2 * I),
+                                                static_cast<int32_t>(H), C, /*out_bf16=*/true),
+                "PlannedExpertGemmsBf16(gate_up)");
+    } else {
+      CheckBlas(
+          kernels::PlannedExpertGemmsBf16(cublas_, ptrs + 3 * batch, b, static_cast<int32_t>(H),
+                                          static_cast<int32_t>(I), C, /*out_bf16=*/false),
+          "PlannedExpertGemmsBf16(down)");
+    }
+  };
+  auto gemm = [&](int gi) {
+    if (num_buckets == 0) {
+      run_gemm(gi, batch);
+      return;
+    }
+    CaptureSwitch(graph, p.bucket_handle[gi], num_buckets,
+                  [&](int32_t i) { run_gemm(gi, p.bucket_batch[i]); });
+  };
+  gemm(0);
+  // The real rows only (choice_row: T * K entries, each real row once): the chunks' padding
+  // rows (most of the rows in use: about 12 real rows per 32-row chunk at Moonlight's 128
+  // tokens) keep garbage that the down GEMM turns into output rows nobody reads. Without the sparse
+  // epilogue: every row of the padded layout in use (offsets[E], known on the device only).
+  if (decode_moe_sparse_epilogue_) {
+    Check(kernels::SiluMulBf16ListedRows(T * K, choice_row, I, gate_up->as<uint16_t>(),
+                                         act->as<uint16_t>(), stream_),
+          "kernels::SiluMulBf16ListedRows");
+  } else {
+    Check(kernels::SiluMulBf16(rows, I, gate_up->as<uint16_t>(), act->as<uint16_t>(), stream_,
+                               offsets + E),
+          "kernels::SiluMulBf16");
+  }
+  gemm(1);
+}
+
+void CudaBackend::CaptureSwitch(cudaGraph_t graph, cudaGraphConditionalHandle handle, int32_t size,
+                                const std::function<void(int32_t)>& body) {
+  const cudaGraphNode_t* deps = nullptr;
+  const cudaGraphEdgeData* edges = nullptr;
+  size_t num_deps = 0;
+  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+  if (!Check(
+          cudaStreamGetCaptureInfo(stream_, &capture, nullptr, nullptr, &deps, &edges, &num_deps),
+          "cudaStreamGetCaptureInfo")) {
+    return;
+  }
+  // Plain edges into the switch (programmatic ones join kernels only).
+  std::vector<cudaGraphNode_t> dep_nodes(deps, deps + num_deps);
+  cudaGraphNodeParams params = {};
+  params.type = cudaGraphNodeTypeConditional;
+  params.conditional.handle = handle;
+  params.conditional.type = cudaGraphCondTypeSwitch;
+  params.conditional.size = static_cast<unsigned>(size);
+  cudaGraphNode_t node = nullptr;
+  if (!Check(cudaGraphAddNode(&node, graph, dep_nodes.data(), nullptr, dep_nodes.size(), &params),
+             "cudaGraphAddNode(switch)")) {
+    return;
+  }
+  if (switch_stream_ == nullptr &&
+      !Check(cudaStreamCreateWithFlags(&switch_stream_, cudaStreamNonBlocking),
+             "cudaStreamCreate(switch)")) {
+    return;
+  }
+  // Each body recorded from switch_stream_ (the cuBLAS handle moved there meanwhile; setting a
+  // stream resets cuBLAS's workspace, so ours is set again each time).
+  for (int32_t i = 0; i < size; ++i) {
+    if (!Check(cudaStreamBeginCaptureToGraph(switch_stream_, params.conditional.phGraph_out[i],
+                                             nullptr, nullptr, 0, cudaStreamCaptureModeThreadLocal),
+               "cudaStreamBeginCaptureToGraph")) {
+      break;
+    }
+    CheckBlas(cublasSetStream(cublas_, switch_stream_), "cublasSetStream");
+    CheckBlas(cublasSetWorkspace(cublas_, cublas_workspace_, kCublasWorkspaceBytes),
+              "cublasSetWorkspace");
+    body(i);
+    cudaGraph_t recorded = nullptr;
+    Check(cudaStreamEndCapture(switch_stream_, &recorded), "cudaStreamEndCapture(switch body)");
+    CheckBlas(cublasSetStream(cublas_, stream_), "cublasSetStream");
+    CheckBlas(cublasSetWorkspace(cublas_, cublas_workspace_, kCublasWorkspaceBytes),
+              "cublasSetWorkspace");
+  }
+  Check(cudaStreamUpdateCaptureDependencies(stream_, &node, nullptr, 1,
+                                            cudaStreamSetCaptureDependencies),
+        "cudaStreamUpdateCaptureDependencies");
 }
 
 bool CudaBackend::ExpertGemmsOnCublas(const RoutedExpertsArgs& a, const int32_t* plan,

@@ -125,13 +125,15 @@ class CudaBackend : public Backend {
   //  kPlannedCublas: kernels::PlanExpertGemmBatches + one cublasGemmBatchedEx per GEMM over
   //                  chunks of PlannedChunkRows rows (bf16 activations, padded layout; the
   //                  dummy entries spread between the real chunks; gate_up written in bf16,
-  //                  kernels::SiluMulBf16, down in fp32).
-  // kAuto picks by size (DecodeMoeAlgoFor; grouped_gemm_bench on the H200, docs/kernels.md):
-  // kGroupedF32 up to 2 tokens, kPlannedCublas up to 32, kStream up to 96, kPlannedCublas above.
+  //                  kernels::SiluMulBf16ListedRows over the real rows, down in fp32).
+  // kAuto picks by size (DecodeMoeAlgoFor; grouped_gemm_bench and moe_decode_bench on the
+  // H200, docs/kernels.md): kGroupedF32 up to 2 tokens, kPlannedCublas above.
   enum class DecodeMoeAlgo { kAuto, kGroupedF32, kStream, kPlannedCublas };
   // Rows per chunk of kPlannedCublas for `tokens` tokens: SetPlannedChunkRows's value if set,
-  // else by size (grouped_gemm_bench, docs/kernels.md): 8 up to 32 tokens, 48 above (fastest
-  // at 128-256 tokens on the Moonlight and V3 shapes; at 64 tokens the stream kernel runs).
+  // else by size: 8 up to 32 tokens (grouped_gemm_bench), 32 above (moe_decode_bench, a layer
+  // in a CUDA graph with the batch switch: faster than 48 at 64-256 tokens on the Moonlight
+  // and V3 shapes; docs/kernels.md). Never depends on whether the stream is captured, so a
+  // replayed decode graph computes the same bits as the same step run eagerly.
   int32_t PlannedChunkRows(int64_t tokens) const;
   // Forces the chunk rows of kPlannedCublas (1..kMaxPlannedChunkRows; 0: by size, the
   // default). For tests and benchmarks.
@@ -142,6 +144,22 @@ class CudaBackend : public Backend {
   // Forces one decode algorithm (kAuto: by size, the default); a forced one also takes bf16
   // batches above kMaxFusedMoeTokens. For tests and benchmarks.
   void SetDecodeMoeAlgo(DecodeMoeAlgo algo) { decode_moe_algo_ = algo; }
+  // The device MoE path's work after the expert GEMMs' rows are known. On (the default): the
+  // planned path's SiLU-mul over the real rows only (kernels::SiluMulBf16ListedRows through
+  // the permutation's choice_row; the padding rows of the chunks are never computed) and the
+  // combine overwriting the output (no memset; the same bits as adding into zeros). Off: the
+  // previous SiLU-mul over every row of the padded layout in use and a memset + accumulating
+  // combine. Results are identical either way; for benchmarks (old vs new).
+  void SetDecodeMoeSparseEpilogue(bool on) { decode_moe_sparse_epilogue_ = on; }
+  // Inside a CUDA graph and above kMaxFixedBatchGraphMoeTokens tokens, the planned path's two
+  // GEMMs each behind a switch node over up to kernels::kMaxExpertGemmBatchBuckets batch sizes
+  // (kernels::ExpertGemmBatchBuckets), the planner picking the smallest that holds the step's
+  // real chunks: the fixed batch's dummy chunks mostly not launched. On by default; off: the one
+  // fixed batch (as eagerly). Same results either way; for benchmarks (old vs new).
+  void SetDecodeMoeGraphBuckets(bool on) { decode_moe_graph_buckets_ = on; }
+  // Up to this many tokens the recorded planned path keeps the one fixed batch (the switch was
+  // measured at 64-256 tokens only, docs/kernels.md).
+  static constexpr int64_t kMaxFixedBatchGraphMoeTokens = 32;
   // How the large-batch path calls cuBLAS (default kChunked). For tests and benchmarks.
   void SetExpertGemmAlgo(kernels::ExpertGemmCublasAlgo algo) { expert_gemm_algo_ = algo; }
   kernels::ExpertGemmCublasAlgo expert_gemm_algo() const { return expert_gemm_algo_; }
@@ -251,9 +269,17 @@ class CudaBackend : public Backend {
                     int64_t ldw, float* c, int64_t ldc, bool accumulate);
   // RoutedExperts' device-path expert GEMMs (gate_up, SiLU-mul, down) with `algo` (not kAuto):
   // plan = device counts [E] | offsets [E + 1]; `permuted` the gathered rows (fp32 for
-  // kGroupedF32, bf16 otherwise); `rows` the row buffers' size.
+  // kGroupedF32, bf16 otherwise); `rows` the row buffers' size; choice_row [tokens, top_k] the
+  // permutation's row of each choice.
   void ExpertGemmsOnDevice(const RoutedExpertsArgs& a, DecodeMoeAlgo algo, const int32_t* plan,
-                           int64_t rows, const void* permuted, float* expert_out);
+                           const int32_t* choice_row, int64_t rows, const void* permuted,
+                           float* expert_out);
+  // While stream_ is captured into `graph`: a switch node on `handle` with `size` bodies after
+  // the stream's current nodes, body(i) recording body i's cuBLAS calls (the handle moved to
+  // switch_stream_ meanwhile); the stream's next node then follows the switch. Errors are
+  // recorded.
+  void CaptureSwitch(cudaGraph_t graph, cudaGraphConditionalHandle handle, int32_t size,
+                     const std::function<void(int32_t)>& body);
   // RoutedExperts' large-batch expert GEMMs (gate_up, SiLU-mul, down) on cuBLAS; false after
   // recording an error.
   // plan: device counts [E] | offsets [E + 1] of the permutation (rows padded to chunk_rows
@@ -301,6 +327,9 @@ class CudaBackend : public Backend {
   kernels::ExpertGemmCublasAlgo expert_gemm_algo_ = kernels::ExpertGemmCublasAlgo::kChunked;
   DecodeMoeAlgo decode_moe_algo_ = DecodeMoeAlgo::kAuto;
   int32_t planned_chunk_rows_ = 0;  // 0: by size
+  bool decode_moe_sparse_epilogue_ = true;
+  bool decode_moe_graph_buckets_ = true;
+  cudaStream_t switch_stream_ = nullptr;  // records CaptureSwitch's bodies; made on first use
 
   const int device_;
   const WeightDType weight_dtype_;

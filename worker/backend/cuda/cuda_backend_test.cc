@@ -107,8 +107,8 @@ TEST_F(CudaBackendTest, FillDummyKernelEqualsHostFill) {
   const int64_t n = (int64_t{1} << 24) + 12345;  // > 65536 blocks x 256 threads
   for (WeightDType dtype : {WeightDType::kFloat32, WeightDType::kBFloat16}) {
     for (const DummyFill& fill : {random, constant}) {
-      SCOPED_TRACE(::testing::Message() << WeightDTypeName(dtype)
-                                        << (fill.constant ? " constant" : " random"));
+      SCOPED_TRACE(::testing::Message()
+                   << WeightDTypeName(dtype) << (fill.constant ? " constant" : " random"));
       const size_t bytes = static_cast<size_t>(n) * WeightDTypeSize(dtype);
       auto want = gpu_->Allocate(bytes + 64);
       auto got = gpu_->Allocate(bytes + 64);
@@ -381,6 +381,9 @@ class RoutedExpertsTest : public CudaBackendTest {
     return "?";
   }
 
+  // Run records RoutedExperts into a CUDA graph and replays it (Backend::Capture).
+  bool captured_ = false;
+
   void Run(int64_t T, WeightDType dtype, kernels::ExpertGemmCublasAlgo algo,
            DecodeAlgo decode_algo = DecodeAlgo::kAuto, bool skewed = false) {
     const uint32_t seed = testing::FreshSeed();
@@ -398,7 +401,8 @@ class RoutedExpertsTest : public CudaBackendTest {
                             : algo == kernels::ExpertGemmCublasAlgo::kGrouped ? "cuBLAS grouped"
                                                                               : "cuBLAS per expert")
                          : DecodeAlgoName(resolved))
-                 << (skewed ? ", skewed routing" : "") << ", seed " << seed);
+                 << (skewed ? ", skewed routing" : "") << (captured_ ? ", in a CUDA graph" : "")
+                 << ", seed " << seed);
     std::mt19937 gen(seed);
     auto x = testing::RandomFloats(T * H, seed);
     auto w = testing::RandomFloats(T * K, seed + 1, 0.5f);
@@ -468,8 +472,7 @@ class RoutedExpertsTest : public CudaBackendTest {
     // |y|.
     // The planned cuBLAS decode path rounds gate_up's outputs to bf16 too (not down's).
     const bool round_outputs = bf16 && cublas_path;
-    const bool round_gate_up =
-        round_outputs || (bf16 && resolved == DecodeAlgo::kPlannedCublas);
+    const bool round_gate_up = round_outputs || (bf16 && resolved == DecodeAlgo::kPlannedCublas);
     std::vector<double> flip(T * H, 0.0);
     std::vector<float> gu(2 * I), act(I), y(H);
     for (int64_t t = 0; t < T; ++t) {
@@ -531,7 +534,19 @@ class RoutedExpertsTest : public CudaBackendTest {
     a.dtype = dtype;
     a.out = dout->as<float>();
     gpu_->SetExpertGemmAlgo(algo);
-    ASSERT_TRUE(gpu_->RoutedExperts(a));
+    if (captured_) {
+      // Recorded into a CUDA graph, then replayed once (as the decode graphs run it).
+      bool taken = false;
+      auto ops = gpu_->Capture([&] {
+        taken = gpu_->RoutedExperts(a);
+        return absl::OkStatus();
+      });
+      ASSERT_TRUE(ops.ok()) << ops.status();
+      ASSERT_TRUE(taken);
+      ASSERT_TRUE((*ops)->Replay().ok());
+    } else {
+      ASSERT_TRUE(gpu_->RoutedExperts(a));
+    }
     const std::vector<float> got = Download(*dout);
     if (cublas_path && gpu_->expert_gemm_algo() != algo) {
       std::cout << "note: cuBLAS refused the batched / grouped GEMM, ran per expert\n";
@@ -581,6 +596,40 @@ TEST_F(RoutedExpertsTest, EveryDecodeAlgoMatchesPerTokenReference) {
   }
 }
 
+// The planned path recorded into a CUDA graph: each GEMM behind a switch over batch sizes
+// (the planner picks the bucket on the device; above kMaxFixedBatchGraphMoeTokens tokens), and
+// without it (the one fixed batch); random and skewed routing (all tokens on expert 3, a few
+// experts busy: the smallest buckets), 3-256 tokens.
+TEST_F(RoutedExpertsTest, PlannedPathInCudaGraphMatchesPerTokenReference) {
+  captured_ = true;
+  for (bool buckets : {true, false}) {
+    gpu_->SetDecodeMoeGraphBuckets(buckets);
+    SCOPED_TRACE(buckets ? "batch switch" : "fixed batch");
+    for (int64_t T : {int64_t{3}, int64_t{7}, int64_t{64}, int64_t{128}, int64_t{256}}) {
+      for (bool skewed : {false, true}) {
+        Run(T, WeightDType::kBFloat16, kernels::ExpertGemmCublasAlgo::kChunked,
+            DecodeAlgo::kPlannedCublas, skewed);
+      }
+    }
+  }
+  gpu_->SetDecodeMoeGraphBuckets(true);
+  captured_ = false;
+}
+
+// The previous epilogue (SiLU-mul over every row in use, memset + accumulating combine) kept
+// for benchmarks: still right. The new one is what every other test runs.
+TEST_F(RoutedExpertsTest, DenseEpilogueStillMatchesPerTokenReference) {
+  gpu_->SetDecodeMoeSparseEpilogue(false);
+  for (DecodeAlgo algo : {DecodeAlgo::kStream, DecodeAlgo::kPlannedCublas}) {
+    for (int64_t T : {int64_t{7}, int64_t{128}}) {
+      for (bool skewed : {false, true}) {
+        Run(T, WeightDType::kBFloat16, kernels::ExpertGemmCublasAlgo::kChunked, algo, skewed);
+      }
+    }
+  }
+  gpu_->SetDecodeMoeSparseEpilogue(true);
+}
+
 // The planned cuBLAS path at every chunk size it may take (and odd ones), including chunks
 // larger than any expert's rows and chunks that split the busiest expert several times.
 TEST_F(RoutedExpertsTest, PlannedChunkSizesMatchPerTokenReference) {
@@ -597,7 +646,10 @@ TEST_F(RoutedExpertsTest, PlannedChunkSizesMatchPerTokenReference) {
   }
   ASSERT_TRUE(gpu_->SetPlannedChunkRows(0).ok());
   EXPECT_EQ(gpu_->PlannedChunkRows(16), 8);
-  EXPECT_EQ(gpu_->PlannedChunkRows(128), 48);
+  EXPECT_EQ(gpu_->PlannedChunkRows(64), 32);
+  EXPECT_EQ(gpu_->PlannedChunkRows(128), 32);
+  EXPECT_EQ(gpu_->DecodeMoeAlgoFor(2), DecodeAlgo::kGroupedF32);
+  EXPECT_EQ(gpu_->DecodeMoeAlgoFor(64), DecodeAlgo::kPlannedCublas);
   EXPECT_FALSE(gpu_->SetPlannedChunkRows(-1).ok());
   EXPECT_FALSE(gpu_->SetPlannedChunkRows(CudaBackend::kMaxPlannedChunkRows + 1).ok());
 }
