@@ -100,9 +100,9 @@ struct BenchConfig {
   // CUDA only: CudaBackend::SetDecodeMoeSparseEpilogue (false: the previous SiLU-mul over every
   // padded row and memset + accumulating combine, for old vs new).
   bool decode_moe_sparse_epilogue = true;
-  // CUDA only: CudaBackend::SetDecodeMoeGraphBuckets (false: the planned expert GEMMs' one
-  // fixed batch inside the decode graphs too, for old vs new).
-  bool decode_moe_graph_buckets = true;
+  // CUDA only: CudaBackend::SetDecodeMoeGraphBuckets (true: the planned expert GEMMs behind
+  // graph switch nodes; false, the default: the one fixed batch inside the decode graphs too).
+  bool decode_moe_graph_buckets = false;
   // Decode steps replayed from CUDA graphs per batch-size bucket (DecodeGraphOptions; cuda only,
   // and never while op timing runs).
   bool cuda_graphs = true;

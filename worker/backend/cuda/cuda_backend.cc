@@ -1048,7 +1048,7 @@ CudaBackend::DecodeMoeAlgo CudaBackend::DecodeMoeAlgoFor(int64_t tokens) const {
 
 int32_t CudaBackend::PlannedChunkRows(int64_t tokens) const {
   if (planned_chunk_rows_ > 0) return planned_chunk_rows_;
-  return tokens <= 32 ? 8 : 32;
+  return tokens <= 32 ? 8 : 48;
 }
 
 absl::Status CudaBackend::SetPlannedChunkRows(int32_t rows) {

@@ -130,9 +130,8 @@ class CudaBackend : public Backend {
   // H200, docs/kernels.md): kGroupedF32 up to 2 tokens, kPlannedCublas above.
   enum class DecodeMoeAlgo { kAuto, kGroupedF32, kStream, kPlannedCublas };
   // Rows per chunk of kPlannedCublas for `tokens` tokens: SetPlannedChunkRows's value if set,
-  // else by size: 8 up to 32 tokens (grouped_gemm_bench), 32 above (moe_decode_bench, a layer
-  // in a CUDA graph with the batch switch: faster than 48 at 64-256 tokens on the Moonlight
-  // and V3 shapes; docs/kernels.md). Never depends on whether the stream is captured, so a
+  // else by size: 8 up to 32 tokens (grouped_gemm_bench), 48 above (the 27-layer Moonlight
+  // bench, one fixed batch: 48 faster than 32 at 64 and 128 requests; docs/kernels.md). Never depends on whether the stream is captured, so a
   // replayed decode graph computes the same bits as the same step run eagerly.
   int32_t PlannedChunkRows(int64_t tokens) const;
   // Forces the chunk rows of kPlannedCublas (1..kMaxPlannedChunkRows; 0: by size, the
@@ -154,8 +153,9 @@ class CudaBackend : public Backend {
   // Inside a CUDA graph and above kMaxFixedBatchGraphMoeTokens tokens, the planned path's two
   // GEMMs each behind a switch node over up to kernels::kMaxExpertGemmBatchBuckets batch sizes
   // (kernels::ExpertGemmBatchBuckets), the planner picking the smallest that holds the step's
-  // real chunks: the fixed batch's dummy chunks mostly not launched. On by default; off: the one
-  // fixed batch (as eagerly). Same results either way; for benchmarks (old vs new).
+  // real chunks: the fixed batch's dummy chunks mostly not launched. OFF by default: in the
+  // 27-layer Moonlight bench it measured slower than the one fixed batch (docs/kernels.md);
+  // off: the one fixed batch (as eagerly). Same results either way.
   void SetDecodeMoeGraphBuckets(bool on) { decode_moe_graph_buckets_ = on; }
   // Up to this many tokens the recorded planned path keeps the one fixed batch (the switch was
   // measured at 64-256 tokens only, docs/kernels.md).
@@ -328,7 +328,7 @@ class CudaBackend : public Backend {
   DecodeMoeAlgo decode_moe_algo_ = DecodeMoeAlgo::kAuto;
   int32_t planned_chunk_rows_ = 0;  // 0: by size
   bool decode_moe_sparse_epilogue_ = true;
-  bool decode_moe_graph_buckets_ = true;
+  bool decode_moe_graph_buckets_ = false;
   cudaStream_t switch_stream_ = nullptr;  // records CaptureSwitch's bodies; made on first use
 
   const int device_;

@@ -612,7 +612,7 @@ TEST_F(RoutedExpertsTest, PlannedPathInCudaGraphMatchesPerTokenReference) {
       }
     }
   }
-  gpu_->SetDecodeMoeGraphBuckets(true);
+  gpu_->SetDecodeMoeGraphBuckets(false);  // the default
   captured_ = false;
 }
 
@@ -646,8 +646,8 @@ TEST_F(RoutedExpertsTest, PlannedChunkSizesMatchPerTokenReference) {
   }
   ASSERT_TRUE(gpu_->SetPlannedChunkRows(0).ok());
   EXPECT_EQ(gpu_->PlannedChunkRows(16), 8);
-  EXPECT_EQ(gpu_->PlannedChunkRows(64), 32);
-  EXPECT_EQ(gpu_->PlannedChunkRows(128), 32);
+  EXPECT_EQ(gpu_->PlannedChunkRows(64), 48);
+  EXPECT_EQ(gpu_->PlannedChunkRows(128), 48);
   EXPECT_EQ(gpu_->DecodeMoeAlgoFor(2), DecodeAlgo::kGroupedF32);
   EXPECT_EQ(gpu_->DecodeMoeAlgoFor(64), DecodeAlgo::kPlannedCublas);
   EXPECT_FALSE(gpu_->SetPlannedChunkRows(-1).ok());
