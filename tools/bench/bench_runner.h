@@ -113,6 +113,9 @@ struct BenchConfig {
   // After each batch size's timed steps (and the eager and unfused ones), output_len more steps
   // of the same sequences with PDL off (decode graphs recorded again), a further decode result.
   bool compare_pdl_off_decode = false;
+  // kernels::SetVectorisedMemoryPasses: the vectorised prefill memory passes; off: the kernels
+  // they replaced, for comparison (the same values).
+  bool vectorised_passes = true;
   // CudaBackend::SetGraphAllocationsAside (with pdl: small scratch allocations captured beside
   // the kernel chain, so that they do not break programmatic edges).
   bool graph_allocations_aside = false;
