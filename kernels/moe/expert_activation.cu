@@ -5,6 +5,7 @@
 #include <algorithm>
 
 #include "kernels/common/launch.cuh"
+#include "kernels/common/memory_pass_variant.h"
 #include "kernels/moe/expert_activation.h"
 
 namespace deepinfer {
@@ -46,14 +47,19 @@ __device__ void SiluMulBf16Body(int64_t rows, int64_t inter, const uint16_t* x, 
   }
 }
 
-// inter % 8 == 0: element groups of 8 never straddle a row.
+// inter % 8 == 0: element groups of 8 never straddle a row. Index: uint32_t when rows * inter / 8
+// plus the grid's stride fits (one 32-bit division per group, kernels::
+// VectorisedMemoryPassesEnabled), else int64_t (a 64-bit division and modulo per group).
+template <typename Index>
 __device__ void SiluMulBf16x8Body(int64_t rows, int64_t inter, const uint16_t* x, uint16_t* out,
                                   const int32_t* device_rows) {
-  const int64_t groups = RowsInUse(rows, device_rows) * inter / 8, inter8 = inter / 8;
-  for (int64_t i = blockIdx.x * int64_t{kThreads} + threadIdx.x; i < groups;
-       i += int64_t{gridDim.x} * kThreads) {
-    const int64_t r = i / inter8, c = i % inter8;
-    const uint4* row = reinterpret_cast<const uint4*>(x + r * 2 * inter);
+  const Index groups = static_cast<Index>(RowsInUse(rows, device_rows) * inter / 8);
+  const Index inter8 = static_cast<Index>(inter / 8);
+  const Index stride = static_cast<Index>(gridDim.x) * kThreads;
+  for (Index i = static_cast<Index>(blockIdx.x) * kThreads + threadIdx.x; i < groups;
+       i += stride) {
+    const Index r = i / inter8, c = i - r * inter8;
+    const uint4* row = reinterpret_cast<const uint4*>(x) + int64_t{r} * 2 * inter8;
     const uint4 g = row[c], u = row[inter8 + c];
     uint4 o;
     o.x = Pack(SiluMul(Lo(g.x), Lo(u.x)), SiluMul(Hi(g.x), Hi(u.x)));
@@ -73,8 +79,14 @@ cudaError_t SiluMulBf16(int64_t rows, int64_t inter, const uint16_t* x, uint16_t
   const bool vec8 = inter % 8 == 0 && reinterpret_cast<uintptr_t>(x) % 16 == 0 &&
                     reinterpret_cast<uintptr_t>(out) % 16 == 0;
   if (vec8) {
-    return LaunchAfterPrecedingGrids<SiluMulBf16x8Body, kThreads>(
-        GridFor(rows * inter / 8), 0, stream, rows, inter, x, out, device_rows);
+    const unsigned grid = GridFor(rows * inter / 8);
+    if (VectorisedMemoryPassesEnabled() &&
+        rows * inter / 8 + int64_t{grid} * kThreads < (int64_t{1} << 32)) {
+      return LaunchAfterPrecedingGrids<SiluMulBf16x8Body<uint32_t>, kThreads>(
+          grid, 0, stream, rows, inter, x, out, device_rows);
+    }
+    return LaunchAfterPrecedingGrids<SiluMulBf16x8Body<int64_t>, kThreads>(
+        grid, 0, stream, rows, inter, x, out, device_rows);
   }
   return LaunchAfterPrecedingGrids<SiluMulBf16Body, kThreads>(GridFor(rows * inter), 0, stream,
                                                               rows, inter, x, out, device_rows);
