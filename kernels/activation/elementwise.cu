@@ -69,8 +69,7 @@ __device__ __forceinline__ unsigned Bf16x2(float lo, float hi) {
 template <typename Out, typename Index>
 __device__ void SiluMulX4Body(Index groups, Index inter4, const float* x, Out* out) {
   const Index stride = static_cast<Index>(gridDim.x) * kThreads;
-  for (Index i = static_cast<Index>(blockIdx.x) * kThreads + threadIdx.x; i < groups;
-       i += stride) {
+  for (Index i = static_cast<Index>(blockIdx.x) * kThreads + threadIdx.x; i < groups; i += stride) {
     const Index r = i / inter4, c = i - r * inter4;
     const float4* row = reinterpret_cast<const float4*>(x) + int64_t{r} * 2 * inter4;
     const float4 g = row[c], u = row[inter4 + c];

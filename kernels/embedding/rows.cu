@@ -43,8 +43,8 @@ cudaError_t GatherRowsF32(int64_t rows, int64_t dim, const float* src, const int
                           float* dst, cudaStream_t stream) {
   if (rows <= 0 || dim <= 0) return cudaSuccess;
   if (rows > 0x7fffffff) return cudaErrorInvalidValue;
-  if (VectorisedMemoryPassesEnabled() && dim % 4 == 0 && reinterpret_cast<uintptr_t>(src) % 16 == 0 &&
-      reinterpret_cast<uintptr_t>(dst) % 16 == 0) {
+  if (VectorisedMemoryPassesEnabled() && dim % 4 == 0 &&
+      reinterpret_cast<uintptr_t>(src) % 16 == 0 && reinterpret_cast<uintptr_t>(dst) % 16 == 0) {
     return LaunchAfterPrecedingGrids<GatherRowsX4Body, kThreads>(
         static_cast<unsigned>(rows), 0, stream, dim / 4, reinterpret_cast<const float4*>(src), idx,
         reinterpret_cast<float4*>(dst));

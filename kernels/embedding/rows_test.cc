@@ -58,9 +58,9 @@ TEST(RowsKernelTest, VectorisedGatherAtPrefillSizes) {
   for (const Case c : {Case{2048, 20000, 8192, 0}, Case{2048, 500, 1001, 1}, Case{6, 50, 999, 0}}) {
     for (bool vectorised : {true, false}) {
       const uint32_t seed = testing::FreshSeed();
-      SCOPED_TRACE(::testing::Message() << "dim " << c.dim << " rows " << c.rows << " shift "
-                                        << c.src_shift << " vectorised " << vectorised << " seed "
-                                        << seed);
+      SCOPED_TRACE(::testing::Message()
+                   << "dim " << c.dim << " rows " << c.rows << " shift " << c.src_shift
+                   << " vectorised " << vectorised << " seed " << seed);
       auto src = testing::RandomFloats(c.src_rows * c.dim + c.src_shift, seed);
       auto idx = RandomIndices(c.rows, static_cast<int32_t>(c.src_rows), seed + 1);
       std::vector<float> want(c.rows * c.dim);
@@ -69,8 +69,8 @@ TEST(RowsKernelTest, VectorisedGatherAtPrefillSizes) {
       DeviceArray<int32_t> didx(idx);
       dout.Poison();
       kernels::SetVectorisedMemoryPasses(vectorised);
-      DEEPINFER_CUDA_OK(kernels::GatherRowsF32(c.rows, c.dim, dsrc.get() + c.src_shift,
-                                               didx.get(), dout.get(), nullptr));
+      DEEPINFER_CUDA_OK(kernels::GatherRowsF32(c.rows, c.dim, dsrc.get() + c.src_shift, didx.get(),
+                                               dout.get(), nullptr));
       kernels::SetVectorisedMemoryPasses(true);
       std::vector<float> got;
       DEEPINFER_CUDA_OK(dout.Download(&got));

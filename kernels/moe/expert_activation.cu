@@ -56,8 +56,7 @@ __device__ void SiluMulBf16x8Body(int64_t rows, int64_t inter, const uint16_t* x
   const Index groups = static_cast<Index>(RowsInUse(rows, device_rows) * inter / 8);
   const Index inter8 = static_cast<Index>(inter / 8);
   const Index stride = static_cast<Index>(gridDim.x) * kThreads;
-  for (Index i = static_cast<Index>(blockIdx.x) * kThreads + threadIdx.x; i < groups;
-       i += stride) {
+  for (Index i = static_cast<Index>(blockIdx.x) * kThreads + threadIdx.x; i < groups; i += stride) {
     const Index r = i / inter8, c = i - r * inter8;
     const uint4* row = reinterpret_cast<const uint4*>(x) + int64_t{r} * 2 * inter8;
     const uint4 g = row[c], u = row[inter8 + c];

@@ -78,8 +78,8 @@ TEST(ExpertActivationTest, PrefillSizesMatchPreviousKernel) {
   for (float v : values) x16.push_back(kernels::FloatToBf16(v));
   DeviceArray<uint16_t> dx(x16), dold(rows * inter), dnew(rows * inter);
   DeviceArray<int32_t> dbound(std::vector<int32_t>{int32_t{8192 * 6 + 5}});
-  for (const int32_t* bound : {static_cast<const int32_t*>(nullptr),
-                               static_cast<const int32_t*>(dbound.get())}) {
+  for (const int32_t* bound :
+       {static_cast<const int32_t*>(nullptr), static_cast<const int32_t*>(dbound.get())}) {
     dold.Poison();
     dnew.Poison();
     kernels::SetVectorisedMemoryPasses(false);

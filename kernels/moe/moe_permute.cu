@@ -317,16 +317,25 @@ __device__ void GatherByTokenBody(int64_t hidden_size, int top_k, const float* _
   const float4* src = reinterpret_cast<const float4*>(hidden + t * hidden_size);
   const int32_t* rows = choice_row + t * top_k;
   const int64_t h4 = hidden_size / 4;
-  for (int64_t c = threadIdx.x; c < h4; c += kGatherThreads) {
-    const float4 v = src[c];
+  // Two 16-byte loads in flight per thread before its stores (a 2048-wide row: all of it).
+  for (int64_t c0 = threadIdx.x; c0 < h4; c0 += 2 * kGatherThreads) {
+    const int64_t c1 = c0 + kGatherThreads;
+    const float4 v0 = src[c0];
+    const float4 v1 = c1 < h4 ? src[c1] : v0;
     for (int k = 0; k < top_k; ++k) {
       const int row = rows[k];
       if (row < 0) continue;
+      T* dst = out + int64_t{row} * hidden_size;
       if constexpr (sizeof(T) == 2) {
-        reinterpret_cast<uint2*>(out + int64_t{row} * hidden_size)[c] =
-            make_uint2(Bf16x2Bits(v.x, v.y), Bf16x2Bits(v.z, v.w));
+        reinterpret_cast<uint2*>(dst)[c0] =
+            make_uint2(Bf16x2Bits(v0.x, v0.y), Bf16x2Bits(v0.z, v0.w));
+        if (c1 < h4) {
+          reinterpret_cast<uint2*>(dst)[c1] =
+              make_uint2(Bf16x2Bits(v1.x, v1.y), Bf16x2Bits(v1.z, v1.w));
+        }
       } else {
-        reinterpret_cast<float4*>(out + int64_t{row} * hidden_size)[c] = v;
+        reinterpret_cast<float4*>(dst)[c0] = v0;
+        if (c1 < h4) reinterpret_cast<float4*>(dst)[c1] = v1;
       }
     }
   }
@@ -471,7 +480,7 @@ cudaError_t LaunchCombine(const MoeCombineParams& p, const T* expert_out, cudaSt
   const dim3 grid(static_cast<unsigned>(p.num_tokens), static_cast<unsigned>(col_blocks));
   if (vec4 && p.top_k <= kCombineHoistK && VectorisedMemoryPassesEnabled()) {
     return LaunchAfterPrecedingGrids<CombineHoistedBody<T>, kCombineThreads>(grid, 0, stream, p,
-                                                                            expert_out);
+                                                                             expert_out);
   }
   if (vec4) {
     return LaunchAfterPrecedingGrids<CombineBody<T, 4>, kCombineThreads>(grid, 0, stream, p,
@@ -502,7 +511,8 @@ cudaError_t LaunchPlan(const MoePermuteParams& p, int64_t choices, cudaStream_t 
                              cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(shared));
     if (err != cudaSuccess) return err;
   }
-  return LaunchAfterPrecedingGrids<PermutePlanBody, kPlanThreads>(1, shared, stream, p, cache_slots);
+  return LaunchAfterPrecedingGrids<PermutePlanBody, kPlanThreads>(1, shared, stream, p,
+                                                                  cache_slots);
 }
 
 }  // namespace
@@ -530,13 +540,14 @@ cudaError_t MoePermuteF32(const MoePermuteParams& p, cudaStream_t stream) {
     const Segments g = SegmentsFor(choices);
     int32_t* counts = static_cast<int32_t*>(p.plan_workspace);
     const unsigned blocks = static_cast<unsigned>(g.count);
-    err = LaunchAfterPrecedingGrids<PlanCountBody, kSegThreads>(blocks, 0, stream, p, g.seg, counts);
+    err =
+        LaunchAfterPrecedingGrids<PlanCountBody, kSegThreads>(blocks, 0, stream, p, g.seg, counts);
     if (err == cudaSuccess) {
       err = LaunchAfterPrecedingGrids<PlanScanBody, kScanThreads>(1, 0, stream, p, g.count, counts);
     }
     if (err == cudaSuccess) {
-      err = LaunchAfterPrecedingGrids<PlanRankBody, kSegThreads>(blocks, 0, stream, p, g.seg,
-                                                                 static_cast<const int32_t*>(counts));
+      err = LaunchAfterPrecedingGrids<PlanRankBody, kSegThreads>(
+          blocks, 0, stream, p, g.seg, static_cast<const int32_t*>(counts));
     }
   } else {
     err = LaunchPlan(p, choices, stream);

@@ -228,11 +228,11 @@ void CheckPaddedPermute(int32_t tokens, int32_t top_k, int32_t experts, int32_t 
                         int invalid_every, int64_t hidden_size, int32_t align, bool bf16,
                         bool workspace = true) {
   const uint32_t seed = testing::FreshSeed();
-  SCOPED_TRACE(::testing::Message() << "tokens " << tokens << " top_k " << top_k << " slots "
-                                    << hosted << " hidden " << hidden_size << " row_align " << align
-                                    << (bf16 ? " bf16" : " fp32") << " workspace " << workspace
-                                    << " vectorised " << kernels::VectorisedMemoryPassesEnabled()
-                                    << " seed " << seed);
+  SCOPED_TRACE(::testing::Message()
+               << "tokens " << tokens << " top_k " << top_k << " slots " << hosted << " hidden "
+               << hidden_size << " row_align " << align << (bf16 ? " bf16" : " fp32")
+               << " workspace " << workspace << " vectorised "
+               << kernels::VectorisedMemoryPassesEnabled() << " seed " << seed);
   const Routing r = MakeRouting(tokens, top_k, experts, hosted, invalid_every, seed);
   const auto hidden = testing::RandomFloats(size_t(tokens) * hidden_size, seed + 1);
   const kernels::MoePermutation want =

@@ -51,12 +51,12 @@ void Report(const char* name, int64_t rows, double bytes, Fn&& fn) {
     ms[v] = bench::MedianMs(fn);
   }
   kernels::SetVectorisedMemoryPasses(true);
-  std::printf("%-14s rows %6lld  %8.1f MB  old %8.1f us %6.0f GB/s (%4.1f%%)  new %8.1f us %6.0f "
-              "GB/s (%4.1f%%)  %.2fx\n",
-              name, static_cast<long long>(rows), bytes / 1e6, ms[0] * 1e3, bytes / ms[0] / 1e6,
-              100 * Fraction(bytes, ms[0]), ms[1] * 1e3, bytes / ms[1] / 1e6,
-              100 * Fraction(bytes, ms[1]),
-              ms[0] / ms[1]);
+  std::printf(
+      "%-14s rows %6lld  %8.1f MB  old %8.1f us %6.0f GB/s (%4.1f%%)  new %8.1f us %6.0f "
+      "GB/s (%4.1f%%)  %.2fx\n",
+      name, static_cast<long long>(rows), bytes / 1e6, ms[0] * 1e3, bytes / ms[0] / 1e6,
+      100 * Fraction(bytes, ms[0]), ms[1] * 1e3, bytes / ms[1] / 1e6, 100 * Fraction(bytes, ms[1]),
+      ms[0] / ms[1]);
   std::fflush(stdout);
 }
 
@@ -107,8 +107,8 @@ void Run(int64_t T) {
       for (int64_t k = 0; k < kTopK; ++k) weights.push_back(u(gen));
     }
     const int32_t align = 128;
-    const int64_t bound = kernels::MoePermutedRowsBound(static_cast<int32_t>(T), kTopK, kExperts,
-                                                        align);
+    const int64_t bound =
+        kernels::MoePermutedRowsBound(static_cast<int32_t>(T), kTopK, kExperts, align);
     int32_t* d_ids = bench::Upload(ids);
     int32_t* d_map = bench::Upload(slot_of_expert);
     float* d_w = bench::Upload(weights);
@@ -118,8 +118,8 @@ void Run(int64_t T) {
     int32_t* choice_row = DeviceAlloc<int32_t>(T * kTopK * 4);
     int32_t* row_token = DeviceAlloc<int32_t>(bound * 4);
     uint16_t* permuted = DeviceAlloc<uint16_t>(bound * kHidden * 2);
-    const int64_t ws_bytes = kernels::MoePermutePlanWorkspaceBytes(static_cast<int32_t>(T), kTopK,
-                                                                   kExperts);
+    const int64_t ws_bytes =
+        kernels::MoePermutePlanWorkspaceBytes(static_cast<int32_t>(T), kTopK, kExperts);
     void* ws = DeviceAlloc<char>(ws_bytes);
     kernels::MoePermuteParams p;
     p.num_tokens = static_cast<int32_t>(T);
@@ -159,10 +159,10 @@ void Run(int64_t T) {
     c.accumulate = false;
     Report("combine", T, static_cast<double>(T) * kHidden * (kTopK * 2 + 4),
            [&] { return kernels::MoeCombineF32(c, nullptr); });
-    for (void* q : {static_cast<void*>(d_ids), static_cast<void*>(d_map), static_cast<void*>(d_w),
-                    static_cast<void*>(hidden), static_cast<void*>(plan),
-                    static_cast<void*>(choice_row), static_cast<void*>(row_token),
-                    static_cast<void*>(permuted), ws}) {
+    for (void* q :
+         {static_cast<void*>(d_ids), static_cast<void*>(d_map), static_cast<void*>(d_w),
+          static_cast<void*>(hidden), static_cast<void*>(plan), static_cast<void*>(choice_row),
+          static_cast<void*>(row_token), static_cast<void*>(permuted), ws}) {
       BENCH_CUDA(cudaFree(q));
     }
   }
@@ -184,9 +184,8 @@ void Run(int64_t T) {
     int32_t* d_tok = bench::Upload(tok);
     Report("gather_rows", T, static_cast<double>(T) * kHidden * 8,
            [&] { return kernels::GatherRowsF32(T, kHidden, table, d_tok, x, nullptr); });
-    Report("add_rms_norm", T, static_cast<double>(T) * kHidden * (4 * 4 + 2), [&] {
-      return kernels::AddRmsNormF32(T, kHidden, x, y, w, 1e-5f, out, out16, nullptr);
-    });
+    Report("add_rms_norm", T, static_cast<double>(T) * kHidden * (4 * 4 + 2),
+           [&] { return kernels::AddRmsNormF32(T, kHidden, x, y, w, 1e-5f, out, out16, nullptr); });
     for (void* q : {static_cast<void*>(table), static_cast<void*>(x), static_cast<void*>(y),
                     static_cast<void*>(out), static_cast<void*>(out16), static_cast<void*>(w),
                     static_cast<void*>(d_tok)}) {
