@@ -48,10 +48,11 @@ struct MoePermuteParams {
   void* plan_workspace = nullptr;
 };
 
-// From this many choices (num_tokens * top_k) on, MoePermuteF32 plans with many blocks when given
-// a workspace, and gathers one block per token (each hidden row read once, written top_k
-// times) instead of one block per row; below it (decode batches), the one-block plan and the
-// gather by row. Both give the same outputs bit for bit.
+// From this many choices (num_tokens * top_k) on (kernels::VectorisedMemoryPassesEnabled()),
+// MoePermuteF32 plans with many blocks when given a workspace, and gathers one block per token
+// (each hidden row read once, written top_k times; hidden_size % 4 == 0 and aligned pointers)
+// instead of one block per row or choice; below it (decode batches), the one-block plan and the
+// gather by row or choice. All give the same outputs bit for bit.
 constexpr int64_t kMoeMultiBlockPlanChoices = 4096;
 
 // Bytes of MoePermuteParams::plan_workspace for these sizes: 0 below kMoeMultiBlockPlanChoices
@@ -69,11 +70,11 @@ inline int64_t MoePermutedRowsBound(int32_t num_tokens, int32_t top_k, int32_t n
 // of [0, num_experts) or whose slot is -1 (or >= num_slots) gets no row (choice_row = -1);
 // rows = slot_offsets[num_slots] <= num_tokens * top_k, and row_token / permuted_hidden
 // entries at or beyond rows are left untouched. Two launches on `stream` (plan: one block;
-// gather: one block per possible row, those beyond `rows` exit), or from
-// kMoeMultiBlockPlanChoices choices with a plan_workspace four (per-block slot counts, their
-// prefix over blocks and slots, the ranks, then the gather one block per token).
-// cudaErrorInvalidValue for
-// num_slots outside 1..kMaxMoeSlots, negative sizes, row_align < 1, or a row bound >= 2^31.
+// gather: one block per possible row, those beyond `rows` exit, or per choice with row_align
+// > 1), or from kMoeMultiBlockPlanChoices choices with a plan_workspace four (per-block slot
+// counts, their prefix over blocks and slots, the ranks, then the gather one block per token).
+// cudaErrorInvalidValue for num_slots outside 1..kMaxMoeSlots, negative sizes, row_align < 1,
+// or a row bound >= 2^31.
 cudaError_t MoePermuteF32(const MoePermuteParams& params, cudaStream_t stream);
 
 struct MoeCombineParams {

@@ -6,12 +6,13 @@
 // Prefill: `prefill_repeats` + 1 steps of ceil(prefill_batch_tokens / context_length) prompts
 // of context_length random tokens, the first untimed (a warm-up of the same size: a step of a
 // new size pays one-time costs), each other timed to the end of the step (the step samples each
-// prompt's next token on the device, as the engine does, and copies the tokens to the host, which
-// waits for the device); the median is reported. prefill_batch_tokens == 0 skips prefill. Decode,
-// per batch size N: N sequences get context_length cached tokens (decode_fill "prefill": through
-// untimed prefill steps; "random": random values written straight into their cache blocks, which
-// costs no model steps and times the same work), then output_len greedy decode steps of all N
-// sequences run; every step is timed, the first `warmup` are dropped.
+// prompt's next token on the device, as the engine does, and copies the tokens to the host,
+// which waits for the device); the median is reported. prefill_batch_tokens == 0 skips prefill.
+// Decode, per batch size N: N sequences get context_length cached tokens (decode_fill
+// "prefill": through untimed prefill steps; "random": random values written straight into
+// their cache blocks, which costs no model steps and times the same work), then output_len
+// greedy decode steps of all N sequences run; every step is timed, the first `warmup` are
+// dropped.
 //
 // Expert parallelism (`ranks` > 1): `ranks` ranks in this process, one thread each, rank r on
 // CUDA device cuda_device + r (or on its own CPU backend), as DeepSeek serves: data-parallel
@@ -158,9 +159,9 @@ struct DecodeResult {
   double exchange_bytes_per_step = 0;       // per rank, sent to other ranks
   double all_to_all_seconds_per_step = -1;  // time_all_to_all: mean over ranks of their p50
   double synced_step_p50_seconds = -1;      // time_all_to_all: step p50 (slowest rank) synced
-  bool cuda_graphs = false;                 // measured with BenchConfig::cuda_graphs on
-  bool fused_ops = true;                    // measured with fused ops (BenchConfig::fused_ops)
-  bool pdl = true;                          // measured with programmatic dependent launch
+  bool cuda_graphs = false;          // measured with BenchConfig::cuda_graphs on
+  bool fused_ops = true;             // measured with fused ops (BenchConfig::fused_ops)
+  bool pdl = true;                   // measured with programmatic dependent launch
 };
 
 struct BenchResult {
@@ -177,7 +178,7 @@ struct BenchResult {
   // The untimed warm-up step of the same size (the slowest rank's): the first step of a new size
   // pays one-time costs (memory pool growth, cuBLAS kernel choice), shown apart.
   double prefill_warmup_step_seconds = 0;
-  double prefill_tokens_per_s = 0;  // all ranks
+  double prefill_tokens_per_s = 0;      // all ranks
   double prefill_roofline_fraction = 0;
   // The MLA form the prefill steps ran and the roofline counted: "absorbed" or "non-absorbed".
   std::string prefill_attention_form = "absorbed";

@@ -6,9 +6,9 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "worker/sampling/device_sampler.h"
 #include "absl/strings/str_format.h"
 #include "glog/logging.h"
-#include "worker/sampling/device_sampler.h"
 
 namespace deepinfer {
 namespace {
@@ -890,8 +890,8 @@ absl::Status DeepseekV3Model::Moe(int64_t layer, int64_t rows, const float* h,
   };
 
   absl::Status st;
-  if (!expert_tables_.empty() &&
-      RoutedExpertsOnDevice(layer, rows, h, topk_ids->as<int32_t>(), topk_w->as<float>(), out)) {
+  if (!expert_tables_.empty() && RoutedExpertsOnDevice(layer, rows, h, topk_ids->as<int32_t>(),
+                                                       topk_w->as<float>(), out)) {
     count();
     return SharedExperts(L, rows, h_gemm, out);
   }
