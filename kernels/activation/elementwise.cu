@@ -1,10 +1,17 @@
 // Grid-stride elementwise kernels; 64-bit indices because expert activations can exceed 2^31.
+// SiLU-mul has a vectorised form (kernels::VectorisedMemoryPassesEnabled, default): groups of 4
+// columns, two 16-byte loads (gate, up) and one 16- or 8-byte store per thread, and the
+// row / column split of the index with one 32-bit division per group where the index fits,
+// where the scalar form paid a 64-bit division and modulo per element (~46% of bandwidth at
+// prefill sizes). Same arithmetic per element, so the same bits.
 #include <cuda_bf16.h>
 
 #include <algorithm>
+#include <type_traits>
 
 #include "kernels/activation/elementwise.h"
 #include "kernels/common/launch.cuh"
+#include "kernels/common/memory_pass_variant.h"
 
 namespace deepinfer {
 namespace kernels {
@@ -46,6 +53,59 @@ __device__ void SiluMulToBf16Body(int64_t rows, int64_t inter, const float* x, u
   }
 }
 
+__device__ __forceinline__ float SiluMulOf(float g, float u) {
+  // expf (not __expf): the fast intrinsic is off by several ulp for large |g|.
+  return g / (1.0f + expf(-g)) * u;
+}
+
+__device__ __forceinline__ unsigned Bf16x2(float lo, float hi) {
+  return static_cast<unsigned>(__bfloat16_as_ushort(__float2bfloat16_rn(lo))) |
+         (static_cast<unsigned>(__bfloat16_as_ushort(__float2bfloat16_rn(hi))) << 16);
+}
+
+// Groups of 4 columns (inter % 4 == 0, x 16-byte aligned, out 16- (fp32) or 8-byte (bf16)
+// aligned); Index: uint32_t when every index below groups + the grid's stride fits, else int64_t.
+// (x's offsets are 64-bit: twice the groups.)
+template <typename Out, typename Index>
+__device__ void SiluMulX4Body(Index groups, Index inter4, const float* x, Out* out) {
+  const Index stride = static_cast<Index>(gridDim.x) * kThreads;
+  for (Index i = static_cast<Index>(blockIdx.x) * kThreads + threadIdx.x; i < groups; i += stride) {
+    const Index r = i / inter4, c = i - r * inter4;
+    const float4* row = reinterpret_cast<const float4*>(x) + int64_t{r} * 2 * inter4;
+    const float4 g = row[c], u = row[inter4 + c];
+    const float o0 = SiluMulOf(g.x, u.x), o1 = SiluMulOf(g.y, u.y);
+    const float o2 = SiluMulOf(g.z, u.z), o3 = SiluMulOf(g.w, u.w);
+    if constexpr (std::is_same_v<Out, float>) {
+      reinterpret_cast<float4*>(out)[i] = make_float4(o0, o1, o2, o3);
+    } else {
+      reinterpret_cast<uint2*>(out)[i] = make_uint2(Bf16x2(o0, o1), Bf16x2(o2, o3));
+    }
+  }
+}
+
+// The vectorised launch when the shape and pointers allow it (returns true, err set).
+template <typename Out>
+bool LaunchSiluMulX4(int64_t rows, int64_t inter, const float* x, Out* out, cudaStream_t stream,
+                     cudaError_t* err) {
+  if (!VectorisedMemoryPassesEnabled() || inter % 4 != 0 ||
+      reinterpret_cast<uintptr_t>(x) % 16 != 0 ||
+      reinterpret_cast<uintptr_t>(out) % (4 * sizeof(Out)) != 0) {
+    return false;
+  }
+  const int64_t groups = rows * (inter / 4);
+  // Enough blocks for one group per thread up to ~1M blocks, grid-stride beyond.
+  const int64_t blocks = std::min<int64_t>((groups + kThreads - 1) / kThreads, int64_t{1} << 20);
+  const unsigned grid = static_cast<unsigned>(blocks);
+  if (groups + blocks * kThreads < (int64_t{1} << 32)) {
+    *err = LaunchAfterPrecedingGrids<SiluMulX4Body<Out, uint32_t>, kThreads>(
+        grid, 0, stream, static_cast<uint32_t>(groups), static_cast<uint32_t>(inter / 4), x, out);
+  } else {
+    *err = LaunchAfterPrecedingGrids<SiluMulX4Body<Out, int64_t>, kThreads>(grid, 0, stream, groups,
+                                                                            inter / 4, x, out);
+  }
+  return true;
+}
+
 __device__ void RoundToBf16Body(int64_t n, const float* x, uint16_t* out) {
   for (int64_t i = blockIdx.x * int64_t{kThreads} + threadIdx.x; i < n;
        i += int64_t{gridDim.x} * kThreads) {
@@ -68,6 +128,8 @@ cudaError_t AddF32(int64_t n, const float* a, const float* b, float* out, cudaSt
 cudaError_t SiluMulF32(int64_t rows, int64_t inter, const float* x, float* out,
                        cudaStream_t stream) {
   if (rows <= 0 || inter <= 0) return cudaSuccess;
+  cudaError_t err = cudaSuccess;
+  if (LaunchSiluMulX4(rows, inter, x, out, stream, &err)) return err;
   return LaunchAfterPrecedingGrids<SiluMulBody, kThreads>(GridFor(rows * inter), 0, stream, rows,
                                                           inter, x, out);
 }
@@ -75,6 +137,8 @@ cudaError_t SiluMulF32(int64_t rows, int64_t inter, const float* x, float* out,
 cudaError_t SiluMulF32ToBf16(int64_t rows, int64_t inter, const float* x, uint16_t* out,
                              cudaStream_t stream) {
   if (rows <= 0 || inter <= 0) return cudaSuccess;
+  cudaError_t err = cudaSuccess;
+  if (LaunchSiluMulX4(rows, inter, x, out, stream, &err)) return err;
   return LaunchAfterPrecedingGrids<SiluMulToBf16Body, kThreads>(GridFor(rows * inter), 0, stream,
                                                                 rows, inter, x, out);
 }

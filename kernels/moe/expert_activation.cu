@@ -6,6 +6,7 @@
 #include <algorithm>
 
 #include "kernels/common/launch.cuh"
+#include "kernels/common/memory_pass_variant.h"
 #include "kernels/moe/expert_activation.h"
 
 namespace deepinfer {
@@ -53,15 +54,20 @@ __device__ void SiluMulBf16Body(int64_t rows, int64_t inter, const uint16_t* x, 
   }
 }
 
-// inter % 8 == 0: element groups of 8 never straddle a row.
+// inter % 8 == 0: element groups of 8 never straddle a row. Index: uint32_t when rows * inter / 8
+// plus the grid's stride fits (one 32-bit division per group, kernels::
+// VectorisedMemoryPassesEnabled), else int64_t (a 64-bit division and modulo per group).
+template <typename Index>
 __device__ void SiluMulBf16x8Body(int64_t rows, int64_t inter, const uint16_t* x, uint16_t* out,
                                   const int32_t* device_rows, const int32_t* row_of) {
-  const int64_t groups = RowsInUse(rows, device_rows) * inter / 8, inter8 = inter / 8;
-  for (int64_t i = blockIdx.x * int64_t{kThreads} + threadIdx.x; i < groups;
-       i += int64_t{gridDim.x} * kThreads) {
-    const int64_t r = RowOf(i / inter8, row_of), c = i % inter8;
+  const Index groups = static_cast<Index>(RowsInUse(rows, device_rows) * inter / 8);
+  const Index inter8 = static_cast<Index>(inter / 8);
+  const Index stride = static_cast<Index>(gridDim.x) * kThreads;
+  for (Index i = static_cast<Index>(blockIdx.x) * kThreads + threadIdx.x; i < groups; i += stride) {
+    const Index q = i / inter8, c = i - q * inter8;
+    const int64_t r = RowOf(int64_t{q}, row_of);
     if (r < 0) continue;
-    const uint4* row = reinterpret_cast<const uint4*>(x + r * 2 * inter);
+    const uint4* row = reinterpret_cast<const uint4*>(x) + r * 2 * int64_t{inter8};
     const uint4 g = row[c], u = row[inter8 + c];
     uint4 o;
     o.x = Pack(SiluMul(Lo(g.x), Lo(u.x)), SiluMul(Hi(g.x), Hi(u.x)));
@@ -78,8 +84,14 @@ cudaError_t Launch(int64_t rows, int64_t inter, const uint16_t* x, uint16_t* out
   const bool vec8 = inter % 8 == 0 && reinterpret_cast<uintptr_t>(x) % 16 == 0 &&
                     reinterpret_cast<uintptr_t>(out) % 16 == 0;
   if (vec8) {
-    return LaunchAfterPrecedingGrids<SiluMulBf16x8Body, kThreads>(
-        GridFor(rows * inter / 8), 0, stream, rows, inter, x, out, device_rows, row_of);
+    const unsigned grid = GridFor(rows * inter / 8);
+    if (VectorisedMemoryPassesEnabled() &&
+        rows * inter / 8 + int64_t{grid} * kThreads < (int64_t{1} << 32)) {
+      return LaunchAfterPrecedingGrids<SiluMulBf16x8Body<uint32_t>, kThreads>(
+          grid, 0, stream, rows, inter, x, out, device_rows, row_of);
+    }
+    return LaunchAfterPrecedingGrids<SiluMulBf16x8Body<int64_t>, kThreads>(
+        grid, 0, stream, rows, inter, x, out, device_rows, row_of);
   }
   return LaunchAfterPrecedingGrids<SiluMulBf16Body, kThreads>(
       GridFor(rows * inter), 0, stream, rows, inter, x, out, device_rows, row_of);

@@ -8,9 +8,22 @@
 // counting pass issues kPlanUnroll choices' loads per lane before using any, and keeps each
 // slot in shared memory (int16) for the ranking pass when they fit (the device's opt-in shared
 // memory per block; 65536 choices need 128 KB), so that pass does not load them again.
+//
+// Large permutations (prefill: tens to hundreds of thousands of choices) plan with many blocks
+// instead (kernels::VectorisedMemoryPassesEnabled, a plan_workspace): the choices split into
+// contiguous block segments; each block counts its segment per slot (PlanCountBody), one block
+// turns the counts into each block's first rank per slot and the slot offsets (PlanScanBody),
+// and each block then ranks its segment in order as above (PlanRankBody). The one-block plan
+// is latency-bound there: two dependent loads per choice for a few hundred choices per warp,
+// twice when the slots do not fit in shared memory (from ~110K choices). The gather then runs
+// one block per token: the hidden row read once and written top_k times (one block per row
+// read it top_k times). Rows and values are the same as the one-block plan's.
 #include <cuda_bf16.h>
 
+#include <algorithm>
+
 #include "kernels/common/launch.cuh"
+#include "kernels/common/memory_pass_variant.h"
 #include "kernels/moe/moe_permute.h"
 
 namespace deepinfer {
@@ -24,6 +37,16 @@ constexpr int kPlanUnroll = 8;
 static_assert(kMaxMoeSlots <= 32767, "slots are cached as int16");
 constexpr int kGatherThreads = 256;
 constexpr int kCombineThreads = 256;
+// The multi-block plan: choices per block segment (at most), its warps, the scan's threads,
+// and the most segments (more choices make each segment longer).
+constexpr int kSegChoices = 1024;
+constexpr int kSegThreads = 256;
+constexpr int kSegWarps = kSegThreads / 32;
+constexpr int kScanThreads = 1024;
+static_assert(kScanThreads >= 2 * kMaxMoeSlots, "at least two scan threads per slot");
+constexpr int64_t kMaxSegments = 2048;
+// The combine issues every choice's load before the first sum up to this top_k.
+constexpr int kCombineHoistK = 8;
 
 __device__ __forceinline__ int SlotOf(const MoePermuteParams& p, int64_t i) {
   const int e = p.topk_ids[i];
@@ -113,6 +136,134 @@ __device__ void PermutePlanBody(MoePermuteParams p, bool cache_slots) {
   }
 }
 
+// Segments of the multi-block plan: `segments` contiguous runs of seg choices (the last
+// shorter).
+struct Segments {
+  int64_t count = 0;
+  int64_t seg = 0;
+};
+
+Segments SegmentsFor(int64_t choices) {
+  Segments g;
+  g.count = std::min<int64_t>((choices + kSegChoices - 1) / kSegChoices, kMaxSegments);
+  g.seg = (choices + g.count - 1) / std::max<int64_t>(g.count, 1);
+  return g;
+}
+
+// Block b counts its segment's choices per slot: counts[b * num_slots + s].
+__device__ void PlanCountBody(MoePermuteParams p, int64_t seg, int32_t* counts) {
+  __shared__ int hist[kMaxMoeSlots];
+  const int S = p.num_slots;
+  const int64_t choices = int64_t{p.num_tokens} * p.top_k;
+  const int64_t begin = min(choices, blockIdx.x * seg), end = min(choices, begin + seg);
+  for (int s = threadIdx.x; s < S; s += kSegThreads) hist[s] = 0;
+  __syncthreads();
+  for (int64_t i = begin + threadIdx.x; i < end; i += kSegThreads) {
+    const int slot = SlotOf(p, i);
+    if (slot >= 0) atomicAdd(&hist[slot], 1);
+  }
+  __syncthreads();
+  for (int s = threadIdx.x; s < S; s += kSegThreads) counts[blockIdx.x * int64_t{S} + s] = hist[s];
+}
+
+// One block: counts[b][s] -> slot_offsets[s] + the rows of slot s in segments before b (each
+// segment's first row per slot), slot_counts, slot_offsets (padded to row_align).
+// Thread (part, s) = (tid / S, tid % S) walks segments [part * per, (part + 1) * per).
+__device__ void PlanScanBody(MoePermuteParams p, int64_t segments, int32_t* counts) {
+  __shared__ int part_sum[kScanThreads];  // [parts][S]
+  __shared__ int slot_total[kMaxMoeSlots];
+  __shared__ int scan[2][kMaxMoeSlots];
+  const int S = p.num_slots;
+  const int parts = kScanThreads / S;
+  const int s = threadIdx.x % S, part = threadIdx.x / S;
+  const int64_t per = (segments + parts - 1) / parts;
+  const int64_t b0 = min(segments, part * per), b1 = min(segments, b0 + per);
+  const bool active = part < parts;
+  int sum = 0;
+  if (active) {
+    for (int64_t b = b0; b < b1; ++b) sum += counts[b * S + s];
+    part_sum[part * S + s] = sum;
+  }
+  __syncthreads();
+  int total = 0;
+  if (threadIdx.x < S) {
+    for (int q = 0; q < parts; ++q) total += part_sum[q * S + threadIdx.x];
+    p.slot_counts[threadIdx.x] = total;
+  }
+  const int t = threadIdx.x;
+  const int padded = (total + p.row_align - 1) / p.row_align * p.row_align;
+  if (t < S) slot_total[t] = padded;
+  int buf = 0;
+  if (t < kMaxMoeSlots) scan[0][t] = t < S ? padded : 0;
+  __syncthreads();
+  for (int d = 1; d < kMaxMoeSlots; d *= 2) {
+    if (t < kMaxMoeSlots) scan[buf ^ 1][t] = scan[buf][t] + (t >= d ? scan[buf][t - d] : 0);
+    buf ^= 1;
+    __syncthreads();
+  }
+  if (t < S) {
+    const int start = scan[buf][t] - slot_total[t];
+    p.slot_offsets[t] = start;
+    if (t == S - 1) p.slot_offsets[S] = scan[buf][t];
+  }
+  __syncthreads();
+  if (active) {
+    int row = scan[buf][s] - slot_total[s];  // the slot's first row
+    for (int q = 0; q < part; ++q) row += part_sum[q * S + s];
+    for (int64_t b = b0; b < b1; ++b) {
+      const int c = counts[b * S + s];
+      counts[b * S + s] = row;
+      row += c;
+    }
+  }
+}
+
+// Block b ranks its segment: first[b * S + s] is its first row of slot s (PlanScanBody); its
+// warps split the segment, count per slot, and each walks its part in order, 32 choices at a
+// time, as the one-block plan's ranking pass.
+__device__ void PlanRankBody(MoePermuteParams p, int64_t seg, const int32_t* first) {
+  __shared__ int warp_rank[kSegWarps][kMaxMoeSlots];
+  const int S = p.num_slots;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int64_t choices = int64_t{p.num_tokens} * p.top_k;
+  const int64_t begin = min(choices, blockIdx.x * seg), end = min(choices, begin + seg);
+  const int64_t sub = (end - begin + kSegWarps - 1) / kSegWarps;
+  const int64_t w_begin = min(end, begin + warp * sub), w_end = min(end, w_begin + sub);
+  for (int i = threadIdx.x; i < kSegWarps * S; i += kSegThreads) warp_rank[i / S][i % S] = 0;
+  __syncthreads();
+  for (int64_t i = w_begin + lane; i < w_end; i += 32) {
+    const int slot = SlotOf(p, i);
+    if (slot >= 0) atomicAdd(&warp_rank[warp][slot], 1);
+  }
+  __syncthreads();
+  for (int s = threadIdx.x; s < S; s += kSegThreads) {
+    int row = first[blockIdx.x * int64_t{S} + s];
+    for (int w = 0; w < kSegWarps; ++w) {
+      const int c = warp_rank[w][s];
+      warp_rank[w][s] = row;
+      row += c;
+    }
+  }
+  __syncthreads();
+  int* my_row = warp_rank[warp];
+  const unsigned lt_mask = (1u << lane) - 1u;
+  for (int64_t base = w_begin; base < w_end; base += 32) {
+    const int64_t i = base + lane;
+    const int slot = i < w_end ? SlotOf(p, i) : -2;
+    const unsigned peers = __match_any_sync(0xffffffffu, slot);
+    if (slot >= 0) {
+      const int row = my_row[slot] + __popc(peers & lt_mask);
+      p.choice_row[i] = row;
+      p.row_token[row] = static_cast<int>(i / p.top_k);
+    } else if (slot == -1) {
+      p.choice_row[i] = -1;
+    }
+    __syncwarp();
+    if (slot >= 0 && lane == __ffs(peers) - 1) my_row[slot] += __popc(peers);
+    __syncwarp();
+  }
+}
+
 __device__ void GatherBody(int64_t hidden_size, bool vec4, const float* hidden,
                            const int32_t* rows_total, const int32_t* row_token, float* out) {
   const int row = blockIdx.x;
@@ -152,6 +303,40 @@ __device__ void GatherBf16Body(int64_t hidden_size, bool vec4, const float* hidd
     uint16_t* dst = out + row * hidden_size;
     for (int64_t c = threadIdx.x; c < hidden_size; c += kGatherThreads) {
       dst[c] = __bfloat16_as_ushort(__float2bfloat16_rn(src[c]));
+    }
+  }
+}
+
+// One block per token: its hidden row read once (16-byte loads) and written to the row of each
+// of its choices (choice_row >= 0), as T (float, or uint16_t: bf16 rounded to nearest even).
+// hidden_size % 4 == 0 and 16-byte aligned rows (8-byte for bf16 out).
+template <typename T>
+__device__ void GatherByTokenBody(int64_t hidden_size, int top_k, const float* __restrict__ hidden,
+                                  const int32_t* __restrict__ choice_row, T* __restrict__ out) {
+  const int64_t t = blockIdx.x;
+  const float4* src = reinterpret_cast<const float4*>(hidden + t * hidden_size);
+  const int32_t* rows = choice_row + t * top_k;
+  const int64_t h4 = hidden_size / 4;
+  // Two 16-byte loads in flight per thread before its stores (a 2048-wide row: all of it).
+  for (int64_t c0 = threadIdx.x; c0 < h4; c0 += 2 * kGatherThreads) {
+    const int64_t c1 = c0 + kGatherThreads;
+    const float4 v0 = src[c0];
+    const float4 v1 = c1 < h4 ? src[c1] : v0;
+    for (int k = 0; k < top_k; ++k) {
+      const int row = rows[k];
+      if (row < 0) continue;
+      T* dst = out + int64_t{row} * hidden_size;
+      if constexpr (sizeof(T) == 2) {
+        reinterpret_cast<uint2*>(dst)[c0] =
+            make_uint2(Bf16x2Bits(v0.x, v0.y), Bf16x2Bits(v0.z, v0.w));
+        if (c1 < h4) {
+          reinterpret_cast<uint2*>(dst)[c1] =
+              make_uint2(Bf16x2Bits(v1.x, v1.y), Bf16x2Bits(v1.z, v1.w));
+        }
+      } else {
+        reinterpret_cast<float4*>(dst)[c0] = v0;
+        if (c1 < h4) reinterpret_cast<float4*>(dst)[c1] = v1;
+      }
     }
   }
 }
@@ -245,6 +430,46 @@ __device__ void CombineBody(MoeCombineParams p, const T* expert_out) {
   }
 }
 
+// CombineBody for V = 4 and top_k <= kCombineHoistK: every choice's row, weight and 4 columns
+// loaded before the first sum (the loop above waits for each choice's load in turn), then the
+// same sums in the same order.
+template <typename T>
+__device__ void CombineHoistedBody(MoeCombineParams p, const T* expert_out) {
+  const int64_t t = blockIdx.x;
+  const int64_t c = (blockIdx.y * int64_t{kCombineThreads} + threadIdx.x) * 4;
+  if (c >= p.hidden_size) return;
+  float* out = p.out + t * p.hidden_size + c;
+  int row[kCombineHoistK];
+  float w[kCombineHoistK];
+#pragma unroll
+  for (int k = 0; k < kCombineHoistK; ++k) {
+    row[k] = k < p.top_k ? p.choice_row[t * p.top_k + k] : -1;
+    w[k] = k < p.top_k ? p.topk_weights[t * p.top_k + k] : 0.0f;
+  }
+  float y[kCombineHoistK][4] = {};
+#pragma unroll
+  for (int k = 0; k < kCombineHoistK; ++k) {
+    if (row[k] < 0) continue;
+    const Cols<T, 4> q(expert_out + int64_t{row[k]} * p.hidden_size + c);
+#pragma unroll
+    for (int j = 0; j < 4; ++j) y[k][j] = q.v[j];
+  }
+  float acc[4];
+  if (p.accumulate) {
+    const float4 o = *reinterpret_cast<const float4*>(out);
+    acc[0] = o.x, acc[1] = o.y, acc[2] = o.z, acc[3] = o.w;
+  } else {
+    acc[0] = acc[1] = acc[2] = acc[3] = 0.0f;
+  }
+#pragma unroll
+  for (int k = 0; k < kCombineHoistK; ++k) {
+    if (row[k] < 0) continue;
+#pragma unroll
+    for (int j = 0; j < 4; ++j) acc[j] = __fadd_rn(acc[j], __fmul_rn(w[k], y[k][j]));
+  }
+  *reinterpret_cast<float4*>(out) = make_float4(acc[0], acc[1], acc[2], acc[3]);
+}
+
 template <typename T>
 cudaError_t LaunchCombine(const MoeCombineParams& p, const T* expert_out, cudaStream_t stream) {
   const bool vec4 = p.hidden_size % 4 == 0 && reinterpret_cast<uintptr_t>(p.out) % 16 == 0 &&
@@ -253,6 +478,10 @@ cudaError_t LaunchCombine(const MoeCombineParams& p, const T* expert_out, cudaSt
   const int64_t col_blocks = (p.hidden_size + per_block - 1) / per_block;
   if (col_blocks > 65535) return cudaErrorInvalidValue;
   const dim3 grid(static_cast<unsigned>(p.num_tokens), static_cast<unsigned>(col_blocks));
+  if (vec4 && p.top_k <= kCombineHoistK && VectorisedMemoryPassesEnabled()) {
+    return LaunchAfterPrecedingGrids<CombineHoistedBody<T>, kCombineThreads>(grid, 0, stream, p,
+                                                                             expert_out);
+  }
   if (vec4) {
     return LaunchAfterPrecedingGrids<CombineBody<T, 4>, kCombineThreads>(grid, 0, stream, p,
                                                                          expert_out);
@@ -261,17 +490,9 @@ cudaError_t LaunchCombine(const MoeCombineParams& p, const T* expert_out, cudaSt
                                                                        expert_out);
 }
 
-}  // namespace
-
-cudaError_t MoePermuteF32(const MoePermuteParams& p, cudaStream_t stream) {
-  if (p.num_slots < 1 || p.num_slots > kMaxMoeSlots || p.num_tokens < 0 || p.top_k < 0 ||
-      p.num_experts < 0 || p.hidden_size < 0 || p.row_align < 1) {
-    return cudaErrorInvalidValue;
-  }
-  const int64_t choices = int64_t{p.num_tokens} * p.top_k;
-  if (MoePermutedRowsBound(p.num_tokens, p.top_k, p.num_slots, p.row_align) >= (int64_t{1} << 31)) {
-    return cudaErrorInvalidValue;
-  }
+// The one-block plan (dynamic shared memory: the per-warp counters, and the choices' slots
+// when they fit in the opt-in limit).
+cudaError_t LaunchPlan(const MoePermuteParams& p, int64_t choices, cudaStream_t stream) {
   const size_t counters = sizeof(int) * kPlanWarps * p.num_slots;
   const size_t cached = counters + sizeof(int16_t) * static_cast<size_t>(choices);
   // Shared memory a block may opt into beyond the default 48 KB, minus the static arrays.
@@ -290,10 +511,63 @@ cudaError_t MoePermuteF32(const MoePermuteParams& p, cudaStream_t stream) {
                              cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(shared));
     if (err != cudaSuccess) return err;
   }
-  err = LaunchAfterPrecedingGrids<PermutePlanBody, kPlanThreads>(1, shared, stream, p, cache_slots);
+  return LaunchAfterPrecedingGrids<PermutePlanBody, kPlanThreads>(1, shared, stream, p,
+                                                                  cache_slots);
+}
+
+}  // namespace
+
+int64_t MoePermutePlanWorkspaceBytes(int32_t num_tokens, int32_t top_k, int32_t num_slots) {
+  const int64_t choices = int64_t{num_tokens} * top_k;
+  if (choices < kMoeMultiBlockPlanChoices || num_slots < 1 || !VectorisedMemoryPassesEnabled()) {
+    return 0;
+  }
+  return SegmentsFor(choices).count * num_slots * int64_t{sizeof(int32_t)};
+}
+
+cudaError_t MoePermuteF32(const MoePermuteParams& p, cudaStream_t stream) {
+  if (p.num_slots < 1 || p.num_slots > kMaxMoeSlots || p.num_tokens < 0 || p.top_k < 0 ||
+      p.num_experts < 0 || p.hidden_size < 0 || p.row_align < 1) {
+    return cudaErrorInvalidValue;
+  }
+  const int64_t choices = int64_t{p.num_tokens} * p.top_k;
+  if (MoePermutedRowsBound(p.num_tokens, p.top_k, p.num_slots, p.row_align) >= (int64_t{1} << 31)) {
+    return cudaErrorInvalidValue;
+  }
+  const bool large = choices >= kMoeMultiBlockPlanChoices && VectorisedMemoryPassesEnabled();
+  cudaError_t err = cudaSuccess;
+  if (large && p.plan_workspace != nullptr) {
+    const Segments g = SegmentsFor(choices);
+    int32_t* counts = static_cast<int32_t*>(p.plan_workspace);
+    const unsigned blocks = static_cast<unsigned>(g.count);
+    err =
+        LaunchAfterPrecedingGrids<PlanCountBody, kSegThreads>(blocks, 0, stream, p, g.seg, counts);
+    if (err == cudaSuccess) {
+      err = LaunchAfterPrecedingGrids<PlanScanBody, kScanThreads>(1, 0, stream, p, g.count, counts);
+    }
+    if (err == cudaSuccess) {
+      err = LaunchAfterPrecedingGrids<PlanRankBody, kSegThreads>(
+          blocks, 0, stream, p, g.seg, static_cast<const int32_t*>(counts));
+    }
+  } else {
+    err = LaunchPlan(p, choices, stream);
+  }
   if (err != cudaSuccess || choices == 0 || p.hidden_size == 0) return err;
+  const bool aligned = p.hidden_size % 4 == 0 && reinterpret_cast<uintptr_t>(p.hidden) % 16 == 0;
+  if (large && aligned) {
+    if (p.permuted_hidden_bf16 != nullptr) {
+      if (reinterpret_cast<uintptr_t>(p.permuted_hidden_bf16) % 8 == 0) {
+        return LaunchAfterPrecedingGrids<GatherByTokenBody<uint16_t>, kGatherThreads>(
+            static_cast<unsigned>(p.num_tokens), 0, stream, p.hidden_size, p.top_k, p.hidden,
+            static_cast<const int32_t*>(p.choice_row), p.permuted_hidden_bf16);
+      }
+    } else if (reinterpret_cast<uintptr_t>(p.permuted_hidden) % 16 == 0) {
+      return LaunchAfterPrecedingGrids<GatherByTokenBody<float>, kGatherThreads>(
+          static_cast<unsigned>(p.num_tokens), 0, stream, p.hidden_size, p.top_k, p.hidden,
+          static_cast<const int32_t*>(p.choice_row), p.permuted_hidden);
+    }
+  }
   if (p.row_align > 1) {
-    const bool aligned = p.hidden_size % 4 == 0 && reinterpret_cast<uintptr_t>(p.hidden) % 16 == 0;
     if (p.permuted_hidden_bf16 != nullptr) {
       const bool vec4 = aligned && reinterpret_cast<uintptr_t>(p.permuted_hidden_bf16) % 8 == 0;
       return LaunchAfterPrecedingGrids<GatherByChoiceBody<uint16_t>, kGatherThreads>(
@@ -306,14 +580,12 @@ cudaError_t MoePermuteF32(const MoePermuteParams& p, cudaStream_t stream) {
         p.choice_row, p.permuted_hidden);
   }
   if (p.permuted_hidden_bf16 != nullptr) {
-    const bool vec4 = p.hidden_size % 4 == 0 && reinterpret_cast<uintptr_t>(p.hidden) % 16 == 0 &&
-                      reinterpret_cast<uintptr_t>(p.permuted_hidden_bf16) % 8 == 0;
+    const bool vec4 = aligned && reinterpret_cast<uintptr_t>(p.permuted_hidden_bf16) % 8 == 0;
     return LaunchAfterPrecedingGrids<GatherBf16Body, kGatherThreads>(
         static_cast<unsigned>(choices), 0, stream, p.hidden_size, vec4, p.hidden,
         p.slot_offsets + p.num_slots, p.row_token, p.permuted_hidden_bf16);
   }
-  const bool vec4 = p.hidden_size % 4 == 0 && reinterpret_cast<uintptr_t>(p.hidden) % 16 == 0 &&
-                    reinterpret_cast<uintptr_t>(p.permuted_hidden) % 16 == 0;
+  const bool vec4 = aligned && reinterpret_cast<uintptr_t>(p.permuted_hidden) % 16 == 0;
   return LaunchAfterPrecedingGrids<GatherBody, kGatherThreads>(
       static_cast<unsigned>(choices), 0, stream, p.hidden_size, vec4, p.hidden,
       p.slot_offsets + p.num_slots, p.row_token, p.permuted_hidden);

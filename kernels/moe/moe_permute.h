@@ -42,7 +42,22 @@ struct MoePermuteParams {
   // num_slots * (row_align - 1): size the row buffers for that. Lets a GEMM take each slot in
   // whole tiles of row_align rows (kernels::ExpertGemmsCublas kChunked).
   int32_t row_align = 1;
+  // Device scratch of MoePermutePlanWorkspaceBytes(num_tokens, top_k, num_slots) bytes (may be
+  // null when that is 0): lets a large permutation plan with many blocks instead of one (see
+  // MoePermuteF32). Null: the one-block plan at any size.
+  void* plan_workspace = nullptr;
 };
+
+// From this many choices (num_tokens * top_k) on (kernels::VectorisedMemoryPassesEnabled()),
+// MoePermuteF32 plans with many blocks when given a workspace, and gathers one block per token
+// (each hidden row read once, written top_k times; hidden_size % 4 == 0 and aligned pointers)
+// instead of one block per row or choice; below it (decode batches), the one-block plan and the
+// gather by row or choice. All give the same outputs bit for bit.
+constexpr int64_t kMoeMultiBlockPlanChoices = 4096;
+
+// Bytes of MoePermuteParams::plan_workspace for these sizes: 0 below kMoeMultiBlockPlanChoices
+// (or with kernels::VectorisedMemoryPassesEnabled() off), else per-block slot counts.
+int64_t MoePermutePlanWorkspaceBytes(int32_t num_tokens, int32_t top_k, int32_t num_slots);
 
 // Upper bound of slot_offsets[num_slots] (the row buffers' size) for these sizes.
 inline int64_t MoePermutedRowsBound(int32_t num_tokens, int32_t top_k, int32_t num_slots,
@@ -55,8 +70,11 @@ inline int64_t MoePermutedRowsBound(int32_t num_tokens, int32_t top_k, int32_t n
 // of [0, num_experts) or whose slot is -1 (or >= num_slots) gets no row (choice_row = -1);
 // rows = slot_offsets[num_slots] <= num_tokens * top_k, and row_token / permuted_hidden
 // entries at or beyond rows are left untouched. Two launches on `stream` (plan: one block;
-// gather: one block per possible row, those beyond `rows` exit). cudaErrorInvalidValue for
-// num_slots outside 1..kMaxMoeSlots, negative sizes, row_align < 1, or a row bound >= 2^31.
+// gather: one block per possible row, those beyond `rows` exit, or per choice with row_align
+// > 1), or from kMoeMultiBlockPlanChoices choices with a plan_workspace four (per-block slot
+// counts, their prefix over blocks and slots, the ranks, then the gather one block per token).
+// cudaErrorInvalidValue for num_slots outside 1..kMaxMoeSlots, negative sizes, row_align < 1,
+// or a row bound >= 2^31.
 cudaError_t MoePermuteF32(const MoePermuteParams& params, cudaStream_t stream);
 
 struct MoeCombineParams {

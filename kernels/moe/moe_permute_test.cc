@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "gtest/gtest.h"
+#include "kernels/common/memory_pass_variant.h"
 #include "kernels/moe/grouped_gemm.h"
 #include "kernels/moe/moe_reference.h"
 #include "kernels/testing/gpu_test_util.h"
@@ -61,8 +62,17 @@ struct DevicePermutation {
   DeviceArray<float> permuted;
 };
 
+// The multi-block plan's scratch for these sizes (empty below kMoeMultiBlockPlanChoices), or
+// none when `workspace` is false (the one-block plan at any size).
+DeviceArray<int32_t> PlanWorkspace(const Routing& r, bool workspace) {
+  const int64_t bytes =
+      workspace ? kernels::MoePermutePlanWorkspaceBytes(r.tokens, r.top_k, r.slots) : 0;
+  return DeviceArray<int32_t>(bytes / sizeof(int32_t));
+}
+
 void RunPermute(const Routing& r, int64_t hidden_size, DeviceArray<float>& hidden,
-                DeviceArray<int32_t>& ids, DeviceArray<int32_t>& map, DevicePermutation* d) {
+                DeviceArray<int32_t>& ids, DeviceArray<int32_t>& map, DevicePermutation* d,
+                bool workspace = true) {
   d->counts.Poison();
   d->offsets.Poison();
   d->choice_row.Poison();
@@ -82,15 +92,19 @@ void RunPermute(const Routing& r, int64_t hidden_size, DeviceArray<float>& hidde
   p.choice_row = d->choice_row.get();
   p.row_token = d->row_token.get();
   p.permuted_hidden = d->permuted.get();
+  DeviceArray<int32_t> ws = PlanWorkspace(r, workspace);
+  p.plan_workspace = ws.size() > 0 ? ws.get() : nullptr;
   DEEPINFER_CUDA_OK(kernels::MoePermuteF32(p, nullptr));
+  DEEPINFER_CUDA_OK(cudaDeviceSynchronize());
 }
 
 void CheckPermuteAndCombine(int32_t tokens, int32_t top_k, int32_t experts, int32_t hosted,
-                            int invalid_every, int64_t hidden_size) {
+                            int invalid_every, int64_t hidden_size, bool workspace = true) {
   const uint32_t seed = testing::FreshSeed();
   SCOPED_TRACE(::testing::Message()
                << "tokens " << tokens << " top_k " << top_k << " experts " << experts << " slots "
-               << hosted << " hidden " << hidden_size << " seed " << seed);
+               << hosted << " hidden " << hidden_size << " workspace " << workspace
+               << " vectorised " << kernels::VectorisedMemoryPassesEnabled() << " seed " << seed);
   const Routing r = MakeRouting(tokens, top_k, experts, hosted, invalid_every, seed);
   const auto hidden = testing::RandomFloats(size_t(tokens) * hidden_size, seed + 1);
   const kernels::MoePermutation want =
@@ -101,7 +115,7 @@ void CheckPermuteAndCombine(int32_t tokens, int32_t top_k, int32_t experts, int3
   DeviceArray<float> dhidden(hidden);
   DeviceArray<int32_t> dids(r.ids), dmap(r.slot_of_expert);
   DevicePermutation d(r, hidden_size);
-  RunPermute(r, hidden_size, dhidden, dids, dmap, &d);
+  RunPermute(r, hidden_size, dhidden, dids, dmap, &d, workspace);
   std::vector<int32_t> counts, offsets, choice_row, row_token;
   std::vector<float> permuted;
   DEEPINFER_CUDA_OK(d.counts.Download(&counts));
@@ -142,6 +156,8 @@ void CheckPermuteAndCombine(int32_t tokens, int32_t top_k, int32_t experts, int3
     p.row_token = d.row_token.get();
     p.permuted_hidden = nullptr;
     p.permuted_hidden_bf16 = permuted16.get();
+    DeviceArray<int32_t> ws = PlanWorkspace(r, workspace);
+    p.plan_workspace = ws.size() > 0 ? ws.get() : nullptr;
     DEEPINFER_CUDA_OK(kernels::MoePermuteF32(p, nullptr));
     std::vector<uint16_t> got16;
     DEEPINFER_CUDA_OK(permuted16.Download(&got16));
@@ -209,11 +225,14 @@ void CheckPermuteAndCombine(int32_t tokens, int32_t top_k, int32_t experts, int3
 // row_align > 1 (the chunked cuBLAS path's layout): the reference permutation with each slot
 // moved to a start padded to a multiple of `align`; gap rows are never written.
 void CheckPaddedPermute(int32_t tokens, int32_t top_k, int32_t experts, int32_t hosted,
-                        int invalid_every, int64_t hidden_size, int32_t align, bool bf16) {
+                        int invalid_every, int64_t hidden_size, int32_t align, bool bf16,
+                        bool workspace = true) {
   const uint32_t seed = testing::FreshSeed();
-  SCOPED_TRACE(::testing::Message() << "tokens " << tokens << " top_k " << top_k << " slots "
-                                    << hosted << " hidden " << hidden_size << " row_align " << align
-                                    << (bf16 ? " bf16" : " fp32") << " seed " << seed);
+  SCOPED_TRACE(::testing::Message()
+               << "tokens " << tokens << " top_k " << top_k << " slots " << hosted << " hidden "
+               << hidden_size << " row_align " << align << (bf16 ? " bf16" : " fp32")
+               << " workspace " << workspace << " vectorised "
+               << kernels::VectorisedMemoryPassesEnabled() << " seed " << seed);
   const Routing r = MakeRouting(tokens, top_k, experts, hosted, invalid_every, seed);
   const auto hidden = testing::RandomFloats(size_t(tokens) * hidden_size, seed + 1);
   const kernels::MoePermutation want =
@@ -260,6 +279,8 @@ void CheckPaddedPermute(int32_t tokens, int32_t top_k, int32_t experts, int32_t 
     p.permuted_hidden = out32.get();
   }
   p.row_align = align;
+  DeviceArray<int32_t> ws = PlanWorkspace(r, workspace);
+  p.plan_workspace = ws.size() > 0 ? ws.get() : nullptr;
   DEEPINFER_CUDA_OK(kernels::MoePermuteF32(p, nullptr));
   std::vector<int32_t> got_counts, got_offsets, got_choice, got_token;
   DEEPINFER_CUDA_OK(counts.Download(&got_counts));
@@ -343,6 +364,28 @@ TEST(MoePermuteTest, PrefillSizesWithAndWithoutSlotCache) {
   DEEPINFER_SKIP_WITHOUT_GPU();
   CheckPermuteAndCombine(8192, 6, 64, 64, 0, 16);
   CheckPermuteAndCombine(40000, 6, 64, 50, 101, 8);
+}
+
+// Prefill sizes through the multi-block plan and the by-token gather (the default from
+// kMoeMultiBlockPlanChoices choices with a workspace), through the one-block plan with the
+// by-token gather (no workspace), and through the previous kernels (the switch off): every
+// output exactly the reference. Odd token counts, a subset of slots with invalid ids, a hidden
+// size that is not a multiple of 4 (the gather by row), and padded layouts.
+TEST(MoePermuteTest, MultiBlockPlanAndTokenGatherAtPrefillSizes) {
+  DEEPINFER_SKIP_WITHOUT_GPU();
+  for (bool vectorised : {true, false}) {
+    kernels::SetVectorisedMemoryPasses(vectorised);
+    CheckPermuteAndCombine(8192, 6, 64, 64, 0, 256);
+    CheckPermuteAndCombine(32771, 6, 64, 64, 0, 8);
+    CheckPermuteAndCombine(5001, 8, 256, 100, 37, 70);
+    CheckPermuteAndCombine(683, 6, 64, 64, 0, 2048);  // 4098 choices: just above the threshold
+    CheckPaddedPermute(32768, 6, 64, 64, 0, 64, 128, /*bf16=*/true);
+    CheckPaddedPermute(8193, 6, 64, 64, 0, 256, 64, /*bf16=*/false);
+    CheckPaddedPermute(4099, 8, 512, kernels::kMaxMoeSlots, 0, 64, 256, /*bf16=*/true);
+  }
+  kernels::SetVectorisedMemoryPasses(true);
+  CheckPermuteAndCombine(8192, 6, 64, 64, 0, 256, /*workspace=*/false);
+  CheckPaddedPermute(20000, 6, 64, 64, 0, 64, 128, /*bf16=*/true, /*workspace=*/false);
 }
 
 TEST(MoePermuteTest, NoTokens) {

@@ -54,6 +54,7 @@ class DeviceArray {
   T* get() { return ptr_; }
   const T* get() const { return ptr_; }
   bool ok() const { return ptr_ != nullptr; }
+  size_t size() const { return n_; }
   void Upload(const std::vector<T>& host) {
     cudaMemcpy(ptr_, host.data(), host.size() * sizeof(T), cudaMemcpyHostToDevice);
   }

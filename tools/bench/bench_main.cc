@@ -152,6 +152,10 @@ int main(int argc, char** argv) {
                 "CUDA, sm_90+: launch our kernels with programmatic dependent launch (each may\n"
                 "start while the one before it finishes; programmatic edges in the decode\n"
                 "graphs); off: plain stream order, for comparison.");
+  flags.AddBool("vectorised-passes", &config.vectorised_passes,
+                "CUDA: the vectorised memory passes of prefill (SiLU-mul, the MoE permutation's\n"
+                "multi-block plan and by-token gather, the combine, the row gather); off: the\n"
+                "kernels they replaced (the same values), for comparison.");
   flags.AddBool("graph-allocations-aside", &config.graph_allocations_aside,
                 "CUDA, with --pdl: capture the decode graphs' small scratch allocations beside\n"
                 "the kernel chain (else a memory node between two kernels breaks their\n"

@@ -5,11 +5,12 @@
 //
 // Prefill: `prefill_repeats` + 1 steps of ceil(prefill_batch_tokens / context_length) prompts
 // of context_length random tokens, the first untimed (a warm-up of the same size: a step of a
-// new size pays one-time costs), each other timed to the end of the step (the step copies its
-// logits to the host, which waits for the device); the median is reported. prefill_batch_tokens ==
-// 0 skips prefill. Decode, per batch size N: N sequences get context_length cached tokens
-// (decode_fill "prefill": through untimed prefill steps; "random": random values written straight
-// into their cache blocks, which costs no model steps and times the same work), then output_len
+// new size pays one-time costs), each other timed to the end of the step (the step samples each
+// prompt's next token on the device, as the engine does, and copies the tokens to the host,
+// which waits for the device); the median is reported. prefill_batch_tokens == 0 skips prefill.
+// Decode, per batch size N: N sequences get context_length cached tokens (decode_fill
+// "prefill": through untimed prefill steps; "random": random values written straight into
+// their cache blocks, which costs no model steps and times the same work), then output_len
 // greedy decode steps of all N sequences run; every step is timed, the first `warmup` are
 // dropped.
 //
@@ -124,6 +125,9 @@ struct BenchConfig {
   // After each batch size's timed steps (and the eager and unfused ones), output_len more steps
   // of the same sequences with PDL off (decode graphs recorded again), a further decode result.
   bool compare_pdl_off_decode = false;
+  // kernels::SetVectorisedMemoryPasses: the vectorised prefill memory passes; off: the kernels
+  // they replaced, for comparison (the same values).
+  bool vectorised_passes = true;
   // CudaBackend::SetGraphAllocationsAside (with pdl: small scratch allocations captured beside
   // the kernel chain, so that they do not break programmatic edges).
   bool graph_allocations_aside = false;

@@ -80,7 +80,7 @@ tools=(//tools/bench:deepinfer-bench)
 [[ $bench_only -eq 1 ]] || tools+=(//kernels/attention:mla_attention_bench //kernels/attention:mla_decode_small_bench
   //kernels/attention:mla_prefill_bench //kernels/attention:mha_prefill_bench
   //kernels/moe:grouped_gemm_bench //kernels/gemm:small_m_gemm_bench
-  //kernels/moe:moe_prefill_bench //kernels/sampling:sampling_bench
+  //kernels/moe:moe_prefill_bench //kernels/moe:prefill_passes_bench //kernels/sampling:sampling_bench
   //worker/backend/cuda:moe_decode_bench)
 if [[ -n "${GPU_TESTS+set}" ]]; then read -r -a tests <<< "$GPU_TESTS"; fi
 if [[ -n "${GPU_TOOLS+set}" ]]; then read -r -a tools <<< "$GPU_TOOLS"; fi

@@ -342,15 +342,23 @@ absl::StatusOr<StepOutput> DeepseekV3Model::Step(const std::vector<SequenceStep>
   if (absl::Status st = Layers(ctx, ids_dev->as<int32_t>(), xp, y->as<float>()); !st.ok()) {
     return st;
   }
-  if (ResidualPending()) backend_->Add(T * H, xp, y->as<float>(), xp);
-  // Final norm and LM head only for the rows whose logits are wanted.
+  // Final norm and LM head only for the rows whose logits are wanted; the last layer's pending
+  // output is added to those rows only (the final norm adds it: a prefill wants one row of each
+  // prompt's thousands).
   const int64_t R = static_cast<int64_t>(out_rows.size());
   auto rows_dev = upload_ints(out_rows);
   auto sel = Floats(R * H);
   backend_->GatherRows(R, H, xp, rows_dev->as<int32_t>(), sel->as<float>());
+  std::unique_ptr<DeviceBuffer> sel_y, normed;
+  if (ResidualPending()) {
+    sel_y = Floats(R * H);
+    backend_->GatherRows(R, H, y->as<float>(), rows_dev->as<int32_t>(), sel_y->as<float>());
+    normed = Floats(R * H);  // the norm's output may not alias x or y
+  }
   auto sel16 = backend_->AllocateScratch(Bf16Operands() ? R * H * sizeof(uint16_t) : 1);
   const ActivationView head_in =
-      FinalNorm(R, sel->as<float>(), nullptr, sel->as<float>(), sel16->as<uint16_t>());
+      FinalNorm(R, sel->as<float>(), sel_y != nullptr ? sel_y->as<float>() : nullptr,
+                normed != nullptr ? normed->as<float>() : sel->as<float>(), sel16->as<uint16_t>());
   const int64_t V = c.vocab_size;
   auto logits = Floats(R * V);
   backend_->Gemm(R, V, H, head_in, H, weights_->Matrix(weights_->lm_head), H, logits->as<float>(),

@@ -993,6 +993,14 @@ bool CudaBackend::RoutedExperts(const RoutedExpertsArgs& a) {
     p.permuted_hidden = permuted->as<float>();
   }
   p.row_align = row_align;
+  // Prefill sizes plan with many blocks (kernels::MoePermutePlanWorkspaceBytes: 0 at decode).
+  const int64_t plan_workspace_bytes =
+      kernels::MoePermutePlanWorkspaceBytes(static_cast<int32_t>(T), static_cast<int32_t>(K), E);
+  std::unique_ptr<DeviceBuffer> plan_workspace;
+  if (plan_workspace_bytes > 0) {
+    plan_workspace = AllocateScratch(plan_workspace_bytes);
+    p.plan_workspace = plan_workspace->data();
+  }
   {
     PhaseTimer phase(this, "RoutedExpertsCublas/permute", !device_grouped);
     Check(kernels::MoePermuteF32(p, stream_), "kernels::MoePermuteF32");
