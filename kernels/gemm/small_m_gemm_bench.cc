@@ -8,7 +8,9 @@
 // event and launch overhead, so the small-m kernels are also timed as in the decode graph: a
 // CUDA graph of back-to-back launches, each on its own copy of the weights (copies enough for
 // 256 MiB, so no launch finds its weights in L2), time per launch = graph time / launches
-// (median of 10 replays). Bandwidth = weight bytes / time against the H200's 4.3 TB/s.
+// (median of 10 replays). Bandwidth = weight bytes / time against the H200's 4.3 TB/s. The staged
+// GEMV (kernels/gemm/staged_gemv.h) is timed the same way at one product (batch 1), and first,
+// the attention input of a decode step (AddRmsNorm, q_proj, kv_a) before and with it.
 //
 //   small_m_gemm_bench            (one line per case; exit status 1 on a CUDA error)
 #include <cublas_v2.h>

@@ -238,8 +238,11 @@ template <int M, int C>
 cudaError_t LaunchMc(const Args& a, cudaStream_t stream) {
   constexpr auto kKernel =
       launch_internal::PrefetchEntry<&Prefetch<M, C>, &Body<M, C>, kThreads>::kKernel;
-  const KernelFacts facts = KernelFactsForCurrentDevice(reinterpret_cast<const void*>(kKernel), 0);
+  // The first query raises the kernel's dynamic shared-memory limit to the largest activation.
+  const KernelFacts facts = KernelFactsForCurrentDevice(reinterpret_cast<const void*>(kKernel),
+                                                        kStagedGemvMaxActivationBytes);
   if (facts.error != cudaSuccess) return facts.error;
+  if (facts.max_smem < kStagedGemvMaxActivationBytes) return cudaErrorInvalidValue;
   // Blocks resident per SM at the largest staged activation (registers bound it), once per
   // instantiation: a grid beyond one wave would leave its last blocks' loads to the end.
   static const int resident = [] {

@@ -19,7 +19,8 @@ namespace kernels {
 inline constexpr int kStagedGemvMaxRows = 4;
 inline constexpr int kStagedGemvMaxTargets = 4;
 // The staged activation (m rows of k bf16 values) must fit in this much shared memory.
-inline constexpr int64_t kStagedGemvMaxActivationBytes = 48 * 1024;
+// (64 KiB: 4 rows of DeepSeek-V3's hidden size 7168; two blocks still fit an SM.)
+inline constexpr int kStagedGemvMaxActivationBytes = 64 * 1024;
 
 // How the staged activation is made.
 enum class StagedGemvPrologue {

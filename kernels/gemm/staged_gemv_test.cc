@@ -82,7 +82,7 @@ TEST(StagedGemvTest, CopyMatchesCpuGemm) {
       {4, 40, {7}, 8, 8, 1, true},              // five chunks a row
       {2, 1032, {37}, 0, 0, 0, false},          // 129 chunks
       {1, 64, {5, 1, 300, 17}, 0, 8, 2, true},  // four targets
-      {4, 6144, {1000}, 0, 0, 0, false},        // 48 KiB of staged activation
+      {4, 8192, {1000}, 0, 0, 0, false},        // 64 KiB of staged activation
   };
   for (const CopyCase& c : cases) {
     for (bool a_bf16 : {false, true}) {
@@ -138,7 +138,7 @@ TEST(StagedGemvTest, AddRmsNormMatchesCpuAndTheUnfusedKernels) {
   const float eps = 1e-6f;
   const std::vector<NormCase> cases = {
       {1, 2048, {3072, 576}, true}, {1, 2048, {3072, 576}, false}, {2, 2048, {64, 1}, true},
-      {4, 2048, {300}, true},       {3, 7168, {1536, 576}, true},  {1, 1000, {9}, true},
+      {4, 2048, {300}, true},       {4, 7168, {1536, 576}, true},  {1, 1000, {9}, true},
   };
   for (const NormCase& c : cases) {
     const uint32_t seed = testing::FreshSeed();
@@ -254,7 +254,7 @@ TEST(StagedGemvTest, RefusesWhatItCannotRun) {
   bad.num_targets = 0;
   EXPECT_FALSE(kernels::StagedGemvSupports(bad));
   bad = p;
-  bad.m = 4, bad.k = 8192, bad.lda = 8192, bad.targets[0].ldw = 8192;  // 64 KiB staged
+  bad.m = 4, bad.k = 8200, bad.lda = 8200, bad.targets[0].ldw = 8200;  // over 64 KiB staged
   EXPECT_FALSE(kernels::StagedGemvSupports(bad));
   bad = p;
   bad.prologue = kernels::StagedGemvPrologue::kAddRmsNorm;
