@@ -302,6 +302,10 @@ bool StagedGemvSupports(const StagedGemvParams& p) {
   return p.x != nullptr && p.norm_weight != nullptr && (p.y == nullptr || p.counter != nullptr);
 }
 
+bool StagedGemvPreferredAtOneRow(int64_t n, int64_t k) {
+  return k >= 1024 && k <= 4096 && n < 65536 && !(k <= 2048 && n > 1024 && n <= 2048);
+}
+
 cudaError_t StagedGemvBf16(const StagedGemvParams& p, cudaStream_t stream) {
   if (!StagedGemvSupports(p)) return cudaErrorInvalidValue;
   Args a;

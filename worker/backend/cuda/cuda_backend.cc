@@ -482,7 +482,7 @@ bool CudaBackend::SmallMGemm(const kernels::SmallMGemmParams& p) {
     return false;
   }
   if (staged_gemv_ == StagedGemv::kAll && small_m_gemm_algo_ == kernels::SmallMGemmAlgo::kAuto &&
-      p.m == 1 && p.batch == 1 && p.k >= 1024) {
+      p.m == 1 && p.batch == 1 && kernels::StagedGemvPreferredAtOneRow(p.n, p.k)) {
     kernels::StagedGemvParams s;
     s.m = p.m, s.k = p.k;
     s.prologue = kernels::StagedGemvPrologue::kCopy;
@@ -624,12 +624,14 @@ void CudaBackend::AddRmsNormGemms(int64_t rows, int64_t dim, float* x, const flo
   p.prologue = kernels::StagedGemvPrologue::kAddRmsNorm;
   p.x = x, p.y = y, p.norm_weight = weight, p.eps = eps, p.counter = staged_gemv_counter_;
   p.num_targets = static_cast<int>(gemms.size());
-  bool fused = staged_gemv_ != StagedGemv::kOff && small_m_gemm_ &&
+  // One row only: at 4 rows the prologue's four block reductions in every block measured slower
+  // than AddRmsNorm + two small-m GEMMs (small_m_gemm_bench: 17.18 vs 10.74 us; 1 row: 8.28
+  // vs 8.79 us).
+  bool fused = staged_gemv_ != StagedGemv::kOff && small_m_gemm_ && rows == 1 &&
                gemms.size() <= static_cast<size_t>(kernels::kStagedGemvMaxTargets);
   for (size_t t = 0; fused && t < gemms.size(); ++t) {
     const NormedGemm& g = gemms[t];
-    fused = g.w.dtype == WeightDType::kBFloat16 &&
-            (rows == 1 || g.n <= kSmallMGemmMaxColumnsAboveOneRow);
+    fused = g.w.dtype == WeightDType::kBFloat16;
     p.targets[t] = {g.n, static_cast<const uint16_t*>(g.w.data), g.ldw, g.c, g.ldc, false};
   }
   if (fused && kernels::StagedGemvSupports(p)) {

@@ -95,11 +95,11 @@ class CudaBackend : public Backend {
   // With more than one row, the small-m kernel only up to this many output columns.
   static constexpr int64_t kSmallMGemmMaxColumnsAboveOneRow = 4096;
   bool small_m_gemm() const { return small_m_gemm_; }
-  // Where kernels::StagedGemvBf16 runs. kNorm: AddRmsNormGemms at up to
-  // kernels::kStagedGemvMaxRows rows with bf16 weights is one launch (the norm computed by every
-  // block as it stages the activation, x += y written once; the normed scratch left unwritten).
-  // kAll (default): also Gemm at one row with bf16 weights and k >= 1024 while the small-m
-  // layout is kAuto (the staged kernel instead of kernels::SmallMGemmBf16). kOff: neither.
+  // Where kernels::StagedGemvBf16 runs. kNorm: AddRmsNormGemms at one row with bf16 weights is
+  // one launch (the norm computed by every block as it stages the activation, x += y written
+  // once; the normed scratch left unwritten). kAll (default): also Gemm at one row with bf16
+  // weights where kernels::StagedGemvPreferredAtOneRow (measured faster) while the small-m
+  // layout is kAuto. kOff: neither (the kernels before it).
   enum class StagedGemv { kOff, kNorm, kAll };
   void SetStagedGemv(StagedGemv use) { staged_gemv_ = use; }
   void AddRmsNormGemms(int64_t rows, int64_t dim, float* x, const float* y, const float* weight,

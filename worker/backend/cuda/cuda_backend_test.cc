@@ -127,7 +127,7 @@ TEST_F(CudaBackendTest, GemmMatchesCpuWithStridesAndAccumulate) {
   struct Case {
     int64_t m, n, k, lda, ldw, ldc;
   };
-  // One row with k >= 1024: the staged GEMV (kernels/gemm/staged_gemv.h) by default.
+  // One row, k 2048 / 2816: the staged GEMV (kernels/gemm/staged_gemv.h) by default.
   for (Case c : {Case{1, 129, 96, 96, 96, 129}, Case{37, 29, 45, 50, 47, 31},
                  Case{130, 512, 1024, 1030, 1024, 520}, Case{5, 3, 0, 1, 1, 3},
                  Case{1, 576, 2048, 2048, 2048, 576}, Case{1, 1000, 2816, 2824, 2816, 1003}}) {
@@ -334,7 +334,7 @@ TEST_F(CudaBackendTest, AddRmsNormAndSiluMulBf16MatchCpu) {
 }
 
 // AddRmsNormGemms (attention's q and kv_a projections) against the CPU backend's default (the
-// ops one by one): fused at <= 4 rows (StagedGemv kNorm / kAll), the default above and with
+// ops one by one): fused at one row (StagedGemv kNorm / kAll), the default otherwise and with
 // kOff; x += y bit for bit, the GEMMs within the bf16 bound (a last-ulp difference of the norm
 // may move a bf16 operand by one ulp).
 TEST_F(CudaBackendTest, AddRmsNormGemmsMatchesCpu) {
