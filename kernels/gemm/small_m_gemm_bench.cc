@@ -170,11 +170,12 @@ class Bench {
     });
     const double gb = bytes / 1e9;
     auto pct = [&](double us) { return 100.0 * gb / (us * 1e-6) / 4300.0; };
-    std::printf("norm + q_proj + kv_a   m %lld  weights %7.2f MB  roofline %7.2f us | per step in a "
-                "graph: AddRmsNorm + 2 small-m %7.2f us (%5.1f%%) | AddRmsNorm + staged (2 "
-                "targets) %7.2f us (%5.1f%%) | fused norm + staged %7.2f us (%5.1f%%)\n",
-                static_cast<long long>(m), gb * 1e3, gb / 4300.0 * 1e6, before, pct(before), staged,
-                pct(staged), fused, pct(fused));
+    std::printf(
+        "norm + q_proj + kv_a   m %lld  weights %7.2f MB  roofline %7.2f us | per step in a "
+        "graph: AddRmsNorm + 2 small-m %7.2f us (%5.1f%%) | AddRmsNorm + staged (2 "
+        "targets) %7.2f us (%5.1f%%) | fused norm + staged %7.2f us (%5.1f%%)\n",
+        static_cast<long long>(m), gb * 1e3, gb / 4300.0 * 1e6, before, pct(before), staged,
+        pct(staged), fused, pct(fused));
     std::fflush(stdout);
     for (int64_t i = 0; i < copies; ++i) {
       BENCH_CUDA(cudaFree(wq[i]));
@@ -247,10 +248,11 @@ class Bench {
           q.w = wi;
           BENCH_CUDA(kernels::SmallMGemmBf16(q, st));
         });
-        std::printf("%-22s m %lld    small-m %s: alone %8.2f us (%5.1f%%) | in a graph %8.2f us "
-                    "(%5.1f%%, %lld launches)\n",
-                    s.name, static_cast<long long>(m), name, t_alone, pct(t_alone), t_graph,
-                    pct(t_graph), static_cast<long long>(copies));
+        std::printf(
+            "%-22s m %lld    small-m %s: alone %8.2f us (%5.1f%%) | in a graph %8.2f us "
+            "(%5.1f%%, %lld launches)\n",
+            s.name, static_cast<long long>(m), name, t_alone, pct(t_alone), t_graph, pct(t_graph),
+            static_cast<long long>(copies));
         std::fflush(stdout);
       }
       if (B == 1) {

@@ -247,8 +247,8 @@ cudaError_t LaunchMc(const Args& a, cudaStream_t stream) {
   // instantiation: a grid beyond one wave would leave its last blocks' loads to the end.
   static const int resident = [] {
     int n = 0;
-    if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kKernel, kThreads,
-                                                      kStagedGemvMaxActivationBytes) != cudaSuccess) {
+    if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(
+            &n, kKernel, kThreads, kStagedGemvMaxActivationBytes) != cudaSuccess) {
       (void)cudaGetLastError();
       return 1;
     }
@@ -267,7 +267,7 @@ cudaError_t LaunchMc(const Args& a, cudaStream_t stream) {
 template <int M>
 cudaError_t LaunchM(const Args& a, cudaStream_t stream) {
   const int64_t per_pass = (a.chunks + a.passes - 1) / a.passes;  // chunks per pass
-  const int64_t c = (per_pass + 31) / 32;                           // per lane
+  const int64_t c = (per_pass + 31) / 32;                         // per lane
   if (c <= 1) return LaunchMc<M, 1>(a, stream);
   if (c <= 2) return LaunchMc<M, 2>(a, stream);
   if (c <= 4) return LaunchMc<M, 4>(a, stream);

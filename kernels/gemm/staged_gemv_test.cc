@@ -87,9 +87,9 @@ TEST(StagedGemvTest, CopyMatchesCpuGemm) {
   for (const CopyCase& c : cases) {
     for (bool a_bf16 : {false, true}) {
       const uint32_t seed = testing::FreshSeed();
-      SCOPED_TRACE(::testing::Message() << "m " << c.m << " k " << c.k << " targets "
-                                        << c.ns.size() << " n0 " << c.ns[0] << " a_bf16 "
-                                        << a_bf16 << " seed " << seed);
+      SCOPED_TRACE(::testing::Message()
+                   << "m " << c.m << " k " << c.k << " targets " << c.ns.size() << " n0 " << c.ns[0]
+                   << " a_bf16 " << a_bf16 << " seed " << seed);
       const int64_t lda = c.k + c.lda_pad;
       std::vector<float> a = testing::RandomFloats(c.m * lda, seed, 2.0f);
       if (a_bf16) {
@@ -197,8 +197,7 @@ TEST(StagedGemvTest, AddRmsNormMatchesCpuAndTheUnfusedKernels) {
       const Target& tg = ts[t];
       std::vector<float> want(c.m * tg.ldc);
       cpu.Gemm(c.m, tg.n, c.k, ActivationView::Bf16(cpu_act.data()), c.k,
-               WeightView(tg.w.data(), WeightDType::kBFloat16), tg.ldw, want.data(), tg.ldc,
-               false);
+               WeightView(tg.w.data(), WeightDType::kBFloat16), tg.ldw, want.data(), tg.ldc, false);
       std::vector<float> got, unfused, again;
       DEEPINFER_CUDA_OK(tg.dc->Download(&got));
       DEEPINFER_CUDA_OK(uts[t].dc->Download(&unfused));
@@ -210,14 +209,14 @@ TEST(StagedGemvTest, AddRmsNormMatchesCpuAndTheUnfusedKernels) {
       for (int64_t i = 0; i < c.m; ++i) {
         double max_term = 0.0;
         for (int64_t pp = 0; pp < c.k; ++pp) {
-          max_term = std::max(max_term, std::abs(static_cast<double>(Bf16BitsToFloat(
-                                            cpu_act[i * c.k + pp]))));
+          max_term = std::max(
+              max_term, std::abs(static_cast<double>(Bf16BitsToFloat(cpu_act[i * c.k + pp]))));
         }
         for (int64_t j = 0; j < tg.n; ++j) {
           double max_w = 0.0;
           for (int64_t pp = 0; pp < c.k; ++pp) {
-            max_w = std::max(max_w, std::abs(static_cast<double>(
-                                        Bf16BitsToFloat(tg.w[j * tg.ldw + pp]))));
+            max_w = std::max(max_w,
+                             std::abs(static_cast<double>(Bf16BitsToFloat(tg.w[j * tg.ldw + pp]))));
           }
           const double tol = 2e-5 * std::sqrt(static_cast<double>(c.k)) +
                              1e-5 * std::abs(want[i * tg.ldc + j]) +

@@ -410,8 +410,8 @@ absl::Status RunRank(const BenchConfig& bc, int64_t rank, RankState* s, RankOutp
     } else if (bc.staged_gemv == "all") {
       cuda->SetStagedGemv(CudaBackend::StagedGemv::kAll);
     } else {
-      return absl::InvalidArgumentError(absl::StrCat("--staged-gemv must be off, norm or all, got '",
-                                                     bc.staged_gemv, "'"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("--staged-gemv must be off, norm or all, got '", bc.staged_gemv, "'"));
     }
   }
   if (cuda != nullptr && bc.decode_moe_chunk_rows != 0) {

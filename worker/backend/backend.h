@@ -329,8 +329,8 @@ class Backend {
   // into the GEMMs (the CUDA backend at decode sizes) may leave it unwritten. This default runs
   // the ops one by one.
   virtual void AddRmsNormGemms(int64_t rows, int64_t dim, float* x, const float* y,
-                               const float* weight, float eps, float* normed,
-                               uint16_t* normed_bf16, const std::vector<NormedGemm>& gemms);
+                               const float* weight, float eps, float* normed, uint16_t* normed_bf16,
+                               const std::vector<NormedGemm>& gemms);
   // out = a + b, elementwise over n values. out may alias a or b.
   virtual void Add(int64_t n, const float* a, const float* b, float* out) = 0;
   // out[r, i] = silu(x[r, i]) * x[r, inter + i]: x rows are [gate | up] of width 2*inter.

@@ -465,8 +465,9 @@ absl::Status DeepseekV3Model::Layers(const StepContext& ctx, const int32_t* ids,
     const LayerWeights& L = weights_->layers[l];
     // x += the previous layer's output (nothing to add before the first layer), normed inside
     // Attention with the GEMMs that read it.
-    const InputNorm input_norm{xp,  l == 0 ? nullptr : yp, L.input_norm->as<float>(), eps,
-                               h16p != nullptr ? nullptr : hp, h16p};
+    const InputNorm input_norm{
+        xp, l == 0 ? nullptr : yp, L.input_norm->as<float>(), eps, h16p != nullptr ? nullptr : hp,
+        h16p};
     Attention(l, ctx, h_gemm, yp, &input_norm);
     // The MoE's router and routed experts read fp32 rows; the dense MLP only the GEMM operand.
     const bool want_f32 = L.moe || h16p == nullptr;
@@ -682,8 +683,8 @@ absl::Status DeepseekV3Model::DecodeForward(const DecodeGraph& g) {
   return absl::OkStatus();
 }
 
-void DeepseekV3Model::Attention(int64_t layer, const StepContext& ctx, ActivationView h,
-                                float* out, const InputNorm* norm) {
+void DeepseekV3Model::Attention(int64_t layer, const StepContext& ctx, ActivationView h, float* out,
+                                const InputNorm* norm) {
   const ModelConfig& c = config_;
   const ModelWeights& W = *weights_;
   const LayerWeights& L = W.layers[layer];

@@ -346,8 +346,8 @@ TEST_F(CudaBackendTest, AddRmsNormGemmsMatchesCpu) {
     for (int64_t rows : {1, 3, 4, 6}) {
       for (bool with_y : {true, false}) {
         const uint32_t seed = testing::FreshSeed();
-        SCOPED_TRACE(::testing::Message() << "staged " << static_cast<int>(use) << " rows "
-                                          << rows << " with_y " << with_y << " seed " << seed);
+        SCOPED_TRACE(::testing::Message() << "staged " << static_cast<int>(use) << " rows " << rows
+                                          << " with_y " << with_y << " seed " << seed);
         auto x = testing::RandomFloats(rows * dim, seed, 3.0f);
         auto y = testing::RandomFloats(rows * dim, seed + 1);
         auto wn = testing::RandomFloats(dim, seed + 2);
