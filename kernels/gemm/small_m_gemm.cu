@@ -316,8 +316,9 @@ bool Aligned16(const void* ptr) { return reinterpret_cast<uintptr_t>(ptr) % 16 =
 }  // namespace
 
 bool SmallMGemmAutoIsSplitK(const SmallMGemmParams& p) {
-  if (p.k < 1024) return false;
   const int64_t rows = p.n * p.batch;
+  if (p.k < 512) return false;
+  if (p.k < 1024) return rows <= 2048;  // W_uv (16 x 128 rows, k = 512)
   if (rows <= 1024) return true;
   return p.m == 1 && (rows <= 2048 || p.k > 2048 || rows >= 65536);
 }

@@ -8,7 +8,9 @@
 // event and launch overhead, so the small-m kernels are also timed as in the decode graph: a
 // CUDA graph of back-to-back launches, each on its own copy of the weights (copies enough for
 // 256 MiB, so no launch finds its weights in L2), time per launch = graph time / launches
-// (median of 10 replays). Bandwidth = weight bytes / time against the H200's 4.3 TB/s.
+// (median of 10 replays). Bandwidth = weight bytes / time against the H200's 4.3 TB/s. The staged
+// GEMV (kernels/gemm/staged_gemv.h) is timed the same way at one product (batch 1), and first,
+// the attention input of a decode step (AddRmsNorm, q_proj, kv_a) before and with it.
 //
 //   small_m_gemm_bench            (one line per case; exit status 1 on a CUDA error)
 #include <cublas_v2.h>
@@ -23,6 +25,8 @@
 
 #include "kernels/activation/elementwise.h"
 #include "kernels/gemm/small_m_gemm.h"
+#include "kernels/gemm/staged_gemv.h"
+#include "kernels/norm/rms_norm.h"
 #include "kernels/testing/bench_util.h"
 
 namespace deepinfer {
@@ -76,11 +80,18 @@ class Bench {
   // Microseconds per launch of a graph holding launch(ws[i], stream) for every i, back to back.
   template <typename Fn>
   double GraphUs(const std::vector<uint16_t*>& ws, Fn launch) {
+    return GraphUsN(static_cast<int64_t>(ws.size()),
+                    [&](int64_t i, cudaStream_t st) { launch(ws[i], st); });
+  }
+
+  // Microseconds per i of a graph holding launch(i, stream) for i < count, back to back.
+  template <typename Fn>
+  double GraphUsN(int64_t count, Fn launch) {
     cudaStream_t st;
     BENCH_CUDA(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
     cudaGraph_t graph;
     BENCH_CUDA(cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal));
-    for (const uint16_t* wi : ws) launch(wi, st);
+    for (int64_t i = 0; i < count; ++i) launch(i, st);
     BENCH_CUDA(cudaStreamEndCapture(st, &graph));
     cudaGraphExec_t exec;
     BENCH_CUDA(cudaGraphInstantiate(&exec, graph, 0));
@@ -98,7 +109,83 @@ class Bench {
     BENCH_CUDA(cudaGraphDestroy(graph));
     BENCH_CUDA(cudaStreamDestroy(st));
     std::sort(ms.begin(), ms.end());
-    return 1000.0 * ms[ms.size() / 2] / static_cast<double>(ws.size());
+    return 1000.0 * ms[ms.size() / 2] / static_cast<double>(count);
+  }
+
+  // The attention input of a decode step: x += y, RMS norm, q_proj (3072 x 2048) and kv_a
+  // (576 x 2048) from the normed rows. Before: AddRmsNormF32 (bf16 out) + two SmallMGemmBf16
+  // (kAuto); the staged GEMV on AddRmsNormF32's rows (two targets, one launch); the staged GEMV
+  // with the norm prologue (one launch in all). Per step in a graph, each step on its own copy of
+  // the weights.
+  void RunNormQkv(int64_t m) {
+    const int64_t k = 2048, nq = 3072, nkv = 576;
+    const int64_t bytes = 2 * (nq + nkv) * k;
+    const int64_t copies = (int64_t{256} << 20) / bytes + 1;
+    std::vector<uint16_t*> wq, wkv;
+    for (int64_t i = 0; i < copies; ++i) {
+      wq.push_back(DeviceAlloc<uint16_t>(2 * nq * k));
+      BENCH_CUDA(kernels::RoundF32ToBf16(nq * k, FillF32(nq * k), wq.back(), nullptr));
+      wkv.push_back(DeviceAlloc<uint16_t>(2 * nkv * k));
+      BENCH_CUDA(kernels::RoundF32ToBf16(nkv * k, FillF32(nkv * k), wkv.back(), nullptr));
+      for (float* f : fills_) BENCH_CUDA(cudaFree(f));
+      fills_.clear();
+    }
+    float* x = bench::Upload(bench::Uniform(m * k, 2));
+    float* y = bench::Upload(bench::Uniform(m * k, 3));
+    float* gamma = bench::Upload(bench::Uniform(k, 4));
+    uint16_t* act = DeviceAlloc<uint16_t>(2 * m * k);
+    float* cq = DeviceAlloc<float>(4 * m * nq);
+    float* ckv = DeviceAlloc<float>(4 * m * nkv);
+    unsigned int* counter = DeviceAlloc<unsigned int>(sizeof(unsigned int));
+    BENCH_CUDA(cudaMemset(counter, 0, sizeof(unsigned int)));
+    auto small_m = [&](int64_t n, const uint16_t* w, float* c, cudaStream_t st) {
+      kernels::SmallMGemmParams p;
+      p.m = m, p.n = n, p.k = k, p.a = act, p.a_bf16 = true, p.lda = k, p.w = w, p.ldw = k;
+      p.c = c, p.ldc = n;
+      BENCH_CUDA(kernels::SmallMGemmBf16(p, st));
+    };
+    kernels::StagedGemvParams sp;
+    sp.m = m, sp.k = k, sp.num_targets = 2;
+    sp.a = act, sp.a_bf16 = true, sp.lda = k;
+    sp.x = x, sp.y = y, sp.norm_weight = gamma, sp.eps = 1e-6f, sp.counter = counter;
+    const double before = GraphUsN(copies, [&](int64_t i, cudaStream_t st) {
+      BENCH_CUDA(kernels::AddRmsNormF32(m, k, x, y, gamma, 1e-6f, nullptr, act, st));
+      small_m(nq, wq[i], cq, st);
+      small_m(nkv, wkv[i], ckv, st);
+    });
+    const double staged = GraphUsN(copies, [&](int64_t i, cudaStream_t st) {
+      BENCH_CUDA(kernels::AddRmsNormF32(m, k, x, y, gamma, 1e-6f, nullptr, act, st));
+      kernels::StagedGemvParams q = sp;
+      q.prologue = kernels::StagedGemvPrologue::kCopy;
+      q.targets[0] = {nq, wq[i], k, cq, nq, false};
+      q.targets[1] = {nkv, wkv[i], k, ckv, nkv, false};
+      BENCH_CUDA(kernels::StagedGemvBf16(q, st));
+    });
+    const double fused = GraphUsN(copies, [&](int64_t i, cudaStream_t st) {
+      kernels::StagedGemvParams q = sp;
+      q.prologue = kernels::StagedGemvPrologue::kAddRmsNorm;
+      q.targets[0] = {nq, wq[i], k, cq, nq, false};
+      q.targets[1] = {nkv, wkv[i], k, ckv, nkv, false};
+      BENCH_CUDA(kernels::StagedGemvBf16(q, st));
+    });
+    const double gb = bytes / 1e9;
+    auto pct = [&](double us) { return 100.0 * gb / (us * 1e-6) / 4300.0; };
+    std::printf(
+        "norm + q_proj + kv_a   m %lld  weights %7.2f MB  roofline %7.2f us | per step in a "
+        "graph: AddRmsNorm + 2 small-m %7.2f us (%5.1f%%) | AddRmsNorm + staged (2 "
+        "targets) %7.2f us (%5.1f%%) | fused norm + staged %7.2f us (%5.1f%%)\n",
+        static_cast<long long>(m), gb * 1e3, gb / 4300.0 * 1e6, before, pct(before), staged,
+        pct(staged), fused, pct(fused));
+    std::fflush(stdout);
+    for (int64_t i = 0; i < copies; ++i) {
+      BENCH_CUDA(cudaFree(wq[i]));
+      BENCH_CUDA(cudaFree(wkv[i]));
+    }
+    for (void* p : {static_cast<void*>(x), static_cast<void*>(y), static_cast<void*>(gamma),
+                    static_cast<void*>(act), static_cast<void*>(cq), static_cast<void*>(ckv),
+                    static_cast<void*>(counter)}) {
+      BENCH_CUDA(cudaFree(p));
+    }
   }
 
   void Run(const Shape& s, int64_t m) {
@@ -161,10 +248,26 @@ class Bench {
           q.w = wi;
           BENCH_CUDA(kernels::SmallMGemmBf16(q, st));
         });
-        std::printf("%-22s m %lld    small-m %s: alone %8.2f us (%5.1f%%) | in a graph %8.2f us "
-                    "(%5.1f%%, %lld launches)\n",
-                    s.name, static_cast<long long>(m), name, t_alone, pct(t_alone), t_graph,
-                    pct(t_graph), static_cast<long long>(copies));
+        std::printf(
+            "%-22s m %lld    small-m %s: alone %8.2f us (%5.1f%%) | in a graph %8.2f us "
+            "(%5.1f%%, %lld launches)\n",
+            s.name, static_cast<long long>(m), name, t_alone, pct(t_alone), t_graph, pct(t_graph),
+            static_cast<long long>(copies));
+        std::fflush(stdout);
+      }
+      if (B == 1) {
+        // The staged GEMV (kernels/gemm/staged_gemv.h) on the same copies.
+        kernels::StagedGemvParams sp;
+        sp.m = m, sp.k = k, sp.a = a, sp.lda = k, sp.num_targets = 1;
+        sp.targets[0] = {n, w, k, c, n, false};
+        const double t_graph = GraphUs(ws, [&](const uint16_t* wi, cudaStream_t st) {
+          kernels::StagedGemvParams q = sp;
+          q.targets[0].w = wi;
+          BENCH_CUDA(kernels::StagedGemvBf16(q, st));
+        });
+        std::printf("%-22s m %lld    staged GEMV:  in a graph %8.2f us (%5.1f%%, %lld launches)\n",
+                    s.name, static_cast<long long>(m), t_graph, pct(t_graph),
+                    static_cast<long long>(copies));
         std::fflush(stdout);
       }
       for (size_t i = 1; i < ws.size(); ++i) BENCH_CUDA(cudaFree(ws[i]));
@@ -210,6 +313,7 @@ int main() {
       {"lift W_uv (16 heads)", 16, 128, 512},
   };
   deepinfer::Bench bench;
+  for (int64_t m : {1, 4}) bench.RunNormQkv(m);
   for (int64_t m : {1, 4}) {
     for (const Shape& s : shapes) bench.Run(s, m);
   }

@@ -138,7 +138,9 @@ TEST(SmallMGemmTest, AutoPicksTheMeasuredFasterLayout) {
            Shape{1, 1, 2048, 11264, true},    // dense down
            Shape{1, 1, 129280, 2048, true},   // lm_head
            Shape{1, 16, 512, 128, false},     // absorbed W_uk
-           Shape{1, 16, 128, 512, false},     // absorbed W_uv
+           Shape{1, 16, 128, 512, true},      // absorbed W_uv
+           Shape{4, 16, 128, 512, true},      // absorbed W_uv
+           Shape{1, 1, 4096, 512, false},     // wide, k = 512
            Shape{4, 1, 576, 2048, true},      // kv_a_proj
            Shape{4, 1, 2048, 2048, false},    // o_proj
            Shape{4, 1, 3072, 2048, false},    // q_proj

@@ -119,6 +119,10 @@ int main(int argc, char** argv) {
       "small-m-gemm-algo", &config.small_m_gemm_algo,
       "CUDA: force the small-m GEMM layout (row: a lane group per weight row; split-k:\n"
       "a row's k over several warps); empty: by shape.");
+  flags.AddString("staged-gemv", &config.staged_gemv,
+                  "CUDA: where the staged small-m GEMV runs (off; norm: the input norm and the\n"
+                  "q / kv_a GEMMs in one launch at <= 4 rows; all: also one-row GEMMs with\n"
+                  "k >= 1024); empty: all.");
   flags.AddInt("decode-moe-chunk-rows", &config.decode_moe_chunk_rows,
                "CUDA, bf16: rows per chunk of the planned cuBLAS expert GEMMs (1-256; 0: the\n"
                "backend's choice by size).");

@@ -414,6 +414,18 @@ absl::Status RunRank(const BenchConfig& bc, int64_t rank, RankState* s, RankOutp
           "--small-m-gemm-algo must be row or split-k, got '", bc.small_m_gemm_algo, "'"));
     }
   }
+  if (cuda != nullptr && !bc.staged_gemv.empty()) {
+    if (bc.staged_gemv == "off") {
+      cuda->SetStagedGemv(CudaBackend::StagedGemv::kOff);
+    } else if (bc.staged_gemv == "norm") {
+      cuda->SetStagedGemv(CudaBackend::StagedGemv::kNorm);
+    } else if (bc.staged_gemv == "all") {
+      cuda->SetStagedGemv(CudaBackend::StagedGemv::kAll);
+    } else {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--staged-gemv must be off, norm or all, got '", bc.staged_gemv, "'"));
+    }
+  }
   if (cuda != nullptr && bc.decode_moe_chunk_rows != 0) {
     if (bc.decode_moe_chunk_rows < 0 ||
         bc.decode_moe_chunk_rows > CudaBackend::kMaxPlannedChunkRows) {

@@ -96,6 +96,8 @@ struct BenchConfig {
   // CUDA: CudaBackend::SetSmallMGemmAlgo, the small-m GEMM layout ("row" or "split-k"); empty:
   // kernels::SmallMGemmAutoIsSplitK's choice.
   std::string small_m_gemm_algo;
+  // CUDA: CudaBackend::SetStagedGemv ("off", "norm" or "all"); empty: the backend's default.
+  std::string staged_gemv;
   // CUDA only: CudaBackend::SetPlannedChunkRows (0: the backend's choice by size).
   int64_t decode_moe_chunk_rows = 0;
   // CUDA only: CudaBackend::SetDecodeMoeSparseEpilogue (false: the previous SiLU-mul over every

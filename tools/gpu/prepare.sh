@@ -54,6 +54,7 @@ tests=(
   //kernels/attention:mha_prefill_test
   //kernels/embedding:rows_test
   //kernels/gemm:small_m_gemm_test
+  //kernels/gemm:staged_gemv_test
   //kernels/moe:expert_activation_test
   //kernels/moe:expert_counts_test
   //kernels/moe:expert_gemm_cublas_test

@@ -22,6 +22,15 @@ absl::StatusOr<WeightDType> ParseWeightDType(const std::string& name) {
       absl::StrCat("unknown weight dtype '", name, "' (expected bfloat16 or float32)"));
 }
 
+void Backend::AddRmsNormGemms(int64_t rows, int64_t dim, float* x, const float* y,
+                              const float* weight, float eps, float* normed, uint16_t* normed_bf16,
+                              const std::vector<NormedGemm>& gemms) {
+  AddRmsNorm(rows, dim, x, y, weight, eps, normed_bf16 != nullptr ? nullptr : normed, normed_bf16);
+  const ActivationView a =
+      normed_bf16 != nullptr ? ActivationView::Bf16(normed_bf16) : ActivationView(normed);
+  for (const NormedGemm& g : gemms) Gemm(rows, g.n, dim, a, dim, g.w, g.ldw, g.c, g.ldc, false);
+}
+
 std::unique_ptr<DeviceBuffer> Backend::UploadWeight(const float* host, int64_t n) {
   const WeightDType dtype = weight_dtype();
   auto buf = Allocate(static_cast<size_t>(n) * WeightDTypeSize(dtype));

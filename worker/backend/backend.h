@@ -198,6 +198,15 @@ struct NoauxTcRouteArgs {
   float* topk_weights = nullptr;  // [tokens, top_k]
 };
 
+// One GEMM of Backend::AddRmsNormGemms: c[i, j] = sum_p normed[i, p] * w[j, p], j < n.
+struct NormedGemm {
+  int64_t n = 0;
+  WeightView w;
+  int64_t ldw = 0;
+  float* c = nullptr;
+  int64_t ldc = 0;
+};
+
 // Arguments of Backend::RoutedExperts: the routed-expert part of a MoE layer on one rank that
 // hosts every expert, with the routing left on the device. Slot s of the tables holds expert s.
 struct RoutedExpertsArgs {
@@ -318,6 +327,15 @@ class Backend {
   // each optional (null: not written); neither may alias x or y.
   virtual void AddRmsNorm(int64_t rows, int64_t dim, float* x, const float* y, const float* weight,
                           float eps, float* out, uint16_t* out_bf16) = 0;
+  // AddRmsNorm(rows, dim, x, y, weight, eps, normed, normed_bf16), then for each g of gemms
+  // Gemm(rows, g.n, dim, the normed rows (normed_bf16 if set, else normed), dim, g.w, g.ldw, g.c,
+  // g.ldc, false): the GEMMs that read one norm's output (attention's q and kv_a projections).
+  // Exactly one of normed / normed_bf16 is set; it is scratch: a backend that fuses the norm
+  // into the GEMMs (the CUDA backend at decode sizes) may leave it unwritten. This default runs
+  // the ops one by one.
+  virtual void AddRmsNormGemms(int64_t rows, int64_t dim, float* x, const float* y,
+                               const float* weight, float eps, float* normed, uint16_t* normed_bf16,
+                               const std::vector<NormedGemm>& gemms);
   // out = a + b, elementwise over n values. out may alias a or b.
   virtual void Add(int64_t n, const float* a, const float* b, float* out) = 0;
   // out[r, i] = silu(x[r, i]) * x[r, inter + i]: x rows are [gate | up] of width 2*inter.

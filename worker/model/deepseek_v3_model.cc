@@ -475,10 +475,12 @@ absl::Status DeepseekV3Model::Layers(const StepContext& ctx, const int32_t* ids,
   uint16_t* h16p = h16 != nullptr ? h16->as<uint16_t>() : nullptr;
   for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
     const LayerWeights& L = weights_->layers[l];
-    // x += the previous layer's output (nothing to add before the first layer).
-    backend_->AddRmsNorm(T, H, xp, l == 0 ? nullptr : yp, L.input_norm->as<float>(), eps,
-                         h16p != nullptr ? nullptr : hp, h16p);
-    Attention(l, ctx, h_gemm, yp);
+    // x += the previous layer's output (nothing to add before the first layer), normed inside
+    // Attention with the GEMMs that read it.
+    const InputNorm input_norm{
+        xp, l == 0 ? nullptr : yp, L.input_norm->as<float>(), eps, h16p != nullptr ? nullptr : hp,
+        h16p};
+    Attention(l, ctx, h_gemm, yp, &input_norm);
     // The MoE's router and routed experts read fp32 rows; the dense MLP only the GEMM operand.
     const bool want_f32 = L.moe || h16p == nullptr;
     backend_->AddRmsNorm(T, H, xp, yp, L.post_attention_norm->as<float>(), eps,
@@ -710,8 +712,8 @@ absl::Status DeepseekV3Model::DecodeForward(const DecodeGraph& g) {
   return absl::OkStatus();
 }
 
-void DeepseekV3Model::Attention(int64_t layer, const StepContext& ctx, ActivationView h,
-                                float* out) {
+void DeepseekV3Model::Attention(int64_t layer, const StepContext& ctx, ActivationView h, float* out,
+                                const InputNorm* norm) {
   const ModelConfig& c = config_;
   const ModelWeights& W = *weights_;
   const LayerWeights& L = W.layers[layer];
@@ -720,12 +722,28 @@ void DeepseekV3Model::Attention(int64_t layer, const StepContext& ctx, Activatio
   const int64_t kvl = c.kv_lora_rank, qk = c.qk_head_dim(), qdim = nh * qk;
   const int32_t* positions = ctx.positions;
 
-  // Queries: [T, heads, nope | rope].
+  // Queries: [T, heads, nope | rope]; latent and shared rope key: [T, kv_lora | rope].
   auto q = Floats(T * qdim);
+  const int64_t kvw = kvl + rope;
+  auto kv = Floats(T * kvw);
+  std::unique_ptr<DeviceBuffer> qa;
+  if (c.q_lora_rank > 0) qa = Floats(T * c.q_lora_rank);
+  if (norm != nullptr) {
+    std::vector<NormedGemm> gemms;
+    if (qa != nullptr) {
+      gemms.push_back({c.q_lora_rank, W.Matrix(L.q_a), H, qa->as<float>(), c.q_lora_rank});
+    } else {
+      gemms.push_back({qdim, W.Matrix(L.q), H, q->as<float>(), qdim});
+    }
+    gemms.push_back({kvw, W.Matrix(L.kv_a), H, kv->as<float>(), kvw});
+    backend_->AddRmsNormGemms(T, H, norm->x, norm->y, norm->weight, norm->eps, norm->normed,
+                              norm->normed_bf16, gemms);
+  }
   if (c.q_lora_rank > 0) {
     const int64_t r = c.q_lora_rank;
-    auto qa = Floats(T * r);
-    backend_->Gemm(T, r, H, h, H, W.Matrix(L.q_a), H, qa->as<float>(), r, false);
+    if (norm == nullptr) {
+      backend_->Gemm(T, r, H, h, H, W.Matrix(L.q_a), H, qa->as<float>(), r, false);
+    }
     if (Bf16Operands()) {
       auto qa16 = backend_->AllocateScratch(T * r * sizeof(uint16_t));
       backend_->AddRmsNorm(T, r, qa->as<float>(), nullptr, L.q_a_norm->as<float>(), kLatentNormEps,
@@ -738,13 +756,12 @@ void DeepseekV3Model::Attention(int64_t layer, const StepContext& ctx, Activatio
       backend_->Gemm(T, qdim, r, qa->as<float>(), r, W.Matrix(L.q_b), r, q->as<float>(), qdim,
                      false);
     }
-  } else {
+  } else if (norm == nullptr) {
     backend_->Gemm(T, qdim, H, h, H, W.Matrix(L.q), H, q->as<float>(), qdim, false);
   }
-  // Latent and shared rope key: [T, kv_lora | rope].
-  const int64_t kvw = kvl + rope;
-  auto kv = Floats(T * kvw);
-  backend_->Gemm(T, kvw, H, h, H, W.Matrix(L.kv_a), H, kv->as<float>(), kvw, false);
+  if (norm == nullptr) {
+    backend_->Gemm(T, kvw, H, h, H, W.Matrix(L.kv_a), H, kv->as<float>(), kvw, false);
+  }
   const bool il = c.rope_interleave;
   const PagedLatentCacheView view = ctx.cache->LayerView(static_cast<int32_t>(layer));
   if (fused_ops_) {

@@ -181,8 +181,21 @@ class DeepseekV3Model {
   // is recorded and replayed.
   absl::Status DecodeForward(const DecodeGraph& g);
   void DropDecodeGraphs();
-  // h: the normed rows as the GEMMs take them (bf16 with fused ops and bf16 weights).
-  void Attention(int64_t layer, const StepContext& ctx, ActivationView h, float* out);
+  // The layer's input norm, when Attention applies it: x += y (y optional), then the normed
+  // rows into normed_bf16 if set, else normed (h's buffer; scratch of AddRmsNormGemms).
+  struct InputNorm {
+    float* x;
+    const float* y;
+    const float* weight;
+    float eps;
+    float* normed;
+    uint16_t* normed_bf16;
+  };
+  // h: the normed rows as the GEMMs take them (bf16 with fused ops and bf16 weights). With
+  // `norm`, h is not yet written: the norm and the GEMMs that read h (q or q_a, kv_a) run as one
+  // Backend::AddRmsNormGemms, h its scratch.
+  void Attention(int64_t layer, const StepContext& ctx, ActivationView h, float* out,
+                 const InputNorm* norm = nullptr);
   // Whether this step's attention takes the non-absorbed form (prefill_attention_, the spans).
   bool UsesMhaPrefill(const StepContext& ctx) const;
   // The non-absorbed attention and o_proj of one layer, after the cache holds this step's keys

@@ -143,6 +143,30 @@ TEST(CpuBackendTest, FusedOpsEqualTheOpsTheyReplace) {
   be.SiluMul(rows, n, g.data(), act.data());
   be.SiluMulBf16(rows, n, g.data(), act16.data());
   for (int64_t i = 0; i < rows * n; ++i) ASSERT_EQ(act16[i], FloatToBf16Bits(act[i]));
+
+  // AddRmsNormGemms = AddRmsNorm into the given scratch (bf16 or fp32), then each Gemm.
+  auto w2 = random(7 * dim);
+  auto w2buf = be.UploadWeight(w2.data(), w2.size());
+  const WeightView w2v(w2buf->data(), WeightDType::kBFloat16);
+  for (bool bf16_scratch : {true, false}) {
+    std::vector<float> gx = x, ox = x, gc1(rows * n), gc2(rows * 7), oc1(rows * n), oc2(rows * 7);
+    std::vector<float> normed(rows * dim), onormed(rows * dim);
+    std::vector<uint16_t> normed16(rows * dim), onormed16(rows * dim);
+    be.AddRmsNormGemms(rows, dim, gx.data(), y.data(), w.data(), 1e-6f,
+                       bf16_scratch ? nullptr : normed.data(),
+                       bf16_scratch ? normed16.data() : nullptr,
+                       {{n, wv, dim, gc1.data(), n}, {7, w2v, dim, gc2.data(), 7}});
+    be.AddRmsNorm(rows, dim, ox.data(), y.data(), w.data(), 1e-6f,
+                  bf16_scratch ? nullptr : onormed.data(),
+                  bf16_scratch ? onormed16.data() : nullptr);
+    const ActivationView oa =
+        bf16_scratch ? ActivationView::Bf16(onormed16.data()) : ActivationView(onormed.data());
+    be.Gemm(rows, n, dim, oa, dim, wv, dim, oc1.data(), n, false);
+    be.Gemm(rows, 7, dim, oa, dim, w2v, dim, oc2.data(), 7, false);
+    EXPECT_EQ(gx, ox);
+    EXPECT_EQ(gc1, oc1) << "bf16 scratch " << bf16_scratch;
+    EXPECT_EQ(gc2, oc2) << "bf16 scratch " << bf16_scratch;
+  }
 }
 
 // NormRopeWriteLatentCache = RmsNorm + ApplyRope (key) + ApplyRope (query) + WriteLatentCache.

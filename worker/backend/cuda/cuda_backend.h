@@ -40,6 +40,7 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "kernels/gemm/small_m_gemm.h"
+#include "kernels/gemm/staged_gemv.h"
 #include "kernels/moe/expert_gemm_cublas.h"
 #include "worker/backend/backend.h"
 
@@ -94,6 +95,16 @@ class CudaBackend : public Backend {
   // With more than one row, the small-m kernel only up to this many output columns.
   static constexpr int64_t kSmallMGemmMaxColumnsAboveOneRow = 4096;
   bool small_m_gemm() const { return small_m_gemm_; }
+  // Where kernels::StagedGemvBf16 runs. kNorm: AddRmsNormGemms at one row with bf16 weights is
+  // one launch (the norm computed by every block as it stages the activation, x += y written
+  // once; the normed scratch left unwritten). kAll (default): also Gemm at one row with bf16
+  // weights where kernels::StagedGemvPreferredAtOneRow (measured faster) while the small-m
+  // layout is kAuto. kOff: neither (the kernels before it).
+  enum class StagedGemv { kOff, kNorm, kAll };
+  void SetStagedGemv(StagedGemv use) { staged_gemv_ = use; }
+  void AddRmsNormGemms(int64_t rows, int64_t dim, float* x, const float* y, const float* weight,
+                       float eps, float* normed, uint16_t* normed_bf16,
+                       const std::vector<NormedGemm>& gemms) override;
   void BatchedGemm(int64_t batch, int64_t m, int64_t n, int64_t k, const float* a, int64_t lda,
                    int64_t stride_a, WeightView w, int64_t ldw, int64_t stride_w, float* c,
                    int64_t ldc, int64_t stride_c) override;
@@ -263,7 +274,7 @@ class CudaBackend : public Backend {
  private:
   std::unique_ptr<DeviceBuffer> AllocateOnStream(size_t bytes, bool zero);
   CudaBackend(int device, WeightDType weight_dtype, cudaStream_t stream, cublasHandle_t cublas,
-              cudaMemPool_t pool, void* cublas_workspace);
+              cudaMemPool_t pool, void* cublas_workspace, unsigned int* staged_gemv_counter);
   // One GEMM of the Gemm layout on cuBLAS. a is fp32 for fp32 weights, bf16 bits otherwise.
   void GemmOnCublas(int64_t m, int64_t n, int64_t k, const void* a, int64_t lda, WeightView w,
                     int64_t ldw, float* c, int64_t ldc, bool accumulate);
@@ -322,6 +333,7 @@ class CudaBackend : public Backend {
   bool small_m_gemm_ = true;
   bool allocations_aside_ = false;
   kernels::SmallMGemmAlgo small_m_gemm_algo_ = kernels::SmallMGemmAlgo::kAuto;
+  StagedGemv staged_gemv_ = StagedGemv::kAll;
   std::map<std::string, OpTotal> op_totals_;
 
   kernels::ExpertGemmCublasAlgo expert_gemm_algo_ = kernels::ExpertGemmCublasAlgo::kChunked;
@@ -337,6 +349,9 @@ class CudaBackend : public Backend {
   cublasHandle_t cublas_;
   cudaMemPool_t pool_;
   void* cublas_workspace_;  // cudaMalloc'ed, kCublasWorkspaceBytes
+  // cudaMalloc'ed and zeroed: the staged GEMV's counter (kernels::StagedGemvParams::counter;
+  // every launch on stream_ leaves it 0).
+  unsigned int* staged_gemv_counter_;
   mutable absl::Mutex mu_;
   absl::Status first_error_ ABSL_GUARDED_BY(mu_);
   // While Capture records: errors go here instead of first_error_ (a failed recording is

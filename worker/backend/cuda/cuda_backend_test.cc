@@ -128,8 +128,10 @@ TEST_F(CudaBackendTest, GemmMatchesCpuWithStridesAndAccumulate) {
   struct Case {
     int64_t m, n, k, lda, ldw, ldc;
   };
+  // One row, k 2048 / 2816: the staged GEMV (kernels/gemm/staged_gemv.h) by default.
   for (Case c : {Case{1, 129, 96, 96, 96, 129}, Case{37, 29, 45, 50, 47, 31},
-                 Case{130, 512, 1024, 1030, 1024, 520}, Case{5, 3, 0, 1, 1, 3}}) {
+                 Case{130, 512, 1024, 1030, 1024, 520}, Case{5, 3, 0, 1, 1, 3},
+                 Case{1, 576, 2048, 2048, 2048, 576}, Case{1, 1000, 2816, 2824, 2816, 1003}}) {
     for (bool accumulate : {false, true}) {
       const uint32_t seed = testing::FreshSeed();
       SCOPED_TRACE(::testing::Message() << "m " << c.m << " n " << c.n << " k " << c.k
@@ -329,6 +331,50 @@ TEST_F(CudaBackendTest, AddRmsNormAndSiluMulBf16MatchCpu) {
     differ += act[i] != want[i];
   }
   EXPECT_LE(differ, static_cast<int64_t>(act.size()) / 1000);
+  EXPECT_TRUE(gpu_->status().ok()) << gpu_->status();
+}
+
+// AddRmsNormGemms (attention's q and kv_a projections) against the CPU backend's default (the
+// ops one by one): fused at one row (StagedGemv kNorm / kAll), the default otherwise and with
+// kOff; x += y bit for bit, the GEMMs within the bf16 bound (a last-ulp difference of the norm
+// may move a bf16 operand by one ulp).
+TEST_F(CudaBackendTest, AddRmsNormGemmsMatchesCpu) {
+  const int64_t dim = 2048, nq = 3072, nkv = 576;
+  for (const CudaBackend::StagedGemv use :
+       {CudaBackend::StagedGemv::kAll, CudaBackend::StagedGemv::kNorm,
+        CudaBackend::StagedGemv::kOff}) {
+    gpu_->SetStagedGemv(use);
+    for (int64_t rows : {1, 3, 4, 6}) {
+      for (bool with_y : {true, false}) {
+        const uint32_t seed = testing::FreshSeed();
+        SCOPED_TRACE(::testing::Message() << "staged " << static_cast<int>(use) << " rows " << rows
+                                          << " with_y " << with_y << " seed " << seed);
+        auto x = testing::RandomFloats(rows * dim, seed, 3.0f);
+        auto y = testing::RandomFloats(rows * dim, seed + 1);
+        auto wn = testing::RandomFloats(dim, seed + 2);
+        auto wq = testing::RandomFloats(nq * dim, seed + 3);
+        auto wkv = testing::RandomFloats(nkv * dim, seed + 4);
+        std::vector<std::unique_ptr<DeviceBuffer>> keep;
+        std::vector<float> cx = x, cq(rows * nq), ckv(rows * nkv);
+        std::vector<uint16_t> c16(rows * dim);
+        cpu16_.AddRmsNormGemms(rows, dim, cx.data(), with_y ? y.data() : nullptr, wn.data(), 1e-6f,
+                               nullptr, c16.data(),
+                               {{nq, CpuBf16(wq, &keep), dim, cq.data(), nq},
+                                {nkv, CpuBf16(wkv, &keep), dim, ckv.data(), nkv}});
+        auto dx = Upload(x), dy = Upload(y), dwn = Upload(wn);
+        auto dq = Poisoned(rows * nq), dkv = Poisoned(rows * nkv);
+        auto d16 = gpu_->Allocate(rows * dim * sizeof(uint16_t));
+        gpu_->AddRmsNormGemms(rows, dim, dx->as<float>(), with_y ? dy->as<float>() : nullptr,
+                              dwn->as<float>(), 1e-6f, nullptr, d16->as<uint16_t>(),
+                              {{nq, GpuBf16(wq, &keep), dim, dq->as<float>(), nq},
+                               {nkv, GpuBf16(wkv, &keep), dim, dkv->as<float>(), nkv}});
+        EXPECT_TRUE(AllClose(Download(*dx), cx, 0, 0));
+        EXPECT_TRUE(AllClose(Download(*dq), cq, 5e-2, 1e-3));
+        EXPECT_TRUE(AllClose(Download(*dkv), ckv, 5e-2, 1e-3));
+      }
+    }
+  }
+  gpu_->SetStagedGemv(CudaBackend::StagedGemv::kAll);
   EXPECT_TRUE(gpu_->status().ok()) << gpu_->status();
 }
 

@@ -1,0 +1,333 @@
+// Staged small-m GEMV (staged_gemv.h). A block of 8 warps first stages the m activation rows in
+// shared memory as bf16 (copied and rounded, or made by the add + RMS norm prologue), then each
+// warp walks its weight rows: row j = warp's global index + i * (all warps), each row in passes
+// of 32 * C 16-byte chunks (one pass for k <= 2048). A lane's chunks of a pass are loaded all at
+// once, and the warp's next pass (of this row or its next row) is loaded before the current one
+// is multiplied, so two passes of every warp are in flight. The first two passes are loaded
+// before the wait for the preceding kernel (programmatic dependent launch: weights are never
+// written during a step), overlapping that kernel's tail and this kernel's staging.
+#include <cuda_bf16.h>
+
+#include "kernels/common/kernel_facts.h"
+#include "kernels/common/launch.cuh"
+#include "kernels/gemm/staged_gemv.h"
+
+namespace deepinfer {
+namespace kernels {
+namespace {
+
+constexpr int kThreads = 256;
+constexpr int kWarps = kThreads / 32;
+constexpr int kBlocksPerSm = 2;  // the grid: at most this many blocks per SM
+constexpr int kMaxChunks = 8;    // 16-byte weight chunks per lane and pass
+
+// What the kernel needs beside the caller's parameters, computed on the host.
+struct Args {
+  StagedGemvParams p;
+  int64_t begin[kStagedGemvMaxTargets];  // first concatenated row of each target
+  int64_t rows;                          // all targets' rows
+  int64_t chunks;                        // 16-byte chunks of a weight row (k / 8)
+  int64_t passes;                        // passes per row
+};
+
+template <int C>
+struct Chunks {
+  uint4 q[C];
+};
+
+template <int C>
+struct FirstPasses {
+  Chunks<C> u0, u1;
+};
+
+__device__ __forceinline__ float Bf16Lo(uint32_t v) { return __uint_as_float(v << 16); }
+__device__ __forceinline__ float Bf16Hi(uint32_t v) { return __uint_as_float(v & 0xffff0000u); }
+__device__ __forceinline__ uint32_t Bf16Bits(float x) {
+  return __bfloat16_as_ushort(__float2bfloat16_rn(x));
+}
+__device__ __forceinline__ uint32_t Pack(float lo, float hi) {
+  return Bf16Bits(lo) | (Bf16Bits(hi) << 16);
+}
+
+// 16 bytes of weights that are read once: not kept in L1.
+__device__ __forceinline__ uint4 LoadWeights16(const uint16_t* p) {
+  uint4 v;
+  asm("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
+      : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+      : "l"(p));
+  return v;
+}
+
+// Concatenated row j's weights (every index static, so the parameters stay in registers).
+__device__ __forceinline__ const uint16_t* RowWeights(const Args& a, int64_t j) {
+  const uint16_t* w = nullptr;
+#pragma unroll
+  for (int t = 0; t < kStagedGemvMaxTargets; ++t) {
+    if (t < a.p.num_targets && j >= a.begin[t]) {
+      w = a.p.targets[t].w + (j - a.begin[t]) * a.p.targets[t].ldw;
+    }
+  }
+  return w;
+}
+
+// Pass `pass` of row j: chunks (pass * C + u) * 32 + lane, zeros past the row's end.
+template <int C>
+__device__ __forceinline__ void LoadPass(const Args& a, int64_t j, int64_t pass, Chunks<C>& out) {
+  const int lane = threadIdx.x % 32;
+  const uint16_t* wr = RowWeights(a, j);
+#pragma unroll
+  for (int u = 0; u < C; ++u) {
+    const int64_t q = (pass * C + u) * 32 + lane;
+    out.q[u] = q < a.chunks ? LoadWeights16(wr + 8 * q) : make_uint4(0, 0, 0, 0);
+  }
+}
+
+// The unit after (j, pass) in this warp's list.
+__device__ __forceinline__ void Advance(const Args& a, int64_t& j, int64_t& pass) {
+  if (++pass == a.passes) {
+    pass = 0;
+    j += int64_t{gridDim.x} * kWarps;
+  }
+}
+
+template <int M, int C>
+__device__ FirstPasses<C> Prefetch(Args a) {
+  FirstPasses<C> first;
+  int64_t j = int64_t{blockIdx.x} * kWarps + threadIdx.x / 32, pass = 0;
+  if (j < a.rows) LoadPass<C>(a, j, pass, first.u0);
+  Advance(a, j, pass);
+  if (j < a.rows) LoadPass<C>(a, j, pass, first.u1);
+  return first;
+}
+
+// AddRmsNormF32's BlockInvRms (kernels/norm/rms_norm.cu), the same reduction order.
+__device__ __forceinline__ float BlockInvRms(float ss, int64_t dim, float eps) {
+  __shared__ float partial[kWarps];
+  __shared__ float inv_rms;
+  for (int o = 16; o > 0; o >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o);
+  if ((threadIdx.x & 31) == 0) partial[threadIdx.x / 32] = ss;
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    float total = 0.0f;
+    for (int w = 0; w < kWarps; ++w) total += partial[w];
+    inv_rms = 1.0f / sqrtf(total / static_cast<float>(dim) + eps);
+  }
+  __syncthreads();
+  return inv_rms;
+}
+
+// act (m rows of k bf16 values, 16-byte aligned) = the prologue's activation; every thread
+// returns after it is complete.
+__device__ void Stage(const StagedGemvParams& p, uint16_t* act) {
+  const int64_t k = p.k;
+  if (p.prologue == StagedGemvPrologue::kCopy) {
+    const int64_t k8 = k / 8;
+    uint4* act8 = reinterpret_cast<uint4*>(act);
+    for (int64_t i = threadIdx.x; i < p.m * k8; i += kThreads) {
+      const int64_t r = i / k8, c8 = i % k8;
+      uint4 v;
+      if (p.a_bf16) {
+        v = *reinterpret_cast<const uint4*>(static_cast<const uint16_t*>(p.a) + r * p.lda + 8 * c8);
+      } else {
+        const float4* f =
+            reinterpret_cast<const float4*>(static_cast<const float*>(p.a) + r * p.lda + 8 * c8);
+        const float4 x = f[0], y = f[1];
+        v = make_uint4(Pack(x.x, x.y), Pack(x.z, x.w), Pack(y.x, y.y), Pack(y.z, y.w));
+      }
+      act8[i] = v;
+    }
+    __syncthreads();
+    return;
+  }
+  // kAddRmsNorm: per row, AddRmsNormF32's arithmetic (each thread the elements tid + i * 256 in
+  // order, the same block reduction), without writing x yet: other blocks still read it.
+  for (int64_t r = 0; r < p.m; ++r) {
+    const float* xr = p.x + r * k;
+    const float* yr = p.y != nullptr ? p.y + r * k : nullptr;
+    float ss = 0.0f;
+    for (int64_t i = threadIdx.x; i < k; i += kThreads) {
+      const float v = yr != nullptr ? xr[i] + yr[i] : xr[i];
+      ss += v * v;
+    }
+    const float inv = BlockInvRms(ss, k, p.eps);
+    for (int64_t i = threadIdx.x; i < k; i += kThreads) {
+      const float v = yr != nullptr ? xr[i] + yr[i] : xr[i];
+      act[r * k + i] = static_cast<uint16_t>(Bf16Bits(p.norm_weight[i] * (v * inv)));
+    }
+  }
+  __syncthreads();
+  if (p.y == nullptr) return;
+  // x += y once, by the last block to finish reading x: every other block has counted itself
+  // after its reads. The counter goes back to 0 for the next launch.
+  __shared__ bool last;
+  if (threadIdx.x == 0) {
+    __threadfence();
+    last = atomicAdd(p.counter, 1u) == gridDim.x - 1;
+  }
+  __syncthreads();
+  if (last) {
+    for (int64_t i = threadIdx.x; i < p.m * k; i += kThreads) p.x[i] = p.x[i] + p.y[i];
+    if (threadIdx.x == 0) *p.counter = 0;
+  }
+}
+
+template <int M, int C>
+__device__ void Body(const FirstPasses<C>& first, Args a) {
+  extern __shared__ uint4 staged[];
+  uint16_t* act = reinterpret_cast<uint16_t*>(staged);
+  Stage(a.p, act);
+  const int lane = threadIdx.x % 32;
+  const int64_t k = a.p.k;
+  int64_t j = int64_t{blockIdx.x} * kWarps + threadIdx.x / 32, pass = 0;
+  int64_t next_j = j, next_pass = pass;
+  Advance(a, next_j, next_pass);
+  Chunks<C> cur = first.u0, next = first.u1;
+  float acc[M];
+#pragma unroll
+  for (int r = 0; r < M; ++r) acc[r] = 0.0f;
+  while (j < a.rows) {
+#pragma unroll
+    for (int u = 0; u < C; ++u) {
+      const int64_t q = (pass * C + u) * 32 + lane;
+      if (q < a.chunks) {
+        const uint4 wq = cur.q[u];
+        const float wv[8] = {Bf16Lo(wq.x), Bf16Hi(wq.x), Bf16Lo(wq.y), Bf16Hi(wq.y),
+                             Bf16Lo(wq.z), Bf16Hi(wq.z), Bf16Lo(wq.w), Bf16Hi(wq.w)};
+#pragma unroll
+        for (int r = 0; r < M; ++r) {
+          const uint4 aq = *reinterpret_cast<const uint4*>(act + r * k + 8 * q);
+          const float av[8] = {Bf16Lo(aq.x), Bf16Hi(aq.x), Bf16Lo(aq.y), Bf16Hi(aq.y),
+                               Bf16Lo(aq.z), Bf16Hi(aq.z), Bf16Lo(aq.w), Bf16Hi(aq.w)};
+#pragma unroll
+          for (int e = 0; e < 8; ++e) acc[r] = fmaf(av[e], wv[e], acc[r]);
+        }
+      }
+    }
+    if (pass == a.passes - 1) {
+#pragma unroll
+      for (int r = 0; r < M; ++r) {
+#pragma unroll
+        for (int o = 16; o > 0; o >>= 1) acc[r] += __shfl_xor_sync(0xffffffffu, acc[r], o);
+      }
+      // Lane r writes activation row r's sum.
+#pragma unroll
+      for (int t = 0; t < kStagedGemvMaxTargets; ++t) {
+        const StagedGemvTarget& tg = a.p.targets[t];
+        if (t < a.p.num_targets && j >= a.begin[t] && j < a.begin[t] + tg.n) {
+#pragma unroll
+          for (int r = 0; r < M; ++r) {
+            if (lane == r) {
+              float* c = tg.c + r * tg.ldc + (j - a.begin[t]);
+              *c = tg.accumulate ? *c + acc[r] : acc[r];
+            }
+          }
+        }
+      }
+#pragma unroll
+      for (int r = 0; r < M; ++r) acc[r] = 0.0f;
+    }
+    // Move on; the pass after next goes in flight while the next one is used.
+    j = next_j, pass = next_pass;
+    cur = next;
+    Advance(a, next_j, next_pass);
+    if (next_j < a.rows) LoadPass<C>(a, next_j, next_pass, next);
+  }
+}
+
+template <int M, int C>
+cudaError_t LaunchMc(const Args& a, cudaStream_t stream) {
+  constexpr auto kKernel =
+      launch_internal::PrefetchEntry<&Prefetch<M, C>, &Body<M, C>, kThreads>::kKernel;
+  // The first query raises the kernel's dynamic shared-memory limit to the largest activation.
+  const KernelFacts facts = KernelFactsForCurrentDevice(reinterpret_cast<const void*>(kKernel),
+                                                        kStagedGemvMaxActivationBytes);
+  if (facts.error != cudaSuccess) return facts.error;
+  if (facts.max_smem < kStagedGemvMaxActivationBytes) return cudaErrorInvalidValue;
+  // Blocks resident per SM at the largest staged activation (registers bound it), once per
+  // instantiation: a grid beyond one wave would leave its last blocks' loads to the end.
+  static const int resident = [] {
+    int n = 0;
+    if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(
+            &n, kKernel, kThreads, kStagedGemvMaxActivationBytes) != cudaSuccess) {
+      (void)cudaGetLastError();
+      return 1;
+    }
+    return n < 1 ? 1 : (n > kBlocksPerSm ? kBlocksPerSm : n);
+  }();
+  // Rows per warp so that the grid is one wave of at most kBlocksPerSm blocks per SM, then as
+  // few blocks as that many rows per warp need.
+  const int64_t max_blocks = int64_t{resident} * facts.sms;
+  const int64_t per_warp = (a.rows + kWarps * max_blocks - 1) / (kWarps * max_blocks);
+  const int64_t blocks = (a.rows + kWarps * per_warp - 1) / (kWarps * per_warp);
+  const size_t smem = static_cast<size_t>(a.p.m * a.p.k * 2);
+  return LaunchPrefetchThenAfterPrecedingGrids<&Prefetch<M, C>, &Body<M, C>, kThreads>(
+      dim3(static_cast<unsigned>(blocks)), smem, stream, a);
+}
+
+template <int M>
+cudaError_t LaunchM(const Args& a, cudaStream_t stream) {
+  const int64_t per_pass = (a.chunks + a.passes - 1) / a.passes;  // chunks per pass
+  const int64_t c = (per_pass + 31) / 32;                         // per lane
+  if (c <= 1) return LaunchMc<M, 1>(a, stream);
+  if (c <= 2) return LaunchMc<M, 2>(a, stream);
+  if (c <= 4) return LaunchMc<M, 4>(a, stream);
+  if (c <= 6) return LaunchMc<M, 6>(a, stream);
+  return LaunchMc<M, 8>(a, stream);
+}
+
+bool Aligned16(const void* ptr) { return reinterpret_cast<uintptr_t>(ptr) % 16 == 0; }
+
+}  // namespace
+
+bool StagedGemvSupports(const StagedGemvParams& p) {
+  if (p.m < 1 || p.m > kStagedGemvMaxRows || p.k < 8 || p.k % 8 != 0 ||
+      p.m * p.k * 2 > kStagedGemvMaxActivationBytes || p.num_targets < 1 ||
+      p.num_targets > kStagedGemvMaxTargets) {
+    return false;
+  }
+  int64_t rows = 0;
+  for (int t = 0; t < p.num_targets; ++t) {
+    const StagedGemvTarget& tg = p.targets[t];
+    if (tg.n < 1 || tg.w == nullptr || !Aligned16(tg.w) || tg.ldw < p.k || tg.ldw % 8 != 0 ||
+        tg.c == nullptr || tg.ldc < tg.n) {
+      return false;
+    }
+    rows += tg.n;
+  }
+  if (rows > (int64_t{1} << 31)) return false;
+  if (p.prologue == StagedGemvPrologue::kCopy) {
+    const int64_t a_bytes = p.a_bf16 ? 2 : 4;
+    return p.a != nullptr && Aligned16(p.a) && p.lda >= p.k && (p.lda * a_bytes) % 16 == 0;
+  }
+  return p.x != nullptr && p.norm_weight != nullptr && (p.y == nullptr || p.counter != nullptr);
+}
+
+bool StagedGemvPreferredAtOneRow(int64_t n, int64_t k) {
+  return k >= 1024 && k <= 4096 && n < 65536 && !(k <= 2048 && n > 1024 && n <= 2048);
+}
+
+cudaError_t StagedGemvBf16(const StagedGemvParams& p, cudaStream_t stream) {
+  if (!StagedGemvSupports(p)) return cudaErrorInvalidValue;
+  Args a;
+  a.p = p;
+  a.rows = 0;
+  for (int t = 0; t < kStagedGemvMaxTargets; ++t) {
+    a.begin[t] = a.rows;
+    if (t < p.num_targets) a.rows += p.targets[t].n;
+  }
+  a.chunks = p.k / 8;
+  a.passes = (a.chunks + 32 * kMaxChunks - 1) / (32 * kMaxChunks);
+  switch (p.m) {
+    case 1:
+      return LaunchM<1>(a, stream);
+    case 2:
+      return LaunchM<2>(a, stream);
+    case 3:
+      return LaunchM<3>(a, stream);
+    default:
+      return LaunchM<4>(a, stream);
+  }
+}
+
+}  // namespace kernels
+}  // namespace deepinfer

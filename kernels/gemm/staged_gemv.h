@@ -1,0 +1,87 @@
+// GEMV for a few activation rows (decode at batch 1..4) whose activation is staged once per block
+// in shared memory as bf16, optionally produced there by a prologue: the residual add and RMS
+// norm that would otherwise be a kernel of its own (AddRmsNormF32) before the GEMV. Up to
+// kStagedGemvMaxTargets weight matrices that read the same activation (q_proj and kv_a_proj)
+// run as one launch over their concatenated rows. Each warp owns whole weight rows and keeps two
+// rows' 16-byte weight chunks in flight (the next row's loads issued before the current row is
+// summed); the grid is at most two blocks per SM, every warp looping over its rows, so the
+// activation is staged by few blocks and all of the matrix's loads are issued early.
+#ifndef DEEPINFER_KERNELS_GEMM_STAGED_GEMV_H_
+#define DEEPINFER_KERNELS_GEMM_STAGED_GEMV_H_
+
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+
+namespace deepinfer {
+namespace kernels {
+
+inline constexpr int kStagedGemvMaxRows = 4;
+inline constexpr int kStagedGemvMaxTargets = 4;
+// The staged activation (m rows of k bf16 values) must fit in this much shared memory.
+// (64 KiB: 4 rows of DeepSeek-V3's hidden size 7168; two blocks still fit an SM.)
+inline constexpr int kStagedGemvMaxActivationBytes = 64 * 1024;
+
+// How the staged activation is made.
+enum class StagedGemvPrologue {
+  // act = bf16(a): fp32 rows rounded to nearest even (as RoundF32ToBf16), or bf16 rows as they are.
+  kCopy,
+  // When y is not null, x += y (written once, by the last block to stage the activation); act =
+  // bf16(RmsNorm(x) * norm_weight), the same arithmetic in the same order as AddRmsNormF32, so
+  // act is bit for bit the out_bf16 that AddRmsNormF32 writes. x rows are contiguous (ld = k).
+  kAddRmsNorm,
+};
+
+// c_t[i, j] (+)= sum_p act[i, p] * w_t[j, p] for every target t, i < m, j < n_t, p < k; products
+// exact (bf16 x bf16), sums in fp32, each row's sum in a fixed order (deterministic).
+struct StagedGemvTarget {
+  int64_t n = 0;
+  const uint16_t* w = nullptr;  // bf16 bits, rows of ldw elements
+  int64_t ldw = 0;
+  float* c = nullptr;
+  int64_t ldc = 0;
+  bool accumulate = false;
+};
+
+struct StagedGemvParams {
+  int64_t m = 0, k = 0;
+  StagedGemvPrologue prologue = StagedGemvPrologue::kCopy;
+  // kCopy: the activation rows.
+  const void* a = nullptr;
+  bool a_bf16 = false;
+  int64_t lda = 0;
+  // kAddRmsNorm: the residual rows (updated in place when y is not null), the rows added to it,
+  // the norm's weight (k values) and epsilon, and a device counter that must be 0 before the
+  // launch (the kernel leaves it 0; needed when y is not null; launches on one stream may share
+  // one counter).
+  float* x = nullptr;
+  const float* y = nullptr;
+  const float* norm_weight = nullptr;
+  float eps = 0.0f;
+  unsigned int* counter = nullptr;
+  int num_targets = 0;
+  StagedGemvTarget targets[kStagedGemvMaxTargets];
+};
+
+// Whether StagedGemvBf16 takes these arguments: 1 <= m <= kStagedGemvMaxRows, k a multiple of 8,
+// m * k * 2 <= kStagedGemvMaxActivationBytes, 1..kStagedGemvMaxTargets targets each with n >= 1,
+// 16-byte aligned weights with ldw >= k a multiple of 8, ldc >= n; kCopy: a (and lda, in bytes)
+// 16-byte aligned, lda >= k; kAddRmsNorm: x and norm_weight set, and a counter when y is set.
+bool StagedGemvSupports(const StagedGemvParams& p);
+
+// Whether, for one activation row and one product, the staged GEMV measured faster on the H200
+// than kernels::SmallMGemmBf16's kAuto choice (small_m_gemm_bench, back-to-back launches in a
+// CUDA graph, docs/kernels.md): q_proj 3072 x 2048 4.96 vs 6.01 us, kv_a 576 x 2048 2.25 vs
+// 2.46, shared gate_up 5632 x 2048 8.55 vs 11.11, shared down 2048 x 2816 5.09 vs 5.47, dense
+// gate_up 22528 x 2048 26.73 vs 28.05; not for o_proj 2048 x 2048 (3.99 vs 3.69), dense down
+// 2048 x 11264 (16.01 vs 15.99) or the LM head 129280 x 2048 (132.86 vs 131.97): 1024 <= k <=
+// 4096, n < 65536, and not 1024 < n <= 2048 with k <= 2048.
+bool StagedGemvPreferredAtOneRow(int64_t n, int64_t k);
+
+// Returns cudaErrorInvalidValue (launching nothing) where StagedGemvSupports is false.
+cudaError_t StagedGemvBf16(const StagedGemvParams& p, cudaStream_t stream);
+
+}  // namespace kernels
+}  // namespace deepinfer
+
+#endif  // DEEPINFER_KERNELS_GEMM_STAGED_GEMV_H_
