@@ -188,6 +188,14 @@ class CudaBackend : public Backend {
   absl::Status SetMlaDecodeVariant(int32_t variant);
   int32_t mla_decode_variant() const { return mla_decode_variant_; }
   void NoauxTcRoute(const NoauxTcRouteArgs& args) override;
+  // With fused_router() on and arguments kernels::RouteTokensSupported takes (decode: up to
+  // kernels::kMaxFusedRouterTokens tokens): kernels::RouteTokensF32, logits, routing and counts
+  // in one launch; otherwise Backend's Gemm + NoauxTcRoute + AccumulateExpertCounts.
+  void RouteTokens(const RouteTokensArgs& args) override;
+  // Whether RouteTokens may use the one-launch kernel (default on); off: the ops of before, for
+  // comparisons (deepinfer-bench --fused-router).
+  void SetFusedRouter(bool on) { fused_router_ = on; }
+  bool fused_router() const { return fused_router_; }
   void AccumulateExpertCounts(int64_t n, const int32_t* ids, int64_t num_experts,
                               const int32_t* count_limit, int64_t* counts) override;
   void ArgmaxRows(int64_t rows, int64_t vocab, const float* logits, int32_t* out) override;
@@ -226,7 +234,7 @@ class CudaBackend : public Backend {
  private:
   std::unique_ptr<DeviceBuffer> AllocateOnStream(size_t bytes, bool zero);
   CudaBackend(int device, WeightDType weight_dtype, cudaStream_t stream, cublasHandle_t cublas,
-              cudaMemPool_t pool, void* cublas_workspace);
+              cudaMemPool_t pool, void* cublas_workspace, uint32_t* route_tile_counters);
   // One GEMM of the Gemm layout on cuBLAS. a is fp32 for fp32 weights, bf16 bits otherwise.
   void GemmOnCublas(int64_t m, int64_t n, int64_t k, const void* a, int64_t lda, WeightView w,
                     int64_t ldw, float* c, int64_t ldc, bool accumulate);
@@ -273,6 +281,7 @@ class CudaBackend : public Backend {
   int32_t mla_decode_variant_ = 0;  // kernels::MlaAttentionParams::mma_variant
   bool in_timed_op_ = false;        // GroupedGemm calls Gemm: count only the outer op
   bool small_m_gemm_ = true;
+  bool fused_router_ = true;
   bool allocations_aside_ = false;
   kernels::SmallMGemmAlgo small_m_gemm_algo_ = kernels::SmallMGemmAlgo::kAuto;
   std::map<std::string, OpTotal> op_totals_;
@@ -287,6 +296,9 @@ class CudaBackend : public Backend {
   cublasHandle_t cublas_;
   cudaMemPool_t pool_;
   void* cublas_workspace_;  // cudaMalloc'ed, kCublasWorkspaceBytes
+  // cudaMalloc'ed, kernels::kFusedRouterTileCounters zeros that every RouteTokensF32 call leaves
+  // zero (allocated once: a graph replays the same address; one stream, so calls never overlap).
+  uint32_t* route_tile_counters_;
   mutable absl::Mutex mu_;
   absl::Status first_error_ ABSL_GUARDED_BY(mu_);
   // While Capture records: errors go here instead of first_error_ (a failed recording is
