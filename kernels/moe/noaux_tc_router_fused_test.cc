@@ -349,6 +349,7 @@ TEST(RouteTokensGraphTest, ReplaysRouteAgainAndCount) {
   constexpr int kReplays = 4;
   for (int r = 0; r < kReplays; ++r) {
     b.ids.Poison();
+    DEEPINFER_CUDA_OK(cudaDeviceSynchronize());  // the poison (default stream) first
     DEEPINFER_CUDA_OK(cudaGraphLaunch(exec, stream));
     DEEPINFER_CUDA_OK(cudaStreamSynchronize(stream));
     std::vector<int32_t> ids;
