@@ -159,7 +159,7 @@ int Run() {
     const double old_us = GraphMicrosPerLayer(s, [&](const Layer& l) { OldRouting(s, l, tokens); });
     const std::vector<int32_t> old_ids = Ids(s.layers[0], tokens);
     int32_t tm = 0, te = 0;
-    kernels::RouteTokensTile(tokens, kExperts, &tm, &te);
+    kernels::RouteTokensTile(tokens, &tm, &te);
     const double new_us =
         GraphMicrosPerLayer(s, [&](const Layer& l) { NewRouting(s, l, tokens, 0, 0); });
     const std::vector<int32_t> new_ids = Ids(s.layers[0], tokens);

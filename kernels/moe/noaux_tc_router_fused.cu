@@ -10,8 +10,9 @@
 // router weight is never written during a step, so each thread's first two float4 of every
 // weight row it reads are loaded before the programmatic-dependent-launch wait
 // (kernels/common/launch.cuh), under the kernel before it (the norm that produces the rows).
-// The tile is chosen so that a few dozen to a hundred blocks share the weight's bytes (at one
-// token: a block per expert row, 8 KB each at the Moonlight shape).
+// The tile by size is the fastest one measured (noaux_tc_router_bench, RouteTokensTile): at one
+// token a block per expert row (64 blocks of 8 KB at the Moonlight shape); more tokens take
+// more tokens and experts per block, but still hundreds of blocks.
 //
 // The blocks of a token tile hand their logits over through global memory (router_logits): each
 // counts itself done on the tile's counter after a fence, and the last one to arrive routes the
@@ -33,7 +34,6 @@ namespace {
 constexpr int kThreads = 256;
 constexpr int kWarps = kThreads / 32;
 constexpr int kPrefetchRounds = 2;  // float4 per weight row and thread loaded before the wait
-constexpr int kMaxGridBlocks = 128;
 
 // Weights are read once per token tile: not kept in L1.
 __device__ __forceinline__ float4 LoadWeight4(const float4* p) {
@@ -192,15 +192,20 @@ bool Aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0;
 
 }  // namespace
 
-void RouteTokensTile(int32_t tokens, int32_t experts, int32_t* tile_tokens, int32_t* tile_experts) {
-  int32_t tm = 1;
-  while (tm < tokens && tm < 8) tm *= 2;
-  const int64_t token_tiles = (std::max(tokens, 1) + tm - 1) / tm;
-  const int32_t max_te = tm == 8 ? 8 : 2;
-  int32_t te = 1;
-  while (te < max_te && token_tiles * ((experts + te - 1) / te) > kMaxGridBlocks) te *= 2;
-  *tile_tokens = tm;
-  *tile_experts = te;
+void RouteTokensTile(int32_t tokens, int32_t* tile_tokens, int32_t* tile_experts) {
+  if (tokens <= 2) {
+    *tile_tokens = std::max(tokens, 1);
+    *tile_experts = 1;
+  } else if (tokens <= 8) {
+    *tile_tokens = 4;
+    *tile_experts = 1;
+  } else if (tokens <= 64) {
+    *tile_tokens = 4;
+    *tile_experts = 2;
+  } else {
+    *tile_tokens = 8;
+    *tile_experts = 2;
+  }
 }
 
 bool RouteTokensSupported(const RouteTokensParams& p) {
@@ -222,7 +227,7 @@ cudaError_t RouteTokensF32(const RouteTokensParams& params, cudaStream_t stream)
   if (!RouteTokensSupported(params)) return cudaErrorInvalidValue;
   if (params.num_tokens == 0) return cudaSuccess;
   int32_t tm = params.tile_tokens, te = params.tile_experts;
-  if (tm == 0) RouteTokensTile(params.num_tokens, params.num_experts, &tm, &te);
+  if (tm == 0) RouteTokensTile(params.num_tokens, &tm, &te);
   switch (tm * 16 + te) {
     case 1 * 16 + 1:
       return Launch<1, 1>(params, stream);

@@ -12,6 +12,7 @@
 #include <cmath>
 #include <cstdint>
 #include <random>
+#include <tuple>
 #include <vector>
 
 #include "gtest/gtest.h"
@@ -182,7 +183,7 @@ void CheckCase(const Case& c, uint32_t seed) {
   }
 
   int32_t auto_tm = 0, auto_te = 0;
-  kernels::RouteTokensTile(T, E, &auto_tm, &auto_te);
+  kernels::RouteTokensTile(T, &auto_tm, &auto_te);
   const std::vector<std::pair<int32_t, int32_t>> tiles = {
       {0, 0}, {1, 1}, {1, 2}, {2, 1}, {2, 2}, {4, 1}, {4, 2}, {8, 1}, {8, 2}, {8, 4}, {8, 8}};
   for (const auto& [tm, te] : tiles) {
@@ -402,22 +403,14 @@ TEST(RouteTokensLimitsTest, RejectsWhatItCannotRun) {
 }
 
 TEST(RouteTokensTileTest, TileBySize) {
-  int32_t tm = 0, te = 0;
-  kernels::RouteTokensTile(1, 64, &tm, &te);
-  EXPECT_EQ(tm, 1);
-  EXPECT_EQ(te, 1);
-  kernels::RouteTokensTile(1, 256, &tm, &te);
-  EXPECT_EQ(tm, 1);
-  EXPECT_EQ(te, 2);
-  kernels::RouteTokensTile(3, 64, &tm, &te);
-  EXPECT_EQ(tm, 4);
-  EXPECT_EQ(te, 1);
-  kernels::RouteTokensTile(64, 64, &tm, &te);
-  EXPECT_EQ(tm, 8);
-  EXPECT_EQ(te, 4);
-  kernels::RouteTokensTile(128, 64, &tm, &te);
-  EXPECT_EQ(tm, 8);
-  EXPECT_EQ(te, 8);
+  const std::vector<std::tuple<int32_t, int32_t, int32_t>> want = {
+      {1, 1, 1}, {2, 2, 1}, {3, 4, 1}, {8, 4, 1}, {9, 4, 2}, {64, 4, 2}, {65, 8, 2}, {256, 8, 2}};
+  for (const auto& [tokens, tm, te] : want) {
+    int32_t got_tm = 0, got_te = 0;
+    kernels::RouteTokensTile(tokens, &got_tm, &got_te);
+    EXPECT_EQ(got_tm, tm) << tokens << " tokens";
+    EXPECT_EQ(got_te, te) << tokens << " tokens";
+  }
 }
 
 }  // namespace

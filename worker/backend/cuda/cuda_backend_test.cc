@@ -681,16 +681,17 @@ TEST_F(CudaBackendTest, OpTimingCountsOuterOpsOnly) {
 }
 
 // RouteTokens against the CPU backend's (Backend's Gemm + NoauxTcRoute + AccumulateExpertCounts)
-// with the one-launch kernel on (up to 256 tokens; 300 takes the ops), and with it off: the
-// same choices except within float noise of a tie (the logits' summation orders differ), close
-// weights, and the counts of exactly the choices made (count_limit leaves out the last token).
+// with the one-launch kernel on (up to kFusedRouterMaxTokens; 200 and 300 take the ops), and
+// with it off: the same choices except within float noise of a tie (the logits' summation
+// orders differ), close weights, and the counts of exactly the choices made (count_limit leaves
+// out the last token).
 TEST_F(CudaBackendTest, RouteTokensMatchesCpuFusedAndUnfused) {
   const uint32_t seed = testing::FreshSeed();
   SCOPED_TRACE(::testing::Message() << "seed " << seed);
   const int32_t E = 64, K = 6, H = 512;
   for (bool fused : {true, false}) {
     gpu_->SetFusedRouter(fused);
-    for (int32_t T : {1, 7, 128, 300}) {
+    for (int32_t T : {1, 7, 128, 200, 300}) {
       SCOPED_TRACE(::testing::Message() << "fused " << fused << " tokens " << T);
       const std::vector<float> hidden = testing::RandomFloats(T * H, seed + T, 1.0f);
       const std::vector<float> weight = testing::RandomFloats(E * H, seed + 1, 0.05f);
@@ -742,8 +743,9 @@ TEST_F(CudaBackendTest, RouteTokensMatchesCpuFusedAndUnfused) {
       run(gpu_.get(), &got_ids, &got_w, &got_counts);
       gpu_->SetOpTiming(false);
       const std::string report = gpu_->TakeOpTimingReport();
-      EXPECT_EQ(CallsOf(report, "RouteTokens"), fused && T <= 256 ? 1 : -1) << report;
-      EXPECT_EQ(CallsOf(report, "NoauxTcRoute"), fused && T <= 256 ? -1 : 1) << report;
+      const bool one_launch = fused && T <= CudaBackend::kFusedRouterMaxTokens;
+      EXPECT_EQ(CallsOf(report, "RouteTokens"), one_launch ? 1 : -1) << report;
+      EXPECT_EQ(CallsOf(report, "NoauxTcRoute"), one_launch ? -1 : 1) << report;
       ASSERT_TRUE(gpu_->status().ok()) << gpu_->status();
       int differing = 0;
       std::vector<int64_t> from_ids(E, 5);
