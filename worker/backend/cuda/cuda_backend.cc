@@ -872,7 +872,8 @@ void CudaBackend::RouteTokens(const RouteTokensArgs& a) {
   p.topk_weights = r.topk_weights;
   p.expert_counts = a.expert_counts;
   p.count_limit = a.count_limit;
-  if (!fused_router_ || r.num_tokens <= 0 || r.num_tokens > kFusedRouterMaxTokens) {
+  if (!fused_router_ || r.num_tokens <= 0 || r.num_tokens > kFusedRouterMaxTokens ||
+      r.num_experts <= 0 || r.num_experts > kernels::kMaxFusedRouterExperts) {
     Backend::RouteTokens(a);
     return;
   }
