@@ -30,8 +30,12 @@ struct NoauxTcRouteParams {
   float* topk_weights = nullptr;  // [tokens, top_k]
 };
 
+// Whether the limits above take this router (and the experts split into equal groups).
+bool NoauxTcRouteShapeSupported(int32_t num_experts, int32_t num_groups, int32_t topk_groups,
+                                int32_t top_k);
+
 // Ties (equal group scores, equal biased expert scores) go to the lower index, as in the CPU
-// reference. cudaErrorInvalidValue beyond the limits above or for inconsistent group sizes.
+// reference. cudaErrorInvalidValue where NoauxTcRouteShapeSupported does not hold.
 cudaError_t NoauxTcRouteF32(const NoauxTcRouteParams& params, cudaStream_t stream);
 
 }  // namespace kernels

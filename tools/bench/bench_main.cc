@@ -144,6 +144,9 @@ int main(int argc, char** argv) {
   flags.AddBool("fused-ops", &config.fused_ops,
                 "Fused ops in the model's step (residual add + norm, bf16 GEMM operands) and, on\n"
                 "CUDA, the small-m GEMM kernel; off: the ops of before, for comparison.");
+  flags.AddBool("fused-router", &config.fused_router,
+                "CUDA: decode routing (router logits, noaux_tc top-k, expert counts) in one\n"
+                "kernel for up to 256 tokens; off: the GEMM + route + count ops of before.");
   flags.AddString("prefill-attention", &config.prefill_attention,
                   "auto, absorbed or mha: the MLA form of prefill steps (mha: keys expanded\n"
                   "through kv_b, attention of width nope + rope; auto: mha where every sequence\n"

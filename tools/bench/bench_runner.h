@@ -116,6 +116,9 @@ struct BenchConfig {
   // DeepseekV3Model::SetFusedOps and CudaBackend::SetSmallMGemm (the fused ops of a decode
   // step; off: the op sequence of before, for comparisons).
   bool fused_ops = true;
+  // CudaBackend::SetFusedRouter: decode routing (router logits, noaux_tc, expert counts) in one
+  // kernel; off: the GEMM + route + count ops of before, for comparisons.
+  bool fused_router = true;
   // DeepseekV3Model::SetPrefillAttention: auto, absorbed or mha.
   std::string prefill_attention = "auto";
   // After each batch size's timed steps (and the eager ones), output_len more steps of the same

@@ -1,4 +1,5 @@
-// Backend helpers shared by every implementation: weight dtypes and weight upload.
+// Backend helpers shared by every implementation: weight dtypes, weight upload, and the
+// reference RouteTokens.
 #include "worker/backend/backend.h"
 
 #include <algorithm>
@@ -61,6 +62,20 @@ void Backend::FillDummy(const DummyFill& fill, int64_t n, WeightDType dtype, voi
       for (int64_t i = 0; i < count; ++i) values[i] = DummyFillValue(fill, first + i);
       CopyToDevice(values.data(), count * sizeof(float), dst);
     }
+  }
+}
+
+void Backend::RouteTokens(const RouteTokensArgs& a) {
+  const int64_t T = a.route.num_tokens, E = a.route.num_experts;
+  if (T <= 0) return;
+  auto logits = AllocateScratch(static_cast<size_t>(T * E) * sizeof(float));
+  Gemm(T, E, a.hidden_size, a.hidden, a.hidden_size, a.router_weight, a.hidden_size,
+       logits->as<float>(), E, false);
+  NoauxTcRouteArgs route = a.route;
+  route.router_logits = logits->as<float>();
+  NoauxTcRoute(route);
+  if (a.expert_counts != nullptr) {
+    AccumulateExpertCounts(T * a.route.top_k, a.route.topk_ids, E, a.count_limit, a.expert_counts);
   }
 }
 

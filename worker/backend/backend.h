@@ -207,6 +207,20 @@ struct NormedGemm {
   int64_t ldc = 0;
 };
 
+// Arguments of Backend::RouteTokens: the router logits of the normed hidden rows, their
+// noaux_tc routing, and (optionally) the EPLB counts of the choices, as one op.
+struct RouteTokensArgs {
+  int64_t hidden_size = 0;
+  const float* hidden = nullptr;         // [route.num_tokens, hidden_size]
+  const float* router_weight = nullptr;  // [route.num_experts, hidden_size], fp32
+  // The router and its outputs; route.router_logits is not read (the op makes its own).
+  NoauxTcRouteArgs route;
+  // Optional (null: no counting): AccumulateExpertCounts(num_tokens * top_k, route.topk_ids,
+  // num_experts, count_limit, expert_counts).
+  int64_t* expert_counts = nullptr;
+  const int32_t* count_limit = nullptr;
+};
+
 // Arguments of Backend::RoutedExperts: the routed-expert part of a MoE layer on one rank that
 // hosts every expert, with the routing left on the device. Slot s of the tables holds expert s.
 struct RoutedExpertsArgs {
@@ -392,6 +406,11 @@ class Backend {
 
   // ---- MoE routing -------------------------------------------------------------------------
   virtual void NoauxTcRoute(const NoauxTcRouteArgs& args) = 0;
+  // Router logits = Gemm(hidden, router_weight) (fp32), NoauxTcRoute of them, then
+  // AccumulateExpertCounts of the choices when args.expert_counts is set. This implementation
+  // issues exactly those ops (the reference); the CUDA backend runs small batches in one kernel
+  // (its logits are fp32 sums in another order, so near-ties may choose differently).
+  virtual void RouteTokens(const RouteTokensArgs& args);
   // Expert load statistics (EPLB): counts[ids[i]] += 1 for i in [0, n), on the device, so that
   // counting costs no host round-trip; the counts are read back only when a load window is
   // reported. Ids outside [0, num_experts) are not counted (the dispatcher reports them).

@@ -184,6 +184,7 @@ std::vector<std::vector<int64_t>> DeepseekV3Model::MissingExperts(
 void DeepseekV3Model::BuildExpertTables() {
   DropDecodeGraphs();  // they hold the tables' addresses
   expert_tables_.clear();
+  device_expert_rows_.clear();
   const int64_t E = config_.n_routed_experts;
   if (dispatcher_ != nullptr && dispatcher_->single_rank() &&
       weights_->matrix_dtype == WeightDType::kBFloat16 &&
@@ -904,33 +905,43 @@ absl::Status DeepseekV3Model::Moe(int64_t layer, int64_t rows, const float* h,
   const int64_t H = c.hidden_size, E = c.n_routed_experts, K = c.num_experts_per_tok;
   const int64_t I = c.moe_intermediate_size;
   const int64_t moe = moe_index_[layer];
-  auto router_logits = Floats(rows * E);
-  backend_->Gemm(rows, E, H, h, H, L.router->as<float>(), H, router_logits->as<float>(), E, false);
   auto topk_ids = backend_->AllocateScratch(rows * K * sizeof(int32_t));
   auto topk_w = Floats(rows * K);
-  NoauxTcRouteArgs ra;
-  ra.num_tokens = static_cast<int32_t>(rows);
-  ra.num_experts = static_cast<int32_t>(E);
-  ra.router_logits = router_logits->as<float>();
-  ra.correction_bias = L.router_bias->as<float>();
-  ra.num_groups = static_cast<int32_t>(c.n_group);
-  ra.topk_groups = static_cast<int32_t>(c.topk_group);
-  ra.top_k = static_cast<int32_t>(K);
-  ra.normalize = c.norm_topk_prob;
-  ra.scaling_factor = static_cast<float>(c.routed_scaling_factor);
-  ra.topk_ids = topk_ids->as<int32_t>();
-  ra.topk_weights = topk_w->as<float>();
-  backend_->NoauxTcRoute(ra);
-  // EPLB load statistics, on the device (read back by TakeExpertCounts); counted once the path
-  // is known, so that a refused device-only step has counted nothing.
+  RouteTokensArgs ra;
+  ra.hidden_size = H;
+  ra.hidden = h;
+  ra.router_weight = L.router->as<float>();
+  ra.route.num_tokens = static_cast<int32_t>(rows);
+  ra.route.num_experts = static_cast<int32_t>(E);
+  ra.route.correction_bias = L.router_bias->as<float>();
+  ra.route.num_groups = static_cast<int32_t>(c.n_group);
+  ra.route.topk_groups = static_cast<int32_t>(c.topk_group);
+  ra.route.top_k = static_cast<int32_t>(K);
+  ra.route.normalize = c.norm_topk_prob;
+  ra.route.scaling_factor = static_cast<float>(c.routed_scaling_factor);
+  ra.route.topk_ids = topk_ids->as<int32_t>();
+  ra.route.topk_weights = topk_w->as<float>();
+  // EPLB load statistics, on the device (read back by TakeExpertCounts). A refused device-only
+  // step must have counted nothing, so such a step counts in the routing op only for a size
+  // whose routed experts the backend has run on the device before; otherwise after the path is
+  // known, as its own op.
+  int64_t* counts = expert_counts_->as<int64_t>() + moe * E;
+  const bool count_in_route = !ctx.device_only || device_expert_rows_.count(rows) > 0;
+  if (count_in_route) {
+    ra.expert_counts = counts;
+    ra.count_limit = ctx.counted_pairs;
+  }
+  backend_->RouteTokens(ra);
   auto count = [&] {
+    if (count_in_route) return;
     backend_->AccumulateExpertCounts(rows * K, topk_ids->as<int32_t>(), E, ctx.counted_pairs,
-                                     expert_counts_->as<int64_t>() + moe * E);
+                                     counts);
   };
 
   absl::Status st;
-  if (!expert_tables_.empty() && RoutedExpertsOnDevice(layer, rows, h, topk_ids->as<int32_t>(),
-                                                       topk_w->as<float>(), out)) {
+  if (!expert_tables_.empty() &&
+      RoutedExpertsOnDevice(layer, rows, h, topk_ids->as<int32_t>(), topk_w->as<float>(), out)) {
+    if (ctx.device_only) device_expert_rows_.insert(rows);
     count();
     return SharedExperts(L, rows, h_gemm, out);
   }

@@ -241,6 +241,9 @@ class DeepseekV3Model {
   std::vector<int64_t> moe_index_;
   int64_t num_moe_layers_ = 0;
   std::unique_ptr<DeviceBuffer> expert_counts_;  // int64 [num_moe_layers, n_routed_experts]
+  // Batch sizes whose routed experts Backend::RoutedExperts ran in a device-only step: such a
+  // step of these sizes counts the experts inside Backend::RouteTokens (see Moe).
+  std::set<int64_t> device_expert_rows_;
 
   // Decode graphs, per bucket, valid for the cache they were made with (graph_cache_id_): they
   // hold its addresses, as they hold the expert tables' (dropped by BuildExpertTables).

@@ -485,6 +485,52 @@ TEST(CpuBackendTest, NoauxTcRouterGroupLimitBiasAndUnbiasedWeights) {
   EXPECT_NEAR(w[0], 0.55 * 2.5, 1e-5);
 }
 
+// Backend::RouteTokens (the reference the CUDA kernel is checked against) is the three ops it
+// replaces, bit for bit, and counts only when asked.
+TEST(CpuBackendTest, RouteTokensIsGemmRouteAndCounts) {
+  CpuBackend be(2);
+  const int32_t T = 5, E = 16, K = 3, H = 24;
+  const std::vector<float> hidden = Random(T * H, 11);
+  const std::vector<float> weight = Random(E * H, 12);
+  const std::vector<float> bias = Random(E, 13);
+  std::vector<float> logits(T * E);
+  be.Gemm(T, E, H, hidden.data(), H, weight.data(), H, logits.data(), E, false);
+  std::vector<int32_t> want_ids(T * K), got_ids(T * K, -1);
+  std::vector<float> want_w(T * K), got_w(T * K, -1.0f);
+  NoauxTcRouteArgs r;
+  r.num_tokens = T;
+  r.num_experts = E;
+  r.router_logits = logits.data();
+  r.correction_bias = bias.data();
+  r.num_groups = 4;
+  r.topk_groups = 2;
+  r.top_k = K;
+  r.scaling_factor = 1.5f;
+  r.topk_ids = want_ids.data();
+  r.topk_weights = want_w.data();
+  be.NoauxTcRoute(r);
+  std::vector<int64_t> want_counts(E, 2);
+  const int32_t limit = 7;
+  be.AccumulateExpertCounts(T * K, want_ids.data(), E, &limit, want_counts.data());
+
+  RouteTokensArgs a;
+  a.hidden_size = H;
+  a.hidden = hidden.data();
+  a.router_weight = weight.data();
+  a.route = r;
+  a.route.router_logits = nullptr;
+  a.route.topk_ids = got_ids.data();
+  a.route.topk_weights = got_w.data();
+  be.RouteTokens(a);  // no counts asked for
+  EXPECT_EQ(got_ids, want_ids);
+  EXPECT_EQ(got_w, want_w);
+  std::vector<int64_t> counts(E, 2);
+  a.expert_counts = counts.data();
+  a.count_limit = &limit;
+  be.RouteTokens(a);
+  EXPECT_EQ(counts, want_counts);
+}
+
 TEST(CpuBackendTest, GreedySampleRowsGivesTokenAndLogSoftmax) {
   CpuBackend be(1);
   const std::vector<float> l = {1.0f, 3.0f, 3.0f, -2.0f,  // tie: lowest index

@@ -29,6 +29,7 @@
 #include "kernels/moe/grouped_gemm.h"
 #include "kernels/moe/moe_permute.h"
 #include "kernels/moe/noaux_tc_router.h"
+#include "kernels/moe/noaux_tc_router_fused.h"
 #include "kernels/norm/rms_norm.h"
 #include "kernels/rope/rope.h"
 #include "kernels/sampling/argmax.h"
@@ -225,27 +226,34 @@ absl::StatusOr<std::unique_ptr<CudaBackend>> CudaBackend::Create(int device,
                     "cudaMalloc");
   }
   if (st.ok()) st = CudaStatus(cudaMemset(counter, 0, sizeof(unsigned int)), "cudaMemset");
+  void* tile_counters = nullptr;
+  constexpr size_t kTileCounterBytes = kernels::kFusedRouterTileCounters * sizeof(uint32_t);
+  if (st.ok()) st = CudaStatus(cudaMalloc(&tile_counters, kTileCounterBytes), "cudaMalloc");
+  if (st.ok()) st = CudaStatus(cudaMemset(tile_counters, 0, kTileCounterBytes), "cudaMemset");
   if (!st.ok()) {
     if (cublas != nullptr) cublasDestroy(cublas);
     if (workspace != nullptr) cudaFree(workspace);
     if (counter != nullptr) cudaFree(counter);
+    if (tile_counters != nullptr) cudaFree(tile_counters);
     cudaStreamDestroy(stream);
     return st;
   }
-  return std::unique_ptr<CudaBackend>(
-      new CudaBackend(device, weight_dtype, stream, cublas, pool, workspace, counter));
+  return std::unique_ptr<CudaBackend>(new CudaBackend(device, weight_dtype, stream, cublas, pool,
+                                                      workspace, counter,
+                                                      static_cast<uint32_t*>(tile_counters)));
 }
 
 CudaBackend::CudaBackend(int device, WeightDType weight_dtype, cudaStream_t stream,
                          cublasHandle_t cublas, cudaMemPool_t pool, void* cublas_workspace,
-                         unsigned int* staged_gemv_counter)
+                         unsigned int* staged_gemv_counter, uint32_t* route_tile_counters)
     : device_(device),
       weight_dtype_(weight_dtype),
       stream_(stream),
       cublas_(cublas),
       pool_(pool),
       cublas_workspace_(cublas_workspace),
-      staged_gemv_counter_(staged_gemv_counter) {}
+      staged_gemv_counter_(staged_gemv_counter),
+      route_tile_counters_(route_tile_counters) {}
 
 CudaBackend::~CudaBackend() {
   cudaSetDevice(device_);
@@ -254,6 +262,7 @@ CudaBackend::~CudaBackend() {
   cudaFree(cublas_workspace_);
   if (switch_stream_ != nullptr) cudaStreamDestroy(switch_stream_);
   cudaFree(staged_gemv_counter_);
+  cudaFree(route_tile_counters_);
   cudaStreamDestroy(stream_);
 }
 
@@ -927,6 +936,40 @@ void CudaBackend::NoauxTcRoute(const NoauxTcRouteArgs& a) {
   p.topk_ids = a.topk_ids;
   p.topk_weights = a.topk_weights;
   Check(kernels::NoauxTcRouteF32(p, stream_), "kernels::NoauxTcRouteF32");
+}
+
+void CudaBackend::RouteTokens(const RouteTokensArgs& a) {
+  const NoauxTcRouteArgs& r = a.route;
+  kernels::RouteTokensParams p;
+  p.num_tokens = r.num_tokens;
+  p.hidden_size = FitsInt(a.hidden_size) ? static_cast<int32_t>(a.hidden_size) : -1;
+  p.hidden = a.hidden;
+  p.router_weight = a.router_weight;
+  p.tile_counters = route_tile_counters_;
+  p.num_experts = r.num_experts;
+  p.correction_bias = r.correction_bias;
+  p.num_groups = r.num_groups;
+  p.topk_groups = r.topk_groups;
+  p.top_k = r.top_k;
+  p.normalize = r.normalize;
+  p.scaling_factor = r.scaling_factor;
+  p.topk_ids = r.topk_ids;
+  p.topk_weights = r.topk_weights;
+  p.expert_counts = a.expert_counts;
+  p.count_limit = a.count_limit;
+  if (!fused_router_ || r.num_tokens <= 0 || r.num_tokens > kFusedRouterMaxTokens ||
+      r.num_experts <= 0 || r.num_experts > kernels::kMaxFusedRouterExperts) {
+    Backend::RouteTokens(a);
+    return;
+  }
+  auto logits = AllocateScratch(static_cast<size_t>(r.num_tokens) * r.num_experts * sizeof(float));
+  p.router_logits = logits->as<float>();
+  if (!kernels::RouteTokensSupported(p)) {
+    Backend::RouteTokens(a);
+    return;
+  }
+  OpTimer timer(this, "RouteTokens");
+  Check(kernels::RouteTokensF32(p, stream_), "kernels::RouteTokensF32");
 }
 
 void CudaBackend::AccumulateExpertCounts(int64_t n, const int32_t* ids, int64_t num_experts,

@@ -236,6 +236,18 @@ class CudaBackend : public Backend {
   int32_t mla_decode_small_max_context() const { return mla_decode_small_max_context_; }
   int32_t MlaDecodeContextBreak(int32_t num_tokens) const override;
   void NoauxTcRoute(const NoauxTcRouteArgs& args) override;
+  // With fused_router() on, up to kFusedRouterMaxTokens tokens and arguments
+  // kernels::RouteTokensSupported takes: kernels::RouteTokensF32, logits, routing and counts in
+  // one launch; otherwise Backend's Gemm (cuBLAS) + NoauxTcRoute + AccumulateExpertCounts.
+  void RouteTokens(const RouteTokensArgs& args) override;
+  // noaux_tc_router_bench (H200, Moonlight shape, in a CUDA graph): the one launch took 5.6 /
+  // 6.1 / 8.2 / 10.5 us a layer at 1 / 8 / 64 / 128 tokens against 8.4 / 11.8 / 12.7 / 12.9 us
+  // for the three ops, but 15.4 against 13.4 us at 256.
+  static constexpr int32_t kFusedRouterMaxTokens = 128;
+  // Whether RouteTokens may use the one-launch kernel (default on); off: the ops of before, for
+  // comparisons (deepinfer-bench --fused-router).
+  void SetFusedRouter(bool on) { fused_router_ = on; }
+  bool fused_router() const { return fused_router_; }
   void AccumulateExpertCounts(int64_t n, const int32_t* ids, int64_t num_experts,
                               const int32_t* count_limit, int64_t* counts) override;
   void ArgmaxRows(int64_t rows, int64_t vocab, const float* logits, int32_t* out) override;
@@ -274,7 +286,8 @@ class CudaBackend : public Backend {
  private:
   std::unique_ptr<DeviceBuffer> AllocateOnStream(size_t bytes, bool zero);
   CudaBackend(int device, WeightDType weight_dtype, cudaStream_t stream, cublasHandle_t cublas,
-              cudaMemPool_t pool, void* cublas_workspace, unsigned int* staged_gemv_counter);
+              cudaMemPool_t pool, void* cublas_workspace, unsigned int* staged_gemv_counter,
+              uint32_t* route_tile_counters);
   // One GEMM of the Gemm layout on cuBLAS. a is fp32 for fp32 weights, bf16 bits otherwise.
   void GemmOnCublas(int64_t m, int64_t n, int64_t k, const void* a, int64_t lda, WeightView w,
                     int64_t ldw, float* c, int64_t ldc, bool accumulate);
@@ -331,6 +344,7 @@ class CudaBackend : public Backend {
   bool mla_decode_small_ = true;
   int32_t mla_decode_small_max_context_ = kMlaDecodeSmallMaxContext;
   bool small_m_gemm_ = true;
+  bool fused_router_ = true;
   bool allocations_aside_ = false;
   kernels::SmallMGemmAlgo small_m_gemm_algo_ = kernels::SmallMGemmAlgo::kAuto;
   StagedGemv staged_gemv_ = StagedGemv::kAll;
@@ -352,6 +366,9 @@ class CudaBackend : public Backend {
   // cudaMalloc'ed and zeroed: the staged GEMV's counter (kernels::StagedGemvParams::counter;
   // every launch on stream_ leaves it 0).
   unsigned int* staged_gemv_counter_;
+  // cudaMalloc'ed, kernels::kFusedRouterTileCounters zeros that every RouteTokensF32 call leaves
+  // zero (allocated once: a graph replays the same address; one stream, so calls never overlap).
+  uint32_t* route_tile_counters_;
   mutable absl::Mutex mu_;
   absl::Status first_error_ ABSL_GUARDED_BY(mu_);
   // While Capture records: errors go here instead of first_error_ (a failed recording is

@@ -779,6 +779,99 @@ TEST_F(CudaBackendTest, OpTimingCountsOuterOpsOnly) {
   EXPECT_TRUE(gpu_->status().ok()) << gpu_->status();
 }
 
+// RouteTokens against the CPU backend's (Backend's Gemm + NoauxTcRoute + AccumulateExpertCounts)
+// with the one-launch kernel on (up to kFusedRouterMaxTokens; 200 and 300 take the ops), and
+// with it off: the same choices except within float noise of a tie (the logits' summation
+// orders differ), close weights, and the counts of exactly the choices made (count_limit leaves
+// out the last token).
+TEST_F(CudaBackendTest, RouteTokensMatchesCpuFusedAndUnfused) {
+  const uint32_t seed = testing::FreshSeed();
+  SCOPED_TRACE(::testing::Message() << "seed " << seed);
+  const int32_t E = 64, K = 6, H = 512;
+  for (bool fused : {true, false}) {
+    gpu_->SetFusedRouter(fused);
+    for (int32_t T : {1, 7, 128, 200, 300}) {
+      SCOPED_TRACE(::testing::Message() << "fused " << fused << " tokens " << T);
+      const std::vector<float> hidden = testing::RandomFloats(T * H, seed + T, 1.0f);
+      const std::vector<float> weight = testing::RandomFloats(E * H, seed + 1, 0.05f);
+      const std::vector<float> bias = testing::RandomFloats(E, seed + 2, 0.05f);
+      const int32_t limit = (T - 1) * K;
+      auto run = [&](Backend* be, std::vector<int32_t>* ids, std::vector<float>* w,
+                     std::vector<int64_t>* counts) {
+        auto up = [&](const void* host, size_t bytes) {
+          auto buf = be->Allocate(bytes);
+          be->CopyToDevice(host, bytes, buf->data());
+          return buf;
+        };
+        auto dh = up(hidden.data(), hidden.size() * sizeof(float));
+        auto dw = up(weight.data(), weight.size() * sizeof(float));
+        auto db = up(bias.data(), bias.size() * sizeof(float));
+        auto dlimit = up(&limit, sizeof(limit));
+        std::vector<int64_t> initial(E, 5);
+        auto dcounts = up(initial.data(), E * sizeof(int64_t));
+        const std::vector<int32_t> poison_ids(T * K, -7);
+        const std::vector<float> poison_w(T * K, std::numeric_limits<float>::quiet_NaN());
+        auto dids = up(poison_ids.data(), T * K * sizeof(int32_t));
+        auto dtw = up(poison_w.data(), T * K * sizeof(float));
+        RouteTokensArgs a;
+        a.hidden_size = H;
+        a.hidden = dh->as<float>();
+        a.router_weight = dw->as<float>();
+        a.route.num_tokens = T;
+        a.route.num_experts = E;
+        a.route.correction_bias = db->as<float>();
+        a.route.top_k = K;
+        a.route.scaling_factor = 2.446f;
+        a.route.topk_ids = dids->as<int32_t>();
+        a.route.topk_weights = dtw->as<float>();
+        a.expert_counts = dcounts->as<int64_t>();
+        a.count_limit = dlimit->as<int32_t>();
+        be->RouteTokens(a);
+        ids->resize(T * K);
+        w->resize(T * K);
+        counts->resize(E);
+        be->CopyToHost(dids->data(), T * K * sizeof(int32_t), ids->data());
+        be->CopyToHost(dtw->data(), T * K * sizeof(float), w->data());
+        be->CopyToHost(dcounts->data(), E * sizeof(int64_t), counts->data());
+      };
+      std::vector<int32_t> want_ids, got_ids;
+      std::vector<float> want_w, got_w;
+      std::vector<int64_t> want_counts, got_counts;
+      run(&cpu_, &want_ids, &want_w, &want_counts);
+      gpu_->SetOpTiming(true);
+      run(gpu_.get(), &got_ids, &got_w, &got_counts);
+      gpu_->SetOpTiming(false);
+      const std::string report = gpu_->TakeOpTimingReport();
+      const bool one_launch = fused && T <= CudaBackend::kFusedRouterMaxTokens;
+      EXPECT_EQ(CallsOf(report, "RouteTokens"), one_launch ? 1 : -1) << report;
+      EXPECT_EQ(CallsOf(report, "NoauxTcRoute"), one_launch ? -1 : 1) << report;
+      ASSERT_TRUE(gpu_->status().ok()) << gpu_->status();
+      int differing = 0;
+      std::vector<int64_t> from_ids(E, 5);
+      for (int32_t t = 0; t < T; ++t) {
+        for (int32_t k = 0; k < K; ++k) {
+          const int32_t id = got_ids[t * K + k];
+          ASSERT_GE(id, 0);
+          ASSERT_LT(id, E);
+          if (t * K + k < limit) ++from_ids[id];
+        }
+        const std::vector<int32_t> g(got_ids.begin() + t * K, got_ids.begin() + (t + 1) * K);
+        const std::vector<int32_t> w(want_ids.begin() + t * K, want_ids.begin() + (t + 1) * K);
+        if (g != w) {
+          ++differing;
+          continue;
+        }
+        const std::vector<float> gw(got_w.begin() + t * K, got_w.begin() + (t + 1) * K);
+        const std::vector<float> ww(want_w.begin() + t * K, want_w.begin() + (t + 1) * K);
+        EXPECT_TRUE(AllClose(gw, ww, 1e-6, 1e-5)) << "token " << t;
+      }
+      EXPECT_LE(differing, std::max(1, T / 50)) << "more than float-noise ties";
+      EXPECT_EQ(got_counts, from_ids);
+    }
+  }
+  gpu_->SetFusedRouter(true);
+}
+
 TEST_F(CudaBackendTest, KernelErrorsAreRecordedWithTheCallNamed) {
   // A latent wider than the attention kernel supports is rejected at launch.
   MlaAttentionArgs args;
