@@ -60,6 +60,7 @@ tests=(
   //kernels/moe:expert_gemm_cublas_test
   //kernels/moe:grouped_gemm_test
   //kernels/moe:noaux_tc_router_test
+  //kernels/moe:noaux_tc_router_fused_test
   //kernels/moe:permute_test
   //kernels/norm:rms_norm_test
   //kernels/rope:rope_test
