@@ -439,6 +439,7 @@ absl::Status RunRank(const BenchConfig& bc, int64_t rank, RankState* s, RankOutp
     }
   }
   if (cuda != nullptr) cuda->SetDecodeMoeSparseEpilogue(bc.decode_moe_sparse_epilogue);
+  if (cuda != nullptr) cuda->SetDecodeMoeFused(bc.decode_moe_fused);
   if (cuda != nullptr) cuda->SetDecodeMoeGraphBuckets(bc.decode_moe_graph_buckets);
   if (cuda != nullptr) cuda->SetSmallMGemm(bc.fused_ops);
   if (cuda != nullptr) cuda->SetFusedRouter(bc.fused_router);

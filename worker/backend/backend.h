@@ -241,6 +241,12 @@ struct RoutedExpertsArgs {
   const void* const* down_host = nullptr;
   WeightDType dtype = WeightDType::kFloat32;  // of the expert matrices
   float* out = nullptr;                    // [tokens, hidden_size], overwritten
+  // The shared experts, read only by Backend::RoutedAndSharedExperts (shared_inter 0: none):
+  // one MLP of intermediate size shared_inter (n_shared_experts * moe_intermediate_size) in
+  // `dtype`, gate rows then up rows.
+  int64_t shared_inter = 0;
+  const void* shared_gate_up = nullptr;  // [2*shared_inter, hidden_size]
+  const void* shared_down = nullptr;     // [hidden_size, shared_inter]
 };
 
 // Ops recorded once by Backend::Capture and issued again by Replay (a CUDA graph): the same
@@ -332,6 +338,12 @@ class Backend {
   // doing nothing, when the backend has no such path for these arguments; the caller then goes
   // through its ExpertDispatcher and GroupedGemm.
   virtual bool RoutedExperts(const RoutedExpertsArgs& args) { return false; }
+  // The whole MoE block in one op: out[t] = RoutedExperts's sum + the shared MLP of hidden[t]
+  // (args.shared_*), within fp32 rounding of RoutedExperts then the model's shared-expert ops
+  // (Gemm, SiluMul, Gemm, added after the routed sum). Returns false, doing nothing, when the
+  // backend has no such path for these arguments (the default; the CPU backend keeps the ops
+  // as the reference); the caller then calls RoutedExperts and runs the shared MLP itself.
+  virtual bool RoutedAndSharedExperts(const RoutedExpertsArgs& args) { return false; }
   // out[r, :] = x[r, :] / rms(x[r, :]) * weight (statistics in fp32). out may alias x.
   virtual void RmsNorm(int64_t rows, int64_t dim, const float* x, int64_t ldx, const float* weight,
                        float eps, float* out, int64_t ldout) = 0;

@@ -939,10 +939,12 @@ absl::Status DeepseekV3Model::Moe(int64_t layer, int64_t rows, const float* h,
   };
 
   absl::Status st;
-  if (!expert_tables_.empty() &&
-      RoutedExpertsOnDevice(layer, rows, h, topk_ids->as<int32_t>(), topk_w->as<float>(), out)) {
+  bool shared_done = false;
+  if (!expert_tables_.empty() && RoutedExpertsOnDevice(layer, rows, h, topk_ids->as<int32_t>(),
+                                                       topk_w->as<float>(), out, &shared_done)) {
     if (ctx.device_only) device_expert_rows_.insert(rows);
     count();
+    if (shared_done) return absl::OkStatus();
     return SharedExperts(L, rows, h_gemm, out);
   }
   if (ctx.device_only) {
@@ -979,7 +981,7 @@ absl::Status DeepseekV3Model::Moe(int64_t layer, int64_t rows, const float* h,
 
 bool DeepseekV3Model::RoutedExpertsOnDevice(int64_t layer, int64_t rows, const float* h,
                                             const int32_t* topk_ids, const float* topk_w,
-                                            float* out) {
+                                            float* out, bool* shared_done) {
   const ModelConfig& c = config_;
   RoutedExpertsArgs a;
   a.num_tokens = static_cast<int32_t>(rows);
@@ -997,6 +999,19 @@ bool DeepseekV3Model::RoutedExpertsOnDevice(int64_t layer, int64_t rows, const f
   a.down_host = expert_tables_[layer].down_host.data();
   a.dtype = weights_->matrix_dtype;
   a.out = out;
+  *shared_done = false;
+  // The shared experts in the same op where the backend can (decode); fused ops only, so the
+  // op-by-op mode keeps the separate shared-expert ops.
+  if (fused_ops_ && c.n_shared_experts > 0) {
+    const MlpWeights& shared = weights_->layers[layer].shared;
+    a.shared_inter = shared.inter;
+    a.shared_gate_up = weights_->Matrix(shared.gate_up).data;
+    a.shared_down = weights_->Matrix(shared.down).data;
+    if (backend_->RoutedAndSharedExperts(a)) {
+      *shared_done = true;
+      return true;
+    }
+  }
   return backend_->RoutedExperts(a);
 }
 

@@ -212,9 +212,11 @@ class DeepseekV3Model {
   bool Bf16Operands() const {
     return fused_ops_ && weights_->matrix_dtype == WeightDType::kBFloat16;
   }
-  // Backend::RoutedExperts for one rank hosting every expert; false: use the dispatcher.
+  // Backend::RoutedExperts for one rank hosting every expert; false: use the dispatcher. With
+  // fused ops and shared experts, Backend::RoutedAndSharedExperts first: *shared_done tells
+  // whether out already holds the shared experts too.
   bool RoutedExpertsOnDevice(int64_t layer, int64_t rows, const float* h, const int32_t* topk_ids,
-                             const float* topk_w, float* out);
+                             const float* topk_w, float* out, bool* shared_done);
   void BuildExpertTables();
   absl::Status SharedExperts(const LayerWeights& L, int64_t rows, ActivationView h, float* out);
   // Per-step temporaries, written by an op before they are read (not zeroed).

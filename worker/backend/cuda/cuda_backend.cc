@@ -27,6 +27,7 @@
 #include "kernels/moe/expert_gemm_plan.h"
 #include "kernels/moe/expert_gemm_planned.h"
 #include "kernels/moe/grouped_gemm.h"
+#include "kernels/moe/moe_decode_fused.h"
 #include "kernels/moe/moe_permute.h"
 #include "kernels/moe/noaux_tc_router.h"
 #include "kernels/moe/noaux_tc_router_fused.h"
@@ -1133,6 +1134,42 @@ bool CudaBackend::RoutedExperts(const RoutedExpertsArgs& a) {
   c.accumulate = accumulate;
   c.out = a.out;
   Check(kernels::MoeCombineF32(c, stream_), "kernels::MoeCombineF32");
+  return true;
+}
+
+bool CudaBackend::RoutedAndSharedExperts(const RoutedExpertsArgs& a) {
+  if (!decode_moe_fused_ || a.dtype != WeightDType::kBFloat16 || a.num_tokens < 1 ||
+      a.num_tokens > kernels::kMoeDecodeFusedMaxTokens ||
+      DecodeMoeAlgoFor(a.num_tokens) != DecodeMoeAlgo::kGroupedF32 || a.top_k < 1 ||
+      a.num_experts < 1 || a.inter <= 0 || a.inter % 8 != 0 || a.hidden_size % 8 != 0 ||
+      !FitsInt(a.hidden_size) || !FitsInt(a.inter) || a.shared_inter <= 0 ||
+      a.shared_inter % a.inter != 0 || a.shared_gate_up == nullptr || a.shared_down == nullptr ||
+      a.top_k + a.shared_inter / a.inter > kernels::kMoeDecodeFusedMaxParts ||
+      reinterpret_cast<uintptr_t>(a.hidden) % 16 != 0) {
+    return false;
+  }
+  OpTimer timer(this, "RoutedAndSharedExperts");
+  kernels::MoeDecodeFusedParams p;
+  p.num_tokens = a.num_tokens;
+  p.top_k = a.top_k;
+  p.num_experts = a.num_experts;
+  p.hidden_size = static_cast<int32_t>(a.hidden_size);
+  p.inter = static_cast<int32_t>(a.inter);
+  p.hidden = a.hidden;
+  p.topk_ids = a.topk_ids;
+  p.topk_weights = a.topk_weights;
+  p.slot_of_expert = a.slot_of_expert;
+  p.gate_up = reinterpret_cast<const uint16_t* const*>(a.gate_up);
+  p.down = reinterpret_cast<const uint16_t* const*>(a.down);
+  p.shared_parts = static_cast<int32_t>(a.shared_inter / a.inter);
+  p.shared_gate_up = static_cast<const uint16_t*>(a.shared_gate_up);
+  p.shared_down = static_cast<const uint16_t*>(a.shared_down);
+  auto act = AllocateScratch(
+      kernels::MoeDecodeFusedActFloats(p.num_tokens, p.top_k, p.shared_parts, p.inter) *
+      sizeof(float));
+  p.act = act->as<float>();
+  p.out = a.out;
+  Check(kernels::MoeDecodeFusedF32(p, stream_), "kernels::MoeDecodeFusedF32");
   return true;
 }
 

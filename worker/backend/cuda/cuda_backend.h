@@ -125,6 +125,15 @@ class CudaBackend : public Backend {
   //    weights, as in Gemm, and with bf16 weights both GEMMs write bf16 (kernels::SiluMulBf16
   //    between them, the combine reads bf16), as a bf16 PyTorch model rounds each Linear.
   bool RoutedExperts(const RoutedExpertsArgs& args) override;
+  // Taken for bf16 weights, 1..kernels::kMoeDecodeFusedMaxTokens tokens whose decode algorithm
+  // is kGroupedF32 (DecodeMoeAlgoFor), shared_inter a positive multiple of inter, with
+  // SetDecodeMoeFused on (the default): kernels::MoeDecodeFusedF32, two launches reading the
+  // routing on the device (no permutation, gather, separate SiLU-mul, combine or shared-expert
+  // GEMMs; activations fp32 throughout, also for the shared MLP). Otherwise false.
+  bool RoutedAndSharedExperts(const RoutedExpertsArgs& args) override;
+  // Off: RoutedAndSharedExperts declines (the model runs RoutedExperts + its shared-expert
+  // ops, as before). For tests and benchmarks (old vs new).
+  void SetDecodeMoeFused(bool on) { decode_moe_fused_ = on; }
   // The chunked cuBLAS GEMMs were faster from 128 tokens on (the smallest size measured,
   // docs/kernels.md); decode batches up to here keep the path without host synchronisation.
   static constexpr int32_t kMaxFusedMoeTokens = 128;
@@ -354,6 +363,7 @@ class CudaBackend : public Backend {
   DecodeMoeAlgo decode_moe_algo_ = DecodeMoeAlgo::kAuto;
   int32_t planned_chunk_rows_ = 0;  // 0: by size
   bool decode_moe_sparse_epilogue_ = true;
+  bool decode_moe_fused_ = true;
   bool decode_moe_graph_buckets_ = false;
   cudaStream_t switch_stream_ = nullptr;  // records CaptureSwitch's bodies; made on first use
 

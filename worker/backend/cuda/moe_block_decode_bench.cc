@@ -1,0 +1,241 @@
+// moe_block_decode_bench: the MoE block of one decode layer at 1 and 2 tokens (routed experts
+// + shared experts, what DeepseekV3Model::Moe issues after the routing), old vs new, recorded
+// into a CUDA graph (Backend::Capture) and replayed:
+//
+//   old  CudaBackend::RoutedExperts (permute, GroupedGemmBf16 gate_up, SiluMulF32, down,
+//        combine) + the shared MLP as the model runs it with fused ops and bf16 weights (Gemm on
+//        the bf16 normed rows, SiluMulBf16, Gemm accumulating into out)
+//   new  CudaBackend::RoutedAndSharedExperts (kernels::MoeDecodeFusedF32, two launches)
+//
+// Shapes: Moonlight (64 experts, top-6, hidden 2048, moe_intermediate 1408, 2 shared experts)
+// and DeepSeek-V3 (256, top-8, 7168, 2048, 1 shared), bf16 weights. The graph holds kLayers
+// layers, each with its own shared weights and routing (distinct experts across layers), so a
+// replay streams every layer's weights from HBM (their sum is far beyond the 50 MB L2).
+//
+// Time: kReplays replays back to back between two stream synchronisations, wall clock per
+// layer, median of 7 (after 3 warm-up replays). The weights one layer must read (its busy
+// experts and the shared MLP) over that time gives GB/s and the fraction of 4.3 TB/s. "diff":
+// largest |new - old| over the last layer's output, relative to its largest |old|.
+//
+//   moe_block_decode_bench     (one line per case; exit status 1 on an error)
+#include <cuda_runtime_api.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <memory>
+#include <numeric>
+#include <random>
+#include <set>
+#include <vector>
+
+#include "worker/backend/cuda/cuda_backend.h"
+
+namespace deepinfer {
+namespace {
+
+constexpr double kRooflineBytesPerSecond = 4.3e12;
+constexpr int kLayers = 4;
+
+void Fail(const char* what) {
+  std::fprintf(stderr, "moe_block_decode_bench: %s\n", what);
+  std::exit(1);
+}
+
+struct Shape {
+  const char* name;
+  int32_t experts;
+  int32_t top_k;
+  int64_t hidden;
+  int64_t inter;
+  int64_t shared;  // n_shared_experts
+};
+
+// One layer's inputs on the device.
+struct Layer {
+  std::unique_ptr<DeviceBuffer> hidden, hidden_bf16, ids, weights, shared_gate_up, shared_down,
+      out;
+  int64_t busy_experts = 0;
+};
+
+int Main() {
+  auto backend = CudaBackend::Create(0, WeightDType::kBFloat16);
+  if (!backend.ok()) {
+    std::fprintf(stderr, "%s\n", backend.status().ToString().c_str());
+    return 1;
+  }
+  CudaBackend& b = **backend;
+  const Shape shapes[] = {{"moonlight", 64, 6, 2048, 1408, 2}, {"v3", 256, 8, 7168, 2048, 1}};
+  std::printf("%-9s %6s %5s %10s | %-4s %9s %8s %9s %10s\n", "shape", "tokens", "busy",
+              "layer MB", "path", "us/layer", "GB/s", "of 4.3TB", "rel diff");
+  for (const Shape& s : shapes) {
+    const int64_t H = s.hidden, I = s.inter, SI = s.shared * s.inter;
+    const size_t gate_up_bytes = 2 * I * H * 2, down_bytes = H * I * 2;
+    const size_t per_expert = gate_up_bytes + down_bytes;
+    // Only the experts the layers use get memory (top_k * 2 tokens * kLayers at most).
+    const int32_t pool = std::min<int32_t>(s.experts, 2 * s.top_k * kLayers);
+    auto weights = b.Allocate(per_expert * pool);
+    // Any finite bf16 values: every byte 0x3c (bf16 0x3c3c, about 0.0115).
+    if (cudaMemset(weights->data(), 0x3c, per_expert * pool) != cudaSuccess) Fail("cudaMemset");
+    std::vector<const void*> gate_up_host(s.experts), down_host(s.experts);
+    for (int32_t e = 0; e < s.experts; ++e) {
+      const char* base = static_cast<const char*>(weights->data()) + (e % pool) * per_expert;
+      gate_up_host[e] = base;
+      down_host[e] = base + gate_up_bytes;
+    }
+    auto upload = [&](const void* p, size_t n) {
+      auto buf = b.Allocate(n);
+      b.CopyToDevice(p, n, buf->data());
+      return buf;
+    };
+    auto gate_up_table = upload(gate_up_host.data(), s.experts * sizeof(void*));
+    auto down_table = upload(down_host.data(), s.experts * sizeof(void*));
+    std::vector<int32_t> slot_host(s.experts);
+    std::iota(slot_host.begin(), slot_host.end(), 0);
+    auto slots = upload(slot_host.data(), s.experts * sizeof(int32_t));
+    for (int32_t tokens : {1, 2}) {
+      std::mt19937 gen(static_cast<uint32_t>(tokens));
+      std::uniform_real_distribution<float> uni(-1.0f, 1.0f);
+      std::vector<Layer> layers(kLayers);
+      for (int l = 0; l < kLayers; ++l) {
+        Layer& L = layers[l];
+        std::vector<float> hidden(tokens * H), w(tokens * s.top_k);
+        for (float& v : hidden) v = uni(gen);
+        for (float& v : w) v = 0.5f * uni(gen);
+        std::vector<uint16_t> hidden16(hidden.size());
+        for (size_t i = 0; i < hidden.size(); ++i) {
+          uint32_t u;
+          std::memcpy(&u, &hidden[i], 4);
+          hidden16[i] = static_cast<uint16_t>((u + 0x7fff + ((u >> 16) & 1)) >> 16);
+        }
+        // Layer l's experts come from pool entries [l * 2K, (l + 1) * 2K): no two layers share
+        // weights; the tokens of a layer pick top_k of those 2K at random.
+        std::vector<int32_t> mine(2 * s.top_k), ids;
+        std::iota(mine.begin(), mine.end(), (l * 2 * s.top_k) % pool);
+        std::set<int32_t> busy;
+        for (int32_t t = 0; t < tokens; ++t) {
+          std::shuffle(mine.begin(), mine.end(), gen);
+          std::vector<int32_t> row(mine.begin(), mine.begin() + s.top_k);
+          std::sort(row.begin(), row.end());
+          ids.insert(ids.end(), row.begin(), row.end());
+          busy.insert(row.begin(), row.end());
+        }
+        L.busy_experts = static_cast<int64_t>(busy.size());
+        L.hidden = upload(hidden.data(), hidden.size() * sizeof(float));
+        L.hidden_bf16 = upload(hidden16.data(), hidden16.size() * sizeof(uint16_t));
+        L.weights = upload(w.data(), w.size() * sizeof(float));
+        L.ids = upload(ids.data(), ids.size() * sizeof(int32_t));
+        L.shared_gate_up = b.Allocate(2 * SI * H * 2);
+        L.shared_down = b.Allocate(H * SI * 2);
+        if (cudaMemset(L.shared_gate_up->data(), 0x3b, 2 * SI * H * 2) != cudaSuccess ||
+            cudaMemset(L.shared_down->data(), 0x3b, H * SI * 2) != cudaSuccess) {
+          Fail("cudaMemset(shared)");
+        }
+        L.out = b.Allocate(tokens * H * sizeof(float));
+      }
+      auto args_for = [&](Layer& L) {
+        RoutedExpertsArgs a;
+        a.num_tokens = tokens;
+        a.top_k = s.top_k;
+        a.num_experts = s.experts;
+        a.hidden_size = H;
+        a.inter = I;
+        a.hidden = L.hidden->as<float>();
+        a.topk_ids = L.ids->as<int32_t>();
+        a.topk_weights = L.weights->as<float>();
+        a.slot_of_expert = slots->as<int32_t>();
+        a.gate_up = static_cast<const void* const*>(gate_up_table->data());
+        a.down = static_cast<const void* const*>(down_table->data());
+        a.gate_up_host = gate_up_host.data();
+        a.down_host = down_host.data();
+        a.dtype = WeightDType::kBFloat16;
+        a.out = L.out->as<float>();
+        a.shared_inter = SI;
+        a.shared_gate_up = L.shared_gate_up->data();
+        a.shared_down = L.shared_down->data();
+        return a;
+      };
+      // The model's shared MLP with fused ops and bf16 weights (DeepseekV3Model::Mlp).
+      auto old_layer = [&](Layer& L) {
+        const RoutedExpertsArgs a = args_for(L);
+        if (!b.RoutedExperts(a)) Fail("RoutedExperts declined");
+        auto gu = b.AllocateScratch(tokens * 2 * SI * sizeof(float));
+        b.Gemm(tokens, 2 * SI, H, ActivationView::Bf16(L.hidden_bf16->as<uint16_t>()), H,
+               WeightView(L.shared_gate_up->data(), WeightDType::kBFloat16), H, gu->as<float>(),
+               2 * SI, false);
+        auto act = b.AllocateScratch(tokens * SI * sizeof(uint16_t));
+        b.SiluMulBf16(tokens, SI, gu->as<float>(), act->as<uint16_t>());
+        b.Gemm(tokens, H, SI, ActivationView::Bf16(act->as<uint16_t>()), SI,
+               WeightView(L.shared_down->data(), WeightDType::kBFloat16), SI, a.out, H, true);
+      };
+      auto new_layer = [&](Layer& L) {
+        if (!b.RoutedAndSharedExperts(args_for(L))) Fail("RoutedAndSharedExperts declined");
+      };
+      int64_t layer_bytes = 0;
+      for (const Layer& L : layers) layer_bytes += L.busy_experts * per_expert + 3 * SI * H * 2;
+      layer_bytes /= kLayers;
+      std::vector<float> old_out;
+      for (int path = 0; path < 2; ++path) {
+        auto ops = b.Capture([&] {
+          for (Layer& L : layers) path == 0 ? old_layer(L) : new_layer(L);
+          return absl::OkStatus();
+        });
+        if (!ops.ok()) {
+          std::fprintf(stderr, "%s\n", ops.status().ToString().c_str());
+          Fail("capture");
+        }
+        const int kReplays = s.experts > 64 ? 10 : 40;
+        for (int i = 0; i < 3; ++i) {
+          if (!(*ops)->Replay().ok()) Fail("replay");
+        }
+        b.Synchronize();
+        std::vector<double> us;
+        for (int rep = 0; rep < 7; ++rep) {
+          const auto start = std::chrono::steady_clock::now();
+          for (int i = 0; i < kReplays; ++i) {
+            if (!(*ops)->Replay().ok()) Fail("replay");
+          }
+          b.Synchronize();
+          us.push_back(
+              std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - start)
+                  .count() /
+              (kReplays * kLayers));
+        }
+        if (!b.status().ok()) {
+          std::fprintf(stderr, "%s\n", b.status().ToString().c_str());
+          Fail("backend error");
+        }
+        std::vector<float> out(tokens * H);
+        b.CopyToHost(layers.back().out->data(), out.size() * sizeof(float), out.data());
+        double diff = 0;
+        if (path == 0) {
+          old_out = out;
+        } else {
+          double scale = 0;
+          for (size_t i = 0; i < out.size(); ++i) {
+            diff = std::max(diff, std::abs(static_cast<double>(out[i]) - old_out[i]));
+            scale = std::max(scale, std::abs(static_cast<double>(old_out[i])));
+          }
+          diff /= std::max(scale, 1e-30);
+        }
+        std::sort(us.begin(), us.end());
+        const double t = us[us.size() / 2];
+        const double gbs = layer_bytes / (t * 1e-6) / 1e9;
+        std::printf("%-9s %6d %5lld %10.1f | %-4s %9.1f %8.0f %9.3f %10.3g\n", s.name, tokens,
+                    static_cast<long long>(layers.back().busy_experts), layer_bytes / 1e6,
+                    path == 0 ? "old" : "new", t, gbs, gbs * 1e9 / kRooflineBytesPerSecond, diff);
+        std::fflush(stdout);
+      }
+    }
+  }
+  return 0;
+}
+
+}  // namespace
+}  // namespace deepinfer
+
+int main() { return deepinfer::Main(); }
