@@ -4,11 +4,10 @@
 // (gate_up) or output feature (down); blocks of kWarps warps, a full grid (the hardware balances
 // the tail). Both are launched with programmatic dependent launch (kernels/common/launch.cuh):
 // the gate_up kernel reads the routing, written by the kernel before it, only after the wait.
-#include "kernels/moe/moe_decode_fused.h"
-
 #include <cuda_runtime.h>
 
 #include "kernels/common/launch.cuh"
+#include "kernels/moe/moe_decode_fused.h"
 
 namespace deepinfer {
 namespace kernels {
@@ -207,8 +206,7 @@ __device__ void DownBody(MoeDecodeFusedParams p) {
 template <int kT>
 cudaError_t Launch(const MoeDecodeFusedParams& p, cudaStream_t stream) {
   const dim3 gate_up_grid((p.inter + kWarps - 1) / kWarps, kT * p.top_k + p.shared_parts);
-  cudaError_t err =
-      LaunchAfterPrecedingGrids<GateUpBody<kT>, kThreads>(gate_up_grid, 0, stream, p);
+  cudaError_t err = LaunchAfterPrecedingGrids<GateUpBody<kT>, kThreads>(gate_up_grid, 0, stream, p);
   if (err != cudaSuccess) return err;
   const dim3 down_grid((p.hidden_size + kWarps - 1) / kWarps);
   return LaunchAfterPrecedingGrids<DownBody<kT>, kThreads>(down_grid, 0, stream, p);
@@ -224,17 +222,16 @@ int64_t MoeDecodeFusedActFloats(int32_t num_tokens, int32_t top_k, int32_t share
 cudaError_t MoeDecodeFusedF32(const MoeDecodeFusedParams& p, cudaStream_t stream) {
   const bool sizes_ok = p.num_tokens >= 1 && p.num_tokens <= kMoeDecodeFusedMaxTokens &&
                         p.top_k >= 1 && p.shared_parts >= 0 &&
-                        p.top_k + p.shared_parts <= kMoeDecodeFusedMaxParts &&
-                        p.num_experts >= 1 && p.hidden_size > 0 && p.hidden_size % 8 == 0 &&
-                        p.inter > 0 && p.inter % 8 == 0;
-  const bool pointers_ok = p.hidden != nullptr && p.topk_ids != nullptr &&
-                           p.topk_weights != nullptr && p.slot_of_expert != nullptr &&
-                           p.gate_up != nullptr && p.down != nullptr && p.act != nullptr &&
-                           p.out != nullptr &&
-                           (p.shared_parts == 0 ||
-                            (p.shared_gate_up != nullptr && p.shared_down != nullptr)) &&
-                           reinterpret_cast<uintptr_t>(p.hidden) % 16 == 0 &&
-                           reinterpret_cast<uintptr_t>(p.act) % 16 == 0;
+                        p.top_k + p.shared_parts <= kMoeDecodeFusedMaxParts && p.num_experts >= 1 &&
+                        p.hidden_size > 0 && p.hidden_size % 8 == 0 && p.inter > 0 &&
+                        p.inter % 8 == 0;
+  const bool pointers_ok =
+      p.hidden != nullptr && p.topk_ids != nullptr && p.topk_weights != nullptr &&
+      p.slot_of_expert != nullptr && p.gate_up != nullptr && p.down != nullptr &&
+      p.act != nullptr && p.out != nullptr &&
+      (p.shared_parts == 0 || (p.shared_gate_up != nullptr && p.shared_down != nullptr)) &&
+      reinterpret_cast<uintptr_t>(p.hidden) % 16 == 0 &&
+      reinterpret_cast<uintptr_t>(p.act) % 16 == 0;
   if (!sizes_ok || !pointers_ok) return cudaErrorInvalidValue;
   return p.num_tokens == 1 ? Launch<1>(p, stream) : Launch<2>(p, stream);
 }

@@ -33,11 +33,11 @@ struct MoeDecodeFusedParams {
   int32_t num_tokens = 0;  // 1..kMoeDecodeFusedMaxTokens
   int32_t top_k = 0;
   int32_t num_experts = 0;
-  int32_t hidden_size = 0;  // a multiple of 8
-  int32_t inter = 0;        // moe_intermediate_size, a multiple of 8
-  const float* hidden = nullptr;          // [num_tokens, hidden_size], 16-byte aligned
-  const int32_t* topk_ids = nullptr;      // [num_tokens, top_k]; distinct within a token
-  const float* topk_weights = nullptr;    // [num_tokens, top_k]
+  int32_t hidden_size = 0;                  // a multiple of 8
+  int32_t inter = 0;                        // moe_intermediate_size, a multiple of 8
+  const float* hidden = nullptr;            // [num_tokens, hidden_size], 16-byte aligned
+  const int32_t* topk_ids = nullptr;        // [num_tokens, top_k]; distinct within a token
+  const float* topk_weights = nullptr;      // [num_tokens, top_k]
   const int32_t* slot_of_expert = nullptr;  // [num_experts]: expert e's table entry
   // [num_experts] pointers (indexed by slot), each 16-byte aligned: [2*inter, hidden_size] and
   // [hidden_size, inter] bf16 row-major.

@@ -51,10 +51,10 @@ std::vector<float> CpuMlp(CpuBackend& cpu, const float* x, const float* gate_up,
 
 void Check(const Shape& s, int32_t tokens, int32_t repeated) {
   const uint32_t seed = testing::FreshSeed();
-  SCOPED_TRACE(::testing::Message() << "experts " << s.experts << " top_k " << s.top_k
-                                    << " hidden " << s.hidden << " inter " << s.inter
-                                    << " shared_parts " << s.shared_parts << " tokens " << tokens
-                                    << " repeated " << repeated << " seed " << seed);
+  SCOPED_TRACE(::testing::Message()
+               << "experts " << s.experts << " top_k " << s.top_k << " hidden " << s.hidden
+               << " inter " << s.inter << " shared_parts " << s.shared_parts << " tokens " << tokens
+               << " repeated " << repeated << " seed " << seed);
   std::mt19937 gen(seed);
   const int64_t H = s.hidden, I = s.inter, SI = int64_t{s.shared_parts} * I;
   const int64_t per_expert = 3 * I * H;

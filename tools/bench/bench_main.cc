@@ -130,10 +130,11 @@ int main(int argc, char** argv) {
                 "CUDA, bf16: the device MoE path's SiLU-mul over the real rows only and its\n"
                 "combine without a memset (default); false: the previous epilogue (SiLU-mul\n"
                 "over every padded row, memset + accumulate), same results, for old vs new.");
-  flags.AddBool("decode-moe-fused", &config.decode_moe_fused,
-                "CUDA, bf16: the MoE block at 1-2 tokens (routed + shared experts) in two\n"
-                "launches (CudaBackend::RoutedAndSharedExperts, default); false: the previous\n"
-                "permute + grouped GEMMs + combine and separate shared-expert GEMMs.");
+  flags.AddString("decode-moe-fused", &config.decode_moe_fused,
+                  "CUDA, bf16: the MoE block (routed + shared experts) in two launches\n"
+                  "(CudaBackend::RoutedAndSharedExperts): auto (default: 1 token, hidden <=\n"
+                  "4096), on (1-2 tokens, any width) or off (the previous permute + grouped\n"
+                  "GEMMs + combine and separate shared-expert GEMMs).");
   flags.AddBool("decode-moe-graph-buckets", &config.decode_moe_graph_buckets,
                 "CUDA, bf16: inside the decode graphs, each planned expert GEMM behind a switch\n"
                 "over batch sizes picked on the device; false (default: measured faster in the\n"

@@ -439,7 +439,18 @@ absl::Status RunRank(const BenchConfig& bc, int64_t rank, RankState* s, RankOutp
     }
   }
   if (cuda != nullptr) cuda->SetDecodeMoeSparseEpilogue(bc.decode_moe_sparse_epilogue);
-  if (cuda != nullptr) cuda->SetDecodeMoeFused(bc.decode_moe_fused);
+  if (cuda != nullptr) {
+    if (bc.decode_moe_fused.empty() || bc.decode_moe_fused == "auto") {
+      cuda->SetDecodeMoeFused(CudaBackend::DecodeMoeFused::kAuto);
+    } else if (bc.decode_moe_fused == "on") {
+      cuda->SetDecodeMoeFused(CudaBackend::DecodeMoeFused::kOn);
+    } else if (bc.decode_moe_fused == "off") {
+      cuda->SetDecodeMoeFused(CudaBackend::DecodeMoeFused::kOff);
+    } else {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "--decode-moe-fused must be auto, on or off, got '", bc.decode_moe_fused, "'"));
+    }
+  }
   if (cuda != nullptr) cuda->SetDecodeMoeGraphBuckets(bc.decode_moe_graph_buckets);
   if (cuda != nullptr) cuda->SetSmallMGemm(bc.fused_ops);
   if (cuda != nullptr) cuda->SetFusedRouter(bc.fused_router);

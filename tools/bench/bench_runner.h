@@ -103,9 +103,8 @@ struct BenchConfig {
   // CUDA only: CudaBackend::SetDecodeMoeSparseEpilogue (false: the previous SiLU-mul over every
   // padded row and memset + accumulating combine, for old vs new).
   bool decode_moe_sparse_epilogue = true;
-  // CUDA only: CudaBackend::SetDecodeMoeFused (false: RoutedExperts + the model's shared-expert
-  // ops at 1-2 tokens, as before, for old vs new).
-  bool decode_moe_fused = true;
+  // CUDA only: CudaBackend::SetDecodeMoeFused ("auto", "on" or "off"; empty: auto).
+  std::string decode_moe_fused;
   // CUDA only: CudaBackend::SetDecodeMoeGraphBuckets (true: the planned expert GEMMs behind
   // graph switch nodes; false, the default: the one fixed batch inside the decode graphs too).
   bool decode_moe_graph_buckets = false;

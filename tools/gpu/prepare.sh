@@ -59,6 +59,7 @@ tests=(
   //kernels/moe:expert_counts_test
   //kernels/moe:expert_gemm_cublas_test
   //kernels/moe:grouped_gemm_test
+  //kernels/moe:moe_decode_fused_test
   //kernels/moe:noaux_tc_router_test
   //kernels/moe:noaux_tc_router_fused_test
   //kernels/moe:permute_test
@@ -83,7 +84,7 @@ tools=(//tools/bench:deepinfer-bench)
   //kernels/attention:mla_prefill_bench //kernels/attention:mha_prefill_bench
   //kernels/moe:grouped_gemm_bench //kernels/gemm:small_m_gemm_bench
   //kernels/moe:moe_prefill_bench //kernels/moe:prefill_passes_bench //kernels/sampling:sampling_bench
-  //worker/backend/cuda:moe_decode_bench)
+  //worker/backend/cuda:moe_decode_bench //worker/backend/cuda:moe_block_decode_bench)
 if [[ -n "${GPU_TESTS+set}" ]]; then read -r -a tests <<< "$GPU_TESTS"; fi
 if [[ -n "${GPU_TOOLS+set}" ]]; then read -r -a tools <<< "$GPU_TOOLS"; fi
 if [[ -n "${GPU_DAEMONS+set}" ]]; then read -r -a daemons <<< "$GPU_DAEMONS"; fi

@@ -125,15 +125,21 @@ class CudaBackend : public Backend {
   //    weights, as in Gemm, and with bf16 weights both GEMMs write bf16 (kernels::SiluMulBf16
   //    between them, the combine reads bf16), as a bf16 PyTorch model rounds each Linear.
   bool RoutedExperts(const RoutedExpertsArgs& args) override;
-  // Taken for bf16 weights, 1..kernels::kMoeDecodeFusedMaxTokens tokens whose decode algorithm
-  // is kGroupedF32 (DecodeMoeAlgoFor), shared_inter a positive multiple of inter, with
-  // SetDecodeMoeFused on (the default): kernels::MoeDecodeFusedF32, two launches reading the
-  // routing on the device (no permutation, gather, separate SiLU-mul, combine or shared-expert
-  // GEMMs; activations fp32 throughout, also for the shared MLP). Otherwise false.
+  // Taken for bf16 weights, tokens whose decode algorithm is kGroupedF32 (DecodeMoeAlgoFor),
+  // shared_inter a positive multiple of inter, and the size DecodeMoeFusedFor allows:
+  // kernels::MoeDecodeFusedF32, two launches reading the routing on the device (no permutation,
+  // gather, separate SiLU-mul, combine or shared-expert GEMMs; activations fp32 throughout,
+  // also for the shared MLP). Otherwise false.
   bool RoutedAndSharedExperts(const RoutedExpertsArgs& args) override;
-  // Off: RoutedAndSharedExperts declines (the model runs RoutedExperts + its shared-expert
-  // ops, as before). For tests and benchmarks (old vs new).
-  void SetDecodeMoeFused(bool on) { decode_moe_fused_ = on; }
+  // Which sizes RoutedAndSharedExperts takes: kAuto (the default) where it measured faster than
+  // RoutedExperts + the shared-expert ops (moe_block_decode_bench, H200, docs/kernels.md): one
+  // token and hidden_size <= kMaxAutoFusedMoeHidden (Moonlight's 2048: faster; V3's 7168 and
+  // 2 tokens at either shape: slower); kOn: 1..kernels::kMoeDecodeFusedMaxTokens tokens, any
+  // width; kOff: never (the model runs the previous ops). kOn / kOff for tests and benchmarks.
+  enum class DecodeMoeFused { kAuto, kOff, kOn };
+  void SetDecodeMoeFused(DecodeMoeFused mode) { decode_moe_fused_ = mode; }
+  bool DecodeMoeFusedFor(int64_t tokens, int64_t hidden_size) const;
+  static constexpr int64_t kMaxAutoFusedMoeHidden = 4096;
   // The chunked cuBLAS GEMMs were faster from 128 tokens on (the smallest size measured,
   // docs/kernels.md); decode batches up to here keep the path without host synchronisation.
   static constexpr int32_t kMaxFusedMoeTokens = 128;
@@ -363,7 +369,7 @@ class CudaBackend : public Backend {
   DecodeMoeAlgo decode_moe_algo_ = DecodeMoeAlgo::kAuto;
   int32_t planned_chunk_rows_ = 0;  // 0: by size
   bool decode_moe_sparse_epilogue_ = true;
-  bool decode_moe_fused_ = true;
+  DecodeMoeFused decode_moe_fused_ = DecodeMoeFused::kAuto;
   bool decode_moe_graph_buckets_ = false;
   cudaStream_t switch_stream_ = nullptr;  // records CaptureSwitch's bodies; made on first use
 

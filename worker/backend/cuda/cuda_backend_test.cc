@@ -817,6 +817,10 @@ TEST_F(RoutedExpertsTest, RoutedAndSharedExpertsMatchCpuOps) {
     a.shared_inter = SI;
     a.shared_gate_up = sgu_gpu.data;
     a.shared_down = sdn_gpu.data;
+    // kAuto takes one token at this width, not two; kOn takes both.
+    EXPECT_EQ(gpu_->DecodeMoeFusedFor(T, H), T == 1);
+    EXPECT_FALSE(gpu_->DecodeMoeFusedFor(1, CudaBackend::kMaxAutoFusedMoeHidden + 8));
+    gpu_->SetDecodeMoeFused(CudaBackend::DecodeMoeFused::kOn);
     ASSERT_TRUE(gpu_->RoutedAndSharedExperts(a));
     const std::vector<float> eager = Download(*dout);
     double scale = 0;
@@ -841,9 +845,9 @@ TEST_F(RoutedExpertsTest, RoutedAndSharedExpertsMatchCpuOps) {
     // size that is no multiple of inter, no shared experts, fp32 weights, 3 tokens.
     auto dout3 = Poisoned(T * H);
     a.out = dout3->as<float>();
-    gpu_->SetDecodeMoeFused(false);
+    gpu_->SetDecodeMoeFused(CudaBackend::DecodeMoeFused::kOff);
     EXPECT_FALSE(gpu_->RoutedAndSharedExperts(a));
-    gpu_->SetDecodeMoeFused(true);
+    gpu_->SetDecodeMoeFused(CudaBackend::DecodeMoeFused::kOn);
     gpu_->SetDecodeMoeAlgo(DecodeAlgo::kPlannedCublas);
     EXPECT_FALSE(gpu_->RoutedAndSharedExperts(a));
     gpu_->SetDecodeMoeAlgo(DecodeAlgo::kAuto);
@@ -861,6 +865,7 @@ TEST_F(RoutedExpertsTest, RoutedAndSharedExpertsMatchCpuOps) {
     EXPECT_FALSE(gpu_->RoutedAndSharedExperts(b));
     for (float v : Download(*dout3)) ASSERT_TRUE(std::isnan(v)) << "a declined call wrote out";
     EXPECT_TRUE(gpu_->status().ok()) << gpu_->status();
+    gpu_->SetDecodeMoeFused(CudaBackend::DecodeMoeFused::kAuto);
   }
 }
 

@@ -57,8 +57,7 @@ struct Shape {
 
 // One layer's inputs on the device.
 struct Layer {
-  std::unique_ptr<DeviceBuffer> hidden, hidden_bf16, ids, weights, shared_gate_up, shared_down,
-      out;
+  std::unique_ptr<DeviceBuffer> hidden, hidden_bf16, ids, weights, shared_gate_up, shared_down, out;
   int64_t busy_experts = 0;
 };
 
@@ -70,8 +69,8 @@ int Main() {
   }
   CudaBackend& b = **backend;
   const Shape shapes[] = {{"moonlight", 64, 6, 2048, 1408, 2}, {"v3", 256, 8, 7168, 2048, 1}};
-  std::printf("%-9s %6s %5s %10s | %-4s %9s %8s %9s %10s\n", "shape", "tokens", "busy",
-              "layer MB", "path", "us/layer", "GB/s", "of 4.3TB", "rel diff");
+  std::printf("%-9s %6s %5s %10s | %-4s %9s %8s %9s %10s\n", "shape", "tokens", "busy", "layer MB",
+              "path", "us/layer", "GB/s", "of 4.3TB", "rel diff");
   for (const Shape& s : shapes) {
     const int64_t H = s.hidden, I = s.inter, SI = s.shared * s.inter;
     const size_t gate_up_bytes = 2 * I * H * 2, down_bytes = H * I * 2;
@@ -172,6 +171,7 @@ int Main() {
         b.Gemm(tokens, H, SI, ActivationView::Bf16(act->as<uint16_t>()), SI,
                WeightView(L.shared_down->data(), WeightDType::kBFloat16), SI, a.out, H, true);
       };
+      b.SetDecodeMoeFused(CudaBackend::DecodeMoeFused::kOn);  // every case measured
       auto new_layer = [&](Layer& L) {
         if (!b.RoutedAndSharedExperts(args_for(L))) Fail("RoutedAndSharedExperts declined");
       };
