@@ -142,8 +142,9 @@ class CudaBackend : public Backend {
   enum class DecodeMoeAlgo { kAuto, kGroupedF32, kStream, kPlannedCublas };
   // Rows per chunk of kPlannedCublas for `tokens` tokens: SetPlannedChunkRows's value if set,
   // else by size: 8 up to 32 tokens (grouped_gemm_bench), 48 above (the 27-layer Moonlight
-  // bench, one fixed batch: 48 faster than 32 at 64 and 128 requests; docs/kernels.md). Never depends on whether the stream is captured, so a
-  // replayed decode graph computes the same bits as the same step run eagerly.
+  // bench, one fixed batch: 48 faster than 32 at 64 and 128 requests; docs/kernels.md). Never
+  // depends on whether the stream is captured, so a replayed decode graph computes the same bits as
+  // the same step run eagerly.
   int32_t PlannedChunkRows(int64_t tokens) const;
   // Forces the chunk rows of kPlannedCublas (1..kMaxPlannedChunkRows; 0: by size, the
   // default). For tests and benchmarks.
@@ -181,6 +182,15 @@ class CudaBackend : public Backend {
                   float eps, float* out, uint16_t* out_bf16) override;
   void SiluMul(int64_t rows, int64_t inter, const float* x, float* out) override;
   void SiluMulBf16(int64_t rows, int64_t inter, const float* x, uint16_t* out) override;
+  // From kBf16GateUpMinRows rows (prefill; decode batches keep Gemm + SiluMulBf16 and their
+  // graphs) with bf16 weights, while SetBf16GateUp is on (default): one cuBLAS GEMM with a
+  // bf16 output (fp32 accumulation, rounded once by its epilogue), then kernels::SiluMulBf16.
+  bool GateUpSiluMulBf16(int64_t rows, int64_t inter, int64_t k, ActivationView a, int64_t lda,
+                         WeightView w, int64_t ldw, uint16_t* out) override;
+  static constexpr int64_t kBf16GateUpMinRows = 512;
+  // Off: GateUpSiluMulBf16 declines, for before/after measurements (deepinfer-bench
+  // --bf16-gate-up).
+  void SetBf16GateUp(bool on) { bf16_gate_up_ = on; }
   void FillDummy(const DummyFill& fill, int64_t n, WeightDType dtype, void* out) override;
   // kernels::NormRopeWriteLatentCacheF32: one launch.
   void NormRopeWriteLatentCache(const NormRopeCacheArgs& args) override;
@@ -348,6 +358,7 @@ class CudaBackend : public Backend {
   bool allocations_aside_ = false;
   kernels::SmallMGemmAlgo small_m_gemm_algo_ = kernels::SmallMGemmAlgo::kAuto;
   StagedGemv staged_gemv_ = StagedGemv::kAll;
+  bool bf16_gate_up_ = true;
   std::map<std::string, OpTotal> op_totals_;
 
   kernels::ExpertGemmCublasAlgo expert_gemm_algo_ = kernels::ExpertGemmCublasAlgo::kChunked;
