@@ -43,6 +43,7 @@
 #include "kernels/gemm/staged_gemv.h"
 #include "kernels/moe/expert_gemm_cublas.h"
 #include "worker/backend/backend.h"
+#include "worker/backend/cuda/cublaslt_gemm_tuner.h"
 
 namespace deepinfer {
 
@@ -188,6 +189,14 @@ class CudaBackend : public Backend {
   bool GateUpSiluMulBf16(int64_t rows, int64_t inter, int64_t k, ActivationView a, int64_t lda,
                          WeightView w, int64_t ldw, uint16_t* out) override;
   static constexpr int64_t kBf16GateUpMinRows = 512;
+  // Gemm (bf16 weights) and GateUpSiluMulBf16 from kGemmAutotuneMinRows rows (prefill; never
+  // while the stream is captured) through CublasLtGemmTuner: cuBLASLt with the fastest of its
+  // heuristic algorithms, timed at each new shape's first call (a host synchronisation and
+  // ~8 x 4 GEMMs into a scratch output, once per shape bucket). Off (default): cublasGemmEx.
+  void SetGemmAutotune(bool on) { gemm_autotune_ = on; }
+  static constexpr int64_t kGemmAutotuneMinRows = 1024;
+  // Shapes the tuner has an algorithm for (0 before the first tuned call).
+  size_t gemm_autotuned_shapes() const { return lt_tuner_ != nullptr ? lt_tuner_->shapes() : 0; }
   // Off: GateUpSiluMulBf16 declines, for before/after measurements (deepinfer-bench
   // --bf16-gate-up).
   void SetBf16GateUp(bool on) { bf16_gate_up_ = on; }
@@ -326,6 +335,10 @@ class CudaBackend : public Backend {
   // Runs one Gemm / BatchedGemm on kernels::SmallMGemmBf16 when small_m_gemm_ is on and it takes
   // the operands; false (nothing launched) otherwise.
   bool SmallMGemm(const kernels::SmallMGemmParams& p);
+  // GemmOnCublas's product (bf16 a and w) through lt_tuner_ where SetGemmAutotune applies (c
+  // fp32, or bf16 with c_bf16); false: not taken, nothing launched.
+  bool GemmOnCublasLt(int64_t m, int64_t n, int64_t k, const void* a, int64_t lda, WeightView w,
+                      int64_t ldw, void* c, int64_t ldc, bool c_bf16, bool accumulate);
   // Rounds the `elements` fp32 values at a to bf16 into a new scratch buffer.
   std::unique_ptr<DeviceBuffer> RoundToBf16(const float* a, int64_t elements);
   // Records the first failure; returns false if `st` is an error.
@@ -359,6 +372,8 @@ class CudaBackend : public Backend {
   kernels::SmallMGemmAlgo small_m_gemm_algo_ = kernels::SmallMGemmAlgo::kAuto;
   StagedGemv staged_gemv_ = StagedGemv::kAll;
   bool bf16_gate_up_ = true;
+  bool gemm_autotune_ = false;
+  std::unique_ptr<CublasLtGemmTuner> lt_tuner_;  // made at the first tuned GEMM
   std::map<std::string, OpTotal> op_totals_;
 
   kernels::ExpertGemmCublasAlgo expert_gemm_algo_ = kernels::ExpertGemmCublasAlgo::kChunked;

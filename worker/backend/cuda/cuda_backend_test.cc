@@ -291,6 +291,41 @@ TEST_F(CudaBackendTest, Bf16ActivationWithFp32WeightsIsAnError) {
   EXPECT_NE(gpu_->status().message().find("bf16 weights"), std::string::npos) << gpu_->status();
 }
 
+// SetGemmAutotune: bf16 Gemm from kGemmAutotuneMinRows rows through cuBLASLt's timed choice,
+// against the CPU (fp32 and bf16 activations, accumulate), the same bits on a second call;
+// fewer rows (decode) stay on cublasGemmEx.
+TEST_F(CudaBackendTest, GemmAutotuneMatchesCpuAndLeavesDecodeSizesAlone) {
+  const int64_t n = 576, k = 2048;
+  gpu_->SetGemmAutotune(true);
+  for (int64_t m : {int64_t{64}, CudaBackend::kGemmAutotuneMinRows + 76}) {
+    for (bool accumulate : {false, true}) {
+      const uint32_t seed = testing::FreshSeed();
+      SCOPED_TRACE(::testing::Message()
+                   << "m " << m << " accumulate " << accumulate << " seed " << seed);
+      auto a = testing::RandomFloats(m * k, seed);
+      auto w = testing::RandomFloats(n * k, seed + 1);
+      auto out = testing::RandomFloats(m * n, seed + 2);
+      std::vector<std::unique_ptr<DeviceBuffer>> keep;
+      std::vector<float> want = out;
+      cpu16_.Gemm(m, n, k, a.data(), k, CpuBf16(w, &keep), k, want.data(), n, accumulate);
+      const WeightView gw = GpuBf16(w, &keep);
+      const size_t shapes_before = gpu_->gemm_autotuned_shapes();
+      auto da = Upload(a), dc = Upload(out);
+      gpu_->Gemm(m, n, k, da->as<float>(), k, gw, k, dc->as<float>(), n, accumulate);
+      const std::vector<float> got = Download(*dc);
+      EXPECT_TRUE(AllClose(got, want, 2e-3, 1e-4));
+      EXPECT_EQ(gpu_->gemm_autotuned_shapes(),
+                shapes_before + (m >= CudaBackend::kGemmAutotuneMinRows ? 1 : 0));
+      if (!accumulate) {
+        gpu_->Gemm(m, n, k, da->as<float>(), k, gw, k, dc->as<float>(), n, accumulate);
+        EXPECT_TRUE(AllClose(Download(*dc), got, 0, 0));
+      }
+    }
+  }
+  gpu_->SetGemmAutotune(false);
+  EXPECT_TRUE(gpu_->status().ok()) << gpu_->status();
+}
+
 // GateUpSiluMulBf16 at prefill sizes (fp32 and bf16 activations) against the CPU: its Gemm
 // rounded to bf16, then SiluMulBf16 of those values. cuBLAS sums in another order than the CPU,
 // so a gate or up value may round to the neighbouring bf16 (rarely): at most a few bf16 ulps
@@ -298,8 +333,9 @@ TEST_F(CudaBackendTest, Bf16ActivationWithFp32WeightsIsAnError) {
 // switched off, writing nothing.
 TEST_F(CudaBackendTest, GateUpSiluMulBf16MatchesCpuGemmRoundedThenSiluMul) {
   const int64_t k = 2048, inter = 1408;
-  for (int64_t rows : {CudaBackend::kBf16GateUpMinRows, int64_t{600}}) {
+  for (int64_t rows : {CudaBackend::kBf16GateUpMinRows, CudaBackend::kGemmAutotuneMinRows}) {
     for (bool a_bf16 : {false, true}) {
+      gpu_->SetGemmAutotune(rows >= CudaBackend::kGemmAutotuneMinRows && a_bf16);
       const uint32_t seed = testing::FreshSeed();
       SCOPED_TRACE(::testing::Message()
                    << "rows " << rows << " a_bf16 " << a_bf16 << " seed " << seed);
@@ -331,8 +367,10 @@ TEST_F(CudaBackendTest, GateUpSiluMulBf16MatchesCpuGemmRoundedThenSiluMul) {
         differ += got[i] != want[i];
       }
       EXPECT_LE(differ, static_cast<int64_t>(got.size()) / 20);
-      std::cout << "[gate-up-silu-bf16] rows " << rows << " a_bf16 " << a_bf16 << ": " << differ
-                << " of " << got.size() << " differ from the CPU\n";
+      std::cout << "[gate-up-silu-bf16] rows " << rows << " a_bf16 " << a_bf16 << " autotune "
+                << (gpu_->gemm_autotuned_shapes() > 0) << ": " << differ << " of " << got.size()
+                << " differ from the CPU\n";
+      gpu_->SetGemmAutotune(false);
     }
   }
   // Declines, leaving out untouched.

@@ -6,8 +6,10 @@
 //   lt #i     each of cuBLASLt's heuristic algorithms for the same problem
 //             (cublasLtMatmulAlgoGetHeuristic, up to 8, workspace up to the backend's 32 MiB),
 //             timed one by one: whether a per-shape algorithm choice would gain
-//   bf16 out  the gate_up shapes with a bf16 output (cublasGemmEx; what GateUpSiluMulBf16 runs),
-//             and the pair Gemm (fp32) + SiluMulBf16 against GateUpSiluMulBf16
+//   tuned     CudaBackend::Gemm with SetGemmAutotune (CublasLtGemmTuner: the first call, not
+//             timed, picks the fastest candidate; the time is the chosen algorithm's)
+//   bf16 out  the pair Gemm (fp32) + SiluMulBf16 against GateUpSiluMulBf16 (bf16 gate_up
+//             output), without and with SetGemmAutotune
 //
 // Time: CUDA events around 5 back-to-back calls, median of 5 such rounds after 2 warm-up calls;
 // TFLOP/s of 2·m·n·k and the fraction of 790 (docs/performance.md's peak).
@@ -124,6 +126,11 @@ int Main(int argc, char** argv) {
       const double base = TimeUs(
           stream, [&] { b.Gemm(m, s.n, s.k, av, s.k, wv, s.k, c->as<float>(), s.n, false); });
       Report(s.name, m, s.n, s.k, "backend Gemm (cublasGemmEx, fp32 out)", base, base);
+      b.SetGemmAutotune(true);
+      const double tuned = TimeUs(
+          stream, [&] { b.Gemm(m, s.n, s.k, av, s.k, wv, s.k, c->as<float>(), s.n, false); });
+      b.SetGemmAutotune(false);
+      Report(s.name, m, s.n, s.k, "backend Gemm, SetGemmAutotune (cuBLASLt)", tuned, base);
 
       // The same problem through cuBLASLt, each heuristic algorithm in turn.
       cublasLtMatmulDesc_t op;
@@ -197,6 +204,14 @@ int Main(int argc, char** argv) {
           }
         });
         Report(s.name, m, s.n, s.k, "GateUpSiluMulBf16 (bf16 out + SiLU)", pair_b16, pair_f32);
+        b.SetGemmAutotune(true);
+        const double pair_tuned = TimeUs(stream, [&] {
+          if (!b.GateUpSiluMulBf16(m, inter, s.k, av, s.k, wv, s.k, act->as<uint16_t>())) {
+            Fail("GateUpSiluMulBf16 declined", 0);
+          }
+        });
+        b.SetGemmAutotune(false);
+        Report(s.name, m, s.n, s.k, "GateUpSiluMulBf16, SetGemmAutotune", pair_tuned, pair_f32);
       }
       CheckCuda(cudaStreamSynchronize(stream), "cudaStreamSynchronize");
       if (!b.status().ok()) {
