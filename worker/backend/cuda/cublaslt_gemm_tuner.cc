@@ -56,7 +56,7 @@ CublasLtGemmTuner::Key CublasLtGemmTuner::KeyOf(const LtGemm& g, int64_t m) {
 }
 
 bool CublasLtGemmTuner::NeedsTiming(const LtGemm& g) const {
-  if (shapes_.count(KeyOf(g, g.m)) > 0) return false;
+  if (!g.accumulate || shapes_.count(KeyOf(g, g.m)) > 0) return false;
   const int64_t bucket = (g.m + kRowBucket - 1) / kRowBucket * kRowBucket;
   return buckets_.count(KeyOf(g, bucket)) == 0;
 }
@@ -131,7 +131,12 @@ absl::StatusOr<bool> CublasLtGemmTuner::Run(const LtGemm& g, cudaStream_t stream
     }
   }
 
+  // Without accumulate c is no input, and the final call overwrites what timing wrote there.
+  if (timing_c == nullptr && !g.accumulate) timing_c = g.c;
   if (timing_c == nullptr) {
+    // NeedsTiming said no (the bucket was timed) but its algorithm does not fit this m: take
+    // cublasGemmEx this time rather than time without a buffer.
+    if (timed != buckets_.end()) return false;
     return absl::InvalidArgumentError("CublasLtGemmTuner::Run: a new shape needs timing_c");
   }
   cublasLtMatmulPreference_t pref = nullptr;

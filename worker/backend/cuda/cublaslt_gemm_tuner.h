@@ -49,15 +49,16 @@ class CublasLtGemmTuner {
   CublasLtGemmTuner(const CublasLtGemmTuner&) = delete;
   CublasLtGemmTuner& operator=(const CublasLtGemmTuner&) = delete;
 
-  // Whether Run needs timing_c for g (its bucket has not been timed).
+  // Whether Run needs timing_c for g: with accumulate, where its bucket has not been timed.
   bool NeedsTiming(const LtGemm& g) const;
   // One cublasLtMatmul on `stream` with the shape's algorithm. The first call of a bucket first
   // times every candidate (each once to warm up, then 3 times between two events, synchronising
-  // the stream) writing `timing_c` (a [m, ldc] buffer of C's type, not c), and keeps the
-  // fastest; later calls reuse it, so a shape always runs the same algorithm (the same bits)
-  // within a process. false (nothing launched): cuBLASLt offers no algorithm for this shape.
-  // Errors: cuBLASLt or CUDA failures while choosing or launching, a null timing_c where
-  // NeedsTiming.
+  // the stream) writing `timing_c` (a [m, ldc] buffer of C's type, not c; null without
+  // accumulate: then c itself, which the final call overwrites), and keeps the fastest; later calls
+  // reuse it, so a shape always runs the same algorithm (the same bits) within a process. false
+  // (nothing launched): cuBLASLt offers no algorithm for this shape, or the bucket's algorithm does
+  // not fit this m and timing_c is null. Errors: cuBLASLt or CUDA failures while choosing or
+  // launching, a null timing_c where NeedsTiming.
   absl::StatusOr<bool> Run(const LtGemm& g, cudaStream_t stream, void* timing_c);
   // Shapes (exact m) with an algorithm, and how many buckets were timed.
   size_t shapes() const { return shapes_.size(); }

@@ -192,7 +192,8 @@ class CudaBackend : public Backend {
   // Gemm (bf16 weights) and GateUpSiluMulBf16 from kGemmAutotuneMinRows rows (prefill; never
   // while the stream is captured) through CublasLtGemmTuner: cuBLASLt with the fastest of its
   // heuristic algorithms, timed at each new shape's first call (a host synchronisation and
-  // ~8 x 4 GEMMs into a scratch output, once per shape bucket). Off (default): cublasGemmEx.
+  // ~8 x 4 GEMMs into the output itself, a scratch one with accumulate; once per bucket of m).
+  // Off (default): cublasGemmEx.
   void SetGemmAutotune(bool on) { gemm_autotune_ = on; }
   static constexpr int64_t kGemmAutotuneMinRows = 1024;
   // Shapes the tuner has an algorithm for (0 before the first tuned call).
