@@ -9,7 +9,7 @@
 //                              chunked cuBLAS path); new = multi-block plan + by-token gather
 //   combine                    MoeCombineF32, bf16 expert rows in, out overwritten
 //   gather_rows                GatherRowsF32, the embedding lookup (vocab 129280)
-//   add_rms_norm               AddRmsNormF32 with fp32 and bf16 outputs (unchanged: reference)
+//   add_rms_norm               AddRmsNormF32 with fp32 and bf16 outputs (scalar / 16-byte)
 //
 // Time: bench::MedianMs (CUDA events, median of 20 after 3 warm-ups). GB/s counts the bytes the
 // pass must move once (each input read once, each output written once; the permutation: the

@@ -1,7 +1,10 @@
 // RMSNorm: one block per row; the sum of squares is reduced in fp32 through warp shuffles.
 #include <cuda_bf16.h>
 
+#include <cstdint>
+
 #include "kernels/common/launch.cuh"
+#include "kernels/common/memory_pass_variant.h"
 #include "kernels/norm/rms_norm.h"
 
 namespace deepinfer {
@@ -83,6 +86,88 @@ __device__ __forceinline__ void AddRmsNormInRegisters(int64_t dim, float* xr, co
   }
 }
 
+// AddRmsNormInRegisters with 16-byte accesses, for 16-byte aligned rows with dim % 4 == 0 and
+// dim <= kThreads * 4 * kVec (kVec = 2, 4, 7: the same row sizes): thread t loads, adds, stores
+// and normalises the float4 chunks t, t + kThreads, ... (a quarter of the load and store
+// instructions, and bf16 outputs 8 bytes at a time). The sum of squares must stay bit for bit
+// RmsNormF32's, whose thread t sums elements t, t + kThreads, ... in that order: the row's
+// values go through shared memory, each thread sums its scalar elements from there in the same
+// order, and BlockInvRms reduces the partial sums as before. Every other value is elementwise,
+// the same expression per element, so every output is bit for bit the scalar kernel's.
+template <int kVec>
+__device__ __forceinline__ void AddRmsNormVectorised(int64_t dim, float* xr, const float* yr,
+                                                     const float* weight, float eps, float* orow,
+                                                     uint16_t* orow_bf16) {
+  __shared__ float4 staged[kThreads * kVec];
+  const int chunks = static_cast<int>(dim / 4);
+  float4 v[kVec], w[kVec];
+#pragma unroll
+  for (int q = 0; q < kVec; ++q) {
+    const int c = static_cast<int>(threadIdx.x) + q * kThreads;
+    if (c < chunks) {
+      float4 a = reinterpret_cast<const float4*>(xr)[c];
+      if (yr != nullptr) {
+        const float4 b = reinterpret_cast<const float4*>(yr)[c];
+        a.x = a.x + b.x, a.y = a.y + b.y, a.z = a.z + b.z, a.w = a.w + b.w;
+      }
+      v[q] = a;
+      w[q] = reinterpret_cast<const float4*>(weight)[c];
+    }
+  }
+#pragma unroll
+  for (int q = 0; q < kVec; ++q) {
+    const int c = static_cast<int>(threadIdx.x) + q * kThreads;
+    if (c < chunks) {
+      staged[c] = v[q];
+      if (yr != nullptr) reinterpret_cast<float4*>(xr)[c] = v[q];
+    }
+  }
+  __syncthreads();
+  const float* s = reinterpret_cast<const float*>(staged);
+  float ss = 0.0f;
+#pragma unroll
+  for (int j = 0; j < 4 * kVec; ++j) {
+    const int i = static_cast<int>(threadIdx.x) + j * kThreads;
+    if (i < dim) ss += s[i] * s[i];
+  }
+  const float inv = BlockInvRms(ss, dim, eps);
+#pragma unroll
+  for (int q = 0; q < kVec; ++q) {
+    const int c = static_cast<int>(threadIdx.x) + q * kThreads;
+    if (c < chunks) {
+      float4 o;
+      o.x = w[q].x * (v[q].x * inv);
+      o.y = w[q].y * (v[q].y * inv);
+      o.z = w[q].z * (v[q].z * inv);
+      o.w = w[q].w * (v[q].w * inv);
+      if (orow != nullptr) reinterpret_cast<float4*>(orow)[c] = o;
+      if (orow_bf16 != nullptr) {
+        uint2 packed;
+        packed.x = static_cast<uint32_t>(__bfloat16_as_ushort(__float2bfloat16_rn(o.x))) |
+                   (static_cast<uint32_t>(__bfloat16_as_ushort(__float2bfloat16_rn(o.y))) << 16);
+        packed.y = static_cast<uint32_t>(__bfloat16_as_ushort(__float2bfloat16_rn(o.z))) |
+                   (static_cast<uint32_t>(__bfloat16_as_ushort(__float2bfloat16_rn(o.w))) << 16);
+        reinterpret_cast<uint2*>(orow_bf16)[c] = packed;
+      }
+    }
+  }
+}
+
+// The vectorised body (AddRmsNormVectorised), one kernel per row size so that each has only
+// its own shared memory (kVec = 7: 28 KB); AddRmsNormF32 launches it only for rows it fits.
+template <int kVec>
+__device__ void AddRmsNormVectorisedBody(int64_t dim, float* x, const float* y, const float* weight,
+                                         float eps, float* out, uint16_t* out_bf16) {
+  AddRmsNormVectorised<kVec>(dim, x + blockIdx.x * dim,
+                             y != nullptr ? y + blockIdx.x * dim : nullptr, weight, eps,
+                             out != nullptr ? out + blockIdx.x * dim : nullptr,
+                             out_bf16 != nullptr ? out_bf16 + blockIdx.x * dim : nullptr);
+}
+
+bool Aligned(const void* p, uintptr_t bytes) {
+  return (reinterpret_cast<uintptr_t>(p) & (bytes - 1)) == 0;
+}
+
 // x += y (optional), then RmsNormKernel's arithmetic in the same order (each thread sums the
 // same elements, the same reduction), so out is bit for bit what AddF32 + RmsNormF32 give.
 __device__ void AddRmsNormBody(int64_t dim, float* x, const float* y, const float* weight,
@@ -125,6 +210,20 @@ cudaError_t AddRmsNormF32(int64_t rows, int64_t dim, float* x, const float* y, c
                           float eps, float* out, uint16_t* out_bf16, cudaStream_t stream) {
   if (rows <= 0 || dim <= 0) return cudaSuccess;
   if (rows > 0x7fffffff) return cudaErrorInvalidValue;
+  if (VectorisedMemoryPassesEnabled() && dim % 4 == 0 && dim <= kThreads * 28 && Aligned(x, 16) &&
+      Aligned(y, 16) && Aligned(weight, 16) && Aligned(out, 16) && Aligned(out_bf16, 8)) {
+    const unsigned grid = static_cast<unsigned>(rows);
+    if (dim <= kThreads * 8) {
+      return LaunchAfterPrecedingGrids<AddRmsNormVectorisedBody<2>, kThreads>(
+          grid, 0, stream, dim, x, y, weight, eps, out, out_bf16);
+    }
+    if (dim <= kThreads * 16) {
+      return LaunchAfterPrecedingGrids<AddRmsNormVectorisedBody<4>, kThreads>(
+          grid, 0, stream, dim, x, y, weight, eps, out, out_bf16);
+    }
+    return LaunchAfterPrecedingGrids<AddRmsNormVectorisedBody<7>, kThreads>(
+        grid, 0, stream, dim, x, y, weight, eps, out, out_bf16);
+  }
   return LaunchAfterPrecedingGrids<AddRmsNormBody, kThreads>(static_cast<unsigned>(rows), 0, stream,
                                                              dim, x, y, weight, eps, out, out_bf16);
 }

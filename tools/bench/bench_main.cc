@@ -104,6 +104,14 @@ int main(int argc, char** argv) {
                "CUDA: the MLA decode attention kernel's variant (kernels::MlaAttentionParams::\n"
                "mma_variant: 6 the 32-key key-split kernel, 7 it with the shorter start-up, ...;\n"
                "0: the kernel's default).");
+  flags.AddBool("gemm-autotune", &config.gemm_autotune,
+                "CUDA, bf16: GEMMs from CudaBackend::kGemmAutotuneMinRows rows through\n"
+                "cuBLASLt with the fastest of its heuristic algorithms, timed per shape at its\n"
+                "first call (the untimed first step); off: cublasGemmEx's default.");
+  flags.AddBool("bf16-gate-up", &config.bf16_gate_up,
+                "CUDA, bf16: the dense MLP's and shared experts' gate_up GEMM writes bf16 from\n"
+                "CudaBackend::kBf16GateUpMinRows rows on (prefill), SiLU-mul reads it; off:\n"
+                "fp32 gate_up as before.");
   flags.AddBool("mla-decode-small", &config.mla_decode_small,
                 "CUDA, bf16 cache: attention of 1 decode token at contexts up to\n"
                 "--mla-decode-small-max-context in one launch of the cluster kernel\n"

@@ -381,6 +381,8 @@ absl::Status RunRank(const BenchConfig& bc, int64_t rank, RankState* s, RankOutp
     }
   }
   if (cuda != nullptr) cuda->SetMlaDecodeSmall(bc.mla_decode_small);
+  if (cuda != nullptr) cuda->SetBf16GateUp(bc.bf16_gate_up);
+  if (cuda != nullptr) cuda->SetGemmAutotune(bc.gemm_autotune);
   if (cuda != nullptr && bc.mla_decode_small_max_context != 0) {
     const int64_t v = bc.mla_decode_small_max_context;
     const int32_t max_context =

@@ -98,6 +98,11 @@ struct BenchConfig {
   std::string small_m_gemm_algo;
   // CUDA: CudaBackend::SetStagedGemv ("off", "norm" or "all"); empty: the backend's default.
   std::string staged_gemv;
+  // CUDA: CudaBackend::SetBf16GateUp (the dense MLP's / shared experts' gate_up GEMM with a
+  // bf16 output at prefill sizes); off: fp32 output into SiLU-mul as before.
+  bool bf16_gate_up = true;
+  // CUDA: CudaBackend::SetGemmAutotune (cuBLASLt with a timed algorithm per prefill shape).
+  bool gemm_autotune = false;
   // CUDA only: CudaBackend::SetPlannedChunkRows (0: the backend's choice by size).
   int64_t decode_moe_chunk_rows = 0;
   // CUDA only: CudaBackend::SetDecodeMoeSparseEpilogue (false: the previous SiLU-mul over every

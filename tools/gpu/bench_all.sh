@@ -58,6 +58,9 @@ step() {  # step NAME CAP_S COMMAND... : stdout -> $work/NAME.json, stderr -> $w
 
 bench=("$here/bin/deepinfer-bench" --backend cuda --dtype "$dtype" --load-format dummy --seed 1
   --context-length 1024 --decode-fill random --warmup 3 --output-len 11 --json)
+# OURS_FLAGS: more deepinfer-bench flags for our runs (word-split), e.g. "--gemm-autotune".
+read -r -a ours_flags <<< "${OURS_FLAGS:-}"
+bench+=("${ours_flags[@]}")
 step ours_moonlight 120 "${bench[@]}" --model "$here/configs/moonlight_shaped.json" \
   --decode-num-requests 1,64,128 --prefill-batch-tokens 32768 --iters 3
 step hf_moonlight 50 python3 "$here/hf_bench.py" --config "$here/configs/moonlight_shaped.json" \

@@ -69,6 +69,7 @@ tests=(
   //kernels/sampling:sample_test
   //worker/sampling:device_sampler_gpu_test
   //worker/backend/cuda:cuda_backend_test
+  //worker/backend/cuda:cublaslt_gemm_tuner_test
   //worker/backend:backend_factory_test
   //tests/parity:cuda_parity_test
   //worker/comm:nccl_communicator_test
@@ -84,7 +85,8 @@ tools=(//tools/bench:deepinfer-bench)
   //kernels/attention:mla_prefill_bench //kernels/attention:mha_prefill_bench
   //kernels/moe:grouped_gemm_bench //kernels/gemm:small_m_gemm_bench
   //kernels/moe:moe_prefill_bench //kernels/moe:prefill_passes_bench //kernels/sampling:sampling_bench
-  //worker/backend/cuda:moe_decode_bench //worker/backend/cuda:moe_block_decode_bench)
+  //worker/backend/cuda:moe_decode_bench //worker/backend/cuda:moe_block_decode_bench
+  //worker/backend/cuda:gemm_shapes_bench)
 if [[ -n "${GPU_TESTS+set}" ]]; then read -r -a tests <<< "$GPU_TESTS"; fi
 if [[ -n "${GPU_TOOLS+set}" ]]; then read -r -a tools <<< "$GPU_TOOLS"; fi
 if [[ -n "${GPU_DAEMONS+set}" ]]; then read -r -a daemons <<< "$GPU_DAEMONS"; fi

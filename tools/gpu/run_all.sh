@@ -50,6 +50,9 @@ fi
 if want kbench && [[ -x "$here/bin/moe_decode_bench" ]]; then  # a decode MoE layer in a graph
   step moe_decode_bench 60 "$here/bin/moe_decode_bench"
 fi
+if want kbench && [[ -x "$here/bin/gemm_shapes_bench" ]]; then  # prefill GEMMs: cuBLAS vs cuBLASLt
+  step gemm_shapes_bench 60 "$here/bin/gemm_shapes_bench"
+fi
 if want kbench && [[ -x "$here/bin/small_m_gemm_bench" ]]; then  # decode GEMMs: own vs cuBLAS
   step small_m_gemm_bench 60 "$here/bin/small_m_gemm_bench"
 fi

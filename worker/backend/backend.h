@@ -228,13 +228,13 @@ struct RoutedExpertsArgs {
   int32_t top_k = 0;
   int32_t num_experts = 0;
   int64_t hidden_size = 0;
-  int64_t inter = 0;                       // moe_intermediate_size
-  const float* hidden = nullptr;           // [tokens, hidden_size]
-  const int32_t* topk_ids = nullptr;       // [tokens, top_k], ascending within a token
-  const float* topk_weights = nullptr;     // [tokens, top_k]
+  int64_t inter = 0;                        // moe_intermediate_size
+  const float* hidden = nullptr;            // [tokens, hidden_size]
+  const int32_t* topk_ids = nullptr;        // [tokens, top_k], ascending within a token
+  const float* topk_weights = nullptr;      // [tokens, top_k]
   const int32_t* slot_of_expert = nullptr;  // device [num_experts]: expert e's slot
-  const void* const* gate_up = nullptr;    // device [num_experts] pointers, [2*inter, hidden] each
-  const void* const* down = nullptr;       // device [num_experts] pointers, [hidden, inter] each
+  const void* const* gate_up = nullptr;     // device [num_experts] pointers, [2*inter, hidden] each
+  const void* const* down = nullptr;        // device [num_experts] pointers, [hidden, inter] each
   // The same two tables in host memory (optional): a backend whose large-batch path needs the
   // pointers on the host reads them here instead of copying the device tables back.
   const void* const* gate_up_host = nullptr;
@@ -368,6 +368,16 @@ class Backend {
   virtual void SiluMul(int64_t rows, int64_t inter, const float* x, float* out) = 0;
   // SiluMul's values rounded to bf16 (bits), to feed a bf16 Gemm directly.
   virtual void SiluMulBf16(int64_t rows, int64_t inter, const float* x, uint16_t* out) = 0;
+  // A SwiGLU MLP's gate_up Gemm (w [2*inter, k]) whose [rows, 2*inter] result is rounded to
+  // bf16, as a bf16 nn.Linear rounds its output, then out[r, i] = bf16(silu(g) * u) from those
+  // bf16 g = column i and u = column inter + i (as SiluMulBf16, with bf16 instead of fp32 input):
+  // half the bytes of Gemm + SiluMulBf16 between the two. Returns false, having done nothing,
+  // where the backend has no such path for these sizes (the default); the caller then runs Gemm
+  // + SiluMulBf16 (whose gate / up are not rounded).
+  virtual bool GateUpSiluMulBf16(int64_t rows, int64_t inter, int64_t k, ActivationView a,
+                                 int64_t lda, WeightView w, int64_t ldw, uint16_t* out) {
+    return false;
+  }
 
   // ---- Embedding and permutation -----------------------------------------------------------
   // dst[r, :] = src[idx[r], :], rows of width dim.

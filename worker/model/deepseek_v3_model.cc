@@ -7,9 +7,9 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
-#include "worker/sampling/device_sampler.h"
 #include "absl/strings/str_format.h"
 #include "glog/logging.h"
+#include "worker/sampling/device_sampler.h"
 
 namespace deepinfer {
 namespace {
@@ -478,9 +478,8 @@ absl::Status DeepseekV3Model::Layers(const StepContext& ctx, const int32_t* ids,
     const LayerWeights& L = weights_->layers[l];
     // x += the previous layer's output (nothing to add before the first layer), normed inside
     // Attention with the GEMMs that read it.
-    const InputNorm input_norm{
-        xp, l == 0 ? nullptr : yp, L.input_norm->as<float>(), eps, h16p != nullptr ? nullptr : hp,
-        h16p};
+    const InputNorm input_norm{xp,  l == 0 ? nullptr : yp,          L.input_norm->as<float>(),
+                               eps, h16p != nullptr ? nullptr : hp, h16p};
     Attention(l, ctx, h_gemm, yp, &input_norm);
     // The MoE's router and routed experts read fp32 rows; the dense MLP only the GEMM operand.
     const bool want_f32 = L.moe || h16p == nullptr;
@@ -882,16 +881,24 @@ bool DeepseekV3Model::MhaPrefillAttention(int64_t layer, const StepContext& ctx,
 absl::Status DeepseekV3Model::Mlp(const MlpWeights& w, int64_t rows, ActivationView h, float* out,
                                   bool accumulate) {
   const int64_t H = config_.hidden_size, I = w.inter;
-  auto gu = Floats(rows * 2 * I);
-  backend_->Gemm(rows, 2 * I, H, h, H, weights_->Matrix(w.gate_up), H, gu->as<float>(), 2 * I,
-                 false);
   if (Bf16Operands()) {
     auto act16 = backend_->AllocateScratch(rows * I * sizeof(uint16_t));
-    backend_->SiluMulBf16(rows, I, gu->as<float>(), act16->as<uint16_t>());
+    // The backend's bf16-output gate_up where it has one (CUDA: prefill sizes), else fp32
+    // gate_up values into SiLU-mul.
+    if (!backend_->GateUpSiluMulBf16(rows, I, H, h, H, weights_->Matrix(w.gate_up), H,
+                                     act16->as<uint16_t>())) {
+      auto gu = Floats(rows * 2 * I);
+      backend_->Gemm(rows, 2 * I, H, h, H, weights_->Matrix(w.gate_up), H, gu->as<float>(), 2 * I,
+                     false);
+      backend_->SiluMulBf16(rows, I, gu->as<float>(), act16->as<uint16_t>());
+    }
     backend_->Gemm(rows, H, I, ActivationView::Bf16(act16->as<uint16_t>()), I,
                    weights_->Matrix(w.down), I, out, H, accumulate);
     return absl::OkStatus();
   }
+  auto gu = Floats(rows * 2 * I);
+  backend_->Gemm(rows, 2 * I, H, h, H, weights_->Matrix(w.gate_up), H, gu->as<float>(), 2 * I,
+                 false);
   auto act = Floats(rows * I);
   backend_->SiluMul(rows, I, gu->as<float>(), act->as<float>());
   backend_->Gemm(rows, H, I, act->as<float>(), I, weights_->Matrix(w.down), I, out, H, accumulate);

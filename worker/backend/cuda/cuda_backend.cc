@@ -259,6 +259,7 @@ CudaBackend::CudaBackend(int device, WeightDType weight_dtype, cudaStream_t stre
 CudaBackend::~CudaBackend() {
   cudaSetDevice(device_);
   Check(cudaStreamSynchronize(stream_), "cudaStreamSynchronize");
+  lt_tuner_.reset();
   cublasDestroy(cublas_);
   cudaFree(cublas_workspace_);
   if (switch_stream_ != nullptr) cudaStreamDestroy(switch_stream_);
@@ -479,12 +480,41 @@ void CudaBackend::GemmOnCublas(int64_t m, int64_t n, int64_t k, const void* a, i
         "cublasSgemm");
     return;
   }
+  if (GemmOnCublasLt(m, n, k, a, lda, w, ldw, c, ldc, /*c_bf16=*/false, accumulate)) return;
   CheckBlas(
       cublasGemmEx(cublas_, CUBLAS_OP_T, CUBLAS_OP_N, static_cast<int>(n), static_cast<int>(m),
                    static_cast<int>(k), &alpha, w.data, CUDA_R_16BF, static_cast<int>(ldw), a,
                    CUDA_R_16BF, static_cast<int>(lda), &beta, c, CUDA_R_32F, static_cast<int>(ldc),
                    CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
       "cublasGemmEx(bf16)");
+}
+
+bool CudaBackend::GemmOnCublasLt(int64_t m, int64_t n, int64_t k, const void* a, int64_t lda,
+                                 WeightView w, int64_t ldw, void* c, int64_t ldc, bool c_bf16,
+                                 bool accumulate) {
+  if (!gemm_autotune_ || m < kGemmAutotuneMinRows || w.dtype != WeightDType::kBFloat16) {
+    return false;
+  }
+  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+  if (cudaStreamIsCapturing(stream_, &capture) != cudaSuccess ||
+      capture != cudaStreamCaptureStatusNone) {
+    return false;
+  }
+  if (lt_tuner_ == nullptr) {
+    auto made = CublasLtGemmTuner::Create(cublas_workspace_, kCublasWorkspaceBytes);
+    if (!Record(made.status())) return false;
+    lt_tuner_ = std::move(made).value();
+  }
+  LtGemm g;
+  g.m = m, g.n = n, g.k = k, g.a = a, g.lda = lda, g.w = w.data, g.ldw = ldw, g.c = c;
+  g.ldc = ldc, g.c_bf16 = c_bf16, g.accumulate = accumulate;
+  std::unique_ptr<DeviceBuffer> timing_c;
+  if (lt_tuner_->NeedsTiming(g)) {
+    timing_c = AllocateScratch(static_cast<size_t>(m) * ldc * (c_bf16 ? 2 : 4));
+  }
+  auto ran = lt_tuner_->Run(g, stream_, timing_c != nullptr ? timing_c->data() : nullptr);
+  if (!Record(ran.status())) return true;  // the error is recorded; nothing else to run
+  return *ran;
 }
 
 bool CudaBackend::SmallMGemm(const kernels::SmallMGemmParams& p) {
@@ -721,6 +751,37 @@ void CudaBackend::WriteLatentCache(int64_t tokens, const float* latent, int64_t 
   Check(
       kernels::WriteLatentCacheF32(tokens, latent, ld_latent, rope_key, ld_rope, slots, c, stream_),
       "kernels::WriteLatentCacheF32");
+}
+
+bool CudaBackend::GateUpSiluMulBf16(int64_t rows, int64_t inter, int64_t k, ActivationView a,
+                                    int64_t lda, WeightView w, int64_t ldw, uint16_t* out) {
+  if (!bf16_gate_up_ || rows < kBf16GateUpMinRows || w.dtype != WeightDType::kBFloat16 ||
+      inter <= 0 || !FitsInt(rows) || !FitsInt(2 * inter) || !FitsInt(k) || !FitsInt(lda) ||
+      !FitsInt(ldw)) {
+    return false;
+  }
+  OpTimer timer(this, "GateUpSiluMulBf16");
+  std::unique_ptr<DeviceBuffer> a16;
+  const void* a_bf16 = a.data;
+  if (a.dtype != WeightDType::kBFloat16) {
+    a16 = RoundToBf16(static_cast<const float*>(a.data), (rows - 1) * lda + k);
+    a_bf16 = a16->data();
+  }
+  auto gate_up = AllocateScratch(static_cast<size_t>(rows) * 2 * inter * sizeof(uint16_t));
+  // GemmOnCublas's layout (column-major Cᵀ = W·Aᵀ), with a bf16 C.
+  const float alpha = 1.0f, beta = 0.0f;
+  const int n = static_cast<int>(2 * inter);
+  if (!GemmOnCublasLt(rows, n, k, a_bf16, lda, w, ldw, gate_up->data(), n, /*c_bf16=*/true,
+                      /*accumulate=*/false)) {
+    CheckBlas(cublasGemmEx(cublas_, CUBLAS_OP_T, CUBLAS_OP_N, n, static_cast<int>(rows),
+                           static_cast<int>(k), &alpha, w.data, CUDA_R_16BF, static_cast<int>(ldw),
+                           a_bf16, CUDA_R_16BF, static_cast<int>(lda), &beta, gate_up->data(),
+                           CUDA_R_16BF, n, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
+              "cublasGemmEx(bf16 out)");
+  }
+  Check(kernels::SiluMulBf16(rows, inter, gate_up->as<uint16_t>(), out, stream_),
+        "kernels::SiluMulBf16");
+  return true;
 }
 
 void CudaBackend::NormRopeWriteLatentCache(const NormRopeCacheArgs& a) {

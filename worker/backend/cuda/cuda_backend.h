@@ -43,6 +43,7 @@
 #include "kernels/gemm/staged_gemv.h"
 #include "kernels/moe/expert_gemm_cublas.h"
 #include "worker/backend/backend.h"
+#include "worker/backend/cuda/cublaslt_gemm_tuner.h"
 
 namespace deepinfer {
 
@@ -157,8 +158,9 @@ class CudaBackend : public Backend {
   enum class DecodeMoeAlgo { kAuto, kGroupedF32, kStream, kPlannedCublas };
   // Rows per chunk of kPlannedCublas for `tokens` tokens: SetPlannedChunkRows's value if set,
   // else by size: 8 up to 32 tokens (grouped_gemm_bench), 48 above (the 27-layer Moonlight
-  // bench, one fixed batch: 48 faster than 32 at 64 and 128 requests; docs/kernels.md). Never depends on whether the stream is captured, so a
-  // replayed decode graph computes the same bits as the same step run eagerly.
+  // bench, one fixed batch: 48 faster than 32 at 64 and 128 requests; docs/kernels.md). Never
+  // depends on whether the stream is captured, so a replayed decode graph computes the same bits as
+  // the same step run eagerly.
   int32_t PlannedChunkRows(int64_t tokens) const;
   // Forces the chunk rows of kPlannedCublas (1..kMaxPlannedChunkRows; 0: by size, the
   // default). For tests and benchmarks.
@@ -196,6 +198,24 @@ class CudaBackend : public Backend {
                   float eps, float* out, uint16_t* out_bf16) override;
   void SiluMul(int64_t rows, int64_t inter, const float* x, float* out) override;
   void SiluMulBf16(int64_t rows, int64_t inter, const float* x, uint16_t* out) override;
+  // From kBf16GateUpMinRows rows (prefill; decode batches keep Gemm + SiluMulBf16 and their
+  // graphs) with bf16 weights, while SetBf16GateUp is on (default): one cuBLAS GEMM with a
+  // bf16 output (fp32 accumulation, rounded once by its epilogue), then kernels::SiluMulBf16.
+  bool GateUpSiluMulBf16(int64_t rows, int64_t inter, int64_t k, ActivationView a, int64_t lda,
+                         WeightView w, int64_t ldw, uint16_t* out) override;
+  static constexpr int64_t kBf16GateUpMinRows = 512;
+  // Gemm (bf16 weights) and GateUpSiluMulBf16 from kGemmAutotuneMinRows rows (prefill; never
+  // while the stream is captured) through CublasLtGemmTuner: cuBLASLt with the fastest of its
+  // heuristic algorithms, timed at each new shape's first call (a host synchronisation and
+  // ~8 x 4 GEMMs into the output itself, a scratch one with accumulate; once per bucket of m).
+  // Off (default): cublasGemmEx.
+  void SetGemmAutotune(bool on) { gemm_autotune_ = on; }
+  static constexpr int64_t kGemmAutotuneMinRows = 1024;
+  // Shapes the tuner has an algorithm for (0 before the first tuned call).
+  size_t gemm_autotuned_shapes() const { return lt_tuner_ != nullptr ? lt_tuner_->shapes() : 0; }
+  // Off: GateUpSiluMulBf16 declines, for before/after measurements (deepinfer-bench
+  // --bf16-gate-up).
+  void SetBf16GateUp(bool on) { bf16_gate_up_ = on; }
   void FillDummy(const DummyFill& fill, int64_t n, WeightDType dtype, void* out) override;
   // kernels::NormRopeWriteLatentCacheF32: one launch.
   void NormRopeWriteLatentCache(const NormRopeCacheArgs& args) override;
@@ -331,6 +351,10 @@ class CudaBackend : public Backend {
   // Runs one Gemm / BatchedGemm on kernels::SmallMGemmBf16 when small_m_gemm_ is on and it takes
   // the operands; false (nothing launched) otherwise.
   bool SmallMGemm(const kernels::SmallMGemmParams& p);
+  // GemmOnCublas's product (bf16 a and w) through lt_tuner_ where SetGemmAutotune applies (c
+  // fp32, or bf16 with c_bf16); false: not taken, nothing launched.
+  bool GemmOnCublasLt(int64_t m, int64_t n, int64_t k, const void* a, int64_t lda, WeightView w,
+                      int64_t ldw, void* c, int64_t ldc, bool c_bf16, bool accumulate);
   // Rounds the `elements` fp32 values at a to bf16 into a new scratch buffer.
   std::unique_ptr<DeviceBuffer> RoundToBf16(const float* a, int64_t elements);
   // Records the first failure; returns false if `st` is an error.
@@ -363,6 +387,9 @@ class CudaBackend : public Backend {
   bool allocations_aside_ = false;
   kernels::SmallMGemmAlgo small_m_gemm_algo_ = kernels::SmallMGemmAlgo::kAuto;
   StagedGemv staged_gemv_ = StagedGemv::kAll;
+  bool bf16_gate_up_ = true;
+  bool gemm_autotune_ = false;
+  std::unique_ptr<CublasLtGemmTuner> lt_tuner_;  // made at the first tuned GEMM
   std::map<std::string, OpTotal> op_totals_;
 
   kernels::ExpertGemmCublasAlgo expert_gemm_algo_ = kernels::ExpertGemmCublasAlgo::kChunked;

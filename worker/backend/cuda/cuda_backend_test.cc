@@ -292,6 +292,106 @@ TEST_F(CudaBackendTest, Bf16ActivationWithFp32WeightsIsAnError) {
   EXPECT_NE(gpu_->status().message().find("bf16 weights"), std::string::npos) << gpu_->status();
 }
 
+// SetGemmAutotune: bf16 Gemm from kGemmAutotuneMinRows rows through cuBLASLt's timed choice,
+// against the CPU (fp32 and bf16 activations, accumulate), the same bits on a second call;
+// fewer rows (decode) stay on cublasGemmEx.
+TEST_F(CudaBackendTest, GemmAutotuneMatchesCpuAndLeavesDecodeSizesAlone) {
+  const int64_t n = 576, k = 2048;
+  gpu_->SetGemmAutotune(true);
+  for (int64_t m : {int64_t{64}, CudaBackend::kGemmAutotuneMinRows + 76}) {
+    for (bool accumulate : {false, true}) {
+      const uint32_t seed = testing::FreshSeed();
+      SCOPED_TRACE(::testing::Message()
+                   << "m " << m << " accumulate " << accumulate << " seed " << seed);
+      auto a = testing::RandomFloats(m * k, seed);
+      auto w = testing::RandomFloats(n * k, seed + 1);
+      auto out = testing::RandomFloats(m * n, seed + 2);
+      std::vector<std::unique_ptr<DeviceBuffer>> keep;
+      std::vector<float> want = out;
+      cpu16_.Gemm(m, n, k, a.data(), k, CpuBf16(w, &keep), k, want.data(), n, accumulate);
+      const WeightView gw = GpuBf16(w, &keep);
+      const size_t shapes_before = gpu_->gemm_autotuned_shapes();
+      auto da = Upload(a), dc = Upload(out);
+      gpu_->Gemm(m, n, k, da->as<float>(), k, gw, k, dc->as<float>(), n, accumulate);
+      const std::vector<float> got = Download(*dc);
+      EXPECT_TRUE(AllClose(got, want, 2e-3, 1e-4));
+      EXPECT_EQ(gpu_->gemm_autotuned_shapes(),
+                shapes_before + (m >= CudaBackend::kGemmAutotuneMinRows ? 1 : 0));
+      if (!accumulate) {
+        gpu_->Gemm(m, n, k, da->as<float>(), k, gw, k, dc->as<float>(), n, accumulate);
+        EXPECT_TRUE(AllClose(Download(*dc), got, 0, 0));
+      }
+    }
+  }
+  gpu_->SetGemmAutotune(false);
+  EXPECT_TRUE(gpu_->status().ok()) << gpu_->status();
+}
+
+// GateUpSiluMulBf16 at prefill sizes (fp32 and bf16 activations) against the CPU: its Gemm
+// rounded to bf16, then SiluMulBf16 of those values. cuBLAS sums in another order than the CPU,
+// so a gate or up value may round to the neighbouring bf16 (rarely): at most a few bf16 ulps
+// apart, few elements. It declines below kBf16GateUpMinRows rows, with fp32 weights and when
+// switched off, writing nothing.
+TEST_F(CudaBackendTest, GateUpSiluMulBf16MatchesCpuGemmRoundedThenSiluMul) {
+  const int64_t k = 2048, inter = 1408;
+  for (int64_t rows : {CudaBackend::kBf16GateUpMinRows, CudaBackend::kGemmAutotuneMinRows}) {
+    for (bool a_bf16 : {false, true}) {
+      gpu_->SetGemmAutotune(rows >= CudaBackend::kGemmAutotuneMinRows && a_bf16);
+      const uint32_t seed = testing::FreshSeed();
+      SCOPED_TRACE(::testing::Message()
+                   << "rows " << rows << " a_bf16 " << a_bf16 << " seed " << seed);
+      auto a = testing::RandomFloats(rows * k, seed);
+      auto w = testing::RandomFloats(2 * inter * k, seed + 1, 0.05f);
+      std::vector<uint16_t> a16(a.size());
+      for (size_t i = 0; i < a.size(); ++i) a16[i] = FloatToBf16Bits(a[i]);
+      std::vector<std::unique_ptr<DeviceBuffer>> keep;
+      std::vector<float> gu(rows * 2 * inter);
+      cpu16_.Gemm(rows, 2 * inter, k, ActivationView::Bf16(a16.data()), k, CpuBf16(w, &keep), k,
+                  gu.data(), 2 * inter, false);
+      for (float& v : gu) v = Bf16BitsToFloat(FloatToBf16Bits(v));
+      std::vector<uint16_t> want(rows * inter), got(rows * inter);
+      cpu_.SiluMulBf16(rows, inter, gu.data(), want.data());
+
+      const WeightView gw = GpuBf16(w, &keep);
+      auto da = Upload(a);
+      auto da16 = gpu_->Allocate(a16.size() * sizeof(uint16_t));
+      gpu_->CopyToDevice(a16.data(), a16.size() * sizeof(uint16_t), da16->data());
+      const ActivationView av =
+          a_bf16 ? ActivationView::Bf16(da16->as<uint16_t>()) : ActivationView(da->as<float>());
+      auto dout = gpu_->Allocate(got.size() * sizeof(uint16_t));
+      ASSERT_TRUE(gpu_->GateUpSiluMulBf16(rows, inter, k, av, k, gw, k, dout->as<uint16_t>()));
+      gpu_->CopyToHost(dout->data(), got.size() * sizeof(uint16_t), got.data());
+      int64_t differ = 0;
+      for (size_t i = 0; i < got.size(); ++i) {
+        const float g = Bf16BitsToFloat(got[i]), x = Bf16BitsToFloat(want[i]);
+        ASSERT_LE(std::abs(g - x), std::abs(x) / 32 + 1e-3f) << "element " << i;
+        differ += got[i] != want[i];
+      }
+      EXPECT_LE(differ, static_cast<int64_t>(got.size()) / 20);
+      std::cout << "[gate-up-silu-bf16] rows " << rows << " a_bf16 " << a_bf16 << " autotune "
+                << (gpu_->gemm_autotuned_shapes() > 0) << ": " << differ << " of " << got.size()
+                << " differ from the CPU\n";
+      gpu_->SetGemmAutotune(false);
+    }
+  }
+  // Declines, leaving out untouched.
+  std::vector<std::unique_ptr<DeviceBuffer>> keep;
+  const int64_t rows = CudaBackend::kBf16GateUpMinRows;
+  auto w = testing::RandomFloats(2 * inter * k, 7, 0.05f);
+  auto da = Upload(testing::RandomFloats(rows * k, 8));
+  auto dout = gpu_->Allocate(rows * inter * sizeof(uint16_t));
+  EXPECT_FALSE(gpu_->GateUpSiluMulBf16(rows - 1, inter, k, da->as<float>(), k, GpuBf16(w, &keep), k,
+                                       dout->as<uint16_t>()));
+  auto dw32 = Upload(w);
+  EXPECT_FALSE(gpu_->GateUpSiluMulBf16(rows, inter, k, da->as<float>(), k, dw32->as<float>(), k,
+                                       dout->as<uint16_t>()));
+  gpu_->SetBf16GateUp(false);
+  EXPECT_FALSE(gpu_->GateUpSiluMulBf16(rows, inter, k, da->as<float>(), k, GpuBf16(w, &keep), k,
+                                       dout->as<uint16_t>()));
+  gpu_->SetBf16GateUp(true);
+  EXPECT_TRUE(gpu_->status().ok()) << gpu_->status();
+}
+
 // The backend ops behind the model's fused step, against the CPU reference.
 TEST_F(CudaBackendTest, AddRmsNormAndSiluMulBf16MatchCpu) {
   const int64_t rows = 5, dim = 2048, inter = 1408;
@@ -1231,7 +1331,6 @@ TEST_F(CudaBackendTest, OneTokenDecodeKernelFollowsTheContextOrItsHint) {
   EXPECT_TRUE(same(run(&span, 1), key_split));
   EXPECT_TRUE(gpu_->status().ok()) << gpu_->status();
 }
-
 
 // The sampling ops pass their arguments through to kernels/sampling:sample in the right order
 // (the kernels themselves are checked against Sampler in kernels/sampling:sample_test).
