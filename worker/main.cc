@@ -80,6 +80,11 @@ int main(int argc, char** argv) {
                 "With --backend cuda: replay decode steps from CUDA graphs recorded per\n"
                 "batch-size bucket (batches padded to 1 2 4 8 16 24 32 48 64 96 128 160 192\n"
                 "256 ...); --cuda-graphs=false launches every op eagerly. docs/cuda.md.");
+  flags.AddBool("gemm-autotune", &config.engine.gemm_autotune,
+                "With --backend cuda: prefill GEMMs of 1024+ rows use the fastest of cuBLASLt's\n"
+                "suggested algorithms, timed once per shape (the first step of a new shape pays\n"
+                "it; ~3% faster prefill on the H200). The pick can differ between processes, so\n"
+                "--gemm-autotune=false for run-to-run reproducible prefill. docs/cuda.md.");
   flags.AddInt("cuda-graph-max-batch", &config.engine.cuda_graph_max_batch,
                "Largest decode batch run from a CUDA graph (the last bucket).");
   flags.AddBool("pdl", &pdl,

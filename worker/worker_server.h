@@ -48,6 +48,8 @@ struct WorkerEngineConfig {
   std::string dtype;
   // Decode steps replayed from CUDA graphs (RankGroupOptions::decode_graphs).
   bool cuda_graphs = true;
+  // BackendOptions::gemm_autotune (cuda: per-shape cuBLASLt algorithms for prefill GEMMs).
+  bool gemm_autotune = true;
   int64_t cuda_graph_max_batch = 256;
   // Latent KV cache elements: "auto"/empty (= the weights' dtype), "bfloat16" or "float32".
   std::string kv_cache_dtype;

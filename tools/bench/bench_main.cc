@@ -107,7 +107,8 @@ int main(int argc, char** argv) {
   flags.AddBool("gemm-autotune", &config.gemm_autotune,
                 "CUDA, bf16: GEMMs from CudaBackend::kGemmAutotuneMinRows rows through\n"
                 "cuBLASLt with the fastest of its heuristic algorithms, timed per shape at its\n"
-                "first call (the untimed first step); off: cublasGemmEx's default.");
+                "first call (the untimed first step; default on, as the worker); off:\n"
+                "cublasGemmEx's default algorithm.");
   flags.AddBool("bf16-gate-up", &config.bf16_gate_up,
                 "CUDA, bf16: the dense MLP's and shared experts' gate_up GEMM writes bf16 from\n"
                 "CudaBackend::kBf16GateUpMinRows rows on (prefill), SiLU-mul reads it; off:\n"

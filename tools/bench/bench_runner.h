@@ -102,7 +102,7 @@ struct BenchConfig {
   // bf16 output at prefill sizes); off: fp32 output into SiLU-mul as before.
   bool bf16_gate_up = true;
   // CUDA: CudaBackend::SetGemmAutotune (cuBLASLt with a timed algorithm per prefill shape).
-  bool gemm_autotune = false;
+  bool gemm_autotune = true;
   // CUDA only: CudaBackend::SetPlannedChunkRows (0: the backend's choice by size).
   int64_t decode_moe_chunk_rows = 0;
   // CUDA only: CudaBackend::SetDecodeMoeSparseEpilogue (false: the previous SiLU-mul over every

@@ -34,6 +34,7 @@ absl::StatusOr<std::unique_ptr<Backend>> MakeBackend(const BackendOptions& optio
 #ifdef DEEPINFER_WITH_CUDA
     auto cuda = CudaBackend::Create(options.cuda_device, dtype);
     if (!cuda.ok()) return cuda.status();
+    (*cuda)->SetGemmAutotune(options.gemm_autotune);
     return std::unique_ptr<Backend>(std::move(*cuda));
 #else
     return absl::UnimplementedError(

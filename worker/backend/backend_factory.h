@@ -20,6 +20,10 @@ struct BackendOptions {
   // Storage of matrix weights: "bfloat16" or "float32"; empty: the kind's default
   // (DefaultWeightDType). From a --dtype flag.
   std::string dtype;
+  // cuda: CudaBackend::SetGemmAutotune (prefill GEMMs of >= 1024 rows take the fastest of
+  // cuBLASLt's suggested algorithms, timed once per shape; the choice can differ between
+  // processes, so bits may too: false for run-to-run reproducible prefill GEMMs).
+  bool gemm_autotune = true;
 };
 
 // bfloat16 on "cuda", float32 on "cpu" (the reference; it accepts bfloat16 too, for tests).

@@ -400,6 +400,7 @@ bool RankGroup::FormRank(int local) {
   backend_options.cpu_threads = options_.threads_per_rank;
   backend_options.cuda_device = r.global - layout_.first_rank;
   backend_options.dtype = options_.dtype;
+  backend_options.gemm_autotune = options_.gemm_autotune;
   auto backend = MakeBackend(backend_options);
   if (!backend.ok()) {
     Fail(r.global, backend.status());

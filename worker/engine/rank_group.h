@@ -95,6 +95,8 @@ struct RankGroupOptions {
   // Matrix weight storage, "bfloat16" or "float32"; empty: the backend's default
   // (BackendOptions::dtype).
   std::string dtype;
+  // BackendOptions::gemm_autotune.
+  bool gemm_autotune = true;
   // Decode steps replayed from CUDA graphs per batch-size bucket (used where the backend can
   // record: cuda; DeepseekV3Model::SetDecodeGraphOptions).
   DecodeGraphOptions decode_graphs;
