@@ -4,6 +4,8 @@
 #include "gtest/gtest.h"
 #ifdef DEEPINFER_WITH_CUDA
 #include <cuda_runtime_api.h>
+
+#include "worker/backend/cuda/cuda_backend.h"
 #endif
 
 namespace deepinfer {
@@ -58,6 +60,25 @@ TEST(BackendFactoryTest, CudaDependsOnBuildAndMachine) {
   EXPECT_EQ(b.status().code(), absl::StatusCode::kUnimplemented) << b.status();
 #endif
 }
+
+#ifdef DEEPINFER_WITH_CUDA
+// BackendOptions::gemm_autotune reaches the CUDA backend (on by default, off when asked).
+TEST(BackendFactoryTest, GemmAutotuneReachesTheCudaBackend) {
+  int n = 0;
+  if (cudaGetDeviceCount(&n) != cudaSuccess || n == 0) GTEST_SKIP() << "no CUDA device";
+  for (bool on : {true, false}) {
+    BackendOptions o;
+    o.kind = "cuda";
+    o.gemm_autotune = on;
+    auto b = MakeBackend(o);
+    ASSERT_TRUE(b.ok()) << b.status();
+    auto* cuda = dynamic_cast<CudaBackend*>(b->get());
+    ASSERT_NE(cuda, nullptr);
+    EXPECT_EQ(cuda->gemm_autotune(), on);
+  }
+  EXPECT_TRUE(BackendOptions().gemm_autotune);
+}
+#endif
 
 }  // namespace
 }  // namespace deepinfer

@@ -212,6 +212,7 @@ class CudaBackend : public Backend {
   // 0.3209 / 0.3245 s on, same call; docs/cuda.md); off: cublasGemmEx. The timed pick can
   // differ between processes (so can the GEMMs' bits): off for run-to-run reproducibility.
   void SetGemmAutotune(bool on) { gemm_autotune_ = on; }
+  bool gemm_autotune() const { return gemm_autotune_; }
   static constexpr int64_t kGemmAutotuneMinRows = 1024;
   // Shapes the tuner has an algorithm for (0 before the first tuned call).
   size_t gemm_autotuned_shapes() const { return lt_tuner_ != nullptr ? lt_tuner_->shapes() : 0; }
