@@ -15,11 +15,14 @@ namespace deepinfer {
 namespace kernels {
 namespace {
 
+using sm80::CopyAsync16;
 using sm80::CopyAsyncCommit;
 using sm80::CopyAsyncWait;
 using sm80::LdMatrixX4;
 using sm80::MmaBf16;
+using sm80::PackBf16;
 using sm80::SharedAddr;
+using sm80::Swizzled;
 
 constexpr int kCopyThreads = 256;
 // Soft cap on the workspace: sequences are grouped until a group's gathered and expanded keys
@@ -95,25 +98,6 @@ struct Args {
   int64_t out_token_stride;
   Seq seqs[kMaxSeqs];
 };
-
-template <int kRowBytes>
-__device__ __forceinline__ uint32_t Swizzled(int row, int chunk) {
-  return static_cast<uint32_t>(row * kRowBytes + ((chunk ^ (row & 7)) << 4));
-}
-
-// 16 bytes global -> shared, asynchronously; zero-filled when !valid (src is not read then).
-__device__ __forceinline__ void CopyAsync16(uint32_t dst, const void* src, bool valid) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src),
-               "r"(valid ? 16 : 0)
-               : "memory");
-#endif
-}
-
-__device__ __forceinline__ uint32_t PackBf16(float lo, float hi) {
-  const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
-  return *reinterpret_cast<const uint32_t*>(&v);
-}
 
 // Starts the copy of key tile kt of sequence s, head h: K rows (nope | shared rope key) and V
 // rows; keys at or past kv_end are zero-filled. Two threads per key, 20 chunks each (16 K_nope,

@@ -16,11 +16,14 @@ namespace deepinfer {
 namespace kernels {
 namespace {
 
+using sm80::CopyAsync16;
 using sm80::CopyAsyncCommit;
 using sm80::CopyAsyncWait;
 using sm80::LdMatrixX4;
 using sm80::MmaBf16;
+using sm80::PackBf16;
 using sm80::SharedAddr;
+using sm80::Swizzled;
 
 constexpr int kThreads = 256;
 constexpr int kVec = 8;  // elements per thread-step of the copy kernels (16 bytes of bf16)
@@ -261,24 +264,6 @@ struct Args {
   Seq seqs[kMaxSeqs];
 };
 
-__device__ __forceinline__ uint32_t Swizzled(int row, int chunk) {
-  return static_cast<uint32_t>(row * kRowBytes + ((chunk ^ (row & 7)) << 4));
-}
-
-// 16 bytes global -> shared, asynchronously; zero-filled when !valid (src is not read then).
-__device__ __forceinline__ void CopyAsync16(uint32_t dst, const void* src, bool valid) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src),
-               "r"(valid ? 16 : 0)
-               : "memory");
-#endif
-}
-
-__device__ __forceinline__ uint32_t PackBf16(float lo, float hi) {
-  const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
-  return *reinterpret_cast<const uint32_t*>(&v);
-}
-
 // Starts the copy of key tile kt (keys kt * 64 ..) of sequence s into `tile`; keys at or past
 // kv_end are zero-filled. Thread t copies chunks t % 4, t % 4 + 4, ... of key t / 4.
 __device__ __forceinline__ void LoadKeyTile(const Args& a, const Seq& s, int kt, int kv_end,
@@ -293,7 +278,7 @@ __device__ __forceinline__ void LoadKeyTile(const Args& a, const Seq& s, int kt,
   }
 #pragma unroll
   for (int c = first; c < kChunks; c += 4) {
-    CopyAsync16(tile + Swizzled(key, c), valid ? src + c * 8 : a.cache, valid);
+    CopyAsync16(tile + Swizzled<kRowBytes>(key, c), valid ? src + c * 8 : a.cache, valid);
   }
 }
 
@@ -351,7 +336,7 @@ __global__ void __launch_bounds__(kThreads, 1) FusedKernel(const __grid_constant
     packed.y = PackBf16(v[2], v[3]);
     packed.z = PackBf16(v[4], v[5]);
     packed.w = PackBf16(v[6], v[7]);
-    *reinterpret_cast<uint4*>(q_smem + Swizzled(r, c)) = packed;
+    *reinterpret_cast<uint4*>(q_smem + Swizzled<kRowBytes>(r, c)) = packed;
   }
 
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
@@ -403,9 +388,9 @@ __global__ void __launch_bounds__(kThreads, 1) FusedKernel(const __grid_constant
 #pragma unroll
       for (int mi = 0; mi < 2; ++mi) {
         const int r = wr * 32 + mi * 16 + a_row;
-        LdMatrixX4<false>(qa[mi], q_tile + Swizzled(r, kk * 2 + a_chunk));
+        LdMatrixX4<false>(qa[mi], q_tile + Swizzled<kRowBytes>(r, kk * 2 + a_chunk));
       }
-      LdMatrixX4<false>(kf, kb + Swizzled(b_key, kk * 2 + b_chunk));
+      LdMatrixX4<false>(kf, kb + Swizzled<kRowBytes>(b_key, kk * 2 + b_chunk));
 #pragma unroll
       for (int mi = 0; mi < 2; ++mi) {
         MmaBf16(sc[mi][0], qa[mi], kf[0], kf[1]);
@@ -497,7 +482,7 @@ __global__ void __launch_bounds__(kThreads, 1) FusedKernel(const __grid_constant
 #pragma unroll
       for (int nb = 0; nb < 8; ++nb) {
         uint32_t vf[4];
-        LdMatrixX4<true>(vf, kb + Swizzled(vr, wc * 16 + nb * 2 + v_chunk));
+        LdMatrixX4<true>(vf, kb + Swizzled<kRowBytes>(vr, wc * 16 + nb * 2 + v_chunk));
 #pragma unroll
         for (int mi = 0; mi < 2; ++mi) {
           MmaBf16(o[mi][2 * nb], pa[mi], vf[0], vf[1]);

@@ -4,6 +4,8 @@
 #ifndef DEEPINFER_KERNELS_ATTENTION_MMA_SM80_CUH_
 #define DEEPINFER_KERNELS_ATTENTION_MMA_SM80_CUH_
 
+#include <cuda_bf16.h>
+
 #include <cstdint>
 
 namespace deepinfer {
@@ -48,6 +50,28 @@ __device__ __forceinline__ void LdMatrixX4(uint32_t* r, uint32_t addr) {
 template <bool kTrans>
 __device__ __forceinline__ void LdMatrixX4(uint32_t* r, const void* row) {
   LdMatrixX4<kTrans>(r, SharedAddr(row));
+}
+
+// Byte offset of 16-byte chunk `chunk` of row `row` in a shared tile of kRowBytes-byte rows, the
+// chunk index XOR-swizzled by the row's low 3 bits (ldmatrix reads 8 rows without bank conflicts).
+template <int kRowBytes>
+__device__ __forceinline__ uint32_t Swizzled(int row, int chunk) {
+  return static_cast<uint32_t>(row * kRowBytes + ((chunk ^ (row & 7)) << 4));
+}
+
+// 16 bytes global -> shared, asynchronously; zero-filled when !valid (src is not read then).
+__device__ __forceinline__ void CopyAsync16(uint32_t dst, const void* src, bool valid) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src),
+               "r"(valid ? 16 : 0)
+               : "memory");
+#endif
+}
+
+// Two floats rounded to bf16, lo in the low half.
+__device__ __forceinline__ uint32_t PackBf16(float lo, float hi) {
+  const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+  return *reinterpret_cast<const uint32_t*>(&v);
 }
 
 __device__ __forceinline__ void CopyAsyncCommit() {
