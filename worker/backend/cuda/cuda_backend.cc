@@ -983,47 +983,49 @@ bool CudaBackend::MhaPrefillAttention(const MhaPrefillArgs& a) {
   return true;
 }
 
+namespace {
+
+// The routing fields NoauxTcRouteParams and RouteTokensParams share, from the backend's args
+// (router_logits aside: RouteTokens makes its own).
+template <typename Params>
+void SetRouting(const NoauxTcRouteArgs& a, Params* p) {
+  p->num_tokens = a.num_tokens;
+  p->num_experts = a.num_experts;
+  p->correction_bias = a.correction_bias;
+  p->num_groups = a.num_groups;
+  p->topk_groups = a.topk_groups;
+  p->top_k = a.top_k;
+  p->normalize = a.normalize;
+  p->scaling_factor = a.scaling_factor;
+  p->topk_ids = a.topk_ids;
+  p->topk_weights = a.topk_weights;
+}
+
+}  // namespace
+
 void CudaBackend::NoauxTcRoute(const NoauxTcRouteArgs& a) {
   OpTimer timer(this, "NoauxTcRoute");
   kernels::NoauxTcRouteParams p;
-  p.num_tokens = a.num_tokens;
-  p.num_experts = a.num_experts;
+  SetRouting(a, &p);
   p.router_logits = a.router_logits;
-  p.correction_bias = a.correction_bias;
-  p.num_groups = a.num_groups;
-  p.topk_groups = a.topk_groups;
-  p.top_k = a.top_k;
-  p.normalize = a.normalize;
-  p.scaling_factor = a.scaling_factor;
-  p.topk_ids = a.topk_ids;
-  p.topk_weights = a.topk_weights;
   Check(kernels::NoauxTcRouteF32(p, stream_), "kernels::NoauxTcRouteF32");
 }
 
 void CudaBackend::RouteTokens(const RouteTokensArgs& a) {
   const NoauxTcRouteArgs& r = a.route;
-  kernels::RouteTokensParams p;
-  p.num_tokens = r.num_tokens;
-  p.hidden_size = FitsInt(a.hidden_size) ? static_cast<int32_t>(a.hidden_size) : -1;
-  p.hidden = a.hidden;
-  p.router_weight = a.router_weight;
-  p.tile_counters = route_tile_counters_;
-  p.num_experts = r.num_experts;
-  p.correction_bias = r.correction_bias;
-  p.num_groups = r.num_groups;
-  p.topk_groups = r.topk_groups;
-  p.top_k = r.top_k;
-  p.normalize = r.normalize;
-  p.scaling_factor = r.scaling_factor;
-  p.topk_ids = r.topk_ids;
-  p.topk_weights = r.topk_weights;
-  p.expert_counts = a.expert_counts;
-  p.count_limit = a.count_limit;
   if (!fused_router_ || r.num_tokens <= 0 || r.num_tokens > kFusedRouterMaxTokens ||
       r.num_experts <= 0 || r.num_experts > kernels::kMaxFusedRouterExperts) {
     Backend::RouteTokens(a);
     return;
   }
+  kernels::RouteTokensParams p;
+  SetRouting(r, &p);
+  p.hidden_size = FitsInt(a.hidden_size) ? static_cast<int32_t>(a.hidden_size) : -1;
+  p.hidden = a.hidden;
+  p.router_weight = a.router_weight;
+  p.tile_counters = route_tile_counters_;
+  p.expert_counts = a.expert_counts;
+  p.count_limit = a.count_limit;
   auto logits = AllocateScratch(static_cast<size_t>(r.num_tokens) * r.num_experts * sizeof(float));
   p.router_logits = logits->as<float>();
   if (!kernels::RouteTokensSupported(p)) {

@@ -21,7 +21,6 @@
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
-#include <chrono>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
@@ -34,6 +33,7 @@
 #include <vector>
 
 #include "worker/backend/cuda/cuda_backend.h"
+#include "worker/backend/cuda/replay_timing.h"
 
 namespace deepinfer {
 namespace {
@@ -188,23 +188,9 @@ int Main() {
           std::fprintf(stderr, "%s\n", ops.status().ToString().c_str());
           Fail("capture");
         }
-        const int kReplays = s.experts > 64 ? 10 : 40;
-        for (int i = 0; i < 3; ++i) {
-          if (!(*ops)->Replay().ok()) Fail("replay");
-        }
-        b.Synchronize();
-        std::vector<double> us;
-        for (int rep = 0; rep < 7; ++rep) {
-          const auto start = std::chrono::steady_clock::now();
-          for (int i = 0; i < kReplays; ++i) {
-            if (!(*ops)->Replay().ok()) Fail("replay");
-          }
-          b.Synchronize();
-          us.push_back(
-              std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - start)
-                  .count() /
-              (kReplays * kLayers));
-        }
+        const absl::StatusOr<double> replay_us =
+            MedianReplayMicros(b, **ops, s.experts > 64 ? 10 : 40);
+        if (!replay_us.ok()) Fail("replay");
         if (!b.status().ok()) {
           std::fprintf(stderr, "%s\n", b.status().ToString().c_str());
           Fail("backend error");
@@ -222,8 +208,7 @@ int Main() {
           }
           diff /= std::max(scale, 1e-30);
         }
-        std::sort(us.begin(), us.end());
-        const double t = us[us.size() / 2];
+        const double t = *replay_us / kLayers;  // per layer
         const double gbs = layer_bytes / (t * 1e-6) / 1e9;
         std::printf("%-9s %6d %5lld %10.1f | %-4s %9.1f %8.0f %9.3f %10.3g\n", s.name, tokens,
                     static_cast<long long>(layers.back().busy_experts), layer_bytes / 1e6,

@@ -22,7 +22,6 @@
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
-#include <chrono>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
@@ -34,6 +33,7 @@
 #include <vector>
 
 #include "worker/backend/cuda/cuda_backend.h"
+#include "worker/backend/cuda/replay_timing.h"
 
 namespace deepinfer {
 namespace {
@@ -146,30 +146,15 @@ double TimeVariant(CudaBackend& b, const Variant& v, const RoutedExpertsArgs& a,
     Fail("capture");
   }
   // About 6 ms of GPU time per timed batch of replays.
-  const int kReplays = a.num_experts > 64 ? 4 : 20;
-  for (int i = 0; i < 3; ++i) {
-    if (!(*ops)->Replay().ok()) Fail("replay");
-  }
-  b.Synchronize();
-  std::vector<double> us;
-  for (int rep = 0; rep < 7; ++rep) {
-    const auto start = std::chrono::steady_clock::now();
-    for (int i = 0; i < kReplays; ++i) {
-      if (!(*ops)->Replay().ok()) Fail("replay");
-    }
-    b.Synchronize();
-    us.push_back(std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - start)
-                     .count() /
-                 kReplays);
-  }
+  const absl::StatusOr<double> us = MedianReplayMicros(b, **ops, a.num_experts > 64 ? 4 : 20);
+  if (!us.ok()) Fail("replay");
   if (!b.status().ok()) {
     std::fprintf(stderr, "%s\n", b.status().ToString().c_str());
     Fail("backend error");
   }
   out->assign(out_n, 0.0f);
   b.CopyToHost(a.out, out_n * sizeof(float), out->data());
-  std::sort(us.begin(), us.end());
-  return us[us.size() / 2];
+  return *us;
 }
 
 int Main() {
