@@ -21,12 +21,6 @@ namespace {
 using testing::AllClose;
 using testing::DeviceArray;
 
-std::vector<uint16_t> ToBf16(const std::vector<float>& v) {
-  std::vector<uint16_t> out(v.size());
-  for (size_t i = 0; i < v.size(); ++i) out[i] = FloatToBf16Bits(v[i]);
-  return out;
-}
-
 struct Case {
   int64_t batch, m, n, k, lda_pad, ldw_pad, ldc_pad;
   bool accumulate;
@@ -59,7 +53,7 @@ TEST(SmallMGemmTest, MatchesCpuBackend) {
         if (a_bf16) {
           for (float& v : a) v = RoundToBf16(v);
         }
-        const std::vector<uint16_t> w = ToBf16(testing::RandomFloats(c.batch * stride_w, seed + 1));
+        const std::vector<uint16_t> w = FloatsToBf16Bits(testing::RandomFloats(c.batch * stride_w, seed + 1));
         std::vector<float> want = testing::RandomFloats(c.batch * stride_c, seed + 2);
         const std::vector<float> c0 = want;
         for (int64_t b = 0; b < c.batch; ++b) {
@@ -68,7 +62,7 @@ TEST(SmallMGemmTest, MatchesCpuBackend) {
                    want.data() + b * stride_c, ldc, c.accumulate);
         }
         DeviceArray<float> da(a), dc(c0);
-        DeviceArray<uint16_t> da16(ToBf16(a)), dw(w);
+        DeviceArray<uint16_t> da16(FloatsToBf16Bits(a)), dw(w);
         kernels::SmallMGemmParams p;
         p.m = c.m, p.n = c.n, p.k = c.k;
         p.a = a_bf16 ? static_cast<const void*>(da16.get()) : da.get();

@@ -23,12 +23,6 @@ namespace {
 using testing::AllClose;
 using testing::DeviceArray;
 
-std::vector<uint16_t> ToBf16(const std::vector<float>& v) {
-  std::vector<uint16_t> out(v.size());
-  for (size_t i = 0; i < v.size(); ++i) out[i] = FloatToBf16Bits(v[i]);
-  return out;
-}
-
 // One weight matrix of a case, on the host and the device.
 struct Target {
   int64_t n, ldw, ldc;
@@ -44,7 +38,7 @@ std::vector<Target> MakeTargets(const std::vector<int64_t>& ns, int64_t m, int64
   for (size_t t = 0; t < ns.size(); ++t) {
     Target tg;
     tg.n = ns[t], tg.ldw = k + ldw_pad, tg.ldc = ns[t] + ldc_pad;
-    tg.w = ToBf16(testing::RandomFloats(tg.n * tg.ldw, seed + 10 + t));
+    tg.w = FloatsToBf16Bits(testing::RandomFloats(tg.n * tg.ldw, seed + 10 + t));
     tg.c0 = testing::RandomFloats(m * tg.ldc, seed + 20 + t);
     tg.dw = std::make_unique<DeviceArray<uint16_t>>(tg.w);
     tg.dc = std::make_unique<DeviceArray<float>>(tg.c0);
@@ -97,7 +91,7 @@ TEST(StagedGemvTest, CopyMatchesCpuGemm) {
       }
       std::vector<Target> ts = MakeTargets(c.ns, c.m, c.k, c.ldw_pad, c.ldc_pad, seed);
       DeviceArray<float> da(a);
-      DeviceArray<uint16_t> da16(ToBf16(a));
+      DeviceArray<uint16_t> da16(FloatsToBf16Bits(a));
       kernels::StagedGemvParams p;
       p.m = c.m, p.k = c.k;
       p.prologue = kernels::StagedGemvPrologue::kCopy;

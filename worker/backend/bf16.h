@@ -6,6 +6,7 @@
 
 #include <cstdint>
 #include <cstring>
+#include <vector>
 
 namespace deepinfer {
 
@@ -28,6 +29,13 @@ inline float Bf16BitsToFloat(uint16_t bits) {
 
 // The fp32 value nearest-even rounding to bf16 gives.
 inline float RoundToBf16(float f) { return Bf16BitsToFloat(FloatToBf16Bits(f)); }
+
+// FloatToBf16Bits of each value.
+inline std::vector<uint16_t> FloatsToBf16Bits(const std::vector<float>& v) {
+  std::vector<uint16_t> out(v.size());
+  for (size_t i = 0; i < v.size(); ++i) out[i] = FloatToBf16Bits(v[i]);
+  return out;
+}
 
 }  // namespace deepinfer
 

@@ -42,12 +42,6 @@ TEST(CpuBackendTest, GemmMatchesNaiveWithStridesAndAccumulate) {
   }
 }
 
-std::vector<uint16_t> ToBf16Bits(const std::vector<float>& v) {
-  std::vector<uint16_t> out(v.size());
-  for (size_t i = 0; i < v.size(); ++i) out[i] = FloatToBf16Bits(v[i]);
-  return out;
-}
-
 TEST(CpuBackendTest, Bf16RoundingIsNearestEven) {
   EXPECT_EQ(FloatToBf16Bits(1.0f), 0x3f80);
   // 1 + 2^-8 is halfway between 1 and 1 + 2^-7: ties go to the even mantissa (1.0).
@@ -72,7 +66,7 @@ TEST(CpuBackendTest, Bf16GemmEqualsFp32GemmOfRoundedOperands) {
       std::vector<float> a_r(a.size()), w_r(w.size());
       for (size_t i = 0; i < a.size(); ++i) a_r[i] = RoundToBf16(a[i]);
       for (size_t i = 0; i < w.size(); ++i) w_r[i] = RoundToBf16(w[i]);
-      const std::vector<uint16_t> w_bits = ToBf16Bits(w);
+      const std::vector<uint16_t> w_bits = FloatsToBf16Bits(w);
       auto got = c, want = c;
       be.Gemm(m, n, k, a.data(), lda, WeightView(w_bits.data(), WeightDType::kBFloat16), ldw,
               got.data(), ldc, /*accumulate=*/true);
@@ -228,7 +222,7 @@ TEST(CpuBackendTest, BatchedGemmMatchesNaivePerBatch) {
     std::vector<float> w_r(w.size());
     for (size_t i = 0; i < w.size(); ++i)
       w_r[i] = dt == WeightDType::kFloat32 ? w[i] : RoundToBf16(w[i]);
-    const std::vector<uint16_t> w_bits = ToBf16Bits(w);
+    const std::vector<uint16_t> w_bits = FloatsToBf16Bits(w);
     const WeightView wv = dt == WeightDType::kFloat32
                               ? WeightView(w.data())
                               : WeightView(w_bits.data(), WeightDType::kBFloat16);

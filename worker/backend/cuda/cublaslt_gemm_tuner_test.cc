@@ -17,12 +17,6 @@ namespace {
 using testing::AllClose;
 using testing::DeviceArray;
 
-std::vector<uint16_t> ToBf16(const std::vector<float>& v) {
-  std::vector<uint16_t> out(v.size());
-  for (size_t i = 0; i < v.size(); ++i) out[i] = FloatToBf16Bits(v[i]);
-  return out;
-}
-
 TEST(CublasLtGemmTunerTest, MatchesHostReferenceAndKeepsItsChoice) {
   DEEPINFER_SKIP_WITHOUT_GPU();
   DeviceArray<uint8_t> workspace(size_t{32} << 20);
@@ -35,8 +29,8 @@ TEST(CublasLtGemmTunerTest, MatchesHostReferenceAndKeepsItsChoice) {
         const uint32_t seed = testing::FreshSeed();
         SCOPED_TRACE(::testing::Message() << "m " << m << " c_bf16 " << c_bf16 << " accumulate "
                                           << accumulate << " seed " << seed);
-        const std::vector<uint16_t> a = ToBf16(testing::RandomFloats(m * lda, seed));
-        const std::vector<uint16_t> w = ToBf16(testing::RandomFloats(n * k, seed + 1));
+        const std::vector<uint16_t> a = FloatsToBf16Bits(testing::RandomFloats(m * lda, seed));
+        const std::vector<uint16_t> w = FloatsToBf16Bits(testing::RandomFloats(n * k, seed + 1));
         const std::vector<float> c0 = testing::RandomFloats(m * n, seed + 2);
         std::vector<float> want(m * n);
         for (int64_t i = 0; i < m; ++i) {
@@ -51,7 +45,7 @@ TEST(CublasLtGemmTunerTest, MatchesHostReferenceAndKeepsItsChoice) {
             want[i * n + j] = static_cast<float>(sum + (accumulate ? c_in : 0.0));
           }
         }
-        DeviceArray<uint16_t> da(a), dw(w), dc16(ToBf16(c0)), timing(m * n * 2);
+        DeviceArray<uint16_t> da(a), dw(w), dc16(FloatsToBf16Bits(c0)), timing(m * n * 2);
         DeviceArray<float> dc32(c0);
         LtGemm g;
         g.m = m, g.n = n, g.k = k, g.a = da.get(), g.lda = lda, g.w = dw.get(), g.ldw = k;
