@@ -528,6 +528,44 @@ class RoutedExpertsTest : public CudaBackendTest {
     return "?";
   }
 
+  // The arguments of one RoutedExperts call on T tokens with device copies of its inputs (kept
+  // alive in *inputs): hidden rows x, routing ids / weights w, the experts' weight tables (slot e
+  // holds expert e), writing `out`.
+  RoutedExpertsArgs DeviceArgs(int64_t T, const std::vector<float>& x, const std::vector<float>& w,
+                               const std::vector<int32_t>& ids,
+                               const std::vector<const void*>& gu_ptr,
+                               const std::vector<const void*>& dn_ptr, WeightDType dtype,
+                               float* out, std::vector<std::unique_ptr<DeviceBuffer>>* inputs) {
+    std::vector<int32_t> slots(E);
+    std::iota(slots.begin(), slots.end(), 0);
+    auto upload_bytes = [&](const void* p, size_t n) {
+      inputs->push_back(gpu_->Allocate(n));
+      gpu_->CopyToDevice(p, n, inputs->back()->data());
+      return inputs->back()->data();
+    };
+    inputs->push_back(Upload(x));
+    const float* dx = inputs->back()->as<float>();
+    inputs->push_back(Upload(w));
+    const float* dw = inputs->back()->as<float>();
+    RoutedExpertsArgs a;
+    a.num_tokens = static_cast<int32_t>(T);
+    a.top_k = static_cast<int32_t>(K);
+    a.num_experts = static_cast<int32_t>(E);
+    a.hidden_size = H;
+    a.inter = I;
+    a.hidden = dx;
+    a.topk_ids =
+        static_cast<const int32_t*>(upload_bytes(ids.data(), ids.size() * sizeof(int32_t)));
+    a.topk_weights = dw;
+    a.slot_of_expert =
+        static_cast<const int32_t*>(upload_bytes(slots.data(), slots.size() * sizeof(int32_t)));
+    a.gate_up = static_cast<const void* const*>(upload_bytes(gu_ptr.data(), E * sizeof(void*)));
+    a.down = static_cast<const void* const*>(upload_bytes(dn_ptr.data(), E * sizeof(void*)));
+    a.dtype = dtype;
+    a.out = out;
+    return a;
+  }
+
   // Run records RoutedExperts into a CUDA graph and replays it (Backend::Capture).
   bool captured_ = false;
 
@@ -647,39 +685,15 @@ class RoutedExpertsTest : public CudaBackendTest {
         }
       }
     }
-    std::vector<int32_t> slots(E);
-    for (int32_t e = 0; e < E; ++e) slots[e] = e;
-    auto upload_bytes = [&](const void* p, size_t n) {
-      auto b = gpu_->Allocate(n);
-      gpu_->CopyToDevice(p, n, b->data());
-      return b;
-    };
-    auto dx = Upload(x);
-    auto dw = Upload(w);
-    auto dids = upload_bytes(ids.data(), ids.size() * sizeof(int32_t));
-    auto dslots = upload_bytes(slots.data(), slots.size() * sizeof(int32_t));
-    auto dgu = upload_bytes(gu_ptr.data(), E * sizeof(void*));
-    auto ddn = upload_bytes(dn_ptr.data(), E * sizeof(void*));
+    std::vector<std::unique_ptr<DeviceBuffer>> inputs;
     auto dout = Poisoned(T * H);
-    RoutedExpertsArgs a;
-    a.num_tokens = static_cast<int32_t>(T);
-    a.top_k = static_cast<int32_t>(K);
-    a.num_experts = static_cast<int32_t>(E);
-    a.hidden_size = H;
-    a.inter = I;
-    a.hidden = dx->as<float>();
-    a.topk_ids = dids->as<int32_t>();
-    a.topk_weights = dw->as<float>();
-    a.slot_of_expert = dslots->as<int32_t>();
-    a.gate_up = static_cast<const void* const*>(dgu->data());
-    a.down = static_cast<const void* const*>(ddn->data());
+    RoutedExpertsArgs a =
+        DeviceArgs(T, x, w, ids, gu_ptr, dn_ptr, dtype, dout->as<float>(), &inputs);
     // Half the runs give the host copies of the tables, half let the backend copy them back.
     if (T % 2 == 1) {
       a.gate_up_host = gu_ptr.data();
       a.down_host = dn_ptr.data();
     }
-    a.dtype = dtype;
-    a.out = dout->as<float>();
     gpu_->SetExpertGemmAlgo(algo);
     if (captured_) {
       // Recorded into a CUDA graph, then replayed once (as the decode graphs run it).
@@ -886,34 +900,10 @@ TEST_F(RoutedExpertsTest, RoutedAndSharedExpertsMatchCpuOps) {
       cpu_.Add(H, o, y.data(), o);
     }
 
-    std::vector<int32_t> slots(E);
-    std::iota(slots.begin(), slots.end(), 0);
-    auto upload_bytes = [&](const void* p, size_t n) {
-      auto b = gpu_->Allocate(n);
-      gpu_->CopyToDevice(p, n, b->data());
-      return b;
-    };
-    auto dx = Upload(x);
-    auto dw = Upload(w);
-    auto dids = upload_bytes(ids.data(), ids.size() * sizeof(int32_t));
-    auto dslots = upload_bytes(slots.data(), slots.size() * sizeof(int32_t));
-    auto dgu = upload_bytes(gu_ptr.data(), E * sizeof(void*));
-    auto ddn = upload_bytes(dn_ptr.data(), E * sizeof(void*));
+    std::vector<std::unique_ptr<DeviceBuffer>> inputs;
     auto dout = Poisoned(T * H);
-    RoutedExpertsArgs a;
-    a.num_tokens = static_cast<int32_t>(T);
-    a.top_k = static_cast<int32_t>(K);
-    a.num_experts = static_cast<int32_t>(E);
-    a.hidden_size = H;
-    a.inter = I;
-    a.hidden = dx->as<float>();
-    a.topk_ids = dids->as<int32_t>();
-    a.topk_weights = dw->as<float>();
-    a.slot_of_expert = dslots->as<int32_t>();
-    a.gate_up = static_cast<const void* const*>(dgu->data());
-    a.down = static_cast<const void* const*>(ddn->data());
-    a.dtype = WeightDType::kBFloat16;
-    a.out = dout->as<float>();
+    RoutedExpertsArgs a = DeviceArgs(T, x, w, ids, gu_ptr, dn_ptr, WeightDType::kBFloat16,
+                                     dout->as<float>(), &inputs);
     a.shared_inter = SI;
     a.shared_gate_up = sgu_gpu.data;
     a.shared_down = sdn_gpu.data;
