@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "gtest/gtest.h"
+#include "kernels/moe/noaux_tc_router_testing.h"
 #include "kernels/testing/gpu_test_util.h"
 #include "worker/backend/cpu/cpu_backend.h"
 
@@ -25,33 +26,8 @@ struct RouterShape {
   int32_t experts, groups, topk_groups, top_k;
 };
 
-// Smallest gap, in the host's double-precision view of the biased scores, at the two decisions
-// that matter: the last kept group vs the first dropped one, and the k-th expert vs the next.
 double DecisionMargin(const float* logits, const float* bias, const RouterShape& s) {
-  const int per = s.experts / s.groups;
-  std::vector<double> choice(s.experts), group(s.groups);
-  for (int x = 0; x < s.experts; ++x)
-    choice[x] = 1.0 / (1.0 + std::exp(-double(logits[x]))) + bias[x];
-  for (int g = 0; g < s.groups; ++g) {
-    std::vector<double> v(choice.begin() + g * per, choice.begin() + (g + 1) * per);
-    std::sort(v.rbegin(), v.rend());
-    group[g] = per >= 2 ? v[0] + v[1] : v[0];
-  }
-  std::vector<double> sorted_groups = group;
-  std::sort(sorted_groups.rbegin(), sorted_groups.rend());
-  double margin = 1e9;
-  if (s.topk_groups < s.groups) {
-    margin = sorted_groups[s.topk_groups - 1] - sorted_groups[s.topk_groups];
-  }
-  std::vector<double> kept;
-  for (int x = 0; x < s.experts; ++x) {
-    if (group[x / per] >= sorted_groups[s.topk_groups - 1]) kept.push_back(choice[x]);
-  }
-  std::sort(kept.rbegin(), kept.rend());
-  if (s.top_k < static_cast<int>(kept.size())) {
-    margin = std::min(margin, kept[s.top_k - 1] - kept[s.top_k]);
-  }
-  return margin;
+  return testing::NoauxTcDecisionMargin(logits, bias, s.experts, s.groups, s.topk_groups, s.top_k);
 }
 
 void RunAndCompare(const RouterShape& s, int32_t tokens, const std::vector<float>& logits,
