@@ -28,6 +28,18 @@ namespace kernels {
 inline constexpr int32_t kMoeDecodeFusedMaxTokens = 2;
 inline constexpr int32_t kMoeDecodeFusedMaxParts = 32;
 
+// Which pair of kernels MoeDecodeFusedF32 launches (the same math; sums in another order).
+enum class MoeDecodeFusedKernels : int32_t {
+  // A grid of about one pass over the SMs, each warp grid-striding over the (part, row) pairs
+  // of gate_up, each block over the output features of down with the parts of a feature spread
+  // over its threads; weights streamed past L1; the first rows prefetched into L2 before the PDL
+  // wait (gate_up: the shared experts', down: every part's). The default.
+  kPersistent,
+  // Session 6's: one block column per (token, choice) and shared part, one warp per row pair
+  // (gate_up); one warp per output feature walking the parts two at a time (down).
+  kWarpPerRow,
+};
+
 // All pointers are device pointers; bf16 values are 16-bit patterns.
 struct MoeDecodeFusedParams {
   int32_t num_tokens = 0;  // 1..kMoeDecodeFusedMaxTokens
@@ -51,6 +63,10 @@ struct MoeDecodeFusedParams {
   // Workspace: [num_tokens, top_k + shared_parts, inter] fp32 (MoeDecodeFusedActFloats).
   float* act = nullptr;
   float* out = nullptr;  // [num_tokens, hidden_size], overwritten
+  MoeDecodeFusedKernels kernels = MoeDecodeFusedKernels::kPersistent;
+  // kPersistent only, for benchmarks: resident blocks per SM of each grid (0: as many as fit).
+  int32_t gate_up_blocks_per_sm = 0;
+  int32_t down_blocks_per_sm = 0;
 };
 
 // Floats of MoeDecodeFusedParams::act for these sizes.
@@ -61,7 +77,7 @@ int64_t MoeDecodeFusedActFloats(int32_t num_tokens, int32_t top_k, int32_t share
 // butterfly across the warp; the routed weight is applied to each lane's partial sum). A choice
 // whose expert id is outside [0, num_experts) contributes nothing. cudaErrorInvalidValue for
 // sizes outside the ranges above, hidden_size or inter not a multiple of 8, a misaligned hidden,
-// null pointers, or shared_parts > 0 without shared weights.
+// null pointers, shared_parts > 0 without shared weights, or negative blocks per SM.
 cudaError_t MoeDecodeFusedF32(const MoeDecodeFusedParams& params, cudaStream_t stream);
 
 }  // namespace kernels

@@ -144,6 +144,9 @@ int main(int argc, char** argv) {
                   "(CudaBackend::RoutedAndSharedExperts): auto (default: 1 token, hidden <=\n"
                   "4096), on (1-2 tokens, any width) or off (the previous permute + grouped\n"
                   "GEMMs + combine and separate shared-expert GEMMs).");
+  flags.AddString("decode-moe-fused-kernels", &config.decode_moe_fused_kernels,
+                  "CUDA, bf16: the kernels of that MoE block: persistent (default: grid-strided,\n"
+                  "L2 prefetch before the PDL wait) or warp-per-row (session 6's), same math.");
   flags.AddBool("decode-moe-graph-buckets", &config.decode_moe_graph_buckets,
                 "CUDA, bf16: inside the decode graphs, each planned expert GEMM behind a switch\n"
                 "over batch sizes picked on the device; false (default: measured faster in the\n"

@@ -110,6 +110,9 @@ struct BenchConfig {
   bool decode_moe_sparse_epilogue = true;
   // CUDA only: CudaBackend::SetDecodeMoeFused ("auto", "on" or "off"; empty: auto).
   std::string decode_moe_fused;
+  // CUDA only: CudaBackend::SetDecodeMoeFusedKernels ("persistent" or "warp-per-row"; empty:
+  // persistent).
+  std::string decode_moe_fused_kernels;
   // CUDA only: CudaBackend::SetDecodeMoeGraphBuckets (true: the planned expert GEMMs behind
   // graph switch nodes; false, the default: the one fixed batch inside the decode graphs too).
   bool decode_moe_graph_buckets = false;

@@ -1245,6 +1245,9 @@ bool CudaBackend::RoutedAndSharedExperts(const RoutedExpertsArgs& a) {
       sizeof(float));
   p.act = act->as<float>();
   p.out = a.out;
+  p.kernels = decode_moe_fused_kernels_;
+  p.gate_up_blocks_per_sm = decode_moe_fused_gate_up_blocks_per_sm_;
+  p.down_blocks_per_sm = decode_moe_fused_down_blocks_per_sm_;
   Check(kernels::MoeDecodeFusedF32(p, stream_), "kernels::MoeDecodeFusedF32");
   return true;
 }

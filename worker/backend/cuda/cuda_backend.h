@@ -42,6 +42,7 @@
 #include "kernels/gemm/small_m_gemm.h"
 #include "kernels/gemm/staged_gemv.h"
 #include "kernels/moe/expert_gemm_cublas.h"
+#include "kernels/moe/moe_decode_fused.h"
 #include "worker/backend/backend.h"
 #include "worker/backend/cuda/cublaslt_gemm_tuner.h"
 
@@ -140,6 +141,14 @@ class CudaBackend : public Backend {
   enum class DecodeMoeFused { kAuto, kOff, kOn };
   void SetDecodeMoeFused(DecodeMoeFused mode) { decode_moe_fused_ = mode; }
   bool DecodeMoeFusedFor(int64_t tokens, int64_t hidden_size) const;
+  // The kernels RoutedAndSharedExperts launches (default kPersistent) and, for benchmarks, the
+  // persistent grids' blocks per SM (0: as many as fit); kernels::MoeDecodeFusedParams.
+  void SetDecodeMoeFusedKernels(kernels::MoeDecodeFusedKernels kernels,
+                                int32_t gate_up_blocks_per_sm = 0, int32_t down_blocks_per_sm = 0) {
+    decode_moe_fused_kernels_ = kernels;
+    decode_moe_fused_gate_up_blocks_per_sm_ = gate_up_blocks_per_sm;
+    decode_moe_fused_down_blocks_per_sm_ = down_blocks_per_sm;
+  }
   static constexpr int64_t kMaxAutoFusedMoeHidden = 4096;
   // The chunked cuBLAS GEMMs were faster from 128 tokens on (the smallest size measured,
   // docs/kernels.md); decode batches up to here keep the path without host synchronisation.
@@ -400,6 +409,10 @@ class CudaBackend : public Backend {
   int32_t planned_chunk_rows_ = 0;  // 0: by size
   bool decode_moe_sparse_epilogue_ = true;
   DecodeMoeFused decode_moe_fused_ = DecodeMoeFused::kAuto;
+  kernels::MoeDecodeFusedKernels decode_moe_fused_kernels_ =
+      kernels::MoeDecodeFusedKernels::kPersistent;
+  int32_t decode_moe_fused_gate_up_blocks_per_sm_ = 0;
+  int32_t decode_moe_fused_down_blocks_per_sm_ = 0;
   bool decode_moe_graph_buckets_ = false;
   cudaStream_t switch_stream_ = nullptr;  // records CaptureSwitch's bodies; made on first use
 
