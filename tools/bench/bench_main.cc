@@ -164,6 +164,9 @@ int main(int argc, char** argv) {
   flags.AddBool("fused-router", &config.fused_router,
                 "CUDA: decode routing (router logits, noaux_tc top-k, expert counts) in one\n"
                 "kernel for up to 256 tokens; off: the GEMM + route + count ops of before.");
+  flags.AddBool("router-norm", &config.router_norm,
+                "CUDA: at one token, the MoE layer's post-attention norm inside the router's\n"
+                "launch (same bits); off: AddRmsNorm, then the router, for comparison.");
   flags.AddString("prefill-attention", &config.prefill_attention,
                   "auto, absorbed or mha: the MLA form of prefill steps (mha: keys expanded\n"
                   "through kv_b, attention of width nope + rope; auto: mha where every sequence\n"

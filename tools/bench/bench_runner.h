@@ -129,6 +129,9 @@ struct BenchConfig {
   // CudaBackend::SetFusedRouter: decode routing (router logits, noaux_tc, expert counts) in one
   // kernel; off: the GEMM + route + count ops of before, for comparisons.
   bool fused_router = true;
+  // CudaBackend::SetRouterNorm: the post-attention norm of a MoE layer inside the one-token
+  // router launch; off: its own launch, for comparisons.
+  bool router_norm = true;
   // DeepseekV3Model::SetPrefillAttention: auto, absorbed or mha.
   std::string prefill_attention = "auto";
   // After each batch size's timed steps (and the eager ones), output_len more steps of the same

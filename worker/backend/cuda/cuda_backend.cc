@@ -1021,7 +1021,7 @@ void CudaBackend::RouteTokens(const RouteTokensArgs& a) {
   kernels::RouteTokensParams p;
   SetRouting(r, &p);
   p.hidden_size = FitsInt(a.hidden_size) ? static_cast<int32_t>(a.hidden_size) : -1;
-  p.hidden = a.hidden;
+  p.hidden = a.norm.weight != nullptr ? a.norm.out : a.hidden;
   p.router_weight = a.router_weight;
   p.tile_counters = route_tile_counters_;
   p.expert_counts = a.expert_counts;
@@ -1031,6 +1031,22 @@ void CudaBackend::RouteTokens(const RouteTokensArgs& a) {
   if (!kernels::RouteTokensSupported(p)) {
     Backend::RouteTokens(a);
     return;
+  }
+  if (a.norm.weight != nullptr) {
+    kernels::RouteTokensParams with_norm = p;
+    with_norm.norm_x = a.norm.x;
+    with_norm.norm_y = a.norm.y;
+    with_norm.norm_weight = a.norm.weight;
+    with_norm.norm_eps = a.norm.eps;
+    with_norm.normed = a.norm.out;
+    with_norm.normed_bf16 = a.norm.out_bf16;
+    if (router_norm_ && a.norm.out != nullptr && kernels::RouteTokensSupported(with_norm)) {
+      OpTimer timer(this, "RouteTokens");
+      Check(kernels::RouteTokensF32(with_norm, stream_), "kernels::RouteTokensF32");
+      return;
+    }
+    AddRmsNorm(r.num_tokens, a.hidden_size, a.norm.x, a.norm.y, a.norm.weight, a.norm.eps,
+               a.norm.out, a.norm.out_bf16);
   }
   OpTimer timer(this, "RouteTokens");
   Check(kernels::RouteTokensF32(p, stream_), "kernels::RouteTokensF32");

@@ -285,7 +285,9 @@ class CudaBackend : public Backend {
   void NoauxTcRoute(const NoauxTcRouteArgs& args) override;
   // With fused_router() on, up to kFusedRouterMaxTokens tokens and arguments
   // kernels::RouteTokensSupported takes: kernels::RouteTokensF32, logits, routing and counts in
-  // one launch; otherwise Backend's Gemm (cuBLAS) + NoauxTcRoute + AccumulateExpertCounts.
+  // one launch (at one token with args.norm also the norm, SetRouterNorm; more tokens:
+  // AddRmsNorm first); otherwise Backend's AddRmsNorm (args.norm) + Gemm (cuBLAS) +
+  // NoauxTcRoute + AccumulateExpertCounts.
   void RouteTokens(const RouteTokensArgs& args) override;
   // noaux_tc_router_bench (H200, Moonlight shape, in a CUDA graph): the one launch took 5.6 /
   // 6.1 / 8.2 / 10.5 us a layer at 1 / 8 / 64 / 128 tokens against 8.4 / 11.8 / 12.7 / 12.9 us
@@ -295,6 +297,10 @@ class CudaBackend : public Backend {
   // comparisons (deepinfer-bench --fused-router).
   void SetFusedRouter(bool on) { fused_router_ = on; }
   bool fused_router() const { return fused_router_; }
+  // Whether RouteTokens with args.norm set folds the norm into the router's launch where
+  // kernels::RouteTokensSupported takes it (one token; bit for bit AddRmsNorm + the router);
+  // off: AddRmsNorm, then the router (one launch more). Default on.
+  void SetRouterNorm(bool on) { router_norm_ = on; }
   void AccumulateExpertCounts(int64_t n, const int32_t* ids, int64_t num_experts,
                               const int32_t* count_limit, int64_t* counts) override;
   void ArgmaxRows(int64_t rows, int64_t vocab, const float* logits, int32_t* out) override;
@@ -396,6 +402,7 @@ class CudaBackend : public Backend {
   int32_t mla_decode_small_max_context_ = kMlaDecodeSmallMaxContext;
   bool small_m_gemm_ = true;
   bool fused_router_ = true;
+  bool router_norm_ = true;
   bool allocations_aside_ = false;
   kernels::SmallMGemmAlgo small_m_gemm_algo_ = kernels::SmallMGemmAlgo::kAuto;
   StagedGemv staged_gemv_ = StagedGemv::kAll;
