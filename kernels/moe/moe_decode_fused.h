@@ -2,12 +2,14 @@
 // straight from the router's outputs on the device: no permutation plan, no gather, no
 // separate SiLU-mul, combine or shared-expert GEMMs.
 //
-//   1. gate_up: one block column per (token, choice) and per shared part; each warp streams the
-//      gate row j and the up row j of its expert once for every token that chose the expert and
-//      writes act[token, part, j] = silu(gate) * up (fp32).
-//   2. down: each warp owns one output feature and loops over every part of every token:
-//      out[t, f] = sum over k of topk_weights[t, k] * (act[t, k] . down_e[f]) + sum over shared
-//      parts s of (act[t, K + s] . shared_down[f, s*inter:(s+1)*inter]).
+//   1. gate_up: each (expert or shared part, row j) streams the gate row j and the up row j
+//      once for every token that chose the expert and writes act[token, part, j] =
+//      silu(gate) * up (fp32).
+//   2. down: out[t, f] = sum over k of topk_weights[t, k] * (act[t, k] . down_e[f]) + sum over
+//      shared parts s of (act[t, K + s] . shared_down[f, s*inter:(s+1)*inter]).
+//
+// Two kernel pairs do this (MoeDecodeFusedKernels): kPersistent (default; grid-strided over the
+// work, L2 prefetch before the PDL wait) and session 6's kWarpPerRow.
 //
 // The shared MLP of intermediate size shared_parts * inter is exactly the sum of shared_parts
 // MLPs of intermediate inter over consecutive slices of its gate / up rows and down columns

@@ -130,8 +130,8 @@ struct BenchConfig {
   // kernel; off: the GEMM + route + count ops of before, for comparisons.
   bool fused_router = true;
   // CudaBackend::SetRouterNorm: the post-attention norm of a MoE layer inside the one-token
-  // router launch; off: its own launch, for comparisons.
-  bool router_norm = true;
+  // router launch (default off, as the backend's); off: its own launch.
+  bool router_norm = false;
   // DeepseekV3Model::SetPrefillAttention: auto, absorbed or mha.
   std::string prefill_attention = "auto";
   // After each batch size's timed steps (and the eager ones), output_len more steps of the same

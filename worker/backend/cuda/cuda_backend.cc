@@ -1225,9 +1225,13 @@ bool CudaBackend::DecodeMoeFusedFor(int64_t tokens, int64_t hidden_size) const {
     case DecodeMoeFused::kAuto:
       break;
   }
-  // moe_block_decode_bench (4 layers in a CUDA graph, H200): Moonlight 1 token 63.7 -> 58.0 µs
-  // a layer, 2 tokens 77.6 -> 97.0; V3 1 token 220.5 -> 232.0, 2 tokens 353.2 -> 498.1.
-  return tokens == 1 && hidden_size <= kMaxAutoFusedMoeHidden;
+  // moe_block_decode_bench (4 layers in a CUDA graph, H200), µs a layer, previous ops -> fused
+  // kWarpPerRow / kPersistent: Moonlight 1 token 63.6 -> 58.0 / 50.2, 2 tokens 77.6 -> 97.2 /
+  // 75.3; V3 1 token 220.7 -> 232.7 / 209.1, 2 tokens 353.3 -> 499.2 / 405.3.
+  if (decode_moe_fused_kernels_ == kernels::MoeDecodeFusedKernels::kWarpPerRow) {
+    return tokens == 1 && hidden_size <= kMaxAutoFusedMoeHidden;
+  }
+  return tokens == 1 || (tokens == 2 && hidden_size <= kMaxAutoFusedMoeHidden);
 }
 
 bool CudaBackend::RoutedAndSharedExperts(const RoutedExpertsArgs& a) {

@@ -134,10 +134,12 @@ class CudaBackend : public Backend {
   // also for the shared MLP). Otherwise false.
   bool RoutedAndSharedExperts(const RoutedExpertsArgs& args) override;
   // Which sizes RoutedAndSharedExperts takes: kAuto (the default) where it measured faster than
-  // RoutedExperts + the shared-expert ops (moe_block_decode_bench, H200, docs/kernels.md): one
-  // token and hidden_size <= kMaxAutoFusedMoeHidden (Moonlight's 2048: faster; V3's 7168 and
-  // 2 tokens at either shape: slower); kOn: 1..kernels::kMoeDecodeFusedMaxTokens tokens, any
-  // width; kOff: never (the model runs the previous ops). kOn / kOff for tests and benchmarks.
+  // RoutedExperts + the shared-expert ops (moe_block_decode_bench, H200, docs/kernels.md): with
+  // the kPersistent kernels one token at any width and two at hidden_size <=
+  // kMaxAutoFusedMoeHidden (Moonlight's 2048: faster; V3's 7168: slower at two); with
+  // kWarpPerRow one token at hidden_size <= kMaxAutoFusedMoeHidden only; kOn:
+  // 1..kernels::kMoeDecodeFusedMaxTokens tokens, any width; kOff: never (the model runs the
+  // previous ops). kOn / kOff for tests and benchmarks.
   enum class DecodeMoeFused { kAuto, kOff, kOn };
   void SetDecodeMoeFused(DecodeMoeFused mode) { decode_moe_fused_ = mode; }
   bool DecodeMoeFusedFor(int64_t tokens, int64_t hidden_size) const;
@@ -299,7 +301,8 @@ class CudaBackend : public Backend {
   bool fused_router() const { return fused_router_; }
   // Whether RouteTokens with args.norm set folds the norm into the router's launch where
   // kernels::RouteTokensSupported takes it (one token; bit for bit AddRmsNorm + the router);
-  // off: AddRmsNorm, then the router (one launch more). Default on.
+  // off (the default: the fold measured no faster in the 27-layer decode step, H200,
+  // docs/kernels.md): AddRmsNorm, then the router (one launch more).
   void SetRouterNorm(bool on) { router_norm_ = on; }
   void AccumulateExpertCounts(int64_t n, const int32_t* ids, int64_t num_experts,
                               const int32_t* count_limit, int64_t* counts) override;
@@ -402,7 +405,7 @@ class CudaBackend : public Backend {
   int32_t mla_decode_small_max_context_ = kMlaDecodeSmallMaxContext;
   bool small_m_gemm_ = true;
   bool fused_router_ = true;
-  bool router_norm_ = true;
+  bool router_norm_ = false;
   bool allocations_aside_ = false;
   kernels::SmallMGemmAlgo small_m_gemm_algo_ = kernels::SmallMGemmAlgo::kAuto;
   StagedGemv staged_gemv_ = StagedGemv::kAll;

@@ -907,9 +907,17 @@ TEST_F(RoutedExpertsTest, RoutedAndSharedExpertsMatchCpuOps) {
     a.shared_inter = SI;
     a.shared_gate_up = sgu_gpu.data;
     a.shared_down = sdn_gpu.data;
-    // kAuto takes one token at this width, not two; kOn takes both.
+    // kAuto with the persistent kernels (the default): one token at any width, two up to
+    // kMaxAutoFusedMoeHidden; with kWarpPerRow one token up to that width only. kOn takes both.
+    const int64_t wide = CudaBackend::kMaxAutoFusedMoeHidden + 8;
+    EXPECT_TRUE(gpu_->DecodeMoeFusedFor(T, H));
+    EXPECT_TRUE(gpu_->DecodeMoeFusedFor(1, wide));
+    EXPECT_FALSE(gpu_->DecodeMoeFusedFor(2, wide));
+    EXPECT_FALSE(gpu_->DecodeMoeFusedFor(3, H));
+    gpu_->SetDecodeMoeFusedKernels(kernels::MoeDecodeFusedKernels::kWarpPerRow);
     EXPECT_EQ(gpu_->DecodeMoeFusedFor(T, H), T == 1);
-    EXPECT_FALSE(gpu_->DecodeMoeFusedFor(1, CudaBackend::kMaxAutoFusedMoeHidden + 8));
+    EXPECT_FALSE(gpu_->DecodeMoeFusedFor(1, wide));
+    gpu_->SetDecodeMoeFusedKernels(kernels::MoeDecodeFusedKernels::kPersistent);
     gpu_->SetDecodeMoeFused(CudaBackend::DecodeMoeFused::kOn);
     ASSERT_TRUE(gpu_->RoutedAndSharedExperts(a));
     const std::vector<float> eager = Download(*dout);
@@ -1009,11 +1017,11 @@ TEST_F(CudaBackendTest, OpTimingCountsOuterOpsOnly) {
   EXPECT_TRUE(gpu_->status().ok()) << gpu_->status();
 }
 
-// RouteTokens with the post-attention norm in its args: at one token the CUDA backend folds it
-// into the router's launch (SetRouterNorm, default on), bit for bit what AddRmsNorm and then the
-// router give (SetRouterNorm(false)); at 3 tokens it runs AddRmsNorm first. Against the CPU
-// backend (Backend::RouteTokens: AddRmsNorm, Gemm, NoauxTcRoute): x exactly, the normed rows
-// (fp32 and bf16) close, the same choices except within float noise of a tie.
+// RouteTokens with the post-attention norm in its args: at one token with SetRouterNorm(true)
+// the CUDA backend folds it into the router's launch, bit for bit what AddRmsNorm and then the
+// router give (SetRouterNorm(false), the default); at 3 tokens it runs AddRmsNorm first. Against
+// the CPU backend (Backend::RouteTokens: AddRmsNorm, Gemm, NoauxTcRoute): x exactly, the normed
+// rows (fp32 and bf16) close, the same choices except within float noise of a tie.
 TEST_F(CudaBackendTest, RouteTokensWithNormFoldsItAtOneToken) {
   const uint32_t seed = testing::FreshSeed();
   SCOPED_TRACE(::testing::Message() << "seed " << seed);
@@ -1077,12 +1085,12 @@ TEST_F(CudaBackendTest, RouteTokensWithNormFoldsItAtOneToken) {
     };
     Out cpu, folded, unfolded;
     run(&cpu_, &cpu);
-    gpu_->SetRouterNorm(false);
-    run(gpu_.get(), &unfolded);
+    run(gpu_.get(), &unfolded);  // SetRouterNorm is off by default
     gpu_->SetRouterNorm(true);
     gpu_->SetOpTiming(true);
     run(gpu_.get(), &folded);
     gpu_->SetOpTiming(false);
+    gpu_->SetRouterNorm(false);
     const std::string report = gpu_->TakeOpTimingReport();
     ASSERT_TRUE(gpu_->status().ok()) << gpu_->status();
     EXPECT_EQ(CallsOf(report, "RouteTokens"), 1) << report;
