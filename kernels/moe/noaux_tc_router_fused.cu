@@ -203,6 +203,7 @@ __device__ void RouteTokensBody(const WeightRounds<TE>& first, RouteTokensParams
     for (int r = 0; r < kNormColumns; ++r) {
       const int64_t c = threadIdx.x + r * kThreads;
       if (c >= h4) break;
+      // (The inner index only keeps the unrolled, untaken branch's access in bounds.)
       const float4 w = r < kPrefetchRounds ? first.w[r < kPrefetchRounds ? r : 0][0]
                                            : LoadWeight4(weight + e0 * h4 + c);
       float a = acc[0][0];
