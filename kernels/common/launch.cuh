@@ -126,6 +126,13 @@ constexpr auto EntryKernel() {
   return launch_internal::Entry<kBody, kThreads>::kKernel;
 }
 
+// The __global__ entry that LaunchPrefetchThenAfterPrecedingGrids<kPrefetch, kBody, kThreads>
+// launches (e.g. for cudaOccupancyMaxActiveBlocksPerMultiprocessor).
+template <auto kPrefetch, auto kBody, int kThreads>
+constexpr auto PrefetchEntryKernel() {
+  return launch_internal::PrefetchEntry<kPrefetch, kBody, kThreads>::kKernel;
+}
+
 // s = kPrefetch(args...) before the wait (it must read only memory no kernel of the stream
 // writes), then kBody(s, args...) after it.
 template <auto kPrefetch, auto kBody, int kThreads, typename... A>

@@ -1,10 +1,14 @@
-// Both kernels stream bf16 weight rows with 16-byte loads (8 values per lane per load, up to
-// kUnroll loads per lane and row in flight), convert them to fp32 with a shift and multiply them
-// with fp32 activations that come through L1 (a few KB per token). One warp per weight row pair
-// (gate_up) or output feature (down); blocks of kWarps warps, a full grid (the hardware balances
-// the tail). Both are launched with programmatic dependent launch (kernels/common/launch.cuh):
-// the gate_up kernel reads the routing, written by the kernel before it, only after the wait.
+// Two pairs of kernels (MoeDecodeFusedKernels), both streaming bf16 weight rows with 16-byte
+// loads (8 values per load), converting them to fp32 with a shift and multiplying them with fp32
+// activations that come through L1 (a few KB per token), all launched with programmatic
+// dependent launch (kernels/common/launch.cuh): the routing, written by the kernel before
+// gate_up, is read only after the wait (down's L2 prefetch hint aside, see kPersistent below).
+//
+// kWarpPerRow: one warp per weight row pair (gate_up) or output feature (down); blocks of
+// kWarps warps, a full grid (the hardware balances the tail).
 #include <cuda_runtime.h>
+
+#include <algorithm>
 
 #include "kernels/common/launch.cuh"
 #include "kernels/moe/moe_decode_fused.h"
@@ -204,12 +208,318 @@ __device__ void DownBody(MoeDecodeFusedParams p) {
 }
 
 template <int kT>
-cudaError_t Launch(const MoeDecodeFusedParams& p, cudaStream_t stream) {
+cudaError_t LaunchWarpPerRow(const MoeDecodeFusedParams& p, cudaStream_t stream) {
   const dim3 gate_up_grid((p.inter + kWarps - 1) / kWarps, kT * p.top_k + p.shared_parts);
   cudaError_t err = LaunchAfterPrecedingGrids<GateUpBody<kT>, kThreads>(gate_up_grid, 0, stream, p);
   if (err != cudaSuccess) return err;
   const dim3 down_grid((p.hidden_size + kWarps - 1) / kWarps);
   return LaunchAfterPrecedingGrids<DownBody<kT>, kThreads>(down_grid, 0, stream, p);
+}
+
+// ---- kPersistent -------------------------------------------------------------------------
+//
+// Both kernels first resolve the block's work into a table of unique parts in shared memory
+// (warp 0, once per block): the shared parts first, then every routed expert once (the first
+// token's column that chose it), each with its weights and, per token, its act row (null: the
+// token did not choose it) and routing weight. gate_up's work is the (part, row) pairs, part
+// major, one warp each, grid-strided; down's is the output features, one block each,
+// grid-strided, the parts' rows of a feature flattened over the block's threads (each thread up
+// to kDownLoads 16-byte loads in flight). Weights are read with L1::no_allocate so that the
+// fp32 hidden / act rows stay in L1.
+//
+// Before the PDL wait each kernel prefetches into L2 what it will read first: gate_up the first
+// row pair of every warp that starts on a shared part (the router, the kernel before it, is
+// still running: the routed experts are not known yet); down the rows of its first feature of
+// every part. down reads topk_ids for that before its wait: the router that wrote them has
+// completed, because down is launched only after every gate_up block passed its own wait. A
+// prefetch is only a hint (a wrong address costs bandwidth, never a result), and the table is
+// built from the routing after the wait in both kernels.
+
+constexpr int kDownThreads = 128;
+constexpr int kDownWarps = kDownThreads / 32;
+constexpr int kDownLoads = 12;
+
+struct NoPrefetchResult {};
+
+template <int kT>
+struct PartTable {
+  static constexpr int kMaxParts = kT * kMoeDecodeFusedMaxParts;
+  int count;
+  const uint16_t* gate[kMaxParts];  // gate row 0; the up rows follow at up[u]
+  const uint16_t* up[kMaxParts];
+  const uint16_t* down[kMaxParts];  // row f at down[u] + f * down_stride[u]
+  int32_t down_stride[kMaxParts];
+  float* act[kMaxParts][kT];  // token t's act row of this part, null: not chosen by t
+  float coef[kMaxParts][kT];
+};
+
+__device__ __forceinline__ uint4 LoadStreaming(const void* p) {
+  uint4 v;
+  asm("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
+      : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+      : "l"(p));
+  return v;
+}
+
+// bytes (a multiple of 16, 16-byte aligned) from p into L2, a hint.
+__device__ __forceinline__ void PrefetchL2(const void* p, uint32_t bytes) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(p), "r"(bytes) : "memory");
+#else
+  for (uint32_t b = 0; b < bytes; b += 128) {
+    asm volatile("prefetch.global.L2 [%0];" ::"l"(static_cast<const char*>(p) + b));
+  }
+#endif
+}
+
+// Run by one whole warp.
+template <int kT>
+__device__ void BuildPartTable(const MoeDecodeFusedParams& p, PartTable<kT>* tab) {
+  const int lane = threadIdx.x % 32;
+  const int K = p.top_k, S = p.shared_parts, P = K + S, H = p.hidden_size, I = p.inter;
+  for (int s = lane; s < S; s += 32) {
+    tab->gate[s] = p.shared_gate_up + int64_t{s} * I * H;
+    tab->up[s] = p.shared_gate_up + (int64_t{S} + s) * I * H;
+    tab->down[s] = p.shared_down + int64_t{s} * I;
+    tab->down_stride[s] = S * I;
+#pragma unroll
+    for (int t = 0; t < kT; ++t) {
+      tab->act[s][t] = p.act + (int64_t{t} * P + K + s) * I;
+      tab->coef[s][t] = 1.0f;
+    }
+  }
+  int count = S;
+  for (int c0 = 0; c0 < kT * K; c0 += 32) {
+    const int c = c0 + lane;
+    bool live = false;
+    int32_t e = -1;
+    int part[kT];
+    if (c < kT * K) {
+      const int t = c / K;
+      e = p.topk_ids[c];
+      live = ValidExpert(p, e);
+#pragma unroll
+      for (int u = 0; u < kT; ++u) {
+        part[u] = -1;
+        for (int j = 0; j < K; ++j) {
+          if (p.topk_ids[u * K + j] == e) part[u] = j;
+        }
+        if (u < t && part[u] >= 0) live = false;  // an earlier token's column has this expert
+      }
+    }
+    const unsigned ballot = __ballot_sync(0xffffffffu, live);
+    if (live) {
+      const int u = count + __popc(ballot & ((1u << lane) - 1u));
+      const int32_t slot = p.slot_of_expert[e];
+      tab->gate[u] = p.gate_up[slot];
+      tab->up[u] = p.gate_up[slot] + int64_t{I} * H;
+      tab->down[u] = p.down[slot];
+      tab->down_stride[u] = I;
+#pragma unroll
+      for (int t = 0; t < kT; ++t) {
+        tab->act[u][t] = part[t] >= 0 ? p.act + (int64_t{t} * P + part[t]) * I : nullptr;
+        tab->coef[u][t] = part[t] >= 0 ? p.topk_weights[t * K + part[t]] : 0.0f;
+      }
+    }
+    count += __popc(ballot);
+  }
+  if (lane == 0) tab->count = count;
+}
+
+// Items i < shared_parts * inter are the shared parts' row pairs (the table's first parts).
+template <int kT>
+__device__ NoPrefetchResult GateUpPrefetch(MoeDecodeFusedParams p) {
+  const int i = blockIdx.x * kWarps + threadIdx.x / 32;
+  const int S = p.shared_parts, I = p.inter, H = p.hidden_size;
+  if (threadIdx.x % 32 == 0 && i < S * I) {
+    const int s = i / I, j = i - s * I;
+    const uint32_t row_bytes = static_cast<uint32_t>(H) * 2;
+    PrefetchL2(p.shared_gate_up + (int64_t{s} * I + j) * H, row_bytes);
+    PrefetchL2(p.shared_gate_up + ((int64_t{S} + s) * I + j) * H, row_bytes);
+  }
+  return {};
+}
+
+template <int kT>
+__device__ void GateUpPersistentBody(const NoPrefetchResult&, MoeDecodeFusedParams p) {
+  __shared__ PartTable<kT> tab;
+  if (threadIdx.x < 32) BuildPartTable<kT>(p, &tab);
+  __syncthreads();
+  const int H = p.hidden_size, I = p.inter, kv = H / 8;
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  const int items = tab.count * I;
+  for (int i = blockIdx.x * kWarps + warp; i < items; i += gridDim.x * kWarps) {
+    const int u = i / I, j = i - u * I;
+    const uint4* g = reinterpret_cast<const uint4*>(tab.gate[u] + int64_t{j} * H);
+    const uint4* up = reinterpret_cast<const uint4*>(tab.up[u] + int64_t{j} * H);
+    float* act[kT];
+#pragma unroll
+    for (int t = 0; t < kT; ++t) act[t] = tab.act[u][t];
+    float ag[kT], au[kT];
+#pragma unroll
+    for (int t = 0; t < kT; ++t) ag[t] = au[t] = 0.0f;
+    for (int v0 = lane; v0 < kv; v0 += 32 * kUnroll) {
+      uint4 wg[kUnroll], wu[kUnroll];
+#pragma unroll
+      for (int n = 0; n < kUnroll; ++n) {
+        const int v = v0 + n * 32;
+        wg[n] = v < kv ? LoadStreaming(g + v) : make_uint4(0, 0, 0, 0);
+        wu[n] = v < kv ? LoadStreaming(up + v) : make_uint4(0, 0, 0, 0);
+      }
+#pragma unroll
+      for (int n = 0; n < kUnroll; ++n) {
+        const int v = v0 + n * 32;
+        if (v >= kv) break;
+        float gf[8], uf[8];
+        Bf16x8ToFloat(wg[n], gf);
+        Bf16x8ToFloat(wu[n], uf);
+#pragma unroll
+        for (int t = 0; t < kT; ++t) {
+          if (act[t] == nullptr) continue;
+          const float4* x = reinterpret_cast<const float4*>(p.hidden + int64_t{t} * H);
+          const float4 a = __ldg(x + 2 * v), b = __ldg(x + 2 * v + 1);
+          ag[t] = Dot8(ag[t], a, b, gf);
+          au[t] = Dot8(au[t], a, b, uf);
+        }
+      }
+    }
+#pragma unroll
+    for (int t = 0; t < kT; ++t) {
+      if (act[t] == nullptr) continue;
+      const float gs = WarpSum(ag[t]), us = WarpSum(au[t]);
+      // expf (not __expf), as SiluMulF32.
+      if (lane == t) act[t][j] = gs / (1.0f + expf(-gs)) * us;
+    }
+  }
+}
+
+// Thread c < shared_parts + tokens * top_k prefetches part c's row of the block's first feature.
+template <int kT>
+__device__ NoPrefetchResult DownPrefetch(MoeDecodeFusedParams p) {
+  const int f = blockIdx.x, c = threadIdx.x;
+  const int K = p.top_k, S = p.shared_parts, I = p.inter;
+  const uint32_t row_bytes = static_cast<uint32_t>(I) * 2;
+  if (f >= p.hidden_size) return {};
+  if (c < S) {
+    PrefetchL2(p.shared_down + int64_t{f} * S * I + int64_t{c} * I, row_bytes);
+  } else if (c < S + kT * K) {
+    const int32_t e = __ldcg(p.topk_ids + (c - S));
+    if (!ValidExpert(p, e)) return {};
+    const int32_t slot = __ldg(p.slot_of_expert + e);
+    if (slot >= 0) PrefetchL2(p.down[slot] + int64_t{f} * I, row_bytes);
+  }
+  return {};
+}
+
+template <int kT>
+__device__ void DownPersistentBody(const NoPrefetchResult&, MoeDecodeFusedParams p) {
+  __shared__ PartTable<kT> tab;
+  __shared__ float partial[kDownWarps][kT];
+  if (threadIdx.x < 32) BuildPartTable<kT>(p, &tab);
+  __syncthreads();
+  const int H = p.hidden_size, kv = p.inter / 8, total = tab.count * kv;
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  for (int f = blockIdx.x; f < H; f += gridDim.x) {
+    float acc[kT];
+#pragma unroll
+    for (int t = 0; t < kT; ++t) acc[t] = 0.0f;
+    for (int x0 = threadIdx.x; x0 < total; x0 += kDownThreads * kDownLoads) {
+      // Load n is vector v of part u: x = x0 + n * kDownThreads = u * kv + v.
+      int u = x0 / kv, v = x0 - u * kv;
+      uint4 w[kDownLoads];
+      int un[kDownLoads], vn[kDownLoads];
+#pragma unroll
+      for (int n = 0; n < kDownLoads; ++n) {
+        un[n] = u;
+        vn[n] = v;
+        w[n] = u < tab.count ? LoadStreaming(tab.down[u] + int64_t{f} * tab.down_stride[u] + 8 * v)
+                             : make_uint4(0, 0, 0, 0);
+        v += kDownThreads;
+        while (v >= kv) {
+          v -= kv;
+          ++u;
+        }
+      }
+#pragma unroll
+      for (int n = 0; n < kDownLoads; ++n) {
+        if (un[n] >= tab.count) break;
+        float wf[8];
+        Bf16x8ToFloat(w[n], wf);
+#pragma unroll
+        for (int t = 0; t < kT; ++t) {
+          const float4* a = reinterpret_cast<const float4*>(tab.act[un[n]][t]);
+          if (a == nullptr) continue;
+          const float s = Dot8(0.0f, a[2 * vn[n]], a[2 * vn[n] + 1], wf);
+          acc[t] = fmaf(tab.coef[un[n]][t], s, acc[t]);
+        }
+      }
+    }
+#pragma unroll
+    for (int t = 0; t < kT; ++t) {
+      const float sum = WarpSum(acc[t]);
+      if (lane == 0) partial[warp][t] = sum;
+    }
+    __syncthreads();
+    if (threadIdx.x < kT) {
+      float sum = 0.0f;
+#pragma unroll
+      for (int w = 0; w < kDownWarps; ++w) sum += partial[w][threadIdx.x];
+      p.out[int64_t{threadIdx.x} * H + f] = sum;
+    }
+    __syncthreads();  // partial is rewritten for the next feature
+  }
+}
+
+// Blocks of `kernel` that fit on one SM (4 if the occupancy query fails). Asked once per kernel,
+// maybe while the stream is being captured: in relaxed capture mode for this thread, so that
+// the query cannot invalidate a capture.
+int BlocksPerSm(const void* kernel, int threads) {
+  cudaStreamCaptureMode mode = cudaStreamCaptureModeRelaxed;
+  (void)cudaThreadExchangeStreamCaptureMode(&mode);
+  int blocks = 0;
+  const cudaError_t err =
+      cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, kernel, threads, 0);
+  (void)cudaThreadExchangeStreamCaptureMode(&mode);
+  if (err != cudaSuccess || blocks < 1) {
+    (void)cudaGetLastError();
+    return 4;
+  }
+  return blocks;
+}
+
+template <int kT>
+cudaError_t LaunchPersistent(const MoeDecodeFusedParams& p, cudaStream_t stream) {
+  constexpr auto kGateUp =
+      PrefetchEntryKernel<GateUpPrefetch<kT>, GateUpPersistentBody<kT>, kThreads>();
+  constexpr auto kDown =
+      PrefetchEntryKernel<DownPrefetch<kT>, DownPersistentBody<kT>, kDownThreads>();
+  static const int gate_up_fit = BlocksPerSm(reinterpret_cast<const void*>(kGateUp), kThreads);
+  static const int down_fit = BlocksPerSm(reinterpret_cast<const void*>(kDown), kDownThreads);
+  int device = 0, sms = 0;
+  cudaError_t err = cudaGetDevice(&device);
+  if (err == cudaSuccess)
+    err = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
+  if (err != cudaSuccess) return err;
+  const int gate_up_per_sm = p.gate_up_blocks_per_sm > 0 ? p.gate_up_blocks_per_sm : gate_up_fit;
+  const int down_per_sm = p.down_blocks_per_sm > 0 ? p.down_blocks_per_sm : down_fit;
+  // Warps (gate_up) and blocks (down) in rounds of equal work: ceil(work / rounds) units, where
+  // rounds = ceil(work / units that fit), so that no last round runs on a few SMs.
+  const auto balanced = [](int64_t work, int64_t fit) {
+    const int64_t rounds = (work + fit - 1) / fit;
+    return (work + rounds - 1) / rounds;
+  };
+  const int64_t max_parts = int64_t{kT} * p.top_k + p.shared_parts;
+  const int64_t gate_up_warps =
+      balanced(max_parts * p.inter, int64_t{sms} * gate_up_per_sm * kWarps);
+  const int64_t gate_up_blocks = (gate_up_warps + kWarps - 1) / kWarps;
+  const int64_t down_blocks = balanced(p.hidden_size, int64_t{sms} * down_per_sm);
+  err =
+      LaunchPrefetchThenAfterPrecedingGrids<GateUpPrefetch<kT>, GateUpPersistentBody<kT>, kThreads>(
+          dim3(static_cast<unsigned>(gate_up_blocks)), 0, stream, p);
+  if (err != cudaSuccess) return err;
+  return LaunchPrefetchThenAfterPrecedingGrids<DownPrefetch<kT>, DownPersistentBody<kT>,
+                                               kDownThreads>(
+      dim3(static_cast<unsigned>(down_blocks)), 0, stream, p);
 }
 
 }  // namespace
@@ -220,11 +530,13 @@ int64_t MoeDecodeFusedActFloats(int32_t num_tokens, int32_t top_k, int32_t share
 }
 
 cudaError_t MoeDecodeFusedF32(const MoeDecodeFusedParams& p, cudaStream_t stream) {
-  const bool sizes_ok = p.num_tokens >= 1 && p.num_tokens <= kMoeDecodeFusedMaxTokens &&
-                        p.top_k >= 1 && p.shared_parts >= 0 &&
-                        p.top_k + p.shared_parts <= kMoeDecodeFusedMaxParts && p.num_experts >= 1 &&
-                        p.hidden_size > 0 && p.hidden_size % 8 == 0 && p.inter > 0 &&
-                        p.inter % 8 == 0;
+  const bool sizes_ok =
+      p.num_tokens >= 1 && p.num_tokens <= kMoeDecodeFusedMaxTokens && p.top_k >= 1 &&
+      p.shared_parts >= 0 && p.top_k + p.shared_parts <= kMoeDecodeFusedMaxParts &&
+      p.num_experts >= 1 && p.hidden_size > 0 && p.hidden_size % 8 == 0 && p.inter > 0 &&
+      p.inter % 8 == 0 && p.gate_up_blocks_per_sm >= 0 && p.down_blocks_per_sm >= 0;
+  const bool kernels_ok = p.kernels == MoeDecodeFusedKernels::kPersistent ||
+                          p.kernels == MoeDecodeFusedKernels::kWarpPerRow;
   const bool pointers_ok =
       p.hidden != nullptr && p.topk_ids != nullptr && p.topk_weights != nullptr &&
       p.slot_of_expert != nullptr && p.gate_up != nullptr && p.down != nullptr &&
@@ -232,8 +544,11 @@ cudaError_t MoeDecodeFusedF32(const MoeDecodeFusedParams& p, cudaStream_t stream
       (p.shared_parts == 0 || (p.shared_gate_up != nullptr && p.shared_down != nullptr)) &&
       reinterpret_cast<uintptr_t>(p.hidden) % 16 == 0 &&
       reinterpret_cast<uintptr_t>(p.act) % 16 == 0;
-  if (!sizes_ok || !pointers_ok) return cudaErrorInvalidValue;
-  return p.num_tokens == 1 ? Launch<1>(p, stream) : Launch<2>(p, stream);
+  if (!sizes_ok || !kernels_ok || !pointers_ok) return cudaErrorInvalidValue;
+  if (p.kernels == MoeDecodeFusedKernels::kWarpPerRow) {
+    return p.num_tokens == 1 ? LaunchWarpPerRow<1>(p, stream) : LaunchWarpPerRow<2>(p, stream);
+  }
+  return p.num_tokens == 1 ? LaunchPersistent<1>(p, stream) : LaunchPersistent<2>(p, stream);
 }
 
 }  // namespace kernels

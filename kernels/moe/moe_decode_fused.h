@@ -2,12 +2,14 @@
 // straight from the router's outputs on the device: no permutation plan, no gather, no
 // separate SiLU-mul, combine or shared-expert GEMMs.
 //
-//   1. gate_up: one block column per (token, choice) and per shared part; each warp streams the
-//      gate row j and the up row j of its expert once for every token that chose the expert and
-//      writes act[token, part, j] = silu(gate) * up (fp32).
-//   2. down: each warp owns one output feature and loops over every part of every token:
-//      out[t, f] = sum over k of topk_weights[t, k] * (act[t, k] . down_e[f]) + sum over shared
-//      parts s of (act[t, K + s] . shared_down[f, s*inter:(s+1)*inter]).
+//   1. gate_up: each (expert or shared part, row j) streams the gate row j and the up row j
+//      once for every token that chose the expert and writes act[token, part, j] =
+//      silu(gate) * up (fp32).
+//   2. down: out[t, f] = sum over k of topk_weights[t, k] * (act[t, k] . down_e[f]) + sum over
+//      shared parts s of (act[t, K + s] . shared_down[f, s*inter:(s+1)*inter]).
+//
+// Two kernel pairs do this (MoeDecodeFusedKernels): kPersistent (default; grid-strided over the
+// work, L2 prefetch before the PDL wait) and session 6's kWarpPerRow.
 //
 // The shared MLP of intermediate size shared_parts * inter is exactly the sum of shared_parts
 // MLPs of intermediate inter over consecutive slices of its gate / up rows and down columns
@@ -27,6 +29,18 @@ namespace kernels {
 // Most tokens and parts (top_k + shared_parts) per token the fused block handles.
 inline constexpr int32_t kMoeDecodeFusedMaxTokens = 2;
 inline constexpr int32_t kMoeDecodeFusedMaxParts = 32;
+
+// Which pair of kernels MoeDecodeFusedF32 launches (the same math; sums in another order).
+enum class MoeDecodeFusedKernels : int32_t {
+  // A grid of about one pass over the SMs, each warp grid-striding over the (part, row) pairs
+  // of gate_up, each block over the output features of down with the parts of a feature spread
+  // over its threads; weights streamed past L1; the first rows prefetched into L2 before the PDL
+  // wait (gate_up: the shared experts', down: every part's). The default.
+  kPersistent,
+  // Session 6's: one block column per (token, choice) and shared part, one warp per row pair
+  // (gate_up); one warp per output feature walking the parts two at a time (down).
+  kWarpPerRow,
+};
 
 // All pointers are device pointers; bf16 values are 16-bit patterns.
 struct MoeDecodeFusedParams {
@@ -51,6 +65,10 @@ struct MoeDecodeFusedParams {
   // Workspace: [num_tokens, top_k + shared_parts, inter] fp32 (MoeDecodeFusedActFloats).
   float* act = nullptr;
   float* out = nullptr;  // [num_tokens, hidden_size], overwritten
+  MoeDecodeFusedKernels kernels = MoeDecodeFusedKernels::kPersistent;
+  // kPersistent only, for benchmarks: resident blocks per SM of each grid (0: as many as fit).
+  int32_t gate_up_blocks_per_sm = 0;
+  int32_t down_blocks_per_sm = 0;
 };
 
 // Floats of MoeDecodeFusedParams::act for these sizes.
@@ -61,7 +79,7 @@ int64_t MoeDecodeFusedActFloats(int32_t num_tokens, int32_t top_k, int32_t share
 // butterfly across the warp; the routed weight is applied to each lane's partial sum). A choice
 // whose expert id is outside [0, num_experts) contributes nothing. cudaErrorInvalidValue for
 // sizes outside the ranges above, hidden_size or inter not a multiple of 8, a misaligned hidden,
-// null pointers, or shared_parts > 0 without shared weights.
+// null pointers, shared_parts > 0 without shared weights, or negative blocks per SM.
 cudaError_t MoeDecodeFusedF32(const MoeDecodeFusedParams& params, cudaStream_t stream);
 
 }  // namespace kernels

@@ -4,7 +4,8 @@
 // in k order, plus the shared MLP computed whole (intermediate shared_parts * inter, not in
 // parts). 1 and 2 tokens, Moonlight- and V3-like shapes (scaled down, and Moonlight's real one),
 // random routing with experts repeated across the two tokens, a non-identity slot table,
-// poisoned workspace and output, and the argument checks.
+// poisoned workspace and output, and the argument checks; every case for both kernel pairs
+// (MoeDecodeFusedKernels), the persistent one also on a grid of one block per SM.
 #include "kernels/moe/moe_decode_fused.h"
 
 #include <algorithm>
@@ -25,6 +26,19 @@ using testing::DeviceArray;
 
 struct Shape {
   int32_t experts, top_k, hidden, inter, shared_parts;
+};
+
+// The kernels and grid sizes each case runs: the default grids, and one block per SM, so that
+// the persistent kernels' grid-stride loops take several rounds even at the small shapes.
+struct Variant {
+  const char* name;
+  kernels::MoeDecodeFusedKernels kernels;
+  int32_t gate_up_blocks_per_sm, down_blocks_per_sm;
+};
+const Variant kVariants[] = {
+    {"persistent", kernels::MoeDecodeFusedKernels::kPersistent, 0, 0},
+    {"persistent, 1 block per SM", kernels::MoeDecodeFusedKernels::kPersistent, 1, 1},
+    {"warp per row", kernels::MoeDecodeFusedKernels::kWarpPerRow, 0, 0},
 };
 
 // n bf16 values (bits) and their fp32 widening.
@@ -97,30 +111,6 @@ void Check(const Shape& s, int32_t tokens, int32_t repeated) {
   DeviceArray<int32_t> dids(ids), dslot(slot_of);
   DeviceArray<float> dact(kernels::MoeDecodeFusedActFloats(tokens, s.top_k, s.shared_parts, I));
   DeviceArray<float> dout(tokens * H);
-  dact.Poison();
-  dout.Poison();
-
-  kernels::MoeDecodeFusedParams p;
-  p.num_tokens = tokens;
-  p.top_k = s.top_k;
-  p.num_experts = s.experts;
-  p.hidden_size = s.hidden;
-  p.inter = s.inter;
-  p.hidden = dhidden.get();
-  p.topk_ids = dids.get();
-  p.topk_weights = dtopk_w.get();
-  p.slot_of_expert = dslot.get();
-  p.gate_up = dgu.get();
-  p.down = ddown.get();
-  p.shared_parts = s.shared_parts;
-  p.shared_gate_up = s.shared_parts > 0 ? dshared.get() : nullptr;
-  p.shared_down = s.shared_parts > 0 ? dshared.get() + 2 * SI * H : nullptr;
-  p.act = dact.get();
-  p.out = dout.get();
-  DEEPINFER_CUDA_OK(kernels::MoeDecodeFusedF32(p, nullptr));
-  std::vector<float> got;
-  DEEPINFER_CUDA_OK(dout.Download(&got));
-
   CpuBackend cpu(2);
   std::vector<float> want(tokens * H, 0.0f);
   double scale = 0;
@@ -139,9 +129,40 @@ void Check(const Shape& s, int32_t tokens, int32_t repeated) {
     }
   }
   for (float v : want) scale = std::max(scale, static_cast<double>(std::abs(v)));
-  // fp32 sums of a few thousand products in another order: far below 1e-4 of the largest output;
-  // a missing or doubled part, a wrong row or a wrong weight is of the order of the output.
-  EXPECT_TRUE(testing::AllClose(got, want, 1e-4 * scale, 1e-4));
+
+  kernels::MoeDecodeFusedParams p;
+  p.num_tokens = tokens;
+  p.top_k = s.top_k;
+  p.num_experts = s.experts;
+  p.hidden_size = s.hidden;
+  p.inter = s.inter;
+  p.hidden = dhidden.get();
+  p.topk_ids = dids.get();
+  p.topk_weights = dtopk_w.get();
+  p.slot_of_expert = dslot.get();
+  p.gate_up = dgu.get();
+  p.down = ddown.get();
+  p.shared_parts = s.shared_parts;
+  p.shared_gate_up = s.shared_parts > 0 ? dshared.get() : nullptr;
+  p.shared_down = s.shared_parts > 0 ? dshared.get() + 2 * SI * H : nullptr;
+  p.act = dact.get();
+  p.out = dout.get();
+
+  for (const Variant& v : kVariants) {
+    SCOPED_TRACE(::testing::Message() << "variant " << v.name);
+    dact.Poison();
+    dout.Poison();
+    p.kernels = v.kernels;
+    p.gate_up_blocks_per_sm = v.gate_up_blocks_per_sm;
+    p.down_blocks_per_sm = v.down_blocks_per_sm;
+    DEEPINFER_CUDA_OK(kernels::MoeDecodeFusedF32(p, nullptr));
+    std::vector<float> got;
+    DEEPINFER_CUDA_OK(dout.Download(&got));
+    // fp32 sums of a few thousand products in another order: far below 1e-4 of the largest
+    // output; a missing or doubled part, a wrong row or a wrong weight is of the order of the
+    // output.
+    EXPECT_TRUE(testing::AllClose(got, want, 1e-4 * scale, 1e-4));
+  }
 }
 
 const Shape kMoonlightSmall{16, 6, 256, 96, 2};
@@ -153,6 +174,8 @@ TEST(MoeDecodeFusedTest, OneTokenMatchesCpuBackend) {
   Check(kV3Small, 1, 0);
   Check({16, 6, 256, 96, 0}, 1, 0);  // no shared experts
   Check({8, 2, 2048, 40, 3}, 1, 0);  // hidden beyond one unrolled pass of the gate_up warp
+  // A feature's parts beyond one pass of the persistent down block (9 x 256 vectors of 8).
+  Check({8, 4, 512, 2048, 1}, 1, 0);
 }
 
 TEST(MoeDecodeFusedTest, TwoTokensWithRepeatedExpertsMatchCpuBackend) {
@@ -217,6 +240,12 @@ TEST(MoeDecodeFusedTest, RejectsBadArguments) {
   q = p;
   q.out = nullptr;
   expect_invalid(q, "null out");
+  q = p;
+  q.kernels = static_cast<kernels::MoeDecodeFusedKernels>(7);
+  expect_invalid(q, "unknown kernels");
+  q = p;
+  q.down_blocks_per_sm = -1;
+  expect_invalid(q, "negative blocks per SM");
 }
 
 }  // namespace

@@ -141,9 +141,13 @@ int main(int argc, char** argv) {
                 "over every padded row, memset + accumulate), same results, for old vs new.");
   flags.AddString("decode-moe-fused", &config.decode_moe_fused,
                   "CUDA, bf16: the MoE block (routed + shared experts) in two launches\n"
-                  "(CudaBackend::RoutedAndSharedExperts): auto (default: 1 token, hidden <=\n"
-                  "4096), on (1-2 tokens, any width) or off (the previous permute + grouped\n"
-                  "GEMMs + combine and separate shared-expert GEMMs).");
+                  "(CudaBackend::RoutedAndSharedExperts): auto (default: 1 token, and 2 at\n"
+                  "hidden <= 4096 with the persistent kernels), on (1-2 tokens, any width) or\n"
+                  "off (the previous permute + grouped GEMMs + combine and separate\n"
+                  "shared-expert GEMMs).");
+  flags.AddString("decode-moe-fused-kernels", &config.decode_moe_fused_kernels,
+                  "CUDA, bf16: the kernels of that MoE block: persistent (default: grid-strided,\n"
+                  "L2 prefetch before the PDL wait) or warp-per-row (session 6's), same math.");
   flags.AddBool("decode-moe-graph-buckets", &config.decode_moe_graph_buckets,
                 "CUDA, bf16: inside the decode graphs, each planned expert GEMM behind a switch\n"
                 "over batch sizes picked on the device; false (default: measured faster in the\n"
@@ -161,6 +165,10 @@ int main(int argc, char** argv) {
   flags.AddBool("fused-router", &config.fused_router,
                 "CUDA: decode routing (router logits, noaux_tc top-k, expert counts) in one\n"
                 "kernel for up to 256 tokens; off: the GEMM + route + count ops of before.");
+  flags.AddBool("router-norm", &config.router_norm,
+                "CUDA: at one token, the MoE layer's post-attention norm inside the router's\n"
+                "launch (same bits; measured no faster); off (default): AddRmsNorm, then the\n"
+                "router.");
   flags.AddString("prefill-attention", &config.prefill_attention,
                   "auto, absorbed or mha: the MLA form of prefill steps (mha: keys expanded\n"
                   "through kv_b, attention of width nope + rope; auto: mha where every sequence\n"

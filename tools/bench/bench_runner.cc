@@ -452,10 +452,20 @@ absl::Status RunRank(const BenchConfig& bc, int64_t rank, RankState* s, RankOutp
       return absl::InvalidArgumentError(absl::StrCat(
           "--decode-moe-fused must be auto, on or off, got '", bc.decode_moe_fused, "'"));
     }
+    if (bc.decode_moe_fused_kernels.empty() || bc.decode_moe_fused_kernels == "persistent") {
+      cuda->SetDecodeMoeFusedKernels(kernels::MoeDecodeFusedKernels::kPersistent);
+    } else if (bc.decode_moe_fused_kernels == "warp-per-row") {
+      cuda->SetDecodeMoeFusedKernels(kernels::MoeDecodeFusedKernels::kWarpPerRow);
+    } else {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--decode-moe-fused-kernels must be persistent or warp-per-row, got '",
+                       bc.decode_moe_fused_kernels, "'"));
+    }
   }
   if (cuda != nullptr) cuda->SetDecodeMoeGraphBuckets(bc.decode_moe_graph_buckets);
   if (cuda != nullptr) cuda->SetSmallMGemm(bc.fused_ops);
   if (cuda != nullptr) cuda->SetFusedRouter(bc.fused_router);
+  if (cuda != nullptr) cuda->SetRouterNorm(bc.router_norm);
   if (cuda != nullptr) cuda->SetGraphAllocationsAside(bc.graph_allocations_aside);
 #endif
   auto set_fused = [&](bool on) {

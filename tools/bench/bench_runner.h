@@ -110,6 +110,9 @@ struct BenchConfig {
   bool decode_moe_sparse_epilogue = true;
   // CUDA only: CudaBackend::SetDecodeMoeFused ("auto", "on" or "off"; empty: auto).
   std::string decode_moe_fused;
+  // CUDA only: CudaBackend::SetDecodeMoeFusedKernels ("persistent" or "warp-per-row"; empty:
+  // persistent).
+  std::string decode_moe_fused_kernels;
   // CUDA only: CudaBackend::SetDecodeMoeGraphBuckets (true: the planned expert GEMMs behind
   // graph switch nodes; false, the default: the one fixed batch inside the decode graphs too).
   bool decode_moe_graph_buckets = false;
@@ -126,6 +129,9 @@ struct BenchConfig {
   // CudaBackend::SetFusedRouter: decode routing (router logits, noaux_tc, expert counts) in one
   // kernel; off: the GEMM + route + count ops of before, for comparisons.
   bool fused_router = true;
+  // CudaBackend::SetRouterNorm: the post-attention norm of a MoE layer inside the one-token
+  // router launch (default off, as the backend's); off: its own launch.
+  bool router_norm = false;
   // DeepseekV3Model::SetPrefillAttention: auto, absorbed or mha.
   std::string prefill_attention = "auto";
   // After each batch size's timed steps (and the eager ones), output_len more steps of the same

@@ -55,7 +55,8 @@ void Backend::FillDummy(const DummyFill& fill, int64_t n, WeightDType dtype, voi
     char* dst = static_cast<char*>(out) + first * static_cast<int64_t>(WeightDTypeSize(dtype));
     if (bf16) {
       bits.resize(count);
-      for (int64_t i = 0; i < count; ++i) bits[i] = FloatToBf16Bits(DummyFillValue(fill, first + i));
+      for (int64_t i = 0; i < count; ++i)
+        bits[i] = FloatToBf16Bits(DummyFillValue(fill, first + i));
       CopyToDevice(bits.data(), count * sizeof(uint16_t), dst);
     } else {
       values.resize(count);
@@ -68,8 +69,14 @@ void Backend::FillDummy(const DummyFill& fill, int64_t n, WeightDType dtype, voi
 void Backend::RouteTokens(const RouteTokensArgs& a) {
   const int64_t T = a.route.num_tokens, E = a.route.num_experts;
   if (T <= 0) return;
+  const float* hidden = a.hidden;
+  if (a.norm.weight != nullptr) {
+    const RouteTokensArgs::Norm& n = a.norm;
+    AddRmsNorm(T, a.hidden_size, n.x, n.y, n.weight, n.eps, n.out, n.out_bf16);
+    hidden = n.out;
+  }
   auto logits = AllocateScratch(static_cast<size_t>(T * E) * sizeof(float));
-  Gemm(T, E, a.hidden_size, a.hidden, a.hidden_size, a.router_weight, a.hidden_size,
+  Gemm(T, E, a.hidden_size, hidden, a.hidden_size, a.router_weight, a.hidden_size,
        logits->as<float>(), E, false);
   NoauxTcRouteArgs route = a.route;
   route.router_logits = logits->as<float>();

@@ -211,7 +211,20 @@ struct NormedGemm {
 // noaux_tc routing, and (optionally) the EPLB counts of the choices, as one op.
 struct RouteTokensArgs {
   int64_t hidden_size = 0;
-  const float* hidden = nullptr;         // [route.num_tokens, hidden_size]
+  const float* hidden = nullptr;  // [route.num_tokens, hidden_size]
+  // Optional (norm.weight null: none): the rows to route are normed by this op first,
+  // AddRmsNorm(num_tokens, hidden_size, norm.x, norm.y, norm.weight, norm.eps, norm.out,
+  // norm.out_bf16), and the routing reads norm.out (hidden is not read). The post-attention norm
+  // of a MoE layer, which the CUDA backend folds into its one-token router launch.
+  struct Norm {
+    float* x = nullptr;
+    const float* y = nullptr;
+    const float* weight = nullptr;
+    float eps = 0.0f;
+    float* out = nullptr;  // required
+    uint16_t* out_bf16 = nullptr;
+  };
+  Norm norm;
   const float* router_weight = nullptr;  // [route.num_experts, hidden_size], fp32
   // The router and its outputs; route.router_logits is not read (the op makes its own).
   NoauxTcRouteArgs route;
@@ -240,7 +253,7 @@ struct RoutedExpertsArgs {
   const void* const* gate_up_host = nullptr;
   const void* const* down_host = nullptr;
   WeightDType dtype = WeightDType::kFloat32;  // of the expert matrices
-  float* out = nullptr;                    // [tokens, hidden_size], overwritten
+  float* out = nullptr;                       // [tokens, hidden_size], overwritten
   // The shared experts, read only by Backend::RoutedAndSharedExperts (shared_inter 0: none):
   // one MLP of intermediate size shared_inter (n_shared_experts * moe_intermediate_size) in
   // `dtype`, gate rows then up rows.
@@ -428,7 +441,8 @@ class Backend {
 
   // ---- MoE routing -------------------------------------------------------------------------
   virtual void NoauxTcRoute(const NoauxTcRouteArgs& args) = 0;
-  // Router logits = Gemm(hidden, router_weight) (fp32), NoauxTcRoute of them, then
+  // With args.norm set, AddRmsNorm of it first (the routed rows are then norm.out). Router
+  // logits = Gemm(hidden, router_weight) (fp32), NoauxTcRoute of them, then
   // AccumulateExpertCounts of the choices when args.expert_counts is set. This implementation
   // issues exactly those ops (the reference); the CUDA backend runs small batches in one kernel
   // (its logits are fp32 sums in another order, so near-ties may choose differently).

@@ -482,10 +482,23 @@ absl::Status DeepseekV3Model::Layers(const StepContext& ctx, const int32_t* ids,
                                eps, h16p != nullptr ? nullptr : hp, h16p};
     Attention(l, ctx, h_gemm, yp, &input_norm);
     // The MoE's router and routed experts read fp32 rows; the dense MLP only the GEMM operand.
-    const bool want_f32 = L.moe || h16p == nullptr;
-    backend_->AddRmsNorm(T, H, xp, yp, L.post_attention_norm->as<float>(), eps,
-                         want_f32 ? hp : nullptr, h16p);
-    absl::Status st = L.moe ? Moe(l, T, hp, h_gemm, yp, ctx) : Mlp(L.dense, T, h_gemm, yp, false);
+    // A MoE layer's norm is part of its routing op (Backend::RouteTokens), which a backend may
+    // run in one launch.
+    absl::Status st;
+    if (L.moe) {
+      RouteTokensArgs::Norm norm;
+      norm.x = xp;
+      norm.y = yp;
+      norm.weight = L.post_attention_norm->as<float>();
+      norm.eps = eps;
+      norm.out = hp;
+      norm.out_bf16 = h16p;
+      st = Moe(l, T, hp, h_gemm, yp, ctx, &norm);
+    } else {
+      backend_->AddRmsNorm(T, H, xp, yp, L.post_attention_norm->as<float>(), eps,
+                           h16p == nullptr ? hp : nullptr, h16p);
+      st = Mlp(L.dense, T, h_gemm, yp, false);
+    }
     if (!st.ok()) return st;
   }
   return absl::OkStatus();
@@ -906,7 +919,8 @@ absl::Status DeepseekV3Model::Mlp(const MlpWeights& w, int64_t rows, ActivationV
 }
 
 absl::Status DeepseekV3Model::Moe(int64_t layer, int64_t rows, const float* h,
-                                  ActivationView h_gemm, float* out, const StepContext& ctx) {
+                                  ActivationView h_gemm, float* out, const StepContext& ctx,
+                                  const RouteTokensArgs::Norm* norm) {
   const ModelConfig& c = config_;
   const LayerWeights& L = weights_->layers[layer];
   const int64_t H = c.hidden_size, E = c.n_routed_experts, K = c.num_experts_per_tok;
@@ -917,6 +931,7 @@ absl::Status DeepseekV3Model::Moe(int64_t layer, int64_t rows, const float* h,
   RouteTokensArgs ra;
   ra.hidden_size = H;
   ra.hidden = h;
+  if (norm != nullptr) ra.norm = *norm;
   ra.router_weight = L.router->as<float>();
   ra.route.num_tokens = static_cast<int32_t>(rows);
   ra.route.num_experts = static_cast<int32_t>(E);

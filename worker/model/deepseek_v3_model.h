@@ -205,9 +205,11 @@ class DeepseekV3Model {
   // out = MLP(h), or out += MLP(h) with accumulate.
   absl::Status Mlp(const MlpWeights& w, int64_t rows, ActivationView h, float* out,
                    bool accumulate);
-  // h: fp32 (router, routed experts); h_gemm: the same rows for the shared experts' GEMM.
+  // h: fp32 (router, routed experts); h_gemm: the same rows for the shared experts' GEMM. With
+  // norm (its out is h, its out_bf16 h_gemm's bf16 rows if any), the rows are normed by the
+  // routing op first (Backend::RouteTokens); null: h is normed already.
   absl::Status Moe(int64_t layer, int64_t rows, const float* h, ActivationView h_gemm, float* out,
-                   const StepContext& ctx);
+                   const StepContext& ctx, const RouteTokensArgs::Norm* norm = nullptr);
   // With fused ops and bf16 weights: a bf16 copy of the normed rows feeds the GEMMs.
   bool Bf16Operands() const {
     return fused_ops_ && weights_->matrix_dtype == WeightDType::kBFloat16;

@@ -1021,7 +1021,7 @@ void CudaBackend::RouteTokens(const RouteTokensArgs& a) {
   kernels::RouteTokensParams p;
   SetRouting(r, &p);
   p.hidden_size = FitsInt(a.hidden_size) ? static_cast<int32_t>(a.hidden_size) : -1;
-  p.hidden = a.hidden;
+  p.hidden = a.norm.weight != nullptr ? a.norm.out : a.hidden;
   p.router_weight = a.router_weight;
   p.tile_counters = route_tile_counters_;
   p.expert_counts = a.expert_counts;
@@ -1031,6 +1031,22 @@ void CudaBackend::RouteTokens(const RouteTokensArgs& a) {
   if (!kernels::RouteTokensSupported(p)) {
     Backend::RouteTokens(a);
     return;
+  }
+  if (a.norm.weight != nullptr) {
+    kernels::RouteTokensParams with_norm = p;
+    with_norm.norm_x = a.norm.x;
+    with_norm.norm_y = a.norm.y;
+    with_norm.norm_weight = a.norm.weight;
+    with_norm.norm_eps = a.norm.eps;
+    with_norm.normed = a.norm.out;
+    with_norm.normed_bf16 = a.norm.out_bf16;
+    if (router_norm_ && a.norm.out != nullptr && kernels::RouteTokensSupported(with_norm)) {
+      OpTimer timer(this, "RouteTokens");
+      Check(kernels::RouteTokensF32(with_norm, stream_), "kernels::RouteTokensF32");
+      return;
+    }
+    AddRmsNorm(r.num_tokens, a.hidden_size, a.norm.x, a.norm.y, a.norm.weight, a.norm.eps,
+               a.norm.out, a.norm.out_bf16);
   }
   OpTimer timer(this, "RouteTokens");
   Check(kernels::RouteTokensF32(p, stream_), "kernels::RouteTokensF32");
@@ -1209,9 +1225,13 @@ bool CudaBackend::DecodeMoeFusedFor(int64_t tokens, int64_t hidden_size) const {
     case DecodeMoeFused::kAuto:
       break;
   }
-  // moe_block_decode_bench (4 layers in a CUDA graph, H200): Moonlight 1 token 63.7 -> 58.0 µs
-  // a layer, 2 tokens 77.6 -> 97.0; V3 1 token 220.5 -> 232.0, 2 tokens 353.2 -> 498.1.
-  return tokens == 1 && hidden_size <= kMaxAutoFusedMoeHidden;
+  // moe_block_decode_bench (4 layers in a CUDA graph, H200), µs a layer, previous ops -> fused
+  // kWarpPerRow / kPersistent: Moonlight 1 token 63.6 -> 58.0 / 50.2, 2 tokens 77.6 -> 97.2 /
+  // 75.3; V3 1 token 220.7 -> 232.7 / 209.1, 2 tokens 353.3 -> 499.2 / 405.3.
+  if (decode_moe_fused_kernels_ == kernels::MoeDecodeFusedKernels::kWarpPerRow) {
+    return tokens == 1 && hidden_size <= kMaxAutoFusedMoeHidden;
+  }
+  return tokens == 1 || (tokens == 2 && hidden_size <= kMaxAutoFusedMoeHidden);
 }
 
 bool CudaBackend::RoutedAndSharedExperts(const RoutedExpertsArgs& a) {
@@ -1245,6 +1265,9 @@ bool CudaBackend::RoutedAndSharedExperts(const RoutedExpertsArgs& a) {
       sizeof(float));
   p.act = act->as<float>();
   p.out = a.out;
+  p.kernels = decode_moe_fused_kernels_;
+  p.gate_up_blocks_per_sm = decode_moe_fused_gate_up_blocks_per_sm_;
+  p.down_blocks_per_sm = decode_moe_fused_down_blocks_per_sm_;
   Check(kernels::MoeDecodeFusedF32(p, stream_), "kernels::MoeDecodeFusedF32");
   return true;
 }

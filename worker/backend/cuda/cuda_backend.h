@@ -42,6 +42,7 @@
 #include "kernels/gemm/small_m_gemm.h"
 #include "kernels/gemm/staged_gemv.h"
 #include "kernels/moe/expert_gemm_cublas.h"
+#include "kernels/moe/moe_decode_fused.h"
 #include "worker/backend/backend.h"
 #include "worker/backend/cuda/cublaslt_gemm_tuner.h"
 
@@ -133,13 +134,23 @@ class CudaBackend : public Backend {
   // also for the shared MLP). Otherwise false.
   bool RoutedAndSharedExperts(const RoutedExpertsArgs& args) override;
   // Which sizes RoutedAndSharedExperts takes: kAuto (the default) where it measured faster than
-  // RoutedExperts + the shared-expert ops (moe_block_decode_bench, H200, docs/kernels.md): one
-  // token and hidden_size <= kMaxAutoFusedMoeHidden (Moonlight's 2048: faster; V3's 7168 and
-  // 2 tokens at either shape: slower); kOn: 1..kernels::kMoeDecodeFusedMaxTokens tokens, any
-  // width; kOff: never (the model runs the previous ops). kOn / kOff for tests and benchmarks.
+  // RoutedExperts + the shared-expert ops (moe_block_decode_bench, H200, docs/kernels.md): with
+  // the kPersistent kernels one token at any width and two at hidden_size <=
+  // kMaxAutoFusedMoeHidden (Moonlight's 2048: faster; V3's 7168: slower at two); with
+  // kWarpPerRow one token at hidden_size <= kMaxAutoFusedMoeHidden only; kOn:
+  // 1..kernels::kMoeDecodeFusedMaxTokens tokens, any width; kOff: never (the model runs the
+  // previous ops). kOn / kOff for tests and benchmarks.
   enum class DecodeMoeFused { kAuto, kOff, kOn };
   void SetDecodeMoeFused(DecodeMoeFused mode) { decode_moe_fused_ = mode; }
   bool DecodeMoeFusedFor(int64_t tokens, int64_t hidden_size) const;
+  // The kernels RoutedAndSharedExperts launches (default kPersistent) and, for benchmarks, the
+  // persistent grids' blocks per SM (0: as many as fit); kernels::MoeDecodeFusedParams.
+  void SetDecodeMoeFusedKernels(kernels::MoeDecodeFusedKernels kernels,
+                                int32_t gate_up_blocks_per_sm = 0, int32_t down_blocks_per_sm = 0) {
+    decode_moe_fused_kernels_ = kernels;
+    decode_moe_fused_gate_up_blocks_per_sm_ = gate_up_blocks_per_sm;
+    decode_moe_fused_down_blocks_per_sm_ = down_blocks_per_sm;
+  }
   static constexpr int64_t kMaxAutoFusedMoeHidden = 4096;
   // The chunked cuBLAS GEMMs were faster from 128 tokens on (the smallest size measured,
   // docs/kernels.md); decode batches up to here keep the path without host synchronisation.
@@ -276,7 +287,9 @@ class CudaBackend : public Backend {
   void NoauxTcRoute(const NoauxTcRouteArgs& args) override;
   // With fused_router() on, up to kFusedRouterMaxTokens tokens and arguments
   // kernels::RouteTokensSupported takes: kernels::RouteTokensF32, logits, routing and counts in
-  // one launch; otherwise Backend's Gemm (cuBLAS) + NoauxTcRoute + AccumulateExpertCounts.
+  // one launch (at one token with args.norm also the norm, SetRouterNorm; more tokens:
+  // AddRmsNorm first); otherwise Backend's AddRmsNorm (args.norm) + Gemm (cuBLAS) +
+  // NoauxTcRoute + AccumulateExpertCounts.
   void RouteTokens(const RouteTokensArgs& args) override;
   // noaux_tc_router_bench (H200, Moonlight shape, in a CUDA graph): the one launch took 5.6 /
   // 6.1 / 8.2 / 10.5 us a layer at 1 / 8 / 64 / 128 tokens against 8.4 / 11.8 / 12.7 / 12.9 us
@@ -286,6 +299,11 @@ class CudaBackend : public Backend {
   // comparisons (deepinfer-bench --fused-router).
   void SetFusedRouter(bool on) { fused_router_ = on; }
   bool fused_router() const { return fused_router_; }
+  // Whether RouteTokens with args.norm set folds the norm into the router's launch where
+  // kernels::RouteTokensSupported takes it (one token; bit for bit AddRmsNorm + the router);
+  // off (the default: the fold measured no faster in the 27-layer decode step, H200,
+  // docs/kernels.md): AddRmsNorm, then the router (one launch more).
+  void SetRouterNorm(bool on) { router_norm_ = on; }
   void AccumulateExpertCounts(int64_t n, const int32_t* ids, int64_t num_experts,
                               const int32_t* count_limit, int64_t* counts) override;
   void ArgmaxRows(int64_t rows, int64_t vocab, const float* logits, int32_t* out) override;
@@ -387,6 +405,7 @@ class CudaBackend : public Backend {
   int32_t mla_decode_small_max_context_ = kMlaDecodeSmallMaxContext;
   bool small_m_gemm_ = true;
   bool fused_router_ = true;
+  bool router_norm_ = false;
   bool allocations_aside_ = false;
   kernels::SmallMGemmAlgo small_m_gemm_algo_ = kernels::SmallMGemmAlgo::kAuto;
   StagedGemv staged_gemv_ = StagedGemv::kAll;
@@ -400,6 +419,10 @@ class CudaBackend : public Backend {
   int32_t planned_chunk_rows_ = 0;  // 0: by size
   bool decode_moe_sparse_epilogue_ = true;
   DecodeMoeFused decode_moe_fused_ = DecodeMoeFused::kAuto;
+  kernels::MoeDecodeFusedKernels decode_moe_fused_kernels_ =
+      kernels::MoeDecodeFusedKernels::kPersistent;
+  int32_t decode_moe_fused_gate_up_blocks_per_sm_ = 0;
+  int32_t decode_moe_fused_down_blocks_per_sm_ = 0;
   bool decode_moe_graph_buckets_ = false;
   cudaStream_t switch_stream_ = nullptr;  // records CaptureSwitch's bodies; made on first use
 

@@ -907,9 +907,17 @@ TEST_F(RoutedExpertsTest, RoutedAndSharedExpertsMatchCpuOps) {
     a.shared_inter = SI;
     a.shared_gate_up = sgu_gpu.data;
     a.shared_down = sdn_gpu.data;
-    // kAuto takes one token at this width, not two; kOn takes both.
+    // kAuto with the persistent kernels (the default): one token at any width, two up to
+    // kMaxAutoFusedMoeHidden; with kWarpPerRow one token up to that width only. kOn takes both.
+    const int64_t wide = CudaBackend::kMaxAutoFusedMoeHidden + 8;
+    EXPECT_TRUE(gpu_->DecodeMoeFusedFor(T, H));
+    EXPECT_TRUE(gpu_->DecodeMoeFusedFor(1, wide));
+    EXPECT_FALSE(gpu_->DecodeMoeFusedFor(2, wide));
+    EXPECT_FALSE(gpu_->DecodeMoeFusedFor(3, H));
+    gpu_->SetDecodeMoeFusedKernels(kernels::MoeDecodeFusedKernels::kWarpPerRow);
     EXPECT_EQ(gpu_->DecodeMoeFusedFor(T, H), T == 1);
-    EXPECT_FALSE(gpu_->DecodeMoeFusedFor(1, CudaBackend::kMaxAutoFusedMoeHidden + 8));
+    EXPECT_FALSE(gpu_->DecodeMoeFusedFor(1, wide));
+    gpu_->SetDecodeMoeFusedKernels(kernels::MoeDecodeFusedKernels::kPersistent);
     gpu_->SetDecodeMoeFused(CudaBackend::DecodeMoeFused::kOn);
     ASSERT_TRUE(gpu_->RoutedAndSharedExperts(a));
     const std::vector<float> eager = Download(*dout);
@@ -1007,6 +1015,106 @@ TEST_F(CudaBackendTest, OpTimingCountsOuterOpsOnly) {
   EXPECT_EQ(CallsOf(report, "GroupedGemm"), 1) << report;
   EXPECT_EQ(gpu_->TakeOpTimingReport().find("calls"), std::string::npos);  // cleared
   EXPECT_TRUE(gpu_->status().ok()) << gpu_->status();
+}
+
+// RouteTokens with the post-attention norm in its args: at one token with SetRouterNorm(true)
+// the CUDA backend folds it into the router's launch, bit for bit what AddRmsNorm and then the
+// router give (SetRouterNorm(false), the default); at 3 tokens it runs AddRmsNorm first. Against
+// the CPU backend (Backend::RouteTokens: AddRmsNorm, Gemm, NoauxTcRoute): x exactly, the normed
+// rows (fp32 and bf16) close, the same choices except within float noise of a tie.
+TEST_F(CudaBackendTest, RouteTokensWithNormFoldsItAtOneToken) {
+  const uint32_t seed = testing::FreshSeed();
+  SCOPED_TRACE(::testing::Message() << "seed " << seed);
+  const int32_t E = 64, K = 6, H = 2048;
+  struct Out {
+    std::vector<float> x, normed, w;
+    std::vector<uint16_t> normed_bf16;
+    std::vector<int32_t> ids;
+  };
+  for (int32_t T : {1, 3}) {
+    SCOPED_TRACE(::testing::Message() << "tokens " << T);
+    const std::vector<float> x = testing::RandomFloats(T * H, seed + T, 1.0f);
+    const std::vector<float> y = testing::RandomFloats(T * H, seed + 7, 0.5f);
+    std::vector<float> norm_w = testing::RandomFloats(H, seed + 8, 0.2f);
+    for (float& v : norm_w) v += 1.0f;
+    const std::vector<float> weight = testing::RandomFloats(E * H, seed + 1, 0.05f);
+    const std::vector<float> bias = testing::RandomFloats(E, seed + 2, 0.05f);
+    auto run = [&](Backend* be, Out* o) {
+      auto up = [&](const void* host, size_t bytes) {
+        auto buf = be->Allocate(bytes);
+        be->CopyToDevice(host, bytes, buf->data());
+        return buf;
+      };
+      auto dx = up(x.data(), x.size() * sizeof(float));
+      auto dy = up(y.data(), y.size() * sizeof(float));
+      auto dnw = up(norm_w.data(), H * sizeof(float));
+      auto dw = up(weight.data(), weight.size() * sizeof(float));
+      auto db = up(bias.data(), bias.size() * sizeof(float));
+      const std::vector<float> poison(T * H, std::numeric_limits<float>::quiet_NaN());
+      auto dh = up(poison.data(), T * H * sizeof(float));
+      auto dh16 = up(poison.data(), T * H * sizeof(uint16_t));
+      auto dids = up(poison.data(), T * K * sizeof(int32_t));
+      auto dtw = up(poison.data(), T * K * sizeof(float));
+      RouteTokensArgs a;
+      a.hidden_size = H;
+      a.router_weight = dw->as<float>();
+      a.norm.x = dx->as<float>();
+      a.norm.y = dy->as<float>();
+      a.norm.weight = dnw->as<float>();
+      a.norm.eps = 1e-6f;
+      a.norm.out = dh->as<float>();
+      a.norm.out_bf16 = dh16->as<uint16_t>();
+      a.route.num_tokens = T;
+      a.route.num_experts = E;
+      a.route.correction_bias = db->as<float>();
+      a.route.top_k = K;
+      a.route.scaling_factor = 2.446f;
+      a.route.topk_ids = dids->as<int32_t>();
+      a.route.topk_weights = dtw->as<float>();
+      be->RouteTokens(a);
+      o->x.resize(T * H);
+      o->normed.resize(T * H);
+      o->normed_bf16.resize(T * H);
+      o->ids.resize(T * K);
+      o->w.resize(T * K);
+      be->CopyToHost(dx->data(), T * H * sizeof(float), o->x.data());
+      be->CopyToHost(dh->data(), T * H * sizeof(float), o->normed.data());
+      be->CopyToHost(dh16->data(), T * H * sizeof(uint16_t), o->normed_bf16.data());
+      be->CopyToHost(dids->data(), T * K * sizeof(int32_t), o->ids.data());
+      be->CopyToHost(dtw->data(), T * K * sizeof(float), o->w.data());
+    };
+    Out cpu, folded, unfolded;
+    run(&cpu_, &cpu);
+    run(gpu_.get(), &unfolded);  // SetRouterNorm is off by default
+    gpu_->SetRouterNorm(true);
+    gpu_->SetOpTiming(true);
+    run(gpu_.get(), &folded);
+    gpu_->SetOpTiming(false);
+    gpu_->SetRouterNorm(false);
+    const std::string report = gpu_->TakeOpTimingReport();
+    ASSERT_TRUE(gpu_->status().ok()) << gpu_->status();
+    EXPECT_EQ(CallsOf(report, "RouteTokens"), 1) << report;
+    EXPECT_EQ(CallsOf(report, "AddRmsNorm"), T == 1 ? -1 : 1) << report;
+    EXPECT_EQ(folded.x, unfolded.x);
+    EXPECT_EQ(folded.normed, unfolded.normed);
+    EXPECT_EQ(folded.normed_bf16, unfolded.normed_bf16);
+    EXPECT_EQ(folded.ids, unfolded.ids);
+    EXPECT_EQ(folded.w, unfolded.w);
+    EXPECT_TRUE(AllClose(folded.x, cpu.x, 0.0, 0.0));
+    EXPECT_TRUE(AllClose(folded.normed, cpu.normed, 1e-5, 1e-5));
+    int bf16_off = 0;  // bf16 roundings of values a rounding step apart
+    for (int64_t i = 0; i < T * H; ++i) {
+      bf16_off += std::abs(folded.normed_bf16[i] - cpu.normed_bf16[i]) > 1;
+    }
+    EXPECT_EQ(bf16_off, 0);
+    int differing = 0;
+    for (int32_t t = 0; t < T; ++t) {
+      const std::vector<int32_t> g(folded.ids.begin() + t * K, folded.ids.begin() + (t + 1) * K);
+      const std::vector<int32_t> w(cpu.ids.begin() + t * K, cpu.ids.begin() + (t + 1) * K);
+      differing += g != w;
+    }
+    EXPECT_LE(differing, 1) << "more than float-noise ties";
+  }
 }
 
 // RouteTokens against the CPU backend's (Backend's Gemm + NoauxTcRoute + AccumulateExpertCounts)

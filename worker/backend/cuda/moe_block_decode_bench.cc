@@ -5,7 +5,9 @@
 //   old  CudaBackend::RoutedExperts (permute, GroupedGemmBf16 gate_up, SiluMulF32, down,
 //        combine) + the shared MLP as the model runs it with fused ops and bf16 weights (Gemm on
 //        the bf16 normed rows, SiluMulBf16, Gemm accumulating into out)
-//   new  CudaBackend::RoutedAndSharedExperts (kernels::MoeDecodeFusedF32, two launches)
+//   new  CudaBackend::RoutedAndSharedExperts (kernels::MoeDecodeFusedF32, two launches), with
+//        each of its kernel pairs: "row" (kWarpPerRow, session 6's) and "pers" (kPersistent)
+//        with the grids that fit, then "pG/D" with G gate_up and D down blocks per SM
 //
 // Shapes: Moonlight (64 experts, top-6, hidden 2048, moe_intermediate 1408, 2 shared experts)
 // and DeepSeek-V3 (256, top-8, 7168, 2048, 1 shared), bf16 weights. The graph holds kLayers
@@ -26,6 +28,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <iterator>
 #include <memory>
 #include <numeric>
 #include <random>
@@ -175,11 +178,27 @@ int Main() {
       auto new_layer = [&](Layer& L) {
         if (!b.RoutedAndSharedExperts(args_for(L))) Fail("RoutedAndSharedExperts declined");
       };
+      struct Path {
+        const char* name;
+        kernels::MoeDecodeFusedKernels kernels;
+        int32_t gate_up_blocks_per_sm, down_blocks_per_sm;
+      };
+      const Path paths[] = {
+          {"old", kernels::MoeDecodeFusedKernels::kPersistent, 0, 0},  // not fused
+          {"row", kernels::MoeDecodeFusedKernels::kWarpPerRow, 0, 0},
+          {"pers", kernels::MoeDecodeFusedKernels::kPersistent, 0, 0},
+          {"p4/4", kernels::MoeDecodeFusedKernels::kPersistent, 4, 4},
+          {"p3/3", kernels::MoeDecodeFusedKernels::kPersistent, 3, 3},
+          {"p2/4", kernels::MoeDecodeFusedKernels::kPersistent, 2, 4},
+          {"p4/2", kernels::MoeDecodeFusedKernels::kPersistent, 4, 2},
+      };
       int64_t layer_bytes = 0;
       for (const Layer& L : layers) layer_bytes += L.busy_experts * per_expert + 3 * SI * H * 2;
       layer_bytes /= kLayers;
       std::vector<float> old_out;
-      for (int path = 0; path < 2; ++path) {
+      for (int path = 0; path < static_cast<int>(std::size(paths)); ++path) {
+        b.SetDecodeMoeFusedKernels(paths[path].kernels, paths[path].gate_up_blocks_per_sm,
+                                   paths[path].down_blocks_per_sm);
         auto ops = b.Capture([&] {
           for (Layer& L : layers) path == 0 ? old_layer(L) : new_layer(L);
           return absl::OkStatus();
@@ -212,7 +231,7 @@ int Main() {
         const double gbs = layer_bytes / (t * 1e-6) / 1e9;
         std::printf("%-9s %6d %5lld %10.1f | %-4s %9.1f %8.0f %9.3f %10.3g\n", s.name, tokens,
                     static_cast<long long>(layers.back().busy_experts), layer_bytes / 1e6,
-                    path == 0 ? "old" : "new", t, gbs, gbs * 1e9 / kRooflineBytesPerSecond, diff);
+                    paths[path].name, t, gbs, gbs * 1e9 / kRooflineBytesPerSecond, diff);
         std::fflush(stdout);
       }
     }
