@@ -525,11 +525,15 @@ bool CudaBackend::SmallMGemm(const kernels::SmallMGemmParams& p) {
       !kernels::SmallMGemmSupports(p)) {
     return false;
   }
+  const bool shared_weights = staged_gemv_weights_ == kernels::StagedGemvWeights::kSharedMemory;
   if (staged_gemv_ == StagedGemv::kAll && small_m_gemm_algo_ == kernels::SmallMGemmAlgo::kAuto &&
-      p.m == 1 && p.batch == 1 && kernels::StagedGemvPreferredAtOneRow(p.n, p.k)) {
+      p.m == 1 && p.batch == 1 &&
+      (shared_weights ? kernels::StagedGemvSharedPreferredAtOneRow(p.n, p.k)
+                      : kernels::StagedGemvPreferredAtOneRow(p.n, p.k))) {
     kernels::StagedGemvParams s;
     s.m = p.m, s.k = p.k;
     s.prologue = kernels::StagedGemvPrologue::kCopy;
+    s.weights = staged_gemv_weights_;
     s.a = p.a, s.a_bf16 = p.a_bf16, s.lda = p.lda;
     s.num_targets = 1;
     s.targets[0] = {p.n, p.w, p.ldw, p.c, p.ldc, p.accumulate};
@@ -667,6 +671,7 @@ void CudaBackend::AddRmsNormGemms(int64_t rows, int64_t dim, float* x, const flo
   p.m = rows, p.k = dim;
   p.prologue = kernels::StagedGemvPrologue::kAddRmsNorm;
   p.x = x, p.y = y, p.norm_weight = weight, p.eps = eps, p.counter = staged_gemv_counter_;
+  p.weights = staged_gemv_weights_;
   p.num_targets = static_cast<int>(gemms.size());
   // One row only: at 4 rows the prologue's four block reductions in every block measured slower
   // than AddRmsNorm + two small-m GEMMs (small_m_gemm_bench: 17.18 vs 10.74 us; 1 row: 8.28
