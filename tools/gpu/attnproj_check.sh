@@ -7,8 +7,8 @@
 #     tools/gpu/prepare.sh --out DIR --pack FILE.tar.xz
 # then (device tool) `bash DIR/attnproj_check.sh`. The tests of the changed kernel and paths
 # (the backend's default layout, kSharedMemory), the layouts micro-benchmark (small-m, registers,
-# shared in one binary), then the 27-layer Moonlight-shaped decode at 1 request with each layout
-# (twice, alternating). Every step is cut at the call's deadline (ATTNPROJ_BUDGET_S, default
+# shared in one binary), the 27-layer Moonlight-shaped decode at 1 request with each layout, and
+# the per-kernel times of the 4-layer decode graph with the shared layout (kernel_times.sh). Every step is cut at the call's deadline (ATTNPROJ_BUDGET_S, default
 # 110 s from the start). Logs in $OUT/logs.tar.gz, one line per step in $OUT/summary.txt.
 set -uo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
@@ -25,6 +25,8 @@ step cuda_parity_test 15 "$B/cuda_parity_test" --gtest_color=no
 step layouts_bench 25 "$B/small_m_gemm_bench" layouts
 step bench27_registers 25 "${bench27[@]}" --staged-gemv-weights=registers
 step bench27_shared 25 "${bench27[@]}" --staged-gemv-weights=shared
-step bench27_registers_2 25 "${bench27[@]}" --staged-gemv-weights=registers
-step bench27_shared_2 25 "${bench27[@]}" --staged-gemv-weights=shared
+# Per-kernel times inside the 4-layer decode graph at 1 request (Nsight Compute), shared layout.
+export KT_FLAGS="--staged-gemv-weights=shared" OUT
+step kernel_times_shared 25 \
+  bash "$here/kernel_times.sh" "$C/moonlight_shaped_4layers.json" 1 kernels4_1_shared
 cat "$OUT/summary.txt"
