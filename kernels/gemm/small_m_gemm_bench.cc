@@ -11,10 +11,10 @@
 // (median of 10 replays). Bandwidth = weight bytes / time against the H200's 4.3 TB/s. The staged
 // GEMV (kernels/gemm/staged_gemv.h) is timed the same way at one product (batch 1), and first,
 // the attention input of a decode step (AddRmsNorm, q_proj, kv_a) before and with it. First of
-// all, RunLayouts: the staged GEMV's two weight layouts against the small-m kernel at m = 1, 2, 4.
+// all, RunStaged: the staged GEMV against the small-m kernel at m = 1, 2, 4, also after a GEMV.
 //
-//   small_m_gemm_bench [layouts]  (one line per case; exit status 1 on a CUDA error; "layouts":
-//                                 RunLayouts only)
+//   small_m_gemm_bench [staged]   (one line per case; exit status 1 on a CUDA error; "staged":
+//                                 RunStaged only)
 #include <cublas_v2.h>
 #include <cuda_runtime_api.h>
 
@@ -192,23 +192,24 @@ class Bench {
     }
   }
 
-  // One case of RunLayouts: m rows against the targets' concatenated rows, with the norm
+  // One case of RunStaged: m rows against the targets' concatenated rows, with the norm
   // prologue (x += y, RMS norm) or a copied fp32 activation.
-  struct LayoutCase {
+  struct StagedCase {
     const char* name;
     std::vector<int64_t> ns;
     int64_t k;
     bool norm;
   };
 
-  // The decode GEMVs in three ways, each timed as the model runs them (back-to-back launches in a
-  // CUDA graph with programmatic edges, each launch on its own weight copy, 256 MiB of copies):
-  // the small-m kernel (kAuto; with the norm: AddRmsNormF32 first), the staged GEMV with its
-  // weights in registers, and with them in shared memory (StagedGemvWeights). "chain": per
-  // launch in a chain of the same launch. "after a GEMV": the launch's added time in a chain
-  // that alternates it with an 8.4 MB small-m GEMV (o_proj's shape on its own copies), i.e. the
-  // pair's time minus that GEMV's own chain time: what the launch costs after a different kernel.
-  void RunLayouts(const LayoutCase& lc, int64_t m) {
+  // The decode GEMVs in two or three ways, each timed as the model runs them (back-to-back
+  // launches in a CUDA graph with programmatic edges, each launch on its own weight copy, 256 MiB
+  // of copies): the small-m kernel (kAuto; with the norm: AddRmsNormF32 first), the staged GEMV
+  // (with the norm: its fused prologue), and with the norm also AddRmsNormF32 then the staged
+  // GEMV on its bf16 rows. "chain": per launch in a chain of the same launch. "after a GEMV": the
+  // launch's added time in a chain that alternates it with an 8.4 MB small-m GEMV (o_proj's shape
+  // on its own copies), i.e. the pair's time minus that GEMV's own chain time: what the launch
+  // costs after a different kernel.
+  void RunStaged(const StagedCase& lc, int64_t m) {
     const int64_t k = lc.k;
     int64_t rows = 0;
     for (int64_t n : lc.ns) rows += n;
@@ -252,13 +253,17 @@ class Bench {
         at += n;
       }
     };
-    auto staged = [&](kernels::StagedGemvWeights weights) {
-      return [&, weights](int64_t i, cudaStream_t st) {
+    // fused_norm: the staged GEMV's norm prologue; otherwise (with the norm) AddRmsNormF32 first.
+    auto staged = [&](bool fused_norm) {
+      return [&, fused_norm](int64_t i, cudaStream_t st) {
         kernels::StagedGemvParams p;
-        p.m = m, p.k = k, p.weights = weights;
-        if (lc.norm) {
+        p.m = m, p.k = k;
+        if (lc.norm && fused_norm) {
           p.prologue = kernels::StagedGemvPrologue::kAddRmsNorm;
           p.x = x, p.y = y, p.norm_weight = gamma, p.eps = 1e-6f, p.counter = counter;
+        } else if (lc.norm) {
+          BENCH_CUDA(kernels::AddRmsNormF32(m, k, x, y, gamma, 1e-6f, nullptr, act, st));
+          p.a = act, p.a_bf16 = true, p.lda = k;
         } else {
           p.a = a, p.lda = k;
         }
@@ -280,14 +285,12 @@ class Bench {
     const double pred_alone = GraphUsN(copies, pred);
     const double gb = bytes / 1e9;
     auto pct = [&](double us) { return 100.0 * gb / (us * 1e-6) / 4300.0; };
-    std::printf("layouts %-16s m %lld  weights %6.2f MB  roofline %5.2f us |", lc.name,
+    std::printf("staged %-16s m %lld  weights %6.2f MB  roofline %5.2f us |", lc.name,
                 static_cast<long long>(m), gb * 1e3, gb / 4300.0 * 1e6);
     using Launch = std::function<void(int64_t, cudaStream_t)>;
-    const std::pair<const char*, Launch> ways[] = {
-        {"small-m", small_m},
-        {"registers", staged(kernels::StagedGemvWeights::kRegisters)},
-        {"shared", staged(kernels::StagedGemvWeights::kSharedMemory)},
-    };
+    std::vector<std::pair<const char*, Launch>> ways = {{"small-m", small_m},
+                                                        {"staged", staged(true)}};
+    if (lc.norm) ways.emplace_back("AddRmsNorm + staged", staged(false));
     for (const auto& [name, launch] : ways) {
       const double chain = GraphUsN(copies, launch);
       const double pair = GraphUsN(copies, [&](int64_t i, cudaStream_t st) {
@@ -420,21 +423,21 @@ class Bench {
 
 int main(int argc, char** argv) {
   using deepinfer::Shape;
-  // "layouts": only RunLayouts (the staged GEMV's weight layouts), for a short device run.
-  const bool layouts_only = argc > 1 && std::string(argv[1]) == "layouts";
+  // "staged": only RunStaged (staged against small-m), for a short device run.
+  const bool staged_only = argc > 1 && std::string(argv[1]) == "staged";
   deepinfer::Bench bench;
   {
-    const deepinfer::Bench::LayoutCase cases[] = {
+    const deepinfer::Bench::StagedCase cases[] = {
         {"norm+q+kv_a", {3072, 576}, 2048, true}, {"q+kv_a", {3072, 576}, 2048, false},
         {"o_proj", {2048}, 2048, false},          {"shared gate_up", {5632}, 2048, false},
         {"gate_up 2816", {2816}, 2048, false},    {"shared down", {2048}, 2816, false},
         {"down 1408", {2048}, 1408, false},
     };
     for (int64_t m : {1, 2, 4}) {
-      for (const auto& lc : cases) bench.RunLayouts(lc, m);
+      for (const auto& lc : cases) bench.RunStaged(lc, m);
     }
   }
-  if (layouts_only) return 0;
+  if (staged_only) return 0;
   const Shape shapes[] = {
       {"q_proj", 1, 3072, 2048},
       {"kv_a_proj", 1, 576, 2048},

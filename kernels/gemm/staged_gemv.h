@@ -5,10 +5,7 @@
 // run as one launch over their concatenated rows. Each warp owns whole weight rows and keeps two
 // rows' 16-byte weight chunks in flight (the next row's loads issued before the current row is
 // summed); the grid is at most two blocks per SM, every warp looping over its rows, so the
-// activation is staged by few blocks and all of the matrix's loads are issued early. With
-// StagedGemvWeights::kSharedMemory the rows wait in shared memory instead of registers: every
-// row a block will use is copied in before the wait for the preceding kernel, so a matrix that
-// fits is entirely in flight while that kernel still runs.
+// activation is staged by few blocks and all of the matrix's loads are issued early.
 #ifndef DEEPINFER_KERNELS_GEMM_STAGED_GEMV_H_
 #define DEEPINFER_KERNELS_GEMM_STAGED_GEMV_H_
 
@@ -34,25 +31,6 @@ enum class StagedGemvPrologue {
   // act is bit for bit the out_bf16 that AddRmsNormF32 writes. x rows are contiguous (ld = k).
   kAddRmsNorm,
 };
-
-// Where a block's weight rows wait between their loads and their use (a performance choice only:
-// both give the same bits).
-enum class StagedGemvWeights {
-  // In registers: two passes of each warp in flight (the first two loaded before the PDL wait).
-  // 128 registers a thread, so two blocks fill an SM's register file and a following kernel's
-  // blocks cannot start beside them.
-  kRegisters,
-  // In shared memory: every row of the block copied in with 16-byte cp.async before the PDL
-  // wait (each lane copies the chunks it later reads), few registers, and the kAddRmsNorm
-  // prologue with all its loads issued at once and the residual's write-back off the blocks'
-  // path. Taken where StagedGemvSharedWeightsBytes fits kStagedGemvMaxSharedWeightsBytes on an
-  // sm_80+ device; kRegisters otherwise.
-  kSharedMemory,
-};
-
-// The most dynamic shared memory a block of the kSharedMemory layout may use (two blocks must
-// fit an SM's 228 KiB).
-inline constexpr int64_t kStagedGemvMaxSharedWeightsBytes = 108 * 1024;
 
 // c_t[i, j] (+)= sum_p act[i, p] * w_t[j, p] for every target t, i < m, j < n_t, p < k; products
 // exact (bf16 x bf16), sums in fp32, each row's sum in a fixed order (deterministic).
@@ -83,7 +61,6 @@ struct StagedGemvParams {
   unsigned int* counter = nullptr;
   int num_targets = 0;
   StagedGemvTarget targets[kStagedGemvMaxTargets];
-  StagedGemvWeights weights = StagedGemvWeights::kRegisters;
 };
 
 // Whether StagedGemvBf16 takes these arguments: 1 <= m <= kStagedGemvMaxRows, k a multiple of 8,
@@ -101,16 +78,14 @@ bool StagedGemvSupports(const StagedGemvParams& p);
 // 4096, n < 65536, and not 1024 < n <= 2048 with k <= 2048.
 bool StagedGemvPreferredAtOneRow(int64_t n, int64_t k);
 
-// The dynamic shared memory per block that the kSharedMemory layout needs for these arguments on
-// a device with `sms` SMs (the staged activation, x + y for the write-back when it is small, and
-// every weight row of a block); it is used where this is at most
-// kStagedGemvMaxSharedWeightsBytes. Host-only.
-int64_t StagedGemvSharedWeightsBytes(const StagedGemvParams& p, int sms);
-
-// Whether, for one activation row and one product, the kSharedMemory layout is to be preferred
-// to kernels::SmallMGemmBf16's kAuto choice (from small_m_gemm_bench on the H200; see
-// docs/kernels.md). Host-only.
-bool StagedGemvSharedPreferredAtOneRow(int64_t n, int64_t k);
+// The same for two activation rows (the kCopy prologue; n: all targets' rows): where the staged
+// GEMV measured faster than kernels::SmallMGemmBf16's kAuto choice on the H200 (small_m_gemm_bench
+// layouts, back-to-back in a CUDA graph / after an 8.4 MB GEMV; session 7): o_proj 2048 x 2048
+// 4.63 / 4.37 vs 5.98 / 5.74 us, q + kv_a 3648 x 2048 (one launch against two) 6.97 / 7.14 vs
+// 10.01 / 9.75, 2816 x 2048 5.43 / 6.41 vs 6.54 / 6.30, 2048 x 2816 6.02 / 6.05 vs 7.87 / 7.67,
+// 2048 x 1408 3.74 / 3.58 vs 4.76 / 4.63: 1024 <= k <= 2816 and 2048 <= n <= 4096 (above 4096
+// columns the CUDA backend takes cuBLAS at two rows, not measured against this kernel).
+bool StagedGemvPreferredAtTwoRows(int64_t n, int64_t k);
 
 // Returns cudaErrorInvalidValue (launching nothing) where StagedGemvSupports is false.
 cudaError_t StagedGemvBf16(const StagedGemvParams& p, cudaStream_t stream);

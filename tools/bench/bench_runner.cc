@@ -428,15 +428,12 @@ absl::Status RunRank(const BenchConfig& bc, int64_t rank, RankState* s, RankOutp
           absl::StrCat("--staged-gemv must be off, norm or all, got '", bc.staged_gemv, "'"));
     }
   }
-  if (cuda != nullptr && !bc.staged_gemv_weights.empty()) {
-    if (bc.staged_gemv_weights == "registers") {
-      cuda->SetStagedGemvWeights(kernels::StagedGemvWeights::kRegisters);
-    } else if (bc.staged_gemv_weights == "shared") {
-      cuda->SetStagedGemvWeights(kernels::StagedGemvWeights::kSharedMemory);
-    } else {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "--staged-gemv-weights must be registers or shared, got '", bc.staged_gemv_weights, "'"));
+  if (cuda != nullptr && bc.staged_gemv_max_rows != 0) {
+    if (bc.staged_gemv_max_rows < 1 || bc.staged_gemv_max_rows > 2) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--staged-gemv-max-rows must be 1 or 2, got ", bc.staged_gemv_max_rows));
     }
+    cuda->SetStagedGemvMaxRows(bc.staged_gemv_max_rows);
   }
   if (cuda != nullptr && bc.decode_moe_chunk_rows != 0) {
     if (bc.decode_moe_chunk_rows < 0 ||

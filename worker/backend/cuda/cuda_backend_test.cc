@@ -18,7 +18,6 @@
 
 #include "gtest/gtest.h"
 #include "kernels/attention/mla_attention.h"
-#include "kernels/gemm/staged_gemv.h"
 #include "kernels/moe/moe_permute.h"
 #include "kernels/testing/gpu_test_util.h"
 #include "worker/backend/bf16.h"
@@ -438,24 +437,24 @@ TEST_F(CudaBackendTest, AddRmsNormAndSiluMulBf16MatchCpu) {
 }
 
 // AddRmsNormGemms (attention's q and kv_a projections) against the CPU backend's default (the
-// ops one by one): fused at one row (StagedGemv kNorm / kAll), the default otherwise and with
-// kOff; x += y bit for bit, the GEMMs within the bf16 bound (a last-ulp difference of the norm
-// may move a bf16 operand by one ulp).
+// ops one by one): fused at one row (StagedGemv kNorm / kAll), AddRmsNorm + one staged launch at
+// two rows (with SetStagedGemvMaxRows(2)), the default otherwise and with kOff; x += y bit for bit,
+// the GEMMs within the bf16 bound (a last-ulp difference of the norm may move a bf16 operand by one
+// ulp).
 TEST_F(CudaBackendTest, AddRmsNormGemmsMatchesCpu) {
   const int64_t dim = 2048, nq = 3072, nkv = 576;
-  for (const auto& [use, weights] :
-       {std::pair{CudaBackend::StagedGemv::kAll, kernels::StagedGemvWeights::kRegisters},
-        std::pair{CudaBackend::StagedGemv::kAll, kernels::StagedGemvWeights::kSharedMemory},
-        std::pair{CudaBackend::StagedGemv::kNorm, kernels::StagedGemvWeights::kSharedMemory},
-        std::pair{CudaBackend::StagedGemv::kOff, kernels::StagedGemvWeights::kRegisters}}) {
+  for (const auto& [use, max_rows] : {std::pair{CudaBackend::StagedGemv::kAll, int64_t{2}},
+                                      std::pair{CudaBackend::StagedGemv::kAll, int64_t{1}},
+                                      std::pair{CudaBackend::StagedGemv::kNorm, int64_t{2}},
+                                      std::pair{CudaBackend::StagedGemv::kOff, int64_t{2}}}) {
     gpu_->SetStagedGemv(use);
-    gpu_->SetStagedGemvWeights(weights);
-    for (int64_t rows : {1, 3, 4, 6}) {
+    gpu_->SetStagedGemvMaxRows(max_rows);
+    for (int64_t rows : {1, 2, 3, 4, 6}) {
       for (bool with_y : {true, false}) {
         const uint32_t seed = testing::FreshSeed();
-        SCOPED_TRACE(::testing::Message() << "staged " << static_cast<int>(use) << " weights "
-                                          << static_cast<int>(weights) << " rows " << rows
-                                          << " with_y " << with_y << " seed " << seed);
+        SCOPED_TRACE(::testing::Message()
+                     << "staged " << static_cast<int>(use) << " max rows " << max_rows << " rows "
+                     << rows << " with_y " << with_y << " seed " << seed);
         auto x = testing::RandomFloats(rows * dim, seed, 3.0f);
         auto y = testing::RandomFloats(rows * dim, seed + 1);
         auto wn = testing::RandomFloats(dim, seed + 2);
@@ -485,33 +484,41 @@ TEST_F(CudaBackendTest, AddRmsNormGemmsMatchesCpu) {
   EXPECT_TRUE(gpu_->status().ok()) << gpu_->status();
 }
 
-// One-row bf16 GEMMs at the decode shapes with either staged layout (with kSharedMemory, o_proj
-// and the 1408-wide down projection also take the staged kernel) against the CPU backend.
-TEST_F(CudaBackendTest, OneRowGemmMatchesCpuWithEitherStagedLayout) {
+// One- and two-row bf16 GEMMs at the decode shapes, with the staged GEMV taking one row only and
+// up to two rows (then o_proj and the down projections at two rows take it too), against the CPU
+// backend.
+TEST_F(CudaBackendTest, OneAndTwoRowGemmsMatchCpu) {
   struct Case {
     int64_t n, k, ldw, ldc;
     bool accumulate;
   };
-  for (const kernels::StagedGemvWeights weights :
-       {kernels::StagedGemvWeights::kRegisters, kernels::StagedGemvWeights::kSharedMemory}) {
-    gpu_->SetStagedGemvWeights(weights);
-    for (const Case& c :
-         {Case{2048, 2048, 2048, 2048, true}, Case{3072, 2048, 2056, 3080, false},
-          Case{2048, 1408, 1408, 2048, true}, Case{2048, 2816, 2816, 2048, false}}) {
-      const uint32_t seed = testing::FreshSeed();
-      SCOPED_TRACE(::testing::Message() << "weights " << static_cast<int>(weights) << " n " << c.n
-                                        << " k " << c.k << " seed " << seed);
-      auto a = testing::RandomFloats(c.k, seed);
-      auto w = testing::RandomFloats(c.n * c.ldw, seed + 1);
-      auto out = testing::RandomFloats(c.ldc, seed + 2);
-      std::vector<std::unique_ptr<DeviceBuffer>> keep;
-      std::vector<float> want = out;
-      cpu16_.Gemm(1, c.n, c.k, a.data(), c.k, CpuBf16(w, &keep), c.ldw, want.data(), c.ldc,
-                  c.accumulate);
-      auto da = Upload(a), dc = Upload(out);
-      gpu_->Gemm(1, c.n, c.k, da->as<float>(), c.k, GpuBf16(w, &keep), c.ldw, dc->as<float>(),
-                 c.ldc, c.accumulate);
-      EXPECT_TRUE(AllClose(Download(*dc), want, 1e-3, 1e-4));
+  for (const int64_t max_rows : {1, 2}) {
+    gpu_->SetStagedGemvMaxRows(max_rows);
+    for (const int64_t m : {1, 2}) {
+      for (const Case& c :
+           {Case{2048, 2048, 2048, 2048, true}, Case{3072, 2048, 2056, 3080, false},
+            Case{2048, 1408, 1408, 2048, true}, Case{2048, 2816, 2816, 2052, false}}) {
+        const uint32_t seed = testing::FreshSeed();
+        SCOPED_TRACE(::testing::Message() << "max rows " << max_rows << " m " << m << " n " << c.n
+                                          << " k " << c.k << " seed " << seed);
+        auto a = testing::RandomFloats(m * c.k, seed);
+        auto w = testing::RandomFloats(c.n * c.ldw, seed + 1);
+        auto out = testing::RandomFloats(m * c.ldc, seed + 2);
+        std::vector<std::unique_ptr<DeviceBuffer>> keep;
+        std::vector<float> want = out;
+        cpu16_.Gemm(m, c.n, c.k, a.data(), c.k, CpuBf16(w, &keep), c.ldw, want.data(), c.ldc,
+                    c.accumulate);
+        auto da = Upload(a), dc = Upload(out);
+        gpu_->Gemm(m, c.n, c.k, da->as<float>(), c.k, GpuBf16(w, &keep), c.ldw, dc->as<float>(),
+                   c.ldc, c.accumulate);
+        const std::vector<float> got = Download(*dc);
+        EXPECT_TRUE(AllClose(got, want, 1e-3, 1e-4));
+        for (int64_t i = 0; i < m; ++i) {
+          for (int64_t j = c.n; j < c.ldc; ++j) {
+            ASSERT_EQ(got[i * c.ldc + j], out[i * c.ldc + j]) << "padding written";
+          }
+        }
+      }
     }
   }
   EXPECT_TRUE(gpu_->status().ok()) << gpu_->status();
