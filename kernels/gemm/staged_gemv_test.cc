@@ -247,7 +247,7 @@ TEST(StagedGemvTest, PreferredWhereItMeasuredFaster) {
 }
 
 // StagedGemvPreferredAtTwoRows: the two-row shapes where it measured faster (session 7's
-// small_m_gemm_bench layouts, docs/kernels.md). Host-only.
+// small_m_gemm_bench staged cases, docs/cuda.md). Host-only.
 TEST(StagedGemvTest, PreferredAtTwoRowsWhereItMeasuredFaster) {
   struct Shape {
     int64_t n, k;
