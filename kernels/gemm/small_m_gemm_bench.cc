@@ -10,9 +10,11 @@
 // 256 MiB, so no launch finds its weights in L2), time per launch = graph time / launches
 // (median of 10 replays). Bandwidth = weight bytes / time against the H200's 4.3 TB/s. The staged
 // GEMV (kernels/gemm/staged_gemv.h) is timed the same way at one product (batch 1), and first,
-// the attention input of a decode step (AddRmsNorm, q_proj, kv_a) before and with it.
+// the attention input of a decode step (AddRmsNorm, q_proj, kv_a) before and with it. First of
+// all, RunStaged: the staged GEMV against the small-m kernel at m = 1, 2, 4, also after a GEMV.
 //
-//   small_m_gemm_bench            (one line per case; exit status 1 on a CUDA error)
+//   small_m_gemm_bench [staged]   (one line per case; exit status 1 on a CUDA error; "staged":
+//                                 RunStaged only)
 #include <cublas_v2.h>
 #include <cuda_runtime_api.h>
 
@@ -20,6 +22,8 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <functional>
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -188,6 +192,125 @@ class Bench {
     }
   }
 
+  // One case of RunStaged: m rows against the targets' concatenated rows, with the norm
+  // prologue (x += y, RMS norm) or a copied fp32 activation.
+  struct StagedCase {
+    const char* name;
+    std::vector<int64_t> ns;
+    int64_t k;
+    bool norm;
+  };
+
+  // The decode GEMVs in two or three ways, each timed as the model runs them (back-to-back
+  // launches in a CUDA graph with programmatic edges, each launch on its own weight copy, 256 MiB
+  // of copies): the small-m kernel (kAuto; with the norm: AddRmsNormF32 first), the staged GEMV
+  // (with the norm: its fused prologue), and with the norm also AddRmsNormF32 then the staged
+  // GEMV on its bf16 rows. "chain": per launch in a chain of the same launch. "after a GEMV": the
+  // launch's added time in a chain that alternates it with an 8.4 MB small-m GEMV (o_proj's shape
+  // on its own copies), i.e. the pair's time minus that GEMV's own chain time: what the launch
+  // costs after a different kernel.
+  void RunStaged(const StagedCase& lc, int64_t m) {
+    const int64_t k = lc.k;
+    int64_t rows = 0;
+    for (int64_t n : lc.ns) rows += n;
+    const int64_t bytes = 2 * rows * k;
+    const int64_t copies = std::clamp<int64_t>((int64_t{256} << 20) / bytes + 1, 2, 64);
+    std::vector<uint16_t*> ws;
+    for (int64_t i = 0; i < copies; ++i) {
+      ws.push_back(DeviceAlloc<uint16_t>(bytes));
+      BENCH_CUDA(cudaMemset(ws.back(), 0x3c, bytes));  // bf16 1.15, everywhere
+    }
+    // The predecessor GEMV of "after a GEMV": 2048 x 2048 on its own copies.
+    const int64_t pred_n = 2048, pred_k = 2048, pred_bytes = 2 * pred_n * pred_k;
+    std::vector<uint16_t*> pred_ws;
+    for (int64_t i = 0; i < copies; ++i) {
+      pred_ws.push_back(DeviceAlloc<uint16_t>(pred_bytes));
+      BENCH_CUDA(cudaMemset(pred_ws.back(), 0x3c, pred_bytes));
+    }
+    float* pred_a = bench::Upload(bench::Uniform(pred_k, 5));
+    float* pred_c = DeviceAlloc<float>(4 * pred_n);
+    float* a = bench::Upload(bench::Uniform(m * k, 1));
+    float* x = bench::Upload(bench::Uniform(m * k, 2));
+    float* y = bench::Upload(bench::Uniform(m * k, 3));
+    std::vector<float> host_y = bench::Uniform(m * k, 3);
+    for (float& v : host_y) v *= 1e-6f;  // x += y every launch: keep x's scale
+    BENCH_CUDA(cudaMemcpy(y, host_y.data(), 4 * m * k, cudaMemcpyHostToDevice));
+    float* gamma = bench::Upload(bench::Uniform(k, 4));
+    uint16_t* act = DeviceAlloc<uint16_t>(2 * m * k);
+    float* c = DeviceAlloc<float>(4 * m * rows);
+    unsigned int* counter = DeviceAlloc<unsigned int>(sizeof(unsigned int));
+    BENCH_CUDA(cudaMemset(counter, 0, sizeof(unsigned int)));
+
+    auto small_m = [&](int64_t i, cudaStream_t st) {
+      if (lc.norm) BENCH_CUDA(kernels::AddRmsNormF32(m, k, x, y, gamma, 1e-6f, nullptr, act, st));
+      int64_t at = 0;
+      for (int64_t n : lc.ns) {
+        kernels::SmallMGemmParams p;
+        p.m = m, p.n = n, p.k = k, p.a = lc.norm ? static_cast<const void*>(act) : a;
+        p.a_bf16 = lc.norm, p.lda = k, p.w = ws[i] + at * k, p.ldw = k;
+        p.c = c + m * at, p.ldc = n;
+        BENCH_CUDA(kernels::SmallMGemmBf16(p, st));
+        at += n;
+      }
+    };
+    // fused_norm: the staged GEMV's norm prologue; otherwise (with the norm) AddRmsNormF32 first.
+    auto staged = [&](bool fused_norm) {
+      return [&, fused_norm](int64_t i, cudaStream_t st) {
+        kernels::StagedGemvParams p;
+        p.m = m, p.k = k;
+        if (lc.norm && fused_norm) {
+          p.prologue = kernels::StagedGemvPrologue::kAddRmsNorm;
+          p.x = x, p.y = y, p.norm_weight = gamma, p.eps = 1e-6f, p.counter = counter;
+        } else if (lc.norm) {
+          BENCH_CUDA(kernels::AddRmsNormF32(m, k, x, y, gamma, 1e-6f, nullptr, act, st));
+          p.a = act, p.a_bf16 = true, p.lda = k;
+        } else {
+          p.a = a, p.lda = k;
+        }
+        p.num_targets = static_cast<int>(lc.ns.size());
+        int64_t at = 0;
+        for (size_t t = 0; t < lc.ns.size(); ++t) {
+          p.targets[t] = {lc.ns[t], ws[i] + at * k, k, c + m * at, lc.ns[t], false};
+          at += lc.ns[t];
+        }
+        BENCH_CUDA(kernels::StagedGemvBf16(p, st));
+      };
+    };
+    auto pred = [&](int64_t i, cudaStream_t st) {
+      kernels::SmallMGemmParams p;
+      p.m = 1, p.n = pred_n, p.k = pred_k, p.a = pred_a, p.lda = pred_k, p.w = pred_ws[i];
+      p.ldw = pred_k, p.c = pred_c, p.ldc = pred_n;
+      BENCH_CUDA(kernels::SmallMGemmBf16(p, st));
+    };
+    const double pred_alone = GraphUsN(copies, pred);
+    const double gb = bytes / 1e9;
+    auto pct = [&](double us) { return 100.0 * gb / (us * 1e-6) / 4300.0; };
+    std::printf("staged %-16s m %lld  weights %6.2f MB  roofline %5.2f us |", lc.name,
+                static_cast<long long>(m), gb * 1e3, gb / 4300.0 * 1e6);
+    using Launch = std::function<void(int64_t, cudaStream_t)>;
+    std::vector<std::pair<const char*, Launch>> ways = {{"small-m", small_m},
+                                                        {"staged", staged(true)}};
+    if (lc.norm) ways.emplace_back("AddRmsNorm + staged", staged(false));
+    for (const auto& [name, launch] : ways) {
+      const double chain = GraphUsN(copies, launch);
+      const double pair = GraphUsN(copies, [&](int64_t i, cudaStream_t st) {
+        pred(i, st);
+        launch(i, st);
+      });
+      std::printf(" %s: chain %6.2f us (%5.1f%%), after a GEMV +%6.2f us (%5.1f%%) |", name, chain,
+                  pct(chain), pair - pred_alone, pct(pair - pred_alone));
+    }
+    std::printf(" (the 8.4 MB GEMV alone: %.2f us)\n", pred_alone);
+    std::fflush(stdout);
+    for (uint16_t* w : ws) BENCH_CUDA(cudaFree(w));
+    for (uint16_t* w : pred_ws) BENCH_CUDA(cudaFree(w));
+    for (void* q : {static_cast<void*>(pred_a), static_cast<void*>(pred_c), static_cast<void*>(a),
+                    static_cast<void*>(x), static_cast<void*>(y), static_cast<void*>(gamma),
+                    static_cast<void*>(act), static_cast<void*>(c), static_cast<void*>(counter)}) {
+      BENCH_CUDA(cudaFree(q));
+    }
+  }
+
   void Run(const Shape& s, int64_t m) {
     const int64_t k = s.k, n = s.n, B = s.batch;
     const std::vector<float> host_a = bench::Uniform(B * m * k, 1);
@@ -298,8 +421,23 @@ class Bench {
 }  // namespace
 }  // namespace deepinfer
 
-int main() {
+int main(int argc, char** argv) {
   using deepinfer::Shape;
+  // "staged": only RunStaged (staged against small-m), for a short device run.
+  const bool staged_only = argc > 1 && std::string(argv[1]) == "staged";
+  deepinfer::Bench bench;
+  {
+    const deepinfer::Bench::StagedCase cases[] = {
+        {"norm+q+kv_a", {3072, 576}, 2048, true}, {"q+kv_a", {3072, 576}, 2048, false},
+        {"o_proj", {2048}, 2048, false},          {"shared gate_up", {5632}, 2048, false},
+        {"gate_up 2816", {2816}, 2048, false},    {"shared down", {2048}, 2816, false},
+        {"down 1408", {2048}, 1408, false},
+    };
+    for (int64_t m : {1, 2, 4}) {
+      for (const auto& lc : cases) bench.RunStaged(lc, m);
+    }
+  }
+  if (staged_only) return 0;
   const Shape shapes[] = {
       {"q_proj", 1, 3072, 2048},
       {"kv_a_proj", 1, 576, 2048},
@@ -312,7 +450,6 @@ int main() {
       {"absorb W_uk (16 heads)", 16, 512, 128},
       {"lift W_uv (16 heads)", 16, 128, 512},
   };
-  deepinfer::Bench bench;
   for (int64_t m : {1, 4}) bench.RunNormQkv(m);
   for (int64_t m : {1, 4}) {
     for (const Shape& s : shapes) bench.Run(s, m);

@@ -306,6 +306,10 @@ bool StagedGemvPreferredAtOneRow(int64_t n, int64_t k) {
   return k >= 1024 && k <= 4096 && n < 65536 && !(k <= 2048 && n > 1024 && n <= 2048);
 }
 
+bool StagedGemvPreferredAtTwoRows(int64_t n, int64_t k) {
+  return k >= 1024 && k <= 2816 && n >= 2048 && n <= 4096;
+}
+
 cudaError_t StagedGemvBf16(const StagedGemvParams& p, cudaStream_t stream) {
   if (!StagedGemvSupports(p)) return cudaErrorInvalidValue;
   Args a;

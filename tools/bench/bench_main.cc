@@ -132,6 +132,10 @@ int main(int argc, char** argv) {
                   "CUDA: where the staged small-m GEMV runs (off; norm: the input norm and the\n"
                   "q / kv_a GEMMs in one launch at <= 4 rows; all: also one-row GEMMs with\n"
                   "k >= 1024); empty: all.");
+  flags.AddInt("staged-gemv-max-rows", &config.staged_gemv_max_rows,
+               "CUDA: the most activation rows the staged GEMV takes (1; 2: also two-row\n"
+               "decode: q / kv_a in one launch after AddRmsNorm, and GEMMs of shapes where\n"
+               "it measured faster); 0: the backend's default (2).");
   flags.AddInt("decode-moe-chunk-rows", &config.decode_moe_chunk_rows,
                "CUDA, bf16: rows per chunk of the planned cuBLAS expert GEMMs (1-256; 0: the\n"
                "backend's choice by size).");

@@ -428,6 +428,13 @@ absl::Status RunRank(const BenchConfig& bc, int64_t rank, RankState* s, RankOutp
           absl::StrCat("--staged-gemv must be off, norm or all, got '", bc.staged_gemv, "'"));
     }
   }
+  if (cuda != nullptr && bc.staged_gemv_max_rows != 0) {
+    if (bc.staged_gemv_max_rows < 1 || bc.staged_gemv_max_rows > 2) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--staged-gemv-max-rows must be 1 or 2, got ", bc.staged_gemv_max_rows));
+    }
+    cuda->SetStagedGemvMaxRows(bc.staged_gemv_max_rows);
+  }
   if (cuda != nullptr && bc.decode_moe_chunk_rows != 0) {
     if (bc.decode_moe_chunk_rows < 0 ||
         bc.decode_moe_chunk_rows > CudaBackend::kMaxPlannedChunkRows) {

@@ -98,6 +98,8 @@ struct BenchConfig {
   std::string small_m_gemm_algo;
   // CUDA: CudaBackend::SetStagedGemv ("off", "norm" or "all"); empty: the backend's default.
   std::string staged_gemv;
+  // CUDA: CudaBackend::SetStagedGemvMaxRows (1 or 2); 0: the backend's default.
+  int64_t staged_gemv_max_rows = 0;
   // CUDA: CudaBackend::SetBf16GateUp (the dense MLP's / shared experts' gate_up GEMM with a
   // bf16 output at prefill sizes); off: fp32 output into SiLU-mul as before.
   bool bf16_gate_up = true;

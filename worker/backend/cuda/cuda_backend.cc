@@ -525,8 +525,11 @@ bool CudaBackend::SmallMGemm(const kernels::SmallMGemmParams& p) {
       !kernels::SmallMGemmSupports(p)) {
     return false;
   }
+  const bool staged_shape = p.m == 1   ? kernels::StagedGemvPreferredAtOneRow(p.n, p.k)
+                            : p.m == 2 ? kernels::StagedGemvPreferredAtTwoRows(p.n, p.k)
+                                       : false;
   if (staged_gemv_ == StagedGemv::kAll && small_m_gemm_algo_ == kernels::SmallMGemmAlgo::kAuto &&
-      p.m == 1 && p.batch == 1 && kernels::StagedGemvPreferredAtOneRow(p.n, p.k)) {
+      p.m <= staged_gemv_max_rows_ && p.batch == 1 && staged_shape) {
     kernels::StagedGemvParams s;
     s.m = p.m, s.k = p.k;
     s.prologue = kernels::StagedGemvPrologue::kCopy;
@@ -668,17 +671,31 @@ void CudaBackend::AddRmsNormGemms(int64_t rows, int64_t dim, float* x, const flo
   p.prologue = kernels::StagedGemvPrologue::kAddRmsNorm;
   p.x = x, p.y = y, p.norm_weight = weight, p.eps = eps, p.counter = staged_gemv_counter_;
   p.num_targets = static_cast<int>(gemms.size());
-  // One row only: at 4 rows the prologue's four block reductions in every block measured slower
-  // than AddRmsNorm + two small-m GEMMs (small_m_gemm_bench: 17.18 vs 10.74 us; 1 row: 8.28
-  // vs 8.79 us).
-  bool fused = staged_gemv_ != StagedGemv::kOff && small_m_gemm_ && rows == 1 &&
-               gemms.size() <= static_cast<size_t>(kernels::kStagedGemvMaxTargets);
-  for (size_t t = 0; fused && t < gemms.size(); ++t) {
+  // The norm fused at one row only: at 2 and 4 rows the prologue's block reductions in every
+  // block measured slower than AddRmsNorm + the GEMMs (small_m_gemm_bench: 4 rows 17.18 vs
+  // 10.74 us; 2 rows 10.14 vs 9.56, session 7; 1 row: 8.28 vs 8.79 us). At two rows: AddRmsNorm,
+  // then one staged launch for all targets (q + kv_a: 6.97 vs 10.01 us for two small-m launches).
+  bool staged =
+      staged_gemv_ != StagedGemv::kOff && small_m_gemm_ &&
+      (rows == 1 || (rows == 2 && staged_gemv_max_rows_ >= 2 && normed_bf16 != nullptr)) &&
+      gemms.size() <= static_cast<size_t>(kernels::kStagedGemvMaxTargets);
+  int64_t columns = 0;
+  for (size_t t = 0; staged && t < gemms.size(); ++t) {
     const NormedGemm& g = gemms[t];
-    fused = g.w.dtype == WeightDType::kBFloat16;
+    staged = g.w.dtype == WeightDType::kBFloat16;
     p.targets[t] = {g.n, static_cast<const uint16_t*>(g.w.data), g.ldw, g.c, g.ldc, false};
+    columns += g.n;
   }
-  if (fused && kernels::StagedGemvSupports(p)) {
+  if (staged && rows == 2) {
+    staged = kernels::StagedGemvPreferredAtTwoRows(columns, dim);
+    p.prologue = kernels::StagedGemvPrologue::kCopy;
+    p.a = normed_bf16, p.a_bf16 = true, p.lda = dim;
+  }
+  if (staged && kernels::StagedGemvSupports(p)) {
+    if (rows == 2) {
+      Check(kernels::AddRmsNormF32(rows, dim, x, y, weight, eps, nullptr, normed_bf16, stream_),
+            "kernels::AddRmsNormF32");
+    }
     Check(kernels::StagedGemvBf16(p, stream_), "kernels::StagedGemvBf16");
     return;
   }

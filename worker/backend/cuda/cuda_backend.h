@@ -104,6 +104,10 @@ class CudaBackend : public Backend {
   // layout is kAuto. kOff: neither (the kernels before it).
   enum class StagedGemv { kOff, kNorm, kAll };
   void SetStagedGemv(StagedGemv use) { staged_gemv_ = use; }
+  // The most activation rows the staged GEMV takes (1 or 2; default 2). At two rows (not kOff):
+  // AddRmsNormGemms is AddRmsNorm then one staged launch for all its GEMMs, and (kAll) Gemm takes
+  // it where kernels::StagedGemvPreferredAtTwoRows (measured faster than the small-m kernel).
+  void SetStagedGemvMaxRows(int64_t rows) { staged_gemv_max_rows_ = rows; }
   void AddRmsNormGemms(int64_t rows, int64_t dim, float* x, const float* y, const float* weight,
                        float eps, float* normed, uint16_t* normed_bf16,
                        const std::vector<NormedGemm>& gemms) override;
@@ -409,6 +413,7 @@ class CudaBackend : public Backend {
   bool allocations_aside_ = false;
   kernels::SmallMGemmAlgo small_m_gemm_algo_ = kernels::SmallMGemmAlgo::kAuto;
   StagedGemv staged_gemv_ = StagedGemv::kAll;
+  int64_t staged_gemv_max_rows_ = 2;
   bool bf16_gate_up_ = true;
   bool gemm_autotune_ = true;
   std::unique_ptr<CublasLtGemmTuner> lt_tuner_;  // made at the first tuned GEMM

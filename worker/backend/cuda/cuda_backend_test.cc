@@ -13,6 +13,7 @@
 #include <sstream>
 #include <string>
 #include <tuple>
+#include <utility>
 #include <vector>
 
 #include "gtest/gtest.h"
@@ -436,20 +437,24 @@ TEST_F(CudaBackendTest, AddRmsNormAndSiluMulBf16MatchCpu) {
 }
 
 // AddRmsNormGemms (attention's q and kv_a projections) against the CPU backend's default (the
-// ops one by one): fused at one row (StagedGemv kNorm / kAll), the default otherwise and with
-// kOff; x += y bit for bit, the GEMMs within the bf16 bound (a last-ulp difference of the norm
-// may move a bf16 operand by one ulp).
+// ops one by one): fused at one row (StagedGemv kNorm / kAll), AddRmsNorm + one staged launch at
+// two rows (with SetStagedGemvMaxRows(2)), the default otherwise and with kOff; x += y bit for bit,
+// the GEMMs within the bf16 bound (a last-ulp difference of the norm may move a bf16 operand by one
+// ulp).
 TEST_F(CudaBackendTest, AddRmsNormGemmsMatchesCpu) {
   const int64_t dim = 2048, nq = 3072, nkv = 576;
-  for (const CudaBackend::StagedGemv use :
-       {CudaBackend::StagedGemv::kAll, CudaBackend::StagedGemv::kNorm,
-        CudaBackend::StagedGemv::kOff}) {
+  for (const auto& [use, max_rows] : {std::pair{CudaBackend::StagedGemv::kAll, int64_t{2}},
+                                      std::pair{CudaBackend::StagedGemv::kAll, int64_t{1}},
+                                      std::pair{CudaBackend::StagedGemv::kNorm, int64_t{2}},
+                                      std::pair{CudaBackend::StagedGemv::kOff, int64_t{2}}}) {
     gpu_->SetStagedGemv(use);
-    for (int64_t rows : {1, 3, 4, 6}) {
+    gpu_->SetStagedGemvMaxRows(max_rows);
+    for (int64_t rows : {1, 2, 3, 4, 6}) {
       for (bool with_y : {true, false}) {
         const uint32_t seed = testing::FreshSeed();
-        SCOPED_TRACE(::testing::Message() << "staged " << static_cast<int>(use) << " rows " << rows
-                                          << " with_y " << with_y << " seed " << seed);
+        SCOPED_TRACE(::testing::Message()
+                     << "staged " << static_cast<int>(use) << " max rows " << max_rows << " rows "
+                     << rows << " with_y " << with_y << " seed " << seed);
         auto x = testing::RandomFloats(rows * dim, seed, 3.0f);
         auto y = testing::RandomFloats(rows * dim, seed + 1);
         auto wn = testing::RandomFloats(dim, seed + 2);
@@ -476,6 +481,46 @@ TEST_F(CudaBackendTest, AddRmsNormGemmsMatchesCpu) {
     }
   }
   gpu_->SetStagedGemv(CudaBackend::StagedGemv::kAll);
+  EXPECT_TRUE(gpu_->status().ok()) << gpu_->status();
+}
+
+// One- and two-row bf16 GEMMs at the decode shapes, with the staged GEMV taking one row only and
+// up to two rows (then o_proj and the down projections at two rows take it too), against the CPU
+// backend.
+TEST_F(CudaBackendTest, OneAndTwoRowGemmsMatchCpu) {
+  struct Case {
+    int64_t n, k, ldw, ldc;
+    bool accumulate;
+  };
+  for (const int64_t max_rows : {1, 2}) {
+    gpu_->SetStagedGemvMaxRows(max_rows);
+    for (const int64_t m : {1, 2}) {
+      for (const Case& c :
+           {Case{2048, 2048, 2048, 2048, true}, Case{3072, 2048, 2056, 3080, false},
+            Case{2048, 1408, 1408, 2048, true}, Case{2048, 2816, 2816, 2052, false}}) {
+        const uint32_t seed = testing::FreshSeed();
+        SCOPED_TRACE(::testing::Message() << "max rows " << max_rows << " m " << m << " n " << c.n
+                                          << " k " << c.k << " seed " << seed);
+        auto a = testing::RandomFloats(m * c.k, seed);
+        auto w = testing::RandomFloats(c.n * c.ldw, seed + 1);
+        auto out = testing::RandomFloats(m * c.ldc, seed + 2);
+        std::vector<std::unique_ptr<DeviceBuffer>> keep;
+        std::vector<float> want = out;
+        cpu16_.Gemm(m, c.n, c.k, a.data(), c.k, CpuBf16(w, &keep), c.ldw, want.data(), c.ldc,
+                    c.accumulate);
+        auto da = Upload(a), dc = Upload(out);
+        gpu_->Gemm(m, c.n, c.k, da->as<float>(), c.k, GpuBf16(w, &keep), c.ldw, dc->as<float>(),
+                   c.ldc, c.accumulate);
+        const std::vector<float> got = Download(*dc);
+        EXPECT_TRUE(AllClose(got, want, 1e-3, 1e-4));
+        for (int64_t i = 0; i < m; ++i) {
+          for (int64_t j = c.n; j < c.ldc; ++j) {
+            ASSERT_EQ(got[i * c.ldc + j], out[i * c.ldc + j]) << "padding written";
+          }
+        }
+      }
+    }
+  }
   EXPECT_TRUE(gpu_->status().ok()) << gpu_->status();
 }
 
