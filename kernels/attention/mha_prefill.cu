@@ -292,6 +292,276 @@ __global__ void __launch_bounds__(kThreads, 2) FlashKernel(const __grid_constant
   }
 }
 
+// -------------------------------------------------------------------------------------------
+// The wide flash kernel (MhaFlashKernel::kRows128Keys64 / kRows128Keys32). A block (4 warps)
+// takes 128 query rows of one (sequence, head); warp w owns rows 32w .. 32w + 31 as two 16-row
+// m-tiles, so each K fragment (ldmatrix) feeds 4 MMAs and each V fragment 4 instead of 2: per
+// 64-key tile a warp issues 104 ldmatrix.x4 for 320 MMAs where the 64-row kernel issues 92 for
+// 160 (shared-memory reads, not the tensor cores, bound the 64-row kernel). Registers: 128 fp32
+// output accumulators, 2 x kKeyTile / 2 score accumulators. Shared memory: Q 48 KiB + one K tile
+// (kKeyTile x 384 B) + one V tile (kKeyTile x 256 B): 88 KiB at 64 keys, two blocks per SM.
+// Pipeline per key tile j (FlashAttention-2's): wait K_j, barrier, start V_j; S = Q K_j^T and
+// the softmax; wait V_j, barrier, start K_{j+1}; O += P V_j. A warp whose last row is before the
+// tile's first key skips its math (it still joins the barriers and the loads). The softmax keeps
+// the raw score maxima and folds scale * log2(e) into one FMA before ex2.approx.
+constexpr int kWideRows = 128;
+constexpr int kWideQBytes = kWideRows * kQkRowBytes;
+
+template <int kKeyTile>
+constexpr int WideSmemBytes() {
+  return kWideQBytes + kKeyTile * (kQkRowBytes + kVRowBytes);
+}
+
+__device__ __forceinline__ float Exp2Approx(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+}
+
+// Starts the copies of key tile kt: K rows (nope | shared rope key; kK = true) or V rows. Thread
+// t copies chunks t % 8 + 8j of keys t / 8 + 16i; keys at or past kv_end are zero-filled. The
+// swizzled chunk is 8j + (t % 8 ^ (t / 8) % 8) for every (i, j), so the destination is one
+// register plus immediates (kept in registers per (i, j), the 20 destinations would not fit).
+template <int kKeyTile, bool kK>
+__device__ __forceinline__ void LoadWideTile(const Args& a, const Seq& s, int h, int kt, int kv_end,
+                                             uint32_t tile) {
+  constexpr int kRowBytes = kK ? kQkRowBytes : kVRowBytes;
+  constexpr int kGroups = kRowBytes / 128;  // 8-chunk groups per key: 3 (K) or 2 (V)
+  const int lo = threadIdx.x % 8, key0 = threadIdx.x / 8;
+  const uint32_t dst = tile + key0 * kRowBytes + ((lo ^ (key0 % 8)) << 4);
+  const int64_t kv_stride = static_cast<int64_t>(a.heads) * (kNope + kV);
+#pragma unroll
+  for (int i = 0; i < kKeyTile / 16; ++i) {
+    const int pos = kt * kKeyTile + key0 + 16 * i;
+    const bool valid = pos < kv_end;
+    const int64_t row = s.key_base + (valid ? pos : 0);
+    const __nv_bfloat16* kv = a.kv + row * kv_stride + h * (kNope + kV) + (kK ? 0 : kNope) + lo * 8;
+#pragma unroll
+    for (int j = 0; j < kGroups; ++j) {
+      const __nv_bfloat16* src =
+          kK && j == 2 ? a.entries + row * a.entry_dim + a.latent_dim + lo * 8 : kv + j * 64;
+      CopyAsync16(dst + i * 16 * kRowBytes + j * 128, src, valid);
+    }
+  }
+}
+
+// ldmatrix addresses of a 16-byte chunk column: rows r with r % 8 == lane % 8 (true of every A,
+// B and V fragment row of a lane here), logical chunk 8q + 2j + sub sits at byte 128q + ((2j +
+// sub) ^ lane % 8) * 16 of its row: base[j] (4 registers) + 128q + the row's offset.
+struct ChunkAddrs {
+  uint32_t base[4];
+  __device__ __forceinline__ ChunkAddrs(uint32_t row_addr, int sub, int lane) {
+#pragma unroll
+    for (int j = 0; j < 4; ++j) base[j] = row_addr + (((2 * j + sub) ^ (lane % 8)) << 4);
+  }
+  // Logical chunk pair k (chunks 2k, 2k + 1: the k-th 16-column step).
+  __device__ __forceinline__ uint32_t At(int k, int row_offset_bytes) const {
+    return base[k % 4] + (k / 4) * 128 + row_offset_bytes;
+  }
+};
+
+template <int kKeyTile>
+__global__ void __launch_bounds__(kThreads, 2) FlashWideKernel(const __grid_constant__ Args a) {
+  static_assert(kKeyTile == 32 || kKeyTile == 64, "key tiles of 32 or 64");
+  constexpr int kMt = 2;             // 16-row m-tiles per warp
+  constexpr int kN = kKeyTile / 8;   // score n-tiles per m-tile
+  extern __shared__ __align__(128) unsigned char smem[];
+  const int h = blockIdx.x;
+  const Seq& s = a.seqs[blockIdx.y];
+  const int tile = a.max_tiles - 1 - (a.z_offset + static_cast<int>(blockIdx.z));
+  if (tile >= s.tiles) return;
+  const int row0 = tile * kWideRows;
+  const int past = s.context_len - s.num_tokens;
+  const int last_row = min(row0 + kWideRows, s.num_tokens) - 1;
+  const int kv_end = past + last_row + 1;
+  const int num_kt = (kv_end + kKeyTile - 1) / kKeyTile;
+
+  const uint32_t q_tile = SharedAddr(smem);
+  const uint32_t k_tile = q_tile + kWideQBytes;
+  const uint32_t v_tile = k_tile + kKeyTile * kQkRowBytes;
+
+  LoadWideTile<kKeyTile, true>(a, s, h, 0, kv_end, k_tile);
+  CopyAsyncCommit();
+
+  for (int i = threadIdx.x; i < kWideRows * kQkChunks; i += kThreads) {
+    const int r = i / kQkChunks, c = i % kQkChunks;
+    float v[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+    if (row0 + r < s.num_tokens) {
+      const int64_t t = s.first_token + row0 + r;
+      const float4* src =
+          reinterpret_cast<const float4*>(a.q + t * a.q_token_stride + h * a.q_head_stride + c * 8);
+      const float4 x = src[0], y = src[1];
+      v[0] = x.x, v[1] = x.y, v[2] = x.z, v[3] = x.w, v[4] = y.x, v[5] = y.y, v[6] = y.z,
+      v[7] = y.w;
+    }
+    uint4 packed;
+    packed.x = PackBf16(v[0], v[1]);
+    packed.y = PackBf16(v[2], v[3]);
+    packed.z = PackBf16(v[4], v[5]);
+    packed.w = PackBf16(v[6], v[7]);
+    *reinterpret_cast<uint4*>(smem + Swizzled<kQkRowBytes>(r, c)) = packed;
+  }
+
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int g = lane / 4, t4 = lane % 4;
+  // Row (mt, half) of this thread: warp * 32 + mt * 16 + g + 8 * half, at position past + row
+  // (computed where masked: registers are short); padding rows see every key of the block, as
+  // its last row does.
+  const int my_row = row0 + warp * 32 + g;
+  const int warp_first_pos = past + min(row0 + warp * 32, last_row);
+  const int warp_last_pos = past + min(row0 + warp * 32 + 31, last_row);
+  float m[kMt][2], l[kMt][2];
+  float o[kMt][kV / 8][4];
+#pragma unroll
+  for (int mt = 0; mt < kMt; ++mt) {
+#pragma unroll
+    for (int half = 0; half < 2; ++half) m[mt][half] = -INFINITY, l[mt][half] = 0.0f;
+#pragma unroll
+    for (int nj = 0; nj < kV / 8; ++nj)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) o[mt][nj][e] = 0.0f;
+  }
+
+  // A: Q rows warp * 32 + lane % 16 (+ 16 per m-tile); B: K keys lane % 8 + (lane / 16) * 8
+  // (+ 16 per n-pair); B: V keys lane % 8 + ((lane / 8) % 2) * 8 (+ 16 per k-step), transposed.
+  const ChunkAddrs q_at(q_tile + (warp * 32 + lane % 16) * kQkRowBytes, lane / 16, lane);
+  const ChunkAddrs k_at(k_tile + (lane % 8 + (lane / 16) * 8) * kQkRowBytes, (lane / 8) % 2, lane);
+  const ChunkAddrs v_at(v_tile + (lane % 8 + ((lane / 8) % 2) * 8) * kVRowBytes, lane / 16, lane);
+
+  for (int kt = 0; kt < num_kt; ++kt) {
+    CopyAsyncWait<0>();
+    __syncthreads();  // K_kt (and Q) visible; every warp is done with V_{kt-1}
+    LoadWideTile<kKeyTile, false>(a, s, h, kt, kv_end, v_tile);
+    CopyAsyncCommit();
+    // Key tiles past the warp's last row contribute nothing to its rows (tile 0 never is).
+    const bool active = kt * kKeyTile <= warp_last_pos;
+
+    float sc[kMt][kN][4];
+    if (active) {
+#pragma unroll
+      for (int mt = 0; mt < kMt; ++mt)
+#pragma unroll
+        for (int ni = 0; ni < kN; ++ni)
+#pragma unroll
+          for (int e = 0; e < 4; ++e) sc[mt][ni][e] = 0.0f;
+#pragma unroll
+      for (int kk = 0; kk < kQk / 16; ++kk) {
+        uint32_t qa[kMt][4];
+#pragma unroll
+        for (int mt = 0; mt < kMt; ++mt) {
+          LdMatrixX4<false>(qa[mt], q_at.At(kk, mt * 16 * kQkRowBytes));
+        }
+#pragma unroll
+        for (int nb = 0; nb < kKeyTile / 16; ++nb) {
+          uint32_t kf[4];
+          LdMatrixX4<false>(kf, k_at.At(kk, nb * 16 * kQkRowBytes));
+#pragma unroll
+          for (int mt = 0; mt < kMt; ++mt) {
+            MmaBf16(sc[mt][2 * nb], qa[mt], kf[0], kf[1]);
+            MmaBf16(sc[mt][2 * nb + 1], qa[mt], kf[2], kf[3]);
+          }
+        }
+      }
+
+      // Mask (only tiles reaching past the warp's first position), row maxima of the raw scores.
+      const bool mask = kt * kKeyTile + kKeyTile - 1 > warp_first_pos;
+#pragma unroll
+      for (int mt = 0; mt < kMt; ++mt) {
+        float mx[2] = {-INFINITY, -INFINITY};
+#pragma unroll
+        for (int ni = 0; ni < kN; ++ni)
+#pragma unroll
+          for (int e = 0; e < 4; ++e) {
+            const int key = kt * kKeyTile + ni * 8 + 2 * t4 + (e & 1);
+            if (mask && key > past + min(my_row + mt * 16 + 8 * (e / 2), last_row)) {
+              sc[mt][ni][e] = -INFINITY;
+            }
+            mx[e / 2] = fmaxf(mx[e / 2], sc[mt][ni][e]);
+          }
+        float alpha[2], ms[2];
+#pragma unroll
+        for (int half = 0; half < 2; ++half) {
+          mx[half] = fmaxf(mx[half], __shfl_xor_sync(0xffffffffu, mx[half], 1));
+          mx[half] = fmaxf(mx[half], __shfl_xor_sync(0xffffffffu, mx[half], 2));
+          // Every row sees key 0 in tile 0, so the running max is finite from then on.
+          const float m_new = fmaxf(m[mt][half], mx[half]);
+          alpha[half] = Exp2Approx((m[mt][half] - m_new) * a.scale_log2);
+          m[mt][half] = m_new;
+          ms[half] = m_new * a.scale_log2;
+          l[mt][half] *= alpha[half];
+        }
+#pragma unroll
+        for (int ni = 0; ni < kN; ++ni)
+#pragma unroll
+          for (int e = 0; e < 4; ++e) {
+            const float p = Exp2Approx(fmaf(sc[mt][ni][e], a.scale_log2, -ms[e / 2]));
+            sc[mt][ni][e] = p;
+            l[mt][e / 2] += p;  // this thread's columns; the quad's parts are summed at the end
+          }
+#pragma unroll
+        for (int nj = 0; nj < kV / 8; ++nj)
+#pragma unroll
+          for (int e = 0; e < 4; ++e) o[mt][nj][e] *= alpha[e / 2];
+      }
+    }
+
+    CopyAsyncWait<0>();
+    __syncthreads();  // V_kt visible; every warp is done with K_kt
+    if (kt + 1 < num_kt) {
+      LoadWideTile<kKeyTile, true>(a, s, h, kt + 1, kv_end, k_tile);
+      CopyAsyncCommit();
+    }
+    if (active) {
+#pragma unroll
+      for (int ks = 0; ks < kKeyTile / 16; ++ks) {
+        // O += P V: the accumulators of n-tiles 2ks, 2ks + 1 are the A fragment of k-step ks.
+        uint32_t pa[kMt][4];
+#pragma unroll
+        for (int mt = 0; mt < kMt; ++mt) {
+          pa[mt][0] = PackBf16(sc[mt][2 * ks][0], sc[mt][2 * ks][1]);
+          pa[mt][1] = PackBf16(sc[mt][2 * ks][2], sc[mt][2 * ks][3]);
+          pa[mt][2] = PackBf16(sc[mt][2 * ks + 1][0], sc[mt][2 * ks + 1][1]);
+          pa[mt][3] = PackBf16(sc[mt][2 * ks + 1][2], sc[mt][2 * ks + 1][3]);
+        }
+#pragma unroll
+        for (int nb = 0; nb < kV / 16; ++nb) {
+          uint32_t vf[4];
+          LdMatrixX4<true>(vf, v_at.At(nb, ks * 16 * kVRowBytes));
+#pragma unroll
+          for (int mt = 0; mt < kMt; ++mt) {
+            MmaBf16(o[mt][2 * nb], pa[mt], vf[0], vf[1]);
+            MmaBf16(o[mt][2 * nb + 1], pa[mt], vf[2], vf[3]);
+          }
+        }
+      }
+    }
+  }
+
+  // O / l, rows of this sequence only.
+#pragma unroll
+  for (int mt = 0; mt < kMt; ++mt)
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      float sum = l[mt][half];
+      sum += __shfl_xor_sync(0xffffffffu, sum, 1);
+      sum += __shfl_xor_sync(0xffffffffu, sum, 2);
+      const int row = row0 + warp * 32 + mt * 16 + g + 8 * half;
+      if (row >= s.num_tokens) continue;
+      const float inv = 1.0f / sum;
+      const int64_t at = (s.first_token + static_cast<int64_t>(row)) * a.out_token_stride +
+                         static_cast<int64_t>(h) * kV + 2 * t4;
+#pragma unroll
+      for (int nj = 0; nj < kV / 8; ++nj) {
+        const float x = o[mt][nj][2 * half] * inv, y = o[mt][nj][2 * half + 1] * inv;
+        if (a.out_bf16 != nullptr) {
+          *reinterpret_cast<uint32_t*>(a.out_bf16 + at + nj * 8) = PackBf16(x, y);
+        } else {
+          *reinterpret_cast<float2*>(a.out + at + nj * 8) = make_float2(x, y);
+        }
+      }
+    }
+}
+
 }  // namespace mha
 
 bool Aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
@@ -326,6 +596,39 @@ bool Supported(const MhaPrefillParams& p) {
   const KernelFacts f =
       KernelFactsForCurrentDevice(reinterpret_cast<const void*>(mha::FlashKernel), mha::kSmemBytes);
   return f.error == cudaSuccess && f.ptx_version >= 80 && f.max_smem >= mha::kSmemBytes;
+}
+
+// Whether the device runs the wide kernel with kKeyTile-key tiles (the first call also raises its
+// dynamic shared-memory limit).
+template <int kKeyTile>
+bool WideSupported() {
+  const KernelFacts f = KernelFactsForCurrentDevice(
+      reinterpret_cast<const void*>(mha::FlashWideKernel<kKeyTile>), mha::WideSmemBytes<kKeyTile>());
+  return f.error == cudaSuccess && f.ptx_version >= 80 &&
+         f.max_smem >= mha::WideSmemBytes<kKeyTile>();
+}
+
+// Query rows of the sequences [begin, end) padded to whole tiles of `rows`.
+int64_t PaddedRows(const MhaPrefillParams& p, int32_t begin, int32_t end, int64_t rows) {
+  int64_t padded = 0;
+  for (int32_t i = begin; i < end; ++i) {
+    padded += (p.sequences[i].num_tokens + rows - 1) / rows * rows;
+  }
+  return padded;
+}
+
+// The flash kernel of the sequences [begin, end): params.flash with kAuto resolved (see
+// MhaFlashKernel), a wide kernel the device does not run replaced by kRows64.
+MhaFlashKernel FlashFor(const MhaPrefillParams& p, int32_t begin, int32_t end) {
+  MhaFlashKernel k = p.flash;
+  if (k == MhaFlashKernel::kAuto) {
+    const int64_t at64 = PaddedRows(p, begin, end, mha::kRows);
+    const int64_t at128 = PaddedRows(p, begin, end, mha::kWideRows);
+    k = 8 * at128 <= 9 * at64 ? MhaFlashKernel::kRows128Keys64 : MhaFlashKernel::kRows64;
+  }
+  if (k == MhaFlashKernel::kRows128Keys64 && !WideSupported<64>()) k = MhaFlashKernel::kRows64;
+  if (k == MhaFlashKernel::kRows128Keys32 && !WideSupported<32>()) k = MhaFlashKernel::kRows64;
+  return k;
 }
 
 // Bytes of one key in the workspace: its gathered entry and its expanded K_nope | V of every head.
@@ -412,6 +715,8 @@ cudaError_t MhaPrefillBf16(const MhaPrefillParams& p, cublasHandle_t blas, cudaS
     __nv_bfloat16* kv =
         reinterpret_cast<__nv_bfloat16*>(static_cast<char*>(p.workspace) + EntriesBytes(p, g.keys));
     a.kv = kv;
+    const MhaFlashKernel flash = FlashFor(p, g.begin, g.end);
+    const int64_t rows = flash == MhaFlashKernel::kRows64 ? mha::kRows : mha::kWideRows;
     int64_t key_base = 0, max_tiles = 0;
     for (int32_t i = g.begin; i < g.end; ++i) {
       const MhaPrefillSequence& s = p.sequences[i];
@@ -425,7 +730,7 @@ cudaError_t MhaPrefillBf16(const MhaPrefillParams& p, cublasHandle_t blas, cudaS
             static_cast<const float*>(p.cache), p.block_size, entry, p.block_tables,
             p.max_blocks_per_seq, s.seq, s.context_len, entries + key_base * entry);
       }
-      const int64_t tiles = (s.num_tokens + mha::kRows - 1) / mha::kRows;
+      const int64_t tiles = (s.num_tokens + rows - 1) / rows;
       a.seqs[i - g.begin] = {s.first_token, s.num_tokens, s.context_len,
                              static_cast<int32_t>(key_base), static_cast<int32_t>(tiles)};
       max_tiles = std::max(max_tiles, tiles);
@@ -446,13 +751,20 @@ cudaError_t MhaPrefillBf16(const MhaPrefillParams& p, cublasHandle_t blas, cudaS
       if (blas_status != nullptr) *blas_status = st;
       return cudaErrorUnknown;
     }
+    if (p.expand_only) continue;
     a.max_tiles = static_cast<int32_t>(max_tiles);
     constexpr int64_t kMaxGridZ = 65535;
     for (int64_t z0 = 0; z0 < max_tiles; z0 += kMaxGridZ) {
       a.z_offset = static_cast<int32_t>(z0);
       const dim3 grid(static_cast<unsigned>(p.num_heads), static_cast<unsigned>(g.end - g.begin),
                       static_cast<unsigned>(std::min(kMaxGridZ, max_tiles - z0)));
-      mha::FlashKernel<<<grid, mha::kThreads, mha::kSmemBytes, stream>>>(a);
+      if (flash == MhaFlashKernel::kRows128Keys64) {
+        mha::FlashWideKernel<64><<<grid, mha::kThreads, mha::WideSmemBytes<64>(), stream>>>(a);
+      } else if (flash == MhaFlashKernel::kRows128Keys32) {
+        mha::FlashWideKernel<32><<<grid, mha::kThreads, mha::WideSmemBytes<32>(), stream>>>(a);
+      } else {
+        mha::FlashKernel<<<grid, mha::kThreads, mha::kSmemBytes, stream>>>(a);
+      }
       e = cudaGetLastError();
       if (e != cudaSuccess) return e;
     }

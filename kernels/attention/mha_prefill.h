@@ -39,6 +39,15 @@ struct MhaPrefillSequence {
   int32_t context_len = 0;
 };
 
+// The flash kernel's tiling. kRows64: a block of 4 warps takes 64 query rows (16 per warp) and
+// streams 64-key tiles, double-buffered (the session-5 kernel). kRows128Keys64 / kRows128Keys32:
+// 4 warps take 128 rows (32 per warp, so each K / V fragment read from shared memory feeds two
+// MMAs), with single K and V buffers loaded alternately (FlashAttention-2's pipeline) and 64- or
+// 32-key tiles; a warp skips the key tiles past its own last row. kAuto: kRows128Keys64 for a
+// group of sequences whose new tokens fill 128-row tiles about as well as 64-row ones (padded
+// rows at 128 within 1/8 of those at 64), else kRows64.
+enum class MhaFlashKernel { kAuto, kRows64, kRows128Keys64, kRows128Keys32 };
+
 struct MhaPrefillParams {
   int32_t num_heads = 0;
   int32_t nope_dim = 0;  // qk_nope_head_dim (128)
@@ -70,6 +79,9 @@ struct MhaPrefillParams {
   // At least MhaPrefillWorkspaceBytes(params) bytes.
   void* workspace = nullptr;
   size_t workspace_bytes = 0;
+  MhaFlashKernel flash = MhaFlashKernel::kAuto;
+  // Benchmarks only: gather and expand, but skip the attention (out is not written).
+  bool expand_only = false;
 };
 
 // Whether MhaPrefillBf16 takes these params on the current device: nope_dim 128, v_dim 128,

@@ -428,6 +428,21 @@ absl::Status RunRank(const BenchConfig& bc, int64_t rank, RankState* s, RankOutp
           absl::StrCat("--staged-gemv must be off, norm or all, got '", bc.staged_gemv, "'"));
     }
   }
+  if (cuda != nullptr && !bc.mha_flash_kernel.empty()) {
+    if (bc.mha_flash_kernel == "auto") {
+      cuda->SetMhaFlashKernel(kernels::MhaFlashKernel::kAuto);
+    } else if (bc.mha_flash_kernel == "rows64") {
+      cuda->SetMhaFlashKernel(kernels::MhaFlashKernel::kRows64);
+    } else if (bc.mha_flash_kernel == "rows128") {
+      cuda->SetMhaFlashKernel(kernels::MhaFlashKernel::kRows128Keys64);
+    } else if (bc.mha_flash_kernel == "rows128-keys32") {
+      cuda->SetMhaFlashKernel(kernels::MhaFlashKernel::kRows128Keys32);
+    } else {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--mha-flash-kernel must be auto, rows64, rows128 or rows128-keys32, got '",
+                       bc.mha_flash_kernel, "'"));
+    }
+  }
   if (cuda != nullptr && bc.decode_moe_chunk_rows != 0) {
     if (bc.decode_moe_chunk_rows < 0 ||
         bc.decode_moe_chunk_rows > CudaBackend::kMaxPlannedChunkRows) {
