@@ -293,23 +293,31 @@ __global__ void __launch_bounds__(kThreads, 2) FlashKernel(const __grid_constant
 }
 
 // -------------------------------------------------------------------------------------------
-// The wide flash kernel (MhaFlashKernel::kRows128Keys64 / kRows128Keys32). A block (4 warps)
-// takes 128 query rows of one (sequence, head); warp w owns rows 32w .. 32w + 31 as two 16-row
-// m-tiles, so each K fragment (ldmatrix) feeds 4 MMAs and each V fragment 4 instead of 2: per
-// 64-key tile a warp issues 104 ldmatrix.x4 for 320 MMAs where the 64-row kernel issues 92 for
-// 160 (shared-memory reads, not the tensor cores, bound the 64-row kernel). Registers: 128 fp32
-// output accumulators, 2 x kKeyTile / 2 score accumulators. Shared memory: Q 48 KiB + one K tile
-// (kKeyTile x 384 B) + one V tile (kKeyTile x 256 B): 88 KiB at 64 keys, two blocks per SM.
-// Pipeline per key tile j (FlashAttention-2's): wait K_j, barrier, start V_j; S = Q K_j^T and
-// the softmax; wait V_j, barrier, start K_{j+1}; O += P V_j. A warp whose last row is before the
-// tile's first key skips its math (it still joins the barriers and the loads). The softmax keeps
-// the raw score maxima and folds scale * log2(e) into one FMA before ex2.approx.
+// The wide flash kernels (MhaFlashKernel::kRows128*). A block (4 warps) takes 128 query rows of
+// one (sequence, head); warp w owns rows 32w .. 32w + 31 as two 16-row m-tiles, so each K or V
+// fragment read from shared memory (ldmatrix) feeds 4 MMAs instead of 2: per 64 keys a warp
+// issues 104 ldmatrix.x4 for 320 MMAs where the 64-row kernel issues 92 for 160 (shared-memory
+// reads, not the tensor cores, bound the 64-row kernel). Registers: 128 fp32 output accumulators
+// and 2 x kKeyTile / 2 score accumulators per thread. Shared memory: Q (48 KiB) and kStages
+// (K tile of kKeyTile x 384 B, V tile of kKeyTile x 256 B): 88 KiB for one 64-key stage or two
+// 32-key stages, two blocks per SM.
+//   kStages 1 (FlashAttention-2's pipeline): wait K_j, barrier, start V_j; S = Q K_j^T and the
+//     softmax; wait V_j, barrier, start K_{j+1}; O += P V_j.
+//   kStages 2: wait tile j, barrier, start tile j + 1 into the other stage, then S, softmax and
+//     O += P V_j (one barrier a tile; the loop is unrolled by two so stage offsets are constants).
+// A warp whose last row is before a tile's first key skips the tile's math (it still joins the
+// barriers and the loads). The softmax keeps the raw score maxima and folds scale * log2(e) into
+// one FMA before ex2.approx.
 constexpr int kWideRows = 128;
 constexpr int kWideQBytes = kWideRows * kQkRowBytes;
 
 template <int kKeyTile>
-constexpr int WideSmemBytes() {
-  return kWideQBytes + kKeyTile * (kQkRowBytes + kVRowBytes);
+__host__ __device__ constexpr int WideStageBytes() {
+  return kKeyTile * (kQkRowBytes + kVRowBytes);
+}
+template <int kKeyTile, int kStages>
+__host__ __device__ constexpr int WideSmemBytes() {
+  return kWideQBytes + kStages * WideStageBytes<kKeyTile>();
 }
 
 __device__ __forceinline__ float Exp2Approx(float x) {
@@ -360,11 +368,119 @@ struct ChunkAddrs {
   }
 };
 
+// A warp's running softmax state and output: m-tile mt, row half `half` (g or g + 8).
+struct WideRows {
+  float m[2][2], l[2][2];
+  float o[2][kV / 8][4];
+};
+
+// S = Q K^T for the warp's 32 rows over the key tile at k_off bytes from k_at (kKeyTile keys),
+// masked past each row's position where the tile reaches past the warp's first position, then
+// the online-softmax update: sc becomes P (fp32), m / l / o rescaled.
 template <int kKeyTile>
+__device__ __forceinline__ void WideScores(const ChunkAddrs& q_at, const ChunkAddrs& k_at,
+                                           int k_off, int kt, int my_row, int past, int last_row,
+                                           int warp_first_pos, float scale_log2, int t4,
+                                           float (&sc)[2][kKeyTile / 8][4], WideRows& r) {
+  constexpr int kN = kKeyTile / 8;
+#pragma unroll
+  for (int mt = 0; mt < 2; ++mt)
+#pragma unroll
+    for (int ni = 0; ni < kN; ++ni)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) sc[mt][ni][e] = 0.0f;
+#pragma unroll
+  for (int kk = 0; kk < kQk / 16; ++kk) {
+    uint32_t qa[2][4];
+#pragma unroll
+    for (int mt = 0; mt < 2; ++mt) LdMatrixX4<false>(qa[mt], q_at.At(kk, mt * 16 * kQkRowBytes));
+#pragma unroll
+    for (int nb = 0; nb < kKeyTile / 16; ++nb) {
+      uint32_t kf[4];
+      LdMatrixX4<false>(kf, k_at.At(kk, k_off + nb * 16 * kQkRowBytes));
+#pragma unroll
+      for (int mt = 0; mt < 2; ++mt) {
+        MmaBf16(sc[mt][2 * nb], qa[mt], kf[0], kf[1]);
+        MmaBf16(sc[mt][2 * nb + 1], qa[mt], kf[2], kf[3]);
+      }
+    }
+  }
+  const bool mask = kt * kKeyTile + kKeyTile - 1 > warp_first_pos;
+#pragma unroll
+  for (int mt = 0; mt < 2; ++mt) {
+    float mx[2] = {-INFINITY, -INFINITY};
+#pragma unroll
+    for (int ni = 0; ni < kN; ++ni)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int key = kt * kKeyTile + ni * 8 + 2 * t4 + (e & 1);
+        // Padding rows see every key of the block, as its last row does.
+        if (mask && key > past + min(my_row + mt * 16 + 8 * (e / 2), last_row)) {
+          sc[mt][ni][e] = -INFINITY;
+        }
+        mx[e / 2] = fmaxf(mx[e / 2], sc[mt][ni][e]);
+      }
+    float alpha[2], ms[2];
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      mx[half] = fmaxf(mx[half], __shfl_xor_sync(0xffffffffu, mx[half], 1));
+      mx[half] = fmaxf(mx[half], __shfl_xor_sync(0xffffffffu, mx[half], 2));
+      // Every row sees key 0 in tile 0, so the running max is finite from then on.
+      const float m_new = fmaxf(r.m[mt][half], mx[half]);
+      alpha[half] = Exp2Approx((r.m[mt][half] - m_new) * scale_log2);
+      r.m[mt][half] = m_new;
+      ms[half] = m_new * scale_log2;
+      r.l[mt][half] *= alpha[half];
+    }
+#pragma unroll
+    for (int ni = 0; ni < kN; ++ni)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const float p = Exp2Approx(fmaf(sc[mt][ni][e], scale_log2, -ms[e / 2]));
+        sc[mt][ni][e] = p;
+        r.l[mt][e / 2] += p;  // this thread's columns; the quad's parts are summed at the end
+      }
+#pragma unroll
+    for (int nj = 0; nj < kV / 8; ++nj)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) r.o[mt][nj][e] *= alpha[e / 2];
+  }
+}
+
+// O += P V over the V tile at v_off bytes from v_at: the accumulators of score n-tiles 2ks,
+// 2ks + 1 are the A fragment of k-step ks.
+template <int kKeyTile>
+__device__ __forceinline__ void WideAccumulate(const ChunkAddrs& v_at, int v_off,
+                                               const float (&sc)[2][kKeyTile / 8][4], WideRows& r) {
+#pragma unroll
+  for (int ks = 0; ks < kKeyTile / 16; ++ks) {
+    uint32_t pa[2][4];
+#pragma unroll
+    for (int mt = 0; mt < 2; ++mt) {
+      pa[mt][0] = PackBf16(sc[mt][2 * ks][0], sc[mt][2 * ks][1]);
+      pa[mt][1] = PackBf16(sc[mt][2 * ks][2], sc[mt][2 * ks][3]);
+      pa[mt][2] = PackBf16(sc[mt][2 * ks + 1][0], sc[mt][2 * ks + 1][1]);
+      pa[mt][3] = PackBf16(sc[mt][2 * ks + 1][2], sc[mt][2 * ks + 1][3]);
+    }
+#pragma unroll
+    for (int nb = 0; nb < kV / 16; ++nb) {
+      uint32_t vf[4];
+      LdMatrixX4<true>(vf, v_at.At(nb, v_off + ks * 16 * kVRowBytes));
+#pragma unroll
+      for (int mt = 0; mt < 2; ++mt) {
+        MmaBf16(r.o[mt][2 * nb], pa[mt], vf[0], vf[1]);
+        MmaBf16(r.o[mt][2 * nb + 1], pa[mt], vf[2], vf[3]);
+      }
+    }
+  }
+}
+
+template <int kKeyTile, int kStages>
 __global__ void __launch_bounds__(kThreads, 2) FlashWideKernel(const __grid_constant__ Args a) {
   static_assert(kKeyTile == 32 || kKeyTile == 64, "key tiles of 32 or 64");
-  constexpr int kMt = 2;             // 16-row m-tiles per warp
-  constexpr int kN = kKeyTile / 8;   // score n-tiles per m-tile
+  static_assert(kStages == 1 || kStages == 2, "one or two stages");
+  constexpr int kStage = WideStageBytes<kKeyTile>();
+  constexpr int kKBytes = kKeyTile * kQkRowBytes;  // V after K in a stage
   extern __shared__ __align__(128) unsigned char smem[];
   const int h = blockIdx.x;
   const Seq& s = a.seqs[blockIdx.y];
@@ -377,10 +493,10 @@ __global__ void __launch_bounds__(kThreads, 2) FlashWideKernel(const __grid_cons
   const int num_kt = (kv_end + kKeyTile - 1) / kKeyTile;
 
   const uint32_t q_tile = SharedAddr(smem);
-  const uint32_t k_tile = q_tile + kWideQBytes;
-  const uint32_t v_tile = k_tile + kKeyTile * kQkRowBytes;
+  const uint32_t stage0 = q_tile + kWideQBytes;
 
-  LoadWideTile<kKeyTile, true>(a, s, h, 0, kv_end, k_tile);
+  LoadWideTile<kKeyTile, true>(a, s, h, 0, kv_end, stage0);
+  if (kStages == 2) LoadWideTile<kKeyTile, false>(a, s, h, 0, kv_end, stage0 + kKBytes);
   CopyAsyncCommit();
 
   for (int i = threadIdx.x; i < kWideRows * kQkChunks; i += kThreads) {
@@ -403,156 +519,89 @@ __global__ void __launch_bounds__(kThreads, 2) FlashWideKernel(const __grid_cons
   }
 
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  const int g = lane / 4, t4 = lane % 4;
-  // Row (mt, half) of this thread: warp * 32 + mt * 16 + g + 8 * half, at position past + row
-  // (computed where masked: registers are short); padding rows see every key of the block, as
-  // its last row does.
-  const int my_row = row0 + warp * 32 + g;
+  const int t4 = lane % 4;
+  // Row (mt, half) of this thread: my_row + mt * 16 + 8 * half, at position past + row
+  // (computed where masked: registers are short).
+  const int my_row = row0 + warp * 32 + lane / 4;
   const int warp_first_pos = past + min(row0 + warp * 32, last_row);
   const int warp_last_pos = past + min(row0 + warp * 32 + 31, last_row);
-  float m[kMt][2], l[kMt][2];
-  float o[kMt][kV / 8][4];
+  WideRows r;
 #pragma unroll
-  for (int mt = 0; mt < kMt; ++mt) {
+  for (int mt = 0; mt < 2; ++mt) {
 #pragma unroll
-    for (int half = 0; half < 2; ++half) m[mt][half] = -INFINITY, l[mt][half] = 0.0f;
+    for (int half = 0; half < 2; ++half) r.m[mt][half] = -INFINITY, r.l[mt][half] = 0.0f;
 #pragma unroll
     for (int nj = 0; nj < kV / 8; ++nj)
 #pragma unroll
-      for (int e = 0; e < 4; ++e) o[mt][nj][e] = 0.0f;
+      for (int e = 0; e < 4; ++e) r.o[mt][nj][e] = 0.0f;
   }
 
   // A: Q rows warp * 32 + lane % 16 (+ 16 per m-tile); B: K keys lane % 8 + (lane / 16) * 8
   // (+ 16 per n-pair); B: V keys lane % 8 + ((lane / 8) % 2) * 8 (+ 16 per k-step), transposed.
   const ChunkAddrs q_at(q_tile + (warp * 32 + lane % 16) * kQkRowBytes, lane / 16, lane);
-  const ChunkAddrs k_at(k_tile + (lane % 8 + (lane / 16) * 8) * kQkRowBytes, (lane / 8) % 2, lane);
-  const ChunkAddrs v_at(v_tile + (lane % 8 + ((lane / 8) % 2) * 8) * kVRowBytes, lane / 16, lane);
+  const ChunkAddrs k_at(stage0 + (lane % 8 + (lane / 16) * 8) * kQkRowBytes, (lane / 8) % 2, lane);
+  const ChunkAddrs v_at(stage0 + kKBytes + (lane % 8 + ((lane / 8) % 2) * 8) * kVRowBytes, lane / 16,
+                        lane);
 
-  for (int kt = 0; kt < num_kt; ++kt) {
-    CopyAsyncWait<0>();
-    __syncthreads();  // K_kt (and Q) visible; every warp is done with V_{kt-1}
-    LoadWideTile<kKeyTile, false>(a, s, h, kt, kv_end, v_tile);
-    CopyAsyncCommit();
-    // Key tiles past the warp's last row contribute nothing to its rows (tile 0 never is).
-    const bool active = kt * kKeyTile <= warp_last_pos;
-
-    float sc[kMt][kN][4];
-    if (active) {
-#pragma unroll
-      for (int mt = 0; mt < kMt; ++mt)
-#pragma unroll
-        for (int ni = 0; ni < kN; ++ni)
-#pragma unroll
-          for (int e = 0; e < 4; ++e) sc[mt][ni][e] = 0.0f;
-#pragma unroll
-      for (int kk = 0; kk < kQk / 16; ++kk) {
-        uint32_t qa[kMt][4];
-#pragma unroll
-        for (int mt = 0; mt < kMt; ++mt) {
-          LdMatrixX4<false>(qa[mt], q_at.At(kk, mt * 16 * kQkRowBytes));
-        }
-#pragma unroll
-        for (int nb = 0; nb < kKeyTile / 16; ++nb) {
-          uint32_t kf[4];
-          LdMatrixX4<false>(kf, k_at.At(kk, nb * 16 * kQkRowBytes));
-#pragma unroll
-          for (int mt = 0; mt < kMt; ++mt) {
-            MmaBf16(sc[mt][2 * nb], qa[mt], kf[0], kf[1]);
-            MmaBf16(sc[mt][2 * nb + 1], qa[mt], kf[2], kf[3]);
-          }
-        }
-      }
-
-      // Mask (only tiles reaching past the warp's first position), row maxima of the raw scores.
-      const bool mask = kt * kKeyTile + kKeyTile - 1 > warp_first_pos;
-#pragma unroll
-      for (int mt = 0; mt < kMt; ++mt) {
-        float mx[2] = {-INFINITY, -INFINITY};
-#pragma unroll
-        for (int ni = 0; ni < kN; ++ni)
-#pragma unroll
-          for (int e = 0; e < 4; ++e) {
-            const int key = kt * kKeyTile + ni * 8 + 2 * t4 + (e & 1);
-            if (mask && key > past + min(my_row + mt * 16 + 8 * (e / 2), last_row)) {
-              sc[mt][ni][e] = -INFINITY;
-            }
-            mx[e / 2] = fmaxf(mx[e / 2], sc[mt][ni][e]);
-          }
-        float alpha[2], ms[2];
-#pragma unroll
-        for (int half = 0; half < 2; ++half) {
-          mx[half] = fmaxf(mx[half], __shfl_xor_sync(0xffffffffu, mx[half], 1));
-          mx[half] = fmaxf(mx[half], __shfl_xor_sync(0xffffffffu, mx[half], 2));
-          // Every row sees key 0 in tile 0, so the running max is finite from then on.
-          const float m_new = fmaxf(m[mt][half], mx[half]);
-          alpha[half] = Exp2Approx((m[mt][half] - m_new) * a.scale_log2);
-          m[mt][half] = m_new;
-          ms[half] = m_new * a.scale_log2;
-          l[mt][half] *= alpha[half];
-        }
-#pragma unroll
-        for (int ni = 0; ni < kN; ++ni)
-#pragma unroll
-          for (int e = 0; e < 4; ++e) {
-            const float p = Exp2Approx(fmaf(sc[mt][ni][e], a.scale_log2, -ms[e / 2]));
-            sc[mt][ni][e] = p;
-            l[mt][e / 2] += p;  // this thread's columns; the quad's parts are summed at the end
-          }
-#pragma unroll
-        for (int nj = 0; nj < kV / 8; ++nj)
-#pragma unroll
-          for (int e = 0; e < 4; ++e) o[mt][nj][e] *= alpha[e / 2];
-      }
-    }
-
-    CopyAsyncWait<0>();
-    __syncthreads();  // V_kt visible; every warp is done with K_kt
-    if (kt + 1 < num_kt) {
-      LoadWideTile<kKeyTile, true>(a, s, h, kt + 1, kv_end, k_tile);
+  float sc[2][kKeyTile / 8][4];
+  if constexpr (kStages == 1) {
+    for (int kt = 0; kt < num_kt; ++kt) {
+      CopyAsyncWait<0>();
+      __syncthreads();  // K_kt (and Q) visible; every warp is done with V_{kt-1}
+      LoadWideTile<kKeyTile, false>(a, s, h, kt, kv_end, stage0 + kKBytes);
       CopyAsyncCommit();
-    }
-    if (active) {
-#pragma unroll
-      for (int ks = 0; ks < kKeyTile / 16; ++ks) {
-        // O += P V: the accumulators of n-tiles 2ks, 2ks + 1 are the A fragment of k-step ks.
-        uint32_t pa[kMt][4];
-#pragma unroll
-        for (int mt = 0; mt < kMt; ++mt) {
-          pa[mt][0] = PackBf16(sc[mt][2 * ks][0], sc[mt][2 * ks][1]);
-          pa[mt][1] = PackBf16(sc[mt][2 * ks][2], sc[mt][2 * ks][3]);
-          pa[mt][2] = PackBf16(sc[mt][2 * ks + 1][0], sc[mt][2 * ks + 1][1]);
-          pa[mt][3] = PackBf16(sc[mt][2 * ks + 1][2], sc[mt][2 * ks + 1][3]);
-        }
-#pragma unroll
-        for (int nb = 0; nb < kV / 16; ++nb) {
-          uint32_t vf[4];
-          LdMatrixX4<true>(vf, v_at.At(nb, ks * 16 * kVRowBytes));
-#pragma unroll
-          for (int mt = 0; mt < kMt; ++mt) {
-            MmaBf16(o[mt][2 * nb], pa[mt], vf[0], vf[1]);
-            MmaBf16(o[mt][2 * nb + 1], pa[mt], vf[2], vf[3]);
-          }
-        }
+      // Key tiles past the warp's last row contribute nothing to its rows (tile 0 never is).
+      const bool active = kt * kKeyTile <= warp_last_pos;
+      if (active) {
+        WideScores<kKeyTile>(q_at, k_at, 0, kt, my_row, past, last_row, warp_first_pos,
+                             a.scale_log2, t4, sc, r);
       }
+      CopyAsyncWait<0>();
+      __syncthreads();  // V_kt visible; every warp is done with K_kt
+      if (kt + 1 < num_kt) {
+        LoadWideTile<kKeyTile, true>(a, s, h, kt + 1, kv_end, stage0);
+        CopyAsyncCommit();
+      }
+      if (active) WideAccumulate<kKeyTile>(v_at, 0, sc, r);
+    }
+  } else {
+    // Tile kt in stage kt % 2; the loop body twice, for stage offsets known at compile time.
+    auto step = [&](int kt, int this_off, int next_off) {
+      CopyAsyncWait<0>();
+      __syncthreads();  // tile kt (and Q) visible; every warp is done with tile kt - 1
+      if (kt + 1 < num_kt) {
+        LoadWideTile<kKeyTile, true>(a, s, h, kt + 1, kv_end, stage0 + next_off);
+        LoadWideTile<kKeyTile, false>(a, s, h, kt + 1, kv_end, stage0 + next_off + kKBytes);
+        CopyAsyncCommit();
+      }
+      if (kt * kKeyTile <= warp_last_pos) {
+        WideScores<kKeyTile>(q_at, k_at, this_off, kt, my_row, past, last_row, warp_first_pos,
+                             a.scale_log2, t4, sc, r);
+        WideAccumulate<kKeyTile>(v_at, this_off, sc, r);
+      }
+    };
+    for (int kt = 0; kt < num_kt; kt += 2) {
+      step(kt, 0, kStage);
+      if (kt + 1 < num_kt) step(kt + 1, kStage, 0);
     }
   }
 
   // O / l, rows of this sequence only.
 #pragma unroll
-  for (int mt = 0; mt < kMt; ++mt)
+  for (int mt = 0; mt < 2; ++mt)
 #pragma unroll
     for (int half = 0; half < 2; ++half) {
-      float sum = l[mt][half];
+      float sum = r.l[mt][half];
       sum += __shfl_xor_sync(0xffffffffu, sum, 1);
       sum += __shfl_xor_sync(0xffffffffu, sum, 2);
-      const int row = row0 + warp * 32 + mt * 16 + g + 8 * half;
+      const int row = my_row + mt * 16 + 8 * half;
       if (row >= s.num_tokens) continue;
       const float inv = 1.0f / sum;
       const int64_t at = (s.first_token + static_cast<int64_t>(row)) * a.out_token_stride +
                          static_cast<int64_t>(h) * kV + 2 * t4;
 #pragma unroll
       for (int nj = 0; nj < kV / 8; ++nj) {
-        const float x = o[mt][nj][2 * half] * inv, y = o[mt][nj][2 * half + 1] * inv;
+        const float x = r.o[mt][nj][2 * half] * inv, y = r.o[mt][nj][2 * half + 1] * inv;
         if (a.out_bf16 != nullptr) {
           *reinterpret_cast<uint32_t*>(a.out_bf16 + at + nj * 8) = PackBf16(x, y);
         } else {
@@ -598,14 +647,14 @@ bool Supported(const MhaPrefillParams& p) {
   return f.error == cudaSuccess && f.ptx_version >= 80 && f.max_smem >= mha::kSmemBytes;
 }
 
-// Whether the device runs the wide kernel with kKeyTile-key tiles (the first call also raises its
-// dynamic shared-memory limit).
-template <int kKeyTile>
+// Whether the device runs the wide kernel (the first call also raises its dynamic shared-memory
+// limit).
+template <int kKeyTile, int kStages>
 bool WideSupported() {
+  constexpr int kBytes = mha::WideSmemBytes<kKeyTile, kStages>();
   const KernelFacts f = KernelFactsForCurrentDevice(
-      reinterpret_cast<const void*>(mha::FlashWideKernel<kKeyTile>), mha::WideSmemBytes<kKeyTile>());
-  return f.error == cudaSuccess && f.ptx_version >= 80 &&
-         f.max_smem >= mha::WideSmemBytes<kKeyTile>();
+      reinterpret_cast<const void*>(mha::FlashWideKernel<kKeyTile, kStages>), kBytes);
+  return f.error == cudaSuccess && f.ptx_version >= 80 && f.max_smem >= kBytes;
 }
 
 // Query rows of the sequences [begin, end) padded to whole tiles of `rows`.
@@ -626,9 +675,11 @@ MhaFlashKernel FlashFor(const MhaPrefillParams& p, int32_t begin, int32_t end) {
     const int64_t at128 = PaddedRows(p, begin, end, mha::kWideRows);
     k = 8 * at128 <= 9 * at64 ? MhaFlashKernel::kRows128Keys64 : MhaFlashKernel::kRows64;
   }
-  if (k == MhaFlashKernel::kRows128Keys64 && !WideSupported<64>()) k = MhaFlashKernel::kRows64;
-  if (k == MhaFlashKernel::kRows128Keys32 && !WideSupported<32>()) k = MhaFlashKernel::kRows64;
-  return k;
+  const bool ok = k == MhaFlashKernel::kRows64 ||
+                  (k == MhaFlashKernel::kRows128Keys64 && WideSupported<64, 1>()) ||
+                  (k == MhaFlashKernel::kRows128Keys32 && WideSupported<32, 1>()) ||
+                  (k == MhaFlashKernel::kRows128Keys32Stages2 && WideSupported<32, 2>());
+  return ok ? k : MhaFlashKernel::kRows64;
 }
 
 // Bytes of one key in the workspace: its gathered entry and its expanded K_nope | V of every head.
@@ -759,9 +810,14 @@ cudaError_t MhaPrefillBf16(const MhaPrefillParams& p, cublasHandle_t blas, cudaS
       const dim3 grid(static_cast<unsigned>(p.num_heads), static_cast<unsigned>(g.end - g.begin),
                       static_cast<unsigned>(std::min(kMaxGridZ, max_tiles - z0)));
       if (flash == MhaFlashKernel::kRows128Keys64) {
-        mha::FlashWideKernel<64><<<grid, mha::kThreads, mha::WideSmemBytes<64>(), stream>>>(a);
+        mha::FlashWideKernel<64, 1>
+            <<<grid, mha::kThreads, mha::WideSmemBytes<64, 1>(), stream>>>(a);
       } else if (flash == MhaFlashKernel::kRows128Keys32) {
-        mha::FlashWideKernel<32><<<grid, mha::kThreads, mha::WideSmemBytes<32>(), stream>>>(a);
+        mha::FlashWideKernel<32, 1>
+            <<<grid, mha::kThreads, mha::WideSmemBytes<32, 1>(), stream>>>(a);
+      } else if (flash == MhaFlashKernel::kRows128Keys32Stages2) {
+        mha::FlashWideKernel<32, 2>
+            <<<grid, mha::kThreads, mha::WideSmemBytes<32, 2>(), stream>>>(a);
       } else {
         mha::FlashKernel<<<grid, mha::kThreads, mha::kSmemBytes, stream>>>(a);
       }

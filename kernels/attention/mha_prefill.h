@@ -40,13 +40,14 @@ struct MhaPrefillSequence {
 };
 
 // The flash kernel's tiling. kRows64: a block of 4 warps takes 64 query rows (16 per warp) and
-// streams 64-key tiles, double-buffered (the session-5 kernel). kRows128Keys64 / kRows128Keys32:
-// 4 warps take 128 rows (32 per warp, so each K / V fragment read from shared memory feeds two
-// MMAs), with single K and V buffers loaded alternately (FlashAttention-2's pipeline) and 64- or
-// 32-key tiles; a warp skips the key tiles past its own last row. kAuto: kRows128Keys64 for a
-// group of sequences whose new tokens fill 128-row tiles about as well as 64-row ones (padded
-// rows at 128 within 1/8 of those at 64), else kRows64.
-enum class MhaFlashKernel { kAuto, kRows64, kRows128Keys64, kRows128Keys32 };
+// streams 64-key tiles, double-buffered (the session-5 kernel). kRows128*: 4 warps take 128 rows
+// (32 per warp, so each K / V fragment read from shared memory feeds two MMAs); a warp skips the
+// key tiles past its own last row. kRows128Keys64 / kRows128Keys32: single K and V buffers
+// loaded alternately (FlashAttention-2's pipeline), 64- or 32-key tiles; kRows128Keys32Stages2:
+// 32-key tiles, K and V double-buffered. kAuto: kRows128Keys64 for a group of sequences whose
+// new tokens fill 128-row tiles about as well as 64-row ones (padded rows at 128 within 1/8 of
+// those at 64), else kRows64. A 128-row kernel the device cannot run falls back to kRows64.
+enum class MhaFlashKernel { kAuto, kRows64, kRows128Keys64, kRows128Keys32, kRows128Keys32Stages2 };
 
 struct MhaPrefillParams {
   int32_t num_heads = 0;

@@ -9,8 +9,8 @@
 // warm-ups), each form's FLOPs and rate (its own count: absorbed 2 * (576 + 512) per (query,
 // key) pair and head plus the W_uk / W_uv products; mha 2 * (192 + 128) per pair and head plus
 // the expansion of every key), and the largest difference between the two forms' outputs.
-// Then one line per flash kernel (kernels::MhaFlashKernel: rows64, rows128, rows128-keys32 and
-// auto's pick) with the non-absorbed form's time, the gather + expansion alone
+// Then one line per flash kernel (kernels::MhaFlashKernel: rows64, rows128, rows128-keys32,
+// rows128-keys32x2 and auto's pick) with the non-absorbed form's time, the gather + expansion alone
 // (MhaPrefillParams::expand_only through the kernel API, the same work), the attention kernel's
 // share (the difference) and its rate counting only the causal pairs' 2 * (192 + 128) FLOPs.
 #include <cublas_v2.h>
@@ -238,6 +238,7 @@ void Run(CudaBackend& be, const Case& c) {
   for (const Flash& f : {Flash{"rows64", kernels::MhaFlashKernel::kRows64},
                          Flash{"rows128", kernels::MhaFlashKernel::kRows128Keys64},
                          Flash{"rows128-keys32", kernels::MhaFlashKernel::kRows128Keys32},
+                         Flash{"rows128-keys32x2", kernels::MhaFlashKernel::kRows128Keys32Stages2},
                          Flash{"auto", kernels::MhaFlashKernel::kAuto}}) {
     be.SetMhaFlashKernel(f.kernel);
     const double ms = MedianMs(be, mha);

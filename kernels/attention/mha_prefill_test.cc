@@ -4,7 +4,8 @@
 // of the 64-token tile, 1-token chunks, block sizes 16 and 64, 4, 16 and 20 heads, fp32 and bf16
 // caches, fp32 and bf16 output, 70 sequences (two groups of at most 64), on fresh random data
 // with the output and the unowned cache blocks poisoned (NaN); every case with each flash kernel
-// (kernels::MhaFlashKernel: 64-row, 128-row with 64- and 32-key tiles, and kAuto's pick), plus
+// (kernels::MhaFlashKernel: 64-row, 128-row with 64- and 32-key tiles, one or two stages, and
+// kAuto's pick), plus
 // chunks that end inside a 128-row tile behind prefixes that are not multiples of a key tile.
 //
 // Tolerance: the kernel rounds q, the expanded K_nope / V and P to bf16 (u = 2^-9), the reference
@@ -205,7 +206,8 @@ TEST_P(MhaPrefillTest, MatchesCpuBackend) {
   // Every flash kernel (kAuto picks one of the others by the sequences' lengths).
   for (const kernels::MhaFlashKernel k :
        {kernels::MhaFlashKernel::kAuto, kernels::MhaFlashKernel::kRows64,
-        kernels::MhaFlashKernel::kRows128Keys64, kernels::MhaFlashKernel::kRows128Keys32}) {
+        kernels::MhaFlashKernel::kRows128Keys64, kernels::MhaFlashKernel::kRows128Keys32,
+        kernels::MhaFlashKernel::kRows128Keys32Stages2}) {
     SCOPED_TRACE(::testing::Message() << "flash kernel " << static_cast<int>(k));
     gpu.SetMhaFlashKernel(k);
     {

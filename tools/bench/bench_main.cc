@@ -135,8 +135,8 @@ int main(int argc, char** argv) {
   flags.AddString("mha-flash-kernel", &config.mha_flash_kernel,
                   "CUDA: the flash kernel of the non-absorbed MLA prefill (rows64: 64 query rows\n"
                   "a block, the session-5 kernel; rows128: 128 rows, 64-key tiles; rows128-keys32:\n"
-                  "128 rows, 32-key tiles); empty or auto: rows128 where the sequences fill its\n"
-                  "tiles, else rows64.");
+                  "128 rows, 32-key tiles; rows128-keys32x2: that with K / V double-buffered);\n"
+                  "empty or auto: rows128 where the sequences fill its tiles, else rows64.");
   flags.AddInt("decode-moe-chunk-rows", &config.decode_moe_chunk_rows,
                "CUDA, bf16: rows per chunk of the planned cuBLAS expert GEMMs (1-256; 0: the\n"
                "backend's choice by size).");

@@ -437,10 +437,13 @@ absl::Status RunRank(const BenchConfig& bc, int64_t rank, RankState* s, RankOutp
       cuda->SetMhaFlashKernel(kernels::MhaFlashKernel::kRows128Keys64);
     } else if (bc.mha_flash_kernel == "rows128-keys32") {
       cuda->SetMhaFlashKernel(kernels::MhaFlashKernel::kRows128Keys32);
+    } else if (bc.mha_flash_kernel == "rows128-keys32x2") {
+      cuda->SetMhaFlashKernel(kernels::MhaFlashKernel::kRows128Keys32Stages2);
     } else {
-      return absl::InvalidArgumentError(
-          absl::StrCat("--mha-flash-kernel must be auto, rows64, rows128 or rows128-keys32, got '",
-                       bc.mha_flash_kernel, "'"));
+      return absl::InvalidArgumentError(absl::StrCat(
+          "--mha-flash-kernel must be auto, rows64, rows128, rows128-keys32 or rows128-keys32x2, "
+          "got '",
+          bc.mha_flash_kernel, "'"));
     }
   }
   if (cuda != nullptr && bc.decode_moe_chunk_rows != 0) {

@@ -98,7 +98,8 @@ struct BenchConfig {
   std::string small_m_gemm_algo;
   // CUDA: CudaBackend::SetStagedGemv ("off", "norm" or "all"); empty: the backend's default.
   std::string staged_gemv;
-  // CUDA: CudaBackend::SetMhaFlashKernel ("rows64", "rows128" or "rows128-keys32"); empty or
+  // CUDA: CudaBackend::SetMhaFlashKernel ("rows64", "rows128", "rows128-keys32" or
+  // "rows128-keys32x2"); empty or
   // "auto": the backend's default (kernels::MhaFlashKernel::kAuto).
   std::string mha_flash_kernel;
   // CUDA: CudaBackend::SetBf16GateUp (the dense MLP's / shared experts' gate_up GEMM with a
