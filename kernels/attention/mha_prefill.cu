@@ -25,8 +25,8 @@ using sm80::SharedAddr;
 using sm80::Swizzled;
 
 constexpr int kCopyThreads = 256;
-// Soft cap on the workspace: sequences are grouped until a group's gathered and expanded keys
-// would pass it (a group has at least one sequence).
+// Soft cap on the workspace: sequences are split into groups of about equal key counts, as few
+// as keep each group's gathered and expanded keys under it (a group has at least one sequence).
 constexpr size_t kWorkspaceBudget = size_t{256} << 20;
 constexpr size_t kAlign = 256;
 
@@ -92,6 +92,10 @@ struct Args {
   int32_t heads;
   int32_t max_tiles;  // query tiles of the launch's longest sequence; block z covers tile
   int32_t z_offset;   // max_tiles - 1 - (z_offset + blockIdx.z)
+  // The 128-row kernels' block order (1-D grid of num_seqs * heads * max_tiles blocks): pairs
+  // (sequence, head) in groups of pair_group (0: one group), each group's blocks tile by tile
+  // from the longest, heads fastest.
+  int32_t num_seqs, pair_group;
   float scale_log2;   // softmax_scale * log2(e)
   float* out;
   __nv_bfloat16* out_bf16;
@@ -301,8 +305,8 @@ __global__ void __launch_bounds__(kThreads, 2) FlashKernel(const __grid_constant
 // and 2 x kKeyTile / 2 score accumulators per thread. Shared memory: Q (48 KiB) and kStages
 // (K tile of kKeyTile x 384 B, V tile of kKeyTile x 256 B): 88 KiB for one 64-key stage or two
 // 32-key stages, two blocks per SM.
-//   kStages 1 (FlashAttention-2's pipeline): wait K_j, barrier, start V_j; S = Q K_j^T and the
-//     softmax; wait V_j, barrier, start K_{j+1}; O += P V_j.
+//   kStages 1 (FlashAttention-2's pipeline): wait K_j, barrier, start V_j (V_0 comes with K_0);
+//     S = Q K_j^T and the softmax; wait V_j, barrier, start K_{j+1}; O += P V_j.
 //   kStages 2: wait tile j, barrier, start tile j + 1 into the other stage, then S, softmax and
 //     O += P V_j (one barrier a tile; the loop is unrolled by two so stage offsets are constants).
 // A warp whose last row is before a tile's first key skips the tile's math (it still joins the
@@ -482,9 +486,18 @@ __global__ void __launch_bounds__(kThreads, 2) FlashWideKernel(const __grid_cons
   constexpr int kStage = WideStageBytes<kKeyTile>();
   constexpr int kKBytes = kKeyTile * kQkRowBytes;  // V after K in a stage
   extern __shared__ __align__(128) unsigned char smem[];
-  const int h = blockIdx.x;
-  const Seq& s = a.seqs[blockIdx.y];
-  const int tile = a.max_tiles - 1 - (a.z_offset + static_cast<int>(blockIdx.z));
+  // Block -> (pair group, tile rank, pair): the blocks running together share few pairs' K / V
+  // (L2 hits) and still start with each pair's longest tiles.
+  const int pairs = a.num_seqs * a.heads;
+  const int group = a.pair_group > 0 ? a.pair_group : pairs;
+  const int per_group = group * a.max_tiles;
+  const int first_pair = static_cast<int>(blockIdx.x) / per_group * group;
+  const int rem = static_cast<int>(blockIdx.x) % per_group;
+  const int group_pairs = min(group, pairs - first_pair);
+  const int pair = first_pair + rem % group_pairs;
+  const int h = pair % a.heads;
+  const Seq& s = a.seqs[pair / a.heads];
+  const int tile = a.max_tiles - 1 - rem / group_pairs;
   if (tile >= s.tiles) return;
   const int row0 = tile * kWideRows;
   const int past = s.context_len - s.num_tokens;
@@ -495,27 +508,43 @@ __global__ void __launch_bounds__(kThreads, 2) FlashWideKernel(const __grid_cons
   const uint32_t q_tile = SharedAddr(smem);
   const uint32_t stage0 = q_tile + kWideQBytes;
 
+  // Tile 0's K and V first (V as its own group in the one-stage pipeline), then Q.
   LoadWideTile<kKeyTile, true>(a, s, h, 0, kv_end, stage0);
+  CopyAsyncCommit();
   if (kStages == 2) LoadWideTile<kKeyTile, false>(a, s, h, 0, kv_end, stage0 + kKBytes);
   CopyAsyncCommit();
 
-  for (int i = threadIdx.x; i < kWideRows * kQkChunks; i += kThreads) {
-    const int r = i / kQkChunks, c = i % kQkChunks;
-    float v[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-    if (row0 + r < s.num_tokens) {
-      const int64_t t = s.first_token + row0 + r;
-      const float4* src =
-          reinterpret_cast<const float4*>(a.q + t * a.q_token_stride + h * a.q_head_stride + c * 8);
-      const float4 x = src[0], y = src[1];
-      v[0] = x.x, v[1] = x.y, v[2] = x.z, v[3] = x.w, v[4] = y.x, v[5] = y.y, v[6] = y.z,
-      v[7] = y.w;
+  // Q tile in bf16 (rows past the sequence's last are zero, never written out): 8 chunks of 8
+  // values per thread in flight at a time (read-only loads, all issued before the stores).
+  constexpr int kQSteps = kWideRows * kQkChunks / kThreads, kQBatch = 8;
+  static_assert(kQSteps % kQBatch == 0, "whole batches");
+#pragma unroll 1
+  for (int b0 = 0; b0 < kQSteps; b0 += kQBatch) {
+    float4 x[kQBatch][2];
+#pragma unroll
+    for (int j = 0; j < kQBatch; ++j) {
+      const int i = (b0 + j) * kThreads + threadIdx.x;
+      const int r = i / kQkChunks, c = i % kQkChunks;
+      x[j][0] = x[j][1] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+      if (row0 + r < s.num_tokens) {
+        const int64_t t = s.first_token + row0 + r;
+        const float4* src = reinterpret_cast<const float4*>(a.q + t * a.q_token_stride +
+                                                            h * a.q_head_stride + c * 8);
+        x[j][0] = __ldg(src);
+        x[j][1] = __ldg(src + 1);
+      }
     }
-    uint4 packed;
-    packed.x = PackBf16(v[0], v[1]);
-    packed.y = PackBf16(v[2], v[3]);
-    packed.z = PackBf16(v[4], v[5]);
-    packed.w = PackBf16(v[6], v[7]);
-    *reinterpret_cast<uint4*>(smem + Swizzled<kQkRowBytes>(r, c)) = packed;
+#pragma unroll
+    for (int j = 0; j < kQBatch; ++j) {
+      const int i = (b0 + j) * kThreads + threadIdx.x;
+      const int r = i / kQkChunks, c = i % kQkChunks;
+      uint4 packed;
+      packed.x = PackBf16(x[j][0].x, x[j][0].y);
+      packed.y = PackBf16(x[j][0].z, x[j][0].w);
+      packed.z = PackBf16(x[j][1].x, x[j][1].y);
+      packed.w = PackBf16(x[j][1].z, x[j][1].w);
+      *reinterpret_cast<uint4*>(smem + Swizzled<kQkRowBytes>(r, c)) = packed;
+    }
   }
 
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
@@ -657,6 +686,13 @@ bool WideSupported() {
   return f.error == cudaSuccess && f.ptx_version >= 80 && f.max_smem >= kBytes;
 }
 
+// The device's SM count (the wide kernels' facts are queried before this is).
+int64_t WideSms() {
+  const KernelFacts f = KernelFactsForCurrentDevice(
+      reinterpret_cast<const void*>(mha::FlashWideKernel<64, 1>), mha::WideSmemBytes<64, 1>());
+  return f.error == cudaSuccess && f.sms > 0 ? f.sms : 132;
+}
+
 // Query rows of the sequences [begin, end) padded to whole tiles of `rows`.
 int64_t PaddedRows(const MhaPrefillParams& p, int32_t begin, int32_t end, int64_t rows) {
   int64_t padded = 0;
@@ -695,13 +731,22 @@ struct Group {
   int64_t keys = 0;
 };
 
+// As many groups as the budget and kMaxSeqs need, of about equal key counts (one group's flash
+// launch ends with a tail where the GPU is part idle: a small last group would be mostly tail).
 std::vector<Group> PlanGroups(const MhaPrefillParams& p) {
   const size_t per_key = BytesPerKey(p);
+  int64_t total = 0;
+  for (int32_t i = 0; i < p.num_sequences; ++i) total += p.sequences[i].context_len;
+  const int64_t budget_keys = std::max<int64_t>(1, static_cast<int64_t>(kWorkspaceBudget / per_key));
+  const int64_t count = std::max<int64_t>(
+      {int64_t{1}, (total + budget_keys - 1) / budget_keys,
+       (p.num_sequences + mha::kMaxSeqs - 1) / mha::kMaxSeqs});
+  const int64_t target = (total + count - 1) / count;
   std::vector<Group> groups;
   Group g;
   for (int32_t i = 0; i < p.num_sequences; ++i) {
     const int64_t len = p.sequences[i].context_len;
-    if (g.end > g.begin && (static_cast<size_t>(g.keys + len) * per_key > kWorkspaceBudget ||
+    if (g.end > g.begin && (g.keys + len > target || g.keys + len > budget_keys ||
                             i - g.begin >= mha::kMaxSeqs)) {
       groups.push_back(g);
       g = Group{i, i, 0};
@@ -804,23 +849,35 @@ cudaError_t MhaPrefillBf16(const MhaPrefillParams& p, cublasHandle_t blas, cudaS
     }
     if (p.expand_only) continue;
     a.max_tiles = static_cast<int32_t>(max_tiles);
-    constexpr int64_t kMaxGridZ = 65535;
-    for (int64_t z0 = 0; z0 < max_tiles; z0 += kMaxGridZ) {
-      a.z_offset = static_cast<int32_t>(z0);
-      const dim3 grid(static_cast<unsigned>(p.num_heads), static_cast<unsigned>(g.end - g.begin),
-                      static_cast<unsigned>(std::min(kMaxGridZ, max_tiles - z0)));
+    if (flash != MhaFlashKernel::kRows64) {
+      const int64_t pairs = static_cast<int64_t>(g.end - g.begin) * p.num_heads;
+      a.num_seqs = g.end - g.begin;
+      // Auto: pairs whose blocks fill about half the GPU's block slots (two per SM), so that
+      // the pairs of the groups running together (a few MB of K / V each at 1K keys) stay in L2.
+      a.pair_group = p.flash_pair_group >= 0
+                         ? p.flash_pair_group
+                         : static_cast<int32_t>(std::max<int64_t>(1, WideSms() / max_tiles));
+      const dim3 grid(static_cast<unsigned>(pairs * max_tiles));
       if (flash == MhaFlashKernel::kRows128Keys64) {
         mha::FlashWideKernel<64, 1>
             <<<grid, mha::kThreads, mha::WideSmemBytes<64, 1>(), stream>>>(a);
       } else if (flash == MhaFlashKernel::kRows128Keys32) {
         mha::FlashWideKernel<32, 1>
             <<<grid, mha::kThreads, mha::WideSmemBytes<32, 1>(), stream>>>(a);
-      } else if (flash == MhaFlashKernel::kRows128Keys32Stages2) {
+      } else {
         mha::FlashWideKernel<32, 2>
             <<<grid, mha::kThreads, mha::WideSmemBytes<32, 2>(), stream>>>(a);
-      } else {
-        mha::FlashKernel<<<grid, mha::kThreads, mha::kSmemBytes, stream>>>(a);
       }
+      e = cudaGetLastError();
+      if (e != cudaSuccess) return e;
+      continue;
+    }
+    constexpr int64_t kMaxGridZ = 65535;
+    for (int64_t z0 = 0; z0 < max_tiles; z0 += kMaxGridZ) {
+      a.z_offset = static_cast<int32_t>(z0);
+      const dim3 grid(static_cast<unsigned>(p.num_heads), static_cast<unsigned>(g.end - g.begin),
+                      static_cast<unsigned>(std::min(kMaxGridZ, max_tiles - z0)));
+      mha::FlashKernel<<<grid, mha::kThreads, mha::kSmemBytes, stream>>>(a);
       e = cudaGetLastError();
       if (e != cudaSuccess) return e;
     }

@@ -81,6 +81,11 @@ struct MhaPrefillParams {
   void* workspace = nullptr;
   size_t workspace_bytes = 0;
   MhaFlashKernel flash = MhaFlashKernel::kAuto;
+  // The 128-row kernels' block order: (sequence, head) pairs in groups of this many, each
+  // group's blocks from the pairs' longest query tiles to their shortest, so that the blocks on
+  // the GPU at a time read few pairs' K / V (L2 hits instead of HBM reads). -1: SMs / query
+  // tiles of the longest sequence; 0: all pairs in one group (tile-major, as the 64-row kernel).
+  int32_t flash_pair_group = -1;
   // Benchmarks only: gather and expand, but skip the attention (out is not written).
   bool expand_only = false;
 };

@@ -9,10 +9,12 @@
 // warm-ups), each form's FLOPs and rate (its own count: absorbed 2 * (576 + 512) per (query,
 // key) pair and head plus the W_uk / W_uv products; mha 2 * (192 + 128) per pair and head plus
 // the expansion of every key), and the largest difference between the two forms' outputs.
-// Then one line per flash kernel (kernels::MhaFlashKernel: rows64, rows128, rows128-keys32,
-// rows128-keys32x2 and auto's pick) with the non-absorbed form's time, the gather + expansion alone
-// (MhaPrefillParams::expand_only through the kernel API, the same work), the attention kernel's
-// share (the difference) and its rate counting only the causal pairs' 2 * (192 + 128) FLOPs.
+// Then one line per flash kernel and block order ("KERNEL:PAIR_GROUP", deepinfer-bench's
+// --mha-flash-kernel and --mha-flash-pair-group: rows64, rows128, rows128-keys32,
+// rows128-keys32x2, auto; pair group 0 tile-major, -1 the default L2-friendly order) with the
+// non-absorbed form's time, the gather + expansion alone (MhaPrefillParams::expand_only through
+// the kernel API, the same work), the attention kernel's share (the difference) and its rate
+// counting only the causal pairs' 2 * (192 + 128) FLOPs.
 #include <cublas_v2.h>
 #include <cuda_runtime_api.h>
 
@@ -230,17 +232,22 @@ void Run(CudaBackend& be, const Case& c) {
   const double expand_flops = 2.0 * keys * kLatent * kHeads * (kNope + kV);
   std::printf("%-22s   gather + expansion %8.3f ms (%6.1f TFLOP/s)\n", c.name, expand_ms,
               expand_flops / expand_ms / 1e9);
+  // name:pair_group, the deepinfer-bench flags --mha-flash-kernel and --mha-flash-pair-group.
   struct Flash {
     const char* name;
     kernels::MhaFlashKernel kernel;
+    int32_t pair_group;
   };
-  std::vector<float> first;
-  for (const Flash& f : {Flash{"rows64", kernels::MhaFlashKernel::kRows64},
-                         Flash{"rows128", kernels::MhaFlashKernel::kRows128Keys64},
-                         Flash{"rows128-keys32", kernels::MhaFlashKernel::kRows128Keys32},
-                         Flash{"rows128-keys32x2", kernels::MhaFlashKernel::kRows128Keys32Stages2},
-                         Flash{"auto", kernels::MhaFlashKernel::kAuto}}) {
+  for (const Flash& f : {Flash{"rows64:-1", kernels::MhaFlashKernel::kRows64, -1},
+                         Flash{"rows128:0", kernels::MhaFlashKernel::kRows128Keys64, 0},
+                         Flash{"rows128:-1", kernels::MhaFlashKernel::kRows128Keys64, -1},
+                         Flash{"rows128-keys32:-1", kernels::MhaFlashKernel::kRows128Keys32, -1},
+                         Flash{"rows128-keys32x2:0", kernels::MhaFlashKernel::kRows128Keys32Stages2, 0},
+                         Flash{"rows128-keys32x2:-1", kernels::MhaFlashKernel::kRows128Keys32Stages2,
+                               -1},
+                         Flash{"auto:-1", kernels::MhaFlashKernel::kAuto, -1}}) {
     be.SetMhaFlashKernel(f.kernel);
+    be.SetMhaFlashPairGroup(f.pair_group);
     const double ms = MedianMs(be, mha);
     be.CopyToHost(o_mha->data(), om.size() * sizeof(uint16_t), om.data());
     if (!be.status().ok() || !mha_ran) {
@@ -253,11 +260,12 @@ void Run(CudaBackend& be, const Case& c) {
     }
     const double attn_ms = ms - expand_ms;
     std::printf(
-        "%-22s   flash %-14s mha %8.3f ms | attention %8.3f ms (%6.1f TFLOP/s of %.3g, %4.1f%% of "
+        "%-22s   flash %-19s mha %8.3f ms | attention %8.3f ms (%6.1f TFLOP/s of %.3g, %4.1f%% of "
         "mha) | max |diff| vs absorbed %.3g\n",
         c.name, f.name, ms, attn_ms, attn_flops / attn_ms / 1e9, attn_flops, 100.0 * attn_ms / ms,
         fworst);
   }
+  be.SetMhaFlashPairGroup(-1);
   be.SetMhaFlashKernel(kernels::MhaFlashKernel::kAuto);
   cublasDestroy(blas);
   std::fflush(stdout);

@@ -5,7 +5,7 @@
 // caches, fp32 and bf16 output, 70 sequences (two groups of at most 64), on fresh random data
 // with the output and the unowned cache blocks poisoned (NaN); every case with each flash kernel
 // (kernels::MhaFlashKernel: 64-row, 128-row with 64- and 32-key tiles, one or two stages, and
-// kAuto's pick), plus
+// kAuto's pick; the 128-row ones also in other block orders), plus
 // chunks that end inside a 128-row tile behind prefixes that are not multiples of a key tile.
 //
 // Tolerance: the kernel rounds q, the expanded K_nope / V and P to bf16 (u = 2^-9), the reference
@@ -25,6 +25,7 @@
 #include <ostream>
 #include <random>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "gtest/gtest.h"
@@ -203,13 +204,20 @@ TEST_P(MhaPrefillTest, MatchesCpuBackend) {
   MhaPrefillArgs a =
       pr.Args(cache, cache_dtype, dtables.get(), dq.get(), dkv_b.get(), pr.spans.data());
   std::vector<float> got;
-  // Every flash kernel (kAuto picks one of the others by the sequences' lengths).
-  for (const kernels::MhaFlashKernel k :
-       {kernels::MhaFlashKernel::kAuto, kernels::MhaFlashKernel::kRows64,
-        kernels::MhaFlashKernel::kRows128Keys64, kernels::MhaFlashKernel::kRows128Keys32,
-        kernels::MhaFlashKernel::kRows128Keys32Stages2}) {
-    SCOPED_TRACE(::testing::Message() << "flash kernel " << static_cast<int>(k));
+  // Every flash kernel (kAuto picks one of the others by the sequences' lengths), the 128-row
+  // ones in the default block order, tile-major (0) and in pair groups that do not divide the
+  // (sequence, head) pairs (3, 5).
+  using kernels::MhaFlashKernel;
+  const std::pair<MhaFlashKernel, int32_t> flash[] = {
+      {MhaFlashKernel::kAuto, -1},           {MhaFlashKernel::kRows64, -1},
+      {MhaFlashKernel::kRows128Keys64, -1},  {MhaFlashKernel::kRows128Keys64, 0},
+      {MhaFlashKernel::kRows128Keys64, 3},   {MhaFlashKernel::kRows128Keys32, -1},
+      {MhaFlashKernel::kRows128Keys32Stages2, -1}, {MhaFlashKernel::kRows128Keys32Stages2, 5}};
+  for (const auto& [k, pair_group] : flash) {
+    SCOPED_TRACE(::testing::Message() << "flash kernel " << static_cast<int>(k) << ", pair group "
+                                      << pair_group);
     gpu.SetMhaFlashKernel(k);
+    gpu.SetMhaFlashPairGroup(pair_group);
     {
       SCOPED_TRACE("fp32 out");
       dout.Poison();

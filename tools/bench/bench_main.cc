@@ -137,6 +137,10 @@ int main(int argc, char** argv) {
                   "a block, the session-5 kernel; rows128: 128 rows, 64-key tiles; rows128-keys32:\n"
                   "128 rows, 32-key tiles; rows128-keys32x2: that with K / V double-buffered);\n"
                   "empty or auto: rows128 where the sequences fill its tiles, else rows64.");
+  flags.AddInt("mha-flash-pair-group", &config.mha_flash_pair_group,
+               "CUDA: the 128-row prefill flash kernels' block order, (sequence, head) pairs per\n"
+               "group (kernels::MhaPrefillParams::flash_pair_group; 0: tile-major; -1: the\n"
+               "default, by SMs and query tiles).");
   flags.AddInt("decode-moe-chunk-rows", &config.decode_moe_chunk_rows,
                "CUDA, bf16: rows per chunk of the planned cuBLAS expert GEMMs (1-256; 0: the\n"
                "backend's choice by size).");

@@ -3,9 +3,9 @@
 # (copy it into a bundle made by tools/gpu/prepare.sh with at least mha_prefill_test,
 # mha_prefill_bench, cuda_parity_test, mha_prefill_gpu_test, decode_graph_gpu_test and
 # deepinfer-bench): the kernel's test, mha_prefill_bench (every flash kernel, the gather +
-# expansion share), the model tests, the 4-layer Moonlight-shaped 32 x 1024 prefill with
-# --mha-flash-kernel rows64 against the kernel mha_prefill_bench found fastest at 32 x 1024, and
-# the 27-layer prefill with that kernel, then rows64, as time allows. Logs go to
+# expansion share), the model tests, then the 27-layer Moonlight-shaped 32 x 1024 prefill with
+# the 128-row kernel and block order mha_prefill_bench found fastest at 32 x 1024 against
+# --mha-flash-kernel rows64, and the same on 4 layers, as time allows. Logs go to
 # $OUT/logs.tar.gz (refreshed after each step), one line per step to $OUT/summary.txt.
 #
 #   bash DIR/prefattn_check.sh        (BUDGET_S: seconds for all steps, default 110)
@@ -18,20 +18,24 @@ step mha_prefill_bench 30 "$B/mha_prefill_bench"
 step cuda_parity_test 20 "$B/cuda_parity_test" --gtest_color=no
 step mha_prefill_gpu_test 15 "$B/mha_prefill_gpu_test" --gtest_color=no
 step decode_graph_gpu_test 15 "$B/decode_graph_gpu_test" --gtest_color=no
-# The fastest 128-row kernel at 32 x 1024 ("32 x 1024   flash NAME   mha MS ms ..."), else rows128.
+# The fastest 128-row kernel and block order at 32 x 1024 ("32 x 1024   flash KERNEL:PAIR_GROUP
+# mha MS ms ..."), else rows128 in the default order.
 best=$(awk '$1 == "32" && $3 == "1024" && $4 == "flash" && $5 ~ /^rows128/ { print $7, $5 }' \
   "$logs/mha_prefill_bench.log" 2>/dev/null | sort -g | head -1 | cut -d' ' -f2)
-best=${best:-rows128}
-echo "best 128-row kernel at 32 x 1024: $best" >> "$summary"
+best=${best:-rows128:-1}
+kernel=${best%%:*}
+pair_group=${best#*:}
+echo "best 128-row kernel at 32 x 1024: $kernel, pair group $pair_group" >> "$summary"
 bench=("$B/deepinfer-bench" --backend cuda --dtype bfloat16 --load-format dummy --seed 1
-  --context-length 1024 --decode-fill random --output-len 2 --decode-num-requests 0
+  --context-length 1024 --decode-fill random --output-len 2 --decode-num-requests 1
   --prefill-batch-tokens 32768)
+new=(--mha-flash-kernel="$kernel" --mha-flash-pair-group="$pair_group")
+l27=(--model "$C/moonlight_shaped.json" --warmup 1 --iters 3)
+step bench27_new 45 "${bench[@]}" "${l27[@]}" "${new[@]}"
+step bench27_rows64 45 "${bench[@]}" "${l27[@]}" --mha-flash-kernel rows64
 l4=(--model "$C/moonlight_shaped_4layers.json" --warmup 2 --iters 5)
 step bench4_rows64 20 "${bench[@]}" "${l4[@]}" --mha-flash-kernel rows64
-step "bench4_$best" 20 "${bench[@]}" "${l4[@]}" --mha-flash-kernel "$best"
-l27=(--model "$C/moonlight_shaped.json" --warmup 1 --iters 3)
-step "bench27_$best" 45 "${bench[@]}" "${l27[@]}" --mha-flash-kernel "$best"
-step bench27_rows64 45 "${bench[@]}" "${l27[@]}" --mha-flash-kernel rows64
+step bench4_new 20 "${bench[@]}" "${l4[@]}" "${new[@]}"
 for f in "$logs"/bench*.log "$logs"/mha_prefill_bench.log; do
   [[ -f "$f" ]] && { echo "== $(basename "$f")"; grep -E "prefill|flash|gather|x " "$f"; } >> "$summary"
 done
