@@ -3,9 +3,9 @@
 # (copy it into a bundle made by tools/gpu/prepare.sh with at least mha_prefill_test,
 # mha_prefill_bench, cuda_parity_test, mha_prefill_gpu_test, decode_graph_gpu_test and
 # deepinfer-bench): the kernel's test, mha_prefill_bench (every flash kernel, the gather +
-# expansion share), the model tests, then the 27-layer Moonlight-shaped 32 x 1024 prefill with
-# the 128-row kernel and block order mha_prefill_bench found fastest at 32 x 1024 against
-# --mha-flash-kernel rows64, and the same on 4 layers, as time allows. Logs go to
+# expansion share), the model tests, then the Moonlight-shaped 32 x 1024 prefill on 4 layers,
+# then 27, with the 128-row kernel and block order mha_prefill_bench found fastest at 32 x 1024
+# against --mha-flash-kernel rows64, as time allows. Logs go to
 # $OUT/logs.tar.gz (refreshed after each step), one line per step to $OUT/summary.txt.
 #
 #   bash DIR/prefattn_check.sh        (BUDGET_S: seconds for all steps, default 110)
@@ -30,12 +30,12 @@ bench=("$B/deepinfer-bench" --backend cuda --dtype bfloat16 --load-format dummy 
   --context-length 1024 --decode-fill random --output-len 2 --decode-num-requests 1
   --prefill-batch-tokens 32768)
 new=(--mha-flash-kernel="$kernel" --mha-flash-pair-group="$pair_group")
-l27=(--model "$C/moonlight_shaped.json" --warmup 1 --iters 3)
-step bench27_new 45 "${bench[@]}" "${l27[@]}" "${new[@]}"
-step bench27_rows64 45 "${bench[@]}" "${l27[@]}" --mha-flash-kernel rows64
 l4=(--model "$C/moonlight_shaped_4layers.json" --warmup 2 --iters 5)
 step bench4_rows64 20 "${bench[@]}" "${l4[@]}" --mha-flash-kernel rows64
 step bench4_new 20 "${bench[@]}" "${l4[@]}" "${new[@]}"
+l27=(--model "$C/moonlight_shaped.json" --warmup 1 --iters 3)
+step bench27_new 45 "${bench[@]}" "${l27[@]}" "${new[@]}"
+step bench27_rows64 45 "${bench[@]}" "${l27[@]}" --mha-flash-kernel rows64
 for f in "$logs"/bench*.log "$logs"/mha_prefill_bench.log; do
   [[ -f "$f" ]] && { echo "== $(basename "$f")"; grep -E "prefill|flash|gather|x " "$f"; } >> "$summary"
 done
