@@ -93,8 +93,8 @@ struct Args {
   int32_t max_tiles;  // query tiles of the launch's longest sequence; block z covers tile
   int32_t z_offset;   // max_tiles - 1 - (z_offset + blockIdx.z)
   // The 128-row kernels' block order (1-D grid of num_seqs * heads * max_tiles blocks): pairs
-  // (sequence, head) in groups of pair_group (0: one group), each group's blocks tile by tile
-  // from the longest, heads fastest.
+  // (sequence, head) in groups of pair_group (0: one group, i.e. tile-major), each group's
+  // blocks tile by tile from the longest, heads fastest.
   int32_t num_seqs, pair_group;
   float scale_log2;   // softmax_scale * log2(e)
   float* out;
@@ -486,8 +486,8 @@ __global__ void __launch_bounds__(kThreads, 2) FlashWideKernel(const __grid_cons
   constexpr int kStage = WideStageBytes<kKeyTile>();
   constexpr int kKBytes = kKeyTile * kQkRowBytes;  // V after K in a stage
   extern __shared__ __align__(128) unsigned char smem[];
-  // Block -> (pair group, tile rank, pair): the blocks running together share few pairs' K / V
-  // (L2 hits) and still start with each pair's longest tiles.
+  // Block -> (pair group, tile rank, pair); in one group (the default) the longest tiles of all
+  // pairs come first.
   const int pairs = a.num_seqs * a.heads;
   const int group = a.pair_group > 0 ? a.pair_group : pairs;
   const int per_group = group * a.max_tiles;
@@ -654,7 +654,7 @@ bool ShapeOk(const MhaPrefillParams& p) {
          p.q_token_stride % 4 == 0 && p.q_head_stride % 4 == 0 && Aligned16(p.cache) &&
          Aligned16(p.kv_b) && p.out_token_stride >= static_cast<int64_t>(p.num_heads) * p.v_dim &&
          p.out_token_stride % 2 == 0 && (p.sequences != nullptr || p.num_sequences == 0) &&
-         p.num_sequences >= 0;
+         p.num_sequences >= 0 && p.flash_pair_group >= 0;
 }
 
 bool SequencesOk(const MhaPrefillParams& p) {
@@ -684,13 +684,6 @@ bool WideSupported() {
   const KernelFacts f = KernelFactsForCurrentDevice(
       reinterpret_cast<const void*>(mha::FlashWideKernel<kKeyTile, kStages>), kBytes);
   return f.error == cudaSuccess && f.ptx_version >= 80 && f.max_smem >= kBytes;
-}
-
-// The device's SM count (the wide kernels' facts are queried before this is).
-int64_t WideSms() {
-  const KernelFacts f = KernelFactsForCurrentDevice(
-      reinterpret_cast<const void*>(mha::FlashWideKernel<64, 1>), mha::WideSmemBytes<64, 1>());
-  return f.error == cudaSuccess && f.sms > 0 ? f.sms : 132;
 }
 
 // Query rows of the sequences [begin, end) padded to whole tiles of `rows`.
@@ -852,11 +845,7 @@ cudaError_t MhaPrefillBf16(const MhaPrefillParams& p, cublasHandle_t blas, cudaS
     if (flash != MhaFlashKernel::kRows64) {
       const int64_t pairs = static_cast<int64_t>(g.end - g.begin) * p.num_heads;
       a.num_seqs = g.end - g.begin;
-      // Auto: pairs whose blocks fill about half the GPU's block slots (two per SM), so that
-      // the pairs of the groups running together (a few MB of K / V each at 1K keys) stay in L2.
-      a.pair_group = p.flash_pair_group >= 0
-                         ? p.flash_pair_group
-                         : static_cast<int32_t>(std::max<int64_t>(1, WideSms() / max_tiles));
+      a.pair_group = p.flash_pair_group;
       const dim3 grid(static_cast<unsigned>(pairs * max_tiles));
       if (flash == MhaFlashKernel::kRows128Keys64) {
         mha::FlashWideKernel<64, 1>

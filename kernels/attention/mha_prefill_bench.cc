@@ -11,7 +11,7 @@
 // the expansion of every key), and the largest difference between the two forms' outputs.
 // Then one line per flash kernel and block order ("KERNEL:PAIR_GROUP", deepinfer-bench's
 // --mha-flash-kernel and --mha-flash-pair-group: rows64, rows128, rows128-keys32,
-// rows128-keys32x2, auto; pair group 0 tile-major, -1 the default L2-friendly order) with the
+// rows128-keys32x2, auto; pair group 0 tile-major, the default, or 16 pairs a group) with the
 // non-absorbed form's time, the gather + expansion alone (MhaPrefillParams::expand_only through
 // the kernel API, the same work), the attention kernel's share (the difference) and its rate
 // counting only the causal pairs' 2 * (192 + 128) FLOPs.
@@ -238,14 +238,12 @@ void Run(CudaBackend& be, const Case& c) {
     kernels::MhaFlashKernel kernel;
     int32_t pair_group;
   };
-  for (const Flash& f : {Flash{"rows64:-1", kernels::MhaFlashKernel::kRows64, -1},
+  for (const Flash& f : {Flash{"rows64:0", kernels::MhaFlashKernel::kRows64, 0},
                          Flash{"rows128:0", kernels::MhaFlashKernel::kRows128Keys64, 0},
-                         Flash{"rows128:-1", kernels::MhaFlashKernel::kRows128Keys64, -1},
-                         Flash{"rows128-keys32:-1", kernels::MhaFlashKernel::kRows128Keys32, -1},
+                         Flash{"rows128:16", kernels::MhaFlashKernel::kRows128Keys64, 16},
+                         Flash{"rows128-keys32:0", kernels::MhaFlashKernel::kRows128Keys32, 0},
                          Flash{"rows128-keys32x2:0", kernels::MhaFlashKernel::kRows128Keys32Stages2, 0},
-                         Flash{"rows128-keys32x2:-1", kernels::MhaFlashKernel::kRows128Keys32Stages2,
-                               -1},
-                         Flash{"auto:-1", kernels::MhaFlashKernel::kAuto, -1}}) {
+                         Flash{"auto:0", kernels::MhaFlashKernel::kAuto, 0}}) {
     be.SetMhaFlashKernel(f.kernel);
     be.SetMhaFlashPairGroup(f.pair_group);
     const double ms = MedianMs(be, mha);
@@ -265,7 +263,7 @@ void Run(CudaBackend& be, const Case& c) {
         c.name, f.name, ms, attn_ms, attn_flops / attn_ms / 1e9, attn_flops, 100.0 * attn_ms / ms,
         fworst);
   }
-  be.SetMhaFlashPairGroup(-1);
+  be.SetMhaFlashPairGroup(0);
   be.SetMhaFlashKernel(kernels::MhaFlashKernel::kAuto);
   cublasDestroy(blas);
   std::fflush(stdout);

@@ -205,14 +205,14 @@ TEST_P(MhaPrefillTest, MatchesCpuBackend) {
       pr.Args(cache, cache_dtype, dtables.get(), dq.get(), dkv_b.get(), pr.spans.data());
   std::vector<float> got;
   // Every flash kernel (kAuto picks one of the others by the sequences' lengths), the 128-row
-  // ones in the default block order, tile-major (0) and in pair groups that do not divide the
+  // ones in the default block order (tile-major, 0) and in pair groups that do not divide the
   // (sequence, head) pairs (3, 5).
   using kernels::MhaFlashKernel;
   const std::pair<MhaFlashKernel, int32_t> flash[] = {
-      {MhaFlashKernel::kAuto, -1},           {MhaFlashKernel::kRows64, -1},
-      {MhaFlashKernel::kRows128Keys64, -1},  {MhaFlashKernel::kRows128Keys64, 0},
-      {MhaFlashKernel::kRows128Keys64, 3},   {MhaFlashKernel::kRows128Keys32, -1},
-      {MhaFlashKernel::kRows128Keys32Stages2, -1}, {MhaFlashKernel::kRows128Keys32Stages2, 5}};
+      {MhaFlashKernel::kAuto, 0},           {MhaFlashKernel::kRows64, 0},
+      {MhaFlashKernel::kRows128Keys64, 0},  {MhaFlashKernel::kRows128Keys64, 3},
+      {MhaFlashKernel::kRows128Keys32, 0},  {MhaFlashKernel::kRows128Keys32Stages2, 0},
+      {MhaFlashKernel::kRows128Keys32Stages2, 5}};
   for (const auto& [k, pair_group] : flash) {
     SCOPED_TRACE(::testing::Message() << "flash kernel " << static_cast<int>(k) << ", pair group "
                                       << pair_group);
@@ -319,6 +319,10 @@ TEST(MhaPrefillLimitsTest, RejectsBadParamsAndSpans) {
   }
   kernels::MhaPrefillParams bad = p;
   bad.v_dim = 64;  // the kernel is written for 128
+  EXPECT_FALSE(kernels::MhaPrefillSupported(bad));
+  EXPECT_EQ(kernels::MhaPrefillBf16(bad, blas, nullptr), cudaErrorInvalidValue);
+  bad = p;
+  bad.flash_pair_group = -1;
   EXPECT_FALSE(kernels::MhaPrefillSupported(bad));
   EXPECT_EQ(kernels::MhaPrefillBf16(bad, blas, nullptr), cudaErrorInvalidValue);
   bad = p;

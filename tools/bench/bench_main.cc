@@ -139,8 +139,7 @@ int main(int argc, char** argv) {
                   "empty or auto: rows128 where the sequences fill its tiles, else rows64.");
   flags.AddInt("mha-flash-pair-group", &config.mha_flash_pair_group,
                "CUDA: the 128-row prefill flash kernels' block order, (sequence, head) pairs per\n"
-               "group (kernels::MhaPrefillParams::flash_pair_group; 0: tile-major; -1: the\n"
-               "default, by SMs and query tiles).");
+               "group (kernels::MhaPrefillParams::flash_pair_group; 0, the default: tile-major).");
   flags.AddInt("decode-moe-chunk-rows", &config.decode_moe_chunk_rows,
                "CUDA, bf16: rows per chunk of the planned cuBLAS expert GEMMs (1-256; 0: the\n"
                "backend's choice by size).");

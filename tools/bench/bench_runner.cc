@@ -446,11 +446,11 @@ absl::Status RunRank(const BenchConfig& bc, int64_t rank, RankState* s, RankOutp
           bc.mha_flash_kernel, "'"));
     }
   }
-  if (cuda != nullptr && bc.mha_flash_pair_group != -1) {
+  if (cuda != nullptr) {
     if (bc.mha_flash_pair_group < 0 ||
         bc.mha_flash_pair_group > std::numeric_limits<int32_t>::max()) {
       return absl::InvalidArgumentError(absl::StrCat(
-          "--mha-flash-pair-group must be -1 or in [0, 2^31), got ", bc.mha_flash_pair_group));
+          "--mha-flash-pair-group must be in [0, 2^31), got ", bc.mha_flash_pair_group));
     }
     cuda->SetMhaFlashPairGroup(static_cast<int32_t>(bc.mha_flash_pair_group));
   }

@@ -102,8 +102,8 @@ struct BenchConfig {
   // "rows128-keys32x2"); empty or
   // "auto": the backend's default (kernels::MhaFlashKernel::kAuto).
   std::string mha_flash_kernel;
-  // CUDA: CudaBackend::SetMhaFlashPairGroup (>= 0; 0: tile-major); -1 keeps the default.
-  int64_t mha_flash_pair_group = -1;
+  // CUDA: CudaBackend::SetMhaFlashPairGroup (0, the default: tile-major; N > 0: pair groups).
+  int64_t mha_flash_pair_group = 0;
   // CUDA: CudaBackend::SetBf16GateUp (the dense MLP's / shared experts' gate_up GEMM with a
   // bf16 output at prefill sizes); off: fp32 output into SiLU-mul as before.
   bool bf16_gate_up = true;

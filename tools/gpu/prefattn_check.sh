@@ -19,10 +19,10 @@ step cuda_parity_test 20 "$B/cuda_parity_test" --gtest_color=no
 step mha_prefill_gpu_test 15 "$B/mha_prefill_gpu_test" --gtest_color=no
 step decode_graph_gpu_test 15 "$B/decode_graph_gpu_test" --gtest_color=no
 # The fastest 128-row kernel and block order at 32 x 1024 ("32 x 1024   flash KERNEL:PAIR_GROUP
-# mha MS ms ..."), else rows128 in the default order.
+# mha MS ms ..."), else rows128 in the default (tile-major) order.
 best=$(awk '$1 == "32" && $3 == "1024" && $4 == "flash" && $5 ~ /^rows128/ { print $7, $5 }' \
   "$logs/mha_prefill_bench.log" 2>/dev/null | sort -g | head -1 | cut -d' ' -f2)
-best=${best:-rows128:-1}
+best=${best:-rows128:0}
 kernel=${best%%:*}
 pair_group=${best#*:}
 echo "best 128-row kernel at 32 x 1024: $kernel, pair group $pair_group" >> "$summary"
@@ -30,7 +30,7 @@ bench=("$B/deepinfer-bench" --backend cuda --dtype bfloat16 --load-format dummy 
   --context-length 1024 --decode-fill random --output-len 2 --decode-num-requests 1
   --prefill-batch-tokens 32768)
 new=(--mha-flash-kernel="$kernel" --mha-flash-pair-group="$pair_group")
-l4=(--model "$C/moonlight_shaped_4layers.json" --warmup 2 --iters 5)
+l4=(--model "$C/moonlight_shaped_4layers.json" --warmup 1 --iters 5)
 step bench4_rows64 20 "${bench[@]}" "${l4[@]}" --mha-flash-kernel rows64
 step bench4_new 20 "${bench[@]}" "${l4[@]}" "${new[@]}"
 l27=(--model "$C/moonlight_shaped.json" --warmup 1 --iters 3)

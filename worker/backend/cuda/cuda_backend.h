@@ -244,8 +244,9 @@ class CudaBackend : public Backend {
   // 128-row kernel where the sequences fill its tiles, else the 64-row one). For benchmarks
   // (deepinfer-bench --mha-flash-kernel) and tests.
   void SetMhaFlashKernel(kernels::MhaFlashKernel k) { mha_flash_kernel_ = k; }
-  // kernels::MhaPrefillParams::flash_pair_group (the 128-row kernels' block order; -1, the
-  // default: by SMs and query tiles; 0: tile-major), for benchmarks (--mha-flash-pair-group).
+  // kernels::MhaPrefillParams::flash_pair_group (the 128-row kernels' block order; 0, the
+  // default: tile-major; N > 0: pair groups, measured slower), for benchmarks
+  // (--mha-flash-pair-group). A negative value makes MhaPrefillAttention decline (false).
   void SetMhaFlashPairGroup(int32_t pairs) { mha_flash_pair_group_ = pairs; }
   // With bf16 weights (the fp32 model keeps fp32 attention), a sequence with at least
   // kMlaPrefillMinTokens new tokens and kMlaPrefillMinWork (new tokens x context) query-key
@@ -393,7 +394,7 @@ class CudaBackend : public Backend {
   bool in_timed_op_ = false;        // GroupedGemm calls Gemm: count only the outer op
   bool mla_decode_small_ = true;
   kernels::MhaFlashKernel mha_flash_kernel_ = kernels::MhaFlashKernel::kAuto;
-  int32_t mha_flash_pair_group_ = -1;
+  int32_t mha_flash_pair_group_ = 0;
   int32_t mla_decode_small_max_context_ = kMlaDecodeSmallMaxContext;
   bool small_m_gemm_ = true;
   bool fused_router_ = true;
