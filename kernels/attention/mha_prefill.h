@@ -12,9 +12,10 @@
 //            contiguous bf16 [keys, latent + rope] buffer (widened / kept bf16 from the cache);
 //   expand   KV = latent . kv_b^T, one cuBLAS GEMM with bf16 output: [keys, heads * (nope + v)],
 //            head h's K_nope at columns h * (nope + v) .., its V after;
-//   attend   flash attention (mma.sync m16n8k16 bf16, ldmatrix, cp.async double buffering,
-//            online softmax in exp2): a block takes 64 query tokens of one (sequence, head) and
-//            streams the sequence's keys in tiles of 64 (K = K_nope | the shared rope key, V).
+//   attend   flash attention (mma.sync m16n8k16 bf16, ldmatrix, cp.async, online softmax in
+//            exp2): a block takes 128 (or 64: MhaFlashKernel) query tokens of one (sequence,
+//            head) and streams the sequence's keys in tiles of 64 or 32 (K = K_nope | the shared
+//            rope key, V).
 // Precision: q, the expanded K / V and P are rounded to bf16, every sum is fp32.
 #ifndef DEEPINFER_KERNELS_ATTENTION_MHA_PREFILL_H_
 #define DEEPINFER_KERNELS_ATTENTION_MHA_PREFILL_H_
