@@ -96,7 +96,7 @@ struct Args {
   // (sequence, head) in groups of pair_group (0: one group, i.e. tile-major), each group's
   // blocks tile by tile from the longest, heads fastest.
   int32_t num_seqs, pair_group;
-  float scale_log2;   // softmax_scale * log2(e)
+  float scale_log2;  // softmax_scale * log2(e)
   float* out;
   __nv_bfloat16* out_bf16;
   int64_t out_token_stride;
@@ -569,8 +569,8 @@ __global__ void __launch_bounds__(kThreads, 2) FlashWideKernel(const __grid_cons
   // (+ 16 per n-pair); B: V keys lane % 8 + ((lane / 8) % 2) * 8 (+ 16 per k-step), transposed.
   const ChunkAddrs q_at(q_tile + (warp * 32 + lane % 16) * kQkRowBytes, lane / 16, lane);
   const ChunkAddrs k_at(stage0 + (lane % 8 + (lane / 16) * 8) * kQkRowBytes, (lane / 8) % 2, lane);
-  const ChunkAddrs v_at(stage0 + kKBytes + (lane % 8 + ((lane / 8) % 2) * 8) * kVRowBytes, lane / 16,
-                        lane);
+  const ChunkAddrs v_at(stage0 + kKBytes + (lane % 8 + ((lane / 8) % 2) * 8) * kVRowBytes,
+                        lane / 16, lane);
 
   float sc[2][kKeyTile / 8][4];
   if constexpr (kStages == 1) {
@@ -730,17 +730,17 @@ std::vector<Group> PlanGroups(const MhaPrefillParams& p) {
   const size_t per_key = BytesPerKey(p);
   int64_t total = 0;
   for (int32_t i = 0; i < p.num_sequences; ++i) total += p.sequences[i].context_len;
-  const int64_t budget_keys = std::max<int64_t>(1, static_cast<int64_t>(kWorkspaceBudget / per_key));
-  const int64_t count = std::max<int64_t>(
-      {int64_t{1}, (total + budget_keys - 1) / budget_keys,
-       (p.num_sequences + mha::kMaxSeqs - 1) / mha::kMaxSeqs});
+  const int64_t budget_keys =
+      std::max<int64_t>(1, static_cast<int64_t>(kWorkspaceBudget / per_key));
+  const int64_t count = std::max<int64_t>({int64_t{1}, (total + budget_keys - 1) / budget_keys,
+                                           (p.num_sequences + mha::kMaxSeqs - 1) / mha::kMaxSeqs});
   const int64_t target = (total + count - 1) / count;
   std::vector<Group> groups;
   Group g;
   for (int32_t i = 0; i < p.num_sequences; ++i) {
     const int64_t len = p.sequences[i].context_len;
-    if (g.end > g.begin && (g.keys + len > target || g.keys + len > budget_keys ||
-                            i - g.begin >= mha::kMaxSeqs)) {
+    if (g.end > g.begin &&
+        (g.keys + len > target || g.keys + len > budget_keys || i - g.begin >= mha::kMaxSeqs)) {
       groups.push_back(g);
       g = Group{i, i, 0};
     }

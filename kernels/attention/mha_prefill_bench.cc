@@ -227,7 +227,8 @@ void Run(CudaBackend& be, const Case& c) {
     std::exit(1);
   }
   cudaStream_t stream = static_cast<cudaStream_t>(be.native_stream());
-  const double expand_ms = MedianMs(be, [&] { BENCH_CUDA(kernels::MhaPrefillBf16(p, blas, stream)); });
+  const double expand_ms =
+      MedianMs(be, [&] { BENCH_CUDA(kernels::MhaPrefillBf16(p, blas, stream)); });
   const double attn_flops = pairs * kHeads * 2.0 * (kQk + kV);
   const double expand_flops = 2.0 * keys * kLatent * kHeads * (kNope + kV);
   std::printf("%-22s   gather + expansion %8.3f ms (%6.1f TFLOP/s)\n", c.name, expand_ms,
@@ -238,12 +239,13 @@ void Run(CudaBackend& be, const Case& c) {
     kernels::MhaFlashKernel kernel;
     int32_t pair_group;
   };
-  for (const Flash& f : {Flash{"rows64:0", kernels::MhaFlashKernel::kRows64, 0},
-                         Flash{"rows128:0", kernels::MhaFlashKernel::kRows128Keys64, 0},
-                         Flash{"rows128:16", kernels::MhaFlashKernel::kRows128Keys64, 16},
-                         Flash{"rows128-keys32:0", kernels::MhaFlashKernel::kRows128Keys32, 0},
-                         Flash{"rows128-keys32x2:0", kernels::MhaFlashKernel::kRows128Keys32Stages2, 0},
-                         Flash{"auto:0", kernels::MhaFlashKernel::kAuto, 0}}) {
+  for (const Flash& f :
+       {Flash{"rows64:0", kernels::MhaFlashKernel::kRows64, 0},
+        Flash{"rows128:0", kernels::MhaFlashKernel::kRows128Keys64, 0},
+        Flash{"rows128:16", kernels::MhaFlashKernel::kRows128Keys64, 16},
+        Flash{"rows128-keys32:0", kernels::MhaFlashKernel::kRows128Keys32, 0},
+        Flash{"rows128-keys32x2:0", kernels::MhaFlashKernel::kRows128Keys32Stages2, 0},
+        Flash{"auto:0", kernels::MhaFlashKernel::kAuto, 0}}) {
     be.SetMhaFlashKernel(f.kernel);
     be.SetMhaFlashPairGroup(f.pair_group);
     const double ms = MedianMs(be, mha);
@@ -279,9 +281,10 @@ int main() {
     std::fprintf(stderr, "%s\n", be.status().ToString().c_str());
     return 1;
   }
-  for (const Case& c : {Case{"32 x 1024", 32, 0, 1024}, Case{"8 x 1024", 8, 0, 1024}, Case{"1 x 4096", 1, 0, 4096},
-                        Case{"4 x (1024 + 1024 new)", 4, 1024, 1024}, Case{"32 x 128", 32, 0, 128},
-                        Case{"32 x 64", 32, 0, 64}, Case{"8 x (960 + 64 new)", 8, 960, 64}}) {
+  for (const Case& c :
+       {Case{"32 x 1024", 32, 0, 1024}, Case{"8 x 1024", 8, 0, 1024}, Case{"1 x 4096", 1, 0, 4096},
+        Case{"4 x (1024 + 1024 new)", 4, 1024, 1024}, Case{"32 x 128", 32, 0, 128},
+        Case{"32 x 64", 32, 0, 64}, Case{"8 x (960 + 64 new)", 8, 960, 64}}) {
     deepinfer::Run(**be, c);
   }
   return 0;

@@ -208,14 +208,16 @@ TEST_P(MhaPrefillTest, MatchesCpuBackend) {
   // ones in the default block order (tile-major, 0) and in pair groups that do not divide the
   // (sequence, head) pairs (3, 5).
   using kernels::MhaFlashKernel;
-  const std::pair<MhaFlashKernel, int32_t> flash[] = {
-      {MhaFlashKernel::kAuto, 0},           {MhaFlashKernel::kRows64, 0},
-      {MhaFlashKernel::kRows128Keys64, 0},  {MhaFlashKernel::kRows128Keys64, 3},
-      {MhaFlashKernel::kRows128Keys32, 0},  {MhaFlashKernel::kRows128Keys32Stages2, 0},
-      {MhaFlashKernel::kRows128Keys32Stages2, 5}};
+  const std::pair<MhaFlashKernel, int32_t> flash[] = {{MhaFlashKernel::kAuto, 0},
+                                                      {MhaFlashKernel::kRows64, 0},
+                                                      {MhaFlashKernel::kRows128Keys64, 0},
+                                                      {MhaFlashKernel::kRows128Keys64, 3},
+                                                      {MhaFlashKernel::kRows128Keys32, 0},
+                                                      {MhaFlashKernel::kRows128Keys32Stages2, 0},
+                                                      {MhaFlashKernel::kRows128Keys32Stages2, 5}};
   for (const auto& [k, pair_group] : flash) {
-    SCOPED_TRACE(::testing::Message() << "flash kernel " << static_cast<int>(k) << ", pair group "
-                                      << pair_group);
+    SCOPED_TRACE(::testing::Message()
+                 << "flash kernel " << static_cast<int>(k) << ", pair group " << pair_group);
     gpu.SetMhaFlashKernel(k);
     gpu.SetMhaFlashPairGroup(pair_group);
     {

@@ -132,11 +132,12 @@ int main(int argc, char** argv) {
                   "CUDA: where the staged small-m GEMV runs (off; norm: the input norm and the\n"
                   "q / kv_a GEMMs in one launch at <= 4 rows; all: also one-row GEMMs with\n"
                   "k >= 1024); empty: all.");
-  flags.AddString("mha-flash-kernel", &config.mha_flash_kernel,
-                  "CUDA: the flash kernel of the non-absorbed MLA prefill (rows64: 64 query rows\n"
-                  "a block, the session-5 kernel; rows128: 128 rows, 64-key tiles; rows128-keys32:\n"
-                  "128 rows, 32-key tiles; rows128-keys32x2: that with K / V double-buffered);\n"
-                  "empty or auto: rows128 where the sequences fill its tiles, else rows64.");
+  flags.AddString(
+      "mha-flash-kernel", &config.mha_flash_kernel,
+      "CUDA: the flash kernel of the non-absorbed MLA prefill (rows64: 64 query rows\n"
+      "a block, the session-5 kernel; rows128: 128 rows, 64-key tiles; rows128-keys32:\n"
+      "128 rows, 32-key tiles; rows128-keys32x2: that with K / V double-buffered);\n"
+      "empty or auto: rows128 where the sequences fill its tiles, else rows64.");
   flags.AddInt("mha-flash-pair-group", &config.mha_flash_pair_group,
                "CUDA: the 128-row prefill flash kernels' block order, (sequence, head) pairs per\n"
                "group (kernels::MhaPrefillParams::flash_pair_group; 0, the default: tile-major).");
