@@ -9,6 +9,13 @@
 // warm-ups), each form's FLOPs and rate (its own count: absorbed 2 * (576 + 512) per (query,
 // key) pair and head plus the W_uk / W_uv products; mha 2 * (192 + 128) per pair and head plus
 // the expansion of every key), and the largest difference between the two forms' outputs.
+// Then one line per flash kernel and block order ("KERNEL:PAIR_GROUP", deepinfer-bench's
+// --mha-flash-kernel and --mha-flash-pair-group: rows64, rows128, rows128-keys32,
+// rows128-keys32x2, auto; pair group 0 tile-major, the default, or 16 pairs a group) with the
+// non-absorbed form's time, the gather + expansion alone (MhaPrefillParams::expand_only through
+// the kernel API, the same work), the attention kernel's share (the difference) and its rate
+// counting only the causal pairs' 2 * (192 + 128) FLOPs.
+#include <cublas_v2.h>
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
@@ -19,6 +26,7 @@
 #include <memory>
 #include <vector>
 
+#include "kernels/attention/mha_prefill.h"
 #include "kernels/testing/bench_util.h"
 #include "worker/backend/bf16.h"
 #include "worker/backend/cuda/cuda_backend.h"
@@ -185,6 +193,81 @@ void Run(CudaBackend& be, const Case& c) {
       "speedup %.2fx | max |diff| %.3g (max |o| %.3g), rms %.3g\n",
       c.name, abs_ms, abs_flops / abs_ms / 1e9, abs_flops, mha_ms, mha_flops / mha_ms / 1e9,
       mha_flops, abs_ms / mha_ms, worst, mag, std::sqrt(sq / oa.size()));
+
+  // Gather + expansion alone, through the kernel API with the backend's stream.
+  std::vector<kernels::MhaPrefillSequence> kseqs;
+  for (int32_t s = 0; s < c.seqs; ++s) {
+    kseqs.push_back({s, spans[s].first_token, spans[s].num_tokens, spans[s].context_len});
+  }
+  kernels::MhaPrefillParams p;
+  p.num_heads = kHeads;
+  p.nope_dim = kNope;
+  p.v_dim = kV;
+  p.q = dq->as<float>();
+  p.q_token_stride = kHeads * kQk;
+  p.q_head_stride = kQk;
+  p.cache = dcache->data();
+  p.block_size = kBlockSize;
+  p.latent_dim = kLatent;
+  p.rope_dim = kRope;
+  p.block_tables = dtables->as<int32_t>();
+  p.max_blocks_per_seq = blocks_per_seq;
+  p.kv_b = static_cast<const uint16_t*>(dkv_b->data());
+  p.sequences = kseqs.data();
+  p.num_sequences = c.seqs;
+  p.softmax_scale = scale;
+  p.out_bf16 = o_mha->as<uint16_t>();
+  p.out_token_stride = kHeads * kV;
+  p.expand_only = true;
+  p.workspace_bytes = kernels::MhaPrefillWorkspaceBytes(p);
+  p.workspace = bench::DeviceAlloc<uint8_t>(p.workspace_bytes);
+  cublasHandle_t blas = nullptr;
+  if (cublasCreate(&blas) != CUBLAS_STATUS_SUCCESS) {
+    std::fprintf(stderr, "cublasCreate failed\n");
+    std::exit(1);
+  }
+  cudaStream_t stream = static_cast<cudaStream_t>(be.native_stream());
+  const double expand_ms =
+      MedianMs(be, [&] { BENCH_CUDA(kernels::MhaPrefillBf16(p, blas, stream)); });
+  const double attn_flops = pairs * kHeads * 2.0 * (kQk + kV);
+  const double expand_flops = 2.0 * keys * kLatent * kHeads * (kNope + kV);
+  std::printf("%-22s   gather + expansion %8.3f ms (%6.1f TFLOP/s)\n", c.name, expand_ms,
+              expand_flops / expand_ms / 1e9);
+  // name:pair_group, the deepinfer-bench flags --mha-flash-kernel and --mha-flash-pair-group.
+  struct Flash {
+    const char* name;
+    kernels::MhaFlashKernel kernel;
+    int32_t pair_group;
+  };
+  for (const Flash& f :
+       {Flash{"rows64:0", kernels::MhaFlashKernel::kRows64, 0},
+        Flash{"rows128:0", kernels::MhaFlashKernel::kRows128Keys64, 0},
+        Flash{"rows128:16", kernels::MhaFlashKernel::kRows128Keys64, 16},
+        Flash{"rows128-keys32:0", kernels::MhaFlashKernel::kRows128Keys32, 0},
+        Flash{"rows128-keys32x2:0", kernels::MhaFlashKernel::kRows128Keys32Stages2, 0},
+        Flash{"auto:0", kernels::MhaFlashKernel::kAuto, 0}}) {
+    be.SetMhaFlashKernel(f.kernel);
+    be.SetMhaFlashPairGroup(f.pair_group);
+    const double ms = MedianMs(be, mha);
+    be.CopyToHost(o_mha->data(), om.size() * sizeof(uint16_t), om.data());
+    if (!be.status().ok() || !mha_ran) {
+      std::fprintf(stderr, "%s %s: %s\n", c.name, f.name, be.status().ToString().c_str());
+      std::exit(1);
+    }
+    double fworst = 0;
+    for (size_t i = 0; i < oa.size(); ++i) {
+      fworst = std::max(fworst, std::abs(static_cast<double>(Bf16BitsToFloat(om[i])) - oa[i]));
+    }
+    const double attn_ms = ms - expand_ms;
+    std::printf(
+        "%-22s   flash %-19s mha %8.3f ms | attention %8.3f ms (%6.1f TFLOP/s of %.3g, %4.1f%% of "
+        "mha) | max |diff| vs absorbed %.3g\n",
+        c.name, f.name, ms, attn_ms, attn_flops / attn_ms / 1e9, attn_flops, 100.0 * attn_ms / ms,
+        fworst);
+  }
+  be.SetMhaFlashPairGroup(0);
+  be.SetMhaFlashKernel(kernels::MhaFlashKernel::kAuto);
+  cublasDestroy(blas);
   std::fflush(stdout);
 }
 
@@ -198,9 +281,10 @@ int main() {
     std::fprintf(stderr, "%s\n", be.status().ToString().c_str());
     return 1;
   }
-  for (const Case& c : {Case{"8 x 1024", 8, 0, 1024}, Case{"1 x 4096", 1, 0, 4096},
-                        Case{"4 x (1024 + 1024 new)", 4, 1024, 1024}, Case{"32 x 128", 32, 0, 128},
-                        Case{"32 x 64", 32, 0, 64}, Case{"8 x (960 + 64 new)", 8, 960, 64}}) {
+  for (const Case& c :
+       {Case{"32 x 1024", 32, 0, 1024}, Case{"8 x 1024", 8, 0, 1024}, Case{"1 x 4096", 1, 0, 4096},
+        Case{"4 x (1024 + 1024 new)", 4, 1024, 1024}, Case{"32 x 128", 32, 0, 128},
+        Case{"32 x 64", 32, 0, 64}, Case{"8 x (960 + 64 new)", 8, 960, 64}}) {
     deepinfer::Run(**be, c);
   }
   return 0;

@@ -3,7 +3,10 @@
 // Gemm): one 1024-token prompt, cached prefixes + new chunks of lengths that are not multiples
 // of the 64-token tile, 1-token chunks, block sizes 16 and 64, 4, 16 and 20 heads, fp32 and bf16
 // caches, fp32 and bf16 output, 70 sequences (two groups of at most 64), on fresh random data
-// with the output and the unowned cache blocks poisoned (NaN).
+// with the output and the unowned cache blocks poisoned (NaN); every case with each flash kernel
+// (kernels::MhaFlashKernel: 64-row, 128-row with 64- and 32-key tiles, one or two stages, and
+// kAuto's pick; the 128-row ones also in other block orders), plus
+// chunks that end inside a 128-row tile behind prefixes that are not multiples of a key tile.
 //
 // Tolerance: the kernel rounds q, the expanded K_nope / V and P to bf16 (u = 2^-9), the reference
 // does not. Latents ~ N(0, 1), kv_b ~ N(0, 1/512): K_nope, V ~ N(0, 1); q ~ N(0, 1), scale
@@ -22,6 +25,7 @@
 #include <ostream>
 #include <random>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "gtest/gtest.h"
@@ -159,6 +163,8 @@ std::vector<Case> Cases() {
       {"chunked_heads16_block16", 16, 16, {{100, 37}, {0, 1}, {5, 200}, {63, 65}, {300, 1}}});
   c.push_back({"fp32_cache_heads4_block64", 4, 64, {{0, 130}, {300, 70}}, false});
   c.push_back({"heads20_block64", 20, 64, {{0, 131}, {65, 64}}});
+  // Chunks that end mid 128-row tile behind cached prefixes not a multiple of the key tiles.
+  c.push_back({"prefix_heads16_block16", 16, 16, {{200, 300}, {0, 1000}, {77, 129}, {33, 127}}});
   std::vector<Seq> many;
   for (int i = 0; i < 70; ++i) many.push_back({(i * 37) % 150, 1 + (i * 13) % 40});
   c.push_back({"70_seqs_heads16_block16", 16, 16, many});
@@ -198,28 +204,46 @@ TEST_P(MhaPrefillTest, MatchesCpuBackend) {
   MhaPrefillArgs a =
       pr.Args(cache, cache_dtype, dtables.get(), dq.get(), dkv_b.get(), pr.spans.data());
   std::vector<float> got;
-  {
-    SCOPED_TRACE("fp32 out");
-    dout.Poison();
-    a.out = dout.get();
-    ASSERT_TRUE(gpu.MhaPrefillAttention(a));
-    DEEPINFER_CUDA_OK(dout.Download(&got));
-    ASSERT_TRUE(gpu.status().ok()) << gpu.status();
-    pr.Expect(got, kAtol, kRtol, kRmsBound);
-  }
-  {
-    // One more bf16 rounding of each output (u relative).
-    SCOPED_TRACE("bf16 out");
-    dout16.Poison();
-    a.out = nullptr;
-    a.out_bf16 = dout16.get();
-    ASSERT_TRUE(gpu.MhaPrefillAttention(a));
-    std::vector<uint16_t> bits;
-    DEEPINFER_CUDA_OK(dout16.Download(&bits));
-    ASSERT_TRUE(gpu.status().ok()) << gpu.status();
-    got.resize(bits.size());
-    for (size_t i = 0; i < bits.size(); ++i) got[i] = Bf16BitsToFloat(bits[i]);
-    pr.Expect(got, kAtol, kRtol + 4e-3, kRmsBound);
+  // Every flash kernel (kAuto picks one of the others by the sequences' lengths), the 128-row
+  // ones in the default block order (tile-major, 0) and in pair groups that do not divide the
+  // (sequence, head) pairs (3, 5).
+  using kernels::MhaFlashKernel;
+  const std::pair<MhaFlashKernel, int32_t> flash[] = {{MhaFlashKernel::kAuto, 0},
+                                                      {MhaFlashKernel::kRows64, 0},
+                                                      {MhaFlashKernel::kRows128Keys64, 0},
+                                                      {MhaFlashKernel::kRows128Keys64, 3},
+                                                      {MhaFlashKernel::kRows128Keys32, 0},
+                                                      {MhaFlashKernel::kRows128Keys32Stages2, 0},
+                                                      {MhaFlashKernel::kRows128Keys32Stages2, 5}};
+  for (const auto& [k, pair_group] : flash) {
+    SCOPED_TRACE(::testing::Message()
+                 << "flash kernel " << static_cast<int>(k) << ", pair group " << pair_group);
+    gpu.SetMhaFlashKernel(k);
+    gpu.SetMhaFlashPairGroup(pair_group);
+    {
+      SCOPED_TRACE("fp32 out");
+      dout.Poison();
+      a.out = dout.get();
+      a.out_bf16 = nullptr;
+      ASSERT_TRUE(gpu.MhaPrefillAttention(a));
+      DEEPINFER_CUDA_OK(dout.Download(&got));
+      ASSERT_TRUE(gpu.status().ok()) << gpu.status();
+      pr.Expect(got, kAtol, kRtol, kRmsBound);
+    }
+    {
+      // One more bf16 rounding of each output (u relative).
+      SCOPED_TRACE("bf16 out");
+      dout16.Poison();
+      a.out = nullptr;
+      a.out_bf16 = dout16.get();
+      ASSERT_TRUE(gpu.MhaPrefillAttention(a));
+      std::vector<uint16_t> bits;
+      DEEPINFER_CUDA_OK(dout16.Download(&bits));
+      ASSERT_TRUE(gpu.status().ok()) << gpu.status();
+      got.resize(bits.size());
+      for (size_t i = 0; i < bits.size(); ++i) got[i] = Bf16BitsToFloat(bits[i]);
+      pr.Expect(got, kAtol, kRtol + 4e-3, kRmsBound);
+    }
   }
 }
 
@@ -280,9 +304,27 @@ TEST(MhaPrefillLimitsTest, RejectsBadParamsAndSpans) {
     p.workspace_bytes = bytes - 1;
     EXPECT_EQ(kernels::MhaPrefillBf16(p, blas, nullptr), cudaErrorInvalidValue);
     p.workspace_bytes = bytes;
+    // The 128-row kernel through the kernel API too.
+    p.flash = kernels::MhaFlashKernel::kRows128Keys64;
+    dout.Poison();
+    DEEPINFER_CUDA_OK(kernels::MhaPrefillBf16(p, blas, nullptr));
+    DEEPINFER_CUDA_OK(dout.Download(&got));
+    pr.Expect(got, kAtol, kRtol, kRmsBound);
+    // expand_only (benchmarks) runs no attention: the output stays poisoned.
+    p.expand_only = true;
+    dout.Poison();
+    DEEPINFER_CUDA_OK(kernels::MhaPrefillBf16(p, blas, nullptr));
+    DEEPINFER_CUDA_OK(dout.Download(&got));
+    EXPECT_TRUE(std::all_of(got.begin(), got.end(), [](float x) { return std::isnan(x); }));
+    p.expand_only = false;
+    p.flash = kernels::MhaFlashKernel::kAuto;
   }
   kernels::MhaPrefillParams bad = p;
   bad.v_dim = 64;  // the kernel is written for 128
+  EXPECT_FALSE(kernels::MhaPrefillSupported(bad));
+  EXPECT_EQ(kernels::MhaPrefillBf16(bad, blas, nullptr), cudaErrorInvalidValue);
+  bad = p;
+  bad.flash_pair_group = -1;
   EXPECT_FALSE(kernels::MhaPrefillSupported(bad));
   EXPECT_EQ(kernels::MhaPrefillBf16(bad, blas, nullptr), cudaErrorInvalidValue);
   bad = p;

@@ -435,6 +435,32 @@ absl::Status RunRank(const BenchConfig& bc, int64_t rank, RankState* s, RankOutp
     }
     cuda->SetStagedGemvMaxRows(bc.staged_gemv_max_rows);
   }
+  if (cuda != nullptr && !bc.mha_flash_kernel.empty()) {
+    if (bc.mha_flash_kernel == "auto") {
+      cuda->SetMhaFlashKernel(kernels::MhaFlashKernel::kAuto);
+    } else if (bc.mha_flash_kernel == "rows64") {
+      cuda->SetMhaFlashKernel(kernels::MhaFlashKernel::kRows64);
+    } else if (bc.mha_flash_kernel == "rows128") {
+      cuda->SetMhaFlashKernel(kernels::MhaFlashKernel::kRows128Keys64);
+    } else if (bc.mha_flash_kernel == "rows128-keys32") {
+      cuda->SetMhaFlashKernel(kernels::MhaFlashKernel::kRows128Keys32);
+    } else if (bc.mha_flash_kernel == "rows128-keys32x2") {
+      cuda->SetMhaFlashKernel(kernels::MhaFlashKernel::kRows128Keys32Stages2);
+    } else {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "--mha-flash-kernel must be auto, rows64, rows128, rows128-keys32 or rows128-keys32x2, "
+          "got '",
+          bc.mha_flash_kernel, "'"));
+    }
+  }
+  if (cuda != nullptr) {
+    if (bc.mha_flash_pair_group < 0 ||
+        bc.mha_flash_pair_group > std::numeric_limits<int32_t>::max()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "--mha-flash-pair-group must be in [0, 2^31), got ", bc.mha_flash_pair_group));
+    }
+    cuda->SetMhaFlashPairGroup(static_cast<int32_t>(bc.mha_flash_pair_group));
+  }
   if (cuda != nullptr && bc.decode_moe_chunk_rows != 0) {
     if (bc.decode_moe_chunk_rows < 0 ||
         bc.decode_moe_chunk_rows > CudaBackend::kMaxPlannedChunkRows) {

@@ -100,6 +100,12 @@ struct BenchConfig {
   std::string staged_gemv;
   // CUDA: CudaBackend::SetStagedGemvMaxRows (1 or 2); 0: the backend's default.
   int64_t staged_gemv_max_rows = 0;
+  // CUDA: CudaBackend::SetMhaFlashKernel ("rows64", "rows128", "rows128-keys32" or
+  // "rows128-keys32x2"); empty or
+  // "auto": the backend's default (kernels::MhaFlashKernel::kAuto).
+  std::string mha_flash_kernel;
+  // CUDA: CudaBackend::SetMhaFlashPairGroup (0, the default: tile-major; N > 0: pair groups).
+  int64_t mha_flash_pair_group = 0;
   // CUDA: CudaBackend::SetBf16GateUp (the dense MLP's / shared experts' gate_up GEMM with a
   // bf16 output at prefill sizes); off: fp32 output into SiLU-mul as before.
   bool bf16_gate_up = true;

@@ -989,6 +989,8 @@ bool CudaBackend::MhaPrefillAttention(const MhaPrefillArgs& a) {
   p.out = a.out;
   p.out_bf16 = a.out_bf16;
   p.out_token_stride = static_cast<int64_t>(a.num_heads) * a.v_dim;
+  p.flash = mha_flash_kernel_;
+  p.flash_pair_group = mha_flash_pair_group_;
   if (!kernels::MhaPrefillSupported(p)) return false;
   OpTimer timer(this, "MhaPrefillAttention");
   p.workspace_bytes = kernels::MhaPrefillWorkspaceBytes(p);

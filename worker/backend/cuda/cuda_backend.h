@@ -39,6 +39,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
+#include "kernels/attention/mha_prefill.h"
 #include "kernels/gemm/small_m_gemm.h"
 #include "kernels/gemm/staged_gemv.h"
 #include "kernels/moe/expert_gemm_cublas.h"
@@ -254,6 +255,14 @@ class CudaBackend : public Backend {
   void MlaAttention(const MlaAttentionArgs& args) override;
   // kernels::MhaPrefillBf16 with bf16 kv_b on a device and shapes it takes (false otherwise).
   bool MhaPrefillAttention(const MhaPrefillArgs& args) override;
+  // The flash kernel of MhaPrefillAttention (kernels::MhaFlashKernel; kAuto, the default: the
+  // 128-row kernel where the sequences fill its tiles, else the 64-row one). For benchmarks
+  // (deepinfer-bench --mha-flash-kernel) and tests.
+  void SetMhaFlashKernel(kernels::MhaFlashKernel k) { mha_flash_kernel_ = k; }
+  // kernels::MhaPrefillParams::flash_pair_group (the 128-row kernels' block order; 0, the
+  // default: tile-major; N > 0: pair groups, measured slower), for benchmarks
+  // (--mha-flash-pair-group). A negative value makes MhaPrefillAttention decline (false).
+  void SetMhaFlashPairGroup(int32_t pairs) { mha_flash_pair_group_ = pairs; }
   // With bf16 weights (the fp32 model keeps fp32 attention), a sequence with at least
   // kMlaPrefillMinTokens new tokens and kMlaPrefillMinWork (new tokens x context) query-key
   // pairs. Measured on the H200 (docs/cuda.md): one 64-token prompt (4096 pairs) is faster on
@@ -406,6 +415,8 @@ class CudaBackend : public Backend {
   int32_t mla_decode_variant_ = 0;  // kernels::MlaAttentionParams::mma_variant
   bool in_timed_op_ = false;        // GroupedGemm calls Gemm: count only the outer op
   bool mla_decode_small_ = true;
+  kernels::MhaFlashKernel mha_flash_kernel_ = kernels::MhaFlashKernel::kAuto;
+  int32_t mha_flash_pair_group_ = 0;
   int32_t mla_decode_small_max_context_ = kMlaDecodeSmallMaxContext;
   bool small_m_gemm_ = true;
   bool fused_router_ = true;
