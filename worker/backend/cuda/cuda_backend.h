@@ -139,7 +139,7 @@ class CudaBackend : public Backend {
   bool RoutedAndSharedExperts(const RoutedExpertsArgs& args) override;
   // Which sizes RoutedAndSharedExperts takes: kAuto (the default) where it measured faster than
   // RoutedExperts + the shared-expert ops (moe_block_decode_bench, H200, docs/kernels.md): with
-  // the kPersistent kernels one token at any width and two at hidden_size <=
+  // the kPersistent or kPipelined kernels one token at any width and two at hidden_size <=
   // kMaxAutoFusedMoeHidden (Moonlight's 2048: faster; V3's 7168: slower at two); with
   // kWarpPerRow one token at hidden_size <= kMaxAutoFusedMoeHidden only; kOn:
   // 1..kernels::kMoeDecodeFusedMaxTokens tokens, any width; kOff: never (the model runs the
@@ -147,7 +147,7 @@ class CudaBackend : public Backend {
   enum class DecodeMoeFused { kAuto, kOff, kOn };
   void SetDecodeMoeFused(DecodeMoeFused mode) { decode_moe_fused_ = mode; }
   bool DecodeMoeFusedFor(int64_t tokens, int64_t hidden_size) const;
-  // The kernels RoutedAndSharedExperts launches (default kPersistent) and, for benchmarks, the
+  // The kernels RoutedAndSharedExperts launches (default kPipelined) and, for benchmarks, the
   // persistent grids' blocks per SM (0: as many as fit); kernels::MoeDecodeFusedParams.
   void SetDecodeMoeFusedKernels(kernels::MoeDecodeFusedKernels kernels,
                                 int32_t gate_up_blocks_per_sm = 0, int32_t down_blocks_per_sm = 0) {
@@ -425,7 +425,7 @@ class CudaBackend : public Backend {
   bool decode_moe_sparse_epilogue_ = true;
   DecodeMoeFused decode_moe_fused_ = DecodeMoeFused::kAuto;
   kernels::MoeDecodeFusedKernels decode_moe_fused_kernels_ =
-      kernels::MoeDecodeFusedKernels::kPersistent;
+      kernels::MoeDecodeFusedKernels::kPipelined;
   int32_t decode_moe_fused_gate_up_blocks_per_sm_ = 0;
   int32_t decode_moe_fused_down_blocks_per_sm_ = 0;
   bool decode_moe_graph_buckets_ = false;
