@@ -150,10 +150,10 @@ int main(int argc, char** argv) {
                   "off (the previous permute + grouped GEMMs + combine and separate\n"
                   "shared-expert GEMMs).");
   flags.AddString("decode-moe-fused-kernels", &config.decode_moe_fused_kernels,
-                  "CUDA, bf16: the kernels of that MoE block (default: the backend's, pipelined):\n"
-                  "persistent (grid-strided, L2 prefetch before the PDL wait), pipelined (the same\n"
-                  "with the load round trips overlapped, bit-identical results) or warp-per-row\n"
-                  "(session 6's), same math.");
+                  "CUDA, bf16: the kernels of that MoE block: auto (default: pipelined at hidden\n"
+                  "<= 4096, else persistent, as measured), persistent (grid-strided, L2 prefetch\n"
+                  "before the PDL wait), pipelined (the same with the load round trips overlapped,\n"
+                  "bit-identical results) or warp-per-row (session 6's), same math.");
   flags.AddBool("decode-moe-graph-buckets", &config.decode_moe_graph_buckets,
                 "CUDA, bf16: inside the decode graphs, each planned expert GEMM behind a switch\n"
                 "over batch sizes picked on the device; false (default: measured faster in the\n"

@@ -459,8 +459,8 @@ absl::Status RunRank(const BenchConfig& bc, int64_t rank, RankState* s, RankOutp
       return absl::InvalidArgumentError(absl::StrCat(
           "--decode-moe-fused must be auto, on or off, got '", bc.decode_moe_fused, "'"));
     }
-    if (bc.decode_moe_fused_kernels.empty()) {
-      // the backend's default
+    if (bc.decode_moe_fused_kernels.empty() || bc.decode_moe_fused_kernels == "auto") {
+      cuda->SetDecodeMoeFusedKernelsAuto();
     } else if (bc.decode_moe_fused_kernels == "persistent") {
       cuda->SetDecodeMoeFusedKernels(kernels::MoeDecodeFusedKernels::kPersistent);
     } else if (bc.decode_moe_fused_kernels == "pipelined") {
@@ -469,7 +469,7 @@ absl::Status RunRank(const BenchConfig& bc, int64_t rank, RankState* s, RankOutp
       cuda->SetDecodeMoeFusedKernels(kernels::MoeDecodeFusedKernels::kWarpPerRow);
     } else {
       return absl::InvalidArgumentError(absl::StrCat(
-          "--decode-moe-fused-kernels must be persistent, pipelined or warp-per-row, got '",
+          "--decode-moe-fused-kernels must be auto, persistent, pipelined or warp-per-row, got '",
           bc.decode_moe_fused_kernels, "'"));
     }
   }

@@ -952,6 +952,14 @@ TEST_F(RoutedExpertsTest, RoutedAndSharedExpertsMatchCpuOps) {
     a.shared_inter = SI;
     a.shared_gate_up = sgu_gpu.data;
     a.shared_down = sdn_gpu.data;
+    // The kernels by default: kPipelined up to kMaxAutoFusedMoeHidden, kPersistent above;
+    // a set pair is kept at every width.
+    EXPECT_EQ(gpu_->DecodeMoeFusedKernelsFor(H), kernels::MoeDecodeFusedKernels::kPipelined);
+    EXPECT_EQ(gpu_->DecodeMoeFusedKernelsFor(CudaBackend::kMaxAutoFusedMoeHidden + 8),
+              kernels::MoeDecodeFusedKernels::kPersistent);
+    gpu_->SetDecodeMoeFusedKernels(kernels::MoeDecodeFusedKernels::kPipelined);
+    EXPECT_EQ(gpu_->DecodeMoeFusedKernelsFor(CudaBackend::kMaxAutoFusedMoeHidden + 8),
+              kernels::MoeDecodeFusedKernels::kPipelined);
     // kAuto with the persistent kernels: one token at any width, two up to
     // kMaxAutoFusedMoeHidden; with kWarpPerRow one token up to that width only. kOn takes both.
     const int64_t wide = CudaBackend::kMaxAutoFusedMoeHidden + 8;
@@ -1002,7 +1010,7 @@ TEST_F(RoutedExpertsTest, RoutedAndSharedExpertsMatchCpuOps) {
     ASSERT_TRUE(taken);
     ASSERT_TRUE((*pipe_ops)->Replay().ok());
     EXPECT_EQ(Download(*dout_pipe2), eager) << "kPipelined's replay differs";
-    gpu_->SetDecodeMoeFusedKernels(kernels::MoeDecodeFusedKernels::kPersistent);
+    gpu_->SetDecodeMoeFusedKernelsAuto();
 
     // Declined (nothing written): switched off, a forced non-kGroupedF32 algorithm, a shared
     // size that is no multiple of inter, no shared experts, fp32 weights, 3 tokens.
