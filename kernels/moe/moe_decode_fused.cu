@@ -1,4 +1,4 @@
-// Two pairs of kernels (MoeDecodeFusedKernels), both streaming bf16 weight rows with 16-byte
+// Three pairs of kernels (MoeDecodeFusedKernels), all streaming bf16 weight rows with 16-byte
 // loads (8 values per load), converting them to fp32 with a shift and multiplying them with fp32
 // activations that come through L1 (a few KB per token), all launched with programmatic
 // dependent launch (kernels/common/launch.cuh): the routing, written by the kernel before
@@ -637,9 +637,8 @@ __device__ __forceinline__ void LoadDownBatch(const PartTable<kT>& tab, int f, i
   int u = x0 / kv, v = x0 - u * kv;
 #pragma unroll
   for (int n = 0; n < kDownLoads; ++n) {
-    b->w[n] = u < tab.count
-                  ? LoadStreaming(tab.down[u] + int64_t{f} * tab.down_stride[u] + 8 * v)
-                  : make_uint4(0, 0, 0, 0);
+    b->w[n] = u < tab.count ? LoadStreaming(tab.down[u] + int64_t{f} * tab.down_stride[u] + 8 * v)
+                            : make_uint4(0, 0, 0, 0);
     v += kDownThreads;
     while (v >= kv) {
       v -= kv;

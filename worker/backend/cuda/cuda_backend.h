@@ -139,9 +139,9 @@ class CudaBackend : public Backend {
   bool RoutedAndSharedExperts(const RoutedExpertsArgs& args) override;
   // Which sizes RoutedAndSharedExperts takes: kAuto (the default) where it measured faster than
   // RoutedExperts + the shared-expert ops (moe_block_decode_bench, H200, docs/kernels.md): with
-  // the kPersistent or kPipelined kernels (DecodeMoeFusedKernelsFor) one token at any width and two at hidden_size <=
-  // kMaxAutoFusedMoeHidden (Moonlight's 2048: faster; V3's 7168: slower at two); with
-  // kWarpPerRow one token at hidden_size <= kMaxAutoFusedMoeHidden only; kOn:
+  // the kPersistent or kPipelined kernels (DecodeMoeFusedKernelsFor) one token at any width and two
+  // at hidden_size <= kMaxAutoFusedMoeHidden (Moonlight's 2048: faster; V3's 7168: slower at two);
+  // with kWarpPerRow one token at hidden_size <= kMaxAutoFusedMoeHidden only; kOn:
   // 1..kernels::kMoeDecodeFusedMaxTokens tokens, any width; kOff: never (the model runs the
   // previous ops). kOn / kOff for tests and benchmarks.
   enum class DecodeMoeFused { kAuto, kOff, kOn };
