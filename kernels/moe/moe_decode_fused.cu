@@ -1,4 +1,4 @@
-// Two pairs of kernels (MoeDecodeFusedKernels), both streaming bf16 weight rows with 16-byte
+// Three pairs of kernels (MoeDecodeFusedKernels), all streaming bf16 weight rows with 16-byte
 // loads (8 values per load), converting them to fp32 with a shift and multiplying them with fp32
 // activations that come through L1 (a few KB per token), all launched with programmatic
 // dependent launch (kernels/common/launch.cuh): the routing, written by the kernel before
@@ -470,6 +470,249 @@ __device__ void DownPersistentBody(const NoPrefetchResult&, MoeDecodeFusedParams
   }
 }
 
+// ---- kPipelined ---------------------------------------------------------------------------
+//
+// kPersistent's work split, tables and sums (the same order: bit-identical results), with the
+// load round trips overlapped instead of taken one after another:
+//
+// * gate_up: a warp whose first item is a shared part's row pair loads that pair's first chunk
+//   (8 16-byte loads per lane and row) into registers BEFORE the PDL wait (shared weights are
+//   written by no kernel), and computes it right after the wait without the part table: warp 0
+//   builds the table while its own loads are in flight, the other warps do not wait for it. After
+//   the one __syncthreads each warp issues the first chunk of its next item before it computes
+//   the current one, so a warp always has a row pair in flight.
+// * down: a block's features are a sequence; the first batch of loads of feature n + 1 is issued
+//   before feature n is summed, and a feature's per-warp sums go to shared memory without a
+//   __syncthreads (one at the end, then the warps' sums in order, as kPersistent), so the warps
+//   of a block never wait for each other between features.
+
+// First chunk of a gate / up row pair: lane's vectors lane + 32 n, n < kUnroll.
+struct GateUpChunk {
+  uint4 g[kUnroll], u[kUnroll];
+};
+
+// Vectors v0 + 32 n (< kv) of the rows at gate / up.
+__device__ __forceinline__ void LoadGateUpChunk(const uint16_t* gate, const uint16_t* up, int v0,
+                                                int kv, GateUpChunk* c) {
+#pragma unroll
+  for (int n = 0; n < kUnroll; ++n) {
+    const int v = v0 + n * 32;
+    c->g[n] = v < kv ? LoadStreaming(gate + 8 * v) : make_uint4(0, 0, 0, 0);
+    c->u[n] = v < kv ? LoadStreaming(up + 8 * v) : make_uint4(0, 0, 0, 0);
+  }
+}
+
+template <int kT>
+__device__ __forceinline__ void AccumulateGateUpChunk(const GateUpChunk& c, int v0, int kv,
+                                                      const float* hidden, int H,
+                                                      float* const act[kT], float ag[kT],
+                                                      float au[kT]) {
+#pragma unroll
+  for (int n = 0; n < kUnroll; ++n) {
+    const int v = v0 + n * 32;
+    if (v >= kv) break;
+    float gf[8], uf[8];
+    Bf16x8ToFloat(c.g[n], gf);
+    Bf16x8ToFloat(c.u[n], uf);
+#pragma unroll
+    for (int t = 0; t < kT; ++t) {
+      if (act[t] == nullptr) continue;
+      const float4* x = reinterpret_cast<const float4*>(hidden + int64_t{t} * H);
+      const float4 a = __ldg(x + 2 * v), b = __ldg(x + 2 * v + 1);
+      ag[t] = Dot8(ag[t], a, b, gf);
+      au[t] = Dot8(au[t], a, b, uf);
+    }
+  }
+}
+
+// Row j's item (rows at gate / up, act rows act[t]) with its first chunk already in `first`:
+// the remaining chunks, the butterflies and act[t][j] (as GateUpPersistentBody).
+template <int kT>
+__device__ __forceinline__ void FinishGateUpItem(const MoeDecodeFusedParams& p,
+                                                 const GateUpChunk& first, const uint16_t* gate,
+                                                 const uint16_t* up, float* const act[kT], int j) {
+  const int H = p.hidden_size, kv = H / 8, lane = threadIdx.x % 32;
+  float ag[kT], au[kT];
+#pragma unroll
+  for (int t = 0; t < kT; ++t) ag[t] = au[t] = 0.0f;
+  AccumulateGateUpChunk<kT>(first, lane, kv, p.hidden, H, act, ag, au);
+  for (int v0 = lane + 32 * kUnroll; v0 < kv; v0 += 32 * kUnroll) {
+    GateUpChunk c;
+    LoadGateUpChunk(gate, up, v0, kv, &c);
+    AccumulateGateUpChunk<kT>(c, v0, kv, p.hidden, H, act, ag, au);
+  }
+#pragma unroll
+  for (int t = 0; t < kT; ++t) {
+    if (act[t] == nullptr) continue;
+    const float gs = WarpSum(ag[t]), us = WarpSum(au[t]);
+    // expf (not __expf), as SiluMulF32.
+    if (lane == t) act[t][j] = gs / (1.0f + expf(-gs)) * us;
+  }
+}
+
+// Item i < shared_parts * inter: shared part i / inter's row pair i % inter (the table's order).
+__device__ __forceinline__ void SharedGateUpRows(const MoeDecodeFusedParams& p, int i,
+                                                 const uint16_t** gate, const uint16_t** up) {
+  const int S = p.shared_parts, I = p.inter, H = p.hidden_size;
+  const int s = i / I, j = i - s * I;
+  *gate = p.shared_gate_up + (int64_t{s} * I + j) * H;
+  *up = p.shared_gate_up + ((int64_t{S} + s) * I + j) * H;
+}
+
+// The warp's first item's first chunk, if that item is a shared part's (else zeros, unused);
+// the rest of such a row pair is prefetched into L2.
+template <int kT>
+__device__ GateUpChunk GateUpPipelinedPrefetch(MoeDecodeFusedParams p) {
+  GateUpChunk c;
+  const int i = blockIdx.x * kWarps + threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int kv = p.hidden_size / 8;
+  if (i < p.shared_parts * p.inter) {
+    const uint16_t *gate, *up;
+    SharedGateUpRows(p, i, &gate, &up);
+    LoadGateUpChunk(gate, up, lane, kv, &c);
+    if (lane == 0 && kv > 32 * kUnroll) {
+      const uint32_t rest = static_cast<uint32_t>(kv - 32 * kUnroll) * 16;
+      PrefetchL2(gate + 8 * 32 * kUnroll, rest);
+      PrefetchL2(up + 8 * 32 * kUnroll, rest);
+    }
+  } else {
+#pragma unroll
+    for (int n = 0; n < kUnroll; ++n) c.g[n] = c.u[n] = make_uint4(0, 0, 0, 0);
+  }
+  return c;
+}
+
+template <int kT>
+__device__ void GateUpPipelinedBody(const GateUpChunk& prefetched, MoeDecodeFusedParams p) {
+  __shared__ PartTable<kT> tab;
+  const int K = p.top_k, P = K + p.shared_parts, I = p.inter, H = p.hidden_size;
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  const int stride = gridDim.x * kWarps;
+  int i = blockIdx.x * kWarps + warp;
+  if (warp == 0) BuildPartTable<kT>(p, &tab);
+  if (i < p.shared_parts * I) {
+    const uint16_t *gate, *up;
+    SharedGateUpRows(p, i, &gate, &up);
+    const int s = i / I;
+    float* act[kT];
+#pragma unroll
+    for (int t = 0; t < kT; ++t) act[t] = p.act + (int64_t{t} * P + K + s) * I;
+    FinishGateUpItem<kT>(p, prefetched, gate, up, act, i - s * I);
+    i += stride;
+  }
+  __syncthreads();
+  const int items = tab.count * I, kv = H / 8;
+  GateUpChunk cur;
+  if (i < items) {
+    const int u = i / I, j = i - u * I;
+    LoadGateUpChunk(tab.gate[u] + int64_t{j} * H, tab.up[u] + int64_t{j} * H, lane, kv, &cur);
+  }
+  for (; i < items; i += stride) {
+    const int next = i + stride;
+    GateUpChunk nxt;
+    if (next < items) {
+      const int u = next / I, j = next - u * I;
+      LoadGateUpChunk(tab.gate[u] + int64_t{j} * H, tab.up[u] + int64_t{j} * H, lane, kv, &nxt);
+    }
+    const int u = i / I, j = i - u * I;
+    float* act[kT];
+#pragma unroll
+    for (int t = 0; t < kT; ++t) act[t] = tab.act[u][t];
+    FinishGateUpItem<kT>(p, cur, tab.gate[u] + int64_t{j} * H, tab.up[u] + int64_t{j} * H, act, j);
+    cur = nxt;
+  }
+}
+
+// Most features one down block handles (its per-warp sums in shared memory).
+constexpr int kMaxDownFeatures = 64;
+
+struct DownBatch {
+  uint4 w[kDownLoads];
+};
+
+// Feature f's loads x0 + n * kDownThreads (x = u * kv + v: part u's vector v), as kPersistent.
+template <int kT>
+__device__ __forceinline__ void LoadDownBatch(const PartTable<kT>& tab, int f, int x0, int kv,
+                                              DownBatch* b) {
+  int u = x0 / kv, v = x0 - u * kv;
+#pragma unroll
+  for (int n = 0; n < kDownLoads; ++n) {
+    b->w[n] = u < tab.count ? LoadStreaming(tab.down[u] + int64_t{f} * tab.down_stride[u] + 8 * v)
+                            : make_uint4(0, 0, 0, 0);
+    v += kDownThreads;
+    while (v >= kv) {
+      v -= kv;
+      ++u;
+    }
+  }
+}
+
+template <int kT>
+__device__ __forceinline__ void AccumulateDownBatch(const PartTable<kT>& tab, const DownBatch& b,
+                                                    int x0, int kv, float acc[kT]) {
+  int u = x0 / kv, v = x0 - u * kv;
+#pragma unroll
+  for (int n = 0; n < kDownLoads; ++n) {
+    if (u >= tab.count) break;
+    float wf[8];
+    Bf16x8ToFloat(b.w[n], wf);
+#pragma unroll
+    for (int t = 0; t < kT; ++t) {
+      const float4* a = reinterpret_cast<const float4*>(tab.act[u][t]);
+      if (a == nullptr) continue;
+      const float s = Dot8(0.0f, a[2 * v], a[2 * v + 1], wf);
+      acc[t] = fmaf(tab.coef[u][t], s, acc[t]);
+    }
+    v += kDownThreads;
+    while (v >= kv) {
+      v -= kv;
+      ++u;
+    }
+  }
+}
+
+template <int kT>
+__device__ void DownPipelinedBody(const NoPrefetchResult&, MoeDecodeFusedParams p) {
+  __shared__ PartTable<kT> tab;
+  __shared__ float partial[kMaxDownFeatures][kDownWarps][kT];
+  if (threadIdx.x < 32) BuildPartTable<kT>(p, &tab);
+  __syncthreads();
+  const int H = p.hidden_size, kv = p.inter / 8, total = tab.count * kv;
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  const int first = blockIdx.x, stride = gridDim.x;
+  constexpr int kBatch = kDownThreads * kDownLoads;
+  DownBatch cur;
+  if (first < H) LoadDownBatch<kT>(tab, first, threadIdx.x, kv, &cur);
+  int n = 0;
+  for (int f = first; f < H; f += stride, ++n) {
+    DownBatch nxt;
+    if (f + stride < H) LoadDownBatch<kT>(tab, f + stride, threadIdx.x, kv, &nxt);
+    float acc[kT];
+#pragma unroll
+    for (int t = 0; t < kT; ++t) acc[t] = 0.0f;
+    AccumulateDownBatch<kT>(tab, cur, threadIdx.x, kv, acc);
+    for (int x0 = threadIdx.x + kBatch; x0 < total; x0 += kBatch) {
+      DownBatch b;
+      LoadDownBatch<kT>(tab, f, x0, kv, &b);
+      AccumulateDownBatch<kT>(tab, b, x0, kv, acc);
+    }
+#pragma unroll
+    for (int t = 0; t < kT; ++t) {
+      const float sum = WarpSum(acc[t]);
+      if (lane == 0) partial[n][warp][t] = sum;
+    }
+    cur = nxt;
+  }
+  __syncthreads();
+  for (int c = threadIdx.x; c < n * kT; c += kDownThreads) {
+    const int m = c / kT, t = c - m * kT;
+    float sum = 0.0f;
+#pragma unroll
+    for (int w = 0; w < kDownWarps; ++w) sum += partial[m][w][t];
+    p.out[int64_t{t} * H + first + int64_t{m} * stride] = sum;
+  }
+}
+
 // Blocks of `kernel` that fit on one SM (4 if the occupancy query fails). Asked once per kernel,
 // maybe while the stream is being captured: in relaxed capture mode for this thread, so that
 // the query cannot invalidate a capture.
@@ -487,12 +730,13 @@ int BlocksPerSm(const void* kernel, int threads) {
   return blocks;
 }
 
-template <int kT>
-cudaError_t LaunchPersistent(const MoeDecodeFusedParams& p, cudaStream_t stream) {
-  constexpr auto kGateUp =
-      PrefetchEntryKernel<GateUpPrefetch<kT>, GateUpPersistentBody<kT>, kThreads>();
-  constexpr auto kDown =
-      PrefetchEntryKernel<DownPrefetch<kT>, DownPersistentBody<kT>, kDownThreads>();
+// The grid-strided pairs (kPersistent, kPipelined) with their grid sizes; limit_down_features:
+// at least enough down blocks that none has more than kMaxDownFeatures features.
+template <auto kGateUpPrefetch, auto kGateUpBody, auto kDownBody, int kT>
+cudaError_t LaunchGridStrided(const MoeDecodeFusedParams& p, bool limit_down_features,
+                              cudaStream_t stream) {
+  constexpr auto kGateUp = PrefetchEntryKernel<kGateUpPrefetch, kGateUpBody, kThreads>();
+  constexpr auto kDown = PrefetchEntryKernel<DownPrefetch<kT>, kDownBody, kDownThreads>();
   static const int gate_up_fit = BlocksPerSm(reinterpret_cast<const void*>(kGateUp), kThreads);
   static const int down_fit = BlocksPerSm(reinterpret_cast<const void*>(kDown), kDownThreads);
   int device = 0, sms = 0;
@@ -512,14 +756,28 @@ cudaError_t LaunchPersistent(const MoeDecodeFusedParams& p, cudaStream_t stream)
   const int64_t gate_up_warps =
       balanced(max_parts * p.inter, int64_t{sms} * gate_up_per_sm * kWarps);
   const int64_t gate_up_blocks = (gate_up_warps + kWarps - 1) / kWarps;
-  const int64_t down_blocks = balanced(p.hidden_size, int64_t{sms} * down_per_sm);
-  err =
-      LaunchPrefetchThenAfterPrecedingGrids<GateUpPrefetch<kT>, GateUpPersistentBody<kT>, kThreads>(
-          dim3(static_cast<unsigned>(gate_up_blocks)), 0, stream, p);
+  int64_t down_blocks = balanced(p.hidden_size, int64_t{sms} * down_per_sm);
+  if (limit_down_features) {
+    down_blocks = std::max<int64_t>(
+        down_blocks, (int64_t{p.hidden_size} + kMaxDownFeatures - 1) / kMaxDownFeatures);
+  }
+  err = LaunchPrefetchThenAfterPrecedingGrids<kGateUpPrefetch, kGateUpBody, kThreads>(
+      dim3(static_cast<unsigned>(gate_up_blocks)), 0, stream, p);
   if (err != cudaSuccess) return err;
-  return LaunchPrefetchThenAfterPrecedingGrids<DownPrefetch<kT>, DownPersistentBody<kT>,
-                                               kDownThreads>(
+  return LaunchPrefetchThenAfterPrecedingGrids<DownPrefetch<kT>, kDownBody, kDownThreads>(
       dim3(static_cast<unsigned>(down_blocks)), 0, stream, p);
+}
+
+template <int kT>
+cudaError_t LaunchPersistent(const MoeDecodeFusedParams& p, cudaStream_t stream) {
+  return LaunchGridStrided<GateUpPrefetch<kT>, GateUpPersistentBody<kT>, DownPersistentBody<kT>,
+                           kT>(p, /*limit_down_features=*/false, stream);
+}
+
+template <int kT>
+cudaError_t LaunchPipelined(const MoeDecodeFusedParams& p, cudaStream_t stream) {
+  return LaunchGridStrided<GateUpPipelinedPrefetch<kT>, GateUpPipelinedBody<kT>,
+                           DownPipelinedBody<kT>, kT>(p, /*limit_down_features=*/true, stream);
 }
 
 }  // namespace
@@ -536,6 +794,7 @@ cudaError_t MoeDecodeFusedF32(const MoeDecodeFusedParams& p, cudaStream_t stream
       p.num_experts >= 1 && p.hidden_size > 0 && p.hidden_size % 8 == 0 && p.inter > 0 &&
       p.inter % 8 == 0 && p.gate_up_blocks_per_sm >= 0 && p.down_blocks_per_sm >= 0;
   const bool kernels_ok = p.kernels == MoeDecodeFusedKernels::kPersistent ||
+                          p.kernels == MoeDecodeFusedKernels::kPipelined ||
                           p.kernels == MoeDecodeFusedKernels::kWarpPerRow;
   const bool pointers_ok =
       p.hidden != nullptr && p.topk_ids != nullptr && p.topk_weights != nullptr &&
@@ -547,6 +806,9 @@ cudaError_t MoeDecodeFusedF32(const MoeDecodeFusedParams& p, cudaStream_t stream
   if (!sizes_ok || !kernels_ok || !pointers_ok) return cudaErrorInvalidValue;
   if (p.kernels == MoeDecodeFusedKernels::kWarpPerRow) {
     return p.num_tokens == 1 ? LaunchWarpPerRow<1>(p, stream) : LaunchWarpPerRow<2>(p, stream);
+  }
+  if (p.kernels == MoeDecodeFusedKernels::kPipelined) {
+    return p.num_tokens == 1 ? LaunchPipelined<1>(p, stream) : LaunchPipelined<2>(p, stream);
   }
   return p.num_tokens == 1 ? LaunchPersistent<1>(p, stream) : LaunchPersistent<2>(p, stream);
 }

@@ -8,8 +8,9 @@
 //   2. down: out[t, f] = sum over k of topk_weights[t, k] * (act[t, k] . down_e[f]) + sum over
 //      shared parts s of (act[t, K + s] . shared_down[f, s*inter:(s+1)*inter]).
 //
-// Two kernel pairs do this (MoeDecodeFusedKernels): kPersistent (default; grid-strided over the
-// work, L2 prefetch before the PDL wait) and session 6's kWarpPerRow.
+// Three kernel pairs do this (MoeDecodeFusedKernels): kPersistent (grid-strided over the work,
+// L2 prefetch before the PDL wait), kPipelined (the same with the round trips overlapped; the
+// backend takes it at hidden <= 4096, kPersistent above) and session 6's kWarpPerRow.
 //
 // The shared MLP of intermediate size shared_parts * inter is exactly the sum of shared_parts
 // MLPs of intermediate inter over consecutive slices of its gate / up rows and down columns
@@ -35,8 +36,14 @@ enum class MoeDecodeFusedKernels : int32_t {
   // A grid of about one pass over the SMs, each warp grid-striding over the (part, row) pairs
   // of gate_up, each block over the output features of down with the parts of a feature spread
   // over its threads; weights streamed past L1; the first rows prefetched into L2 before the PDL
-  // wait (gate_up: the shared experts', down: every part's). The default.
+  // wait (gate_up: the shared experts', down: every part's). MoeDecodeFusedParams' default.
   kPersistent,
+  // kPersistent's work split and sums (bit-identical results) with the round trips overlapped:
+  // gate_up's first shared row chunk loaded into registers before the PDL wait and computed
+  // while warp 0 builds the part table, then each warp's next item's first chunk issued before
+  // the current one is computed; down's next feature's first loads issued before the current
+  // feature is summed, its per-warp sums kept in shared memory with one __syncthreads at the end.
+  kPipelined,
   // Session 6's: one block column per (token, choice) and shared part, one warp per row pair
   // (gate_up); one warp per output feature walking the parts two at a time (down).
   kWarpPerRow,

@@ -39,6 +39,8 @@ const Variant kVariants[] = {
     {"persistent", kernels::MoeDecodeFusedKernels::kPersistent, 0, 0},
     {"persistent, 1 block per SM", kernels::MoeDecodeFusedKernels::kPersistent, 1, 1},
     {"warp per row", kernels::MoeDecodeFusedKernels::kWarpPerRow, 0, 0},
+    {"pipelined", kernels::MoeDecodeFusedKernels::kPipelined, 0, 0},
+    {"pipelined, 1 block per SM", kernels::MoeDecodeFusedKernels::kPipelined, 1, 1},
 };
 
 // n bf16 values (bits) and their fp32 widening.
@@ -148,6 +150,7 @@ void Check(const Shape& s, int32_t tokens, int32_t repeated) {
   p.act = dact.get();
   p.out = dout.get();
 
+  std::vector<float> persistent;  // kPersistent's output at the default grids
   for (const Variant& v : kVariants) {
     SCOPED_TRACE(::testing::Message() << "variant " << v.name);
     dact.Poison();
@@ -162,6 +165,16 @@ void Check(const Shape& s, int32_t tokens, int32_t repeated) {
     // output; a missing or doubled part, a wrong row or a wrong weight is of the order of the
     // output.
     EXPECT_TRUE(testing::AllClose(got, want, 1e-4 * scale, 1e-4));
+    // kPipelined sums in kPersistent's order (per thread / lane, then the butterflies and the
+    // warps in order; the grids do not change that order): bit-identical outputs.
+    if (v.kernels == kernels::MoeDecodeFusedKernels::kPersistent && v.gate_up_blocks_per_sm == 0) {
+      persistent = got;
+    } else if (v.kernels == kernels::MoeDecodeFusedKernels::kPipelined) {
+      ASSERT_EQ(got.size(), persistent.size());
+      int64_t differ = 0;
+      for (size_t i = 0; i < got.size(); ++i) differ += got[i] != persistent[i];
+      EXPECT_EQ(differ, 0) << "outputs of kPipelined that differ from kPersistent's";
+    }
   }
 }
 

@@ -158,9 +158,12 @@ int main(int argc, char** argv) {
                   "hidden <= 4096 with the persistent kernels), on (1-2 tokens, any width) or\n"
                   "off (the previous permute + grouped GEMMs + combine and separate\n"
                   "shared-expert GEMMs).");
-  flags.AddString("decode-moe-fused-kernels", &config.decode_moe_fused_kernels,
-                  "CUDA, bf16: the kernels of that MoE block: persistent (default: grid-strided,\n"
-                  "L2 prefetch before the PDL wait) or warp-per-row (session 6's), same math.");
+  flags.AddString(
+      "decode-moe-fused-kernels", &config.decode_moe_fused_kernels,
+      "CUDA, bf16: the kernels of that MoE block: auto (default: pipelined at hidden\n"
+      "<= 4096, else persistent, as measured), persistent (grid-strided, L2 prefetch\n"
+      "before the PDL wait), pipelined (the same with the load round trips overlapped,\n"
+      "bit-identical results) or warp-per-row (session 6's), same math.");
   flags.AddBool("decode-moe-graph-buckets", &config.decode_moe_graph_buckets,
                 "CUDA, bf16: inside the decode graphs, each planned expert GEMM behind a switch\n"
                 "over batch sizes picked on the device; false (default: measured faster in the\n"

@@ -485,14 +485,18 @@ absl::Status RunRank(const BenchConfig& bc, int64_t rank, RankState* s, RankOutp
       return absl::InvalidArgumentError(absl::StrCat(
           "--decode-moe-fused must be auto, on or off, got '", bc.decode_moe_fused, "'"));
     }
-    if (bc.decode_moe_fused_kernels.empty() || bc.decode_moe_fused_kernels == "persistent") {
+    if (bc.decode_moe_fused_kernels.empty() || bc.decode_moe_fused_kernels == "auto") {
+      cuda->SetDecodeMoeFusedKernelsAuto();
+    } else if (bc.decode_moe_fused_kernels == "persistent") {
       cuda->SetDecodeMoeFusedKernels(kernels::MoeDecodeFusedKernels::kPersistent);
+    } else if (bc.decode_moe_fused_kernels == "pipelined") {
+      cuda->SetDecodeMoeFusedKernels(kernels::MoeDecodeFusedKernels::kPipelined);
     } else if (bc.decode_moe_fused_kernels == "warp-per-row") {
       cuda->SetDecodeMoeFusedKernels(kernels::MoeDecodeFusedKernels::kWarpPerRow);
     } else {
-      return absl::InvalidArgumentError(
-          absl::StrCat("--decode-moe-fused-kernels must be persistent or warp-per-row, got '",
-                       bc.decode_moe_fused_kernels, "'"));
+      return absl::InvalidArgumentError(absl::StrCat(
+          "--decode-moe-fused-kernels must be auto, persistent, pipelined or warp-per-row, got '",
+          bc.decode_moe_fused_kernels, "'"));
     }
   }
   if (cuda != nullptr) cuda->SetDecodeMoeGraphBuckets(bc.decode_moe_graph_buckets);

@@ -1247,10 +1247,18 @@ bool CudaBackend::DecodeMoeFusedFor(int64_t tokens, int64_t hidden_size) const {
   // moe_block_decode_bench (4 layers in a CUDA graph, H200), µs a layer, previous ops -> fused
   // kWarpPerRow / kPersistent: Moonlight 1 token 63.6 -> 58.0 / 50.2, 2 tokens 77.6 -> 97.2 /
   // 75.3; V3 1 token 220.7 -> 232.7 / 209.1, 2 tokens 353.3 -> 499.2 / 405.3.
-  if (decode_moe_fused_kernels_ == kernels::MoeDecodeFusedKernels::kWarpPerRow) {
+  // kPipelined (session 7, branch s7-moeblk2): Moonlight 2 tokens 68.5, V3 2 tokens 350.6
+  // (previous ops 351.8: no faster, not taken).
+  if (DecodeMoeFusedKernelsFor(hidden_size) == kernels::MoeDecodeFusedKernels::kWarpPerRow) {
     return tokens == 1 && hidden_size <= kMaxAutoFusedMoeHidden;
   }
   return tokens == 1 || (tokens == 2 && hidden_size <= kMaxAutoFusedMoeHidden);
+}
+
+kernels::MoeDecodeFusedKernels CudaBackend::DecodeMoeFusedKernelsFor(int64_t hidden_size) const {
+  if (!decode_moe_fused_kernels_auto_) return decode_moe_fused_kernels_;
+  return hidden_size <= kMaxAutoFusedMoeHidden ? kernels::MoeDecodeFusedKernels::kPipelined
+                                               : kernels::MoeDecodeFusedKernels::kPersistent;
 }
 
 bool CudaBackend::RoutedAndSharedExperts(const RoutedExpertsArgs& a) {
@@ -1284,7 +1292,7 @@ bool CudaBackend::RoutedAndSharedExperts(const RoutedExpertsArgs& a) {
       sizeof(float));
   p.act = act->as<float>();
   p.out = a.out;
-  p.kernels = decode_moe_fused_kernels_;
+  p.kernels = DecodeMoeFusedKernelsFor(a.hidden_size);
   p.gate_up_blocks_per_sm = decode_moe_fused_gate_up_blocks_per_sm_;
   p.down_blocks_per_sm = decode_moe_fused_down_blocks_per_sm_;
   Check(kernels::MoeDecodeFusedF32(p, stream_), "kernels::MoeDecodeFusedF32");

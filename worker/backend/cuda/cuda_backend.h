@@ -140,22 +140,33 @@ class CudaBackend : public Backend {
   bool RoutedAndSharedExperts(const RoutedExpertsArgs& args) override;
   // Which sizes RoutedAndSharedExperts takes: kAuto (the default) where it measured faster than
   // RoutedExperts + the shared-expert ops (moe_block_decode_bench, H200, docs/kernels.md): with
-  // the kPersistent kernels one token at any width and two at hidden_size <=
-  // kMaxAutoFusedMoeHidden (Moonlight's 2048: faster; V3's 7168: slower at two); with
-  // kWarpPerRow one token at hidden_size <= kMaxAutoFusedMoeHidden only; kOn:
+  // the kPersistent or kPipelined kernels (DecodeMoeFusedKernelsFor) one token at any width and two
+  // at hidden_size <= kMaxAutoFusedMoeHidden (Moonlight's 2048: faster; V3's 7168: slower at two);
+  // with kWarpPerRow one token at hidden_size <= kMaxAutoFusedMoeHidden only; kOn:
   // 1..kernels::kMoeDecodeFusedMaxTokens tokens, any width; kOff: never (the model runs the
   // previous ops). kOn / kOff for tests and benchmarks.
   enum class DecodeMoeFused { kAuto, kOff, kOn };
   void SetDecodeMoeFused(DecodeMoeFused mode) { decode_moe_fused_ = mode; }
   bool DecodeMoeFusedFor(int64_t tokens, int64_t hidden_size) const;
-  // The kernels RoutedAndSharedExperts launches (default kPersistent) and, for benchmarks, the
-  // persistent grids' blocks per SM (0: as many as fit); kernels::MoeDecodeFusedParams.
+  // The kernels RoutedAndSharedExperts launches and, for benchmarks, the persistent grids'
+  // blocks per SM (0: as many as fit); kernels::MoeDecodeFusedParams. By default (and after
+  // SetDecodeMoeFusedKernelsAuto) DecodeMoeFusedKernelsFor picks them by size.
   void SetDecodeMoeFusedKernels(kernels::MoeDecodeFusedKernels kernels,
                                 int32_t gate_up_blocks_per_sm = 0, int32_t down_blocks_per_sm = 0) {
+    decode_moe_fused_kernels_auto_ = false;
     decode_moe_fused_kernels_ = kernels;
     decode_moe_fused_gate_up_blocks_per_sm_ = gate_up_blocks_per_sm;
     decode_moe_fused_down_blocks_per_sm_ = down_blocks_per_sm;
   }
+  void SetDecodeMoeFusedKernelsAuto() {
+    SetDecodeMoeFusedKernels(kernels::MoeDecodeFusedKernels::kPipelined);
+    decode_moe_fused_kernels_auto_ = true;
+  }
+  // The set kernels, or by default the faster pair measured (moe_block_decode_bench, H200,
+  // docs/kernels.md): kPipelined at hidden_size <= kMaxAutoFusedMoeHidden (Moonlight 1 token
+  // 50.1 -> 46.6 µs a layer, 2 tokens 74.9 -> 68.5), kPersistent above (V3 1 token 206.6 vs
+  // kPipelined's 220.8; at 2 tokens kAuto does not fuse V3).
+  kernels::MoeDecodeFusedKernels DecodeMoeFusedKernelsFor(int64_t hidden_size) const;
   static constexpr int64_t kMaxAutoFusedMoeHidden = 4096;
   // The chunked cuBLAS GEMMs were faster from 128 tokens on (the smallest size measured,
   // docs/kernels.md); decode batches up to here keep the path without host synchronisation.
@@ -435,8 +446,9 @@ class CudaBackend : public Backend {
   int32_t planned_chunk_rows_ = 0;  // 0: by size
   bool decode_moe_sparse_epilogue_ = true;
   DecodeMoeFused decode_moe_fused_ = DecodeMoeFused::kAuto;
+  bool decode_moe_fused_kernels_auto_ = true;  // DecodeMoeFusedKernelsFor picks by size
   kernels::MoeDecodeFusedKernels decode_moe_fused_kernels_ =
-      kernels::MoeDecodeFusedKernels::kPersistent;
+      kernels::MoeDecodeFusedKernels::kPipelined;
   int32_t decode_moe_fused_gate_up_blocks_per_sm_ = 0;
   int32_t decode_moe_fused_down_blocks_per_sm_ = 0;
   bool decode_moe_graph_buckets_ = false;

@@ -952,9 +952,18 @@ TEST_F(RoutedExpertsTest, RoutedAndSharedExpertsMatchCpuOps) {
     a.shared_inter = SI;
     a.shared_gate_up = sgu_gpu.data;
     a.shared_down = sdn_gpu.data;
-    // kAuto with the persistent kernels (the default): one token at any width, two up to
+    // The kernels by default: kPipelined up to kMaxAutoFusedMoeHidden, kPersistent above;
+    // a set pair is kept at every width.
+    EXPECT_EQ(gpu_->DecodeMoeFusedKernelsFor(H), kernels::MoeDecodeFusedKernels::kPipelined);
+    EXPECT_EQ(gpu_->DecodeMoeFusedKernelsFor(CudaBackend::kMaxAutoFusedMoeHidden + 8),
+              kernels::MoeDecodeFusedKernels::kPersistent);
+    gpu_->SetDecodeMoeFusedKernels(kernels::MoeDecodeFusedKernels::kPipelined);
+    EXPECT_EQ(gpu_->DecodeMoeFusedKernelsFor(CudaBackend::kMaxAutoFusedMoeHidden + 8),
+              kernels::MoeDecodeFusedKernels::kPipelined);
+    // kAuto with the persistent kernels: one token at any width, two up to
     // kMaxAutoFusedMoeHidden; with kWarpPerRow one token up to that width only. kOn takes both.
     const int64_t wide = CudaBackend::kMaxAutoFusedMoeHidden + 8;
+    gpu_->SetDecodeMoeFusedKernels(kernels::MoeDecodeFusedKernels::kPersistent);
     EXPECT_TRUE(gpu_->DecodeMoeFusedFor(T, H));
     EXPECT_TRUE(gpu_->DecodeMoeFusedFor(1, wide));
     EXPECT_FALSE(gpu_->DecodeMoeFusedFor(2, wide));
@@ -983,6 +992,25 @@ TEST_F(RoutedExpertsTest, RoutedAndSharedExpertsMatchCpuOps) {
     ASSERT_TRUE(taken);
     ASSERT_TRUE((*ops)->Replay().ok());
     EXPECT_EQ(Download(*dout2), eager) << "replay differs from the eager run";
+
+    // kPipelined: kPersistent's sums in the same order (bit-identical), eager and replayed.
+    gpu_->SetDecodeMoeFusedKernels(kernels::MoeDecodeFusedKernels::kPipelined);
+    EXPECT_TRUE(gpu_->DecodeMoeFusedFor(1, wide));
+    auto dout_pipe = Poisoned(T * H);
+    a.out = dout_pipe->as<float>();
+    ASSERT_TRUE(gpu_->RoutedAndSharedExperts(a));
+    EXPECT_EQ(Download(*dout_pipe), eager) << "kPipelined differs from kPersistent";
+    auto dout_pipe2 = Poisoned(T * H);
+    a.out = dout_pipe2->as<float>();
+    auto pipe_ops = gpu_->Capture([&] {
+      taken = gpu_->RoutedAndSharedExperts(a);
+      return absl::OkStatus();
+    });
+    ASSERT_TRUE(pipe_ops.ok()) << pipe_ops.status();
+    ASSERT_TRUE(taken);
+    ASSERT_TRUE((*pipe_ops)->Replay().ok());
+    EXPECT_EQ(Download(*dout_pipe2), eager) << "kPipelined's replay differs";
+    gpu_->SetDecodeMoeFusedKernelsAuto();
 
     // Declined (nothing written): switched off, a forced non-kGroupedF32 algorithm, a shared
     // size that is no multiple of inter, no shared experts, fp32 weights, 3 tokens.
