@@ -667,8 +667,8 @@ __global__ void __launch_bounds__(kCopyThreads)
   uint4* dst = reinterpret_cast<uint4*>(a.keys + s.key_base * a.dim);
   for (int64_t v = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; v < total;
        v += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-    const int64_t j = v / vecs;
-    const int64_t c = v - j * vecs;
+    const int32_t j = static_cast<int32_t>(v / vecs);  // a key of the sequence: < 2^31
+    const int64_t c = v - static_cast<int64_t>(j) * vecs;
     const int64_t slot =
         static_cast<int64_t>(table[j / a.block_size]) * a.block_size + j % a.block_size;
     if constexpr (kBf16) {
