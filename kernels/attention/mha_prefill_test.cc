@@ -355,9 +355,10 @@ TEST(MhaPrefillLimitsTest, RejectsBadParamsAndSpans) {
     int64_t keys = 0;
     for (const kernels::MhaPrefillSequence& s : seqs) keys += s.context_len;
     calls = 0;
+    int64_t expanded = 0;  // keys over all calls (a group's each)
     p.expand_gemm = [&](const kernels::MhaExpandGemm& g, cudaStream_t stream) {
       ++calls;
-      EXPECT_EQ(g.keys, keys);
+      expanded += g.keys;
       EXPECT_EQ(g.kv_width, static_cast<int64_t>(pr.heads) * (kNope + kV));
       EXPECT_EQ(g.latent_dim, kLatent);
       EXPECT_EQ(g.entries_stride, kLatent + kRope);
@@ -380,17 +381,20 @@ TEST(MhaPrefillLimitsTest, RejectsBadParamsAndSpans) {
     DEEPINFER_CUDA_OK(dout.Download(&got));
     pr.Expect(got, kAtol, kRtol, kRmsBound);
     EXPECT_EQ(calls, 1);
+    EXPECT_EQ(expanded, keys);
     // A budget below one sequence's keys: a group per sequence, a smaller workspace.
     p.workspace_budget = 1;
     const size_t small = kernels::MhaPrefillWorkspaceBytes(p);
     EXPECT_GT(small, 0u);
     EXPECT_LT(small, bytes);
     calls = 0;
+    expanded = 0;
     dout.Poison();
     DEEPINFER_CUDA_OK(kernels::MhaPrefillBf16(p, blas, nullptr));
     DEEPINFER_CUDA_OK(dout.Download(&got));
     pr.Expect(got, kAtol, kRtol, kRmsBound);
     EXPECT_EQ(calls, 2);
+    EXPECT_EQ(expanded, keys);
     p.workspace_budget = 0;
     // The per-sequence gather (session 5) gives the same entries.
     p.gather = kernels::MhaGather::kPerSequence;
