@@ -1,5 +1,6 @@
-// MhaPrefillBf16: non-absorbed MLA prefill (see mha_prefill.h). The gather kernel moves the
-// cached entries, cuBLAS expands them through kv_b, mha::FlashKernel below is the attention.
+// MhaPrefillBf16: non-absorbed MLA prefill (see mha_prefill.h). The gather kernels move the
+// cached entries, cuBLAS (or the caller's GEMM) expands them through kv_b, mha::FlashKernel and
+// mha::FlashWideKernel below are the attention.
 #include <cuda_bf16.h>
 #include <math.h>
 
@@ -25,9 +26,6 @@ using sm80::SharedAddr;
 using sm80::Swizzled;
 
 constexpr int kCopyThreads = 256;
-// Soft cap on the workspace: sequences are split into groups of about equal key counts, as few
-// as keep each group's gathered and expanded keys under it (a group has at least one sequence).
-constexpr size_t kWorkspaceBudget = size_t{256} << 20;
 constexpr size_t kAlign = 256;
 
 size_t AlignUp(size_t v) { return (v + kAlign - 1) / kAlign * kAlign; }
@@ -642,6 +640,52 @@ __global__ void __launch_bounds__(kThreads, 2) FlashWideKernel(const __grid_cons
 
 }  // namespace mha
 
+// -------------------------------------------------------------------------------------------
+// The one-launch gather (MhaGather::kOneLaunch): block row y copies sequence y of the group,
+// 8 values (16 bytes of bf16) a thread and step; the entries of a key are contiguous in both the
+// cache and the workspace, so a warp's loads and stores are 512 contiguous bytes.
+struct GatherSeq {
+  int32_t seq = 0, len = 0;
+  int64_t key_base = 0;
+};
+
+struct GatherArgs {
+  const void* cache;
+  int32_t block_size, dim, max_blocks;
+  const int32_t* tables;
+  __nv_bfloat16* keys;  // [group keys, dim]
+  GatherSeq seqs[mha::kMaxSeqs];
+};
+
+template <bool kBf16>
+__global__ void __launch_bounds__(kCopyThreads)
+    GatherGroupKernel(const __grid_constant__ GatherArgs a) {
+  const GatherSeq& s = a.seqs[blockIdx.y];
+  const int vecs = a.dim / 8;
+  const int64_t total = static_cast<int64_t>(s.len) * vecs;
+  const int32_t* table = a.tables + static_cast<int64_t>(s.seq) * a.max_blocks;
+  uint4* dst = reinterpret_cast<uint4*>(a.keys + s.key_base * a.dim);
+  for (int64_t v = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; v < total;
+       v += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int32_t j = static_cast<int32_t>(v / vecs);  // a key of the sequence: < 2^31
+    const int64_t c = v - static_cast<int64_t>(j) * vecs;
+    const int64_t slot =
+        static_cast<int64_t>(table[j / a.block_size]) * a.block_size + j % a.block_size;
+    if constexpr (kBf16) {
+      dst[v] = __ldg(static_cast<const uint4*>(a.cache) + slot * vecs + c);
+    } else {
+      const float4* src = static_cast<const float4*>(a.cache) + (slot * vecs + c) * 2;
+      const float4 x = __ldg(src), y = __ldg(src + 1);
+      uint4 packed;
+      packed.x = sm80::PackBf16(x.x, x.y);
+      packed.y = sm80::PackBf16(x.z, x.w);
+      packed.z = sm80::PackBf16(y.x, y.y);
+      packed.w = sm80::PackBf16(y.z, y.w);
+      dst[v] = packed;
+    }
+  }
+}
+
 bool Aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
 
 // The shapes and layouts the kernels are written for (the device is checked separately).
@@ -730,8 +774,8 @@ std::vector<Group> PlanGroups(const MhaPrefillParams& p) {
   const size_t per_key = BytesPerKey(p);
   int64_t total = 0;
   for (int32_t i = 0; i < p.num_sequences; ++i) total += p.sequences[i].context_len;
-  const int64_t budget_keys =
-      std::max<int64_t>(1, static_cast<int64_t>(kWorkspaceBudget / per_key));
+  const size_t budget = p.workspace_budget > 0 ? p.workspace_budget : kMhaDefaultWorkspaceBudget;
+  const int64_t budget_keys = std::max<int64_t>(1, static_cast<int64_t>(budget / per_key));
   const int64_t count = std::max<int64_t>({int64_t{1}, (total + budget_keys - 1) / budget_keys,
                                            (p.num_sequences + mha::kMaxSeqs - 1) / mha::kMaxSeqs});
   const int64_t target = (total + count - 1) / count;
@@ -806,11 +850,22 @@ cudaError_t MhaPrefillBf16(const MhaPrefillParams& p, cublasHandle_t blas, cudaS
     a.kv = kv;
     const MhaFlashKernel flash = FlashFor(p, g.begin, g.end);
     const int64_t rows = flash == MhaFlashKernel::kRows64 ? mha::kRows : mha::kWideRows;
-    int64_t key_base = 0, max_tiles = 0;
+    int64_t key_base = 0, max_tiles = 0, max_len = 0;
+    GatherArgs ga{};
+    ga.cache = p.cache;
+    ga.block_size = p.block_size;
+    ga.dim = entry;
+    ga.max_blocks = p.max_blocks_per_seq;
+    ga.tables = p.block_tables;
+    ga.keys = entries;
     for (int32_t i = g.begin; i < g.end; ++i) {
       const MhaPrefillSequence& s = p.sequences[i];
       const int64_t work = static_cast<int64_t>(s.context_len) * (entry / 8);
-      if (p.cache_bf16) {
+      ga.seqs[i - g.begin] = {s.seq, s.context_len, key_base};
+      max_len = std::max<int64_t>(max_len, s.context_len);
+      if (p.gather != MhaGather::kPerSequence) {
+        // One launch for the whole group, after this loop.
+      } else if (p.cache_bf16) {
         GatherEntriesKernel<uint16_t><<<GridFor(work), kCopyThreads, 0, stream>>>(
             static_cast<const uint16_t*>(p.cache), p.block_size, entry, p.block_tables,
             p.max_blocks_per_seq, s.seq, s.context_len, entries + key_base * entry);
@@ -825,12 +880,34 @@ cudaError_t MhaPrefillBf16(const MhaPrefillParams& p, cublasHandle_t blas, cudaS
       max_tiles = std::max(max_tiles, tiles);
       key_base += s.context_len;
     }
+    if (p.gather == MhaGather::kOneLaunch) {
+      const dim3 grid(GridFor(max_len * (entry / 8)), static_cast<unsigned>(g.end - g.begin));
+      if (p.cache_bf16) {
+        GatherGroupKernel<true><<<grid, kCopyThreads, 0, stream>>>(ga);
+      } else {
+        GatherGroupKernel<false><<<grid, kCopyThreads, 0, stream>>>(ga);
+      }
+    }
     cudaError_t e = cudaGetLastError();
     if (e != cudaSuccess) return e;
+    bool expanded = false;
+    if (p.expand_gemm) {
+      MhaExpandGemm eg;
+      eg.keys = g.keys;
+      eg.kv_width = kv_width;
+      eg.latent_dim = p.latent_dim;
+      eg.entries = reinterpret_cast<const uint16_t*>(entries);
+      eg.entries_stride = entry;
+      eg.kv_b = p.kv_b;
+      eg.kv = reinterpret_cast<uint16_t*>(kv);
+      e = p.expand_gemm(eg, stream);
+      if (e != cudaSuccess && e != cudaErrorNotSupported) return e;
+      expanded = e == cudaSuccess;
+    }
     // KV (row-major [keys, kv_width]) = entries[:, :latent] . kv_b^T; column-major that is
     // KV^T = kv_b (op T of its [latent, kv_width] column-major view) x entries^T.
     const float one = 1.0f, zero = 0.0f;
-    if (st == CUBLAS_STATUS_SUCCESS) {
+    if (!expanded && st == CUBLAS_STATUS_SUCCESS) {
       st = cublasGemmEx(blas, CUBLAS_OP_T, CUBLAS_OP_N, kv_width, static_cast<int>(g.keys),
                         p.latent_dim, &one, p.kv_b, CUDA_R_16BF, p.latent_dim, entries, CUDA_R_16BF,
                         entry, &zero, kv, CUDA_R_16BF, kv_width, CUBLAS_COMPUTE_32F,

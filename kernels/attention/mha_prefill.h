@@ -9,9 +9,12 @@
 //
 // Per group of sequences (the workspace holds one group's keys):
 //   gather   each sequence's cached entries 0 .. context_len - 1 (latent | rope key) into a
-//            contiguous bf16 [keys, latent + rope] buffer (widened / kept bf16 from the cache);
-//   expand   KV = latent . kv_b^T, one cuBLAS GEMM with bf16 output: [keys, heads * (nope + v)],
-//            head h's K_nope at columns h * (nope + v) .., its V after;
+//            contiguous bf16 [keys, latent + rope] buffer (widened / kept bf16 from the cache),
+//            one launch for the group (MhaGather);
+//   expand   KV = latent . kv_b^T, one GEMM with bf16 output: [keys, heads * (nope + v)],
+//            head h's K_nope at columns h * (nope + v) .., its V after (the caller's
+//            MhaPrefillParams::expand_gemm, e.g. cuBLASLt with a timed algorithm, else
+//            cublasGemmEx);
 //   attend   flash attention (mma.sync m16n8k16 bf16, ldmatrix, cp.async, online softmax in
 //            exp2): a block takes 128 (or 64: MhaFlashKernel) query tokens of one (sequence,
 //            head) and streams the sequence's keys in tiles of 64 or 32 (K = K_nope | the shared
@@ -25,6 +28,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 
 namespace deepinfer {
 namespace kernels {
@@ -49,6 +53,34 @@ struct MhaPrefillSequence {
 // new tokens fill 128-row tiles about as well as 64-row ones (padded rows at 128 within 1/8 of
 // those at 64), else kRows64. A 128-row kernel the device cannot run falls back to kRows64.
 enum class MhaFlashKernel { kAuto, kRows64, kRows128Keys64, kRows128Keys32, kRows128Keys32Stages2 };
+
+// How a group's cache entries are gathered into the workspace. kOneLaunch (default): one launch
+// for the whole group, 16-byte loads. kPerSequence: one launch per sequence (the session-5 path,
+// kept for benchmarks): at 32 x 1024 that is 32 launches of ~1 MB each, bound by launch
+// overhead rather than bandwidth.
+enum class MhaGather { kOneLaunch, kPerSequence };
+
+// The expansion GEMM of one workspace group, row-major: kv[keys, kv_width] = entries[keys,
+// 0 .. latent_dim - 1] . kv_b[kv_width, latent_dim]^T, bf16 operands and output, fp32
+// accumulation. Strides in elements: entries_stride = latent_dim + rope_dim, kv_b's latent_dim,
+// kv's kv_width.
+struct MhaExpandGemm {
+  int64_t keys = 0;
+  int64_t kv_width = 0;  // heads * (nope_dim + v_dim)
+  int64_t latent_dim = 0;
+  const uint16_t* entries = nullptr;
+  int64_t entries_stride = 0;
+  const uint16_t* kv_b = nullptr;
+  uint16_t* kv = nullptr;
+};
+
+// Runs g on `stream` (in order with the op's other work; no host synchronisation inside graph
+// capture). Returns cudaSuccess when it ran it, cudaErrorNotSupported to leave it to
+// MhaPrefillBf16's cublasGemmEx (nothing launched), any other error to fail the op.
+using MhaExpandGemmFn = std::function<cudaError_t(const MhaExpandGemm& g, cudaStream_t stream)>;
+
+// Default soft cap on the workspace (MhaPrefillParams::workspace_budget).
+inline constexpr size_t kMhaDefaultWorkspaceBudget = size_t{256} << 20;
 
 struct MhaPrefillParams {
   int32_t num_heads = 0;
@@ -92,6 +124,15 @@ struct MhaPrefillParams {
   int32_t flash_pair_group = 0;
   // Benchmarks only: gather and expand, but skip the attention (out is not written).
   bool expand_only = false;
+  MhaGather gather = MhaGather::kOneLaunch;
+  // Optional: the expansion GEMM (see MhaExpandGemmFn); empty: cublasGemmEx with its default
+  // algorithm.
+  MhaExpandGemmFn expand_gemm;
+  // Soft cap on the workspace in bytes (0: kMhaDefaultWorkspaceBudget): the sequences are split
+  // into as few groups of about equal key counts as keep each group's gathered entries and
+  // expanded K_nope | V (9344 bytes a key at 16 heads) under it; a group has at least one
+  // sequence and at most 64.
+  size_t workspace_budget = 0;
 };
 
 // Whether MhaPrefillBf16 takes these params on the current device: nope_dim 128, v_dim 128,

@@ -12,9 +12,13 @@
 // Then one line per flash kernel and block order ("KERNEL:PAIR_GROUP", deepinfer-bench's
 // --mha-flash-kernel and --mha-flash-pair-group: rows64, rows128, rows128-keys32,
 // rows128-keys32x2, auto; pair group 0 tile-major, the default, or 16 pairs a group) with the
-// non-absorbed form's time, the gather + expansion alone (MhaPrefillParams::expand_only through
-// the kernel API, the same work), the attention kernel's share (the difference) and its rate
-// counting only the causal pairs' 2 * (192 + 128) FLOPs.
+// non-absorbed form's time, the attention kernel's share (minus the one-launch gather + tuned
+// expansion, timed alone) and its rate counting only the causal pairs' 2 * (192 + 128) FLOPs.
+// Before those, the gather + expansion alone (MhaPrefillParams::expand_only through the kernel
+// API) lever by lever: the gather per sequence or in one launch, alone or with cublasGemmEx or
+// the cuBLASLt tuner, at the default workspace budget or one large enough for one group; whether
+// each changes the output bits; and the whole op through CudaBackend with SetMhaFastExpand off /
+// on (and on with the larger budget). `mha_prefill_bench expand` prints only those.
 #include <cublas_v2.h>
 #include <cuda_runtime_api.h>
 
@@ -23,12 +27,14 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <memory>
 #include <vector>
 
 #include "kernels/attention/mha_prefill.h"
 #include "kernels/testing/bench_util.h"
 #include "worker/backend/bf16.h"
+#include "worker/backend/cuda/cublaslt_gemm_tuner.h"
 #include "worker/backend/cuda/cuda_backend.h"
 
 namespace deepinfer {
@@ -66,7 +72,7 @@ double MedianMs(CudaBackend& be, Fn&& fn) {
   return ms[ms.size() / 2];
 }
 
-void Run(CudaBackend& be, const Case& c) {
+void Run(CudaBackend& be, const Case& c, bool all_flash, void* lt_workspace) {
   const int32_t context = c.past + c.new_tokens;
   const int32_t blocks_per_seq = (context + kBlockSize - 1) / kBlockSize;
   const int64_t num_blocks = static_cast<int64_t>(c.seqs) * blocks_per_seq;
@@ -227,12 +233,126 @@ void Run(CudaBackend& be, const Case& c) {
     std::exit(1);
   }
   cudaStream_t stream = static_cast<cudaStream_t>(be.native_stream());
-  const double expand_ms =
-      MedianMs(be, [&] { BENCH_CUDA(kernels::MhaPrefillBf16(p, blas, stream)); });
   const double attn_flops = pairs * kHeads * 2.0 * (kQk + kV);
   const double expand_flops = 2.0 * keys * kLatent * kHeads * (kNope + kV);
-  std::printf("%-22s   gather + expansion %8.3f ms (%6.1f TFLOP/s)\n", c.name, expand_ms,
-              expand_flops / expand_ms / 1e9);
+  // The gather + expansion's levers one at a time (kernel API, expand_only): the gather per
+  // sequence (old) or in one launch; alone (an expansion hook that launches nothing), with
+  // cublasGemmEx or with a CublasLtGemmTuner as the backend uses it; the workspace budget
+  // (default 256 MiB: 32 x 1024 in two groups; 320 MiB: one group).
+  auto tuner_or = CublasLtGemmTuner::Create(lt_workspace, CudaBackend::kCublasWorkspaceBytes);
+  if (!tuner_or.ok()) {
+    std::fprintf(stderr, "%s\n", tuner_or.status().ToString().c_str());
+    std::exit(1);
+  }
+  CublasLtGemmTuner& tuner = **tuner_or;
+  const kernels::MhaExpandGemmFn skip = [](const kernels::MhaExpandGemm&, cudaStream_t) {
+    return cudaSuccess;
+  };
+  const kernels::MhaExpandGemmFn tuned = [&](const kernels::MhaExpandGemm& g, cudaStream_t st) {
+    LtGemm lg;
+    lg.m = g.keys, lg.n = g.kv_width, lg.k = g.latent_dim, lg.a = g.entries;
+    lg.lda = g.entries_stride, lg.w = g.kv_b, lg.ldw = g.latent_dim, lg.c = g.kv;
+    lg.ldc = g.kv_width, lg.c_bf16 = true;
+    auto ran = tuner.Run(lg, st, nullptr);
+    if (!ran.ok()) {
+      std::fprintf(stderr, "%s\n", ran.status().ToString().c_str());
+      std::exit(1);
+    }
+    return *ran ? cudaSuccess : cudaErrorNotSupported;
+  };
+  constexpr size_t kOneGroupBudget = size_t{320} << 20;
+  p.workspace_budget = kOneGroupBudget;
+  const size_t one_group_bytes = kernels::MhaPrefillWorkspaceBytes(p);
+  p.workspace_budget = 0;
+  if (one_group_bytes > p.workspace_bytes) {
+    p.workspace_bytes = one_group_bytes;
+    p.workspace = bench::DeviceAlloc<uint8_t>(p.workspace_bytes);
+  }
+  auto expand = [&](kernels::MhaGather gather, const kernels::MhaExpandGemmFn& fn, size_t budget) {
+    p.gather = gather;
+    p.expand_gemm = fn;
+    p.workspace_budget = budget;
+    const double ms = MedianMs(be, [&] { BENCH_CUDA(kernels::MhaPrefillBf16(p, blas, stream)); });
+    p.gather = kernels::MhaGather::kOneLaunch;
+    p.expand_gemm = nullptr;
+    p.workspace_budget = 0;
+    return ms;
+  };
+  using kernels::MhaGather;
+  const double expand_ms = expand(MhaGather::kPerSequence, nullptr, 0);
+  const double gather_seq_ms = expand(MhaGather::kPerSequence, skip, 0);
+  const double gather_one_ms = expand(MhaGather::kOneLaunch, skip, 0);
+  const double one_gemmex_ms = expand(MhaGather::kOneLaunch, nullptr, 0);
+  const double one_tuned_ms = expand(MhaGather::kOneLaunch, tuned, 0);
+  const double group_tuned_ms = expand(MhaGather::kOneLaunch, tuned, kOneGroupBudget);
+  const double gather_mb = 2.0 * keys * entry * 2 / 1e6;
+  std::printf(
+      "%-22s   gather + expansion (old: gather per sequence, cublasGemmEx) %8.3f ms (%6.1f "
+      "TFLOP/s)\n"
+      "%-22s     gather alone: per sequence %8.3f ms (%6.0f GB/s), one launch %8.3f ms (%6.0f "
+      "GB/s) of %.1f MB\n"
+      "%-22s     one-launch gather + cublasGemmEx %8.3f ms | + cuBLASLt tuned %8.3f ms (%6.1f "
+      "TFLOP/s) | tuned, 320 MiB budget %8.3f ms\n",
+      c.name, expand_ms, expand_flops / expand_ms / 1e9, c.name, gather_seq_ms,
+      gather_mb / gather_seq_ms, gather_one_ms, gather_mb / gather_one_ms, gather_mb, c.name,
+      one_gemmex_ms, one_tuned_ms, expand_flops / one_tuned_ms / 1e9, group_tuned_ms);
+  // Whole op through the kernel API: the one-launch gather is bit for bit the old one; the tuned
+  // GEMM may sum in another order.
+  p.expand_only = false;
+  auto out_bits = [&](MhaGather gather, const kernels::MhaExpandGemmFn& fn, size_t budget) {
+    p.gather = gather;
+    p.expand_gemm = fn;
+    p.workspace_budget = budget;
+    BENCH_CUDA(kernels::MhaPrefillBf16(p, blas, stream));
+    BENCH_CUDA(cudaStreamSynchronize(stream));
+    std::vector<uint16_t> bits(om.size());
+    be.CopyToHost(o_mha->data(), bits.size() * sizeof(uint16_t), bits.data());
+    return bits;
+  };
+  const std::vector<uint16_t> old_bits = out_bits(MhaGather::kPerSequence, nullptr, 0);
+  const std::vector<uint16_t> one_bits = out_bits(MhaGather::kOneLaunch, nullptr, 0);
+  const std::vector<uint16_t> tuned_bits = out_bits(MhaGather::kOneLaunch, tuned, 0);
+  const std::vector<uint16_t> group_bits = out_bits(MhaGather::kOneLaunch, tuned, kOneGroupBudget);
+  p.gather = MhaGather::kOneLaunch;
+  p.expand_gemm = nullptr;
+  p.workspace_budget = 0;
+  p.expand_only = true;
+  auto max_diff = [&](const std::vector<uint16_t>& x) {
+    double d = 0;
+    for (size_t i = 0; i < x.size(); ++i) {
+      d = std::max(
+          d, std::abs(static_cast<double>(Bf16BitsToFloat(x[i])) - Bf16BitsToFloat(old_bits[i])));
+    }
+    return d;
+  };
+  std::printf(
+      "%-22s     output vs old: one-launch gather %s; tuned GEMM %s (max |diff| %.3g); one group "
+      "%s (max |diff| %.3g)\n",
+      c.name, one_bits == old_bits ? "bit-identical" : "DIFFERS",
+      tuned_bits == old_bits ? "bit-identical" : "differs", max_diff(tuned_bits),
+      group_bits == tuned_bits ? "bit-identical to tuned" : "differs from tuned",
+      max_diff(group_bits));
+  // The whole op through CudaBackend: SetMhaFastExpand off (old) / on, and on with one group.
+  be.SetMhaFastExpand(false);
+  const double op_old_ms = MedianMs(be, mha);
+  be.SetMhaFastExpand(true);
+  const double op_new_ms = MedianMs(be, mha);
+  be.SetMhaWorkspaceBudget(kOneGroupBudget);
+  const double op_group_ms = MedianMs(be, mha);
+  be.SetMhaWorkspaceBudget(0);
+  if (!be.status().ok() || !mha_ran) {
+    std::fprintf(stderr, "%s: %s\n", c.name, be.status().ToString().c_str());
+    std::exit(1);
+  }
+  std::printf(
+      "%-22s   MhaPrefillAttention (backend): fast expand off %8.3f ms | on %8.3f ms | on, 320 MiB "
+      "budget %8.3f ms\n",
+      c.name, op_old_ms, op_new_ms, op_group_ms);
+  if (!all_flash) {
+    cublasDestroy(blas);
+    std::fflush(stdout);
+    return;
+  }
   // name:pair_group, the deepinfer-bench flags --mha-flash-kernel and --mha-flash-pair-group.
   struct Flash {
     const char* name;
@@ -258,7 +378,7 @@ void Run(CudaBackend& be, const Case& c) {
     for (size_t i = 0; i < oa.size(); ++i) {
       fworst = std::max(fworst, std::abs(static_cast<double>(Bf16BitsToFloat(om[i])) - oa[i]));
     }
-    const double attn_ms = ms - expand_ms;
+    const double attn_ms = ms - one_tuned_ms;  // the backend's default gather + expansion
     std::printf(
         "%-22s   flash %-19s mha %8.3f ms | attention %8.3f ms (%6.1f TFLOP/s of %.3g, %4.1f%% of "
         "mha) | max |diff| vs absorbed %.3g\n",
@@ -274,18 +394,22 @@ void Run(CudaBackend& be, const Case& c) {
 }  // namespace
 }  // namespace deepinfer
 
-int main() {
+// `mha_prefill_bench expand`: only the gather + expansion lines (no per-flash-kernel lines).
+int main(int argc, char** argv) {
   using deepinfer::Case;
+  const bool all_flash = !(argc > 1 && std::strcmp(argv[1], "expand") == 0);
   auto be = deepinfer::CudaBackend::Create(0, deepinfer::WeightDType::kBFloat16);
   if (!be.ok()) {
     std::fprintf(stderr, "%s\n", be.status().ToString().c_str());
     return 1;
   }
+  void* lt_workspace =
+      deepinfer::bench::DeviceAlloc<uint8_t>(deepinfer::CudaBackend::kCublasWorkspaceBytes);
   for (const Case& c :
        {Case{"32 x 1024", 32, 0, 1024}, Case{"8 x 1024", 8, 0, 1024}, Case{"1 x 4096", 1, 0, 4096},
         Case{"4 x (1024 + 1024 new)", 4, 1024, 1024}, Case{"32 x 128", 32, 0, 128},
         Case{"32 x 64", 32, 0, 64}, Case{"8 x (960 + 64 new)", 8, 960, 64}}) {
-    deepinfer::Run(**be, c);
+    deepinfer::Run(**be, c, all_flash, lt_workspace);
   }
   return 0;
 }

@@ -6,7 +6,9 @@
 // with the output and the unowned cache blocks poisoned (NaN); every case with each flash kernel
 // (kernels::MhaFlashKernel: 64-row, 128-row with 64- and 32-key tiles, one or two stages, and
 // kAuto's pick; the 128-row ones also in other block orders), plus
-// chunks that end inside a 128-row tile behind prefixes that are not multiples of a key tile.
+// chunks that end inside a 128-row tile behind prefixes that are not multiples of a key tile;
+// the gather + expansion paths (one gather launch per group or per sequence, cublasGemmEx, the
+// backend's cuBLASLt tuner or a caller's GEMM hook, one or several workspace groups).
 //
 // Tolerance: the kernel rounds q, the expanded K_nope / V and P to bf16 (u = 2^-9), the reference
 // does not. Latents ~ N(0, 1), kv_b ~ N(0, 1/512): K_nope, V ~ N(0, 1); q ~ N(0, 1), scale
@@ -245,6 +247,24 @@ TEST_P(MhaPrefillTest, MatchesCpuBackend) {
       pr.Expect(got, kAtol, kRtol + 4e-3, kRmsBound);
     }
   }
+  // The gather + expansion paths at the default flash kernel: the session-5 one (a gather launch
+  // per sequence, cublasGemmEx), and the default one with a workspace budget so small that each
+  // sequence is a group of its own.
+  gpu.SetMhaFlashKernel(MhaFlashKernel::kAuto);
+  gpu.SetMhaFlashPairGroup(0);
+  const std::pair<bool, size_t> expand[] = {{false, 0}, {true, 1}};
+  for (const auto& [fast, budget] : expand) {
+    SCOPED_TRACE(::testing::Message() << "fast expand " << fast << ", budget " << budget);
+    gpu.SetMhaFastExpand(fast);
+    gpu.SetMhaWorkspaceBudget(budget);
+    dout.Poison();
+    a.out = dout.get();
+    a.out_bf16 = nullptr;
+    ASSERT_TRUE(gpu.MhaPrefillAttention(a));
+    DEEPINFER_CUDA_OK(dout.Download(&got));
+    ASSERT_TRUE(gpu.status().ok()) << gpu.status();
+    pr.Expect(got, kAtol, kRtol, kRmsBound);
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(Cases, MhaPrefillTest, ::testing::ValuesIn(Cases()),
@@ -318,6 +338,77 @@ TEST(MhaPrefillLimitsTest, RejectsBadParamsAndSpans) {
     EXPECT_TRUE(std::all_of(got.begin(), got.end(), [](float x) { return std::isnan(x); }));
     p.expand_only = false;
     p.flash = kernels::MhaFlashKernel::kAuto;
+
+    // The expansion hook: declining (cudaErrorNotSupported) leaves the GEMM to cublasGemmEx;
+    // one that runs the GEMM from the descriptor alone (here with cublasGemmEx, row-major kv =
+    // entries . kv_b^T) replaces it, once per group; its errors fail the op.
+    int calls = 0;
+    p.expand_gemm = [&calls](const kernels::MhaExpandGemm&, cudaStream_t) {
+      ++calls;
+      return cudaErrorNotSupported;
+    };
+    dout.Poison();
+    DEEPINFER_CUDA_OK(kernels::MhaPrefillBf16(p, blas, nullptr));
+    DEEPINFER_CUDA_OK(dout.Download(&got));
+    pr.Expect(got, kAtol, kRtol, kRmsBound);
+    EXPECT_EQ(calls, 1);
+    int64_t keys = 0;
+    for (const kernels::MhaPrefillSequence& s : seqs) keys += s.context_len;
+    calls = 0;
+    int64_t expanded = 0;  // keys over all calls (a group's each)
+    p.expand_gemm = [&](const kernels::MhaExpandGemm& g, cudaStream_t stream) {
+      ++calls;
+      expanded += g.keys;
+      EXPECT_EQ(g.kv_width, static_cast<int64_t>(pr.heads) * (kNope + kV));
+      EXPECT_EQ(g.latent_dim, kLatent);
+      EXPECT_EQ(g.entries_stride, kLatent + kRope);
+      EXPECT_EQ(g.kv_b, p.kv_b);
+      const float one = 1.0f, zero = 0.0f;
+      if (cublasSetStream(blas, stream) != CUBLAS_STATUS_SUCCESS ||
+          cublasGemmEx(blas, CUBLAS_OP_T, CUBLAS_OP_N, static_cast<int>(g.kv_width),
+                       static_cast<int>(g.keys), static_cast<int>(g.latent_dim), &one, g.kv_b,
+                       CUDA_R_16BF, static_cast<int>(g.latent_dim), g.entries, CUDA_R_16BF,
+                       static_cast<int>(g.entries_stride), &zero, g.kv, CUDA_R_16BF,
+                       static_cast<int>(g.kv_width), CUBLAS_COMPUTE_32F,
+                       CUBLAS_GEMM_DEFAULT) != CUBLAS_STATUS_SUCCESS) {
+        return cudaErrorUnknown;
+      }
+      return cudaSuccess;
+    };
+    ws.Poison();  // the hook must write every expanded key
+    dout.Poison();
+    DEEPINFER_CUDA_OK(kernels::MhaPrefillBf16(p, blas, nullptr));
+    DEEPINFER_CUDA_OK(dout.Download(&got));
+    pr.Expect(got, kAtol, kRtol, kRmsBound);
+    EXPECT_EQ(calls, 1);
+    EXPECT_EQ(expanded, keys);
+    // A budget below one sequence's keys: a group per sequence, a smaller workspace.
+    p.workspace_budget = 1;
+    const size_t small = kernels::MhaPrefillWorkspaceBytes(p);
+    EXPECT_GT(small, 0u);
+    EXPECT_LT(small, bytes);
+    calls = 0;
+    expanded = 0;
+    dout.Poison();
+    DEEPINFER_CUDA_OK(kernels::MhaPrefillBf16(p, blas, nullptr));
+    DEEPINFER_CUDA_OK(dout.Download(&got));
+    pr.Expect(got, kAtol, kRtol, kRmsBound);
+    EXPECT_EQ(calls, 2);
+    EXPECT_EQ(expanded, keys);
+    p.workspace_budget = 0;
+    // The per-sequence gather (session 5) gives the same entries.
+    p.gather = kernels::MhaGather::kPerSequence;
+    dout.Poison();
+    DEEPINFER_CUDA_OK(kernels::MhaPrefillBf16(p, blas, nullptr));
+    DEEPINFER_CUDA_OK(dout.Download(&got));
+    pr.Expect(got, kAtol, kRtol, kRmsBound);
+    p.gather = kernels::MhaGather::kOneLaunch;
+    p.expand_gemm = [](const kernels::MhaExpandGemm&, cudaStream_t) {
+      return cudaErrorInvalidDevice;
+    };
+    EXPECT_EQ(kernels::MhaPrefillBf16(p, blas, nullptr), cudaErrorInvalidDevice);
+    DEEPINFER_CUDA_OK(cudaDeviceSynchronize());
+    p.expand_gemm = nullptr;
   }
   kernels::MhaPrefillParams bad = p;
   bad.v_dim = 64;  // the kernel is written for 128

@@ -145,6 +145,13 @@ int main(int argc, char** argv) {
   flags.AddInt("mha-flash-pair-group", &config.mha_flash_pair_group,
                "CUDA: the 128-row prefill flash kernels' block order, (sequence, head) pairs per\n"
                "group (kernels::MhaPrefillParams::flash_pair_group; 0, the default: tile-major).");
+  flags.AddBool("mha-fast-expand", &config.mha_fast_expand,
+                "CUDA: the non-absorbed prefill's cache gather in one launch per group and its\n"
+                "kv_b expansion through the cuBLASLt tuner (default); false: a gather launch\n"
+                "per sequence and cublasGemmEx.");
+  flags.AddInt("mha-workspace-mib", &config.mha_workspace_mib,
+               "CUDA: soft cap on the non-absorbed prefill's workspace (gathered + expanded\n"
+               "keys), MiB; 0: the default (256).");
   flags.AddInt("decode-moe-chunk-rows", &config.decode_moe_chunk_rows,
                "CUDA, bf16: rows per chunk of the planned cuBLAS expert GEMMs (1-256; 0: the\n"
                "backend's choice by size).");

@@ -460,6 +460,12 @@ absl::Status RunRank(const BenchConfig& bc, int64_t rank, RankState* s, RankOutp
           "--mha-flash-pair-group must be in [0, 2^31), got ", bc.mha_flash_pair_group));
     }
     cuda->SetMhaFlashPairGroup(static_cast<int32_t>(bc.mha_flash_pair_group));
+    cuda->SetMhaFastExpand(bc.mha_fast_expand);
+    if (bc.mha_workspace_mib < 0 || bc.mha_workspace_mib > (int64_t{1} << 20)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--mha-workspace-mib must be in [0, 2^20], got ", bc.mha_workspace_mib));
+    }
+    cuda->SetMhaWorkspaceBudget(static_cast<size_t>(bc.mha_workspace_mib) << 20);
   }
   if (cuda != nullptr && bc.decode_moe_chunk_rows != 0) {
     if (bc.decode_moe_chunk_rows < 0 ||

@@ -106,6 +106,11 @@ struct BenchConfig {
   std::string mha_flash_kernel;
   // CUDA: CudaBackend::SetMhaFlashPairGroup (0, the default: tile-major; N > 0: pair groups).
   int64_t mha_flash_pair_group = 0;
+  // CUDA: CudaBackend::SetMhaFastExpand (the non-absorbed prefill's gather in one launch per
+  // group and its kv_b expansion through the cuBLASLt tuner); off: the session-5 path.
+  bool mha_fast_expand = true;
+  // CUDA: CudaBackend::SetMhaWorkspaceBudget in MiB (0: the kernel's default, 256 MiB).
+  int64_t mha_workspace_mib = 0;
   // CUDA: CudaBackend::SetBf16GateUp (the dense MLP's / shared experts' gate_up GEMM with a
   // bf16 output at prefill sizes); off: fp32 output into SiLU-mul as before.
   bool bf16_gate_up = true;

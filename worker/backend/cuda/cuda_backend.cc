@@ -991,6 +991,20 @@ bool CudaBackend::MhaPrefillAttention(const MhaPrefillArgs& a) {
   p.out_token_stride = static_cast<int64_t>(a.num_heads) * a.v_dim;
   p.flash = mha_flash_kernel_;
   p.flash_pair_group = mha_flash_pair_group_;
+  p.workspace_budget = mha_workspace_budget_;
+  if (mha_fast_expand_) {
+    p.gather = kernels::MhaGather::kOneLaunch;
+    p.expand_gemm = [this](const kernels::MhaExpandGemm& g, cudaStream_t) {
+      const bool ran =
+          GemmOnCublasLt(g.keys, g.kv_width, g.latent_dim, g.entries, g.entries_stride,
+                         WeightView(g.kv_b, WeightDType::kBFloat16), g.latent_dim, g.kv, g.kv_width,
+                         /*c_bf16=*/true, /*accumulate=*/false);
+      if (!status().ok()) return cudaErrorUnknown;  // recorded by GemmOnCublasLt
+      return ran ? cudaSuccess : cudaErrorNotSupported;
+    };
+  } else {
+    p.gather = kernels::MhaGather::kPerSequence;
+  }
   if (!kernels::MhaPrefillSupported(p)) return false;
   OpTimer timer(this, "MhaPrefillAttention");
   p.workspace_bytes = kernels::MhaPrefillWorkspaceBytes(p);

@@ -274,6 +274,15 @@ class CudaBackend : public Backend {
   // default: tile-major; N > 0: pair groups, measured slower), for benchmarks
   // (--mha-flash-pair-group). A negative value makes MhaPrefillAttention decline (false).
   void SetMhaFlashPairGroup(int32_t pairs) { mha_flash_pair_group_ = pairs; }
+  // MhaPrefillAttention's gather + kv_b expansion. On (the default): the group's cache entries
+  // in one gather launch (kernels::MhaGather::kOneLaunch) and the expansion GEMM through the
+  // cuBLASLt tuner (GemmOnCublasLt, when SetGemmAutotune is on, outside graph capture, from
+  // kGemmAutotuneMinRows keys; else cublasGemmEx). Off: one gather launch per sequence and
+  // cublasGemmEx's default algorithm (the session-5 path). For benchmarks (--mha-fast-expand).
+  void SetMhaFastExpand(bool on) { mha_fast_expand_ = on; }
+  // kernels::MhaPrefillParams::workspace_budget in bytes (0, the default: the kernel's 256 MiB),
+  // for benchmarks (--mha-workspace-mib).
+  void SetMhaWorkspaceBudget(size_t bytes) { mha_workspace_budget_ = bytes; }
   // With bf16 weights (the fp32 model keeps fp32 attention), a sequence with at least
   // kMlaPrefillMinTokens new tokens and kMlaPrefillMinWork (new tokens x context) query-key
   // pairs. Measured on the H200 (docs/cuda.md): one 64-token prompt (4096 pairs) is faster on
@@ -428,6 +437,8 @@ class CudaBackend : public Backend {
   bool mla_decode_small_ = true;
   kernels::MhaFlashKernel mha_flash_kernel_ = kernels::MhaFlashKernel::kAuto;
   int32_t mha_flash_pair_group_ = 0;
+  bool mha_fast_expand_ = true;
+  size_t mha_workspace_budget_ = 0;
   int32_t mla_decode_small_max_context_ = kMlaDecodeSmallMaxContext;
   bool small_m_gemm_ = true;
   bool fused_router_ = true;
