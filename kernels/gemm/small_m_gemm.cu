@@ -14,6 +14,7 @@
 #include <cuda_bf16.h>
 
 #include "kernels/common/launch.cuh"
+#include "kernels/common/streaming_load.cuh"
 #include "kernels/gemm/small_m_gemm.h"
 
 namespace deepinfer {
@@ -141,15 +142,6 @@ __device__ void RowPerGroupBody(const WeightChunks<kUnroll>& first, int64_t n, i
   }
 }
 
-// 16 bytes of weights that are read once: not kept in L1, which holds the activation rows.
-__device__ __forceinline__ uint4 LoadWeights16(const uint16_t* p) {
-  uint4 v;
-  asm("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
-      : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-      : "l"(p));
-  return v;
-}
-
 constexpr int kSplitKWarps = kThreads / 32;
 constexpr int kSplitKChunks = 4;  // 16-byte weight chunks per lane and round
 
@@ -161,7 +153,7 @@ __device__ __forceinline__ void LoadSplitKRound(const uint16_t* wr, int64_t chun
 #pragma unroll
   for (int u = 0; u < kSplitKChunks; ++u) {
     const int64_t q = (g0 + u * S) * 32 + lane;
-    wq.q[u] = q < chunks ? LoadWeights16(wr + 8 * q) : make_uint4(0, 0, 0, 0);
+    wq.q[u] = q < chunks ? LoadStreaming16(wr + 8 * q) : make_uint4(0, 0, 0, 0);
   }
 }
 

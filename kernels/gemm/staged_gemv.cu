@@ -10,6 +10,7 @@
 
 #include "kernels/common/kernel_facts.h"
 #include "kernels/common/launch.cuh"
+#include "kernels/common/streaming_load.cuh"
 #include "kernels/gemm/staged_gemv.h"
 
 namespace deepinfer {
@@ -49,15 +50,6 @@ __device__ __forceinline__ uint32_t Pack(float lo, float hi) {
   return Bf16Bits(lo) | (Bf16Bits(hi) << 16);
 }
 
-// 16 bytes of weights that are read once: not kept in L1.
-__device__ __forceinline__ uint4 LoadWeights16(const uint16_t* p) {
-  uint4 v;
-  asm("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
-      : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-      : "l"(p));
-  return v;
-}
-
 // Concatenated row j's weights (every index static, so the parameters stay in registers).
 __device__ __forceinline__ const uint16_t* RowWeights(const Args& a, int64_t j) {
   const uint16_t* w = nullptr;
@@ -78,7 +70,7 @@ __device__ __forceinline__ void LoadPass(const Args& a, int64_t j, int64_t pass,
 #pragma unroll
   for (int u = 0; u < C; ++u) {
     const int64_t q = (pass * C + u) * 32 + lane;
-    out.q[u] = q < a.chunks ? LoadWeights16(wr + 8 * q) : make_uint4(0, 0, 0, 0);
+    out.q[u] = q < a.chunks ? LoadStreaming16(wr + 8 * q) : make_uint4(0, 0, 0, 0);
   }
 }
 

@@ -25,6 +25,7 @@
 #include <cstdint>
 
 #include "kernels/common/launch.cuh"
+#include "kernels/common/streaming_load.cuh"
 #include "kernels/moe/noaux_tc_router.h"
 #include "kernels/moe/noaux_tc_router_fused.h"
 #include "kernels/moe/noaux_tc_router_warp.cuh"
@@ -36,15 +37,6 @@ namespace {
 constexpr int kThreads = 256;
 constexpr int kWarps = kThreads / 32;
 constexpr int kPrefetchRounds = 2;  // float4 per weight row and thread loaded before the wait
-
-// Weights are read once per token tile: not kept in L1.
-__device__ __forceinline__ float4 LoadWeight4(const float4* p) {
-  float4 v;
-  asm("ld.global.nc.L1::no_allocate.v4.f32 {%0, %1, %2, %3}, [%4];"
-      : "=f"(v.x), "=f"(v.y), "=f"(v.z), "=f"(v.w)
-      : "l"(p));
-  return v;
-}
 
 template <int TE>
 struct WeightRounds {
@@ -62,7 +54,7 @@ __device__ WeightRounds<TE> PrefetchWeights(RouteTokensParams p) {
     const int64_t c = threadIdx.x + r * kThreads;
 #pragma unroll
     for (int e = 0; e < TE; ++e) {
-      first.w[r][e] = e0 + e < p.num_experts && c < h4 ? LoadWeight4(w + (e0 + e) * h4 + c)
+      first.w[r][e] = e0 + e < p.num_experts && c < h4 ? LoadStreamingFloat4(w + (e0 + e) * h4 + c)
                                                        : make_float4(0.f, 0.f, 0.f, 0.f);
     }
   }
@@ -205,7 +197,7 @@ __device__ void RouteTokensBody(const WeightRounds<TE>& first, RouteTokensParams
       if (c >= h4) break;
       // (The inner index only keeps the unrolled, untaken branch's access in bounds.)
       const float4 w = r < kPrefetchRounds ? first.w[r < kPrefetchRounds ? r : 0][0]
-                                           : LoadWeight4(weight + e0 * h4 + c);
+                                           : LoadStreamingFloat4(weight + e0 * h4 + c);
       float a = acc[0][0];
       a = fmaf(row.h[r].x, w.x, a);
       a = fmaf(row.h[r].y, w.y, a);
@@ -224,7 +216,7 @@ __device__ void RouteTokensBody(const WeightRounds<TE>& first, RouteTokensParams
 #pragma unroll
       for (int e = 0; e < TE; ++e) {
         w[e] =
-            e0 + e < E ? LoadWeight4(weight + (e0 + e) * h4 + c) : make_float4(0.f, 0.f, 0.f, 0.f);
+            e0 + e < E ? LoadStreamingFloat4(weight + (e0 + e) * h4 + c) : make_float4(0.f, 0.f, 0.f, 0.f);
       }
       AccumulateColumn<TM, TE>(hidden, h4, t0, T, c, w, acc);
     }
