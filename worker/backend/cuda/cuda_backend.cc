@@ -1257,7 +1257,7 @@ bool CudaBackend::DecodeMoeFusedFor(int64_t tokens, int64_t hidden_size) const {
 
 kernels::MoeDecodeFusedKernels CudaBackend::DecodeMoeFusedKernelsFor(int64_t hidden_size) const {
   if (!decode_moe_fused_kernels_auto_) return decode_moe_fused_kernels_;
-  return hidden_size <= kMaxAutoFusedMoeHidden ? kernels::MoeDecodeFusedKernels::kPipelined
+  return hidden_size <= kMaxAutoFusedMoeHidden ? kernels::MoeDecodeFusedKernels::kStationary
                                                : kernels::MoeDecodeFusedKernels::kPersistent;
 }
 

@@ -163,9 +163,10 @@ class CudaBackend : public Backend {
     decode_moe_fused_kernels_auto_ = true;
   }
   // The set kernels, or by default the faster pair measured (moe_block_decode_bench, H200,
-  // docs/kernels.md): kPipelined at hidden_size <= kMaxAutoFusedMoeHidden (Moonlight 1 token
-  // 50.1 -> 46.6 µs a layer, 2 tokens 74.9 -> 68.5), kPersistent above (V3 1 token 206.6 vs
-  // kPipelined's 220.8; at 2 tokens kAuto does not fuse V3).
+  // docs/kernels.md): kStationary at hidden_size <= kMaxAutoFusedMoeHidden (kPipelined with
+  // another down kernel at 1 token; kPipelined: Moonlight 1 token 50.1 -> 46.6 µs a layer,
+  // 2 tokens 74.9 -> 68.5), kPersistent above (V3 1 token 206.6 vs kPipelined's 220.8; at 2
+  // tokens kAuto does not fuse V3).
   kernels::MoeDecodeFusedKernels DecodeMoeFusedKernelsFor(int64_t hidden_size) const;
   static constexpr int64_t kMaxAutoFusedMoeHidden = 4096;
   // The chunked cuBLAS GEMMs were faster from 128 tokens on (the smallest size measured,
