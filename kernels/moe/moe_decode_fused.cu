@@ -1,8 +1,9 @@
-// Three pairs of kernels (MoeDecodeFusedKernels), all streaming bf16 weight rows with 16-byte
+// Four pairs of kernels (MoeDecodeFusedKernels), all streaming bf16 weight rows with 16-byte
 // loads (8 values per load), converting them to fp32 with a shift and multiplying them with fp32
-// activations that come through L1 (a few KB per token), all launched with programmatic
-// dependent launch (kernels/common/launch.cuh): the routing, written by the kernel before
-// gate_up, is read only after the wait (down's L2 prefetch hint aside, see kPersistent below).
+// activations that come through L1 (a few KB per token; kStationary's down: held in registers),
+// all launched with programmatic dependent launch (kernels/common/launch.cuh): the routing,
+// written by the kernel before gate_up, is read only after the wait, except in down kernels
+// (kPersistent's L2 prefetch hint, kStationary's chunk resolution; see there why that is safe).
 //
 // kWarpPerRow: one warp per weight row pair (gate_up) or output feature (down); blocks of
 // kWarps warps, a full grid (the hardware balances the tail).
@@ -947,10 +948,11 @@ cudaError_t LaunchStationaryOneToken(const MoeDecodeFusedParams& p, cudaStream_t
   if (err != cudaSuccess) return err;
   const int64_t per_sm = p.down_blocks_per_sm > 0 ? p.down_blocks_per_sm : 1;
   const int64_t H = p.hidden_size;
-  const int64_t per_block = std::min<int64_t>(kMaxStatFeatures, (H + sms * per_sm - 1) / (sms * per_sm));
+  const int64_t per_block =
+      std::min<int64_t>(kMaxStatFeatures, (H + sms * per_sm - 1) / (sms * per_sm));
   const int64_t down_blocks = (H + per_block - 1) / per_block;
   err = LaunchGateUpGridStrided<GateUpPipelinedPrefetch<1>, GateUpPipelinedBody<1>, 1>(p, sms,
-                                                                                        stream);
+                                                                                       stream);
   if (err != cudaSuccess) return err;
   return LaunchPrefetchThenAfterPrecedingGrids<DownStationaryPrefetch<kChunks, kFeat>,
                                                DownStationaryBody<kChunks, kFeat>, kStatThreads>(

@@ -76,8 +76,8 @@ void Check(const Shape& s, int32_t tokens, int32_t repeated, int32_t invalid_cho
   SCOPED_TRACE(::testing::Message()
                << "experts " << s.experts << " top_k " << s.top_k << " hidden " << s.hidden
                << " inter " << s.inter << " shared_parts " << s.shared_parts << " tokens " << tokens
-               << " repeated " << repeated << " invalid choice " << invalid_choice
-               << " seed " << seed);
+               << " repeated " << repeated << " invalid choice " << invalid_choice << " seed "
+               << seed);
   std::mt19937 gen(seed);
   const int64_t H = s.hidden, I = s.inter, SI = int64_t{s.shared_parts} * I;
   const int64_t per_expert = 3 * I * H;
@@ -162,8 +162,7 @@ void Check(const Shape& s, int32_t tokens, int32_t repeated, int32_t invalid_cho
   std::vector<float> persistent;  // kPersistent's output at the default grids
   // Whether kStationary runs its own down kernel (one token, at most 5 chunks of 8 per thread
   // of 512), else kPipelined's.
-  const bool stationary_down =
-      tokens == 1 && (s.top_k + s.shared_parts) * (s.inter / 8) <= 5 * 512;
+  const bool stationary_down = tokens == 1 && (s.top_k + s.shared_parts) * (s.inter / 8) <= 5 * 512;
   for (const Variant& v : kVariants) {
     SCOPED_TRACE(::testing::Message() << "variant " << v.name);
     dact.Poison();

@@ -160,8 +160,8 @@ int main(int argc, char** argv) {
                   "shared-expert GEMMs).");
   flags.AddString(
       "decode-moe-fused-kernels", &config.decode_moe_fused_kernels,
-      "CUDA, bf16: the kernels of that MoE block: auto (default: stationary at hidden\n"
-      "<= 4096, else persistent, as measured), persistent (grid-strided, L2 prefetch\n"
+      "CUDA, bf16: the kernels of that MoE block: auto (default: stationary, the\n"
+      "fastest measured at every width), persistent (grid-strided, L2 prefetch\n"
       "before the PDL wait), pipelined (the same with the load round trips overlapped,\n"
       "bit-identical results), stationary (pipelined with a 1-token down kernel holding\n"
       "its activations in registers) or warp-per-row (session 6's), same math.");

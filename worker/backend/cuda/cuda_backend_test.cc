@@ -952,11 +952,10 @@ TEST_F(RoutedExpertsTest, RoutedAndSharedExpertsMatchCpuOps) {
     a.shared_inter = SI;
     a.shared_gate_up = sgu_gpu.data;
     a.shared_down = sdn_gpu.data;
-    // The kernels by default: kStationary up to kMaxAutoFusedMoeHidden, kPersistent above;
-    // a set pair is kept at every width.
+    // The kernels by default: kStationary at every width; a set pair is kept at every width.
     EXPECT_EQ(gpu_->DecodeMoeFusedKernelsFor(H), kernels::MoeDecodeFusedKernels::kStationary);
     EXPECT_EQ(gpu_->DecodeMoeFusedKernelsFor(CudaBackend::kMaxAutoFusedMoeHidden + 8),
-              kernels::MoeDecodeFusedKernels::kPersistent);
+              kernels::MoeDecodeFusedKernels::kStationary);
     gpu_->SetDecodeMoeFusedKernels(kernels::MoeDecodeFusedKernels::kPipelined);
     EXPECT_EQ(gpu_->DecodeMoeFusedKernelsFor(CudaBackend::kMaxAutoFusedMoeHidden + 8),
               kernels::MoeDecodeFusedKernels::kPipelined);
