@@ -1,8 +1,9 @@
-// Three pairs of kernels (MoeDecodeFusedKernels), all streaming bf16 weight rows with 16-byte
+// Four pairs of kernels (MoeDecodeFusedKernels), all streaming bf16 weight rows with 16-byte
 // loads (8 values per load), converting them to fp32 with a shift and multiplying them with fp32
-// activations that come through L1 (a few KB per token), all launched with programmatic
-// dependent launch (kernels/common/launch.cuh): the routing, written by the kernel before
-// gate_up, is read only after the wait (down's L2 prefetch hint aside, see kPersistent below).
+// activations that come through L1 (a few KB per token; kStationary's down: held in registers),
+// all launched with programmatic dependent launch (kernels/common/launch.cuh): the routing,
+// written by the kernel before gate_up, is read only after the wait, except in down kernels
+// (kPersistent's L2 prefetch hint, kStationary's chunk resolution; see there why that is safe).
 //
 // kWarpPerRow: one warp per weight row pair (gate_up) or output feature (down); blocks of
 // kWarps warps, a full grid (the hardware balances the tail).
@@ -713,6 +714,151 @@ __device__ void DownPipelinedBody(const NoPrefetchResult&, MoeDecodeFusedParams 
   }
 }
 
+// ---- kStationary -------------------------------------------------------------------------
+//
+// kPipelined's gate_up; a down kernel at one token that keeps each thread's activations in
+// registers for the whole kernel instead of reading them through L1 for every feature. A
+// feature's parts are flattened into chunks of 8 values, x = u * kv + v (part u: the routed
+// choices in k order, then the shared parts, i.e. act row u; vector v of kv = inter / 8), and
+// thread i owns the chunks x = i + n * kStatThreads, n < kChunks, the same for every feature:
+// their 8 act values (fp32), routing weight, row-0 weight pointer and row stride are resolved
+// once, so a weight load is one address multiply-add and no table look-up. The block owns a
+// contiguous range of ceil(hidden / grid) features (one block of 512 threads per SM), kFeat at a
+// time, the next kFeat features' loads issued before the current ones are summed.
+//
+// Before the PDL wait the kernel resolves its chunks (topk_ids, topk_weights, the slot and
+// pointer tables) and issues its first kFeat features' weight loads into registers. The
+// routing is read there as a value, not only as a hint: the router that wrote it has completed,
+// because down is launched only after every gate_up block passed its own wait, which returns
+// after the router grid (the kernel before gate_up) completed; the weights are written by no
+// kernel. Only act, gate_up's output, is read after the wait.
+//
+// Sums: per thread coef * dot8 over its chunks in n order, a butterfly per warp, the warps in
+// order (deterministic; a replay equals the eager run; another order than kPipelined's).
+
+constexpr int kStatThreads = 512;
+constexpr int kStatWarps = kStatThreads / 32;
+constexpr int kMaxStatFeatures = 64;
+constexpr int kMaxStatChunks = 5;
+
+// A thread's chunks: row 0's 8 weights (null: no chunk, or an invalid expert), the elements
+// between rows, the routing weight (1 for a shared part) and act row u's 8 values.
+template <int kChunks>
+struct StatChunks {
+  const uint16_t* w[kChunks];
+  int32_t stride[kChunks];
+  float coef[kChunks];
+};
+
+template <int kChunks, int kFeat>
+struct StatPrefetched {
+  StatChunks<kChunks> c;
+  uint4 w[kFeat][kChunks];  // features f0 .. f0 + kFeat - 1 (zeros past the block's range)
+};
+
+// The block's contiguous feature range [*first, *end).
+__device__ __forceinline__ void StatFeatures(int hidden, int* first, int* end) {
+  const int per_block = (hidden + gridDim.x - 1) / gridDim.x;
+  *first = blockIdx.x * per_block;
+  *end = min(hidden, *first + per_block);
+}
+
+template <int kChunks, int kFeat>
+__device__ __forceinline__ void LoadStatStep(const StatChunks<kChunks>& c, int f, int end,
+                                             uint4 w[kFeat][kChunks]) {
+#pragma unroll
+  for (int i = 0; i < kFeat; ++i)
+#pragma unroll
+    for (int n = 0; n < kChunks; ++n) {
+      w[i][n] = c.w[n] != nullptr && f + i < end
+                    ? LoadStreaming(c.w[n] + static_cast<int64_t>(f + i) * c.stride[n])
+                    : make_uint4(0, 0, 0, 0);
+    }
+}
+
+template <int kChunks, int kFeat>
+__device__ StatPrefetched<kChunks, kFeat> DownStationaryPrefetch(MoeDecodeFusedParams p) {
+  StatPrefetched<kChunks, kFeat> r;
+  const int K = p.top_k, S = p.shared_parts, I = p.inter, kv = I / 8;
+#pragma unroll
+  for (int n = 0; n < kChunks; ++n) {
+    const int x = threadIdx.x + n * kStatThreads, u = x / kv, v = x - u * kv;
+    r.c.w[n] = nullptr;
+    r.c.stride[n] = 0;
+    r.c.coef[n] = 0.0f;
+    if (u < K) {
+      const int32_t e = __ldcg(p.topk_ids + u);
+      if (ValidExpert(p, e)) {
+        const int32_t slot = __ldg(p.slot_of_expert + e);
+        if (slot >= 0) {
+          r.c.w[n] = p.down[slot] + 8 * v;
+          r.c.stride[n] = I;
+          r.c.coef[n] = __ldcg(p.topk_weights + u);
+        }
+      }
+    } else if (u < K + S) {
+      r.c.w[n] = p.shared_down + int64_t{u - K} * I + 8 * v;
+      r.c.stride[n] = S * I;
+      r.c.coef[n] = 1.0f;
+    }
+  }
+  int first, end;
+  StatFeatures(p.hidden_size, &first, &end);
+  LoadStatStep<kChunks, kFeat>(r.c, first, end, r.w);
+  return r;
+}
+
+template <int kChunks, int kFeat>
+__device__ void DownStationaryBody(const StatPrefetched<kChunks, kFeat>& pre,
+                                   MoeDecodeFusedParams p) {
+  __shared__ float partial[kMaxStatFeatures][kStatWarps];
+  const StatChunks<kChunks>& c = pre.c;
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  // Chunk x's act values are act[8x .. 8x + 7] (act row u = x / kv, token 0).
+  float4 lo[kChunks], hi[kChunks];
+#pragma unroll
+  for (int n = 0; n < kChunks; ++n) {
+    const float4* a = reinterpret_cast<const float4*>(p.act) + 2 * (threadIdx.x + n * kStatThreads);
+    lo[n] = c.w[n] != nullptr ? __ldcg(a) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    hi[n] = c.w[n] != nullptr ? __ldcg(a + 1) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+  }
+  int first, end;
+  StatFeatures(p.hidden_size, &first, &end);
+  uint4 cur[kFeat][kChunks];
+#pragma unroll
+  for (int i = 0; i < kFeat; ++i)
+#pragma unroll
+    for (int n = 0; n < kChunks; ++n) cur[i][n] = pre.w[i][n];
+  for (int f = first; f < end; f += kFeat) {
+    uint4 nxt[kFeat][kChunks];
+    LoadStatStep<kChunks, kFeat>(c, f + kFeat, end, nxt);
+#pragma unroll
+    for (int i = 0; i < kFeat; ++i) {
+      float acc = 0.0f;
+#pragma unroll
+      for (int n = 0; n < kChunks; ++n) {
+        if (c.w[n] == nullptr) continue;
+        float wf[8];
+        Bf16x8ToFloat(cur[i][n], wf);
+        acc = fmaf(c.coef[n], Dot8(0.0f, lo[n], hi[n], wf), acc);
+      }
+      const float sum = WarpSum(acc);
+      if (lane == 0 && f + i < end) partial[f + i - first][warp] = sum;
+    }
+#pragma unroll
+    for (int i = 0; i < kFeat; ++i)
+#pragma unroll
+      for (int n = 0; n < kChunks; ++n) cur[i][n] = nxt[i][n];
+  }
+  __syncthreads();
+  for (int m = threadIdx.x; m < end - first; m += kStatThreads) {
+    float sum = 0.0f;
+#pragma unroll
+    for (int w = 0; w < kStatWarps; ++w) sum += partial[m][w];
+    p.out[first + m] = sum;
+  }
+}
+
 // Blocks of `kernel` that fit on one SM (4 if the occupancy query fails). Asked once per kernel,
 // maybe while the stream is being captured: in relaxed capture mode for this thread, so that
 // the query cannot invalidate a capture.
@@ -730,39 +876,52 @@ int BlocksPerSm(const void* kernel, int threads) {
   return blocks;
 }
 
+// The device's SM count.
+cudaError_t SmCount(int* sms) {
+  int device = 0;
+  cudaError_t err = cudaGetDevice(&device);
+  if (err == cudaSuccess) err = cudaDeviceGetAttribute(sms, cudaDevAttrMultiProcessorCount, device);
+  return err;
+}
+
+// Units of work in rounds of equal work: ceil(work / rounds) units, where rounds = ceil(work /
+// units that fit), so that no last round runs on a few SMs.
+int64_t Balanced(int64_t work, int64_t fit) {
+  const int64_t rounds = (work + fit - 1) / fit;
+  return (work + rounds - 1) / rounds;
+}
+
+// The grid-strided gate_up (kPersistent's or kPipelined's) on about one pass over the SMs.
+template <auto kGateUpPrefetch, auto kGateUpBody, int kT>
+cudaError_t LaunchGateUpGridStrided(const MoeDecodeFusedParams& p, int sms, cudaStream_t stream) {
+  constexpr auto kGateUp = PrefetchEntryKernel<kGateUpPrefetch, kGateUpBody, kThreads>();
+  static const int gate_up_fit = BlocksPerSm(reinterpret_cast<const void*>(kGateUp), kThreads);
+  const int gate_up_per_sm = p.gate_up_blocks_per_sm > 0 ? p.gate_up_blocks_per_sm : gate_up_fit;
+  const int64_t max_parts = int64_t{kT} * p.top_k + p.shared_parts;
+  const int64_t gate_up_warps =
+      Balanced(max_parts * p.inter, int64_t{sms} * gate_up_per_sm * kWarps);
+  const int64_t gate_up_blocks = (gate_up_warps + kWarps - 1) / kWarps;
+  return LaunchPrefetchThenAfterPrecedingGrids<kGateUpPrefetch, kGateUpBody, kThreads>(
+      dim3(static_cast<unsigned>(gate_up_blocks)), 0, stream, p);
+}
+
 // The grid-strided pairs (kPersistent, kPipelined) with their grid sizes; limit_down_features:
 // at least enough down blocks that none has more than kMaxDownFeatures features.
 template <auto kGateUpPrefetch, auto kGateUpBody, auto kDownBody, int kT>
 cudaError_t LaunchGridStrided(const MoeDecodeFusedParams& p, bool limit_down_features,
                               cudaStream_t stream) {
-  constexpr auto kGateUp = PrefetchEntryKernel<kGateUpPrefetch, kGateUpBody, kThreads>();
   constexpr auto kDown = PrefetchEntryKernel<DownPrefetch<kT>, kDownBody, kDownThreads>();
-  static const int gate_up_fit = BlocksPerSm(reinterpret_cast<const void*>(kGateUp), kThreads);
   static const int down_fit = BlocksPerSm(reinterpret_cast<const void*>(kDown), kDownThreads);
-  int device = 0, sms = 0;
-  cudaError_t err = cudaGetDevice(&device);
-  if (err == cudaSuccess)
-    err = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
+  int sms = 0;
+  cudaError_t err = SmCount(&sms);
   if (err != cudaSuccess) return err;
-  const int gate_up_per_sm = p.gate_up_blocks_per_sm > 0 ? p.gate_up_blocks_per_sm : gate_up_fit;
   const int down_per_sm = p.down_blocks_per_sm > 0 ? p.down_blocks_per_sm : down_fit;
-  // Warps (gate_up) and blocks (down) in rounds of equal work: ceil(work / rounds) units, where
-  // rounds = ceil(work / units that fit), so that no last round runs on a few SMs.
-  const auto balanced = [](int64_t work, int64_t fit) {
-    const int64_t rounds = (work + fit - 1) / fit;
-    return (work + rounds - 1) / rounds;
-  };
-  const int64_t max_parts = int64_t{kT} * p.top_k + p.shared_parts;
-  const int64_t gate_up_warps =
-      balanced(max_parts * p.inter, int64_t{sms} * gate_up_per_sm * kWarps);
-  const int64_t gate_up_blocks = (gate_up_warps + kWarps - 1) / kWarps;
-  int64_t down_blocks = balanced(p.hidden_size, int64_t{sms} * down_per_sm);
+  int64_t down_blocks = Balanced(p.hidden_size, int64_t{sms} * down_per_sm);
   if (limit_down_features) {
     down_blocks = std::max<int64_t>(
         down_blocks, (int64_t{p.hidden_size} + kMaxDownFeatures - 1) / kMaxDownFeatures);
   }
-  err = LaunchPrefetchThenAfterPrecedingGrids<kGateUpPrefetch, kGateUpBody, kThreads>(
-      dim3(static_cast<unsigned>(gate_up_blocks)), 0, stream, p);
+  err = LaunchGateUpGridStrided<kGateUpPrefetch, kGateUpBody, kT>(p, sms, stream);
   if (err != cudaSuccess) return err;
   return LaunchPrefetchThenAfterPrecedingGrids<DownPrefetch<kT>, kDownBody, kDownThreads>(
       dim3(static_cast<unsigned>(down_blocks)), 0, stream, p);
@@ -780,6 +939,39 @@ cudaError_t LaunchPipelined(const MoeDecodeFusedParams& p, cudaStream_t stream) 
                            DownPipelinedBody<kT>, kT>(p, /*limit_down_features=*/true, stream);
 }
 
+// kStationary at one token: kPipelined's gate_up, then the stationary down on down_blocks_per_sm
+// (0: 1) blocks per SM, at least ceil(hidden / kMaxStatFeatures) blocks.
+template <int kChunks, int kFeat>
+cudaError_t LaunchStationaryOneToken(const MoeDecodeFusedParams& p, cudaStream_t stream) {
+  int sms = 0;
+  cudaError_t err = SmCount(&sms);
+  if (err != cudaSuccess) return err;
+  const int64_t per_sm = p.down_blocks_per_sm > 0 ? p.down_blocks_per_sm : 1;
+  const int64_t H = p.hidden_size;
+  const int64_t per_block =
+      std::min<int64_t>(kMaxStatFeatures, (H + sms * per_sm - 1) / (sms * per_sm));
+  const int64_t down_blocks = (H + per_block - 1) / per_block;
+  err = LaunchGateUpGridStrided<GateUpPipelinedPrefetch<1>, GateUpPipelinedBody<1>, 1>(p, sms,
+                                                                                       stream);
+  if (err != cudaSuccess) return err;
+  return LaunchPrefetchThenAfterPrecedingGrids<DownStationaryPrefetch<kChunks, kFeat>,
+                                               DownStationaryBody<kChunks, kFeat>, kStatThreads>(
+      dim3(static_cast<unsigned>(down_blocks)), 0, stream, p);
+}
+
+// kStationary: the stationary down where a thread's chunks fit (one token; kMaxStatChunks per
+// thread), else kPipelined.
+cudaError_t LaunchStationary(const MoeDecodeFusedParams& p, cudaStream_t stream) {
+  const int64_t chunks = int64_t{p.top_k + p.shared_parts} * (p.inter / 8);
+  if (p.num_tokens == 1 && chunks <= 3 * kStatThreads) {
+    return LaunchStationaryOneToken<3, 2>(p, stream);
+  }
+  if (p.num_tokens == 1 && chunks <= kMaxStatChunks * kStatThreads) {
+    return LaunchStationaryOneToken<kMaxStatChunks, 1>(p, stream);
+  }
+  return p.num_tokens == 1 ? LaunchPipelined<1>(p, stream) : LaunchPipelined<2>(p, stream);
+}
+
 }  // namespace
 
 int64_t MoeDecodeFusedActFloats(int32_t num_tokens, int32_t top_k, int32_t shared_parts,
@@ -795,6 +987,7 @@ cudaError_t MoeDecodeFusedF32(const MoeDecodeFusedParams& p, cudaStream_t stream
       p.inter % 8 == 0 && p.gate_up_blocks_per_sm >= 0 && p.down_blocks_per_sm >= 0;
   const bool kernels_ok = p.kernels == MoeDecodeFusedKernels::kPersistent ||
                           p.kernels == MoeDecodeFusedKernels::kPipelined ||
+                          p.kernels == MoeDecodeFusedKernels::kStationary ||
                           p.kernels == MoeDecodeFusedKernels::kWarpPerRow;
   const bool pointers_ok =
       p.hidden != nullptr && p.topk_ids != nullptr && p.topk_weights != nullptr &&
@@ -807,6 +1000,7 @@ cudaError_t MoeDecodeFusedF32(const MoeDecodeFusedParams& p, cudaStream_t stream
   if (p.kernels == MoeDecodeFusedKernels::kWarpPerRow) {
     return p.num_tokens == 1 ? LaunchWarpPerRow<1>(p, stream) : LaunchWarpPerRow<2>(p, stream);
   }
+  if (p.kernels == MoeDecodeFusedKernels::kStationary) return LaunchStationary(p, stream);
   if (p.kernels == MoeDecodeFusedKernels::kPipelined) {
     return p.num_tokens == 1 ? LaunchPipelined<1>(p, stream) : LaunchPipelined<2>(p, stream);
   }

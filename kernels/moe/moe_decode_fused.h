@@ -8,9 +8,10 @@
 //   2. down: out[t, f] = sum over k of topk_weights[t, k] * (act[t, k] . down_e[f]) + sum over
 //      shared parts s of (act[t, K + s] . shared_down[f, s*inter:(s+1)*inter]).
 //
-// Three kernel pairs do this (MoeDecodeFusedKernels): kPersistent (grid-strided over the work,
-// L2 prefetch before the PDL wait), kPipelined (the same with the round trips overlapped; the
-// backend takes it at hidden <= 4096, kPersistent above) and session 6's kWarpPerRow.
+// Four kernel pairs do this (MoeDecodeFusedKernels): kPersistent (grid-strided over the work,
+// L2 prefetch before the PDL wait), kPipelined (the same with the round trips overlapped),
+// kStationary (kPipelined with a down kernel that keeps its activations in registers at one
+// token) and session 6's kWarpPerRow; the backend's choice: CudaBackend::DecodeMoeFusedKernelsFor.
 //
 // The shared MLP of intermediate size shared_parts * inter is exactly the sum of shared_parts
 // MLPs of intermediate inter over consecutive slices of its gate / up rows and down columns
@@ -47,6 +48,13 @@ enum class MoeDecodeFusedKernels : int32_t {
   // Session 6's: one block column per (token, choice) and shared part, one warp per row pair
   // (gate_up); one warp per output feature walking the parts two at a time (down).
   kWarpPerRow,
+  // kPipelined's gate_up; at one token (when a feature's 16-byte chunks, (top_k + shared_parts)
+  // * inter / 8, are at most 5 per thread of a 512-thread block) a down kernel whose threads
+  // each own fixed chunks of every feature, their activations held in registers for the whole
+  // kernel and their weight pointers resolved (with the first features' loads issued) before
+  // the PDL wait, each block a contiguous range of features. Otherwise kPipelined's down.
+  // Sums in another order than kPipelined's (results within fp32 rounding of it).
+  kStationary,
 };
 
 // All pointers are device pointers; bf16 values are 16-bit patterns.
@@ -73,7 +81,8 @@ struct MoeDecodeFusedParams {
   float* act = nullptr;
   float* out = nullptr;  // [num_tokens, hidden_size], overwritten
   MoeDecodeFusedKernels kernels = MoeDecodeFusedKernels::kPersistent;
-  // kPersistent only, for benchmarks: resident blocks per SM of each grid (0: as many as fit).
+  // For benchmarks: resident blocks per SM of each grid (0: as many as fit; kStationary's down
+  // kernel: 0 = 1, its blocks of 512 threads fit once). Not used by kWarpPerRow.
   int32_t gate_up_blocks_per_sm = 0;
   int32_t down_blocks_per_sm = 0;
 };

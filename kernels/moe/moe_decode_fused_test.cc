@@ -5,7 +5,8 @@
 // parts). 1 and 2 tokens, Moonlight- and V3-like shapes (scaled down, and Moonlight's real one),
 // random routing with experts repeated across the two tokens, a non-identity slot table,
 // poisoned workspace and output, and the argument checks; every case for both kernel pairs
-// (MoeDecodeFusedKernels), the persistent one also on a grid of one block per SM.
+// (MoeDecodeFusedKernels), the persistent and pipelined ones also on a grid of one block per SM,
+// the stationary one also with three down blocks per SM.
 #include "kernels/moe/moe_decode_fused.h"
 
 #include <algorithm>
@@ -41,6 +42,9 @@ const Variant kVariants[] = {
     {"warp per row", kernels::MoeDecodeFusedKernels::kWarpPerRow, 0, 0},
     {"pipelined", kernels::MoeDecodeFusedKernels::kPipelined, 0, 0},
     {"pipelined, 1 block per SM", kernels::MoeDecodeFusedKernels::kPipelined, 1, 1},
+    {"stationary", kernels::MoeDecodeFusedKernels::kStationary, 0, 0},
+    // Three down blocks per SM: more, shorter feature ranges (a last range cut short).
+    {"stationary, 3 down blocks per SM", kernels::MoeDecodeFusedKernels::kStationary, 0, 3},
 };
 
 // n bf16 values (bits) and their fp32 widening.
@@ -65,12 +69,15 @@ std::vector<float> CpuMlp(CpuBackend& cpu, const float* x, const float* gate_up,
   return y;
 }
 
-void Check(const Shape& s, int32_t tokens, int32_t repeated) {
+// invalid_choice >= 0: token 0's choice of that index gets an expert id past the last expert
+// (it must contribute nothing).
+void Check(const Shape& s, int32_t tokens, int32_t repeated, int32_t invalid_choice = -1) {
   const uint32_t seed = testing::FreshSeed();
   SCOPED_TRACE(::testing::Message()
                << "experts " << s.experts << " top_k " << s.top_k << " hidden " << s.hidden
                << " inter " << s.inter << " shared_parts " << s.shared_parts << " tokens " << tokens
-               << " repeated " << repeated << " seed " << seed);
+               << " repeated " << repeated << " invalid choice " << invalid_choice << " seed "
+               << seed);
   std::mt19937 gen(seed);
   const int64_t H = s.hidden, I = s.inter, SI = int64_t{s.shared_parts} * I;
   const int64_t per_expert = 3 * I * H;
@@ -95,6 +102,7 @@ void Check(const Shape& s, int32_t tokens, int32_t repeated) {
     std::sort(second.begin(), second.end());
     ids.insert(ids.end(), second.begin(), second.end());
   }
+  if (invalid_choice >= 0) ids[invalid_choice] = s.experts + 3;
   std::uniform_real_distribution<float> uni(0.05f, 1.0f);
   std::vector<float> topk_w(tokens * s.top_k);
   for (float& v : topk_w) v = uni(gen);
@@ -120,6 +128,7 @@ void Check(const Shape& s, int32_t tokens, int32_t repeated) {
     const float* x = hidden.data() + t * H;
     float* o = want.data() + t * H;
     for (int32_t k = 0; k < s.top_k; ++k) {
+      if (ids[t * s.top_k + k] >= s.experts) continue;
       const float* ew = w32.data() + ids[t * s.top_k + k] * per_expert;
       const std::vector<float> y = CpuMlp(cpu, x, ew, ew + 2 * I * H, H, I);
       for (int64_t i = 0; i < H; ++i) o[i] += topk_w[t * s.top_k + k] * y[i];
@@ -151,6 +160,9 @@ void Check(const Shape& s, int32_t tokens, int32_t repeated) {
   p.out = dout.get();
 
   std::vector<float> persistent;  // kPersistent's output at the default grids
+  // Whether kStationary runs its own down kernel (one token, at most 5 chunks of 8 per thread
+  // of 512), else kPipelined's.
+  const bool stationary_down = tokens == 1 && (s.top_k + s.shared_parts) * (s.inter / 8) <= 5 * 512;
   for (const Variant& v : kVariants) {
     SCOPED_TRACE(::testing::Message() << "variant " << v.name);
     dact.Poison();
@@ -169,11 +181,13 @@ void Check(const Shape& s, int32_t tokens, int32_t repeated) {
     // warps in order; the grids do not change that order): bit-identical outputs.
     if (v.kernels == kernels::MoeDecodeFusedKernels::kPersistent && v.gate_up_blocks_per_sm == 0) {
       persistent = got;
-    } else if (v.kernels == kernels::MoeDecodeFusedKernels::kPipelined) {
+    } else if (v.kernels == kernels::MoeDecodeFusedKernels::kPipelined ||
+               (v.kernels == kernels::MoeDecodeFusedKernels::kStationary && !stationary_down)) {
+      // kStationary without its own down kernel is kPipelined.
       ASSERT_EQ(got.size(), persistent.size());
       int64_t differ = 0;
       for (size_t i = 0; i < got.size(); ++i) differ += got[i] != persistent[i];
-      EXPECT_EQ(differ, 0) << "outputs of kPipelined that differ from kPersistent's";
+      EXPECT_EQ(differ, 0) << "outputs that differ from kPersistent's";
     }
   }
 }
@@ -189,6 +203,16 @@ TEST(MoeDecodeFusedTest, OneTokenMatchesCpuBackend) {
   Check({8, 2, 2048, 40, 3}, 1, 0);  // hidden beyond one unrolled pass of the gate_up warp
   // A feature's parts beyond one pass of the persistent down block (9 x 256 vectors of 8).
   Check({8, 4, 512, 2048, 1}, 1, 0);
+  // V3's down row length and parts (9 x 256 chunks: kStationary's 5-chunk kernel), and more
+  // chunks than kStationary's down holds (11 x 256: kPipelined's down).
+  Check({16, 8, 256, 2048, 1}, 1, 0);
+  Check({16, 8, 256, 2048, 3}, 1, 0);
+}
+
+TEST(MoeDecodeFusedTest, InvalidExpertIdContributesNothing) {
+  DEEPINFER_SKIP_WITHOUT_GPU();
+  Check(kMoonlightSmall, 1, 0, /*invalid_choice=*/2);
+  Check({8, 6, 2048, 1408, 2}, 1, 0, /*invalid_choice=*/5);
 }
 
 TEST(MoeDecodeFusedTest, TwoTokensWithRepeatedExpertsMatchCpuBackend) {

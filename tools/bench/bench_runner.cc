@@ -497,12 +497,15 @@ absl::Status RunRank(const BenchConfig& bc, int64_t rank, RankState* s, RankOutp
       cuda->SetDecodeMoeFusedKernels(kernels::MoeDecodeFusedKernels::kPersistent);
     } else if (bc.decode_moe_fused_kernels == "pipelined") {
       cuda->SetDecodeMoeFusedKernels(kernels::MoeDecodeFusedKernels::kPipelined);
+    } else if (bc.decode_moe_fused_kernels == "stationary") {
+      cuda->SetDecodeMoeFusedKernels(kernels::MoeDecodeFusedKernels::kStationary);
     } else if (bc.decode_moe_fused_kernels == "warp-per-row") {
       cuda->SetDecodeMoeFusedKernels(kernels::MoeDecodeFusedKernels::kWarpPerRow);
     } else {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "--decode-moe-fused-kernels must be auto, persistent, pipelined or warp-per-row, got '",
-          bc.decode_moe_fused_kernels, "'"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("--decode-moe-fused-kernels must be auto, persistent, pipelined, "
+                       "stationary or warp-per-row, got '",
+                       bc.decode_moe_fused_kernels, "'"));
     }
   }
   if (cuda != nullptr) cuda->SetDecodeMoeGraphBuckets(bc.decode_moe_graph_buckets);

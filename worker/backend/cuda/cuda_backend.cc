@@ -1262,7 +1262,8 @@ bool CudaBackend::DecodeMoeFusedFor(int64_t tokens, int64_t hidden_size) const {
   // kWarpPerRow / kPersistent: Moonlight 1 token 63.6 -> 58.0 / 50.2, 2 tokens 77.6 -> 97.2 /
   // 75.3; V3 1 token 220.7 -> 232.7 / 209.1, 2 tokens 353.3 -> 499.2 / 405.3.
   // kPipelined (session 7, branch s7-moeblk2): Moonlight 2 tokens 68.5, V3 2 tokens 350.6
-  // (previous ops 351.8: no faster, not taken).
+  // (previous ops 351.8: no faster, not taken). kStationary (s7-moedown): Moonlight 1 token
+  // 39.9, V3 1 token 200.2; at 2 tokens it is kPipelined.
   if (DecodeMoeFusedKernelsFor(hidden_size) == kernels::MoeDecodeFusedKernels::kWarpPerRow) {
     return tokens == 1 && hidden_size <= kMaxAutoFusedMoeHidden;
   }
@@ -1270,9 +1271,9 @@ bool CudaBackend::DecodeMoeFusedFor(int64_t tokens, int64_t hidden_size) const {
 }
 
 kernels::MoeDecodeFusedKernels CudaBackend::DecodeMoeFusedKernelsFor(int64_t hidden_size) const {
+  (void)hidden_size;  // one choice at every width measured (Moonlight, V3)
   if (!decode_moe_fused_kernels_auto_) return decode_moe_fused_kernels_;
-  return hidden_size <= kMaxAutoFusedMoeHidden ? kernels::MoeDecodeFusedKernels::kPipelined
-                                               : kernels::MoeDecodeFusedKernels::kPersistent;
+  return kernels::MoeDecodeFusedKernels::kStationary;
 }
 
 bool CudaBackend::RoutedAndSharedExperts(const RoutedExpertsArgs& a) {

@@ -140,8 +140,9 @@ class CudaBackend : public Backend {
   bool RoutedAndSharedExperts(const RoutedExpertsArgs& args) override;
   // Which sizes RoutedAndSharedExperts takes: kAuto (the default) where it measured faster than
   // RoutedExperts + the shared-expert ops (moe_block_decode_bench, H200, docs/kernels.md): with
-  // the kPersistent or kPipelined kernels (DecodeMoeFusedKernelsFor) one token at any width and two
-  // at hidden_size <= kMaxAutoFusedMoeHidden (Moonlight's 2048: faster; V3's 7168: slower at two);
+  // the kPersistent, kPipelined or kStationary kernels (DecodeMoeFusedKernelsFor) one token at
+  // any width and two at hidden_size <= kMaxAutoFusedMoeHidden (Moonlight's 2048: faster; V3's
+  // 7168: not faster at two);
   // with kWarpPerRow one token at hidden_size <= kMaxAutoFusedMoeHidden only; kOn:
   // 1..kernels::kMoeDecodeFusedMaxTokens tokens, any width; kOff: never (the model runs the
   // previous ops). kOn / kOff for tests and benchmarks.
@@ -162,10 +163,11 @@ class CudaBackend : public Backend {
     SetDecodeMoeFusedKernels(kernels::MoeDecodeFusedKernels::kPipelined);
     decode_moe_fused_kernels_auto_ = true;
   }
-  // The set kernels, or by default the faster pair measured (moe_block_decode_bench, H200,
-  // docs/kernels.md): kPipelined at hidden_size <= kMaxAutoFusedMoeHidden (Moonlight 1 token
-  // 50.1 -> 46.6 µs a layer, 2 tokens 74.9 -> 68.5), kPersistent above (V3 1 token 206.6 vs
-  // kPipelined's 220.8; at 2 tokens kAuto does not fuse V3).
+  // The set kernels, or by default the fastest pair measured (moe_block_decode_bench, H200,
+  // docs/kernels.md): kStationary at every width (µs a layer, kPersistent / kPipelined /
+  // kStationary: Moonlight 1 token 50.1 / 46.7 / 39.9, 2 tokens 75.1 / 69.0 / 68.7 (there
+  // kStationary is kPipelined); V3 1 token 207.2 / 220.9 / 200.2; at 2 tokens kAuto does not
+  // fuse V3).
   kernels::MoeDecodeFusedKernels DecodeMoeFusedKernelsFor(int64_t hidden_size) const;
   static constexpr int64_t kMaxAutoFusedMoeHidden = 4096;
   // The chunked cuBLAS GEMMs were faster from 128 tokens on (the smallest size measured,

@@ -952,11 +952,10 @@ TEST_F(RoutedExpertsTest, RoutedAndSharedExpertsMatchCpuOps) {
     a.shared_inter = SI;
     a.shared_gate_up = sgu_gpu.data;
     a.shared_down = sdn_gpu.data;
-    // The kernels by default: kPipelined up to kMaxAutoFusedMoeHidden, kPersistent above;
-    // a set pair is kept at every width.
-    EXPECT_EQ(gpu_->DecodeMoeFusedKernelsFor(H), kernels::MoeDecodeFusedKernels::kPipelined);
+    // The kernels by default: kStationary at every width; a set pair is kept at every width.
+    EXPECT_EQ(gpu_->DecodeMoeFusedKernelsFor(H), kernels::MoeDecodeFusedKernels::kStationary);
     EXPECT_EQ(gpu_->DecodeMoeFusedKernelsFor(CudaBackend::kMaxAutoFusedMoeHidden + 8),
-              kernels::MoeDecodeFusedKernels::kPersistent);
+              kernels::MoeDecodeFusedKernels::kStationary);
     gpu_->SetDecodeMoeFusedKernels(kernels::MoeDecodeFusedKernels::kPipelined);
     EXPECT_EQ(gpu_->DecodeMoeFusedKernelsFor(CudaBackend::kMaxAutoFusedMoeHidden + 8),
               kernels::MoeDecodeFusedKernels::kPipelined);
@@ -1010,6 +1009,29 @@ TEST_F(RoutedExpertsTest, RoutedAndSharedExpertsMatchCpuOps) {
     ASSERT_TRUE(taken);
     ASSERT_TRUE((*pipe_ops)->Replay().ok());
     EXPECT_EQ(Download(*dout_pipe2), eager) << "kPipelined's replay differs";
+
+    // kStationary: another summation order at one token (kPipelined's at two), within the
+    // reference's tolerance; its replay equals its eager run.
+    gpu_->SetDecodeMoeFusedKernels(kernels::MoeDecodeFusedKernels::kStationary);
+    EXPECT_TRUE(gpu_->DecodeMoeFusedFor(1, wide));
+    auto dout_stat = Poisoned(T * H);
+    a.out = dout_stat->as<float>();
+    ASSERT_TRUE(gpu_->RoutedAndSharedExperts(a));
+    const std::vector<float> stat_eager = Download(*dout_stat);
+    EXPECT_TRUE(testing::AllClose(stat_eager, want, 1e-4 * scale, 1e-4));
+    if (T == 2) {
+      EXPECT_EQ(stat_eager, eager) << "kStationary at 2 tokens is kPipelined";
+    }
+    auto dout_stat2 = Poisoned(T * H);
+    a.out = dout_stat2->as<float>();
+    auto stat_ops = gpu_->Capture([&] {
+      taken = gpu_->RoutedAndSharedExperts(a);
+      return absl::OkStatus();
+    });
+    ASSERT_TRUE(stat_ops.ok()) << stat_ops.status();
+    ASSERT_TRUE(taken);
+    ASSERT_TRUE((*stat_ops)->Replay().ok());
+    EXPECT_EQ(Download(*dout_stat2), stat_eager) << "kStationary's replay differs";
     gpu_->SetDecodeMoeFusedKernelsAuto();
 
     // Declined (nothing written): switched off, a forced non-kGroupedF32 algorithm, a shared

@@ -6,10 +6,10 @@
 //        combine) + the shared MLP as the model runs it with fused ops and bf16 weights (Gemm on
 //        the bf16 normed rows, SiluMulBf16, Gemm accumulating into out)
 //   new  CudaBackend::RoutedAndSharedExperts (kernels::MoeDecodeFusedF32, two launches), with
-//        each of its kernel pairs: "row" (kWarpPerRow, session 6's), "pers" (kPersistent)
-//        and "pipe" (kPipelined) with the grids that fit, "pG/D" / "qG/D" (kPersistent /
-//        kPipelined) with G gate_up and D down blocks per SM; "pers" and "pipe" once more at
-//        the end (the spread between two runs of the same case)
+//        the kernel pairs "pers" (kPersistent), "pipe" (kPipelined) and "stat" (kStationary)
+//        at their default grids; "pipe" and "stat" once more at the end (the spread between two
+//        runs of the same case). kWarpPerRow and other grids: git history (session 7's
+//        s7-moeblk / s7-moeblk2 tables in docs/kernels.md).
 //
 // Shapes: Moonlight (64 experts, top-6, hidden 2048, moe_intermediate 1408, 2 shared experts)
 // and DeepSeek-V3 (256, top-8, 7168, 2048, 1 shared), bf16 weights. The graph holds kLayers
@@ -187,16 +187,11 @@ int Main() {
       };
       const Path paths[] = {
           {"old", kernels::MoeDecodeFusedKernels::kPersistent, 0, 0},  // not fused
-          {"row", kernels::MoeDecodeFusedKernels::kWarpPerRow, 0, 0},
           {"pers", kernels::MoeDecodeFusedKernels::kPersistent, 0, 0},
-          {"p4/4", kernels::MoeDecodeFusedKernels::kPersistent, 4, 4},
-          {"p2/4", kernels::MoeDecodeFusedKernels::kPersistent, 2, 4},
           {"pipe", kernels::MoeDecodeFusedKernels::kPipelined, 0, 0},
-          {"q2/4", kernels::MoeDecodeFusedKernels::kPipelined, 2, 4},
-          {"q3/3", kernels::MoeDecodeFusedKernels::kPipelined, 3, 3},
-          {"q2/2", kernels::MoeDecodeFusedKernels::kPipelined, 2, 2},
-          {"pers", kernels::MoeDecodeFusedKernels::kPersistent, 0, 0},  // again: drift check
-          {"pipe", kernels::MoeDecodeFusedKernels::kPipelined, 0, 0},
+          {"stat", kernels::MoeDecodeFusedKernels::kStationary, 0, 0},
+          {"pipe", kernels::MoeDecodeFusedKernels::kPipelined, 0, 0},  // again: drift check
+          {"stat", kernels::MoeDecodeFusedKernels::kStationary, 0, 0},
       };
       int64_t layer_bytes = 0;
       for (const Layer& L : layers) layer_bytes += L.busy_experts * per_expert + 3 * SI * H * 2;
