@@ -16,9 +16,9 @@
 // The shared MLP of intermediate size shared_parts * inter is exactly the sum of shared_parts
 // MLPs of intermediate inter over consecutive slices of its gate / up rows and down columns
 // (weight 1.0 each), so it is read in place. With top_k == 0 the block is that MLP alone: a
-// dense MLP layer (no routing; the routed-expert fields are not read). Deterministic (no atomics, a fixed order per
-// output). CPU reference: the backend's Gemm / SiluMul / combine (moe_decode_fused_test).
-// Contracts and H200 numbers: docs/kernels.md.
+// dense MLP layer (no routing; the routed-expert fields are not read). Deterministic (no atomics, a
+// fixed order per output). CPU reference: the backend's Gemm / SiluMul / combine
+// (moe_decode_fused_test). Contracts and H200 numbers: docs/kernels.md.
 #ifndef DEEPINFER_KERNELS_MOE_MOE_DECODE_FUSED_H_
 #define DEEPINFER_KERNELS_MOE_MOE_DECODE_FUSED_H_
 
@@ -65,7 +65,7 @@ struct MoeDecodeFusedParams {
   // topk_weights, slot_of_expert, gate_up, down and num_experts are then not read (may be 0 /
   // null).
   int32_t top_k = 0;
-  int32_t num_experts = 0;  // >= 1 when top_k > 0
+  int32_t num_experts = 0;                  // >= 1 when top_k > 0
   int32_t hidden_size = 0;                  // a multiple of 8
   int32_t inter = 0;                        // moe_intermediate_size, a multiple of 8
   const float* hidden = nullptr;            // [num_tokens, hidden_size], 16-byte aligned

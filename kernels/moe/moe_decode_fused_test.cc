@@ -233,12 +233,12 @@ TEST(MoeDecodeFusedTest, TwoTokensWithRepeatedExpertsMatchCpuBackend) {
 // (kPipelined's down); two tokens.
 TEST(MoeDecodeFusedTest, DenseMlpWithoutRoutingMatchesCpuBackend) {
   DEEPINFER_SKIP_WITHOUT_GPU();
-  Check({0, 0, 256, 96, 8}, 1, 0);      // Moonlight-like, 8 parts
-  Check({0, 0, 512, 128, 9}, 1, 0);     // V3-like, 9 parts
-  Check({0, 0, 256, 768, 1}, 1, 0);     // one part of the whole intermediate
-  Check({0, 0, 256, 1408, 8}, 1, 0);    // 1408 chunks: the 3-chunk stationary down
-  Check({0, 0, 256, 2048, 9}, 1, 0);    // 2304 chunks: the 5-chunk stationary down
-  Check({0, 0, 256, 2816, 8}, 1, 0);    // 2816 chunks: kPipelined's down
+  Check({0, 0, 256, 96, 8}, 1, 0);    // Moonlight-like, 8 parts
+  Check({0, 0, 512, 128, 9}, 1, 0);   // V3-like, 9 parts
+  Check({0, 0, 256, 768, 1}, 1, 0);   // one part of the whole intermediate
+  Check({0, 0, 256, 1408, 8}, 1, 0);  // 1408 chunks: the 3-chunk stationary down
+  Check({0, 0, 256, 2048, 9}, 1, 0);  // 2304 chunks: the 5-chunk stationary down
+  Check({0, 0, 256, 2816, 8}, 1, 0);  // 2816 chunks: kPipelined's down
   Check({0, 0, 256, 96, 8}, 2, 0);
   Check({0, 0, 512, 128, 9}, 2, 0);
 }
