@@ -980,19 +980,22 @@ int64_t MoeDecodeFusedActFloats(int32_t num_tokens, int32_t top_k, int32_t share
 }
 
 cudaError_t MoeDecodeFusedF32(const MoeDecodeFusedParams& p, cudaStream_t stream) {
-  const bool sizes_ok =
-      p.num_tokens >= 1 && p.num_tokens <= kMoeDecodeFusedMaxTokens && p.top_k >= 1 &&
-      p.shared_parts >= 0 && p.top_k + p.shared_parts <= kMoeDecodeFusedMaxParts &&
-      p.num_experts >= 1 && p.hidden_size > 0 && p.hidden_size % 8 == 0 && p.inter > 0 &&
-      p.inter % 8 == 0 && p.gate_up_blocks_per_sm >= 0 && p.down_blocks_per_sm >= 0;
+  // top_k == 0: a dense MLP (shared parts only); no routing, expert table or expert is read.
+  const bool routed = p.top_k > 0;
+  const bool sizes_ok = p.num_tokens >= 1 && p.num_tokens <= kMoeDecodeFusedMaxTokens &&
+                        p.top_k >= 0 && p.shared_parts >= 0 && p.top_k + p.shared_parts >= 1 &&
+                        p.top_k + p.shared_parts <= kMoeDecodeFusedMaxParts &&
+                        (!routed || p.num_experts >= 1) && p.hidden_size > 0 &&
+                        p.hidden_size % 8 == 0 && p.inter > 0 && p.inter % 8 == 0 &&
+                        p.gate_up_blocks_per_sm >= 0 && p.down_blocks_per_sm >= 0;
   const bool kernels_ok = p.kernels == MoeDecodeFusedKernels::kPersistent ||
                           p.kernels == MoeDecodeFusedKernels::kPipelined ||
                           p.kernels == MoeDecodeFusedKernels::kStationary ||
                           p.kernels == MoeDecodeFusedKernels::kWarpPerRow;
   const bool pointers_ok =
-      p.hidden != nullptr && p.topk_ids != nullptr && p.topk_weights != nullptr &&
-      p.slot_of_expert != nullptr && p.gate_up != nullptr && p.down != nullptr &&
-      p.act != nullptr && p.out != nullptr &&
+      p.hidden != nullptr && p.act != nullptr && p.out != nullptr &&
+      (!routed || (p.topk_ids != nullptr && p.topk_weights != nullptr &&
+                   p.slot_of_expert != nullptr && p.gate_up != nullptr && p.down != nullptr)) &&
       (p.shared_parts == 0 || (p.shared_gate_up != nullptr && p.shared_down != nullptr)) &&
       reinterpret_cast<uintptr_t>(p.hidden) % 16 == 0 &&
       reinterpret_cast<uintptr_t>(p.act) % 16 == 0;

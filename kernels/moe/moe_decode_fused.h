@@ -15,9 +15,10 @@
 //
 // The shared MLP of intermediate size shared_parts * inter is exactly the sum of shared_parts
 // MLPs of intermediate inter over consecutive slices of its gate / up rows and down columns
-// (weight 1.0 each), so it is read in place. Deterministic (no atomics, a fixed order per
-// output). CPU reference: the backend's Gemm / SiluMul / combine (moe_decode_fused_test).
-// Contracts and H200 numbers: docs/kernels.md.
+// (weight 1.0 each), so it is read in place. With top_k == 0 the block is that MLP alone: a
+// dense MLP layer (no routing; the routed-expert fields are not read). Deterministic (no atomics, a
+// fixed order per output). CPU reference: the backend's Gemm / SiluMul / combine
+// (moe_decode_fused_test). Contracts and H200 numbers: docs/kernels.md.
 #ifndef DEEPINFER_KERNELS_MOE_MOE_DECODE_FUSED_H_
 #define DEEPINFER_KERNELS_MOE_MOE_DECODE_FUSED_H_
 
@@ -60,8 +61,11 @@ enum class MoeDecodeFusedKernels : int32_t {
 // All pointers are device pointers; bf16 values are 16-bit patterns.
 struct MoeDecodeFusedParams {
   int32_t num_tokens = 0;  // 1..kMoeDecodeFusedMaxTokens
+  // 0: no routed experts (a dense MLP of shared_parts * inter, shared_parts >= 1); topk_ids,
+  // topk_weights, slot_of_expert, gate_up, down and num_experts are then not read (may be 0 /
+  // null).
   int32_t top_k = 0;
-  int32_t num_experts = 0;
+  int32_t num_experts = 0;                  // >= 1 when top_k > 0
   int32_t hidden_size = 0;                  // a multiple of 8
   int32_t inter = 0;                        // moe_intermediate_size, a multiple of 8
   const float* hidden = nullptr;            // [num_tokens, hidden_size], 16-byte aligned
@@ -94,8 +98,9 @@ int64_t MoeDecodeFusedActFloats(int32_t num_tokens, int32_t top_k, int32_t share
 // Weights are used exactly, activations in fp32, sums in fp32 (per lane ascending k, then a
 // butterfly across the warp; the routed weight is applied to each lane's partial sum). A choice
 // whose expert id is outside [0, num_experts) contributes nothing. cudaErrorInvalidValue for
-// sizes outside the ranges above, hidden_size or inter not a multiple of 8, a misaligned hidden,
-// null pointers, shared_parts > 0 without shared weights, or negative blocks per SM.
+// sizes outside the ranges above (incl. top_k + shared_parts == 0), hidden_size or inter not a
+// multiple of 8, a misaligned hidden, null pointers (the routed ones only when top_k > 0),
+// shared_parts > 0 without shared weights, or negative blocks per SM.
 cudaError_t MoeDecodeFusedF32(const MoeDecodeFusedParams& params, cudaStream_t stream);
 
 }  // namespace kernels

@@ -6,7 +6,8 @@
 // random routing with experts repeated across the two tokens, a non-identity slot table,
 // poisoned workspace and output, and the argument checks; every case for both kernel pairs
 // (MoeDecodeFusedKernels), the persistent and pipelined ones also on a grid of one block per SM,
-// the stationary one also with three down blocks per SM.
+// the stationary one also with three down blocks per SM. top_k 0 (a dense MLP as shared parts
+// only) with the routed fields null.
 #include "kernels/moe/moe_decode_fused.h"
 
 #include <algorithm>
@@ -145,14 +146,16 @@ void Check(const Shape& s, int32_t tokens, int32_t repeated, int32_t invalid_cho
   p.num_tokens = tokens;
   p.top_k = s.top_k;
   p.num_experts = s.experts;
+  // top_k 0 (a dense MLP): the routed fields must not be read; null them (a read faults).
+  const bool routed = s.top_k > 0;
   p.hidden_size = s.hidden;
   p.inter = s.inter;
   p.hidden = dhidden.get();
-  p.topk_ids = dids.get();
-  p.topk_weights = dtopk_w.get();
-  p.slot_of_expert = dslot.get();
-  p.gate_up = dgu.get();
-  p.down = ddown.get();
+  p.topk_ids = routed ? dids.get() : nullptr;
+  p.topk_weights = routed ? dtopk_w.get() : nullptr;
+  p.slot_of_expert = routed ? dslot.get() : nullptr;
+  p.gate_up = routed ? dgu.get() : nullptr;
+  p.down = routed ? ddown.get() : nullptr;
   p.shared_parts = s.shared_parts;
   p.shared_gate_up = s.shared_parts > 0 ? dshared.get() : nullptr;
   p.shared_down = s.shared_parts > 0 ? dshared.get() + 2 * SI * H : nullptr;
@@ -223,6 +226,31 @@ TEST(MoeDecodeFusedTest, TwoTokensWithRepeatedExpertsMatchCpuBackend) {
   Check(kV3Small, 2, 5);
 }
 
+// top_k 0: a dense MLP layer as shared parts only (no routing; null routed fields, 0 experts),
+// against the CPU backend's Gemm + SiluMul + Gemm over the whole intermediate. Moonlight's dense
+// layer (intermediate 11264 = 8 x 1408) and V3's (18432 = 9 x 2048) scaled down, and as one part
+// of the whole width; the stationary down's 3- and 5-chunk kernels and past its limit
+// (kPipelined's down); two tokens.
+TEST(MoeDecodeFusedTest, DenseMlpWithoutRoutingMatchesCpuBackend) {
+  DEEPINFER_SKIP_WITHOUT_GPU();
+  Check({0, 0, 256, 96, 8}, 1, 0);    // Moonlight-like, 8 parts
+  Check({0, 0, 512, 128, 9}, 1, 0);   // V3-like, 9 parts
+  Check({0, 0, 256, 768, 1}, 1, 0);   // one part of the whole intermediate
+  Check({0, 0, 256, 1408, 8}, 1, 0);  // 1408 chunks: the 3-chunk stationary down
+  Check({0, 0, 256, 2048, 9}, 1, 0);  // 2304 chunks: the 5-chunk stationary down
+  Check({0, 0, 256, 2816, 8}, 1, 0);  // 2816 chunks: kPipelined's down
+  Check({0, 0, 256, 96, 8}, 2, 0);
+  Check({0, 0, 512, 128, 9}, 2, 0);
+}
+
+// Moonlight's dense layer at its real sizes: hidden 2048, intermediate 11264 (8 x 1408, and one
+// part of 11264: the same chunks).
+TEST(MoeDecodeFusedTest, MoonlightDenseSizesMatchCpuBackend) {
+  DEEPINFER_SKIP_WITHOUT_GPU();
+  Check({0, 0, 2048, 1408, 8}, 1, 0);
+  Check({0, 0, 2048, 11264, 1}, 1, 0);
+}
+
 // Moonlight's real sizes (hidden 2048, moe_intermediate 1408, 2 shared parts), 8 experts.
 TEST(MoeDecodeFusedTest, MoonlightSizesMatchCpuBackend) {
   DEEPINFER_SKIP_WITHOUT_GPU();
@@ -283,6 +311,24 @@ TEST(MoeDecodeFusedTest, RejectsBadArguments) {
   q = p;
   q.down_blocks_per_sm = -1;
   expect_invalid(q, "negative blocks per SM");
+  q = p;
+  q.top_k = 0;
+  expect_invalid(q, "no routed experts and no shared parts");
+  q = p;
+  q.top_k = -1;
+  q.shared_parts = 1;
+  q.shared_gate_up = reinterpret_cast<const uint16_t*>(buf.get());
+  q.shared_down = q.shared_gate_up;
+  expect_invalid(q, "negative top_k");
+  q.top_k = 0;
+  q.shared_parts = kernels::kMoeDecodeFusedMaxParts + 1;
+  expect_invalid(q, "too many shared parts without routing");
+  q = p;
+  q.num_experts = 0;
+  expect_invalid(q, "routed experts but none in the table");
+  q = p;
+  q.topk_ids = nullptr;
+  expect_invalid(q, "null topk_ids with top_k > 0");
 }
 
 }  // namespace

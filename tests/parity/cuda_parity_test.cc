@@ -6,7 +6,9 @@
 // of tests/parity/parity_checks.h, as the CPU bf16 test, with the max relative error printed for
 // the bf16 parity claim (tools/parity/hf_bf16_error.py prints HF bf16's). bf16 weights with the
 // bf16 cache (the CUDA default): the same logit bounds, greedy agreement printed only (see
-// deepseek_v3_parity_test.cc). Skips without a GPU.
+// deepseek_v3_parity_test.cc). bf16 weights with the dense MLP layers through the fused MoE
+// kernels at one decode token (SetDecodeDenseMlpFused): the teacher-forced greedy bound. Skips
+// without a GPU.
 #include <cstdio>
 #include <string>
 #include <utility>
@@ -66,8 +68,7 @@ TEST_P(CudaParityTest, GreedyContinuationsMatchHfAloneAndBatched) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Fixtures, CudaParityTest,
-                         ::testing::Values("dsv3_qlora_rope", "dsv3_yarn_nolora",
-                                           "dsv3_mla_dims"));
+                         ::testing::Values("dsv3_qlora_rope", "dsv3_yarn_nolora", "dsv3_mla_dims"));
 
 // Each prompt's worst relative logit error, one line each.
 void PrintPromptErrors(const ParityModel& m, const FixtureLogitsError& e, const char* label,
@@ -100,8 +101,7 @@ TEST_P(CudaBf16ParityTest, TeacherForcedGreedyMostlyMatchesHf) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Fixtures, CudaBf16ParityTest,
-                         ::testing::Values("dsv3_qlora_rope", "dsv3_yarn_nolora",
-                                           "dsv3_mla_dims"));
+                         ::testing::Values("dsv3_qlora_rope", "dsv3_yarn_nolora", "dsv3_mla_dims"));
 
 // bf16 weights with the bf16 latent cache (the default for bf16 weights).
 class CudaBf16CacheParityTest : public CudaBf16ParityTest {
@@ -125,8 +125,32 @@ TEST_P(CudaBf16CacheParityTest, PromptLogitsWithinBf16ToleranceOfHfFloat32) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Fixtures, CudaBf16CacheParityTest,
-                         ::testing::Values("dsv3_qlora_rope", "dsv3_yarn_nolora",
-                                           "dsv3_mla_dims"));
+                         ::testing::Values("dsv3_qlora_rope", "dsv3_yarn_nolora", "dsv3_mla_dims"));
+
+// bf16 weights (fp32 cache) with the dense MLP layers at one decode token as the fused MoE
+// block's kernels (CudaBackend::SetDecodeDenseMlpFused; fp32 activations where the ops round to
+// bf16): the teacher-forced greedy bound of CudaBf16ParityTest, and the op was taken.
+class CudaBf16DenseMlpFusedParityTest : public CudaBf16ParityTest {
+ protected:
+  void SetUp() override {
+    CudaBf16ParityTest::SetUp();
+    if (backend_ != nullptr) backend_->SetDecodeDenseMlpFused(true);
+  }
+};
+
+TEST_P(CudaBf16DenseMlpFusedParityTest, TeacherForcedGreedyMostlyMatchesHf) {
+  backend_->SetOpTiming(true);
+  auto r = AllPromptsTeacherForced(m_);
+  backend_->SetOpTiming(false);
+  ASSERT_TRUE(r.ok()) << r.status();
+  PrintGreedyAgreement(*r, "cuda dense-mlp-fused", GetParam());
+  EXPECT_GE(r->matches, kBf16GreedyAgreement * r->positions);
+  EXPECT_NE(backend_->TakeOpTimingReport().find("NormedDenseMlp"), std::string::npos)
+      << "the fused dense MLP was not taken";
+}
+
+INSTANTIATE_TEST_SUITE_P(Fixtures, CudaBf16DenseMlpFusedParityTest,
+                         ::testing::Values("dsv3_qlora_rope", "dsv3_yarn_nolora", "dsv3_mla_dims"));
 
 }  // namespace
 }  // namespace deepinfer

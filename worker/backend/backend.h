@@ -262,6 +262,23 @@ struct RoutedExpertsArgs {
   const void* shared_down = nullptr;     // [hidden_size, shared_inter]
 };
 
+// Arguments of Backend::NormedDenseMlp: a dense MLP layer's input norm and MLP as one op,
+// AddRmsNorm(rows, hidden_size, x, y, norm_weight, eps, normed, nullptr), then
+// out = down(silu(gate) * up) of the normed rows.
+struct DenseMlpArgs {
+  int64_t rows = 0;
+  int64_t hidden_size = 0;
+  int64_t inter = 0;  // the MLP's intermediate size
+  float* x = nullptr;
+  const float* y = nullptr;  // optional (null: nothing added to x)
+  const float* norm_weight = nullptr;
+  float eps = 0.0f;
+  float* normed = nullptr;  // [rows, hidden_size] fp32, written (the MLP's input)
+  WeightView gate_up;       // [2 * inter, hidden_size], gate rows then up rows
+  WeightView down;          // [hidden_size, inter]
+  float* out = nullptr;     // [rows, hidden_size], overwritten after the norm read y (may be y)
+};
+
 // Ops recorded once by Backend::Capture and issued again by Replay (a CUDA graph): the same
 // kernels with the same arguments, reading and writing the same device addresses, so callers
 // change what a replay computes only by writing new values into the buffers it reads.
@@ -357,6 +374,11 @@ class Backend {
   // backend has no such path for these arguments (the default; the CPU backend keeps the ops
   // as the reference); the caller then calls RoutedExperts and runs the shared MLP itself.
   virtual bool RoutedAndSharedExperts(const RoutedExpertsArgs& args) { return false; }
+  // A dense MLP layer's post-attention norm and MLP in one op (DenseMlpArgs), within fp32
+  // rounding of AddRmsNorm, Gemm, SiluMul, Gemm on fp32 activations. Returns false, doing
+  // nothing, when the backend has no such path for these arguments (the default; the CPU
+  // backend keeps the ops as the reference); the caller then runs the norm and the MLP's ops.
+  virtual bool NormedDenseMlp(const DenseMlpArgs& args) { return false; }
   // out[r, :] = x[r, :] / rms(x[r, :]) * weight (statistics in fp32). out may alias x.
   virtual void RmsNorm(int64_t rows, int64_t dim, const float* x, int64_t ldx, const float* weight,
                        float eps, float* out, int64_t ldout) = 0;

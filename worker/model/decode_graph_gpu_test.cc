@@ -7,13 +7,15 @@
 //    other GEMM kernels for other row counts, so bits may differ; tokens must agree (>= 99% of
 //    them, printed) and logprobs stay within 1e-3 — and EPLB counted exactly the real rows;
 //  * a new KV cache records again, with the same results; op timing turns graphs off;
-//  * bucket 1 records a graph per side of the one-token attention kernel's context break.
+//  * bucket 1 records a graph per side of the one-token attention kernel's context break;
+//  * the dense layer through the fused MoE kernels at one token (SetDecodeDenseMlpFused).
 // Skips without a GPU.
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "gtest/gtest.h"
@@ -238,6 +240,69 @@ TEST_F(DecodeGraphGpuTest, FailedRecordingLeavesTheBackendUsable) {
     EXPECT_EQ(host, values);
   }
   EXPECT_TRUE(backend_->status().ok()) << backend_->status();
+}
+
+// CudaBackend::SetDecodeDenseMlpFused: the dense first layer at one decode token as the fused
+// MoE block's kernels (Backend::NormedDenseMlp; fp32 activations where the ops round to bf16).
+// Bucket 1's replayed steps equal the same padded steps run eagerly bit for bit; plain eager
+// steps with the switch on agree as in the test above; against the switch off (the ops) the
+// tokens agree (>= 99%; the logprob difference is printed). Op timing shows the op was taken.
+TEST_F(DecodeGraphGpuTest, DenseMlpFusedReplayEqualsPaddedEagerAndStaysCloseToTheOps) {
+  backend_->SetDecodeDenseMlpFused(true);
+  DecodeGraphOptions on, padded_eager, off;
+  padded_eager.replay = false;
+  off.enabled = false;
+  auto graphs = Load(backend_.get(), on);
+  auto eager_padded = Load(backend_.get(), padded_eager);
+  auto eager = Load(backend_.get(), off);
+  ASSERT_TRUE(graphs && eager_padded && eager);
+  const std::vector<int64_t> schedule = {1, 1, 3, 1, 1, 5, 1, 1};
+  auto a = RunDecodeSchedule(graphs.get(), backend_.get(), schedule, 6);
+  ASSERT_TRUE(a.ok()) << a.status();
+  auto b = RunDecodeSchedule(eager_padded.get(), backend_.get(), schedule, 6);
+  ASSERT_TRUE(b.ok()) << b.status();
+  EXPECT_EQ(graphs->decode_graph_steps(), static_cast<int64_t>(schedule.size()));
+  ExpectBitIdentical(*a, *b);
+
+  auto compare = [&](const DecodeRun& c, const char* what, double max_logprob_diff) {
+    int64_t same = 0, all = 0;
+    double worst = 0;
+    for (size_t s = 0; s < schedule.size(); ++s) {
+      for (size_t i = 0; i < a->tokens[s].size(); ++i) {
+        ++all;
+        if (a->tokens[s][i] != c.tokens[s][i]) continue;
+        ++same;
+        worst =
+            std::max(worst, static_cast<double>(std::fabs(a->logprobs[s][i] - c.logprobs[s][i])));
+      }
+    }
+    std::printf(
+        "[decode-graphs] dense MLP fused, replay vs %s: %lld / %lld tokens equal, max |logprob "
+        "diff| %.3g\n",
+        what, static_cast<long long>(same), static_cast<long long>(all), worst);
+    EXPECT_GE(same * 100, all * 99) << what;
+    EXPECT_LE(worst, max_logprob_diff) << what;
+  };
+  auto c = RunDecodeSchedule(eager.get(), backend_.get(), schedule, 6, /*forced=*/&*a);
+  ASSERT_TRUE(c.ok()) << c.status();
+  compare(*c, "plain eager", 1e-3);
+  // The ops round the dense layer's normed row and SiLU-mul output to bf16: other bits, but
+  // the same model (a wrong dense layer changes most tokens).
+  backend_->SetDecodeDenseMlpFused(false);
+  auto d = RunDecodeSchedule(eager.get(), backend_.get(), schedule, 6, /*forced=*/&*a);
+  ASSERT_TRUE(d.ok()) << d.status();
+  compare(*d, "plain eager with the switch off", 1.0);
+
+  // Taken at one token only while on.
+  for (bool fused : {true, false}) {
+    backend_->SetDecodeDenseMlpFused(fused);
+    backend_->SetOpTiming(true);
+    auto run = RunDecodeSchedule(eager.get(), backend_.get(), {1, 1}, 1);
+    backend_->SetOpTiming(false);
+    ASSERT_TRUE(run.ok()) << run.status();
+    EXPECT_EQ(backend_->TakeOpTimingReport().find("NormedDenseMlp") != std::string::npos, fused);
+  }
+  backend_->SetDecodeDenseMlpFused(false);
 }
 
 }  // namespace

@@ -495,9 +495,25 @@ absl::Status DeepseekV3Model::Layers(const StepContext& ctx, const int32_t* ids,
       norm.out_bf16 = h16p;
       st = Moe(l, T, hp, h_gemm, yp, ctx, &norm);
     } else {
-      backend_->AddRmsNorm(T, H, xp, yp, L.post_attention_norm->as<float>(), eps,
-                           h16p == nullptr ? hp : nullptr, h16p);
-      st = Mlp(L.dense, T, h_gemm, yp, false);
+      // The norm and the MLP as one op where the backend has one (CUDA: one decode token,
+      // fp32 activations), else the norm and Mlp's ops (the reference).
+      DenseMlpArgs d;
+      d.rows = T;
+      d.hidden_size = H;
+      d.inter = L.dense.inter;
+      d.x = xp;
+      d.y = yp;
+      d.norm_weight = L.post_attention_norm->as<float>();
+      d.eps = eps;
+      d.normed = hp;
+      d.gate_up = weights_->Matrix(L.dense.gate_up);
+      d.down = weights_->Matrix(L.dense.down);
+      d.out = yp;
+      if (!backend_->NormedDenseMlp(d)) {
+        backend_->AddRmsNorm(T, H, xp, yp, L.post_attention_norm->as<float>(), eps,
+                             h16p == nullptr ? hp : nullptr, h16p);
+        st = Mlp(L.dense, T, h_gemm, yp, false);
+      }
     }
     if (!st.ok()) return st;
   }

@@ -1314,6 +1314,40 @@ bool CudaBackend::RoutedAndSharedExperts(const RoutedExpertsArgs& a) {
   return true;
 }
 
+bool CudaBackend::NormedDenseMlp(const DenseMlpArgs& a) {
+  if (!decode_dense_mlp_fused_ || a.rows != 1 || a.gate_up.dtype != WeightDType::kBFloat16 ||
+      a.down.dtype != WeightDType::kBFloat16 || a.hidden_size <= 0 || a.hidden_size % 8 != 0 ||
+      a.inter <= 0 || a.inter % 8 != 0 || !FitsInt(a.hidden_size) || !FitsInt(a.inter) ||
+      a.x == nullptr || a.norm_weight == nullptr || a.normed == nullptr || a.out == nullptr ||
+      a.gate_up.data == nullptr || a.down.data == nullptr ||
+      reinterpret_cast<uintptr_t>(a.normed) % 16 != 0) {
+    return false;
+  }
+  OpTimer timer(this, "NormedDenseMlp");
+  Check(kernels::AddRmsNormF32(a.rows, a.hidden_size, a.x, a.y, a.norm_weight, a.eps, a.normed,
+                               nullptr, stream_),
+        "kernels::AddRmsNormF32");
+  // The MLP is the fused MoE block's shared MLP alone (top_k 0), as one part: a part split
+  // changes neither the work nor (kStationary, kPipelined) the order of the sums.
+  kernels::MoeDecodeFusedParams p;
+  p.num_tokens = 1;
+  p.top_k = 0;
+  p.hidden_size = static_cast<int32_t>(a.hidden_size);
+  p.inter = static_cast<int32_t>(a.inter);
+  p.hidden = a.normed;
+  p.shared_parts = 1;
+  p.shared_gate_up = static_cast<const uint16_t*>(a.gate_up.data);
+  p.shared_down = static_cast<const uint16_t*>(a.down.data);
+  auto act = AllocateScratch(kernels::MoeDecodeFusedActFloats(1, 0, 1, p.inter) * sizeof(float));
+  p.act = act->as<float>();
+  p.out = a.out;
+  p.kernels = DecodeMoeFusedKernelsFor(a.hidden_size);
+  p.gate_up_blocks_per_sm = decode_moe_fused_gate_up_blocks_per_sm_;
+  p.down_blocks_per_sm = decode_moe_fused_down_blocks_per_sm_;
+  Check(kernels::MoeDecodeFusedF32(p, stream_), "kernels::MoeDecodeFusedF32");
+  return true;
+}
+
 CudaBackend::DecodeMoeAlgo CudaBackend::DecodeMoeAlgoFor(int64_t tokens) const {
   if (decode_moe_algo_ != DecodeMoeAlgo::kAuto) return decode_moe_algo_;
   // Fastest per size (grouped_gemm_bench at 1 and 8 tokens; moe_decode_bench, a whole layer in

@@ -1569,5 +1569,132 @@ TEST_F(CudaBackendTest, SampleRowsAndTopLogprobsRowsMatchCpu) {
   EXPECT_NE(gpu_->status().message().find("TopLogprobsRows"), absl::string_view::npos);
 }
 
+// Backend::NormedDenseMlp (a dense MLP layer's norm + MLP at one decode token through the fused
+// MoE block's kernels with no routed experts) against the CPU backend's AddRmsNorm, Gemm,
+// SiluMul, Gemm on the same bf16 weights widened to fp32 (the fused path keeps fp32
+// activations), out aliasing y as in the model. Every kernel pair, eager and recorded into a
+// CUDA graph (the replay, from the same x and y, must equal the eager run bit for bit). Also the
+// cases it declines, doing nothing (off by default).
+TEST_F(CudaBackendTest, NormedDenseMlpMatchesCpuOps) {
+  // Moonlight's dense shape scaled down (intermediate 5.5 x hidden), a hidden past one unrolled
+  // gate_up pass.
+  const int64_t H = 512, I = 2816;
+  const uint32_t seed = testing::FreshSeed();
+  SCOPED_TRACE(::testing::Message() << "seed " << seed);
+  const auto x = testing::RandomFloats(H, seed, 2.0f);
+  const auto y = testing::RandomFloats(H, seed + 1);
+  const auto wn = testing::RandomFloats(H, seed + 2);
+  auto gu = testing::RandomFloats(2 * I * H, seed + 3, 0.125f);
+  auto dn = testing::RandomFloats(H * I, seed + 4, 0.125f);
+  std::vector<std::unique_ptr<DeviceBuffer>> keep;
+  const WeightView gu_gpu = GpuBf16(gu, &keep), dn_gpu = GpuBf16(dn, &keep);
+  for (float& v : gu) v = RoundToBf16(v);
+  for (float& v : dn) v = RoundToBf16(v);
+
+  std::vector<float> want_x = x, normed(H), g(2 * I), act(I), want(H);
+  cpu_.AddRmsNorm(1, H, want_x.data(), y.data(), wn.data(), 1e-6f, normed.data(), nullptr);
+  cpu_.Gemm(1, 2 * I, H, normed.data(), H, gu.data(), H, g.data(), 2 * I, false);
+  cpu_.SiluMul(1, I, g.data(), act.data());
+  cpu_.Gemm(1, H, I, act.data(), I, dn.data(), I, want.data(), H, false);
+  double scale = 0;
+  for (float v : want) scale = std::max(scale, static_cast<double>(std::abs(v)));
+
+  auto dx = Upload(x), dy = Upload(y), dwn = Upload(wn), dnormed = Poisoned(H);
+  DenseMlpArgs a;
+  a.rows = 1;
+  a.hidden_size = H;
+  a.inter = I;
+  a.x = dx->as<float>();
+  a.y = dy->as<float>();
+  a.norm_weight = dwn->as<float>();
+  a.eps = 1e-6f;
+  a.normed = dnormed->as<float>();
+  a.gate_up = gu_gpu;
+  a.down = dn_gpu;
+  a.out = dy->as<float>();  // the model's: the layer's output replaces the attention output
+  auto reset = [&] {
+    gpu_->CopyToDevice(x.data(), H * sizeof(float), dx->data());
+    gpu_->CopyToDevice(y.data(), H * sizeof(float), dy->data());
+  };
+
+  // Off by default: declined, nothing written.
+  EXPECT_FALSE(gpu_->NormedDenseMlp(a));
+  EXPECT_EQ(Download(*dx), x);
+  EXPECT_EQ(Download(*dy), y);
+  gpu_->SetDecodeDenseMlpFused(true);
+
+  struct Pair {
+    const char* name;
+    bool set;  // false: the backend's default (DecodeMoeFusedKernelsFor)
+    kernels::MoeDecodeFusedKernels kernels;
+  };
+  const Pair pairs[] = {
+      {"default", false, kernels::MoeDecodeFusedKernels::kStationary},
+      {"persistent", true, kernels::MoeDecodeFusedKernels::kPersistent},
+      {"pipelined", true, kernels::MoeDecodeFusedKernels::kPipelined},
+      {"stationary", true, kernels::MoeDecodeFusedKernels::kStationary},
+      {"warp per row", true, kernels::MoeDecodeFusedKernels::kWarpPerRow},
+  };
+  for (const Pair& pair : pairs) {
+    SCOPED_TRACE(pair.name);
+    if (pair.set) {
+      gpu_->SetDecodeMoeFusedKernels(pair.kernels);
+    } else {
+      gpu_->SetDecodeMoeFusedKernelsAuto();
+    }
+    reset();
+    ASSERT_TRUE(gpu_->NormedDenseMlp(a));
+    const std::vector<float> eager = Download(*dy), eager_x = Download(*dx);
+    EXPECT_TRUE(AllClose(eager_x, want_x, 0, 0)) << "x += y";
+    EXPECT_TRUE(AllClose(Download(*dnormed), normed, 1e-5, 1e-5));
+    // fp32 sums in another order over a normed row that may differ in its last bits: far below
+    // 1e-4 of the largest output; a missing or doubled part, a wrong row moves outputs by
+    // O(scale).
+    EXPECT_TRUE(AllClose(eager, want, 1e-4 * scale, 1e-4));
+
+    bool taken = false;
+    auto ops = gpu_->Capture([&] {
+      taken = gpu_->NormedDenseMlp(a);
+      return absl::OkStatus();
+    });
+    ASSERT_TRUE(ops.ok()) << ops.status();
+    ASSERT_TRUE(taken);
+    reset();
+    gpu_->CopyToDevice(std::vector<float>(H, std::numeric_limits<float>::quiet_NaN()).data(),
+                       H * sizeof(float), dnormed->data());
+    ASSERT_TRUE((*ops)->Replay().ok());
+    EXPECT_EQ(Download(*dy), eager) << "replay differs from the eager run";
+    EXPECT_EQ(Download(*dx), eager_x);
+  }
+  gpu_->SetDecodeMoeFusedKernelsAuto();
+
+  // Declined (nothing written): 2 rows, fp32 weights, an intermediate or hidden size that is no
+  // multiple of 8, a misaligned normed row.
+  reset();
+  DenseMlpArgs b = a;
+  b.rows = 2;
+  EXPECT_FALSE(gpu_->NormedDenseMlp(b));
+  b = a;
+  b.gate_up.dtype = WeightDType::kFloat32;
+  EXPECT_FALSE(gpu_->NormedDenseMlp(b));
+  b = a;
+  b.down.dtype = WeightDType::kFloat32;
+  EXPECT_FALSE(gpu_->NormedDenseMlp(b));
+  b = a;
+  b.inter = I - 4;
+  EXPECT_FALSE(gpu_->NormedDenseMlp(b));
+  b = a;
+  b.hidden_size = H - 4;
+  EXPECT_FALSE(gpu_->NormedDenseMlp(b));
+  b = a;
+  b.normed = a.normed + 1;
+  EXPECT_FALSE(gpu_->NormedDenseMlp(b));
+  gpu_->SetDecodeDenseMlpFused(false);
+  EXPECT_FALSE(gpu_->NormedDenseMlp(a));
+  EXPECT_EQ(Download(*dx), x);
+  EXPECT_EQ(Download(*dy), y);
+  EXPECT_TRUE(gpu_->status().ok()) << gpu_->status();
+}
+
 }  // namespace
 }  // namespace deepinfer
