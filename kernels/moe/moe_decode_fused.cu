@@ -12,6 +12,7 @@
 #include <algorithm>
 
 #include "kernels/common/launch.cuh"
+#include "kernels/common/streaming_load.cuh"
 #include "kernels/moe/moe_decode_fused.h"
 
 namespace deepinfer {
@@ -254,14 +255,6 @@ struct PartTable {
   float coef[kMaxParts][kT];
 };
 
-__device__ __forceinline__ uint4 LoadStreaming(const void* p) {
-  uint4 v;
-  asm("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
-      : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-      : "l"(p));
-  return v;
-}
-
 // bytes (a multiple of 16, 16-byte aligned) from p into L2, a hint.
 __device__ __forceinline__ void PrefetchL2(const void* p, uint32_t bytes) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
@@ -364,8 +357,8 @@ __device__ void GateUpPersistentBody(const NoPrefetchResult&, MoeDecodeFusedPara
 #pragma unroll
       for (int n = 0; n < kUnroll; ++n) {
         const int v = v0 + n * 32;
-        wg[n] = v < kv ? LoadStreaming(g + v) : make_uint4(0, 0, 0, 0);
-        wu[n] = v < kv ? LoadStreaming(up + v) : make_uint4(0, 0, 0, 0);
+        wg[n] = v < kv ? LoadStreaming16(g + v) : make_uint4(0, 0, 0, 0);
+        wu[n] = v < kv ? LoadStreaming16(up + v) : make_uint4(0, 0, 0, 0);
       }
 #pragma unroll
       for (int n = 0; n < kUnroll; ++n) {
@@ -433,7 +426,7 @@ __device__ void DownPersistentBody(const NoPrefetchResult&, MoeDecodeFusedParams
       for (int n = 0; n < kDownLoads; ++n) {
         un[n] = u;
         vn[n] = v;
-        w[n] = u < tab.count ? LoadStreaming(tab.down[u] + int64_t{f} * tab.down_stride[u] + 8 * v)
+        w[n] = u < tab.count ? LoadStreaming16(tab.down[u] + int64_t{f} * tab.down_stride[u] + 8 * v)
                              : make_uint4(0, 0, 0, 0);
         v += kDownThreads;
         while (v >= kv) {
@@ -498,8 +491,8 @@ __device__ __forceinline__ void LoadGateUpChunk(const uint16_t* gate, const uint
 #pragma unroll
   for (int n = 0; n < kUnroll; ++n) {
     const int v = v0 + n * 32;
-    c->g[n] = v < kv ? LoadStreaming(gate + 8 * v) : make_uint4(0, 0, 0, 0);
-    c->u[n] = v < kv ? LoadStreaming(up + 8 * v) : make_uint4(0, 0, 0, 0);
+    c->g[n] = v < kv ? LoadStreaming16(gate + 8 * v) : make_uint4(0, 0, 0, 0);
+    c->u[n] = v < kv ? LoadStreaming16(up + 8 * v) : make_uint4(0, 0, 0, 0);
   }
 }
 
@@ -638,7 +631,7 @@ __device__ __forceinline__ void LoadDownBatch(const PartTable<kT>& tab, int f, i
   int u = x0 / kv, v = x0 - u * kv;
 #pragma unroll
   for (int n = 0; n < kDownLoads; ++n) {
-    b->w[n] = u < tab.count ? LoadStreaming(tab.down[u] + int64_t{f} * tab.down_stride[u] + 8 * v)
+    b->w[n] = u < tab.count ? LoadStreaming16(tab.down[u] + int64_t{f} * tab.down_stride[u] + 8 * v)
                             : make_uint4(0, 0, 0, 0);
     v += kDownThreads;
     while (v >= kv) {
@@ -771,7 +764,7 @@ __device__ __forceinline__ void LoadStatStep(const StatChunks<kChunks>& c, int f
 #pragma unroll
     for (int n = 0; n < kChunks; ++n) {
       w[i][n] = c.w[n] != nullptr && f + i < end
-                    ? LoadStreaming(c.w[n] + static_cast<int64_t>(f + i) * c.stride[n])
+                    ? LoadStreaming16(c.w[n] + static_cast<int64_t>(f + i) * c.stride[n])
                     : make_uint4(0, 0, 0, 0);
     }
 }
