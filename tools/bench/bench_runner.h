@@ -130,8 +130,8 @@ struct BenchConfig {
   // graph switch nodes; false, the default: the one fixed batch inside the decode graphs too).
   bool decode_moe_graph_buckets = false;
   // CUDA only: CudaBackend::SetDecodeDenseMlpFused (a dense MLP layer at one decode token as
-  // the fused MoE block's kernels with no routed experts; false, the default: the ops).
-  bool decode_dense_mlp_fused = false;
+  // the fused MoE block's kernels with no routed experts, the default; false: the ops).
+  bool decode_dense_mlp_fused = true;
   // Decode steps replayed from CUDA graphs per batch-size bucket (DecodeGraphOptions; cuda only,
   // and never while op timing runs).
   bool cuda_graphs = true;

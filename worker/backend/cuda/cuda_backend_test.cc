@@ -1617,7 +1617,8 @@ TEST_F(CudaBackendTest, NormedDenseMlpMatchesCpuOps) {
     gpu_->CopyToDevice(y.data(), H * sizeof(float), dy->data());
   };
 
-  // Off by default: declined, nothing written.
+  // Switched off: declined, nothing written.
+  gpu_->SetDecodeDenseMlpFused(false);
   EXPECT_FALSE(gpu_->NormedDenseMlp(a));
   EXPECT_EQ(Download(*dx), x);
   EXPECT_EQ(Download(*dy), y);
