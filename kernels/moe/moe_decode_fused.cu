@@ -1,12 +1,12 @@
-// Four pairs of kernels (MoeDecodeFusedKernels), all streaming bf16 weight rows with 16-byte
+// Three pairs of kernels (MoeDecodeFusedKernels), all streaming bf16 weight rows with 16-byte
 // loads (8 values per load), converting them to fp32 with a shift and multiplying them with fp32
 // activations that come through L1 (a few KB per token; kStationary's down: held in registers),
 // all launched with programmatic dependent launch (kernels/common/launch.cuh): the routing,
 // written by the kernel before gate_up, is read only after the wait, except in down kernels
 // (kPersistent's L2 prefetch hint, kStationary's chunk resolution; see there why that is safe).
 //
-// kWarpPerRow: one warp per weight row pair (gate_up) or output feature (down); blocks of
-// kWarps warps, a full grid (the hardware balances the tail).
+// Session 6's kWarpPerRow pair (one warp per weight row pair / output feature, a full grid) was
+// removed in session 7: it was the slowest at every measured shape (docs/kernels.md).
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -53,169 +53,6 @@ __device__ __forceinline__ float WarpSum(float s) {
 
 __device__ __forceinline__ bool ValidExpert(const MoeDecodeFusedParams& p, int32_t e) {
   return e >= 0 && e < p.num_experts;
-}
-
-// Block column blockIdx.y: a (token, choice) pair (t * top_k + k) or a shared part
-// (num_tokens * top_k + s). A routed column serves every token that chose its expert, unless an
-// earlier token did (that token's column serves it); part[u] is token u's part index (-1: not
-// served here).
-template <int kT>
-__device__ void GateUpBody(MoeDecodeFusedParams p) {
-  const int K = p.top_k, P = K + p.shared_parts, H = p.hidden_size, I = p.inter;
-  const int column = blockIdx.y;
-  int part[kT];
-  const uint16_t* gate;
-  const uint16_t* up;
-  if (column < kT * K) {
-    const int t = column / K;
-    const int32_t e = p.topk_ids[column];
-    if (!ValidExpert(p, e)) return;
-    bool any = false;
-#pragma unroll
-    for (int u = 0; u < kT; ++u) {
-      part[u] = -1;
-      for (int j = 0; j < K; ++j) {
-        if (p.topk_ids[u * K + j] == e) part[u] = j;
-      }
-      if (u < t && part[u] >= 0) return;  // an earlier token's column computes this expert
-      any = any || part[u] >= 0;
-    }
-    if (!any) return;
-    gate = p.gate_up[p.slot_of_expert[e]];
-    up = gate + int64_t{I} * H;
-  } else {
-    const int s = column - kT * K;
-#pragma unroll
-    for (int u = 0; u < kT; ++u) part[u] = K + s;
-    gate = p.shared_gate_up + int64_t{s} * I * H;
-    up = p.shared_gate_up + (int64_t{p.shared_parts} + s) * I * H;
-  }
-
-  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, kv = H / 8;
-  for (int j = blockIdx.x * kWarps + warp; j < I; j += gridDim.x * kWarps) {
-    const uint4* g = reinterpret_cast<const uint4*>(gate + int64_t{j} * H);
-    const uint4* u4 = reinterpret_cast<const uint4*>(up + int64_t{j} * H);
-    float ag[kT], au[kT];
-#pragma unroll
-    for (int t = 0; t < kT; ++t) ag[t] = au[t] = 0.0f;
-    for (int v0 = lane; v0 < kv; v0 += 32 * kUnroll) {
-      uint4 wg[kUnroll], wu[kUnroll];
-#pragma unroll
-      for (int i = 0; i < kUnroll; ++i) {
-        const int v = v0 + i * 32;
-        wg[i] = v < kv ? __ldg(g + v) : make_uint4(0, 0, 0, 0);
-        wu[i] = v < kv ? __ldg(u4 + v) : make_uint4(0, 0, 0, 0);
-      }
-#pragma unroll
-      for (int i = 0; i < kUnroll; ++i) {
-        const int v = v0 + i * 32;
-        if (v >= kv) break;
-        float gf[8], uf[8];
-        Bf16x8ToFloat(wg[i], gf);
-        Bf16x8ToFloat(wu[i], uf);
-#pragma unroll
-        for (int t = 0; t < kT; ++t) {
-          if (part[t] < 0) continue;
-          const float4* x = reinterpret_cast<const float4*>(p.hidden + int64_t{t} * H);
-          const float4 a = __ldg(x + 2 * v), b = __ldg(x + 2 * v + 1);
-          ag[t] = Dot8(ag[t], a, b, gf);
-          au[t] = Dot8(au[t], a, b, uf);
-        }
-      }
-    }
-#pragma unroll
-    for (int t = 0; t < kT; ++t) {
-      if (part[t] < 0) continue;
-      const float gs = WarpSum(ag[t]), us = WarpSum(au[t]);
-      // expf (not __expf), as SiluMulF32.
-      if (lane == t) p.act[(int64_t{t} * P + part[t]) * I + j] = gs / (1.0f + expf(-gs)) * us;
-    }
-  }
-}
-
-// Token t's part q: its weight row for output feature f, its act row and its weight in the
-// sum (false: an invalid expert id, nothing to add).
-__device__ __forceinline__ bool DownPart(const MoeDecodeFusedParams& p, int t, int q, int f,
-                                         const uint4** w, const float4** a, float* coef) {
-  const int K = p.top_k, P = K + p.shared_parts, I = p.inter;
-  *a = reinterpret_cast<const float4*>(p.act + (int64_t{t} * P + q) * I);
-  if (q < K) {
-    const int32_t e = p.topk_ids[t * K + q];
-    if (!ValidExpert(p, e)) return false;
-    *w = reinterpret_cast<const uint4*>(p.down[p.slot_of_expert[e]] + int64_t{f} * I);
-    *coef = p.topk_weights[t * K + q];
-  } else {
-    *w = reinterpret_cast<const uint4*>(p.shared_down + int64_t{f} * p.shared_parts * I +
-                                        int64_t{q - K} * I);
-    *coef = 1.0f;
-  }
-  return true;
-}
-
-// One warp per output feature; parts two at a time so that two weight rows are in flight.
-template <int kT>
-__device__ void DownBody(MoeDecodeFusedParams p) {
-  const int P = p.top_k + p.shared_parts, kv = p.inter / 8;
-  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
-  for (int f = blockIdx.x * kWarps + warp; f < p.hidden_size; f += gridDim.x * kWarps) {
-    float acc[kT];
-#pragma unroll
-    for (int t = 0; t < kT; ++t) {
-      acc[t] = 0.0f;
-      for (int q0 = 0; q0 < P; q0 += 2) {
-        const uint4* w[2];
-        const float4* a[2];
-        float coef[2] = {0.0f, 0.0f};
-        bool ok[2];
-#pragma unroll
-        for (int h = 0; h < 2; ++h) {
-          ok[h] = q0 + h < P && DownPart(p, t, q0 + h, f, &w[h], &a[h], &coef[h]);
-        }
-        float s[2] = {0.0f, 0.0f};
-        for (int v0 = lane; v0 < kv; v0 += 32 * kUnroll) {
-          uint4 wv[2][kUnroll];
-#pragma unroll
-          for (int h = 0; h < 2; ++h)
-#pragma unroll
-            for (int i = 0; i < kUnroll; ++i) {
-              const int v = v0 + i * 32;
-              wv[h][i] = ok[h] && v < kv ? __ldg(w[h] + v) : make_uint4(0, 0, 0, 0);
-            }
-#pragma unroll
-          for (int h = 0; h < 2; ++h) {
-            if (!ok[h]) continue;
-#pragma unroll
-            for (int i = 0; i < kUnroll; ++i) {
-              const int v = v0 + i * 32;
-              if (v >= kv) break;
-              float wf[8];
-              Bf16x8ToFloat(wv[h][i], wf);
-              s[h] = Dot8(s[h], a[h][2 * v], a[h][2 * v + 1], wf);
-            }
-          }
-        }
-        // Parts in order: the routed choices in k order, then the shared parts.
-#pragma unroll
-        for (int h = 0; h < 2; ++h) {
-          if (ok[h]) acc[t] = fmaf(coef[h], s[h], acc[t]);
-        }
-      }
-    }
-#pragma unroll
-    for (int t = 0; t < kT; ++t) {
-      const float sum = WarpSum(acc[t]);
-      if (lane == t) p.out[int64_t{t} * p.hidden_size + f] = sum;
-    }
-  }
-}
-
-template <int kT>
-cudaError_t LaunchWarpPerRow(const MoeDecodeFusedParams& p, cudaStream_t stream) {
-  const dim3 gate_up_grid((p.inter + kWarps - 1) / kWarps, kT * p.top_k + p.shared_parts);
-  cudaError_t err = LaunchAfterPrecedingGrids<GateUpBody<kT>, kThreads>(gate_up_grid, 0, stream, p);
-  if (err != cudaSuccess) return err;
-  const dim3 down_grid((p.hidden_size + kWarps - 1) / kWarps);
-  return LaunchAfterPrecedingGrids<DownBody<kT>, kThreads>(down_grid, 0, stream, p);
 }
 
 // ---- kPersistent -------------------------------------------------------------------------
@@ -426,8 +263,9 @@ __device__ void DownPersistentBody(const NoPrefetchResult&, MoeDecodeFusedParams
       for (int n = 0; n < kDownLoads; ++n) {
         un[n] = u;
         vn[n] = v;
-        w[n] = u < tab.count ? LoadStreaming16(tab.down[u] + int64_t{f} * tab.down_stride[u] + 8 * v)
-                             : make_uint4(0, 0, 0, 0);
+        w[n] = u < tab.count
+                   ? LoadStreaming16(tab.down[u] + int64_t{f} * tab.down_stride[u] + 8 * v)
+                   : make_uint4(0, 0, 0, 0);
         v += kDownThreads;
         while (v >= kv) {
           v -= kv;
@@ -983,8 +821,7 @@ cudaError_t MoeDecodeFusedF32(const MoeDecodeFusedParams& p, cudaStream_t stream
                         p.gate_up_blocks_per_sm >= 0 && p.down_blocks_per_sm >= 0;
   const bool kernels_ok = p.kernels == MoeDecodeFusedKernels::kPersistent ||
                           p.kernels == MoeDecodeFusedKernels::kPipelined ||
-                          p.kernels == MoeDecodeFusedKernels::kStationary ||
-                          p.kernels == MoeDecodeFusedKernels::kWarpPerRow;
+                          p.kernels == MoeDecodeFusedKernels::kStationary;
   const bool pointers_ok =
       p.hidden != nullptr && p.act != nullptr && p.out != nullptr &&
       (!routed || (p.topk_ids != nullptr && p.topk_weights != nullptr &&
@@ -993,9 +830,6 @@ cudaError_t MoeDecodeFusedF32(const MoeDecodeFusedParams& p, cudaStream_t stream
       reinterpret_cast<uintptr_t>(p.hidden) % 16 == 0 &&
       reinterpret_cast<uintptr_t>(p.act) % 16 == 0;
   if (!sizes_ok || !kernels_ok || !pointers_ok) return cudaErrorInvalidValue;
-  if (p.kernels == MoeDecodeFusedKernels::kWarpPerRow) {
-    return p.num_tokens == 1 ? LaunchWarpPerRow<1>(p, stream) : LaunchWarpPerRow<2>(p, stream);
-  }
   if (p.kernels == MoeDecodeFusedKernels::kStationary) return LaunchStationary(p, stream);
   if (p.kernels == MoeDecodeFusedKernels::kPipelined) {
     return p.num_tokens == 1 ? LaunchPipelined<1>(p, stream) : LaunchPipelined<2>(p, stream);

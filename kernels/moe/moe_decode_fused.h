@@ -8,10 +8,11 @@
 //   2. down: out[t, f] = sum over k of topk_weights[t, k] * (act[t, k] . down_e[f]) + sum over
 //      shared parts s of (act[t, K + s] . shared_down[f, s*inter:(s+1)*inter]).
 //
-// Four kernel pairs do this (MoeDecodeFusedKernels): kPersistent (grid-strided over the work,
-// L2 prefetch before the PDL wait), kPipelined (the same with the round trips overlapped),
+// Three kernel pairs do this (MoeDecodeFusedKernels): kPersistent (grid-strided over the work,
+// L2 prefetch before the PDL wait), kPipelined (the same with the round trips overlapped) and
 // kStationary (kPipelined with a down kernel that keeps its activations in registers at one
-// token) and session 6's kWarpPerRow; the backend's choice: CudaBackend::DecodeMoeFusedKernelsFor.
+// token); the backend's choice: CudaBackend::DecodeMoeFusedKernelsFor. (Session 6's
+// kWarpPerRow, slowest at every measured shape, was removed in session 7.)
 //
 // The shared MLP of intermediate size shared_parts * inter is exactly the sum of shared_parts
 // MLPs of intermediate inter over consecutive slices of its gate / up rows and down columns
@@ -46,9 +47,6 @@ enum class MoeDecodeFusedKernels : int32_t {
   // the current one is computed; down's next feature's first loads issued before the current
   // feature is summed, its per-warp sums kept in shared memory with one __syncthreads at the end.
   kPipelined,
-  // Session 6's: one block column per (token, choice) and shared part, one warp per row pair
-  // (gate_up); one warp per output feature walking the parts two at a time (down).
-  kWarpPerRow,
   // kPipelined's gate_up; at one token (when a feature's 16-byte chunks, (top_k + shared_parts)
   // * inter / 8, are at most 5 per thread of a 512-thread block) a down kernel whose threads
   // each own fixed chunks of every feature, their activations held in registers for the whole
@@ -86,7 +84,7 @@ struct MoeDecodeFusedParams {
   float* out = nullptr;  // [num_tokens, hidden_size], overwritten
   MoeDecodeFusedKernels kernels = MoeDecodeFusedKernels::kPersistent;
   // For benchmarks: resident blocks per SM of each grid (0: as many as fit; kStationary's down
-  // kernel: 0 = 1, its blocks of 512 threads fit once). Not used by kWarpPerRow.
+  // kernel: 0 = 1, its blocks of 512 threads fit once).
   int32_t gate_up_blocks_per_sm = 0;
   int32_t down_blocks_per_sm = 0;
 };

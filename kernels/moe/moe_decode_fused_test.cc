@@ -40,7 +40,6 @@ struct Variant {
 const Variant kVariants[] = {
     {"persistent", kernels::MoeDecodeFusedKernels::kPersistent, 0, 0},
     {"persistent, 1 block per SM", kernels::MoeDecodeFusedKernels::kPersistent, 1, 1},
-    {"warp per row", kernels::MoeDecodeFusedKernels::kWarpPerRow, 0, 0},
     {"pipelined", kernels::MoeDecodeFusedKernels::kPipelined, 0, 0},
     {"pipelined, 1 block per SM", kernels::MoeDecodeFusedKernels::kPipelined, 1, 1},
     {"stationary", kernels::MoeDecodeFusedKernels::kStationary, 0, 0},

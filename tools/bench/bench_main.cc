@@ -170,8 +170,8 @@ int main(int argc, char** argv) {
       "CUDA, bf16: the kernels of that MoE block: auto (default: stationary, the\n"
       "fastest measured at every width), persistent (grid-strided, L2 prefetch\n"
       "before the PDL wait), pipelined (the same with the load round trips overlapped,\n"
-      "bit-identical results), stationary (pipelined with a 1-token down kernel holding\n"
-      "its activations in registers) or warp-per-row (session 6's), same math.");
+      "bit-identical results) or stationary (pipelined with a 1-token down kernel\n"
+      "holding its activations in registers), same math.");
   flags.AddBool("decode-moe-graph-buckets", &config.decode_moe_graph_buckets,
                 "CUDA, bf16: inside the decode graphs, each planned expert GEMM behind a switch\n"
                 "over batch sizes picked on the device; false (default: measured faster in the\n"

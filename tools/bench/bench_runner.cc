@@ -499,12 +499,10 @@ absl::Status RunRank(const BenchConfig& bc, int64_t rank, RankState* s, RankOutp
       cuda->SetDecodeMoeFusedKernels(kernels::MoeDecodeFusedKernels::kPipelined);
     } else if (bc.decode_moe_fused_kernels == "stationary") {
       cuda->SetDecodeMoeFusedKernels(kernels::MoeDecodeFusedKernels::kStationary);
-    } else if (bc.decode_moe_fused_kernels == "warp-per-row") {
-      cuda->SetDecodeMoeFusedKernels(kernels::MoeDecodeFusedKernels::kWarpPerRow);
     } else {
       return absl::InvalidArgumentError(
-          absl::StrCat("--decode-moe-fused-kernels must be auto, persistent, pipelined, "
-                       "stationary or warp-per-row, got '",
+          absl::StrCat("--decode-moe-fused-kernels must be auto, persistent, pipelined or "
+                       "stationary, got '",
                        bc.decode_moe_fused_kernels, "'"));
     }
   }

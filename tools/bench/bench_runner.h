@@ -123,8 +123,8 @@ struct BenchConfig {
   bool decode_moe_sparse_epilogue = true;
   // CUDA only: CudaBackend::SetDecodeMoeFused ("auto", "on" or "off"; empty: auto).
   std::string decode_moe_fused;
-  // CUDA only: CudaBackend::SetDecodeMoeFusedKernels ("persistent", "pipelined", "stationary"
-  // or "warp-per-row"; empty or "auto": SetDecodeMoeFusedKernelsAuto).
+  // CUDA only: CudaBackend::SetDecodeMoeFusedKernels ("persistent", "pipelined" or
+  // "stationary"; empty or "auto": SetDecodeMoeFusedKernelsAuto).
   std::string decode_moe_fused_kernels;
   // CUDA only: CudaBackend::SetDecodeMoeGraphBuckets (true: the planned expert GEMMs behind
   // graph switch nodes; false, the default: the one fixed batch inside the decode graphs too).

@@ -1259,14 +1259,12 @@ bool CudaBackend::DecodeMoeFusedFor(int64_t tokens, int64_t hidden_size) const {
       break;
   }
   // moe_block_decode_bench (4 layers in a CUDA graph, H200), µs a layer, previous ops -> fused
-  // kWarpPerRow / kPersistent: Moonlight 1 token 63.6 -> 58.0 / 50.2, 2 tokens 77.6 -> 97.2 /
-  // 75.3; V3 1 token 220.7 -> 232.7 / 209.1, 2 tokens 353.3 -> 499.2 / 405.3.
+  // session 6's kWarpPerRow (removed) / kPersistent: Moonlight 1 token 63.6 -> 58.0 / 50.2,
+  // 2 tokens 77.6 -> 97.2 / 75.3; V3 1 token 220.7 -> 232.7 / 209.1, 2 tokens 353.3 -> 499.2 /
+  // 405.3.
   // kPipelined (session 7, branch s7-moeblk2): Moonlight 2 tokens 68.5, V3 2 tokens 350.6
   // (previous ops 351.8: no faster, not taken). kStationary (s7-moedown): Moonlight 1 token
   // 39.9, V3 1 token 200.2; at 2 tokens it is kPipelined.
-  if (DecodeMoeFusedKernelsFor(hidden_size) == kernels::MoeDecodeFusedKernels::kWarpPerRow) {
-    return tokens == 1 && hidden_size <= kMaxAutoFusedMoeHidden;
-  }
   return tokens == 1 || (tokens == 2 && hidden_size <= kMaxAutoFusedMoeHidden);
 }
 

@@ -152,8 +152,7 @@ class CudaBackend : public Backend {
   // RoutedExperts + the shared-expert ops (moe_block_decode_bench, H200, docs/kernels.md): with
   // the kPersistent, kPipelined or kStationary kernels (DecodeMoeFusedKernelsFor) one token at
   // any width and two at hidden_size <= kMaxAutoFusedMoeHidden (Moonlight's 2048: faster; V3's
-  // 7168: not faster at two);
-  // with kWarpPerRow one token at hidden_size <= kMaxAutoFusedMoeHidden only; kOn:
+  // 7168: not faster at two); kOn:
   // 1..kernels::kMoeDecodeFusedMaxTokens tokens, any width; kOff: never (the model runs the
   // previous ops). kOn / kOff for tests and benchmarks.
   enum class DecodeMoeFused { kAuto, kOff, kOn };

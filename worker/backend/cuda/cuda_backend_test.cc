@@ -959,18 +959,13 @@ TEST_F(RoutedExpertsTest, RoutedAndSharedExpertsMatchCpuOps) {
     gpu_->SetDecodeMoeFusedKernels(kernels::MoeDecodeFusedKernels::kPipelined);
     EXPECT_EQ(gpu_->DecodeMoeFusedKernelsFor(CudaBackend::kMaxAutoFusedMoeHidden + 8),
               kernels::MoeDecodeFusedKernels::kPipelined);
-    // kAuto with the persistent kernels: one token at any width, two up to
-    // kMaxAutoFusedMoeHidden; with kWarpPerRow one token up to that width only. kOn takes both.
+    // kAuto: one token at any width, two up to kMaxAutoFusedMoeHidden. kOn takes both.
     const int64_t wide = CudaBackend::kMaxAutoFusedMoeHidden + 8;
     gpu_->SetDecodeMoeFusedKernels(kernels::MoeDecodeFusedKernels::kPersistent);
     EXPECT_TRUE(gpu_->DecodeMoeFusedFor(T, H));
     EXPECT_TRUE(gpu_->DecodeMoeFusedFor(1, wide));
     EXPECT_FALSE(gpu_->DecodeMoeFusedFor(2, wide));
     EXPECT_FALSE(gpu_->DecodeMoeFusedFor(3, H));
-    gpu_->SetDecodeMoeFusedKernels(kernels::MoeDecodeFusedKernels::kWarpPerRow);
-    EXPECT_EQ(gpu_->DecodeMoeFusedFor(T, H), T == 1);
-    EXPECT_FALSE(gpu_->DecodeMoeFusedFor(1, wide));
-    gpu_->SetDecodeMoeFusedKernels(kernels::MoeDecodeFusedKernels::kPersistent);
     gpu_->SetDecodeMoeFused(CudaBackend::DecodeMoeFused::kOn);
     ASSERT_TRUE(gpu_->RoutedAndSharedExperts(a));
     const std::vector<float> eager = Download(*dout);
@@ -1634,7 +1629,6 @@ TEST_F(CudaBackendTest, NormedDenseMlpMatchesCpuOps) {
       {"persistent", true, kernels::MoeDecodeFusedKernels::kPersistent},
       {"pipelined", true, kernels::MoeDecodeFusedKernels::kPipelined},
       {"stationary", true, kernels::MoeDecodeFusedKernels::kStationary},
-      {"warp per row", true, kernels::MoeDecodeFusedKernels::kWarpPerRow},
   };
   for (const Pair& pair : pairs) {
     SCOPED_TRACE(pair.name);

@@ -8,8 +8,8 @@
 //   new  CudaBackend::RoutedAndSharedExperts (kernels::MoeDecodeFusedF32, two launches), with
 //        the kernel pairs "pers" (kPersistent), "pipe" (kPipelined) and "stat" (kStationary)
 //        at their default grids; "pipe" and "stat" once more at the end (the spread between two
-//        runs of the same case). kWarpPerRow and other grids: git history (session 7's
-//        s7-moeblk / s7-moeblk2 tables in docs/kernels.md).
+//        runs of the same case). Session 6's kWarpPerRow (removed) and other grids: git history
+//        (session 7's s7-moeblk / s7-moeblk2 tables in docs/kernels.md).
 //
 // Shapes: Moonlight (64 experts, top-6, hidden 2048, moe_intermediate 1408, 2 shared experts)
 // and DeepSeek-V3 (256, top-8, 7168, 2048, 1 shared), bf16 weights. The graph holds kLayers
