@@ -11,6 +11,7 @@
 #include "kernels/common/kernel_facts.h"
 #include "kernels/common/launch.cuh"
 #include "kernels/common/streaming_load.cuh"
+#include "kernels/norm/block_inv_rms.cuh"
 #include "kernels/gemm/staged_gemv.h"
 
 namespace deepinfer {
@@ -92,22 +93,6 @@ __device__ FirstPasses<C> Prefetch(Args a) {
   return first;
 }
 
-// AddRmsNormF32's BlockInvRms (kernels/norm/rms_norm.cu), the same reduction order.
-__device__ __forceinline__ float BlockInvRms(float ss, int64_t dim, float eps) {
-  __shared__ float partial[kWarps];
-  __shared__ float inv_rms;
-  for (int o = 16; o > 0; o >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o);
-  if ((threadIdx.x & 31) == 0) partial[threadIdx.x / 32] = ss;
-  __syncthreads();
-  if (threadIdx.x == 0) {
-    float total = 0.0f;
-    for (int w = 0; w < kWarps; ++w) total += partial[w];
-    inv_rms = 1.0f / sqrtf(total / static_cast<float>(dim) + eps);
-  }
-  __syncthreads();
-  return inv_rms;
-}
-
 // act (m rows of k bf16 values, 16-byte aligned) = the prologue's activation; every thread
 // returns after it is complete.
 __device__ void Stage(const StagedGemvParams& p, uint16_t* act) {
@@ -141,7 +126,7 @@ __device__ void Stage(const StagedGemvParams& p, uint16_t* act) {
       const float v = yr != nullptr ? xr[i] + yr[i] : xr[i];
       ss += v * v;
     }
-    const float inv = BlockInvRms(ss, k, p.eps);
+    const float inv = BlockInvRms<kWarps>(ss, k, p.eps);
     for (int64_t i = threadIdx.x; i < k; i += kThreads) {
       const float v = yr != nullptr ? xr[i] + yr[i] : xr[i];
       act[r * k + i] = static_cast<uint16_t>(Bf16Bits(p.norm_weight[i] * (v * inv)));

@@ -26,6 +26,7 @@
 
 #include "kernels/common/launch.cuh"
 #include "kernels/common/streaming_load.cuh"
+#include "kernels/norm/block_inv_rms.cuh"
 #include "kernels/moe/noaux_tc_router.h"
 #include "kernels/moe/noaux_tc_router_fused.h"
 #include "kernels/moe/noaux_tc_router_warp.cuh"
@@ -82,29 +83,12 @@ __device__ __forceinline__ void AccumulateColumn(const float4* hidden, int64_t h
   }
 }
 
-// AddRmsNormF32's block reduction (kernels/norm/rms_norm.cu, BlockInvRms, 256 threads): warp
-// butterflies, then the warps' sums in order by thread 0; 1/sqrt, not rsqrtf.
-__device__ __forceinline__ float NormInvRms(float ss, int dim, float eps) {
-  __shared__ float partial[kWarps];
-  __shared__ float inv_rms;
-  for (int o = 16; o > 0; o >>= 1) ss += __shfl_xor_sync(router_internal::kFullWarp, ss, o);
-  if (threadIdx.x % 32 == 0) partial[threadIdx.x / 32] = ss;
-  __syncthreads();
-  if (threadIdx.x == 0) {
-    float total = 0.0f;
-    for (int w = 0; w < kWarps; ++w) total += partial[w];
-    inv_rms = 1.0f / sqrtf(total / static_cast<float>(dim) + eps);
-  }
-  __syncthreads();
-  return inv_rms;
-}
-
 constexpr int kNormColumns = kMaxRouteNormHidden / 4 / kThreads;
 
 // The row x (+ y) of RouteTokensParams' norm, this thread's float4 columns c = threadIdx.x +
 // r * kThreads normed, with AddRmsNormF32's arithmetic: the same expression per element (v = x +
 // y, w * (v * inv)) and the sum of squares over the elements threadIdx.x + j * kThreads in
-// ascending j, reduced as NormInvRms, so every value is bit for bit that kernel's.
+// ascending j, reduced as BlockInvRms, so every value is bit for bit that kernel's.
 struct NormedRow {
   float4 h[kNormColumns];
   float inv;
@@ -136,7 +120,7 @@ __device__ NormedRow NormRow(const RouteTokensParams& p) {
     ss += v * v;
   }
   NormedRow row;
-  row.inv = NormInvRms(ss, H, p.norm_eps);
+  row.inv = BlockInvRms<kWarps>(ss, H, p.norm_eps);
 #pragma unroll
   for (int r = 0; r < kNormColumns; ++r) {
     const int c = threadIdx.x + r * kThreads;

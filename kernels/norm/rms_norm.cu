@@ -5,6 +5,7 @@
 
 #include "kernels/common/launch.cuh"
 #include "kernels/common/memory_pass_variant.h"
+#include "kernels/norm/block_inv_rms.cuh"
 #include "kernels/norm/rms_norm.h"
 
 namespace deepinfer {
@@ -12,25 +13,6 @@ namespace kernels {
 namespace {
 
 constexpr int kThreads = 256;
-
-// 1 / rms of a row from each thread's partial sum of squares ss (the block's kThreads threads
-// all call it): warp shuffles, then the warps' sums in order by thread 0, published through
-// shared memory. 1/sqrt rather than rsqrtf: rsqrtf is approximate (2 ulp), the CPU reference is
-// exact.
-__device__ __forceinline__ float BlockInvRms(float ss, int64_t dim, float eps) {
-  __shared__ float partial[kThreads / 32];
-  __shared__ float inv_rms;
-  for (int o = 16; o > 0; o >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o);
-  if ((threadIdx.x & 31) == 0) partial[threadIdx.x / 32] = ss;
-  __syncthreads();
-  if (threadIdx.x == 0) {
-    float total = 0.0f;
-    for (int w = 0; w < kThreads / 32; ++w) total += partial[w];
-    inv_rms = 1.0f / sqrtf(total / static_cast<float>(dim) + eps);
-  }
-  __syncthreads();
-  return inv_rms;
-}
 
 __device__ void RmsNormBody(int64_t dim, const float* x, int64_t ldx, const float* weight,
                             float eps, float* out, int64_t ldout) {
@@ -40,7 +22,7 @@ __device__ void RmsNormBody(int64_t dim, const float* x, int64_t ldx, const floa
   for (int64_t i = threadIdx.x; i < dim; i += kThreads) ss += xr[i] * xr[i];
   // Every thread has finished reading its part of xr before the result is published, so
   // writing in place (out == x) is safe.
-  const float inv = BlockInvRms(ss, dim, eps);
+  const float inv = BlockInvRms<kThreads / 32>(ss, dim, eps);
   for (int64_t i = threadIdx.x; i < dim; i += kThreads) orow[i] = weight[i] * (xr[i] * inv);
 }
 
@@ -74,7 +56,7 @@ __device__ __forceinline__ void AddRmsNormInRegisters(int64_t dim, float* xr, co
       ss += v[j] * v[j];
     }
   }
-  const float inv = BlockInvRms(ss, dim, eps);
+  const float inv = BlockInvRms<kThreads / 32>(ss, dim, eps);
 #pragma unroll
   for (int j = 0; j < kPer; ++j) {
     const int64_t i = threadIdx.x + static_cast<int64_t>(j) * kThreads;
@@ -130,7 +112,7 @@ __device__ __forceinline__ void AddRmsNormVectorised(int64_t dim, float* xr, con
     const int i = static_cast<int>(threadIdx.x) + j * kThreads;
     if (i < dim) ss += s[i] * s[i];
   }
-  const float inv = BlockInvRms(ss, dim, eps);
+  const float inv = BlockInvRms<kThreads / 32>(ss, dim, eps);
 #pragma unroll
   for (int q = 0; q < kVec; ++q) {
     const int c = static_cast<int>(threadIdx.x) + q * kThreads;
@@ -195,7 +177,7 @@ __device__ void AddRmsNormBody(int64_t dim, float* x, const float* y, const floa
   } else {
     for (int64_t i = threadIdx.x; i < dim; i += kThreads) ss += xr[i] * xr[i];
   }
-  const float inv = BlockInvRms(ss, dim, eps);
+  const float inv = BlockInvRms<kThreads / 32>(ss, dim, eps);
   // Each thread reads back only the x elements it wrote itself.
   for (int64_t i = threadIdx.x; i < dim; i += kThreads) {
     const float v = weight[i] * (xr[i] * inv);
