@@ -51,6 +51,10 @@ int main(int argc, char** argv) {
   flags.AddString("kv-cache-dtype", &config.kv_cache_dtype,
                   "auto (= --dtype), bfloat16 or float32: the latent KV cache's element type,\n"
                   "and its bytes per value in the roofline.");
+  flags.AddInt("kv-cache-blocks", &config.kv_cache_blocks,
+               "Blocks of the KV pool (0, the default: what the largest prefill or decode\n"
+               "batch needs; more: e.g. a decode run with the pool a large prefill would have,\n"
+               "without that prefill; fewer than needed is refused).");
   flags.AddInt("cuda-device", &config.cuda_device,
                "GPU ordinal for --backend cuda (of rank 0; rank r runs on this + r).");
   flags.AddInt("ranks", &config.ranks,

@@ -170,6 +170,7 @@ struct RankOutput {
   int64_t device_bytes_reserved_peak = -1;
   int64_t graph_bytes_reserved_peak = -1;  // the CUDA graph allocator's peak
   WeightDType kv_cache_dtype = WeightDType::kFloat32;
+  int64_t kv_cache_blocks = 0;
   int64_t decode_graph_steps = 0;  // decode steps that took the graph path
   std::string prefill_op_report, decode_op_report;
 };
@@ -354,13 +355,22 @@ absl::Status RunRank(const BenchConfig& bc, int64_t rank, RankState* s, RankOutp
   int64_t max_n = 0;
   for (int64_t n : bc.decode_num_requests) max_n = std::max(max_n, n);
   // + 1: the decode graphs keep one block for their padding rows.
-  const int64_t blocks = per_seq_blocks * std::max(max_n, prefill_seqs) + 1;
+  const int64_t needed = per_seq_blocks * std::max(max_n, prefill_seqs) + 1;
+  if (bc.kv_cache_blocks != 0 &&
+      (bc.kv_cache_blocks < needed || bc.kv_cache_blocks > std::numeric_limits<int32_t>::max())) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--kv-cache-blocks must be 0 (sized by the batches) or in [", needed,
+                     ", 2^31) for these batches (", per_seq_blocks, " blocks per sequence), got ",
+                     bc.kv_cache_blocks));
+  }
+  const int64_t blocks = bc.kv_cache_blocks != 0 ? bc.kv_cache_blocks : needed;
 
   const Clock::time_point load_start = Clock::now();
   if (absl::Status st = SetUpRank(bc, rank, blocks, s); !st.ok()) return st;
   o->load_seconds = Seconds(load_start, Clock::now());
   o->backend = s->backend->name();
   o->kv_cache_dtype = s->pool->options().dtype;
+  o->kv_cache_blocks = s->pool->num_blocks();
   DeepseekV3Model* model = s->model.get();
   KvBlockPool* pool = s->pool.get();
   const ModelConfig& mc = model->config();
@@ -881,6 +891,7 @@ absl::StatusOr<BenchResult> RunBenchmark(const BenchConfig& bc) {
   r.bytes_per_value = *bytes_per_value;
   r.kv_cache_dtype = WeightDTypeName(outputs[0].kv_cache_dtype);
   r.cache_bytes_per_value = static_cast<double>(WeightDTypeSize(outputs[0].kv_cache_dtype));
+  r.kv_cache_blocks = outputs[0].kv_cache_blocks;
   r.param_count = CountParams(*config).total;
   for (const RankOutput& o : outputs) {
     r.load_seconds = std::max(r.load_seconds, o.load_seconds);
@@ -1014,8 +1025,11 @@ absl::StatusOr<BenchResult> RunBenchmark(const BenchConfig& bc) {
 
 std::string FormatBenchReport(const BenchConfig& c, const BenchResult& r) {
   std::string out;
-  absl::StrAppendFormat(&out, "model: %s (%.3fB parameters, %s, %.0f bytes each; KV cache %s)\n",
-                        c.model, r.param_count / 1e9, c.dtype, r.bytes_per_value, r.kv_cache_dtype);
+  absl::StrAppendFormat(&out,
+                        "model: %s (%.3fB parameters, %s, %.0f bytes each; KV cache %s, %d "
+                        "blocks of %d)\n",
+                        c.model, r.param_count / 1e9, c.dtype, r.bytes_per_value, r.kv_cache_dtype,
+                        r.kv_cache_blocks, c.block_size);
   absl::StrAppendFormat(&out, "backend: %s\nload_s: %.2f\n", r.backend, r.load_seconds);
   if (c.decode_temperature > 0 || c.decode_sampling_on_host) {
     absl::StrAppendFormat(

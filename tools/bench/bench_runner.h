@@ -51,6 +51,10 @@ struct BenchConfig {
   // Latent KV cache element type ("auto" = dtype, "bfloat16", "float32"); the roofline counts
   // the cache at this size.
   std::string kv_cache_dtype = "auto";
+  // Blocks of the KV pool (0: what the largest prefill or decode batch needs, plus the decode
+  // graphs' padding block). A larger pool lets a decode run with the pool a large prefill would
+  // have, without that prefill; smaller than needed is refused.
+  int64_t kv_cache_blocks = 0;
   int64_t cuda_device = 0;
   int64_t load_threads = 0;  // dummy weights: generator threads (0: all cores)
   std::vector<int64_t> decode_num_requests = {64};  // one decode measurement per entry
@@ -216,6 +220,7 @@ struct BenchResult {
   double bytes_per_value = 4;
   std::string kv_cache_dtype = "float32";  // the KvBlockPool's element type
   double cache_bytes_per_value = 4;
+  int64_t kv_cache_blocks = 0;  // the KvBlockPool's blocks (per rank)
   double load_seconds = 0;
   double param_count = 0;
   int64_t prefill_tokens_per_step = 0;  // per rank; 0: prefill not measured

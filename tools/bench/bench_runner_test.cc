@@ -11,6 +11,7 @@
 #include <sstream>
 #include <string>
 
+#include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
 
 namespace deepinfer {
@@ -183,6 +184,30 @@ TEST(BenchRunnerTest, RejectsBadInput) {
   EXPECT_EQ(f32_cache->cache_bytes_per_value, 4);
   c.kv_cache_dtype = "int8";
   EXPECT_EQ(RunBenchmark(c).status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+// --kv-cache-blocks: a larger pool than the batches need is used as given and changes no token;
+// fewer blocks than the batches need are refused.
+TEST(BenchRunnerTest, KvCacheBlocksSetsThePoolSize) {
+  BenchConfig c = SmallConfig();
+  c.dtype = "float32";
+  auto sized = RunBenchmark(c);
+  ASSERT_TRUE(sized.ok()) << sized.status();
+  ASSERT_GT(sized->kv_cache_blocks, 1);
+  c.kv_cache_blocks = sized->kv_cache_blocks + 100;
+  auto larger = RunBenchmark(c);
+  ASSERT_TRUE(larger.ok()) << larger.status();
+  EXPECT_EQ(larger->kv_cache_blocks, sized->kv_cache_blocks + 100);
+  ASSERT_EQ(larger->decode.size(), 1u);
+  EXPECT_EQ(larger->decode[0].seq0_tokens, sized->decode[0].seq0_tokens);
+  EXPECT_NE(FormatBenchReport(c, *larger)
+                .find(absl::StrCat(sized->kv_cache_blocks + 100, " blocks of 16")),
+            std::string::npos);
+  c.kv_cache_blocks = sized->kv_cache_blocks - 1;
+  auto fewer = RunBenchmark(c);
+  EXPECT_EQ(fewer.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(fewer.status().message().find("--kv-cache-blocks"), std::string::npos)
+      << fewer.status();
 }
 
 // The fixture: hidden 96, 3 layers of which 2 MoE, 8 routed experts top-2.
