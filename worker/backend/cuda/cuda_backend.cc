@@ -1066,17 +1066,19 @@ void CudaBackend::RouteTokens(const RouteTokensArgs& a) {
     return;
   }
   if (a.norm.weight != nullptr) {
-    kernels::RouteTokensParams with_norm = p;
-    with_norm.norm_x = a.norm.x;
-    with_norm.norm_y = a.norm.y;
-    with_norm.norm_weight = a.norm.weight;
-    with_norm.norm_eps = a.norm.eps;
-    with_norm.normed = a.norm.out;
-    with_norm.normed_bf16 = a.norm.out_bf16;
-    if (router_norm_ && a.norm.out != nullptr && kernels::RouteTokensSupported(with_norm)) {
-      OpTimer timer(this, "RouteTokens");
-      Check(kernels::RouteTokensF32(with_norm, stream_), "kernels::RouteTokensF32");
-      return;
+    if (router_norm_ && a.norm.out != nullptr) {
+      kernels::RouteTokensParams with_norm = p;
+      with_norm.norm_x = a.norm.x;
+      with_norm.norm_y = a.norm.y;
+      with_norm.norm_weight = a.norm.weight;
+      with_norm.norm_eps = a.norm.eps;
+      with_norm.normed = a.norm.out;
+      with_norm.normed_bf16 = a.norm.out_bf16;
+      if (kernels::RouteTokensSupported(with_norm)) {
+        OpTimer timer(this, "RouteTokens");
+        Check(kernels::RouteTokensF32(with_norm, stream_), "kernels::RouteTokensF32");
+        return;
+      }
     }
     AddRmsNorm(r.num_tokens, a.hidden_size, a.norm.x, a.norm.y, a.norm.weight, a.norm.eps,
                a.norm.out, a.norm.out_bf16);
@@ -1300,16 +1302,20 @@ bool CudaBackend::RoutedAndSharedExperts(const RoutedExpertsArgs& a) {
   p.shared_parts = static_cast<int32_t>(a.shared_inter / a.inter);
   p.shared_gate_up = static_cast<const uint16_t*>(a.shared_gate_up);
   p.shared_down = static_cast<const uint16_t*>(a.shared_down);
+  p.out = a.out;
+  LaunchMoeDecodeFused(p);
+  return true;
+}
+
+void CudaBackend::LaunchMoeDecodeFused(kernels::MoeDecodeFusedParams p) {
   auto act = AllocateScratch(
       kernels::MoeDecodeFusedActFloats(p.num_tokens, p.top_k, p.shared_parts, p.inter) *
       sizeof(float));
   p.act = act->as<float>();
-  p.out = a.out;
-  p.kernels = DecodeMoeFusedKernelsFor(a.hidden_size);
+  p.kernels = DecodeMoeFusedKernelsFor(p.hidden_size);
   p.gate_up_blocks_per_sm = decode_moe_fused_gate_up_blocks_per_sm_;
   p.down_blocks_per_sm = decode_moe_fused_down_blocks_per_sm_;
   Check(kernels::MoeDecodeFusedF32(p, stream_), "kernels::MoeDecodeFusedF32");
-  return true;
 }
 
 bool CudaBackend::NormedDenseMlp(const DenseMlpArgs& a) {
@@ -1336,13 +1342,8 @@ bool CudaBackend::NormedDenseMlp(const DenseMlpArgs& a) {
   p.shared_parts = 1;
   p.shared_gate_up = static_cast<const uint16_t*>(a.gate_up.data);
   p.shared_down = static_cast<const uint16_t*>(a.down.data);
-  auto act = AllocateScratch(kernels::MoeDecodeFusedActFloats(1, 0, 1, p.inter) * sizeof(float));
-  p.act = act->as<float>();
   p.out = a.out;
-  p.kernels = DecodeMoeFusedKernelsFor(a.hidden_size);
-  p.gate_up_blocks_per_sm = decode_moe_fused_gate_up_blocks_per_sm_;
-  p.down_blocks_per_sm = decode_moe_fused_down_blocks_per_sm_;
-  Check(kernels::MoeDecodeFusedF32(p, stream_), "kernels::MoeDecodeFusedF32");
+  LaunchMoeDecodeFused(p);
   return true;
 }
 

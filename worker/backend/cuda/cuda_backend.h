@@ -416,6 +416,10 @@ class CudaBackend : public Backend {
   // Runs one Gemm / BatchedGemm on kernels::SmallMGemmBf16 when small_m_gemm_ is on and it takes
   // the operands; false (nothing launched) otherwise.
   bool SmallMGemm(const kernels::SmallMGemmParams& p);
+  // kernels::MoeDecodeFusedF32 of p (everything but the workspace and the kernel choice set):
+  // the act workspace from scratch, DecodeMoeFusedKernelsFor's kernels and the benchmark grids.
+  // RoutedAndSharedExperts and NormedDenseMlp (no routed experts) launch through it.
+  void LaunchMoeDecodeFused(kernels::MoeDecodeFusedParams p);
   // GemmOnCublas's product (bf16 a and w) through lt_tuner_ where SetGemmAutotune applies (c
   // fp32, or bf16 with c_bf16); false: not taken, nothing launched.
   bool GemmOnCublasLt(int64_t m, int64_t n, int64_t k, const void* a, int64_t lda, WeightView w,
