@@ -90,17 +90,9 @@ TEST_F(DecodeGraphGpuTest, ReplayEqualsPaddedEagerBitForBitAndPlainEagerClosely)
   ExpectBitIdentical(*a, *b);
 
   // Plain eager on the same inputs.
-  int64_t same = 0, all = 0;
-  double worst = 0;
-  for (size_t s = 0; s < kSchedule.size(); ++s) {
-    for (size_t i = 0; i < a->tokens[s].size(); ++i) {
-      ++all;
-      if (a->tokens[s][i] != c->tokens[s][i]) continue;
-      ++same;
-      worst =
-          std::max(worst, static_cast<double>(std::fabs(a->logprobs[s][i] - c->logprobs[s][i])));
-    }
-  }
+  const testing::TokenAgreement agree = testing::CompareTokens(*a, *c);
+  const int64_t same = agree.same, all = agree.all;
+  const double worst = agree.worst_logprob_diff;
   std::printf(
       "[decode-graphs] replay vs plain eager: %lld / %lld tokens equal, max |logprob "
       "diff| %.3g\n",
@@ -152,17 +144,9 @@ TEST_F(DecodeGraphGpuTest, OneTokenGraphsOnBothSidesOfTheContextBreak) {
   // attention bits pass through bf16 activations, so only the tokens are compared (each kernel
   // is checked against CpuBackend in cuda_backend_test and mla_decode_small_test).
   auto close_to_a = [&](const DecodeRun& c, const char* what, bool same_kernel) {
-    int64_t same = 0, all = 0;
-    double worst = 0;
-    for (size_t s = 0; s < schedule.size(); ++s) {
-      for (size_t i = 0; i < a->tokens[s].size(); ++i) {
-        ++all;
-        if (a->tokens[s][i] != c.tokens[s][i]) continue;
-        ++same;
-        worst =
-            std::max(worst, static_cast<double>(std::fabs(a->logprobs[s][i] - c.logprobs[s][i])));
-      }
-    }
+    const testing::TokenAgreement agree = testing::CompareTokens(*a, c);
+    const int64_t same = agree.same, all = agree.all;
+    const double worst = agree.worst_logprob_diff;
     std::printf(
         "[decode-graphs] context break 8, replay vs %s: %lld / %lld tokens equal, max "
         "|logprob diff| %.3g\n",
@@ -266,17 +250,9 @@ TEST_F(DecodeGraphGpuTest, DenseMlpFusedReplayEqualsPaddedEagerAndStaysCloseToTh
 
   auto compare = [&](const DecodeRun& c, const char* what, int64_t min_percent_same,
                      double max_logprob_diff) {
-    int64_t same = 0, all = 0;
-    double worst = 0;
-    for (size_t s = 0; s < schedule.size(); ++s) {
-      for (size_t i = 0; i < a->tokens[s].size(); ++i) {
-        ++all;
-        if (a->tokens[s][i] != c.tokens[s][i]) continue;
-        ++same;
-        worst =
-            std::max(worst, static_cast<double>(std::fabs(a->logprobs[s][i] - c.logprobs[s][i])));
-      }
-    }
+    const testing::TokenAgreement agree = testing::CompareTokens(*a, c);
+    const int64_t same = agree.same, all = agree.all;
+    const double worst = agree.worst_logprob_diff;
     std::printf(
         "[decode-graphs] dense MLP fused, replay vs %s: %lld / %lld tokens equal, max |logprob "
         "diff| %.3g\n",

@@ -7,6 +7,8 @@
 #ifndef DEEPINFER_WORKER_MODEL_DECODE_GRAPH_TEST_DRIVER_H_
 #define DEEPINFER_WORKER_MODEL_DECODE_GRAPH_TEST_DRIVER_H_
 
+#include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
@@ -162,6 +164,27 @@ inline void ExpectBitIdentical(const DecodeRun& a, const DecodeRun& b) {
         << "step " << s;
   }
   EXPECT_EQ(a.counts, b.counts);
+}
+
+// How closely run c follows run a on the same inputs: tokens equal at each step, and the largest
+// |logprob difference| over those equal tokens.
+struct TokenAgreement {
+  int64_t same = 0, all = 0;
+  double worst_logprob_diff = 0;
+};
+inline TokenAgreement CompareTokens(const DecodeRun& a, const DecodeRun& c) {
+  TokenAgreement r;
+  for (size_t s = 0; s < a.tokens.size(); ++s) {
+    for (size_t i = 0; i < a.tokens[s].size(); ++i) {
+      ++r.all;
+      if (a.tokens[s][i] != c.tokens[s][i]) continue;
+      ++r.same;
+      r.worst_logprob_diff =
+          std::max(r.worst_logprob_diff,
+                   static_cast<double>(std::fabs(a.logprobs[s][i] - c.logprobs[s][i])));
+    }
+  }
+  return r;
 }
 
 }  // namespace testing
