@@ -66,6 +66,45 @@ class CudaBackendTest : public ::testing::Test {
     return Upload(std::vector<float>(n, std::numeric_limits<float>::quiet_NaN()));
   }
 
+  // The device side of a decode-attention case whose CpuBackend side `cpu` attends over the
+  // `cached` entries of kv (latent then rope, entry_dim() floats each) written at `slots` into
+  // a cache of `cache_elems` values (cpu.cache's layout): the same inputs uploaded, the cache
+  // written by this backend, and `args` = cpu repointed at them (out_latent left to the caller).
+  struct DeviceMla {
+    std::vector<std::unique_ptr<DeviceBuffer>> buffers;
+    MlaAttentionArgs args;
+  };
+  DeviceMla UploadMla(const MlaAttentionArgs& cpu, int64_t cached, const std::vector<float>& kv,
+                      const std::vector<int32_t>& slots, const std::vector<int32_t>& tables,
+                      const std::vector<int32_t>& token_seq,
+                      const std::vector<int32_t>& context_len, const std::vector<float>& q_latent,
+                      const std::vector<float>& q_rope, size_t cache_elems) {
+    DeviceMla d;
+    auto keep = [&](std::unique_ptr<DeviceBuffer> b) {
+      d.buffers.push_back(std::move(b));
+      return d.buffers.back().get();
+    };
+    auto ints = [&](const std::vector<int32_t>& v) {
+      auto buf = gpu_->Allocate(v.size() * sizeof(int32_t));
+      gpu_->CopyToDevice(v.data(), v.size() * sizeof(int32_t), buf->data());
+      return keep(std::move(buf))->as<int32_t>();
+    };
+    const float* dkv = keep(Upload(kv))->as<float>();
+    const int32_t* dslots = ints(slots);
+    PagedLatentCacheView view = cpu.cache;
+    view.cache = keep(gpu_->Allocate(cache_elems * WeightDTypeSize(view.dtype)))->data();
+    const int32_t entry = view.entry_dim();
+    gpu_->WriteLatentCache(cached, dkv, entry, dkv + view.latent_dim, entry, dslots, view);
+    d.args = cpu;
+    d.args.q_latent = keep(Upload(q_latent))->as<float>();
+    d.args.q_rope = keep(Upload(q_rope))->as<float>();
+    d.args.cache = view;
+    d.args.block_tables = ints(tables);
+    d.args.token_seq = ints(token_seq);
+    d.args.context_len = ints(context_len);
+    return d;
+  }
+
   // Both as bf16 weights: the same rounded values on each side (WeightView of UploadWeight).
   WeightView CpuBf16(const std::vector<float>& w,
                      std::vector<std::unique_ptr<DeviceBuffer>>* keep) {
@@ -1375,26 +1414,9 @@ TEST_F(CudaBackendTest, MlaDecodeMatchesCpuAtEveryVariant) {
   a.out_latent = want.data();
   cpu_.MlaAttention(a);
 
-  auto upload_ints = [&](const std::vector<int32_t>& v) {
-    auto buf = gpu_->Allocate(v.size() * sizeof(int32_t));
-    gpu_->CopyToDevice(v.data(), v.size() * sizeof(int32_t), buf->data());
-    return buf;
-  };
-  auto dkv = Upload(kv), dql = Upload(q_latent), dqr = Upload(q_rope);
-  auto dslots = upload_ints(slots), dtables = upload_ints(tables);
-  auto dseq = upload_ints(token_seq), dlen = upload_ints(context_len);
-  auto dcache = gpu_->Allocate(cache_elems * sizeof(uint16_t));
-  const PagedLatentCacheView gpu_view{dcache->data(), kBlock, kLatent, kRope,
-                                      WeightDType::kBFloat16};
-  gpu_->WriteLatentCache(cached, dkv->as<float>(), kEntry, dkv->as<float>() + kLatent, kEntry,
-                         dslots->as<int32_t>(), gpu_view);
-  MlaAttentionArgs g = a;
-  g.q_latent = dql->as<float>();
-  g.q_rope = dqr->as<float>();
-  g.cache = gpu_view;
-  g.block_tables = dtables->as<int32_t>();
-  g.token_seq = dseq->as<int32_t>();
-  g.context_len = dlen->as<int32_t>();
+  DeviceMla device = UploadMla(a, cached, kv, slots, tables, token_seq, context_len, q_latent,
+                               q_rope, cache_elems);
+  MlaAttentionArgs g = device.args;
   for (int32_t variant = 0; variant <= kernels::kMaxMlaMmaVariant; ++variant) {
     SCOPED_TRACE(::testing::Message() << "variant " << variant);
     ASSERT_TRUE(gpu_->SetMlaDecodeVariant(variant).ok());
@@ -1463,28 +1485,11 @@ TEST_F(CudaBackendTest, OneTokenDecodeKernelFollowsTheContextOrItsHint) {
   a.out_latent = want.data();
   cpu_.MlaAttention(a);
 
-  auto upload_ints = [&](const std::vector<int32_t>& v) {
-    auto buf = gpu_->Allocate(v.size() * sizeof(int32_t));
-    gpu_->CopyToDevice(v.data(), v.size() * sizeof(int32_t), buf->data());
-    return buf;
-  };
-  auto dkv = Upload(kv), dql = Upload(q_latent), dqr = Upload(q_rope);
-  auto dslots = upload_ints(slots), dtables = upload_ints(tables);
-  auto dseq = upload_ints(token_seq), dlen = upload_ints(context_len);
-  auto dcache = gpu_->Allocate(cache_elems * sizeof(uint16_t));
-  const PagedLatentCacheView gpu_view{dcache->data(), kBlock, kLatent, kRope,
-                                      WeightDType::kBFloat16};
-  gpu_->WriteLatentCache(kLen, dkv->as<float>(), kEntry, dkv->as<float>() + kLatent, kEntry,
-                         dslots->as<int32_t>(), gpu_view);
+  const DeviceMla device =
+      UploadMla(a, kLen, kv, slots, tables, token_seq, context_len, q_latent, q_rope, cache_elems);
   const MlaSequenceSpan span{0, 1, kLen};
   auto run = [&](const MlaSequenceSpan* spans, int32_t hint) {
-    MlaAttentionArgs g = a;
-    g.q_latent = dql->as<float>();
-    g.q_rope = dqr->as<float>();
-    g.cache = gpu_view;
-    g.block_tables = dtables->as<int32_t>();
-    g.token_seq = dseq->as<int32_t>();
-    g.context_len = dlen->as<int32_t>();
+    MlaAttentionArgs g = device.args;
     g.sequences = spans;
     g.num_sequences = spans != nullptr ? 1 : 0;
     g.max_context_hint = hint;
