@@ -43,6 +43,37 @@ double DecisionMargin(const float* logits, const float* bias, const Shape& s) {
   return testing::NoauxTcDecisionMargin(logits, bias, s.experts, s.groups, s.topk_groups, s.top_k);
 }
 
+// The reference routing of T tokens: CpuBackend's Gemm (the logits) then NoauxTcRoute.
+struct CpuRouting {
+  std::vector<float> logits;
+  std::vector<int32_t> ids;
+  std::vector<float> weights;
+};
+CpuRouting RouteOnCpu(CpuBackend& cpu, const Shape& s, int32_t T, const std::vector<float>& hidden,
+                      const std::vector<float>& weight, const std::vector<float>& bias,
+                      bool normalize) {
+  const int32_t E = s.experts, H = s.hidden, K = s.top_k;
+  CpuRouting r;
+  r.logits.resize(static_cast<size_t>(T) * E);
+  r.ids.resize(static_cast<size_t>(T) * K);
+  r.weights.resize(static_cast<size_t>(T) * K);
+  cpu.Gemm(T, E, H, hidden.data(), H, weight.data(), H, r.logits.data(), E, false);
+  NoauxTcRouteArgs a;
+  a.num_tokens = T;
+  a.num_experts = E;
+  a.router_logits = r.logits.data();
+  a.correction_bias = bias.data();
+  a.num_groups = s.groups;
+  a.topk_groups = s.topk_groups;
+  a.top_k = K;
+  a.normalize = normalize;
+  a.scaling_factor = 2.446f;
+  a.topk_ids = r.ids.data();
+  a.topk_weights = r.weights.data();
+  cpu.NoauxTcRoute(a);
+  return r;
+}
+
 // The device buffers of one RouteTokensF32 call.
 struct Buffers {
   Buffers(const Shape& s, int32_t tokens, const std::vector<float>& hidden,
@@ -131,23 +162,10 @@ void CheckCase(const Case& c, uint32_t seed) {
 
   // Reference: the CPU backend's ops, and a double-precision dot for the logits' noise bound.
   CpuBackend cpu(2);
-  std::vector<float> want_logits(T * E);
-  cpu.Gemm(T, E, H, hidden.data(), H, weight.data(), H, want_logits.data(), E, false);
-  std::vector<int32_t> want_ids(T * K);
-  std::vector<float> want_w(T * K);
-  NoauxTcRouteArgs a;
-  a.num_tokens = T;
-  a.num_experts = E;
-  a.router_logits = want_logits.data();
-  a.correction_bias = bias.data();
-  a.num_groups = s.groups;
-  a.topk_groups = s.topk_groups;
-  a.top_k = K;
-  a.normalize = c.normalize;
-  a.scaling_factor = 2.446f;
-  a.topk_ids = want_ids.data();
-  a.topk_weights = want_w.data();
-  cpu.NoauxTcRoute(a);
+  const CpuRouting want = RouteOnCpu(cpu, s, T, hidden, weight, bias, c.normalize);
+  const std::vector<float>& want_logits = want.logits;
+  const std::vector<int32_t>& want_ids = want.ids;
+  const std::vector<float>& want_w = want.weights;
   std::vector<double> exact(T * E, 0.0), abs_sum(T * E, 0.0);
   for (int t = 0; t < T; ++t) {
     for (int e = 0; e < E; ++e) {
@@ -262,7 +280,7 @@ TEST(RouteTokensTieTest, ExactTiesGoToLowerIndices) {
   const uint32_t seed = testing::FreshSeed();
   SCOPED_TRACE(::testing::Message() << "seed " << seed);
   for (const Shape& s : {Shape{64, 1, 1, 6, 64}, Shape{256, 8, 4, 8, 64}}) {
-    const int32_t T = 40, E = s.experts, H = s.hidden, K = s.top_k;
+    const int32_t T = 40, E = s.experts, H = s.hidden;
     std::mt19937 gen(seed);
     std::uniform_int_distribution<int> pick(0, 3), column(0, H - 1);
     const float values[4] = {-2.0f, -0.5f, 0.3f, 1.1f};
@@ -270,23 +288,9 @@ TEST(RouteTokensTieTest, ExactTiesGoToLowerIndices) {
     for (int t = 0; t < T; ++t) hidden[t * H + column(gen)] = 1.0f;
     for (float& w : weight) w = values[pick(gen)];
     CpuBackend cpu(2);
-    std::vector<float> logits(T * E);
-    cpu.Gemm(T, E, H, hidden.data(), H, weight.data(), H, logits.data(), E, false);
-    std::vector<int32_t> want_ids(T * K);
-    std::vector<float> want_w(T * K);
-    NoauxTcRouteArgs a;
-    a.num_tokens = T;
-    a.num_experts = E;
-    a.router_logits = logits.data();
-    a.correction_bias = bias.data();
-    a.num_groups = s.groups;
-    a.topk_groups = s.topk_groups;
-    a.top_k = K;
-    a.normalize = true;
-    a.scaling_factor = 2.446f;
-    a.topk_ids = want_ids.data();
-    a.topk_weights = want_w.data();
-    cpu.NoauxTcRoute(a);
+    const CpuRouting want = RouteOnCpu(cpu, s, T, hidden, weight, bias, /*normalize=*/true);
+    const std::vector<int32_t>& want_ids = want.ids;
+    const std::vector<float>& want_w = want.weights;
 
     Buffers b(s, T, hidden, weight, bias);
     b.ids.Poison();
