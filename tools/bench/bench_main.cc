@@ -87,6 +87,12 @@ int main(int argc, char** argv) {
                "Decode steps not timed (prefill always warms up with one untimed step of the\n"
                "timed size, reported apart).");
   flags.AddInt("iters", &config.prefill_repeats, "Timed prefill steps (the median is reported).");
+  flags.AddInt("pause-before-decode-ms", &config.pause_before_decode_ms,
+               "Milliseconds the device stays idle before each decode run's steps (default 0).\n"
+               "A long prefill at the board's power limit leaves the SM clock capped for a few\n"
+               "hundred ms after it ends (H200: 1.45-1.97 GHz instead of 1.98 for ~0.4 s after\n"
+               "a 32 x 1024 prefill), which slows the latency-bound small-batch decode steps that\n"
+               "follow by ~5%; a pause of ~1000 ms measures them at settled clocks.");
   flags.AddString("decode-fill", &config.decode_fill,
                   "How decode requests get their cached context: prefill (model steps, untimed)\n"
                   "or random (random values written into their cache blocks: no model steps,\n"

@@ -651,6 +651,10 @@ absl::Status RunRank(const BenchConfig& bc, int64_t rank, RankState* s, RankOutp
       seqs[i].sampling = sp;
       seqs[i].return_logits = bc.decode_sampling_on_host;
     }
+    if (bc.pause_before_decode_ms > 0) {
+      s->backend->Synchronize();
+      std::this_thread::sleep_for(std::chrono::milliseconds(bc.pause_before_decode_ms));
+    }
     RankDecodeTimes d;
     if (s->meter != nullptr) s->meter->Take();  // not the fill's exchanges
     for (int64_t step = 0; step < bc.output_len; ++step) {
@@ -818,6 +822,10 @@ absl::StatusOr<BenchResult> RunBenchmark(const BenchConfig& bc) {
     return absl::InvalidArgumentError(
         "bench: need at least one decode request count, a positive context length and "
         "iterations, prefill tokens >= 0, and output_len > warmup >= 0");
+  }
+  if (bc.pause_before_decode_ms < 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "bench: --pause-before-decode-ms must be >= 0, not ", bc.pause_before_decode_ms));
   }
   if (bc.decode_fill != "prefill" && bc.decode_fill != "random") {
     return absl::InvalidArgumentError(
@@ -1031,6 +1039,10 @@ std::string FormatBenchReport(const BenchConfig& c, const BenchResult& r) {
                         c.model, r.param_count / 1e9, c.dtype, r.bytes_per_value, r.kv_cache_dtype,
                         r.kv_cache_blocks, c.block_size);
   absl::StrAppendFormat(&out, "backend: %s\nload_s: %.2f\n", r.backend, r.load_seconds);
+  if (c.pause_before_decode_ms > 0) {
+    absl::StrAppendFormat(&out, "pause before each decode run: %d ms (device idle)\n",
+                          c.pause_before_decode_ms);
+  }
   if (c.decode_temperature > 0 || c.decode_sampling_on_host) {
     absl::StrAppendFormat(
         &out, "decode sampling: temperature %g, top_k %d, top_p %g, %s\n", c.decode_temperature,
@@ -1181,13 +1193,15 @@ std::string FormatBenchJson(const BenchConfig& c, const BenchResult& r) {
       "\"warmup_step_s\": %.6f, "
       "\"tokens_per_s\": %.3f, \"roofline_fraction\": %.6f, \"bytes_per_step\": %.6g, "
       "\"flops_per_step\": %.6g}, \"decode\": [%s], \"mem_peak_bytes\": %d, "
-      "\"cuda_graphs\": %s, \"decode_graph_steps\": %d, \"graph_mem_peak_bytes\": %d}\n",
+      "\"cuda_graphs\": %s, \"decode_graph_steps\": %d, \"graph_mem_peak_bytes\": %d, "
+      "\"pause_before_decode_ms\": %d}\n",
       model, r.backend, c.dtype, r.bytes_per_value, r.ranks, r.data_plane, r.param_count,
       r.load_seconds, c.context_length, c.peak_bytes_per_s, c.peak_flops_per_s,
       r.prefill_tokens_per_step, r.prefill_step_seconds, r.prefill_warmup_step_seconds,
       r.prefill_tokens_per_s, r.prefill_roofline_fraction, r.prefill_bytes_per_step,
       r.prefill_flops_per_step, decode, r.device_bytes_reserved_peak,
-      c.cuda_graphs ? "true" : "false", r.decode_graph_steps, r.graph_bytes_reserved_peak);
+      c.cuda_graphs ? "true" : "false", r.decode_graph_steps, r.graph_bytes_reserved_peak,
+      c.pause_before_decode_ms);
 }
 
 std::string BenchCsvHeader() {

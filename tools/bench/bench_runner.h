@@ -62,6 +62,10 @@ struct BenchConfig {
   int64_t prefill_batch_tokens = 8192;  // 0: no prefill measurement
   int64_t output_len = 32;              // decode steps per batch size, warm-up included
   int64_t prefill_repeats = 3;          // timed prefill steps (--iters)
+  // Device idle this long (backend synchronised, host asleep) before each decode run's steps:
+  // a long prefill at the board's power limit leaves the SM clock capped for a few hundred ms
+  // after it ends (docs/performance.md, "Decode right after a large prefill").
+  int64_t pause_before_decode_ms = 0;
   int64_t warmup = 2;                   // untimed decode steps
   std::string decode_fill = "prefill";  // "prefill" or "random"
   int64_t block_size = 16;

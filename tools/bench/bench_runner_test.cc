@@ -12,6 +12,8 @@
 #include <string>
 
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
 #include "gtest/gtest.h"
 
 namespace deepinfer {
@@ -208,6 +210,36 @@ TEST(BenchRunnerTest, KvCacheBlocksSetsThePoolSize) {
   EXPECT_EQ(fewer.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_NE(fewer.status().message().find("--kv-cache-blocks"), std::string::npos)
       << fewer.status();
+}
+
+// --pause-before-decode-ms: the device idles before each decode run; the tokens are the same,
+// the run takes at least the pauses longer, the report and JSON say so; negative is refused.
+TEST(BenchRunnerTest, PauseBeforeDecodeChangesNoTokenAndIsReported) {
+  BenchConfig c = SmallConfig();
+  c.dtype = "float32";
+  c.decode_num_requests = {3, 2};
+  const BenchConfig plain_config = c;
+  auto plain = RunBenchmark(plain_config);
+  ASSERT_TRUE(plain.ok()) << plain.status();
+  c.pause_before_decode_ms = 150;
+  const absl::Time start = absl::Now();
+  auto paused = RunBenchmark(c);
+  const absl::Duration took = absl::Now() - start;
+  ASSERT_TRUE(paused.ok()) << paused.status();
+  EXPECT_GE(took, absl::Milliseconds(300));  // two decode runs, each after a 150 ms pause
+  ASSERT_EQ(paused->decode.size(), 2u);
+  for (size_t i = 0; i < 2; ++i) {
+    EXPECT_EQ(paused->decode[i].seq0_tokens, plain->decode[i].seq0_tokens) << i;
+  }
+  EXPECT_NE(FormatBenchReport(c, *paused).find("pause before each decode run: 150 ms"),
+            std::string::npos);
+  EXPECT_EQ(FormatBenchReport(plain_config, *plain).find("pause before"), std::string::npos);
+  EXPECT_NE(FormatBenchJson(c, *paused).find("\"pause_before_decode_ms\": 150"), std::string::npos);
+  c.pause_before_decode_ms = -1;
+  auto negative = RunBenchmark(c);
+  EXPECT_EQ(negative.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(negative.status().message().find("--pause-before-decode-ms"), std::string::npos)
+      << negative.status();
 }
 
 // The fixture: hidden 96, 3 layers of which 2 MoE, 8 routed experts top-2.

@@ -40,6 +40,9 @@ def parse_args():
                    help="experts_implementation passed to transformers (default: its own)")
     p.add_argument("--budget-s", type=float, default=0,
                    help="skip the remaining cases once this many seconds have passed (0: never)")
+    p.add_argument("--pause-before-decode-ms", type=int, default=0,
+                   help="idle the GPU this long after each decode run's cache fill (as "
+                        "deepinfer-bench --pause-before-decode-ms): clocks settle after a prefill")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", default="", help="also write the JSON here")
     return p.parse_args()
@@ -141,6 +144,9 @@ def main():
                                                        use_cache=True, logits_to_keep=1).logits)
                 dec["fill_prefill_s"] = t_fill
                 nxt = logits[:, -1].argmax(-1, keepdim=True)
+                if args.pause_before_decode_ms > 0:
+                    torch.cuda.synchronize()
+                    time.sleep(args.pause_before_decode_ms / 1000.0)
                 times, seq0 = [], []
                 for step in range(args.warmup + args.decode_steps):
                     def one():

@@ -12,6 +12,10 @@
 #   v3_4layers (configs/deepseek_v3_4layers.json: DeepSeek-V3's shapes, its first 4 layers,
 #     3 dense + 1 MoE with 256 experts top-8): ours only, prefill 8 x 1024, decode at 1, 64, 128
 # Our dtype is BENCH_DTYPE (default bfloat16); HF runs bf16.
+# Before each decode run, ours and HF idle the GPU for BENCH_DECODE_PAUSE_MS (default 1000) ms:
+# right after a large prefill the board's power controller holds the SM clock down for ~0.4 s,
+# which costs a latency-bound 1-request decode ~5% (docs/performance.md, "Decode right after a
+# large prefill"); 0 measures the decode straight after the prefill.
 # Everything is capped to finish inside BENCH_BUDGET_S (default 170) seconds: each step gets a
 # timeout from what is left, so a slow step costs its own row, not the table.
 #
@@ -25,6 +29,7 @@ export LD_LIBRARY_PATH="$here/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 export NCCL_NVLS_ENABLE=0
 budget=${BENCH_BUDGET_S:-170}
 dtype=${BENCH_DTYPE:-bfloat16}
+pause_ms=${BENCH_DECODE_PAUSE_MS:-1000}
 work=/tmp/bench-all
 rm -rf "$work"
 mkdir -p "$work"
@@ -57,7 +62,8 @@ step() {  # step NAME CAP_S COMMAND... : stdout -> $work/NAME.json, stderr -> $w
 }
 
 bench=("$here/bin/deepinfer-bench" --backend cuda --dtype "$dtype" --load-format dummy --seed 1
-  --context-length 1024 --decode-fill random --warmup 3 --output-len 11 --json)
+  --context-length 1024 --decode-fill random --warmup 3 --output-len 11 --json
+  --pause-before-decode-ms "$pause_ms")
 # OURS_FLAGS: more deepinfer-bench flags for our runs (word-split), e.g. "--gemm-autotune".
 read -r -a ours_flags <<< "${OURS_FLAGS:-}"
 bench+=("${ours_flags[@]}")
@@ -65,7 +71,7 @@ step ours_moonlight 120 "${bench[@]}" --model "$here/configs/moonlight_shaped.js
   --decode-num-requests 1,64,128 --prefill-batch-tokens 32768 --iters 3
 step hf_moonlight 50 python3 "$here/hf_bench.py" --config "$here/configs/moonlight_shaped.json" \
   --context 1024 --prefill-batch 32 --prefill-iters 3 --decode-requests 1,64,128 --warmup 3 \
-  --decode-steps 8 --budget-s 40
+  --decode-steps 8 --budget-s 40 --pause-before-decode-ms "$pause_ms"
 step ours_v3_4layers 100 "${bench[@]}" --model "$here/configs/deepseek_v3_4layers.json" \
   --decode-num-requests 1,64,128 --prefill-batch-tokens 8192 --iters 3
 
