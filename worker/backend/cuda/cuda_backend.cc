@@ -1046,6 +1046,7 @@ void CudaBackend::NoauxTcRoute(const NoauxTcRouteArgs& a) {
 
 void CudaBackend::RouteTokens(const RouteTokensArgs& a) {
   const NoauxTcRouteArgs& r = a.route;
+  settled_route_ = {};
   if (!fused_router_ || r.num_tokens <= 0 || r.num_tokens > kFusedRouterMaxTokens ||
       r.num_experts <= 0 || r.num_experts > kernels::kMaxFusedRouterExperts) {
     Backend::RouteTokens(a);
@@ -1085,6 +1086,9 @@ void CudaBackend::RouteTokens(const RouteTokensArgs& a) {
   }
   OpTimer timer(this, "RouteTokens");
   Check(kernels::RouteTokensF32(p, stream_), "kernels::RouteTokensF32");
+  // This launch reads the rows and writes the routing, not the rows (their norm, if any, was
+  // the launch before it).
+  settled_route_ = {p.hidden, r.topk_ids};
 }
 
 void CudaBackend::AccumulateExpertCounts(int64_t n, const int32_t* ids, int64_t num_experts,
@@ -1277,6 +1281,10 @@ kernels::MoeDecodeFusedKernels CudaBackend::DecodeMoeFusedKernelsFor(int64_t hid
 }
 
 bool CudaBackend::RoutedAndSharedExperts(const RoutedExpertsArgs& a) {
+  // The kernel launched right before this call (RouteTokens' router) did not write the rows.
+  const bool rows_settled = a.hidden != nullptr && settled_route_.rows == a.hidden &&
+                            settled_route_.topk_ids == a.topk_ids;
+  settled_route_ = {};
   if (!DecodeMoeFusedFor(a.num_tokens, a.hidden_size) || a.dtype != WeightDType::kBFloat16 ||
       DecodeMoeAlgoFor(a.num_tokens) != DecodeMoeAlgo::kGroupedF32 || a.top_k < 1 ||
       a.num_experts < 1 || a.inter <= 0 || a.inter % 8 != 0 || a.hidden_size % 8 != 0 ||
@@ -1303,6 +1311,8 @@ bool CudaBackend::RoutedAndSharedExperts(const RoutedExpertsArgs& a) {
   p.shared_gate_up = static_cast<const uint16_t*>(a.shared_gate_up);
   p.shared_down = static_cast<const uint16_t*>(a.shared_down);
   p.out = a.out;
+  p.shared_before_wait = decode_moe_shared_before_wait_ && rows_settled;
+  last_moe_shared_before_wait_ = p.shared_before_wait;
   LaunchMoeDecodeFused(p);
   return true;
 }

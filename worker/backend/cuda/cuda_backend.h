@@ -168,6 +168,15 @@ class CudaBackend : public Backend {
     decode_moe_fused_gate_up_blocks_per_sm_ = gate_up_blocks_per_sm;
     decode_moe_fused_down_blocks_per_sm_ = down_blocks_per_sm;
   }
+  // Whether RoutedAndSharedExperts lets gate_up compute the shared experts before its PDL wait,
+  // under the router (kernels::MoeDecodeFusedParams::shared_before_wait; same results bit for
+  // bit; deepinfer-bench --decode-moe-shared-before-wait). Taken only when this call's rows and
+  // topk_ids are those of the RouteTokens call right before it and that call's last launch did
+  // not write the rows (not the norm-folding router launch, SetRouterNorm): the caller must not
+  // write the rows between the two calls (DeepseekV3Model::Moe issues nothing between them).
+  void SetDecodeMoeSharedBeforeWait(bool on) { decode_moe_shared_before_wait_ = on; }
+  // Whether the last RoutedAndSharedExperts call that ran launched with that flag (tests).
+  bool last_moe_shared_before_wait() const { return last_moe_shared_before_wait_; }
   void SetDecodeMoeFusedKernelsAuto() {
     SetDecodeMoeFusedKernels(kernels::MoeDecodeFusedKernels::kPipelined);
     decode_moe_fused_kernels_auto_ = true;
@@ -479,6 +488,16 @@ class CudaBackend : public Backend {
   int32_t decode_moe_fused_down_blocks_per_sm_ = 0;
   bool decode_moe_graph_buckets_ = false;
   bool decode_dense_mlp_fused_ = true;
+  bool decode_moe_shared_before_wait_ = true;
+  bool last_moe_shared_before_wait_ = false;
+  // Set by RouteTokens when its last launch (the fused router) read `rows` without writing them
+  // and wrote `topk_ids`; cleared by the next RoutedAndSharedExperts (and by a RouteTokens that
+  // writes its rows or falls back to Backend's ops): SetDecodeMoeSharedBeforeWait's condition.
+  struct SettledRoute {
+    const float* rows = nullptr;
+    const int32_t* topk_ids = nullptr;
+  };
+  SettledRoute settled_route_;
   cudaStream_t switch_stream_ = nullptr;  // records CaptureSwitch's bodies; made on first use
 
   const int device_;
