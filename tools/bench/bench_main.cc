@@ -180,6 +180,10 @@ int main(int argc, char** argv) {
                 "CUDA, bf16: in that MoE block at 1-2 tokens (pipelined / stationary), gate_up\n"
                 "computes the shared experts before its PDL wait, under the router (when the\n"
                 "router did not write the rows: not with --router-norm); same results.");
+  flags.AddBool("decode-moe-resident-workspaces", &config.decode_moe_resident_workspaces,
+                "CUDA: the fused router's logits and the fused MoE block's act workspace in\n"
+                "buffers the backend owns (no graph memory nodes around the router, so its edge\n"
+                "to gate_up stays programmatic); false: scratch allocations. Same results.");
   flags.AddBool("decode-moe-graph-buckets", &config.decode_moe_graph_buckets,
                 "CUDA, bf16: inside the decode graphs, each planned expert GEMM behind a switch\n"
                 "over batch sizes picked on the device; false (default: measured faster in the\n"

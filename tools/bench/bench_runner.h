@@ -133,6 +133,9 @@ struct BenchConfig {
   // CUDA only: CudaBackend::SetDecodeMoeSharedBeforeWait (the fused MoE block's gate_up
   // computes the shared experts before its PDL wait, under the router; same results).
   bool decode_moe_shared_before_wait = true;
+  // CUDA only: CudaBackend::SetDecodeMoeResidentWorkspaces (the router's logits and the fused
+  // MoE block's act in buffers the backend owns: no graph memory nodes around the router).
+  bool decode_moe_resident_workspaces = true;
   // CUDA only: CudaBackend::SetDecodeMoeGraphBuckets (true: the planned expert GEMMs behind
   // graph switch nodes; false, the default: the one fixed batch inside the decode graphs too).
   bool decode_moe_graph_buckets = false;

@@ -44,6 +44,7 @@
 #include "kernels/gemm/staged_gemv.h"
 #include "kernels/moe/expert_gemm_cublas.h"
 #include "kernels/moe/moe_decode_fused.h"
+#include "kernels/moe/noaux_tc_router_fused.h"
 #include "worker/backend/backend.h"
 #include "worker/backend/cuda/cublaslt_gemm_tuner.h"
 
@@ -175,6 +176,15 @@ class CudaBackend : public Backend {
   // not write the rows (not the norm-folding router launch, SetRouterNorm): the caller must not
   // write the rows between the two calls (DeepseekV3Model::Moe issues nothing between them).
   void SetDecodeMoeSharedBeforeWait(bool on) { decode_moe_shared_before_wait_ = on; }
+  // Whether RouteTokens' fused router writes its logits, and the fused MoE block
+  // (RoutedAndSharedExperts, NormedDenseMlp) its act workspace, into buffers the backend owns
+  // (kResidentLogitsBytes, kResidentActBytes; a larger act: scratch) instead of scratch
+  // allocations. Recorded into a graph, a scratch allocation or free between two kernels is a
+  // memory node that keeps the edge between them from being programmatic (docs/cuda.md,
+  // "Allocations beside the chain"): with them resident the router -> gate_up edge is one, so
+  // gate_up's work before its PDL wait (SetDecodeMoeSharedBeforeWait) runs under the router.
+  // Same results (deepinfer-bench --decode-moe-resident-workspaces).
+  void SetDecodeMoeResidentWorkspaces(bool on) { decode_moe_resident_workspaces_ = on; }
   // Whether the last RoutedAndSharedExperts call that ran launched with that flag (tests).
   bool last_moe_shared_before_wait() const { return last_moe_shared_before_wait_; }
   void SetDecodeMoeFusedKernelsAuto() {
@@ -348,6 +358,11 @@ class CudaBackend : public Backend {
   // 6.1 / 8.2 / 10.5 us a layer at 1 / 8 / 64 / 128 tokens against 8.4 / 11.8 / 12.7 / 12.9 us
   // for the three ops, but 15.4 against 13.4 us at 256.
   static constexpr int32_t kFusedRouterMaxTokens = 128;
+  // SetDecodeMoeResidentWorkspaces' buffers: the fused router's logits at its most tokens and
+  // experts, and 1 MiB of act (Moonlight's block at 2 tokens: 90 KB; V3's: 147 KB).
+  static constexpr size_t kResidentLogitsBytes =
+      size_t{kFusedRouterMaxTokens} * kernels::kMaxFusedRouterExperts * sizeof(float);
+  static constexpr size_t kResidentActBytes = size_t{1} << 20;
   // Whether RouteTokens may use the one-launch kernel (default on); off: the ops of before, for
   // comparisons (deepinfer-bench --fused-router).
   void SetFusedRouter(bool on) { fused_router_ = on; }
@@ -396,7 +411,7 @@ class CudaBackend : public Backend {
   std::unique_ptr<DeviceBuffer> AllocateOnStream(size_t bytes, bool zero);
   CudaBackend(int device, WeightDType weight_dtype, cudaStream_t stream, cublasHandle_t cublas,
               cudaMemPool_t pool, void* cublas_workspace, unsigned int* staged_gemv_counter,
-              uint32_t* route_tile_counters);
+              uint32_t* route_tile_counters, void* resident_workspace);
   // One GEMM of the Gemm layout on cuBLAS. a is fp32 for fp32 weights, bf16 bits otherwise.
   void GemmOnCublas(int64_t m, int64_t n, int64_t k, const void* a, int64_t lda, WeightView w,
                     int64_t ldw, float* c, int64_t ldc, bool accumulate);
@@ -490,6 +505,7 @@ class CudaBackend : public Backend {
   bool decode_dense_mlp_fused_ = true;
   bool decode_moe_shared_before_wait_ = true;
   bool last_moe_shared_before_wait_ = false;
+  bool decode_moe_resident_workspaces_ = true;
   // Set by RouteTokens when its last launch (the fused router) read `rows` without writing them
   // and wrote `topk_ids`; cleared by the next RoutedAndSharedExperts (and by a RouteTokens that
   // writes its rows or falls back to Backend's ops): SetDecodeMoeSharedBeforeWait's condition.
@@ -512,6 +528,9 @@ class CudaBackend : public Backend {
   // cudaMalloc'ed, kernels::kFusedRouterTileCounters zeros that every RouteTokensF32 call leaves
   // zero (allocated once: a graph replays the same address; one stream, so calls never overlap).
   uint32_t* route_tile_counters_;
+  // cudaMalloc'ed: kResidentLogitsBytes of router logits, then kResidentActBytes of the fused
+  // MoE block's act (SetDecodeMoeResidentWorkspaces).
+  void* resident_workspace_;
   mutable absl::Mutex mu_;
   absl::Status first_error_ ABSL_GUARDED_BY(mu_);
   // While Capture records: errors go here instead of first_error_ (a failed recording is

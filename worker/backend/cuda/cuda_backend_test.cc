@@ -1101,9 +1101,9 @@ TEST_F(RoutedExpertsTest, RoutedAndSharedExpertsMatchCpuOps) {
 // SetDecodeMoeSharedBeforeWait the fused block's gate_up computes the shared experts before its
 // PDL wait. The flag is taken only right after a RouteTokens that routed these rows without
 // writing them in its last launch (not after the norm-folding router, not without a
-// RouteTokens before), and changes no bit (kStationary and kPipelined, 1 and 2 tokens, eager and
-// replayed from one CUDA graph of both ops). Against the CPU backend on the routing and normed
-// rows the GPU produced.
+// RouteTokens before), and changes no bit, nor do SetDecodeMoeResidentWorkspaces' buffers
+// (kStationary and kPipelined, 1 and 2 tokens, eager and replayed from one CUDA graph of both
+// ops). Against the CPU backend on the routing and normed rows the GPU produced.
 TEST_F(RoutedExpertsTest, SharedBeforeWaitAfterRouteTokensChangesNoBit) {
   constexpr int64_t SI = 2 * I;
   for (int64_t T : {int64_t{1}, int64_t{2}}) {
@@ -1162,9 +1162,11 @@ TEST_F(RoutedExpertsTest, SharedBeforeWaitAfterRouteTokensChangesNoBit) {
     r.route.topk_ids = ids->as<int32_t>();
     r.route.topk_weights = weights->as<float>();
     // Both ops into a fresh output; whether the block took the flag.
-    auto run = [&](bool shared_before_wait, bool router_norm, bool capture) {
+    auto run = [&](bool shared_before_wait, bool router_norm, bool capture,
+                   bool resident = true) {
       gpu_->SetDecodeMoeSharedBeforeWait(shared_before_wait);
       gpu_->SetRouterNorm(router_norm);
+      gpu_->SetDecodeMoeResidentWorkspaces(resident);
       auto out = Poisoned(T * H);
       a.out = out->as<float>();
       bool taken = false;
@@ -1184,14 +1186,22 @@ TEST_F(RoutedExpertsTest, SharedBeforeWaitAfterRouteTokensChangesNoBit) {
       const bool flag = gpu_->last_moe_shared_before_wait();
       gpu_->SetDecodeMoeSharedBeforeWait(false);
       gpu_->SetRouterNorm(false);
+      gpu_->SetDecodeMoeResidentWorkspaces(true);
       return std::make_pair(Download(*out), flag);
     };
     for (auto kernels :
          {kernels::MoeDecodeFusedKernels::kStationary, kernels::MoeDecodeFusedKernels::kPipelined}) {
       SCOPED_TRACE(::testing::Message() << "kernels " << static_cast<int>(kernels));
       gpu_->SetDecodeMoeFusedKernels(kernels);
-      const auto [off, off_flag] = run(false, false, false);
+      // Scratch logits and act, no flag: the path before both switches.
+      const auto [off, off_flag] = run(false, false, false, /*resident=*/false);
       EXPECT_FALSE(off_flag);
+      const auto [resident, resident_flag] = run(false, false, true);
+      EXPECT_FALSE(resident_flag);
+      EXPECT_EQ(resident, off) << "the resident workspaces changed the output";
+      const auto [scratch_on, scratch_flag] = run(true, false, false, /*resident=*/false);
+      EXPECT_TRUE(scratch_flag);
+      EXPECT_EQ(scratch_on, off);
       const auto [on, on_flag] = run(true, false, false);
       EXPECT_TRUE(on_flag) << "not taken right after RouteTokens";
       EXPECT_EQ(on, off) << "the flag changed the output";

@@ -12,9 +12,11 @@
 //        (session 7's s7-moeblk / s7-moeblk2 tables in docs/kernels.md).
 //   routed  each layer as the model issues it: CudaBackend::RouteTokens (AddRmsNorm of the
 //        layer's residual row into its hidden rows, then the fused router on them, writing the
-//        layer's own routing) and RoutedAndSharedExperts with kStationary: "rsta" without,
-//        "rstE" with SetDecodeMoeSharedBeforeWait (gate_up computes the shared experts under
-//        the router), alternating (rsta rstE rsta rstE). The time includes the norm and the
+//        layer's own routing) and RoutedAndSharedExperts with kStationary: "rsta" with scratch
+//        logits and act (graph memory nodes between the router and gate_up), "rstW" with
+//        SetDecodeMoeResidentWorkspaces (none: a programmatic edge), "rstE" with that and
+//        SetDecodeMoeSharedBeforeWait (gate_up computes the shared experts under the router),
+//        twice each (rsta rstW rstE rsta rstW rstE). The time includes the norm and the
 //        router; "diff" is against the first "rsta" (0: the flag changes no bit); "layer MB" is
 //        the fixed routing's (exact at 1 token: top_k distinct experts either way).
 //
@@ -235,7 +237,7 @@ int Main() {
         const char* name;
         kernels::MoeDecodeFusedKernels kernels;
         int32_t gate_up_blocks_per_sm, down_blocks_per_sm;
-        bool routed = false, shared_before_wait = false;
+        bool routed = false, shared_before_wait = false, resident = true;
       };
       const Path paths[] = {
           {"old", kernels::MoeDecodeFusedKernels::kPersistent, 0, 0},  // not fused
@@ -244,10 +246,12 @@ int Main() {
           {"stat", kernels::MoeDecodeFusedKernels::kStationary, 0, 0},
           {"pipe", kernels::MoeDecodeFusedKernels::kPipelined, 0, 0},  // again: drift check
           {"stat", kernels::MoeDecodeFusedKernels::kStationary, 0, 0},
-          {"rsta", kernels::MoeDecodeFusedKernels::kStationary, 0, 0, true, false},
-          {"rstE", kernels::MoeDecodeFusedKernels::kStationary, 0, 0, true, true},
-          {"rsta", kernels::MoeDecodeFusedKernels::kStationary, 0, 0, true, false},
-          {"rstE", kernels::MoeDecodeFusedKernels::kStationary, 0, 0, true, true},
+          {"rsta", kernels::MoeDecodeFusedKernels::kStationary, 0, 0, true, false, false},
+          {"rstW", kernels::MoeDecodeFusedKernels::kStationary, 0, 0, true, false, true},
+          {"rstE", kernels::MoeDecodeFusedKernels::kStationary, 0, 0, true, true, true},
+          {"rsta", kernels::MoeDecodeFusedKernels::kStationary, 0, 0, true, false, false},
+          {"rstW", kernels::MoeDecodeFusedKernels::kStationary, 0, 0, true, false, true},
+          {"rstE", kernels::MoeDecodeFusedKernels::kStationary, 0, 0, true, true, true},
       };
       int64_t layer_bytes = 0;
       for (const Layer& L : layers) layer_bytes += L.busy_experts * per_expert + 3 * SI * H * 2;
@@ -257,6 +261,7 @@ int Main() {
         const Path& pa = paths[path];
         b.SetDecodeMoeFusedKernels(pa.kernels, pa.gate_up_blocks_per_sm, pa.down_blocks_per_sm);
         b.SetDecodeMoeSharedBeforeWait(pa.shared_before_wait);
+        b.SetDecodeMoeResidentWorkspaces(pa.resident);
         auto ops = b.Capture([&] {
           for (Layer& L : layers) {
             if (path == 0) {
