@@ -1178,7 +1178,9 @@ TEST_F(RoutedExpertsTest, SharedBeforeWaitAfterRouteTokensChangesNoBit) {
       if (capture) {
         auto ops = gpu_->Capture(ops_fn);
         EXPECT_TRUE(ops.ok()) << ops.status();
-        if (ops.ok()) EXPECT_TRUE((*ops)->Replay().ok());
+        if (ops.ok()) {
+          EXPECT_TRUE((*ops)->Replay().ok());
+        }
       } else {
         (void)ops_fn();
       }
