@@ -334,18 +334,7 @@ __device__ __forceinline__ void LoadGateUpChunk(const uint16_t* gate, const uint
   }
 }
 
-// The hidden row's 16 bytes at x: through L1 (__ldg), or with kL2 from L2 only (ld.global.cg:
-// rows read before the PDL wait, see GateUpSharedBeforeWait).
-template <bool kL2>
-__device__ __forceinline__ float4 LoadHidden4(const float4* x) {
-  if constexpr (kL2) {
-    return __ldcg(x);
-  } else {
-    return __ldg(x);
-  }
-}
-
-template <int kT, bool kL2 = false>
+template <int kT>
 __device__ __forceinline__ void AccumulateGateUpChunk(const GateUpChunk& c, int v0, int kv,
                                                       const float* hidden, int H,
                                                       float* const act[kT], float ag[kT],
@@ -361,7 +350,7 @@ __device__ __forceinline__ void AccumulateGateUpChunk(const GateUpChunk& c, int 
     for (int t = 0; t < kT; ++t) {
       if (act[t] == nullptr) continue;
       const float4* x = reinterpret_cast<const float4*>(hidden + int64_t{t} * H);
-      const float4 a = LoadHidden4<kL2>(x + 2 * v), b = LoadHidden4<kL2>(x + 2 * v + 1);
+      const float4 a = __ldg(x + 2 * v), b = __ldg(x + 2 * v + 1);
       ag[t] = Dot8(ag[t], a, b, gf);
       au[t] = Dot8(au[t], a, b, uf);
     }
@@ -425,13 +414,26 @@ __device__ GateUpChunk GateUpPipelinedPrefetch(MoeDecodeFusedParams p) {
   return c;
 }
 
-// The warp's items i, i + stride, ... of the table (after the __syncthreads that completes it),
-// the next item's first chunk issued before the current one is computed.
 template <int kT>
-__device__ __forceinline__ void GateUpTableItems(const MoeDecodeFusedParams& p,
-                                                 const PartTable<kT>& tab, int i, int stride) {
-  const int I = p.inter, H = p.hidden_size, kv = H / 8, lane = threadIdx.x % 32;
-  const int items = tab.count * I;
+__device__ void GateUpPipelinedBody(const GateUpChunk& prefetched, MoeDecodeFusedParams p) {
+  __shared__ PartTable<kT> tab;
+  const int K = p.top_k, P = K + p.shared_parts, I = p.inter, H = p.hidden_size;
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  const int stride = gridDim.x * kWarps;
+  int i = blockIdx.x * kWarps + warp;
+  if (warp == 0) BuildPartTable<kT>(p, &tab);
+  if (i < p.shared_parts * I) {
+    const uint16_t *gate, *up;
+    SharedGateUpRows(p, i, &gate, &up);
+    const int s = i / I;
+    float* act[kT];
+#pragma unroll
+    for (int t = 0; t < kT; ++t) act[t] = p.act + (int64_t{t} * P + K + s) * I;
+    FinishGateUpItem<kT>(p, prefetched, gate, up, act, i - s * I);
+    i += stride;
+  }
+  __syncthreads();
+  const int items = tab.count * I, kv = H / 8;
   GateUpChunk cur;
   if (i < items) {
     const int u = i / I, j = i - u * I;
@@ -451,141 +453,6 @@ __device__ __forceinline__ void GateUpTableItems(const MoeDecodeFusedParams& p,
     FinishGateUpItem<kT>(p, cur, tab.gate[u] + int64_t{j} * H, tab.up[u] + int64_t{j} * H, act, j);
     cur = nxt;
   }
-}
-
-template <int kT>
-__device__ void GateUpPipelinedBody(const GateUpChunk& prefetched, MoeDecodeFusedParams p) {
-  __shared__ PartTable<kT> tab;
-  const int K = p.top_k, P = K + p.shared_parts, I = p.inter;
-  const int warp = threadIdx.x / 32;
-  const int stride = gridDim.x * kWarps;
-  int i = blockIdx.x * kWarps + warp;
-  if (warp == 0) BuildPartTable<kT>(p, &tab);
-  if (i < p.shared_parts * I) {
-    const uint16_t *gate, *up;
-    SharedGateUpRows(p, i, &gate, &up);
-    const int s = i / I;
-    float* act[kT];
-#pragma unroll
-    for (int t = 0; t < kT; ++t) act[t] = p.act + (int64_t{t} * P + K + s) * I;
-    FinishGateUpItem<kT>(p, prefetched, gate, up, act, i - s * I);
-    i += stride;
-  }
-  __syncthreads();
-  GateUpTableItems<kT>(p, tab, i, stride);
-}
-
-// ---- The shared parts before the PDL wait (MoeDecodeFusedParams::shared_before_wait) -------
-//
-// kPipelined's gate_up, except that each warp computes its first kEarlyItems shared items (row
-// pairs i, i + stride, ... below shared_parts * inter, each the next's first chunk issued before
-// the current one is summed) completely BEFORE its PDL wait, under the router (the kernel before
-// gate_up), and keeps the results in registers; after the wait it stores them to act (act is a
-// workspace whose memory the router's own scratch may share: nothing is written before the
-// wait), and goes on with the table's remaining items as kPipelined (the same sums in the same
-// order: bit-identical results).
-//
-// Reading `hidden` before the wait is safe only under the caller's promise (the flag): the
-// kernel launched right before gate_up does not write the rows. Then their writer ran at least
-// two launches before gate_up, and it has completed when gate_up starts: gate_up is launched
-// only after every block of its predecessor executed griddepcontrol.launch_dependents, which our
-// launchers (kernels/common/launch.cuh) issue only after griddepcontrol.wait, and that wait
-// returns only once the grid before the predecessor completed with its memory operations
-// performed (by induction every earlier grid too; a predecessor launched without PDL, e.g.
-// cuBLAS, lets gate_up start only when it completed, after everything before it). The rows are
-// loaded with ld.global.cg (L2, the point of coherence), never through L1.
-//
-// Residency: gate_up starts only when all of the router's blocks run (they triggered), so the
-// early warps cannot keep a router block from an SM; they share the SMs and DRAM with it.
-
-// Shared items a warp computes before the wait at most (Moonlight's 2 x 1408 over its ~1400
-// warps: 2 each; V3's 2048 over ~1500: 1-2); any further ones run after it, from the table.
-constexpr int kEarlyItems = 4;
-
-template <int kT>
-struct EarlyShared {
-  float act[kEarlyItems][kT];  // item i0 + n * stride's silu(gate) * up for token t
-};
-
-// The rows of shared item i (SharedGateUpRows) with their first chunk into c; the rest of a
-// longer row (V3) prefetched into L2.
-__device__ __forceinline__ void LoadSharedItemFirstChunk(const MoeDecodeFusedParams& p, int i,
-                                                         GateUpChunk* c) {
-  const int lane = threadIdx.x % 32, kv = p.hidden_size / 8;
-  const uint16_t *gate, *up;
-  SharedGateUpRows(p, i, &gate, &up);
-  LoadGateUpChunk(gate, up, lane, kv, c);
-  if (lane == 0 && kv > 32 * kUnroll) {
-    const uint32_t rest = static_cast<uint32_t>(kv - 32 * kUnroll) * 16;
-    PrefetchL2(gate + 8 * 32 * kUnroll, rest);
-    PrefetchL2(up + 8 * 32 * kUnroll, rest);
-  }
-}
-
-// Before the wait (see above): the warp's first kEarlyItems shared items, hidden read from L2.
-template <int kT>
-__device__ EarlyShared<kT> GateUpSharedBeforeWait(MoeDecodeFusedParams p) {
-  EarlyShared<kT> r;
-  const int H = p.hidden_size, kv = H / 8, lane = threadIdx.x % 32;
-  const int stride = gridDim.x * kWarps, shared_items = p.shared_parts * p.inter;
-  const int i0 = blockIdx.x * kWarps + threadIdx.x / 32;
-  // Every token reads a shared part; AccumulateGateUpChunk only tests these for null (nothing
-  // is written before the wait).
-  float* act[kT];
-#pragma unroll
-  for (int t = 0; t < kT; ++t) act[t] = p.act;
-  GateUpChunk cur;
-  if (i0 < shared_items) LoadSharedItemFirstChunk(p, i0, &cur);
-#pragma unroll
-  for (int n = 0; n < kEarlyItems; ++n) {
-    const int i = i0 + n * stride;
-    if (i >= shared_items) break;
-    GateUpChunk nxt;
-    if (n + 1 < kEarlyItems && i + stride < shared_items) {
-      LoadSharedItemFirstChunk(p, i + stride, &nxt);
-    }
-    const uint16_t *gate, *up;
-    SharedGateUpRows(p, i, &gate, &up);
-    float ag[kT], au[kT];
-#pragma unroll
-    for (int t = 0; t < kT; ++t) ag[t] = au[t] = 0.0f;
-    AccumulateGateUpChunk<kT, /*kL2=*/true>(cur, lane, kv, p.hidden, H, act, ag, au);
-    for (int v0 = lane + 32 * kUnroll; v0 < kv; v0 += 32 * kUnroll) {
-      GateUpChunk c;
-      LoadGateUpChunk(gate, up, v0, kv, &c);
-      AccumulateGateUpChunk<kT, /*kL2=*/true>(c, v0, kv, p.hidden, H, act, ag, au);
-    }
-#pragma unroll
-    for (int t = 0; t < kT; ++t) {
-      const float gs = WarpSum(ag[t]), us = WarpSum(au[t]);
-      // expf (not __expf), as SiluMulF32 and FinishGateUpItem.
-      r.act[n][t] = gs / (1.0f + expf(-gs)) * us;
-    }
-    cur = nxt;
-  }
-  return r;
-}
-
-template <int kT>
-__device__ void GateUpSharedFirstBody(const EarlyShared<kT>& early, MoeDecodeFusedParams p) {
-  __shared__ PartTable<kT> tab;
-  const int K = p.top_k, P = K + p.shared_parts, I = p.inter;
-  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
-  const int stride = gridDim.x * kWarps, shared_items = p.shared_parts * I;
-  int i = blockIdx.x * kWarps + warp;
-  if (warp == 0) BuildPartTable<kT>(p, &tab);
-#pragma unroll
-  for (int n = 0; n < kEarlyItems; ++n) {
-    if (i >= shared_items) break;
-    const int s = i / I, j = i - s * I;
-#pragma unroll
-    for (int t = 0; t < kT; ++t) {
-      if (lane == t) p.act[(int64_t{t} * P + K + s) * I + j] = early.act[n][t];
-    }
-    i += stride;
-  }
-  __syncthreads();
-  GateUpTableItems<kT>(p, tab, i, stride);
 }
 
 // Most features one down block handles (its per-warp sums in shared memory).
@@ -899,10 +766,6 @@ cudaError_t LaunchPersistent(const MoeDecodeFusedParams& p, cudaStream_t stream)
 
 template <int kT>
 cudaError_t LaunchPipelined(const MoeDecodeFusedParams& p, cudaStream_t stream) {
-  if (p.shared_before_wait) {
-    return LaunchGridStrided<GateUpSharedBeforeWait<kT>, GateUpSharedFirstBody<kT>,
-                             DownPipelinedBody<kT>, kT>(p, /*limit_down_features=*/true, stream);
-  }
   return LaunchGridStrided<GateUpPipelinedPrefetch<kT>, GateUpPipelinedBody<kT>,
                            DownPipelinedBody<kT>, kT>(p, /*limit_down_features=*/true, stream);
 }
@@ -919,11 +782,8 @@ cudaError_t LaunchStationaryOneToken(const MoeDecodeFusedParams& p, cudaStream_t
   const int64_t per_block =
       std::min<int64_t>(kMaxStatFeatures, (H + sms * per_sm - 1) / (sms * per_sm));
   const int64_t down_blocks = (H + per_block - 1) / per_block;
-  err = p.shared_before_wait
-            ? LaunchGateUpGridStrided<GateUpSharedBeforeWait<1>, GateUpSharedFirstBody<1>, 1>(
-                  p, sms, stream)
-            : LaunchGateUpGridStrided<GateUpPipelinedPrefetch<1>, GateUpPipelinedBody<1>, 1>(
-                  p, sms, stream);
+  err = LaunchGateUpGridStrided<GateUpPipelinedPrefetch<1>, GateUpPipelinedBody<1>, 1>(p, sms,
+                                                                                       stream);
   if (err != cudaSuccess) return err;
   return LaunchPrefetchThenAfterPrecedingGrids<DownStationaryPrefetch<kChunks, kFeat>,
                                                DownStationaryBody<kChunks, kFeat>, kStatThreads>(

@@ -83,12 +83,6 @@ struct MoeDecodeFusedParams {
   float* act = nullptr;
   float* out = nullptr;  // [num_tokens, hidden_size], overwritten
   MoeDecodeFusedKernels kernels = MoeDecodeFusedKernels::kPersistent;
-  // kPipelined / kStationary (kPersistent ignores it): gate_up computes the shared parts'
-  // items before its PDL wait, under the kernel before it (the router), reading `hidden` there.
-  // Set it only when the kernel launched right before this call does not write `hidden` (the
-  // rows were written at least two launches before: then their writer has completed when
-  // gate_up starts; moe_decode_fused.cu says why). Same results bit for bit.
-  bool shared_before_wait = false;
   // For benchmarks: resident blocks per SM of each grid (0: as many as fit; kStationary's down
   // kernel: 0 = 1, its blocks of 512 threads fit once).
   int32_t gate_up_blocks_per_sm = 0;

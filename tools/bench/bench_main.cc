@@ -176,14 +176,11 @@ int main(int argc, char** argv) {
       "before the PDL wait), pipelined (the same with the load round trips overlapped,\n"
       "bit-identical results) or stationary (pipelined with a 1-token down kernel\n"
       "holding its activations in registers), same math.");
-  flags.AddBool("decode-moe-shared-before-wait", &config.decode_moe_shared_before_wait,
-                "CUDA, bf16: in that MoE block at 1-2 tokens (pipelined / stationary), gate_up\n"
-                "computes the shared experts before its PDL wait, under the router (when the\n"
-                "router did not write the rows: not with --router-norm); same results.");
   flags.AddBool("decode-moe-resident-workspaces", &config.decode_moe_resident_workspaces,
                 "CUDA: the fused router's logits and the fused MoE block's act workspace in\n"
                 "buffers the backend owns (no graph memory nodes around the router, so its edge\n"
-                "to gate_up stays programmatic); false: scratch allocations. Same results.");
+                "to gate_up is programmatic); false (default): scratch allocations. Same\n"
+                "results.");
   flags.AddBool("decode-moe-graph-buckets", &config.decode_moe_graph_buckets,
                 "CUDA, bf16: inside the decode graphs, each planned expert GEMM behind a switch\n"
                 "over batch sizes picked on the device; false (default: measured faster in the\n"

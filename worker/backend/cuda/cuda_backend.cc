@@ -1054,7 +1054,6 @@ void CudaBackend::NoauxTcRoute(const NoauxTcRouteArgs& a) {
 
 void CudaBackend::RouteTokens(const RouteTokensArgs& a) {
   const NoauxTcRouteArgs& r = a.route;
-  settled_route_ = {};
   if (!fused_router_ || r.num_tokens <= 0 || r.num_tokens > kFusedRouterMaxTokens ||
       r.num_experts <= 0 || r.num_experts > kernels::kMaxFusedRouterExperts) {
     Backend::RouteTokens(a);
@@ -1068,8 +1067,8 @@ void CudaBackend::RouteTokens(const RouteTokensArgs& a) {
   p.tile_counters = route_tile_counters_;
   p.expert_counts = a.expert_counts;
   p.count_limit = a.count_limit;
-  // The logits: resident (no graph memory nodes around the router: the edge from it to the
-  // MoE block's gate_up stays programmatic) or scratch. r.num_tokens <= kFusedRouterMaxTokens
+  // The logits: resident (SetDecodeMoeResidentWorkspaces: no graph memory nodes around the
+  // router, so the edge from it to the MoE block's gate_up is programmatic) or scratch. r.num_tokens <= kFusedRouterMaxTokens
   // and r.num_experts <= kMaxFusedRouterExperts (above): they fit kResidentLogitsBytes.
   std::unique_ptr<DeviceBuffer> logits;
   if (decode_moe_resident_workspaces_) {
@@ -1102,9 +1101,6 @@ void CudaBackend::RouteTokens(const RouteTokensArgs& a) {
   }
   OpTimer timer(this, "RouteTokens");
   Check(kernels::RouteTokensF32(p, stream_), "kernels::RouteTokensF32");
-  // This launch reads the rows and writes the routing, not the rows (their norm, if any, was
-  // the launch before it).
-  settled_route_ = {p.hidden, r.topk_ids};
 }
 
 void CudaBackend::AccumulateExpertCounts(int64_t n, const int32_t* ids, int64_t num_experts,
@@ -1297,10 +1293,6 @@ kernels::MoeDecodeFusedKernels CudaBackend::DecodeMoeFusedKernelsFor(int64_t hid
 }
 
 bool CudaBackend::RoutedAndSharedExperts(const RoutedExpertsArgs& a) {
-  // The kernel launched right before this call (RouteTokens' router) did not write the rows.
-  const bool rows_settled = a.hidden != nullptr && settled_route_.rows == a.hidden &&
-                            settled_route_.topk_ids == a.topk_ids;
-  settled_route_ = {};
   if (!DecodeMoeFusedFor(a.num_tokens, a.hidden_size) || a.dtype != WeightDType::kBFloat16 ||
       DecodeMoeAlgoFor(a.num_tokens) != DecodeMoeAlgo::kGroupedF32 || a.top_k < 1 ||
       a.num_experts < 1 || a.inter <= 0 || a.inter % 8 != 0 || a.hidden_size % 8 != 0 ||
@@ -1327,8 +1319,6 @@ bool CudaBackend::RoutedAndSharedExperts(const RoutedExpertsArgs& a) {
   p.shared_gate_up = static_cast<const uint16_t*>(a.shared_gate_up);
   p.shared_down = static_cast<const uint16_t*>(a.shared_down);
   p.out = a.out;
-  p.shared_before_wait = decode_moe_shared_before_wait_ && rows_settled;
-  last_moe_shared_before_wait_ = p.shared_before_wait;
   LaunchMoeDecodeFused(p);
   return true;
 }
@@ -1337,9 +1327,10 @@ void CudaBackend::LaunchMoeDecodeFused(kernels::MoeDecodeFusedParams p) {
   const size_t act_bytes =
       kernels::MoeDecodeFusedActFloats(p.num_tokens, p.top_k, p.shared_parts, p.inter) *
       sizeof(float);
-  // Resident where it fits: no graph memory nodes between the kernel before (the router) and
-  // gate_up, or after down. Reused by every call: each call's gate_up writes act only after its
-  // PDL wait, when every earlier grid (the previous call's down among them) has completed.
+  // Resident (SetDecodeMoeResidentWorkspaces) where it fits: no graph memory nodes between the
+  // kernel before (the router) and gate_up, or after down. Reused by every call: each call's
+  // gate_up writes act only after its PDL wait, which returns when every earlier grid (the
+  // previous call's down among them) has completed.
   std::unique_ptr<DeviceBuffer> act;
   if (decode_moe_resident_workspaces_ && act_bytes <= kResidentActBytes) {
     p.act = reinterpret_cast<float*>(static_cast<char*>(resident_workspace_) +

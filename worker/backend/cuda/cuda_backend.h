@@ -169,24 +169,18 @@ class CudaBackend : public Backend {
     decode_moe_fused_gate_up_blocks_per_sm_ = gate_up_blocks_per_sm;
     decode_moe_fused_down_blocks_per_sm_ = down_blocks_per_sm;
   }
-  // Whether RoutedAndSharedExperts lets gate_up compute the shared experts before its PDL wait,
-  // under the router (kernels::MoeDecodeFusedParams::shared_before_wait; same results bit for
-  // bit; deepinfer-bench --decode-moe-shared-before-wait). Taken only when this call's rows and
-  // topk_ids are those of the RouteTokens call right before it and that call's last launch did
-  // not write the rows (not the norm-folding router launch, SetRouterNorm): the caller must not
-  // write the rows between the two calls (DeepseekV3Model::Moe issues nothing between them).
-  void SetDecodeMoeSharedBeforeWait(bool on) { decode_moe_shared_before_wait_ = on; }
   // Whether RouteTokens' fused router writes its logits, and the fused MoE block
   // (RoutedAndSharedExperts, NormedDenseMlp) its act workspace, into buffers the backend owns
   // (kResidentLogitsBytes, kResidentActBytes; a larger act: scratch) instead of scratch
   // allocations. Recorded into a graph, a scratch allocation or free between two kernels is a
   // memory node that keeps the edge between them from being programmatic (docs/cuda.md,
-  // "Allocations beside the chain"): with them resident the router -> gate_up edge is one, so
-  // gate_up's work before its PDL wait (SetDecodeMoeSharedBeforeWait) runs under the router.
-  // Same results (deepinfer-bench --decode-moe-resident-workspaces).
+  // "Allocations beside the chain"): with them resident the router -> gate_up edge is one (and
+  // gate_up's prefetch before its PDL wait runs under the router). Same results bit for bit
+  // (deepinfer-bench --decode-moe-resident-workspaces). Off by default: moe_block_decode_bench
+  // (H200, session 8, docs/kernels.md) measured it 1.3 us a layer faster at Moonlight 1 token,
+  // no faster at 2 tokens, 0.3 % slower at V3 1 token and 25 % slower at V3 2 tokens (not
+  // explained); not yet measured alone in the 27-layer step.
   void SetDecodeMoeResidentWorkspaces(bool on) { decode_moe_resident_workspaces_ = on; }
-  // Whether the last RoutedAndSharedExperts call that ran launched with that flag (tests).
-  bool last_moe_shared_before_wait() const { return last_moe_shared_before_wait_; }
   void SetDecodeMoeFusedKernelsAuto() {
     SetDecodeMoeFusedKernels(kernels::MoeDecodeFusedKernels::kPipelined);
     decode_moe_fused_kernels_auto_ = true;
@@ -503,17 +497,7 @@ class CudaBackend : public Backend {
   int32_t decode_moe_fused_down_blocks_per_sm_ = 0;
   bool decode_moe_graph_buckets_ = false;
   bool decode_dense_mlp_fused_ = true;
-  bool decode_moe_shared_before_wait_ = true;
-  bool last_moe_shared_before_wait_ = false;
-  bool decode_moe_resident_workspaces_ = true;
-  // Set by RouteTokens when its last launch (the fused router) read `rows` without writing them
-  // and wrote `topk_ids`; cleared by the next RoutedAndSharedExperts (and by a RouteTokens that
-  // writes its rows or falls back to Backend's ops): SetDecodeMoeSharedBeforeWait's condition.
-  struct SettledRoute {
-    const float* rows = nullptr;
-    const int32_t* topk_ids = nullptr;
-  };
-  SettledRoute settled_route_;
+  bool decode_moe_resident_workspaces_ = false;
   cudaStream_t switch_stream_ = nullptr;  // records CaptureSwitch's bodies; made on first use
 
   const int device_;

@@ -1097,14 +1097,13 @@ TEST_F(RoutedExpertsTest, RoutedAndSharedExpertsMatchCpuOps) {
 }
 
 // RouteTokens (the post-attention norm into the hidden rows, then the router) followed by
-// RoutedAndSharedExperts, as DeepseekV3Model::Moe issues them: with
-// SetDecodeMoeSharedBeforeWait the fused block's gate_up computes the shared experts before its
-// PDL wait. The flag is taken only right after a RouteTokens that routed these rows without
-// writing them in its last launch (not after the norm-folding router, not without a
-// RouteTokens before), and changes no bit, nor do SetDecodeMoeResidentWorkspaces' buffers
-// (kStationary and kPipelined, 1 and 2 tokens, eager and replayed from one CUDA graph of both
-// ops). Against the CPU backend on the routing and normed rows the GPU produced.
-TEST_F(RoutedExpertsTest, SharedBeforeWaitAfterRouteTokensChangesNoBit) {
+// RoutedAndSharedExperts, as DeepseekV3Model::Moe issues them, with
+// SetDecodeMoeResidentWorkspaces on (the router's logits and the block's act in the backend's
+// own buffers) and off (scratch): no bit changes (kStationary and kPipelined, 1 and 2 tokens,
+// eager, replayed from one CUDA graph of both ops, and at one token after the norm-folding
+// router), nor in NormedDenseMlp; against the CPU backend on the routing and normed rows the
+// GPU produced.
+TEST_F(RoutedExpertsTest, ResidentWorkspacesChangeNoBit) {
   constexpr int64_t SI = 2 * I;
   for (int64_t T : {int64_t{1}, int64_t{2}}) {
     const uint32_t seed = testing::FreshSeed();
@@ -1161,12 +1160,10 @@ TEST_F(RoutedExpertsTest, SharedBeforeWaitAfterRouteTokensChangesNoBit) {
     r.route.scaling_factor = 2.446f;
     r.route.topk_ids = ids->as<int32_t>();
     r.route.topk_weights = weights->as<float>();
-    // Both ops into a fresh output; whether the block took the flag.
-    auto run = [&](bool shared_before_wait, bool router_norm, bool capture,
-                   bool resident = true) {
-      gpu_->SetDecodeMoeSharedBeforeWait(shared_before_wait);
-      gpu_->SetRouterNorm(router_norm);
+    // Both ops into a fresh output.
+    auto run = [&](bool resident, bool router_norm, bool capture) {
       gpu_->SetDecodeMoeResidentWorkspaces(resident);
+      gpu_->SetRouterNorm(router_norm);
       auto out = Poisoned(T * H);
       a.out = out->as<float>();
       bool taken = false;
@@ -1185,45 +1182,21 @@ TEST_F(RoutedExpertsTest, SharedBeforeWaitAfterRouteTokensChangesNoBit) {
         (void)ops_fn();
       }
       EXPECT_TRUE(taken);
-      const bool flag = gpu_->last_moe_shared_before_wait();
-      gpu_->SetDecodeMoeSharedBeforeWait(false);
+      gpu_->SetDecodeMoeResidentWorkspaces(false);
       gpu_->SetRouterNorm(false);
-      gpu_->SetDecodeMoeResidentWorkspaces(true);
-      return std::make_pair(Download(*out), flag);
+      return Download(*out);
     };
     for (auto kernels :
          {kernels::MoeDecodeFusedKernels::kStationary, kernels::MoeDecodeFusedKernels::kPipelined}) {
       SCOPED_TRACE(::testing::Message() << "kernels " << static_cast<int>(kernels));
       gpu_->SetDecodeMoeFusedKernels(kernels);
-      // Scratch logits and act, no flag: the path before both switches.
-      const auto [off, off_flag] = run(false, false, false, /*resident=*/false);
-      EXPECT_FALSE(off_flag);
-      const auto [resident, resident_flag] = run(false, false, true);
-      EXPECT_FALSE(resident_flag);
-      EXPECT_EQ(resident, off) << "the resident workspaces changed the output";
-      const auto [scratch_on, scratch_flag] = run(true, false, false, /*resident=*/false);
-      EXPECT_TRUE(scratch_flag);
-      EXPECT_EQ(scratch_on, off);
-      const auto [on, on_flag] = run(true, false, false);
-      EXPECT_TRUE(on_flag) << "not taken right after RouteTokens";
-      EXPECT_EQ(on, off) << "the flag changed the output";
-      const auto [replayed, replay_flag] = run(true, false, true);
-      EXPECT_TRUE(replay_flag);
-      EXPECT_EQ(replayed, off) << "replay with the flag differs";
+      const std::vector<float> scratch = run(false, false, false);
+      EXPECT_EQ(run(true, false, false), scratch) << "eager, resident";
+      EXPECT_EQ(run(true, false, true), scratch) << "replayed, resident";
+      EXPECT_EQ(run(false, false, true), scratch) << "replayed, scratch";
       if (T == 1) {
-        // The norm-folding router writes the rows in the launch right before gate_up.
-        const auto [folded, folded_flag] = run(true, true, false);
-        EXPECT_FALSE(folded_flag) << "taken after the router that wrote the rows";
-        EXPECT_EQ(folded, off);
+        EXPECT_EQ(run(true, true, false), scratch) << "norm-folding router, resident";
       }
-      // Without a RouteTokens right before: not taken.
-      gpu_->SetDecodeMoeSharedBeforeWait(true);
-      auto out = Poisoned(T * H);
-      a.out = out->as<float>();
-      ASSERT_TRUE(gpu_->RoutedAndSharedExperts(a));
-      EXPECT_FALSE(gpu_->last_moe_shared_before_wait());
-      gpu_->SetDecodeMoeSharedBeforeWait(false);
-      EXPECT_EQ(Download(*out), off);
 
       // The CPU backend on the GPU's normed rows and routing (its own output checked elsewhere).
       const std::vector<float> x = Download(*rows), w = Download(*weights);
@@ -1248,9 +1221,33 @@ TEST_F(RoutedExpertsTest, SharedBeforeWaitAfterRouteTokensChangesNoBit) {
       }
       double scale = 0;
       for (float v : want) scale = std::max(scale, static_cast<double>(std::abs(v)));
-      EXPECT_TRUE(testing::AllClose(on, want, 1e-4 * scale, 1e-4));
+      EXPECT_TRUE(testing::AllClose(scratch, want, 1e-4 * scale, 1e-4));
     }
     gpu_->SetDecodeMoeFusedKernelsAuto();
+
+    // NormedDenseMlp (the same kernels, no routed experts) on the shared MLP's weights.
+    if (T == 1) {
+      DenseMlpArgs d;
+      d.rows = 1;
+      d.hidden_size = H;
+      d.inter = SI;
+      d.x = residual->as<float>();
+      d.norm_weight = dnorm_w->as<float>();
+      d.eps = 1e-6f;
+      d.normed = rows->as<float>();
+      d.gate_up = sgu_gpu;
+      d.down = sdn_gpu;
+      std::vector<float> dense[2];
+      for (int resident = 0; resident < 2; ++resident) {
+        gpu_->SetDecodeMoeResidentWorkspaces(resident == 1);
+        auto out = Poisoned(H);
+        d.out = out->as<float>();
+        ASSERT_TRUE(gpu_->NormedDenseMlp(d));
+        dense[resident] = Download(*out);
+      }
+      gpu_->SetDecodeMoeResidentWorkspaces(false);
+      EXPECT_EQ(dense[1], dense[0]) << "NormedDenseMlp, resident";
+    }
     EXPECT_TRUE(gpu_->status().ok()) << gpu_->status();
   }
 }
