@@ -182,6 +182,11 @@ int main(int argc, char** argv) {
       "before the PDL wait), pipelined (the same with the load round trips overlapped,\n"
       "bit-identical results) or stationary (pipelined with a 1-token down kernel\n"
       "holding its activations in registers), same math.");
+  flags.AddBool("decode-moe-resident-workspaces", &config.decode_moe_resident_workspaces,
+                "CUDA: the fused router's logits and the fused MoE block's act workspace in\n"
+                "buffers the backend owns (no graph memory nodes around the router, so its edge\n"
+                "to gate_up is programmatic); false (default): scratch allocations. Same\n"
+                "results.");
   flags.AddBool("decode-moe-graph-buckets", &config.decode_moe_graph_buckets,
                 "CUDA, bf16: inside the decode graphs, each planned expert GEMM behind a switch\n"
                 "over batch sizes picked on the device; false (default: measured faster in the\n"

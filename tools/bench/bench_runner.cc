@@ -517,6 +517,7 @@ absl::Status RunRank(const BenchConfig& bc, int64_t rank, RankState* s, RankOutp
     }
   }
   if (cuda != nullptr) cuda->SetDecodeMoeGraphBuckets(bc.decode_moe_graph_buckets);
+  if (cuda != nullptr) cuda->SetDecodeMoeResidentWorkspaces(bc.decode_moe_resident_workspaces);
   if (cuda != nullptr) cuda->SetDecodeDenseMlpFused(bc.decode_dense_mlp_fused);
   if (cuda != nullptr) cuda->SetSmallMGemm(bc.fused_ops);
   if (cuda != nullptr) cuda->SetFusedRouter(bc.fused_router);

@@ -134,6 +134,9 @@ struct BenchConfig {
   // CUDA only: CudaBackend::SetDecodeMoeFusedKernels ("persistent", "pipelined" or
   // "stationary"; empty or "auto": SetDecodeMoeFusedKernelsAuto).
   std::string decode_moe_fused_kernels;
+  // CUDA only: CudaBackend::SetDecodeMoeResidentWorkspaces (the router's logits and the fused
+  // MoE block's act in buffers the backend owns: no graph memory nodes around the router).
+  bool decode_moe_resident_workspaces = false;
   // CUDA only: CudaBackend::SetDecodeMoeGraphBuckets (true: the planned expert GEMMs behind
   // graph switch nodes; false, the default: the one fixed batch inside the decode graphs too).
   bool decode_moe_graph_buckets = false;

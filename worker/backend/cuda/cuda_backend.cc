@@ -231,22 +231,28 @@ absl::StatusOr<std::unique_ptr<CudaBackend>> CudaBackend::Create(int device,
   constexpr size_t kTileCounterBytes = kernels::kFusedRouterTileCounters * sizeof(uint32_t);
   if (st.ok()) st = CudaStatus(cudaMalloc(&tile_counters, kTileCounterBytes), "cudaMalloc");
   if (st.ok()) st = CudaStatus(cudaMemset(tile_counters, 0, kTileCounterBytes), "cudaMemset");
+  void* resident = nullptr;
+  if (st.ok()) {
+    st = CudaStatus(cudaMalloc(&resident, kResidentLogitsBytes + kResidentActBytes), "cudaMalloc");
+  }
   if (!st.ok()) {
     if (cublas != nullptr) cublasDestroy(cublas);
     if (workspace != nullptr) cudaFree(workspace);
     if (counter != nullptr) cudaFree(counter);
     if (tile_counters != nullptr) cudaFree(tile_counters);
+    if (resident != nullptr) cudaFree(resident);
     cudaStreamDestroy(stream);
     return st;
   }
-  return std::unique_ptr<CudaBackend>(new CudaBackend(device, weight_dtype, stream, cublas, pool,
-                                                      workspace, counter,
-                                                      static_cast<uint32_t*>(tile_counters)));
+  return std::unique_ptr<CudaBackend>(
+      new CudaBackend(device, weight_dtype, stream, cublas, pool, workspace, counter,
+                      static_cast<uint32_t*>(tile_counters), resident));
 }
 
 CudaBackend::CudaBackend(int device, WeightDType weight_dtype, cudaStream_t stream,
                          cublasHandle_t cublas, cudaMemPool_t pool, void* cublas_workspace,
-                         unsigned int* staged_gemv_counter, uint32_t* route_tile_counters)
+                         unsigned int* staged_gemv_counter, uint32_t* route_tile_counters,
+                         void* resident_workspace)
     : device_(device),
       weight_dtype_(weight_dtype),
       stream_(stream),
@@ -254,7 +260,8 @@ CudaBackend::CudaBackend(int device, WeightDType weight_dtype, cudaStream_t stre
       pool_(pool),
       cublas_workspace_(cublas_workspace),
       staged_gemv_counter_(staged_gemv_counter),
-      route_tile_counters_(route_tile_counters) {}
+      route_tile_counters_(route_tile_counters),
+      resident_workspace_(resident_workspace) {}
 
 CudaBackend::~CudaBackend() {
   cudaSetDevice(device_);
@@ -265,6 +272,7 @@ CudaBackend::~CudaBackend() {
   if (switch_stream_ != nullptr) cudaStreamDestroy(switch_stream_);
   cudaFree(staged_gemv_counter_);
   cudaFree(route_tile_counters_);
+  cudaFree(resident_workspace_);
   cudaStreamDestroy(stream_);
 }
 
@@ -1059,8 +1067,16 @@ void CudaBackend::RouteTokens(const RouteTokensArgs& a) {
   p.tile_counters = route_tile_counters_;
   p.expert_counts = a.expert_counts;
   p.count_limit = a.count_limit;
-  auto logits = AllocateScratch(static_cast<size_t>(r.num_tokens) * r.num_experts * sizeof(float));
-  p.router_logits = logits->as<float>();
+  // The logits: resident (SetDecodeMoeResidentWorkspaces: no graph memory nodes around the
+  // router, so the edge from it to the MoE block's gate_up is programmatic) or scratch. r.num_tokens <= kFusedRouterMaxTokens
+  // and r.num_experts <= kMaxFusedRouterExperts (above): they fit kResidentLogitsBytes.
+  std::unique_ptr<DeviceBuffer> logits;
+  if (decode_moe_resident_workspaces_) {
+    p.router_logits = static_cast<float*>(resident_workspace_);
+  } else {
+    logits = AllocateScratch(static_cast<size_t>(r.num_tokens) * r.num_experts * sizeof(float));
+    p.router_logits = logits->as<float>();
+  }
   if (!kernels::RouteTokensSupported(p)) {
     Backend::RouteTokens(a);
     return;
@@ -1308,10 +1324,21 @@ bool CudaBackend::RoutedAndSharedExperts(const RoutedExpertsArgs& a) {
 }
 
 void CudaBackend::LaunchMoeDecodeFused(kernels::MoeDecodeFusedParams p) {
-  auto act = AllocateScratch(
+  const size_t act_bytes =
       kernels::MoeDecodeFusedActFloats(p.num_tokens, p.top_k, p.shared_parts, p.inter) *
-      sizeof(float));
-  p.act = act->as<float>();
+      sizeof(float);
+  // Resident (SetDecodeMoeResidentWorkspaces) where it fits: no graph memory nodes between the
+  // kernel before (the router) and gate_up, or after down. Reused by every call: each call's
+  // gate_up writes act only after its PDL wait, which returns when every earlier grid (the
+  // previous call's down among them) has completed.
+  std::unique_ptr<DeviceBuffer> act;
+  if (decode_moe_resident_workspaces_ && act_bytes <= kResidentActBytes) {
+    p.act = reinterpret_cast<float*>(static_cast<char*>(resident_workspace_) +
+                                     kResidentLogitsBytes);
+  } else {
+    act = AllocateScratch(act_bytes);
+    p.act = act->as<float>();
+  }
   p.kernels = DecodeMoeFusedKernelsFor(p.hidden_size);
   p.gate_up_blocks_per_sm = decode_moe_fused_gate_up_blocks_per_sm_;
   p.down_blocks_per_sm = decode_moe_fused_down_blocks_per_sm_;

@@ -44,6 +44,7 @@
 #include "kernels/gemm/staged_gemv.h"
 #include "kernels/moe/expert_gemm_cublas.h"
 #include "kernels/moe/moe_decode_fused.h"
+#include "kernels/moe/noaux_tc_router_fused.h"
 #include "worker/backend/backend.h"
 #include "worker/backend/cuda/cublaslt_gemm_tuner.h"
 
@@ -168,6 +169,18 @@ class CudaBackend : public Backend {
     decode_moe_fused_gate_up_blocks_per_sm_ = gate_up_blocks_per_sm;
     decode_moe_fused_down_blocks_per_sm_ = down_blocks_per_sm;
   }
+  // Whether RouteTokens' fused router writes its logits, and the fused MoE block
+  // (RoutedAndSharedExperts, NormedDenseMlp) its act workspace, into buffers the backend owns
+  // (kResidentLogitsBytes, kResidentActBytes; a larger act: scratch) instead of scratch
+  // allocations. Recorded into a graph, a scratch allocation or free between two kernels is a
+  // memory node that keeps the edge between them from being programmatic (docs/cuda.md,
+  // "Allocations beside the chain"): with them resident the router -> gate_up edge is one (and
+  // gate_up's prefetch before its PDL wait runs under the router). Same results bit for bit
+  // (deepinfer-bench --decode-moe-resident-workspaces). Off by default: moe_block_decode_bench
+  // (H200, session 8, docs/kernels.md) measured it 1.3 us a layer faster at Moonlight 1 token,
+  // no faster at 2 tokens, 0.3 % slower at V3 1 token and 25 % slower at V3 2 tokens (not
+  // explained); not yet measured alone in the 27-layer step.
+  void SetDecodeMoeResidentWorkspaces(bool on) { decode_moe_resident_workspaces_ = on; }
   void SetDecodeMoeFusedKernelsAuto() {
     SetDecodeMoeFusedKernels(kernels::MoeDecodeFusedKernels::kPipelined);
     decode_moe_fused_kernels_auto_ = true;
@@ -339,6 +352,11 @@ class CudaBackend : public Backend {
   // 6.1 / 8.2 / 10.5 us a layer at 1 / 8 / 64 / 128 tokens against 8.4 / 11.8 / 12.7 / 12.9 us
   // for the three ops, but 15.4 against 13.4 us at 256.
   static constexpr int32_t kFusedRouterMaxTokens = 128;
+  // SetDecodeMoeResidentWorkspaces' buffers: the fused router's logits at its most tokens and
+  // experts, and 1 MiB of act (Moonlight's block at 2 tokens: 90 KB; V3's: 147 KB).
+  static constexpr size_t kResidentLogitsBytes =
+      size_t{kFusedRouterMaxTokens} * kernels::kMaxFusedRouterExperts * sizeof(float);
+  static constexpr size_t kResidentActBytes = size_t{1} << 20;
   // Whether RouteTokens may use the one-launch kernel (default on); off: the ops of before, for
   // comparisons (deepinfer-bench --fused-router).
   void SetFusedRouter(bool on) { fused_router_ = on; }
@@ -387,7 +405,7 @@ class CudaBackend : public Backend {
   std::unique_ptr<DeviceBuffer> AllocateOnStream(size_t bytes, bool zero);
   CudaBackend(int device, WeightDType weight_dtype, cudaStream_t stream, cublasHandle_t cublas,
               cudaMemPool_t pool, void* cublas_workspace, unsigned int* staged_gemv_counter,
-              uint32_t* route_tile_counters);
+              uint32_t* route_tile_counters, void* resident_workspace);
   // One GEMM of the Gemm layout on cuBLAS. a is fp32 for fp32 weights, bf16 bits otherwise.
   void GemmOnCublas(int64_t m, int64_t n, int64_t k, const void* a, int64_t lda, WeightView w,
                     int64_t ldw, float* c, int64_t ldc, bool accumulate);
@@ -479,6 +497,7 @@ class CudaBackend : public Backend {
   int32_t decode_moe_fused_down_blocks_per_sm_ = 0;
   bool decode_moe_graph_buckets_ = false;
   bool decode_dense_mlp_fused_ = true;
+  bool decode_moe_resident_workspaces_ = false;
   cudaStream_t switch_stream_ = nullptr;  // records CaptureSwitch's bodies; made on first use
 
   const int device_;
@@ -493,6 +512,9 @@ class CudaBackend : public Backend {
   // cudaMalloc'ed, kernels::kFusedRouterTileCounters zeros that every RouteTokensF32 call leaves
   // zero (allocated once: a graph replays the same address; one stream, so calls never overlap).
   uint32_t* route_tile_counters_;
+  // cudaMalloc'ed: kResidentLogitsBytes of router logits, then kResidentActBytes of the fused
+  // MoE block's act (SetDecodeMoeResidentWorkspaces).
+  void* resident_workspace_;
   mutable absl::Mutex mu_;
   absl::Status first_error_ ABSL_GUARDED_BY(mu_);
   // While Capture records: errors go here instead of first_error_ (a failed recording is

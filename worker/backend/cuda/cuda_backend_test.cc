@@ -1096,6 +1096,162 @@ TEST_F(RoutedExpertsTest, RoutedAndSharedExpertsMatchCpuOps) {
   }
 }
 
+// RouteTokens (the post-attention norm into the hidden rows, then the router) followed by
+// RoutedAndSharedExperts, as DeepseekV3Model::Moe issues them, with
+// SetDecodeMoeResidentWorkspaces on (the router's logits and the block's act in the backend's
+// own buffers) and off (scratch): no bit changes (kStationary and kPipelined, 1 and 2 tokens,
+// eager, replayed from one CUDA graph of both ops, and at one token after the norm-folding
+// router), nor in NormedDenseMlp; against the CPU backend on the routing and normed rows the
+// GPU produced.
+TEST_F(RoutedExpertsTest, ResidentWorkspacesChangeNoBit) {
+  constexpr int64_t SI = 2 * I;
+  for (int64_t T : {int64_t{1}, int64_t{2}}) {
+    const uint32_t seed = testing::FreshSeed();
+    SCOPED_TRACE(::testing::Message() << "tokens " << T << " seed " << seed);
+    std::vector<std::unique_ptr<DeviceBuffer>> keep;
+    std::vector<const void*> gu_ptr(E), dn_ptr(E);
+    std::vector<std::vector<float>> gu_ref(E), dn_ref(E);
+    for (int64_t e = 0; e < E; ++e) {
+      gu_ref[e] = testing::RandomFloats(2 * I * H, seed + 10 + e, 0.125f);
+      dn_ref[e] = testing::RandomFloats(H * I, seed + 1000 + e, 0.125f);
+      gu_ptr[e] = GpuBf16(gu_ref[e], &keep).data;
+      dn_ptr[e] = GpuBf16(dn_ref[e], &keep).data;
+      for (float& v : gu_ref[e]) v = RoundToBf16(v);
+      for (float& v : dn_ref[e]) v = RoundToBf16(v);
+    }
+    auto sgu = testing::RandomFloats(2 * SI * H, seed + 7, 0.125f);
+    auto sdn = testing::RandomFloats(H * SI, seed + 8, 0.125f);
+    const WeightView sgu_gpu = GpuBf16(sgu, &keep), sdn_gpu = GpuBf16(sdn, &keep);
+    for (float& v : sgu) v = RoundToBf16(v);
+    for (float& v : sdn) v = RoundToBf16(v);
+    std::vector<float> norm_w = testing::RandomFloats(H, seed + 3, 0.2f);
+    for (float& v : norm_w) v += 1.0f;
+    auto residual = Upload(testing::RandomFloats(T * H, seed + 4, 1.0f));
+    auto dnorm_w = Upload(norm_w);
+    auto router = Upload(testing::RandomFloats(E * H, seed + 5, 0.1f));
+    auto bias = Upload(std::vector<float>(E, 0.0f));
+    auto rows = Poisoned(T * H);
+
+    std::vector<std::unique_ptr<DeviceBuffer>> inputs;
+    auto dout = Poisoned(T * H);
+    // Placeholder routing, replaced by the router's outputs below.
+    RoutedExpertsArgs a = DeviceArgs(T, std::vector<float>(T * H), std::vector<float>(T * K),
+                                     std::vector<int32_t>(T * K), gu_ptr, dn_ptr,
+                                     WeightDType::kBFloat16, dout->as<float>(), &inputs);
+    auto ids = Poisoned(T * K), weights = Poisoned(T * K);
+    a.hidden = rows->as<float>();
+    a.topk_ids = ids->as<int32_t>();
+    a.topk_weights = weights->as<float>();
+    a.shared_inter = SI;
+    a.shared_gate_up = sgu_gpu.data;
+    a.shared_down = sdn_gpu.data;
+    RouteTokensArgs r;
+    r.hidden_size = H;
+    r.hidden = rows->as<float>();
+    r.norm.x = residual->as<float>();
+    r.norm.weight = dnorm_w->as<float>();
+    r.norm.eps = 1e-6f;
+    r.norm.out = rows->as<float>();
+    r.router_weight = router->as<float>();
+    r.route.num_tokens = static_cast<int32_t>(T);
+    r.route.num_experts = static_cast<int32_t>(E);
+    r.route.correction_bias = bias->as<float>();
+    r.route.top_k = static_cast<int32_t>(K);
+    r.route.scaling_factor = 2.446f;
+    r.route.topk_ids = ids->as<int32_t>();
+    r.route.topk_weights = weights->as<float>();
+    // Both ops into a fresh output.
+    auto run = [&](bool resident, bool router_norm, bool capture) {
+      gpu_->SetDecodeMoeResidentWorkspaces(resident);
+      gpu_->SetRouterNorm(router_norm);
+      auto out = Poisoned(T * H);
+      a.out = out->as<float>();
+      bool taken = false;
+      auto ops_fn = [&] {
+        gpu_->RouteTokens(r);
+        taken = gpu_->RoutedAndSharedExperts(a);
+        return absl::OkStatus();
+      };
+      if (capture) {
+        auto ops = gpu_->Capture(ops_fn);
+        EXPECT_TRUE(ops.ok()) << ops.status();
+        if (ops.ok()) {
+          EXPECT_TRUE((*ops)->Replay().ok());
+        }
+      } else {
+        (void)ops_fn();
+      }
+      EXPECT_TRUE(taken);
+      gpu_->SetDecodeMoeResidentWorkspaces(false);
+      gpu_->SetRouterNorm(false);
+      return Download(*out);
+    };
+    for (auto kernels :
+         {kernels::MoeDecodeFusedKernels::kStationary, kernels::MoeDecodeFusedKernels::kPipelined}) {
+      SCOPED_TRACE(::testing::Message() << "kernels " << static_cast<int>(kernels));
+      gpu_->SetDecodeMoeFusedKernels(kernels);
+      const std::vector<float> scratch = run(false, false, false);
+      EXPECT_EQ(run(true, false, false), scratch) << "eager, resident";
+      EXPECT_EQ(run(true, false, true), scratch) << "replayed, resident";
+      EXPECT_EQ(run(false, false, true), scratch) << "replayed, scratch";
+      if (T == 1) {
+        EXPECT_EQ(run(true, true, false), scratch) << "norm-folding router, resident";
+      }
+
+      // The CPU backend on the GPU's normed rows and routing (its own output checked elsewhere).
+      const std::vector<float> x = Download(*rows), w = Download(*weights);
+      std::vector<int32_t> id(T * K);
+      gpu_->CopyToHost(ids->data(), id.size() * sizeof(int32_t), id.data());
+      std::vector<float> want(T * H, 0.0f), gu(2 * SI), act(SI), y(H);
+      for (int64_t t = 0; t < T; ++t) {
+        float* o = want.data() + t * H;
+        for (int64_t k = 0; k < K; ++k) {
+          const int32_t e = id[t * K + k];
+          ASSERT_TRUE(e >= 0 && e < E) << "expert id " << e;
+          cpu_.Gemm(1, 2 * I, H, x.data() + t * H, H, gu_ref[e].data(), H, gu.data(), 2 * I,
+                    false);
+          cpu_.SiluMul(1, I, gu.data(), act.data());
+          cpu_.Gemm(1, H, I, act.data(), I, dn_ref[e].data(), I, y.data(), H, false);
+          for (int64_t i = 0; i < H; ++i) o[i] += w[t * K + k] * y[i];
+        }
+        cpu_.Gemm(1, 2 * SI, H, x.data() + t * H, H, sgu.data(), H, gu.data(), 2 * SI, false);
+        cpu_.SiluMul(1, SI, gu.data(), act.data());
+        cpu_.Gemm(1, H, SI, act.data(), SI, sdn.data(), SI, y.data(), H, false);
+        cpu_.Add(H, o, y.data(), o);
+      }
+      double scale = 0;
+      for (float v : want) scale = std::max(scale, static_cast<double>(std::abs(v)));
+      EXPECT_TRUE(testing::AllClose(scratch, want, 1e-4 * scale, 1e-4));
+    }
+    gpu_->SetDecodeMoeFusedKernelsAuto();
+
+    // NormedDenseMlp (the same kernels, no routed experts) on the shared MLP's weights.
+    if (T == 1) {
+      DenseMlpArgs d;
+      d.rows = 1;
+      d.hidden_size = H;
+      d.inter = SI;
+      d.x = residual->as<float>();
+      d.norm_weight = dnorm_w->as<float>();
+      d.eps = 1e-6f;
+      d.normed = rows->as<float>();
+      d.gate_up = sgu_gpu;
+      d.down = sdn_gpu;
+      std::vector<float> dense[2];
+      for (int resident = 0; resident < 2; ++resident) {
+        gpu_->SetDecodeMoeResidentWorkspaces(resident == 1);
+        auto out = Poisoned(H);
+        d.out = out->as<float>();
+        ASSERT_TRUE(gpu_->NormedDenseMlp(d));
+        dense[resident] = Download(*out);
+      }
+      gpu_->SetDecodeMoeResidentWorkspaces(false);
+      EXPECT_EQ(dense[1], dense[0]) << "NormedDenseMlp, resident";
+    }
+    EXPECT_TRUE(gpu_->status().ok()) << gpu_->status();
+  }
+}
+
 TEST_F(CudaBackendTest, MemoryInfoReportsTheDevice) {
   auto info = gpu_->MemoryInfo();
   ASSERT_TRUE(info.ok()) << info.status();

@@ -10,6 +10,15 @@
 //        at their default grids; "pipe" and "stat" once more at the end (the spread between two
 //        runs of the same case). Session 6's kWarpPerRow (removed) and other grids: git history
 //        (session 7's s7-moeblk / s7-moeblk2 tables in docs/kernels.md).
+//   routed  each layer as the model issues it: CudaBackend::RouteTokens (AddRmsNorm of the
+//        layer's residual row into its hidden rows, then the fused router on them, writing the
+//        layer's own routing) and RoutedAndSharedExperts with kStationary: "rsta" with scratch
+//        logits and act (graph memory nodes between the router and gate_up), "rstW" with
+//        SetDecodeMoeResidentWorkspaces (none: a programmatic edge), twice each (rsta rstW rsta
+//        rstW). The time includes the norm and the router; "diff" is against the first "rsta"
+//        (0: the switch changes no bit); "layer MB" is the fixed routing's (exact at 1 token:
+//        top_k distinct experts either way). Session 8's "rstE" (gate_up computing the shared
+//        experts before its PDL wait, measured slower): git history, docs/kernels.md.
 //
 // Shapes: Moonlight (64 experts, top-6, hidden 2048, moe_intermediate 1408, 2 shared experts)
 // and DeepSeek-V3 (256, top-8, 7168, 2048, 1 shared), bf16 weights. The graph holds kLayers
@@ -58,11 +67,16 @@ struct Shape {
   int64_t hidden;
   int64_t inter;
   int64_t shared;  // n_shared_experts
+  int32_t groups, topk_groups;
+  float scaling;  // routed_scaling_factor
 };
 
 // One layer's inputs on the device.
 struct Layer {
   std::unique_ptr<DeviceBuffer> hidden, hidden_bf16, ids, weights, shared_gate_up, shared_down, out;
+  // The routed cases: the residual row normed into `hidden`, the norm and router weights, the
+  // router's bias and outputs.
+  std::unique_ptr<DeviceBuffer> residual, norm_weight, router, bias, routed_ids, routed_weights;
   int64_t busy_experts = 0;
 };
 
@@ -73,7 +87,8 @@ int Main() {
     return 1;
   }
   CudaBackend& b = **backend;
-  const Shape shapes[] = {{"moonlight", 64, 6, 2048, 1408, 2}, {"v3", 256, 8, 7168, 2048, 1}};
+  const Shape shapes[] = {{"moonlight", 64, 6, 2048, 1408, 2, 1, 1, 2.446f},
+                          {"v3", 256, 8, 7168, 2048, 1, 8, 4, 2.5f}};
   std::printf("%-9s %6s %5s %10s | %-4s %9s %8s %9s %10s\n", "shape", "tokens", "busy", "layer MB",
               "path", "us/layer", "GB/s", "of 4.3TB", "rel diff");
   for (const Shape& s : shapes) {
@@ -140,6 +155,17 @@ int Main() {
           Fail("cudaMemset(shared)");
         }
         L.out = b.Allocate(tokens * H * sizeof(float));
+        std::vector<float> residual(tokens * H), norm_weight(H), router(s.experts * H);
+        for (float& v : residual) v = uni(gen);
+        for (float& v : norm_weight) v = 1.0f + 0.1f * uni(gen);
+        for (float& v : router) v = 0.05f * uni(gen);
+        const std::vector<float> bias(s.experts, 0.0f);
+        L.residual = upload(residual.data(), residual.size() * sizeof(float));
+        L.norm_weight = upload(norm_weight.data(), norm_weight.size() * sizeof(float));
+        L.router = upload(router.data(), router.size() * sizeof(float));
+        L.bias = upload(bias.data(), bias.size() * sizeof(float));
+        L.routed_ids = b.Allocate(tokens * s.top_k * sizeof(int32_t));
+        L.routed_weights = b.Allocate(tokens * s.top_k * sizeof(float));
       }
       auto args_for = [&](Layer& L) {
         RoutedExpertsArgs a;
@@ -180,10 +206,38 @@ int Main() {
       auto new_layer = [&](Layer& L) {
         if (!b.RoutedAndSharedExperts(args_for(L))) Fail("RoutedAndSharedExperts declined");
       };
+      // The model's MoE layer: RouteTokens (the norm into L.hidden, then the router), then the
+      // block on that routing.
+      auto routed_layer = [&](Layer& L) {
+        RouteTokensArgs ra;
+        ra.hidden_size = H;
+        ra.hidden = L.hidden->as<float>();
+        ra.norm.x = L.residual->as<float>();
+        ra.norm.weight = L.norm_weight->as<float>();
+        ra.norm.eps = 1e-6f;
+        ra.norm.out = L.hidden->as<float>();
+        ra.router_weight = L.router->as<float>();
+        ra.route.num_tokens = tokens;
+        ra.route.num_experts = s.experts;
+        ra.route.correction_bias = L.bias->as<float>();
+        ra.route.num_groups = s.groups;
+        ra.route.topk_groups = s.topk_groups;
+        ra.route.top_k = s.top_k;
+        ra.route.normalize = true;
+        ra.route.scaling_factor = s.scaling;
+        ra.route.topk_ids = L.routed_ids->as<int32_t>();
+        ra.route.topk_weights = L.routed_weights->as<float>();
+        b.RouteTokens(ra);
+        RoutedExpertsArgs a = args_for(L);
+        a.topk_ids = L.routed_ids->as<int32_t>();
+        a.topk_weights = L.routed_weights->as<float>();
+        if (!b.RoutedAndSharedExperts(a)) Fail("RoutedAndSharedExperts declined (routed)");
+      };
       struct Path {
         const char* name;
         kernels::MoeDecodeFusedKernels kernels;
         int32_t gate_up_blocks_per_sm, down_blocks_per_sm;
+        bool routed = false, resident = false;
       };
       const Path paths[] = {
           {"old", kernels::MoeDecodeFusedKernels::kPersistent, 0, 0},  // not fused
@@ -192,16 +246,29 @@ int Main() {
           {"stat", kernels::MoeDecodeFusedKernels::kStationary, 0, 0},
           {"pipe", kernels::MoeDecodeFusedKernels::kPipelined, 0, 0},  // again: drift check
           {"stat", kernels::MoeDecodeFusedKernels::kStationary, 0, 0},
+          {"rsta", kernels::MoeDecodeFusedKernels::kStationary, 0, 0, true, false},
+          {"rstW", kernels::MoeDecodeFusedKernels::kStationary, 0, 0, true, true},
+          {"rsta", kernels::MoeDecodeFusedKernels::kStationary, 0, 0, true, false},
+          {"rstW", kernels::MoeDecodeFusedKernels::kStationary, 0, 0, true, true},
       };
       int64_t layer_bytes = 0;
       for (const Layer& L : layers) layer_bytes += L.busy_experts * per_expert + 3 * SI * H * 2;
       layer_bytes /= kLayers;
-      std::vector<float> old_out;
+      std::vector<float> old_out, routed_out;
       for (int path = 0; path < static_cast<int>(std::size(paths)); ++path) {
-        b.SetDecodeMoeFusedKernels(paths[path].kernels, paths[path].gate_up_blocks_per_sm,
-                                   paths[path].down_blocks_per_sm);
+        const Path& pa = paths[path];
+        b.SetDecodeMoeFusedKernels(pa.kernels, pa.gate_up_blocks_per_sm, pa.down_blocks_per_sm);
+        b.SetDecodeMoeResidentWorkspaces(pa.resident);
         auto ops = b.Capture([&] {
-          for (Layer& L : layers) path == 0 ? old_layer(L) : new_layer(L);
+          for (Layer& L : layers) {
+            if (path == 0) {
+              old_layer(L);
+            } else if (pa.routed) {
+              routed_layer(L);
+            } else {
+              new_layer(L);
+            }
+          }
           return absl::OkStatus();
         });
         if (!ops.ok()) {
@@ -220,11 +287,14 @@ int Main() {
         double diff = 0;
         if (path == 0) {
           old_out = out;
+        } else if (pa.routed && routed_out.empty()) {
+          routed_out = out;
         } else {
+          const std::vector<float>& ref = pa.routed ? routed_out : old_out;
           double scale = 0;
           for (size_t i = 0; i < out.size(); ++i) {
-            diff = std::max(diff, std::abs(static_cast<double>(out[i]) - old_out[i]));
-            scale = std::max(scale, std::abs(static_cast<double>(old_out[i])));
+            diff = std::max(diff, std::abs(static_cast<double>(out[i]) - ref[i]));
+            scale = std::max(scale, std::abs(static_cast<double>(ref[i])));
           }
           diff /= std::max(scale, 1e-30);
         }
@@ -232,7 +302,7 @@ int Main() {
         const double gbs = layer_bytes / (t * 1e-6) / 1e9;
         std::printf("%-9s %6d %5lld %10.1f | %-4s %9.1f %8.0f %9.3f %10.3g\n", s.name, tokens,
                     static_cast<long long>(layers.back().busy_experts), layer_bytes / 1e6,
-                    paths[path].name, t, gbs, gbs * 1e9 / kRooflineBytesPerSecond, diff);
+                    pa.name, t, gbs, gbs * 1e9 / kRooflineBytesPerSecond, diff);
         std::fflush(stdout);
       }
     }
