@@ -93,7 +93,7 @@ struct BenchConfig {
   int64_t mla_decode_small_max_context = 0;
   // CUDA only: CudaBackend::SetMlaDecodeSmallEarlyDependents (the W_uv GEMV scheduled beside
   // the one-launch attention kernel).
-  bool mla_decode_small_early_dependents = true;
+  bool mla_decode_small_early_dependents = false;
   // CUDA only: CudaBackend::SetNormRopeCacheAbsorbFused (the latent norm + rope + cache write and
   // the W_uk product in one launch at one decode token); false: two launches as before.
   bool norm_rope_cache_absorb_fused = true;
