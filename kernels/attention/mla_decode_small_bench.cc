@@ -205,7 +205,8 @@ void RunChain(int32_t context, cudaStream_t stream) {
   p.q_rope_token_stride = kHeads * qk, p.q_rope_head_stride = qk;
   p.cache = {nr.cache, kBlockSize, kLatent, kRope, kernels::LatentCacheType::kBFloat16};
   p.block_tables = Upload(tables), p.max_blocks_per_seq = blocks;
-  p.token_seq = Upload(std::vector<int32_t>{0}), p.context_len = Upload(std::vector<int32_t>{context});
+  p.token_seq = Upload(std::vector<int32_t>{0}),
+  p.context_len = Upload(std::vector<int32_t>{context});
   p.softmax_scale = 1.0f / std::sqrt(192.0f), p.out_latent = o_latent;
   kernels::SmallMGemmParams uv;
   uv.m = 1, uv.n = vd, uv.k = kLatent, uv.a = o_latent, uv.lda = kHeads * kLatent, uv.w = wuv;

@@ -126,7 +126,7 @@ struct AbsorbRow {
 
 template <int G>
 __device__ __forceinline__ AbsorbRow AbsorbRowOf(const NormRopeCacheParams& p,
-                                                    const AbsorbQueryParams& a) {
+                                                 const AbsorbQueryParams& a) {
   constexpr int kRowsPerBlock = kNormThreads / G;
   const int64_t blocks_per_head = (a.latent_dim + kRowsPerBlock - 1) / kRowsPerBlock;
   const int64_t b = static_cast<int64_t>(blockIdx.x) - p.tokens;
@@ -206,8 +206,8 @@ cudaError_t LaunchNormRopeCacheAbsorb(const NormRopeCacheParams& p, const Absorb
 }
 
 template <typename T>
-cudaError_t LaunchNormRopeCacheAbsorbForK(const NormRopeCacheParams& p,
-                                          const AbsorbQueryParams& a, cudaStream_t stream) {
+cudaError_t LaunchNormRopeCacheAbsorbForK(const NormRopeCacheParams& p, const AbsorbQueryParams& a,
+                                          cudaStream_t stream) {
   // SmallMGemmBf16's group width for k = nope_dim.
   if (a.nope_dim >= 256) return LaunchNormRopeCacheAbsorb<T, 32>(p, a, stream);
   if (a.nope_dim >= 128) return LaunchNormRopeCacheAbsorb<T, 16>(p, a, stream);

@@ -180,13 +180,13 @@ TEST(RopeKernelTest, NormRopeCacheAbsorbQueryMatchesCpuAndTheTwoLaunches) {
     bool bf16;
   };
   const int64_t R = 64;
-  for (const Case& c : {Case{1, 16, 128, 512, true}, Case{1, 16, 128, 512, false},
-                        Case{3, 5, 64, 100, true}, Case{4, 2, 256, 512, true},
-                        Case{2, 3, 320, 264, false}}) {
+  for (const Case& c :
+       {Case{1, 16, 128, 512, true}, Case{1, 16, 128, 512, false}, Case{3, 5, 64, 100, true},
+        Case{4, 2, 256, 512, true}, Case{2, 3, 320, 264, false}}) {
     const uint32_t seed = testing::FreshSeed();
-    SCOPED_TRACE(::testing::Message() << "tokens " << c.tokens << " heads " << c.heads << " nope "
-                                      << c.nope << " latent " << c.latent << " bf16 " << c.bf16
-                                      << " seed " << seed);
+    SCOPED_TRACE(::testing::Message()
+                 << "tokens " << c.tokens << " heads " << c.heads << " nope " << c.nope
+                 << " latent " << c.latent << " bf16 " << c.bf16 << " seed " << seed);
     const int64_t T = c.tokens, L = c.latent, nh = c.heads, nope = c.nope;
     const int64_t qk = nope + R, kvw = L + R, slots_total = 9;
     const std::vector<int32_t> all_slots = {5, 0, 8, 2};
@@ -198,8 +198,8 @@ TEST(RopeKernelTest, NormRopeCacheAbsorbQueryMatchesCpuAndTheTwoLaunches) {
     auto kv = testing::RandomFloats(T * kvw, seed, 2.0f);
     auto q = testing::RandomFloats(T * nh * qk, seed + 1);
     auto w = testing::RandomFloats(L, seed + 2);
-    const std::vector<uint16_t> wuk = FloatsToBf16Bits(testing::RandomFloats(nh * L * nope,
-                                                                             seed + 3, 0.1f));
+    const std::vector<uint16_t> wuk =
+        FloatsToBf16Bits(testing::RandomFloats(nh * L * nope, seed + 3, 0.1f));
     const size_t value_bytes = c.bf16 ? 2 : 4;
     std::vector<uint8_t> cache0(slots_total * kvw * value_bytes, 0x5a);
 

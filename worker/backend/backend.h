@@ -191,7 +191,7 @@ struct AbsorbQueryArgs {
   // Head h of token t at q_nope + t*q_token_stride + h*q_head_stride: nope_dim values.
   const float* q_nope = nullptr;
   int64_t q_token_stride = 0, q_head_stride = 0;
-  WeightView w_uk;  // head h: [latent_dim, nope_dim] at h * latent_dim * nope_dim
+  WeightView w_uk;            // head h: [latent_dim, nope_dim] at h * latent_dim * nope_dim
   float* q_latent = nullptr;  // [tokens, heads, latent_dim]
 };
 
