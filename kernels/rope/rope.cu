@@ -110,9 +110,9 @@ __device__ void NormRopeCacheBody(NormRopeCacheParams p) {
 }
 
 // NormRopeCacheAbsorbQueryF32: blocks [0, tokens) run NormRopeCacheToken, the others the W_uk
-// product, kThreadsPerRow (G) lanes a weight row as SmallMGemmBf16's kRowPerGroup (same lanes,
-// same chunk order, same shuffle sums), each lane at most kAbsorbChunks 16-byte chunks of it,
-// all loaded before the wait.
+// product, G lanes a weight row as SmallMGemmBf16's kRowPerGroup (same lanes, same chunk order,
+// same shuffle sums, so the same bits), each lane at most kAbsorbChunks 16-byte chunks of it,
+// all loaded before the wait (W_uk is never written during a step).
 constexpr int kAbsorbChunks = 2;
 
 struct AbsorbChunks {

@@ -68,7 +68,8 @@ bool NormRopeCacheAbsorbQuerySupported(const NormRopeCacheParams& p, const Absor
 // launch: the W_uk rows are loaded before the wait): one block per token runs the former, the
 // other blocks the product, with SmallMGemmBf16's row-per-group arithmetic (kRowPerGroup,
 // 8/16/32 lanes a row for nope_dim from 64/128/256), so the output has the bits of
-// NormRopeWriteLatentCacheF32 followed by SmallMGemmBf16 with m = tokens, batch = heads. The
+// NormRopeWriteLatentCacheF32 followed by SmallMGemmBf16 with m = tokens, batch = heads and
+// algo kRowPerGroup (kAuto's choice below nope_dim 512, e.g. DeepSeek's 128). The
 // query rope slices p.q (rotated in place) must not overlap a's q_nope slices. Saves one link of
 // the decode step's launch chain (docs/cuda.md, "Norm, rope, cache and W_uk in one launch").
 // cudaErrorInvalidValue (launching nothing) where NormRopeCacheAbsorbQuerySupported is false.

@@ -835,7 +835,8 @@ void CudaBackend::NormRopeWriteLatentCache(const NormRopeCacheArgs& a) {
 }
 
 void CudaBackend::NormRopeCacheAbsorbQuery(const NormRopeCacheArgs& nr, const AbsorbQueryArgs& aq) {
-  if (norm_rope_cache_absorb_fused_ && nr.tokens >= 1 &&
+  // With SetSmallMGemm(false) (cuBLAS GEMMs, for comparisons) the product stays on cuBLAS too.
+  if (norm_rope_cache_absorb_fused_ && small_m_gemm_ && nr.tokens >= 1 &&
       nr.tokens <= kNormRopeCacheAbsorbMaxTokens && aq.w_uk.dtype == WeightDType::kBFloat16) {
     const kernels::NormRopeCacheParams p = NormRopeCacheParamsFor(nr);
     kernels::AbsorbQueryParams a;

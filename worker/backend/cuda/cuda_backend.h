@@ -260,7 +260,7 @@ class CudaBackend : public Backend {
   void FillDummy(const DummyFill& fill, int64_t n, WeightDType dtype, void* out) override;
   // kernels::NormRopeWriteLatentCacheF32: one launch.
   void NormRopeWriteLatentCache(const NormRopeCacheArgs& args) override;
-  // With norm_rope_cache_absorb_fused() on (the default), bf16 W_uk, up to
+  // With norm_rope_cache_absorb_fused() on (the default), SetSmallMGemm on, bf16 W_uk, up to
   // kNormRopeCacheAbsorbMaxTokens tokens and params kernels::NormRopeCacheAbsorbQuerySupported
   // takes: kernels::NormRopeCacheAbsorbQueryF32, one launch with the bits of the two ops (the
   // W_uk product as SmallMGemmBf16 computes it); otherwise Backend's two ops. Measured on the
