@@ -6,7 +6,10 @@
 // mean per call of 10 calls captured in one CUDA graph and replayed 5 times (as the decode step
 // runs them; MlaAttentionF32 as the backend calls it, allocating its workspace in the stream,
 // and with a caller's workspace), the eager median of 20, and the largest difference between
-// the two kernels' outputs.
+// the two kernels' outputs. `chain`: one token's attention core as the decode step runs it at
+// 1024 positions (norm + rope + cache write, W_uk, MlaDecodeSmall, W_uv; PDL as in the model):
+// the first two as two launches or one (NormRopeCacheAbsorbQueryF32), MlaDecodeSmall with and
+// without early_dependents, 10 chains per graph.
 #include <cuda_runtime_api.h>
 
 #include <cmath>
@@ -19,6 +22,8 @@
 
 #include "kernels/attention/mla_attention.h"
 #include "kernels/attention/mla_decode_small.h"
+#include "kernels/gemm/small_m_gemm.h"
+#include "kernels/rope/rope.h"
 #include "kernels/testing/bench_util.h"
 
 namespace deepinfer {
@@ -157,13 +162,92 @@ void Run(int32_t seqs, int32_t context, bool every_shape, cudaStream_t stream) {
   std::fflush(stdout);
 }
 
+// The attention core of one decode token at `context` positions, each arm a graph of 10 chains.
+void RunChain(int32_t context, cudaStream_t stream) {
+  const int64_t entry = kLatent + kRope, nope = 128, qk = nope + kRope, vd = 128;
+  const int32_t blocks = (context + kBlockSize - 1) / kBlockSize;
+  std::vector<int32_t> tables(blocks);
+  for (int32_t b = 0; b < blocks; ++b) tables[b] = b;
+  const std::vector<float> values = Uniform(static_cast<size_t>(blocks) * kBlockSize * entry, 1);
+  std::vector<uint16_t> cache16(values.size());
+  for (size_t i = 0; i < values.size(); ++i) cache16[i] = Bf16Bits(values[i]);
+  auto bf16 = [](const std::vector<float>& v) {
+    std::vector<uint16_t> b(v.size());
+    for (size_t i = 0; i < v.size(); ++i) b[i] = Bf16Bits(v[i] * 0.05f);
+    return b;
+  };
+  float* q = Upload(Uniform(kHeads * qk, 3));
+  float* kv = Upload(Uniform(entry, 4));
+  float* q_latent = bench::DeviceAlloc<float>(kHeads * kLatent * sizeof(float));
+  float* o_latent = bench::DeviceAlloc<float>(kHeads * kLatent * sizeof(float));
+  float* o = bench::DeviceAlloc<float>(kHeads * vd * sizeof(float));
+  const uint16_t* wuk = Upload(bf16(Uniform(kHeads * kLatent * nope, 5)));
+  const uint16_t* wuv = Upload(bf16(Uniform(kHeads * vd * kLatent, 6)));
+  std::vector<float> inv(kRope / 2);
+  for (int j = 0; j < kRope / 2; ++j) inv[j] = std::pow(10000.0f, -2.0f * j / kRope);
+  const std::vector<int32_t> pos = {context - 1}, slot = {context - 1};
+
+  kernels::NormRopeCacheParams nr;
+  nr.tokens = 1, nr.kv = kv, nr.ld_kv = entry, nr.norm_weight = Upload(Uniform(kLatent, 7));
+  nr.latent_dim = kLatent, nr.rope_dim = kRope;
+  nr.q = q + nope, nr.q_heads = kHeads, nr.q_token_stride = kHeads * qk, nr.q_head_stride = qk;
+  nr.positions = Upload(pos), nr.inv_freq = Upload(inv), nr.interleaved = true;
+  nr.slots = Upload(slot), nr.cache = Upload(cache16), nr.cache_bf16 = true;
+  kernels::AbsorbQueryParams aq;
+  aq.heads = kHeads, aq.nope_dim = nope, aq.latent_dim = kLatent, aq.q_nope = q;
+  aq.q_token_stride = kHeads * qk, aq.q_head_stride = qk, aq.w = wuk, aq.out = q_latent;
+  kernels::SmallMGemmParams uk;
+  uk.m = 1, uk.n = kLatent, uk.k = nope, uk.a = q, uk.lda = kHeads * qk, uk.w = wuk;
+  uk.ldw = nope, uk.c = q_latent, uk.ldc = kHeads * kLatent, uk.batch = kHeads;
+  uk.stride_a = qk, uk.stride_w = kLatent * nope, uk.stride_c = kLatent;
+  kernels::MlaAttentionParams p;
+  p.num_tokens = 1, p.num_heads = kHeads, p.q_latent = q_latent, p.q_rope = q + nope;
+  p.q_rope_token_stride = kHeads * qk, p.q_rope_head_stride = qk;
+  p.cache = {nr.cache, kBlockSize, kLatent, kRope, kernels::LatentCacheType::kBFloat16};
+  p.block_tables = Upload(tables), p.max_blocks_per_seq = blocks;
+  p.token_seq = Upload(std::vector<int32_t>{0}),
+  p.context_len = Upload(std::vector<int32_t>{context});
+  p.softmax_scale = 1.0f / std::sqrt(192.0f), p.out_latent = o_latent;
+  kernels::SmallMGemmParams uv;
+  uv.m = 1, uv.n = vd, uv.k = kLatent, uv.a = o_latent, uv.lda = kHeads * kLatent, uv.w = wuv;
+  uv.ldw = kLatent, uv.c = o, uv.ldc = kHeads * vd, uv.batch = kHeads, uv.stride_a = kLatent;
+  uv.stride_w = vd * kLatent, uv.stride_c = vd;
+  if (!kernels::MlaDecodeSmallSupported(p)) {
+    std::printf("chain: MlaDecodeSmall not supported on this device\n");
+    return;
+  }
+  // The arms alternate twice (A B C D A B C D): same-process drift shows as their spread.
+  for (int round = 0; round < 2; ++round) {
+    for (int arm = 0; arm < 4; ++arm) {
+      const bool fused = arm & 1, early = arm & 2;
+      kernels::MlaDecodeSmallOptions mo;
+      mo.early_dependents = early;
+      const double ms = GraphMs(
+          [&](cudaStream_t s) {
+            cudaError_t e = fused ? kernels::NormRopeCacheAbsorbQueryF32(nr, aq, s)
+                                  : kernels::NormRopeWriteLatentCacheF32(nr, s);
+            if (e == cudaSuccess && !fused) e = kernels::SmallMGemmBf16(uk, s);
+            if (e == cudaSuccess) e = kernels::MlaDecodeSmall(p, mo, s);
+            if (e == cudaSuccess) e = kernels::SmallMGemmBf16(uv, s);
+            return e;
+          },
+          stream);
+      std::printf("chain ctx%d  norm-rope-cache + W_uk %-12s MlaDecodeSmall %-16s %8.2f us\n",
+                  context, fused ? "one launch" : "two launches",
+                  early ? "early dependents" : "plain", ms * 1e3);
+    }
+  }
+  std::fflush(stdout);
+}
+
 }  // namespace
 }  // namespace deepinfer
 
 int main(int argc, char** argv) {
   const bool full = argc > 1 && std::strcmp(argv[1], "full") == 0;
-  if (argc > 2 || (argc == 2 && !full)) {
-    std::fprintf(stderr, "usage: mla_decode_small_bench [full]\n");
+  const bool chain = argc > 1 && std::strcmp(argv[1], "chain") == 0;
+  if (argc > 2 || (argc == 2 && !full && !chain)) {
+    std::fprintf(stderr, "usage: mla_decode_small_bench [full | chain]\n");
     return 2;
   }
   int n = 0;
@@ -177,6 +261,10 @@ int main(int argc, char** argv) {
               prop.name, prop.multiProcessorCount);
   cudaStream_t stream;
   BENCH_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  if (chain) {
+    deepinfer::RunChain(1024, stream);
+    return 0;
+  }
   for (int32_t context : {512, 1024, 1536, 2048, 2560, 3072, 3584, 4096}) {
     deepinfer::Run(1, context, /*every_shape=*/false, stream);
   }

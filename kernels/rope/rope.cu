@@ -3,6 +3,8 @@
 // intrinsics would differ from it by more than the parity tolerance allows for.
 #include <cuda_bf16.h>
 
+#include <cstdint>
+
 #include "kernels/common/launch.cuh"
 #include "kernels/rope/rope.h"
 
@@ -60,11 +62,11 @@ __device__ __forceinline__ void StoreEntry(float x, __nv_bfloat16* dst) {
   *dst = __float2bfloat16_rn(x);
 }
 
+// NormRopeWriteLatentCacheF32's work for token t, by one block of kNormThreads threads.
 template <typename T>
-__device__ void NormRopeCacheBody(NormRopeCacheParams p) {
+__device__ void NormRopeCacheToken(const NormRopeCacheParams& p, int64_t t) {
   __shared__ float partial[kNormThreads / 32];
   __shared__ float inv_rms;
-  const int64_t t = blockIdx.x;
   const int64_t latent = p.latent_dim, half = p.rope_dim / 2;
   const float* kv = p.kv + t * p.ld_kv;
   T* dst = static_cast<T*>(p.cache) + static_cast<int64_t>(p.slots[t]) * (latent + p.rope_dim);
@@ -102,6 +104,123 @@ __device__ void NormRopeCacheBody(NormRopeCacheParams p) {
   }
 }
 
+template <typename T>
+__device__ void NormRopeCacheBody(NormRopeCacheParams p) {
+  NormRopeCacheToken<T>(p, blockIdx.x);
+}
+
+// NormRopeCacheAbsorbQueryF32: blocks [0, tokens) run NormRopeCacheToken, the others the W_uk
+// product, G lanes a weight row as SmallMGemmBf16's kRowPerGroup (same lanes, same chunk order,
+// same shuffle sums, so the same bits), each lane at most kAbsorbChunks 16-byte chunks of it,
+// all loaded before the wait (W_uk is never written during a step).
+constexpr int kAbsorbChunks = 2;
+
+struct AbsorbChunks {
+  uint4 q[kAbsorbChunks];
+};
+
+// This thread's weight row of the product: token t, head h, row j (j >= latent_dim: none).
+struct AbsorbRow {
+  int64_t t, h, j;
+};
+
+template <int G>
+__device__ __forceinline__ AbsorbRow AbsorbRowOf(const NormRopeCacheParams& p,
+                                                 const AbsorbQueryParams& a) {
+  constexpr int kRowsPerBlock = kNormThreads / G;
+  const int64_t blocks_per_head = (a.latent_dim + kRowsPerBlock - 1) / kRowsPerBlock;
+  const int64_t b = static_cast<int64_t>(blockIdx.x) - p.tokens;
+  AbsorbRow r;
+  r.t = b / (a.heads * blocks_per_head);
+  const int64_t in_token = b % (a.heads * blocks_per_head);
+  r.h = in_token / blocks_per_head;
+  r.j = in_token % blocks_per_head * kRowsPerBlock + threadIdx.x / G;
+  return r;
+}
+
+template <int G>
+__device__ AbsorbChunks AbsorbPrefetch(NormRopeCacheParams p, AbsorbQueryParams a) {
+  AbsorbChunks c = {};
+  if (blockIdx.x < p.tokens) return c;
+  const AbsorbRow r = AbsorbRowOf<G>(p, a);
+  if (r.j >= a.latent_dim) return c;
+  const uint16_t* wr = a.w + (r.h * a.latent_dim + r.j) * a.nope_dim;
+#pragma unroll
+  for (int u = 0; u < kAbsorbChunks; ++u) {
+    const int64_t k0 = 8 * (threadIdx.x % G) + u * 8 * G;
+    if (k0 < a.nope_dim) c.q[u] = __ldg(reinterpret_cast<const uint4*>(wr + k0));
+  }
+  return c;
+}
+
+__device__ __forceinline__ float RoundBf16(float x) {
+  return __bfloat162float(__float2bfloat16_rn(x));
+}
+
+template <typename T, int G>
+__device__ void NormRopeCacheAbsorbBody(const AbsorbChunks& c, NormRopeCacheParams p,
+                                        AbsorbQueryParams a) {
+  if (blockIdx.x < p.tokens) {
+    NormRopeCacheToken<T>(p, blockIdx.x);
+    return;
+  }
+  const AbsorbRow r = AbsorbRowOf<G>(p, a);
+  float acc = 0.0f;
+  if (r.j < a.latent_dim) {
+    const float* q = a.q_nope + r.t * a.q_token_stride + r.h * a.q_head_stride;
+#pragma unroll
+    for (int u = 0; u < kAbsorbChunks; ++u) {
+      const int64_t k0 = 8 * (threadIdx.x % G) + u * 8 * G;
+      if (k0 >= a.nope_dim) continue;
+      // Plain loads: the token's rope slices are rotated in place by this grid's other blocks.
+      const float4 x = *reinterpret_cast<const float4*>(q + k0);
+      const float4 y = *reinterpret_cast<const float4*>(q + k0 + 4);
+      const float av[8] = {RoundBf16(x.x), RoundBf16(x.y), RoundBf16(x.z), RoundBf16(x.w),
+                           RoundBf16(y.x), RoundBf16(y.y), RoundBf16(y.z), RoundBf16(y.w)};
+      const uint4 w = c.q[u];
+      const float wv[8] = {__uint_as_float(w.x << 16), __uint_as_float(w.x & 0xffff0000u),
+                           __uint_as_float(w.y << 16), __uint_as_float(w.y & 0xffff0000u),
+                           __uint_as_float(w.z << 16), __uint_as_float(w.z & 0xffff0000u),
+                           __uint_as_float(w.w << 16), __uint_as_float(w.w & 0xffff0000u)};
+#pragma unroll
+      for (int e = 0; e < 8; ++e) acc = fmaf(av[e], wv[e], acc);
+    }
+  }
+#pragma unroll
+  for (int o = G / 2; o > 0; o >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, o);
+  if (r.j < a.latent_dim && threadIdx.x % G == 0) {
+    a.out[(r.t * a.heads + r.h) * a.latent_dim + r.j] = acc;
+  }
+}
+
+template <typename T, int G>
+cudaError_t LaunchNormRopeCacheAbsorb(const NormRopeCacheParams& p, const AbsorbQueryParams& a,
+                                      cudaStream_t stream) {
+  constexpr int64_t kRowsPerBlock = kNormThreads / G;
+  const int64_t blocks =
+      p.tokens + p.tokens * a.heads * ((a.latent_dim + kRowsPerBlock - 1) / kRowsPerBlock);
+  if (blocks > 0x7fffffff) return cudaErrorInvalidValue;
+  return LaunchPrefetchThenAfterPrecedingGrids<AbsorbPrefetch<G>, NormRopeCacheAbsorbBody<T, G>,
+                                               kNormThreads>(static_cast<unsigned>(blocks), 0,
+                                                             stream, p, a);
+}
+
+template <typename T>
+cudaError_t LaunchNormRopeCacheAbsorbForK(const NormRopeCacheParams& p, const AbsorbQueryParams& a,
+                                          cudaStream_t stream) {
+  // SmallMGemmBf16's group width for k = nope_dim.
+  if (a.nope_dim >= 256) return LaunchNormRopeCacheAbsorb<T, 32>(p, a, stream);
+  if (a.nope_dim >= 128) return LaunchNormRopeCacheAbsorb<T, 16>(p, a, stream);
+  return LaunchNormRopeCacheAbsorb<T, 8>(p, a, stream);
+}
+
+bool Aligned16(const void* ptr) { return reinterpret_cast<uintptr_t>(ptr) % 16 == 0; }
+
+bool NormRopeCacheParamsValid(const NormRopeCacheParams& p) {
+  return p.tokens <= 0x7fffffff && p.rope_dim % 2 == 0 && p.latent_dim > 0 && p.rope_dim >= 0 &&
+         (p.q_heads == 0 || p.q != nullptr);
+}
+
 }  // namespace
 
 cudaError_t ApplyRopeF32(int64_t tokens, int64_t heads, float* x, int64_t token_stride,
@@ -117,16 +236,29 @@ cudaError_t ApplyRopeF32(int64_t tokens, int64_t heads, float* x, int64_t token_
 
 cudaError_t NormRopeWriteLatentCacheF32(const NormRopeCacheParams& p, cudaStream_t stream) {
   if (p.tokens <= 0) return cudaSuccess;
-  if (p.tokens > 0x7fffffff || p.rope_dim % 2 != 0 || p.latent_dim <= 0 || p.rope_dim < 0 ||
-      (p.q_heads > 0 && p.q == nullptr)) {
-    return cudaErrorInvalidValue;
-  }
+  if (!NormRopeCacheParamsValid(p)) return cudaErrorInvalidValue;
   const unsigned grid = static_cast<unsigned>(p.tokens);
   if (p.cache_bf16) {
     return LaunchAfterPrecedingGrids<NormRopeCacheBody<__nv_bfloat16>, kNormThreads>(grid, 0,
                                                                                      stream, p);
   }
   return LaunchAfterPrecedingGrids<NormRopeCacheBody<float>, kNormThreads>(grid, 0, stream, p);
+}
+
+bool NormRopeCacheAbsorbQuerySupported(const NormRopeCacheParams& p, const AbsorbQueryParams& a) {
+  return NormRopeCacheParamsValid(p) && p.tokens >= 1 && p.tokens <= 4 && p.q != nullptr &&
+         p.q_heads > 0 && a.heads >= 1 && a.heads <= 65535 && a.latent_dim >= 1 &&
+         a.latent_dim <= (int64_t{1} << 20) && a.nope_dim >= 64 && a.nope_dim <= 512 &&
+         a.nope_dim % 8 == 0 && a.q_nope != nullptr && a.w != nullptr && a.out != nullptr &&
+         Aligned16(a.q_nope) && Aligned16(a.w) && a.q_token_stride % 4 == 0 &&
+         a.q_head_stride % 4 == 0;
+}
+
+cudaError_t NormRopeCacheAbsorbQueryF32(const NormRopeCacheParams& p, const AbsorbQueryParams& a,
+                                        cudaStream_t stream) {
+  if (!NormRopeCacheAbsorbQuerySupported(p, a)) return cudaErrorInvalidValue;
+  if (p.cache_bf16) return LaunchNormRopeCacheAbsorbForK<__nv_bfloat16>(p, a, stream);
+  return LaunchNormRopeCacheAbsorbForK<float>(p, a, stream);
 }
 
 }  // namespace kernels

@@ -46,6 +46,36 @@ struct NormRopeCacheParams {
 };
 cudaError_t NormRopeWriteLatentCacheF32(const NormRopeCacheParams& p, cudaStream_t stream);
 
+// The absorbed MLA query of the same step: out[t, h, j] = sum_p bf16(q_nope[t, h, p]) * w[h, j, p]
+// (fp32 accumulation), the W_uk product the model otherwise runs as a BatchedGemm.
+struct AbsorbQueryParams {
+  int64_t heads = 0, nope_dim = 0, latent_dim = 0;
+  // Head h of token t: q_nope + t*q_token_stride + h*q_head_stride, nope_dim fp32 values.
+  const float* q_nope = nullptr;
+  int64_t q_token_stride = 0, q_head_stride = 0;
+  // bf16 bits: row j of head h at w + h*latent_dim*nope_dim + j*nope_dim.
+  const uint16_t* w = nullptr;
+  // out + t*heads*latent_dim + h*latent_dim + j.
+  float* out = nullptr;
+};
+
+// Whether NormRopeCacheAbsorbQueryF32 takes these params: 1 <= tokens <= 4, a query rope (q,
+// q_heads > 0), 64 <= nope_dim <= 512 with nope_dim % 8 == 0, q_nope, its strides and w 16-byte
+// aligned.
+bool NormRopeCacheAbsorbQuerySupported(const NormRopeCacheParams& p, const AbsorbQueryParams& a);
+
+// NormRopeWriteLatentCacheF32(p) and the absorbed query a in one launch (programmatic dependent
+// launch: the W_uk rows are loaded before the wait): one block per token runs the former, the
+// other blocks the product, with SmallMGemmBf16's row-per-group arithmetic (kRowPerGroup,
+// 8/16/32 lanes a row for nope_dim from 64/128/256), so the output has the bits of
+// NormRopeWriteLatentCacheF32 followed by SmallMGemmBf16 with m = tokens, batch = heads and
+// algo kRowPerGroup (kAuto's choice below nope_dim 512, e.g. DeepSeek's 128). The
+// query rope slices p.q (rotated in place) must not overlap a's q_nope slices. Saves one link of
+// the decode step's launch chain (docs/cuda.md, "Norm, rope, cache and W_uk in one launch").
+// cudaErrorInvalidValue (launching nothing) where NormRopeCacheAbsorbQuerySupported is false.
+cudaError_t NormRopeCacheAbsorbQueryF32(const NormRopeCacheParams& p, const AbsorbQueryParams& a,
+                                        cudaStream_t stream);
+
 }  // namespace kernels
 }  // namespace deepinfer
 

@@ -11,6 +11,7 @@
 
 #include "gtest/gtest.h"
 #include "kernels/attention/mla_attention.h"
+#include "kernels/gemm/small_m_gemm.h"
 #include "kernels/norm/rms_norm.h"
 #include "kernels/testing/gpu_test_util.h"
 #include "worker/backend/bf16.h"
@@ -163,6 +164,156 @@ TEST(RopeKernelTest, NormRopeWriteLatentCacheMatchesCpuAndTheUnfusedKernels) {
       }
     }
   }
+}
+
+// NormRopeCacheAbsorbQueryF32 against CpuBackend::NormRopeCacheAbsorbQuery (its
+// NormRopeWriteLatentCache + BatchedGemm with bf16 W_uk), and bit for bit against the two
+// launches it replaces (NormRopeWriteLatentCacheF32, then SmallMGemmBf16 with m = tokens and
+// batch = heads, the CUDA backend's W_uk product): 1-4 tokens, nope 64 / 128 / 256 / 320 (8, 16
+// and 32 lanes a row, one or two chunks a lane), a latent not a multiple of a block's rows, both
+// caches. The whole query, cache and output are compared (poisoned output: unwritten rows fail).
+TEST(RopeKernelTest, NormRopeCacheAbsorbQueryMatchesCpuAndTheTwoLaunches) {
+  DEEPINFER_SKIP_WITHOUT_GPU();
+  CpuBackend cpu(2);
+  struct Case {
+    int64_t tokens, heads, nope, latent;
+    bool bf16;
+  };
+  const int64_t R = 64;
+  for (const Case& c :
+       {Case{1, 16, 128, 512, true}, Case{1, 16, 128, 512, false}, Case{3, 5, 64, 100, true},
+        Case{4, 2, 256, 512, true}, Case{2, 3, 320, 264, false}}) {
+    const uint32_t seed = testing::FreshSeed();
+    SCOPED_TRACE(::testing::Message()
+                 << "tokens " << c.tokens << " heads " << c.heads << " nope " << c.nope
+                 << " latent " << c.latent << " bf16 " << c.bf16 << " seed " << seed);
+    const int64_t T = c.tokens, L = c.latent, nh = c.heads, nope = c.nope;
+    const int64_t qk = nope + R, kvw = L + R, slots_total = 9;
+    const std::vector<int32_t> all_slots = {5, 0, 8, 2};
+    const std::vector<int32_t> slots(all_slots.begin(), all_slots.begin() + T);
+    const std::vector<int32_t> all_pos = {1023, 0, 4095, 77};
+    const std::vector<int32_t> positions(all_pos.begin(), all_pos.begin() + T);
+    std::vector<float> inv_freq(R / 2);
+    for (int64_t j = 0; j < R / 2; ++j) inv_freq[j] = std::pow(10000.0f, -2.0f * j / R);
+    auto kv = testing::RandomFloats(T * kvw, seed, 2.0f);
+    auto q = testing::RandomFloats(T * nh * qk, seed + 1);
+    auto w = testing::RandomFloats(L, seed + 2);
+    const std::vector<uint16_t> wuk =
+        FloatsToBf16Bits(testing::RandomFloats(nh * L * nope, seed + 3, 0.1f));
+    const size_t value_bytes = c.bf16 ? 2 : 4;
+    std::vector<uint8_t> cache0(slots_total * kvw * value_bytes, 0x5a);
+
+    // CPU reference (Backend's default: the two ops).
+    std::vector<float> cq = q, cq_latent(T * nh * L, 0.0f);
+    std::vector<uint8_t> ccache = cache0;
+    NormRopeCacheArgs a;
+    a.tokens = T, a.kv = kv.data(), a.ld_kv = kvw, a.norm_weight = w.data(), a.eps = 1e-6f;
+    a.q = cq.data() + nope, a.q_heads = nh, a.q_token_stride = nh * qk, a.q_head_stride = qk;
+    a.positions = positions.data(), a.inv_freq = inv_freq.data(), a.attention_factor = 1.25f;
+    a.interleaved = true, a.slots = slots.data();
+    a.cache.cache = ccache.data(), a.cache.block_size = 4, a.cache.latent_dim = L;
+    a.cache.rope_dim = R;
+    a.cache.dtype = c.bf16 ? WeightDType::kBFloat16 : WeightDType::kFloat32;
+    AbsorbQueryArgs aq;
+    aq.heads = nh, aq.nope_dim = nope, aq.latent_dim = L;
+    aq.q_nope = cq.data(), aq.q_token_stride = nh * qk, aq.q_head_stride = qk;
+    aq.w_uk = WeightView(wuk.data(), WeightDType::kBFloat16);
+    aq.q_latent = cq_latent.data();
+    cpu.NormRopeCacheAbsorbQuery(a, aq);
+
+    // The fused launch.
+    DeviceArray<float> dkv(kv), dq(q), dw(w), dinv(inv_freq), dout(T * nh * L);
+    DeviceArray<int32_t> dslots(slots), dpos(positions);
+    DeviceArray<uint8_t> dcache(cache0);
+    DeviceArray<uint16_t> dwuk(wuk);
+    dout.Poison();
+    kernels::NormRopeCacheParams p;
+    p.tokens = T, p.kv = dkv.get(), p.ld_kv = kvw, p.norm_weight = dw.get(), p.eps = 1e-6f;
+    p.latent_dim = L, p.rope_dim = R;
+    p.q = dq.get() + nope, p.q_heads = nh, p.q_token_stride = nh * qk, p.q_head_stride = qk;
+    p.positions = dpos.get(), p.inv_freq = dinv.get(), p.attention_factor = 1.25f;
+    p.interleaved = true, p.slots = dslots.get(), p.cache = dcache.get();
+    p.cache_bf16 = c.bf16;
+    kernels::AbsorbQueryParams ka;
+    ka.heads = nh, ka.nope_dim = nope, ka.latent_dim = L;
+    ka.q_nope = dq.get(), ka.q_token_stride = nh * qk, ka.q_head_stride = qk;
+    ka.w = dwuk.get(), ka.out = dout.get();
+    ASSERT_TRUE(kernels::NormRopeCacheAbsorbQuerySupported(p, ka));
+    DEEPINFER_CUDA_OK(kernels::NormRopeCacheAbsorbQueryF32(p, ka, nullptr));
+    std::vector<float> got_q, got_out;
+    std::vector<uint8_t> got_cache;
+    DEEPINFER_CUDA_OK(dq.Download(&got_q));
+    DEEPINFER_CUDA_OK(dout.Download(&got_out));
+    DEEPINFER_CUDA_OK(dcache.Download(&got_cache));
+
+    // The two launches, on copies.
+    DeviceArray<float> uq(q), uout(T * nh * L);
+    DeviceArray<uint8_t> ucache(cache0);
+    uout.Poison();
+    kernels::NormRopeCacheParams up = p;
+    up.q = uq.get() + nope, up.cache = ucache.get();
+    DEEPINFER_CUDA_OK(kernels::NormRopeWriteLatentCacheF32(up, nullptr));
+    kernels::SmallMGemmParams g;
+    g.m = T, g.n = L, g.k = nope, g.a = uq.get(), g.lda = nh * qk;
+    g.w = dwuk.get(), g.ldw = nope, g.c = uout.get(), g.ldc = nh * L;
+    g.batch = nh, g.stride_a = qk, g.stride_w = L * nope, g.stride_c = L;
+    g.algo = kernels::SmallMGemmAlgo::kRowPerGroup;
+    DEEPINFER_CUDA_OK(kernels::SmallMGemmBf16(g, nullptr));
+    std::vector<float> two_q, two_out;
+    std::vector<uint8_t> two_cache;
+    DEEPINFER_CUDA_OK(uq.Download(&two_q));
+    DEEPINFER_CUDA_OK(uout.Download(&two_out));
+    DEEPINFER_CUDA_OK(ucache.Download(&two_cache));
+    EXPECT_EQ(got_q, two_q);
+    EXPECT_TRUE(got_cache == two_cache) << "cache differs from the two launches'";
+    EXPECT_EQ(got_out, two_out);
+
+    // Against the CPU.
+    EXPECT_TRUE(AllClose(got_q, cq, 1e-5, 1e-5));
+    EXPECT_TRUE(AllClose(got_out, cq_latent, 1e-4, 1e-4));
+    if (!c.bf16) {
+      std::vector<float> gc(got_cache.size() / 4), cc(ccache.size() / 4);
+      std::memcpy(gc.data(), got_cache.data(), got_cache.size());
+      std::memcpy(cc.data(), ccache.data(), ccache.size());
+      EXPECT_TRUE(AllClose(gc, cc, 1e-5, 1e-5));
+    }
+  }
+}
+
+// Arguments outside NormRopeCacheAbsorbQuerySupported launch nothing and say so.
+TEST(RopeKernelTest, NormRopeCacheAbsorbQueryRejectsWhatItDoesNotTake) {
+  DEEPINFER_SKIP_WITHOUT_GPU();
+  DeviceArray<float> buf(4096);
+  DeviceArray<uint16_t> w(4096);
+  kernels::NormRopeCacheParams p;
+  p.tokens = 1, p.kv = buf.get(), p.ld_kv = 576, p.latent_dim = 512, p.rope_dim = 64;
+  p.q = buf.get() + 128, p.q_heads = 1, p.q_token_stride = 192, p.q_head_stride = 192;
+  kernels::AbsorbQueryParams a;
+  a.heads = 1, a.nope_dim = 128, a.latent_dim = 8, a.q_nope = buf.get(), a.q_token_stride = 192;
+  a.q_head_stride = 192, a.w = w.get(), a.out = buf.get() + 1024;
+  EXPECT_TRUE(kernels::NormRopeCacheAbsorbQuerySupported(p, a));
+  auto rejected = [&](kernels::NormRopeCacheParams pp, kernels::AbsorbQueryParams aa) {
+    return !kernels::NormRopeCacheAbsorbQuerySupported(pp, aa) &&
+           kernels::NormRopeCacheAbsorbQueryF32(pp, aa, nullptr) == cudaErrorInvalidValue;
+  };
+  kernels::NormRopeCacheParams p5 = p;
+  p5.tokens = 5;
+  EXPECT_TRUE(rejected(p5, a)) << "5 tokens";
+  kernels::NormRopeCacheParams p0 = p;
+  p0.q_heads = 0;
+  EXPECT_TRUE(rejected(p0, a)) << "no query rope";
+  kernels::AbsorbQueryParams a_nope = a;
+  a_nope.nope_dim = 132;
+  EXPECT_TRUE(rejected(p, a_nope)) << "nope 132";
+  a_nope.nope_dim = 520;
+  EXPECT_TRUE(rejected(p, a_nope)) << "nope 520";
+  kernels::AbsorbQueryParams a_align = a;
+  a_align.q_nope = buf.get() + 1;
+  EXPECT_TRUE(rejected(p, a_align)) << "q_nope misaligned";
+  a_align = a;
+  a_align.q_head_stride = 194;
+  EXPECT_TRUE(rejected(p, a_align)) << "head stride misaligned";
+  EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
 }
 
 }  // namespace

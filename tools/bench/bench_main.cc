@@ -130,6 +130,13 @@ int main(int argc, char** argv) {
   flags.AddInt("mla-decode-small-max-context", &config.mla_decode_small_max_context,
                "CUDA: the longest context --mla-decode-small takes (decode graphs record a\n"
                "graph per side of it); 0: the backend's default.");
+  flags.AddBool("mla-decode-small-early-dependents", &config.mla_decode_small_early_dependents,
+                "CUDA: the one-launch attention kernel lets the W_uv GEMV after it be\n"
+                "scheduled at its start (that GEMV's weights load meanwhile); off (the\n"
+                "default): after it.");
+  flags.AddBool("norm-rope-cache-absorb-fused", &config.norm_rope_cache_absorb_fused,
+                "CUDA, bf16: at one decode token the latent norm + rope + cache write and the\n"
+                "W_uk product in one launch (the default); off: two launches as before.");
   flags.AddString("decode-moe-algo", &config.decode_moe_algo,
                   "CUDA, bf16: force the expert GEMMs of the device MoE path (grouped-f32,\n"
                   "stream or planned) for EVERY batch, prefill included (compare decode\n"

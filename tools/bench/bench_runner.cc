@@ -391,6 +391,10 @@ absl::Status RunRank(const BenchConfig& bc, int64_t rank, RankState* s, RankOutp
     }
   }
   if (cuda != nullptr) cuda->SetMlaDecodeSmall(bc.mla_decode_small);
+  if (cuda != nullptr) {
+    cuda->SetMlaDecodeSmallEarlyDependents(bc.mla_decode_small_early_dependents);
+  }
+  if (cuda != nullptr) cuda->SetNormRopeCacheAbsorbFused(bc.norm_rope_cache_absorb_fused);
   if (cuda != nullptr) cuda->SetBf16GateUp(bc.bf16_gate_up);
   if (cuda != nullptr) cuda->SetGemmAutotune(bc.gemm_autotune);
   if (cuda != nullptr && bc.mla_decode_small_max_context != 0) {

@@ -95,6 +95,12 @@ struct BenchConfig {
   bool mla_decode_small = true;
   // CUDA only: CudaBackend::SetMlaDecodeSmallMaxContext (> 0); 0 keeps the backend's default.
   int64_t mla_decode_small_max_context = 0;
+  // CUDA only: CudaBackend::SetMlaDecodeSmallEarlyDependents (the W_uv GEMV scheduled beside
+  // the one-launch attention kernel).
+  bool mla_decode_small_early_dependents = false;
+  // CUDA only: CudaBackend::SetNormRopeCacheAbsorbFused (the latent norm + rope + cache write and
+  // the W_uk product in one launch at one decode token); false: two launches as before.
+  bool norm_rope_cache_absorb_fused = true;
   // CUDA only: CudaBackend::SetDecodeMoeAlgo: "grouped-f32", "stream" or "planned" forces that
   // expert GEMM for the device MoE path (any bf16 batch); empty keeps the backend's choice.
   std::string decode_moe_algo;

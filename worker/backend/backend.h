@@ -183,6 +183,18 @@ struct NormRopeCacheArgs {
   PagedLatentCacheView cache;
 };
 
+// Arguments of Backend::NormRopeCacheAbsorbQuery's second half: the absorbed MLA query
+// q_latent[t, h] = W_uk[h] · q_nope[t, h], BatchedGemm(heads, tokens, latent_dim, nope_dim, ...)
+// with the layout below.
+struct AbsorbQueryArgs {
+  int64_t heads = 0, nope_dim = 0, latent_dim = 0;
+  // Head h of token t at q_nope + t*q_token_stride + h*q_head_stride: nope_dim values.
+  const float* q_nope = nullptr;
+  int64_t q_token_stride = 0, q_head_stride = 0;
+  WeightView w_uk;            // head h: [latent_dim, nope_dim] at h * latent_dim * nope_dim
+  float* q_latent = nullptr;  // [tokens, heads, latent_dim]
+};
+
 // Arguments of the DeepSeek "noaux_tc" router.
 struct NoauxTcRouteArgs {
   int32_t num_tokens = 0;
@@ -442,6 +454,15 @@ class Backend {
   // WriteLatentCache of the normed latent and rotated key, in one op: the same values as those
   // four ops. kv is not changed.
   virtual void NormRopeWriteLatentCache(const NormRopeCacheArgs& args) = 0;
+  // NormRopeWriteLatentCache(nr), then the absorbed query (AbsorbQueryArgs; its q_nope must not
+  // overlap nr's query rope slices), as those two ops; nr.tokens tokens. The CUDA backend runs
+  // both in one launch for a decode token (CudaBackend::SetNormRopeCacheAbsorbFused).
+  virtual void NormRopeCacheAbsorbQuery(const NormRopeCacheArgs& nr, const AbsorbQueryArgs& aq) {
+    NormRopeWriteLatentCache(nr);
+    BatchedGemm(aq.heads, nr.tokens, aq.latent_dim, aq.nope_dim, aq.q_nope, aq.q_token_stride,
+                aq.q_head_stride, aq.w_uk, aq.nope_dim, aq.latent_dim * aq.nope_dim, aq.q_latent,
+                aq.heads * aq.latent_dim, aq.latent_dim);
+  }
   // Absorbed MLA: out[t, h] = sum_j softmax_j(scale * (q_latent·c_j + q_rope·k_j)) c_j, with
   // the cached c_j, k_j widened to fp32 (exact from bf16) and fp32 math.
   // The CUDA backend with bf16 weights runs sequences of args.sequences with many new tokens on

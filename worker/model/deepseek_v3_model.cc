@@ -793,6 +793,11 @@ void DeepseekV3Model::Attention(int64_t layer, const StepContext& ctx, Activatio
   }
   const bool il = c.rope_interleave;
   const PagedLatentCacheView view = ctx.cache->LayerView(static_cast<int32_t>(layer));
+  const bool mha_prefill = UsesMhaPrefill(ctx);
+  // The absorbed query (below): with fused ops in the same backend op as the cache write.
+  std::unique_ptr<DeviceBuffer> q_latent;
+  if (!mha_prefill) q_latent = Floats(T * nh * kvl);
+  bool query_absorbed = false;
   if (fused_ops_) {
     NormRopeCacheArgs nr;
     nr.tokens = T;
@@ -810,7 +815,21 @@ void DeepseekV3Model::Attention(int64_t layer, const StepContext& ctx, Activatio
     nr.interleaved = il;
     nr.slots = ctx.slots;
     nr.cache = view;
-    backend_->NormRopeWriteLatentCache(nr);
+    if (q_latent != nullptr) {
+      AbsorbQueryArgs aq;
+      aq.heads = nh;
+      aq.nope_dim = nope;
+      aq.latent_dim = kvl;
+      aq.q_nope = q->as<float>();
+      aq.q_token_stride = qdim;
+      aq.q_head_stride = qk;
+      aq.w_uk = W.Matrix(L.w_uk_t);
+      aq.q_latent = q_latent->as<float>();
+      backend_->NormRopeCacheAbsorbQuery(nr, aq);
+      query_absorbed = true;
+    } else {
+      backend_->NormRopeWriteLatentCache(nr);
+    }
   } else {
     auto latent = Floats(T * kvl);
     backend_->RmsNorm(T, kvl, kv->as<float>(), kvw, L.kv_a_norm->as<float>(), kLatentNormEps,
@@ -823,13 +842,15 @@ void DeepseekV3Model::Attention(int64_t layer, const StepContext& ctx, Activatio
                                view);
   }
 
-  if (UsesMhaPrefill(ctx) && MhaPrefillAttention(layer, ctx, q->as<float>(), view, out)) return;
+  if (mha_prefill && MhaPrefillAttention(layer, ctx, q->as<float>(), view, out)) return;
 
   // Absorb W_uk into the query: q_latent[t, h] = q_nope[t, h] · W_uk[h], all heads in one
   // batched GEMM (head h: the nope slice of q's head h, block h of w_uk_t, column block h).
-  auto q_latent = Floats(T * nh * kvl);
-  backend_->BatchedGemm(nh, T, kvl, nope, q->as<float>(), qdim, qk, W.Matrix(L.w_uk_t), nope,
-                        kvl * nope, q_latent->as<float>(), nh * kvl, kvl);
+  if (q_latent == nullptr) q_latent = Floats(T * nh * kvl);  // MHA prefill declined the batch
+  if (!query_absorbed) {
+    backend_->BatchedGemm(nh, T, kvl, nope, q->as<float>(), qdim, qk, W.Matrix(L.w_uk_t), nope,
+                          kvl * nope, q_latent->as<float>(), nh * kvl, kvl);
+  }
   auto o_latent = Floats(T * nh * kvl);
   MlaAttentionArgs args;
   args.num_tokens = static_cast<int32_t>(T);

@@ -809,8 +809,9 @@ bool CudaBackend::GateUpSiluMulBf16(int64_t rows, int64_t inter, int64_t k, Acti
   return true;
 }
 
-void CudaBackend::NormRopeWriteLatentCache(const NormRopeCacheArgs& a) {
-  OpTimer timer(this, "NormRopeWriteLatentCache");
+namespace {
+
+kernels::NormRopeCacheParams NormRopeCacheParamsFor(const NormRopeCacheArgs& a) {
   kernels::NormRopeCacheParams p;
   p.tokens = a.tokens;
   p.kv = a.kv;
@@ -830,7 +831,39 @@ void CudaBackend::NormRopeWriteLatentCache(const NormRopeCacheArgs& a) {
   p.slots = a.slots;
   p.cache = a.cache.cache;
   p.cache_bf16 = a.cache.dtype == WeightDType::kBFloat16;
-  Check(kernels::NormRopeWriteLatentCacheF32(p, stream_), "kernels::NormRopeWriteLatentCacheF32");
+  return p;
+}
+
+}  // namespace
+
+void CudaBackend::NormRopeWriteLatentCache(const NormRopeCacheArgs& a) {
+  OpTimer timer(this, "NormRopeWriteLatentCache");
+  Check(kernels::NormRopeWriteLatentCacheF32(NormRopeCacheParamsFor(a), stream_),
+        "kernels::NormRopeWriteLatentCacheF32");
+}
+
+void CudaBackend::NormRopeCacheAbsorbQuery(const NormRopeCacheArgs& nr, const AbsorbQueryArgs& aq) {
+  // With SetSmallMGemm(false) (cuBLAS GEMMs, for comparisons) the product stays on cuBLAS too.
+  if (norm_rope_cache_absorb_fused_ && small_m_gemm_ && nr.tokens >= 1 &&
+      nr.tokens <= kNormRopeCacheAbsorbMaxTokens && aq.w_uk.dtype == WeightDType::kBFloat16) {
+    const kernels::NormRopeCacheParams p = NormRopeCacheParamsFor(nr);
+    kernels::AbsorbQueryParams a;
+    a.heads = aq.heads;
+    a.nope_dim = aq.nope_dim;
+    a.latent_dim = aq.latent_dim;
+    a.q_nope = aq.q_nope;
+    a.q_token_stride = aq.q_token_stride;
+    a.q_head_stride = aq.q_head_stride;
+    a.w = static_cast<const uint16_t*>(aq.w_uk.data);
+    a.out = aq.q_latent;
+    if (kernels::NormRopeCacheAbsorbQuerySupported(p, a)) {
+      OpTimer timer(this, "NormRopeCacheAbsorbQuery");
+      Check(kernels::NormRopeCacheAbsorbQueryF32(p, a, stream_),
+            "kernels::NormRopeCacheAbsorbQueryF32");
+      return;
+    }
+  }
+  Backend::NormRopeCacheAbsorbQuery(nr, aq);
 }
 
 bool CudaBackend::UsesTensorCoreAttention(const MlaSequenceSpan& s) const {
@@ -907,7 +940,9 @@ void CudaBackend::MlaAttention(const MlaAttentionArgs& a) {
     }
     if (mla_decode_small_ && a.num_tokens <= kMlaDecodeSmallMaxTokens && max_context > 0 &&
         max_context <= mla_decode_small_max_context_ && kernels::MlaDecodeSmallSupported(p)) {
-      const cudaError_t e = kernels::MlaDecodeSmall(p, kernels::MlaDecodeSmallOptions(), stream_);
+      kernels::MlaDecodeSmallOptions options;
+      options.early_dependents = mla_decode_small_early_dependents_;
+      const cudaError_t e = kernels::MlaDecodeSmall(p, options, stream_);
       if (e != cudaErrorNotSupported) {
         Check(e, "kernels::MlaDecodeSmall");
         return;

@@ -273,6 +273,18 @@ class CudaBackend : public Backend {
   void FillDummy(const DummyFill& fill, int64_t n, WeightDType dtype, void* out) override;
   // kernels::NormRopeWriteLatentCacheF32: one launch.
   void NormRopeWriteLatentCache(const NormRopeCacheArgs& args) override;
+  // With norm_rope_cache_absorb_fused() on (the default), SetSmallMGemm on, bf16 W_uk, up to
+  // kNormRopeCacheAbsorbMaxTokens tokens and params kernels::NormRopeCacheAbsorbQuerySupported
+  // takes: kernels::NormRopeCacheAbsorbQueryF32, one launch with the bits of the two ops (the
+  // W_uk product as SmallMGemmBf16 computes it); otherwise Backend's two ops. Measured on the
+  // H200 at 1 request: 27-layer decode step -29 us (docs/performance.md, "Session 8, branch
+  // s8-attn1"); 2-4 tokens give the same bits but were not timed, so they keep two launches.
+  void NormRopeCacheAbsorbQuery(const NormRopeCacheArgs& nr, const AbsorbQueryArgs& aq) override;
+  static constexpr int64_t kNormRopeCacheAbsorbMaxTokens = 1;
+  // Off: the two launches, for before/after measurements (deepinfer-bench
+  // --norm-rope-cache-absorb-fused).
+  void SetNormRopeCacheAbsorbFused(bool on) { norm_rope_cache_absorb_fused_ = on; }
+  bool norm_rope_cache_absorb_fused() const { return norm_rope_cache_absorb_fused_; }
   void GatherRows(int64_t rows, int64_t dim, const float* src, const int32_t* idx,
                   float* dst) override;
   void ScatterAddRows(int64_t rows, int64_t dim, const float* src, const int32_t* idx,
@@ -330,6 +342,12 @@ class CudaBackend : public Backend {
   // key is fp32 CUDA-core instructions), and with 2-8 tokens loses at 4096 by up to 2x. Decode
   // graphs learn the break from MlaDecodeContextBreak and record one graph per side.
   void SetMlaDecodeSmall(bool on) { mla_decode_small_ = on; }
+  // kernels::MlaDecodeSmallOptions::early_dependents of the backend's MlaDecodeSmall calls: the
+  // W_uv GEMV after it is scheduled beside it and loads its weights early (deepinfer-bench
+  // --mla-decode-small-early-dependents). Default off: on the H200 it saved 0.5 us of the
+  // attention core's chain in mla_decode_small_bench but nothing measurable in the 27-layer
+  // decode step (docs/performance.md, "Session 8, branch s8-attn1").
+  void SetMlaDecodeSmallEarlyDependents(bool on) { mla_decode_small_early_dependents_ = on; }
   static constexpr int32_t kMlaDecodeSmallMaxTokens = 1;
   // Measured on the H200 (mla_decode_small_bench, 1 token in a CUDA graph, against the default
   // key-split kernel + combine): 7.8 / 10.2 / 12.4 / 14.9 us at 512 / 1024 / 1536 / 2048
@@ -468,6 +486,8 @@ class CudaBackend : public Backend {
   int32_t mla_decode_variant_ = 0;  // kernels::MlaAttentionParams::mma_variant
   bool in_timed_op_ = false;        // GroupedGemm calls Gemm: count only the outer op
   bool mla_decode_small_ = true;
+  bool mla_decode_small_early_dependents_ = false;
+  bool norm_rope_cache_absorb_fused_ = true;
   kernels::MhaFlashKernel mha_flash_kernel_ = kernels::MhaFlashKernel::kAuto;
   int32_t mha_flash_pair_group_ = 0;
   bool mha_fast_expand_ = true;

@@ -1731,6 +1731,88 @@ TEST_F(CudaBackendTest, SampleRowsAndTopLogprobsRowsMatchCpu) {
 // activations), out aliasing y as in the model. Every kernel pair, eager and recorded into a
 // CUDA graph (the replay, from the same x and y, must equal the eager run bit for bit). Also the
 // cases it declines, doing nothing (off by default).
+// One decode token's latent norm + rope + cache write and W_uk product: the fused launch (on by
+// default) gives the bits of the two launches (SetNormRopeCacheAbsorbFused(false)), and both
+// are within fp32 rounding of CpuBackend's two ops with the same bf16 weights. Two tokens take
+// the two launches (the same bits either way).
+TEST_F(CudaBackendTest, NormRopeCacheAbsorbQueryMatchesTheTwoOpsAndCpu) {
+  const int64_t L = 512, R = 64, nh = 16, nope = 128, qk = nope + R, kvw = L + R, slots = 8;
+  for (int64_t T : {1, 2}) {
+    const uint32_t seed = testing::FreshSeed();
+    SCOPED_TRACE(::testing::Message() << "tokens " << T << " seed " << seed);
+    const auto kv = testing::RandomFloats(T * kvw, seed, 2.0f);
+    const auto q = testing::RandomFloats(T * nh * qk, seed + 1);
+    const auto wn = testing::RandomFloats(L, seed + 2);
+    const auto wuk = testing::RandomFloats(nh * L * nope, seed + 3, 0.1f);
+    std::vector<float> inv_freq(R / 2);
+    for (int64_t j = 0; j < R / 2; ++j) inv_freq[j] = std::pow(10000.0f, -2.0f * j / R);
+    const std::vector<int32_t> slot = {6, 1}, pos = {1023, 17};
+    std::vector<std::unique_ptr<DeviceBuffer>> keep;
+
+    auto args = [&](float* qv, const float* kvv, const float* w, const float* inv,
+                    const int32_t* sl, const int32_t* ps, void* cache, NormRopeCacheArgs* nr,
+                    AbsorbQueryArgs* aq, WeightView w_uk, float* out) {
+      nr->tokens = T, nr->kv = kvv, nr->ld_kv = kvw, nr->norm_weight = w, nr->eps = 1e-6f;
+      nr->q = qv + nope, nr->q_heads = nh, nr->q_token_stride = nh * qk, nr->q_head_stride = qk;
+      nr->positions = ps, nr->inv_freq = inv, nr->attention_factor = 1.0f;
+      nr->interleaved = true, nr->slots = sl;
+      nr->cache.cache = cache, nr->cache.block_size = 4, nr->cache.latent_dim = L;
+      nr->cache.rope_dim = R, nr->cache.dtype = WeightDType::kBFloat16;
+      aq->heads = nh, aq->nope_dim = nope, aq->latent_dim = L, aq->q_nope = qv;
+      aq->q_token_stride = nh * qk, aq->q_head_stride = qk, aq->w_uk = w_uk, aq->q_latent = out;
+    };
+
+    // CPU: Backend's default, the two ops.
+    std::vector<float> cq = q, cout(T * nh * L);
+    std::vector<uint16_t> ccache(slots * kvw, 0);
+    NormRopeCacheArgs nr;
+    AbsorbQueryArgs aq;
+    args(cq.data(), kv.data(), wn.data(), inv_freq.data(), slot.data(), pos.data(), ccache.data(),
+         &nr, &aq, CpuBf16(wuk, &keep), cout.data());
+    cpu16_.NormRopeCacheAbsorbQuery(nr, aq);
+
+    auto ints = [&](const std::vector<int32_t>& v) {
+      keep.push_back(gpu_->Allocate(v.size() * sizeof(int32_t)));
+      gpu_->CopyToDevice(v.data(), v.size() * sizeof(int32_t), keep.back()->data());
+      return keep.back()->as<int32_t>();
+    };
+    const WeightView w_gpu = GpuBf16(wuk, &keep);
+    auto dkv = Upload(kv), dwn = Upload(wn), dinv = Upload(inv_freq);
+    const int32_t* dslot = ints(slot);
+    const int32_t* dpos = ints(pos);
+    std::vector<float> got[2][3];  // [fused][q, cache bits, q_latent]
+    for (int fused = 0; fused < 2; ++fused) {
+      SCOPED_TRACE(::testing::Message() << "fused " << fused);
+      gpu_->SetNormRopeCacheAbsorbFused(fused == 1);
+      auto dq = Upload(q), dout = Poisoned(T * nh * L);
+      auto dcache = Upload(std::vector<float>(slots * kvw / 2, 0.0f));  // bf16 zeros
+      args(dq->as<float>(), dkv->as<float>(), dwn->as<float>(), dinv->as<float>(), dslot, dpos,
+           dcache->data(), &nr, &aq, w_gpu, dout->as<float>());
+      gpu_->NormRopeCacheAbsorbQuery(nr, aq);
+      ASSERT_TRUE(gpu_->status().ok()) << gpu_->status();
+      got[fused][0] = Download(*dq);
+      got[fused][1] = Download(*dcache);
+      got[fused][2] = Download(*dout);
+      EXPECT_TRUE(AllClose(got[fused][0], cq, 1e-5, 1e-5));
+      EXPECT_TRUE(AllClose(got[fused][2], cout, 1e-4, 1e-4));
+      std::vector<float> cache_values(slots * kvw), want_values(slots * kvw);
+      for (int64_t i = 0; i < slots * kvw; ++i) {
+        uint16_t b;
+        std::memcpy(&b, reinterpret_cast<const char*>(got[fused][1].data()) + 2 * i, 2);
+        cache_values[i] = Bf16BitsToFloat(b);
+        want_values[i] = Bf16BitsToFloat(ccache[i]);
+      }
+      // A 1e-5-close fp32 value can round to the neighbouring bf16 value.
+      EXPECT_TRUE(AllClose(cache_values, want_values, 1e-5, 1.0 / 128));
+    }
+    for (int i = 0; i < 3; ++i) {
+      EXPECT_EQ(std::memcmp(got[0][i].data(), got[1][i].data(), got[0][i].size() * 4), 0)
+          << "output " << i << " differs between the fused launch and the two launches";
+    }
+  }
+  gpu_->SetNormRopeCacheAbsorbFused(true);
+}
+
 TEST_F(CudaBackendTest, NormedDenseMlpMatchesCpuOps) {
   // Moonlight's dense shape scaled down (intermediate 5.5 x hidden), a hidden past one unrolled
   // gate_up pass.
