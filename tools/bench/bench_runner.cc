@@ -527,6 +527,9 @@ absl::Status RunRank(const BenchConfig& bc, int64_t rank, RankState* s, RankOutp
   if (cuda != nullptr) cuda->SetFusedRouter(bc.fused_router);
   if (cuda != nullptr) cuda->SetRouterNorm(bc.router_norm);
   if (cuda != nullptr) cuda->SetGraphAllocationsAside(bc.graph_allocations_aside);
+  if (cuda != nullptr) {
+    cuda->SetGraphAllocationsAsideMaxTokens(bc.graph_allocations_aside_max_tokens);
+  }
 #endif
   auto set_fused = [&](bool on) {
     model->SetFusedOps(on);

@@ -182,6 +182,9 @@ struct BenchConfig {
   // CudaBackend::SetGraphAllocationsAside (with pdl: small scratch allocations captured beside
   // the kernel chain, so that they do not break programmatic edges).
   bool graph_allocations_aside = false;
+  // CudaBackend::SetGraphAllocationsAsideMaxTokens: beside the chain in recordings of at most
+  // this many tokens (default 1) even without graph_allocations_aside.
+  int64_t graph_allocations_aside_max_tokens = 1;
   double peak_bytes_per_s = 4.3e12;
   double peak_flops_per_s = 790e12;
 };

@@ -291,6 +291,12 @@ struct DenseMlpArgs {
   float* out = nullptr;     // [rows, hidden_size], overwritten after the norm read y (may be y)
 };
 
+// What Backend::Capture is recording.
+struct CaptureOptions {
+  // Tokens of the step being recorded (a decode graph's batch bucket); 0: not known.
+  int64_t tokens = 0;
+};
+
 // Ops recorded once by Backend::Capture and issued again by Replay (a CUDA graph): the same
 // kernels with the same arguments, reading and writing the same device addresses, so callers
 // change what a replay computes only by writing new values into the buffers it reads.
@@ -352,9 +358,14 @@ class Backend {
   // Returns record's error if it fails, FAILED_PRECONDITION naming the cause if the ops could not
   // be recorded (e.g. an op that needs the host), UNIMPLEMENTED where SupportsCapture() is false.
   // Errors while recording do not reach status(): the backend stays usable.
+  // `options` describe the step being recorded (backends may record differently by its size).
   virtual absl::StatusOr<std::unique_ptr<CapturedOps>> Capture(
-      const std::function<absl::Status()>& record) {
+      const std::function<absl::Status()>& record, const CaptureOptions& options) {
     return absl::UnimplementedError(name() + " backend: recording ops for replay is not supported");
+  }
+  absl::StatusOr<std::unique_ptr<CapturedOps>> Capture(
+      const std::function<absl::Status()>& record) {
+    return Capture(record, CaptureOptions{});
   }
 
   // ---- Dense math --------------------------------------------------------------------------

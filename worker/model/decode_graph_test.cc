@@ -40,9 +40,11 @@ class RecordingCpuBackend : public CpuBackend {
  public:
   RecordingCpuBackend() : CpuBackend(2, WeightDType::kBFloat16) {}
   bool SupportsCapture() const override { return capture_; }
-  absl::StatusOr<std::unique_ptr<CapturedOps>> Capture(
-      const std::function<absl::Status()>& record) override {
+  using CpuBackend::Capture;
+  absl::StatusOr<std::unique_ptr<CapturedOps>> Capture(const std::function<absl::Status()>& record,
+                                                       const CaptureOptions& options) override {
     ++captures_;
+    capture_tokens_.push_back(options.tokens);
     return std::unique_ptr<CapturedOps>(new RecordedCpuOps(record));
   }
   bool RoutedExperts(const RoutedExpertsArgs& a) override {
@@ -92,6 +94,7 @@ class RecordingCpuBackend : public CpuBackend {
   bool capture_ = true;
   bool refuse_experts_ = false;
   int captures_ = 0;
+  std::vector<int64_t> capture_tokens_;  // CaptureOptions::tokens of each recording
   int32_t break_ = 0;
   int64_t hinted_calls_ = 0, bad_hints_ = 0, short_calls_ = 0, long_calls_ = 0;
 };
@@ -138,9 +141,11 @@ TEST(DecodeGraphTest, PaddedReplayedStepsEqualEagerSteps) {
   ExpectBitIdentical(*a, *b);
   ExpectBitIdentical(*a, *c);
 
-  // Every decode step took the graph path; one recording per bucket used (1 4 8 64 100 2).
+  // Every decode step took the graph path; one recording per bucket used (1 4 8 64 100 2), each
+  // telling the backend its bucket's tokens (100 requests run in bucket 128).
   EXPECT_EQ(graphs->decode_graph_steps(), static_cast<int64_t>(kSchedule.size()));
   EXPECT_EQ(graphs->decode_graphs_recorded(), 6);
+  EXPECT_EQ(backend.capture_tokens_, (std::vector<int64_t>{1, 4, 8, 64, 128, 2}));
   EXPECT_EQ(eager_padded->decode_graph_steps(), static_cast<int64_t>(kSchedule.size()));
   EXPECT_EQ(eager_padded->decode_graphs_recorded(), 0);
   EXPECT_EQ(eager->decode_graph_steps(), 0);

@@ -673,7 +673,7 @@ std::optional<absl::StatusOr<StepOutput>> DeepseekV3Model::DecodeWithGraph(
     const auto t0 = std::chrono::steady_clock::now();
     absl::StatusOr<DeviceMemoryInfo> before = backend_->MemoryInfo();
     absl::StatusOr<std::unique_ptr<CapturedOps>> ops =
-        backend_->Capture([&] { return DecodeForward(g); });
+        backend_->Capture([&] { return DecodeForward(g); }, CaptureOptions{B});
     if (!ops.ok()) {
       LOG(WARNING) << "decode graphs: recording batch bucket " << B << " (context class "
                    << context_class << ") failed, it runs eagerly: " << ops.status();

@@ -277,7 +277,7 @@ CudaBackend::~CudaBackend() {
 }
 
 absl::StatusOr<std::unique_ptr<CapturedOps>> CudaBackend::Capture(
-    const std::function<absl::Status()>& record) {
+    const std::function<absl::Status()>& record, const CaptureOptions& options) {
   if (op_timing_) {
     return absl::FailedPreconditionError(
         "CudaBackend::Capture: op timing is on (it synchronises around every op)");
@@ -286,6 +286,8 @@ absl::StatusOr<std::unique_ptr<CapturedOps>> CudaBackend::Capture(
   {
     absl::MutexLock lock(&mu_);
     capturing_ = true;
+    capture_aside_ = allocations_aside_ ||
+                     (options.tokens > 0 && options.tokens <= aside_max_tokens_);
     capture_error_ = absl::OkStatus();
   }
   absl::Status st = CudaStatus(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal),
@@ -414,10 +416,11 @@ std::unique_ptr<DeviceBuffer> CudaBackend::AllocateOnStream(size_t bytes, bool z
   const size_t rounded = ((std::max<size_t>(bytes, 1) + 255) / 256) * 256;
   void* ptr = nullptr;
   bool aside = false;
-  if (!zero && allocations_aside_ && rounded <= kMaxAsideAllocationBytes &&
+  if (!zero && rounded <= kMaxAsideAllocationBytes &&
       kernels::ProgrammaticDependentLaunchEnabled()) {
     absl::MutexLock lock(&mu_);
-    aside = capturing_;
+    aside = capturing_ && capture_aside_;
+    if (aside) ++aside_allocations_;
   }
   absl::Status st = aside ? CudaStatus(kernels::MallocAsideAsync(&ptr, rounded, stream_),
                                        "kernels::MallocAsideAsync")

@@ -18,6 +18,7 @@
 
 #include "gtest/gtest.h"
 #include "kernels/attention/mla_attention.h"
+#include "kernels/common/pdl.h"
 #include "kernels/moe/moe_permute.h"
 #include "kernels/testing/gpu_test_util.h"
 #include "worker/backend/bf16.h"
@@ -131,6 +132,55 @@ TEST_F(CudaBackendTest, AllocateIsZeroedAndCopiesRoundTrip) {
   gpu_->CopyDeviceToDevice(src->data(), v.size() * sizeof(float), buf->data());
   EXPECT_EQ(Download(*buf), v);
   EXPECT_NE(gpu_->Allocate(0)->data(), nullptr);
+  EXPECT_TRUE(gpu_->status().ok()) << gpu_->status();
+}
+
+// Small scratch allocations go beside the kernel chain in recordings of at most
+// SetGraphAllocationsAsideMaxTokens tokens (default 1), in every recording with
+// SetGraphAllocationsAside(true), never outside a recording or above 64 KiB; the replay
+// computes what the eager ops do either way.
+TEST_F(CudaBackendTest, SmallAllocationsAsideByTheRecordedTokens) {
+  if (!kernels::ProgrammaticDependentLaunchEnabled()) GTEST_SKIP() << "PDL is off";
+  const std::vector<float> v = testing::RandomFloats(1000, testing::FreshSeed());
+  auto src = Upload(v);
+  auto dst = gpu_->Allocate(v.size() * sizeof(float));
+  // One recording: a small and a large scratch buffer between two copies; returns how many
+  // allocations went aside, after checking the replay's result.
+  auto record = [&](int64_t tokens) -> int64_t {
+    const int64_t before = gpu_->AsideAllocations();
+    auto ops = gpu_->Capture(
+        [&] {
+          auto small = gpu_->AllocateScratch(v.size() * sizeof(float));
+          auto large = gpu_->AllocateScratch(CudaBackend::kMaxAsideAllocationBytes + 256);
+          gpu_->CopyDeviceToDevice(src->data(), v.size() * sizeof(float), small->data());
+          gpu_->CopyDeviceToDevice(small->data(), v.size() * sizeof(float), dst->data());
+          return absl::OkStatus();
+        },
+        CaptureOptions{tokens});
+    EXPECT_TRUE(ops.ok()) << ops.status();
+    if (!ops.ok()) return -1;
+    gpu_->CopyToDevice(std::vector<float>(v.size(), -1.0f).data(), v.size() * sizeof(float),
+                       dst->data());
+    EXPECT_TRUE((*ops)->Replay().ok());
+    EXPECT_EQ(Download(*dst), v) << "tokens " << tokens;
+    return gpu_->AsideAllocations() - before;
+  };
+  EXPECT_EQ(record(1), 1);  // the default: one token
+  EXPECT_EQ(record(2), 0);
+  EXPECT_EQ(record(0), 0);  // tokens not known
+  gpu_->SetGraphAllocationsAsideMaxTokens(4);
+  EXPECT_EQ(record(4), 1);
+  EXPECT_EQ(record(5), 0);
+  gpu_->SetGraphAllocationsAsideMaxTokens(0);
+  EXPECT_EQ(record(1), 0);
+  gpu_->SetGraphAllocationsAside(true);
+  EXPECT_EQ(record(0), 1);
+  EXPECT_EQ(record(64), 1);
+  const int64_t before = gpu_->AsideAllocations();
+  auto eager = gpu_->AllocateScratch(64);  // outside a recording: in stream order
+  EXPECT_EQ(gpu_->AsideAllocations(), before);
+  gpu_->SetGraphAllocationsAside(false);
+  gpu_->SetGraphAllocationsAsideMaxTokens(1);
   EXPECT_TRUE(gpu_->status().ok()) << gpu_->status();
 }
 
