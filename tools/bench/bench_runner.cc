@@ -410,9 +410,11 @@ absl::Status RunRank(const BenchConfig& bc, int64_t rank, RankState* s, RankOutp
       cuda->SetDecodeMoeAlgo(Algo::kStream);
     } else if (bc.decode_moe_algo == "planned") {
       cuda->SetDecodeMoeAlgo(Algo::kPlannedCublas);
+    } else if (bc.decode_moe_algo == "pipelined") {
+      cuda->SetDecodeMoeAlgo(Algo::kPipelined);
     } else {
-      return absl::InvalidArgumentError(
-          absl::StrCat("--decode-moe-algo must be grouped-f32, stream or planned, got '",
+      return absl::InvalidArgumentError(absl::StrCat(
+          "--decode-moe-algo must be grouped-f32, stream, planned or pipelined, got '",
                        bc.decode_moe_algo, "'"));
     }
   }
@@ -517,6 +519,7 @@ absl::Status RunRank(const BenchConfig& bc, int64_t rank, RankState* s, RankOutp
     }
   }
   if (cuda != nullptr) cuda->SetDecodeMoeGraphBuckets(bc.decode_moe_graph_buckets);
+  if (cuda != nullptr) cuda->SetDecodeMoePipelined(bc.decode_moe_pipelined);
   if (cuda != nullptr) cuda->SetDecodeDenseMlpFused(bc.decode_dense_mlp_fused);
   if (cuda != nullptr) cuda->SetSmallMGemm(bc.fused_ops);
   if (cuda != nullptr) cuda->SetFusedRouter(bc.fused_router);

@@ -608,6 +608,8 @@ class RoutedExpertsTest : public CudaBackendTest {
         return "stream bf16-x";
       case DecodeAlgo::kPlannedCublas:
         return "planned cuBLAS";
+      case DecodeAlgo::kPipelined:
+        return "pipelined";
     }
     return "?";
   }
@@ -832,7 +834,8 @@ TEST_F(RoutedExpertsTest, DeviceGroupedPathMatchesPerTokenReference) {
 // Each decode algorithm forced, at decode sizes up to 256 tokens, random and skewed routing.
 TEST_F(RoutedExpertsTest, EveryDecodeAlgoMatchesPerTokenReference) {
   for (DecodeAlgo algo :
-       {DecodeAlgo::kGroupedF32, DecodeAlgo::kStream, DecodeAlgo::kPlannedCublas}) {
+       {DecodeAlgo::kGroupedF32, DecodeAlgo::kStream, DecodeAlgo::kPlannedCublas,
+        DecodeAlgo::kPipelined}) {
     for (int64_t T : {int64_t{1}, int64_t{7}, int64_t{64}, int64_t{128}, int64_t{256}}) {
       for (bool skewed : {false, true}) {
         Run(T, WeightDType::kBFloat16, kernels::ExpertGemmCublasAlgo::kChunked, algo, skewed);
@@ -859,6 +862,26 @@ TEST_F(RoutedExpertsTest, PlannedPathInCudaGraphMatchesPerTokenReference) {
   }
   gpu_->SetDecodeMoeGraphBuckets(false);  // the default
   captured_ = false;
+}
+
+// The pipelined kernels recorded into a CUDA graph and replayed (fixed shape, device offsets),
+// and chosen by kAuto above 2 tokens while SetDecodeMoePipelined is on.
+TEST_F(RoutedExpertsTest, PipelinedPathInCudaGraphMatchesPerTokenReference) {
+  captured_ = true;
+  for (int64_t T : {int64_t{3}, int64_t{64}, int64_t{128}, int64_t{256}}) {
+    for (bool skewed : {false, true}) {
+      Run(T, WeightDType::kBFloat16, kernels::ExpertGemmCublasAlgo::kChunked,
+          DecodeAlgo::kPipelined, skewed);
+    }
+  }
+  captured_ = false;
+  gpu_->SetDecodeMoePipelined(true);
+  EXPECT_EQ(gpu_->DecodeMoeAlgoFor(2), DecodeAlgo::kGroupedF32);
+  EXPECT_EQ(gpu_->DecodeMoeAlgoFor(3), DecodeAlgo::kPipelined);
+  EXPECT_EQ(gpu_->DecodeMoeAlgoFor(128), DecodeAlgo::kPipelined);
+  Run(128, WeightDType::kBFloat16, kernels::ExpertGemmCublasAlgo::kChunked);
+  gpu_->SetDecodeMoePipelined(false);
+  EXPECT_EQ(gpu_->DecodeMoeAlgoFor(128), DecodeAlgo::kPlannedCublas);
 }
 
 // The previous epilogue (SiLU-mul over every row in use, memset + accumulating combine) kept

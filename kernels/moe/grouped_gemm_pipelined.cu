@@ -1,0 +1,320 @@
+// GroupedGemmBf16Pipelined (grouped_gemm_pipelined.h).
+//
+// Work: items = (slot, feature tile) pairs, slot-major, item i taken by block i % grid (a
+// persistent grid, one block per SM). An item holds kTileRows = 128 weight rows: features
+// 128 t .. 128 t + 127 (kF32), or, for the fused SiLU-mul, gate features 64 t .. 64 t + 63 and
+// their 64 up features, interleaved by 8 so that each 16-row MMA tile holds 8 gate rows and the
+// matching 8 up rows: the C fragment's rows g and g + 8 are then gate and up of one feature, in
+// one thread's registers. Each item runs one pass per kPassRows of its slot's rows (one pass at
+// decode sizes), each pass a sequence of kChunkK-wide k chunks.
+//
+// Pipeline: every (item, pass, k chunk) step is one stage of a kStages ring in shared memory:
+// the chunk's 128 weight rows and up to kPassRows x rows, copied with 16-byte cp.async (rows
+// 144 bytes apart: ldmatrix reads 8 rows without bank conflicts). A producer cursor runs
+// kStages - 1 steps ahead of the consumer across item boundaries, so the copies never drain
+// between items. Per step each of the 4 warps multiplies its two 16-row weight tiles (the MMA's
+// A operand, features as M) with the pass's active 8-row x tiles (B, rows as N): padding costs
+// at most 7 rows of MMA work, no weight bytes. At the end of a pass the warp writes its C
+// fragments (fp32 y, or bf16 silu(gate) * up) straight to global memory.
+//
+// x rows past the slot's end and weight rows past n are not copied (their stale shared values
+// reach only outputs that are not stored); k past the end is zero-filled (it would reach every
+// output).
+#include <cuda_bf16.h>
+#include <math.h>
+
+#include <algorithm>
+
+#include "kernels/attention/mma_sm80.cuh"
+#include "kernels/common/kernel_facts.h"
+#include "kernels/common/launch.cuh"
+#include "kernels/moe/grouped_gemm_pipelined.h"
+
+namespace deepinfer {
+namespace kernels {
+namespace {
+
+using sm80::CopyAsync16;
+using sm80::CopyAsyncCommit;
+using sm80::CopyAsyncWait;
+using sm80::LdMatrixX4;
+using sm80::MmaBf16;
+using sm80::SharedAddr;
+
+constexpr int kWarps = 4;
+constexpr int kThreads = kWarps * 32;
+constexpr int kMTiles = 2;                        // 16-row weight tiles per warp
+constexpr int kTileRows = kWarps * kMTiles * 16;  // weight rows per item: 128
+constexpr int kChunkK = 64;                       // k per stage
+constexpr int kLd = kChunkK + 8;                  // shared row pitch, elements (144 bytes)
+constexpr int kPassRows = 64;                     // x rows per pass
+constexpr int kNTiles = kPassRows / 8;            // 8-row x tiles per pass
+constexpr int kStages = 8;
+constexpr int kStageElems = (kTileRows + kPassRows) * kLd;
+constexpr size_t kSmemBytes = size_t{kStages} * kStageElems * sizeof(uint16_t);
+constexpr int kPiecesPerRow = kChunkK / 8;  // 16-byte pieces
+constexpr int kWPieces = kTileRows * kPiecesPerRow / kThreads;
+constexpr int kXPieces = kPassRows * kPiecesPerRow / kThreads;
+static_assert(kThreads == kTileRows, "the L2 prefetch gives each thread one weight row");
+static_assert(kTileRows * kPiecesPerRow % kThreads == 0 &&
+                  kPassRows * kPiecesPerRow % kThreads == 0,
+              "whole copy rounds");
+static_assert(kSmemBytes <= 227 * 1024, "fits the sm_90 shared memory of one block");
+
+// The launch's parameters plus what the host derived from them.
+struct Job {
+  GroupedGemmBf16PipelinedParams p;
+  int32_t tiles;    // feature tiles per slot
+  int32_t items;    // num_slots * tiles
+  int32_t kchunks;  // ceil(k / kChunkK)
+  int32_t inter;    // kSiluMulBf16: n / 2
+  bool silu;
+};
+
+// Weight row (feature) behind shared tile row r of feature tile t, -1 past the end.
+__device__ __forceinline__ int FeatureOf(const Job& j, int t, int r) {
+  if (!j.silu) {
+    const int f = t * kTileRows + r;
+    return f < j.p.n ? f : -1;
+  }
+  const int base = t * (kTileRows / 2) + (r / 16) * 8 + (r & 7);
+  if (base >= j.inter) return -1;
+  return (r & 8) ? j.inter + base : base;
+}
+
+// Where a walk over this block's steps stands: item (>= items: done), its slot and feature
+// tile, the pass's first row, the slot's end row, the k chunk.
+struct Cursor {
+  int item, slot, tile, row0, row_end, kc;
+};
+
+// From c->item on, the first item whose slot has rows (or c->item >= items).
+__device__ __forceinline__ void SeekItem(const Job& j, Cursor* c) {
+  for (; c->item < j.items; c->item += gridDim.x) {
+    const int slot = c->item / j.tiles;
+    const int b = min(j.p.slot_offsets[slot], j.p.max_rows);
+    const int e = min(j.p.slot_offsets[slot + 1], j.p.max_rows);
+    if (e > b) {
+      c->slot = slot;
+      c->tile = c->item - slot * j.tiles;
+      c->row0 = b;
+      c->row_end = e;
+      c->kc = 0;
+      return;
+    }
+  }
+}
+
+__device__ __forceinline__ void Advance(const Job& j, Cursor* c) {
+  if (++c->kc < j.kchunks) return;
+  c->kc = 0;
+  c->row0 += kPassRows;
+  if (c->row0 < c->row_end) return;
+  c->item += gridDim.x;
+  SeekItem(j, c);
+}
+
+// The copies of step c into the stage at shared address `stage`.
+__device__ __forceinline__ void LoadStep(const Job& j, const Cursor& c, uint32_t stage) {
+  const uint16_t* w = j.p.weights[c.slot];
+  const int k0 = c.kc * kChunkK;
+#pragma unroll
+  for (int i = 0; i < kWPieces; ++i) {
+    const int id = threadIdx.x + i * kThreads, r = id / kPiecesPerRow, piece = id % kPiecesPerRow;
+    const int f = FeatureOf(j, c.tile, r), kk = k0 + piece * 8;
+    if (f < 0) continue;
+    const bool in_k = kk < j.p.k;
+    CopyAsync16(stage + (r * kLd + piece * 8) * 2,
+                in_k ? w + static_cast<int64_t>(f) * j.p.k + kk : w, in_k);
+  }
+  const int rows = c.row_end - c.row0;
+#pragma unroll
+  for (int i = 0; i < kXPieces; ++i) {
+    const int id = threadIdx.x + i * kThreads, r = id / kPiecesPerRow, piece = id % kPiecesPerRow;
+    const int kk = k0 + piece * 8;
+    if (r >= rows) continue;
+    const bool in_k = kk < j.p.k;
+    CopyAsync16(stage + ((kTileRows + r) * kLd + piece * 8) * 2,
+                in_k ? j.p.x + static_cast<int64_t>(c.row0 + r) * j.p.k + kk : j.p.x, in_k);
+  }
+}
+
+// acc[m][n] += W tile m of this warp x x tile n, over the stage's k chunk; n < active.
+__device__ __forceinline__ void ComputeStep(uint32_t stage, int active,
+                                            float acc[kMTiles][kNTiles][4]) {
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+#pragma unroll
+  for (int ks2 = 0; ks2 < kChunkK / 16; ks2 += 2) {
+    // A fragments, k-steps ks2 and ks2 + 1: matrices rows 8 (mat & 1) + 0..7, k 8 (mat >> 1).
+    uint32_t a[2][kMTiles][4];
+#pragma unroll
+    for (int s = 0; s < 2; ++s) {
+#pragma unroll
+      for (int m = 0; m < kMTiles; ++m) {
+        const int row = (warp * kMTiles + m) * 16 + (lane & 7) + ((lane >> 3) & 1) * 8;
+        LdMatrixX4<false>(a[s][m], stage + (row * kLd + (ks2 + s) * 16 + (lane >> 4) * 8) * 2);
+      }
+    }
+#pragma unroll
+    for (int n = 0; n < kNTiles; ++n) {
+      if (n >= active) break;
+      // B fragments of x tile n: matrices k 8 mat + 0..7 of k-steps ks2 (mat 0, 1), ks2 + 1.
+      uint32_t b[4];
+      LdMatrixX4<false>(
+          b, stage + ((kTileRows + n * 8 + (lane & 7)) * kLd + ks2 * 16 + (lane >> 3) * 8) * 2);
+#pragma unroll
+      for (int m = 0; m < kMTiles; ++m) {
+        MmaBf16(acc[m][n], a[0][m], b[0], b[1]);
+        MmaBf16(acc[m][n], a[1][m], b[2], b[3]);
+      }
+    }
+  }
+}
+
+// expf (not __expf), as SiluMulF32ToBf16 and SiluMulBf16.
+__device__ __forceinline__ float SiluMul(float g, float u) { return g / (1.0f + expf(-g)) * u; }
+
+// The pass's outputs from this warp's C fragments (c0, c1: weight row g, x rows 2 tq, 2 tq + 1;
+// c2, c3: weight row g + 8), then the accumulators cleared.
+__device__ __forceinline__ void StorePass(const Job& j, const Cursor& c, int active,
+                                          float acc[kMTiles][kNTiles][4]) {
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, tq = lane % 4;
+#pragma unroll
+  for (int m = 0; m < kMTiles; ++m) {
+    const int tile_row = (warp * kMTiles + m) * 16 + g;
+#pragma unroll
+    for (int n = 0; n < kNTiles; ++n) {
+      if (n < active) {
+        const int row = c.row0 + n * 8 + 2 * tq;
+        if (j.silu) {
+          const int f = c.tile * (kTileRows / 2) + (warp * kMTiles + m) * 8 + g;
+#pragma unroll
+          for (int h = 0; h < 2; ++h) {
+            if (f < j.inter && row + h < c.row_end) {
+              j.p.act[static_cast<int64_t>(row + h) * j.inter + f] = __bfloat16_as_ushort(
+                  __float2bfloat16_rn(SiluMul(acc[m][n][h], acc[m][n][2 + h])));
+            }
+          }
+        } else {
+#pragma unroll
+          for (int e = 0; e < 4; ++e) {
+            const int f = c.tile * kTileRows + tile_row + (e >> 1) * 8, r = row + (e & 1);
+            if (f < j.p.n && r < c.row_end) {
+              j.p.y[static_cast<int64_t>(r) * j.p.n + f] = acc[m][n][e];
+            }
+          }
+        }
+      }
+#pragma unroll
+      for (int e = 0; e < 4; ++e) acc[m][n][e] = 0.0f;
+    }
+  }
+}
+
+__device__ __forceinline__ void PrefetchL2(const void* p) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  asm volatile("prefetch.global.L2 [%0];" ::"l"(p));
+#endif
+}
+
+// Before the wait for the preceding kernels: the first kStages - 1 chunks of this block's first
+// item's weight rows into L2 (one row per thread; the weights are written by no kernel).
+__device__ int PrefetchFirstItem(Job j) {
+  const int item = blockIdx.x;
+  if (item >= j.items) return 0;
+  const int slot = item / j.tiles;
+  const uint16_t* w = j.p.weights[slot];
+  const int f = FeatureOf(j, item - slot * j.tiles, threadIdx.x);
+  if (w == nullptr || f < 0) return 0;
+  const char* row = reinterpret_cast<const char*>(w + static_cast<int64_t>(f) * j.p.k);
+  const int bytes = min(j.p.k, (kStages - 1) * kChunkK) * 2;
+  for (int off = 0; off < bytes; off += 128) PrefetchL2(row + off);
+  return 0;
+}
+
+__device__ void PipelinedBody(int /*prefetched*/, Job j) {
+  extern __shared__ float4 smem4[];
+  const uint32_t base = SharedAddr(smem4);
+  auto stage_addr = [&](int s) {
+    return base + static_cast<uint32_t>(s * kStageElems * sizeof(uint16_t));
+  };
+  Cursor load{static_cast<int>(blockIdx.x), 0, 0, 0, 0, 0};
+  SeekItem(j, &load);
+  Cursor use = load;
+#pragma unroll 1
+  for (int s = 0; s < kStages - 1; ++s) {
+    if (load.item < j.items) {
+      LoadStep(j, load, stage_addr(s));
+      Advance(j, &load);
+    }
+    CopyAsyncCommit();  // possibly empty: one group per step keeps the wait count fixed
+  }
+  float acc[kMTiles][kNTiles][4];
+#pragma unroll
+  for (int m = 0; m < kMTiles; ++m)
+#pragma unroll
+    for (int n = 0; n < kNTiles; ++n)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) acc[m][n][e] = 0.0f;
+  int stage = 0;
+#pragma unroll 1
+  while (use.item < j.items) {
+    CopyAsyncWait<kStages - 2>();  // this step's group has landed for this thread ...
+    __syncthreads();  // ... and for all; every warp is done with the stage refilled next
+    if (load.item < j.items) {
+      LoadStep(j, load, stage_addr((stage + kStages - 1) % kStages));
+      Advance(j, &load);
+    }
+    CopyAsyncCommit();
+    const int active = min(kNTiles, (min(use.row_end - use.row0, kPassRows) + 7) / 8);
+    ComputeStep(stage_addr(stage), active, acc);
+    if (use.kc == j.kchunks - 1) StorePass(j, use, active, acc);
+    Advance(j, &use);
+    stage = (stage + 1) % kStages;
+  }
+  CopyAsyncWait<0>();
+}
+
+constexpr auto kEntry = PrefetchEntryKernel<PrefetchFirstItem, PipelinedBody, kThreads>();
+
+}  // namespace
+
+cudaError_t GroupedGemmBf16Pipelined(const GroupedGemmBf16PipelinedParams& p, cudaStream_t stream) {
+  const bool silu = p.epilogue == PipelinedGemmEpilogue::kSiluMulBf16;
+  if (p.num_slots <= 0 || p.n <= 0 || p.k <= 0 || p.k % 8 != 0 || p.max_rows < 0 ||
+      p.max_blocks < 0 || (silu && p.n % 2 != 0) || reinterpret_cast<uintptr_t>(p.x) % 16 != 0 ||
+      p.slot_offsets == nullptr || p.weights == nullptr ||
+      (silu ? p.act == nullptr : p.y == nullptr)) {
+    return cudaErrorInvalidValue;
+  }
+  if (p.max_rows == 0) return cudaSuccess;
+  // Cached per device; the first query raises the entry's shared-memory limit. The compute_75
+  // PTX fallback has no MMA: sm_80+ code only.
+  const KernelFacts facts = KernelFactsForCurrentDevice(reinterpret_cast<const void*>(kEntry),
+                                                        static_cast<int>(kSmemBytes));
+  if (facts.error != cudaSuccess) return facts.error;
+  if (facts.ptx_version < 80 || facts.max_smem < static_cast<int>(kSmemBytes)) {
+    return cudaErrorNotSupported;
+  }
+  // One block per SM (the ring takes most of an SM's shared memory).
+  const int resident = facts.sms;
+  Job j;
+  j.p = p;
+  j.silu = silu;
+  j.inter = p.n / 2;
+  const int64_t features_per_tile = silu ? kTileRows / 2 : kTileRows;
+  const int64_t tiles =
+      ((silu ? j.inter : int64_t{p.n}) + features_per_tile - 1) / features_per_tile;
+  const int64_t items = tiles * p.num_slots;
+  if (items > (int64_t{1} << 30)) return cudaErrorInvalidValue;
+  j.tiles = static_cast<int32_t>(tiles);
+  j.items = static_cast<int32_t>(items);
+  j.kchunks = (p.k + kChunkK - 1) / kChunkK;
+  int64_t grid = std::min<int64_t>(items, resident);
+  if (p.max_blocks > 0) grid = std::min<int64_t>(grid, p.max_blocks);
+  return LaunchPrefetchThenAfterPrecedingGrids<PrefetchFirstItem, PipelinedBody, kThreads>(
+      dim3(static_cast<unsigned>(grid)), kSmemBytes, stream, j);
+}
+
+}  // namespace kernels
+}  // namespace deepinfer
