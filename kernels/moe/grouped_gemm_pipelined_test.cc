@@ -8,8 +8,6 @@
 
 #include <algorithm>
 #include <cmath>
-#include <numeric>
-#include <random>
 #include <vector>
 
 #include "gtest/gtest.h"
@@ -170,18 +168,13 @@ TEST(GroupedGemmBf16PipelinedTest, SlotsOverSeveralPasses) {
 
 TEST(GroupedGemmBf16PipelinedTest, MoonlightDecodeShapes) {
   DEEPINFER_SKIP_WITHOUT_GPU();
-  // 16 tokens, top-6 of 64 experts (uniform counts around 1.5 rows a slot, some empty), then
-  // 128 tokens' worth of rows on 8 experts (12 rows each, as at 128 tokens over 64 experts).
-  std::mt19937 gen(7);
-  std::vector<int32_t> small(64, 0);
-  for (int t = 0; t < 16; ++t) {
-    std::vector<int32_t> all(64);
-    std::iota(all.begin(), all.end(), 0);
-    std::shuffle(all.begin(), all.end(), gen);
-    for (int i = 0; i < 6; ++i) ++small[all[i]];
-  }
-  const std::vector<int32_t> busy = {12, 9, 15, 12, 11, 14, 12, 10};
-  for (const auto& counts : {small, busy}) {
+  // 64 experts: six busy ones with 1-2 rows (a few decode tokens), then eight with 9-15 rows
+  // (as each expert has at 128 tokens, top-6); gate_up (SiLU-mul) and down.
+  std::vector<int32_t> few(64, 0), busy(64, 0);
+  const int32_t few_rows[] = {1, 2, 1, 1, 2, 1}, busy_rows[] = {12, 9, 15, 12, 11, 14, 12, 10};
+  for (int i = 0; i < 6; ++i) few[3 + 11 * i] = few_rows[i];
+  for (int i = 0; i < 8; ++i) busy[5 + 8 * i] = busy_rows[i];
+  for (const auto& counts : {few, busy}) {
     RunCase({2 * 1408, 2048, counts, 0, PipelinedGemmEpilogue::kSiluMulBf16, 0});
     RunCase({2048, 1408, counts, 0, PipelinedGemmEpilogue::kF32, 0});
   }

@@ -413,8 +413,8 @@ absl::Status RunRank(const BenchConfig& bc, int64_t rank, RankState* s, RankOutp
     } else if (bc.decode_moe_algo == "pipelined") {
       cuda->SetDecodeMoeAlgo(Algo::kPipelined);
     } else {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "--decode-moe-algo must be grouped-f32, stream, planned or pipelined, got '",
+      return absl::InvalidArgumentError(
+          absl::StrCat("--decode-moe-algo must be grouped-f32, stream, planned or pipelined, got '",
                        bc.decode_moe_algo, "'"));
     }
   }

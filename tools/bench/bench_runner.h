@@ -134,8 +134,9 @@ struct BenchConfig {
   // graph switch nodes; false, the default: the one fixed batch inside the decode graphs too).
   bool decode_moe_graph_buckets = false;
   // CUDA only: CudaBackend::SetDecodeMoePipelined (true: the pipelined grouped GEMM kernels
-  // instead of the planned cuBLAS chunks above 2 decode tokens).
-  bool decode_moe_pipelined = false;
+  // instead of the planned cuBLAS chunks above 2 decode tokens; the default is the backend's,
+  // CudaBackend::kDefaultDecodeMoePipelined).
+  bool decode_moe_pipelined = true;
   // CUDA only: CudaBackend::SetDecodeDenseMlpFused (a dense MLP layer at one decode token as
   // the fused MoE block's kernels with no routed experts, the default; false: the ops).
   bool decode_dense_mlp_fused = true;

@@ -1400,8 +1400,7 @@ void CudaBackend::ExpertGemmsOnDevice(const RoutedExpertsArgs& a, DecodeMoeAlgo 
     g.epilogue = kernels::PipelinedGemmEpilogue::kF32;
     g.act = nullptr;
     g.y = expert_out;
-    Check(kernels::GroupedGemmBf16Pipelined(g, stream_),
-          "kernels::GroupedGemmBf16Pipelined(down)");
+    Check(kernels::GroupedGemmBf16Pipelined(g, stream_), "kernels::GroupedGemmBf16Pipelined(down)");
     return;
   }
   // The planned cuBLAS GEMMs write gate_up in bf16 (as the prefill path), the kernels fp32.

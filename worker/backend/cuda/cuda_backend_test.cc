@@ -833,9 +833,8 @@ TEST_F(RoutedExpertsTest, DeviceGroupedPathMatchesPerTokenReference) {
 
 // Each decode algorithm forced, at decode sizes up to 256 tokens, random and skewed routing.
 TEST_F(RoutedExpertsTest, EveryDecodeAlgoMatchesPerTokenReference) {
-  for (DecodeAlgo algo :
-       {DecodeAlgo::kGroupedF32, DecodeAlgo::kStream, DecodeAlgo::kPlannedCublas,
-        DecodeAlgo::kPipelined}) {
+  for (DecodeAlgo algo : {DecodeAlgo::kGroupedF32, DecodeAlgo::kStream, DecodeAlgo::kPlannedCublas,
+                          DecodeAlgo::kPipelined}) {
     for (int64_t T : {int64_t{1}, int64_t{7}, int64_t{64}, int64_t{128}, int64_t{256}}) {
       for (bool skewed : {false, true}) {
         Run(T, WeightDType::kBFloat16, kernels::ExpertGemmCublasAlgo::kChunked, algo, skewed);
@@ -882,6 +881,8 @@ TEST_F(RoutedExpertsTest, PipelinedPathInCudaGraphMatchesPerTokenReference) {
   Run(128, WeightDType::kBFloat16, kernels::ExpertGemmCublasAlgo::kChunked);
   gpu_->SetDecodeMoePipelined(false);
   EXPECT_EQ(gpu_->DecodeMoeAlgoFor(128), DecodeAlgo::kPlannedCublas);
+  Run(128, WeightDType::kBFloat16, kernels::ExpertGemmCublasAlgo::kChunked);
+  gpu_->SetDecodeMoePipelined(CudaBackend::kDefaultDecodeMoePipelined);
 }
 
 // The previous epilogue (SiLU-mul over every row in use, memset + accumulating combine) kept
@@ -917,7 +918,9 @@ TEST_F(RoutedExpertsTest, PlannedChunkSizesMatchPerTokenReference) {
   EXPECT_EQ(gpu_->PlannedChunkRows(64), 48);
   EXPECT_EQ(gpu_->PlannedChunkRows(128), 48);
   EXPECT_EQ(gpu_->DecodeMoeAlgoFor(2), DecodeAlgo::kGroupedF32);
-  EXPECT_EQ(gpu_->DecodeMoeAlgoFor(64), DecodeAlgo::kPlannedCublas);
+  EXPECT_EQ(gpu_->DecodeMoeAlgoFor(64), CudaBackend::kDefaultDecodeMoePipelined
+                                            ? DecodeAlgo::kPipelined
+                                            : DecodeAlgo::kPlannedCublas);
   EXPECT_FALSE(gpu_->SetPlannedChunkRows(-1).ok());
   EXPECT_FALSE(gpu_->SetPlannedChunkRows(CudaBackend::kMaxPlannedChunkRows + 1).ok());
 }
