@@ -83,9 +83,10 @@ __device__ __forceinline__ int FeatureOf(const Job& j, int t, int r) {
 }
 
 // Where a walk over this block's steps stands: item (>= items: done), its slot and feature
-// tile, the pass's first row, the slot's end row, the k chunk.
+// tile, the pass's first row, the slot's end row, the k chunk, the slot's weights.
 struct Cursor {
   int item, slot, tile, row0, row_end, kc;
+  const uint16_t* w;
 };
 
 // From c->item on, the first item whose slot has rows (or c->item >= items).
@@ -100,6 +101,7 @@ __device__ __forceinline__ void SeekItem(const Job& j, Cursor* c) {
       c->row0 = b;
       c->row_end = e;
       c->kc = 0;
+      c->w = j.p.weights[slot];
       return;
     }
   }
@@ -116,7 +118,7 @@ __device__ __forceinline__ void Advance(const Job& j, Cursor* c) {
 
 // The copies of step c into the stage at shared address `stage`.
 __device__ __forceinline__ void LoadStep(const Job& j, const Cursor& c, uint32_t stage) {
-  const uint16_t* w = j.p.weights[c.slot];
+  const uint16_t* w = c.w;
   const int k0 = c.kc * kChunkK;
 #pragma unroll
   for (int i = 0; i < kWPieces; ++i) {
@@ -238,7 +240,7 @@ __device__ void PipelinedBody(int /*prefetched*/, Job j) {
   auto stage_addr = [&](int s) {
     return base + static_cast<uint32_t>(s * kStageElems * sizeof(uint16_t));
   };
-  Cursor load{static_cast<int>(blockIdx.x), 0, 0, 0, 0, 0};
+  Cursor load{static_cast<int>(blockIdx.x), 0, 0, 0, 0, 0, nullptr};
   SeekItem(j, &load);
   Cursor use = load;
 #pragma unroll 1

@@ -1,0 +1,41 @@
+#!/bin/bash
+# moe128_check.sh - the pipelined grouped expert GEMM at 3+ decode tokens (branch s8-moe128) in
+# one device call (<= 110 s), from a folder made by
+#   GPU_TESTS="//kernels/moe:grouped_gemm_pipelined_test //worker/backend/cuda:cuda_backend_test \
+#     //worker/model:decode_graph_gpu_test //tests/parity:cuda_parity_test" \
+#   GPU_TOOLS="//worker/backend/cuda:moe_decode_bench //tools/bench:deepinfer-bench" \
+#   GPU_DAEMONS="" tools/gpu/prepare.sh --out DIR --pack PACK.tar.xz
+# then (device tool) `mkdir -p /tmp/b && tar xJf PACK -C /tmp/b && bash /tmp/b/DIR/moe128_check.sh`.
+# Steps: the kernel test (both epilogues against exact dot products); moe_decode_bench (one MoE
+# layer in a CUDA graph: "epilogue" = the planned cuBLAS path the backend took before, vs
+# "pipelined"; Moonlight and V3, 64 / 128 / 256 tokens); the 27-layer Moonlight-shaped bench at
+# 1, 64 and 128 requests with --decode-moe-pipelined false, then true (each arm its own
+# process); the model's decode-graph and parity tests (kPipelined the default above 2 tokens);
+# the backend's routed-expert tests (every decode algorithm incl. kPipelined, eager and
+# recorded, against the per-token CPU reference); the bench pair again at 64 and 128. One line per step in
+# $OUT/summary.txt, logs in $OUT/logs.tar.gz.
+set -uo pipefail
+here=$(cd "$(dirname "$0")" && pwd)
+STEP_BUDGET_S=${BUDGET_S:-108} . "$here/steps.sh"
+
+bench27=("$B/deepinfer-bench" --backend cuda --dtype bfloat16 --load-format dummy --seed 1
+  --context-length 1024 --decode-fill random --model "$C/moonlight_shaped.json"
+  --prefill-batch-tokens 0 --output-len 11 --warmup 3 --iters 3)
+bench() {  # bench PIPELINED SIZES
+  step "bench27_pipelined_${1}_$2" 22 "${bench27[@]}" --decode-num-requests "$2" \
+    --decode-moe-pipelined="$1"
+}
+# Ordered so that a call cut short loses the repeated bench pair first.
+step grouped_gemm_pipelined_test 20 "$B/grouped_gemm_pipelined_test" --gtest_color=no
+step moe_decode_bench_moonlight 10 "$B/moe_decode_bench" moonlight epilogue,pipelined
+step moe_decode_bench_v3 10 "$B/moe_decode_bench" v3 epilogue,pipelined
+cat "$logs"/moe_decode_bench_*.log > "$OUT/moe_decode_bench.txt" 2>/dev/null
+bench false 1,64,128
+bench true 1,64,128
+step decode_graph_gpu_test 12 "$B/decode_graph_gpu_test" --gtest_color=no
+step cuda_parity_test 10 "$B/cuda_parity_test" --gtest_color=no
+step routed_experts_backend_test 25 "$B/cuda_backend_test" --gtest_color=no \
+  --gtest_filter='RoutedExpertsTest.EveryDecodeAlgo*:RoutedExpertsTest.Pipelined*:RoutedExpertsTest.DeviceGrouped*:RoutedExpertsTest.PlannedChunk*'
+bench false 64,128
+bench true 64,128
+cat "$OUT/summary.txt"
