@@ -1,21 +1,27 @@
 // GroupedGemmBf16Pipelined (grouped_gemm_pipelined.h).
 //
 // Work: items = (slot, feature tile) pairs, slot-major, item i taken by block i % grid (a
-// persistent grid, one block per SM). An item holds kTileRows = 128 weight rows: features
-// 128 t .. 128 t + 127 (kF32), or, for the fused SiLU-mul, gate features 64 t .. 64 t + 63 and
-// their 64 up features, interleaved by 8 so that each 16-row MMA tile holds 8 gate rows and the
+// persistent grid, one block per SM). An item holds kTileRows = 32 weight rows: features
+// 32 t .. 32 t + 31 (kF32), or, for the fused SiLU-mul, gate features 16 t .. 16 t + 15 and
+// their 16 up features, interleaved by 8 so that each 16-row MMA tile holds 8 gate rows and the
 // matching 8 up rows: the C fragment's rows g and g + 8 are then gate and up of one feature, in
 // one thread's registers. Each item runs one pass per kPassRows of its slot's rows (one pass at
-// decode sizes), each pass a sequence of kChunkK-wide k chunks.
+// decode sizes up to ~128 tokens), each pass a sequence of kChunkK = 256-wide k chunks.
 //
 // Pipeline: every (item, pass, k chunk) step is one stage of a kStages ring in shared memory:
-// the chunk's 128 weight rows and up to kPassRows x rows, copied with 16-byte cp.async (rows
-// 144 bytes apart: ldmatrix reads 8 rows without bank conflicts). A producer cursor runs
+// the chunk's 32 weight rows (512 contiguous bytes each: one warp instruction copies one row's
+// piece, so DRAM sees 512-byte runs) and up to kPassRows x rows, copied with 16-byte cp.async
+// (rows 528 bytes apart: ldmatrix reads 8 rows without bank conflicts). A producer cursor runs
 // kStages - 1 steps ahead of the consumer across item boundaries, so the copies never drain
-// between items. Per step each of the 4 warps multiplies its two 16-row weight tiles (the MMA's
-// A operand, features as M) with the pass's active 8-row x tiles (B, rows as N): padding costs
-// at most 7 rows of MMA work, no weight bytes. At the end of a pass the warp writes its C
-// fragments (fp32 y, or bf16 silu(gate) * up) straight to global memory.
+// between items. Per step each of the 8 warps multiplies the two 16-row weight tiles (the MMA's
+// A operand, features as M) with the pass's active 8-row x tiles (B, rows as N) over its own
+// 32 of the chunk's 256 k: padding costs at most 7 rows of MMA work, no weight bytes. At the
+// end of a pass the warps' partial sums meet in shared memory, are added in warp order (fixed:
+// the same bits every run) and written to global memory (fp32 y, or bf16 silu(gate) * up).
+//
+// v1 of this kernel (128-row items, 64-wide chunks: 128-byte runs per row, 4 warps each owning
+// 32 features over the whole chunk) measured 2.4x slower than the planned cuBLAS path on the
+// H200 (1.4-1.7 TB/s; docs/kernels.md).
 //
 // x rows past the slot's end and weight rows past n are not copied (their stale shared values
 // reach only outputs that are not stored); k past the end is zero-filled (it would reach every
@@ -41,21 +47,26 @@ using sm80::LdMatrixX4;
 using sm80::MmaBf16;
 using sm80::SharedAddr;
 
-constexpr int kWarps = 4;
+constexpr int kWarps = 8;
 constexpr int kThreads = kWarps * 32;
-constexpr int kMTiles = 2;                        // 16-row weight tiles per warp
-constexpr int kTileRows = kWarps * kMTiles * 16;  // weight rows per item: 128
-constexpr int kChunkK = 64;                       // k per stage
-constexpr int kLd = kChunkK + 8;                  // shared row pitch, elements (144 bytes)
-constexpr int kPassRows = 64;                     // x rows per pass
-constexpr int kNTiles = kPassRows / 8;            // 8-row x tiles per pass
-constexpr int kStages = 8;
+constexpr int kMTiles = 2;                          // 16-row weight tiles per item
+constexpr int kTileRows = kMTiles * 16;             // weight rows per item: 32
+constexpr int kChunkK = 256;                        // k per stage
+constexpr int kWarpKSteps = kChunkK / 16 / kWarps;  // 16-wide k steps per warp and stage: 2
+constexpr int kLd = kChunkK + 8;                    // shared row pitch, elements (528 bytes)
+constexpr int kPassRows = 24;                       // x rows per pass
+constexpr int kNTiles = kPassRows / 8;              // 8-row x tiles per pass
+constexpr int kStages = 7;
 constexpr int kStageElems = (kTileRows + kPassRows) * kLd;
-constexpr size_t kSmemBytes = size_t{kStages} * kStageElems * sizeof(uint16_t);
-constexpr int kPiecesPerRow = kChunkK / 8;  // 16-byte pieces
+constexpr int kPiecesPerRow = kChunkK / 8;  // 16-byte pieces: one per lane
 constexpr int kWPieces = kTileRows * kPiecesPerRow / kThreads;
 constexpr int kXPieces = kPassRows * kPiecesPerRow / kThreads;
-static_assert(kThreads == kTileRows, "the L2 prefetch gives each thread one weight row");
+// The warps' partial sums at the end of a pass: [warp][m][n][e][lane] floats.
+constexpr int kReduceFloats = kWarps * kMTiles * kNTiles * 4 * 32;
+constexpr size_t kSmemBytes =
+    size_t{kStages} * kStageElems * sizeof(uint16_t) + kReduceFloats * sizeof(float);
+static_assert(kWarpKSteps == 2, "one x4 ldmatrix of x covers a warp's k steps of a stage");
+static_assert(kPiecesPerRow == 32, "a warp copies one row's piece of a chunk per instruction");
 static_assert(kTileRows * kPiecesPerRow % kThreads == 0 &&
                   kPassRows * kPiecesPerRow % kThreads == 0,
               "whole copy rounds");
@@ -141,34 +152,32 @@ __device__ __forceinline__ void LoadStep(const Job& j, const Cursor& c, uint32_t
   }
 }
 
-// acc[m][n] += W tile m of this warp x x tile n, over the stage's k chunk; n < active.
+// acc[m][n] += W tile m x x tile n over this warp's k steps of the stage's chunk; n < active.
 __device__ __forceinline__ void ComputeStep(uint32_t stage, int active,
                                             float acc[kMTiles][kNTiles][4]) {
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int ks0 = warp * kWarpKSteps;
+  // A fragments of k steps ks0 and ks0 + 1: matrices rows 8 (mat & 1) + 0..7, k 8 (mat >> 1).
+  uint32_t a[kWarpKSteps][kMTiles][4];
 #pragma unroll
-  for (int ks2 = 0; ks2 < kChunkK / 16; ks2 += 2) {
-    // A fragments, k-steps ks2 and ks2 + 1: matrices rows 8 (mat & 1) + 0..7, k 8 (mat >> 1).
-    uint32_t a[2][kMTiles][4];
+  for (int s = 0; s < kWarpKSteps; ++s) {
 #pragma unroll
-    for (int s = 0; s < 2; ++s) {
-#pragma unroll
-      for (int m = 0; m < kMTiles; ++m) {
-        const int row = (warp * kMTiles + m) * 16 + (lane & 7) + ((lane >> 3) & 1) * 8;
-        LdMatrixX4<false>(a[s][m], stage + (row * kLd + (ks2 + s) * 16 + (lane >> 4) * 8) * 2);
-      }
+    for (int m = 0; m < kMTiles; ++m) {
+      const int row = m * 16 + (lane & 7) + ((lane >> 3) & 1) * 8;
+      LdMatrixX4<false>(a[s][m], stage + (row * kLd + (ks0 + s) * 16 + (lane >> 4) * 8) * 2);
     }
+  }
 #pragma unroll
-    for (int n = 0; n < kNTiles; ++n) {
-      if (n >= active) break;
-      // B fragments of x tile n: matrices k 8 mat + 0..7 of k-steps ks2 (mat 0, 1), ks2 + 1.
-      uint32_t b[4];
-      LdMatrixX4<false>(
-          b, stage + ((kTileRows + n * 8 + (lane & 7)) * kLd + ks2 * 16 + (lane >> 3) * 8) * 2);
+  for (int n = 0; n < kNTiles; ++n) {
+    if (n >= active) break;
+    // B fragments of x tile n: matrices k 8 mat + 0..7 from k step ks0 on (mat 0, 1: ks0).
+    uint32_t b[4];
+    LdMatrixX4<false>(
+        b, stage + ((kTileRows + n * 8 + (lane & 7)) * kLd + ks0 * 16 + (lane >> 3) * 8) * 2);
 #pragma unroll
-      for (int m = 0; m < kMTiles; ++m) {
-        MmaBf16(acc[m][n], a[0][m], b[0], b[1]);
-        MmaBf16(acc[m][n], a[1][m], b[2], b[3]);
-      }
+    for (int m = 0; m < kMTiles; ++m) {
+      MmaBf16(acc[m][n], a[0][m], b[0], b[1]);
+      MmaBf16(acc[m][n], a[1][m], b[2], b[3]);
     }
   }
 }
@@ -176,39 +185,56 @@ __device__ __forceinline__ void ComputeStep(uint32_t stage, int active,
 // expf (not __expf), as SiluMulF32ToBf16 and SiluMulBf16.
 __device__ __forceinline__ float SiluMul(float g, float u) { return g / (1.0f + expf(-g)) * u; }
 
-// The pass's outputs from this warp's C fragments (c0, c1: weight row g, x rows 2 tq, 2 tq + 1;
-// c2, c3: weight row g + 8), then the accumulators cleared.
+// The end of a pass: every warp's partial C fragments into red, then each output (C fragment
+// element (m, n, e) of lane l: weight row 16 m + g + 8 (e >> 1), x row 8 n + 2 tq + (e & 1),
+// g = l / 4, tq = l % 4) summed over the warps in order and stored; the accumulators cleared.
+// Called by every thread; red is read again only after the next step's barrier.
 __device__ __forceinline__ void StorePass(const Job& j, const Cursor& c, int active,
-                                          float acc[kMTiles][kNTiles][4]) {
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, tq = lane % 4;
+                                          float acc[kMTiles][kNTiles][4], float* red) {
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  auto at = [&](int w, int m, int n, int e, int l) {
+    return (((w * kMTiles + m) * kNTiles + n) * 4 + e) * 32 + l;
+  };
 #pragma unroll
   for (int m = 0; m < kMTiles; ++m) {
-    const int tile_row = (warp * kMTiles + m) * 16 + g;
 #pragma unroll
     for (int n = 0; n < kNTiles; ++n) {
-      if (n < active) {
-        const int row = c.row0 + n * 8 + 2 * tq;
-        if (j.silu) {
-          const int f = c.tile * (kTileRows / 2) + (warp * kMTiles + m) * 8 + g;
 #pragma unroll
-          for (int h = 0; h < 2; ++h) {
-            if (f < j.inter && row + h < c.row_end) {
-              j.p.act[static_cast<int64_t>(row + h) * j.inter + f] = __bfloat16_as_ushort(
-                  __float2bfloat16_rn(SiluMul(acc[m][n][h], acc[m][n][2 + h])));
-            }
-          }
-        } else {
-#pragma unroll
-          for (int e = 0; e < 4; ++e) {
-            const int f = c.tile * kTileRows + tile_row + (e >> 1) * 8, r = row + (e & 1);
-            if (f < j.p.n && r < c.row_end) {
-              j.p.y[static_cast<int64_t>(r) * j.p.n + f] = acc[m][n][e];
-            }
-          }
-        }
+      for (int e = 0; e < 4; ++e) {
+        if (n < active) red[at(warp, m, n, e, lane)] = acc[m][n][e];
+        acc[m][n][e] = 0.0f;
       }
+    }
+  }
+  __syncthreads();
+  auto sum = [&](int m, int n, int e, int l) {
+    float v = red[at(0, m, n, e, l)];
 #pragma unroll
-      for (int e = 0; e < 4; ++e) acc[m][n][e] = 0.0f;
+    for (int w = 1; w < kWarps; ++w) v += red[at(w, m, n, e, l)];
+    return v;
+  };
+  if (j.silu) {
+    // (m, n, h, l): gate = element h, up = element 2 + h of the fragment.
+    for (int idx = threadIdx.x; idx < kMTiles * kNTiles * 2 * 32; idx += kThreads) {
+      const int l = idx % 32, h = (idx / 32) % 2, n = (idx / 64) % kNTiles, m = idx / 64 / kNTiles;
+      if (n >= active) continue;
+      const int f = c.tile * (kTileRows / 2) + m * 8 + l / 4;
+      const int row = c.row0 + n * 8 + 2 * (l % 4) + h;
+      if (f < j.inter && row < c.row_end) {
+        j.p.act[static_cast<int64_t>(row) * j.inter + f] = __bfloat16_as_ushort(
+            __float2bfloat16_rn(SiluMul(sum(m, n, h, l), sum(m, n, 2 + h, l))));
+      }
+    }
+  } else {
+    for (int idx = threadIdx.x; idx < kMTiles * kNTiles * 4 * 32; idx += kThreads) {
+      const int l = idx % 32, e = (idx / 32) % 4, n = (idx / 128) % kNTiles,
+                m = idx / 128 / kNTiles;
+      if (n >= active) continue;
+      const int f = c.tile * kTileRows + m * 16 + l / 4 + (e >> 1) * 8;
+      const int row = c.row0 + n * 8 + 2 * (l % 4) + (e & 1);
+      if (f < j.p.n && row < c.row_end) {
+        j.p.y[static_cast<int64_t>(row) * j.p.n + f] = sum(m, n, e, l);
+      }
     }
   }
 }
@@ -220,23 +246,29 @@ __device__ __forceinline__ void PrefetchL2(const void* p) {
 }
 
 // Before the wait for the preceding kernels: the first kStages - 1 chunks of this block's first
-// item's weight rows into L2 (one row per thread; the weights are written by no kernel).
+// item's weight rows into L2 (kThreads / kTileRows threads a row; the weights are written by
+// no kernel).
 __device__ int PrefetchFirstItem(Job j) {
+  constexpr int kRowThreads = kThreads / kTileRows;
   const int item = blockIdx.x;
   if (item >= j.items) return 0;
   const int slot = item / j.tiles;
   const uint16_t* w = j.p.weights[slot];
-  const int f = FeatureOf(j, item - slot * j.tiles, threadIdx.x);
+  const int f = FeatureOf(j, item - slot * j.tiles, threadIdx.x / kRowThreads);
   if (w == nullptr || f < 0) return 0;
   const char* row = reinterpret_cast<const char*>(w + static_cast<int64_t>(f) * j.p.k);
   const int bytes = min(j.p.k, (kStages - 1) * kChunkK) * 2;
-  for (int off = 0; off < bytes; off += 128) PrefetchL2(row + off);
+  for (int off = (threadIdx.x % kRowThreads) * 128; off < bytes; off += kRowThreads * 128) {
+    PrefetchL2(row + off);
+  }
   return 0;
 }
 
 __device__ void PipelinedBody(int /*prefetched*/, Job j) {
   extern __shared__ float4 smem4[];
   const uint32_t base = SharedAddr(smem4);
+  float* red = reinterpret_cast<float*>(reinterpret_cast<char*>(smem4) +
+                                        size_t{kStages} * kStageElems * sizeof(uint16_t));
   auto stage_addr = [&](int s) {
     return base + static_cast<uint32_t>(s * kStageElems * sizeof(uint16_t));
   };
@@ -270,7 +302,7 @@ __device__ void PipelinedBody(int /*prefetched*/, Job j) {
     CopyAsyncCommit();
     const int active = min(kNTiles, (min(use.row_end - use.row0, kPassRows) + 7) / 8);
     ComputeStep(stage_addr(stage), active, acc);
-    if (use.kc == j.kchunks - 1) StorePass(j, use, active, acc);
+    if (use.kc == j.kchunks - 1) StorePass(j, use, active, acc, red);
     Advance(j, &use);
     stage = (stage + 1) % kStages;
   }

@@ -1,9 +1,9 @@
 // GroupedGemmBf16Pipelined against exact (double) dot products on fresh random data: both
-// epilogues (fp32 y; SiLU-mul to bf16), slots of 0..9 rows (empty ones with null weights) and
-// ones spanning two and three 64-row passes, n and k that are not multiples of the kernel's
-// 128-feature tiles and 64-wide k chunks, persistent grids of 1, 3 and all blocks (one block
-// walking many items: the copy ring runs across items and passes), offsets only in device
-// memory, and rows past the last slot checked to stay poisoned.
+// epilogues (fp32 y; SiLU-mul to bf16), slots of 0..17 rows (empty ones with null weights) and
+// ones spanning several 24-row passes, n and k that are not multiples of the kernel's
+// 32-feature (16 gate + 16 up) tiles and 256-wide k chunks, persistent grids of 1, 3 and all
+// blocks (one block walking many items: the copy ring runs across items and passes), offsets
+// only in device memory, and rows past the last slot checked to stay poisoned.
 #include "kernels/moe/grouped_gemm_pipelined.h"
 
 #include <algorithm>
@@ -150,8 +150,8 @@ TEST(GroupedGemmBf16PipelinedTest, EveryRowTileEmptySlotsAndGridSizes) {
   DEEPINFER_SKIP_WITHOUT_GPU();
   for (auto epilogue : kEpilogues) {
     for (int32_t blocks : {1, 3, 0}) {
-      // n 272: three 128-feature tiles (two 64-gate tiles plus 8 for the SiLU-mul); k 264: 4
-      // chunks of 64 and one of 8.
+      // n 272: 8.5 tiles of 32 features (SiLU-mul: 136 gate features, 8.5 tiles of 16); k 264:
+      // a chunk of 256 and one of 8.
       RunCase({272, 264, {0, 1, 2, 3, 0, 4, 5, 6, 7, 8, 9, 0, 17}, 5, epilogue, blocks});
     }
   }

@@ -181,11 +181,11 @@ int main(int argc, char** argv) {
                 "CUDA, bf16: inside the decode graphs, each planned expert GEMM behind a switch\n"
                 "over batch sizes picked on the device; false (default: measured faster in the\n"
                 "27-layer bench): the one fixed batch with its dummy chunks, same results.");
-  flags.AddBool(
-      "decode-moe-pipelined", &config.decode_moe_pipelined,
-      "CUDA, bf16: above 2 decode tokens, the routed experts' GEMMs as the pipelined\n"
-      "grouped kernel (kernels::GroupedGemmBf16Pipelined: SiLU-mul in the gate_up\n"
-      "epilogue, no padding, no planner; the default); false: the planned cuBLAS chunks.");
+  flags.AddBool("decode-moe-pipelined", &config.decode_moe_pipelined,
+                "CUDA, bf16: above 2 decode tokens, the routed experts' GEMMs as the pipelined\n"
+                "grouped kernel (kernels::GroupedGemmBf16Pipelined: SiLU-mul in the gate_up\n"
+                "epilogue, no padding, no planner); false (default: its first version measured\n"
+                "2x slower in the 27-layer bench): the planned cuBLAS chunks.");
   flags.AddBool("decode-dense-mlp-fused", &config.decode_dense_mlp_fused,
                 "CUDA, bf16: a dense MLP layer at one decode token as its norm + the fused MoE\n"
                 "block's two kernels with no routed experts (fp32 activations; default true);\n"

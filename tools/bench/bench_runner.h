@@ -136,7 +136,7 @@ struct BenchConfig {
   // CUDA only: CudaBackend::SetDecodeMoePipelined (true: the pipelined grouped GEMM kernels
   // instead of the planned cuBLAS chunks above 2 decode tokens; the default is the backend's,
   // CudaBackend::kDefaultDecodeMoePipelined).
-  bool decode_moe_pipelined = true;
+  bool decode_moe_pipelined = false;
   // CUDA only: CudaBackend::SetDecodeDenseMlpFused (a dense MLP layer at one decode token as
   // the fused MoE block's kernels with no routed experts, the default; false: the ops).
   bool decode_dense_mlp_fused = true;

@@ -10,7 +10,7 @@
 # layer in a CUDA graph: "epilogue" = the planned cuBLAS path the backend took before, vs
 # "pipelined"; Moonlight and V3, 64 / 128 / 256 tokens); the 27-layer Moonlight-shaped bench at
 # 1, 64 and 128 requests with --decode-moe-pipelined false, then true (each arm its own
-# process); the model's decode-graph and parity tests (kPipelined the default above 2 tokens);
+# process); the model's decode-graph and parity tests;
 # the backend's routed-expert tests (every decode algorithm incl. kPipelined, eager and
 # recorded, against the per-token CPU reference); the bench pair again at 64 and 128. One line per step in
 # $OUT/summary.txt, logs in $OUT/logs.tar.gz.

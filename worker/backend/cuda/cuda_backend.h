@@ -217,7 +217,7 @@ class CudaBackend : public Backend {
   // kAuto above 2 tokens: kPipelined instead of kPlannedCublas (default
   // kDefaultDecodeMoePipelined; docs/kernels.md, "Pipelined grouped GEMM").
   void SetDecodeMoePipelined(bool on) { decode_moe_pipelined_ = on; }
-  static constexpr bool kDefaultDecodeMoePipelined = true;
+  static constexpr bool kDefaultDecodeMoePipelined = false;
   // The device MoE path's work after the expert GEMMs' rows are known. On (the default): the
   // planned path's SiLU-mul over the real rows only (kernels::SiluMulBf16ListedRows through
   // the permutation's choice_row; the padding rows of the chunks are never computed) and the
