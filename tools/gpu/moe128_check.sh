@@ -12,7 +12,8 @@
 # 1, 64 and 128 requests with --decode-moe-pipelined false, then true (each arm its own
 # process); the model's decode-graph and parity tests;
 # the backend's routed-expert tests (every decode algorithm incl. kPipelined, eager and
-# recorded, against the per-token CPU reference); the bench pair again at 64 and 128. One line per step in
+# recorded, against the per-token CPU reference); the bench pair again at 64 and 128.
+# MOE128_PARTS=quick: only the kernel test, moe_decode_bench and the backend cases (~15 s). One line per step in
 # $OUT/summary.txt, logs in $OUT/logs.tar.gz.
 set -uo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
@@ -30,6 +31,12 @@ step grouped_gemm_pipelined_test 20 "$B/grouped_gemm_pipelined_test" --gtest_col
 step moe_decode_bench_moonlight 10 "$B/moe_decode_bench" moonlight epilogue,pipelined
 step moe_decode_bench_v3 10 "$B/moe_decode_bench" v3 epilogue,pipelined
 cat "$logs"/moe_decode_bench_*.log > "$OUT/moe_decode_bench.txt" 2>/dev/null
+if [[ "${MOE128_PARTS:-all}" == quick ]]; then
+  step routed_experts_backend_test 25 "$B/cuda_backend_test" --gtest_color=no \
+    --gtest_filter='RoutedExpertsTest.EveryDecodeAlgo*:RoutedExpertsTest.Pipelined*'
+  cat "$OUT/summary.txt"
+  exit 0
+fi
 bench false 1,64,128
 bench true 1,64,128
 step decode_graph_gpu_test 12 "$B/decode_graph_gpu_test" --gtest_color=no
