@@ -1,8 +1,8 @@
 // Grouped expert GEMM for decode batches of a few to a few tens of rows per expert, laid out for
-// HBM bandwidth: a persistent grid (one block per SM) walks the (expert slot, 128-feature tile)
-// items of the GEMM and streams each item's weights through an 8-stage cp.async ring in shared
-// memory that runs on across items, so a block keeps ~130 KB of weights in flight at every
-// moment, with bf16 MMAs (sm_80+) over up to 32 of the slot's rows a pass. The slot boundaries are
+// HBM bandwidth: a persistent grid (one block per SM) walks the (expert slot, 32-feature tile)
+// items of the GEMM and streams each item's weights through a cp.async ring in shared memory
+// that runs on across items, so a block keeps ~96 KB of weights in flight at every moment, with
+// bf16 MMAs (sm_80+) over up to 16-24 of the slot's rows a pass. The slot boundaries are
 // read on the DEVICE (as MoePermuteF32 leaves them, no row padding needed), so it records into a
 // CUDA graph with one fixed shape. The gate_up GEMM can apply SiLU-mul in its epilogue and write
 // the down GEMM's bf16 input directly (no gate_up buffer, no separate pass). Contract and H200
@@ -45,13 +45,21 @@ struct GroupedGemmBf16PipelinedParams {
   // Blocks of the persistent grid; 0 = as many as are resident at once on the device (one per
   // SM on the H200). Tests set small counts so that one block walks many items.
   int32_t max_blocks = 0;
+  // The pipeline shape: 1 (0 = the default): k chunks of 256 (512-byte runs per weight row),
+  // 24-row passes, 7 stages; 2: k chunks of 512 (1 KB runs), 16-row passes, 4 stages. Same
+  // results up to the order of the fp32 sums (both add the 8 warps' k slices in warp order).
+  int32_t variant = 0;
 };
+
+// The largest GroupedGemmBf16PipelinedParams::variant.
+constexpr int32_t kMaxPipelinedGemmVariant = 2;
 
 // Products of bf16 values are exact in fp32; each output is accumulated by the MMA units in fp32
 // over k in 16-wide steps: it differs from an exact dot product by about (k / 16) * 2^-23 *
 // sum |x w|. kSiluMulBf16 rounds only the final product to bf16 (nearest even).
 // cudaErrorInvalidValue for k not a multiple of 8, non-positive n / k / num_slots, an odd n with
-// kSiluMulBf16, negative max_rows or max_blocks, a misaligned x, or a missing output pointer;
+// kSiluMulBf16, negative max_rows or max_blocks, a variant outside [0, kMaxPipelinedGemmVariant],
+// a misaligned x, or a missing output pointer;
 // cudaErrorNotSupported where the MMA kernel was not built for the device. max_rows == 0
 // launches nothing. Launched with programmatic dependent launch (kernels/common/launch.cuh): the
 // first item's weights are prefetched into L2 before the wait for the preceding kernels.

@@ -26,6 +26,7 @@ struct Case {
   int32_t spare_rows;           // max_rows - real rows
   PipelinedGemmEpilogue epilogue;
   int32_t max_blocks;
+  int32_t variant = 0;
 };
 
 double Silu(double g) { return g / (1.0 + std::exp(-g)); }
@@ -33,9 +34,10 @@ double Silu(double g) { return g / (1.0 + std::exp(-g)); }
 void RunCase(const Case& c) {
   const uint32_t seed = testing::FreshSeed();
   const bool silu = c.epilogue == PipelinedGemmEpilogue::kSiluMulBf16;
-  SCOPED_TRACE(::testing::Message() << "n " << c.n << " k " << c.k << " slots " << c.counts.size()
-                                    << (silu ? " silu-mul bf16" : " fp32") << " max blocks "
-                                    << c.max_blocks << " seed " << seed);
+  SCOPED_TRACE(::testing::Message()
+               << "n " << c.n << " k " << c.k << " slots " << c.counts.size()
+               << (silu ? " silu-mul bf16" : " fp32") << " max blocks " << c.max_blocks
+               << " variant " << c.variant << " seed " << seed);
   const int32_t slots = static_cast<int32_t>(c.counts.size());
   std::vector<int32_t> offsets(slots + 1, 0);
   for (int32_t s = 0; s < slots; ++s) offsets[s + 1] = offsets[s] + c.counts[s];
@@ -85,6 +87,7 @@ void RunCase(const Case& c) {
   p.y = silu ? nullptr : dy.get();
   p.act = silu ? dact.get() : nullptr;
   p.max_blocks = c.max_blocks;
+  p.variant = c.variant;
   DEEPINFER_CUDA_OK(kernels::GroupedGemmBf16Pipelined(p, nullptr));
   std::vector<float> got(outs);
   if (silu) {
@@ -148,20 +151,26 @@ constexpr PipelinedGemmEpilogue kEpilogues[] = {PipelinedGemmEpilogue::kF32,
 
 TEST(GroupedGemmBf16PipelinedTest, EveryRowTileEmptySlotsAndGridSizes) {
   DEEPINFER_SKIP_WITHOUT_GPU();
-  for (auto epilogue : kEpilogues) {
-    for (int32_t blocks : {1, 3, 0}) {
-      // n 272: 8.5 tiles of 32 features (SiLU-mul: 136 gate features, 8.5 tiles of 16); k 264:
-      // a chunk of 256 and one of 8.
-      RunCase({272, 264, {0, 1, 2, 3, 0, 4, 5, 6, 7, 8, 9, 0, 17}, 5, epilogue, blocks});
+  for (int32_t variant = 0; variant <= kernels::kMaxPipelinedGemmVariant; ++variant) {
+    for (auto epilogue : kEpilogues) {
+      for (int32_t blocks : {1, 3, 0}) {
+        // n 272: 8.5 tiles of 32 features (SiLU-mul: 136 gate features, 8.5 tiles of 16); k
+        // 264 and 776: a chunk of 256 or 512 and a partial one.
+        for (int32_t k : {264, 776}) {
+          RunCase({272, k, {0, 1, 2, 3, 0, 4, 5, 6, 7, 8, 9, 0, 17}, 5, epilogue, blocks, variant});
+        }
+      }
     }
   }
 }
 
 TEST(GroupedGemmBf16PipelinedTest, SlotsOverSeveralPasses) {
   DEEPINFER_SKIP_WITHOUT_GPU();
-  for (auto epilogue : kEpilogues) {
-    for (int32_t blocks : {2, 0}) {
-      RunCase({136, 520, {70, 0, 1, 130, 64, 65}, 3, epilogue, blocks});
+  for (int32_t variant = 0; variant <= kernels::kMaxPipelinedGemmVariant; ++variant) {
+    for (auto epilogue : kEpilogues) {
+      for (int32_t blocks : {2, 0}) {
+        RunCase({136, 520, {70, 0, 1, 130, 64, 65, 16, 17, 24, 25}, 3, epilogue, blocks, variant});
+      }
     }
   }
 }
@@ -175,8 +184,10 @@ TEST(GroupedGemmBf16PipelinedTest, MoonlightDecodeShapes) {
   for (int i = 0; i < 6; ++i) few[3 + 11 * i] = few_rows[i];
   for (int i = 0; i < 8; ++i) busy[5 + 8 * i] = busy_rows[i];
   for (const auto& counts : {few, busy}) {
-    RunCase({2 * 1408, 2048, counts, 0, PipelinedGemmEpilogue::kSiluMulBf16, 0});
-    RunCase({2048, 1408, counts, 0, PipelinedGemmEpilogue::kF32, 0});
+    for (int32_t variant : {1, 2}) {
+      RunCase({2 * 1408, 2048, counts, 0, PipelinedGemmEpilogue::kSiluMulBf16, 0, variant});
+      RunCase({2048, 1408, counts, 0, PipelinedGemmEpilogue::kF32, 0, variant});
+    }
   }
 }
 
@@ -206,6 +217,9 @@ TEST(GroupedGemmBf16PipelinedTest, RejectsBadParams) {
   EXPECT_EQ(bad([](P& p) { p.num_slots = 0; }), cudaErrorInvalidValue);
   EXPECT_EQ(bad([](P& p) { p.max_rows = -1; }), cudaErrorInvalidValue);
   EXPECT_EQ(bad([](P& p) { p.max_blocks = -1; }), cudaErrorInvalidValue);
+  EXPECT_EQ(bad([](P& p) { p.variant = -1; }), cudaErrorInvalidValue);
+  EXPECT_EQ(bad([](P& p) { p.variant = kernels::kMaxPipelinedGemmVariant + 1; }),
+            cudaErrorInvalidValue);
   EXPECT_EQ(bad([&](P& p) { p.x = x.get() + 1; }), cudaErrorInvalidValue);
   EXPECT_EQ(bad([](P& p) { p.y = nullptr; }), cudaErrorInvalidValue);
   EXPECT_EQ(bad([](P& p) { p.epilogue = PipelinedGemmEpilogue::kSiluMulBf16; }),

@@ -186,6 +186,9 @@ int main(int argc, char** argv) {
                 "grouped kernel (kernels::GroupedGemmBf16Pipelined: SiLU-mul in the gate_up\n"
                 "epilogue, no padding, no planner); false (default: its first version measured\n"
                 "2x slower in the 27-layer bench): the planned cuBLAS chunks.");
+  flags.AddInt("decode-moe-pipelined-variant", &config.decode_moe_pipelined_variant,
+               "CUDA, bf16: the pipelined expert GEMM's shape (1: 256-wide k chunks, 2: 512;\n"
+               "0: the kernel's default, 1).");
   flags.AddBool("decode-dense-mlp-fused", &config.decode_dense_mlp_fused,
                 "CUDA, bf16: a dense MLP layer at one decode token as its norm + the fused MoE\n"
                 "block's two kernels with no routed experts (fp32 activations; default true);\n"

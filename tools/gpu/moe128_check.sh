@@ -28,8 +28,8 @@ bench() {  # bench PIPELINED SIZES
 }
 # Ordered so that a call cut short loses the repeated bench pair first.
 step grouped_gemm_pipelined_test 20 "$B/grouped_gemm_pipelined_test" --gtest_color=no
-step moe_decode_bench_moonlight 10 "$B/moe_decode_bench" moonlight epilogue,pipelined
-step moe_decode_bench_v3 10 "$B/moe_decode_bench" v3 epilogue,pipelined
+step moe_decode_bench_moonlight 10 "$B/moe_decode_bench" moonlight epilogue,pipelined,pipelined2
+step moe_decode_bench_v3 10 "$B/moe_decode_bench" v3 epilogue,pipelined,pipelined2
 cat "$logs"/moe_decode_bench_*.log > "$OUT/moe_decode_bench.txt" 2>/dev/null
 if [[ "${MOE128_PARTS:-all}" == quick ]]; then
   step routed_experts_backend_test 25 "$B/cuda_backend_test" --gtest_color=no \

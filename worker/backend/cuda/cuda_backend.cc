@@ -1372,6 +1372,16 @@ absl::Status CudaBackend::SetPlannedChunkRows(int32_t rows) {
   return absl::OkStatus();
 }
 
+absl::Status CudaBackend::SetDecodeMoePipelinedVariant(int32_t variant) {
+  if (variant < 0 || variant > kernels::kMaxPipelinedGemmVariant) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("SetDecodeMoePipelinedVariant: variant must be in [0, ",
+                     kernels::kMaxPipelinedGemmVariant, "], got ", variant));
+  }
+  decode_moe_pipelined_variant_ = variant;
+  return absl::OkStatus();
+}
+
 void CudaBackend::ExpertGemmsOnDevice(const RoutedExpertsArgs& a, DecodeMoeAlgo algo,
                                       const int32_t* plan, const int32_t* choice_row, int64_t rows,
                                       const void* permuted, float* expert_out) {
@@ -1391,6 +1401,7 @@ void CudaBackend::ExpertGemmsOnDevice(const RoutedExpertsArgs& a, DecodeMoeAlgo 
     g.weights = reinterpret_cast<const uint16_t* const*>(a.gate_up);
     g.epilogue = kernels::PipelinedGemmEpilogue::kSiluMulBf16;
     g.act = act->as<uint16_t>();
+    g.variant = decode_moe_pipelined_variant_;
     Check(kernels::GroupedGemmBf16Pipelined(g, stream_),
           "kernels::GroupedGemmBf16Pipelined(gate_up)");
     g.n = static_cast<int32_t>(H);

@@ -218,6 +218,9 @@ class CudaBackend : public Backend {
   // kDefaultDecodeMoePipelined; docs/kernels.md, "Pipelined grouped GEMM").
   void SetDecodeMoePipelined(bool on) { decode_moe_pipelined_ = on; }
   static constexpr bool kDefaultDecodeMoePipelined = false;
+  // kPipelined's pipeline shape (kernels::GroupedGemmBf16PipelinedParams::variant: 0 = the
+  // kernel's default, 1 or 2). For tests and benchmarks.
+  absl::Status SetDecodeMoePipelinedVariant(int32_t variant);
   // The device MoE path's work after the expert GEMMs' rows are known. On (the default): the
   // planned path's SiLU-mul over the real rows only (kernels::SiluMulBf16ListedRows through
   // the permutation's choice_row; the padding rows of the chunks are never computed) and the
@@ -488,6 +491,7 @@ class CudaBackend : public Backend {
   int32_t decode_moe_fused_down_blocks_per_sm_ = 0;
   bool decode_moe_graph_buckets_ = false;
   bool decode_moe_pipelined_ = kDefaultDecodeMoePipelined;
+  int32_t decode_moe_pipelined_variant_ = 0;
   bool decode_dense_mlp_fused_ = true;
   cudaStream_t switch_stream_ = nullptr;  // records CaptureSwitch's bodies; made on first use
 

@@ -18,6 +18,7 @@
 
 #include "gtest/gtest.h"
 #include "kernels/attention/mla_attention.h"
+#include "kernels/moe/grouped_gemm_pipelined.h"
 #include "kernels/moe/moe_permute.h"
 #include "kernels/testing/gpu_test_util.h"
 #include "worker/backend/bf16.h"
@@ -867,12 +868,19 @@ TEST_F(RoutedExpertsTest, PlannedPathInCudaGraphMatchesPerTokenReference) {
 // and chosen by kAuto above 2 tokens while SetDecodeMoePipelined is on.
 TEST_F(RoutedExpertsTest, PipelinedPathInCudaGraphMatchesPerTokenReference) {
   captured_ = true;
-  for (int64_t T : {int64_t{3}, int64_t{64}, int64_t{128}, int64_t{256}}) {
-    for (bool skewed : {false, true}) {
-      Run(T, WeightDType::kBFloat16, kernels::ExpertGemmCublasAlgo::kChunked,
-          DecodeAlgo::kPipelined, skewed);
+  for (int32_t variant : {1, 2}) {
+    ASSERT_TRUE(gpu_->SetDecodeMoePipelinedVariant(variant).ok());
+    SCOPED_TRACE(::testing::Message() << "pipelined variant " << variant);
+    for (int64_t T : {int64_t{3}, int64_t{64}, int64_t{128}, int64_t{256}}) {
+      for (bool skewed : {false, true}) {
+        Run(T, WeightDType::kBFloat16, kernels::ExpertGemmCublasAlgo::kChunked,
+            DecodeAlgo::kPipelined, skewed);
+      }
     }
   }
+  ASSERT_TRUE(gpu_->SetDecodeMoePipelinedVariant(0).ok());
+  EXPECT_FALSE(gpu_->SetDecodeMoePipelinedVariant(-1).ok());
+  EXPECT_FALSE(gpu_->SetDecodeMoePipelinedVariant(kernels::kMaxPipelinedGemmVariant + 1).ok());
   captured_ = false;
   gpu_->SetDecodeMoePipelined(true);
   EXPECT_EQ(gpu_->DecodeMoeAlgoFor(2), DecodeAlgo::kGroupedF32);
