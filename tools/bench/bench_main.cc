@@ -124,11 +124,10 @@ int main(int argc, char** argv) {
   flags.AddInt("mla-decode-small-max-context", &config.mla_decode_small_max_context,
                "CUDA: the longest context --mla-decode-small takes (decode graphs record a\n"
                "graph per side of it); 0: the backend's default.");
-  flags.AddString(
-      "decode-moe-algo", &config.decode_moe_algo,
-      "CUDA, bf16: force the expert GEMMs of the device MoE path (grouped-f32,\n"
-      "stream, planned or pipelined) for EVERY batch, prefill included (compare decode\n"
-      "figures only); empty: the backend's choice by size.");
+  flags.AddString("decode-moe-algo", &config.decode_moe_algo,
+                  "CUDA, bf16: force the expert GEMMs of the device MoE path (grouped-f32,\n"
+                  "stream or planned) for EVERY batch, prefill included (compare decode\n"
+                  "figures only); empty: the backend's choice by size.");
   flags.AddString(
       "small-m-gemm-algo", &config.small_m_gemm_algo,
       "CUDA: force the small-m GEMM layout (row: a lane group per weight row; split-k:\n"
@@ -181,14 +180,6 @@ int main(int argc, char** argv) {
                 "CUDA, bf16: inside the decode graphs, each planned expert GEMM behind a switch\n"
                 "over batch sizes picked on the device; false (default: measured faster in the\n"
                 "27-layer bench): the one fixed batch with its dummy chunks, same results.");
-  flags.AddBool("decode-moe-pipelined", &config.decode_moe_pipelined,
-                "CUDA, bf16: above 2 decode tokens, the routed experts' GEMMs as the pipelined\n"
-                "grouped kernel (kernels::GroupedGemmBf16Pipelined: SiLU-mul in the gate_up\n"
-                "epilogue, no padding, no planner); false (default: its first version measured\n"
-                "2x slower in the 27-layer bench): the planned cuBLAS chunks.");
-  flags.AddInt("decode-moe-pipelined-variant", &config.decode_moe_pipelined_variant,
-               "CUDA, bf16: the pipelined expert GEMM's shape (1: 256-wide k chunks, 2: 512;\n"
-               "0: the kernel's default, 1).");
   flags.AddBool("decode-dense-mlp-fused", &config.decode_dense_mlp_fused,
                 "CUDA, bf16: a dense MLP layer at one decode token as its norm + the fused MoE\n"
                 "block's two kernels with no routed experts (fp32 activations; default true);\n"

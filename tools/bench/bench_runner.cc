@@ -410,11 +410,9 @@ absl::Status RunRank(const BenchConfig& bc, int64_t rank, RankState* s, RankOutp
       cuda->SetDecodeMoeAlgo(Algo::kStream);
     } else if (bc.decode_moe_algo == "planned") {
       cuda->SetDecodeMoeAlgo(Algo::kPlannedCublas);
-    } else if (bc.decode_moe_algo == "pipelined") {
-      cuda->SetDecodeMoeAlgo(Algo::kPipelined);
     } else {
       return absl::InvalidArgumentError(
-          absl::StrCat("--decode-moe-algo must be grouped-f32, stream, planned or pipelined, got '",
+          absl::StrCat("--decode-moe-algo must be grouped-f32, stream or planned, got '",
                        bc.decode_moe_algo, "'"));
     }
   }
@@ -519,16 +517,6 @@ absl::Status RunRank(const BenchConfig& bc, int64_t rank, RankState* s, RankOutp
     }
   }
   if (cuda != nullptr) cuda->SetDecodeMoeGraphBuckets(bc.decode_moe_graph_buckets);
-  if (cuda != nullptr) cuda->SetDecodeMoePipelined(bc.decode_moe_pipelined);
-  if (cuda != nullptr) {
-    const int64_t v = bc.decode_moe_pipelined_variant;
-    if (absl::Status st = cuda->SetDecodeMoePipelinedVariant(
-            v >= 0 && v <= std::numeric_limits<int32_t>::max() ? static_cast<int32_t>(v) : -1);
-        !st.ok()) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("--decode-moe-pipelined-variant ", v, ": ", st.message()));
-    }
-  }
   if (cuda != nullptr) cuda->SetDecodeDenseMlpFused(bc.decode_dense_mlp_fused);
   if (cuda != nullptr) cuda->SetSmallMGemm(bc.fused_ops);
   if (cuda != nullptr) cuda->SetFusedRouter(bc.fused_router);

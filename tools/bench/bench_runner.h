@@ -133,12 +133,6 @@ struct BenchConfig {
   // CUDA only: CudaBackend::SetDecodeMoeGraphBuckets (true: the planned expert GEMMs behind
   // graph switch nodes; false, the default: the one fixed batch inside the decode graphs too).
   bool decode_moe_graph_buckets = false;
-  // CUDA only: CudaBackend::SetDecodeMoePipelined (true: the pipelined grouped GEMM kernels
-  // instead of the planned cuBLAS chunks above 2 decode tokens; the default is the backend's,
-  // CudaBackend::kDefaultDecodeMoePipelined).
-  bool decode_moe_pipelined = false;
-  // CUDA only: CudaBackend::SetDecodeMoePipelinedVariant (0: the kernel's default shape).
-  int64_t decode_moe_pipelined_variant = 0;
   // CUDA only: CudaBackend::SetDecodeDenseMlpFused (a dense MLP layer at one decode token as
   // the fused MoE block's kernels with no routed experts, the default; false: the ops).
   bool decode_dense_mlp_fused = true;

@@ -27,7 +27,6 @@
 #include "kernels/moe/expert_gemm_plan.h"
 #include "kernels/moe/expert_gemm_planned.h"
 #include "kernels/moe/grouped_gemm.h"
-#include "kernels/moe/grouped_gemm_pipelined.h"
 #include "kernels/moe/moe_decode_fused.h"
 #include "kernels/moe/moe_permute.h"
 #include "kernels/moe/noaux_tc_router.h"
@@ -1355,7 +1354,7 @@ CudaBackend::DecodeMoeAlgo CudaBackend::DecodeMoeAlgoFor(int64_t tokens) const {
   // (Moonlight) and 2 % (V3) at 64 tokens; the thresholds between the sizes are not measured):
   // the CUDA-core kernel for 1-2 rows per expert, the planned cuBLAS chunks above.
   if (tokens <= 2) return DecodeMoeAlgo::kGroupedF32;
-  return decode_moe_pipelined_ ? DecodeMoeAlgo::kPipelined : DecodeMoeAlgo::kPlannedCublas;
+  return DecodeMoeAlgo::kPlannedCublas;
 }
 
 int32_t CudaBackend::PlannedChunkRows(int64_t tokens) const {
@@ -1372,48 +1371,12 @@ absl::Status CudaBackend::SetPlannedChunkRows(int32_t rows) {
   return absl::OkStatus();
 }
 
-absl::Status CudaBackend::SetDecodeMoePipelinedVariant(int32_t variant) {
-  if (variant < 0 || variant > kernels::kMaxPipelinedGemmVariant) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("SetDecodeMoePipelinedVariant: variant must be in [0, ",
-                     kernels::kMaxPipelinedGemmVariant, "], got ", variant));
-  }
-  decode_moe_pipelined_variant_ = variant;
-  return absl::OkStatus();
-}
-
 void CudaBackend::ExpertGemmsOnDevice(const RoutedExpertsArgs& a, DecodeMoeAlgo algo,
                                       const int32_t* plan, const int32_t* choice_row, int64_t rows,
                                       const void* permuted, float* expert_out) {
   const int64_t T = a.num_tokens, K = a.top_k, H = a.hidden_size, I = a.inter;
   const int32_t E = a.num_experts;
   const int32_t* offsets = plan + E;
-  if (algo == DecodeMoeAlgo::kPipelined) {
-    // gate_up and SiLU-mul in one kernel (bf16 act), then down into expert_out (fp32).
-    auto act = AllocateScratch(rows * I * sizeof(uint16_t));
-    kernels::GroupedGemmBf16PipelinedParams g;
-    g.num_slots = E;
-    g.max_rows = static_cast<int32_t>(T * K);
-    g.slot_offsets = offsets;
-    g.n = static_cast<int32_t>(2 * I);
-    g.k = static_cast<int32_t>(H);
-    g.x = static_cast<const uint16_t*>(permuted);
-    g.weights = reinterpret_cast<const uint16_t* const*>(a.gate_up);
-    g.epilogue = kernels::PipelinedGemmEpilogue::kSiluMulBf16;
-    g.act = act->as<uint16_t>();
-    g.variant = decode_moe_pipelined_variant_;
-    Check(kernels::GroupedGemmBf16Pipelined(g, stream_),
-          "kernels::GroupedGemmBf16Pipelined(gate_up)");
-    g.n = static_cast<int32_t>(H);
-    g.k = static_cast<int32_t>(I);
-    g.x = act->as<uint16_t>();
-    g.weights = reinterpret_cast<const uint16_t* const*>(a.down);
-    g.epilogue = kernels::PipelinedGemmEpilogue::kF32;
-    g.act = nullptr;
-    g.y = expert_out;
-    Check(kernels::GroupedGemmBf16Pipelined(g, stream_), "kernels::GroupedGemmBf16Pipelined(down)");
-    return;
-  }
   // The planned cuBLAS GEMMs write gate_up in bf16 (as the prefill path), the kernels fp32.
   const bool gate_up_bf16 = algo == DecodeMoeAlgo::kPlannedCublas;
   auto gate_up = AllocateScratch(rows * 2 * I * (gate_up_bf16 ? sizeof(uint16_t) : sizeof(float)));

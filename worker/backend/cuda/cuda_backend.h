@@ -190,15 +190,10 @@ class CudaBackend : public Backend {
   //  kPlannedCublas: kernels::PlanExpertGemmBatches + one cublasGemmBatchedEx per GEMM over
   //                  chunks of PlannedChunkRows rows (bf16 activations, padded layout; the
   //                  dummy entries spread between the real chunks; gate_up written in bf16,
-  //                  kernels::SiluMulBf16ListedRows over the real rows, down in fp32);
-  //  kPipelined:     kernels::GroupedGemmBf16Pipelined, a persistent kernel streaming the
-  //                  busy experts' weights through a shared-memory ring (bf16 activations,
-  //                  unpadded rows): gate_up with SiLU-mul in its epilogue (bf16 act, no
-  //                  gate_up buffer), down in fp32.
+  //                  kernels::SiluMulBf16ListedRows over the real rows, down in fp32).
   // kAuto picks by size (DecodeMoeAlgoFor; grouped_gemm_bench and moe_decode_bench on the
-  // H200, docs/kernels.md): kGroupedF32 up to 2 tokens, above kPipelined while
-  // SetDecodeMoePipelined is on, else kPlannedCublas.
-  enum class DecodeMoeAlgo { kAuto, kGroupedF32, kStream, kPlannedCublas, kPipelined };
+  // H200, docs/kernels.md): kGroupedF32 up to 2 tokens, kPlannedCublas above.
+  enum class DecodeMoeAlgo { kAuto, kGroupedF32, kStream, kPlannedCublas };
   // Rows per chunk of kPlannedCublas for `tokens` tokens: SetPlannedChunkRows's value if set,
   // else by size: 8 up to 32 tokens (grouped_gemm_bench), 48 above (the 27-layer Moonlight
   // bench, one fixed batch: 48 faster than 32 at 64 and 128 requests; docs/kernels.md). Never
@@ -214,13 +209,6 @@ class CudaBackend : public Backend {
   // Forces one decode algorithm (kAuto: by size, the default); a forced one also takes bf16
   // batches above kMaxFusedMoeTokens. For tests and benchmarks.
   void SetDecodeMoeAlgo(DecodeMoeAlgo algo) { decode_moe_algo_ = algo; }
-  // kAuto above 2 tokens: kPipelined instead of kPlannedCublas (default
-  // kDefaultDecodeMoePipelined; docs/kernels.md, "Pipelined grouped GEMM").
-  void SetDecodeMoePipelined(bool on) { decode_moe_pipelined_ = on; }
-  static constexpr bool kDefaultDecodeMoePipelined = false;
-  // kPipelined's pipeline shape (kernels::GroupedGemmBf16PipelinedParams::variant: 0 = the
-  // kernel's default, 1 or 2). For tests and benchmarks.
-  absl::Status SetDecodeMoePipelinedVariant(int32_t variant);
   // The device MoE path's work after the expert GEMMs' rows are known. On (the default): the
   // planned path's SiLU-mul over the real rows only (kernels::SiluMulBf16ListedRows through
   // the permutation's choice_row; the padding rows of the chunks are never computed) and the
@@ -490,8 +478,6 @@ class CudaBackend : public Backend {
   int32_t decode_moe_fused_gate_up_blocks_per_sm_ = 0;
   int32_t decode_moe_fused_down_blocks_per_sm_ = 0;
   bool decode_moe_graph_buckets_ = false;
-  bool decode_moe_pipelined_ = kDefaultDecodeMoePipelined;
-  int32_t decode_moe_pipelined_variant_ = 0;
   bool decode_dense_mlp_fused_ = true;
   cudaStream_t switch_stream_ = nullptr;  // records CaptureSwitch's bodies; made on first use
 

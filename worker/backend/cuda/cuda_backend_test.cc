@@ -18,7 +18,6 @@
 
 #include "gtest/gtest.h"
 #include "kernels/attention/mla_attention.h"
-#include "kernels/moe/grouped_gemm_pipelined.h"
 #include "kernels/moe/moe_permute.h"
 #include "kernels/testing/gpu_test_util.h"
 #include "worker/backend/bf16.h"
@@ -609,8 +608,6 @@ class RoutedExpertsTest : public CudaBackendTest {
         return "stream bf16-x";
       case DecodeAlgo::kPlannedCublas:
         return "planned cuBLAS";
-      case DecodeAlgo::kPipelined:
-        return "pipelined";
     }
     return "?";
   }
@@ -834,8 +831,8 @@ TEST_F(RoutedExpertsTest, DeviceGroupedPathMatchesPerTokenReference) {
 
 // Each decode algorithm forced, at decode sizes up to 256 tokens, random and skewed routing.
 TEST_F(RoutedExpertsTest, EveryDecodeAlgoMatchesPerTokenReference) {
-  for (DecodeAlgo algo : {DecodeAlgo::kGroupedF32, DecodeAlgo::kStream, DecodeAlgo::kPlannedCublas,
-                          DecodeAlgo::kPipelined}) {
+  for (DecodeAlgo algo :
+       {DecodeAlgo::kGroupedF32, DecodeAlgo::kStream, DecodeAlgo::kPlannedCublas}) {
     for (int64_t T : {int64_t{1}, int64_t{7}, int64_t{64}, int64_t{128}, int64_t{256}}) {
       for (bool skewed : {false, true}) {
         Run(T, WeightDType::kBFloat16, kernels::ExpertGemmCublasAlgo::kChunked, algo, skewed);
@@ -862,35 +859,6 @@ TEST_F(RoutedExpertsTest, PlannedPathInCudaGraphMatchesPerTokenReference) {
   }
   gpu_->SetDecodeMoeGraphBuckets(false);  // the default
   captured_ = false;
-}
-
-// The pipelined kernels recorded into a CUDA graph and replayed (fixed shape, device offsets),
-// and chosen by kAuto above 2 tokens while SetDecodeMoePipelined is on.
-TEST_F(RoutedExpertsTest, PipelinedPathInCudaGraphMatchesPerTokenReference) {
-  captured_ = true;
-  for (int32_t variant : {1, 2}) {
-    ASSERT_TRUE(gpu_->SetDecodeMoePipelinedVariant(variant).ok());
-    SCOPED_TRACE(::testing::Message() << "pipelined variant " << variant);
-    for (int64_t T : {int64_t{3}, int64_t{64}, int64_t{128}, int64_t{256}}) {
-      for (bool skewed : {false, true}) {
-        Run(T, WeightDType::kBFloat16, kernels::ExpertGemmCublasAlgo::kChunked,
-            DecodeAlgo::kPipelined, skewed);
-      }
-    }
-  }
-  ASSERT_TRUE(gpu_->SetDecodeMoePipelinedVariant(0).ok());
-  EXPECT_FALSE(gpu_->SetDecodeMoePipelinedVariant(-1).ok());
-  EXPECT_FALSE(gpu_->SetDecodeMoePipelinedVariant(kernels::kMaxPipelinedGemmVariant + 1).ok());
-  captured_ = false;
-  gpu_->SetDecodeMoePipelined(true);
-  EXPECT_EQ(gpu_->DecodeMoeAlgoFor(2), DecodeAlgo::kGroupedF32);
-  EXPECT_EQ(gpu_->DecodeMoeAlgoFor(3), DecodeAlgo::kPipelined);
-  EXPECT_EQ(gpu_->DecodeMoeAlgoFor(128), DecodeAlgo::kPipelined);
-  Run(128, WeightDType::kBFloat16, kernels::ExpertGemmCublasAlgo::kChunked);
-  gpu_->SetDecodeMoePipelined(false);
-  EXPECT_EQ(gpu_->DecodeMoeAlgoFor(128), DecodeAlgo::kPlannedCublas);
-  Run(128, WeightDType::kBFloat16, kernels::ExpertGemmCublasAlgo::kChunked);
-  gpu_->SetDecodeMoePipelined(CudaBackend::kDefaultDecodeMoePipelined);
 }
 
 // The previous epilogue (SiLU-mul over every row in use, memset + accumulating combine) kept
@@ -926,9 +894,7 @@ TEST_F(RoutedExpertsTest, PlannedChunkSizesMatchPerTokenReference) {
   EXPECT_EQ(gpu_->PlannedChunkRows(64), 48);
   EXPECT_EQ(gpu_->PlannedChunkRows(128), 48);
   EXPECT_EQ(gpu_->DecodeMoeAlgoFor(2), DecodeAlgo::kGroupedF32);
-  EXPECT_EQ(gpu_->DecodeMoeAlgoFor(64), CudaBackend::kDefaultDecodeMoePipelined
-                                            ? DecodeAlgo::kPipelined
-                                            : DecodeAlgo::kPlannedCublas);
+  EXPECT_EQ(gpu_->DecodeMoeAlgoFor(64), DecodeAlgo::kPlannedCublas);
   EXPECT_FALSE(gpu_->SetPlannedChunkRows(-1).ok());
   EXPECT_FALSE(gpu_->SetPlannedChunkRows(CudaBackend::kMaxPlannedChunkRows + 1).ok());
 }

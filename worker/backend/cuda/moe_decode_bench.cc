@@ -11,8 +11,6 @@
 //   new       that and SetDecodeMoeGraphBuckets (each GEMM behind a switch over batch sizes)
 //   new cN    new with N rows per chunk (SetPlannedChunkRows; the backend's default now: 32)
 //   stream    the bf16 streaming grouped kernel (what 33-96 tokens took before), new epilogue
-//   pipelined kernels::GroupedGemmBf16Pipelined (SiLU-mul in the gate_up kernel, no planner),
-//             variant 1 (256-wide k chunks); pipelined2: variant 2 (512-wide)
 //
 // Time: 20 replays (V3: 4) back to back between two stream synchronisations, wall clock per
 // replay, median of 7 (after 3 warm-up replays). The weights of the busy experts (what the layer
@@ -65,7 +63,6 @@ struct Variant {
   bool graph_buckets;
   int32_t chunk_rows = 0;  // SetPlannedChunkRows (0: the backend's choice)
   CudaBackend::DecodeMoeAlgo algo = CudaBackend::DecodeMoeAlgo::kPlannedCublas;
-  int32_t pipelined_variant = 0;  // SetDecodeMoePipelinedVariant
 };
 
 // One layer's inputs on the device, for `tokens` tokens.
@@ -144,9 +141,6 @@ double TimeVariant(CudaBackend& b, const Variant& v, const RoutedExpertsArgs& a,
   b.SetDecodeMoeGraphBuckets(v.graph_buckets);
   b.SetDecodeMoeAlgo(v.algo);
   if (!b.SetPlannedChunkRows(v.chunk_rows).ok()) Fail("SetPlannedChunkRows");
-  if (!b.SetDecodeMoePipelinedVariant(v.pipelined_variant).ok()) {
-    Fail("SetDecodeMoePipelinedVariant");
-  }
   auto ops = b.Capture([&] {
     b.RoutedExperts(a);
     return absl::OkStatus();
@@ -179,16 +173,11 @@ int Main(int argc, char** argv) {
   const Shape shapes[] = {{"moonlight", 64, 6, 2048, 1408}, {"v3", 256, 8, 7168, 2048}};
   using Algo = CudaBackend::DecodeMoeAlgo;
   // "old" / "epilogue" / "new" at 48 rows per chunk (the default when the bench was first run).
-  const Variant variants[] = {{"old", false, false, 48},
-                              {"epilogue", true, false, 48},
-                              {"new", true, true, 48},
-                              {"new c16", true, true, 16},
-                              {"new c24", true, true, 24},
-                              {"new c32", true, true, 32},
-                              {"new c64", true, true, 64},
-                              {"stream", true, true, 0, Algo::kStream},
-                              {"pipelined", true, false, 0, Algo::kPipelined, 1},
-                              {"pipelined2", true, false, 0, Algo::kPipelined, 2}};
+  const Variant variants[] = {
+      {"old", false, false, 48},   {"epilogue", true, false, 48},
+      {"new", true, true, 48},     {"new c16", true, true, 16},
+      {"new c24", true, true, 24}, {"new c32", true, true, 32},
+      {"new c64", true, true, 64}, {"stream", true, true, 0, Algo::kStream}};
   std::printf("%-9s %6s %5s %12s | %-9s %9s %8s %9s %10s\n", "shape", "tokens", "busy",
               "weights MB", "variant", "us", "GB/s", "of 4.3TB", "diff");
   for (const Shape& s : shapes) {
