@@ -18,7 +18,10 @@
 // TB/s (docs/performance.md's roofline). "diff": largest |new - old| over the layer's output (0:
 // bit for bit; the cuBLAS kernel may differ with the batch count).
 //
-//   moe_decode_bench     (one line per case; exit status 1 on an error)
+//   moe_decode_bench [SHAPE [VARIANT,VARIANT,...]]
+//                        (one line per case; exit status 1 on an error; SHAPE: moonlight or v3,
+//                        default both; the variants' names, default all; the first variant
+//                        listed is the "diff" baseline)
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
@@ -30,6 +33,7 @@
 #include <numeric>
 #include <random>
 #include <set>
+#include <string>
 #include <vector>
 
 #include "worker/backend/cuda/cuda_backend.h"
@@ -157,7 +161,9 @@ double TimeVariant(CudaBackend& b, const Variant& v, const RoutedExpertsArgs& a,
   return *us;
 }
 
-int Main() {
+int Main(int argc, char** argv) {
+  const std::string only_shape = argc > 1 ? argv[1] : "";
+  const std::string only_variants = argc > 2 ? "," + std::string(argv[2]) + "," : "";
   auto backend = CudaBackend::Create(0, WeightDType::kBFloat16);
   if (!backend.ok()) {
     std::fprintf(stderr, "%s\n", backend.status().ToString().c_str());
@@ -175,6 +181,7 @@ int Main() {
   std::printf("%-9s %6s %5s %12s | %-9s %9s %8s %9s %10s\n", "shape", "tokens", "busy",
               "weights MB", "variant", "us", "GB/s", "of 4.3TB", "diff");
   for (const Shape& s : shapes) {
+    if (!only_shape.empty() && only_shape != s.name) continue;
     const size_t per_expert = 3 * s.inter * s.hidden * 2;
     auto weights = b.Allocate(per_expert * s.experts);
     // Any finite bf16 values: every byte 0x3c (bf16 0x3c3c, about 0.0115).
@@ -188,6 +195,10 @@ int Main() {
       const double bytes = static_cast<double>(l.busy_experts) * per_expert;
       std::vector<float> old_out;
       for (const Variant& v : variants) {
+        if (!only_variants.empty() &&
+            only_variants.find("," + std::string(v.name) + ",") == std::string::npos) {
+          continue;
+        }
         std::vector<float> out;
         const double us = TimeVariant(b, v, a, tokens * s.hidden, &out);
         double diff = 0;
@@ -212,4 +223,4 @@ int Main() {
 }  // namespace
 }  // namespace deepinfer
 
-int main() { return deepinfer::Main(); }
+int main(int argc, char** argv) { return deepinfer::Main(argc, argv); }
