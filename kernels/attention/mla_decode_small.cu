@@ -30,9 +30,7 @@
 #include <utility>
 
 #include "kernels/attention/mla_decode_small.h"
-#include "kernels/common/capture_deps.h"
 #include "kernels/common/kernel_facts.h"
-#include "kernels/common/pdl.h"
 
 namespace deepinfer {
 namespace kernels {
@@ -68,32 +66,7 @@ struct SmemLayout {
   static constexpr int kDenom = kMergeW + kHeads * kMaxCluster;
   static constexpr int kFloats = kDenom + ((kHeads + 3) / 4) * 4;
   static_assert(kBlockO % 4 == 0, "the block's O is read as float4");
-  static_assert(kFloats % 4 == 0, "the staged rows start 16-byte aligned");
 };
-
-// MlaDecodeSmallOptions::prefetch_before_wait: each warp's first StagedRows<kHeads>() keys are
-// copied (cp.async) into shared memory after the SmemLayout floats, rows of kRowBytes in the
-// cache's own layout ([warp][key][576 bf16]); the block then takes all the opt-in shared memory
-// an sm_90 device gives (227 KiB).
-constexpr int kRowBytes = (kLatent + kRope) * 2;
-constexpr int kStagedSmemBytes = 227 * 1024;
-
-template <int kHeads>
-__host__ __device__ constexpr int StagedRows() {
-  return (kStagedSmemBytes - SmemLayout<kHeads>::kFloats * 4) / (kWarps * kRowBytes);
-}
-static_assert(StagedRows<4>() >= 16 && StagedRows<1>() < 32,
-              "16 keys a warp at 1 x 1024 (cluster 8) staged; staged keys within one row group");
-
-template <int kHeads, bool kStaged>
-constexpr size_t SmemBytesOf() {
-  return SmemLayout<kHeads>::kFloats * sizeof(float) +
-         (kStaged ? static_cast<size_t>(kWarps) * StagedRows<kHeads>() * kRowBytes : 0);
-}
-static_assert(SmemBytesOf<1, true>() <= kStagedSmemBytes &&
-                  SmemBytesOf<2, true>() <= kStagedSmemBytes &&
-                  SmemBytesOf<4, true>() <= kStagedSmemBytes,
-              "staged rows fit the opt-in shared memory");
 
 // kBatch keys of one warp step: lane words 0..7 latent pairs, 8 the rope pair (zeros past the
 // warp's keys).
@@ -119,31 +92,16 @@ __device__ __forceinline__ int64_t KeyRow(const int32_t* table, int j, int block
 }
 
 // Keys k0 .. k0 + kBatch - 1 of the warp (row offsets lane-distributed in rows: key k's at lane
-// k % 32); keys at or past n are zeros and touch no memory; keys below `staged` come from the
-// warp's rows in shared memory (`stage`, copied by this lane: the same bytes it reads here).
+// k % 32); keys at or past n are zeros and touch no memory.
 template <int kBatch>
 __device__ __forceinline__ KeyBatch<kBatch> LoadKeys(const __nv_bfloat16* cache, int64_t rows,
-                                                     int k0, int n, int lane, const char* stage,
-                                                     int staged) {
+                                                     int k0, int n, int lane) {
   KeyBatch<kBatch> b;
 #pragma unroll
   for (int u = 0; u < kBatch; ++u) {
     const int k = k0 + u;
     const int64_t row = __shfl_sync(0xffffffffu, rows, k & 31);
-    if (k < staged) {
-      const char* e = stage + k * kRowBytes;
-      const uint4 a = *reinterpret_cast<const uint4*>(e + lane * 32);
-      const uint4 c = *reinterpret_cast<const uint4*>(e + lane * 32 + 16);
-      b.w[u][0] = a.x;
-      b.w[u][1] = a.y;
-      b.w[u][2] = a.z;
-      b.w[u][3] = a.w;
-      b.w[u][4] = c.x;
-      b.w[u][5] = c.y;
-      b.w[u][6] = c.z;
-      b.w[u][7] = c.w;
-      b.w[u][8] = *reinterpret_cast<const unsigned int*>(e + kLatent * 2 + lane * 4);
-    } else if (k < n) {
+    if (k < n) {
       const __nv_bfloat16* e = cache + row + lane * 16;
       const uint4 a = __ldg(reinterpret_cast<const uint4*>(e));
       const uint4 c = __ldg(reinterpret_cast<const uint4*>(e + 8));
@@ -164,27 +122,11 @@ __device__ __forceinline__ KeyBatch<kBatch> LoadKeys(const __nv_bfloat16* cache,
   return b;
 }
 
-// This lane's bytes of a cache row (latent columns 16 lane .. 16 lane + 15, rope columns 2 lane,
-// 2 lane + 1) copied asynchronously to the same offsets of a shared-memory row.
-__device__ __forceinline__ void CopyLaneRow(char* dst, const __nv_bfloat16* row, int lane) {
-  const uint32_t d = static_cast<uint32_t>(__cvta_generic_to_shared(dst));
-  const char* src = reinterpret_cast<const char*>(row);
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(d + lane * 32),
-               "l"(src + lane * 32)
-               : "memory");
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(d + lane * 32 + 16),
-               "l"(src + lane * 32 + 16)
-               : "memory");
-  asm volatile("cp.async.ca.shared.global [%0], [%1], 4;" ::"r"(d + kLatent * 2 + lane * 4),
-               "l"(src + kLatent * 2 + lane * 4)
-               : "memory");
-}
-
 #endif  // __CUDA_ARCH__ >= 900
 
-template <int kHeads, bool kStaged>
+template <int kHeads>
 __global__ void __launch_bounds__(kThreads, 1)
-    MlaDecodeSmallKernel(MlaAttentionParams p, bool early_dependents, int fresh_rows) {
+    MlaDecodeSmallKernel(MlaAttentionParams p, bool early_dependents) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   namespace cg = cooperative_groups;
   // MlaDecodeSmallOptions::early_dependents: a programmatic kernel after this one may be
@@ -204,32 +146,28 @@ __global__ void __launch_bounds__(kThreads, 1)
 
   // The query's lane columns for each head (0 for heads past the last).
   float q[kHeads][kQPerLane];
-  auto load_query = [&] {
 #pragma unroll
-    for (int h = 0; h < kHeads; ++h) {
-      const int hh = h0 + h;
-      if (hh < heads) {
-        const float4* ql =
-            reinterpret_cast<const float4*>(p.q_latent + (t * heads + hh) * kLatent + lane * 16);
+  for (int h = 0; h < kHeads; ++h) {
+    const int hh = h0 + h;
+    if (hh < heads) {
+      const float4* ql =
+          reinterpret_cast<const float4*>(p.q_latent + (t * heads + hh) * kLatent + lane * 16);
 #pragma unroll
-        for (int i = 0; i < 4; ++i) {
-          const float4 x = ql[i];
-          q[h][4 * i] = x.x;
-          q[h][4 * i + 1] = x.y;
-          q[h][4 * i + 2] = x.z;
-          q[h][4 * i + 3] = x.w;
-        }
-        const float* qr =
-            p.q_rope + t * p.q_rope_token_stride + hh * p.q_rope_head_stride + lane * 2;
-        q[h][16] = qr[0];
-        q[h][17] = qr[1];
-      } else {
-#pragma unroll
-        for (int i = 0; i < kQPerLane; ++i) q[h][i] = 0.0f;
+      for (int i = 0; i < 4; ++i) {
+        const float4 x = ql[i];
+        q[h][4 * i] = x.x;
+        q[h][4 * i + 1] = x.y;
+        q[h][4 * i + 2] = x.z;
+        q[h][4 * i + 3] = x.w;
       }
+      const float* qr = p.q_rope + t * p.q_rope_token_stride + hh * p.q_rope_head_stride + lane * 2;
+      q[h][16] = qr[0];
+      q[h][17] = qr[1];
+    } else {
+#pragma unroll
+      for (int i = 0; i < kQPerLane; ++i) q[h][i] = 0.0f;
     }
-  };
-  if (!kStaged) load_query();
+  }
 
   // This warp's keys: [kb, kb + n) of the token's sequence.
   const int len = p.context_len[t];
@@ -249,24 +187,6 @@ __global__ void __launch_bounds__(kThreads, 1)
   int64_t rows_cur = lane < n ? KeyRow(table, kb + lane, bs) : 0;
   int64_t rows_next = 32 + lane < n ? KeyRow(table, kb + 32 + lane, bs) : 0;
 
-  // Staged: the warp's first keys, up to the token's last fresh_rows positions (the kernel before
-  // this one may be writing those), copied into shared memory before the PDL wait; the query
-  // and every other key are read after it.
-  char* stage = reinterpret_cast<char*>(smem + L::kFloats) +
-                static_cast<size_t>(warp) * StagedRows<kHeads>() * kRowBytes;
-  int staged = 0;
-  if (kStaged) {
-    staged = max(0, min(min(n, StagedRows<kHeads>()), len - fresh_rows - kb));
-    for (int k = 0; k < staged; ++k) {
-      const int64_t row = __shfl_sync(0xffffffffu, rows_cur, k);
-      CopyLaneRow(stage + k * kRowBytes, cache + row, lane);
-    }
-    asm volatile("cp.async.commit_group;" ::: "memory");
-    asm volatile("griddepcontrol.wait;" ::: "memory");
-    load_query();
-    asm volatile("cp.async.wait_all;" ::: "memory");
-  }
-
   float o[kHeads][2 * kLanePairs];
   float m[kHeads], l[kHeads];
 #pragma unroll
@@ -277,12 +197,12 @@ __global__ void __launch_bounds__(kThreads, 1)
     for (int c = 0; c < 2 * kLanePairs; ++c) o[h][c] = 0.0f;
   }
 
-  KeyBatch<kBatch> cur = LoadKeys<kBatch>(cache, rows_cur, 0, n, lane, stage, staged);
+  KeyBatch<kBatch> cur = LoadKeys<kBatch>(cache, rows_cur, 0, n, lane);
   for (int k0 = 0; k0 < n; k0 += kBatch) {
     const int k1 = k0 + kBatch;
     // kBatch divides 32: a step never straddles two groups of row offsets.
     const KeyBatch<kBatch> nxt =
-        LoadKeys<kBatch>(cache, (k1 & 31) == 0 ? rows_next : rows_cur, k1, n, lane, stage, staged);
+        LoadKeys<kBatch>(cache, (k1 & 31) == 0 ? rows_next : rows_cur, k1, n, lane);
 
     // Scores, base 2; -inf past the warp's keys (key k0 is always in range).
     float s[kHeads][kBatch];
@@ -434,49 +354,49 @@ __global__ void __launch_bounds__(kThreads, 1)
 #endif  // __CUDA_ARCH__ >= 900
 }
 
-using KernelFn = void (*)(MlaAttentionParams, bool, int);
+using KernelFn = void (*)(MlaAttentionParams, bool);
 
-KernelFn KernelFor(int heads_per_block, bool staged) {
+KernelFn KernelFor(int heads_per_block) {
   switch (heads_per_block) {
     case 1:
-      return staged ? MlaDecodeSmallKernel<1, true> : MlaDecodeSmallKernel<1, false>;
+      return MlaDecodeSmallKernel<1>;
     case 2:
-      return staged ? MlaDecodeSmallKernel<2, true> : MlaDecodeSmallKernel<2, false>;
+      return MlaDecodeSmallKernel<2>;
     default:
-      return staged ? MlaDecodeSmallKernel<4, true> : MlaDecodeSmallKernel<4, false>;
+      return MlaDecodeSmallKernel<4>;
   }
 }
 
-size_t SmemBytes(int heads_per_block, bool staged) {
+size_t SmemBytes(int heads_per_block) {
   switch (heads_per_block) {
     case 1:
-      return staged ? SmemBytesOf<1, true>() : SmemBytesOf<1, false>();
+      return SmemLayout<1>::kFloats * sizeof(float);
     case 2:
-      return staged ? SmemBytesOf<2, true>() : SmemBytesOf<2, false>();
+      return SmemLayout<2>::kFloats * sizeof(float);
     default:
-      return staged ? SmemBytesOf<4, true>() : SmemBytesOf<4, false>();
+      return SmemLayout<4>::kFloats * sizeof(float);
   }
 }
 
-// Per (heads per block, staged, device), queried once: whether the kernel has its sm_90 code,
-// the device launches clusters and gives the block its shared memory (KernelFactsFor raises the
+// Per (heads per block, device), queried once: whether the kernel has its sm_90 code, the
+// device launches clusters and gives the block its shared memory (KernelFactsFor raises the
 // dynamic limit), and non-portable cluster sizes (16) are allowed.
 struct ClusterFacts {
   cudaError_t error = cudaSuccess;
   bool clusters = false;
 };
 
-ClusterFacts FactsFor(int heads_per_block, bool staged, int device) {
+ClusterFacts FactsFor(int heads_per_block, int device) {
   static std::mutex mu;
-  static std::map<std::tuple<int, bool, int>, ClusterFacts>* facts =
-      new std::map<std::tuple<int, bool, int>, ClusterFacts>();
+  static std::map<std::pair<int, int>, ClusterFacts>* facts =
+      new std::map<std::pair<int, int>, ClusterFacts>();
   std::lock_guard<std::mutex> lock(mu);
-  const auto key = std::make_tuple(heads_per_block, staged, device);
+  const auto key = std::make_pair(heads_per_block, device);
   auto it = facts->find(key);
   if (it != facts->end()) return it->second;
   ClusterFacts f;
-  const KernelFn kernel = KernelFor(heads_per_block, staged);
-  const int smem = static_cast<int>(SmemBytes(heads_per_block, staged));
+  const KernelFn kernel = KernelFor(heads_per_block);
+  const int smem = static_cast<int>(SmemBytes(heads_per_block));
   const KernelFacts k = KernelFactsFor(reinterpret_cast<const void*>(kernel), device, smem);
   int cluster_launch = 0;
   f.error = k.error;
@@ -493,22 +413,14 @@ ClusterFacts FactsFor(int heads_per_block, bool staged, int device) {
   return f;
 }
 
-// Whether this call runs the staged kernel: asked for, and the device gives it its shared
-// memory (otherwise the plain kernel runs: prefetch_before_wait is a performance choice only).
-bool UseStaged(const MlaDecodeSmallOptions& options, int heads_per_block, int device) {
-  if (!options.prefetch_before_wait) return false;
-  const ClusterFacts f = FactsFor(heads_per_block, true, device);
-  return f.error == cudaSuccess && f.clusters;
-}
-
 cudaLaunchConfig_t LaunchConfig(const MlaAttentionParams& p, int cluster, int heads_per_block,
-                                bool staged, cudaStream_t stream, cudaLaunchAttribute* attr) {
+                                cudaStream_t stream, cudaLaunchAttribute* attr) {
   cudaLaunchConfig_t c = {};
   c.gridDim = dim3(static_cast<unsigned>(cluster),
                    static_cast<unsigned>((p.num_heads + heads_per_block - 1) / heads_per_block),
                    static_cast<unsigned>(p.num_tokens));
   c.blockDim = dim3(kThreads, 1, 1);
-  c.dynamicSmemBytes = SmemBytes(heads_per_block, staged);
+  c.dynamicSmemBytes = SmemBytes(heads_per_block);
   c.stream = stream;
   attr->id = cudaLaunchAttributeClusterDimension;
   attr->val.clusterDim.x = static_cast<unsigned>(cluster);
@@ -520,22 +432,20 @@ cudaLaunchConfig_t LaunchConfig(const MlaAttentionParams& p, int cluster, int he
 }
 
 // How many clusters of `cluster` blocks of this kernel the device runs at once (0: it cannot
-// schedule one; non-portable sizes may not fit); once per (heads per block, staged, cluster,
-// device).
+// schedule one; non-portable sizes may not fit); once per (heads per block, cluster, device).
 cudaError_t MaxActiveClusters(const MlaAttentionParams& p, int cluster, int heads_per_block,
-                              bool staged, int device, int* out) {
+                              int device, int* out) {
   static std::mutex mu;
-  static std::map<std::tuple<int, bool, int, int>, int>* cache =
-      new std::map<std::tuple<int, bool, int, int>, int>();
+  static std::map<std::tuple<int, int, int>, int>* cache =
+      new std::map<std::tuple<int, int, int>, int>();
   std::lock_guard<std::mutex> lock(mu);
-  const auto key = std::make_tuple(heads_per_block, staged, cluster, device);
+  const auto key = std::make_tuple(heads_per_block, cluster, device);
   auto it = cache->find(key);
   if (it == cache->end()) {
     cudaLaunchAttribute attr;
-    const cudaLaunchConfig_t c = LaunchConfig(p, cluster, heads_per_block, staged, nullptr, &attr);
+    const cudaLaunchConfig_t c = LaunchConfig(p, cluster, heads_per_block, nullptr, &attr);
     int n = 0;
-    const cudaError_t e =
-        cudaOccupancyMaxActiveClusters(&n, KernelFor(heads_per_block, staged), &c);
+    const cudaError_t e = cudaOccupancyMaxActiveClusters(&n, KernelFor(heads_per_block), &c);
     if (e != cudaSuccess) {
       cudaGetLastError();
       return e;
@@ -562,7 +472,7 @@ bool MlaDecodeSmallSupported(const MlaAttentionParams& p) {
     cudaGetLastError();
     return false;
   }
-  const ClusterFacts f = FactsFor(1, /*staged=*/false, device);
+  const ClusterFacts f = FactsFor(1, device);
   return f.error == cudaSuccess && f.clusters;
 }
 
@@ -572,8 +482,7 @@ cudaError_t MlaDecodeSmallShape(const MlaAttentionParams& params,
   const int want_cluster = options.cluster_size, want_heads = options.heads_per_block;
   if (!MlaDecodeSmallSupported(params) || want_cluster < 0 || want_cluster > kMaxCluster ||
       (want_cluster & (want_cluster - 1)) != 0 ||
-      (want_heads != 0 && want_heads != 1 && want_heads != 2 && want_heads != 4) ||
-      options.fresh_rows < 0) {
+      (want_heads != 0 && want_heads != 1 && want_heads != 2 && want_heads != 4)) {
     return cudaErrorInvalidValue;
   }
   int device = 0;
@@ -587,12 +496,12 @@ cudaError_t MlaDecodeSmallShape(const MlaAttentionParams& params,
     if (want_cluster != 0 ? c != want_cluster : c == 16) continue;
     for (const int h : {1, 2, 4}) {
       if (want_heads != 0 && h != want_heads) continue;
-      const ClusterFacts f = FactsFor(h, /*staged=*/false, device);
+      const ClusterFacts f = FactsFor(h, device);
       if (f.error != cudaSuccess) return f.error;
       if (!f.clusters) return cudaErrorInvalidValue;
       if ((params.num_heads + h - 1) / h > 65535) continue;
       int active = 0;
-      e = MaxActiveClusters(params, c, h, UseStaged(options, h, device), device, &active);
+      e = MaxActiveClusters(params, c, h, device, &active);
       if (e != cudaSuccess) return e;
       if (active == 0) continue;
       found_cluster = c;
@@ -618,26 +527,9 @@ cudaError_t MlaDecodeSmall(const MlaAttentionParams& params, const MlaDecodeSmal
   int cluster = 0, heads_per_block = 0;
   cudaError_t e = MlaDecodeSmallShape(params, options, &cluster, &heads_per_block);
   if (e != cudaSuccess) return e;
-  int device = 0;
-  e = cudaGetDevice(&device);
-  if (e != cudaSuccess) return e;
-  const bool staged = UseStaged(options, heads_per_block, device);
-  cudaLaunchAttribute attrs[2] = {};
-  cudaLaunchConfig_t c = LaunchConfig(params, cluster, heads_per_block, staged, stream, attrs);
-  if (staged && ProgrammaticDependentLaunchEnabled()) {
-    // As kernels/common/launch.cuh: captured, the edges from the kernels before it are made
-    // programmatic (should that fail, the launch keeps plain edges); eager, the attribute.
-    bool capturing = false;
-    if (MakeCapturedKernelDependenciesProgrammatic(stream, &capturing) != cudaSuccess) {
-      (void)cudaGetLastError();
-    } else if (!capturing) {
-      attrs[1].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-      attrs[1].val.programmaticStreamSerializationAllowed = 1;
-      c.numAttrs = 2;
-    }
-  }
-  e = cudaLaunchKernelEx(&c, KernelFor(heads_per_block, staged), params, options.early_dependents,
-                         static_cast<int>(options.fresh_rows));
+  cudaLaunchAttribute attr;
+  const cudaLaunchConfig_t c = LaunchConfig(params, cluster, heads_per_block, stream, &attr);
+  e = cudaLaunchKernelEx(&c, KernelFor(heads_per_block), params, options.early_dependents);
   if (e != cudaSuccess) return e;
   return cudaGetLastError();
 }

@@ -42,21 +42,6 @@ struct MlaDecodeSmallOptions {
   // its weights while this one runs; it still waits for this grid's completion before reading
   // the output. Results are unchanged (a performance choice only).
   bool early_dependents = false;
-  // Launched with programmatic dependent launch (PDL, kernels/common/pdl.h's switch on; sm_90):
-  // before its griddepcontrol.wait every warp reads the block tables, token_seq and context_len
-  // and copies its first keys (up to 23 / 21 / 17 with 1 / 2 / 4 heads per block: all of them
-  // at 1 x 1024 with clusters of 8) into shared memory with cp.async, leaving out each token's
-  // last `fresh_rows` positions; the queries, those rows and any further keys are read after
-  // the wait. So the kernel right before this one may write the queries, the output and those
-  // last rows, and nothing else this kernel reads (kernels launched through
-  // kernels/common/launch.cuh trigger their dependents only after their own wait, so everything
-  // before the previous kernel is complete). The same math in the same order: the same bits as
-  // without it. Where the device does not give the block the shared memory (227 KiB), the
-  // plain kernel runs.
-  bool prefetch_before_wait = false;
-  // With prefetch_before_wait: how many of each token's last context positions the kernel
-  // before this one may be writing (1 for one decode token per sequence: its own row); >= 0.
-  int32_t fresh_rows = 1;
 };
 
 // True when MlaDecodeSmall takes these params on the current device: a bf16 cache of latent 512 +
@@ -68,8 +53,8 @@ bool MlaDecodeSmallSupported(const MlaAttentionParams& params);
 // given values, and for each 0 the first of cluster 8, 4, 2, 1 and heads 1, 2, 4 (in that
 // order) whose tokens x head groups clusters all fit on the device at once
 // (cudaOccupancyMaxActiveClusters), else the last that fits at all; auto never picks 16.
-// cudaErrorInvalidValue for unsupported params or options out of range (fresh_rows < 0 too),
-// cudaErrorNotSupported when the device cannot schedule any candidate cluster (e.g. a given 16).
+// cudaErrorInvalidValue for unsupported params or options out of range, cudaErrorNotSupported
+// when the device cannot schedule any candidate cluster (e.g. a given 16).
 cudaError_t MlaDecodeSmallShape(const MlaAttentionParams& params,
                                 const MlaDecodeSmallOptions& options, int* cluster,
                                 int* heads_per_block);

@@ -10,8 +10,7 @@
 // the two kernels' outputs. `chain`: one token's attention core as the decode step runs it at
 // 1024 positions (norm + rope + cache write, W_uk, MlaDecodeSmall, W_uv; PDL as in the model):
 // the first two as two launches or one (NormRopeCacheAbsorbQueryF32), MlaDecodeSmall with and
-// without early_dependents and prefetch_before_wait, 10 chains per graph. Every MlaDecodeSmall
-// case runs plain and with prefetch_before_wait.
+// without early_dependents, 10 chains per graph.
 #include <cuda_runtime_api.h>
 
 #include <cmath>
@@ -131,27 +130,22 @@ void Run(int32_t seqs, int32_t context, bool every_shape, cudaStream_t stream) {
   for (int cluster : {0, 2, 4, 8, 16}) {
     for (int heads : {0, 1, 2, 4}) {
       if (!every_shape && (cluster != 0 || heads != 0)) continue;
-      for (bool prefetch : {false, true}) {
-        kernels::MlaDecodeSmallOptions o{cluster, heads};
-        o.prefetch_before_wait = prefetch;
-        const cudaError_t probe = kernels::MlaDecodeSmall(new_p, o, stream);
-        BENCH_CUDA(cudaStreamSynchronize(stream));
-        if (probe == cudaErrorNotSupported) {
-          std::printf("%-24s MlaDecodeSmall cluster %d: not schedulable\n", name, cluster);
-          break;
-        }
-        BENCH_CUDA(probe);
-        int shape_cluster = 0, shape_heads = 0;
-        BENCH_CUDA(kernels::MlaDecodeSmallShape(new_p, o, &shape_cluster, &shape_heads));
-        const std::string kernel = "MlaDecodeSmall c" + std::to_string(shape_cluster) + " h" +
-                                   std::to_string(shape_heads) +
-                                   (cluster == 0 && heads == 0 ? " auto" : "") +
-                                   (prefetch ? " prefetch" : " plain");
-        report(
-            kernel.c_str(),
-            GraphMs([&](cudaStream_t s) { return kernels::MlaDecodeSmall(new_p, o, s); }, stream),
-            MedianMs([&] { return kernels::MlaDecodeSmall(new_p, o, nullptr); }));
+      const kernels::MlaDecodeSmallOptions o{cluster, heads};
+      const cudaError_t probe = kernels::MlaDecodeSmall(new_p, o, stream);
+      BENCH_CUDA(cudaStreamSynchronize(stream));
+      if (probe == cudaErrorNotSupported) {
+        std::printf("%-24s MlaDecodeSmall cluster %d: not schedulable\n", name, cluster);
+        break;
       }
+      BENCH_CUDA(probe);
+      int shape_cluster = 0, shape_heads = 0;
+      BENCH_CUDA(kernels::MlaDecodeSmallShape(new_p, o, &shape_cluster, &shape_heads));
+      const std::string kernel = "MlaDecodeSmall cluster " + std::to_string(shape_cluster) +
+                                 " heads " + std::to_string(shape_heads) +
+                                 (cluster == 0 && heads == 0 ? " (auto)" : "");
+      report(kernel.c_str(),
+             GraphMs([&](cudaStream_t s) { return kernels::MlaDecodeSmall(new_p, o, s); }, stream),
+             MedianMs([&] { return kernels::MlaDecodeSmall(new_p, o, nullptr); }));
     }
   }
   // The outputs of the last calls of each: old_p and the last MlaDecodeSmall options.
@@ -223,13 +217,12 @@ void RunChain(int32_t context, cudaStream_t stream) {
     std::printf("chain: MlaDecodeSmall not supported on this device\n");
     return;
   }
-  // The arms alternate twice (A B ... A B ...): same-process drift shows as their spread.
+  // The arms alternate twice (A B C D A B C D): same-process drift shows as their spread.
   for (int round = 0; round < 2; ++round) {
-    for (int arm = 0; arm < 8; ++arm) {
-      const bool fused = arm & 1, early = arm & 2, prefetch = arm & 4;
+    for (int arm = 0; arm < 4; ++arm) {
+      const bool fused = arm & 1, early = arm & 2;
       kernels::MlaDecodeSmallOptions mo;
       mo.early_dependents = early;
-      mo.prefetch_before_wait = prefetch;
       const double ms = GraphMs(
           [&](cudaStream_t s) {
             cudaError_t e = fused ? kernels::NormRopeCacheAbsorbQueryF32(nr, aq, s)
@@ -240,9 +233,9 @@ void RunChain(int32_t context, cudaStream_t stream) {
             return e;
           },
           stream);
-      std::printf("chain ctx%d  norm-rope-cache + W_uk %-12s MlaDecodeSmall %-16s %-8s %8.2f us\n",
+      std::printf("chain ctx%d  norm-rope-cache + W_uk %-12s MlaDecodeSmall %-16s %8.2f us\n",
                   context, fused ? "one launch" : "two launches",
-                  early ? "early dependents" : "plain", prefetch ? "prefetch" : "", ms * 1e3);
+                  early ? "early dependents" : "plain", ms * 1e3);
     }
   }
   std::fflush(stdout);

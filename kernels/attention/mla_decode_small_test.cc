@@ -4,15 +4,10 @@
 // blocks of 16 and 64 in shuffled (random) block tables with blocks no sequence owns, head
 // counts that do not fill a head group; every cluster size and heads-per-block choice; the
 // cache's unwritten slots and the output poisoned (NaN); repeated calls and CUDA graph replays
-// give the same bits as the first call; unsupported shapes and options are rejected. With
-// prefetch_before_wait (keys staged in shared memory before the PDL wait): the plain kernel's
-// bits for every shape and fresh_rows, and, after a PDL kernel that writes the new cache row and
-// the query (NormRopeCacheAbsorbQueryF32), eager and replayed, the CPU reference of what that
-// kernel wrote.
+// give the same bits as the first call; unsupported shapes and options are rejected.
 #include "kernels/attention/mla_decode_small.h"
 
 #include <algorithm>
-#include <cmath>
 #include <cstring>
 #include <iostream>
 #include <memory>
@@ -24,7 +19,6 @@
 
 #include "gtest/gtest.h"
 #include "kernels/gemm/small_m_gemm.h"
-#include "kernels/rope/rope.h"
 #include "kernels/testing/gpu_test_util.h"
 #include "worker/backend/bf16.h"
 #include "worker/backend/cpu/cpu_backend.h"
@@ -69,35 +63,6 @@ uint16_t Bf16Bits(float f) {  // nearest even (finite inputs)
   std::memcpy(&u, &f, 4);
   u += 0x7fffu + ((u >> 16) & 1u);
   return static_cast<uint16_t>(u >> 16);
-}
-
-// CpuBackend::MlaAttention of these host inputs (q: [tokens, heads, nope + rope]).
-std::vector<float> CpuAttention(int32_t heads, int32_t bs, const std::vector<uint16_t>& cache,
-                                const std::vector<int32_t>& tables, int32_t max_blocks,
-                                const std::vector<int32_t>& token_seq,
-                                const std::vector<int32_t>& context_len,
-                                const std::vector<float>& q_latent, const std::vector<float>& q,
-                                float scale) {
-  const int64_t qk = kNope + kRope;
-  CpuBackend cpu(2);
-  MlaAttentionArgs a;
-  a.num_tokens = static_cast<int32_t>(token_seq.size());
-  a.num_heads = heads;
-  a.q_latent = q_latent.data();
-  a.q_rope = q.data() + kNope;
-  a.q_rope_token_stride = heads * qk;
-  a.q_rope_head_stride = qk;
-  // The view's pointer is mutable (WriteLatentCache writes through it); attention only reads.
-  a.cache = {const_cast<uint16_t*>(cache.data()), bs, kLatent, kRope, WeightDType::kBFloat16};
-  a.block_tables = tables.data();
-  a.max_blocks_per_seq = max_blocks;
-  a.token_seq = token_seq.data();
-  a.context_len = context_len.data();
-  a.softmax_scale = scale;
-  std::vector<float> out(token_seq.size() * heads * kLatent, 0.0f);
-  a.out_latent = out.data();
-  cpu.MlaAttention(a);
-  return out;
 }
 
 void Build(const Case& s, uint32_t seed, Problem* pr) {
@@ -147,8 +112,24 @@ void Build(const Case& s, uint32_t seed, Problem* pr) {
   auto q_latent = testing::RandomFloats(tokens * s.heads * kLatent, seed + 2);
   auto q = testing::RandomFloats(tokens * qdim, seed + 3);
   const float scale = 0.0721f;
-  pr->want = CpuAttention(s.heads, bs, cache, tables, max_blocks, token_seq, context_len, q_latent,
-                          q, scale);
+
+  CpuBackend cpu(2);
+  MlaAttentionArgs a;
+  a.num_tokens = static_cast<int32_t>(tokens);
+  a.num_heads = s.heads;
+  a.q_latent = q_latent.data();
+  a.q_rope = q.data() + kNope;
+  a.q_rope_token_stride = qdim;
+  a.q_rope_head_stride = qk;
+  a.cache = {cache.data(), bs, kLatent, kRope, WeightDType::kBFloat16};
+  a.block_tables = tables.data();
+  a.max_blocks_per_seq = max_blocks;
+  a.token_seq = token_seq.data();
+  a.context_len = context_len.data();
+  a.softmax_scale = scale;
+  pr->want.assign(tokens * s.heads * kLatent, 0.0f);
+  a.out_latent = pr->want.data();
+  cpu.MlaAttention(a);
 
   pr->q_latent = std::make_unique<DeviceArray<float>>(q_latent);
   pr->q = std::make_unique<DeviceArray<float>>(q);
@@ -222,17 +203,6 @@ TEST_P(MlaDecodeSmallTest, MatchesCpuBackendForEveryShape) {
       DEEPINFER_CUDA_OK(kernels::MlaDecodeSmall(pr.params, o, nullptr));
       DEEPINFER_CUDA_OK(pr.out->Download(&first));
       EXPECT_TRUE(SameBits(first, got)) << "a repeated call changed the output";
-      // Keys staged in shared memory before the wait (nothing writes the cache here, so every
-      // fresh_rows is valid): the same math in the same order, the same bits.
-      for (int fresh_rows : {0, 1, 3}) {
-        kernels::MlaDecodeSmallOptions po = o;
-        po.prefetch_before_wait = true;
-        po.fresh_rows = fresh_rows;
-        pr.out->Poison();
-        DEEPINFER_CUDA_OK(kernels::MlaDecodeSmall(pr.params, po, nullptr));
-        DEEPINFER_CUDA_OK(pr.out->Download(&first));
-        EXPECT_TRUE(SameBits(first, got)) << "prefetch_before_wait, fresh_rows " << fresh_rows;
-      }
     }
   }
 }
@@ -268,148 +238,40 @@ TEST(MlaDecodeSmallGraphTest, ReplayEqualsEagerBitForBit) {
   Problem pr;
   Build({"graph", 16, 16, {1024, 300}, {}}, seed, &pr);
   if (!kernels::MlaDecodeSmallSupported(pr.params)) GTEST_SKIP() << "no thread-block clusters";
-  const std::vector<int32_t> full = {1024, 300};
-  for (bool prefetch : {false, true}) {
-    SCOPED_TRACE(::testing::Message() << "prefetch_before_wait " << prefetch);
-    pr.context_len->Upload(full);
-    kernels::MlaDecodeSmallOptions o;
-    o.prefetch_before_wait = prefetch;
-    std::vector<float> eager, replayed;
-    DEEPINFER_CUDA_OK(kernels::MlaDecodeSmall(pr.params, o, nullptr));
-    DEEPINFER_CUDA_OK(pr.out->Download(&eager));
-    EXPECT_TRUE(AllClose(eager, pr.want, kAtol, kRtol));
+  const kernels::MlaDecodeSmallOptions o;
+  std::vector<float> eager, replayed;
+  DEEPINFER_CUDA_OK(kernels::MlaDecodeSmall(pr.params, o, nullptr));
+  DEEPINFER_CUDA_OK(pr.out->Download(&eager));
+  EXPECT_TRUE(AllClose(eager, pr.want, kAtol, kRtol));
 
-    cudaStream_t stream;
-    DEEPINFER_CUDA_OK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
-    cudaGraph_t graph;
-    cudaGraphExec_t exec;
-    DEEPINFER_CUDA_OK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
-    const cudaError_t launched = kernels::MlaDecodeSmall(pr.params, o, stream);
-    DEEPINFER_CUDA_OK(cudaStreamEndCapture(stream, &graph));
-    DEEPINFER_CUDA_OK(launched);
-    DEEPINFER_CUDA_OK(cudaGraphInstantiate(&exec, graph, 0));
-    for (int r = 0; r < 3; ++r) {
-      pr.out->Poison();
-      DEEPINFER_CUDA_OK(cudaGraphLaunch(exec, stream));
-      DEEPINFER_CUDA_OK(cudaStreamSynchronize(stream));
-      DEEPINFER_CUDA_OK(pr.out->Download(&replayed));
-      EXPECT_TRUE(SameBits(replayed, eager)) << "replay " << r;
-    }
-    // Shorter contexts in the same graph: equal to an eager call on them.
-    const std::vector<int32_t> shorter = {17, 1};
-    pr.context_len->Upload(shorter);
-    DEEPINFER_CUDA_OK(kernels::MlaDecodeSmall(pr.params, o, nullptr));
-    DEEPINFER_CUDA_OK(pr.out->Download(&eager));
+  cudaStream_t stream;
+  DEEPINFER_CUDA_OK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  cudaGraph_t graph;
+  cudaGraphExec_t exec;
+  DEEPINFER_CUDA_OK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
+  const cudaError_t launched = kernels::MlaDecodeSmall(pr.params, o, stream);
+  DEEPINFER_CUDA_OK(cudaStreamEndCapture(stream, &graph));
+  DEEPINFER_CUDA_OK(launched);
+  DEEPINFER_CUDA_OK(cudaGraphInstantiate(&exec, graph, 0));
+  for (int r = 0; r < 3; ++r) {
     pr.out->Poison();
     DEEPINFER_CUDA_OK(cudaGraphLaunch(exec, stream));
     DEEPINFER_CUDA_OK(cudaStreamSynchronize(stream));
     DEEPINFER_CUDA_OK(pr.out->Download(&replayed));
-    EXPECT_TRUE(SameBits(replayed, eager)) << "replay after the contexts changed";
-    DEEPINFER_CUDA_OK(cudaGraphExecDestroy(exec));
-    DEEPINFER_CUDA_OK(cudaGraphDestroy(graph));
-    DEEPINFER_CUDA_OK(cudaStreamDestroy(stream));
+    EXPECT_TRUE(SameBits(replayed, eager)) << "replay " << r;
   }
-}
-
-// prefetch_before_wait after the kernel that writes what it may not read early: the decode
-// step's NormRopeCacheAbsorbQueryF32 (PDL) writes the token's new cache row (poisoned before)
-// and its absorbed query (poisoned) and rotates the query's rope slice in place; then
-// MlaDecodeSmall, plain (full stream order) and prefetching, eager and in a replayed graph.
-// Each equals the CPU reference of the cache and queries that kernel left, and the prefetching
-// runs give the plain run's bits. Fails if the new row or the query were read before the wait.
-TEST(MlaDecodeSmallGraphTest, PrefetchReadsTheNewRowAndQueryAfterTheWait) {
-  DEEPINFER_SKIP_WITHOUT_GPU();
-  const uint32_t seed = testing::FreshSeed();
-  SCOPED_TRACE(::testing::Message() << "seed " << seed);
-  constexpr int32_t kHeads = 16, kBs = 16, kLen = 1024;
-  Problem pr;
-  Build({"fresh", kHeads, kBs, {kLen}, {}}, seed, &pr);
-  if (!kernels::MlaDecodeSmallSupported(pr.params)) GTEST_SKIP() << "no thread-block clusters";
-  std::vector<int32_t> tables;
-  DEEPINFER_CUDA_OK(pr.tables->Download(&tables));
-  const int32_t max_blocks = pr.params.max_blocks_per_seq;
-  const int32_t slot = tables[(kLen - 1) / kBs] * kBs + (kLen - 1) % kBs;
-  const int64_t entry = kLatent + kRope, qk = kNope + kRope;
-  std::vector<float> q_host;
-  DEEPINFER_CUDA_OK(pr.q->Download(&q_host));
-  DeviceArray<float> kv(testing::RandomFloats(entry, seed + 5));
-  DeviceArray<float> norm_weight(testing::RandomFloats(kLatent, seed + 6));
-  std::vector<float> inv(kRope / 2);
-  for (int j = 0; j < kRope / 2; ++j) inv[j] = std::pow(10000.0f, -2.0f * j / kRope);
-  DeviceArray<float> inv_freq(inv);
-  DeviceArray<int32_t> positions(std::vector<int32_t>{kLen - 1});
-  DeviceArray<int32_t> slots(std::vector<int32_t>{slot});
-  DeviceArray<uint16_t> wuk(
-      FloatsToBf16Bits(testing::RandomFloats(kHeads * kLatent * kNope, seed + 7, 0.05f)));
-  kernels::NormRopeCacheParams nr;
-  nr.tokens = 1, nr.kv = kv.get(), nr.ld_kv = entry, nr.norm_weight = norm_weight.get();
-  nr.latent_dim = kLatent, nr.rope_dim = kRope;
-  nr.q = pr.q->get() + kNope, nr.q_heads = kHeads, nr.q_token_stride = kHeads * qk;
-  nr.q_head_stride = qk, nr.positions = positions.get(), nr.inv_freq = inv_freq.get();
-  nr.interleaved = true, nr.slots = slots.get(), nr.cache = pr.cache->get(), nr.cache_bf16 = true;
-  kernels::AbsorbQueryParams aq;
-  aq.heads = kHeads, aq.nope_dim = kNope, aq.latent_dim = kLatent, aq.q_nope = pr.q->get();
-  aq.q_token_stride = kHeads * qk, aq.q_head_stride = qk, aq.w = wuk.get();
-  aq.out = pr.q_latent->get();
-  ASSERT_TRUE(kernels::NormRopeCacheAbsorbQuerySupported(nr, aq));
-
-  cudaStream_t stream;
-  DEEPINFER_CUDA_OK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
-  uint16_t* row = pr.cache->get() + static_cast<int64_t>(slot) * entry;
-  // The inputs as before the step: the query unrotated, the new row and the query poisoned.
-  auto reset = [&] {
-    pr.q->Upload(q_host);
-    DEEPINFER_CUDA_OK(cudaDeviceSynchronize());
-    DEEPINFER_CUDA_OK(cudaMemsetAsync(row, 0xFF, entry * sizeof(uint16_t), stream));
-    DEEPINFER_CUDA_OK(
-        cudaMemsetAsync(pr.q_latent->get(), 0xFF, kHeads * kLatent * sizeof(float), stream));
-    DEEPINFER_CUDA_OK(
-        cudaMemsetAsync(pr.out->get(), 0xFF, kHeads * kLatent * sizeof(float), stream));
-    DEEPINFER_CUDA_OK(cudaStreamSynchronize(stream));
-  };
-  // The CPU reference of what the first kernel left.
-  auto reference = [&]() -> std::vector<float> {
-    std::vector<uint16_t> cache;
-    std::vector<float> q_latent, q;
-    EXPECT_EQ(pr.cache->Download(&cache), cudaSuccess);
-    EXPECT_EQ(pr.q_latent->Download(&q_latent), cudaSuccess);
-    EXPECT_EQ(pr.q->Download(&q), cudaSuccess);
-    return CpuAttention(kHeads, kBs, cache, tables, max_blocks, {0}, {kLen}, q_latent, q,
-                        pr.params.softmax_scale);
-  };
-  std::vector<float> plain, got;
-  for (bool prefetch : {false, true}) {
-    SCOPED_TRACE(::testing::Message() << "prefetch_before_wait " << prefetch);
-    kernels::MlaDecodeSmallOptions o;
-    o.prefetch_before_wait = prefetch;
-    reset();
-    DEEPINFER_CUDA_OK(kernels::NormRopeCacheAbsorbQueryF32(nr, aq, stream));
-    DEEPINFER_CUDA_OK(kernels::MlaDecodeSmall(pr.params, o, stream));
-    DEEPINFER_CUDA_OK(cudaStreamSynchronize(stream));
-    DEEPINFER_CUDA_OK(pr.out->Download(&got));
-    EXPECT_TRUE(AllClose(got, reference(), kAtol, kRtol)) << "eager";
-    if (!prefetch) plain = got;
-    EXPECT_TRUE(SameBits(got, plain)) << "eager";
-    cudaGraph_t graph;
-    cudaGraphExec_t exec;
-    DEEPINFER_CUDA_OK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
-    const cudaError_t e1 = kernels::NormRopeCacheAbsorbQueryF32(nr, aq, stream);
-    const cudaError_t e2 = kernels::MlaDecodeSmall(pr.params, o, stream);
-    DEEPINFER_CUDA_OK(cudaStreamEndCapture(stream, &graph));
-    DEEPINFER_CUDA_OK(e1);
-    DEEPINFER_CUDA_OK(e2);
-    DEEPINFER_CUDA_OK(cudaGraphInstantiate(&exec, graph, 0));
-    for (int r = 0; r < 3; ++r) {
-      reset();
-      DEEPINFER_CUDA_OK(cudaGraphLaunch(exec, stream));
-      DEEPINFER_CUDA_OK(cudaStreamSynchronize(stream));
-      DEEPINFER_CUDA_OK(pr.out->Download(&got));
-      EXPECT_TRUE(SameBits(got, plain)) << "replay " << r;
-      EXPECT_TRUE(AllClose(got, reference(), kAtol, kRtol)) << "replay " << r;
-    }
-    DEEPINFER_CUDA_OK(cudaGraphExecDestroy(exec));
-    DEEPINFER_CUDA_OK(cudaGraphDestroy(graph));
-  }
+  // Shorter contexts in the same graph: equal to an eager call on them.
+  const std::vector<int32_t> shorter = {17, 1};
+  pr.context_len->Upload(shorter);
+  DEEPINFER_CUDA_OK(kernels::MlaDecodeSmall(pr.params, o, nullptr));
+  DEEPINFER_CUDA_OK(pr.out->Download(&eager));
+  pr.out->Poison();
+  DEEPINFER_CUDA_OK(cudaGraphLaunch(exec, stream));
+  DEEPINFER_CUDA_OK(cudaStreamSynchronize(stream));
+  DEEPINFER_CUDA_OK(pr.out->Download(&replayed));
+  EXPECT_TRUE(SameBits(replayed, eager)) << "replay after the contexts changed";
+  DEEPINFER_CUDA_OK(cudaGraphExecDestroy(exec));
+  DEEPINFER_CUDA_OK(cudaGraphDestroy(graph));
   DEEPINFER_CUDA_OK(cudaStreamDestroy(stream));
 }
 
@@ -510,10 +372,6 @@ TEST(MlaDecodeSmallLimitsTest, RejectsOtherShapesAndOptions) {
     EXPECT_EQ(kernels::MlaDecodeSmall(pr.params, {0, heads}, nullptr), cudaErrorInvalidValue)
         << "heads per block " << heads;
   }
-  kernels::MlaDecodeSmallOptions o;
-  o.prefetch_before_wait = true;
-  o.fresh_rows = -1;
-  EXPECT_EQ(kernels::MlaDecodeSmall(pr.params, o, nullptr), cudaErrorInvalidValue);
 }
 
 }  // namespace

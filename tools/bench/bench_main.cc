@@ -134,10 +134,6 @@ int main(int argc, char** argv) {
                 "CUDA: the one-launch attention kernel lets the W_uv GEMV after it be\n"
                 "scheduled at its start (that GEMV's weights load meanwhile); off (the\n"
                 "default): after it.");
-  flags.AddBool("mla-decode-small-prefetch", &config.mla_decode_small_prefetch,
-                "CUDA: the one-launch attention kernel is launched with PDL and copies the\n"
-                "cache rows (all but the new token's) into shared memory while the kernel\n"
-                "before it runs (the default); off: a plain launch as before.");
   flags.AddBool("norm-rope-cache-absorb-fused", &config.norm_rope_cache_absorb_fused,
                 "CUDA, bf16: at one decode token the latent norm + rope + cache write and the\n"
                 "W_uk product in one launch (the default); off: two launches as before.");

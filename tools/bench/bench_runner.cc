@@ -393,7 +393,6 @@ absl::Status RunRank(const BenchConfig& bc, int64_t rank, RankState* s, RankOutp
   if (cuda != nullptr) cuda->SetMlaDecodeSmall(bc.mla_decode_small);
   if (cuda != nullptr) {
     cuda->SetMlaDecodeSmallEarlyDependents(bc.mla_decode_small_early_dependents);
-    cuda->SetMlaDecodeSmallPrefetch(bc.mla_decode_small_prefetch);
   }
   if (cuda != nullptr) cuda->SetNormRopeCacheAbsorbFused(bc.norm_rope_cache_absorb_fused);
   if (cuda != nullptr) cuda->SetBf16GateUp(bc.bf16_gate_up);

@@ -98,9 +98,6 @@ struct BenchConfig {
   // CUDA only: CudaBackend::SetMlaDecodeSmallEarlyDependents (the W_uv GEMV scheduled beside
   // the one-launch attention kernel).
   bool mla_decode_small_early_dependents = false;
-  // CUDA only: CudaBackend::SetMlaDecodeSmallPrefetch (the one-launch attention kernel copies
-  // the cache rows into shared memory before its PDL wait).
-  bool mla_decode_small_prefetch = true;
   // CUDA only: CudaBackend::SetNormRopeCacheAbsorbFused (the latent norm + rope + cache write and
   // the W_uk product in one launch at one decode token); false: two launches as before.
   bool norm_rope_cache_absorb_fused = true;

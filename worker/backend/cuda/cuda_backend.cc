@@ -942,8 +942,6 @@ void CudaBackend::MlaAttention(const MlaAttentionArgs& a) {
         max_context <= mla_decode_small_max_context_ && kernels::MlaDecodeSmallSupported(p)) {
       kernels::MlaDecodeSmallOptions options;
       options.early_dependents = mla_decode_small_early_dependents_;
-      options.prefetch_before_wait = mla_decode_small_prefetch_;
-      options.fresh_rows = 1;  // one token per sequence: only its own row is being written
       const cudaError_t e = kernels::MlaDecodeSmall(p, options, stream_);
       if (e != cudaErrorNotSupported) {
         Check(e, "kernels::MlaDecodeSmall");

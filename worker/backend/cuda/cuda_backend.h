@@ -348,11 +348,6 @@ class CudaBackend : public Backend {
   // attention core's chain in mla_decode_small_bench but nothing measurable in the 27-layer
   // decode step (docs/performance.md, "Session 8, branch s8-attn1").
   void SetMlaDecodeSmallEarlyDependents(bool on) { mla_decode_small_early_dependents_ = on; }
-  // kernels::MlaDecodeSmallOptions::prefetch_before_wait (fresh_rows 1: the token's own row) of
-  // the backend's MlaDecodeSmall calls: launched with PDL, the cache rows but the new one are
-  // copied into shared memory while the kernel before it (norm + rope + cache write + W_uk)
-  // still runs (deepinfer-bench --mla-decode-small-prefetch). The same bits either way.
-  void SetMlaDecodeSmallPrefetch(bool on) { mla_decode_small_prefetch_ = on; }
   static constexpr int32_t kMlaDecodeSmallMaxTokens = 1;
   // Measured on the H200 (mla_decode_small_bench, 1 token in a CUDA graph, against the default
   // key-split kernel + combine): 7.8 / 10.2 / 12.4 / 14.9 us at 512 / 1024 / 1536 / 2048
@@ -492,7 +487,6 @@ class CudaBackend : public Backend {
   bool in_timed_op_ = false;        // GroupedGemm calls Gemm: count only the outer op
   bool mla_decode_small_ = true;
   bool mla_decode_small_early_dependents_ = false;
-  bool mla_decode_small_prefetch_ = true;
   bool norm_rope_cache_absorb_fused_ = true;
   kernels::MhaFlashKernel mha_flash_kernel_ = kernels::MhaFlashKernel::kAuto;
   int32_t mha_flash_pair_group_ = 0;

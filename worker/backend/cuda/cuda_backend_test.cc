@@ -1669,13 +1669,6 @@ TEST_F(CudaBackendTest, OneTokenDecodeKernelFollowsTheContextOrItsHint) {
     return x.size() == y.size() && std::memcmp(x.data(), y.data(), x.size() * sizeof(float)) == 0;
   };
 
-  // SetMlaDecodeSmallPrefetch (the keys staged before the PDL wait; on by default): the same
-  // kernel math either way, so the same bits.
-  gpu_->SetMlaDecodeSmallPrefetch(false);
-  EXPECT_TRUE(same(run(&span, 0), small)) << "prefetch off";
-  gpu_->SetMlaDecodeSmallPrefetch(true);
-  EXPECT_TRUE(same(run(&span, 0), small)) << "prefetch on";
-
   ASSERT_TRUE(gpu_->SetMlaDecodeSmallMaxContext(kLen).ok());
   EXPECT_TRUE(same(run(&span, 0), small));               // spans: the real context, at the max
   EXPECT_TRUE(same(run(&span, kLen + 1), small));        // spans win over the hint
