@@ -1,8 +1,9 @@
 // Times MlaDecodeSmall against MlaAttentionF32 (the tensor-core kernel with split-K and its
 // combine: the path it replaces) on the Moonlight decode shape (16 heads, latent 512 + rope 64,
-// bf16 cache, block 16). Default: 1 request at 512 ... 4096 positions (where CudaBackend's
+// bf16 cache, block 16). Default: 1 request at 256 ... 4096 positions (where CudaBackend's
 // kMlaDecodeSmallMaxContext comes from), the automatic cluster shape only; `full`: also every
-// cluster shape at 1, 2, 4 and 8 requests of 1024 and 4096 positions. Per case and kernel: the
+// cluster shape at 1, 2, 4 and 8 requests of 1024 and 4096 positions; `shapes`: every cluster
+// shape at 1 x 1024 only. Per case and kernel: the
 // mean per call of 10 calls captured in one CUDA graph and replayed 5 times (as the decode step
 // runs them; MlaAttentionF32 as the backend calls it, allocating its workspace in the stream,
 // and with a caller's workspace), the eager median of 20, and the largest difference between
@@ -126,7 +127,7 @@ void Run(int32_t seqs, int32_t context, bool every_shape, cudaStream_t stream) {
     std::printf("%-24s MlaDecodeSmall: not supported on this device\n", name);
     return;
   }
-  for (int cluster : {0, 4, 16}) {
+  for (int cluster : {0, 2, 4, 8, 16}) {
     for (int heads : {0, 1, 2, 4}) {
       if (!every_shape && (cluster != 0 || heads != 0)) continue;
       const kernels::MlaDecodeSmallOptions o{cluster, heads};
@@ -246,8 +247,9 @@ void RunChain(int32_t context, cudaStream_t stream) {
 int main(int argc, char** argv) {
   const bool full = argc > 1 && std::strcmp(argv[1], "full") == 0;
   const bool chain = argc > 1 && std::strcmp(argv[1], "chain") == 0;
-  if (argc > 2 || (argc == 2 && !full && !chain)) {
-    std::fprintf(stderr, "usage: mla_decode_small_bench [full | chain]\n");
+  const bool shapes = argc > 1 && std::strcmp(argv[1], "shapes") == 0;
+  if (argc > 2 || (argc == 2 && !full && !chain && !shapes)) {
+    std::fprintf(stderr, "usage: mla_decode_small_bench [full | chain | shapes]\n");
     return 2;
   }
   int n = 0;
@@ -265,7 +267,11 @@ int main(int argc, char** argv) {
     deepinfer::RunChain(1024, stream);
     return 0;
   }
-  for (int32_t context : {512, 1024, 1536, 2048, 2560, 3072, 3584, 4096}) {
+  if (shapes) {
+    deepinfer::Run(1, 1024, /*every_shape=*/true, stream);
+    return 0;
+  }
+  for (int32_t context : {256, 512, 1024, 1536, 2048, 2560, 3072, 3584, 4096}) {
     deepinfer::Run(1, context, /*every_shape=*/false, stream);
   }
   if (full) {
