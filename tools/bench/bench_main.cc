@@ -187,8 +187,10 @@ int main(int argc, char** argv) {
       "CUDA, bf16: the kernels of that MoE block: auto (default: stationary, the\n"
       "fastest measured at every width), persistent (grid-strided, L2 prefetch\n"
       "before the PDL wait), pipelined (the same with the load round trips overlapped,\n"
-      "bit-identical results) or stationary (pipelined with a 1-token down kernel\n"
-      "holding its activations in registers), same math.");
+      "bit-identical results), stationary (pipelined with a 1-token down kernel\n"
+      "holding its activations in registers) or sharedfirst (stationary with the shared\n"
+      "experts streamed while gate_up's routed part table is built, bit-identical),\n"
+      "same math.");
   flags.AddBool("decode-moe-resident-workspaces", &config.decode_moe_resident_workspaces,
                 "CUDA: the fused router's logits and the fused MoE block's act workspace in\n"
                 "buffers the backend owns (no graph memory nodes around the router, so its edge\n"

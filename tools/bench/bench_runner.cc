@@ -513,10 +513,12 @@ absl::Status RunRank(const BenchConfig& bc, int64_t rank, RankState* s, RankOutp
       cuda->SetDecodeMoeFusedKernels(kernels::MoeDecodeFusedKernels::kPipelined);
     } else if (bc.decode_moe_fused_kernels == "stationary") {
       cuda->SetDecodeMoeFusedKernels(kernels::MoeDecodeFusedKernels::kStationary);
+    } else if (bc.decode_moe_fused_kernels == "sharedfirst") {
+      cuda->SetDecodeMoeFusedKernels(kernels::MoeDecodeFusedKernels::kSharedFirst);
     } else {
       return absl::InvalidArgumentError(
-          absl::StrCat("--decode-moe-fused-kernels must be auto, persistent, pipelined or "
-                       "stationary, got '",
+          absl::StrCat("--decode-moe-fused-kernels must be auto, persistent, pipelined, "
+                       "stationary or sharedfirst, got '",
                        bc.decode_moe_fused_kernels, "'"));
     }
   }

@@ -137,8 +137,8 @@ struct BenchConfig {
   bool decode_moe_sparse_epilogue = true;
   // CUDA only: CudaBackend::SetDecodeMoeFused ("auto", "on" or "off"; empty: auto).
   std::string decode_moe_fused;
-  // CUDA only: CudaBackend::SetDecodeMoeFusedKernels ("persistent", "pipelined" or
-  // "stationary"; empty or "auto": SetDecodeMoeFusedKernelsAuto).
+  // CUDA only: CudaBackend::SetDecodeMoeFusedKernels ("persistent", "pipelined", "stationary"
+  // or "sharedfirst"; empty or "auto": SetDecodeMoeFusedKernelsAuto).
   std::string decode_moe_fused_kernels;
   // CUDA only: CudaBackend::SetDecodeMoeResidentWorkspaces (the router's logits and the fused
   // MoE block's act in buffers the backend owns: no graph memory nodes around the router).

@@ -1324,7 +1324,7 @@ bool CudaBackend::DecodeMoeFusedFor(int64_t tokens, int64_t hidden_size) const {
 kernels::MoeDecodeFusedKernels CudaBackend::DecodeMoeFusedKernelsFor(int64_t hidden_size) const {
   (void)hidden_size;  // one choice at every width measured (Moonlight, V3)
   if (!decode_moe_fused_kernels_auto_) return decode_moe_fused_kernels_;
-  return kernels::MoeDecodeFusedKernels::kStationary;
+  return kDefaultDecodeMoeFusedKernels;
 }
 
 bool CudaBackend::RoutedAndSharedExperts(const RoutedExpertsArgs& a) {
@@ -1377,6 +1377,7 @@ void CudaBackend::LaunchMoeDecodeFused(kernels::MoeDecodeFusedParams p) {
   p.kernels = DecodeMoeFusedKernelsFor(p.hidden_size);
   p.gate_up_blocks_per_sm = decode_moe_fused_gate_up_blocks_per_sm_;
   p.down_blocks_per_sm = decode_moe_fused_down_blocks_per_sm_;
+  p.down_l2_features = decode_moe_fused_down_l2_features_;
   Check(kernels::MoeDecodeFusedF32(p, stream_), "kernels::MoeDecodeFusedF32");
 }
 

@@ -160,14 +160,17 @@ class CudaBackend : public Backend {
   void SetDecodeMoeFused(DecodeMoeFused mode) { decode_moe_fused_ = mode; }
   bool DecodeMoeFusedFor(int64_t tokens, int64_t hidden_size) const;
   // The kernels RoutedAndSharedExperts launches and, for benchmarks, the persistent grids'
-  // blocks per SM (0: as many as fit); kernels::MoeDecodeFusedParams. By default (and after
+  // blocks per SM (0: as many as fit) and kSharedFirst's down L2 prefetch (-1: the kernel's
+  // default); kernels::MoeDecodeFusedParams. By default (and after
   // SetDecodeMoeFusedKernelsAuto) DecodeMoeFusedKernelsFor picks them by size.
   void SetDecodeMoeFusedKernels(kernels::MoeDecodeFusedKernels kernels,
-                                int32_t gate_up_blocks_per_sm = 0, int32_t down_blocks_per_sm = 0) {
+                                int32_t gate_up_blocks_per_sm = 0, int32_t down_blocks_per_sm = 0,
+                                int32_t down_l2_features = -1) {
     decode_moe_fused_kernels_auto_ = false;
     decode_moe_fused_kernels_ = kernels;
     decode_moe_fused_gate_up_blocks_per_sm_ = gate_up_blocks_per_sm;
     decode_moe_fused_down_blocks_per_sm_ = down_blocks_per_sm;
+    decode_moe_fused_down_l2_features_ = down_l2_features;
   }
   // Whether RouteTokens' fused router writes its logits, and the fused MoE block
   // (RoutedAndSharedExperts, NormedDenseMlp) its act workspace, into buffers the backend owns
@@ -191,6 +194,10 @@ class CudaBackend : public Backend {
   // kStationary is kPipelined); V3 1 token 207.2 / 220.9 / 200.2; at 2 tokens kAuto does not
   // fuse V3).
   kernels::MoeDecodeFusedKernels DecodeMoeFusedKernelsFor(int64_t hidden_size) const;
+  // DecodeMoeFusedKernelsFor's choice at every width: kSharedFirst (session 8, branch
+  // s8-moe1b; kStationary's results bit for bit).
+  static constexpr kernels::MoeDecodeFusedKernels kDefaultDecodeMoeFusedKernels =
+      kernels::MoeDecodeFusedKernels::kSharedFirst;
   static constexpr int64_t kMaxAutoFusedMoeHidden = 4096;
   // The chunked cuBLAS GEMMs were faster from 128 tokens on (the smallest size measured,
   // docs/kernels.md); decode batches up to here keep the path without host synchronisation.
@@ -515,6 +522,7 @@ class CudaBackend : public Backend {
       kernels::MoeDecodeFusedKernels::kPipelined;
   int32_t decode_moe_fused_gate_up_blocks_per_sm_ = 0;
   int32_t decode_moe_fused_down_blocks_per_sm_ = 0;
+  int32_t decode_moe_fused_down_l2_features_ = -1;
   bool decode_moe_graph_buckets_ = false;
   bool decode_dense_mlp_fused_ = true;
   bool decode_moe_resident_workspaces_ = false;

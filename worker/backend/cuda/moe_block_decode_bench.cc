@@ -6,19 +6,23 @@
 //        combine) + the shared MLP as the model runs it with fused ops and bf16 weights (Gemm on
 //        the bf16 normed rows, SiluMulBf16, Gemm accumulating into out)
 //   new  CudaBackend::RoutedAndSharedExperts (kernels::MoeDecodeFusedF32, two launches), with
-//        the kernel pairs "pers" (kPersistent), "pipe" (kPipelined) and "stat" (kStationary)
-//        at their default grids; "pipe" and "stat" once more at the end (the spread between two
-//        runs of the same case). Session 6's kWarpPerRow (removed) and other grids: git history
-//        (session 7's s7-moeblk / s7-moeblk2 tables in docs/kernels.md).
+//        the kernel pairs "stat" (kStationary, the backend's default) and "shf" (kSharedFirst:
+//        its down L2-prefetching kDefaultDownL2Features features before its wait), "shf0" /
+//        "shf8" (kSharedFirst with 0 / 8 such features), at their default grids, alternated
+//        (stat shf0 shf shf8 stat shf0 shf shf8: the spread between two runs of the same case).
+//        kSharedFirst's "diff" is against the first "stat" (0: bit-identical, as it must be).
+//        kPersistent / kPipelined ("pers", "pipe"), session 6's kWarpPerRow (removed) and other
+//        grids: git history (sessions 7's s7-moeblk / s7-moeblk2 tables in docs/kernels.md).
 //   routed  each layer as the model issues it: CudaBackend::RouteTokens (AddRmsNorm of the
 //        layer's residual row into its hidden rows, then the fused router on them, writing the
-//        layer's own routing) and RoutedAndSharedExperts with kStationary: "rsta" with scratch
-//        logits and act (graph memory nodes between the router and gate_up), "rstW" with
-//        SetDecodeMoeResidentWorkspaces (none: a programmatic edge), twice each (rsta rstW rsta
-//        rstW). The time includes the norm and the router; "diff" is against the first "rsta"
-//        (0: the switch changes no bit); "layer MB" is the fixed routing's (exact at 1 token:
-//        top_k distinct experts either way). Session 8's "rstE" (gate_up computing the shared
-//        experts before its PDL wait, measured slower): git history, docs/kernels.md.
+//        layer's own routing) and RoutedAndSharedExperts: "rsta" (kStationary) / "rsfa"
+//        (kSharedFirst) with scratch logits and act (graph memory nodes between the router and
+//        gate_up), "rstW" / "rsfW" with SetDecodeMoeResidentWorkspaces (none: a programmatic
+//        edge), twice each (rsta rsfa rstW rsfW, twice). The time includes the norm and the
+//        router; "diff" is against the first "rsta" (0: the switch changes no bit); "layer MB"
+//        is the fixed routing's (exact at 1 token: top_k distinct experts either way). Session
+//        8's "rstE" (gate_up computing the shared experts before its PDL wait, measured
+//        slower): git history, docs/kernels.md.
 //
 // Shapes: Moonlight (64 experts, top-6, hidden 2048, moe_intermediate 1408, 2 shared experts)
 // and DeepSeek-V3 (256, top-8, 7168, 2048, 1 shared), bf16 weights. The graph holds kLayers
@@ -30,7 +34,10 @@
 // experts and the shared MLP) over that time gives GB/s and the fraction of 4.3 TB/s. "diff":
 // largest |new - old| over the last layer's output, relative to its largest |old|.
 //
-//   moe_block_decode_bench     (one line per case; exit status 1 on an error)
+//   moe_block_decode_bench [SHAPE TOKENS [PATH...]]   (one line per case; exit status 1 on an
+//        error; SHAPE moonlight or v3, TOKENS 1 or 2: that case only; PATH...: those paths only,
+//        without the references ("rel diff" 0), e.g. for ncu: `moe_block_decode_bench moonlight
+//        1 shf`)
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
@@ -44,6 +51,7 @@
 #include <numeric>
 #include <random>
 #include <set>
+#include <string>
 #include <vector>
 
 #include "worker/backend/cuda/cuda_backend.h"
@@ -80,7 +88,10 @@ struct Layer {
   int64_t busy_experts = 0;
 };
 
-int Main() {
+int Main(int argc, char** argv) {
+  const char* only_shape = argc > 1 ? argv[1] : nullptr;
+  const int only_tokens = argc > 2 ? std::atoi(argv[2]) : 0;
+  const std::set<std::string> only_paths(argv + std::min(argc, 3), argv + argc);
   auto backend = CudaBackend::Create(0, WeightDType::kBFloat16);
   if (!backend.ok()) {
     std::fprintf(stderr, "%s\n", backend.status().ToString().c_str());
@@ -92,6 +103,7 @@ int Main() {
   std::printf("%-9s %6s %5s %10s | %-4s %9s %8s %9s %10s\n", "shape", "tokens", "busy", "layer MB",
               "path", "us/layer", "GB/s", "of 4.3TB", "rel diff");
   for (const Shape& s : shapes) {
+    if (only_shape != nullptr && std::strcmp(only_shape, s.name) != 0) continue;
     const int64_t H = s.hidden, I = s.inter, SI = s.shared * s.inter;
     const size_t gate_up_bytes = 2 * I * H * 2, down_bytes = H * I * 2;
     const size_t per_expert = gate_up_bytes + down_bytes;
@@ -117,6 +129,7 @@ int Main() {
     std::iota(slot_host.begin(), slot_host.end(), 0);
     auto slots = upload(slot_host.data(), s.experts * sizeof(int32_t));
     for (int32_t tokens : {1, 2}) {
+      if (only_tokens != 0 && tokens != only_tokens) continue;
       std::mt19937 gen(static_cast<uint32_t>(tokens));
       std::uniform_real_distribution<float> uni(-1.0f, 1.0f);
       std::vector<Layer> layers(kLayers);
@@ -236,28 +249,39 @@ int Main() {
       struct Path {
         const char* name;
         kernels::MoeDecodeFusedKernels kernels;
-        int32_t gate_up_blocks_per_sm, down_blocks_per_sm;
+        int32_t down_l2_features;  // -1: the kernel's default
         bool routed = false, resident = false;
       };
+      constexpr auto kStat = kernels::MoeDecodeFusedKernels::kStationary;
+      constexpr auto kShf = kernels::MoeDecodeFusedKernels::kSharedFirst;
       const Path paths[] = {
-          {"old", kernels::MoeDecodeFusedKernels::kPersistent, 0, 0},  // not fused
-          {"pers", kernels::MoeDecodeFusedKernels::kPersistent, 0, 0},
-          {"pipe", kernels::MoeDecodeFusedKernels::kPipelined, 0, 0},
-          {"stat", kernels::MoeDecodeFusedKernels::kStationary, 0, 0},
-          {"pipe", kernels::MoeDecodeFusedKernels::kPipelined, 0, 0},  // again: drift check
-          {"stat", kernels::MoeDecodeFusedKernels::kStationary, 0, 0},
-          {"rsta", kernels::MoeDecodeFusedKernels::kStationary, 0, 0, true, false},
-          {"rstW", kernels::MoeDecodeFusedKernels::kStationary, 0, 0, true, true},
-          {"rsta", kernels::MoeDecodeFusedKernels::kStationary, 0, 0, true, false},
-          {"rstW", kernels::MoeDecodeFusedKernels::kStationary, 0, 0, true, true},
+          {"old", kStat, -1},  // not fused
+          {"stat", kStat, -1},
+          {"shf0", kShf, 0},
+          {"shf", kShf, -1},
+          {"shf8", kShf, 8},
+          {"stat", kStat, -1},
+          {"shf0", kShf, 0},
+          {"shf", kShf, -1},
+          {"shf8", kShf, 8},
+          {"rsta", kStat, -1, true, false},
+          {"rsfa", kShf, -1, true, false},
+          {"rstW", kStat, -1, true, true},
+          {"rsfW", kShf, -1, true, true},
+          {"rsta", kStat, -1, true, false},
+          {"rsfa", kShf, -1, true, false},
+          {"rstW", kStat, -1, true, true},
+          {"rsfW", kShf, -1, true, true},
       };
       int64_t layer_bytes = 0;
       for (const Layer& L : layers) layer_bytes += L.busy_experts * per_expert + 3 * SI * H * 2;
       layer_bytes /= kLayers;
-      std::vector<float> old_out, routed_out;
+      std::vector<float> old_out, stat_out, routed_out;
       for (int path = 0; path < static_cast<int>(std::size(paths)); ++path) {
         const Path& pa = paths[path];
-        b.SetDecodeMoeFusedKernels(pa.kernels, pa.gate_up_blocks_per_sm, pa.down_blocks_per_sm);
+        // Filtered: no references either ("rel diff" then against nothing: 0).
+        if (!only_paths.empty() && only_paths.count(pa.name) == 0) continue;
+        b.SetDecodeMoeFusedKernels(pa.kernels, 0, 0, pa.down_l2_features);
         b.SetDecodeMoeResidentWorkspaces(pa.resident);
         auto ops = b.Capture([&] {
           for (Layer& L : layers) {
@@ -285,12 +309,16 @@ int Main() {
         std::vector<float> out(tokens * H);
         b.CopyToHost(layers.back().out->data(), out.size() * sizeof(float), out.data());
         double diff = 0;
-        if (path == 0) {
+        if (!only_paths.empty()) {
+          // no reference
+        } else if (path == 0) {
           old_out = out;
         } else if (pa.routed && routed_out.empty()) {
           routed_out = out;
         } else {
-          const std::vector<float>& ref = pa.routed ? routed_out : old_out;
+          if (!pa.routed && pa.kernels == kStat && stat_out.empty()) stat_out = out;
+          const std::vector<float>& ref =
+              pa.routed ? routed_out : (pa.kernels == kShf ? stat_out : old_out);
           double scale = 0;
           for (size_t i = 0; i < out.size(); ++i) {
             diff = std::max(diff, std::abs(static_cast<double>(out[i]) - ref[i]));
@@ -301,8 +329,8 @@ int Main() {
         const double t = *replay_us / kLayers;  // per layer
         const double gbs = layer_bytes / (t * 1e-6) / 1e9;
         std::printf("%-9s %6d %5lld %10.1f | %-4s %9.1f %8.0f %9.3f %10.3g\n", s.name, tokens,
-                    static_cast<long long>(layers.back().busy_experts), layer_bytes / 1e6,
-                    pa.name, t, gbs, gbs * 1e9 / kRooflineBytesPerSecond, diff);
+                    static_cast<long long>(layers.back().busy_experts), layer_bytes / 1e6, pa.name,
+                    t, gbs, gbs * 1e9 / kRooflineBytesPerSecond, diff);
         std::fflush(stdout);
       }
     }
@@ -313,4 +341,4 @@ int Main() {
 }  // namespace
 }  // namespace deepinfer
 
-int main() { return deepinfer::Main(); }
+int main(int argc, char** argv) { return deepinfer::Main(argc, argv); }
