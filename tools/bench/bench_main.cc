@@ -221,6 +221,10 @@ int main(int argc, char** argv) {
                 "CUDA: at one token, the MoE layer's post-attention norm inside the router's\n"
                 "launch (same bits; measured no faster); off (default): AddRmsNorm, then the\n"
                 "router.");
+  flags.AddBool("router-rank-select", &config.router_rank_select,
+                "CUDA: the one-launch router picks the top-k of up to 64 experts (no group\n"
+                "limit) by ranking them all at once (same routing bit for bit); false: by\n"
+                "top_k successive warp arg-maxes.");
   flags.AddString("prefill-attention", &config.prefill_attention,
                   "auto, absorbed or mha: the MLA form of prefill steps (mha: keys expanded\n"
                   "through kv_b, attention of width nope + rope; auto: mha where every sequence\n"

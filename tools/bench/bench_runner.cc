@@ -528,6 +528,7 @@ absl::Status RunRank(const BenchConfig& bc, int64_t rank, RankState* s, RankOutp
   if (cuda != nullptr) cuda->SetSmallMGemm(bc.fused_ops);
   if (cuda != nullptr) cuda->SetFusedRouter(bc.fused_router);
   if (cuda != nullptr) cuda->SetRouterNorm(bc.router_norm);
+  if (cuda != nullptr) cuda->SetRouterRankSelect(bc.router_rank_select);
   if (cuda != nullptr) cuda->SetGraphAllocationsAside(bc.graph_allocations_aside);
 #endif
   auto set_fused = [&](bool on) {

@@ -165,6 +165,8 @@ struct BenchConfig {
   // CudaBackend::SetRouterNorm: the post-attention norm of a MoE layer inside the one-token
   // router launch (default off, as the backend's); off: its own launch.
   bool router_norm = false;
+  // CudaBackend::SetRouterRankSelect (default as the backend's kDefaultRouterRankSelect).
+  bool router_rank_select = true;
   // DeepseekV3Model::SetPrefillAttention: auto, absorbed or mha.
   std::string prefill_attention = "auto";
   // After each batch size's timed steps (and the eager ones), output_len more steps of the same

@@ -377,6 +377,8 @@ class CudaBackend : public Backend {
   // 6.1 / 8.2 / 10.5 us a layer at 1 / 8 / 64 / 128 tokens against 8.4 / 11.8 / 12.7 / 12.9 us
   // for the three ops, but 15.4 against 13.4 us at 256.
   static constexpr int32_t kFusedRouterMaxTokens = 128;
+  // SetRouterRankSelect's default (session 8, branch s8-moe1b).
+  static constexpr bool kDefaultRouterRankSelect = true;
   // SetDecodeMoeResidentWorkspaces' buffers: the fused router's logits at its most tokens and
   // experts, and 1 MiB of act (Moonlight's block at 2 tokens: 90 KB; V3's: 147 KB).
   static constexpr size_t kResidentLogitsBytes =
@@ -391,6 +393,10 @@ class CudaBackend : public Backend {
   // off (the default: the fold measured no faster in the 27-layer decode step, H200,
   // docs/kernels.md): AddRmsNorm, then the router (one launch more).
   void SetRouterNorm(bool on) { router_norm_ = on; }
+  // Whether the one-launch router picks the top-k of up to 64 experts without a group limit by
+  // ranking them all at once (kernels::RouteTokensParams::rank_select; the same routing bit for
+  // bit) instead of by top_k successive warp arg-maxes (deepinfer-bench --router-rank-select).
+  void SetRouterRankSelect(bool on) { router_rank_select_ = on; }
   void AccumulateExpertCounts(int64_t n, const int32_t* ids, int64_t num_experts,
                               const int32_t* count_limit, int64_t* counts) override;
   void ArgmaxRows(int64_t rows, int64_t vocab, const float* logits, int32_t* out) override;
@@ -503,6 +509,7 @@ class CudaBackend : public Backend {
   bool small_m_gemm_ = true;
   bool fused_router_ = true;
   bool router_norm_ = false;
+  bool router_rank_select_ = kDefaultRouterRankSelect;
   bool allocations_aside_ = false;
   kernels::SmallMGemmAlgo small_m_gemm_algo_ = kernels::SmallMGemmAlgo::kAuto;
   StagedGemv staged_gemv_ = StagedGemv::kAll;

@@ -16,13 +16,13 @@
 //   routed  each layer as the model issues it: CudaBackend::RouteTokens (AddRmsNorm of the
 //        layer's residual row into its hidden rows, then the fused router on them, writing the
 //        layer's own routing) and RoutedAndSharedExperts: "rsta" (kStationary) / "rsfa"
-//        (kSharedFirst) with scratch logits and act (graph memory nodes between the router and
-//        gate_up), "rstW" / "rsfW" with SetDecodeMoeResidentWorkspaces (none: a programmatic
-//        edge), twice each (rsta rsfa rstW rsfW, twice). The time includes the norm and the
-//        router; "diff" is against the first "rsta" (0: the switch changes no bit); "layer MB"
-//        is the fixed routing's (exact at 1 token: top_k distinct experts either way). Session
-//        8's "rstE" (gate_up computing the shared experts before its PDL wait, measured
-//        slower): git history, docs/kernels.md.
+//        (kSharedFirst) / "rsra" (kSharedFirst, the router with SetRouterRankSelect) with
+//        scratch logits and act (graph memory nodes between the router and gate_up), "rstW" /
+//        "rsfW" / "rsrW" with SetDecodeMoeResidentWorkspaces (none: a programmatic edge), twice
+//        each. The time includes the norm and the router; "diff" is against the first "rsta"
+//        (0: the switches change no bit); "layer MB" is the fixed routing's (exact at 1 token:
+//        top_k distinct experts either way). Session 8's "rstE" (gate_up computing the shared
+//        experts before its PDL wait, measured slower): git history, docs/kernels.md.
 //
 // Shapes: Moonlight (64 experts, top-6, hidden 2048, moe_intermediate 1408, 2 shared experts)
 // and DeepSeek-V3 (256, top-8, 7168, 2048, 1 shared), bf16 weights. The graph holds kLayers
@@ -250,7 +250,7 @@ int Main(int argc, char** argv) {
         const char* name;
         kernels::MoeDecodeFusedKernels kernels;
         int32_t down_l2_features;  // -1: the kernel's default
-        bool routed = false, resident = false;
+        bool routed = false, resident = false, rank_select = false;
       };
       constexpr auto kStat = kernels::MoeDecodeFusedKernels::kStationary;
       constexpr auto kShf = kernels::MoeDecodeFusedKernels::kSharedFirst;
@@ -264,14 +264,18 @@ int Main(int argc, char** argv) {
           {"shf0", kShf, 0},
           {"shf", kShf, -1},
           {"shf8", kShf, 8},
-          {"rsta", kStat, -1, true, false},
-          {"rsfa", kShf, -1, true, false},
-          {"rstW", kStat, -1, true, true},
-          {"rsfW", kShf, -1, true, true},
-          {"rsta", kStat, -1, true, false},
-          {"rsfa", kShf, -1, true, false},
-          {"rstW", kStat, -1, true, true},
-          {"rsfW", kShf, -1, true, true},
+          {"rsta", kStat, -1, true, false, false},
+          {"rsfa", kShf, -1, true, false, false},
+          {"rsra", kShf, -1, true, false, true},
+          {"rstW", kStat, -1, true, true, false},
+          {"rsfW", kShf, -1, true, true, false},
+          {"rsrW", kShf, -1, true, true, true},
+          {"rsta", kStat, -1, true, false, false},
+          {"rsfa", kShf, -1, true, false, false},
+          {"rsra", kShf, -1, true, false, true},
+          {"rstW", kStat, -1, true, true, false},
+          {"rsfW", kShf, -1, true, true, false},
+          {"rsrW", kShf, -1, true, true, true},
       };
       int64_t layer_bytes = 0;
       for (const Layer& L : layers) layer_bytes += L.busy_experts * per_expert + 3 * SI * H * 2;
@@ -283,6 +287,7 @@ int Main(int argc, char** argv) {
         if (!only_paths.empty() && only_paths.count(pa.name) == 0) continue;
         b.SetDecodeMoeFusedKernels(pa.kernels, 0, 0, pa.down_l2_features);
         b.SetDecodeMoeResidentWorkspaces(pa.resident);
+        b.SetRouterRankSelect(pa.rank_select);
         auto ops = b.Capture([&] {
           for (Layer& L : layers) {
             if (path == 0) {
