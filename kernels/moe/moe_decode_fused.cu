@@ -103,12 +103,9 @@ __device__ __forceinline__ void PrefetchL2(const void* p, uint32_t bytes) {
 #endif
 }
 
-// Run by one whole warp. gate_of_expert (shared memory, kSharedFirst's gate_up): expert e's
-// gate row 0 resolved before the PDL wait; the routed parts' down pointers are then not set
-// (gate_up does not read them). Null: through the slot and pointer tables.
+// Run by one whole warp.
 template <int kT>
-__device__ void BuildPartTable(const MoeDecodeFusedParams& p, PartTable<kT>* tab,
-                               const uint16_t* const* gate_of_expert = nullptr) {
+__device__ void BuildPartTable(const MoeDecodeFusedParams& p, PartTable<kT>* tab) {
   const int lane = threadIdx.x % 32;
   const int K = p.top_k, S = p.shared_parts, P = K + S, H = p.hidden_size, I = p.inter;
   for (int s = lane; s < S; s += 32) {
@@ -144,17 +141,10 @@ __device__ void BuildPartTable(const MoeDecodeFusedParams& p, PartTable<kT>* tab
     const unsigned ballot = __ballot_sync(0xffffffffu, live);
     if (live) {
       const int u = count + __popc(ballot & ((1u << lane) - 1u));
-      const uint16_t* gate;
-      if (gate_of_expert != nullptr) {
-        gate = gate_of_expert[e];
-        tab->down[u] = nullptr;
-      } else {
-        const int32_t slot = p.slot_of_expert[e];
-        gate = p.gate_up[slot];
-        tab->down[u] = p.down[slot];
-      }
-      tab->gate[u] = gate;
-      tab->up[u] = gate + int64_t{I} * H;
+      const int32_t slot = p.slot_of_expert[e];
+      tab->gate[u] = p.gate_up[slot];
+      tab->up[u] = p.gate_up[slot] + int64_t{I} * H;
+      tab->down[u] = p.down[slot];
       tab->down_stride[u] = I;
 #pragma unroll
       for (int t = 0; t < kT; ++t) {
@@ -465,124 +455,6 @@ __device__ void GateUpPipelinedBody(const GateUpChunk& prefetched, MoeDecodeFuse
   }
 }
 
-// ---- kSharedFirst's gate_up ---------------------------------------------------------------
-//
-// kPipelined's gate_up (the same items per warp, each summed the same way: bit-identical act)
-// reordered so that the part table, which needs the routing, holds up no shared item. In
-// kPipelined only a warp's first shared item runs before the block's barrier; the next item's
-// loads are issued only after warp 0 has built the table (three dependent reads: topk_ids, the
-// slot, the expert's pointer), so after the PDL wait the loads in flight are at most the first
-// chunks. Here:
-//   * before the wait: the first shared chunk into registers (as kPipelined), the warp's next
-//     kSharedFirstL2Items shared row pairs into L2, and (warp 0) every expert's gate row 0
-//     through the slot and pointer tables into shared memory (neither table is written by a
-//     kernel of the step; down already reads them before its wait);
-//   * after the wait: warp 0 builds the table from topk_ids / topk_weights and the resolved
-//     pointers (one dependent read); every warp streams its shared items, the next one's first
-//     chunk issued before the current one is computed, and reaches the barrier with its last
-//     shared item's loads in flight, then issues its first routed item's loads before it
-//     computes that last shared item.
-// Moonlight at one token: every warp's first two items are shared (2816 shared row pairs, 1408
-// warps), so the second comes from L2 right after the wait and the table build runs under it.
-
-// Experts whose gate pointers gate_up resolves before its wait (DeepSeek-V3: 256); more: the
-// table is built through the slot and pointer tables as in kPipelined.
-constexpr int kMaxResolvedExperts = 256;
-// A warp's later shared row pairs prefetched into L2 before the wait (each 2 rows).
-constexpr int kSharedFirstL2Items = 2;
-
-// Expert e's gate row 0 (kSharedFirst's gate_up; shared memory of the calling kernel).
-__device__ __forceinline__ const uint16_t** ResolvedGateRows() {
-  __shared__ const uint16_t* rows[kMaxResolvedExperts];
-  return rows;
-}
-
-template <int kT>
-__device__ GateUpChunk GateUpSharedFirstPrefetch(MoeDecodeFusedParams p) {
-  const GateUpChunk c = GateUpPipelinedPrefetch<kT>(p);
-  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
-  const int SI = p.shared_parts * p.inter, stride = gridDim.x * kWarps;
-  const int i = blockIdx.x * kWarps + warp;
-  if (lane == 0) {
-    const uint32_t row_bytes = static_cast<uint32_t>(p.hidden_size) * 2;
-    for (int k = 1; k <= kSharedFirstL2Items && i + k * stride < SI; ++k) {
-      const uint16_t *gate, *up;
-      SharedGateUpRows(p, i + k * stride, &gate, &up);
-      PrefetchL2(gate, row_bytes);
-      PrefetchL2(up, row_bytes);
-    }
-  }
-  if (warp == 0 && p.top_k > 0 && p.num_experts <= kMaxResolvedExperts) {
-    const uint16_t** rows = ResolvedGateRows();
-    for (int e = lane; e < p.num_experts; e += 32) rows[e] = p.gate_up[__ldg(p.slot_of_expert + e)];
-  }
-  return c;
-}
-
-template <int kT>
-__device__ void GateUpSharedFirstBody(const GateUpChunk& prefetched, MoeDecodeFusedParams p) {
-  __shared__ PartTable<kT> tab;
-  const int K = p.top_k, P = K + p.shared_parts, I = p.inter, H = p.hidden_size, kv = H / 8;
-  const int SI = p.shared_parts * I;
-  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
-  const int stride = gridDim.x * kWarps;
-  int i = blockIdx.x * kWarps + warp;
-  if (warp == 0) {
-    __syncwarp();  // the lanes' resolved pointers
-    BuildPartTable<kT>(
-        p, &tab, K > 0 && p.num_experts <= kMaxResolvedExperts ? ResolvedGateRows() : nullptr);
-  }
-  // Item `item`'s rows: a shared one's straight from the parameters, a routed one's from the
-  // table (only after the barrier).
-  const auto rows = [&](int item, const uint16_t** gate, const uint16_t** up) {
-    if (item < SI) {
-      SharedGateUpRows(p, item, gate, up);
-    } else {
-      const int u = item / I, j = item - u * I;
-      *gate = tab.gate[u] + int64_t{j} * H;
-      *up = tab.up[u] + int64_t{j} * H;
-    }
-  };
-  // Until the barrier only the shared items are known; every warp passes it exactly once: at
-  // once if its first item is routed, else when the item after the current one is.
-  int items = SI;
-  bool synced = false;
-  GateUpChunk cur = prefetched;
-  if (i >= SI) {
-    __syncthreads();
-    synced = true;
-    items = tab.count * I;
-    if (i < items) {
-      const uint16_t *gate, *up;
-      rows(i, &gate, &up);
-      LoadGateUpChunk(gate, up, lane, kv, &cur);
-    }
-  }
-  for (; i < items; i += stride) {
-    const int next = i + stride;
-    if (!synced && next >= SI) {
-      __syncthreads();
-      synced = true;
-      items = tab.count * I;
-    }
-    GateUpChunk nxt;
-    if (next < items) {
-      const uint16_t *gate, *up;
-      rows(next, &gate, &up);
-      LoadGateUpChunk(gate, up, lane, kv, &nxt);
-    }
-    const uint16_t *gate, *up;
-    rows(i, &gate, &up);
-    float* act[kT];
-    const int u = i / I, j = i - u * I;
-#pragma unroll
-    for (int t = 0; t < kT; ++t)
-      act[t] = i < SI ? p.act + (int64_t{t} * P + K + u) * I : tab.act[u][t];
-    FinishGateUpItem<kT>(p, cur, gate, up, act, j);
-    cur = nxt;
-  }
-}
-
 // Most features one down block handles (its per-warp sums in shared memory).
 constexpr int kMaxDownFeatures = 64;
 
@@ -764,20 +636,6 @@ __device__ StatPrefetched<kChunks, kFeat> DownStationaryPrefetch(MoeDecodeFusedP
   int first, end;
   StatFeatures(p.hidden_size, &first, &end);
   LoadStatStep<kChunks, kFeat>(r.c, first, end, r.w);
-  // kSharedFirst: the next down_l2_features features' rows into L2, one contiguous range per
-  // routed part (rows of one expert) and one for all shared parts (whole rows of shared_down),
-  // each issued by the thread that owns the part's first chunk.
-  const int l2_first = first + kFeat, l2_rows = min(p.down_l2_features, end - l2_first);
-  if (l2_rows > 0) {
-#pragma unroll
-    for (int n = 0; n < kChunks; ++n) {
-      const int x = threadIdx.x + n * kStatThreads, u = x / kv;
-      if (x - u * kv == 0 && r.c.w[n] != nullptr && u <= K) {
-        PrefetchL2(r.c.w[n] + int64_t{l2_first} * r.c.stride[n],
-                   static_cast<uint32_t>(l2_rows) * r.c.stride[n] * 2);
-      }
-    }
-  }
   return r;
 }
 
@@ -912,9 +770,9 @@ cudaError_t LaunchPipelined(const MoeDecodeFusedParams& p, cudaStream_t stream) 
                            DownPipelinedBody<kT>, kT>(p, /*limit_down_features=*/true, stream);
 }
 
-// kStationary / kSharedFirst at one token: the given gate_up, then the stationary down on
-// down_blocks_per_sm (0: 1) blocks per SM, at least ceil(hidden / kMaxStatFeatures) blocks.
-template <auto kGateUpPrefetch, auto kGateUpBody, int kChunks, int kFeat>
+// kStationary at one token: kPipelined's gate_up, then the stationary down on down_blocks_per_sm
+// (0: 1) blocks per SM, at least ceil(hidden / kMaxStatFeatures) blocks.
+template <int kChunks, int kFeat>
 cudaError_t LaunchStationaryOneToken(const MoeDecodeFusedParams& p, cudaStream_t stream) {
   int sms = 0;
   cudaError_t err = SmCount(&sms);
@@ -924,7 +782,8 @@ cudaError_t LaunchStationaryOneToken(const MoeDecodeFusedParams& p, cudaStream_t
   const int64_t per_block =
       std::min<int64_t>(kMaxStatFeatures, (H + sms * per_sm - 1) / (sms * per_sm));
   const int64_t down_blocks = (H + per_block - 1) / per_block;
-  err = LaunchGateUpGridStrided<kGateUpPrefetch, kGateUpBody, 1>(p, sms, stream);
+  err = LaunchGateUpGridStrided<GateUpPipelinedPrefetch<1>, GateUpPipelinedBody<1>, 1>(p, sms,
+                                                                                       stream);
   if (err != cudaSuccess) return err;
   return LaunchPrefetchThenAfterPrecedingGrids<DownStationaryPrefetch<kChunks, kFeat>,
                                                DownStationaryBody<kChunks, kFeat>, kStatThreads>(
@@ -932,38 +791,16 @@ cudaError_t LaunchStationaryOneToken(const MoeDecodeFusedParams& p, cudaStream_t
 }
 
 // kStationary: the stationary down where a thread's chunks fit (one token; kMaxStatChunks per
-// thread), else kPipelined. kSharedFirst: the same with its own gate_up (and, at one token, the
-// down's L2 prefetch), else kPipelined's down.
-cudaError_t LaunchStationary(MoeDecodeFusedParams p, cudaStream_t stream) {
+// thread), else kPipelined.
+cudaError_t LaunchStationary(const MoeDecodeFusedParams& p, cudaStream_t stream) {
   const int64_t chunks = int64_t{p.top_k + p.shared_parts} * (p.inter / 8);
-  const bool one_token = p.num_tokens == 1;
-  if (p.kernels == MoeDecodeFusedKernels::kStationary) {
-    p.down_l2_features = 0;
-    if (one_token && chunks <= 3 * kStatThreads) {
-      return LaunchStationaryOneToken<GateUpPipelinedPrefetch<1>, GateUpPipelinedBody<1>, 3, 2>(
-          p, stream);
-    }
-    if (one_token && chunks <= kMaxStatChunks * kStatThreads) {
-      return LaunchStationaryOneToken<GateUpPipelinedPrefetch<1>, GateUpPipelinedBody<1>,
-                                      kMaxStatChunks, 1>(p, stream);
-    }
-    return one_token ? LaunchPipelined<1>(p, stream) : LaunchPipelined<2>(p, stream);
+  if (p.num_tokens == 1 && chunks <= 3 * kStatThreads) {
+    return LaunchStationaryOneToken<3, 2>(p, stream);
   }
-  if (p.down_l2_features < 0) p.down_l2_features = kDefaultDownL2Features;
-  if (one_token && chunks <= 3 * kStatThreads) {
-    return LaunchStationaryOneToken<GateUpSharedFirstPrefetch<1>, GateUpSharedFirstBody<1>, 3, 2>(
-        p, stream);
+  if (p.num_tokens == 1 && chunks <= kMaxStatChunks * kStatThreads) {
+    return LaunchStationaryOneToken<kMaxStatChunks, 1>(p, stream);
   }
-  if (one_token && chunks <= kMaxStatChunks * kStatThreads) {
-    return LaunchStationaryOneToken<GateUpSharedFirstPrefetch<1>, GateUpSharedFirstBody<1>,
-                                    kMaxStatChunks, 1>(p, stream);
-  }
-  if (one_token) {
-    return LaunchGridStrided<GateUpSharedFirstPrefetch<1>, GateUpSharedFirstBody<1>,
-                             DownPipelinedBody<1>, 1>(p, /*limit_down_features=*/true, stream);
-  }
-  return LaunchGridStrided<GateUpSharedFirstPrefetch<2>, GateUpSharedFirstBody<2>,
-                           DownPipelinedBody<2>, 2>(p, /*limit_down_features=*/true, stream);
+  return p.num_tokens == 1 ? LaunchPipelined<1>(p, stream) : LaunchPipelined<2>(p, stream);
 }
 
 }  // namespace
@@ -976,16 +813,15 @@ int64_t MoeDecodeFusedActFloats(int32_t num_tokens, int32_t top_k, int32_t share
 cudaError_t MoeDecodeFusedF32(const MoeDecodeFusedParams& p, cudaStream_t stream) {
   // top_k == 0: a dense MLP (shared parts only); no routing, expert table or expert is read.
   const bool routed = p.top_k > 0;
-  const bool sizes_ok =
-      p.num_tokens >= 1 && p.num_tokens <= kMoeDecodeFusedMaxTokens && p.top_k >= 0 &&
-      p.shared_parts >= 0 && p.top_k + p.shared_parts >= 1 &&
-      p.top_k + p.shared_parts <= kMoeDecodeFusedMaxParts && (!routed || p.num_experts >= 1) &&
-      p.hidden_size > 0 && p.hidden_size % 8 == 0 && p.inter > 0 && p.inter % 8 == 0 &&
-      p.gate_up_blocks_per_sm >= 0 && p.down_blocks_per_sm >= 0 && p.down_l2_features >= -1;
+  const bool sizes_ok = p.num_tokens >= 1 && p.num_tokens <= kMoeDecodeFusedMaxTokens &&
+                        p.top_k >= 0 && p.shared_parts >= 0 && p.top_k + p.shared_parts >= 1 &&
+                        p.top_k + p.shared_parts <= kMoeDecodeFusedMaxParts &&
+                        (!routed || p.num_experts >= 1) && p.hidden_size > 0 &&
+                        p.hidden_size % 8 == 0 && p.inter > 0 && p.inter % 8 == 0 &&
+                        p.gate_up_blocks_per_sm >= 0 && p.down_blocks_per_sm >= 0;
   const bool kernels_ok = p.kernels == MoeDecodeFusedKernels::kPersistent ||
                           p.kernels == MoeDecodeFusedKernels::kPipelined ||
-                          p.kernels == MoeDecodeFusedKernels::kStationary ||
-                          p.kernels == MoeDecodeFusedKernels::kSharedFirst;
+                          p.kernels == MoeDecodeFusedKernels::kStationary;
   const bool pointers_ok =
       p.hidden != nullptr && p.act != nullptr && p.out != nullptr &&
       (!routed || (p.topk_ids != nullptr && p.topk_weights != nullptr &&
@@ -994,10 +830,7 @@ cudaError_t MoeDecodeFusedF32(const MoeDecodeFusedParams& p, cudaStream_t stream
       reinterpret_cast<uintptr_t>(p.hidden) % 16 == 0 &&
       reinterpret_cast<uintptr_t>(p.act) % 16 == 0;
   if (!sizes_ok || !kernels_ok || !pointers_ok) return cudaErrorInvalidValue;
-  if (p.kernels == MoeDecodeFusedKernels::kStationary ||
-      p.kernels == MoeDecodeFusedKernels::kSharedFirst) {
-    return LaunchStationary(p, stream);
-  }
+  if (p.kernels == MoeDecodeFusedKernels::kStationary) return LaunchStationary(p, stream);
   if (p.kernels == MoeDecodeFusedKernels::kPipelined) {
     return p.num_tokens == 1 ? LaunchPipelined<1>(p, stream) : LaunchPipelined<2>(p, stream);
   }

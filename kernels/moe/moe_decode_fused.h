@@ -8,11 +8,10 @@
 //   2. down: out[t, f] = sum over k of topk_weights[t, k] * (act[t, k] . down_e[f]) + sum over
 //      shared parts s of (act[t, K + s] . shared_down[f, s*inter:(s+1)*inter]).
 //
-// Four kernel pairs do this (MoeDecodeFusedKernels): kPersistent (grid-strided over the work,
-// L2 prefetch before the PDL wait), kPipelined (the same with the round trips overlapped),
+// Three kernel pairs do this (MoeDecodeFusedKernels): kPersistent (grid-strided over the work,
+// L2 prefetch before the PDL wait), kPipelined (the same with the round trips overlapped) and
 // kStationary (kPipelined with a down kernel that keeps its activations in registers at one
-// token) and kSharedFirst (kStationary with the shared parts streamed while the routed part
-// table is built); the backend's choice: CudaBackend::DecodeMoeFusedKernelsFor. (Session 6's
+// token); the backend's choice: CudaBackend::DecodeMoeFusedKernelsFor. (Session 6's
 // kWarpPerRow, slowest at every measured shape, was removed in session 7.)
 //
 // The shared MLP of intermediate size shared_parts * inter is exactly the sum of shared_parts
@@ -55,15 +54,6 @@ enum class MoeDecodeFusedKernels : int32_t {
   // the PDL wait, each block a contiguous range of features. Otherwise kPipelined's down.
   // Sums in another order than kPipelined's (results within fp32 rounding of it).
   kStationary,
-  // kStationary (the same work per warp and block, bit-identical results) with a gate_up that
-  // does not let the part table hold up the shared parts: before the PDL wait it also prefetches
-  // each warp's later shared row pairs into L2 and resolves every expert's weight pointer
-  // (slot table, pointer table) into shared memory; after the wait a warp streams its shared
-  // items (the next one's first chunk issued before the current one is computed) while warp 0
-  // builds the table from the routing alone, and meets the block's barrier only before its
-  // last shared item, with that item's loads in flight. kStationary's down, with the block's
-  // next down_l2_features features of every part prefetched into L2 before its wait.
-  kSharedFirst,
 };
 
 // All pointers are device pointers; bf16 values are 16-bit patterns.
@@ -97,13 +87,7 @@ struct MoeDecodeFusedParams {
   // kernel: 0 = 1, its blocks of 512 threads fit once).
   int32_t gate_up_blocks_per_sm = 0;
   int32_t down_blocks_per_sm = 0;
-  // kSharedFirst's stationary down: features of the block's range (after the first step's,
-  // loaded into registers) whose rows it prefetches into L2 before its PDL wait, under
-  // gate_up's tail; -1: kDefaultDownL2Features, 0: none. For benchmarks.
-  int32_t down_l2_features = -1;
 };
-
-inline constexpr int32_t kDefaultDownL2Features = 4;
 
 // Floats of MoeDecodeFusedParams::act for these sizes.
 int64_t MoeDecodeFusedActFloats(int32_t num_tokens, int32_t top_k, int32_t shared_parts,
@@ -114,7 +98,7 @@ int64_t MoeDecodeFusedActFloats(int32_t num_tokens, int32_t top_k, int32_t share
 // whose expert id is outside [0, num_experts) contributes nothing. cudaErrorInvalidValue for
 // sizes outside the ranges above (incl. top_k + shared_parts == 0), hidden_size or inter not a
 // multiple of 8, a misaligned hidden, null pointers (the routed ones only when top_k > 0),
-// shared_parts > 0 without shared weights, negative blocks per SM or down_l2_features < -1.
+// shared_parts > 0 without shared weights, or negative blocks per SM.
 cudaError_t MoeDecodeFusedF32(const MoeDecodeFusedParams& params, cudaStream_t stream);
 
 }  // namespace kernels

@@ -1,8 +1,7 @@
 // noaux_tc_router_bench: one MoE layer's decode routing at the Moonlight shape (hidden 2048, 64
 // experts top-6, one group), the way CudaBackend ran it before (cublasSgemm for the fp32 router
 // logits, NoauxTcRouteF32, AccumulateExpertCounts with a device count limit) against
-// RouteTokensF32 (the tile by size, with and without RouteTokensParams::rank_select, then every
-// tile), at 1, 8, 64, 128 and 256 tokens.
+// RouteTokensF32 (the tile by size, then every tile), at 1, 8, 64, 128 and 256 tokens.
 //
 // As in a decode graph: kLayers routings back to back in one CUDA graph (programmatic edges
 // between our kernels, as recorded with PDL on), layer l reading its own router weight (so the
@@ -81,8 +80,7 @@ void OldRouting(const Setup& s, const Layer& l, int32_t tokens) {
                                              s.count_limit, l.counts, s.stream));
 }
 
-void NewRouting(const Setup& s, const Layer& l, int32_t tokens, int32_t tm, int32_t te,
-                bool rank_select = false) {
+void NewRouting(const Setup& s, const Layer& l, int32_t tokens, int32_t tm, int32_t te) {
   kernels::RouteTokensParams p;
   p.num_tokens = tokens;
   p.hidden_size = kHidden;
@@ -100,7 +98,6 @@ void NewRouting(const Setup& s, const Layer& l, int32_t tokens, int32_t tm, int3
   p.count_limit = s.count_limit;
   p.tile_tokens = tm;
   p.tile_experts = te;
-  p.rank_select = rank_select;
   BENCH_CUDA(kernels::RouteTokensF32(p, s.stream));
 }
 
@@ -174,18 +171,6 @@ int Run() {
         "tokens %3d  old (sgemm+route+counts) %6.2f us  fused (tile %dx%d) %6.2f us  "
         "%.2fx  ids differing %d of %d\n",
         tokens, old_us, tm, te, new_us, old_us / new_us, differing, tokens * kTopK);
-    // RouteTokensParams::rank_select at the tile by size, alternated (off on off on); the ids
-    // must equal the arg-max routing's.
-    std::printf("  rank_select (tile by size) off / on:");
-    for (int round = 0; round < 2; ++round) {
-      for (const bool rank : {false, true}) {
-        const double us =
-            GraphMicrosPerLayer(s, [&](const Layer& l) { NewRouting(s, l, tokens, 0, 0, rank); });
-        std::printf(" %.2f", us);
-        if (rank && Ids(s.layers[0], tokens) != new_ids) std::printf(" (ids differ!)");
-      }
-    }
-    std::printf(" us\n");
     std::printf("  tiles:");
     for (auto [m, e] : std::vector<std::pair<int, int>>{
              {1, 1}, {1, 2}, {2, 1}, {2, 2}, {4, 1}, {4, 2}, {8, 1}, {8, 2}, {8, 4}, {8, 8}}) {

@@ -26,10 +26,10 @@
 
 #include "kernels/common/launch.cuh"
 #include "kernels/common/streaming_load.cuh"
+#include "kernels/norm/block_inv_rms.cuh"
 #include "kernels/moe/noaux_tc_router.h"
 #include "kernels/moe/noaux_tc_router_fused.h"
 #include "kernels/moe/noaux_tc_router_warp.cuh"
-#include "kernels/norm/block_inv_rms.cuh"
 
 namespace deepinfer {
 namespace kernels {
@@ -152,72 +152,6 @@ __device__ void WriteNormOutputs(const RouteTokensParams& p, float inv) {
   }
 }
 
-// RouteTokensParams::rank_select: router_internal::RouteTokenInWarp<2>'s decision and outputs
-// bit for bit for up to 64 experts without a group limit (topk_groups == num_groups), with the
-// top_k chosen at once instead of by top_k successive warp arg-maxes (each a chain of five
-// dependent shuffle rounds). Expert x = lane + 32 j's rank is the number of experts ahead of it
-// in the order the arg-maxes pick (biased score descending, then index ascending; the same
-// comparisons), counted over all 64 broadcasts, which do not depend on each other; the top_k
-// ranks below top_k are the choices. Their ascending order comes from two ballots, and the
-// weights' sum adds the chosen unbiased scores in ascending expert order, as RouteTokenInWarp.
-template <typename LogitOf>
-__device__ void RouteTokenByRankInWarp(const router_internal::RouterRule& rule,
-                                       const LogitOf& logit,
-                                       const router_internal::TokenOutput& out) {
-  using router_internal::kFullWarp;
-  const int lane = threadIdx.x % 32;
-  const int E = rule.num_experts, K = rule.top_k;
-  float score[2], choice[2];
-#pragma unroll
-  for (int j = 0; j < 2; ++j) {
-    const int x = lane + 32 * j;
-    score[j] = 0.0f;
-    choice[j] = -INFINITY;
-    if (x < E) {
-      score[j] = router_internal::Sigmoid(logit(x));
-      choice[j] = score[j] + (rule.correction_bias != nullptr ? rule.correction_bias[x] : 0.0f);
-    }
-  }
-  int rank[2] = {0, 0};
-#pragma unroll
-  for (int js = 0; js < 2; ++js) {
-#pragma unroll
-    for (int src = 0; src < 32; ++src) {
-      const int y = src + 32 * js;
-      const float v = __shfl_sync(kFullWarp, choice[js], src);
-#pragma unroll
-      for (int j = 0; j < 2; ++j) {
-        const int x = lane + 32 * j;
-        rank[j] += y < E && (v > choice[j] || (v == choice[j] && y < x));
-      }
-    }
-  }
-  const bool chosen0 = lane < E && rank[0] < K, chosen1 = lane + 32 < E && rank[1] < K;
-  const unsigned low = __ballot_sync(kFullWarp, chosen0), high = __ballot_sync(kFullWarp, chosen1);
-  const unsigned below = (1u << lane) - 1u;
-  const int position0 = __popc(low & below), position1 = __popc(low) + __popc(high & below);
-  // The chosen scores in ascending expert order (uniform over the warp), summed in that order.
-  float sum = 0.0f;
-  uint64_t rest = low | (uint64_t{high} << 32);
-  for (int r = 0; r < K; ++r) {
-    const int x = __ffsll(static_cast<long long>(rest)) - 1;
-    rest &= rest - 1;
-    sum += __shfl_sync(kFullWarp, x < 32 ? score[0] : score[1], x % 32);
-  }
-  const float denom = rule.normalize ? sum + 1e-20f : 1.0f;
-#pragma unroll
-  for (int j = 0; j < 2; ++j) {
-    const bool chosen = j == 0 ? chosen0 : chosen1;
-    if (!chosen) continue;
-    const int x = lane + 32 * j, position = j == 0 ? position0 : position1;
-    out.ids[position] = x;
-    out.weights[position] = score[j] / denom * rule.scaling_factor;
-    if (out.counts != nullptr && out.first_pair + position < out.pair_limit) {
-      atomicAdd(out.counts + x, 1ull);
-    }
-  }
-}
-
 template <int TM, int TE, bool kNorm>
 __device__ void RouteTokensBody(const WeightRounds<TE>& first, RouteTokensParams p) {
   __shared__ float partial[kWarps][TM * TE];
@@ -265,8 +199,8 @@ __device__ void RouteTokensBody(const WeightRounds<TE>& first, RouteTokensParams
       float4 w[TE];
 #pragma unroll
       for (int e = 0; e < TE; ++e) {
-        w[e] = e0 + e < E ? LoadStreamingFloat4(weight + (e0 + e) * h4 + c)
-                          : make_float4(0.f, 0.f, 0.f, 0.f);
+        w[e] =
+            e0 + e < E ? LoadStreamingFloat4(weight + (e0 + e) * h4 + c) : make_float4(0.f, 0.f, 0.f, 0.f);
       }
       AccumulateColumn<TM, TE>(hidden, h4, t0, T, c, w, acc);
     }
@@ -322,9 +256,7 @@ __device__ void RouteTokensBody(const WeightRounds<TE>& first, RouteTokensParams
   const float* lg = p.router_logits + static_cast<int64_t>(t) * E;
   // L2 reads: other blocks wrote these during this kernel.
   const auto logit = [lg](int x) { return __ldcg(lg + x); };
-  if (E <= 64 && p.rank_select && p.topk_groups == p.num_groups) {
-    RouteTokenByRankInWarp(rule, logit, out);
-  } else if (E <= 64) {
+  if (E <= 64) {
     router_internal::RouteTokenInWarp<2>(rule, logit, out);
   } else {
     router_internal::RouteTokenInWarp<kMaxFusedRouterExperts / 32>(rule, logit, out);

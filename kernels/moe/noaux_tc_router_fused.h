@@ -60,10 +60,6 @@ struct RouteTokensParams {
   // i < *count_limit (count_limit null: every pair), as AccumulateExpertCounts.
   int64_t* expert_counts = nullptr;
   const int32_t* count_limit = nullptr;
-  // Up to 64 experts without a group limit (topk_groups == num_groups): the top_k chosen by
-  // ranking every expert at once rather than by top_k successive warp arg-maxes; the same ids,
-  // weights and counts bit for bit. Otherwise not used.
-  bool rank_select = false;
   // Block tile (tokens x experts): 0 = by size (RouteTokensTile). For benchmarks.
   int32_t tile_tokens = 0;   // 1, 2, 4 or 8
   int32_t tile_experts = 0;  // 1 or 2; with 8 tile tokens also 4 or 8

@@ -187,10 +187,8 @@ int main(int argc, char** argv) {
       "CUDA, bf16: the kernels of that MoE block: auto (default: stationary, the\n"
       "fastest measured at every width), persistent (grid-strided, L2 prefetch\n"
       "before the PDL wait), pipelined (the same with the load round trips overlapped,\n"
-      "bit-identical results), stationary (pipelined with a 1-token down kernel\n"
-      "holding its activations in registers) or sharedfirst (stationary with the shared\n"
-      "experts streamed while gate_up's routed part table is built, bit-identical),\n"
-      "same math.");
+      "bit-identical results) or stationary (pipelined with a 1-token down kernel\n"
+      "holding its activations in registers), same math.");
   flags.AddBool("decode-moe-resident-workspaces", &config.decode_moe_resident_workspaces,
                 "CUDA: the fused router's logits and the fused MoE block's act workspace in\n"
                 "buffers the backend owns (no graph memory nodes around the router, so its edge\n"
@@ -221,10 +219,6 @@ int main(int argc, char** argv) {
                 "CUDA: at one token, the MoE layer's post-attention norm inside the router's\n"
                 "launch (same bits; measured no faster); off (default): AddRmsNorm, then the\n"
                 "router.");
-  flags.AddBool("router-rank-select", &config.router_rank_select,
-                "CUDA: the one-launch router picks the top-k of up to 64 experts (no group\n"
-                "limit) by ranking them all at once (same routing bit for bit); false: by\n"
-                "top_k successive warp arg-maxes.");
   flags.AddString("prefill-attention", &config.prefill_attention,
                   "auto, absorbed or mha: the MLA form of prefill steps (mha: keys expanded\n"
                   "through kv_b, attention of width nope + rope; auto: mha where every sequence\n"

@@ -513,12 +513,10 @@ absl::Status RunRank(const BenchConfig& bc, int64_t rank, RankState* s, RankOutp
       cuda->SetDecodeMoeFusedKernels(kernels::MoeDecodeFusedKernels::kPipelined);
     } else if (bc.decode_moe_fused_kernels == "stationary") {
       cuda->SetDecodeMoeFusedKernels(kernels::MoeDecodeFusedKernels::kStationary);
-    } else if (bc.decode_moe_fused_kernels == "sharedfirst") {
-      cuda->SetDecodeMoeFusedKernels(kernels::MoeDecodeFusedKernels::kSharedFirst);
     } else {
       return absl::InvalidArgumentError(
-          absl::StrCat("--decode-moe-fused-kernels must be auto, persistent, pipelined, "
-                       "stationary or sharedfirst, got '",
+          absl::StrCat("--decode-moe-fused-kernels must be auto, persistent, pipelined or "
+                       "stationary, got '",
                        bc.decode_moe_fused_kernels, "'"));
     }
   }
@@ -528,7 +526,6 @@ absl::Status RunRank(const BenchConfig& bc, int64_t rank, RankState* s, RankOutp
   if (cuda != nullptr) cuda->SetSmallMGemm(bc.fused_ops);
   if (cuda != nullptr) cuda->SetFusedRouter(bc.fused_router);
   if (cuda != nullptr) cuda->SetRouterNorm(bc.router_norm);
-  if (cuda != nullptr) cuda->SetRouterRankSelect(bc.router_rank_select);
   if (cuda != nullptr) cuda->SetGraphAllocationsAside(bc.graph_allocations_aside);
 #endif
   auto set_fused = [&](bool on) {

@@ -137,8 +137,8 @@ struct BenchConfig {
   bool decode_moe_sparse_epilogue = true;
   // CUDA only: CudaBackend::SetDecodeMoeFused ("auto", "on" or "off"; empty: auto).
   std::string decode_moe_fused;
-  // CUDA only: CudaBackend::SetDecodeMoeFusedKernels ("persistent", "pipelined", "stationary"
-  // or "sharedfirst"; empty or "auto": SetDecodeMoeFusedKernelsAuto).
+  // CUDA only: CudaBackend::SetDecodeMoeFusedKernels ("persistent", "pipelined" or
+  // "stationary"; empty or "auto": SetDecodeMoeFusedKernelsAuto).
   std::string decode_moe_fused_kernels;
   // CUDA only: CudaBackend::SetDecodeMoeResidentWorkspaces (the router's logits and the fused
   // MoE block's act in buffers the backend owns: no graph memory nodes around the router).
@@ -165,8 +165,6 @@ struct BenchConfig {
   // CudaBackend::SetRouterNorm: the post-attention norm of a MoE layer inside the one-token
   // router launch (default off, as the backend's); off: its own launch.
   bool router_norm = false;
-  // CudaBackend::SetRouterRankSelect (default as the backend's kDefaultRouterRankSelect).
-  bool router_rank_select = true;
   // DeepseekV3Model::SetPrefillAttention: auto, absorbed or mha.
   std::string prefill_attention = "auto";
   // After each batch size's timed steps (and the eager ones), output_len more steps of the same

@@ -1102,11 +1102,9 @@ void CudaBackend::RouteTokens(const RouteTokensArgs& a) {
   p.tile_counters = route_tile_counters_;
   p.expert_counts = a.expert_counts;
   p.count_limit = a.count_limit;
-  p.rank_select = router_rank_select_;
   // The logits: resident (SetDecodeMoeResidentWorkspaces: no graph memory nodes around the
-  // router, so the edge from it to the MoE block's gate_up is programmatic) or scratch.
-  // r.num_tokens <= kFusedRouterMaxTokens and r.num_experts <= kMaxFusedRouterExperts (above): they
-  // fit kResidentLogitsBytes.
+  // router, so the edge from it to the MoE block's gate_up is programmatic) or scratch. r.num_tokens <= kFusedRouterMaxTokens
+  // and r.num_experts <= kMaxFusedRouterExperts (above): they fit kResidentLogitsBytes.
   std::unique_ptr<DeviceBuffer> logits;
   if (decode_moe_resident_workspaces_) {
     p.router_logits = static_cast<float*>(resident_workspace_);
@@ -1326,7 +1324,7 @@ bool CudaBackend::DecodeMoeFusedFor(int64_t tokens, int64_t hidden_size) const {
 kernels::MoeDecodeFusedKernels CudaBackend::DecodeMoeFusedKernelsFor(int64_t hidden_size) const {
   (void)hidden_size;  // one choice at every width measured (Moonlight, V3)
   if (!decode_moe_fused_kernels_auto_) return decode_moe_fused_kernels_;
-  return kDefaultDecodeMoeFusedKernels;
+  return kernels::MoeDecodeFusedKernels::kStationary;
 }
 
 bool CudaBackend::RoutedAndSharedExperts(const RoutedExpertsArgs& a) {
@@ -1370,8 +1368,8 @@ void CudaBackend::LaunchMoeDecodeFused(kernels::MoeDecodeFusedParams p) {
   // previous call's down among them) has completed.
   std::unique_ptr<DeviceBuffer> act;
   if (decode_moe_resident_workspaces_ && act_bytes <= kResidentActBytes) {
-    p.act =
-        reinterpret_cast<float*>(static_cast<char*>(resident_workspace_) + kResidentLogitsBytes);
+    p.act = reinterpret_cast<float*>(static_cast<char*>(resident_workspace_) +
+                                     kResidentLogitsBytes);
   } else {
     act = AllocateScratch(act_bytes);
     p.act = act->as<float>();
@@ -1379,7 +1377,6 @@ void CudaBackend::LaunchMoeDecodeFused(kernels::MoeDecodeFusedParams p) {
   p.kernels = DecodeMoeFusedKernelsFor(p.hidden_size);
   p.gate_up_blocks_per_sm = decode_moe_fused_gate_up_blocks_per_sm_;
   p.down_blocks_per_sm = decode_moe_fused_down_blocks_per_sm_;
-  p.down_l2_features = decode_moe_fused_down_l2_features_;
   Check(kernels::MoeDecodeFusedF32(p, stream_), "kernels::MoeDecodeFusedF32");
 }
 

@@ -160,17 +160,14 @@ class CudaBackend : public Backend {
   void SetDecodeMoeFused(DecodeMoeFused mode) { decode_moe_fused_ = mode; }
   bool DecodeMoeFusedFor(int64_t tokens, int64_t hidden_size) const;
   // The kernels RoutedAndSharedExperts launches and, for benchmarks, the persistent grids'
-  // blocks per SM (0: as many as fit) and kSharedFirst's down L2 prefetch (-1: the kernel's
-  // default); kernels::MoeDecodeFusedParams. By default (and after
+  // blocks per SM (0: as many as fit); kernels::MoeDecodeFusedParams. By default (and after
   // SetDecodeMoeFusedKernelsAuto) DecodeMoeFusedKernelsFor picks them by size.
   void SetDecodeMoeFusedKernels(kernels::MoeDecodeFusedKernels kernels,
-                                int32_t gate_up_blocks_per_sm = 0, int32_t down_blocks_per_sm = 0,
-                                int32_t down_l2_features = -1) {
+                                int32_t gate_up_blocks_per_sm = 0, int32_t down_blocks_per_sm = 0) {
     decode_moe_fused_kernels_auto_ = false;
     decode_moe_fused_kernels_ = kernels;
     decode_moe_fused_gate_up_blocks_per_sm_ = gate_up_blocks_per_sm;
     decode_moe_fused_down_blocks_per_sm_ = down_blocks_per_sm;
-    decode_moe_fused_down_l2_features_ = down_l2_features;
   }
   // Whether RouteTokens' fused router writes its logits, and the fused MoE block
   // (RoutedAndSharedExperts, NormedDenseMlp) its act workspace, into buffers the backend owns
@@ -194,10 +191,6 @@ class CudaBackend : public Backend {
   // kStationary is kPipelined); V3 1 token 207.2 / 220.9 / 200.2; at 2 tokens kAuto does not
   // fuse V3).
   kernels::MoeDecodeFusedKernels DecodeMoeFusedKernelsFor(int64_t hidden_size) const;
-  // DecodeMoeFusedKernelsFor's choice at every width: kSharedFirst (session 8, branch
-  // s8-moe1b; kStationary's results bit for bit).
-  static constexpr kernels::MoeDecodeFusedKernels kDefaultDecodeMoeFusedKernels =
-      kernels::MoeDecodeFusedKernels::kSharedFirst;
   static constexpr int64_t kMaxAutoFusedMoeHidden = 4096;
   // The chunked cuBLAS GEMMs were faster from 128 tokens on (the smallest size measured,
   // docs/kernels.md); decode batches up to here keep the path without host synchronisation.
@@ -377,8 +370,6 @@ class CudaBackend : public Backend {
   // 6.1 / 8.2 / 10.5 us a layer at 1 / 8 / 64 / 128 tokens against 8.4 / 11.8 / 12.7 / 12.9 us
   // for the three ops, but 15.4 against 13.4 us at 256.
   static constexpr int32_t kFusedRouterMaxTokens = 128;
-  // SetRouterRankSelect's default (session 8, branch s8-moe1b).
-  static constexpr bool kDefaultRouterRankSelect = true;
   // SetDecodeMoeResidentWorkspaces' buffers: the fused router's logits at its most tokens and
   // experts, and 1 MiB of act (Moonlight's block at 2 tokens: 90 KB; V3's: 147 KB).
   static constexpr size_t kResidentLogitsBytes =
@@ -393,10 +384,6 @@ class CudaBackend : public Backend {
   // off (the default: the fold measured no faster in the 27-layer decode step, H200,
   // docs/kernels.md): AddRmsNorm, then the router (one launch more).
   void SetRouterNorm(bool on) { router_norm_ = on; }
-  // Whether the one-launch router picks the top-k of up to 64 experts without a group limit by
-  // ranking them all at once (kernels::RouteTokensParams::rank_select; the same routing bit for
-  // bit) instead of by top_k successive warp arg-maxes (deepinfer-bench --router-rank-select).
-  void SetRouterRankSelect(bool on) { router_rank_select_ = on; }
   void AccumulateExpertCounts(int64_t n, const int32_t* ids, int64_t num_experts,
                               const int32_t* count_limit, int64_t* counts) override;
   void ArgmaxRows(int64_t rows, int64_t vocab, const float* logits, int32_t* out) override;
@@ -509,7 +496,6 @@ class CudaBackend : public Backend {
   bool small_m_gemm_ = true;
   bool fused_router_ = true;
   bool router_norm_ = false;
-  bool router_rank_select_ = kDefaultRouterRankSelect;
   bool allocations_aside_ = false;
   kernels::SmallMGemmAlgo small_m_gemm_algo_ = kernels::SmallMGemmAlgo::kAuto;
   StagedGemv staged_gemv_ = StagedGemv::kAll;
@@ -529,7 +515,6 @@ class CudaBackend : public Backend {
       kernels::MoeDecodeFusedKernels::kPipelined;
   int32_t decode_moe_fused_gate_up_blocks_per_sm_ = 0;
   int32_t decode_moe_fused_down_blocks_per_sm_ = 0;
-  int32_t decode_moe_fused_down_l2_features_ = -1;
   bool decode_moe_graph_buckets_ = false;
   bool decode_dense_mlp_fused_ = true;
   bool decode_moe_resident_workspaces_ = false;

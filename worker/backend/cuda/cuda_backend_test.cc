@@ -991,10 +991,10 @@ TEST_F(RoutedExpertsTest, RoutedAndSharedExpertsMatchCpuOps) {
     a.shared_inter = SI;
     a.shared_gate_up = sgu_gpu.data;
     a.shared_down = sdn_gpu.data;
-    // The kernels by default: one pair at every width; a set pair is kept at every width.
-    EXPECT_EQ(gpu_->DecodeMoeFusedKernelsFor(H), CudaBackend::kDefaultDecodeMoeFusedKernels);
+    // The kernels by default: kStationary at every width; a set pair is kept at every width.
+    EXPECT_EQ(gpu_->DecodeMoeFusedKernelsFor(H), kernels::MoeDecodeFusedKernels::kStationary);
     EXPECT_EQ(gpu_->DecodeMoeFusedKernelsFor(CudaBackend::kMaxAutoFusedMoeHidden + 8),
-              CudaBackend::kDefaultDecodeMoeFusedKernels);
+              kernels::MoeDecodeFusedKernels::kStationary);
     gpu_->SetDecodeMoeFusedKernels(kernels::MoeDecodeFusedKernels::kPipelined);
     EXPECT_EQ(gpu_->DecodeMoeFusedKernelsFor(CudaBackend::kMaxAutoFusedMoeHidden + 8),
               kernels::MoeDecodeFusedKernels::kPipelined);
@@ -1066,24 +1066,6 @@ TEST_F(RoutedExpertsTest, RoutedAndSharedExpertsMatchCpuOps) {
     ASSERT_TRUE(taken);
     ASSERT_TRUE((*stat_ops)->Replay().ok());
     EXPECT_EQ(Download(*dout_stat2), stat_eager) << "kStationary's replay differs";
-
-    // kSharedFirst: kStationary's sums (another order of the same gate_up items only), bit for
-    // bit, eager and replayed.
-    gpu_->SetDecodeMoeFusedKernels(kernels::MoeDecodeFusedKernels::kSharedFirst);
-    auto dout_shf = Poisoned(T * H);
-    a.out = dout_shf->as<float>();
-    ASSERT_TRUE(gpu_->RoutedAndSharedExperts(a));
-    EXPECT_EQ(Download(*dout_shf), stat_eager) << "kSharedFirst differs from kStationary";
-    auto dout_shf2 = Poisoned(T * H);
-    a.out = dout_shf2->as<float>();
-    auto shf_ops = gpu_->Capture([&] {
-      taken = gpu_->RoutedAndSharedExperts(a);
-      return absl::OkStatus();
-    });
-    ASSERT_TRUE(shf_ops.ok()) << shf_ops.status();
-    ASSERT_TRUE(taken);
-    ASSERT_TRUE((*shf_ops)->Replay().ok());
-    EXPECT_EQ(Download(*dout_shf2), stat_eager) << "kSharedFirst's replay differs";
     gpu_->SetDecodeMoeFusedKernelsAuto();
 
     // Declined (nothing written): switched off, a forced non-kGroupedF32 algorithm, a shared
@@ -1205,8 +1187,7 @@ TEST_F(RoutedExpertsTest, ResidentWorkspacesChangeNoBit) {
       return Download(*out);
     };
     for (auto kernels :
-         {kernels::MoeDecodeFusedKernels::kStationary, kernels::MoeDecodeFusedKernels::kPipelined,
-          kernels::MoeDecodeFusedKernels::kSharedFirst}) {
+         {kernels::MoeDecodeFusedKernels::kStationary, kernels::MoeDecodeFusedKernels::kPipelined}) {
       SCOPED_TRACE(::testing::Message() << "kernels " << static_cast<int>(kernels));
       gpu_->SetDecodeMoeFusedKernels(kernels);
       const std::vector<float> scratch = run(false, false, false);
@@ -1227,7 +1208,8 @@ TEST_F(RoutedExpertsTest, ResidentWorkspacesChangeNoBit) {
         for (int64_t k = 0; k < K; ++k) {
           const int32_t e = id[t * K + k];
           ASSERT_TRUE(e >= 0 && e < E) << "expert id " << e;
-          cpu_.Gemm(1, 2 * I, H, x.data() + t * H, H, gu_ref[e].data(), H, gu.data(), 2 * I, false);
+          cpu_.Gemm(1, 2 * I, H, x.data() + t * H, H, gu_ref[e].data(), H, gu.data(), 2 * I,
+                    false);
           cpu_.SiluMul(1, I, gu.data(), act.data());
           cpu_.Gemm(1, H, I, act.data(), I, dn_ref[e].data(), I, y.data(), H, false);
           for (int64_t i = 0; i < H; ++i) o[i] += w[t * K + k] * y[i];
@@ -1886,11 +1868,10 @@ TEST_F(CudaBackendTest, NormedDenseMlpMatchesCpuOps) {
     kernels::MoeDecodeFusedKernels kernels;
   };
   const Pair pairs[] = {
-      {"default", false, CudaBackend::kDefaultDecodeMoeFusedKernels},
+      {"default", false, kernels::MoeDecodeFusedKernels::kStationary},
       {"persistent", true, kernels::MoeDecodeFusedKernels::kPersistent},
       {"pipelined", true, kernels::MoeDecodeFusedKernels::kPipelined},
       {"stationary", true, kernels::MoeDecodeFusedKernels::kStationary},
-      {"shared first", true, kernels::MoeDecodeFusedKernels::kSharedFirst},
   };
   for (const Pair& pair : pairs) {
     SCOPED_TRACE(pair.name);

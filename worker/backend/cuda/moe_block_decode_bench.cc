@@ -6,21 +6,17 @@
 //        combine) + the shared MLP as the model runs it with fused ops and bf16 weights (Gemm on
 //        the bf16 normed rows, SiluMulBf16, Gemm accumulating into out)
 //   new  CudaBackend::RoutedAndSharedExperts (kernels::MoeDecodeFusedF32, two launches), with
-//        the kernel pairs "stat" (kStationary, the backend's default) and "shf" (kSharedFirst:
-//        its down L2-prefetching kDefaultDownL2Features features before its wait), "shf0" /
-//        "shf8" (kSharedFirst with 0 / 8 such features), at their default grids, alternated
-//        (stat shf0 shf shf8 stat shf0 shf shf8: the spread between two runs of the same case).
-//        kSharedFirst's "diff" is against the first "stat" (0: bit-identical, as it must be).
-//        kPersistent / kPipelined ("pers", "pipe"), session 6's kWarpPerRow (removed) and other
-//        grids: git history (sessions 7's s7-moeblk / s7-moeblk2 tables in docs/kernels.md).
+//        the kernel pairs "pers" (kPersistent), "pipe" (kPipelined) and "stat" (kStationary)
+//        at their default grids; "pipe" and "stat" once more at the end (the spread between two
+//        runs of the same case). Session 6's kWarpPerRow (removed) and other grids: git history
+//        (session 7's s7-moeblk / s7-moeblk2 tables in docs/kernels.md).
 //   routed  each layer as the model issues it: CudaBackend::RouteTokens (AddRmsNorm of the
 //        layer's residual row into its hidden rows, then the fused router on them, writing the
-//        layer's own routing) and RoutedAndSharedExperts: "rsta" (kStationary) / "rsfa"
-//        (kSharedFirst) / "rsra" (kSharedFirst, the router with SetRouterRankSelect) with
-//        scratch logits and act (graph memory nodes between the router and gate_up), "rstW" /
-//        "rsfW" / "rsrW" with SetDecodeMoeResidentWorkspaces (none: a programmatic edge), twice
-//        each. The time includes the norm and the router; "diff" is against the first "rsta"
-//        (0: the switches change no bit); "layer MB" is the fixed routing's (exact at 1 token:
+//        layer's own routing) and RoutedAndSharedExperts with kStationary: "rsta" with scratch
+//        logits and act (graph memory nodes between the router and gate_up), "rstW" with
+//        SetDecodeMoeResidentWorkspaces (none: a programmatic edge), twice each (rsta rstW rsta
+//        rstW). The time includes the norm and the router; "diff" is against the first "rsta"
+//        (0: the switch changes no bit); "layer MB" is the fixed routing's (exact at 1 token:
 //        top_k distinct experts either way). Session 8's "rstE" (gate_up computing the shared
 //        experts before its PDL wait, measured slower): git history, docs/kernels.md.
 //
@@ -36,8 +32,9 @@
 //
 //   moe_block_decode_bench [SHAPE TOKENS [PATH...]]   (one line per case; exit status 1 on an
 //        error; SHAPE moonlight or v3, TOKENS 1 or 2: that case only; PATH...: those paths only,
-//        without the references ("rel diff" 0), e.g. for ncu: `moe_block_decode_bench moonlight
-//        1 shf`)
+//        without the references ("rel diff" 0), e.g. one routed layer under Nsight Compute:
+//        `ncu --kernel-name-base demangled -k 'regex:RouteTokens|GateUp|DownStationary' -c 3
+//        moe_block_decode_bench moonlight 1 rsta`)
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
@@ -249,45 +246,30 @@ int Main(int argc, char** argv) {
       struct Path {
         const char* name;
         kernels::MoeDecodeFusedKernels kernels;
-        int32_t down_l2_features;  // -1: the kernel's default
-        bool routed = false, resident = false, rank_select = false;
+        int32_t gate_up_blocks_per_sm, down_blocks_per_sm;
+        bool routed = false, resident = false;
       };
-      constexpr auto kStat = kernels::MoeDecodeFusedKernels::kStationary;
-      constexpr auto kShf = kernels::MoeDecodeFusedKernels::kSharedFirst;
       const Path paths[] = {
-          {"old", kStat, -1},  // not fused
-          {"stat", kStat, -1},
-          {"shf0", kShf, 0},
-          {"shf", kShf, -1},
-          {"shf8", kShf, 8},
-          {"stat", kStat, -1},
-          {"shf0", kShf, 0},
-          {"shf", kShf, -1},
-          {"shf8", kShf, 8},
-          {"rsta", kStat, -1, true, false, false},
-          {"rsfa", kShf, -1, true, false, false},
-          {"rsra", kShf, -1, true, false, true},
-          {"rstW", kStat, -1, true, true, false},
-          {"rsfW", kShf, -1, true, true, false},
-          {"rsrW", kShf, -1, true, true, true},
-          {"rsta", kStat, -1, true, false, false},
-          {"rsfa", kShf, -1, true, false, false},
-          {"rsra", kShf, -1, true, false, true},
-          {"rstW", kStat, -1, true, true, false},
-          {"rsfW", kShf, -1, true, true, false},
-          {"rsrW", kShf, -1, true, true, true},
+          {"old", kernels::MoeDecodeFusedKernels::kPersistent, 0, 0},  // not fused
+          {"pers", kernels::MoeDecodeFusedKernels::kPersistent, 0, 0},
+          {"pipe", kernels::MoeDecodeFusedKernels::kPipelined, 0, 0},
+          {"stat", kernels::MoeDecodeFusedKernels::kStationary, 0, 0},
+          {"pipe", kernels::MoeDecodeFusedKernels::kPipelined, 0, 0},  // again: drift check
+          {"stat", kernels::MoeDecodeFusedKernels::kStationary, 0, 0},
+          {"rsta", kernels::MoeDecodeFusedKernels::kStationary, 0, 0, true, false},
+          {"rstW", kernels::MoeDecodeFusedKernels::kStationary, 0, 0, true, true},
+          {"rsta", kernels::MoeDecodeFusedKernels::kStationary, 0, 0, true, false},
+          {"rstW", kernels::MoeDecodeFusedKernels::kStationary, 0, 0, true, true},
       };
       int64_t layer_bytes = 0;
       for (const Layer& L : layers) layer_bytes += L.busy_experts * per_expert + 3 * SI * H * 2;
       layer_bytes /= kLayers;
-      std::vector<float> old_out, stat_out, routed_out;
+      std::vector<float> old_out, routed_out;
       for (int path = 0; path < static_cast<int>(std::size(paths)); ++path) {
         const Path& pa = paths[path];
-        // Filtered: no references either ("rel diff" then against nothing: 0).
         if (!only_paths.empty() && only_paths.count(pa.name) == 0) continue;
-        b.SetDecodeMoeFusedKernels(pa.kernels, 0, 0, pa.down_l2_features);
+        b.SetDecodeMoeFusedKernels(pa.kernels, pa.gate_up_blocks_per_sm, pa.down_blocks_per_sm);
         b.SetDecodeMoeResidentWorkspaces(pa.resident);
-        b.SetRouterRankSelect(pa.rank_select);
         auto ops = b.Capture([&] {
           for (Layer& L : layers) {
             if (path == 0) {
@@ -315,15 +297,13 @@ int Main(int argc, char** argv) {
         b.CopyToHost(layers.back().out->data(), out.size() * sizeof(float), out.data());
         double diff = 0;
         if (!only_paths.empty()) {
-          // no reference
+          // Filtered: no reference ran.
         } else if (path == 0) {
           old_out = out;
         } else if (pa.routed && routed_out.empty()) {
           routed_out = out;
         } else {
-          if (!pa.routed && pa.kernels == kStat && stat_out.empty()) stat_out = out;
-          const std::vector<float>& ref =
-              pa.routed ? routed_out : (pa.kernels == kShf ? stat_out : old_out);
+          const std::vector<float>& ref = pa.routed ? routed_out : old_out;
           double scale = 0;
           for (size_t i = 0; i < out.size(); ++i) {
             diff = std::max(diff, std::abs(static_cast<double>(out[i]) - ref[i]));
