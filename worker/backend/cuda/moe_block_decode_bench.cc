@@ -30,7 +30,11 @@
 // experts and the shared MLP) over that time gives GB/s and the fraction of 4.3 TB/s. "diff":
 // largest |new - old| over the last layer's output, relative to its largest |old|.
 //
-//   moe_block_decode_bench     (one line per case; exit status 1 on an error)
+//   moe_block_decode_bench [SHAPE TOKENS [PATH...]]   (one line per case; exit status 1 on an
+//        error; SHAPE moonlight or v3, TOKENS 1 or 2: that case only; PATH...: those paths only,
+//        without the references ("rel diff" 0), e.g. one routed layer under Nsight Compute:
+//        `ncu --kernel-name-base demangled -k 'regex:RouteTokens|GateUp|DownStationary' -c 3
+//        moe_block_decode_bench moonlight 1 rsta`)
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
@@ -44,6 +48,7 @@
 #include <numeric>
 #include <random>
 #include <set>
+#include <string>
 #include <vector>
 
 #include "worker/backend/cuda/cuda_backend.h"
@@ -80,7 +85,10 @@ struct Layer {
   int64_t busy_experts = 0;
 };
 
-int Main() {
+int Main(int argc, char** argv) {
+  const char* only_shape = argc > 1 ? argv[1] : nullptr;
+  const int only_tokens = argc > 2 ? std::atoi(argv[2]) : 0;
+  const std::set<std::string> only_paths(argv + std::min(argc, 3), argv + argc);
   auto backend = CudaBackend::Create(0, WeightDType::kBFloat16);
   if (!backend.ok()) {
     std::fprintf(stderr, "%s\n", backend.status().ToString().c_str());
@@ -92,6 +100,7 @@ int Main() {
   std::printf("%-9s %6s %5s %10s | %-4s %9s %8s %9s %10s\n", "shape", "tokens", "busy", "layer MB",
               "path", "us/layer", "GB/s", "of 4.3TB", "rel diff");
   for (const Shape& s : shapes) {
+    if (only_shape != nullptr && std::strcmp(only_shape, s.name) != 0) continue;
     const int64_t H = s.hidden, I = s.inter, SI = s.shared * s.inter;
     const size_t gate_up_bytes = 2 * I * H * 2, down_bytes = H * I * 2;
     const size_t per_expert = gate_up_bytes + down_bytes;
@@ -117,6 +126,7 @@ int Main() {
     std::iota(slot_host.begin(), slot_host.end(), 0);
     auto slots = upload(slot_host.data(), s.experts * sizeof(int32_t));
     for (int32_t tokens : {1, 2}) {
+      if (only_tokens != 0 && tokens != only_tokens) continue;
       std::mt19937 gen(static_cast<uint32_t>(tokens));
       std::uniform_real_distribution<float> uni(-1.0f, 1.0f);
       std::vector<Layer> layers(kLayers);
@@ -257,6 +267,7 @@ int Main() {
       std::vector<float> old_out, routed_out;
       for (int path = 0; path < static_cast<int>(std::size(paths)); ++path) {
         const Path& pa = paths[path];
+        if (!only_paths.empty() && only_paths.count(pa.name) == 0) continue;
         b.SetDecodeMoeFusedKernels(pa.kernels, pa.gate_up_blocks_per_sm, pa.down_blocks_per_sm);
         b.SetDecodeMoeResidentWorkspaces(pa.resident);
         auto ops = b.Capture([&] {
@@ -285,7 +296,9 @@ int Main() {
         std::vector<float> out(tokens * H);
         b.CopyToHost(layers.back().out->data(), out.size() * sizeof(float), out.data());
         double diff = 0;
-        if (path == 0) {
+        if (!only_paths.empty()) {
+          // Filtered: no reference ran.
+        } else if (path == 0) {
           old_out = out;
         } else if (pa.routed && routed_out.empty()) {
           routed_out = out;
@@ -301,8 +314,8 @@ int Main() {
         const double t = *replay_us / kLayers;  // per layer
         const double gbs = layer_bytes / (t * 1e-6) / 1e9;
         std::printf("%-9s %6d %5lld %10.1f | %-4s %9.1f %8.0f %9.3f %10.3g\n", s.name, tokens,
-                    static_cast<long long>(layers.back().busy_experts), layer_bytes / 1e6,
-                    pa.name, t, gbs, gbs * 1e9 / kRooflineBytesPerSecond, diff);
+                    static_cast<long long>(layers.back().busy_experts), layer_bytes / 1e6, pa.name,
+                    t, gbs, gbs * 1e9 / kRooflineBytesPerSecond, diff);
         std::fflush(stdout);
       }
     }
@@ -313,4 +326,4 @@ int Main() {
 }  // namespace
 }  // namespace deepinfer
 
-int main() { return deepinfer::Main(); }
+int main(int argc, char** argv) { return deepinfer::Main(argc, argv); }
