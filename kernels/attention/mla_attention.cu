@@ -1501,12 +1501,16 @@ __global__ void __launch_bounds__(kMmaThreads, kKeys == 32 ? 2 : 1)
       }
     }
     __syncthreads();
+    // Variants 8 and 9 skip the rescale when no row's maximum moved in this warp (alpha = 1
+    // exactly: the same bits), as it mostly does after the first tiles.
+    if (!kBf16Ops || __any_sync(0xffffffffu, alpha[0] != 1.0f || alpha[1] != 1.0f)) {
 #pragma unroll
-    for (int n = 0; n < kSplitNT; ++n) {
-      acc[n][0] *= alpha[0];
-      acc[n][1] *= alpha[0];
-      acc[n][2] *= alpha[1];
-      acc[n][3] *= alpha[1];
+      for (int n = 0; n < kSplitNT; ++n) {
+        acc[n][0] *= alpha[0];
+        acc[n][1] *= alpha[0];
+        acc[n][2] *= alpha[1];
+        acc[n][3] *= alpha[1];
+      }
     }
     // O[16 x this warp's 128 columns] += P V, V = the keys' latent part.
 #pragma unroll
