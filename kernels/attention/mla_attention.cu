@@ -36,6 +36,10 @@
 // exact bf16 already: fp32-grade math at tensor-core speed. Warps split the 576-long score dot
 // products (k-steps), sum them through shared memory in a fixed order, and then each runs the
 // online softmax for all 16 heads itself and owns a quarter of the latent columns of O.
+// Variants 8 and 9 of the key-split kernel (the default since session 8) drop the lo parts:
+// bf16 Q and P, one MMA per product, as FlashMLA; 9 also merges 2-3 context splits inside a
+// thread-block cluster instead of through the workspace and MlaCombineKernel (described at
+// MlaBf16KeySplitKernel).
 //
 // MlaAttentionPerHeadF32, the earlier kernel: one block per (token, head), keys scored one warp
 // per key, online softmax rescaling per-thread latent accumulators.
@@ -1129,9 +1133,13 @@ __device__ __forceinline__ int64_t SplitRowOrNone(const MlaAttentionParams& p, c
 
 // ---- Variant 9's split merge (kClusterMerge) ----
 //
-// The largest cluster (= split count) variant 9 merges in distributed shared memory (the
-// portable cluster size); more splits run variant 8 and the combine kernels.
+// The largest cluster (= split count) variant 9 merges in distributed shared memory; more
+// splits run variant 8 and the combine kernels. Measured on the H200 (docs/cuda.md): clusters
+// of 2 and 3 beat variant 8's workspace + combine, clusters of 4 lost to it (64 x 1024, 4
+// splits: 50.3 vs 36.5 us in a graph). The merge itself takes up to 8 (the portable size).
 constexpr int kMaxClusterSplits = 8;
+static_assert(kMlaClusterMergeMaxSplits >= 2 && kMlaClusterMergeMaxSplits <= kMaxClusterSplits,
+              "the cluster merge's split range");
 // Row stride (floats) of a block's partial O in shared memory: rows 16-byte aligned for the
 // merge's float4 reads, and the fragment stores' rows g = 0..7 in different banks.
 constexpr int kMergeLd = kSplitLatent + 8;
@@ -1244,7 +1252,7 @@ __device__ __forceinline__ void ClusterMergeSplits(const MlaAttentionParams& p, 
 // MMAs and half of Q's shared-memory reads; the scores' four accumulator chains are the k-step
 // modulo 4. Scores then carry Q's bf16 rounding (2^-9 relative per element) and the output P's.
 //
-// kClusterMerge (variant 9, 2 <= num_splits <= kMaxClusterSplits, sm_90): the num_splits
+// kClusterMerge (variant 9, 2 <= num_splits <= kMlaClusterMergeMaxSplits, sm_90): the num_splits
 // blocks of one (token, head group) are a thread-block cluster (block index = (token *
 // num_groups + group) * num_splits + split, split = the block's cluster rank); instead of
 // writing partials to a workspace for MlaCombineKernel, each block leaves its unnormalised O
@@ -1816,7 +1824,7 @@ cudaError_t PlanGrouped(const MlaAttentionParams& p, GroupedPlan* plan) {
   // Variant 9: the splits of a (token, group) merge in a cluster, without the workspace (the
   // merge stores float4s of the output).
   if (plan->key_split && variant == kKeySplitClusterVariant && plan->num_splits >= 2 &&
-      plan->num_splits <= kMaxClusterSplits &&
+      plan->num_splits <= kMlaClusterMergeMaxSplits &&
       reinterpret_cast<uintptr_t>(p.out_latent) % 16 == 0) {
     bool runs = false;
     e = ClusterMergeRuns(plan->num_splits, device, &runs);

@@ -224,8 +224,8 @@ TEST_P(MlaAttentionKernelTest, MatchesCpuBackend) {
   // fp32 online softmax vs the reference's double accumulation.
   // Every pipeline shape of the tensor-core kernel (0: the default), with the workspace
   // allocated inside.
-  // Variant 8's split count (the automatic one or the case's): variant 9 merges 2-8 splits in
-  // a cluster on sm_90.
+  // Variant 8's split count (the automatic one or the case's): variant 9 merges 2 to
+  // kMlaClusterMergeMaxSplits splits in a cluster on sm_90.
   int splits8 = 1;
   if (bf16 && key_split_shape) {
     p.mma_variant = 8;
@@ -250,7 +250,8 @@ TEST_P(MlaAttentionKernelTest, MatchesCpuBackend) {
     SCOPED_TRACE(::testing::Message() << "MlaAttentionF32, mma_variant " << variant);
     p.mma_variant = variant;
     if (bf16 && variant >= 5) {  // the key-split kernels; other shapes run variant 4
-      const bool cluster = variant == 9 && splits8 >= 2 && splits8 <= 8 && cc_major >= 9;
+      const bool cluster = variant == 9 && splits8 >= 2 &&
+                           splits8 <= kernels::kMlaClusterMergeMaxSplits && cc_major >= 9;
       EXPECT_STREQ(kernels::MlaAttentionKernelName(p),
                    !key_split_shape ? kernel.c_str()
                    : cluster        ? "mma_bf16_key_split_cluster"

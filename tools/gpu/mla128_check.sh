@@ -10,7 +10,7 @@
 #   on the GPU machine: OUT=... bash DIR/mla128_check.sh
 #
 # Steps, each result in its own file under $OUT, in order of importance (a step is skipped
-# once MLA128_BUDGET_S seconds, default 95, have passed):
+# once MLA128_BUDGET_S seconds, default 85, have passed):
 #   tests.txt   the tests that run the changed kernel (all at once: they are short), and the
 #               model's decode path (graphs, HF parity) on the new default
 #   kern.txt    mla_attention_bench at 128 and 64 decode tokens x 1024 (every variant; graph
@@ -25,7 +25,7 @@ mkdir -p "$OUT"
 export LD_LIBRARY_PATH="$here/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 export TEST_SRCDIR="$here/srcdir"
 export NCCL_NVLS_ENABLE=0
-budget=${MLA128_BUDGET_S:-95}
+budget=${MLA128_BUDGET_S:-85}
 start=$(date +%s)
 left() { (($(date +%s) - start < budget)); }
 stamp() { echo "# t=$(($(date +%s) - start)) s"; }
