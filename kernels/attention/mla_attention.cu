@@ -1143,8 +1143,8 @@ static_assert(kMlaClusterMergeMaxSplits >= 2 && kMlaClusterMergeMaxSplits <= kMa
 // Row stride (floats) of a block's partial O in shared memory: rows 16-byte aligned for the
 // merge's float4 reads, and the fragment stores' rows g = 0..7 in different banks.
 constexpr int kMergeLd = kSplitLatent + 8;
-constexpr size_t kMergeFloats = size_t{kMmaHeads} * kMergeLd + kMmaHeads * 2 +
-                                kMmaHeads * kMaxClusterSplits + kMmaHeads;
+constexpr size_t kMergeFloats =
+    size_t{kMmaHeads} * kMergeLd + kMmaHeads * 2 + kMmaHeads * kMaxClusterSplits + kMmaHeads;
 static_assert(kMergeFloats * sizeof(float) <= size_t{2} * 32 * kSplitLd * sizeof(__nv_bfloat16),
               "the merge's buffers fit in the key tiles' shared memory");
 static_assert(kMergeLd % 4 == 0, "float4 rows");
@@ -1165,9 +1165,9 @@ __device__ __forceinline__ void ClusterMergeSplits(const MlaAttentionParams& p, 
   namespace cg = cooperative_groups;
   cg::cluster_group cluster = cg::this_cluster();
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, g = lane / 4, tq = lane % 4;
-  float* part_o = buf;                                      // [16][kMergeLd]
-  float* part_ml = part_o + kMmaHeads * kMergeLd;           // [16][2]: max (log2), sum
-  float* merge_w = part_ml + kMmaHeads * 2;                 // [16][kMaxClusterSplits]
+  float* part_o = buf;                                     // [16][kMergeLd]
+  float* part_ml = part_o + kMmaHeads * kMergeLd;          // [16][2]: max (log2), sum
+  float* merge_w = part_ml + kMmaHeads * 2;                // [16][kMaxClusterSplits]
   float* denom = merge_w + kMmaHeads * kMaxClusterSplits;  // [16]
   CopyAsyncWait<0>();  // no copy group may still write the key tiles (all are empty by now)
 #pragma unroll
@@ -1222,8 +1222,8 @@ __device__ __forceinline__ void ClusterMergeSplits(const MlaAttentionParams& p, 
     float4 o = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
     for (int s = 0; s < num_splits; ++s) {
       const float w = merge_w[h * kMaxClusterSplits + s];
-      const float4 x = reinterpret_cast<const float4*>(
-          cluster.map_shared_rank(part_o, s) + h * kMergeLd)[c4];
+      const float4 x =
+          reinterpret_cast<const float4*>(cluster.map_shared_rank(part_o, s) + h * kMergeLd)[c4];
       o.x = fmaf(w, x.x, o.x);
       o.y = fmaf(w, x.y, o.y);
       o.z = fmaf(w, x.z, o.z);
@@ -1236,7 +1236,7 @@ __device__ __forceinline__ void ClusterMergeSplits(const MlaAttentionParams& p, 
     }
   }
   cluster.sync();  // no block leaves while others read its shared memory
-#endif  // __CUDA_ARCH__ >= 900
+#endif             // __CUDA_ARCH__ >= 900
 }
 
 // Block index = (token * num_splits + split) * num_groups + group, as MlaGroupedKernel. Needs a
@@ -1716,8 +1716,8 @@ cudaError_t ClusterMergeRuns(int splits, int device, bool* out) {
     return cudaSuccess;
   }
   const size_t smem = SplitSmemBytes(32, true, true);
-  const KernelFacts k = KernelFactsFor(reinterpret_cast<const void*>(kClusterMergeKernel), device,
-                                       kAllSharedMemory);
+  const KernelFacts k =
+      KernelFactsFor(reinterpret_cast<const void*>(kClusterMergeKernel), device, kAllSharedMemory);
   if (k.error != cudaSuccess) return k.error;
   int cluster_launch = 0;
   cudaError_t e = cudaDeviceGetAttribute(&cluster_launch, cudaDevAttrClusterLaunch, device);

@@ -67,9 +67,10 @@ struct MlaAttentionParams {
   // lo pair: the scores carry Q's bf16 rounding, the output P's; MlaAttentionBf16Operands);
   // 9: 8 whose 2-3 splits (kMlaClusterMergeMaxSplits) of a (token, head group) run as one
   // thread-block cluster and merge in distributed shared memory (no workspace, no combine
-  // kernel; other split counts, or a device without clusters, run 8); 5-9 take latent 512 + rope 64 only, other shapes run 4;
-  // mla_attention.cu); 0 = the default (9, else 4 for shapes 9 does not take; docs/cuda.md).
-  // Tests, the benchmark and CudaBackend::SetMlaDecodeVariant set it.
+  // kernel; other split counts, or a device without clusters, run 8); 5-9 take latent 512 +
+  // rope 64 only, other shapes run 4; mla_attention.cu); 0 = the default (9, else 4 for shapes
+  // 9 does not take: the fastest measured on the H200, docs/cuda.md). Tests, the benchmark and
+  // CudaBackend::SetMlaDecodeVariant set it.
   int32_t mma_variant = 0;
 };
 
