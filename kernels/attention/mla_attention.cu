@@ -36,9 +36,14 @@
 // exact bf16 already: fp32-grade math at tensor-core speed. Warps split the 576-long score dot
 // products (k-steps), sum them through shared memory in a fixed order, and then each runs the
 // online softmax for all 16 heads itself and owns a quarter of the latent columns of O.
+// Variants 8 and 9 of the key-split kernel (the default since session 8) drop the lo parts:
+// bf16 Q and P, one MMA per product, as FlashMLA; 9 also merges 2-3 context splits inside a
+// thread-block cluster instead of through the workspace and MlaCombineKernel (described at
+// MlaBf16KeySplitKernel).
 //
 // MlaAttentionPerHeadF32, the earlier kernel: one block per (token, head), keys scored one warp
 // per key, online softmax rescaling per-thread latent accumulators.
+#include <cooperative_groups.h>
 #include <cuda_bf16.h>
 #include <math.h>
 
@@ -250,15 +255,21 @@ __device__ __forceinline__ void LoadKeyChunk(const MlaAttentionParams& p, const 
 // kChunkKeys keys, so trailing splits of a short context are empty. An empty split (only
 // possible with num_splits > 1) writes the combine's "nothing here" marker (max -inf, sum 0)
 // for its kHeads heads from h0 and returns true: the block has nothing else to do.
-template <int kChunkKeys, int kHeads>
-__device__ __forceinline__ bool SplitIsEmpty(const MlaAttentionParams& p, int64_t t, int split,
-                                             int num_splits, int h0, float* ws_ml, int64_t* begin,
-                                             int64_t* end) {
+template <int kChunkKeys>
+__device__ __forceinline__ void SplitRange(const MlaAttentionParams& p, int64_t t, int split,
+                                           int num_splits, int64_t* begin, int64_t* end) {
   const int64_t len = p.context_len[t];
   const int64_t per_split = (len + num_splits - 1) / num_splits;
   const int64_t span = (per_split + kChunkKeys - 1) / kChunkKeys * kChunkKeys;
   *begin = split * span;
   *end = len < *begin + span ? len : *begin + span;
+}
+
+template <int kChunkKeys, int kHeads>
+__device__ __forceinline__ bool SplitIsEmpty(const MlaAttentionParams& p, int64_t t, int split,
+                                             int num_splits, int h0, float* ws_ml, int64_t* begin,
+                                             int64_t* end) {
+  SplitRange<kChunkKeys>(p, t, split, num_splits, begin, end);
   if (num_splits == 1 || *begin < *end) return false;
   if (threadIdx.x < kHeads && h0 + static_cast<int>(threadIdx.x) < p.num_heads) {
     float* ml = ws_ml + ((t * p.num_heads + h0 + threadIdx.x) * num_splits + split) * 2;
@@ -963,9 +974,12 @@ static_assert(kSplitTableSlots % kMmaThreads == 0, "whole table loads per thread
 // Shared memory: Q fragments [k-step][hi, lo][lane] (uint4), keys [2][kKeys][kSplitLd] (bf16),
 // P fragments [P·V k-step][hi, lo][lane] (uint4), row maxima and row sums [warp][16] (fp32),
 // and with fast_start the block-table entries [kSplitTableSlots] (int32).
-constexpr size_t kSplitQBytes = size_t{kSplitKSteps} * 2 * 32 * sizeof(uint4);
-constexpr size_t SplitSmemBytes(int keys, bool fast_start) {
-  return kSplitQBytes + size_t{2} * keys * kSplitLd * sizeof(__nv_bfloat16) +
+// With bf16 operands (variants 8 and 9) Q has no lo part: [k-step][lane] (half the bytes).
+constexpr size_t SplitQBytes(bool bf16_ops) {
+  return size_t{kSplitKSteps} * (bf16_ops ? 1 : 2) * 32 * sizeof(uint4);
+}
+constexpr size_t SplitSmemBytes(int keys, bool fast_start, bool bf16_ops = false) {
+  return SplitQBytes(bf16_ops) + size_t{2} * keys * kSplitLd * sizeof(__nv_bfloat16) +
          static_cast<size_t>(keys / 16) * 2 * 32 * sizeof(uint4) +
          2 * kMmaWarps * kMmaHeads * sizeof(float) +
          (fast_start ? size_t{kSplitTableSlots} * sizeof(int32_t) : 0);
@@ -1046,6 +1060,8 @@ __device__ __forceinline__ void LoadQueryF4(const MlaAttentionParams& p, int64_t
 // variant 5 / 6 start-up writes: qf[(ks * 2 + lo) * 32 + lane] register r holds head
 // g + 8 (r & 1), dims 16 ks + 2 tq + 8 (r >> 1) + {0, 1} (lane = 4 g + tq). A float4 at dim c
 // is two such pairs: (c, c + 1) at tq = (c % 8) / 2 and (c + 2, c + 3) at the next tq.
+// kBf16Ops: only the hi (round-to-nearest-even) part, at qf[ks * 32 + lane].
+template <bool kBf16Ops>
 __device__ __forceinline__ void StoreQueryFragments(const float4 (&q)[kSplitQLoads], uint4* qf) {
   uint32_t* words = reinterpret_cast<uint32_t*>(qf);
 #pragma unroll
@@ -1054,13 +1070,18 @@ __device__ __forceinline__ void StoreQueryFragments(const float4 (&q)[kSplitQLoa
     const int hl = e / kSplitQF4PerHead, c = 4 * (e - hl * kSplitQF4PerHead);
     const int ks = c / 16, o = c % 16;
     const int r = hl / 8 + 2 * (o / 8), lane = (hl % 8) * 4 + (o % 8) / 2;
-    uint32_t hi[2], lo[2];
-    SplitBf16(q[i].x, q[i].y, &hi[0], &lo[0]);
-    SplitBf16(q[i].z, q[i].w, &hi[1], &lo[1]);
+    if constexpr (kBf16Ops) {
+      words[(ks * 32 + lane) * 4 + r] = Bf16x2Bits(__floats2bfloat162_rn(q[i].x, q[i].y));
+      words[(ks * 32 + lane + 1) * 4 + r] = Bf16x2Bits(__floats2bfloat162_rn(q[i].z, q[i].w));
+    } else {
+      uint32_t hi[2], lo[2];
+      SplitBf16(q[i].x, q[i].y, &hi[0], &lo[0]);
+      SplitBf16(q[i].z, q[i].w, &hi[1], &lo[1]);
 #pragma unroll
-    for (int k = 0; k < 2; ++k) {
-      words[((ks * 2) * 32 + lane + k) * 4 + r] = hi[k];
-      words[((ks * 2 + 1) * 32 + lane + k) * 4 + r] = lo[k];
+      for (int k = 0; k < 2; ++k) {
+        words[((ks * 2) * 32 + lane + k) * 4 + r] = hi[k];
+        words[((ks * 2 + 1) * 32 + lane + k) * 4 + r] = lo[k];
+      }
     }
   }
 }
@@ -1110,6 +1131,114 @@ __device__ __forceinline__ int64_t SplitRowOrNone(const MlaAttentionParams& p, c
   return (static_cast<int64_t>(block) * bs + o) * kSplitDim;
 }
 
+// ---- Variant 9's split merge (kClusterMerge) ----
+//
+// The largest cluster (= split count) variant 9 merges in distributed shared memory; more
+// splits run variant 8 and the combine kernels. Measured on the H200 (docs/cuda.md): clusters
+// of 2 and 3 beat variant 8's workspace + combine, clusters of 4 lost to it (64 x 1024, 4
+// splits: 50.3 vs 36.5 us in a graph). The merge itself takes up to 8 (the portable size).
+constexpr int kMaxClusterSplits = 8;
+static_assert(kMlaClusterMergeMaxSplits >= 2 && kMlaClusterMergeMaxSplits <= kMaxClusterSplits,
+              "the cluster merge's split range");
+// Row stride (floats) of a block's partial O in shared memory: rows 16-byte aligned for the
+// merge's float4 reads, and the fragment stores' rows g = 0..7 in different banks.
+constexpr int kMergeLd = kSplitLatent + 8;
+constexpr size_t kMergeFloats =
+    size_t{kMmaHeads} * kMergeLd + kMmaHeads * 2 + kMmaHeads * kMaxClusterSplits + kMmaHeads;
+static_assert(kMergeFloats * sizeof(float) <= size_t{2} * 32 * kSplitLd * sizeof(__nv_bfloat16),
+              "the merge's buffers fit in the key tiles' shared memory");
+static_assert(kMergeLd % 4 == 0, "float4 rows");
+
+// The end of a variant 9 block (split `split` of a cluster of num_splits): this block's
+// unnormalised O (acc: warp w's columns 128 w ..., the mma C-fragment layout), its row maxima
+// (log2 units) and denominators go to shared memory (buf: the key tiles' space, free now);
+// after a cluster barrier the block merges its slice of the output columns from every block
+// of the cluster: out = sum_s w_s O_s / sum_s w_s l_s, w_s = 2^(m_s - max m), weight 0 for an
+// empty split (l = 0). A second barrier keeps every block's shared memory alive until all
+// have read it.
+__device__ __forceinline__ void ClusterMergeSplits(const MlaAttentionParams& p, int64_t t, int h0,
+                                                   int split, int num_splits,
+                                                   const float (&acc)[kSplitNT][4],
+                                                   const float (&run_max)[2],
+                                                   const float (&total)[2], float* buf) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  namespace cg = cooperative_groups;
+  cg::cluster_group cluster = cg::this_cluster();
+  const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, g = lane / 4, tq = lane % 4;
+  float* part_o = buf;                                     // [16][kMergeLd]
+  float* part_ml = part_o + kMmaHeads * kMergeLd;          // [16][2]: max (log2), sum
+  float* merge_w = part_ml + kMmaHeads * 2;                // [16][kMaxClusterSplits]
+  float* denom = merge_w + kMmaHeads * kMaxClusterSplits;  // [16]
+  CopyAsyncWait<0>();  // no copy group may still write the key tiles (all are empty by now)
+#pragma unroll
+  for (int n = 0; n < kSplitNT; ++n) {
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      *reinterpret_cast<float2*>(part_o + (g + 8 * r) * kMergeLd + warp * kSplitWarpCols + n * 8 +
+                                 2 * tq) = make_float2(acc[n][2 * r], acc[n][2 * r + 1]);
+    }
+  }
+  if (warp == 0 && tq == 0) {
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      part_ml[2 * (g + 8 * r)] = run_max[r];
+      part_ml[2 * (g + 8 * r) + 1] = total[r];
+    }
+  }
+  cluster.sync();  // every block's partial is complete and visible to the cluster
+  if (tid < kMmaHeads) {
+    const int h = tid;
+    float m[kMaxClusterSplits], l[kMaxClusterSplits];
+    float mx = -INFINITY;
+#pragma unroll
+    for (int s = 0; s < kMaxClusterSplits; ++s) {
+      m[s] = -INFINITY;
+      l[s] = 0.0f;
+      if (s < num_splits) {
+        const float* remote = cluster.map_shared_rank(part_ml, s);
+        m[s] = remote[2 * h];
+        l[s] = remote[2 * h + 1];
+        if (l[s] > 0.0f) mx = fmaxf(mx, m[s]);
+      }
+    }
+    float sum = 0.0f;
+#pragma unroll
+    for (int s = 0; s < kMaxClusterSplits; ++s) {
+      // Empty splits (l = 0, m = -inf) get weight 0 without evaluating 2^(-inf - -inf).
+      const float w = l[s] > 0.0f ? exp2f(m[s] - mx) : 0.0f;
+      merge_w[h * kMaxClusterSplits + s] = w;
+      sum = fmaf(w, l[s], sum);
+    }
+    denom[h] = sum;  // > 0: split 0 always holds key 0
+  }
+  __syncthreads();
+  // This block's float4 columns [c4_begin, c4_begin + n4) of the 16 heads.
+  constexpr int kCols4 = kSplitLatent / 4;
+  const int per_block = (kCols4 + num_splits - 1) / num_splits;
+  const int c4_begin = split * per_block;
+  const int n4 = c4_begin >= kCols4 ? 0 : min(per_block, kCols4 - c4_begin);
+  for (int i = tid; i < kMmaHeads * n4; i += kMmaThreads) {
+    const int h = i / n4, c4 = c4_begin + i % n4;
+    float4 o = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    for (int s = 0; s < num_splits; ++s) {
+      const float w = merge_w[h * kMaxClusterSplits + s];
+      const float4 x =
+          reinterpret_cast<const float4*>(cluster.map_shared_rank(part_o, s) + h * kMergeLd)[c4];
+      o.x = fmaf(w, x.x, o.x);
+      o.y = fmaf(w, x.y, o.y);
+      o.z = fmaf(w, x.z, o.z);
+      o.w = fmaf(w, x.w, o.w);
+    }
+    if (h0 + h < p.num_heads) {
+      const float d = denom[h];
+      reinterpret_cast<float4*>(p.out_latent + (t * p.num_heads + h0 + h) * kSplitLatent)[c4] =
+          make_float4(o.x / d, o.y / d, o.z / d, o.w / d);
+    }
+  }
+  cluster.sync();  // no block leaves while others read its shared memory
+#endif             // __CUDA_ARCH__ >= 900
+}
+
 // Block index = (token * num_splits + split) * num_groups + group, as MlaGroupedKernel. Needs a
 // 16-byte aligned cache (vec_loads is implied; PlanGrouped checks it). kFastStart (variant 7,
 // kKeys 32): the start-up takes fewer dependent steps: all of Q's fp32 loads are issued first
@@ -1117,7 +1246,21 @@ __device__ __forceinline__ int64_t SplitRowOrNone(const MlaAttentionParams& p, c
 // tiles 0 and 1 are both put in flight, and only then is Q converted into its fragments (so the
 // conversion overlaps the key copies); tile row offsets come from the shared table with 32-bit
 // index math.
-template <int kKeys, bool kFastStart>
+//
+// kBf16Ops (variants 8 and 9): Q and P enter the MMAs as plain bf16 (round to nearest even),
+// one MMA per product instead of hi + lo (as FlashMLA / FlashInfer): half the score and P·V
+// MMAs and half of Q's shared-memory reads; the scores' four accumulator chains are the k-step
+// modulo 4. Scores then carry Q's bf16 rounding (2^-9 relative per element) and the output P's.
+//
+// kClusterMerge (variant 9, 2 <= num_splits <= kMlaClusterMergeMaxSplits, sm_90): the num_splits
+// blocks of one (token, head group) are a thread-block cluster (block index = (token *
+// num_groups + group) * num_splits + split, split = the block's cluster rank); instead of
+// writing partials to a workspace for MlaCombineKernel, each block leaves its unnormalised O
+// and (max, sum) in its shared memory, and after a cluster barrier block r merges output
+// columns [r, r + 1) * 512 / num_splits of every block's partial through distributed shared
+// memory (the FlashDecoding merge, as MlaDecodeSmall's). An empty split takes part with max
+// -inf and sum 0 (weight 0).
+template <int kKeys, bool kFastStart, bool kBf16Ops = false, bool kClusterMerge = false>
 __global__ void __launch_bounds__(kMmaThreads, kKeys == 32 ? 2 : 1)
     MlaBf16KeySplitKernel(MlaAttentionParams p, int num_groups, int num_splits, bool /*vec_loads*/,
                           float* ws_out, float* ws_ml) {
@@ -1125,20 +1268,26 @@ __global__ void __launch_bounds__(kMmaThreads, kKeys == 32 ? 2 : 1)
   constexpr int kWarpTiles = kWarpKeys / 8;         // their score n-tiles: 2 or 1
   constexpr int kPvSteps = kKeys / 16;              // P·V k-steps per tile
   constexpr int kRows = kKeys / kSplitRowsPerPass;  // key rows each thread copies
+  constexpr int kQParts = kBf16Ops ? 1 : 2;         // Q and P: hi (+ lo)
   static_assert(kKeys == 64 || kKeys == 32, "tiles of 64 or 32 keys");
+  static_assert(!kClusterMerge || kBf16Ops, "variant 9 is variant 8 with the cluster merge");
   extern __shared__ float4 smem4[];
   uint4* qf = reinterpret_cast<uint4*>(smem4);
-  __nv_bfloat16* kbuf = reinterpret_cast<__nv_bfloat16*>(qf + kSplitKSteps * 2 * 32);
+  __nv_bfloat16* kbuf = reinterpret_cast<__nv_bfloat16*>(qf + kSplitKSteps * kQParts * 32);
   uint4* pf = reinterpret_cast<uint4*>(kbuf + 2 * kKeys * kSplitLd);  // 16-byte aligned
   float* red_max = reinterpret_cast<float*>(pf + kPvSteps * 2 * 32);
   float* red_sum = red_max + kMmaWarps * kMmaHeads;
   int32_t* stab = reinterpret_cast<int32_t*>(red_sum + kMmaWarps * kMmaHeads);  // kFastStart
   static_assert(!kFastStart || kKeys == 32, "variant 7 is the 32-key kernel");
+  static_assert(!kBf16Ops || kFastStart, "variants 8 and 9 are variant 7 with bf16 operands");
 
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
   const int g = lane / 4, tq = lane % 4;  // mma fragment coordinates: row group, pair in row
-  const int group = blockIdx.x % num_groups;
-  const int split = (blockIdx.x / num_groups) % num_splits;
+  // Cluster merge: the splits of one (token, group) are consecutive blocks (one cluster).
+  const int group =
+      kClusterMerge ? (blockIdx.x / num_splits) % num_groups : blockIdx.x % num_groups;
+  const int split =
+      kClusterMerge ? blockIdx.x % num_splits : (blockIdx.x / num_groups) % num_splits;
   const int64_t t = blockIdx.x / num_groups / num_splits;
   const int h0 = group * kMmaHeads;
   float4 q4[kFastStart ? kSplitQLoads : 1];
@@ -1153,7 +1302,13 @@ __global__ void __launch_bounds__(kMmaThreads, kKeys == 32 ? 2 : 1)
   const int32_t* table =
       p.block_tables + static_cast<int64_t>(p.token_seq[t]) * p.max_blocks_per_seq;
   int64_t begin = 0, end = 0;
-  if (SplitIsEmpty<kKeys, kMmaHeads>(p, t, split, num_splits, h0, ws_ml, &begin, &end)) return;
+  if constexpr (kClusterMerge) {
+    // No early exit: every block of the cluster takes part in the merge (an empty split runs
+    // no tile and leaves max -inf, sum 0). ws_ml is null here.
+    SplitRange<kKeys>(p, t, split, num_splits, &begin, &end);
+  } else if (SplitIsEmpty<kKeys, kMmaHeads>(p, t, split, num_splits, h0, ws_ml, &begin, &end)) {
+    return;
+  }
   const __nv_bfloat16* cache = static_cast<const __nv_bfloat16*>(p.cache.cache);
   // Base-2 softmax: log2 e folded into the scale; the workspace's maxima in natural-log units.
   const float score_scale = p.softmax_scale * 1.4426950408889634f;
@@ -1189,7 +1344,7 @@ __global__ void __launch_bounds__(kMmaThreads, kKeys == 32 ? 2 : 1)
     } else {
       CopyAsyncCommit();
     }
-    StoreQueryFragments(q4, qf);  // published by the loop's first barrier
+    StoreQueryFragments<kBf16Ops>(q4, qf);  // published by the loop's first barrier
   } else {
     // Tile 0 in flight while Q is staged; rows[] then holds tile 1's row offsets (one tile
     // ahead).
@@ -1273,13 +1428,22 @@ __global__ void __launch_bounds__(kMmaThreads, kKeys == 32 ? 2 : 1)
 #pragma unroll
       for (int i = 0; i < 2; ++i) {
         const int ks = ks2 + i;
-        const uint4 qh4 = qf[(ks * 2) * 32 + lane], ql4 = qf[(ks * 2 + 1) * 32 + lane];
-        const uint32_t qh[4] = {qh4.x, qh4.y, qh4.z, qh4.w};
-        const uint32_t ql[4] = {ql4.x, ql4.y, ql4.z, ql4.w};
+        if constexpr (kBf16Ops) {
+          const uint4 qh4 = qf[ks * 32 + lane];
+          const uint32_t qh[4] = {qh4.x, qh4.y, qh4.z, qh4.w};
 #pragma unroll
-        for (int n = 0; n < kWarpTiles; ++n) {
-          MmaBf16(sc[i * 2][n], qh, b[i][2 * n], b[i][2 * n + 1]);
-          MmaBf16(sc[i * 2 + 1][n], ql, b[i][2 * n], b[i][2 * n + 1]);
+          for (int n = 0; n < kWarpTiles; ++n) {
+            MmaBf16(sc[ks & 3][n], qh, b[i][2 * n], b[i][2 * n + 1]);
+          }
+        } else {
+          const uint4 qh4 = qf[(ks * 2) * 32 + lane], ql4 = qf[(ks * 2 + 1) * 32 + lane];
+          const uint32_t qh[4] = {qh4.x, qh4.y, qh4.z, qh4.w};
+          const uint32_t ql[4] = {ql4.x, ql4.y, ql4.z, ql4.w};
+#pragma unroll
+          for (int n = 0; n < kWarpTiles; ++n) {
+            MmaBf16(sc[i * 2][n], qh, b[i][2 * n], b[i][2 * n + 1]);
+            MmaBf16(sc[i * 2 + 1][n], ql, b[i][2 * n], b[i][2 * n + 1]);
+          }
         }
       }
     }
@@ -1332,24 +1496,35 @@ __global__ void __launch_bounds__(kMmaThreads, kKeys == 32 ? 2 : 1)
 #pragma unroll
     for (int n = 0; n < kWarpTiles; ++n) {
       const int kk = (key0 + 8 * n) / 16, half = ((key0 + 8 * n) / 8) % 2;
-      uint2 hi, lo;
-      SplitBf16(s[n][0], s[n][1], &hi.x, &lo.x);
-      SplitBf16(s[n][2], s[n][3], &hi.y, &lo.y);
-      reinterpret_cast<uint2*>(pf + (kk * 2) * 32 + lane)[half] = hi;
-      reinterpret_cast<uint2*>(pf + (kk * 2 + 1) * 32 + lane)[half] = lo;
+      if constexpr (kBf16Ops) {
+        const uint2 hi = make_uint2(Bf16x2Bits(__floats2bfloat162_rn(s[n][0], s[n][1])),
+                                    Bf16x2Bits(__floats2bfloat162_rn(s[n][2], s[n][3])));
+        reinterpret_cast<uint2*>(pf + kk * 32 + lane)[half] = hi;
+      } else {
+        uint2 hi, lo;
+        SplitBf16(s[n][0], s[n][1], &hi.x, &lo.x);
+        SplitBf16(s[n][2], s[n][3], &hi.y, &lo.y);
+        reinterpret_cast<uint2*>(pf + (kk * 2) * 32 + lane)[half] = hi;
+        reinterpret_cast<uint2*>(pf + (kk * 2 + 1) * 32 + lane)[half] = lo;
+      }
     }
     __syncthreads();
+    // Variants 8 and 9 skip the rescale when no row's maximum moved in this warp (alpha = 1
+    // exactly: the same bits), as it mostly does after the first tiles.
+    if (!kBf16Ops || __any_sync(0xffffffffu, alpha[0] != 1.0f || alpha[1] != 1.0f)) {
 #pragma unroll
-    for (int n = 0; n < kSplitNT; ++n) {
-      acc[n][0] *= alpha[0];
-      acc[n][1] *= alpha[0];
-      acc[n][2] *= alpha[1];
-      acc[n][3] *= alpha[1];
+      for (int n = 0; n < kSplitNT; ++n) {
+        acc[n][0] *= alpha[0];
+        acc[n][1] *= alpha[0];
+        acc[n][2] *= alpha[1];
+        acc[n][3] *= alpha[1];
+      }
     }
     // O[16 x this warp's 128 columns] += P V, V = the keys' latent part.
 #pragma unroll
     for (int kk = 0; kk < kPvSteps; ++kk) {
-      const uint4 ph4 = pf[(kk * 2) * 32 + lane], pl4 = pf[(kk * 2 + 1) * 32 + lane];
+      const uint4 ph4 = pf[(kk * kQParts) * 32 + lane];
+      const uint4 pl4 = kBf16Ops ? ph4 : pf[(kk * kQParts + 1) * 32 + lane];
       const uint32_t ph[4] = {ph4.x, ph4.y, ph4.z, ph4.w};
       const uint32_t pl[4] = {pl4.x, pl4.y, pl4.z, pl4.w};
 #pragma unroll
@@ -1360,9 +1535,9 @@ __global__ void __launch_bounds__(kMmaThreads, kKeys == 32 ? 2 : 1)
         LdMatrixX4<true>(b,
                          kc + (kk * 16 + (mat & 1) * 8 + mat_row) * kSplitLd + c0 + (mat >> 1) * 8);
         MmaBf16(acc[2 * np], ph, b[0], b[1]);
-        MmaBf16(acc[2 * np], pl, b[0], b[1]);
+        if constexpr (!kBf16Ops) MmaBf16(acc[2 * np], pl, b[0], b[1]);
         MmaBf16(acc[2 * np + 1], ph, b[2], b[3]);
-        MmaBf16(acc[2 * np + 1], pl, b[2], b[3]);
+        if constexpr (!kBf16Ops) MmaBf16(acc[2 * np + 1], pl, b[2], b[3]);
       }
     }
   }
@@ -1384,28 +1559,33 @@ __global__ void __launch_bounds__(kMmaThreads, kKeys == 32 ? 2 : 1)
 #pragma unroll
     for (int w = 0; w < kMmaWarps; ++w) total[r] += red_sum[w * kMmaHeads + g + 8 * r];
   }
+  if constexpr (kClusterMerge) {
+    ClusterMergeSplits(p, t, h0, split, num_splits, acc, run_max, total,
+                       reinterpret_cast<float*>(kbuf));
+  } else {
 #pragma unroll
-  for (int n = 0; n < kSplitNT; ++n) {
+    for (int n = 0; n < kSplitNT; ++n) {
 #pragma unroll
-    for (int e = 0; e < 4; ++e) {
-      const int h = h0 + g + (e >> 1) * 8, c = col0 + n * 8 + 2 * tq + (e & 1);
-      if (h >= p.num_heads) continue;
-      const int64_t th = t * p.num_heads + h;
-      if (num_splits == 1) {
-        p.out_latent[th * kSplitLatent + c] = acc[n][e] / total[e >> 1];
-      } else {
-        ws_out[(th * num_splits + split) * kSplitLatent + c] = acc[n][e];
+      for (int e = 0; e < 4; ++e) {
+        const int h = h0 + g + (e >> 1) * 8, c = col0 + n * 8 + 2 * tq + (e & 1);
+        if (h >= p.num_heads) continue;
+        const int64_t th = t * p.num_heads + h;
+        if (num_splits == 1) {
+          p.out_latent[th * kSplitLatent + c] = acc[n][e] / total[e >> 1];
+        } else {
+          ws_out[(th * num_splits + split) * kSplitLatent + c] = acc[n][e];
+        }
       }
     }
-  }
-  if (num_splits > 1 && warp == 0 && tq == 0) {
+    if (num_splits > 1 && warp == 0 && tq == 0) {
 #pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      const int h = h0 + g + r * 8;
-      if (h >= p.num_heads) continue;
-      float* ml = ws_ml + ((t * p.num_heads + h) * num_splits + split) * 2;
-      ml[0] = run_max[r] * 0.6931471805599453f;  // natural-log units
-      ml[1] = total[r];
+      for (int r = 0; r < 2; ++r) {
+        const int h = h0 + g + r * 8;
+        if (h >= p.num_heads) continue;
+        float* ml = ws_ml + ((t * p.num_heads + h) * num_splits + split) * 2;
+        ml[0] = run_max[r] * 0.6931471805599453f;  // natural-log units
+        ml[1] = total[r];
+      }
     }
   }
 }
@@ -1493,38 +1673,93 @@ struct GroupedPlan {
   size_t smem = 0;
   bool mma = false;
   bool key_split = false;  // MlaBf16KeySplitKernel
+  bool bf16_ops = false;   // variants 8 and 9: Q and P rounded to bf16
+  int cluster = 0;         // variant 9's cluster merge: blocks per cluster (= splits), else 0
   int num_groups = 0;
   int num_splits = 0;
   size_t workspace_bytes = 0;
 };
 
 // MlaAttentionParams::mma_variant of the key-split kernels: MlaBf16KeySplitKernel<64, false>
-// (one block per SM), <32, false> (two) and <32, true> (two, the shorter start-up).
+// (one block per SM), <32, false> (two), <32, true> (two, the shorter start-up), <32, true,
+// true> (7 with bf16 Q and P) and variant 9 (8 with the cluster merge where the split count
+// allows it, else 8).
 constexpr int kKeySplitVariant = kMmaVariants + 1;
 constexpr int kKeySplit32Variant = kMmaVariants + 2;
 constexpr int kKeySplitFastVariant = kMmaVariants + 3;
-static_assert(kKeySplitFastVariant == kMaxMlaMmaVariant, "mla_attention.h documents the variants");
+constexpr int kKeySplitBf16Variant = kMmaVariants + 4;
+constexpr int kKeySplitClusterVariant = kMmaVariants + 5;
+static_assert(kKeySplitClusterVariant == kMaxMlaMmaVariant,
+              "mla_attention.h documents the variants");
 int KeySplitKeys(int variant) { return variant == kKeySplitVariant ? 64 : 32; }
-bool KeySplitFastStart(int variant) { return variant == kKeySplitFastVariant; }
+bool KeySplitFastStart(int variant) { return variant >= kKeySplitFastVariant; }
+bool KeySplitBf16Ops(int variant) { return variant >= kKeySplitBf16Variant; }
 
 GroupedKernelFn KeySplitKernelFor(int variant) {
   if (variant == kKeySplitVariant) return MlaBf16KeySplitKernel<64, false>;
   if (variant == kKeySplit32Variant) return MlaBf16KeySplitKernel<32, false>;
+  if (variant >= kKeySplitBf16Variant) return MlaBf16KeySplitKernel<32, true, true>;
   return MlaBf16KeySplitKernel<32, true>;
 }
+constexpr GroupedKernelFn kClusterMergeKernel = MlaBf16KeySplitKernel<32, true, true, true>;
 
-// The variant used when MlaAttentionParams::mma_variant is 0: the 32-key key-split kernel with
-// the short start-up (variant 7), the fastest measured on the H200 at 1, 64, 128 and 256 decode
-// tokens and 128 x 4096 (docs/cuda.md); shapes it does not take run variant 4.
-constexpr int kDefaultMmaVariant = kKeySplitFastVariant;
+// Whether variant 9's cluster kernel runs clusters of `splits` blocks on this device (sm_90
+// code, cluster launch, at least one such cluster schedulable); once per (splits, device).
+cudaError_t ClusterMergeRuns(int splits, int device, bool* out) {
+  static std::mutex mu;
+  static std::map<std::pair<int, int>, bool>* cache = new std::map<std::pair<int, int>, bool>();
+  std::lock_guard<std::mutex> lock(mu);
+  const auto key = std::make_pair(splits, device);
+  auto it = cache->find(key);
+  if (it != cache->end()) {
+    *out = it->second;
+    return cudaSuccess;
+  }
+  const size_t smem = SplitSmemBytes(32, true, true);
+  const KernelFacts k =
+      KernelFactsFor(reinterpret_cast<const void*>(kClusterMergeKernel), device, kAllSharedMemory);
+  if (k.error != cudaSuccess) return k.error;
+  int cluster_launch = 0;
+  cudaError_t e = cudaDeviceGetAttribute(&cluster_launch, cudaDevAttrClusterLaunch, device);
+  if (e != cudaSuccess) return e;
+  bool runs = cluster_launch != 0 && k.ptx_version >= 90 && static_cast<size_t>(k.max_smem) >= smem;
+  if (runs) {
+    cudaLaunchConfig_t c = {};
+    cudaLaunchAttribute attr;
+    c.gridDim = dim3(static_cast<unsigned>(splits), 1, 1);
+    c.blockDim = dim3(kMmaThreads, 1, 1);
+    c.dynamicSmemBytes = smem;
+    attr.id = cudaLaunchAttributeClusterDimension;
+    attr.val.clusterDim.x = static_cast<unsigned>(splits);
+    attr.val.clusterDim.y = 1;
+    attr.val.clusterDim.z = 1;
+    c.attrs = &attr;
+    c.numAttrs = 1;
+    int n = 0;
+    e = cudaOccupancyMaxActiveClusters(&n, kClusterMergeKernel, &c);
+    if (e != cudaSuccess) {
+      cudaGetLastError();
+      n = 0;  // cannot schedule it: variant 8 instead
+    }
+    runs = n > 0;
+  }
+  cache->emplace(key, runs);
+  *out = runs;
+  return cudaSuccess;
+}
+
+// The variant used when MlaAttentionParams::mma_variant is 0: variant 9 (bf16 operands, the
+// cluster merge; docs/cuda.md); shapes it does not take run variant 4.
+constexpr int kDefaultMmaVariant = kKeySplitClusterVariant;
 
 // True when a key-split kernel of kKeys-key tiles takes these params (given the device's
 // shared-memory limit): bf16 cache of latent 512 + rope 64, 16-byte aligned (whole-row cp.async
 // copies).
-bool KeySplitFits(const MlaAttentionParams& p, int keys, bool fast_start, int max_smem) {
+bool KeySplitFits(const MlaAttentionParams& p, int keys, bool fast_start, bool bf16_ops,
+                  int max_smem) {
   return IsBf16(p) && p.cache.latent_dim == kSplitLatent && p.cache.rope_dim == kSplitRope &&
          reinterpret_cast<uintptr_t>(p.cache.cache) % 16 == 0 &&
-         SplitSmemBytes(keys, fast_start) <= static_cast<size_t>(max_smem);
+         SplitSmemBytes(keys, fast_start, bf16_ops) <= static_cast<size_t>(max_smem);
 }
 
 cudaError_t PlanGrouped(const MlaAttentionParams& p, GroupedPlan* plan) {
@@ -1543,6 +1778,7 @@ cudaError_t PlanGrouped(const MlaAttentionParams& p, GroupedPlan* plan) {
   const bool key_split = variant >= kKeySplitVariant;
   const int keys = KeySplitKeys(variant);
   const bool fast_start = KeySplitFastStart(variant);
+  const bool bf16_ops = KeySplitBf16Ops(variant);
   GroupedKernelFn mma_kernel =
       key_split ? KeySplitKernelFor(variant) : MmaKernelFor(p.cache.latent_dim, variant);
   if (key_split) {
@@ -1550,17 +1786,18 @@ cudaError_t PlanGrouped(const MlaAttentionParams& p, GroupedPlan* plan) {
     KernelFacts facts;
     e = FactsFor(mma_kernel, device, &facts);
     if (e != cudaSuccess) return e;
-    if (!KeySplitFits(p, keys, fast_start, facts.max_smem)) {
+    if (!KeySplitFits(p, keys, fast_start, bf16_ops, facts.max_smem)) {
       variant = 4;
       mma_kernel = MmaKernelFor(p.cache.latent_dim, variant);
     }
   }
   plan->mma = UseMma(p, mma_kernel, device);
   plan->key_split = plan->mma && variant >= kKeySplitVariant;
+  plan->bf16_ops = plan->key_split && bf16_ops;
   if (plan->mma) {
     plan->kernel = mma_kernel;
     plan->threads = kMmaThreads;
-    plan->smem = plan->key_split ? SplitSmemBytes(keys, fast_start)
+    plan->smem = plan->key_split ? SplitSmemBytes(keys, fast_start, bf16_ops)
                                  : MmaSmemBytes(kMmaShapes[variant - 1], dim);
   } else {
     plan->kernel = IsBf16(p) ? GroupedKernelFor<__nv_bfloat16>(p.cache.latent_dim)
@@ -1583,6 +1820,21 @@ cudaError_t PlanGrouped(const MlaAttentionParams& p, GroupedPlan* plan) {
     const int64_t slots = static_cast<int64_t>(facts.sms) * (per_sm > 0 ? per_sm : 1);
     const int64_t want = blocks >= slots ? 1 : slots / blocks;
     plan->num_splits = static_cast<int>(want < kMaxMlaSplits ? want : kMaxMlaSplits);
+  }
+  // Variant 9: the splits of a (token, group) merge in a cluster, without the workspace (the
+  // merge stores float4s of the output).
+  if (plan->key_split && variant == kKeySplitClusterVariant && plan->num_splits >= 2 &&
+      plan->num_splits <= kMlaClusterMergeMaxSplits &&
+      reinterpret_cast<uintptr_t>(p.out_latent) % 16 == 0) {
+    bool runs = false;
+    e = ClusterMergeRuns(plan->num_splits, device, &runs);
+    if (e != cudaSuccess) return e;
+    if (runs) {
+      plan->kernel = kClusterMergeKernel;
+      plan->cluster = plan->num_splits;
+      plan->workspace_bytes = 0;
+      return cudaSuccess;
+    }
   }
   plan->workspace_bytes = plan->num_splits == 1
                               ? 0
@@ -1628,9 +1880,15 @@ cudaError_t MlaAttentionPerHeadF32(const MlaAttentionParams& params, cudaStream_
 const char* MlaAttentionKernelName(const MlaAttentionParams& params) {
   GroupedPlan plan;
   if (PlanGrouped(params, &plan) != cudaSuccess) return "invalid";
+  if (plan.cluster > 0) return "mma_bf16_key_split_cluster";
   if (plan.key_split) return "mma_bf16_key_split";
   if (plan.mma) return "mma_bf16";
   return IsBf16(params) ? "grouped_bf16" : "grouped_f32";
+}
+
+bool MlaAttentionBf16Operands(const MlaAttentionParams& params) {
+  GroupedPlan plan;
+  return PlanGrouped(params, &plan) == cudaSuccess && plan.bf16_ops;
 }
 
 cudaError_t MlaAttentionWorkspaceBytes(const MlaAttentionParams& params, size_t* bytes) {
@@ -1669,6 +1927,23 @@ cudaError_t MlaAttentionF32(const MlaAttentionParams& params, cudaStream_t strea
   // fp32 rows: whole float4s; bf16 rows (tensor-core kernel): whole 8-element pieces. The
   // CUDA-core kernel widens bf16 with plain loads.
   const bool vec_loads = aligned16 && (plan.mma ? dim % 8 == 0 : !IsBf16(params) && dim % 4 == 0);
+  if (plan.cluster > 0) {
+    // Variant 9: clusters of plan.cluster blocks merge their splits themselves (no combine).
+    cudaLaunchConfig_t c = {};
+    cudaLaunchAttribute attr;
+    c.gridDim = dim3(static_cast<unsigned>(blocks), 1, 1);
+    c.blockDim = dim3(static_cast<unsigned>(plan.threads), 1, 1);
+    c.dynamicSmemBytes = plan.smem;
+    c.stream = stream;
+    attr.id = cudaLaunchAttributeClusterDimension;
+    attr.val.clusterDim.x = static_cast<unsigned>(plan.cluster);
+    attr.val.clusterDim.y = 1;
+    attr.val.clusterDim.z = 1;
+    c.attrs = &attr;
+    c.numAttrs = 1;
+    return cudaLaunchKernelEx(&c, plan.kernel, params, plan.num_groups, plan.num_splits, vec_loads,
+                              static_cast<float*>(nullptr), static_cast<float*>(nullptr));
+  }
   plan.kernel<<<static_cast<unsigned>(blocks), plan.threads, plan.smem, stream>>>(
       params, plan.num_groups, plan.num_splits, vec_loads, ws_out, ws_ml);
   e = cudaGetLastError();

@@ -63,9 +63,13 @@ struct MlaAttentionParams {
   // and owning a quarter of the output columns, 1 block per SM; 6: 5 with 32-key tiles, 2
   // blocks per SM; 7: 6 with a shorter start-up (Q loaded with 16-byte loads before the first
   // tiles' copies, which are both in flight before Q is converted; the split's block-table
-  // entries in shared memory); 5, 6 and 7 take latent 512 + rope 64 only, other shapes run 4;
-  // mla_attention.cu); 0 = the default (7, else 4 for shapes 7 does not take: the fastest
-  // measured on the H200, docs/cuda.md). Tests, the benchmark and
+  // entries in shared memory); 8: 7 with bf16 Q and P (one MMA per product instead of the hi +
+  // lo pair: the scores carry Q's bf16 rounding, the output P's; MlaAttentionBf16Operands);
+  // 9: 8 whose 2-3 splits (kMlaClusterMergeMaxSplits) of a (token, head group) run as one
+  // thread-block cluster and merge in distributed shared memory (no workspace, no combine
+  // kernel; other split counts, or a device without clusters, run 8); 5-9 take latent 512 +
+  // rope 64 only, other shapes run 4; mla_attention.cu); 0 = the default (9, else 4 for shapes
+  // 9 does not take: the fastest measured on the H200, docs/cuda.md). Tests, the benchmark and
   // CudaBackend::SetMlaDecodeVariant set it.
   int32_t mma_variant = 0;
 };
@@ -80,7 +84,11 @@ cudaError_t WriteLatentCacheF32(int64_t tokens, const float* latent, int64_t ld_
 // The largest num_splits MlaAttentionF32 accepts.
 constexpr int32_t kMaxMlaSplits = 64;
 // The largest MlaAttentionParams::mma_variant.
-constexpr int32_t kMaxMlaMmaVariant = 7;
+constexpr int32_t kMaxMlaMmaVariant = 9;
+// Variant 9 merges its splits in a thread-block cluster at 2 to this many splits (clusters of 4
+// measured slower than variant 8's workspace + combine on the H200, docs/cuda.md); other split
+// counts run variant 8.
+constexpr int32_t kMlaClusterMergeMaxSplits = 3;
 
 // out[t, h] = sum_j softmax_j(scale * (q_latent[t,h]·c_j + q_rope[t,h]·k_j)) c_j over the
 // first context_len[t] entries of the token's sequence. cudaErrorInvalidValue if latent_dim
@@ -90,10 +98,16 @@ cudaError_t MlaAttentionF32(const MlaAttentionParams& params, cudaStream_t strea
 
 // Which kernel MlaAttentionF32 runs for these params on the current device: "mma_bf16" (bf16
 // cache, latent_dim <= 512, latent_dim + rope_dim <= 640, a GPU with bf16 tensor cores),
-// "mma_bf16_key_split" (the same, variants 5, 6 and 7's kernel: latent 512 + rope 64, a 16-byte
-// aligned cache), "grouped_bf16" (other bf16 shapes: CUDA cores, keys widened to fp32 in shared
-// memory), "grouped_f32", or "invalid". For tests and the benchmark.
+// "mma_bf16_key_split" (the same, variants 5-9's kernel: latent 512 + rope 64, a 16-byte
+// aligned cache), "mma_bf16_key_split_cluster" (variant 9 with its cluster merge: 2-3 splits,
+// sm_90, a 16-byte aligned out_latent), "grouped_bf16" (other bf16 shapes: CUDA cores, keys
+// widened to fp32 in shared memory), "grouped_f32", or "invalid". For tests and the benchmark.
 const char* MlaAttentionKernelName(const MlaAttentionParams& params);
+
+// True when MlaAttentionF32 runs these params with Q and P rounded to bf16 (variants 8 and 9's
+// key-split kernel; false for invalid params): its results then match a reference over Q
+// rounded to bf16 to within P's rounding, 2^-9 * max |latent| per output element (tests).
+bool MlaAttentionBf16Operands(const MlaAttentionParams& params);
 
 // Bytes of workspace MlaAttentionF32 needs for these params on the current device (0 when it
 // runs without splitting). Reads the device's SM count when params.num_splits is 0.

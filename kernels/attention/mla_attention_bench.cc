@@ -169,10 +169,11 @@ void Run(const Batch& batch) {
     cudaStream_t stream;
     BENCH_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
     // (variant, forced split count or 0): 4 (the lean chunked kernel), 6 (the 32-key key-split
-    // kernel, the default) and 7 (6 with the shorter start-up) at their automatic split counts;
-    // 6 and 7 also at forced ones (few tokens: fewer splits than the automatic 64).
-    std::vector<std::pair<int, int>> runs = {{4, 0}, {6, 0}, {7, 0}};
-    for (int variant : {6, 7}) {
+    // kernel), 7 (6 with the shorter start-up), 8 (7 with bf16 Q and P) and 9 (8 with the
+    // cluster merge, the default) at their automatic split counts; 7, 8 and 9 also at forced
+    // ones (few tokens: fewer splits than the automatic 64).
+    std::vector<std::pair<int, int>> runs = {{4, 0}, {6, 0}, {7, 0}, {8, 0}, {9, 0}};
+    for (int variant : {7, 8, 9}) {
       for (int splits :
            tokens < 16 ? std::vector<int>{4, 8, 16, 32} : std::vector<int>{1, 2, 3, 4}) {
         runs.emplace_back(variant, splits);
@@ -201,8 +202,20 @@ void Run(const Batch& batch) {
       BENCH_CUDA(cudaEventSynchronize(e1));
       float total = 0;
       BENCH_CUDA(cudaEventElapsedTime(&total, e0, e1));
-      const std::string name = "mma v" + std::to_string(variant) + " graph";
-      report(name.c_str(), 2, splits_of(ws_v), total / (kGraphCalls * kGraphReplays));
+      // The cluster merge has no workspace: its split count is variant 8's.
+      const bool cluster =
+          std::string(kernels::MlaAttentionKernelName(pv)) == "mma_bf16_key_split_cluster";
+      int shown_splits = splits_of(ws_v);
+      if (cluster) {
+        kernels::MlaAttentionParams p8 = pv;
+        p8.mma_variant = 8;
+        size_t ws8 = 0;
+        BENCH_CUDA(kernels::MlaAttentionWorkspaceBytes(p8, &ws8));
+        shown_splits = splits_of(ws8);
+      }
+      const std::string name =
+          "mma v" + std::to_string(variant) + (cluster ? " cl graph" : " graph");
+      report(name.c_str(), 2, shown_splits, total / (kGraphCalls * kGraphReplays));
       BENCH_CUDA(cudaEventDestroy(e0));
       BENCH_CUDA(cudaEventDestroy(e1));
       BENCH_CUDA(cudaGraphExecDestroy(exec));

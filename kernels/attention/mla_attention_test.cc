@@ -7,10 +7,12 @@
 // splits); every pipeline shape of the tensor-core kernel (variant 7, the key-split kernel's
 // shorter start-up, included: its shared block-table copy and, past 256 blocks per split, its
 // global fallback); every case with an fp32 and with a bf16 cache (the CPU reference reads the
-// same bf16 values).
+// same bf16 values). Variants 8 and 9 (bf16 Q and P; 9 merging its splits in a thread-block
+// cluster) against a reference over Q rounded to bf16, within P's rounding bound.
 #include "kernels/attention/mla_attention.h"
 
 #include <algorithm>
+#include <cmath>
 #include <iostream>
 #include <numeric>
 #include <ostream>
@@ -48,6 +50,15 @@ void PrintTo(const Case& c, std::ostream* os) { *os << c.name; }
 // few 1e-5; dropping the lo halves (plain bf16 operands) gives errors near 1e-2, far outside.
 constexpr double kF32Atol = 2e-5, kF32Rtol = 1e-4;
 constexpr double kBf16Atol = 1e-4, kBf16Rtol = 5e-4;
+
+// Variants 8 and 9 (MlaAttentionBf16Operands) round Q and P to bf16 (nearest even) before the
+// MMAs. Against the CPU reference run on the same Q rounded to bf16 (so the scores agree as for
+// the hi + lo kernels, within kBf16Atol / kBf16Rtol), what remains is P's rounding in the
+// numerator of out = sum_j p_j v_j / sum_j p_j (the denominator sums the unrounded fp32 p_j):
+// p'_j = p_j (1 + e_j), |e_j| <= 2^-9, so |out' - out| <= 2^-9 sum_j p_j |v_j| / sum_j p_j
+// <= 2^-9 max_j |v_j| (v: the cached latents). The split merge rescales fp32 partials and adds
+// nothing of this order. A wrong key, weight or column moves outputs by ~0.1-1 (N(0, 1) data).
+double Bf16OperandsAtol(double max_abs_latent) { return max_abs_latent / 512.0 + kBf16Atol; }
 
 class MlaAttentionKernelTest
     : public ::testing::TestWithParam<std::tuple<Case, kernels::LatentCacheType>> {};
@@ -124,6 +135,30 @@ TEST_P(MlaAttentionKernelTest, MatchesCpuBackend) {
   std::vector<float> want(tokens * s.heads * s.latent);
   a.out_latent = want.data();
   cpu.MlaAttention(a);
+  // The reference of the bf16-operand variants (8, 9; the key-split shape with a bf16 cache):
+  // the same attention over Q rounded to bf16, and the bound of P's rounding (above).
+  const bool key_split_shape = s.latent == 512 && s.rope == 64;
+  std::vector<float> want_bf16_q;
+  double bf16_ops_atol = 0.0;
+  if (bf16 && key_split_shape) {
+    std::vector<float> q_latent16(q_latent), q16(q);
+    for (float& x : q_latent16) x = RoundToBf16(x);
+    for (float& x : q16) x = RoundToBf16(x);
+    MlaAttentionArgs a16 = a;
+    a16.q_latent = q_latent16.data();
+    a16.q_rope = q16.data() + s.nope;
+    want_bf16_q.resize(want.size());
+    a16.out_latent = want_bf16_q.data();
+    cpu.MlaAttention(a16);
+    double max_abs = 0.0;
+    for (int64_t t = 0; t < cached; ++t) {
+      for (int64_t i = 0; i < s.latent; ++i) {
+        max_abs = std::max<double>(max_abs,
+                                   std::fabs(Bf16BitsToFloat(cache_cpu16[slots[t] * entry + i])));
+      }
+    }
+    bf16_ops_atol = Bf16OperandsAtol(max_abs);
+  }
 
   DeviceArray<float> dkv(kv), dql(q_latent), dq(q), dcache(cache_elems), dout(want.size());
   DeviceArray<uint16_t> dcache16(cache_elems);
@@ -173,11 +208,12 @@ TEST_P(MlaAttentionKernelTest, MatchesCpuBackend) {
   p.num_splits = s.num_splits;
   const std::string kernel = kernels::MlaAttentionKernelName(p);
   // The tensor-core kernel must be the one tested wherever its shape limits allow it; by
-  // default the key-split one for latent 512 + rope 64.
-  const bool key_split_shape = s.latent == 512 && s.rope == 64;
-  if (bf16) {
-    EXPECT_EQ(kernel, key_split_shape ? "mma_bf16_key_split"
-                      : s.latent <= 512 && (s.latent + s.rope + 15) / 16 * 16 <= 640
+  // default the key-split one for latent 512 + rope 64 (variant 9: with the cluster merge at
+  // 2-3 splits).
+  if (bf16 && key_split_shape) {
+    EXPECT_TRUE(kernel == "mma_bf16_key_split" || kernel == "mma_bf16_key_split_cluster") << kernel;
+  } else if (bf16) {
+    EXPECT_EQ(kernel, s.latent <= 512 && (s.latent + s.rope + 15) / 16 * 16 <= 640
                           ? "mma_bf16"
                           : "grouped_bf16");
   } else {
@@ -187,28 +223,70 @@ TEST_P(MlaAttentionKernelTest, MatchesCpuBackend) {
   // fp32 online softmax vs the reference's double accumulation.
   // Every pipeline shape of the tensor-core kernel (0: the default), with the workspace
   // allocated inside.
+  // Variant 8's split count (the automatic one or the case's): variant 9 merges 2 to
+  // kMlaClusterMergeMaxSplits splits in a cluster on sm_90.
+  int splits8 = 1;
+  if (bf16 && key_split_shape) {
+    p.mma_variant = 8;
+    size_t bytes8 = 0;
+    DEEPINFER_CUDA_OK(kernels::MlaAttentionWorkspaceBytes(p, &bytes8));
+    splits8 = bytes8 == 0 ? 1
+                          : static_cast<int>(bytes8 / (static_cast<size_t>(tokens) * s.heads *
+                                                       (s.latent + 2) * sizeof(float)));
+  }
+  int device = 0, cc_major = 0;
+  DEEPINFER_CUDA_OK(cudaGetDevice(&device));
+  DEEPINFER_CUDA_OK(cudaDeviceGetAttribute(&cc_major, cudaDevAttrComputeCapabilityMajor, device));
+  // The reference and tolerances of the variant p.mma_variant runs.
+  auto reference = [&]() -> std::tuple<const std::vector<float>*, double, double> {
+    if (kernels::MlaAttentionBf16Operands(p)) {
+      EXPECT_FALSE(want_bf16_q.empty()) << "bf16 operands outside the key-split shape";
+      return {&want_bf16_q, bf16_ops_atol, kBf16Rtol};
+    }
+    return {&want, atol, rtol};
+  };
   for (int variant = 0; variant <= (bf16 ? kernels::kMaxMlaMmaVariant : 0); ++variant) {
     SCOPED_TRACE(::testing::Message() << "MlaAttentionF32, mma_variant " << variant);
     p.mma_variant = variant;
     if (bf16 && variant >= 5) {  // the key-split kernels; other shapes run variant 4
-      EXPECT_STREQ(kernels::MlaAttentionKernelName(p),
-                   key_split_shape ? "mma_bf16_key_split" : kernel.c_str());
+      const bool cluster = variant == 9 && splits8 >= 2 &&
+                           splits8 <= kernels::kMlaClusterMergeMaxSplits && cc_major >= 9;
+      EXPECT_STREQ(kernels::MlaAttentionKernelName(p), !key_split_shape ? kernel.c_str()
+                                                       : cluster ? "mma_bf16_key_split_cluster"
+                                                                 : "mma_bf16_key_split");
+      EXPECT_EQ(kernels::MlaAttentionBf16Operands(p), key_split_shape && variant >= 8);
     }
+    const auto [ref, v_atol, v_rtol] = reference();
     dout.Poison();
     DEEPINFER_CUDA_OK(kernels::MlaAttentionF32(p, nullptr));
     DEEPINFER_CUDA_OK(dout.Download(&got));
-    const ::testing::AssertionResult close = AllClose(got, want, atol, rtol);
+    const ::testing::AssertionResult close = AllClose(got, *ref, v_atol, v_rtol);
     EXPECT_TRUE(close);
-    std::cout << "[mla-attention] " << s.name << " " << kernel << " variant " << variant << ": "
-              << close.message() << "\n";
+    std::cout << "[mla-attention] " << s.name << " " << kernels::MlaAttentionKernelName(p)
+              << " variant " << variant << " (atol " << v_atol << "): " << close.message() << "\n";
+    if (kernels::MlaAttentionBf16Operands(p)) {
+      // How far the bf16 operands move the output from the exact-Q reference (reported, not
+      // bounded: Q's rounding moves the scores by up to ~2^-9 of sum |q k|).
+      double worst = 0.0;
+      for (size_t i = 0; i < got.size(); ++i) {
+        worst = std::max(worst, std::fabs(static_cast<double>(got[i]) - want[i]));
+      }
+      std::cout << "[mla-attention]   vs the unrounded-Q reference: max abs diff " << worst << "\n";
+    }
   }
   p.mma_variant = 0;
   {
     SCOPED_TRACE("MlaAttentionF32, caller's workspace");
     size_t bytes = 0;
     DEEPINFER_CUDA_OK(kernels::MlaAttentionWorkspaceBytes(p, &bytes));
-    if (s.num_splits > 1) {
+    // The default's cluster merge (variant 9) needs no workspace.
+    const bool cluster =
+        std::string(kernels::MlaAttentionKernelName(p)) == "mma_bf16_key_split_cluster";
+    if (s.num_splits > 1 && !cluster) {
       EXPECT_GT(bytes, 0u);
+    }
+    if (cluster) {
+      EXPECT_EQ(bytes, 0u);
     }
     DeviceArray<float> ws(bytes / sizeof(float));
     ws.Poison();  // partial results must all be written before the combine reads them
@@ -217,7 +295,8 @@ TEST_P(MlaAttentionKernelTest, MatchesCpuBackend) {
     dout.Poison();
     DEEPINFER_CUDA_OK(kernels::MlaAttentionF32(p, nullptr));
     DEEPINFER_CUDA_OK(dout.Download(&got));
-    EXPECT_TRUE(AllClose(got, want, atol, rtol));
+    const auto [ref, v_atol, v_rtol] = reference();
+    EXPECT_TRUE(AllClose(got, *ref, v_atol, v_rtol));
     if (bytes > 0) {
       p.workspace_bytes = bytes - 1;
       EXPECT_EQ(kernels::MlaAttentionF32(p, nullptr), cudaErrorInvalidValue);

@@ -377,6 +377,9 @@ TEST(CudaBackendMlaAttentionTest, PicksThePathPerSequence) {
       auto gpu_or = CudaBackend::Create(0, dtype);
       ASSERT_TRUE(gpu_or.ok()) << gpu_or.status();
       CudaBackend& gpu = **gpu_or;
+      // The decode kernel with Q and P as bf16 hi + lo pairs (variant 7; the default rounds
+      // them to bf16, mla_attention_test): this test is about which path each span takes.
+      ASSERT_TRUE(gpu.SetMlaDecodeVariant(7).ok());
       DeviceArray<float> dcache(pr.cache), dql(pr.q_latent), dq(pr.q), dout(pr.want.size());
       DeviceArray<int32_t> dtables(pr.tables), dseq(pr.token_seq), dlen(pr.context_len);
       DeviceArray<uint16_t> dcache_b(cache_bits);

@@ -112,7 +112,8 @@ int main(int argc, char** argv) {
                "(0: never, for a before/after comparison; -1: the backend's default).");
   flags.AddInt("mla-decode-variant", &config.mla_decode_variant,
                "CUDA: the MLA decode attention kernel's variant (kernels::MlaAttentionParams::\n"
-               "mma_variant: 6 the 32-key key-split kernel, 7 it with the shorter start-up, ...;\n"
+               "mma_variant: 6 the 32-key key-split kernel, 7 it with the shorter start-up, 8 7\n"
+               "with bf16 Q and P, 9 8 with the split merge in a thread-block cluster, ...;\n"
                "0: the kernel's default).");
   flags.AddBool("gemm-autotune", &config.gemm_autotune,
                 "CUDA, bf16: GEMMs from CudaBackend::kGemmAutotuneMinRows rows through\n"

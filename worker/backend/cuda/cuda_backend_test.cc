@@ -1573,7 +1573,10 @@ TEST_F(CudaBackendTest, SetMlaDecodeVariantRejectsUnknownVariants) {
 }
 
 // Decode attention (bf16 cache, Moonlight's 16 heads of latent 512 + rope 64, shuffled blocks of
-// 16) at every SetMlaDecodeVariant value against CpuBackend over the same cache values.
+// 16) at every SetMlaDecodeVariant value against CpuBackend over the same cache values; the
+// variants with bf16 Q and P (kernels::MlaAttentionBf16Operands: 8, 9 and the default) against
+// CpuBackend over Q rounded to bf16, within P's rounding bound 2^-9 max |latent|
+// (kernels/attention/mla_attention_test.cc derives it).
 TEST_F(CudaBackendTest, MlaDecodeMatchesCpuAtEveryVariant) {
   constexpr int32_t kHeads = 16, kLatent = 512, kRope = 64, kBlock = 16, kEntry = kLatent + kRope;
   const std::vector<int32_t> lens = {37, 300, 1};
@@ -1619,6 +1622,21 @@ TEST_F(CudaBackendTest, MlaDecodeMatchesCpuAtEveryVariant) {
   std::vector<float> want(tokens * kHeads * kLatent);
   a.out_latent = want.data();
   cpu_.MlaAttention(a);
+  std::vector<float> q_latent16(q_latent), q_rope16(q_rope);
+  for (float& x : q_latent16) x = RoundToBf16(x);
+  for (float& x : q_rope16) x = RoundToBf16(x);
+  MlaAttentionArgs a16 = a;
+  a16.q_latent = q_latent16.data();
+  a16.q_rope = q_rope16.data();
+  std::vector<float> want16(want.size());
+  a16.out_latent = want16.data();
+  cpu_.MlaAttention(a16);
+  double max_latent = 0.0;
+  for (int64_t t = 0; t < cached; ++t) {
+    for (int32_t i = 0; i < kLatent; ++i) {
+      max_latent = std::max<double>(max_latent, std::fabs(RoundToBf16(kv[t * kEntry + i])));
+    }
+  }
 
   DeviceMla device = UploadMla(a, cached, kv, slots, tables, token_seq, context_len, q_latent,
                                q_rope, cache_elems);
@@ -1629,8 +1647,18 @@ TEST_F(CudaBackendTest, MlaDecodeMatchesCpuAtEveryVariant) {
     auto out = Poisoned(want.size());
     g.out_latent = out->as<float>();
     gpu_->MlaAttention(g);
-    // Q and P as bf16 hi + lo pairs on tensor cores (kernels/attention/mla_attention_test).
-    EXPECT_TRUE(AllClose(Download(*out), want, 1e-4, 5e-4));
+    kernels::MlaAttentionParams kp;  // the shape, to ask which operands the variant uses
+    kp.num_tokens = static_cast<int32_t>(tokens);
+    kp.num_heads = kHeads;
+    kp.cache = {g.cache.cache, kBlock, kLatent, kRope, kernels::LatentCacheType::kBFloat16};
+    kp.out_latent = g.out_latent;
+    kp.mma_variant = variant;
+    if (kernels::MlaAttentionBf16Operands(kp)) {
+      EXPECT_TRUE(AllClose(Download(*out), want16, max_latent / 512.0 + 1e-4, 5e-4));
+    } else {
+      // Q and P as bf16 hi + lo pairs on tensor cores (kernels/attention/mla_attention_test).
+      EXPECT_TRUE(AllClose(Download(*out), want, 1e-4, 5e-4));
+    }
   }
   EXPECT_TRUE(gpu_->status().ok()) << gpu_->status();
 }
@@ -1705,7 +1733,9 @@ TEST_F(CudaBackendTest, OneTokenDecodeKernelFollowsTheContextOrItsHint) {
     return Download(*out);
   };
   // The references: the key-split kernel with the one-launch kernel off, and the one-launch
-  // kernel for any context.
+  // kernel for any context. Variant 7 (fp32-grade Q and P, as MlaDecodeSmall) for the tight
+  // tolerance below: this test is about which kernel runs.
+  ASSERT_TRUE(gpu_->SetMlaDecodeVariant(7).ok());
   gpu_->SetMlaDecodeSmall(false);
   const std::vector<float> key_split = run(&span, 0);
   gpu_->SetMlaDecodeSmall(true);
