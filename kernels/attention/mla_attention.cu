@@ -28,7 +28,7 @@
 // 128 x 1024 decode, bound by instruction issue, not by memory: ncu counts ~1,900 instructions
 // per warp per 32-key chunk at 6.1 cycles each (2 warps per scheduler), and a block alone on
 // the GPU still takes 5 us per chunk (docs/cuda.md). Per chunk of keys (bf16 rows in shared
-// memory, cp.async ring, MmaShape; default 32 keys double-buffered) the scores
+// memory, double-buffered cp.async ring of 32-key chunks) the scores
 // S[16 heads x 32 keys] = Q K^T and the update O[16 x latent] += P V run as bf16
 // mma.sync.m16n8k16 with fp32 accumulation. Both fp32 operands (Q and P) are split into bf16
 // hi + lo parts (x - hi is exactly representable to 8 more bits), so each product is
@@ -580,36 +580,27 @@ constexpr int kMmaMaxKSteps = kMmaMaxDim / 16 / kMmaWarps;  // score k-steps per
 // plus 8 so that the 8 rows an ldmatrix reads start in different bank groups.
 __host__ __device__ __forceinline__ int MmaRowStride(int dim) { return (dim + 15) / 16 * 16 + 8; }
 
-// Pipeline shapes of the tensor-core kernel: keys per shared-memory chunk (a multiple of 16:
-// kKeys / 8 score n-tiles, kKeys / 16 P·V k-steps), chunks in the ring (kStages - 1 in flight
-// while one is computed) and blocks per SM the shared memory is sized for.
-// lean: fewer instructions per chunk, the kernel's bound (docs/cuda.md): each key row is copied
-// by kMmaThreads / keys threads at fixed offsets (no division or 64-bit address per 16-byte
+// Pipeline shape of the tensor-core kernel (mma_variant 4, the fallback of the key-split
+// kernels): 32-key shared-memory chunks (4 score n-tiles, 2 P·V k-steps), double-buffered
+// (kMmaStages - 1 chunks in flight while one is computed), shared memory sized for 2 blocks per
+// SM. Its instruction count per chunk is the kernel's bound (docs/cuda.md; deeper rings and
+// 16-key chunks, the removed variants 1-3, measured slower): each key row is copied by
+// kMmaThreads / kMmaKeys threads at fixed offsets (no division or 64-bit address per 16-byte
 // piece), and the softmax runs in base 2 (exp2f, log2 e folded into the score scale; the
-// workspace's maxima are stored in natural-log units as without it).
-struct MmaShape {
-  int keys, stages, min_blocks;
-  bool lean;
-};
-// Measured on the H200 at 128 x 1024 decode (docs/cuda.md): 0.141, 0.170 and 0.119 ms. More
-// stages did not help: the kernel is bound by instruction issue, not memory.
-constexpr MmaShape kMmaShapes[] = {
-    {16, 5, 2, false},  // variant 1: 2 blocks per SM, up to 8 chunks (147 KB) in flight per SM
-    {32, 5, 1, false},  // variant 2: 1 block per SM, 4 chunks (147 KB) in flight
-    {32, 2, 2, false},  // variant 3: double-buffered, 2 blocks per SM
-    {32, 2, 2, true},   // variant 4: variant 3, lean (the fallback of the key-split kernels)
-};
-constexpr int kMmaVariants = 4;  // variant 5 is MlaBf16KeySplitKernel
+// workspace's maxima are stored in natural-log units).
+constexpr int kMmaKeys = 32;
+constexpr int kMmaStages = 2;
+constexpr int kMmaMinBlocks = 2;
 
 // Partial-score rows: kKeys + 8 floats keeps a half-warp's float2 stores in distinct banks.
 __host__ __device__ constexpr int MmaRedLd(int keys) { return keys + 8; }
 
 // Row offsets [stages + 1][keys] (int64), keys [stages][keys][row stride] (bf16), partial scores
 // [4][16][keys + 8] (fp32).
-size_t MmaSmemBytes(const MmaShape& m, int dim) {
-  return static_cast<size_t>(m.stages + 1) * m.keys * sizeof(int64_t) +
-         static_cast<size_t>(m.stages) * m.keys * MmaRowStride(dim) * sizeof(__nv_bfloat16) +
-         static_cast<size_t>(kMmaWarps) * kMmaHeads * MmaRedLd(m.keys) * sizeof(float);
+size_t MmaSmemBytes(int dim) {
+  return static_cast<size_t>(kMmaStages + 1) * kMmaKeys * sizeof(int64_t) +
+         static_cast<size_t>(kMmaStages) * kMmaKeys * MmaRowStride(dim) * sizeof(__nv_bfloat16) +
+         static_cast<size_t>(kMmaWarps) * kMmaHeads * MmaRedLd(kMmaKeys) * sizeof(float);
 }
 
 __device__ __forceinline__ uint32_t Bf16x2Bits(__nv_bfloat162 v) {
@@ -634,11 +625,10 @@ __device__ __forceinline__ float QueryValue(const MlaAttentionParams& p, int64_t
 
 // Starts copying the kKeys bf16 keys whose row offsets are in rows (-1: past the end, zeroed)
 // into dst [kKeys][ld] and commits them as one copy group (empty when !any). vec_loads: 16-byte
-// cp.async (rows are whole 16-byte pieces and the cache is 16-byte aligned); else 2-byte loads.
-// kRowThreads: the 16-byte pieces of key row threadIdx / kPerRow are copied by that row's
-// kPerRow threads, piece threadIdx % kPerRow + k * kPerRow (fixed strides from one row lookup);
-// else piece i of the chunk by thread i % kMmaThreads.
-template <int kKeys, bool kRowThreads>
+// cp.async (rows are whole 16-byte pieces and the cache is 16-byte aligned), the 16-byte pieces
+// of key row threadIdx / kPerRow copied by that row's kPerRow threads, piece threadIdx % kPerRow
+// + k * kPerRow (fixed strides from one row lookup); else 2-byte loads.
+template <int kKeys>
 __device__ __forceinline__ void LoadKeyChunkBf16(const MlaAttentionParams& p, const int64_t* rows,
                                                  __nv_bfloat16* dst, int ld, int dim,
                                                  bool vec_loads, bool any) {
@@ -646,7 +636,7 @@ __device__ __forceinline__ void LoadKeyChunkBf16(const MlaAttentionParams& p, co
   constexpr int kPerRow = kMmaThreads / kKeys;
   const __nv_bfloat16* cache = static_cast<const __nv_bfloat16*>(p.cache.cache);
   if (!any) {
-  } else if (vec_loads && kRowThreads) {
+  } else if (vec_loads) {
     const int d8 = dim / 8, j = threadIdx.x / kPerRow, f0 = threadIdx.x % kPerRow;
     const int64_t row = rows[j];
     __nv_bfloat16* d = dst + j * ld + f0 * 8;
@@ -660,18 +650,6 @@ __device__ __forceinline__ void LoadKeyChunkBf16(const MlaAttentionParams& p, co
         CopyAsync16(d, src);
       }
     }
-  } else if (vec_loads) {
-    const int d8 = dim / 8;
-    for (int i = threadIdx.x; i < kKeys * d8; i += kMmaThreads) {
-      const int j = i / d8, f = i - j * d8;
-      const int64_t row = rows[j];
-      __nv_bfloat16* d = dst + j * ld + f * 8;
-      if (row < 0) {
-        *reinterpret_cast<uint4*>(d) = make_uint4(0u, 0u, 0u, 0u);
-      } else {
-        CopyAsync16(d, cache + row + f * 8);
-      }
-    }
   } else {
     for (int i = threadIdx.x; i < kKeys * dim; i += kMmaThreads) {
       const int j = i / dim, c = i - j * dim;
@@ -683,17 +661,15 @@ __device__ __forceinline__ void LoadKeyChunkBf16(const MlaAttentionParams& p, co
 }
 
 // Block index = (token * num_splits + split) * num_groups + group, as MlaGroupedKernel. kNT:
-// n-tiles of 8 latent columns per warp in P·V (even; latent <= 32 * kNT); kVariant: the
-// pipeline shape, kMmaShapes[kVariant - 1].
-template <int kNT, int kVariant>
-__global__ void __launch_bounds__(kMmaThreads, kMmaShapes[kVariant - 1].min_blocks)
+// n-tiles of 8 latent columns per warp in P·V (even; latent <= 32 * kNT).
+template <int kNT>
+__global__ void __launch_bounds__(kMmaThreads, kMmaMinBlocks)
     MlaBf16MmaKernel(MlaAttentionParams p, int num_groups, int num_splits, bool vec_loads,
                      float* ws_out, float* ws_ml) {
-  constexpr int kKeys = kMmaShapes[kVariant - 1].keys;
-  constexpr int kStages = kMmaShapes[kVariant - 1].stages;
-  constexpr bool kLean = kMmaShapes[kVariant - 1].lean;
-  // Softmax exponent: lean, base 2 with log2 e folded into the scale.
-  const float score_scale = kLean ? p.softmax_scale * 1.4426950408889634f : p.softmax_scale;
+  constexpr int kKeys = kMmaKeys;
+  constexpr int kStages = kMmaStages;
+  // Softmax exponent: base 2 with log2 e folded into the scale.
+  const float score_scale = p.softmax_scale * 1.4426950408889634f;
   constexpr int kTiles = kKeys / 8;    // score n-tiles per chunk
   constexpr int kKSteps = kKeys / 16;  // P·V k-steps per chunk
   constexpr int kRedLd = MmaRedLd(kKeys);
@@ -759,17 +735,17 @@ __global__ void __launch_bounds__(kMmaThreads, kMmaShapes[kVariant - 1].min_bloc
   // "all but the newest kStages - 1 groups" is always "this chunk".
 #pragma unroll
   for (int c = 0; c < kStages - 1; ++c) {
-    LoadKeyChunkBf16<kKeys, kLean>(p, rows + c * kKeys, kbuf + c * kKeys * ld, ld, dim, vec_loads,
-                                   begin + c * kKeys < end);
+    LoadKeyChunkBf16<kKeys>(p, rows + c * kKeys, kbuf + c * kKeys * ld, ld, dim, vec_loads,
+                            begin + c * kKeys < end);
   }
   int chunk = 0;
   for (int64_t j0 = begin; j0 < end; j0 += kKeys, ++chunk) {
     const __nv_bfloat16* kc = kbuf + (chunk % kStages) * kKeys * ld;
     {  // chunk + kStages - 1 into the buffer chunk - 1 used (read before the last closing barrier)
       const int ahead = chunk + kStages - 1;
-      LoadKeyChunkBf16<kKeys, kLean>(p, rows + (ahead % (kStages + 1)) * kKeys,
-                                     kbuf + (ahead % kStages) * kKeys * ld, ld, dim, vec_loads,
-                                     j0 + (kStages - 1) * kKeys < end);
+      LoadKeyChunkBf16<kKeys>(p, rows + (ahead % (kStages + 1)) * kKeys,
+                              kbuf + (ahead % kStages) * kKeys * ld, ld, dim, vec_loads,
+                              j0 + (kStages - 1) * kKeys < end);
     }
     if (tid < kKeys) {  // rows one chunk further; that slot held chunk - 1's, long consumed
       const int64_t j = j0 + kStages * kKeys + tid;
@@ -851,14 +827,14 @@ __global__ void __launch_bounds__(kMmaThreads, kMmaShapes[kVariant - 1].min_bloc
       mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 2));
       mx[r] = fmaxf(run_max[r], mx[r]);  // finite: every chunk has a key in range
       // 0 on the first chunk (run_max = -inf)
-      alpha[r] = kLean ? exp2f(run_max[r] - mx[r]) : expf(run_max[r] - mx[r]);
+      alpha[r] = exp2f(run_max[r] - mx[r]);
     }
 #pragma unroll
     for (int n = 0; n < kTiles; ++n) {
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
         // 0 for keys past the end
-        s[n][e] = kLean ? exp2f(s[n][e] - mx[e >> 1]) : expf(s[n][e] - mx[e >> 1]);
+        s[n][e] = exp2f(s[n][e] - mx[e >> 1]);
         sum[e >> 1] += s[n][e];
       }
     }
@@ -927,19 +903,20 @@ __global__ void __launch_bounds__(kMmaThreads, kMmaShapes[kVariant - 1].min_bloc
       const int h = h0 + g + r * 8;
       if (h >= p.num_heads) continue;
       float* ml = ws_ml + ((t * p.num_heads + h) * num_splits + split) * 2;
-      ml[0] = kLean ? run_max[r] * 0.6931471805599453f : run_max[r];  // natural-log units
+      ml[0] = run_max[r] * 0.6931471805599453f;  // natural-log units
       ml[1] = run_sum[r];
     }
   }
 }
 
-// ---- Key-split tensor-core kernel (variants 5, 6 and 7): latent 512 + rope 64 ----
+// ---- Key-split tensor-core kernel (variants 7, 8 and 9): latent 512 + rope 64 ----
 //
 // The FlashMLA work split over mma.sync: one block of 4 warps per (token, context split, group
-// of 16 heads), keys in tiles of kKeys (64: variant 5, one block per SM; 32: variant 6, two;
-// variant 7: 6 with the shorter start-up of kFastStart, below), double-buffered with cp.async.
+// of 16 heads), keys in tiles of kSplitKeys (32, two blocks per SM), double-buffered with
+// cp.async, with a short start-up (below). (64-key tiles at one block per SM, and the start-up
+// without its overlap, the removed variants 5 and 6, measured slower: docs/cuda.md.)
 // Per tile:
-//   score    warp w computes S[16 heads x its kKeys / 4 keys] over the whole 576-deep dot
+//   score    warp w computes S[16 heads x its kSplitKeys / 4 keys] over the whole 576-deep dot
 //            product (Q hi and lo fragments read from shared memory, where they were staged
 //            once per block; independent accumulator chains per k-step parity and hi / lo), so
 //            no partial scores are summed across warps;
@@ -949,10 +926,11 @@ __global__ void __launch_bounds__(kMmaThreads, kMmaShapes[kVariant - 1].min_bloc
 //            end);
 //   value    warp w's P goes to shared memory as its part of the bf16 hi / lo A fragments of
 //            P·V (one barrier); every warp then owns 128 of the 512 output columns and
-//            accumulates O[16 x 128] += P[16 x kKeys] V[kKeys x 128].
+//            accumulates O[16 x 128] += P[16 x kSplitKeys] V[kSplitKeys x 128].
 // Q and P enter the MMAs as bf16 hi + lo pairs as in MlaBf16MmaKernel (fp32-grade scores and
 // weights; the cache's bf16 keys are exact).
 constexpr int kSplitLatent = 512, kSplitRope = 64;
+constexpr int kSplitKeys = 32;  // keys per tile
 constexpr int kSplitDim = kSplitLatent + kSplitRope;
 constexpr int kSplitKSteps = kSplitDim / 16;  // score k-steps (36)
 constexpr int kSplitLd = kSplitDim + 8;       // bf16 row stride: ldmatrix rows in distinct banks
@@ -964,39 +942,32 @@ constexpr int kSplitNT = kSplitWarpCols / 8;                             // 16 o
 static_assert(kSplitDim % (8 * kSplitRowThreads) == 0, "whole 16-byte pieces per copying thread");
 static_assert(kSplitKSteps % 2 == 0, "8-key warps load two score k-steps per ldmatrix");
 
-// Variant 7 (kFastStart) also keeps the block-table entries of its split's keys in shared
-// memory, up to kSplitTableSlots of them (a split needing more reads the table in global memory
-// as variants 5 and 6 do): at block size 16, 4096 keys.
+// The kernel keeps the block-table entries of its split's keys in shared memory, up to
+// kSplitTableSlots of them (a split needing more reads the table in global memory): at block
+// size 16, 4096 keys.
 constexpr int kSplitTableSlots = 256;
 constexpr int kSplitTablePerThread = kSplitTableSlots / kMmaThreads;  // loads per thread: 2
 static_assert(kSplitTableSlots % kMmaThreads == 0, "whole table loads per thread");
 
-// Shared memory: Q fragments [k-step][hi, lo][lane] (uint4), keys [2][kKeys][kSplitLd] (bf16),
-// P fragments [P·V k-step][hi, lo][lane] (uint4), row maxima and row sums [warp][16] (fp32),
-// and with fast_start the block-table entries [kSplitTableSlots] (int32).
+// Shared memory: Q fragments [k-step][hi, lo][lane] (uint4), keys [2][kSplitKeys][kSplitLd]
+// (bf16), P fragments [P·V k-step][hi, lo][lane] (uint4), row maxima and row sums [warp][16]
+// (fp32), and the block-table entries [kSplitTableSlots] (int32).
 // With bf16 operands (variants 8 and 9) Q has no lo part: [k-step][lane] (half the bytes).
 constexpr size_t SplitQBytes(bool bf16_ops) {
   return size_t{kSplitKSteps} * (bf16_ops ? 1 : 2) * 32 * sizeof(uint4);
 }
-constexpr size_t SplitSmemBytes(int keys, bool fast_start, bool bf16_ops = false) {
-  return SplitQBytes(bf16_ops) + size_t{2} * keys * kSplitLd * sizeof(__nv_bfloat16) +
-         static_cast<size_t>(keys / 16) * 2 * 32 * sizeof(uint4) +
-         2 * kMmaWarps * kMmaHeads * sizeof(float) +
-         (fast_start ? size_t{kSplitTableSlots} * sizeof(int32_t) : 0);
+constexpr size_t SplitSmemBytes(bool bf16_ops) {
+  return SplitQBytes(bf16_ops) + size_t{2} * kSplitKeys * kSplitLd * sizeof(__nv_bfloat16) +
+         static_cast<size_t>(kSplitKeys / 16) * 2 * 32 * sizeof(uint4) +
+         2 * kMmaWarps * kMmaHeads * sizeof(float) + size_t{kSplitTableSlots} * sizeof(int32_t);
 }
-// Two 32-key blocks per SM on sm_90 (228 KB of shared memory per SM, 1 KB of it reserved per
-// block) with and without the table: 111.5 and 112.5 KB. A third key buffer (3-stage ring)
-// would take a block to 148 KB, one block per SM, so variant 7 stays double-buffered.
-static_assert(2 * (SplitSmemBytes(32, true) + 1024) <= 228 * 1024, "two blocks per SM");
-static_assert(2 * (SplitSmemBytes(32, true) + 32 * kSplitLd * sizeof(__nv_bfloat16) + 1024) >
+// Two blocks per SM on sm_90 (228 KB of shared memory per SM, 1 KB of it reserved per block):
+// 112.5 KB. A third key buffer (3-stage ring) would take a block to 148 KB, one block per SM, so
+// the kernel stays double-buffered.
+static_assert(2 * (SplitSmemBytes(false) + 1024) <= 228 * 1024, "two blocks per SM");
+static_assert(2 * (SplitSmemBytes(false) + kSplitKeys * kSplitLd * sizeof(__nv_bfloat16) + 1024) >
                   228 * 1024,
-              "a 3-stage ring would not fit two blocks per SM (revisit kFastStart's ring)");
-
-// Cache offset of key j of the token's context, -1 past its end.
-__device__ __forceinline__ int64_t RowOrNone(const MlaAttentionParams& p, const int32_t* table,
-                                             int64_t j, int64_t end) {
-  return j < end ? KeyRowOffset(p, table, j) : -1;
-}
+              "a 3-stage ring would not fit two blocks per SM (revisit the ring)");
 
 // Starts copying the tile's key rows threadIdx / 8 + 16 k (row offsets rows[k]; -1: zeroed, so
 // that P·V never multiplies garbage) into dst [kKeys][kSplitLd], 16-byte pieces threadIdx % 8 +
@@ -1024,7 +995,7 @@ __device__ __forceinline__ void LoadSplitTile(const __nv_bfloat16* cache,
   CopyAsyncCommit();
 }
 
-// ---- Variant 7's start-up (kFastStart) ----
+// ---- The key-split kernel's start-up ----
 //
 // Q of one head group as fp32 float4s: element e = threadIdx + i * kMmaThreads of the
 // [16 heads][144 float4] group, i < kSplitQLoads; dims 4 f .. 4 f + 3 of [latent | rope].
@@ -1056,8 +1027,8 @@ __device__ __forceinline__ void LoadQueryF4(const MlaAttentionParams& p, int64_t
   }
 }
 
-// Writes the loaded Q as the A fragments of the score MMAs, hi and lo, in the layout the
-// variant 5 / 6 start-up writes: qf[(ks * 2 + lo) * 32 + lane] register r holds head
+// Writes the loaded Q as the A fragments of the score MMAs, hi and lo:
+// qf[(ks * 2 + lo) * 32 + lane] register r holds head
 // g + 8 (r & 1), dims 16 ks + 2 tq + 8 (r >> 1) + {0, 1} (lane = 4 g + tq). A float4 at dim c
 // is two such pairs: (c, c + 1) at tq = (c % 8) / 2 and (c + 2, c + 3) at the next tq.
 // kBf16Ops: only the hi (round-to-nearest-even) part, at qf[ks * 32 + lane].
@@ -1086,8 +1057,9 @@ __device__ __forceinline__ void StoreQueryFragments(const float4 (&q)[kSplitQLoa
   }
 }
 
-// Where variant 7 finds the block-table entries of its split: table entries first_block ..
-// first_block + kSplitTableSlots - 1 in shared memory (stab) when in_smem, else the table itself.
+// Where the key-split kernel finds the block-table entries of its split: table entries first_block
+// .. first_block + kSplitTableSlots - 1 in shared memory (stab) when in_smem, else the table
+// itself.
 struct SplitTable {
   const int32_t* table;  // the token's row of block_tables (global)
   const int32_t* stab;   // shared copy of entries first_block ...
@@ -1240,8 +1212,8 @@ __device__ __forceinline__ void ClusterMergeSplits(const MlaAttentionParams& p, 
 }
 
 // Block index = (token * num_splits + split) * num_groups + group, as MlaGroupedKernel. Needs a
-// 16-byte aligned cache (vec_loads is implied; PlanGrouped checks it). kFastStart (variant 7,
-// kKeys 32): the start-up takes fewer dependent steps: all of Q's fp32 loads are issued first
+// 16-byte aligned cache (vec_loads is implied; PlanGrouped checks it). The start-up takes few
+// dependent steps: all of Q's fp32 loads are issued first
 // (16-byte loads), the split's block-table entries are copied into shared memory in one round,
 // tiles 0 and 1 are both put in flight, and only then is Q converted into its fragments (so the
 // conversion overlaps the key copies); tile row offsets come from the shared table with 32-bit
@@ -1260,16 +1232,17 @@ __device__ __forceinline__ void ClusterMergeSplits(const MlaAttentionParams& p, 
 // columns [r, r + 1) * 512 / num_splits of every block's partial through distributed shared
 // memory (the FlashDecoding merge, as MlaDecodeSmall's). An empty split takes part with max
 // -inf and sum 0 (weight 0).
-template <int kKeys, bool kFastStart, bool kBf16Ops = false, bool kClusterMerge = false>
-__global__ void __launch_bounds__(kMmaThreads, kKeys == 32 ? 2 : 1)
+template <bool kBf16Ops = false, bool kClusterMerge = false>
+__global__ void __launch_bounds__(kMmaThreads, 2)
     MlaBf16KeySplitKernel(MlaAttentionParams p, int num_groups, int num_splits, bool /*vec_loads*/,
                           float* ws_out, float* ws_ml) {
-  constexpr int kWarpKeys = kKeys / kMmaWarps;      // keys scored per warp: 16 or 8
-  constexpr int kWarpTiles = kWarpKeys / 8;         // their score n-tiles: 2 or 1
+  constexpr int kKeys = kSplitKeys;
+  constexpr int kWarpKeys = kKeys / kMmaWarps;      // keys scored per warp: 8
+  constexpr int kWarpTiles = kWarpKeys / 8;         // their score n-tiles: 1
   constexpr int kPvSteps = kKeys / 16;              // P·V k-steps per tile
   constexpr int kRows = kKeys / kSplitRowsPerPass;  // key rows each thread copies
   constexpr int kQParts = kBf16Ops ? 1 : 2;         // Q and P: hi (+ lo)
-  static_assert(kKeys == 64 || kKeys == 32, "tiles of 64 or 32 keys");
+  static_assert(kWarpTiles == 1, "one score n-tile per warp");
   static_assert(!kClusterMerge || kBf16Ops, "variant 9 is variant 8 with the cluster merge");
   extern __shared__ float4 smem4[];
   uint4* qf = reinterpret_cast<uint4*>(smem4);
@@ -1277,9 +1250,7 @@ __global__ void __launch_bounds__(kMmaThreads, kKeys == 32 ? 2 : 1)
   uint4* pf = reinterpret_cast<uint4*>(kbuf + 2 * kKeys * kSplitLd);  // 16-byte aligned
   float* red_max = reinterpret_cast<float*>(pf + kPvSteps * 2 * 32);
   float* red_sum = red_max + kMmaWarps * kMmaHeads;
-  int32_t* stab = reinterpret_cast<int32_t*>(red_sum + kMmaWarps * kMmaHeads);  // kFastStart
-  static_assert(!kFastStart || kKeys == 32, "variant 7 is the 32-key kernel");
-  static_assert(!kBf16Ops || kFastStart, "variants 8 and 9 are variant 7 with bf16 operands");
+  int32_t* stab = reinterpret_cast<int32_t*>(red_sum + kMmaWarps * kMmaHeads);
 
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
   const int g = lane / 4, tq = lane % 4;  // mma fragment coordinates: row group, pair in row
@@ -1290,8 +1261,8 @@ __global__ void __launch_bounds__(kMmaThreads, kKeys == 32 ? 2 : 1)
       kClusterMerge ? blockIdx.x % num_splits : (blockIdx.x / num_groups) % num_splits;
   const int64_t t = blockIdx.x / num_groups / num_splits;
   const int h0 = group * kMmaHeads;
-  float4 q4[kFastStart ? kSplitQLoads : 1];
-  if constexpr (kFastStart) {
+  float4 q4[kSplitQLoads];
+  {
     // First, so that these loads are in flight with the token's sequence and length loads.
     const uintptr_t q_bases =
         reinterpret_cast<uintptr_t>(p.q_latent) | reinterpret_cast<uintptr_t>(p.q_rope);
@@ -1321,50 +1292,25 @@ __global__ void __launch_bounds__(kMmaThreads, kKeys == 32 ? 2 : 1)
 #pragma unroll
     for (int k = 0; k < kRows; ++k) {
       const int64_t j = j0 + my_row + k * kSplitRowsPerPass;
-      if constexpr (kFastStart) {
-        rows[k] = SplitRowOrNone(p, st, static_cast<int32_t>(j < end ? j : end),
-                                 static_cast<int32_t>(end));
-      } else {
-        rows[k] = RowOrNone(p, table, j, end);
-      }
+      rows[k] =
+          SplitRowOrNone(p, st, static_cast<int32_t>(j < end ? j : end), static_cast<int32_t>(end));
     }
   };
-  if constexpr (kFastStart) {
-    // The split's table entries into shared memory (one round of loads), then tiles 0 and 1 in
-    // flight (two copy groups; the second empty when the split has one tile) before Q's
-    // conversion; rows[] then holds tile 2's row offsets (two tiles ahead, see the loop).
-    st = PrefetchSplitTable(p, table, stab, static_cast<int32_t>(begin), static_cast<int32_t>(end));
-    __syncthreads();
-    tile_rows(begin);
-    LoadSplitTile(cache, rows, kbuf);
-    if (begin + kKeys < end) {
-      tile_rows(begin + kKeys);
-      LoadSplitTile(cache, rows, kbuf + kKeys * kSplitLd);
-      tile_rows(begin + 2 * kKeys);
-    } else {
-      CopyAsyncCommit();
-    }
-    StoreQueryFragments<kBf16Ops>(q4, qf);  // published by the loop's first barrier
-  } else {
-    // Tile 0 in flight while Q is staged; rows[] then holds tile 1's row offsets (one tile
-    // ahead).
-    tile_rows(begin);
-    LoadSplitTile(cache, rows, kbuf);
+  // The split's table entries into shared memory (one round of loads), then tiles 0 and 1 in
+  // flight (two copy groups; the second empty when the split has one tile) before Q's
+  // conversion; rows[] then holds tile 2's row offsets (two tiles ahead, see the loop).
+  st = PrefetchSplitTable(p, table, stab, static_cast<int32_t>(begin), static_cast<int32_t>(end));
+  __syncthreads();
+  tile_rows(begin);
+  LoadSplitTile(cache, rows, kbuf);
+  if (begin + kKeys < end) {
     tile_rows(begin + kKeys);
-    // Q as A fragments, hi and lo; register r: head g + 8 (r & 1), dims 2 tq + 8 (r >> 1) +
-    // {0, 1}.
-    for (int ks = warp; ks < kSplitKSteps; ks += kMmaWarps) {
-      uint32_t hi[4], lo[4];
-#pragma unroll
-      for (int r = 0; r < 4; ++r) {
-        const int h = h0 + g + (r & 1) * 8, c = ks * 16 + 2 * tq + (r >> 1) * 8;
-        SplitBf16(QueryValue(p, t, h, c, kSplitLatent, kSplitDim),
-                  QueryValue(p, t, h, c + 1, kSplitLatent, kSplitDim), &hi[r], &lo[r]);
-      }
-      qf[(ks * 2) * 32 + lane] = make_uint4(hi[0], hi[1], hi[2], hi[3]);
-      qf[(ks * 2 + 1) * 32 + lane] = make_uint4(lo[0], lo[1], lo[2], lo[3]);
-    }
+    LoadSplitTile(cache, rows, kbuf + kKeys * kSplitLd);
+    tile_rows(begin + 2 * kKeys);
+  } else {
+    CopyAsyncCommit();
   }
+  StoreQueryFragments<kBf16Ops>(q4, qf);  // published by the loop's first barrier
 
   float acc[kSplitNT][4];
 #pragma unroll
@@ -1380,17 +1326,17 @@ __global__ void __launch_bounds__(kMmaThreads, kKeys == 32 ? 2 : 1)
 
   int tile = 0;
   for (int64_t j0 = begin; j0 < end; j0 += kKeys, ++tile) {
-    // kFastStart, tile 0: tile 1's group (committed after tile 0's) may stay in flight.
-    if (kFastStart && tile == 0) {
+    // Tile 0: tile 1's group (committed after tile 0's) may stay in flight.
+    if (tile == 0) {
       CopyAsyncWait<1>();
     } else {
       CopyAsyncWait<0>();  // this tile's copies (the only group in flight) have landed ...
     }
     __syncthreads();  // ... for every thread, and every warp is done with the previous tile
     const __nv_bfloat16* kc = kbuf + (tile & 1) * kKeys * kSplitLd;
-    // The next tile into the buffer the previous one used (kFastStart: tile 1 is in flight
-    // already, so from tile 1 on, and rows[] holds tile + 1's offsets then).
-    if ((!kFastStart || tile > 0) && j0 + kKeys < end) {
+    // The next tile into the buffer the previous one used (tile 1 is in flight already, so
+    // from tile 1 on, and rows[] holds tile + 1's offsets then).
+    if (tile > 0 && j0 + kKeys < end) {
       LoadSplitTile(cache, rows, kbuf + ((tile + 1) & 1) * kKeys * kSplitLd);
       tile_rows(j0 + 2 * kKeys);
     }
@@ -1408,15 +1354,8 @@ __global__ void __launch_bounds__(kMmaThreads, kKeys == 32 ? 2 : 1)
     }
 #pragma unroll
     for (int ks2 = 0; ks2 < kSplitKSteps; ks2 += 2) {
-      uint32_t b[2][4];  // [k-step ks2 + i]: b0, b1 of n-tile 0, then of n-tile 1 (16 keys)
-      if (kWarpTiles == 2) {
-        // Matrices: keys key0 + 8 (mat >> 1) + 0..7, dims 16 ks + 8 (mat & 1) + 0..7.
-#pragma unroll
-        for (int i = 0; i < 2; ++i) {
-          LdMatrixX4<false>(b[i], kc + (key0 + (mat >> 1) * 8 + mat_row) * kSplitLd +
-                                      (ks2 + i) * 16 + (mat & 1) * 8);
-        }
-      } else {
+      uint32_t b[2][2];  // [k-step ks2 + i]: b0, b1 of the warp's n-tile (8 keys)
+      {
         // Matrices: keys key0 + 0..7, dims 16 ks2 + 8 mat + 0..7 (k-steps ks2 and ks2 + 1).
         uint32_t r[4];
         LdMatrixX4<false>(r, kc + (key0 + mat_row) * kSplitLd + ks2 * 16 + mat * 8);
@@ -1607,27 +1546,12 @@ GroupedKernelFn GroupedKernelFor(int latent_dim) {
   }
 }
 
-template <int kVariant>
-GroupedKernelFn MmaKernelForVariant(int latent_dim) {
+GroupedKernelFn MmaKernelFor(int latent_dim) {
   const int cols = (latent_dim + kMmaWarps - 1) / kMmaWarps;  // per warp
-  if (cols <= 16) return MlaBf16MmaKernel<2, kVariant>;
-  if (cols <= 32) return MlaBf16MmaKernel<4, kVariant>;
-  if (cols <= 64) return MlaBf16MmaKernel<8, kVariant>;
-  return MlaBf16MmaKernel<16, kVariant>;
-}
-
-GroupedKernelFn MmaKernelFor(int latent_dim, int variant) {
-  static_assert(kMmaVariants == 4, "one case per variant");
-  switch (variant) {
-    case 1:
-      return MmaKernelForVariant<1>(latent_dim);
-    case 2:
-      return MmaKernelForVariant<2>(latent_dim);
-    case 3:
-      return MmaKernelForVariant<3>(latent_dim);
-    default:
-      return MmaKernelForVariant<4>(latent_dim);
-  }
+  if (cols <= 16) return MlaBf16MmaKernel<2>;
+  if (cols <= 32) return MlaBf16MmaKernel<4>;
+  if (cols <= 64) return MlaBf16MmaKernel<8>;
+  return MlaBf16MmaKernel<16>;
 }
 
 bool IsBf16(const MlaAttentionParams& p) { return p.cache.type == LatentCacheType::kBFloat16; }
@@ -1680,28 +1604,26 @@ struct GroupedPlan {
   size_t workspace_bytes = 0;
 };
 
-// MlaAttentionParams::mma_variant of the key-split kernels: MlaBf16KeySplitKernel<64, false>
-// (one block per SM), <32, false> (two), <32, true> (two, the shorter start-up), <32, true,
-// true> (7 with bf16 Q and P) and variant 9 (8 with the cluster merge where the split count
-// allows it, else 8).
-constexpr int kKeySplitVariant = kMmaVariants + 1;
-constexpr int kKeySplit32Variant = kMmaVariants + 2;
-constexpr int kKeySplitFastVariant = kMmaVariants + 3;
-constexpr int kKeySplitBf16Variant = kMmaVariants + 4;
-constexpr int kKeySplitClusterVariant = kMmaVariants + 5;
+// MlaAttentionParams::mma_variant of the kernels (numbers kept from when 1-3 and 5-6 existed:
+// users pass them): MlaBf16MmaKernel (4), MlaBf16KeySplitKernel<> (7), <true> (8: 7 with bf16
+// Q and P) and variant 9 (8 with the cluster merge where the split count allows it, else 8).
+constexpr int kMmaVariant = 4;
+constexpr int kKeySplitVariant = 7;
+constexpr int kKeySplitBf16Variant = 8;
+constexpr int kKeySplitClusterVariant = 9;
 static_assert(kKeySplitClusterVariant == kMaxMlaMmaVariant,
               "mla_attention.h documents the variants");
-int KeySplitKeys(int variant) { return variant == kKeySplitVariant ? 64 : 32; }
-bool KeySplitFastStart(int variant) { return variant >= kKeySplitFastVariant; }
+static_assert(MlaMmaVariantIsValid(kMmaVariant) && MlaMmaVariantIsValid(kKeySplitVariant) &&
+                  MlaMmaVariantIsValid(kKeySplitBf16Variant) &&
+                  MlaMmaVariantIsValid(kKeySplitClusterVariant),
+              "mla_attention.h lists the variants");
 bool KeySplitBf16Ops(int variant) { return variant >= kKeySplitBf16Variant; }
 
 GroupedKernelFn KeySplitKernelFor(int variant) {
-  if (variant == kKeySplitVariant) return MlaBf16KeySplitKernel<64, false>;
-  if (variant == kKeySplit32Variant) return MlaBf16KeySplitKernel<32, false>;
-  if (variant >= kKeySplitBf16Variant) return MlaBf16KeySplitKernel<32, true, true>;
-  return MlaBf16KeySplitKernel<32, true>;
+  if (variant >= kKeySplitBf16Variant) return MlaBf16KeySplitKernel<true>;
+  return MlaBf16KeySplitKernel<>;
 }
-constexpr GroupedKernelFn kClusterMergeKernel = MlaBf16KeySplitKernel<32, true, true, true>;
+constexpr GroupedKernelFn kClusterMergeKernel = MlaBf16KeySplitKernel<true, true>;
 
 // Whether variant 9's cluster kernel runs clusters of `splits` blocks on this device (sm_90
 // code, cluster launch, at least one such cluster schedulable); once per (splits, device).
@@ -1715,7 +1637,7 @@ cudaError_t ClusterMergeRuns(int splits, int device, bool* out) {
     *out = it->second;
     return cudaSuccess;
   }
-  const size_t smem = SplitSmemBytes(32, true, true);
+  const size_t smem = SplitSmemBytes(true);
   const KernelFacts k =
       KernelFactsFor(reinterpret_cast<const void*>(kClusterMergeKernel), device, kAllSharedMemory);
   if (k.error != cudaSuccess) return k.error;
@@ -1752,20 +1674,17 @@ cudaError_t ClusterMergeRuns(int splits, int device, bool* out) {
 // cluster merge; docs/cuda.md); shapes it does not take run variant 4.
 constexpr int kDefaultMmaVariant = kKeySplitClusterVariant;
 
-// True when a key-split kernel of kKeys-key tiles takes these params (given the device's
-// shared-memory limit): bf16 cache of latent 512 + rope 64, 16-byte aligned (whole-row cp.async
-// copies).
-bool KeySplitFits(const MlaAttentionParams& p, int keys, bool fast_start, bool bf16_ops,
-                  int max_smem) {
+// True when the key-split kernel takes these params (given the device's shared-memory limit):
+// bf16 cache of latent 512 + rope 64, 16-byte aligned (whole-row cp.async copies).
+bool KeySplitFits(const MlaAttentionParams& p, bool bf16_ops, int max_smem) {
   return IsBf16(p) && p.cache.latent_dim == kSplitLatent && p.cache.rope_dim == kSplitRope &&
          reinterpret_cast<uintptr_t>(p.cache.cache) % 16 == 0 &&
-         SplitSmemBytes(keys, fast_start, bf16_ops) <= static_cast<size_t>(max_smem);
+         SplitSmemBytes(bf16_ops) <= static_cast<size_t>(max_smem);
 }
 
 cudaError_t PlanGrouped(const MlaAttentionParams& p, GroupedPlan* plan) {
   if (p.cache.latent_dim <= 0 || p.cache.latent_dim > kMaxMlaLatentDim || p.cache.rope_dim < 0 ||
-      p.num_splits < 0 || p.num_splits > kMaxMlaSplits || p.mma_variant < 0 ||
-      p.mma_variant > kMaxMlaMmaVariant ||
+      p.num_splits < 0 || p.num_splits > kMaxMlaSplits || !MlaMmaVariantIsValid(p.mma_variant) ||
       (p.cache.type != LatentCacheType::kFloat32 && !IsBf16(p))) {
     return cudaErrorInvalidValue;
   }
@@ -1776,19 +1695,17 @@ cudaError_t PlanGrouped(const MlaAttentionParams& p, GroupedPlan* plan) {
   plan->num_groups = (p.num_heads + kGroupHeads - 1) / kGroupHeads;
   int variant = p.mma_variant == 0 ? kDefaultMmaVariant : p.mma_variant;
   const bool key_split = variant >= kKeySplitVariant;
-  const int keys = KeySplitKeys(variant);
-  const bool fast_start = KeySplitFastStart(variant);
   const bool bf16_ops = KeySplitBf16Ops(variant);
   GroupedKernelFn mma_kernel =
-      key_split ? KeySplitKernelFor(variant) : MmaKernelFor(p.cache.latent_dim, variant);
+      key_split ? KeySplitKernelFor(variant) : MmaKernelFor(p.cache.latent_dim);
   if (key_split) {
     // Shapes (or devices) the key-split kernels do not take run variant 4.
     KernelFacts facts;
     e = FactsFor(mma_kernel, device, &facts);
     if (e != cudaSuccess) return e;
-    if (!KeySplitFits(p, keys, fast_start, bf16_ops, facts.max_smem)) {
-      variant = 4;
-      mma_kernel = MmaKernelFor(p.cache.latent_dim, variant);
+    if (!KeySplitFits(p, bf16_ops, facts.max_smem)) {
+      variant = kMmaVariant;
+      mma_kernel = MmaKernelFor(p.cache.latent_dim);
     }
   }
   plan->mma = UseMma(p, mma_kernel, device);
@@ -1797,8 +1714,7 @@ cudaError_t PlanGrouped(const MlaAttentionParams& p, GroupedPlan* plan) {
   if (plan->mma) {
     plan->kernel = mma_kernel;
     plan->threads = kMmaThreads;
-    plan->smem = plan->key_split ? SplitSmemBytes(keys, fast_start, bf16_ops)
-                                 : MmaSmemBytes(kMmaShapes[variant - 1], dim);
+    plan->smem = plan->key_split ? SplitSmemBytes(bf16_ops) : MmaSmemBytes(dim);
   } else {
     plan->kernel = IsBf16(p) ? GroupedKernelFor<__nv_bfloat16>(p.cache.latent_dim)
                              : GroupedKernelFor<float>(p.cache.latent_dim);

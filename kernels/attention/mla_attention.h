@@ -56,21 +56,20 @@ struct MlaAttentionParams {
   // Context splits per (token, head group); 0 picks them from the token count and the
   // device's SM count so that even one decode token fills the GPU. Tests and the benchmark set it.
   int32_t num_splits = 0;
-  // bf16 cache, tensor-core kernel: its pipeline shape (1: 16-key chunks, 5 stages, 2 blocks
-  // per SM; 2: 32-key chunks, 5 stages, 1 block per SM; 3: 32-key chunks, double-buffered, 2
-  // blocks per SM; 4: 3 with fewer instructions per chunk; 5: the key-split kernel, FlashMLA's
-  // work split: 64-key tiles, each warp scoring a quarter of the keys over the whole dot product
-  // and owning a quarter of the output columns, 1 block per SM; 6: 5 with 32-key tiles, 2
-  // blocks per SM; 7: 6 with a shorter start-up (Q loaded with 16-byte loads before the first
-  // tiles' copies, which are both in flight before Q is converted; the split's block-table
-  // entries in shared memory); 8: 7 with bf16 Q and P (one MMA per product instead of the hi +
-  // lo pair: the scores carry Q's bf16 rounding, the output P's; MlaAttentionBf16Operands);
-  // 9: 8 whose 2-3 splits (kMlaClusterMergeMaxSplits) of a (token, head group) run as one
-  // thread-block cluster and merge in distributed shared memory (no workspace, no combine
-  // kernel; other split counts, or a device without clusters, run 8); 5-9 take latent 512 +
-  // rope 64 only, other shapes run 4; mla_attention.cu); 0 = the default (9, else 4 for shapes
-  // 9 does not take: the fastest measured on the H200, docs/cuda.md). Tests, the benchmark and
-  // CudaBackend::SetMlaDecodeVariant set it.
+  // bf16 cache, tensor-core kernel (MlaMmaVariantIsValid: 0, 4, 7, 8 or 9; 1-3 and 5-6 were
+  // removed, measured slower than 4 and 7, docs/cuda.md): 4: 32-key chunks, double-buffered,
+  // 2 blocks per SM, warps splitting the dot product; 7: the key-split kernel, FlashMLA's work
+  // split: 32-key tiles, each warp scoring a quarter of the keys over the whole dot product and
+  // owning a quarter of the output columns, 2 blocks per SM, a short start-up (Q loaded with
+  // 16-byte loads before the first tiles' copies, which are both in flight before Q is
+  // converted; the split's block-table entries in shared memory); 8: 7 with bf16 Q and P (one
+  // MMA per product instead of the hi + lo pair: the scores carry Q's bf16 rounding, the output
+  // P's; MlaAttentionBf16Operands); 9: 8 whose 2-3 splits (kMlaClusterMergeMaxSplits) of a
+  // (token, head group) run as one thread-block cluster and merge in distributed shared memory
+  // (no workspace, no combine kernel; other split counts, or a device without clusters, run 8);
+  // 7-9 take latent 512 + rope 64 only, other shapes run 4; mla_attention.cu); 0 = the default
+  // (9, else 4 for shapes 9 does not take: the fastest measured on the H200, docs/cuda.md).
+  // Tests, the benchmark and CudaBackend::SetMlaDecodeVariant set it.
   int32_t mma_variant = 0;
 };
 
@@ -85,6 +84,14 @@ cudaError_t WriteLatentCacheF32(int64_t tokens, const float* latent, int64_t ld_
 constexpr int32_t kMaxMlaSplits = 64;
 // The largest MlaAttentionParams::mma_variant.
 constexpr int32_t kMaxMlaMmaVariant = 9;
+// Whether MlaAttentionF32 accepts `variant` as MlaAttentionParams::mma_variant: 0 (the default),
+// 4, 7, 8 or 9 (kMlaMmaVariantList; the numbers of the removed variants 1-3, 5 and 6 are
+// rejected, the others keep their meaning).
+constexpr bool MlaMmaVariantIsValid(int32_t variant) {
+  return variant == 0 || variant == 4 || (variant >= 7 && variant <= kMaxMlaMmaVariant);
+}
+// The valid values, for error messages.
+constexpr char kMlaMmaVariantList[] = "0, 4, 7, 8, 9";
 // Variant 9 merges its splits in a thread-block cluster at 2 to this many splits (clusters of 4
 // measured slower than variant 8's workspace + combine on the H200, docs/cuda.md); other split
 // counts run variant 8.
@@ -92,13 +99,13 @@ constexpr int32_t kMlaClusterMergeMaxSplits = 3;
 
 // out[t, h] = sum_j softmax_j(scale * (q_latent[t,h]·c_j + q_rope[t,h]·k_j)) c_j over the
 // first context_len[t] entries of the token's sequence. cudaErrorInvalidValue if latent_dim
-// exceeds kMaxMlaLatentDim, num_splits is outside [0, kMaxMlaSplits], or a given workspace is
-// smaller than MlaAttentionWorkspaceBytes.
+// exceeds kMaxMlaLatentDim, num_splits is outside [0, kMaxMlaSplits], mma_variant is not
+// MlaMmaVariantIsValid, or a given workspace is smaller than MlaAttentionWorkspaceBytes.
 cudaError_t MlaAttentionF32(const MlaAttentionParams& params, cudaStream_t stream);
 
 // Which kernel MlaAttentionF32 runs for these params on the current device: "mma_bf16" (bf16
 // cache, latent_dim <= 512, latent_dim + rope_dim <= 640, a GPU with bf16 tensor cores),
-// "mma_bf16_key_split" (the same, variants 5-9's kernel: latent 512 + rope 64, a 16-byte
+// "mma_bf16_key_split" (the same, variants 7-9's kernel: latent 512 + rope 64, a 16-byte
 // aligned cache), "mma_bf16_key_split_cluster" (variant 9 with its cluster merge: 2-3 splits,
 // sm_90, a 16-byte aligned out_latent), "grouped_bf16" (other bf16 shapes: CUDA cores, keys
 // widened to fp32 in shared memory), "grouped_f32", or "invalid". For tests and the benchmark.

@@ -30,6 +30,8 @@ using bench::Uniform;
 using bench::Upload;
 
 constexpr int32_t kLatent = 512, kRope = 64, kBlockSize = 16;
+// The tensor-core kernel's variants (kernels::MlaAttentionParams::mma_variant, 0 aside).
+constexpr int kMmaVariants[] = {4, 7, 8, 9};
 
 struct Batch {
   const char* name;
@@ -149,8 +151,8 @@ void Run(const Batch& batch) {
   const std::string bf16_name = std::string(kernels::MlaAttentionKernelName(pb));
   const double bf16_ms = MedianMs([&] { return kernels::MlaAttentionF32(pb, nullptr); });
   report(bf16_name.c_str(), 2, splits_of(ws_bf16), bf16_ms);
-  // The tensor-core kernel's pipeline shapes, each at its automatic split count.
-  for (int variant = 1; variant <= kernels::kMaxMlaMmaVariant; ++variant) {
+  // The tensor-core kernel's variants, each at its automatic split count.
+  for (int variant : kMmaVariants) {
     kernels::MlaAttentionParams pv = pb;
     pv.mma_variant = variant;
     size_t ws_v = 0;
@@ -163,16 +165,17 @@ void Run(const Batch& batch) {
 
   // As the decode step runs it: kGraphCalls calls captured into one CUDA graph (no host launch
   // cost between them), the graph replayed kGraphReplays times; the mean per call. Each
-  // tensor-core pipeline shape at its automatic split count.
+  // tensor-core variant at its automatic split count.
   if (!batch.prefill) {
     constexpr int kGraphCalls = 10, kGraphReplays = 5;
     cudaStream_t stream;
     BENCH_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
-    // (variant, forced split count or 0): 4 (the lean chunked kernel), 6 (the 32-key key-split
-    // kernel), 7 (6 with the shorter start-up), 8 (7 with bf16 Q and P) and 9 (8 with the
-    // cluster merge, the default) at their automatic split counts; 7, 8 and 9 also at forced
-    // ones (few tokens: fewer splits than the automatic 64).
-    std::vector<std::pair<int, int>> runs = {{4, 0}, {6, 0}, {7, 0}, {8, 0}, {9, 0}};
+    // (variant, forced split count or 0): 4 (the chunked kernel), 7 (the key-split kernel), 8
+    // (7 with bf16 Q and P) and 9 (8 with the cluster merge, the default) at their automatic
+    // split counts; 7, 8 and 9 also at forced ones (few tokens: fewer splits than the automatic
+    // 64).
+    std::vector<std::pair<int, int>> runs;
+    for (int variant : kMmaVariants) runs.emplace_back(variant, 0);
     for (int variant : {7, 8, 9}) {
       for (int splits :
            tokens < 16 ? std::vector<int>{4, 8, 16, 32} : std::vector<int>{1, 2, 3, 4}) {
@@ -248,7 +251,7 @@ void Run(const Batch& batch) {
       p.num_splits = splits;
       report("grouped f32", 4, splits,
              MedianMs([&] { return kernels::MlaAttentionF32(p, nullptr); }));
-      for (int variant = 1; variant <= kernels::kMaxMlaMmaVariant; ++variant) {
+      for (int variant : kMmaVariants) {
         kernels::MlaAttentionParams pv = pb;
         pv.num_splits = splits;
         pv.mma_variant = variant;

@@ -4,11 +4,11 @@
 // head counts that do not fill a head group, DeepSeek-V3's 128 heads and latent/rope sizes,
 // context splits chosen automatically or forced (with an internal or a caller's workspace),
 // decode batches of 1, 3, 64, 128 and 256 requests (both split combines: fewer and more than 8
-// splits); every pipeline shape of the tensor-core kernel (variant 7, the key-split kernel's
-// shorter start-up, included: its shared block-table copy and, past 256 blocks per split, its
-// global fallback); every case with an fp32 and with a bf16 cache (the CPU reference reads the
-// same bf16 values). Variants 8 and 9 (bf16 Q and P; 9 merging its splits in a thread-block
-// cluster) against a reference over Q rounded to bf16, within P's rounding bound.
+// splits); every variant of the tensor-core kernel (4; 7, the key-split kernel, included: its
+// shared block-table copy and, past 256 blocks per split, its global fallback); every case with
+// an fp32 and with a bf16 cache (the CPU reference reads the same bf16 values). Variants 8 and 9
+// (bf16 Q and P; 9 merging its splits in a thread-block cluster) against a reference over Q rounded
+// to bf16, within P's rounding bound.
 #include "kernels/attention/mla_attention.h"
 
 #include <algorithm>
@@ -221,7 +221,7 @@ TEST_P(MlaAttentionKernelTest, MatchesCpuBackend) {
   }
   std::vector<float> got;
   // fp32 online softmax vs the reference's double accumulation.
-  // Every pipeline shape of the tensor-core kernel (0: the default), with the workspace
+  // Every variant of the tensor-core kernel (0: the default), with the workspace
   // allocated inside.
   // Variant 8's split count (the automatic one or the case's): variant 9 merges 2 to
   // kMlaClusterMergeMaxSplits splits in a cluster on sm_90.
@@ -246,9 +246,10 @@ TEST_P(MlaAttentionKernelTest, MatchesCpuBackend) {
     return {&want, atol, rtol};
   };
   for (int variant = 0; variant <= (bf16 ? kernels::kMaxMlaMmaVariant : 0); ++variant) {
+    if (!kernels::MlaMmaVariantIsValid(variant)) continue;  // removed variants (1-3, 5, 6)
     SCOPED_TRACE(::testing::Message() << "MlaAttentionF32, mma_variant " << variant);
     p.mma_variant = variant;
-    if (bf16 && variant >= 5) {  // the key-split kernels; other shapes run variant 4
+    if (bf16 && variant >= 7) {  // the key-split kernels; other shapes run variant 4
       const bool cluster = variant == 9 && splits8 >= 2 &&
                            splits8 <= kernels::kMlaClusterMergeMaxSplits && cc_major >= 9;
       EXPECT_STREQ(kernels::MlaAttentionKernelName(p), !key_split_shape ? kernel.c_str()
@@ -370,15 +371,31 @@ TEST(MlaAttentionKernelLimitsTest, RejectsTooWideLatent) {
   EXPECT_EQ(kernels::MlaAttentionPerHeadF32(p, nullptr), cudaErrorInvalidValue);
 }
 
+TEST(MlaAttentionKernelLimitsTest, ValidMmaVariants) {
+  // The kept numbers keep their meaning; the removed variants' numbers are not reused.
+  for (int32_t v = -2; v <= kernels::kMaxMlaMmaVariant + 2; ++v) {
+    const bool kept = v == 0 || v == 4 || v == 7 || v == 8 || v == 9;
+    EXPECT_EQ(kernels::MlaMmaVariantIsValid(v), kept) << "variant " << v;
+  }
+  EXPECT_STREQ(kernels::kMlaMmaVariantList, "0, 4, 7, 8, 9");
+}
+
 TEST(MlaAttentionKernelLimitsTest, RejectsUnknownMmaVariant) {
   DEEPINFER_SKIP_WITHOUT_GPU();
   kernels::MlaAttentionParams p;
   p.num_tokens = 1;
   p.num_heads = 1;
   p.cache = {nullptr, 16, 512, 64, kernels::LatentCacheType::kBFloat16};
-  p.mma_variant = kernels::kMaxMlaMmaVariant + 1;
-  EXPECT_EQ(kernels::MlaAttentionF32(p, nullptr), cudaErrorInvalidValue);
-  EXPECT_STREQ(kernels::MlaAttentionKernelName(p), "invalid");
+  // Out of range, and the removed variants 1-3, 5 and 6.
+  for (int32_t v : {-1, 1, 2, 3, 5, 6, kernels::kMaxMlaMmaVariant + 1}) {
+    SCOPED_TRACE(::testing::Message() << "mma_variant " << v);
+    p.mma_variant = v;
+    EXPECT_EQ(kernels::MlaAttentionF32(p, nullptr), cudaErrorInvalidValue);
+    EXPECT_STREQ(kernels::MlaAttentionKernelName(p), "invalid");
+    EXPECT_FALSE(kernels::MlaAttentionBf16Operands(p));
+    size_t bytes = 0;
+    EXPECT_EQ(kernels::MlaAttentionWorkspaceBytes(p, &bytes), cudaErrorInvalidValue);
+  }
 }
 
 TEST(MlaAttentionKernelLimitsTest, RejectsTooManySplits) {

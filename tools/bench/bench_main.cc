@@ -112,9 +112,9 @@ int main(int argc, char** argv) {
                "(0: never, for a before/after comparison; -1: the backend's default).");
   flags.AddInt("mla-decode-variant", &config.mla_decode_variant,
                "CUDA: the MLA decode attention kernel's variant (kernels::MlaAttentionParams::\n"
-               "mma_variant: 6 the 32-key key-split kernel, 7 it with the shorter start-up, 8 7\n"
-               "with bf16 Q and P, 9 8 with the split merge in a thread-block cluster, ...;\n"
-               "0: the kernel's default).");
+               "mma_variant: 4 the chunked tensor-core kernel, 7 the key-split kernel, 8 7 with\n"
+               "bf16 Q and P, 9 8 with the split merge in a thread-block cluster; 0: the kernel's\n"
+               "default, 9; other values are rejected).");
   flags.AddBool("gemm-autotune", &config.gemm_autotune,
                 "CUDA, bf16: GEMMs from CudaBackend::kGemmAutotuneMinRows rows through\n"
                 "cuBLASLt with the fastest of its heuristic algorithms, timed per shape at its\n"

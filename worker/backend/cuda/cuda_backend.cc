@@ -876,10 +876,10 @@ bool CudaBackend::UsesTensorCoreAttention(const MlaSequenceSpan& s) const {
 }
 
 absl::Status CudaBackend::SetMlaDecodeVariant(int32_t variant) {
-  if (variant < 0 || variant > kernels::kMaxMlaMmaVariant) {
+  if (!kernels::MlaMmaVariantIsValid(variant)) {
     return absl::InvalidArgumentError(absl::StrCat("CudaBackend::SetMlaDecodeVariant: variant ",
-                                                   variant, " is outside [0, ",
-                                                   kernels::kMaxMlaMmaVariant, "]"));
+                                                   variant, " is not one of ",
+                                                   kernels::kMlaMmaVariantList));
   }
   mla_decode_variant_ = variant;
   return absl::OkStatus();

@@ -334,8 +334,8 @@ class CudaBackend : public Backend {
   // Overrides kMlaPrefillMinTokens (0: never use MlaPrefillBf16), for benchmarks.
   void SetMlaPrefillMinTokens(int32_t n) { mla_prefill_min_tokens_ = n; }
   // kernels::MlaAttentionParams::mma_variant of every kernels::MlaAttentionF32 call (decode
-  // attention; 0: the kernel's default); INVALID_ARGUMENT outside [0, kMaxMlaMmaVariant]. For
-  // benchmarks (deepinfer-bench --mla-decode-variant) and tests.
+  // attention; 0: the kernel's default); INVALID_ARGUMENT unless kernels::MlaMmaVariantIsValid
+  // (0, 4, 7, 8 or 9). For benchmarks (deepinfer-bench --mla-decode-variant) and tests.
   absl::Status SetMlaDecodeVariant(int32_t variant);
   int32_t mla_decode_variant() const { return mla_decode_variant_; }
   // A batch of kMlaDecodeSmallMaxTokens (1) token without prefill spans whose context is at most

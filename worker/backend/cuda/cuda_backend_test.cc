@@ -1562,10 +1562,12 @@ TEST_F(CudaBackendTest, KernelErrorsAreRecordedWithTheCallNamed) {
 }
 
 TEST_F(CudaBackendTest, SetMlaDecodeVariantRejectsUnknownVariants) {
-  for (int32_t bad : {-1, kernels::kMaxMlaMmaVariant + 1}) {
+  // Out of range, and the removed variants 1-3, 5 and 6 (the message lists the valid ones).
+  for (int32_t bad : {-1, 1, 2, 3, 5, 6, kernels::kMaxMlaMmaVariant + 1}) {
     const absl::Status st = gpu_->SetMlaDecodeVariant(bad);
     EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument) << st;
     EXPECT_NE(st.message().find("variant " + std::to_string(bad)), absl::string_view::npos) << st;
+    EXPECT_NE(st.message().find("0, 4, 7, 8, 9"), absl::string_view::npos) << st;
   }
   EXPECT_EQ(gpu_->mla_decode_variant(), 0);  // unchanged by the rejected calls
   ASSERT_TRUE(gpu_->SetMlaDecodeVariant(7).ok());
@@ -1642,6 +1644,7 @@ TEST_F(CudaBackendTest, MlaDecodeMatchesCpuAtEveryVariant) {
                                q_rope, cache_elems);
   MlaAttentionArgs g = device.args;
   for (int32_t variant = 0; variant <= kernels::kMaxMlaMmaVariant; ++variant) {
+    if (!kernels::MlaMmaVariantIsValid(variant)) continue;  // removed variants (1-3, 5, 6)
     SCOPED_TRACE(::testing::Message() << "variant " << variant);
     ASSERT_TRUE(gpu_->SetMlaDecodeVariant(variant).ok());
     auto out = Poisoned(want.size());
