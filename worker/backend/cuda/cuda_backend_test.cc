@@ -662,6 +662,39 @@ class RoutedExpertsTest : public CudaBackendTest {
     return "?";
   }
 
+  // Random bf16 weights of a MoE block: the E routed experts (gate_up [2I x H], down [H x I],
+  // slot e holding expert e) and the shared experts (intermediate SI); the device copies kept in
+  // *keep, the host copies rounded to bf16 as the device holds them.
+  struct BlockWeights {
+    std::vector<const void*> gu_ptr, dn_ptr;
+    std::vector<std::vector<float>> gu_ref, dn_ref;
+    std::vector<float> sgu, sdn;
+    WeightView sgu_gpu, sdn_gpu;
+  };
+  BlockWeights RandomBlockWeights(int64_t SI, uint32_t seed,
+                                  std::vector<std::unique_ptr<DeviceBuffer>>* keep) {
+    BlockWeights b;
+    b.gu_ptr.resize(E);
+    b.dn_ptr.resize(E);
+    b.gu_ref.resize(E);
+    b.dn_ref.resize(E);
+    for (int64_t e = 0; e < E; ++e) {
+      b.gu_ref[e] = testing::RandomFloats(2 * I * H, seed + 10 + e, 0.125f);
+      b.dn_ref[e] = testing::RandomFloats(H * I, seed + 1000 + e, 0.125f);
+      b.gu_ptr[e] = GpuBf16(b.gu_ref[e], keep).data;
+      b.dn_ptr[e] = GpuBf16(b.dn_ref[e], keep).data;
+      for (float& v : b.gu_ref[e]) v = RoundToBf16(v);
+      for (float& v : b.dn_ref[e]) v = RoundToBf16(v);
+    }
+    b.sgu = testing::RandomFloats(2 * SI * H, seed + 7, 0.125f);
+    b.sdn = testing::RandomFloats(H * SI, seed + 8, 0.125f);
+    b.sgu_gpu = GpuBf16(b.sgu, keep);
+    b.sdn_gpu = GpuBf16(b.sdn, keep);
+    for (float& v : b.sgu) v = RoundToBf16(v);
+    for (float& v : b.sdn) v = RoundToBf16(v);
+    return b;
+  }
+
   // The arguments of one RoutedExperts call on T tokens with device copies of its inputs (kept
   // alive in *inputs): hidden rows x, routing ids / weights w, the experts' weight tables (slot e
   // holds expert e), writing `out`.
@@ -1002,21 +1035,8 @@ TEST_F(RoutedExpertsTest, RoutedAndSharedExpertsMatchCpuOps) {
       ids.insert(ids.end(), mine.begin(), mine.end());
     }
     std::vector<std::unique_ptr<DeviceBuffer>> keep;
-    std::vector<const void*> gu_ptr(E), dn_ptr(E);
-    std::vector<std::vector<float>> gu_ref(E), dn_ref(E);
-    for (int64_t e = 0; e < E; ++e) {
-      gu_ref[e] = testing::RandomFloats(2 * I * H, seed + 10 + e, 0.125f);
-      dn_ref[e] = testing::RandomFloats(H * I, seed + 1000 + e, 0.125f);
-      gu_ptr[e] = GpuBf16(gu_ref[e], &keep).data;
-      dn_ptr[e] = GpuBf16(dn_ref[e], &keep).data;
-      for (float& v : gu_ref[e]) v = RoundToBf16(v);
-      for (float& v : dn_ref[e]) v = RoundToBf16(v);
-    }
-    auto sgu = testing::RandomFloats(2 * SI * H, seed + 7, 0.125f);
-    auto sdn = testing::RandomFloats(H * SI, seed + 8, 0.125f);
-    const WeightView sgu_gpu = GpuBf16(sgu, &keep), sdn_gpu = GpuBf16(sdn, &keep);
-    for (float& v : sgu) v = RoundToBf16(v);
-    for (float& v : sdn) v = RoundToBf16(v);
+    BlockWeights bw = RandomBlockWeights(SI, seed, &keep);
+    const auto& [gu_ptr, dn_ptr, gu_ref, dn_ref, sgu, sdn, sgu_gpu, sdn_gpu] = bw;
 
     std::vector<float> want(T * H, 0.0f), gu(2 * SI), act(SI), y(H);
     for (int64_t t = 0; t < T; ++t) {
@@ -1159,21 +1179,8 @@ TEST_F(RoutedExpertsTest, ResidentWorkspacesChangeNoBit) {
     const uint32_t seed = testing::FreshSeed();
     SCOPED_TRACE(::testing::Message() << "tokens " << T << " seed " << seed);
     std::vector<std::unique_ptr<DeviceBuffer>> keep;
-    std::vector<const void*> gu_ptr(E), dn_ptr(E);
-    std::vector<std::vector<float>> gu_ref(E), dn_ref(E);
-    for (int64_t e = 0; e < E; ++e) {
-      gu_ref[e] = testing::RandomFloats(2 * I * H, seed + 10 + e, 0.125f);
-      dn_ref[e] = testing::RandomFloats(H * I, seed + 1000 + e, 0.125f);
-      gu_ptr[e] = GpuBf16(gu_ref[e], &keep).data;
-      dn_ptr[e] = GpuBf16(dn_ref[e], &keep).data;
-      for (float& v : gu_ref[e]) v = RoundToBf16(v);
-      for (float& v : dn_ref[e]) v = RoundToBf16(v);
-    }
-    auto sgu = testing::RandomFloats(2 * SI * H, seed + 7, 0.125f);
-    auto sdn = testing::RandomFloats(H * SI, seed + 8, 0.125f);
-    const WeightView sgu_gpu = GpuBf16(sgu, &keep), sdn_gpu = GpuBf16(sdn, &keep);
-    for (float& v : sgu) v = RoundToBf16(v);
-    for (float& v : sdn) v = RoundToBf16(v);
+    BlockWeights bw = RandomBlockWeights(SI, seed, &keep);
+    const auto& [gu_ptr, dn_ptr, gu_ref, dn_ref, sgu, sdn, sgu_gpu, sdn_gpu] = bw;
     std::vector<float> norm_w = testing::RandomFloats(H, seed + 3, 0.2f);
     for (float& v : norm_w) v += 1.0f;
     auto residual = Upload(testing::RandomFloats(T * H, seed + 4, 1.0f));
