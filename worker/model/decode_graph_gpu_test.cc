@@ -64,16 +64,24 @@ class DecodeGraphGpuTest : public ::testing::Test {
     ASSERT_TRUE(b.ok()) << b.status();
     backend_ = std::move(*b);
   }
+  // The model three ways on backend_: decode graphs recorded and replayed, the same padded
+  // steps run eagerly (replay off), and graphs off (plain eager steps).
+  struct ThreeWays {
+    std::unique_ptr<DeepseekV3Model> graphs, eager_padded, eager;
+  };
+  ThreeWays LoadThreeWays() {
+    DecodeGraphOptions on, padded_eager, off;
+    padded_eager.replay = false;
+    off.enabled = false;
+    return {Load(backend_.get(), on), Load(backend_.get(), padded_eager),
+            Load(backend_.get(), off)};
+  }
   std::unique_ptr<CudaBackend> backend_;
 };
 
 TEST_F(DecodeGraphGpuTest, ReplayEqualsPaddedEagerBitForBitAndPlainEagerClosely) {
-  DecodeGraphOptions on, padded_eager, off;
-  padded_eager.replay = false;
-  off.enabled = false;
-  auto graphs = Load(backend_.get(), on);
-  auto eager_padded = Load(backend_.get(), padded_eager);
-  auto eager = Load(backend_.get(), off);
+  ThreeWays m = LoadThreeWays();
+  auto& [graphs, eager_padded, eager] = m;
   ASSERT_TRUE(graphs && eager_padded && eager);
 
   auto a = RunDecodeSchedule(graphs.get(), backend_.get(), kSchedule, 100);
@@ -124,12 +132,8 @@ TEST_F(DecodeGraphGpuTest, ReplayEqualsPaddedEagerBitForBitAndPlainEagerClosely)
 // one-launch kernel off the tokens agree.
 TEST_F(DecodeGraphGpuTest, OneTokenGraphsOnBothSidesOfTheContextBreak) {
   ASSERT_TRUE(backend_->SetMlaDecodeSmallMaxContext(8).ok());
-  DecodeGraphOptions on, padded_eager, off;
-  padded_eager.replay = false;
-  off.enabled = false;
-  auto graphs = Load(backend_.get(), on);
-  auto eager_padded = Load(backend_.get(), padded_eager);
-  auto eager = Load(backend_.get(), off);
+  ThreeWays m = LoadThreeWays();
+  auto& [graphs, eager_padded, eager] = m;
   ASSERT_TRUE(graphs && eager_padded && eager);
   const std::vector<int64_t> schedule = {1, 1, 1, 2, 1, 1, 1, 1, 1, 1, 1, 1, 2, 1};
   auto a = RunDecodeSchedule(graphs.get(), backend_.get(), schedule, 2);
@@ -233,12 +237,8 @@ TEST_F(DecodeGraphGpuTest, FailedRecordingLeavesTheBackendUsable) {
 // tokens agree (>= 85%; the logprob difference is printed). Op timing shows the op was taken.
 TEST_F(DecodeGraphGpuTest, DenseMlpFusedReplayEqualsPaddedEagerAndStaysCloseToTheOps) {
   backend_->SetDecodeDenseMlpFused(true);
-  DecodeGraphOptions on, padded_eager, off;
-  padded_eager.replay = false;
-  off.enabled = false;
-  auto graphs = Load(backend_.get(), on);
-  auto eager_padded = Load(backend_.get(), padded_eager);
-  auto eager = Load(backend_.get(), off);
+  ThreeWays m = LoadThreeWays();
+  auto& [graphs, eager_padded, eager] = m;
   ASSERT_TRUE(graphs && eager_padded && eager);
   const std::vector<int64_t> schedule = {1, 1, 3, 1, 1, 5, 1, 1};
   auto a = RunDecodeSchedule(graphs.get(), backend_.get(), schedule, 6);
