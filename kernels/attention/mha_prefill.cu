@@ -30,31 +30,6 @@ constexpr size_t kAlign = 256;
 
 size_t AlignUp(size_t v) { return (v + kAlign - 1) / kAlign * kAlign; }
 
-// keys[key_base + j, :] = bf16(cache entry j of block-table row seq), j < len; 8 values a step.
-template <typename T>
-__global__ void GatherEntriesKernel(const T* cache, int block_size, int dim, const int32_t* tables,
-                                    int max_blocks, int seq, int64_t len, __nv_bfloat16* keys) {
-  const int vecs = dim / 8;
-  const int64_t total = len * vecs;
-  for (int64_t v = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; v < total;
-       v += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-    const int64_t j = v / vecs;
-    const int c = static_cast<int>(v - j * vecs) * 8;
-    const int32_t block = tables[static_cast<int64_t>(seq) * max_blocks + j / block_size];
-    const T* src = cache + (static_cast<int64_t>(block) * block_size + j % block_size) * dim + c;
-    __align__(16) __nv_bfloat16 b[8];
-#pragma unroll
-    for (int i = 0; i < 8; ++i) {
-      if constexpr (sizeof(T) == 2) {
-        b[i] = __ushort_as_bfloat16(src[i]);
-      } else {
-        b[i] = __float2bfloat16_rn(src[i]);
-      }
-    }
-    *reinterpret_cast<uint4*>(keys + j * dim + c) = *reinterpret_cast<const uint4*>(b);
-  }
-}
-
 // -------------------------------------------------------------------------------------------
 // The flash kernel. A block (4 warps) takes 64 query tokens of one (sequence, head); warp w owns
 // rows 16w .. 16w + 15 for the whole key range (no cross-warp reductions): S = Q K^T over 192
@@ -90,10 +65,9 @@ struct Args {
   int32_t heads;
   int32_t max_tiles;  // query tiles of the launch's longest sequence; block z covers tile
   int32_t z_offset;   // max_tiles - 1 - (z_offset + blockIdx.z)
-  // The 128-row kernels' block order (1-D grid of num_seqs * heads * max_tiles blocks): pairs
-  // (sequence, head) in groups of pair_group (0: one group, i.e. tile-major), each group's
-  // blocks tile by tile from the longest, heads fastest.
-  int32_t num_seqs, pair_group;
+  // The 128-row kernel's block order (1-D grid of num_seqs * heads * max_tiles blocks): tile by
+  // tile from the longest, the (sequence, head) pairs fastest, heads fastest within a sequence.
+  int32_t num_seqs;
   float scale_log2;  // softmax_scale * log2(e)
   float* out;
   __nv_bfloat16* out_bf16;
@@ -295,32 +269,23 @@ __global__ void __launch_bounds__(kThreads, 2) FlashKernel(const __grid_constant
 }
 
 // -------------------------------------------------------------------------------------------
-// The wide flash kernels (MhaFlashKernel::kRows128*). A block (4 warps) takes 128 query rows of
+// The wide flash kernel (MhaFlashKernel::kRows128). A block (4 warps) takes 128 query rows of
 // one (sequence, head); warp w owns rows 32w .. 32w + 31 as two 16-row m-tiles, so each K or V
 // fragment read from shared memory (ldmatrix) feeds 4 MMAs instead of 2: per 64 keys a warp
 // issues 104 ldmatrix.x4 for 320 MMAs where the 64-row kernel issues 92 for 160 (shared-memory
 // reads, not the tensor cores, bound the 64-row kernel). Registers: 128 fp32 output accumulators
-// and 2 x kKeyTile / 2 score accumulators per thread. Shared memory: Q (48 KiB) and kStages
-// (K tile of kKeyTile x 384 B, V tile of kKeyTile x 256 B): 88 KiB for one 64-key stage or two
-// 32-key stages, two blocks per SM.
-//   kStages 1 (FlashAttention-2's pipeline): wait K_j, barrier, start V_j (V_0 comes with K_0);
-//     S = Q K_j^T and the softmax; wait V_j, barrier, start K_{j+1}; O += P V_j.
-//   kStages 2: wait tile j, barrier, start tile j + 1 into the other stage, then S, softmax and
-//     O += P V_j (one barrier a tile; the loop is unrolled by two so stage offsets are constants).
+// and 2 x kWideKeys / 2 score accumulators per thread. Shared memory: Q (48 KiB), one K tile of
+// kWideKeys x 384 B and one V tile of kWideKeys x 256 B: 88 KiB, two blocks per SM. The pipeline
+// is FlashAttention-2's: wait K_j, barrier, start V_j (V_0 comes with K_0); S = Q K_j^T and the
+// softmax; wait V_j, barrier, start K_{j+1}; O += P V_j (measured faster than 32-key tiles,
+// single or double-buffered, docs/cuda.md).
 // A warp whose last row is before a tile's first key skips the tile's math (it still joins the
 // barriers and the loads). The softmax keeps the raw score maxima and folds scale * log2(e) into
 // one FMA before ex2.approx.
 constexpr int kWideRows = 128;
+constexpr int kWideKeys = 64;
 constexpr int kWideQBytes = kWideRows * kQkRowBytes;
-
-template <int kKeyTile>
-__host__ __device__ constexpr int WideStageBytes() {
-  return kKeyTile * (kQkRowBytes + kVRowBytes);
-}
-template <int kKeyTile, int kStages>
-__host__ __device__ constexpr int WideSmemBytes() {
-  return kWideQBytes + kStages * WideStageBytes<kKeyTile>();
-}
+constexpr int kWideSmemBytes = kWideQBytes + kWideKeys * (kQkRowBytes + kVRowBytes);
 
 __device__ __forceinline__ float Exp2Approx(float x) {
   float y;
@@ -477,25 +442,16 @@ __device__ __forceinline__ void WideAccumulate(const ChunkAddrs& v_at, int v_off
   }
 }
 
-template <int kKeyTile, int kStages>
 __global__ void __launch_bounds__(kThreads, 2) FlashWideKernel(const __grid_constant__ Args a) {
-  static_assert(kKeyTile == 32 || kKeyTile == 64, "key tiles of 32 or 64");
-  static_assert(kStages == 1 || kStages == 2, "one or two stages");
-  constexpr int kStage = WideStageBytes<kKeyTile>();
-  constexpr int kKBytes = kKeyTile * kQkRowBytes;  // V after K in a stage
+  constexpr int kKeyTile = kWideKeys;
+  constexpr int kKBytes = kKeyTile * kQkRowBytes;  // V after K
   extern __shared__ __align__(128) unsigned char smem[];
-  // Block -> (pair group, tile rank, pair); in one group (the default) the longest tiles of all
-  // pairs come first.
+  // Block -> (tile rank, pair): the longest tiles of all pairs come first.
   const int pairs = a.num_seqs * a.heads;
-  const int group = a.pair_group > 0 ? a.pair_group : pairs;
-  const int per_group = group * a.max_tiles;
-  const int first_pair = static_cast<int>(blockIdx.x) / per_group * group;
-  const int rem = static_cast<int>(blockIdx.x) % per_group;
-  const int group_pairs = min(group, pairs - first_pair);
-  const int pair = first_pair + rem % group_pairs;
+  const int pair = static_cast<int>(blockIdx.x) % pairs;
   const int h = pair % a.heads;
   const Seq& s = a.seqs[pair / a.heads];
-  const int tile = a.max_tiles - 1 - rem / group_pairs;
+  const int tile = a.max_tiles - 1 - static_cast<int>(blockIdx.x) / pairs;
   if (tile >= s.tiles) return;
   const int row0 = tile * kWideRows;
   const int past = s.context_len - s.num_tokens;
@@ -506,10 +462,9 @@ __global__ void __launch_bounds__(kThreads, 2) FlashWideKernel(const __grid_cons
   const uint32_t q_tile = SharedAddr(smem);
   const uint32_t stage0 = q_tile + kWideQBytes;
 
-  // Tile 0's K and V first (V as its own group in the one-stage pipeline), then Q.
+  // Tile 0's K first (V_0 follows as its own group in the loop), then Q.
   LoadWideTile<kKeyTile, true>(a, s, h, 0, kv_end, stage0);
   CopyAsyncCommit();
-  if (kStages == 2) LoadWideTile<kKeyTile, false>(a, s, h, 0, kv_end, stage0 + kKBytes);
   CopyAsyncCommit();
 
   // Q tile in bf16 (rows past the sequence's last are zero, never written out): 8 chunks of 8
@@ -571,46 +526,24 @@ __global__ void __launch_bounds__(kThreads, 2) FlashWideKernel(const __grid_cons
                         lane / 16, lane);
 
   float sc[2][kKeyTile / 8][4];
-  if constexpr (kStages == 1) {
-    for (int kt = 0; kt < num_kt; ++kt) {
-      CopyAsyncWait<0>();
-      __syncthreads();  // K_kt (and Q) visible; every warp is done with V_{kt-1}
-      LoadWideTile<kKeyTile, false>(a, s, h, kt, kv_end, stage0 + kKBytes);
+  for (int kt = 0; kt < num_kt; ++kt) {
+    CopyAsyncWait<0>();
+    __syncthreads();  // K_kt (and Q) visible; every warp is done with V_{kt-1}
+    LoadWideTile<kKeyTile, false>(a, s, h, kt, kv_end, stage0 + kKBytes);
+    CopyAsyncCommit();
+    // Key tiles past the warp's last row contribute nothing to its rows (tile 0 never is).
+    const bool active = kt * kKeyTile <= warp_last_pos;
+    if (active) {
+      WideScores<kKeyTile>(q_at, k_at, 0, kt, my_row, past, last_row, warp_first_pos, a.scale_log2,
+                           t4, sc, r);
+    }
+    CopyAsyncWait<0>();
+    __syncthreads();  // V_kt visible; every warp is done with K_kt
+    if (kt + 1 < num_kt) {
+      LoadWideTile<kKeyTile, true>(a, s, h, kt + 1, kv_end, stage0);
       CopyAsyncCommit();
-      // Key tiles past the warp's last row contribute nothing to its rows (tile 0 never is).
-      const bool active = kt * kKeyTile <= warp_last_pos;
-      if (active) {
-        WideScores<kKeyTile>(q_at, k_at, 0, kt, my_row, past, last_row, warp_first_pos,
-                             a.scale_log2, t4, sc, r);
-      }
-      CopyAsyncWait<0>();
-      __syncthreads();  // V_kt visible; every warp is done with K_kt
-      if (kt + 1 < num_kt) {
-        LoadWideTile<kKeyTile, true>(a, s, h, kt + 1, kv_end, stage0);
-        CopyAsyncCommit();
-      }
-      if (active) WideAccumulate<kKeyTile>(v_at, 0, sc, r);
     }
-  } else {
-    // Tile kt in stage kt % 2; the loop body twice, for stage offsets known at compile time.
-    auto step = [&](int kt, int this_off, int next_off) {
-      CopyAsyncWait<0>();
-      __syncthreads();  // tile kt (and Q) visible; every warp is done with tile kt - 1
-      if (kt + 1 < num_kt) {
-        LoadWideTile<kKeyTile, true>(a, s, h, kt + 1, kv_end, stage0 + next_off);
-        LoadWideTile<kKeyTile, false>(a, s, h, kt + 1, kv_end, stage0 + next_off + kKBytes);
-        CopyAsyncCommit();
-      }
-      if (kt * kKeyTile <= warp_last_pos) {
-        WideScores<kKeyTile>(q_at, k_at, this_off, kt, my_row, past, last_row, warp_first_pos,
-                             a.scale_log2, t4, sc, r);
-        WideAccumulate<kKeyTile>(v_at, this_off, sc, r);
-      }
-    };
-    for (int kt = 0; kt < num_kt; kt += 2) {
-      step(kt, 0, kStage);
-      if (kt + 1 < num_kt) step(kt + 1, kStage, 0);
-    }
+    if (active) WideAccumulate<kKeyTile>(v_at, 0, sc, r);
   }
 
   // O / l, rows of this sequence only.
@@ -641,7 +574,7 @@ __global__ void __launch_bounds__(kThreads, 2) FlashWideKernel(const __grid_cons
 }  // namespace mha
 
 // -------------------------------------------------------------------------------------------
-// The one-launch gather (MhaGather::kOneLaunch): block row y copies sequence y of the group,
+// The gather: block row y copies sequence y of the group,
 // 8 values (16 bytes of bf16) a thread and step; the entries of a key are contiguous in both the
 // cache and the workspace, so a warp's loads and stores are 512 contiguous bytes.
 struct GatherSeq {
@@ -698,7 +631,7 @@ bool ShapeOk(const MhaPrefillParams& p) {
          p.q_token_stride % 4 == 0 && p.q_head_stride % 4 == 0 && Aligned16(p.cache) &&
          Aligned16(p.kv_b) && p.out_token_stride >= static_cast<int64_t>(p.num_heads) * p.v_dim &&
          p.out_token_stride % 2 == 0 && (p.sequences != nullptr || p.num_sequences == 0) &&
-         p.num_sequences >= 0 && p.flash_pair_group >= 0;
+         p.num_sequences >= 0;
 }
 
 bool SequencesOk(const MhaPrefillParams& p) {
@@ -722,11 +655,10 @@ bool Supported(const MhaPrefillParams& p) {
 
 // Whether the device runs the wide kernel (the first call also raises its dynamic shared-memory
 // limit).
-template <int kKeyTile, int kStages>
 bool WideSupported() {
-  constexpr int kBytes = mha::WideSmemBytes<kKeyTile, kStages>();
-  const KernelFacts f = KernelFactsForCurrentDevice(
-      reinterpret_cast<const void*>(mha::FlashWideKernel<kKeyTile, kStages>), kBytes);
+  constexpr int kBytes = mha::kWideSmemBytes;
+  const KernelFacts f =
+      KernelFactsForCurrentDevice(reinterpret_cast<const void*>(mha::FlashWideKernel), kBytes);
   return f.error == cudaSuccess && f.ptx_version >= 80 && f.max_smem >= kBytes;
 }
 
@@ -746,12 +678,9 @@ MhaFlashKernel FlashFor(const MhaPrefillParams& p, int32_t begin, int32_t end) {
   if (k == MhaFlashKernel::kAuto) {
     const int64_t at64 = PaddedRows(p, begin, end, mha::kRows);
     const int64_t at128 = PaddedRows(p, begin, end, mha::kWideRows);
-    k = 8 * at128 <= 9 * at64 ? MhaFlashKernel::kRows128Keys64 : MhaFlashKernel::kRows64;
+    k = 8 * at128 <= 9 * at64 ? MhaFlashKernel::kRows128 : MhaFlashKernel::kRows64;
   }
-  const bool ok = k == MhaFlashKernel::kRows64 ||
-                  (k == MhaFlashKernel::kRows128Keys64 && WideSupported<64, 1>()) ||
-                  (k == MhaFlashKernel::kRows128Keys32 && WideSupported<32, 1>()) ||
-                  (k == MhaFlashKernel::kRows128Keys32Stages2 && WideSupported<32, 2>());
+  const bool ok = k == MhaFlashKernel::kRows64 || WideSupported();
   return ok ? k : MhaFlashKernel::kRows64;
 }
 
@@ -860,33 +789,19 @@ cudaError_t MhaPrefillBf16(const MhaPrefillParams& p, cublasHandle_t blas, cudaS
     ga.keys = entries;
     for (int32_t i = g.begin; i < g.end; ++i) {
       const MhaPrefillSequence& s = p.sequences[i];
-      const int64_t work = static_cast<int64_t>(s.context_len) * (entry / 8);
       ga.seqs[i - g.begin] = {s.seq, s.context_len, key_base};
       max_len = std::max<int64_t>(max_len, s.context_len);
-      if (p.gather != MhaGather::kPerSequence) {
-        // One launch for the whole group, after this loop.
-      } else if (p.cache_bf16) {
-        GatherEntriesKernel<uint16_t><<<GridFor(work), kCopyThreads, 0, stream>>>(
-            static_cast<const uint16_t*>(p.cache), p.block_size, entry, p.block_tables,
-            p.max_blocks_per_seq, s.seq, s.context_len, entries + key_base * entry);
-      } else {
-        GatherEntriesKernel<float><<<GridFor(work), kCopyThreads, 0, stream>>>(
-            static_cast<const float*>(p.cache), p.block_size, entry, p.block_tables,
-            p.max_blocks_per_seq, s.seq, s.context_len, entries + key_base * entry);
-      }
       const int64_t tiles = (s.num_tokens + rows - 1) / rows;
       a.seqs[i - g.begin] = {s.first_token, s.num_tokens, s.context_len,
                              static_cast<int32_t>(key_base), static_cast<int32_t>(tiles)};
       max_tiles = std::max(max_tiles, tiles);
       key_base += s.context_len;
     }
-    if (p.gather == MhaGather::kOneLaunch) {
-      const dim3 grid(GridFor(max_len * (entry / 8)), static_cast<unsigned>(g.end - g.begin));
-      if (p.cache_bf16) {
-        GatherGroupKernel<true><<<grid, kCopyThreads, 0, stream>>>(ga);
-      } else {
-        GatherGroupKernel<false><<<grid, kCopyThreads, 0, stream>>>(ga);
-      }
+    const dim3 gather_grid(GridFor(max_len * (entry / 8)), static_cast<unsigned>(g.end - g.begin));
+    if (p.cache_bf16) {
+      GatherGroupKernel<true><<<gather_grid, kCopyThreads, 0, stream>>>(ga);
+    } else {
+      GatherGroupKernel<false><<<gather_grid, kCopyThreads, 0, stream>>>(ga);
     }
     cudaError_t e = cudaGetLastError();
     if (e != cudaSuccess) return e;
@@ -922,18 +837,8 @@ cudaError_t MhaPrefillBf16(const MhaPrefillParams& p, cublasHandle_t blas, cudaS
     if (flash != MhaFlashKernel::kRows64) {
       const int64_t pairs = static_cast<int64_t>(g.end - g.begin) * p.num_heads;
       a.num_seqs = g.end - g.begin;
-      a.pair_group = p.flash_pair_group;
       const dim3 grid(static_cast<unsigned>(pairs * max_tiles));
-      if (flash == MhaFlashKernel::kRows128Keys64) {
-        mha::FlashWideKernel<64, 1>
-            <<<grid, mha::kThreads, mha::WideSmemBytes<64, 1>(), stream>>>(a);
-      } else if (flash == MhaFlashKernel::kRows128Keys32) {
-        mha::FlashWideKernel<32, 1>
-            <<<grid, mha::kThreads, mha::WideSmemBytes<32, 1>(), stream>>>(a);
-      } else {
-        mha::FlashWideKernel<32, 2>
-            <<<grid, mha::kThreads, mha::WideSmemBytes<32, 2>(), stream>>>(a);
-      }
+      mha::FlashWideKernel<<<grid, mha::kThreads, mha::kWideSmemBytes, stream>>>(a);
       e = cudaGetLastError();
       if (e != cudaSuccess) return e;
       continue;

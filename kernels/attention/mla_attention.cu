@@ -36,13 +36,10 @@
 // exact bf16 already: fp32-grade math at tensor-core speed. Warps split the 576-long score dot
 // products (k-steps), sum them through shared memory in a fixed order, and then each runs the
 // online softmax for all 16 heads itself and owns a quarter of the latent columns of O.
-// Variants 8 and 9 of the key-split kernel (the default since session 8) drop the lo parts:
-// bf16 Q and P, one MMA per product, as FlashMLA; 9 also merges 2-3 context splits inside a
-// thread-block cluster instead of through the workspace and MlaCombineKernel (described at
-// MlaBf16KeySplitKernel).
-//
-// MlaAttentionPerHeadF32, the earlier kernel: one block per (token, head), keys scored one warp
-// per key, online softmax rescaling per-thread latent accumulators.
+// The key-split kernel (variant 9, the default) drops the lo parts: bf16 Q and P, one MMA per
+// product, as FlashMLA, and merges 2-3 context splits inside a thread-block cluster instead of
+// through the workspace and MlaCombineKernel (described at MlaBf16KeySplitKernel).
+
 #include <cooperative_groups.h>
 #include <cuda_bf16.h>
 #include <math.h>
@@ -67,11 +64,6 @@ using sm80::LdMatrixX4;
 using sm80::MmaBf16;
 using sm80::SharedAddr;
 
-constexpr int kThreads = 128;
-constexpr int kWarps = kThreads / 32;
-constexpr int kChunk = 32;  // keys scored per round
-constexpr int kPerThread = kMaxMlaLatentDim / kThreads;
-
 // Cache element <-> fp32.
 __device__ __forceinline__ float ToFloat(float x) { return x; }
 __device__ __forceinline__ float ToFloat(__nv_bfloat16 x) { return __bfloat162float(x); }
@@ -91,78 +83,6 @@ __global__ void WriteLatentCacheKernel(const float* latent, int64_t ld_latent,
     Store(i < cache.latent_dim ? latent[t * ld_latent + i]
                                : rope_key[t * ld_rope + (i - cache.latent_dim)],
           dst + i);
-  }
-}
-
-__device__ __forceinline__ const float* Entry(const MlaAttentionParams& p, const int32_t* table,
-                                              int64_t j) {
-  const int64_t bs = p.cache.block_size;
-  const int64_t entry = p.cache.latent_dim + p.cache.rope_dim;
-  return static_cast<const float*>(p.cache.cache) +
-         (static_cast<int64_t>(table[j / bs]) * bs + j % bs) * entry;
-}
-
-__global__ void MlaAttentionPerHeadKernel(MlaAttentionParams p) {
-  extern __shared__ float smem[];
-  const int latent = p.cache.latent_dim, rope = p.cache.rope_dim;
-  float* q = smem;                      // [latent + rope]
-  float* score = smem + latent + rope;  // [kChunk]
-  const int64_t t = blockIdx.x, h = blockIdx.y;
-  const float* ql = p.q_latent + (t * p.num_heads + h) * latent;
-  const float* qr = p.q_rope + t * p.q_rope_token_stride + h * p.q_rope_head_stride;
-  for (int i = threadIdx.x; i < latent + rope; i += kThreads) {
-    q[i] = i < latent ? ql[i] : qr[i - latent];
-  }
-  __syncthreads();
-
-  const int32_t* table =
-      p.block_tables + static_cast<int64_t>(p.token_seq[t]) * p.max_blocks_per_seq;
-  const int64_t len = p.context_len[t];
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  float running_max = -INFINITY, denom = 0.0f;
-  float acc[kPerThread];
-#pragma unroll
-  for (int c = 0; c < kPerThread; ++c) acc[c] = 0.0f;
-
-  for (int64_t j0 = 0; j0 < len; j0 += kChunk) {
-    const int n = static_cast<int>(len - j0 < kChunk ? len - j0 : kChunk);
-    for (int jj = warp; jj < n; jj += kWarps) {
-      const float* kv = Entry(p, table, j0 + jj);
-      float dl = 0.0f, dr = 0.0f;
-      for (int i = lane; i < latent; i += 32) dl += q[i] * kv[i];
-      for (int i = lane; i < rope; i += 32) dr += q[latent + i] * kv[latent + i];
-      for (int o = 16; o > 0; o >>= 1) {
-        dl += __shfl_xor_sync(0xffffffffu, dl, o);
-        dr += __shfl_xor_sync(0xffffffffu, dr, o);
-      }
-      if (lane == 0) score[jj] = (dl + dr) * p.softmax_scale;
-    }
-    __syncthreads();
-    float chunk_max = running_max;
-    for (int jj = 0; jj < n; ++jj) chunk_max = fmaxf(chunk_max, score[jj]);
-    // exp(-inf - finite) = 0 on the first chunk, so the empty accumulators stay zero.
-    const float rescale = expf(running_max - chunk_max);
-    denom *= rescale;
-#pragma unroll
-    for (int c = 0; c < kPerThread; ++c) acc[c] *= rescale;
-    for (int jj = 0; jj < n; ++jj) {
-      const float pj = expf(score[jj] - chunk_max);
-      denom += pj;
-      const float* kv = Entry(p, table, j0 + jj);
-#pragma unroll
-      for (int c = 0; c < kPerThread; ++c) {
-        const int i = threadIdx.x + c * kThreads;
-        if (i < latent) acc[c] += pj * kv[i];
-      }
-    }
-    running_max = chunk_max;
-    __syncthreads();  // score[] is rewritten by the next chunk
-  }
-  float* out = p.out_latent + (t * p.num_heads + h) * latent;
-#pragma unroll
-  for (int c = 0; c < kPerThread; ++c) {
-    const int i = threadIdx.x + c * kThreads;
-    if (i < latent) out[i] = acc[c] / denom;
   }
 }
 
@@ -909,7 +829,7 @@ __global__ void __launch_bounds__(kMmaThreads, kMmaMinBlocks)
   }
 }
 
-// ---- Key-split tensor-core kernel (variants 7, 8 and 9): latent 512 + rope 64 ----
+// ---- Key-split tensor-core kernel (variant 9): latent 512 + rope 64 ----
 //
 // The FlashMLA work split over mma.sync: one block of 4 warps per (token, context split, group
 // of 16 heads), keys in tiles of kSplitKeys (32, two blocks per SM), double-buffered with
@@ -917,18 +837,17 @@ __global__ void __launch_bounds__(kMmaThreads, kMmaMinBlocks)
 // without its overlap, the removed variants 5 and 6, measured slower: docs/cuda.md.)
 // Per tile:
 //   score    warp w computes S[16 heads x its kSplitKeys / 4 keys] over the whole 576-deep dot
-//            product (Q hi and lo fragments read from shared memory, where they were staged
-//            once per block; independent accumulator chains per k-step parity and hi / lo), so
-//            no partial scores are summed across warps;
+//            product (Q fragments read from shared memory, where they were staged once per
+//            block; independent accumulator chains per k-step modulo 4), so no partial scores
+//            are summed across warps;
 //   softmax  each warp takes its keys' row maxima, the four warps exchange them through shared
 //            memory (one barrier), and every warp applies the same tile maximum; each warp keeps
 //            its own keys' part of the running denominator (summed across warps once, at the
 //            end);
-//   value    warp w's P goes to shared memory as its part of the bf16 hi / lo A fragments of
-//            P·V (one barrier); every warp then owns 128 of the 512 output columns and
+//   value    warp w's P goes to shared memory as its part of the bf16 A fragments of P·V
+//            (one barrier); every warp then owns 128 of the 512 output columns and
 //            accumulates O[16 x 128] += P[16 x kSplitKeys] V[kSplitKeys x 128].
-// Q and P enter the MMAs as bf16 hi + lo pairs as in MlaBf16MmaKernel (fp32-grade scores and
-// weights; the cache's bf16 keys are exact).
+// Q and P enter the MMAs as plain bf16 (the kernel's description below).
 constexpr int kSplitLatent = 512, kSplitRope = 64;
 constexpr int kSplitKeys = 32;  // keys per tile
 constexpr int kSplitDim = kSplitLatent + kSplitRope;
@@ -949,23 +868,19 @@ constexpr int kSplitTableSlots = 256;
 constexpr int kSplitTablePerThread = kSplitTableSlots / kMmaThreads;  // loads per thread: 2
 static_assert(kSplitTableSlots % kMmaThreads == 0, "whole table loads per thread");
 
-// Shared memory: Q fragments [k-step][hi, lo][lane] (uint4), keys [2][kSplitKeys][kSplitLd]
-// (bf16), P fragments [P·V k-step][hi, lo][lane] (uint4), row maxima and row sums [warp][16]
-// (fp32), and the block-table entries [kSplitTableSlots] (int32).
-// With bf16 operands (variants 8 and 9) Q has no lo part: [k-step][lane] (half the bytes).
-constexpr size_t SplitQBytes(bool bf16_ops) {
-  return size_t{kSplitKSteps} * (bf16_ops ? 1 : 2) * 32 * sizeof(uint4);
-}
-constexpr size_t SplitSmemBytes(bool bf16_ops) {
-  return SplitQBytes(bf16_ops) + size_t{2} * kSplitKeys * kSplitLd * sizeof(__nv_bfloat16) +
-         static_cast<size_t>(kSplitKeys / 16) * 2 * 32 * sizeof(uint4) +
-         2 * kMmaWarps * kMmaHeads * sizeof(float) + size_t{kSplitTableSlots} * sizeof(int32_t);
-}
-// Two blocks per SM on sm_90 (228 KB of shared memory per SM, 1 KB of it reserved per block):
-// 112.5 KB. A third key buffer (3-stage ring) would take a block to 148 KB, one block per SM, so
-// the kernel stays double-buffered.
-static_assert(2 * (SplitSmemBytes(false) + 1024) <= 228 * 1024, "two blocks per SM");
-static_assert(2 * (SplitSmemBytes(false) + kSplitKeys * kSplitLd * sizeof(__nv_bfloat16) + 1024) >
+// Shared memory: Q fragments [k-step][lane] (uint4), keys [2][kSplitKeys][kSplitLd] (bf16), P
+// fragments [P·V k-step][lane] (uint4; the space of two parts is kept), row maxima and row sums
+// [warp][16] (fp32), and the block-table entries [kSplitTableSlots] (int32).
+constexpr size_t kSplitSmemBytes = size_t{kSplitKSteps} * 32 * sizeof(uint4) +
+                                   size_t{2} * kSplitKeys * kSplitLd * sizeof(__nv_bfloat16) +
+                                   static_cast<size_t>(kSplitKeys / 16) * 2 * 32 * sizeof(uint4) +
+                                   2 * kMmaWarps * kMmaHeads * sizeof(float) +
+                                   size_t{kSplitTableSlots} * sizeof(int32_t);
+// Two blocks per SM on sm_90 (228 KB of shared memory per SM, 1 KB of it reserved per block).
+// A third key buffer (3-stage ring) would not fit two blocks per SM, so the kernel stays
+// double-buffered.
+static_assert(2 * (kSplitSmemBytes + 1024) <= 228 * 1024, "two blocks per SM");
+static_assert(2 * (kSplitSmemBytes + kSplitKeys * kSplitLd * sizeof(__nv_bfloat16) + 1024) >
                   228 * 1024,
               "a 3-stage ring would not fit two blocks per SM (revisit the ring)");
 
@@ -1027,12 +942,10 @@ __device__ __forceinline__ void LoadQueryF4(const MlaAttentionParams& p, int64_t
   }
 }
 
-// Writes the loaded Q as the A fragments of the score MMAs, hi and lo:
-// qf[(ks * 2 + lo) * 32 + lane] register r holds head
-// g + 8 (r & 1), dims 16 ks + 2 tq + 8 (r >> 1) + {0, 1} (lane = 4 g + tq). A float4 at dim c
-// is two such pairs: (c, c + 1) at tq = (c % 8) / 2 and (c + 2, c + 3) at the next tq.
-// kBf16Ops: only the hi (round-to-nearest-even) part, at qf[ks * 32 + lane].
-template <bool kBf16Ops>
+// Writes the loaded Q, rounded to bf16 (nearest even), as the A fragments of the score MMAs:
+// qf[ks * 32 + lane] register r holds head g + 8 (r & 1), dims 16 ks + 2 tq + 8 (r >> 1) +
+// {0, 1} (lane = 4 g + tq). A float4 at dim c is two such pairs: (c, c + 1) at tq = (c % 8) / 2
+// and (c + 2, c + 3) at the next tq.
 __device__ __forceinline__ void StoreQueryFragments(const float4 (&q)[kSplitQLoads], uint4* qf) {
   uint32_t* words = reinterpret_cast<uint32_t*>(qf);
 #pragma unroll
@@ -1041,19 +954,8 @@ __device__ __forceinline__ void StoreQueryFragments(const float4 (&q)[kSplitQLoa
     const int hl = e / kSplitQF4PerHead, c = 4 * (e - hl * kSplitQF4PerHead);
     const int ks = c / 16, o = c % 16;
     const int r = hl / 8 + 2 * (o / 8), lane = (hl % 8) * 4 + (o % 8) / 2;
-    if constexpr (kBf16Ops) {
-      words[(ks * 32 + lane) * 4 + r] = Bf16x2Bits(__floats2bfloat162_rn(q[i].x, q[i].y));
-      words[(ks * 32 + lane + 1) * 4 + r] = Bf16x2Bits(__floats2bfloat162_rn(q[i].z, q[i].w));
-    } else {
-      uint32_t hi[2], lo[2];
-      SplitBf16(q[i].x, q[i].y, &hi[0], &lo[0]);
-      SplitBf16(q[i].z, q[i].w, &hi[1], &lo[1]);
-#pragma unroll
-      for (int k = 0; k < 2; ++k) {
-        words[((ks * 2) * 32 + lane + k) * 4 + r] = hi[k];
-        words[((ks * 2 + 1) * 32 + lane + k) * 4 + r] = lo[k];
-      }
-    }
+    words[(ks * 32 + lane) * 4 + r] = Bf16x2Bits(__floats2bfloat162_rn(q[i].x, q[i].y));
+    words[(ks * 32 + lane + 1) * 4 + r] = Bf16x2Bits(__floats2bfloat162_rn(q[i].z, q[i].w));
   }
 }
 
@@ -1103,11 +1005,11 @@ __device__ __forceinline__ int64_t SplitRowOrNone(const MlaAttentionParams& p, c
   return (static_cast<int64_t>(block) * bs + o) * kSplitDim;
 }
 
-// ---- Variant 9's split merge (kClusterMerge) ----
+// ---- The key-split kernel's split merge (kClusterMerge) ----
 //
-// The largest cluster (= split count) variant 9 merges in distributed shared memory; more
-// splits run variant 8 and the combine kernels. Measured on the H200 (docs/cuda.md): clusters
-// of 2 and 3 beat variant 8's workspace + combine, clusters of 4 lost to it (64 x 1024, 4
+// The largest cluster (= split count) the kernel merges in distributed shared memory; more
+// splits write the workspace for the combine kernels. Measured on the H200 (docs/cuda.md):
+// clusters of 2 and 3 beat the workspace + combine, clusters of 4 lost to it (64 x 1024, 4
 // splits: 50.3 vs 36.5 us in a graph). The merge itself takes up to 8 (the portable size).
 constexpr int kMaxClusterSplits = 8;
 static_assert(kMlaClusterMergeMaxSplits >= 2 && kMlaClusterMergeMaxSplits <= kMaxClusterSplits,
@@ -1121,7 +1023,7 @@ static_assert(kMergeFloats * sizeof(float) <= size_t{2} * 32 * kSplitLd * sizeof
               "the merge's buffers fit in the key tiles' shared memory");
 static_assert(kMergeLd % 4 == 0, "float4 rows");
 
-// The end of a variant 9 block (split `split` of a cluster of num_splits): this block's
+// The end of a cluster-merge block (split `split` of a cluster of num_splits): this block's
 // unnormalised O (acc: warp w's columns 128 w ..., the mma C-fragment layout), its row maxima
 // (log2 units) and denominators go to shared memory (buf: the key tiles' space, free now);
 // after a cluster barrier the block merges its slice of the output columns from every block
@@ -1219,12 +1121,12 @@ __device__ __forceinline__ void ClusterMergeSplits(const MlaAttentionParams& p, 
 // conversion overlaps the key copies); tile row offsets come from the shared table with 32-bit
 // index math.
 //
-// kBf16Ops (variants 8 and 9): Q and P enter the MMAs as plain bf16 (round to nearest even),
-// one MMA per product instead of hi + lo (as FlashMLA / FlashInfer): half the score and P·V
-// MMAs and half of Q's shared-memory reads; the scores' four accumulator chains are the k-step
-// modulo 4. Scores then carry Q's bf16 rounding (2^-9 relative per element) and the output P's.
+// Q and P enter the MMAs as plain bf16 (round to nearest even), one MMA per product (as FlashMLA
+// / FlashInfer; the hi + lo pairs of MlaBf16MmaKernel measured slower here); the scores' four
+// accumulator chains are the k-step modulo 4. Scores then carry Q's bf16 rounding (2^-9
+// relative per element) and the output P's.
 //
-// kClusterMerge (variant 9, 2 <= num_splits <= kMlaClusterMergeMaxSplits, sm_90): the num_splits
+// kClusterMerge (2 <= num_splits <= kMlaClusterMergeMaxSplits, sm_90): the num_splits
 // blocks of one (token, head group) are a thread-block cluster (block index = (token *
 // num_groups + group) * num_splits + split, split = the block's cluster rank); instead of
 // writing partials to a workspace for MlaCombineKernel, each block leaves its unnormalised O
@@ -1232,7 +1134,7 @@ __device__ __forceinline__ void ClusterMergeSplits(const MlaAttentionParams& p, 
 // columns [r, r + 1) * 512 / num_splits of every block's partial through distributed shared
 // memory (the FlashDecoding merge, as MlaDecodeSmall's). An empty split takes part with max
 // -inf and sum 0 (weight 0).
-template <bool kBf16Ops = false, bool kClusterMerge = false>
+template <bool kClusterMerge>
 __global__ void __launch_bounds__(kMmaThreads, 2)
     MlaBf16KeySplitKernel(MlaAttentionParams p, int num_groups, int num_splits, bool /*vec_loads*/,
                           float* ws_out, float* ws_ml) {
@@ -1241,12 +1143,10 @@ __global__ void __launch_bounds__(kMmaThreads, 2)
   constexpr int kWarpTiles = kWarpKeys / 8;         // their score n-tiles: 1
   constexpr int kPvSteps = kKeys / 16;              // P·V k-steps per tile
   constexpr int kRows = kKeys / kSplitRowsPerPass;  // key rows each thread copies
-  constexpr int kQParts = kBf16Ops ? 1 : 2;         // Q and P: hi (+ lo)
   static_assert(kWarpTiles == 1, "one score n-tile per warp");
-  static_assert(!kClusterMerge || kBf16Ops, "variant 9 is variant 8 with the cluster merge");
   extern __shared__ float4 smem4[];
   uint4* qf = reinterpret_cast<uint4*>(smem4);
-  __nv_bfloat16* kbuf = reinterpret_cast<__nv_bfloat16*>(qf + kSplitKSteps * kQParts * 32);
+  __nv_bfloat16* kbuf = reinterpret_cast<__nv_bfloat16*>(qf + kSplitKSteps * 32);
   uint4* pf = reinterpret_cast<uint4*>(kbuf + 2 * kKeys * kSplitLd);  // 16-byte aligned
   float* red_max = reinterpret_cast<float*>(pf + kPvSteps * 2 * 32);
   float* red_sum = red_max + kMmaWarps * kMmaHeads;
@@ -1310,7 +1210,7 @@ __global__ void __launch_bounds__(kMmaThreads, 2)
   } else {
     CopyAsyncCommit();
   }
-  StoreQueryFragments<kBf16Ops>(q4, qf);  // published by the loop's first barrier
+  StoreQueryFragments(q4, qf);  // published by the loop's first barrier
 
   float acc[kSplitNT][4];
 #pragma unroll
@@ -1341,8 +1241,8 @@ __global__ void __launch_bounds__(kMmaThreads, 2)
       tile_rows(j0 + 2 * kKeys);
     }
 
-    // S[16 x this warp's keys]: sc[(ks & 1) * 2 + lo][n] for n-tile n (keys 8n .. 8n + 7), so
-    // that 4 kWarpTiles independent MMA chains are in flight.
+    // S[16 x this warp's keys]: sc[ks & 3][n] for n-tile n (keys 8n .. 8n + 7), so that 4
+    // kWarpTiles independent MMA chains are in flight.
     float sc[4][kWarpTiles][4];
 #pragma unroll
     for (int c = 0; c < 4; ++c) {
@@ -1367,22 +1267,11 @@ __global__ void __launch_bounds__(kMmaThreads, 2)
 #pragma unroll
       for (int i = 0; i < 2; ++i) {
         const int ks = ks2 + i;
-        if constexpr (kBf16Ops) {
-          const uint4 qh4 = qf[ks * 32 + lane];
-          const uint32_t qh[4] = {qh4.x, qh4.y, qh4.z, qh4.w};
+        const uint4 qh4 = qf[ks * 32 + lane];
+        const uint32_t qh[4] = {qh4.x, qh4.y, qh4.z, qh4.w};
 #pragma unroll
-          for (int n = 0; n < kWarpTiles; ++n) {
-            MmaBf16(sc[ks & 3][n], qh, b[i][2 * n], b[i][2 * n + 1]);
-          }
-        } else {
-          const uint4 qh4 = qf[(ks * 2) * 32 + lane], ql4 = qf[(ks * 2 + 1) * 32 + lane];
-          const uint32_t qh[4] = {qh4.x, qh4.y, qh4.z, qh4.w};
-          const uint32_t ql[4] = {ql4.x, ql4.y, ql4.z, ql4.w};
-#pragma unroll
-          for (int n = 0; n < kWarpTiles; ++n) {
-            MmaBf16(sc[i * 2][n], qh, b[i][2 * n], b[i][2 * n + 1]);
-            MmaBf16(sc[i * 2 + 1][n], ql, b[i][2 * n], b[i][2 * n + 1]);
-          }
+        for (int n = 0; n < kWarpTiles; ++n) {
+          MmaBf16(sc[ks & 3][n], qh, b[i][2 * n], b[i][2 * n + 1]);
         }
       }
     }
@@ -1435,22 +1324,14 @@ __global__ void __launch_bounds__(kMmaThreads, 2)
 #pragma unroll
     for (int n = 0; n < kWarpTiles; ++n) {
       const int kk = (key0 + 8 * n) / 16, half = ((key0 + 8 * n) / 8) % 2;
-      if constexpr (kBf16Ops) {
-        const uint2 hi = make_uint2(Bf16x2Bits(__floats2bfloat162_rn(s[n][0], s[n][1])),
-                                    Bf16x2Bits(__floats2bfloat162_rn(s[n][2], s[n][3])));
-        reinterpret_cast<uint2*>(pf + kk * 32 + lane)[half] = hi;
-      } else {
-        uint2 hi, lo;
-        SplitBf16(s[n][0], s[n][1], &hi.x, &lo.x);
-        SplitBf16(s[n][2], s[n][3], &hi.y, &lo.y);
-        reinterpret_cast<uint2*>(pf + (kk * 2) * 32 + lane)[half] = hi;
-        reinterpret_cast<uint2*>(pf + (kk * 2 + 1) * 32 + lane)[half] = lo;
-      }
+      const uint2 hi = make_uint2(Bf16x2Bits(__floats2bfloat162_rn(s[n][0], s[n][1])),
+                                  Bf16x2Bits(__floats2bfloat162_rn(s[n][2], s[n][3])));
+      reinterpret_cast<uint2*>(pf + kk * 32 + lane)[half] = hi;
     }
     __syncthreads();
-    // Variants 8 and 9 skip the rescale when no row's maximum moved in this warp (alpha = 1
-    // exactly: the same bits), as it mostly does after the first tiles.
-    if (!kBf16Ops || __any_sync(0xffffffffu, alpha[0] != 1.0f || alpha[1] != 1.0f)) {
+    // The rescale is skipped when no row's maximum moved in this warp (alpha = 1 exactly: the
+    // same bits), as it mostly does after the first tiles.
+    if (__any_sync(0xffffffffu, alpha[0] != 1.0f || alpha[1] != 1.0f)) {
 #pragma unroll
       for (int n = 0; n < kSplitNT; ++n) {
         acc[n][0] *= alpha[0];
@@ -1462,10 +1343,8 @@ __global__ void __launch_bounds__(kMmaThreads, 2)
     // O[16 x this warp's 128 columns] += P V, V = the keys' latent part.
 #pragma unroll
     for (int kk = 0; kk < kPvSteps; ++kk) {
-      const uint4 ph4 = pf[(kk * kQParts) * 32 + lane];
-      const uint4 pl4 = kBf16Ops ? ph4 : pf[(kk * kQParts + 1) * 32 + lane];
+      const uint4 ph4 = pf[kk * 32 + lane];
       const uint32_t ph[4] = {ph4.x, ph4.y, ph4.z, ph4.w};
-      const uint32_t pl[4] = {pl4.x, pl4.y, pl4.z, pl4.w};
 #pragma unroll
       for (int np = 0; np < kSplitNT / 2; ++np) {
         // Matrices: keys 16 kk + 8 (mat & 1) + 0..7, columns c0 + 8 (mat >> 1) + 0..7.
@@ -1474,9 +1353,7 @@ __global__ void __launch_bounds__(kMmaThreads, 2)
         LdMatrixX4<true>(b,
                          kc + (kk * 16 + (mat & 1) * 8 + mat_row) * kSplitLd + c0 + (mat >> 1) * 8);
         MmaBf16(acc[2 * np], ph, b[0], b[1]);
-        if constexpr (!kBf16Ops) MmaBf16(acc[2 * np], pl, b[0], b[1]);
         MmaBf16(acc[2 * np + 1], ph, b[2], b[3]);
-        if constexpr (!kBf16Ops) MmaBf16(acc[2 * np + 1], pl, b[2], b[3]);
       }
     }
   }
@@ -1596,36 +1473,26 @@ struct GroupedPlan {
   int threads = kGroupThreads;
   size_t smem = 0;
   bool mma = false;
-  bool key_split = false;  // MlaBf16KeySplitKernel
-  bool bf16_ops = false;   // variants 8 and 9: Q and P rounded to bf16
-  int cluster = 0;         // variant 9's cluster merge: blocks per cluster (= splits), else 0
+  bool key_split = false;  // MlaBf16KeySplitKernel (Q and P rounded to bf16)
+  int cluster = 0;         // the cluster merge: blocks per cluster (= splits), else 0
   int num_groups = 0;
   int num_splits = 0;
   size_t workspace_bytes = 0;
 };
 
-// MlaAttentionParams::mma_variant of the kernels (numbers kept from when 1-3 and 5-6 existed:
-// users pass them): MlaBf16MmaKernel (4), MlaBf16KeySplitKernel<> (7), <true> (8: 7 with bf16
-// Q and P) and variant 9 (8 with the cluster merge where the split count allows it, else 8).
+// MlaAttentionParams::mma_variant of the kernels (numbers kept from when more variants existed:
+// users pass them): MlaBf16MmaKernel (4) and the key-split kernel (9: with the cluster merge
+// where the split count allows it).
 constexpr int kMmaVariant = 4;
-constexpr int kKeySplitVariant = 7;
-constexpr int kKeySplitBf16Variant = 8;
-constexpr int kKeySplitClusterVariant = 9;
-static_assert(kKeySplitClusterVariant == kMaxMlaMmaVariant,
-              "mla_attention.h documents the variants");
-static_assert(MlaMmaVariantIsValid(kMmaVariant) && MlaMmaVariantIsValid(kKeySplitVariant) &&
-                  MlaMmaVariantIsValid(kKeySplitBf16Variant) &&
-                  MlaMmaVariantIsValid(kKeySplitClusterVariant),
+constexpr int kKeySplitVariant = 9;
+static_assert(kKeySplitVariant == kMaxMlaMmaVariant, "mla_attention.h documents the variants");
+static_assert(MlaMmaVariantIsValid(kMmaVariant) && MlaMmaVariantIsValid(kKeySplitVariant),
               "mla_attention.h lists the variants");
-bool KeySplitBf16Ops(int variant) { return variant >= kKeySplitBf16Variant; }
 
-GroupedKernelFn KeySplitKernelFor(int variant) {
-  if (variant >= kKeySplitBf16Variant) return MlaBf16KeySplitKernel<true>;
-  return MlaBf16KeySplitKernel<>;
-}
-constexpr GroupedKernelFn kClusterMergeKernel = MlaBf16KeySplitKernel<true, true>;
+constexpr GroupedKernelFn kKeySplitKernel = MlaBf16KeySplitKernel<false>;
+constexpr GroupedKernelFn kClusterMergeKernel = MlaBf16KeySplitKernel<true>;
 
-// Whether variant 9's cluster kernel runs clusters of `splits` blocks on this device (sm_90
+// Whether the cluster kernel runs clusters of `splits` blocks on this device (sm_90
 // code, cluster launch, at least one such cluster schedulable); once per (splits, device).
 cudaError_t ClusterMergeRuns(int splits, int device, bool* out) {
   static std::mutex mu;
@@ -1637,7 +1504,7 @@ cudaError_t ClusterMergeRuns(int splits, int device, bool* out) {
     *out = it->second;
     return cudaSuccess;
   }
-  const size_t smem = SplitSmemBytes(true);
+  const size_t smem = kSplitSmemBytes;
   const KernelFacts k =
       KernelFactsFor(reinterpret_cast<const void*>(kClusterMergeKernel), device, kAllSharedMemory);
   if (k.error != cudaSuccess) return k.error;
@@ -1661,7 +1528,7 @@ cudaError_t ClusterMergeRuns(int splits, int device, bool* out) {
     e = cudaOccupancyMaxActiveClusters(&n, kClusterMergeKernel, &c);
     if (e != cudaSuccess) {
       cudaGetLastError();
-      n = 0;  // cannot schedule it: variant 8 instead
+      n = 0;  // cannot schedule it: the workspace and the combine instead
     }
     runs = n > 0;
   }
@@ -1670,16 +1537,16 @@ cudaError_t ClusterMergeRuns(int splits, int device, bool* out) {
   return cudaSuccess;
 }
 
-// The variant used when MlaAttentionParams::mma_variant is 0: variant 9 (bf16 operands, the
-// cluster merge; docs/cuda.md); shapes it does not take run variant 4.
-constexpr int kDefaultMmaVariant = kKeySplitClusterVariant;
+// The variant used when MlaAttentionParams::mma_variant is 0: variant 9 (docs/cuda.md); shapes
+// it does not take run variant 4.
+constexpr int kDefaultMmaVariant = kKeySplitVariant;
 
 // True when the key-split kernel takes these params (given the device's shared-memory limit):
 // bf16 cache of latent 512 + rope 64, 16-byte aligned (whole-row cp.async copies).
-bool KeySplitFits(const MlaAttentionParams& p, bool bf16_ops, int max_smem) {
+bool KeySplitFits(const MlaAttentionParams& p, int max_smem) {
   return IsBf16(p) && p.cache.latent_dim == kSplitLatent && p.cache.rope_dim == kSplitRope &&
          reinterpret_cast<uintptr_t>(p.cache.cache) % 16 == 0 &&
-         SplitSmemBytes(bf16_ops) <= static_cast<size_t>(max_smem);
+         kSplitSmemBytes <= static_cast<size_t>(max_smem);
 }
 
 cudaError_t PlanGrouped(const MlaAttentionParams& p, GroupedPlan* plan) {
@@ -1694,27 +1561,24 @@ cudaError_t PlanGrouped(const MlaAttentionParams& p, GroupedPlan* plan) {
   const int dim = p.cache.latent_dim + p.cache.rope_dim;
   plan->num_groups = (p.num_heads + kGroupHeads - 1) / kGroupHeads;
   int variant = p.mma_variant == 0 ? kDefaultMmaVariant : p.mma_variant;
-  const bool key_split = variant >= kKeySplitVariant;
-  const bool bf16_ops = KeySplitBf16Ops(variant);
-  GroupedKernelFn mma_kernel =
-      key_split ? KeySplitKernelFor(variant) : MmaKernelFor(p.cache.latent_dim);
+  const bool key_split = variant == kKeySplitVariant;
+  GroupedKernelFn mma_kernel = key_split ? kKeySplitKernel : MmaKernelFor(p.cache.latent_dim);
   if (key_split) {
-    // Shapes (or devices) the key-split kernels do not take run variant 4.
+    // Shapes (or devices) the key-split kernel does not take run variant 4.
     KernelFacts facts;
     e = FactsFor(mma_kernel, device, &facts);
     if (e != cudaSuccess) return e;
-    if (!KeySplitFits(p, bf16_ops, facts.max_smem)) {
+    if (!KeySplitFits(p, facts.max_smem)) {
       variant = kMmaVariant;
       mma_kernel = MmaKernelFor(p.cache.latent_dim);
     }
   }
   plan->mma = UseMma(p, mma_kernel, device);
-  plan->key_split = plan->mma && variant >= kKeySplitVariant;
-  plan->bf16_ops = plan->key_split && bf16_ops;
+  plan->key_split = plan->mma && variant == kKeySplitVariant;
   if (plan->mma) {
     plan->kernel = mma_kernel;
     plan->threads = kMmaThreads;
-    plan->smem = plan->key_split ? SplitSmemBytes(bf16_ops) : MmaSmemBytes(dim);
+    plan->smem = plan->key_split ? kSplitSmemBytes : MmaSmemBytes(dim);
   } else {
     plan->kernel = IsBf16(p) ? GroupedKernelFor<__nv_bfloat16>(p.cache.latent_dim)
                              : GroupedKernelFor<float>(p.cache.latent_dim);
@@ -1737,10 +1601,9 @@ cudaError_t PlanGrouped(const MlaAttentionParams& p, GroupedPlan* plan) {
     const int64_t want = blocks >= slots ? 1 : slots / blocks;
     plan->num_splits = static_cast<int>(want < kMaxMlaSplits ? want : kMaxMlaSplits);
   }
-  // Variant 9: the splits of a (token, group) merge in a cluster, without the workspace (the
-  // merge stores float4s of the output).
-  if (plan->key_split && variant == kKeySplitClusterVariant && plan->num_splits >= 2 &&
-      plan->num_splits <= kMlaClusterMergeMaxSplits &&
+  // The key-split kernel: the splits of a (token, group) merge in a cluster, without the
+  // workspace (the merge stores float4s of the output).
+  if (plan->key_split && plan->num_splits >= 2 && plan->num_splits <= kMlaClusterMergeMaxSplits &&
       reinterpret_cast<uintptr_t>(p.out_latent) % 16 == 0) {
     bool runs = false;
     e = ClusterMergeRuns(plan->num_splits, device, &runs);
@@ -1778,21 +1641,6 @@ cudaError_t WriteLatentCacheF32(int64_t tokens, const float* latent, int64_t ld_
   return cudaGetLastError();
 }
 
-cudaError_t MlaAttentionPerHeadF32(const MlaAttentionParams& params, cudaStream_t stream) {
-  if (params.num_tokens <= 0 || params.num_heads <= 0) return cudaSuccess;
-  if (params.cache.latent_dim <= 0 || params.cache.latent_dim > kMaxMlaLatentDim ||
-      params.cache.rope_dim < 0 || params.num_heads > 65535 ||
-      params.cache.type != LatentCacheType::kFloat32) {
-    return cudaErrorInvalidValue;
-  }
-  const size_t smem =
-      (static_cast<size_t>(params.cache.latent_dim) + params.cache.rope_dim + kChunk) *
-      sizeof(float);
-  dim3 grid(static_cast<unsigned>(params.num_tokens), static_cast<unsigned>(params.num_heads));
-  MlaAttentionPerHeadKernel<<<grid, kThreads, smem, stream>>>(params);
-  return cudaGetLastError();
-}
-
 const char* MlaAttentionKernelName(const MlaAttentionParams& params) {
   GroupedPlan plan;
   if (PlanGrouped(params, &plan) != cudaSuccess) return "invalid";
@@ -1804,7 +1652,7 @@ const char* MlaAttentionKernelName(const MlaAttentionParams& params) {
 
 bool MlaAttentionBf16Operands(const MlaAttentionParams& params) {
   GroupedPlan plan;
-  return PlanGrouped(params, &plan) == cudaSuccess && plan.bf16_ops;
+  return PlanGrouped(params, &plan) == cudaSuccess && plan.key_split;
 }
 
 cudaError_t MlaAttentionWorkspaceBytes(const MlaAttentionParams& params, size_t* bytes) {
@@ -1844,7 +1692,7 @@ cudaError_t MlaAttentionF32(const MlaAttentionParams& params, cudaStream_t strea
   // CUDA-core kernel widens bf16 with plain loads.
   const bool vec_loads = aligned16 && (plan.mma ? dim % 8 == 0 : !IsBf16(params) && dim % 4 == 0);
   if (plan.cluster > 0) {
-    // Variant 9: clusters of plan.cluster blocks merge their splits themselves (no combine).
+    // Clusters of plan.cluster blocks merge their splits themselves (no combine).
     cudaLaunchConfig_t c = {};
     cudaLaunchAttribute attr;
     c.gridDim = dim3(static_cast<unsigned>(blocks), 1, 1);

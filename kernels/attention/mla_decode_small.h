@@ -37,11 +37,6 @@ struct MlaDecodeSmallOptions {
   int32_t cluster_size = 0;
   // Heads per block: 1, 2 or 4; 0 = auto.
   int32_t heads_per_block = 0;
-  // Every block executes griddepcontrol.launch_dependents first, so that a kernel launched after
-  // this one with programmatic dependent launch (the W_uv GEMV) is scheduled beside it and loads
-  // its weights while this one runs; it still waits for this grid's completion before reading
-  // the output. Results are unchanged (a performance choice only).
-  bool early_dependents = false;
 };
 
 // True when MlaDecodeSmall takes these params on the current device: a bf16 cache of latent 512 +

@@ -21,6 +21,7 @@
 #include "kernels/common/pdl.h"
 #include "kernels/embedding/rows.h"
 #include "kernels/fill/dummy_fill.h"
+#include "kernels/gemm/staged_gemv.h"
 #include "kernels/moe/expert_activation.h"
 #include "kernels/moe/expert_counts.h"
 #include "kernels/moe/expert_gemm_cublas.h"
@@ -71,15 +72,7 @@ bool FitsInt(int64_t v) { return v >= 0 && v <= std::numeric_limits<int>::max();
 int32_t ChunkRowsFor(int64_t avg_rows) { return avg_rows < 96 ? 64 : 128; }
 
 const char* ExpertGemmAlgoName(kernels::ExpertGemmCublasAlgo algo) {
-  switch (algo) {
-    case kernels::ExpertGemmCublasAlgo::kChunked:
-      return "chunked";
-    case kernels::ExpertGemmCublasAlgo::kPerExpert:
-      return "per expert";
-    case kernels::ExpertGemmCublasAlgo::kGrouped:
-      return "grouped";
-  }
-  return "?";
+  return algo == kernels::ExpertGemmCublasAlgo::kChunked ? "chunked" : "per expert";
 }
 
 // An instantiated CUDA graph, launched on the backend's stream.
@@ -231,28 +224,22 @@ absl::StatusOr<std::unique_ptr<CudaBackend>> CudaBackend::Create(int device,
   constexpr size_t kTileCounterBytes = kernels::kFusedRouterTileCounters * sizeof(uint32_t);
   if (st.ok()) st = CudaStatus(cudaMalloc(&tile_counters, kTileCounterBytes), "cudaMalloc");
   if (st.ok()) st = CudaStatus(cudaMemset(tile_counters, 0, kTileCounterBytes), "cudaMemset");
-  void* resident = nullptr;
-  if (st.ok()) {
-    st = CudaStatus(cudaMalloc(&resident, kResidentLogitsBytes + kResidentActBytes), "cudaMalloc");
-  }
   if (!st.ok()) {
     if (cublas != nullptr) cublasDestroy(cublas);
     if (workspace != nullptr) cudaFree(workspace);
     if (counter != nullptr) cudaFree(counter);
     if (tile_counters != nullptr) cudaFree(tile_counters);
-    if (resident != nullptr) cudaFree(resident);
     cudaStreamDestroy(stream);
     return st;
   }
-  return std::unique_ptr<CudaBackend>(
-      new CudaBackend(device, weight_dtype, stream, cublas, pool, workspace, counter,
-                      static_cast<uint32_t*>(tile_counters), resident));
+  return std::unique_ptr<CudaBackend>(new CudaBackend(device, weight_dtype, stream, cublas, pool,
+                                                      workspace, counter,
+                                                      static_cast<uint32_t*>(tile_counters)));
 }
 
 CudaBackend::CudaBackend(int device, WeightDType weight_dtype, cudaStream_t stream,
                          cublasHandle_t cublas, cudaMemPool_t pool, void* cublas_workspace,
-                         unsigned int* staged_gemv_counter, uint32_t* route_tile_counters,
-                         void* resident_workspace)
+                         unsigned int* staged_gemv_counter, uint32_t* route_tile_counters)
     : device_(device),
       weight_dtype_(weight_dtype),
       stream_(stream),
@@ -260,8 +247,7 @@ CudaBackend::CudaBackend(int device, WeightDType weight_dtype, cudaStream_t stre
       pool_(pool),
       cublas_workspace_(cublas_workspace),
       staged_gemv_counter_(staged_gemv_counter),
-      route_tile_counters_(route_tile_counters),
-      resident_workspace_(resident_workspace) {}
+      route_tile_counters_(route_tile_counters) {}
 
 CudaBackend::~CudaBackend() {
   cudaSetDevice(device_);
@@ -269,10 +255,8 @@ CudaBackend::~CudaBackend() {
   lt_tuner_.reset();
   cublasDestroy(cublas_);
   cudaFree(cublas_workspace_);
-  if (switch_stream_ != nullptr) cudaStreamDestroy(switch_stream_);
   cudaFree(staged_gemv_counter_);
   cudaFree(route_tile_counters_);
-  cudaFree(resident_workspace_);
   cudaStreamDestroy(stream_);
 }
 
@@ -286,8 +270,7 @@ absl::StatusOr<std::unique_ptr<CapturedOps>> CudaBackend::Capture(
   {
     absl::MutexLock lock(&mu_);
     capturing_ = true;
-    capture_aside_ = allocations_aside_ ||
-                     (options.tokens > 0 && options.tokens <= aside_max_tokens_);
+    capture_aside_ = options.tokens > 0 && options.tokens <= kAsideMaxTokens;
     capture_error_ = absl::OkStatus();
   }
   absl::Status st = CudaStatus(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal),
@@ -532,15 +515,13 @@ bool CudaBackend::SmallMGemm(const kernels::SmallMGemmParams& p) {
   // Measured on the H200 (small_m_gemm_bench, docs/kernels.md): at m = 1 the kernel beat cuBLAS
   // at every decode shape; at m = 4 only up to n = 3072 (from n = 5632 cuBLAS was faster: each
   // weight chunk re-reads 4 activation rows from L1).
-  if (!small_m_gemm_ || (p.m > 1 && p.n > kSmallMGemmMaxColumnsAboveOneRow) ||
-      !kernels::SmallMGemmSupports(p)) {
+  if ((p.m > 1 && p.n > kSmallMGemmMaxColumnsAboveOneRow) || !kernels::SmallMGemmSupports(p)) {
     return false;
   }
   const bool staged_shape = p.m == 1   ? kernels::StagedGemvPreferredAtOneRow(p.n, p.k)
                             : p.m == 2 ? kernels::StagedGemvPreferredAtTwoRows(p.n, p.k)
                                        : false;
-  if (staged_gemv_ == StagedGemv::kAll && small_m_gemm_algo_ == kernels::SmallMGemmAlgo::kAuto &&
-      p.m <= staged_gemv_max_rows_ && p.batch == 1 && staged_shape) {
+  if (p.m <= kStagedGemvMaxRows && p.batch == 1 && staged_shape) {
     kernels::StagedGemvParams s;
     s.m = p.m, s.k = p.k;
     s.prologue = kernels::StagedGemvPrologue::kCopy;
@@ -552,9 +533,7 @@ bool CudaBackend::SmallMGemm(const kernels::SmallMGemmParams& p) {
       return true;
     }
   }
-  kernels::SmallMGemmParams q = p;
-  q.algo = small_m_gemm_algo_;
-  Check(kernels::SmallMGemmBf16(q, stream_), "kernels::SmallMGemmBf16");
+  Check(kernels::SmallMGemmBf16(p, stream_), "kernels::SmallMGemmBf16");
   return true;
 }
 
@@ -686,10 +665,9 @@ void CudaBackend::AddRmsNormGemms(int64_t rows, int64_t dim, float* x, const flo
   // block measured slower than AddRmsNorm + the GEMMs (small_m_gemm_bench: 4 rows 17.18 vs
   // 10.74 us; 2 rows 10.14 vs 9.56, session 7; 1 row: 8.28 vs 8.79 us). At two rows: AddRmsNorm,
   // then one staged launch for all targets (q + kv_a: 6.97 vs 10.01 us for two small-m launches).
-  bool staged =
-      staged_gemv_ != StagedGemv::kOff && small_m_gemm_ &&
-      (rows == 1 || (rows == 2 && staged_gemv_max_rows_ >= 2 && normed_bf16 != nullptr)) &&
-      gemms.size() <= static_cast<size_t>(kernels::kStagedGemvMaxTargets);
+  static_assert(kStagedGemvMaxRows == 2, "the staged AddRmsNormGemms takes one or two rows");
+  bool staged = (rows == 1 || (rows == 2 && normed_bf16 != nullptr)) &&
+                gemms.size() <= static_cast<size_t>(kernels::kStagedGemvMaxTargets);
   int64_t columns = 0;
   for (size_t t = 0; staged && t < gemms.size(); ++t) {
     const NormedGemm& g = gemms[t];
@@ -783,9 +761,8 @@ void CudaBackend::WriteLatentCache(int64_t tokens, const float* latent, int64_t 
 
 bool CudaBackend::GateUpSiluMulBf16(int64_t rows, int64_t inter, int64_t k, ActivationView a,
                                     int64_t lda, WeightView w, int64_t ldw, uint16_t* out) {
-  if (!bf16_gate_up_ || rows < kBf16GateUpMinRows || w.dtype != WeightDType::kBFloat16 ||
-      inter <= 0 || !FitsInt(rows) || !FitsInt(2 * inter) || !FitsInt(k) || !FitsInt(lda) ||
-      !FitsInt(ldw)) {
+  if (rows < kBf16GateUpMinRows || w.dtype != WeightDType::kBFloat16 || inter <= 0 ||
+      !FitsInt(rows) || !FitsInt(2 * inter) || !FitsInt(k) || !FitsInt(lda) || !FitsInt(ldw)) {
     return false;
   }
   OpTimer timer(this, "GateUpSiluMulBf16");
@@ -846,9 +823,8 @@ void CudaBackend::NormRopeWriteLatentCache(const NormRopeCacheArgs& a) {
 }
 
 void CudaBackend::NormRopeCacheAbsorbQuery(const NormRopeCacheArgs& nr, const AbsorbQueryArgs& aq) {
-  // With SetSmallMGemm(false) (cuBLAS GEMMs, for comparisons) the product stays on cuBLAS too.
-  if (norm_rope_cache_absorb_fused_ && small_m_gemm_ && nr.tokens >= 1 &&
-      nr.tokens <= kNormRopeCacheAbsorbMaxTokens && aq.w_uk.dtype == WeightDType::kBFloat16) {
+  if (nr.tokens >= 1 && nr.tokens <= kNormRopeCacheAbsorbMaxTokens &&
+      aq.w_uk.dtype == WeightDType::kBFloat16) {
     const kernels::NormRopeCacheParams p = NormRopeCacheParamsFor(nr);
     kernels::AbsorbQueryParams a;
     a.heads = aq.heads;
@@ -870,19 +846,8 @@ void CudaBackend::NormRopeCacheAbsorbQuery(const NormRopeCacheArgs& nr, const Ab
 }
 
 bool CudaBackend::UsesTensorCoreAttention(const MlaSequenceSpan& s) const {
-  return weight_dtype_ == WeightDType::kBFloat16 && mla_prefill_min_tokens_ > 0 &&
-         s.num_tokens >= mla_prefill_min_tokens_ &&
+  return weight_dtype_ == WeightDType::kBFloat16 && s.num_tokens >= kMlaPrefillMinTokens &&
          static_cast<int64_t>(s.num_tokens) * s.context_len >= kMlaPrefillMinWork;
-}
-
-absl::Status CudaBackend::SetMlaDecodeVariant(int32_t variant) {
-  if (!kernels::MlaMmaVariantIsValid(variant)) {
-    return absl::InvalidArgumentError(absl::StrCat("CudaBackend::SetMlaDecodeVariant: variant ",
-                                                   variant, " is not one of ",
-                                                   kernels::kMlaMmaVariantList));
-  }
-  mla_decode_variant_ = variant;
-  return absl::OkStatus();
 }
 
 absl::Status CudaBackend::SetMlaDecodeSmallMaxContext(int32_t max_context) {
@@ -895,15 +860,13 @@ absl::Status CudaBackend::SetMlaDecodeSmallMaxContext(int32_t max_context) {
 }
 
 int32_t CudaBackend::MlaDecodeContextBreak(int32_t num_tokens) const {
-  return mla_decode_small_ && num_tokens >= 1 && num_tokens <= kMlaDecodeSmallMaxTokens
-             ? mla_decode_small_max_context_
-             : 0;
+  return num_tokens >= 1 && num_tokens <= kMlaDecodeSmallMaxTokens ? mla_decode_small_max_context_
+                                                                   : 0;
 }
 
 void CudaBackend::MlaAttention(const MlaAttentionArgs& a) {
   OpTimer timer(this, "MlaAttention");
   kernels::MlaAttentionParams p;
-  p.mma_variant = mla_decode_variant_;
   p.num_tokens = a.num_tokens;
   p.num_heads = a.num_heads;
   p.q_latent = a.q_latent;
@@ -941,11 +904,9 @@ void CudaBackend::MlaAttention(const MlaAttentionArgs& a) {
         max_context = std::max(max_context, a.sequences[i].context_len);
       }
     }
-    if (mla_decode_small_ && a.num_tokens <= kMlaDecodeSmallMaxTokens && max_context > 0 &&
+    if (a.num_tokens <= kMlaDecodeSmallMaxTokens && max_context > 0 &&
         max_context <= mla_decode_small_max_context_ && kernels::MlaDecodeSmallSupported(p)) {
-      kernels::MlaDecodeSmallOptions options;
-      options.early_dependents = mla_decode_small_early_dependents_;
-      const cudaError_t e = kernels::MlaDecodeSmall(p, options, stream_);
+      const cudaError_t e = kernels::MlaDecodeSmall(p, kernels::MlaDecodeSmallOptions(), stream_);
       if (e != cudaErrorNotSupported) {
         Check(e, "kernels::MlaDecodeSmall");
         return;
@@ -1035,22 +996,15 @@ bool CudaBackend::MhaPrefillAttention(const MhaPrefillArgs& a) {
   p.out = a.out;
   p.out_bf16 = a.out_bf16;
   p.out_token_stride = static_cast<int64_t>(a.num_heads) * a.v_dim;
-  p.flash = mha_flash_kernel_;
-  p.flash_pair_group = mha_flash_pair_group_;
   p.workspace_budget = mha_workspace_budget_;
-  if (mha_fast_expand_) {
-    p.gather = kernels::MhaGather::kOneLaunch;
-    p.expand_gemm = [this](const kernels::MhaExpandGemm& g, cudaStream_t) {
-      const bool ran =
-          GemmOnCublasLt(g.keys, g.kv_width, g.latent_dim, g.entries, g.entries_stride,
-                         WeightView(g.kv_b, WeightDType::kBFloat16), g.latent_dim, g.kv, g.kv_width,
-                         /*c_bf16=*/true, /*accumulate=*/false);
-      if (!status().ok()) return cudaErrorUnknown;  // recorded by GemmOnCublasLt
-      return ran ? cudaSuccess : cudaErrorNotSupported;
-    };
-  } else {
-    p.gather = kernels::MhaGather::kPerSequence;
-  }
+  p.expand_gemm = [this](const kernels::MhaExpandGemm& g, cudaStream_t) {
+    const bool ran =
+        GemmOnCublasLt(g.keys, g.kv_width, g.latent_dim, g.entries, g.entries_stride,
+                       WeightView(g.kv_b, WeightDType::kBFloat16), g.latent_dim, g.kv, g.kv_width,
+                       /*c_bf16=*/true, /*accumulate=*/false);
+    if (!status().ok()) return cudaErrorUnknown;  // recorded by GemmOnCublasLt
+    return ran ? cudaSuccess : cudaErrorNotSupported;
+  };
   if (!kernels::MhaPrefillSupported(p)) return false;
   OpTimer timer(this, "MhaPrefillAttention");
   p.workspace_bytes = kernels::MhaPrefillWorkspaceBytes(p);
@@ -1092,8 +1046,8 @@ void CudaBackend::NoauxTcRoute(const NoauxTcRouteArgs& a) {
 
 void CudaBackend::RouteTokens(const RouteTokensArgs& a) {
   const NoauxTcRouteArgs& r = a.route;
-  if (!fused_router_ || r.num_tokens <= 0 || r.num_tokens > kFusedRouterMaxTokens ||
-      r.num_experts <= 0 || r.num_experts > kernels::kMaxFusedRouterExperts) {
+  if (r.num_tokens <= 0 || r.num_tokens > kFusedRouterMaxTokens || r.num_experts <= 0 ||
+      r.num_experts > kernels::kMaxFusedRouterExperts) {
     Backend::RouteTokens(a);
     return;
   }
@@ -1105,35 +1059,13 @@ void CudaBackend::RouteTokens(const RouteTokensArgs& a) {
   p.tile_counters = route_tile_counters_;
   p.expert_counts = a.expert_counts;
   p.count_limit = a.count_limit;
-  // The logits: resident (SetDecodeMoeResidentWorkspaces: no graph memory nodes around the
-  // router, so the edge from it to the MoE block's gate_up is programmatic) or scratch. r.num_tokens <= kFusedRouterMaxTokens
-  // and r.num_experts <= kMaxFusedRouterExperts (above): they fit kResidentLogitsBytes.
-  std::unique_ptr<DeviceBuffer> logits;
-  if (decode_moe_resident_workspaces_) {
-    p.router_logits = static_cast<float*>(resident_workspace_);
-  } else {
-    logits = AllocateScratch(static_cast<size_t>(r.num_tokens) * r.num_experts * sizeof(float));
-    p.router_logits = logits->as<float>();
-  }
+  auto logits = AllocateScratch(static_cast<size_t>(r.num_tokens) * r.num_experts * sizeof(float));
+  p.router_logits = logits->as<float>();
   if (!kernels::RouteTokensSupported(p)) {
     Backend::RouteTokens(a);
     return;
   }
   if (a.norm.weight != nullptr) {
-    if (router_norm_ && a.norm.out != nullptr) {
-      kernels::RouteTokensParams with_norm = p;
-      with_norm.norm_x = a.norm.x;
-      with_norm.norm_y = a.norm.y;
-      with_norm.norm_weight = a.norm.weight;
-      with_norm.norm_eps = a.norm.eps;
-      with_norm.normed = a.norm.out;
-      with_norm.normed_bf16 = a.norm.out_bf16;
-      if (kernels::RouteTokensSupported(with_norm)) {
-        OpTimer timer(this, "RouteTokens");
-        Check(kernels::RouteTokensF32(with_norm, stream_), "kernels::RouteTokensF32");
-        return;
-      }
-    }
     AddRmsNorm(r.num_tokens, a.hidden_size, a.norm.x, a.norm.y, a.norm.weight, a.norm.eps,
                a.norm.out, a.norm.out_bf16);
   }
@@ -1207,8 +1139,7 @@ bool CudaBackend::RoutedExperts(const RoutedExpertsArgs& a) {
   Check(cudaStreamIsCapturing(stream_, &capture), "cudaStreamIsCapturing");
   const bool device_grouped =
       a.dtype == WeightDType::kBFloat16 &&
-      (a.num_tokens <= kMaxFusedMoeTokens || capture != cudaStreamCaptureStatusNone ||
-       decode_moe_algo_ != DecodeMoeAlgo::kAuto);
+      (a.num_tokens <= kMaxFusedMoeTokens || capture != cudaStreamCaptureStatusNone);
   const DecodeMoeAlgo decode_algo = DecodeMoeAlgoFor(a.num_tokens);
   OpTimer timer(this, device_grouped ? "RoutedExperts" : "RoutedExpertsCublas");
   const int64_t T = a.num_tokens, K = a.top_k, H = a.hidden_size, I = a.inter;
@@ -1282,12 +1213,7 @@ bool CudaBackend::RoutedExperts(const RoutedExpertsArgs& a) {
   }
 
   PhaseTimer phase(this, "RoutedExpertsCublas/combine", !device_grouped);
-  // The combine overwrites out (no memset pass; the same bits as adding into zeros), except
-  // on the device path with SetDecodeMoeSparseEpilogue(false) (the previous memset + add).
-  const bool accumulate = device_grouped && !decode_moe_sparse_epilogue_;
-  if (accumulate) {
-    Check(cudaMemsetAsync(a.out, 0, T * H * sizeof(float), stream_), "cudaMemsetAsync");
-  }
+  // The combine overwrites out (no memset pass; the same bits as adding into zeros).
   kernels::MoeCombineParams c;
   c.num_tokens = static_cast<int32_t>(T);
   c.top_k = static_cast<int32_t>(K);
@@ -1299,35 +1225,17 @@ bool CudaBackend::RoutedExperts(const RoutedExpertsArgs& a) {
   } else {
     c.expert_out = expert_out->as<float>();
   }
-  c.accumulate = accumulate;
   c.out = a.out;
   Check(kernels::MoeCombineF32(c, stream_), "kernels::MoeCombineF32");
   return true;
 }
 
-bool CudaBackend::DecodeMoeFusedFor(int64_t tokens, int64_t hidden_size) const {
-  switch (decode_moe_fused_) {
-    case DecodeMoeFused::kOff:
-      return false;
-    case DecodeMoeFused::kOn:
-      return tokens >= 1 && tokens <= kernels::kMoeDecodeFusedMaxTokens;
-    case DecodeMoeFused::kAuto:
-      break;
-  }
-  // moe_block_decode_bench (4 layers in a CUDA graph, H200), µs a layer, previous ops -> fused
-  // session 6's kWarpPerRow (removed) / kPersistent: Moonlight 1 token 63.6 -> 58.0 / 50.2,
-  // 2 tokens 77.6 -> 97.2 / 75.3; V3 1 token 220.7 -> 232.7 / 209.1, 2 tokens 353.3 -> 499.2 /
-  // 405.3.
-  // kPipelined (session 7, branch s7-moeblk2): Moonlight 2 tokens 68.5, V3 2 tokens 350.6
-  // (previous ops 351.8: no faster, not taken). kStationary (s7-moedown): Moonlight 1 token
-  // 39.9, V3 1 token 200.2; at 2 tokens it is kPipelined.
-  return tokens == 1 || (tokens == 2 && hidden_size <= kMaxAutoFusedMoeHidden);
-}
-
-kernels::MoeDecodeFusedKernels CudaBackend::DecodeMoeFusedKernelsFor(int64_t hidden_size) const {
-  (void)hidden_size;  // one choice at every width measured (Moonlight, V3)
-  if (!decode_moe_fused_kernels_auto_) return decode_moe_fused_kernels_;
-  return kernels::MoeDecodeFusedKernels::kStationary;
+bool CudaBackend::DecodeMoeFusedFor(int64_t tokens, int64_t hidden_size) {
+  // moe_block_decode_bench (4 layers in a CUDA graph, H200, docs/kernels.md), µs a layer, the
+  // ops -> the fused kernels (at 2 tokens with the grid-strided down): Moonlight 1 token
+  // 63.6 -> 39.9, 2 tokens 77.6 -> 68.5; V3 1 token 220.7 -> 200.2, 2 tokens 351.8 -> 350.6 (no
+  // faster: not taken).
+  return tokens == 1 || (tokens == 2 && hidden_size <= kMaxFusedMoeHidden);
 }
 
 bool CudaBackend::RoutedAndSharedExperts(const RoutedExpertsArgs& a) {
@@ -1365,26 +1273,13 @@ void CudaBackend::LaunchMoeDecodeFused(kernels::MoeDecodeFusedParams p) {
   const size_t act_bytes =
       kernels::MoeDecodeFusedActFloats(p.num_tokens, p.top_k, p.shared_parts, p.inter) *
       sizeof(float);
-  // Resident (SetDecodeMoeResidentWorkspaces) where it fits: no graph memory nodes between the
-  // kernel before (the router) and gate_up, or after down. Reused by every call: each call's
-  // gate_up writes act only after its PDL wait, which returns when every earlier grid (the
-  // previous call's down among them) has completed.
-  std::unique_ptr<DeviceBuffer> act;
-  if (decode_moe_resident_workspaces_ && act_bytes <= kResidentActBytes) {
-    p.act = reinterpret_cast<float*>(static_cast<char*>(resident_workspace_) +
-                                     kResidentLogitsBytes);
-  } else {
-    act = AllocateScratch(act_bytes);
-    p.act = act->as<float>();
-  }
-  p.kernels = DecodeMoeFusedKernelsFor(p.hidden_size);
-  p.gate_up_blocks_per_sm = decode_moe_fused_gate_up_blocks_per_sm_;
-  p.down_blocks_per_sm = decode_moe_fused_down_blocks_per_sm_;
+  auto act = AllocateScratch(act_bytes);
+  p.act = act->as<float>();
   Check(kernels::MoeDecodeFusedF32(p, stream_), "kernels::MoeDecodeFusedF32");
 }
 
 bool CudaBackend::NormedDenseMlp(const DenseMlpArgs& a) {
-  if (!decode_dense_mlp_fused_ || a.rows != 1 || a.gate_up.dtype != WeightDType::kBFloat16 ||
+  if (a.rows != 1 || a.gate_up.dtype != WeightDType::kBFloat16 ||
       a.down.dtype != WeightDType::kBFloat16 || a.hidden_size <= 0 || a.hidden_size % 8 != 0 ||
       a.inter <= 0 || a.inter % 8 != 0 || !FitsInt(a.hidden_size) || !FitsInt(a.inter) ||
       a.x == nullptr || a.norm_weight == nullptr || a.normed == nullptr || a.out == nullptr ||
@@ -1397,7 +1292,7 @@ bool CudaBackend::NormedDenseMlp(const DenseMlpArgs& a) {
                                nullptr, stream_),
         "kernels::AddRmsNormF32");
   // The MLP is the fused MoE block's shared MLP alone (top_k 0), as one part: a part split
-  // changes neither the work nor (kStationary, kPipelined) the order of the sums.
+  // changes neither the work nor the order of the sums.
   kernels::MoeDecodeFusedParams p;
   p.num_tokens = 1;
   p.top_k = 0;
@@ -1412,8 +1307,7 @@ bool CudaBackend::NormedDenseMlp(const DenseMlpArgs& a) {
   return true;
 }
 
-CudaBackend::DecodeMoeAlgo CudaBackend::DecodeMoeAlgoFor(int64_t tokens) const {
-  if (decode_moe_algo_ != DecodeMoeAlgo::kAuto) return decode_moe_algo_;
+CudaBackend::DecodeMoeAlgo CudaBackend::DecodeMoeAlgoFor(int64_t tokens) {
   // Fastest per size (grouped_gemm_bench at 1 and 8 tokens; moe_decode_bench, a whole layer in
   // a CUDA graph, at 64-256 tokens, where the planned chunks beat the streaming kernel by 8 %
   // (Moonlight) and 2 % (V3) at 64 tokens; the thresholds between the sizes are not measured):
@@ -1422,19 +1316,7 @@ CudaBackend::DecodeMoeAlgo CudaBackend::DecodeMoeAlgoFor(int64_t tokens) const {
   return DecodeMoeAlgo::kPlannedCublas;
 }
 
-int32_t CudaBackend::PlannedChunkRows(int64_t tokens) const {
-  if (planned_chunk_rows_ > 0) return planned_chunk_rows_;
-  return tokens <= 32 ? 8 : 48;
-}
-
-absl::Status CudaBackend::SetPlannedChunkRows(int32_t rows) {
-  if (rows < 0 || rows > kMaxPlannedChunkRows) {
-    return absl::InvalidArgumentError(absl::StrCat("SetPlannedChunkRows: rows must be in [0, ",
-                                                   kMaxPlannedChunkRows, "], got ", rows));
-  }
-  planned_chunk_rows_ = rows;
-  return absl::OkStatus();
-}
+int32_t CudaBackend::PlannedChunkRows(int64_t tokens) { return tokens <= 32 ? 8 : 48; }
 
 void CudaBackend::ExpertGemmsOnDevice(const RoutedExpertsArgs& a, DecodeMoeAlgo algo,
                                       const int32_t* plan, const int32_t* choice_row, int64_t rows,
@@ -1445,56 +1327,30 @@ void CudaBackend::ExpertGemmsOnDevice(const RoutedExpertsArgs& a, DecodeMoeAlgo 
   // The planned cuBLAS GEMMs write gate_up in bf16 (as the prefill path), the kernels fp32.
   const bool gate_up_bf16 = algo == DecodeMoeAlgo::kPlannedCublas;
   auto gate_up = AllocateScratch(rows * 2 * I * (gate_up_bf16 ? sizeof(uint16_t) : sizeof(float)));
-  // The own kernels' parameters (GroupedGemmBf16Params / GroupedGemmBf16StreamParams share
-  // these fields): the slots, then gate_up's or down's shape and weights.
-  auto grouped = [&](auto& g) {
+  if (algo == DecodeMoeAlgo::kGroupedF32) {
+    kernels::GroupedGemmBf16Params g;
     g.num_slots = E;
     g.max_rows = static_cast<int32_t>(T * K);
     g.slot_offsets = offsets;
     g.rows_per_slot_hint = static_cast<int32_t>(T);  // a token's top-k experts are distinct
-  };
-  auto gate_up_shape = [&](auto& g) {
     g.n = static_cast<int32_t>(2 * I);
     g.k = static_cast<int32_t>(H);
     g.weights = reinterpret_cast<const uint16_t* const*>(a.gate_up);
-  };
-  auto down_shape = [&](auto& g) {
-    g.n = static_cast<int32_t>(H);
-    g.k = static_cast<int32_t>(I);
-    g.weights = reinterpret_cast<const uint16_t* const*>(a.down);
-  };
-  if (algo == DecodeMoeAlgo::kGroupedF32) {
-    kernels::GroupedGemmBf16Params g;
-    grouped(g);
-    gate_up_shape(g);
     g.x = static_cast<const float*>(permuted);
     g.y = gate_up->as<float>();
     Check(kernels::GroupedGemmBf16(g, stream_), "kernels::GroupedGemmBf16(gate_up)");
     auto act = AllocateScratch(rows * I * sizeof(float));
     Check(kernels::SiluMulF32(T * K, I, gate_up->as<float>(), act->as<float>(), stream_),
           "kernels::SiluMulF32");
-    down_shape(g);
+    g.n = static_cast<int32_t>(H);
+    g.k = static_cast<int32_t>(I);
+    g.weights = reinterpret_cast<const uint16_t* const*>(a.down);
     g.x = act->as<float>();
     g.y = expert_out;
     Check(kernels::GroupedGemmBf16(g, stream_), "kernels::GroupedGemmBf16(down)");
     return;
   }
   auto act = AllocateScratch(rows * I * sizeof(uint16_t));
-  if (algo == DecodeMoeAlgo::kStream) {
-    kernels::GroupedGemmBf16StreamParams g;
-    grouped(g);
-    gate_up_shape(g);
-    g.x = static_cast<const uint16_t*>(permuted);
-    g.y = gate_up->as<float>();
-    Check(kernels::GroupedGemmBf16Stream(g, stream_), "kernels::GroupedGemmBf16Stream(gate_up)");
-    Check(kernels::SiluMulF32ToBf16(T * K, I, gate_up->as<float>(), act->as<uint16_t>(), stream_),
-          "kernels::SiluMulF32ToBf16");
-    down_shape(g);
-    g.x = act->as<uint16_t>();
-    g.y = expert_out;
-    Check(kernels::GroupedGemmBf16Stream(g, stream_), "kernels::GroupedGemmBf16Stream(down)");
-    return;
-  }
   // kPlannedCublas: the pointer arrays of both GEMMs from the device counts, then one batched
   // call each over a fixed number of chunks (the dummies, spread between the real chunks and
   // reading their weights, compute garbage into dummy_y).
@@ -1510,7 +1366,6 @@ void CudaBackend::ExpertGemmsOnDevice(const RoutedExpertsArgs& a, DecodeMoeAlgo 
   p.chunk_rows = C;
   p.batch = batch;
   p.num_gemms = 2;
-  p.interleave_dummies = true;
   void** ptrs = static_cast<void**>(pointers->data());
   // gate_up: permuted [rows, H] bf16 -> gate_up [rows, 2I] bf16; down: act [rows, I] bf16 ->
   // expert_out [rows, H] fp32.
@@ -1533,117 +1388,20 @@ void CudaBackend::ExpertGemmsOnDevice(const RoutedExpertsArgs& a, DecodeMoeAlgo 
     g.dummy_y = dummy_y->data();
     g.pointers = ptrs + 3 * batch * i;
   }
-  // Inside a CUDA graph, above kMaxFixedBatchGraphMoeTokens: each GEMM behind a switch node
-  // over batch sizes, the planner picking the smallest that holds the step's real chunks (so
-  // most dummies are never launched). Eagerly, at fewer tokens (where the switches' few µs
-  // were not measured against the dummies they save), or if the graph refuses the handles:
-  // the one fixed batch.
-  cudaGraph_t graph = nullptr;
-  int32_t num_buckets = 0;
-  if (decode_moe_graph_buckets_ && T > kMaxFixedBatchGraphMoeTokens) {
-    cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
-    if (cudaStreamGetCaptureInfo(stream_, &capture, nullptr, &graph) == cudaSuccess &&
-        capture == cudaStreamCaptureStatusActive) {
-      num_buckets = kernels::ExpertGemmBatchBuckets(
-          T * K, E, C, kernels::kMaxExpertGemmBatchBuckets, p.bucket_batch);
-      for (int i = 0; i < 2 && num_buckets > 0; ++i) {
-        if (cudaGraphConditionalHandleCreate(&p.bucket_handle[i], graph, num_buckets - 1,
-                                             cudaGraphCondAssignDefault) != cudaSuccess) {
-          (void)cudaGetLastError();
-          num_buckets = 0;
-        }
-      }
-      p.num_buckets = num_buckets;
-    }
-  }
   Check(kernels::PlanExpertGemmBatches(p, stream_), "kernels::PlanExpertGemmBatches");
-  // gemm 0 (gate_up) or 1 (down) at batch b, on the cuBLAS handle's stream.
-  auto run_gemm = [&](int gi, int32_t b) {
-    if (gi == 0) {
-      CheckBlas(kernels::PlannedExpertGemmsBf16(cublas_, ptrs, b, static_cast<int32_t>(2 * I),
-                                                static_cast<int32_t>(H), C, /*out_bf16=*/true),
-                "PlannedExpertGemmsBf16(gate_up)");
-    } else {
-      CheckBlas(
-          kernels::PlannedExpertGemmsBf16(cublas_, ptrs + 3 * batch, b, static_cast<int32_t>(H),
-                                          static_cast<int32_t>(I), C, /*out_bf16=*/false),
-          "PlannedExpertGemmsBf16(down)");
-    }
-  };
-  auto gemm = [&](int gi) {
-    if (num_buckets == 0) {
-      run_gemm(gi, batch);
-      return;
-    }
-    CaptureSwitch(graph, p.bucket_handle[gi], num_buckets,
-                  [&](int32_t i) { run_gemm(gi, p.bucket_batch[i]); });
-  };
-  gemm(0);
+  CheckBlas(kernels::PlannedExpertGemmsBf16(cublas_, ptrs, batch, static_cast<int32_t>(2 * I),
+                                            static_cast<int32_t>(H), C, /*out_bf16=*/true),
+            "PlannedExpertGemmsBf16(gate_up)");
   // The real rows only (choice_row: T * K entries, each real row once): the chunks' padding
   // rows (most of the rows in use: about 12 real rows per 32-row chunk at Moonlight's 128
-  // tokens) keep garbage that the down GEMM turns into output rows nobody reads. Without the sparse
-  // epilogue: every row of the padded layout in use (offsets[E], known on the device only).
-  if (decode_moe_sparse_epilogue_) {
-    Check(kernels::SiluMulBf16ListedRows(T * K, choice_row, I, gate_up->as<uint16_t>(),
-                                         act->as<uint16_t>(), stream_),
-          "kernels::SiluMulBf16ListedRows");
-  } else {
-    Check(kernels::SiluMulBf16(rows, I, gate_up->as<uint16_t>(), act->as<uint16_t>(), stream_,
-                               offsets + E),
-          "kernels::SiluMulBf16");
-  }
-  gemm(1);
-}
-
-void CudaBackend::CaptureSwitch(cudaGraph_t graph, cudaGraphConditionalHandle handle, int32_t size,
-                                const std::function<void(int32_t)>& body) {
-  const cudaGraphNode_t* deps = nullptr;
-  const cudaGraphEdgeData* edges = nullptr;
-  size_t num_deps = 0;
-  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
-  if (!Check(
-          cudaStreamGetCaptureInfo(stream_, &capture, nullptr, nullptr, &deps, &edges, &num_deps),
-          "cudaStreamGetCaptureInfo")) {
-    return;
-  }
-  // Plain edges into the switch (programmatic ones join kernels only).
-  std::vector<cudaGraphNode_t> dep_nodes(deps, deps + num_deps);
-  cudaGraphNodeParams params = {};
-  params.type = cudaGraphNodeTypeConditional;
-  params.conditional.handle = handle;
-  params.conditional.type = cudaGraphCondTypeSwitch;
-  params.conditional.size = static_cast<unsigned>(size);
-  cudaGraphNode_t node = nullptr;
-  if (!Check(cudaGraphAddNode(&node, graph, dep_nodes.data(), nullptr, dep_nodes.size(), &params),
-             "cudaGraphAddNode(switch)")) {
-    return;
-  }
-  if (switch_stream_ == nullptr &&
-      !Check(cudaStreamCreateWithFlags(&switch_stream_, cudaStreamNonBlocking),
-             "cudaStreamCreate(switch)")) {
-    return;
-  }
-  // Each body recorded from switch_stream_ (the cuBLAS handle moved there meanwhile; setting a
-  // stream resets cuBLAS's workspace, so ours is set again each time).
-  for (int32_t i = 0; i < size; ++i) {
-    if (!Check(cudaStreamBeginCaptureToGraph(switch_stream_, params.conditional.phGraph_out[i],
-                                             nullptr, nullptr, 0, cudaStreamCaptureModeThreadLocal),
-               "cudaStreamBeginCaptureToGraph")) {
-      break;
-    }
-    CheckBlas(cublasSetStream(cublas_, switch_stream_), "cublasSetStream");
-    CheckBlas(cublasSetWorkspace(cublas_, cublas_workspace_, kCublasWorkspaceBytes),
-              "cublasSetWorkspace");
-    body(i);
-    cudaGraph_t recorded = nullptr;
-    Check(cudaStreamEndCapture(switch_stream_, &recorded), "cudaStreamEndCapture(switch body)");
-    CheckBlas(cublasSetStream(cublas_, stream_), "cublasSetStream");
-    CheckBlas(cublasSetWorkspace(cublas_, cublas_workspace_, kCublasWorkspaceBytes),
-              "cublasSetWorkspace");
-  }
-  Check(cudaStreamUpdateCaptureDependencies(stream_, &node, nullptr, 1,
-                                            cudaStreamSetCaptureDependencies),
-        "cudaStreamUpdateCaptureDependencies");
+  // tokens) keep garbage that the down GEMM turns into output rows nobody reads.
+  Check(kernels::SiluMulBf16ListedRows(T * K, choice_row, I, gate_up->as<uint16_t>(),
+                                       act->as<uint16_t>(), stream_),
+        "kernels::SiluMulBf16ListedRows");
+  CheckBlas(kernels::PlannedExpertGemmsBf16(cublas_, ptrs + 3 * batch, batch,
+                                            static_cast<int32_t>(H), static_cast<int32_t>(I), C,
+                                            /*out_bf16=*/false),
+            "PlannedExpertGemmsBf16(down)");
 }
 
 bool CudaBackend::ExpertGemmsOnCublas(const RoutedExpertsArgs& a, const int32_t* plan,
@@ -1677,9 +1435,7 @@ bool CudaBackend::ExpertGemmsOnCublas(const RoutedExpertsArgs& a, const int32_t*
   // bf16 weights: the activation operands are rounded to bf16 (the permutation did it for the
   // hidden rows), as every bf16 GEMM of the backend, and both GEMMs write bf16.
   const bool bf16 = a.dtype == WeightDType::kBFloat16;
-  const int64_t pointer_count =
-      std::max(kernels::ExpertGemmPointerCount(rows, chunk_rows),
-               kernels::ExpertGemmGroupedPointerCount(static_cast<int32_t>(E)));
+  const int64_t pointer_count = kernels::ExpertGemmPointerCount(rows, chunk_rows);
   auto pointers = AllocateScratch(pointer_count * sizeof(void*));
   auto gate_up_out = AllocateScratch(rows * 2 * I * (bf16 ? sizeof(uint16_t) : sizeof(float)));
   kernels::ExpertGemmCublasParams g;
