@@ -12,7 +12,7 @@
 // against MlaAttentionF32's default key-split kernel + combine at 11.6 / 11.7 / 11.8 / 13.6 us;
 // 2-8 tokens lose at 4096. Its work per key is fp32 CUDA-core instructions, so its time grows
 // with the context faster than the tensor-core kernel's: CudaBackend uses it for one decode
-// token up to CudaBackend::kMlaDecodeSmallMaxContext positions.
+// token up to CudaTuning::mla_decode_small_max_context positions.
 #ifndef DEEPINFER_KERNELS_ATTENTION_MLA_DECODE_SMALL_H_
 #define DEEPINFER_KERNELS_ATTENTION_MLA_DECODE_SMALL_H_
 

@@ -1,15 +1,15 @@
 // Times MlaDecodeSmall against MlaAttentionF32 (the tensor-core kernel with split-K and its
 // combine: the path it replaces) on the Moonlight decode shape (16 heads, latent 512 + rope 64,
-// bf16 cache, block 16). Default: 1 request at 256 ... 4096 positions (where CudaBackend's
-// kMlaDecodeSmallMaxContext comes from), the automatic cluster shape only; `full`: also every
-// cluster shape at 1, 2, 4 and 8 requests of 1024 and 4096 positions; `shapes`: every cluster
-// shape at 1 x 1024 only. Per case and kernel: the
-// mean per call of 10 calls captured in one CUDA graph and replayed 5 times (as the decode step
-// runs them; MlaAttentionF32 as the backend calls it, allocating its workspace in the stream,
-// and with a caller's workspace), the eager median of 20, and the largest difference between
-// the two kernels' outputs. `chain`: one token's attention core as the decode step runs it at
-// 1024 positions (norm + rope + cache write, W_uk, MlaDecodeSmall, W_uv; PDL as in the model):
-// the first two as two launches or one (NormRopeCacheAbsorbQueryF32), 10 chains per graph.
+// bf16 cache, block 16). Default: 1 request at 256 ... 4096 positions (where
+// CudaTuning::mla_decode_small_max_context comes from), the automatic cluster shape only; `full`:
+// also every cluster shape at 1, 2, 4 and 8 requests of 1024 and 4096 positions; `shapes`: every
+// cluster shape at 1 x 1024 only. Per case and kernel: the mean per call of 10 calls captured in
+// one CUDA graph and replayed 5 times (as the decode step runs them; MlaAttentionF32 as the backend
+// calls it, allocating its workspace in the stream, and with a caller's workspace), the eager
+// median of 20, and the largest difference between the two kernels' outputs. `chain`: one token's
+// attention core as the decode step runs it at 1024 positions (norm + rope + cache write, W_uk,
+// MlaDecodeSmall, W_uv; PDL as in the model): the first two as two launches or one
+// (NormRopeCacheAbsorbQueryF32), 10 chains per graph.
 #include <cuda_runtime_api.h>
 
 #include <cmath>

@@ -174,7 +174,13 @@ std::string CudaBackend::TakeOpTimingReport() {
 }
 
 absl::StatusOr<std::unique_ptr<CudaBackend>> CudaBackend::Create(int device,
-                                                                 WeightDType weight_dtype) {
+                                                                 WeightDType weight_dtype,
+                                                                 const CudaTuning& tuning) {
+  if (tuning.mla_decode_small_max_context < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("CudaBackend: CudaTuning::mla_decode_small_max_context must be >= 1, got ",
+                     tuning.mla_decode_small_max_context));
+  }
   int count = 0;
   cudaError_t err = cudaGetDeviceCount(&count);
   if (err != cudaSuccess || count == 0) {
@@ -232,16 +238,18 @@ absl::StatusOr<std::unique_ptr<CudaBackend>> CudaBackend::Create(int device,
     cudaStreamDestroy(stream);
     return st;
   }
-  return std::unique_ptr<CudaBackend>(new CudaBackend(device, weight_dtype, stream, cublas, pool,
-                                                      workspace, counter,
+  return std::unique_ptr<CudaBackend>(new CudaBackend(device, weight_dtype, tuning, stream, cublas,
+                                                      pool, workspace, counter,
                                                       static_cast<uint32_t*>(tile_counters)));
 }
 
-CudaBackend::CudaBackend(int device, WeightDType weight_dtype, cudaStream_t stream,
-                         cublasHandle_t cublas, cudaMemPool_t pool, void* cublas_workspace,
-                         unsigned int* staged_gemv_counter, uint32_t* route_tile_counters)
+CudaBackend::CudaBackend(int device, WeightDType weight_dtype, const CudaTuning& tuning,
+                         cudaStream_t stream, cublasHandle_t cublas, cudaMemPool_t pool,
+                         void* cublas_workspace, unsigned int* staged_gemv_counter,
+                         uint32_t* route_tile_counters)
     : device_(device),
       weight_dtype_(weight_dtype),
+      tuning_(tuning),
       stream_(stream),
       cublas_(cublas),
       pool_(pool),
@@ -486,7 +494,7 @@ void CudaBackend::GemmOnCublas(int64_t m, int64_t n, int64_t k, const void* a, i
 bool CudaBackend::GemmOnCublasLt(int64_t m, int64_t n, int64_t k, const void* a, int64_t lda,
                                  WeightView w, int64_t ldw, void* c, int64_t ldc, bool c_bf16,
                                  bool accumulate) {
-  if (!gemm_autotune_ || m < kGemmAutotuneMinRows || w.dtype != WeightDType::kBFloat16) {
+  if (!tuning_.gemm_autotune || m < kGemmAutotuneMinRows || w.dtype != WeightDType::kBFloat16) {
     return false;
   }
   cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
@@ -850,18 +858,10 @@ bool CudaBackend::UsesTensorCoreAttention(const MlaSequenceSpan& s) const {
          static_cast<int64_t>(s.num_tokens) * s.context_len >= kMlaPrefillMinWork;
 }
 
-absl::Status CudaBackend::SetMlaDecodeSmallMaxContext(int32_t max_context) {
-  if (max_context < 1) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "CudaBackend::SetMlaDecodeSmallMaxContext: max_context ", max_context, " is below 1"));
-  }
-  mla_decode_small_max_context_ = max_context;
-  return absl::OkStatus();
-}
-
 int32_t CudaBackend::MlaDecodeContextBreak(int32_t num_tokens) const {
-  return num_tokens >= 1 && num_tokens <= kMlaDecodeSmallMaxTokens ? mla_decode_small_max_context_
-                                                                   : 0;
+  return num_tokens >= 1 && num_tokens <= kMlaDecodeSmallMaxTokens
+             ? tuning_.mla_decode_small_max_context
+             : 0;
 }
 
 void CudaBackend::MlaAttention(const MlaAttentionArgs& a) {
@@ -905,7 +905,8 @@ void CudaBackend::MlaAttention(const MlaAttentionArgs& a) {
       }
     }
     if (a.num_tokens <= kMlaDecodeSmallMaxTokens && max_context > 0 &&
-        max_context <= mla_decode_small_max_context_ && kernels::MlaDecodeSmallSupported(p)) {
+        max_context <= tuning_.mla_decode_small_max_context &&
+        kernels::MlaDecodeSmallSupported(p)) {
       const cudaError_t e = kernels::MlaDecodeSmall(p, kernels::MlaDecodeSmallOptions(), stream_);
       if (e != cudaErrorNotSupported) {
         Check(e, "kernels::MlaDecodeSmall");
@@ -996,7 +997,6 @@ bool CudaBackend::MhaPrefillAttention(const MhaPrefillArgs& a) {
   p.out = a.out;
   p.out_bf16 = a.out_bf16;
   p.out_token_stride = static_cast<int64_t>(a.num_heads) * a.v_dim;
-  p.workspace_budget = mha_workspace_budget_;
   p.expand_gemm = [this](const kernels::MhaExpandGemm& g, cudaStream_t) {
     const bool ran =
         GemmOnCublasLt(g.keys, g.kv_width, g.latent_dim, g.entries, g.entries_stride,

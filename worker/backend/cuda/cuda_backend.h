@@ -47,18 +47,43 @@
 
 namespace deepinfer {
 
+// The CUDA backend's settings, fixed when it is made (CudaBackend::Create). Every other choice
+// the backend makes by shape, from measurements (the constants of CudaBackend and the kernels'
+// own rules); there is no switch to the paths those measurements replaced (git history and
+// docs/cuda.md, docs/kernels.md have them).
+struct CudaTuning {
+  // Gemm (bf16 weights) and GateUpSiluMulBf16 from CudaBackend::kGemmAutotuneMinRows rows
+  // (prefill; never while the stream is captured), and the non-absorbed prefill's kv_b expansion,
+  // through CublasLtGemmTuner: cuBLASLt with the fastest of its heuristic algorithms, timed at
+  // each new shape's first call (a host synchronisation and ~8 x 4 GEMMs into the output itself,
+  // a scratch one with accumulate; once per bucket of m). The 27-layer Moonlight prefill 32 x 1024
+  // measured 0.3312 / 0.3323 s off, 0.3209 / 0.3245 s on (same call; docs/cuda.md); off:
+  // cublasGemmEx. The timed pick can differ between processes (so can the GEMMs' bits): off for
+  // run-to-run reproducible prefill (the worker's --gemm-autotune=false).
+  bool gemm_autotune = true;
+  // The longest context (>= 1) at which one decode token's attention runs in the one-launch
+  // kernel (kernels::MlaDecodeSmall); longer contexts run the key-split kernel. The H200's break
+  // (mla_decode_small_bench, 1 token in a CUDA graph, against the key-split kernel + combine: 7.8
+  // / 10.2 / 12.4 / 14.9 us at 512 / 1024 / 1536 / 2048 positions against 11.6-11.8 us, equal at
+  // about 1.36K by interpolation); another GPU's may differ. Tests set a short one to cross it.
+  int32_t mla_decode_small_max_context = 1280;
+};
+
 class CudaBackend : public Backend {
  public:
-  // Uses GPU `device`; FAILED_PRECONDITION if there is no such device, INTERNAL for other CUDA
-  // or cuBLAS setup errors.
+  // Uses GPU `device`; FAILED_PRECONDITION if there is no such device, INVALID_ARGUMENT for a
+  // tuning out of range (mla_decode_small_max_context < 1), INTERNAL for other CUDA or cuBLAS
+  // setup errors.
   static absl::StatusOr<std::unique_ptr<CudaBackend>> Create(
-      int device = 0, WeightDType weight_dtype = WeightDType::kBFloat16);
+      int device = 0, WeightDType weight_dtype = WeightDType::kBFloat16,
+      const CudaTuning& tuning = CudaTuning());
   ~CudaBackend() override;
   CudaBackend(const CudaBackend&) = delete;
   CudaBackend& operator=(const CudaBackend&) = delete;
 
   std::string name() const override { return "cuda"; }
   WeightDType weight_dtype() const override { return weight_dtype_; }
+  const CudaTuning& tuning() const { return tuning_; }
   std::unique_ptr<DeviceBuffer> Allocate(size_t bytes) override;
   std::unique_ptr<DeviceBuffer> AllocateScratch(size_t bytes) override;
   // Returns once `host` may be reused: from ordinary (pageable) memory the runtime stages the
@@ -173,15 +198,7 @@ class CudaBackend : public Backend {
   bool GateUpSiluMulBf16(int64_t rows, int64_t inter, int64_t k, ActivationView a, int64_t lda,
                          WeightView w, int64_t ldw, uint16_t* out) override;
   static constexpr int64_t kBf16GateUpMinRows = 512;
-  // Gemm (bf16 weights) and GateUpSiluMulBf16 from kGemmAutotuneMinRows rows (prefill; never
-  // while the stream is captured) through CublasLtGemmTuner: cuBLASLt with the fastest of its
-  // heuristic algorithms, timed at each new shape's first call (a host synchronisation and
-  // ~8 x 4 GEMMs into the output itself, a scratch one with accumulate; once per bucket of m).
-  // On by default (the 27-layer Moonlight prefill 32 x 1024 measured 0.3312 / 0.3323 s off,
-  // 0.3209 / 0.3245 s on, same call; docs/cuda.md); off: cublasGemmEx. The timed pick can
-  // differ between processes (so can the GEMMs' bits): off for run-to-run reproducibility.
-  void SetGemmAutotune(bool on) { gemm_autotune_ = on; }
-  bool gemm_autotune() const { return gemm_autotune_; }
+  // The smallest m that CudaTuning::gemm_autotune sends through the cuBLASLt tuner.
   static constexpr int64_t kGemmAutotuneMinRows = 1024;
   // Shapes the tuner has an algorithm for (0 before the first tuned call).
   size_t gemm_autotuned_shapes() const { return lt_tuner_ != nullptr ? lt_tuner_->shapes() : 0; }
@@ -214,12 +231,9 @@ class CudaBackend : public Backend {
   // kernels::MhaPrefillBf16 with bf16 kv_b on a device and shapes it takes (false otherwise):
   // the flash kernel by the sequences' lengths (kernels::MhaFlashKernel::kAuto), the group's
   // cache entries gathered in one launch and the kv_b expansion GEMM through the cuBLASLt tuner
-  // (GemmOnCublasLt: with gemm_autotune(), outside graph capture, from kGemmAutotuneMinRows
-  // keys; else cublasGemmEx).
+  // (GemmOnCublasLt: with CudaTuning::gemm_autotune, outside graph capture, from
+  // kGemmAutotuneMinRows keys; else cublasGemmEx).
   bool MhaPrefillAttention(const MhaPrefillArgs& args) override;
-  // kernels::MhaPrefillParams::workspace_budget in bytes (0, the default: the kernel's 256 MiB),
-  // for benchmarks (--mha-workspace-mib).
-  void SetMhaWorkspaceBudget(size_t bytes) { mha_workspace_budget_ = bytes; }
   // With bf16 weights (the fp32 model keeps fp32 attention), a sequence with at least
   // kMlaPrefillMinTokens new tokens and kMlaPrefillMinWork (new tokens x context) query-key
   // pairs. Measured on the H200 (docs/cuda.md): one 64-token prompt (4096 pairs) is faster on
@@ -229,21 +243,14 @@ class CudaBackend : public Backend {
   static constexpr int32_t kMlaPrefillMinTokens = 16;
   static constexpr int64_t kMlaPrefillMinWork = 16384;
   // A batch of kMlaDecodeSmallMaxTokens (1) token without prefill spans whose context is at most
-  // mla_decode_small_max_context() goes to kernels::MlaDecodeSmall (one launch, no workspace)
+  // CudaTuning::mla_decode_small_max_context goes to kernels::MlaDecodeSmall (one launch, no
+  // workspace)
   // where it takes the shape; longer (or unknown: no spans and no max_context_hint) contexts and
   // more tokens to MlaAttentionF32. Measured on the H200 (docs/cuda.md, "Few-token decode
   // kernel"): the one-launch kernel wins at short contexts and loses at long ones (its work per
   // key is fp32 CUDA-core instructions), and with 2-8 tokens loses at 4096 by up to 2x. Decode
   // graphs learn the break from MlaDecodeContextBreak and record one graph per side.
   static constexpr int32_t kMlaDecodeSmallMaxTokens = 1;
-  // Measured on the H200 (mla_decode_small_bench, 1 token in a CUDA graph, against the default
-  // key-split kernel + combine): 7.8 / 10.2 / 12.4 / 14.9 us at 512 / 1024 / 1536 / 2048
-  // positions against 11.6-11.8 us, i.e. equal at about 1.36K by interpolation.
-  static constexpr int32_t kMlaDecodeSmallMaxContext = 1280;
-  // Overrides kMlaDecodeSmallMaxContext (>= 1; INVALID_ARGUMENT otherwise), for benchmarks and
-  // tests. Decode graphs recorded before keep their kernel: set it before the first step.
-  absl::Status SetMlaDecodeSmallMaxContext(int32_t max_context);
-  int32_t mla_decode_small_max_context() const { return mla_decode_small_max_context_; }
   int32_t MlaDecodeContextBreak(int32_t num_tokens) const override;
   void NoauxTcRoute(const NoauxTcRouteArgs& args) override;
   // Up to kFusedRouterMaxTokens tokens and arguments kernels::RouteTokensSupported takes:
@@ -298,9 +305,9 @@ class CudaBackend : public Backend {
 
  private:
   std::unique_ptr<DeviceBuffer> AllocateOnStream(size_t bytes, bool zero);
-  CudaBackend(int device, WeightDType weight_dtype, cudaStream_t stream, cublasHandle_t cublas,
-              cudaMemPool_t pool, void* cublas_workspace, unsigned int* staged_gemv_counter,
-              uint32_t* route_tile_counters);
+  CudaBackend(int device, WeightDType weight_dtype, const CudaTuning& tuning, cudaStream_t stream,
+              cublasHandle_t cublas, cudaMemPool_t pool, void* cublas_workspace,
+              unsigned int* staged_gemv_counter, uint32_t* route_tile_counters);
   // One GEMM of the Gemm layout on cuBLAS. a is fp32 for fp32 weights, bf16 bits otherwise.
   void GemmOnCublas(int64_t m, int64_t n, int64_t k, const void* a, int64_t lda, WeightView w,
                     int64_t ldw, float* c, int64_t ldc, bool accumulate);
@@ -327,7 +334,7 @@ class CudaBackend : public Backend {
   // the act workspace from scratch.
   // RoutedAndSharedExperts and NormedDenseMlp (no routed experts) launch through it.
   void LaunchMoeDecodeFused(kernels::MoeDecodeFusedParams p);
-  // GemmOnCublas's product (bf16 a and w) through lt_tuner_ where SetGemmAutotune applies (c
+  // GemmOnCublas's product (bf16 a and w) through lt_tuner_ where gemm_autotune applies (c
   // fp32, or bf16 with c_bf16); false: not taken, nothing launched.
   bool GemmOnCublasLt(int64_t m, int64_t n, int64_t k, const void* a, int64_t lda, WeightView w,
                       int64_t ldw, void* c, int64_t ldc, bool c_bf16, bool accumulate);
@@ -353,10 +360,7 @@ class CudaBackend : public Backend {
     double seconds = 0;
   };
   bool op_timing_ = false;
-  bool in_timed_op_ = false;  // GroupedGemm calls Gemm: count only the outer op
-  int32_t mla_decode_small_max_context_ = kMlaDecodeSmallMaxContext;
-  size_t mha_workspace_budget_ = 0;
-  bool gemm_autotune_ = true;
+  bool in_timed_op_ = false;                     // GroupedGemm calls Gemm: count only the outer op
   std::unique_ptr<CublasLtGemmTuner> lt_tuner_;  // made at the first tuned GEMM
   std::map<std::string, OpTotal> op_totals_;
   // kChunked, or kPerExpert once cuBLAS has refused the batched call (ExpertGemms).
@@ -364,6 +368,7 @@ class CudaBackend : public Backend {
 
   const int device_;
   const WeightDType weight_dtype_;
+  const CudaTuning tuning_;
   cudaStream_t stream_;
   cublasHandle_t cublas_;
   cudaMemPool_t pool_;

@@ -385,12 +385,12 @@ TEST_F(CudaBackendTest, Bf16ActivationWithFp32WeightsIsAnError) {
   EXPECT_NE(gpu_->status().message().find("bf16 weights"), std::string::npos) << gpu_->status();
 }
 
-// SetGemmAutotune: bf16 Gemm from kGemmAutotuneMinRows rows through cuBLASLt's timed choice,
-// against the CPU (fp32 and bf16 activations, accumulate), the same bits on a second call;
-// fewer rows (decode) stay on cublasGemmEx.
+// CudaTuning::gemm_autotune (the default): bf16 Gemm from kGemmAutotuneMinRows rows through
+// cuBLASLt's timed choice, against the CPU (fp32 and bf16 activations, accumulate), the same bits
+// on a second call; fewer rows (decode) stay on cublasGemmEx.
 TEST_F(CudaBackendTest, GemmAutotuneMatchesCpuAndLeavesDecodeSizesAlone) {
   const int64_t n = 576, k = 2048;
-  gpu_->SetGemmAutotune(true);
+  ASSERT_TRUE(gpu_->tuning().gemm_autotune);
   for (int64_t m : {int64_t{64}, CudaBackend::kGemmAutotuneMinRows + 76}) {
     for (bool accumulate : {false, true}) {
       const uint32_t seed = testing::FreshSeed();
@@ -416,20 +416,24 @@ TEST_F(CudaBackendTest, GemmAutotuneMatchesCpuAndLeavesDecodeSizesAlone) {
       }
     }
   }
-  gpu_->SetGemmAutotune(false);
   EXPECT_TRUE(gpu_->status().ok()) << gpu_->status();
 }
 
 // GateUpSiluMulBf16 at prefill sizes (fp32 and bf16 activations) against the CPU: its Gemm
 // rounded to bf16, then SiluMulBf16 of those values. cuBLAS sums in another order than the CPU,
 // so a gate or up value may round to the neighbouring bf16 (rarely): at most a few bf16 ulps
-// apart, few elements. It declines below kBf16GateUpMinRows rows and with fp32 weights, writing
-// nothing.
+// apart, few elements. Through cuBLASLt's timed choice with bf16 activations (the default
+// backend) and cublasGemmEx with fp32 ones (a backend with gemm_autotune off). It declines below
+// kBf16GateUpMinRows rows and with fp32 weights, writing nothing.
 TEST_F(CudaBackendTest, GateUpSiluMulBf16MatchesCpuGemmRoundedThenSiluMul) {
   const int64_t k = 2048, inter = 1408;
+  CudaTuning plain_tuning;
+  plain_tuning.gemm_autotune = false;
+  auto plain = CudaBackend::Create(0, WeightDType::kBFloat16, plain_tuning);
+  ASSERT_TRUE(plain.ok()) << plain.status();
   for (int64_t rows : {CudaBackend::kBf16GateUpMinRows, CudaBackend::kGemmAutotuneMinRows}) {
     for (bool a_bf16 : {false, true}) {
-      gpu_->SetGemmAutotune(rows >= CudaBackend::kGemmAutotuneMinRows && a_bf16);
+      CudaBackend* be = a_bf16 ? gpu_.get() : plain->get();
       const uint32_t seed = testing::FreshSeed();
       SCOPED_TRACE(::testing::Message()
                    << "rows " << rows << " a_bf16 " << a_bf16 << " seed " << seed);
@@ -452,7 +456,10 @@ TEST_F(CudaBackendTest, GateUpSiluMulBf16MatchesCpuGemmRoundedThenSiluMul) {
       const ActivationView av =
           a_bf16 ? ActivationView::Bf16(da16->as<uint16_t>()) : ActivationView(da->as<float>());
       auto dout = gpu_->Allocate(got.size() * sizeof(uint16_t));
-      ASSERT_TRUE(gpu_->GateUpSiluMulBf16(rows, inter, k, av, k, gw, k, dout->as<uint16_t>()));
+      gpu_->Synchronize();  // be's stream does not wait for gpu_'s uploads
+      ASSERT_TRUE(be->GateUpSiluMulBf16(rows, inter, k, av, k, gw, k, dout->as<uint16_t>()));
+      be->Synchronize();
+      ASSERT_TRUE(be->status().ok()) << be->status();
       gpu_->CopyToHost(dout->data(), got.size() * sizeof(uint16_t), got.data());
       int64_t differ = 0;
       for (size_t i = 0; i < got.size(); ++i) {
@@ -462,9 +469,8 @@ TEST_F(CudaBackendTest, GateUpSiluMulBf16MatchesCpuGemmRoundedThenSiluMul) {
       }
       EXPECT_LE(differ, static_cast<int64_t>(got.size()) / 20);
       std::cout << "[gate-up-silu-bf16] rows " << rows << " a_bf16 " << a_bf16 << " autotune "
-                << (gpu_->gemm_autotuned_shapes() > 0) << ": " << differ << " of " << got.size()
+                << (be->gemm_autotuned_shapes() > 0) << ": " << differ << " of " << got.size()
                 << " differ from the CPU\n";
-      gpu_->SetGemmAutotune(false);
     }
   }
   // Declines, leaving out untouched.
@@ -1335,18 +1341,27 @@ TEST_F(CudaBackendTest, MlaDecodeMatchesCpu) {
   EXPECT_TRUE(AllClose(Download(*out), want16, Bf16OperandsAtol(kv, cached, kLatent), 5e-4));
   EXPECT_TRUE(gpu_->status().ok()) << gpu_->status();
 }
+// CudaTuning::mla_decode_small_max_context: checked at Create (>= 1), reported as the one-token
+// context break (more tokens: always the key-split kernel, no break).
 TEST_F(CudaBackendTest, MlaDecodeSmallMaxContextIsCheckedAndReportedAsTheBreak) {
   for (int32_t bad : {0, -1}) {
-    const absl::Status st = gpu_->SetMlaDecodeSmallMaxContext(bad);
+    CudaTuning t;
+    t.mla_decode_small_max_context = bad;
+    const absl::Status st = CudaBackend::Create(0, WeightDType::kBFloat16, t).status();
     EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument) << st;
-    EXPECT_NE(st.message().find("max_context " + std::to_string(bad)), absl::string_view::npos)
+    EXPECT_NE(
+        st.message().find("mla_decode_small_max_context must be >= 1, got " + std::to_string(bad)),
+        absl::string_view::npos)
         << st;
   }
-  EXPECT_EQ(gpu_->mla_decode_small_max_context(), CudaBackend::kMlaDecodeSmallMaxContext);
-  EXPECT_EQ(gpu_->MlaDecodeContextBreak(1), CudaBackend::kMlaDecodeSmallMaxContext);
-  EXPECT_EQ(gpu_->MlaDecodeContextBreak(2), 0);  // more tokens: always the key-split kernel
-  ASSERT_TRUE(gpu_->SetMlaDecodeSmallMaxContext(300).ok());
-  EXPECT_EQ(gpu_->MlaDecodeContextBreak(1), 300);
+  EXPECT_EQ(gpu_->MlaDecodeContextBreak(1), gpu_->tuning().mla_decode_small_max_context);
+  EXPECT_EQ(gpu_->MlaDecodeContextBreak(2), 0);
+  CudaTuning t;
+  t.mla_decode_small_max_context = 300;
+  auto b = CudaBackend::Create(0, WeightDType::kBFloat16, t);
+  ASSERT_TRUE(b.ok()) << b.status();
+  EXPECT_EQ((*b)->MlaDecodeContextBreak(1), 300);
+  EXPECT_EQ((*b)->MlaDecodeContextBreak(2), 0);
 }
 
 // One decode token (300 positions, Moonlight's attention shape): the kernel is chosen by the
@@ -1393,23 +1408,37 @@ TEST_F(CudaBackendTest, OneTokenDecodeKernelFollowsTheContextOrItsHint) {
   const DeviceMla device =
       UploadMla(a, kLen, kv, slots, tables, token_seq, context_len, q_latent, q_rope, cache_elems);
   const MlaSequenceSpan span{0, 1, kLen};
-  auto run = [&](const MlaSequenceSpan* spans, int32_t hint) {
+  // A backend whose one-launch kernel takes contexts up to max_context (gpu_ holds the buffers).
+  std::vector<std::unique_ptr<CudaBackend>> backends;
+  auto with_max_context = [&](int32_t max_context) {
+    CudaTuning t;
+    t.mla_decode_small_max_context = max_context;
+    auto b = CudaBackend::Create(0, WeightDType::kBFloat16, t);
+    EXPECT_TRUE(b.ok()) << b.status();
+    backends.push_back(std::move(*b));
+    return backends.back().get();
+  };
+  auto run = [&](CudaBackend* be, const MlaSequenceSpan* spans, int32_t hint) {
     MlaAttentionArgs g = device.args;
     g.sequences = spans;
     g.num_sequences = spans != nullptr ? 1 : 0;
     g.max_context_hint = hint;
     auto out = Poisoned(want.size());
     g.out_latent = out->as<float>();
-    gpu_->MlaAttention(g);
+    gpu_->Synchronize();  // be's stream does not wait for gpu_'s copies
+    be->MlaAttention(g);
+    be->Synchronize();
+    EXPECT_TRUE(be->status().ok()) << be->status();
     return Download(*out);
   };
+  CudaBackend* below = with_max_context(kLen - 1);
+  CudaBackend* at = with_max_context(kLen);
+  CudaBackend* any = with_max_context(1 << 20);
   // The references: the key-split kernel (the context above the one-launch kernel's maximum;
   // bf16 Q and P: against the CPU over Q rounded to bf16, as MlaDecodeMatchesCpu), and the
   // one-launch kernel for any context (fp32 Q and P).
-  ASSERT_TRUE(gpu_->SetMlaDecodeSmallMaxContext(kLen - 1).ok());
-  const std::vector<float> key_split = run(&span, 0);
-  ASSERT_TRUE(gpu_->SetMlaDecodeSmallMaxContext(1 << 20).ok());
-  const std::vector<float> small = run(&span, 0);
+  const std::vector<float> key_split = run(below, &span, 0);
+  const std::vector<float> small = run(any, &span, 0);
   const std::vector<float> want16 = CpuMlaOverBf16Q(a, want.size());
   EXPECT_TRUE(AllClose(key_split, want16, Bf16OperandsAtol(kv, kLen, kLatent), 5e-4));
   EXPECT_TRUE(AllClose(small, want, 1e-4, 5e-4));
@@ -1419,15 +1448,13 @@ TEST_F(CudaBackendTest, OneTokenDecodeKernelFollowsTheContextOrItsHint) {
     return x.size() == y.size() && std::memcmp(x.data(), y.data(), x.size() * sizeof(float)) == 0;
   };
 
-  ASSERT_TRUE(gpu_->SetMlaDecodeSmallMaxContext(kLen).ok());
-  EXPECT_TRUE(same(run(&span, 0), small));               // spans: the real context, at the max
-  EXPECT_TRUE(same(run(&span, kLen + 1), small));        // spans win over the hint
-  EXPECT_TRUE(same(run(nullptr, kLen), small));          // a class bound at the max
-  EXPECT_TRUE(same(run(nullptr, kLen + 1), key_split));  // above it
-  EXPECT_TRUE(same(run(nullptr, 0), key_split));         // unknown
-  ASSERT_TRUE(gpu_->SetMlaDecodeSmallMaxContext(kLen - 1).ok());
-  EXPECT_TRUE(same(run(&span, 0), key_split));  // the real context above the max
-  EXPECT_TRUE(same(run(&span, 1), key_split));
+  EXPECT_TRUE(same(run(at, &span, 0), small));               // spans: the real context, at the max
+  EXPECT_TRUE(same(run(at, &span, kLen + 1), small));        // spans win over the hint
+  EXPECT_TRUE(same(run(at, nullptr, kLen), small));          // a class bound at the max
+  EXPECT_TRUE(same(run(at, nullptr, kLen + 1), key_split));  // above it
+  EXPECT_TRUE(same(run(at, nullptr, 0), key_split));         // unknown
+  EXPECT_TRUE(same(run(below, &span, 0), key_split));        // the real context above the max
+  EXPECT_TRUE(same(run(below, &span, 1), key_split));
   EXPECT_TRUE(gpu_->status().ok()) << gpu_->status();
 }
 
