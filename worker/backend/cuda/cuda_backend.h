@@ -30,6 +30,7 @@
 #include <cuda_runtime_api.h>
 
 #include <functional>
+#include <limits>
 #include <map>
 #include <memory>
 #include <string>
@@ -354,6 +355,8 @@ class CudaBackend : public Backend {
                          int32_t num_tokens, int64_t max_context);
   class OpTimer;     // RAII guard of one op when op timing is on
   class PhaseTimer;  // a phase inside an op ("Op/phase" in the report)
+  // Whether v fits a non-negative int (cuBLAS's and the kernels' sizes).
+  static bool FitsInt(int64_t v) { return v >= 0 && v <= std::numeric_limits<int>::max(); }
 
   struct OpTotal {
     int64_t calls = 0;
