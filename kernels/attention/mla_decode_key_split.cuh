@@ -568,30 +568,8 @@ __global__ void __launch_bounds__(kMmaThreads, 2)
     ClusterMergeSplits(p, t, h0, split, num_splits, acc, run_max, total,
                        reinterpret_cast<float*>(kbuf));
   } else {
-#pragma unroll
-    for (int n = 0; n < kSplitNT; ++n) {
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const int h = h0 + g + (e >> 1) * 8, c = col0 + n * 8 + 2 * tq + (e & 1);
-        if (h >= p.num_heads) continue;
-        const int64_t th = t * p.num_heads + h;
-        if (num_splits == 1) {
-          p.out_latent[th * kSplitLatent + c] = acc[n][e] / total[e >> 1];
-        } else {
-          ws_out[(th * num_splits + split) * kSplitLatent + c] = acc[n][e];
-        }
-      }
-    }
-    if (num_splits > 1 && warp == 0 && tq == 0) {
-#pragma unroll
-      for (int r = 0; r < 2; ++r) {
-        const int h = h0 + g + r * 8;
-        if (h >= p.num_heads) continue;
-        float* ml = ws_ml + ((t * p.num_heads + h) * num_splits + split) * 2;
-        ml[0] = run_max[r] * 0.6931471805599453f;  // natural-log units
-        ml[1] = total[r];
-      }
-    }
+    WriteSplitResult<kSplitNT, false>(p, t, h0, warp, g, tq, col0, kSplitLatent, num_splits, split,
+                                      acc, run_max, total, ws_out, ws_ml);
   }
 }
 

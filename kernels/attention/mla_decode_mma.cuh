@@ -109,6 +109,43 @@ __device__ __forceinline__ void LoadKeyChunkBf16(const MlaAttentionParams& p, co
   CopyAsyncCommit();
 }
 
+// Writes a (token, 16-head group, split) block's result from its MMA accumulators (rows g and
+// g + 8 of the fragments, kNT 8-column tiles from col0): with one split the normalised output,
+// else the unnormalised partial and, from warp 0's threads with tq 0, (max in natural-log units,
+// sum) for the split combine. kCheckColumns: the latent may end inside a tile.
+template <int kNT, bool kCheckColumns>
+__device__ __forceinline__ void WriteSplitResult(const MlaAttentionParams& p, int64_t t, int h0,
+                                                 int warp, int g, int tq, int col0, int latent,
+                                                 int num_splits, int split,
+                                                 const float (&acc)[kNT][4],
+                                                 const float (&run_max)[2], const float (&sum)[2],
+                                                 float* ws_out, float* ws_ml) {
+#pragma unroll
+  for (int n = 0; n < kNT; ++n) {
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const int h = h0 + g + (e >> 1) * 8, c = col0 + n * 8 + 2 * tq + (e & 1);
+      if (h >= p.num_heads || (kCheckColumns && c >= latent)) continue;
+      const int64_t th = t * p.num_heads + h;
+      if (num_splits == 1) {
+        p.out_latent[th * latent + c] = acc[n][e] / sum[e >> 1];
+      } else {
+        ws_out[(th * num_splits + split) * latent + c] = acc[n][e];
+      }
+    }
+  }
+  if (num_splits > 1 && warp == 0 && tq == 0) {
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      const int h = h0 + g + r * 8;
+      if (h >= p.num_heads) continue;
+      float* ml = ws_ml + ((t * p.num_heads + h) * num_splits + split) * 2;
+      ml[0] = run_max[r] * 0.6931471805599453f;  // natural-log units
+      ml[1] = sum[r];
+    }
+  }
+}
+
 // Block index = (token * num_splits + split) * num_groups + group, as MlaGroupedKernel. kNT:
 // n-tiles of 8 latent columns per warp in P·V (even; latent <= 32 * kNT).
 template <int kNT>
@@ -332,30 +369,8 @@ __global__ void __launch_bounds__(kMmaThreads, kMmaMinBlocks)
     __syncthreads();  // this key buffer and the partial scores are rewritten next iteration
   }
 
-#pragma unroll
-  for (int n = 0; n < kNT; ++n) {
-#pragma unroll
-    for (int e = 0; e < 4; ++e) {
-      const int h = h0 + g + (e >> 1) * 8, c = col0 + n * 8 + 2 * tq + (e & 1);
-      if (h >= p.num_heads || c >= latent) continue;
-      const int64_t th = t * p.num_heads + h;
-      if (num_splits == 1) {
-        p.out_latent[th * latent + c] = acc[n][e] / run_sum[e >> 1];
-      } else {
-        ws_out[(th * num_splits + split) * latent + c] = acc[n][e];
-      }
-    }
-  }
-  if (num_splits > 1 && warp == 0 && tq == 0) {
-#pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      const int h = h0 + g + r * 8;
-      if (h >= p.num_heads) continue;
-      float* ml = ws_ml + ((t * p.num_heads + h) * num_splits + split) * 2;
-      ml[0] = run_max[r] * 0.6931471805599453f;  // natural-log units
-      ml[1] = run_sum[r];
-    }
-  }
+  WriteSplitResult<kNT, true>(p, t, h0, warp, g, tq, col0, latent, num_splits, split, acc, run_max,
+                              run_sum, ws_out, ws_ml);
 }
 
 }  // namespace mla
