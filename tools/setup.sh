@@ -19,7 +19,7 @@ for arg in "$@"; do
   case "$arg" in
     --no-apt) install_apt=0 ;;
     --no-demo) demo=0 ;;
-    -h|--help) sed -n '2,13p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,12p' "$0"; exit 0 ;;
     *) echo "setup.sh: unknown option '$arg' (try --help)" >&2; exit 2 ;;
   esac
 done
