@@ -14,6 +14,7 @@
 
 #include "coordinator/cli/flag_set.h"
 #include "tools/bench/bench_runner.h"
+#include "worker/backend/backend_kind.h"
 
 int main(int argc, char** argv) {
   // Loading stages every weight tensor in a fresh host vector, and every step copies the
@@ -254,6 +255,10 @@ int main(int argc, char** argv) {
   flags.AddBool("json", &json, "Print one JSON object instead of the text report.");
   flags.AddString("csv", &csv, "Append one CSV row per request count (header if the file is new).");
   if (int rc = flags.ParseMain(argc, argv, "deepinfer-bench"); rc >= 0) return rc;
+  if (absl::Status built = deepinfer::CheckBackendBuilt(config.backend); !built.ok()) {
+    std::cerr << "deepinfer-bench: " << built.message() << "\n";
+    return 2;
+  }
   if (!deepinfer::ParseRequestCounts(requests, &config.decode_num_requests)) {
     std::cerr << "deepinfer-bench: --decode-num-requests must be a number or a comma list of "
                  "numbers, not '"
