@@ -24,6 +24,7 @@
 #include "coordinator/cli/progress.h"
 #include "coordinator/rpc/auth.h"
 #include "google/protobuf/util/json_util.h"
+#include "worker/backend/backend_kind.h"
 
 namespace deepinfer {
 namespace {
@@ -374,6 +375,9 @@ std::vector<std::string> LocalWorkerArgv(const RunOptions& options, int64_t inde
 }
 
 int RunCommand(const RunOptions& options) {
+  if (absl::Status built = CheckBackendBuilt(options.backend); !built.ok()) {
+    return Fail("run", built, 2);
+  }
   if (options.workers < 1 || options.ranks_per_worker < 1) {
     return Fail("run", absl::InvalidArgumentError("--workers and --ranks-per-worker must be >= 1"),
                 2);

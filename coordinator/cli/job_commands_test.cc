@@ -1,5 +1,6 @@
 // GpuSetsPerWorker: the CUDA_VISIBLE_DEVICES each worker of `deepinfer run --split-gpus` gets;
-// LocalWorkerArgv: the engine options `deepinfer run` hands its workers.
+// LocalWorkerArgv: the engine options `deepinfer run` hands its workers; RunCommand's refusal of
+// a backend that is only a design.
 #include "coordinator/cli/job_commands.h"
 
 #include <string>
@@ -62,6 +63,24 @@ TEST(LocalWorkerArgvTest, PassesEveryEngineOptionThenTheExtraArgs) {
                                 "--cuda-graphs=false", "--cuda-graph-max-batch=64",
                                 "--kv-cache-dtype=bfloat16", "--kv-cache-tokens=4096",
                                 "--communicator=nccl"));
+}
+
+// `deepinfer run --backend ascend` answers with one line and exit code 2 before it reads the
+// input or starts any process (the input file here does not exist).
+TEST(RunCommandTest, AscendBackendIsRefusedWithOneLine) {
+  RunOptions o;
+  o.model = "/m";
+  o.input = "/nonexistent/input.jsonl";
+  o.output = "/nonexistent/output.jsonl";
+  o.backend = "ascend";
+  ::testing::internal::CaptureStderr();
+  const int code = RunCommand(o);
+  const std::string err = ::testing::internal::GetCapturedStderr();
+  EXPECT_EQ(code, 2);
+  EXPECT_EQ(err,
+            "deepinfer run: backend 'ascend' is not built into this binary: the Ascend NPU backend "
+            "is a design only, never built or tested (it needs the CANN toolkit and an NPU); see "
+            "ascend/README.md\n");
 }
 
 }  // namespace

@@ -45,7 +45,8 @@ struct MhaPrefillSequence {
 };
 
 // The flash kernel's tiling. kRows64: a block of 4 warps takes 64 query rows (16 per warp) and
-// streams 64-key tiles, double-buffered (the session-5 kernel). kRows128*: 4 warps take 128 rows
+// streams 64-key tiles, double-buffered (kAuto's choice where 128-row tiles would be mostly
+// padding). kRows128*: 4 warps take 128 rows
 // (32 per warp, so each K / V fragment read from shared memory feeds two MMAs); a warp skips the
 // key tiles past its own last row. kRows128Keys64 / kRows128Keys32: single K and V buffers
 // loaded alternately (FlashAttention-2's pipeline), 64- or 32-key tiles; kRows128Keys32Stages2:
@@ -55,8 +56,8 @@ struct MhaPrefillSequence {
 enum class MhaFlashKernel { kAuto, kRows64, kRows128Keys64, kRows128Keys32, kRows128Keys32Stages2 };
 
 // How a group's cache entries are gathered into the workspace. kOneLaunch (default): one launch
-// for the whole group, 16-byte loads. kPerSequence: one launch per sequence (the session-5 path,
-// kept for benchmarks): at 32 x 1024 that is 32 launches of ~1 MB each, bound by launch
+// for the whole group, 16-byte loads. kPerSequence: one launch per sequence (kept for before /
+// after benchmarks): at 32 x 1024 that is 32 launches of ~1 MB each, bound by launch
 // overhead rather than bandwidth.
 enum class MhaGather { kOneLaunch, kPerSequence };
 

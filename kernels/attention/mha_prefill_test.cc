@@ -247,9 +247,9 @@ TEST_P(MhaPrefillTest, MatchesCpuBackend) {
       pr.Expect(got, kAtol, kRtol + 4e-3, kRmsBound);
     }
   }
-  // The gather + expansion paths at the default flash kernel: the session-5 one (a gather launch
-  // per sequence, cublasGemmEx), and the default one with a workspace budget so small that each
-  // sequence is a group of its own.
+  // The gather + expansion paths at the default flash kernel: the per-sequence one (a gather
+  // launch per sequence, cublasGemmEx), and the default one with a workspace budget so small that
+  // each sequence is a group of its own.
   gpu.SetMhaFlashKernel(MhaFlashKernel::kAuto);
   gpu.SetMhaFlashPairGroup(0);
   const std::pair<bool, size_t> expand[] = {{false, 0}, {true, 1}};
@@ -396,7 +396,7 @@ TEST(MhaPrefillLimitsTest, RejectsBadParamsAndSpans) {
     EXPECT_EQ(calls, 2);
     EXPECT_EQ(expanded, keys);
     p.workspace_budget = 0;
-    // The per-sequence gather (session 5) gives the same entries.
+    // The per-sequence gather gives the same entries.
     p.gather = kernels::MhaGather::kPerSequence;
     dout.Poison();
     DEEPINFER_CUDA_OK(kernels::MhaPrefillBf16(p, blas, nullptr));

@@ -36,12 +36,12 @@
 // exact bf16 already: fp32-grade math at tensor-core speed. Warps split the 576-long score dot
 // products (k-steps), sum them through shared memory in a fixed order, and then each runs the
 // online softmax for all 16 heads itself and owns a quarter of the latent columns of O.
-// Variants 8 and 9 of the key-split kernel (the default since session 8) drop the lo parts:
+// Variants 8 and 9 of the key-split kernel (the kernel's default) drop the lo parts:
 // bf16 Q and P, one MMA per product, as FlashMLA; 9 also merges 2-3 context splits inside a
 // thread-block cluster instead of through the workspace and MlaCombineKernel (described at
 // MlaBf16KeySplitKernel).
 //
-// MlaAttentionPerHeadF32, the earlier kernel: one block per (token, head), keys scored one warp
+// MlaAttentionPerHeadF32, the plain fp32 kernel: one block per (token, head), keys scored one warp
 // per key, online softmax rescaling per-thread latent accumulators.
 #include <cooperative_groups.h>
 #include <cuda_bf16.h>

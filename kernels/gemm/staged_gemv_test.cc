@@ -246,7 +246,7 @@ TEST(StagedGemvTest, PreferredWhereItMeasuredFaster) {
   }
 }
 
-// StagedGemvPreferredAtTwoRows: the two-row shapes where it measured faster (session 7's
+// StagedGemvPreferredAtTwoRows: the two-row shapes where it measured faster (the
 // small_m_gemm_bench staged cases, docs/cuda.md). Host-only.
 TEST(StagedGemvTest, PreferredAtTwoRowsWhereItMeasuredFaster) {
   struct Shape {

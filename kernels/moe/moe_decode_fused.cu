@@ -5,8 +5,8 @@
 // written by the kernel before gate_up, is read only after the wait, except in down kernels
 // (kPersistent's L2 prefetch hint, kStationary's chunk resolution; see there why that is safe).
 //
-// Session 6's kWarpPerRow pair (one warp per weight row pair / output feature, a full grid) was
-// removed in session 7: it was the slowest at every measured shape (docs/kernels.md).
+// No warp-per-row pair (one warp per weight row pair / output feature, a full grid): it was the
+// slowest at every measured shape (docs/kernels.md).
 #include <cuda_runtime.h>
 
 #include <algorithm>

@@ -11,8 +11,8 @@
 // Three kernel pairs do this (MoeDecodeFusedKernels): kPersistent (grid-strided over the work,
 // L2 prefetch before the PDL wait), kPipelined (the same with the round trips overlapped) and
 // kStationary (kPipelined with a down kernel that keeps its activations in registers at one
-// token); the backend's choice: CudaBackend::DecodeMoeFusedKernelsFor. (Session 6's
-// kWarpPerRow, slowest at every measured shape, was removed in session 7.)
+// token); the backend's choice: CudaBackend::DecodeMoeFusedKernelsFor. (A warp-per-row pair
+// measured slowest at every shape; docs/kernels.md.)
 //
 // The shared MLP of intermediate size shared_parts * inter is exactly the sum of shared_parts
 // MLPs of intermediate inter over consecutive slices of its gate / up rows and down columns

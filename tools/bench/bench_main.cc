@@ -14,6 +14,7 @@
 
 #include "coordinator/cli/flag_set.h"
 #include "tools/bench/bench_runner.h"
+#include "worker/backend/backend_kind.h"
 
 int main(int argc, char** argv) {
   // Loading stages every weight tensor in a fresh host vector, and every step copies the
@@ -154,12 +155,11 @@ int main(int argc, char** argv) {
                "CUDA: the most activation rows the staged GEMV takes (1; 2: also two-row\n"
                "decode: q / kv_a in one launch after AddRmsNorm, and GEMMs of shapes where\n"
                "it measured faster); 0: the backend's default (2).");
-  flags.AddString(
-      "mha-flash-kernel", &config.mha_flash_kernel,
-      "CUDA: the flash kernel of the non-absorbed MLA prefill (rows64: 64 query rows\n"
-      "a block, the session-5 kernel; rows128: 128 rows, 64-key tiles; rows128-keys32:\n"
-      "128 rows, 32-key tiles; rows128-keys32x2: that with K / V double-buffered);\n"
-      "empty or auto: rows128 where the sequences fill its tiles, else rows64.");
+  flags.AddString("mha-flash-kernel", &config.mha_flash_kernel,
+                  "CUDA: the flash kernel of the non-absorbed MLA prefill (rows64: 64 query rows\n"
+                  "a block; rows128: 128 rows, 64-key tiles; rows128-keys32: 128 rows, 32-key\n"
+                  "tiles; rows128-keys32x2: that with K / V double-buffered); empty or auto:\n"
+                  "rows128 where the sequences fill its tiles, else rows64.");
   flags.AddInt("mha-flash-pair-group", &config.mha_flash_pair_group,
                "CUDA: the 128-row prefill flash kernels' block order, (sequence, head) pairs per\n"
                "group (kernels::MhaPrefillParams::flash_pair_group; 0, the default: tile-major).");
@@ -254,6 +254,10 @@ int main(int argc, char** argv) {
   flags.AddBool("json", &json, "Print one JSON object instead of the text report.");
   flags.AddString("csv", &csv, "Append one CSV row per request count (header if the file is new).");
   if (int rc = flags.ParseMain(argc, argv, "deepinfer-bench"); rc >= 0) return rc;
+  if (absl::Status built = deepinfer::CheckBackendBuilt(config.backend); !built.ok()) {
+    std::cerr << "deepinfer-bench: " << built.message() << "\n";
+    return 2;
+  }
   if (!deepinfer::ParseRequestCounts(requests, &config.decode_num_requests)) {
     std::cerr << "deepinfer-bench: --decode-num-requests must be a number or a comma list of "
                  "numbers, not '"

@@ -601,8 +601,8 @@ absl::Status RunRank(const BenchConfig& bc, int64_t rank, RankState* s, RankOutp
       auto batch = new_seqs(prefill_seqs);
       if (!batch.ok()) return batch.status();
       // As the engine prefills: each prompt's next token sampled on the device (greedy), no
-      // logits back to the host (before session 6 the step copied every prompt's
-      // vocabulary row to pageable host memory: 0.46-0.72 ms at 8 x 1024).
+      // logits back to the host (copying every prompt's vocabulary row to pageable host memory
+      // would add 0.46-0.72 ms at 8 x 1024).
       for (SequenceStep& s : *batch) {
         s.sampling = SamplingParams{};
         s.return_logits = false;

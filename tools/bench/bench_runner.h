@@ -121,7 +121,8 @@ struct BenchConfig {
   // CUDA: CudaBackend::SetMhaFlashPairGroup (0, the default: tile-major; N > 0: pair groups).
   int64_t mha_flash_pair_group = 0;
   // CUDA: CudaBackend::SetMhaFastExpand (the non-absorbed prefill's gather in one launch per
-  // group and its kv_b expansion through the cuBLASLt tuner); off: the session-5 path.
+  // group and its kv_b expansion through the cuBLASLt tuner); off: a gather launch per sequence
+  // and cublasGemmEx.
   bool mha_fast_expand = true;
   // CUDA: CudaBackend::SetMhaWorkspaceBudget in MiB (0: the kernel's default, 256 MiB).
   int64_t mha_workspace_mib = 0;

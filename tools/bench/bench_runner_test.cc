@@ -376,6 +376,16 @@ TEST(BenchRunnerTest, ExpertParallelRefusals) {
   refused(c, "this model has none");
 }
 
+// The Ascend backend is a design only: the factory's refusal reaches the caller.
+TEST(BenchRunnerTest, AscendBackendIsRefusedAsNotBuilt) {
+  BenchConfig c = SmallConfig();
+  c.backend = "ascend";
+  auto r = RunBenchmark(c);
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kUnimplemented) << r.status();
+  EXPECT_NE(r.status().message().find("see ascend/README.md"), std::string::npos) << r.status();
+}
+
 // Seeded sampling in the decode steps: the device path and the host path (logits back, the
 // host Sampler) produce the same tokens.
 TEST(BenchRunnerTest, SampledDecodeSameOnDeviceAndHost) {

@@ -1,7 +1,8 @@
 #!/bin/bash
 # bench_scripts_test: sweep.sh writes one CSV row per (context, request count), and
 # combine_results.py puts ours and an HF result side by side with ratios computed from the
-# inputs. Runs deepinfer-bench on the CPU with the small parity fixture's config.
+# inputs; deepinfer-bench refuses the Ascend backend (a design only) with one line. Runs
+# deepinfer-bench on the CPU with the small parity fixture's config.
 #   bench_scripts_test.sh DEEPINFER_BENCH SWEEP_SH COMBINE_PY CONFIG_JSON
 set -euo pipefail
 bench=$1 sweep=$2 combine=$3 config=$4
@@ -46,4 +47,13 @@ p = rows[("m", "prefill", "")]
 assert abs(float(p["ours_over_hf"]) - ours["prefill"]["tokens_per_s"] / 8.0) <= \
     1e-4 * ours["prefill"]["tokens_per_s"], p
 PY
+# --- deepinfer-bench --backend ascend: one line, exit code 2 ---
+code=0
+"$bench" --model "$config" --load-format dummy --backend ascend > /dev/null 2> "$tmp/ascend.err" ||
+  code=$?
+[[ $code -eq 2 ]] || fail "--backend ascend: exit code $code, want 2"
+[[ $(wc -l < "$tmp/ascend.err") -eq 1 ]] || fail "--backend ascend: want one line: $(cat "$tmp/ascend.err")"
+grep -q "^deepinfer-bench: backend 'ascend' is not built into this binary: .*see ascend/README.md$" \
+  "$tmp/ascend.err" || fail "--backend ascend: $(cat "$tmp/ascend.err")"
+
 echo PASS

@@ -684,7 +684,7 @@ void CudaBackend::AddRmsNormGemms(int64_t rows, int64_t dim, float* x, const flo
   p.num_targets = static_cast<int>(gemms.size());
   // The norm fused at one row only: at 2 and 4 rows the prologue's block reductions in every
   // block measured slower than AddRmsNorm + the GEMMs (small_m_gemm_bench: 4 rows 17.18 vs
-  // 10.74 us; 2 rows 10.14 vs 9.56, session 7; 1 row: 8.28 vs 8.79 us). At two rows: AddRmsNorm,
+  // 10.74 us; 2 rows 10.14 vs 9.56; 1 row: 8.28 vs 8.79 us). At two rows: AddRmsNorm,
   // then one staged launch for all targets (q + kv_a: 6.97 vs 10.01 us for two small-m launches).
   bool staged =
       staged_gemv_ != StagedGemv::kOff && small_m_gemm_ &&
@@ -1314,13 +1314,12 @@ bool CudaBackend::DecodeMoeFusedFor(int64_t tokens, int64_t hidden_size) const {
     case DecodeMoeFused::kAuto:
       break;
   }
-  // moe_block_decode_bench (4 layers in a CUDA graph, H200), µs a layer, previous ops -> fused
-  // session 6's kWarpPerRow (removed) / kPersistent: Moonlight 1 token 63.6 -> 58.0 / 50.2,
+  // moe_block_decode_bench (4 layers in a CUDA graph, H200), µs a layer, the op sequence ->
+  // fused, a warp-per-row pair (removed) / kPersistent: Moonlight 1 token 63.6 -> 58.0 / 50.2,
   // 2 tokens 77.6 -> 97.2 / 75.3; V3 1 token 220.7 -> 232.7 / 209.1, 2 tokens 353.3 -> 499.2 /
-  // 405.3.
-  // kPipelined (session 7, branch s7-moeblk2): Moonlight 2 tokens 68.5, V3 2 tokens 350.6
-  // (previous ops 351.8: no faster, not taken). kStationary (s7-moedown): Moonlight 1 token
-  // 39.9, V3 1 token 200.2; at 2 tokens it is kPipelined.
+  // 405.3. kPipelined: Moonlight 2 tokens 68.5, V3 2 tokens 350.6 (the op sequence 351.8: no
+  // faster, not taken). kStationary: Moonlight 1 token 39.9, V3 1 token 200.2; at 2 tokens it is
+  // kPipelined.
   return tokens == 1 || (tokens == 2 && hidden_size <= kMaxAutoFusedMoeHidden);
 }
 

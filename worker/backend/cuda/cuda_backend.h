@@ -151,7 +151,7 @@ class CudaBackend : public Backend {
   // normed row and the SiLU-mul output to bf16). Otherwise false.
   bool NormedDenseMlp(const DenseMlpArgs& args) override;
   // On by default: the 27-layer decode at one request measured 2.3694 -> 2.3624 ms (two
-  // alternating rounds, session 7's final call); false: the ops (--decode-dense-mlp-fused).
+  // alternating rounds); false: the ops (--decode-dense-mlp-fused).
   void SetDecodeDenseMlpFused(bool on) { decode_dense_mlp_fused_ = on; }
   // Which sizes RoutedAndSharedExperts takes: kAuto (the default) where it measured faster than
   // RoutedExperts + the shared-expert ops (moe_block_decode_bench, H200, docs/kernels.md): with
@@ -181,7 +181,7 @@ class CudaBackend : public Backend {
   // "Allocations beside the chain"): with them resident the router -> gate_up edge is one (and
   // gate_up's prefetch before its PDL wait runs under the router). Same results bit for bit
   // (deepinfer-bench --decode-moe-resident-workspaces). Off by default: moe_block_decode_bench
-  // (H200, session 8, docs/kernels.md) measured it 1.3 us a layer faster at Moonlight 1 token,
+  // (H200, docs/kernels.md) measured it 1.3 us a layer faster at Moonlight 1 token,
   // no faster at 2 tokens, 0.3 % slower at V3 1 token and 25 % slower at V3 2 tokens (not
   // explained); not yet measured alone in the 27-layer step.
   void SetDecodeMoeResidentWorkspaces(bool on) { decode_moe_resident_workspaces_ = on; }
@@ -281,8 +281,9 @@ class CudaBackend : public Backend {
   // kNormRopeCacheAbsorbMaxTokens tokens and params kernels::NormRopeCacheAbsorbQuerySupported
   // takes: kernels::NormRopeCacheAbsorbQueryF32, one launch with the bits of the two ops (the
   // W_uk product as SmallMGemmBf16 computes it); otherwise Backend's two ops. Measured on the
-  // H200 at 1 request: 27-layer decode step -29 us (docs/performance.md, "Session 8, branch
-  // s8-attn1"); 2-4 tokens give the same bits but were not timed, so they keep two launches.
+  // H200 at 1 request: 27-layer decode step -29 us (docs/cuda.md, "The attention core's launch
+  // chain at one token"); 2-4 tokens give the same bits but were not timed, so they keep two
+  // launches.
   void NormRopeCacheAbsorbQuery(const NormRopeCacheArgs& nr, const AbsorbQueryArgs& aq) override;
   static constexpr int64_t kNormRopeCacheAbsorbMaxTokens = 1;
   // Off: the two launches, for before/after measurements (deepinfer-bench
@@ -318,7 +319,7 @@ class CudaBackend : public Backend {
   // in one gather launch (kernels::MhaGather::kOneLaunch) and the expansion GEMM through the
   // cuBLASLt tuner (GemmOnCublasLt, when SetGemmAutotune is on, outside graph capture, from
   // kGemmAutotuneMinRows keys; else cublasGemmEx). Off: one gather launch per sequence and
-  // cublasGemmEx's default algorithm (the session-5 path). For benchmarks (--mha-fast-expand).
+  // cublasGemmEx's default algorithm. For benchmarks (--mha-fast-expand).
   void SetMhaFastExpand(bool on) { mha_fast_expand_ = on; }
   // kernels::MhaPrefillParams::workspace_budget in bytes (0, the default: the kernel's 256 MiB),
   // for benchmarks (--mha-workspace-mib).
@@ -350,7 +351,7 @@ class CudaBackend : public Backend {
   // W_uv GEMV after it is scheduled beside it and loads its weights early (deepinfer-bench
   // --mla-decode-small-early-dependents). Default off: on the H200 it saved 0.5 us of the
   // attention core's chain in mla_decode_small_bench but nothing measurable in the 27-layer
-  // decode step (docs/performance.md, "Session 8, branch s8-attn1").
+  // decode step (docs/cuda.md, "The attention core's launch chain at one token").
   void SetMlaDecodeSmallEarlyDependents(bool on) { mla_decode_small_early_dependents_ = on; }
   static constexpr int32_t kMlaDecodeSmallMaxTokens = 1;
   // Measured on the H200 (mla_decode_small_bench, 1 token in a CUDA graph, against the default

@@ -8,8 +8,8 @@
 //   new  CudaBackend::RoutedAndSharedExperts (kernels::MoeDecodeFusedF32, two launches), with
 //        the kernel pairs "pers" (kPersistent), "pipe" (kPipelined) and "stat" (kStationary)
 //        at their default grids; "pipe" and "stat" once more at the end (the spread between two
-//        runs of the same case). Session 6's kWarpPerRow (removed) and other grids: git history
-//        (session 7's s7-moeblk / s7-moeblk2 tables in docs/kernels.md).
+//        runs of the same case). Other grids and the warp-per-row pair that measured slowest:
+//        docs/kernels.md.
 //   routed  each layer as the model issues it: CudaBackend::RouteTokens (AddRmsNorm of the
 //        layer's residual row into its hidden rows, then the fused router on them, writing the
 //        layer's own routing) and RoutedAndSharedExperts with kStationary: "rsta" with scratch
@@ -17,8 +17,8 @@
 //        SetDecodeMoeResidentWorkspaces (none: a programmatic edge), twice each (rsta rstW rsta
 //        rstW). The time includes the norm and the router; "diff" is against the first "rsta"
 //        (0: the switch changes no bit); "layer MB" is the fixed routing's (exact at 1 token:
-//        top_k distinct experts either way). Session 8's "rstE" (gate_up computing the shared
-//        experts before its PDL wait, measured slower): git history, docs/kernels.md.
+//        top_k distinct experts either way). No arm for gate_up computing the shared experts
+//        before its PDL wait: it measured slower (docs/kernels.md).
 //
 // Shapes: Moonlight (64 experts, top-6, hidden 2048, moe_intermediate 1408, 2 shared experts)
 // and DeepSeek-V3 (256, top-8, 7168, 2048, 1 shared), bf16 weights. The graph holds kLayers
