@@ -1,9 +1,8 @@
 // deepinfer: the user's command-line tool. Subcommands are listed by `deepinfer help`.
+#include <fstream>
 #include <iostream>
 #include <string>
 #include <vector>
-
-#include <fstream>
 
 #include "coordinator/cli/bench_command.h"
 #include "coordinator/cli/flag_set.h"
@@ -14,6 +13,18 @@
 
 namespace deepinfer {
 namespace {
+
+// How `deepinfer run` and `deepinfer wait` show progress (coordinator/cli/progress.h).
+constexpr char kProgressHelp[] =
+    "Progress, on a terminal: requests done/running/failed, tokens generated so far\n"
+    "(finished requests plus the running ones' tokens from the workers'\n"
+    "heartbeats, about once a second), tokens/s over the last 20 s, and an ETA:\n"
+    "the tokens still to come divided by that rate. Tokens still to come: the\n"
+    "average generated per completed request times the requests left, less what\n"
+    "the running ones generated; before any request completed, the upper bound\n"
+    "from their max_tokens, shown as \"ETA <= ...\". Whatever keeps the cluster\n"
+    "from running the job as asked (a worker left out of the expert-parallel\n"
+    "group, no group serving) is printed on a line of its own, terminal or not.";
 
 int Devices(const std::vector<std::string>& args) {
   std::string selection_text = "auto";
@@ -108,8 +119,8 @@ int Status(const std::vector<std::string>& args) {
 int Wait(const std::vector<std::string>& args) {
   ConnectionOptions connection;
   FlagSet flags("deepinfer wait JOB [--coordinator HOST:PORT] [flags]",
-                "Waits until the job ends, with progress on a terminal (requests done,\n"
-                "tokens/s, ETA). Exit 0 if it COMPLETED, 1 otherwise.");
+                std::string("Waits until the job ends. Exit 0 if it COMPLETED, 1 otherwise.\n") +
+                    kProgressHelp);
   AddConnectionFlags(flags, &connection);
   if (int rc = Parse(flags, args, "wait", 1, 1); rc >= 0) return rc;
   return WaitCommand(connection, flags.positional()[0]);
@@ -130,7 +141,8 @@ int Results(const std::vector<std::string>& args) {
   std::string output = "-";
   FlagSet flags("deepinfer results JOB --output FILE [--coordinator HOST:PORT] [flags]",
                 "Writes the job's output lines (OpenAI Batch output JSONL, in the order they\n"
-                "finished) to FILE, or to stdout with --output -.");
+                "finished) to FILE, or to stdout with --output -. FILE is replaced only once\n"
+                "every line was read; on an error it is left as it was.");
   AddConnectionFlags(flags, &connection);
   flags.AddString("output", &output, "Output file, or - for stdout.");
   if (int rc = Parse(flags, args, "results", 1, 1); rc >= 0) return rc;
@@ -143,14 +155,18 @@ int Run(const std::vector<std::string>& args) {
       "deepinfer run --model DIR --input FILE --output FILE [flags]",
       "Runs one job file with no setup: starts a local coordinator and worker processes\n"
       "on loopback, runs every request, writes the output file, and stops them. Exit 0\n"
-      "when the job completed; a request that could not run gets an error line.");
+      "when the job completed; a request that could not run gets an error line. A layout\n"
+      "whose ranks (--workers x --ranks-per-worker) do not split the model's routed\n"
+      "experts evenly is refused at once, naming the rank counts that would.\n" +
+          std::string(kProgressHelp));
   flags.AddString("model", &options.model,
                   "Model directory (config.json, safetensors, tokenizer files), or\n"
                   "dummy:CONFIG.json[@SEED] for random weights.");
   flags.Require("model");
   flags.AddString("input", &options.input, "OpenAI Batch input file (JSONL).");
   flags.Require("input");
-  flags.AddString("output", &options.output, "Where to write the output lines.");
+  flags.AddString("output", &options.output,
+                  "Where to write the output lines; replaced only once they were all read.");
   flags.Require("output");
   flags.AddString("backend", &options.backend, "cpu or cuda.");
   flags.AddString("dtype", &options.dtype,
@@ -167,7 +183,8 @@ int Run(const std::vector<std::string>& args) {
   flags.AddInt("workers", &options.workers, "Worker processes (as nodes would be).");
   flags.AddInt("ranks-per-worker", &options.ranks_per_worker,
                "Engine ranks per worker (GPUs per node); all ranks form one expert-\n"
-               "parallel group.");
+               "parallel group, so --workers x --ranks-per-worker must divide the routed\n"
+               "experts.");
   flags.AddString("state-dir", &options.state_dir,
                   "Keep the job database and logs here (default: a temporary directory,\n"
                   "removed after a successful run).");
