@@ -20,16 +20,22 @@ std::string ShortDuration(absl::Duration d) {
 }  // namespace
 
 void TokenRate::Add(absl::Time when, int64_t tokens) {
-  samples_.emplace_back(when, tokens);
-  // Keep the newest sample at or beyond the window's start, so the window stays covered.
-  while (samples_.size() > 2 && when - samples_[1].first >= window_) samples_.pop_front();
+  if (!last_tokens_.has_value() || *last_tokens_ == tokens) {
+    last_tokens_ = tokens;
+    return;
+  }
+  last_tokens_ = tokens;
+  changes_.emplace_back(when, tokens);
+  // Keep the newest change at or before the window's start, so the window stays covered.
+  while (changes_.size() > 2 && when - changes_[1].first >= window_) changes_.pop_front();
 }
 
-std::optional<double> TokenRate::PerSecond() const {
-  if (samples_.size() < 2) return std::nullopt;
-  const double seconds = absl::ToDoubleSeconds(samples_.back().first - samples_.front().first);
+std::optional<double> TokenRate::PerSecond(absl::Time now) const {
+  if (!changes_.empty() && now - changes_.back().first >= window_) return 0.0;
+  if (changes_.size() < 2) return std::nullopt;
+  const double seconds = absl::ToDoubleSeconds(changes_.back().first - changes_.front().first);
   if (seconds < 1) return std::nullopt;
-  return (samples_.back().second - samples_.front().second) / seconds;
+  return (changes_.back().second - changes_.front().second) / seconds;
 }
 
 std::optional<TokensLeft> EstimateTokensLeft(const Job& job) {
@@ -63,8 +69,9 @@ std::string FormatProgress(const Job& job, std::optional<double> tokens_per_s) {
     absl::StrAppend(&out, absl::StrFormat(", %.1f tok/s", *tokens_per_s));
   const std::optional<TokensLeft> left = EstimateTokensLeft(job);
   if (done < total && left.has_value() && tokens_per_s.has_value() && *tokens_per_s > 0) {
-    absl::StrAppend(&out, " | ETA ", left->upper_bound ? "<= " : "",
-                    ShortDuration(absl::Seconds(left->tokens / *tokens_per_s)));
+    absl::StrAppend(
+        &out, " | ETA ", left->upper_bound ? "<= " : "",
+        ShortDuration(absl::Ceil(absl::Seconds(left->tokens / *tokens_per_s), absl::Seconds(1))));
   }
   return out;
 }
@@ -72,7 +79,8 @@ std::string FormatProgress(const Job& job, std::optional<double> tokens_per_s) {
 bool ProgressLine::IsTerminal(FILE* f) { return isatty(fileno(f)) == 1; }
 
 void ProgressLine::Update(const Job& job) {
-  rate_.Add(absl::Now(), job.generated_tokens() + job.running_generated_tokens());
+  const absl::Time now = absl::Now();
+  rate_.Add(now, job.generated_tokens() + job.running_generated_tokens());
   if (!job.cluster_notice().empty() && job.cluster_notice() != notice_) {
     // On a line of its own, above the progress line (which the next drawing restores).
     if (drawn_) std::fputs("\r\033[K", out_);
@@ -81,7 +89,7 @@ void ProgressLine::Update(const Job& job) {
   }
   notice_ = job.cluster_notice();
   if (!enabled_) return;
-  std::string line = FormatProgress(job, rate_.PerSecond());
+  std::string line = FormatProgress(job, rate_.PerSecond(now));
   // \r and clear-to-end redraw the line in place.
   std::fprintf(out_, "\r%s\033[K", line.c_str());
   std::fflush(out_);

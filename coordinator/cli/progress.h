@@ -20,18 +20,23 @@
 
 namespace deepinfer {
 
-// Tokens per second over the samples of the last `window`: (tokens now - tokens at the
-// oldest sample kept) / the time between them.
+// Tokens per second from the token counts a client sees. Counts move in steps (each
+// worker heartbeat, about once a second), so the rate is taken between the moments a new
+// count was first seen: (count at the newest change - count at the oldest change kept) /
+// the time between them, over the changes of the last `window`. The count seen first is not
+// a change (it may have stood for long, e.g. while the workers loaded the model).
 class TokenRate {
  public:
   explicit TokenRate(absl::Duration window) : window_(window) {}
   void Add(absl::Time when, int64_t tokens);
-  // Unknown until two samples lie at least a second apart.
-  std::optional<double> PerSecond() const;
+  // Unknown until two changes lie at least a second apart; 0 when the count has not changed
+  // for a whole window.
+  std::optional<double> PerSecond(absl::Time now) const;
 
  private:
   const absl::Duration window_;
-  std::deque<std::pair<absl::Time, int64_t>> samples_;
+  std::optional<int64_t> last_tokens_;
+  std::deque<std::pair<absl::Time, int64_t>> changes_;
 };
 
 // Tokens the job still has to generate, estimated. Once requests completed: the average
@@ -46,8 +51,8 @@ struct TokensLeft {
 std::optional<TokensLeft> EstimateTokensLeft(const Job& job);
 
 // "40/120 done (33.3%), 8 running, 10 failed | 1234 tokens, 40.0 tok/s | ETA 40s": the ETA
-// is EstimateTokensLeft / `tokens_per_s` ("ETA <= 5m00s" for the upper bound), left out
-// while the rate is unknown or zero.
+// is EstimateTokensLeft / `tokens_per_s`, rounded up to a second ("ETA <= 5m00s" for the
+// upper bound), left out while the rate is unknown or zero.
 std::string FormatProgress(const Job& job, std::optional<double> tokens_per_s);
 
 class ProgressLine {

@@ -34,6 +34,9 @@ TEST(ProgressTest, BeforeAnyRequestCompletedTheEtaIsAnUpperBound) {
   // 320 - 100 = 220 tokens at most, at 10/s.
   EXPECT_EQ(FormatProgress(job, 10.0),
             "0/5 done (0.0%), 5 running | 100 tokens, 10.0 tok/s | ETA <= 22s");
+  // 220 / 30 = 7.3 s, rounded up.
+  EXPECT_EQ(FormatProgress(job, 30.0),
+            "0/5 done (0.0%), 5 running | 100 tokens, 30.0 tok/s | ETA <= 8s");
   std::optional<TokensLeft> left = EstimateTokensLeft(job);
   ASSERT_TRUE(left.has_value());
   EXPECT_EQ(left->tokens, 220);
@@ -60,23 +63,31 @@ TEST(ProgressTest, NoRateNoEta) {
   EXPECT_EQ(FormatProgress(job, 0.0), "0/5 done (0.0%), 0 running | 0 tokens, 0.0 tok/s");
 }
 
-TEST(TokenRateTest, RateOverTheWindow) {
+TEST(TokenRateTest, RateBetweenChangesOverTheWindow) {
   TokenRate rate(absl::Seconds(20));
   const absl::Time t0 = absl::FromUnixSeconds(1000);
-  rate.Add(t0, 0);
-  EXPECT_FALSE(rate.PerSecond().has_value());
-  rate.Add(t0 + absl::Milliseconds(500), 10);
-  EXPECT_FALSE(rate.PerSecond().has_value());  // less than a second apart
-  rate.Add(t0 + absl::Seconds(2), 100);
-  ASSERT_TRUE(rate.PerSecond().has_value());
-  EXPECT_DOUBLE_EQ(*rate.PerSecond(), 50.0);
-  // At 30 s the window starts at 10 s: the newest sample at or before that (2 s) is the
-  // oldest one kept.
-  rate.Add(t0 + absl::Seconds(15), 200);
-  rate.Add(t0 + absl::Seconds(30), 1000);
-  EXPECT_DOUBLE_EQ(*rate.PerSecond(), (1000.0 - 100) / 28);
-  rate.Add(t0 + absl::Seconds(36), 1600);  // window from 16 s: the 15 s sample
-  EXPECT_DOUBLE_EQ(*rate.PerSecond(), (1600.0 - 200) / 21);
+  auto at = [&](double s) { return t0 + absl::Seconds(s); };
+  rate.Add(at(0), 0);  // the first count seen: not a change
+  rate.Add(at(5), 0);
+  EXPECT_FALSE(rate.PerSecond(at(5)).has_value());
+  rate.Add(at(6), 500);  // the first change; the 6 s before it do not count
+  rate.Add(at(6.2), 500);
+  EXPECT_FALSE(rate.PerSecond(at(6.4)).has_value());
+  rate.Add(at(6.5), 700);
+  EXPECT_FALSE(rate.PerSecond(at(6.5)).has_value());  // changes less than a second apart
+  rate.Add(at(7), 1000);
+  rate.Add(at(7.8), 1000);  // repeated counts between heartbeats change nothing
+  ASSERT_TRUE(rate.PerSecond(at(7.8)).has_value());
+  EXPECT_DOUBLE_EQ(*rate.PerSecond(at(7.8)), 500.0);
+  // At 30 s the window starts at 10 s: the newest change at or before it (7 s) is the oldest
+  // one kept.
+  rate.Add(at(15), 3000);
+  rate.Add(at(30), 6000);
+  EXPECT_DOUBLE_EQ(*rate.PerSecond(at(30)), (6000.0 - 1000) / 23);
+  rate.Add(at(36), 7000);  // window from 16 s: the 15 s change
+  EXPECT_DOUBLE_EQ(*rate.PerSecond(at(36)), (7000.0 - 3000) / 21);
+  // No change for a whole window: nothing is being generated.
+  EXPECT_DOUBLE_EQ(*rate.PerSecond(at(56)), 0.0);
 }
 
 TEST(ProgressLineTest, PrintsEachNewClusterNoticeOnceEvenWhenNotDrawing) {
