@@ -17,14 +17,15 @@ namespace {
 // How `deepinfer run` and `deepinfer wait` show progress (coordinator/cli/progress.h).
 constexpr char kProgressHelp[] =
     "Progress, on a terminal: requests done/running/failed, tokens generated so far\n"
-    "(finished requests plus the running ones' tokens from the workers'\n"
-    "heartbeats, about once a second), tokens/s over the last 20 s, and an ETA:\n"
-    "the tokens still to come divided by that rate. Tokens still to come: the\n"
-    "average generated per completed request times the requests left, less what\n"
-    "the running ones generated; before any request completed, the upper bound\n"
-    "from their max_tokens, shown as \"ETA <= ...\". Whatever keeps the cluster\n"
-    "from running the job as asked (a worker left out of the expert-parallel\n"
-    "group, no group serving) is printed on a line of its own, terminal or not.";
+    "(finished requests plus the running ones' tokens, which workers report in\n"
+    "their heartbeats, about once a second), tokens/s between the counts seen\n"
+    "change over the last 20 s, and an ETA: the tokens still to come divided by\n"
+    "that rate. Tokens still to come: the average generated per completed request\n"
+    "times the requests left, less what the running ones generated, at most their\n"
+    "max_tokens; before any request completed, that max_tokens bound itself, shown\n"
+    "as \"ETA <= ...\". Whatever keeps the cluster from running the job as asked (a\n"
+    "worker left out of the expert-parallel group, no group serving) is printed on\n"
+    "a line of its own, terminal or not. docs/jobs.md has the details.";
 
 int Devices(const std::vector<std::string>& args) {
   std::string selection_text = "auto";
@@ -109,7 +110,9 @@ int Status(const std::vector<std::string>& args) {
   ConnectionOptions connection;
   bool json = false;
   FlagSet flags("deepinfer status [JOB] [--coordinator HOST:PORT] [flags]",
-                "Shows a job's state and counts; without JOB, the 20 most recent jobs.");
+                "Shows a job's state and counts (done, running, failed, tokens so far) and,\n"
+                "while it runs, what keeps the cluster from running it as asked; without JOB,\n"
+                "the 20 most recent jobs.");
   AddConnectionFlags(flags, &connection);
   flags.AddBool("json", &json, "Print JSON, one job per line.");
   if (int rc = Parse(flags, args, "status", 0, 1); rc >= 0) return rc;
