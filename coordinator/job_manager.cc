@@ -586,6 +586,8 @@ void JobManager::FormGroup(std::vector<Member> members) {
       rank += m.num_ranks;
     }
     RequeueInflightLocked("a new group is forming");
+    // Whatever kept the old group from serving is history now; forming can fail anew.
+    group_error_current_ = false;
     group_ = Group();
     group_.generation = next_generation_++;
     group_.members = members;

@@ -197,7 +197,7 @@ class JobManager {
   Group group_ ABSL_GUARDED_BY(mu_);
   uint64_t next_generation_ ABSL_GUARDED_BY(mu_) = 1;
   std::string last_group_error_ ABSL_GUARDED_BY(mu_);
-  // Whether last_group_error_ came after the last group started serving.
+  // Whether last_group_error_ came after the newest group started forming.
   bool group_error_current_ ABSL_GUARDED_BY(mu_) = false;
   // Which READY workers the group leaves out and why; empty when none is.
   std::string left_out_notice_ ABSL_GUARDED_BY(mu_);
