@@ -127,8 +127,8 @@ class JobManagerTest : public ::testing::Test {
     config.regroup_delay = absl::Seconds(6);
     config.tick = absl::Milliseconds(5);
     config.model_name = "tiny";
-    manager_ = std::make_unique<JobManager>(store_.get(), &prompts_, &registry_, &workers_,
-                                            &clock_, config);
+    manager_ = std::make_unique<JobManager>(store_.get(), &prompts_, &registry_, &workers_, &clock_,
+                                            config);
     manager_->set_expert_balancer(balancer);
     ASSERT_TRUE(manager_->Start().ok());
   }
@@ -189,12 +189,12 @@ class JobManagerTest : public ::testing::Test {
 };
 
 TEST_F(JobManagerTest, RunsAJobWithGoodAndBadLines) {
-  const std::string input = absl::StrJoin(
-      {Line("a", "[1, 2, 3]"), std::string("{broken"), Line("b", "[4, 5]"), Line("a", "[6]"),
-       Line("c", "[100]"), Line("d", "\"text\""),
-       std::string(R"({"custom_id": "e", "url": "/v1/edits", "body": {}})"),
-       Line("f", "[7, 8, 9]")},
-      "\n");
+  const std::string input =
+      absl::StrJoin({Line("a", "[1, 2, 3]"), std::string("{broken"), Line("b", "[4, 5]"),
+                     Line("a", "[6]"), Line("c", "[100]"), Line("d", "\"text\""),
+                     std::string(R"({"custom_id": "e", "url": "/v1/edits", "body": {}})"),
+                     Line("f", "[7, 8, 9]")},
+                    "\n");
   auto id = manager_->Submit("mixed", input);
   ASSERT_TRUE(id.ok()) << id.status();
   // The five bad lines are answered at once.
@@ -359,7 +359,8 @@ TEST_F(JobManagerTest, LostWorkerRequestsRunAgainExactlyOnce) {
   AddWorker("w2", 2, 1);
   ServeWhenConfigured({{"w1", 1}, {"w2", 2}}, 1);
   std::vector<std::string> lines;
-  for (int i = 0; i < 8; ++i) lines.push_back(Line(absl::StrCat("r", i), absl::StrCat("[", i, "]")));
+  for (int i = 0; i < 8; ++i)
+    lines.push_back(Line(absl::StrCat("r", i), absl::StrCat("[", i, "]")));
   auto id = manager_->Submit("", absl::StrJoin(lines, "\n"));
   ASSERT_TRUE(id.ok());
   auto first = workers_.Take(8);
@@ -399,7 +400,8 @@ TEST_F(JobManagerTest, JoiningWorkerGetsANewGenerationAndWork) {
   AddWorker("w1", 1, 1);
   ServeWhenConfigured({{"w1", 1}}, 1);
   std::vector<std::string> lines;
-  for (int i = 0; i < 4; ++i) lines.push_back(Line(absl::StrCat("r", i), absl::StrCat("[", i, "]")));
+  for (int i = 0; i < 4; ++i)
+    lines.push_back(Line(absl::StrCat("r", i), absl::StrCat("[", i, "]")));
   auto id = manager_->Submit("", absl::StrJoin(lines, "\n"));
   ASSERT_TRUE(id.ok());
   auto first = workers_.Take(4);  // all on w1, never answered: the group changes first
@@ -452,7 +454,8 @@ TEST_F(JobManagerTest, ResumesAfterRestartWithoutDuplicates) {
   AddWorker("w1", 1, 1);
   ServeWhenConfigured({{"w1", 1}}, 1);
   std::vector<std::string> lines;
-  for (int i = 0; i < 4; ++i) lines.push_back(Line(absl::StrCat("r", i), absl::StrCat("[", i, "]")));
+  for (int i = 0; i < 4; ++i)
+    lines.push_back(Line(absl::StrCat("r", i), absl::StrCat("[", i, "]")));
   lines.push_back("not json");
   auto id = manager_->Submit("", absl::StrJoin(lines, "\n"));
   ASSERT_TRUE(id.ok());
@@ -490,6 +493,85 @@ TEST_F(JobManagerTest, LeavesOutWorkersWhoseRanksDoNotDivideTheExperts) {
   EXPECT_EQ(configured[0].second.world_size(), 2);
   absl::SleepFor(absl::Milliseconds(100));
   EXPECT_EQ(workers_.configured().size(), 1u);  // stable: no re-forming in a loop
+  // Clients see why w2 does nothing, with every unfinished job.
+  auto id = manager_->Submit("", Line("a", "[1]"));
+  ASSERT_TRUE(id.ok()) << id.status();
+  EXPECT_EQ(GetJob(*id).cluster_notice(),
+            "worker(s) w2 left out of the expert-parallel group, which uses 2 of the 3 READY "
+            "ranks: 8 routed experts cannot be split over 3 ranks; rank counts that divide 8: 1, "
+            "2, 4, 8");
+  auto items = workers_.Take(1);
+  ASSERT_EQ(items.size(), 1u);
+  ASSERT_TRUE(manager_->OnResults({ResultFor(items[0].second)}).ok());
+  EXPECT_EQ(GetJob(*id).state(), Job::COMPLETED);
+  EXPECT_EQ(GetJob(*id).cluster_notice(), "");  // finished jobs carry none
+  manager_.reset();
+}
+
+TEST_F(JobManagerTest, SaysWhyNoGroupCanForm) {
+  PromptBuilder eight_experts(ModelLimits{100, 64, 8}, nullptr, nullptr);
+  manager_.reset();
+  JobManagerConfig config;
+  config.settle = absl::ZeroDuration();
+  config.tick = absl::Milliseconds(5);
+  manager_ = std::make_unique<JobManager>(store_.get(), &eight_experts, &registry_, &workers_,
+                                          &clock_, config);
+  ASSERT_TRUE(manager_->Start().ok());
+  auto id = manager_->Submit("", Line("a", "[1]"));
+  ASSERT_TRUE(id.ok()) << id.status();
+  EXPECT_EQ(GetJob(*id).cluster_notice(), "");  // no worker yet: nothing to explain
+  AddWorker("w1", 1, 3);
+  const std::string want =
+      "no expert-parallel group serving: the 1 READY worker(s) cannot form one: 8 routed experts "
+      "cannot be split over 3 ranks; rank counts that divide 8: 1, 2, 4, 8";
+  ASSERT_TRUE(WaitFor([&] { return GetJob(*id).cluster_notice() == want; }))
+      << GetJob(*id).cluster_notice();
+  EXPECT_TRUE(workers_.configured().empty());
+  manager_.reset();
+}
+
+TEST_F(JobManagerTest, RunningRequestsReportTheirTokensBeforeTheyFinish) {
+  AddWorker("w1", 1, 1);
+  ServeWhenConfigured({{"w1", 1}}, 1);
+  auto id = manager_->Submit("", absl::StrJoin({Line("a", "[1, 2]"), Line("b", "[3]")}, "\n"));
+  ASSERT_TRUE(id.ok());
+  auto items = workers_.Take(2);
+  ASSERT_EQ(items.size(), 2u);
+  Job job = GetJob(*id);
+  EXPECT_EQ(job.running_requests(), 2);
+  EXPECT_EQ(job.running_generated_tokens(), 0);
+  EXPECT_EQ(job.unfinished_max_tokens(), 8);  // max_tokens 4 each
+  auto progress = [&](const std::string& worker, uint64_t generation, int64_t a, int64_t b) {
+    HeartbeatRequest hb;
+    RequestProgress* p = hb.add_request_progress();
+    p->set_request_id(items[0].second.request_id());
+    p->set_generated_tokens(a);
+    p = hb.add_request_progress();
+    p->set_request_id(items[1].second.request_id());
+    p->set_generated_tokens(b);
+    manager_->OnProgress(worker, generation, hb.request_progress());
+  };
+  progress("w1", 1, 3, 1);
+  job = GetJob(*id);
+  EXPECT_EQ(job.running_generated_tokens(), 4);
+  EXPECT_EQ(job.completed_requests(), 0);
+  progress("w2", 1, 4, 4);  // not the worker running them
+  progress("w1", 2, 4, 4);  // not their generation
+  EXPECT_EQ(GetJob(*id).running_generated_tokens(), 4);
+  // One finishes: its tokens move from running to finished, its max_tokens leave the bound.
+  ASSERT_TRUE(manager_->OnResults({ResultFor(items[0].second)}).ok());
+  job = GetJob(*id);
+  EXPECT_EQ(job.running_requests(), 1);
+  EXPECT_EQ(job.running_generated_tokens(), 1);
+  EXPECT_EQ(job.generated_tokens(), items[0].second.prompt_token_ids_size());
+  EXPECT_EQ(job.unfinished_max_tokens(), 4);
+  // A new group re-runs the other from the start: its count starts again from 0.
+  AddWorker("w2", 2, 1);
+  ServeWhenConfigured({{"w1", 1}, {"w2", 2}}, 2);
+  ASSERT_EQ(workers_.Take(1).size(), 1u);
+  job = GetJob(*id);
+  EXPECT_EQ(job.running_requests(), 1);
+  EXPECT_EQ(job.running_generated_tokens(), 0);
   manager_.reset();
 }
 

@@ -31,6 +31,10 @@ struct ModelLimits {
   int64_t moe_layers = 0;
 };
 
+// The limits of `model` (a checkpoint directory, or "dummy:<config.json>[@seed]"), from its
+// config.json alone, as the coordinator reads them.
+absl::StatusOr<ModelLimits> ReadModelLimits(const std::string& model);
+
 class PromptBuilder {
  public:
   // `model` is a checkpoint directory, or "dummy:<config.json>[@seed]" (no tokenizer).

@@ -416,11 +416,28 @@ void Engine::UpdateLoad() {
   load.kv_blocks_used = pool_->num_blocks() - pool_->num_free_blocks();
   absl::MutexLock lock(&load_mu_);
   load_ = load;
+  // Refilled in place: the entries keep their string buffers from step to step.
+  size_t n = 0;
+  auto add = [&](const Sequence& s) {
+    if (s.generated() <= 0) return;
+    if (n == progress_.size()) progress_.emplace_back();
+    progress_[n].set_request_id(s.id);
+    progress_[n].set_generated_tokens(s.generated());
+    ++n;
+  };
+  for (const auto& s : running_) add(*s);
+  for (const auto& s : waiting_) add(*s);
+  progress_.resize(n);
 }
 
 EngineLoad Engine::load() const {
   absl::MutexLock lock(&load_mu_);
   return load_;
+}
+
+std::vector<RequestProgress> Engine::progress() const {
+  absl::MutexLock lock(&load_mu_);
+  return progress_;
 }
 
 }  // namespace deepinfer

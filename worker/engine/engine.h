@@ -20,7 +20,7 @@
 // collective failed) is returned and leaves the engine to be dropped.
 //
 // Not thread-safe: one rank thread drives an engine; other threads talk to it through its
-// RequestQueue and read load().
+// RequestQueue and read load() and progress().
 #ifndef DEEPINFER_WORKER_ENGINE_ENGINE_H_
 #define DEEPINFER_WORKER_ENGINE_ENGINE_H_
 
@@ -92,6 +92,9 @@ class Engine {
   int DropAll();
 
   EngineLoad load() const;
+  // Tokens generated so far by each request the engine holds (running, or preempted and
+  // waiting) that has at least one, as of the end of the last step; for heartbeats.
+  std::vector<RequestProgress> progress() const;
   int64_t context_limit() const { return options_.context_limit; }
   // Sequences preempted so far (for tests and logs).
   int64_t preemptions() const { return preemptions_; }
@@ -133,6 +136,7 @@ class Engine {
 
   mutable absl::Mutex load_mu_;
   EngineLoad load_ ABSL_GUARDED_BY(load_mu_);
+  std::vector<RequestProgress> progress_ ABSL_GUARDED_BY(load_mu_);
 };
 
 }  // namespace deepinfer

@@ -1,6 +1,7 @@
 // Engine against the HF fixture dsv3_qlora_rope: greedy results equal HF's and
 // GenerateGreedyOnCpu; batching, chunking and preemption do not change any request's tokens;
-// stop tokens, EOS, stop strings, max_tokens, context limit, logprobs and per-request errors.
+// stop tokens, EOS, stop strings, max_tokens, context limit, logprobs and per-request errors;
+// the per-request progress heartbeats report.
 #include "worker/engine/engine.h"
 
 #include <cstdlib>
@@ -380,6 +381,27 @@ TEST_F(EngineTest, CancelDropsRequest) {
   auto rest = Run(engine.get(), {});
   EXPECT_EQ(rest.count("a"), 0u);
   EXPECT_THAT(Tokens(rest["b"]), ElementsAreArray(prompts_[1].greedy));
+}
+
+// What heartbeats report: tokens so far per held request, moving with every step, and
+// nothing once the requests finished.
+TEST_F(EngineTest, ProgressCountsTokensOfRunningRequests) {
+  auto engine = MakeEngine();
+  EXPECT_TRUE(engine->progress().empty());
+  queue_->Push({Item("a", prompts_[0].ids, 24), Item("b", prompts_[1].ids, 24)});
+  auto progress = [&] {
+    std::map<std::string, int64_t> out;
+    for (const RequestProgress& p : engine->progress()) out[p.request_id()] = p.generated_tokens();
+    return out;
+  };
+  ASSERT_TRUE(engine->Step().ok());  // prefill, then each samples its first token
+  EXPECT_EQ(progress(), (std::map<std::string, int64_t>{{"a", 1}, {"b", 1}}));
+  ASSERT_TRUE(engine->Step().ok());
+  ASSERT_TRUE(engine->Step().ok());
+  EXPECT_EQ(progress(), (std::map<std::string, int64_t>{{"a", 3}, {"b", 3}}));
+  auto rest = Run(engine.get(), {});
+  EXPECT_EQ(rest.size(), 2u);
+  EXPECT_TRUE(engine->progress().empty());
 }
 
 TEST_F(EngineTest, DropAllFreesEverything) {

@@ -9,6 +9,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "coordinator/eplb/expert_parallel_group.h"
 #include "glog/logging.h"
 #include "worker/backend/backend_factory.h"
 #include "worker/engine/memory_plan.h"
@@ -127,10 +128,7 @@ absl::StatusOr<std::unique_ptr<RankGroup>> RankGroup::Create(
                                                    " are not in a world of size ", l.world_size));
   }
   const int64_t experts = options.model->config.n_routed_experts;
-  if (experts > 0 && experts % l.world_size != 0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(experts, " routed experts do not divide over a world of size ", l.world_size));
-  }
+  if (absl::Status st = CheckRoutedExpertsSplit(experts, l.world_size); !st.ok()) return st;
   GroupLayout checked = layout;
   if (checked.placement != nullptr &&
       !(options.dispatcher.partitioned && l.world_size > 1 && experts > 0)) {
@@ -680,6 +678,16 @@ std::vector<RankLoad> RankGroup::Loads() const {
     load.set_kv_blocks_used(e.kv_blocks_used);
     load.set_kv_blocks_total(e.kv_blocks_total);
     out.push_back(std::move(load));
+  }
+  return out;
+}
+
+std::vector<RequestProgress> RankGroup::Progress() const {
+  std::vector<RequestProgress> out;
+  absl::MutexLock lock(&mu_);
+  for (const auto& r : ranks_) {
+    if (!r->engine_published) continue;
+    for (RequestProgress& p : r->engine->progress()) out.push_back(std::move(p));
   }
   return out;
 }

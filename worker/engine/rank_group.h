@@ -176,6 +176,8 @@ class RankGroup {
   // Blocks until the group is FAILED (tests).
   void AwaitFailed() const;
   std::vector<RankLoad> Loads() const;
+  // Tokens generated so far by the requests the local ranks hold (Engine::progress).
+  std::vector<RequestProgress> Progress() const;
 
   // Live EPLB placement change (see the top comment); returns at once. INVALID_ARGUMENT for a
   // placement that does not fit; FAILED_PRECONDITION where placements do not apply (not
