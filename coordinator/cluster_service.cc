@@ -85,4 +85,22 @@ grpc::ServerUnaryReactor* ClusterServiceImpl::ReportResults(grpc::CallbackServer
   return Finish(context, grpc::Status::OK);
 }
 
+grpc::ServerUnaryReactor* ClusterServiceImpl::Deregister(grpc::CallbackServerContext* context,
+                                                         const DeregisterRequest* request,
+                                                         DeregisterResponse* response) {
+  if (grpc::Status s = auth_->Check(*context); !s.ok()) return Finish(context, s);
+  absl::StatusOr<WorkerTransition> left = registry_->Deregister(
+      request->worker_id(), request->worker_incarnation(), request->coordinator_incarnation());
+  if (!left.ok()) {
+    LOG(WARNING) << "Deregister refused: " << left.status();
+    return Finish(context, ToGrpcStatus(left.status()));
+  }
+  // The job manager's scheduler sees LEFT at its next tick: it re-queues the requests in
+  // flight and forms the next group without this worker.
+  LOG(INFO) << "worker " << request->worker_id() << " deregistered ("
+            << (request->reason().empty() ? "no reason given" : request->reason())
+            << "): " << WorkerStateName(left->from) << " -> " << WorkerStateName(left->to);
+  return Finish(context, grpc::Status::OK);
+}
+
 }  // namespace deepinfer

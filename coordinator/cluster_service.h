@@ -34,6 +34,9 @@ class ClusterServiceImpl final : public ClusterService::CallbackService {
   grpc::ServerUnaryReactor* ReportResults(grpc::CallbackServerContext* context,
                                           const ReportResultsRequest* request,
                                           ReportResultsResponse* response) override;
+  grpc::ServerUnaryReactor* Deregister(grpc::CallbackServerContext* context,
+                                       const DeregisterRequest* request,
+                                       DeregisterResponse* response) override;
 
  private:
   WorkerRegistry* const registry_;

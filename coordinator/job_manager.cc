@@ -446,33 +446,38 @@ void JobManager::Tick() {
     }
     // Is the current group still whole?
     if (group_.generation != 0) {
-      std::string broken;
-      bool member_failed = false;
+      // A member that is gone explains the break by itself, and the next group leaves it
+      // out at once; only a failure report with every member still there waits for the
+      // regroup delay (a dead peer that is not LOST yet).
+      std::string gone, failed;
       bool all_serving = true;
       for (const Member& m : group_.members) {
         auto w = std::find_if(snapshot.begin(), snapshot.end(), [&](const WorkerSnapshot& s) {
           return s.registration.worker_id == m.worker_id;
         });
         if (w == snapshot.end() || w->registration.worker_incarnation != m.incarnation) {
-          broken = absl::StrCat("worker ", m.worker_id, " restarted or left");
-        } else if (w->state == LOST) {
-          broken = absl::StrCat("worker ", m.worker_id, " is LOST");
+          gone = absl::StrCat("worker ", m.worker_id, " restarted or left");
+        } else if (w->state == LOST || w->state == LEFT) {
+          gone = absl::StrCat("worker ", m.worker_id, " is ", WorkerStateName(w->state));
         } else if (w->report.group_generation == group_.generation &&
                    w->report.group_status == GROUP_FAILED) {
-          broken = absl::StrCat("worker ", m.worker_id,
-                                " reports the group failed: ", w->report.group_error);
-          member_failed = true;
+          if (failed.empty()) {
+            failed = absl::StrCat("worker ", m.worker_id,
+                                  " reports the group failed: ", w->report.group_error);
+          }
+        } else {
+          all_serving = all_serving && w->report.group_generation == group_.generation &&
+                        w->report.group_status == GROUP_SERVING;
         }
-        if (!broken.empty()) break;
-        all_serving = all_serving && w->report.group_generation == group_.generation &&
-                      w->report.group_status == GROUP_SERVING;
+        if (!gone.empty()) break;
       }
+      const std::string broken = !gone.empty() ? gone : failed;
       if (!broken.empty()) {
         LOG(WARNING) << "group generation " << group_.generation << " broken: " << broken;
         SetGroupErrorLocked(broken);
         RequeueInflightLocked("the group broke");
         group_ = Group();
-        if (member_failed) retry_after_ = std::max(retry_after_, now + config_.regroup_delay);
+        if (gone.empty()) retry_after_ = std::max(retry_after_, now + config_.regroup_delay);
         BumpLocked();
       } else if (!group_.serving && all_serving) {
         group_.serving = true;

@@ -5,10 +5,10 @@
 // its error line right away, the others wait in a queue. One scheduler thread
 //   * keeps an expert-parallel group of the READY workers (those whose ranks split the
 //     routed experts, SelectExpertParallelMembers): when the set of workers changes (one
-//     joins, one is LOST or restarts) or a member reports the group FAILED, it forms a
-//     new generation (PrepareGroup on the worker holding rank 0, then ConfigureGroup on
-//     every member) and puts the requests that were running in the old generation back
-//     in the queue;
+//     joins, one is LOST, leaves or restarts) or a member reports the group FAILED, it
+//     forms a new generation (PrepareGroup on the worker holding rank 0, then
+//     ConfigureGroup on every member) and puts the requests that were running in the old
+//     generation back in the queue;
 //   * once every member reports the current generation SERVING, hands queued requests
 //     to ranks, least loaded first (tokens in flight on the rank, as assigned here).
 // Results arrive through OnResults (ClusterService.ReportResults) and are stored once:
@@ -54,7 +54,8 @@ struct JobManagerConfig {
   absl::Duration retry = absl::Seconds(1);
   // Wait after a member reports the group failed before forming the next one. A peer
   // that died is what usually breaks a group, and it must be LOST (heartbeat timeout)
-  // before the next group leaves it out; otherwise the survivors would wait for it.
+  // before the next group leaves it out; otherwise the survivors would wait for it. No
+  // wait when a member is LOST or LEFT (deregistered) already.
   absl::Duration regroup_delay = absl::Seconds(6);
   // Requests in flight per rank at most.
   int max_inflight_per_rank = 256;

@@ -14,6 +14,7 @@
 namespace deepinfer {
 namespace {
 
+using ::testing::ElementsAre;
 using ::testing::HasSubstr;
 using json = nlohmann::json;
 
@@ -394,6 +395,42 @@ TEST_F(JobManagerTest, LostWorkerRequestsRunAgainExactlyOnce) {
   std::set<std::string> ids;
   for (const json& line : Output(*id)) EXPECT_TRUE(ids.insert(line["custom_id"]).second);
   EXPECT_EQ(ids.size(), 8u);
+}
+
+// A worker that deregisters (SIGTERM) is left out of the next group at once: no heartbeat
+// timeout (the fake clock never moves) and no regroup delay, although the survivor reports
+// the old group failed.
+TEST_F(JobManagerTest, DeregisteredWorkerRequestsRunAgainAtOnce) {
+  AddWorker("w1", 1, 1);
+  AddWorker("w2", 2, 1);
+  ServeWhenConfigured({{"w1", 1}, {"w2", 2}}, 1);
+  std::vector<std::string> lines;
+  for (int i = 0; i < 6; ++i)
+    lines.push_back(Line(absl::StrCat("r", i), absl::StrCat("[", i, "]")));
+  auto id = manager_->Submit("", absl::StrJoin(lines, "\n"));
+  ASSERT_TRUE(id.ok());
+  auto first = workers_.Take(6);
+  ASSERT_EQ(first.size(), 6u);
+  ASSERT_TRUE(registry_.Deregister("w2", 2, 77).ok());
+  WorkerReport failed;
+  failed.group_generation = 1;
+  failed.group_status = GROUP_FAILED;
+  failed.group_error = "peer closed the connection";
+  ASSERT_TRUE(registry_.Heartbeat("w1", 1, 77, failed).ok());
+  ServeWhenConfigured({{"w1", 1}}, 2);
+  auto second = workers_.Take(6);  // every request again, all on w1
+  ASSERT_EQ(second.size(), 6u);
+  std::vector<RequestResult> results;
+  for (const auto& [address, item] : second) {
+    EXPECT_EQ(address, "w1:1");
+    results.push_back(ResultFor(item));
+  }
+  ASSERT_TRUE(manager_->OnResults(results).ok());
+  EXPECT_EQ(GetJob(*id).state(), Job::COMPLETED);
+  std::set<std::string> ids;
+  for (const json& line : Output(*id)) EXPECT_TRUE(ids.insert(line["custom_id"]).second);
+  EXPECT_EQ(ids.size(), 6u);
+  EXPECT_THAT(manager_->group().members, ElementsAre("w1"));
 }
 
 TEST_F(JobManagerTest, JoiningWorkerGetsANewGenerationAndWork) {

@@ -193,13 +193,14 @@ TEST(BatchJobTest, GoodAndBadLinesEachGetTheirLine) {
 // A coordinator and workers started by hand, for the failure tests.
 class ClusterTest : public ::testing::Test {
  protected:
-  void StartCoordinator(int port) {
+  void StartCoordinator(int port, int heartbeat_timeout_ms = 2000) {
     const std::string port_file = TempPath(absl::StrCat(name_, ".port.", ++starts_));
     auto p = Subprocess::Start(
         {Runfile("coordinator/deepinfer-coordinator"), absl::StrCat("--listen=127.0.0.1:", port),
          "--port-file=" + port_file, std::string("--model=") + kModel,
          "--state-dir=" + TempPath(name_ + ".state"), "--min-workers=2",
-         "--heartbeat-interval-ms=200", "--heartbeat-timeout-ms=2000"},
+         "--heartbeat-interval-ms=200",
+         absl::StrCat("--heartbeat-timeout-ms=", heartbeat_timeout_ms)},
         TempPath(absl::StrCat(name_, ".coordinator.", starts_)));
     ASSERT_TRUE(p.ok()) << p.status();
     coordinator_.emplace(std::move(*p));
@@ -217,11 +218,12 @@ class ClusterTest : public ::testing::Test {
         CoordinatorClientOptions{absl::StrCat("127.0.0.1:", bound), "", "test", absl::Seconds(10)});
   }
 
-  void StartWorker(int i) {
-    auto p = Subprocess::Start(
-        {Runfile("worker/deepinfer-worker"), absl::StrCat("--coordinator=127.0.0.1:", port_),
-         std::string("--model=") + kModel, absl::StrCat("--worker-id=w", i), "--threads=1"},
-        TempPath(absl::StrCat(name_, ".worker", i, ".", ++starts_)));
+  void StartWorker(int i, const std::vector<std::string>& extra_flags = {}) {
+    std::vector<std::string> argv = {
+        Runfile("worker/deepinfer-worker"), absl::StrCat("--coordinator=127.0.0.1:", port_),
+        std::string("--model=") + kModel, absl::StrCat("--worker-id=w", i), "--threads=1"};
+    argv.insert(argv.end(), extra_flags.begin(), extra_flags.end());
+    auto p = Subprocess::Start(argv, TempPath(absl::StrCat(name_, ".worker", i, ".", ++starts_)));
     ASSERT_TRUE(p.ok()) << p.status();
     workers_[i].emplace(std::move(*p));
   }
@@ -264,6 +266,52 @@ TEST_F(ClusterTest, KilledWorkerMidJobLosesNothing) {
   for (const auto& [custom_id, line] : lines) {
     EXPECT_TRUE(line["error"].is_null()) << line.dump();
   }
+}
+
+// SIGTERM: the worker deregisters before it exits. The heartbeat timeout is an hour, so
+// only its Deregister can make the coordinator drop it: the coordinator shows it LEFT once
+// the process is gone, re-queues the requests in flight, and the job completes on the other
+// worker with every line once. Eight sequences per rank at a time, so that the job runs in
+// waves and the signal comes while most requests wait or run.
+TEST_F(ClusterTest, TerminatedWorkerDeregistersAndItsRequestsRunAgain) {
+  StartCoordinator(0, /*heartbeat_timeout_ms=*/3600 * 1000);
+  StartWorker(0, {"--max-running=8"});
+  StartWorker(1, {"--max-running=8"});
+  const int n = 200;
+  auto id = client_->SubmitJob("terminate-worker", MakeCompletionJob(n, 64, 13));
+  ASSERT_TRUE(id.ok()) << id.status();
+  Job job = WaitForJob(*id, [](const Job& j) { return j.completed_requests() >= 3; });
+  ASSERT_LT(job.completed_requests(), n) << "the job finished before the signal";
+  auto w1_state = [&]() {
+    auto status = client_->ClusterStatus();
+    EXPECT_TRUE(status.ok()) << status.status();
+    if (!status.ok()) return WORKER_STATE_UNSPECIFIED;
+    for (const WorkerStatus& w : status->workers()) {
+      if (w.worker_id() == "w1") return w.state();
+    }
+    return WORKER_STATE_UNSPECIFIED;
+  };
+  ASSERT_EQ(w1_state(), READY);
+  workers_[1]->Signal(SIGTERM);
+  auto exit_code = workers_[1]->Wait(absl::Seconds(120));
+  ASSERT_TRUE(exit_code.ok()) << exit_code.status();
+  EXPECT_EQ(*exit_code, 0) << workers_[1]->ReadStderr();
+  EXPECT_EQ(w1_state(), LEFT) << coordinator_->ReadStderr();
+  EXPECT_THAT(workers_[1]->ReadStderr(), HasSubstr("deregistered from coordinator"));
+  job = WaitForJob(*id, [](const Job& j) { return j.state() == Job::COMPLETED; });
+  EXPECT_EQ(job.completed_requests(), n);
+  EXPECT_EQ(job.failed_requests(), 0);
+  auto lines = ByCustomId(Output(*id));
+  EXPECT_EQ(lines.size(), static_cast<size_t>(n));
+  for (const auto& [custom_id, line] : lines) {
+    EXPECT_TRUE(line["error"].is_null()) << line.dump();
+  }
+  const std::string log = coordinator_->ReadStderr();
+  EXPECT_THAT(log, HasSubstr("worker w1 deregistered"));
+  EXPECT_THAT(log, HasSubstr("broken: worker w1 is LEFT"));
+  EXPECT_THAT(log, HasSubstr("in flight: the group broke"));  // re-queued
+  EXPECT_THAT(log, Not(HasSubstr("missed its heartbeat deadline")));
+  EXPECT_EQ(w1_state(), LEFT);
 }
 
 TEST_F(ClusterTest, KilledAndRestartedCoordinatorResumesWithoutDuplicates) {

@@ -32,10 +32,11 @@ int main(int argc, char** argv) {
       "deepinfer bench --model DIR [flags]   (or deepinfer-bench ...)",
       "Loads a DeepSeek-V3-family model on one backend and measures prefill tokens/s, decode\n"
       "tokens/s at N concurrent requests, decode step latency p50/p99 and peak device memory.\n"
-      "Each throughput is also given as a fraction of the roofline computed from config.json:\n"
-      "decode reads the weights the active experts of that batch touch plus the latent KV\n"
-      "cache (bytes / 4.3 TB/s), prefill is mostly FLOPs (/ 790 TFLOP/s); the larger of the\n"
-      "two times is the roofline. Numbers go to stdout (text, or one JSON object with --json).");
+      "With --backend cuda each throughput is also given as a fraction of the H200 roofline\n"
+      "computed from config.json: decode reads the weights the active experts of that batch\n"
+      "touch plus the latent KV cache (bytes / 4.3 TB/s), prefill is mostly FLOPs (/ 790\n"
+      "TFLOP/s); the larger of the two times is the roofline. On the CPU the step costs are\n"
+      "shown without a roofline. Numbers go to stdout (text, or one JSON object with --json).");
   flags.AddString("model", &config.model,
                   "Checkpoint directory (config.json + safetensors), or with --load-format dummy\n"
                   "a directory holding config.json or the config file itself; the older form\n"

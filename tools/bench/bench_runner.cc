@@ -346,7 +346,8 @@ absl::Status RunRank(const BenchConfig& bc, int64_t rank, RankState* s, RankOutp
   const int64_t prefill_seqs = std::max<int64_t>(1, bc.prefill_batch_tokens / ctx);
   const int64_t timed = bc.output_len - bc.warmup;
   const int64_t synced = bc.ranks > 1 && bc.time_all_to_all ? timed : 0;
-  const bool compare_eager = bc.cuda_graphs && bc.compare_eager_decode;
+  // Graphs off against graphs on means something on the cuda backend only.
+  const bool compare_eager = bc.backend == "cuda" && bc.cuda_graphs && bc.compare_eager_decode;
   const int64_t decode_runs = 1 + (compare_eager ? 1 : 0) + (bc.compare_unfused_decode ? 1 : 0) +
                               (bc.compare_pdl_off_decode ? 1 : 0);
   const int64_t per_seq_blocks =
@@ -899,6 +900,8 @@ absl::StatusOr<BenchResult> RunBenchmark(const BenchConfig& bc) {
   // ---- Merge ----
   BenchResult r;
   r.backend = outputs[0].backend;
+  r.has_roofline = r.backend == "cuda";
+  r.cuda_graphs = r.backend == "cuda" && bc.cuda_graphs;
   r.ranks = ranks;
   if (ranks > 1) {
     auto plane = comm::ResolveDataPlane(*choice, bc.backend, static_cast<int>(ranks));
@@ -956,8 +959,10 @@ absl::StatusOr<BenchResult> RunBenchmark(const BenchConfig& bc) {
                                         r.cache_bytes_per_value, ranks, form);
     r.prefill_bytes_per_step = pc.bytes;
     r.prefill_flops_per_step = pc.flops;
-    r.prefill_roofline_fraction =
-        pc.RooflineSeconds(bc.peak_bytes_per_s, bc.peak_flops_per_s) / r.prefill_step_seconds;
+    if (r.has_roofline) {
+      r.prefill_roofline_fraction =
+          pc.RooflineSeconds(bc.peak_bytes_per_s, bc.peak_flops_per_s) / r.prefill_step_seconds;
+    }
   }
   for (size_t which = 0; which < bc.decode_num_requests.size(); ++which) {
     const int64_t n = bc.decode_num_requests[which];
@@ -988,11 +993,13 @@ absl::StatusOr<BenchResult> RunBenchmark(const BenchConfig& bc) {
                                            r.bytes_per_value, r.cache_bytes_per_value, ranks);
       t.bytes_per_step = cost.bytes;
       t.flops_per_step = cost.flops;
-      t.roofline_fraction =
-          cost.RooflineSeconds(bc.peak_bytes_per_s, bc.peak_flops_per_s) / t.p50_seconds;
+      if (r.has_roofline) {
+        t.roofline_fraction =
+            cost.RooflineSeconds(bc.peak_bytes_per_s, bc.peak_flops_per_s) / t.p50_seconds;
+      }
       return t;
     };
-    DecodeResult d = timed_run(steps, 0, bc.cuda_graphs, bc.fused_ops, bc.pdl);
+    DecodeResult d = timed_run(steps, 0, r.cuda_graphs, bc.fused_ops, bc.pdl);
     d.seq0_tokens = outputs[0].decode[which].seq0_tokens;
     if (ranks > 1) {
       double a2a_sum = 0;
@@ -1029,11 +1036,11 @@ absl::StatusOr<BenchResult> RunBenchmark(const BenchConfig& bc) {
       before += bc.output_len;
     }
     if (unfused_ran) {  // fused ops off (compare_unfused_decode)
-      r.decode.push_back(timed_run(unfused, before, bc.cuda_graphs, false, bc.pdl));
+      r.decode.push_back(timed_run(unfused, before, r.cuda_graphs, false, bc.pdl));
       before += bc.output_len;
     }
     if (!outputs[0].decode[which].pdl_off_step_seconds.empty()) {  // compare_pdl_off_decode
-      r.decode.push_back(timed_run(pdl_off, before, bc.cuda_graphs, bc.fused_ops, false));
+      r.decode.push_back(timed_run(pdl_off, before, r.cuda_graphs, bc.fused_ops, false));
     }
   }
   return r;
@@ -1064,27 +1071,41 @@ std::string FormatBenchReport(const BenchConfig& c, const BenchResult& r) {
                           "figures per rank; a step's time is the slowest rank's)\n",
                           r.ranks, r.data_plane);
   }
+  // "roofline fraction F" where the peaks apply, and the peaks themselves.
+  auto roofline = [&](double fraction) {
+    return r.has_roofline ? absl::StrFormat("roofline fraction %.4f", fraction) : std::string();
+  };
+  const std::string peaks =
+      r.has_roofline ? absl::StrFormat("; %.0f GB/s, %.0f TFLOP/s peaks", c.peak_bytes_per_s / 1e9,
+                                       c.peak_flops_per_s / 1e12)
+                     : "";
+  if (!r.has_roofline) {
+    absl::StrAppend(&out, "roofline: none on the ", r.backend,
+                    " backend (the peak figures are an H200's)\n");
+  }
   if (r.prefill_tokens_per_step > 0) {
     absl::StrAppendFormat(
         &out,
         "prefill: %d tokens/step%s (%d x %d), median step %.4f s, %.1f tok/s%s, "
-        "roofline fraction %.4f, %s attention (untimed first step of this size %.4f s)\n",
+        "%s%s attention (untimed first step of this size %.4f s)\n",
         r.prefill_tokens_per_step, ep ? " per rank" : "",
         r.prefill_tokens_per_step / c.context_length, c.context_length, r.prefill_step_seconds,
         r.prefill_tokens_per_s,
         ep ? absl::StrFormat(" (%.1f per GPU)", r.prefill_tokens_per_s / r.ranks) : "",
-        r.prefill_roofline_fraction, r.prefill_attention_form, r.prefill_warmup_step_seconds);
+        r.has_roofline ? roofline(r.prefill_roofline_fraction) + ", " : "",
+        r.prefill_attention_form, r.prefill_warmup_step_seconds);
   }
   for (const DecodeResult& d : r.decode) {
     if (ep) {
       absl::StrAppendFormat(
           &out,
           "decode: batch %d per rank x %d ranks, context %d, %d timed steps, p50 %.4f s, p99 "
-          "%.4f s, %.1f tok/s, %.1f tok/s per GPU, roofline fraction %.4f per GPU (%.3g bytes, "
-          "%.3g FLOPs per step and GPU; %.0f GB/s, %.0f TFLOP/s peaks)\n",
+          "%.4f s, %.1f tok/s, %.1f tok/s per GPU%s (%.3g bytes, %.3g FLOPs per step and "
+          "GPU%s)\n",
           d.batch, r.ranks, c.context_length, d.steps, d.p50_seconds, d.p99_seconds, d.tokens_per_s,
-          d.tokens_per_s_per_gpu, d.roofline_fraction, d.bytes_per_step, d.flops_per_step,
-          c.peak_bytes_per_s / 1e9, c.peak_flops_per_s / 1e12);
+          d.tokens_per_s_per_gpu,
+          r.has_roofline ? ", " + roofline(d.roofline_fraction) + " per GPU" : "", d.bytes_per_step,
+          d.flops_per_step, peaks);
       for (const RankDecodeResult& k : d.per_rank) {
         absl::StrAppendFormat(&out,
                               "  rank %d: p50 %.4f s, p99 %.4f s, %.1f exchange calls and %.4g "
@@ -1115,17 +1136,19 @@ std::string FormatBenchReport(const BenchConfig& c, const BenchResult& r) {
     } else {
       absl::StrAppendFormat(
           &out,
-          "decode: batch %d, context %d, %d timed steps%s, p50 %.4f s, p99 %.4f s, %.1f tok/s, "
-          "roofline fraction %.4f (%.3g bytes, %.3g FLOPs per step; %.0f GB/s, %.0f TFLOP/s "
-          "peaks)\n",
+          "decode: batch %d, context %d, %d timed steps%s, p50 %.4f s, p99 %.4f s, %.1f tok/s%s "
+          "(%.3g bytes, %.3g FLOPs per step%s)\n",
           d.batch, c.context_length, d.steps,
           absl::StrCat(
-              c.compare_eager_decode ? (d.cuda_graphs ? " (cuda graphs)" : " (eager)") : "",
+              c.compare_eager_decode && r.backend == "cuda"
+                  ? (d.cuda_graphs ? " (cuda graphs)" : " (eager)")
+                  : "",
               c.compare_unfused_decode || !c.fused_ops ? (d.fused_ops ? " (fused)" : " (unfused)")
                                                        : "",
               c.compare_pdl_off_decode || !c.pdl ? (d.pdl ? " (pdl on)" : " (pdl off)") : ""),
-          d.p50_seconds, d.p99_seconds, d.tokens_per_s, d.roofline_fraction, d.bytes_per_step,
-          d.flops_per_step, c.peak_bytes_per_s / 1e9, c.peak_flops_per_s / 1e12);
+          d.p50_seconds, d.p99_seconds, d.tokens_per_s,
+          r.has_roofline ? ", " + roofline(d.roofline_fraction) : "", d.bytes_per_step,
+          d.flops_per_step, peaks);
     }
     absl::StrAppend(&out, "seq0_decode_tokens (batch ", d.batch, "): ", Join(d.seq0_tokens), "\n");
     for (const RankDecodeResult& k : d.per_rank) {
@@ -1134,8 +1157,11 @@ std::string FormatBenchReport(const BenchConfig& c, const BenchResult& r) {
                       "): ", Join(k.seq0_tokens), "\n");
     }
   }
-  absl::StrAppendFormat(&out, "cuda_graphs: %s (max batch %d), %d decode steps on the graph path\n",
-                        c.cuda_graphs ? "on" : "off", c.cuda_graph_max_batch, r.decode_graph_steps);
+  if (r.backend == "cuda") {
+    absl::StrAppendFormat(
+        &out, "cuda_graphs: %s (max batch %d), %d decode steps on the graph path\n",
+        r.cuda_graphs ? "on" : "off", c.cuda_graph_max_batch, r.decode_graph_steps);
+  }
   if (r.device_bytes_reserved_peak >= 0) {
     absl::StrAppendFormat(&out, "device_memory_reserved_peak: %.3f GiB%s\n",
                           r.device_bytes_reserved_peak / 1073741824.0,
@@ -1163,6 +1189,15 @@ std::string FormatBenchJson(const BenchConfig& c, const BenchResult& r) {
   auto json_list = [](const std::vector<int32_t>& v) {
     return absl::StrReplaceAll(Join(v), {{" ", ", "}});
   };
+  // null where a figure does not apply to the backend that ran.
+  const bool cuda = r.backend == "cuda";
+  auto fraction = [&](double v) {
+    return r.has_roofline ? absl::StrFormat("%.6f", v) : std::string("null");
+  };
+  auto peak = [&](double v) {
+    return r.has_roofline ? absl::StrFormat("%.4g", v) : std::string("null");
+  };
+  auto graphs = [&](bool on) { return !cuda ? "null" : on ? "true" : "false"; };
   std::string decode;
   for (const DecodeResult& d : r.decode) {
     std::string per_rank;
@@ -1182,34 +1217,33 @@ std::string FormatBenchJson(const BenchConfig& c, const BenchResult& r) {
         "\"timed_steps\": %d, "
         "\"tokens_per_s\": %.3f, "
         "\"tokens_per_s_per_gpu\": %.3f, \"p50_s\": %.6f, \"p99_s\": %.6f, "
-        "\"roofline_fraction\": %.6f, \"bytes_per_step\": %.6g, \"flops_per_step\": %.6g, "
+        "\"roofline_fraction\": %s, \"bytes_per_step\": %.6g, \"flops_per_step\": %.6g, "
         "\"exchange_bytes_per_step\": %.6g, \"all_to_all_s_per_step\": %.6g, "
         "\"synced_step_p50_s\": %.6g, \"seq0_tokens\": [%s], \"per_rank\": [%s]}",
-        decode.empty() ? "" : ", ", d.batch, d.cuda_graphs ? "true" : "false",
-        d.fused_ops ? "true" : "false", d.pdl ? "true" : "false", d.steps, d.tokens_per_s,
-        d.tokens_per_s_per_gpu, d.p50_seconds, d.p99_seconds, d.roofline_fraction, d.bytes_per_step,
-        d.flops_per_step, d.exchange_bytes_per_step, d.all_to_all_seconds_per_step,
-        d.synced_step_p50_seconds, json_list(d.seq0_tokens), per_rank);
+        decode.empty() ? "" : ", ", d.batch, graphs(d.cuda_graphs), d.fused_ops ? "true" : "false",
+        d.pdl ? "true" : "false", d.steps, d.tokens_per_s, d.tokens_per_s_per_gpu, d.p50_seconds,
+        d.p99_seconds, fraction(d.roofline_fraction), d.bytes_per_step, d.flops_per_step,
+        d.exchange_bytes_per_step, d.all_to_all_seconds_per_step, d.synced_step_p50_seconds,
+        json_list(d.seq0_tokens), per_rank);
   }
   // The model string is a path: escape the two characters JSON strings cannot hold raw.
   const std::string model = absl::StrReplaceAll(c.model, {{"\\", "\\\\"}, {"\"", "\\\""}});
   return absl::StrFormat(
       "{\"model\": \"%s\", \"backend\": \"%s\", \"dtype\": \"%s\", \"bytes_per_value\": %.0f, "
       "\"ranks\": %d, \"data_plane\": \"%s\", "
-      "\"params\": %.0f, \"load_s\": %.3f, \"context\": %d, \"peak_bytes_per_s\": %.4g, "
-      "\"peak_flops_per_s\": %.4g, \"prefill\": {\"tokens_per_step\": %d, \"step_s\": %.6f, "
+      "\"params\": %.0f, \"load_s\": %.3f, \"context\": %d, \"peak_bytes_per_s\": %s, "
+      "\"peak_flops_per_s\": %s, \"prefill\": {\"tokens_per_step\": %d, \"step_s\": %.6f, "
       "\"warmup_step_s\": %.6f, "
-      "\"tokens_per_s\": %.3f, \"roofline_fraction\": %.6f, \"bytes_per_step\": %.6g, "
+      "\"tokens_per_s\": %.3f, \"roofline_fraction\": %s, \"bytes_per_step\": %.6g, "
       "\"flops_per_step\": %.6g}, \"decode\": [%s], \"mem_peak_bytes\": %d, "
       "\"cuda_graphs\": %s, \"decode_graph_steps\": %d, \"graph_mem_peak_bytes\": %d, "
       "\"pause_before_decode_ms\": %d}\n",
       model, r.backend, c.dtype, r.bytes_per_value, r.ranks, r.data_plane, r.param_count,
-      r.load_seconds, c.context_length, c.peak_bytes_per_s, c.peak_flops_per_s,
+      r.load_seconds, c.context_length, peak(c.peak_bytes_per_s), peak(c.peak_flops_per_s),
       r.prefill_tokens_per_step, r.prefill_step_seconds, r.prefill_warmup_step_seconds,
-      r.prefill_tokens_per_s, r.prefill_roofline_fraction, r.prefill_bytes_per_step,
-      r.prefill_flops_per_step, decode, r.device_bytes_reserved_peak,
-      c.cuda_graphs ? "true" : "false", r.decode_graph_steps, r.graph_bytes_reserved_peak,
-      c.pause_before_decode_ms);
+      r.prefill_tokens_per_s, fraction(r.prefill_roofline_fraction), r.prefill_bytes_per_step,
+      r.prefill_flops_per_step, decode, r.device_bytes_reserved_peak, graphs(r.cuda_graphs),
+      r.decode_graph_steps, r.graph_bytes_reserved_peak, c.pause_before_decode_ms);
 }
 
 std::string BenchCsvHeader() {
@@ -1219,13 +1253,17 @@ std::string BenchCsvHeader() {
 }
 
 std::vector<std::string> BenchCsvRows(const BenchConfig& c, const BenchResult& r) {
+  // Empty roofline cells where the backend has none.
+  auto fraction = [&](double v) {
+    return r.has_roofline ? absl::StrFormat("%.5f", v) : std::string();
+  };
   std::vector<std::string> rows;
   for (const DecodeResult& d : r.decode) {
     rows.push_back(absl::StrFormat(
-        "%s,%s,%s,%d,%d,%d,%.2f,%.5f,%.2f,%.6f,%.6f,%.5f,%d,%.2f,%d,%.2f,%.6g,%.6g", c.model,
-        r.backend, c.dtype, d.batch, c.context_length, r.prefill_tokens_per_step,
-        r.prefill_tokens_per_s, r.prefill_roofline_fraction, d.tokens_per_s, d.p50_seconds,
-        d.p99_seconds, d.roofline_fraction, r.device_bytes_reserved_peak, r.load_seconds, r.ranks,
+        "%s,%s,%s,%d,%d,%d,%.2f,%s,%.2f,%.6f,%.6f,%s,%d,%.2f,%d,%.2f,%.6g,%.6g", c.model, r.backend,
+        c.dtype, d.batch, c.context_length, r.prefill_tokens_per_step, r.prefill_tokens_per_s,
+        fraction(r.prefill_roofline_fraction), d.tokens_per_s, d.p50_seconds, d.p99_seconds,
+        fraction(d.roofline_fraction), r.device_bytes_reserved_peak, r.load_seconds, r.ranks,
         d.tokens_per_s_per_gpu, d.all_to_all_seconds_per_step, d.exchange_bytes_per_step));
   }
   return rows;
