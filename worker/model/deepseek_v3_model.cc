@@ -2,13 +2,9 @@
 #include "worker/model/deepseek_v3_model.h"
 
 #include <algorithm>
-#include <chrono>
-#include <limits>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_format.h"
-#include "glog/logging.h"
 #include "worker/sampling/device_sampler.h"
 
 namespace deepinfer {
@@ -18,26 +14,6 @@ namespace {
 constexpr float kLatentNormEps = 1e-6f;
 
 }  // namespace
-
-absl::StatusOr<PrefillAttention> ParsePrefillAttention(const std::string& name) {
-  if (name == "auto") return PrefillAttention::kAuto;
-  if (name == "absorbed") return PrefillAttention::kAbsorbed;
-  if (name == "mha") return PrefillAttention::kMha;
-  return absl::InvalidArgumentError(
-      absl::StrCat("prefill attention must be auto, absorbed or mha, got \"", name, "\""));
-}
-
-const char* PrefillAttentionName(PrefillAttention form) {
-  switch (form) {
-    case PrefillAttention::kAuto:
-      return "auto";
-    case PrefillAttention::kAbsorbed:
-      return "absorbed";
-    case PrefillAttention::kMha:
-      return "mha";
-  }
-  return "?";
-}
 
 struct DeepseekV3Model::StepContext {
   int64_t num_tokens = 0;
@@ -58,18 +34,6 @@ struct DeepseekV3Model::StepContext {
   bool device_only = false;
   // MlaAttentionArgs::max_context_hint (a recorded step: its context class's bound; 0: spans).
   int32_t max_context_hint = 0;
-};
-
-// Inputs and outputs of one bucket's decode step stay at fixed device addresses: the recorded
-// ops read and write exactly these. inputs (int32): ids | positions | slots | token_seq |
-// context_len [bucket each] | counted pairs [1] | block tables [bucket, graph_max_blocks_];
-// outputs: token (int32) | logprob (float) [bucket each].
-struct DeepseekV3Model::DecodeGraph {
-  int64_t bucket = 0;
-  int32_t max_context_hint = 0;  // the context class's bound (MlaAttentionArgs)
-  std::unique_ptr<DeviceBuffer> inputs, outputs;
-  std::vector<int32_t> host_inputs;  // staging for the one upload per step
-  std::unique_ptr<CapturedOps> ops;  // null until recorded (or with replay off)
 };
 
 absl::StatusOr<std::unique_ptr<DeepseekV3Model>> DeepseekV3Model::Create(
@@ -99,12 +63,63 @@ absl::StatusOr<std::unique_ptr<DeepseekV3Model>> DeepseekV3Model::Create(
       new DeepseekV3Model(config, std::move(weights), backend, std::move(dispatcher)));
 }
 
+Architecture DeepseekV3Model::Entry() {
+  Architecture a;
+  a.name = "DeepseekV3ForCausalLM";
+  a.model_types = {"deepseek_v3", "kimi_k2"};  // Kimi-K2 and Moonlight reuse the architecture
+  a.build = [](const ModelBuildArgs& args) -> absl::StatusOr<std::unique_ptr<CausalLm>> {
+    const ModelConfig& config = *args.config;
+    auto weights = ModelWeights::Load(config, args.source, args.backend, args.load);
+    if (!weights.ok()) return weights.status();
+    std::unique_ptr<ExpertDispatcher> dispatcher;
+    if (config.n_routed_experts > 0) {
+      auto made = args.make_dispatcher(config, **weights, args.backend);
+      if (!made.ok()) return made.status();
+      dispatcher = std::move(*made);
+    }
+    auto model = Create(config, std::move(*weights), args.backend, std::move(dispatcher));
+    if (!model.ok()) return model.status();
+    return std::unique_ptr<CausalLm>(std::move(*model));
+  };
+  a.weight_bytes = ModelWeights::DeviceBytes;
+  a.activation_floats_per_token = [](const ModelConfig& c) {
+    const int64_t H = c.hidden_size, nh = c.num_attention_heads, kvl = c.kv_lora_rank;
+    const int64_t K = c.num_experts_per_tok, mi = c.moe_intermediate_size;
+    // Floats live at once per token in each part of a layer.
+    const int64_t attention = c.q_lora_rank + nh * c.qk_head_dim() + 2 * kvl + c.qk_rope_head_dim +
+                              2 * nh * kvl + nh * c.v_head_dim +
+                              std::max(nh * c.qk_head_dim(), nh * kvl) / 2;  // bf16 operand copy
+    const int64_t dense = 3 * c.intermediate_size + c.intermediate_size / 2;
+    const int64_t moe = c.n_routed_experts + 2 * K + 2 * K * H + 3 * K * mi + K * H / 2 + 2 * H +
+                        3 * mi * c.n_shared_experts;
+    // The residual stream and its neighbours, the largest part, the final norm and the logits.
+    return 3 * H + std::max({attention, dense, moe}) + H + c.vocab_size;
+  };
+  a.cache_spec = [](const ModelConfig& c, WeightDType dtype) {
+    return PagedLatentSpec(static_cast<int32_t>(c.num_hidden_layers),
+                           static_cast<int32_t>(c.kv_lora_rank),
+                           static_cast<int32_t>(c.qk_rope_head_dim), dtype);
+  };
+  return a;
+}
+
 DeepseekV3Model::DeepseekV3Model(const ModelConfig& config, std::unique_ptr<ModelWeights> weights,
                                  Backend* backend, std::unique_ptr<ExpertDispatcher> dispatcher)
     : config_(config),
       weights_(std::move(weights)),
       backend_(backend),
       dispatcher_(std::move(dispatcher)) {
+  DecodeGraphModel graph_model;
+  graph_model.forward = [this](const DecodeGraphInputs& in) { return DecodeForward(in); };
+  // A MoE model's device-only step needs its routed experts on the device (else: dispatcher).
+  graph_model.available = [this] { return num_moe_layers_ == 0 || !expert_tables_.empty(); };
+  graph_model.context_break = [this](int64_t bucket) {
+    return backend_->MlaDecodeContextBreak(static_cast<int32_t>(bucket));
+  };
+  graph_model.vocab_size = config_.vocab_size;
+  graph_model.max_position_embeddings = config_.max_position_embeddings;
+  graph_model.counted_per_row = config_.num_experts_per_tok;  // EPLB counts real rows only
+  graphs_ = std::make_unique<DecodeGraphRunner>(backend_, std::move(graph_model));
   std::vector<float> inv = config_.RopeInvFreq();
   inv_freq_ = Floats(inv.size());
   backend_->CopyToDevice(inv.data(), inv.size() * sizeof(float), inv_freq_->data());
@@ -118,37 +133,17 @@ DeepseekV3Model::DeepseekV3Model(const ModelConfig& config, std::unique_ptr<Mode
     expert_counts_ =
         backend_->Allocate(num_moe_layers_ * config_.n_routed_experts * sizeof(int64_t));
   }
-  graph_buckets_ = DecodeGraphBuckets(graph_options_.max_batch);
 }
 
-DeepseekV3Model::~DeepseekV3Model() { DropDecodeGraphs(); }
-
-std::vector<int64_t> DeepseekV3Model::DecodeGraphBuckets(int64_t max_batch) {
-  std::vector<int64_t> buckets;
-  for (int64_t b : {1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 160, 192, 256}) {
-    if (b < max_batch) buckets.push_back(b);
-  }
-  for (int64_t b = 320; b < max_batch; b += 64) buckets.push_back(b);
-  if (max_batch >= 1) buckets.push_back(max_batch);
-  return buckets;
-}
+DeepseekV3Model::~DeepseekV3Model() = default;
 
 void DeepseekV3Model::SetDecodeGraphOptions(const DecodeGraphOptions& options) {
-  graph_options_ = options;
-  graph_buckets_ = DecodeGraphBuckets(options.max_batch);
-  DropDecodeGraphs();
-  failed_buckets_.clear();
+  graphs_->SetOptions(options);
 }
 
 void DeepseekV3Model::SetFusedOps(bool on) {
   fused_ops_ = on;
-  DropDecodeGraphs();
-}
-
-void DeepseekV3Model::DropDecodeGraphs() {
-  // Recorded ops may still be running: they must finish before their buffers are freed.
-  if (!decode_graphs_.empty()) backend_->Synchronize();
-  decode_graphs_.clear();
+  graphs_->Drop();
 }
 
 std::vector<int64_t> DeepseekV3Model::TakeExpertCounts() {
@@ -182,7 +177,7 @@ std::vector<std::vector<int64_t>> DeepseekV3Model::MissingExperts(
 // only: fp32 is the parity mode, and there the dispatcher path keeps one rank bit-identical to
 // expert parallelism (same GEMM calls, same combine order; ep_expert_dispatcher_gpu_test).
 void DeepseekV3Model::BuildExpertTables() {
-  DropDecodeGraphs();  // they hold the tables' addresses
+  graphs_->Drop();  // they hold the tables' addresses
   expert_tables_.clear();
   device_expert_rows_.clear();
   const int64_t E = config_.n_routed_experts;
@@ -252,26 +247,27 @@ absl::Status DeepseekV3Model::SwitchPlacement(std::shared_ptr<const ExpertPlacem
   return absl::OkStatus();
 }
 
-KvBlockPoolOptions DeepseekV3Model::CacheOptions(int32_t num_blocks, int32_t block_size) const {
-  KvBlockPoolOptions o;
-  o.num_layers = static_cast<int32_t>(config_.num_hidden_layers);
-  o.num_blocks = num_blocks;
-  o.block_size = block_size;
-  o.latent_dim = static_cast<int32_t>(config_.kv_lora_rank);
-  o.rope_dim = static_cast<int32_t>(config_.qk_rope_head_dim);
-  o.dtype = backend_->weight_dtype();  // bf16 weights: a bf16 cache too (fp32 stays fp32)
-  return o;
+KvCacheSpec DeepseekV3Model::CacheSpec() const {
+  // bf16 weights: a bf16 cache too (fp32 stays fp32).
+  return Entry().cache_spec(config_, backend_->weight_dtype());
 }
 
 absl::StatusOr<StepOutput> DeepseekV3Model::Step(const std::vector<SequenceStep>& batch,
                                                  KvBlockPool* cache) {
   const ModelConfig& c = config_;
   const KvBlockPoolOptions& co = cache->options();
-  if (co.num_layers != c.num_hidden_layers || co.latent_dim != c.kv_lora_rank ||
-      co.rope_dim != c.qk_rope_head_dim) {
-    return absl::InvalidArgumentError("DeepseekV3Model::Step: KV cache geometry does not match");
+  bool matches = co.spec.num_layers() == c.num_hidden_layers;
+  for (int32_t l = 0; matches && l < c.num_hidden_layers; ++l) {
+    const KvCacheGroupSpec& g = cache->LayerGroup(l);
+    matches = g.kind == KvCacheKind::kPagedLatent && g.latent_dim == c.kv_lora_rank &&
+              g.rope_dim == c.qk_rope_head_dim;
   }
-  if (std::optional<absl::StatusOr<StepOutput>> out = DecodeWithGraph(batch, cache)) {
+  if (!matches) {
+    return absl::InvalidArgumentError(absl::StrCat("DeepseekV3Model::Step: the KV cache (",
+                                                   co.spec.ToString(), ") is not the model's (",
+                                                   CacheSpec().ToString(), ")"));
+  }
+  if (std::optional<absl::StatusOr<StepOutput>> out = graphs_->Run(batch, cache)) {
     return *std::move(out);
   }
   // Host-side metadata for every new token.
@@ -542,191 +538,23 @@ ActivationView DeepseekV3Model::FinalNorm(int64_t rows, float* x, const float* y
   return out;
 }
 
-std::optional<absl::StatusOr<StepOutput>> DeepseekV3Model::DecodeWithGraph(
-    const std::vector<SequenceStep>& batch, KvBlockPool* cache) {
+absl::Status DeepseekV3Model::DecodeForward(const DecodeGraphInputs& in) {
   const ModelConfig& c = config_;
-  const int64_t n = static_cast<int64_t>(batch.size());
-  if (!graph_options_.enabled || n == 0 || graph_buckets_.empty() || n > graph_buckets_.back() ||
-      !backend_->SupportsCapture()) {
-    return std::nullopt;
-  }
-  if (num_moe_layers_ > 0 && expert_tables_.empty()) return std::nullopt;  // dispatcher path
-  const int32_t bs = cache->block_size();
-  // The graphs' fixed block-table width: the longest sequence the cache (and the model) allows.
-  int32_t max_blocks = cache->num_blocks();
-  if (c.max_position_embeddings > 0) {
-    max_blocks = std::min<int32_t>(max_blocks,
-                                   static_cast<int32_t>((c.max_position_embeddings + bs - 1) / bs));
-  }
-  for (const SequenceStep& s : batch) {
-    if (s.tokens.size() != 1 || s.return_logits || !s.sampling.has_value() ||
-        s.sampling->temperature > 0.0f || s.sampling->num_logprobs != 0) {
-      return std::nullopt;
-    }
-    // Malformed input goes the general way, which names what is wrong.
-    const int64_t needed = s.position_offset / bs + 1;
-    if (s.tokens[0] < 0 || s.tokens[0] >= c.vocab_size || s.position_offset < 0 ||
-        static_cast<int64_t>(s.block_table.size()) < needed || needed > max_blocks) {
-      return std::nullopt;
-    }
-    for (int64_t b = 0; b < needed; ++b) {
-      if (s.block_table[b] < 0 || s.block_table[b] >= cache->num_blocks()) return std::nullopt;
-    }
-  }
-  const int64_t bucket = *std::lower_bound(graph_buckets_.begin(), graph_buckets_.end(), n);
-  // The context class: the backend's attention may pick its kernel by the longest context, which
-  // a recording cannot see, so batches up to the break and above it get a graph each.
-  int64_t max_context = 1;  // padding rows see one position
-  for (const SequenceStep& s : batch) max_context = std::max(max_context, s.position_offset + 1);
-  const int32_t context_break = backend_->MlaDecodeContextBreak(static_cast<int32_t>(bucket));
-  const int32_t context_class = context_break > 0 && max_context > context_break ? 1 : 0;
-  const GraphKey key(bucket, context_class);
-  if (failed_buckets_.count(key)) return std::nullopt;
-
-  // Graphs hold the cache's addresses and a block of it for padding rows: a new cache (or a new
-  // geometry) means new graphs.
-  if (graph_cache_id_ != cache->id() || graph_max_blocks_ != max_blocks) {
-    DropDecodeGraphs();
-    graph_cache_id_ = 0;
-    graph_cache_ = nullptr;
-    padding_block_ = -1;
-    absl::StatusOr<std::vector<int32_t>> block = cache->Allocate(1);
-    if (!block.ok()) return std::nullopt;  // full: try again with the next step
-    graph_cache_id_ = cache->id();
-    graph_cache_ = cache;
-    padding_block_ = (*block)[0];
-    graph_max_blocks_ = max_blocks;
-  }
-
-  std::unique_ptr<DecodeGraph>& slot = decode_graphs_[key];
-  const bool first_use = slot == nullptr;
-  if (first_use) {
-    slot = std::make_unique<DecodeGraph>();
-    slot->bucket = bucket;
-    // Class 0 under a break: the break; otherwise the longest context the graph can see.
-    slot->max_context_hint =
-        context_break > 0 && context_class == 0
-            ? context_break
-            : static_cast<int32_t>(std::min<int64_t>(static_cast<int64_t>(max_blocks) * bs,
-                                                     std::numeric_limits<int32_t>::max()));
-    const size_t ints = 5 * bucket + 1 + bucket * static_cast<size_t>(max_blocks);
-    slot->host_inputs.assign(ints, 0);
-    slot->inputs = backend_->Allocate(ints * sizeof(int32_t));
-    slot->outputs = backend_->Allocate(2 * bucket * sizeof(int32_t));
-  }
-  DecodeGraph& g = *slot;
-  const int64_t B = bucket;
-  int32_t* in = g.host_inputs.data();
-  int32_t* tables = in + 5 * B + 1;
-  const int32_t pad_slot = padding_block_ * bs;
-  for (int64_t i = 0; i < B; ++i) {
-    int32_t* row = tables + i * max_blocks;
-    std::fill(row, row + max_blocks, padding_block_);
-    in[3 * B + i] = static_cast<int32_t>(i);  // token_seq
-    if (i < n) {
-      const SequenceStep& s = batch[i];
-      const int64_t pos = s.position_offset;
-      const int64_t used =
-          std::min<int64_t>(static_cast<int64_t>(s.block_table.size()), max_blocks);
-      std::copy(s.block_table.begin(), s.block_table.begin() + used, row);
-      in[i] = s.tokens[0];
-      in[B + i] = static_cast<int32_t>(pos);
-      in[2 * B + i] = s.block_table[pos / bs] * bs + static_cast<int32_t>(pos % bs);
-      in[4 * B + i] = static_cast<int32_t>(pos + 1);
-    } else {
-      // Padding: token 0 at position 0 of the reserved block, seeing only itself.
-      in[i] = 0;
-      in[B + i] = 0;
-      in[2 * B + i] = pad_slot;
-      in[4 * B + i] = 1;
-    }
-  }
-  in[5 * B] = static_cast<int32_t>(n * c.num_experts_per_tok);  // EPLB counts real rows only
-  backend_->CopyToDevice(in, g.host_inputs.size() * sizeof(int32_t), g.inputs->data());
-
-  if (g.ops != nullptr) {
-    if (absl::Status st = g.ops->Replay(); !st.ok()) return absl::StatusOr<StepOutput>(st);
-  } else {
-    // First use (or replay off): run the same ops eagerly. This also loads every kernel once
-    // before anything is recorded.
-    absl::Status st = DecodeForward(g);
-    if (!st.ok()) {
-      if (st.code() != absl::StatusCode::kFailedPrecondition) {
-        return absl::StatusOr<StepOutput>(st);
-      }
-      // The device path refused (e.g. routed experts it cannot run): the layers before it only
-      // rewrote this step's cache entries, which the general path writes again.
-      LOG(WARNING) << "decode graphs: batch bucket " << B << " (context class " << context_class
-                   << ") runs eagerly: " << st;
-      failed_buckets_.insert(key);
-      decode_graphs_.erase(key);
-      return std::nullopt;
-    }
-  }
-  std::vector<int32_t> out_host(2 * B);
-  backend_->CopyToHost(g.outputs->data(), 2 * B * sizeof(int32_t), out_host.data());
-  if (absl::Status st = backend_->status(); !st.ok()) return absl::StatusOr<StepOutput>(st);
-  ++decode_graph_steps_;
-
-  if (first_use && graph_options_.replay) {
-    // Record for the next steps (nothing runs now).
-    const auto t0 = std::chrono::steady_clock::now();
-    absl::StatusOr<DeviceMemoryInfo> before = backend_->MemoryInfo();
-    absl::StatusOr<std::unique_ptr<CapturedOps>> ops =
-        backend_->Capture([&] { return DecodeForward(g); }, CaptureOptions{B});
-    if (!ops.ok()) {
-      LOG(WARNING) << "decode graphs: recording batch bucket " << B << " (context class "
-                   << context_class << ") failed, it runs eagerly: " << ops.status();
-      failed_buckets_.insert(key);
-      decode_graphs_.erase(key);
-    } else {
-      g.ops = std::move(*ops);
-      ++decode_graphs_recorded_;
-      const double ms =
-          std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
-      absl::StatusOr<DeviceMemoryInfo> after = backend_->MemoryInfo();
-      std::string mem;
-      if (before.ok() && after.ok()) {
-        mem = absl::StrFormat(
-            ", device memory in use +%.1f MiB",
-            (static_cast<double>(before->free_bytes) - after->free_bytes) / (1 << 20));
-      }
-      LOG(INFO) << absl::StrFormat(
-          "decode graph for batch bucket %d (context class %d, attention sees <= %d positions) "
-          "recorded in %.1f ms%s",
-          B, context_class, g.max_context_hint, ms, mem);
-    }
-  }
-
-  StepOutput out;
-  out.logits.resize(n);
-  out.sampled.resize(n);
-  const float* logprobs = reinterpret_cast<const float*>(out_host.data() + B);
-  for (int64_t i = 0; i < n; ++i) {
-    out.sampled[i].token = out_host[i];
-    out.sampled[i].logprob = logprobs[i];
-  }
-  return absl::StatusOr<StepOutput>(std::move(out));
-}
-
-absl::Status DeepseekV3Model::DecodeForward(const DecodeGraph& g) {
-  const ModelConfig& c = config_;
-  const int64_t B = g.bucket, H = c.hidden_size, V = c.vocab_size;
-  const int32_t* in = g.inputs->as<int32_t>();
+  const int64_t B = in.rows, H = c.hidden_size, V = c.vocab_size;
   StepContext ctx;
   ctx.num_tokens = B;
-  ctx.positions = in + B;
-  ctx.slots = in + 2 * B;
-  ctx.token_seq = in + 3 * B;
-  ctx.context_len = in + 4 * B;
-  ctx.counted_pairs = in + 5 * B;
-  ctx.block_tables = in + 5 * B + 1;
-  ctx.max_blocks_per_seq = graph_max_blocks_;
-  ctx.cache = graph_cache_;
+  ctx.positions = in.positions;
+  ctx.slots = in.slots;
+  ctx.token_seq = in.token_seq;
+  ctx.context_len = in.context_len;
+  ctx.counted_pairs = in.counted;
+  ctx.block_tables = in.block_tables;
+  ctx.max_blocks_per_seq = in.max_blocks_per_seq;
+  ctx.cache = in.cache;
   ctx.device_only = true;
-  ctx.max_context_hint = g.max_context_hint;
+  ctx.max_context_hint = in.max_context_hint;
   auto x = Floats(B * H), y = Floats(B * H);
-  if (absl::Status st = Layers(ctx, in, x->as<float>(), y->as<float>()); !st.ok()) return st;
+  if (absl::Status st = Layers(ctx, in.ids, x->as<float>(), y->as<float>()); !st.ok()) return st;
   // Every row is a sequence's last token: final norm, LM head and greedy pick for all of them.
   auto sel = Floats(B * H);
   auto sel16 = backend_->AllocateScratch(Bf16Operands() ? B * H * sizeof(uint16_t) : 1);
@@ -736,8 +564,7 @@ absl::Status DeepseekV3Model::DecodeForward(const DecodeGraph& g) {
   auto logits = Floats(B * V);
   backend_->Gemm(B, V, H, head_in, H, weights_->Matrix(weights_->lm_head), H, logits->as<float>(),
                  V, false);
-  int32_t* out = g.outputs->as<int32_t>();
-  backend_->GreedySampleRows(B, V, logits->as<float>(), out, reinterpret_cast<float*>(out + B));
+  backend_->GreedySampleRows(B, V, logits->as<float>(), in.out_tokens, in.out_logprobs);
   return absl::OkStatus();
 }
 
