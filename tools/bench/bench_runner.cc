@@ -30,10 +30,11 @@
 #include "worker/comm/tcp_communicator.h"
 #include "worker/device_discovery.h"
 #include "worker/engine/memory_plan.h"
-#include "worker/engine/rank_group.h"
+#include "worker/engine/rank_builder.h"
 #include "worker/kv_cache/kv_block_pool.h"
-#include "worker/model/deepseek_v3_model.h"
+#include "worker/model/causal_lm.h"
 #include "worker/model/model_loader.h"
+#include "worker/model/model_registry.h"
 #include "worker/model/model_weights.h"
 #ifdef DEEPINFER_WITH_CUDA
 #include "worker/backend/cuda/cuda_backend.h"
@@ -81,29 +82,21 @@ absl::StatusOr<ModelConfig> ReadConfig(const std::string& model) {
   return ModelConfig::FromFile(*dummy ? path : model + "/config.json");
 }
 
-// Dummy weights through the multi-threaded generator (same values as LoadDeepseekV3's dummy
-// format), anything else through LoadDeepseekV3; only the routed experts `load` hosts, with the
-// dispatcher `make` builds.
-absl::StatusOr<std::unique_ptr<DeepseekV3Model>> Load(const BenchConfig& bc, Backend* backend,
-                                                      const LoadOptions& load,
-                                                      const ExpertDispatcherFactory& make) {
+// Dummy weights through the multi-threaded generator (same values as LoadModel's dummy
+// format), anything else as LoadModel opens it.
+absl::StatusOr<std::unique_ptr<WeightSource>> OpenBenchWeights(const std::string& model,
+                                                               int64_t load_threads,
+                                                               ModelConfig* config) {
   std::string path;
   uint64_t seed = 0;
-  absl::StatusOr<bool> dummy = ParseDummySpec(bc.model, &path, &seed);
+  absl::StatusOr<bool> dummy = ParseDummySpec(model, &path, &seed);
   if (!dummy.ok()) return dummy.status();
-  if (!*dummy) return LoadDeepseekV3(bc.model, backend, load, make);
-  auto config = ModelConfig::FromFile(path);
-  if (!config.ok()) return config.status();
-  ParallelDummyWeightSource source(seed, static_cast<int>(bc.load_threads));
-  auto weights = ModelWeights::Load(*config, &source, backend, load);
-  if (!weights.ok()) return weights.status();
-  std::unique_ptr<ExpertDispatcher> dispatcher;
-  if (config->n_routed_experts > 0) {
-    auto made = make(*config, **weights, backend);
-    if (!made.ok()) return made.status();
-    dispatcher = std::move(*made);
-  }
-  return DeepseekV3Model::Create(*config, std::move(*weights), backend, std::move(dispatcher));
+  if (!*dummy) return OpenWeightSource(model, config);
+  auto read = ModelConfig::FromFile(path);
+  if (!read.ok()) return read.status();
+  *config = std::move(*read);
+  return std::unique_ptr<WeightSource>(
+      std::make_unique<ParallelDummyWeightSource>(seed, static_cast<int>(load_threads)));
 }
 
 int32_t Argmax(const std::vector<float>& l) {
@@ -114,9 +107,11 @@ int32_t Argmax(const std::vector<float>& l) {
 // a cache of realistic magnitude without prefill steps having written it.
 void FillCacheRandom(Backend* backend, const KvBlockPool& pool, uint32_t seed) {
   const KvBlockPoolOptions& o = pool.options();
+  // Every group of this model's spec has one entry type (PagedLatentSpec).
+  const KvCacheGroupSpec& g = o.spec.groups[0];
   const size_t per_layer =
-      static_cast<size_t>(o.num_blocks) * o.block_size * (o.latent_dim + o.rope_dim);
-  const bool bf16 = o.dtype == WeightDType::kBFloat16;
+      static_cast<size_t>(o.num_blocks) * o.block_size * g.EntryBytes() / WeightDTypeSize(g.dtype);
+  const bool bf16 = g.dtype == WeightDType::kBFloat16;
   // One random chunk, copied repeatedly at shifting offsets: enough variety for timing.
   std::vector<float> chunk(std::min<size_t>(per_layer, size_t{1} << 22));
   std::mt19937 gen(seed);
@@ -126,11 +121,11 @@ void FillCacheRandom(Backend* backend, const KvBlockPool& pool, uint32_t seed) {
   if (bf16) {
     for (float v : chunk) chunk16.push_back(FloatToBf16Bits(v));
   }
-  const size_t elem = WeightDTypeSize(o.dtype);
+  const size_t elem = WeightDTypeSize(g.dtype);
   const char* src = bf16 ? reinterpret_cast<const char*>(chunk16.data())
                          : reinterpret_cast<const char*>(chunk.data());
-  for (int32_t layer = 0; layer < o.num_layers; ++layer) {
-    char* dst = static_cast<char*>(pool.LayerView(layer).cache);
+  for (int32_t layer = 0; layer < o.spec.num_layers(); ++layer) {
+    char* dst = static_cast<char*>(pool.LayerData(layer));
     for (size_t done = 0; done < per_layer;) {
       const size_t shift = (layer * 7919 + done) % chunk.size();
       const size_t n = std::min(per_layer - done, chunk.size() - shift);
@@ -228,115 +223,83 @@ class RankSet {
   absl::Status first_error_ ABSL_GUARDED_BY(mu_);
 };
 
-// One rank's objects, declared so that they are destroyed in dependency order (pool, model,
-// meter, data-plane communicator, backend, TCP communicator), on the rank's thread.
+// One rank's parts (rank_builder.h), destroyed on the rank's thread after the communicators
+// are taken off the set.
 struct RankState {
   RankSet* set = nullptr;
-  std::unique_ptr<comm::TcpCommunicator> control;  // ranks > 1
-  std::unique_ptr<Backend> backend;
-  std::unique_ptr<comm::Communicator> nccl;  // with an NCCL data plane
-  std::unique_ptr<ExchangeMeter> meter;      // ranks > 1: between dispatcher and data plane
-  std::unique_ptr<DeepseekV3Model> model;
-  std::unique_ptr<KvBlockPool> pool;
+  RankParts parts;
+  ExchangeMeter* meter = nullptr;  // ranks > 1: parts.exchange, between dispatcher and data plane
 
   ~RankState() {
-    pool.reset();
-    model.reset();
-    meter.reset();
-    if (nccl != nullptr) set->Remove(nccl.get());
-    nccl.reset();
-    backend.reset();
-    if (control != nullptr) set->Remove(control.get());
+    parts.pool.reset();
+    parts.model.reset();
+    parts.exchange.reset();
+    if (parts.data_comm != nullptr) set->Remove(parts.data_comm.get());
+    parts.data_comm.reset();
+    parts.backend.reset();
+    if (parts.group != nullptr) set->Remove(parts.group.get());
   }
 };
 
-// Joins the TCP group (ranks > 1), opens the backend, forms the NCCL data plane if asked, loads
-// the rank's share of the model and makes its KV pool of `blocks` blocks.
+// Builds the rank as a worker does (BuildRank: the TCP group with ranks > 1, the backend, the
+// NCCL data plane if asked, the rank's share of the model, a KV pool of `blocks` blocks), with
+// the exchange metered, then fills the cache if asked and waits for every rank.
 absl::Status SetUpRank(const BenchConfig& bc, int64_t rank, int64_t blocks, RankState* s) {
   const int64_t ranks = s->set->ranks();
+  RankSpec spec;
+  spec.rank = static_cast<int>(rank);
+  spec.world_size = static_cast<int>(ranks);
+  spec.root_address = s->set->root_address();
+  spec.group_incarnation = 0x62656e6368;  // "bench": one group per process
   // TCP: a barrier waits for every rank to load its weights (a minute or more for big models).
   // NCCL: bounds forming and each exchange, which never wait for loading.
-  const absl::Duration timeout = absl::Minutes(10), nccl_timeout = absl::Minutes(2);
-  if (ranks > 1) {
-    comm::TcpCommunicatorSpec spec;
-    spec.rank = static_cast<int>(rank);
-    spec.world_size = static_cast<int>(ranks);
-    spec.root_address = s->set->root_address();
-    spec.group_incarnation = 0x62656e6368;  // "bench": one group per process
-    spec.timeout = timeout;
-    auto c = comm::TcpCommunicator::Create(spec, rank == 0 ? s->set->TakeRoot() : nullptr);
-    if (!c.ok()) return c.status();
-    s->control = std::move(*c);
-    if (!s->set->Add(s->control.get())) return s->set->first_error();
-  }
-  BackendOptions bo;
-  bo.kind = bc.backend;
-  bo.cuda_device = static_cast<int>(bc.cuda_device + rank);
-  bo.dtype = bc.dtype;
+  spec.group_timeout = absl::Minutes(10);
+  spec.data_plane_timeout = absl::Minutes(2);
+  spec.backend.kind = bc.backend;
+  spec.backend.cuda_device = static_cast<int>(bc.cuda_device + rank);
+  spec.backend.dtype = bc.dtype;
   if (ranks > 1 && bc.backend == "cpu") {
-    bo.cpu_threads = std::max(1, static_cast<int>(std::thread::hardware_concurrency() / ranks));
+    spec.backend.cpu_threads =
+        std::max(1, static_cast<int>(std::thread::hardware_concurrency() / ranks));
   }
-  auto backend = MakeBackend(bo);
-  if (!backend.ok()) return backend.status();
-  s->backend = std::move(*backend);
   auto choice = comm::ParseDataPlaneChoice(bc.communicator);
   if (!choice.ok()) return choice.status();
-  LoadOptions load;
-  ExpertDispatcherFactory make = MakeLocalExpertDispatcher;
-  if (ranks > 1) {
-    auto plane = comm::ResolveDataPlane(*choice, bc.backend, static_cast<int>(ranks));
-    if (!plane.ok()) return plane.status();
-    comm::Communicator* data = s->control.get();
-    if (*plane == comm::DataPlane::kNccl) {
-      auto nccl = comm::FormNcclCommunicator(s->control.get(), bo.cuda_device,
-                                             s->backend->native_stream(), nccl_timeout);
-      if (!nccl.ok()) return nccl.status();
-      s->nccl = std::move(*nccl);
-      if (!s->set->Add(s->nccl.get())) return s->set->first_error();
-      data = s->nccl.get();
-    }
-    s->meter = std::make_unique<ExchangeMeter>(data, s->backend.get());
-    // The worker's pieces: its expert range and its expert-parallel dispatcher factory, which
-    // checks that the dispatcher serves exactly the range loaded.
-    auto read = ReadConfig(bc.model);
-    if (!read.ok()) return read.status();
-    const ExpertRange range = RankGroup::ExpertsOf(read->n_routed_experts, static_cast<int>(ranks),
-                                                   static_cast<int>(rank));
-    load.hosts_expert = [range](int64_t, int64_t e) {
-      return e >= range.first && e < range.first + range.count;
-    };
-    make = [meter = s->meter.get(), range](const ModelConfig& c, const ModelWeights& w,
-                                           Backend* b) {
-      return EpDispatcherFactory().make(meter, range, nullptr, c, w, b);
-    };
-  }
-  auto model = Load(bc, s->backend.get(), load, make);
-  if (!model.ok()) return model.status();
-  s->model = std::move(*model);
-  DecodeGraphOptions graphs;
-  graphs.enabled = bc.cuda_graphs;
-  graphs.max_batch = bc.cuda_graph_max_batch;
-  s->model->SetDecodeGraphOptions(graphs);
-  s->model->SetFusedOps(bc.fused_ops);
+  spec.communicator = *choice;
+  // The worker's expert-parallel dispatcher factory, which checks that the dispatcher serves
+  // exactly the range loaded.
+  spec.dispatcher = ranks > 1 ? EpDispatcherFactory() : LocalDispatcherFactory();
+  spec.model = bc.model;
+  spec.open_weights = [&bc](const std::string& model, ModelConfig* config) {
+    return OpenBenchWeights(model, bc.load_threads, config);
+  };
+  spec.decode_graphs.enabled = bc.cuda_graphs;
+  spec.decode_graphs.max_batch = bc.cuda_graph_max_batch;
+  spec.fused_ops = bc.fused_ops;
+  auto prefill_form = ParsePrefillAttention(bc.prefill_attention);
+  if (!prefill_form.ok()) return prefill_form.status();
+  spec.prefill_attention = *prefill_form;
+  spec.kv_cache_dtype = bc.kv_cache_dtype;
+  spec.block_size = static_cast<int32_t>(bc.block_size);
+  spec.kv_cache_blocks = blocks;
+  RankHooks hooks;
+  hooks.on_communicator = [set = s->set](comm::Communicator* c) { return set->Add(c); };
+  hooks.wrap_exchange = [s](comm::Communicator* data,
+                            Backend* backend) -> std::unique_ptr<comm::Communicator> {
+    auto meter = std::make_unique<ExchangeMeter>(data, backend);
+    s->meter = meter.get();
+    return meter;
+  };
+  absl::Status built = BuildRank(spec, hooks, rank == 0 ? s->set->TakeRoot() : nullptr, &s->parts);
+  if (built.code() == absl::StatusCode::kCancelled) return s->set->first_error();
+  if (!built.ok()) return built;
   // Process-wide (every rank sets the same value; with ranks > 1 in one process the PDL-off
   // comparison toggles it for all of them, which changes their timing, never their results).
   kernels::SetProgrammaticDependentLaunch(bc.pdl);
   kernels::SetVectorisedMemoryPasses(bc.vectorised_passes);
-  auto prefill_form = ParsePrefillAttention(bc.prefill_attention);
-  if (!prefill_form.ok()) return prefill_form.status();
-  s->model->SetPrefillAttention(*prefill_form);
-  KvBlockPoolOptions cache_options =
-      s->model->CacheOptions(static_cast<int32_t>(blocks), static_cast<int32_t>(bc.block_size));
-  auto cache_dtype = ResolveKvCacheDType(bc.kv_cache_dtype, s->backend->weight_dtype());
-  if (!cache_dtype.ok()) return cache_dtype.status();
-  cache_options.dtype = *cache_dtype;
-  auto pool = KvBlockPool::Create(s->backend.get(), cache_options);
-  if (!pool.ok()) return pool.status();
-  s->pool = std::move(*pool);
-  if (bc.decode_fill == "random") FillCacheRandom(s->backend.get(), *s->pool, 99);
-  s->backend->Synchronize();
+  if (bc.decode_fill == "random") FillCacheRandom(s->parts.backend.get(), *s->parts.pool, 99);
+  s->parts.backend->Synchronize();
   // Every rank has its weights before anyone steps.
-  if (s->control != nullptr) return s->control->Barrier();
+  if (s->parts.group != nullptr) return s->parts.group->Barrier();
   return absl::OkStatus();
 }
 
@@ -369,14 +332,14 @@ absl::Status RunRank(const BenchConfig& bc, int64_t rank, RankState* s, RankOutp
   const Clock::time_point load_start = Clock::now();
   if (absl::Status st = SetUpRank(bc, rank, blocks, s); !st.ok()) return st;
   o->load_seconds = Seconds(load_start, Clock::now());
-  o->backend = s->backend->name();
-  o->kv_cache_dtype = s->pool->options().dtype;
-  o->kv_cache_blocks = s->pool->num_blocks();
-  DeepseekV3Model* model = s->model.get();
-  KvBlockPool* pool = s->pool.get();
+  o->backend = s->parts.backend->name();
+  o->kv_cache_dtype = s->parts.pool->spec().groups[0].dtype;
+  o->kv_cache_blocks = s->parts.pool->num_blocks();
+  CausalLm* model = s->parts.model.get();
+  KvBlockPool* pool = s->parts.pool.get();
   const ModelConfig& mc = model->config();
 #ifdef DEEPINFER_WITH_CUDA
-  auto* cuda = dynamic_cast<CudaBackend*>(s->backend.get());
+  auto* cuda = dynamic_cast<CudaBackend*>(s->parts.backend.get());
   if (cuda != nullptr && bc.mla_prefill_min_tokens >= 0) {
     cuda->SetMlaPrefillMinTokens(static_cast<int32_t>(bc.mla_prefill_min_tokens));
   }
@@ -553,7 +516,7 @@ absl::Status RunRank(const BenchConfig& bc, int64_t rank, RankState* s, RankOutp
   };
   // Lines the ranks up before a timed step (not timed itself).
   auto line_up = [&]() -> absl::Status {
-    return s->control != nullptr ? s->control->Barrier() : absl::OkStatus();
+    return s->parts.group != nullptr ? s->parts.group->Barrier() : absl::OkStatus();
   };
 
   // Random prompt tokens, never all the same (timing on degenerate data is misleading). `gen`
@@ -661,7 +624,7 @@ absl::Status RunRank(const BenchConfig& bc, int64_t rank, RankState* s, RankOutp
       seqs[i].return_logits = bc.decode_sampling_on_host;
     }
     if (bc.pause_before_decode_ms > 0) {
-      s->backend->Synchronize();
+      s->parts.backend->Synchronize();
       std::this_thread::sleep_for(std::chrono::milliseconds(bc.pause_before_decode_ms));
     }
     RankDecodeTimes d;
@@ -767,7 +730,7 @@ absl::Status RunRank(const BenchConfig& bc, int64_t rank, RankState* s, RankOutp
   }
 #endif
   o->decode_graph_steps = model->decode_graph_steps();
-  if (absl::Status st = s->backend->status(); !st.ok()) return st;
+  if (absl::Status st = s->parts.backend->status(); !st.ok()) return st;
   // Nobody tears its communicators down while a peer may still be in the last exchange.
   return line_up();
 }
@@ -921,7 +884,7 @@ absl::StatusOr<BenchResult> RunBenchmark(const BenchConfig& bc) {
   }
   r.decode_graph_steps = outputs[0].decode_graph_steps;
   if (bc.cuda_graphs && r.decode_graph_steps > 0) {
-    const std::vector<int64_t> all = DeepseekV3Model::DecodeGraphBuckets(bc.cuda_graph_max_batch);
+    const std::vector<int64_t> all = DecodeGraphBuckets(bc.cuda_graph_max_batch);
     std::vector<int64_t> used;
     for (int64_t n : bc.decode_num_requests) {
       auto b = std::lower_bound(all.begin(), all.end(), n);
@@ -929,7 +892,10 @@ absl::StatusOr<BenchResult> RunBenchmark(const BenchConfig& bc) {
         used.push_back(*b);
       }
     }
-    r.graph_bytes_planned = DecodeGraphReserveBytes(*config, used);
+    auto arch = FindArchitecture(*config);
+    if (!arch.ok()) return arch.status();
+    r.graph_bytes_planned =
+        DecodeGraphReserveBytes((*arch)->activation_floats_per_token(*config), used);
   }
   r.prefill_op_report = outputs[0].prefill_op_report;
   r.decode_op_report = outputs[0].decode_op_report;
@@ -945,11 +911,10 @@ absl::StatusOr<BenchResult> RunBenchmark(const BenchConfig& bc) {
           std::max(r.prefill_warmup_step_seconds, o.prefill_warmup_seconds);
     }
     r.prefill_tokens_per_s = ranks * r.prefill_tokens_per_step / r.prefill_step_seconds;
-    // The form DeepseekV3Model::UsesMhaPrefill picks for these prompts, where the backend has
+    // The form the MLA attention picks for these prompts (PrefillAttention), where the backend has
     // the non-absorbed op (CPU; CUDA with bf16 weights, on the shapes the kernel takes).
     const bool mha_backend = bc.backend == "cpu" || bc.dtype == "bfloat16";
-    const int64_t mha_min =
-        *prefill_form == PrefillAttention::kMha ? 2 : DeepseekV3Model::kMhaPrefillMinTokens;
+    const int64_t mha_min = *prefill_form == PrefillAttention::kMha ? 2 : kMhaPrefillMinTokens;
     const MlaForm form =
         *prefill_form != PrefillAttention::kAbsorbed && mha_backend && ctx >= mha_min
             ? MlaForm::kNonAbsorbed

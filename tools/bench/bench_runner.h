@@ -157,7 +157,7 @@ struct BenchConfig {
   // With cuda_graphs: after each batch size's timed steps, output_len more steps of the same
   // sequences with graphs off, reported as a second decode result (one load for both).
   bool compare_eager_decode = false;
-  // DeepseekV3Model::SetFusedOps and CudaBackend::SetSmallMGemm (the fused ops of a decode
+  // CausalLm::SetFusedOps and CudaBackend::SetSmallMGemm (the fused ops of a decode
   // step; off: the op sequence of before, for comparisons).
   bool fused_ops = true;
   // CudaBackend::SetFusedRouter: decode routing (router logits, noaux_tc, expert counts) in one
@@ -166,7 +166,7 @@ struct BenchConfig {
   // CudaBackend::SetRouterNorm: the post-attention norm of a MoE layer inside the one-token
   // router launch (default off, as the backend's); off: its own launch.
   bool router_norm = false;
-  // DeepseekV3Model::SetPrefillAttention: auto, absorbed or mha.
+  // CausalLm::SetPrefillAttention: auto, absorbed or mha.
   std::string prefill_attention = "auto";
   // After each batch size's timed steps (and the eager ones), output_len more steps of the same
   // sequences with fused ops off, reported as a further decode result (one load for both).

@@ -47,7 +47,7 @@ uint64_t IdSeed(const std::string& id) {
 
 }  // namespace
 
-absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(DeepseekV3Model* model, KvBlockPool* pool,
+absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(CausalLm* model, KvBlockPool* pool,
                                                        RequestQueue* queue,
                                                        const tokenizer::Tokenizer* tokenizer,
                                                        EngineOptions options) {
@@ -68,7 +68,7 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(DeepseekV3Model* model, K
   return std::unique_ptr<Engine>(new Engine(model, pool, queue, tokenizer, std::move(options)));
 }
 
-Engine::Engine(DeepseekV3Model* model, KvBlockPool* pool, RequestQueue* queue,
+Engine::Engine(CausalLm* model, KvBlockPool* pool, RequestQueue* queue,
                const tokenizer::Tokenizer* tokenizer, EngineOptions options)
     : model_(model),
       pool_(pool),

@@ -1,4 +1,4 @@
-// Engine: continuous batching for one rank over DeepseekV3Model::Step.
+// Engine: continuous batching for one rank over CausalLm::Step.
 //
 // Requests come from a RequestQueue and join between steps. Each step has a budget of
 // max_batch_tokens new tokens and max_running sequences, spent in this order:
@@ -40,7 +40,7 @@
 #include "proto/common.pb.h"
 #include "worker/engine/request_queue.h"
 #include "worker/kv_cache/kv_block_pool.h"
-#include "worker/model/deepseek_v3_model.h"
+#include "worker/model/causal_lm.h"
 #include "worker/tokenizer/incremental_decoder.h"
 #include "worker/tokenizer/tokenizer.h"
 
@@ -73,7 +73,7 @@ struct EngineLoad {
 class Engine {
  public:
   // `model`, `pool`, `queue` and `tokenizer` (may be null) must outlive the engine.
-  static absl::StatusOr<std::unique_ptr<Engine>> Create(DeepseekV3Model* model, KvBlockPool* pool,
+  static absl::StatusOr<std::unique_ptr<Engine>> Create(CausalLm* model, KvBlockPool* pool,
                                                         RequestQueue* queue,
                                                         const tokenizer::Tokenizer* tokenizer,
                                                         EngineOptions options);
@@ -101,7 +101,7 @@ class Engine {
 
  private:
   struct Sequence;
-  Engine(DeepseekV3Model* model, KvBlockPool* pool, RequestQueue* queue,
+  Engine(CausalLm* model, KvBlockPool* pool, RequestQueue* queue,
          const tokenizer::Tokenizer* tokenizer, EngineOptions options);
 
   // Validates a new item; on success queues it, else adds an error result to `finished`.
@@ -121,7 +121,7 @@ class Engine {
   void FreeBlocks(Sequence* seq);
   void UpdateLoad();
 
-  DeepseekV3Model* const model_;
+  CausalLm* const model_;
   KvBlockPool* const pool_;
   RequestQueue* const queue_;
   const tokenizer::Tokenizer* const tokenizer_;

@@ -88,7 +88,7 @@ class EngineTest : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
     backend_ = new CpuBackend(2);
-    auto m = LoadDeepseekV3(FixtureDir(), backend_);
+    auto m = LoadModel(FixtureDir(), backend_);
     ASSERT_TRUE(m.ok()) << m.status();
     model_ = m->release();
   }
@@ -106,9 +106,10 @@ class EngineTest : public ::testing::Test {
   std::unique_ptr<Engine> MakeEngine(int32_t num_blocks = 256, int32_t block_size = 16,
                                      EngineOptions options = {},
                                      const tokenizer::Tokenizer* tok = nullptr,
-                                     DeepseekV3Model* model = nullptr) {
+                                     CausalLm* model = nullptr) {
     if (model == nullptr) model = model_;
-    auto pool = KvBlockPool::Create(backend_, model->CacheOptions(num_blocks, block_size));
+    auto pool = KvBlockPool::Create(backend_,
+                                    KvBlockPoolOptions{model->CacheSpec(), num_blocks, block_size});
     EXPECT_TRUE(pool.ok()) << pool.status();
     // Earlier engines of the test may still be alive and use their pool and queue.
     if (pool_ != nullptr) old_pools_.push_back(std::move(pool_));
@@ -153,7 +154,7 @@ class EngineTest : public ::testing::Test {
   }
 
   static CpuBackend* backend_;
-  static DeepseekV3Model* model_;
+  static CausalLm* model_;
   std::vector<Prompt> prompts_;
   std::unique_ptr<RequestQueue> queue_;
   std::unique_ptr<KvBlockPool> pool_;
@@ -162,7 +163,7 @@ class EngineTest : public ::testing::Test {
 };
 
 CpuBackend* EngineTest::backend_ = nullptr;
-DeepseekV3Model* EngineTest::model_ = nullptr;
+CausalLm* EngineTest::model_ = nullptr;
 
 TEST_F(EngineTest, GreedyEqualsHfAndGenerateGreedyOnCpu) {
   for (size_t i = 0; i < prompts_.size(); ++i) {
@@ -424,7 +425,7 @@ TEST_F(EngineTest, StopStringsCutTextAndEndRequest) {
   const std::string path = std::string(std::getenv("TEST_TMPDIR")) + "/config.json";
   std::ofstream(path) << config.dump();
   CpuBackend backend(2);
-  auto model = LoadDeepseekV3("dummy:" + path + "@11", &backend);
+  auto model = LoadModel("dummy:" + path + "@11", &backend);
   ASSERT_TRUE(model.ok()) << model.status();
   auto tok = tokenizer::Tokenizer::FromJson(tokenizer::TestTokenizerJson().dump(), nullptr);
   ASSERT_TRUE(tok.ok()) << tok.status();

@@ -38,32 +38,19 @@ int64_t Available(const DeviceMemoryInfo& info, double utilization) {
 
 }  // namespace
 
-int64_t ActivationReserveBytes(const ModelConfig& c, int32_t max_batch_tokens) {
-  const int64_t H = c.hidden_size, nh = c.num_attention_heads, kvl = c.kv_lora_rank;
-  const int64_t K = c.num_experts_per_tok, mi = c.moe_intermediate_size;
-  // Floats live at once per token in each part of a layer (see DeepseekV3Model).
-  const int64_t attention = c.q_lora_rank + nh * c.qk_head_dim() + 2 * kvl + c.qk_rope_head_dim +
-                            2 * nh * kvl + nh * c.v_head_dim +
-                            std::max(nh * c.qk_head_dim(), nh * kvl) / 2;  // bf16 operand copy
-  const int64_t dense = 3 * c.intermediate_size + c.intermediate_size / 2;
-  const int64_t moe = c.n_routed_experts + 2 * K + 2 * K * H + 3 * K * mi + K * H / 2 + 2 * H +
-                      3 * mi * c.n_shared_experts;
-  const int64_t per_token = 3 * H + std::max({attention, dense, moe}) + H + c.vocab_size;
-  return 2 * per_token * static_cast<int64_t>(sizeof(float)) * max_batch_tokens +
+int64_t ActivationReserveBytes(int64_t floats_per_token, int32_t max_batch_tokens) {
+  return 2 * floats_per_token * static_cast<int64_t>(sizeof(float)) * max_batch_tokens +
          kFixedReserveBytes;
 }
 
-int64_t DecodeGraphReserveBytes(const ModelConfig& c, const std::vector<int64_t>& buckets) {
+int64_t DecodeGraphReserveBytes(int64_t floats_per_token, const std::vector<int64_t>& buckets) {
   int64_t bytes = 0;
   for (int64_t b : buckets) {
-    bytes += (ActivationReserveBytes(c, static_cast<int32_t>(b)) - kFixedReserveBytes) / 2;
+    bytes +=
+        (ActivationReserveBytes(floats_per_token, static_cast<int32_t>(b)) - kFixedReserveBytes) /
+        2;
   }
   return bytes;
-}
-
-int64_t KvBytesPerToken(const ModelConfig& c, WeightDType cache_dtype) {
-  return c.num_hidden_layers * (c.kv_lora_rank + c.qk_rope_head_dim) *
-         static_cast<int64_t>(WeightDTypeSize(cache_dtype));
 }
 
 absl::Status CheckWeightsFit(const DeviceMemoryInfo& before_load, int64_t weight_bytes,

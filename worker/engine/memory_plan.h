@@ -18,7 +18,6 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "worker/backend/backend.h"
-#include "worker/model/model_config.h"
 
 namespace deepinfer {
 
@@ -29,20 +28,17 @@ struct MemoryPlanOptions {
 };
 
 // A heuristic upper bound on one step's transient device memory for max_batch_tokens new
-// tokens: the largest per-token set of live activations (attention, dense MLP or MoE with its
-// dispatched rows and bf16 operand copies) plus the residual stream and a full logits row per
-// token, doubled for allocator fragmentation, plus 256 MiB for cuBLAS workspaces and kernels.
-int64_t ActivationReserveBytes(const ModelConfig& config, int32_t max_batch_tokens);
+// tokens: the architecture's live fp32 values per token (Architecture::
+// activation_floats_per_token: the largest part of a layer with its dispatched rows and bf16
+// operand copies, the residual stream and a full logits row) times the tokens, doubled for
+// allocator fragmentation, plus 256 MiB for cuBLAS workspaces and kernels.
+int64_t ActivationReserveBytes(int64_t floats_per_token, int32_t max_batch_tokens);
 
 // Decode steps recorded as CUDA graphs keep their activations in the graph allocator, apart
 // from the reserve above and for as long as the graphs live: per bucket (batch size, e.g.
-// DeepseekV3Model::DecodeGraphBuckets), that many tokens' live activations, not doubled (a
-// recorded graph's allocations do not fragment) and without the fixed part.
-int64_t DecodeGraphReserveBytes(const ModelConfig& config, const std::vector<int64_t>& buckets);
-
-// Bytes of latent KV cache per token (all layers) with entries of cache_dtype (the KvBlockPool's
-// KvBlockPoolOptions::dtype: bf16 halves it).
-int64_t KvBytesPerToken(const ModelConfig& config, WeightDType cache_dtype);
+// DecodeGraphBuckets), that many tokens' live activations, not doubled (a recorded graph's
+// allocations do not fragment) and without the fixed part.
+int64_t DecodeGraphReserveBytes(int64_t floats_per_token, const std::vector<int64_t>& buckets);
 
 // RESOURCE_EXHAUSTED, naming every term, when weight_bytes + reserve_bytes exceed
 // utilization * total - in use; INVALID_ARGUMENT for a utilization outside (0, 1].
@@ -54,7 +50,7 @@ struct KvCachePlan {
   int64_t in_use_bytes = 0;  // after loading the weights
   int64_t weight_bytes = 0;
   int64_t reserve_bytes = 0;
-  int64_t kv_bytes_per_token = 0;
+  int64_t kv_bytes_per_token = 0;  // KvCacheSpec::BytesPerToken
   int32_t num_blocks = 0;
   int64_t tokens() const;
   int64_t kv_bytes() const { return tokens() * kv_bytes_per_token; }

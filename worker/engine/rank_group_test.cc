@@ -427,8 +427,8 @@ TEST_F(RankGroupTest, RefusesBadLayouts) {
   layout.root_address.clear();
   EXPECT_TRUE(absl::IsInvalidArgument(
       RankGroup::Create(options_, layout, nullptr, Collector().Sink()).status()));
-  EXPECT_EQ(RankGroup::ExpertsOf(8, 2, 1).first, 4);
-  EXPECT_EQ(RankGroup::ExpertsOf(8, 2, 1).count, 4);
+  EXPECT_EQ(ExpertsOfRank(8, 2, 1).first, 4);
+  EXPECT_EQ(ExpertsOfRank(8, 2, 1).count, 4);
 }
 
 }  // namespace

@@ -47,7 +47,7 @@ testing::TinyMoeShape GpuShape() {
   return s;
 }
 
-std::unique_ptr<DeepseekV3Model> Load(Backend* backend, const DecodeGraphOptions& options) {
+std::unique_ptr<CausalLm> Load(Backend* backend, const DecodeGraphOptions& options) {
   static const std::string spec = testing::WriteDummyModelSpec(GpuShape(), "decode_graph_gpu", 9);
   return testing::LoadWithDecodeGraphs(spec, backend, options);
 }
@@ -67,7 +67,7 @@ class DecodeGraphGpuTest : public ::testing::Test {
   // The model three ways on backend_: decode graphs recorded and replayed, the same padded
   // steps run eagerly (replay off), and graphs off (plain eager steps).
   struct ThreeWays {
-    std::unique_ptr<DeepseekV3Model> graphs, eager_padded, eager;
+    std::unique_ptr<CausalLm> graphs, eager_padded, eager;
   };
   ThreeWays LoadThreeWays() {
     DecodeGraphOptions on, padded_eager, off;
