@@ -339,7 +339,71 @@ void RankGroup::Start() {
     if (started_ || stopping_) return;
     started_ = true;
   }
+  if (options_.backend == "cpu") host_memory_check_ = CheckHostMemory();
   for (int i = 0; i < layout_.num_ranks; ++i) threads_.emplace_back([this, i] { RunRank(i); });
+}
+
+LoadOptions RankGroup::LoadOptionsOf(int global_rank) const {
+  const ModelConfig& config = options_.model->config;
+  LoadOptions load;
+  if (layout_.placement != nullptr) {
+    // Per model layer, the experts of this rank's slots (dense layers have none).
+    auto placed = std::make_shared<std::vector<std::vector<int64_t>>>(
+        EpExpertDispatcher::ExpertsOfRank(*layout_.placement, layout_.world_size, global_rank));
+    std::vector<int64_t> moe_index;
+    for (int64_t l = 0, m = 0; l < config.num_hidden_layers; ++l) {
+      moe_index.push_back(config.IsMoeLayer(l) ? m++ : -1);
+    }
+    load.hosts_expert = [placed, moe_index](int64_t layer, int64_t e) {
+      const int64_t m = moe_index[layer];
+      if (m < 0) return false;
+      const std::vector<int64_t>& mine = (*placed)[m];
+      return std::find(mine.begin(), mine.end(), e) != mine.end();
+    };
+  } else if (options_.dispatcher.partitioned) {
+    const ExpertRange range = ExpertsOf(config.n_routed_experts, layout_.world_size, global_rank);
+    load.hosts_expert = [range](int64_t, int64_t e) {
+      return e >= range.first && e < range.first + range.count;
+    };
+  }
+  return load;
+}
+
+int64_t RankGroup::FixedKvCacheBlocks() const {
+  const int64_t tokens =
+      options_.kv_cache_tokens > 0 ? options_.kv_cache_tokens : kDefaultCpuKvCacheTokens;
+  return (tokens + options_.block_size - 1) / options_.block_size;
+}
+
+absl::Status RankGroup::CheckHostMemory() const {
+  // As MakeBackend will resolve them; a bad name fails there, before this verdict is read.
+  absl::StatusOr<WeightDType> weights = options_.dtype.empty()
+                                            ? DefaultWeightDType(options_.backend)
+                                            : ParseWeightDType(options_.dtype);
+  if (!weights.ok()) return weights.status();
+  absl::StatusOr<WeightDType> cache = ResolveKvCacheDType(options_.kv_cache_dtype, *weights);
+  if (!cache.ok()) return cache.status();
+  const ModelConfig& config = options_.model->config;
+  int64_t weight_bytes = 0;
+  for (int i = 0; i < layout_.num_ranks; ++i) {
+    weight_bytes +=
+        ModelWeights::DeviceBytes(config, *weights, LoadOptionsOf(layout_.first_rank + i));
+  }
+  HostMemoryPlan plan = PlanHostMemory(config, layout_.num_ranks, *weights, weight_bytes, *cache,
+                                       FixedKvCacheBlocks() * options_.block_size);
+  const ProcMeminfo proc_meminfo;
+  const HostMemory& memory = options_.host_memory != nullptr ? *options_.host_memory : proc_meminfo;
+  absl::StatusOr<int64_t> available = memory.AvailableBytes();
+  if (!available.ok()) {
+    // Nothing to plan against (not Linux?): load as before rather than refuse.
+    LOG(WARNING) << "group generation " << layout_.generation
+                 << ": host memory not planned: " << available.status();
+    return absl::OkStatus();
+  }
+  plan.available_bytes = *available;
+  LOG(INFO) << "group generation " << layout_.generation
+            << ": host memory plan: " << plan.ToString();
+  return CheckHostMemoryFits(plan);
 }
 
 void RankGroup::Stop() {
@@ -439,27 +503,8 @@ bool RankGroup::FormRank(int local) {
   }
   const ModelConfig& config = options_.model->config;
   const ExpertRange range = ExpertsOf(config.n_routed_experts, layout_.world_size, r.global);
-  LoadOptions load;
+  const LoadOptions load = LoadOptionsOf(r.global);
   std::shared_ptr<const ExpertPlacement> placement = layout_.placement;
-  if (placement != nullptr) {
-    // Per model layer, the experts of this rank's slots (dense layers have none).
-    auto placed = std::make_shared<std::vector<std::vector<int64_t>>>(
-        EpExpertDispatcher::ExpertsOfRank(*placement, layout_.world_size, r.global));
-    std::vector<int64_t> moe_index;
-    for (int64_t l = 0, m = 0; l < config.num_hidden_layers; ++l) {
-      moe_index.push_back(config.IsMoeLayer(l) ? m++ : -1);
-    }
-    load.hosts_expert = [placed, moe_index](int64_t layer, int64_t e) {
-      const int64_t m = moe_index[layer];
-      if (m < 0) return false;
-      const std::vector<int64_t>& mine = (*placed)[m];
-      return std::find(mine.begin(), mine.end(), e) != mine.end();
-    };
-  } else if (options_.dispatcher.partitioned) {
-    load.hosts_expert = [range](int64_t, int64_t e) {
-      return e >= range.first && e < range.first + range.count;
-    };
-  }
   const int64_t weight_bytes = ModelWeights::DeviceBytes(config, r.backend->weight_dtype(), load);
   LOG(INFO) << "rank " << r.global << ": " << r.backend->name() << " backend, "
             << WeightDTypeName(r.backend->weight_dtype()) << " weights ("
@@ -473,6 +518,11 @@ bool RankGroup::FormRank(int local) {
   if (options_.backend == "cuda" && options_.decode_graphs.enabled) {
     reserve += DecodeGraphReserveBytes(
         config, DeepseekV3Model::DecodeGraphBuckets(options_.decode_graphs.max_batch));
+  }
+  // On the CPU, the plan of every local rank was made once, in Start().
+  if (!host_memory_check_.ok()) {
+    Fail(r.global, host_memory_check_);
+    return false;
   }
   const absl::StatusOr<DeviceMemoryInfo> before_load = r.backend->MemoryInfo();
   if (before_load.ok()) {
@@ -499,7 +549,7 @@ bool RankGroup::FormRank(int local) {
   cache_options.dtype = *ResolveKvCacheDType(options_.kv_cache_dtype, r.backend->weight_dtype());
   int64_t blocks = 0;
   if (options_.kv_cache_tokens > 0) {
-    blocks = (options_.kv_cache_tokens + bs - 1) / bs;
+    blocks = FixedKvCacheBlocks();
     LOG(INFO) << "rank " << r.global << ": KV cache " << blocks << " blocks x " << bs
               << " tokens (--kv-cache-tokens)";
   } else if (before_load.ok()) {
@@ -516,7 +566,7 @@ bool RankGroup::FormRank(int local) {
     LOG(INFO) << "rank " << r.global
               << ": memory plan: " << plan->ToString(options_.gpu_memory_utilization);
   } else {
-    blocks = (kDefaultCpuKvCacheTokens + bs - 1) / bs;
+    blocks = FixedKvCacheBlocks();
     LOG(INFO) << "rank " << r.global << ": KV cache " << blocks << " blocks x " << bs
               << " tokens (CPU default)";
   }
