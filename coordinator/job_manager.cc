@@ -302,6 +302,7 @@ GroupView JobManager::group() const {
   view.serving = group_.serving;
   for (const Member& m : group_.members) view.members.push_back(m.worker_id);
   view.last_error = last_group_error_;
+  view.formation_error = formation_error_;
   return view;
 }
 
@@ -380,6 +381,7 @@ void JobManager::Tick() {
       last_group_error_ = absl::StrCat("no subset of the ", ready,
                                        " READY worker(s) has a rank count that divides ",
                                        prompts_->limits().routed_experts, " routed experts");
+      formation_error_ = last_group_error_;
     }
     // Is the current group still whole?
     if (group_.generation != 0) {
@@ -407,12 +409,14 @@ void JobManager::Tick() {
       if (!broken.empty()) {
         LOG(WARNING) << "group generation " << group_.generation << " broken: " << broken;
         last_group_error_ = broken;
+        if (member_failed && !group_.serving) formation_error_ = broken;
         RequeueInflightLocked("the group broke");
         group_ = Group();
         if (member_failed) retry_after_ = std::max(retry_after_, now + config_.regroup_delay);
         BumpLocked();
       } else if (!group_.serving && all_serving) {
         group_.serving = true;
+        formation_error_.clear();
         LOG(INFO) << "group generation " << group_.generation << " serving: "
                   << group_.world_size << " rank(s) on " << group_.members.size()
                   << " worker(s)";
@@ -555,6 +559,7 @@ void JobManager::FormGroup(std::vector<Member> members) {
     absl::MutexLock lock(&mu_);
     if (group_.generation == prepare.generation()) {
       last_group_error_ = std::string(status.message());
+      formation_error_ = last_group_error_;
       group_ = Group();
       retry_after_ = clock_->Now() + config_.retry;
       BumpLocked();

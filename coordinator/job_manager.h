@@ -67,6 +67,10 @@ struct GroupView {
   bool serving = false;
   std::vector<std::string> members;
   std::string last_error;
+  // Why the latest attempt to form a group failed ("" once one serves): a member reported it
+  // failed while forming, ConfigureGroup or PrepareGroup was refused, or no set of READY
+  // workers splits the experts. Not set by workers joining, leaving or being LOST.
+  std::string formation_error;
 };
 
 class JobManager {
@@ -182,6 +186,7 @@ class JobManager {
   Group group_ ABSL_GUARDED_BY(mu_);
   uint64_t next_generation_ ABSL_GUARDED_BY(mu_) = 1;
   std::string last_group_error_ ABSL_GUARDED_BY(mu_);
+  std::string formation_error_ ABSL_GUARDED_BY(mu_);
   absl::Time retry_after_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
   // The READY set seen last, and since when, for the settle delay.
   std::string seen_members_key_ ABSL_GUARDED_BY(mu_);

@@ -216,6 +216,31 @@ TEST(BatchJobTest, GeneratedIdsPastTheTokenizerGiveNoText) {
               HasSubstr("token id 1000 is outside the vocabulary"));
 }
 
+// DeepSeek-V3's full config with random weights on the CPU needs 2.44 TiB of fp32 weights: the
+// worker refuses it before loading and `deepinfer run` ends at once with the worker's reason,
+// instead of waiting for a group that never forms.
+TEST(BatchJobTest, ModelThatDoesNotFitEndsTheRunWithTheReason) {
+  json config = json::parse(ReadFile(Runfile("tools/bench/configs/deepseek_v3_4layers.json")));
+  config["num_hidden_layers"] = 61;
+  const std::string path = TempPath("deepseek_v3.json");
+  std::ofstream(path) << config.dump();
+  const std::string in = TempPath("too_big.in.jsonl");
+  std::ofstream(in)
+      << R"({"custom_id": "a", "method": "POST", "url": "/v1/completions", "body": {"prompt": [1, 2, 3]}})"
+      << "\n";
+  auto result = RunCommand({Runfile("coordinator/cli/deepinfer"), "run", "--model=dummy:" + path,
+                            "--input=" + in, "--output=" + TempPath("too_big.out.jsonl"),
+                            "--timeout-s=600", "--state-dir=" + TempPath("too_big.state")},
+                           TempPath("too_big.run"), absl::Seconds(900));
+  ASSERT_TRUE(result.ok()) << result.status();
+  EXPECT_EQ(result->exit_code, 1) << result->err;
+  EXPECT_THAT(result->err, HasSubstr("deepinfer run: the workers could not start the model: "
+                                     "worker worker-0 reports the group failed: rank 0: "
+                                     "RESOURCE_EXHAUSTED: the model does not fit in this "
+                                     "machine's memory: 1 rank: weights 2.44 TiB (float32) + KV "
+                                     "cache 16384 tokens per rank 2.14 GiB (float32) = 2.45 TiB"));
+}
+
 TEST(BatchJobTest, GoodAndBadLinesEachGetTheirLine) {
   std::vector<std::string> lines = {
       R"({"custom_id": "ok-1", "method": "POST", "url": "/v1/completions", "body": {"prompt": [5, 6, 7], "max_tokens": 3, "temperature": 0, "ignore_eos": true, "logprobs": 2}})",
