@@ -91,7 +91,8 @@ async function encode(corpusFile, tokenizerFile) {
     // Ids past the tokenizer, as a model whose embedding has more rows can generate them: one
     // first, one in the middle, one last.
     const mid = Math.floor(ids.length / 2);
-    const idsWithUnknown = [unknown[0], ...ids.slice(0, mid), unknown[1], ...ids.slice(mid), unknown[2]];
+    const idsWithUnknown =
+        [unknown[0], ...ids.slice(0, mid), unknown[1], ...ids.slice(mid), unknown[2]];
     const decodedWithUnknown = await plain.decode(idsWithUnknown, false);
     out.push(JSON.stringify({ ids, ids_with_special: idsWithSpecial, decoded,
       decoded_skipping_special: decodedSkippingSpecial, ids_with_unknown: idsWithUnknown,
