@@ -363,6 +363,7 @@ GroupView JobManager::group() const {
   view.serving = group_.serving;
   for (const Member& m : group_.members) view.members.push_back(m.worker_id);
   view.last_error = last_group_error_;
+  view.formation_error = formation_error_;
   return view;
 }
 
@@ -433,6 +434,7 @@ void JobManager::Tick() {
     if (ready > 0 && eligible.empty()) {
       SetGroupErrorLocked(absl::StrCat("the ", ready, " READY worker(s) cannot form one: ",
                                        selection.left_out_because.message()));
+      formation_error_ = last_group_error_;
     } else if (!left_out.empty()) {
       left_out_notice = absl::StrCat("worker(s) ", absl::StrJoin(left_out, ", "),
                                      " left out of the expert-parallel group, which uses ",
@@ -475,6 +477,8 @@ void JobManager::Tick() {
       if (!broken.empty()) {
         LOG(WARNING) << "group generation " << group_.generation << " broken: " << broken;
         SetGroupErrorLocked(broken);
+        // A member's failure report while the group forms is why forming failed.
+        if (gone.empty() && !group_.serving) formation_error_ = broken;
         RequeueInflightLocked("the group broke");
         group_ = Group();
         if (gone.empty()) retry_after_ = std::max(retry_after_, now + config_.regroup_delay);
@@ -482,6 +486,7 @@ void JobManager::Tick() {
       } else if (!group_.serving && all_serving) {
         group_.serving = true;
         group_error_current_ = false;
+        formation_error_.clear();
         LOG(INFO) << "group generation " << group_.generation << " serving: " << group_.world_size
                   << " rank(s) on " << group_.members.size() << " worker(s)";
         BumpLocked();
@@ -625,6 +630,7 @@ void JobManager::FormGroup(std::vector<Member> members) {
     absl::MutexLock lock(&mu_);
     if (group_.generation == prepare.generation()) {
       SetGroupErrorLocked(std::string(status.message()));
+      formation_error_ = last_group_error_;
       group_ = Group();
       retry_after_ = clock_->Now() + config_.retry;
       BumpLocked();

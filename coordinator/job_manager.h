@@ -72,6 +72,10 @@ struct GroupView {
   bool serving = false;
   std::vector<std::string> members;
   std::string last_error;
+  // Why the latest attempt to form a group failed ("" once one serves): a member reported it
+  // failed while forming, ConfigureGroup or PrepareGroup was refused, or no set of READY
+  // workers splits the experts. Not set by workers joining, leaving or being LOST.
+  std::string formation_error;
 };
 
 class JobManager {
@@ -202,6 +206,8 @@ class JobManager {
   bool group_error_current_ ABSL_GUARDED_BY(mu_) = false;
   // Which READY workers the group leaves out and why; empty when none is.
   std::string left_out_notice_ ABSL_GUARDED_BY(mu_);
+  // Why the latest attempt to form a group failed; cleared once a group serves.
+  std::string formation_error_ ABSL_GUARDED_BY(mu_);
   absl::Time retry_after_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
   // The READY set seen last, and since when, for the settle delay.
   std::string seen_members_key_ ABSL_GUARDED_BY(mu_);

@@ -355,6 +355,36 @@ TEST_F(JobManagerTest, AutomaticRebalanceOnlyAboveTheThreshold) {
   EXPECT_GE(placement->logcnt()[0][0], 2);  // the hot expert got a replica
 }
 
+// Why forming failed is kept as GroupView::formation_error (ClusterStatus shows it) until a
+// group serves; a member that fails once its group served is not a formation error.
+TEST_F(JobManagerTest, FormationErrorsAreKeptUntilAGroupServes) {
+  AddWorker("w1", 1, 1);
+  ASSERT_TRUE(WaitFor([&] { return !workers_.configured().empty(); }));
+  EXPECT_EQ(manager_->group().formation_error, "");
+  WorkerReport failed;
+  failed.group_generation = 1;
+  failed.group_status = GROUP_FAILED;
+  failed.group_error = "rank 0: RESOURCE_EXHAUSTED: the model does not fit";
+  ASSERT_TRUE(registry_.Heartbeat("w1", 1, registry_.coordinator_incarnation(), failed).ok());
+  ASSERT_TRUE(WaitFor([&] { return !manager_->group().formation_error.empty(); }));
+  EXPECT_EQ(manager_->group().formation_error,
+            "worker w1 reports the group failed: rank 0: RESOURCE_EXHAUSTED: the model does not "
+            "fit");
+  EXPECT_FALSE(manager_->group().serving);
+  // The next attempt, after the regroup delay, serves.
+  clock_.Advance(absl::Seconds(7));
+  ASSERT_TRUE(registry_.Heartbeat("w1", 1, registry_.coordinator_incarnation()).ok());
+  ServeWhenConfigured({{"w1", 1}}, 2);
+  ASSERT_TRUE(WaitFor([&] { return manager_->group().serving; }));
+  EXPECT_EQ(manager_->group().formation_error, "");
+  failed.group_generation = 2;
+  failed.group_error = "rank 0: UNAVAILABLE: peer died";
+  ASSERT_TRUE(registry_.Heartbeat("w1", 1, registry_.coordinator_incarnation(), failed).ok());
+  ASSERT_TRUE(WaitFor([&] { return !manager_->group().serving; }));
+  EXPECT_THAT(manager_->group().last_error, HasSubstr("peer died"));
+  EXPECT_EQ(manager_->group().formation_error, "");
+}
+
 TEST_F(JobManagerTest, LostWorkerRequestsRunAgainExactlyOnce) {
   AddWorker("w1", 1, 1);
   AddWorker("w2", 2, 1);

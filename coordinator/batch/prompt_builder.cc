@@ -119,9 +119,9 @@ std::string PromptBuilder::TokenText(int32_t id) const {
   // Without a tokenizer a token is named by its id, as vLLM does ("token_id:123"), so
   // that logprob alternatives stay distinct.
   if (tokenizer_ == nullptr) return absl::StrCat("token_id:", id);
-  absl::StatusOr<std::string> text =
-      tokenizer_->Decode({static_cast<uint32_t>(id)}, /*skip_special_tokens=*/false);
-  return text.ok() ? *text : "";
+  // An id past the tokenizer (the model's vocabulary can be larger) is "", as HF decodes it.
+  return tokenizer_->DecodeSkippingUnknown({static_cast<uint32_t>(id)},
+                                           /*skip_special_tokens=*/false);
 }
 
 }  // namespace deepinfer

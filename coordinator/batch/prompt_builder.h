@@ -49,7 +49,8 @@ class PromptBuilder {
   // The prompt ids, or INVALID_ARGUMENT saying why this request cannot run.
   absl::StatusOr<std::vector<int32_t>> Build(const BatchLine& line) const;
 
-  // The text of one token for logprobs ("token_id:N" without a tokenizer).
+  // The text of one token for logprobs ("token_id:N" without a tokenizer; "" for an id the
+  // tokenizer does not know).
   std::string TokenText(int32_t id) const;
 
   const ModelLimits& limits() const { return limits_; }

@@ -322,7 +322,7 @@ class LocalCluster {
   }
 
   // An error when the cluster cannot finish the job any more.
-  absl::Status Check() {
+  absl::Status Check(CoordinatorClient& client) {
     if (!coordinator_->Running()) {
       return absl::AbortedError(absl::StrCat("the coordinator exited (code ",
                                              coordinator_->exit_code(), "):\n",
@@ -339,6 +339,12 @@ class LocalCluster {
     }
     if (!any)
       return absl::AbortedError(absl::StrCat("every worker exited; the last said:\n", last));
+    // These workers are all there is: a group they could not form fails the same way again.
+    absl::StatusOr<ClusterStatusResponse> status = client.ClusterStatus();
+    if (status.ok() && !status->group_formation_error().empty()) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("the workers could not start the model: ", status->group_formation_error()));
+    }
     return absl::OkStatus();
   }
 
@@ -478,7 +484,7 @@ int RunCommand(const RunOptions& options) {
             job = absl::CancelledError("interrupted");
             break;
           }
-          if (absl::Status alive = cluster.Check(); !alive.ok()) {
+          if (absl::Status alive = cluster.Check(client); !alive.ok()) {
             job = alive;
             break;
           }

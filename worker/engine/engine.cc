@@ -333,13 +333,9 @@ bool Engine::Advance(Sequence* s, const SampledToken& sampled, RequestResult* re
     s->logprobs.push_back(std::move(lp));
   }
   if (s->decoder != nullptr) {
-    absl::StatusOr<std::string> piece = s->decoder->Add(static_cast<uint32_t>(t));
-    if (!piece.ok()) {
-      *result = ErrorResult(s->id, piece.status(), options_.group_generation);
-      return true;
-    }
+    // An id past the tokenizer (the model's vocabulary can be larger) adds no text.
     const size_t from = s->text.size();
-    s->text += *piece;
+    s->text += s->decoder->Add(static_cast<uint32_t>(t));
     if (CutAtStopString(s, from)) {
       s->decoder.reset();  // the rest of the text is not returned
       Finish(s, "stop", result);
@@ -372,12 +368,9 @@ bool Engine::CutAtStopString(Sequence* s, size_t from) {
 void Engine::Finish(Sequence* s, const std::string& reason, RequestResult* result) {
   std::string why = reason;
   if (s->decoder != nullptr) {
-    absl::StatusOr<std::string> rest = s->decoder->Finish();
-    if (rest.ok()) {
-      const size_t from = s->text.size();
-      s->text += *rest;
-      if (CutAtStopString(s, from)) why = "stop";
-    }
+    const size_t from = s->text.size();
+    s->text += s->decoder->Finish();
+    if (CutAtStopString(s, from)) why = "stop";
   }
   result->Clear();
   result->set_request_id(s->id);

@@ -457,6 +457,64 @@ TEST_F(EngineTest, StopStringsCutTextAndEndRequest) {
                                           full.token_ids().begin() + r.token_ids_size()));
 }
 
+// A model whose vocabulary is larger than its tokenizer's, as DeepSeek-V3's (129,280 embedding
+// rows, 128,815 tokens): ids past the tokenizer are generated, returned with their logprobs and
+// add no text, and the request succeeds, greedy or sampled, with stop strings being checked.
+// Prompts may hold such ids too; the model's own vocabulary still bounds them.
+TEST_F(EngineTest, GeneratedIdsPastTheTokenizerAddNoText) {
+  nlohmann::json config =
+      nlohmann::json::parse(ReadFile(FixtureDir() + "/config.json"), nullptr, false);
+  ASSERT_TRUE(config.is_object());
+  config["vocab_size"] = 2048;
+  const std::string path = std::string(std::getenv("TEST_TMPDIR")) + "/big_vocab_config.json";
+  std::ofstream(path) << config.dump();
+  CpuBackend backend(2);
+  auto model = LoadModel("dummy:" + path + "@11", &backend);
+  ASSERT_TRUE(model.ok()) << model.status();
+  auto tok = tokenizer::Tokenizer::FromJson(tokenizer::TestTokenizerJson().dump(), nullptr);
+  ASSERT_TRUE(tok.ok()) << tok.status();
+  constexpr int32_t kTokenizerIds = 269;  // the test tokenizer knows ids 0..268
+  ASSERT_NE((*tok)->IdToToken(kTokenizerIds - 1), nullptr);
+  ASSERT_EQ((*tok)->IdToToken(kTokenizerIds), nullptr);
+  auto engine = MakeEngine(64, 16, {}, tok->get(), model->get());
+  const std::vector<int32_t> prompt = {72, 101, 1500, 108, 2047, 111};
+  std::vector<WorkItem> items = {Item("greedy", prompt, 24), Sampled("sampled", prompt, 24, 5),
+                                 Item("outside", {72, 2048}, 4)};
+  for (int i = 0; i < 2; ++i) {
+    items[i].mutable_params()->set_ignore_eos(true);
+    items[i].mutable_params()->set_logprobs(3);
+    items[i].mutable_params()->add_stop("never there \x01");
+  }
+  auto results = Run(engine.get(), items);
+  for (const char* id : {"greedy", "sampled"}) {
+    SCOPED_TRACE(id);
+    const RequestResult& r = results[id];
+    EXPECT_EQ(r.error_code(), "") << r.error_message();
+    ASSERT_EQ(r.token_ids_size(), 24);
+    ASSERT_EQ(r.logprobs_size(), 24);
+    std::vector<uint32_t> known;
+    int past = 0;
+    for (int i = 0; i < r.token_ids_size(); ++i) {
+      EXPECT_EQ(r.logprobs(i).token_id(), r.token_ids(i));
+      EXPECT_EQ(r.logprobs(i).top_token_ids_size(), 3);
+      if (r.token_ids(i) >= kTokenizerIds) {
+        ++past;
+      } else {
+        known.push_back(static_cast<uint32_t>(r.token_ids(i)));
+      }
+    }
+    // With 2048 rows over 269 tokens most ids are past the tokenizer; the test needs both kinds.
+    ASSERT_GT(past, 0);
+    ASSERT_GT(static_cast<int>(known.size()), 0);
+    auto text = (*tok)->Decode(known, /*skip_special_tokens=*/true);
+    ASSERT_TRUE(text.ok()) << text.status();
+    EXPECT_EQ(r.text(), *text);
+  }
+  EXPECT_EQ(results["outside"].error_code(), "INVALID_ARGUMENT");
+  EXPECT_THAT(results["outside"].error_message(),
+              ::testing::HasSubstr("prompt token id 2048 outside the vocabulary of 2048"));
+}
+
 // An expert-parallel rank without requests still steps (an empty batch), and then it works on.
 TEST_F(EngineTest, IdleStepRunsAnEmptyBatch) {
   EngineOptions options;

@@ -14,11 +14,14 @@ namespace {
 constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
 constexpr int64_t kFixedReserveBytes = int64_t{256} << 20;
 
-// GiB with two decimals; small amounts (test models) in MiB so they do not read as zero.
+// GiB with two decimals; small amounts (test models) in MiB so they do not read as zero, whole
+// models of hundreds of billions of parameters in TiB.
 std::string GiB(int64_t bytes) {
   if (bytes != 0 && std::abs(bytes) < (int64_t{1} << 30)) {
     return absl::StrFormat("%.1f MiB", bytes / (1024.0 * 1024.0));
   }
+  if (std::abs(bytes) >= (int64_t{1} << 40))
+    return absl::StrFormat("%.2f TiB", bytes / kGiB / 1024);
   return absl::StrFormat("%.2f GiB", bytes / kGiB);
 }
 
@@ -106,6 +109,41 @@ absl::StatusOr<KvCachePlan> PlanKvCache(const DeviceMemoryInfo& after_load, int6
   plan.num_blocks =
       static_cast<int32_t>(std::min<int64_t>(blocks, std::numeric_limits<int32_t>::max()));
   return plan;
+}
+
+HostMemoryPlan PlanHostMemory(int num_ranks, WeightDType weight_dtype, int64_t weight_bytes,
+                              WeightDType kv_cache_dtype, int64_t kv_bytes_per_token,
+                              int64_t kv_cache_tokens) {
+  HostMemoryPlan plan;
+  plan.num_ranks = num_ranks;
+  plan.weight_dtype = weight_dtype;
+  plan.weight_bytes = weight_bytes;
+  plan.kv_cache_dtype = kv_cache_dtype;
+  plan.kv_cache_tokens = kv_cache_tokens;
+  plan.kv_cache_bytes = num_ranks * kv_cache_tokens * kv_bytes_per_token;
+  return plan;
+}
+
+std::string HostMemoryPlan::ToString() const {
+  return absl::StrCat(num_ranks, num_ranks == 1 ? " rank" : " ranks", ": weights ",
+                      GiB(weight_bytes), " (", WeightDTypeName(weight_dtype), ") + KV cache ",
+                      kv_cache_tokens, " tokens per rank ", GiB(kv_cache_bytes), " (",
+                      WeightDTypeName(kv_cache_dtype), ") = ", GiB(needed_bytes()), " of ",
+                      GiB(available_bytes), " available");
+}
+
+absl::Status CheckHostMemoryFits(const HostMemoryPlan& plan) {
+  if (plan.needed_bytes() <= plan.available_bytes) return absl::OkStatus();
+  std::string advice;
+  if (plan.weight_dtype != WeightDType::kBFloat16) {
+    absl::StrAppend(&advice, "bf16 weights (--dtype bfloat16) halve the weights; ");
+  }
+  absl::StrAppend(&advice,
+                  "more workers split the routed experts between them; --kv-cache-tokens sizes "
+                  "the KV cache; or use a smaller model");
+  return absl::ResourceExhaustedError(
+      absl::StrCat("the model does not fit in this machine's memory: ", plan.ToString(), ", ",
+                   GiB(plan.needed_bytes() - plan.available_bytes), " short; ", advice));
 }
 
 }  // namespace deepinfer

@@ -8,6 +8,12 @@
 // CheckWeightsFit runs before anything is loaded (weights sized from the config alone), so a
 // model that cannot fit fails with a clear error instead of an allocation crash mid-load;
 // PlanKvCache runs after loading, from what the driver reports as free then.
+//
+// CPU ranks have no device of their own: their weights and KV caches (a fixed number of tokens,
+// --kv-cache-tokens) live in host memory, which all ranks of a worker share. HostMemoryPlan
+// adds up what all of them will hold and CheckHostMemoryFits compares it with what the machine
+// has available (HostMemory, host_memory.h) before any rank loads, so a model that does not fit
+// is refused at once instead of filling memory until the machine swaps or the worker is killed.
 #ifndef DEEPINFER_WORKER_ENGINE_MEMORY_PLAN_H_
 #define DEEPINFER_WORKER_ENGINE_MEMORY_PLAN_H_
 
@@ -65,6 +71,34 @@ struct KvCachePlan {
 absl::StatusOr<KvCachePlan> PlanKvCache(const DeviceMemoryInfo& after_load, int64_t weight_bytes,
                                         int64_t reserve_bytes, int64_t kv_bytes_per_token,
                                         const MemoryPlanOptions& options);
+
+// What the CPU ranks of one worker hold in host memory, all ranks together. The step's
+// activations are not counted.
+struct HostMemoryPlan {
+  int num_ranks = 0;
+  WeightDType weight_dtype = WeightDType::kFloat32;
+  int64_t weight_bytes = 0;  // Architecture::weight_bytes, summed over the ranks
+  WeightDType kv_cache_dtype = WeightDType::kFloat32;
+  int64_t kv_cache_tokens = 0;  // per rank
+  int64_t kv_cache_bytes = 0;   // all ranks
+  int64_t available_bytes = 0;  // HostMemory::AvailableBytes before loading
+
+  int64_t needed_bytes() const { return weight_bytes + kv_cache_bytes; }
+  // "1 rank: weights 3.0 MiB (float32) + KV cache 16384 tokens per rank 36.0 MiB (float32) =
+  // 39.0 MiB of 20.61 GiB available"
+  std::string ToString() const;
+};
+
+// The plan for `num_ranks` ranks that hold `weight_bytes` of weights together and
+// `kv_cache_tokens` KV entries of `kv_bytes_per_token` (KvCacheSpec::BytesPerToken, entries in
+// `kv_cache_dtype`) each; available_bytes is left 0 for the caller.
+HostMemoryPlan PlanHostMemory(int num_ranks, WeightDType weight_dtype, int64_t weight_bytes,
+                              WeightDType kv_cache_dtype, int64_t kv_bytes_per_token,
+                              int64_t kv_cache_tokens);
+
+// RESOURCE_EXHAUSTED, with every term of the plan and what to change, when the ranks need more
+// than is available.
+absl::Status CheckHostMemoryFits(const HostMemoryPlan& plan);
 
 }  // namespace deepinfer
 

@@ -86,5 +86,49 @@ TEST(MemoryPlanTest, DecodeGraphReserveCoversEveryBucketsTokensOnce) {
   EXPECT_EQ(DecodeGraphReserveBytes(f, {8}), 8 * f * 4);
 }
 
+// DeepSeek-V3's attention shape: 61 layers of a 512-float latent plus a 64-float rope key.
+int64_t DeepSeekV3KvBytesPerToken(WeightDType dtype) {
+  return 61 * (512 + 64) * static_cast<int64_t>(WeightDTypeSize(dtype));
+}
+
+TEST(MemoryPlanTest, HostPlanAddsWeightsAndEveryRanksKvCache) {
+  // 61 x (512 + 64) x 4 bytes = 140544 bytes a token; 16384 tokens = 2,302,672,896 bytes a rank.
+  HostMemoryPlan plan = PlanHostMemory(2, WeightDType::kFloat32, 10 * kGiB, WeightDType::kFloat32,
+                     DeepSeekV3KvBytesPerToken(WeightDType::kFloat32), 16384);
+  EXPECT_EQ(plan.kv_cache_bytes, 2 * int64_t{2302672896});
+  EXPECT_EQ(plan.needed_bytes(), 10 * kGiB + 2 * int64_t{2302672896});
+  // bf16 entries: half.
+  plan = PlanHostMemory(2, WeightDType::kFloat32, 10 * kGiB, WeightDType::kBFloat16,
+                        DeepSeekV3KvBytesPerToken(WeightDType::kBFloat16), 16384);
+  EXPECT_EQ(plan.kv_cache_bytes, int64_t{2302672896});
+  plan.available_bytes = plan.needed_bytes();
+  EXPECT_TRUE(CheckHostMemoryFits(plan).ok());  // exactly enough
+  EXPECT_EQ(plan.ToString(),
+            "2 ranks: weights 10.00 GiB (float32) + KV cache 16384 tokens per rank 2.14 GiB "
+            "(bfloat16) = 12.14 GiB of 12.14 GiB available");
+}
+
+TEST(MemoryPlanTest, HostPlanThatDoesNotFitNamesEveryTerm) {
+  // DeepSeek-V3 in fp32 on one rank (2,686,152,497,152 bytes of weights, ModelWeights::
+  // DeviceBytes) on a 24 GiB machine.
+  HostMemoryPlan plan = PlanHostMemory(1, WeightDType::kFloat32, int64_t{2686152497152}, WeightDType::kFloat32,
+                     DeepSeekV3KvBytesPerToken(WeightDType::kFloat32), 16384);
+  plan.available_bytes = 24 * kGiB;
+  absl::Status st = CheckHostMemoryFits(plan);
+  EXPECT_EQ(st.code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_EQ(std::string(st.message()),
+            "the model does not fit in this machine's memory: 1 rank: weights 2.44 TiB (float32) "
+            "+ KV cache 16384 tokens per rank 2.14 GiB (float32) = 2.45 TiB of 24.00 GiB "
+            "available, 2.42 TiB short; bf16 weights (--dtype bfloat16) halve the weights; more "
+            "workers split the routed experts between them; --kv-cache-tokens sizes the KV "
+            "cache; or use a smaller model");
+  // One byte short is short; bf16 weights are not suggested again.
+  plan.weight_dtype = WeightDType::kBFloat16;
+  plan.available_bytes = plan.needed_bytes() - 1;
+  st = CheckHostMemoryFits(plan);
+  EXPECT_EQ(st.code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_EQ(st.message().find("--dtype"), absl::string_view::npos) << st;
+}
+
 }  // namespace
 }  // namespace deepinfer

@@ -22,14 +22,20 @@ absl::Status Register(const RankHooks& hooks, comm::Communicator* c) {
   return absl::CancelledError("group stopped while forming");
 }
 
-// Which routed experts the rank loads: those of its EPLB slots, its contiguous range when
-// partitioned, else all of them.
-LoadOptions ExpertsToLoad(const RankSpec& spec, const ModelConfig& config, ExpertRange range) {
+}  // namespace
+
+ExpertRange ExpertsOfRank(int64_t num_experts, int world_size, int rank) {
+  const int64_t per = num_experts / world_size;
+  return {rank * per, per};
+}
+
+LoadOptions ExpertsToLoad(const ModelConfig& config, int world_size, int rank, bool partitioned,
+                          const std::shared_ptr<const ExpertPlacement>& placement) {
   LoadOptions load;
-  if (spec.placement != nullptr) {
+  if (placement != nullptr) {
     // Per model layer, the experts of this rank's slots (dense layers have none).
     auto placed = std::make_shared<std::vector<std::vector<int64_t>>>(
-        EpExpertDispatcher::ExpertsOfRank(*spec.placement, spec.world_size, spec.rank));
+        EpExpertDispatcher::ExpertsOfRank(*placement, world_size, rank));
     std::vector<int64_t> moe_index;
     for (int64_t l = 0, m = 0; l < config.num_hidden_layers; ++l) {
       moe_index.push_back(config.IsMoeLayer(l) ? m++ : -1);
@@ -40,19 +46,13 @@ LoadOptions ExpertsToLoad(const RankSpec& spec, const ModelConfig& config, Exper
       const std::vector<int64_t>& mine = (*placed)[m];
       return std::find(mine.begin(), mine.end(), e) != mine.end();
     };
-  } else if (spec.dispatcher.partitioned) {
+  } else if (partitioned) {
+    const ExpertRange range = ExpertsOfRank(config.n_routed_experts, world_size, rank);
     load.hosts_expert = [range](int64_t, int64_t e) {
       return e >= range.first && e < range.first + range.count;
     };
   }
   return load;
-}
-
-}  // namespace
-
-ExpertRange ExpertsOfRank(int64_t num_experts, int world_size, int rank) {
-  const int64_t per = num_experts / world_size;
-  return {rank * per, per};
 }
 
 DispatcherFactory LocalDispatcherFactory() {
@@ -155,7 +155,8 @@ absl::Status BuildRank(const RankSpec& spec, const RankHooks& hooks,
   absl::StatusOr<const Architecture*> arch = FindArchitecture(config);
   if (!arch.ok()) return arch.status();
   const ExpertRange range = ExpertsOfRank(config.n_routed_experts, spec.world_size, spec.rank);
-  const LoadOptions load = ExpertsToLoad(spec, config, range);
+  const LoadOptions load =
+      ExpertsToLoad(config, spec.world_size, spec.rank, spec.dispatcher.partitioned, spec.placement);
   const int64_t weight_bytes = (*arch)->weight_bytes(config, be->weight_dtype(), load);
   LOG(INFO) << "rank " << spec.rank << ": " << be->name() << " backend, "
             << WeightDTypeName(be->weight_dtype()) << " weights ("

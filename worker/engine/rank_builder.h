@@ -60,6 +60,11 @@ DispatcherFactory EpDispatcherFactory();
 
 inline constexpr int64_t kDefaultCpuKvCacheTokens = 16384;
 
+// Which routed experts a rank loads: those of its EPLB slots (placement), its contiguous range
+// when partitioned, else all of them.
+LoadOptions ExpertsToLoad(const ModelConfig& config, int world_size, int rank, bool partitioned,
+                          const std::shared_ptr<const ExpertPlacement>& placement);
+
 struct RankSpec {
   // The group: this rank's global rank and the world; the TCP group is formed when the world has
   // several ranks or `always_form_group` is set (the worker's lock-step loop runs over it even

@@ -283,7 +283,51 @@ void RankGroup::Start() {
     if (started_ || stopping_) return;
     started_ = true;
   }
+  if (options_.backend == "cpu") host_memory_check_ = CheckHostMemory();
   for (int i = 0; i < layout_.num_ranks; ++i) threads_.emplace_back([this, i] { RunRank(i); });
+}
+
+int64_t RankGroup::FixedKvCacheBlocks() const {
+  const int64_t tokens =
+      options_.kv_cache_tokens > 0 ? options_.kv_cache_tokens : kDefaultCpuKvCacheTokens;
+  return (tokens + options_.block_size - 1) / options_.block_size;
+}
+
+absl::Status RankGroup::CheckHostMemory() const {
+  // As MakeBackend will resolve them; a bad name fails there, before this verdict is read.
+  absl::StatusOr<WeightDType> weights = options_.dtype.empty()
+                                            ? DefaultWeightDType(options_.backend)
+                                            : ParseWeightDType(options_.dtype);
+  if (!weights.ok()) return weights.status();
+  absl::StatusOr<WeightDType> cache = ResolveKvCacheDType(options_.kv_cache_dtype, *weights);
+  if (!cache.ok()) return cache.status();
+  const ModelConfig& config = options_.model->config;
+  absl::StatusOr<const Architecture*> arch = FindArchitecture(config);
+  if (!arch.ok()) return arch.status();
+  int64_t weight_bytes = 0;
+  for (int i = 0; i < layout_.num_ranks; ++i) {
+    weight_bytes += (*arch)->weight_bytes(
+        config, *weights,
+        ExpertsToLoad(config, layout_.world_size, layout_.first_rank + i,
+                      options_.dispatcher.partitioned, layout_.placement));
+  }
+  HostMemoryPlan plan =
+      PlanHostMemory(layout_.num_ranks, *weights, weight_bytes, *cache,
+                     (*arch)->cache_spec(config, *cache).BytesPerToken(),
+                     FixedKvCacheBlocks() * options_.block_size);
+  const ProcMeminfo proc_meminfo;
+  const HostMemory& memory = options_.host_memory != nullptr ? *options_.host_memory : proc_meminfo;
+  absl::StatusOr<int64_t> available = memory.AvailableBytes();
+  if (!available.ok()) {
+    // Nothing to plan against (not Linux?): load as before rather than refuse.
+    LOG(WARNING) << "group generation " << layout_.generation
+                 << ": host memory not planned: " << available.status();
+    return absl::OkStatus();
+  }
+  plan.available_bytes = *available;
+  LOG(INFO) << "group generation " << layout_.generation
+            << ": host memory plan: " << plan.ToString();
+  return CheckHostMemoryFits(plan);
 }
 
 void RankGroup::Stop() {
@@ -342,6 +386,11 @@ bool RankGroup::FormRank(int local) {
   spec.kv_cache_tokens = options_.kv_cache_tokens;
   spec.gpu_memory_utilization = options_.gpu_memory_utilization;
   spec.max_batch_tokens = options_.max_batch_tokens;
+  // On the CPU, the plan of every local rank was made once, in Start().
+  if (!host_memory_check_.ok()) {
+    Fail(r.global, host_memory_check_);
+    return false;
+  }
   RankHooks hooks;
   hooks.on_communicator = [this](comm::Communicator* c) {
     absl::MutexLock lock(&mu_);

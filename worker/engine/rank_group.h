@@ -10,6 +10,10 @@
 // Forming: each rank is built by BuildRank (rank_builder.h: the TcpCommunicator group, the
 // backend, the NCCL data plane where there is one, the memory plan, its share of the model and
 // its KV pool), gets its Engine, then a barrier; after that the group is SERVING.
+// On a GPU each rank plans its device's memory before loading; CPU ranks share the machine's
+// memory, so Start() plans the weights and KV caches of all of this worker's ranks at once
+// against what the machine has available (HostMemoryPlan in memory_plan.h), and a model that
+// does not fit fails the group (RESOURCE_EXHAUSTED) before any rank allocates.
 //
 // EPLB (docs/eplb.md): every rank counts the tokens it routes to each expert on its device and
 // reads the counts back about once per `expert_load_interval`; TakeExpertLoads hands them to
@@ -49,6 +53,7 @@
 #include "worker/comm/data_plane.h"
 #include "worker/comm/tcp_communicator.h"
 #include "worker/engine/engine.h"
+#include "worker/engine/host_memory.h"
 #include "worker/engine/model_files.h"
 #include "worker/engine/rank_builder.h"
 #include "worker/engine/request_queue.h"
@@ -77,6 +82,9 @@ struct RankGroupOptions {
   int64_t kv_cache_tokens = 0;
   // Fraction of each GPU's memory a rank plans to use (weights + KV cache + activations).
   double gpu_memory_utilization = 0.9;
+  // What the machine has available for CPU ranks' weights and KV caches (HostMemoryPlan);
+  // null: /proc/meminfo's MemAvailable.
+  std::shared_ptr<const HostMemory> host_memory;
   int32_t block_size = 16;
   int32_t max_batch_tokens = 2048;
   int32_t max_running = 256;
@@ -163,6 +171,12 @@ class RankGroup {
   void RunRank(int local);
   // Forms the communicator and loads the model; false (group failed) on error.
   bool FormRank(int local);
+  // KV cache blocks of a rank whose size is not planned from device memory: --kv-cache-tokens,
+  // else kDefaultCpuKvCacheTokens.
+  int64_t FixedKvCacheBlocks() const;
+  // CPU ranks: the weights and KV caches of all local ranks against the machine's available
+  // memory (RESOURCE_EXHAUSTED when they do not fit).
+  absl::Status CheckHostMemory() const;
   // Starts reading the missing expert weights of a pending placement newer than what `local`
   // has (on a helper thread), and uploads them once read. Returns the newest epoch the rank
   // has ready (its running one if none); never waits for the read.
@@ -183,6 +197,9 @@ class RankGroup {
   std::vector<std::unique_ptr<Rank>> ranks_;
   std::unique_ptr<comm::TcpCommunicator::RootListener> root_;
   std::vector<std::thread> threads_;
+  // CheckHostMemory's verdict for CPU ranks, set by Start() before the rank threads run (and
+  // read-only after): after the previous group's weights are freed, before any rank loads.
+  absl::Status host_memory_check_;
 
   mutable absl::Mutex mu_;
   GroupStatus status_ ABSL_GUARDED_BY(mu_) = GROUP_FORMING;
