@@ -43,6 +43,12 @@ grpc::ServerUnaryReactor* AdminServiceImpl::ClusterStatus(grpc::CallbackServerCo
     out->set_last_seen_ms_ago(absl::ToInt64Milliseconds(now - w.last_seen));
     out->set_restarts(w.restarts);
   }
+  if (jobs_ != nullptr) {
+    const GroupView group = jobs_->group();
+    response->set_group_generation(group.generation);
+    response->set_group_serving(group.serving);
+    response->set_group_formation_error(group.formation_error);
+  }
   return Finish(context, grpc::Status::OK);
 }
 

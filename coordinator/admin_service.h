@@ -1,6 +1,7 @@
 // gRPC glue for AdminService (proto/admin.proto): cluster status and worker drain,
-// read from and applied to the WorkerRegistry; EPLB load statistics and rebalancing through
-// the ExpertBalancer and the JobManager (which owns the group and sends placements).
+// read from and applied to the WorkerRegistry (the group's state from the JobManager); EPLB
+// load statistics and rebalancing through the ExpertBalancer and the JobManager (which owns
+// the group and sends placements).
 #ifndef DEEPINFER_COORDINATOR_ADMIN_SERVICE_H_
 #define DEEPINFER_COORDINATOR_ADMIN_SERVICE_H_
 
@@ -33,11 +34,10 @@ class AdminServiceImpl final : public AdminService::CallbackService {
                                       const RebalanceRequest* request,
                                       RebalanceResponse* response) override;
 
-  // EPLB; both null (the default) when the coordinator runs without a model.
-  void set_eplb(JobManager* jobs, ExpertBalancer* balancer) {
-    jobs_ = jobs;
-    balancer_ = balancer;
-  }
+  // The group (ClusterStatus) and EPLB; null (the default) when the coordinator runs without
+  // a model, and no balancer for a model without routed experts.
+  void set_job_manager(JobManager* jobs) { jobs_ = jobs; }
+  void set_expert_balancer(ExpertBalancer* balancer) { balancer_ = balancer; }
 
  private:
   WorkerRegistry* const registry_;

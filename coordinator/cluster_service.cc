@@ -34,10 +34,9 @@ grpc::ServerUnaryReactor* ClusterServiceImpl::Register(grpc::CallbackServerConte
   registration.num_ranks = request->num_ranks() > 0 ? request->num_ranks() : 1;
   absl::Status status = registry_->Register(registration);
   if (!status.ok()) return Finish(context, ToGrpcStatus(status));
-  LOG(INFO) << "worker " << request->worker_id() << " registered from "
-            << request->listen_address() << " (node " << request->node_name() << ", "
-            << request->devices_size() << " device(s), incarnation "
-            << request->worker_incarnation() << ")";
+  LOG(INFO) << "worker " << request->worker_id() << " registered from " << request->listen_address()
+            << " (node " << request->node_name() << ", " << request->devices_size()
+            << " device(s), incarnation " << request->worker_incarnation() << ")";
   response->set_coordinator_incarnation(registry_->coordinator_incarnation());
   response->set_heartbeat_interval_ms(absl::ToInt64Milliseconds(heartbeat_interval_));
   response->set_heartbeat_timeout_ms(absl::ToInt64Milliseconds(registry_->heartbeat_timeout()));
@@ -61,6 +60,10 @@ grpc::ServerUnaryReactor* ClusterServiceImpl::Heartbeat(grpc::CallbackServerCont
     return Finish(context, ToGrpcStatus(state.status()));
   }
   if (balancer_ != nullptr) balancer_->OnHeartbeat(request->worker_id(), *request);
+  if (jobs_ != nullptr) {
+    jobs_->OnProgress(request->worker_id(), request->group_generation(),
+                      request->request_progress());
+  }
   response->set_coordinator_incarnation(registry_->coordinator_incarnation());
   response->set_state(*state);
   return Finish(context, grpc::Status::OK);
@@ -70,8 +73,8 @@ grpc::ServerUnaryReactor* ClusterServiceImpl::ReportResults(grpc::CallbackServer
                                                             const ReportResultsRequest* request,
                                                             ReportResultsResponse* response) {
   if (grpc::Status s = auth_->Check(*context); !s.ok()) return Finish(context, s);
-  absl::Status sender = registry_->CheckSender(
-      request->worker_id(), request->worker_incarnation(), request->coordinator_incarnation());
+  absl::Status sender = registry_->CheckSender(request->worker_id(), request->worker_incarnation(),
+                                               request->coordinator_incarnation());
   if (!sender.ok()) return Finish(context, ToGrpcStatus(sender));
   if (jobs_ != nullptr) {
     std::vector<RequestResult> results(request->results().begin(), request->results().end());
@@ -79,6 +82,24 @@ grpc::ServerUnaryReactor* ClusterServiceImpl::ReportResults(grpc::CallbackServer
       return Finish(context, ToGrpcStatus(s));
     }
   }
+  return Finish(context, grpc::Status::OK);
+}
+
+grpc::ServerUnaryReactor* ClusterServiceImpl::Deregister(grpc::CallbackServerContext* context,
+                                                         const DeregisterRequest* request,
+                                                         DeregisterResponse* response) {
+  if (grpc::Status s = auth_->Check(*context); !s.ok()) return Finish(context, s);
+  absl::StatusOr<WorkerTransition> left = registry_->Deregister(
+      request->worker_id(), request->worker_incarnation(), request->coordinator_incarnation());
+  if (!left.ok()) {
+    LOG(WARNING) << "Deregister refused: " << left.status();
+    return Finish(context, ToGrpcStatus(left.status()));
+  }
+  // The job manager's scheduler sees LEFT at its next tick: it re-queues the requests in
+  // flight and forms the next group without this worker.
+  LOG(INFO) << "worker " << request->worker_id() << " deregistered ("
+            << (request->reason().empty() ? "no reason given" : request->reason())
+            << "): " << WorkerStateName(left->from) << " -> " << WorkerStateName(left->to);
   return Finish(context, grpc::Status::OK);
 }
 

@@ -19,7 +19,8 @@ class ClusterServiceImpl final : public ClusterService::CallbackService {
   ClusterServiceImpl(WorkerRegistry* registry, const TokenAuthenticator* auth,
                      absl::Duration heartbeat_interval);
 
-  // Results go to `jobs` once it is set (before serving starts); may stay null.
+  // Results, and the request progress in heartbeats, go to `jobs` once it is set (before
+  // serving starts); may stay null.
   void set_job_manager(JobManager* jobs) { jobs_ = jobs; }
   // EPLB load statistics from heartbeats go here (optional; must outlive the service).
   void set_expert_balancer(ExpertBalancer* balancer) { balancer_ = balancer; }
@@ -33,6 +34,9 @@ class ClusterServiceImpl final : public ClusterService::CallbackService {
   grpc::ServerUnaryReactor* ReportResults(grpc::CallbackServerContext* context,
                                           const ReportResultsRequest* request,
                                           ReportResultsResponse* response) override;
+  grpc::ServerUnaryReactor* Deregister(grpc::CallbackServerContext* context,
+                                       const DeregisterRequest* request,
+                                       DeregisterResponse* response) override;
 
  private:
   WorkerRegistry* const registry_;

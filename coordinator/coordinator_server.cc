@@ -55,6 +55,7 @@ absl::StatusOr<std::unique_ptr<CoordinatorServer>> CoordinatorServer::Start(
                                                self->registry_.get(),
                                                self->worker_channel_.get(), self->clock_, jobs);
     self->cluster_service_->set_job_manager(self->jobs_.get());
+    self->admin_service_->set_job_manager(self->jobs_.get());
     if (self->prompts_->limits().routed_experts > 0) {
       ExpertBalancerConfig eplb = config.eplb;
       eplb.num_logical = static_cast<int>(self->prompts_->limits().routed_experts);
@@ -71,7 +72,7 @@ absl::StatusOr<std::unique_ptr<CoordinatorServer>> CoordinatorServer::Start(
       self->balancer_ = std::make_unique<ExpertBalancer>(std::move(eplb));
       self->jobs_->set_expert_balancer(self->balancer_.get());
       self->cluster_service_->set_expert_balancer(self->balancer_.get());
-      self->admin_service_->set_eplb(self->jobs_.get(), self->balancer_.get());
+      self->admin_service_->set_expert_balancer(self->balancer_.get());
     }
   }
   self->job_service_ = std::make_unique<JobServiceImpl>(self->jobs_.get(), self->auth_.get());

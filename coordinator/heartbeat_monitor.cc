@@ -19,6 +19,18 @@ HeartbeatMonitor::~HeartbeatMonitor() {
   thread_.join();
 }
 
+std::vector<WorkerTransition> HeartbeatMonitor::CheckNow() {
+  absl::MutexLock lock(&check_mu_);
+  std::vector<WorkerTransition> transitions = registry_->ExpireStale();
+  for (const WorkerTransition& t : transitions) {
+    LOG(WARNING) << "worker " << t.worker_id << " missed its heartbeat deadline ("
+                 << registry_->heartbeat_timeout() << "): " << WorkerStateName(t.from) << " -> "
+                 << WorkerStateName(t.to);
+    if (on_transition_) on_transition_(t);
+  }
+  return transitions;
+}
+
 void HeartbeatMonitor::Run() {
   absl::MutexLock lock(&mu_);
   while (!stop_) {
@@ -26,12 +38,7 @@ void HeartbeatMonitor::Run() {
     mu_.AwaitWithTimeout(absl::Condition(&stop_), check_interval_);
     if (stop_) break;
     mu_.Unlock();
-    for (const WorkerTransition& t : registry_->ExpireStale()) {
-      LOG(WARNING) << "worker " << t.worker_id << " missed its heartbeat deadline ("
-                   << registry_->heartbeat_timeout() << "): " << WorkerStateName(t.from)
-                   << " -> " << WorkerStateName(t.to);
-      if (on_transition_) on_transition_(t);
-    }
+    CheckNow();
     mu_.Lock();
   }
 }

@@ -19,8 +19,9 @@ class HeartbeatMonitor {
  public:
   using TransitionCallback = std::function<void(const WorkerTransition&)>;
 
-  // `registry` must outlive the monitor. `on_transition` (may be empty) runs on the
-  // monitor thread after each worker is marked LOST.
+  // `registry` must outlive the monitor. `on_transition` (may be empty) runs after each
+  // worker is marked LOST, on the thread that made the check. The first check runs one
+  // `check_interval` after construction.
   HeartbeatMonitor(WorkerRegistry* registry, absl::Duration check_interval,
                    TransitionCallback on_transition = {});
   ~HeartbeatMonitor();  // Stops and joins the thread.
@@ -28,12 +29,20 @@ class HeartbeatMonitor {
   HeartbeatMonitor(const HeartbeatMonitor&) = delete;
   HeartbeatMonitor& operator=(const HeartbeatMonitor&) = delete;
 
+  // One check, as the monitor thread makes it every interval: expires the workers past their
+  // deadline, logs and reports each transition, and returns them. Checks never overlap (a call
+  // waits for the thread's check in progress), so `on_transition` runs once per transition.
+  // Lets tests step the monitor one check at a time.
+  std::vector<WorkerTransition> CheckNow();
+
  private:
   void Run();
 
   WorkerRegistry* const registry_;
   const absl::Duration check_interval_;
   const TransitionCallback on_transition_;
+
+  absl::Mutex check_mu_;  // held for one whole check
 
   absl::Mutex mu_;
   bool stop_ ABSL_GUARDED_BY(mu_) = false;

@@ -10,6 +10,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "coordinator/batch/batch_output.h"
+#include "coordinator/eplb/expert_parallel_group.h"
 #include "coordinator/eplb/placement_proto.h"
 #include "glog/logging.h"
 
@@ -36,9 +37,8 @@ std::string MembersKey(const std::vector<std::string>& parts) { return absl::Str
 
 }  // namespace
 
-JobManager::JobManager(BatchJobStore* store, const PromptBuilder* prompts,
-                       WorkerRegistry* registry, WorkerChannel* workers, const Clock* clock,
-                       JobManagerConfig config)
+JobManager::JobManager(BatchJobStore* store, const PromptBuilder* prompts, WorkerRegistry* registry,
+                       WorkerChannel* workers, const Clock* clock, JobManagerConfig config)
     : store_(store),
       prompts_(prompts),
       registry_(registry),
@@ -63,6 +63,13 @@ JobManager::~JobManager() {
 int64_t JobManager::NowMs() const { return absl::ToUnixMillis(clock_->Now()); }
 
 void JobManager::BumpLocked() { ++version_; }
+
+void JobManager::SetGroupErrorLocked(std::string error) {
+  if (group_error_current_ && error == last_group_error_) return;
+  last_group_error_ = std::move(error);
+  group_error_current_ = true;
+  BumpLocked();
+}
 
 absl::Status JobManager::Start() {
   absl::StatusOr<std::vector<Job>> unfinished = store_->UnfinishedJobs();
@@ -137,10 +144,10 @@ absl::Status JobManager::LoadJob(const std::string& job_id, const std::string& i
     QueuedRequest q;
     q.job_id = job_id;
     q.line_number = n;
-    const int64_t max_tokens = line->sampling.max_tokens() > 0
-                                   ? line->sampling.max_tokens()
-                                   : prompts_->limits().max_context -
-                                         static_cast<int64_t>(prompt->size());
+    const int64_t max_tokens =
+        line->sampling.max_tokens() > 0
+            ? line->sampling.max_tokens()
+            : prompts_->limits().max_context - static_cast<int64_t>(prompt->size());
     q.cost = static_cast<int64_t>(prompt->size()) + max_tokens;
     q.line = std::move(*line);
     q.prompt = std::move(*prompt);
@@ -150,6 +157,7 @@ absl::Status JobManager::LoadJob(const std::string& job_id, const std::string& i
   JobRuntime& job = jobs_[job_id];
   job.remaining = static_cast<int64_t>(ready.size()) + static_cast<int64_t>(errors.size());
   for (auto& [id, q] : ready) {
+    job.max_tokens_left += q.cost - static_cast<int64_t>(q.prompt.size());
     queue_.push_back(id);
     requests_.emplace(id, std::move(q));
   }
@@ -176,8 +184,15 @@ void JobManager::FinishRequestsLocked(std::vector<BatchJobStore::Result> results
     return;
   }
   for (const std::string& id : request_ids) {
-    requests_.erase(id);
     inflight_.erase(id);
+    auto request = requests_.find(id);
+    if (request == requests_.end()) continue;
+    auto job = jobs_.find(request->second.job_id);
+    if (job != jobs_.end()) {
+      job->second.max_tokens_left -=
+          request->second.cost - static_cast<int64_t>(request->second.prompt.size());
+    }
+    requests_.erase(request);
   }
   absl::flat_hash_set<std::string> touched;
   for (size_t i = 0; i < results.size(); ++i) {
@@ -201,12 +216,43 @@ void JobManager::FinishRequestsLocked(std::vector<BatchJobStore::Result> results
 }
 
 absl::StatusOr<Job> JobManager::GetJob(const std::string& job_id) const {
-  return store_->GetJob(job_id);
+  // Under the lock, so that a request is counted either finished or running, never both.
+  absl::MutexLock lock(&mu_);
+  absl::StatusOr<Job> job = store_->GetJob(job_id);
+  if (job.ok()) AddLiveStateLocked(&*job);
+  return job;
 }
 
 absl::StatusOr<std::vector<Job>> JobManager::ListJobs(int page_size,
                                                       const std::string& page_token) const {
-  return store_->ListJobs(page_size, page_token);
+  absl::MutexLock lock(&mu_);
+  absl::StatusOr<std::vector<Job>> jobs = store_->ListJobs(page_size, page_token);
+  if (jobs.ok()) {
+    for (Job& job : *jobs) AddLiveStateLocked(&job);
+  }
+  return jobs;
+}
+
+void JobManager::AddLiveStateLocked(Job* job) const {
+  auto runtime = jobs_.find(job->job_id());
+  if (runtime == jobs_.end()) return;  // final (or not loaded)
+  int64_t running = 0;
+  int64_t tokens = 0;
+  for (const auto& [id, a] : inflight_) {
+    auto request = requests_.find(id);
+    if (request == requests_.end() || request->second.job_id != job->job_id()) continue;
+    ++running;
+    tokens += a.generated;
+  }
+  job->set_running_requests(running);
+  job->set_running_generated_tokens(tokens);
+  job->set_unfinished_max_tokens(runtime->second.max_tokens_left);
+  std::vector<std::string> notices;
+  if (!left_out_notice_.empty()) notices.push_back(left_out_notice_);
+  if (group_error_current_ && !group_.serving) {
+    notices.push_back(absl::StrCat("no expert-parallel group serving: ", last_group_error_));
+  }
+  job->set_cluster_notice(absl::StrJoin(notices, "; "));
 }
 
 absl::StatusOr<std::vector<std::string>> JobManager::Results(const std::string& job_id,
@@ -283,12 +329,27 @@ absl::Status JobManager::OnResults(const std::vector<RequestResult>& results) {
   return absl::OkStatus();
 }
 
+void JobManager::OnProgress(const std::string& worker_id, uint64_t generation,
+                            const google::protobuf::RepeatedPtrField<RequestProgress>& progress) {
+  absl::MutexLock lock(&mu_);
+  bool changed = false;
+  for (const RequestProgress& p : progress) {
+    auto a = inflight_.find(p.request_id());
+    if (a == inflight_.end() || a->second.worker_id != worker_id ||
+        a->second.generation != generation || a->second.generated == p.generated_tokens()) {
+      continue;
+    }
+    a->second.generated = p.generated_tokens();
+    changed = true;
+  }
+  if (changed) BumpLocked();
+}
+
 void JobManager::WaitForChange(uint64_t* version, absl::Duration timeout) const {
   absl::MutexLock lock(&mu_);
   if (*version != 0) {
-    auto changed = [this, version]() ABSL_SHARED_LOCKS_REQUIRED(mu_) {
-      return version_ != *version || stop_;
-    };
+    auto changed = [this, version]()
+                       ABSL_SHARED_LOCKS_REQUIRED(mu_) { return version_ != *version || stop_; };
     mu_.AwaitWithTimeout(absl::Condition(&changed), timeout);
   }
   *version = version_;
@@ -302,6 +363,7 @@ GroupView JobManager::group() const {
   view.serving = group_.serving;
   for (const Member& m : group_.members) view.members.push_back(m.worker_id);
   view.last_error = last_group_error_;
+  view.formation_error = formation_error_;
   return view;
 }
 
@@ -331,28 +393,6 @@ void JobManager::Run() {
   }
 }
 
-// Routed experts are split evenly over the ranks: leaves workers out (the last by id)
-// until the world size divides the expert count. Those stay READY as spares and join
-// when the membership changes again. Empty if no subset works.
-std::vector<JobManager::Member> JobManager::SelectMembers(std::vector<Member> eligible) const {
-  const int64_t experts = prompts_->limits().routed_experts;
-  if (experts <= 0) return eligible;
-  auto world = [](const std::vector<Member>& ms) {
-    int64_t w = 0;
-    for (const Member& m : ms) w += m.num_ranks;
-    return w;
-  };
-  const size_t all = eligible.size();
-  const int64_t all_ranks = world(eligible);
-  while (!eligible.empty() && experts % world(eligible) != 0) eligible.pop_back();
-  if (eligible.size() < all) {
-    LOG_EVERY_N(WARNING, 100) << "leaving " << all - eligible.size()
-                              << " worker(s) out of the group: " << all_ranks
-                              << " ranks do not divide " << experts << " routed experts";
-  }
-  return eligible;
-}
-
 void JobManager::Tick() {
   const std::vector<WorkerSnapshot> snapshot = registry_->Snapshot();
   const absl::Time now = clock_->Now();
@@ -367,7 +407,21 @@ void JobManager::Tick() {
                                         w.registration.num_ranks));
   }
   const size_t ready = eligible.size();
-  eligible = SelectMembers(std::move(eligible));
+  // Workers whose ranks would not split the routed experts stay READY as spares and join
+  // when the membership changes again.
+  std::vector<int64_t> ranks;
+  int64_t all_ranks = 0;
+  for (const Member& m : eligible) {
+    ranks.push_back(m.num_ranks);
+    all_ranks += m.num_ranks;
+  }
+  const ExpertParallelSelection selection =
+      SelectExpertParallelMembers(prompts_->limits().routed_experts, ranks);
+  std::vector<std::string> left_out;
+  for (size_t i = selection.members; i < eligible.size(); ++i) {
+    left_out.push_back(eligible[i].worker_id);
+  }
+  eligible.resize(selection.members);
   eligible_key.clear();
   for (const Member& m : eligible) {
     eligible_key.push_back(absl::StrCat(m.worker_id, "/", m.incarnation, "/", m.num_ranks));
@@ -376,46 +430,65 @@ void JobManager::Tick() {
   {
     absl::MutexLock lock(&mu_);
     if (stop_) return;
+    std::string left_out_notice;
     if (ready > 0 && eligible.empty()) {
-      last_group_error_ = absl::StrCat("no subset of the ", ready,
-                                       " READY worker(s) has a rank count that divides ",
-                                       prompts_->limits().routed_experts, " routed experts");
+      SetGroupErrorLocked(absl::StrCat("the ", ready, " READY worker(s) cannot form one: ",
+                                       selection.left_out_because.message()));
+      formation_error_ = last_group_error_;
+    } else if (!left_out.empty()) {
+      left_out_notice = absl::StrCat("worker(s) ", absl::StrJoin(left_out, ", "),
+                                     " left out of the expert-parallel group, which uses ",
+                                     selection.world_size, " of the ", all_ranks,
+                                     " READY ranks: ", selection.left_out_because.message());
+    }
+    if (left_out_notice != left_out_notice_) {
+      if (!left_out_notice.empty()) LOG(WARNING) << left_out_notice;
+      left_out_notice_ = std::move(left_out_notice);
+      BumpLocked();
     }
     // Is the current group still whole?
     if (group_.generation != 0) {
-      std::string broken;
-      bool member_failed = false;
+      // A member that is gone explains the break by itself, and the next group leaves it
+      // out at once; only a failure report with every member still there waits for the
+      // regroup delay (a dead peer that is not LOST yet).
+      std::string gone, failed;
       bool all_serving = true;
       for (const Member& m : group_.members) {
         auto w = std::find_if(snapshot.begin(), snapshot.end(), [&](const WorkerSnapshot& s) {
           return s.registration.worker_id == m.worker_id;
         });
         if (w == snapshot.end() || w->registration.worker_incarnation != m.incarnation) {
-          broken = absl::StrCat("worker ", m.worker_id, " restarted or left");
-        } else if (w->state == LOST) {
-          broken = absl::StrCat("worker ", m.worker_id, " is LOST");
+          gone = absl::StrCat("worker ", m.worker_id, " restarted or left");
+        } else if (w->state == LOST || w->state == LEFT) {
+          gone = absl::StrCat("worker ", m.worker_id, " is ", WorkerStateName(w->state));
         } else if (w->report.group_generation == group_.generation &&
                    w->report.group_status == GROUP_FAILED) {
-          broken = absl::StrCat("worker ", m.worker_id, " reports the group failed: ",
-                                w->report.group_error);
-          member_failed = true;
+          if (failed.empty()) {
+            failed = absl::StrCat("worker ", m.worker_id,
+                                  " reports the group failed: ", w->report.group_error);
+          }
+        } else {
+          all_serving = all_serving && w->report.group_generation == group_.generation &&
+                        w->report.group_status == GROUP_SERVING;
         }
-        if (!broken.empty()) break;
-        all_serving = all_serving && w->report.group_generation == group_.generation &&
-                      w->report.group_status == GROUP_SERVING;
+        if (!gone.empty()) break;
       }
+      const std::string broken = !gone.empty() ? gone : failed;
       if (!broken.empty()) {
         LOG(WARNING) << "group generation " << group_.generation << " broken: " << broken;
-        last_group_error_ = broken;
+        SetGroupErrorLocked(broken);
+        // A member's failure report while the group forms is why forming failed.
+        if (gone.empty() && !group_.serving) formation_error_ = broken;
         RequeueInflightLocked("the group broke");
         group_ = Group();
-        if (member_failed) retry_after_ = std::max(retry_after_, now + config_.regroup_delay);
+        if (gone.empty()) retry_after_ = std::max(retry_after_, now + config_.regroup_delay);
         BumpLocked();
       } else if (!group_.serving && all_serving) {
         group_.serving = true;
-        LOG(INFO) << "group generation " << group_.generation << " serving: "
-                  << group_.world_size << " rank(s) on " << group_.members.size()
-                  << " worker(s)";
+        group_error_current_ = false;
+        formation_error_.clear();
+        LOG(INFO) << "group generation " << group_.generation << " serving: " << group_.world_size
+                  << " rank(s) on " << group_.members.size() << " worker(s)";
         BumpLocked();
       }
     }
@@ -523,6 +596,8 @@ void JobManager::FormGroup(std::vector<Member> members) {
       rank += m.num_ranks;
     }
     RequeueInflightLocked("a new group is forming");
+    // Whatever kept the old group from serving is history now; forming can fail anew.
+    group_error_current_ = false;
     group_ = Group();
     group_.generation = next_generation_++;
     group_.members = members;
@@ -536,8 +611,8 @@ void JobManager::FormGroup(std::vector<Member> members) {
     if (balancer_ != nullptr) *configure.mutable_placement() = balancer_->SpecForGroup(rank);
     BumpLocked();
   }
-  LOG(INFO) << "forming group generation " << prepare.generation() << ": "
-            << configure.world_size() << " rank(s) on " << members.size() << " worker(s)";
+  LOG(INFO) << "forming group generation " << prepare.generation() << ": " << configure.world_size()
+            << " rank(s) on " << members.size() << " worker(s)";
   absl::Status status;
   absl::StatusOr<std::string> root = workers_->PrepareGroup(members[0].address, prepare);
   if (!root.ok()) {
@@ -554,7 +629,8 @@ void JobManager::FormGroup(std::vector<Member> members) {
     LOG(WARNING) << "forming group generation " << prepare.generation() << " failed: " << status;
     absl::MutexLock lock(&mu_);
     if (group_.generation == prepare.generation()) {
-      last_group_error_ = std::string(status.message());
+      SetGroupErrorLocked(std::string(status.message()));
+      formation_error_ = last_group_error_;
       group_ = Group();
       retry_after_ = clock_->Now() + config_.retry;
       BumpLocked();

@@ -3,16 +3,20 @@
 // Jobs come in through Submit (or are resumed from the BatchJobStore at start). Every
 // input line is parsed and turned into prompt ids at once; a line that cannot run gets
 // its error line right away, the others wait in a queue. One scheduler thread
-//   * keeps an expert-parallel group of the READY workers: when the set of workers
-//     changes (one joins, one is LOST or restarts) or a member reports the group
-//     FAILED, it forms a new generation (PrepareGroup on the worker holding rank 0,
-//     then ConfigureGroup on every member) and puts the requests that were running in
-//     the old generation back in the queue;
+//   * keeps an expert-parallel group of the READY workers (those whose ranks split the
+//     routed experts, SelectExpertParallelMembers): when the set of workers changes (one
+//     joins, one is LOST, leaves or restarts) or a member reports the group FAILED, it
+//     forms a new generation (PrepareGroup on the worker holding rank 0, then
+//     ConfigureGroup on every member) and puts the requests that were running in the old
+//     generation back in the queue;
 //   * once every member reports the current generation SERVING, hands queued requests
 //     to ranks, least loaded first (tokens in flight on the rank, as assigned here).
 // Results arrive through OnResults (ClusterService.ReportResults) and are stored once:
 // the store ignores a second result for the same line, and a request re-run after a
 // failure is deterministic (it always carries a seed), so output is exactly once.
+// Workers' heartbeats report the tokens their running requests generated so far
+// (OnProgress); GetJob adds those, and what keeps the cluster from running as asked (a
+// worker left out of the group, no group serving), to the stored job.
 #ifndef DEEPINFER_COORDINATOR_JOB_MANAGER_H_
 #define DEEPINFER_COORDINATOR_JOB_MANAGER_H_
 
@@ -50,7 +54,8 @@ struct JobManagerConfig {
   absl::Duration retry = absl::Seconds(1);
   // Wait after a member reports the group failed before forming the next one. A peer
   // that died is what usually breaks a group, and it must be LOST (heartbeat timeout)
-  // before the next group leaves it out; otherwise the survivors would wait for it.
+  // before the next group leaves it out; otherwise the survivors would wait for it. No
+  // wait when a member is LOST or LEFT (deregistered) already.
   absl::Duration regroup_delay = absl::Seconds(6);
   // Requests in flight per rank at most.
   int max_inflight_per_rank = 256;
@@ -67,6 +72,10 @@ struct GroupView {
   bool serving = false;
   std::vector<std::string> members;
   std::string last_error;
+  // Why the latest attempt to form a group failed ("" once one serves): a member reported it
+  // failed while forming, ConfigureGroup or PrepareGroup was refused, or no set of READY
+  // workers splits the experts. Not set by workers joining, leaving or being LOST.
+  std::string formation_error;
 };
 
 class JobManager {
@@ -91,6 +100,11 @@ class JobManager {
 
   // Stores results; unknown or already finished requests are ignored.
   absl::Status OnResults(const std::vector<RequestResult>& results);
+
+  // Takes a heartbeat's tokens generated so far per running request. Entries for requests
+  // not running on `worker_id` in group `generation` are ignored.
+  void OnProgress(const std::string& worker_id, uint64_t generation,
+                  const google::protobuf::RepeatedPtrField<RequestProgress>& progress);
 
   // Waits until anything changed after `*version` (0: return at once) or `timeout`
   // passed; updates `*version`. For WatchJob.
@@ -128,9 +142,12 @@ class JobManager {
     std::string worker_id;
     int rank = 0;
     uint64_t generation = 0;
+    int64_t generated = 0;  // tokens so far, from the worker's latest heartbeat
   };
   struct JobRuntime {
     int64_t remaining = 0;  // requests without a result
+    // max_tokens (or the context room) of the queued and running requests.
+    int64_t max_tokens_left = 0;
     bool cancelled = false;
     bool started = false;  // moved to RUNNING
   };
@@ -154,7 +171,6 @@ class JobManager {
                        const std::vector<int64_t>* pending);
   void Run();
   void Tick();
-  std::vector<Member> SelectMembers(std::vector<Member> eligible) const;
   // Forms a new group from `members` (no lock held: it makes RPCs).
   void FormGroup(std::vector<Member> members);
   void Dispatch();
@@ -163,6 +179,10 @@ class JobManager {
                             const std::vector<std::string>& request_ids)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void BumpLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void SetGroupErrorLocked(std::string error) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Adds what only the scheduler knows to an unfinished job read from the store: running
+  // requests, their tokens so far, the max_tokens left, the cluster notice.
+  void AddLiveStateLocked(Job* job) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   int64_t NowMs() const;
 
   BatchJobStore* const store_;
@@ -182,6 +202,12 @@ class JobManager {
   Group group_ ABSL_GUARDED_BY(mu_);
   uint64_t next_generation_ ABSL_GUARDED_BY(mu_) = 1;
   std::string last_group_error_ ABSL_GUARDED_BY(mu_);
+  // Whether last_group_error_ came after the newest group started forming.
+  bool group_error_current_ ABSL_GUARDED_BY(mu_) = false;
+  // Which READY workers the group leaves out and why; empty when none is.
+  std::string left_out_notice_ ABSL_GUARDED_BY(mu_);
+  // Why the latest attempt to form a group failed; cleared once a group serves.
+  std::string formation_error_ ABSL_GUARDED_BY(mu_);
   absl::Time retry_after_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
   // The READY set seen last, and since when, for the settle delay.
   std::string seen_members_key_ ABSL_GUARDED_BY(mu_);

@@ -14,6 +14,7 @@
 namespace deepinfer {
 namespace {
 
+using ::testing::ElementsAre;
 using ::testing::HasSubstr;
 using json = nlohmann::json;
 
@@ -127,8 +128,8 @@ class JobManagerTest : public ::testing::Test {
     config.regroup_delay = absl::Seconds(6);
     config.tick = absl::Milliseconds(5);
     config.model_name = "tiny";
-    manager_ = std::make_unique<JobManager>(store_.get(), &prompts_, &registry_, &workers_,
-                                            &clock_, config);
+    manager_ = std::make_unique<JobManager>(store_.get(), &prompts_, &registry_, &workers_, &clock_,
+                                            config);
     manager_->set_expert_balancer(balancer);
     ASSERT_TRUE(manager_->Start().ok());
   }
@@ -189,12 +190,12 @@ class JobManagerTest : public ::testing::Test {
 };
 
 TEST_F(JobManagerTest, RunsAJobWithGoodAndBadLines) {
-  const std::string input = absl::StrJoin(
-      {Line("a", "[1, 2, 3]"), std::string("{broken"), Line("b", "[4, 5]"), Line("a", "[6]"),
-       Line("c", "[100]"), Line("d", "\"text\""),
-       std::string(R"({"custom_id": "e", "url": "/v1/edits", "body": {}})"),
-       Line("f", "[7, 8, 9]")},
-      "\n");
+  const std::string input =
+      absl::StrJoin({Line("a", "[1, 2, 3]"), std::string("{broken"), Line("b", "[4, 5]"),
+                     Line("a", "[6]"), Line("c", "[100]"), Line("d", "\"text\""),
+                     std::string(R"({"custom_id": "e", "url": "/v1/edits", "body": {}})"),
+                     Line("f", "[7, 8, 9]")},
+                    "\n");
   auto id = manager_->Submit("mixed", input);
   ASSERT_TRUE(id.ok()) << id.status();
   // The five bad lines are answered at once.
@@ -354,12 +355,43 @@ TEST_F(JobManagerTest, AutomaticRebalanceOnlyAboveTheThreshold) {
   EXPECT_GE(placement->logcnt()[0][0], 2);  // the hot expert got a replica
 }
 
+// Why forming failed is kept as GroupView::formation_error (ClusterStatus shows it) until a
+// group serves; a member that fails once its group served is not a formation error.
+TEST_F(JobManagerTest, FormationErrorsAreKeptUntilAGroupServes) {
+  AddWorker("w1", 1, 1);
+  ASSERT_TRUE(WaitFor([&] { return !workers_.configured().empty(); }));
+  EXPECT_EQ(manager_->group().formation_error, "");
+  WorkerReport failed;
+  failed.group_generation = 1;
+  failed.group_status = GROUP_FAILED;
+  failed.group_error = "rank 0: RESOURCE_EXHAUSTED: the model does not fit";
+  ASSERT_TRUE(registry_.Heartbeat("w1", 1, registry_.coordinator_incarnation(), failed).ok());
+  ASSERT_TRUE(WaitFor([&] { return !manager_->group().formation_error.empty(); }));
+  EXPECT_EQ(manager_->group().formation_error,
+            "worker w1 reports the group failed: rank 0: RESOURCE_EXHAUSTED: the model does not "
+            "fit");
+  EXPECT_FALSE(manager_->group().serving);
+  // The next attempt, after the regroup delay, serves.
+  clock_.Advance(absl::Seconds(7));
+  ASSERT_TRUE(registry_.Heartbeat("w1", 1, registry_.coordinator_incarnation()).ok());
+  ServeWhenConfigured({{"w1", 1}}, 2);
+  ASSERT_TRUE(WaitFor([&] { return manager_->group().serving; }));
+  EXPECT_EQ(manager_->group().formation_error, "");
+  failed.group_generation = 2;
+  failed.group_error = "rank 0: UNAVAILABLE: peer died";
+  ASSERT_TRUE(registry_.Heartbeat("w1", 1, registry_.coordinator_incarnation(), failed).ok());
+  ASSERT_TRUE(WaitFor([&] { return !manager_->group().serving; }));
+  EXPECT_THAT(manager_->group().last_error, HasSubstr("peer died"));
+  EXPECT_EQ(manager_->group().formation_error, "");
+}
+
 TEST_F(JobManagerTest, LostWorkerRequestsRunAgainExactlyOnce) {
   AddWorker("w1", 1, 1);
   AddWorker("w2", 2, 1);
   ServeWhenConfigured({{"w1", 1}, {"w2", 2}}, 1);
   std::vector<std::string> lines;
-  for (int i = 0; i < 8; ++i) lines.push_back(Line(absl::StrCat("r", i), absl::StrCat("[", i, "]")));
+  for (int i = 0; i < 8; ++i)
+    lines.push_back(Line(absl::StrCat("r", i), absl::StrCat("[", i, "]")));
   auto id = manager_->Submit("", absl::StrJoin(lines, "\n"));
   ASSERT_TRUE(id.ok());
   auto first = workers_.Take(8);
@@ -395,11 +427,48 @@ TEST_F(JobManagerTest, LostWorkerRequestsRunAgainExactlyOnce) {
   EXPECT_EQ(ids.size(), 8u);
 }
 
+// A worker that deregisters (SIGTERM) is left out of the next group at once: no heartbeat
+// timeout (the fake clock never moves) and no regroup delay, although the survivor reports
+// the old group failed.
+TEST_F(JobManagerTest, DeregisteredWorkerRequestsRunAgainAtOnce) {
+  AddWorker("w1", 1, 1);
+  AddWorker("w2", 2, 1);
+  ServeWhenConfigured({{"w1", 1}, {"w2", 2}}, 1);
+  std::vector<std::string> lines;
+  for (int i = 0; i < 6; ++i)
+    lines.push_back(Line(absl::StrCat("r", i), absl::StrCat("[", i, "]")));
+  auto id = manager_->Submit("", absl::StrJoin(lines, "\n"));
+  ASSERT_TRUE(id.ok());
+  auto first = workers_.Take(6);
+  ASSERT_EQ(first.size(), 6u);
+  ASSERT_TRUE(registry_.Deregister("w2", 2, 77).ok());
+  WorkerReport failed;
+  failed.group_generation = 1;
+  failed.group_status = GROUP_FAILED;
+  failed.group_error = "peer closed the connection";
+  ASSERT_TRUE(registry_.Heartbeat("w1", 1, 77, failed).ok());
+  ServeWhenConfigured({{"w1", 1}}, 2);
+  auto second = workers_.Take(6);  // every request again, all on w1
+  ASSERT_EQ(second.size(), 6u);
+  std::vector<RequestResult> results;
+  for (const auto& [address, item] : second) {
+    EXPECT_EQ(address, "w1:1");
+    results.push_back(ResultFor(item));
+  }
+  ASSERT_TRUE(manager_->OnResults(results).ok());
+  EXPECT_EQ(GetJob(*id).state(), Job::COMPLETED);
+  std::set<std::string> ids;
+  for (const json& line : Output(*id)) EXPECT_TRUE(ids.insert(line["custom_id"]).second);
+  EXPECT_EQ(ids.size(), 6u);
+  EXPECT_THAT(manager_->group().members, ElementsAre("w1"));
+}
+
 TEST_F(JobManagerTest, JoiningWorkerGetsANewGenerationAndWork) {
   AddWorker("w1", 1, 1);
   ServeWhenConfigured({{"w1", 1}}, 1);
   std::vector<std::string> lines;
-  for (int i = 0; i < 4; ++i) lines.push_back(Line(absl::StrCat("r", i), absl::StrCat("[", i, "]")));
+  for (int i = 0; i < 4; ++i)
+    lines.push_back(Line(absl::StrCat("r", i), absl::StrCat("[", i, "]")));
   auto id = manager_->Submit("", absl::StrJoin(lines, "\n"));
   ASSERT_TRUE(id.ok());
   auto first = workers_.Take(4);  // all on w1, never answered: the group changes first
@@ -452,7 +521,8 @@ TEST_F(JobManagerTest, ResumesAfterRestartWithoutDuplicates) {
   AddWorker("w1", 1, 1);
   ServeWhenConfigured({{"w1", 1}}, 1);
   std::vector<std::string> lines;
-  for (int i = 0; i < 4; ++i) lines.push_back(Line(absl::StrCat("r", i), absl::StrCat("[", i, "]")));
+  for (int i = 0; i < 4; ++i)
+    lines.push_back(Line(absl::StrCat("r", i), absl::StrCat("[", i, "]")));
   lines.push_back("not json");
   auto id = manager_->Submit("", absl::StrJoin(lines, "\n"));
   ASSERT_TRUE(id.ok());
@@ -490,6 +560,85 @@ TEST_F(JobManagerTest, LeavesOutWorkersWhoseRanksDoNotDivideTheExperts) {
   EXPECT_EQ(configured[0].second.world_size(), 2);
   absl::SleepFor(absl::Milliseconds(100));
   EXPECT_EQ(workers_.configured().size(), 1u);  // stable: no re-forming in a loop
+  // Clients see why w2 does nothing, with every unfinished job.
+  auto id = manager_->Submit("", Line("a", "[1]"));
+  ASSERT_TRUE(id.ok()) << id.status();
+  EXPECT_EQ(GetJob(*id).cluster_notice(),
+            "worker(s) w2 left out of the expert-parallel group, which uses 2 of the 3 READY "
+            "ranks: 8 routed experts cannot be split over 3 ranks; rank counts that divide 8: 1, "
+            "2, 4, 8");
+  auto items = workers_.Take(1);
+  ASSERT_EQ(items.size(), 1u);
+  ASSERT_TRUE(manager_->OnResults({ResultFor(items[0].second)}).ok());
+  EXPECT_EQ(GetJob(*id).state(), Job::COMPLETED);
+  EXPECT_EQ(GetJob(*id).cluster_notice(), "");  // finished jobs carry none
+  manager_.reset();
+}
+
+TEST_F(JobManagerTest, SaysWhyNoGroupCanForm) {
+  PromptBuilder eight_experts(ModelLimits{100, 64, 8}, nullptr, nullptr);
+  manager_.reset();
+  JobManagerConfig config;
+  config.settle = absl::ZeroDuration();
+  config.tick = absl::Milliseconds(5);
+  manager_ = std::make_unique<JobManager>(store_.get(), &eight_experts, &registry_, &workers_,
+                                          &clock_, config);
+  ASSERT_TRUE(manager_->Start().ok());
+  auto id = manager_->Submit("", Line("a", "[1]"));
+  ASSERT_TRUE(id.ok()) << id.status();
+  EXPECT_EQ(GetJob(*id).cluster_notice(), "");  // no worker yet: nothing to explain
+  AddWorker("w1", 1, 3);
+  const std::string want =
+      "no expert-parallel group serving: the 1 READY worker(s) cannot form one: 8 routed experts "
+      "cannot be split over 3 ranks; rank counts that divide 8: 1, 2, 4, 8";
+  ASSERT_TRUE(WaitFor([&] { return GetJob(*id).cluster_notice() == want; }))
+      << GetJob(*id).cluster_notice();
+  EXPECT_TRUE(workers_.configured().empty());
+  manager_.reset();
+}
+
+TEST_F(JobManagerTest, RunningRequestsReportTheirTokensBeforeTheyFinish) {
+  AddWorker("w1", 1, 1);
+  ServeWhenConfigured({{"w1", 1}}, 1);
+  auto id = manager_->Submit("", absl::StrJoin({Line("a", "[1, 2]"), Line("b", "[3]")}, "\n"));
+  ASSERT_TRUE(id.ok());
+  auto items = workers_.Take(2);
+  ASSERT_EQ(items.size(), 2u);
+  Job job = GetJob(*id);
+  EXPECT_EQ(job.running_requests(), 2);
+  EXPECT_EQ(job.running_generated_tokens(), 0);
+  EXPECT_EQ(job.unfinished_max_tokens(), 8);  // max_tokens 4 each
+  auto progress = [&](const std::string& worker, uint64_t generation, int64_t a, int64_t b) {
+    HeartbeatRequest hb;
+    RequestProgress* p = hb.add_request_progress();
+    p->set_request_id(items[0].second.request_id());
+    p->set_generated_tokens(a);
+    p = hb.add_request_progress();
+    p->set_request_id(items[1].second.request_id());
+    p->set_generated_tokens(b);
+    manager_->OnProgress(worker, generation, hb.request_progress());
+  };
+  progress("w1", 1, 3, 1);
+  job = GetJob(*id);
+  EXPECT_EQ(job.running_generated_tokens(), 4);
+  EXPECT_EQ(job.completed_requests(), 0);
+  progress("w2", 1, 4, 4);  // not the worker running them
+  progress("w1", 2, 4, 4);  // not their generation
+  EXPECT_EQ(GetJob(*id).running_generated_tokens(), 4);
+  // One finishes: its tokens move from running to finished, its max_tokens leave the bound.
+  ASSERT_TRUE(manager_->OnResults({ResultFor(items[0].second)}).ok());
+  job = GetJob(*id);
+  EXPECT_EQ(job.running_requests(), 1);
+  EXPECT_EQ(job.running_generated_tokens(), 1);
+  EXPECT_EQ(job.generated_tokens(), items[0].second.prompt_token_ids_size());
+  EXPECT_EQ(job.unfinished_max_tokens(), 4);
+  // A new group re-runs the other from the start: its count starts again from 0.
+  AddWorker("w2", 2, 1);
+  ServeWhenConfigured({{"w1", 1}, {"w2", 2}}, 2);
+  ASSERT_EQ(workers_.Take(1).size(), 1u);
+  job = GetJob(*id);
+  EXPECT_EQ(job.running_requests(), 1);
+  EXPECT_EQ(job.running_generated_tokens(), 0);
   manager_.reset();
 }
 

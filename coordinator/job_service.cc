@@ -48,8 +48,7 @@ class JobWatcher : public grpc::ServerWriteReactor<Job> {
  private:
   void Run() {
     uint64_t version = 0;
-    int64_t last_done = -1;
-    Job::State last_state = Job::STATE_UNSPECIFIED;
+    std::string last_sent;
     for (;;) {
       jobs_->WaitForChange(&version, absl::Milliseconds(500));
       if (cancelled_) {
@@ -61,10 +60,10 @@ class JobWatcher : public grpc::ServerWriteReactor<Job> {
         Finish(ToGrpcStatus(job.status()));
         return;
       }
-      const int64_t done = job->completed_requests() + job->failed_requests();
-      if (done == last_done && job->state() == last_state) continue;
-      last_done = done;
-      last_state = job->state();
+      // Any change is sent: counts, tokens of running requests, the cluster notice.
+      std::string serialized = job->SerializeAsString();
+      if (serialized == last_sent) continue;
+      last_sent = std::move(serialized);
       current_ = *job;
       write_done_.store(false);
       StartWrite(&current_);
@@ -110,8 +109,8 @@ grpc::ServerUnaryReactor* JobServiceImpl::SubmitJob(grpc::CallbackServerContext*
                                                     SubmitJobResponse* response) {
   if (grpc::Status s = Admit(context); !s.ok()) return Finish(context, s);
   if (request->input_jsonl().size() > kMaxInputBytes) {
-    return Finish(context, grpc::Status(grpc::StatusCode::RESOURCE_EXHAUSTED,
-                                        "job input larger than 1 GiB"));
+    return Finish(
+        context, grpc::Status(grpc::StatusCode::RESOURCE_EXHAUSTED, "job input larger than 1 GiB"));
   }
   absl::StatusOr<std::string> id = jobs_->Submit(request->name(), request->input_jsonl());
   if (!id.ok()) return Finish(context, ToGrpcStatus(id.status()));

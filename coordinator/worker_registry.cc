@@ -17,6 +17,8 @@ const char* WorkerStateName(WorkerState state) {
       return "DRAINING";
     case LOST:
       return "LOST";
+    case LEFT:
+      return "LEFT";
     default:
       return "UNSPECIFIED";
   }
@@ -90,6 +92,10 @@ absl::Status WorkerRegistry::CheckSenderLocked(const std::string& worker_id,
     return absl::FailedPreconditionError(
         absl::StrCat("worker '", worker_id, "' was declared LOST: register again"));
   }
+  if (entry.state == LEFT) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("worker '", worker_id, "' deregistered: register again"));
+  }
   return absl::OkStatus();
 }
 
@@ -122,11 +128,37 @@ absl::StatusOr<WorkerState> WorkerRegistry::Drain(const std::string& worker_id) 
   if (it == workers_.end()) {
     return absl::NotFoundError(absl::StrCat("no worker '", worker_id, "'"));
   }
-  if (it->second.state == LOST) {
-    return absl::FailedPreconditionError(absl::StrCat("worker '", worker_id, "' is LOST"));
+  if (it->second.state == LOST || it->second.state == LEFT) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("worker '", worker_id, "' is ", WorkerStateName(it->second.state)));
   }
   it->second.state = DRAINING;
   return it->second.state;
+}
+
+absl::StatusOr<WorkerTransition> WorkerRegistry::Deregister(const std::string& worker_id,
+                                                            uint64_t worker_incarnation,
+                                                            uint64_t coordinator_incarnation) {
+  absl::MutexLock lock(&mu_);
+  if (coordinator_incarnation != coordinator_incarnation_) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("Deregister from '", worker_id, "' names coordinator incarnation ",
+                     coordinator_incarnation, ", this coordinator is ", coordinator_incarnation_));
+  }
+  auto it = workers_.find(worker_id);
+  if (it == workers_.end()) {
+    return absl::NotFoundError(absl::StrCat("Deregister: unknown worker '", worker_id, "'"));
+  }
+  Entry& entry = it->second;
+  if (entry.registration.worker_incarnation != worker_incarnation) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("Deregister from '", worker_id, "' incarnation ", worker_incarnation,
+                     ", registered incarnation is ", entry.registration.worker_incarnation));
+  }
+  WorkerTransition transition{worker_id, entry.state, LEFT};
+  entry.state = LEFT;
+  entry.last_seen = clock_->Now();
+  return transition;
 }
 
 std::vector<WorkerTransition> WorkerRegistry::ExpireStale() {
@@ -134,7 +166,7 @@ std::vector<WorkerTransition> WorkerRegistry::ExpireStale() {
   const absl::Time now = clock_->Now();
   absl::MutexLock lock(&mu_);
   for (auto& [id, entry] : workers_) {
-    if (entry.state != LOST && now - entry.last_seen > heartbeat_timeout_) {
+    if (entry.state != LOST && entry.state != LEFT && now - entry.last_seen > heartbeat_timeout_) {
       transitions.push_back({id, entry.state, LOST});
       entry.state = LOST;
     }

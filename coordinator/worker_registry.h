@@ -13,16 +13,20 @@
 //              new or same     │  │                  │              │
 //              incarnation)    │  │ deadline         │ deadline     │ deadline
 //                              │  ▼                  ▼              │
-//                              └─ LOST ◀─────────────┴──────────────┘
+//                              ├─ LOST ◀─────────────┴──────────────┘
+//                              │
+//                              └─ LEFT ◀── Deregister (from any state but unknown)
 //
 // * A Register under a known worker id with a different incarnation means the
 //   worker process restarted: its previous instance is gone (counted in
 //   `restarts`), and the new one starts again at REGISTERED.
 // * A Heartbeat is accepted only from the registered incarnation, addressed to this
-//   coordinator's incarnation, and not from a LOST worker; otherwise the worker is
-//   told to register again.
+//   coordinator's incarnation, and not from a LOST or LEFT worker; otherwise the worker
+//   is told to register again.
 // * A drained worker stays DRAINING across heartbeats (a drain survives until the
 //   worker re-registers).
+// * Deregister is a worker stopping cleanly (SIGTERM): LEFT at once, where LOST would
+//   take the heartbeat timeout. Both are gone for good until the worker registers again.
 // * Deadlines are checked by one thread (HeartbeatMonitor) calling ExpireStale().
 #ifndef DEEPINFER_COORDINATOR_WORKER_REGISTRY_H_
 #define DEEPINFER_COORDINATOR_WORKER_REGISTRY_H_
@@ -106,11 +110,19 @@ class WorkerRegistry {
                            uint64_t coordinator_incarnation) const;
 
   // Moves a REGISTERED or READY worker to DRAINING. NOT_FOUND for an unknown id,
-  // FAILED_PRECONDITION for a LOST one.
+  // FAILED_PRECONDITION for a LOST or LEFT one.
   absl::StatusOr<WorkerState> Drain(const std::string& worker_id);
 
-  // Marks every worker whose last contact is older than the heartbeat timeout as
-  // LOST; returns the transitions made.
+  // Moves the worker to LEFT (it is stopping) and returns the transition (from == to ==
+  // LEFT when it had left already). NOT_FOUND for an unknown id; FAILED_PRECONDITION when
+  // an incarnation does not match (nothing changes: a newer instance registered under the
+  // id, or the coordinator restarted).
+  absl::StatusOr<WorkerTransition> Deregister(const std::string& worker_id,
+                                              uint64_t worker_incarnation,
+                                              uint64_t coordinator_incarnation);
+
+  // Marks every worker (but LEFT ones) whose last contact is older than the heartbeat
+  // timeout as LOST; returns the transitions made.
   std::vector<WorkerTransition> ExpireStale();
 
   // All workers, sorted by id.

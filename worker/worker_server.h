@@ -82,7 +82,8 @@ class WorkerServer {
   WorkerServer(const WorkerServer&) = delete;
   WorkerServer& operator=(const WorkerServer&) = delete;
 
-  // Stops serving, heartbeating and the group. Idempotent.
+  // Delivers the results waiting, deregisters from the coordinator (CoordinatorLink::Leave),
+  // then stops serving, heartbeating and the group. Idempotent.
   void Shutdown();
 
   int port() const { return port_; }

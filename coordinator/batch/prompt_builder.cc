@@ -13,16 +13,14 @@ bool FileExists(const std::string& path) { return std::ifstream(path).good(); }
 
 }  // namespace
 
-absl::StatusOr<std::unique_ptr<PromptBuilder>> PromptBuilder::FromModel(const std::string& model) {
+absl::StatusOr<ModelLimits> ReadModelLimits(const std::string& model) {
   std::string config_path;
-  std::string directory;
   if (absl::StartsWith(model, "dummy:")) {
     config_path = model.substr(6);
     if (size_t at = config_path.rfind('@'); at != std::string::npos) {
       config_path = config_path.substr(0, at);
     }
   } else {
-    directory = model;
     config_path = model + "/config.json";
   }
   absl::StatusOr<ModelConfig> config = ModelConfig::FromFile(config_path);
@@ -34,8 +32,15 @@ absl::StatusOr<std::unique_ptr<PromptBuilder>> PromptBuilder::FromModel(const st
   for (int64_t l = 0; l < config->num_hidden_layers; ++l) {
     limits.moe_layers += config->IsMoeLayer(l) ? 1 : 0;
   }
-  limits.max_context = config->max_position_embeddings > 0 ? config->max_position_embeddings
-                                                           : int64_t{1} << 20;
+  limits.max_context =
+      config->max_position_embeddings > 0 ? config->max_position_embeddings : int64_t{1} << 20;
+  return limits;
+}
+
+absl::StatusOr<std::unique_ptr<PromptBuilder>> PromptBuilder::FromModel(const std::string& model) {
+  absl::StatusOr<ModelLimits> limits = ReadModelLimits(model);
+  if (!limits.ok()) return limits.status();
+  const std::string directory = absl::StartsWith(model, "dummy:") ? "" : model;
   std::unique_ptr<tokenizer::Tokenizer> tok;
   std::unique_ptr<tokenizer::ChatTemplate> chat;
   if (!directory.empty() && FileExists(directory + "/tokenizer.json")) {
@@ -49,12 +54,12 @@ absl::StatusOr<std::unique_ptr<PromptBuilder>> PromptBuilder::FromModel(const st
     if (templ.ok()) {
       chat = std::move(*templ);
     } else if (templ.status().code() != absl::StatusCode::kNotFound) {
-      return absl::Status(
-          templ.status().code(),
-          absl::StrCat(directory, "/tokenizer_config.json: chat_template: ", templ.status().message()));
+      return absl::Status(templ.status().code(),
+                          absl::StrCat(directory, "/tokenizer_config.json: chat_template: ",
+                                       templ.status().message()));
     }
   }
-  return std::make_unique<PromptBuilder>(limits, std::move(tok), std::move(chat));
+  return std::make_unique<PromptBuilder>(*limits, std::move(tok), std::move(chat));
 }
 
 PromptBuilder::PromptBuilder(ModelLimits limits, std::unique_ptr<tokenizer::Tokenizer> tokenizer,
@@ -82,8 +87,7 @@ absl::StatusOr<std::vector<int32_t>> PromptBuilder::Build(const BatchLine& line)
         *line.messages, /*add_generation_prompt=*/true,
         line.tools.has_value() ? *line.tools : nlohmann::ordered_json(nullptr));
     if (!prompt.ok()) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("chat template: ", prompt.status().message()));
+      return absl::InvalidArgumentError(absl::StrCat("chat template: ", prompt.status().message()));
     }
     // The template writes BOS itself, as transformers' apply_chat_template assumes.
     for (uint32_t id : tokenizer_->Encode(*prompt, /*add_special_tokens=*/false)) {
@@ -93,22 +97,20 @@ absl::StatusOr<std::vector<int32_t>> PromptBuilder::Build(const BatchLine& line)
   if (ids.empty()) return absl::InvalidArgumentError("the prompt is empty");
   for (int32_t id : ids) {
     if (id < 0 || id >= limits_.vocab_size) {
-      return absl::InvalidArgumentError(absl::StrCat("token id ", id,
-                                                     " is outside the vocabulary (size ",
-                                                     limits_.vocab_size, ")"));
+      return absl::InvalidArgumentError(absl::StrCat(
+          "token id ", id, " is outside the vocabulary (size ", limits_.vocab_size, ")"));
     }
   }
   const int64_t prompt_tokens = static_cast<int64_t>(ids.size());
   const int64_t max_tokens = line.sampling.max_tokens();
   if (prompt_tokens >= limits_.max_context) {
-    return absl::InvalidArgumentError(absl::StrCat("the prompt has ", prompt_tokens,
-                                                   " tokens; the context length is ",
-                                                   limits_.max_context));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "the prompt has ", prompt_tokens, " tokens; the context length is ", limits_.max_context));
   }
   if (max_tokens > 0 && prompt_tokens + max_tokens > limits_.max_context) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "the prompt (", prompt_tokens, " tokens) plus max_tokens (", max_tokens,
-        ") exceeds the context length (", limits_.max_context, ")"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("the prompt (", prompt_tokens, " tokens) plus max_tokens (", max_tokens,
+                     ") exceeds the context length (", limits_.max_context, ")"));
   }
   return ids;
 }
@@ -117,9 +119,9 @@ std::string PromptBuilder::TokenText(int32_t id) const {
   // Without a tokenizer a token is named by its id, as vLLM does ("token_id:123"), so
   // that logprob alternatives stay distinct.
   if (tokenizer_ == nullptr) return absl::StrCat("token_id:", id);
-  absl::StatusOr<std::string> text =
-      tokenizer_->Decode({static_cast<uint32_t>(id)}, /*skip_special_tokens=*/false);
-  return text.ok() ? *text : "";
+  // An id past the tokenizer (the model's vocabulary can be larger) is "", as HF decodes it.
+  return tokenizer_->DecodeSkippingUnknown({static_cast<uint32_t>(id)},
+                                           /*skip_special_tokens=*/false);
 }
 
 }  // namespace deepinfer

@@ -31,6 +31,10 @@ struct ModelLimits {
   int64_t moe_layers = 0;
 };
 
+// The limits of `model` (a checkpoint directory, or "dummy:<config.json>[@seed]"), from its
+// config.json alone, as the coordinator reads them.
+absl::StatusOr<ModelLimits> ReadModelLimits(const std::string& model);
+
 class PromptBuilder {
  public:
   // `model` is a checkpoint directory, or "dummy:<config.json>[@seed]" (no tokenizer).
@@ -45,7 +49,8 @@ class PromptBuilder {
   // The prompt ids, or INVALID_ARGUMENT saying why this request cannot run.
   absl::StatusOr<std::vector<int32_t>> Build(const BatchLine& line) const;
 
-  // The text of one token for logprobs ("token_id:N" without a tokenizer).
+  // The text of one token for logprobs ("token_id:N" without a tokenizer; "" for an id the
+  // tokenizer does not know).
   std::string TokenText(int32_t id) const;
 
   const ModelLimits& limits() const { return limits_; }

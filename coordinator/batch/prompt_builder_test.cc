@@ -60,6 +60,22 @@ TEST(PromptBuilderTest, TextAndChatAreTokenized) {
   EXPECT_EQ(builder->TokenText(259), "hello");
 }
 
+// The model's vocabulary (400) is larger than the test tokenizer's (ids 0..268): ids between
+// the two are valid prompt ids and name no text; ids past the model's vocabulary are refused.
+TEST(PromptBuilderTest, IdsPastTheTokenizerButInTheModel) {
+  auto builder = WithTokenizer(100);
+  auto ids = builder->Build(Parse(R"({"custom_id": "a", "url": "/v1/completions",
+                                      "body": {"prompt": [259, 300, 399]}})"));
+  ASSERT_TRUE(ids.ok()) << ids.status();
+  EXPECT_THAT(*ids, ElementsAre(259, 300, 399));
+  EXPECT_EQ(builder->TokenText(300), "");
+  EXPECT_EQ(builder->TokenText(399), "");
+  auto outside = builder->Build(Parse(R"({"custom_id": "a", "url": "/v1/completions",
+                                          "body": {"prompt": [259, 400]}})"));
+  EXPECT_THAT(std::string(outside.status().message()),
+              HasSubstr("token id 400 is outside the vocabulary (size 400)"));
+}
+
 TEST(PromptBuilderTest, VocabularyAndContextLimits) {
   PromptBuilder builder({100, 10}, nullptr, nullptr);
   auto outside = builder.Build(Parse(R"({"custom_id": "a", "url": "/v1/completions",

@@ -9,6 +9,7 @@
 #include <cstdlib>
 #include <fstream>
 #include <iostream>
+#include <memory>
 #include <optional>
 #include <sstream>
 #include <vector>
@@ -20,10 +21,14 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
+#include "coordinator/batch/prompt_builder.h"
+#include "coordinator/cli/atomic_output_file.h"
 #include "coordinator/cli/child_process.h"
 #include "coordinator/cli/progress.h"
+#include "coordinator/eplb/expert_parallel_group.h"
 #include "coordinator/rpc/auth.h"
 #include "google/protobuf/util/json_util.h"
+#include "worker/backend/backend_kind.h"
 
 namespace deepinfer {
 namespace {
@@ -33,13 +38,14 @@ bool IsFinal(Job::State s) {
 }
 
 std::string Describe(const Job& job) {
-  std::string out =
-      absl::StrFormat("%s  %-9s  %d/%d done, %d failed, %d tokens generated", job.job_id(),
-                      Job::State_Name(job.state()), job.completed_requests() +
-                      job.failed_requests(), job.total_requests(), job.failed_requests(),
-                      job.generated_tokens());
+  std::string out = absl::StrFormat(
+      "%s  %-9s  %d/%d done, %d running, %d failed, %d tokens generated", job.job_id(),
+      Job::State_Name(job.state()), job.completed_requests() + job.failed_requests(),
+      job.total_requests(), job.running_requests(), job.failed_requests(),
+      job.generated_tokens() + job.running_generated_tokens());
   if (!job.name().empty()) absl::StrAppend(&out, "  '", job.name(), "'");
   if (!job.error().empty()) absl::StrAppend(&out, "\n  error: ", job.error());
+  if (!job.cluster_notice().empty()) absl::StrAppend(&out, "\n  cluster: ", job.cluster_notice());
   return out;
 }
 
@@ -51,24 +57,33 @@ absl::StatusOr<std::string> ReadWholeFile(const std::string& path) {
   return buffer.str();
 }
 
-// Writes the job's output lines to `path` ("-": stdout); returns how many.
-absl::StatusOr<int64_t> WriteResults(CoordinatorClient& client, const std::string& job_id,
-                                     const std::string& path) {
-  std::ofstream file;
-  std::ostream* out = &std::cout;
-  if (path != "-") {
-    file.open(path, std::ios::trunc | std::ios::binary);
-    if (!file) return absl::PermissionDeniedError(absl::StrCat("cannot write '", path, "'"));
-    out = &file;
-  }
+// Reads the job's output lines into `file` and commits it, or to stdout when `file` is
+// null; returns how many. On an error a file is left as it was.
+absl::StatusOr<int64_t> WriteResults(CoordinatorClient& client, const ConnectionOptions& connection,
+                                     const std::string& job_id, AtomicOutputFile* file) {
   int64_t lines = 0;
   absl::Status status = client.ReadResults(job_id, [&](const std::string& line) {
-    *out << line << "\n";
+    if (file != nullptr) {
+      file->Write(line);
+      file->Write("\n");
+    } else {
+      std::cout << line << "\n";
+    }
     ++lines;
   });
-  if (!status.ok()) return status;
-  out->flush();
-  if (!out->good()) return absl::DataLossError(absl::StrCat("error writing '", path, "'"));
+  if (!status.ok()) {
+    return absl::Status(
+        status.code(),
+        absl::StrCat(
+            "reading the results of job ", job_id, " from ", connection.coordinator, ": ",
+            status.message(),
+            file != nullptr ? absl::StrCat("; '", file->path(), "' was left as it was") : ""));
+  }
+  if (file != nullptr) {
+    if (absl::Status s = file->Commit(); !s.ok()) return s;
+  } else {
+    std::cout.flush();
+  }
   return lines;
 }
 
@@ -141,7 +156,7 @@ int WaitCommand(const ConnectionOptions& connection, const std::string& job_id) 
   auto options = ClientOptions(connection);
   if (!options.ok()) return Fail("wait", options.status(), 2);
   CoordinatorClient client(*options);
-  ProgressLine progress(stderr, ProgressLine::IsTerminal(stderr));
+  ProgressLine progress(stderr, ProgressLine::IsTerminal(stderr), "deepinfer wait");
   absl::StatusOr<Job> job =
       client.WatchJob(job_id, [&](const Job& update) { progress.Update(update); });
   progress.Finish();
@@ -164,8 +179,15 @@ int ResultsCommand(const ConnectionOptions& connection, const std::string& job_i
                    const std::string& output_path) {
   auto options = ClientOptions(connection);
   if (!options.ok()) return Fail("results", options.status(), 2);
+  std::unique_ptr<AtomicOutputFile> file;
+  if (output_path != "-") {
+    absl::StatusOr<std::unique_ptr<AtomicOutputFile>> created =
+        AtomicOutputFile::Create(output_path);
+    if (!created.ok()) return Fail("results", created.status(), 2);
+    file = *std::move(created);
+  }
   CoordinatorClient client(*options);
-  absl::StatusOr<int64_t> lines = WriteResults(client, job_id, output_path);
+  absl::StatusOr<int64_t> lines = WriteResults(client, connection, job_id, file.get());
   if (!lines.ok()) return Fail("results", lines.status());
   if (output_path != "-") std::cerr << *lines << " line(s) written to " << output_path << "\n";
   return 0;
@@ -183,10 +205,10 @@ absl::StatusOr<std::vector<std::string>> GpuSetsPerWorker(const char* visible, i
     for (int64_t i = 0; i < workers * per_worker; ++i) gpus.push_back(absl::StrCat(i));
   }
   if (static_cast<int64_t>(gpus.size()) < workers * per_worker) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "--split-gpus: ", workers, " worker(s) x ", per_worker, " GPU(s) need ",
-        workers * per_worker, " GPUs, CUDA_VISIBLE_DEVICES lists ", gpus.size(), " (", visible,
-        ")"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("--split-gpus: ", workers, " worker(s) x ", per_worker, " GPU(s) need ",
+                     workers * per_worker, " GPUs, CUDA_VISIBLE_DEVICES lists ", gpus.size(), " (",
+                     visible, ")"));
   }
   std::vector<std::string> sets;
   for (int64_t w = 0; w < workers; ++w) {
@@ -219,16 +241,16 @@ absl::StatusOr<std::pair<std::string, std::string>> FindDaemons(const std::strin
   if (!bin_dir.empty()) dirs.push_back(bin_dir);
   dirs.push_back(SelfDir());
   for (const std::string& dir : dirs) {
-    for (const auto& [coordinator, worker] :
-         std::vector<std::pair<std::string, std::string>>{
+    for (const auto& [coordinator, worker] : std::vector<std::pair<std::string, std::string>>{
              {dir + "/deepinfer-coordinator", dir + "/deepinfer-worker"},
              {dir + "/../deepinfer-coordinator", dir + "/../../worker/deepinfer-worker"}}) {
-      if (IsExecutable(coordinator) && IsExecutable(worker)) return std::make_pair(coordinator, worker);
+      if (IsExecutable(coordinator) && IsExecutable(worker))
+        return std::make_pair(coordinator, worker);
     }
   }
-  return absl::NotFoundError(absl::StrCat(
-      "cannot find deepinfer-coordinator and deepinfer-worker next to this binary (",
-      SelfDir(), "); build them (tools/setup.sh) or pass --bin-dir"));
+  return absl::NotFoundError(
+      absl::StrCat("cannot find deepinfer-coordinator and deepinfer-worker next to this binary (",
+                   SelfDir(), "); build them (tools/setup.sh) or pass --bin-dir"));
 }
 
 std::string TailOf(const std::string& text, size_t lines) {
@@ -273,9 +295,9 @@ class LocalCluster {
       if (std::getline(in, text) && absl::SimpleAtoi(text, &port) && port > 0) break;
       port = 0;
       if (!coordinator_->Running()) {
-        return absl::FailedPreconditionError(
-            absl::StrCat("the coordinator exited (code ", coordinator_->exit_code(), "):\n",
-                         TailOf(coordinator_->ReadStdout(), 8)));
+        return absl::FailedPreconditionError(absl::StrCat("the coordinator exited (code ",
+                                                          coordinator_->exit_code(), "):\n",
+                                                          TailOf(coordinator_->ReadStdout(), 8)));
       }
       if (absl::Now() > deadline) return absl::DeadlineExceededError("coordinator did not start");
       absl::SleepFor(absl::Milliseconds(20));
@@ -300,7 +322,7 @@ class LocalCluster {
   }
 
   // An error when the cluster cannot finish the job any more.
-  absl::Status Check() {
+  absl::Status Check(CoordinatorClient& client) {
     if (!coordinator_->Running()) {
       return absl::AbortedError(absl::StrCat("the coordinator exited (code ",
                                              coordinator_->exit_code(), "):\n",
@@ -315,7 +337,14 @@ class LocalCluster {
         last = TailOf(w.ReadStdout(), 8);
       }
     }
-    if (!any) return absl::AbortedError(absl::StrCat("every worker exited; the last said:\n", last));
+    if (!any)
+      return absl::AbortedError(absl::StrCat("every worker exited; the last said:\n", last));
+    // These workers are all there is: a group they could not form fails the same way again.
+    absl::StatusOr<ClusterStatusResponse> status = client.ClusterStatus();
+    if (status.ok() && !status->group_formation_error().empty()) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("the workers could not start the model: ", status->group_formation_error()));
+    }
     return absl::OkStatus();
   }
 
@@ -354,13 +383,10 @@ std::vector<std::string> LocalWorkerArgv(const RunOptions& options, int64_t inde
     // Through env(1), so that only the child's environment changes.
     argv = {"/usr/bin/env", "CUDA_VISIBLE_DEVICES=" + gpu_set};
   }
-  for (std::string& a : std::vector<std::string>{worker_binary,
-                                                 "--coordinator=" + coordinator_address,
-                                                 "--model=" + options.model,
-                                                 "--backend=" + options.backend,
-                                                 absl::StrCat("--ranks=", options.ranks_per_worker),
-                                                 absl::StrCat("--worker-id=worker-", index),
-                                                 "--auth-token-file=" + token_file}) {
+  for (std::string& a : std::vector<std::string>{
+           worker_binary, "--coordinator=" + coordinator_address, "--model=" + options.model,
+           "--backend=" + options.backend, absl::StrCat("--ranks=", options.ranks_per_worker),
+           absl::StrCat("--worker-id=worker-", index), "--auth-token-file=" + token_file}) {
     argv.push_back(std::move(a));
   }
   if (!options.dtype.empty()) argv.push_back("--dtype=" + options.dtype);
@@ -373,21 +399,43 @@ std::vector<std::string> LocalWorkerArgv(const RunOptions& options, int64_t inde
   return argv;
 }
 
+absl::Status CheckRunLayout(const RunOptions& options) {
+  absl::StatusOr<ModelLimits> limits = ReadModelLimits(options.model);
+  if (!limits.ok()) {
+    return absl::Status(limits.status().code(),
+                        absl::StrCat("--model=", options.model, ": ", limits.status().message()));
+  }
+  const ExpertParallelSelection selection = SelectExpertParallelMembers(
+      limits->routed_experts, std::vector<int64_t>(options.workers, options.ranks_per_worker));
+  if (selection.left_out_because.ok()) return absl::OkStatus();
+  return absl::InvalidArgumentError(absl::StrCat(
+      "--workers=", options.workers, " x --ranks-per-worker=", options.ranks_per_worker,
+      " cannot form one expert-parallel group: ", selection.left_out_because.message(),
+      selection.members > 0
+          ? absl::StrCat(" (the coordinator would leave ",
+                         options.workers - static_cast<int64_t>(selection.members),
+                         " of the workers idle)")
+          : ""));
+}
+
 int RunCommand(const RunOptions& options) {
-  if (options.workers < 1 || options.ranks_per_worker < 1) {
-    return Fail("run", absl::InvalidArgumentError("--workers and --ranks-per-worker must be >= 1"),
+  if (absl::Status built = CheckBackendBuilt(options.backend); !built.ok()) {
+    return Fail("run", built, 2);
+  }
+  if (options.workers < 1 || options.ranks_per_worker < 1 || options.workers > 1024 ||
+      options.ranks_per_worker > 1024) {
+    return Fail("run",
+                absl::InvalidArgumentError("--workers and --ranks-per-worker must be in [1, 1024]"),
                 2);
   }
+  if (absl::Status layout = CheckRunLayout(options); !layout.ok()) return Fail("run", layout, 2);
   absl::StatusOr<std::string> input = ReadWholeFile(options.input);
   if (!input.ok()) return Fail("run", input.status(), 2);
-  {
-    std::ofstream probe(options.output, std::ios::app);
-    if (!probe) {
-      return Fail("run", absl::PermissionDeniedError(
-                             absl::StrCat("cannot write the output file '", options.output, "'")),
-                  2);
-    }
-  }
+  // Created now, so that an unwritable output fails before anything starts; the output
+  // replaces the file only once every result was read.
+  absl::StatusOr<std::unique_ptr<AtomicOutputFile>> output =
+      AtomicOutputFile::Create(options.output);
+  if (!output.ok()) return Fail("run", output.status(), 2);
   std::string state_dir = options.state_dir;
   const bool temporary = state_dir.empty();
   if (temporary) {
@@ -405,8 +453,8 @@ int RunCommand(const RunOptions& options) {
   const bool tty = ProgressLine::IsTerminal(stderr);
   if (tty) {
     std::cerr << "starting a coordinator and " << options.workers << " worker(s) ("
-              << options.ranks_per_worker << " rank(s) each, " << options.backend
-              << "); logs in " << state_dir << "/logs\n";
+              << options.ranks_per_worker << " rank(s) each, " << options.backend << "); logs in "
+              << state_dir << "/logs\n";
   }
   int code = 1;
   {
@@ -423,7 +471,7 @@ int RunCommand(const RunOptions& options) {
       if (!job_id.ok()) {
         Fail("run", job_id.status());
       } else {
-        ProgressLine progress(stderr, tty);
+        ProgressLine progress(stderr, tty, "deepinfer run");
         const absl::Time deadline = options.timeout_s > 0
                                         ? absl::Now() + absl::Seconds(options.timeout_s)
                                         : absl::InfiniteFuture();
@@ -436,7 +484,7 @@ int RunCommand(const RunOptions& options) {
             job = absl::CancelledError("interrupted");
             break;
           }
-          if (absl::Status alive = cluster.Check(); !alive.ok()) {
+          if (absl::Status alive = cluster.Check(client); !alive.ok()) {
             job = alive;
             break;
           }
@@ -450,7 +498,7 @@ int RunCommand(const RunOptions& options) {
         if (job.ok()) progress.Update(*job);
         progress.Finish();
         // Whatever happened, write the results that exist.
-        absl::StatusOr<int64_t> lines = WriteResults(client, *job_id, options.output);
+        absl::StatusOr<int64_t> lines = WriteResults(client, connection, *job_id, output->get());
         if (!job.ok()) {
           Fail("run", job.status());
         } else if (!lines.ok()) {

@@ -29,7 +29,8 @@ int StatusCommand(const ConnectionOptions& connection, const std::string& job_id
 // Waits for the job to end (progress on a terminal). Exit 0 when COMPLETED.
 int WaitCommand(const ConnectionOptions& connection, const std::string& job_id);
 int CancelCommand(const ConnectionOptions& connection, const std::string& job_id);
-// Writes the output lines to `output_path` ("-": stdout).
+// Writes the output lines to `output_path` ("-": stdout): to a temporary file beside it,
+// renamed over it once every line was read, so that on an error it is left as it was.
 int ResultsCommand(const ConnectionOptions& connection, const std::string& job_id,
                    const std::string& output_path);
 
@@ -78,12 +79,18 @@ absl::StatusOr<std::vector<std::string>> GpuSetsPerWorker(const char* visible, i
 std::vector<std::string> LocalWorkerArgv(const RunOptions& options, int64_t index,
                                          const std::string& worker_binary,
                                          const std::string& coordinator_address,
-                                         const std::string& token_file,
-                                         const std::string& gpu_set);
+                                         const std::string& token_file, const std::string& gpu_set);
 
-// Starts a coordinator and `workers` worker processes on loopback, runs the input
-// file as one job, writes the output, stops everything. Exit 0 when the job
-// completed (lines that failed have error lines in the output).
+// OK when the coordinator would put every local worker of `options` in its expert-parallel
+// group (SelectExpertParallelMembers over the model's routed experts); else
+// INVALID_ARGUMENT saying which rank counts would work. An error naming --model when its
+// config.json cannot be read.
+absl::Status CheckRunLayout(const RunOptions& options);
+
+// Checks the layout (CheckRunLayout), starts a coordinator and `workers` worker processes
+// on loopback, runs the input file as one job, writes the output (replacing the file only
+// once the results were read), stops everything. Exit 0 when the job completed (lines
+// that failed have error lines in the output).
 int RunCommand(const RunOptions& options);
 
 }  // namespace deepinfer

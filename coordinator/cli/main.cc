@@ -1,9 +1,8 @@
 // deepinfer: the user's command-line tool. Subcommands are listed by `deepinfer help`.
+#include <fstream>
 #include <iostream>
 #include <string>
 #include <vector>
-
-#include <fstream>
 
 #include "coordinator/cli/bench_command.h"
 #include "coordinator/cli/flag_set.h"
@@ -14,6 +13,19 @@
 
 namespace deepinfer {
 namespace {
+
+// How `deepinfer run` and `deepinfer wait` show progress (coordinator/cli/progress.h).
+constexpr char kProgressHelp[] =
+    "Progress, on a terminal: requests done/running/failed, tokens generated so far\n"
+    "(finished requests plus the running ones' tokens, which workers report in\n"
+    "their heartbeats, about once a second), tokens/s between the counts seen\n"
+    "change over the last 20 s, and an ETA: the tokens still to come divided by\n"
+    "that rate. Tokens still to come: the average generated per completed request\n"
+    "times the requests left, less what the running ones generated, at most their\n"
+    "max_tokens; before any request completed, that max_tokens bound itself, shown\n"
+    "as \"ETA <= ...\". Whatever keeps the cluster from running the job as asked (a\n"
+    "worker left out of the expert-parallel group, no group serving) is printed on\n"
+    "a line of its own, terminal or not. docs/jobs.md has the details.";
 
 int Devices(const std::vector<std::string>& args) {
   std::string selection_text = "auto";
@@ -98,7 +110,9 @@ int Status(const std::vector<std::string>& args) {
   ConnectionOptions connection;
   bool json = false;
   FlagSet flags("deepinfer status [JOB] [--coordinator HOST:PORT] [flags]",
-                "Shows a job's state and counts; without JOB, the 20 most recent jobs.");
+                "Shows a job's state and counts (done, running, failed, tokens so far) and,\n"
+                "while it runs, what keeps the cluster from running it as asked; without JOB,\n"
+                "the 20 most recent jobs.");
   AddConnectionFlags(flags, &connection);
   flags.AddBool("json", &json, "Print JSON, one job per line.");
   if (int rc = Parse(flags, args, "status", 0, 1); rc >= 0) return rc;
@@ -108,8 +122,8 @@ int Status(const std::vector<std::string>& args) {
 int Wait(const std::vector<std::string>& args) {
   ConnectionOptions connection;
   FlagSet flags("deepinfer wait JOB [--coordinator HOST:PORT] [flags]",
-                "Waits until the job ends, with progress on a terminal (requests done,\n"
-                "tokens/s, ETA). Exit 0 if it COMPLETED, 1 otherwise.");
+                std::string("Waits until the job ends. Exit 0 if it COMPLETED, 1 otherwise.\n") +
+                    kProgressHelp);
   AddConnectionFlags(flags, &connection);
   if (int rc = Parse(flags, args, "wait", 1, 1); rc >= 0) return rc;
   return WaitCommand(connection, flags.positional()[0]);
@@ -130,7 +144,8 @@ int Results(const std::vector<std::string>& args) {
   std::string output = "-";
   FlagSet flags("deepinfer results JOB --output FILE [--coordinator HOST:PORT] [flags]",
                 "Writes the job's output lines (OpenAI Batch output JSONL, in the order they\n"
-                "finished) to FILE, or to stdout with --output -.");
+                "finished) to FILE, or to stdout with --output -. FILE is replaced only once\n"
+                "every line was read; on an error it is left as it was.");
   AddConnectionFlags(flags, &connection);
   flags.AddString("output", &output, "Output file, or - for stdout.");
   if (int rc = Parse(flags, args, "results", 1, 1); rc >= 0) return rc;
@@ -143,14 +158,18 @@ int Run(const std::vector<std::string>& args) {
       "deepinfer run --model DIR --input FILE --output FILE [flags]",
       "Runs one job file with no setup: starts a local coordinator and worker processes\n"
       "on loopback, runs every request, writes the output file, and stops them. Exit 0\n"
-      "when the job completed; a request that could not run gets an error line.");
+      "when the job completed; a request that could not run gets an error line. A layout\n"
+      "whose ranks (--workers x --ranks-per-worker) do not split the model's routed\n"
+      "experts evenly is refused at once, naming the rank counts that would.\n" +
+          std::string(kProgressHelp));
   flags.AddString("model", &options.model,
                   "Model directory (config.json, safetensors, tokenizer files), or\n"
                   "dummy:CONFIG.json[@SEED] for random weights.");
   flags.Require("model");
   flags.AddString("input", &options.input, "OpenAI Batch input file (JSONL).");
   flags.Require("input");
-  flags.AddString("output", &options.output, "Where to write the output lines.");
+  flags.AddString("output", &options.output,
+                  "Where to write the output lines; replaced only once they were all read.");
   flags.Require("output");
   flags.AddString("backend", &options.backend, "cpu or cuda.");
   flags.AddString("dtype", &options.dtype,
@@ -167,7 +186,8 @@ int Run(const std::vector<std::string>& args) {
   flags.AddInt("workers", &options.workers, "Worker processes (as nodes would be).");
   flags.AddInt("ranks-per-worker", &options.ranks_per_worker,
                "Engine ranks per worker (GPUs per node); all ranks form one expert-\n"
-               "parallel group.");
+               "parallel group, so --workers x --ranks-per-worker must divide the routed\n"
+               "experts.");
   flags.AddString("state-dir", &options.state_dir,
                   "Keep the job database and logs here (default: a temporary directory,\n"
                   "removed after a successful run).");

@@ -16,7 +16,7 @@
 #                          (default: $SLURM_SUBMIT_DIR/deepinfer-$SLURM_JOB_ID)
 #   --bin-dir DIR          directory holding the four deepinfer binaries (default:
 #                          $DEEPINFER_BIN_DIR, else ../bin of a bundle, else bin/ of a checkout)
-#   --backend cpu|cuda     worker backend (default: cpu; cuda is not built yet)
+#   --backend cpu|cuda     worker backend (default: cpu)
 #   --workers-per-node N   worker tasks per node (default 1: the worker owns every GPU of
 #                          its node; >1 only for CPU tests on few nodes)
 #   --ranks-per-worker N   engine ranks per worker (default: the worker decides: one per GPU)

@@ -80,7 +80,7 @@ bool StagedGemvPreferredAtOneRow(int64_t n, int64_t k);
 
 // The same for two activation rows (the kCopy prologue; n: all targets' rows): where the staged
 // GEMV measured faster than kernels::SmallMGemmBf16's kAuto choice on the H200 (small_m_gemm_bench
-// staged: back-to-back in a CUDA graph / after an 8.4 MB GEMV; session 7): o_proj 2048 x 2048
+// staged: back-to-back in a CUDA graph / after an 8.4 MB GEMV): o_proj 2048 x 2048
 // 4.63 / 4.37 vs 5.98 / 5.74 us, q + kv_a 3648 x 2048 (one launch against two) 6.97 / 7.14 vs
 // 10.01 / 9.75, 2816 x 2048 5.43 / 6.41 vs 6.54 / 6.30, 2048 x 2816 6.02 / 6.05 vs 7.87 / 7.67,
 // 2048 x 1408 3.74 / 3.58 vs 4.76 / 4.63: 1024 <= k <= 2816 and 2048 <= n <= 4096 (above 4096

@@ -5,6 +5,7 @@
 // and is refused without the token; SIGTERM stops every daemon cleanly.
 #include <signal.h>
 
+#include <algorithm>
 #include <fstream>
 #include <optional>
 
@@ -199,6 +200,16 @@ TEST_F(ControlPlaneTest, DaemonsExplainBadCommandLines) {
   // No GPU here: a CUDA build says there is no GPU, a CPU-only build that it has no CUDA.
   EXPECT_NE(cuda->exit_code, 0);
   EXPECT_THAT(cuda->err, HasSubstr("--backend cuda: "));
+  // The Ascend backend is a design only: one line that says so, before anything starts.
+  auto ascend = RunCommand({Runfile("worker/deepinfer-worker"), "--coordinator=127.0.0.1:1",
+                            "--devices=cpu", "--model=/x", "--backend=ascend"},
+                           TempPath("ascend"));
+  ASSERT_TRUE(ascend.ok());
+  EXPECT_EQ(ascend->exit_code, 2);
+  EXPECT_THAT(ascend->err, HasSubstr("deepinfer-worker: backend 'ascend' is not built into this "
+                                     "binary: "));
+  EXPECT_THAT(ascend->err, HasSubstr("see ascend/README.md\n"));
+  EXPECT_EQ(std::count(ascend->err.begin(), ascend->err.end(), '\n'), 1) << ascend->err;
   auto bad_token = RunCommand({Runfile("coordinator/deepinfer-coordinator"), "--listen=127.0.0.1:0",
                                "--auth-token-file=/nonexistent"},
                               TempPath("bad2"));

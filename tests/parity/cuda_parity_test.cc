@@ -110,7 +110,7 @@ class CudaBf16CacheParityTest : public CudaBf16ParityTest {
 };
 
 TEST_P(CudaBf16CacheParityTest, CacheIsBf16) {
-  EXPECT_EQ(m_.pool->options().dtype, WeightDType::kBFloat16);
+  EXPECT_EQ(m_.pool->spec().groups[0].dtype, WeightDType::kBFloat16);
 }
 
 // As the CPU test: the logit bound asserted, greedy agreement printed (docs/cuda.md).

@@ -64,8 +64,7 @@ TEST_P(ParityTest, GreedyContinuationsMatchHfAloneAndBatched) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Fixtures, ParityTest,
-                         ::testing::Values("dsv3_qlora_rope", "dsv3_yarn_nolora",
-                                           "dsv3_mla_dims"));
+                         ::testing::Values("dsv3_qlora_rope", "dsv3_yarn_nolora", "dsv3_mla_dims"));
 
 class Bf16ParityTest : public ParityTest {
  protected:
@@ -92,8 +91,7 @@ TEST_P(Bf16ParityTest, TeacherForcedGreedyMostlyMatchesHf) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Fixtures, Bf16ParityTest,
-                         ::testing::Values("dsv3_qlora_rope", "dsv3_yarn_nolora",
-                                           "dsv3_mla_dims"));
+                         ::testing::Values("dsv3_qlora_rope", "dsv3_yarn_nolora", "dsv3_mla_dims"));
 
 // bf16 weights with the bf16 latent cache (the default for bf16 weights).
 class Bf16CacheParityTest : public Bf16ParityTest {
@@ -102,7 +100,7 @@ class Bf16CacheParityTest : public Bf16ParityTest {
 };
 
 TEST_P(Bf16CacheParityTest, CacheIsBf16) {
-  EXPECT_EQ(m_.pool->options().dtype, WeightDType::kBFloat16);
+  EXPECT_EQ(m_.pool->spec().groups[0].dtype, WeightDType::kBFloat16);
 }
 
 // The logit bound holds as with the fp32 cache. Greedy agreement is printed, not asserted: the
@@ -118,8 +116,7 @@ TEST_P(Bf16CacheParityTest, PromptLogitsWithinBf16ToleranceOfHfFloat32) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Fixtures, Bf16CacheParityTest,
-                         ::testing::Values("dsv3_qlora_rope", "dsv3_yarn_nolora",
-                                           "dsv3_mla_dims"));
+                         ::testing::Values("dsv3_qlora_rope", "dsv3_yarn_nolora", "dsv3_mla_dims"));
 
 }  // namespace
 }  // namespace deepinfer

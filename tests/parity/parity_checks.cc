@@ -27,17 +27,16 @@ absl::StatusOr<ParityModel> LoadParityModel(const std::string& fixture, Backend*
   ParityModel m;
   m.fx = LoadFixture(fixture);
   if (m.fx.prompts.empty()) return absl::NotFoundError("fixture " + fixture + " has no prompts");
-  auto model = LoadDeepseekV3(m.fx.dir, backend);
+  auto model = LoadModel(m.fx.dir, backend);
   if (!model.ok()) return model.status();
   m.model = std::move(*model);
   if (m.model->config().vocab_size != m.fx.vocab) {
     return absl::FailedPreconditionError("fixture " + fixture + ": model and logits vocab differ");
   }
-  KvBlockPoolOptions cache = m.model->CacheOptions(kBlocks, kBlockSize);
   auto cache_dtype = ResolveKvCacheDType(kv_cache_dtype, backend->weight_dtype());
   if (!cache_dtype.ok()) return cache_dtype.status();
-  cache.dtype = *cache_dtype;
-  auto pool = KvBlockPool::Create(backend, cache);
+  auto pool = KvBlockPool::Create(
+      backend, {m.model->CacheSpec().WithDType(*cache_dtype), kBlocks, kBlockSize});
   if (!pool.ok()) return pool.status();
   m.pool = std::move(*pool);
   return m;
@@ -124,8 +123,8 @@ absl::StatusOr<std::vector<std::vector<int32_t>>> GreedyContinuations(const Pari
   return got;
 }
 
-absl::StatusOr<LogitsError> PromptLogitsError(DeepseekV3Model* model, KvBlockPool* pool,
-                                              const Fixture& fx, const FixturePrompt& prompt) {
+absl::StatusOr<LogitsError> PromptLogitsError(CausalLm* model, KvBlockPool* pool, const Fixture& fx,
+                                              const FixturePrompt& prompt) {
   auto blocks = pool->Allocate(pool->BlocksFor(static_cast<int64_t>(prompt.ids.size())));
   if (!blocks.ok()) return blocks.status();
   SequenceStep s;
@@ -157,7 +156,7 @@ absl::StatusOr<LogitsError> PromptLogitsError(DeepseekV3Model* model, KvBlockPoo
   return e;
 }
 
-absl::StatusOr<TeacherForcedResult> TeacherForcedGreedy(DeepseekV3Model* model, KvBlockPool* pool,
+absl::StatusOr<TeacherForcedResult> TeacherForcedGreedy(CausalLm* model, KvBlockPool* pool,
                                                         const FixturePrompt& prompt) {
   const int64_t total = static_cast<int64_t>(prompt.ids.size() + prompt.greedy.size());
   auto blocks = pool->Allocate(pool->BlocksFor(total));

@@ -15,7 +15,7 @@
 #include "tests/parity/hf_fixture.h"
 #include "worker/backend/backend.h"
 #include "worker/kv_cache/kv_block_pool.h"
-#include "worker/model/deepseek_v3_model.h"
+#include "worker/model/causal_lm.h"
 
 namespace deepinfer {
 
@@ -42,8 +42,8 @@ struct LogitsError {
 };
 
 // Our logits at every position of the prompt (one prefill) against HF's.
-absl::StatusOr<LogitsError> PromptLogitsError(DeepseekV3Model* model, KvBlockPool* pool,
-                                              const Fixture& fx, const FixturePrompt& prompt);
+absl::StatusOr<LogitsError> PromptLogitsError(CausalLm* model, KvBlockPool* pool, const Fixture& fx,
+                                              const FixturePrompt& prompt);
 
 struct TeacherForcedResult {
   int64_t matches = 0;    // positions where our argmax is HF's greedy token
@@ -52,14 +52,14 @@ struct TeacherForcedResult {
 
 // Prefills the prompt, then decodes HF's greedy tokens one per step through the paged cache;
 // at each step our argmax is compared with HF's next greedy token. Frees its blocks.
-absl::StatusOr<TeacherForcedResult> TeacherForcedGreedy(DeepseekV3Model* model, KvBlockPool* pool,
+absl::StatusOr<TeacherForcedResult> TeacherForcedGreedy(CausalLm* model, KvBlockPool* pool,
                                                         const FixturePrompt& prompt);
 
 // A fixture with the model loaded from it on `backend` and a KV cache for its prompts, whose
 // entries are kv_cache_dtype ("auto": the backend's weight dtype, as the engine's default).
 struct ParityModel {
   Fixture fx;
-  std::unique_ptr<DeepseekV3Model> model;
+  std::unique_ptr<CausalLm> model;
   std::unique_ptr<KvBlockPool> pool;
 };
 absl::StatusOr<ParityModel> LoadParityModel(const std::string& fixture, Backend* backend,
@@ -83,7 +83,8 @@ absl::StatusOr<TeacherForcedResult> AllPromptsTeacherForced(const ParityModel& m
 // printed with `label` ("cpu", "cuda bf16-cache", ...) and the fixture's name.
 void ExpectBf16LogitsWithinTolerance(const FixtureLogitsError& e, const std::string& label,
                                      const std::string& fixture);
-// Prints the teacher-forced greedy agreement ("[bf16-parity] LABEL FIXTURE greedy agreement M / N").
+// Prints the teacher-forced greedy agreement ("[bf16-parity] LABEL FIXTURE greedy agreement M /
+// N").
 void PrintGreedyAgreement(const TeacherForcedResult& r, const std::string& label,
                           const std::string& fixture);
 

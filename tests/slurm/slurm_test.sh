@@ -103,7 +103,7 @@ if ! bash "$root/deploy/bundle.sh" --from "$bazel_bin" --out "$bundle"; then
 fi
 # Run from an unrelated directory, empty environment: only $ORIGIN can find lib/.
 err=""
-for b in deepinfer-coordinator deepinfer-worker deepinfer deepinfer-admin; do
+for b in deepinfer-coordinator deepinfer-worker deepinfer deepinfer-admin deepinfer-bench; do
   libs=$(cd / && env -i ldd "$bundle/bin/$b")
   [[ $libs != *"not found"* ]] || err+=" $b: library not found;"
   [[ $libs == *"$bundle/bin/../lib/"* ]] || err+=" $b: no library resolved from the bundle;"

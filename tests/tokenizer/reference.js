@@ -8,7 +8,9 @@
 //   node reference.js model_dir                 -> {"model_dir": the model directory}
 //   node reference.js encode CORPUS.jsonl       -> per line {"ids", "ids_with_special", "decoded"
 //                                                  (of ids), "decoded_skipping_special" (of
-//                                                  ids_with_special, skip_special_tokens)}
+//                                                  ids_with_special, skip_special_tokens),
+//                                                  "ids_with_unknown" (ids plus ids past the
+//                                                  tokenizer), "decoded_with_unknown" (of those)}
 //   node reference.js encode CORPUS.jsonl TOKENIZER.json
 //                                               -> the same for another tokenizer.json, whose own
 //                                                  post-processor gives ids_with_special
@@ -77,6 +79,8 @@ async function encode(corpusFile, tokenizerFile) {
   if (addBos) specials.push([bos, plain.tokenToId(bos)]);
   if (addEos) specials.push([eos, plain.tokenToId(eos)]);
   withSpecial.setPostProcessor(templateProcessing(single, null, specials));
+  const size = plain.getVocabSize(true);
+  const unknown = [size, size + 267, 129279];  // 129279: DeepSeek-V3's last embedding row
   const out = [];
   for (const row of readJsonl(corpusFile)) {
     const text = rowText(row);
@@ -84,8 +88,15 @@ async function encode(corpusFile, tokenizerFile) {
     const idsWithSpecial = (await withSpecial.encode(text, null, { addSpecialTokens: true })).getIds();
     const decoded = await plain.decode(ids, false);
     const decodedSkippingSpecial = await plain.decode(idsWithSpecial, true);
+    // Ids past the tokenizer, as a model whose embedding has more rows can generate them: one
+    // first, one in the middle, one last.
+    const mid = Math.floor(ids.length / 2);
+    const idsWithUnknown =
+        [unknown[0], ...ids.slice(0, mid), unknown[1], ...ids.slice(mid), unknown[2]];
+    const decodedWithUnknown = await plain.decode(idsWithUnknown, false);
     out.push(JSON.stringify({ ids, ids_with_special: idsWithSpecial, decoded,
-      decoded_skipping_special: decodedSkippingSpecial }));
+      decoded_skipping_special: decodedSkippingSpecial, ids_with_unknown: idsWithUnknown,
+      decoded_with_unknown: decodedWithUnknown }));
   }
   process.stdout.write(out.join('\n') + '\n');
 }

@@ -43,8 +43,14 @@ std::string FormatClusterStatusTable(const ClusterStatusResponse& status) {
   }
   std::string out = absl::StrFormat("coordinator incarnation %016x, up %.0fs, %d worker(s)\n",
                                     status.coordinator_incarnation(),
-                                    status.coordinator_uptime_ms() / 1000.0,
-                                    status.workers_size());
+                                    status.coordinator_uptime_ms() / 1000.0, status.workers_size());
+  if (status.group_generation() > 0) {
+    absl::StrAppend(&out, "group generation ", status.group_generation(),
+                    status.group_serving() ? ": serving\n" : ": not serving\n");
+  }
+  if (!status.group_formation_error().empty()) {
+    absl::StrAppend(&out, "the group could not form: ", status.group_formation_error(), "\n");
+  }
   if (status.workers().empty()) return out;
   for (const auto& row : rows) {
     std::string line;

@@ -8,7 +8,8 @@
 
 namespace deepinfer {
 
-// One header line, then one line per worker: id, state, node, address, devices,
+// The coordinator, the group (its generation, whether it serves, why it could not form), then
+// a header line and one line per worker: id, state, node, address, devices,
 // seconds since last contact, restarts. Ends with a count per state.
 std::string FormatClusterStatusTable(const ClusterStatusResponse& status);
 

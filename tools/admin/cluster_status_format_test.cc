@@ -7,7 +7,9 @@
 namespace deepinfer {
 namespace {
 
+using ::testing::AllOf;
 using ::testing::HasSubstr;
+using ::testing::Not;
 
 ClusterStatusResponse TwoWorkers() {
   ClusterStatusResponse status;
@@ -43,6 +45,20 @@ TEST(ClusterStatusFormatTest, TableHasOneRowPerWorkerAndStateCounts) {
   EXPECT_THAT(table, HasSubstr("1x cpu"));
   EXPECT_THAT(table, HasSubstr("9.0s ago"));
   EXPECT_THAT(table, HasSubstr("1 LOST, 1 READY"));
+}
+
+TEST(ClusterStatusFormatTest, TableSaysWhyTheGroupCouldNotForm) {
+  ClusterStatusResponse status = TwoWorkers();
+  EXPECT_THAT(FormatClusterStatusTable(status), Not(HasSubstr("group")));
+  status.set_group_generation(3);
+  status.set_group_formation_error("worker w reports the group failed: rank 0: out of memory");
+  EXPECT_THAT(FormatClusterStatusTable(status),
+              AllOf(HasSubstr("group generation 3: not serving\n"),
+                    HasSubstr("the group could not form: worker w reports the group failed: rank "
+                              "0: out of memory\n")));
+  status.set_group_serving(true);
+  status.clear_group_formation_error();
+  EXPECT_THAT(FormatClusterStatusTable(status), HasSubstr("group generation 3: serving\n"));
 }
 
 TEST(ClusterStatusFormatTest, EmptyClusterSaysSo) {

@@ -68,8 +68,8 @@ int Status(const std::vector<std::string>& args) {
   bool json = false;
   FlagSet flags("deepinfer-admin status [--coordinator HOST:PORT] [flags]",
                 "Lists every worker the coordinator knows: state (REGISTERED, READY,\n"
-                "DRAINING, LOST), node, address, devices, time since last heartbeat, and\n"
-                "restarts. Exits 1 if the coordinator cannot be reached.");
+                "DRAINING, LOST, LEFT), node, address, devices, time since last heartbeat,\n"
+                "and restarts. Exits 1 if the coordinator cannot be reached.");
   connection.AddTo(flags);
   flags.AddBool("json", &json, "Print JSON instead of a table.");
   if (int rc = ParseOrExit(flags, args, "status"); rc >= 0) return rc;

@@ -14,6 +14,7 @@
 
 #include "coordinator/cli/flag_set.h"
 #include "tools/bench/bench_runner.h"
+#include "worker/backend/backend_kind.h"
 
 int main(int argc, char** argv) {
   // Loading stages every weight tensor in a fresh host vector, and every step copies the
@@ -31,10 +32,11 @@ int main(int argc, char** argv) {
       "deepinfer bench --model DIR [flags]   (or deepinfer-bench ...)",
       "Loads a DeepSeek-V3-family model on one backend and measures prefill tokens/s, decode\n"
       "tokens/s at N concurrent requests, decode step latency p50/p99 and peak device memory.\n"
-      "Each throughput is also given as a fraction of the roofline computed from config.json:\n"
-      "decode reads the weights the active experts of that batch touch plus the latent KV\n"
-      "cache (bytes / 4.3 TB/s), prefill is mostly FLOPs (/ 790 TFLOP/s); the larger of the\n"
-      "two times is the roofline. Numbers go to stdout (text, or one JSON object with --json).");
+      "With --backend cuda each throughput is also given as a fraction of the H200 roofline\n"
+      "computed from config.json: decode reads the weights the active experts of that batch\n"
+      "touch plus the latent KV cache (bytes / 4.3 TB/s), prefill is mostly FLOPs (/ 790\n"
+      "TFLOP/s); the larger of the two times is the roofline. On the CPU the step costs are\n"
+      "shown without a roofline. Numbers go to stdout (text, or one JSON object with --json).");
   flags.AddString("model", &config.model,
                   "Checkpoint directory (config.json + safetensors), or with --load-format dummy\n"
                   "a directory holding config.json or the config file itself; the older form\n"
@@ -143,6 +145,10 @@ int main(int argc, char** argv) {
   flags.AddBool("json", &json, "Print one JSON object instead of the text report.");
   flags.AddString("csv", &csv, "Append one CSV row per request count (header if the file is new).");
   if (int rc = flags.ParseMain(argc, argv, "deepinfer-bench"); rc >= 0) return rc;
+  if (absl::Status built = deepinfer::CheckBackendBuilt(config.backend); !built.ok()) {
+    std::cerr << "deepinfer-bench: " << built.message() << "\n";
+    return 2;
+  }
   if (!deepinfer::ParseRequestCounts(requests, &config.decode_num_requests)) {
     std::cerr << "deepinfer-bench: --decode-num-requests must be a number or a comma list of "
                  "numbers, not '"

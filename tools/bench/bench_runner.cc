@@ -29,10 +29,11 @@
 #include "worker/comm/tcp_communicator.h"
 #include "worker/device_discovery.h"
 #include "worker/engine/memory_plan.h"
-#include "worker/engine/rank_group.h"
+#include "worker/engine/rank_builder.h"
 #include "worker/kv_cache/kv_block_pool.h"
-#include "worker/model/deepseek_v3_model.h"
+#include "worker/model/causal_lm.h"
 #include "worker/model/model_loader.h"
+#include "worker/model/model_registry.h"
 #include "worker/model/model_weights.h"
 #ifdef DEEPINFER_WITH_CUDA
 #include "worker/backend/cuda/cuda_backend.h"
@@ -80,29 +81,21 @@ absl::StatusOr<ModelConfig> ReadConfig(const std::string& model) {
   return ModelConfig::FromFile(*dummy ? path : model + "/config.json");
 }
 
-// Dummy weights through the multi-threaded generator (same values as LoadDeepseekV3's dummy
-// format), anything else through LoadDeepseekV3; only the routed experts `load` hosts, with the
-// dispatcher `make` builds.
-absl::StatusOr<std::unique_ptr<DeepseekV3Model>> Load(const BenchConfig& bc, Backend* backend,
-                                                      const LoadOptions& load,
-                                                      const ExpertDispatcherFactory& make) {
+// Dummy weights through the multi-threaded generator (same values as LoadModel's dummy
+// format), anything else as LoadModel opens it.
+absl::StatusOr<std::unique_ptr<WeightSource>> OpenBenchWeights(const std::string& model,
+                                                               int64_t load_threads,
+                                                               ModelConfig* config) {
   std::string path;
   uint64_t seed = 0;
-  absl::StatusOr<bool> dummy = ParseDummySpec(bc.model, &path, &seed);
+  absl::StatusOr<bool> dummy = ParseDummySpec(model, &path, &seed);
   if (!dummy.ok()) return dummy.status();
-  if (!*dummy) return LoadDeepseekV3(bc.model, backend, load, make);
-  auto config = ModelConfig::FromFile(path);
-  if (!config.ok()) return config.status();
-  ParallelDummyWeightSource source(seed, static_cast<int>(bc.load_threads));
-  auto weights = ModelWeights::Load(*config, &source, backend, load);
-  if (!weights.ok()) return weights.status();
-  std::unique_ptr<ExpertDispatcher> dispatcher;
-  if (config->n_routed_experts > 0) {
-    auto made = make(*config, **weights, backend);
-    if (!made.ok()) return made.status();
-    dispatcher = std::move(*made);
-  }
-  return DeepseekV3Model::Create(*config, std::move(*weights), backend, std::move(dispatcher));
+  if (!*dummy) return OpenWeightSource(model, config);
+  auto read = ModelConfig::FromFile(path);
+  if (!read.ok()) return read.status();
+  *config = std::move(*read);
+  return std::unique_ptr<WeightSource>(
+      std::make_unique<ParallelDummyWeightSource>(seed, static_cast<int>(load_threads)));
 }
 
 int32_t Argmax(const std::vector<float>& l) {
@@ -113,9 +106,11 @@ int32_t Argmax(const std::vector<float>& l) {
 // a cache of realistic magnitude without prefill steps having written it.
 void FillCacheRandom(Backend* backend, const KvBlockPool& pool, uint32_t seed) {
   const KvBlockPoolOptions& o = pool.options();
+  // Every group of this model's spec has one entry type (PagedLatentSpec).
+  const KvCacheGroupSpec& g = o.spec.groups[0];
   const size_t per_layer =
-      static_cast<size_t>(o.num_blocks) * o.block_size * (o.latent_dim + o.rope_dim);
-  const bool bf16 = o.dtype == WeightDType::kBFloat16;
+      static_cast<size_t>(o.num_blocks) * o.block_size * g.EntryBytes() / WeightDTypeSize(g.dtype);
+  const bool bf16 = g.dtype == WeightDType::kBFloat16;
   // One random chunk, copied repeatedly at shifting offsets: enough variety for timing.
   std::vector<float> chunk(std::min<size_t>(per_layer, size_t{1} << 22));
   std::mt19937 gen(seed);
@@ -125,11 +120,11 @@ void FillCacheRandom(Backend* backend, const KvBlockPool& pool, uint32_t seed) {
   if (bf16) {
     for (float v : chunk) chunk16.push_back(FloatToBf16Bits(v));
   }
-  const size_t elem = WeightDTypeSize(o.dtype);
+  const size_t elem = WeightDTypeSize(g.dtype);
   const char* src = bf16 ? reinterpret_cast<const char*>(chunk16.data())
                          : reinterpret_cast<const char*>(chunk.data());
-  for (int32_t layer = 0; layer < o.num_layers; ++layer) {
-    char* dst = static_cast<char*>(pool.LayerView(layer).cache);
+  for (int32_t layer = 0; layer < o.spec.num_layers(); ++layer) {
+    char* dst = static_cast<char*>(pool.LayerData(layer));
     for (size_t done = 0; done < per_layer;) {
       const size_t shift = (layer * 7919 + done) % chunk.size();
       const size_t n = std::min(per_layer - done, chunk.size() - shift);
@@ -227,115 +222,83 @@ class RankSet {
   absl::Status first_error_ ABSL_GUARDED_BY(mu_);
 };
 
-// One rank's objects, declared so that they are destroyed in dependency order (pool, model,
-// meter, data-plane communicator, backend, TCP communicator), on the rank's thread.
+// One rank's parts (rank_builder.h), destroyed on the rank's thread after the communicators
+// are taken off the set.
 struct RankState {
   RankSet* set = nullptr;
-  std::unique_ptr<comm::TcpCommunicator> control;  // ranks > 1
-  std::unique_ptr<Backend> backend;
-  std::unique_ptr<comm::Communicator> nccl;  // with an NCCL data plane
-  std::unique_ptr<ExchangeMeter> meter;      // ranks > 1: between dispatcher and data plane
-  std::unique_ptr<DeepseekV3Model> model;
-  std::unique_ptr<KvBlockPool> pool;
+  RankParts parts;
+  ExchangeMeter* meter = nullptr;  // ranks > 1: parts.exchange, between dispatcher and data plane
 
   ~RankState() {
-    pool.reset();
-    model.reset();
-    meter.reset();
-    if (nccl != nullptr) set->Remove(nccl.get());
-    nccl.reset();
-    backend.reset();
-    if (control != nullptr) set->Remove(control.get());
+    parts.pool.reset();
+    parts.model.reset();
+    parts.exchange.reset();
+    if (parts.data_comm != nullptr) set->Remove(parts.data_comm.get());
+    parts.data_comm.reset();
+    parts.backend.reset();
+    if (parts.group != nullptr) set->Remove(parts.group.get());
   }
 };
 
-// Joins the TCP group (ranks > 1), opens the backend, forms the NCCL data plane if asked, loads
-// the rank's share of the model and makes its KV pool of `blocks` blocks.
+// Builds the rank as a worker does (BuildRank: the TCP group with ranks > 1, the backend, the
+// NCCL data plane if asked, the rank's share of the model, a KV pool of `blocks` blocks), with
+// the exchange metered, then fills the cache if asked and waits for every rank.
 absl::Status SetUpRank(const BenchConfig& bc, int64_t rank, int64_t blocks, RankState* s) {
   const int64_t ranks = s->set->ranks();
+  RankSpec spec;
+  spec.rank = static_cast<int>(rank);
+  spec.world_size = static_cast<int>(ranks);
+  spec.root_address = s->set->root_address();
+  spec.group_incarnation = 0x62656e6368;  // "bench": one group per process
   // TCP: a barrier waits for every rank to load its weights (a minute or more for big models).
   // NCCL: bounds forming and each exchange, which never wait for loading.
-  const absl::Duration timeout = absl::Minutes(10), nccl_timeout = absl::Minutes(2);
-  if (ranks > 1) {
-    comm::TcpCommunicatorSpec spec;
-    spec.rank = static_cast<int>(rank);
-    spec.world_size = static_cast<int>(ranks);
-    spec.root_address = s->set->root_address();
-    spec.group_incarnation = 0x62656e6368;  // "bench": one group per process
-    spec.timeout = timeout;
-    auto c = comm::TcpCommunicator::Create(spec, rank == 0 ? s->set->TakeRoot() : nullptr);
-    if (!c.ok()) return c.status();
-    s->control = std::move(*c);
-    if (!s->set->Add(s->control.get())) return s->set->first_error();
-  }
-  BackendOptions bo;
-  bo.kind = bc.backend;
-  bo.cuda_device = static_cast<int>(bc.cuda_device + rank);
-  bo.dtype = bc.dtype;
-  bo.gemm_autotune = bc.gemm_autotune;
+  spec.group_timeout = absl::Minutes(10);
+  spec.data_plane_timeout = absl::Minutes(2);
+  spec.backend.kind = bc.backend;
+  spec.backend.cuda_device = static_cast<int>(bc.cuda_device + rank);
+  spec.backend.dtype = bc.dtype;
+  spec.backend.gemm_autotune = bc.gemm_autotune;
   if (ranks > 1 && bc.backend == "cpu") {
-    bo.cpu_threads = std::max(1, static_cast<int>(std::thread::hardware_concurrency() / ranks));
+    spec.backend.cpu_threads =
+        std::max(1, static_cast<int>(std::thread::hardware_concurrency() / ranks));
   }
-  auto backend = MakeBackend(bo);
-  if (!backend.ok()) return backend.status();
-  s->backend = std::move(*backend);
   auto choice = comm::ParseDataPlaneChoice(bc.communicator);
   if (!choice.ok()) return choice.status();
-  LoadOptions load;
-  ExpertDispatcherFactory make = MakeLocalExpertDispatcher;
-  if (ranks > 1) {
-    auto plane = comm::ResolveDataPlane(*choice, bc.backend, static_cast<int>(ranks));
-    if (!plane.ok()) return plane.status();
-    comm::Communicator* data = s->control.get();
-    if (*plane == comm::DataPlane::kNccl) {
-      auto nccl = comm::FormNcclCommunicator(s->control.get(), bo.cuda_device,
-                                             s->backend->native_stream(), nccl_timeout);
-      if (!nccl.ok()) return nccl.status();
-      s->nccl = std::move(*nccl);
-      if (!s->set->Add(s->nccl.get())) return s->set->first_error();
-      data = s->nccl.get();
-    }
-    s->meter = std::make_unique<ExchangeMeter>(data, s->backend.get());
-    // The worker's pieces: its expert range and its expert-parallel dispatcher factory, which
-    // checks that the dispatcher serves exactly the range loaded.
-    auto read = ReadConfig(bc.model);
-    if (!read.ok()) return read.status();
-    const ExpertRange range = RankGroup::ExpertsOf(read->n_routed_experts, static_cast<int>(ranks),
-                                                   static_cast<int>(rank));
-    load.hosts_expert = [range](int64_t, int64_t e) {
-      return e >= range.first && e < range.first + range.count;
-    };
-    make = [meter = s->meter.get(), range](const ModelConfig& c, const ModelWeights& w,
-                                           Backend* b) {
-      return EpDispatcherFactory().make(meter, range, nullptr, c, w, b);
-    };
-  }
-  auto model = Load(bc, s->backend.get(), load, make);
-  if (!model.ok()) return model.status();
-  s->model = std::move(*model);
-  DecodeGraphOptions graphs;
-  graphs.enabled = bc.cuda_graphs;
-  graphs.max_batch = bc.cuda_graph_max_batch;
-  s->model->SetDecodeGraphOptions(graphs);
-  s->model->SetFusedOps(bc.fused_ops);
+  spec.communicator = *choice;
+  // The worker's expert-parallel dispatcher factory, which checks that the dispatcher serves
+  // exactly the range loaded.
+  spec.dispatcher = ranks > 1 ? EpDispatcherFactory() : LocalDispatcherFactory();
+  spec.model = bc.model;
+  spec.open_weights = [&bc](const std::string& model, ModelConfig* config) {
+    return OpenBenchWeights(model, bc.load_threads, config);
+  };
+  spec.decode_graphs.enabled = bc.cuda_graphs;
+  spec.decode_graphs.max_batch = bc.cuda_graph_max_batch;
+  spec.fused_ops = bc.fused_ops;
+  auto prefill_form = ParsePrefillAttention(bc.prefill_attention);
+  if (!prefill_form.ok()) return prefill_form.status();
+  spec.prefill_attention = *prefill_form;
+  spec.kv_cache_dtype = bc.kv_cache_dtype;
+  spec.block_size = static_cast<int32_t>(bc.block_size);
+  spec.kv_cache_blocks = blocks;
+  RankHooks hooks;
+  hooks.on_communicator = [set = s->set](comm::Communicator* c) { return set->Add(c); };
+  hooks.wrap_exchange = [s](comm::Communicator* data,
+                            Backend* backend) -> std::unique_ptr<comm::Communicator> {
+    auto meter = std::make_unique<ExchangeMeter>(data, backend);
+    s->meter = meter.get();
+    return meter;
+  };
+  absl::Status built = BuildRank(spec, hooks, rank == 0 ? s->set->TakeRoot() : nullptr, &s->parts);
+  if (built.code() == absl::StatusCode::kCancelled) return s->set->first_error();
+  if (!built.ok()) return built;
   // Process-wide (every rank sets the same value; with ranks > 1 in one process the PDL-off
   // comparison toggles it for all of them, which changes their timing, never their results).
   kernels::SetProgrammaticDependentLaunch(bc.pdl);
-  auto prefill_form = ParsePrefillAttention(bc.prefill_attention);
-  if (!prefill_form.ok()) return prefill_form.status();
-  s->model->SetPrefillAttention(*prefill_form);
-  KvBlockPoolOptions cache_options =
-      s->model->CacheOptions(static_cast<int32_t>(blocks), static_cast<int32_t>(bc.block_size));
-  auto cache_dtype = ResolveKvCacheDType(bc.kv_cache_dtype, s->backend->weight_dtype());
-  if (!cache_dtype.ok()) return cache_dtype.status();
-  cache_options.dtype = *cache_dtype;
-  auto pool = KvBlockPool::Create(s->backend.get(), cache_options);
-  if (!pool.ok()) return pool.status();
-  s->pool = std::move(*pool);
-  if (bc.decode_fill == "random") FillCacheRandom(s->backend.get(), *s->pool, 99);
-  s->backend->Synchronize();
+  if (bc.decode_fill == "random") FillCacheRandom(s->parts.backend.get(), *s->parts.pool, 99);
+  s->parts.backend->Synchronize();
   // Every rank has its weights before anyone steps.
-  if (s->control != nullptr) return s->control->Barrier();
+  if (s->parts.group != nullptr) return s->parts.group->Barrier();
   return absl::OkStatus();
 }
 
@@ -345,7 +308,8 @@ absl::Status RunRank(const BenchConfig& bc, int64_t rank, RankState* s, RankOutp
   const int64_t prefill_seqs = std::max<int64_t>(1, bc.prefill_batch_tokens / ctx);
   const int64_t timed = bc.output_len - bc.warmup;
   const int64_t synced = bc.ranks > 1 && bc.time_all_to_all ? timed : 0;
-  const bool compare_eager = bc.cuda_graphs && bc.compare_eager_decode;
+  // Graphs off against graphs on means something on the cuda backend only.
+  const bool compare_eager = bc.backend == "cuda" && bc.cuda_graphs && bc.compare_eager_decode;
   const int64_t decode_runs = 1 + (compare_eager ? 1 : 0) + (bc.compare_unfused_decode ? 1 : 0) +
                               (bc.compare_pdl_off_decode ? 1 : 0);
   const int64_t per_seq_blocks =
@@ -367,14 +331,14 @@ absl::Status RunRank(const BenchConfig& bc, int64_t rank, RankState* s, RankOutp
   const Clock::time_point load_start = Clock::now();
   if (absl::Status st = SetUpRank(bc, rank, blocks, s); !st.ok()) return st;
   o->load_seconds = Seconds(load_start, Clock::now());
-  o->backend = s->backend->name();
-  o->kv_cache_dtype = s->pool->options().dtype;
-  o->kv_cache_blocks = s->pool->num_blocks();
-  DeepseekV3Model* model = s->model.get();
-  KvBlockPool* pool = s->pool.get();
+  o->backend = s->parts.backend->name();
+  o->kv_cache_dtype = s->parts.pool->spec().groups[0].dtype;
+  o->kv_cache_blocks = s->parts.pool->num_blocks();
+  CausalLm* model = s->parts.model.get();
+  KvBlockPool* pool = s->parts.pool.get();
   const ModelConfig& mc = model->config();
 #ifdef DEEPINFER_WITH_CUDA
-  auto* cuda = dynamic_cast<CudaBackend*>(s->backend.get());  // per-op timing
+  auto* cuda = dynamic_cast<CudaBackend*>(s->parts.backend.get());  // per-op timing
 #endif
   auto set_fused = [&](bool on) { model->SetFusedOps(on); };
   // Runs `fn` with per-op timing on (CUDA only) and returns the op table.
@@ -392,7 +356,7 @@ absl::Status RunRank(const BenchConfig& bc, int64_t rank, RankState* s, RankOutp
   };
   // Lines the ranks up before a timed step (not timed itself).
   auto line_up = [&]() -> absl::Status {
-    return s->control != nullptr ? s->control->Barrier() : absl::OkStatus();
+    return s->parts.group != nullptr ? s->parts.group->Barrier() : absl::OkStatus();
   };
 
   // Random prompt tokens, never all the same (timing on degenerate data is misleading). `gen`
@@ -441,8 +405,8 @@ absl::Status RunRank(const BenchConfig& bc, int64_t rank, RankState* s, RankOutp
       auto batch = new_seqs(prefill_seqs);
       if (!batch.ok()) return batch.status();
       // As the engine prefills: each prompt's next token sampled on the device (greedy), no
-      // logits back to the host (before session 6 the step copied every prompt's
-      // vocabulary row to pageable host memory: 0.46-0.72 ms at 8 x 1024).
+      // logits back to the host (copying every prompt's vocabulary row to pageable host memory
+      // would add 0.46-0.72 ms at 8 x 1024).
       for (SequenceStep& s : *batch) {
         s.sampling = SamplingParams{};
         s.return_logits = false;
@@ -500,7 +464,7 @@ absl::Status RunRank(const BenchConfig& bc, int64_t rank, RankState* s, RankOutp
       seqs[i].return_logits = bc.decode_sampling_on_host;
     }
     if (bc.pause_before_decode_ms > 0) {
-      s->backend->Synchronize();
+      s->parts.backend->Synchronize();
       std::this_thread::sleep_for(std::chrono::milliseconds(bc.pause_before_decode_ms));
     }
     RankDecodeTimes d;
@@ -606,7 +570,7 @@ absl::Status RunRank(const BenchConfig& bc, int64_t rank, RankState* s, RankOutp
   }
 #endif
   o->decode_graph_steps = model->decode_graph_steps();
-  if (absl::Status st = s->backend->status(); !st.ok()) return st;
+  if (absl::Status st = s->parts.backend->status(); !st.ok()) return st;
   // Nobody tears its communicators down while a peer may still be in the last exchange.
   return line_up();
 }
@@ -739,6 +703,8 @@ absl::StatusOr<BenchResult> RunBenchmark(const BenchConfig& bc) {
   // ---- Merge ----
   BenchResult r;
   r.backend = outputs[0].backend;
+  r.has_roofline = r.backend == "cuda";
+  r.cuda_graphs = r.backend == "cuda" && bc.cuda_graphs;
   r.ranks = ranks;
   if (ranks > 1) {
     auto plane = comm::ResolveDataPlane(*choice, bc.backend, static_cast<int>(ranks));
@@ -758,7 +724,7 @@ absl::StatusOr<BenchResult> RunBenchmark(const BenchConfig& bc) {
   }
   r.decode_graph_steps = outputs[0].decode_graph_steps;
   if (bc.cuda_graphs && r.decode_graph_steps > 0) {
-    const std::vector<int64_t> all = DeepseekV3Model::DecodeGraphBuckets(bc.cuda_graph_max_batch);
+    const std::vector<int64_t> all = DecodeGraphBuckets(bc.cuda_graph_max_batch);
     std::vector<int64_t> used;
     for (int64_t n : bc.decode_num_requests) {
       auto b = std::lower_bound(all.begin(), all.end(), n);
@@ -766,7 +732,10 @@ absl::StatusOr<BenchResult> RunBenchmark(const BenchConfig& bc) {
         used.push_back(*b);
       }
     }
-    r.graph_bytes_planned = DecodeGraphReserveBytes(*config, used);
+    auto arch = FindArchitecture(*config);
+    if (!arch.ok()) return arch.status();
+    r.graph_bytes_planned =
+        DecodeGraphReserveBytes((*arch)->activation_floats_per_token(*config), used);
   }
   r.prefill_op_report = outputs[0].prefill_op_report;
   r.decode_op_report = outputs[0].decode_op_report;
@@ -782,11 +751,10 @@ absl::StatusOr<BenchResult> RunBenchmark(const BenchConfig& bc) {
           std::max(r.prefill_warmup_step_seconds, o.prefill_warmup_seconds);
     }
     r.prefill_tokens_per_s = ranks * r.prefill_tokens_per_step / r.prefill_step_seconds;
-    // The form DeepseekV3Model::UsesMhaPrefill picks for these prompts, where the backend has
+    // The form the MLA attention picks for these prompts (PrefillAttention), where the backend has
     // the non-absorbed op (CPU; CUDA with bf16 weights, on the shapes the kernel takes).
     const bool mha_backend = bc.backend == "cpu" || bc.dtype == "bfloat16";
-    const int64_t mha_min =
-        *prefill_form == PrefillAttention::kMha ? 2 : DeepseekV3Model::kMhaPrefillMinTokens;
+    const int64_t mha_min = *prefill_form == PrefillAttention::kMha ? 2 : kMhaPrefillMinTokens;
     const MlaForm form =
         *prefill_form != PrefillAttention::kAbsorbed && mha_backend && ctx >= mha_min
             ? MlaForm::kNonAbsorbed
@@ -796,8 +764,10 @@ absl::StatusOr<BenchResult> RunBenchmark(const BenchConfig& bc) {
                                         r.cache_bytes_per_value, ranks, form);
     r.prefill_bytes_per_step = pc.bytes;
     r.prefill_flops_per_step = pc.flops;
-    r.prefill_roofline_fraction =
-        pc.RooflineSeconds(bc.peak_bytes_per_s, bc.peak_flops_per_s) / r.prefill_step_seconds;
+    if (r.has_roofline) {
+      r.prefill_roofline_fraction =
+          pc.RooflineSeconds(bc.peak_bytes_per_s, bc.peak_flops_per_s) / r.prefill_step_seconds;
+    }
   }
   for (size_t which = 0; which < bc.decode_num_requests.size(); ++which) {
     const int64_t n = bc.decode_num_requests[which];
@@ -828,11 +798,13 @@ absl::StatusOr<BenchResult> RunBenchmark(const BenchConfig& bc) {
                                            r.bytes_per_value, r.cache_bytes_per_value, ranks);
       t.bytes_per_step = cost.bytes;
       t.flops_per_step = cost.flops;
-      t.roofline_fraction =
-          cost.RooflineSeconds(bc.peak_bytes_per_s, bc.peak_flops_per_s) / t.p50_seconds;
+      if (r.has_roofline) {
+        t.roofline_fraction =
+            cost.RooflineSeconds(bc.peak_bytes_per_s, bc.peak_flops_per_s) / t.p50_seconds;
+      }
       return t;
     };
-    DecodeResult d = timed_run(steps, 0, bc.cuda_graphs, bc.fused_ops, bc.pdl);
+    DecodeResult d = timed_run(steps, 0, r.cuda_graphs, bc.fused_ops, bc.pdl);
     d.seq0_tokens = outputs[0].decode[which].seq0_tokens;
     if (ranks > 1) {
       double a2a_sum = 0;
@@ -869,11 +841,11 @@ absl::StatusOr<BenchResult> RunBenchmark(const BenchConfig& bc) {
       before += bc.output_len;
     }
     if (unfused_ran) {  // fused ops off (compare_unfused_decode)
-      r.decode.push_back(timed_run(unfused, before, bc.cuda_graphs, false, bc.pdl));
+      r.decode.push_back(timed_run(unfused, before, r.cuda_graphs, false, bc.pdl));
       before += bc.output_len;
     }
     if (!outputs[0].decode[which].pdl_off_step_seconds.empty()) {  // compare_pdl_off_decode
-      r.decode.push_back(timed_run(pdl_off, before, bc.cuda_graphs, bc.fused_ops, false));
+      r.decode.push_back(timed_run(pdl_off, before, r.cuda_graphs, bc.fused_ops, false));
     }
   }
   return r;
@@ -904,27 +876,41 @@ std::string FormatBenchReport(const BenchConfig& c, const BenchResult& r) {
                           "figures per rank; a step's time is the slowest rank's)\n",
                           r.ranks, r.data_plane);
   }
+  // "roofline fraction F" where the peaks apply, and the peaks themselves.
+  auto roofline = [&](double fraction) {
+    return r.has_roofline ? absl::StrFormat("roofline fraction %.4f", fraction) : std::string();
+  };
+  const std::string peaks =
+      r.has_roofline ? absl::StrFormat("; %.0f GB/s, %.0f TFLOP/s peaks", c.peak_bytes_per_s / 1e9,
+                                       c.peak_flops_per_s / 1e12)
+                     : "";
+  if (!r.has_roofline) {
+    absl::StrAppend(&out, "roofline: none on the ", r.backend,
+                    " backend (the peak figures are an H200's)\n");
+  }
   if (r.prefill_tokens_per_step > 0) {
     absl::StrAppendFormat(
         &out,
         "prefill: %d tokens/step%s (%d x %d), median step %.4f s, %.1f tok/s%s, "
-        "roofline fraction %.4f, %s attention (untimed first step of this size %.4f s)\n",
+        "%s%s attention (untimed first step of this size %.4f s)\n",
         r.prefill_tokens_per_step, ep ? " per rank" : "",
         r.prefill_tokens_per_step / c.context_length, c.context_length, r.prefill_step_seconds,
         r.prefill_tokens_per_s,
         ep ? absl::StrFormat(" (%.1f per GPU)", r.prefill_tokens_per_s / r.ranks) : "",
-        r.prefill_roofline_fraction, r.prefill_attention_form, r.prefill_warmup_step_seconds);
+        r.has_roofline ? roofline(r.prefill_roofline_fraction) + ", " : "",
+        r.prefill_attention_form, r.prefill_warmup_step_seconds);
   }
   for (const DecodeResult& d : r.decode) {
     if (ep) {
       absl::StrAppendFormat(
           &out,
           "decode: batch %d per rank x %d ranks, context %d, %d timed steps, p50 %.4f s, p99 "
-          "%.4f s, %.1f tok/s, %.1f tok/s per GPU, roofline fraction %.4f per GPU (%.3g bytes, "
-          "%.3g FLOPs per step and GPU; %.0f GB/s, %.0f TFLOP/s peaks)\n",
+          "%.4f s, %.1f tok/s, %.1f tok/s per GPU%s (%.3g bytes, %.3g FLOPs per step and "
+          "GPU%s)\n",
           d.batch, r.ranks, c.context_length, d.steps, d.p50_seconds, d.p99_seconds, d.tokens_per_s,
-          d.tokens_per_s_per_gpu, d.roofline_fraction, d.bytes_per_step, d.flops_per_step,
-          c.peak_bytes_per_s / 1e9, c.peak_flops_per_s / 1e12);
+          d.tokens_per_s_per_gpu,
+          r.has_roofline ? ", " + roofline(d.roofline_fraction) + " per GPU" : "", d.bytes_per_step,
+          d.flops_per_step, peaks);
       for (const RankDecodeResult& k : d.per_rank) {
         absl::StrAppendFormat(&out,
                               "  rank %d: p50 %.4f s, p99 %.4f s, %.1f exchange calls and %.4g "
@@ -955,17 +941,19 @@ std::string FormatBenchReport(const BenchConfig& c, const BenchResult& r) {
     } else {
       absl::StrAppendFormat(
           &out,
-          "decode: batch %d, context %d, %d timed steps%s, p50 %.4f s, p99 %.4f s, %.1f tok/s, "
-          "roofline fraction %.4f (%.3g bytes, %.3g FLOPs per step; %.0f GB/s, %.0f TFLOP/s "
-          "peaks)\n",
+          "decode: batch %d, context %d, %d timed steps%s, p50 %.4f s, p99 %.4f s, %.1f tok/s%s "
+          "(%.3g bytes, %.3g FLOPs per step%s)\n",
           d.batch, c.context_length, d.steps,
           absl::StrCat(
-              c.compare_eager_decode ? (d.cuda_graphs ? " (cuda graphs)" : " (eager)") : "",
+              c.compare_eager_decode && r.backend == "cuda"
+                  ? (d.cuda_graphs ? " (cuda graphs)" : " (eager)")
+                  : "",
               c.compare_unfused_decode || !c.fused_ops ? (d.fused_ops ? " (fused)" : " (unfused)")
                                                        : "",
               c.compare_pdl_off_decode || !c.pdl ? (d.pdl ? " (pdl on)" : " (pdl off)") : ""),
-          d.p50_seconds, d.p99_seconds, d.tokens_per_s, d.roofline_fraction, d.bytes_per_step,
-          d.flops_per_step, c.peak_bytes_per_s / 1e9, c.peak_flops_per_s / 1e12);
+          d.p50_seconds, d.p99_seconds, d.tokens_per_s,
+          r.has_roofline ? ", " + roofline(d.roofline_fraction) : "", d.bytes_per_step,
+          d.flops_per_step, peaks);
     }
     absl::StrAppend(&out, "seq0_decode_tokens (batch ", d.batch, "): ", Join(d.seq0_tokens), "\n");
     for (const RankDecodeResult& k : d.per_rank) {
@@ -974,8 +962,11 @@ std::string FormatBenchReport(const BenchConfig& c, const BenchResult& r) {
                       "): ", Join(k.seq0_tokens), "\n");
     }
   }
-  absl::StrAppendFormat(&out, "cuda_graphs: %s (max batch %d), %d decode steps on the graph path\n",
-                        c.cuda_graphs ? "on" : "off", c.cuda_graph_max_batch, r.decode_graph_steps);
+  if (r.backend == "cuda") {
+    absl::StrAppendFormat(
+        &out, "cuda_graphs: %s (max batch %d), %d decode steps on the graph path\n",
+        r.cuda_graphs ? "on" : "off", c.cuda_graph_max_batch, r.decode_graph_steps);
+  }
   if (r.device_bytes_reserved_peak >= 0) {
     absl::StrAppendFormat(&out, "device_memory_reserved_peak: %.3f GiB%s\n",
                           r.device_bytes_reserved_peak / 1073741824.0,
@@ -1003,6 +994,15 @@ std::string FormatBenchJson(const BenchConfig& c, const BenchResult& r) {
   auto json_list = [](const std::vector<int32_t>& v) {
     return absl::StrReplaceAll(Join(v), {{" ", ", "}});
   };
+  // null where a figure does not apply to the backend that ran.
+  const bool cuda = r.backend == "cuda";
+  auto fraction = [&](double v) {
+    return r.has_roofline ? absl::StrFormat("%.6f", v) : std::string("null");
+  };
+  auto peak = [&](double v) {
+    return r.has_roofline ? absl::StrFormat("%.4g", v) : std::string("null");
+  };
+  auto graphs = [&](bool on) { return !cuda ? "null" : on ? "true" : "false"; };
   std::string decode;
   for (const DecodeResult& d : r.decode) {
     std::string per_rank;
@@ -1022,34 +1022,33 @@ std::string FormatBenchJson(const BenchConfig& c, const BenchResult& r) {
         "\"timed_steps\": %d, "
         "\"tokens_per_s\": %.3f, "
         "\"tokens_per_s_per_gpu\": %.3f, \"p50_s\": %.6f, \"p99_s\": %.6f, "
-        "\"roofline_fraction\": %.6f, \"bytes_per_step\": %.6g, \"flops_per_step\": %.6g, "
+        "\"roofline_fraction\": %s, \"bytes_per_step\": %.6g, \"flops_per_step\": %.6g, "
         "\"exchange_bytes_per_step\": %.6g, \"all_to_all_s_per_step\": %.6g, "
         "\"synced_step_p50_s\": %.6g, \"seq0_tokens\": [%s], \"per_rank\": [%s]}",
-        decode.empty() ? "" : ", ", d.batch, d.cuda_graphs ? "true" : "false",
-        d.fused_ops ? "true" : "false", d.pdl ? "true" : "false", d.steps, d.tokens_per_s,
-        d.tokens_per_s_per_gpu, d.p50_seconds, d.p99_seconds, d.roofline_fraction, d.bytes_per_step,
-        d.flops_per_step, d.exchange_bytes_per_step, d.all_to_all_seconds_per_step,
-        d.synced_step_p50_seconds, json_list(d.seq0_tokens), per_rank);
+        decode.empty() ? "" : ", ", d.batch, graphs(d.cuda_graphs), d.fused_ops ? "true" : "false",
+        d.pdl ? "true" : "false", d.steps, d.tokens_per_s, d.tokens_per_s_per_gpu, d.p50_seconds,
+        d.p99_seconds, fraction(d.roofline_fraction), d.bytes_per_step, d.flops_per_step,
+        d.exchange_bytes_per_step, d.all_to_all_seconds_per_step, d.synced_step_p50_seconds,
+        json_list(d.seq0_tokens), per_rank);
   }
   // The model string is a path: escape the two characters JSON strings cannot hold raw.
   const std::string model = absl::StrReplaceAll(c.model, {{"\\", "\\\\"}, {"\"", "\\\""}});
   return absl::StrFormat(
       "{\"model\": \"%s\", \"backend\": \"%s\", \"dtype\": \"%s\", \"bytes_per_value\": %.0f, "
       "\"ranks\": %d, \"data_plane\": \"%s\", "
-      "\"params\": %.0f, \"load_s\": %.3f, \"context\": %d, \"peak_bytes_per_s\": %.4g, "
-      "\"peak_flops_per_s\": %.4g, \"prefill\": {\"tokens_per_step\": %d, \"step_s\": %.6f, "
+      "\"params\": %.0f, \"load_s\": %.3f, \"context\": %d, \"peak_bytes_per_s\": %s, "
+      "\"peak_flops_per_s\": %s, \"prefill\": {\"tokens_per_step\": %d, \"step_s\": %.6f, "
       "\"warmup_step_s\": %.6f, "
-      "\"tokens_per_s\": %.3f, \"roofline_fraction\": %.6f, \"bytes_per_step\": %.6g, "
+      "\"tokens_per_s\": %.3f, \"roofline_fraction\": %s, \"bytes_per_step\": %.6g, "
       "\"flops_per_step\": %.6g}, \"decode\": [%s], \"mem_peak_bytes\": %d, "
       "\"cuda_graphs\": %s, \"decode_graph_steps\": %d, \"graph_mem_peak_bytes\": %d, "
       "\"pause_before_decode_ms\": %d}\n",
       model, r.backend, c.dtype, r.bytes_per_value, r.ranks, r.data_plane, r.param_count,
-      r.load_seconds, c.context_length, c.peak_bytes_per_s, c.peak_flops_per_s,
+      r.load_seconds, c.context_length, peak(c.peak_bytes_per_s), peak(c.peak_flops_per_s),
       r.prefill_tokens_per_step, r.prefill_step_seconds, r.prefill_warmup_step_seconds,
-      r.prefill_tokens_per_s, r.prefill_roofline_fraction, r.prefill_bytes_per_step,
-      r.prefill_flops_per_step, decode, r.device_bytes_reserved_peak,
-      c.cuda_graphs ? "true" : "false", r.decode_graph_steps, r.graph_bytes_reserved_peak,
-      c.pause_before_decode_ms);
+      r.prefill_tokens_per_s, fraction(r.prefill_roofline_fraction), r.prefill_bytes_per_step,
+      r.prefill_flops_per_step, decode, r.device_bytes_reserved_peak, graphs(r.cuda_graphs),
+      r.decode_graph_steps, r.graph_bytes_reserved_peak, c.pause_before_decode_ms);
 }
 
 std::string BenchCsvHeader() {
@@ -1059,13 +1058,17 @@ std::string BenchCsvHeader() {
 }
 
 std::vector<std::string> BenchCsvRows(const BenchConfig& c, const BenchResult& r) {
+  // Empty roofline cells where the backend has none.
+  auto fraction = [&](double v) {
+    return r.has_roofline ? absl::StrFormat("%.5f", v) : std::string();
+  };
   std::vector<std::string> rows;
   for (const DecodeResult& d : r.decode) {
     rows.push_back(absl::StrFormat(
-        "%s,%s,%s,%d,%d,%d,%.2f,%.5f,%.2f,%.6f,%.6f,%.5f,%d,%.2f,%d,%.2f,%.6g,%.6g", c.model,
-        r.backend, c.dtype, d.batch, c.context_length, r.prefill_tokens_per_step,
-        r.prefill_tokens_per_s, r.prefill_roofline_fraction, d.tokens_per_s, d.p50_seconds,
-        d.p99_seconds, d.roofline_fraction, r.device_bytes_reserved_peak, r.load_seconds, r.ranks,
+        "%s,%s,%s,%d,%d,%d,%.2f,%s,%.2f,%.6f,%.6f,%s,%d,%.2f,%d,%.2f,%.6g,%.6g", c.model, r.backend,
+        c.dtype, d.batch, c.context_length, r.prefill_tokens_per_step, r.prefill_tokens_per_s,
+        fraction(r.prefill_roofline_fraction), d.tokens_per_s, d.p50_seconds, d.p99_seconds,
+        fraction(d.roofline_fraction), r.device_bytes_reserved_peak, r.load_seconds, r.ranks,
         d.tokens_per_s_per_gpu, d.all_to_all_seconds_per_step, d.exchange_bytes_per_step));
   }
   return rows;

@@ -96,10 +96,10 @@ struct BenchConfig {
   // With cuda_graphs: after each batch size's timed steps, output_len more steps of the same
   // sequences with graphs off, reported as a second decode result (one load for both).
   bool compare_eager_decode = false;
-  // DeepseekV3Model::SetFusedOps (the fused ops of a decode step; off: the op sequence of
-  // before, for comparisons).
+  // CausalLm::SetFusedOps (the fused ops of a decode step; off: the op sequence of before, for
+  // comparisons).
   bool fused_ops = true;
-  // DeepseekV3Model::SetPrefillAttention: auto, absorbed or mha.
+  // CausalLm::SetPrefillAttention: auto, absorbed or mha.
   std::string prefill_attention = "auto";
   // After each batch size's timed steps (and the eager ones), output_len more steps of the same
   // sequences with fused ops off, reported as a further decode result (one load for both).
@@ -139,7 +139,8 @@ struct DecodeResult {
   double p99_seconds = 0;
   double tokens_per_s = 0;          // all ranks: ranks * batch / p50
   double tokens_per_s_per_gpu = 0;  // tokens_per_s / ranks
-  // Per rank (one GPU's share: its sequences, its experts for every rank's tokens).
+  // Per rank (one GPU's share: its sequences, its experts for every rank's tokens); 0 without
+  // BenchResult::has_roofline.
   double roofline_fraction = 0;
   double bytes_per_step = 0;
   double flops_per_step = 0;
@@ -156,6 +157,12 @@ struct DecodeResult {
 
 struct BenchResult {
   std::string backend;
+  // Whether the roofline fractions were computed: BenchConfig's peaks are an H200's, so only a
+  // run on the cuda backend has them; on the cpu backend there are no honest peak figures and
+  // the results carry the step costs (bytes, FLOPs) alone.
+  bool has_roofline = false;
+  // Decode steps were to replay CUDA graphs (cuda backend with BenchConfig::cuda_graphs).
+  bool cuda_graphs = false;
   int64_t ranks = 1;
   std::string data_plane;  // ranks > 1: "tcp" or "nccl"
   double bytes_per_value = 4;
@@ -169,8 +176,8 @@ struct BenchResult {
   // The untimed warm-up step of the same size (the slowest rank's): the first step of a new size
   // pays one-time costs (memory pool growth, cuBLAS kernel choice), shown apart.
   double prefill_warmup_step_seconds = 0;
-  double prefill_tokens_per_s = 0;  // all ranks
-  double prefill_roofline_fraction = 0;
+  double prefill_tokens_per_s = 0;       // all ranks
+  double prefill_roofline_fraction = 0;  // 0 without has_roofline
   // The MLA form the prefill steps ran and the roofline counted: "absorbed" or "non-absorbed".
   std::string prefill_attention_form = "absorbed";
   double prefill_bytes_per_step = 0;  // roofline cost of one prefill step
@@ -205,7 +212,9 @@ bool ParseDecodeSampling(const std::string& text, BenchConfig* config);
 absl::StatusOr<BenchResult> RunBenchmark(const BenchConfig& config);
 
 // Human-readable report (one "key: value" line per figure), the same as one JSON object, and
-// CSV rows (one per decode batch size) with their header.
+// CSV rows (one per decode batch size) with their header. Each shows only what applies to the
+// backend that ran: roofline fractions and peaks with has_roofline (JSON: null, CSV: empty
+// otherwise), the CUDA graph figures on cuda.
 std::string FormatBenchReport(const BenchConfig& config, const BenchResult& result);
 std::string FormatBenchJson(const BenchConfig& config, const BenchResult& result);
 std::string BenchCsvHeader();

@@ -1,7 +1,9 @@
 // RunBenchmark end to end on the CPU backend with a tiny dummy model: every figure is
-// produced, finite and positive, for each requested batch size and both cache fills; the
-// flag helpers and the refusals. Expert parallelism (--ranks 2 and 4, TCP between threads)
-// against the one-rank run: every rank's sequence 0 decodes the one-rank run's greedy tokens.
+// produced, finite and positive, for each requested batch size and both cache fills, and the
+// report holds no H200 roofline and no CUDA graph line; the cuda report's roofline and graph
+// lines from a made-up result; the flag helpers and the refusals. Expert parallelism (--ranks 2 and
+// 4, TCP between threads) against the one-rank run: every rank's sequence 0 decodes the one-rank
+// run's greedy tokens.
 #include "tools/bench/bench_runner.h"
 
 #include <cmath>
@@ -10,6 +12,7 @@
 #include <map>
 #include <sstream>
 #include <string>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
@@ -41,10 +44,11 @@ void ExpectDecodeFigures(const DecodeResult& d, int64_t batch) {
   EXPECT_EQ(d.batch, batch);
   EXPECT_EQ(d.steps, 4);
   EXPECT_EQ(d.seq0_tokens.size(), 5u);
-  for (double v :
-       {d.tokens_per_s, d.p50_seconds, d.roofline_fraction, d.bytes_per_step, d.flops_per_step}) {
+  for (double v : {d.tokens_per_s, d.p50_seconds, d.bytes_per_step, d.flops_per_step}) {
     EXPECT_TRUE(std::isfinite(v) && v > 0) << v;
   }
+  EXPECT_EQ(d.roofline_fraction, 0);  // no roofline on the CPU
+  EXPECT_FALSE(d.cuda_graphs);
   EXPECT_LE(d.p50_seconds, d.p99_seconds);
 }
 
@@ -60,22 +64,121 @@ TEST(BenchRunnerTest, ProducesAllFiguresOnCpu) {
   EXPECT_EQ(r->prefill_tokens_per_step, 40);
   ASSERT_EQ(r->decode.size(), 1u);
   ExpectDecodeFigures(r->decode[0], 3);
-  for (double v : {r->prefill_tokens_per_s, r->prefill_roofline_fraction, r->prefill_bytes_per_step,
-                   r->prefill_flops_per_step, r->prefill_warmup_step_seconds}) {
+  for (double v : {r->prefill_tokens_per_s, r->prefill_bytes_per_step, r->prefill_flops_per_step,
+                   r->prefill_warmup_step_seconds}) {
     EXPECT_TRUE(std::isfinite(v) && v > 0) << v;
   }
   EXPECT_EQ(r->device_bytes_reserved_peak, -1);  // the CPU backend reports no device memory
+  // The peaks are an H200's and the CPU runs no CUDA graphs: neither shows (c.cuda_graphs is on,
+  // as by default).
+  ASSERT_TRUE(c.cuda_graphs);
+  EXPECT_FALSE(r->has_roofline);
+  EXPECT_FALSE(r->cuda_graphs);
+  EXPECT_EQ(r->prefill_roofline_fraction, 0);
   const std::string report = FormatBenchReport(c, *r);
   EXPECT_NE(report.find("decode: batch 3"), std::string::npos) << report;
   EXPECT_NE(report.find("(untimed first step of this size "), std::string::npos) << report;
+  EXPECT_NE(report.find("roofline: none on the cpu backend"), std::string::npos) << report;
+  EXPECT_NE(report.find("FLOPs per step)"), std::string::npos) << report;  // costs stay
+  for (const char* absent :
+       {"roofline fraction", "TFLOP/s peaks", "GB/s", "cuda_graphs", "graph"}) {
+    EXPECT_EQ(report.find(absent), std::string::npos) << absent << " in:\n" << report;
+  }
   const std::string json = FormatBenchJson(c, *r);
   EXPECT_NE(json.find("\"warmup_step_s\": "), std::string::npos) << json;
   EXPECT_EQ(json.front(), '{');
-  EXPECT_NE(json.find("\"requests\": 3"), std::string::npos) << json;
+  EXPECT_NE(json.find("\"requests\": 3, \"cuda_graphs\": null,"), std::string::npos) << json;
   EXPECT_NE(json.find("\"dtype\": \"float32\", \"bytes_per_value\": 4,"), std::string::npos)
       << json;
+  EXPECT_NE(json.find("\"peak_bytes_per_s\": null, \"peak_flops_per_s\": null,"), std::string::npos)
+      << json;
+  EXPECT_NE(json.find("\"roofline_fraction\": null, \"bytes_per_step\": "), std::string::npos)
+      << json;
+  EXPECT_EQ(json.find("\"roofline_fraction\": 0"), std::string::npos) << json;
+  EXPECT_NE(json.find("\"cuda_graphs\": null, \"decode_graph_steps\""), std::string::npos) << json;
   ASSERT_EQ(BenchCsvRows(c, *r).size(), 1u);
-  EXPECT_EQ(BenchCsvRows(c, *r)[0].find('\n'), std::string::npos);
+  const std::string row = BenchCsvRows(c, *r)[0];
+  EXPECT_EQ(row.find('\n'), std::string::npos);
+  // prefill_roofline (8th) and decode_roofline (12th) are empty.
+  std::vector<std::string> cells;
+  std::stringstream in(row);
+  for (std::string cell; std::getline(in, cell, ',');) cells.push_back(cell);
+  ASSERT_EQ(cells.size(), 18u) << row;
+  EXPECT_EQ(cells[7], "") << row;
+  EXPECT_EQ(cells[11], "") << row;
+  EXPECT_NE(cells[8], "") << row;
+}
+
+// The cuda backend's report, from a result made up here (no GPU needed): the roofline next to
+// each throughput with the peaks it was taken against, and the CUDA graph figures.
+TEST(BenchRunnerTest, CudaReportShowsRooflineAndGraphs) {
+  BenchConfig c = SmallConfig();
+  c.backend = "cuda";
+  c.dtype = "bfloat16";
+  c.context_length = 1024;
+  BenchResult r;
+  r.backend = "cuda";
+  r.has_roofline = true;
+  r.cuda_graphs = true;
+  r.bytes_per_value = 2;
+  r.kv_cache_dtype = "bfloat16";
+  r.prefill_tokens_per_step = 2048;
+  r.prefill_step_seconds = 0.25;
+  r.prefill_tokens_per_s = 8192;
+  r.prefill_roofline_fraction = 0.6321;
+  r.prefill_attention_form = "non-absorbed";
+  r.decode_graph_steps = 12;
+  r.device_bytes_reserved_peak = 3LL << 30;
+  DecodeResult d;
+  d.batch = 64;
+  d.steps = 14;
+  d.p50_seconds = 0.01;
+  d.p99_seconds = 0.012;
+  d.tokens_per_s = 6400;
+  d.tokens_per_s_per_gpu = 6400;
+  d.roofline_fraction = 0.5234;
+  d.bytes_per_step = 2.25e10;
+  d.flops_per_step = 1e12;
+  d.cuda_graphs = true;
+  d.seq0_tokens = {5, 6};
+  r.decode.push_back(d);
+  const std::string report = FormatBenchReport(c, r);
+  EXPECT_NE(report.find("6400.0 tok/s, roofline fraction 0.5234 (2.25e+10 bytes, 1e+12 FLOPs "
+                        "per step; 4300 GB/s, 790 TFLOP/s peaks)"),
+            std::string::npos)
+      << report;
+  EXPECT_NE(report.find("8192.0 tok/s, roofline fraction 0.6321, non-absorbed attention"),
+            std::string::npos)
+      << report;
+  EXPECT_NE(report.find("cuda_graphs: on (max batch 256), 12 decode steps on the graph path"),
+            std::string::npos)
+      << report;
+  EXPECT_EQ(report.find("roofline: none"), std::string::npos) << report;
+  const std::string json = FormatBenchJson(c, r);
+  EXPECT_NE(json.find("\"requests\": 64, \"cuda_graphs\": true,"), std::string::npos) << json;
+  EXPECT_NE(json.find("\"roofline_fraction\": 0.523400"), std::string::npos) << json;
+  EXPECT_NE(json.find("\"roofline_fraction\": 0.632100"), std::string::npos) << json;
+  EXPECT_NE(json.find("\"peak_bytes_per_s\": 4.3e+12, \"peak_flops_per_s\": 7.9e+14,"),
+            std::string::npos)
+      << json;
+  EXPECT_NE(json.find("\"cuda_graphs\": true, \"decode_graph_steps\": 12"), std::string::npos)
+      << json;
+  EXPECT_EQ(json.find("null"), std::string::npos) << json;
+  ASSERT_EQ(BenchCsvRows(c, r).size(), 1u);
+  EXPECT_NE(BenchCsvRows(c, r)[0].find(",0.63210,"), std::string::npos) << BenchCsvRows(c, r)[0];
+  EXPECT_NE(BenchCsvRows(c, r)[0].find(",0.52340,"), std::string::npos) << BenchCsvRows(c, r)[0];
+  // Expert parallel over two GPUs: the fraction is per GPU.
+  r.ranks = 2;
+  r.data_plane = "nccl";
+  r.decode[0].tokens_per_s = 12800;
+  const std::string ep = FormatBenchReport(c, r);
+  EXPECT_NE(ep.find("6400.0 tok/s per GPU, roofline fraction 0.5234 per GPU (2.25e+10 bytes, "
+                    "1e+12 FLOPs per step and GPU; 4300 GB/s, 790 TFLOP/s peaks)"),
+            std::string::npos)
+      << ep;
+  // Graphs off on cuda: the line stays and says so.
+  r.cuda_graphs = false;
+  EXPECT_NE(FormatBenchReport(c, r).find("cuda_graphs: off"), std::string::npos);
 }
 
 TEST(BenchRunnerTest, SeveralBatchSizesRandomFillNoPrefill) {
@@ -117,7 +220,7 @@ TEST(BenchRunnerTest, ComparisonRunsFollowTheMeasuredDecode) {
     EXPECT_LE(d->p50_seconds, d->p99_seconds);
     EXPECT_DOUBLE_EQ(d->tokens_per_s, 3 / d->p50_seconds);
     EXPECT_DOUBLE_EQ(d->tokens_per_s_per_gpu, d->tokens_per_s);
-    EXPECT_TRUE(std::isfinite(d->roofline_fraction) && d->roofline_fraction > 0);
+    EXPECT_EQ(d->roofline_fraction, 0);  // no roofline on the CPU
   }
   // Each run decodes further into the sequences: more cache to read and attend per step.
   EXPECT_GT(unfused.bytes_per_step, measured.bytes_per_step);
@@ -271,7 +374,7 @@ void ExpectSameTokensAsOneRank(const BenchConfig& base, bool time_all_to_all) {
       EXPECT_EQ(d.steps, base.output_len - base.warmup);
       EXPECT_NEAR(d.tokens_per_s, ranks * d.batch / d.p50_seconds, 1e-9 * d.tokens_per_s);
       EXPECT_NEAR(d.tokens_per_s_per_gpu, d.tokens_per_s / ranks, 1e-9 * d.tokens_per_s);
-      EXPECT_TRUE(std::isfinite(d.roofline_fraction) && d.roofline_fraction > 0);
+      EXPECT_EQ(d.roofline_fraction, 0);  // no roofline on the CPU
       ASSERT_EQ(d.per_rank.size(), static_cast<size_t>(ranks));
       double bytes = 0;
       for (int64_t k = 0; k < ranks; ++k) {
@@ -374,6 +477,16 @@ TEST(BenchRunnerTest, ExpertParallelRefusals) {
   c.model = DummyModelSpec(dense, 7);
   c.ranks = 2;
   refused(c, "this model has none");
+}
+
+// The Ascend backend is a design only: the factory's refusal reaches the caller.
+TEST(BenchRunnerTest, AscendBackendIsRefusedAsNotBuilt) {
+  BenchConfig c = SmallConfig();
+  c.backend = "ascend";
+  auto r = RunBenchmark(c);
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kUnimplemented) << r.status();
+  EXPECT_NE(r.status().message().find("see ascend/README.md"), std::string::npos) << r.status();
 }
 
 // Seeded sampling in the decode steps: the device path and the host path (logits back, the

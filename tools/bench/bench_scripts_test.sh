@@ -1,7 +1,8 @@
 #!/bin/bash
 # bench_scripts_test: sweep.sh writes one CSV row per (context, request count), and
 # combine_results.py puts ours and an HF result side by side with ratios computed from the
-# inputs. Runs deepinfer-bench on the CPU with the small parity fixture's config.
+# inputs; deepinfer-bench refuses the Ascend backend (a design only) with one line. Runs
+# deepinfer-bench on the CPU with the small parity fixture's config.
 #   bench_scripts_test.sh DEEPINFER_BENCH SWEEP_SH COMBINE_PY CONFIG_JSON
 set -euo pipefail
 bench=$1 sweep=$2 combine=$3 config=$4
@@ -37,13 +38,41 @@ assert set(rows) == {("m", "prefill", ""), ("m", "decode", "1"), ("m", "decode",
 d2 = [d for d in ours["decode"] if d["requests"] == 2][0]
 r = rows[("m", "decode", "2")]
 assert abs(float(r["ours_over_hf"]) - d2["tokens_per_s"] / 4.0) <= 1e-4 * d2["tokens_per_s"], r
-# HF roofline: ours' bytes rescaled to 2 bytes per value (HF's bf16), over HF's 0.5 s.
-t = max(d2["bytes_per_step"] * 2 / ours["bytes_per_value"] / 4.3e12,
-        d2["flops_per_step"] / 790e12)
-assert abs(float(r["hf_roofline"]) - t / 0.5) <= 1e-4 * t / 0.5, (r, t)
+# ours ran on the CPU: no peaks, so no roofline on either side.
+assert ours["peak_bytes_per_s"] is None and d2["roofline_fraction"] is None, ours
+assert r["ours_roofline"] == "" and r["hf_roofline"] == "", r
 assert rows[("m", "decode", "1")]["hf_tok_s"] == "", "no HF figure at 1 request"
 p = rows[("m", "prefill", "")]
 assert abs(float(p["ours_over_hf"]) - ours["prefill"]["tokens_per_s"] / 8.0) <= \
     1e-4 * ours["prefill"]["tokens_per_s"], p
+PY
+# --- deepinfer-bench --backend ascend: one line, exit code 2 ---
+code=0
+"$bench" --model "$config" --load-format dummy --backend ascend > /dev/null 2> "$tmp/ascend.err" ||
+  code=$?
+[[ $code -eq 2 ]] || fail "--backend ascend: exit code $code, want 2"
+[[ $(wc -l < "$tmp/ascend.err") -eq 1 ]] || fail "--backend ascend: want one line: $(cat "$tmp/ascend.err")"
+grep -q "^deepinfer-bench: backend 'ascend' is not built into this binary: .*see ascend/README.md$" \
+  "$tmp/ascend.err" || fail "--backend ascend: $(cat "$tmp/ascend.err")"
+
+# The same figures as a cuda run would give them (peaks set): the HF roofline is ours' bytes
+# rescaled to 2 bytes per value (HF's bf16), against ours' peaks, over HF's 0.5 s.
+python3 - "$tmp/ours.json" "$tmp/ours_cuda.json" << 'PY'
+import json, sys
+ours = json.load(open(sys.argv[1]))
+ours.update(backend="cuda", peak_bytes_per_s=4.0e12, peak_flops_per_s=800e12)
+json.dump(ours, open(sys.argv[2], "w"))
+PY
+python3 "$combine" --ours "m=$tmp/ours_cuda.json" --hf "m=$tmp/hf.json" --csv "$tmp/g.csv" \
+  --md "$tmp/g.md" > /dev/null
+python3 - "$tmp/ours_cuda.json" "$tmp/g.csv" << 'PY'
+import csv, json, sys
+ours = json.load(open(sys.argv[1]))
+rows = {(r["model"], r["phase"], r["requests"]): r for r in csv.DictReader(open(sys.argv[2]))}
+d2 = [d for d in ours["decode"] if d["requests"] == 2][0]
+r = rows[("m", "decode", "2")]
+t = max(d2["bytes_per_step"] * 2 / ours["bytes_per_value"] / 4.0e12,
+        d2["flops_per_step"] / 800e12)
+assert abs(float(r["hf_roofline"]) - t / 0.5) <= 1e-4 * t / 0.5, (r, t)
 PY
 echo PASS

@@ -10,7 +10,8 @@ of time) give rows with empty cells. Rows: per label, prefill (tokens per step) 
 each request count either side measured. Ratios: ours/hf (tokens/s), ours' roofline fraction
 (the config's roofline time at ours' dtype / measured time), and HF's roofline fraction: the
 same cost figures (bytes and FLOPs per step, from ours' JSON) with the bytes rescaled to HF's
-dtype, against HF's measured time.
+dtype, against HF's measured time, at ours' peaks. Ours from the cpu backend has no peaks
+(null): both roofline cells stay empty.
 """
 
 import argparse
@@ -52,12 +53,15 @@ BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 
 
 def roofline_fraction(cost, ours, hf_dtype, seconds):
-    """Roofline time of `cost` (bytes/FLOPs at ours' dtype) at hf_dtype, over `seconds`."""
+    """Roofline time of `cost` (bytes/FLOPs at ours' dtype) at hf_dtype, over `seconds`; None
+    when ours has no peaks (null on the cpu backend)."""
     if not cost.get("bytes_per_step") or not seconds or hf_dtype not in BYTES:
         return None
+    if not ours.get("peak_bytes_per_s") or not ours.get("peak_flops_per_s"):
+        return None
     scale = BYTES[hf_dtype] / ours.get("bytes_per_value", 4)
-    t = max(cost["bytes_per_step"] * scale / ours.get("peak_bytes_per_s", 4.3e12),
-            cost.get("flops_per_step", 0) / ours.get("peak_flops_per_s", 790e12))
+    t = max(cost["bytes_per_step"] * scale / ours["peak_bytes_per_s"],
+            cost.get("flops_per_step", 0) / ours["peak_flops_per_s"])
     return t / seconds
 
 

@@ -39,12 +39,11 @@ struct StepCost {
 // its own sequences' cache; FLOPs of its own `batch` tokens (the expert rows it computes for
 // others balance, on average, the ones others compute for it).
 StepCost DecodeStepCost(const ModelConfig& c, int64_t batch, int64_t context,
-                        double bytes_per_param, double cache_bytes_per_value,
-                        int64_t ranks = 1);
+                        double bytes_per_param, double cache_bytes_per_value, int64_t ranks = 1);
 
 // The form of MLA attention a step runs, which sets its attention FLOPs per (query, key) pair
 // and head: absorbed, 2 * (kv_lora + rope) for the scores and 2 * kv_lora for the latent sum;
-// non-absorbed (prefill, DeepseekV3Model's PrefillAttention::kMha), 2 * (nope + rope) and
+// non-absorbed (prefill, PrefillAttention::kMha), 2 * (nope + rope) and
 // 2 * v. Both forms multiply each token once through kv_b's parameters (absorbed: W_uk into the
 // query, W_uv out of the latent; non-absorbed: expanding the token's key), so the dense count is
 // the same.

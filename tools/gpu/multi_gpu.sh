@@ -14,7 +14,7 @@
 #    and compares every run's tokens with ref's and with HF's greedy_24.
 # With one GPU, the 2-GPU runs are reported as SKIPPED and `ref` plus a one-rank NCCL run
 # (nccl1: forming and wiring only, a group of one exchanges nothing) still run.
-# 3. bench2 (issue 7, result 3): `deepinfer-bench --ranks 2 --time-all-to-all` (expert parallel
+# 3. bench2: `deepinfer-bench --ranks 2 --time-all-to-all` (expert parallel
 #    over both GPUs, NCCL) on the Moonlight-shaped config with dummy weights, decode at 1, 64 and
 #    128 requests per rank, context 1024, then the same with --ranks 1 on GPU 0; both reports go
 #    into the summary (decode tokens/s per GPU, step p50/p99, all-to-all time and bytes per

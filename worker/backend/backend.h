@@ -483,7 +483,7 @@ class Backend {
   // kernel than above it, chosen by the longest context_len (from the sequences' spans where
   // given, else max_context_hint); 0: the choice does not depend on the context. A recorded
   // decode step must pass a hint <= this only for batches whose contexts all are <= it
-  // (DeepseekV3Model records one graph per side, see DecodeGraphOptions).
+  // (DecodeGraphRunner records one graph per side, see decode_graph_runner.h).
   virtual int32_t MlaDecodeContextBreak(int32_t num_tokens) const { return 0; }
 
   // Non-absorbed MLA prefill (MhaPrefillArgs). Returns false, doing nothing, when the backend

@@ -3,6 +3,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "worker/backend/backend_kind.h"
 #include "worker/backend/cpu/cpu_backend.h"
 #ifdef DEEPINFER_WITH_CUDA
 #include "worker/backend/cuda/cuda_backend.h"
@@ -23,6 +24,7 @@ WeightDType DefaultWeightDType(const std::string& kind) {
 }
 
 absl::StatusOr<std::unique_ptr<Backend>> MakeBackend(const BackendOptions& options) {
+  if (absl::Status built = CheckBackendBuilt(options.kind); !built.ok()) return built;
   WeightDType dtype = DefaultWeightDType(options.kind);
   if (!options.dtype.empty()) {
     absl::StatusOr<WeightDType> parsed = ParseWeightDType(options.dtype);

@@ -30,8 +30,9 @@ struct BackendOptions {
 // bfloat16 on "cuda", float32 on "cpu" (the reference; it accepts bfloat16 too, for tests).
 WeightDType DefaultWeightDType(const std::string& kind);
 
-// INVALID_ARGUMENT for an unknown kind or dtype; UNIMPLEMENTED for "cuda" in a build without CUDA;
-// FAILED_PRECONDITION for "cuda" on a machine without that GPU.
+// INVALID_ARGUMENT for an unknown kind or dtype; UNIMPLEMENTED for "cuda" in a build without CUDA
+// and for "ascend" (a design only: CheckBackendBuilt); FAILED_PRECONDITION for "cuda" on a
+// machine without that GPU.
 absl::StatusOr<std::unique_ptr<Backend>> MakeBackend(const BackendOptions& options);
 
 // The kinds this build can make ("cpu", and "cuda" when built with CUDA).

@@ -45,6 +45,13 @@ TEST(BackendFactoryTest, RejectsUnknownKind) {
   EXPECT_NE(b.status().message().find("available: cpu"), absl::string_view::npos) << b.status();
 }
 
+TEST(BackendFactoryTest, AscendIsRefusedAsNotBuilt) {
+  auto b = MakeBackend({"ascend", 0, 0, ""});
+  EXPECT_EQ(b.status().code(), absl::StatusCode::kUnimplemented);
+  EXPECT_NE(b.status().message().find("see ascend/README.md"), absl::string_view::npos)
+      << b.status();
+}
+
 TEST(BackendFactoryTest, CudaDependsOnBuildAndMachine) {
   auto b = MakeBackend({"cuda", 0, 0, ""});
 #ifdef DEEPINFER_WITH_CUDA

@@ -47,7 +47,7 @@ uint64_t IdSeed(const std::string& id) {
 
 }  // namespace
 
-absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(DeepseekV3Model* model, KvBlockPool* pool,
+absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(CausalLm* model, KvBlockPool* pool,
                                                        RequestQueue* queue,
                                                        const tokenizer::Tokenizer* tokenizer,
                                                        EngineOptions options) {
@@ -68,7 +68,7 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(DeepseekV3Model* model, K
   return std::unique_ptr<Engine>(new Engine(model, pool, queue, tokenizer, std::move(options)));
 }
 
-Engine::Engine(DeepseekV3Model* model, KvBlockPool* pool, RequestQueue* queue,
+Engine::Engine(CausalLm* model, KvBlockPool* pool, RequestQueue* queue,
                const tokenizer::Tokenizer* tokenizer, EngineOptions options)
     : model_(model),
       pool_(pool),
@@ -333,13 +333,9 @@ bool Engine::Advance(Sequence* s, const SampledToken& sampled, RequestResult* re
     s->logprobs.push_back(std::move(lp));
   }
   if (s->decoder != nullptr) {
-    absl::StatusOr<std::string> piece = s->decoder->Add(static_cast<uint32_t>(t));
-    if (!piece.ok()) {
-      *result = ErrorResult(s->id, piece.status(), options_.group_generation);
-      return true;
-    }
+    // An id past the tokenizer (the model's vocabulary can be larger) adds no text.
     const size_t from = s->text.size();
-    s->text += *piece;
+    s->text += s->decoder->Add(static_cast<uint32_t>(t));
     if (CutAtStopString(s, from)) {
       s->decoder.reset();  // the rest of the text is not returned
       Finish(s, "stop", result);
@@ -372,12 +368,9 @@ bool Engine::CutAtStopString(Sequence* s, size_t from) {
 void Engine::Finish(Sequence* s, const std::string& reason, RequestResult* result) {
   std::string why = reason;
   if (s->decoder != nullptr) {
-    absl::StatusOr<std::string> rest = s->decoder->Finish();
-    if (rest.ok()) {
-      const size_t from = s->text.size();
-      s->text += *rest;
-      if (CutAtStopString(s, from)) why = "stop";
-    }
+    const size_t from = s->text.size();
+    s->text += s->decoder->Finish();
+    if (CutAtStopString(s, from)) why = "stop";
   }
   result->Clear();
   result->set_request_id(s->id);
@@ -416,11 +409,28 @@ void Engine::UpdateLoad() {
   load.kv_blocks_used = pool_->num_blocks() - pool_->num_free_blocks();
   absl::MutexLock lock(&load_mu_);
   load_ = load;
+  // Refilled in place: the entries keep their string buffers from step to step.
+  size_t n = 0;
+  auto add = [&](const Sequence& s) {
+    if (s.generated() <= 0) return;
+    if (n == progress_.size()) progress_.emplace_back();
+    progress_[n].set_request_id(s.id);
+    progress_[n].set_generated_tokens(s.generated());
+    ++n;
+  };
+  for (const auto& s : running_) add(*s);
+  for (const auto& s : waiting_) add(*s);
+  progress_.resize(n);
 }
 
 EngineLoad Engine::load() const {
   absl::MutexLock lock(&load_mu_);
   return load_;
+}
+
+std::vector<RequestProgress> Engine::progress() const {
+  absl::MutexLock lock(&load_mu_);
+  return progress_;
 }
 
 }  // namespace deepinfer

@@ -1,4 +1,4 @@
-// Engine: continuous batching for one rank over DeepseekV3Model::Step.
+// Engine: continuous batching for one rank over CausalLm::Step.
 //
 // Requests come from a RequestQueue and join between steps. Each step has a budget of
 // max_batch_tokens new tokens and max_running sequences, spent in this order:
@@ -20,7 +20,7 @@
 // collective failed) is returned and leaves the engine to be dropped.
 //
 // Not thread-safe: one rank thread drives an engine; other threads talk to it through its
-// RequestQueue and read load().
+// RequestQueue and read load() and progress().
 #ifndef DEEPINFER_WORKER_ENGINE_ENGINE_H_
 #define DEEPINFER_WORKER_ENGINE_ENGINE_H_
 
@@ -40,7 +40,7 @@
 #include "proto/common.pb.h"
 #include "worker/engine/request_queue.h"
 #include "worker/kv_cache/kv_block_pool.h"
-#include "worker/model/deepseek_v3_model.h"
+#include "worker/model/causal_lm.h"
 #include "worker/tokenizer/incremental_decoder.h"
 #include "worker/tokenizer/tokenizer.h"
 
@@ -73,7 +73,7 @@ struct EngineLoad {
 class Engine {
  public:
   // `model`, `pool`, `queue` and `tokenizer` (may be null) must outlive the engine.
-  static absl::StatusOr<std::unique_ptr<Engine>> Create(DeepseekV3Model* model, KvBlockPool* pool,
+  static absl::StatusOr<std::unique_ptr<Engine>> Create(CausalLm* model, KvBlockPool* pool,
                                                         RequestQueue* queue,
                                                         const tokenizer::Tokenizer* tokenizer,
                                                         EngineOptions options);
@@ -92,13 +92,16 @@ class Engine {
   int DropAll();
 
   EngineLoad load() const;
+  // Tokens generated so far by each request the engine holds (running, or preempted and
+  // waiting) that has at least one, as of the end of the last step; for heartbeats.
+  std::vector<RequestProgress> progress() const;
   int64_t context_limit() const { return options_.context_limit; }
   // Sequences preempted so far (for tests and logs).
   int64_t preemptions() const { return preemptions_; }
 
  private:
   struct Sequence;
-  Engine(DeepseekV3Model* model, KvBlockPool* pool, RequestQueue* queue,
+  Engine(CausalLm* model, KvBlockPool* pool, RequestQueue* queue,
          const tokenizer::Tokenizer* tokenizer, EngineOptions options);
 
   // Validates a new item; on success queues it, else adds an error result to `finished`.
@@ -118,7 +121,7 @@ class Engine {
   void FreeBlocks(Sequence* seq);
   void UpdateLoad();
 
-  DeepseekV3Model* const model_;
+  CausalLm* const model_;
   KvBlockPool* const pool_;
   RequestQueue* const queue_;
   const tokenizer::Tokenizer* const tokenizer_;
@@ -133,6 +136,7 @@ class Engine {
 
   mutable absl::Mutex load_mu_;
   EngineLoad load_ ABSL_GUARDED_BY(load_mu_);
+  std::vector<RequestProgress> progress_ ABSL_GUARDED_BY(load_mu_);
 };
 
 }  // namespace deepinfer

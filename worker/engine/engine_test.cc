@@ -1,6 +1,7 @@
 // Engine against the HF fixture dsv3_qlora_rope: greedy results equal HF's and
 // GenerateGreedyOnCpu; batching, chunking and preemption do not change any request's tokens;
-// stop tokens, EOS, stop strings, max_tokens, context limit, logprobs and per-request errors.
+// stop tokens, EOS, stop strings, max_tokens, context limit, logprobs and per-request errors;
+// the per-request progress heartbeats report.
 #include "worker/engine/engine.h"
 
 #include <cstdlib>
@@ -87,7 +88,7 @@ class EngineTest : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
     backend_ = new CpuBackend(2);
-    auto m = LoadDeepseekV3(FixtureDir(), backend_);
+    auto m = LoadModel(FixtureDir(), backend_);
     ASSERT_TRUE(m.ok()) << m.status();
     model_ = m->release();
   }
@@ -105,9 +106,10 @@ class EngineTest : public ::testing::Test {
   std::unique_ptr<Engine> MakeEngine(int32_t num_blocks = 256, int32_t block_size = 16,
                                      EngineOptions options = {},
                                      const tokenizer::Tokenizer* tok = nullptr,
-                                     DeepseekV3Model* model = nullptr) {
+                                     CausalLm* model = nullptr) {
     if (model == nullptr) model = model_;
-    auto pool = KvBlockPool::Create(backend_, model->CacheOptions(num_blocks, block_size));
+    auto pool = KvBlockPool::Create(backend_,
+                                    KvBlockPoolOptions{model->CacheSpec(), num_blocks, block_size});
     EXPECT_TRUE(pool.ok()) << pool.status();
     // Earlier engines of the test may still be alive and use their pool and queue.
     if (pool_ != nullptr) old_pools_.push_back(std::move(pool_));
@@ -152,7 +154,7 @@ class EngineTest : public ::testing::Test {
   }
 
   static CpuBackend* backend_;
-  static DeepseekV3Model* model_;
+  static CausalLm* model_;
   std::vector<Prompt> prompts_;
   std::unique_ptr<RequestQueue> queue_;
   std::unique_ptr<KvBlockPool> pool_;
@@ -161,7 +163,7 @@ class EngineTest : public ::testing::Test {
 };
 
 CpuBackend* EngineTest::backend_ = nullptr;
-DeepseekV3Model* EngineTest::model_ = nullptr;
+CausalLm* EngineTest::model_ = nullptr;
 
 TEST_F(EngineTest, GreedyEqualsHfAndGenerateGreedyOnCpu) {
   for (size_t i = 0; i < prompts_.size(); ++i) {
@@ -382,6 +384,27 @@ TEST_F(EngineTest, CancelDropsRequest) {
   EXPECT_THAT(Tokens(rest["b"]), ElementsAreArray(prompts_[1].greedy));
 }
 
+// What heartbeats report: tokens so far per held request, moving with every step, and
+// nothing once the requests finished.
+TEST_F(EngineTest, ProgressCountsTokensOfRunningRequests) {
+  auto engine = MakeEngine();
+  EXPECT_TRUE(engine->progress().empty());
+  queue_->Push({Item("a", prompts_[0].ids, 24), Item("b", prompts_[1].ids, 24)});
+  auto progress = [&] {
+    std::map<std::string, int64_t> out;
+    for (const RequestProgress& p : engine->progress()) out[p.request_id()] = p.generated_tokens();
+    return out;
+  };
+  ASSERT_TRUE(engine->Step().ok());  // prefill, then each samples its first token
+  EXPECT_EQ(progress(), (std::map<std::string, int64_t>{{"a", 1}, {"b", 1}}));
+  ASSERT_TRUE(engine->Step().ok());
+  ASSERT_TRUE(engine->Step().ok());
+  EXPECT_EQ(progress(), (std::map<std::string, int64_t>{{"a", 3}, {"b", 3}}));
+  auto rest = Run(engine.get(), {});
+  EXPECT_EQ(rest.size(), 2u);
+  EXPECT_TRUE(engine->progress().empty());
+}
+
 TEST_F(EngineTest, DropAllFreesEverything) {
   auto engine = MakeEngine();
   queue_->Push({Item("a", prompts_[0].ids, 24), Item("b", prompts_[1].ids, 24)});
@@ -402,7 +425,7 @@ TEST_F(EngineTest, StopStringsCutTextAndEndRequest) {
   const std::string path = std::string(std::getenv("TEST_TMPDIR")) + "/config.json";
   std::ofstream(path) << config.dump();
   CpuBackend backend(2);
-  auto model = LoadDeepseekV3("dummy:" + path + "@11", &backend);
+  auto model = LoadModel("dummy:" + path + "@11", &backend);
   ASSERT_TRUE(model.ok()) << model.status();
   auto tok = tokenizer::Tokenizer::FromJson(tokenizer::TestTokenizerJson().dump(), nullptr);
   ASSERT_TRUE(tok.ok()) << tok.status();
@@ -432,6 +455,64 @@ TEST_F(EngineTest, StopStringsCutTextAndEndRequest) {
   EXPECT_LT(r.token_ids_size(), 40);
   EXPECT_THAT(Tokens(r), ElementsAreArray(full.token_ids().begin(),
                                           full.token_ids().begin() + r.token_ids_size()));
+}
+
+// A model whose vocabulary is larger than its tokenizer's, as DeepSeek-V3's (129,280 embedding
+// rows, 128,815 tokens): ids past the tokenizer are generated, returned with their logprobs and
+// add no text, and the request succeeds, greedy or sampled, with stop strings being checked.
+// Prompts may hold such ids too; the model's own vocabulary still bounds them.
+TEST_F(EngineTest, GeneratedIdsPastTheTokenizerAddNoText) {
+  nlohmann::json config =
+      nlohmann::json::parse(ReadFile(FixtureDir() + "/config.json"), nullptr, false);
+  ASSERT_TRUE(config.is_object());
+  config["vocab_size"] = 2048;
+  const std::string path = std::string(std::getenv("TEST_TMPDIR")) + "/big_vocab_config.json";
+  std::ofstream(path) << config.dump();
+  CpuBackend backend(2);
+  auto model = LoadModel("dummy:" + path + "@11", &backend);
+  ASSERT_TRUE(model.ok()) << model.status();
+  auto tok = tokenizer::Tokenizer::FromJson(tokenizer::TestTokenizerJson().dump(), nullptr);
+  ASSERT_TRUE(tok.ok()) << tok.status();
+  constexpr int32_t kTokenizerIds = 269;  // the test tokenizer knows ids 0..268
+  ASSERT_NE((*tok)->IdToToken(kTokenizerIds - 1), nullptr);
+  ASSERT_EQ((*tok)->IdToToken(kTokenizerIds), nullptr);
+  auto engine = MakeEngine(64, 16, {}, tok->get(), model->get());
+  const std::vector<int32_t> prompt = {72, 101, 1500, 108, 2047, 111};
+  std::vector<WorkItem> items = {Item("greedy", prompt, 24), Sampled("sampled", prompt, 24, 5),
+                                 Item("outside", {72, 2048}, 4)};
+  for (int i = 0; i < 2; ++i) {
+    items[i].mutable_params()->set_ignore_eos(true);
+    items[i].mutable_params()->set_logprobs(3);
+    items[i].mutable_params()->add_stop("never there \x01");
+  }
+  auto results = Run(engine.get(), items);
+  for (const char* id : {"greedy", "sampled"}) {
+    SCOPED_TRACE(id);
+    const RequestResult& r = results[id];
+    EXPECT_EQ(r.error_code(), "") << r.error_message();
+    ASSERT_EQ(r.token_ids_size(), 24);
+    ASSERT_EQ(r.logprobs_size(), 24);
+    std::vector<uint32_t> known;
+    int past = 0;
+    for (int i = 0; i < r.token_ids_size(); ++i) {
+      EXPECT_EQ(r.logprobs(i).token_id(), r.token_ids(i));
+      EXPECT_EQ(r.logprobs(i).top_token_ids_size(), 3);
+      if (r.token_ids(i) >= kTokenizerIds) {
+        ++past;
+      } else {
+        known.push_back(static_cast<uint32_t>(r.token_ids(i)));
+      }
+    }
+    // With 2048 rows over 269 tokens most ids are past the tokenizer; the test needs both kinds.
+    ASSERT_GT(past, 0);
+    ASSERT_GT(static_cast<int>(known.size()), 0);
+    auto text = (*tok)->Decode(known, /*skip_special_tokens=*/true);
+    ASSERT_TRUE(text.ok()) << text.status();
+    EXPECT_EQ(r.text(), *text);
+  }
+  EXPECT_EQ(results["outside"].error_code(), "INVALID_ARGUMENT");
+  EXPECT_THAT(results["outside"].error_message(),
+              ::testing::HasSubstr("prompt token id 2048 outside the vocabulary of 2048"));
 }
 
 // An expert-parallel rank without requests still steps (an empty batch), and then it works on.

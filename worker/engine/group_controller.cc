@@ -157,6 +157,9 @@ void GroupController::FillHeartbeat(HeartbeatRequest* request) const {
   request->set_group_status(current_->status());
   request->set_group_error(current_->error());
   for (RankLoad& load : current_->Loads()) *request->add_rank_loads() = std::move(load);
+  for (RequestProgress& p : current_->Progress()) {
+    *request->add_request_progress() = std::move(p);
+  }
   request->set_placement_epoch(current_->placement_epoch());
   for (ExpertLoadReport& r : current_->TakeExpertLoads()) {
     *request->add_expert_loads() = std::move(r);

@@ -65,8 +65,9 @@ class GroupController {
   // INVALID_ARGUMENT for a placement that is malformed or does not fit.
   absl::Status SetPlacement(const SetExpertPlacementRequest& request);
 
-  // group_generation, group_status, group_error, rank_loads, placement_epoch, and the expert
-  // load statistics gathered since the previous call (taken: each is sent once).
+  // group_generation, group_status, group_error, rank_loads, request_progress,
+  // placement_epoch, and the expert load statistics gathered since the previous call (taken:
+  // each is sent once).
   void FillHeartbeat(HeartbeatRequest* request) const;
 
  private:

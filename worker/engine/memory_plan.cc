@@ -14,11 +14,14 @@ namespace {
 constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
 constexpr int64_t kFixedReserveBytes = int64_t{256} << 20;
 
-// GiB with two decimals; small amounts (test models) in MiB so they do not read as zero.
+// GiB with two decimals; small amounts (test models) in MiB so they do not read as zero, whole
+// models of hundreds of billions of parameters in TiB.
 std::string GiB(int64_t bytes) {
   if (bytes != 0 && std::abs(bytes) < (int64_t{1} << 30)) {
     return absl::StrFormat("%.1f MiB", bytes / (1024.0 * 1024.0));
   }
+  if (std::abs(bytes) >= (int64_t{1} << 40))
+    return absl::StrFormat("%.2f TiB", bytes / kGiB / 1024);
   return absl::StrFormat("%.2f GiB", bytes / kGiB);
 }
 
@@ -38,32 +41,19 @@ int64_t Available(const DeviceMemoryInfo& info, double utilization) {
 
 }  // namespace
 
-int64_t ActivationReserveBytes(const ModelConfig& c, int32_t max_batch_tokens) {
-  const int64_t H = c.hidden_size, nh = c.num_attention_heads, kvl = c.kv_lora_rank;
-  const int64_t K = c.num_experts_per_tok, mi = c.moe_intermediate_size;
-  // Floats live at once per token in each part of a layer (see DeepseekV3Model).
-  const int64_t attention = c.q_lora_rank + nh * c.qk_head_dim() + 2 * kvl + c.qk_rope_head_dim +
-                            2 * nh * kvl + nh * c.v_head_dim +
-                            std::max(nh * c.qk_head_dim(), nh * kvl) / 2;  // bf16 operand copy
-  const int64_t dense = 3 * c.intermediate_size + c.intermediate_size / 2;
-  const int64_t moe = c.n_routed_experts + 2 * K + 2 * K * H + 3 * K * mi + K * H / 2 + 2 * H +
-                      3 * mi * c.n_shared_experts;
-  const int64_t per_token = 3 * H + std::max({attention, dense, moe}) + H + c.vocab_size;
-  return 2 * per_token * static_cast<int64_t>(sizeof(float)) * max_batch_tokens +
+int64_t ActivationReserveBytes(int64_t floats_per_token, int32_t max_batch_tokens) {
+  return 2 * floats_per_token * static_cast<int64_t>(sizeof(float)) * max_batch_tokens +
          kFixedReserveBytes;
 }
 
-int64_t DecodeGraphReserveBytes(const ModelConfig& c, const std::vector<int64_t>& buckets) {
+int64_t DecodeGraphReserveBytes(int64_t floats_per_token, const std::vector<int64_t>& buckets) {
   int64_t bytes = 0;
   for (int64_t b : buckets) {
-    bytes += (ActivationReserveBytes(c, static_cast<int32_t>(b)) - kFixedReserveBytes) / 2;
+    bytes +=
+        (ActivationReserveBytes(floats_per_token, static_cast<int32_t>(b)) - kFixedReserveBytes) /
+        2;
   }
   return bytes;
-}
-
-int64_t KvBytesPerToken(const ModelConfig& c, WeightDType cache_dtype) {
-  return c.num_hidden_layers * (c.kv_lora_rank + c.qk_rope_head_dim) *
-         static_cast<int64_t>(WeightDTypeSize(cache_dtype));
 }
 
 absl::Status CheckWeightsFit(const DeviceMemoryInfo& before_load, int64_t weight_bytes,
@@ -119,6 +109,41 @@ absl::StatusOr<KvCachePlan> PlanKvCache(const DeviceMemoryInfo& after_load, int6
   plan.num_blocks =
       static_cast<int32_t>(std::min<int64_t>(blocks, std::numeric_limits<int32_t>::max()));
   return plan;
+}
+
+HostMemoryPlan PlanHostMemory(int num_ranks, WeightDType weight_dtype, int64_t weight_bytes,
+                              WeightDType kv_cache_dtype, int64_t kv_bytes_per_token,
+                              int64_t kv_cache_tokens) {
+  HostMemoryPlan plan;
+  plan.num_ranks = num_ranks;
+  plan.weight_dtype = weight_dtype;
+  plan.weight_bytes = weight_bytes;
+  plan.kv_cache_dtype = kv_cache_dtype;
+  plan.kv_cache_tokens = kv_cache_tokens;
+  plan.kv_cache_bytes = num_ranks * kv_cache_tokens * kv_bytes_per_token;
+  return plan;
+}
+
+std::string HostMemoryPlan::ToString() const {
+  return absl::StrCat(num_ranks, num_ranks == 1 ? " rank" : " ranks", ": weights ",
+                      GiB(weight_bytes), " (", WeightDTypeName(weight_dtype), ") + KV cache ",
+                      kv_cache_tokens, " tokens per rank ", GiB(kv_cache_bytes), " (",
+                      WeightDTypeName(kv_cache_dtype), ") = ", GiB(needed_bytes()), " of ",
+                      GiB(available_bytes), " available");
+}
+
+absl::Status CheckHostMemoryFits(const HostMemoryPlan& plan) {
+  if (plan.needed_bytes() <= plan.available_bytes) return absl::OkStatus();
+  std::string advice;
+  if (plan.weight_dtype != WeightDType::kBFloat16) {
+    absl::StrAppend(&advice, "bf16 weights (--dtype bfloat16) halve the weights; ");
+  }
+  absl::StrAppend(&advice,
+                  "more workers split the routed experts between them; --kv-cache-tokens sizes "
+                  "the KV cache; or use a smaller model");
+  return absl::ResourceExhaustedError(
+      absl::StrCat("the model does not fit in this machine's memory: ", plan.ToString(), ", ",
+                   GiB(plan.needed_bytes() - plan.available_bytes), " short; ", advice));
 }
 
 }  // namespace deepinfer

@@ -8,24 +8,8 @@ namespace {
 
 constexpr int64_t kGiB = int64_t{1} << 30;
 
-ModelConfig SmallConfig() {
-  ModelConfig c;
-  c.vocab_size = 1000;
-  c.hidden_size = 96;
-  c.intermediate_size = 192;
-  c.moe_intermediate_size = 32;
-  c.num_hidden_layers = 3;
-  c.num_attention_heads = 4;
-  c.q_lora_rank = 48;
-  c.kv_lora_rank = 32;
-  c.qk_nope_head_dim = 24;
-  c.qk_rope_head_dim = 16;
-  c.v_head_dim = 24;
-  c.n_routed_experts = 8;
-  c.n_shared_experts = 1;
-  c.num_experts_per_tok = 2;
-  return c;
-}
+// Live fp32 values per token of some model (Architecture::activation_floats_per_token).
+constexpr int64_t kFloatsPerToken = 1500;
 
 DeviceMemoryInfo Device(int64_t total, int64_t free) {
   DeviceMemoryInfo d;
@@ -83,29 +67,67 @@ TEST(MemoryPlanTest, WeightsThatDoNotFitAreRejectedBeforeLoading) {
             absl::StatusCode::kInvalidArgument);
 }
 
-TEST(MemoryPlanTest, ReserveGrowsWithTheStepAndKvBytesFollowTheConfig) {
-  const ModelConfig c = SmallConfig();
-  const int64_t r1 = ActivationReserveBytes(c, 1024), r2 = ActivationReserveBytes(c, 2048);
+TEST(MemoryPlanTest, ReserveGrowsWithTheStep) {
+  const int64_t r1 = ActivationReserveBytes(kFloatsPerToken, 1024);
+  const int64_t r2 = ActivationReserveBytes(kFloatsPerToken, 2048);
   EXPECT_GT(r1, int64_t{256} << 20);
-  // Linear in the step size above the fixed part.
+  // Linear in the step size above the fixed part, doubled for fragmentation.
   EXPECT_EQ(r2 - r1, r1 - (int64_t{256} << 20));
-  // The logits rows alone (vocab floats per token) must be covered.
-  EXPECT_GE(r1 - (int64_t{256} << 20), 1024 * c.vocab_size * 4);
-  EXPECT_EQ(KvBytesPerToken(c, WeightDType::kFloat32), 3 * (32 + 16) * 4);
-  // A bf16 cache: half the bytes, so the same budget plans twice the tokens.
-  EXPECT_EQ(KvBytesPerToken(c, WeightDType::kBFloat16), 3 * (32 + 16) * 2);
+  EXPECT_EQ(r1 - (int64_t{256} << 20), 2 * 1024 * kFloatsPerToken * 4);
 }
 
 TEST(MemoryPlanTest, DecodeGraphReserveCoversEveryBucketsTokensOnce) {
-  const ModelConfig c = SmallConfig();
-  const int64_t fixed = int64_t{256} << 20;
-  EXPECT_EQ(DecodeGraphReserveBytes(c, {}), 0);
+  const int64_t f = kFloatsPerToken, fixed = int64_t{256} << 20;
+  EXPECT_EQ(DecodeGraphReserveBytes(f, {}), 0);
   // One bucket: half the (doubled) step reserve of that many tokens, without the fixed part.
-  EXPECT_EQ(2 * DecodeGraphReserveBytes(c, {64}), ActivationReserveBytes(c, 64) - fixed);
+  EXPECT_EQ(2 * DecodeGraphReserveBytes(f, {64}), ActivationReserveBytes(f, 64) - fixed);
   // Buckets add up: 1 + 2 + 4 tokens' worth.
-  EXPECT_EQ(DecodeGraphReserveBytes(c, {1, 2, 4}), 7 * DecodeGraphReserveBytes(c, {1}));
-  // Each bucket's logits rows are covered.
-  EXPECT_GE(DecodeGraphReserveBytes(c, {8}), 8 * c.vocab_size * 4);
+  EXPECT_EQ(DecodeGraphReserveBytes(f, {1, 2, 4}), 7 * DecodeGraphReserveBytes(f, {1}));
+  EXPECT_EQ(DecodeGraphReserveBytes(f, {8}), 8 * f * 4);
+}
+
+// DeepSeek-V3's attention shape: 61 layers of a 512-float latent plus a 64-float rope key.
+int64_t DeepSeekV3KvBytesPerToken(WeightDType dtype) {
+  return 61 * (512 + 64) * static_cast<int64_t>(WeightDTypeSize(dtype));
+}
+
+TEST(MemoryPlanTest, HostPlanAddsWeightsAndEveryRanksKvCache) {
+  // 61 x (512 + 64) x 4 bytes = 140544 bytes a token; 16384 tokens = 2,302,672,896 bytes a rank.
+  HostMemoryPlan plan = PlanHostMemory(2, WeightDType::kFloat32, 10 * kGiB, WeightDType::kFloat32,
+                     DeepSeekV3KvBytesPerToken(WeightDType::kFloat32), 16384);
+  EXPECT_EQ(plan.kv_cache_bytes, 2 * int64_t{2302672896});
+  EXPECT_EQ(plan.needed_bytes(), 10 * kGiB + 2 * int64_t{2302672896});
+  // bf16 entries: half.
+  plan = PlanHostMemory(2, WeightDType::kFloat32, 10 * kGiB, WeightDType::kBFloat16,
+                        DeepSeekV3KvBytesPerToken(WeightDType::kBFloat16), 16384);
+  EXPECT_EQ(plan.kv_cache_bytes, int64_t{2302672896});
+  plan.available_bytes = plan.needed_bytes();
+  EXPECT_TRUE(CheckHostMemoryFits(plan).ok());  // exactly enough
+  EXPECT_EQ(plan.ToString(),
+            "2 ranks: weights 10.00 GiB (float32) + KV cache 16384 tokens per rank 2.14 GiB "
+            "(bfloat16) = 12.14 GiB of 12.14 GiB available");
+}
+
+TEST(MemoryPlanTest, HostPlanThatDoesNotFitNamesEveryTerm) {
+  // DeepSeek-V3 in fp32 on one rank (2,686,152,497,152 bytes of weights, ModelWeights::
+  // DeviceBytes) on a 24 GiB machine.
+  HostMemoryPlan plan = PlanHostMemory(1, WeightDType::kFloat32, int64_t{2686152497152}, WeightDType::kFloat32,
+                     DeepSeekV3KvBytesPerToken(WeightDType::kFloat32), 16384);
+  plan.available_bytes = 24 * kGiB;
+  absl::Status st = CheckHostMemoryFits(plan);
+  EXPECT_EQ(st.code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_EQ(std::string(st.message()),
+            "the model does not fit in this machine's memory: 1 rank: weights 2.44 TiB (float32) "
+            "+ KV cache 16384 tokens per rank 2.14 GiB (float32) = 2.45 TiB of 24.00 GiB "
+            "available, 2.42 TiB short; bf16 weights (--dtype bfloat16) halve the weights; more "
+            "workers split the routed experts between them; --kv-cache-tokens sizes the KV "
+            "cache; or use a smaller model");
+  // One byte short is short; bf16 weights are not suggested again.
+  plan.weight_dtype = WeightDType::kBFloat16;
+  plan.available_bytes = plan.needed_bytes() - 1;
+  st = CheckHostMemoryFits(plan);
+  EXPECT_EQ(st.code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_EQ(st.message().find("--dtype"), absl::string_view::npos) << st;
 }
 
 }  // namespace

@@ -9,70 +9,19 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "coordinator/eplb/expert_parallel_group.h"
 #include "glog/logging.h"
-#include "worker/backend/backend_factory.h"
-#include "worker/engine/memory_plan.h"
 #include "worker/model/ep_expert_dispatcher.h"
 #include "worker/model/model_loader.h"
 
 namespace deepinfer {
 
-DispatcherFactory LocalDispatcherFactory() {
-  DispatcherFactory f;
-  f.partitioned = false;
-  f.make = [](comm::Communicator*, ExpertRange, std::shared_ptr<const ExpertPlacement>,
-              const ModelConfig& config, const ModelWeights& weights,
-              Backend* backend) { return MakeLocalExpertDispatcher(config, weights, backend); };
-  return f;
-}
-
-DispatcherFactory EpDispatcherFactory() {
-  DispatcherFactory f;
-  f.partitioned = true;
-  f.make = [](comm::Communicator* comm, ExpertRange range,
-              std::shared_ptr<const ExpertPlacement> placement, const ModelConfig& config,
-              const ModelWeights& weights,
-              Backend* backend) -> absl::StatusOr<std::unique_ptr<ExpertDispatcher>> {
-    if (comm->world_size() == 1) return MakeLocalExpertDispatcher(config, weights, backend);
-    const bool placed = placement != nullptr;
-    auto d = EpExpertDispatcher::Create(comm, backend, config.n_routed_experts, config.hidden_size,
-                                        std::move(placement));
-    if (!d.ok()) return d.status();
-    if (placed) {
-      LOG(INFO) << "rank " << comm->rank() << " of " << comm->world_size()
-                << ": expert parallel with an EPLB placement, " << (*d)->local_experts(0).size()
-                << " expert slots per layer";
-      return std::unique_ptr<ExpertDispatcher>(std::move(*d));
-    }
-    const std::vector<int64_t>& local = (*d)->local_experts(0);
-    // The weights were loaded for `range`; the dispatcher must serve exactly those experts.
-    if (local.empty() || local.front() != range.first ||
-        static_cast<int64_t>(local.size()) != range.count) {
-      return absl::InternalError(absl::StrCat("rank ", comm->rank(), " loaded experts ",
-                                              range.first, "..", range.first + range.count - 1,
-                                              " but its dispatcher serves ", local.size(),
-                                              " experts from ", local.empty() ? -1 : local[0]));
-    }
-    LOG(INFO) << "rank " << comm->rank() << " of " << comm->world_size()
-              << ": expert parallel, hosts routed experts " << local.front() << ".." << local.back()
-              << " of " << config.n_routed_experts;
-    return std::unique_ptr<ExpertDispatcher>(std::move(*d));
-  };
-  return f;
-}
-
 // One rank's state. Members are declared so that they are destroyed in dependency order
-// (engine, then pool, model, data-plane communicator, backend, TCP communicator).
+// (engine, then the rank's parts: RankParts).
 struct RankGroup::Rank {
   int global = 0;
   RequestQueue queue;
-  std::unique_ptr<comm::TcpCommunicator> comm;
-  std::unique_ptr<Backend> backend;
-  // The NCCL communicator when the data plane is NCCL (uses the backend's stream); null for TCP,
-  // whose exchange runs over `comm`.
-  std::unique_ptr<comm::Communicator> data_comm;
-  std::unique_ptr<DeepseekV3Model> model;
-  std::unique_ptr<KvBlockPool> pool;
+  RankParts parts;  // parts.group carries the lock-step agreement
   std::unique_ptr<Engine> engine;
   bool engine_published = false;  // guarded by RankGroup::mu_
   // EPLB. The placement epoch this rank runs (written by the rank thread under mu_).
@@ -94,11 +43,6 @@ struct RankGroup::Rank {
   absl::Time last_collect = absl::InfinitePast();
   ExpertLoadReport report;
 };
-
-ExpertRange RankGroup::ExpertsOf(int64_t num_experts, int world_size, int rank) {
-  const int64_t per = num_experts / world_size;
-  return {rank * per, per};
-}
 
 absl::StatusOr<std::unique_ptr<RankGroup>> RankGroup::Create(
     const RankGroupOptions& options, const GroupLayout& layout,
@@ -127,10 +71,7 @@ absl::StatusOr<std::unique_ptr<RankGroup>> RankGroup::Create(
                                                    " are not in a world of size ", l.world_size));
   }
   const int64_t experts = options.model->config.n_routed_experts;
-  if (experts > 0 && experts % l.world_size != 0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(experts, " routed experts do not divide over a world of size ", l.world_size));
-  }
+  if (absl::Status st = CheckRoutedExpertsSplit(experts, l.world_size); !st.ok()) return st;
   GroupLayout checked = layout;
   if (checked.placement != nullptr &&
       !(options.dispatcher.partitioned && l.world_size > 1 && experts > 0)) {
@@ -227,8 +168,9 @@ std::vector<ExpertLoadReport> RankGroup::TakeExpertLoads() {
 void RankGroup::CollectExpertCounts(int local) {
   Rank& r = *ranks_[local];
   r.last_collect = absl::Now();
-  if (r.steps_uncollected == 0 || r.model == nullptr || r.model->num_moe_layers() == 0) return;
-  std::vector<int64_t> counts = r.model->TakeExpertCounts();
+  if (r.steps_uncollected == 0 || r.parts.model == nullptr || r.parts.model->num_moe_layers() == 0)
+    return;
+  std::vector<int64_t> counts = r.parts.model->TakeExpertCounts();
   const int64_t steps = r.steps_uncollected;
   r.steps_uncollected = 0;
   absl::MutexLock lock(&mu_);
@@ -236,8 +178,8 @@ void RankGroup::CollectExpertCounts(int local) {
   if (rep.num_steps() == 0) {
     rep.set_rank(r.global);
     rep.set_group_generation(layout_.generation);
-    rep.set_num_layers(static_cast<int32_t>(r.model->num_moe_layers()));
-    rep.set_num_experts(static_cast<int32_t>(r.model->config().n_routed_experts));
+    rep.set_num_layers(static_cast<int32_t>(r.parts.model->num_moe_layers()));
+    rep.set_num_experts(static_cast<int32_t>(r.parts.model->config().n_routed_experts));
     rep.mutable_counts()->Resize(static_cast<int>(counts.size()), 0);
   }
   rep.set_num_steps(rep.num_steps() + steps);
@@ -261,7 +203,7 @@ absl::StatusOr<uint64_t> RankGroup::StagePlacement(int local) {
       epoch > r.loading_epoch && !r.loading_host.valid()) {
     std::vector<std::vector<int64_t>> needed =
         EpExpertDispatcher::ExpertsOfRank(*placement, layout_.world_size, r.global);
-    std::vector<std::vector<int64_t>> missing = r.model->MissingExperts(needed);
+    std::vector<std::vector<int64_t>> missing = r.parts.model->MissingExperts(needed);
     const std::string spec = options_.model->spec;
     r.loading_host = std::async(std::launch::async, [spec, missing]() {
       ModelConfig config;
@@ -281,7 +223,7 @@ absl::StatusOr<uint64_t> RankGroup::StagePlacement(int local) {
     if (r.loading_epoch > r.epoch && r.loading_epoch > r.staged_epoch) {
       int64_t count = 0;
       for (const auto& layer : *host) count += static_cast<int64_t>(layer.size());
-      r.staged_loaded = ModelWeights::UploadRoutedExperts(*host, r.backend.get());
+      r.staged_loaded = ModelWeights::UploadRoutedExperts(*host, r.parts.backend.get());
       r.staged = std::move(r.loading);
       r.staged_epoch = r.loading_epoch;
       r.staged_needed = std::move(r.loading_needed);
@@ -301,7 +243,7 @@ absl::Status RankGroup::SwitchPlacement(int local) {
   }
   // Experts the staged weights lack because the rank switched to another placement after they
   // were read (rare: placements in quick succession) are read now.
-  std::vector<std::vector<int64_t>> missing = r.model->MissingExperts(r.staged_needed);
+  std::vector<std::vector<int64_t>> missing = r.parts.model->MissingExperts(r.staged_needed);
   bool more = false;
   for (size_t m = 0; m < missing.size(); ++m) {
     auto& list = missing[m];
@@ -314,13 +256,15 @@ absl::Status RankGroup::SwitchPlacement(int local) {
     ModelConfig config;
     auto source = OpenWeightSource(options_.model->spec, &config);
     if (!source.ok()) return source.status();
-    auto extra = ModelWeights::LoadRoutedExperts(config, source->get(), r.backend.get(), missing);
+    auto extra =
+        ModelWeights::LoadRoutedExperts(config, source->get(), r.parts.backend.get(), missing);
     if (!extra.ok()) return extra.status();
     for (size_t m = 0; m < extra->size(); ++m) {
       for (auto& [e, w] : (*extra)[m]) r.staged_loaded[m][e] = std::move(w);
     }
   }
-  absl::Status st = r.model->SwitchPlacement(r.staged, r.staged_needed, std::move(r.staged_loaded));
+  absl::Status st =
+      r.parts.model->SwitchPlacement(r.staged, r.staged_needed, std::move(r.staged_loaded));
   if (!st.ok()) return st;
   r.staged = nullptr;
   r.staged_needed.clear();
@@ -339,7 +283,51 @@ void RankGroup::Start() {
     if (started_ || stopping_) return;
     started_ = true;
   }
+  if (options_.backend == "cpu") host_memory_check_ = CheckHostMemory();
   for (int i = 0; i < layout_.num_ranks; ++i) threads_.emplace_back([this, i] { RunRank(i); });
+}
+
+int64_t RankGroup::FixedKvCacheBlocks() const {
+  const int64_t tokens =
+      options_.kv_cache_tokens > 0 ? options_.kv_cache_tokens : kDefaultCpuKvCacheTokens;
+  return (tokens + options_.block_size - 1) / options_.block_size;
+}
+
+absl::Status RankGroup::CheckHostMemory() const {
+  // As MakeBackend will resolve them; a bad name fails there, before this verdict is read.
+  absl::StatusOr<WeightDType> weights = options_.dtype.empty()
+                                            ? DefaultWeightDType(options_.backend)
+                                            : ParseWeightDType(options_.dtype);
+  if (!weights.ok()) return weights.status();
+  absl::StatusOr<WeightDType> cache = ResolveKvCacheDType(options_.kv_cache_dtype, *weights);
+  if (!cache.ok()) return cache.status();
+  const ModelConfig& config = options_.model->config;
+  absl::StatusOr<const Architecture*> arch = FindArchitecture(config);
+  if (!arch.ok()) return arch.status();
+  int64_t weight_bytes = 0;
+  for (int i = 0; i < layout_.num_ranks; ++i) {
+    weight_bytes += (*arch)->weight_bytes(
+        config, *weights,
+        ExpertsToLoad(config, layout_.world_size, layout_.first_rank + i,
+                      options_.dispatcher.partitioned, layout_.placement));
+  }
+  HostMemoryPlan plan =
+      PlanHostMemory(layout_.num_ranks, *weights, weight_bytes, *cache,
+                     (*arch)->cache_spec(config, *cache).BytesPerToken(),
+                     FixedKvCacheBlocks() * options_.block_size);
+  const ProcMeminfo proc_meminfo;
+  const HostMemory& memory = options_.host_memory != nullptr ? *options_.host_memory : proc_meminfo;
+  absl::StatusOr<int64_t> available = memory.AvailableBytes();
+  if (!available.ok()) {
+    // Nothing to plan against (not Linux?): load as before rather than refuse.
+    LOG(WARNING) << "group generation " << layout_.generation
+                 << ": host memory not planned: " << available.status();
+    return absl::OkStatus();
+  }
+  plan.available_bytes = *available;
+  LOG(INFO) << "group generation " << layout_.generation
+            << ": host memory plan: " << plan.ToString();
+  return CheckHostMemoryFits(plan);
 }
 
 void RankGroup::Stop() {
@@ -374,159 +362,50 @@ void RankGroup::Fail(int global_rank, const absl::Status& status) {
 
 bool RankGroup::FormRank(int local) {
   Rank& r = *ranks_[local];
-  comm::TcpCommunicatorSpec spec;
+  RankSpec spec;
   spec.rank = r.global;
   spec.world_size = layout_.world_size;
+  spec.always_form_group = true;  // the lock-step loop agrees over it even alone
   spec.root_address = layout_.root_address;
   spec.group_incarnation = layout_.group_incarnation;
   spec.listen_host = options_.listen_host;
-  spec.timeout = options_.collective_timeout;
-  auto c = comm::TcpCommunicator::Create(spec, r.global == 0 ? std::move(root_) : nullptr);
-  if (!c.ok()) {
-    Fail(r.global, c.status());
+  spec.group_timeout = options_.collective_timeout;
+  spec.data_plane_timeout = options_.collective_timeout;
+  spec.backend.kind = options_.backend;
+  spec.backend.cpu_threads = options_.threads_per_rank;
+  spec.backend.cuda_device = r.global - layout_.first_rank;
+  spec.backend.dtype = options_.dtype;
+  spec.backend.gemm_autotune = options_.gemm_autotune;
+  spec.dispatcher = options_.dispatcher;
+  spec.communicator = options_.communicator;
+  spec.placement = layout_.placement;
+  spec.model = options_.model->spec;
+  spec.decode_graphs = options_.decode_graphs;
+  spec.kv_cache_dtype = options_.kv_cache_dtype;
+  spec.block_size = options_.block_size;
+  spec.kv_cache_tokens = options_.kv_cache_tokens;
+  spec.gpu_memory_utilization = options_.gpu_memory_utilization;
+  spec.max_batch_tokens = options_.max_batch_tokens;
+  // On the CPU, the plan of every local rank was made once, in Start().
+  if (!host_memory_check_.ok()) {
+    Fail(r.global, host_memory_check_);
     return false;
   }
-  {
+  RankHooks hooks;
+  hooks.on_communicator = [this](comm::Communicator* c) {
     absl::MutexLock lock(&mu_);
-    r.comm = std::move(*c);
-    comms_.push_back(r.comm.get());
-    if (stopping_ || status_ == GROUP_FAILED) {
-      r.comm->Abort(absl::CancelledError("group stopped while forming"));
-      return false;
-    }
-  }
-  BackendOptions backend_options;
-  backend_options.kind = options_.backend;
-  backend_options.cpu_threads = options_.threads_per_rank;
-  backend_options.cuda_device = r.global - layout_.first_rank;
-  backend_options.dtype = options_.dtype;
-  backend_options.gemm_autotune = options_.gemm_autotune;
-  auto backend = MakeBackend(backend_options);
-  if (!backend.ok()) {
-    Fail(r.global, backend.status());
+    comms_.push_back(c);
+    return !(stopping_ || status_ == GROUP_FAILED);
+  };
+  absl::Status built = BuildRank(spec, hooks, r.global == 0 ? std::move(root_) : nullptr, &r.parts);
+  if (!built.ok()) {
+    if (built.code() != absl::StatusCode::kCancelled || !stopping()) Fail(r.global, built);
     return false;
-  }
-  r.backend = std::move(*backend);
-  // Only an expert-parallel dispatcher exchanges tokens; the others need no data plane.
-  absl::StatusOr<comm::DataPlane> plane =
-      options_.dispatcher.partitioned
-          ? comm::ResolveDataPlane(options_.communicator, options_.backend, layout_.world_size)
-          : comm::DataPlane::kTcp;
-  if (!plane.ok()) {
-    Fail(r.global, plane.status());
-    return false;
-  }
-  comm::Communicator* comm = r.comm.get();
-  if (*plane == comm::DataPlane::kNccl) {
-    auto nccl = comm::FormNcclCommunicator(r.comm.get(), backend_options.cuda_device,
-                                           r.backend->native_stream(), options_.collective_timeout);
-    if (!nccl.ok()) {
-      Fail(r.global, nccl.status());
-      return false;
-    }
-    absl::MutexLock lock(&mu_);
-    r.data_comm = std::move(*nccl);
-    comms_.push_back(r.data_comm.get());
-    if (stopping_ || status_ == GROUP_FAILED) {
-      r.data_comm->Abort(absl::CancelledError("group stopped while forming"));
-      return false;
-    }
-    comm = r.data_comm.get();
   }
   if (r.global == layout_.first_rank) {
     LOG(INFO) << "group generation " << layout_.generation << ": expert exchange over "
-              << comm::DataPlaneName(*plane);
+              << comm::DataPlaneName(r.parts.data_plane);
   }
-  const ModelConfig& config = options_.model->config;
-  const ExpertRange range = ExpertsOf(config.n_routed_experts, layout_.world_size, r.global);
-  LoadOptions load;
-  std::shared_ptr<const ExpertPlacement> placement = layout_.placement;
-  if (placement != nullptr) {
-    // Per model layer, the experts of this rank's slots (dense layers have none).
-    auto placed = std::make_shared<std::vector<std::vector<int64_t>>>(
-        EpExpertDispatcher::ExpertsOfRank(*placement, layout_.world_size, r.global));
-    std::vector<int64_t> moe_index;
-    for (int64_t l = 0, m = 0; l < config.num_hidden_layers; ++l) {
-      moe_index.push_back(config.IsMoeLayer(l) ? m++ : -1);
-    }
-    load.hosts_expert = [placed, moe_index](int64_t layer, int64_t e) {
-      const int64_t m = moe_index[layer];
-      if (m < 0) return false;
-      const std::vector<int64_t>& mine = (*placed)[m];
-      return std::find(mine.begin(), mine.end(), e) != mine.end();
-    };
-  } else if (options_.dispatcher.partitioned) {
-    load.hosts_expert = [range](int64_t, int64_t e) {
-      return e >= range.first && e < range.first + range.count;
-    };
-  }
-  const int64_t weight_bytes = ModelWeights::DeviceBytes(config, r.backend->weight_dtype(), load);
-  LOG(INFO) << "rank " << r.global << ": " << r.backend->name() << " backend, "
-            << WeightDTypeName(r.backend->weight_dtype()) << " weights ("
-            << absl::StrFormat("%.1f MiB", weight_bytes / double{1 << 20}) << ")";
-  // On a GPU, memory is planned up front: the weights must fit before anything is loaded.
-  MemoryPlanOptions plan_options;
-  plan_options.utilization = options_.gpu_memory_utilization;
-  plan_options.block_size = options_.block_size;
-  plan_options.max_batch_tokens = options_.max_batch_tokens;
-  int64_t reserve = ActivationReserveBytes(config, options_.max_batch_tokens);
-  if (options_.backend == "cuda" && options_.decode_graphs.enabled) {
-    reserve += DecodeGraphReserveBytes(
-        config, DeepseekV3Model::DecodeGraphBuckets(options_.decode_graphs.max_batch));
-  }
-  const absl::StatusOr<DeviceMemoryInfo> before_load = r.backend->MemoryInfo();
-  if (before_load.ok()) {
-    if (absl::Status st = CheckWeightsFit(*before_load, weight_bytes, reserve, plan_options);
-        !st.ok()) {
-      Fail(r.global, st);
-      return false;
-    }
-  }
-  ExpertDispatcherFactory make = [this, comm, range, placement](const ModelConfig& c,
-                                                                const ModelWeights& w, Backend* b) {
-    return options_.dispatcher.make(comm, range, placement, c, w, b);
-  };
-  auto model = LoadDeepseekV3(options_.model->spec, r.backend.get(), load, make);
-  if (!model.ok()) {
-    Fail(r.global, model.status());
-    return false;
-  }
-  r.model = std::move(*model);
-  r.model->SetDecodeGraphOptions(options_.decode_graphs);
-  const int32_t bs = options_.block_size;
-  KvBlockPoolOptions cache_options = r.model->CacheOptions(0, bs);
-  // Checked in Create: the name is valid.
-  cache_options.dtype = *ResolveKvCacheDType(options_.kv_cache_dtype, r.backend->weight_dtype());
-  int64_t blocks = 0;
-  if (options_.kv_cache_tokens > 0) {
-    blocks = (options_.kv_cache_tokens + bs - 1) / bs;
-    LOG(INFO) << "rank " << r.global << ": KV cache " << blocks << " blocks x " << bs
-              << " tokens (--kv-cache-tokens)";
-  } else if (before_load.ok()) {
-    absl::StatusOr<DeviceMemoryInfo> after_load = r.backend->MemoryInfo();
-    absl::StatusOr<KvCachePlan> plan =
-        after_load.ok() ? PlanKvCache(*after_load, weight_bytes, reserve,
-                                      KvBytesPerToken(config, cache_options.dtype), plan_options)
-                        : absl::StatusOr<KvCachePlan>(after_load.status());
-    if (!plan.ok()) {
-      Fail(r.global, plan.status());
-      return false;
-    }
-    blocks = plan->num_blocks;
-    LOG(INFO) << "rank " << r.global
-              << ": memory plan: " << plan->ToString(options_.gpu_memory_utilization);
-  } else {
-    blocks = (kDefaultCpuKvCacheTokens + bs - 1) / bs;
-    LOG(INFO) << "rank " << r.global << ": KV cache " << blocks << " blocks x " << bs
-              << " tokens (CPU default)";
-  }
-  cache_options.num_blocks = static_cast<int32_t>(blocks);
-  auto pool = KvBlockPool::Create(r.backend.get(), cache_options);
-  if (!pool.ok()) {
-    Fail(r.global, pool.status());
-    return false;
-  }
-  r.pool = std::move(*pool);
   EngineOptions eo;
   eo.max_batch_tokens = options_.max_batch_tokens;
   eo.max_running = options_.max_running;
@@ -534,8 +413,8 @@ bool RankGroup::FormRank(int local) {
   eo.group_generation = layout_.generation;
   eo.rank = r.global;
   eo.step_when_idle = options_.dispatcher.partitioned && layout_.world_size > 1;
-  auto engine =
-      Engine::Create(r.model.get(), r.pool.get(), &r.queue, options_.model->tokenizer.get(), eo);
+  auto engine = Engine::Create(r.parts.model.get(), r.parts.pool.get(), &r.queue,
+                               options_.model->tokenizer.get(), eo);
   if (!engine.ok()) {
     Fail(r.global, engine.status());
     return false;
@@ -546,7 +425,7 @@ bool RankGroup::FormRank(int local) {
     r.engine_published = true;
   }
   // Nobody serves before every rank has its weights.
-  if (absl::Status s = r.comm->Barrier(); !s.ok()) {
+  if (absl::Status s = r.parts.group->Barrier(); !s.ok()) {
     Fail(r.global, s);
     return false;
   }
@@ -581,7 +460,7 @@ void RankGroup::RunRank(int local) {
       // placements agree on the first only.
       int64_t agree[3] = {r.engine->HasWork() ? 1 : 0, ready, -ready};
       if (absl::Status s =
-              r.comm->AllReduce(agree, agree, placements ? 3 : 1, comm::ReduceOp::kMax);
+              r.parts.group->AllReduce(agree, agree, placements ? 3 : 1, comm::ReduceOp::kMax);
           !s.ok()) {
         Fail(r.global, s);
         break;
@@ -680,6 +559,16 @@ std::vector<RankLoad> RankGroup::Loads() const {
     load.set_kv_blocks_used(e.kv_blocks_used);
     load.set_kv_blocks_total(e.kv_blocks_total);
     out.push_back(std::move(load));
+  }
+  return out;
+}
+
+std::vector<RequestProgress> RankGroup::Progress() const {
+  std::vector<RequestProgress> out;
+  absl::MutexLock lock(&mu_);
+  for (const auto& r : ranks_) {
+    if (!r->engine_published) continue;
+    for (RequestProgress& p : r->engine->progress()) out.push_back(std::move(p));
   }
   return out;
 }

@@ -7,12 +7,13 @@
 //      with an empty batch when its dispatcher exchanges tokens, so the MoE all-to-alls of
 //      all ranks match); otherwise every rank sleeps on its RequestQueue for up to idle_wait
 //      (a new request wakes it) and loops.
-// Forming: each rank joins the TcpCommunicator group (the control plane: the agreement above,
-// barriers), opens its backend, with an NCCL data plane forms the NCCL group over it
-// (comm/data_plane.h; the expert exchange then runs GPU to GPU), loads its weights (with a
-// partitioned dispatcher only its contiguous range of routed experts: E / world_size from
-// global_rank * E / world_size, or, with an EPLB placement, the experts of its slots), then a
-// barrier; after that the group is SERVING.
+// Forming: each rank is built by BuildRank (rank_builder.h: the TcpCommunicator group, the
+// backend, the NCCL data plane where there is one, the memory plan, its share of the model and
+// its KV pool), gets its Engine, then a barrier; after that the group is SERVING.
+// On a GPU each rank plans its device's memory before loading; CPU ranks share the machine's
+// memory, so Start() plans the weights and KV caches of all of this worker's ranks at once
+// against what the machine has available (HostMemoryPlan in memory_plan.h), and a model that
+// does not fit fails the group (RESOURCE_EXHAUSTED) before any rank allocates.
 //
 // EPLB (docs/eplb.md): every rank counts the tokens it routes to each expert on its device and
 // reads the counts back about once per `expert_load_interval`; TakeExpertLoads hands them to
@@ -49,43 +50,16 @@
 #include "proto/cluster.pb.h"
 #include "proto/common.pb.h"
 #include "proto/worker.pb.h"
-#include "worker/backend/backend.h"
 #include "worker/comm/data_plane.h"
 #include "worker/comm/tcp_communicator.h"
 #include "worker/engine/engine.h"
+#include "worker/engine/host_memory.h"
 #include "worker/engine/model_files.h"
+#include "worker/engine/rank_builder.h"
 #include "worker/engine/request_queue.h"
-#include "worker/kv_cache/kv_block_pool.h"
-#include "worker/model/deepseek_v3_model.h"
-#include "worker/model/expert_dispatcher.h"
 #include "worker/model/model_weights.h"
 
 namespace deepinfer {
-
-// Routed experts [first, first + count) of every MoE layer.
-struct ExpertRange {
-  int64_t first = 0;
-  int64_t count = 0;
-};
-
-// How a rank gets its ExpertDispatcher. The local one (RankGroupOptions' default) serves every
-// expert without communication, so each rank loads all experts; an expert-parallel one
-// (partitioned = true) serves the rank's range and exchanges tokens through the rank's
-// communicator, so each rank loads only its range.
-struct DispatcherFactory {
-  bool partitioned = false;
-  // `placement`: the EPLB placement the rank starts with (null: contiguous `range`).
-  std::function<absl::StatusOr<std::unique_ptr<ExpertDispatcher>>(
-      comm::Communicator* comm, ExpertRange range, std::shared_ptr<const ExpertPlacement> placement,
-      const ModelConfig& config, const ModelWeights& weights, Backend* backend)>
-      make;
-};
-DispatcherFactory LocalDispatcherFactory();
-// Expert parallelism (EpExpertDispatcher), what the worker runs by default. A group of one
-// rank gets the local dispatcher (same experts, no exchange to pay for).
-DispatcherFactory EpDispatcherFactory();
-
-inline constexpr int64_t kDefaultCpuKvCacheTokens = 16384;
 
 struct RankGroupOptions {
   // Opened once by the worker; must outlive the group.
@@ -98,7 +72,7 @@ struct RankGroupOptions {
   // BackendOptions::gemm_autotune.
   bool gemm_autotune = true;
   // Decode steps replayed from CUDA graphs per batch-size bucket (used where the backend can
-  // record: cuda; DeepseekV3Model::SetDecodeGraphOptions).
+  // record: cuda; CausalLm::SetDecodeGraphOptions).
   DecodeGraphOptions decode_graphs;
   // Latent KV cache elements: "auto" or empty (= the weights' dtype), "bfloat16", "float32".
   std::string kv_cache_dtype;
@@ -108,6 +82,9 @@ struct RankGroupOptions {
   int64_t kv_cache_tokens = 0;
   // Fraction of each GPU's memory a rank plans to use (weights + KV cache + activations).
   double gpu_memory_utilization = 0.9;
+  // What the machine has available for CPU ranks' weights and KV caches (HostMemoryPlan);
+  // null: /proc/meminfo's MemAvailable.
+  std::shared_ptr<const HostMemory> host_memory;
   int32_t block_size = 16;
   int32_t max_batch_tokens = 2048;
   int32_t max_running = 256;
@@ -176,6 +153,8 @@ class RankGroup {
   // Blocks until the group is FAILED (tests).
   void AwaitFailed() const;
   std::vector<RankLoad> Loads() const;
+  // Tokens generated so far by the requests the local ranks hold (Engine::progress).
+  std::vector<RequestProgress> Progress() const;
 
   // Live EPLB placement change (see the top comment); returns at once. INVALID_ARGUMENT for a
   // placement that does not fit; FAILED_PRECONDITION where placements do not apply (not
@@ -185,8 +164,6 @@ class RankGroup {
   uint64_t placement_epoch() const;
   // Expert counts gathered since the last call, one report per local rank that stepped.
   std::vector<ExpertLoadReport> TakeExpertLoads();
-  // The experts global rank `rank` hosts when experts are partitioned.
-  static ExpertRange ExpertsOf(int64_t num_experts, int world_size, int rank);
 
  private:
   struct Rank;
@@ -194,6 +171,12 @@ class RankGroup {
   void RunRank(int local);
   // Forms the communicator and loads the model; false (group failed) on error.
   bool FormRank(int local);
+  // KV cache blocks of a rank whose size is not planned from device memory: --kv-cache-tokens,
+  // else kDefaultCpuKvCacheTokens.
+  int64_t FixedKvCacheBlocks() const;
+  // CPU ranks: the weights and KV caches of all local ranks against the machine's available
+  // memory (RESOURCE_EXHAUSTED when they do not fit).
+  absl::Status CheckHostMemory() const;
   // Starts reading the missing expert weights of a pending placement newer than what `local`
   // has (on a helper thread), and uploads them once read. Returns the newest epoch the rank
   // has ready (its running one if none); never waits for the read.
@@ -214,6 +197,9 @@ class RankGroup {
   std::vector<std::unique_ptr<Rank>> ranks_;
   std::unique_ptr<comm::TcpCommunicator::RootListener> root_;
   std::vector<std::thread> threads_;
+  // CheckHostMemory's verdict for CPU ranks, set by Start() before the rank threads run (and
+  // read-only after): after the previous group's weights are freed, before any rank loads.
+  absl::Status host_memory_check_;
 
   mutable absl::Mutex mu_;
   GroupStatus status_ ABSL_GUARDED_BY(mu_) = GROUP_FORMING;

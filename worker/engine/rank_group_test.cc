@@ -1,7 +1,8 @@
 // RankGroup: one rank equals HF's greedy tokens; two ranks in one worker (TcpCommunicator on
 // loopback, local or expert-parallel dispatcher) give the same tokens as one rank; a peer that
 // dies turns the group FAILED (and drops its requests) instead of hanging; bad layouts are
-// refused.
+// refused; CPU ranks are planned together against the machine's memory (a model that does not
+// fit is refused before loading).
 #include "worker/engine/rank_group.h"
 
 #include <cstdlib>
@@ -16,11 +17,15 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
+#include "worker/engine/memory_plan.h"
+#include "worker/model/model_weights.h"
 
 namespace deepinfer {
 namespace {
 
+using ::testing::AllOf;
 using ::testing::ElementsAreArray;
+using ::testing::HasSubstr;
 
 std::string FixtureDir() {
   const char* src = std::getenv("TEST_SRCDIR");
@@ -409,6 +414,99 @@ TEST_F(RankGroupTest, RefusesPlacementsThatDoNotFit) {
       RankGroup::Create(options_, layout, nullptr, Collector().Sink()).status()));
 }
 
+class FixedHostMemory : public HostMemory {
+ public:
+  explicit FixedHostMemory(int64_t bytes) : bytes_(bytes) {}
+  absl::StatusOr<int64_t> AvailableBytes() const override { return bytes_; }
+
+ private:
+  int64_t bytes_;
+};
+
+// CPU ranks share the machine's memory: a worker's ranks are planned together, each with the
+// experts it will load, before any of them loads.
+TEST_F(RankGroupTest, CpuRanksArePlannedTogetherAgainstTheMachinesMemory) {
+  const ModelConfig& c = files_->config;
+  // fp32 latent + rope key per layer and token.
+  const int64_t kv = 4096 * c.num_hidden_layers * (c.kv_lora_rank + c.qk_rope_head_dim) * 4;
+  const int64_t all_experts = ModelWeights::DeviceBytes(c, WeightDType::kFloat32, {}) + kv;
+  // Room for one rank that hosts every expert, not for two.
+  options_.host_memory = std::make_shared<FixedHostMemory>(all_experts + all_experts / 2);
+  Collector results;
+  auto refused = StartGroup(1, 0x51, 2, 2, &results);
+  ASSERT_NE(refused, nullptr);
+  EXPECT_EQ(refused->AwaitFormed(), GROUP_FAILED);
+  EXPECT_THAT(refused->error(),
+              AllOf(HasSubstr("RESOURCE_EXHAUSTED"),
+                    HasSubstr("the model does not fit in this machine's memory: 2 ranks"),
+                    HasSubstr("4096 tokens per rank")));
+  refused.reset();
+  // Exactly what both need: they serve.
+  options_.host_memory = std::make_shared<FixedHostMemory>(2 * all_experts);
+  auto fits = StartGroup(2, 0x52, 2, 2, &results);
+  ASSERT_NE(fits, nullptr);
+  EXPECT_EQ(fits->AwaitFormed(), GROUP_SERVING) << fits->error();
+  fits.reset();
+  // Expert parallel: each rank loads half the experts, and only that is planned.
+  options_.dispatcher = EpDispatcherFactory();
+  int64_t halves = 2 * kv;
+  for (int rank = 0; rank < 2; ++rank) {
+    const ExpertRange range = ExpertsOfRank(c.n_routed_experts, 2, rank);
+    LoadOptions load;
+    load.hosts_expert = [range](int64_t, int64_t e) {
+      return e >= range.first && e < range.first + range.count;
+    };
+    halves += ModelWeights::DeviceBytes(c, WeightDType::kFloat32, load);
+  }
+  ASSERT_LT(halves, 2 * all_experts);
+  options_.host_memory = std::make_shared<FixedHostMemory>(halves);
+  auto ep = StartGroup(3, 0x53, 2, 2, &results);
+  ASSERT_NE(ep, nullptr);
+  EXPECT_EQ(ep->AwaitFormed(), GROUP_SERVING) << ep->error();
+  ep.reset();
+  options_.host_memory = std::make_shared<FixedHostMemory>(halves - 1);
+  auto short_by_one = StartGroup(4, 0x54, 2, 2, &results);
+  ASSERT_NE(short_by_one, nullptr);
+  EXPECT_EQ(short_by_one->AwaitFormed(), GROUP_FAILED);
+}
+
+// DeepSeek-V3's full config on the CPU (fp32, every expert on one rank: 2.44 TiB) on a 24 GiB
+// machine is refused at once, with the numbers; without the plan the rank would start filling
+// 2.44 TiB of weights.
+TEST_F(RankGroupTest, ModelFarBiggerThanTheMachineIsRefusedBeforeLoading) {
+  const std::string path = std::string(std::getenv("TEST_TMPDIR")) + "/deepseek_v3.json";
+  std::ofstream(path) << R"({
+    "architectures": ["DeepseekV3ForCausalLM"], "model_type": "deepseek_v3",
+    "vocab_size": 129280, "hidden_size": 7168, "intermediate_size": 18432,
+    "moe_intermediate_size": 2048, "num_hidden_layers": 61, "num_attention_heads": 128,
+    "q_lora_rank": 1536, "kv_lora_rank": 512, "qk_nope_head_dim": 128, "qk_rope_head_dim": 64,
+    "v_head_dim": 128, "n_routed_experts": 256, "n_shared_experts": 1, "num_experts_per_tok": 8,
+    "n_group": 8, "topk_group": 4, "routed_scaling_factor": 2.5, "first_k_dense_replace": 3,
+    "max_position_embeddings": 163840, "rope_theta": 10000})";
+  auto v3 = ModelFiles::Open("dummy:" + path + "@1");
+  ASSERT_TRUE(v3.ok()) << v3.status();
+  // DeepSeek-V3 has 671,026,419,200 parameters without its MTP layer (the "671B" DeepSeek
+  // states: embeddings and head 2 x 129280 x 7168, 61 attention blocks, 3 dense MLPs, 58 MoE
+  // layers of 256 routed and 1 shared expert and a router); the model also keeps W_uk^T, a
+  // second copy of kv_b's key half (61 x 128 x 128 x 512). All fp32 here.
+  EXPECT_EQ(ModelWeights::DeviceBytes((*v3)->config, WeightDType::kFloat32, {}),
+            4 * (int64_t{671026419200} + int64_t{61} * 128 * 128 * 512));
+  options_.model = v3->get();
+  options_.kv_cache_tokens = 0;
+  options_.host_memory = std::make_shared<FixedHostMemory>(int64_t{24} << 30);
+  Collector results;
+  auto group = RankGroup::Create(options_, GroupLayout(), nullptr, results.Sink());
+  ASSERT_TRUE(group.ok()) << group.status();
+  (*group)->Start();
+  ASSERT_EQ((*group)->AwaitFormed(), GROUP_FAILED);
+  EXPECT_THAT((*group)->error(),
+              AllOf(HasSubstr("rank 0: RESOURCE_EXHAUSTED: the model does not fit in this "
+                              "machine's memory: 1 rank: weights 2.44 TiB (float32) + KV cache "
+                              "16384 tokens per rank 2.14 GiB (float32) = 2.45 TiB of 24.00 GiB "
+                              "available"),
+                    HasSubstr("--dtype bfloat16")));
+}
+
 TEST_F(RankGroupTest, RefusesBadLayouts) {
   GroupLayout layout;
   layout.world_size = 3;  // 8 experts
@@ -427,8 +525,8 @@ TEST_F(RankGroupTest, RefusesBadLayouts) {
   layout.root_address.clear();
   EXPECT_TRUE(absl::IsInvalidArgument(
       RankGroup::Create(options_, layout, nullptr, Collector().Sink()).status()));
-  EXPECT_EQ(RankGroup::ExpertsOf(8, 2, 1).first, 4);
-  EXPECT_EQ(RankGroup::ExpertsOf(8, 2, 1).count, 4);
+  EXPECT_EQ(ExpertsOfRank(8, 2, 1).first, 4);
+  EXPECT_EQ(ExpertsOfRank(8, 2, 1).count, 4);
 }
 
 }  // namespace

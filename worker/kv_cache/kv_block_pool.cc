@@ -1,10 +1,11 @@
-// KvBlockPool: free-list allocation of paged latent-cache blocks.
+// KvBlockPool: per-layer memory from the spec, free-list allocation of blocks.
 #include "worker/kv_cache/kv_block_pool.h"
 
 #include <atomic>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "glog/logging.h"
 
 namespace deepinfer {
 namespace {
@@ -23,22 +24,29 @@ absl::StatusOr<WeightDType> ResolveKvCacheDType(const std::string& name, WeightD
 
 absl::StatusOr<std::unique_ptr<KvBlockPool>> KvBlockPool::Create(Backend* backend,
                                                                  const KvBlockPoolOptions& o) {
-  if (o.num_layers <= 0 || o.num_blocks <= 0 || o.block_size <= 0 || o.latent_dim <= 0 ||
-      o.rope_dim < 0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("KvBlockPool: bad geometry layers=", o.num_layers, " blocks=", o.num_blocks,
-                     " block_size=", o.block_size, " latent=", o.latent_dim, " rope=", o.rope_dim,
-                     " dtype=", WeightDTypeName(o.dtype)));
+  if (absl::Status st = o.spec.Validate(); !st.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat("KvBlockPool: ", st.message()));
   }
-  std::vector<std::unique_ptr<DeviceBuffer>> layers;
-  const size_t bytes = static_cast<size_t>(o.num_blocks) * o.block_size * o.EntryBytes();
-  for (int32_t l = 0; l < o.num_layers; ++l) layers.push_back(backend->Allocate(bytes));
+  if (o.num_blocks <= 0 || o.block_size <= 0) {
+    return absl::InvalidArgumentError(absl::StrCat("KvBlockPool: bad size blocks=", o.num_blocks,
+                                                   " block_size=", o.block_size, " for ",
+                                                   o.spec.ToString()));
+  }
+  std::vector<std::unique_ptr<DeviceBuffer>> layers(o.spec.num_layers());
+  for (const KvCacheGroupSpec& g : o.spec.groups) {
+    const size_t bytes = static_cast<size_t>(o.num_blocks) * g.BlockBytes(o.block_size);
+    for (int32_t l : g.layers) layers[l] = backend->Allocate(bytes);
+  }
   return std::unique_ptr<KvBlockPool>(new KvBlockPool(o, std::move(layers)));
 }
 
 KvBlockPool::KvBlockPool(const KvBlockPoolOptions& options,
                          std::vector<std::unique_ptr<DeviceBuffer>> layers)
     : options_(options), id_(next_pool_id.fetch_add(1) + 1), layers_(std::move(layers)) {
+  group_of_.resize(layers_.size());
+  for (size_t g = 0; g < options_.spec.groups.size(); ++g) {
+    for (int32_t l : options_.spec.groups[g].layers) group_of_[l] = g;
+  }
   absl::MutexLock lock(&mu_);
   in_use_.assign(options_.num_blocks, 0);
   // Hand out low ids first (pop from the back).
@@ -88,12 +96,15 @@ int32_t KvBlockPool::num_free_blocks() const {
 }
 
 PagedLatentCacheView KvBlockPool::LayerView(int32_t layer) const {
+  const KvCacheGroupSpec& g = LayerGroup(layer);
+  CHECK(g.kind == KvCacheKind::kPagedLatent)
+      << "layer " << layer << " caches " << KvCacheKindName(g.kind) << ", not paged_latent";
   PagedLatentCacheView v;
   v.cache = layers_[layer]->data();
   v.block_size = options_.block_size;
-  v.latent_dim = options_.latent_dim;
-  v.rope_dim = options_.rope_dim;
-  v.dtype = options_.dtype;
+  v.latent_dim = g.latent_dim;
+  v.rope_dim = g.rope_dim;
+  v.dtype = g.dtype;
   return v;
 }
 

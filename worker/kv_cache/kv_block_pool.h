@@ -1,8 +1,9 @@
-// KvBlockPool: the paged latent KV cache of one rank. Per layer it holds num_blocks blocks of
-// block_size token entries; an entry is the normalised MLA latent (kv_lora_rank values) followed
-// by the rotated rope key (qk_rope_head_dim values), stored as float32 or bfloat16 (dtype).
-// Sequences own lists of block ids (block tables); the pool only hands blocks out and takes them
-// back. Memory is a backend buffer, so the same pool serves the CPU and CUDA backends.
+// KvBlockPool: the paged KV cache of one rank, laid out by the model's KvCacheSpec. Per layer it
+// holds num_blocks blocks of block_size token entries of that layer's group (kv_cache_spec.h:
+// for kPagedLatent the normalised MLA latent followed by the rotated rope key, float32 or
+// bfloat16). Block ids are shared by every group: sequences own lists of block ids (block
+// tables), and the pool only hands blocks out and takes them back. Memory is a backend buffer,
+// so the same pool serves the CPU and CUDA backends.
 #ifndef DEEPINFER_WORKER_KV_CACHE_KV_BLOCK_POOL_H_
 #define DEEPINFER_WORKER_KV_CACHE_KV_BLOCK_POOL_H_
 
@@ -16,22 +17,14 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "worker/backend/backend.h"
+#include "worker/kv_cache/kv_cache_spec.h"
 
 namespace deepinfer {
 
 struct KvBlockPoolOptions {
-  int32_t num_layers = 0;
+  KvCacheSpec spec;  // CausalLm::CacheSpec (with the --kv-cache-dtype chosen)
   int32_t num_blocks = 0;
   int32_t block_size = 16;
-  int32_t latent_dim = 0;  // kv_lora_rank
-  int32_t rope_dim = 0;    // qk_rope_head_dim
-  // Element type of the entries; DeepseekV3Model::CacheOptions uses the backend's weight dtype
-  // (bf16 halves the bytes attention reads per token and doubles the tokens a budget holds).
-  WeightDType dtype = WeightDType::kFloat32;
-  // Bytes of one layer's entry (latent + rope key).
-  size_t EntryBytes() const {
-    return static_cast<size_t>(latent_dim + rope_dim) * WeightDTypeSize(dtype);
-  }
 };
 
 // The cache element type a --kv-cache-dtype value selects: "auto" (or empty) = weight_dtype, the
@@ -41,6 +34,7 @@ absl::StatusOr<WeightDType> ResolveKvCacheDType(const std::string& name, WeightD
 
 class KvBlockPool {
  public:
+  // INVALID_ARGUMENT for a spec that does not validate or a non-positive size.
   static absl::StatusOr<std::unique_ptr<KvBlockPool>> Create(Backend* backend,
                                                              const KvBlockPoolOptions& options);
 
@@ -55,7 +49,14 @@ class KvBlockPool {
   int32_t num_blocks() const { return options_.num_blocks; }
   int32_t block_size() const { return options_.block_size; }
   const KvBlockPoolOptions& options() const { return options_; }
-  // Cache view of one layer for the attention ops.
+  const KvCacheSpec& spec() const { return options_.spec; }
+  // The group of `layer` in the spec.
+  const KvCacheGroupSpec& LayerGroup(int32_t layer) const {
+    return options_.spec.groups[group_of_[layer]];
+  }
+  // The device memory of one layer: num_blocks * block_size entries of its group.
+  void* LayerData(int32_t layer) const { return layers_[layer]->data(); }
+  // A kPagedLatent layer's view for the attention ops (CHECK: the layer is one).
   PagedLatentCacheView LayerView(int32_t layer) const;
   // Different for every pool this process creates: lets a user of a pool's addresses (the
   // model's recorded decode graphs) notice that it was handed another pool.
@@ -65,6 +66,7 @@ class KvBlockPool {
   KvBlockPool(const KvBlockPoolOptions& options, std::vector<std::unique_ptr<DeviceBuffer>> layers);
 
   const KvBlockPoolOptions options_;
+  std::vector<size_t> group_of_;  // per layer, its index in options_.spec.groups
   const uint64_t id_;
   std::vector<std::unique_ptr<DeviceBuffer>> layers_;
   mutable absl::Mutex mu_;

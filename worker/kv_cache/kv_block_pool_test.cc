@@ -9,9 +9,15 @@
 namespace deepinfer {
 namespace {
 
+// layers, blocks, block size, latent, rope (fp32 unless `dtype`).
+KvBlockPoolOptions Latent(int32_t layers, int32_t blocks, int32_t block_size, int32_t latent,
+                          int32_t rope, WeightDType dtype = WeightDType::kFloat32) {
+  return {PagedLatentSpec(layers, latent, rope, dtype), blocks, block_size};
+}
+
 TEST(KvBlockPoolTest, AllocateFreeAndExhaust) {
   CpuBackend be(1);
-  auto pool_or = KvBlockPool::Create(&be, {2, 4, 16, 8, 4});
+  auto pool_or = KvBlockPool::Create(&be, Latent(2, 4, 16, 8, 4));
   ASSERT_TRUE(pool_or.ok()) << pool_or.status();
   KvBlockPool& pool = **pool_or;
   EXPECT_EQ(pool.BlocksFor(0), 0);
@@ -35,7 +41,7 @@ TEST(KvBlockPoolTest, AllocateFreeAndExhaust) {
 
 TEST(KvBlockPoolTest, LayerViewsAreDistinctAndSized) {
   CpuBackend be(1);
-  auto pool = KvBlockPool::Create(&be, {3, 2, 4, 6, 2});
+  auto pool = KvBlockPool::Create(&be, Latent(3, 2, 4, 6, 2));
   ASSERT_TRUE(pool.ok());
   auto v0 = (*pool)->LayerView(0), v2 = (*pool)->LayerView(2);
   EXPECT_NE(v0.cache, v2.cache);
@@ -45,7 +51,8 @@ TEST(KvBlockPoolTest, LayerViewsAreDistinctAndSized) {
   EXPECT_EQ(v0.dtype, WeightDType::kFloat32);
   EXPECT_EQ(v0.entry_bytes(), 8u * 4);
   for (int i = 0; i < 2 * 4 * 8; ++i) static_cast<float*>(v2.cache)[i] = 1.0f;
-  EXPECT_FALSE(KvBlockPool::Create(&be, {0, 2, 4, 6, 2}).ok());
+  EXPECT_FALSE(KvBlockPool::Create(&be, Latent(0, 2, 4, 6, 2)).ok());
+  EXPECT_FALSE(KvBlockPool::Create(&be, Latent(3, 0, 4, 6, 2)).ok());
 }
 
 TEST(KvBlockPoolTest, ResolveKvCacheDType) {
@@ -60,9 +67,8 @@ TEST(KvBlockPoolTest, ResolveKvCacheDType) {
 
 TEST(KvBlockPoolTest, Bf16EntriesTakeTwoBytesPerValue) {
   CpuBackend be(1);
-  KvBlockPoolOptions o{3, 2, 4, 6, 2};
-  o.dtype = WeightDType::kBFloat16;
-  EXPECT_EQ(o.EntryBytes(), 8u * 2);
+  const KvBlockPoolOptions o = Latent(3, 2, 4, 6, 2, WeightDType::kBFloat16);
+  EXPECT_EQ(o.spec.groups[0].EntryBytes(), 8 * 2);
   auto pool = KvBlockPool::Create(&be, o);
   ASSERT_TRUE(pool.ok());
   const PagedLatentCacheView v = (*pool)->LayerView(1);

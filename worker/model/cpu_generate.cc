@@ -15,13 +15,14 @@ absl::StatusOr<std::vector<int32_t>> GenerateGreedyOnCpu(const std::string& mode
   if (prompt.empty()) return absl::InvalidArgumentError("GenerateGreedyOnCpu: empty prompt");
   if (max_new_tokens <= 0) return std::vector<int32_t>{};
   CpuBackend backend(num_threads);
-  auto m = LoadDeepseekV3(model, &backend);
+  auto m = LoadModel(model, &backend);
   if (!m.ok()) return m.status();
-  DeepseekV3Model& net = **m;
+  CausalLm& net = **m;
   constexpr int32_t kBlockSize = 16;
   const int64_t total = static_cast<int64_t>(prompt.size()) + max_new_tokens;
   const int32_t blocks = static_cast<int32_t>((total + kBlockSize - 1) / kBlockSize);
-  auto pool = KvBlockPool::Create(&backend, net.CacheOptions(blocks, kBlockSize));
+  auto pool =
+      KvBlockPool::Create(&backend, KvBlockPoolOptions{net.CacheSpec(), blocks, kBlockSize});
   if (!pool.ok()) return pool.status();
   auto table = (*pool)->Allocate(blocks);
   if (!table.ok()) return table.status();

@@ -99,8 +99,9 @@ class RecordingCpuBackend : public CpuBackend {
   int64_t hinted_calls_ = 0, bad_hints_ = 0, short_calls_ = 0, long_calls_ = 0;
 };
 
-std::unique_ptr<DeepseekV3Model> Load(Backend* backend, const DecodeGraphOptions& options) {
-  static const std::string spec = testing::WriteDummyModelSpec(testing::TinyMoeShape{}, "decode_graph_tiny", 5);
+std::unique_ptr<CausalLm> Load(Backend* backend, const DecodeGraphOptions& options) {
+  static const std::string spec =
+      testing::WriteDummyModelSpec(testing::TinyMoeShape{}, "decode_graph_tiny", 5);
   return testing::LoadWithDecodeGraphs(spec, backend, options);
 }
 
@@ -109,14 +110,13 @@ using testing::Total;
 const std::vector<int64_t>& kSchedule = testing::DecodeSchedule();
 
 TEST(DecodeGraphTest, BucketsAreCappedAndEndAtTheMax) {
-  EXPECT_EQ(DeepseekV3Model::DecodeGraphBuckets(1), (std::vector<int64_t>{1}));
-  EXPECT_EQ(DeepseekV3Model::DecodeGraphBuckets(100),
+  EXPECT_EQ(DecodeGraphBuckets(1), (std::vector<int64_t>{1}));
+  EXPECT_EQ(DecodeGraphBuckets(100),
             (std::vector<int64_t>{1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 100}));
-  EXPECT_EQ(DeepseekV3Model::DecodeGraphBuckets(256).back(), 256);
-  EXPECT_EQ(DeepseekV3Model::DecodeGraphBuckets(256).size(), 14u);
-  EXPECT_EQ(DeepseekV3Model::DecodeGraphBuckets(400),
-            (std::vector<int64_t>{1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 160, 192, 256, 320, 384,
-                                  400}));
+  EXPECT_EQ(DecodeGraphBuckets(256).back(), 256);
+  EXPECT_EQ(DecodeGraphBuckets(256).size(), 14u);
+  EXPECT_EQ(DecodeGraphBuckets(400), (std::vector<int64_t>{1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128,
+                                                           160, 192, 256, 320, 384, 400}));
 }
 
 // Graph steps against the same model with graphs off: the same tokens, logprobs and EPLB counts

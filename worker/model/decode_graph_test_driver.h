@@ -21,7 +21,7 @@
 #include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
 #include "worker/kv_cache/kv_block_pool.h"
-#include "worker/model/deepseek_v3_model.h"
+#include "worker/model/causal_lm.h"
 #include "worker/model/model_loader.h"
 
 namespace deepinfer {
@@ -71,7 +71,7 @@ struct DecodeRun {
 // runs one greedy decode step per schedule entry n over sequences 0..n-1 (sampled on the device,
 // no logits: the decode-graph case). With `forced`, each step's input tokens are forced's
 // outputs of the step before (teacher forcing), so two models are compared on equal inputs.
-inline absl::StatusOr<DecodeRun> RunDecodeSchedule(DeepseekV3Model* model, Backend* backend,
+inline absl::StatusOr<DecodeRun> RunDecodeSchedule(CausalLm* model, Backend* backend,
                                                    const std::vector<int64_t>& schedule,
                                                    int64_t num_seqs,
                                                    const DecodeRun* forced = nullptr) {
@@ -86,7 +86,8 @@ inline absl::StatusOr<DecodeRun> RunDecodeSchedule(DeepseekV3Model* model, Backe
     }
     blocks += (len + static_cast<int64_t>(schedule.size()) + bs) / bs;
   }
-  auto pool = KvBlockPool::Create(backend, model->CacheOptions(static_cast<int32_t>(blocks), bs));
+  auto pool = KvBlockPool::Create(
+      backend, KvBlockPoolOptions{model->CacheSpec(), static_cast<int32_t>(blocks), bs});
   if (!pool.ok()) return pool.status();
   DecodeRun run;
   for (SequenceStep& s : seqs) {
@@ -137,10 +138,9 @@ inline const std::vector<int64_t>& DecodeSchedule() {
 
 // The dummy-weight model of `spec` (WriteDummyModelSpec) on `backend` with decode-graph
 // `options`; null (and a test failure) if it does not load.
-inline std::unique_ptr<DeepseekV3Model> LoadWithDecodeGraphs(const std::string& spec,
-                                                             Backend* backend,
-                                                             const DecodeGraphOptions& options) {
-  auto model = LoadDeepseekV3(spec, backend);
+inline std::unique_ptr<CausalLm> LoadWithDecodeGraphs(const std::string& spec, Backend* backend,
+                                                      const DecodeGraphOptions& options) {
+  auto model = LoadModel(spec, backend);
   EXPECT_TRUE(model.ok()) << model.status();
   if (!model.ok()) return nullptr;
   (*model)->SetDecodeGraphOptions(options);

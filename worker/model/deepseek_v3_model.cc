@@ -2,76 +2,13 @@
 #include "worker/model/deepseek_v3_model.h"
 
 #include <algorithm>
-#include <chrono>
-#include <limits>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_format.h"
-#include "glog/logging.h"
+#include "worker/model/layers/swiglu_mlp.h"
 #include "worker/sampling/device_sampler.h"
 
 namespace deepinfer {
-namespace {
-
-// HF and DeepSeek build q_a_layernorm / kv_a_layernorm without passing rms_norm_eps.
-constexpr float kLatentNormEps = 1e-6f;
-
-}  // namespace
-
-absl::StatusOr<PrefillAttention> ParsePrefillAttention(const std::string& name) {
-  if (name == "auto") return PrefillAttention::kAuto;
-  if (name == "absorbed") return PrefillAttention::kAbsorbed;
-  if (name == "mha") return PrefillAttention::kMha;
-  return absl::InvalidArgumentError(
-      absl::StrCat("prefill attention must be auto, absorbed or mha, got \"", name, "\""));
-}
-
-const char* PrefillAttentionName(PrefillAttention form) {
-  switch (form) {
-    case PrefillAttention::kAuto:
-      return "auto";
-    case PrefillAttention::kAbsorbed:
-      return "absorbed";
-    case PrefillAttention::kMha:
-      return "mha";
-  }
-  return "?";
-}
-
-struct DeepseekV3Model::StepContext {
-  int64_t num_tokens = 0;
-  // Device int32 arrays: per token, then block tables [sequences, max_blocks_per_seq].
-  const int32_t* positions = nullptr;
-  const int32_t* slots = nullptr;
-  const int32_t* token_seq = nullptr;
-  const int32_t* context_len = nullptr;
-  const int32_t* block_tables = nullptr;
-  int32_t max_blocks_per_seq = 0;
-  KvBlockPool* cache = nullptr;
-  std::vector<MlaSequenceSpan> spans;  // host copy of each sequence's rows, for MlaAttention
-  // Device int32: how many (token, expert) pairs EPLB counts (a padded step's real tokens x
-  // top_k); null: all of them.
-  const int32_t* counted_pairs = nullptr;
-  // Routed experts only through Backend::RoutedExperts (a recorded step cannot go through the
-  // dispatcher, which needs the host): FAILED_PRECONDITION where that path refuses.
-  bool device_only = false;
-  // MlaAttentionArgs::max_context_hint (a recorded step: its context class's bound; 0: spans).
-  int32_t max_context_hint = 0;
-};
-
-// Inputs and outputs of one bucket's decode step stay at fixed device addresses: the recorded
-// ops read and write exactly these. inputs (int32): ids | positions | slots | token_seq |
-// context_len [bucket each] | counted pairs [1] | block tables [bucket, graph_max_blocks_];
-// outputs: token (int32) | logprob (float) [bucket each].
-struct DeepseekV3Model::DecodeGraph {
-  int64_t bucket = 0;
-  int32_t max_context_hint = 0;  // the context class's bound (MlaAttentionArgs)
-  std::unique_ptr<DeviceBuffer> inputs, outputs;
-  std::vector<int32_t> host_inputs;  // staging for the one upload per step
-  std::unique_ptr<CapturedOps> ops;  // null until recorded (or with replay off)
-};
-
 absl::StatusOr<std::unique_ptr<DeepseekV3Model>> DeepseekV3Model::Create(
     const ModelConfig& config, std::unique_ptr<ModelWeights> weights, Backend* backend,
     std::unique_ptr<ExpertDispatcher> dispatcher) {
@@ -99,183 +36,101 @@ absl::StatusOr<std::unique_ptr<DeepseekV3Model>> DeepseekV3Model::Create(
       new DeepseekV3Model(config, std::move(weights), backend, std::move(dispatcher)));
 }
 
+Architecture DeepseekV3Model::Entry() {
+  Architecture a;
+  a.name = "DeepseekV3ForCausalLM";
+  a.model_types = {"deepseek_v3", "kimi_k2"};  // Kimi-K2 and Moonlight reuse the architecture
+  a.build = [](const ModelBuildArgs& args) -> absl::StatusOr<std::unique_ptr<CausalLm>> {
+    const ModelConfig& config = *args.config;
+    auto weights = ModelWeights::Load(config, args.source, args.backend, args.load);
+    if (!weights.ok()) return weights.status();
+    std::unique_ptr<ExpertDispatcher> dispatcher;
+    if (config.n_routed_experts > 0) {
+      auto made = args.make_dispatcher(config, **weights, args.backend);
+      if (!made.ok()) return made.status();
+      dispatcher = std::move(*made);
+    }
+    auto model = Create(config, std::move(*weights), args.backend, std::move(dispatcher));
+    if (!model.ok()) return model.status();
+    return std::unique_ptr<CausalLm>(std::move(*model));
+  };
+  a.weight_bytes = ModelWeights::DeviceBytes;
+  a.activation_floats_per_token = [](const ModelConfig& c) {
+    const int64_t H = c.hidden_size, nh = c.num_attention_heads, kvl = c.kv_lora_rank;
+    const int64_t K = c.num_experts_per_tok, mi = c.moe_intermediate_size;
+    // Floats live at once per token in each part of a layer.
+    const int64_t attention = c.q_lora_rank + nh * c.qk_head_dim() + 2 * kvl + c.qk_rope_head_dim +
+                              2 * nh * kvl + nh * c.v_head_dim +
+                              std::max(nh * c.qk_head_dim(), nh * kvl) / 2;  // bf16 operand copy
+    const int64_t dense = 3 * c.intermediate_size + c.intermediate_size / 2;
+    const int64_t moe = c.n_routed_experts + 2 * K + 2 * K * H + 3 * K * mi + K * H / 2 + 2 * H +
+                        3 * mi * c.n_shared_experts;
+    // The residual stream and its neighbours, the largest part, the final norm and the logits.
+    return 3 * H + std::max({attention, dense, moe}) + H + c.vocab_size;
+  };
+  a.cache_spec = MlaAttention::CacheSpec;
+  return a;
+}
+
 DeepseekV3Model::DeepseekV3Model(const ModelConfig& config, std::unique_ptr<ModelWeights> weights,
                                  Backend* backend, std::unique_ptr<ExpertDispatcher> dispatcher)
-    : config_(config),
-      weights_(std::move(weights)),
-      backend_(backend),
-      dispatcher_(std::move(dispatcher)) {
-  std::vector<float> inv = config_.RopeInvFreq();
-  inv_freq_ = Floats(inv.size());
-  backend_->CopyToDevice(inv.data(), inv.size() * sizeof(float), inv_freq_->data());
-  rope_attention_factor_ = static_cast<float>(config_.RopeAttentionFactor());
-  softmax_scale_ = static_cast<float>(config_.SoftmaxScale());
-  BuildExpertTables();
-  for (int64_t l = 0; l < config_.num_hidden_layers; ++l) {
-    moe_index_.push_back(weights_->layers[l].moe ? num_moe_layers_++ : -1);
-  }
-  if (num_moe_layers_ > 0) {
-    expert_counts_ =
-        backend_->Allocate(num_moe_layers_ * config_.n_routed_experts * sizeof(int64_t));
-  }
-  graph_buckets_ = DecodeGraphBuckets(graph_options_.max_batch);
+    : config_(config), weights_(std::move(weights)), backend_(backend) {
+  DecodeGraphModel graph_model;
+  graph_model.forward = [this](const DecodeGraphInputs& in) { return DecodeForward(in); };
+  // A MoE model's device-only step needs its routed experts on the device (else: dispatcher).
+  graph_model.available = [this] {
+    return moe_->num_moe_layers() == 0 || moe_->experts_on_device();
+  };
+  graph_model.context_break = [this](int64_t bucket) {
+    return backend_->MlaDecodeContextBreak(static_cast<int32_t>(bucket));
+  };
+  graph_model.vocab_size = config_.vocab_size;
+  graph_model.max_position_embeddings = config_.max_position_embeddings;
+  graph_model.counted_per_row = config_.num_experts_per_tok;  // EPLB counts real rows only
+  graphs_ = std::make_unique<DecodeGraphRunner>(backend_, std::move(graph_model));
+  attention_ = std::make_unique<MlaAttention>(config_, weights_.get(), backend_);
+  moe_ = std::make_unique<MoeBlock>(config_, weights_.get(), backend_, std::move(dispatcher),
+                                    [this] { graphs_->Drop(); });
 }
 
-DeepseekV3Model::~DeepseekV3Model() { DropDecodeGraphs(); }
-
-std::vector<int64_t> DeepseekV3Model::DecodeGraphBuckets(int64_t max_batch) {
-  std::vector<int64_t> buckets;
-  for (int64_t b : {1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 160, 192, 256}) {
-    if (b < max_batch) buckets.push_back(b);
-  }
-  for (int64_t b = 320; b < max_batch; b += 64) buckets.push_back(b);
-  if (max_batch >= 1) buckets.push_back(max_batch);
-  return buckets;
-}
+DeepseekV3Model::~DeepseekV3Model() = default;
 
 void DeepseekV3Model::SetDecodeGraphOptions(const DecodeGraphOptions& options) {
-  graph_options_ = options;
-  graph_buckets_ = DecodeGraphBuckets(options.max_batch);
-  DropDecodeGraphs();
-  failed_buckets_.clear();
+  graphs_->SetOptions(options);
 }
 
 void DeepseekV3Model::SetFusedOps(bool on) {
   fused_ops_ = on;
-  DropDecodeGraphs();
+  graphs_->Drop();
 }
 
-void DeepseekV3Model::DropDecodeGraphs() {
-  // Recorded ops may still be running: they must finish before their buffers are freed.
-  if (!decode_graphs_.empty()) backend_->Synchronize();
-  decode_graphs_.clear();
-}
-
-std::vector<int64_t> DeepseekV3Model::TakeExpertCounts() {
-  const size_t n = static_cast<size_t>(num_moe_layers_ * config_.n_routed_experts);
-  std::vector<int64_t> counts(n, 0);
-  if (n == 0) return counts;
-  backend_->CopyToHost(expert_counts_->data(), n * sizeof(int64_t), counts.data());
-  const std::vector<int64_t> zero(n, 0);
-  backend_->CopyToDevice(zero.data(), n * sizeof(int64_t), expert_counts_->data());
-  return counts;
-}
-
-std::vector<std::vector<int64_t>> DeepseekV3Model::MissingExperts(
-    const std::vector<std::vector<int64_t>>& needed) const {
-  std::vector<std::vector<int64_t>> missing(needed.size());
-  for (int64_t l = 0; l < config_.num_hidden_layers; ++l) {
-    const int64_t moe = moe_index_[l];
-    if (moe < 0 || moe >= static_cast<int64_t>(needed.size())) continue;
-    for (int64_t e : needed[moe]) {
-      if (!weights_->layers[l].experts.count(e) &&
-          std::find(missing[moe].begin(), missing[moe].end(), e) == missing[moe].end()) {
-        missing[moe].push_back(e);
-      }
-    }
-  }
-  return missing;
-}
-
-// One rank with every expert: device tables for Backend::RoutedExperts (expert e in slot e),
-// rebuilt whenever the experts' buffers may have changed (a placement switch). bf16 weights
-// only: fp32 is the parity mode, and there the dispatcher path keeps one rank bit-identical to
-// expert parallelism (same GEMM calls, same combine order; ep_expert_dispatcher_gpu_test).
-void DeepseekV3Model::BuildExpertTables() {
-  DropDecodeGraphs();  // they hold the tables' addresses
-  expert_tables_.clear();
-  device_expert_rows_.clear();
-  const int64_t E = config_.n_routed_experts;
-  if (dispatcher_ != nullptr && dispatcher_->single_rank() &&
-      weights_->matrix_dtype == WeightDType::kBFloat16 &&
-      static_cast<int64_t>(dispatcher_->local_experts(0).size()) == E) {
-    std::vector<int32_t> slots(E);
-    for (int64_t e = 0; e < E; ++e) slots[e] = static_cast<int32_t>(e);
-    expert_slots_ = backend_->Allocate(E * sizeof(int32_t));
-    backend_->CopyToDevice(slots.data(), E * sizeof(int32_t), expert_slots_->data());
-    expert_tables_.resize(config_.num_hidden_layers);
-    for (int64_t l = 0; l < config_.num_hidden_layers; ++l) {
-      const LayerWeights& L = weights_->layers[l];
-      if (!L.moe) continue;
-      std::vector<const void*> gate_up(E), down(E);
-      for (int64_t e = 0; e < E; ++e) {
-        gate_up[e] = L.experts.at(e).gate_up->data();
-        down[e] = L.experts.at(e).down->data();
-      }
-      ExpertTables& t = expert_tables_[l];
-      t.gate_up = backend_->Allocate(E * sizeof(void*));
-      t.down = backend_->Allocate(E * sizeof(void*));
-      backend_->CopyToDevice(gate_up.data(), E * sizeof(void*), t.gate_up->data());
-      backend_->CopyToDevice(down.data(), E * sizeof(void*), t.down->data());
-      t.gate_up_host = std::move(gate_up);
-      t.down_host = std::move(down);
-    }
-  }
-}
-
-absl::Status DeepseekV3Model::SwitchPlacement(std::shared_ptr<const ExpertPlacement> placement,
-                                              const std::vector<std::vector<int64_t>>& needed,
-                                              std::vector<std::map<int64_t, MlpWeights>> loaded) {
-  if (dispatcher_ == nullptr) {
-    return absl::FailedPreconditionError("expert placement for a model without routed experts");
-  }
-  if (static_cast<int64_t>(needed.size()) != num_moe_layers_ ||
-      static_cast<int64_t>(loaded.size()) != num_moe_layers_) {
-    return absl::InvalidArgumentError(absl::StrCat("expert placement for ", needed.size(),
-                                                   " MoE layers, the model has ", num_moe_layers_));
-  }
-  // Check first, so that a bad switch changes nothing.
-  for (int64_t l = 0; l < config_.num_hidden_layers; ++l) {
-    const int64_t moe = moe_index_[l];
-    if (moe < 0) continue;
-    for (int64_t e : needed[moe]) {
-      if (!weights_->layers[l].experts.count(e) && !loaded[moe].count(e)) {
-        return absl::FailedPreconditionError(absl::StrCat(
-            "expert ", e, " of layer ", l, " is needed by the new placement but not loaded"));
-      }
-    }
-  }
-  if (absl::Status st = dispatcher_->SetPlacement(std::move(placement)); !st.ok()) return st;
-  for (int64_t l = 0; l < config_.num_hidden_layers; ++l) {
-    const int64_t moe = moe_index_[l];
-    if (moe < 0) continue;
-    std::map<int64_t, MlpWeights>& experts = weights_->layers[l].experts;
-    std::map<int64_t, MlpWeights> kept;
-    for (int64_t e : needed[moe]) {
-      if (kept.count(e)) continue;
-      auto old = experts.find(e);
-      kept[e] = old != experts.end() ? std::move(old->second) : std::move(loaded[moe][e]);
-    }
-    experts = std::move(kept);  // experts no longer hosted are freed here
-  }
-  BuildExpertTables();
-  return absl::OkStatus();
-}
-
-KvBlockPoolOptions DeepseekV3Model::CacheOptions(int32_t num_blocks, int32_t block_size) const {
-  KvBlockPoolOptions o;
-  o.num_layers = static_cast<int32_t>(config_.num_hidden_layers);
-  o.num_blocks = num_blocks;
-  o.block_size = block_size;
-  o.latent_dim = static_cast<int32_t>(config_.kv_lora_rank);
-  o.rope_dim = static_cast<int32_t>(config_.qk_rope_head_dim);
-  o.dtype = backend_->weight_dtype();  // bf16 weights: a bf16 cache too (fp32 stays fp32)
-  return o;
+KvCacheSpec DeepseekV3Model::CacheSpec() const {
+  // bf16 weights: a bf16 cache too (fp32 stays fp32).
+  return Entry().cache_spec(config_, backend_->weight_dtype());
 }
 
 absl::StatusOr<StepOutput> DeepseekV3Model::Step(const std::vector<SequenceStep>& batch,
                                                  KvBlockPool* cache) {
   const ModelConfig& c = config_;
   const KvBlockPoolOptions& co = cache->options();
-  if (co.num_layers != c.num_hidden_layers || co.latent_dim != c.kv_lora_rank ||
-      co.rope_dim != c.qk_rope_head_dim) {
-    return absl::InvalidArgumentError("DeepseekV3Model::Step: KV cache geometry does not match");
+  bool matches = co.spec.num_layers() == c.num_hidden_layers;
+  for (int32_t l = 0; matches && l < c.num_hidden_layers; ++l) {
+    const KvCacheGroupSpec& g = cache->LayerGroup(l);
+    matches = g.kind == KvCacheKind::kPagedLatent && g.latent_dim == c.kv_lora_rank &&
+              g.rope_dim == c.qk_rope_head_dim;
   }
-  if (std::optional<absl::StatusOr<StepOutput>> out = DecodeWithGraph(batch, cache)) {
+  if (!matches) {
+    return absl::InvalidArgumentError(absl::StrCat("DeepseekV3Model::Step: the KV cache (",
+                                                   co.spec.ToString(), ") is not the model's (",
+                                                   CacheSpec().ToString(), ")"));
+  }
+  if (std::optional<absl::StatusOr<StepOutput>> out = graphs_->Run(batch, cache)) {
     return *std::move(out);
   }
   // Host-side metadata for every new token.
-  StepContext ctx;
+  LayerContext ctx;
+  ctx.fused_ops = fused_ops_;
+  ctx.bf16_operands = Bf16Operands();
   ctx.cache = cache;
   std::vector<int32_t> ids, positions, slots, token_seq, context_len, out_rows;
   int32_t max_blocks = 1;
@@ -444,7 +299,7 @@ absl::StatusOr<StepOutput> DeepseekV3Model::SampleOrCopyLogits(
   return out;
 }
 
-absl::Status DeepseekV3Model::Layers(const StepContext& ctx, const int32_t* ids, float* xp,
+absl::Status DeepseekV3Model::Layers(const LayerContext& ctx, const int32_t* ids, float* xp,
                                      float* yp) {
   const ModelConfig& c = config_;
   const int64_t T = ctx.num_tokens, H = c.hidden_size;
@@ -456,10 +311,12 @@ absl::Status DeepseekV3Model::Layers(const StepContext& ctx, const int32_t* ids,
     for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
       const LayerWeights& L = weights_->layers[l];
       backend_->RmsNorm(T, H, xp, H, L.input_norm->as<float>(), eps, hp, H);
-      Attention(l, ctx, hp, yp);
+      attention_->Forward(l, ctx, hp, yp);
       backend_->Add(T * H, xp, yp, xp);
       backend_->RmsNorm(T, H, xp, H, L.post_attention_norm->as<float>(), eps, hp, H);
-      absl::Status st = L.moe ? Moe(l, T, hp, hp, yp, ctx) : Mlp(L.dense, T, hp, yp, false);
+      absl::Status st =
+          L.moe ? moe_->Forward(l, T, hp, hp, yp, ctx)
+                : SwiGluMlp(backend_, *weights_, L.dense, H, T, hp, yp, false, ctx.bf16_operands);
       if (!st.ok()) return st;
       backend_->Add(T * H, xp, yp, xp);
     }
@@ -478,9 +335,10 @@ absl::Status DeepseekV3Model::Layers(const StepContext& ctx, const int32_t* ids,
     const LayerWeights& L = weights_->layers[l];
     // x += the previous layer's output (nothing to add before the first layer), normed inside
     // Attention with the GEMMs that read it.
-    const InputNorm input_norm{xp,  l == 0 ? nullptr : yp,          L.input_norm->as<float>(),
-                               eps, h16p != nullptr ? nullptr : hp, h16p};
-    Attention(l, ctx, h_gemm, yp, &input_norm);
+    const MlaAttention::InputNorm input_norm{
+        xp,  l == 0 ? nullptr : yp,          L.input_norm->as<float>(),
+        eps, h16p != nullptr ? nullptr : hp, h16p};
+    attention_->Forward(l, ctx, h_gemm, yp, &input_norm);
     // The MoE's router and routed experts read fp32 rows; the dense MLP only the GEMM operand.
     // A MoE layer's norm is part of its routing op (Backend::RouteTokens), which a backend may
     // run in one launch.
@@ -493,7 +351,7 @@ absl::Status DeepseekV3Model::Layers(const StepContext& ctx, const int32_t* ids,
       norm.eps = eps;
       norm.out = hp;
       norm.out_bf16 = h16p;
-      st = Moe(l, T, hp, h_gemm, yp, ctx, &norm);
+      st = moe_->Forward(l, T, hp, h_gemm, yp, ctx, &norm);
     } else {
       // The norm and the MLP as one op where the backend has one (CUDA: one decode token,
       // fp32 activations), else the norm and Mlp's ops (the reference).
@@ -512,7 +370,7 @@ absl::Status DeepseekV3Model::Layers(const StepContext& ctx, const int32_t* ids,
       if (!backend_->NormedDenseMlp(d)) {
         backend_->AddRmsNorm(T, H, xp, yp, L.post_attention_norm->as<float>(), eps,
                              h16p == nullptr ? hp : nullptr, h16p);
-        st = Mlp(L.dense, T, h_gemm, yp, false);
+        st = SwiGluMlp(backend_, *weights_, L.dense, H, T, h_gemm, yp, false, ctx.bf16_operands);
       }
     }
     if (!st.ok()) return st;
@@ -542,191 +400,25 @@ ActivationView DeepseekV3Model::FinalNorm(int64_t rows, float* x, const float* y
   return out;
 }
 
-std::optional<absl::StatusOr<StepOutput>> DeepseekV3Model::DecodeWithGraph(
-    const std::vector<SequenceStep>& batch, KvBlockPool* cache) {
+absl::Status DeepseekV3Model::DecodeForward(const DecodeGraphInputs& in) {
   const ModelConfig& c = config_;
-  const int64_t n = static_cast<int64_t>(batch.size());
-  if (!graph_options_.enabled || n == 0 || graph_buckets_.empty() || n > graph_buckets_.back() ||
-      !backend_->SupportsCapture()) {
-    return std::nullopt;
-  }
-  if (num_moe_layers_ > 0 && expert_tables_.empty()) return std::nullopt;  // dispatcher path
-  const int32_t bs = cache->block_size();
-  // The graphs' fixed block-table width: the longest sequence the cache (and the model) allows.
-  int32_t max_blocks = cache->num_blocks();
-  if (c.max_position_embeddings > 0) {
-    max_blocks = std::min<int32_t>(max_blocks,
-                                   static_cast<int32_t>((c.max_position_embeddings + bs - 1) / bs));
-  }
-  for (const SequenceStep& s : batch) {
-    if (s.tokens.size() != 1 || s.return_logits || !s.sampling.has_value() ||
-        s.sampling->temperature > 0.0f || s.sampling->num_logprobs != 0) {
-      return std::nullopt;
-    }
-    // Malformed input goes the general way, which names what is wrong.
-    const int64_t needed = s.position_offset / bs + 1;
-    if (s.tokens[0] < 0 || s.tokens[0] >= c.vocab_size || s.position_offset < 0 ||
-        static_cast<int64_t>(s.block_table.size()) < needed || needed > max_blocks) {
-      return std::nullopt;
-    }
-    for (int64_t b = 0; b < needed; ++b) {
-      if (s.block_table[b] < 0 || s.block_table[b] >= cache->num_blocks()) return std::nullopt;
-    }
-  }
-  const int64_t bucket = *std::lower_bound(graph_buckets_.begin(), graph_buckets_.end(), n);
-  // The context class: the backend's attention may pick its kernel by the longest context, which
-  // a recording cannot see, so batches up to the break and above it get a graph each.
-  int64_t max_context = 1;  // padding rows see one position
-  for (const SequenceStep& s : batch) max_context = std::max(max_context, s.position_offset + 1);
-  const int32_t context_break = backend_->MlaDecodeContextBreak(static_cast<int32_t>(bucket));
-  const int32_t context_class = context_break > 0 && max_context > context_break ? 1 : 0;
-  const GraphKey key(bucket, context_class);
-  if (failed_buckets_.count(key)) return std::nullopt;
-
-  // Graphs hold the cache's addresses and a block of it for padding rows: a new cache (or a new
-  // geometry) means new graphs.
-  if (graph_cache_id_ != cache->id() || graph_max_blocks_ != max_blocks) {
-    DropDecodeGraphs();
-    graph_cache_id_ = 0;
-    graph_cache_ = nullptr;
-    padding_block_ = -1;
-    absl::StatusOr<std::vector<int32_t>> block = cache->Allocate(1);
-    if (!block.ok()) return std::nullopt;  // full: try again with the next step
-    graph_cache_id_ = cache->id();
-    graph_cache_ = cache;
-    padding_block_ = (*block)[0];
-    graph_max_blocks_ = max_blocks;
-  }
-
-  std::unique_ptr<DecodeGraph>& slot = decode_graphs_[key];
-  const bool first_use = slot == nullptr;
-  if (first_use) {
-    slot = std::make_unique<DecodeGraph>();
-    slot->bucket = bucket;
-    // Class 0 under a break: the break; otherwise the longest context the graph can see.
-    slot->max_context_hint =
-        context_break > 0 && context_class == 0
-            ? context_break
-            : static_cast<int32_t>(std::min<int64_t>(static_cast<int64_t>(max_blocks) * bs,
-                                                     std::numeric_limits<int32_t>::max()));
-    const size_t ints = 5 * bucket + 1 + bucket * static_cast<size_t>(max_blocks);
-    slot->host_inputs.assign(ints, 0);
-    slot->inputs = backend_->Allocate(ints * sizeof(int32_t));
-    slot->outputs = backend_->Allocate(2 * bucket * sizeof(int32_t));
-  }
-  DecodeGraph& g = *slot;
-  const int64_t B = bucket;
-  int32_t* in = g.host_inputs.data();
-  int32_t* tables = in + 5 * B + 1;
-  const int32_t pad_slot = padding_block_ * bs;
-  for (int64_t i = 0; i < B; ++i) {
-    int32_t* row = tables + i * max_blocks;
-    std::fill(row, row + max_blocks, padding_block_);
-    in[3 * B + i] = static_cast<int32_t>(i);  // token_seq
-    if (i < n) {
-      const SequenceStep& s = batch[i];
-      const int64_t pos = s.position_offset;
-      const int64_t used =
-          std::min<int64_t>(static_cast<int64_t>(s.block_table.size()), max_blocks);
-      std::copy(s.block_table.begin(), s.block_table.begin() + used, row);
-      in[i] = s.tokens[0];
-      in[B + i] = static_cast<int32_t>(pos);
-      in[2 * B + i] = s.block_table[pos / bs] * bs + static_cast<int32_t>(pos % bs);
-      in[4 * B + i] = static_cast<int32_t>(pos + 1);
-    } else {
-      // Padding: token 0 at position 0 of the reserved block, seeing only itself.
-      in[i] = 0;
-      in[B + i] = 0;
-      in[2 * B + i] = pad_slot;
-      in[4 * B + i] = 1;
-    }
-  }
-  in[5 * B] = static_cast<int32_t>(n * c.num_experts_per_tok);  // EPLB counts real rows only
-  backend_->CopyToDevice(in, g.host_inputs.size() * sizeof(int32_t), g.inputs->data());
-
-  if (g.ops != nullptr) {
-    if (absl::Status st = g.ops->Replay(); !st.ok()) return absl::StatusOr<StepOutput>(st);
-  } else {
-    // First use (or replay off): run the same ops eagerly. This also loads every kernel once
-    // before anything is recorded.
-    absl::Status st = DecodeForward(g);
-    if (!st.ok()) {
-      if (st.code() != absl::StatusCode::kFailedPrecondition) {
-        return absl::StatusOr<StepOutput>(st);
-      }
-      // The device path refused (e.g. routed experts it cannot run): the layers before it only
-      // rewrote this step's cache entries, which the general path writes again.
-      LOG(WARNING) << "decode graphs: batch bucket " << B << " (context class " << context_class
-                   << ") runs eagerly: " << st;
-      failed_buckets_.insert(key);
-      decode_graphs_.erase(key);
-      return std::nullopt;
-    }
-  }
-  std::vector<int32_t> out_host(2 * B);
-  backend_->CopyToHost(g.outputs->data(), 2 * B * sizeof(int32_t), out_host.data());
-  if (absl::Status st = backend_->status(); !st.ok()) return absl::StatusOr<StepOutput>(st);
-  ++decode_graph_steps_;
-
-  if (first_use && graph_options_.replay) {
-    // Record for the next steps (nothing runs now).
-    const auto t0 = std::chrono::steady_clock::now();
-    absl::StatusOr<DeviceMemoryInfo> before = backend_->MemoryInfo();
-    absl::StatusOr<std::unique_ptr<CapturedOps>> ops =
-        backend_->Capture([&] { return DecodeForward(g); }, CaptureOptions{B});
-    if (!ops.ok()) {
-      LOG(WARNING) << "decode graphs: recording batch bucket " << B << " (context class "
-                   << context_class << ") failed, it runs eagerly: " << ops.status();
-      failed_buckets_.insert(key);
-      decode_graphs_.erase(key);
-    } else {
-      g.ops = std::move(*ops);
-      ++decode_graphs_recorded_;
-      const double ms =
-          std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
-      absl::StatusOr<DeviceMemoryInfo> after = backend_->MemoryInfo();
-      std::string mem;
-      if (before.ok() && after.ok()) {
-        mem = absl::StrFormat(
-            ", device memory in use +%.1f MiB",
-            (static_cast<double>(before->free_bytes) - after->free_bytes) / (1 << 20));
-      }
-      LOG(INFO) << absl::StrFormat(
-          "decode graph for batch bucket %d (context class %d, attention sees <= %d positions) "
-          "recorded in %.1f ms%s",
-          B, context_class, g.max_context_hint, ms, mem);
-    }
-  }
-
-  StepOutput out;
-  out.logits.resize(n);
-  out.sampled.resize(n);
-  const float* logprobs = reinterpret_cast<const float*>(out_host.data() + B);
-  for (int64_t i = 0; i < n; ++i) {
-    out.sampled[i].token = out_host[i];
-    out.sampled[i].logprob = logprobs[i];
-  }
-  return absl::StatusOr<StepOutput>(std::move(out));
-}
-
-absl::Status DeepseekV3Model::DecodeForward(const DecodeGraph& g) {
-  const ModelConfig& c = config_;
-  const int64_t B = g.bucket, H = c.hidden_size, V = c.vocab_size;
-  const int32_t* in = g.inputs->as<int32_t>();
-  StepContext ctx;
+  const int64_t B = in.rows, H = c.hidden_size, V = c.vocab_size;
+  LayerContext ctx;
+  ctx.fused_ops = fused_ops_;
+  ctx.bf16_operands = Bf16Operands();
   ctx.num_tokens = B;
-  ctx.positions = in + B;
-  ctx.slots = in + 2 * B;
-  ctx.token_seq = in + 3 * B;
-  ctx.context_len = in + 4 * B;
-  ctx.counted_pairs = in + 5 * B;
-  ctx.block_tables = in + 5 * B + 1;
-  ctx.max_blocks_per_seq = graph_max_blocks_;
-  ctx.cache = graph_cache_;
+  ctx.positions = in.positions;
+  ctx.slots = in.slots;
+  ctx.token_seq = in.token_seq;
+  ctx.context_len = in.context_len;
+  ctx.counted_pairs = in.counted;
+  ctx.block_tables = in.block_tables;
+  ctx.max_blocks_per_seq = in.max_blocks_per_seq;
+  ctx.cache = in.cache;
   ctx.device_only = true;
-  ctx.max_context_hint = g.max_context_hint;
+  ctx.max_context_hint = in.max_context_hint;
   auto x = Floats(B * H), y = Floats(B * H);
-  if (absl::Status st = Layers(ctx, in, x->as<float>(), y->as<float>()); !st.ok()) return st;
+  if (absl::Status st = Layers(ctx, in.ids, x->as<float>(), y->as<float>()); !st.ok()) return st;
   // Every row is a sequence's last token: final norm, LM head and greedy pick for all of them.
   auto sel = Floats(B * H);
   auto sel16 = backend_->AllocateScratch(Bf16Operands() ? B * H * sizeof(uint16_t) : 1);
@@ -736,355 +428,7 @@ absl::Status DeepseekV3Model::DecodeForward(const DecodeGraph& g) {
   auto logits = Floats(B * V);
   backend_->Gemm(B, V, H, head_in, H, weights_->Matrix(weights_->lm_head), H, logits->as<float>(),
                  V, false);
-  int32_t* out = g.outputs->as<int32_t>();
-  backend_->GreedySampleRows(B, V, logits->as<float>(), out, reinterpret_cast<float*>(out + B));
-  return absl::OkStatus();
-}
-
-void DeepseekV3Model::Attention(int64_t layer, const StepContext& ctx, ActivationView h, float* out,
-                                const InputNorm* norm) {
-  const ModelConfig& c = config_;
-  const ModelWeights& W = *weights_;
-  const LayerWeights& L = W.layers[layer];
-  const int64_t T = ctx.num_tokens, H = c.hidden_size, nh = c.num_attention_heads;
-  const int64_t nope = c.qk_nope_head_dim, rope = c.qk_rope_head_dim, vd = c.v_head_dim;
-  const int64_t kvl = c.kv_lora_rank, qk = c.qk_head_dim(), qdim = nh * qk;
-  const int32_t* positions = ctx.positions;
-
-  // Queries: [T, heads, nope | rope]; latent and shared rope key: [T, kv_lora | rope].
-  auto q = Floats(T * qdim);
-  const int64_t kvw = kvl + rope;
-  auto kv = Floats(T * kvw);
-  std::unique_ptr<DeviceBuffer> qa;
-  if (c.q_lora_rank > 0) qa = Floats(T * c.q_lora_rank);
-  if (norm != nullptr) {
-    std::vector<NormedGemm> gemms;
-    if (qa != nullptr) {
-      gemms.push_back({c.q_lora_rank, W.Matrix(L.q_a), H, qa->as<float>(), c.q_lora_rank});
-    } else {
-      gemms.push_back({qdim, W.Matrix(L.q), H, q->as<float>(), qdim});
-    }
-    gemms.push_back({kvw, W.Matrix(L.kv_a), H, kv->as<float>(), kvw});
-    backend_->AddRmsNormGemms(T, H, norm->x, norm->y, norm->weight, norm->eps, norm->normed,
-                              norm->normed_bf16, gemms);
-  }
-  if (c.q_lora_rank > 0) {
-    const int64_t r = c.q_lora_rank;
-    if (norm == nullptr) {
-      backend_->Gemm(T, r, H, h, H, W.Matrix(L.q_a), H, qa->as<float>(), r, false);
-    }
-    if (Bf16Operands()) {
-      auto qa16 = backend_->AllocateScratch(T * r * sizeof(uint16_t));
-      backend_->AddRmsNorm(T, r, qa->as<float>(), nullptr, L.q_a_norm->as<float>(), kLatentNormEps,
-                           nullptr, qa16->as<uint16_t>());
-      backend_->Gemm(T, qdim, r, ActivationView::Bf16(qa16->as<uint16_t>()), r, W.Matrix(L.q_b), r,
-                     q->as<float>(), qdim, false);
-    } else {
-      backend_->RmsNorm(T, r, qa->as<float>(), r, L.q_a_norm->as<float>(), kLatentNormEps,
-                        qa->as<float>(), r);
-      backend_->Gemm(T, qdim, r, qa->as<float>(), r, W.Matrix(L.q_b), r, q->as<float>(), qdim,
-                     false);
-    }
-  } else if (norm == nullptr) {
-    backend_->Gemm(T, qdim, H, h, H, W.Matrix(L.q), H, q->as<float>(), qdim, false);
-  }
-  if (norm == nullptr) {
-    backend_->Gemm(T, kvw, H, h, H, W.Matrix(L.kv_a), H, kv->as<float>(), kvw, false);
-  }
-  const bool il = c.rope_interleave;
-  const PagedLatentCacheView view = ctx.cache->LayerView(static_cast<int32_t>(layer));
-  const bool mha_prefill = UsesMhaPrefill(ctx);
-  // The absorbed query (below): with fused ops in the same backend op as the cache write.
-  std::unique_ptr<DeviceBuffer> q_latent;
-  if (!mha_prefill) q_latent = Floats(T * nh * kvl);
-  bool query_absorbed = false;
-  if (fused_ops_) {
-    NormRopeCacheArgs nr;
-    nr.tokens = T;
-    nr.kv = kv->as<float>();
-    nr.ld_kv = kvw;
-    nr.norm_weight = L.kv_a_norm->as<float>();
-    nr.eps = kLatentNormEps;
-    nr.q = q->as<float>() + nope;
-    nr.q_heads = nh;
-    nr.q_token_stride = qdim;
-    nr.q_head_stride = qk;
-    nr.positions = positions;
-    nr.inv_freq = inv_freq_->as<float>();
-    nr.attention_factor = rope_attention_factor_;
-    nr.interleaved = il;
-    nr.slots = ctx.slots;
-    nr.cache = view;
-    if (q_latent != nullptr) {
-      AbsorbQueryArgs aq;
-      aq.heads = nh;
-      aq.nope_dim = nope;
-      aq.latent_dim = kvl;
-      aq.q_nope = q->as<float>();
-      aq.q_token_stride = qdim;
-      aq.q_head_stride = qk;
-      aq.w_uk = W.Matrix(L.w_uk_t);
-      aq.q_latent = q_latent->as<float>();
-      backend_->NormRopeCacheAbsorbQuery(nr, aq);
-      query_absorbed = true;
-    } else {
-      backend_->NormRopeWriteLatentCache(nr);
-    }
-  } else {
-    auto latent = Floats(T * kvl);
-    backend_->RmsNorm(T, kvl, kv->as<float>(), kvw, L.kv_a_norm->as<float>(), kLatentNormEps,
-                      latent->as<float>(), kvl);
-    backend_->ApplyRope(T, 1, kv->as<float>() + kvl, kvw, 0, rope, positions,
-                        inv_freq_->as<float>(), rope_attention_factor_, il);
-    backend_->ApplyRope(T, nh, q->as<float>() + nope, qdim, qk, rope, positions,
-                        inv_freq_->as<float>(), rope_attention_factor_, il);
-    backend_->WriteLatentCache(T, latent->as<float>(), kvl, kv->as<float>() + kvl, kvw, ctx.slots,
-                               view);
-  }
-
-  if (mha_prefill && MhaPrefillAttention(layer, ctx, q->as<float>(), view, out)) return;
-
-  // Absorb W_uk into the query: q_latent[t, h] = q_nope[t, h] · W_uk[h], all heads in one
-  // batched GEMM (head h: the nope slice of q's head h, block h of w_uk_t, column block h).
-  if (q_latent == nullptr) q_latent = Floats(T * nh * kvl);  // MHA prefill declined the batch
-  if (!query_absorbed) {
-    backend_->BatchedGemm(nh, T, kvl, nope, q->as<float>(), qdim, qk, W.Matrix(L.w_uk_t), nope,
-                          kvl * nope, q_latent->as<float>(), nh * kvl, kvl);
-  }
-  auto o_latent = Floats(T * nh * kvl);
-  MlaAttentionArgs args;
-  args.num_tokens = static_cast<int32_t>(T);
-  args.num_heads = static_cast<int32_t>(nh);
-  args.q_latent = q_latent->as<float>();
-  args.q_rope = q->as<float>() + nope;
-  args.q_rope_token_stride = qdim;
-  args.q_rope_head_stride = qk;
-  args.cache = view;
-  args.block_tables = ctx.block_tables;
-  args.max_blocks_per_seq = ctx.max_blocks_per_seq;
-  args.token_seq = ctx.token_seq;
-  args.context_len = ctx.context_len;
-  args.softmax_scale = softmax_scale_;
-  args.out_latent = o_latent->as<float>();
-  args.sequences = ctx.spans.data();
-  args.num_sequences = static_cast<int32_t>(ctx.spans.size());
-  args.max_context_hint = ctx.max_context_hint;
-  backend_->MlaAttention(args);
-
-  // Lift back through W_uv (value half of kv_b, rows h*(nope+v)+nope ..) and project out.
-  auto o = Floats(T * nh * vd);
-  backend_->BatchedGemm(nh, T, vd, kvl, o_latent->as<float>(), nh * kvl, kvl,
-                        W.Matrix(L.kv_b).Offset(nope * kvl), kvl, (nope + vd) * kvl, o->as<float>(),
-                        nh * vd, vd);
-  backend_->Gemm(T, H, nh * vd, o->as<float>(), nh * vd, W.Matrix(L.o_proj), nh * vd, out, H,
-                 false);
-}
-
-bool DeepseekV3Model::UsesMhaPrefill(const StepContext& ctx) const {
-  if (prefill_attention_ == PrefillAttention::kAbsorbed || ctx.device_only || ctx.spans.empty()) {
-    return false;
-  }
-  const int32_t min_tokens =
-      prefill_attention_ == PrefillAttention::kMha ? 2 : kMhaPrefillMinTokens;
-  for (const MlaSequenceSpan& s : ctx.spans) {
-    if (s.num_tokens < min_tokens) return false;
-  }
-  return true;
-}
-
-bool DeepseekV3Model::MhaPrefillAttention(int64_t layer, const StepContext& ctx, const float* q,
-                                          const PagedLatentCacheView& view, float* out) {
-  const ModelConfig& c = config_;
-  const LayerWeights& L = weights_->layers[layer];
-  const int64_t T = ctx.num_tokens, H = c.hidden_size, nh = c.num_attention_heads;
-  const int64_t vd = c.v_head_dim, qk = c.qk_head_dim();
-  const bool bf16_out = Bf16Operands();
-  auto o = backend_->AllocateScratch(T * nh * vd * (bf16_out ? sizeof(uint16_t) : sizeof(float)));
-  MhaPrefillArgs args;
-  args.num_tokens = static_cast<int32_t>(T);
-  args.num_heads = static_cast<int32_t>(nh);
-  args.nope_dim = static_cast<int32_t>(c.qk_nope_head_dim);
-  args.v_dim = static_cast<int32_t>(vd);
-  args.q = q;
-  args.q_token_stride = nh * qk;
-  args.q_head_stride = qk;
-  args.cache = view;
-  args.block_tables = ctx.block_tables;
-  args.max_blocks_per_seq = ctx.max_blocks_per_seq;
-  args.kv_b = weights_->Matrix(L.kv_b);
-  args.sequences = ctx.spans.data();
-  args.num_sequences = static_cast<int32_t>(ctx.spans.size());
-  args.softmax_scale = softmax_scale_;
-  if (bf16_out) {
-    args.out_bf16 = o->as<uint16_t>();
-  } else {
-    args.out = o->as<float>();
-  }
-  if (!backend_->MhaPrefillAttention(args)) return false;
-  const ActivationView o_view =
-      bf16_out ? ActivationView::Bf16(o->as<uint16_t>()) : ActivationView(o->as<float>());
-  backend_->Gemm(T, H, nh * vd, o_view, nh * vd, weights_->Matrix(L.o_proj), nh * vd, out, H,
-                 false);
-  return true;
-}
-
-absl::Status DeepseekV3Model::Mlp(const MlpWeights& w, int64_t rows, ActivationView h, float* out,
-                                  bool accumulate) {
-  const int64_t H = config_.hidden_size, I = w.inter;
-  if (Bf16Operands()) {
-    auto act16 = backend_->AllocateScratch(rows * I * sizeof(uint16_t));
-    // The backend's bf16-output gate_up where it has one (CUDA: prefill sizes), else fp32
-    // gate_up values into SiLU-mul.
-    if (!backend_->GateUpSiluMulBf16(rows, I, H, h, H, weights_->Matrix(w.gate_up), H,
-                                     act16->as<uint16_t>())) {
-      auto gu = Floats(rows * 2 * I);
-      backend_->Gemm(rows, 2 * I, H, h, H, weights_->Matrix(w.gate_up), H, gu->as<float>(), 2 * I,
-                     false);
-      backend_->SiluMulBf16(rows, I, gu->as<float>(), act16->as<uint16_t>());
-    }
-    backend_->Gemm(rows, H, I, ActivationView::Bf16(act16->as<uint16_t>()), I,
-                   weights_->Matrix(w.down), I, out, H, accumulate);
-    return absl::OkStatus();
-  }
-  auto gu = Floats(rows * 2 * I);
-  backend_->Gemm(rows, 2 * I, H, h, H, weights_->Matrix(w.gate_up), H, gu->as<float>(), 2 * I,
-                 false);
-  auto act = Floats(rows * I);
-  backend_->SiluMul(rows, I, gu->as<float>(), act->as<float>());
-  backend_->Gemm(rows, H, I, act->as<float>(), I, weights_->Matrix(w.down), I, out, H, accumulate);
-  return absl::OkStatus();
-}
-
-absl::Status DeepseekV3Model::Moe(int64_t layer, int64_t rows, const float* h,
-                                  ActivationView h_gemm, float* out, const StepContext& ctx,
-                                  const RouteTokensArgs::Norm* norm) {
-  const ModelConfig& c = config_;
-  const LayerWeights& L = weights_->layers[layer];
-  const int64_t H = c.hidden_size, E = c.n_routed_experts, K = c.num_experts_per_tok;
-  const int64_t I = c.moe_intermediate_size;
-  const int64_t moe = moe_index_[layer];
-  auto topk_ids = backend_->AllocateScratch(rows * K * sizeof(int32_t));
-  auto topk_w = Floats(rows * K);
-  RouteTokensArgs ra;
-  ra.hidden_size = H;
-  ra.hidden = h;
-  if (norm != nullptr) ra.norm = *norm;
-  ra.router_weight = L.router->as<float>();
-  ra.route.num_tokens = static_cast<int32_t>(rows);
-  ra.route.num_experts = static_cast<int32_t>(E);
-  ra.route.correction_bias = L.router_bias->as<float>();
-  ra.route.num_groups = static_cast<int32_t>(c.n_group);
-  ra.route.topk_groups = static_cast<int32_t>(c.topk_group);
-  ra.route.top_k = static_cast<int32_t>(K);
-  ra.route.normalize = c.norm_topk_prob;
-  ra.route.scaling_factor = static_cast<float>(c.routed_scaling_factor);
-  ra.route.topk_ids = topk_ids->as<int32_t>();
-  ra.route.topk_weights = topk_w->as<float>();
-  // EPLB load statistics, on the device (read back by TakeExpertCounts). A refused device-only
-  // step must have counted nothing, so such a step counts in the routing op only for a size
-  // whose routed experts the backend has run on the device before; otherwise after the path is
-  // known, as its own op.
-  int64_t* counts = expert_counts_->as<int64_t>() + moe * E;
-  const bool count_in_route = !ctx.device_only || device_expert_rows_.count(rows) > 0;
-  if (count_in_route) {
-    ra.expert_counts = counts;
-    ra.count_limit = ctx.counted_pairs;
-  }
-  backend_->RouteTokens(ra);
-  auto count = [&] {
-    if (count_in_route) return;
-    backend_->AccumulateExpertCounts(rows * K, topk_ids->as<int32_t>(), E, ctx.counted_pairs,
-                                     counts);
-  };
-
-  absl::Status st;
-  bool shared_done = false;
-  if (!expert_tables_.empty() && RoutedExpertsOnDevice(layer, rows, h, topk_ids->as<int32_t>(),
-                                                       topk_w->as<float>(), out, &shared_done)) {
-    if (ctx.device_only) device_expert_rows_.insert(rows);
-    count();
-    if (shared_done) return absl::OkStatus();
-    return SharedExperts(L, rows, h_gemm, out);
-  }
-  if (ctx.device_only) {
-    return absl::FailedPreconditionError(
-        absl::StrCat("the backend cannot run the routed experts of ", rows,
-                     " tokens on the device (Backend::RoutedExperts)"));
-  }
-  count();
-  DispatchedTokens d;
-  st = dispatcher_->Dispatch(moe, rows, K, h, topk_ids->as<int32_t>(), topk_w->as<float>(), &d);
-  if (!st.ok()) return st;
-  std::vector<WeightView> gate_up, down;
-  for (int64_t e : dispatcher_->local_experts(moe)) {
-    const MlpWeights& ew = L.experts.at(e);
-    gate_up.push_back(weights_->Matrix(ew.gate_up));
-    down.push_back(weights_->Matrix(ew.down));
-  }
-  auto expert_out = Floats(std::max<int64_t>(1, d.num_rows) * H);
-  if (d.num_rows > 0) {
-    auto gu = Floats(d.num_rows * 2 * I);
-    backend_->GroupedGemm(d.group_offsets, gate_up, 2 * I, H, d.hidden->as<float>(),
-                          gu->as<float>());
-    auto act = Floats(d.num_rows * I);
-    backend_->SiluMul(d.num_rows, I, gu->as<float>(), act->as<float>());
-    backend_->GroupedGemm(d.group_offsets, down, H, I, act->as<float>(), expert_out->as<float>());
-  }
-  // out = routed sum (experts ascending) + shared experts, as HF and DeepSeek add them.
-  auto zero = backend_->Allocate(rows * H * sizeof(float));
-  backend_->CopyDeviceToDevice(zero->data(), rows * H * sizeof(float), out);
-  st = dispatcher_->Combine(d, expert_out->as<float>(), out);
-  if (!st.ok()) return st;
-  return SharedExperts(L, rows, h_gemm, out);
-}
-
-bool DeepseekV3Model::RoutedExpertsOnDevice(int64_t layer, int64_t rows, const float* h,
-                                            const int32_t* topk_ids, const float* topk_w,
-                                            float* out, bool* shared_done) {
-  const ModelConfig& c = config_;
-  RoutedExpertsArgs a;
-  a.num_tokens = static_cast<int32_t>(rows);
-  a.top_k = static_cast<int32_t>(c.num_experts_per_tok);
-  a.num_experts = static_cast<int32_t>(c.n_routed_experts);
-  a.hidden_size = c.hidden_size;
-  a.inter = c.moe_intermediate_size;
-  a.hidden = h;
-  a.topk_ids = topk_ids;
-  a.topk_weights = topk_w;
-  a.slot_of_expert = expert_slots_->as<int32_t>();
-  a.gate_up = static_cast<const void* const*>(expert_tables_[layer].gate_up->data());
-  a.down = static_cast<const void* const*>(expert_tables_[layer].down->data());
-  a.gate_up_host = expert_tables_[layer].gate_up_host.data();
-  a.down_host = expert_tables_[layer].down_host.data();
-  a.dtype = weights_->matrix_dtype;
-  a.out = out;
-  *shared_done = false;
-  // The shared experts in the same op where the backend can (decode); fused ops only, so the
-  // op-by-op mode keeps the separate shared-expert ops.
-  if (fused_ops_ && c.n_shared_experts > 0) {
-    const MlpWeights& shared = weights_->layers[layer].shared;
-    a.shared_inter = shared.inter;
-    a.shared_gate_up = weights_->Matrix(shared.gate_up).data;
-    a.shared_down = weights_->Matrix(shared.down).data;
-    if (backend_->RoutedAndSharedExperts(a)) {
-      *shared_done = true;
-      return true;
-    }
-  }
-  return backend_->RoutedExperts(a);
-}
-
-// out += shared experts(h), after the routed sum, as HF and DeepSeek add them.
-absl::Status DeepseekV3Model::SharedExperts(const LayerWeights& L, int64_t rows, ActivationView h,
-                                            float* out) {
-  if (config_.n_shared_experts == 0) return absl::OkStatus();
-  // Fused: the down projection adds into out itself (one fp32 addition per element, as Add).
-  if (fused_ops_) return Mlp(L.shared, rows, h, out, /*accumulate=*/true);
-  const int64_t H = config_.hidden_size;
-  auto shared = Floats(rows * H);
-  absl::Status st = Mlp(L.shared, rows, h, shared->as<float>(), false);
-  if (!st.ok()) return st;
-  backend_->Add(rows * H, out, shared->as<float>(), out);
+  backend_->GreedySampleRows(B, V, logits->as<float>(), in.out_tokens, in.out_logprobs);
   return absl::OkStatus();
 }
 

@@ -1,8 +1,6 @@
 // Tests for DeepseekV3Model's step API on the HF-made fixture checkpoint: batching, chunked
 // prefill, mixed prefill/decode, expert subsets, dummy weights and loader errors. Parity with HF
 // itself is tests/parity.
-#include "worker/model/deepseek_v3_model.h"
-
 #include <sys/stat.h>
 
 #include <algorithm>
@@ -13,6 +11,7 @@
 #include "gtest/gtest.h"
 #include "worker/backend/cpu/cpu_backend.h"
 #include "worker/kv_cache/kv_block_pool.h"
+#include "worker/model/causal_lm.h"
 #include "worker/model/cpu_generate.h"
 #include "worker/model/model_loader.h"
 #include "worker/model/safetensors_checkpoint.h"
@@ -87,17 +86,17 @@ TEST(ModelWeightsTest, DeviceBytesIsWhatLoadAllocates) {
 class ModelTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    auto m = LoadDeepseekV3(FixtureDir(), &backend_);
+    auto m = LoadModel(FixtureDir(), &backend_);
     ASSERT_TRUE(m.ok()) << m.status();
     model_ = std::move(*m);
-    auto pool = KvBlockPool::Create(&backend_, model_->CacheOptions(64, 4));
+    auto pool = KvBlockPool::Create(&backend_, KvBlockPoolOptions{model_->CacheSpec(), 64, 4});
     ASSERT_TRUE(pool.ok());
     pool_ = std::move(*pool);
   }
   std::vector<int32_t> Blocks(int n) { return *pool_->Allocate(n); }
 
   CpuBackend backend_{2};
-  std::unique_ptr<DeepseekV3Model> model_;
+  std::unique_ptr<CausalLm> model_;
   std::unique_ptr<KvBlockPool> pool_;
 };
 
@@ -430,15 +429,15 @@ class CountingDispatcher : public ExpertDispatcher {
 TEST(ModelCacheTest, Bf16BackendKeepsABf16CacheThatDecodeReadsBackAsPrefillDid) {
   {
     CpuBackend be(1);
-    auto m = LoadDeepseekV3(FixtureDir(), &be);
+    auto m = LoadModel(FixtureDir(), &be);
     ASSERT_TRUE(m.ok()) << m.status();
-    EXPECT_EQ((*m)->CacheOptions(8, 16).dtype, WeightDType::kFloat32);
+    EXPECT_EQ((*m)->CacheSpec().groups[0].dtype, WeightDType::kFloat32);
   }
   CpuBackend be(2, WeightDType::kBFloat16);
-  auto m = LoadDeepseekV3(FixtureDir(), &be);
+  auto m = LoadModel(FixtureDir(), &be);
   ASSERT_TRUE(m.ok()) << m.status();
-  const KvBlockPoolOptions o = (*m)->CacheOptions(16, 4);
-  EXPECT_EQ(o.dtype, WeightDType::kBFloat16);
+  const KvBlockPoolOptions o{(*m)->CacheSpec(), 16, 4};
+  EXPECT_EQ(o.spec.groups[0].dtype, WeightDType::kBFloat16);
   auto pool = KvBlockPool::Create(&be, o);
   ASSERT_TRUE(pool.ok());
   const auto prompt = Prompt(14, 3);
@@ -463,13 +462,13 @@ TEST(ModelFusedOpsTest, FusedOpsGiveBitIdenticalLogits) {
   for (WeightDType dt : {WeightDType::kFloat32, WeightDType::kBFloat16}) {
     SCOPED_TRACE(WeightDTypeName(dt));
     CpuBackend be(2, dt);
-    auto m = LoadDeepseekV3(FixtureDir(), &be);
+    auto m = LoadModel(FixtureDir(), &be);
     ASSERT_TRUE(m.ok()) << m.status();
     EXPECT_TRUE((*m)->fused_ops());  // the default
     std::vector<std::vector<float>> logits[2];
     for (bool fused : {true, false}) {
       (*m)->SetFusedOps(fused);
-      auto pool = KvBlockPool::Create(&be, (*m)->CacheOptions(16, 4));
+      auto pool = KvBlockPool::Create(&be, KvBlockPoolOptions{(*m)->CacheSpec(), 16, 4});
       ASSERT_TRUE(pool.ok());
       const auto a = *(*pool)->Allocate(4), b = *(*pool)->Allocate(4);
       auto prefill = (*m)->Step(
@@ -501,9 +500,9 @@ TEST(ModelLoadTest, EmptyBatchStillDispatchesAndCombinesInEveryMoeLayer) {
     return std::unique_ptr<ExpertDispatcher>(
         std::make_unique<CountingDispatcher>(std::move(*inner), &dispatches, &combines));
   };
-  auto m = LoadDeepseekV3(FixtureDir(), &be, LoadOptions{}, make);
+  auto m = LoadModel(FixtureDir(), &be, LoadOptions{}, make);
   ASSERT_TRUE(m.ok()) << m.status();
-  auto pool = KvBlockPool::Create(&be, (*m)->CacheOptions(8, 16));
+  auto pool = KvBlockPool::Create(&be, KvBlockPoolOptions{(*m)->CacheSpec(), 8, 16});
   ASSERT_TRUE(pool.ok());
   auto busy = (*m)->Step({MakeStep(Prompt(5, 1), 0, *(*pool)->Allocate(1), false)}, pool->get());
   ASSERT_TRUE(busy.ok()) << busy.status();
@@ -533,9 +532,9 @@ TEST(ModelLoadTest, HostsOnlyRequestedExperts) {
   EXPECT_TRUE((*w)->layers[1].experts.count(1));
   EXPECT_TRUE((*w)->layers[1].experts.count(5));
   // With a subset, tokens routed elsewhere fail loudly instead of being dropped.
-  auto m = LoadDeepseekV3(FixtureDir(), &be, opts);
+  auto m = LoadModel(FixtureDir(), &be, opts);
   ASSERT_TRUE(m.ok()) << m.status();
-  auto pool = KvBlockPool::Create(&be, (*m)->CacheOptions(8, 16));
+  auto pool = KvBlockPool::Create(&be, KvBlockPoolOptions{(*m)->CacheSpec(), 8, 16});
   SequenceStep s = MakeStep(Prompt(20, 3), 0, *(*pool)->Allocate(2), false);
   EXPECT_EQ((*m)->Step({s}, pool->get()).status().code(), absl::StatusCode::kFailedPrecondition);
 }
@@ -548,7 +547,7 @@ TEST(ModelLoadTest, ErrorsNameTheTensorAndFile) {
   w.AddFloat32("model.embed_tokens.weight", {1000, 96}, std::vector<float>(96000, 0.0f));
   ASSERT_TRUE(w.Write(dir + "/model.safetensors").ok());
   CpuBackend be(1);
-  auto m = LoadDeepseekV3(dir, &be);
+  auto m = LoadModel(dir, &be);
   ASSERT_FALSE(m.ok());
   EXPECT_NE(m.status().message().find("model.norm.weight"), std::string::npos) << m.status();
   EXPECT_NE(m.status().message().find(dir), std::string::npos) << m.status();
@@ -556,13 +555,13 @@ TEST(ModelLoadTest, ErrorsNameTheTensorAndFile) {
   SafetensorsWriter w2;
   w2.AddFloat32("model.embed_tokens.weight", {1000, 64}, std::vector<float>(64000, 0.0f));
   ASSERT_TRUE(w2.Write(dir + "/model.safetensors").ok());
-  m = LoadDeepseekV3(dir, &be);
+  m = LoadModel(dir, &be);
   ASSERT_FALSE(m.ok());
   EXPECT_NE(m.status().message().find("model.embed_tokens.weight"), std::string::npos);
   EXPECT_NE(m.status().message().find("[1000,64]"), std::string::npos) << m.status();
 
   std::ofstream(dir + "/config.json") << R"({"architectures": ["MixtralForCausalLM"]})";
-  m = LoadDeepseekV3(dir, &be);
+  m = LoadModel(dir, &be);
   ASSERT_FALSE(m.ok());
   EXPECT_NE(m.status().message().find(dir + "/config.json"), std::string::npos) << m.status();
   EXPECT_NE(m.status().message().find("MixtralForCausalLM"), std::string::npos);

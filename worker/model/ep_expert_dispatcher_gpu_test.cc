@@ -98,12 +98,11 @@ void RunEp(const std::string& fixture, int world, const std::vector<ScriptedSeq>
     ExpertDispatcherFactory make =
         [c, placement](const ModelConfig& cfg, const ModelWeights&,
                        Backend* b) -> absl::StatusOr<std::unique_ptr<ExpertDispatcher>> {
-      auto d =
-          EpExpertDispatcher::Create(c, b, cfg.n_routed_experts, cfg.hidden_size, placement);
+      auto d = EpExpertDispatcher::Create(c, b, cfg.n_routed_experts, cfg.hidden_size, placement);
       if (!d.ok()) return d.status();
       return std::unique_ptr<ExpertDispatcher>(std::move(*d));
     };
-    auto model = LoadDeepseekV3(dir, backend->get(), load, make);
+    auto model = LoadModel(dir, backend->get(), load, make);
     status[r] = model.status();
     if (!model.ok()) {
       c->Abort(model.status());
@@ -121,7 +120,7 @@ void RunOneRank(const std::string& fixture, const std::vector<ScriptedSeq>& seqs
                 LogitsMap* out) {
   auto backend = CudaBackend::Create(0, WeightDType::kFloat32);
   ASSERT_TRUE(backend.ok()) << backend.status();
-  auto model = LoadDeepseekV3(FixtureDir(fixture), backend->get());
+  auto model = LoadModel(FixtureDir(fixture), backend->get());
   ASSERT_TRUE(model.ok()) << model.status();
   absl::Status st = RunScript(model->get(), backend->get(), seqs, -1, steps, out);
   ASSERT_TRUE(st.ok()) << st;

@@ -308,7 +308,7 @@ void ExpectEpEqualsOneRank(const std::string& fixture, int world,
   LogitsMap reference;
   {
     CpuBackend be(2);
-    auto model = LoadDeepseekV3(dir, &be);
+    auto model = LoadModel(dir, &be);
     ASSERT_TRUE(model.ok()) << model.status();
     absl::Status st = RunScript(model->get(), &be, seqs, -1, steps, &reference);
     ASSERT_TRUE(st.ok()) << st;
@@ -341,13 +341,13 @@ void ExpectEpEqualsOneRank(const std::string& fixture, int world,
       if (!d.ok()) return d.status();
       return std::unique_ptr<ExpertDispatcher>(std::move(*d));
     };
-    auto model = LoadDeepseekV3(dir, &be, load, make);
+    auto model = LoadModel(dir, &be, load, make);
     status[r] = model.status();
     if (!model.ok()) {
       c->Abort(model.status());
       return;
     }
-    DeepseekV3Model* m = model->get();
+    CausalLm* m = model->get();
     auto switch_to_placement = [&]() -> absl::Status {
       std::vector<std::vector<int64_t>> missing = m->MissingExperts(placed);
       ModelConfig cfg;
@@ -441,7 +441,7 @@ TEST(EpModelLoadTest, ExpertsThatDoNotDivideOverTheRanksFailTheLoad) {
     if (!d.ok()) return d.status();
     return std::unique_ptr<ExpertDispatcher>(std::move(*d));
   };
-  auto model = LoadDeepseekV3(FixtureDir("dsv3_qlora_rope"), &be, LoadOptions{}, make);
+  auto model = LoadModel(FixtureDir("dsv3_qlora_rope"), &be, LoadOptions{}, make);
   EXPECT_TRUE(absl::IsInvalidArgument(model.status())) << model.status();
   EXPECT_THAT(std::string(model.status().message()),
               HasSubstr("8 routed experts do not divide over 3 ranks"));

@@ -19,7 +19,7 @@
 #include "absl/status/status.h"
 #include "worker/backend/backend.h"
 #include "worker/kv_cache/kv_block_pool.h"
-#include "worker/model/deepseek_v3_model.h"
+#include "worker/model/causal_lm.h"
 
 namespace deepinfer::ep_testing {
 
@@ -85,11 +85,10 @@ using LogitsMap = std::map<std::pair<int, int>, std::vector<float>>;
 // Steps the sequences whose rank is in `ranks` (all of them when ranks is empty) through
 // `model` for `steps` steps; a step with no active sequence is an empty batch. `before_step`,
 // if set, runs before each step (e.g. an EPLB placement switch).
-inline absl::Status RunScript(DeepseekV3Model* model, Backend* backend,
-                              std::vector<ScriptedSeq> seqs, int only_rank, int steps,
-                              LogitsMap* out,
+inline absl::Status RunScript(CausalLm* model, Backend* backend, std::vector<ScriptedSeq> seqs,
+                              int only_rank, int steps, LogitsMap* out,
                               const std::function<absl::Status(int step)>& before_step = nullptr) {
-  auto pool = KvBlockPool::Create(backend, model->CacheOptions(256, kBlockSize));
+  auto pool = KvBlockPool::Create(backend, KvBlockPoolOptions{model->CacheSpec(), 256, kBlockSize});
   if (!pool.ok()) return pool.status();
   for (int step = 0; step < steps; ++step) {
     if (before_step) {

@@ -52,10 +52,10 @@ std::vector<int32_t> Prompt(int n, int salt, int64_t vocab) {
 
 // Every position's logits of: prompts 200, 77, 130 in one step; then a 200-token prompt in two
 // chunks of 100 (the second after the first is cached). Rows concatenated in that order.
-std::vector<std::vector<float>> PrefillLogits(DeepseekV3Model* model, Backend* backend) {
+std::vector<std::vector<float>> PrefillLogits(CausalLm* model, Backend* backend) {
   const int64_t vocab = model->config().vocab_size;
   const int32_t bs = 16;
-  auto pool = KvBlockPool::Create(backend, model->CacheOptions(128, bs));
+  auto pool = KvBlockPool::Create(backend, KvBlockPoolOptions{model->CacheSpec(), 128, bs});
   EXPECT_TRUE(pool.ok()) << pool.status();
   if (!pool.ok()) return {};
   std::vector<SequenceStep> batch;
@@ -119,7 +119,7 @@ TEST(MhaPrefillGpuTest, NonAbsorbedPrefillMatchesTheCpuReferenceLikeTheAbsorbedP
   if (!deepinfer::testing::HasCudaDevice()) GTEST_SKIP() << "no CUDA device";
   const std::string spec = testing::WriteDummyModelSpec(Shape(), "mha_prefill_gpu", 5);
   CpuBackend cpu(16, WeightDType::kBFloat16);
-  auto cpu_model = LoadDeepseekV3(spec, &cpu);
+  auto cpu_model = LoadModel(spec, &cpu);
   ASSERT_TRUE(cpu_model.ok()) << cpu_model.status();
   (*cpu_model)->SetPrefillAttention(PrefillAttention::kAbsorbed);
   const auto want = PrefillLogits(cpu_model->get(), &cpu);
@@ -128,7 +128,7 @@ TEST(MhaPrefillGpuTest, NonAbsorbedPrefillMatchesTheCpuReferenceLikeTheAbsorbedP
   auto gpu_or = CudaBackend::Create(0, WeightDType::kBFloat16);
   ASSERT_TRUE(gpu_or.ok()) << gpu_or.status();
   CudaBackend& gpu = **gpu_or;
-  auto model = LoadDeepseekV3(spec, &gpu);
+  auto model = LoadModel(spec, &gpu);
   ASSERT_TRUE(model.ok()) << model.status();
   const int64_t vocab = (*model)->config().vocab_size;
   Error err[2];

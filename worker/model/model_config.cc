@@ -8,6 +8,8 @@
 #include <sstream>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/types/span.h"
 #include "nlohmann/json.hpp"
 
 namespace deepinfer {
@@ -71,6 +73,42 @@ class Reader {
     if (!_st.ok()) return _st;   \
   } while (0)
 
+// The architectures served (config.json's architectures[0]) and the model_type values their
+// checkpoints carry: DeepSeek-V3, R1, V3.1 and Moonlight say deepseek_v3, Kimi-K2 kimi_k2.
+struct ArchitectureModelTypes {
+  absl::string_view architecture;
+  absl::Span<const absl::string_view> model_types;
+};
+constexpr absl::string_view kDeepseekV3ModelTypes[] = {"deepseek_v3", "kimi_k2"};
+constexpr ArchitectureModelTypes kKnownArchitectures[] = {
+    {"DeepseekV3ForCausalLM", kDeepseekV3ModelTypes},
+};
+
+// A config names its model twice (architectures, model_type). Either alone is enough; when
+// both are there they must name the same model: a file that says deepseek_v4 with
+// DeepseekV3ForCausalLM (an edited or half-converted config) is refused, not run as V3.
+absl::Status CheckArchitecture(const std::string& architecture, const std::string& model_type,
+                               absl::string_view source) {
+  std::vector<std::string> supported;
+  for (const ArchitectureModelTypes& known : kKnownArchitectures) {
+    const bool type_matches = std::find(known.model_types.begin(), known.model_types.end(),
+                                        model_type) != known.model_types.end();
+    if (architecture == known.architecture) {
+      if (model_type.empty() || type_matches) return absl::OkStatus();
+      return absl::InvalidArgumentError(absl::StrCat(
+          source, ": model_type '", model_type, "' does not match architectures[0] '", architecture,
+          "' (whose model_type is ", absl::StrJoin(known.model_types, " or "),
+          "); the file names two different models, fix one of the fields"));
+    }
+    if (architecture.empty() && type_matches) return absl::OkStatus();
+    supported.push_back(absl::StrCat(known.architecture, " (model_type ",
+                                     absl::StrJoin(known.model_types, " or "), ")"));
+  }
+  return absl::InvalidArgumentError(
+      absl::StrCat(source, ": unsupported architecture '", architecture, "' (model_type '",
+                   model_type, "'); supported: ", absl::StrJoin(supported, ", ")));
+}
+
 double YarnGetMscale(double scale, double mscale) {
   if (scale <= 1.0) return 1.0;
   return 0.1 * mscale * std::log(scale) + 1.0;
@@ -91,15 +129,7 @@ absl::StatusOr<ModelConfig> ModelConfig::FromJson(absl::string_view text,
     c.architecture = (*arch)[0].get<std::string>();
   }
   DI_RETURN_IF_ERROR(r.OptString("model_type", &c.model_type));
-  // Kimi-K2 and Moonlight ship their own model_type but the DeepseekV3 architecture.
-  const bool known =
-      c.architecture == "DeepseekV3ForCausalLM" ||
-      (c.architecture.empty() && (c.model_type == "deepseek_v3" || c.model_type == "kimi_k2"));
-  if (!known) {
-    return absl::InvalidArgumentError(absl::StrCat(source, ": unsupported architecture '",
-                                                   c.architecture, "' (model_type '", c.model_type,
-                                                   "'); only DeepseekV3ForCausalLM is supported"));
-  }
+  DI_RETURN_IF_ERROR(CheckArchitecture(c.architecture, c.model_type, source));
   DI_RETURN_IF_ERROR(r.Int("vocab_size", &c.vocab_size));
   DI_RETURN_IF_ERROR(r.Int("hidden_size", &c.hidden_size));
   DI_RETURN_IF_ERROR(r.Int("intermediate_size", &c.intermediate_size));

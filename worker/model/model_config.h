@@ -1,7 +1,8 @@
 // ModelConfig: the DeepSeek-V3 architecture hyper-parameters, parsed from a checkpoint's
 // config.json (DeepSeek's own files, HF transformers 4.x `rope_scaling` and 5.x
 // `rope_parameters` layouts, Kimi-K2/Moonlight which reuse the architecture), plus the derived
-// quantities the model needs (softmax scale, YaRN frequencies).
+// quantities the model needs (softmax scale, YaRN frequencies). `architectures` and
+// `model_type` must name the same model (DeepseekV3ForCausalLM: deepseek_v3 or kimi_k2).
 #ifndef DEEPINFER_WORKER_MODEL_MODEL_CONFIG_H_
 #define DEEPINFER_WORKER_MODEL_MODEL_CONFIG_H_
 

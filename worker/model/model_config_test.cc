@@ -3,10 +3,14 @@
 
 #include <cmath>
 
+#include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
 namespace deepinfer {
 namespace {
+
+using ::testing::AllOf;
+using ::testing::HasSubstr;
 
 constexpr char kDeepSeekStyle[] = R"({
   "architectures": ["DeepseekV3ForCausalLM"], "model_type": "deepseek_v3",
@@ -112,6 +116,46 @@ TEST(ModelConfigTest, ErrorsNameFileAndField) {
   s = kDeepSeekStyle;
   s.replace(s.find("\"scoring_func\": \"sigmoid\""), 25, "\"scoring_func\": \"softmax\"");
   EXPECT_FALSE(ModelConfig::FromJson(s, "x").ok());
+}
+
+// architectures[0] and model_type name one model: either alone is enough, both must agree.
+TEST(ModelConfigTest, ModelTypeMustMatchTheArchitecture) {
+  auto with = [](const std::string& architectures, const std::string& model_type) {
+    const std::string names =
+        R"("architectures": ["DeepseekV3ForCausalLM"], "model_type": "deepseek_v3",)";
+    std::string s = kDeepSeekStyle;
+    s.replace(s.find(names), names.size(), architectures + model_type);
+    return ModelConfig::FromJson(s, "/ckpt/config.json");
+  };
+  // What checkpoints ship: DeepSeek-V3/R1/V3.1 and Moonlight, Kimi-K2, and either field alone.
+  for (const auto& [arch, type] : std::vector<std::pair<std::string, std::string>>{
+           {R"("architectures": ["DeepseekV3ForCausalLM"],)", R"("model_type": "deepseek_v3",)"},
+           {R"("architectures": ["DeepseekV3ForCausalLM"],)", R"("model_type": "kimi_k2",)"},
+           {R"("architectures": ["DeepseekV3ForCausalLM"],)", ""},
+           {"", R"("model_type": "deepseek_v3",)"},
+           {"", R"("model_type": "kimi_k2",)"}}) {
+    auto c = with(arch, type);
+    EXPECT_TRUE(c.ok()) << arch << type << ": " << c.status();
+  }
+  auto v4 =
+      with(R"("architectures": ["DeepseekV3ForCausalLM"],)", R"("model_type": "deepseek_v4",)");
+  ASSERT_FALSE(v4.ok());
+  EXPECT_EQ(v4.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(v4.status().message()),
+              AllOf(HasSubstr("/ckpt/config.json"), HasSubstr("model_type 'deepseek_v4'"),
+                    HasSubstr("architectures[0] 'DeepseekV3ForCausalLM'"),
+                    HasSubstr("deepseek_v3 or kimi_k2")));
+  auto mixtral =
+      with(R"("architectures": ["DeepseekV3ForCausalLM"],)", R"("model_type": "mixtral",)");
+  EXPECT_THAT(std::string(mixtral.status().message()), HasSubstr("model_type 'mixtral'"));
+  // An architecture we do not serve, whatever the model_type says.
+  auto v4_arch =
+      with(R"("architectures": ["DeepseekV4ForCausalLM"],)", R"("model_type": "deepseek_v3",)");
+  EXPECT_THAT(std::string(v4_arch.status().message()),
+              AllOf(HasSubstr("unsupported architecture 'DeepseekV4ForCausalLM'"),
+                    HasSubstr("model_type 'deepseek_v3'")));
+  EXPECT_FALSE(with("", R"("model_type": "deepseek_v4",)").ok());
+  EXPECT_FALSE(with("", "").ok());
 }
 
 }  // namespace

@@ -1,4 +1,4 @@
-// LoadDeepseekV3: config + weight source + weights + dispatcher.
+// LoadModel: config + weight source + the registry's build.
 #include "worker/model/model_loader.h"
 
 #include <cstdlib>
@@ -27,12 +27,6 @@ absl::StatusOr<std::unique_ptr<ExpertDispatcher>> MakeLocalExpertDispatcher(
   }
   return std::unique_ptr<ExpertDispatcher>(std::make_unique<LocalExpertDispatcher>(
       backend, config.n_routed_experts, config.hidden_size, std::move(local)));
-}
-
-absl::StatusOr<std::unique_ptr<DeepseekV3Model>> LoadDeepseekV3(const std::string& model,
-                                                                Backend* backend,
-                                                                const LoadOptions& options) {
-  return LoadDeepseekV3(model, backend, options, MakeLocalExpertDispatcher);
 }
 
 absl::StatusOr<std::unique_ptr<WeightSource>> OpenWeightSource(const std::string& model,
@@ -65,23 +59,27 @@ absl::StatusOr<std::unique_ptr<WeightSource>> OpenWeightSource(const std::string
   return source;
 }
 
-absl::StatusOr<std::unique_ptr<DeepseekV3Model>> LoadDeepseekV3(
+absl::StatusOr<std::unique_ptr<CausalLm>> BuildModel(
+    const ModelConfig& config, WeightSource* source, Backend* backend, const LoadOptions& options,
+    const ExpertDispatcherFactory& make_dispatcher) {
+  absl::StatusOr<const Architecture*> arch = FindArchitecture(config);
+  if (!arch.ok()) return arch.status();
+  ModelBuildArgs args;
+  args.config = &config;
+  args.source = source;
+  args.backend = backend;
+  args.load = options;
+  args.make_dispatcher = make_dispatcher;
+  return (*arch)->build(args);
+}
+
+absl::StatusOr<std::unique_ptr<CausalLm>> LoadModel(
     const std::string& model, Backend* backend, const LoadOptions& options,
     const ExpertDispatcherFactory& make_dispatcher) {
-  ModelConfig config_value;
-  auto opened = OpenWeightSource(model, &config_value);
-  if (!opened.ok()) return opened.status();
-  std::unique_ptr<WeightSource> source = std::move(*opened);
-  const ModelConfig* config = &config_value;
-  auto weights = ModelWeights::Load(*config, source.get(), backend, options);
-  if (!weights.ok()) return weights.status();
-  std::unique_ptr<ExpertDispatcher> dispatcher;
-  if (config->n_routed_experts > 0) {
-    auto made = make_dispatcher(*config, **weights, backend);
-    if (!made.ok()) return made.status();
-    dispatcher = std::move(*made);
-  }
-  return DeepseekV3Model::Create(*config, std::move(*weights), backend, std::move(dispatcher));
+  ModelConfig config;
+  auto source = OpenWeightSource(model, &config);
+  if (!source.ok()) return source.status();
+  return BuildModel(config, source->get(), backend, options, make_dispatcher);
 }
 
 }  // namespace deepinfer

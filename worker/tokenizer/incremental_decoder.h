@@ -5,9 +5,10 @@
 // It decodes a short window of recent ids twice (with and without the newest ones) and emits
 // the difference once the window's text no longer ends in U+FFFD, the approach of HF TGI and
 // vLLM. The window always starts at an id boundary where earlier text is final, so the
-// concatenation of everything emitted plus Finish() equals Tokenizer::Decode of all ids.
-// Text that really ends in U+FFFD (invalid bytes, or a token that is U+FFFD) is held until the
-// next id or Finish().
+// concatenation of everything emitted plus Finish() equals Tokenizer::DecodeSkippingUnknown of
+// all ids: an id the tokenizer does not know (a model may generate one, see there) adds no
+// text, as in HF. Text that really ends in U+FFFD (invalid bytes, or a token that is U+FFFD) is
+// held until the next id or Finish().
 #ifndef WORKER_TOKENIZER_INCREMENTAL_DECODER_H_
 #define WORKER_TOKENIZER_INCREMENTAL_DECODER_H_
 
@@ -15,7 +16,6 @@
 #include <string>
 #include <vector>
 
-#include "absl/status/statusor.h"
 #include "worker/tokenizer/tokenizer.h"
 
 namespace deepinfer::tokenizer {
@@ -27,11 +27,11 @@ class IncrementalDecoder {
       : tokenizer_(tokenizer), skip_special_tokens_(skip_special_tokens) {}
 
   // Appends `id` and returns the text that became final (possibly empty).
-  absl::StatusOr<std::string> Add(uint32_t id);
+  std::string Add(uint32_t id);
 
   // Returns the text still held back (an incomplete character decodes as U+FFFD, as one-shot
   // decoding does). Further Add calls continue after it.
-  absl::StatusOr<std::string> Finish();
+  std::string Finish();
 
  private:
   const Tokenizer* tokenizer_;

@@ -212,6 +212,16 @@ std::vector<uint32_t> Tokenizer::Encode(absl::string_view input, bool add_specia
 
 absl::StatusOr<std::string> Tokenizer::Decode(absl::Span<const uint32_t> ids,
                                               bool skip_special_tokens) const {
+  for (uint32_t id : ids) {
+    if (IdToToken(id) == nullptr) {
+      return absl::OutOfRangeError(absl::StrCat("unknown token id ", id));
+    }
+  }
+  return DecodeSkippingUnknown(ids, skip_special_tokens);
+}
+
+std::string Tokenizer::DecodeSkippingUnknown(absl::Span<const uint32_t> ids,
+                                             bool skip_special_tokens) const {
   std::vector<std::string> tokens;
   tokens.reserve(ids.size());
   for (uint32_t id : ids) {
@@ -221,8 +231,7 @@ absl::StatusOr<std::string> Tokenizer::Decode(absl::Span<const uint32_t> ids,
       continue;
     }
     const std::string* token = model_->IdToToken(id);
-    if (token == nullptr) return absl::OutOfRangeError(absl::StrCat("unknown token id ", id));
-    tokens.push_back(*token);
+    if (token != nullptr) tokens.push_back(*token);
   }
   return Decoder::Decode(decoder_.get(), std::move(tokens));
 }

@@ -44,9 +44,15 @@ class Tokenizer {
 
   std::vector<uint32_t> Encode(absl::string_view text, bool add_special_tokens) const;
 
-  // kOutOfRange for an id that is neither in the vocabulary nor an added token.
+  // kOutOfRange for an id that is neither in the vocabulary nor an added token: for ids that
+  // must all name tokens.
   absl::StatusOr<std::string> Decode(absl::Span<const uint32_t> ids,
                                      bool skip_special_tokens) const;
+  // What HF tokenizers' decode does: ids that are neither in the vocabulary nor added tokens
+  // contribute nothing. For ids a model generated: its embedding may have more rows than the
+  // tokenizer has tokens (DeepSeek-V3: 129,280 rows, 128,815 tokens), and sampling can pick
+  // any row.
+  std::string DecodeSkippingUnknown(absl::Span<const uint32_t> ids, bool skip_special_tokens) const;
 
   std::optional<uint32_t> TokenToId(absl::string_view token) const;
   // nullptr for unknown ids.

@@ -14,6 +14,7 @@ namespace deepinfer::tokenizer {
 namespace {
 
 using ::testing::ElementsAre;
+using ::testing::HasSubstr;
 
 std::unique_ptr<Tokenizer> Load(const nlohmann::json& tokenizer_json,
                                 const nlohmann::json& config = nullptr) {
@@ -43,6 +44,18 @@ TEST(TokenizerTest, AddedTokensAreCutOutAndSkippableWhenDecoding) {
   EXPECT_EQ(*with_special, "<s>hello</s>");
   EXPECT_EQ(*without_special, "hello");
   EXPECT_EQ(tokenizer->Decode({99999}, false).status().code(), absl::StatusCode::kOutOfRange);
+}
+
+// HF tokenizers' decode leaves out ids it does not know; Decode refuses them.
+TEST(TokenizerTest, DecodeSkippingUnknownLeavesUnknownIdsOut) {
+  auto tokenizer = Load(TestTokenizerJson());
+  EXPECT_EQ(tokenizer->DecodeSkippingUnknown({99999, 259, 4000, 264, 99999}, false), "hello world");
+  EXPECT_EQ(tokenizer->DecodeSkippingUnknown({265, 4000, 266}, false), "<s></s>");
+  EXPECT_EQ(tokenizer->DecodeSkippingUnknown({265, 4000, 266}, true), "");
+  EXPECT_EQ(tokenizer->DecodeSkippingUnknown({4000}, false), "");
+  auto strict = tokenizer->Decode({259, 4000}, false);
+  EXPECT_EQ(strict.status().code(), absl::StatusCode::kOutOfRange);
+  EXPECT_THAT(strict.status().message(), HasSubstr("4000"));
 }
 
 TEST(TokenizerTest, TemplatePostProcessorOnlyWithSpecialTokens) {

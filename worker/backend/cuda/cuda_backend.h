@@ -9,8 +9,8 @@
 // CUBLAS_COMPUTE_32F (tensor cores, fp32 accumulation).
 //
 // Errors: the Backend ops return nothing, so the first CUDA or cuBLAS error is recorded (with
-// the failing call named), logged, and returned by status(); DeepseekV3Model::Step checks it
-// after each step. Later ops still run (their results are meaningless after an error), and a
+// the failing call named), logged, and returned by status(); CausalLm::Step checks it after
+// each step. Later ops still run (their results are meaningless after an error), and a
 // sticky device error such as an illegal address makes the whole context unusable, as usual in
 // CUDA. Allocation failure is fatal, as the Backend contract says.
 //
@@ -210,8 +210,8 @@ class CudaBackend : public Backend {
   // kernels::NormRopeCacheAbsorbQuerySupported takes: kernels::NormRopeCacheAbsorbQueryF32, one
   // launch with the bits of the two ops (the W_uk product as SmallMGemmBf16 computes it); otherwise
   // Backend's two ops. Measured on the H200 at 1 request: 27-layer decode step -29 us
-  // (docs/performance.md, "Session 8, branch s8-attn1"); 2-4 tokens give the same bits but were not
-  // timed, so they keep two launches.
+  // (docs/cuda.md, "The attention core's launch chain at one token"); 2-4 tokens give the same
+  // bits but were not timed, so they keep two launches.
   void NormRopeCacheAbsorbQuery(const NormRopeCacheArgs& nr, const AbsorbQueryArgs& aq) override;
   static constexpr int64_t kNormRopeCacheAbsorbMaxTokens = 1;
   void GatherRows(int64_t rows, int64_t dim, const float* src, const int32_t* idx,

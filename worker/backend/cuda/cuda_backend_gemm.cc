@@ -213,8 +213,8 @@ void CudaBackend::AddRmsNormGemms(int64_t rows, int64_t dim, float* x, const flo
   p.num_targets = static_cast<int>(gemms.size());
   // The norm fused at one row only: at 2 and 4 rows the prologue's block reductions in every
   // block measured slower than AddRmsNorm + the GEMMs (small_m_gemm_bench: 4 rows 17.18 vs
-  // 10.74 us; 2 rows 10.14 vs 9.56, session 7; 1 row: 8.28 vs 8.79 us). At two rows: AddRmsNorm,
-  // then one staged launch for all targets (q + kv_a: 6.97 vs 10.01 us for two small-m launches).
+  // 10.74 us; 2 rows 10.14 vs 9.56; 1 row: 8.28 vs 8.79 us). At two rows: AddRmsNorm, then one
+  // staged launch for all targets (q + kv_a: 6.97 vs 10.01 us for two small-m launches).
   static_assert(kStagedGemvMaxRows == 2, "the staged AddRmsNormGemms takes one or two rows");
   bool staged = (rows == 1 || (rows == 2 && normed_bf16 != nullptr)) &&
                 gemms.size() <= static_cast<size_t>(kernels::kStagedGemvMaxTargets);

@@ -1,6 +1,6 @@
 // moe_block_decode_bench: the MoE block of one decode layer at 1 and 2 tokens (routed experts
-// + shared experts, what DeepseekV3Model::Moe issues after the routing), old vs new, recorded
-// into a CUDA graph (Backend::Capture) and replayed:
+// + shared experts, what MoeBlock (worker/model/moe/moe_block.h) issues after the routing), old
+// vs new, recorded into a CUDA graph (Backend::Capture) and replayed:
 //
 //   old  CudaBackend::RoutedExperts (permute, GroupedGemmBf16 gate_up, SiluMulF32, down,
 //        combine) + the shared MLP as the model runs it with fused ops and bf16 weights (Gemm on
@@ -194,7 +194,8 @@ int Main(int argc, char** argv) {
         a.shared_down = L.shared_down->data();
         return a;
       };
-      // The model's shared MLP with fused ops and bf16 weights (DeepseekV3Model::Mlp).
+      // The model's shared MLP with fused ops and bf16 weights (SwiGluMlp,
+      // worker/model/layers/swiglu_mlp.h).
       auto old_layer = [&](Layer& L) {
         const RoutedExpertsArgs a = args_for(L);
         if (!b.RoutedExperts(a)) Fail("RoutedExperts declined");

@@ -1,0 +1,231 @@
+// BuildRank: group, backend, data plane, memory plan, model, KV pool.
+#include "worker/engine/rank_builder.h"
+
+#include <algorithm>
+#include <limits>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "glog/logging.h"
+#include "worker/model/ep_expert_dispatcher.h"
+#include "worker/model/model_loader.h"
+
+namespace deepinfer {
+namespace {
+
+// Registers `c` with the caller; CANCELLED (and `c` aborted) when the group stopped.
+absl::Status Register(const RankHooks& hooks, comm::Communicator* c) {
+  if (!hooks.on_communicator || hooks.on_communicator(c)) return absl::OkStatus();
+  c->Abort(absl::CancelledError("group stopped while forming"));
+  return absl::CancelledError("group stopped while forming");
+}
+
+}  // namespace
+
+ExpertRange ExpertsOfRank(int64_t num_experts, int world_size, int rank) {
+  const int64_t per = num_experts / world_size;
+  return {rank * per, per};
+}
+
+LoadOptions ExpertsToLoad(const ModelConfig& config, int world_size, int rank, bool partitioned,
+                          const std::shared_ptr<const ExpertPlacement>& placement) {
+  LoadOptions load;
+  if (placement != nullptr) {
+    // Per model layer, the experts of this rank's slots (dense layers have none).
+    auto placed = std::make_shared<std::vector<std::vector<int64_t>>>(
+        EpExpertDispatcher::ExpertsOfRank(*placement, world_size, rank));
+    std::vector<int64_t> moe_index;
+    for (int64_t l = 0, m = 0; l < config.num_hidden_layers; ++l) {
+      moe_index.push_back(config.IsMoeLayer(l) ? m++ : -1);
+    }
+    load.hosts_expert = [placed, moe_index](int64_t layer, int64_t e) {
+      const int64_t m = moe_index[layer];
+      if (m < 0) return false;
+      const std::vector<int64_t>& mine = (*placed)[m];
+      return std::find(mine.begin(), mine.end(), e) != mine.end();
+    };
+  } else if (partitioned) {
+    const ExpertRange range = ExpertsOfRank(config.n_routed_experts, world_size, rank);
+    load.hosts_expert = [range](int64_t, int64_t e) {
+      return e >= range.first && e < range.first + range.count;
+    };
+  }
+  return load;
+}
+
+DispatcherFactory LocalDispatcherFactory() {
+  DispatcherFactory f;
+  f.partitioned = false;
+  f.make = [](comm::Communicator*, ExpertRange, std::shared_ptr<const ExpertPlacement>,
+              const ModelConfig& config, const ModelWeights& weights,
+              Backend* backend) { return MakeLocalExpertDispatcher(config, weights, backend); };
+  return f;
+}
+
+DispatcherFactory EpDispatcherFactory() {
+  DispatcherFactory f;
+  f.partitioned = true;
+  f.make = [](comm::Communicator* comm, ExpertRange range,
+              std::shared_ptr<const ExpertPlacement> placement, const ModelConfig& config,
+              const ModelWeights& weights,
+              Backend* backend) -> absl::StatusOr<std::unique_ptr<ExpertDispatcher>> {
+    if (comm->world_size() == 1) return MakeLocalExpertDispatcher(config, weights, backend);
+    const bool placed = placement != nullptr;
+    auto d = EpExpertDispatcher::Create(comm, backend, config.n_routed_experts, config.hidden_size,
+                                        std::move(placement));
+    if (!d.ok()) return d.status();
+    if (placed) {
+      LOG(INFO) << "rank " << comm->rank() << " of " << comm->world_size()
+                << ": expert parallel with an EPLB placement, " << (*d)->local_experts(0).size()
+                << " expert slots per layer";
+      return std::unique_ptr<ExpertDispatcher>(std::move(*d));
+    }
+    const std::vector<int64_t>& local = (*d)->local_experts(0);
+    // The weights were loaded for `range`; the dispatcher must serve exactly those experts.
+    if (local.empty() || local.front() != range.first ||
+        static_cast<int64_t>(local.size()) != range.count) {
+      return absl::InternalError(absl::StrCat("rank ", comm->rank(), " loaded experts ",
+                                              range.first, "..", range.first + range.count - 1,
+                                              " but its dispatcher serves ", local.size(),
+                                              " experts from ", local.empty() ? -1 : local[0]));
+    }
+    LOG(INFO) << "rank " << comm->rank() << " of " << comm->world_size()
+              << ": expert parallel, hosts routed experts " << local.front() << ".." << local.back()
+              << " of " << config.n_routed_experts;
+    return std::unique_ptr<ExpertDispatcher>(std::move(*d));
+  };
+  return f;
+}
+
+absl::Status BuildRank(const RankSpec& spec, const RankHooks& hooks,
+                       std::unique_ptr<comm::TcpCommunicator::RootListener> root,
+                       RankParts* parts) {
+  if (!spec.dispatcher.make) return absl::InvalidArgumentError("BuildRank: no dispatcher");
+  if (spec.block_size <= 0) {
+    return absl::InvalidArgumentError(absl::StrCat("block size ", spec.block_size));
+  }
+  // The group: the control plane, and the exchange's transport unless NCCL carries it.
+  if (spec.world_size > 1 || spec.always_form_group) {
+    comm::TcpCommunicatorSpec group;
+    group.rank = spec.rank;
+    group.world_size = spec.world_size;
+    group.root_address = spec.root_address;
+    group.group_incarnation = spec.group_incarnation;
+    group.listen_host = spec.listen_host;
+    group.timeout = spec.group_timeout;
+    auto c = comm::TcpCommunicator::Create(group, spec.rank == 0 ? std::move(root) : nullptr);
+    if (!c.ok()) return c.status();
+    parts->group = std::move(*c);
+    if (absl::Status st = Register(hooks, parts->group.get()); !st.ok()) return st;
+  }
+  auto backend = MakeBackend(spec.backend);
+  if (!backend.ok()) return backend.status();
+  parts->backend = std::move(*backend);
+  Backend* be = parts->backend.get();
+
+  // Only an expert-parallel dispatcher exchanges tokens; the others need no data plane.
+  comm::Communicator* exchange = parts->group.get();
+  if (spec.dispatcher.partitioned) {
+    absl::StatusOr<comm::DataPlane> plane =
+        comm::ResolveDataPlane(spec.communicator, spec.backend.kind, spec.world_size);
+    if (!plane.ok()) return plane.status();
+    parts->data_plane = *plane;
+  }
+  if (parts->data_plane == comm::DataPlane::kNccl) {
+    auto nccl = comm::FormNcclCommunicator(parts->group.get(), spec.backend.cuda_device,
+                                           be->native_stream(), spec.data_plane_timeout);
+    if (!nccl.ok()) return nccl.status();
+    parts->data_comm = std::move(*nccl);
+    if (absl::Status st = Register(hooks, parts->data_comm.get()); !st.ok()) return st;
+    exchange = parts->data_comm.get();
+  }
+  if (exchange != nullptr && hooks.wrap_exchange) {
+    parts->exchange = hooks.wrap_exchange(exchange, be);
+    exchange = parts->exchange.get();
+  }
+
+  // The model's config, its architecture's sizes and the rank's share of the experts.
+  ModelConfig config;
+  absl::StatusOr<std::unique_ptr<WeightSource>> source =
+      spec.open_weights ? spec.open_weights(spec.model, &config)
+                        : OpenWeightSource(spec.model, &config);
+  if (!source.ok()) return source.status();
+  absl::StatusOr<const Architecture*> arch = FindArchitecture(config);
+  if (!arch.ok()) return arch.status();
+  const ExpertRange range = ExpertsOfRank(config.n_routed_experts, spec.world_size, spec.rank);
+  const LoadOptions load =
+      ExpertsToLoad(config, spec.world_size, spec.rank, spec.dispatcher.partitioned, spec.placement);
+  const int64_t weight_bytes = (*arch)->weight_bytes(config, be->weight_dtype(), load);
+  LOG(INFO) << "rank " << spec.rank << ": " << be->name() << " backend, "
+            << WeightDTypeName(be->weight_dtype()) << " weights ("
+            << absl::StrFormat("%.1f MiB", weight_bytes / double{1 << 20}) << ")";
+
+  // On a GPU, memory is planned up front: the weights must fit before anything is loaded.
+  MemoryPlanOptions plan_options;
+  plan_options.utilization = spec.gpu_memory_utilization;
+  plan_options.block_size = spec.block_size;
+  plan_options.max_batch_tokens = spec.max_batch_tokens;
+  const int64_t floats_per_token = (*arch)->activation_floats_per_token(config);
+  int64_t reserve = ActivationReserveBytes(floats_per_token, spec.max_batch_tokens);
+  if (spec.backend.kind == "cuda" && spec.decode_graphs.enabled) {
+    reserve +=
+        DecodeGraphReserveBytes(floats_per_token, DecodeGraphBuckets(spec.decode_graphs.max_batch));
+  }
+  const absl::StatusOr<DeviceMemoryInfo> before_load = be->MemoryInfo();
+  const bool planned = spec.kv_cache_blocks <= 0 && spec.kv_cache_tokens <= 0 && before_load.ok();
+  if (before_load.ok()) {
+    if (absl::Status st = CheckWeightsFit(*before_load, weight_bytes, reserve, plan_options);
+        !st.ok()) {
+      return st;
+    }
+  }
+
+  ExpertDispatcherFactory make = [&spec, exchange, range](const ModelConfig& c,
+                                                          const ModelWeights& w, Backend* b) {
+    return spec.dispatcher.make(exchange, range, spec.placement, c, w, b);
+  };
+  auto model = BuildModel(config, source->get(), be, load, make);
+  if (!model.ok()) return model.status();
+  parts->model = std::move(*model);
+  parts->model->SetDecodeGraphOptions(spec.decode_graphs);
+  parts->model->SetFusedOps(spec.fused_ops);
+  parts->model->SetPrefillAttention(spec.prefill_attention);
+
+  absl::StatusOr<WeightDType> cache_dtype =
+      ResolveKvCacheDType(spec.kv_cache_dtype, be->weight_dtype());
+  if (!cache_dtype.ok()) return cache_dtype.status();
+  const KvCacheSpec cache_spec = parts->model->CacheSpec().WithDType(*cache_dtype);
+  const int32_t bs = spec.block_size;
+  int64_t blocks = 0;
+  if (spec.kv_cache_blocks > 0) {
+    blocks = spec.kv_cache_blocks;
+  } else if (spec.kv_cache_tokens > 0) {
+    blocks = (spec.kv_cache_tokens + bs - 1) / bs;
+    LOG(INFO) << "rank " << spec.rank << ": KV cache " << blocks << " blocks x " << bs
+              << " tokens (--kv-cache-tokens)";
+  } else if (planned) {
+    absl::StatusOr<DeviceMemoryInfo> after_load = be->MemoryInfo();
+    if (!after_load.ok()) return after_load.status();
+    absl::StatusOr<KvCachePlan> plan =
+        PlanKvCache(*after_load, weight_bytes, reserve, cache_spec.BytesPerToken(), plan_options);
+    if (!plan.ok()) return plan.status();
+    blocks = plan->num_blocks;
+    LOG(INFO) << "rank " << spec.rank
+              << ": memory plan: " << plan->ToString(spec.gpu_memory_utilization);
+  } else {
+    blocks = (kDefaultCpuKvCacheTokens + bs - 1) / bs;
+    LOG(INFO) << "rank " << spec.rank << ": KV cache " << blocks << " blocks x " << bs
+              << " tokens (CPU default)";
+  }
+  if (blocks > std::numeric_limits<int32_t>::max()) {
+    return absl::InvalidArgumentError(absl::StrCat("KV cache of ", blocks, " blocks is too large"));
+  }
+  auto pool = KvBlockPool::Create(be, {cache_spec, static_cast<int32_t>(blocks), bs});
+  if (!pool.ok()) return pool.status();
+  parts->pool = std::move(*pool);
+  return absl::OkStatus();
+}
+
+}  // namespace deepinfer

@@ -1,0 +1,146 @@
+// BuildRank: sets up one rank of an expert-parallel group, the same way for the worker
+// (RankGroup), the benchmark (tools/bench) and the tests: joins the TCP group (the control
+// plane: agreement, barriers, NCCL's bootstrap), opens the backend, forms the NCCL data plane
+// over the TCP group where the expert exchange runs GPU to GPU, plans the GPU memory (the weights
+// must fit before anything is loaded; the KV cache gets what is left), loads the rank's share of
+// the model (with a partitioned dispatcher only its routed experts: a contiguous range, or the
+// experts of its EPLB slots) and makes its KV pool from the model's cache spec.
+//
+// What a rank is made of is a RankParts, filled as each part comes up, so that whoever owns it
+// tears a half-built rank down in the right order too.
+#ifndef DEEPINFER_WORKER_ENGINE_RANK_BUILDER_H_
+#define DEEPINFER_WORKER_ENGINE_RANK_BUILDER_H_
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "coordinator/eplb/expert_placement.h"
+#include "worker/backend/backend.h"
+#include "worker/backend/backend_factory.h"
+#include "worker/comm/communicator.h"
+#include "worker/comm/data_plane.h"
+#include "worker/comm/tcp_communicator.h"
+#include "worker/engine/memory_plan.h"
+#include "worker/kv_cache/kv_block_pool.h"
+#include "worker/model/causal_lm.h"
+#include "worker/model/model_registry.h"
+#include "worker/model/weight_source.h"
+
+namespace deepinfer {
+
+// Routed experts [first, first + count) of every MoE layer.
+struct ExpertRange {
+  int64_t first = 0;
+  int64_t count = 0;
+};
+// The experts global rank `rank` hosts when experts are partitioned contiguously.
+ExpertRange ExpertsOfRank(int64_t num_experts, int world_size, int rank);
+
+// How a rank gets its ExpertDispatcher. The local one serves every expert without
+// communication, so each rank loads all experts; an expert-parallel one (partitioned = true)
+// serves the rank's range and exchanges tokens through the rank's communicator, so each rank
+// loads only its range.
+struct DispatcherFactory {
+  bool partitioned = false;
+  // `placement`: the EPLB placement the rank starts with (null: contiguous `range`).
+  std::function<absl::StatusOr<std::unique_ptr<ExpertDispatcher>>(
+      comm::Communicator* comm, ExpertRange range, std::shared_ptr<const ExpertPlacement> placement,
+      const ModelConfig& config, const ModelWeights& weights, Backend* backend)>
+      make;
+};
+DispatcherFactory LocalDispatcherFactory();
+// Expert parallelism (EpExpertDispatcher), what the worker runs by default. A group of one
+// rank gets the local dispatcher (same experts, no exchange to pay for).
+DispatcherFactory EpDispatcherFactory();
+
+inline constexpr int64_t kDefaultCpuKvCacheTokens = 16384;
+
+// Which routed experts a rank loads: those of its EPLB slots (placement), its contiguous range
+// when partitioned, else all of them.
+LoadOptions ExpertsToLoad(const ModelConfig& config, int world_size, int rank, bool partitioned,
+                          const std::shared_ptr<const ExpertPlacement>& placement);
+
+struct RankSpec {
+  // The group: this rank's global rank and the world; the TCP group is formed when the world has
+  // several ranks or `always_form_group` is set (the worker's lock-step loop runs over it even
+  // alone).
+  int rank = 0;
+  int world_size = 1;
+  bool always_form_group = false;
+  std::string root_address;  // rank 0 listens on it (or takes the listener handed to BuildRank)
+  uint64_t group_incarnation = 0;
+  std::string listen_host = "127.0.0.1";            // TcpCommunicatorSpec::listen_host
+  absl::Duration group_timeout = absl::Minutes(5);  // forming the TCP group and each collective
+  absl::Duration data_plane_timeout = absl::Minutes(5);  // forming NCCL and each exchange
+
+  BackendOptions backend;
+
+  // Experts: the dispatcher, what carries its exchange (auto: NCCL for a cuda backend, a
+  // partitioned dispatcher and several ranks; TCP otherwise) and the EPLB placement to start
+  // with (null: contiguous ranges; ignored unless partitioned).
+  DispatcherFactory dispatcher = LocalDispatcherFactory();
+  comm::DataPlaneChoice communicator = comm::DataPlaneChoice::kAuto;
+  std::shared_ptr<const ExpertPlacement> placement;
+
+  // The model: a checkpoint directory or "dummy:CONFIG[@SEED]", opened by `open_weights` (null:
+  // OpenWeightSource), and how it computes.
+  std::string model;
+  std::function<absl::StatusOr<std::unique_ptr<WeightSource>>(const std::string& model,
+                                                              ModelConfig* config)>
+      open_weights;
+  DecodeGraphOptions decode_graphs;
+  bool fused_ops = true;
+  PrefillAttention prefill_attention = PrefillAttention::kAuto;
+
+  // The KV cache: entries "auto" (the weights' dtype), "bfloat16" or "float32"; its size in
+  // blocks if kv_cache_blocks > 0, else in tokens if kv_cache_tokens > 0 (rounded up to whole
+  // blocks), else planned from GPU memory (memory_plan.h) on a GPU and
+  // kDefaultCpuKvCacheTokens on the CPU.
+  std::string kv_cache_dtype = "auto";
+  int32_t block_size = 16;
+  int64_t kv_cache_blocks = 0;
+  int64_t kv_cache_tokens = 0;
+  double gpu_memory_utilization = 0.9;
+  int32_t max_batch_tokens = 2048;  // sizes the activation reserve of the memory plan
+};
+
+// One rank's parts, declared so that they are destroyed in dependency order (pool, model,
+// exchange wrapper, data-plane communicator, backend, TCP communicator).
+struct RankParts {
+  std::unique_ptr<comm::TcpCommunicator> group;  // null when not formed (see RankSpec)
+  std::unique_ptr<Backend> backend;
+  // The NCCL communicator when the data plane is NCCL (uses the backend's stream); null for TCP,
+  // whose exchange runs over `group`.
+  std::unique_ptr<comm::Communicator> data_comm;
+  // What RankHooks::wrap_exchange put between the dispatcher and the data plane, if anything.
+  std::unique_ptr<comm::Communicator> exchange;
+  std::unique_ptr<CausalLm> model;
+  std::unique_ptr<KvBlockPool> pool;
+  comm::DataPlane data_plane = comm::DataPlane::kTcp;
+};
+
+struct RankHooks {
+  // Each communicator as soon as it exists (a failing group aborts them all); false: the group
+  // stopped, BuildRank aborts it and returns CANCELLED.
+  std::function<bool(comm::Communicator*)> on_communicator;
+  // Wraps the communicator the dispatcher exchanges over (the benchmark meters it).
+  std::function<std::unique_ptr<comm::Communicator>(comm::Communicator* data, Backend* backend)>
+      wrap_exchange;
+};
+
+// Builds the rank into `parts` (left as far as it got on error). `root`: rank 0's rendezvous
+// socket when the caller bound it (null: rank 0 binds root_address). Errors: INVALID_ARGUMENT for
+// a bad spec, RESOURCE_EXHAUSTED when the weights or the cache do not fit (the message names
+// every term), CANCELLED when a hook stopped it, and the communicator's, backend's or loader's
+// errors as they are. Does not wait for the other ranks (the caller's barrier does).
+absl::Status BuildRank(const RankSpec& spec, const RankHooks& hooks,
+                       std::unique_ptr<comm::TcpCommunicator::RootListener> root, RankParts* parts);
+
+}  // namespace deepinfer
+
+#endif  // DEEPINFER_WORKER_ENGINE_RANK_BUILDER_H_

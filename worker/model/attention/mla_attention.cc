@@ -1,0 +1,217 @@
+// MlaAttention: projections, latent cache write, absorbed or non-absorbed attention, o_proj.
+#include "worker/model/attention/mla_attention.h"
+
+#include <utility>
+#include <vector>
+
+namespace deepinfer {
+namespace {
+
+// HF and DeepSeek build q_a_layernorm / kv_a_layernorm without passing rms_norm_eps.
+constexpr float kLatentNormEps = 1e-6f;
+
+}  // namespace
+
+MlaAttention::MlaAttention(const ModelConfig& config, const ModelWeights* weights, Backend* backend)
+    : config_(config), weights_(weights), backend_(backend) {
+  std::vector<float> inv = config_.RopeInvFreq();
+  inv_freq_ = Floats(inv.size());
+  backend_->CopyToDevice(inv.data(), inv.size() * sizeof(float), inv_freq_->data());
+  rope_attention_factor_ = static_cast<float>(config_.RopeAttentionFactor());
+  softmax_scale_ = static_cast<float>(config_.SoftmaxScale());
+}
+
+KvCacheSpec MlaAttention::CacheSpec(const ModelConfig& c, WeightDType dtype) {
+  return PagedLatentSpec(static_cast<int32_t>(c.num_hidden_layers),
+                         static_cast<int32_t>(c.kv_lora_rank),
+                         static_cast<int32_t>(c.qk_rope_head_dim), dtype);
+}
+
+void MlaAttention::Forward(int64_t layer, const LayerContext& ctx, ActivationView h, float* out,
+                           const InputNorm* norm) {
+  const ModelConfig& c = config_;
+  const ModelWeights& W = *weights_;
+  const LayerWeights& L = W.layers[layer];
+  const int64_t T = ctx.num_tokens, H = c.hidden_size, nh = c.num_attention_heads;
+  const int64_t nope = c.qk_nope_head_dim, rope = c.qk_rope_head_dim, vd = c.v_head_dim;
+  const int64_t kvl = c.kv_lora_rank, qk = c.qk_head_dim(), qdim = nh * qk;
+  const int32_t* positions = ctx.positions;
+
+  // Queries: [T, heads, nope | rope]; latent and shared rope key: [T, kv_lora | rope].
+  auto q = Floats(T * qdim);
+  const int64_t kvw = kvl + rope;
+  auto kv = Floats(T * kvw);
+  std::unique_ptr<DeviceBuffer> qa;
+  if (c.q_lora_rank > 0) qa = Floats(T * c.q_lora_rank);
+  if (norm != nullptr) {
+    std::vector<NormedGemm> gemms;
+    if (qa != nullptr) {
+      gemms.push_back({c.q_lora_rank, W.Matrix(L.q_a), H, qa->as<float>(), c.q_lora_rank});
+    } else {
+      gemms.push_back({qdim, W.Matrix(L.q), H, q->as<float>(), qdim});
+    }
+    gemms.push_back({kvw, W.Matrix(L.kv_a), H, kv->as<float>(), kvw});
+    backend_->AddRmsNormGemms(T, H, norm->x, norm->y, norm->weight, norm->eps, norm->normed,
+                              norm->normed_bf16, gemms);
+  }
+  if (c.q_lora_rank > 0) {
+    const int64_t r = c.q_lora_rank;
+    if (norm == nullptr) {
+      backend_->Gemm(T, r, H, h, H, W.Matrix(L.q_a), H, qa->as<float>(), r, false);
+    }
+    if (ctx.bf16_operands) {
+      auto qa16 = backend_->AllocateScratch(T * r * sizeof(uint16_t));
+      backend_->AddRmsNorm(T, r, qa->as<float>(), nullptr, L.q_a_norm->as<float>(), kLatentNormEps,
+                           nullptr, qa16->as<uint16_t>());
+      backend_->Gemm(T, qdim, r, ActivationView::Bf16(qa16->as<uint16_t>()), r, W.Matrix(L.q_b), r,
+                     q->as<float>(), qdim, false);
+    } else {
+      backend_->RmsNorm(T, r, qa->as<float>(), r, L.q_a_norm->as<float>(), kLatentNormEps,
+                        qa->as<float>(), r);
+      backend_->Gemm(T, qdim, r, qa->as<float>(), r, W.Matrix(L.q_b), r, q->as<float>(), qdim,
+                     false);
+    }
+  } else if (norm == nullptr) {
+    backend_->Gemm(T, qdim, H, h, H, W.Matrix(L.q), H, q->as<float>(), qdim, false);
+  }
+  if (norm == nullptr) {
+    backend_->Gemm(T, kvw, H, h, H, W.Matrix(L.kv_a), H, kv->as<float>(), kvw, false);
+  }
+  const bool il = c.rope_interleave;
+  const PagedLatentCacheView view = ctx.cache->LayerView(static_cast<int32_t>(layer));
+  const bool mha_prefill = UsesMhaPrefill(ctx);
+  // The absorbed query (below): with fused ops in the same backend op as the cache write.
+  std::unique_ptr<DeviceBuffer> q_latent;
+  if (!mha_prefill) q_latent = Floats(T * nh * kvl);
+  bool query_absorbed = false;
+  if (ctx.fused_ops) {
+    NormRopeCacheArgs nr;
+    nr.tokens = T;
+    nr.kv = kv->as<float>();
+    nr.ld_kv = kvw;
+    nr.norm_weight = L.kv_a_norm->as<float>();
+    nr.eps = kLatentNormEps;
+    nr.q = q->as<float>() + nope;
+    nr.q_heads = nh;
+    nr.q_token_stride = qdim;
+    nr.q_head_stride = qk;
+    nr.positions = positions;
+    nr.inv_freq = inv_freq_->as<float>();
+    nr.attention_factor = rope_attention_factor_;
+    nr.interleaved = il;
+    nr.slots = ctx.slots;
+    nr.cache = view;
+    if (q_latent != nullptr) {
+      AbsorbQueryArgs aq;
+      aq.heads = nh;
+      aq.nope_dim = nope;
+      aq.latent_dim = kvl;
+      aq.q_nope = q->as<float>();
+      aq.q_token_stride = qdim;
+      aq.q_head_stride = qk;
+      aq.w_uk = W.Matrix(L.w_uk_t);
+      aq.q_latent = q_latent->as<float>();
+      backend_->NormRopeCacheAbsorbQuery(nr, aq);
+      query_absorbed = true;
+    } else {
+      backend_->NormRopeWriteLatentCache(nr);
+    }
+  } else {
+    auto latent = Floats(T * kvl);
+    backend_->RmsNorm(T, kvl, kv->as<float>(), kvw, L.kv_a_norm->as<float>(), kLatentNormEps,
+                      latent->as<float>(), kvl);
+    backend_->ApplyRope(T, 1, kv->as<float>() + kvl, kvw, 0, rope, positions,
+                        inv_freq_->as<float>(), rope_attention_factor_, il);
+    backend_->ApplyRope(T, nh, q->as<float>() + nope, qdim, qk, rope, positions,
+                        inv_freq_->as<float>(), rope_attention_factor_, il);
+    backend_->WriteLatentCache(T, latent->as<float>(), kvl, kv->as<float>() + kvl, kvw, ctx.slots,
+                               view);
+  }
+
+  if (mha_prefill && MhaPrefillAttention(layer, ctx, q->as<float>(), view, out)) return;
+
+  // Absorb W_uk into the query: q_latent[t, h] = q_nope[t, h] · W_uk[h], all heads in one
+  // batched GEMM (head h: the nope slice of q's head h, block h of w_uk_t, column block h).
+  if (q_latent == nullptr) q_latent = Floats(T * nh * kvl);  // MHA prefill declined the batch
+  if (!query_absorbed) {
+    backend_->BatchedGemm(nh, T, kvl, nope, q->as<float>(), qdim, qk, W.Matrix(L.w_uk_t), nope,
+                          kvl * nope, q_latent->as<float>(), nh * kvl, kvl);
+  }
+  auto o_latent = Floats(T * nh * kvl);
+  MlaAttentionArgs args;
+  args.num_tokens = static_cast<int32_t>(T);
+  args.num_heads = static_cast<int32_t>(nh);
+  args.q_latent = q_latent->as<float>();
+  args.q_rope = q->as<float>() + nope;
+  args.q_rope_token_stride = qdim;
+  args.q_rope_head_stride = qk;
+  args.cache = view;
+  args.block_tables = ctx.block_tables;
+  args.max_blocks_per_seq = ctx.max_blocks_per_seq;
+  args.token_seq = ctx.token_seq;
+  args.context_len = ctx.context_len;
+  args.softmax_scale = softmax_scale_;
+  args.out_latent = o_latent->as<float>();
+  args.sequences = ctx.spans.data();
+  args.num_sequences = static_cast<int32_t>(ctx.spans.size());
+  args.max_context_hint = ctx.max_context_hint;
+  backend_->MlaAttention(args);
+
+  // Lift back through W_uv (value half of kv_b, rows h*(nope+v)+nope ..) and project out.
+  auto o = Floats(T * nh * vd);
+  backend_->BatchedGemm(nh, T, vd, kvl, o_latent->as<float>(), nh * kvl, kvl,
+                        W.Matrix(L.kv_b).Offset(nope * kvl), kvl, (nope + vd) * kvl, o->as<float>(),
+                        nh * vd, vd);
+  backend_->Gemm(T, H, nh * vd, o->as<float>(), nh * vd, W.Matrix(L.o_proj), nh * vd, out, H,
+                 false);
+}
+
+bool MlaAttention::UsesMhaPrefill(const LayerContext& ctx) const {
+  if (prefill_attention_ == PrefillAttention::kAbsorbed || ctx.device_only || ctx.spans.empty()) {
+    return false;
+  }
+  const int32_t min_tokens =
+      prefill_attention_ == PrefillAttention::kMha ? 2 : kMhaPrefillMinTokens;
+  for (const MlaSequenceSpan& s : ctx.spans) {
+    if (s.num_tokens < min_tokens) return false;
+  }
+  return true;
+}
+
+bool MlaAttention::MhaPrefillAttention(int64_t layer, const LayerContext& ctx, const float* q,
+                                       const PagedLatentCacheView& view, float* out) {
+  const ModelConfig& c = config_;
+  const LayerWeights& L = weights_->layers[layer];
+  const int64_t T = ctx.num_tokens, H = c.hidden_size, nh = c.num_attention_heads;
+  const int64_t vd = c.v_head_dim, qk = c.qk_head_dim();
+  const bool bf16_out = ctx.bf16_operands;
+  auto o = backend_->AllocateScratch(T * nh * vd * (bf16_out ? sizeof(uint16_t) : sizeof(float)));
+  MhaPrefillArgs args;
+  args.num_tokens = static_cast<int32_t>(T);
+  args.num_heads = static_cast<int32_t>(nh);
+  args.nope_dim = static_cast<int32_t>(c.qk_nope_head_dim);
+  args.v_dim = static_cast<int32_t>(vd);
+  args.q = q;
+  args.q_token_stride = nh * qk;
+  args.q_head_stride = qk;
+  args.cache = view;
+  args.block_tables = ctx.block_tables;
+  args.max_blocks_per_seq = ctx.max_blocks_per_seq;
+  args.kv_b = weights_->Matrix(L.kv_b);
+  args.sequences = ctx.spans.data();
+  args.num_sequences = static_cast<int32_t>(ctx.spans.size());
+  args.softmax_scale = softmax_scale_;
+  if (bf16_out) {
+    args.out_bf16 = o->as<uint16_t>();
+  } else {
+    args.out = o->as<float>();
+  }
+  if (!backend_->MhaPrefillAttention(args)) return false;
+  const ActivationView o_view =
+      bf16_out ? ActivationView::Bf16(o->as<uint16_t>()) : ActivationView(o->as<float>());
+  backend_->Gemm(T, H, nh * vd, o_view, nh * vd, weights_->Matrix(L.o_proj), nh * vd, out, H,
+                 false);
+  return true;
+}
+
+}  // namespace deepinfer

@@ -1,0 +1,87 @@
+// CausalLm: the model as the engine, the rank builder, the memory plan, the benchmark and the
+// tests see it, whatever its architecture. A model steps a batch of sequences through the paged
+// KV cache it declared (CacheSpec), optionally records its decode steps (DecodeGraphRunner), and,
+// when it has routed experts, counts their load and changes their placement (EPLB).
+//
+// Concrete architectures live in worker/model/ and are made by the registry
+// (model_registry.h) from config.json's `architectures`; nothing outside worker/model/ names one.
+#ifndef DEEPINFER_WORKER_MODEL_CAUSAL_LM_H_
+#define DEEPINFER_WORKER_MODEL_CAUSAL_LM_H_
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <optional>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "coordinator/eplb/expert_placement.h"
+#include "worker/kv_cache/kv_block_pool.h"
+#include "worker/kv_cache/kv_cache_spec.h"
+#include "worker/model/attention/prefill_attention.h"
+#include "worker/model/decode_graph_runner.h"
+#include "worker/model/model_config.h"
+#include "worker/model/model_weights.h"
+#include "worker/model/step_batch.h"
+
+namespace deepinfer {
+
+class CausalLm {
+ public:
+  virtual ~CausalLm() = default;
+
+  virtual const ModelConfig& config() const = 0;
+
+  // The KV cache this model reads and writes, per layer group, with entries in the backend's
+  // weight dtype (a caller may store them otherwise: KvCacheSpec::WithDType).
+  virtual KvCacheSpec CacheSpec() const = 0;
+
+  // Runs one forward step (prefill, chunked prefill and decode of many sequences are the same
+  // call; see SequenceStep). An empty batch still runs every layer, so an expert-parallel rank
+  // without tokens takes part in each MoE layer's exchange. Not thread-safe: one engine loop
+  // drives a model. INVALID_ARGUMENT for malformed sequences (no tokens, block table too short,
+  // token outside the vocabulary) or a cache made for another spec; FAILED_PRECONDITION if a
+  // token is routed to an expert the dispatcher cannot serve; a communicator's error as it is;
+  // the backend's first error (Backend::status()) if it has one.
+  virtual absl::StatusOr<StepOutput> Step(const std::vector<SequenceStep>& batch,
+                                          KvBlockPool* cache) = 0;
+
+  // How steps are computed, never what they compute (bit for bit on the CPU backend).
+  // Replaces the decode graph options (drops graphs recorded so far).
+  virtual void SetDecodeGraphOptions(const DecodeGraphOptions& options) = 0;
+  virtual const DecodeGraphOptions& decode_graph_options() const = 0;
+  // Fused ops (default on; docs/model.md "Step API"). Drops recorded decode graphs.
+  virtual void SetFusedOps(bool on) = 0;
+  virtual bool fused_ops() const = 0;
+  // The MLA prefill form (models without MLA attention ignore it).
+  virtual void SetPrefillAttention(PrefillAttention form) = 0;
+  virtual PrefillAttention prefill_attention() const = 0;
+  // Decode steps that ran on the padded bucket path and graphs recorded so far (tests, logs).
+  virtual int64_t decode_graph_steps() const = 0;
+  virtual int64_t decode_graphs_recorded() const = 0;
+
+  // Routed experts (EPLB, docs/eplb.md); a model without them has no MoE layers and the calls
+  // below do nothing. Layer numbers are MoE layers (0 = the first MoE layer).
+  virtual int64_t num_moe_layers() const = 0;
+  // Tokens routed to each logical expert since the last call, [num_moe_layers][n_routed_experts]
+  // row-major, counted on the device by every Step (of the tokens this rank routes); reading
+  // resets them. Copies from the device: call between steps.
+  virtual std::vector<int64_t> TakeExpertCounts() = 0;
+  // Live placement change, in two halves so that loading can happen before the switch:
+  // MissingExperts lists, per MoE layer, the experts of `needed` (the logical experts this rank
+  // hosts under the new placement) whose weights are not loaded here; SwitchPlacement takes
+  // those weights (`loaded`), hands the placement to the dispatcher and frees the experts no
+  // longer hosted. FAILED_PRECONDITION if a needed expert has no weights (nothing changes then);
+  // the dispatcher's error for a placement that does not fit. Call between steps, on every rank
+  // of the group at the same step.
+  virtual std::vector<std::vector<int64_t>> MissingExperts(
+      const std::vector<std::vector<int64_t>>& needed) const = 0;
+  virtual absl::Status SwitchPlacement(std::shared_ptr<const ExpertPlacement> placement,
+                                       const std::vector<std::vector<int64_t>>& needed,
+                                       std::vector<std::map<int64_t, MlpWeights>> loaded) = 0;
+};
+
+}  // namespace deepinfer
+
+#endif  // DEEPINFER_WORKER_MODEL_CAUSAL_LM_H_

@@ -1,0 +1,242 @@
+// DecodeGraphRunner: buckets, padding, context classes, record and replay.
+#include "worker/model/decode_graph_runner.h"
+
+#include <algorithm>
+#include <chrono>
+#include <limits>
+#include <string>
+
+#include "absl/strings/str_format.h"
+#include "glog/logging.h"
+
+namespace deepinfer {
+
+// Inputs and outputs of one bucket's decode step stay at fixed device addresses: the recorded
+// ops read and write exactly these (layout: see the header's top comment).
+struct DecodeGraphRunner::Graph {
+  int64_t bucket = 0;
+  int32_t max_context_hint = 0;  // the context class's bound
+  std::unique_ptr<DeviceBuffer> inputs, outputs;
+  std::vector<int32_t> host_inputs;  // staging for the one upload per step
+  std::unique_ptr<CapturedOps> ops;  // null until recorded (or with replay off)
+};
+
+std::vector<int64_t> DecodeGraphBuckets(int64_t max_batch) {
+  std::vector<int64_t> buckets;
+  for (int64_t b : {1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 160, 192, 256}) {
+    if (b < max_batch) buckets.push_back(b);
+  }
+  for (int64_t b = 320; b < max_batch; b += 64) buckets.push_back(b);
+  if (max_batch >= 1) buckets.push_back(max_batch);
+  return buckets;
+}
+
+DecodeGraphRunner::DecodeGraphRunner(Backend* backend, DecodeGraphModel model)
+    : backend_(backend), model_(std::move(model)) {
+  buckets_ = DecodeGraphBuckets(options_.max_batch);
+}
+
+DecodeGraphRunner::~DecodeGraphRunner() { Drop(); }
+
+void DecodeGraphRunner::SetOptions(const DecodeGraphOptions& options) {
+  options_ = options;
+  buckets_ = DecodeGraphBuckets(options.max_batch);
+  Drop();
+  failed_.clear();
+}
+
+void DecodeGraphRunner::Drop() {
+  // Recorded ops may still be running: they must finish before their buffers are freed.
+  if (!graphs_.empty()) backend_->Synchronize();
+  graphs_.clear();
+}
+
+DecodeGraphInputs DecodeGraphRunner::InputsOf(const Graph& g) const {
+  const int64_t B = g.bucket;
+  const int32_t* in = g.inputs->as<int32_t>();
+  DecodeGraphInputs d;
+  d.rows = B;
+  d.ids = in;
+  d.positions = in + B;
+  d.slots = in + 2 * B;
+  d.token_seq = in + 3 * B;
+  d.context_len = in + 4 * B;
+  d.counted = in + 5 * B;
+  d.block_tables = in + 5 * B + 1;
+  d.max_blocks_per_seq = max_blocks_;
+  d.max_context_hint = g.max_context_hint;
+  d.cache = cache_;
+  int32_t* out = g.outputs->as<int32_t>();
+  d.out_tokens = out;
+  d.out_logprobs = reinterpret_cast<float*>(out + B);
+  return d;
+}
+
+std::optional<absl::StatusOr<StepOutput>> DecodeGraphRunner::Run(
+    const std::vector<SequenceStep>& batch, KvBlockPool* cache) {
+  const int64_t n = static_cast<int64_t>(batch.size());
+  if (!options_.enabled || n == 0 || buckets_.empty() || n > buckets_.back() ||
+      !backend_->SupportsCapture()) {
+    return std::nullopt;
+  }
+  if (model_.available && !model_.available()) return std::nullopt;
+  const int32_t bs = cache->block_size();
+  // The graphs' fixed block-table width: the longest sequence the cache (and the model) allows.
+  int32_t max_blocks = cache->num_blocks();
+  if (model_.max_position_embeddings > 0) {
+    max_blocks = std::min<int32_t>(
+        max_blocks, static_cast<int32_t>((model_.max_position_embeddings + bs - 1) / bs));
+  }
+  for (const SequenceStep& s : batch) {
+    if (s.tokens.size() != 1 || s.return_logits || !s.sampling.has_value() ||
+        s.sampling->temperature > 0.0f || s.sampling->num_logprobs != 0) {
+      return std::nullopt;
+    }
+    // Malformed input goes the general way, which names what is wrong.
+    const int64_t needed = s.position_offset / bs + 1;
+    if (s.tokens[0] < 0 || s.tokens[0] >= model_.vocab_size || s.position_offset < 0 ||
+        static_cast<int64_t>(s.block_table.size()) < needed || needed > max_blocks) {
+      return std::nullopt;
+    }
+    for (int64_t b = 0; b < needed; ++b) {
+      if (s.block_table[b] < 0 || s.block_table[b] >= cache->num_blocks()) return std::nullopt;
+    }
+  }
+  const int64_t bucket = *std::lower_bound(buckets_.begin(), buckets_.end(), n);
+  // The context class: the backend's attention may pick its kernel by the longest context, which
+  // a recording cannot see, so batches up to the break and above it get a graph each.
+  int64_t max_context = 1;  // padding rows see one position
+  for (const SequenceStep& s : batch) max_context = std::max(max_context, s.position_offset + 1);
+  const int32_t context_break = model_.context_break ? model_.context_break(bucket) : 0;
+  const int32_t context_class = context_break > 0 && max_context > context_break ? 1 : 0;
+  const GraphKey key(bucket, context_class);
+  if (failed_.count(key)) return std::nullopt;
+
+  // Graphs hold the cache's addresses and a block of it for padding rows: a new cache (or a new
+  // geometry) means new graphs.
+  if (cache_id_ != cache->id() || max_blocks_ != max_blocks) {
+    Drop();
+    cache_id_ = 0;
+    cache_ = nullptr;
+    padding_block_ = -1;
+    absl::StatusOr<std::vector<int32_t>> block = cache->Allocate(1);
+    if (!block.ok()) return std::nullopt;  // full: try again with the next step
+    cache_id_ = cache->id();
+    cache_ = cache;
+    padding_block_ = (*block)[0];
+    max_blocks_ = max_blocks;
+  }
+
+  std::unique_ptr<Graph>& slot = graphs_[key];
+  const bool first_use = slot == nullptr;
+  if (first_use) {
+    slot = std::make_unique<Graph>();
+    slot->bucket = bucket;
+    // Class 0 under a break: the break; otherwise the longest context the graph can see.
+    slot->max_context_hint =
+        context_break > 0 && context_class == 0
+            ? context_break
+            : static_cast<int32_t>(std::min<int64_t>(static_cast<int64_t>(max_blocks) * bs,
+                                                     std::numeric_limits<int32_t>::max()));
+    const size_t ints = 5 * bucket + 1 + bucket * static_cast<size_t>(max_blocks);
+    slot->host_inputs.assign(ints, 0);
+    slot->inputs = backend_->Allocate(ints * sizeof(int32_t));
+    slot->outputs = backend_->Allocate(2 * bucket * sizeof(int32_t));
+  }
+  Graph& g = *slot;
+  const int64_t B = bucket;
+  int32_t* in = g.host_inputs.data();
+  int32_t* tables = in + 5 * B + 1;
+  const int32_t pad_slot = padding_block_ * bs;
+  for (int64_t i = 0; i < B; ++i) {
+    int32_t* row = tables + i * max_blocks;
+    std::fill(row, row + max_blocks, padding_block_);
+    in[3 * B + i] = static_cast<int32_t>(i);  // token_seq
+    if (i < n) {
+      const SequenceStep& s = batch[i];
+      const int64_t pos = s.position_offset;
+      const int64_t used =
+          std::min<int64_t>(static_cast<int64_t>(s.block_table.size()), max_blocks);
+      std::copy(s.block_table.begin(), s.block_table.begin() + used, row);
+      in[i] = s.tokens[0];
+      in[B + i] = static_cast<int32_t>(pos);
+      in[2 * B + i] = s.block_table[pos / bs] * bs + static_cast<int32_t>(pos % bs);
+      in[4 * B + i] = static_cast<int32_t>(pos + 1);
+    } else {
+      // Padding: token 0 at position 0 of the reserved block, seeing only itself.
+      in[i] = 0;
+      in[B + i] = 0;
+      in[2 * B + i] = pad_slot;
+      in[4 * B + i] = 1;
+    }
+  }
+  in[5 * B] = static_cast<int32_t>(n * model_.counted_per_row);  // real rows only
+  backend_->CopyToDevice(in, g.host_inputs.size() * sizeof(int32_t), g.inputs->data());
+  const DecodeGraphInputs inputs = InputsOf(g);
+
+  if (g.ops != nullptr) {
+    if (absl::Status st = g.ops->Replay(); !st.ok()) return absl::StatusOr<StepOutput>(st);
+  } else {
+    // First use (or replay off): run the same ops eagerly. This also loads every kernel once
+    // before anything is recorded.
+    absl::Status st = model_.forward(inputs);
+    if (!st.ok()) {
+      if (st.code() != absl::StatusCode::kFailedPrecondition) {
+        return absl::StatusOr<StepOutput>(st);
+      }
+      // The device path refused (e.g. routed experts it cannot run): the layers before it only
+      // rewrote this step's cache entries, which the general path writes again.
+      LOG(WARNING) << "decode graphs: batch bucket " << B << " (context class " << context_class
+                   << ") runs eagerly: " << st;
+      failed_.insert(key);
+      graphs_.erase(key);
+      return std::nullopt;
+    }
+  }
+  std::vector<int32_t> out_host(2 * B);
+  backend_->CopyToHost(g.outputs->data(), 2 * B * sizeof(int32_t), out_host.data());
+  if (absl::Status st = backend_->status(); !st.ok()) return absl::StatusOr<StepOutput>(st);
+  ++steps_;
+
+  if (first_use && options_.replay) {
+    // Record for the next steps (nothing runs now).
+    const auto t0 = std::chrono::steady_clock::now();
+    absl::StatusOr<DeviceMemoryInfo> before = backend_->MemoryInfo();
+    absl::StatusOr<std::unique_ptr<CapturedOps>> ops =
+        backend_->Capture([&] { return model_.forward(inputs); }, CaptureOptions{B});
+    if (!ops.ok()) {
+      LOG(WARNING) << "decode graphs: recording batch bucket " << B << " (context class "
+                   << context_class << ") failed, it runs eagerly: " << ops.status();
+      failed_.insert(key);
+      graphs_.erase(key);
+    } else {
+      g.ops = std::move(*ops);
+      ++graphs_recorded_;
+      const double ms =
+          std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+      absl::StatusOr<DeviceMemoryInfo> after = backend_->MemoryInfo();
+      std::string mem;
+      if (before.ok() && after.ok()) {
+        mem = absl::StrFormat(
+            ", device memory in use +%.1f MiB",
+            (static_cast<double>(before->free_bytes) - after->free_bytes) / (1 << 20));
+      }
+      LOG(INFO) << absl::StrFormat(
+          "decode graph for batch bucket %d (context class %d, attention sees <= %d positions) "
+          "recorded in %.1f ms%s",
+          B, context_class, g.max_context_hint, ms, mem);
+    }
+  }
+
+  StepOutput out;
+  out.logits.resize(n);
+  out.sampled.resize(n);
+  const float* logprobs = reinterpret_cast<const float*>(out_host.data() + B);
+  for (int64_t i = 0; i < n; ++i) {
+    out.sampled[i].token = out_host[i];
+    out.sampled[i].logprob = logprobs[i];
+  }
+  return absl::StatusOr<StepOutput>(std::move(out));
+}
+
+}  // namespace deepinfer

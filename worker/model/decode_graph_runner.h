@@ -1,0 +1,133 @@
+// DecodeGraphRunner: decode steps padded to a batch-size bucket and replayed from ops recorded
+// once per bucket (Backend::Capture: CUDA graphs), for any architecture.
+//
+// A step takes this path when the backend can record, every sequence brings exactly one new
+// token, is greedy-sampled on the device (sampling set, temperature <= 0, no top logprobs, no
+// logits returned), the model says the path is available (DecodeGraphModel::available: e.g. its
+// routed experts run on the device) and the batch fits the largest bucket; Run returns nullopt
+// otherwise and the model runs its general path.
+//
+// The runner owns the padding and the fixed device addresses: per bucket, the inputs
+// (ids | positions | slots | token_seq | context_len [bucket each] | counted rows [1] |
+// block tables [bucket, max_blocks]) and outputs (token int32 | logprob float [bucket each]).
+// Padding rows decode token 0 at position 0 of a cache block the runner keeps for them, seeing
+// only themselves. The model's part is one device-only forward over those inputs
+// (DecodeGraphModel::forward), run eagerly on first use (which also loads every kernel), then
+// recorded and replayed. A backend whose attention kernel depends on the context
+// (DecodeGraphModel::context_break > 0) gets two graphs per bucket, for batches whose longest
+// context is up to the break and above it.
+#ifndef DEEPINFER_WORKER_MODEL_DECODE_GRAPH_RUNNER_H_
+#define DEEPINFER_WORKER_MODEL_DECODE_GRAPH_RUNNER_H_
+
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <optional>
+#include <set>
+#include <utility>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "worker/backend/backend.h"
+#include "worker/kv_cache/kv_block_pool.h"
+#include "worker/model/step_batch.h"
+
+namespace deepinfer {
+
+struct DecodeGraphOptions {
+  bool enabled = true;      // --cuda-graphs
+  int64_t max_batch = 256;  // --cuda-graph-max-batch: the largest bucket (>= 1)
+  // false: run the padded per-bucket decode path without recording it (tests: tells the effect
+  // of padding apart from that of replay).
+  bool replay = true;
+};
+
+// Batch sizes decode steps are padded to: 1 2 4 8 16 24 32 48 64 96 128 160 192 256, then
+// steps of 64, those <= max_batch, and max_batch itself last.
+std::vector<int64_t> DecodeGraphBuckets(int64_t max_batch);
+
+// One bucket's device inputs and outputs, at fixed addresses for as long as its graph lives.
+struct DecodeGraphInputs {
+  int64_t rows = 0;  // the bucket
+  const int32_t* ids = nullptr;
+  const int32_t* positions = nullptr;
+  const int32_t* slots = nullptr;  // cache slot (block * block_size + offset) per row
+  const int32_t* token_seq = nullptr;
+  const int32_t* context_len = nullptr;
+  // Real rows x DecodeGraphModel::counted_per_row (EPLB counts only real rows' routing).
+  const int32_t* counted = nullptr;
+  const int32_t* block_tables = nullptr;  // [rows, max_blocks_per_seq]
+  int32_t max_blocks_per_seq = 0;
+  // Longest context any row may have in this graph (the context class's bound).
+  int32_t max_context_hint = 0;
+  KvBlockPool* cache = nullptr;
+  int32_t* out_tokens = nullptr;  // [rows], greedy pick per row
+  float* out_logprobs = nullptr;  // [rows]
+};
+
+// What the runner needs from the architecture.
+struct DecodeGraphModel {
+  // The device-only decode step over `in` (embedding to greedy pick): what is recorded. Must not
+  // touch the host. FAILED_PRECONDITION: it cannot run this bucket on the device (the bucket
+  // then runs the general path from then on); other errors are the step's.
+  std::function<absl::Status(const DecodeGraphInputs& in)> forward;
+  // Whether the path applies at all now (null: always).
+  std::function<bool()> available;
+  // The backend's context break for a bucket (0: one graph per bucket; null: 0).
+  std::function<int32_t(int64_t bucket)> context_break;
+  int64_t vocab_size = 0;
+  int64_t max_position_embeddings = 0;  // bounds the block tables' width (0: the cache's size)
+  int64_t counted_per_row = 0;          // DecodeGraphInputs::counted = real rows x this
+};
+
+class DecodeGraphRunner {
+ public:
+  DecodeGraphRunner(Backend* backend, DecodeGraphModel model);
+  ~DecodeGraphRunner();  // Drop()
+  DecodeGraphRunner(const DecodeGraphRunner&) = delete;
+  DecodeGraphRunner& operator=(const DecodeGraphRunner&) = delete;
+
+  // Replaces the options: drops the graphs and forgets buckets that failed.
+  void SetOptions(const DecodeGraphOptions& options);
+  const DecodeGraphOptions& options() const { return options_; }
+  // Drops the recorded graphs (waiting for them to finish): the model's addresses they hold
+  // changed (new expert tables, other fused ops).
+  void Drop();
+
+  // The step through a bucket's graph, or nullopt when the batch does not qualify (the caller
+  // runs its general path, which also reports malformed input).
+  std::optional<absl::StatusOr<StepOutput>> Run(const std::vector<SequenceStep>& batch,
+                                                KvBlockPool* cache);
+
+  // Steps that ran on the padded bucket path (replayed or, with replay off, eager) and graphs
+  // recorded so far.
+  int64_t steps() const { return steps_; }
+  int64_t graphs_recorded() const { return graphs_recorded_; }
+
+ private:
+  struct Graph;
+  // Graphs per (bucket, context class): class 0 for batches whose longest context is at most the
+  // context break for the bucket (the only class where it is 0), 1 above.
+  using GraphKey = std::pair<int64_t, int32_t>;
+  DecodeGraphInputs InputsOf(const Graph& g) const;
+
+  Backend* const backend_;
+  const DecodeGraphModel model_;
+  DecodeGraphOptions options_;
+  std::vector<int64_t> buckets_;
+  std::map<GraphKey, std::unique_ptr<Graph>> graphs_;
+  std::set<GraphKey> failed_;  // recording or the device path failed: general path from then on
+  // Graphs hold the cache's addresses and one of its blocks for padding rows: valid for the
+  // cache they were made with.
+  uint64_t cache_id_ = 0;
+  KvBlockPool* cache_ = nullptr;
+  int32_t padding_block_ = -1;
+  int32_t max_blocks_ = 0;  // fixed block-table width of the graphs
+  int64_t steps_ = 0;
+  int64_t graphs_recorded_ = 0;
+};
+
+}  // namespace deepinfer
+
+#endif  // DEEPINFER_WORKER_MODEL_DECODE_GRAPH_RUNNER_H_

@@ -1,0 +1,257 @@
+// MoeBlock: routing, routed experts (on the device or through the dispatcher), shared experts,
+// expert counts and placement switches.
+#include "worker/model/moe/moe_block.h"
+
+#include <algorithm>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "worker/model/layers/swiglu_mlp.h"
+#include "worker/model/moe/noaux_tc_router.h"
+
+namespace deepinfer {
+
+MoeBlock::MoeBlock(const ModelConfig& config, ModelWeights* weights, Backend* backend,
+                   std::unique_ptr<ExpertDispatcher> dispatcher, std::function<void()> drop_graphs)
+    : config_(config),
+      weights_(weights),
+      backend_(backend),
+      dispatcher_(std::move(dispatcher)),
+      drop_graphs_(std::move(drop_graphs)) {
+  BuildExpertTables();
+  for (int64_t l = 0; l < config_.num_hidden_layers; ++l) {
+    moe_index_.push_back(weights_->layers[l].moe ? num_moe_layers_++ : -1);
+  }
+  if (num_moe_layers_ > 0) {
+    expert_counts_ =
+        backend_->Allocate(num_moe_layers_ * config_.n_routed_experts * sizeof(int64_t));
+  }
+}
+
+absl::Status MoeBlock::Forward(int64_t layer, int64_t rows, const float* h, ActivationView h_gemm,
+                               float* out, const LayerContext& ctx,
+                               const RouteTokensArgs::Norm* norm) {
+  const ModelConfig& c = config_;
+  const LayerWeights& L = weights_->layers[layer];
+  const int64_t H = c.hidden_size, E = c.n_routed_experts, K = c.num_experts_per_tok;
+  const int64_t I = c.moe_intermediate_size;
+  const int64_t moe = moe_index_[layer];
+  auto topk_ids = backend_->AllocateScratch(rows * K * sizeof(int32_t));
+  auto topk_w = Floats(rows * K);
+  RouteTokensArgs ra =
+      NoauxTcRouteArgs(c, L, rows, h, topk_ids->as<int32_t>(), topk_w->as<float>());
+  if (norm != nullptr) ra.norm = *norm;
+  // EPLB load statistics, on the device (read back by TakeExpertCounts). A refused device-only
+  // step must have counted nothing, so such a step counts in the routing op only for a size
+  // whose routed experts the backend has run on the device before; otherwise after the path is
+  // known, as its own op.
+  int64_t* counts = expert_counts_->as<int64_t>() + moe * E;
+  const bool count_in_route = !ctx.device_only || device_expert_rows_.count(rows) > 0;
+  if (count_in_route) {
+    ra.expert_counts = counts;
+    ra.count_limit = ctx.counted_pairs;
+  }
+  backend_->RouteTokens(ra);
+  auto count = [&] {
+    if (count_in_route) return;
+    backend_->AccumulateExpertCounts(rows * K, topk_ids->as<int32_t>(), E, ctx.counted_pairs,
+                                     counts);
+  };
+
+  absl::Status st;
+  bool shared_done = false;
+  if (!expert_tables_.empty() &&
+      RoutedExpertsOnDevice(layer, rows, h, topk_ids->as<int32_t>(), topk_w->as<float>(), out,
+                            ctx.fused_ops, &shared_done)) {
+    if (ctx.device_only) device_expert_rows_.insert(rows);
+    count();
+    if (shared_done) return absl::OkStatus();
+    return SharedExperts(L, rows, h_gemm, out, ctx);
+  }
+  if (ctx.device_only) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("the backend cannot run the routed experts of ", rows,
+                     " tokens on the device (Backend::RoutedExperts)"));
+  }
+  count();
+  DispatchedTokens d;
+  st = dispatcher_->Dispatch(moe, rows, K, h, topk_ids->as<int32_t>(), topk_w->as<float>(), &d);
+  if (!st.ok()) return st;
+  std::vector<WeightView> gate_up, down;
+  for (int64_t e : dispatcher_->local_experts(moe)) {
+    const MlpWeights& ew = L.experts.at(e);
+    gate_up.push_back(weights_->Matrix(ew.gate_up));
+    down.push_back(weights_->Matrix(ew.down));
+  }
+  auto expert_out = Floats(std::max<int64_t>(1, d.num_rows) * H);
+  if (d.num_rows > 0) {
+    auto gu = Floats(d.num_rows * 2 * I);
+    backend_->GroupedGemm(d.group_offsets, gate_up, 2 * I, H, d.hidden->as<float>(),
+                          gu->as<float>());
+    auto act = Floats(d.num_rows * I);
+    backend_->SiluMul(d.num_rows, I, gu->as<float>(), act->as<float>());
+    backend_->GroupedGemm(d.group_offsets, down, H, I, act->as<float>(), expert_out->as<float>());
+  }
+  // out = routed sum (experts ascending) + shared experts, as HF and DeepSeek add them.
+  auto zero = backend_->Allocate(rows * H * sizeof(float));
+  backend_->CopyDeviceToDevice(zero->data(), rows * H * sizeof(float), out);
+  st = dispatcher_->Combine(d, expert_out->as<float>(), out);
+  if (!st.ok()) return st;
+  return SharedExperts(L, rows, h_gemm, out, ctx);
+}
+
+bool MoeBlock::RoutedExpertsOnDevice(int64_t layer, int64_t rows, const float* h,
+                                     const int32_t* topk_ids, const float* topk_w, float* out,
+                                     bool fused_ops, bool* shared_done) {
+  const ModelConfig& c = config_;
+  RoutedExpertsArgs a;
+  a.num_tokens = static_cast<int32_t>(rows);
+  a.top_k = static_cast<int32_t>(c.num_experts_per_tok);
+  a.num_experts = static_cast<int32_t>(c.n_routed_experts);
+  a.hidden_size = c.hidden_size;
+  a.inter = c.moe_intermediate_size;
+  a.hidden = h;
+  a.topk_ids = topk_ids;
+  a.topk_weights = topk_w;
+  a.slot_of_expert = expert_slots_->as<int32_t>();
+  a.gate_up = static_cast<const void* const*>(expert_tables_[layer].gate_up->data());
+  a.down = static_cast<const void* const*>(expert_tables_[layer].down->data());
+  a.gate_up_host = expert_tables_[layer].gate_up_host.data();
+  a.down_host = expert_tables_[layer].down_host.data();
+  a.dtype = weights_->matrix_dtype;
+  a.out = out;
+  *shared_done = false;
+  // The shared experts in the same op where the backend can (decode); fused ops only, so the
+  // op-by-op mode keeps the separate shared-expert ops.
+  if (fused_ops && c.n_shared_experts > 0) {
+    const MlpWeights& shared = weights_->layers[layer].shared;
+    a.shared_inter = shared.inter;
+    a.shared_gate_up = weights_->Matrix(shared.gate_up).data;
+    a.shared_down = weights_->Matrix(shared.down).data;
+    if (backend_->RoutedAndSharedExperts(a)) {
+      *shared_done = true;
+      return true;
+    }
+  }
+  return backend_->RoutedExperts(a);
+}
+
+// out += shared experts(h), after the routed sum, as HF and DeepSeek add them.
+absl::Status MoeBlock::SharedExperts(const LayerWeights& L, int64_t rows, ActivationView h,
+                                     float* out, const LayerContext& ctx) {
+  if (config_.n_shared_experts == 0) return absl::OkStatus();
+  // Fused: the down projection adds into out itself (one fp32 addition per element, as Add).
+  if (ctx.fused_ops)
+    return SwiGluMlp(backend_, *weights_, L.shared, config_.hidden_size, rows, h, out,
+                     /*accumulate=*/true, ctx.bf16_operands);
+  const int64_t H = config_.hidden_size;
+  auto shared = Floats(rows * H);
+  absl::Status st = SwiGluMlp(backend_, *weights_, L.shared, H, rows, h, shared->as<float>(), false,
+                              ctx.bf16_operands);
+  if (!st.ok()) return st;
+  backend_->Add(rows * H, out, shared->as<float>(), out);
+  return absl::OkStatus();
+}
+
+std::vector<int64_t> MoeBlock::TakeExpertCounts() {
+  const size_t n = static_cast<size_t>(num_moe_layers_ * config_.n_routed_experts);
+  std::vector<int64_t> counts(n, 0);
+  if (n == 0) return counts;
+  backend_->CopyToHost(expert_counts_->data(), n * sizeof(int64_t), counts.data());
+  const std::vector<int64_t> zero(n, 0);
+  backend_->CopyToDevice(zero.data(), n * sizeof(int64_t), expert_counts_->data());
+  return counts;
+}
+
+std::vector<std::vector<int64_t>> MoeBlock::MissingExperts(
+    const std::vector<std::vector<int64_t>>& needed) const {
+  std::vector<std::vector<int64_t>> missing(needed.size());
+  for (int64_t l = 0; l < config_.num_hidden_layers; ++l) {
+    const int64_t moe = moe_index_[l];
+    if (moe < 0 || moe >= static_cast<int64_t>(needed.size())) continue;
+    for (int64_t e : needed[moe]) {
+      if (!weights_->layers[l].experts.count(e) &&
+          std::find(missing[moe].begin(), missing[moe].end(), e) == missing[moe].end()) {
+        missing[moe].push_back(e);
+      }
+    }
+  }
+  return missing;
+}
+
+// One rank with every expert: device tables for Backend::RoutedExperts (expert e in slot e),
+// rebuilt whenever the experts' buffers may have changed (a placement switch). bf16 weights
+// only: fp32 is the parity mode, and there the dispatcher path keeps one rank bit-identical to
+// expert parallelism (same GEMM calls, same combine order; ep_expert_dispatcher_gpu_test).
+void MoeBlock::BuildExpertTables() {
+  if (drop_graphs_) drop_graphs_();  // they hold the tables' addresses
+  expert_tables_.clear();
+  device_expert_rows_.clear();
+  const int64_t E = config_.n_routed_experts;
+  if (dispatcher_ != nullptr && dispatcher_->single_rank() &&
+      weights_->matrix_dtype == WeightDType::kBFloat16 &&
+      static_cast<int64_t>(dispatcher_->local_experts(0).size()) == E) {
+    std::vector<int32_t> slots(E);
+    for (int64_t e = 0; e < E; ++e) slots[e] = static_cast<int32_t>(e);
+    expert_slots_ = backend_->Allocate(E * sizeof(int32_t));
+    backend_->CopyToDevice(slots.data(), E * sizeof(int32_t), expert_slots_->data());
+    expert_tables_.resize(config_.num_hidden_layers);
+    for (int64_t l = 0; l < config_.num_hidden_layers; ++l) {
+      const LayerWeights& L = weights_->layers[l];
+      if (!L.moe) continue;
+      std::vector<const void*> gate_up(E), down(E);
+      for (int64_t e = 0; e < E; ++e) {
+        gate_up[e] = L.experts.at(e).gate_up->data();
+        down[e] = L.experts.at(e).down->data();
+      }
+      ExpertTables& t = expert_tables_[l];
+      t.gate_up = backend_->Allocate(E * sizeof(void*));
+      t.down = backend_->Allocate(E * sizeof(void*));
+      backend_->CopyToDevice(gate_up.data(), E * sizeof(void*), t.gate_up->data());
+      backend_->CopyToDevice(down.data(), E * sizeof(void*), t.down->data());
+      t.gate_up_host = std::move(gate_up);
+      t.down_host = std::move(down);
+    }
+  }
+}
+
+absl::Status MoeBlock::SwitchPlacement(std::shared_ptr<const ExpertPlacement> placement,
+                                       const std::vector<std::vector<int64_t>>& needed,
+                                       std::vector<std::map<int64_t, MlpWeights>> loaded) {
+  if (dispatcher_ == nullptr) {
+    return absl::FailedPreconditionError("expert placement for a model without routed experts");
+  }
+  if (static_cast<int64_t>(needed.size()) != num_moe_layers_ ||
+      static_cast<int64_t>(loaded.size()) != num_moe_layers_) {
+    return absl::InvalidArgumentError(absl::StrCat("expert placement for ", needed.size(),
+                                                   " MoE layers, the model has ", num_moe_layers_));
+  }
+  // Check first, so that a bad switch changes nothing.
+  for (int64_t l = 0; l < config_.num_hidden_layers; ++l) {
+    const int64_t moe = moe_index_[l];
+    if (moe < 0) continue;
+    for (int64_t e : needed[moe]) {
+      if (!weights_->layers[l].experts.count(e) && !loaded[moe].count(e)) {
+        return absl::FailedPreconditionError(absl::StrCat(
+            "expert ", e, " of layer ", l, " is needed by the new placement but not loaded"));
+      }
+    }
+  }
+  if (absl::Status st = dispatcher_->SetPlacement(std::move(placement)); !st.ok()) return st;
+  for (int64_t l = 0; l < config_.num_hidden_layers; ++l) {
+    const int64_t moe = moe_index_[l];
+    if (moe < 0) continue;
+    std::map<int64_t, MlpWeights>& experts = weights_->layers[l].experts;
+    std::map<int64_t, MlpWeights> kept;
+    for (int64_t e : needed[moe]) {
+      if (kept.count(e)) continue;
+      auto old = experts.find(e);
+      kept[e] = old != experts.end() ? std::move(old->second) : std::move(loaded[moe][e]);
+    }
+    experts = std::move(kept);  // experts no longer hosted are freed here
+  }
+  BuildExpertTables();
+  return absl::OkStatus();
+}
+
+}  // namespace deepinfer

@@ -1,0 +1,93 @@
+// MoeBlock: the MoE layers of a model: the router (noaux_tc_router.h), the routed experts (one
+// Backend::RoutedExperts op where one rank hosts every expert in bf16, else dispatch -> grouped
+// GEMM -> combine through an ExpertDispatcher, local or expert-parallel) and the shared
+// experts, added as HF and DeepSeek add them. It also keeps the EPLB state of those layers: the
+// expert counts on the device and the placement switch (CausalLm's EPLB half).
+#ifndef DEEPINFER_WORKER_MODEL_MOE_MOE_BLOCK_H_
+#define DEEPINFER_WORKER_MODEL_MOE_MOE_BLOCK_H_
+
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <set>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "coordinator/eplb/expert_placement.h"
+#include "worker/backend/backend.h"
+#include "worker/model/expert_dispatcher.h"
+#include "worker/model/layer_context.h"
+#include "worker/model/model_config.h"
+#include "worker/model/model_weights.h"
+
+namespace deepinfer {
+
+class MoeBlock {
+ public:
+  // `weights` (the model's; its routed experts change on a placement switch) must outlive the
+  // block. The dispatcher must serve every expert the router can choose. `drop_graphs` is
+  // called whenever the expert tables (whose addresses recorded decode graphs hold) change.
+  MoeBlock(const ModelConfig& config, ModelWeights* weights, Backend* backend,
+           std::unique_ptr<ExpertDispatcher> dispatcher, std::function<void()> drop_graphs);
+
+  // out = routed experts (ascending) + shared experts of `rows` rows. h: fp32 (router, routed
+  // experts); h_gemm: the same rows for the shared experts' GEMM. With norm (its out is h, its
+  // out_bf16 h_gemm's bf16 rows if any), the rows are normed by the routing op first
+  // (Backend::RouteTokens); null: h is normed already. FAILED_PRECONDITION in a device-only step
+  // the backend cannot run on the device; the dispatcher's errors as they are.
+  absl::Status Forward(int64_t layer, int64_t rows, const float* h, ActivationView h_gemm,
+                       float* out, const LayerContext& ctx,
+                       const RouteTokensArgs::Norm* norm = nullptr);
+
+  // Whether the routed experts run as one device op (the decode graph path needs it).
+  bool experts_on_device() const { return !expert_tables_.empty(); }
+  int64_t num_moe_layers() const { return num_moe_layers_; }
+  // See CausalLm.
+  std::vector<int64_t> TakeExpertCounts();
+  std::vector<std::vector<int64_t>> MissingExperts(
+      const std::vector<std::vector<int64_t>>& needed) const;
+  absl::Status SwitchPlacement(std::shared_ptr<const ExpertPlacement> placement,
+                               const std::vector<std::vector<int64_t>>& needed,
+                               std::vector<std::map<int64_t, MlpWeights>> loaded);
+
+ private:
+  // Backend::RoutedExperts for one rank hosting every expert; false: use the dispatcher. With
+  // fused ops and shared experts, Backend::RoutedAndSharedExperts first: *shared_done tells
+  // whether out already holds the shared experts too.
+  bool RoutedExpertsOnDevice(int64_t layer, int64_t rows, const float* h, const int32_t* topk_ids,
+                             const float* topk_w, float* out, bool fused_ops, bool* shared_done);
+  void BuildExpertTables();
+  // out += shared experts(h).
+  absl::Status SharedExperts(const LayerWeights& L, int64_t rows, ActivationView h, float* out,
+                             const LayerContext& ctx);
+  // Per-step temporaries, written by an op before they are read (not zeroed).
+  std::unique_ptr<DeviceBuffer> Floats(int64_t n) {
+    return backend_->AllocateScratch(n * sizeof(float));
+  }
+
+  const ModelConfig& config_;
+  ModelWeights* const weights_;
+  Backend* const backend_;
+  std::unique_ptr<ExpertDispatcher> dispatcher_;
+  const std::function<void()> drop_graphs_;
+  // Device tables for Backend::RoutedExperts (empty unless one rank hosts every expert):
+  // expert -> slot map, and per MoE layer the experts' gate_up / down weight pointers.
+  struct ExpertTables {
+    std::unique_ptr<DeviceBuffer> gate_up, down;
+    std::vector<const void*> gate_up_host, down_host;  // the same pointers, on the host
+  };
+  std::unique_ptr<DeviceBuffer> expert_slots_;
+  std::vector<ExpertTables> expert_tables_;
+  // Per model layer, its index among the MoE layers (-1 for a dense layer).
+  std::vector<int64_t> moe_index_;
+  int64_t num_moe_layers_ = 0;
+  std::unique_ptr<DeviceBuffer> expert_counts_;  // int64 [num_moe_layers, n_routed_experts]
+  // Batch sizes whose routed experts Backend::RoutedExperts ran in a device-only step: such a
+  // step of these sizes counts the experts inside Backend::RouteTokens (see Forward).
+  std::set<int64_t> device_expert_rows_;
+};
+
+}  // namespace deepinfer
+
+#endif  // DEEPINFER_WORKER_MODEL_MOE_MOE_BLOCK_H_
