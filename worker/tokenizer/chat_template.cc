@@ -1,5 +1,6 @@
 #include "worker/tokenizer/chat_template.h"
 
+#include <algorithm>
 #include <utility>
 
 #include "absl/status/status.h"
@@ -7,6 +8,89 @@
 #include "worker/tokenizer/tokenizer.h"
 
 namespace deepinfer::tokenizer {
+namespace {
+
+using jinja::Expr;
+using jinja::Stmt;
+
+// `message.role`, `message['role']` or a variable named `role`.
+bool NamesRole(const Expr* e) {
+  if (e == nullptr) return false;
+  if (e->kind == Expr::Kind::kName) return e->name == "role";
+  if (e->kind != Expr::Kind::kMember) return false;
+  if (e->items.empty()) return e->name == "role";
+  const Expr* key = e->items[0].get();
+  return key != nullptr && key->kind == Expr::Kind::kLiteral && key->value.is_string() &&
+         key->value.string_value() == "role";
+}
+
+void AddString(const jinja::Value& v, std::vector<std::string>* out) {
+  if (v.is_string() && std::find(out->begin(), out->end(), v.string_value()) == out->end()) {
+    out->push_back(v.string_value());
+  }
+}
+
+// The string literals of `e`: itself, or the items of a literal list or tuple.
+void AddStrings(const Expr* e, std::vector<std::string>* out) {
+  if (e == nullptr) return;
+  if (e->kind == Expr::Kind::kLiteral) {
+    if (e->value.is_array()) {
+      for (const jinja::Value& v : e->value.array()) AddString(v, out);
+    } else {
+      AddString(e->value, out);
+    }
+  } else if (e->kind == Expr::Kind::kList || e->kind == Expr::Kind::kTuple) {
+    for (const auto& item : e->items) {
+      if (item != nullptr && item->kind == Expr::Kind::kLiteral) AddString(item->value, out);
+    }
+  }
+}
+
+void CollectRoles(const Expr* e, std::vector<std::string>* out);
+
+void CollectRoles(const jinja::StmtList& body, std::vector<std::string>* out) {
+  for (const auto& stmt : body) {
+    const Stmt& s = *stmt;
+    CollectRoles(s.expr.get(), out);
+    CollectRoles(s.target.get(), out);
+    CollectRoles(s.filter.get(), out);
+    for (const auto& [condition, branch] : s.branches) {
+      CollectRoles(condition.get(), out);
+      CollectRoles(branch, out);
+    }
+    CollectRoles(s.body, out);
+    CollectRoles(s.else_body, out);
+    for (const auto& param : s.params) CollectRoles(param.second.get(), out);
+  }
+}
+
+void CollectRoles(const Expr* e, std::vector<std::string>* out) {
+  if (e == nullptr) return;
+  if (e->kind == Expr::Kind::kBinary) {
+    if (e->name == "==" || e->name == "!=") {
+      if (NamesRole(e->left.get())) AddStrings(e->right.get(), out);
+      if (NamesRole(e->right.get())) AddStrings(e->left.get(), out);
+    } else if ((e->name == "in" || e->name == "not in") && NamesRole(e->left.get())) {
+      AddStrings(e->right.get(), out);
+    }
+  }
+  CollectRoles(e->object.get(), out);
+  CollectRoles(e->left.get(), out);
+  CollectRoles(e->right.get(), out);
+  for (const auto& item : e->items) CollectRoles(item.get(), out);
+  for (const auto& key : e->keys) CollectRoles(key.get(), out);
+  for (const auto& keyword : e->keywords) CollectRoles(keyword.second.get(), out);
+}
+
+}  // namespace
+
+ChatTemplate::ChatTemplate(std::unique_ptr<jinja::Template> compiled, std::string bos_token,
+                           std::string eos_token)
+    : template_(std::move(compiled)),
+      bos_token_(std::move(bos_token)),
+      eos_token_(std::move(eos_token)) {
+  CollectRoles(template_->body(), &roles_);
+}
 
 absl::StatusOr<std::unique_ptr<ChatTemplate>> ChatTemplate::Create(absl::string_view source,
                                                                    std::string bos_token,
