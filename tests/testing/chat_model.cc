@@ -6,6 +6,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <fstream>
@@ -56,7 +57,25 @@ absl::Status MakeChatModelDir(const std::string& fixture_dir, const std::string&
     }
   }
   closedir(dir);
-  std::ofstream(out_dir + "/tokenizer.json") << tokenizer::TestTokenizerJson().dump();
+  // The model may generate any id of its vocabulary, and the worker decodes each: ids the
+  // test tokenizer lacks become tokens of their own ("<unused_N>").
+  std::ifstream config_in(out_dir + "/config.json");
+  nlohmann::json model_config = nlohmann::json::parse(config_in, nullptr, false);
+  if (!model_config.is_object() || !model_config["vocab_size"].is_number_integer()) {
+    return absl::InvalidArgumentError(absl::StrCat(fixture_dir, "/config.json has no vocab_size"));
+  }
+  nlohmann::json tokenizer_json = tokenizer::TestTokenizerJson();
+  int next_id = 0;
+  for (const auto& [token, id] : tokenizer_json["model"]["vocab"].items()) {
+    next_id = std::max(next_id, id.get<int>() + 1);
+  }
+  for (const auto& added : tokenizer_json["added_tokens"]) {
+    next_id = std::max(next_id, added["id"].get<int>() + 1);
+  }
+  for (int id = next_id; id < model_config["vocab_size"].get<int>(); ++id) {
+    tokenizer_json["model"]["vocab"][absl::StrCat("<unused_", id, ">")] = id;
+  }
+  std::ofstream(out_dir + "/tokenizer.json") << tokenizer_json.dump();
   std::ofstream config(out_dir + "/tokenizer_config.json");
   config << nlohmann::json{{"bos_token", "<s>"},
                            {"eos_token", "</s>"},
