@@ -1,5 +1,7 @@
 #include "coordinator/batch/batch_line.h"
 
+#include <fstream>
+
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
@@ -290,6 +292,21 @@ TEST(BatchLineTest, HostileJsonGetsShortErrors) {
             absl::StrCat("line 7: unknown field '", std::string(40, 'r'),
                          "...' in body.messages[0]"));
   EXPECT_EQ(custom_id, "c1");
+}
+
+TEST(BatchLineTest, DemoRequestsStillParse) {
+  std::ifstream in("tools/demo/requests.jsonl");
+  ASSERT_TRUE(in.good());
+  std::string text;
+  int n = 0;
+  std::vector<std::string> errors;
+  while (std::getline(in, text)) {
+    auto line = ParseBatchLine(text, ++n);
+    if (!line.ok()) errors.push_back(std::string(line.status().message()));
+  }
+  EXPECT_EQ(n, 5);
+  // The demo's last line is bad on purpose.
+  EXPECT_THAT(errors, ElementsAre("line 5: body.max_tokens must be in [1, 2147483647], got -1"));
 }
 
 }  // namespace

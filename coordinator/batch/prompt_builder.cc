@@ -113,6 +113,10 @@ absl::StatusOr<std::vector<int32_t>> PromptBuilder::Build(const BatchLine& line)
           "the model has no tokenizer or chat template: /v1/chat/completions is not served");
     }
     if (absl::Status roles = CheckRoles(*line.messages); !roles.ok()) return roles;
+    if (line.tools.has_value() && !line.tools->empty() && !chat_template_->reads_tools()) {
+      return absl::InvalidArgumentError(
+          "body.tools: the model's chat template does not render tools; leave them out");
+    }
     absl::StatusOr<std::string> prompt = chat_template_->Render(
         *line.messages, /*add_generation_prompt=*/true,
         line.tools.has_value() ? *line.tools : nlohmann::ordered_json(nullptr));

@@ -3,7 +3,8 @@
 // tokenizer config says), chat messages through the chat template then the tokenizer,
 // token-id prompts as given. Errors are per request (INVALID_ARGUMENT), so one bad
 // line fails alone. A chat message's role must be one of OpenAI's (system, user, assistant,
-// tool) or one the chat template names itself: the template would drop any other.
+// tool) or one the chat template names itself: the template would drop any other. Tools
+// are refused for a template that does not render them.
 #ifndef DEEPINFER_COORDINATOR_BATCH_PROMPT_BUILDER_H_
 #define DEEPINFER_COORDINATOR_BATCH_PROMPT_BUILDER_H_
 

@@ -120,6 +120,20 @@ TEST(PromptBuilderTest, RolesMustBeOpenAIsOrTheTemplatesOwn) {
                   .ok());
 }
 
+TEST(PromptBuilderTest, ToolsAreRefusedWhenTheTemplateDoesNotRenderThem) {
+  auto builder = WithTokenizer(100);  // its template never mentions tools
+  const auto line = [](const std::string& tools) {
+    return Parse(absl::StrCat(R"({"custom_id": "a", "url": "/v1/chat/completions", "body":
+        {"messages": [{"role": "user", "content": "x"}], "tools": )",
+                              tools, "}}"));
+  };
+  EXPECT_EQ(builder->Build(line(R"([{"type": "function", "function": {"name": "f"}}])"))
+                .status()
+                .message(),
+            "body.tools: the model's chat template does not render tools; leave them out");
+  EXPECT_TRUE(builder->Build(line("[]")).ok());
+}
+
 TEST(PromptBuilderTest, StopTokenIdsMustBeInTheVocabulary) {
   PromptBuilder builder({100, 50}, nullptr, nullptr);
   auto ids = builder.Build(Parse(R"({"custom_id": "a", "url": "/v1/completions",

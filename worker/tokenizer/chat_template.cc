@@ -46,40 +46,47 @@ void AddStrings(const Expr* e, std::vector<std::string>* out) {
   }
 }
 
-void CollectRoles(const Expr* e, std::vector<std::string>* out);
+// What a template's syntax tree says about the requests it renders.
+struct TemplateFacts {
+  std::vector<std::string> roles;
+  bool reads_tools = false;
+};
 
-void CollectRoles(const jinja::StmtList& body, std::vector<std::string>* out) {
+void Collect(const Expr* e, TemplateFacts* out);
+
+void Collect(const jinja::StmtList& body, TemplateFacts* out) {
   for (const auto& stmt : body) {
     const Stmt& s = *stmt;
-    CollectRoles(s.expr.get(), out);
-    CollectRoles(s.target.get(), out);
-    CollectRoles(s.filter.get(), out);
+    Collect(s.expr.get(), out);
+    Collect(s.target.get(), out);
+    Collect(s.filter.get(), out);
     for (const auto& [condition, branch] : s.branches) {
-      CollectRoles(condition.get(), out);
-      CollectRoles(branch, out);
+      Collect(condition.get(), out);
+      Collect(branch, out);
     }
-    CollectRoles(s.body, out);
-    CollectRoles(s.else_body, out);
-    for (const auto& param : s.params) CollectRoles(param.second.get(), out);
+    Collect(s.body, out);
+    Collect(s.else_body, out);
+    for (const auto& param : s.params) Collect(param.second.get(), out);
   }
 }
 
-void CollectRoles(const Expr* e, std::vector<std::string>* out) {
+void Collect(const Expr* e, TemplateFacts* out) {
   if (e == nullptr) return;
+  if (e->kind == Expr::Kind::kName && e->name == "tools") out->reads_tools = true;
   if (e->kind == Expr::Kind::kBinary) {
     if (e->name == "==" || e->name == "!=") {
-      if (NamesRole(e->left.get())) AddStrings(e->right.get(), out);
-      if (NamesRole(e->right.get())) AddStrings(e->left.get(), out);
+      if (NamesRole(e->left.get())) AddStrings(e->right.get(), &out->roles);
+      if (NamesRole(e->right.get())) AddStrings(e->left.get(), &out->roles);
     } else if ((e->name == "in" || e->name == "not in") && NamesRole(e->left.get())) {
-      AddStrings(e->right.get(), out);
+      AddStrings(e->right.get(), &out->roles);
     }
   }
-  CollectRoles(e->object.get(), out);
-  CollectRoles(e->left.get(), out);
-  CollectRoles(e->right.get(), out);
-  for (const auto& item : e->items) CollectRoles(item.get(), out);
-  for (const auto& key : e->keys) CollectRoles(key.get(), out);
-  for (const auto& keyword : e->keywords) CollectRoles(keyword.second.get(), out);
+  Collect(e->object.get(), out);
+  Collect(e->left.get(), out);
+  Collect(e->right.get(), out);
+  for (const auto& item : e->items) Collect(item.get(), out);
+  for (const auto& key : e->keys) Collect(key.get(), out);
+  for (const auto& keyword : e->keywords) Collect(keyword.second.get(), out);
 }
 
 }  // namespace
@@ -89,7 +96,10 @@ ChatTemplate::ChatTemplate(std::unique_ptr<jinja::Template> compiled, std::strin
     : template_(std::move(compiled)),
       bos_token_(std::move(bos_token)),
       eos_token_(std::move(eos_token)) {
-  CollectRoles(template_->body(), &roles_);
+  TemplateFacts facts;
+  Collect(template_->body(), &facts);
+  roles_ = std::move(facts.roles);
+  reads_tools_ = facts.reads_tools;
 }
 
 absl::StatusOr<std::unique_ptr<ChatTemplate>> ChatTemplate::Create(absl::string_view source,

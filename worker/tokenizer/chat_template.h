@@ -38,6 +38,9 @@ class ChatTemplate {
   // in the order they appear. A message of any other role would render as the template's
   // fallthrough does, usually not at all.
   const std::vector<std::string>& roles() const { return roles_; }
+  // Whether the template refers to `tools` at all (DeepSeek-V3's does not: tools given to
+  // it change nothing).
+  bool reads_tools() const { return reads_tools_; }
 
  private:
   ChatTemplate(std::unique_ptr<jinja::Template> compiled, std::string bos_token,
@@ -47,6 +50,7 @@ class ChatTemplate {
   std::string bos_token_;
   std::string eos_token_;
   std::vector<std::string> roles_;
+  bool reads_tools_ = false;
 };
 
 }  // namespace deepinfer::tokenizer

@@ -65,9 +65,11 @@ TEST(ChatTemplateTest, RolesAreTheStringsComparedWithARole) {
   ASSERT_TRUE(chat.ok()) << chat.status();
   EXPECT_THAT((*chat)->roles(),
               ::testing::ElementsAre("system", "user", "assistant", "tool", "ipython", "developer"));
+  EXPECT_FALSE((*chat)->reads_tools());
   auto plain = ChatTemplate::Create(kTemplate, "", "");
   ASSERT_TRUE(plain.ok());
   EXPECT_TRUE((*plain)->roles().empty());
+  EXPECT_TRUE((*plain)->reads_tools());
 }
 
 }  // namespace
