@@ -87,8 +87,7 @@ absl::Status JobManager::Start() {
     const std::string reason =
         absl::StrCat("cannot resume the job after a coordinator restart: ", resumed.message());
     LOG(ERROR) << "job " << job.job_id() << ": " << reason;
-    if (absl::Status s = store_->SetJobState(job.job_id(), Job::FAILED, reason, NowMs());
-        !s.ok()) {
+    if (absl::Status s = store_->SetJobState(job.job_id(), Job::FAILED, reason, NowMs()); !s.ok()) {
       return s;
     }
   }
@@ -122,8 +121,8 @@ absl::Status JobManager::ResumeJob(const Job& job) {
   if (!in) return absl::DataLossError(absl::StrCat("cannot read ", store_->InputPath(job_id)));
   std::stringstream input;
   input << in.rdbuf();
-  LOG(INFO) << "resuming job " << job_id << ": " << lines.size() << " of "
-            << job.total_requests() << " requests left";
+  LOG(INFO) << "resuming job " << job_id << ": " << lines.size() << " of " << job.total_requests()
+            << " requests left";
   if (absl::Status s = LoadJob(job_id, input.str(), &lines); !s.ok()) return s;
   return store_->FinishedLoading(job_id);
 }

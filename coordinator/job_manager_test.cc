@@ -499,7 +499,8 @@ TEST_F(JobManagerTest, JobsThatCannotBeResumedFailAndTheOthersRun) {
   Job job = GetJob(*gone);
   EXPECT_EQ(job.state(), Job::FAILED);
   EXPECT_THAT(job.error(), HasSubstr("cannot resume the job after a coordinator restart: input "
-                                     "file of job " + *gone + " is missing"));
+                                     "file of job " +
+                                     *gone + " is missing"));
   job = GetJob(*blank);
   EXPECT_EQ(job.state(), Job::FAILED);
   EXPECT_THAT(job.error(), HasSubstr("line 2 of " + store_->InputPath(*blank) +

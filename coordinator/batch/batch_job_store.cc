@@ -154,8 +154,7 @@ absl::Status BatchJobStore::Init() {
     while (columns.Step() == SQLITE_ROW) has_load_attempts |= columns.Text(1) == "load_attempts";
   }
   if (!has_load_attempts) {
-    if (absl::Status s =
-            Exec(db_, "ALTER TABLE jobs ADD COLUMN load_attempts INTEGER DEFAULT 0");
+    if (absl::Status s = Exec(db_, "ALTER TABLE jobs ADD COLUMN load_attempts INTEGER DEFAULT 0");
         !s.ok()) {
       return s;
     }
@@ -261,8 +260,7 @@ absl::StatusOr<bool> BatchJobStore::RecordResult(const std::string& job_id, int6
   return (*recorded)[0];
 }
 
-absl::StatusOr<std::vector<bool>> BatchJobStore::RecordResults(
-    const std::vector<Result>& results) {
+absl::StatusOr<std::vector<bool>> BatchJobStore::RecordResults(const std::vector<Result>& results) {
   for (const Result& r : results) {
     if (r.output_line.find('\n') != std::string::npos) {
       return absl::InvalidArgumentError("an output line must not contain a newline");
@@ -401,15 +399,13 @@ absl::StatusOr<std::vector<Job>> BatchJobStore::ListJobs(int page_size,
     return absl::InvalidArgumentError(absl::StrCat("bad page token '", page_token, "'"));
   }
   return QueryJobsLocked(
-      absl::StrCat("WHERE rowid < (SELECT rowid FROM jobs WHERE job_id = ?)", limit),
-      {page_token});
+      absl::StrCat("WHERE rowid < (SELECT rowid FROM jobs WHERE job_id = ?)", limit), {page_token});
 }
 
 absl::StatusOr<std::vector<Job>> BatchJobStore::UnfinishedJobs() const {
   absl::MutexLock lock(&mu_);
-  return QueryJobsLocked(absl::StrFormat("WHERE state IN (%d, %d) ORDER BY rowid", Job::QUEUED,
-                                         Job::RUNNING),
-                         {});
+  return QueryJobsLocked(
+      absl::StrFormat("WHERE state IN (%d, %d) ORDER BY rowid", Job::QUEUED, Job::RUNNING), {});
 }
 
 absl::StatusOr<std::vector<StoredRequest>> BatchJobStore::PendingRequests(

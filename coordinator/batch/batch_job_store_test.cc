@@ -88,8 +88,8 @@ TEST(BatchJobStoreTest, RecordResultsIsAllOrNothing) {
   auto store = BatchJobStore::Open(FreshDir("s6"));
   ASSERT_TRUE(store.ok());
   auto id = *(*store)->CreateJob("j", kInput, 0);
-  auto recorded = (*store)->RecordResults({{id, 1, "a", false, 7}, {id, 3, "b", true, 0},
-                                           {id, 1, "a-again", false, 7}});
+  auto recorded = (*store)->RecordResults(
+      {{id, 1, "a", false, 7}, {id, 3, "b", true, 0}, {id, 1, "a-again", false, 7}});
   ASSERT_TRUE(recorded.ok()) << recorded.status();
   EXPECT_THAT(*recorded, ElementsAre(true, true, false));
   EXPECT_EQ((*store)->GetJob(id)->generated_tokens(), 7);
@@ -143,8 +143,7 @@ TEST(BatchJobStoreTest, ListJobsNewestFirstWithPages) {
   auto second = *(*store)->ListJobs(2, first[1].job_id());
   ASSERT_EQ(second.size(), 2u);
   EXPECT_EQ(second[0].job_id(), ids[2]);
-  EXPECT_EQ((*store)->ListJobs(2, "job-nope").status().code(),
-            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ((*store)->ListJobs(2, "job-nope").status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_EQ((*store)->GetJob("job-nope").status().code(), absl::StatusCode::kNotFound);
   EXPECT_EQ((*store)->SetJobState("job-nope", Job::FAILED, "x", 0).code(),
             absl::StatusCode::kNotFound);

@@ -30,16 +30,25 @@ struct AcceptedField {
   unsigned endpoints;
 };
 constexpr AcceptedField kAcceptedFields[] = {
-    {"model", kOnBoth},          {"prompt", kOnCompletions},
-    {"messages", kOnChat},       {"tools", kOnChat},
-    {"tool_choice", kOnChat},    {"max_tokens", kOnBoth},
+    {"model", kOnBoth},
+    {"prompt", kOnCompletions},
+    {"messages", kOnChat},
+    {"tools", kOnChat},
+    {"tool_choice", kOnChat},
+    {"max_tokens", kOnBoth},
     {"max_completion_tokens", kOnChat},
-    {"temperature", kOnBoth},    {"top_p", kOnBoth},
-    {"top_k", kOnBoth},          {"seed", kOnBoth},
-    {"stop", kOnBoth},           {"stop_token_ids", kOnBoth},
-    {"ignore_eos", kOnBoth},     {"logprobs", kOnBoth},
-    {"top_logprobs", kOnChat},   {"return_token_ids", kOnBoth},
-    {"n", kOnBoth},              {"stream", kOnBoth},
+    {"temperature", kOnBoth},
+    {"top_p", kOnBoth},
+    {"top_k", kOnBoth},
+    {"seed", kOnBoth},
+    {"stop", kOnBoth},
+    {"stop_token_ids", kOnBoth},
+    {"ignore_eos", kOnBoth},
+    {"logprobs", kOnBoth},
+    {"top_logprobs", kOnChat},
+    {"return_token_ids", kOnBoth},
+    {"n", kOnBoth},
+    {"stream", kOnBoth},
     {"user", kOnBoth},
 };
 
@@ -163,8 +172,7 @@ class LineParser {
     auto it = body.find(field);
     if (it == body.end() || it->is_null()) return absl::OkStatus();
     if (!it->is_boolean()) {
-      return Error(
-          absl::StrCat("body.", field, " must be true or false, got ", DescribeJson(*it)));
+      return Error(absl::StrCat("body.", field, " must be true or false, got ", DescribeJson(*it)));
     }
     *out = it->get<bool>();
     return absl::OkStatus();
@@ -195,10 +203,10 @@ absl::Status CheckBodyFields(const json& body, const LineParser& p, BatchEndpoin
       if (key != f.name) continue;
       handled = true;
       if ((f.endpoints & EndpointBit(endpoint)) == 0 && !it->is_null()) {
-        return p.Error(absl::StrCat(
-            "field '", key, "' belongs to ",
-            endpoint == BatchEndpoint::kCompletions ? "/v1/chat/completions, not /v1/completions"
-                                                    : "/v1/completions, not /v1/chat/completions"));
+        return p.Error(absl::StrCat("field '", key, "' belongs to ",
+                                    endpoint == BatchEndpoint::kCompletions
+                                        ? "/v1/chat/completions, not /v1/completions"
+                                        : "/v1/completions, not /v1/chat/completions"));
       }
       break;
     }
@@ -227,8 +235,8 @@ absl::StatusOr<std::vector<int32_t>> TokenIds(const json& array, const LineParse
   std::vector<int32_t> ids;
   ids.reserve(array.size());
   for (const json& v : array) {
-    if (!v.is_number_integer() || (v.is_number_unsigned() &&
-                                     v.get<uint64_t>() > std::numeric_limits<int32_t>::max()) ||
+    if (!v.is_number_integer() ||
+        (v.is_number_unsigned() && v.get<uint64_t>() > std::numeric_limits<int32_t>::max()) ||
         v.get<int64_t>() < 0 || v.get<int64_t>() > std::numeric_limits<int32_t>::max()) {
       return p.Error(absl::StrCat(field, " must hold non-negative integer token ids, found ",
                                   DescribeJson(v)));
@@ -299,7 +307,8 @@ absl::StatusOr<json> MessageContent(const json& content, const LineParser& p,
     }
     for (auto f = part.begin(); f != part.end(); ++f) {
       if (f.key() != "type" && f.key() != "text") {
-        return p.Error(absl::StrCat("unknown field ", QuoteForMessage(f.key()), " in ", part_where));
+        return p.Error(
+            absl::StrCat("unknown field ", QuoteForMessage(f.key()), " in ", part_where));
       }
     }
     auto text = part.find("text");
@@ -351,7 +360,8 @@ absl::StatusOr<json> ParseMessage(const json& m, const LineParser& p, const std:
     message[key] = *f;
   }
   auto role = message.find("role");
-  if (role == message.end() || role->is_null()) return p.Error(absl::StrCat(where, ".role is missing"));
+  if (role == message.end() || role->is_null())
+    return p.Error(absl::StrCat(where, ".role is missing"));
   if (role->get_ref<const std::string&>().empty()) {
     return p.Error(absl::StrCat(where, ".role is empty"));
   }
@@ -367,7 +377,8 @@ absl::Status ParseMessages(const json& body, const LineParser& p, BatchLine* out
   }
   json messages = json::array();
   for (size_t i = 0; i < it->size(); ++i) {
-    absl::StatusOr<json> message = ParseMessage((*it)[i], p, absl::StrCat("body.messages[", i, "]"));
+    absl::StatusOr<json> message =
+        ParseMessage((*it)[i], p, absl::StrCat("body.messages[", i, "]"));
     if (!message.ok()) return message.status();
     messages.push_back(std::move(*message));
   }
@@ -378,8 +389,8 @@ absl::Status ParseMessages(const json& body, const LineParser& p, BatchLine* out
     }
     for (size_t i = 0; i < tools->size(); ++i) {
       if (!(*tools)[i].is_object()) {
-        return p.Error(absl::StrCat("body.tools[", i, "] must be an object, got ",
-                                    DescribeJson((*tools)[i])));
+        return p.Error(
+            absl::StrCat("body.tools[", i, "] must be an object, got ", DescribeJson((*tools)[i])));
       }
     }
     out->tools = *tools;
@@ -399,8 +410,8 @@ absl::Status ParseStop(const json& body, const LineParser& p, GenerationParams* 
   if (it == body.end() || it->is_null()) return absl::OkStatus();
   auto add = [&](const json& s) -> absl::Status {
     if (!s.is_string()) {
-      return p.Error(absl::StrCat("body.stop must be a string or a list of strings, found ",
-                                  DescribeJson(s)));
+      return p.Error(
+          absl::StrCat("body.stop must be a string or a list of strings, found ", DescribeJson(s)));
     }
     if (s.get_ref<const std::string&>().empty()) return p.Error("body.stop holds an empty string");
     sampling->add_stop(s.get<std::string>());
@@ -433,8 +444,8 @@ absl::Status ParseMaxTokens(const json& body, const LineParser& p, BatchEndpoint
       !st.ok()) {
     return st;
   }
-  s->set_max_tokens(static_cast<int32_t>(
-      max_tokens.value_or(chat ? 0 : kCompletionsDefaultMaxTokens)));
+  s->set_max_tokens(
+      static_cast<int32_t>(max_tokens.value_or(chat ? 0 : kCompletionsDefaultMaxTokens)));
   return absl::OkStatus();
 }
 
@@ -442,9 +453,10 @@ absl::Status ParseSampling(const json& body, const LineParser& p, BatchEndpoint 
                            GenerationParams* s) {
   std::optional<int64_t> n;
   if (absl::Status st = p.OptionalInt(body, "n", 1, 1, &n); !st.ok()) {
-    return p.Error(absl::StrCat("body.n: only n = 1 is supported (one completion per request "
-                                "line), got ",
-                                DescribeJson(*body.find("n"))));
+    return p.Error(
+        absl::StrCat("body.n: only n = 1 is supported (one completion per request "
+                     "line), got ",
+                     DescribeJson(*body.find("n"))));
   }
   bool stream = false;
   if (absl::Status st = p.OptionalBool(body, "stream", &stream); !st.ok()) return st;

@@ -98,9 +98,9 @@ class BatchLineFuzzTest : public ::testing::Test {
     }
     EXPECT_LT(error.size(), kMaxMessageBytes) << error.substr(0, 2000);
     EXPECT_TRUE(IsOneJsonLine(FormatErrorLine(custom_id, request_id, kInvalidRequest, error)));
-    for (const char* kind : {"nested more than", "NUL byte", "not valid JSON", "data after",
-                             "duplicate key", "unknown field", "is not supported",
-                             "is not a role", "chat template", "must be"}) {
+    for (const char* kind :
+         {"nested more than", "NUL byte", "not valid JSON", "data after", "duplicate key",
+          "unknown field", "is not supported", "is not a role", "chat template", "must be"}) {
       if (absl::StrContains(error, kind)) ++outcomes_[kind];
     }
     ++outcomes_["error"];
@@ -128,9 +128,9 @@ TEST_F(BatchLineFuzzTest, EveryLineGivesARequestOrAShortErrorNamingIt) {
   std::cerr << summary;
   EXPECT_EQ(outcomes_["ok"] + outcomes_["error"], kLines) << summary;
   // The seed's lines reach every kind of refusal (and some still run).
-  for (const char* kind : {"ok", "nested more than", "NUL byte", "not valid JSON", "data after",
-                           "duplicate key", "unknown field", "is not supported", "is not a role",
-                           "must be"}) {
+  for (const char* kind :
+       {"ok", "nested more than", "NUL byte", "not valid JSON", "data after", "duplicate key",
+        "unknown field", "is not supported", "is not a role", "must be"}) {
     EXPECT_GT(outcomes_[kind], 0) << kind << "\n" << summary;
   }
 }

@@ -59,11 +59,11 @@ TEST(BatchLineTest, TokenIdPromptsInBothShapes) {
 }
 
 TEST(BatchLineTest, AllSamplingFields) {
-  auto line = ParseBatchLine(
-      Completion(R"("prompt": "x", "max_tokens": 5, "temperature": 0.7, "top_p": 0.9,
+  auto line =
+      ParseBatchLine(Completion(R"("prompt": "x", "max_tokens": 5, "temperature": 0.7, "top_p": 0.9,
                  "top_k": 40, "seed": 1234, "stop": ["\n\n", "END"], "stop_token_ids": [7],
                  "ignore_eos": true, "logprobs": 3, "return_token_ids": true)"),
-      1);
+                     1);
   ASSERT_TRUE(line.ok()) << line.status();
   const GenerationParams& s = line->sampling;
   EXPECT_EQ(s.max_tokens(), 5);
@@ -79,12 +79,11 @@ TEST(BatchLineTest, AllSamplingFields) {
 }
 
 TEST(BatchLineTest, ChatWithToolsAndLogprobs) {
-  auto line = ParseBatchLine(
-      Chat(R"("messages": [{"role": "system", "content": "Be brief."},
+  auto line = ParseBatchLine(Chat(R"("messages": [{"role": "system", "content": "Be brief."},
                            {"role": "user", "content": "Hi"}],
               "tools": [{"type": "function", "function": {"name": "f"}}],
               "logprobs": true, "top_logprobs": 2, "max_completion_tokens": 9, "stop": "x")"),
-      1);
+                             1);
   ASSERT_TRUE(line.ok()) << line.status();
   EXPECT_EQ(line->endpoint, BatchEndpoint::kChatCompletions);
   ASSERT_TRUE(line->messages.has_value());
@@ -188,12 +187,12 @@ TEST(BatchLineTest, FieldsThatAreNotServedAreRefusedByName) {
 }
 
 TEST(BatchLineTest, DefaultsOfRefusedFieldsAndNullsAreAccepted) {
-  auto line = ParseBatchLine(
-      Completion(R"("prompt": "x", "presence_penalty": 0, "frequency_penalty": 0.0,
+  auto line =
+      ParseBatchLine(Completion(R"("prompt": "x", "presence_penalty": 0, "frequency_penalty": 0.0,
                     "repetition_penalty": 1, "min_tokens": 0, "echo": false, "best_of": 1,
                     "logit_bias": {}, "response_format": {"type": "text"}, "guided_json": null,
                     "user": "u1", "stream": false, "n": 1, "top_logprobs": null)"),
-      1);
+                     1);
   ASSERT_TRUE(line.ok()) << line.status();
   auto chat = ParseBatchLine(Chat(R"("messages": [{"role": "user", "content": "x"}],
                                      "tool_choice": "auto", "max_tokens": 4,
@@ -242,14 +241,13 @@ TEST(BatchLineTest, ChatMessagesAreChecked) {
   EXPECT_EQ(ErrorOf(Chat(R"("messages": [{"role": "user", "content": "x"}], "tools": [1])")),
             "line 7: body.tools[0] must be an object, got 1");
   // Text parts become one string; the other message fields pass to the chat template.
-  auto line = ParseBatchLine(
-      Chat(R"("messages": [{"role": "user", "name": "ann", "content": [
+  auto line = ParseBatchLine(Chat(R"("messages": [{"role": "user", "name": "ann", "content": [
                                {"type": "text", "text": "a"}, {"type": "text", "text": "b"}]},
                            {"role": "assistant", "content": null, "tool_calls": [
                                {"id": "c0", "type": "function",
                                 "function": {"name": "f", "arguments": "{}"}}]},
                            {"role": "tool", "tool_call_id": "c0", "content": "1"}])"),
-      1);
+                             1);
   ASSERT_TRUE(line.ok()) << line.status();
   EXPECT_EQ((*line->messages)[0]["content"], "a\nb");
   EXPECT_EQ((*line->messages)[0]["name"], "ann");
@@ -276,21 +274,19 @@ TEST(BatchLineTest, HostileJsonGetsShortErrors) {
               HasSubstr("found a list of 1 items"));
   // A NUL byte, or anything after the object, is an error, not the end of the line.
   EXPECT_EQ(ErrorOf(Completion(R"("prompt": "x")") + std::string("\0{\"trailing\": 1}", 16)),
-            absl::StrCat("line 7: a NUL byte at byte ",
-                         Completion(R"("prompt": "x")").size() + 1));
+            absl::StrCat("line 7: a NUL byte at byte ", Completion(R"("prompt": "x")").size() + 1));
   EXPECT_THAT(ErrorOf(Completion(R"("prompt": "x")") + R"({"trailing": 1})"),
               StartsWith("line 7: data after the JSON value"));
   EXPECT_EQ(ErrorOf(Completion(R"("prompt": "x", "max_tokens": 1, "max_tokens": 9)")),
             "line 7: duplicate key 'max_tokens' in one object");
   const std::string long_role(100000, 'r');
   std::string custom_id;
-  auto parsed = ParseBatchLine(
-      Chat(absl::StrCat(R"("messages": [{"role": "user", "content": "x", ")", long_role,
-                        R"(": 1}])")),
-      7, &custom_id);
-  EXPECT_EQ(parsed.status().message(),
-            absl::StrCat("line 7: unknown field '", std::string(40, 'r'),
-                         "...' in body.messages[0]"));
+  auto parsed =
+      ParseBatchLine(Chat(absl::StrCat(R"("messages": [{"role": "user", "content": "x", ")",
+                                       long_role, R"(": 1}])")),
+                     7, &custom_id);
+  EXPECT_EQ(parsed.status().message(), absl::StrCat("line 7: unknown field '", std::string(40, 'r'),
+                                                    "...' in body.messages[0]"));
   EXPECT_EQ(custom_id, "c1");
 }
 

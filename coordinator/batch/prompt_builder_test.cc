@@ -90,9 +90,9 @@ TEST(PromptBuilderTest, RolesMustBeOpenAIsOrTheTemplatesOwn) {
   auto builder = WithTokenizer(100);
   EXPECT_THAT(builder->roles(), ElementsAre("system", "user", "assistant", "tool"));
   auto chat = [&](const std::string& messages) {
-    return builder->Build(Parse(absl::StrCat(
-        R"({"custom_id": "a", "url": "/v1/chat/completions", "body": {"messages": )", messages,
-        "}}")));
+    return builder->Build(Parse(
+        absl::StrCat(R"({"custom_id": "a", "url": "/v1/chat/completions", "body": {"messages": )",
+                     messages, "}}")));
   };
   EXPECT_TRUE(chat(R"([{"role": "system", "content": "s"}, {"role": "user", "content": "u"},
                        {"role": "assistant", "content": "a"}, {"role": "tool", "content": "t"}])")

@@ -152,8 +152,7 @@ absl::StatusOr<json> ParseUntrustedJson(absl::string_view text) {
   BoundedDomBuilder builder;
   const bool ok = json::sax_parse(text.begin(), text.end(), &builder);
   if (!ok || !builder.error().empty()) {
-    return absl::InvalidArgumentError(builder.error().empty() ? "not valid JSON"
-                                                              : builder.error());
+    return absl::InvalidArgumentError(builder.error().empty() ? "not valid JSON" : builder.error());
   }
   return builder.TakeValue();
 }
@@ -161,15 +160,16 @@ absl::StatusOr<json> ParseUntrustedJson(absl::string_view text) {
 std::string DescribeJson(const json& value) {
   switch (value.type()) {
     case json::value_t::object:
-      return value.empty() ? "an empty object" : absl::StrCat("an object of ", value.size(), " keys");
+      return value.empty() ? "an empty object"
+                           : absl::StrCat("an object of ", value.size(), " keys");
     case json::value_t::array:
       return value.empty() ? "an empty list" : absl::StrCat("a list of ", value.size(), " items");
     case json::value_t::string: {
       const std::string& s = value.get_ref<const std::string&>();
       const size_t shown = Utf8Prefix(s, kShownBytes);
       if (shown == s.size()) return absl::StrCat("\"", Escape(s), "\"");
-      return absl::StrCat("\"", Escape(absl::string_view(s).substr(0, shown)), "...\" (",
-                          s.size(), " bytes)");
+      return absl::StrCat("\"", Escape(absl::string_view(s).substr(0, shown)), "...\" (", s.size(),
+                          " bytes)");
     }
     default:
       // null, booleans and numbers: short.

@@ -45,8 +45,8 @@ TEST(UntrustedJsonTest, DataAfterTheValue) {
 
 TEST(UntrustedJsonTest, DepthIsBounded) {
   EXPECT_EQ(ErrorOf(Nested(kMaxJsonDepth)), "");
-  const std::string too_deep =
-      absl::StrCat("nested more than ", kMaxJsonDepth, " levels deep (objects and lists inside each other)");
+  const std::string too_deep = absl::StrCat("nested more than ", kMaxJsonDepth,
+                                            " levels deep (objects and lists inside each other)");
   EXPECT_EQ(ErrorOf(Nested(kMaxJsonDepth + 1)), too_deep);
   EXPECT_EQ(ErrorOf(Nested(30000)), too_deep);
   EXPECT_EQ(ErrorOf(Nested(100000)), too_deep);
@@ -110,8 +110,12 @@ TEST(UntrustedJsonTest, DescribeNeverPrintsAWholeContainer) {
   // A cut never splits a UTF-8 sequence, and bytes that are not UTF-8 become U+FFFD.
   EXPECT_EQ(DescribeJson(json(std::string(39, 'x') + "é" + std::string(10, 'y'))),
             absl::StrCat("\"", std::string(39, 'x'), "...\" (51 bytes)"));
-  EXPECT_EQ(QuoteForMessage("a\xff" "b"), "'a\xef\xbf\xbd" "b'");
-  EXPECT_EQ(QuoteForMessage(std::string(100, 'k')), absl::StrCat("'", std::string(40, 'k'), "...'"));
+  EXPECT_EQ(QuoteForMessage("a\xff"
+                            "b"),
+            "'a\xef\xbf\xbd"
+            "b'");
+  EXPECT_EQ(QuoteForMessage(std::string(100, 'k')),
+            absl::StrCat("'", std::string(40, 'k'), "...'"));
 }
 
 }  // namespace

@@ -77,8 +77,8 @@ class InputHardeningTest : public ::testing::Test {
         absl::Seconds(60)))
         << coordinator_->ReadStderr();
     port_ = bound;
-    client_.emplace(CoordinatorClientOptions{absl::StrCat("127.0.0.1:", bound), "", "test",
-                                             absl::Seconds(60)});
+    client_.emplace(
+        CoordinatorClientOptions{absl::StrCat("127.0.0.1:", bound), "", "test", absl::Seconds(60)});
   }
 
   void KillCoordinator() {
@@ -173,8 +173,8 @@ TEST_F(InputHardeningTest, DeepPromptsCrashNeitherTheCoordinatorNorItsRestart) {
   const std::string too_deep =
       "nested more than 64 levels deep (objects and lists inside each other)";
   EXPECT_EQ(errors["(none)"],
-            absl::StrCat("line 1: ", too_deep, "\nline 2: ", too_deep, "\nline 3: a NUL byte at byte ",
-                         lines[2].find('\0') + 1, "\n"));
+            absl::StrCat("line 1: ", too_deep, "\nline 2: ", too_deep,
+                         "\nline 3: a NUL byte at byte ", lines[2].find('\0') + 1, "\n"));
   EXPECT_EQ(errors.count("ok"), 0u);
 }
 

@@ -1,5 +1,6 @@
 #include "tests/testing/hostile_lines.h"
 
+#include <limits>
 #include <random>
 #include <utility>
 
@@ -120,49 +121,56 @@ class Generator {
   size_t Pick(size_t n) { return static_cast<size_t>(rng_() % n); }
 
   json HostileValue(Splicer* splicer) {
-    switch (Pick(26)) {
-      case 0: return nullptr;
-      case 1: return true;
-      case 2: return false;
-      case 3: return 0;
-      case 4: return -1;
-      case 5: return 1.5;
-      case 6: return -0.0;
-      case 7: return 1e308;
-      case 8: return 2147483648LL;
-      case 9: return static_cast<int64_t>(-9223372036854775807LL - 1);
-      case 10: return 18446744073709551615ULL;
-      case 11: return "";
-      case 12: return "x";
-      case 13: return std::string(100000, 'a');
-      case 14: return std::string("a\0b\x01\x1f", 5);
-      case 15: return json::array();
-      case 16: return json::array({1, "two", nullptr});
-      case 17: return json::object();
-      case 18: return json{{"a", 1}};
-      case 19: return json(std::vector<int>(10000, 1));
-      case 20: {
-        const int depths[] = {63, 64, 65, 1000, 30000, 100000};
-        const int depth = depths[Pick(6)];
-        return splicer->Placeholder(
-            absl::StrCat(std::string(depth, '['), "1", std::string(depth, ']')));
-      }
-      case 21: {
-        const int depth = Pick(2) == 0 ? 65 : 30000;
-        std::string raw;
-        for (int i = 0; i < depth; ++i) raw += "{\"a\":";
-        return splicer->Placeholder(raw + "1" + std::string(depth, '}'));
-      }
-      case 22: {
-        const char* numbers[] = {"1e400", "-1e400", "1e-400", "123456789012345678901234567890",
-                                 "-123456789012345678901234567890", "0.0000000000000000000001",
-                                 "1E+999999999999", "-0"};
-        return splicer->Placeholder(numbers[Pick(8)]);
-      }
-      case 23: return "\xed\xa0\x80";  // dumped as U+FFFD; raw bytes come from MutateText
-      case 24: return json{{"type", "json_schema"}, {"json_schema", {{"schema", json::object()}}}};
-      default: return json::array({json::array({1, 2}), json::array({3})});
+    // Every JSON type, edge numbers, long and odd strings, big containers.
+    static const std::vector<json> values = {
+        nullptr,
+        true,
+        false,
+        0,
+        -1,
+        1.5,
+        -0.0,
+        1e308,
+        2147483648LL,
+        std::numeric_limits<int64_t>::min(),
+        std::numeric_limits<uint64_t>::max(),
+        "",
+        "x",
+        std::string(100000, 'a'),
+        std::string("a\0b\x01\x1f", 5),
+        "\xed\xa0\x80",  // dumped as U+FFFD; raw bytes come from MutateText
+        json::array(),
+        json::array({1, "two", nullptr}),
+        json::array({json::array({1, 2}), json::array({3})}),
+        json(std::vector<int>(10000, 1)),
+        json::object(),
+        json{{"a", 1}},
+        json{{"type", "json_schema"}, {"json_schema", {{"schema", json::object()}}}},
+    };
+    const size_t pick = Pick(values.size() + 3);
+    if (pick < values.size()) return values[pick];
+    if (pick == values.size()) {  // lists in lists
+      const int depths[] = {63, 64, 65, 1000, 30000, 100000};
+      const int depth = depths[Pick(6)];
+      return splicer->Placeholder(
+          absl::StrCat(std::string(depth, '['), "1", std::string(depth, ']')));
     }
+    if (pick == values.size() + 1) {  // objects in objects
+      const int depth = Pick(2) == 0 ? 65 : 30000;
+      std::string raw;
+      for (int i = 0; i < depth; ++i) raw += "{\"a\":";
+      return splicer->Placeholder(raw + "1" + std::string(depth, '}'));
+    }
+    // Numbers at and past the edges of a double and a 64-bit integer.
+    const char* numbers[] = {"1e400",
+                             "-1e400",
+                             "1e-400",
+                             "123456789012345678901234567890",
+                             "-123456789012345678901234567890",
+                             "0.0000000000000000000001",
+                             "1E+999999999999",
+                             "-0"};
+    return splicer->Placeholder(numbers[Pick(8)]);
   }
 
   // Every object and list in `value`.
@@ -207,12 +215,24 @@ class Generator {
         break;
       }
       case 4: {  // a refused, unknown or misplaced field
-        const char* fields[] = {"response_format", "guided_json",  "guided_regex",
-                                "guided_grammar",  "logit_bias",   "presence_penalty",
-                                "min_tokens",      "echo",         "best_of",
-                                "made_up",         "messages",     "prompt",
-                                "max_completion_tokens", "top_logprobs", "\xff\xfe",
-                                "",                "custom_id",    "body"};
+        const char* fields[] = {"response_format",
+                                "guided_json",
+                                "guided_regex",
+                                "guided_grammar",
+                                "logit_bias",
+                                "presence_penalty",
+                                "min_tokens",
+                                "echo",
+                                "best_of",
+                                "made_up",
+                                "messages",
+                                "prompt",
+                                "max_completion_tokens",
+                                "top_logprobs",
+                                "\xff\xfe",
+                                "",
+                                "custom_id",
+                                "body"};
         json* where = target->is_object() ? target : &body;
         (*where)[fields[Pick(18)]] = HostileValue(splicer);
         break;
@@ -231,8 +251,8 @@ class Generator {
       case 6: {  // a field holding a deep value
         const char* fields[] = {"prompt", "messages", "tools", "stop", "seed", "made_up"};
         const int depth = Pick(2) == 0 ? 30000 : 100000;
-        body[fields[Pick(6)]] = splicer->Placeholder(
-            absl::StrCat(std::string(depth, '['), std::string(depth, ']')));
+        body[fields[Pick(6)]] =
+            splicer->Placeholder(absl::StrCat(std::string(depth, '['), std::string(depth, ']')));
         break;
       }
       default: {  // the line replaced by something else altogether
@@ -253,8 +273,8 @@ class Generator {
         *text += std::string("\0{\"trailing\": 1}", 16);
         break;
       case 2: {  // bytes that are not UTF-8
-        const char* bad[] = {"\xff", "\xc3", "\xed\xa0\x80", "\xf4\x90\x80\x80", "\xc0\xaf",
-                             "\xe2\x82"};
+        const char* bad[] = {"\xff",     "\xc3",    "\xed\xa0\x80", "\xf4\x90\x80\x80",
+                             "\xc0\xaf", "\xe2\x82"};
         text->insert(at, bad[Pick(6)]);
         break;
       }

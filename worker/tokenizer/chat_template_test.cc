@@ -63,8 +63,8 @@ TEST(ChatTemplateTest, RolesAreTheStringsComparedWithARole) {
       "{% endfor %}",
       "", "");
   ASSERT_TRUE(chat.ok()) << chat.status();
-  EXPECT_THAT((*chat)->roles(),
-              ::testing::ElementsAre("system", "user", "assistant", "tool", "ipython", "developer"));
+  EXPECT_THAT((*chat)->roles(), ::testing::ElementsAre("system", "user", "assistant", "tool",
+                                                       "ipython", "developer"));
   EXPECT_FALSE((*chat)->reads_tools());
   auto plain = ChatTemplate::Create(kTemplate, "", "");
   ASSERT_TRUE(plain.ok());
