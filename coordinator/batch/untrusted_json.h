@@ -24,9 +24,10 @@ namespace deepinfer {
 inline constexpr int kMaxJsonDepth = 64;
 
 // Parses `text` as exactly one JSON value. INVALID_ARGUMENT, with a message that says what
-// and where (byte offsets count from 1; a syntax error's is where the parser noticed it), for: a
-// NUL byte, nesting deeper than kMaxJsonDepth, a duplicate key in one object, data after the value,
-// and anything not JSON (including invalid UTF-8 and numbers too large for a double).
+// and where (byte offsets count from 1; a syntax error's is where the parser noticed it),
+// for: a NUL byte, nesting deeper than kMaxJsonDepth, a duplicate key in one object, data
+// after the value, and anything not JSON (including invalid UTF-8 and numbers too large for
+// a double).
 absl::StatusOr<nlohmann::ordered_json> ParseUntrustedJson(absl::string_view text);
 
 // A short description of `value` for an error message: scalars as JSON (strings cut to a few
