@@ -6,6 +6,7 @@
 
 #include "absl/container/flat_hash_set.h"
 #include "absl/random/random.h"
+#include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
@@ -32,6 +33,11 @@ uint64_t DefaultSeed(const std::string& job_id, int64_t line_number) {
   }
   return h;
 }
+
+// Loads of one job's input that may start without finishing (the coordinator dying while
+// parsing it) before the job is given up instead of loaded again: the one at submission and
+// one after a restart, so that a coordinator killed by chance while loading costs nothing.
+constexpr int64_t kMaxLoads = 2;
 
 std::string MembersKey(const std::vector<std::string>& parts) { return absl::StrJoin(parts, ","); }
 
@@ -75,19 +81,50 @@ absl::Status JobManager::Start() {
   absl::StatusOr<std::vector<Job>> unfinished = store_->UnfinishedJobs();
   if (!unfinished.ok()) return unfinished.status();
   for (const Job& job : *unfinished) {
-    absl::StatusOr<std::vector<StoredRequest>> pending = store_->PendingRequests(job.job_id());
-    if (!pending.ok()) return pending.status();
-    std::ifstream in(store_->InputPath(job.job_id()), std::ios::binary);
-    std::stringstream input;
-    input << in.rdbuf();
-    std::vector<int64_t> lines;
-    for (const StoredRequest& r : *pending) lines.push_back(r.line_number);
-    LOG(INFO) << "resuming job " << job.job_id() << ": " << lines.size() << " of "
-              << job.total_requests() << " requests left";
-    if (absl::Status s = LoadJob(job.job_id(), input.str(), &lines); !s.ok()) return s;
+    absl::Status resumed = ResumeJob(job);
+    if (resumed.ok()) continue;
+    // This job is given up; the others still run.
+    const std::string reason =
+        absl::StrCat("cannot resume the job after a coordinator restart: ", resumed.message());
+    LOG(ERROR) << "job " << job.job_id() << ": " << reason;
+    if (absl::Status s = store_->SetJobState(job.job_id(), Job::FAILED, reason, NowMs()); !s.ok()) {
+      return s;
+    }
   }
   thread_ = std::thread([this] { Run(); });
   return absl::OkStatus();
+}
+
+absl::Status JobManager::ResumeJob(const Job& job) {
+  const std::string& job_id = job.job_id();
+  absl::StatusOr<int64_t> loads = store_->StartLoading(job_id);
+  if (!loads.ok()) return loads.status();
+  if (*loads > kMaxLoads) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("a coordinator stopped ", *loads - 1,
+                     " times while loading its input (see the coordinator's log); it is not "
+                     "loaded again"));
+  }
+  absl::StatusOr<std::vector<StoredRequest>> pending = store_->PendingRequests(job_id);
+  if (!pending.ok()) return pending.status();
+  std::vector<int64_t> lines;
+  for (const StoredRequest& r : *pending) {
+    // LoadJob skips blank lines: one that held a request once would never get a result.
+    if (absl::StripAsciiWhitespace(r.line).empty()) {
+      return absl::DataLossError(absl::StrCat("line ", r.line_number, " of ",
+                                              store_->InputPath(job_id),
+                                              " held a request and is blank now"));
+    }
+    lines.push_back(r.line_number);
+  }
+  std::ifstream in(store_->InputPath(job_id), std::ios::binary);
+  if (!in) return absl::DataLossError(absl::StrCat("cannot read ", store_->InputPath(job_id)));
+  std::stringstream input;
+  input << in.rdbuf();
+  LOG(INFO) << "resuming job " << job_id << ": " << lines.size() << " of " << job.total_requests()
+            << " requests left";
+  if (absl::Status s = LoadJob(job_id, input.str(), &lines); !s.ok()) return s;
+  return store_->FinishedLoading(job_id);
 }
 
 absl::StatusOr<std::string> JobManager::Submit(const std::string& name,
@@ -97,6 +134,9 @@ absl::StatusOr<std::string> JobManager::Submit(const std::string& name,
   if (absl::Status s = LoadJob(*job_id, input_jsonl, nullptr); !s.ok()) {
     (void)store_->SetJobState(*job_id, Job::FAILED, std::string(s.message()), NowMs());
     return s;
+  }
+  if (absl::Status s = store_->FinishedLoading(*job_id); !s.ok()) {
+    LOG(ERROR) << "job " << *job_id << ": " << s;
   }
   LOG(INFO) << "job " << *job_id << " submitted" << (name.empty() ? "" : " as '" + name + "'");
   return job_id;

@@ -88,7 +88,9 @@ class JobManager {
   JobManager(const JobManager&) = delete;
   JobManager& operator=(const JobManager&) = delete;
 
-  // Resumes the store's unfinished jobs and starts the scheduler thread.
+  // Resumes the store's unfinished jobs and starts the scheduler thread. A job that cannot
+  // be resumed (its input file is gone or changed, or a coordinator died while loading it
+  // before) is marked FAILED with the reason, and the others run. Errors: the store's.
   absl::Status Start();
 
   absl::StatusOr<std::string> Submit(const std::string& name, const std::string& input_jsonl);
@@ -165,6 +167,8 @@ class JobManager {
     bool serving = false;
   };
 
+  // Loads an unfinished job from the store (Start).
+  absl::Status ResumeJob(const Job& job);
   // Parses the job's lines and queues those in `pending` (all lines when null);
   // records error lines for the ones that cannot run.
   absl::Status LoadJob(const std::string& job_id, const std::string& input,

@@ -2,7 +2,9 @@
 // error lines, a lost worker, cancel, and resuming from the store.
 #include "coordinator/job_manager.h"
 
+#include <cstdio>
 #include <cstdlib>
+#include <fstream>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -540,6 +542,79 @@ TEST_F(JobManagerTest, ResumesAfterRestartWithoutDuplicates) {
   EXPECT_EQ(job.completed_requests(), 4);
   EXPECT_EQ(job.failed_requests(), 1);
   EXPECT_EQ(Output(*id).size(), 5u);
+}
+
+TEST_F(JobManagerTest, JobsThatCannotBeResumedFailAndTheOthersRun) {
+  // Four jobs wait for a worker while the coordinator restarts; three of them cannot be
+  // resumed, each for its own reason.
+  auto gone = manager_->Submit("gone", Line("g", "[1]"));
+  auto blank = manager_->Submit("blank", Line("b", "[2]") + "\n" + Line("b2", "[3]"));
+  auto crashing = manager_->Submit("crashing", Line("c", "[4]"));
+  auto fine = manager_->Submit("fine", Line("f", "[5]"));
+  ASSERT_TRUE(gone.ok() && blank.ok() && crashing.ok() && fine.ok());
+  manager_.reset();
+  ASSERT_EQ(std::remove(store_->InputPath(*gone).c_str()), 0);
+  // The file changed under the job: its second request line is blank now.
+  std::ofstream(store_->InputPath(*blank), std::ios::trunc) << Line("b", "[2]") << "\n \n";
+  // Two coordinators died while loading this job: the count a third one finds.
+  ASSERT_TRUE(store_->StartLoading(*crashing).ok());
+  ASSERT_TRUE(store_->StartLoading(*crashing).ok());
+  // One died while loading this one: it is loaded again.
+  ASSERT_TRUE(store_->StartLoading(*fine).ok());
+  StartManager();
+
+  Job job = GetJob(*gone);
+  EXPECT_EQ(job.state(), Job::FAILED);
+  EXPECT_THAT(job.error(), HasSubstr("cannot resume the job after a coordinator restart: input "
+                                     "file of job " +
+                                     *gone + " is missing"));
+  job = GetJob(*blank);
+  EXPECT_EQ(job.state(), Job::FAILED);
+  EXPECT_THAT(job.error(), HasSubstr("line 2 of " + store_->InputPath(*blank) +
+                                     " held a request and is blank now"));
+  job = GetJob(*crashing);
+  EXPECT_EQ(job.state(), Job::FAILED);
+  EXPECT_THAT(job.error(), HasSubstr("a coordinator stopped 2 times while loading its input"));
+
+  AddWorker("w1", 1, 1);
+  ServeWhenConfigured({{"w1", 1}}, 1);
+  auto items = workers_.Take(1);
+  ASSERT_EQ(items.size(), 1u);
+  ASSERT_TRUE(manager_->OnResults({ResultFor(items[0].second)}).ok());
+  EXPECT_EQ(GetJob(*fine).state(), Job::COMPLETED);
+  // Loaded to the end: a later restart loads it again if it is unfinished.
+  EXPECT_EQ(*store_->StartLoading(*fine), 1);
+}
+
+TEST_F(JobManagerTest, HostileLinesGetErrorLinesAtSubmitAndAfterARestart) {
+  const std::string deep = absl::StrCat(std::string(30000, '['), std::string(30000, ']'));
+  const std::string input = absl::StrJoin(
+      {Line("deep-prompt", deep),
+       absl::StrCat(R"({"custom_id": "deep-chat", "url": "/v1/chat/completions", "body": )",
+                    R"({"messages": [{"role": "user", "content": )", deep, "}]}}"),
+       Line("nul", "[1]") + std::string("\0{\"x\": 1}", 9), Line("ok", "[1, 2]")},
+      "\n");
+  auto id = manager_->Submit("hostile", input);
+  ASSERT_TRUE(id.ok()) << id.status();
+  EXPECT_EQ(GetJob(*id).failed_requests(), 3);
+  // Restarted while the good line waits: every line is parsed again.
+  StartManager();
+  AddWorker("w1", 1, 1);
+  ServeWhenConfigured({{"w1", 1}}, 1);
+  auto items = workers_.Take(1);
+  ASSERT_EQ(items.size(), 1u);
+  ASSERT_TRUE(manager_->OnResults({ResultFor(items[0].second)}).ok());
+  Job job = GetJob(*id);
+  EXPECT_EQ(job.state(), Job::COMPLETED);
+  EXPECT_EQ(job.completed_requests(), 1);
+  EXPECT_EQ(job.failed_requests(), 3);
+  std::string errors;
+  for (const json& line : Output(*id)) {
+    if (!line["error"].is_null()) errors += line["error"]["message"].get<std::string>() + "\n";
+  }
+  EXPECT_THAT(errors, HasSubstr("line 1: nested more than 64 levels deep"));
+  EXPECT_THAT(errors, HasSubstr("line 2: nested more than 64 levels deep"));
+  EXPECT_THAT(errors, HasSubstr("line 3: a NUL byte at byte"));
 }
 
 TEST_F(JobManagerTest, LeavesOutWorkersWhoseRanksDoNotDivideTheExperts) {

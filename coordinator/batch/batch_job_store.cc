@@ -146,6 +146,19 @@ absl::Status BatchJobStore::Init() {
        }) {
     if (absl::Status s = Exec(db_, sql); !s.ok()) return s;
   }
+  // A state directory made before jobs counted their loads gets the column.
+  bool has_load_attempts = false;
+  {
+    Statement columns(db_, "PRAGMA table_info(jobs)");
+    if (!columns.status().ok()) return columns.status();
+    while (columns.Step() == SQLITE_ROW) has_load_attempts |= columns.Text(1) == "load_attempts";
+  }
+  if (!has_load_attempts) {
+    if (absl::Status s = Exec(db_, "ALTER TABLE jobs ADD COLUMN load_attempts INTEGER DEFAULT 0");
+        !s.ok()) {
+      return s;
+    }
+  }
   return RepairOutputFilesLocked();
 }
 
@@ -214,7 +227,8 @@ absl::StatusOr<std::string> BatchJobStore::CreateJob(const std::string& name,
   if (absl::Status s = Exec(db_, "BEGIN IMMEDIATE"); !s.ok()) return s;
   absl::Status status = [&]() -> absl::Status {
     Statement job(db_,
-                  "INSERT INTO jobs(job_id, name, state, total, created_ms) VALUES(?, ?, ?, ?, ?)");
+                  "INSERT INTO jobs(job_id, name, state, total, created_ms, load_attempts) "
+                  "VALUES(?, ?, ?, ?, ?, 1)");
     if (!job.status().ok()) return job.status();
     job.Bind(1, job_id);
     job.Bind(2, name);
@@ -246,8 +260,7 @@ absl::StatusOr<bool> BatchJobStore::RecordResult(const std::string& job_id, int6
   return (*recorded)[0];
 }
 
-absl::StatusOr<std::vector<bool>> BatchJobStore::RecordResults(
-    const std::vector<Result>& results) {
+absl::StatusOr<std::vector<bool>> BatchJobStore::RecordResults(const std::vector<Result>& results) {
   for (const Result& r : results) {
     if (r.output_line.find('\n') != std::string::npos) {
       return absl::InvalidArgumentError("an output line must not contain a newline");
@@ -310,6 +323,32 @@ absl::StatusOr<std::vector<bool>> BatchJobStore::RecordResults(
   return recorded;
 }
 
+absl::StatusOr<int64_t> BatchJobStore::StartLoading(const std::string& job_id) {
+  absl::MutexLock lock(&mu_);
+  {
+    Statement s(db_, "UPDATE jobs SET load_attempts = load_attempts + 1 WHERE job_id = ?");
+    if (!s.status().ok()) return s.status();
+    s.Bind(1, job_id);
+    if (absl::Status st = StepDone(s, db_); !st.ok()) return st;
+    if (sqlite3_changes(db_) == 0) return absl::NotFoundError(absl::StrCat("no job ", job_id));
+  }
+  Statement s(db_, "SELECT load_attempts FROM jobs WHERE job_id = ?");
+  if (!s.status().ok()) return s.status();
+  s.Bind(1, job_id);
+  if (s.Step() != SQLITE_ROW) return absl::NotFoundError(absl::StrCat("no job ", job_id));
+  return s.Int(0);
+}
+
+absl::Status BatchJobStore::FinishedLoading(const std::string& job_id) {
+  absl::MutexLock lock(&mu_);
+  Statement s(db_, "UPDATE jobs SET load_attempts = 0 WHERE job_id = ?");
+  if (!s.status().ok()) return s.status();
+  s.Bind(1, job_id);
+  if (absl::Status st = StepDone(s, db_); !st.ok()) return st;
+  if (sqlite3_changes(db_) == 0) return absl::NotFoundError(absl::StrCat("no job ", job_id));
+  return absl::OkStatus();
+}
+
 absl::Status BatchJobStore::SetJobState(const std::string& job_id, Job::State state,
                                         const std::string& error, int64_t now_unix_ms) {
   absl::MutexLock lock(&mu_);
@@ -360,15 +399,13 @@ absl::StatusOr<std::vector<Job>> BatchJobStore::ListJobs(int page_size,
     return absl::InvalidArgumentError(absl::StrCat("bad page token '", page_token, "'"));
   }
   return QueryJobsLocked(
-      absl::StrCat("WHERE rowid < (SELECT rowid FROM jobs WHERE job_id = ?)", limit),
-      {page_token});
+      absl::StrCat("WHERE rowid < (SELECT rowid FROM jobs WHERE job_id = ?)", limit), {page_token});
 }
 
 absl::StatusOr<std::vector<Job>> BatchJobStore::UnfinishedJobs() const {
   absl::MutexLock lock(&mu_);
-  return QueryJobsLocked(absl::StrFormat("WHERE state IN (%d, %d) ORDER BY rowid", Job::QUEUED,
-                                         Job::RUNNING),
-                         {});
+  return QueryJobsLocked(
+      absl::StrFormat("WHERE state IN (%d, %d) ORDER BY rowid", Job::QUEUED, Job::RUNNING), {});
 }
 
 absl::StatusOr<std::vector<StoredRequest>> BatchJobStore::PendingRequests(

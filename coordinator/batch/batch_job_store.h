@@ -7,6 +7,10 @@
 // file second; on Open() any output file shorter than the database says is rebuilt
 // from the database, so a crash can neither lose nor duplicate a finished result.
 // Recording a result for a request that already has one is a no-op.
+//
+// Each job also counts the loads (parsing its input and queueing its lines) that started
+// and did not finish, so that a coordinator that dies while loading a job's input can tell
+// at its next start, and give that job up rather than die on it again.
 #ifndef DEEPINFER_COORDINATOR_BATCH_BATCH_JOB_STORE_H_
 #define DEEPINFER_COORDINATOR_BATCH_BATCH_JOB_STORE_H_
 
@@ -40,7 +44,8 @@ class BatchJobStore {
   BatchJobStore& operator=(const BatchJobStore&) = delete;
 
   // Stores a new QUEUED job whose requests are the non-blank lines of `input_jsonl`;
-  // returns its id. INVALID_ARGUMENT if there is no non-blank line.
+  // returns its id. INVALID_ARGUMENT if there is no non-blank line. The job counts as
+  // being loaded (one StartLoading) until FinishedLoading.
   absl::StatusOr<std::string> CreateJob(const std::string& name, const std::string& input_jsonl,
                                         int64_t now_unix_ms);
 
@@ -60,6 +65,13 @@ class BatchJobStore {
   // whether it was recorded (false: that request already had a result). A result
   // naming an unknown job or line fails the whole call and records nothing.
   absl::StatusOr<std::vector<bool>> RecordResults(const std::vector<Result>& results);
+
+  // Counts a load of the job's input that starts now; returns the loads that started since
+  // the last one that finished, this one included (more than 1: a coordinator died while
+  // loading it). NOT_FOUND for an unknown job.
+  absl::StatusOr<int64_t> StartLoading(const std::string& job_id);
+  // The load of the job's input finished: resets the count.
+  absl::Status FinishedLoading(const std::string& job_id);
 
   // Sets the job's state (and error, for FAILED); final states also stamp the
   // finish time. NOT_FOUND for an unknown job.

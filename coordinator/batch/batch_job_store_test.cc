@@ -1,5 +1,8 @@
 #include "coordinator/batch/batch_job_store.h"
 
+#include <sqlite3.h>
+#include <sys/stat.h>
+
 #include <cstdlib>
 #include <fstream>
 #include <sstream>
@@ -85,8 +88,8 @@ TEST(BatchJobStoreTest, RecordResultsIsAllOrNothing) {
   auto store = BatchJobStore::Open(FreshDir("s6"));
   ASSERT_TRUE(store.ok());
   auto id = *(*store)->CreateJob("j", kInput, 0);
-  auto recorded = (*store)->RecordResults({{id, 1, "a", false, 7}, {id, 3, "b", true, 0},
-                                           {id, 1, "a-again", false, 7}});
+  auto recorded = (*store)->RecordResults(
+      {{id, 1, "a", false, 7}, {id, 3, "b", true, 0}, {id, 1, "a-again", false, 7}});
   ASSERT_TRUE(recorded.ok()) << recorded.status();
   EXPECT_THAT(*recorded, ElementsAre(true, true, false));
   EXPECT_EQ((*store)->GetJob(id)->generated_tokens(), 7);
@@ -140,8 +143,7 @@ TEST(BatchJobStoreTest, ListJobsNewestFirstWithPages) {
   auto second = *(*store)->ListJobs(2, first[1].job_id());
   ASSERT_EQ(second.size(), 2u);
   EXPECT_EQ(second[0].job_id(), ids[2]);
-  EXPECT_EQ((*store)->ListJobs(2, "job-nope").status().code(),
-            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ((*store)->ListJobs(2, "job-nope").status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_EQ((*store)->GetJob("job-nope").status().code(), absl::StatusCode::kNotFound);
   EXPECT_EQ((*store)->SetJobState("job-nope", Job::FAILED, "x", 0).code(),
             absl::StatusCode::kNotFound);
@@ -151,6 +153,49 @@ TEST(BatchJobStoreTest, UnwritableStateDirIsAClearError) {
   auto store = BatchJobStore::Open("/proc/deepinfer-cannot-exist");
   ASSERT_FALSE(store.ok());
   EXPECT_THAT(std::string(store.status().message()), HasSubstr("/proc/deepinfer-cannot-exist"));
+}
+
+TEST(BatchJobStoreTest, LoadsThatDidNotFinishAreCountedAcrossReopens) {
+  const std::string dir = FreshDir("loads");
+  std::string id;
+  {
+    auto store = BatchJobStore::Open(dir);
+    ASSERT_TRUE(store.ok());
+    auto created = (*store)->CreateJob("", kInput, 0);
+    ASSERT_TRUE(created.ok());
+    id = *created;
+    // CreateJob counts the load at submission: a coordinator that died there left 1.
+    EXPECT_EQ(*(*store)->StartLoading(id), 2);
+  }
+  auto store = BatchJobStore::Open(dir);
+  ASSERT_TRUE(store.ok());
+  EXPECT_EQ(*(*store)->StartLoading(id), 3);
+  ASSERT_TRUE((*store)->FinishedLoading(id).ok());
+  EXPECT_EQ(*(*store)->StartLoading(id), 1);
+  EXPECT_EQ((*store)->StartLoading("job-none").status().code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ((*store)->FinishedLoading("job-none").code(), absl::StatusCode::kNotFound);
+}
+
+TEST(BatchJobStoreTest, OpensAStateDirectoryWithoutLoadCounts) {
+  // The jobs table as it was before loads were counted, with one job in it.
+  const std::string dir = FreshDir("old_schema");
+  ASSERT_EQ(mkdir(dir.c_str(), 0755), 0);
+  sqlite3* db = nullptr;
+  ASSERT_EQ(sqlite3_open((dir + "/deepinfer.db").c_str(), &db), SQLITE_OK);
+  ASSERT_EQ(sqlite3_exec(db,
+                         "CREATE TABLE jobs(job_id TEXT PRIMARY KEY, name TEXT, state INTEGER, "
+                         "total INTEGER, completed INTEGER DEFAULT 0, failed INTEGER DEFAULT 0, "
+                         "created_ms INTEGER, finished_ms INTEGER DEFAULT 0, error TEXT DEFAULT "
+                         "'', generated_tokens INTEGER DEFAULT 0);"
+                         "INSERT INTO jobs(job_id, name, state, total, created_ms) "
+                         "VALUES('job-old', '', 1, 1, 0);",
+                         nullptr, nullptr, nullptr),
+            SQLITE_OK);
+  sqlite3_close(db);
+  auto store = BatchJobStore::Open(dir);
+  ASSERT_TRUE(store.ok()) << store.status();
+  EXPECT_EQ(*(*store)->StartLoading("job-old"), 1);
+  EXPECT_TRUE((*store)->CreateJob("", kInput, 0).ok());
 }
 
 }  // namespace

@@ -3,6 +3,8 @@
 #include <limits>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "coordinator/batch/untrusted_json.h"
 
 namespace deepinfer {
 namespace {
@@ -13,6 +15,114 @@ using json = nlohmann::ordered_json;
 constexpr int kMaxLogprobs = 20;
 // OpenAI's default for /v1/completions; chat has no default (0: until EOS or limit).
 constexpr int kCompletionsDefaultMaxTokens = 16;
+
+constexpr unsigned kOnCompletions = 1;
+constexpr unsigned kOnChat = 2;
+constexpr unsigned kOnBoth = kOnCompletions | kOnChat;
+
+unsigned EndpointBit(BatchEndpoint endpoint) {
+  return endpoint == BatchEndpoint::kCompletions ? kOnCompletions : kOnChat;
+}
+
+// The body fields that are read, and on which endpoint. docs/jobs.md lists them.
+struct AcceptedField {
+  const char* name;
+  unsigned endpoints;
+};
+constexpr AcceptedField kAcceptedFields[] = {
+    {"model", kOnBoth},
+    {"prompt", kOnCompletions},
+    {"messages", kOnChat},
+    {"tools", kOnChat},
+    {"tool_choice", kOnChat},
+    {"max_tokens", kOnBoth},
+    {"max_completion_tokens", kOnChat},
+    {"temperature", kOnBoth},
+    {"top_p", kOnBoth},
+    {"top_k", kOnBoth},
+    {"seed", kOnBoth},
+    {"stop", kOnBoth},
+    {"stop_token_ids", kOnBoth},
+    {"ignore_eos", kOnBoth},
+    {"logprobs", kOnBoth},
+    {"top_logprobs", kOnChat},
+    {"return_token_ids", kOnBoth},
+    {"n", kOnBoth},
+    {"stream", kOnBoth},
+    {"user", kOnBoth},
+};
+
+// OpenAI and vLLM body fields that are not served; a line that sets one gets an error line
+// naming it instead of running without it. `neutral` (JSON) is the value that asks for
+// nothing, accepted like null so that requests spelling out defaults still run.
+struct RefusedField {
+  const char* name;
+  bool planned;  // structured output and the further sampling controls: "not supported yet"
+  const char* neutral;
+};
+constexpr RefusedField kRefusedFields[] = {
+    {"response_format", true, R"({"type": "text"})"},
+    {"guided_json", true, nullptr},
+    {"guided_regex", true, nullptr},
+    {"guided_choice", true, nullptr},
+    {"guided_grammar", true, nullptr},
+    {"guided_decoding_backend", true, nullptr},
+    {"guided_whitespace_pattern", true, nullptr},
+    {"structural_tag", true, nullptr},
+    {"structured_outputs", true, nullptr},
+    {"logit_bias", true, "{}"},
+    {"presence_penalty", true, "0"},
+    {"frequency_penalty", true, "0"},
+    {"repetition_penalty", true, "1"},
+    {"min_tokens", true, "0"},
+    {"min_p", true, "0"},
+    {"echo", true, "false"},
+    {"best_of", true, "1"},
+    {"suffix", false, nullptr},
+    {"stream_options", false, nullptr},
+    {"functions", false, nullptr},
+    {"function_call", false, nullptr},
+    {"parallel_tool_calls", false, nullptr},
+    {"audio", false, nullptr},
+    {"modalities", false, nullptr},
+    {"prediction", false, nullptr},
+    {"reasoning_effort", false, nullptr},
+    {"verbosity", false, nullptr},
+    {"web_search_options", false, nullptr},
+    {"metadata", false, nullptr},
+    {"store", false, "false"},
+    {"service_tier", false, nullptr},
+    {"prompt_cache_key", false, nullptr},
+    {"safety_identifier", false, nullptr},
+    {"length_penalty", false, "1"},
+    {"use_beam_search", false, "false"},
+    {"include_stop_str_in_output", false, "false"},
+    {"skip_special_tokens", false, nullptr},
+    {"spaces_between_special_tokens", false, nullptr},
+    {"truncate_prompt_tokens", false, nullptr},
+    {"prompt_logprobs", false, nullptr},
+    {"allowed_token_ids", false, nullptr},
+    {"bad_words", false, nullptr},
+    {"add_generation_prompt", false, nullptr},
+    {"continue_final_message", false, "false"},
+    {"add_special_tokens", false, nullptr},
+    {"documents", false, nullptr},
+    {"chat_template", false, nullptr},
+    {"chat_template_kwargs", false, nullptr},
+    {"mm_processor_kwargs", false, nullptr},
+    {"priority", false, "0"},
+    {"request_id", false, nullptr},
+    {"logits_processors", false, nullptr},
+    {"return_tokens_as_token_ids", false, "false"},
+    {"cache_salt", false, nullptr},
+    {"kv_transfer_params", false, nullptr},
+    {"vllm_xargs", false, nullptr},
+    {"prompt_embeds", false, nullptr},
+};
+
+// Fields of a chat message passed to the chat template, and OpenAI's that are not served.
+constexpr const char* kMessageFields[] = {"role", "content", "name", "tool_calls", "tool_call_id"};
+constexpr const char* kRefusedMessageFields[] = {"audio", "function_call", "refusal"};
 
 class LineParser {
  public:
@@ -28,10 +138,13 @@ class LineParser {
     auto it = body.find(field);
     if (it == body.end() || it->is_null()) return absl::OkStatus();
     if (!it->is_number_integer()) {
-      return Error(absl::StrCat("body.", field, " must be an integer, got ", it->dump()));
+      return Error(absl::StrCat("body.", field, " must be an integer, got ", DescribeJson(*it)));
     }
     int64_t v = it->get<int64_t>();
-    if (it->is_number_unsigned() && it->get<uint64_t>() > static_cast<uint64_t>(hi)) v = hi + 1;
+    if (it->is_number_unsigned() && it->get<uint64_t>() > static_cast<uint64_t>(hi)) {
+      return Error(absl::StrCat("body.", field, " must be in [", lo, ", ", hi, "], got ",
+                                DescribeJson(*it)));
+    }
     if (v < lo || v > hi) {
       return Error(absl::StrCat("body.", field, " must be in [", lo, ", ", hi, "], got ", v));
     }
@@ -44,12 +157,12 @@ class LineParser {
     auto it = body.find(field);
     if (it == body.end() || it->is_null()) return absl::OkStatus();
     if (!it->is_number()) {
-      return Error(absl::StrCat("body.", field, " must be a number, got ", it->dump()));
+      return Error(absl::StrCat("body.", field, " must be a number, got ", DescribeJson(*it)));
     }
     double v = it->get<double>();
     if ((lo_open ? v <= lo : v < lo) || v > hi) {
       return Error(absl::StrCat("body.", field, " must be in ", lo_open ? "(" : "[", lo, ", ", hi,
-                                "], got ", v));
+                                "], got ", DescribeJson(*it)));
     }
     *out = v;
     return absl::OkStatus();
@@ -59,9 +172,20 @@ class LineParser {
     auto it = body.find(field);
     if (it == body.end() || it->is_null()) return absl::OkStatus();
     if (!it->is_boolean()) {
-      return Error(absl::StrCat("body.", field, " must be true or false, got ", it->dump()));
+      return Error(absl::StrCat("body.", field, " must be true or false, got ", DescribeJson(*it)));
     }
     *out = it->get<bool>();
+    return absl::OkStatus();
+  }
+
+  absl::Status OptionalString(const json& object, const char* field, absl::string_view where,
+                              std::string* out) const {
+    auto it = object.find(field);
+    if (it == object.end() || it->is_null()) return absl::OkStatus();
+    if (!it->is_string()) {
+      return Error(absl::StrCat(where, field, " must be a string, got ", DescribeJson(*it)));
+    }
+    if (out != nullptr) *out = it->get<std::string>();
     return absl::OkStatus();
   }
 
@@ -69,15 +193,53 @@ class LineParser {
   std::string prefix_;
 };
 
+// Refuses any body field that is not read on `endpoint`: a refused field unless it holds
+// null or its neutral value, an accepted field of the other endpoint, an unknown field.
+absl::Status CheckBodyFields(const json& body, const LineParser& p, BatchEndpoint endpoint) {
+  for (auto it = body.begin(); it != body.end(); ++it) {
+    const std::string& key = it.key();
+    bool handled = false;
+    for (const AcceptedField& f : kAcceptedFields) {
+      if (key != f.name) continue;
+      handled = true;
+      if ((f.endpoints & EndpointBit(endpoint)) == 0 && !it->is_null()) {
+        return p.Error(absl::StrCat("field '", key, "' belongs to ",
+                                    endpoint == BatchEndpoint::kCompletions
+                                        ? "/v1/chat/completions, not /v1/completions"
+                                        : "/v1/completions, not /v1/chat/completions"));
+      }
+      break;
+    }
+    if (handled) continue;
+    for (const RefusedField& f : kRefusedFields) {
+      if (key != f.name) continue;
+      handled = true;
+      if (it->is_null()) break;
+      if (f.neutral != nullptr &&
+          *it == json::parse(f.neutral, nullptr, /*allow_exceptions=*/false)) {
+        break;
+      }
+      return p.Error(absl::StrCat(
+          "field '", key, "' is not supported", f.planned ? " yet" : "",
+          f.neutral != nullptr ? absl::StrCat("; leave it out or set it to ", f.neutral) : ""));
+    }
+    if (!handled) {
+      return p.Error(absl::StrCat("unknown field ", QuoteForMessage(key), " in body"));
+    }
+  }
+  return absl::OkStatus();
+}
+
 absl::StatusOr<std::vector<int32_t>> TokenIds(const json& array, const LineParser& p,
                                               absl::string_view field) {
   std::vector<int32_t> ids;
   ids.reserve(array.size());
   for (const json& v : array) {
-    if (!v.is_number_integer() || v.get<int64_t>() < 0 ||
-        v.get<int64_t>() > std::numeric_limits<int32_t>::max()) {
+    if (!v.is_number_integer() ||
+        (v.is_number_unsigned() && v.get<uint64_t>() > std::numeric_limits<int32_t>::max()) ||
+        v.get<int64_t>() < 0 || v.get<int64_t>() > std::numeric_limits<int32_t>::max()) {
       return p.Error(absl::StrCat(field, " must hold non-negative integer token ids, found ",
-                                  v.dump()));
+                                  DescribeJson(v)));
     }
     ids.push_back(static_cast<int32_t>(v.get<int64_t>()));
   }
@@ -93,7 +255,8 @@ absl::Status ParsePrompt(const json& body, const LineParser& p, BatchLine* out) 
     return absl::OkStatus();
   }
   if (!prompt.is_array()) {
-    return p.Error("body.prompt must be a string or a list of token ids");
+    return p.Error(absl::StrCat("body.prompt must be a string or a list of token ids, got ",
+                                DescribeJson(prompt)));
   }
   if (prompt.empty()) return p.Error("body.prompt is an empty list");
   // OpenAI also allows a list of prompts; one line is one request here.
@@ -117,30 +280,127 @@ absl::Status ParsePrompt(const json& body, const LineParser& p, BatchLine* out) 
   return absl::OkStatus();
 }
 
+// A message's content: a string, null, or a list of text parts, which is joined with "\n"
+// into one string (as vLLM does for templates that take string content).
+absl::StatusOr<json> MessageContent(const json& content, const LineParser& p,
+                                    const std::string& where) {
+  if (content.is_null() || content.is_string()) return content;
+  if (!content.is_array()) {
+    return p.Error(absl::StrCat(where, ".content must be a string, a list of text parts, or null, ",
+                                "got ", DescribeJson(content)));
+  }
+  std::vector<std::string> texts;
+  for (size_t j = 0; j < content.size(); ++j) {
+    const json& part = content[j];
+    const std::string part_where = absl::StrCat(where, ".content[", j, "]");
+    if (!part.is_object()) {
+      return p.Error(absl::StrCat(part_where, " must be an object, got ", DescribeJson(part)));
+    }
+    auto type = part.find("type");
+    if (type == part.end() || !type->is_string()) {
+      return p.Error(absl::StrCat(part_where, ".type must be a string"));
+    }
+    if (*type != "text") {
+      return p.Error(absl::StrCat(part_where, ": content part type ",
+                                  QuoteForMessage(type->get_ref<const std::string&>()),
+                                  " is not supported (text parts only)"));
+    }
+    for (auto f = part.begin(); f != part.end(); ++f) {
+      if (f.key() != "type" && f.key() != "text") {
+        return p.Error(
+            absl::StrCat("unknown field ", QuoteForMessage(f.key()), " in ", part_where));
+      }
+    }
+    auto text = part.find("text");
+    if (text == part.end() || !text->is_string()) {
+      return p.Error(absl::StrCat(part_where, ".text must be a string"));
+    }
+    texts.push_back(text->get<std::string>());
+  }
+  return json(absl::StrJoin(texts, "\n"));
+}
+
+absl::StatusOr<json> ParseMessage(const json& m, const LineParser& p, const std::string& where) {
+  if (!m.is_object()) {
+    return p.Error(absl::StrCat(where, " must be an object, got ", DescribeJson(m)));
+  }
+  json message = json::object();
+  for (auto f = m.begin(); f != m.end(); ++f) {
+    const std::string& key = f.key();
+    bool known = false;
+    for (const char* name : kMessageFields) known = known || key == name;
+    if (!known) {
+      for (const char* name : kRefusedMessageFields) {
+        if (key == name && !f->is_null()) {
+          return p.Error(absl::StrCat("field '", key, "' in ", where, " is not supported"));
+        }
+      }
+      if (f->is_null()) continue;
+      return p.Error(absl::StrCat("unknown field ", QuoteForMessage(key), " in ", where));
+    }
+    if (key == "content") {
+      absl::StatusOr<json> content = MessageContent(*f, p, where);
+      if (!content.ok()) return content.status();
+      message["content"] = std::move(*content);
+      continue;
+    }
+    if (key == "tool_calls" && !f->is_null()) {
+      if (!f->is_array()) {
+        return p.Error(absl::StrCat(where, ".tool_calls must be a list, got ", DescribeJson(*f)));
+      }
+      for (size_t j = 0; j < f->size(); ++j) {
+        if (!(*f)[j].is_object()) {
+          return p.Error(absl::StrCat(where, ".tool_calls[", j, "] must be an object, got ",
+                                      DescribeJson((*f)[j])));
+        }
+      }
+    } else if (key != "tool_calls" && !f->is_null() && !f->is_string()) {
+      return p.Error(absl::StrCat(where, ".", key, " must be a string, got ", DescribeJson(*f)));
+    }
+    message[key] = *f;
+  }
+  auto role = message.find("role");
+  if (role == message.end() || role->is_null())
+    return p.Error(absl::StrCat(where, ".role is missing"));
+  if (role->get_ref<const std::string&>().empty()) {
+    return p.Error(absl::StrCat(where, ".role is empty"));
+  }
+  return message;
+}
+
 absl::Status ParseMessages(const json& body, const LineParser& p, BatchLine* out) {
   auto it = body.find("messages");
   if (it == body.end() || it->is_null()) return p.Error("body.messages is missing");
   if (!it->is_array() || it->empty()) {
-    return p.Error("body.messages must be a non-empty list of messages");
+    return p.Error(absl::StrCat("body.messages must be a non-empty list of messages, got ",
+                                DescribeJson(*it)));
   }
+  json messages = json::array();
   for (size_t i = 0; i < it->size(); ++i) {
-    const json& m = (*it)[i];
-    if (!m.is_object()) return p.Error(absl::StrCat("body.messages[", i, "] is not an object"));
-    auto role = m.find("role");
-    if (role == m.end() || !role->is_string()) {
-      return p.Error(absl::StrCat("body.messages[", i, "].role is missing or not a string"));
-    }
-    auto content = m.find("content");
-    if (content != m.end() && !content->is_null() && !content->is_string() &&
-        !content->is_array()) {
-      return p.Error(absl::StrCat("body.messages[", i,
-                                  "].content must be a string, a list of parts, or null"));
-    }
+    absl::StatusOr<json> message =
+        ParseMessage((*it)[i], p, absl::StrCat("body.messages[", i, "]"));
+    if (!message.ok()) return message.status();
+    messages.push_back(std::move(*message));
   }
-  out->messages = *it;
+  out->messages = std::move(messages);
   if (auto tools = body.find("tools"); tools != body.end() && !tools->is_null()) {
-    if (!tools->is_array()) return p.Error("body.tools must be a list");
+    if (!tools->is_array()) {
+      return p.Error(absl::StrCat("body.tools must be a list, got ", DescribeJson(*tools)));
+    }
+    for (size_t i = 0; i < tools->size(); ++i) {
+      if (!(*tools)[i].is_object()) {
+        return p.Error(
+            absl::StrCat("body.tools[", i, "] must be an object, got ", DescribeJson((*tools)[i])));
+      }
+    }
     out->tools = *tools;
+  }
+  if (auto choice = body.find("tool_choice");
+      choice != body.end() && !choice->is_null() && *choice != "auto") {
+    return p.Error(absl::StrCat(
+        "body.tool_choice: only \"auto\" is supported (the model decides whether to call a "
+        "tool), got ",
+        DescribeJson(*choice)));
   }
   return absl::OkStatus();
 }
@@ -149,8 +409,11 @@ absl::Status ParseStop(const json& body, const LineParser& p, GenerationParams* 
   auto it = body.find("stop");
   if (it == body.end() || it->is_null()) return absl::OkStatus();
   auto add = [&](const json& s) -> absl::Status {
-    if (!s.is_string()) return p.Error("body.stop must be a string or a list of strings");
-    if (s.get<std::string>().empty()) return p.Error("body.stop holds an empty string");
+    if (!s.is_string()) {
+      return p.Error(
+          absl::StrCat("body.stop must be a string or a list of strings, found ", DescribeJson(s)));
+    }
+    if (s.get_ref<const std::string&>().empty()) return p.Error("body.stop holds an empty string");
     sampling->add_stop(s.get<std::string>());
     return absl::OkStatus();
   };
@@ -163,28 +426,42 @@ absl::Status ParseStop(const json& body, const LineParser& p, GenerationParams* 
   return add(*it);
 }
 
+absl::Status ParseMaxTokens(const json& body, const LineParser& p, BatchEndpoint endpoint,
+                            GenerationParams* s) {
+  const bool chat = endpoint == BatchEndpoint::kChatCompletions;
+  auto completion = body.find("max_completion_tokens");
+  auto max = body.find("max_tokens");
+  const bool has_completion = chat && completion != body.end() && !completion->is_null();
+  const bool has_max = max != body.end() && !max->is_null();
+  if (has_completion && has_max && *completion != *max) {
+    return p.Error(
+        "body.max_completion_tokens and body.max_tokens differ; give one of them (OpenAI's "
+        "newer name is max_completion_tokens)");
+  }
+  std::optional<int64_t> max_tokens;
+  if (absl::Status st = p.OptionalInt(body, has_completion ? "max_completion_tokens" : "max_tokens",
+                                      1, std::numeric_limits<int32_t>::max(), &max_tokens);
+      !st.ok()) {
+    return st;
+  }
+  s->set_max_tokens(
+      static_cast<int32_t>(max_tokens.value_or(chat ? 0 : kCompletionsDefaultMaxTokens)));
+  return absl::OkStatus();
+}
+
 absl::Status ParseSampling(const json& body, const LineParser& p, BatchEndpoint endpoint,
                            GenerationParams* s) {
   std::optional<int64_t> n;
   if (absl::Status st = p.OptionalInt(body, "n", 1, 1, &n); !st.ok()) {
-    return p.Error("body.n: only n = 1 is supported (one completion per request line)");
+    return p.Error(
+        absl::StrCat("body.n: only n = 1 is supported (one completion per request "
+                     "line), got ",
+                     DescribeJson(*body.find("n"))));
   }
-  if (auto stream = body.find("stream"); stream != body.end() && stream->is_boolean() &&
-                                         stream->get<bool>()) {
-    return p.Error("body.stream: streaming is not available in batch jobs");
-  }
-  std::optional<int64_t> max_tokens;
-  const char* max_field =
-      endpoint == BatchEndpoint::kChatCompletions && body.contains("max_completion_tokens")
-          ? "max_completion_tokens"
-          : "max_tokens";
-  if (absl::Status st =
-          p.OptionalInt(body, max_field, 1, std::numeric_limits<int32_t>::max(), &max_tokens);
-      !st.ok()) {
-    return st;
-  }
-  s->set_max_tokens(max_tokens.value_or(
-      endpoint == BatchEndpoint::kCompletions ? kCompletionsDefaultMaxTokens : 0));
+  bool stream = false;
+  if (absl::Status st = p.OptionalBool(body, "stream", &stream); !st.ok()) return st;
+  if (stream) return p.Error("body.stream: streaming is not available in batch jobs");
+  if (absl::Status st = ParseMaxTokens(body, p, endpoint, s); !st.ok()) return st;
 
   std::optional<double> temperature, top_p;
   if (absl::Status st = p.OptionalNumber(body, "temperature", 0, 1e6, false, &temperature);
@@ -196,8 +473,8 @@ absl::Status ParseSampling(const json& body, const LineParser& p, BatchEndpoint 
   s->set_top_p(static_cast<float>(top_p.value_or(1.0)));
 
   std::optional<int64_t> top_k;
-  if (absl::Status st = p.OptionalInt(body, "top_k", -1, std::numeric_limits<int32_t>::max(),
-                                      &top_k);
+  if (absl::Status st =
+          p.OptionalInt(body, "top_k", -1, std::numeric_limits<int32_t>::max(), &top_k);
       !st.ok()) {
     return st;
   }
@@ -205,14 +482,17 @@ absl::Status ParseSampling(const json& body, const LineParser& p, BatchEndpoint 
 
   if (auto seed = body.find("seed"); seed != body.end() && !seed->is_null()) {
     if (!seed->is_number_integer()) {
-      return p.Error(absl::StrCat("body.seed must be an integer, got ", seed->dump()));
+      return p.Error(absl::StrCat("body.seed must be an integer, got ", DescribeJson(*seed)));
     }
     s->set_seed(seed->is_number_unsigned() ? seed->get<uint64_t>()
                                            : static_cast<uint64_t>(seed->get<int64_t>()));
   }
   if (absl::Status st = ParseStop(body, p, s); !st.ok()) return st;
   if (auto ids = body.find("stop_token_ids"); ids != body.end() && !ids->is_null()) {
-    if (!ids->is_array()) return p.Error("body.stop_token_ids must be a list of token ids");
+    if (!ids->is_array()) {
+      return p.Error(absl::StrCat("body.stop_token_ids must be a list of token ids, got ",
+                                  DescribeJson(*ids)));
+    }
     auto parsed = TokenIds(*ids, p, "body.stop_token_ids");
     if (!parsed.ok()) return parsed.status();
     for (int32_t id : *parsed) s->add_stop_token_ids(id);
@@ -252,21 +532,31 @@ absl::Status ParseSampling(const json& body, const LineParser& p, BatchEndpoint 
 absl::StatusOr<BatchLine> ParseBatchLine(absl::string_view line, int64_t line_number,
                                          std::string* custom_id_on_error) {
   LineParser p(line_number);
-  json root = json::parse(line.begin(), line.end(), nullptr, /*allow_exceptions=*/false);
-  if (root.is_discarded()) return p.Error("not valid JSON");
-  if (!root.is_object()) return p.Error("not a JSON object");
+  absl::StatusOr<json> parsed = ParseUntrustedJson(line);
+  if (!parsed.ok()) return p.Error(parsed.status().message());
+  const json& root = *parsed;
+  if (!root.is_object()) {
+    return p.Error(absl::StrCat("a line must be a JSON object, got ", DescribeJson(root)));
+  }
   BatchLine out;
   auto custom_id = root.find("custom_id");
   if (custom_id == root.end() || !custom_id->is_string() ||
-      custom_id->get<std::string>().empty()) {
+      custom_id->get_ref<const std::string&>().empty()) {
     return p.Error("custom_id is missing or not a non-empty string");
   }
   out.custom_id = custom_id->get<std::string>();
   if (custom_id_on_error != nullptr) *custom_id_on_error = out.custom_id;
 
-  if (auto method = root.find("method"); method != root.end() &&
-                                         (!method->is_string() || *method != "POST")) {
-    return p.Error(absl::StrCat("method must be \"POST\", got ", method->dump()));
+  for (auto it = root.begin(); it != root.end(); ++it) {
+    if (it.key() != "custom_id" && it.key() != "method" && it.key() != "url" &&
+        it.key() != "body") {
+      return p.Error(absl::StrCat("unknown field ", QuoteForMessage(it.key()),
+                                  " (a line holds custom_id, method, url and body)"));
+    }
+  }
+  if (auto method = root.find("method");
+      method != root.end() && (!method->is_string() || *method != "POST")) {
+    return p.Error(absl::StrCat("method must be \"POST\", got ", DescribeJson(*method)));
   }
   auto url = root.find("url");
   if (url == root.end() || !url->is_string()) return p.Error("url is missing");
@@ -275,14 +565,14 @@ absl::StatusOr<BatchLine> ParseBatchLine(absl::string_view line, int64_t line_nu
   } else if (*url == "/v1/chat/completions") {
     out.endpoint = BatchEndpoint::kChatCompletions;
   } else {
-    return p.Error(absl::StrCat("url ", url->dump(),
+    return p.Error(absl::StrCat("url ", DescribeJson(*url),
                                 " is not served (use /v1/completions or /v1/chat/completions)"));
   }
   auto body = root.find("body");
   if (body == root.end() || !body->is_object()) return p.Error("body is missing or not an object");
-  if (auto model = body->find("model"); model != body->end() && model->is_string()) {
-    out.model = model->get<std::string>();
-  }
+  if (absl::Status st = CheckBodyFields(*body, p, out.endpoint); !st.ok()) return st;
+  if (absl::Status st = p.OptionalString(*body, "model", "body.", &out.model); !st.ok()) return st;
+  if (absl::Status st = p.OptionalString(*body, "user", "body.", nullptr); !st.ok()) return st;
   absl::Status prompt_status = out.endpoint == BatchEndpoint::kCompletions
                                    ? ParsePrompt(*body, p, &out)
                                    : ParseMessages(*body, p, &out);

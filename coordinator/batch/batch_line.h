@@ -2,7 +2,10 @@
 //   {"custom_id": "...", "method": "POST", "url": "/v1/completions" |
 //    "/v1/chat/completions", "body": {...}}
 // Every error names the line and the field, so a bad line can be answered with its
-// own error line while the rest of the job runs.
+// own error line while the rest of the job runs. Nothing is ignored silently: a field that
+// is not served (OpenAI's or vLLM's, e.g. response_format) or not known at all is an error
+// naming it, and the JSON itself is read with the limits of untrusted_json.h (depth, NUL
+// bytes, duplicate keys, trailing data). docs/jobs.md lists the fields.
 #ifndef DEEPINFER_COORDINATOR_BATCH_BATCH_LINE_H_
 #define DEEPINFER_COORDINATOR_BATCH_BATCH_LINE_H_
 
@@ -26,7 +29,10 @@ struct BatchLine {
   // Exactly one of these is set: a text prompt, token ids, or chat messages.
   std::optional<std::string> prompt_text;
   std::optional<std::vector<int32_t>> prompt_token_ids;
-  std::optional<nlohmann::ordered_json> messages;  // array of {"role", "content", ...}
+  // Array of {"role", "content", "name", "tool_calls", "tool_call_id"}: roles are non-empty
+  // strings (which ones the model knows is PromptBuilder's check), content a string or null
+  // (a list of text parts arrives joined with "\n").
+  std::optional<nlohmann::ordered_json> messages;
   // Chat only: "tools" passed to the chat template, if present.
   std::optional<nlohmann::ordered_json> tools;
   GenerationParams sampling;

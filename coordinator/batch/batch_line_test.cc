@@ -1,5 +1,7 @@
 #include "coordinator/batch/batch_line.h"
 
+#include <fstream>
+
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
@@ -8,6 +10,7 @@ namespace {
 
 using ::testing::ElementsAre;
 using ::testing::HasSubstr;
+using ::testing::StartsWith;
 
 std::string Completion(const std::string& body_fields) {
   return R"({"custom_id": "r1", "method": "POST", "url": "/v1/completions", "body": {)" +
@@ -56,11 +59,11 @@ TEST(BatchLineTest, TokenIdPromptsInBothShapes) {
 }
 
 TEST(BatchLineTest, AllSamplingFields) {
-  auto line = ParseBatchLine(
-      Completion(R"("prompt": "x", "max_tokens": 5, "temperature": 0.7, "top_p": 0.9,
+  auto line =
+      ParseBatchLine(Completion(R"("prompt": "x", "max_tokens": 5, "temperature": 0.7, "top_p": 0.9,
                  "top_k": 40, "seed": 1234, "stop": ["\n\n", "END"], "stop_token_ids": [7],
                  "ignore_eos": true, "logprobs": 3, "return_token_ids": true)"),
-      1);
+                     1);
   ASSERT_TRUE(line.ok()) << line.status();
   const GenerationParams& s = line->sampling;
   EXPECT_EQ(s.max_tokens(), 5);
@@ -76,12 +79,11 @@ TEST(BatchLineTest, AllSamplingFields) {
 }
 
 TEST(BatchLineTest, ChatWithToolsAndLogprobs) {
-  auto line = ParseBatchLine(
-      Chat(R"("messages": [{"role": "system", "content": "Be brief."},
+  auto line = ParseBatchLine(Chat(R"("messages": [{"role": "system", "content": "Be brief."},
                            {"role": "user", "content": "Hi"}],
               "tools": [{"type": "function", "function": {"name": "f"}}],
               "logprobs": true, "top_logprobs": 2, "max_completion_tokens": 9, "stop": "x")"),
-      1);
+                             1);
   ASSERT_TRUE(line.ok()) << line.status();
   EXPECT_EQ(line->endpoint, BatchEndpoint::kChatCompletions);
   ASSERT_TRUE(line->messages.has_value());
@@ -97,8 +99,8 @@ TEST(BatchLineTest, ChatWithToolsAndLogprobs) {
 }
 
 TEST(BatchLineTest, ErrorsNameLineAndField) {
-  EXPECT_EQ(ErrorOf("{not json"), "line 7: not valid JSON");
-  EXPECT_EQ(ErrorOf("[1]"), "line 7: not a JSON object");
+  EXPECT_THAT(ErrorOf("{not json"), StartsWith("line 7: not valid JSON near byte 3: "));
+  EXPECT_EQ(ErrorOf("[1]"), "line 7: a line must be a JSON object, got a list of 1 items");
   EXPECT_THAT(ErrorOf(R"({"url": "/v1/completions", "body": {"prompt": "x"}})"),
               HasSubstr("custom_id"));
   EXPECT_THAT(ErrorOf(R"({"custom_id": "a", "method": "GET", "url": "/v1/completions",
@@ -133,6 +135,174 @@ TEST(BatchLineTest, CustomIdIsKeptForErrorLines) {
   auto parsed = ParseBatchLine(Completion(R"("prompt": 5)"), 3, &custom_id);
   EXPECT_FALSE(parsed.ok());
   EXPECT_EQ(custom_id, "r1");
+}
+
+TEST(BatchLineTest, FieldsThatAreNotServedAreRefusedByName) {
+  const std::pair<const char*, const char*> not_yet[] = {
+      {"response_format", R"({"type": "json_object"})"},
+      {"response_format", R"({"type": "json_schema", "json_schema": {"name": "x", "schema": {}}})"},
+      {"guided_json", R"({"type": "object"})"},
+      {"guided_regex", R"("[a-z]+")"},
+      {"guided_grammar", R"("root ::= \"a\"")"},
+      {"structured_outputs", R"({"choice": ["a", "b"]})"},
+      {"logit_bias", R"({"500": 100})"},
+      {"presence_penalty", "0.5"},
+      {"frequency_penalty", "-1"},
+      {"repetition_penalty", "1.2"},
+      {"min_tokens", "5"},
+      {"echo", "true"},
+      {"best_of", "2"},
+  };
+  for (const auto& [field, value] : not_yet) {
+    EXPECT_THAT(ErrorOf(Completion(absl::StrCat(R"("prompt": "x", ")", field, "\": ", value))),
+                StartsWith(absl::StrCat("line 7: field '", field, "' is not supported yet")))
+        << field << " " << value;
+    EXPECT_THAT(ErrorOf(Chat(absl::StrCat(R"("messages": [{"role": "user", "content": "x"}], ")",
+                                          field, "\": ", value))),
+                StartsWith(absl::StrCat("line 7: field '", field, "' is not supported yet")))
+        << field << " " << value;
+  }
+  EXPECT_EQ(ErrorOf(Completion(R"("prompt": "x", "presence_penalty": 0.5)")),
+            "line 7: field 'presence_penalty' is not supported yet; leave it out or set it to 0");
+  EXPECT_EQ(ErrorOf(Completion(R"("prompt": "x", "audio": {"voice": "x"})")),
+            "line 7: field 'audio' is not supported");
+  EXPECT_EQ(ErrorOf(Completion(R"("prompt": "x", "made_up_field": 1)")),
+            "line 7: unknown field 'made_up_field' in body");
+  EXPECT_EQ(ErrorOf(Completion(R"("prompt": "x", "Max_Tokens": 1)")),
+            "line 7: unknown field 'Max_Tokens' in body");
+  EXPECT_EQ(ErrorOf(R"({"custom_id": "a", "url": "/v1/completions", "body": {"prompt": "x"},
+                        "extra": 1})"),
+            "line 7: unknown field 'extra' (a line holds custom_id, method, url and body)");
+  // Each endpoint's own fields.
+  EXPECT_EQ(ErrorOf(Completion(R"("prompt": "x", "messages": [])")),
+            "line 7: field 'messages' belongs to /v1/chat/completions, not /v1/completions");
+  EXPECT_EQ(ErrorOf(Completion(R"("prompt": "x", "max_completion_tokens": 3)")),
+            "line 7: field 'max_completion_tokens' belongs to /v1/chat/completions, not "
+            "/v1/completions");
+  EXPECT_EQ(ErrorOf(Chat(R"("messages": [{"role": "user", "content": "x"}], "prompt": "x")")),
+            "line 7: field 'prompt' belongs to /v1/completions, not /v1/chat/completions");
+  EXPECT_THAT(ErrorOf(Chat(R"("messages": [{"role": "user", "content": "x"}],
+                              "tool_choice": "none")")),
+              HasSubstr("body.tool_choice: only \"auto\" is supported"));
+}
+
+TEST(BatchLineTest, DefaultsOfRefusedFieldsAndNullsAreAccepted) {
+  auto line =
+      ParseBatchLine(Completion(R"("prompt": "x", "presence_penalty": 0, "frequency_penalty": 0.0,
+                    "repetition_penalty": 1, "min_tokens": 0, "echo": false, "best_of": 1,
+                    "logit_bias": {}, "response_format": {"type": "text"}, "guided_json": null,
+                    "user": "u1", "stream": false, "n": 1, "top_logprobs": null)"),
+                     1);
+  ASSERT_TRUE(line.ok()) << line.status();
+  auto chat = ParseBatchLine(Chat(R"("messages": [{"role": "user", "content": "x"}],
+                                     "tool_choice": "auto", "max_tokens": 4,
+                                     "max_completion_tokens": 4)"),
+                             1);
+  ASSERT_TRUE(chat.ok()) << chat.status();
+  EXPECT_EQ(chat->sampling.max_tokens(), 4);
+  EXPECT_THAT(ErrorOf(Chat(R"("messages": [{"role": "user", "content": "x"}], "max_tokens": 4,
+                              "max_completion_tokens": 5)")),
+              HasSubstr("differ"));
+}
+
+TEST(BatchLineTest, WrongTypesAreNamed) {
+  EXPECT_EQ(ErrorOf(Completion(R"("prompt": "x", "model": 5)")),
+            "line 7: body.model must be a string, got 5");
+  EXPECT_EQ(ErrorOf(Completion(R"("prompt": "x", "stream": "no")")),
+            "line 7: body.stream must be true or false, got \"no\"");
+  EXPECT_EQ(ErrorOf(Completion(R"("prompt": "x", "temperature": [1])")),
+            "line 7: body.temperature must be a number, got a list of 1 items");
+  EXPECT_EQ(ErrorOf(Completion(R"("prompt": "x", "max_tokens": 1e30)")),
+            "line 7: body.max_tokens must be an integer, got 1e+30");
+  EXPECT_EQ(ErrorOf(Completion(R"("prompt": "x", "max_tokens": 18446744073709551615)")),
+            "line 7: body.max_tokens must be in [1, 2147483647], got 18446744073709551615");
+  EXPECT_EQ(ErrorOf(Completion(R"("prompt": [1, 4294967297])")),
+            "line 7: body.prompt must hold non-negative integer token ids, found 4294967297");
+  EXPECT_EQ(ErrorOf(Completion(R"("prompt": {"a": 1})")),
+            "line 7: body.prompt must be a string or a list of token ids, got an object of 1 keys");
+}
+
+TEST(BatchLineTest, ChatMessagesAreChecked) {
+  EXPECT_EQ(ErrorOf(Chat(R"("messages": [{"role": "", "content": "x"}])")),
+            "line 7: body.messages[0].role is empty");
+  EXPECT_EQ(ErrorOf(Chat(R"("messages": [{"role": 3, "content": "x"}])")),
+            "line 7: body.messages[0].role must be a string, got 3");
+  EXPECT_EQ(ErrorOf(Chat(R"("messages": [{"role": "user", "content": "x", "mood": "happy"}])")),
+            "line 7: unknown field 'mood' in body.messages[0]");
+  EXPECT_EQ(ErrorOf(Chat(R"("messages": [{"role": "user", "content": "x", "audio": {}}])")),
+            "line 7: field 'audio' in body.messages[0] is not supported");
+  EXPECT_EQ(ErrorOf(Chat(R"("messages": [{"role": "user", "content": [
+                              {"type": "image_url", "image_url": {"url": "http://x"}}]}])")),
+            "line 7: body.messages[0].content[0]: content part type 'image_url' is not supported "
+            "(text parts only)");
+  EXPECT_EQ(ErrorOf(Chat(R"("messages": [{"role": "user", "content": 5}])")),
+            "line 7: body.messages[0].content must be a string, a list of text parts, or null, "
+            "got 5");
+  EXPECT_EQ(ErrorOf(Chat(R"("messages": [{"role": "user", "content": "x"}], "tools": [1])")),
+            "line 7: body.tools[0] must be an object, got 1");
+  // Text parts become one string; the other message fields pass to the chat template.
+  auto line = ParseBatchLine(Chat(R"("messages": [{"role": "user", "name": "ann", "content": [
+                               {"type": "text", "text": "a"}, {"type": "text", "text": "b"}]},
+                           {"role": "assistant", "content": null, "tool_calls": [
+                               {"id": "c0", "type": "function",
+                                "function": {"name": "f", "arguments": "{}"}}]},
+                           {"role": "tool", "tool_call_id": "c0", "content": "1"}])"),
+                             1);
+  ASSERT_TRUE(line.ok()) << line.status();
+  EXPECT_EQ((*line->messages)[0]["content"], "a\nb");
+  EXPECT_EQ((*line->messages)[0]["name"], "ann");
+  EXPECT_EQ((*line->messages)[1]["tool_calls"][0]["function"]["name"], "f");
+  EXPECT_EQ((*line->messages)[2]["tool_call_id"], "c0");
+}
+
+TEST(BatchLineTest, HostileJsonGetsShortErrors) {
+  // A prompt nested 30,000 lists deep, as a completion and as chat content: refused before
+  // anything walks it (copying or printing it recursed past the stack).
+  const std::string deep(30000, '[');
+  const std::string deep_end(30000, ']');
+  EXPECT_EQ(ErrorOf(Completion(absl::StrCat(R"("prompt": )", deep, deep_end))),
+            "line 7: nested more than 64 levels deep (objects and lists inside each other)");
+  EXPECT_EQ(ErrorOf(Chat(absl::StrCat(R"("messages": [{"role": "user", "content": )", deep,
+                                      deep_end, "}]"))),
+            "line 7: nested more than 64 levels deep (objects and lists inside each other)");
+  // Shallow enough to parse, still never printed whole.
+  const std::string nested = absl::StrCat(std::string(50, '['), "1", std::string(50, ']'));
+  EXPECT_EQ(ErrorOf(Completion(absl::StrCat(R"("prompt": [)", nested, "]"))),
+            "line 7: body.prompt must hold non-negative integer token ids, found a list of 1 "
+            "items");
+  EXPECT_THAT(ErrorOf(Completion(absl::StrCat(R"("prompt": "x", "stop": [)", nested, "]"))),
+              HasSubstr("found a list of 1 items"));
+  // A NUL byte, or anything after the object, is an error, not the end of the line.
+  EXPECT_EQ(ErrorOf(Completion(R"("prompt": "x")") + std::string("\0{\"trailing\": 1}", 16)),
+            absl::StrCat("line 7: a NUL byte at byte ", Completion(R"("prompt": "x")").size() + 1));
+  EXPECT_THAT(ErrorOf(Completion(R"("prompt": "x")") + R"({"trailing": 1})"),
+              StartsWith("line 7: data after the JSON value"));
+  EXPECT_EQ(ErrorOf(Completion(R"("prompt": "x", "max_tokens": 1, "max_tokens": 9)")),
+            "line 7: duplicate key 'max_tokens' in one object");
+  const std::string long_role(100000, 'r');
+  std::string custom_id;
+  auto parsed =
+      ParseBatchLine(Chat(absl::StrCat(R"("messages": [{"role": "user", "content": "x", ")",
+                                       long_role, R"(": 1}])")),
+                     7, &custom_id);
+  EXPECT_EQ(parsed.status().message(), absl::StrCat("line 7: unknown field '", std::string(40, 'r'),
+                                                    "...' in body.messages[0]"));
+  EXPECT_EQ(custom_id, "c1");
+}
+
+TEST(BatchLineTest, DemoRequestsStillParse) {
+  std::ifstream in("tools/demo/requests.jsonl");
+  ASSERT_TRUE(in.good());
+  std::string text;
+  int n = 0;
+  std::vector<std::string> errors;
+  while (std::getline(in, text)) {
+    auto line = ParseBatchLine(text, ++n);
+    if (!line.ok()) errors.push_back(std::string(line.status().message()));
+  }
+  EXPECT_EQ(n, 5);
+  // The demo's last line is bad on purpose.
+  EXPECT_THAT(errors, ElementsAre("line 5: body.max_tokens must be in [1, 2147483647], got -1"));
 }
 
 }  // namespace

@@ -1,15 +1,21 @@
 #include "coordinator/batch/prompt_builder.h"
 
+#include <algorithm>
 #include <fstream>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "coordinator/batch/untrusted_json.h"
 #include "worker/model/model_config.h"
 
 namespace deepinfer {
 namespace {
 
 bool FileExists(const std::string& path) { return std::ifstream(path).good(); }
+
+// OpenAI's chat roles (beside the ones a chat template names itself).
+constexpr const char* kStandardRoles[] = {"system", "user", "assistant", "tool"};
 
 }  // namespace
 
@@ -64,7 +70,30 @@ absl::StatusOr<std::unique_ptr<PromptBuilder>> PromptBuilder::FromModel(const st
 
 PromptBuilder::PromptBuilder(ModelLimits limits, std::unique_ptr<tokenizer::Tokenizer> tokenizer,
                              std::unique_ptr<tokenizer::ChatTemplate> chat_template)
-    : limits_(limits), tokenizer_(std::move(tokenizer)), chat_template_(std::move(chat_template)) {}
+    : limits_(limits), tokenizer_(std::move(tokenizer)), chat_template_(std::move(chat_template)) {
+  roles_.assign(std::begin(kStandardRoles), std::end(kStandardRoles));
+  if (chat_template_ != nullptr) {
+    for (const std::string& role : chat_template_->roles()) {
+      if (std::find(roles_.begin(), roles_.end(), role) == roles_.end()) roles_.push_back(role);
+    }
+  }
+}
+
+absl::Status PromptBuilder::CheckRoles(const nlohmann::ordered_json& messages) const {
+  for (size_t i = 0; i < messages.size(); ++i) {
+    auto role = messages[i].find("role");
+    if (role == messages[i].end() || !role->is_string()) {
+      return absl::InvalidArgumentError(absl::StrCat("body.messages[", i, "].role is missing"));
+    }
+    const std::string& name = role->get_ref<const std::string&>();
+    if (std::find(roles_.begin(), roles_.end(), name) == roles_.end()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "body.messages[", i, "].role ", QuoteForMessage(name),
+          " is not a role of the model's chat template (", absl::StrJoin(roles_, ", "), ")"));
+    }
+  }
+  return absl::OkStatus();
+}
 
 absl::StatusOr<std::vector<int32_t>> PromptBuilder::Build(const BatchLine& line) const {
   std::vector<int32_t> ids;
@@ -83,6 +112,11 @@ absl::StatusOr<std::vector<int32_t>> PromptBuilder::Build(const BatchLine& line)
       return absl::InvalidArgumentError(
           "the model has no tokenizer or chat template: /v1/chat/completions is not served");
     }
+    if (absl::Status roles = CheckRoles(*line.messages); !roles.ok()) return roles;
+    if (line.tools.has_value() && !line.tools->empty() && !chat_template_->reads_tools()) {
+      return absl::InvalidArgumentError(
+          "body.tools: the model's chat template does not render tools; leave them out");
+    }
     absl::StatusOr<std::string> prompt = chat_template_->Render(
         *line.messages, /*add_generation_prompt=*/true,
         line.tools.has_value() ? *line.tools : nlohmann::ordered_json(nullptr));
@@ -99,6 +133,13 @@ absl::StatusOr<std::vector<int32_t>> PromptBuilder::Build(const BatchLine& line)
     if (id < 0 || id >= limits_.vocab_size) {
       return absl::InvalidArgumentError(absl::StrCat(
           "token id ", id, " is outside the vocabulary (size ", limits_.vocab_size, ")"));
+    }
+  }
+  for (int32_t id : line.sampling.stop_token_ids()) {
+    if (id >= limits_.vocab_size) {
+      return absl::InvalidArgumentError(absl::StrCat("body.stop_token_ids: token id ", id,
+                                                     " is outside the vocabulary (size ",
+                                                     limits_.vocab_size, ")"));
     }
   }
   const int64_t prompt_tokens = static_cast<int64_t>(ids.size());

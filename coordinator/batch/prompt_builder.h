@@ -2,7 +2,9 @@
 // and checks them against the model: text prompts through the tokenizer (BOS as the
 // tokenizer config says), chat messages through the chat template then the tokenizer,
 // token-id prompts as given. Errors are per request (INVALID_ARGUMENT), so one bad
-// line fails alone.
+// line fails alone. A chat message's role must be one of OpenAI's (system, user, assistant,
+// tool) or one the chat template names itself: the template would drop any other. Tools
+// are refused for a template that does not render them.
 #ifndef DEEPINFER_COORDINATOR_BATCH_PROMPT_BUILDER_H_
 #define DEEPINFER_COORDINATOR_BATCH_PROMPT_BUILDER_H_
 
@@ -55,11 +57,16 @@ class PromptBuilder {
 
   const ModelLimits& limits() const { return limits_; }
   bool has_tokenizer() const { return tokenizer_ != nullptr; }
+  // The chat roles a request may use.
+  const std::vector<std::string>& roles() const { return roles_; }
 
  private:
+  absl::Status CheckRoles(const nlohmann::ordered_json& messages) const;
+
   ModelLimits limits_;
   std::unique_ptr<tokenizer::Tokenizer> tokenizer_;
   std::unique_ptr<tokenizer::ChatTemplate> chat_template_;
+  std::vector<std::string> roles_;
 };
 
 }  // namespace deepinfer

@@ -1,5 +1,6 @@
 #include "coordinator/batch/prompt_builder.h"
 
+#include "absl/strings/str_cat.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "worker/tokenizer/test_tokenizer_json.h"
@@ -99,6 +100,62 @@ TEST(PromptBuilderTest, FromModelFixtureHasNoTokenizer) {
   EXPECT_GT((*builder)->limits().vocab_size, 0);
   auto missing = PromptBuilder::FromModel("/nonexistent/model");
   EXPECT_THAT(std::string(missing.status().message()), HasSubstr("/nonexistent/model"));
+}
+
+TEST(PromptBuilderTest, RolesMustBeOpenAIsOrTheTemplatesOwn) {
+  auto builder = WithTokenizer(100);
+  EXPECT_THAT(builder->roles(), ElementsAre("system", "user", "assistant", "tool"));
+  auto chat = [&](const std::string& messages) {
+    return builder->Build(Parse(
+        absl::StrCat(R"({"custom_id": "a", "url": "/v1/chat/completions", "body": {"messages": )",
+                     messages, "}}")));
+  };
+  EXPECT_TRUE(chat(R"([{"role": "system", "content": "s"}, {"role": "user", "content": "u"},
+                       {"role": "assistant", "content": "a"}, {"role": "tool", "content": "t"}])")
+                  .ok());
+  EXPECT_EQ(chat(R"([{"role": "user", "content": "hi"}, {"role": "hacker", "content": "x"}])")
+                .status()
+                .message(),
+            "body.messages[1].role 'hacker' is not a role of the model's chat template (system, "
+            "user, assistant, tool)");
+  EXPECT_THAT(std::string(chat(R"([{"role": "wizard", "content": "x"}])").status().message()),
+              HasSubstr("'wizard' is not a role"));
+  // A template's own roles are accepted too.
+  auto tok = tokenizer::Tokenizer::FromJson(tokenizer::TestTokenizerJson().dump(), nullptr);
+  ASSERT_TRUE(tok.ok());
+  auto templ = tokenizer::ChatTemplate::Create(
+      "{% for m in messages %}{% if m['role'] == 'developer' %}D{% endif %}{{ m.content }}"
+      "{% endfor %}",
+      "", "");
+  ASSERT_TRUE(templ.ok());
+  PromptBuilder developer(ModelLimits{400, 100}, std::move(*tok), std::move(*templ));
+  EXPECT_THAT(developer.roles(), ElementsAre("system", "user", "assistant", "tool", "developer"));
+  EXPECT_TRUE(developer
+                  .Build(Parse(R"({"custom_id": "a", "url": "/v1/chat/completions", "body":
+                                   {"messages": [{"role": "developer", "content": "x"}]}})"))
+                  .ok());
+}
+
+TEST(PromptBuilderTest, ToolsAreRefusedWhenTheTemplateDoesNotRenderThem) {
+  auto builder = WithTokenizer(100);  // its template never mentions tools
+  const auto line = [](const std::string& tools) {
+    return Parse(absl::StrCat(R"({"custom_id": "a", "url": "/v1/chat/completions", "body":
+        {"messages": [{"role": "user", "content": "x"}], "tools": )",
+                              tools, "}}"));
+  };
+  EXPECT_EQ(builder->Build(line(R"([{"type": "function", "function": {"name": "f"}}])"))
+                .status()
+                .message(),
+            "body.tools: the model's chat template does not render tools; leave them out");
+  EXPECT_TRUE(builder->Build(line("[]")).ok());
+}
+
+TEST(PromptBuilderTest, StopTokenIdsMustBeInTheVocabulary) {
+  PromptBuilder builder({100, 50}, nullptr, nullptr);
+  auto ids = builder.Build(Parse(R"({"custom_id": "a", "url": "/v1/completions",
+                                     "body": {"prompt": [1], "stop_token_ids": [5, 100]}})"));
+  EXPECT_EQ(ids.status().message(),
+            "body.stop_token_ids: token id 100 is outside the vocabulary (size 100)");
 }
 
 }  // namespace

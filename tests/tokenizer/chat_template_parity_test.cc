@@ -27,6 +27,11 @@ TEST(ChatTemplateParityTest, DeepSeekV3TemplateMatchesHuggingFaceJinja) {
   ASSERT_TRUE(tokenizer.ok()) << tokenizer.status();
   auto chat_template = ChatTemplate::FromTokenizerConfig((*tokenizer)->config());
   ASSERT_TRUE(chat_template.ok()) << chat_template.status();
+  // What the template tells apart (read off its text): the coordinator accepts these roles
+  // and refuses tools, which this template never renders.
+  EXPECT_EQ((*chat_template)->roles(),
+            std::vector<std::string>({"system", "user", "assistant", "tool"}));
+  EXPECT_FALSE((*chat_template)->reads_tools());
 
   const std::string path = RunfilePath("tests/tokenizer/conversations.jsonl");
   auto conversations = ReadJsonl(path);

@@ -1,5 +1,6 @@
 #include "worker/tokenizer/chat_template.h"
 
+#include <algorithm>
 #include <utility>
 
 #include "absl/status/status.h"
@@ -7,6 +8,99 @@
 #include "worker/tokenizer/tokenizer.h"
 
 namespace deepinfer::tokenizer {
+namespace {
+
+using jinja::Expr;
+using jinja::Stmt;
+
+// `message.role`, `message['role']` or a variable named `role`.
+bool NamesRole(const Expr* e) {
+  if (e == nullptr) return false;
+  if (e->kind == Expr::Kind::kName) return e->name == "role";
+  if (e->kind != Expr::Kind::kMember) return false;
+  if (e->items.empty()) return e->name == "role";
+  const Expr* key = e->items[0].get();
+  return key != nullptr && key->kind == Expr::Kind::kLiteral && key->value.is_string() &&
+         key->value.string_value() == "role";
+}
+
+void AddString(const jinja::Value& v, std::vector<std::string>* out) {
+  if (v.is_string() && std::find(out->begin(), out->end(), v.string_value()) == out->end()) {
+    out->push_back(v.string_value());
+  }
+}
+
+// The string literals of `e`: itself, or the items of a literal list or tuple.
+void AddStrings(const Expr* e, std::vector<std::string>* out) {
+  if (e == nullptr) return;
+  if (e->kind == Expr::Kind::kLiteral) {
+    if (e->value.is_array()) {
+      for (const jinja::Value& v : e->value.array()) AddString(v, out);
+    } else {
+      AddString(e->value, out);
+    }
+  } else if (e->kind == Expr::Kind::kList || e->kind == Expr::Kind::kTuple) {
+    for (const auto& item : e->items) {
+      if (item != nullptr && item->kind == Expr::Kind::kLiteral) AddString(item->value, out);
+    }
+  }
+}
+
+// What a template's syntax tree says about the requests it renders.
+struct TemplateFacts {
+  std::vector<std::string> roles;
+  bool reads_tools = false;
+};
+
+void Collect(const Expr* e, TemplateFacts* out);
+
+void Collect(const jinja::StmtList& body, TemplateFacts* out) {
+  for (const auto& stmt : body) {
+    const Stmt& s = *stmt;
+    Collect(s.expr.get(), out);
+    Collect(s.target.get(), out);
+    Collect(s.filter.get(), out);
+    for (const auto& [condition, branch] : s.branches) {
+      Collect(condition.get(), out);
+      Collect(branch, out);
+    }
+    Collect(s.body, out);
+    Collect(s.else_body, out);
+    for (const auto& param : s.params) Collect(param.second.get(), out);
+  }
+}
+
+void Collect(const Expr* e, TemplateFacts* out) {
+  if (e == nullptr) return;
+  if (e->kind == Expr::Kind::kName && e->name == "tools") out->reads_tools = true;
+  if (e->kind == Expr::Kind::kBinary) {
+    if (e->name == "==" || e->name == "!=") {
+      if (NamesRole(e->left.get())) AddStrings(e->right.get(), &out->roles);
+      if (NamesRole(e->right.get())) AddStrings(e->left.get(), &out->roles);
+    } else if ((e->name == "in" || e->name == "not in") && NamesRole(e->left.get())) {
+      AddStrings(e->right.get(), &out->roles);
+    }
+  }
+  Collect(e->object.get(), out);
+  Collect(e->left.get(), out);
+  Collect(e->right.get(), out);
+  for (const auto& item : e->items) Collect(item.get(), out);
+  for (const auto& key : e->keys) Collect(key.get(), out);
+  for (const auto& keyword : e->keywords) Collect(keyword.second.get(), out);
+}
+
+}  // namespace
+
+ChatTemplate::ChatTemplate(std::unique_ptr<jinja::Template> compiled, std::string bos_token,
+                           std::string eos_token)
+    : template_(std::move(compiled)),
+      bos_token_(std::move(bos_token)),
+      eos_token_(std::move(eos_token)) {
+  TemplateFacts facts;
+  Collect(template_->body(), &facts);
+  roles_ = std::move(facts.roles);
+  reads_tools_ = facts.reads_tools;
+}
 
 absl::StatusOr<std::unique_ptr<ChatTemplate>> ChatTemplate::Create(absl::string_view source,
                                                                    std::string bos_token,

@@ -6,6 +6,7 @@
 
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
@@ -32,16 +33,24 @@ class ChatTemplate {
                                      bool add_generation_prompt,
                                      const nlohmann::ordered_json& tools = nullptr) const;
 
+  // The roles the template tells apart: the strings it compares a `role` attribute, key or
+  // variable with (`message['role'] == 'user'`, `m.role != "system"`, `role in ['a', 'b']`),
+  // in the order they appear. A message of any other role would render as the template's
+  // fallthrough does, usually not at all.
+  const std::vector<std::string>& roles() const { return roles_; }
+  // Whether the template refers to `tools` at all (DeepSeek-V3's does not: tools given to
+  // it change nothing).
+  bool reads_tools() const { return reads_tools_; }
+
  private:
   ChatTemplate(std::unique_ptr<jinja::Template> compiled, std::string bos_token,
-               std::string eos_token)
-      : template_(std::move(compiled)),
-        bos_token_(std::move(bos_token)),
-        eos_token_(std::move(eos_token)) {}
+               std::string eos_token);
 
   std::unique_ptr<jinja::Template> template_;
   std::string bos_token_;
   std::string eos_token_;
+  std::vector<std::string> roles_;
+  bool reads_tools_ = false;
 };
 
 }  // namespace deepinfer::tokenizer

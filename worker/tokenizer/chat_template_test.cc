@@ -2,6 +2,7 @@
 
 #include <string>
 
+#include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
 namespace deepinfer::tokenizer {
@@ -48,6 +49,27 @@ TEST(ChatTemplateTest, RaiseExceptionIsAborted) {
   auto rendered = (*chat)->Render(nlohmann::ordered_json::array(), true);
   EXPECT_EQ(rendered.status().code(), absl::StatusCode::kAborted);
   EXPECT_EQ(rendered.status().message(), "no system role");
+}
+
+TEST(ChatTemplateTest, RolesAreTheStringsComparedWithARole) {
+  auto chat = ChatTemplate::Create(
+      "{% for message in messages %}"
+      "{% if message['role'] == 'system' %}S{% endif %}"
+      "{% if message.role == \"user\" %}U{% elif 'assistant' == message['role'] %}A{% endif %}"
+      "{% if message['role'] in ['tool', 'ipython'] %}T{% endif %}"
+      "{% set role = message.role %}{% if role != 'developer' %}{{ role }}{% endif %}"
+      "{% if message.content == 'not a role' %}{% endif %}"
+      "{{ 'x' if message['role'] == 'user' else 'y' }}"
+      "{% endfor %}",
+      "", "");
+  ASSERT_TRUE(chat.ok()) << chat.status();
+  EXPECT_THAT((*chat)->roles(), ::testing::ElementsAre("system", "user", "assistant", "tool",
+                                                       "ipython", "developer"));
+  EXPECT_FALSE((*chat)->reads_tools());
+  auto plain = ChatTemplate::Create(kTemplate, "", "");
+  ASSERT_TRUE(plain.ok());
+  EXPECT_TRUE((*plain)->roles().empty());
+  EXPECT_TRUE((*plain)->reads_tools());
 }
 
 }  // namespace

@@ -26,6 +26,9 @@ class Template {
   // and unknown filters/tests/methods, kAborted for raise_exception (message = its argument).
   absl::StatusOr<std::string> Render(const Value& context) const;
 
+  // The parsed statements, for callers that inspect what a template does.
+  const StmtList& body() const { return body_; }
+
  private:
   explicit Template(StmtList body) : body_(std::move(body)) {}
   StmtList body_;
