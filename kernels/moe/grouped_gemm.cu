@@ -325,6 +325,157 @@ __global__ void __launch_bounds__(kTcThreads) GroupedGemmBf16TcKernel(GroupedGem
   }
 }
 
+// ---- Streaming variant with bf16 activations (GroupedGemmBf16Stream). ----------------------
+// Same MMA and k order as above, but x is already bf16 (one MMA per fragment instead of the hi
+// + lo pair, half the activation bytes), and the block is laid out for HBM bandwidth: 8 warps
+// over 64 output features, as 2 feature groups (32 features = 2 MMA row tiles each) x 4 k
+// quarters. Each warp issues the weight loads of kStUnroll<NT> k steps (2 KB per step) before
+// using any of them, so a resident block keeps 16-32 KB of weights in flight; the 4 k quarters
+// give a grid of n/64 blocks per busy slot that still fills the GPU at one token. The quarters'
+// partial sums meet in shared memory, added in quarter order by warps 0-1, which store.
+constexpr int kStWarps = 8;
+constexpr int kStThreads = kStWarps * 32;
+constexpr int kStFeatureGroups = 2;
+constexpr int kStKSplit = kStWarps / kStFeatureGroups;
+constexpr int kStMTiles = 2;  // 16-feature MMA tiles per warp
+constexpr int kStFeaturesPerBlock = kStFeatureGroups * kStMTiles * 16;
+template <int NT>
+constexpr int kStUnroll = NT == 1 ? 4 : 2;
+// Shared floats for the partial sums of the k quarters 1..3 with NT row tiles.
+template <int NT>
+constexpr int kStReduceFloats = (kStKSplit - 1) * kStFeatureGroups * kStMTiles * NT * 4 * 32;
+
+// One pass of the block over x rows [row0, row0 + 8 * NT) (rows >= row_end are read as a
+// clamped valid row and not stored). `red` holds kStReduceFloats<NT> floats.
+template <int NT>
+__device__ __forceinline__ void StreamRowPass(const GroupedGemmBf16StreamParams& p,
+                                              const uint16_t* weights, int64_t block_feature0,
+                                              int row0, int row_end, float* red) {
+  const int lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
+  const int warp = threadIdx.x / 32, group = warp % kStFeatureGroups,
+            quarter = warp / kStFeatureGroups;
+  const int64_t feature0 = block_feature0 + group * kStMTiles * 16;
+  const uint4* w[kStMTiles][2];
+#pragma unroll
+  for (int f = 0; f < kStMTiles; ++f) {
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      const int64_t feature = min(feature0 + f * 16 + half * 8 + g, int64_t{p.n} - 1);
+      w[f][half] = reinterpret_cast<const uint4*>(weights + feature * p.k);
+    }
+  }
+  const uint4* x[NT];
+#pragma unroll
+  for (int j = 0; j < NT; ++j) {
+    const int row = min(row0 + j * 8 + g, row_end - 1);
+    x[j] = reinterpret_cast<const uint4*>(p.x + int64_t{row} * p.k);
+  }
+  float acc[kStMTiles][NT][4];
+#pragma unroll
+  for (int f = 0; f < kStMTiles; ++f)
+#pragma unroll
+    for (int j = 0; j < NT; ++j)
+#pragma unroll
+      for (int i = 0; i < 4; ++i) acc[f][j][i] = 0.0f;
+
+  // k steps of 32 (4 threads x one 16-byte chunk of 8 values); this warp's quarter of them.
+  const int chunks = p.k / 8, steps = (chunks + 3) / 4;
+  const int step_end = (quarter + 1) * steps / kStKSplit;
+  constexpr int U = kStUnroll<NT>;
+  for (int s = quarter * steps / kStKSplit; s < step_end; s += U) {
+    uint4 a[U][kStMTiles][2], b[U][NT];
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      const int c = 4 * (s + u) + t;
+      const bool ok = s + u < step_end && c < chunks;
+#pragma unroll
+      for (int f = 0; f < kStMTiles; ++f)
+#pragma unroll
+        for (int half = 0; half < 2; ++half)
+          a[u][f][half] = ok ? __ldg(w[f][half] + c) : make_uint4(0, 0, 0, 0);
+#pragma unroll
+      for (int j = 0; j < NT; ++j) b[u][j] = ok ? __ldg(x[j] + c) : make_uint4(0, 0, 0, 0);
+    }
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+#pragma unroll
+        for (int f = 0; f < kStMTiles; ++f) {
+          const unsigned frag[4] = {
+              h ? a[u][f][0].z : a[u][f][0].x, h ? a[u][f][1].z : a[u][f][1].x,
+              h ? a[u][f][0].w : a[u][f][0].y, h ? a[u][f][1].w : a[u][f][1].y};
+#pragma unroll
+          for (int j = 0; j < NT; ++j) {
+            MmaBf16(acc[f][j], frag, h ? b[u][j].z : b[u][j].x, h ? b[u][j].w : b[u][j].y);
+          }
+        }
+      }
+    }
+  }
+  // Quarters 1..3 leave their partial sums; quarter 0 adds them in order and stores.
+  auto red_at = [&](int q, int f, int j, int i) {
+    return red[((((q - 1) * kStFeatureGroups + group) * kStMTiles + f) * NT + j) * 128 + i * 32 +
+               lane];
+  };
+  if (quarter > 0) {
+#pragma unroll
+    for (int f = 0; f < kStMTiles; ++f)
+#pragma unroll
+      for (int j = 0; j < NT; ++j)
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+          red[((((quarter - 1) * kStFeatureGroups + group) * kStMTiles + f) * NT + j) * 128 +
+              i * 32 + lane] = acc[f][j][i];
+        }
+  }
+  __syncthreads();
+  if (quarter == 0) {
+    // C fragment: c0, c1 = (feature g, rows 2t, 2t+1); c2, c3 = (feature g + 8, same rows).
+#pragma unroll
+    for (int f = 0; f < kStMTiles; ++f) {
+#pragma unroll
+      for (int j = 0; j < NT; ++j) {
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+          float v = acc[f][j][i];
+#pragma unroll
+          for (int q = 1; q < kStKSplit; ++q) v += red_at(q, f, j, i);
+          const int64_t feature = feature0 + f * 16 + g + (i >= 2 ? 8 : 0);
+          const int row = row0 + j * 8 + 2 * t + (i % 2);
+          if (feature < p.n && row < row_end) p.y[int64_t{row} * p.n + feature] = v;
+        }
+      }
+    }
+  }
+  __syncthreads();  // `red` is reused by the next pass
+}
+
+template <int kMaxNT>
+__global__ void __launch_bounds__(kStThreads)
+    GroupedGemmBf16StreamKernel(GroupedGemmBf16StreamParams p) {
+  __shared__ int work[3];
+  __shared__ float red[kStReduceFloats<kMaxNT>];
+  FindSlot(p, work);
+  const int slot = work[0], row_begin = work[1], row_end = work[2];
+  if (row_begin >= row_end) return;
+  const int64_t feature0 = int64_t{blockIdx.x} * kStFeaturesPerBlock;
+  const uint16_t* weights = p.weights[slot];
+  for (int row0 = row_begin; row0 < row_end;) {
+    const int rest = row_end - row0;
+    if (kMaxNT >= 4 && rest > 16) {
+      StreamRowPass<kMaxNT >= 4 ? 4 : 1>(p, weights, feature0, row0, row_end, red);
+      row0 += 32;
+    } else if (kMaxNT >= 2 && rest > 8) {
+      StreamRowPass<kMaxNT >= 2 ? 2 : 1>(p, weights, feature0, row0, row_end, red);
+      row0 += 16;
+    } else {
+      StreamRowPass<1>(p, weights, feature0, row0, row_end, red);
+      row0 += 8;
+    }
+  }
+}
+
 // True if the tensor-core kernel was compiled for this device (SASS or PTX of sm_80+); the
 // compute_75 PTX fallback has no MMA.
 bool TensorCoresAvailable() {
@@ -397,6 +548,29 @@ cudaError_t GroupedGemmBf16(const GroupedGemmBf16Params& p, cudaStream_t stream)
     launch(GroupedGemmBf16Kernel<4>);
   } else {
     launch(GroupedGemmBf16Kernel<8>);
+  }
+  return cudaGetLastError();
+}
+
+cudaError_t GroupedGemmBf16Stream(const GroupedGemmBf16StreamParams& p, cudaStream_t stream) {
+  if (p.num_slots <= 0 || p.n <= 0 || p.k <= 0 || p.k % 8 != 0 || p.max_rows < 0 ||
+      reinterpret_cast<uintptr_t>(p.x) % 16 != 0) {
+    return cudaErrorInvalidValue;
+  }
+  if (p.max_rows == 0) return cudaSuccess;
+  if (!TensorCoresAvailable()) return cudaErrorNotSupported;
+  const int hint = p.rows_per_slot_hint > 0 ? p.rows_per_slot_hint : p.max_rows;
+  const int64_t slot_blocks = std::min<int64_t>(p.num_slots, p.max_rows);
+  if (slot_blocks > 65535) return cudaErrorInvalidValue;
+  const dim3 grid(
+      static_cast<unsigned>((int64_t{p.n} + kStFeaturesPerBlock - 1) / kStFeaturesPerBlock),
+      static_cast<unsigned>(slot_blocks));
+  if (hint <= 8) {
+    GroupedGemmBf16StreamKernel<1><<<grid, kStThreads, 0, stream>>>(p);
+  } else if (hint <= 16) {
+    GroupedGemmBf16StreamKernel<2><<<grid, kStThreads, 0, stream>>>(p);
+  } else {
+    GroupedGemmBf16StreamKernel<4><<<grid, kStThreads, 0, stream>>>(p);
   }
   return cudaGetLastError();
 }

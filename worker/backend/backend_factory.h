@@ -20,10 +20,9 @@ struct BackendOptions {
   // Storage of matrix weights: "bfloat16" or "float32"; empty: the kind's default
   // (DefaultWeightDType). From a --dtype flag.
   std::string dtype;
-  // cuda: CudaTuning::gemm_autotune (prefill GEMMs of >= 1024 rows take the fastest of
+  // cuda: CudaBackend::SetGemmAutotune (prefill GEMMs of >= 1024 rows take the fastest of
   // cuBLASLt's suggested algorithms, timed once per shape; the choice can differ between
-  // processes, so bits may too: false for run-to-run reproducible prefill GEMMs). The CUDA
-  // backend's other tuning keeps its defaults here.
+  // processes, so bits may too: false for run-to-run reproducible prefill GEMMs).
   bool gemm_autotune = true;
 };
 
