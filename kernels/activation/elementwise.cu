@@ -1,9 +1,9 @@
 // Grid-stride elementwise kernels; 64-bit indices because expert activations can exceed 2^31.
-// SiLU-mul has a vectorised form (kernels::VectorisedMemoryPassesEnabled, default): groups of 4
-// columns, two 16-byte loads (gate, up) and one 16- or 8-byte store per thread, and the
-// row / column split of the index with one 32-bit division per group where the index fits,
-// where the scalar form paid a 64-bit division and modulo per element (~46% of bandwidth at
-// prefill sizes). Same arithmetic per element, so the same bits.
+// SiLU-mul has a vectorised form where the shape and pointers allow it: groups of 4 columns, two
+// 16-byte loads (gate, up) and one 16- or 8-byte store per thread, and the row / column split of
+// the index with one 32-bit division per group where the index fits, where the scalar form paid a
+// 64-bit division and modulo per element (~46% of bandwidth at prefill sizes). Same arithmetic per
+// element, so the same bits.
 #include <cuda_bf16.h>
 
 #include <algorithm>
@@ -11,7 +11,6 @@
 
 #include "kernels/activation/elementwise.h"
 #include "kernels/common/launch.cuh"
-#include "kernels/common/memory_pass_variant.h"
 
 namespace deepinfer {
 namespace kernels {
@@ -87,8 +86,7 @@ __device__ void SiluMulX4Body(Index groups, Index inter4, const float* x, Out* o
 template <typename Out>
 bool LaunchSiluMulX4(int64_t rows, int64_t inter, const float* x, Out* out, cudaStream_t stream,
                      cudaError_t* err) {
-  if (!VectorisedMemoryPassesEnabled() || inter % 4 != 0 ||
-      reinterpret_cast<uintptr_t>(x) % 16 != 0 ||
+  if (inter % 4 != 0 || reinterpret_cast<uintptr_t>(x) % 16 != 0 ||
       reinterpret_cast<uintptr_t>(out) % (4 * sizeof(Out)) != 0) {
     return false;
   }

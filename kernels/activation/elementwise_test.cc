@@ -2,11 +2,11 @@
 // RoundF32ToBf16 against the host rounding of worker/backend/bf16.h.
 #include "kernels/activation/elementwise.h"
 
+#include <algorithm>
 #include <cstdlib>
 #include <vector>
 
 #include "gtest/gtest.h"
-#include "kernels/common/memory_pass_variant.h"
 #include "kernels/testing/gpu_test_util.h"
 #include "worker/backend/bf16.h"
 #include "worker/backend/cpu/cpu_backend.h"
@@ -98,11 +98,12 @@ TEST(ElementwiseKernelTest, SiluMulToBf16MatchesSiluMulThenRounding) {
   }
 }
 
-// The vectorised SiLU-mul (groups of 4 columns) against the scalar kernel it replaced, bit for
-// bit, at prefill sizes (8192 rows of a shared expert's 2816, an odd row count, the routed
-// experts' 1408) and at shapes that fall back to the scalar path (inter % 4 != 0), fp32 and bf16
-// out; and against the CPU backend within expf's 2 ulp at one prefill size.
-TEST(ElementwiseKernelTest, VectorisedSiluMulMatchesPreviousKernelAtPrefillSizes) {
+// The vectorised SiLU-mul (groups of 4 columns, 16-byte aligned x) against the scalar kernel (the
+// same input at an address that is not 16-byte aligned), bit for bit, at prefill sizes (8192
+// rows of a shared expert's 2816, an odd row count, the routed experts' 1408) and at shapes that
+// take the scalar path either way (inter % 4 != 0), fp32 and bf16 out; and against the CPU
+// backend within expf's 2 ulp at one prefill size.
+TEST(ElementwiseKernelTest, VectorisedSiluMulMatchesTheScalarKernelAtPrefillSizes) {
   DEEPINFER_SKIP_WITHOUT_GPU();
   CpuBackend cpu(2);
   struct Shape {
@@ -115,14 +116,16 @@ TEST(ElementwiseKernelTest, VectorisedSiluMulMatchesPreviousKernelAtPrefillSizes
                  << "rows " << sh.rows << " inter " << sh.inter << " seed " << seed);
     const int64_t n = sh.rows * sh.inter;
     auto x = testing::RandomFloats(sh.rows * 2 * sh.inter, seed, 6.0f);
-    DeviceArray<float> dx(x), f_new(n), f_old(n);
+    std::vector<float> shifted(x.size() + 1, 0.0f);  // x from element 1: 4 bytes past 16
+    std::copy(x.begin(), x.end(), shifted.begin() + 1);
+    DeviceArray<float> dx(x), dx_shifted(shifted), f_new(n), f_old(n);
     DeviceArray<uint16_t> b_new(n), b_old(n);
     f_new.Poison();
     b_new.Poison();
-    kernels::SetVectorisedMemoryPasses(false);
-    DEEPINFER_CUDA_OK(kernels::SiluMulF32(sh.rows, sh.inter, dx.get(), f_old.get(), nullptr));
-    DEEPINFER_CUDA_OK(kernels::SiluMulF32ToBf16(sh.rows, sh.inter, dx.get(), b_old.get(), nullptr));
-    kernels::SetVectorisedMemoryPasses(true);
+    const float* unaligned_x = dx_shifted.get() + 1;
+    DEEPINFER_CUDA_OK(kernels::SiluMulF32(sh.rows, sh.inter, unaligned_x, f_old.get(), nullptr));
+    DEEPINFER_CUDA_OK(
+        kernels::SiluMulF32ToBf16(sh.rows, sh.inter, unaligned_x, b_old.get(), nullptr));
     DEEPINFER_CUDA_OK(kernels::SiluMulF32(sh.rows, sh.inter, dx.get(), f_new.get(), nullptr));
     DEEPINFER_CUDA_OK(kernels::SiluMulF32ToBf16(sh.rows, sh.inter, dx.get(), b_new.get(), nullptr));
     std::vector<float> fo, fn;

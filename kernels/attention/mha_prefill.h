@@ -10,15 +10,15 @@
 // Per group of sequences (the workspace holds one group's keys):
 //   gather   each sequence's cached entries 0 .. context_len - 1 (latent | rope key) into a
 //            contiguous bf16 [keys, latent + rope] buffer (widened / kept bf16 from the cache),
-//            one launch for the group (MhaGather);
+//            one launch for the group;
 //   expand   KV = latent . kv_b^T, one GEMM with bf16 output: [keys, heads * (nope + v)],
 //            head h's K_nope at columns h * (nope + v) .., its V after (the caller's
 //            MhaPrefillParams::expand_gemm, e.g. cuBLASLt with a timed algorithm, else
 //            cublasGemmEx);
 //   attend   flash attention (mma.sync m16n8k16 bf16, ldmatrix, cp.async, online softmax in
 //            exp2): a block takes 128 (or 64: MhaFlashKernel) query tokens of one (sequence,
-//            head) and streams the sequence's keys in tiles of 64 or 32 (K = K_nope | the shared
-//            rope key, V).
+//            head) and streams the sequence's keys in tiles of 64 (K = K_nope | the shared rope
+//            key, V).
 // Precision: q, the expanded K / V and P are rounded to bf16, every sum is fp32.
 #ifndef DEEPINFER_KERNELS_ATTENTION_MHA_PREFILL_H_
 #define DEEPINFER_KERNELS_ATTENTION_MHA_PREFILL_H_
@@ -45,21 +45,13 @@ struct MhaPrefillSequence {
 };
 
 // The flash kernel's tiling. kRows64: a block of 4 warps takes 64 query rows (16 per warp) and
-// streams 64-key tiles, double-buffered (kAuto's choice where 128-row tiles would be mostly
-// padding). kRows128*: 4 warps take 128 rows
-// (32 per warp, so each K / V fragment read from shared memory feeds two MMAs); a warp skips the
-// key tiles past its own last row. kRows128Keys64 / kRows128Keys32: single K and V buffers
-// loaded alternately (FlashAttention-2's pipeline), 64- or 32-key tiles; kRows128Keys32Stages2:
-// 32-key tiles, K and V double-buffered. kAuto: kRows128Keys64 for a group of sequences whose
-// new tokens fill 128-row tiles about as well as 64-row ones (padded rows at 128 within 1/8 of
-// those at 64), else kRows64. A 128-row kernel the device cannot run falls back to kRows64.
-enum class MhaFlashKernel { kAuto, kRows64, kRows128Keys64, kRows128Keys32, kRows128Keys32Stages2 };
-
-// How a group's cache entries are gathered into the workspace. kOneLaunch (default): one launch
-// for the whole group, 16-byte loads. kPerSequence: one launch per sequence (kept for before /
-// after benchmarks): at 32 x 1024 that is 32 launches of ~1 MB each, bound by launch
-// overhead rather than bandwidth.
-enum class MhaGather { kOneLaunch, kPerSequence };
+// streams 64-key tiles, double-buffered. kRows128: 4 warps take 128 rows (32 per warp, so each
+// K / V fragment read from shared memory feeds two MMAs); a warp skips the key tiles past its
+// own last row; single K and V buffers of 64 keys loaded alternately (FlashAttention-2's
+// pipeline). kAuto: kRows128 for a group of sequences whose new tokens fill 128-row tiles about
+// as well as 64-row ones (padded rows at 128 within 1/8 of those at 64), else kRows64. kRows128
+// on a device that cannot run it falls back to kRows64. The forced kernels are for tests.
+enum class MhaFlashKernel { kAuto, kRows64, kRows128 };
 
 // The expansion GEMM of one workspace group, row-major: kv[keys, kv_width] = entries[keys,
 // 0 .. latent_dim - 1] . kv_b[kv_width, latent_dim]^T, bf16 operands and output, fp32
@@ -115,17 +107,8 @@ struct MhaPrefillParams {
   void* workspace = nullptr;
   size_t workspace_bytes = 0;
   MhaFlashKernel flash = MhaFlashKernel::kAuto;
-  // The 128-row kernels' block order. 0 (default): tile-major, every (sequence, head) pair's
-  // longest query tile first, heads fastest (the 64-row kernel's order). N > 0: pairs in groups
-  // of N, each group's blocks from its pairs' longest tiles to their shortest, so that the blocks
-  // on the GPU at a time share fewer pairs' K / V; measured slower on the H200 with N = SMs /
-  // query tiles (attention of 32 x 1024, N = 16: 0.654 vs 0.646 ms; 1 x 4096, N = 4: 0.357 vs
-  // 0.251 ms), kept for benchmarks.
-  // Negative: refused.
-  int32_t flash_pair_group = 0;
   // Benchmarks only: gather and expand, but skip the attention (out is not written).
   bool expand_only = false;
-  MhaGather gather = MhaGather::kOneLaunch;
   // Optional: the expansion GEMM (see MhaExpandGemmFn); empty: cublasGemmEx with its default
   // algorithm.
   MhaExpandGemmFn expand_gemm;

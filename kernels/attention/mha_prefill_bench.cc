@@ -9,16 +9,13 @@
 // warm-ups), each form's FLOPs and rate (its own count: absorbed 2 * (576 + 512) per (query,
 // key) pair and head plus the W_uk / W_uv products; mha 2 * (192 + 128) per pair and head plus
 // the expansion of every key), and the largest difference between the two forms' outputs.
-// Then one line per flash kernel and block order ("KERNEL:PAIR_GROUP", deepinfer-bench's
-// --mha-flash-kernel and --mha-flash-pair-group: rows64, rows128, rows128-keys32,
-// rows128-keys32x2, auto; pair group 0 tile-major, the default, or 16 pairs a group) with the
-// non-absorbed form's time, the attention kernel's share (minus the one-launch gather + tuned
-// expansion, timed alone) and its rate counting only the causal pairs' 2 * (192 + 128) FLOPs.
-// Before those, the gather + expansion alone (MhaPrefillParams::expand_only through the kernel
-// API) lever by lever: the gather per sequence or in one launch, alone or with cublasGemmEx or
-// the cuBLASLt tuner, at the default workspace budget or one large enough for one group; whether
-// each changes the output bits; and the whole op through CudaBackend with SetMhaFastExpand off /
-// on (and on with the larger budget). `mha_prefill_bench expand` prints only those.
+// Then one line per flash kernel (kernels::MhaFlashKernel through the kernel API: rows64,
+// rows128, auto) with the non-absorbed form's time, the attention kernel's share (minus the
+// gather + tuned expansion, timed alone) and its rate counting only the causal pairs' 2 * (192 +
+// 128) FLOPs. Before those, the gather + expansion alone (MhaPrefillParams::expand_only through
+// the kernel API): the gather alone, with cublasGemmEx or with the cuBLASLt tuner, at the default
+// workspace budget or one large enough for one group, and whether each changes the output bits.
+// `mha_prefill_bench expand` prints only those.
 #include <cublas_v2.h>
 #include <cuda_runtime_api.h>
 
@@ -235,10 +232,9 @@ void Run(CudaBackend& be, const Case& c, bool all_flash, void* lt_workspace) {
   cudaStream_t stream = static_cast<cudaStream_t>(be.native_stream());
   const double attn_flops = pairs * kHeads * 2.0 * (kQk + kV);
   const double expand_flops = 2.0 * keys * kLatent * kHeads * (kNope + kV);
-  // The gather + expansion's levers one at a time (kernel API, expand_only): the gather per
-  // sequence (old) or in one launch; alone (an expansion hook that launches nothing), with
-  // cublasGemmEx or with a CublasLtGemmTuner as the backend uses it; the workspace budget
-  // (default 256 MiB: 32 x 1024 in two groups; 320 MiB: one group).
+  // The gather + expansion (kernel API, expand_only): alone (an expansion hook that launches
+  // nothing), with cublasGemmEx or with a CublasLtGemmTuner as the backend uses it; the
+  // workspace budget (default 256 MiB: 32 x 1024 in two groups; 320 MiB: one group).
   auto tuner_or = CublasLtGemmTuner::Create(lt_workspace, CudaBackend::kCublasWorkspaceBytes);
   if (!tuner_or.ok()) {
     std::fprintf(stderr, "%s\n", tuner_or.status().ToString().c_str());
@@ -268,39 +264,27 @@ void Run(CudaBackend& be, const Case& c, bool all_flash, void* lt_workspace) {
     p.workspace_bytes = one_group_bytes;
     p.workspace = bench::DeviceAlloc<uint8_t>(p.workspace_bytes);
   }
-  auto expand = [&](kernels::MhaGather gather, const kernels::MhaExpandGemmFn& fn, size_t budget) {
-    p.gather = gather;
+  auto expand = [&](const kernels::MhaExpandGemmFn& fn, size_t budget) {
     p.expand_gemm = fn;
     p.workspace_budget = budget;
     const double ms = MedianMs(be, [&] { BENCH_CUDA(kernels::MhaPrefillBf16(p, blas, stream)); });
-    p.gather = kernels::MhaGather::kOneLaunch;
     p.expand_gemm = nullptr;
     p.workspace_budget = 0;
     return ms;
   };
-  using kernels::MhaGather;
-  const double expand_ms = expand(MhaGather::kPerSequence, nullptr, 0);
-  const double gather_seq_ms = expand(MhaGather::kPerSequence, skip, 0);
-  const double gather_one_ms = expand(MhaGather::kOneLaunch, skip, 0);
-  const double one_gemmex_ms = expand(MhaGather::kOneLaunch, nullptr, 0);
-  const double one_tuned_ms = expand(MhaGather::kOneLaunch, tuned, 0);
-  const double group_tuned_ms = expand(MhaGather::kOneLaunch, tuned, kOneGroupBudget);
+  const double gather_ms = expand(skip, 0);
+  const double gemmex_ms = expand(nullptr, 0);
+  const double tuned_ms = expand(tuned, 0);
+  const double group_tuned_ms = expand(tuned, kOneGroupBudget);
   const double gather_mb = 2.0 * keys * entry * 2 / 1e6;
   std::printf(
-      "%-22s   gather + expansion (old: gather per sequence, cublasGemmEx) %8.3f ms (%6.1f "
-      "TFLOP/s)\n"
-      "%-22s     gather alone: per sequence %8.3f ms (%6.0f GB/s), one launch %8.3f ms (%6.0f "
-      "GB/s) of %.1f MB\n"
-      "%-22s     one-launch gather + cublasGemmEx %8.3f ms | + cuBLASLt tuned %8.3f ms (%6.1f "
-      "TFLOP/s) | tuned, 320 MiB budget %8.3f ms\n",
-      c.name, expand_ms, expand_flops / expand_ms / 1e9, c.name, gather_seq_ms,
-      gather_mb / gather_seq_ms, gather_one_ms, gather_mb / gather_one_ms, gather_mb, c.name,
-      one_gemmex_ms, one_tuned_ms, expand_flops / one_tuned_ms / 1e9, group_tuned_ms);
-  // Whole op through the kernel API: the one-launch gather is bit for bit the old one; the tuned
-  // GEMM may sum in another order.
+      "%-22s   gather alone %8.3f ms (%6.0f GB/s of %.1f MB) | + cublasGemmEx %8.3f ms | + "
+      "cuBLASLt tuned %8.3f ms (%6.1f TFLOP/s) | tuned, 320 MiB budget %8.3f ms\n",
+      c.name, gather_ms, gather_mb / gather_ms, gather_mb, gemmex_ms, tuned_ms,
+      expand_flops / tuned_ms / 1e9, group_tuned_ms);
+  // Whole op through the kernel API: the tuned GEMM may sum in another order than cublasGemmEx.
   p.expand_only = false;
-  auto out_bits = [&](MhaGather gather, const kernels::MhaExpandGemmFn& fn, size_t budget) {
-    p.gather = gather;
+  auto out_bits = [&](const kernels::MhaExpandGemmFn& fn, size_t budget) {
     p.expand_gemm = fn;
     p.workspace_budget = budget;
     BENCH_CUDA(kernels::MhaPrefillBf16(p, blas, stream));
@@ -309,84 +293,55 @@ void Run(CudaBackend& be, const Case& c, bool all_flash, void* lt_workspace) {
     be.CopyToHost(o_mha->data(), bits.size() * sizeof(uint16_t), bits.data());
     return bits;
   };
-  const std::vector<uint16_t> old_bits = out_bits(MhaGather::kPerSequence, nullptr, 0);
-  const std::vector<uint16_t> one_bits = out_bits(MhaGather::kOneLaunch, nullptr, 0);
-  const std::vector<uint16_t> tuned_bits = out_bits(MhaGather::kOneLaunch, tuned, 0);
-  const std::vector<uint16_t> group_bits = out_bits(MhaGather::kOneLaunch, tuned, kOneGroupBudget);
-  p.gather = MhaGather::kOneLaunch;
+  const std::vector<uint16_t> gemmex_bits = out_bits(nullptr, 0);
+  const std::vector<uint16_t> tuned_bits = out_bits(tuned, 0);
+  const std::vector<uint16_t> group_bits = out_bits(tuned, kOneGroupBudget);
   p.expand_gemm = nullptr;
   p.workspace_budget = 0;
-  p.expand_only = true;
   auto max_diff = [&](const std::vector<uint16_t>& x) {
     double d = 0;
     for (size_t i = 0; i < x.size(); ++i) {
-      d = std::max(
-          d, std::abs(static_cast<double>(Bf16BitsToFloat(x[i])) - Bf16BitsToFloat(old_bits[i])));
+      d = std::max(d, std::abs(static_cast<double>(Bf16BitsToFloat(x[i])) -
+                               Bf16BitsToFloat(gemmex_bits[i])));
     }
     return d;
   };
   std::printf(
-      "%-22s     output vs old: one-launch gather %s; tuned GEMM %s (max |diff| %.3g); one group "
-      "%s (max |diff| %.3g)\n",
-      c.name, one_bits == old_bits ? "bit-identical" : "DIFFERS",
-      tuned_bits == old_bits ? "bit-identical" : "differs", max_diff(tuned_bits),
+      "%-22s     output vs cublasGemmEx: tuned GEMM %s (max |diff| %.3g); one group %s (max "
+      "|diff| %.3g)\n",
+      c.name, tuned_bits == gemmex_bits ? "bit-identical" : "differs", max_diff(tuned_bits),
       group_bits == tuned_bits ? "bit-identical to tuned" : "differs from tuned",
       max_diff(group_bits));
-  // The whole op through CudaBackend: SetMhaFastExpand off (old) / on, and on with one group.
-  be.SetMhaFastExpand(false);
-  const double op_old_ms = MedianMs(be, mha);
-  be.SetMhaFastExpand(true);
-  const double op_new_ms = MedianMs(be, mha);
-  be.SetMhaWorkspaceBudget(kOneGroupBudget);
-  const double op_group_ms = MedianMs(be, mha);
-  be.SetMhaWorkspaceBudget(0);
-  if (!be.status().ok() || !mha_ran) {
-    std::fprintf(stderr, "%s: %s\n", c.name, be.status().ToString().c_str());
-    std::exit(1);
-  }
-  std::printf(
-      "%-22s   MhaPrefillAttention (backend): fast expand off %8.3f ms | on %8.3f ms | on, 320 MiB "
-      "budget %8.3f ms\n",
-      c.name, op_old_ms, op_new_ms, op_group_ms);
   if (!all_flash) {
     cublasDestroy(blas);
     std::fflush(stdout);
     return;
   }
-  // name:pair_group, the deepinfer-bench flags --mha-flash-kernel and --mha-flash-pair-group.
+  // Each flash kernel through the kernel API with the backend's expansion (the tuner).
   struct Flash {
     const char* name;
     kernels::MhaFlashKernel kernel;
-    int32_t pair_group;
   };
-  for (const Flash& f :
-       {Flash{"rows64:0", kernels::MhaFlashKernel::kRows64, 0},
-        Flash{"rows128:0", kernels::MhaFlashKernel::kRows128Keys64, 0},
-        Flash{"rows128:16", kernels::MhaFlashKernel::kRows128Keys64, 16},
-        Flash{"rows128-keys32:0", kernels::MhaFlashKernel::kRows128Keys32, 0},
-        Flash{"rows128-keys32x2:0", kernels::MhaFlashKernel::kRows128Keys32Stages2, 0},
-        Flash{"auto:0", kernels::MhaFlashKernel::kAuto, 0}}) {
-    be.SetMhaFlashKernel(f.kernel);
-    be.SetMhaFlashPairGroup(f.pair_group);
-    const double ms = MedianMs(be, mha);
+  p.expand_gemm = tuned;
+  for (const Flash& f : {Flash{"rows64", kernels::MhaFlashKernel::kRows64},
+                         Flash{"rows128", kernels::MhaFlashKernel::kRows128},
+                         Flash{"auto", kernels::MhaFlashKernel::kAuto}}) {
+    p.flash = f.kernel;
+    const double ms = MedianMs(be, [&] { BENCH_CUDA(kernels::MhaPrefillBf16(p, blas, stream)); });
     be.CopyToHost(o_mha->data(), om.size() * sizeof(uint16_t), om.data());
-    if (!be.status().ok() || !mha_ran) {
-      std::fprintf(stderr, "%s %s: %s\n", c.name, f.name, be.status().ToString().c_str());
-      std::exit(1);
-    }
     double fworst = 0;
     for (size_t i = 0; i < oa.size(); ++i) {
       fworst = std::max(fworst, std::abs(static_cast<double>(Bf16BitsToFloat(om[i])) - oa[i]));
     }
-    const double attn_ms = ms - one_tuned_ms;  // the backend's default gather + expansion
+    const double attn_ms = ms - tuned_ms;  // the gather + tuned expansion, timed alone above
     std::printf(
-        "%-22s   flash %-19s mha %8.3f ms | attention %8.3f ms (%6.1f TFLOP/s of %.3g, %4.1f%% of "
+        "%-22s   flash %-8s mha %8.3f ms | attention %8.3f ms (%6.1f TFLOP/s of %.3g, %4.1f%% of "
         "mha) | max |diff| vs absorbed %.3g\n",
         c.name, f.name, ms, attn_ms, attn_flops / attn_ms / 1e9, attn_flops, 100.0 * attn_ms / ms,
         fworst);
   }
-  be.SetMhaFlashPairGroup(0);
-  be.SetMhaFlashKernel(kernels::MhaFlashKernel::kAuto);
+  p.flash = kernels::MhaFlashKernel::kAuto;
+  p.expand_gemm = nullptr;
   cublasDestroy(blas);
   std::fflush(stdout);
 }

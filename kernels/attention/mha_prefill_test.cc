@@ -3,12 +3,12 @@
 // Gemm): one 1024-token prompt, cached prefixes + new chunks of lengths that are not multiples
 // of the 64-token tile, 1-token chunks, block sizes 16 and 64, 4, 16 and 20 heads, fp32 and bf16
 // caches, fp32 and bf16 output, 70 sequences (two groups of at most 64), on fresh random data
-// with the output and the unowned cache blocks poisoned (NaN); every case with each flash kernel
-// (kernels::MhaFlashKernel: 64-row, 128-row with 64- and 32-key tiles, one or two stages, and
-// kAuto's pick; the 128-row ones also in other block orders), plus
+// with the output and the unowned cache blocks poisoned (NaN); every case through the backend
+// (kAuto's flash kernel, fp32 and bf16 output) and through the kernel API with each flash kernel
+// (kernels::MhaFlashKernel: 64-row and 128-row) and with a workspace group per sequence, plus
 // chunks that end inside a 128-row tile behind prefixes that are not multiples of a key tile;
-// the gather + expansion paths (one gather launch per group or per sequence, cublasGemmEx, the
-// backend's cuBLASLt tuner or a caller's GEMM hook, one or several workspace groups).
+// the expansion paths (cublasGemmEx, the backend's cuBLASLt tuner or a caller's GEMM hook, one or
+// several workspace groups).
 //
 // Tolerance: the kernel rounds q, the expanded K_nope / V and P to bf16 (u = 2^-9), the reference
 // does not. Latents ~ N(0, 1), kv_b ~ N(0, 1/512): K_nope, V ~ N(0, 1); q ~ N(0, 1), scale
@@ -133,6 +133,39 @@ struct Problem {
     return a;
   }
 
+  // The kernel API's params for the same problem (fp32 out; sequences in *seqs, which must
+  // outlive them; no workspace yet).
+  kernels::MhaPrefillParams KernelParams(const void* c, bool cache_bf16, const int32_t* t,
+                                         const float* qq, const uint16_t* w, float* out,
+                                         std::vector<kernels::MhaPrefillSequence>* seqs) const {
+    seqs->clear();
+    for (size_t i = 0; i < spans.size(); ++i) {
+      seqs->push_back({static_cast<int32_t>(i), spans[i].first_token, spans[i].num_tokens,
+                       spans[i].context_len});
+    }
+    kernels::MhaPrefillParams p;
+    p.num_heads = heads;
+    p.nope_dim = kNope;
+    p.v_dim = kV;
+    p.q = qq;
+    p.q_token_stride = static_cast<int64_t>(heads) * kQk;
+    p.q_head_stride = kQk;
+    p.cache = c;
+    p.cache_bf16 = cache_bf16;
+    p.block_size = block_size;
+    p.latent_dim = kLatent;
+    p.rope_dim = kRope;
+    p.block_tables = t;
+    p.max_blocks_per_seq = max_blocks;
+    p.kv_b = w;
+    p.sequences = seqs->data();
+    p.num_sequences = static_cast<int32_t>(seqs->size());
+    p.softmax_scale = kScale;
+    p.out = out;
+    p.out_token_stride = static_cast<int64_t>(heads) * kV;
+    return p;
+  }
+
   void Expect(const std::vector<float>& got, double atol, double rtol, double rms_bound) const {
     EXPECT_TRUE(AllClose(got, want, atol, rtol));
     double sq = 0, worst = 0;
@@ -206,57 +239,8 @@ TEST_P(MhaPrefillTest, MatchesCpuBackend) {
   MhaPrefillArgs a =
       pr.Args(cache, cache_dtype, dtables.get(), dq.get(), dkv_b.get(), pr.spans.data());
   std::vector<float> got;
-  // Every flash kernel (kAuto picks one of the others by the sequences' lengths), the 128-row
-  // ones in the default block order (tile-major, 0) and in pair groups that do not divide the
-  // (sequence, head) pairs (3, 5).
-  using kernels::MhaFlashKernel;
-  const std::pair<MhaFlashKernel, int32_t> flash[] = {{MhaFlashKernel::kAuto, 0},
-                                                      {MhaFlashKernel::kRows64, 0},
-                                                      {MhaFlashKernel::kRows128Keys64, 0},
-                                                      {MhaFlashKernel::kRows128Keys64, 3},
-                                                      {MhaFlashKernel::kRows128Keys32, 0},
-                                                      {MhaFlashKernel::kRows128Keys32Stages2, 0},
-                                                      {MhaFlashKernel::kRows128Keys32Stages2, 5}};
-  for (const auto& [k, pair_group] : flash) {
-    SCOPED_TRACE(::testing::Message()
-                 << "flash kernel " << static_cast<int>(k) << ", pair group " << pair_group);
-    gpu.SetMhaFlashKernel(k);
-    gpu.SetMhaFlashPairGroup(pair_group);
-    {
-      SCOPED_TRACE("fp32 out");
-      dout.Poison();
-      a.out = dout.get();
-      a.out_bf16 = nullptr;
-      ASSERT_TRUE(gpu.MhaPrefillAttention(a));
-      DEEPINFER_CUDA_OK(dout.Download(&got));
-      ASSERT_TRUE(gpu.status().ok()) << gpu.status();
-      pr.Expect(got, kAtol, kRtol, kRmsBound);
-    }
-    {
-      // One more bf16 rounding of each output (u relative).
-      SCOPED_TRACE("bf16 out");
-      dout16.Poison();
-      a.out = nullptr;
-      a.out_bf16 = dout16.get();
-      ASSERT_TRUE(gpu.MhaPrefillAttention(a));
-      std::vector<uint16_t> bits;
-      DEEPINFER_CUDA_OK(dout16.Download(&bits));
-      ASSERT_TRUE(gpu.status().ok()) << gpu.status();
-      got.resize(bits.size());
-      for (size_t i = 0; i < bits.size(); ++i) got[i] = Bf16BitsToFloat(bits[i]);
-      pr.Expect(got, kAtol, kRtol + 4e-3, kRmsBound);
-    }
-  }
-  // The gather + expansion paths at the default flash kernel: the per-sequence one (a gather
-  // launch per sequence, cublasGemmEx), and the default one with a workspace budget so small that
-  // each sequence is a group of its own.
-  gpu.SetMhaFlashKernel(MhaFlashKernel::kAuto);
-  gpu.SetMhaFlashPairGroup(0);
-  const std::pair<bool, size_t> expand[] = {{false, 0}, {true, 1}};
-  for (const auto& [fast, budget] : expand) {
-    SCOPED_TRACE(::testing::Message() << "fast expand " << fast << ", budget " << budget);
-    gpu.SetMhaFastExpand(fast);
-    gpu.SetMhaWorkspaceBudget(budget);
+  {
+    SCOPED_TRACE("backend, fp32 out");
     dout.Poison();
     a.out = dout.get();
     a.out_bf16 = nullptr;
@@ -265,6 +249,44 @@ TEST_P(MhaPrefillTest, MatchesCpuBackend) {
     ASSERT_TRUE(gpu.status().ok()) << gpu.status();
     pr.Expect(got, kAtol, kRtol, kRmsBound);
   }
+  {
+    // One more bf16 rounding of each output (u relative).
+    SCOPED_TRACE("backend, bf16 out");
+    dout16.Poison();
+    a.out = nullptr;
+    a.out_bf16 = dout16.get();
+    ASSERT_TRUE(gpu.MhaPrefillAttention(a));
+    std::vector<uint16_t> bits;
+    DEEPINFER_CUDA_OK(dout16.Download(&bits));
+    ASSERT_TRUE(gpu.status().ok()) << gpu.status();
+    got.resize(bits.size());
+    for (size_t i = 0; i < bits.size(); ++i) got[i] = Bf16BitsToFloat(bits[i]);
+    pr.Expect(got, kAtol, kRtol + 4e-3, kRmsBound);
+  }
+  // Each flash kernel through the kernel API (the backend's kAuto picks one by the sequences'
+  // lengths), and kAuto with a workspace budget so small that each sequence is a group of its own.
+  std::vector<kernels::MhaPrefillSequence> seqs;
+  kernels::MhaPrefillParams p =
+      pr.KernelParams(cache, c.bf16_cache, dtables.get(), dq.get(), dkv_b.get(), dout.get(), &seqs);
+  cublasHandle_t blas = nullptr;
+  ASSERT_EQ(cublasCreate(&blas), CUBLAS_STATUS_SUCCESS);
+  using kernels::MhaFlashKernel;
+  const std::pair<MhaFlashKernel, size_t> runs[] = {
+      {MhaFlashKernel::kRows64, 0}, {MhaFlashKernel::kRows128, 0}, {MhaFlashKernel::kAuto, 1}};
+  for (const auto& [flash, budget] : runs) {
+    SCOPED_TRACE(::testing::Message() << "kernel API, flash kernel " << static_cast<int>(flash)
+                                      << ", budget " << budget);
+    p.flash = flash;
+    p.workspace_budget = budget;
+    DeviceArray<uint8_t> ws(kernels::MhaPrefillWorkspaceBytes(p));
+    p.workspace = ws.get();
+    p.workspace_bytes = ws.size();
+    dout.Poison();
+    DEEPINFER_CUDA_OK(kernels::MhaPrefillBf16(p, blas, nullptr));
+    DEEPINFER_CUDA_OK(dout.Download(&got));
+    pr.Expect(got, kAtol, kRtol, kRmsBound);
+  }
+  cublasDestroy(blas);
 }
 
 INSTANTIATE_TEST_SUITE_P(Cases, MhaPrefillTest, ::testing::ValuesIn(Cases()),
@@ -284,29 +306,8 @@ TEST(MhaPrefillLimitsTest, RejectsBadParamsAndSpans) {
   DeviceArray<int32_t> dtables(pr.tables);
 
   std::vector<kernels::MhaPrefillSequence> seqs;
-  for (size_t i = 0; i < pr.spans.size(); ++i) {
-    seqs.push_back({static_cast<int32_t>(i), pr.spans[i].first_token, pr.spans[i].num_tokens,
-                    pr.spans[i].context_len});
-  }
-  kernels::MhaPrefillParams p;
-  p.num_heads = pr.heads;
-  p.nope_dim = kNope;
-  p.v_dim = kV;
-  p.q = dq.get();
-  p.q_token_stride = pr.heads * kQk;
-  p.q_head_stride = kQk;
-  p.cache = dcache.get();
-  p.block_size = pr.block_size;
-  p.latent_dim = kLatent;
-  p.rope_dim = kRope;
-  p.block_tables = dtables.get();
-  p.max_blocks_per_seq = pr.max_blocks;
-  p.kv_b = dkv_b.get();
-  p.sequences = seqs.data();
-  p.num_sequences = static_cast<int32_t>(seqs.size());
-  p.softmax_scale = kScale;
-  p.out = dout.get();
-  p.out_token_stride = pr.heads * kV;
+  kernels::MhaPrefillParams p = pr.KernelParams(dcache.get(), /*cache_bf16=*/true, dtables.get(),
+                                                dq.get(), dkv_b.get(), dout.get(), &seqs);
   cublasHandle_t blas = nullptr;
   ASSERT_EQ(cublasCreate(&blas), CUBLAS_STATUS_SUCCESS);
   const size_t bytes = kernels::MhaPrefillWorkspaceBytes(p);
@@ -325,7 +326,7 @@ TEST(MhaPrefillLimitsTest, RejectsBadParamsAndSpans) {
     EXPECT_EQ(kernels::MhaPrefillBf16(p, blas, nullptr), cudaErrorInvalidValue);
     p.workspace_bytes = bytes;
     // The 128-row kernel through the kernel API too.
-    p.flash = kernels::MhaFlashKernel::kRows128Keys64;
+    p.flash = kernels::MhaFlashKernel::kRows128;
     dout.Poison();
     DEEPINFER_CUDA_OK(kernels::MhaPrefillBf16(p, blas, nullptr));
     DEEPINFER_CUDA_OK(dout.Download(&got));
@@ -396,13 +397,6 @@ TEST(MhaPrefillLimitsTest, RejectsBadParamsAndSpans) {
     EXPECT_EQ(calls, 2);
     EXPECT_EQ(expanded, keys);
     p.workspace_budget = 0;
-    // The per-sequence gather gives the same entries.
-    p.gather = kernels::MhaGather::kPerSequence;
-    dout.Poison();
-    DEEPINFER_CUDA_OK(kernels::MhaPrefillBf16(p, blas, nullptr));
-    DEEPINFER_CUDA_OK(dout.Download(&got));
-    pr.Expect(got, kAtol, kRtol, kRmsBound);
-    p.gather = kernels::MhaGather::kOneLaunch;
     p.expand_gemm = [](const kernels::MhaExpandGemm&, cudaStream_t) {
       return cudaErrorInvalidDevice;
     };
@@ -412,10 +406,6 @@ TEST(MhaPrefillLimitsTest, RejectsBadParamsAndSpans) {
   }
   kernels::MhaPrefillParams bad = p;
   bad.v_dim = 64;  // the kernel is written for 128
-  EXPECT_FALSE(kernels::MhaPrefillSupported(bad));
-  EXPECT_EQ(kernels::MhaPrefillBf16(bad, blas, nullptr), cudaErrorInvalidValue);
-  bad = p;
-  bad.flash_pair_group = -1;
   EXPECT_FALSE(kernels::MhaPrefillSupported(bad));
   EXPECT_EQ(kernels::MhaPrefillBf16(bad, blas, nullptr), cudaErrorInvalidValue);
   bad = p;

@@ -4,9 +4,7 @@
 // go through the same kernel (each query token carries its own sequence and causal context
 // length). MlaAttentionF32 reads each cached key once per (token, group of 16 heads) and splits
 // long contexts over several blocks (split-K); with a bf16 cache it runs both products on
-// tensor cores with fp32-accurate operands (see mla_attention.cu). MlaAttentionPerHeadF32 is the
-// earlier one-block-per-(token, head) kernel (fp32 cache only), kept as the benchmark's baseline
-// and a second GPU implementation for the tests.
+// tensor cores (see mla_attention.cu).
 #ifndef DEEPINFER_KERNELS_ATTENTION_MLA_ATTENTION_H_
 #define DEEPINFER_KERNELS_ATTENTION_MLA_ATTENTION_H_
 
@@ -56,20 +54,20 @@ struct MlaAttentionParams {
   // Context splits per (token, head group); 0 picks them from the token count and the
   // device's SM count so that even one decode token fills the GPU. Tests and the benchmark set it.
   int32_t num_splits = 0;
-  // bf16 cache, tensor-core kernel (MlaMmaVariantIsValid: 0, 4, 7, 8 or 9; 1-3 and 5-6 were
-  // removed, measured slower than 4 and 7, docs/cuda.md): 4: 32-key chunks, double-buffered,
-  // 2 blocks per SM, warps splitting the dot product; 7: the key-split kernel, FlashMLA's work
-  // split: 32-key tiles, each warp scoring a quarter of the keys over the whole dot product and
-  // owning a quarter of the output columns, 2 blocks per SM, a short start-up (Q loaded with
-  // 16-byte loads before the first tiles' copies, which are both in flight before Q is
-  // converted; the split's block-table entries in shared memory); 8: 7 with bf16 Q and P (one
-  // MMA per product instead of the hi + lo pair: the scores carry Q's bf16 rounding, the output
-  // P's; MlaAttentionBf16Operands); 9: 8 whose 2-3 splits (kMlaClusterMergeMaxSplits) of a
-  // (token, head group) run as one thread-block cluster and merge in distributed shared memory
-  // (no workspace, no combine kernel; other split counts, or a device without clusters, run 8);
-  // 7-9 take latent 512 + rope 64 only, other shapes run 4; mla_attention.cu); 0 = the default
-  // (9, else 4 for shapes 9 does not take: the fastest measured on the H200, docs/cuda.md).
-  // Tests, the benchmark and CudaBackend::SetMlaDecodeVariant set it.
+  // bf16 cache, tensor-core kernel (MlaMmaVariantIsValid: 0, 4 or 9; the other numbers belonged
+  // to variants removed after measuring slower, docs/cuda.md): 4: 32-key chunks,
+  // double-buffered, 2 blocks per SM, warps splitting the dot product, Q and P as bf16 hi + lo
+  // pairs; 9: the key-split kernel, FlashMLA's work split: 32-key tiles, each warp scoring a
+  // quarter of the keys over the whole dot product and owning a quarter of the output columns,
+  // 2 blocks per SM, a short start-up (Q loaded with 16-byte loads before the first tiles'
+  // copies, which are both in flight before Q is converted; the split's block-table entries in
+  // shared memory), bf16 Q and P (one MMA per product: the scores carry Q's bf16 rounding, the
+  // output P's; MlaAttentionBf16Operands), and 2-3 splits (kMlaClusterMergeMaxSplits) of a
+  // (token, head group) run as one thread-block cluster that merges in distributed shared memory
+  // (no workspace, no combine kernel; other split counts, or a device without clusters, write
+  // the workspace); 9 takes latent 512 + rope 64 only, other shapes run 4; mla_attention.cu.
+  // 0 = the default: 9, else 4 for shapes 9 does not take (the fastest measured on the H200,
+  // docs/cuda.md). Tests and the benchmark set it.
   int32_t mma_variant = 0;
 };
 
@@ -85,16 +83,16 @@ constexpr int32_t kMaxMlaSplits = 64;
 // The largest MlaAttentionParams::mma_variant.
 constexpr int32_t kMaxMlaMmaVariant = 9;
 // Whether MlaAttentionF32 accepts `variant` as MlaAttentionParams::mma_variant: 0 (the default),
-// 4, 7, 8 or 9 (kMlaMmaVariantList; the numbers of the removed variants 1-3, 5 and 6 are
-// rejected, the others keep their meaning).
+// 4 or 9 (kMlaMmaVariantList; the numbers of removed variants are rejected, the others keep
+// their meaning).
 constexpr bool MlaMmaVariantIsValid(int32_t variant) {
-  return variant == 0 || variant == 4 || (variant >= 7 && variant <= kMaxMlaMmaVariant);
+  return variant == 0 || variant == 4 || variant == kMaxMlaMmaVariant;
 }
 // The valid values, for error messages.
-constexpr char kMlaMmaVariantList[] = "0, 4, 7, 8, 9";
+constexpr char kMlaMmaVariantList[] = "0, 4, 9";
 // Variant 9 merges its splits in a thread-block cluster at 2 to this many splits (clusters of 4
-// measured slower than variant 8's workspace + combine on the H200, docs/cuda.md); other split
-// counts run variant 8.
+// measured slower than the workspace + combine on the H200, docs/cuda.md); other split counts
+// write the workspace.
 constexpr int32_t kMlaClusterMergeMaxSplits = 3;
 
 // out[t, h] = sum_j softmax_j(scale * (q_latent[t,h]·c_j + q_rope[t,h]·k_j)) c_j over the
@@ -105,13 +103,13 @@ cudaError_t MlaAttentionF32(const MlaAttentionParams& params, cudaStream_t strea
 
 // Which kernel MlaAttentionF32 runs for these params on the current device: "mma_bf16" (bf16
 // cache, latent_dim <= 512, latent_dim + rope_dim <= 640, a GPU with bf16 tensor cores),
-// "mma_bf16_key_split" (the same, variants 7-9's kernel: latent 512 + rope 64, a 16-byte
+// "mma_bf16_key_split" (the same, variant 9's kernel: latent 512 + rope 64, a 16-byte
 // aligned cache), "mma_bf16_key_split_cluster" (variant 9 with its cluster merge: 2-3 splits,
 // sm_90, a 16-byte aligned out_latent), "grouped_bf16" (other bf16 shapes: CUDA cores, keys
 // widened to fp32 in shared memory), "grouped_f32", or "invalid". For tests and the benchmark.
 const char* MlaAttentionKernelName(const MlaAttentionParams& params);
 
-// True when MlaAttentionF32 runs these params with Q and P rounded to bf16 (variants 8 and 9's
+// True when MlaAttentionF32 runs these params with Q and P rounded to bf16 (variant 9's
 // key-split kernel; false for invalid params): its results then match a reference over Q
 // rounded to bf16 to within P's rounding, 2^-9 * max |latent| per output element (tests).
 bool MlaAttentionBf16Operands(const MlaAttentionParams& params);
@@ -119,11 +117,6 @@ bool MlaAttentionBf16Operands(const MlaAttentionParams& params);
 // Bytes of workspace MlaAttentionF32 needs for these params on the current device (0 when it
 // runs without splitting). Reads the device's SM count when params.num_splits is 0.
 cudaError_t MlaAttentionWorkspaceBytes(const MlaAttentionParams& params, size_t* bytes);
-
-// Same contract as MlaAttentionF32 (workspace and num_splits are ignored), one block per
-// (token, head): every key is re-read for each head. The baseline the new kernel is measured
-// against. fp32 caches only (cudaErrorInvalidValue for bf16).
-cudaError_t MlaAttentionPerHeadF32(const MlaAttentionParams& params, cudaStream_t stream);
 
 }  // namespace kernels
 }  // namespace deepinfer

@@ -1,12 +1,11 @@
 // Times MlaAttentionF32 with an fp32 cache (grouped heads on CUDA cores, split-K) and with a
-// bf16 cache (tensor cores) against MlaAttentionPerHeadF32 (one block per (token, head)) on the
-// Moonlight and DeepSeek-V3 attention shapes (latent 512, rope 64, block size 16): decode
-// batches of 1 to 256 requests over 1024- to 8192-position contexts and a causal 8 x 1024-token
-// prefill. Both
-// caches hold the same (bf16-representable) values. Prints per case the median of 20 timed runs
-// (CUDA events, after 3 warm-ups), the achieved bandwidth on the distinct cache bytes the batch
-// reads at the cache's element size (and its share of 4.3 TB/s), the FMA rate, and the largest
-// differences between the kernels' outputs. Decode cases also sweep forced split counts.
+// bf16 cache (tensor cores) on the Moonlight and DeepSeek-V3 attention shapes (latent 512, rope 64,
+// block size 16): decode batches of 1 to 256 requests over 1024- to 8192-position contexts and a
+// causal 8 x 1024-token prefill. Both caches hold the same (bf16-representable) values. Prints per
+// case the median of 20 timed runs (CUDA events, after 3 warm-ups), the achieved bandwidth on the
+// distinct cache bytes the batch reads at the cache's element size (and its share of 4.3 TB/s), the
+// FMA rate, and the largest differences between the kernels' outputs. Decode cases also sweep
+// forced split counts.
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
@@ -31,13 +30,12 @@ using bench::Upload;
 
 constexpr int32_t kLatent = 512, kRope = 64, kBlockSize = 16;
 // The tensor-core kernel's variants (kernels::MlaAttentionParams::mma_variant, 0 aside).
-constexpr int kMmaVariants[] = {4, 7, 8, 9};
+constexpr int kMmaVariants[] = {4, 9};
 
 struct Batch {
   const char* name;
   int32_t seqs, context, heads;
   bool prefill;  // every position of each sequence queries causally; else one decode token each
-  bool skip_per_head = false;  // the old kernel is too slow to be worth timing here
 };
 
 uint16_t Bf16Bits(float f) {  // nearest even (finite inputs)
@@ -92,9 +90,8 @@ void Run(const Batch& batch) {
   int32_t* d_seq = Upload(token_seq);
   int32_t* d_len = Upload(context_len);
   const size_t out_elems = static_cast<size_t>(tokens) * batch.heads * kLatent;
-  float *out_new = nullptr, *out_old = nullptr, *out_bf16 = nullptr;
+  float *out_new = nullptr, *out_bf16 = nullptr;
   BENCH_CUDA(cudaMalloc(reinterpret_cast<void**>(&out_new), out_elems * sizeof(float)));
-  BENCH_CUDA(cudaMalloc(reinterpret_cast<void**>(&out_old), out_elems * sizeof(float)));
   BENCH_CUDA(cudaMalloc(reinterpret_cast<void**>(&out_bf16), out_elems * sizeof(float)));
 
   kernels::MlaAttentionParams p;
@@ -119,12 +116,6 @@ void Run(const Batch& batch) {
                 batch.name, kernel, splits, ms, bw / 1e9, 100.0 * bw / kPeakBytesPerS,
                 fma / (ms * 1e-3) / 1e12);
   };
-  p.out_latent = out_old;
-  double old_ms = 0;
-  if (!batch.skip_per_head) {
-    old_ms = MedianMs([&] { return kernels::MlaAttentionPerHeadF32(p, nullptr); });
-    report("per-head f32", 4, 1, old_ms);
-  }
   void* ws = nullptr;
   const size_t ws_max = static_cast<size_t>(tokens) * batch.heads * kernels::kMaxMlaSplits *
                         (kLatent + 2) * sizeof(float);
@@ -170,13 +161,12 @@ void Run(const Batch& batch) {
     constexpr int kGraphCalls = 10, kGraphReplays = 5;
     cudaStream_t stream;
     BENCH_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
-    // (variant, forced split count or 0): 4 (the chunked kernel), 7 (the key-split kernel), 8
-    // (7 with bf16 Q and P) and 9 (8 with the cluster merge, the default) at their automatic
-    // split counts; 7, 8 and 9 also at forced ones (few tokens: fewer splits than the automatic
-    // 64).
+    // (variant, forced split count or 0): 4 (the chunked kernel) and 9 (the key-split kernel
+    // with the cluster merge, the default) at their automatic split counts; 9 also at forced ones
+    // (few tokens: fewer splits than the automatic 64).
     std::vector<std::pair<int, int>> runs;
     for (int variant : kMmaVariants) runs.emplace_back(variant, 0);
-    for (int variant : {7, 8, 9}) {
+    for (int variant : {9}) {
       for (int splits :
            tokens < 16 ? std::vector<int>{4, 8, 16, 32} : std::vector<int>{1, 2, 3, 4}) {
         runs.emplace_back(variant, splits);
@@ -205,16 +195,17 @@ void Run(const Batch& batch) {
       BENCH_CUDA(cudaEventSynchronize(e1));
       float total = 0;
       BENCH_CUDA(cudaEventElapsedTime(&total, e0, e1));
-      // The cluster merge has no workspace: its split count is variant 8's.
+      // The cluster merge has no workspace: its split count is the one the same params take
+      // with an output the merge does not write (not 16-byte aligned), through the workspace.
       const bool cluster =
           std::string(kernels::MlaAttentionKernelName(pv)) == "mma_bf16_key_split_cluster";
       int shown_splits = splits_of(ws_v);
       if (cluster) {
-        kernels::MlaAttentionParams p8 = pv;
-        p8.mma_variant = 8;
-        size_t ws8 = 0;
-        BENCH_CUDA(kernels::MlaAttentionWorkspaceBytes(p8, &ws8));
-        shown_splits = splits_of(ws8);
+        kernels::MlaAttentionParams unmerged = pv;
+        unmerged.out_latent = out_bf16 + 1;
+        size_t ws_unmerged = 0;
+        BENCH_CUDA(kernels::MlaAttentionWorkspaceBytes(unmerged, &ws_unmerged));
+        shown_splits = splits_of(ws_unmerged);
       }
       const std::string name =
           "mma v" + std::to_string(variant) + (cluster ? " cl graph" : " graph");
@@ -227,22 +218,13 @@ void Run(const Batch& batch) {
     BENCH_CUDA(cudaStreamDestroy(stream));
   }
 
-  std::vector<float> a(out_elems), b(out_elems), c(out_elems);
+  std::vector<float> a(out_elems), c(out_elems);
   BENCH_CUDA(cudaMemcpy(a.data(), out_new, out_elems * sizeof(float), cudaMemcpyDeviceToHost));
   BENCH_CUDA(cudaMemcpy(c.data(), out_bf16, out_elems * sizeof(float), cudaMemcpyDeviceToHost));
-  if (!batch.skip_per_head) {
-    BENCH_CUDA(cudaMemcpy(b.data(), out_old, out_elems * sizeof(float), cudaMemcpyDeviceToHost));
-  }
-  double worst_old = 0, worst_bf16 = 0;
+  double worst_bf16 = 0;
   for (size_t i = 0; i < out_elems; ++i) {
-    const double d = std::fabs(static_cast<double>(a[i]) - b[i]);
     const double e = std::fabs(static_cast<double>(a[i]) - c[i]);
-    if (!(d <= worst_old)) worst_old = d;  // NaN sticks
-    if (!(e <= worst_bf16)) worst_bf16 = e;
-  }
-  if (!batch.skip_per_head) {
-    std::printf("%-26s grouped f32 vs per-head: %.2fx, max |diff| = %.3g\n", batch.name,
-                old_ms / new_ms, worst_old);
+    if (!(e <= worst_bf16)) worst_bf16 = e;  // NaN sticks
   }
   std::printf("%-26s %s (bf16 cache) vs grouped f32 (fp32 cache): %.2fx, max |diff| = %.3g\n",
               batch.name, bf16_name.c_str(), new_ms / bf16_ms, worst_bf16);
@@ -265,8 +247,7 @@ void Run(const Batch& batch) {
   for (void* ptr :
        {static_cast<void*>(cache), static_cast<void*>(cache16), static_cast<void*>(q_latent),
         static_cast<void*>(q), static_cast<void*>(d_tables), static_cast<void*>(d_seq),
-        static_cast<void*>(d_len), static_cast<void*>(out_new), static_cast<void*>(out_old),
-        static_cast<void*>(out_bf16), ws}) {
+        static_cast<void*>(d_len), static_cast<void*>(out_new), static_cast<void*>(out_bf16), ws}) {
     BENCH_CUDA(cudaFree(ptr));
   }
 }
@@ -292,10 +273,10 @@ int main(int argc, char** argv) {
            deepinfer::Batch{"decode 1 x ctx8192 h16", 1, 8192, 16, false},
            deepinfer::Batch{"decode 64 x ctx1024 h16", 64, 1024, 16, false},
            deepinfer::Batch{"decode 128 x ctx1024 h16", 128, 1024, 16, false},
-           deepinfer::Batch{"decode 256 x ctx1024 h16", 256, 1024, 16, false, true},
-           deepinfer::Batch{"decode 128 x ctx4096 h16", 128, 4096, 16, false, true},
-           deepinfer::Batch{"decode 64 x ctx1024 h128", 64, 1024, 128, false, true},
-           deepinfer::Batch{"prefill 8 x 1024 h16", 8, 1024, 16, true, true},
+           deepinfer::Batch{"decode 256 x ctx1024 h16", 256, 1024, 16, false},
+           deepinfer::Batch{"decode 128 x ctx4096 h16", 128, 4096, 16, false},
+           deepinfer::Batch{"decode 64 x ctx1024 h128", 64, 1024, 128, false},
+           deepinfer::Batch{"prefill 8 x 1024 h16", 8, 1024, 16, true},
        }) {
     if (std::string(b.name).find(only) == std::string::npos) continue;
     deepinfer::Run(b);

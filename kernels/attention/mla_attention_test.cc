@@ -1,14 +1,13 @@
-// WriteLatentCacheF32, MlaAttentionF32 and the older MlaAttentionPerHeadF32 against the
-// CpuBackend ops: sequences of different lengths in shuffled cache blocks, queries that mix
-// prefill (causal) and decode tokens or decode tokens alone, contexts longer than one key chunk,
-// head counts that do not fill a head group, DeepSeek-V3's 128 heads and latent/rope sizes,
-// context splits chosen automatically or forced (with an internal or a caller's workspace),
-// decode batches of 1, 3, 64, 128 and 256 requests (both split combines: fewer and more than 8
-// splits); every variant of the tensor-core kernel (4; 7, the key-split kernel, included: its
-// shared block-table copy and, past 256 blocks per split, its global fallback); every case with
-// an fp32 and with a bf16 cache (the CPU reference reads the same bf16 values). Variants 8 and 9
-// (bf16 Q and P; 9 merging its splits in a thread-block cluster) against a reference over Q rounded
-// to bf16, within P's rounding bound.
+// WriteLatentCacheF32 and MlaAttentionF32 against the CpuBackend ops: sequences of different
+// lengths in shuffled cache blocks, queries that mix prefill (causal) and decode tokens or decode
+// tokens alone, contexts longer than one key chunk, head counts that do not fill a head group,
+// DeepSeek-V3's 128 heads and latent/rope sizes, context splits chosen automatically or forced
+// (with an internal or a caller's workspace), decode batches of 1, 3, 64, 128 and 256 requests
+// (both split combines: fewer and more than 8 splits); every variant of the tensor-core kernel (4,
+// and 9, the key-split kernel: its shared block-table copy and, past 256 blocks per split, its
+// global fallback); every case with an fp32 and with a bf16 cache (the CPU reference reads the same
+// bf16 values). Variant 9 (bf16 Q and P, merging its splits in a thread-block cluster) against a
+// reference over Q rounded to bf16, within P's rounding bound.
 #include "kernels/attention/mla_attention.h"
 
 #include <algorithm>
@@ -51,7 +50,7 @@ void PrintTo(const Case& c, std::ostream* os) { *os << c.name; }
 constexpr double kF32Atol = 2e-5, kF32Rtol = 1e-4;
 constexpr double kBf16Atol = 1e-4, kBf16Rtol = 5e-4;
 
-// Variants 8 and 9 (MlaAttentionBf16Operands) round Q and P to bf16 (nearest even) before the
+// Variant 9 (MlaAttentionBf16Operands) rounds Q and P to bf16 (nearest even) before the
 // MMAs. Against the CPU reference run on the same Q rounded to bf16 (so the scores agree as for
 // the hi + lo kernels, within kBf16Atol / kBf16Rtol), what remains is P's rounding in the
 // numerator of out = sum_j p_j v_j / sum_j p_j (the denominator sums the unrounded fp32 p_j):
@@ -223,16 +222,18 @@ TEST_P(MlaAttentionKernelTest, MatchesCpuBackend) {
   // fp32 online softmax vs the reference's double accumulation.
   // Every variant of the tensor-core kernel (0: the default), with the workspace
   // allocated inside.
-  // Variant 8's split count (the automatic one or the case's): variant 9 merges 2 to
-  // kMlaClusterMergeMaxSplits splits in a cluster on sm_90.
-  int splits8 = 1;
+  // The key-split kernel's split count (the automatic one or the case's), read from the
+  // workspace it takes with an output the cluster merge does not write (not 16-byte aligned):
+  // variant 9 merges 2 to kMlaClusterMergeMaxSplits splits in a cluster on sm_90.
+  int splits = 1;
   if (bf16 && key_split_shape) {
-    p.mma_variant = 8;
-    size_t bytes8 = 0;
-    DEEPINFER_CUDA_OK(kernels::MlaAttentionWorkspaceBytes(p, &bytes8));
-    splits8 = bytes8 == 0 ? 1
-                          : static_cast<int>(bytes8 / (static_cast<size_t>(tokens) * s.heads *
-                                                       (s.latent + 2) * sizeof(float)));
+    kernels::MlaAttentionParams unmerged = p;
+    unmerged.out_latent = dout.get() + 1;
+    size_t bytes = 0;
+    DEEPINFER_CUDA_OK(kernels::MlaAttentionWorkspaceBytes(unmerged, &bytes));
+    splits = bytes == 0 ? 1
+                        : static_cast<int>(bytes / (static_cast<size_t>(tokens) * s.heads *
+                                                    (s.latent + 2) * sizeof(float)));
   }
   int device = 0, cc_major = 0;
   DEEPINFER_CUDA_OK(cudaGetDevice(&device));
@@ -246,16 +247,16 @@ TEST_P(MlaAttentionKernelTest, MatchesCpuBackend) {
     return {&want, atol, rtol};
   };
   for (int variant = 0; variant <= (bf16 ? kernels::kMaxMlaMmaVariant : 0); ++variant) {
-    if (!kernels::MlaMmaVariantIsValid(variant)) continue;  // removed variants (1-3, 5, 6)
+    if (!kernels::MlaMmaVariantIsValid(variant)) continue;  // numbers of removed variants
     SCOPED_TRACE(::testing::Message() << "MlaAttentionF32, mma_variant " << variant);
     p.mma_variant = variant;
-    if (bf16 && variant >= 7) {  // the key-split kernels; other shapes run variant 4
-      const bool cluster = variant == 9 && splits8 >= 2 &&
-                           splits8 <= kernels::kMlaClusterMergeMaxSplits && cc_major >= 9;
+    if (bf16 && variant != 4) {  // the key-split kernel; other shapes run variant 4
+      const bool cluster =
+          splits >= 2 && splits <= kernels::kMlaClusterMergeMaxSplits && cc_major >= 9;
       EXPECT_STREQ(kernels::MlaAttentionKernelName(p), !key_split_shape ? kernel.c_str()
                                                        : cluster ? "mma_bf16_key_split_cluster"
                                                                  : "mma_bf16_key_split");
-      EXPECT_EQ(kernels::MlaAttentionBf16Operands(p), key_split_shape && variant >= 8);
+      EXPECT_EQ(kernels::MlaAttentionBf16Operands(p), key_split_shape);
     }
     const auto [ref, v_atol, v_rtol] = reference();
     dout.Poison();
@@ -305,15 +306,6 @@ TEST_P(MlaAttentionKernelTest, MatchesCpuBackend) {
     p.workspace = nullptr;
     p.workspace_bytes = 0;
   }
-  if (bf16) {
-    EXPECT_EQ(kernels::MlaAttentionPerHeadF32(p, nullptr), cudaErrorInvalidValue);  // fp32 only
-  } else {
-    SCOPED_TRACE("MlaAttentionPerHeadF32");
-    dout.Poison();
-    DEEPINFER_CUDA_OK(kernels::MlaAttentionPerHeadF32(p, nullptr));
-    DEEPINFER_CUDA_OK(dout.Download(&got));
-    EXPECT_TRUE(AllClose(got, want, kF32Atol, kF32Rtol));
-  }
 }
 
 std::vector<Case> Cases() {
@@ -330,7 +322,7 @@ std::vector<Case> Cases() {
   c.push_back({"decode_128_heads", 128, 512, 64, 128, 16, {1, 37, 1500}, true});
   c.push_back({"decode_split_7_block_1", 16, 512, 64, 128, 1, {1, 37, 700}, true, 7});
   c.push_back({"decode_split_max", 17, 256, 64, 32, 16, {3, 2000}, true, kernels::kMaxMlaSplits});
-  // One split of 1025 blocks of 1 key: more block-table entries than variant 7 keeps in shared
+  // One split of 1025 blocks of 1 key: more block-table entries than variant 9 keeps in shared
   // memory (256), so it reads them from the table in global memory.
   c.push_back({"decode_table_in_global_block_1", 16, 512, 64, 128, 1, {5, 700, 1025}, true, 1});
   // Decode batches of the shapes the benchmark times (Moonlight: 16 heads, latent 512 + rope 64),
@@ -368,16 +360,15 @@ TEST(MlaAttentionKernelLimitsTest, RejectsTooWideLatent) {
   p.num_heads = 1;
   p.cache.latent_dim = kernels::kMaxMlaLatentDim + 1;
   EXPECT_EQ(kernels::MlaAttentionF32(p, nullptr), cudaErrorInvalidValue);
-  EXPECT_EQ(kernels::MlaAttentionPerHeadF32(p, nullptr), cudaErrorInvalidValue);
 }
 
 TEST(MlaAttentionKernelLimitsTest, ValidMmaVariants) {
   // The kept numbers keep their meaning; the removed variants' numbers are not reused.
   for (int32_t v = -2; v <= kernels::kMaxMlaMmaVariant + 2; ++v) {
-    const bool kept = v == 0 || v == 4 || v == 7 || v == 8 || v == 9;
+    const bool kept = v == 0 || v == 4 || v == 9;
     EXPECT_EQ(kernels::MlaMmaVariantIsValid(v), kept) << "variant " << v;
   }
-  EXPECT_STREQ(kernels::kMlaMmaVariantList, "0, 4, 7, 8, 9");
+  EXPECT_STREQ(kernels::kMlaMmaVariantList, "0, 4, 9");
 }
 
 TEST(MlaAttentionKernelLimitsTest, RejectsUnknownMmaVariant) {
@@ -386,8 +377,8 @@ TEST(MlaAttentionKernelLimitsTest, RejectsUnknownMmaVariant) {
   p.num_tokens = 1;
   p.num_heads = 1;
   p.cache = {nullptr, 16, 512, 64, kernels::LatentCacheType::kBFloat16};
-  // Out of range, and the removed variants 1-3, 5 and 6.
-  for (int32_t v : {-1, 1, 2, 3, 5, 6, kernels::kMaxMlaMmaVariant + 1}) {
+  // Out of range, and the numbers of removed variants.
+  for (int32_t v : {-1, 1, 2, 3, 5, 6, 7, 8, kernels::kMaxMlaMmaVariant + 1}) {
     SCOPED_TRACE(::testing::Message() << "mma_variant " << v);
     p.mma_variant = v;
     EXPECT_EQ(kernels::MlaAttentionF32(p, nullptr), cudaErrorInvalidValue);

@@ -125,13 +125,9 @@ __device__ __forceinline__ KeyBatch<kBatch> LoadKeys(const __nv_bfloat16* cache,
 #endif  // __CUDA_ARCH__ >= 900
 
 template <int kHeads>
-__global__ void __launch_bounds__(kThreads, 1)
-    MlaDecodeSmallKernel(MlaAttentionParams p, bool early_dependents) {
+__global__ void __launch_bounds__(kThreads, 1) MlaDecodeSmallKernel(MlaAttentionParams p) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   namespace cg = cooperative_groups;
-  // MlaDecodeSmallOptions::early_dependents: a programmatic kernel after this one may be
-  // scheduled now (its prefetch overlaps this kernel; its wait still waits for our completion).
-  if (early_dependents) asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
   constexpr int kBatch = BatchFor<kHeads>();
   using L = SmemLayout<kHeads>;
   extern __shared__ float4 smem4[];
@@ -354,7 +350,7 @@ __global__ void __launch_bounds__(kThreads, 1)
 #endif  // __CUDA_ARCH__ >= 900
 }
 
-using KernelFn = void (*)(MlaAttentionParams, bool);
+using KernelFn = void (*)(MlaAttentionParams);
 
 KernelFn KernelFor(int heads_per_block) {
   switch (heads_per_block) {
@@ -529,7 +525,7 @@ cudaError_t MlaDecodeSmall(const MlaAttentionParams& params, const MlaDecodeSmal
   if (e != cudaSuccess) return e;
   cudaLaunchAttribute attr;
   const cudaLaunchConfig_t c = LaunchConfig(params, cluster, heads_per_block, stream, &attr);
-  e = cudaLaunchKernelEx(&c, KernelFor(heads_per_block), params, options.early_dependents);
+  e = cudaLaunchKernelEx(&c, KernelFor(heads_per_block), params);
   if (e != cudaSuccess) return e;
   return cudaGetLastError();
 }

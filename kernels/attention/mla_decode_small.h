@@ -12,7 +12,7 @@
 // against MlaAttentionF32's default key-split kernel + combine at 11.6 / 11.7 / 11.8 / 13.6 us;
 // 2-8 tokens lose at 4096. Its work per key is fp32 CUDA-core instructions, so its time grows
 // with the context faster than the tensor-core kernel's: CudaBackend uses it for one decode
-// token up to CudaBackend::kMlaDecodeSmallMaxContext positions.
+// token up to CudaTuning::mla_decode_small_max_context positions.
 #ifndef DEEPINFER_KERNELS_ATTENTION_MLA_DECODE_SMALL_H_
 #define DEEPINFER_KERNELS_ATTENTION_MLA_DECODE_SMALL_H_
 
@@ -37,11 +37,6 @@ struct MlaDecodeSmallOptions {
   int32_t cluster_size = 0;
   // Heads per block: 1, 2 or 4; 0 = auto.
   int32_t heads_per_block = 0;
-  // Every block executes griddepcontrol.launch_dependents first, so that a kernel launched after
-  // this one with programmatic dependent launch (the W_uv GEMV) is scheduled beside it and loads
-  // its weights while this one runs; it still waits for this grid's completion before reading
-  // the output. Results are unchanged (a performance choice only).
-  bool early_dependents = false;
 };
 
 // True when MlaDecodeSmall takes these params on the current device: a bf16 cache of latent 512 +

@@ -1,16 +1,15 @@
 // Times MlaDecodeSmall against MlaAttentionF32 (the tensor-core kernel with split-K and its
 // combine: the path it replaces) on the Moonlight decode shape (16 heads, latent 512 + rope 64,
-// bf16 cache, block 16). Default: 1 request at 256 ... 4096 positions (where CudaBackend's
-// kMlaDecodeSmallMaxContext comes from), the automatic cluster shape only; `full`: also every
-// cluster shape at 1, 2, 4 and 8 requests of 1024 and 4096 positions; `shapes`: every cluster
-// shape at 1 x 1024 only. Per case and kernel: the
-// mean per call of 10 calls captured in one CUDA graph and replayed 5 times (as the decode step
-// runs them; MlaAttentionF32 as the backend calls it, allocating its workspace in the stream,
-// and with a caller's workspace), the eager median of 20, and the largest difference between
-// the two kernels' outputs. `chain`: one token's attention core as the decode step runs it at
-// 1024 positions (norm + rope + cache write, W_uk, MlaDecodeSmall, W_uv; PDL as in the model):
-// the first two as two launches or one (NormRopeCacheAbsorbQueryF32), MlaDecodeSmall with and
-// without early_dependents, 10 chains per graph.
+// bf16 cache, block 16). Default: 1 request at 256 ... 4096 positions (where
+// CudaTuning::mla_decode_small_max_context comes from), the automatic cluster shape only; `full`:
+// also every cluster shape at 1, 2, 4 and 8 requests of 1024 and 4096 positions; `shapes`: every
+// cluster shape at 1 x 1024 only. Per case and kernel: the mean per call of 10 calls captured in
+// one CUDA graph and replayed 5 times (as the decode step runs them; MlaAttentionF32 as the backend
+// calls it, allocating its workspace in the stream, and with a caller's workspace), the eager
+// median of 20, and the largest difference between the two kernels' outputs. `chain`: one token's
+// attention core as the decode step runs it at 1024 positions (norm + rope + cache write, W_uk,
+// MlaDecodeSmall, W_uv; PDL as in the model): the first two as two launches or one
+// (NormRopeCacheAbsorbQueryF32), 10 chains per graph.
 #include <cuda_runtime_api.h>
 
 #include <cmath>
@@ -217,12 +216,10 @@ void RunChain(int32_t context, cudaStream_t stream) {
     std::printf("chain: MlaDecodeSmall not supported on this device\n");
     return;
   }
-  // The arms alternate twice (A B C D A B C D): same-process drift shows as their spread.
+  // The arms alternate twice (A B A B): same-process drift shows as their spread.
+  const kernels::MlaDecodeSmallOptions mo;
   for (int round = 0; round < 2; ++round) {
-    for (int arm = 0; arm < 4; ++arm) {
-      const bool fused = arm & 1, early = arm & 2;
-      kernels::MlaDecodeSmallOptions mo;
-      mo.early_dependents = early;
+    for (const bool fused : {false, true}) {
       const double ms = GraphMs(
           [&](cudaStream_t s) {
             cudaError_t e = fused ? kernels::NormRopeCacheAbsorbQueryF32(nr, aq, s)
@@ -233,9 +230,8 @@ void RunChain(int32_t context, cudaStream_t stream) {
             return e;
           },
           stream);
-      std::printf("chain ctx%d  norm-rope-cache + W_uk %-12s MlaDecodeSmall %-16s %8.2f us\n",
-                  context, fused ? "one launch" : "two launches",
-                  early ? "early dependents" : "plain", ms * 1e3);
+      std::printf("chain ctx%d  norm-rope-cache + W_uk %-12s %8.2f us\n", context,
+                  fused ? "one launch" : "two launches", ms * 1e3);
     }
   }
   std::fflush(stdout);

@@ -1,6 +1,6 @@
 // Times the prefill paths of MLA attention on the Moonlight and DeepSeek-V3 attention shapes
 // (latent 512, rope 64, block size 16): MlaAttentionF32 (grouped heads on CUDA cores, split-K,
-// fp32 cache), MlaAttentionPerHeadF32 where it is cheap enough, and MlaPrefillBf16: cuBLAS on the
+// fp32 cache) and MlaPrefillBf16: cuBLAS on the
 // fp32 cache ("tc-bf16"), cuBLAS on the same values in a bf16 cache ("cublas-c16") and the fused
 // flash kernel on that bf16 cache ("fused"). Prints per case the median of 20 timed runs (CUDA
 // events, after 3 warm-ups), bandwidth on the distinct fp32 cache bytes, the FMA rate and the
@@ -35,7 +35,6 @@ struct Batch {
   const char* name;
   int32_t seqs, context, heads;
   int32_t new_tokens;  // the last new_tokens positions of each sequence query causally (1: decode)
-  bool per_head = true;  // also time the old per-head kernel
 };
 
 cublasHandle_t Blas() {
@@ -107,12 +106,6 @@ void Run(const Batch& batch) {
                 splits, ms, cache_bytes / (ms * 1e-3) / 1e9, fma / (ms * 1e-3) / 1e12);
   };
   const bool prefill = batch.new_tokens > 1;
-  p.out_latent = out_old;
-  double old_ms = 0;
-  if (batch.per_head) {
-    old_ms = MedianMs([&] { return kernels::MlaAttentionPerHeadF32(p, nullptr); });
-    report("per-head", 1, old_ms);
-  }
   p.out_latent = out_new;
   size_t ws_bytes = 0;
   BENCH_CUDA(kernels::MlaAttentionWorkspaceBytes(p, &ws_bytes));
@@ -143,10 +136,6 @@ void Run(const Batch& batch) {
     }
     return worst;
   };
-  if (batch.per_head) {
-    std::printf("%-28s speedup %.2fx, max |grouped - per-head| = %.3g\n", batch.name,
-                old_ms / new_ms, max_diff(out_new, out_old));
-  }
   if (prefill) {
     std::vector<kernels::MlaPrefillSequence> seqs;
     for (int32_t s = 0; s < batch.seqs; ++s) {
@@ -230,10 +219,10 @@ int main() {
   using deepinfer::Batch;
   for (const Batch& b : {
            Batch{"prefill 8 x 1024 h16", 8, 1024, 16, 1024},
-           Batch{"prefill 1 x 1024 h128", 1, 1024, 128, 1024, false},
-           Batch{"prefill 1 x 4096 h16", 1, 4096, 16, 4096, false},
-           Batch{"prefill 32 x 1024 h16", 32, 1024, 16, 1024, false},
-           Batch{"prefill 8 x 1024 h128", 8, 1024, 128, 1024, false},
+           Batch{"prefill 1 x 1024 h128", 1, 1024, 128, 1024},
+           Batch{"prefill 1 x 4096 h16", 1, 4096, 16, 4096},
+           Batch{"prefill 32 x 1024 h16", 32, 1024, 16, 1024},
+           Batch{"prefill 8 x 1024 h128", 8, 1024, 128, 1024},
        }) {
     deepinfer::Run(b);
   }
@@ -243,7 +232,7 @@ int main() {
   for (int32_t past : {0, 2048}) {
     for (int32_t n : {16, 32, 64, 128, 256, 512}) {
       std::snprintf(names[k], sizeof(names[k]), "sweep past %d new %d h16", past, n);
-      deepinfer::Run(Batch{names[k], 1, past + n, 16, n, false});
+      deepinfer::Run(Batch{names[k], 1, past + n, 16, n});
       ++k;
     }
   }

@@ -4,7 +4,6 @@
 #include <algorithm>
 
 #include "kernels/common/launch.cuh"
-#include "kernels/common/memory_pass_variant.h"
 #include "kernels/embedding/rows.h"
 
 namespace deepinfer {
@@ -19,8 +18,8 @@ __device__ void GatherRowsBody(int64_t dim, const float* src, const int32_t* idx
   for (int64_t i = threadIdx.x; i < dim; i += kThreads) d[i] = s[i];
 }
 
-// 16-byte copies (dim % 4 == 0, src and dst 16-byte aligned; kernels::
-// VectorisedMemoryPassesEnabled): a quarter of the load and store instructions.
+// 16-byte copies (dim % 4 == 0, src and dst 16-byte aligned): a quarter of the load and store
+// instructions.
 __device__ void GatherRowsX4Body(int64_t dim4, const float4* src, const int32_t* idx, float4* dst) {
   const float4* s = src + static_cast<int64_t>(idx[blockIdx.x]) * dim4;
   float4* d = dst + static_cast<int64_t>(blockIdx.x) * dim4;
@@ -43,8 +42,8 @@ cudaError_t GatherRowsF32(int64_t rows, int64_t dim, const float* src, const int
                           float* dst, cudaStream_t stream) {
   if (rows <= 0 || dim <= 0) return cudaSuccess;
   if (rows > 0x7fffffff) return cudaErrorInvalidValue;
-  if (VectorisedMemoryPassesEnabled() && dim % 4 == 0 &&
-      reinterpret_cast<uintptr_t>(src) % 16 == 0 && reinterpret_cast<uintptr_t>(dst) % 16 == 0) {
+  if (dim % 4 == 0 && reinterpret_cast<uintptr_t>(src) % 16 == 0 &&
+      reinterpret_cast<uintptr_t>(dst) % 16 == 0) {
     return LaunchAfterPrecedingGrids<GatherRowsX4Body, kThreads>(
         static_cast<unsigned>(rows), 0, stream, dim / 4, reinterpret_cast<const float4*>(src), idx,
         reinterpret_cast<float4*>(dst));

@@ -6,7 +6,6 @@
 #include <vector>
 
 #include "gtest/gtest.h"
-#include "kernels/common/memory_pass_variant.h"
 #include "kernels/testing/gpu_test_util.h"
 #include "worker/backend/cpu/cpu_backend.h"
 
@@ -47,35 +46,31 @@ TEST(RowsKernelTest, GatherMatchesCpuBackendExactly) {
 }
 
 // The 16-byte gather at an embedding lookup's size (8192 rows of 2048 from 20000) and the scalar
-// fallbacks (dim % 4 != 0; a source 4 bytes off 16-byte alignment), each exactly the CPU
-// backend's rows, with the vectorised kernels on and off.
+// fallbacks (dim % 4 != 0; a source 4 bytes off 16-byte alignment, also at the lookup's size),
+// each exactly the CPU backend's rows.
 TEST(RowsKernelTest, VectorisedGatherAtPrefillSizes) {
   DEEPINFER_SKIP_WITHOUT_GPU();
   CpuBackend cpu(2);
   struct Case {
     int64_t dim, src_rows, rows, src_shift;
   };
-  for (const Case c : {Case{2048, 20000, 8192, 0}, Case{2048, 500, 1001, 1}, Case{6, 50, 999, 0}}) {
-    for (bool vectorised : {true, false}) {
-      const uint32_t seed = testing::FreshSeed();
-      SCOPED_TRACE(::testing::Message()
-                   << "dim " << c.dim << " rows " << c.rows << " shift " << c.src_shift
-                   << " vectorised " << vectorised << " seed " << seed);
-      auto src = testing::RandomFloats(c.src_rows * c.dim + c.src_shift, seed);
-      auto idx = RandomIndices(c.rows, static_cast<int32_t>(c.src_rows), seed + 1);
-      std::vector<float> want(c.rows * c.dim);
-      cpu.GatherRows(c.rows, c.dim, src.data() + c.src_shift, idx.data(), want.data());
-      DeviceArray<float> dsrc(src), dout(c.rows * c.dim);
-      DeviceArray<int32_t> didx(idx);
-      dout.Poison();
-      kernels::SetVectorisedMemoryPasses(vectorised);
-      DEEPINFER_CUDA_OK(kernels::GatherRowsF32(c.rows, c.dim, dsrc.get() + c.src_shift, didx.get(),
-                                               dout.get(), nullptr));
-      kernels::SetVectorisedMemoryPasses(true);
-      std::vector<float> got;
-      DEEPINFER_CUDA_OK(dout.Download(&got));
-      EXPECT_TRUE(AllClose(got, want, 0, 0));
-    }
+  for (const Case c : {Case{2048, 20000, 8192, 0}, Case{2048, 20000, 8192, 1},
+                       Case{2048, 500, 1001, 1}, Case{6, 50, 999, 0}}) {
+    const uint32_t seed = testing::FreshSeed();
+    SCOPED_TRACE(::testing::Message() << "dim " << c.dim << " rows " << c.rows << " shift "
+                                      << c.src_shift << " seed " << seed);
+    auto src = testing::RandomFloats(c.src_rows * c.dim + c.src_shift, seed);
+    auto idx = RandomIndices(c.rows, static_cast<int32_t>(c.src_rows), seed + 1);
+    std::vector<float> want(c.rows * c.dim);
+    cpu.GatherRows(c.rows, c.dim, src.data() + c.src_shift, idx.data(), want.data());
+    DeviceArray<float> dsrc(src), dout(c.rows * c.dim);
+    DeviceArray<int32_t> didx(idx);
+    dout.Poison();
+    DEEPINFER_CUDA_OK(kernels::GatherRowsF32(c.rows, c.dim, dsrc.get() + c.src_shift, didx.get(),
+                                             dout.get(), nullptr));
+    std::vector<float> got;
+    DEEPINFER_CUDA_OK(dout.Download(&got));
+    EXPECT_TRUE(AllClose(got, want, 0, 0));
   }
 }
 

@@ -53,7 +53,8 @@ TEST(SmallMGemmTest, MatchesCpuBackend) {
         if (a_bf16) {
           for (float& v : a) v = RoundToBf16(v);
         }
-        const std::vector<uint16_t> w = FloatsToBf16Bits(testing::RandomFloats(c.batch * stride_w, seed + 1));
+        const std::vector<uint16_t> w =
+            FloatsToBf16Bits(testing::RandomFloats(c.batch * stride_w, seed + 1));
         std::vector<float> want = testing::RandomFloats(c.batch * stride_c, seed + 2);
         const std::vector<float> c0 = want;
         for (int64_t b = 0; b < c.batch; ++b) {
@@ -112,38 +113,6 @@ TEST(SmallMGemmTest, MatchesCpuBackend) {
           EXPECT_TRUE(AllClose(got3, got, 0, 0));
         }
       }
-  }
-}
-
-// kAuto's layout per shape: split-k only where it measured faster (the Moonlight decode shapes
-// of small_m_gemm_bench, docs/kernels.md). Host-only.
-TEST(SmallMGemmTest, AutoPicksTheMeasuredFasterLayout) {
-  struct Shape {
-    int64_t m, batch, n, k;
-    bool split_k;
-  };
-  for (const Shape& s : {
-           Shape{1, 1, 576, 2048, true},      // kv_a_proj
-           Shape{1, 1, 2048, 2048, true},     // o_proj
-           Shape{1, 1, 3072, 2048, false},    // q_proj
-           Shape{1, 1, 5632, 2048, false},    // shared gate_up
-           Shape{1, 1, 2048, 2816, true},     // shared down
-           Shape{1, 1, 22528, 2048, false},   // dense gate_up
-           Shape{1, 1, 2048, 11264, true},    // dense down
-           Shape{1, 1, 129280, 2048, true},   // lm_head
-           Shape{1, 16, 512, 128, false},     // absorbed W_uk
-           Shape{1, 16, 128, 512, true},      // absorbed W_uv
-           Shape{4, 16, 128, 512, true},      // absorbed W_uv
-           Shape{1, 1, 4096, 512, false},     // wide, k = 512
-           Shape{4, 1, 576, 2048, true},      // kv_a_proj
-           Shape{4, 1, 2048, 2048, false},    // o_proj
-           Shape{4, 1, 3072, 2048, false},    // q_proj
-           Shape{4, 1, 2048, 2816, false},    // shared down
-       }) {
-    kernels::SmallMGemmParams p;
-    p.m = s.m, p.batch = s.batch, p.n = s.n, p.k = s.k;
-    EXPECT_EQ(kernels::SmallMGemmAutoIsSplitK(p), s.split_k)
-        << "m " << s.m << " batch " << s.batch << " n " << s.n << " k " << s.k;
   }
 }
 

@@ -223,53 +223,6 @@ TEST(StagedGemvTest, AddRmsNormMatchesCpuAndTheUnfusedKernels) {
   }
 }
 
-// StagedGemvPreferredAtOneRow: the staged GEMV only where it measured faster than the small-m
-// kernel (the Moonlight decode shapes of small_m_gemm_bench, docs/kernels.md). Host-only.
-TEST(StagedGemvTest, PreferredWhereItMeasuredFaster) {
-  struct Shape {
-    int64_t n, k;
-    bool staged;
-  };
-  for (const Shape& s : {
-           Shape{3072, 2048, true},     // q_proj
-           Shape{576, 2048, true},      // kv_a_proj
-           Shape{5632, 2048, true},     // shared gate_up
-           Shape{2048, 2816, true},     // shared down
-           Shape{22528, 2048, true},    // dense gate_up
-           Shape{2048, 2048, false},    // o_proj
-           Shape{2048, 11264, false},   // dense down
-           Shape{129280, 2048, false},  // lm_head
-           Shape{512, 128, false},      // absorbed W_uk (batched: never)
-       }) {
-    EXPECT_EQ(kernels::StagedGemvPreferredAtOneRow(s.n, s.k), s.staged)
-        << "n " << s.n << " k " << s.k;
-  }
-}
-
-// StagedGemvPreferredAtTwoRows: the two-row shapes where it measured faster (the
-// small_m_gemm_bench staged cases, docs/cuda.md). Host-only.
-TEST(StagedGemvTest, PreferredAtTwoRowsWhereItMeasuredFaster) {
-  struct Shape {
-    int64_t n, k;
-    bool staged;
-  };
-  for (const Shape& s : {
-           Shape{2048, 2048, true},     // o_proj
-           Shape{3648, 2048, true},     // q_proj + kv_a_proj in one launch
-           Shape{2816, 2048, true},     // a 2816-wide gate_up
-           Shape{2048, 2816, true},     // shared down
-           Shape{2048, 1408, true},     // a 1408-wide down
-           Shape{576, 2048, false},     // kv_a_proj alone: not measured
-           Shape{5632, 2048, false},    // shared gate_up: cuBLAS at two rows
-           Shape{2048, 11264, false},   // dense down
-           Shape{129280, 2048, false},  // lm_head
-           Shape{512, 128, false},      // absorbed W_uk
-       }) {
-    EXPECT_EQ(kernels::StagedGemvPreferredAtTwoRows(s.n, s.k), s.staged)
-        << "n " << s.n << " k " << s.k;
-  }
-}
-
 TEST(StagedGemvTest, RefusesWhatItCannotRun) {
   DEEPINFER_SKIP_WITHOUT_GPU();
   DeviceArray<float> a(64 * 1024), c(64 * 1024);

@@ -6,7 +6,6 @@
 #include <algorithm>
 
 #include "kernels/common/launch.cuh"
-#include "kernels/common/memory_pass_variant.h"
 #include "kernels/moe/expert_activation.h"
 
 namespace deepinfer {
@@ -55,8 +54,8 @@ __device__ void SiluMulBf16Body(int64_t rows, int64_t inter, const uint16_t* x, 
 }
 
 // inter % 8 == 0: element groups of 8 never straddle a row. Index: uint32_t when rows * inter / 8
-// plus the grid's stride fits (one 32-bit division per group, kernels::
-// VectorisedMemoryPassesEnabled), else int64_t (a 64-bit division and modulo per group).
+// plus the grid's stride fits (one 32-bit division per group), else int64_t (a 64-bit division
+// and modulo per group).
 template <typename Index>
 __device__ void SiluMulBf16x8Body(int64_t rows, int64_t inter, const uint16_t* x, uint16_t* out,
                                   const int32_t* device_rows, const int32_t* row_of) {
@@ -85,8 +84,7 @@ cudaError_t Launch(int64_t rows, int64_t inter, const uint16_t* x, uint16_t* out
                     reinterpret_cast<uintptr_t>(out) % 16 == 0;
   if (vec8) {
     const unsigned grid = GridFor(rows * inter / 8);
-    if (VectorisedMemoryPassesEnabled() &&
-        rows * inter / 8 + int64_t{grid} * kThreads < (int64_t{1} << 32)) {
+    if (rows * inter / 8 + int64_t{grid} * kThreads < (int64_t{1} << 32)) {
       return LaunchAfterPrecedingGrids<SiluMulBf16x8Body<uint32_t>, kThreads>(
           grid, 0, stream, rows, inter, x, out, device_rows, row_of);
     }

@@ -16,14 +16,12 @@ size_t TypeSize(cudaDataType_t t) { return t == CUDA_R_32F ? 4 : 2; }
 cublasStatus_t ExpertGemmsCublas(cublasHandle_t cublas, const ExpertGemmCublasParams& p,
                                  ExpertGemmCublasAlgo algo) {
   const bool chunked = algo == ExpertGemmCublasAlgo::kChunked;
-  const bool grouped = algo == ExpertGemmCublasAlgo::kGrouped;
   if (p.num_slots <= 0 || p.n <= 0 || p.k <= 0 || p.host_offsets == nullptr ||
       p.host_weights == nullptr || p.x == nullptr || p.y == nullptr ||
       (p.weight_type != CUDA_R_16BF && p.weight_type != CUDA_R_32F) ||
       (p.output_type != CUDA_R_32F &&
        !(p.output_type == CUDA_R_16BF && p.weight_type == CUDA_R_16BF)) ||
-      (chunked && p.chunk_rows <= 0) || ((chunked || grouped) && p.device_pointers == nullptr) ||
-      p.host_offsets[0] != 0) {
+      (chunked && (p.chunk_rows <= 0 || p.device_pointers == nullptr)) || p.host_offsets[0] != 0) {
     return CUBLAS_STATUS_INVALID_VALUE;
   }
   const size_t x_row_bytes = TypeSize(p.weight_type) * static_cast<size_t>(p.k);
@@ -57,7 +55,7 @@ cublasStatus_t ExpertGemmsCublas(cublasHandle_t cublas, const ExpertGemmCublasPa
   }
   if (pieces.empty()) return CUBLAS_STATUS_SUCCESS;
 
-  if (!chunked && !grouped) {
+  if (!chunked) {
     for (const Piece& g : pieces) {
       const cublasStatus_t st = cublasGemmEx(
           cublas, CUBLAS_OP_T, CUBLAS_OP_N, p.n, g.rows, p.k, &alpha, p.host_weights[g.slot],
@@ -85,23 +83,10 @@ cublasStatus_t ExpertGemmsCublas(cublasHandle_t cublas, const ExpertGemmCublasPa
     return CUBLAS_STATUS_EXECUTION_FAILED;
   }
   const void* const* a_array = p.device_pointers;
-  if (chunked) {
-    return cublasGemmBatchedEx(cublas, CUBLAS_OP_T, CUBLAS_OP_N, p.n, p.chunk_rows, p.k, &alpha,
-                               a_array, p.weight_type, p.k, a_array + batch, p.weight_type, p.k,
-                               &beta, p.device_pointers + 2 * batch, p.output_type, p.n, batch,
-                               CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
-  }
-  // One group per slot (group size 1): the per-group arrays are host memory.
-  const std::vector<cublasOperation_t> trans_a(batch, CUBLAS_OP_T), trans_b(batch, CUBLAS_OP_N);
-  const std::vector<int> n(batch, p.n), k(batch, p.k), y_ld(batch, p.n), ones(batch, 1);
-  std::vector<int> rows(batch);
-  for (int j = 0; j < batch; ++j) rows[j] = pieces[j].rows;
-  const std::vector<float> alphas(batch, alpha), betas(batch, beta);
-  return cublasGemmGroupedBatchedEx(cublas, trans_a.data(), trans_b.data(), n.data(), rows.data(),
-                                    k.data(), alphas.data(), a_array, p.weight_type, k.data(),
-                                    a_array + batch, p.weight_type, k.data(), betas.data(),
-                                    p.device_pointers + 2 * batch, p.output_type, y_ld.data(),
-                                    batch, ones.data(), CUBLAS_COMPUTE_32F);
+  return cublasGemmBatchedEx(cublas, CUBLAS_OP_T, CUBLAS_OP_N, p.n, p.chunk_rows, p.k, &alpha,
+                             a_array, p.weight_type, p.k, a_array + batch, p.weight_type, p.k,
+                             &beta, p.device_pointers + 2 * batch, p.output_type, p.n, batch,
+                             CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
 }
 
 }  // namespace kernels

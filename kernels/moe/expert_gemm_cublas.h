@@ -20,13 +20,9 @@ enum class ExpertGemmCublasAlgo {
   // the padded layout of MoePermuteParams::row_align = chunk_rows. One host call per GEMM:
   // a loop of per-expert calls is bound by cuBLAS's host cost (~8-23 us a call, measured).
   kChunked,
-  // One cublasGemmEx / cublasSgemm per non-empty slot (any layout).
+  // One cublasGemmEx per non-empty slot (any layout): the fallback where a cuBLAS refuses the
+  // batched call, and the reference.
   kPerExpert,
-  // One cublasGemmGroupedBatchedEx: a group of one GEMM per non-empty slot, each of exactly its
-  // rows (any layout, no padding rows computed). The A/B/C pointer arrays go to
-  // device_pointers (3 * num_slots entries). cuBLAS 13.1 answers NOT_SUPPORTED for bf16 in with
-  // fp32 out: bf16 weights need output_type CUDA_R_16BF.
-  kGrouped,
 };
 
 // Pointers marked "device" are device addresses; the rest is host memory.
@@ -51,9 +47,8 @@ struct ExpertGemmCublasParams {
   // kChunked: rows per chunk; each host_offsets[s] must be a multiple of it, and each slot
   // padded to a multiple (host_offsets[s + 1] - host_offsets[s] >= its count rounded up).
   int32_t chunk_rows = 0;
-  // kChunked / kGrouped: device workspace of device_pointers_size pointers (3 per chunk or per
-  // slot: the A, B, C arrays cuBLAS reads on the device), filled from the host on the handle's
-  // stream.
+  // kChunked: device workspace of device_pointers_size pointers (3 per chunk: the A, B, C
+  // arrays cuBLAS reads on the device), filled from the host on the handle's stream.
   void** device_pointers = nullptr;
   int64_t device_pointers_size = 0;
 };
@@ -62,8 +57,6 @@ struct ExpertGemmCublasParams {
 inline int64_t ExpertGemmPointerCount(int64_t padded_rows, int32_t chunk_rows) {
   return 3 * (padded_rows / chunk_rows + 1);
 }
-// Pointer entries kGrouped needs at most.
-inline int64_t ExpertGemmGroupedPointerCount(int32_t num_slots) { return 3 * int64_t{num_slots}; }
 
 // Issues the GEMMs on `cublas`'s stream (CUBLAS_COMPUTE_32F: bf16 products are exact in fp32,
 // so the fp32 result differs from a sequential fp32 sum only in summation order; a bf16 output

@@ -41,28 +41,27 @@ TEST(ExpertGemmsCublasTest, Bf16OutputOnlyWithBf16Weights) {
   kernels::ExpertGemmCublasParams p = f.Params();
   p.weight_type = CUDA_R_32F;
   p.output_type = CUDA_R_16BF;
-  for (auto algo : {ExpertGemmCublasAlgo::kChunked, ExpertGemmCublasAlgo::kGrouped,
-                    ExpertGemmCublasAlgo::kPerExpert}) {
+  for (auto algo : {ExpertGemmCublasAlgo::kChunked, ExpertGemmCublasAlgo::kPerExpert}) {
     EXPECT_EQ(kernels::ExpertGemmsCublas(nullptr, p, algo), CUBLAS_STATUS_INVALID_VALUE);
   }
   p.weight_type = CUDA_R_16BF;
   p.output_type = CUDA_R_16F;  // neither fp32 nor bf16
-  EXPECT_EQ(kernels::ExpertGemmsCublas(nullptr, p, ExpertGemmCublasAlgo::kGrouped),
+  EXPECT_EQ(kernels::ExpertGemmsCublas(nullptr, p, ExpertGemmCublasAlgo::kChunked),
             CUBLAS_STATUS_INVALID_VALUE);
 }
 
-TEST(ExpertGemmsCublasTest, GroupedNeedsAPointerWorkspaceOfThreePerBusySlot) {
+TEST(ExpertGemmsCublasTest, ChunkedNeedsAPointerWorkspaceOfThreePerChunk) {
   Fixture f;
   kernels::ExpertGemmCublasParams p = f.Params();
   p.output_type = CUDA_R_16BF;
   p.device_pointers = nullptr;
-  EXPECT_EQ(kernels::ExpertGemmsCublas(nullptr, p, ExpertGemmCublasAlgo::kGrouped),
+  EXPECT_EQ(kernels::ExpertGemmsCublas(nullptr, p, ExpertGemmCublasAlgo::kChunked),
             CUBLAS_STATUS_INVALID_VALUE);
   p.device_pointers = f.pointers;
-  p.device_pointers_size = 2;  // one busy slot needs 3
-  EXPECT_EQ(kernels::ExpertGemmsCublas(nullptr, p, ExpertGemmCublasAlgo::kGrouped),
+  p.device_pointers_size = 6;  // 3 chunks of 1 row need 9
+  EXPECT_EQ(kernels::ExpertGemmsCublas(nullptr, p, ExpertGemmCublasAlgo::kChunked),
             CUBLAS_STATUS_INVALID_VALUE);
-  EXPECT_EQ(kernels::ExpertGemmGroupedPointerCount(64), 192);
+  EXPECT_EQ(kernels::ExpertGemmPointerCount(64, 16), 15);
 }
 
 TEST(ExpertGemmsCublasTest, NothingToDoIsSuccessWithoutTouchingCublas) {
@@ -71,7 +70,7 @@ TEST(ExpertGemmsCublasTest, NothingToDoIsSuccessWithoutTouchingCublas) {
   f.offsets = {0, 0, 0};  // both slots empty
   p.host_offsets = f.offsets.data();
   p.output_type = CUDA_R_16BF;
-  EXPECT_EQ(kernels::ExpertGemmsCublas(nullptr, p, ExpertGemmCublasAlgo::kGrouped),
+  EXPECT_EQ(kernels::ExpertGemmsCublas(nullptr, p, ExpertGemmCublasAlgo::kChunked),
             CUBLAS_STATUS_SUCCESS);
 }
 

@@ -1,7 +1,6 @@
 // One block of kMaxMoeSlots threads: thread s holds slot s's chunk count, an inclusive scan in
 // shared memory gives each slot its first entry, then the threads fill the entries, each
-// finding its slot by binary search in the scan. With batch buckets (a CUDA graph's switch), the
-// scan's total picks the bucket, and thread 0 sets the switch's handles.
+// finding its slot by binary search in the scan.
 #include "kernels/moe/expert_gemm_plan.h"
 #include "kernels/moe/moe_permute.h"
 
@@ -37,19 +36,9 @@ __global__ void __launch_bounds__(kThreads) PlanKernel(ExpertGemmPlanParams p) {
     }
     first_slot = lo;
   }
-  // The batch: p.batch, or the switch's smallest bucket holding every real chunk.
-  int batch = p.batch;
-  if (p.num_buckets > 0) {
-    int bucket = p.num_buckets - 1;
-    while (bucket > 0 && p.bucket_batch[bucket - 1] >= total) --bucket;
-    batch = p.bucket_batch[bucket];
-    if (s == 0) {
-      for (int gi = 0; gi < p.num_gemms; ++gi) cudaGraphSetConditional(p.bucket_handle[gi], bucket);
-    }
-  }
-  // Dummies spread evenly (interleave_dummies): d_before(j) = floor(j D / batch) of them sit
-  // before entry j.
-  const int dummies = p.interleave_dummies && total < batch ? batch - total : 0;
+  const int batch = p.batch;
+  // Dummies spread evenly: d_before(j) = floor(j D / batch) of them sit before entry j.
+  const int dummies = total < batch ? batch - total : 0;
   for (int j = s; j < batch; j += kThreads) {
     // The real chunk whose pointers entry j takes (a dummy: the next one), and whether j is a
     // dummy.
@@ -62,7 +51,7 @@ __global__ void __launch_bounds__(kThreads) PlanKernel(ExpertGemmPlanParams p) {
       dummy = through > before;
     }
     int slot = -1, row = 0;
-    if (chunk >= 0 && chunk < total && (p.interleave_dummies || !dummy)) {
+    if (chunk >= 0 && chunk < total) {
       int lo = 0, hi = kThreads - 1;  // first slot with end_entry > chunk
       while (lo < hi) {
         const int mid = (lo + hi) / 2;
@@ -96,15 +85,6 @@ cudaError_t PlanExpertGemmBatches(const ExpertGemmPlanParams& p, cudaStream_t st
   if (p.num_slots < 1 || p.num_slots > kMaxMoeSlots || p.chunk_rows < 1 || p.batch < 1 ||
       p.num_gemms < 1 || p.num_gemms > 2 || p.slot_counts == nullptr || p.slot_offsets == nullptr) {
     return cudaErrorInvalidValue;
-  }
-  if (p.num_buckets < 0 || p.num_buckets > kMaxExpertGemmBatchBuckets ||
-      (p.num_buckets > 0 && p.bucket_batch[p.num_buckets - 1] != p.batch)) {
-    return cudaErrorInvalidValue;
-  }
-  for (int i = 0; i < p.num_buckets; ++i) {
-    if (p.bucket_batch[i] < 1 || (i > 0 && p.bucket_batch[i] <= p.bucket_batch[i - 1])) {
-      return cudaErrorInvalidValue;
-    }
   }
   for (int gi = 0; gi < p.num_gemms; ++gi) {
     const ExpertGemmPlanGemm& g = p.gemm[gi];

@@ -52,29 +52,6 @@ struct GroupedGemmBf16Params {
 // max_rows, or a misaligned x. max_rows == 0 launches nothing.
 cudaError_t GroupedGemmBf16(const GroupedGemmBf16Params& params, cudaStream_t stream);
 
-// GroupedGemmBf16 with the activations already in bf16 (as every bf16 GEMM of the backend takes
-// them), laid out for HBM bandwidth at decode sizes: each busy slot's weights are streamed once
-// per 32 of its rows, with 16-32 KB of loads in flight per block, on bf16 MMAs (sm_80+).
-struct GroupedGemmBf16StreamParams {
-  int32_t num_slots = 0;
-  int32_t max_rows = 0;                   // as GroupedGemmBf16Params::max_rows
-  const int32_t* slot_offsets = nullptr;  // [num_slots + 1], non-decreasing, [0] = 0
-  int32_t n = 0;                          // output features
-  int32_t k = 0;                          // input features, a multiple of 8
-  const uint16_t* x = nullptr;            // [max_rows, k] bf16 (16-bit patterns), 16-byte aligned
-  const uint16_t* const* weights = nullptr;  // as GroupedGemmBf16Params::weights
-  float* y = nullptr;  // [max_rows, n] fp32; rows >= slot_offsets[num_slots] left untouched
-  // Expected most rows in one slot (0 = unknown: max_rows); only picks the row tile (8, 16 or
-  // 32 rows a pass).
-  int32_t rows_per_slot_hint = 0;
-};
-
-// Products of bf16 values are exact in fp32; the MMA units accumulate in fp32 over k / 16 steps
-// per k quarter, and the 4 quarters are added in order: the result differs from an exact dot
-// product by about (k / 16 + 4) * 2^-23 * sum |x w| at most. cudaErrorInvalidValue as
-// GroupedGemmBf16; cudaErrorNotSupported where the MMA kernel was not built for the device.
-cudaError_t GroupedGemmBf16Stream(const GroupedGemmBf16StreamParams& params, cudaStream_t stream);
-
 }  // namespace kernels
 }  // namespace deepinfer
 

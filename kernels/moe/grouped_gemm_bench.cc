@@ -3,13 +3,12 @@
 // k = 1408) and the DeepSeek-V3 one (256 experts top-8; gate_up n = 2*2048, k = 7168; down
 // n = 7168, k = 2048), as GB/s of the ACTIVE experts' weights (the bytes a decode step must
 // read) against the 4.3 TB/s copy roofline of the H200:
-//   f32x-grouped    GroupedGemmBf16 kAuto, fp32 activations (the decode path before this bench)
-//   bf16x-stream    GroupedGemmBf16Stream, bf16 activations
+//   f32x-grouped    GroupedGemmBf16 kAuto, fp32 activations (the backend's path up to 2 tokens)
 //   planned-cN      PlanExpertGemmBatches + one cublasGemmBatchedEx over chunks of N rows
 //                   (padded layout, fixed batch ExpertGemmBatchBound; planner included), the
-//                   dummies after the real chunks ("tail") or spread between them ("inter"),
-//                   fp32 or bf16 ("b16") outputs; "exact": the batch cut to the real chunks
-//                   (no dummies: what a host-planned call pays, the floor for the dummies)
+//                   dummies spread between the real chunks, fp32 or bf16 ("b16") outputs;
+//                   "exact": the batch cut to the real chunks (no dummies: what a host-planned
+//                   call pays, the floor for the dummies)
 //
 // Each timed launch is preceded by an L2 flush and timed alone with CUDA events. The flush
 // READS 256 MiB (cublasIsamax) rather than writing, so no dirty L2 lines are written back during
@@ -163,8 +162,9 @@ void RunShape(const MoeShape& shape, Timer& timer, cublasHandle_t cublas) {
                     variant);
       Report(name, us, bytes);
     };
-    // The fields GroupedGemmBf16Params and GroupedGemmBf16StreamParams share.
-    auto common = [&](auto& p) {
+    upload_plan(1);
+    {
+      kernels::GroupedGemmBf16Params p;
       p.num_slots = E;
       p.max_rows = rows;
       p.slot_offsets = dplan + E;
@@ -173,48 +173,24 @@ void RunShape(const MoeShape& shape, Timer& timer, cublasHandle_t cublas) {
       p.weights = reinterpret_cast<const uint16_t* const*>(dptrs);
       p.y = y;
       p.rows_per_slot_hint = tokens;
-    };
-    upload_plan(1);
-    {
-      kernels::GroupedGemmBf16Params p;
-      common(p);
       p.x = x;
       report("f32x-grouped",
              timer.MedianUs([&](int) { BENCH_CUDA(kernels::GroupedGemmBf16(p, nullptr)); }));
     }
-    {
-      kernels::GroupedGemmBf16StreamParams p;
-      common(p);
-      p.x = xb;
-      report("bf16x-stream",
-             timer.MedianUs([&](int) { BENCH_CUDA(kernels::GroupedGemmBf16Stream(p, nullptr)); }));
-      // The busiest slot's rows as the hint (a smaller row tile: fewer registers, more blocks
-      // per SM), which the backend could only estimate.
-      const int32_t busiest = *std::max_element(counts.begin(), counts.end());
-      auto tile = [](int32_t hint) { return hint <= 8 ? 1 : hint <= 16 ? 2 : 4; };
-      if (tile(busiest) != tile(tokens)) {
-        p.rows_per_slot_hint = busiest;
-        char variant[64];
-        std::snprintf(variant, sizeof(variant), "bf16x-stream hint %d", busiest);
-        report(variant, timer.MedianUs(
-                            [&](int) { BENCH_CUDA(kernels::GroupedGemmBf16Stream(p, nullptr)); }));
-      }
-    }
-    // Small batches: the chunks measured before (dummies at the tail). From 64 tokens the grid
-    // of chunk sizes x dummy placement x output type, and the exact batch.
+    // Small batches: the chunk sizes. From 64 tokens the grid of chunk sizes x output type, and
+    // the exact batch.
     struct Planned {
       int32_t chunk;
-      bool interleave, out_bf16, exact;
+      bool out_bf16, exact;
     };
     std::vector<Planned> variants;
     if (tokens < 64) {
-      for (int32_t chunk : {8, 16, 32}) variants.push_back({chunk, false, false, false});
+      for (int32_t chunk : {8, 16, 32}) variants.push_back({chunk, false, false});
     } else {
       for (int32_t chunk : {16, 32, 48, 64}) {
-        variants.push_back({chunk, false, false, false});
-        variants.push_back({chunk, true, false, false});
-        variants.push_back({chunk, true, true, false});
-        variants.push_back({chunk, false, false, true});
+        variants.push_back({chunk, false, false});
+        variants.push_back({chunk, true, false});
+        variants.push_back({chunk, false, true});
       }
     }
     for (const Planned& v : variants) {
@@ -229,7 +205,6 @@ void RunShape(const MoeShape& shape, Timer& timer, cublasHandle_t cublas) {
       p.chunk_rows = chunk;
       p.batch = v.exact ? std::max(1, real_chunks) : kernels::ExpertGemmBatchBound(rows, E, chunk);
       p.num_gemms = 1;
-      p.interleave_dummies = v.interleave;
       p.gemm[0].weights = reinterpret_cast<const void* const*>(dptrs);
       p.gemm[0].x = xb;
       p.gemm[0].x_row_bytes = int64_t{k} * 2;
@@ -247,9 +222,8 @@ void RunShape(const MoeShape& shape, Timer& timer, cublasHandle_t cublas) {
         }
       });
       char variant[96];
-      std::snprintf(variant, sizeof(variant), "planned-c%d %s%s (batch %d, %d real)", chunk,
-                    v.exact ? "exact" : v.interleave ? "inter" : "tail",
-                    v.out_bf16 ? " b16" : "", p.batch, real_chunks);
+      std::snprintf(variant, sizeof(variant), "planned-c%d%s%s (batch %d, %d real)", chunk,
+                    v.exact ? " exact" : "", v.out_bf16 ? " b16" : "", p.batch, real_chunks);
       report(variant, us);
       if (chunk == 16 && tokens < 64) {
         report("planner kernel alone", timer.MedianUs([&](int) {
@@ -258,10 +232,10 @@ void RunShape(const MoeShape& shape, Timer& timer, cublasHandle_t cublas) {
       }
     }
   }
-  for (void* ptr : {static_cast<void*>(w), static_cast<void*>(dptrs), static_cast<void*>(x),
-                    static_cast<void*>(xb), static_cast<void*>(y), static_cast<void*>(dummy_y),
-                    static_cast<void*>(yb),
-                    static_cast<void*>(pointers), static_cast<void*>(dplan)}) {
+  for (void* ptr :
+       {static_cast<void*>(w), static_cast<void*>(dptrs), static_cast<void*>(x),
+        static_cast<void*>(xb), static_cast<void*>(y), static_cast<void*>(dummy_y),
+        static_cast<void*>(yb), static_cast<void*>(pointers), static_cast<void*>(dplan)}) {
     cudaFree(ptr);
   }
 }

@@ -1,5 +1,5 @@
-// GroupedGemmBf16 (fp32 activations), GroupedGemmBf16Stream (bf16 activations) and the
-// device-planned chunked cuBLAS GEMMs (PlanExpertGemmBatches + PlannedExpertGemmsBf16) against
+// GroupedGemmBf16 (fp32 activations) and the device-planned chunked cuBLAS GEMMs (bf16
+// activations; PlanExpertGemmBatches + PlannedExpertGemmsBf16) against
 // GroupedGemmBf16Reference and an exact dot product on fresh random data: slots of many sizes
 // (empty ones with null weights, 1..7 rows to hit every row-tile remainder, and a large one),
 // n not a multiple of the block's rows, offsets only in device memory, max_rows above the real
@@ -11,7 +11,6 @@
 #include <algorithm>
 #include <cmath>
 #include <random>
-#include <tuple>
 #include <vector>
 
 #include "gtest/gtest.h"
@@ -25,9 +24,9 @@ namespace {
 
 using testing::DeviceArray;
 
-// Which implementation a case runs: GroupedGemmBf16 with `algo`, GroupedGemmBf16Stream, or the
-// device-planned cuBLAS chunks of `chunk` rows (padded layout).
-enum class Impl { kGrouped, kStream, kPlanned };
+// Which implementation a case runs: GroupedGemmBf16 with `algo`, or the device-planned cuBLAS
+// chunks of `chunk` rows (padded layout).
+enum class Impl { kGrouped, kPlanned };
 
 struct Case {
   int32_t n, k;
@@ -37,7 +36,6 @@ struct Case {
   kernels::GroupedGemmAlgo algo;
   Impl impl = Impl::kGrouped;
   int32_t chunk = 1;        // kPlanned: rows per chunk
-  bool interleave = false;  // kPlanned: dummies spread between the real chunks
   bool out_bf16 = false;    // kPlanned: bf16 outputs
   int32_t extra_batch = 0;  // kPlanned: entries beyond ExpertGemmBatchBound (more dummies)
 };
@@ -60,14 +58,11 @@ constexpr kernels::GroupedGemmAlgo kAlgos[] = {kernels::GroupedGemmAlgo::kCudaCo
 
 void RunCase(const Case& c) {
   const uint32_t seed = testing::FreshSeed();
-  SCOPED_TRACE(::testing::Message() << "n " << c.n << " k " << c.k << " slots " << c.counts.size()
-                                    << " hint " << c.hint << " impl "
-                                    << (c.impl == Impl::kStream    ? "stream"
-                                        : c.impl == Impl::kPlanned ? "planned cuBLAS"
-                                                                   : Name(c.algo))
-                                    << " chunk " << c.chunk << (c.interleave ? " interleaved" : "")
-                                    << (c.out_bf16 ? " bf16 out" : "") << " extra batch "
-                                    << c.extra_batch << " seed " << seed);
+  SCOPED_TRACE(::testing::Message()
+               << "n " << c.n << " k " << c.k << " slots " << c.counts.size() << " hint " << c.hint
+               << " impl " << (c.impl == Impl::kPlanned ? "planned cuBLAS" : Name(c.algo))
+               << " chunk " << c.chunk << (c.out_bf16 ? " bf16 out" : "") << " extra batch "
+               << c.extra_batch << " seed " << seed);
   const int32_t slots = static_cast<int32_t>(c.counts.size());
   // kPlanned: each slot starts at a multiple of the chunk (padding rows after its rows).
   const int32_t align = c.impl == Impl::kPlanned ? c.chunk : 1;
@@ -131,18 +126,6 @@ void RunCase(const Case& c) {
     p.rows_per_slot_hint = c.hint;
     p.algo = c.algo;
     DEEPINFER_CUDA_OK(kernels::GroupedGemmBf16(p, nullptr));
-  } else if (c.impl == Impl::kStream) {
-    kernels::GroupedGemmBf16StreamParams p;
-    p.num_slots = slots;
-    p.max_rows = max_rows;
-    p.slot_offsets = doff.get();
-    p.n = c.n;
-    p.k = c.k;
-    p.x = dxb.get();
-    p.weights = reinterpret_cast<const uint16_t* const*>(dptrs.get());
-    p.y = dy.get();
-    p.rows_per_slot_hint = c.hint;
-    DEEPINFER_CUDA_OK(kernels::GroupedGemmBf16Stream(p, nullptr));
   } else {
     // The batch bound of the REAL rows (what the backend sizes it with), so a bound that is
     // too small drops chunks and fails the comparison.
@@ -155,7 +138,6 @@ void RunCase(const Case& c) {
     for (int32_t v : c.counts) real_rows += v;
     p.batch = kernels::ExpertGemmBatchBound(real_rows, slots, c.chunk) + c.extra_batch;
     p.num_gemms = 1;
-    p.interleave_dummies = c.interleave;
     DeviceArray<uint16_t> dummy_x(static_cast<size_t>(c.chunk) * c.k);
     DeviceArray<float> dummy_y(static_cast<size_t>(c.chunk) * c.n);  // fits bf16 too
     DEEPINFER_CUDA_OK(cudaMemset(dummy_x.get(), 0, size_t{2} * c.chunk * c.k));
@@ -193,8 +175,8 @@ void RunCase(const Case& c) {
   // (allow 2^-23 per step for the units' internal rounding). A dropped or doubled term would be
   // ~sum|x w| / k, at least 10x above either bound for every k here.
   // The fp32 reference must match too, within its own sequential bound k * 2^-24 * sum|x w|.
-  // bf16 activations (stream, planned): products exact, fp32 accumulation as the tensor-core
-  // path without the split term.
+  // bf16 activations (planned): products exact, fp32 accumulation as the tensor-core path
+  // without the split term.
   const bool tc =
       c.algo == kernels::GroupedGemmAlgo::kTensorCore ||
       (c.algo == kernels::GroupedGemmAlgo::kAuto && (c.hint > 0 ? c.hint : max_rows) > 2);
@@ -275,8 +257,7 @@ TEST(GroupedGemmBf16Test, ManySlotsFewRows) {
   for (auto algo : kAlgos) RunCase({64, 128, counts, 1, 0, algo});
 }
 
-// The bf16-activation kernels on the same cases: GroupedGemmBf16Stream at every row tile, and
-// the planned cuBLAS chunks of 8, 16 and 32 rows.
+// The planned cuBLAS chunks (bf16 activations) on the same cases.
 std::vector<Case> BaseCases() {
   std::vector<int32_t> decode(64, 0);
   for (int e : {3, 9, 17, 30, 41, 63}) decode[e] = 1;
@@ -296,53 +277,38 @@ std::vector<Case> BaseCases() {
   return cases;
 }
 
-TEST(GroupedGemmBf16StreamTest, MatchesExactProducts) {
-  DEEPINFER_SKIP_WITHOUT_GPU();
-  for (Case c : BaseCases()) {
-    c.impl = Impl::kStream;
-    RunCase(c);
-  }
-}
-
-TEST(GroupedGemmBf16StreamTest, MoonlightBatchShapeWithOneHotExpert) {
+TEST(PlannedExpertGemmsTest, MoonlightBatchShapeWithOneHotExpert) {
   DEEPINFER_SKIP_WITHOUT_GPU();
   // 128 tokens x top-6 over 8 of 64 experts' worth of rows, one expert taking every token.
   std::mt19937 gen(testing::FreshSeed());
   std::vector<int32_t> counts(8, 0);
   counts[5] = 128;
   for (int i = 0; i < 8 * 12; ++i) ++counts[gen() % 8];
-  RunCase({2048, 1408, counts, 0, 128, {}, Impl::kStream});
   RunCase({2048, 1408, counts, 0, 128, {}, Impl::kPlanned, 16});
 }
 
 TEST(PlannedExpertGemmsTest, MatchesExactProducts) {
   DEEPINFER_SKIP_WITHOUT_GPU();
   for (int32_t chunk : {8, 16, 32, 48, 64}) {
-    for (bool interleave : {false, true}) {
-      for (Case c : BaseCases()) {
-        c.impl = Impl::kPlanned;
-        c.chunk = chunk;
-        c.interleave = interleave;
-        RunCase(c);
-      }
+    for (Case c : BaseCases()) {
+      c.impl = Impl::kPlanned;
+      c.chunk = chunk;
+      RunCase(c);
     }
   }
 }
 
 // bf16 outputs (the backend's gate_up), and batches with many more dummies than real chunks
-// (interleaved: dummies between, before and after the real chunks).
+// (dummies between, before and after the real chunks).
 TEST(PlannedExpertGemmsTest, Bf16OutputsAndExtraDummies) {
   DEEPINFER_SKIP_WITHOUT_GPU();
   for (int32_t chunk : {16, 64}) {
-    for (bool interleave : {false, true}) {
-      for (Case c : BaseCases()) {
-        c.impl = Impl::kPlanned;
-        c.chunk = chunk;
-        c.interleave = interleave;
-        c.out_bf16 = true;
-        c.extra_batch = 37;
-        RunCase(c);
-      }
+    for (Case c : BaseCases()) {
+      c.impl = Impl::kPlanned;
+      c.chunk = chunk;
+      c.out_bf16 = true;
+      c.extra_batch = 37;
+      RunCase(c);
     }
   }
 }
@@ -355,73 +321,12 @@ TEST(PlannedExpertGemmsTest, BatchBoundCoversWorstCase) {
   EXPECT_EQ(kernels::ExpertGemmBatchBound(768, 64, 16), (768 + 64 * 15) / 16);
 }
 
-TEST(PlannedExpertGemmsTest, BatchBucketsAscendToTheBound) {
-  for (const auto& [rows, slots, chunk] :
-       std::vector<std::tuple<int64_t, int32_t, int32_t>>{{768, 64, 48},
-                                                          {1024, 256, 48},
-                                                          {2048, 256, 48},
-                                                          {6, 64, 8},
-                                                          {1, 64, 48},
-                                                          {0, 64, 8},
-                                                          {96 * 8, 4, 8}}) {
-    SCOPED_TRACE(::testing::Message() << rows << " rows, " << slots << " slots, chunk " << chunk);
-    int32_t b[kernels::kMaxExpertGemmBatchBuckets];
-    const int32_t n = kernels::ExpertGemmBatchBuckets(rows, slots, chunk, 16, b);
-    const int32_t bound = kernels::ExpertGemmBatchBound(rows, slots, chunk);
-    ASSERT_GE(n, 1);
-    ASSERT_LE(n, 16);
-    EXPECT_EQ(b[n - 1], bound);
-    // The smallest bucket holds the fewest chunks the rows can take.
-    EXPECT_GE(b[0], std::max<int64_t>(1, (rows + chunk - 1) / chunk));
-    for (int32_t i = 1; i < n; ++i) EXPECT_GT(b[i], b[i - 1]);
-  }
-  // Moonlight at 128 tokens, chunk 48: 78 entries bound, 16 at least; 64 real chunks (every
-  // expert busy, none above 48 rows) fall into a bucket of at most 64 + 4.
-  int32_t b[kernels::kMaxExpertGemmBatchBuckets];
-  const int32_t n = kernels::ExpertGemmBatchBuckets(768, 64, 48, 16, b);
-  const int32_t* fit = std::lower_bound(b, b + n, 64);
-  ASSERT_NE(fit, b + n);
-  EXPECT_LE(*fit, 68);
-  EXPECT_EQ(kernels::ExpertGemmBatchBuckets(768, 64, 48, 1, b), 1);
-  EXPECT_EQ(b[0], 78);
-}
-
 TEST(PlannedExpertGemmsTest, RejectsBadArguments) {
   kernels::ExpertGemmPlanParams p;
   p.num_slots = 0;
   EXPECT_EQ(kernels::PlanExpertGemmBatches(p, nullptr), cudaErrorInvalidValue);
   EXPECT_EQ(kernels::PlannedExpertGemmsBf16(nullptr, nullptr, 1, 8, 8, 8, false),
             CUBLAS_STATUS_INVALID_VALUE);
-}
-
-// Buckets that do not end at the batch, or do not ascend (a valid plan first).
-TEST(PlannedExpertGemmsTest, RejectsBadBuckets) {
-  DEEPINFER_SKIP_WITHOUT_GPU();
-  kernels::ExpertGemmPlanParams p;
-  DeviceArray<int32_t> counts(std::vector<int32_t>(4, 1)), offsets(std::vector<int32_t>(5, 0));
-  DeviceArray<void*> table(std::vector<void*>(4, counts.get())), ptrs(std::vector<void*>(12));
-  p.num_slots = 4;
-  p.slot_counts = counts.get();
-  p.slot_offsets = offsets.get();
-  p.chunk_rows = 8;
-  p.batch = 4;
-  p.num_gemms = 1;
-  kernels::ExpertGemmPlanGemm& g = p.gemm[0];
-  g.weights = const_cast<const void* const*>(table.get());
-  g.x = g.dummy_x = counts.get();
-  g.y = g.dummy_y = counts.get();
-  g.pointers = ptrs.get();
-  EXPECT_EQ(kernels::PlanExpertGemmBatches(p, nullptr), cudaSuccess);
-  p.num_buckets = 2;
-  p.bucket_batch[0] = 2;
-  p.bucket_batch[1] = 3;
-  EXPECT_EQ(kernels::PlanExpertGemmBatches(p, nullptr), cudaErrorInvalidValue);
-  p.bucket_batch[0] = 4;
-  p.bucket_batch[1] = 4;
-  EXPECT_EQ(kernels::PlanExpertGemmBatches(p, nullptr), cudaErrorInvalidValue);
-  p.num_buckets = kernels::kMaxExpertGemmBatchBuckets + 1;
-  EXPECT_EQ(kernels::PlanExpertGemmBatches(p, nullptr), cudaErrorInvalidValue);
-  DEEPINFER_CUDA_OK(cudaDeviceSynchronize());
 }
 
 TEST(GroupedGemmBf16Test, RejectsBadShapes) {
@@ -439,16 +344,6 @@ TEST(GroupedGemmBf16Test, RejectsBadShapes) {
   EXPECT_EQ(kernels::GroupedGemmBf16(p, nullptr), cudaErrorInvalidValue);
   p.max_rows = 0;
   EXPECT_EQ(kernels::GroupedGemmBf16(p, nullptr), cudaSuccess);  // nothing to do
-
-  kernels::GroupedGemmBf16StreamParams q;
-  q.num_slots = 1;
-  q.max_rows = 1;
-  q.n = 8;
-  q.k = 12;
-  EXPECT_EQ(kernels::GroupedGemmBf16Stream(q, nullptr), cudaErrorInvalidValue);
-  q.k = 16;
-  q.max_rows = 0;
-  EXPECT_EQ(kernels::GroupedGemmBf16Stream(q, nullptr), cudaSuccess);
 }
 
 }  // namespace

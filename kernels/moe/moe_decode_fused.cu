@@ -1,12 +1,12 @@
-// Three pairs of kernels (MoeDecodeFusedKernels), all streaming bf16 weight rows with 16-byte
-// loads (8 values per load), converting them to fp32 with a shift and multiplying them with fp32
-// activations that come through L1 (a few KB per token; kStationary's down: held in registers),
-// all launched with programmatic dependent launch (kernels/common/launch.cuh): the routing,
-// written by the kernel before gate_up, is read only after the wait, except in down kernels
-// (kPersistent's L2 prefetch hint, kStationary's chunk resolution; see there why that is safe).
+// The kernels stream bf16 weight rows with 16-byte loads (8 values per load), convert them to
+// fp32 with a shift and multiply them with fp32 activations that come through L1 (a few KB per
+// token; the stationary down: held in registers), all launched with programmatic dependent
+// launch (kernels/common/launch.cuh): the routing, written by the kernel before gate_up, is read
+// only after the wait, except in down kernels (the grid-strided down's L2 prefetch hint, the
+// stationary down's chunk resolution; see there why that is safe).
 //
-// No warp-per-row pair (one warp per weight row pair / output feature, a full grid): it was the
-// slowest at every measured shape (docs/kernels.md).
+// gate_up is grid-strided (the pipelined kernel below); down is the stationary kernel at one
+// token where a thread's chunks fit, else the pipelined grid-strided one (MoeDecodeFusedF32).
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -55,24 +55,22 @@ __device__ __forceinline__ bool ValidExpert(const MoeDecodeFusedParams& p, int32
   return e >= 0 && e < p.num_experts;
 }
 
-// ---- kPersistent -------------------------------------------------------------------------
+// ---- The part table --------------------------------------------------------------------
 //
-// Both kernels first resolve the block's work into a table of unique parts in shared memory
-// (warp 0, once per block): the shared parts first, then every routed expert once (the first
-// token's column that chose it), each with its weights and, per token, its act row (null: the
-// token did not choose it) and routing weight. gate_up's work is the (part, row) pairs, part
-// major, one warp each, grid-strided; down's is the output features, one block each,
+// The grid-strided kernels first resolve the block's work into a table of unique parts in
+// shared memory (warp 0, once per block): the shared parts first, then every routed expert once
+// (the first token's column that chose it), each with its weights and, per token, its act row
+// (null: the token did not choose it) and routing weight. gate_up's work is the (part, row)
+// pairs, part major, one warp each, grid-strided; down's is the output features, one block each,
 // grid-strided, the parts' rows of a feature flattened over the block's threads (each thread up
 // to kDownLoads 16-byte loads in flight). Weights are read with L1::no_allocate so that the
 // fp32 hidden / act rows stay in L1.
 //
-// Before the PDL wait each kernel prefetches into L2 what it will read first: gate_up the first
-// row pair of every warp that starts on a shared part (the router, the kernel before it, is
-// still running: the routed experts are not known yet); down the rows of its first feature of
-// every part. down reads topk_ids for that before its wait: the router that wrote them has
+// Before its PDL wait the grid-strided down prefetches into L2 the rows of its first feature of
+// every part. It reads topk_ids for that before its wait: the router that wrote them has
 // completed, because down is launched only after every gate_up block passed its own wait. A
 // prefetch is only a hint (a wrong address costs bandwidth, never a result), and the table is
-// built from the routing after the wait in both kernels.
+// built from the routing after the wait.
 
 constexpr int kDownThreads = 128;
 constexpr int kDownWarps = kDownThreads / 32;
@@ -157,73 +155,6 @@ __device__ void BuildPartTable(const MoeDecodeFusedParams& p, PartTable<kT>* tab
   if (lane == 0) tab->count = count;
 }
 
-// Items i < shared_parts * inter are the shared parts' row pairs (the table's first parts).
-template <int kT>
-__device__ NoPrefetchResult GateUpPrefetch(MoeDecodeFusedParams p) {
-  const int i = blockIdx.x * kWarps + threadIdx.x / 32;
-  const int S = p.shared_parts, I = p.inter, H = p.hidden_size;
-  if (threadIdx.x % 32 == 0 && i < S * I) {
-    const int s = i / I, j = i - s * I;
-    const uint32_t row_bytes = static_cast<uint32_t>(H) * 2;
-    PrefetchL2(p.shared_gate_up + (int64_t{s} * I + j) * H, row_bytes);
-    PrefetchL2(p.shared_gate_up + ((int64_t{S} + s) * I + j) * H, row_bytes);
-  }
-  return {};
-}
-
-template <int kT>
-__device__ void GateUpPersistentBody(const NoPrefetchResult&, MoeDecodeFusedParams p) {
-  __shared__ PartTable<kT> tab;
-  if (threadIdx.x < 32) BuildPartTable<kT>(p, &tab);
-  __syncthreads();
-  const int H = p.hidden_size, I = p.inter, kv = H / 8;
-  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
-  const int items = tab.count * I;
-  for (int i = blockIdx.x * kWarps + warp; i < items; i += gridDim.x * kWarps) {
-    const int u = i / I, j = i - u * I;
-    const uint4* g = reinterpret_cast<const uint4*>(tab.gate[u] + int64_t{j} * H);
-    const uint4* up = reinterpret_cast<const uint4*>(tab.up[u] + int64_t{j} * H);
-    float* act[kT];
-#pragma unroll
-    for (int t = 0; t < kT; ++t) act[t] = tab.act[u][t];
-    float ag[kT], au[kT];
-#pragma unroll
-    for (int t = 0; t < kT; ++t) ag[t] = au[t] = 0.0f;
-    for (int v0 = lane; v0 < kv; v0 += 32 * kUnroll) {
-      uint4 wg[kUnroll], wu[kUnroll];
-#pragma unroll
-      for (int n = 0; n < kUnroll; ++n) {
-        const int v = v0 + n * 32;
-        wg[n] = v < kv ? LoadStreaming16(g + v) : make_uint4(0, 0, 0, 0);
-        wu[n] = v < kv ? LoadStreaming16(up + v) : make_uint4(0, 0, 0, 0);
-      }
-#pragma unroll
-      for (int n = 0; n < kUnroll; ++n) {
-        const int v = v0 + n * 32;
-        if (v >= kv) break;
-        float gf[8], uf[8];
-        Bf16x8ToFloat(wg[n], gf);
-        Bf16x8ToFloat(wu[n], uf);
-#pragma unroll
-        for (int t = 0; t < kT; ++t) {
-          if (act[t] == nullptr) continue;
-          const float4* x = reinterpret_cast<const float4*>(p.hidden + int64_t{t} * H);
-          const float4 a = __ldg(x + 2 * v), b = __ldg(x + 2 * v + 1);
-          ag[t] = Dot8(ag[t], a, b, gf);
-          au[t] = Dot8(au[t], a, b, uf);
-        }
-      }
-    }
-#pragma unroll
-    for (int t = 0; t < kT; ++t) {
-      if (act[t] == nullptr) continue;
-      const float gs = WarpSum(ag[t]), us = WarpSum(au[t]);
-      // expf (not __expf), as SiluMulF32.
-      if (lane == t) act[t][j] = gs / (1.0f + expf(-gs)) * us;
-    }
-  }
-}
-
 // Thread c < shared_parts + tokens * top_k prefetches part c's row of the block's first feature.
 template <int kT>
 __device__ NoPrefetchResult DownPrefetch(MoeDecodeFusedParams p) {
@@ -242,70 +173,9 @@ __device__ NoPrefetchResult DownPrefetch(MoeDecodeFusedParams p) {
   return {};
 }
 
-template <int kT>
-__device__ void DownPersistentBody(const NoPrefetchResult&, MoeDecodeFusedParams p) {
-  __shared__ PartTable<kT> tab;
-  __shared__ float partial[kDownWarps][kT];
-  if (threadIdx.x < 32) BuildPartTable<kT>(p, &tab);
-  __syncthreads();
-  const int H = p.hidden_size, kv = p.inter / 8, total = tab.count * kv;
-  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
-  for (int f = blockIdx.x; f < H; f += gridDim.x) {
-    float acc[kT];
-#pragma unroll
-    for (int t = 0; t < kT; ++t) acc[t] = 0.0f;
-    for (int x0 = threadIdx.x; x0 < total; x0 += kDownThreads * kDownLoads) {
-      // Load n is vector v of part u: x = x0 + n * kDownThreads = u * kv + v.
-      int u = x0 / kv, v = x0 - u * kv;
-      uint4 w[kDownLoads];
-      int un[kDownLoads], vn[kDownLoads];
-#pragma unroll
-      for (int n = 0; n < kDownLoads; ++n) {
-        un[n] = u;
-        vn[n] = v;
-        w[n] = u < tab.count
-                   ? LoadStreaming16(tab.down[u] + int64_t{f} * tab.down_stride[u] + 8 * v)
-                   : make_uint4(0, 0, 0, 0);
-        v += kDownThreads;
-        while (v >= kv) {
-          v -= kv;
-          ++u;
-        }
-      }
-#pragma unroll
-      for (int n = 0; n < kDownLoads; ++n) {
-        if (un[n] >= tab.count) break;
-        float wf[8];
-        Bf16x8ToFloat(w[n], wf);
-#pragma unroll
-        for (int t = 0; t < kT; ++t) {
-          const float4* a = reinterpret_cast<const float4*>(tab.act[un[n]][t]);
-          if (a == nullptr) continue;
-          const float s = Dot8(0.0f, a[2 * vn[n]], a[2 * vn[n] + 1], wf);
-          acc[t] = fmaf(tab.coef[un[n]][t], s, acc[t]);
-        }
-      }
-    }
-#pragma unroll
-    for (int t = 0; t < kT; ++t) {
-      const float sum = WarpSum(acc[t]);
-      if (lane == 0) partial[warp][t] = sum;
-    }
-    __syncthreads();
-    if (threadIdx.x < kT) {
-      float sum = 0.0f;
-#pragma unroll
-      for (int w = 0; w < kDownWarps; ++w) sum += partial[w][threadIdx.x];
-      p.out[int64_t{threadIdx.x} * H + f] = sum;
-    }
-    __syncthreads();  // partial is rewritten for the next feature
-  }
-}
-
-// ---- kPipelined ---------------------------------------------------------------------------
+// ---- The pipelined grid-strided kernels -----------------------------------------------------
 //
-// kPersistent's work split, tables and sums (the same order: bit-identical results), with the
-// load round trips overlapped instead of taken one after another:
+// The load round trips overlapped instead of taken one after another:
 //
 // * gate_up: a warp whose first item is a shared part's row pair loads that pair's first chunk
 //   (8 16-byte loads per lane and row) into registers BEFORE the PDL wait (shared weights are
@@ -315,7 +185,7 @@ __device__ void DownPersistentBody(const NoPrefetchResult&, MoeDecodeFusedParams
 //   the current one, so a warp always has a row pair in flight.
 // * down: a block's features are a sequence; the first batch of loads of feature n + 1 is issued
 //   before feature n is summed, and a feature's per-warp sums go to shared memory without a
-//   __syncthreads (one at the end, then the warps' sums in order, as kPersistent), so the warps
+//   __syncthreads (one at the end, then the warps' sums in order), so the warps
 //   of a block never wait for each other between features.
 
 // First chunk of a gate / up row pair: lane's vectors lane + 32 n, n < kUnroll.
@@ -358,7 +228,7 @@ __device__ __forceinline__ void AccumulateGateUpChunk(const GateUpChunk& c, int 
 }
 
 // Row j's item (rows at gate / up, act rows act[t]) with its first chunk already in `first`:
-// the remaining chunks, the butterflies and act[t][j] (as GateUpPersistentBody).
+// the remaining chunks, the butterflies and act[t][j].
 template <int kT>
 __device__ __forceinline__ void FinishGateUpItem(const MoeDecodeFusedParams& p,
                                                  const GateUpChunk& first, const uint16_t* gate,
@@ -462,7 +332,7 @@ struct DownBatch {
   uint4 w[kDownLoads];
 };
 
-// Feature f's loads x0 + n * kDownThreads (x = u * kv + v: part u's vector v), as kPersistent.
+// Feature f's loads x0 + n * kDownThreads (x = u * kv + v: part u's vector v).
 template <int kT>
 __device__ __forceinline__ void LoadDownBatch(const PartTable<kT>& tab, int f, int x0, int kv,
                                               DownBatch* b) {
@@ -545,9 +415,9 @@ __device__ void DownPipelinedBody(const NoPrefetchResult&, MoeDecodeFusedParams 
   }
 }
 
-// ---- kStationary -------------------------------------------------------------------------
+// ---- The stationary down -------------------------------------------------------------------
 //
-// kPipelined's gate_up; a down kernel at one token that keeps each thread's activations in
+// The pipelined gate_up; a down kernel at one token that keeps each thread's activations in
 // registers for the whole kernel instead of reading them through L1 for every feature. A
 // feature's parts are flattened into chunks of 8 values, x = u * kv + v (part u: the routed
 // choices in k order, then the shared parts, i.e. act row u; vector v of kv = inter / 8), and
@@ -565,7 +435,7 @@ __device__ void DownPipelinedBody(const NoPrefetchResult&, MoeDecodeFusedParams 
 // kernel. Only act, gate_up's output, is read after the wait.
 //
 // Sums: per thread coef * dot8 over its chunks in n order, a butterfly per warp, the warps in
-// order (deterministic; a replay equals the eager run; another order than kPipelined's).
+// order (deterministic; a replay equals the eager run; another order than the pipelined down's).
 
 constexpr int kStatThreads = 512;
 constexpr int kStatWarps = kStatThreads / 32;
@@ -722,77 +592,61 @@ int64_t Balanced(int64_t work, int64_t fit) {
   return (work + rounds - 1) / rounds;
 }
 
-// The grid-strided gate_up (kPersistent's or kPipelined's) on about one pass over the SMs.
-template <auto kGateUpPrefetch, auto kGateUpBody, int kT>
-cudaError_t LaunchGateUpGridStrided(const MoeDecodeFusedParams& p, int sms, cudaStream_t stream) {
-  constexpr auto kGateUp = PrefetchEntryKernel<kGateUpPrefetch, kGateUpBody, kThreads>();
-  static const int gate_up_fit = BlocksPerSm(reinterpret_cast<const void*>(kGateUp), kThreads);
-  const int gate_up_per_sm = p.gate_up_blocks_per_sm > 0 ? p.gate_up_blocks_per_sm : gate_up_fit;
+// The pipelined gate_up on about one pass over the SMs (as many blocks per SM as fit).
+template <int kT>
+cudaError_t LaunchGateUp(const MoeDecodeFusedParams& p, int sms, cudaStream_t stream) {
+  constexpr auto kGateUp =
+      PrefetchEntryKernel<GateUpPipelinedPrefetch<kT>, GateUpPipelinedBody<kT>, kThreads>();
+  static const int gate_up_per_sm = BlocksPerSm(reinterpret_cast<const void*>(kGateUp), kThreads);
   const int64_t max_parts = int64_t{kT} * p.top_k + p.shared_parts;
   const int64_t gate_up_warps =
       Balanced(max_parts * p.inter, int64_t{sms} * gate_up_per_sm * kWarps);
   const int64_t gate_up_blocks = (gate_up_warps + kWarps - 1) / kWarps;
-  return LaunchPrefetchThenAfterPrecedingGrids<kGateUpPrefetch, kGateUpBody, kThreads>(
+  return LaunchPrefetchThenAfterPrecedingGrids<GateUpPipelinedPrefetch<kT>, GateUpPipelinedBody<kT>,
+                                               kThreads>(
       dim3(static_cast<unsigned>(gate_up_blocks)), 0, stream, p);
 }
 
-// The grid-strided pairs (kPersistent, kPipelined) with their grid sizes; limit_down_features:
-// at least enough down blocks that none has more than kMaxDownFeatures features.
-template <auto kGateUpPrefetch, auto kGateUpBody, auto kDownBody, int kT>
-cudaError_t LaunchGridStrided(const MoeDecodeFusedParams& p, bool limit_down_features,
-                              cudaStream_t stream) {
-  constexpr auto kDown = PrefetchEntryKernel<DownPrefetch<kT>, kDownBody, kDownThreads>();
-  static const int down_fit = BlocksPerSm(reinterpret_cast<const void*>(kDown), kDownThreads);
+// The pipelined pair: gate_up, then the grid-strided down on as many blocks per SM as fit, at
+// least enough that none has more than kMaxDownFeatures features.
+template <int kT>
+cudaError_t LaunchPipelined(const MoeDecodeFusedParams& p, cudaStream_t stream) {
+  constexpr auto kDown =
+      PrefetchEntryKernel<DownPrefetch<kT>, DownPipelinedBody<kT>, kDownThreads>();
+  static const int down_per_sm = BlocksPerSm(reinterpret_cast<const void*>(kDown), kDownThreads);
   int sms = 0;
   cudaError_t err = SmCount(&sms);
   if (err != cudaSuccess) return err;
-  const int down_per_sm = p.down_blocks_per_sm > 0 ? p.down_blocks_per_sm : down_fit;
   int64_t down_blocks = Balanced(p.hidden_size, int64_t{sms} * down_per_sm);
-  if (limit_down_features) {
-    down_blocks = std::max<int64_t>(
-        down_blocks, (int64_t{p.hidden_size} + kMaxDownFeatures - 1) / kMaxDownFeatures);
-  }
-  err = LaunchGateUpGridStrided<kGateUpPrefetch, kGateUpBody, kT>(p, sms, stream);
+  down_blocks = std::max<int64_t>(
+      down_blocks, (int64_t{p.hidden_size} + kMaxDownFeatures - 1) / kMaxDownFeatures);
+  err = LaunchGateUp<kT>(p, sms, stream);
   if (err != cudaSuccess) return err;
-  return LaunchPrefetchThenAfterPrecedingGrids<DownPrefetch<kT>, kDownBody, kDownThreads>(
+  return LaunchPrefetchThenAfterPrecedingGrids<DownPrefetch<kT>, DownPipelinedBody<kT>,
+                                               kDownThreads>(
       dim3(static_cast<unsigned>(down_blocks)), 0, stream, p);
 }
 
-template <int kT>
-cudaError_t LaunchPersistent(const MoeDecodeFusedParams& p, cudaStream_t stream) {
-  return LaunchGridStrided<GateUpPrefetch<kT>, GateUpPersistentBody<kT>, DownPersistentBody<kT>,
-                           kT>(p, /*limit_down_features=*/false, stream);
-}
-
-template <int kT>
-cudaError_t LaunchPipelined(const MoeDecodeFusedParams& p, cudaStream_t stream) {
-  return LaunchGridStrided<GateUpPipelinedPrefetch<kT>, GateUpPipelinedBody<kT>,
-                           DownPipelinedBody<kT>, kT>(p, /*limit_down_features=*/true, stream);
-}
-
-// kStationary at one token: kPipelined's gate_up, then the stationary down on down_blocks_per_sm
-// (0: 1) blocks per SM, at least ceil(hidden / kMaxStatFeatures) blocks.
+// One token: the pipelined gate_up, then the stationary down on one block per SM (its blocks of
+// kStatThreads fit once), at least ceil(hidden / kMaxStatFeatures) blocks.
 template <int kChunks, int kFeat>
 cudaError_t LaunchStationaryOneToken(const MoeDecodeFusedParams& p, cudaStream_t stream) {
   int sms = 0;
   cudaError_t err = SmCount(&sms);
   if (err != cudaSuccess) return err;
-  const int64_t per_sm = p.down_blocks_per_sm > 0 ? p.down_blocks_per_sm : 1;
   const int64_t H = p.hidden_size;
-  const int64_t per_block =
-      std::min<int64_t>(kMaxStatFeatures, (H + sms * per_sm - 1) / (sms * per_sm));
+  const int64_t per_block = std::min<int64_t>(kMaxStatFeatures, (H + sms - 1) / sms);
   const int64_t down_blocks = (H + per_block - 1) / per_block;
-  err = LaunchGateUpGridStrided<GateUpPipelinedPrefetch<1>, GateUpPipelinedBody<1>, 1>(p, sms,
-                                                                                       stream);
+  err = LaunchGateUp<1>(p, sms, stream);
   if (err != cudaSuccess) return err;
   return LaunchPrefetchThenAfterPrecedingGrids<DownStationaryPrefetch<kChunks, kFeat>,
                                                DownStationaryBody<kChunks, kFeat>, kStatThreads>(
       dim3(static_cast<unsigned>(down_blocks)), 0, stream, p);
 }
 
-// kStationary: the stationary down where a thread's chunks fit (one token; kMaxStatChunks per
-// thread), else kPipelined.
-cudaError_t LaunchStationary(const MoeDecodeFusedParams& p, cudaStream_t stream) {
+// The stationary down where a thread's chunks fit (one token; kMaxStatChunks per thread), else
+// the pipelined pair.
+cudaError_t Launch(const MoeDecodeFusedParams& p, cudaStream_t stream) {
   const int64_t chunks = int64_t{p.top_k + p.shared_parts} * (p.inter / 8);
   if (p.num_tokens == 1 && chunks <= 3 * kStatThreads) {
     return LaunchStationaryOneToken<3, 2>(p, stream);
@@ -817,11 +671,7 @@ cudaError_t MoeDecodeFusedF32(const MoeDecodeFusedParams& p, cudaStream_t stream
                         p.top_k >= 0 && p.shared_parts >= 0 && p.top_k + p.shared_parts >= 1 &&
                         p.top_k + p.shared_parts <= kMoeDecodeFusedMaxParts &&
                         (!routed || p.num_experts >= 1) && p.hidden_size > 0 &&
-                        p.hidden_size % 8 == 0 && p.inter > 0 && p.inter % 8 == 0 &&
-                        p.gate_up_blocks_per_sm >= 0 && p.down_blocks_per_sm >= 0;
-  const bool kernels_ok = p.kernels == MoeDecodeFusedKernels::kPersistent ||
-                          p.kernels == MoeDecodeFusedKernels::kPipelined ||
-                          p.kernels == MoeDecodeFusedKernels::kStationary;
+                        p.hidden_size % 8 == 0 && p.inter > 0 && p.inter % 8 == 0;
   const bool pointers_ok =
       p.hidden != nullptr && p.act != nullptr && p.out != nullptr &&
       (!routed || (p.topk_ids != nullptr && p.topk_weights != nullptr &&
@@ -829,12 +679,8 @@ cudaError_t MoeDecodeFusedF32(const MoeDecodeFusedParams& p, cudaStream_t stream
       (p.shared_parts == 0 || (p.shared_gate_up != nullptr && p.shared_down != nullptr)) &&
       reinterpret_cast<uintptr_t>(p.hidden) % 16 == 0 &&
       reinterpret_cast<uintptr_t>(p.act) % 16 == 0;
-  if (!sizes_ok || !kernels_ok || !pointers_ok) return cudaErrorInvalidValue;
-  if (p.kernels == MoeDecodeFusedKernels::kStationary) return LaunchStationary(p, stream);
-  if (p.kernels == MoeDecodeFusedKernels::kPipelined) {
-    return p.num_tokens == 1 ? LaunchPipelined<1>(p, stream) : LaunchPipelined<2>(p, stream);
-  }
-  return p.num_tokens == 1 ? LaunchPersistent<1>(p, stream) : LaunchPersistent<2>(p, stream);
+  if (!sizes_ok || !pointers_ok) return cudaErrorInvalidValue;
+  return Launch(p, stream);
 }
 
 }  // namespace kernels

@@ -8,11 +8,10 @@
 //   2. down: out[t, f] = sum over k of topk_weights[t, k] * (act[t, k] . down_e[f]) + sum over
 //      shared parts s of (act[t, K + s] . shared_down[f, s*inter:(s+1)*inter]).
 //
-// Three kernel pairs do this (MoeDecodeFusedKernels): kPersistent (grid-strided over the work,
-// L2 prefetch before the PDL wait), kPipelined (the same with the round trips overlapped) and
-// kStationary (kPipelined with a down kernel that keeps its activations in registers at one
-// token); the backend's choice: CudaBackend::DecodeMoeFusedKernelsFor. (A warp-per-row pair
-// measured slowest at every shape; docs/kernels.md.)
+// gate_up is grid-strided over the (part, row) pairs with its load round trips overlapped; down
+// at one token keeps each thread's activations in registers for the whole kernel (where a
+// thread's chunks fit, kMaxStatChunks), else it is grid-strided over the output features like
+// gate_up (the fastest pair measured at every width, H200, docs/kernels.md).
 //
 // The shared MLP of intermediate size shared_parts * inter is exactly the sum of shared_parts
 // MLPs of intermediate inter over consecutive slices of its gate / up rows and down columns
@@ -33,28 +32,6 @@ namespace kernels {
 // Most tokens and parts (top_k + shared_parts) per token the fused block handles.
 inline constexpr int32_t kMoeDecodeFusedMaxTokens = 2;
 inline constexpr int32_t kMoeDecodeFusedMaxParts = 32;
-
-// Which pair of kernels MoeDecodeFusedF32 launches (the same math; sums in another order).
-enum class MoeDecodeFusedKernels : int32_t {
-  // A grid of about one pass over the SMs, each warp grid-striding over the (part, row) pairs
-  // of gate_up, each block over the output features of down with the parts of a feature spread
-  // over its threads; weights streamed past L1; the first rows prefetched into L2 before the PDL
-  // wait (gate_up: the shared experts', down: every part's). MoeDecodeFusedParams' default.
-  kPersistent,
-  // kPersistent's work split and sums (bit-identical results) with the round trips overlapped:
-  // gate_up's first shared row chunk loaded into registers before the PDL wait and computed
-  // while warp 0 builds the part table, then each warp's next item's first chunk issued before
-  // the current one is computed; down's next feature's first loads issued before the current
-  // feature is summed, its per-warp sums kept in shared memory with one __syncthreads at the end.
-  kPipelined,
-  // kPipelined's gate_up; at one token (when a feature's 16-byte chunks, (top_k + shared_parts)
-  // * inter / 8, are at most 5 per thread of a 512-thread block) a down kernel whose threads
-  // each own fixed chunks of every feature, their activations held in registers for the whole
-  // kernel and their weight pointers resolved (with the first features' loads issued) before
-  // the PDL wait, each block a contiguous range of features. Otherwise kPipelined's down.
-  // Sums in another order than kPipelined's (results within fp32 rounding of it).
-  kStationary,
-};
 
 // All pointers are device pointers; bf16 values are 16-bit patterns.
 struct MoeDecodeFusedParams {
@@ -82,11 +59,6 @@ struct MoeDecodeFusedParams {
   // Workspace: [num_tokens, top_k + shared_parts, inter] fp32 (MoeDecodeFusedActFloats).
   float* act = nullptr;
   float* out = nullptr;  // [num_tokens, hidden_size], overwritten
-  MoeDecodeFusedKernels kernels = MoeDecodeFusedKernels::kPersistent;
-  // For benchmarks: resident blocks per SM of each grid (0: as many as fit; kStationary's down
-  // kernel: 0 = 1, its blocks of 512 threads fit once).
-  int32_t gate_up_blocks_per_sm = 0;
-  int32_t down_blocks_per_sm = 0;
 };
 
 // Floats of MoeDecodeFusedParams::act for these sizes.
@@ -98,7 +70,7 @@ int64_t MoeDecodeFusedActFloats(int32_t num_tokens, int32_t top_k, int32_t share
 // whose expert id is outside [0, num_experts) contributes nothing. cudaErrorInvalidValue for
 // sizes outside the ranges above (incl. top_k + shared_parts == 0), hidden_size or inter not a
 // multiple of 8, a misaligned hidden, null pointers (the routed ones only when top_k > 0),
-// shared_parts > 0 without shared weights, or negative blocks per SM.
+// or shared_parts > 0 without shared weights.
 cudaError_t MoeDecodeFusedF32(const MoeDecodeFusedParams& params, cudaStream_t stream);
 
 }  // namespace kernels

@@ -4,10 +4,9 @@
 // in k order, plus the shared MLP computed whole (intermediate shared_parts * inter, not in
 // parts). 1 and 2 tokens, Moonlight- and V3-like shapes (scaled down, and Moonlight's real one),
 // random routing with experts repeated across the two tokens, a non-identity slot table,
-// poisoned workspace and output, and the argument checks; every case for both kernel pairs
-// (MoeDecodeFusedKernels), the persistent and pipelined ones also on a grid of one block per SM,
-// the stationary one also with three down blocks per SM. top_k 0 (a dense MLP as shared parts
-// only) with the routed fields null.
+// poisoned workspace and output, and the argument checks. top_k 0 (a dense MLP as shared parts
+// only) with the routed fields null. The shapes reach both down kernels (the stationary one at
+// one token where a thread's chunks fit, the grid-strided one past that and at two tokens).
 #include "kernels/moe/moe_decode_fused.h"
 
 #include <algorithm>
@@ -28,23 +27,6 @@ using testing::DeviceArray;
 
 struct Shape {
   int32_t experts, top_k, hidden, inter, shared_parts;
-};
-
-// The kernels and grid sizes each case runs: the default grids, and one block per SM, so that
-// the persistent kernels' grid-stride loops take several rounds even at the small shapes.
-struct Variant {
-  const char* name;
-  kernels::MoeDecodeFusedKernels kernels;
-  int32_t gate_up_blocks_per_sm, down_blocks_per_sm;
-};
-const Variant kVariants[] = {
-    {"persistent", kernels::MoeDecodeFusedKernels::kPersistent, 0, 0},
-    {"persistent, 1 block per SM", kernels::MoeDecodeFusedKernels::kPersistent, 1, 1},
-    {"pipelined", kernels::MoeDecodeFusedKernels::kPipelined, 0, 0},
-    {"pipelined, 1 block per SM", kernels::MoeDecodeFusedKernels::kPipelined, 1, 1},
-    {"stationary", kernels::MoeDecodeFusedKernels::kStationary, 0, 0},
-    // Three down blocks per SM: more, shorter feature ranges (a last range cut short).
-    {"stationary, 3 down blocks per SM", kernels::MoeDecodeFusedKernels::kStationary, 0, 3},
 };
 
 // n bf16 values (bits) and their fp32 widening.
@@ -161,37 +143,15 @@ void Check(const Shape& s, int32_t tokens, int32_t repeated, int32_t invalid_cho
   p.act = dact.get();
   p.out = dout.get();
 
-  std::vector<float> persistent;  // kPersistent's output at the default grids
-  // Whether kStationary runs its own down kernel (one token, at most 5 chunks of 8 per thread
-  // of 512), else kPipelined's.
-  const bool stationary_down = tokens == 1 && (s.top_k + s.shared_parts) * (s.inter / 8) <= 5 * 512;
-  for (const Variant& v : kVariants) {
-    SCOPED_TRACE(::testing::Message() << "variant " << v.name);
-    dact.Poison();
-    dout.Poison();
-    p.kernels = v.kernels;
-    p.gate_up_blocks_per_sm = v.gate_up_blocks_per_sm;
-    p.down_blocks_per_sm = v.down_blocks_per_sm;
-    DEEPINFER_CUDA_OK(kernels::MoeDecodeFusedF32(p, nullptr));
-    std::vector<float> got;
-    DEEPINFER_CUDA_OK(dout.Download(&got));
-    // fp32 sums of a few thousand products in another order: far below 1e-4 of the largest
-    // output; a missing or doubled part, a wrong row or a wrong weight is of the order of the
-    // output.
-    EXPECT_TRUE(testing::AllClose(got, want, 1e-4 * scale, 1e-4));
-    // kPipelined sums in kPersistent's order (per thread / lane, then the butterflies and the
-    // warps in order; the grids do not change that order): bit-identical outputs.
-    if (v.kernels == kernels::MoeDecodeFusedKernels::kPersistent && v.gate_up_blocks_per_sm == 0) {
-      persistent = got;
-    } else if (v.kernels == kernels::MoeDecodeFusedKernels::kPipelined ||
-               (v.kernels == kernels::MoeDecodeFusedKernels::kStationary && !stationary_down)) {
-      // kStationary without its own down kernel is kPipelined.
-      ASSERT_EQ(got.size(), persistent.size());
-      int64_t differ = 0;
-      for (size_t i = 0; i < got.size(); ++i) differ += got[i] != persistent[i];
-      EXPECT_EQ(differ, 0) << "outputs that differ from kPersistent's";
-    }
-  }
+  dact.Poison();
+  dout.Poison();
+  DEEPINFER_CUDA_OK(kernels::MoeDecodeFusedF32(p, nullptr));
+  std::vector<float> got;
+  DEEPINFER_CUDA_OK(dout.Download(&got));
+  // fp32 sums of a few thousand products in another order: far below 1e-4 of the largest
+  // output; a missing or doubled part, a wrong row or a wrong weight is of the order of the
+  // output.
+  EXPECT_TRUE(testing::AllClose(got, want, 1e-4 * scale, 1e-4));
 }
 
 const Shape kMoonlightSmall{16, 6, 256, 96, 2};
@@ -203,10 +163,10 @@ TEST(MoeDecodeFusedTest, OneTokenMatchesCpuBackend) {
   Check(kV3Small, 1, 0);
   Check({16, 6, 256, 96, 0}, 1, 0);  // no shared experts
   Check({8, 2, 2048, 40, 3}, 1, 0);  // hidden beyond one unrolled pass of the gate_up warp
-  // A feature's parts beyond one pass of the persistent down block (9 x 256 vectors of 8).
+  // A feature's parts beyond one pass of the grid-strided down block (9 x 256 vectors of 8).
   Check({8, 4, 512, 2048, 1}, 1, 0);
-  // V3's down row length and parts (9 x 256 chunks: kStationary's 5-chunk kernel), and more
-  // chunks than kStationary's down holds (11 x 256: kPipelined's down).
+  // V3's down row length and parts (9 x 256 chunks: the stationary down's 5-chunk kernel), and more
+  // chunks than the stationary down holds (11 x 256: the grid-strided down).
   Check({16, 8, 256, 2048, 1}, 1, 0);
   Check({16, 8, 256, 2048, 3}, 1, 0);
 }
@@ -229,7 +189,7 @@ TEST(MoeDecodeFusedTest, TwoTokensWithRepeatedExpertsMatchCpuBackend) {
 // against the CPU backend's Gemm + SiluMul + Gemm over the whole intermediate. Moonlight's dense
 // layer (intermediate 11264 = 8 x 1408) and V3's (18432 = 9 x 2048) scaled down, and as one part
 // of the whole width; the stationary down's 3- and 5-chunk kernels and past its limit
-// (kPipelined's down); two tokens.
+// (the grid-strided down); two tokens.
 TEST(MoeDecodeFusedTest, DenseMlpWithoutRoutingMatchesCpuBackend) {
   DEEPINFER_SKIP_WITHOUT_GPU();
   Check({0, 0, 256, 96, 8}, 1, 0);    // Moonlight-like, 8 parts
@@ -237,7 +197,7 @@ TEST(MoeDecodeFusedTest, DenseMlpWithoutRoutingMatchesCpuBackend) {
   Check({0, 0, 256, 768, 1}, 1, 0);   // one part of the whole intermediate
   Check({0, 0, 256, 1408, 8}, 1, 0);  // 1408 chunks: the 3-chunk stationary down
   Check({0, 0, 256, 2048, 9}, 1, 0);  // 2304 chunks: the 5-chunk stationary down
-  Check({0, 0, 256, 2816, 8}, 1, 0);  // 2816 chunks: kPipelined's down
+  Check({0, 0, 256, 2816, 8}, 1, 0);  // 2816 chunks: the grid-strided down
   Check({0, 0, 256, 96, 8}, 2, 0);
   Check({0, 0, 512, 128, 9}, 2, 0);
 }
@@ -304,12 +264,6 @@ TEST(MoeDecodeFusedTest, RejectsBadArguments) {
   q = p;
   q.out = nullptr;
   expect_invalid(q, "null out");
-  q = p;
-  q.kernels = static_cast<kernels::MoeDecodeFusedKernels>(7);
-  expect_invalid(q, "unknown kernels");
-  q = p;
-  q.down_blocks_per_sm = -1;
-  expect_invalid(q, "negative blocks per SM");
   q = p;
   q.top_k = 0;
   expect_invalid(q, "no routed experts and no shared parts");

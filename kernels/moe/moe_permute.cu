@@ -10,7 +10,7 @@
 // memory per block; 65536 choices need 128 KB), so that pass does not load them again.
 //
 // Large permutations (prefill: tens to hundreds of thousands of choices) plan with many blocks
-// instead (kernels::VectorisedMemoryPassesEnabled, a plan_workspace): the choices split into
+// instead (with a plan_workspace): the choices split into
 // contiguous block segments; each block counts its segment per slot (PlanCountBody), one block
 // turns the counts into each block's first rank per slot and the slot offsets (PlanScanBody),
 // and each block then ranks its segment in order as above (PlanRankBody). The one-block plan
@@ -23,7 +23,6 @@
 #include <algorithm>
 
 #include "kernels/common/launch.cuh"
-#include "kernels/common/memory_pass_variant.h"
 #include "kernels/moe/moe_permute.h"
 
 namespace deepinfer {
@@ -478,7 +477,7 @@ cudaError_t LaunchCombine(const MoeCombineParams& p, const T* expert_out, cudaSt
   const int64_t col_blocks = (p.hidden_size + per_block - 1) / per_block;
   if (col_blocks > 65535) return cudaErrorInvalidValue;
   const dim3 grid(static_cast<unsigned>(p.num_tokens), static_cast<unsigned>(col_blocks));
-  if (vec4 && p.top_k <= kCombineHoistK && VectorisedMemoryPassesEnabled()) {
+  if (vec4 && p.top_k <= kCombineHoistK) {
     return LaunchAfterPrecedingGrids<CombineHoistedBody<T>, kCombineThreads>(grid, 0, stream, p,
                                                                              expert_out);
   }
@@ -519,9 +518,7 @@ cudaError_t LaunchPlan(const MoePermuteParams& p, int64_t choices, cudaStream_t 
 
 int64_t MoePermutePlanWorkspaceBytes(int32_t num_tokens, int32_t top_k, int32_t num_slots) {
   const int64_t choices = int64_t{num_tokens} * top_k;
-  if (choices < kMoeMultiBlockPlanChoices || num_slots < 1 || !VectorisedMemoryPassesEnabled()) {
-    return 0;
-  }
+  if (choices < kMoeMultiBlockPlanChoices || num_slots < 1) return 0;
   return SegmentsFor(choices).count * num_slots * int64_t{sizeof(int32_t)};
 }
 
@@ -534,7 +531,7 @@ cudaError_t MoePermuteF32(const MoePermuteParams& p, cudaStream_t stream) {
   if (MoePermutedRowsBound(p.num_tokens, p.top_k, p.num_slots, p.row_align) >= (int64_t{1} << 31)) {
     return cudaErrorInvalidValue;
   }
-  const bool large = choices >= kMoeMultiBlockPlanChoices && VectorisedMemoryPassesEnabled();
+  const bool large = choices >= kMoeMultiBlockPlanChoices;
   cudaError_t err = cudaSuccess;
   if (large && p.plan_workspace != nullptr) {
     const Segments g = SegmentsFor(choices);

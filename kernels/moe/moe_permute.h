@@ -48,15 +48,15 @@ struct MoePermuteParams {
   void* plan_workspace = nullptr;
 };
 
-// From this many choices (num_tokens * top_k) on (kernels::VectorisedMemoryPassesEnabled()),
-// MoePermuteF32 plans with many blocks when given a workspace, and gathers one block per token
-// (each hidden row read once, written top_k times; hidden_size % 4 == 0 and aligned pointers)
-// instead of one block per row or choice; below it (decode batches), the one-block plan and the
-// gather by row or choice. All give the same outputs bit for bit.
+// From this many choices (num_tokens * top_k) on, MoePermuteF32 plans with many blocks when given a
+// workspace, and gathers one block per token (each hidden row read once, written top_k times;
+// hidden_size % 4 == 0 and aligned pointers) instead of one block per row or choice; below it
+// (decode batches), the one-block plan and the gather by row or choice. All give the same outputs
+// bit for bit.
 constexpr int64_t kMoeMultiBlockPlanChoices = 4096;
 
-// Bytes of MoePermuteParams::plan_workspace for these sizes: 0 below kMoeMultiBlockPlanChoices
-// (or with kernels::VectorisedMemoryPassesEnabled() off), else per-block slot counts.
+// Bytes of MoePermuteParams::plan_workspace for these sizes: 0 below kMoeMultiBlockPlanChoices,
+// else per-block slot counts.
 int64_t MoePermutePlanWorkspaceBytes(int32_t num_tokens, int32_t top_k, int32_t num_slots);
 
 // Upper bound of slot_offsets[num_slots] (the row buffers' size) for these sizes.

@@ -13,7 +13,6 @@
 #include <vector>
 
 #include "gtest/gtest.h"
-#include "kernels/common/memory_pass_variant.h"
 #include "kernels/moe/grouped_gemm.h"
 #include "kernels/moe/moe_reference.h"
 #include "kernels/testing/gpu_test_util.h"
@@ -101,10 +100,9 @@ void RunPermute(const Routing& r, int64_t hidden_size, DeviceArray<float>& hidde
 void CheckPermuteAndCombine(int32_t tokens, int32_t top_k, int32_t experts, int32_t hosted,
                             int invalid_every, int64_t hidden_size, bool workspace = true) {
   const uint32_t seed = testing::FreshSeed();
-  SCOPED_TRACE(::testing::Message()
-               << "tokens " << tokens << " top_k " << top_k << " experts " << experts << " slots "
-               << hosted << " hidden " << hidden_size << " workspace " << workspace
-               << " vectorised " << kernels::VectorisedMemoryPassesEnabled() << " seed " << seed);
+  SCOPED_TRACE(::testing::Message() << "tokens " << tokens << " top_k " << top_k << " experts "
+                                    << experts << " slots " << hosted << " hidden " << hidden_size
+                                    << " workspace " << workspace << " seed " << seed);
   const Routing r = MakeRouting(tokens, top_k, experts, hosted, invalid_every, seed);
   const auto hidden = testing::RandomFloats(size_t(tokens) * hidden_size, seed + 1);
   const kernels::MoePermutation want =
@@ -231,8 +229,7 @@ void CheckPaddedPermute(int32_t tokens, int32_t top_k, int32_t experts, int32_t 
   SCOPED_TRACE(::testing::Message()
                << "tokens " << tokens << " top_k " << top_k << " slots " << hosted << " hidden "
                << hidden_size << " row_align " << align << (bf16 ? " bf16" : " fp32")
-               << " workspace " << workspace << " vectorised "
-               << kernels::VectorisedMemoryPassesEnabled() << " seed " << seed);
+               << " workspace " << workspace << " seed " << seed);
   const Routing r = MakeRouting(tokens, top_k, experts, hosted, invalid_every, seed);
   const auto hidden = testing::RandomFloats(size_t(tokens) * hidden_size, seed + 1);
   const kernels::MoePermutation want =
@@ -366,24 +363,20 @@ TEST(MoePermuteTest, PrefillSizesWithAndWithoutSlotCache) {
   CheckPermuteAndCombine(40000, 6, 64, 50, 101, 8);
 }
 
-// Prefill sizes through the multi-block plan and the by-token gather (the default from
-// kMoeMultiBlockPlanChoices choices with a workspace), through the one-block plan with the
-// by-token gather (no workspace), and through the previous kernels (the switch off): every
-// output exactly the reference. Odd token counts, a subset of slots with invalid ids, a hidden
-// size that is not a multiple of 4 (the gather by row), and padded layouts.
+// Prefill sizes through the multi-block plan and the by-token gather (from
+// kMoeMultiBlockPlanChoices choices with a workspace), and through the one-block plan with the
+// by-token gather (no workspace): every output exactly the reference. Odd token counts, a subset
+// of slots with invalid ids, a hidden size that is not a multiple of 4 (the gather by row), and
+// padded layouts.
 TEST(MoePermuteTest, MultiBlockPlanAndTokenGatherAtPrefillSizes) {
   DEEPINFER_SKIP_WITHOUT_GPU();
-  for (bool vectorised : {true, false}) {
-    kernels::SetVectorisedMemoryPasses(vectorised);
-    CheckPermuteAndCombine(8192, 6, 64, 64, 0, 256);
-    CheckPermuteAndCombine(32771, 6, 64, 64, 0, 8);
-    CheckPermuteAndCombine(5001, 8, 256, 100, 37, 70);
-    CheckPermuteAndCombine(683, 6, 64, 64, 0, 2048);  // 4098 choices: just above the threshold
-    CheckPaddedPermute(32768, 6, 64, 64, 0, 64, 128, /*bf16=*/true);
-    CheckPaddedPermute(8193, 6, 64, 64, 0, 256, 64, /*bf16=*/false);
-    CheckPaddedPermute(4099, 8, 512, kernels::kMaxMoeSlots, 0, 64, 256, /*bf16=*/true);
-  }
-  kernels::SetVectorisedMemoryPasses(true);
+  CheckPermuteAndCombine(8192, 6, 64, 64, 0, 256);
+  CheckPermuteAndCombine(32771, 6, 64, 64, 0, 8);
+  CheckPermuteAndCombine(5001, 8, 256, 100, 37, 70);
+  CheckPermuteAndCombine(683, 6, 64, 64, 0, 2048);  // 4098 choices: just above the threshold
+  CheckPaddedPermute(32768, 6, 64, 64, 0, 64, 128, /*bf16=*/true);
+  CheckPaddedPermute(8193, 6, 64, 64, 0, 256, 64, /*bf16=*/false);
+  CheckPaddedPermute(4099, 8, 512, kernels::kMaxMoeSlots, 0, 64, 256, /*bf16=*/true);
   CheckPermuteAndCombine(8192, 6, 64, 64, 0, 256, /*workspace=*/false);
   CheckPaddedPermute(20000, 6, 64, 64, 0, 64, 128, /*bf16=*/true, /*workspace=*/false);
 }

@@ -5,8 +5,6 @@
 //   device-grouped   GroupedGemmBf16 (offsets read on the device; what decode uses), fp32 x
 //   cublas-chunkN    ExpertGemmsCublas kChunked, N rows per chunk (each expert padded to a
 //                    multiple of N, one cublasGemmBatchedEx per GEMM), bf16 x
-//   cublas-grouped   ExpertGemmsCublas kGrouped (one cublasGemmGroupedBatchedEx per GEMM, one
-//                    group per expert of exactly its rows), bf16 x
 //   cublas-loop      ExpertGemmsCublas kPerExpert (one cublasGemmEx per expert), bf16 x
 //   cublas-dense     one cublasGemmEx over all rows with expert 0's weights: the ceiling
 //                    (same FLOPs, no grouping), bf16 x
@@ -26,7 +24,7 @@
 // gate_up in vs bf16 in, bf16 out), the combine (memset + fp32 expert outputs added in vs bf16
 // expert outputs, out overwritten); and one whole layer the way CudaBackend::RoutedExperts runs
 // it (permute, counts to the host, gate_up, SiLU-mul, down, combine): "before" = chunks of 128
-// with fp32 GEMM outputs, "after" = bf16 outputs with chunks of 128 / 256 or grouped.
+// with fp32 GEMM outputs, "after" = bf16 outputs with chunks of 128 / 256.
 //
 //   moe_prefill_bench       (one line per case; exit status 1 on a CUDA / cuBLAS error)
 #include <cublas_v2.h>
@@ -142,13 +140,12 @@ Buffers Make() {
   fill16(b.act16, max_rows * kInter);
   b.y = DeviceAlloc<float>(max_rows * kHidden * 4);
   b.offsets_dev = DeviceAlloc<int32_t>((kExperts + 1) * 4);
-  b.pointers_size = std::max(kernels::ExpertGemmPointerCount(max_rows, 64),
-                             kernels::ExpertGemmGroupedPointerCount(kExperts));
+  b.pointers_size = kernels::ExpertGemmPointerCount(max_rows, 64);
   b.pointers = DeviceAlloc<void*>(b.pointers_size * sizeof(void*));
   return b;
 }
 
-enum class Way { kDeviceGrouped, kCublasChunked, kCublasGrouped, kCublasLoop, kCublasDense };
+enum class Way { kDeviceGrouped, kCublasChunked, kCublasLoop, kCublasDense };
 std::string Name(Way w, int chunk, bool bf16_out) {
   const char* out = bf16_out ? " b16" : " f32";
   switch (w) {
@@ -156,8 +153,6 @@ std::string Name(Way w, int chunk, bool bf16_out) {
       return "device-grouped";
     case Way::kCublasChunked:
       return "cublas-chunk" + std::to_string(chunk) + out;
-    case Way::kCublasGrouped:
-      return std::string("cublas-grouped") + out;
     case Way::kCublasLoop:
       return std::string("cublas-loop") + out;
     case Way::kCublasDense:
@@ -206,9 +201,8 @@ bool Issue(Way way, int chunk, bool bf16_out, const Buffers& b, const std::vecto
                             CUBLAS_GEMM_DEFAULT));
     return true;
   }
-  const auto algo = way == Way::kCublasChunked   ? kernels::ExpertGemmCublasAlgo::kChunked
-                    : way == Way::kCublasGrouped ? kernels::ExpertGemmCublasAlgo::kGrouped
-                                                 : kernels::ExpertGemmCublasAlgo::kPerExpert;
+  const auto algo = way == Way::kCublasChunked ? kernels::ExpertGemmCublasAlgo::kChunked
+                                               : kernels::ExpertGemmCublasAlgo::kPerExpert;
   kernels::ExpertGemmCublasParams p;
   p.num_slots = kExperts;
   p.host_counts = plan.data();
@@ -416,7 +410,7 @@ void MemoryPasses(int tokens, const Buffers& b) {
 struct LayerWay {
   const char* name;
   kernels::ExpertGemmCublasAlgo algo;
-  int chunk;  // row_align of the permutation (1 for kGrouped)
+  int chunk;  // row_align of the permutation
   bool bf16_out;
 };
 
@@ -502,8 +496,6 @@ int Main() {
     if (tokens <= 1024) RunCase(Way::kDeviceGrouped, 0, false, tokens, b, cublas);
     for (int chunk : {64, 128, 256}) RunCase(Way::kCublasChunked, chunk, false, tokens, b, cublas);
     for (int chunk : {64, 128, 256}) RunCase(Way::kCublasChunked, chunk, true, tokens, b, cublas);
-    RunCase(Way::kCublasGrouped, 0, false, tokens, b, cublas);
-    RunCase(Way::kCublasGrouped, 0, true, tokens, b, cublas);
     if (tokens >= 2048) RunCase(Way::kCublasLoop, 0, true, tokens, b, cublas);
     RunCase(Way::kCublasDense, 0, false, tokens, b, cublas);
     RunCase(Way::kCublasDense, 0, true, tokens, b, cublas);
@@ -513,8 +505,7 @@ int Main() {
     for (const LayerWay& w :
          {LayerWay{"before: chunk128 f32", kernels::ExpertGemmCublasAlgo::kChunked, 128, false},
           LayerWay{"after: chunk128 b16", kernels::ExpertGemmCublasAlgo::kChunked, 128, true},
-          LayerWay{"after: chunk256 b16", kernels::ExpertGemmCublasAlgo::kChunked, 256, true},
-          LayerWay{"after: grouped b16", kernels::ExpertGemmCublasAlgo::kGrouped, 1, true}}) {
+          LayerWay{"after: chunk256 b16", kernels::ExpertGemmCublasAlgo::kChunked, 256, true}}) {
       WholeLayer(tokens, w, b, cublas);
     }
   }

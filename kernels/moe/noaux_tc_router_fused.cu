@@ -26,7 +26,6 @@
 
 #include "kernels/common/launch.cuh"
 #include "kernels/common/streaming_load.cuh"
-#include "kernels/norm/block_inv_rms.cuh"
 #include "kernels/moe/noaux_tc_router.h"
 #include "kernels/moe/noaux_tc_router_fused.h"
 #include "kernels/moe/noaux_tc_router_warp.cuh"
@@ -83,76 +82,7 @@ __device__ __forceinline__ void AccumulateColumn(const float4* hidden, int64_t h
   }
 }
 
-constexpr int kNormColumns = kMaxRouteNormHidden / 4 / kThreads;
-
-// The row x (+ y) of RouteTokensParams' norm, this thread's float4 columns c = threadIdx.x +
-// r * kThreads normed, with AddRmsNormF32's arithmetic: the same expression per element (v = x +
-// y, w * (v * inv)) and the sum of squares over the elements threadIdx.x + j * kThreads in
-// ascending j, reduced as BlockInvRms, so every value is bit for bit that kernel's.
-struct NormedRow {
-  float4 h[kNormColumns];
-  float inv;
-};
-
-__device__ __forceinline__ float4 NormInput4(const RouteTokensParams& p, int c) {
-  float4 v = reinterpret_cast<const float4*>(p.norm_x)[c];
-  if (p.norm_y != nullptr) {
-    const float4 b = reinterpret_cast<const float4*>(p.norm_y)[c];
-    v.x = v.x + b.x, v.y = v.y + b.y, v.z = v.z + b.z, v.w = v.w + b.w;
-  }
-  return v;
-}
-
-__device__ __forceinline__ float4 Normed4(const float4& w, const float4& v, float inv) {
-  float4 o;
-  o.x = w.x * (v.x * inv);
-  o.y = w.y * (v.y * inv);
-  o.z = w.z * (v.z * inv);
-  o.w = w.w * (v.w * inv);
-  return o;
-}
-
-__device__ NormedRow NormRow(const RouteTokensParams& p) {
-  const int H = p.hidden_size;
-  float ss = 0.0f;
-  for (int i = threadIdx.x; i < H; i += kThreads) {
-    const float v = p.norm_y != nullptr ? p.norm_x[i] + p.norm_y[i] : p.norm_x[i];
-    ss += v * v;
-  }
-  NormedRow row;
-  row.inv = BlockInvRms<kWarps>(ss, H, p.norm_eps);
-#pragma unroll
-  for (int r = 0; r < kNormColumns; ++r) {
-    const int c = threadIdx.x + r * kThreads;
-    row.h[r] = c < H / 4 ? Normed4(reinterpret_cast<const float4*>(p.norm_weight)[c],
-                                   NormInput4(p, c), row.inv)
-                         : make_float4(0.f, 0.f, 0.f, 0.f);
-  }
-  return row;
-}
-
-// The routing block's writes: x = x + y, normed, normed_bf16 (this thread's columns).
-__device__ void WriteNormOutputs(const RouteTokensParams& p, float inv) {
-#pragma unroll
-  for (int r = 0; r < kNormColumns; ++r) {
-    const int c = threadIdx.x + r * kThreads;
-    if (c >= p.hidden_size / 4) break;
-    const float4 v = NormInput4(p, c);
-    if (p.norm_y != nullptr) reinterpret_cast<float4*>(p.norm_x)[c] = v;
-    const float4 o = Normed4(reinterpret_cast<const float4*>(p.norm_weight)[c], v, inv);
-    if (p.normed != nullptr) reinterpret_cast<float4*>(p.normed)[c] = o;
-    if (p.normed_bf16 != nullptr) {
-      uint2 packed;
-      packed.x = static_cast<uint32_t>(__bfloat16_as_ushort(__float2bfloat16_rn(o.x))) |
-                 (static_cast<uint32_t>(__bfloat16_as_ushort(__float2bfloat16_rn(o.y))) << 16);
-      packed.y = static_cast<uint32_t>(__bfloat16_as_ushort(__float2bfloat16_rn(o.z))) |
-                 (static_cast<uint32_t>(__bfloat16_as_ushort(__float2bfloat16_rn(o.w))) << 16);
-      reinterpret_cast<uint2*>(p.normed_bf16)[c] = packed;
-    }
-  }
-}
-
-template <int TM, int TE, bool kNorm>
+template <int TM, int TE>
 __device__ void RouteTokensBody(const WeightRounds<TE>& first, RouteTokensParams p) {
   __shared__ float partial[kWarps][TM * TE];
   __shared__ bool last_block;
@@ -169,41 +99,19 @@ __device__ void RouteTokensBody(const WeightRounds<TE>& first, RouteTokensParams
 #pragma unroll
     for (int e = 0; e < TE; ++e) acc[m][e] = 0.0f;
   }
-  [[maybe_unused]] float norm_inv = 0.0f;
-  if constexpr (kNorm) {
-    static_assert(TM == 1 && TE == 1, "the norm is fused for one token and one expert a block");
-    // The same products in the same order as below (columns ascending), from registers.
-    const NormedRow row = NormRow(p);
-    norm_inv = row.inv;
 #pragma unroll
-    for (int r = 0; r < kNormColumns; ++r) {
-      const int64_t c = threadIdx.x + r * kThreads;
-      if (c >= h4) break;
-      // (The inner index only keeps the unrolled, untaken branch's access in bounds.)
-      const float4 w = r < kPrefetchRounds ? first.w[r < kPrefetchRounds ? r : 0][0]
-                                           : LoadStreamingFloat4(weight + e0 * h4 + c);
-      float a = acc[0][0];
-      a = fmaf(row.h[r].x, w.x, a);
-      a = fmaf(row.h[r].y, w.y, a);
-      a = fmaf(row.h[r].z, w.z, a);
-      a = fmaf(row.h[r].w, w.w, a);
-      acc[0][0] = a;
-    }
-  } else {
+  for (int r = 0; r < kPrefetchRounds; ++r) {
+    const int64_t c = threadIdx.x + r * kThreads;
+    if (c < h4) AccumulateColumn<TM, TE>(hidden, h4, t0, T, c, first.w[r], acc);
+  }
+  for (int64_t c = threadIdx.x + kPrefetchRounds * kThreads; c < h4; c += kThreads) {
+    float4 w[TE];
 #pragma unroll
-    for (int r = 0; r < kPrefetchRounds; ++r) {
-      const int64_t c = threadIdx.x + r * kThreads;
-      if (c < h4) AccumulateColumn<TM, TE>(hidden, h4, t0, T, c, first.w[r], acc);
+    for (int e = 0; e < TE; ++e) {
+      w[e] = e0 + e < E ? LoadStreamingFloat4(weight + (e0 + e) * h4 + c)
+                        : make_float4(0.f, 0.f, 0.f, 0.f);
     }
-    for (int64_t c = threadIdx.x + kPrefetchRounds * kThreads; c < h4; c += kThreads) {
-      float4 w[TE];
-#pragma unroll
-      for (int e = 0; e < TE; ++e) {
-        w[e] =
-            e0 + e < E ? LoadStreamingFloat4(weight + (e0 + e) * h4 + c) : make_float4(0.f, 0.f, 0.f, 0.f);
-      }
-      AccumulateColumn<TM, TE>(hidden, h4, t0, T, c, w, acc);
-    }
+    AccumulateColumn<TM, TE>(hidden, h4, t0, T, c, w, acc);
   }
 #pragma unroll
   for (int m = 0; m < TM; ++m) {
@@ -235,7 +143,6 @@ __device__ void RouteTokensBody(const WeightRounds<TE>& first, RouteTokensParams
   if (!last_block) return;
   __threadfence();  // the other blocks' logits after their counts
   if (threadIdx.x == 0) p.tile_counters[blockIdx.y] = 0;
-  if constexpr (kNorm) WriteNormOutputs(p, norm_inv);
   const int t = t0 + warp;
   if (warp >= TM || t >= T) return;
 
@@ -263,13 +170,12 @@ __device__ void RouteTokensBody(const WeightRounds<TE>& first, RouteTokensParams
   }
 }
 
-template <int TM, int TE, bool kNorm = false>
+template <int TM, int TE>
 cudaError_t Launch(const RouteTokensParams& p, cudaStream_t stream) {
   const dim3 grid(static_cast<unsigned>((p.num_experts + TE - 1) / TE),
                   static_cast<unsigned>((p.num_tokens + TM - 1) / TM));
-  return LaunchPrefetchThenAfterPrecedingGrids<PrefetchWeights<TM, TE>,
-                                               RouteTokensBody<TM, TE, kNorm>, kThreads>(grid, 0,
-                                                                                         stream, p);
+  return LaunchPrefetchThenAfterPrecedingGrids<PrefetchWeights<TM, TE>, RouteTokensBody<TM, TE>,
+                                               kThreads>(grid, 0, stream, p);
 }
 
 bool ValidTile(int32_t tm, int32_t te) {
@@ -278,16 +184,6 @@ bool ValidTile(int32_t tm, int32_t te) {
 }
 
 bool Aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
-
-bool Aligned8(const void* p) { return reinterpret_cast<uintptr_t>(p) % 8 == 0; }
-
-bool RouteNormSupported(const RouteTokensParams& p) {
-  return p.num_tokens == 1 && p.hidden_size <= kMaxRouteNormHidden &&
-         (p.tile_tokens == 0 || p.tile_tokens == 1) &&
-         (p.tile_experts == 0 || p.tile_experts == 1) && p.norm_x != nullptr &&
-         Aligned16(p.norm_x) && Aligned16(p.norm_y) && Aligned16(p.norm_weight) &&
-         Aligned16(p.normed) && Aligned8(p.normed_bf16);
-}
 
 }  // namespace
 
@@ -314,10 +210,7 @@ bool RouteTokensSupported(const RouteTokensParams& p) {
       p.topk_ids == nullptr || p.topk_weights == nullptr) {
     return false;
   }
-  if (p.norm_weight != nullptr ? !RouteNormSupported(p)
-                               : p.hidden == nullptr || !Aligned16(p.hidden)) {
-    return false;
-  }
+  if (p.hidden == nullptr || !Aligned16(p.hidden)) return false;
   if (!Aligned16(p.router_weight)) return false;
   if (p.num_experts > kMaxFusedRouterExperts ||
       !NoauxTcRouteShapeSupported(p.num_experts, p.num_groups, p.topk_groups, p.top_k)) {
@@ -329,7 +222,6 @@ bool RouteTokensSupported(const RouteTokensParams& p) {
 cudaError_t RouteTokensF32(const RouteTokensParams& params, cudaStream_t stream) {
   if (!RouteTokensSupported(params)) return cudaErrorInvalidValue;
   if (params.num_tokens == 0) return cudaSuccess;
-  if (params.norm_weight != nullptr) return Launch<1, 1, /*kNorm=*/true>(params, stream);
   int32_t tm = params.tile_tokens, te = params.tile_experts;
   if (tm == 0) RouteTokensTile(params.num_tokens, &tm, &te);
   switch (tm * 16 + te) {

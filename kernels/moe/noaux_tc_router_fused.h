@@ -18,28 +18,10 @@ constexpr int32_t kMaxFusedRouterExperts = 256;
 // Entries of RouteTokensParams::tile_counters.
 constexpr int32_t kFusedRouterTileCounters = kMaxFusedRouterTokens;
 
-// Float4 columns of a row per thread at most for RouteTokensParams' norm (256 threads): rows up
-// to 7168 wide (DeepSeek-V3).
-constexpr int32_t kMaxRouteNormHidden = 256 * 4 * 7;
-
 struct RouteTokensParams {
   int32_t num_tokens = 0;
-  int32_t hidden_size = 0;        // a multiple of 4
-  const float* hidden = nullptr;  // [tokens, hidden_size], 16-byte aligned
-  // Optional (norm_weight null: none): the rows are normed first, in this launch, bit for bit as
-  // AddRmsNormF32(1, hidden_size, norm_x, norm_y, norm_weight, norm_eps, normed, normed_bf16)
-  // would (x += y; normed = RMSNorm(x) * weight), and the router reads them instead of hidden
-  // (which may then be null). One token and the 1 x 1 tile only, hidden_size <=
-  // kMaxRouteNormHidden; norm_x, norm_y (may be null: x is not changed), norm_weight and normed
-  // (may be null) 16-byte aligned, normed_bf16 (may be null) 8-byte aligned. Every block norms
-  // the row in its prologue; the block that routes writes x, normed and normed_bf16 (the others
-  // have finished reading x by then).
-  float* norm_x = nullptr;
-  const float* norm_y = nullptr;
-  const float* norm_weight = nullptr;
-  float norm_eps = 0.0f;
-  float* normed = nullptr;
-  uint16_t* normed_bf16 = nullptr;
+  int32_t hidden_size = 0;               // a multiple of 4
+  const float* hidden = nullptr;         // [tokens, hidden_size], 16-byte aligned
   const float* router_weight = nullptr;  // [experts, hidden_size], 16-byte aligned
   // Written: the logits [tokens, experts] (the blocks of a token tile hand them over here).
   float* router_logits = nullptr;

@@ -5,21 +5,18 @@
 //    before): logits within fp32 summation noise of a double-precision dot, ids equal wherever
 //    the decision is not within float noise of a tie (counted; must be rare), weights close.
 // Outputs are poisoned before every call; counts accumulate over repeated calls and a graph
-// replay, honour count_limit, and the tile counters are left at zero. The folded norm against
-// AddRmsNormF32 + RouteTokensF32, bit for bit.
+// replay, honour count_limit, and the tile counters are left at zero.
 #include "kernels/moe/noaux_tc_router_fused.h"
 
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <random>
-#include <tuple>
 #include <vector>
 
 #include "gtest/gtest.h"
 #include "kernels/moe/noaux_tc_router.h"
 #include "kernels/moe/noaux_tc_router_testing.h"
-#include "kernels/norm/rms_norm.h"
 #include "kernels/testing/gpu_test_util.h"
 #include "worker/backend/cpu/cpu_backend.h"
 
@@ -348,103 +345,6 @@ TEST(RouteTokensGraphTest, ReplaysRouteAgainAndCount) {
   DEEPINFER_CUDA_OK(cudaStreamDestroy(stream));
 }
 
-// The norm folded into the launch (RouteTokensParams::norm_*) against AddRmsNormF32 and then
-// RouteTokensF32 on its output, on the device: x, the normed rows (fp32 and bf16), ids, weights
-// and counts all bit for bit; and the normed row against the CPU backend's AddRmsNorm. With and
-// without y, with and without the bf16 copy, rows narrower than one float4 per thread and
-// V3's 7168.
-TEST(RouteTokensNormTest, NormsBitForBitAsAddRmsNormThenRoutes) {
-  DEEPINFER_SKIP_WITHOUT_GPU();
-  const Shape shapes[] = {kMoonlight, {256, 8, 4, 8, 7168}, {16, 1, 1, 4, 1000}};
-  for (const Shape& s : shapes) {
-    for (const bool with_y : {true, false}) {
-      const uint32_t seed = testing::FreshSeed();
-      const int32_t H = s.hidden, E = s.experts;
-      SCOPED_TRACE(::testing::Message() << "hidden " << H << " experts " << E << " with y "
-                                        << with_y << " seed " << seed);
-      const std::vector<float> x = testing::RandomFloats(H, seed, 1.0f);
-      const std::vector<float> y = testing::RandomFloats(H, seed + 3, 0.5f);
-      std::vector<float> norm_w = testing::RandomFloats(H, seed + 4, 0.2f);
-      for (float& v : norm_w) v += 1.0f;
-      const float eps = 1e-6f;
-      DeviceArray<float> dy(y), dnorm_w(norm_w);
-      const float* y_ptr = with_y ? dy.get() : nullptr;
-
-      // Reference: AddRmsNormF32, then RouteTokensF32 on its output.
-      Buffers ref(s, 1, std::vector<float>(H, 0.0f), testing::RandomFloats(E * H, seed + 1, 0.03f),
-                  testing::RandomFloats(E, seed + 2, 0.05f));
-      DeviceArray<float> ref_x(x);
-      DeviceArray<uint16_t> ref_bf16(H);
-      ASSERT_EQ(kernels::AddRmsNormF32(1, H, ref_x.get(), y_ptr, dnorm_w.get(), eps,
-                                       ref.hidden.get(), ref_bf16.get(), nullptr),
-                cudaSuccess);
-      ASSERT_EQ(kernels::RouteTokensF32(Params(s, 1, true, &ref), nullptr), cudaSuccess);
-
-      // Folded: the same router weights and bias, poisoned outputs.
-      std::vector<float> router_w, bias;
-      ASSERT_EQ(ref.weight.Download(&router_w), cudaSuccess);
-      ASSERT_EQ(ref.bias.Download(&bias), cudaSuccess);
-      for (const bool with_bf16 : {true, false}) {
-        SCOPED_TRACE(::testing::Message() << "with bf16 " << with_bf16);
-        Buffers b(s, 1, std::vector<float>(H, 0.0f), router_w, bias);
-        DeviceArray<float> dx(x);
-        DeviceArray<uint16_t> dbf16(H);
-        b.hidden.Poison();
-        b.ids.Poison();
-        b.weights.Poison();
-        dbf16.Poison();
-        kernels::RouteTokensParams p = Params(s, 1, true, &b);
-        p.hidden = nullptr;
-        p.norm_x = dx.get();
-        p.norm_y = y_ptr;
-        p.norm_weight = dnorm_w.get();
-        p.norm_eps = eps;
-        p.normed = b.hidden.get();
-        p.normed_bf16 = with_bf16 ? dbf16.get() : nullptr;
-        ASSERT_TRUE(kernels::RouteTokensSupported(p));
-        ASSERT_EQ(kernels::RouteTokensF32(p, nullptr), cudaSuccess);
-        DEEPINFER_CUDA_OK(cudaDeviceSynchronize());
-
-        std::vector<float> got_x, want_x, got_h, want_h, got_w, want_w;
-        std::vector<uint16_t> got_bf16, want_bf16;
-        std::vector<int32_t> got_ids, want_ids;
-        std::vector<int64_t> got_counts, want_counts;
-        ASSERT_EQ(dx.Download(&got_x), cudaSuccess);
-        ASSERT_EQ(ref_x.Download(&want_x), cudaSuccess);
-        ASSERT_EQ(b.hidden.Download(&got_h), cudaSuccess);
-        ASSERT_EQ(ref.hidden.Download(&want_h), cudaSuccess);
-        ASSERT_EQ(b.ids.Download(&got_ids), cudaSuccess);
-        ASSERT_EQ(ref.ids.Download(&want_ids), cudaSuccess);
-        ASSERT_EQ(b.weights.Download(&got_w), cudaSuccess);
-        ASSERT_EQ(ref.weights.Download(&want_w), cudaSuccess);
-        ASSERT_EQ(b.counts.Download(&got_counts), cudaSuccess);
-        ASSERT_EQ(ref.counts.Download(&want_counts), cudaSuccess);
-        EXPECT_EQ(got_x, want_x);
-        EXPECT_EQ(got_h, want_h);
-        EXPECT_EQ(got_ids, want_ids);
-        EXPECT_EQ(got_w, want_w);
-        EXPECT_EQ(got_counts, want_counts);
-        if (with_bf16) {
-          ASSERT_EQ(dbf16.Download(&got_bf16), cudaSuccess);
-          ASSERT_EQ(ref_bf16.Download(&want_bf16), cudaSuccess);
-          EXPECT_EQ(got_bf16, want_bf16);
-        }
-        std::vector<uint32_t> counters;
-        ASSERT_EQ(b.tile_counters.Download(&counters), cudaSuccess);
-        EXPECT_EQ(counters, std::vector<uint32_t>(counters.size(), 0u));
-
-        // The normed row against the CPU backend's AddRmsNorm.
-        CpuBackend cpu(2);
-        std::vector<float> cpu_x = x, cpu_h(H);
-        cpu.AddRmsNorm(1, H, cpu_x.data(), with_y ? y.data() : nullptr, norm_w.data(), eps,
-                       cpu_h.data(), nullptr);
-        EXPECT_TRUE(AllClose(got_h, cpu_h, 1e-5, 1e-5));
-        EXPECT_TRUE(AllClose(got_x, cpu_x, 0.0, 0.0));
-      }
-    }
-  }
-}
-
 TEST(RouteTokensLimitsTest, RejectsWhatItCannotRun) {
   DEEPINFER_SKIP_WITHOUT_GPU();
   const Shape s = kMoonlight;
@@ -478,44 +378,6 @@ TEST(RouteTokensLimitsTest, RejectsWhatItCannotRun) {
   p = good;
   p.num_tokens = 0;
   EXPECT_EQ(kernels::RouteTokensF32(p, nullptr), cudaSuccess);
-  // The folded norm: one token, the 1 x 1 tile, hidden_size <= kMaxRouteNormHidden, aligned rows.
-  kernels::RouteTokensParams n = good;
-  n.num_tokens = 1;
-  n.hidden = nullptr;
-  n.norm_x = b.hidden.get();
-  n.norm_weight = b.hidden.get();
-  n.normed = b.logits.get();
-  EXPECT_TRUE(kernels::RouteTokensSupported(n));
-  p = n;
-  p.num_tokens = 2;
-  EXPECT_EQ(kernels::RouteTokensF32(p, nullptr), cudaErrorInvalidValue);
-  p = n;
-  p.tile_tokens = 2;
-  p.tile_experts = 1;
-  EXPECT_EQ(kernels::RouteTokensF32(p, nullptr), cudaErrorInvalidValue);
-  p = n;
-  p.norm_x = nullptr;
-  EXPECT_EQ(kernels::RouteTokensF32(p, nullptr), cudaErrorInvalidValue);
-  p = n;
-  p.norm_y = b.hidden.get() + 1;  // not 16-byte aligned
-  EXPECT_EQ(kernels::RouteTokensF32(p, nullptr), cudaErrorInvalidValue);
-  p = n;
-  p.normed_bf16 = reinterpret_cast<uint16_t*>(b.logits.get()) + 1;  // not 8-byte aligned
-  EXPECT_EQ(kernels::RouteTokensF32(p, nullptr), cudaErrorInvalidValue);
-  p = n;
-  p.hidden_size = kernels::kMaxRouteNormHidden + 4;
-  EXPECT_FALSE(kernels::RouteTokensSupported(p));
-}
-
-TEST(RouteTokensTileTest, TileBySize) {
-  const std::vector<std::tuple<int32_t, int32_t, int32_t>> want = {
-      {1, 1, 1}, {2, 2, 1}, {3, 4, 1}, {8, 4, 1}, {9, 4, 2}, {64, 4, 2}, {65, 8, 2}, {256, 8, 2}};
-  for (const auto& [tokens, tm, te] : want) {
-    int32_t got_tm = 0, got_te = 0;
-    kernels::RouteTokensTile(tokens, &got_tm, &got_te);
-    EXPECT_EQ(got_tm, tm) << tokens << " tokens";
-    EXPECT_EQ(got_te, te) << tokens << " tokens";
-  }
 }
 
 }  // namespace

@@ -4,7 +4,6 @@
 #include <cstdint>
 
 #include "kernels/common/launch.cuh"
-#include "kernels/common/memory_pass_variant.h"
 #include "kernels/norm/block_inv_rms.cuh"
 #include "kernels/norm/rms_norm.h"
 
@@ -192,8 +191,8 @@ cudaError_t AddRmsNormF32(int64_t rows, int64_t dim, float* x, const float* y, c
                           float eps, float* out, uint16_t* out_bf16, cudaStream_t stream) {
   if (rows <= 0 || dim <= 0) return cudaSuccess;
   if (rows > 0x7fffffff) return cudaErrorInvalidValue;
-  if (VectorisedMemoryPassesEnabled() && dim % 4 == 0 && dim <= kThreads * 28 && Aligned(x, 16) &&
-      Aligned(y, 16) && Aligned(weight, 16) && Aligned(out, 16) && Aligned(out_bf16, 8)) {
+  if (dim % 4 == 0 && dim <= kThreads * 28 && Aligned(x, 16) && Aligned(y, 16) &&
+      Aligned(weight, 16) && Aligned(out, 16) && Aligned(out_bf16, 8)) {
     const unsigned grid = static_cast<unsigned>(rows);
     if (dim <= kThreads * 8) {
       return LaunchAfterPrecedingGrids<AddRmsNormVectorisedBody<2>, kThreads>(

@@ -19,9 +19,9 @@ cudaError_t RmsNormF32(int64_t rows, int64_t dim, const float* x, int64_t ldx, c
 // The residual add and RmsNormF32 in one pass over contiguous rows of width dim: when y is not
 // null, x += y; then out = RmsNormF32(x) and out_bf16 = out rounded to bf16 (nearest even, as
 // RoundF32ToBf16), each only when not null. Bit for bit AddF32 + RmsNormF32 (+ RoundF32ToBf16).
-// out / out_bf16 must not alias x or y. With kernels::VectorisedMemoryPassesEnabled() (the
-// default), rows with dim % 4 == 0 up to 7168 wide and 16-byte aligned pointers (out_bf16: 8)
-// take a 16-byte-access kernel with the same results bit for bit (the prefill's 8K-32K rows).
+// out / out_bf16 must not alias x or y. Rows with dim % 4 == 0 up to 7168 wide and 16-byte
+// aligned pointers (out_bf16: 8) take a 16-byte-access kernel with the same results bit for bit
+// (the prefill's 8K-32K rows).
 cudaError_t AddRmsNormF32(int64_t rows, int64_t dim, float* x, const float* y, const float* weight,
                           float eps, float* out, uint16_t* out_bf16, cudaStream_t stream);
 

@@ -7,7 +7,6 @@
 
 #include "gtest/gtest.h"
 #include "kernels/activation/elementwise.h"
-#include "kernels/common/memory_pass_variant.h"
 #include "kernels/testing/gpu_test_util.h"
 #include "worker/backend/bf16.h"
 #include "worker/backend/cpu/cpu_backend.h"
@@ -128,57 +127,57 @@ TEST(RmsNormKernelTest, AddRmsNormMatchesCpuBackendAndTheUnfusedKernels) {
   }
 }
 
-// The vectorised AddRmsNormF32 (the default) against the scalar kernel it replaces
-// (kernels::SetVectorisedMemoryPasses(false)), bit for bit, at prefill row counts, each row size
-// the vectorised kernel handles, one it does not (dim % 4 != 0) and a misaligned x; and against
-// the CPU backend.
+// The vectorised AddRmsNormF32 (16-byte aligned rows) against the scalar kernel (the same rows at
+// an address 4 bytes off 16-byte alignment), bit for bit, at prefill row counts, each row size
+// the vectorised kernel handles and one it does not (dim % 4 != 0, scalar either way); and
+// against the CPU backend.
 TEST(RmsNormKernelTest, VectorisedAddRmsNormIsBitForBitTheScalarKernel) {
   DEEPINFER_SKIP_WITHOUT_GPU();
   CpuBackend cpu(2);
   struct Case {
-    int64_t rows, dim, x_offset;
+    int64_t rows, dim;
     bool with_y;
   };
   for (const Case& c :
-       {Case{8192, 2048, 0, true}, Case{8192, 2048, 0, false}, Case{300, 1024, 0, true},
-        Case{64, 4096, 0, true}, Case{64, 7168, 0, true}, Case{64, 7164, 0, true},
-        Case{64, 2046, 0, true}, Case{64, 2048, 1, true}}) {
+       {Case{8192, 2048, true}, Case{8192, 2048, false}, Case{300, 1024, true},
+        Case{64, 4096, true}, Case{64, 7168, true}, Case{64, 7164, true}, Case{64, 2046, true}}) {
     const uint32_t seed = testing::FreshSeed();
-    SCOPED_TRACE(::testing::Message() << "rows " << c.rows << " dim " << c.dim << " x_offset "
-                                      << c.x_offset << " with_y " << c.with_y << " seed " << seed);
+    SCOPED_TRACE(::testing::Message() << "rows " << c.rows << " dim " << c.dim << " with_y "
+                                      << c.with_y << " seed " << seed);
     const int64_t n = c.rows * c.dim;
-    auto x = testing::RandomFloats(n + c.x_offset, seed, 3.0f);
+    auto x = testing::RandomFloats(n, seed, 3.0f);
     auto y = testing::RandomFloats(n, seed + 1, 2.0f);
     auto w = testing::RandomFloats(c.dim, seed + 2);
     const float eps = 1e-6f;
     std::vector<float> got_x[2], got_out[2];
     std::vector<uint16_t> got_bf16[2];
-    for (int vectorised = 0; vectorised < 2; ++vectorised) {
-      kernels::SetVectorisedMemoryPasses(vectorised == 1);
-      DeviceArray<float> dx(x), dy(y), dw(w), dout(n);
+    // offset 0: x as given (16-byte aligned); 1: x one float into the buffer (the scalar kernel).
+    for (int offset = 0; offset < 2; ++offset) {
+      std::vector<float> placed(offset, 0.0f);
+      placed.insert(placed.end(), x.begin(), x.end());
+      DeviceArray<float> dx(placed), dy(y), dw(w), dout(n);
       DeviceArray<uint16_t> dbf16(n);
       dout.Poison();
       dbf16.Poison();
-      const cudaError_t launched = kernels::AddRmsNormF32(c.rows, c.dim, dx.get() + c.x_offset,
-                                                          c.with_y ? dy.get() : nullptr, dw.get(),
-                                                          eps, dout.get(), dbf16.get(), nullptr);
-      kernels::SetVectorisedMemoryPasses(true);
-      DEEPINFER_CUDA_OK(launched);
-      DEEPINFER_CUDA_OK(dx.Download(&got_x[vectorised]));
-      DEEPINFER_CUDA_OK(dout.Download(&got_out[vectorised]));
-      DEEPINFER_CUDA_OK(dbf16.Download(&got_bf16[vectorised]));
+      DEEPINFER_CUDA_OK(kernels::AddRmsNormF32(c.rows, c.dim, dx.get() + offset,
+                                               c.with_y ? dy.get() : nullptr, dw.get(), eps,
+                                               dout.get(), dbf16.get(), nullptr));
+      std::vector<float> all_x;
+      DEEPINFER_CUDA_OK(dx.Download(&all_x));
+      got_x[offset].assign(all_x.begin() + offset, all_x.end());
+      DEEPINFER_CUDA_OK(dout.Download(&got_out[offset]));
+      DEEPINFER_CUDA_OK(dbf16.Download(&got_bf16[offset]));
     }
-    EXPECT_TRUE(AllClose(got_x[1], got_x[0], 0, 0));
-    EXPECT_TRUE(AllClose(got_out[1], got_out[0], 0, 0));
-    EXPECT_EQ(got_bf16[1], got_bf16[0]);
+    EXPECT_TRUE(AllClose(got_x[0], got_x[1], 0, 0));
+    EXPECT_TRUE(AllClose(got_out[0], got_out[1], 0, 0));
+    EXPECT_EQ(got_bf16[0], got_bf16[1]);
 
-    std::vector<float> cpu_x(x.begin() + c.x_offset, x.end()), cpu_out(n);
+    std::vector<float> cpu_x = x, cpu_out(n);
     std::vector<uint16_t> cpu_bf16(n);
     cpu.AddRmsNorm(c.rows, c.dim, cpu_x.data(), c.with_y ? y.data() : nullptr, w.data(), eps,
                    cpu_out.data(), cpu_bf16.data());
-    EXPECT_TRUE(AllClose(got_out[1], cpu_out, 1e-5, 1e-5));
-    std::vector<float> got_x_row_part(got_x[1].begin() + c.x_offset, got_x[1].end());
-    EXPECT_TRUE(AllClose(got_x_row_part, cpu_x, 0, 0));
+    EXPECT_TRUE(AllClose(got_out[0], cpu_out, 1e-5, 1e-5));
+    EXPECT_TRUE(AllClose(got_x[0], cpu_x, 0, 0));
   }
 }
 

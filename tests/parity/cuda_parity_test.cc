@@ -7,7 +7,7 @@
 // the bf16 parity claim (tools/parity/hf_bf16_error.py prints HF bf16's). bf16 weights with the
 // bf16 cache (the CUDA default): the same logit bounds, greedy agreement printed only (see
 // deepseek_v3_parity_test.cc). bf16 weights with the dense MLP layers through the fused MoE
-// kernels at one decode token (SetDecodeDenseMlpFused): the teacher-forced greedy bound. Skips
+// kernels at one decode token (NormedDenseMlp): the teacher-forced greedy bound. Skips
 // without a GPU.
 #include <cstdio>
 #include <string>
@@ -128,15 +128,9 @@ INSTANTIATE_TEST_SUITE_P(Fixtures, CudaBf16CacheParityTest,
                          ::testing::Values("dsv3_qlora_rope", "dsv3_yarn_nolora", "dsv3_mla_dims"));
 
 // bf16 weights (fp32 cache) with the dense MLP layers at one decode token as the fused MoE
-// block's kernels (CudaBackend::SetDecodeDenseMlpFused; fp32 activations where the ops round to
-// bf16): the teacher-forced greedy bound of CudaBf16ParityTest, and the op was taken.
-class CudaBf16DenseMlpFusedParityTest : public CudaBf16ParityTest {
- protected:
-  void SetUp() override {
-    CudaBf16ParityTest::SetUp();
-    if (backend_ != nullptr) backend_->SetDecodeDenseMlpFused(true);
-  }
-};
+// block's kernels (CudaBackend::NormedDenseMlp; fp32 activations where the ops round to bf16):
+// the teacher-forced greedy bound of CudaBf16ParityTest, and the op was taken.
+class CudaBf16DenseMlpFusedParityTest : public CudaBf16ParityTest {};
 
 TEST_P(CudaBf16DenseMlpFusedParityTest, TeacherForcedGreedyMostlyMatchesHf) {
   backend_->SetOpTiming(true);

@@ -109,101 +109,11 @@ int main(int argc, char** argv) {
   flags.AddBool("decode-sampling-on-host", &config.decode_sampling_on_host,
                 "Decode steps also return the logits rows and the host Sampler picks (the path\n"
                 "before device sampling), for comparison.");
-  flags.AddInt("mla-prefill-min-tokens", &config.mla_prefill_min_tokens,
-               "CUDA, bf16: new tokens from which a sequence's attention runs on tensor cores\n"
-               "(0: never, for a before/after comparison; -1: the backend's default).");
-  flags.AddInt("mla-decode-variant", &config.mla_decode_variant,
-               "CUDA: the MLA decode attention kernel's variant (kernels::MlaAttentionParams::\n"
-               "mma_variant: 4 the chunked tensor-core kernel, 7 the key-split kernel, 8 7 with\n"
-               "bf16 Q and P, 9 8 with the split merge in a thread-block cluster; 0: the kernel's\n"
-               "default, 9; other values are rejected).");
   flags.AddBool("gemm-autotune", &config.gemm_autotune,
                 "CUDA, bf16: GEMMs from CudaBackend::kGemmAutotuneMinRows rows through\n"
                 "cuBLASLt with the fastest of its heuristic algorithms, timed per shape at its\n"
                 "first call (the untimed first step; default on, as the worker); off:\n"
                 "cublasGemmEx's default algorithm.");
-  flags.AddBool("bf16-gate-up", &config.bf16_gate_up,
-                "CUDA, bf16: the dense MLP's and shared experts' gate_up GEMM writes bf16 from\n"
-                "CudaBackend::kBf16GateUpMinRows rows on (prefill), SiLU-mul reads it; off:\n"
-                "fp32 gate_up as before.");
-  flags.AddBool("mla-decode-small", &config.mla_decode_small,
-                "CUDA, bf16 cache: attention of 1 decode token at contexts up to\n"
-                "--mla-decode-small-max-context in one launch of the cluster kernel\n"
-                "(kernels::MlaDecodeSmall); off: the split-K kernel + combine as before.");
-  flags.AddInt("mla-decode-small-max-context", &config.mla_decode_small_max_context,
-               "CUDA: the longest context --mla-decode-small takes (decode graphs record a\n"
-               "graph per side of it); 0: the backend's default.");
-  flags.AddBool("mla-decode-small-early-dependents", &config.mla_decode_small_early_dependents,
-                "CUDA: the one-launch attention kernel lets the W_uv GEMV after it be\n"
-                "scheduled at its start (that GEMV's weights load meanwhile); off (the\n"
-                "default): after it.");
-  flags.AddBool("norm-rope-cache-absorb-fused", &config.norm_rope_cache_absorb_fused,
-                "CUDA, bf16: at one decode token the latent norm + rope + cache write and the\n"
-                "W_uk product in one launch (the default); off: two launches as before.");
-  flags.AddString("decode-moe-algo", &config.decode_moe_algo,
-                  "CUDA, bf16: force the expert GEMMs of the device MoE path (grouped-f32,\n"
-                  "stream or planned) for EVERY batch, prefill included (compare decode\n"
-                  "figures only); empty: the backend's choice by size.");
-  flags.AddString(
-      "small-m-gemm-algo", &config.small_m_gemm_algo,
-      "CUDA: force the small-m GEMM layout (row: a lane group per weight row; split-k:\n"
-      "a row's k over several warps); empty: by shape.");
-  flags.AddString("staged-gemv", &config.staged_gemv,
-                  "CUDA: where the staged small-m GEMV runs (off; norm: the input norm and the\n"
-                  "q / kv_a GEMMs in one launch at <= 4 rows; all: also one-row GEMMs with\n"
-                  "k >= 1024); empty: all.");
-  flags.AddInt("staged-gemv-max-rows", &config.staged_gemv_max_rows,
-               "CUDA: the most activation rows the staged GEMV takes (1; 2: also two-row\n"
-               "decode: q / kv_a in one launch after AddRmsNorm, and GEMMs of shapes where\n"
-               "it measured faster); 0: the backend's default (2).");
-  flags.AddString("mha-flash-kernel", &config.mha_flash_kernel,
-                  "CUDA: the flash kernel of the non-absorbed MLA prefill (rows64: 64 query rows\n"
-                  "a block; rows128: 128 rows, 64-key tiles; rows128-keys32: 128 rows, 32-key\n"
-                  "tiles; rows128-keys32x2: that with K / V double-buffered); empty or auto:\n"
-                  "rows128 where the sequences fill its tiles, else rows64.");
-  flags.AddInt("mha-flash-pair-group", &config.mha_flash_pair_group,
-               "CUDA: the 128-row prefill flash kernels' block order, (sequence, head) pairs per\n"
-               "group (kernels::MhaPrefillParams::flash_pair_group; 0, the default: tile-major).");
-  flags.AddBool("mha-fast-expand", &config.mha_fast_expand,
-                "CUDA: the non-absorbed prefill's cache gather in one launch per group and its\n"
-                "kv_b expansion through the cuBLASLt tuner (default); false: a gather launch\n"
-                "per sequence and cublasGemmEx.");
-  flags.AddInt("mha-workspace-mib", &config.mha_workspace_mib,
-               "CUDA: soft cap on the non-absorbed prefill's workspace (gathered + expanded\n"
-               "keys), MiB; 0: the default (256).");
-  flags.AddInt("decode-moe-chunk-rows", &config.decode_moe_chunk_rows,
-               "CUDA, bf16: rows per chunk of the planned cuBLAS expert GEMMs (1-256; 0: the\n"
-               "backend's choice by size).");
-  flags.AddBool("decode-moe-sparse-epilogue", &config.decode_moe_sparse_epilogue,
-                "CUDA, bf16: the device MoE path's SiLU-mul over the real rows only and its\n"
-                "combine without a memset (default); false: the previous epilogue (SiLU-mul\n"
-                "over every padded row, memset + accumulate), same results, for old vs new.");
-  flags.AddString("decode-moe-fused", &config.decode_moe_fused,
-                  "CUDA, bf16: the MoE block (routed + shared experts) in two launches\n"
-                  "(CudaBackend::RoutedAndSharedExperts): auto (default: 1 token, and 2 at\n"
-                  "hidden <= 4096 with the persistent kernels), on (1-2 tokens, any width) or\n"
-                  "off (the previous permute + grouped GEMMs + combine and separate\n"
-                  "shared-expert GEMMs).");
-  flags.AddString(
-      "decode-moe-fused-kernels", &config.decode_moe_fused_kernels,
-      "CUDA, bf16: the kernels of that MoE block: auto (default: stationary, the\n"
-      "fastest measured at every width), persistent (grid-strided, L2 prefetch\n"
-      "before the PDL wait), pipelined (the same with the load round trips overlapped,\n"
-      "bit-identical results) or stationary (pipelined with a 1-token down kernel\n"
-      "holding its activations in registers), same math.");
-  flags.AddBool("decode-moe-resident-workspaces", &config.decode_moe_resident_workspaces,
-                "CUDA: the fused router's logits and the fused MoE block's act workspace in\n"
-                "buffers the backend owns (no graph memory nodes around the router, so its edge\n"
-                "to gate_up is programmatic); false (default): scratch allocations. Same\n"
-                "results.");
-  flags.AddBool("decode-moe-graph-buckets", &config.decode_moe_graph_buckets,
-                "CUDA, bf16: inside the decode graphs, each planned expert GEMM behind a switch\n"
-                "over batch sizes picked on the device; false (default: measured faster in the\n"
-                "27-layer bench): the one fixed batch with its dummy chunks, same results.");
-  flags.AddBool("decode-dense-mlp-fused", &config.decode_dense_mlp_fused,
-                "CUDA, bf16: a dense MLP layer at one decode token as its norm + the fused MoE\n"
-                "block's two kernels with no routed experts (fp32 activations; default true);\n"
-                "false: the norm, gate_up GEMV, SiLU-mul and down GEMV.");
   flags.AddBool("cuda-graphs", &config.cuda_graphs,
                 "CUDA: replay decode steps from CUDA graphs recorded per batch-size bucket\n"
                 "(batches padded to 1 2 4 8 16 24 32 48 64 96 128 160 192 256 ...); off: every\n"
@@ -212,15 +122,8 @@ int main(int argc, char** argv) {
                "Largest decode batch run from a CUDA graph (the last bucket); larger batches\n"
                "run eagerly.");
   flags.AddBool("fused-ops", &config.fused_ops,
-                "Fused ops in the model's step (residual add + norm, bf16 GEMM operands) and, on\n"
-                "CUDA, the small-m GEMM kernel; off: the ops of before, for comparison.");
-  flags.AddBool("fused-router", &config.fused_router,
-                "CUDA: decode routing (router logits, noaux_tc top-k, expert counts) in one\n"
-                "kernel for up to 256 tokens; off: the GEMM + route + count ops of before.");
-  flags.AddBool("router-norm", &config.router_norm,
-                "CUDA: at one token, the MoE layer's post-attention norm inside the router's\n"
-                "launch (same bits; measured no faster); off (default): AddRmsNorm, then the\n"
-                "router.");
+                "Fused ops in the model's step (residual add + norm, bf16 GEMM operands); off:\n"
+                "the ops of before, for comparison.");
   flags.AddString("prefill-attention", &config.prefill_attention,
                   "auto, absorbed or mha: the MLA form of prefill steps (mha: keys expanded\n"
                   "through kv_b, attention of width nope + rope; auto: mha where every sequence\n"
@@ -233,19 +136,6 @@ int main(int argc, char** argv) {
                 "CUDA, sm_90+: launch our kernels with programmatic dependent launch (each may\n"
                 "start while the one before it finishes; programmatic edges in the decode\n"
                 "graphs); off: plain stream order, for comparison.");
-  flags.AddBool("vectorised-passes", &config.vectorised_passes,
-                "CUDA: the vectorised memory passes of prefill (SiLU-mul, the MoE permutation's\n"
-                "multi-block plan and by-token gather, the combine, the row gather); off: the\n"
-                "kernels they replaced (the same values), for comparison.");
-  flags.AddBool("graph-allocations-aside", &config.graph_allocations_aside,
-                "CUDA, with --pdl: capture the decode graphs' small scratch allocations beside\n"
-                "the kernel chain (else a memory node between two kernels breaks their\n"
-                "programmatic edge; costs graph memory the KV cache plan does not reserve);\n"
-                "default off: in stream order, except as --graph-allocations-aside-max-tokens.");
-  flags.AddInt("graph-allocations-aside-max-tokens", &config.graph_allocations_aside_max_tokens,
-               "CUDA, with --pdl: the decode graphs of at most this many tokens capture their\n"
-               "small scratch allocations beside the kernel chain (default 1: +1.5-2% at one\n"
-               "request for ~47 MB of graph memory at 27 layers; 0: none).");
   flags.AddBool("compare-pdl-off-decode", &config.compare_pdl_off_decode,
                 "After each decode batch size (and any eager / unfused steps), --output-len more\n"
                 "steps of the same sequences with --pdl off, a further decode line (pdl off).");

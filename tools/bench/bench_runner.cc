@@ -19,7 +19,6 @@
 #include "absl/strings/str_split.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
-#include "kernels/common/memory_pass_variant.h"
 #include "kernels/common/pdl.h"
 #include "tools/bench/exchange_meter.h"
 #include "tools/bench/parallel_dummy_weight_source.h"
@@ -258,6 +257,7 @@ absl::Status SetUpRank(const BenchConfig& bc, int64_t rank, int64_t blocks, Rank
   spec.backend.kind = bc.backend;
   spec.backend.cuda_device = static_cast<int>(bc.cuda_device + rank);
   spec.backend.dtype = bc.dtype;
+  spec.backend.gemm_autotune = bc.gemm_autotune;
   if (ranks > 1 && bc.backend == "cpu") {
     spec.backend.cpu_threads =
         std::max(1, static_cast<int>(std::thread::hardware_concurrency() / ranks));
@@ -295,7 +295,6 @@ absl::Status SetUpRank(const BenchConfig& bc, int64_t rank, int64_t blocks, Rank
   // Process-wide (every rank sets the same value; with ranks > 1 in one process the PDL-off
   // comparison toggles it for all of them, which changes their timing, never their results).
   kernels::SetProgrammaticDependentLaunch(bc.pdl);
-  kernels::SetVectorisedMemoryPasses(bc.vectorised_passes);
   if (bc.decode_fill == "random") FillCacheRandom(s->parts.backend.get(), *s->parts.pool, 99);
   s->parts.backend->Synchronize();
   // Every rank has its weights before anyone steps.
@@ -339,168 +338,9 @@ absl::Status RunRank(const BenchConfig& bc, int64_t rank, RankState* s, RankOutp
   KvBlockPool* pool = s->parts.pool.get();
   const ModelConfig& mc = model->config();
 #ifdef DEEPINFER_WITH_CUDA
-  auto* cuda = dynamic_cast<CudaBackend*>(s->parts.backend.get());
-  if (cuda != nullptr && bc.mla_prefill_min_tokens >= 0) {
-    cuda->SetMlaPrefillMinTokens(static_cast<int32_t>(bc.mla_prefill_min_tokens));
-  }
-  if (cuda != nullptr && bc.mla_decode_variant != 0) {
-    // Out-of-range values (int32 overflow included) are the setter's INVALID_ARGUMENT.
-    const int64_t v = bc.mla_decode_variant;
-    const bool fits_int32 =
-        v >= std::numeric_limits<int32_t>::min() && v <= std::numeric_limits<int32_t>::max();
-    const int32_t variant = fits_int32 ? static_cast<int32_t>(v) : -1;
-    if (absl::Status st = cuda->SetMlaDecodeVariant(variant); !st.ok()) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("--mla-decode-variant ", v, ": ", st.message()));
-    }
-  }
-  if (cuda != nullptr) cuda->SetMlaDecodeSmall(bc.mla_decode_small);
-  if (cuda != nullptr) {
-    cuda->SetMlaDecodeSmallEarlyDependents(bc.mla_decode_small_early_dependents);
-  }
-  if (cuda != nullptr) cuda->SetNormRopeCacheAbsorbFused(bc.norm_rope_cache_absorb_fused);
-  if (cuda != nullptr) cuda->SetBf16GateUp(bc.bf16_gate_up);
-  if (cuda != nullptr) cuda->SetGemmAutotune(bc.gemm_autotune);
-  if (cuda != nullptr && bc.mla_decode_small_max_context != 0) {
-    const int64_t v = bc.mla_decode_small_max_context;
-    const int32_t max_context =
-        v > 0 && v <= std::numeric_limits<int32_t>::max() ? static_cast<int32_t>(v) : -1;
-    if (absl::Status st = cuda->SetMlaDecodeSmallMaxContext(max_context); !st.ok()) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("--mla-decode-small-max-context ", v, ": ", st.message()));
-    }
-  }
-  if (cuda != nullptr && !bc.decode_moe_algo.empty()) {
-    using Algo = CudaBackend::DecodeMoeAlgo;
-    if (bc.decode_moe_algo == "grouped-f32") {
-      cuda->SetDecodeMoeAlgo(Algo::kGroupedF32);
-    } else if (bc.decode_moe_algo == "stream") {
-      cuda->SetDecodeMoeAlgo(Algo::kStream);
-    } else if (bc.decode_moe_algo == "planned") {
-      cuda->SetDecodeMoeAlgo(Algo::kPlannedCublas);
-    } else {
-      return absl::InvalidArgumentError(
-          absl::StrCat("--decode-moe-algo must be grouped-f32, stream or planned, got '",
-                       bc.decode_moe_algo, "'"));
-    }
-  }
-  if (cuda != nullptr && !bc.small_m_gemm_algo.empty()) {
-    if (bc.small_m_gemm_algo == "row") {
-      cuda->SetSmallMGemmAlgo(kernels::SmallMGemmAlgo::kRowPerGroup);
-    } else if (bc.small_m_gemm_algo == "split-k") {
-      cuda->SetSmallMGemmAlgo(kernels::SmallMGemmAlgo::kSplitK);
-    } else {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "--small-m-gemm-algo must be row or split-k, got '", bc.small_m_gemm_algo, "'"));
-    }
-  }
-  if (cuda != nullptr && !bc.staged_gemv.empty()) {
-    if (bc.staged_gemv == "off") {
-      cuda->SetStagedGemv(CudaBackend::StagedGemv::kOff);
-    } else if (bc.staged_gemv == "norm") {
-      cuda->SetStagedGemv(CudaBackend::StagedGemv::kNorm);
-    } else if (bc.staged_gemv == "all") {
-      cuda->SetStagedGemv(CudaBackend::StagedGemv::kAll);
-    } else {
-      return absl::InvalidArgumentError(
-          absl::StrCat("--staged-gemv must be off, norm or all, got '", bc.staged_gemv, "'"));
-    }
-  }
-  if (cuda != nullptr && bc.staged_gemv_max_rows != 0) {
-    if (bc.staged_gemv_max_rows < 1 || bc.staged_gemv_max_rows > 2) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("--staged-gemv-max-rows must be 1 or 2, got ", bc.staged_gemv_max_rows));
-    }
-    cuda->SetStagedGemvMaxRows(bc.staged_gemv_max_rows);
-  }
-  if (cuda != nullptr && !bc.mha_flash_kernel.empty()) {
-    if (bc.mha_flash_kernel == "auto") {
-      cuda->SetMhaFlashKernel(kernels::MhaFlashKernel::kAuto);
-    } else if (bc.mha_flash_kernel == "rows64") {
-      cuda->SetMhaFlashKernel(kernels::MhaFlashKernel::kRows64);
-    } else if (bc.mha_flash_kernel == "rows128") {
-      cuda->SetMhaFlashKernel(kernels::MhaFlashKernel::kRows128Keys64);
-    } else if (bc.mha_flash_kernel == "rows128-keys32") {
-      cuda->SetMhaFlashKernel(kernels::MhaFlashKernel::kRows128Keys32);
-    } else if (bc.mha_flash_kernel == "rows128-keys32x2") {
-      cuda->SetMhaFlashKernel(kernels::MhaFlashKernel::kRows128Keys32Stages2);
-    } else {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "--mha-flash-kernel must be auto, rows64, rows128, rows128-keys32 or rows128-keys32x2, "
-          "got '",
-          bc.mha_flash_kernel, "'"));
-    }
-  }
-  if (cuda != nullptr) {
-    if (bc.mha_flash_pair_group < 0 ||
-        bc.mha_flash_pair_group > std::numeric_limits<int32_t>::max()) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "--mha-flash-pair-group must be in [0, 2^31), got ", bc.mha_flash_pair_group));
-    }
-    cuda->SetMhaFlashPairGroup(static_cast<int32_t>(bc.mha_flash_pair_group));
-    cuda->SetMhaFastExpand(bc.mha_fast_expand);
-    if (bc.mha_workspace_mib < 0 || bc.mha_workspace_mib > (int64_t{1} << 20)) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("--mha-workspace-mib must be in [0, 2^20], got ", bc.mha_workspace_mib));
-    }
-    cuda->SetMhaWorkspaceBudget(static_cast<size_t>(bc.mha_workspace_mib) << 20);
-  }
-  if (cuda != nullptr && bc.decode_moe_chunk_rows != 0) {
-    if (bc.decode_moe_chunk_rows < 0 ||
-        bc.decode_moe_chunk_rows > CudaBackend::kMaxPlannedChunkRows) {
-      return absl::InvalidArgumentError(absl::StrCat("--decode-moe-chunk-rows must be in [0, ",
-                                                     CudaBackend::kMaxPlannedChunkRows, "], got ",
-                                                     bc.decode_moe_chunk_rows));
-    }
-    if (absl::Status st = cuda->SetPlannedChunkRows(static_cast<int32_t>(bc.decode_moe_chunk_rows));
-        !st.ok()) {
-      return st;
-    }
-  }
-  if (cuda != nullptr) cuda->SetDecodeMoeSparseEpilogue(bc.decode_moe_sparse_epilogue);
-  if (cuda != nullptr) {
-    if (bc.decode_moe_fused.empty() || bc.decode_moe_fused == "auto") {
-      cuda->SetDecodeMoeFused(CudaBackend::DecodeMoeFused::kAuto);
-    } else if (bc.decode_moe_fused == "on") {
-      cuda->SetDecodeMoeFused(CudaBackend::DecodeMoeFused::kOn);
-    } else if (bc.decode_moe_fused == "off") {
-      cuda->SetDecodeMoeFused(CudaBackend::DecodeMoeFused::kOff);
-    } else {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "--decode-moe-fused must be auto, on or off, got '", bc.decode_moe_fused, "'"));
-    }
-    if (bc.decode_moe_fused_kernels.empty() || bc.decode_moe_fused_kernels == "auto") {
-      cuda->SetDecodeMoeFusedKernelsAuto();
-    } else if (bc.decode_moe_fused_kernels == "persistent") {
-      cuda->SetDecodeMoeFusedKernels(kernels::MoeDecodeFusedKernels::kPersistent);
-    } else if (bc.decode_moe_fused_kernels == "pipelined") {
-      cuda->SetDecodeMoeFusedKernels(kernels::MoeDecodeFusedKernels::kPipelined);
-    } else if (bc.decode_moe_fused_kernels == "stationary") {
-      cuda->SetDecodeMoeFusedKernels(kernels::MoeDecodeFusedKernels::kStationary);
-    } else {
-      return absl::InvalidArgumentError(
-          absl::StrCat("--decode-moe-fused-kernels must be auto, persistent, pipelined or "
-                       "stationary, got '",
-                       bc.decode_moe_fused_kernels, "'"));
-    }
-  }
-  if (cuda != nullptr) cuda->SetDecodeMoeGraphBuckets(bc.decode_moe_graph_buckets);
-  if (cuda != nullptr) cuda->SetDecodeMoeResidentWorkspaces(bc.decode_moe_resident_workspaces);
-  if (cuda != nullptr) cuda->SetDecodeDenseMlpFused(bc.decode_dense_mlp_fused);
-  if (cuda != nullptr) cuda->SetSmallMGemm(bc.fused_ops);
-  if (cuda != nullptr) cuda->SetFusedRouter(bc.fused_router);
-  if (cuda != nullptr) cuda->SetRouterNorm(bc.router_norm);
-  if (cuda != nullptr) cuda->SetGraphAllocationsAside(bc.graph_allocations_aside);
-  if (cuda != nullptr) {
-    cuda->SetGraphAllocationsAsideMaxTokens(bc.graph_allocations_aside_max_tokens);
-  }
+  auto* cuda = dynamic_cast<CudaBackend*>(s->parts.backend.get());  // per-op timing
 #endif
-  auto set_fused = [&](bool on) {
-    model->SetFusedOps(on);
-#ifdef DEEPINFER_WITH_CUDA
-    if (cuda != nullptr) cuda->SetSmallMGemm(on);
-#endif
-  };
+  auto set_fused = [&](bool on) { model->SetFusedOps(on); };
   // Runs `fn` with per-op timing on (CUDA only) and returns the op table.
   auto with_op_timing = [&](auto fn) -> std::string {
 #ifdef DEEPINFER_WITH_CUDA

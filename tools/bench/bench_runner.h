@@ -87,69 +87,8 @@ struct BenchConfig {
   int32_t decode_top_k = 0;
   float decode_top_p = 1.0f;
   bool decode_sampling_on_host = false;
-  // CUDA only: CudaBackend::SetMlaPrefillMinTokens (0: never use the tensor-core prefill
-  // attention); -1 keeps the backend's default.
-  int64_t mla_prefill_min_tokens = -1;
-  // CUDA only: CudaBackend::SetMlaDecodeSmall (the one-launch attention kernel for 1 decode
-  // token at contexts up to the max below); false: MlaAttentionF32 for it as before.
-  bool mla_decode_small = true;
-  // CUDA only: CudaBackend::SetMlaDecodeSmallMaxContext (> 0); 0 keeps the backend's default.
-  int64_t mla_decode_small_max_context = 0;
-  // CUDA only: CudaBackend::SetMlaDecodeSmallEarlyDependents (the W_uv GEMV scheduled beside
-  // the one-launch attention kernel).
-  bool mla_decode_small_early_dependents = false;
-  // CUDA only: CudaBackend::SetNormRopeCacheAbsorbFused (the latent norm + rope + cache write and
-  // the W_uk product in one launch at one decode token); false: two launches as before.
-  bool norm_rope_cache_absorb_fused = true;
-  // CUDA only: CudaBackend::SetDecodeMoeAlgo: "grouped-f32", "stream" or "planned" forces that
-  // expert GEMM for the device MoE path (any bf16 batch); empty keeps the backend's choice.
-  std::string decode_moe_algo;
-  // CUDA only: CudaBackend::SetMlaDecodeVariant, the MLA decode kernel's variant
-  // (kernels::MlaAttentionParams::mma_variant; 0: the kernel's default).
-  int64_t mla_decode_variant = 0;
-  // CUDA: CudaBackend::SetSmallMGemmAlgo, the small-m GEMM layout ("row" or "split-k"); empty:
-  // kernels::SmallMGemmAutoIsSplitK's choice.
-  std::string small_m_gemm_algo;
-  // CUDA: CudaBackend::SetStagedGemv ("off", "norm" or "all"); empty: the backend's default.
-  std::string staged_gemv;
-  // CUDA: CudaBackend::SetStagedGemvMaxRows (1 or 2); 0: the backend's default.
-  int64_t staged_gemv_max_rows = 0;
-  // CUDA: CudaBackend::SetMhaFlashKernel ("rows64", "rows128", "rows128-keys32" or
-  // "rows128-keys32x2"); empty or
-  // "auto": the backend's default (kernels::MhaFlashKernel::kAuto).
-  std::string mha_flash_kernel;
-  // CUDA: CudaBackend::SetMhaFlashPairGroup (0, the default: tile-major; N > 0: pair groups).
-  int64_t mha_flash_pair_group = 0;
-  // CUDA: CudaBackend::SetMhaFastExpand (the non-absorbed prefill's gather in one launch per
-  // group and its kv_b expansion through the cuBLASLt tuner); off: a gather launch per sequence
-  // and cublasGemmEx.
-  bool mha_fast_expand = true;
-  // CUDA: CudaBackend::SetMhaWorkspaceBudget in MiB (0: the kernel's default, 256 MiB).
-  int64_t mha_workspace_mib = 0;
-  // CUDA: CudaBackend::SetBf16GateUp (the dense MLP's / shared experts' gate_up GEMM with a
-  // bf16 output at prefill sizes); off: fp32 output into SiLU-mul as before.
-  bool bf16_gate_up = true;
-  // CUDA: CudaBackend::SetGemmAutotune (cuBLASLt with a timed algorithm per prefill shape).
+  // CUDA: BackendOptions::gemm_autotune (cuBLASLt with a timed algorithm per prefill shape).
   bool gemm_autotune = true;
-  // CUDA only: CudaBackend::SetPlannedChunkRows (0: the backend's choice by size).
-  int64_t decode_moe_chunk_rows = 0;
-  // CUDA only: CudaBackend::SetDecodeMoeSparseEpilogue (false: the previous SiLU-mul over every
-  // padded row and memset + accumulating combine, for old vs new).
-  bool decode_moe_sparse_epilogue = true;
-  // CUDA only: CudaBackend::SetDecodeMoeFused ("auto", "on" or "off"; empty: auto).
-  std::string decode_moe_fused;
-  // CUDA only: CudaBackend::SetDecodeMoeFusedKernels ("persistent", "pipelined" or
-  // "stationary"; empty or "auto": SetDecodeMoeFusedKernelsAuto).
-  std::string decode_moe_fused_kernels;
-  // CUDA only: CudaBackend::SetDecodeMoeResidentWorkspaces (the router's logits and the fused
-  // MoE block's act in buffers the backend owns: no graph memory nodes around the router).
-  bool decode_moe_resident_workspaces = false;
-  // CUDA only: CudaBackend::SetDecodeMoeGraphBuckets (true: the planned expert GEMMs behind
-  // graph switch nodes; false, the default: the one fixed batch inside the decode graphs too).
-  bool decode_moe_graph_buckets = false;
-  // CUDA only: CudaBackend::SetDecodeDenseMlpFused (a dense MLP layer at one decode token as
-  // the fused MoE block's kernels with no routed experts, the default; false: the ops).
-  bool decode_dense_mlp_fused = true;
   // Decode steps replayed from CUDA graphs per batch-size bucket (DecodeGraphOptions; cuda only,
   // and never while op timing runs).
   bool cuda_graphs = true;
@@ -157,15 +96,9 @@ struct BenchConfig {
   // With cuda_graphs: after each batch size's timed steps, output_len more steps of the same
   // sequences with graphs off, reported as a second decode result (one load for both).
   bool compare_eager_decode = false;
-  // CausalLm::SetFusedOps and CudaBackend::SetSmallMGemm (the fused ops of a decode
-  // step; off: the op sequence of before, for comparisons).
+  // CausalLm::SetFusedOps (the fused ops of a decode step; off: the op sequence of before, for
+  // comparisons).
   bool fused_ops = true;
-  // CudaBackend::SetFusedRouter: decode routing (router logits, noaux_tc, expert counts) in one
-  // kernel; off: the GEMM + route + count ops of before, for comparisons.
-  bool fused_router = true;
-  // CudaBackend::SetRouterNorm: the post-attention norm of a MoE layer inside the one-token
-  // router launch (default off, as the backend's); off: its own launch.
-  bool router_norm = false;
   // CausalLm::SetPrefillAttention: auto, absorbed or mha.
   std::string prefill_attention = "auto";
   // After each batch size's timed steps (and the eager ones), output_len more steps of the same
@@ -177,15 +110,6 @@ struct BenchConfig {
   // After each batch size's timed steps (and the eager and unfused ones), output_len more steps
   // of the same sequences with PDL off (decode graphs recorded again), a further decode result.
   bool compare_pdl_off_decode = false;
-  // kernels::SetVectorisedMemoryPasses: the vectorised prefill memory passes; off: the kernels
-  // they replaced, for comparison (the same values).
-  bool vectorised_passes = true;
-  // CudaBackend::SetGraphAllocationsAside (with pdl: small scratch allocations captured beside
-  // the kernel chain, so that they do not break programmatic edges).
-  bool graph_allocations_aside = false;
-  // CudaBackend::SetGraphAllocationsAsideMaxTokens: beside the chain in recordings of at most
-  // this many tokens (default 1) even without graph_allocations_aside.
-  int64_t graph_allocations_aside_max_tokens = 1;
   double peak_bytes_per_s = 4.3e12;
   double peak_flops_per_s = 790e12;
 };
@@ -252,7 +176,7 @@ struct BenchResult {
   // The untimed warm-up step of the same size (the slowest rank's): the first step of a new size
   // pays one-time costs (memory pool growth, cuBLAS kernel choice), shown apart.
   double prefill_warmup_step_seconds = 0;
-  double prefill_tokens_per_s = 0;  // all ranks
+  double prefill_tokens_per_s = 0;       // all ranks
   double prefill_roofline_fraction = 0;  // 0 without has_roofline
   // The MLA form the prefill steps ran and the roofline counted: "absorbed" or "non-absorbed".
   std::string prefill_attention_form = "absorbed";

@@ -29,7 +29,7 @@ csv=$(mktemp /tmp/kernel_times.XXXXXX.csv)
 bench=("$here/bin/deepinfer-bench" --backend cuda --dtype bfloat16 --load-format dummy --seed 1
   --context-length 1024 --decode-fill random --model "$model" --decode-num-requests "$requests"
   --prefill-batch-tokens 1024 --warmup 1 --output-len 6 --iters 1)
-# KT_FLAGS: more bench flags (e.g. KT_FLAGS="--staged-gemv=off"), word-split.
+# KT_FLAGS: more bench flags (e.g. KT_FLAGS="--pdl=false"), word-split.
 read -r -a extra <<< "${KT_FLAGS:-}"
 bench+=("${extra[@]}")
 {

@@ -1,19 +1,19 @@
 #!/bin/bash
 # prepare.sh - build the GPU tests (and the benchmark) with CUDA and -c opt here, on a machine
 # without a GPU, and bundle them with the parity fixtures into one relocatable folder that the
-# device tool carries to the GPU machine, where tools/gpu/run_all.sh (copied into the folder)
-# runs them all.
+# device tool carries to the GPU machine, where tools/gpu/suite.sh (copied into the folder) runs
+# them by named suite.
 #
 #   tools/gpu/prepare.sh [--out DIR] [--bench-only] [--pack FILE.tar.xz]
 #                                           (default DIR: <repo>/.gpu, git-ignored)
 #
 # Everything in one device call (tests, the 2-GPU checks when there are 2 GPUs, the benchmark
-# against HF, an op profile), results in one archive:
+# against HF, an op profile, the decode graphs' kernel times), results in one archive:
 #   tools/gpu/prepare.sh --out .gpu/all --pack .gpu/pack/all.tar.xz
 #   device tool: carry [".gpu/pack"], command
-#     mkdir -p /tmp/b && tar xJf .gpu/pack/all.tar.xz -C /tmp/b && bash /tmp/b/all/session_check.sh
+#     mkdir -p /tmp/b && tar xJf .gpu/pack/all.tar.xz -C /tmp/b && bash /tmp/b/all/suite.sh session
 #
-# --bench-only: only deepinfer-bench and the benchmark scripts (run DIR/bench_all.sh there:
+# --bench-only: only deepinfer-bench and the benchmark scripts (run `DIR/suite.sh bench` there:
 # our cases and the HF transformers baseline in one call, tools/gpu/bench_all.sh).
 #   GPU_TESTS="//kernels/moe:permute_test ..." GPU_TOOLS="..." GPU_DAEMONS="" \
 #     tools/gpu/prepare.sh --out DIR        (bundle only those targets: a smaller, faster run)
@@ -22,13 +22,16 @@
 # DIR/lib/      the non-glibc, non-CUDA shared libraries they need (absl, glog, gtest, ...)
 # DIR/srcdir/   TEST_SRCDIR for the parity tests: deepinfer/tests/fixtures/...
 # DIR/configs/  model configs for the benchmark
-# DIR/run_all.sh
+# DIR/suite.sh, DIR/steps.sh  the suite runner (its header lists the suites)
 # DIR/hf_bf16_error.py   HF transformers' bf16 error on the fixtures (tools/parity/)
+# DIR/bench_all.sh  the bench suite: ours against HF transformers (with hf_bench.py, sweep.sh,
+#                   combine_results.py)
 # DIR/multi_gpu.sh  the multi-GPU checks (NCCL tests, `deepinfer run` over 2 GPUs, which need
 #                   bin/deepinfer, bin/deepinfer-coordinator, bin/deepinfer-worker, bundled too;
 #                   bench2: deepinfer-bench --ranks 2 against --ranks 1)
+# DIR/kernel_times.sh, DIR/kernel_times.py  the kernel-times suite (Nsight Compute)
 # Then, with the device tool: carry [DIR relative to the repo root], command
-# `bash DIR/run_all.sh` (logs under $OUT).
+# `bash DIR/suite.sh tests` (or any suites; logs under $OUT).
 set -euo pipefail
 repo=$(cd "$(dirname "$0")/../.." && pwd)
 out="$repo/.gpu"
@@ -69,6 +72,9 @@ tests=(
   //kernels/sampling:sample_test
   //worker/sampling:device_sampler_gpu_test
   //worker/backend/cuda:cuda_backend_test
+  //worker/backend/cuda:cuda_backend_gemm_test
+  //worker/backend/cuda:cuda_backend_attention_test
+  //worker/backend/cuda:cuda_backend_moe_test
   //worker/backend/cuda:cublaslt_gemm_tuner_test
   //worker/backend:backend_factory_test
   //tests/parity:cuda_parity_test
@@ -84,7 +90,7 @@ tools=(//tools/bench:deepinfer-bench)
 [[ $bench_only -eq 1 ]] || tools+=(//kernels/attention:mla_attention_bench //kernels/attention:mla_decode_small_bench
   //kernels/attention:mla_prefill_bench //kernels/attention:mha_prefill_bench
   //kernels/moe:grouped_gemm_bench //kernels/gemm:small_m_gemm_bench
-  //kernels/moe:moe_prefill_bench //kernels/moe:prefill_passes_bench //kernels/sampling:sampling_bench
+  //kernels/moe:moe_prefill_bench //kernels/sampling:sampling_bench
   //worker/backend/cuda:moe_decode_bench //worker/backend/cuda:moe_block_decode_bench
   //worker/backend/cuda:gemm_shapes_bench)
 if [[ -n "${GPU_TESTS+set}" ]]; then read -r -a tests <<< "$GPU_TESTS"; fi
@@ -112,17 +118,17 @@ cp -r tests/fixtures "$out/srcdir/deepinfer/tests/"  # the configs below come fr
 rm -f "$out/srcdir/deepinfer/tests/fixtures/BUILD"
 for d in tests/fixtures/*/; do cp "$d/config.json" "$out/configs/$(basename "$d").json"; done
 [[ -d tools/bench/configs ]] && cp tools/bench/configs/*.json "$out/configs/"
-cp tools/gpu/run_all.sh tools/gpu/steps.sh tools/gpu/*_check.sh "$out/"
-cp tools/bench/bench_cases.sh tools/bench/sweep.sh tools/bench/hf_bench.py \
+cp tools/gpu/suite.sh tools/gpu/steps.sh "$out/"
+cp tools/bench/sweep.sh tools/bench/hf_bench.py \
   tools/bench/combine_results.py tools/gpu/bench_all.sh "$out/"
 cp tools/parity/hf_bf16_error.py "$out/hf_bf16_error.py"
-cp tools/gpu/multi_gpu.sh tools/gpu/session_check.sh tools/gpu/kernel_times.sh tools/gpu/kernel_times.py "$out/"
+cp tools/gpu/multi_gpu.sh tools/gpu/kernel_times.sh tools/gpu/kernel_times.py "$out/"
 git rev-parse HEAD > "$out/COMMIT"
 git status --short >> "$out/COMMIT"
 du -sh "$out" "$out"/bin "$out"/lib
 # --pack FILE.tar.xz: the bundle as one xz archive (about 4x smaller: the device tool counts the
 # working tree plus what it carries against 64 MiB). On the GPU machine:
-#   mkdir -p /tmp/b && tar xJf FILE.tar.xz -C /tmp/b && bash /tmp/b/<bundle dir>/session_check.sh
+#   mkdir -p /tmp/b && tar xJf FILE.tar.xz -C /tmp/b && bash /tmp/b/<bundle dir>/suite.sh SUITE...
 if [[ -n "$pack" ]]; then
   mkdir -p "$(dirname "$pack")"
   tar -C "$(dirname "$out")" -cJf "$pack" "$(basename "$out")"

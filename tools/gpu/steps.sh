@@ -1,9 +1,10 @@
 #!/bin/bash
-# steps.sh - sourced by the GPU-machine scripts of tools/gpu (run_all.sh and the *_check.sh
-# scripts) from a bundle made by tools/gpu/prepare.sh, which copies it next to them:
+# steps.sh - sourced by tools/gpu/suite.sh (the GPU machine's suite runner) from a bundle made by
+# tools/gpu/prepare.sh, which copies it next to it:
 #
 #   here=$(cd "$(dirname "$0")" && pwd)
-#   STEP_BUDGET_S=110 . "$here/steps.sh"   # optional budget for all steps, from now on
+#   STEP_BUDGET_S=110                    # optional budget for all steps, from the sourcing on
+#   . "$here/steps.sh"
 #
 # It sets up the bundle's environment (its lib/ on LD_LIBRARY_PATH, TEST_SRCDIR for the tests'
 # fixtures, NCCL_NVLS_ENABLE=0, the CUDA tools on PATH), B=$here/bin and C=$here/configs, an

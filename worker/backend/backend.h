@@ -467,7 +467,7 @@ class Backend {
   virtual void NormRopeWriteLatentCache(const NormRopeCacheArgs& args) = 0;
   // NormRopeWriteLatentCache(nr), then the absorbed query (AbsorbQueryArgs; its q_nope must not
   // overlap nr's query rope slices), as those two ops; nr.tokens tokens. The CUDA backend runs
-  // both in one launch for a decode token (CudaBackend::SetNormRopeCacheAbsorbFused).
+  // both in one launch for a decode token (CudaBackend::NormRopeCacheAbsorbQuery).
   virtual void NormRopeCacheAbsorbQuery(const NormRopeCacheArgs& nr, const AbsorbQueryArgs& aq) {
     NormRopeWriteLatentCache(nr);
     BatchedGemm(aq.heads, nr.tokens, aq.latent_dim, aq.nope_dim, aq.q_nope, aq.q_token_stride,

@@ -34,9 +34,10 @@ absl::StatusOr<std::unique_ptr<Backend>> MakeBackend(const BackendOptions& optio
   if (options.kind == "cpu") return std::make_unique<CpuBackend>(options.cpu_threads, dtype);
   if (options.kind == "cuda") {
 #ifdef DEEPINFER_WITH_CUDA
-    auto cuda = CudaBackend::Create(options.cuda_device, dtype);
+    CudaTuning tuning;
+    tuning.gemm_autotune = options.gemm_autotune;
+    auto cuda = CudaBackend::Create(options.cuda_device, dtype, tuning);
     if (!cuda.ok()) return cuda.status();
-    (*cuda)->SetGemmAutotune(options.gemm_autotune);
     return std::unique_ptr<Backend>(std::move(*cuda));
 #else
     return absl::UnimplementedError(

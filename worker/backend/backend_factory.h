@@ -20,9 +20,10 @@ struct BackendOptions {
   // Storage of matrix weights: "bfloat16" or "float32"; empty: the kind's default
   // (DefaultWeightDType). From a --dtype flag.
   std::string dtype;
-  // cuda: CudaBackend::SetGemmAutotune (prefill GEMMs of >= 1024 rows take the fastest of
+  // cuda: CudaTuning::gemm_autotune (prefill GEMMs of >= 1024 rows take the fastest of
   // cuBLASLt's suggested algorithms, timed once per shape; the choice can differ between
-  // processes, so bits may too: false for run-to-run reproducible prefill GEMMs).
+  // processes, so bits may too: false for run-to-run reproducible prefill GEMMs). The CUDA
+  // backend's other tuning keeps its defaults here.
   bool gemm_autotune = true;
 };
 

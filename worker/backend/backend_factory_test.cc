@@ -81,7 +81,7 @@ TEST(BackendFactoryTest, GemmAutotuneReachesTheCudaBackend) {
     ASSERT_TRUE(b.ok()) << b.status();
     auto* cuda = dynamic_cast<CudaBackend*>(b->get());
     ASSERT_NE(cuda, nullptr);
-    EXPECT_EQ(cuda->gemm_autotune(), on);
+    EXPECT_EQ(cuda->tuning().gemm_autotune, on);
   }
   EXPECT_TRUE(BackendOptions().gemm_autotune);
 }

@@ -2,14 +2,16 @@
 // kv_a, the non-absorbed kv_b, o_proj, the shared experts' and the first layer's dense MLP
 // gate_up / down) at 8192 and 32768 rows, bf16 weights and bf16 activations, fp32 output:
 //
-//   backend   CudaBackend::Gemm as the model calls it (cublasGemmEx, CUBLAS_GEMM_DEFAULT)
+//   backend   CudaBackend::Gemm as the model calls it, CudaTuning::gemm_autotune off
+//             (cublasGemmEx, CUBLAS_GEMM_DEFAULT)
 //   lt #i     each of cuBLASLt's heuristic algorithms for the same problem
 //             (cublasLtMatmulAlgoGetHeuristic, up to 8, workspace up to the backend's 32 MiB),
 //             timed one by one: whether a per-shape algorithm choice would gain
-//   tuned     CudaBackend::Gemm with SetGemmAutotune (CublasLtGemmTuner: the first call, not
-//             timed, picks the fastest candidate; the time is the chosen algorithm's)
+//   tuned     CudaBackend::Gemm of a second backend with gemm_autotune on (the default;
+//             CublasLtGemmTuner: the first call, not timed, picks the fastest candidate; the
+//             time is the chosen algorithm's)
 //   bf16 out  the pair Gemm (fp32) + SiluMulBf16 against GateUpSiluMulBf16 (bf16 gate_up
-//             output), without and with SetGemmAutotune
+//             output), without and with gemm_autotune
 //
 // Time: CUDA events around 5 back-to-back calls, median of 5 such rounds after 2 warm-up calls;
 // TFLOP/s of 2·m·n·k and the fraction of 790 (docs/performance.md's peak).
@@ -91,12 +93,20 @@ int Main(int argc, char** argv) {
   std::vector<int64_t> row_counts;
   for (int i = 1; i < argc; ++i) row_counts.push_back(std::atoll(argv[i]));
   if (row_counts.empty()) row_counts = {8192, 32768};
-  auto created = CudaBackend::Create(0, WeightDType::kBFloat16);
-  if (!created.ok()) {
-    std::fprintf(stderr, "%s\n", created.status().ToString().c_str());
-    return 1;
+  CudaTuning plain;
+  plain.gemm_autotune = false;
+  auto created = CudaBackend::Create(0, WeightDType::kBFloat16, plain);
+  auto created_tuned = CudaBackend::Create(0, WeightDType::kBFloat16, CudaTuning());
+  for (const auto* c : {&created, &created_tuned}) {
+    if (!c->ok()) {
+      std::fprintf(stderr, "%s\n", c->status().ToString().c_str());
+      return 1;
+    }
   }
+  // b: the plain GEMMs and the buffers; tuned_be: the tuned GEMMs on b's buffers (b synchronised
+  // first; each timing ends with its stream synchronised).
   CudaBackend& b = **created;
+  CudaBackend& tuned_be = **created_tuned;
   cudaStream_t stream = b.stream();
   cublasLtHandle_t lt;
   CheckLt(cublasLtCreate(&lt), "cublasLtCreate");
@@ -126,11 +136,11 @@ int Main(int argc, char** argv) {
       const double base = TimeUs(
           stream, [&] { b.Gemm(m, s.n, s.k, av, s.k, wv, s.k, c->as<float>(), s.n, false); });
       Report(s.name, m, s.n, s.k, "backend Gemm (cublasGemmEx, fp32 out)", base, base);
-      b.SetGemmAutotune(true);
-      const double tuned = TimeUs(
-          stream, [&] { b.Gemm(m, s.n, s.k, av, s.k, wv, s.k, c->as<float>(), s.n, false); });
-      b.SetGemmAutotune(false);
-      Report(s.name, m, s.n, s.k, "backend Gemm, SetGemmAutotune (cuBLASLt)", tuned, base);
+      b.Synchronize();
+      const double tuned = TimeUs(tuned_be.stream(), [&] {
+        tuned_be.Gemm(m, s.n, s.k, av, s.k, wv, s.k, c->as<float>(), s.n, false);
+      });
+      Report(s.name, m, s.n, s.k, "backend Gemm, gemm_autotune (cuBLASLt)", tuned, base);
 
       // The same problem through cuBLASLt, each heuristic algorithm in turn.
       cublasLtMatmulDesc_t op;
@@ -204,19 +214,20 @@ int Main(int argc, char** argv) {
           }
         });
         Report(s.name, m, s.n, s.k, "GateUpSiluMulBf16 (bf16 out + SiLU)", pair_b16, pair_f32);
-        b.SetGemmAutotune(true);
-        const double pair_tuned = TimeUs(stream, [&] {
-          if (!b.GateUpSiluMulBf16(m, inter, s.k, av, s.k, wv, s.k, act->as<uint16_t>())) {
+        b.Synchronize();
+        const double pair_tuned = TimeUs(tuned_be.stream(), [&] {
+          if (!tuned_be.GateUpSiluMulBf16(m, inter, s.k, av, s.k, wv, s.k, act->as<uint16_t>())) {
             Fail("GateUpSiluMulBf16 declined", 0);
           }
         });
-        b.SetGemmAutotune(false);
-        Report(s.name, m, s.n, s.k, "GateUpSiluMulBf16, SetGemmAutotune", pair_tuned, pair_f32);
+        Report(s.name, m, s.n, s.k, "GateUpSiluMulBf16, gemm_autotune", pair_tuned, pair_f32);
       }
       CheckCuda(cudaStreamSynchronize(stream), "cudaStreamSynchronize");
-      if (!b.status().ok()) {
-        std::fprintf(stderr, "%s\n", b.status().ToString().c_str());
-        return 1;
+      for (const CudaBackend* be : {&b, &tuned_be}) {
+        if (!be->status().ok()) {
+          std::fprintf(stderr, "%s\n", be->status().ToString().c_str());
+          return 1;
+        }
       }
     }
   }

@@ -1,24 +1,19 @@
 // moe_block_decode_bench: the MoE block of one decode layer at 1 and 2 tokens (routed experts
-// + shared experts, what DeepseekV3Model::Moe issues after the routing), old vs new, recorded
-// into a CUDA graph (Backend::Capture) and replayed:
+// + shared experts, what MoeBlock (worker/model/moe/moe_block.h) issues after the routing), old
+// vs new, recorded into a CUDA graph (Backend::Capture) and replayed:
 //
 //   old  CudaBackend::RoutedExperts (permute, GroupedGemmBf16 gate_up, SiluMulF32, down,
 //        combine) + the shared MLP as the model runs it with fused ops and bf16 weights (Gemm on
 //        the bf16 normed rows, SiluMulBf16, Gemm accumulating into out)
-//   new  CudaBackend::RoutedAndSharedExperts (kernels::MoeDecodeFusedF32, two launches), with
-//        the kernel pairs "pers" (kPersistent), "pipe" (kPipelined) and "stat" (kStationary)
-//        at their default grids; "pipe" and "stat" once more at the end (the spread between two
-//        runs of the same case). Other grids and the warp-per-row pair that measured slowest:
-//        docs/kernels.md.
-//   routed  each layer as the model issues it: CudaBackend::RouteTokens (AddRmsNorm of the
-//        layer's residual row into its hidden rows, then the fused router on them, writing the
-//        layer's own routing) and RoutedAndSharedExperts with kStationary: "rsta" with scratch
-//        logits and act (graph memory nodes between the router and gate_up), "rstW" with
-//        SetDecodeMoeResidentWorkspaces (none: a programmatic edge), twice each (rsta rstW rsta
-//        rstW). The time includes the norm and the router; "diff" is against the first "rsta"
-//        (0: the switch changes no bit); "layer MB" is the fixed routing's (exact at 1 token:
-//        top_k distinct experts either way). No arm for gate_up computing the shared experts
-//        before its PDL wait: it measured slower (docs/kernels.md).
+//   new  CudaBackend::RoutedAndSharedExperts (kernels::MoeDecodeFusedF32, two launches), twice
+//        (the spread between two runs of the same case)
+//   rout each layer as the model issues it: CudaBackend::RouteTokens (AddRmsNorm of the layer's
+//        residual row into its hidden rows, then the fused router on them, writing the layer's
+//        own routing) and RoutedAndSharedExperts, twice. The time includes the norm and the
+//        router; "diff" is against the first "rout" (0: a replay changes no bit); "layer MB" is
+//        the fixed routing's (exact at 1 token: top_k distinct experts either way).
+// The fused paths run where CudaBackend::DecodeMoeFusedFor takes the size (not V3 at 2 tokens);
+// elsewhere only "old".
 //
 // Shapes: Moonlight (64 experts, top-6, hidden 2048, moe_intermediate 1408, 2 shared experts)
 // and DeepSeek-V3 (256, top-8, 7168, 2048, 1 shared), bf16 weights. The graph holds kLayers
@@ -34,7 +29,7 @@
 //        error; SHAPE moonlight or v3, TOKENS 1 or 2: that case only; PATH...: those paths only,
 //        without the references ("rel diff" 0), e.g. one routed layer under Nsight Compute:
 //        `ncu --kernel-name-base demangled -k 'regex:RouteTokens|GateUp|DownStationary' -c 3
-//        moe_block_decode_bench moonlight 1 rsta`)
+//        moe_block_decode_bench moonlight 1 rout`)
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
@@ -199,7 +194,8 @@ int Main(int argc, char** argv) {
         a.shared_down = L.shared_down->data();
         return a;
       };
-      // The model's shared MLP with fused ops and bf16 weights (DeepseekV3Model::Mlp).
+      // The model's shared MLP with fused ops and bf16 weights (SwiGluMlp,
+      // worker/model/layers/swiglu_mlp.h).
       auto old_layer = [&](Layer& L) {
         const RoutedExpertsArgs a = args_for(L);
         if (!b.RoutedExperts(a)) Fail("RoutedExperts declined");
@@ -212,7 +208,6 @@ int Main(int argc, char** argv) {
         b.Gemm(tokens, H, SI, ActivationView::Bf16(act->as<uint16_t>()), SI,
                WeightView(L.shared_down->data(), WeightDType::kBFloat16), SI, a.out, H, true);
       };
-      b.SetDecodeMoeFused(CudaBackend::DecodeMoeFused::kOn);  // every case measured
       auto new_layer = [&](Layer& L) {
         if (!b.RoutedAndSharedExperts(args_for(L))) Fail("RoutedAndSharedExperts declined");
       };
@@ -245,22 +240,14 @@ int Main(int argc, char** argv) {
       };
       struct Path {
         const char* name;
-        kernels::MoeDecodeFusedKernels kernels;
-        int32_t gate_up_blocks_per_sm, down_blocks_per_sm;
-        bool routed = false, resident = false;
+        bool fused, routed;
       };
-      const Path paths[] = {
-          {"old", kernels::MoeDecodeFusedKernels::kPersistent, 0, 0},  // not fused
-          {"pers", kernels::MoeDecodeFusedKernels::kPersistent, 0, 0},
-          {"pipe", kernels::MoeDecodeFusedKernels::kPipelined, 0, 0},
-          {"stat", kernels::MoeDecodeFusedKernels::kStationary, 0, 0},
-          {"pipe", kernels::MoeDecodeFusedKernels::kPipelined, 0, 0},  // again: drift check
-          {"stat", kernels::MoeDecodeFusedKernels::kStationary, 0, 0},
-          {"rsta", kernels::MoeDecodeFusedKernels::kStationary, 0, 0, true, false},
-          {"rstW", kernels::MoeDecodeFusedKernels::kStationary, 0, 0, true, true},
-          {"rsta", kernels::MoeDecodeFusedKernels::kStationary, 0, 0, true, false},
-          {"rstW", kernels::MoeDecodeFusedKernels::kStationary, 0, 0, true, true},
-      };
+      const Path paths[] = {{"old", false, false},
+                            {"new", true, false},
+                            {"new", true, false},
+                            {"rout", true, true},
+                            {"rout", true, true}};
+      const bool fused_taken = CudaBackend::DecodeMoeFusedFor(tokens, H);
       int64_t layer_bytes = 0;
       for (const Layer& L : layers) layer_bytes += L.busy_experts * per_expert + 3 * SI * H * 2;
       layer_bytes /= kLayers;
@@ -268,8 +255,7 @@ int Main(int argc, char** argv) {
       for (int path = 0; path < static_cast<int>(std::size(paths)); ++path) {
         const Path& pa = paths[path];
         if (!only_paths.empty() && only_paths.count(pa.name) == 0) continue;
-        b.SetDecodeMoeFusedKernels(pa.kernels, pa.gate_up_blocks_per_sm, pa.down_blocks_per_sm);
-        b.SetDecodeMoeResidentWorkspaces(pa.resident);
+        if (pa.fused && !fused_taken) continue;
         auto ops = b.Capture([&] {
           for (Layer& L : layers) {
             if (path == 0) {

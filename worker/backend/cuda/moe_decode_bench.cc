@@ -1,27 +1,19 @@
 // moe_decode_bench: one decode MoE layer the way the decode graphs run it:
-// CudaBackend::RoutedExperts (permute, planned cuBLAS expert GEMMs, SiLU-mul, combine) recorded
-// into a CUDA graph (Backend::Capture) and replayed, at the Moonlight shape (64 experts, top-6,
-// hidden 2048, moe_intermediate 1408) and the DeepSeek-V3 shape (256 experts, top-8, hidden
-// 7168, moe_intermediate 2048), bf16 weights, 64 / 128 / 256 tokens, uniform random distinct
-// top-k routing (one routing per case), the planned cuBLAS path forced. Variants:
-//
-//   old       48 rows per chunk (the default before), one fixed batch with its dummy chunks,
-//             SiLU-mul over every padded row in use, memset + accumulating combine
-//   epilogue  old with SetDecodeMoeSparseEpilogue (SiLU-mul over the real rows, no memset)
-//   new       that and SetDecodeMoeGraphBuckets (each GEMM behind a switch over batch sizes)
-//   new cN    new with N rows per chunk (SetPlannedChunkRows; the backend's default now: 32)
-//   stream    the bf16 streaming grouped kernel (what 33-96 tokens took before), new epilogue
+// CudaBackend::RoutedExperts (permute, planned cuBLAS expert GEMMs, SiLU-mul over the real rows,
+// combine) recorded into a CUDA graph (Backend::Capture) and replayed, at the Moonlight shape (64
+// experts, top-6, hidden 2048, moe_intermediate 1408) and the DeepSeek-V3 shape (256 experts,
+// top-8, hidden 7168, moe_intermediate 2048), bf16 weights, 64 / 128 / 256 tokens, uniform
+// random distinct top-k routing (one routing per case), twice per case (the spread between two
+// runs of the same case).
 //
 // Time: 20 replays (V3: 4) back to back between two stream synchronisations, wall clock per
 // replay, median of 7 (after 3 warm-up replays). The weights of the busy experts (what the layer
 // must read, none of it in L2 at these sizes) over that time gives GB/s and the fraction of 4.3
-// TB/s (docs/performance.md's roofline). "diff": largest |new - old| over the layer's output (0:
-// bit for bit; the cuBLAS kernel may differ with the batch count).
+// TB/s (docs/performance.md's roofline). "diff": largest |second - first| over the layer's
+// output (0: a replay changes no bit).
 //
-//   moe_decode_bench [SHAPE [VARIANT,VARIANT,...]]
-//                        (one line per case; exit status 1 on an error; SHAPE: moonlight or v3,
-//                        default both; the variants' names, default all; the first variant
-//                        listed is the "diff" baseline)
+//   moe_decode_bench [SHAPE]   (one line per case; exit status 1 on an error; SHAPE: moonlight
+//                               or v3, default both)
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
@@ -55,14 +47,6 @@ struct Shape {
   int32_t top_k;
   int64_t hidden;
   int64_t inter;
-};
-
-struct Variant {
-  const char* name;
-  bool sparse_epilogue;
-  bool graph_buckets;
-  int32_t chunk_rows = 0;  // SetPlannedChunkRows (0: the backend's choice)
-  CudaBackend::DecodeMoeAlgo algo = CudaBackend::DecodeMoeAlgo::kPlannedCublas;
 };
 
 // One layer's inputs on the device, for `tokens` tokens.
@@ -135,12 +119,8 @@ RoutedExpertsArgs ArgsFor(const Shape& s, int32_t tokens, Layer& l) {
 }
 
 // Median µs per replay of the recorded layer; *out gets the layer's output.
-double TimeVariant(CudaBackend& b, const Variant& v, const RoutedExpertsArgs& a, int64_t out_n,
-                   std::vector<float>* out) {
-  b.SetDecodeMoeSparseEpilogue(v.sparse_epilogue);
-  b.SetDecodeMoeGraphBuckets(v.graph_buckets);
-  b.SetDecodeMoeAlgo(v.algo);
-  if (!b.SetPlannedChunkRows(v.chunk_rows).ok()) Fail("SetPlannedChunkRows");
+double TimeLayer(CudaBackend& b, const RoutedExpertsArgs& a, int64_t out_n,
+                 std::vector<float>* out) {
   auto ops = b.Capture([&] {
     b.RoutedExperts(a);
     return absl::OkStatus();
@@ -163,7 +143,6 @@ double TimeVariant(CudaBackend& b, const Variant& v, const RoutedExpertsArgs& a,
 
 int Main(int argc, char** argv) {
   const std::string only_shape = argc > 1 ? argv[1] : "";
-  const std::string only_variants = argc > 2 ? "," + std::string(argv[2]) + "," : "";
   auto backend = CudaBackend::Create(0, WeightDType::kBFloat16);
   if (!backend.ok()) {
     std::fprintf(stderr, "%s\n", backend.status().ToString().c_str());
@@ -171,15 +150,8 @@ int Main(int argc, char** argv) {
   }
   CudaBackend& b = **backend;
   const Shape shapes[] = {{"moonlight", 64, 6, 2048, 1408}, {"v3", 256, 8, 7168, 2048}};
-  using Algo = CudaBackend::DecodeMoeAlgo;
-  // "old" / "epilogue" / "new" at 48 rows per chunk (the default when the bench was first run).
-  const Variant variants[] = {
-      {"old", false, false, 48},   {"epilogue", true, false, 48},
-      {"new", true, true, 48},     {"new c16", true, true, 16},
-      {"new c24", true, true, 24}, {"new c32", true, true, 32},
-      {"new c64", true, true, 64}, {"stream", true, true, 0, Algo::kStream}};
-  std::printf("%-9s %6s %5s %12s | %-9s %9s %8s %9s %10s\n", "shape", "tokens", "busy",
-              "weights MB", "variant", "us", "GB/s", "of 4.3TB", "diff");
+  std::printf("%-9s %6s %5s %12s | %-5s %9s %8s %9s %10s\n", "shape", "tokens", "busy",
+              "weights MB", "run", "us", "GB/s", "of 4.3TB", "diff");
   for (const Shape& s : shapes) {
     if (!only_shape.empty() && only_shape != s.name) continue;
     const size_t per_expert = 3 * s.inter * s.hidden * 2;
@@ -194,13 +166,9 @@ int Main(int argc, char** argv) {
       const RoutedExpertsArgs a = ArgsFor(s, tokens, l);
       const double bytes = static_cast<double>(l.busy_experts) * per_expert;
       std::vector<float> old_out;
-      for (const Variant& v : variants) {
-        if (!only_variants.empty() &&
-            only_variants.find("," + std::string(v.name) + ",") == std::string::npos) {
-          continue;
-        }
+      for (int run = 1; run <= 2; ++run) {
         std::vector<float> out;
-        const double us = TimeVariant(b, v, a, tokens * s.hidden, &out);
+        const double us = TimeLayer(b, a, tokens * s.hidden, &out);
         double diff = 0;
         if (old_out.empty()) {
           old_out = out;
@@ -210,8 +178,8 @@ int Main(int argc, char** argv) {
           }
         }
         const double gbs = bytes / (us * 1e-6) / 1e9;
-        std::printf("%-9s %6d %5lld %12.1f | %-9s %9.1f %8.0f %9.3f %10.3g\n", s.name, tokens,
-                    static_cast<long long>(l.busy_experts), bytes / 1e6, v.name, us, gbs,
+        std::printf("%-9s %6d %5lld %12.1f | %-5d %9.1f %8.0f %9.3f %10.3g\n", s.name, tokens,
+                    static_cast<long long>(l.busy_experts), bytes / 1e6, run, us, gbs,
                     gbs * 1e9 / kRooflineBytesPerSecond, diff);
         std::fflush(stdout);
       }

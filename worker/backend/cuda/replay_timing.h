@@ -15,8 +15,7 @@ namespace deepinfer {
 // Median microseconds per replay of `ops`: 3 untimed replays, then 7 batches of `replays`
 // back-to-back replays, each batch timed to the backend's Synchronize. The first failed
 // replay's status otherwise.
-inline absl::StatusOr<double> MedianReplayMicros(Backend& backend, CapturedOps& ops,
-                                                 int replays) {
+inline absl::StatusOr<double> MedianReplayMicros(Backend& backend, CapturedOps& ops, int replays) {
   for (int i = 0; i < 3; ++i) {
     if (absl::Status st = ops.Replay(); !st.ok()) return st;
   }

@@ -1,0 +1,79 @@
+// What the MLA decode kernels (mla_decode_grouped.cuh, mla_decode_mma.cuh,
+// mla_decode_key_split.cuh) share: the cache element widening, the asynchronous 16-byte copy, a
+// key's row in the paged cache and the context split of a (token, split) block. Included only by
+// mla_attention.cu, which compiles every decode kernel in one translation unit.
+#ifndef DEEPINFER_KERNELS_ATTENTION_MLA_DECODE_COMMON_CUH_
+#define DEEPINFER_KERNELS_ATTENTION_MLA_DECODE_COMMON_CUH_
+
+#include <cuda_bf16.h>
+#include <math.h>
+
+#include <cstdint>
+
+#include "kernels/attention/mla_attention.h"
+#include "kernels/attention/mma_sm80.cuh"
+
+namespace deepinfer {
+namespace kernels {
+namespace mla {
+
+using sm80::CopyAsyncCommit;
+using sm80::CopyAsyncWait;
+using sm80::LdMatrixX4;
+using sm80::MmaBf16;
+using sm80::SharedAddr;
+
+// Cache element -> fp32.
+__device__ __forceinline__ float ToFloat(float x) { return x; }
+__device__ __forceinline__ float ToFloat(__nv_bfloat16 x) { return __bfloat162float(x); }
+// 16-byte global -> shared copy that completes asynchronously (sm_80+; a plain copy on older
+// targets, where the waits below are no-ops).
+__device__ __forceinline__ void CopyAsync16(void* dst, const void* src) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  const unsigned addr = static_cast<unsigned>(__cvta_generic_to_shared(dst));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(addr), "l"(src) : "memory");
+#else
+  *static_cast<float4*>(dst) = *static_cast<const float4*>(src);
+#endif
+}
+
+__device__ __forceinline__ int64_t KeyRowOffset(const MlaAttentionParams& p, const int32_t* table,
+                                                int64_t j) {
+  const int64_t bs = p.cache.block_size;
+  return (static_cast<int64_t>(table[j / bs]) * bs + j % bs) *
+         (p.cache.latent_dim + p.cache.rope_dim);
+}
+
+// Sets [begin, end) to split `split`'s keys of token t's context: splits cover whole chunks of
+// kChunkKeys keys, so trailing splits of a short context are empty. An empty split (only
+// possible with num_splits > 1) writes the combine's "nothing here" marker (max -inf, sum 0)
+// for its kHeads heads from h0 and returns true: the block has nothing else to do.
+template <int kChunkKeys>
+__device__ __forceinline__ void SplitRange(const MlaAttentionParams& p, int64_t t, int split,
+                                           int num_splits, int64_t* begin, int64_t* end) {
+  const int64_t len = p.context_len[t];
+  const int64_t per_split = (len + num_splits - 1) / num_splits;
+  const int64_t span = (per_split + kChunkKeys - 1) / kChunkKeys * kChunkKeys;
+  *begin = split * span;
+  *end = len < *begin + span ? len : *begin + span;
+}
+
+template <int kChunkKeys, int kHeads>
+__device__ __forceinline__ bool SplitIsEmpty(const MlaAttentionParams& p, int64_t t, int split,
+                                             int num_splits, int h0, float* ws_ml, int64_t* begin,
+                                             int64_t* end) {
+  SplitRange<kChunkKeys>(p, t, split, num_splits, begin, end);
+  if (num_splits == 1 || *begin < *end) return false;
+  if (threadIdx.x < kHeads && h0 + static_cast<int>(threadIdx.x) < p.num_heads) {
+    float* ml = ws_ml + ((t * p.num_heads + h0 + threadIdx.x) * num_splits + split) * 2;
+    ml[0] = -INFINITY;
+    ml[1] = 0.0f;
+  }
+  return true;
+}
+
+}  // namespace mla
+}  // namespace kernels
+}  // namespace deepinfer
+
+#endif  // DEEPINFER_KERNELS_ATTENTION_MLA_DECODE_COMMON_CUH_

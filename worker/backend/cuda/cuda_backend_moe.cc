@@ -1,0 +1,472 @@
+// CudaBackend's MoE ops: routing (the one-launch router, the noaux_tc route, expert counts), the
+// routed experts (device path without host synchronisation for decode, chunked cuBLAS for larger
+// batches), the fused MoE block at 1-2 tokens and the dense MLP through it.
+#include <algorithm>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "glog/logging.h"
+#include "kernels/activation/elementwise.h"
+#include "kernels/moe/expert_activation.h"
+#include "kernels/moe/expert_counts.h"
+#include "kernels/moe/expert_gemm_cublas.h"
+#include "kernels/moe/expert_gemm_plan.h"
+#include "kernels/moe/expert_gemm_planned.h"
+#include "kernels/moe/grouped_gemm.h"
+#include "kernels/moe/moe_decode_fused.h"
+#include "kernels/moe/moe_permute.h"
+#include "kernels/moe/noaux_tc_router.h"
+#include "kernels/moe/noaux_tc_router_fused.h"
+#include "kernels/norm/rms_norm.h"
+#include "worker/backend/cuda/cuda_backend.h"
+#include "worker/backend/cuda/op_timer.h"
+
+namespace deepinfer {
+namespace {
+
+// The routing fields NoauxTcRouteParams and RouteTokensParams share, from the backend's args
+// (router_logits aside: RouteTokens makes its own).
+template <typename Params>
+void SetRouting(const NoauxTcRouteArgs& a, Params* p) {
+  p->num_tokens = a.num_tokens;
+  p->num_experts = a.num_experts;
+  p->correction_bias = a.correction_bias;
+  p->num_groups = a.num_groups;
+  p->topk_groups = a.topk_groups;
+  p->top_k = a.top_k;
+  p->normalize = a.normalize;
+  p->scaling_factor = a.scaling_factor;
+  p->topk_ids = a.topk_ids;
+  p->topk_weights = a.topk_weights;
+}
+
+// Rows per chunk of the kChunked expert GEMMs for `avg_rows` rows per expert on average: the
+// padding (half a chunk per busy expert on average) against cuBLAS's tile efficiency. Measured
+// on the H200 at the Moonlight shape (moe_prefill_bench, docs/kernels.md): 64 was fastest up to
+// 48 rows per expert, 128 from 96 rows on (256 never clearly better).
+int32_t ChunkRowsFor(int64_t avg_rows) { return avg_rows < 96 ? 64 : 128; }
+
+const char* ExpertGemmAlgoName(kernels::ExpertGemmCublasAlgo algo) {
+  return algo == kernels::ExpertGemmCublasAlgo::kChunked ? "chunked" : "per expert";
+}
+
+}  // namespace
+
+void CudaBackend::NoauxTcRoute(const NoauxTcRouteArgs& a) {
+  OpTimer timer(this, "NoauxTcRoute");
+  kernels::NoauxTcRouteParams p;
+  SetRouting(a, &p);
+  p.router_logits = a.router_logits;
+  Check(kernels::NoauxTcRouteF32(p, stream_), "kernels::NoauxTcRouteF32");
+}
+
+void CudaBackend::RouteTokens(const RouteTokensArgs& a) {
+  const NoauxTcRouteArgs& r = a.route;
+  if (r.num_tokens <= 0 || r.num_tokens > kFusedRouterMaxTokens || r.num_experts <= 0 ||
+      r.num_experts > kernels::kMaxFusedRouterExperts) {
+    Backend::RouteTokens(a);
+    return;
+  }
+  kernels::RouteTokensParams p;
+  SetRouting(r, &p);
+  p.hidden_size = FitsInt(a.hidden_size) ? static_cast<int32_t>(a.hidden_size) : -1;
+  p.hidden = a.norm.weight != nullptr ? a.norm.out : a.hidden;
+  p.router_weight = a.router_weight;
+  p.tile_counters = route_tile_counters_;
+  p.expert_counts = a.expert_counts;
+  p.count_limit = a.count_limit;
+  auto logits = AllocateScratch(static_cast<size_t>(r.num_tokens) * r.num_experts * sizeof(float));
+  p.router_logits = logits->as<float>();
+  if (!kernels::RouteTokensSupported(p)) {
+    Backend::RouteTokens(a);
+    return;
+  }
+  if (a.norm.weight != nullptr) {
+    AddRmsNorm(r.num_tokens, a.hidden_size, a.norm.x, a.norm.y, a.norm.weight, a.norm.eps,
+               a.norm.out, a.norm.out_bf16);
+  }
+  OpTimer timer(this, "RouteTokens");
+  Check(kernels::RouteTokensF32(p, stream_), "kernels::RouteTokensF32");
+}
+
+void CudaBackend::AccumulateExpertCounts(int64_t n, const int32_t* ids, int64_t num_experts,
+                                         const int32_t* count_limit, int64_t* counts) {
+  OpTimer timer(this, "AccumulateExpertCounts");
+  Check(kernels::AccumulateExpertCounts(n, ids, num_experts, count_limit, counts, stream_),
+        "kernels::AccumulateExpertCounts");
+}
+
+bool CudaBackend::RoutedExperts(const RoutedExpertsArgs& a) {
+  if (a.num_experts < 1 || a.num_experts > kernels::kMaxMoeSlots || a.hidden_size % 8 != 0 ||
+      a.inter % 8 != 0 || a.num_tokens < 0 || a.top_k < 1) {
+    return false;
+  }
+  // Decode and small prefills: everything stays on the device (no host synchronisation, so the
+  // step can be captured in a CUDA graph). Larger batches: cuBLAS tensor-core GEMMs per expert,
+  // fed with the group sizes through one small device-to-host copy.
+  // While the stream is being captured into a CUDA graph, the host copy of the cuBLAS path
+  // would fail the capture: take the device path then, at any size (correct, only slower).
+  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+  Check(cudaStreamIsCapturing(stream_, &capture), "cudaStreamIsCapturing");
+  const bool device_grouped =
+      a.dtype == WeightDType::kBFloat16 &&
+      (a.num_tokens <= kMaxFusedMoeTokens || capture != cudaStreamCaptureStatusNone);
+  const DecodeMoeAlgo decode_algo = DecodeMoeAlgoFor(a.num_tokens);
+  OpTimer timer(this, device_grouped ? "RoutedExperts" : "RoutedExpertsCublas");
+  const int64_t T = a.num_tokens, K = a.top_k, H = a.hidden_size, I = a.inter;
+  const int32_t E = a.num_experts;
+  const bool chunked =
+      !device_grouped && expert_gemm_algo_ == kernels::ExpertGemmCublasAlgo::kChunked;
+  const bool planned = device_grouped && decode_algo == DecodeMoeAlgo::kPlannedCublas;
+  const int32_t row_align = chunked ? ChunkRowsFor(T * K / E) : planned ? PlannedChunkRows(T) : 1;
+  const int64_t rows =
+      std::max<int64_t>(1, kernels::MoePermutedRowsBound(static_cast<int32_t>(T),
+                                                         static_cast<int32_t>(K), E, row_align));
+  if (!FitsInt(rows * std::max(H, 2 * I))) {
+    Record(
+        absl::InvalidArgumentError(absl::StrCat("CudaBackend::RoutedExperts: ", T, " tokens x top-",
+                                                K, " is beyond int range for the expert GEMMs")));
+    return true;
+  }
+  // Counts then offsets in one buffer, so the cuBLAS path copies both back at once.
+  auto plan = Allocate((2 * E + 1) * sizeof(int32_t));
+  auto choice_row = AllocateScratch(std::max<int64_t>(1, T * K) * sizeof(int32_t));
+  auto row_token = AllocateScratch(rows * sizeof(int32_t));
+  // bf16 weights gather the rows straight into bf16 (the GEMM operand), except for the device
+  // path's fp32-activation kernel.
+  const bool gather_bf16 = a.dtype == WeightDType::kBFloat16 &&
+                           !(device_grouped && decode_algo == DecodeMoeAlgo::kGroupedF32);
+  auto permuted = AllocateScratch(rows * H * (gather_bf16 ? sizeof(uint16_t) : sizeof(float)));
+  kernels::MoePermuteParams p;
+  p.num_tokens = static_cast<int32_t>(T);
+  p.top_k = static_cast<int32_t>(K);
+  p.num_experts = E;
+  p.num_slots = E;
+  p.topk_ids = a.topk_ids;
+  p.slot_of_expert = a.slot_of_expert;
+  p.hidden_size = H;
+  p.hidden = a.hidden;
+  p.slot_counts = plan->as<int32_t>();
+  p.slot_offsets = plan->as<int32_t>() + E;
+  p.choice_row = choice_row->as<int32_t>();
+  p.row_token = row_token->as<int32_t>();
+  if (gather_bf16) {
+    p.permuted_hidden_bf16 = permuted->as<uint16_t>();
+  } else {
+    p.permuted_hidden = permuted->as<float>();
+  }
+  p.row_align = row_align;
+  // Prefill sizes plan with many blocks (kernels::MoePermutePlanWorkspaceBytes: 0 at decode).
+  const int64_t plan_workspace_bytes =
+      kernels::MoePermutePlanWorkspaceBytes(static_cast<int32_t>(T), static_cast<int32_t>(K), E);
+  std::unique_ptr<DeviceBuffer> plan_workspace;
+  if (plan_workspace_bytes > 0) {
+    plan_workspace = AllocateScratch(plan_workspace_bytes);
+    p.plan_workspace = plan_workspace->data();
+  }
+  {
+    PhaseTimer phase(this, "RoutedExpertsCublas/permute", !device_grouped);
+    Check(kernels::MoePermuteF32(p, stream_), "kernels::MoePermuteF32");
+  }
+
+  // The cuBLAS path with bf16 weights: gate_up and down write bf16 (as a bf16 PyTorch model
+  // rounds each Linear's output), halving the GEMMs' output bytes and the SiLU-mul and combine
+  // passes over them. The device path's GEMMs write fp32.
+  const bool expert_out_bf16 = gather_bf16 && !device_grouped;
+  auto expert_out =
+      AllocateScratch(rows * H * (expert_out_bf16 ? sizeof(uint16_t) : sizeof(float)));
+  if (device_grouped) {
+    ExpertGemmsOnDevice(a, decode_algo, plan->as<int32_t>(), choice_row->as<int32_t>(), rows,
+                        permuted->data(), expert_out->as<float>());
+  } else if (!ExpertGemmsOnCublas(a, plan->as<int32_t>(), row_align, rows, permuted->data(),
+                                  expert_out->data())) {
+    return true;  // the error is recorded; the output is meaningless, as after any failed op
+  }
+
+  PhaseTimer phase(this, "RoutedExpertsCublas/combine", !device_grouped);
+  // The combine overwrites out (no memset pass; the same bits as adding into zeros).
+  kernels::MoeCombineParams c;
+  c.num_tokens = static_cast<int32_t>(T);
+  c.top_k = static_cast<int32_t>(K);
+  c.hidden_size = H;
+  c.choice_row = choice_row->as<int32_t>();
+  c.topk_weights = a.topk_weights;
+  if (expert_out_bf16) {
+    c.expert_out_bf16 = expert_out->as<uint16_t>();
+  } else {
+    c.expert_out = expert_out->as<float>();
+  }
+  c.out = a.out;
+  Check(kernels::MoeCombineF32(c, stream_), "kernels::MoeCombineF32");
+  return true;
+}
+
+bool CudaBackend::DecodeMoeFusedFor(int64_t tokens, int64_t hidden_size) {
+  // moe_block_decode_bench (4 layers in a CUDA graph, H200, docs/kernels.md), µs a layer, the
+  // ops -> the fused kernels (at 2 tokens with the grid-strided down): Moonlight 1 token
+  // 63.6 -> 39.9, 2 tokens 77.6 -> 68.5; V3 1 token 220.7 -> 200.2, 2 tokens 351.8 -> 350.6 (no
+  // faster: not taken).
+  return tokens == 1 || (tokens == 2 && hidden_size <= kMaxFusedMoeHidden);
+}
+
+bool CudaBackend::RoutedAndSharedExperts(const RoutedExpertsArgs& a) {
+  if (!DecodeMoeFusedFor(a.num_tokens, a.hidden_size) || a.dtype != WeightDType::kBFloat16 ||
+      DecodeMoeAlgoFor(a.num_tokens) != DecodeMoeAlgo::kGroupedF32 || a.top_k < 1 ||
+      a.num_experts < 1 || a.inter <= 0 || a.inter % 8 != 0 || a.hidden_size % 8 != 0 ||
+      !FitsInt(a.hidden_size) || !FitsInt(a.inter) || a.shared_inter <= 0 ||
+      a.shared_inter % a.inter != 0 || a.shared_gate_up == nullptr || a.shared_down == nullptr ||
+      a.top_k + a.shared_inter / a.inter > kernels::kMoeDecodeFusedMaxParts ||
+      reinterpret_cast<uintptr_t>(a.hidden) % 16 != 0) {
+    return false;
+  }
+  OpTimer timer(this, "RoutedAndSharedExperts");
+  kernels::MoeDecodeFusedParams p;
+  p.num_tokens = a.num_tokens;
+  p.top_k = a.top_k;
+  p.num_experts = a.num_experts;
+  p.hidden_size = static_cast<int32_t>(a.hidden_size);
+  p.inter = static_cast<int32_t>(a.inter);
+  p.hidden = a.hidden;
+  p.topk_ids = a.topk_ids;
+  p.topk_weights = a.topk_weights;
+  p.slot_of_expert = a.slot_of_expert;
+  p.gate_up = reinterpret_cast<const uint16_t* const*>(a.gate_up);
+  p.down = reinterpret_cast<const uint16_t* const*>(a.down);
+  p.shared_parts = static_cast<int32_t>(a.shared_inter / a.inter);
+  p.shared_gate_up = static_cast<const uint16_t*>(a.shared_gate_up);
+  p.shared_down = static_cast<const uint16_t*>(a.shared_down);
+  p.out = a.out;
+  LaunchMoeDecodeFused(p);
+  return true;
+}
+
+void CudaBackend::LaunchMoeDecodeFused(kernels::MoeDecodeFusedParams p) {
+  const size_t act_bytes =
+      kernels::MoeDecodeFusedActFloats(p.num_tokens, p.top_k, p.shared_parts, p.inter) *
+      sizeof(float);
+  auto act = AllocateScratch(act_bytes);
+  p.act = act->as<float>();
+  Check(kernels::MoeDecodeFusedF32(p, stream_), "kernels::MoeDecodeFusedF32");
+}
+
+bool CudaBackend::NormedDenseMlp(const DenseMlpArgs& a) {
+  if (a.rows != 1 || a.gate_up.dtype != WeightDType::kBFloat16 ||
+      a.down.dtype != WeightDType::kBFloat16 || a.hidden_size <= 0 || a.hidden_size % 8 != 0 ||
+      a.inter <= 0 || a.inter % 8 != 0 || !FitsInt(a.hidden_size) || !FitsInt(a.inter) ||
+      a.x == nullptr || a.norm_weight == nullptr || a.normed == nullptr || a.out == nullptr ||
+      a.gate_up.data == nullptr || a.down.data == nullptr ||
+      reinterpret_cast<uintptr_t>(a.normed) % 16 != 0) {
+    return false;
+  }
+  OpTimer timer(this, "NormedDenseMlp");
+  Check(kernels::AddRmsNormF32(a.rows, a.hidden_size, a.x, a.y, a.norm_weight, a.eps, a.normed,
+                               nullptr, stream_),
+        "kernels::AddRmsNormF32");
+  // The MLP is the fused MoE block's shared MLP alone (top_k 0), as one part: a part split
+  // changes neither the work nor the order of the sums.
+  kernels::MoeDecodeFusedParams p;
+  p.num_tokens = 1;
+  p.top_k = 0;
+  p.hidden_size = static_cast<int32_t>(a.hidden_size);
+  p.inter = static_cast<int32_t>(a.inter);
+  p.hidden = a.normed;
+  p.shared_parts = 1;
+  p.shared_gate_up = static_cast<const uint16_t*>(a.gate_up.data);
+  p.shared_down = static_cast<const uint16_t*>(a.down.data);
+  p.out = a.out;
+  LaunchMoeDecodeFused(p);
+  return true;
+}
+
+CudaBackend::DecodeMoeAlgo CudaBackend::DecodeMoeAlgoFor(int64_t tokens) {
+  // Fastest per size (grouped_gemm_bench at 1 and 8 tokens; moe_decode_bench, a whole layer in
+  // a CUDA graph, at 64-256 tokens, where the planned chunks beat the streaming kernel by 8 %
+  // (Moonlight) and 2 % (V3) at 64 tokens; the thresholds between the sizes are not measured):
+  // the CUDA-core kernel for 1-2 rows per expert, the planned cuBLAS chunks above.
+  if (tokens <= 2) return DecodeMoeAlgo::kGroupedF32;
+  return DecodeMoeAlgo::kPlannedCublas;
+}
+
+int32_t CudaBackend::PlannedChunkRows(int64_t tokens) { return tokens <= 32 ? 8 : 48; }
+
+void CudaBackend::ExpertGemmsOnDevice(const RoutedExpertsArgs& a, DecodeMoeAlgo algo,
+                                      const int32_t* plan, const int32_t* choice_row, int64_t rows,
+                                      const void* permuted, float* expert_out) {
+  const int64_t T = a.num_tokens, K = a.top_k, H = a.hidden_size, I = a.inter;
+  const int32_t E = a.num_experts;
+  const int32_t* offsets = plan + E;
+  // The planned cuBLAS GEMMs write gate_up in bf16 (as the prefill path), the kernels fp32.
+  const bool gate_up_bf16 = algo == DecodeMoeAlgo::kPlannedCublas;
+  auto gate_up = AllocateScratch(rows * 2 * I * (gate_up_bf16 ? sizeof(uint16_t) : sizeof(float)));
+  if (algo == DecodeMoeAlgo::kGroupedF32) {
+    kernels::GroupedGemmBf16Params g;
+    g.num_slots = E;
+    g.max_rows = static_cast<int32_t>(T * K);
+    g.slot_offsets = offsets;
+    g.rows_per_slot_hint = static_cast<int32_t>(T);  // a token's top-k experts are distinct
+    g.n = static_cast<int32_t>(2 * I);
+    g.k = static_cast<int32_t>(H);
+    g.weights = reinterpret_cast<const uint16_t* const*>(a.gate_up);
+    g.x = static_cast<const float*>(permuted);
+    g.y = gate_up->as<float>();
+    Check(kernels::GroupedGemmBf16(g, stream_), "kernels::GroupedGemmBf16(gate_up)");
+    auto act = AllocateScratch(rows * I * sizeof(float));
+    Check(kernels::SiluMulF32(T * K, I, gate_up->as<float>(), act->as<float>(), stream_),
+          "kernels::SiluMulF32");
+    g.n = static_cast<int32_t>(H);
+    g.k = static_cast<int32_t>(I);
+    g.weights = reinterpret_cast<const uint16_t* const*>(a.down);
+    g.x = act->as<float>();
+    g.y = expert_out;
+    Check(kernels::GroupedGemmBf16(g, stream_), "kernels::GroupedGemmBf16(down)");
+    return;
+  }
+  auto act = AllocateScratch(rows * I * sizeof(uint16_t));
+  // kPlannedCublas: the pointer arrays of both GEMMs from the device counts, then one batched
+  // call each over a fixed number of chunks (the dummies, spread between the real chunks and
+  // reading their weights, compute garbage into dummy_y).
+  const int32_t C = PlannedChunkRows(T);
+  const int32_t batch = kernels::ExpertGemmBatchBound(T * K, E, C);
+  auto pointers = AllocateScratch(2 * 3 * static_cast<size_t>(batch) * sizeof(void*));
+  auto dummy_x = AllocateScratch(C * std::max(H, I) * sizeof(uint16_t));
+  auto dummy_y = AllocateScratch(C * std::max(2 * I, H) * sizeof(float));
+  kernels::ExpertGemmPlanParams p;
+  p.num_slots = E;
+  p.slot_counts = plan;
+  p.slot_offsets = offsets;
+  p.chunk_rows = C;
+  p.batch = batch;
+  p.num_gemms = 2;
+  void** ptrs = static_cast<void**>(pointers->data());
+  // gate_up: permuted [rows, H] bf16 -> gate_up [rows, 2I] bf16; down: act [rows, I] bf16 ->
+  // expert_out [rows, H] fp32.
+  const struct {
+    const void* const* weights;
+    const void* x;
+    int64_t x_row_bytes;
+    void* y;
+    int64_t y_row_bytes;
+  } gemms[2] = {{a.gate_up, permuted, H * 2, gate_up->data(), 2 * I * 2},
+                {a.down, act->data(), I * 2, expert_out, H * 4}};
+  for (int i = 0; i < 2; ++i) {
+    kernels::ExpertGemmPlanGemm& g = p.gemm[i];
+    g.weights = gemms[i].weights;
+    g.x = gemms[i].x;
+    g.x_row_bytes = gemms[i].x_row_bytes;
+    g.y = gemms[i].y;
+    g.y_row_bytes = gemms[i].y_row_bytes;
+    g.dummy_x = dummy_x->data();
+    g.dummy_y = dummy_y->data();
+    g.pointers = ptrs + 3 * batch * i;
+  }
+  Check(kernels::PlanExpertGemmBatches(p, stream_), "kernels::PlanExpertGemmBatches");
+  CheckBlas(kernels::PlannedExpertGemmsBf16(cublas_, ptrs, batch, static_cast<int32_t>(2 * I),
+                                            static_cast<int32_t>(H), C, /*out_bf16=*/true),
+            "PlannedExpertGemmsBf16(gate_up)");
+  // The real rows only (choice_row: T * K entries, each real row once): the chunks' padding
+  // rows (most of the rows in use: about 12 real rows per 32-row chunk at Moonlight's 128
+  // tokens) keep garbage that the down GEMM turns into output rows nobody reads.
+  Check(kernels::SiluMulBf16ListedRows(T * K, choice_row, I, gate_up->as<uint16_t>(),
+                                       act->as<uint16_t>(), stream_),
+        "kernels::SiluMulBf16ListedRows");
+  CheckBlas(kernels::PlannedExpertGemmsBf16(cublas_, ptrs + 3 * batch, batch,
+                                            static_cast<int32_t>(H), static_cast<int32_t>(I), C,
+                                            /*out_bf16=*/false),
+            "PlannedExpertGemmsBf16(down)");
+}
+
+bool CudaBackend::ExpertGemmsOnCublas(const RoutedExpertsArgs& a, const int32_t* plan,
+                                      int32_t chunk_rows, int64_t rows, const void* permuted,
+                                      void* expert_out) {
+  const int64_t E = a.num_experts, H = a.hidden_size, I = a.inter;
+  // The one host synchronisation of this path: cuBLAS takes the group sizes on the host.
+  std::vector<int32_t> host_plan(2 * E + 1);  // counts [E] | offsets [E + 1]
+  {
+    PhaseTimer phase(this, "RoutedExpertsCublas/plan_to_host", true);
+    if (!Check(cudaMemcpyAsync(host_plan.data(), plan, host_plan.size() * sizeof(int32_t),
+                               cudaMemcpyDeviceToHost, stream_),
+               "cudaMemcpyAsync(expert counts)") ||
+        !Check(cudaStreamSynchronize(stream_), "cudaStreamSynchronize")) {
+      return false;
+    }
+  }
+  std::vector<const void*> gate_up(E), down(E);
+  if (a.gate_up_host != nullptr && a.down_host != nullptr) {
+    gate_up.assign(a.gate_up_host, a.gate_up_host + E);
+    down.assign(a.down_host, a.down_host + E);
+  } else if (!Check(cudaMemcpyAsync(gate_up.data(), a.gate_up, E * sizeof(void*),
+                                    cudaMemcpyDeviceToHost, stream_),
+                    "cudaMemcpyAsync(gate_up table)") ||
+             !Check(cudaMemcpyAsync(down.data(), a.down, E * sizeof(void*), cudaMemcpyDeviceToHost,
+                                    stream_),
+                    "cudaMemcpyAsync(down table)") ||
+             !Check(cudaStreamSynchronize(stream_), "cudaStreamSynchronize")) {
+    return false;
+  }
+  // bf16 weights: the activation operands are rounded to bf16 (the permutation did it for the
+  // hidden rows), as every bf16 GEMM of the backend, and both GEMMs write bf16.
+  const bool bf16 = a.dtype == WeightDType::kBFloat16;
+  const int64_t pointer_count = kernels::ExpertGemmPointerCount(rows, chunk_rows);
+  auto pointers = AllocateScratch(pointer_count * sizeof(void*));
+  auto gate_up_out = AllocateScratch(rows * 2 * I * (bf16 ? sizeof(uint16_t) : sizeof(float)));
+  kernels::ExpertGemmCublasParams g;
+  g.num_slots = static_cast<int32_t>(E);
+  g.host_counts = host_plan.data();
+  g.host_offsets = host_plan.data() + E;
+  g.host_weights = gate_up.data();
+  g.weight_type = bf16 ? CUDA_R_16BF : CUDA_R_32F;
+  g.n = static_cast<int32_t>(2 * I);
+  g.k = static_cast<int32_t>(H);
+  g.x = permuted;
+  g.y = gate_up_out->data();
+  g.output_type = bf16 ? CUDA_R_16BF : CUDA_R_32F;
+  g.chunk_rows = chunk_rows;
+  g.device_pointers = static_cast<void**>(pointers->data());
+  g.device_pointers_size = pointer_count;
+  {
+    PhaseTimer phase(this, "RoutedExpertsCublas/gate_up", true);
+    if (!ExpertGemms(g, "gate_up")) return false;
+  }
+  // Padding rows (kChunked) go through SiLU-mul too: meaningless values nobody reads.
+  auto act = AllocateScratch(rows * I * (bf16 ? sizeof(uint16_t) : sizeof(float)));
+  {
+    PhaseTimer phase(this, "RoutedExpertsCublas/silu_mul", true);
+    const int64_t act_rows = host_plan[2 * E];  // padded total
+    if (bf16) {
+      Check(kernels::SiluMulBf16(act_rows, I, gate_up_out->as<uint16_t>(), act->as<uint16_t>(),
+                                 stream_),
+            "kernels::SiluMulBf16");
+    } else {
+      Check(kernels::SiluMulF32(act_rows, I, gate_up_out->as<float>(), act->as<float>(), stream_),
+            "kernels::SiluMulF32");
+    }
+  }
+  g.host_weights = down.data();
+  g.n = static_cast<int32_t>(H);
+  g.k = static_cast<int32_t>(I);
+  g.x = act->data();
+  g.y = expert_out;
+  PhaseTimer phase(this, "RoutedExpertsCublas/down", true);
+  return ExpertGemms(g, "down");
+}
+
+bool CudaBackend::ExpertGemms(const kernels::ExpertGemmCublasParams& g, const char* which) {
+  cublasStatus_t st = kernels::ExpertGemmsCublas(cublas_, g, expert_gemm_algo_);
+  if (st == CUBLAS_STATUS_NOT_SUPPORTED &&
+      expert_gemm_algo_ != kernels::ExpertGemmCublasAlgo::kPerExpert) {
+    // A cuBLAS without this batched / grouped type combination: per expert from now on (it
+    // takes any layout, the padded one of kChunked included).
+    LOG(WARNING) << "CudaBackend: cuBLAS refused the " << ExpertGemmAlgoName(expert_gemm_algo_)
+                 << " expert GEMM; using one cuBLAS GEMM per expert";
+    expert_gemm_algo_ = kernels::ExpertGemmCublasAlgo::kPerExpert;
+    st = kernels::ExpertGemmsCublas(cublas_, g, expert_gemm_algo_);
+  }
+  const std::string call = absl::StrCat("kernels::ExpertGemmsCublas(", which, ", ",
+                                        ExpertGemmAlgoName(expert_gemm_algo_), ")");
+  return CheckBlas(st, call.c_str());
+}
+
+}  // namespace deepinfer

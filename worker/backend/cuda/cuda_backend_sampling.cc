@@ -1,0 +1,59 @@
+// CudaBackend's sampling ops: argmax, greedy and sampled tokens with their logprobs, top
+// logprobs.
+#include <cstdint>
+#include <limits>
+
+#include "absl/strings/str_cat.h"
+#include "kernels/sampling/argmax.h"
+#include "kernels/sampling/sample.h"
+#include "worker/backend/cuda/cuda_backend.h"
+#include "worker/backend/cuda/op_timer.h"
+
+namespace deepinfer {
+
+void CudaBackend::ArgmaxRows(int64_t rows, int64_t vocab, const float* logits, int32_t* out) {
+  OpTimer timer(this, "ArgmaxRows");
+  auto workspace = AllocateScratch(kernels::ArgmaxWorkspaceBytes(rows, vocab));
+  Check(kernels::ArgmaxRowsF32(rows, vocab, logits, workspace->data(), out, stream_),
+        "kernels::ArgmaxRowsF32");
+}
+
+void CudaBackend::GreedySampleRows(int64_t rows, int64_t vocab, const float* logits, int32_t* token,
+                                   float* logprob) {
+  OpTimer timer(this, "GreedySampleRows");
+  auto workspace = AllocateScratch(kernels::ArgmaxWorkspaceBytes(rows, vocab));
+  Check(
+      kernels::GreedySampleRowsF32(rows, vocab, logits, workspace->data(), token, logprob, stream_),
+      "kernels::GreedySampleRowsF32");
+}
+
+void CudaBackend::SampleRows(int64_t rows, int64_t vocab, const float* logits,
+                             const RowSamplingParams* params, int32_t* token, float* logprob) {
+  OpTimer timer(this, "SampleRows");
+  if (vocab <= 0 || vocab > std::numeric_limits<int32_t>::max()) {
+    Record(absl::InvalidArgumentError(
+        absl::StrCat("SampleRows: vocab must be in [1, 2^31), got ", vocab)));
+    return;
+  }
+  Check(kernels::SampleRowsF32(rows, vocab, logits, params, token, logprob, stream_),
+        "kernels::SampleRowsF32");
+}
+
+void CudaBackend::TopLogprobsRows(int64_t rows, int64_t vocab, const float* logits, int32_t n,
+                                  int32_t* ids, float* logprobs) {
+  OpTimer timer(this, "TopLogprobsRows");
+  if (n < 1 || n > kMaxTopLogprobs) {
+    Record(absl::InvalidArgumentError(
+        absl::StrCat("TopLogprobsRows: n must be in [1, ", kMaxTopLogprobs, "], got ", n)));
+    return;
+  }
+  if (vocab <= 0 || vocab > std::numeric_limits<int32_t>::max()) {
+    Record(absl::InvalidArgumentError(
+        absl::StrCat("TopLogprobsRows: vocab must be in [1, 2^31), got ", vocab)));
+    return;
+  }
+  Check(kernels::TopLogprobsF32(rows, vocab, logits, n, ids, logprobs, stream_),
+        "kernels::TopLogprobsF32");
+}
+
+}  // namespace deepinfer
