@@ -199,6 +199,7 @@ bool CudaBackend::RoutedExperts(const RoutedExpertsArgs& a) {
   } else {
     c.expert_out = expert_out->as<float>();
   }
+  c.accumulate = false;  // MoeCombineParams' default adds into out
   c.out = a.out;
   Check(kernels::MoeCombineF32(c, stream_), "kernels::MoeCombineF32");
   return true;
