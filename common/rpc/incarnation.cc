@@ -1,4 +1,4 @@
-#include "coordinator/rpc/incarnation.h"
+#include "common/rpc/incarnation.h"
 
 #include "absl/random/random.h"
 

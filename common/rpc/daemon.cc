@@ -1,4 +1,4 @@
-#include "coordinator/rpc/daemon.h"
+#include "common/rpc/daemon.h"
 
 #include <signal.h>
 

@@ -1,4 +1,4 @@
-#include "coordinator/rpc/auth.h"
+#include "common/rpc/auth.h"
 
 #include <cstdio>
 #include <fstream>

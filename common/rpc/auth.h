@@ -4,8 +4,8 @@
 // "authorization: Bearer <token>" metadata; servers configured with a token refuse
 // any call that lacks it with UNAUTHENTICATED. With no token configured, everything
 // is accepted: daemons then listen on 127.0.0.1 by default.
-#ifndef DEEPINFER_COORDINATOR_RPC_AUTH_H_
-#define DEEPINFER_COORDINATOR_RPC_AUTH_H_
+#ifndef DEEPINFER_COMMON_RPC_AUTH_H_
+#define DEEPINFER_COMMON_RPC_AUTH_H_
 
 #include <string>
 
@@ -43,4 +43,4 @@ grpc::Status ToGrpcStatus(const absl::Status& status);
 
 }  // namespace deepinfer
 
-#endif  // DEEPINFER_COORDINATOR_RPC_AUTH_H_
+#endif  // DEEPINFER_COMMON_RPC_AUTH_H_

@@ -1,7 +1,7 @@
 // Process plumbing shared by the daemons' main.cc: logging set-up, waiting for
 // SIGTERM/SIGINT, and writing the bound port to a file for scripts and tests.
-#ifndef DEEPINFER_COORDINATOR_RPC_DAEMON_H_
-#define DEEPINFER_COORDINATOR_RPC_DAEMON_H_
+#ifndef DEEPINFER_COMMON_RPC_DAEMON_H_
+#define DEEPINFER_COMMON_RPC_DAEMON_H_
 
 #include <iostream>
 #include <memory>
@@ -52,4 +52,4 @@ int ServeUntilSignal(const char* daemon, absl::StatusOr<std::unique_ptr<Server>>
 
 }  // namespace deepinfer
 
-#endif  // DEEPINFER_COORDINATOR_RPC_DAEMON_H_
+#endif  // DEEPINFER_COMMON_RPC_DAEMON_H_
