@@ -8,9 +8,9 @@
 #include <thread>
 #include <vector>
 
+#include "common/flags/flag_set.h"
 #include "common/rpc/auth.h"
 #include "common/rpc/daemon.h"
-#include "coordinator/cli/flag_set.h"
 #include "coordinator/eplb/placement_json.h"
 #include "glog/logging.h"
 #include "kernels/common/pdl.h"

@@ -4,8 +4,8 @@
 #include <string>
 #include <vector>
 
+#include "common/flags/flag_set.h"
 #include "coordinator/cli/bench_command.h"
-#include "coordinator/cli/flag_set.h"
 #include "coordinator/cli/job_commands.h"
 #include "coordinator/cli/subcommands.h"
 #include "worker/device_discovery.h"

@@ -9,8 +9,8 @@
 #include <string>
 #include <vector>
 
+#include "common/flags/flag_set.h"
 #include "common/rpc/auth.h"
-#include "coordinator/cli/flag_set.h"
 #include "coordinator/cli/subcommands.h"
 #include "coordinator/client/coordinator_client.h"
 #include "coordinator/eplb/expert_loads.h"

@@ -5,8 +5,8 @@
 // --name=value, --name value, and for booleans --name, --name=true|false, --noname.
 // Anything not starting with "--" is a positional argument. Why not absl flags:
 // subcommands need their own flag namespaces and their own --help.
-#ifndef DEEPINFER_COORDINATOR_CLI_FLAG_SET_H_
-#define DEEPINFER_COORDINATOR_CLI_FLAG_SET_H_
+#ifndef DEEPINFER_COMMON_FLAGS_FLAG_SET_H_
+#define DEEPINFER_COMMON_FLAGS_FLAG_SET_H_
 
 #include <cstdint>
 #include <string>
@@ -66,4 +66,4 @@ class FlagSet {
 
 }  // namespace deepinfer
 
-#endif  // DEEPINFER_COORDINATOR_CLI_FLAG_SET_H_
+#endif  // DEEPINFER_COMMON_FLAGS_FLAG_SET_H_

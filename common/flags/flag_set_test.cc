@@ -1,4 +1,4 @@
-#include "coordinator/cli/flag_set.h"
+#include "common/flags/flag_set.h"
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"

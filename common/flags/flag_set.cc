@@ -1,4 +1,4 @@
-#include "coordinator/cli/flag_set.h"
+#include "common/flags/flag_set.h"
 
 #include <iostream>
 
