@@ -21,12 +21,12 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
+#include "common/eplb/expert_parallel_group.h"
 #include "common/rpc/auth.h"
 #include "coordinator/batch/prompt_builder.h"
 #include "coordinator/cli/atomic_output_file.h"
 #include "coordinator/cli/child_process.h"
 #include "coordinator/cli/progress.h"
-#include "coordinator/eplb/expert_parallel_group.h"
 #include "google/protobuf/util/json_util.h"
 #include "worker/backend/backend_kind.h"
 

@@ -5,8 +5,8 @@
 // coordinator picks its group members with SelectExpertParallelMembers, a worker checks its
 // group with CheckRoutedExpertsSplit, and `deepinfer run` refuses at once a layout whose
 // workers could not all join.
-#ifndef DEEPINFER_COORDINATOR_EPLB_EXPERT_PARALLEL_GROUP_H_
-#define DEEPINFER_COORDINATOR_EPLB_EXPERT_PARALLEL_GROUP_H_
+#ifndef DEEPINFER_COMMON_EPLB_EXPERT_PARALLEL_GROUP_H_
+#define DEEPINFER_COMMON_EPLB_EXPERT_PARALLEL_GROUP_H_
 
 #include <cstddef>
 #include <cstdint>
@@ -39,4 +39,4 @@ ExpertParallelSelection SelectExpertParallelMembers(int64_t routed_experts,
 
 }  // namespace deepinfer
 
-#endif  // DEEPINFER_COORDINATOR_EPLB_EXPERT_PARALLEL_GROUP_H_
+#endif  // DEEPINFER_COMMON_EPLB_EXPERT_PARALLEL_GROUP_H_

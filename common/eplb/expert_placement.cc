@@ -1,4 +1,4 @@
-#include "coordinator/eplb/expert_placement.h"
+#include "common/eplb/expert_placement.h"
 
 #include <algorithm>
 #include <string>

@@ -8,8 +8,8 @@
 // GPUs (ranks) in order: slot p lives on GPU p / (num_physical / num_gpus), so every GPU
 // hosts the same number of slots. The number of GPUs is not part of the placement (the
 // same placement describes 1 GPU or num_physical GPUs); functions that need it take it.
-#ifndef DEEPINFER_COORDINATOR_EPLB_EXPERT_PLACEMENT_H_
-#define DEEPINFER_COORDINATOR_EPLB_EXPERT_PLACEMENT_H_
+#ifndef DEEPINFER_COMMON_EPLB_EXPERT_PLACEMENT_H_
+#define DEEPINFER_COMMON_EPLB_EXPERT_PLACEMENT_H_
 
 #include <cstdint>
 #include <vector>
@@ -68,4 +68,4 @@ class ExpertPlacement {
 
 }  // namespace deepinfer
 
-#endif  // DEEPINFER_COORDINATOR_EPLB_EXPERT_PLACEMENT_H_
+#endif  // DEEPINFER_COMMON_EPLB_EXPERT_PLACEMENT_H_

@@ -1,4 +1,4 @@
-#include "coordinator/eplb/expert_placement.h"
+#include "common/eplb/expert_placement.h"
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"

@@ -1,4 +1,4 @@
-#include "coordinator/eplb/placement_proto.h"
+#include "common/eplb/placement_proto.h"
 
 #include <utility>
 #include <vector>

@@ -1,12 +1,12 @@
 // ExpertPlacement <-> ExpertPlacementSpec (proto/common.proto), how the coordinator hands a
 // placement to workers. The replica order of log2phy travels with it.
-#ifndef DEEPINFER_COORDINATOR_EPLB_PLACEMENT_PROTO_H_
-#define DEEPINFER_COORDINATOR_EPLB_PLACEMENT_PROTO_H_
+#ifndef DEEPINFER_COMMON_EPLB_PLACEMENT_PROTO_H_
+#define DEEPINFER_COMMON_EPLB_PLACEMENT_PROTO_H_
 
 #include <cstdint>
 
 #include "absl/status/statusor.h"
-#include "coordinator/eplb/expert_placement.h"
+#include "common/eplb/expert_placement.h"
 #include "proto/common.pb.h"
 
 namespace deepinfer {
@@ -19,4 +19,4 @@ absl::StatusOr<ExpertPlacement> PlacementFromProto(const ExpertPlacementSpec& sp
 
 }  // namespace deepinfer
 
-#endif  // DEEPINFER_COORDINATOR_EPLB_PLACEMENT_PROTO_H_
+#endif  // DEEPINFER_COMMON_EPLB_PLACEMENT_PROTO_H_

@@ -1,5 +1,5 @@
 // Placement proto round trip (replica order kept) and malformed specs.
-#include "coordinator/eplb/placement_proto.h"
+#include "common/eplb/placement_proto.h"
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"

@@ -1,4 +1,4 @@
-#include "coordinator/eplb/placement_json.h"
+#include "common/eplb/placement_json.h"
 
 #include <fstream>
 #include <sstream>

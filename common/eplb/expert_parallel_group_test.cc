@@ -1,4 +1,4 @@
-#include "coordinator/eplb/expert_parallel_group.h"
+#include "common/eplb/expert_parallel_group.h"
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"

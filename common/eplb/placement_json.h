@@ -3,15 +3,15 @@
 // one entry per layer; log2phy rows are padded with -1 to the largest replica count of the
 // placement, so the array is rectangular. `deepinfer-admin plan` prints it; workers and the
 // coordinator will read it for a static placement (--expert-placement).
-#ifndef DEEPINFER_COORDINATOR_EPLB_PLACEMENT_JSON_H_
-#define DEEPINFER_COORDINATOR_EPLB_PLACEMENT_JSON_H_
+#ifndef DEEPINFER_COMMON_EPLB_PLACEMENT_JSON_H_
+#define DEEPINFER_COMMON_EPLB_PLACEMENT_JSON_H_
 
 #include <string>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
-#include "coordinator/eplb/expert_placement.h"
+#include "common/eplb/expert_placement.h"
 
 namespace deepinfer {
 
@@ -28,4 +28,4 @@ absl::Status WritePlacementFile(const std::string& path, const ExpertPlacement& 
 
 }  // namespace deepinfer
 
-#endif  // DEEPINFER_COORDINATOR_EPLB_PLACEMENT_JSON_H_
+#endif  // DEEPINFER_COMMON_EPLB_PLACEMENT_JSON_H_
