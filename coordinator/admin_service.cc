@@ -3,7 +3,7 @@
 #include <memory>
 #include <utility>
 
-#include "coordinator/eplb/placement_json.h"
+#include "common/eplb/placement_json.h"
 #include "coordinator/eplb/placement_planner.h"
 #include "glog/logging.h"
 

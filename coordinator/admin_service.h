@@ -6,10 +6,10 @@
 #define DEEPINFER_COORDINATOR_ADMIN_SERVICE_H_
 
 #include "absl/time/time.h"
+#include "common/rpc/auth.h"
 #include "coordinator/clock.h"
 #include "coordinator/expert_balancer.h"
 #include "coordinator/job_manager.h"
-#include "coordinator/rpc/auth.h"
 #include "coordinator/worker_registry.h"
 #include "proto/admin.grpc.pb.h"
 

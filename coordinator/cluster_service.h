@@ -5,9 +5,9 @@
 #define DEEPINFER_COORDINATOR_CLUSTER_SERVICE_H_
 
 #include "absl/time/time.h"
+#include "common/rpc/auth.h"
 #include "coordinator/expert_balancer.h"
 #include "coordinator/job_manager.h"
-#include "coordinator/rpc/auth.h"
 #include "coordinator/worker_registry.h"
 #include "proto/cluster.grpc.pb.h"
 

@@ -3,7 +3,7 @@
 #include <algorithm>
 
 #include "absl/strings/str_cat.h"
-#include "coordinator/rpc/incarnation.h"
+#include "common/rpc/incarnation.h"
 #include "glog/logging.h"
 
 namespace deepinfer {

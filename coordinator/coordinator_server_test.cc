@@ -3,7 +3,7 @@
 #include "coordinator/coordinator_server.h"
 
 #include "absl/strings/str_cat.h"
-#include "coordinator/rpc/auth.h"
+#include "common/rpc/auth.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "proto/admin.grpc.pb.h"

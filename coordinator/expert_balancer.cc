@@ -4,8 +4,8 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "common/eplb/placement_proto.h"
 #include "coordinator/eplb/balance_report.h"
-#include "coordinator/eplb/placement_proto.h"
 #include "glog/logging.h"
 
 namespace deepinfer {

@@ -2,7 +2,7 @@
 // epochs count up, a placement goes only to groups it fits, the automatic interval.
 #include "coordinator/expert_balancer.h"
 
-#include "coordinator/eplb/placement_proto.h"
+#include "common/eplb/placement_proto.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 

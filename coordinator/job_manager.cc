@@ -10,9 +10,9 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
+#include "common/eplb/expert_parallel_group.h"
+#include "common/eplb/placement_proto.h"
 #include "coordinator/batch/batch_output.h"
-#include "coordinator/eplb/expert_parallel_group.h"
-#include "coordinator/eplb/placement_proto.h"
 #include "glog/logging.h"
 
 namespace deepinfer {

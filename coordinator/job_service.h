@@ -4,8 +4,8 @@
 #ifndef DEEPINFER_COORDINATOR_JOB_SERVICE_H_
 #define DEEPINFER_COORDINATOR_JOB_SERVICE_H_
 
+#include "common/rpc/auth.h"
 #include "coordinator/job_manager.h"
-#include "coordinator/rpc/auth.h"
 #include "proto/job.grpc.pb.h"
 
 namespace deepinfer {

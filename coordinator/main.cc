@@ -9,13 +9,13 @@
 
 #include "absl/strings/numbers.h"
 #include "absl/time/time.h"
-#include "coordinator/cli/flag_set.h"
+#include "common/eplb/placement_json.h"
+#include "common/flags/flag_set.h"
+#include "common/rpc/auth.h"
+#include "common/rpc/daemon.h"
 #include "coordinator/coordinator_server.h"
-#include "coordinator/eplb/placement_json.h"
 #include "coordinator/eplb/placement_planner.h"
 #include "coordinator/eplb/redundant_experts.h"
-#include "coordinator/rpc/auth.h"
-#include "coordinator/rpc/daemon.h"
 #include "glog/logging.h"
 
 int main(int argc, char** argv) {

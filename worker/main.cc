@@ -8,10 +8,10 @@
 #include <thread>
 #include <vector>
 
-#include "coordinator/cli/flag_set.h"
-#include "coordinator/eplb/placement_json.h"
-#include "coordinator/rpc/auth.h"
-#include "coordinator/rpc/daemon.h"
+#include "common/eplb/placement_json.h"
+#include "common/flags/flag_set.h"
+#include "common/rpc/auth.h"
+#include "common/rpc/daemon.h"
 #include "glog/logging.h"
 #include "kernels/common/pdl.h"
 #include "worker/backend/backend_factory.h"

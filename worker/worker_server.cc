@@ -7,7 +7,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
-#include "coordinator/rpc/incarnation.h"
+#include "common/rpc/incarnation.h"
 #include "glog/logging.h"
 
 namespace deepinfer {

@@ -12,7 +12,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
-#include "coordinator/rpc/auth.h"
+#include "common/rpc/auth.h"
 #include "grpcpp/grpcpp.h"
 #include "proto/worker.grpc.pb.h"
 #include "worker/comm/data_plane.h"

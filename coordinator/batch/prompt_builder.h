@@ -15,8 +15,8 @@
 
 #include "absl/status/statusor.h"
 #include "coordinator/batch/batch_line.h"
-#include "worker/tokenizer/chat_template.h"
-#include "worker/tokenizer/tokenizer.h"
+#include "tokenizer/chat_template.h"
+#include "tokenizer/tokenizer.h"
 
 namespace deepinfer {
 

@@ -3,7 +3,7 @@
 #include "absl/strings/str_cat.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "worker/tokenizer/test_tokenizer_json.h"
+#include "tokenizer/test_tokenizer_json.h"
 
 namespace deepinfer {
 namespace {

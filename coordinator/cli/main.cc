@@ -4,12 +4,12 @@
 #include <string>
 #include <vector>
 
+#include "common/flags/flag_set.h"
 #include "coordinator/cli/bench_command.h"
-#include "coordinator/cli/flag_set.h"
 #include "coordinator/cli/job_commands.h"
 #include "coordinator/cli/subcommands.h"
+#include "tokenizer/tokenize_command.h"
 #include "worker/device_discovery.h"
-#include "worker/tokenizer/tokenize_command.h"
 
 namespace deepinfer {
 namespace {

@@ -2,7 +2,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
-#include "coordinator/rpc/auth.h"
+#include "common/rpc/auth.h"
 
 namespace deepinfer {
 

@@ -9,8 +9,8 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "common/eplb/expert_placement.h"
 #include "coordinator/eplb/expert_loads.h"
-#include "coordinator/eplb/expert_placement.h"
 
 namespace deepinfer {
 

@@ -9,8 +9,8 @@
 
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "common/eplb/expert_placement.h"
 #include "coordinator/eplb/expert_loads.h"
-#include "coordinator/eplb/expert_placement.h"
 
 namespace deepinfer {
 

@@ -26,8 +26,8 @@
 #include "nlohmann/json.hpp"
 #include "tests/testing/batch_jobs.h"
 #include "tests/testing/subprocess.h"
-#include "worker/tokenizer/test_tokenizer_json.h"
-#include "worker/tokenizer/tokenizer.h"
+#include "tokenizer/test_tokenizer_json.h"
+#include "tokenizer/tokenizer.h"
 
 namespace deepinfer {
 namespace {

@@ -13,7 +13,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "nlohmann/json.hpp"
-#include "worker/tokenizer/test_tokenizer_json.h"
+#include "tokenizer/test_tokenizer_json.h"
 
 namespace deepinfer::testing {
 

@@ -1,6 +1,6 @@
 // A model directory that serves chat for tests: the weights and config of an HF-made
 // fixture (tests/fixtures/) linked in, with the small test tokenizer
-// (worker/tokenizer/test_tokenizer_json.h, its vocabulary padded with "<unused_N>" tokens
+// (tokenizer/test_tokenizer_json.h, its vocabulary padded with "<unused_N>" tokens
 // up to the model's) and a chat template shaped like DeepSeek-V3's
 // (system prompt first, tools, user / assistant with tool calls / tool turns).
 #ifndef DEEPINFER_TESTS_TESTING_CHAT_MODEL_H_

@@ -1,6 +1,6 @@
 #!/usr/bin/env node
 // Single-thread encode throughput of HF tokenizers (@anush008/tokenizers) on a JSONL corpus, the
-// counterpart of //worker/tokenizer:tokenizer_bench.
+// counterpart of //tokenizer:tokenizer_bench.
 //
 //   TOKENIZERS_PARALLELISM=false node tests/tokenizer/bench_hf.js CORPUS.jsonl [SECONDS]
 //

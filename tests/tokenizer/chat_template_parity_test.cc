@@ -8,9 +8,9 @@
 
 #include "gtest/gtest.h"
 #include "tests/tokenizer/reference_runner.h"
-#include "worker/tokenizer/chat_template.h"
-#include "worker/tokenizer/jinja/template.h"
-#include "worker/tokenizer/tokenizer.h"
+#include "tokenizer/chat_template.h"
+#include "tokenizer/jinja/template.h"
+#include "tokenizer/tokenizer.h"
 
 namespace deepinfer::tokenizer {
 namespace {

@@ -14,9 +14,9 @@
 #include "absl/strings/str_join.h"
 #include "gtest/gtest.h"
 #include "tests/tokenizer/reference_runner.h"
-#include "worker/tokenizer/incremental_decoder.h"
-#include "worker/tokenizer/tokenizer.h"
-#include "worker/tokenizer/utf8.h"
+#include "tokenizer/incremental_decoder.h"
+#include "tokenizer/tokenizer.h"
+#include "tokenizer/utf8.h"
 
 namespace deepinfer::tokenizer {
 namespace {

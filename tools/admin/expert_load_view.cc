@@ -8,7 +8,7 @@
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
-#include "coordinator/eplb/placement_proto.h"
+#include "common/eplb/placement_proto.h"
 
 namespace deepinfer {
 namespace {

@@ -12,7 +12,7 @@
 #include <set>
 #include <tuple>
 
-#include "coordinator/eplb/placement_proto.h"
+#include "common/eplb/placement_proto.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 

@@ -9,11 +9,11 @@
 #include <string>
 #include <vector>
 
-#include "coordinator/cli/flag_set.h"
+#include "common/flags/flag_set.h"
+#include "common/rpc/auth.h"
 #include "coordinator/cli/subcommands.h"
 #include "coordinator/client/coordinator_client.h"
 #include "coordinator/eplb/expert_loads.h"
-#include "coordinator/rpc/auth.h"
 #include "tools/admin/cluster_status_format.h"
 #include "tools/admin/expert_load_view.h"
 #include "tools/admin/plan_command.h"

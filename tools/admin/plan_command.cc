@@ -4,9 +4,9 @@
 #include <limits>
 
 #include "absl/strings/str_cat.h"
+#include "common/eplb/placement_json.h"
 #include "coordinator/eplb/balance_report.h"
 #include "coordinator/eplb/expert_loads.h"
-#include "coordinator/eplb/placement_json.h"
 #include "coordinator/eplb/placement_planner.h"
 #include "coordinator/eplb/redundant_experts.h"
 

@@ -5,9 +5,9 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "common/eplb/placement_json.h"
 #include "coordinator/eplb/balance_report.h"
 #include "coordinator/eplb/expert_loads.h"
-#include "coordinator/eplb/placement_json.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"

@@ -12,7 +12,7 @@
 #include <string>
 #include <vector>
 
-#include "coordinator/cli/flag_set.h"
+#include "common/flags/flag_set.h"
 #include "tools/bench/bench_runner.h"
 #include "worker/backend/backend_kind.h"
 

@@ -15,7 +15,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
-#include "coordinator/cli/flag_set.h"
+#include "common/flags/flag_set.h"
 #include "nlohmann/json.hpp"
 #include "worker/backend/cpu/cpu_backend.h"
 #include "worker/model/dummy_weight_source.h"

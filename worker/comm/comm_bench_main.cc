@@ -14,7 +14,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
-#include "coordinator/cli/flag_set.h"
+#include "common/flags/flag_set.h"
 #include "glog/logging.h"
 #include "worker/comm/tcp_communicator.h"
 

@@ -16,8 +16,8 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
-#include "coordinator/cli/flag_set.h"
-#include "coordinator/rpc/daemon.h"
+#include "common/flags/flag_set.h"
+#include "common/rpc/daemon.h"
 #include "glog/logging.h"
 #include "worker/comm/tcp_communicator.h"
 

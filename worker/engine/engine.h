@@ -38,11 +38,11 @@
 #include "absl/synchronization/mutex.h"
 #include "proto/cluster.pb.h"
 #include "proto/common.pb.h"
+#include "tokenizer/incremental_decoder.h"
+#include "tokenizer/tokenizer.h"
 #include "worker/engine/request_queue.h"
 #include "worker/kv_cache/kv_block_pool.h"
 #include "worker/model/causal_lm.h"
-#include "worker/tokenizer/incremental_decoder.h"
-#include "worker/tokenizer/tokenizer.h"
 
 namespace deepinfer {
 

@@ -13,10 +13,10 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
+#include "tokenizer/test_tokenizer_json.h"
 #include "worker/backend/cpu/cpu_backend.h"
 #include "worker/model/cpu_generate.h"
 #include "worker/model/model_loader.h"
-#include "worker/tokenizer/test_tokenizer_json.h"
 
 namespace deepinfer {
 namespace {

@@ -4,7 +4,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
-#include "coordinator/eplb/placement_proto.h"
+#include "common/eplb/placement_proto.h"
 #include "glog/logging.h"
 
 namespace deepinfer {

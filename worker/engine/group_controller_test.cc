@@ -4,7 +4,7 @@
 
 #include <cstdlib>
 
-#include "coordinator/eplb/placement_proto.h"
+#include "common/eplb/placement_proto.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 

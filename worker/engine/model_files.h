@@ -12,8 +12,8 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "tokenizer/tokenizer.h"
 #include "worker/model/model_config.h"
-#include "worker/tokenizer/tokenizer.h"
 
 namespace deepinfer {
 

@@ -9,7 +9,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
-#include "worker/tokenizer/test_tokenizer_json.h"
+#include "tokenizer/test_tokenizer_json.h"
 
 namespace deepinfer {
 namespace {

@@ -19,7 +19,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
-#include "coordinator/eplb/expert_placement.h"
+#include "common/eplb/expert_placement.h"
 #include "worker/backend/backend.h"
 #include "worker/backend/backend_factory.h"
 #include "worker/comm/communicator.h"

@@ -9,7 +9,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
-#include "coordinator/eplb/expert_parallel_group.h"
+#include "common/eplb/expert_parallel_group.h"
 #include "glog/logging.h"
 #include "worker/model/ep_expert_dispatcher.h"
 #include "worker/model/model_loader.h"

@@ -46,7 +46,7 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
-#include "coordinator/eplb/expert_placement.h"
+#include "common/eplb/expert_placement.h"
 #include "proto/cluster.pb.h"
 #include "proto/common.pb.h"
 #include "proto/worker.pb.h"

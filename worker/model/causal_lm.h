@@ -16,7 +16,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
-#include "coordinator/eplb/expert_placement.h"
+#include "common/eplb/expert_placement.h"
 #include "worker/kv_cache/kv_block_pool.h"
 #include "worker/kv_cache/kv_cache_spec.h"
 #include "worker/model/attention/prefill_attention.h"

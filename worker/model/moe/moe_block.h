@@ -14,7 +14,7 @@
 #include <vector>
 
 #include "absl/status/status.h"
-#include "coordinator/eplb/expert_placement.h"
+#include "common/eplb/expert_placement.h"
 #include "worker/backend/backend.h"
 #include "worker/model/expert_dispatcher.h"
 #include "worker/model/layer_context.h"
