@@ -1,3 +1,7 @@
+// The template interpreter: every statement and expression kind, and the filters and tests
+// that HF chat templates use, evaluated over Value. Over 800 lines because the evaluator's
+// node kinds, filters and tests share the Context and Value helpers defined only in this
+// file; splitting it by node family would first have to export those helpers.
 #include "tokenizer/jinja/template.h"
 
 #include <locale.h>

@@ -1,4 +1,7 @@
-// RunBenchmark implementation.
+// RunBenchmark implementation: the rank set-up (through BuildRank), the prefill and decode
+// phases, the expert-exchange meter of --ranks N, and the text / JSON / CSV reports. Over 800
+// lines because the phases share the per-rank state and timers defined only here; the reports
+// are the part to move out first.
 #include "tools/bench/bench_runner.h"
 
 #include <algorithm>
