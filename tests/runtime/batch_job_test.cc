@@ -110,27 +110,33 @@ TEST(BatchJobTest, SameTokensOnOneWorkerTwoWorkersAndTwoRanks) {
   }
 }
 
-// HF transformers' own greedy continuations (recorded in the fixture by
-// tools/make_fixtures.py) come out of `deepinfer run`, on one worker and on two.
-TEST(BatchJobTest, DeepinferRunReproducesHfGreedyTokens) {
+// One greedy 24-token completion line per fixture prompt (custom ids "hf-N"), with `logprobs`
+// top logprobs when > 0; `want` gets HF's recorded continuation of each.
+std::vector<std::string> HfGreedyLines(int logprobs, std::map<std::string, std::vector<int>>* want) {
   json expected = json::parse(ReadFile(Runfile(std::string(kModel) + "/expected.json")));
   std::vector<std::string> lines;
-  std::map<std::string, std::vector<int>> want;
   for (size_t i = 0; i < expected["prompts"].size(); ++i) {
     const json& p = expected["prompts"][i];
     const std::string id = absl::StrCat("hf-", i);
-    want[id] = p["greedy_24"].get<std::vector<int>>();
-    lines.push_back(json({{"custom_id", id},
-                          {"method", "POST"},
-                          {"url", "/v1/completions"},
-                          {"body",
-                           {{"prompt", p["ids"]},
-                            {"max_tokens", 24},
-                            {"temperature", 0},
-                            {"ignore_eos", true},
-                            {"return_token_ids", true}}}})
-                        .dump());
+    (*want)[id] = p["greedy_24"].get<std::vector<int>>();
+    json body = {{"prompt", p["ids"]},
+                 {"max_tokens", 24},
+                 {"temperature", 0},
+                 {"ignore_eos", true},
+                 {"return_token_ids", true}};
+    if (logprobs > 0) body["logprobs"] = logprobs;
+    lines.push_back(
+        json({{"custom_id", id}, {"method", "POST"}, {"url", "/v1/completions"}, {"body", body}})
+            .dump());
   }
+  return lines;
+}
+
+// HF transformers' own greedy continuations (recorded in the fixture by
+// tools/make_fixtures.py) come out of `deepinfer run`, on one worker and on two.
+TEST(BatchJobTest, DeepinferRunReproducesHfGreedyTokens) {
+  std::map<std::string, std::vector<int>> want;
+  const std::vector<std::string> lines = HfGreedyLines(0, &want);
   ASSERT_FALSE(want.empty());
   for (int workers : {1, 2}) {
     auto out = ByCustomId(
@@ -160,25 +166,8 @@ TEST(BatchJobTest, GeneratedIdsPastTheTokenizerGiveNoText) {
   constexpr int kTokenizerIds = 269;  // the test tokenizer knows ids 0..268
   ASSERT_EQ((*tok)->IdToToken(kTokenizerIds), nullptr);
 
-  json expected = json::parse(ReadFile(Runfile(std::string(kModel) + "/expected.json")));
-  std::vector<std::string> lines;
   std::map<std::string, std::vector<int>> want;
-  for (size_t i = 0; i < expected["prompts"].size(); ++i) {
-    const json& p = expected["prompts"][i];
-    const std::string id = absl::StrCat("hf-", i);
-    want[id] = p["greedy_24"].get<std::vector<int>>();
-    lines.push_back(json({{"custom_id", id},
-                          {"method", "POST"},
-                          {"url", "/v1/completions"},
-                          {"body",
-                           {{"prompt", p["ids"]},
-                            {"max_tokens", 24},
-                            {"temperature", 0},
-                            {"ignore_eos", true},
-                            {"logprobs", 2},
-                            {"return_token_ids", true}}}})
-                        .dump());
-  }
+  std::vector<std::string> lines = HfGreedyLines(2, &want);
   lines.push_back(
       R"({"custom_id": "outside", "method": "POST", "url": "/v1/completions", "body": {"prompt": [5, 1000]}})");
   auto out = ByCustomId(RunJob("big_vocab", absl::StrJoin(lines, "\n") + "\n", 1, 1, model));
