@@ -31,7 +31,7 @@ using ::deepinfer::testing::RunCommand;
 using ::deepinfer::testing::Runfile;
 using ::deepinfer::testing::Subprocess;
 using ::deepinfer::testing::TempPath;
-using ::deepinfer::testing::WaitUntil;
+using ::deepinfer::testing::WaitForPortFile;
 using ::testing::HasSubstr;
 
 const char kModel[] = "tests/fixtures/dsv3_qlora_rope";
@@ -69,15 +69,8 @@ class CliClusterTest : public ::testing::Test {
         TempPath(name_ + ".coordinator"));
     ASSERT_TRUE(p.ok()) << p.status();
     coordinator_.emplace(std::move(*p));
-    int port = 0;
-    ASSERT_TRUE(WaitUntil(
-        [&] {
-          std::ifstream in(port_file);
-          std::string text;
-          return std::getline(in, text) && absl::SimpleAtoi(text, &port) && port > 0;
-        },
-        absl::Seconds(60)))
-        << coordinator_->ReadStderr();
+    const int port = WaitForPortFile(port_file, absl::Seconds(60));
+    ASSERT_GT(port, 0) << coordinator_->ReadStderr();
     address_ = absl::StrCat("127.0.0.1:", port);
     client_.emplace(CoordinatorClientOptions{address_, "", "test", absl::Seconds(10)});
     for (int i = 0; i < workers; ++i) {

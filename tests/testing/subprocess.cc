@@ -4,6 +4,7 @@
 #include <fstream>
 #include <sstream>
 
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 
@@ -27,6 +28,18 @@ std::string Runfile(const std::string& path) {
 std::string TempPath(const std::string& name) {
   const char* tmp = std::getenv("TEST_TMPDIR");
   return absl::StrCat(tmp ? tmp : "/tmp", "/", name);
+}
+
+int WaitForPortFile(const std::string& path, absl::Duration timeout) {
+  int port = 0;
+  WaitUntil(
+      [&] {
+        std::ifstream in(path);
+        std::string text;
+        return std::getline(in, text) && absl::SimpleAtoi(text, &port) && port > 0;
+      },
+      timeout);
+  return port > 0 ? port : 0;
 }
 
 }  // namespace deepinfer::testing

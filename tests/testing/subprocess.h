@@ -44,6 +44,10 @@ bool WaitUntil(F done, absl::Duration timeout) {
   return done();
 }
 
+// Waits until `path` holds a port number (> 0) on its first line, as the daemons' --port-file
+// writes it; returns it, or 0 once `timeout` passed without one.
+int WaitForPortFile(const std::string& path, absl::Duration timeout);
+
 }  // namespace deepinfer::testing
 
 #endif  // DEEPINFER_TESTS_TESTING_SUBPROCESS_H_
