@@ -38,7 +38,7 @@ using ::deepinfer::testing::RunCommand;
 using ::deepinfer::testing::Runfile;
 using ::deepinfer::testing::Subprocess;
 using ::deepinfer::testing::TempPath;
-using ::deepinfer::testing::WaitUntil;
+using ::deepinfer::testing::WaitForPortFile;
 using ::testing::HasSubstr;
 using ::testing::Not;
 using json = nlohmann::json;
@@ -296,15 +296,8 @@ class ClusterTest : public ::testing::Test {
         TempPath(absl::StrCat(name_, ".coordinator.", starts_)));
     ASSERT_TRUE(p.ok()) << p.status();
     coordinator_.emplace(std::move(*p));
-    int bound = 0;
-    ASSERT_TRUE(WaitUntil(
-        [&] {
-          std::ifstream in(port_file);
-          std::string text;
-          return std::getline(in, text) && absl::SimpleAtoi(text, &bound) && bound > 0;
-        },
-        absl::Seconds(60)))
-        << coordinator_->ReadStderr();
+    const int bound = WaitForPortFile(port_file, absl::Seconds(60));
+    ASSERT_GT(bound, 0) << coordinator_->ReadStderr();
     port_ = bound;
     client_.emplace(
         CoordinatorClientOptions{absl::StrCat("127.0.0.1:", bound), "", "test", absl::Seconds(10)});
