@@ -174,6 +174,15 @@ class JobManagerTest : public ::testing::Test {
 
   Job GetJob(const std::string& id) { return *manager_->GetJob(id); }
 
+  // Lines "r0".."r<n-1>" whose prompts are the token ids [i].
+  static std::vector<std::string> NumberedLines(int n) {
+    std::vector<std::string> lines;
+    for (int i = 0; i < n; ++i) {
+      lines.push_back(Line(absl::StrCat("r", i), absl::StrCat("[", i, "]")));
+    }
+    return lines;
+  }
+
   std::vector<json> Output(const std::string& id) {
     std::vector<json> out;
     auto lines = manager_->Results(id, 0, 0);
@@ -391,9 +400,7 @@ TEST_F(JobManagerTest, LostWorkerRequestsRunAgainExactlyOnce) {
   AddWorker("w1", 1, 1);
   AddWorker("w2", 2, 1);
   ServeWhenConfigured({{"w1", 1}, {"w2", 2}}, 1);
-  std::vector<std::string> lines;
-  for (int i = 0; i < 8; ++i)
-    lines.push_back(Line(absl::StrCat("r", i), absl::StrCat("[", i, "]")));
+  std::vector<std::string> lines = NumberedLines(8);
   auto id = manager_->Submit("", absl::StrJoin(lines, "\n"));
   ASSERT_TRUE(id.ok());
   auto first = workers_.Take(8);
@@ -436,9 +443,7 @@ TEST_F(JobManagerTest, DeregisteredWorkerRequestsRunAgainAtOnce) {
   AddWorker("w1", 1, 1);
   AddWorker("w2", 2, 1);
   ServeWhenConfigured({{"w1", 1}, {"w2", 2}}, 1);
-  std::vector<std::string> lines;
-  for (int i = 0; i < 6; ++i)
-    lines.push_back(Line(absl::StrCat("r", i), absl::StrCat("[", i, "]")));
+  std::vector<std::string> lines = NumberedLines(6);
   auto id = manager_->Submit("", absl::StrJoin(lines, "\n"));
   ASSERT_TRUE(id.ok());
   auto first = workers_.Take(6);
@@ -468,9 +473,7 @@ TEST_F(JobManagerTest, DeregisteredWorkerRequestsRunAgainAtOnce) {
 TEST_F(JobManagerTest, JoiningWorkerGetsANewGenerationAndWork) {
   AddWorker("w1", 1, 1);
   ServeWhenConfigured({{"w1", 1}}, 1);
-  std::vector<std::string> lines;
-  for (int i = 0; i < 4; ++i)
-    lines.push_back(Line(absl::StrCat("r", i), absl::StrCat("[", i, "]")));
+  std::vector<std::string> lines = NumberedLines(4);
   auto id = manager_->Submit("", absl::StrJoin(lines, "\n"));
   ASSERT_TRUE(id.ok());
   auto first = workers_.Take(4);  // all on w1, never answered: the group changes first
@@ -522,9 +525,7 @@ TEST_F(JobManagerTest, CancelStopsTheJob) {
 TEST_F(JobManagerTest, ResumesAfterRestartWithoutDuplicates) {
   AddWorker("w1", 1, 1);
   ServeWhenConfigured({{"w1", 1}}, 1);
-  std::vector<std::string> lines;
-  for (int i = 0; i < 4; ++i)
-    lines.push_back(Line(absl::StrCat("r", i), absl::StrCat("[", i, "]")));
+  std::vector<std::string> lines = NumberedLines(4);
   lines.push_back("not json");
   auto id = manager_->Submit("", absl::StrJoin(lines, "\n"));
   ASSERT_TRUE(id.ok());

@@ -78,11 +78,11 @@ std::vector<json> Bases(const std::string& prefix) {
 }
 
 // Values are spliced into the dumped line as raw text where nlohmann cannot hold them (too
-// deep to dump, numbers it cannot represent): the line carries "\u0001RAW<n>\u0001"
-// placeholders, replaced after dump().
+// deep to dump, numbers it cannot represent): RawValue returns a marker string "\u0001RAW<n>\u0001"
+// that Dump() replaces with the raw text.
 class Splicer {
  public:
-  json Placeholder(std::string raw) {
+  json RawValue(std::string raw) {
     raws_.push_back(std::move(raw));
     return json(absl::StrCat("\x01RAW", raws_.size() - 1, "\x01"));
   }
@@ -152,14 +152,14 @@ class Generator {
     if (pick == values.size()) {  // lists in lists
       const int depths[] = {63, 64, 65, 1000, 30000, 100000};
       const int depth = depths[Pick(6)];
-      return splicer->Placeholder(
+      return splicer->RawValue(
           absl::StrCat(std::string(depth, '['), "1", std::string(depth, ']')));
     }
     if (pick == values.size() + 1) {  // objects in objects
       const int depth = Pick(2) == 0 ? 65 : 30000;
       std::string raw;
       for (int i = 0; i < depth; ++i) raw += "{\"a\":";
-      return splicer->Placeholder(raw + "1" + std::string(depth, '}'));
+      return splicer->RawValue(raw + "1" + std::string(depth, '}'));
     }
     // Numbers at and past the edges of a double and a 64-bit integer.
     const char* numbers[] = {"1e400",
@@ -170,7 +170,7 @@ class Generator {
                              "0.0000000000000000000001",
                              "1E+999999999999",
                              "-0"};
-    return splicer->Placeholder(numbers[Pick(8)]);
+    return splicer->RawValue(numbers[Pick(8)]);
   }
 
   // Every object and list in `value`.
@@ -252,12 +252,12 @@ class Generator {
         const char* fields[] = {"prompt", "messages", "tools", "stop", "seed", "made_up"};
         const int depth = Pick(2) == 0 ? 30000 : 100000;
         body[fields[Pick(6)]] =
-            splicer->Placeholder(absl::StrCat(std::string(depth, '['), std::string(depth, ']')));
+            splicer->RawValue(absl::StrCat(std::string(depth, '['), std::string(depth, ']')));
         break;
       }
       default: {  // the line replaced by something else altogether
         const char* lines[] = {"[]", "null", "\"x\"", "1", "{}", "{\"custom_id\": \"x\"}"};
-        *line = splicer->Placeholder(lines[Pick(6)]);
+        *line = splicer->RawValue(lines[Pick(6)]);
         break;
       }
     }
