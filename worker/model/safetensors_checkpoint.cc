@@ -203,6 +203,46 @@ absl::StatusOr<WeightStorage> SafetensorsCheckpoint::Storage(const std::string& 
   return Describe(name, &weight, &scale, &file);
 }
 
+absl::Status SafetensorsCheckpoint::ReadIndices(const std::string& name,
+                                                const std::vector<int64_t>& shape, int64_t bound,
+                                                int32_t* out) {
+  std::string file;
+  auto t_or = FindTensor(name, &file);
+  if (!t_or.ok()) return t_or.status();
+  const SafetensorsTensor& t = **t_or;
+  auto bad = [&](const std::string& why) {
+    return absl::InvalidArgumentError(absl::StrCat(file, ": tensor '", name, "' ", why));
+  };
+  if (t.shape != shape) {
+    return bad(absl::StrCat("has shape [", absl::StrJoin(t.shape, ","), "], expected [",
+                            absl::StrJoin(shape, ","), "]"));
+  }
+  const bool is_signed = t.dtype == DType::kI8 || t.dtype == DType::kI16 ||
+                         t.dtype == DType::kI32 || t.dtype == DType::kI64;
+  const bool is_unsigned = t.dtype == DType::kU8 || t.dtype == DType::kU16 ||
+                           t.dtype == DType::kU32 || t.dtype == DType::kU64;
+  if (!is_signed && !is_unsigned) {
+    return bad(absl::StrCat("has dtype ", DTypeName(t.dtype), "; an index table is an integer"));
+  }
+  const int bytes = DTypeBits(t.dtype) / 8;
+  const int64_t n = t.num_elements();
+  for (int64_t i = 0; i < n; ++i) {
+    uint64_t u = 0;
+    for (int b = 0; b < bytes; ++b) u |= static_cast<uint64_t>(t.data[i * bytes + b]) << (8 * b);
+    int64_t v = static_cast<int64_t>(u);
+    if (is_signed && bytes < 8 && (u >> (8 * bytes - 1)) != 0) {
+      v = static_cast<int64_t>(u | (~uint64_t{0} << (8 * bytes)));  // sign-extend
+    }
+    if ((is_unsigned && u >= static_cast<uint64_t>(bound)) || v < 0 || v >= bound) {
+      return bad(absl::StrCat("element ", i, " is ",
+                              is_unsigned ? absl::StrCat(u) : absl::StrCat(v), ", outside [0, ",
+                              bound, ")"));
+    }
+    out[i] = static_cast<int32_t>(v);
+  }
+  return absl::OkStatus();
+}
+
 absl::Status SafetensorsCheckpoint::ReadFloat32(const std::string& name,
                                                 const std::vector<int64_t>& shape, float* out) {
   const SafetensorsTensor* t = nullptr;

@@ -34,6 +34,9 @@ class SafetensorsCheckpoint : public WeightSource {
                            float* out) override;
   bool Contains(const std::string& name) const override;
   absl::StatusOr<WeightStorage> Storage(const std::string& name) override;
+  // I8 .. I64, U8 .. U64 tensors.
+  absl::Status ReadIndices(const std::string& name, const std::vector<int64_t>& shape,
+                           int64_t bound, int32_t* out) override;
   std::string description() const override { return dir_; }
 
  private:

@@ -297,6 +297,38 @@ TEST(SafetensorsCheckpointTest, StorageOfFloatTensors) {
   EXPECT_EQ((*ck)->Storage("m.weight").status().code(), absl::StatusCode::kNotFound);
 }
 
+// Integer tables (the V4 hash router's token -> experts), little-endian, range-checked.
+TEST(SafetensorsCheckpointTest, ReadIndices) {
+  const std::string dir = TmpDir("indices");
+  SafetensorsWriter w;
+  // I64 [2, 2] = {3, 0, 255, 1}; I32 with -1; U8 {7, 8}; a float tensor.
+  w.Add("t.tid2eid", DType::kI64, {2, 2}, {3,   0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0,
+                                           255, 0, 0, 0, 0, 0, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0});
+  w.Add("neg", DType::kI32, {2}, {5, 0, 0, 0, 0xFF, 0xFF, 0xFF, 0xFF});
+  w.Add("small", DType::kU8, {2}, {7, 8});
+  w.AddFloat32("f", {1}, {1.0f});
+  ASSERT_TRUE(w.Write(dir + "/model.safetensors").ok());
+  auto ck = SafetensorsCheckpoint::Open(dir);
+  ASSERT_TRUE(ck.ok());
+  int32_t out[4];
+  ASSERT_TRUE((*ck)->ReadIndices("t.tid2eid", {2, 2}, 256, out).ok());
+  EXPECT_EQ(out[0], 3);
+  EXPECT_EQ(out[1], 0);
+  EXPECT_EQ(out[2], 255);
+  EXPECT_EQ(out[3], 1);
+  absl::Status st = (*ck)->ReadIndices("t.tid2eid", {2, 2}, 255, out);
+  EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(st.message().find("element 2 is 255, outside [0, 255)"), std::string::npos) << st;
+  st = (*ck)->ReadIndices("neg", {2}, 8, out);
+  EXPECT_NE(st.message().find("element 1 is -1"), std::string::npos) << st;
+  ASSERT_TRUE((*ck)->ReadIndices("small", {2}, 9, out).ok());
+  EXPECT_EQ(out[1], 8);
+  st = (*ck)->ReadIndices("f", {1}, 9, out);
+  EXPECT_NE(st.message().find("has dtype F32"), std::string::npos) << st;
+  EXPECT_EQ((*ck)->ReadIndices("small", {3}, 9, out).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ((*ck)->ReadIndices("none", {3}, 9, out).code(), absl::StatusCode::kNotFound);
+}
+
 TEST(SafetensorsCheckpointTest, TruncatedShardNamesFile) {
   const std::string dir = TmpDir("trunc");
   SafetensorsWriter w;

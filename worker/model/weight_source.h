@@ -39,6 +39,16 @@ class WeightSource {
     s.kind = WeightStorageKind::kGenerated;
     return s;
   }
+  // Integer tables (DeepSeek-V4's hash router `gate.tid2eid`: the experts of each token id):
+  // num_elements(shape) int32 values, each checked to lie in [0, bound). NOT_FOUND as
+  // ReadFloat32; INVALID_ARGUMENT naming the tensor for a shape that differs, a dtype that is
+  // not an integer, or a value out of range (naming the element). Sources without integer
+  // tensors: UNIMPLEMENTED.
+  virtual absl::Status ReadIndices(const std::string& name, const std::vector<int64_t>& shape,
+                                   int64_t bound, int32_t* out) {
+    return absl::UnimplementedError(
+        absl::StrCat(description(), ": cannot read integer tensor '", name, "'"));
+  }
   // Generated weights: the recipe of `name`'s values (ReadFloat32 would return exactly
   // DummyFillValue(fill, i) for element i), so the loader can have the backend make them in
   // place (Backend::FillDummy). nullopt (the default): read them.
