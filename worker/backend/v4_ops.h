@@ -89,10 +89,14 @@ struct SinkAttentionArgs {
   float* out = nullptr;  // [tokens, heads, dim]
 };
 
-// Lightning indexer: query t scores each candidate key i (keys[indices[offsets[t] ..
-// offsets[t+1])]) as sum_h weights[t, h] * weight_scale * relu(q[t, h] · keys[i]) * key_scale
-// and keeps the topk best, as positions into its candidate list (selected[t, :], -1 past the
-// number of candidates; order by score, ties to the earlier candidate).
+// Lightning indexer: query t scores its candidate keys i (keys[indices[offsets[t] ..
+// offsets[t+1])]) as sum_h weights[t, h] * weight_scale * relu(q[t, h] · keys[i]) * key_scale;
+// only the first visible[t] candidates count, the others score -inf, and the min(topk, number
+// of candidates) best are chosen as torch.topk (sorted, largest) chooses them on the CPU:
+// (score, position) pairs in candidate order through std::nth_element at k - 1 and std::sort
+// of the first k - 1 (std::partial_sort of the first k when k * 64 <= candidates), ties by
+// where those algorithms leave them. selected[t, :] holds the chosen positions into the
+// candidate list, -1 for a chosen position that is not visible and past k.
 struct IndexerTopKArgs {
   int64_t tokens = 0, heads = 0, dim = 0, topk = 0;
   const float* q = nullptr;        // [tokens, heads, dim]
@@ -101,7 +105,8 @@ struct IndexerTopKArgs {
   const float* keys = nullptr;  // [rows, dim]
   const int32_t* offsets = nullptr;
   const int32_t* indices = nullptr;
-  int32_t* selected = nullptr;  // [tokens, topk]
+  const int32_t* visible = nullptr;  // [tokens]
+  int32_t* selected = nullptr;       // [tokens, topk]
 };
 
 // V4 routing: scores = f(logits) (sqrtsoftplus: sqrt(softplus(x)); else sigmoid); the experts

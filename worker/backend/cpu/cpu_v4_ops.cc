@@ -183,31 +183,42 @@ void CpuV4Ops::SinkAttention(const SinkAttentionArgs& a) {
 void CpuV4Ops::IndexerTopK(const IndexerTopKArgs& a) {
   const int64_t D = a.dim, NH = a.heads;
   pool_->ParallelFor(a.tokens, 1, [&](int64_t b, int64_t e) {
-    std::vector<float> score;
-    std::vector<int32_t> order;
+    using Elem = std::pair<double, int64_t>;  // torch's queue: (accumulate-type value, index)
+    std::vector<Elem> queue;
     for (int64_t t = b; t < e; ++t) {
       const int32_t begin = a.offsets[t], end = a.offsets[t + 1];
       const int32_t n = end - begin;
-      score.assign(n, 0.0f);
+      queue.resize(n);
       for (int32_t i = 0; i < n; ++i) {
-        const float* k = a.keys + static_cast<int64_t>(a.indices[begin + i]) * D;
-        float s = 0.0f;
-        for (int64_t h = 0; h < NH; ++h) {
-          const float* q = a.q + (t * NH + h) * D;
-          float dot = 0.0f;
-          for (int64_t d = 0; d < D; ++d) dot += q[d] * k[d];
-          const float w = a.weights[t * NH + h] * a.weight_scale;
-          s += std::max(dot, 0.0f) * a.key_scale * w;
+        float s = -std::numeric_limits<float>::infinity();
+        if (i < a.visible[t]) {
+          const float* k = a.keys + static_cast<int64_t>(a.indices[begin + i]) * D;
+          s = 0.0f;
+          for (int64_t h = 0; h < NH; ++h) {
+            const float* q = a.q + (t * NH + h) * D;
+            float dot = 0.0f;
+            for (int64_t d = 0; d < D; ++d) dot += q[d] * k[d];
+            const float w = a.weights[t * NH + h] * a.weight_scale;
+            s += std::max(dot, 0.0f) * a.key_scale * w;
+          }
         }
-        score[i] = s;
+        queue[i] = {static_cast<double>(s), i};
       }
-      order.resize(n);
-      std::iota(order.begin(), order.end(), 0);
-      const int64_t keep = std::min<int64_t>(a.topk, n);
-      std::stable_sort(order.begin(), order.end(),
-                       [&](int32_t x, int32_t y) { return score[x] > score[y]; });
+      const int64_t k = std::min<int64_t>(a.topk, n);
+      auto larger = [](const Elem& x, const Elem& y) {
+        return (std::isnan(x.first) && !std::isnan(y.first)) || x.first > y.first;
+      };
+      if (k > 0 && k * 64 <= n) {
+        std::partial_sort(queue.begin(), queue.begin() + k, queue.end(), larger);
+      } else if (k > 0) {
+        std::nth_element(queue.begin(), queue.begin() + k - 1, queue.end(), larger);
+        std::sort(queue.begin(), queue.begin() + k - 1, larger);
+      }
       int32_t* sel = a.selected + t * a.topk;
-      for (int64_t i = 0; i < a.topk; ++i) sel[i] = i < keep ? order[i] : -1;
+      for (int64_t i = 0; i < a.topk; ++i) {
+        sel[i] =
+            i < k && queue[i].second < a.visible[t] ? static_cast<int32_t>(queue[i].second) : -1;
+      }
     }
   });
 }

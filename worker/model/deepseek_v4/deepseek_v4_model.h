@@ -67,6 +67,17 @@ class DeepseekV4Model final : public CausalLm {
   int64_t decode_graph_steps() const override { return 0; }
   int64_t decode_graphs_recorded() const override { return 0; }
   int64_t num_moe_layers() const override { return v4_.num_layers; }
+
+  // How the indexer breaks exact ties between entry scores at the top-k boundary (with few
+  // index heads, relu makes many scores exactly 0). Default (off): among the entries the query
+  // sees, as torch.topk orders them; a position's choice then depends on its own past only, so
+  // chunked prefill, decode and replay give exactly what one prefill gives. On: among every
+  // entry the sequence has at the end of the step, the unseen ones -inf, which is what HF's
+  // forward over that prefix computes (torch.topk's order among ties depends on the row's
+  // length); one prefill then equals HF's logits at every position even at ties, but a
+  // position's choice depends on where its step ends. Off for serving; on for parity checks
+  // of a whole forward pass.
+  void set_indexer_full_forward_ties(bool on) { attention_->set_full_forward_ties(on); }
   std::vector<int64_t> TakeExpertCounts() override { return moe_->TakeExpertCounts(); }
   std::vector<std::vector<int64_t>> MissingExperts(
       const std::vector<std::vector<int64_t>>& needed) const override {

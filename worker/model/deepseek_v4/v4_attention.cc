@@ -211,7 +211,9 @@ absl::Status V4Attention::Forward(int64_t layer, const V4StepContext& ctx, const
       key_rows += entries[s];
     }
     auto ikeys = Floats(key_rows * ID);
-    std::vector<int32_t> offsets(T + 1, 0), cand;
+    // Candidates: the entries the query sees; with full-forward ties, every entry the sequence
+    // has after this step (as HF's forward over the prefix ending here, the future ones -inf).
+    std::vector<int32_t> offsets(T + 1, 0), cand, visible_of(T);
     for (size_t s = 0; s < ctx.seqs.size(); ++s) {
       const V4Sequence& q = ctx.seqs[s];
       if (entries[s] > 0) {
@@ -219,8 +221,11 @@ absl::Status V4Attention::Forward(int64_t layer, const V4StepContext& ctx, const
                   ikeys->as<float>() + key_base[s] * ID);
       }
       for (int64_t i = 0; i < q.num_tokens; ++i) {
-        const int64_t visible = (q.offset + i + 1) / ratio;
-        for (int64_t e = 0; e < visible; ++e) cand.push_back(static_cast<int32_t>(key_base[s] + e));
+        visible_of[q.first_row + i] = static_cast<int32_t>((q.offset + i + 1) / ratio);
+        const int64_t candidates = full_forward_ties_ ? entries[s] : visible_of[q.first_row + i];
+        for (int64_t e = 0; e < candidates; ++e) {
+          cand.push_back(static_cast<int32_t>(key_base[s] + e));
+        }
         offsets[q.first_row + i + 1] = static_cast<int32_t>(cand.size());
       }
     }
@@ -233,6 +238,7 @@ absl::Status V4Attention::Forward(int64_t layer, const V4StepContext& ctx, const
                    false);
     auto offsets_dev = Ints(offsets);
     auto cand_dev = Ints(cand);
+    auto visible_dev = Ints(visible_of);
     auto sel = backend_->AllocateScratch(std::max<int64_t>(1, T * topk) * sizeof(int32_t));
     IndexerTopKArgs a;
     a.tokens = T;
@@ -246,6 +252,7 @@ absl::Status V4Attention::Forward(int64_t layer, const V4StepContext& ctx, const
     a.keys = ikeys->as<float>();
     a.offsets = offsets_dev->as<int32_t>();
     a.indices = cand_dev->as<int32_t>();
+    a.visible = visible_dev->as<int32_t>();
     a.selected = sel->as<int32_t>();
     ops_->IndexerTopK(a);
     selected.resize(T * topk);

@@ -59,6 +59,8 @@ class V4Attention {
   // out [T, H] = the attention of the normed rows h [T, H] of layer `layer`; updates the
   // layer's cache for the step's tokens.
   absl::Status Forward(int64_t layer, const V4StepContext& ctx, const float* h, float* out);
+  // DeepseekV4Model::set_indexer_full_forward_ties.
+  void set_full_forward_ties(bool on) { full_forward_ties_ = on; }
 
  private:
   // Pools the step's closed windows of one compressor into the stream at `stream` (P floats per
@@ -81,6 +83,7 @@ class V4Attention {
   V4Ops* ops_;
   const float* ones_;
   std::unique_ptr<DeviceBuffer> main_inv_freq_, compress_inv_freq_;
+  bool full_forward_ties_ = false;
 };
 
 // Copies `count` floats at element `begin` of a paged stream (P floats per block, blocks by

@@ -1,7 +1,6 @@
 // DeepseekV4Weights loading: HF deepseek_v4 tensor names -> backend buffers.
 #include "worker/model/deepseek_v4/v4_weights.h"
 
-#include <cmath>
 #include <optional>
 #include <string>
 #include <utility>
@@ -197,25 +196,8 @@ absl::StatusOr<std::unique_ptr<DeepseekV4Weights>> DeepseekV4Weights::Load(
     M.moe = true;
     V4W_RETURN_IF_ERROR(ld.Load(m + "gate.weight", {E, H}, &M.router));
     if (c.hash_moe[l]) {
-      std::vector<float> table;
-      if (ld.dummy(m + "gate.tid2eid", {V, K})) {
-        // Generated: a fixed spread of the vocabulary over the experts.
-        table.resize(V * K);
-        for (int64_t t = 0; t < V; ++t) {
-          for (int64_t k = 0; k < K; ++k) table[t * K + k] = static_cast<float>((t * K + k) % E);
-        }
-      } else {
-        V4W_RETURN_IF_ERROR(ld.Read(m + "gate.tid2eid", {V, K}, &table));
-      }
-      std::vector<int32_t> ids(table.size());
-      for (size_t i = 0; i < table.size(); ++i) {
-        if (!(table[i] >= 0 && table[i] < E) || std::floor(table[i]) != table[i]) {
-          return absl::InvalidArgumentError(absl::StrCat(source->description(), ": ", m,
-                                                         "gate.tid2eid holds ", table[i], " at ", i,
-                                                         ", not an expert id below ", E));
-        }
-        ids[i] = static_cast<int32_t>(table[i]);
-      }
+      std::vector<int32_t> ids(V * K);
+      V4W_RETURN_IF_ERROR(source->ReadIndices(m + "gate.tid2eid", {V, K}, E, ids.data()));
       L.hash_table = backend->Allocate(ids.size() * sizeof(int32_t));
       backend->CopyToDevice(ids.data(), ids.size() * sizeof(int32_t), L.hash_table->data());
     } else {
