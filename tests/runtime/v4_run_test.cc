@@ -16,6 +16,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
+#include "tests/testing/batch_jobs.h"
 #include "tests/testing/subprocess.h"
 
 namespace deepinfer {
