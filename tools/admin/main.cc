@@ -1,7 +1,8 @@
 // deepinfer-admin: operator tool. `status` lists the coordinator's workers and their
 // states; `drain` stops new work going to a worker; `plan` computes an expert placement
 // (EPLB) offline from a file of expert loads; `expert-load` shows the coordinator's expert
-// load window; `rebalance` plans a placement from it and applies it live.
+// load window; `rebalance` plans a placement from it and applies it live; `memory-plan` says
+// what each GPU would hold for a model, from its config alone.
 #include <unistd.h>
 
 #include <fstream>
@@ -16,6 +17,7 @@
 #include "coordinator/eplb/expert_loads.h"
 #include "tools/admin/cluster_status_format.h"
 #include "tools/admin/expert_load_view.h"
+#include "tools/admin/memory_plan_command.h"
 #include "tools/admin/plan_command.h"
 
 namespace deepinfer {
@@ -149,6 +151,46 @@ int Plan(const std::vector<std::string>& args) {
   return RunPlanCommand(config, std::cout, std::cerr);
 }
 
+int MemoryPlan(const std::vector<std::string>& args) {
+  MemoryPlanCommandConfig config;
+  FlagSet flags(
+      "deepinfer-admin memory-plan --model dummy:CONFIG.json --num-gpus G [--precision fp8]\n"
+      "    [--gpu-memory-mib M] [--gpu-memory-utilization U] [flags]",
+      "What each GPU of a G-GPU expert-parallel group would hold for the model, without\n"
+      "loading anything: weights and block scales counted from the config's parameter\n"
+      "shapes in --precision (routed experts split over the GPUs, everything else on each),\n"
+      "the activation reserve and decode-graph memory as a worker sizes them, and the KV\n"
+      "cache tokens that --gpu-memory-utilization leaves. Exits 3 when the model does not\n"
+      "fit. docs/performance.md, \"Memory plan\".");
+  flags.AddString("model", &config.model,
+                  "dummy:CONFIG.json, a config.json, or a checkpoint directory (its "
+                  "config.json is read; nothing else).");
+  flags.AddInt("num-gpus", &config.num_gpus, "GPUs (ranks) of the expert-parallel group.");
+  flags.AddInt("gpu-memory-mib", &config.gpu_memory_mib,
+               "Memory of one GPU in MiB, as nvidia-smi reports it (H200: 143771).");
+  flags.AddDouble("gpu-memory-utilization", &config.gpu_memory_utilization,
+                  "Fraction of each GPU's memory a rank may use, in (0, 1].");
+  flags.AddString("precision", &config.precision,
+                  "Weights: bf16, fp8 (F8_E4M3 projections with 128x128 block scales; the\n"
+                  "embedding, head, routers and vectors bf16), or mxfp4 (fp8, with routed\n"
+                  "experts MXFP4: E2M1 values and an E8M0 scale per 32).");
+  flags.AddString("fp8-scale", &config.fp8_scale,
+                  "FP8 block scales: f32 (DeepSeek-V3) or ue8m0 (one byte each).");
+  flags.AddString("kv-cache-dtype", &config.kv_cache_dtype, "bfloat16 or float32.");
+  flags.AddInt("block-size", &config.block_size, "KV cache block size in tokens.");
+  flags.AddInt("max-batch-tokens", &config.max_batch_tokens,
+               "New tokens per engine step (sizes the activation reserve).");
+  flags.AddInt("max-running", &config.max_running,
+               "Sequences per engine step (each holds fixed cache state in V4 models).");
+  flags.AddInt("cuda-graph-max-batch", &config.cuda_graph_max_batch,
+               "Largest decode batch recorded as a CUDA graph; 0 for none.");
+  flags.AddBool("mtp", &config.mtp, "Count the MTP layers' weights (num_nextn_predict_layers).");
+  flags.Require("model");
+  flags.Require("num-gpus");
+  if (int rc = ParseOrExit(flags, args, "memory-plan"); rc >= 0) return rc;
+  return RunMemoryPlanCommand(config, std::cout, std::cerr);
+}
+
 int ExpertLoad(const std::vector<std::string>& args) {
   ConnectionFlags connection;
   std::string save, plot;
@@ -267,6 +309,8 @@ int main(int argc, char** argv) {
           {"status", "list workers and their states", deepinfer::Status},
           {"drain", "stop giving new work to a worker", deepinfer::Drain},
           {"plan", "plan an expert placement (EPLB) from a file of expert loads", deepinfer::Plan},
+          {"memory-plan", "per-GPU memory plan of a model (weights, reserves, KV cache tokens)",
+           deepinfer::MemoryPlan},
           {"expert-load", "show the expert load window (EPLB) per layer and GPU",
            deepinfer::ExpertLoad},
           {"rebalance", "re-plan the expert placement from the load window and apply it live",

@@ -8,68 +8,49 @@
 
 namespace deepinfer {
 
+namespace {
+
+struct DTypeInfo {
+  DType dtype;
+  const char* name;
+  int bits;
+};
+
+// The safetensors format's dtypes (safetensors' Dtype enum), with their element widths.
+constexpr DTypeInfo kDTypes[] = {
+    {DType::kF64, "F64", 64},       {DType::kF32, "F32", 32},       {DType::kF16, "F16", 16},
+    {DType::kBF16, "BF16", 16},     {DType::kF8E4M3, "F8_E4M3", 8}, {DType::kF8E5M2, "F8_E5M2", 8},
+    {DType::kF8E8M0, "F8_E8M0", 8}, {DType::kF6E2M3, "F6_E2M3", 6}, {DType::kF6E3M2, "F6_E3M2", 6},
+    {DType::kF4, "F4", 4},          {DType::kC64, "C64", 64},       {DType::kI64, "I64", 64},
+    {DType::kI32, "I32", 32},       {DType::kI16, "I16", 16},       {DType::kI8, "I8", 8},
+    {DType::kU64, "U64", 64},       {DType::kU32, "U32", 32},       {DType::kU16, "U16", 16},
+    {DType::kU8, "U8", 8},          {DType::kBool, "BOOL", 8},
+};
+
+const DTypeInfo& Info(DType d) {
+  for (const DTypeInfo& i : kDTypes) {
+    if (i.dtype == d) return i;
+  }
+  return kDTypes[0];  // unreachable: every enumerator is listed
+}
+
+}  // namespace
+
 absl::StatusOr<DType> ParseDType(absl::string_view n) {
-  if (n == "F64") return DType::kF64;
-  if (n == "F32") return DType::kF32;
-  if (n == "F16") return DType::kF16;
-  if (n == "BF16") return DType::kBF16;
-  if (n == "F8_E4M3") return DType::kF8E4M3;
-  if (n == "F8_E5M2") return DType::kF8E5M2;
-  if (n == "I64") return DType::kI64;
-  if (n == "I32") return DType::kI32;
-  if (n == "I16") return DType::kI16;
-  if (n == "I8") return DType::kI8;
-  if (n == "U8") return DType::kU8;
-  if (n == "BOOL") return DType::kBool;
+  for (const DTypeInfo& i : kDTypes) {
+    if (n == i.name) return i.dtype;
+  }
   return absl::InvalidArgumentError(absl::StrCat("unknown dtype '", n, "'"));
 }
 
-size_t DTypeSize(DType d) {
-  switch (d) {
-    case DType::kF64:
-    case DType::kI64:
-      return 8;
-    case DType::kF32:
-    case DType::kI32:
-      return 4;
-    case DType::kF16:
-    case DType::kBF16:
-    case DType::kI16:
-      return 2;
-    default:
-      return 1;
-  }
+int DTypeBits(DType d) { return Info(d).bits; }
+
+int64_t DTypeStorageBytes(DType d, int64_t n) {
+  const int64_t bits = n * DTypeBits(d);
+  return bits % 8 == 0 ? bits / 8 : -1;
 }
 
-const char* DTypeName(DType d) {
-  switch (d) {
-    case DType::kF64:
-      return "F64";
-    case DType::kF32:
-      return "F32";
-    case DType::kF16:
-      return "F16";
-    case DType::kBF16:
-      return "BF16";
-    case DType::kF8E4M3:
-      return "F8_E4M3";
-    case DType::kF8E5M2:
-      return "F8_E5M2";
-    case DType::kI64:
-      return "I64";
-    case DType::kI32:
-      return "I32";
-    case DType::kI16:
-      return "I16";
-    case DType::kI8:
-      return "I8";
-    case DType::kU8:
-      return "U8";
-    case DType::kBool:
-      return "BOOL";
-  }
-  return "?";
-}
+const char* DTypeName(DType d) { return Info(d).name; }
 
 float Bf16ToFloat(uint16_t bits) {
   uint32_t u = static_cast<uint32_t>(bits) << 16;
@@ -104,6 +85,32 @@ float F8E4M3ToFloat(uint8_t b) {
   return sign ? -v : v;
 }
 
+float F8E5M2ToFloat(uint8_t b) {
+  const uint32_t sign = b >> 7, exp = (b >> 2) & 0x1f, mant = b & 3;
+  float v;
+  if (exp == 31) {
+    v = mant ? std::nanf("") : INFINITY;
+  } else if (exp == 0) {
+    v = std::ldexp(static_cast<float>(mant), -16);  // subnormal: mant/4 * 2^-14
+  } else {
+    v = std::ldexp(static_cast<float>(mant | 4), static_cast<int>(exp) - 17);
+  }
+  return sign ? -v : v;
+}
+
+float E8M0ToFloat(uint8_t b) {
+  if (b == 0xFF) return std::nanf("");
+  return std::ldexp(1.0f, static_cast<int>(b) - 127);  // 2^-127 is a float subnormal, exact
+}
+
+float E2M1ToFloat(uint8_t nibble) {
+  const uint32_t sign = (nibble >> 3) & 1, exp = (nibble >> 1) & 3, mant = nibble & 1;
+  // exp 0: subnormal mant * 0.5; else (1 + mant / 2) * 2^(exp - 1).
+  const float v = exp == 0 ? 0.5f * static_cast<float>(mant)
+                           : std::ldexp(static_cast<float>(mant | 2), static_cast<int>(exp) - 2);
+  return sign ? -v : v;
+}
+
 absl::Status ConvertToFloat32(DType dtype, const void* src, int64_t n, float* dst) {
   const uint8_t* p = static_cast<const uint8_t*>(src);
   switch (dtype) {
@@ -128,10 +135,42 @@ absl::Status ConvertToFloat32(DType dtype, const void* src, int64_t n, float* ds
     case DType::kF8E4M3:
       for (int64_t i = 0; i < n; ++i) dst[i] = F8E4M3ToFloat(p[i]);
       return absl::OkStatus();
-    default:
+    case DType::kF8E5M2:
+      for (int64_t i = 0; i < n; ++i) dst[i] = F8E5M2ToFloat(p[i]);
+      return absl::OkStatus();
+    case DType::kF8E8M0:
+      for (int64_t i = 0; i < n; ++i) dst[i] = E8M0ToFloat(p[i]);
+      return absl::OkStatus();
+    case DType::kF4:
+      if (n % 2 != 0) {
+        return absl::UnimplementedError(
+            absl::StrCat("an odd number (", n, ") of F4 values does not fill whole bytes"));
+      }
+      for (int64_t i = 0; i < n / 2; ++i) {
+        dst[2 * i] = E2M1ToFloat(p[i] & 0xF);
+        dst[2 * i + 1] = E2M1ToFloat(p[i] >> 4);
+      }
+      return absl::OkStatus();
+    case DType::kF6E2M3:
+    case DType::kF6E3M2:
       return absl::UnimplementedError(
-          absl::StrCat("cannot convert dtype ", DTypeName(dtype), " to float32"));
+          absl::StrCat("dtype ", DTypeName(dtype), " (packed six-bit MX floats) is not supported"));
+    case DType::kC64:
+    case DType::kI64:
+    case DType::kI32:
+    case DType::kI16:
+    case DType::kI8:
+    case DType::kU64:
+    case DType::kU32:
+    case DType::kU16:
+    case DType::kU8:
+    case DType::kBool:
+      break;
   }
+  return absl::InvalidArgumentError(absl::StrCat(
+      "dtype ", DTypeName(dtype),
+      " cannot hold a float weight (an 8-bit integer tensor is a weight only as packed MXFP4 "
+      "with a scale tensor)"));
 }
 
 }  // namespace deepinfer

@@ -34,6 +34,94 @@ TEST(DtypeConversionTest, F8E4M3fn) {
   EXPECT_TRUE(std::isnan(F8E4M3ToFloat(0x7F)));
 }
 
+// F8_E5M2 (OFP8: bias 15, 2 mantissa bits, IEEE infinities and NaN).
+TEST(DtypeConversionTest, F8E5M2) {
+  EXPECT_EQ(F8E5M2ToFloat(0x3C), 1.0f);                   // 0 01111 00
+  EXPECT_EQ(F8E5M2ToFloat(0x3E), 1.5f);                   // 0 01111 10
+  EXPECT_EQ(F8E5M2ToFloat(0xC0), -2.0f);                  // 1 10000 00
+  EXPECT_EQ(F8E5M2ToFloat(0x7B), 57344.0f);               // largest finite: 1.75 * 2^15
+  EXPECT_EQ(F8E5M2ToFloat(0x01), std::ldexp(1.0f, -16));  // smallest subnormal
+  EXPECT_EQ(F8E5M2ToFloat(0x04), std::ldexp(1.0f, -14));  // smallest normal
+  EXPECT_TRUE(std::isinf(F8E5M2ToFloat(0x7C)));
+  EXPECT_LT(F8E5M2ToFloat(0xFC), 0.0f);
+  EXPECT_TRUE(std::isnan(F8E5M2ToFloat(0x7D)));
+}
+
+// OCP MX v1.0 section 5.4.1: E8M0 is an unsigned exponent with bias 127, 0xFF is NaN, there is
+// no zero; its range is 2^-127 .. 2^127.
+TEST(DtypeConversionTest, E8M0) {
+  EXPECT_EQ(E8M0ToFloat(127), 1.0f);
+  EXPECT_EQ(E8M0ToFloat(128), 2.0f);
+  EXPECT_EQ(E8M0ToFloat(126), 0.5f);
+  EXPECT_EQ(E8M0ToFloat(0), 5.877471754111438e-39f);    // 2^-127, a float subnormal
+  EXPECT_EQ(E8M0ToFloat(254), 1.7014118346046923e38f);  // 2^127
+  EXPECT_TRUE(std::isnan(E8M0ToFloat(0xFF)));
+}
+
+// OCP MX v1.0 section 5.3.3 (FP4 E2M1): exponent bias 1, one mantissa bit, no infinity or NaN;
+// the eight magnitudes are 0, 0.5, 1, 1.5, 2, 3, 4, 6.
+TEST(DtypeConversionTest, E2M1AllSixteenCodes) {
+  const float want[16] = {0.0f,  0.5f,  1.0f,  1.5f,  2.0f,  3.0f,  4.0f,  6.0f,
+                          -0.0f, -0.5f, -1.0f, -1.5f, -2.0f, -3.0f, -4.0f, -6.0f};
+  for (uint8_t code = 0; code < 16; ++code) {
+    EXPECT_EQ(E2M1ToFloat(code), want[code]) << int(code);
+    EXPECT_EQ(std::signbit(E2M1ToFloat(code)), code >= 8) << int(code);  // 0x8 is -0
+  }
+}
+
+TEST(DtypeConversionTest, F4PacksLowNibbleFirst) {
+  const uint8_t packed[2] = {0x72, 0x9F};  // low 0x2 = 1, high 0x7 = 6; low 0xF = -6, high 0x9
+  float out[4];
+  ASSERT_TRUE(ConvertToFloat32(DType::kF4, packed, 4, out).ok());
+  EXPECT_EQ(out[0], 1.0f);
+  EXPECT_EQ(out[1], 6.0f);
+  EXPECT_EQ(out[2], -6.0f);
+  EXPECT_EQ(out[3], -0.5f);
+  EXPECT_EQ(ConvertToFloat32(DType::kF4, packed, 3, out).code(), absl::StatusCode::kUnimplemented);
+}
+
+// Every dtype of the safetensors format parses, with its width; names round-trip.
+TEST(DtypeConversionTest, SafetensorsDtypeList) {
+  const struct {
+    const char* name;
+    int bits;
+  } kList[] = {{"BOOL", 8}, {"F4", 4},      {"F6_E2M3", 6}, {"F6_E3M2", 6}, {"U8", 8},
+               {"I8", 8},   {"F8_E5M2", 8}, {"F8_E4M3", 8}, {"F8_E8M0", 8}, {"I16", 16},
+               {"U16", 16}, {"F16", 16},    {"BF16", 16},   {"I32", 32},    {"U32", 32},
+               {"F32", 32}, {"C64", 64},    {"F64", 64},    {"I64", 64},    {"U64", 64}};
+  for (const auto& d : kList) {
+    absl::StatusOr<DType> t = ParseDType(d.name);
+    ASSERT_TRUE(t.ok()) << d.name;
+    EXPECT_EQ(DTypeBits(*t), d.bits) << d.name;
+    EXPECT_STREQ(DTypeName(*t), d.name);
+  }
+  EXPECT_EQ(DTypeStorageBytes(DType::kF4, 6), 3);
+  EXPECT_EQ(DTypeStorageBytes(DType::kF4, 5), -1);
+  EXPECT_EQ(DTypeStorageBytes(DType::kF6E2M3, 4), 3);
+  EXPECT_EQ(DTypeStorageBytes(DType::kU16, 3), 6);
+}
+
+// Types no float weight is stored as are refused with a message naming the type.
+TEST(DtypeConversionTest, RefusesTypesNoWeightHas) {
+  const uint8_t bytes[16] = {};
+  float out[4];
+  for (DType d : {DType::kU8, DType::kI8, DType::kI16, DType::kU16, DType::kI32, DType::kU32,
+                  DType::kI64, DType::kU64, DType::kBool, DType::kC64}) {
+    absl::Status st = ConvertToFloat32(d, bytes, 2, out);
+    EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument) << DTypeName(d);
+    EXPECT_NE(st.message().find(DTypeName(d)), std::string::npos) << st;
+  }
+  for (DType d : {DType::kF6E2M3, DType::kF6E3M2}) {
+    absl::Status st = ConvertToFloat32(d, bytes, 4, out);
+    EXPECT_EQ(st.code(), absl::StatusCode::kUnimplemented) << DTypeName(d);
+    EXPECT_NE(st.message().find(DTypeName(d)), std::string::npos) << st;
+  }
+  const uint8_t e8m0[2] = {127, 130};
+  ASSERT_TRUE(ConvertToFloat32(DType::kF8E8M0, e8m0, 2, out).ok());
+  EXPECT_EQ(out[0], 1.0f);
+  EXPECT_EQ(out[1], 8.0f);
+}
+
 TEST(DtypeConversionTest, ConvertBuffersAndRejectIntegers) {
   uint8_t f8[3] = {0x38, 0x40, 0xC0};  // 1, 2, -2
   float out[3];

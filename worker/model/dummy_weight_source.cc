@@ -49,6 +49,28 @@ absl::Status DummyWeightSource::ReadFloat32(const std::string& name,
   return absl::OkStatus();
 }
 
+absl::Status DummyWeightSource::ReadIndices(const std::string& name,
+                                            const std::vector<int64_t>& shape, int64_t bound,
+                                            int32_t* out) {
+  if (bound < 1 || bound > (int64_t{1} << 31)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(description(), ": bound ", bound, " for '", name, "' is not in [1, 2^31]"));
+  }
+  const int64_t cols = shape.empty() ? 1 : shape.back();
+  int64_t n = 1;
+  for (int64_t d : shape) n *= d;
+  const uint64_t key = seed_ ^ Fnv1a(name);
+  for (int64_t i = 0; i < n; ++i) {
+    const int64_t row = cols > 0 ? i / cols : 0, j = cols > 0 ? i % cols : 0;
+    uint64_t h = key + 0x9E3779B97F4A7C15ull * static_cast<uint64_t>(row + 1);  // SplitMix64
+    h = (h ^ (h >> 30)) * 0xBF58476D1CE4E5B9ull;
+    h = (h ^ (h >> 27)) * 0x94D049BB133111EBull;
+    h ^= h >> 31;
+    out[i] = static_cast<int32_t>((h % static_cast<uint64_t>(bound) + j) % bound);
+  }
+  return absl::OkStatus();
+}
+
 std::string DummyWeightSource::description() const {
   return absl::StrCat("dummy(seed=", seed_, ")");
 }

@@ -26,6 +26,10 @@ class DummyWeightSource : public WeightSource {
 
   absl::Status ReadFloat32(const std::string& name, const std::vector<int64_t>& shape,
                            float* out) override;
+  // Row r (the last dimension's runs) holds (h(r) + j) mod bound for j = 0, 1, ...: distinct
+  // experts per token when a row is no longer than `bound`.
+  absl::Status ReadIndices(const std::string& name, const std::vector<int64_t>& shape,
+                           int64_t bound, int32_t* out) override;
   bool Contains(const std::string& name) const override { return true; }
   std::optional<DummyFill> DummyFillFor(const std::string& name,
                                         const std::vector<int64_t>& shape) const override {

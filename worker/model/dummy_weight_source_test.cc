@@ -29,5 +29,28 @@ TEST(DummyWeightSourceTest, DeterministicAndScaled) {
   EXPECT_TRUE(a.Contains("anything"));
 }
 
+// Index tables: in [0, bound), distinct within a row, the same for the same seed.
+TEST(DummyWeightSourceTest, IndicesInRangeAndDistinctPerRow) {
+  DummyWeightSource a(7), b(7);
+  std::vector<int32_t> x(100 * 6), y(100 * 6);
+  ASSERT_TRUE(a.ReadIndices("model.layers.0.mlp.gate.tid2eid", {100, 6}, 8, x.data()).ok());
+  ASSERT_TRUE(b.ReadIndices("model.layers.0.mlp.gate.tid2eid", {100, 6}, 8, y.data()).ok());
+  EXPECT_EQ(x, y);
+  std::vector<int> seen(8, 0);
+  for (int r = 0; r < 100; ++r) {
+    std::vector<bool> in_row(8, false);
+    for (int j = 0; j < 6; ++j) {
+      const int32_t e = x[r * 6 + j];
+      ASSERT_GE(e, 0);
+      ASSERT_LT(e, 8);
+      EXPECT_FALSE(in_row[e]) << "row " << r;
+      in_row[e] = true;
+      ++seen[e];
+    }
+  }
+  for (int e = 0; e < 8; ++e) EXPECT_GT(seen[e], 0) << e;  // every expert used
+  EXPECT_FALSE(a.ReadIndices("t", {2}, 0, x.data()).ok());
+}
+
 }  // namespace
 }  // namespace deepinfer

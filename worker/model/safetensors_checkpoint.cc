@@ -1,15 +1,23 @@
-// SafetensorsCheckpoint: index resolution, lazy shard mapping, dtype conversion, FP8 dequant.
+// SafetensorsCheckpoint: index resolution, lazy shard mapping, dtype conversion, FP8 and MXFP4
+// dequantisation.
 #include "worker/model/safetensors_checkpoint.h"
 
+#include <algorithm>
+#include <cmath>
 #include <fstream>
 #include <sstream>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "absl/strings/strip.h"
 #include "nlohmann/json.hpp"
 
 namespace deepinfer {
 namespace {
+
+// Values one MX scale covers along a row (OCP Microscaling v1.0: k = 32).
+constexpr int64_t kMxBlock = 32;
 
 bool FileExists(const std::string& path) {
   std::ifstream f(path);
@@ -83,42 +91,220 @@ absl::StatusOr<const SafetensorsTensor*> SafetensorsCheckpoint::FindTensor(const
   return t;
 }
 
-absl::Status SafetensorsCheckpoint::ReadFloat32(const std::string& name,
-                                                const std::vector<int64_t>& shape, float* out) {
+absl::StatusOr<WeightStorage> SafetensorsCheckpoint::Describe(const std::string& name,
+                                                              const SafetensorsTensor** weight,
+                                                              const SafetensorsTensor** scale,
+                                                              std::string* file) {
+  auto t_or = FindTensor(name, file);
+  if (!t_or.ok()) return t_or.status();
+  const SafetensorsTensor& t = **t_or;
+  *weight = &t;
+  *scale = nullptr;
+  WeightStorage s;
+  s.dtype = t.dtype;
+  s.shape = s.stored_shape = t.shape;
+  s.stored_bytes = static_cast<int64_t>(t.nbytes);
+  auto bad = [&](const std::string& why) {
+    return absl::InvalidArgumentError(absl::StrCat(*file, ": tensor '", name, "' ", why));
+  };
+
+  switch (t.dtype) {
+    case DType::kF64:
+    case DType::kF32:
+    case DType::kF16:
+    case DType::kBF16:
+    case DType::kF8E8M0:  // a scale tensor read on its own
+      return s;
+    case DType::kF8E4M3:
+    case DType::kF8E5M2:
+      s.kind = WeightStorageKind::kFp8Block;
+      s.block_rows = block_rows_;
+      s.block_cols = block_cols_;
+      break;
+    case DType::kU8:
+    case DType::kI8:
+    case DType::kF4:
+      s.kind = WeightStorageKind::kMxfp4;
+      s.block_rows = 1;
+      s.block_cols = kMxBlock;
+      break;
+    default:
+      return bad(absl::StrCat("has dtype ", DTypeName(t.dtype), ", which no weight can have"));
+  }
+
+  // The scale, under one of the names checkpoints use.
+  std::vector<std::string> candidates = {name + "_scale_inv", name + "_scale"};
+  if (absl::EndsWith(name, ".weight")) {
+    candidates.push_back(absl::StrCat(absl::StripSuffix(name, ".weight"), ".scale"));
+  }
+  for (const std::string& c : candidates) {
+    if (!Contains(c)) continue;
+    if (!s.scale_name.empty()) {
+      return bad(absl::StrCat("has two scale tensors, '", s.scale_name, "' and '", c,
+                              "'; a checkpoint must hold one"));
+    }
+    s.scale_name = c;
+  }
+  const char* kind = s.kind == WeightStorageKind::kMxfp4 ? "MXFP4" : "FP8";
+  if (s.scale_name.empty()) {
+    if (s.kind == WeightStorageKind::kFp8Block) {
+      return absl::NotFoundError(
+          absl::StrCat(*file, ": FP8 tensor '", name, "' has no scale '", candidates[0], "'"));
+    }
+    return absl::NotFoundError(
+        absl::StrCat(*file, ": tensor '", name, "' of dtype ", DTypeName(t.dtype),
+                     " has no scale ('", absl::StrJoin(candidates, "', '"), "'); a ",
+                     DTypeName(t.dtype), " tensor is a weight only as MXFP4 with E8M0 scales"));
+  }
+  if (t.shape.size() < 2) {
+    return bad(absl::StrCat("of shape [", absl::StrJoin(t.shape, ","), "] is ", kind,
+                            " but not a matrix; block scaling needs at least 2 dimensions"));
+  }
+  // Packed MXFP4 holds two values a byte along the input dimension.
+  if (t.dtype == DType::kU8 || t.dtype == DType::kI8) s.shape.back() *= 2;
+
+  std::string scale_file;
+  auto sc_or = FindTensor(s.scale_name, &scale_file);
+  if (!sc_or.ok()) return sc_or.status();
+  const SafetensorsTensor& sc = **sc_or;
+  *scale = &sc;
+  s.scale_dtype = sc.dtype;
+  s.scale_shape = sc.shape;
+  s.scale_bytes = static_cast<int64_t>(sc.nbytes);
+  switch (sc.dtype) {
+    case DType::kF32:
+    case DType::kBF16:
+    case DType::kF16:
+    case DType::kF8E8M0:
+    case DType::kU8:
+      break;
+    default:
+      return absl::InvalidArgumentError(absl::StrCat(
+          scale_file, ": scale '", s.scale_name, "' of ", kind, " tensor '", name, "' has dtype ",
+          DTypeName(sc.dtype), "; a scale is F32, BF16, F16, F8_E8M0 or U8 (E8M0 bytes)"));
+  }
+  std::vector<int64_t> grid(s.shape.begin(), s.shape.end() - 2);
+  const int64_t rows = s.shape[s.shape.size() - 2], cols = s.shape.back();
+  grid.push_back((rows + s.block_rows - 1) / s.block_rows);
+  grid.push_back((cols + s.block_cols - 1) / s.block_cols);
+  if (sc.shape != grid) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        scale_file, ": scale '", s.scale_name, "' has shape [", absl::StrJoin(sc.shape, ","),
+        "], but ", kind, " tensor '", name, "' of shape [", absl::StrJoin(s.shape, ","), "] in ",
+        s.block_rows, "x", s.block_cols, " blocks needs [", absl::StrJoin(grid, ","), "]"));
+  }
+  return s;
+}
+
+absl::StatusOr<WeightStorage> SafetensorsCheckpoint::Storage(const std::string& name) {
+  const SafetensorsTensor* weight = nullptr;
+  const SafetensorsTensor* scale = nullptr;
+  std::string file;
+  return Describe(name, &weight, &scale, &file);
+}
+
+absl::Status SafetensorsCheckpoint::ReadIndices(const std::string& name,
+                                                const std::vector<int64_t>& shape, int64_t bound,
+                                                int32_t* out) {
   std::string file;
   auto t_or = FindTensor(name, &file);
   if (!t_or.ok()) return t_or.status();
   const SafetensorsTensor& t = **t_or;
+  auto bad = [&](const std::string& why) {
+    return absl::InvalidArgumentError(absl::StrCat(file, ": tensor '", name, "' ", why));
+  };
   if (t.shape != shape) {
-    return absl::InvalidArgumentError(absl::StrCat(file, ": tensor '", name, "' has shape [",
-                                                   absl::StrJoin(t.shape, ","), "], expected [",
-                                                   absl::StrJoin(shape, ","), "]"));
+    return bad(absl::StrCat("has shape [", absl::StrJoin(t.shape, ","), "], expected [",
+                            absl::StrJoin(shape, ","), "]"));
   }
-  absl::Status st = ConvertToFloat32(t.dtype, t.data, t.num_elements(), out);
-  if (!st.ok())
-    return absl::InvalidArgumentError(absl::StrCat(file, ": tensor '", name, "': ", st.message()));
-  if (t.dtype != DType::kF8E4M3) return absl::OkStatus();
+  const bool is_signed = t.dtype == DType::kI8 || t.dtype == DType::kI16 ||
+                         t.dtype == DType::kI32 || t.dtype == DType::kI64;
+  const bool is_unsigned = t.dtype == DType::kU8 || t.dtype == DType::kU16 ||
+                           t.dtype == DType::kU32 || t.dtype == DType::kU64;
+  if (!is_signed && !is_unsigned) {
+    return bad(absl::StrCat("has dtype ", DTypeName(t.dtype), "; an index table is an integer"));
+  }
+  const int bytes = DTypeBits(t.dtype) / 8;
+  const int64_t n = t.num_elements();
+  for (int64_t i = 0; i < n; ++i) {
+    uint64_t u = 0;
+    for (int b = 0; b < bytes; ++b) u |= static_cast<uint64_t>(t.data[i * bytes + b]) << (8 * b);
+    int64_t v = static_cast<int64_t>(u);
+    if (is_signed && bytes < 8 && (u >> (8 * bytes - 1)) != 0) {
+      v = static_cast<int64_t>(u | (~uint64_t{0} << (8 * bytes)));  // sign-extend
+    }
+    if ((is_unsigned && u >= static_cast<uint64_t>(bound)) || v < 0 || v >= bound) {
+      return bad(absl::StrCat("element ", i, " is ",
+                              is_unsigned ? absl::StrCat(u) : absl::StrCat(v), ", outside [0, ",
+                              bound, ")"));
+    }
+    out[i] = static_cast<int32_t>(v);
+  }
+  return absl::OkStatus();
+}
 
-  // FP8: multiply each block by its scale (DeepSeek's weight_dequant: y = x * s).
-  if (shape.size() != 2) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(file, ": FP8 tensor '", name, "' must be 2-D for block scaling"));
+absl::Status SafetensorsCheckpoint::ReadFloat32(const std::string& name,
+                                                const std::vector<int64_t>& shape, float* out) {
+  const SafetensorsTensor* t = nullptr;
+  const SafetensorsTensor* sc = nullptr;
+  std::string file;
+  absl::StatusOr<WeightStorage> s_or = Describe(name, &t, &sc, &file);
+  if (!s_or.ok()) return s_or.status();
+  const WeightStorage& s = *s_or;
+  if (s.shape != shape) {
+    std::string stored;
+    if (s.stored_shape != s.shape) {
+      stored = absl::StrCat(" (stored packed as ", DTypeName(s.dtype), " [",
+                            absl::StrJoin(s.stored_shape, ","), "])");
+    }
+    return absl::InvalidArgumentError(absl::StrCat(file, ": tensor '", name, "' has shape [",
+                                                   absl::StrJoin(s.shape, ","), "]", stored,
+                                                   ", expected [", absl::StrJoin(shape, ","), "]"));
   }
-  const std::string scale_name = name + "_scale_inv";
-  const int64_t rows = shape[0], cols = shape[1];
-  const std::vector<int64_t> scale_shape = {(rows + block_rows_ - 1) / block_rows_,
-                                            (cols + block_cols_ - 1) / block_cols_};
-  std::vector<float> scale(scale_shape[0] * scale_shape[1]);
-  if (!Contains(scale_name)) {
-    return absl::NotFoundError(
-        absl::StrCat(file, ": FP8 tensor '", name, "' has no scale '", scale_name, "'"));
+  int64_t n = 1;
+  for (int64_t d : shape) n *= d;
+  if (t->dtype == DType::kU8 || t->dtype == DType::kI8) {
+    for (int64_t i = 0; i < n / 2; ++i) {
+      out[2 * i] = E2M1ToFloat(t->data[i] & 0xF);
+      out[2 * i + 1] = E2M1ToFloat(t->data[i] >> 4);
+    }
+  } else {
+    absl::Status st = ConvertToFloat32(t->dtype, t->data, n, out);
+    if (!st.ok()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(file, ": tensor '", name, "': ", st.message()));
+    }
   }
-  st = ReadFloat32(scale_name, scale_shape, scale.data());
-  if (!st.ok()) return st;
-  for (int64_t r = 0; r < rows; ++r) {
-    const float* srow = scale.data() + (r / block_rows_) * scale_shape[1];
-    float* orow = out + r * cols;
-    for (int64_t c = 0; c < cols; ++c) orow[c] *= srow[c / block_cols_];
+  if (!s.scaled()) return absl::OkStatus();
+
+  // y = x * s over each block (DeepSeek's weight_dequant; the MX spec's X_i = S * P_i).
+  const int64_t scale_n = sc->num_elements();
+  std::vector<float> scale(scale_n);
+  if (sc->dtype == DType::kU8) {
+    for (int64_t i = 0; i < scale_n; ++i) scale[i] = E8M0ToFloat(sc->data[i]);
+  } else {
+    absl::Status st = ConvertToFloat32(sc->dtype, sc->data, scale_n, scale.data());
+    if (!st.ok()) return st;
+  }
+  for (int64_t i = 0; i < scale_n; ++i) {
+    if (!std::isfinite(scale[i]) || scale[i] < 0) {
+      const std::string bits =
+          DTypeBits(sc->dtype) == 8 ? absl::StrCat(" (byte 0x", absl::Hex(sc->data[i]), ")") : "";
+      return absl::InvalidArgumentError(
+          absl::StrCat("scale '", s.scale_name, "' of tensor '", name, "' element ", i, " is ",
+                       scale[i], bits, "; block scales must be finite and non-negative"));
+    }
+  }
+  const int64_t rows = shape[shape.size() - 2], cols = shape.back();
+  const int64_t scale_rows = s.scale_shape[s.scale_shape.size() - 2];
+  const int64_t scale_cols = s.scale_shape.back();
+  const int64_t batches = n / (rows * std::max<int64_t>(cols, 1));
+  for (int64_t b = 0; b < batches && rows * cols > 0; ++b) {
+    for (int64_t r = 0; r < rows; ++r) {
+      const float* srow = scale.data() + (b * scale_rows + r / s.block_rows) * scale_cols;
+      float* orow = out + (b * rows + r) * cols;
+      for (int64_t c = 0; c < cols; ++c) orow[c] *= srow[c / s.block_cols];
+    }
   }
   return absl::OkStatus();
 }

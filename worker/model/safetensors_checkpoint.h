@@ -1,8 +1,13 @@
 // SafetensorsCheckpoint: a WeightSource over a checkpoint directory, either sharded through
 // model.safetensors.index.json or a single model.safetensors. Shards are memory-mapped when
-// first needed, so a rank that hosts few experts touches only their pages. FP8 (F8_E4M3)
-// weights are dequantised with their `<name>_scale_inv` tensor: one fp32 multiplier per
-// block_rows x block_cols block (DeepSeek: 128 x 128).
+// first needed, so a rank that hosts few experts touches only their pages. Quantised weights
+// are dequantised on the host with their scale tensor (weight_storage.h lists the kinds):
+//   * FP8 (F8_E4M3): one multiplier per block_rows x block_cols block (DeepSeek: 128 x 128),
+//     float32 or E8M0 exponent bytes (F8_E8M0 or U8, 2^(b - 127));
+//   * MXFP4 (U8 / I8 packed two E2M1 values a byte, or F4): one E8M0 scale per 32 values of a
+//     row.
+// The scale of weight `N` is `N_scale_inv`, `N_scale` or, for `P.weight`, `P.scale` (DeepSeek's
+// own naming); exactly one of them may exist.
 #ifndef DEEPINFER_WORKER_MODEL_SAFETENSORS_CHECKPOINT_H_
 #define DEEPINFER_WORKER_MODEL_SAFETENSORS_CHECKPOINT_H_
 
@@ -28,6 +33,10 @@ class SafetensorsCheckpoint : public WeightSource {
   absl::Status ReadFloat32(const std::string& name, const std::vector<int64_t>& shape,
                            float* out) override;
   bool Contains(const std::string& name) const override;
+  absl::StatusOr<WeightStorage> Storage(const std::string& name) override;
+  // I8 .. I64, U8 .. U64 tensors.
+  absl::Status ReadIndices(const std::string& name, const std::vector<int64_t>& shape,
+                           int64_t bound, int32_t* out) override;
   std::string description() const override { return dir_; }
 
  private:
@@ -35,6 +44,9 @@ class SafetensorsCheckpoint : public WeightSource {
       : dir_(std::move(dir)), block_rows_(br), block_cols_(bc) {}
   // The mapped shard holding `name` (opened on first use), or an error.
   absl::StatusOr<const SafetensorsTensor*> FindTensor(const std::string& name, std::string* file);
+  // Storage, with the weight and scale tensors it describes.
+  absl::StatusOr<WeightStorage> Describe(const std::string& name, const SafetensorsTensor** weight,
+                                         const SafetensorsTensor** scale, std::string* file);
 
   const std::string dir_;
   const int64_t block_rows_, block_cols_;

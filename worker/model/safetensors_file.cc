@@ -74,9 +74,18 @@ absl::StatusOr<std::unique_ptr<SafetensorsFile>> SafetensorsFile::Open(const std
     auto dtype = ParseDType(dt->get<std::string>());
     if (!dtype.ok()) return bad(std::string(dtype.status().message()));
     tensor.dtype = *dtype;
+    // Element counts are bounded by the file size, so a hostile shape cannot overflow them.
+    const uint64_t max_elements = 8 * static_cast<uint64_t>(size) + 1;
+    uint64_t elements = 1;
     for (const auto& d : *sh) {
       if (!d.is_number_unsigned()) return bad("shape entries must be non-negative integers");
-      tensor.shape.push_back(d.get<int64_t>());
+      const uint64_t dim = d.get<uint64_t>();
+      if (dim > max_elements || (dim != 0 && elements > max_elements / dim)) {
+        return bad(absl::StrCat("shape ", sh->dump(), " holds more elements than the ", size,
+                                "-byte file can store"));
+      }
+      elements *= dim;
+      tensor.shape.push_back(static_cast<int64_t>(dim));
     }
     const uint64_t begin = (*off)[0].get<uint64_t>(), end = (*off)[1].get<uint64_t>();
     if (begin > end || end > data_size) {
@@ -84,8 +93,12 @@ absl::StatusOr<std::unique_ptr<SafetensorsFile>> SafetensorsFile::Open(const std
                               " data bytes in the file (truncated file?)"));
     }
     tensor.nbytes = end - begin;
-    const uint64_t expected = static_cast<uint64_t>(tensor.num_elements()) * DTypeSize(*dtype);
-    if (tensor.nbytes != expected) {
+    const int64_t expected = DTypeStorageBytes(*dtype, tensor.num_elements());
+    if (expected < 0) {
+      return bad(absl::StrCat(tensor.num_elements(), " elements of ", DTypeName(*dtype),
+                              " do not fill whole bytes"));
+    }
+    if (tensor.nbytes != static_cast<uint64_t>(expected)) {
       return bad(absl::StrCat("holds ", tensor.nbytes, " bytes but shape [",
                               absl::StrJoin(tensor.shape, ","), "] of ", DTypeName(*dtype),
                               " needs ", expected));

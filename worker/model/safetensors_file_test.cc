@@ -1,6 +1,7 @@
 // Tests for SafetensorsFile: parsing with each dtype, and corrupt/truncated files.
 #include "worker/model/safetensors_file.h"
 
+#include <cmath>
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
@@ -88,6 +89,60 @@ TEST(SafetensorsFileTest, CorruptHeader) {
   bad << "{oops";
   bad.close();
   EXPECT_FALSE(SafetensorsFile::Open(path).ok());
+}
+
+// The MX dtypes: F4 shapes count values (two a byte), F8_E8M0 one a byte.
+TEST(SafetensorsFileTest, SubByteAndScaleDtypes) {
+  SafetensorsWriter w;
+  w.Add("w", DType::kF4, {2, 4}, {0x72, 0x9F, 0x00, 0x01});  // 8 values in 4 bytes
+  w.Add("s", DType::kF8E8M0, {2}, {127, 0});
+  w.Add("e", DType::kF8E5M2, {1}, {0x3C});
+  w.Add("c", DType::kC64, {1}, std::vector<uint8_t>(8, 0));
+  const std::string path = TmpPath("mx.safetensors");
+  ASSERT_TRUE(w.Write(path).ok());
+  auto f = SafetensorsFile::Open(path);
+  ASSERT_TRUE(f.ok()) << f.status();
+  const SafetensorsTensor* t = (*f)->Find("w");
+  ASSERT_NE(t, nullptr);
+  EXPECT_EQ(t->nbytes, 4u);
+  float out[8];
+  ASSERT_TRUE(ConvertToFloat32(t->dtype, t->data, 8, out).ok());
+  EXPECT_EQ(out[1], 6.0f);
+  EXPECT_EQ(out[2], -6.0f);
+  EXPECT_EQ(out[6], 0.5f);
+  const SafetensorsTensor* s = (*f)->Find("s");
+  ASSERT_TRUE(ConvertToFloat32(s->dtype, s->data, 2, out).ok());
+  EXPECT_EQ(out[0], 1.0f);
+  EXPECT_EQ(out[1], std::ldexp(1.0f, -127));
+  const SafetensorsTensor* e = (*f)->Find("e");
+  ASSERT_TRUE(ConvertToFloat32(e->dtype, e->data, 1, out).ok());
+  EXPECT_EQ(out[0], 1.0f);
+  const SafetensorsTensor* c = (*f)->Find("c");
+  EXPECT_EQ(ConvertToFloat32(c->dtype, c->data, 1, out).code(), absl::StatusCode::kInvalidArgument);
+}
+
+void WriteRaw(const std::string& path, const std::string& header, size_t data_bytes) {
+  uint64_t len = header.size();
+  std::ofstream out(path, std::ios::binary);
+  out.write(reinterpret_cast<const char*>(&len), 8);
+  out << header << std::string(data_bytes, '\0');
+}
+
+TEST(SafetensorsFileTest, OddF4CountAndHugeShapesRefused) {
+  const std::string path = TmpPath("odd.safetensors");
+  WriteRaw(path, R"({"w": {"dtype": "F4", "shape": [3], "data_offsets": [0, 2]}})", 2);
+  auto f = SafetensorsFile::Open(path);
+  ASSERT_FALSE(f.ok());
+  EXPECT_NE(f.status().message().find("'w'"), std::string::npos) << f.status();
+  EXPECT_NE(f.status().message().find("whole bytes"), std::string::npos) << f.status();
+  // 2^32 x 2^32 elements would wrap a 64-bit count to 0 and match empty data.
+  WriteRaw(path,
+           R"({"h": {"dtype": "U8", "shape": [4294967296, 4294967296], "data_offsets": [0, 0]}})",
+           0);
+  f = SafetensorsFile::Open(path);
+  ASSERT_FALSE(f.ok());
+  EXPECT_NE(f.status().message().find("'h'"), std::string::npos) << f.status();
+  EXPECT_NE(f.status().message().find("more elements than"), std::string::npos) << f.status();
 }
 
 }  // namespace

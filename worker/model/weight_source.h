@@ -1,6 +1,8 @@
 // WeightSource: where model weights come from, by checkpoint tensor name. The model loader
-// asks for each tensor it hosts with the shape it expects and receives fp32 values, whatever
-// the storage (safetensors F32/BF16/F16/FP8 with block scales, or generated dummy values).
+// asks for each tensor it hosts with the (dequantised) shape it expects and receives fp32
+// values, whatever the storage (safetensors F32/BF16/F16, FP8 with float32 or UE8M0 block
+// scales, MXFP4 with E8M0 scales, or generated dummy values); Storage says which storage a name
+// has without reading its values (weight_storage.h). docs/model.md, "Storage formats".
 #ifndef DEEPINFER_WORKER_MODEL_WEIGHT_SOURCE_H_
 #define DEEPINFER_WORKER_MODEL_WEIGHT_SOURCE_H_
 
@@ -10,7 +12,10 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/str_cat.h"
 #include "worker/backend/dummy_fill.h"
+#include "worker/model/weight_storage.h"
 
 namespace deepinfer {
 
@@ -22,6 +27,28 @@ class WeightSource {
   virtual absl::Status ReadFloat32(const std::string& name, const std::vector<int64_t>& shape,
                                    float* out) = 0;
   virtual bool Contains(const std::string& name) const = 0;
+  // How `name` is stored, from the checkpoint's headers. NOT_FOUND if absent; INVALID_ARGUMENT
+  // (naming the tensor) for a storage ReadFloat32 would refuse: a dtype no weight can have, a
+  // quantised weight without its scale, a scale grid that does not fit the weight. Sources
+  // without files (the dummy format) answer kGenerated with an empty shape.
+  virtual absl::StatusOr<WeightStorage> Storage(const std::string& name) {
+    if (!Contains(name)) {
+      return absl::NotFoundError(absl::StrCat(description(), ": tensor '", name, "' is missing"));
+    }
+    WeightStorage s;
+    s.kind = WeightStorageKind::kGenerated;
+    return s;
+  }
+  // Integer tables (DeepSeek-V4's hash router `gate.tid2eid`: the experts of each token id):
+  // num_elements(shape) int32 values, each checked to lie in [0, bound). NOT_FOUND as
+  // ReadFloat32; INVALID_ARGUMENT naming the tensor for a shape that differs, a dtype that is
+  // not an integer, or a value out of range (naming the element). Sources without integer
+  // tensors: UNIMPLEMENTED.
+  virtual absl::Status ReadIndices(const std::string& name, const std::vector<int64_t>& shape,
+                                   int64_t bound, int32_t* out) {
+    return absl::UnimplementedError(
+        absl::StrCat(description(), ": cannot read integer tensor '", name, "'"));
+  }
   // Generated weights: the recipe of `name`'s values (ReadFloat32 would return exactly
   // DummyFillValue(fill, i) for element i), so the loader can have the backend make them in
   // place (Backend::FillDummy). nullopt (the default): read them.
@@ -32,6 +59,18 @@ class WeightSource {
   // For messages: the checkpoint directory, or "dummy(seed=...)".
   virtual std::string description() const = 0;
 };
+
+// `name` dequantised to fp32 as a vector of num_elements(shape) values (ReadFloat32's errors).
+inline absl::StatusOr<std::vector<float>> ReadDequantized(WeightSource* source,
+                                                          const std::string& name,
+                                                          const std::vector<int64_t>& shape) {
+  int64_t n = 1;
+  for (int64_t d : shape) n *= d;
+  std::vector<float> values(static_cast<size_t>(n));
+  absl::Status st = source->ReadFloat32(name, shape, values.data());
+  if (!st.ok()) return st;
+  return values;
+}
 
 }  // namespace deepinfer
 

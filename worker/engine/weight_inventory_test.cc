@@ -1,0 +1,144 @@
+// WeightInventory against parameter counts and byte totals worked out by hand for small V3 and
+// V4 configs (the arithmetic is in the comments), and the published DeepSeek-V3 size.
+#include "worker/engine/weight_inventory.h"
+
+#include "gtest/gtest.h"
+
+namespace deepinfer {
+namespace {
+
+// hidden 16, 2 layers (layer 0 dense), 2 heads, q_lora 12, kv_lora 8, nope 4, rope 2, v 4,
+// 4 routed experts of 8, 1 shared, vocab 100, one MTP layer.
+constexpr char kSmallV3[] = R"({
+  "architectures": ["DeepseekV3ForCausalLM"], "model_type": "deepseek_v3",
+  "vocab_size": 100, "hidden_size": 16, "intermediate_size": 32, "moe_intermediate_size": 8,
+  "num_hidden_layers": 2, "num_attention_heads": 2, "q_lora_rank": 12, "kv_lora_rank": 8,
+  "qk_nope_head_dim": 4, "qk_rope_head_dim": 2, "v_head_dim": 4, "n_routed_experts": 4,
+  "n_shared_experts": 1, "num_experts_per_tok": 2, "n_group": 1, "topk_group": 1,
+  "first_k_dense_replace": 1, "num_nextn_predict_layers": 1, "max_position_embeddings": 64,
+  "rope_theta": 10000, "tie_word_embeddings": false})";
+
+// Per layer: attention 804 = norms 16+16, q_a 12x16=192, q_a_norm 12, q_b 12x12=144,
+// kv_a 10x16=160, kv_a_norm 8, kv_b 16x8=128, o 16x8=128. Dense MLP 3 x 32x16 = 1536. MoE 1988 =
+// router 4x16=64, bias 4, experts 4 x 3 x 8x16 = 1536, shared 3 x 8x16 = 384. Embedding,
+// head 1600 each, final norm 16. MTP layer: 804 + 1988 + enorm, hnorm, shared_head.norm 3x16 +
+// eh_proj 16x32=512 = 3352.
+TEST(WeightInventoryTest, SmallV3ParameterCount) {
+  auto inv = InventoryFromConfigJson(kSmallV3, "small", /*include_mtp=*/false);
+  ASSERT_TRUE(inv.ok()) << inv.status();
+  EXPECT_EQ(inv->parameters(), 3216 + 2 * 804 + 1536 + 1988);  // 8348
+  EXPECT_EQ(inv->moe_layers, 1);
+  auto with_mtp = InventoryFromConfigJson(kSmallV3, "small", /*include_mtp=*/true);
+  ASSERT_TRUE(with_mtp.ok());
+  EXPECT_EQ(with_mtp->parameters(), 8348 + 3352);
+  EXPECT_EQ(with_mtp->moe_layers, 2);
+}
+
+TEST(WeightInventoryTest, SmallV3BytesPerPrecision) {
+  auto inv = InventoryFromConfigJson(kSmallV3, "small", false);
+  ASSERT_TRUE(inv.ok());
+  // bf16: every parameter 2 bytes, the correction bias (4) fp32: 8348 x 2 + 4 x 2.
+  WeightBytes bf16 = PerGpuWeightBytes(*inv, 1, WeightPrecision::kBf16, Fp8ScaleFormat::kFloat32);
+  EXPECT_EQ(bf16.weights, 16704);
+  EXPECT_EQ(bf16.scales, 0);
+  EXPECT_EQ(bf16.parameters, 8348);
+  // fp8: 28 projection matrices (5 attention x 2 layers, 3 dense, 12 expert, 3 shared) of
+  // 4960 values, one 128x128 block each (4-byte scale); the other 3384 bf16 + 4 fp32.
+  WeightBytes fp8 = PerGpuWeightBytes(*inv, 1, WeightPrecision::kFp8, Fp8ScaleFormat::kFloat32);
+  EXPECT_EQ(fp8.weights, 4960 + 3384 * 2 + 16);
+  EXPECT_EQ(fp8.scales, 28 * 4);
+  WeightBytes ue8m0 = PerGpuWeightBytes(*inv, 1, WeightPrecision::kFp8, Fp8ScaleFormat::kUe8m0);
+  EXPECT_EQ(ue8m0.scales, 28);
+  // mxfp4 on 2 GPUs: 2 of the 4 experts here. An expert: gate and up 8x16 (64 bytes of values,
+  // 8 scales each), down 16x8 (64 bytes, 16 scales) = 192 + 32. The rest as fp8 without the
+  // 1536 expert values and their 12 scales.
+  WeightBytes mx =
+      PerGpuWeightBytes(*inv, 2, WeightPrecision::kMxfp4Experts, Fp8ScaleFormat::kFloat32);
+  EXPECT_EQ(mx.weights, (4960 - 1536) + 3384 * 2 + 16 + 2 * 192);
+  EXPECT_EQ(mx.scales, 16 * 4 + 2 * 32);
+  EXPECT_EQ(mx.parameters, 8348 - 1536 + 768);
+}
+
+TEST(WeightInventoryTest, BlockScalesRoundUp) {
+  ParamGroup g;
+  g.shape = {300, 129};
+  g.linear = true;
+  // fp8: 3 x 2 blocks of 128.
+  WeightBytes fp8 = GroupBytes(g, 1, WeightPrecision::kFp8, Fp8ScaleFormat::kFloat32);
+  EXPECT_EQ(fp8.weights, 300 * 129);
+  EXPECT_EQ(fp8.scales, 6 * 4);
+  EXPECT_EQ(GroupBytes(g, 2, WeightPrecision::kFp8, Fp8ScaleFormat::kUe8m0).scales, 12);
+  // mxfp4 applies to routed experts only: 65 bytes a row (129 values), 5 scales a row.
+  g.routed_experts = 8;
+  WeightBytes mx = GroupBytes(g, 1, WeightPrecision::kMxfp4Experts, Fp8ScaleFormat::kFloat32);
+  EXPECT_EQ(mx.weights, 300 * 65);
+  EXPECT_EQ(mx.scales, 300 * 5);
+  // A vector is never quantised.
+  ParamGroup v;
+  v.shape = {300};
+  v.dtype = DType::kF32;
+  EXPECT_EQ(GroupBytes(v, 1, WeightPrecision::kMxfp4Experts, Fp8ScaleFormat::kFloat32).weights,
+            1200);
+}
+
+// hidden 8, 3 layers (HCA + hash router, CSA, sliding), 2 heads of 16, q_lora 4, o_groups 2 x
+// o_lora 4, 4 experts of 8, 1 shared, index 2 heads x 4, rates 4 / 8, window 6, hc_mult 2.
+constexpr char kSmallV4[] = R"({
+  "architectures": ["DeepseekV4ForCausalLM"], "model_type": "deepseek_v4",
+  "vocab_size": 50, "hidden_size": 8, "num_hidden_layers": 3, "num_attention_heads": 2,
+  "head_dim": 16, "q_lora_rank": 4, "o_groups": 2, "o_lora_rank": 4, "n_routed_experts": 4,
+  "n_shared_experts": 1, "moe_intermediate_size": 8, "num_experts_per_tok": 2,
+  "index_n_heads": 2, "index_head_dim": 4, "sliding_window": 6, "hc_mult": 2,
+  "num_nextn_predict_layers": 0, "tie_word_embeddings": false,
+  "compress_rates": {"compressed_sparse_attention": 4, "heavily_compressed_attention": 8},
+  "layer_types": ["heavily_compressed_attention", "compressed_sparse_attention",
+                  "sliding_attention"],
+  "mlp_layer_types": ["hash_moe", "moe", "moe"]})";
+
+// Model: embedding, head 400 each, norm 8, hc_head 2x16 + 2 + 1 = 843. Every layer 1788:
+// norms 16; two hyper-connections of fn 8x16, base 8, scale 3 = 278; attention 502 = q_a 4x8,
+// q_a_norm 4, q_b 32x4, kv 16x8, kv_norm 16, o_a 8x16, o_b 8x8, sinks 2; MoE 992 = router 4x8,
+// experts 4 x 3 x 8x8, shared 3 x 8x8. Layer 0: HCA compressor kv, gate 16x8, position bias
+// 8x16, norm 16 = 400, token table 50x2 = 100. Layer 1: CSA compressor kv, gate 32x8,
+// position bias 4x32, norm 16 = 656; indexer kv, gate 8x8, position bias 4x8, norm 4,
+// q_b 8x4, weights 2x8 = 212; correction bias 4. Layer 2: correction bias 4.
+TEST(WeightInventoryTest, SmallV4ParameterCount) {
+  auto inv = InventoryFromConfigJson(kSmallV4, "small4", false);
+  ASSERT_TRUE(inv.ok()) << inv.status();
+  EXPECT_EQ(inv->architecture, "DeepseekV4ForCausalLM");
+  EXPECT_EQ(inv->parameters(), 843 + (1788 + 500) + (1788 + 656 + 212 + 4) + (1788 + 4));
+  EXPECT_EQ(inv->moe_layers, 3);
+}
+
+// Per token: HCA 16 values x 2 bytes / 8 = 4; CSA (16 + 4) x 2 / 4 = 10. Per sequence: three
+// windows of 6 x 16 x 2 = 192; HCA open window 7 x 2 x 16 x 4 = 896; CSA compressor
+// (3 x 2 x 32 + 32) x 4 = 896, indexer (3 x 2 x 8 + 8) x 4 = 224.
+TEST(WeightInventoryTest, SmallV4CacheEstimate) {
+  auto shape = DeepseekV4Shape::FromJson(kSmallV4, "small4");
+  ASSERT_TRUE(shape.ok()) << shape.status();
+  const CacheBytesEstimate c = EstimateDeepseekV4CacheBytes(*shape, 2, 4);
+  EXPECT_EQ(c.per_token, 14);
+  EXPECT_EQ(c.per_sequence, 3 * 192 + 896 + 896 + 224);
+  // Activations: streams 3 x 16, hyper-connection 16 + 2 x 8, the attention part 198
+  // (4 + 2 x 32 + 16 + 8 + 32 / 2 + 4 x 16 + 4 x 4 + 2 x 4 + 2) over the MoE part 136
+  // (4 + 4 + 32 + 48 + 8 + 16 + 24), hidden 8, vocabulary 50.
+  EXPECT_EQ(EstimateDeepseekV4ActivationFloatsPerToken(*shape), 48 + 32 + 198 + 8 + 50);
+}
+
+TEST(WeightInventoryTest, BadV4ConfigNamesField) {
+  std::string bad = kSmallV4;
+  bad.replace(bad.find("\"sliding_attention\""), 19, "\"full_attention\"");
+  auto inv = InventoryFromConfigJson(bad, "bad4.json", false);
+  ASSERT_FALSE(inv.ok());
+  EXPECT_NE(inv.status().message().find("bad4.json"), std::string::npos) << inv.status();
+  EXPECT_NE(inv.status().message().find("layer_types"), std::string::npos) << inv.status();
+  EXPECT_NE(inv.status().message().find("full_attention"), std::string::npos) << inv.status();
+  std::string short_list = kSmallV4;
+  short_list.replace(short_list.find("\"hash_moe\", "), 12, "");
+  EXPECT_FALSE(InventoryFromConfigJson(short_list, "s", false).ok());
+  EXPECT_FALSE(ParseWeightPrecision("int4").ok());
+  EXPECT_FALSE(ParseFp8ScaleFormat("f16").ok());
+}
+
+}  // namespace
+}  // namespace deepinfer
