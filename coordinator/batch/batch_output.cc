@@ -18,7 +18,8 @@ json Usage(const RequestResult& result) {
   const int64_t completion = result.token_ids_size();
   return {{"prompt_tokens", result.prompt_tokens()},
           {"completion_tokens", completion},
-          {"total_tokens", result.prompt_tokens() + completion}};
+          {"total_tokens", result.prompt_tokens() + completion},
+          {"prompt_tokens_details", {{"cached_tokens", result.cached_prompt_tokens()}}}};
 }
 
 // Completions: {"tokens", "token_logprobs", "top_logprobs", "text_offset"}.

@@ -64,6 +64,20 @@ TEST(BatchOutputTest, CompletionLineWithLogprobsAndTokenIds) {
   EXPECT_EQ(body["usage"]["prompt_tokens"], 3);
   EXPECT_EQ(body["usage"]["completion_tokens"], 2);
   EXPECT_EQ(body["usage"]["total_tokens"], 5);
+  EXPECT_EQ(body["usage"]["prompt_tokens_details"]["cached_tokens"], 0);
+}
+
+// Prompt tokens the worker's prefix cache served: OpenAI's prompt_tokens_details.
+TEST(BatchOutputTest, CachedPromptTokensInUsage) {
+  BatchLine request = Parse(R"({"custom_id": "q1", "method": "POST", "url": "/v1/completions",
+      "body": {"prompt": [1, 2, 3], "max_tokens": 2}})");
+  RequestResult r = Result();
+  r.set_prompt_tokens(40);
+  r.set_cached_prompt_tokens(32);
+  const json usage = json::parse(FormatResultLine(request, r, Context()))["response"]["body"]["usage"];
+  EXPECT_EQ(usage["prompt_tokens"], 40);
+  EXPECT_EQ(usage["prompt_tokens_details"]["cached_tokens"], 32);
+  EXPECT_EQ(usage["total_tokens"], 42);
 }
 
 TEST(BatchOutputTest, ChatLineWithoutLogprobs) {

@@ -16,6 +16,14 @@ const char* KvCacheKindName(KvCacheKind kind) {
   return "?";
 }
 
+PrefixReuse KvCacheKindPrefixReuse(KvCacheKind kind) {
+  switch (kind) {
+    case KvCacheKind::kPagedLatent:
+      return PrefixReuse::kShareBlocks;
+  }
+  return PrefixReuse::kBoundedReplay;
+}
+
 int64_t KvCacheGroupSpec::EntryBytes() const {
   switch (kind) {
     case KvCacheKind::kPagedLatent:
@@ -81,6 +89,13 @@ absl::Status KvCacheSpec::Validate() const {
                                                    " of them in a group"));
   }
   return absl::OkStatus();
+}
+
+bool KvCacheSpec::SharesPrefixBlocks() const {
+  for (const KvCacheGroupSpec& g : groups) {
+    if (KvCacheKindPrefixReuse(g.kind) != PrefixReuse::kShareBlocks) return false;
+  }
+  return true;
 }
 
 KvCacheSpec KvCacheSpec::WithDType(WeightDType dtype) const {
