@@ -30,6 +30,12 @@ uint64_t PrefixBlockHash(uint64_t parent, const int32_t* tokens, int64_t n) {
   return Mix(h ^ static_cast<uint64_t>(n));
 }
 
+std::string PrefixCacheKey(const std::string& model_fingerprint, WeightDType weights,
+                           const KvCacheSpec& spec, int32_t block_size) {
+  return absl::StrCat("model=", model_fingerprint, ";weights=", WeightDTypeName(weights),
+                      ";cache=", spec.ToString(), ";block=", block_size);
+}
+
 uint64_t PrefixRootHash(const std::string& key) {
   uint64_t h = 14695981039346656037ull;  // FNV-1a, then mixed
   for (unsigned char c : key) h = (h ^ c) * 1099511628211ull;
