@@ -75,9 +75,9 @@ absl::StatusOr<std::vector<std::string>> GpuSetsPerWorker(const char* visible, i
 // The command line of local worker `index` of `deepinfer run`: `worker_binary` with the
 // coordinator's address, the model, backend, ranks, worker id and token file, every engine
 // option of `options` the worker takes (--dtype when set, --cuda-graphs,
-// --cuda-graph-max-batch, --kv-cache-dtype when set, --no-prefix-caching when off), then options.worker_args split at spaces
-// (so they can override). With a non-empty `gpu_set`, run through env(1) with
-// CUDA_VISIBLE_DEVICES=gpu_set.
+// --cuda-graph-max-batch, --kv-cache-dtype when set, --no-prefix-caching when off), then
+// options.worker_args split at spaces (so they can override). With a non-empty `gpu_set`, run
+// through env(1) with CUDA_VISIBLE_DEVICES=gpu_set.
 std::vector<std::string> LocalWorkerArgv(const RunOptions& options, int64_t index,
                                          const std::string& worker_binary,
                                          const std::string& coordinator_address,

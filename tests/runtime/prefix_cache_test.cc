@@ -45,8 +45,11 @@ std::string SharedSystemPromptJob(std::vector<int>* prompt_lengths) {
     const int extra = 3 + static_cast<int>(rng() % 37);
     for (int k = 0; k < extra; ++k) prompt.push_back(2 + static_cast<int>(rng() % 998));
     prompt_lengths->push_back(static_cast<int>(prompt.size()));
-    json body = {{"prompt", prompt},     {"max_tokens", 8},         {"logprobs", 3},
-                 {"ignore_eos", true},   {"return_token_ids", true}};
+    json body = {{"prompt", prompt},
+                 {"max_tokens", 8},
+                 {"logprobs", 3},
+                 {"ignore_eos", true},
+                 {"return_token_ids", true}};
     if (i % 3 == 2) {
       body["temperature"] = 0.8;
       body["seed"] = 100 + i;

@@ -416,9 +416,8 @@ bool RankGroup::FormRank(int local) {
   eo.rank = r.global;
   eo.step_when_idle = options_.dispatcher.partitioned && layout_.world_size > 1;
   eo.prefix_cache.enabled = options_.prefix_caching;
-  eo.prefix_cache.key = PrefixCacheKey(options_.model->fingerprint,
-                                       r.parts.backend->weight_dtype(), r.parts.pool->spec(),
-                                       r.parts.pool->block_size());
+  eo.prefix_cache.key = PrefixCacheKey(options_.model->fingerprint, r.parts.backend->weight_dtype(),
+                                       r.parts.pool->spec(), r.parts.pool->block_size());
   auto engine = Engine::Create(r.parts.model.get(), r.parts.pool.get(), &r.queue,
                                options_.model->tokenizer.get(), eo);
   if (!engine.ok()) {

@@ -72,8 +72,7 @@ void PrefixCache::ExtendHashes(const std::vector<int32_t>& tokens, int64_t n,
 }
 
 std::vector<int32_t> PrefixCache::Acquire(const std::vector<int32_t>& tokens,
-                                          const std::vector<uint64_t>& hashes,
-                                          int64_t max_tokens) {
+                                          const std::vector<uint64_t>& hashes, int64_t max_tokens) {
   std::vector<int32_t> out;
   if (!enabled_) return out;
   const int64_t bs = pool_->block_size();
@@ -86,7 +85,8 @@ std::vector<int32_t> PrefixCache::Acquire(const std::vector<int32_t>& tokens,
     if (it == by_hash_.end()) break;
     Block& b = blocks_[it->second];
     const uint64_t parent = i == 0 ? root_ : hashes[i - 1];
-    if (b.parent != parent || !std::equal(b.tokens.begin(), b.tokens.end(), tokens.begin() + i * bs)) {
+    if (b.parent != parent ||
+        !std::equal(b.tokens.begin(), b.tokens.end(), tokens.begin() + i * bs)) {
       break;
     }
     if (b.refs == 0) {

@@ -44,12 +44,12 @@ struct PrefixCacheOptions {
 };
 
 struct PrefixCacheStats {
-  int64_t lookups = 0;          // Acquire calls
-  int64_t lookup_blocks = 0;    // full blocks they asked for
-  int64_t hit_blocks = 0;       // of those, found cached
-  int64_t evictions = 0;        // idle cached blocks handed back to the pool for new blocks
-  int64_t registered = 0;       // blocks that became cached
-  int64_t duplicates = 0;       // full blocks not registered: another block held their hash
+  int64_t lookups = 0;        // Acquire calls
+  int64_t lookup_blocks = 0;  // full blocks they asked for
+  int64_t hit_blocks = 0;     // of those, found cached
+  int64_t evictions = 0;      // idle cached blocks handed back to the pool for new blocks
+  int64_t registered = 0;     // blocks that became cached
+  int64_t duplicates = 0;     // full blocks not registered: another block held their hash
 };
 
 class PrefixCache {
