@@ -74,7 +74,8 @@ TEST(BatchOutputTest, CachedPromptTokensInUsage) {
   RequestResult r = Result();
   r.set_prompt_tokens(40);
   r.set_cached_prompt_tokens(32);
-  const json usage = json::parse(FormatResultLine(request, r, Context()))["response"]["body"]["usage"];
+  const json usage =
+      json::parse(FormatResultLine(request, r, Context()))["response"]["body"]["usage"];
   EXPECT_EQ(usage["prompt_tokens"], 40);
   EXPECT_EQ(usage["prompt_tokens_details"]["cached_tokens"], 32);
   EXPECT_EQ(usage["total_tokens"], 42);

@@ -415,7 +415,8 @@ void Engine::Finish(Sequence* s, const std::string& reason, RequestResult* resul
   result->set_text(s->text);
   result->set_finish_reason(why);
   result->set_prompt_tokens(static_cast<int32_t>(s->prompt_len));
-  result->set_cached_prompt_tokens(static_cast<int32_t>(std::max<int64_t>(0, s->cached_prompt_tokens)));
+  result->set_cached_prompt_tokens(
+      static_cast<int32_t>(std::max<int64_t>(0, s->cached_prompt_tokens)));
   for (TokenLogprob& lp : s->logprobs) *result->add_logprobs() = std::move(lp);
   result->set_group_generation(options_.group_generation);
 }

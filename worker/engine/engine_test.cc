@@ -612,15 +612,15 @@ TEST_F(PrefixCacheEngineTest, CachedTokensOfSequentialRequests) {
   // The system prompt is 130 tokens: 8 full blocks of 16 (128 tokens); a hit never covers a
   // prompt's last token.
   const std::map<std::string, int> want = {
-      {"g0", 0},          // nothing cached yet
-      {"s0", 128},        // g0's prompt (135 tokens) again: its 8 full blocks
-      {"g1", 128},        // 147 tokens; block 8 mixes the system prompt's end with q1
-      {"s1", 144},        // g1's prompt again: 9 full blocks
-      {"g2", 128},        // 194 tokens
-      {"s2", 192},        // g2's prompt again: 12 full blocks (193 tokens may be cached)
-      {"sys", 128},       // 130 tokens, 129 may be cached: 8 blocks
-      {"sys-again", 128},
-      {"part", 32},       // 37 tokens: 2 full blocks
+      {"g0", 0},           // nothing cached yet
+      {"s0", 128},         // g0's prompt (135 tokens) again: its 8 full blocks
+      {"g1", 128},         // 147 tokens; block 8 mixes the system prompt's end with q1
+      {"s1", 144},         // g1's prompt again: 9 full blocks
+      {"g2", 128},         // 194 tokens
+      {"s2", 192},         // g2's prompt again: 12 full blocks (193 tokens may be cached)
+      {"sys", 128},        // 130 tokens, 129 may be cached: 8 blocks
+      {"sys-again", 128},  // the same
+      {"part", 32},        // 37 tokens: 2 full blocks
   };
   for (const auto& [id, tokens] : want) {
     EXPECT_EQ(on[id].cached_prompt_tokens(), tokens) << id;
