@@ -28,6 +28,7 @@
 #include "absl/status/statusor.h"
 #include "worker/backend/device_buffer.h"
 #include "worker/backend/dummy_fill.h"
+#include "worker/backend/v4_ops.h"
 #include "worker/sampling/row_sampling_params.h"
 
 namespace deepinfer {
@@ -346,6 +347,9 @@ class Backend {
   // ordered with the ops without going through this interface (NCCL collectives of a device
   // communicator); null on the CPU, whose ops complete before returning.
   virtual void* native_stream() const { return nullptr; }
+  // The DeepSeek-V4 ops (v4_ops.h), or null on a backend that has none (the V4 model then
+  // refuses to load on it).
+  virtual V4Ops* v4_ops() { return nullptr; }
 
   // ---- Capture and replay ------------------------------------------------------------------
   // Whether Capture can be used now (CUDA: yes, except while per-op timing is on, which needs

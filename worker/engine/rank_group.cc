@@ -307,15 +307,14 @@ absl::Status RankGroup::CheckHostMemory() const {
   if (!arch.ok()) return arch.status();
   int64_t weight_bytes = 0;
   for (int i = 0; i < layout_.num_ranks; ++i) {
-    weight_bytes += (*arch)->weight_bytes(
-        config, *weights,
-        ExpertsToLoad(config, layout_.world_size, layout_.first_rank + i,
-                      options_.dispatcher.partitioned, layout_.placement));
+    weight_bytes +=
+        (*arch)->weight_bytes(config, *weights,
+                              ExpertsToLoad(config, layout_.world_size, layout_.first_rank + i,
+                                            options_.dispatcher.partitioned, layout_.placement));
   }
-  HostMemoryPlan plan =
-      PlanHostMemory(layout_.num_ranks, *weights, weight_bytes, *cache,
-                     (*arch)->cache_spec(config, *cache).BytesPerToken(),
-                     FixedKvCacheBlocks() * options_.block_size);
+  HostMemoryPlan plan = PlanHostMemory(layout_.num_ranks, *weights, weight_bytes, *cache,
+                                       (*arch)->cache_spec(config, *cache).BytesPerToken(),
+                                       FixedKvCacheBlocks() * options_.block_size);
   const ProcMeminfo proc_meminfo;
   const HostMemory& memory = options_.host_memory != nullptr ? *options_.host_memory : proc_meminfo;
   absl::StatusOr<int64_t> available = memory.AvailableBytes();
@@ -388,6 +387,7 @@ bool RankGroup::FormRank(int local) {
   spec.gpu_memory_utilization = options_.gpu_memory_utilization;
   spec.max_batch_tokens = options_.max_batch_tokens;
   spec.prefill_attention = options_.prefill_attention;
+  spec.max_running = options_.max_running;
   // On the CPU, the plan of every local rank was made once, in Start().
   if (!host_memory_check_.ok()) {
     Fail(r.global, host_memory_check_);
