@@ -7,10 +7,10 @@
 #include "absl/container/flat_hash_set.h"
 #include "absl/random/random.h"
 #include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
-#include "absl/strings/match.h"
 #include "common/eplb/expert_parallel_group.h"
 #include "common/eplb/placement_proto.h"
 #include "coordinator/batch/batch_output.h"
@@ -371,10 +371,9 @@ absl::Status JobManager::OnResults(const std::vector<RequestResult>& results) {
     const QueuedRequest& q = it->second;
     const bool failed = !r.error_code().empty();
     if (q.line.n == 1) {
-      std::string line =
-          failed ? FormatErrorLine(q.line.custom_id, r.request_id(), r.error_code(),
-                                   r.error_message())
-                 : FormatResultLine(q.line, r, context_for(r.request_id()));
+      std::string line = failed ? FormatErrorLine(q.line.custom_id, r.request_id(), r.error_code(),
+                                                  r.error_message())
+                                : FormatResultLine(q.line, r, context_for(r.request_id()));
       records.push_back({q.job_id, q.line_number, std::move(line), failed, r.token_ids_size()});
       ids.push_back(r.request_id());
       continue;

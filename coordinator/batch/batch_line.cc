@@ -458,8 +458,8 @@ absl::Status ParseLogitBias(const json& body, const LineParser& p, GenerationPar
   auto it = body.find("logit_bias");
   if (it == body.end() || it->is_null()) return absl::OkStatus();
   if (!it->is_object()) {
-    return p.Error(absl::StrCat("body.logit_bias must be an object mapping token ids to biases, got ",
-                                DescribeJson(*it)));
+    return p.Error(absl::StrCat(
+        "body.logit_bias must be an object mapping token ids to biases, got ", DescribeJson(*it)));
   }
   for (auto e = it->begin(); e != it->end(); ++e) {
     const std::string& key = e.key();
@@ -499,8 +499,8 @@ absl::Status ParsePenalties(const json& body, const LineParser& p, GenerationPar
   s->set_frequency_penalty(static_cast<float>(frequency.value_or(0)));
   s->set_repetition_penalty(static_cast<float>(repetition.value_or(1)));
   std::optional<int64_t> min_tokens;
-  if (absl::Status st = p.OptionalInt(body, "min_tokens", 0, std::numeric_limits<int32_t>::max(),
-                                      &min_tokens);
+  if (absl::Status st =
+          p.OptionalInt(body, "min_tokens", 0, std::numeric_limits<int32_t>::max(), &min_tokens);
       !st.ok()) {
     return st;
   }

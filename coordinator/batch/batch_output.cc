@@ -65,8 +65,10 @@ json ChatLogprobs(const RequestResult& result, const OutputContext& context) {
       std::string alt = context.token_text ? context.token_text(lp.top_token_ids(i)) : "";
       top.push_back({{"token", alt}, {"logprob", lp.top_logprobs(i)}, {"bytes", Bytes(alt)}});
     }
-    content.push_back(
-        {{"token", text}, {"logprob", lp.logprob()}, {"bytes", Bytes(text)}, {"top_logprobs", top}});
+    content.push_back({{"token", text},
+                       {"logprob", lp.logprob()},
+                       {"bytes", Bytes(text)},
+                       {"top_logprobs", top}});
   }
   return {{"content", content}};
 }
@@ -96,8 +98,8 @@ std::string FormatResultLine(const BatchLine& request,
     }
     choice["finish_reason"] = result.finish_reason();
     if (request.sampling.return_token_ids()) {
-      choice["token_ids"] = json(std::vector<int32_t>(result.token_ids().begin(),
-                                                       result.token_ids().end()));
+      choice["token_ids"] =
+          json(std::vector<int32_t>(result.token_ids().begin(), result.token_ids().end()));
     }
     choice_list.push_back(std::move(choice));
   }

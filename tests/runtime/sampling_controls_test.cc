@@ -61,9 +61,8 @@ class SamplingControlsTest : public ::testing::Test {
                           {"logit_bias", {{std::to_string((*greedy_)[0]), -100}}}});
     input += line("eos", {{"max_tokens", 10}, {"logit_bias", {{"1", 100}}}});
     input += line("eos_min", {{"max_tokens", 10}, {"logit_bias", {{"1", 100}}}, {"min_tokens", 4}});
-    input += line("stop_id", {{"max_tokens", 10},
-                              {"ignore_eos", true},
-                              {"stop_token_ids", {(*greedy_)[2]}}});
+    input += line("stop_id",
+                  {{"max_tokens", 10}, {"ignore_eos", true}, {"stop_token_ids", {(*greedy_)[2]}}});
     input += line("stop_id_min", {{"max_tokens", 10},
                                   {"ignore_eos", true},
                                   {"stop_token_ids", {(*greedy_)[2]}},
@@ -74,8 +73,11 @@ class SamplingControlsTest : public ::testing::Test {
                            {"frequency_penalty", 1.5},
                            {"presence_penalty", 0.5},
                            {"logprobs", 20}});
-    const json sampled = {{"prompt", *other_prompt_}, {"max_tokens", 8}, {"ignore_eos", true},
-                          {"temperature", 1.0},       {"seed", 5}};
+    const json sampled = {{"prompt", *other_prompt_},
+                          {"max_tokens", 8},
+                          {"ignore_eos", true},
+                          {"temperature", 1.0},
+                          {"seed", 5}};
     json n3 = sampled;
     n3["n"] = 3;
     input += line("n1", sampled);

@@ -46,8 +46,8 @@ std::vector<RowSampleRequest> MixedRequests(const std::vector<int64_t>& rows, ui
 void AddAdjustments(const std::vector<float>& logits, std::vector<RowSampleRequest>* requests,
                     uint64_t seed) {
   std::mt19937_64 gen(seed);
-  const float biases[] = {0.0f, 2.5f, -3.0f, 100.0f, -100.0f,
-                          -std::numeric_limits<float>::infinity()};
+  const float biases[] = {0.0f,   2.5f,    -3.0f,
+                          100.0f, -100.0f, -std::numeric_limits<float>::infinity()};
   const float repetitions[] = {1.0f, 1.3f, 0.7f, 2.0f};
   const float subtracts[] = {0.0f, 0.5f, -1.25f, 2.0f};
   for (size_t i = 0; i < requests->size(); i += 2) {

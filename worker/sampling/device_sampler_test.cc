@@ -90,15 +90,16 @@ TEST(DeviceSamplerTest, MixedRequestsMatchSamplerOnTheCpuBackend) {
 void AddAdjustments(const std::vector<float>& logits, int64_t vocab,
                     std::vector<RowSampleRequest>* requests, uint32_t seed) {
   std::mt19937 gen(seed);
-  const float biases[] = {0.0f, 2.5f, -3.0f, 100.0f, -100.0f,
-                          -std::numeric_limits<float>::infinity()};
+  const float biases[] = {0.0f,   2.5f,    -3.0f,
+                          100.0f, -100.0f, -std::numeric_limits<float>::infinity()};
   const float repetitions[] = {1.0f, 1.3f, 0.7f};
   const float subtracts[] = {0.0f, 0.5f, -1.25f};
   for (size_t i = 0; i < requests->size(); i += 2) {
     RowSampleRequest& q = (*requests)[i];
     const float* row = logits.data() + q.row * vocab;
     std::vector<int32_t> tokens;
-    if (gen() % 2 == 0) tokens.push_back(static_cast<int32_t>(std::max_element(row, row + vocab) - row));
+    if (gen() % 2 == 0)
+      tokens.push_back(static_cast<int32_t>(std::max_element(row, row + vocab) - row));
     for (int k = 0; k < 4; ++k) tokens.push_back(static_cast<int32_t>(gen() % vocab));
     std::sort(tokens.begin(), tokens.end());
     tokens.erase(std::unique(tokens.begin(), tokens.end()), tokens.end());

@@ -13,8 +13,8 @@ absl::StatusOr<LogitAdjuster> LogitAdjuster::Create(LogitAdjusterParams params, 
                                                     absl::Span<const int32_t> prompt) {
   for (const auto& [token, bias] : params.logit_bias) {
     if (token < 0 || token >= vocab) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "logit_bias: token id ", token, " is outside the vocabulary of ", vocab));
+      return absl::InvalidArgumentError(
+          absl::StrCat("logit_bias: token id ", token, " is outside the vocabulary of ", vocab));
     }
     if (!std::isfinite(bias)) {
       return absl::InvalidArgumentError(

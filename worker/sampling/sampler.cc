@@ -38,8 +38,8 @@ absl::Status Sampler::Validate(const SamplingParams& params, int64_t vocab) {
     }
     previous = a.token;
     if (a.token >= vocab) {
-      return absl::InvalidArgumentError(absl::StrCat("Sampler: adjusted token ", a.token,
-                                                     " outside the vocabulary of ", vocab));
+      return absl::InvalidArgumentError(
+          absl::StrCat("Sampler: adjusted token ", a.token, " outside the vocabulary of ", vocab));
     }
     if (!(a.repetition > 0.0f) || std::isnan(a.bias) || std::isnan(a.subtract)) {
       return absl::InvalidArgumentError(

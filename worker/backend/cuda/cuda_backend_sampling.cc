@@ -73,9 +73,9 @@ void CudaBackend::TokenLogprobRows(int64_t rows, int64_t vocab, const float* log
     return;
   }
   auto workspace = AllocateScratch(kernels::ArgmaxWorkspaceBytes(rows, vocab));
-  Check(kernels::TokenLogprobRowsF32(rows, vocab, logits, workspace->data(), token, logprob,
-                                     stream_),
-        "kernels::TokenLogprobRowsF32");
+  Check(
+      kernels::TokenLogprobRowsF32(rows, vocab, logits, workspace->data(), token, logprob, stream_),
+      "kernels::TokenLogprobRowsF32");
 }
 
 }  // namespace deepinfer
