@@ -6,6 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "glog/logging.h"
+#include "worker/sampling/logit_adjuster.h"
 
 namespace deepinfer {
 
@@ -23,6 +24,8 @@ struct Engine::Sequence {
   // Prompt tokens served from the prefix cache at the first admission; -1 before it.
   int64_t cached_prompt_tokens = -1;
   SamplingParams sampling;
+  // logit_bias, min_tokens, penalties; unset when the request asks for none of them.
+  std::optional<LogitAdjuster> adjuster;
   std::vector<TokenLogprob> logprobs;
   std::unique_ptr<tokenizer::IncrementalDecoder> decoder;
   std::string text;
@@ -131,6 +134,19 @@ void Engine::Admit(WorkItem item, std::vector<RequestResult>* finished) {
   // The coordinator always sets a seed; without one the id keeps a request reproducible.
   seq->sampling.seed = p.has_seed() ? p.seed() : IdSeed(item.request_id());
   seq->sampling.num_logprobs = std::max(0, p.logprobs());
+  LogitAdjusterParams adjust;
+  adjust.logit_bias.insert(p.logit_bias().begin(), p.logit_bias().end());
+  adjust.presence_penalty = p.presence_penalty();
+  adjust.frequency_penalty = p.frequency_penalty();
+  adjust.repetition_penalty = p.repetition_penalty() == 0.0f ? 1.0f : p.repetition_penalty();
+  adjust.min_tokens = p.min_tokens();
+  if (!p.ignore_eos()) adjust.stop_tokens = options_.eos_token_ids;
+  adjust.stop_tokens.insert(adjust.stop_tokens.end(), p.stop_token_ids().begin(),
+                            p.stop_token_ids().end());
+  absl::StatusOr<LogitAdjuster> adjuster =
+      LogitAdjuster::Create(std::move(adjust), vocab_, seq->tokens);
+  if (!adjuster.ok()) return fail(adjuster.status());
+  if (adjuster->active()) seq->adjuster = std::move(*adjuster);
   if (tokenizer_ != nullptr) {
     seq->decoder =
         std::make_unique<tokenizer::IncrementalDecoder>(tokenizer_, /*skip_special_tokens=*/true);
@@ -315,6 +331,7 @@ absl::StatusOr<std::vector<RequestResult>> Engine::Step() {
       step.return_logits = false;  // only the sampled token is needed
       if (p.seq->computed + p.n == static_cast<int64_t>(p.seq->tokens.size())) {
         step.sampling = p.seq->sampling;
+        if (p.seq->adjuster.has_value()) step.sampling->adjustments = p.seq->adjuster->Entries();
       }
       batch.push_back(std::move(step));
     }
@@ -359,6 +376,7 @@ bool Engine::Advance(Sequence* s, const SampledToken& sampled, RequestResult* re
     return true;
   }
   s->tokens.push_back(t);
+  if (s->adjuster.has_value()) s->adjuster->AddGenerated(t);
   if (p.logprobs() >= 0) {
     TokenLogprob lp;
     lp.set_token_id(t);
@@ -373,7 +391,8 @@ bool Engine::Advance(Sequence* s, const SampledToken& sampled, RequestResult* re
     // An id past the tokenizer (the model's vocabulary can be larger) adds no text.
     const size_t from = s->text.size();
     s->text += s->decoder->Add(static_cast<uint32_t>(t));
-    if (CutAtStopString(s, from)) {
+    // Stop strings count only from min_tokens on (as vLLM does).
+    if (s->generated() >= p.min_tokens() && CutAtStopString(s, from)) {
       s->decoder.reset();  // the rest of the text is not returned
       Finish(s, "stop", result);
       return true;
