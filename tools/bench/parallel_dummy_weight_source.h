@@ -22,6 +22,11 @@ class ParallelDummyWeightSource : public WeightSource {
 
   absl::Status ReadFloat32(const std::string& name, const std::vector<int64_t>& shape,
                            float* out) override;
+  // DummyWeightSource's index tables (small: one per hash-routed layer), on this thread.
+  absl::Status ReadIndices(const std::string& name, const std::vector<int64_t>& shape,
+                           int64_t bound, int32_t* out) override {
+    return DummyWeightSource(seed_).ReadIndices(name, shape, bound, out);
+  }
   bool Contains(const std::string& name) const override { return true; }
   std::optional<DummyFill> DummyFillFor(const std::string& name,
                                         const std::vector<int64_t>& shape) const override {

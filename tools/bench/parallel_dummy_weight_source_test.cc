@@ -26,5 +26,14 @@ TEST(ParallelDummyWeightSourceTest, IdenticalToDummyWeightSource) {
   }
 }
 
+TEST(ParallelDummyWeightSourceTest, IndicesAsTheSerialSource) {
+  ParallelDummyWeightSource parallel(5, 4);
+  DummyWeightSource serial(5);
+  std::vector<int32_t> a(64 * 6), b(64 * 6);
+  ASSERT_TRUE(parallel.ReadIndices("model.layers.1.mlp.gate.tid2eid", {64, 6}, 16, a.data()).ok());
+  ASSERT_TRUE(serial.ReadIndices("model.layers.1.mlp.gate.tid2eid", {64, 6}, 16, b.data()).ok());
+  EXPECT_EQ(a, b);
+}
+
 }  // namespace
 }  // namespace deepinfer

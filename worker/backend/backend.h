@@ -29,6 +29,7 @@
 #include "worker/backend/device_buffer.h"
 #include "worker/backend/dummy_fill.h"
 #include "worker/backend/v4_ops.h"
+#include "worker/sampling/logit_adjustment.h"
 #include "worker/sampling/row_sampling_params.h"
 
 namespace deepinfer {
@@ -538,6 +539,17 @@ class Backend {
   // Entries j >= vocab get id -1 and logprob -inf.
   virtual void TopLogprobsRows(int64_t rows, int64_t vocab, const float* logits, int32_t n,
                                int32_t* ids, float* logprobs) = 0;
+  // logit_bias, min_tokens and penalties (worker/sampling/logit_adjustment.h), in place:
+  // logits[a.row, a.token] = AdjustLogit(logits[a.row, a.token], a) for each of the n entries
+  // (device memory). At most one entry per (row, token); entries outside [0, rows) x [0, vocab)
+  // are skipped. Bit-identical on every backend.
+  virtual void AdjustLogits(int64_t rows, int64_t vocab, float* logits, int64_t n,
+                            const LogitAdjustment* adjustments) = 0;
+  // logprob[r] = logits[r, token[r]] - logsumexp(row r), the normaliser accumulated in double as
+  // GreedySampleRows does: the raw log-probability of a token picked from adjusted logits. A
+  // token outside [0, vocab) gets NaN.
+  virtual void TokenLogprobRows(int64_t rows, int64_t vocab, const float* logits,
+                                const int32_t* token, float* logprob) = 0;
 };
 
 }  // namespace deepinfer

@@ -6,6 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "glog/logging.h"
+#include "worker/sampling/logit_adjuster.h"
 
 namespace deepinfer {
 
@@ -16,7 +17,15 @@ struct Engine::Sequence {
   int64_t prompt_len = 0;
   int64_t computed = 0;  // leading tokens whose KV entries are in the cache
   std::vector<int32_t> blocks;
+  // Chain hashes of the full blocks of `tokens` (PrefixCache::ExtendHashes), and how many of
+  // `blocks` were offered to the prefix cache (or came from it).
+  std::vector<uint64_t> block_hashes;
+  int32_t registered = 0;
+  // Prompt tokens served from the prefix cache at the first admission; -1 before it.
+  int64_t cached_prompt_tokens = -1;
   SamplingParams sampling;
+  // logit_bias, min_tokens, penalties; unset when the request asks for none of them.
+  std::optional<LogitAdjuster> adjuster;
   std::vector<TokenLogprob> logprobs;
   std::unique_ptr<tokenizer::IncrementalDecoder> decoder;
   std::string text;
@@ -75,7 +84,8 @@ Engine::Engine(CausalLm* model, KvBlockPool* pool, RequestQueue* queue,
       queue_(queue),
       tokenizer_(tokenizer),
       options_(std::move(options)),
-      vocab_(model->config().vocab_size) {
+      vocab_(model->config().vocab_size),
+      cache_(pool, options_.prefix_cache) {
   UpdateLoad();
 }
 
@@ -124,6 +134,19 @@ void Engine::Admit(WorkItem item, std::vector<RequestResult>* finished) {
   // The coordinator always sets a seed; without one the id keeps a request reproducible.
   seq->sampling.seed = p.has_seed() ? p.seed() : IdSeed(item.request_id());
   seq->sampling.num_logprobs = std::max(0, p.logprobs());
+  LogitAdjusterParams adjust;
+  adjust.logit_bias.insert(p.logit_bias().begin(), p.logit_bias().end());
+  adjust.presence_penalty = p.presence_penalty();
+  adjust.frequency_penalty = p.frequency_penalty();
+  adjust.repetition_penalty = p.repetition_penalty() == 0.0f ? 1.0f : p.repetition_penalty();
+  adjust.min_tokens = p.min_tokens();
+  if (!p.ignore_eos()) adjust.stop_tokens = options_.eos_token_ids;
+  adjust.stop_tokens.insert(adjust.stop_tokens.end(), p.stop_token_ids().begin(),
+                            p.stop_token_ids().end());
+  absl::StatusOr<LogitAdjuster> adjuster =
+      LogitAdjuster::Create(std::move(adjust), vocab_, seq->tokens);
+  if (!adjuster.ok()) return fail(adjuster.status());
+  if (adjuster->active()) seq->adjuster = std::move(*adjuster);
   if (tokenizer_ != nullptr) {
     seq->decoder =
         std::make_unique<tokenizer::IncrementalDecoder>(tokenizer_, /*skip_special_tokens=*/true);
@@ -155,12 +178,35 @@ void Engine::CancelRequests(const std::vector<std::string>& ids) {
 }
 
 void Engine::FreeBlocks(Sequence* seq) {
-  if (!seq->blocks.empty()) {
-    absl::Status s = pool_->Free(seq->blocks);
-    CHECK(s.ok()) << "freeing blocks of " << seq->id << ": " << s;
-    seq->blocks.clear();
-  }
+  cache_.Release(seq->blocks);
+  seq->blocks.clear();
+  seq->registered = 0;
   seq->computed = 0;
+}
+
+void Engine::AcquireCachedPrefix(Sequence* seq) {
+  CHECK(seq->blocks.empty() && seq->computed == 0) << seq->id;
+  if (!cache_.enabled()) return;
+  const int64_t n = static_cast<int64_t>(seq->tokens.size());
+  cache_.ExtendHashes(seq->tokens, n, &seq->block_hashes);
+  // At least the last token is computed: its logits give the next token.
+  seq->blocks = cache_.Acquire(seq->tokens, seq->block_hashes, n - 1);
+  seq->registered = static_cast<int32_t>(seq->blocks.size());
+  seq->computed = static_cast<int64_t>(seq->blocks.size()) * pool_->block_size();
+}
+
+void Engine::RegisterFullBlocks(Sequence* seq) {
+  if (!cache_.enabled()) return;
+  const int64_t bs = pool_->block_size();
+  const int32_t full = static_cast<int32_t>(seq->computed / bs);
+  if (full <= seq->registered) return;
+  cache_.ExtendHashes(seq->tokens, seq->computed, &seq->block_hashes);
+  for (int32_t i = seq->registered; i < full; ++i) {
+    cache_.Register(seq->blocks[i], seq->block_hashes[i],
+                    i == 0 ? cache_.root_hash() : seq->block_hashes[i - 1],
+                    seq->tokens.data() + static_cast<int64_t>(i) * bs);
+  }
+  seq->registered = full;
 }
 
 void Engine::Preempt(std::list<std::unique_ptr<Sequence>>::iterator it) {
@@ -174,11 +220,10 @@ void Engine::Preempt(std::list<std::unique_ptr<Sequence>>::iterator it) {
 
 bool Engine::Reserve(Sequence* seq, int64_t tokens,
                      const absl::flat_hash_set<Sequence*>& scheduled) {
-  const int64_t bs = pool_->block_size();
   const int32_t needed =
       pool_->BlocksFor(seq->computed + tokens) - static_cast<int32_t>(seq->blocks.size());
   if (needed <= 0) return true;
-  while (pool_->num_free_blocks() < needed) {
+  while (cache_.num_available_blocks() < needed) {
     // Victim: the most recently admitted running sequence not already in this step.
     auto victim = running_.end();
     for (auto it = running_.end(); it != running_.begin();) {
@@ -191,8 +236,7 @@ bool Engine::Reserve(Sequence* seq, int64_t tokens,
     if (victim == running_.end()) return false;
     Preempt(victim);
   }
-  (void)bs;
-  auto blocks = pool_->Allocate(needed);
+  auto blocks = cache_.Allocate(needed);
   CHECK(blocks.ok()) << blocks.status();
   seq->blocks.insert(seq->blocks.end(), blocks->begin(), blocks->end());
   return true;
@@ -242,7 +286,7 @@ absl::StatusOr<std::vector<RequestResult>> Engine::Step() {
       continue;
     }
     const int64_t slack = static_cast<int64_t>(s->blocks.size()) * bs - s->computed;
-    const int64_t room = slack + static_cast<int64_t>(pool_->num_free_blocks()) * bs;
+    const int64_t room = slack + static_cast<int64_t>(cache_.num_available_blocks()) * bs;
     int64_t n = std::min(s->remaining(), budget);
     if (room >= 1) n = std::min(n, room);
     if (!Reserve(s, room >= 1 ? n : 1, scheduled)) {
@@ -259,8 +303,15 @@ absl::StatusOr<std::vector<RequestResult>> Engine::Step() {
   while (!waiting_.empty() && budget > 0 &&
          static_cast<int32_t>(running_.size()) < options_.max_running) {
     Sequence* s = waiting_.front().get();
-    const int64_t room = static_cast<int64_t>(pool_->num_free_blocks()) * bs;
-    if (room < 1) break;
+    AcquireCachedPrefix(s);
+    const int64_t room = static_cast<int64_t>(cache_.num_available_blocks()) * bs;
+    if (room < 1) {
+      FreeBlocks(s);  // its cached blocks stay cached, idle; taken again when it fits
+      break;
+    }
+    if (s->cached_prompt_tokens < 0) {
+      s->cached_prompt_tokens = std::min(s->computed, s->prompt_len);
+    }
     const int64_t n = std::min({s->remaining(), budget, room});
     running_.push_back(std::move(waiting_.front()));
     waiting_.pop_front();
@@ -280,6 +331,7 @@ absl::StatusOr<std::vector<RequestResult>> Engine::Step() {
       step.return_logits = false;  // only the sampled token is needed
       if (p.seq->computed + p.n == static_cast<int64_t>(p.seq->tokens.size())) {
         step.sampling = p.seq->sampling;
+        if (p.seq->adjuster.has_value()) step.sampling->adjustments = p.seq->adjuster->Entries();
       }
       batch.push_back(std::move(step));
     }
@@ -288,6 +340,8 @@ absl::StatusOr<std::vector<RequestResult>> Engine::Step() {
     for (size_t i = 0; i < plan.size(); ++i) {
       Sequence* s = plan[i].seq;
       s->computed += plan[i].n;
+      computed_tokens_ += plan[i].n;
+      RegisterFullBlocks(s);
       if (s->remaining() != 0) continue;  // an intermediate prefill chunk
       RequestResult result;
       if (Advance(s, out->sampled[i], &result)) {
@@ -322,6 +376,7 @@ bool Engine::Advance(Sequence* s, const SampledToken& sampled, RequestResult* re
     return true;
   }
   s->tokens.push_back(t);
+  if (s->adjuster.has_value()) s->adjuster->AddGenerated(t);
   if (p.logprobs() >= 0) {
     TokenLogprob lp;
     lp.set_token_id(t);
@@ -336,7 +391,8 @@ bool Engine::Advance(Sequence* s, const SampledToken& sampled, RequestResult* re
     // An id past the tokenizer (the model's vocabulary can be larger) adds no text.
     const size_t from = s->text.size();
     s->text += s->decoder->Add(static_cast<uint32_t>(t));
-    if (CutAtStopString(s, from)) {
+    // Stop strings count only from min_tokens on (as vLLM does).
+    if (s->generated() >= p.min_tokens() && CutAtStopString(s, from)) {
       s->decoder.reset();  // the rest of the text is not returned
       Finish(s, "stop", result);
       return true;
@@ -378,6 +434,8 @@ void Engine::Finish(Sequence* s, const std::string& reason, RequestResult* resul
   result->set_text(s->text);
   result->set_finish_reason(why);
   result->set_prompt_tokens(static_cast<int32_t>(s->prompt_len));
+  result->set_cached_prompt_tokens(
+      static_cast<int32_t>(std::max<int64_t>(0, s->cached_prompt_tokens)));
   for (TokenLogprob& lp : s->logprobs) *result->add_logprobs() = std::move(lp);
   result->set_group_generation(options_.group_generation);
 }
@@ -406,7 +464,8 @@ void Engine::UpdateLoad() {
   for (const auto& s : running_) load.tokens += static_cast<int64_t>(s->tokens.size());
   for (const auto& s : waiting_) load.tokens += static_cast<int64_t>(s->tokens.size());
   load.kv_blocks_total = pool_->num_blocks();
-  load.kv_blocks_used = pool_->num_blocks() - pool_->num_free_blocks();
+  load.kv_blocks_used = cache_.num_referenced_blocks();
+  load.kv_blocks_cached = cache_.num_cached_blocks();
   absl::MutexLock lock(&load_mu_);
   load_ = load;
   // Refilled in place: the entries keep their string buffers from step to step.

@@ -6,8 +6,13 @@
 //   2. prefill chunks of running sequences whose prompt is not fully in the cache yet;
 //   3. waiting sequences (preempted ones first, then new ones in arrival order) are admitted
 //      while budget and free KV blocks last; a prompt longer than what is left is chunked.
-// KV blocks come from the rank's KvBlockPool as sequences grow. When a running sequence needs
-// a block and the pool is empty, the most recently admitted sequence not yet scheduled in this
+// KV blocks come from the rank's KvBlockPool as sequences grow, through a PrefixCache
+// (worker/kv_cache/prefix_cache.h, docs/kv-cache.md): a sequence being admitted first takes the
+// cached full blocks its tokens start with (at most all but its last token, so that at least
+// one token is computed and sampled from) and starts computing after them; every block a
+// sequence fills is offered to the cache, and a finished or preempted sequence's cached blocks
+// stay, idle, until their memory is needed. When a running sequence needs a block and none is
+// free or idle, the most recently admitted sequence not yet scheduled in this
 // step is preempted by recomputation: its blocks are freed, it keeps its generated tokens and
 // goes back to the front of the waiting queue; when re-admitted, prompt + generated tokens are
 // prefilled again. Sampling is keyed by (seed, position), so chunking, batching and preemption
@@ -15,8 +20,11 @@
 //
 // A request finishes on EOS (unless ignore_eos) or one of its stop_token_ids (the token is
 // not returned), a stop string (the text is cut before it; finish_reason "stop"), max_tokens,
-// or the context limit (finish_reason "length"). Errors that concern one request (bad prompt,
-// stop strings without a tokenizer) fail that request only; an error of the step itself (a
+// or the context limit (finish_reason "length"). Before min_tokens tokens are generated, EOS
+// and stop tokens are masked out of sampling and stop strings are not looked for. logit_bias,
+// min_tokens and the penalties reach sampling as per-step LogitAdjustment entries built by the
+// sequence's LogitAdjuster (worker/sampling/logit_adjuster.h). Errors that concern one request (bad
+// prompt, stop strings without a tokenizer) fail that request only; an error of the step itself (a
 // collective failed) is returned and leaves the engine to be dropped.
 //
 // Not thread-safe: one rank thread drives an engine; other threads talk to it through its
@@ -42,6 +50,7 @@
 #include "tokenizer/tokenizer.h"
 #include "worker/engine/request_queue.h"
 #include "worker/kv_cache/kv_block_pool.h"
+#include "worker/kv_cache/prefix_cache.h"
 #include "worker/model/causal_lm.h"
 
 namespace deepinfer {
@@ -59,6 +68,8 @@ struct EngineOptions {
   // Run Model::Step even when nothing is scheduled (an expert-parallel rank must take part in
   // every step's all-to-alls).
   bool step_when_idle = false;
+  // Prefix caching (PrefixCacheOptions: on/off and the cache key).
+  PrefixCacheOptions prefix_cache;
 };
 
 // Counters for heartbeats (RankLoad), readable from any thread.
@@ -66,8 +77,9 @@ struct EngineLoad {
   int32_t running = 0;
   int32_t waiting = 0;
   int64_t tokens = 0;
-  int64_t kv_blocks_used = 0;
+  int64_t kv_blocks_used = 0;  // referenced by requests (idle cached blocks count as free)
   int64_t kv_blocks_total = 0;
+  int64_t kv_blocks_cached = 0;  // holding a cached prefix (referenced or idle)
 };
 
 class Engine {
@@ -98,6 +110,9 @@ class Engine {
   int64_t context_limit() const { return options_.context_limit; }
   // Sequences preempted so far (for tests and logs).
   int64_t preemptions() const { return preemptions_; }
+  // Tokens the model computed (prefill, re-prefill after preemption and decode) so far.
+  int64_t computed_tokens() const { return computed_tokens_; }
+  const PrefixCache& prefix_cache() const { return cache_; }
 
  private:
   struct Sequence;
@@ -118,7 +133,12 @@ class Engine {
   void Finish(Sequence* seq, const std::string& reason, RequestResult* result);
   // Searches the stop strings in the text added since `from`; true (and text cut) if found.
   bool CutAtStopString(Sequence* seq, size_t from);
+  // Releases the sequence's blocks to the prefix cache (its cached ones stay, idle).
   void FreeBlocks(Sequence* seq);
+  // Takes the cached blocks the sequence's tokens start with (a sequence without blocks).
+  void AcquireCachedPrefix(Sequence* seq);
+  // Offers the sequence's blocks that its computed tokens filled to the prefix cache.
+  void RegisterFullBlocks(Sequence* seq);
   void UpdateLoad();
 
   CausalLm* const model_;
@@ -133,6 +153,8 @@ class Engine {
   std::deque<std::unique_ptr<Sequence>> waiting_;
   absl::flat_hash_set<std::string> held_ids_;
   int64_t preemptions_ = 0;
+  int64_t computed_tokens_ = 0;
+  PrefixCache cache_;
 
   mutable absl::Mutex load_mu_;
   EngineLoad load_ ABSL_GUARDED_BY(load_mu_);

@@ -515,6 +515,149 @@ TEST_F(EngineTest, GeneratedIdsPastTheTokenizerAddNoText) {
               ::testing::HasSubstr("prompt token id 2048 outside the vocabulary of 2048"));
 }
 
+// Prefix caching. Requests that share a long system prompt (the fixture's 130-token prompt)
+// with the other fixture prompts as questions, greedy and sampled, all with top logprobs.
+std::vector<WorkItem> SharedPrefixItems(const std::vector<Prompt>& prompts) {
+  const std::vector<int32_t>& system = prompts[3].ids;
+  std::vector<WorkItem> items;
+  for (size_t q = 0; q < 3; ++q) {
+    std::vector<int32_t> prompt = system;
+    prompt.insert(prompt.end(), prompts[q].ids.begin(), prompts[q].ids.end());
+    items.push_back(Item(absl::StrCat("g", q), prompt, 12));
+    items.push_back(Sampled(absl::StrCat("s", q), prompt, 10, 300 + q));
+  }
+  // The system prompt alone, twice (fully cached the second time but for its last block), and
+  // a prefix of it that ends inside a block.
+  items.push_back(Item("sys", system, 8));
+  items.push_back(Sampled("sys-again", system, 8, 7));
+  items.push_back(Item("part", std::vector<int32_t>(system.begin(), system.begin() + 37), 8));
+  for (WorkItem& item : items) item.mutable_params()->set_logprobs(3);
+  return items;
+}
+
+// Tokens, logprobs and top logprobs equal bit for bit.
+void ExpectSameOutput(const RequestResult& got, const RequestResult& want, const std::string& id) {
+  EXPECT_EQ(got.error_code(), "") << id << ": " << got.error_message();
+  EXPECT_THAT(Tokens(got), ElementsAreArray(Tokens(want))) << id;
+  EXPECT_EQ(got.finish_reason(), want.finish_reason()) << id;
+  ASSERT_EQ(got.logprobs_size(), want.logprobs_size()) << id;
+  for (int i = 0; i < got.logprobs_size(); ++i) {
+    const TokenLogprob &g = got.logprobs(i), &w = want.logprobs(i);
+    EXPECT_EQ(g.logprob(), w.logprob()) << id << " token " << i;
+    EXPECT_THAT(g.top_token_ids(), ElementsAreArray(w.top_token_ids())) << id << " token " << i;
+    EXPECT_THAT(g.top_logprobs(), ElementsAreArray(w.top_logprobs())) << id << " token " << i;
+  }
+}
+
+// The MLA prefill form of the auto choice depends on how many new tokens every sequence of a
+// step brings, which prefix hits change (as batching and chunking do); the two forms round
+// differently. Bit-for-bit comparisons pin the absorbed form.
+class PrefixCacheEngineTest : public EngineTest {
+ protected:
+  void SetUp() override {
+    EngineTest::SetUp();
+    model_->SetPrefillAttention(PrefillAttention::kAbsorbed);
+  }
+  void TearDown() override { model_->SetPrefillAttention(PrefillAttention::kAuto); }
+
+  // `items` on a fresh engine with prefix caching on or off.
+  std::map<std::string, RequestResult> RunCaching(bool on, const std::vector<WorkItem>& items,
+                                                  EngineOptions options = {},
+                                                  int32_t num_blocks = 256,
+                                                  int32_t block_size = 16) {
+    options.prefix_cache.enabled = on;
+    engine_ = MakeEngine(num_blocks, block_size, options);
+    return Run(engine_.get(), items);
+  }
+
+  std::unique_ptr<Engine> engine_;
+};
+
+TEST_F(PrefixCacheEngineTest, OnEqualsOffTokensAndLogprobs) {
+  const std::vector<WorkItem> items = SharedPrefixItems(prompts_);
+  auto off = RunCaching(false, items);
+  EXPECT_EQ(engine_->prefix_cache().stats().hit_blocks, 0);
+  EXPECT_EQ(engine_->prefix_cache().num_cached_blocks(), 0);
+  for (const auto& [id, r] : off) EXPECT_EQ(r.cached_prompt_tokens(), 0) << id;
+  // Every request at once: in the first step nothing is cached yet. max_running = 2 admits
+  // later requests while earlier ones run; max_batch_tokens = 40 chunks the prefills, so a
+  // request also hits blocks that a running one filled in an earlier chunk.
+  EngineOptions staggered;
+  staggered.max_running = 2;
+  EngineOptions chunked;
+  chunked.max_batch_tokens = 40;
+  for (const EngineOptions& options : {EngineOptions{}, staggered, chunked}) {
+    SCOPED_TRACE(absl::StrCat("max_running ", options.max_running, " max_batch_tokens ",
+                              options.max_batch_tokens));
+    auto on = RunCaching(true, items, options);
+    ASSERT_EQ(on.size(), items.size());
+    for (const WorkItem& item : items) {
+      ExpectSameOutput(on[item.request_id()], off[item.request_id()], item.request_id());
+    }
+    if (options.max_running == 2 || options.max_batch_tokens == 40) {
+      EXPECT_GT(engine_->prefix_cache().stats().hit_blocks, 0);
+    }
+  }
+}
+
+// One request at a time: each finds what the ones before it left, and reports it.
+TEST_F(PrefixCacheEngineTest, CachedTokensOfSequentialRequests) {
+  const std::vector<WorkItem> items = SharedPrefixItems(prompts_);
+  EngineOptions serial;
+  serial.max_running = 1;
+  // Admission order is arrival order: g0 s0 g1 s1 g2 s2 sys sys-again part.
+  auto on = RunCaching(true, items, serial);
+  const int64_t before = engine_->computed_tokens();
+  auto off = RunCaching(false, items, serial);
+  // The system prompt is 130 tokens: 8 full blocks of 16 (128 tokens); a hit never covers a
+  // prompt's last token.
+  const std::map<std::string, int> want = {
+      {"g0", 0},           // nothing cached yet
+      {"s0", 128},         // g0's prompt (135 tokens) again: its 8 full blocks
+      {"g1", 128},         // 147 tokens; block 8 mixes the system prompt's end with q1
+      {"s1", 144},         // g1's prompt again: 9 full blocks
+      {"g2", 128},         // 194 tokens
+      {"s2", 192},         // g2's prompt again: 12 full blocks (193 tokens may be cached)
+      {"sys", 128},        // 130 tokens, 129 may be cached: 8 blocks
+      {"sys-again", 128},  // the same
+      {"part", 32},        // 37 tokens: 2 full blocks
+  };
+  for (const auto& [id, tokens] : want) {
+    EXPECT_EQ(on[id].cached_prompt_tokens(), tokens) << id;
+    EXPECT_EQ(off[id].cached_prompt_tokens(), 0) << id;
+    ExpectSameOutput(on[id], off[id], id);
+  }
+  int64_t cached = 0;
+  for (const auto& [id, r] : on) cached += r.cached_prompt_tokens();
+  // The model computed exactly the cached tokens fewer.
+  EXPECT_EQ(engine_->computed_tokens() - before, cached);
+}
+
+// A tiny pool: sequences are preempted in the middle and re-admitted (finding their own blocks
+// that stayed cached), idle cached blocks are evicted for new ones; results are those of the
+// engine without a cache.
+TEST_F(PrefixCacheEngineTest, PreemptionAndEvictionKeepResults) {
+  std::vector<WorkItem> items;
+  const std::vector<int32_t>& system = prompts_[2].ids;  // 64 tokens
+  for (size_t q = 0; q < 2; ++q) {
+    std::vector<int32_t> prompt = system;
+    prompt.insert(prompt.end(), prompts_[q].ids.begin(), prompts_[q].ids.end());
+    items.push_back(Item(absl::StrCat("g", q), prompt, 16));
+    items.push_back(Sampled(absl::StrCat("s", q), prompt, 16, 40 + q));
+    items.push_back(Item(absl::StrCat("q", q), prompts_[q].ids, 16));
+  }
+  for (WorkItem& item : items) item.mutable_params()->set_logprobs(2);
+  auto off = RunCaching(false, items, {}, /*num_blocks=*/30, /*block_size=*/4);
+  auto on = RunCaching(true, items, {}, 30, 4);
+  EXPECT_GT(engine_->preemptions(), 0);
+  EXPECT_GT(engine_->prefix_cache().stats().hit_blocks, 0);
+  EXPECT_GT(engine_->prefix_cache().stats().evictions, 0);
+  ASSERT_EQ(on.size(), items.size());
+  for (const WorkItem& item : items) {
+    ExpectSameOutput(on[item.request_id()], off[item.request_id()], item.request_id());
+  }
+}
+
 // An expert-parallel rank without requests still steps (an empty batch), and then it works on.
 TEST_F(EngineTest, IdleStepRunsAnEmptyBatch) {
   EngineOptions options;

@@ -11,6 +11,7 @@
 #include "absl/strings/str_format.h"
 #include "common/eplb/expert_parallel_group.h"
 #include "glog/logging.h"
+#include "worker/kv_cache/prefix_cache.h"
 #include "worker/model/ep_expert_dispatcher.h"
 #include "worker/model/model_loader.h"
 
@@ -390,6 +391,7 @@ bool RankGroup::FormRank(int local) {
   spec.kv_cache_tokens = options_.kv_cache_tokens;
   spec.gpu_memory_utilization = options_.gpu_memory_utilization;
   spec.max_batch_tokens = options_.max_batch_tokens;
+  spec.prefill_attention = options_.prefill_attention;
   spec.max_running = options_.max_running;
   // On the CPU, the plan of every local rank was made once, in Start().
   if (!host_memory_check_.ok()) {
@@ -418,6 +420,9 @@ bool RankGroup::FormRank(int local) {
   eo.group_generation = layout_.generation;
   eo.rank = r.global;
   eo.step_when_idle = options_.dispatcher.partitioned && layout_.world_size > 1;
+  eo.prefix_cache.enabled = options_.prefix_caching;
+  eo.prefix_cache.key = PrefixCacheKey(options_.model->fingerprint, r.parts.backend->weight_dtype(),
+                                       r.parts.pool->spec(), r.parts.pool->block_size());
   auto engine = Engine::Create(r.parts.model.get(), r.parts.pool.get(), &r.queue,
                                options_.model->tokenizer.get(), eo);
   if (!engine.ok()) {

@@ -1,8 +1,16 @@
 // WeightInventory against parameter counts and byte totals worked out by hand for small V3 and
-// V4 configs (the arithmetic is in the comments), and the published DeepSeek-V3 size.
+// V4 configs (the arithmetic is in the comments), and the V3 tensors against those the
+// engine's loader reads.
 #include "worker/engine/weight_inventory.h"
 
+#include <algorithm>
+#include <map>
+
 #include "gtest/gtest.h"
+#include "worker/backend/cpu/cpu_backend.h"
+#include "worker/model/model_config.h"
+#include "worker/model/model_weights.h"
+#include "worker/model/weight_source.h"
 
 namespace deepinfer {
 namespace {
@@ -32,6 +40,50 @@ TEST(WeightInventoryTest, SmallV3ParameterCount) {
   ASSERT_TRUE(with_mtp.ok());
   EXPECT_EQ(with_mtp->parameters(), 8348 + 3352);
   EXPECT_EQ(with_mtp->moe_layers, 2);
+}
+
+// Records every tensor the engine's loader asks for (zeros for values).
+class RecordingSource : public WeightSource {
+ public:
+  absl::Status ReadFloat32(const std::string& name, const std::vector<int64_t>& shape,
+                           float* out) override {
+    int64_t n = 1;
+    for (int64_t d : shape) n *= d;
+    std::fill(out, out + n, 0.0f);
+    read[name] = n;
+    return absl::OkStatus();
+  }
+  bool Contains(const std::string& name) const override { return true; }
+  std::string description() const override { return "recording"; }
+  std::map<std::string, int64_t> read;  // name -> elements
+};
+
+// The inventory holds exactly the tensors ModelWeights::Load reads (the model without MTP).
+// Also without q_lora, with a tied head, and MoE in every other layer.
+TEST(WeightInventoryTest, V3MatchesWhatTheLoaderReads) {
+  std::string variant = kSmallV3;
+  variant.replace(variant.find("\"q_lora_rank\": 12"), 17, "\"q_lora_rank\": 0");
+  variant.replace(variant.find("\"tie_word_embeddings\": false"), 28,
+                  "\"tie_word_embeddings\": true");
+  variant.replace(variant.find("\"num_hidden_layers\": 2"), 22,
+                  "\"num_hidden_layers\": 5, \"moe_layer_freq\": 2");
+  for (const std::string& json : {std::string(kSmallV3), variant}) {
+    SCOPED_TRACE(json);
+    auto config = ModelConfig::FromJson(json, "small");
+    ASSERT_TRUE(config.ok()) << config.status();
+    RecordingSource source;
+    CpuBackend backend(1);
+    auto weights = ModelWeights::Load(*config, &source, &backend, LoadOptions());
+    ASSERT_TRUE(weights.ok()) << weights.status();
+    int64_t elements = 0;
+    for (const auto& [name, n] : source.read) elements += n;
+    auto inv = InventoryFromConfigJson(json, "small", false);
+    ASSERT_TRUE(inv.ok()) << inv.status();
+    int64_t tensors = 0;
+    for (const ParamGroup& g : inv->groups) tensors += g.count;
+    EXPECT_EQ(static_cast<int64_t>(source.read.size()), tensors);
+    EXPECT_EQ(elements, inv->parameters());
+  }
 }
 
 TEST(WeightInventoryTest, SmallV3BytesPerPrecision) {

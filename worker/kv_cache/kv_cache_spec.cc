@@ -28,6 +28,18 @@ int64_t CeilDiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
 }  // namespace
 
+PrefixReuse KvCacheKindPrefixReuse(KvCacheKind kind) {
+  switch (kind) {
+    case KvCacheKind::kPagedLatent:
+      return PrefixReuse::kShareBlocks;
+    case KvCacheKind::kSlidingWindow:
+    case KvCacheKind::kCompressed:
+    case KvCacheKind::kCompressedSparse:
+      return PrefixReuse::kBoundedReplay;
+  }
+  return PrefixReuse::kBoundedReplay;
+}
+
 int64_t KvCacheGroupSpec::EntryBytes() const {
   switch (kind) {
     case KvCacheKind::kPagedLatent:
@@ -177,6 +189,13 @@ absl::Status KvCacheSpec::Validate() const {
                                                    " of them in a group"));
   }
   return absl::OkStatus();
+}
+
+bool KvCacheSpec::SharesPrefixBlocks() const {
+  for (const KvCacheGroupSpec& g : groups) {
+    if (KvCacheKindPrefixReuse(g.kind) != PrefixReuse::kShareBlocks) return false;
+  }
+  return true;
 }
 
 KvCacheSpec KvCacheSpec::WithDType(WeightDType dtype) const {

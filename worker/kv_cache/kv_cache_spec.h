@@ -45,6 +45,19 @@ enum class KvCacheKind {
 };
 const char* KvCacheKindName(KvCacheKind kind);
 
+// Whether a sequence may reuse another's entries of a kind for the same leading tokens
+// (prefix caching, worker/kv_cache/prefix_cache.h).
+enum class PrefixReuse {
+  // An entry depends only on the tokens up to its position and is never overwritten once
+  // written: full blocks are shared read-only between sequences.
+  kShareBlocks,
+  // Entries are overwritten or carry per-sequence state (a sliding-window ring, a compressor's
+  // running state): a reuse must rebuild that state by replaying a bounded window of tokens.
+  // The prefix cache does not do that yet and declines hits for a spec with such a group.
+  kBoundedReplay,
+};
+PrefixReuse KvCacheKindPrefixReuse(KvCacheKind kind);
+
 // One group of layers with the same cache entry.
 struct KvCacheGroupSpec {
   KvCacheKind kind = KvCacheKind::kPagedLatent;
@@ -97,6 +110,8 @@ struct KvCacheSpec {
   // INVALID_ARGUMENT naming the problem: no group, a group without layers, a layer in two
   // groups or in none below num_layers(), a geometry a kind cannot have.
   absl::Status Validate() const;
+  // Whether every group's kind is PrefixReuse::kShareBlocks (prefix caching may share blocks).
+  bool SharesPrefixBlocks() const;
   // INVALID_ARGUMENT if a paged stream does not split evenly into blocks of block_size.
   absl::Status ValidateBlockSize(int32_t block_size) const;
   // The same spec with every group's entries in `dtype` (--kv-cache-dtype; the V4 kinds stay

@@ -14,6 +14,9 @@ TEST(KvCacheSpecTest, PagedLatentBytes) {
   EXPECT_EQ(s.BytesPerToken(), 3 * (32 + 16) * 4);
   EXPECT_EQ(s.BytesPerBlock(16), 16 * 3 * (32 + 16) * 4);
   EXPECT_EQ(s.WithDType(WeightDType::kBFloat16).BytesPerToken(), 3 * (32 + 16) * 2);
+  // A latent entry depends only on the tokens up to its position: blocks can be shared.
+  EXPECT_EQ(KvCacheKindPrefixReuse(KvCacheKind::kPagedLatent), PrefixReuse::kShareBlocks);
+  EXPECT_TRUE(s.SharesPrefixBlocks());
 }
 
 TEST(KvCacheSpecTest, GroupsSum) {

@@ -3,9 +3,9 @@
 //
 // A step takes this path when the backend can record, every sequence brings exactly one new
 // token, is greedy-sampled on the device (sampling set, temperature <= 0, no top logprobs, no
-// logits returned), the model says the path is available (DecodeGraphModel::available: e.g. its
-// routed experts run on the device) and the batch fits the largest bucket; Run returns nullopt
-// otherwise and the model runs its general path.
+// logit adjustments such as logit_bias or penalties, no logits returned), the model says the path
+// is available (DecodeGraphModel::available: e.g. its routed experts run on the device) and the
+// batch fits the largest bucket; Run returns nullopt otherwise and the model runs its general path.
 //
 // The runner owns the padding and the fixed device addresses: per bucket, the inputs
 // (ids | positions | slots | token_seq | context_len [bucket each] | counted rows [1] |

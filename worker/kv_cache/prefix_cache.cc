@@ -1,0 +1,177 @@
+// PrefixCache: chain hashes, references, the idle LRU and eviction.
+#include "worker/kv_cache/prefix_cache.h"
+
+#include <algorithm>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "glog/logging.h"
+
+namespace deepinfer {
+namespace {
+
+// splitmix64's finaliser: every input bit moves about half of the output bits.
+uint64_t Mix(uint64_t x) {
+  x ^= x >> 30;
+  x *= 0xbf58476d1ce4e5b9ull;
+  x ^= x >> 27;
+  x *= 0x94d049bb133111ebull;
+  x ^= x >> 31;
+  return x;
+}
+
+constexpr uint64_t kGolden = 0x9e3779b97f4a7c15ull;
+
+}  // namespace
+
+uint64_t PrefixBlockHash(uint64_t parent, const int32_t* tokens, int64_t n) {
+  uint64_t h = Mix(parent ^ kGolden);
+  for (int64_t i = 0; i < n; ++i) h = Mix(h + static_cast<uint32_t>(tokens[i]) + kGolden);
+  return Mix(h ^ static_cast<uint64_t>(n));
+}
+
+std::string PrefixCacheKey(const std::string& model_fingerprint, WeightDType weights,
+                           const KvCacheSpec& spec, int32_t block_size) {
+  return absl::StrCat("model=", model_fingerprint, ";weights=", WeightDTypeName(weights),
+                      ";cache=", spec.ToString(), ";block=", block_size);
+}
+
+uint64_t PrefixRootHash(const std::string& key) {
+  uint64_t h = 14695981039346656037ull;  // FNV-1a, then mixed
+  for (unsigned char c : key) h = (h ^ c) * 1099511628211ull;
+  return Mix(h);
+}
+
+PrefixCache::PrefixCache(KvBlockPool* pool, PrefixCacheOptions options)
+    : pool_(pool),
+      enabled_(options.enabled && pool->spec().SharesPrefixBlocks()),
+      root_(PrefixRootHash(options.key)),
+      blocks_(pool->num_blocks()) {
+  CHECK_EQ(pool->num_free_blocks(), pool->num_blocks()) << "PrefixCache over a pool in use";
+  if (options.enabled && !enabled_) {
+    LOG(INFO) << "prefix caching declined: the KV cache (" << pool->spec().ToString()
+              << ") has a group whose blocks cannot be shared";
+  }
+}
+
+PrefixCache::~PrefixCache() {
+  CHECK_EQ(referenced_, 0) << "PrefixCache destroyed with referenced blocks";
+  std::vector<int32_t> idle(idle_.begin(), idle_.end());
+  for (int32_t b : idle) Uncache(b);
+  if (!idle.empty()) CHECK(pool_->Free(idle).ok());
+}
+
+void PrefixCache::ExtendHashes(const std::vector<int32_t>& tokens, int64_t n,
+                               std::vector<uint64_t>* hashes) const {
+  const int64_t bs = pool_->block_size();
+  const int64_t full = std::min<int64_t>(n, static_cast<int64_t>(tokens.size())) / bs;
+  for (int64_t i = static_cast<int64_t>(hashes->size()); i < full; ++i) {
+    const uint64_t parent = i == 0 ? root_ : (*hashes)[i - 1];
+    hashes->push_back(PrefixBlockHash(parent, tokens.data() + i * bs, bs));
+  }
+}
+
+std::vector<int32_t> PrefixCache::Acquire(const std::vector<int32_t>& tokens,
+                                          const std::vector<uint64_t>& hashes, int64_t max_tokens) {
+  std::vector<int32_t> out;
+  if (!enabled_) return out;
+  const int64_t bs = pool_->block_size();
+  const int64_t wanted = std::min<int64_t>(static_cast<int64_t>(hashes.size()),
+                                           std::min<int64_t>(max_tokens, tokens.size()) / bs);
+  ++stats_.lookups;
+  stats_.lookup_blocks += wanted;
+  for (int64_t i = 0; i < wanted; ++i) {
+    auto it = by_hash_.find(hashes[i]);
+    if (it == by_hash_.end()) break;
+    Block& b = blocks_[it->second];
+    const uint64_t parent = i == 0 ? root_ : hashes[i - 1];
+    if (b.parent != parent ||
+        !std::equal(b.tokens.begin(), b.tokens.end(), tokens.begin() + i * bs)) {
+      break;
+    }
+    if (b.refs == 0) {
+      idle_.erase(b.idle);
+      ++referenced_;
+    }
+    ++b.refs;
+    out.push_back(it->second);
+  }
+  stats_.hit_blocks += static_cast<int64_t>(out.size());
+  return out;
+}
+
+absl::StatusOr<std::vector<int32_t>> PrefixCache::Allocate(int32_t n) {
+  if (n < 0 || n > num_available_blocks()) {
+    return absl::ResourceExhaustedError(absl::StrCat("PrefixCache: asked for ", n, " blocks, ",
+                                                     num_available_blocks(), " available"));
+  }
+  const int32_t short_by = n - pool_->num_free_blocks();
+  if (short_by > 0) {
+    std::vector<int32_t> evicted;
+    evicted.reserve(short_by);
+    for (int32_t i = 0; i < short_by; ++i) {
+      const int32_t b = idle_.front();
+      Uncache(b);
+      evicted.push_back(b);
+    }
+    stats_.evictions += short_by;
+    absl::Status freed = pool_->Free(evicted);
+    CHECK(freed.ok()) << freed;
+  }
+  absl::StatusOr<std::vector<int32_t>> out = pool_->Allocate(n);
+  if (!out.ok()) return out.status();
+  for (int32_t b : *out) blocks_[b].refs = 1;
+  referenced_ += n;
+  return out;
+}
+
+void PrefixCache::Register(int32_t block, uint64_t hash, uint64_t parent, const int32_t* tokens) {
+  if (!enabled_) return;
+  Block& b = blocks_[block];
+  CHECK_GT(b.refs, 0) << "registering block " << block << ", which nobody references";
+  if (b.cached) return;
+  if (!by_hash_.emplace(hash, block).second) {
+    ++stats_.duplicates;
+    return;
+  }
+  b.cached = true;
+  b.hash = hash;
+  b.parent = parent;
+  b.tokens.assign(tokens, tokens + pool_->block_size());
+  ++stats_.registered;
+}
+
+void PrefixCache::Release(const std::vector<int32_t>& blocks) {
+  std::vector<int32_t> to_free;
+  for (auto it = blocks.rbegin(); it != blocks.rend(); ++it) {
+    Block& b = blocks_[*it];
+    CHECK_GT(b.refs, 0) << "releasing block " << *it << ", which nobody references";
+    if (--b.refs > 0) continue;
+    --referenced_;
+    if (b.cached) {
+      b.idle = idle_.insert(idle_.end(), *it);
+    } else {
+      to_free.push_back(*it);
+    }
+  }
+  if (!to_free.empty()) {
+    absl::Status freed = pool_->Free(to_free);
+    CHECK(freed.ok()) << freed;
+  }
+}
+
+int32_t PrefixCache::num_available_blocks() const {
+  return pool_->num_free_blocks() + static_cast<int32_t>(idle_.size());
+}
+
+void PrefixCache::Uncache(int32_t block) {
+  Block& b = blocks_[block];
+  if (!b.cached) return;
+  if (b.refs == 0) idle_.erase(b.idle);
+  by_hash_.erase(b.hash);
+  b.cached = false;
+  b.tokens.clear();
+  b.tokens.shrink_to_fit();
+}
+
+}  // namespace deepinfer

@@ -1,0 +1,141 @@
+// PrefixCache: who holds the blocks of one rank's KvBlockPool, and which full blocks hold the
+// entries of a known token prefix (prefix caching; docs/kv-cache.md).
+//
+// The pool stores entries and keeps a free list; this class owns the rest of a block's life:
+//
+//   free (in the pool) --Allocate--> referenced --Register--> referenced + cached
+//   referenced --Release, last reference--> free (not cached) | idle (cached, in the LRU)
+//   idle --Acquire (a hit)--> referenced + cached
+//   idle --Allocate needs room (least recently released first)--> free
+//
+// A full block is known by a chain hash: the hash of its parent (the block before it in the
+// sequence; for the first block, a root hash of the cache key) and its tokens. The key holds
+// everything besides the tokens that changes an entry (model fingerprint, weight dtype, cache
+// spec and dtype, block size; not the placement of experts, which does not change the values a
+// model computes). A hit also compares the block's stored tokens and parent hash, so a wrong hit
+// needs two different prefixes with one 64-bit chain hash. Only full blocks whose entries were
+// all written are registered; shared blocks are read-only (a sequence writes only positions past
+// its computed ones, which lie in blocks of its own).
+//
+// Disabled (PrefixCacheOptions::enabled false, or a spec with a group that cannot share blocks:
+// KvCacheSpec::SharesPrefixBlocks), nothing is registered, Acquire finds nothing, and blocks go
+// back to the pool on their last Release: exactly the pool's own allocation.
+//
+// Not thread-safe: the rank's engine thread owns it.
+#ifndef DEEPINFER_WORKER_KV_CACHE_PREFIX_CACHE_H_
+#define DEEPINFER_WORKER_KV_CACHE_PREFIX_CACHE_H_
+
+#include <cstdint>
+#include <list>
+#include <string>
+#include <vector>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/status/statusor.h"
+#include "worker/kv_cache/kv_block_pool.h"
+
+namespace deepinfer {
+
+struct PrefixCacheOptions {
+  bool enabled = true;
+  // Everything besides the tokens that changes the entries (see the top comment); hashed into
+  // the root of every chain.
+  std::string key;
+};
+
+struct PrefixCacheStats {
+  int64_t lookups = 0;        // Acquire calls
+  int64_t lookup_blocks = 0;  // full blocks they asked for
+  int64_t hit_blocks = 0;     // of those, found cached
+  int64_t evictions = 0;      // idle cached blocks handed back to the pool for new blocks
+  int64_t registered = 0;     // blocks that became cached
+  int64_t duplicates = 0;     // full blocks not registered: another block held their hash
+};
+
+class PrefixCache {
+ public:
+  // `pool` must outlive the cache; every block of it must be free.
+  PrefixCache(KvBlockPool* pool, PrefixCacheOptions options);
+  ~PrefixCache();  // hands idle cached blocks back to the pool (referenced ones are a bug)
+
+  PrefixCache(const PrefixCache&) = delete;
+  PrefixCache& operator=(const PrefixCache&) = delete;
+
+  // Whether hits are possible: enabled, and the pool's spec shares prefix blocks.
+  bool enabled() const { return enabled_; }
+  int32_t block_size() const { return pool_->block_size(); }
+
+  // Appends to `hashes` the chain hashes of the full blocks of tokens[0, n) it lacks (so a
+  // sequence keeps its hashes as it grows; they stay valid across preemption).
+  void ExtendHashes(const std::vector<int32_t>& tokens, int64_t n,
+                    std::vector<uint64_t>* hashes) const;
+
+  // The longest run of cached blocks that starts the sequence with `tokens` (whose first
+  // hashes.size() full blocks have these chain hashes), of at most max_tokens tokens, each
+  // with a reference taken. Empty when disabled.
+  std::vector<int32_t> Acquire(const std::vector<int32_t>& tokens,
+                               const std::vector<uint64_t>& hashes, int64_t max_tokens);
+
+  // n new blocks, one reference each, evicting idle cached blocks (least recently released
+  // first) when the pool has too few free ones. RESOURCE_EXHAUSTED, nothing taken, when
+  // num_available_blocks() < n.
+  absl::StatusOr<std::vector<int32_t>> Allocate(int32_t n);
+
+  // Offers `block`, referenced and holding the written entries of `tokens` (block_size of
+  // them) at the position whose chain hash is `hash`, to the cache (`parent`: the chain hash of
+  // the block before it, or root_hash() for the first). No-op when disabled or when another
+  // block already holds the hash (then this one stays private and is freed on its last
+  // Release).
+  void Register(int32_t block, uint64_t hash, uint64_t parent, const int32_t* tokens);
+
+  // Drops one reference on each block. A block without references goes to the idle LRU when
+  // cached, else back to the pool. Blocks are released last to first, so that the tail of a
+  // sequence is evicted before its head. CHECK: each block is referenced.
+  void Release(const std::vector<int32_t>& blocks);
+
+  // Blocks Allocate can hand out: free in the pool plus idle cached ones.
+  int32_t num_available_blocks() const;
+  // Blocks some sequence references.
+  int32_t num_referenced_blocks() const { return referenced_; }
+  // Cached blocks (referenced or idle).
+  int32_t num_cached_blocks() const { return static_cast<int32_t>(by_hash_.size()); }
+  int32_t num_idle_blocks() const { return static_cast<int32_t>(idle_.size()); }
+  uint64_t root_hash() const { return root_; }
+  const PrefixCacheStats& stats() const { return stats_; }
+
+ private:
+  struct Block {
+    int32_t refs = 0;
+    bool cached = false;
+    uint64_t hash = 0;
+    uint64_t parent = 0;
+    std::vector<int32_t> tokens;        // when cached
+    std::list<int32_t>::iterator idle;  // when cached and refs == 0
+  };
+
+  // Removes the block from the hash table (an idle block also from the LRU).
+  void Uncache(int32_t block);
+
+  KvBlockPool* const pool_;
+  const bool enabled_;
+  const uint64_t root_;
+  std::vector<Block> blocks_;
+  absl::flat_hash_map<uint64_t, int32_t> by_hash_;
+  std::list<int32_t> idle_;  // front: least recently released
+  int32_t referenced_ = 0;
+  PrefixCacheStats stats_;
+};
+
+// A rank's cache key: the model's fingerprint (ModelFiles::fingerprint), the weights' dtype, the
+// cache spec (kinds, geometry, entry dtype) and the block size. Nothing about where the rank
+// runs or which experts it hosts.
+std::string PrefixCacheKey(const std::string& model_fingerprint, WeightDType weights,
+                           const KvCacheSpec& spec, int32_t block_size);
+// The chain hash of a block of `n` tokens after a block whose chain hash is `parent`.
+uint64_t PrefixBlockHash(uint64_t parent, const int32_t* tokens, int64_t n);
+// The root of the chains of a cache key.
+uint64_t PrefixRootHash(const std::string& key);
+
+}  // namespace deepinfer
+
+#endif  // DEEPINFER_WORKER_KV_CACHE_PREFIX_CACHE_H_

@@ -1,0 +1,235 @@
+// Tests for PrefixCache: hits and misses, the partial last block, the cache key, references
+// shared between sequences, LRU eviction under memory pressure, duplicates, disabled caching.
+#include "worker/kv_cache/prefix_cache.h"
+
+#include <numeric>
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "worker/backend/cpu/cpu_backend.h"
+
+namespace deepinfer {
+namespace {
+
+using ::testing::ElementsAre;
+using ::testing::IsEmpty;
+
+constexpr int32_t kBlock = 4;
+
+class PrefixCacheTest : public ::testing::Test {
+ protected:
+  std::unique_ptr<KvBlockPool> MakePool(int32_t blocks) {
+    auto pool = KvBlockPool::Create(
+        &backend_, {PagedLatentSpec(1, 8, 4, WeightDType::kFloat32), blocks, kBlock});
+    EXPECT_TRUE(pool.ok()) << pool.status();
+    return std::move(*pool);
+  }
+
+  // What the engine does for a sequence that computed all of `tokens`: new blocks for what the
+  // cache did not have, every full block registered. Returns the sequence's blocks.
+  static std::vector<int32_t> Compute(PrefixCache& cache, const std::vector<int32_t>& tokens,
+                                      int32_t* hit_blocks = nullptr) {
+    std::vector<uint64_t> hashes;
+    cache.ExtendHashes(tokens, static_cast<int64_t>(tokens.size()), &hashes);
+    std::vector<int32_t> blocks =
+        cache.Acquire(tokens, hashes, static_cast<int64_t>(tokens.size()) - 1);
+    if (hit_blocks != nullptr) *hit_blocks = static_cast<int32_t>(blocks.size());
+    const int32_t need = static_cast<int32_t>((tokens.size() + kBlock - 1) / kBlock) -
+                         static_cast<int32_t>(blocks.size());
+    auto more = cache.Allocate(need);
+    EXPECT_TRUE(more.ok()) << more.status();
+    if (!more.ok()) return blocks;
+    blocks.insert(blocks.end(), more->begin(), more->end());
+    for (size_t i = 0; i < hashes.size(); ++i) {
+      cache.Register(blocks[i], hashes[i], i == 0 ? cache.root_hash() : hashes[i - 1],
+                     tokens.data() + i * kBlock);
+    }
+    return blocks;
+  }
+
+  static std::vector<int32_t> Range(int32_t from, int32_t n) {
+    std::vector<int32_t> v(n);
+    std::iota(v.begin(), v.end(), from);
+    return v;
+  }
+
+  CpuBackend backend_{1};
+};
+
+TEST_F(PrefixCacheTest, HitsFullBlocksOfACommonPrefixOnly) {
+  auto pool = MakePool(16);
+  PrefixCache cache(pool.get(), {true, "model"});
+  ASSERT_TRUE(cache.enabled());
+  // 3 full blocks and a partial one of 2 tokens.
+  const std::vector<int32_t> a = Range(100, 14);
+  int32_t hits = -1;
+  std::vector<int32_t> blocks_a = Compute(cache, a, &hits);
+  EXPECT_EQ(hits, 0);                       // an empty cache misses
+  EXPECT_EQ(cache.num_cached_blocks(), 3);  // the partial last block is not cached
+  cache.Release(blocks_a);
+  EXPECT_EQ(cache.num_referenced_blocks(), 0);
+  EXPECT_EQ(cache.num_idle_blocks(), 3);
+  EXPECT_EQ(pool->num_free_blocks(), 13);  // the partial block went back to the pool
+  EXPECT_EQ(cache.num_available_blocks(), 16);
+
+  // Same first 2 blocks, then a different token in block 3: 2 blocks hit.
+  std::vector<int32_t> b = a;
+  b[9] = 7;
+  std::vector<int32_t> blocks_b = Compute(cache, b, &hits);
+  EXPECT_EQ(hits, 2);
+  EXPECT_THAT(std::vector<int32_t>(blocks_b.begin(), blocks_b.begin() + 2),
+              ElementsAre(blocks_a[0], blocks_a[1]));
+  cache.Release(blocks_b);
+
+  // A prompt exactly 3 blocks long that is fully cached keeps its last block to compute (at
+  // least one token must be computed for logits): 2 hits.
+  const std::vector<int32_t> whole(a.begin(), a.begin() + 12);
+  std::vector<int32_t> blocks_w = Compute(cache, whole, &hits);
+  EXPECT_EQ(hits, 2);
+  cache.Release(blocks_w);
+  // One token more: all 3 hit.
+  const std::vector<int32_t> longer(a.begin(), a.begin() + 13);
+  std::vector<int32_t> blocks_l = Compute(cache, longer, &hits);
+  EXPECT_EQ(hits, 3);
+  cache.Release(blocks_l);
+
+  // A different first token misses everything, though later blocks repeat a's tokens.
+  std::vector<int32_t> c = a;
+  c[0] = 1;
+  std::vector<int32_t> blocks_c = Compute(cache, c, &hits);
+  EXPECT_EQ(hits, 0);
+  cache.Release(blocks_c);
+  EXPECT_EQ(cache.num_referenced_blocks(), 0);
+  EXPECT_EQ(cache.stats().lookups, 5);
+  EXPECT_EQ(cache.stats().hit_blocks, 2 + 2 + 3);
+}
+
+TEST_F(PrefixCacheTest, KeyIsPartOfTheHash) {
+  auto pool = MakePool(8);
+  const std::vector<int32_t> t = Range(5, 9);
+  std::vector<uint64_t> h1, h2;
+  {
+    PrefixCache one(pool.get(), {true, "model-a|float32"});
+    one.ExtendHashes(t, 9, &h1);
+  }
+  PrefixCache two(pool.get(), {true, "model-a|bfloat16"});
+  two.ExtendHashes(t, 9, &h2);
+  ASSERT_EQ(h1.size(), 2u);
+  ASSERT_EQ(h2.size(), 2u);
+  EXPECT_NE(h1[0], h2[0]);
+  EXPECT_NE(h1[1], h2[1]);
+  // A block's hash depends on its parent as well as its tokens.
+  EXPECT_NE(PrefixBlockHash(1, t.data(), kBlock), PrefixBlockHash(2, t.data(), kBlock));
+  EXPECT_NE(PrefixBlockHash(1, t.data(), kBlock), PrefixBlockHash(1, t.data() + 1, kBlock));
+  // Hashes already there are kept; more tokens add the blocks they complete.
+  std::vector<uint64_t> grown = {h2[0]};
+  two.ExtendHashes(t, 9, &grown);
+  EXPECT_EQ(grown, h2);
+}
+
+TEST_F(PrefixCacheTest, ConcurrentSequencesShareReferencedBlocks) {
+  auto pool = MakePool(8);
+  PrefixCache cache(pool.get(), {true, "m"});
+  const std::vector<int32_t> p = Range(1, 9);  // 2 full blocks + 1 token
+  std::vector<int32_t> a = Compute(cache, p);
+  int32_t hits = 0;
+  std::vector<int32_t> b = Compute(cache, p, &hits);  // while a still holds its blocks
+  EXPECT_EQ(hits, 2);
+  EXPECT_EQ(b[0], a[0]);
+  EXPECT_EQ(b[1], a[1]);
+  EXPECT_NE(b[2], a[2]);  // each has its own partial block
+  EXPECT_EQ(cache.num_referenced_blocks(), 4);
+  EXPECT_EQ(cache.num_available_blocks(), 4);
+  cache.Release(a);
+  // Still referenced by b: neither idle nor available.
+  EXPECT_EQ(cache.num_idle_blocks(), 0);
+  EXPECT_EQ(cache.num_referenced_blocks(), 3);
+  EXPECT_EQ(cache.num_available_blocks(), 5);
+  cache.Release(b);
+  EXPECT_EQ(cache.num_idle_blocks(), 2);
+  EXPECT_EQ(cache.num_available_blocks(), 8);
+}
+
+TEST_F(PrefixCacheTest, EvictsLeastRecentlyReleasedTailFirst) {
+  auto pool = MakePool(6);
+  PrefixCache cache(pool.get(), {true, "m"});
+  const std::vector<int32_t> x = Range(10, 8), y = Range(50, 8), z = Range(90, 8);
+  std::vector<int32_t> bx = Compute(cache, x);
+  std::vector<int32_t> by = Compute(cache, y);
+  cache.Release(bx);  // idle: x1, x0
+  cache.Release(by);  // idle: x1, x0, y1, y0
+  EXPECT_EQ(pool->num_free_blocks(), 2);
+  // Touching x makes it the most recently released: idle y1, y0, x1, x0.
+  int32_t hits = 0;
+  cache.Release(Compute(cache, Range(10, 9), &hits));
+  EXPECT_EQ(hits, 2);
+  EXPECT_EQ(pool->num_free_blocks(), 2);  // x's new partial block went back
+  // z needs 2 blocks: the 2 free ones, nothing evicted.
+  std::vector<int32_t> bz = Compute(cache, z);
+  EXPECT_EQ(cache.stats().evictions, 0);
+  // One block more than is free: y's tail goes first, then its head.
+  auto one = cache.Allocate(1);
+  ASSERT_TRUE(one.ok());
+  EXPECT_EQ((*one)[0], by[1]);
+  auto two = cache.Allocate(1);
+  ASSERT_TRUE(two.ok());
+  EXPECT_EQ((*two)[0], by[0]);
+  EXPECT_EQ(cache.stats().evictions, 2);
+  cache.Release(*one);
+  cache.Release(*two);
+  EXPECT_EQ(pool->num_free_blocks(), 2);  // not cached: straight back to the pool
+  // x survived; y is gone.
+  cache.Release(Compute(cache, Range(10, 9), &hits));
+  EXPECT_EQ(hits, 2);
+  cache.Release(Compute(cache, Range(50, 9), &hits));
+  EXPECT_EQ(hits, 0);
+  // z holds 2 blocks; 4 are available (free or idle). Asking for 5 takes nothing.
+  EXPECT_EQ(cache.num_available_blocks(), 4);
+  const int32_t idle = cache.num_idle_blocks();
+  auto five = cache.Allocate(5);
+  EXPECT_EQ(five.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_EQ(cache.num_idle_blocks(), idle);
+  EXPECT_EQ(cache.num_available_blocks(), 4);
+  cache.Release(bz);
+  EXPECT_EQ(cache.num_referenced_blocks(), 0);
+}
+
+TEST_F(PrefixCacheTest, DuplicateBlockStaysPrivate) {
+  auto pool = MakePool(8);
+  PrefixCache cache(pool.get(), {true, "m"});
+  const std::vector<int32_t> p = Range(1, 4);
+  std::vector<uint64_t> h;
+  cache.ExtendHashes(p, 4, &h);
+  // Two sequences computed the same block at the same time (neither could hit the other).
+  auto a = cache.Allocate(1);
+  auto b = cache.Allocate(1);
+  ASSERT_TRUE(a.ok() && b.ok());
+  cache.Register((*a)[0], h[0], cache.root_hash(), p.data());
+  cache.Register((*b)[0], h[0], cache.root_hash(), p.data());
+  EXPECT_EQ(cache.stats().duplicates, 1);
+  EXPECT_EQ(cache.num_cached_blocks(), 1);
+  cache.Release(*b);
+  EXPECT_EQ(pool->num_free_blocks(), 7);  // b was not cached: back to the pool
+  cache.Release(*a);
+  EXPECT_EQ(cache.num_idle_blocks(), 1);
+  EXPECT_THAT(cache.Acquire(p, h, 4), ElementsAre((*a)[0]));
+  cache.Release({(*a)[0]});
+}
+
+TEST_F(PrefixCacheTest, DisabledCachesNothing) {
+  auto pool = MakePool(8);
+  PrefixCache cache(pool.get(), {false, "m"});
+  EXPECT_FALSE(cache.enabled());
+  const std::vector<int32_t> p = Range(1, 9);
+  std::vector<int32_t> a = Compute(cache, p);
+  EXPECT_EQ(cache.num_cached_blocks(), 0);
+  cache.Release(a);
+  EXPECT_EQ(pool->num_free_blocks(), 8);
+  int32_t hits = -1;
+  cache.Release(Compute(cache, p, &hits));
+  EXPECT_EQ(hits, 0);
+  EXPECT_THAT(cache.Acquire(p, {1, 2}, 8), IsEmpty());
+}
+
+}  // namespace
+}  // namespace deepinfer
