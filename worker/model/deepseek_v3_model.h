@@ -26,6 +26,7 @@
 
 #include "absl/status/statusor.h"
 #include "worker/backend/backend.h"
+#include "worker/backend/ops/op_mode.h"
 #include "worker/kv_cache/kv_block_pool.h"
 #include "worker/model/architecture.h"
 #include "worker/model/attention/mla_attention.h"
