@@ -2,8 +2,9 @@
 // shared experts, added as HF and DeepSeek add them: on the device where one rank hosts every
 // expert in bf16 (ExpertsOnDevice, backend/ops/moe_ops.h, which picks the backend's fused
 // block or its routed-expert op and the shared MLP), else dispatch -> grouped GEMM -> combine
-// through an ExpertDispatcher (local or expert-parallel) and the shared MLP. It also keeps the EPLB state of those layers: the
-// expert counts on the device and the placement switch (CausalLm's EPLB half).
+// through an ExpertDispatcher (local or expert-parallel) and the shared MLP. It also keeps the EPLB
+// state of those layers: the expert counts on the device and the placement switch (CausalLm's EPLB
+// half).
 #ifndef DEEPINFER_WORKER_MODEL_MOE_MOE_BLOCK_H_
 #define DEEPINFER_WORKER_MODEL_MOE_MOE_BLOCK_H_
 
