@@ -5,7 +5,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
-#include "worker/model/step_logits.h"
+#include "worker/model/layers/step_sampling.h"
 
 namespace deepinfer {
 
