@@ -549,9 +549,10 @@ class Backend {
   // logit_bias, min_tokens and penalties (worker/sampling/logit_adjustment.h), in place:
   // logits[a.row, a.token] = AdjustLogit(logits[a.row, a.token], a) for each of the n entries
   // (device memory). At most one entry per (row, token); entries outside [0, rows) x [0, vocab)
-  // are skipped. Bit-identical on every backend.
+  // are skipped. count (optional, device memory): only entries i < *count are applied, so a
+  // replayed decode step with room for n entries can use fewer. Bit-identical on every backend.
   virtual void AdjustLogits(int64_t rows, int64_t vocab, float* logits, int64_t n,
-                            const LogitAdjustment* adjustments) = 0;
+                            const LogitAdjustment* adjustments, const int32_t* count) = 0;
   // logprob[r] = logits[r, token[r]] - logsumexp(row r), the normaliser accumulated in double as
   // GreedySampleRows does: the raw log-probability of a token picked from adjusted logits. A
   // token outside [0, vocab) gets NaN.

@@ -210,6 +210,16 @@ absl::Status DeepseekV3Model::DecodeForward(const DecodeGraphInputs& in) {
   auto normed = Floats(B * H);
   auto logits = head_->Logits(B, x->as<float>(), ResidualPending() ? y->as<float>() : nullptr,
                               normed->as<float>(), Mode());
+  if (in.adjustment_capacity > 0) {
+    // The pick from an adjusted copy, the logprob from the raw row (as DeviceSampler does).
+    auto adjusted = Floats(B * V);
+    backend_->CopyDeviceToDevice(logits->as<float>(), B * V * sizeof(float), adjusted->as<float>());
+    backend_->AdjustLogits(B, V, adjusted->as<float>(), in.adjustment_capacity, in.adjustments,
+                           in.num_adjustments);
+    backend_->GreedySampleRows(B, V, adjusted->as<float>(), in.out_tokens, in.out_logprobs);
+    backend_->TokenLogprobRows(B, V, logits->as<float>(), in.out_tokens, in.out_logprobs);
+    return absl::OkStatus();
+  }
   backend_->GreedySampleRows(B, V, logits->as<float>(), in.out_tokens, in.out_logprobs);
   return absl::OkStatus();
 }
