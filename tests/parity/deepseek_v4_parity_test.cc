@@ -160,6 +160,79 @@ TEST_P(V4ParityTest, CachedGreedyAloneEqualsBatched) {
   }
 }
 
+// A bounded rebuild (docs/model.md, "Replay after preemption"): after `kept` positions the
+// paged entries are read out of the sequence's blocks, the blocks (and with them the state slot)
+// are freed, the entries are written into other blocks, and only the positions from
+// BoundedReplayStart(kept) are replayed. Every position from `kept` on then has the logits of
+// one prefill, bit for bit.
+TEST_P(V4ParityTest, BoundedRebuildMatchesOnePrefill) {
+  const int64_t V = m_.fx.vocab;
+  int rebuilt = 0;
+  for (const FixturePrompt& p : m_.fx.prompts) {
+    const std::vector<int32_t> ids = Covered(p);
+    const int64_t n = static_cast<int64_t>(ids.size()), kept = n - 8;
+    const int64_t start = m_.model->BoundedReplayStart(kept);
+    if (start == 0) continue;  // too short: a rebuild replays every position
+    ++rebuilt;
+    const std::vector<float> one = Run(ids, 0);
+    auto first = m_.pool->Allocate(m_.pool->BlocksFor(n));
+    ASSERT_TRUE(first.ok()) << first.status();
+    SequenceStep prefix;
+    prefix.tokens.assign(ids.begin(), ids.begin() + kept);
+    prefix.block_table = *first;
+    ASSERT_TRUE(m_.model->Step({prefix}, m_.pool.get()).ok());
+    const int32_t kept_blocks = m_.pool->BlocksFor(kept);
+    auto bytes = m_.pool->ReadBlocks({first->begin(), first->begin() + kept_blocks});
+    ASSERT_TRUE(bytes.ok()) << bytes.status();
+    ASSERT_TRUE(m_.pool->Free(*first).ok());
+    // Other blocks than the freed ones: the entries come from the bytes read.
+    auto filler = m_.pool->Allocate(3);
+    ASSERT_TRUE(filler.ok()) << filler.status();
+    auto second = m_.pool->Allocate(m_.pool->BlocksFor(n));
+    ASSERT_TRUE(second.ok()) << second.status();
+    ASSERT_NE((*second)[0], (*first)[0]);
+    ASSERT_TRUE(
+        m_.pool->WriteBlocks({second->begin(), second->begin() + kept_blocks}, *bytes).ok());
+    SequenceStep replay;
+    replay.tokens.assign(ids.begin() + start, ids.end());
+    replay.position_offset = start;
+    replay.block_table = *second;
+    replay.all_logits = true;
+    replay.replay_from = start;
+    replay.kept_end = kept;
+    auto r = m_.model->Step({replay}, m_.pool.get());
+    ASSERT_TRUE(r.ok()) << r.status();
+    ASSERT_EQ(static_cast<int64_t>(r->logits[0].size()), (n - start) * V);
+    int64_t differing = 0;
+    for (int64_t pos = kept; pos < n; ++pos) {
+      differing += !std::equal(one.begin() + pos * V, one.begin() + (pos + 1) * V,
+                               r->logits[0].begin() + (pos - start) * V);
+    }
+    EXPECT_EQ(differing, 0) << "prompt of " << p.ids.size() << ": replayed from " << start;
+    std::printf("[v4-parity] %s bounded rebuild: %lld positions, kept %lld, replayed %lld\n",
+                GetParam().c_str(), static_cast<long long>(n), static_cast<long long>(kept),
+                static_cast<long long>(n - start));
+    ASSERT_TRUE(m_.pool->Free(*second).ok());
+    ASSERT_TRUE(m_.pool->Free(*filler).ok());
+  }
+  EXPECT_GT(rebuilt, 0) << "no prompt long enough for a bounded rebuild";
+}
+
+// A rebuild that starts later than BoundedReplayStart allows is refused.
+TEST_P(V4ParityTest, RebuildStartingTooLateIsRefused) {
+  auto blocks = m_.pool->Allocate(m_.pool->BlocksFor(400));
+  ASSERT_TRUE(blocks.ok()) << blocks.status();
+  SequenceStep s;
+  s.tokens = {1, 2};
+  s.block_table = *blocks;
+  s.kept_end = 398;
+  s.replay_from = m_.model->BoundedReplayStart(398) + 1;
+  s.position_offset = s.replay_from;
+  auto r = m_.model->Step({s}, m_.pool.get());
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument) << r.status();
+  EXPECT_TRUE(m_.pool->Free(*blocks).ok());
+}
+
 INSTANTIATE_TEST_SUITE_P(Fixtures, V4ParityTest, ::testing::Values("dsv4_bf16", "dsv4_mix"));
 
 }  // namespace

@@ -15,7 +15,13 @@ struct Engine::Sequence {
   GenerationParams params;
   std::vector<int32_t> tokens;  // prompt, then generated tokens
   int64_t prompt_len = 0;
-  int64_t computed = 0;  // leading tokens whose KV entries are in the cache
+  int64_t computed = 0;    // leading tokens whose KV entries are in the cache
+  int64_t high_water = 0;  // the most tokens ever computed (below it a step replays)
+  // A bounded rebuild (CausalLm::BoundedReplayStart): while the sequence waits, the paged
+  // bytes of its first blocks in host memory; the positions its steps pass on.
+  std::vector<char> kept_bytes;
+  int64_t kept_end = 0;
+  int64_t replay_from = 0;
   std::vector<int32_t> blocks;
   // Chain hashes of the full blocks of `tokens` (PrefixCache::ExtendHashes), and how many of
   // `blocks` were offered to the prefix cache (or came from it).
@@ -212,10 +218,40 @@ void Engine::RegisterFullBlocks(Sequence* seq) {
 void Engine::Preempt(std::list<std::unique_ptr<Sequence>>::iterator it) {
   VLOG(1) << "rank " << options_.rank << ": preempting " << (*it)->id << " ("
           << (*it)->tokens.size() << " tokens)";
+  KeepForRebuild(it->get());
   FreeBlocks(it->get());
   waiting_.push_front(std::move(*it));
   running_.erase(it);
   ++preemptions_;
+}
+
+void Engine::KeepForRebuild(Sequence* s) {
+  // Entries of positions below kept_end are valid in its blocks (restored, or computed).
+  const int64_t kept_end = std::max(s->computed, s->kept_end);
+  const int64_t start = model_->BoundedReplayStart(kept_end);
+  s->kept_end = s->replay_from = 0;
+  if (start <= 0) return;  // replayed from position 0
+  const std::vector<int32_t> kept(s->blocks.begin(),
+                                  s->blocks.begin() + pool_->BlocksFor(kept_end));
+  absl::StatusOr<std::vector<char>> bytes = pool_->ReadBlocks(kept);
+  CHECK(bytes.ok()) << bytes.status();  // the sequence's own blocks
+  s->kept_bytes = std::move(*bytes);
+  s->kept_end = kept_end;
+  s->replay_from = start;
+}
+
+bool Engine::RestoreKept(Sequence* s) {
+  CHECK(s->blocks.empty() && s->computed == 0) << s->id;
+  const int32_t n = pool_->BlocksFor(s->kept_end);
+  if (cache_.num_available_blocks() < n) return false;
+  absl::StatusOr<std::vector<int32_t>> blocks = cache_.Allocate(n);
+  CHECK(blocks.ok()) << blocks.status();
+  const absl::Status restored = pool_->WriteBlocks(*blocks, s->kept_bytes);
+  CHECK(restored.ok()) << restored;  // as many blocks as were read
+  s->blocks = std::move(*blocks);
+  s->kept_bytes = std::vector<char>();
+  s->computed = s->replay_from;
+  return true;
 }
 
 bool Engine::Reserve(Sequence* seq, int64_t tokens,
@@ -303,8 +339,14 @@ absl::StatusOr<std::vector<RequestResult>> Engine::Step() {
   while (!waiting_.empty() && budget > 0 &&
          static_cast<int32_t>(running_.size()) < options_.max_running) {
     Sequence* s = waiting_.front().get();
-    AcquireCachedPrefix(s);
-    const int64_t room = static_cast<int64_t>(cache_.num_available_blocks()) * bs;
+    if (!s->kept_bytes.empty()) {
+      if (!RestoreKept(s)) break;  // its kept entries do not fit yet
+    } else {
+      AcquireCachedPrefix(s);
+    }
+    // Free positions in its blocks (a restored sequence's) and in free blocks.
+    const int64_t room = static_cast<int64_t>(s->blocks.size()) * bs - s->computed +
+                         static_cast<int64_t>(cache_.num_available_blocks()) * bs;
     if (room < 1) {
       FreeBlocks(s);  // its cached blocks stay cached, idle; taken again when it fits
       break;
@@ -328,6 +370,8 @@ absl::StatusOr<std::vector<RequestResult>> Engine::Step() {
                          p.seq->tokens.begin() + p.seq->computed + p.n);
       step.position_offset = p.seq->computed;
       step.block_table = p.seq->blocks;
+      step.replay_from = p.seq->replay_from;
+      step.kept_end = p.seq->kept_end;
       step.return_logits = false;  // only the sampled token is needed
       if (p.seq->computed + p.n == static_cast<int64_t>(p.seq->tokens.size())) {
         step.sampling = p.seq->sampling;
@@ -339,7 +383,9 @@ absl::StatusOr<std::vector<RequestResult>> Engine::Step() {
     if (!out.ok()) return out.status();
     for (size_t i = 0; i < plan.size(); ++i) {
       Sequence* s = plan[i].seq;
+      replayed_tokens_ += std::clamp<int64_t>(s->high_water - s->computed, 0, plan[i].n);
       s->computed += plan[i].n;
+      s->high_water = std::max(s->high_water, s->computed);
       computed_tokens_ += plan[i].n;
       RegisterFullBlocks(s);
       if (s->remaining() != 0) continue;  // an intermediate prefill chunk

@@ -112,6 +112,9 @@ class Engine {
   int64_t preemptions() const { return preemptions_; }
   // Tokens the model computed (prefill, re-prefill after preemption and decode) so far.
   int64_t computed_tokens() const { return computed_tokens_; }
+  // Of those, tokens computed again after a preemption (re-prefill, or a bounded rebuild's
+  // replay).
+  int64_t replayed_tokens() const { return replayed_tokens_; }
   const PrefixCache& prefix_cache() const { return cache_; }
 
  private:
@@ -135,6 +138,12 @@ class Engine {
   bool CutAtStopString(Sequence* seq, size_t from);
   // Releases the sequence's blocks to the prefix cache (its cached ones stay, idle).
   void FreeBlocks(Sequence* seq);
+  // Before a preemption frees its blocks: where the model rebuilds its cache by a bounded
+  // replay, keeps the paged bytes that replay needs in host memory.
+  void KeepForRebuild(Sequence* seq);
+  // Puts kept bytes back into newly allocated blocks and sets `seq` to replay from
+  // replay_from; false (nothing taken) if too few blocks are free.
+  bool RestoreKept(Sequence* seq);
   // Takes the cached blocks the sequence's tokens start with (a sequence without blocks).
   void AcquireCachedPrefix(Sequence* seq);
   // Offers the sequence's blocks that its computed tokens filled to the prefix cache.
@@ -154,6 +163,7 @@ class Engine {
   absl::flat_hash_set<std::string> held_ids_;
   int64_t preemptions_ = 0;
   int64_t computed_tokens_ = 0;
+  int64_t replayed_tokens_ = 0;
   PrefixCache cache_;
 
   mutable absl::Mutex load_mu_;

@@ -55,13 +55,14 @@ absl::StatusOr<std::unique_ptr<KvBlockPool>> KvBlockPool::Create(Backend* backen
     }
   }
   return std::unique_ptr<KvBlockPool>(
-      new KvBlockPool(o, std::move(layers), std::move(state), slots));
+      new KvBlockPool(backend, o, std::move(layers), std::move(state), slots));
 }
 
-KvBlockPool::KvBlockPool(const KvBlockPoolOptions& options,
+KvBlockPool::KvBlockPool(Backend* backend, const KvBlockPoolOptions& options,
                          std::vector<std::unique_ptr<DeviceBuffer>> layers,
                          std::vector<std::unique_ptr<DeviceBuffer>> state, int32_t num_state_slots)
-    : options_(options),
+    : backend_(backend),
+      options_(options),
       id_(next_pool_id.fetch_add(1) + 1),
       layers_(std::move(layers)),
       state_(std::move(state)),
@@ -157,6 +158,66 @@ PagedLatentCacheView KvBlockPool::LayerView(int32_t layer) const {
   v.rope_dim = g.rope_dim;
   v.dtype = g.dtype;
   return v;
+}
+
+std::vector<int64_t> KvBlockPool::BlockRegions(int32_t layer) const {
+  const KvCacheGroupSpec& g = LayerGroup(layer);
+  const int32_t bs = options_.block_size;
+  if (g.kind == KvCacheKind::kPagedLatent) return {g.BlockBytes(bs)};
+  return {g.CompressedFloatsPerBlock(bs) * 4, g.IndexFloatsPerBlock(bs) * 4};
+}
+
+absl::Status KvBlockPool::CheckAllocated(const std::vector<int32_t>& blocks) const {
+  absl::MutexLock lock(&mu_);
+  for (int32_t b : blocks) {
+    if (b < 0 || b >= options_.num_blocks || !in_use_[b]) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("KvBlockPool: block ", b, " is not allocated"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::vector<char>> KvBlockPool::ReadBlocks(
+    const std::vector<int32_t>& blocks) const {
+  if (absl::Status st = CheckAllocated(blocks); !st.ok()) return st;
+  std::vector<char> out(blocks.size() * options_.spec.BytesPerBlock(options_.block_size));
+  char* at = out.data();
+  for (size_t l = 0; l < layers_.size(); ++l) {
+    const char* base = static_cast<const char*>(layers_[l]->data());
+    for (int64_t region : BlockRegions(static_cast<int32_t>(l))) {
+      for (int32_t b : blocks) {
+        backend_->CopyToHost(base + b * region, region, at);
+        at += region;
+      }
+      base += options_.num_blocks * region;
+    }
+  }
+  CHECK_EQ(at, out.data() + out.size());
+  return out;
+}
+
+absl::Status KvBlockPool::WriteBlocks(const std::vector<int32_t>& blocks,
+                                      const std::vector<char>& bytes) {
+  if (absl::Status st = CheckAllocated(blocks); !st.ok()) return st;
+  const size_t want = blocks.size() * options_.spec.BytesPerBlock(options_.block_size);
+  if (bytes.size() != want) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("KvBlockPool: ", bytes.size(), " bytes for ", blocks.size(), " blocks of ",
+                     want / std::max<size_t>(1, blocks.size()), " bytes"));
+  }
+  const char* at = bytes.data();
+  for (size_t l = 0; l < layers_.size(); ++l) {
+    char* base = static_cast<char*>(layers_[l]->data());
+    for (int64_t region : BlockRegions(static_cast<int32_t>(l))) {
+      for (int32_t b : blocks) {
+        backend_->CopyToDevice(at, region, base + b * region);
+        at += region;
+      }
+      base += options_.num_blocks * region;
+    }
+  }
+  return absl::OkStatus();
 }
 
 }  // namespace deepinfer

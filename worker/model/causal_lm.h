@@ -47,6 +47,16 @@ class CausalLm {
   virtual absl::StatusOr<StepOutput> Step(const std::vector<SequenceStep>& batch,
                                           KvBlockPool* cache) = 0;
 
+  // Where a rebuild of a sequence must start replaying when its paged entries of positions
+  // [0, kept_end) are kept (restored into its blocks) and its per-sequence state is lost
+  // (SequenceStep::replay_from): the replay then reproduces the state exactly. 0 where the
+  // model's cache is rebuilt by replaying every position (the paged MLA cache keeps nothing
+  // per sequence, so a kept prefix needs no replay at all and the prefix cache serves it).
+  virtual int64_t BoundedReplayStart(int64_t kept_end) const {
+    (void)kept_end;
+    return 0;
+  }
+
   // How steps are computed, never what they compute (bit for bit on the CPU backend).
   // Replaces the decode graph options (drops graphs recorded so far).
   virtual void SetDecodeGraphOptions(const DecodeGraphOptions& options) = 0;

@@ -24,6 +24,13 @@ struct SequenceStep {
   // top-k / top-p, up to kMaxTopLogprobs top logprobs; worker/sampling/device_sampler.h) and
   // only the token and its log-probabilities come back to the host (not a vocabulary row).
   bool return_logits = true;
+  // A bounded rebuild (CausalLm::BoundedReplayStart; 0 and 0 for an ordinary sequence): the
+  // sequence's paged entries of positions [0, kept_end) were restored into its blocks, and its
+  // per-sequence state holds nothing before replay_from, where the rebuild's first step starts.
+  // The model attends to no window key before replay_from and leaves the kept entries as they
+  // are. Pass both on every step of the sequence until it is freed.
+  int64_t replay_from = 0;
+  int64_t kept_end = 0;
 };
 
 struct StepOutput {
