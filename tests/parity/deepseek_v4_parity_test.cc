@@ -4,12 +4,15 @@
 // forward pass without cache; greedy_24 is HF's greedy continuation by full recompute.
 //
 // The indexer's top-k over tied scores (DeepseekV4Model::set_indexer_full_forward_ties): HF's
-// choice among exactly equal scores depends on the length of the forward pass, so HF's logits
-// are a function of the pass, not of a position's past. With the HF rule, one prefill gives
-// HF's logits at every position and greedy by full recompute gives greedy_24. With the serving
-// rule (the default), chunked prefill and decode give exactly what one prefill gives; against
-// HF it differs only at positions after an exact tie at the top-k boundary (the bf16 fixture has
-// two index heads, so relu makes many scores exactly 0), which the test counts and prints.
+// choice among exactly equal scores depends on the length of the forward pass, so where ties
+// occur HF's logits are a function of the pass, not of a position's past. With the HF rule, one
+// prefill gives HF's logits at every position and greedy by full recompute gives greedy_24.
+// With the serving rule (the default), chunked prefill and decode give exactly what one prefill
+// gives. dsv4_bf16 (8 index heads) has no tie that changes HF's outputs (HF's cached generate
+// equals its full recompute there), so the serving rule must match HF at every position and
+// give greedy_24 through the cache; on dsv4_mix (4 index heads) the 300-token prompt has such
+// ties (HF's cached generate differs from its full recompute), and the test prints how many
+// positions agree.
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -25,6 +28,9 @@ namespace deepinfer {
 namespace {
 
 constexpr double kTolerance = 1e-4;
+
+// Whether the fixture has no indexer tie that changes HF's outputs (see the header).
+bool ServingRuleIsHfs(const std::string& fixture) { return fixture == "dsv4_bf16"; }
 
 // The prompt and the first 23 greedy tokens: the rows logits.bin covers.
 std::vector<int32_t> Covered(const FixturePrompt& p) {
@@ -140,11 +146,14 @@ TEST_P(V4ParityTest, ChunkedPrefillAndDecodeMatchOnePrefill) {
         "[v4-parity] %s serving ties: prompt_len=%zu %lld / %zu positions within %.0e of "
         "HF\n",
         GetParam().c_str(), p.ids.size(), static_cast<long long>(within), err.size(), kTolerance);
+    if (ServingRuleIsHfs(GetParam())) {
+      EXPECT_EQ(within, static_cast<int64_t>(err.size())) << "prompt of " << p.ids.size();
+    }
   }
 }
 
 // Greedy through the cache (prefill, then one token per step), alone and batched: the same
-// tokens both ways; printed against HF's greedy_24.
+// tokens both ways; HF's greedy_24 on dsv4_bf16, printed against it on dsv4_mix.
 TEST_P(V4ParityTest, CachedGreedyAloneEqualsBatched) {
   auto alone = GreedyContinuations(m_, false);
   ASSERT_TRUE(alone.ok()) << alone.status();
@@ -157,6 +166,9 @@ TEST_P(V4ParityTest, CachedGreedyAloneEqualsBatched) {
     while (same < want.size() && (*alone)[s][same] == want[same]) ++same;
     std::printf("[v4-parity] %s cached greedy: prompt_len=%zu first %zu / %zu tokens as HF's\n",
                 GetParam().c_str(), m_.fx.prompts[s].ids.size(), same, want.size());
+    if (ServingRuleIsHfs(GetParam())) {
+      EXPECT_EQ((*alone)[s], want) << "prompt of " << m_.fx.prompts[s].ids.size();
+    }
   }
 }
 
