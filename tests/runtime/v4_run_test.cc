@@ -117,7 +117,10 @@ TEST(V4RunTest, HfGreedyTokensWithChunkedPrefillAndPreemption) {
                         "--kv-cache-tokens=400 --max-batch-tokens=48 --max-running=4 --v=1"),
                  want, "small cache");
   // The engine logs each preemption at --v=1.
-  EXPECT_THAT(ReadFile(TempPath("small_cache.state/logs/worker-0.log")), HasSubstr("preempting"));
+  const std::string log = ReadFile(TempPath("small_cache.state/logs/worker-0.log"));
+  EXPECT_THAT(log, HasSubstr("preempting"));
+  // The long sequence is rebuilt by a bounded replay (docs/model.md, "Replay after preemption").
+  EXPECT_THAT(log, HasSubstr("its rebuild replays from position"));
 }
 
 // dsv4_bf16 (bf16-stored matrices, 8 index heads): greedy_24 on every prompt.

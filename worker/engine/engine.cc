@@ -238,6 +238,9 @@ void Engine::KeepForRebuild(Sequence* s) {
   s->kept_bytes = std::move(*bytes);
   s->kept_end = kept_end;
   s->replay_from = start;
+  VLOG(1) << "rank " << options_.rank << ": " << s->id << " keeps the paged entries of its first "
+          << kept_end << " positions (" << s->kept_bytes.size()
+          << " bytes); its rebuild replays from position " << start;
 }
 
 bool Engine::RestoreKept(Sequence* s) {

@@ -15,8 +15,12 @@
 // free or idle, the most recently admitted sequence not yet scheduled in this
 // step is preempted by recomputation: its blocks are freed, it keeps its generated tokens and
 // goes back to the front of the waiting queue; when re-admitted, prompt + generated tokens are
-// prefilled again. Sampling is keyed by (seed, position), so chunking, batching and preemption
-// do not change a request's tokens.
+// prefilled again. Where the model rebuilds its cache by a bounded replay
+// (CausalLm::BoundedReplayStart > 0: DeepSeek-V4), the preempted sequence's paged entries are
+// first copied to host memory, and on re-admission they are written into new blocks and only
+// the positions from BoundedReplayStart are computed again (docs/model.md, "Replay after
+// preemption or worker loss"). Sampling is keyed by (seed, position), so chunking, batching and
+// preemption do not change a request's tokens.
 //
 // A request finishes on EOS (unless ignore_eos) or one of its stop_token_ids (the token is
 // not returned), a stop string (the text is cut before it; finish_reason "stop"), max_tokens,
