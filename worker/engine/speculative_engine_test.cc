@@ -263,6 +263,16 @@ class SpeculativeEngineTest : public ::testing::Test {
       items.push_back(Item(absl::StrCat("g", i), prompts_[i].ids, lengths[i], /*logprobs=*/3));
       items.push_back(Sampled(absl::StrCat("s", i), prompts_[i].ids, 20 - 3 * i, 100 + i));
     }
+    // Logit adjustments that change with every accepted token (penalties), and a bias.
+    WorkItem penalised = Item("penalised", prompts_[0].ids, 16, 1);
+    penalised.mutable_params()->set_frequency_penalty(0.8f);
+    penalised.mutable_params()->set_repetition_penalty(1.3f);
+    items.push_back(penalised);
+    WorkItem biased = Sampled("biased", prompts_[2].ids, 16, 9);
+    (*biased.mutable_params()->mutable_logit_bias())[prompts_[2].greedy[1]] = 4.0f;
+    biased.mutable_params()->set_presence_penalty(0.5f);
+    biased.mutable_params()->set_min_tokens(5);
+    items.push_back(biased);
     return items;
   }
 
@@ -341,7 +351,9 @@ TEST_F(SpeculativeEngineTest, ChunkedPrefillAndPreemptionKeepTokens) {
   std::vector<WorkItem> items = MixedItems();
   // The 130-token prompt does not fit the tiny pool with its continuation; leave it out.
   items.erase(std::remove_if(items.begin(), items.end(),
-                             [](const WorkItem& w) { return w.request_id().back() == '3'; }),
+                             [](const WorkItem& w) {
+                               return w.request_id().back() == '3' || w.request_id() == "biased";
+                             }),
               items.end());
   const auto want = Reference(items);
   EngineOptions chunked = Speculative(3);
