@@ -163,10 +163,10 @@ absl::StatusOr<std::unique_ptr<WorkerServer>> WorkerServer::Start(WorkerConfig c
       for (int64_t l = 0; l < c.num_hidden_layers; ++l) moe_layers += c.IsMoeLayer(l) ? 1 : 0;
       if (e.placement->num_logical() != c.n_routed_experts ||
           e.placement->num_layers() != moe_layers) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            "--expert-placement has ", e.placement->num_layers(), " layers of ",
-            e.placement->num_logical(), " logical experts; the model has ", moe_layers,
-            " MoE layers of ", c.n_routed_experts));
+        return absl::InvalidArgumentError(
+            absl::StrCat("--expert-placement has ", e.placement->num_layers(), " layers of ",
+                         e.placement->num_logical(), " logical experts; the model has ", moe_layers,
+                         " MoE layers of ", c.n_routed_experts));
       }
     }
     GroupControllerOptions options;
@@ -190,6 +190,8 @@ absl::StatusOr<std::unique_ptr<WorkerServer>> WorkerServer::Start(WorkerConfig c
     options.group.max_batch_tokens = e.max_batch_tokens;
     options.group.max_running = e.max_running;
     options.group.prefix_caching = e.prefix_caching;
+    options.group.speculative_tokens = e.speculative_tokens;
+    options.group.draft_min_confidence = e.draft_min_confidence;
     options.group.prefill_attention = e.prefill_attention;
     options.group.collective_timeout = e.collective_timeout;
     options.group.listen_host = wildcard ? "0.0.0.0" : config.host;

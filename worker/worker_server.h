@@ -57,6 +57,9 @@ struct WorkerEngineConfig {
   comm::DataPlaneChoice communicator = comm::DataPlaneChoice::kAuto;
   // Prefix caching (RankGroupOptions::prefix_caching).
   bool prefix_caching = true;
+  // Speculative decoding (RankGroupOptions::speculative_tokens, draft_min_confidence).
+  int32_t speculative_tokens = 0;
+  float draft_min_confidence = 0.0f;
   // The MLA prefill form (RankGroupOptions::prefill_attention).
   PrefillAttention prefill_attention = PrefillAttention::kAuto;
 };

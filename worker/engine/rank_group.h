@@ -92,6 +92,10 @@ struct RankGroupOptions {
   // Each rank's engine reuses cached prefix blocks of its own pool (docs/kv-cache.md); the
   // cache key is made of the model's fingerprint, the weight dtype and the cache spec.
   bool prefix_caching = true;
+  // Speculative decoding with the model's MTP layers (EngineOptions::speculative_tokens,
+  // draft_min_confidence; 0: off, and the MTP layers are not loaded).
+  int32_t speculative_tokens = 0;
+  float draft_min_confidence = 0.0f;
   // The MLA prefill form of every rank's model.
   PrefillAttention prefill_attention = PrefillAttention::kAuto;
   DispatcherFactory dispatcher = LocalDispatcherFactory();
