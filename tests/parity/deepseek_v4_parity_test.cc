@@ -172,9 +172,9 @@ TEST_P(V4ParityTest, CachedGreedyAloneEqualsBatched) {
   }
 }
 
-// A bounded rebuild (docs/model.md, "Replay after preemption"): after `kept` positions the
-// paged entries are read out of the sequence's blocks, the blocks (and with them the state slot)
-// are freed, the entries are written into other blocks, and only the positions from
+// A bounded rebuild (docs/model.md, "Replay after preemption or worker loss"): after `kept`
+// positions the paged entries are read out of the sequence's blocks, the blocks (and with them the
+// state slot) are freed, the entries are written into other blocks, and only the positions from
 // BoundedReplayStart(kept) are replayed. Every position from `kept` on then has the logits of
 // one prefill, bit for bit.
 TEST_P(V4ParityTest, BoundedRebuildMatchesOnePrefill) {

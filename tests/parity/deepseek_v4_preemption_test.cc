@@ -1,8 +1,9 @@
 // DeepSeek-V4 preempted mid-decode through the engine (dsv4_mix, HF-made): the long prompt's
 // sequence is preempted after some decode steps and rebuilt by a bounded replay (its compressed
 // entries kept in host memory, only the last L * (W - 1) + 2 * ratio positions replayed;
-// docs/model.md, "Replay after preemption"). Its tokens and log-probabilities are those of a
-// run without preemption, its tokens HF's greedy_24, and the replayed positions are counted.
+// docs/model.md, "Replay after preemption or worker loss"). Its tokens and log-probabilities are
+// those of a run without preemption, its tokens HF's greedy_24, and the replayed positions are
+// counted.
 #include <map>
 #include <memory>
 #include <string>

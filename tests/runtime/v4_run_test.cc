@@ -119,7 +119,8 @@ TEST(V4RunTest, HfGreedyTokensWithChunkedPrefillAndPreemption) {
   // The engine logs each preemption at --v=1.
   const std::string log = ReadFile(TempPath("small_cache.state/logs/worker-0.log"));
   EXPECT_THAT(log, HasSubstr("preempting"));
-  // The long sequence is rebuilt by a bounded replay (docs/model.md, "Replay after preemption").
+  // The long sequence is rebuilt by a bounded replay (docs/model.md, "Replay after preemption or
+  // worker loss").
   EXPECT_THAT(log, HasSubstr("its rebuild replays from position"));
 }
 
