@@ -55,6 +55,8 @@ struct WorkerEngineConfig {
   std::string kv_cache_dtype;
   // What carries the expert exchange: auto (NCCL for several cuda ranks), tcp or nccl.
   comm::DataPlaneChoice communicator = comm::DataPlaneChoice::kAuto;
+  // RankGroupOptions::step_stats_dir.
+  std::string step_stats_dir;
 };
 
 struct WorkerConfig {

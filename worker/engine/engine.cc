@@ -5,6 +5,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
 #include "glog/logging.h"
 
 namespace deepinfer {
@@ -28,6 +29,8 @@ struct Engine::Sequence {
   std::string text;
   size_t max_stop_len = 0;
   bool done = false;
+  // When the engine took the request off its queue (StepStats' time to first token).
+  absl::Time arrived = absl::InfinitePast();
 
   int64_t remaining() const { return static_cast<int64_t>(tokens.size()) - computed; }
   int64_t generated() const { return static_cast<int64_t>(tokens.size()) - prompt_len; }
@@ -136,6 +139,7 @@ void Engine::Admit(WorkItem item, std::vector<RequestResult>* finished) {
         std::make_unique<tokenizer::IncrementalDecoder>(tokenizer_, /*skip_special_tokens=*/true);
   }
   for (const std::string& s : p.stop()) seq->max_stop_len = std::max(seq->max_stop_len, s.size());
+  seq->arrived = absl::Now();
   held_ids_.insert(seq->id);
   waiting_.push_back(std::move(seq));
 }
@@ -318,17 +322,30 @@ absl::StatusOr<std::vector<RequestResult>> Engine::Step() {
       }
       batch.push_back(std::move(step));
     }
+    int64_t decodes = 0, prefill_tokens = 0;
+    for (const Planned& p : plan) {
+      const bool decode = p.n == 1 && p.seq->computed >= p.seq->prompt_len;
+      decodes += decode ? 1 : 0;
+      prefill_tokens += decode ? 0 : p.n;
+    }
+    const int64_t graphs_before = model_->decode_graphs_recorded();
+    const absl::Time step_start = absl::Now();
     absl::StatusOr<StepOutput> out = model_->Step(batch, pool_);
+    const absl::Time step_end = absl::Now();
     if (!out.ok()) return out.status();
+    stats_.AddStep(step_start, step_end - step_start, decodes, prefill_tokens,
+                   model_->decode_graphs_recorded() > graphs_before);
     for (size_t i = 0; i < plan.size(); ++i) {
       Sequence* s = plan[i].seq;
       s->computed += plan[i].n;
       computed_tokens_ += plan[i].n;
       RegisterFullBlocks(s);
       if (s->remaining() != 0) continue;  // an intermediate prefill chunk
+      if (s->generated() == 0) stats_.AddFirstToken(step_end - s->arrived);
       RequestResult result;
       if (Advance(s, out->sampled[i], &result)) {
         s->done = true;
+        stats_.AddFinished(result.token_ids_size());
         finished.push_back(std::move(result));
       }
     }

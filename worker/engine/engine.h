@@ -46,6 +46,7 @@
 #include "tokenizer/incremental_decoder.h"
 #include "tokenizer/tokenizer.h"
 #include "worker/engine/request_queue.h"
+#include "worker/engine/step_stats.h"
 #include "worker/kv_cache/kv_block_pool.h"
 #include "worker/kv_cache/prefix_cache.h"
 #include "worker/model/causal_lm.h"
@@ -110,6 +111,8 @@ class Engine {
   // Tokens the model computed (prefill, re-prefill after preemption and decode) so far.
   int64_t computed_tokens() const { return computed_tokens_; }
   const PrefixCache& prefix_cache() const { return cache_; }
+  // What the steps so far did with their time (step_stats.h); read on the stepping thread.
+  const StepStats& stats() const { return stats_; }
 
  private:
   struct Sequence;
@@ -152,6 +155,7 @@ class Engine {
   int64_t preemptions_ = 0;
   int64_t computed_tokens_ = 0;
   PrefixCache cache_;
+  StepStats stats_;
 
   mutable absl::Mutex load_mu_;
   EngineLoad load_ ABSL_GUARDED_BY(load_mu_);
