@@ -23,7 +23,9 @@ Reports (stdout: a table row; DIR/e2e.json: everything):
               cache, engine and barrier), then waiting for the first request
   serving     first step start to last step end (rank 0; the latest end of all ranks)
   tail        last step end to the process exit (results read back, daemons stopped)
-  capture     time in steps that recorded a decode graph (counted within serving)
+  capture     time in steps that recorded a decode graph (counted within serving: a bucket's
+              first step runs eagerly, then is recorded); the recording alone, as the worker
+              logs it, is graph_record_s
   ideal       the job's steps priced with deepinfer-bench's step times: a step of d decode rows
               and p prefill tokens costs max(decode(min(d + p, D)), (d + p) x prefill s/token),
               decode() interpolated linearly between the measured batch sizes (1 .. D, D the
@@ -113,6 +115,14 @@ def read_worker_logs(state_dir):
     if formed:
         out["formed_unix"] = max(t for t, _ in formed)
         out["form_s"] = max(d for _, d in formed)
+    # Decode graphs recorded (decode_graph_runner.cc logs each with its time), all workers.
+    out["graphs_recorded"] = 0
+    out["graph_record_s"] = 0.0
+    for path in logs:
+        for m in re.finditer(r"decode graph for batch bucket \d+ .* recorded in ([0-9.]+) ms",
+                             open(path, errors="replace").read()):
+            out["graphs_recorded"] += 1
+            out["graph_record_s"] += float(m.group(1)) / 1e3
     out["logs"] = logs
     return out
 
@@ -245,6 +255,8 @@ def main():
     logs = read_worker_logs(state)
     ranks = read_step_stats(stats_dir)
     result["ranks"] = len(ranks)
+    result["graphs_recorded"] = logs["graphs_recorded"]
+    result["graph_record_s"] = logs["graph_record_s"]
     if ranks:
         first = min(r["first_step_unix"] for r in ranks if r["steps"] > 0)
         last = max(r["last_step_end_unix"] for r in ranks if r["steps"] > 0)

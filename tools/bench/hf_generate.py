@@ -83,24 +83,26 @@ def main():
             out = model.generate(input_ids=ids, attention_mask=mask, **kwargs)
         return int(out.shape[1] - n) * len(batch_bodies), sum(len(b["prompt"]) for b in batch_bodies)
 
-    warm = [dict(b, max_tokens=4) for b in bodies[:2]]
-    generate(warm)
-    torch.cuda.synchronize()
     done = out_tokens = in_tokens = 0
     gen_s = 0.0
-    for i in range(0, len(bodies), a.batch):
-        if a.budget_s > 0 and time.time() - start > a.budget_s:
-            result["skipped"] = f"budget of {a.budget_s} s spent after {done} requests"
-            break
-        chunk = bodies[i:i + a.batch]
+    try:
+        generate([dict(b, max_tokens=4) for b in bodies[:2]])  # warm-up
         torch.cuda.synchronize()
-        t = time.perf_counter()
-        o, n = generate(chunk)
-        torch.cuda.synchronize()
-        gen_s += time.perf_counter() - t
-        done += len(chunk)
-        out_tokens += o
-        in_tokens += n
+        for i in range(0, len(bodies), a.batch):
+            if a.budget_s > 0 and time.time() - start > a.budget_s:
+                result["skipped"] = f"budget of {a.budget_s} s spent after {done} requests"
+                break
+            chunk = bodies[i:i + a.batch]
+            torch.cuda.synchronize()
+            t = time.perf_counter()
+            o, n = generate(chunk)
+            torch.cuda.synchronize()
+            gen_s += time.perf_counter() - t
+            done += len(chunk)
+            out_tokens += o
+            in_tokens += n
+    except Exception as e:  # reported in the JSON: an HF failure must not hide our numbers
+        result["error"] = f"{type(e).__name__}: {e}"[:2000]
     result.update({"requests": done, "output_tokens": out_tokens, "prompt_tokens": in_tokens,
                    "generate_s": round(gen_s, 3)})
     if gen_s > 0:

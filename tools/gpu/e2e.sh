@@ -63,9 +63,12 @@ job() {  # job NAME CAP_S e2e_job.py flags...
     return
   fi
   local t0=$(date +%s)
-  # Each of the three parts gets a third of the limit (the run part a little more).
+  # Each part (the run, the pricing, HF) may take 40% of the limit; a start-up job (no pricing,
+  # no HF) all of it.
+  local part=$((limit * 2 / 5))
+  [[ " $* " == *" --no-price "* ]] && part=$((limit - 10))
   python3 "$here/e2e_job.py" --bin-dir "$here/bin" --backend "$backend" --out "$work/$name" \
-    --timeout-s $((limit / 3)) --run-args "${E2E_RUN_ARGS:-}" --worker-args "${E2E_WORKER_ARGS:-}" \
+    --timeout-s "$part" --run-args "${E2E_RUN_ARGS:-}" --worker-args "${E2E_WORKER_ARGS:-}" \
     "$@" > "$work/$name.row" 2> "$work/$name.err"
   local rc=$?
   local verdict=PASS
@@ -91,22 +94,37 @@ done
 import json, os, sys
 sys.path.insert(0, sys.argv[1])
 work, names = sys.argv[2], sys.argv[3:]
-from e2e_job import HEADER, format_row
+from e2e_job import HEADER, format_row, price
 print(HEADER)
 print("|" + "---|" * (HEADER.count("|") - 1))
-results = []
+results = {}
 for n in names:
     path = os.path.join(work, n, "e2e.json")
     if os.path.exists(path):
-        r = json.load(open(path))
-        results.append(r)
-        print(format_row(r))
+        results[n] = json.load(open(path))
+        print(format_row(results[n]))
 print()
-for r in results:
+for n, r in results.items():
     parts = ", ".join(f"{k} {v:.2f}" for k, v in r.get("startup_breakdown_s", {}).items())
     print(f"* {r['label']}: start-up {r.get('startup_s', 0):.2f} s = {parts}; "
-          f"{r.get('steps', 0)} steps, {r.get('capture_steps', 0)} recording a graph; "
-          f"longest gap {r.get('max_gap_s', 0) * 1e3:.1f} ms")
+          f"{r.get('steps', 0)} steps, {r.get('capture_steps', 0)} recording a decode graph "
+          f"({r.get('graphs_recorded', 0)} graphs, {r.get('graph_record_s', 0):.2f} s recording); "
+          f"host gaps {r.get('gap_s', 0):.2f} s, longest {r.get('max_gap_s', 0) * 1e3:.1f} ms")
+# A sampled job's steps priced with the greedy job's step times (same prompts, same context):
+# what its decode steps would cost on the greedy path (decode graphs).
+for n, r in results.items():
+    if not r.get("sampled") or "ideal_s" not in r:
+        continue
+    for g_name, g in results.items():
+        if (not g.get("sampled") and g.get("config") == r.get("config")
+                and g.get("mean_prompt") == r.get("mean_prompt") and "ideal_s" in g):
+            hist = json.load(open(os.path.join(work, n, "step_stats", "rank-0.json")))["histogram"]
+            bench = json.load(open(os.path.join(work, g_name, "bench.json")))
+            p = price(hist, bench)
+            print(f"* {r['label']} priced with {g['label']}'s step times (greedy decode): "
+                  f"ideal {p['ideal_s']:.2f} s (with its own sampled step times: "
+                  f"{r['ideal_s']:.2f} s)")
+            break
 PY
 } > "$md" 2>> "$summary"
 cat "$md"
