@@ -31,6 +31,21 @@ assert len({b["seed"] for b in s}) == 5
 PY
 if python3 "$make" --workload nope --vocab 10 --out - 2> /dev/null; then fail "unknown workload accepted"; fi
 
+# --- the pricing: decode p50s 1.0 s at 1 row and 2.0 s at 4, prefill 1.0 s per 100 tokens ---
+python3 - "$(dirname "$e2e")" << 'PY'
+import sys
+sys.path.insert(0, sys.argv[1])
+from e2e_job import price
+bench = {"decode": [{"requests": 4, "p50_s": 2.0}, {"requests": 1, "p50_s": 1.0}],
+         "prefill": {"tokens_per_step": 100, "step_s": 1.0}}
+# 3 steps of 2 decode rows: 1 + 1/3 s each (between 1 and 4 rows); 1 step of 100 prefill tokens:
+# max(decode at 4 rows, 100 x 0.01) = 2 s; 1 step of 300 decode rows: max(2, 3) = 3 s.
+p = price([[2, 0, 3, 0.0], [0, 100, 1, 0.0], [300, 0, 1, 0.0]], bench)
+assert abs(p["ideal_s"] - 9.0) < 1e-9, p
+assert abs(p["ideal_decode_only_steps_s"] - 7.0) < 1e-9, p
+assert abs(p["ideal_steps_with_prefill_s"] - 2.0) < 1e-9, p
+PY
+
 # --- e2e_job.py on the CPU ---
 python3 "$e2e" --bin-dir "$bin" --config "$config" --backend cpu --workload long-greedy \
   --requests 12 --max-tokens 6 --prompt-range 20,90 --out "$tmp/run" --timeout-s 240 \
