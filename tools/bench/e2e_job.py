@@ -275,6 +275,11 @@ def main():
         result["ttft_p99_s"] = max(r["ttft_p99_s"] for r in ranks)
         hist = r0["histogram"]
         result["histogram_keys"] = len(hist)
+        result["graph_steps"] = r0.get("graph_steps", 0)
+        # What the steps took (rank 0), split as the ideal is: decode-only steps and the rest.
+        result["decode_only_steps_s"] = sum(t for d, p, _, t in hist if p == 0)
+        result["steps_with_prefill_s"] = sum(t for d, p, _, t in hist if p > 0)
+        result["decode_only_steps"] = sum(n for d, p, n, _ in hist if p == 0)
         result["max_decode_batch"] = max((d for d, _, _, _ in hist), default=0)
         breakdown = {}
         if logs["main_unix"]:

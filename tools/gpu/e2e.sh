@@ -109,7 +109,13 @@ for n, r in results.items():
     print(f"* {r['label']}: start-up {r.get('startup_s', 0):.2f} s = {parts}; "
           f"{r.get('steps', 0)} steps, {r.get('capture_steps', 0)} recording a decode graph "
           f"({r.get('graphs_recorded', 0)} graphs, {r.get('graph_record_s', 0):.2f} s recording); "
-          f"host gaps {r.get('gap_s', 0):.2f} s, longest {r.get('max_gap_s', 0) * 1e3:.1f} ms")
+          f"{r.get('graph_steps', 0)} through the decode graph path; "
+          f"host gaps {r.get('gap_s', 0):.2f} s, longest {r.get('max_gap_s', 0) * 1e3:.1f} ms; "
+          f"decode-only steps ({r.get('decode_only_steps', 0)}) took "
+          f"{r.get('decode_only_steps_s', 0):.2f} s (ideal "
+          f"{r.get('ideal_decode_only_steps_s', float('nan')):.2f}), steps with prefill "
+          f"{r.get('steps_with_prefill_s', 0):.2f} s (ideal "
+          f"{r.get('ideal_steps_with_prefill_s', float('nan')):.2f})")
 # A sampled job's steps priced with the greedy job's step times (same prompts, same context):
 # what its decode steps would cost on the greedy path (decode graphs).
 for n, r in results.items():

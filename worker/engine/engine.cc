@@ -329,12 +329,14 @@ absl::StatusOr<std::vector<RequestResult>> Engine::Step() {
       prefill_tokens += decode ? 0 : p.n;
     }
     const int64_t graphs_before = model_->decode_graphs_recorded();
+    const int64_t graph_steps_before = model_->decode_graph_steps();
     const absl::Time step_start = absl::Now();
     absl::StatusOr<StepOutput> out = model_->Step(batch, pool_);
     const absl::Time step_end = absl::Now();
     if (!out.ok()) return out.status();
     stats_.AddStep(step_start, step_end - step_start, decodes, prefill_tokens,
-                   model_->decode_graphs_recorded() > graphs_before);
+                   model_->decode_graphs_recorded() > graphs_before,
+                   model_->decode_graph_steps() > graph_steps_before);
     for (size_t i = 0; i < plan.size(); ++i) {
       Sequence* s = plan[i].seq;
       s->computed += plan[i].n;

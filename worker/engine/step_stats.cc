@@ -20,7 +20,7 @@ double Percentile(const std::vector<double>& sorted, double p) {
 }  // namespace
 
 void StepStats::AddStep(absl::Time start, absl::Duration duration, int64_t decodes,
-                        int64_t prefill_tokens, bool recorded_graph) {
+                        int64_t prefill_tokens, bool recorded_graph, bool graph_replayed) {
   const double seconds = absl::ToDoubleSeconds(duration);
   if (steps_ == 0) {
     first_start_ = start;
@@ -36,6 +36,10 @@ void StepStats::AddStep(absl::Time start, absl::Duration duration, int64_t decod
     capture_s_ += seconds;
   } else {
     step_s_ += seconds;
+  }
+  if (graph_replayed) {
+    ++graph_steps_;
+    graph_step_s_ += seconds;
   }
   decode_tokens_ += decodes;
   prefill_tokens_ += prefill_tokens;
@@ -55,12 +59,13 @@ std::string StepStats::ToJson() const {
   }
   return absl::StrFormat(
       "{\"steps\": %d, \"capture_steps\": %d, \"step_s\": %.6f, \"capture_s\": %.6f, "
+      "\"graph_steps\": %d, \"graph_step_s\": %.6f, "
       "\"gap_s\": %.6f, \"max_gap_s\": %.6f, \"span_s\": %.6f, \"first_step_unix\": %.6f, "
       "\"last_step_end_unix\": %.6f, \"decode_tokens\": %d, \"prefill_tokens\": %d, "
       "\"finished\": %d, \"generated_tokens\": %d, \"first_tokens\": %d, \"ttft_p50_s\": %.6f, "
       "\"ttft_p99_s\": %.6f, \"ttft_max_s\": %.6f, \"histogram\": [%s]}",
-      steps_, capture_steps_, step_s_, capture_s_, gap_s_, max_gap_s_, span,
-      steps_ > 0 ? absl::ToUnixMicros(first_start_) / 1e6 : 0.0,
+      steps_, capture_steps_, step_s_, capture_s_, graph_steps_, graph_step_s_, gap_s_, max_gap_s_,
+      span, steps_ > 0 ? absl::ToUnixMicros(first_start_) / 1e6 : 0.0,
       steps_ > 0 ? absl::ToUnixMicros(last_end_) / 1e6 : 0.0, decode_tokens_, prefill_tokens_,
       finished_, generated_tokens_, static_cast<int64_t>(ttft.size()), Percentile(ttft, 50),
       Percentile(ttft, 99), ttft.empty() ? 0.0 : ttft.back(), histogram);

@@ -31,9 +31,10 @@ class StepStats {
  public:
   // A step that started at `start` and whose Model::Step took `duration`; `decodes` of its
   // sequences brought one token after a cached context, the others `prefill_tokens` in all.
-  // `recorded_graph`: the step recorded a decode graph.
+  // `recorded_graph`: the step recorded a decode graph; `graph_replayed`: it ran through the
+  // decode graph path (DecodeGraphRunner), not the model's eager one.
   void AddStep(absl::Time start, absl::Duration duration, int64_t decodes, int64_t prefill_tokens,
-               bool recorded_graph);
+               bool recorded_graph, bool graph_replayed);
   // A request's first token, `ttft` after the step that admitted it started.
   void AddFirstToken(absl::Duration ttft) { ttft_s_.push_back(absl::ToDoubleSeconds(ttft)); }
   // A request that finished, with how many tokens it generated.
@@ -43,16 +44,19 @@ class StepStats {
   }
 
   int64_t steps() const { return steps_; }
-  // One JSON object (no newline): counts, times in seconds, first/last step as Unix seconds,
+  // One JSON object (no newline): counts (graph_steps: through the decode graph path), times in
+  // seconds, first/last step as Unix seconds,
   // ttft p50/p99, and "histogram": [[decodes, prefill_tokens, steps, seconds], ...].
   std::string ToJson() const;
 
  private:
   int64_t steps_ = 0;
   int64_t capture_steps_ = 0;
-  double step_s_ = 0;     // Model::Step time of the steps that recorded no graph
-  double capture_s_ = 0;  // ... of those that did
-  double gap_s_ = 0;      // between one step's end and the next one's start
+  double step_s_ = 0;        // Model::Step time of the steps that recorded no graph
+  double capture_s_ = 0;     // ... of those that did
+  int64_t graph_steps_ = 0;  // steps through the decode graph path
+  double graph_step_s_ = 0;
+  double gap_s_ = 0;  // between one step's end and the next one's start
   double max_gap_s_ = 0;
   int64_t decode_tokens_ = 0;  // tokens computed by decode rows
   int64_t prefill_tokens_ = 0;

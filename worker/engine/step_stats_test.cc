@@ -10,11 +10,11 @@ TEST(StepStatsTest, GapsHistogramAndTtft) {
   StepStats stats;
   const absl::Time t0 = absl::FromUnixSeconds(1000);
   // Step 1: prefill of 300 tokens, 100 ms, recorded no graph.
-  stats.AddStep(t0, absl::Milliseconds(100), 0, 300, false);
+  stats.AddStep(t0, absl::Milliseconds(100), 0, 300, false, false);
   // Step 2 starts 20 ms after step 1 ended: 4 decodes, 10 ms, recorded a graph.
-  stats.AddStep(t0 + absl::Milliseconds(120), absl::Milliseconds(10), 4, 0, true);
-  // Step 3 starts 5 ms later: 4 decodes again, 10 ms.
-  stats.AddStep(t0 + absl::Milliseconds(135), absl::Milliseconds(10), 4, 0, false);
+  stats.AddStep(t0 + absl::Milliseconds(120), absl::Milliseconds(10), 4, 0, true, true);
+  // Step 3 starts 5 ms later: 4 decodes again, 10 ms, replayed from the graph.
+  stats.AddStep(t0 + absl::Milliseconds(135), absl::Milliseconds(10), 4, 0, false, true);
   stats.AddFirstToken(absl::Milliseconds(100));
   stats.AddFirstToken(absl::Milliseconds(300));
   stats.AddFinished(7);
@@ -25,6 +25,8 @@ TEST(StepStatsTest, GapsHistogramAndTtft) {
   EXPECT_EQ(j["capture_steps"], 1);
   EXPECT_NEAR(j["step_s"].get<double>(), 0.110, 1e-9);
   EXPECT_NEAR(j["capture_s"].get<double>(), 0.010, 1e-9);
+  EXPECT_EQ(j["graph_steps"], 2);
+  EXPECT_NEAR(j["graph_step_s"].get<double>(), 0.020, 1e-9);
   EXPECT_NEAR(j["gap_s"].get<double>(), 0.025, 1e-9);
   EXPECT_NEAR(j["max_gap_s"].get<double>(), 0.020, 1e-9);
   EXPECT_NEAR(j["span_s"].get<double>(), 0.145, 1e-9);
