@@ -311,8 +311,9 @@ def main():
                  "--context-length", str(context),
                  "--prefill-batch-tokens", str(prompts * context),
                  "--decode-fill", "random", "--warmup", "2", "--output-len", "7", "--iters", "3"]
-        if a.dtype:
-            bench += ["--dtype", a.dtype]
+        # The workers' dtype: --dtype, else their backend's default (bf16 on cuda, fp32 on cpu;
+        # deepinfer-bench's own default is bf16 everywhere).
+        bench += ["--dtype", a.dtype or ("float32" if a.backend == "cpu" else "bfloat16")]
         if sampled:
             b = next(b for b in bodies if b.get("temperature", 1.0) > 0)
             bench += ["--decode-sampling",
