@@ -209,7 +209,10 @@ def main():
     out = os.path.abspath(a.out)
     config = os.path.abspath(a.config)
     cfg = json.load(open(config))
-    label = a.label or f"{os.path.basename(config).removesuffix('.json')} {a.workload}"
+    name = os.path.basename(config).removesuffix(".json")
+    if name == "config":  # a model directory's config.json: the directory names the model
+        name = os.path.basename(os.path.dirname(config))
+    label = a.label or f"{name} {a.workload}"
     result = {"label": label, "config": config, "backend": a.backend, "workload": a.workload}
 
     # ---- the job ----
@@ -289,7 +292,8 @@ def main():
                 logs["formed_unix"] - logs.get("form_s", 0) - logs["main_unix"])
         breakdown.update(logs["phases"])
         if logs.get("form_s") is not None and logs["phases"]:
-            breakdown["engine and barrier"] = logs["form_s"] - sum(logs["phases"].values())
+            # The phases are logged to the millisecond: no negative remainder from rounding.
+            breakdown["engine and barrier"] = max(0.0, logs["form_s"] - sum(logs["phases"].values()))
         if logs["formed_unix"]:
             breakdown["first request"] = first - logs["formed_unix"]
         result["startup_breakdown_s"] = breakdown
