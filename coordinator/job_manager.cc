@@ -1,3 +1,6 @@
+// JobManager: job loading (lines, choices), dispatch, results, group formation and EPLB
+// placement changes. Over 800 lines because these share the scheduler state behind one mutex
+// (requests, assignments, the group); group formation is the part to move out first.
 #include "coordinator/job_manager.h"
 
 #include <algorithm>
@@ -7,6 +10,7 @@
 #include "absl/container/flat_hash_set.h"
 #include "absl/random/random.h"
 #include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
@@ -149,6 +153,7 @@ absl::Status JobManager::LoadJob(const std::string& job_id, const std::string& i
   absl::flat_hash_map<std::string, int64_t> first_line_of;
   std::vector<BatchJobStore::Result> errors;
   std::vector<std::pair<std::string, QueuedRequest>> ready;
+  int64_t ready_lines = 0;
   int64_t n = 0;
   for (absl::string_view text : absl::StrSplit(input, '\n')) {
     ++n;
@@ -184,6 +189,7 @@ absl::Status JobManager::LoadJob(const std::string& job_id, const std::string& i
     QueuedRequest q;
     q.job_id = job_id;
     q.line_number = n;
+    q.line_request_id = request_id;
     const int64_t max_tokens =
         line->sampling.max_tokens() > 0
             ? line->sampling.max_tokens()
@@ -191,11 +197,23 @@ absl::Status JobManager::LoadJob(const std::string& job_id, const std::string& i
     q.cost = static_cast<int64_t>(prompt->size()) + max_tokens;
     q.line = std::move(*line);
     q.prompt = std::move(*prompt);
-    ready.emplace_back(request_id, std::move(q));
+    ++ready_lines;
+    if (q.line.n == 1) {
+      ready.emplace_back(request_id, std::move(q));
+      continue;
+    }
+    // n choices: one request each ("<job>:<line>/<choice>"), with its own seed; the line's
+    // result is written once all of them are in (OnResults).
+    for (int32_t c = 0; c < q.line.n; ++c) {
+      QueuedRequest choice = q;
+      choice.choice = c;
+      choice.line.sampling.set_seed(ChoiceSeed(q.line.sampling.seed(), c));
+      ready.emplace_back(absl::StrCat(request_id, "/", c), std::move(choice));
+    }
   }
   absl::MutexLock lock(&mu_);
   JobRuntime& job = jobs_[job_id];
-  job.remaining = static_cast<int64_t>(ready.size()) + static_cast<int64_t>(errors.size());
+  job.remaining = ready_lines + static_cast<int64_t>(errors.size());
   for (auto& [id, q] : ready) {
     job.max_tokens_left += q.cost - static_cast<int64_t>(q.prompt.size());
     queue_.push_back(id);
@@ -223,17 +241,7 @@ void JobManager::FinishRequestsLocked(std::vector<BatchJobStore::Result> results
     LOG(ERROR) << "cannot store " << results.size() << " result(s): " << recorded.status();
     return;
   }
-  for (const std::string& id : request_ids) {
-    inflight_.erase(id);
-    auto request = requests_.find(id);
-    if (request == requests_.end()) continue;
-    auto job = jobs_.find(request->second.job_id);
-    if (job != jobs_.end()) {
-      job->second.max_tokens_left -=
-          request->second.cost - static_cast<int64_t>(request->second.prompt.size());
-    }
-    requests_.erase(request);
-  }
+  for (const std::string& id : request_ids) DropRequestLocked(id);
   absl::flat_hash_set<std::string> touched;
   for (size_t i = 0; i < results.size(); ++i) {
     if (!(*recorded)[i]) continue;
@@ -325,6 +333,12 @@ absl::StatusOr<Job> JobManager::Cancel(const std::string& job_id) {
       }
       requests_.erase(id);
     }
+    for (auto c = choice_results_.begin(); c != choice_results_.end();) {
+      // Keys are "<job id>:<line>".
+      auto next = std::next(c);
+      if (absl::StartsWith(c->first, absl::StrCat(job_id, ":"))) choice_results_.erase(c);
+      c = next;
+    }
     jobs_.erase(it);
     if (absl::Status s = store_->SetJobState(job_id, Job::CANCELLED, "", NowMs()); !s.ok()) {
       return s;
@@ -346,27 +360,76 @@ absl::Status JobManager::OnResults(const std::vector<RequestResult>& results) {
   std::vector<BatchJobStore::Result> records;
   std::vector<std::string> ids;
   const int64_t now_s = absl::ToUnixSeconds(clock_->Now());
+  auto context_for = [&](const std::string& request_id) {
+    OutputContext context;
+    context.request_id = request_id;
+    context.model = config_.model_name;
+    context.created_unix_s = now_s;
+    context.token_text = [this](int32_t id) { return prompts_->TokenText(id); };
+    return context;
+  };
   for (const RequestResult& r : results) {
     auto it = requests_.find(r.request_id());
     if (it == requests_.end()) continue;  // finished already, or its job was cancelled
     const QueuedRequest& q = it->second;
-    std::string line;
-    bool failed = !r.error_code().empty();
-    if (failed) {
-      line = FormatErrorLine(q.line.custom_id, r.request_id(), r.error_code(), r.error_message());
-    } else {
-      OutputContext context;
-      context.request_id = r.request_id();
-      context.model = config_.model_name;
-      context.created_unix_s = now_s;
-      context.token_text = [this](int32_t id) { return prompts_->TokenText(id); };
-      line = FormatResultLine(q.line, r, context);
+    const bool failed = !r.error_code().empty();
+    if (q.line.n == 1) {
+      std::string line = failed ? FormatErrorLine(q.line.custom_id, r.request_id(), r.error_code(),
+                                                  r.error_message())
+                                : FormatResultLine(q.line, r, context_for(r.request_id()));
+      records.push_back({q.job_id, q.line_number, std::move(line), failed, r.token_ids_size()});
+      ids.push_back(r.request_id());
+      continue;
     }
-    records.push_back({q.job_id, q.line_number, std::move(line), failed, r.token_ids_size()});
+    // One choice of several: kept until every choice is in; a failed choice fails the line
+    // (the other choices' requests are dropped, and their results ignored).
+    ChoiceResults& line_results = choice_results_[q.line_request_id];
+    line_results.results.resize(q.line.n);
+    line_results.results[q.choice] = r;
+    int32_t in = 0;
+    for (const auto& c : line_results.results) in += c.has_value();
+    if (!failed && in < q.line.n) {
+      DropRequestLocked(r.request_id());
+      continue;
+    }
+    std::string line;
+    int64_t tokens = 0;
+    if (failed) {
+      line = FormatErrorLine(q.line.custom_id, q.line_request_id, r.error_code(),
+                             absl::StrCat("choice ", q.choice, ": ", r.error_message()));
+    } else {
+      std::vector<const RequestResult*> choices;
+      for (const auto& c : line_results.results) {
+        choices.push_back(&*c);
+        tokens += c->token_ids_size();
+      }
+      line = FormatResultLine(q.line, choices, context_for(q.line_request_id));
+    }
+    records.push_back({q.job_id, q.line_number, std::move(line), failed, tokens});
+    const std::string line_request_id = q.line_request_id;
+    const int32_t n = q.line.n;
     ids.push_back(r.request_id());
+    choice_results_.erase(line_request_id);
+    // The other choices now, so that a result of theirs later in `results` is ignored.
+    for (int32_t c = 0; c < n; ++c) {
+      const std::string id = absl::StrCat(line_request_id, "/", c);
+      if (id != r.request_id()) DropRequestLocked(id);
+    }
   }
   if (!records.empty()) FinishRequestsLocked(std::move(records), ids);
   return absl::OkStatus();
+}
+
+void JobManager::DropRequestLocked(const std::string& id) {
+  inflight_.erase(id);
+  auto request = requests_.find(id);
+  if (request == requests_.end()) return;
+  auto job = jobs_.find(request->second.job_id);
+  if (job != jobs_.end()) {
+    job->second.max_tokens_left -=
+        request->second.cost - static_cast<int64_t>(request->second.prompt.size());
+  }
+  requests_.erase(request);
 }
 
 void JobManager::OnProgress(const std::string& worker_id, uint64_t generation,

@@ -24,6 +24,7 @@
 #include <deque>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -139,6 +140,14 @@ class JobManager {
     BatchLine line;
     std::vector<int32_t> prompt;
     int64_t cost = 0;  // tokens it may occupy: prompt + max_tokens (or the context limit)
+    // The line's request id ("<job id>:<line>"); a line with n > 1 runs one request per
+    // choice, "<line request id>/<choice>".
+    std::string line_request_id;
+    int32_t choice = 0;
+  };
+  // The choices of a line with n > 1 that finished, until all are in.
+  struct ChoiceResults {
+    std::vector<std::optional<RequestResult>> results;
   };
   struct Assignment {
     std::string worker_id;
@@ -182,6 +191,9 @@ class JobManager {
   void FinishRequestsLocked(std::vector<BatchJobStore::Result> results,
                             const std::vector<std::string>& request_ids)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Forgets a request (queued, running or finished as one choice of several) and the
+  // max_tokens it held.
+  void DropRequestLocked(const std::string& id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void BumpLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void SetGroupErrorLocked(std::string error) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Adds what only the scheduler knows to an unfinished job read from the store: running
@@ -202,6 +214,8 @@ class JobManager {
   absl::flat_hash_map<std::string, QueuedRequest> requests_ ABSL_GUARDED_BY(mu_);
   std::deque<std::string> queue_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<std::string, Assignment> inflight_ ABSL_GUARDED_BY(mu_);
+  // By line request id.
+  absl::flat_hash_map<std::string, ChoiceResults> choice_results_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<std::string, JobRuntime> jobs_ ABSL_GUARDED_BY(mu_);
   Group group_ ABSL_GUARDED_BY(mu_);
   uint64_t next_generation_ ABSL_GUARDED_BY(mu_) = 1;

@@ -522,6 +522,74 @@ TEST_F(JobManagerTest, CancelStopsTheJob) {
   EXPECT_EQ(Output(*id).size(), 1u);
 }
 
+TEST_F(JobManagerTest, SeveralChoicesRunAsOneRequestEachAndMakeOneLine) {
+  AddWorker("w1", 1, 1);
+  ServeWhenConfigured({{"w1", 1}}, 1);
+  // One line (a job's lines are split at newlines).
+  const std::string three =
+      R"({"custom_id": "a", "url": "/v1/completions", "body": {"prompt": [1, 2], "n": 3, )"
+      R"("seed": 9, "max_tokens": 4, "return_token_ids": true}})";
+  auto id = manager_->Submit("", absl::StrJoin({three, Line("b", "[5]")}, "\n"));
+  ASSERT_TRUE(id.ok()) << id.status();
+  EXPECT_EQ(GetJob(*id).total_requests(), 2);  // lines, not choices
+  auto items = workers_.Take(4);
+  ASSERT_EQ(items.size(), 4u);
+  std::map<std::string, WorkItem> by_id;
+  for (const auto& [address, item] : items) by_id[item.request_id()] = item;
+  const std::string line1 = absl::StrCat(*id, ":1");
+  ASSERT_EQ(by_id.count(line1 + "/0") + by_id.count(line1 + "/1") + by_id.count(line1 + "/2"), 3u);
+  EXPECT_EQ(by_id[line1 + "/0"].params().seed(), 9u);
+  EXPECT_EQ(by_id[line1 + "/1"].params().seed(), ChoiceSeed(9, 1));
+  EXPECT_EQ(by_id[line1 + "/2"].params().seed(), ChoiceSeed(9, 2));
+  auto choice_result = [&](int c) {
+    RequestResult r = ResultFor(by_id[absl::StrCat(line1, "/", c)]);
+    r.add_token_ids(10 + c);  // tells the choices apart
+    return r;
+  };
+  // Two of three choices in: no line yet.
+  ASSERT_TRUE(manager_->OnResults({choice_result(2), choice_result(0)}).ok());
+  ASSERT_TRUE(manager_->OnResults({ResultFor(by_id[absl::StrCat(*id, ":2")])}).ok());
+  EXPECT_EQ(Output(*id).size(), 1u);
+  EXPECT_EQ(GetJob(*id).state(), Job::RUNNING);
+  ASSERT_TRUE(manager_->OnResults({choice_result(1)}).ok());
+  ASSERT_TRUE(manager_->OnResults({choice_result(1)}).ok());  // a resend changes nothing
+  EXPECT_EQ(GetJob(*id).state(), Job::COMPLETED);
+  std::vector<json> out = Output(*id);
+  ASSERT_EQ(out.size(), 2u);
+  const json& a = out[0]["custom_id"] == "a" ? out[0] : out[1];
+  const json& body = a["response"]["body"];
+  ASSERT_EQ(body["choices"].size(), 3u);
+  for (int c = 0; c < 3; ++c) {
+    EXPECT_EQ(body["choices"][c]["index"], c);
+    EXPECT_EQ(body["choices"][c]["token_ids"], json({2, 1, 10 + c}));
+  }
+  EXPECT_EQ(body["usage"]["completion_tokens"], 9);
+  EXPECT_EQ(a["response"]["request_id"], line1);
+}
+
+TEST_F(JobManagerTest, AFailedChoiceFailsItsLine) {
+  AddWorker("w1", 1, 1);
+  ServeWhenConfigured({{"w1", 1}}, 1);
+  auto id = manager_->Submit(
+      "", R"({"custom_id": "a", "url": "/v1/completions", "body": {"prompt": [1], "n": 2}})");
+  ASSERT_TRUE(id.ok()) << id.status();
+  auto items = workers_.Take(2);
+  ASSERT_EQ(items.size(), 2u);
+  RequestResult failed;
+  failed.set_request_id(absl::StrCat(*id, ":1/1"));
+  failed.set_error_code("INVALID_ARGUMENT");
+  failed.set_error_message("bad");
+  ASSERT_TRUE(manager_->OnResults({failed}).ok());
+  EXPECT_EQ(GetJob(*id).state(), Job::COMPLETED);
+  for (const auto& [address, item] : items) {
+    ASSERT_TRUE(manager_->OnResults({ResultFor(item)}).ok());  // too late: ignored
+  }
+  std::vector<json> out = Output(*id);
+  ASSERT_EQ(out.size(), 1u);
+  EXPECT_EQ(out[0]["error"]["message"], "choice 1: bad");
+  EXPECT_EQ(GetJob(*id).failed_requests(), 1);
+}
+
 TEST_F(JobManagerTest, ResumesAfterRestartWithoutDuplicates) {
   AddWorker("w1", 1, 1);
   ServeWhenConfigured({{"w1", 1}}, 1);

@@ -20,6 +20,7 @@
 #include "worker/backend/backend_kind.h"
 #include "worker/device_discovery.h"
 #include "worker/kv_cache/kv_block_pool.h"
+#include "worker/model/attention/prefill_attention.h"
 #include "worker/worker_server.h"
 
 int main(int argc, char** argv) {
@@ -45,6 +46,7 @@ int main(int argc, char** argv) {
   int64_t max_running = 256;
   int64_t collective_timeout_s = 300;
   bool pdl = true;
+  std::string prefill_attention = "auto";
 
   deepinfer::FlagSet flags(
       "deepinfer-worker --coordinator HOST:PORT [flags]",
@@ -113,6 +115,14 @@ int main(int argc, char** argv) {
   flags.AddInt("max-batch-tokens", &max_batch_tokens,
                "New tokens per engine step (decode + prefill chunks).");
   flags.AddInt("max-running", &max_running, "Sequences per engine step.");
+  flags.AddBool("prefix-caching", &config.engine.prefix_caching,
+                "Reuse the KV cache blocks of prompt prefixes computed before (full blocks of\n"
+                "16 tokens; docs/kv-cache.md); --no-prefix-caching computes every prompt whole.");
+  flags.AddString("prefill-attention", &prefill_attention,
+                  "auto, absorbed or mha: the MLA form of prefill steps (auto: mha where every\n"
+                  "sequence of the step brings >= 64 new tokens and the backend has it). The\n"
+                  "forms round differently; absorbed makes every result independent of how\n"
+                  "requests are batched, chunked or served from the prefix cache.");
   flags.AddBool("expert-parallel", &config.engine.expert_parallel,
                 "Split the routed experts over the ranks of a multi-rank group (each rank\n"
                 "loads E / world_size of them; tokens travel by all-to-all). false: every\n"
@@ -205,6 +215,13 @@ int main(int argc, char** argv) {
     std::cerr << "deepinfer-worker: --kv-cache-dtype: " << d.status().message() << "\n";
     return 2;
   }
+  absl::StatusOr<deepinfer::PrefillAttention> prefill =
+      deepinfer::ParsePrefillAttention(prefill_attention);
+  if (!prefill.ok()) {
+    std::cerr << "deepinfer-worker: --prefill-attention: " << prefill.status().message() << "\n";
+    return 2;
+  }
+  config.engine.prefill_attention = *prefill;
   if (ranks == 0) {
     // One rank per GPU on CUDA; the CPU backend runs one by default.
     ranks = backend == "cuda" ? cuda_devices : 1;

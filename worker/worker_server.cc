@@ -190,6 +190,8 @@ absl::StatusOr<std::unique_ptr<WorkerServer>> WorkerServer::Start(WorkerConfig c
     options.group.max_batch_tokens = e.max_batch_tokens;
     options.group.max_running = e.max_running;
     options.group.step_stats_dir = e.step_stats_dir;
+    options.group.prefix_caching = e.prefix_caching;
+    options.group.prefill_attention = e.prefill_attention;
     options.group.collective_timeout = e.collective_timeout;
     options.group.listen_host = wildcard ? "0.0.0.0" : config.host;
     options.group.dispatcher = e.expert_parallel ? EpDispatcherFactory() : LocalDispatcherFactory();

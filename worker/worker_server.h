@@ -57,6 +57,10 @@ struct WorkerEngineConfig {
   comm::DataPlaneChoice communicator = comm::DataPlaneChoice::kAuto;
   // RankGroupOptions::step_stats_dir.
   std::string step_stats_dir;
+  // Prefix caching (RankGroupOptions::prefix_caching).
+  bool prefix_caching = true;
+  // The MLA prefill form (RankGroupOptions::prefill_attention).
+  PrefillAttention prefill_attention = PrefillAttention::kAuto;
 };
 
 struct WorkerConfig {

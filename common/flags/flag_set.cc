@@ -113,7 +113,8 @@ absl::Status FlagSet::Parse(const std::vector<std::string>& args) {
     }
     Flag* flag = Find(name);
     if (flag == nullptr && !has_value && name.rfind("no", 0) == 0) {
-      Flag* negated = Find(name.substr(2));
+      // --noNAME and --no-NAME.
+      Flag* negated = Find(name.substr(name.rfind("no-", 0) == 0 ? 3 : 2));
       if (negated != nullptr && std::holds_alternative<bool*>(negated->value)) {
         *std::get<bool*>(negated->value) = false;
         negated->seen = true;

@@ -2,7 +2,7 @@
 //
 // Flags are declared in a binary's main.cc and bound to fields of its config struct;
 // the field's value before parsing is the default shown in --help. Accepted forms:
-// --name=value, --name value, and for booleans --name, --name=true|false, --noname.
+// --name=value, --name value, and for booleans --name, --name=true|false, --noname, --no-name.
 // Anything not starting with "--" is a positional argument. Why not absl flags:
 // subcommands need their own flag namespaces and their own --help.
 #ifndef DEEPINFER_COMMON_FLAGS_FLAG_SET_H_

@@ -49,6 +49,16 @@ TEST_F(FlagSetTest, ParsesAllForms) {
   EXPECT_THAT(flags_.positional(), ::testing::ElementsAre("pos1", "--not-a-flag"));
 }
 
+TEST_F(FlagSetTest, NoDashNegatesABool) {
+  opts_.verbose = true;
+  ASSERT_TRUE(flags_.Parse({"--no-color", "--no_verbose"}).ok());
+  EXPECT_FALSE(opts_.color);
+  EXPECT_FALSE(opts_.verbose);
+  // Only booleans, and only without a value.
+  EXPECT_FALSE(flags_.Parse({"--no-port"}).ok());
+  EXPECT_FALSE(flags_.Parse({"--no-color=true"}).ok());
+}
+
 TEST_F(FlagSetTest, BoolWithExplicitValueAndSnakeCase) {
   ASSERT_TRUE(flags_.Parse({"--verbose=false", "--color=0"}).ok());
   EXPECT_FALSE(opts_.verbose);

@@ -1,6 +1,7 @@
 #include "coordinator/batch/batch_line.h"
 
 #include <limits>
+#include <string>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -13,6 +14,8 @@ using json = nlohmann::ordered_json;
 
 // Largest N for logprobs / top_logprobs (vLLM's default max_logprobs).
 constexpr int kMaxLogprobs = 20;
+// Most choices per request (OpenAI's limit for n).
+constexpr int kMaxChoices = 128;
 // OpenAI's default for /v1/completions; chat has no default (0: until EOS or limit).
 constexpr int kCompletionsDefaultMaxTokens = 16;
 
@@ -48,6 +51,11 @@ constexpr AcceptedField kAcceptedFields[] = {
     {"top_logprobs", kOnChat},
     {"return_token_ids", kOnBoth},
     {"n", kOnBoth},
+    {"logit_bias", kOnBoth},
+    {"presence_penalty", kOnBoth},
+    {"frequency_penalty", kOnBoth},
+    {"repetition_penalty", kOnBoth},
+    {"min_tokens", kOnBoth},
     {"stream", kOnBoth},
     {"user", kOnBoth},
 };
@@ -57,7 +65,7 @@ constexpr AcceptedField kAcceptedFields[] = {
 // nothing, accepted like null so that requests spelling out defaults still run.
 struct RefusedField {
   const char* name;
-  bool planned;  // structured output and the further sampling controls: "not supported yet"
+  bool planned;  // structured output, min_p, echo, best_of: "not supported yet"
   const char* neutral;
 };
 constexpr RefusedField kRefusedFields[] = {
@@ -70,11 +78,6 @@ constexpr RefusedField kRefusedFields[] = {
     {"guided_whitespace_pattern", true, nullptr},
     {"structural_tag", true, nullptr},
     {"structured_outputs", true, nullptr},
-    {"logit_bias", true, "{}"},
-    {"presence_penalty", true, "0"},
-    {"frequency_penalty", true, "0"},
-    {"repetition_penalty", true, "1"},
-    {"min_tokens", true, "0"},
     {"min_p", true, "0"},
     {"echo", true, "false"},
     {"best_of", true, "1"},
@@ -449,15 +452,73 @@ absl::Status ParseMaxTokens(const json& body, const LineParser& p, BatchEndpoint
   return absl::OkStatus();
 }
 
-absl::Status ParseSampling(const json& body, const LineParser& p, BatchEndpoint endpoint,
-                           GenerationParams* s) {
-  std::optional<int64_t> n;
-  if (absl::Status st = p.OptionalInt(body, "n", 1, 1, &n); !st.ok()) {
-    return p.Error(
-        absl::StrCat("body.n: only n = 1 is supported (one completion per request "
-                     "line), got ",
-                     DescribeJson(*body.find("n"))));
+// "logit_bias": {"<token id>": bias, ...}, biases in [-100, 100] (OpenAI). Whether the ids are
+// in the vocabulary is PromptBuilder's check (it knows the model).
+absl::Status ParseLogitBias(const json& body, const LineParser& p, GenerationParams* s) {
+  auto it = body.find("logit_bias");
+  if (it == body.end() || it->is_null()) return absl::OkStatus();
+  if (!it->is_object()) {
+    return p.Error(absl::StrCat(
+        "body.logit_bias must be an object mapping token ids to biases, got ", DescribeJson(*it)));
   }
+  for (auto e = it->begin(); e != it->end(); ++e) {
+    const std::string& key = e.key();
+    int64_t id = -1;
+    bool digits = !key.empty() && key.size() <= 10;
+    for (char c : key) digits = digits && c >= '0' && c <= '9';
+    if (digits) id = std::stoll(key);
+    if (!digits || id > std::numeric_limits<int32_t>::max()) {
+      return p.Error(absl::StrCat("body.logit_bias: key ", QuoteForMessage(key),
+                                  " is not a token id (a non-negative integer)"));
+    }
+    if (!e->is_number() || e->get<double>() < -100 || e->get<double>() > 100) {
+      return p.Error(absl::StrCat("body.logit_bias[", QuoteForMessage(key),
+                                  "] must be a number in [-100, 100], got ", DescribeJson(*e)));
+    }
+    (*s->mutable_logit_bias())[static_cast<int32_t>(id)] = e->get<float>();
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ParsePenalties(const json& body, const LineParser& p, GenerationParams* s) {
+  std::optional<double> presence, frequency, repetition;
+  if (absl::Status st = p.OptionalNumber(body, "presence_penalty", -2, 2, false, &presence);
+      !st.ok()) {
+    return st;
+  }
+  if (absl::Status st = p.OptionalNumber(body, "frequency_penalty", -2, 2, false, &frequency);
+      !st.ok()) {
+    return st;
+  }
+  // vLLM takes any repetition_penalty > 0; the bound keeps the arithmetic finite.
+  if (absl::Status st = p.OptionalNumber(body, "repetition_penalty", 0, 1e6, true, &repetition);
+      !st.ok()) {
+    return st;
+  }
+  s->set_presence_penalty(static_cast<float>(presence.value_or(0)));
+  s->set_frequency_penalty(static_cast<float>(frequency.value_or(0)));
+  s->set_repetition_penalty(static_cast<float>(repetition.value_or(1)));
+  std::optional<int64_t> min_tokens;
+  if (absl::Status st =
+          p.OptionalInt(body, "min_tokens", 0, std::numeric_limits<int32_t>::max(), &min_tokens);
+      !st.ok()) {
+    return st;
+  }
+  if (min_tokens && s->max_tokens() > 0 && *min_tokens > s->max_tokens()) {
+    return p.Error(absl::StrCat("body.min_tokens (", *min_tokens,
+                                ") must not exceed the maximum number of tokens (", s->max_tokens(),
+                                ")"));
+  }
+  s->set_min_tokens(static_cast<int32_t>(min_tokens.value_or(0)));
+  return absl::OkStatus();
+}
+
+absl::Status ParseSampling(const json& body, const LineParser& p, BatchEndpoint endpoint,
+                           BatchLine* out) {
+  GenerationParams* s = &out->sampling;
+  std::optional<int64_t> n;
+  if (absl::Status st = p.OptionalInt(body, "n", 1, kMaxChoices, &n); !st.ok()) return st;
+  out->n = static_cast<int32_t>(n.value_or(1));
   bool stream = false;
   if (absl::Status st = p.OptionalBool(body, "stream", &stream); !st.ok()) return st;
   if (stream) return p.Error("body.stream: streaming is not available in batch jobs");
@@ -504,6 +565,8 @@ absl::Status ParseSampling(const json& body, const LineParser& p, BatchEndpoint 
   }
   s->set_ignore_eos(ignore_eos);
   s->set_return_token_ids(return_token_ids);
+  if (absl::Status st = ParseLogitBias(body, p, s); !st.ok()) return st;
+  if (absl::Status st = ParsePenalties(body, p, s); !st.ok()) return st;
 
   s->set_logprobs(-1);
   if (endpoint == BatchEndpoint::kCompletions) {
@@ -528,6 +591,14 @@ absl::Status ParseSampling(const json& body, const LineParser& p, BatchEndpoint 
 }
 
 }  // namespace
+
+uint64_t ChoiceSeed(uint64_t seed, int32_t index) {
+  if (index == 0) return seed;
+  uint64_t z = seed + static_cast<uint64_t>(index) * 0x9E3779B97F4A7C15ull;
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+  return z ^ (z >> 31);
+}
 
 absl::StatusOr<BatchLine> ParseBatchLine(absl::string_view line, int64_t line_number,
                                          std::string* custom_id_on_error) {
@@ -577,7 +648,7 @@ absl::StatusOr<BatchLine> ParseBatchLine(absl::string_view line, int64_t line_nu
                                    ? ParsePrompt(*body, p, &out)
                                    : ParseMessages(*body, p, &out);
   if (!prompt_status.ok()) return prompt_status;
-  if (absl::Status st = ParseSampling(*body, p, out.endpoint, &out.sampling); !st.ok()) return st;
+  if (absl::Status st = ParseSampling(*body, p, out.endpoint, &out); !st.ok()) return st;
   return out;
 }
 

@@ -36,6 +36,9 @@ struct BatchLine {
   // Chat only: "tools" passed to the chat template, if present.
   std::optional<nlohmann::ordered_json> tools;
   GenerationParams sampling;
+  // Choices to generate (OpenAI's n, in [1, 128]); choice i > 0 samples with
+  // ChoiceSeed(sampling.seed(), i).
+  int32_t n = 1;
   // The body's "model" field, echoed in the response ("" if absent).
   std::string model;
 };
@@ -44,6 +47,10 @@ struct BatchLine {
 // INVALID_ARGUMENT whose message starts "line N: " and names the field; if the line
 // had a readable custom_id it is stored in `*custom_id_on_error` (may be null) so
 // the error line can carry it.
+// The seed of choice `index` of a request whose seed is `seed`: the seed itself for choice 0 (so
+// n = 1 samples as it always did), SplitMix64(seed + index * 0x9E3779B97F4A7C15) for the others.
+uint64_t ChoiceSeed(uint64_t seed, int32_t index);
+
 absl::StatusOr<BatchLine> ParseBatchLine(absl::string_view line, int64_t line_number,
                                          std::string* custom_id_on_error = nullptr);
 

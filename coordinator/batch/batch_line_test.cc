@@ -120,7 +120,10 @@ TEST(BatchLineTest, ErrorsNameLineAndField) {
   EXPECT_THAT(ErrorOf(Completion(R"("prompt": "x", "top_p": 0)")), HasSubstr("body.top_p"));
   EXPECT_THAT(ErrorOf(Completion(R"("prompt": "x", "logprobs": 21)")),
               HasSubstr("body.logprobs must be in [0, 20]"));
-  EXPECT_THAT(ErrorOf(Completion(R"("prompt": "x", "n": 2)")), HasSubstr("only n = 1"));
+  EXPECT_EQ(ErrorOf(Completion(R"("prompt": "x", "n": 0)")),
+            "line 7: body.n must be in [1, 128], got 0");
+  EXPECT_EQ(ErrorOf(Completion(R"("prompt": "x", "n": 129)")),
+            "line 7: body.n must be in [1, 128], got 129");
   EXPECT_THAT(ErrorOf(Completion(R"("prompt": "x", "stream": true)")), HasSubstr("stream"));
   EXPECT_THAT(ErrorOf(Completion(R"("prompt": "x", "stop": [""])")), HasSubstr("empty string"));
   EXPECT_THAT(ErrorOf(Chat(R"("messages": [])")), HasSubstr("non-empty list"));
@@ -145,11 +148,6 @@ TEST(BatchLineTest, FieldsThatAreNotServedAreRefusedByName) {
       {"guided_regex", R"("[a-z]+")"},
       {"guided_grammar", R"("root ::= \"a\"")"},
       {"structured_outputs", R"({"choice": ["a", "b"]})"},
-      {"logit_bias", R"({"500": 100})"},
-      {"presence_penalty", "0.5"},
-      {"frequency_penalty", "-1"},
-      {"repetition_penalty", "1.2"},
-      {"min_tokens", "5"},
       {"echo", "true"},
       {"best_of", "2"},
   };
@@ -162,8 +160,8 @@ TEST(BatchLineTest, FieldsThatAreNotServedAreRefusedByName) {
                 StartsWith(absl::StrCat("line 7: field '", field, "' is not supported yet")))
         << field << " " << value;
   }
-  EXPECT_EQ(ErrorOf(Completion(R"("prompt": "x", "presence_penalty": 0.5)")),
-            "line 7: field 'presence_penalty' is not supported yet; leave it out or set it to 0");
+  EXPECT_EQ(ErrorOf(Completion(R"("prompt": "x", "min_p": 0.5)")),
+            "line 7: field 'min_p' is not supported yet; leave it out or set it to 0");
   EXPECT_EQ(ErrorOf(Completion(R"("prompt": "x", "audio": {"voice": "x"})")),
             "line 7: field 'audio' is not supported");
   EXPECT_EQ(ErrorOf(Completion(R"("prompt": "x", "made_up_field": 1)")),
@@ -303,6 +301,86 @@ TEST(BatchLineTest, DemoRequestsStillParse) {
   EXPECT_EQ(n, 5);
   // The demo's last line is bad on purpose.
   EXPECT_THAT(errors, ElementsAre("line 5: body.max_tokens must be in [1, 2147483647], got -1"));
+}
+
+TEST(BatchLineTest, SamplingControlsAreRead) {
+  auto line = ParseBatchLine(
+      Completion(R"("prompt": "x", "max_tokens": 8, "logit_bias": {"500": 100, "7": -2.5},
+                   "presence_penalty": 0.5, "frequency_penalty": -1, "repetition_penalty": 1.2,
+                   "min_tokens": 5, "n": 3, "stop_token_ids": [9], "ignore_eos": true)"),
+      1);
+  ASSERT_TRUE(line.ok()) << line.status();
+  const GenerationParams& s = line->sampling;
+  ASSERT_EQ(s.logit_bias_size(), 2);
+  EXPECT_EQ(s.logit_bias().at(500), 100.0f);
+  EXPECT_EQ(s.logit_bias().at(7), -2.5f);
+  EXPECT_EQ(s.presence_penalty(), 0.5f);
+  EXPECT_EQ(s.frequency_penalty(), -1.0f);
+  EXPECT_EQ(s.repetition_penalty(), 1.2f);
+  EXPECT_EQ(s.min_tokens(), 5);
+  EXPECT_EQ(line->n, 3);
+  EXPECT_THAT(s.stop_token_ids(), ElementsAre(9));
+  EXPECT_TRUE(s.ignore_eos());
+  // Left out: no bias, no penalties (repetition 1), one choice.
+  auto plain = ParseBatchLine(Chat(R"("messages": [{"role": "user", "content": "x"}])"), 1);
+  ASSERT_TRUE(plain.ok()) << plain.status();
+  EXPECT_EQ(plain->sampling.logit_bias_size(), 0);
+  EXPECT_EQ(plain->sampling.presence_penalty(), 0.0f);
+  EXPECT_EQ(plain->sampling.frequency_penalty(), 0.0f);
+  EXPECT_EQ(plain->sampling.repetition_penalty(), 1.0f);
+  EXPECT_EQ(plain->sampling.min_tokens(), 0);
+  EXPECT_EQ(plain->n, 1);
+  // The same fields on chat.
+  auto chat = ParseBatchLine(Chat(R"("messages": [{"role": "user", "content": "x"}],
+                                     "logit_bias": {"1": 1}, "min_tokens": 100, "n": 2)"),
+                             1);
+  ASSERT_TRUE(chat.ok()) << chat.status();
+  EXPECT_EQ(chat->sampling.min_tokens(), 100);  // chat has no max_tokens default
+  EXPECT_EQ(chat->n, 2);
+}
+
+TEST(BatchLineTest, BadSamplingControlsNameTheField) {
+  EXPECT_EQ(ErrorOf(Completion(R"("prompt": "x", "logit_bias": [1])")),
+            "line 7: body.logit_bias must be an object mapping token ids to biases, got a list of "
+            "1 items");
+  EXPECT_EQ(ErrorOf(Completion(R"("prompt": "x", "logit_bias": {"abc": 1})")),
+            "line 7: body.logit_bias: key 'abc' is not a token id (a non-negative integer)");
+  EXPECT_EQ(ErrorOf(Completion(R"("prompt": "x", "logit_bias": {"-3": 1})")),
+            "line 7: body.logit_bias: key '-3' is not a token id (a non-negative integer)");
+  EXPECT_EQ(ErrorOf(Completion(R"("prompt": "x", "logit_bias": {"99999999999": 1})")),
+            "line 7: body.logit_bias: key '99999999999' is not a token id (a non-negative "
+            "integer)");
+  EXPECT_EQ(ErrorOf(Completion(R"("prompt": "x", "logit_bias": {"50": 100.5})")),
+            "line 7: body.logit_bias['50'] must be a number in [-100, 100], got 100.5");
+  EXPECT_EQ(ErrorOf(Completion(R"("prompt": "x", "logit_bias": {"50": "1"})")),
+            "line 7: body.logit_bias['50'] must be a number in [-100, 100], got \"1\"");
+  EXPECT_EQ(ErrorOf(Completion(R"("prompt": "x", "presence_penalty": 2.5)")),
+            "line 7: body.presence_penalty must be in [-2, 2], got 2.5");
+  EXPECT_EQ(ErrorOf(Completion(R"("prompt": "x", "frequency_penalty": -3)")),
+            "line 7: body.frequency_penalty must be in [-2, 2], got -3");
+  EXPECT_EQ(ErrorOf(Completion(R"("prompt": "x", "frequency_penalty": true)")),
+            "line 7: body.frequency_penalty must be a number, got true");
+  EXPECT_EQ(ErrorOf(Completion(R"("prompt": "x", "repetition_penalty": 0)")),
+            "line 7: body.repetition_penalty must be in (0, 1e+06], got 0");
+  EXPECT_EQ(ErrorOf(Completion(R"("prompt": "x", "min_tokens": -1)")),
+            "line 7: body.min_tokens must be in [0, 2147483647], got -1");
+  EXPECT_EQ(ErrorOf(Completion(R"("prompt": "x", "min_tokens": 1.5)")),
+            "line 7: body.min_tokens must be an integer, got 1.5");
+  // Completions' default max_tokens is 16.
+  EXPECT_EQ(ErrorOf(Completion(R"("prompt": "x", "min_tokens": 17)")),
+            "line 7: body.min_tokens (17) must not exceed the maximum number of tokens (16)");
+  EXPECT_EQ(ErrorOf(Completion(R"("prompt": "x", "max_tokens": 4, "min_tokens": 5)")),
+            "line 7: body.min_tokens (5) must not exceed the maximum number of tokens (4)");
+  EXPECT_EQ(ErrorOf(Completion(R"("prompt": "x", "n": "2")")),
+            "line 7: body.n must be an integer, got \"2\"");
+}
+
+TEST(BatchLineTest, ChoiceSeeds) {
+  EXPECT_EQ(ChoiceSeed(42, 0), 42u);  // choice 0 samples as n = 1 does
+  // SplitMix64 of seed + i * 0x9E3779B97F4A7C15, its published first output for state 0 being
+  // 0xE220A8397B1DCDAF: seed 0, choice 1.
+  EXPECT_EQ(ChoiceSeed(0, 1), 0xE220A8397B1DCDAFull);
+  EXPECT_NE(ChoiceSeed(42, 1), ChoiceSeed(42, 2));
 }
 
 }  // namespace

@@ -14,12 +14,15 @@ int64_t CodePoints(const std::string& text) {
   return n;
 }
 
-json Usage(const RequestResult& result) {
-  const int64_t completion = result.token_ids_size();
-  return {{"prompt_tokens", result.prompt_tokens()},
+// Completion tokens are those of every choice, as OpenAI counts them.
+json Usage(const std::vector<const RequestResult*>& choices) {
+  int64_t completion = 0;
+  for (const RequestResult* r : choices) completion += r->token_ids_size();
+  const int64_t prompt = choices.front()->prompt_tokens();
+  return {{"prompt_tokens", prompt},
           {"completion_tokens", completion},
-          {"total_tokens", result.prompt_tokens() + completion},
-          {"prompt_tokens_details", {{"cached_tokens", result.cached_prompt_tokens()}}}};
+          {"total_tokens", prompt + completion},
+          {"prompt_tokens_details", {{"cached_tokens", choices.front()->cached_prompt_tokens()}}}};
 }
 
 // Completions: {"tokens", "token_logprobs", "top_logprobs", "text_offset"}.
@@ -63,8 +66,10 @@ json ChatLogprobs(const RequestResult& result, const OutputContext& context) {
       std::string alt = context.token_text ? context.token_text(lp.top_token_ids(i)) : "";
       top.push_back({{"token", alt}, {"logprob", lp.top_logprobs(i)}, {"bytes", Bytes(alt)}});
     }
-    content.push_back(
-        {{"token", text}, {"logprob", lp.logprob()}, {"bytes", Bytes(text)}, {"top_logprobs", top}});
+    content.push_back({{"token", text},
+                       {"logprob", lp.logprob()},
+                       {"bytes", Bytes(text)},
+                       {"top_logprobs", top}});
   }
   return {{"content", content}};
 }
@@ -73,28 +78,39 @@ json ChatLogprobs(const RequestResult& result, const OutputContext& context) {
 
 std::string FormatResultLine(const BatchLine& request, const RequestResult& result,
                              const OutputContext& context) {
+  return FormatResultLine(request, std::vector<const RequestResult*>{&result}, context);
+}
+
+std::string FormatResultLine(const BatchLine& request,
+                             const std::vector<const RequestResult*>& choices,
+                             const OutputContext& context) {
   const bool chat = request.endpoint == BatchEndpoint::kChatCompletions;
   const bool want_logprobs = request.sampling.logprobs() >= 0;
-  json choice = {{"index", 0}};
-  if (chat) {
-    choice["message"] = {{"role", "assistant"}, {"content", result.text()}};
-    choice["logprobs"] = want_logprobs ? ChatLogprobs(result, context) : json(nullptr);
-  } else {
-    choice["text"] = result.text();
-    choice["logprobs"] = want_logprobs ? CompletionLogprobs(result, context) : json(nullptr);
-  }
-  choice["finish_reason"] = result.finish_reason();
-  if (request.sampling.return_token_ids()) {
-    choice["token_ids"] = json(std::vector<int32_t>(result.token_ids().begin(),
-                                                     result.token_ids().end()));
+  json choice_list = json::array();
+  for (size_t i = 0; i < choices.size(); ++i) {
+    const RequestResult& result = *choices[i];
+    json choice = {{"index", i}};
+    if (chat) {
+      choice["message"] = {{"role", "assistant"}, {"content", result.text()}};
+      choice["logprobs"] = want_logprobs ? ChatLogprobs(result, context) : json(nullptr);
+    } else {
+      choice["text"] = result.text();
+      choice["logprobs"] = want_logprobs ? CompletionLogprobs(result, context) : json(nullptr);
+    }
+    choice["finish_reason"] = result.finish_reason();
+    if (request.sampling.return_token_ids()) {
+      choice["token_ids"] =
+          json(std::vector<int32_t>(result.token_ids().begin(), result.token_ids().end()));
+    }
+    choice_list.push_back(std::move(choice));
   }
   json body = {
       {"id", absl::StrCat(chat ? "chatcmpl-" : "cmpl-", context.request_id)},
       {"object", chat ? "chat.completion" : "text_completion"},
       {"created", context.created_unix_s},
       {"model", request.model.empty() ? context.model : request.model},
-      {"choices", json::array({choice})},
-      {"usage", Usage(result)},
+      {"choices", std::move(choice_list)},
+      {"usage", Usage(choices)},
   };
   json line = {
       {"id", absl::StrCat("batch_req_", context.request_id)},

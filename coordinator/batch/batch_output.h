@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <functional>
 #include <string>
+#include <vector>
 
 #include "coordinator/batch/batch_line.h"
 #include "proto/cluster.pb.h"
@@ -30,6 +31,11 @@ struct OutputContext {
 
 // The output line for a request that ran. `result` must not carry an error.
 std::string FormatResultLine(const BatchLine& request, const RequestResult& result,
+                             const OutputContext& context);
+// The same for a request with several choices (n > 1): choices[i] is choice i (`index` i);
+// usage counts the completion tokens of all of them. At least one choice, none with an error.
+std::string FormatResultLine(const BatchLine& request,
+                             const std::vector<const RequestResult*>& choices,
                              const OutputContext& context);
 
 // The output line for a request that failed; `custom_id` may be empty (unreadable line).

@@ -74,7 +74,8 @@ TEST(BatchOutputTest, CachedPromptTokensInUsage) {
   RequestResult r = Result();
   r.set_prompt_tokens(40);
   r.set_cached_prompt_tokens(32);
-  const json usage = json::parse(FormatResultLine(request, r, Context()))["response"]["body"]["usage"];
+  const json usage =
+      json::parse(FormatResultLine(request, r, Context()))["response"]["body"]["usage"];
   EXPECT_EQ(usage["prompt_tokens"], 40);
   EXPECT_EQ(usage["prompt_tokens_details"]["cached_tokens"], 32);
   EXPECT_EQ(usage["total_tokens"], 42);
@@ -131,6 +132,30 @@ TEST(BatchOutputTest, InvalidUtf8TextStillGivesValidJson) {
   r.set_text(std::string("ok\xff", 3));
   std::string line = FormatResultLine(request, r, Context());
   EXPECT_FALSE(json::parse(line, nullptr, false).is_discarded());
+}
+
+TEST(BatchOutputTest, SeveralChoicesCarryTheirIndexAndShareUsage) {
+  BatchLine request = Parse(R"({"custom_id": "q1", "method": "POST", "url": "/v1/chat/completions",
+      "body": {"messages": [{"role": "user", "content": "x"}], "n": 2, "return_token_ids": true}})");
+  RequestResult first = Result();
+  RequestResult second = Result();
+  second.clear_token_ids();
+  second.add_token_ids(7);
+  second.set_text("c");
+  second.set_finish_reason("stop");
+  json line = json::parse(FormatResultLine(request, {&first, &second}, Context()));
+  const json& body = line["response"]["body"];
+  ASSERT_EQ(body["choices"].size(), 2u);
+  EXPECT_EQ(body["choices"][0]["index"], 0);
+  EXPECT_EQ(body["choices"][0]["message"]["content"], "ab");
+  EXPECT_EQ(body["choices"][0]["token_ids"], json({5, 6}));
+  EXPECT_EQ(body["choices"][1]["index"], 1);
+  EXPECT_EQ(body["choices"][1]["message"]["content"], "c");
+  EXPECT_EQ(body["choices"][1]["finish_reason"], "stop");
+  EXPECT_EQ(body["choices"][1]["token_ids"], json({7}));
+  EXPECT_EQ(body["usage"]["prompt_tokens"], 3);
+  EXPECT_EQ(body["usage"]["completion_tokens"], 3);  // 2 + 1
+  EXPECT_EQ(body["usage"]["total_tokens"], 6);
 }
 
 }  // namespace

@@ -142,6 +142,13 @@ absl::StatusOr<std::vector<int32_t>> PromptBuilder::Build(const BatchLine& line)
                                                      limits_.vocab_size, ")"));
     }
   }
+  for (const auto& [id, bias] : line.sampling.logit_bias()) {
+    if (id >= limits_.vocab_size) {
+      return absl::InvalidArgumentError(absl::StrCat("body.logit_bias: key \"", id,
+                                                     "\" is outside the vocabulary (size ",
+                                                     limits_.vocab_size, ")"));
+    }
+  }
   const int64_t prompt_tokens = static_cast<int64_t>(ids.size());
   const int64_t max_tokens = line.sampling.max_tokens();
   if (prompt_tokens >= limits_.max_context) {

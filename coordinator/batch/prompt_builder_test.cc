@@ -158,5 +158,16 @@ TEST(PromptBuilderTest, StopTokenIdsMustBeInTheVocabulary) {
             "body.stop_token_ids: token id 100 is outside the vocabulary (size 100)");
 }
 
+TEST(PromptBuilderTest, LogitBiasKeysMustBeInTheVocabulary) {
+  PromptBuilder builder({100, 50}, nullptr, nullptr);
+  auto ok = builder.Build(Parse(R"({"custom_id": "a", "url": "/v1/completions",
+                                    "body": {"prompt": [1], "logit_bias": {"99": 5}}})"));
+  EXPECT_TRUE(ok.ok()) << ok.status();
+  auto ids = builder.Build(Parse(R"({"custom_id": "a", "url": "/v1/completions",
+                                     "body": {"prompt": [1], "logit_bias": {"5": 1, "100": -1}}})"));
+  EXPECT_EQ(ids.status().message(),
+            "body.logit_bias: key \"100\" is outside the vocabulary (size 100)");
+}
+
 }  // namespace
 }  // namespace deepinfer

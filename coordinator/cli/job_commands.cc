@@ -405,6 +405,7 @@ std::vector<std::string> LocalWorkerArgv(const RunOptions& options, int64_t inde
   argv.push_back(absl::StrCat("--cuda-graphs=", options.cuda_graphs ? "true" : "false"));
   argv.push_back(absl::StrCat("--cuda-graph-max-batch=", options.cuda_graph_max_batch));
   if (!options.kv_cache_dtype.empty()) argv.push_back("--kv-cache-dtype=" + options.kv_cache_dtype);
+  if (!options.prefix_caching) argv.push_back("--no-prefix-caching");
   for (absl::string_view extra : absl::StrSplit(options.worker_args, ' ', absl::SkipEmpty())) {
     argv.emplace_back(extra);
   }

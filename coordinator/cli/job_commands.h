@@ -46,6 +46,8 @@ struct RunOptions {
   int64_t cuda_graph_max_batch = 256;
   // Passed to the workers as --kv-cache-dtype when set (empty: auto, the weights' dtype).
   std::string kv_cache_dtype;
+  // false: the workers get --no-prefix-caching.
+  bool prefix_caching = true;
   int64_t workers = 1;
   int64_t ranks_per_worker = 1;
   // Where the local cluster keeps its database and logs; a fresh temporary
@@ -73,9 +75,9 @@ absl::StatusOr<std::vector<std::string>> GpuSetsPerWorker(const char* visible, i
 // The command line of local worker `index` of `deepinfer run`: `worker_binary` with the
 // coordinator's address, the model, backend, ranks, worker id and token file, every engine
 // option of `options` the worker takes (--dtype when set, --cuda-graphs,
-// --cuda-graph-max-batch, --kv-cache-dtype when set), then options.worker_args split at spaces
-// (so they can override). With a non-empty `gpu_set`, run through env(1) with
-// CUDA_VISIBLE_DEVICES=gpu_set.
+// --cuda-graph-max-batch, --kv-cache-dtype when set, --no-prefix-caching when off), then
+// options.worker_args split at spaces (so they can override). With a non-empty `gpu_set`, run
+// through env(1) with CUDA_VISIBLE_DEVICES=gpu_set.
 std::vector<std::string> LocalWorkerArgv(const RunOptions& options, int64_t index,
                                          const std::string& worker_binary,
                                          const std::string& coordinator_address,

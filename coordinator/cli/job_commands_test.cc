@@ -67,6 +67,7 @@ TEST(LocalWorkerArgvTest, PassesEveryEngineOptionThenTheExtraArgs) {
   o.cuda_graphs = false;
   o.cuda_graph_max_batch = 64;
   o.kv_cache_dtype = "bfloat16";
+  o.prefix_caching = false;
   o.worker_args = " --kv-cache-tokens=4096  --communicator=nccl";
   const std::vector<std::string> argv = LocalWorkerArgv(o, 0, "/bin/w", "a:1", "/t", "2,3");
   EXPECT_THAT(argv,
@@ -74,7 +75,7 @@ TEST(LocalWorkerArgvTest, PassesEveryEngineOptionThenTheExtraArgs) {
                           "--model=/m", "--backend=cuda", "--ranks=2", "--worker-id=worker-0",
                           "--auth-token-file=/t", "--dtype=float32", "--cuda-graphs=false",
                           "--cuda-graph-max-batch=64", "--kv-cache-dtype=bfloat16",
-                          "--kv-cache-tokens=4096", "--communicator=nccl"));
+                          "--no-prefix-caching", "--kv-cache-tokens=4096", "--communicator=nccl"));
 }
 
 // The HF-made fixture: 8 routed experts.

@@ -183,6 +183,10 @@ int Run(const std::vector<std::string>& args) {
   flags.AddString("kv-cache-dtype", &options.kv_cache_dtype,
                   "Latent KV cache elements on the workers: auto (default: the weights'\n"
                   "dtype), bfloat16 or float32.");
+  flags.AddBool("prefix-caching", &options.prefix_caching,
+                "Workers reuse the KV cache of prompt prefixes they computed before (requests\n"
+                "sharing a system prompt skip its prefill; usage.prompt_tokens_details.\n"
+                "cached_tokens says how many tokens); --no-prefix-caching: every prompt whole.");
   flags.AddInt("workers", &options.workers, "Worker processes (as nodes would be).");
   flags.AddInt("ranks-per-worker", &options.ranks_per_worker,
                "Engine ranks per worker (GPUs per node); all ranks form one expert-\n"

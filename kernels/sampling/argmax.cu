@@ -134,9 +134,11 @@ __device__ void ChunkPartialsBody(int64_t vocab, const float* logits, Partial* p
 
 // Pass 2: one warp per row combines the row's chunk partials (lane c takes chunks c, c + 32,
 // ...) and writes the token and, with kSum, its logprob.
+// With `given` (TokenLogprobRowsF32), the logprob is that of given[row] and token is not written.
 template <bool kSum>
 __device__ void CombineBody(int64_t rows, int64_t vocab, int64_t chunks, const float* logits,
-                            const Partial* parts, int32_t* token, float* logprob) {
+                            const Partial* parts, const int32_t* given, int32_t* token,
+                            float* logprob) {
   const int64_t row = static_cast<int64_t>(blockIdx.x) * (blockDim.x / 32) + threadIdx.x / 32;
   if (row >= rows) return;
   const int lane = threadIdx.x & 31;
@@ -144,6 +146,14 @@ __device__ void CombineBody(int64_t rows, int64_t vocab, int64_t chunks, const f
   for (int64_t c = lane; c < chunks; c += 32) Absorb<kSum>(&p, parts[row * chunks + c]);
   p = ShuffleAbsorb<kSum>(p);
   if (lane == 0) {
+    if (given != nullptr) {
+      const int32_t t = given[row];
+      const double log_z = static_cast<double>(p.max) + log(p.sum);
+      logprob[row] = t < 0 || t >= vocab
+                         ? NAN
+                         : static_cast<float>(static_cast<double>(logits[row * vocab + t]) - log_z);
+      return;
+    }
     const int32_t arg = p.arg == kNoIndex ? 0 : p.arg;
     token[row] = arg;
     if (kSum) {
@@ -155,7 +165,7 @@ __device__ void CombineBody(int64_t rows, int64_t vocab, int64_t chunks, const f
 
 template <bool kSum>
 cudaError_t Launch(int64_t rows, int64_t vocab, const float* logits, void* workspace,
-                   int32_t* token, float* logprob, cudaStream_t stream) {
+                   const int32_t* given, int32_t* token, float* logprob, cudaStream_t stream) {
   if (rows <= 0) return cudaSuccess;
   if (vocab <= 0 || vocab > 0x7fffffff) return cudaErrorInvalidValue;
   const int64_t chunks = ChunksPerRow(vocab);
@@ -179,7 +189,8 @@ cudaError_t Launch(int64_t rows, int64_t vocab, const float* logits, void* works
     if (e != cudaSuccess) return e;
     const unsigned blocks = static_cast<unsigned>((n + kRowsPerBlock - 1) / kRowsPerBlock);
     e = LaunchAfterPrecedingGrids<CombineBody<kSum>, kRowsPerBlock * 32>(
-        blocks, 0, stream, n, vocab, chunks, l, pr, token + r0, kSum ? logprob + r0 : nullptr);
+        blocks, 0, stream, n, vocab, chunks, l, pr, given != nullptr ? given + r0 : nullptr,
+        token != nullptr ? token + r0 : nullptr, kSum ? logprob + r0 : nullptr);
     if (e != cudaSuccess) return e;
   }
   return cudaSuccess;
@@ -194,12 +205,17 @@ size_t ArgmaxWorkspaceBytes(int64_t rows, int64_t vocab) {
 
 cudaError_t ArgmaxRowsF32(int64_t rows, int64_t vocab, const float* logits, void* workspace,
                           int32_t* out, cudaStream_t stream) {
-  return Launch<false>(rows, vocab, logits, workspace, out, nullptr, stream);
+  return Launch<false>(rows, vocab, logits, workspace, nullptr, out, nullptr, stream);
 }
 
 cudaError_t GreedySampleRowsF32(int64_t rows, int64_t vocab, const float* logits, void* workspace,
                                 int32_t* token, float* logprob, cudaStream_t stream) {
-  return Launch<true>(rows, vocab, logits, workspace, token, logprob, stream);
+  return Launch<true>(rows, vocab, logits, workspace, nullptr, token, logprob, stream);
+}
+
+cudaError_t TokenLogprobRowsF32(int64_t rows, int64_t vocab, const float* logits, void* workspace,
+                                const int32_t* token, float* logprob, cudaStream_t stream) {
+  return Launch<true>(rows, vocab, logits, workspace, token, nullptr, logprob, stream);
 }
 
 }  // namespace kernels

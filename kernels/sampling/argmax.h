@@ -1,5 +1,5 @@
-// Greedy sampling on the device (fp32 logits): the GPU counterparts of Backend::ArgmaxRows and
-// Backend::GreedySampleRows.
+// Greedy sampling on the device (fp32 logits): the GPU counterparts of Backend::ArgmaxRows,
+// Backend::GreedySampleRows and Backend::TokenLogprobRows.
 //
 // Both split every row into chunks of kArgmaxChunk values, one block per chunk (so one row
 // still spreads over many SMs), writing a per-chunk partial (max, argmax, sum of exp) to a
@@ -35,6 +35,12 @@ cudaError_t ArgmaxRowsF32(int64_t rows, int64_t vocab, const float* logits, void
 // double (Sampler sums exp(l - max) in double: the two agree to ~1e-7 relative).
 cudaError_t GreedySampleRowsF32(int64_t rows, int64_t vocab, const float* logits, void* workspace,
                                 int32_t* token, float* logprob, cudaStream_t stream);
+
+// logprob[r] = logits[r, token[r]] - logsumexp(logits[r, :]) with GreedySampleRowsF32's
+// normaliser, for tokens picked elsewhere (from adjusted logits); a token outside [0, vocab)
+// gets NaN. Same workspace as the two above.
+cudaError_t TokenLogprobRowsF32(int64_t rows, int64_t vocab, const float* logits, void* workspace,
+                                const int32_t* token, float* logprob, cudaStream_t stream);
 
 }  // namespace kernels
 }  // namespace deepinfer

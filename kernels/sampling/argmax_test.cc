@@ -1,4 +1,6 @@
-// ArgmaxRowsF32 against CpuBackend::ArgmaxRows, including planted ties (lowest index wins).
+// ArgmaxRowsF32, GreedySampleRowsF32 and TokenLogprobRowsF32 against the CPU backend's ops,
+// including planted ties (lowest index wins); AdjustLogitsF32 bit for bit against
+// CpuBackend::AdjustLogits.
 #include "kernels/sampling/argmax.h"
 
 #include <cmath>
@@ -7,6 +9,7 @@
 #include <vector>
 
 #include "gtest/gtest.h"
+#include "kernels/sampling/adjust_logits.h"
 #include "kernels/testing/gpu_test_util.h"
 #include "worker/backend/cpu/cpu_backend.h"
 
@@ -120,6 +123,100 @@ TEST(ArgmaxKernelTest, TiesAcrossChunksAndUnalignedRows) {
     if (r == 5) continue;  // log-sum-exp of -inf values: NaN on both sides
     EXPECT_NEAR(got_lp[r], want_lp[r], 1e-5f) << "row " << r;
   }
+}
+
+// The raw logprob of given tokens (any position of the row, one outside the vocabulary).
+TEST(ArgmaxKernelTest, TokenLogprobMatchesCpuBackend) {
+  DEEPINFER_SKIP_WITHOUT_GPU();
+  CpuBackend cpu(2);
+  for (int64_t vocab : {1, 33, 4097, 129280}) {
+    const uint32_t seed = testing::FreshSeed();
+    SCOPED_TRACE(::testing::Message() << "vocab " << vocab << " seed " << seed);
+    const int64_t rows = 7;
+    auto logits = testing::RandomFloats(rows * vocab, seed, 4.0f);
+    std::mt19937 gen(seed + 1);
+    std::vector<int32_t> token(rows);
+    for (int64_t r = 0; r < rows; ++r) token[r] = static_cast<int32_t>(gen() % vocab);
+    token[rows - 1] = static_cast<int32_t>(vocab);  // outside: NaN
+    std::vector<float> want(rows);
+    cpu.TokenLogprobRows(rows, vocab, logits.data(), token.data(), want.data());
+    DeviceArray<float> dl(logits);
+    DeviceArray<int32_t> dtok(token);
+    DeviceArray<float> dlp(rows);
+    DeviceArray<char> ws(kernels::ArgmaxWorkspaceBytes(rows, vocab));
+    dlp.Poison();
+    DEEPINFER_CUDA_OK(kernels::TokenLogprobRowsF32(rows, vocab, dl.get(), ws.get(), dtok.get(),
+                                                   dlp.get(), nullptr));
+    std::vector<float> got;
+    DEEPINFER_CUDA_OK(dlp.Download(&got));
+    for (int64_t r = 0; r + 1 < rows; ++r) EXPECT_NEAR(got[r], want[r], 1e-5f) << "row " << r;
+    EXPECT_TRUE(std::isnan(got[rows - 1]));
+    EXPECT_TRUE(std::isnan(want[rows - 1]));
+  }
+}
+
+TEST(AdjustLogitsKernelTest, BitIdenticalToCpuBackend) {
+  DEEPINFER_SKIP_WITHOUT_GPU();
+  CpuBackend cpu(1);
+  const int64_t rows = 5, vocab = 129280;
+  const uint32_t seed = testing::FreshSeed();
+  SCOPED_TRACE(::testing::Message() << "seed " << seed);
+  auto logits = testing::RandomFloats(rows * vocab, seed, 5.0f);
+  std::mt19937 gen(seed + 1);
+  const float biases[] = {0.0f, 2.5f, -3.0f, 100.0f, -100.0f, -INFINITY, 0.1f};
+  const float repetitions[] = {1.0f, 1.3f, 0.7f, 1.1f};
+  const float subtracts[] = {0.0f, 0.35f, -1.25f, 2.0f};
+  std::vector<LogitAdjustment> entries;
+  for (int32_t r = 0; r < rows; ++r) {
+    for (int32_t t = static_cast<int32_t>(gen() % 97); t < vocab; t += 97 + gen() % 2000) {
+      LogitAdjustment a;
+      a.row = r;
+      a.token = t;
+      a.bias = biases[gen() % 7];
+      a.repetition = repetitions[gen() % 4];
+      a.subtract = subtracts[gen() % 4];
+      entries.push_back(a);
+    }
+  }
+  LogitAdjustment outside;  // skipped on both sides
+  outside.row = rows;
+  outside.bias = 5.0f;
+  entries.push_back(outside);
+  std::vector<float> want = logits;
+  cpu.AdjustLogits(rows, vocab, want.data(), static_cast<int64_t>(entries.size()), entries.data(),
+                   nullptr);
+  DeviceArray<float> dl(logits);
+  DeviceArray<LogitAdjustment> de(entries);
+  DEEPINFER_CUDA_OK(kernels::AdjustLogitsF32(
+      rows, vocab, dl.get(), static_cast<int64_t>(entries.size()), de.get(), nullptr, nullptr));
+  std::vector<float> got;
+  DEEPINFER_CUDA_OK(dl.Download(&got));
+  int64_t differ = 0;
+  for (size_t i = 0; i < got.size(); ++i) {
+    differ += !(got[i] == want[i] || (std::isnan(got[i]) && std::isnan(want[i])));
+  }
+  EXPECT_EQ(differ, 0);
+  EXPECT_NE(want, logits);  // the entries did change something
+
+  // A device count: only the first half of the entries apply.
+  const int32_t half = static_cast<int32_t>(entries.size() / 2);
+  std::vector<float> want_half = logits;
+  cpu.AdjustLogits(rows, vocab, want_half.data(), static_cast<int64_t>(entries.size()),
+                   entries.data(), &half);
+  DeviceArray<float> dl_half(logits);
+  DeviceArray<int32_t> dcount(std::vector<int32_t>{half});
+  DEEPINFER_CUDA_OK(kernels::AdjustLogitsF32(rows, vocab, dl_half.get(),
+                                             static_cast<int64_t>(entries.size()), de.get(),
+                                             dcount.get(), nullptr));
+  std::vector<float> got_half;
+  DEEPINFER_CUDA_OK(dl_half.Download(&got_half));
+  differ = 0;
+  for (size_t i = 0; i < got_half.size(); ++i) {
+    differ +=
+        !(got_half[i] == want_half[i] || (std::isnan(got_half[i]) && std::isnan(want_half[i])));
+  }
+  EXPECT_EQ(differ, 0);
+  EXPECT_NE(want_half, want);
 }
 
 }  // namespace

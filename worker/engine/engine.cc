@@ -7,6 +7,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "glog/logging.h"
+#include "worker/sampling/logit_adjuster.h"
 
 namespace deepinfer {
 
@@ -24,6 +25,8 @@ struct Engine::Sequence {
   // Prompt tokens served from the prefix cache at the first admission; -1 before it.
   int64_t cached_prompt_tokens = -1;
   SamplingParams sampling;
+  // logit_bias, min_tokens, penalties; unset when the request asks for none of them.
+  std::optional<LogitAdjuster> adjuster;
   std::vector<TokenLogprob> logprobs;
   std::unique_ptr<tokenizer::IncrementalDecoder> decoder;
   std::string text;
@@ -134,6 +137,19 @@ void Engine::Admit(WorkItem item, std::vector<RequestResult>* finished) {
   // The coordinator always sets a seed; without one the id keeps a request reproducible.
   seq->sampling.seed = p.has_seed() ? p.seed() : IdSeed(item.request_id());
   seq->sampling.num_logprobs = std::max(0, p.logprobs());
+  LogitAdjusterParams adjust;
+  adjust.logit_bias.insert(p.logit_bias().begin(), p.logit_bias().end());
+  adjust.presence_penalty = p.presence_penalty();
+  adjust.frequency_penalty = p.frequency_penalty();
+  adjust.repetition_penalty = p.repetition_penalty() == 0.0f ? 1.0f : p.repetition_penalty();
+  adjust.min_tokens = p.min_tokens();
+  if (!p.ignore_eos()) adjust.stop_tokens = options_.eos_token_ids;
+  adjust.stop_tokens.insert(adjust.stop_tokens.end(), p.stop_token_ids().begin(),
+                            p.stop_token_ids().end());
+  absl::StatusOr<LogitAdjuster> adjuster =
+      LogitAdjuster::Create(std::move(adjust), vocab_, seq->tokens);
+  if (!adjuster.ok()) return fail(adjuster.status());
+  if (adjuster->active()) seq->adjuster = std::move(*adjuster);
   if (tokenizer_ != nullptr) {
     seq->decoder =
         std::make_unique<tokenizer::IncrementalDecoder>(tokenizer_, /*skip_special_tokens=*/true);
@@ -319,6 +335,7 @@ absl::StatusOr<std::vector<RequestResult>> Engine::Step() {
       step.return_logits = false;  // only the sampled token is needed
       if (p.seq->computed + p.n == static_cast<int64_t>(p.seq->tokens.size())) {
         step.sampling = p.seq->sampling;
+        if (p.seq->adjuster.has_value()) step.sampling->adjustments = p.seq->adjuster->Entries();
       }
       batch.push_back(std::move(step));
     }
@@ -378,6 +395,7 @@ bool Engine::Advance(Sequence* s, const SampledToken& sampled, RequestResult* re
     return true;
   }
   s->tokens.push_back(t);
+  if (s->adjuster.has_value()) s->adjuster->AddGenerated(t);
   if (p.logprobs() >= 0) {
     TokenLogprob lp;
     lp.set_token_id(t);
@@ -392,7 +410,8 @@ bool Engine::Advance(Sequence* s, const SampledToken& sampled, RequestResult* re
     // An id past the tokenizer (the model's vocabulary can be larger) adds no text.
     const size_t from = s->text.size();
     s->text += s->decoder->Add(static_cast<uint32_t>(t));
-    if (CutAtStopString(s, from)) {
+    // Stop strings count only from min_tokens on (as vLLM does).
+    if (s->generated() >= p.min_tokens() && CutAtStopString(s, from)) {
       s->decoder.reset();  // the rest of the text is not returned
       Finish(s, "stop", result);
       return true;
@@ -434,7 +453,8 @@ void Engine::Finish(Sequence* s, const std::string& reason, RequestResult* resul
   result->set_text(s->text);
   result->set_finish_reason(why);
   result->set_prompt_tokens(static_cast<int32_t>(s->prompt_len));
-  result->set_cached_prompt_tokens(static_cast<int32_t>(std::max<int64_t>(0, s->cached_prompt_tokens)));
+  result->set_cached_prompt_tokens(
+      static_cast<int32_t>(std::max<int64_t>(0, s->cached_prompt_tokens)));
   for (TokenLogprob& lp : s->logprobs) *result->add_logprobs() = std::move(lp);
   result->set_group_generation(options_.group_generation);
 }

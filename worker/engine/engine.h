@@ -20,8 +20,11 @@
 //
 // A request finishes on EOS (unless ignore_eos) or one of its stop_token_ids (the token is
 // not returned), a stop string (the text is cut before it; finish_reason "stop"), max_tokens,
-// or the context limit (finish_reason "length"). Errors that concern one request (bad prompt,
-// stop strings without a tokenizer) fail that request only; an error of the step itself (a
+// or the context limit (finish_reason "length"). Before min_tokens tokens are generated, EOS
+// and stop tokens are masked out of sampling and stop strings are not looked for. logit_bias,
+// min_tokens and the penalties reach sampling as per-step LogitAdjustment entries built by the
+// sequence's LogitAdjuster (worker/sampling/logit_adjuster.h). Errors that concern one request (bad
+// prompt, stop strings without a tokenizer) fail that request only; an error of the step itself (a
 // collective failed) is returned and leaves the engine to be dropped.
 //
 // Not thread-safe: one rank thread drives an engine; other threads talk to it through its

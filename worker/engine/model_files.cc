@@ -1,12 +1,16 @@
 // ModelFiles::Open.
 #include "worker/engine/model_files.h"
 
+#include <algorithm>
+#include <filesystem>
 #include <fstream>
 #include <sstream>
 #include <utility>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
 #include "nlohmann/json.hpp"
 #include "worker/model/safetensors_checkpoint.h"
 
@@ -39,6 +43,40 @@ std::vector<int32_t> EosIds(const nlohmann::json& j) {
   return ids;
 }
 
+std::string FileText(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+// FNV-1a, as 16 hex digits.
+std::string HexHash(const std::string& bytes) {
+  uint64_t h = 14695981039346656037ull;
+  for (unsigned char c : bytes) h = (h ^ c) * 1099511628211ull;
+  return absl::StrFormat("%016x", h);
+}
+
+// See ModelFiles::fingerprint.
+std::string Fingerprint(const std::string& spec, const std::string& config_path, bool dummy) {
+  std::string weights;
+  if (dummy) {
+    const size_t at = spec.rfind('@');
+    weights = absl::StrCat("dummy@", at == std::string::npos ? "" : spec.substr(at + 1));
+  } else {
+    std::vector<std::string> files;
+    std::error_code ec;
+    for (const auto& entry : std::filesystem::directory_iterator(spec, ec)) {
+      const std::string name = entry.path().filename().string();
+      if (!absl::EndsWith(name, ".safetensors")) continue;
+      files.push_back(absl::StrCat(name, ":", entry.file_size(ec)));
+    }
+    std::sort(files.begin(), files.end());
+    weights = absl::StrJoin(files, ",");
+  }
+  return absl::StrCat("config-", HexHash(FileText(config_path)), "-weights-", HexHash(weights));
+}
+
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<ModelFiles>> ModelFiles::Open(const std::string& spec) {
@@ -62,6 +100,7 @@ absl::StatusOr<std::unique_ptr<ModelFiles>> ModelFiles::Open(const std::string& 
                         absl::StrCat("model '", spec, "': ", config.status().message()));
   }
   files->config = *config;
+  files->fingerprint = Fingerprint(spec, config_path, dummy);
   if (!dummy) {
     auto ckpt = SafetensorsCheckpoint::Open(spec, config->fp8_block_rows, config->fp8_block_cols);
     if (!ckpt.ok()) {

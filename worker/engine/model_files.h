@@ -30,6 +30,11 @@ struct ModelFiles {
   std::vector<int32_t> eos_token_ids;
   // Null when the directory has no tokenizer.json.
   std::unique_ptr<tokenizer::Tokenizer> tokenizer;
+  // The model's identity in the prefix cache's key (docs/kv-cache.md): hashes of config.json's
+  // bytes and of the checkpoint's *.safetensors names and sizes (dummy weights: of the seed).
+  // Not a hash of the weights themselves (a checkpoint rewritten with same-sized files looks
+  // the same); independent of where the directory is.
+  std::string fingerprint;
 };
 
 }  // namespace deepinfer

@@ -5,6 +5,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <sstream>
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -27,6 +28,13 @@ std::string TempDir(const std::string& name) {
   return d;
 }
 
+std::string FileText(const std::string& path) {
+  std::ifstream in(path);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
 TEST(ModelFilesTest, FixtureHasEosFromGenerationConfigAndNoTokenizer) {
   auto files = ModelFiles::Open(FixtureDir());
   ASSERT_TRUE(files.ok()) << files.status();
@@ -46,6 +54,37 @@ TEST(ModelFilesTest, DummyWithTokenizerAndEosList) {
   ASSERT_TRUE(files.ok()) << files.status();
   EXPECT_EQ((*files)->eos_token_ids, (std::vector<int32_t>{7, 9}));
   EXPECT_NE((*files)->tokenizer, nullptr);
+}
+
+// The prefix cache's model identity: the same checkpoint anywhere is the same model; another
+// config or other dummy weights are not.
+TEST(ModelFilesTest, FingerprintFollowsConfigAndWeightsNotThePath) {
+  auto fixture = ModelFiles::Open(FixtureDir());
+  ASSERT_TRUE(fixture.ok()) << fixture.status();
+  const std::string copy = TempDir("copy");
+  for (const char* f : {"config.json", "generation_config.json", "model.safetensors"}) {
+    std::filesystem::copy_file(FixtureDir() + "/" + f, copy + "/" + f,
+                               std::filesystem::copy_options::overwrite_existing);
+  }
+  auto copied = ModelFiles::Open(copy);
+  ASSERT_TRUE(copied.ok()) << copied.status();
+  EXPECT_EQ((*copied)->fingerprint, (*fixture)->fingerprint);
+  EXPECT_FALSE((*fixture)->fingerprint.empty());
+  // A checkpoint of another size.
+  std::ofstream(copy + "/model.safetensors", std::ios::app) << " ";
+  auto grown = ModelFiles::Open(copy);
+  ASSERT_TRUE(grown.ok()) << grown.status();
+  EXPECT_NE((*grown)->fingerprint, (*fixture)->fingerprint);
+  // Dummy weights: the seed and the config count.
+  auto seed3 = ModelFiles::Open("dummy:" + FixtureDir() + "/config.json@3");
+  auto seed4 = ModelFiles::Open("dummy:" + FixtureDir() + "/config.json@4");
+  ASSERT_TRUE(seed3.ok() && seed4.ok());
+  EXPECT_NE((*seed3)->fingerprint, (*seed4)->fingerprint);
+  EXPECT_NE((*seed3)->fingerprint, (*fixture)->fingerprint);
+  std::ofstream(copy + "/config2.json") << FileText(FixtureDir() + "/config.json") << "\n";
+  auto other_config = ModelFiles::Open("dummy:" + copy + "/config2.json@3");
+  ASSERT_TRUE(other_config.ok()) << other_config.status();
+  EXPECT_NE((*other_config)->fingerprint, (*seed3)->fingerprint);
 }
 
 TEST(ModelFilesTest, RefusesUnusableDirectories) {

@@ -168,8 +168,8 @@ absl::Status BuildRank(const RankSpec& spec, const RankHooks& hooks,
   absl::StatusOr<const Architecture*> arch = FindArchitecture(config);
   if (!arch.ok()) return arch.status();
   const ExpertRange range = ExpertsOfRank(config.n_routed_experts, spec.world_size, spec.rank);
-  const LoadOptions load =
-      ExpertsToLoad(config, spec.world_size, spec.rank, spec.dispatcher.partitioned, spec.placement);
+  const LoadOptions load = ExpertsToLoad(config, spec.world_size, spec.rank,
+                                         spec.dispatcher.partitioned, spec.placement);
   const int64_t weight_bytes = (*arch)->weight_bytes(config, be->weight_dtype(), load);
   LOG(INFO) << "rank " << spec.rank << ": " << be->name() << " backend, "
             << WeightDTypeName(be->weight_dtype()) << " weights ("
@@ -213,6 +213,14 @@ absl::Status BuildRank(const RankSpec& spec, const RankHooks& hooks,
   if (!cache_dtype.ok()) return cache_dtype.status();
   const KvCacheSpec cache_spec = parts->model->CacheSpec().WithDType(*cache_dtype);
   const int32_t bs = spec.block_size;
+  // Per-sequence state (V4's window rings, compressor rows): one slot per running sequence,
+  // taken from the KV cache's share of the memory.
+  const int64_t state_bytes = cache_spec.StateBytesPerSequence() * spec.max_running;
+  if (state_bytes > 0) {
+    LOG(INFO) << "rank " << spec.rank << ": per-sequence cache state "
+              << absl::StrFormat("%.1f MiB", state_bytes / double{1 << 20}) << " ("
+              << spec.max_running << " sequences)";
+  }
   int64_t blocks = 0;
   if (spec.kv_cache_blocks > 0) {
     blocks = spec.kv_cache_blocks;
@@ -223,8 +231,8 @@ absl::Status BuildRank(const RankSpec& spec, const RankHooks& hooks,
   } else if (planned) {
     absl::StatusOr<DeviceMemoryInfo> after_load = be->MemoryInfo();
     if (!after_load.ok()) return after_load.status();
-    absl::StatusOr<KvCachePlan> plan =
-        PlanKvCache(*after_load, weight_bytes, reserve, cache_spec.BytesPerToken(), plan_options);
+    absl::StatusOr<KvCachePlan> plan = PlanKvCache(*after_load, weight_bytes, reserve + state_bytes,
+                                                   cache_spec.BytesPerToken(), plan_options);
     if (!plan.ok()) return plan.status();
     blocks = plan->num_blocks;
     LOG(INFO) << "rank " << spec.rank
@@ -237,7 +245,9 @@ absl::Status BuildRank(const RankSpec& spec, const RankHooks& hooks,
   if (blocks > std::numeric_limits<int32_t>::max()) {
     return absl::InvalidArgumentError(absl::StrCat("KV cache of ", blocks, " blocks is too large"));
   }
-  auto pool = KvBlockPool::Create(be, {cache_spec, static_cast<int32_t>(blocks), bs});
+  KvBlockPoolOptions pool_options{cache_spec, static_cast<int32_t>(blocks), bs};
+  pool_options.max_sequences = spec.max_running;
+  auto pool = KvBlockPool::Create(be, pool_options);
   if (!pool.ok()) return pool.status();
   parts->pool = std::move(*pool);
   phase_done("memory plan and KV cache");

@@ -107,6 +107,10 @@ struct RankSpec {
   int64_t kv_cache_tokens = 0;
   double gpu_memory_utilization = 0.9;
   int32_t max_batch_tokens = 2048;  // sizes the activation reserve of the memory plan
+  // Sequences the engine runs at once: the cache's per-sequence state slots (a model whose cache
+  // keeps state per sequence, KvCacheSpec::StateBytesPerSequence; DeepSeek-V4's window rings
+  // and compressor rows), reserved before the KV blocks are planned.
+  int32_t max_running = 256;
 };
 
 // One rank's parts, declared so that they are destroyed in dependency order (pool, model,

@@ -14,6 +14,7 @@
 #include "absl/time/clock.h"
 #include "common/eplb/expert_parallel_group.h"
 #include "glog/logging.h"
+#include "worker/kv_cache/prefix_cache.h"
 #include "worker/model/ep_expert_dispatcher.h"
 #include "worker/model/model_loader.h"
 
@@ -311,15 +312,19 @@ absl::Status RankGroup::CheckHostMemory() const {
   if (!arch.ok()) return arch.status();
   int64_t weight_bytes = 0;
   for (int i = 0; i < layout_.num_ranks; ++i) {
-    weight_bytes += (*arch)->weight_bytes(
-        config, *weights,
-        ExpertsToLoad(config, layout_.world_size, layout_.first_rank + i,
-                      options_.dispatcher.partitioned, layout_.placement));
+    weight_bytes +=
+        (*arch)->weight_bytes(config, *weights,
+                              ExpertsToLoad(config, layout_.world_size, layout_.first_rank + i,
+                                            options_.dispatcher.partitioned, layout_.placement));
   }
+  const KvCacheSpec cache_spec = (*arch)->cache_spec(config, *cache);
   HostMemoryPlan plan =
-      PlanHostMemory(layout_.num_ranks, *weights, weight_bytes, *cache,
-                     (*arch)->cache_spec(config, *cache).BytesPerToken(),
+      PlanHostMemory(layout_.num_ranks, *weights, weight_bytes, *cache, cache_spec.BytesPerToken(),
                      FixedKvCacheBlocks() * options_.block_size);
+  // The per-sequence cache state (DeepSeek-V4's window rings and compressor rows) counts with the
+  // KV cache: one slot per running sequence on every rank.
+  plan.kv_cache_bytes +=
+      int64_t{layout_.num_ranks} * cache_spec.StateBytesPerSequence() * options_.max_running;
   const ProcMeminfo proc_meminfo;
   const HostMemory& memory = options_.host_memory != nullptr ? *options_.host_memory : proc_meminfo;
   absl::StatusOr<int64_t> available = memory.AvailableBytes();
@@ -392,6 +397,8 @@ bool RankGroup::FormRank(int local) {
   spec.kv_cache_tokens = options_.kv_cache_tokens;
   spec.gpu_memory_utilization = options_.gpu_memory_utilization;
   spec.max_batch_tokens = options_.max_batch_tokens;
+  spec.prefill_attention = options_.prefill_attention;
+  spec.max_running = options_.max_running;
   // On the CPU, the plan of every local rank was made once, in Start().
   if (!host_memory_check_.ok()) {
     Fail(r.global, host_memory_check_);
@@ -419,6 +426,9 @@ bool RankGroup::FormRank(int local) {
   eo.group_generation = layout_.generation;
   eo.rank = r.global;
   eo.step_when_idle = options_.dispatcher.partitioned && layout_.world_size > 1;
+  eo.prefix_cache.enabled = options_.prefix_caching;
+  eo.prefix_cache.key = PrefixCacheKey(options_.model->fingerprint, r.parts.backend->weight_dtype(),
+                                       r.parts.pool->spec(), r.parts.pool->block_size());
   auto engine = Engine::Create(r.parts.model.get(), r.parts.pool.get(), &r.queue,
                                options_.model->tokenizer.get(), eo);
   if (!engine.ok()) {

@@ -57,6 +57,7 @@
 #include "worker/engine/model_files.h"
 #include "worker/engine/rank_builder.h"
 #include "worker/engine/request_queue.h"
+#include "worker/model/attention/prefill_attention.h"
 #include "worker/model/model_weights.h"
 
 namespace deepinfer {
@@ -88,6 +89,11 @@ struct RankGroupOptions {
   int32_t block_size = 16;
   int32_t max_batch_tokens = 2048;
   int32_t max_running = 256;
+  // Each rank's engine reuses cached prefix blocks of its own pool (docs/kv-cache.md); the
+  // cache key is made of the model's fingerprint, the weight dtype and the cache spec.
+  bool prefix_caching = true;
+  // The MLA prefill form of every rank's model.
+  PrefillAttention prefill_attention = PrefillAttention::kAuto;
   DispatcherFactory dispatcher = LocalDispatcherFactory();
   // What carries the expert-parallel exchange (--communicator): auto is NCCL for a cuda
   // backend, a partitioned dispatcher and more than one rank in the group; TCP otherwise. The

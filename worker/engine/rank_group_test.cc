@@ -232,6 +232,70 @@ TEST_F(RankGroupTest, TwoExpertParallelRanksEqualOneRank) {
   ExpectTwoRanksEqualOneRank();
 }
 
+// Expert-parallel ranks with prefix caching: each rank has its own pool and cache, so in a step
+// one rank's requests hit while the other's prefill whole (or it has none); every rank still
+// takes part in every step (a missed collective would fail the group or time out), and tokens
+// and logprobs equal one rank without a cache. The absorbed prefill form makes results
+// independent of how many new tokens a step brings.
+TEST_F(RankGroupTest, ExpertParallelRanksWithPrefixCachingEqualOneRankWithout) {
+  options_.prefill_attention = PrefillAttention::kAbsorbed;
+  // Wave "a": three requests sharing the 130-token system prompt, on rank 0; wave "b": the same
+  // prompts again, two on rank 0 (which cached the system prompt) and one on rank 1 (which
+  // did not).
+  auto wave = [&](const std::string& name, int ranks) {
+    std::vector<WorkItem> items;
+    for (size_t q = 0; q < 3; ++q) {
+      std::vector<int32_t> prompt = prompts_[3].ids;
+      prompt.insert(prompt.end(), prompts_[q].ids.begin(), prompts_[q].ids.end());
+      const int rank = name == "b" && q == 2 ? ranks - 1 : 0;
+      items.push_back(Item(absl::StrCat(name, q), rank, prompt, 8, q == 1 ? 0.8f : 0, 5 + q));
+      items.back().mutable_params()->set_logprobs(2);
+    }
+    return items;
+  };
+  std::map<std::string, RequestResult> want;
+  {
+    RankGroupOptions one = options_;
+    one.prefix_caching = false;
+    Collector results;
+    auto group = RankGroup::Create(one, GroupLayout{}, nullptr, results.Sink());
+    ASSERT_TRUE(group.ok()) << group.status();
+    (*group)->Start();
+    ASSERT_TRUE((*group)->Submit(wave("a", 1)).ok());
+    results.Await(3);
+    ASSERT_TRUE((*group)->Submit(wave("b", 1)).ok());
+    want = results.Await(6);
+  }
+  options_.dispatcher = EpDispatcherFactory();
+  options_.prefix_caching = true;
+  Collector two;
+  auto group = StartGroup(2, 0x4321, 2, 2, &two);
+  ASSERT_NE(group, nullptr);
+  ASSERT_EQ(group->AwaitFormed(), GROUP_SERVING) << group->error();
+  ASSERT_TRUE(group->Submit(wave("a", 2)).ok());
+  two.Await(3);
+  ASSERT_TRUE(group->Submit(wave("b", 2)).ok());
+  auto got = two.Await(6);
+  ASSERT_EQ(got.size(), 6u);
+  for (const auto& [id, r] : want) {
+    const RequestResult& g = got[id];
+    EXPECT_EQ(g.error_code(), "") << id << ": " << g.error_message();
+    EXPECT_THAT(Tokens(g), ElementsAreArray(Tokens(r))) << id;
+    ASSERT_EQ(g.logprobs_size(), r.logprobs_size()) << id;
+    for (int i = 0; i < g.logprobs_size(); ++i) {
+      EXPECT_EQ(g.logprobs(i).logprob(), r.logprobs(i).logprob()) << id << " token " << i;
+      EXPECT_THAT(g.logprobs(i).top_logprobs(), ElementsAreArray(r.logprobs(i).top_logprobs()))
+          << id << " token " << i;
+    }
+    EXPECT_EQ(r.cached_prompt_tokens(), 0) << id;
+  }
+  // Rank 0 served wave a's full blocks from its cache (b0: 135 tokens, 8 blocks; b1: 147
+  // tokens, 9 blocks); rank 1 had none.
+  EXPECT_EQ(got["b0"].cached_prompt_tokens(), 128);
+  EXPECT_EQ(got["b1"].cached_prompt_tokens(), 144);
+  EXPECT_EQ(got["b2"].cached_prompt_tokens(), 0);
+}
+
 TEST_F(RankGroupTest, NcclOnTheCpuBackendFailsTheGroupWithAClearError) {
   options_.dispatcher = EpDispatcherFactory();
   options_.communicator = comm::DataPlaneChoice::kNccl;  // backend stays "cpu"

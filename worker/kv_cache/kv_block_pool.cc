@@ -1,6 +1,7 @@
 // KvBlockPool: per-layer memory from the spec, free-list allocation of blocks.
 #include "worker/kv_cache/kv_block_pool.h"
 
+#include <algorithm>
 #include <atomic>
 #include <utility>
 
@@ -32,23 +33,47 @@ absl::StatusOr<std::unique_ptr<KvBlockPool>> KvBlockPool::Create(Backend* backen
                                                    " block_size=", o.block_size, " for ",
                                                    o.spec.ToString()));
   }
+  if (absl::Status st = o.spec.ValidateBlockSize(o.block_size); !st.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat("KvBlockPool: ", st.message()));
+  }
+  int32_t slots = 0;
+  if (o.spec.StateBytesPerSequence() > 0) {
+    if (o.max_sequences < 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("KvBlockPool: max_sequences ", o.max_sequences, " is negative"));
+    }
+    slots = o.max_sequences > 0 ? o.max_sequences : std::min(o.num_blocks, 64);
+  }
   std::vector<std::unique_ptr<DeviceBuffer>> layers(o.spec.num_layers());
+  std::vector<std::unique_ptr<DeviceBuffer>> state(o.spec.num_layers());
   for (const KvCacheGroupSpec& g : o.spec.groups) {
     const size_t bytes = static_cast<size_t>(o.num_blocks) * g.BlockBytes(o.block_size);
-    for (int32_t l : g.layers) layers[l] = backend->Allocate(bytes);
+    const size_t state_bytes = static_cast<size_t>(slots) * g.StateBytes();
+    for (int32_t l : g.layers) {
+      layers[l] = backend->Allocate(std::max<size_t>(bytes, 1));
+      if (state_bytes > 0) state[l] = backend->Allocate(state_bytes);
+    }
   }
-  return std::unique_ptr<KvBlockPool>(new KvBlockPool(o, std::move(layers)));
+  return std::unique_ptr<KvBlockPool>(
+      new KvBlockPool(o, std::move(layers), std::move(state), slots));
 }
 
 KvBlockPool::KvBlockPool(const KvBlockPoolOptions& options,
-                         std::vector<std::unique_ptr<DeviceBuffer>> layers)
-    : options_(options), id_(next_pool_id.fetch_add(1) + 1), layers_(std::move(layers)) {
+                         std::vector<std::unique_ptr<DeviceBuffer>> layers,
+                         std::vector<std::unique_ptr<DeviceBuffer>> state, int32_t num_state_slots)
+    : options_(options),
+      id_(next_pool_id.fetch_add(1) + 1),
+      layers_(std::move(layers)),
+      state_(std::move(state)),
+      num_state_slots_(num_state_slots) {
   group_of_.resize(layers_.size());
   for (size_t g = 0; g < options_.spec.groups.size(); ++g) {
     for (int32_t l : options_.spec.groups[g].layers) group_of_[l] = g;
   }
   absl::MutexLock lock(&mu_);
   in_use_.assign(options_.num_blocks, 0);
+  slot_of_block_.assign(options_.num_blocks, -1);
+  for (int32_t s = num_state_slots_ - 1; s >= 0; --s) free_slots_.push_back(s);
   // Hand out low ids first (pop from the back).
   for (int32_t b = options_.num_blocks - 1; b >= 0; --b) free_.push_back(b);
 }
@@ -82,8 +107,34 @@ absl::Status KvBlockPool::Free(const std::vector<int32_t>& blocks) {
   for (int32_t b : blocks) {
     in_use_[b] = 0;
     free_.push_back(b);
+    if (slot_of_block_[b] >= 0) {
+      free_slots_.push_back(slot_of_block_[b]);
+      slot_of_block_[b] = -1;
+    }
   }
   return absl::OkStatus();
+}
+
+absl::StatusOr<int32_t> KvBlockPool::SequenceSlot(int32_t first_block, bool* fresh) {
+  absl::MutexLock lock(&mu_);
+  if (fresh != nullptr) *fresh = false;
+  if (num_state_slots_ == 0) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("KvBlockPool: ", options_.spec.ToString(), " keeps no per-sequence state"));
+  }
+  if (first_block < 0 || first_block >= options_.num_blocks || !in_use_[first_block]) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("KvBlockPool: block ", first_block, " is not allocated"));
+  }
+  if (slot_of_block_[first_block] >= 0) return slot_of_block_[first_block];
+  if (free_slots_.empty()) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat("KvBlockPool: all ", num_state_slots_, " sequence state slots are in use"));
+  }
+  slot_of_block_[first_block] = free_slots_.back();
+  free_slots_.pop_back();
+  if (fresh != nullptr) *fresh = true;
+  return slot_of_block_[first_block];
 }
 
 int32_t KvBlockPool::BlocksFor(int64_t num_tokens) const {

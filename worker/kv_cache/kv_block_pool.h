@@ -25,6 +25,9 @@ struct KvBlockPoolOptions {
   KvCacheSpec spec;  // CausalLm::CacheSpec (with the --kv-cache-dtype chosen)
   int32_t num_blocks = 0;
   int32_t block_size = 16;
+  // Sequences that may hold per-sequence state at once (specs with state: V4's kinds); 0: the
+  // smaller of num_blocks and 64.
+  int32_t max_sequences = 0;
 };
 
 // The cache element type a --kv-cache-dtype value selects: "auto" (or empty) = weight_dtype, the
@@ -40,8 +43,19 @@ class KvBlockPool {
 
   // Takes n blocks, or none and RESOURCE_EXHAUSTED if fewer than n are free.
   absl::StatusOr<std::vector<int32_t>> Allocate(int32_t n);
-  // Returns blocks; INVALID_ARGUMENT (and nothing freed) on an unknown or already free id.
+  // Returns blocks; INVALID_ARGUMENT (and nothing freed) on an unknown or already free id. A
+  // state slot bound to one of them (SequenceSlot) is released with it.
   absl::Status Free(const std::vector<int32_t>& blocks);
+  // The state slot of the sequence whose block table starts with `first_block` (allocated):
+  // bound on first use, released when that block is freed. *fresh is set when the slot was
+  // bound by this call. RESOURCE_EXHAUSTED when every slot is bound, INVALID_ARGUMENT for a
+  // block that is not allocated, FAILED_PRECONDITION for a spec without state.
+  absl::StatusOr<int32_t> SequenceSlot(int32_t first_block, bool* fresh = nullptr);
+  int32_t num_state_slots() const { return num_state_slots_; }
+  // A layer's per-sequence state (KvCacheGroupSpec::StateFloats floats) in slot `slot`.
+  float* SequenceState(int32_t layer, int32_t slot) const {
+    return static_cast<float*>(state_[layer]->data()) + slot * LayerGroup(layer).StateFloats();
+  }
   // Number of blocks a sequence of num_tokens tokens needs.
   int32_t BlocksFor(int64_t num_tokens) const;
 
@@ -63,13 +77,18 @@ class KvBlockPool {
   uint64_t id() const { return id_; }
 
  private:
-  KvBlockPool(const KvBlockPoolOptions& options, std::vector<std::unique_ptr<DeviceBuffer>> layers);
+  KvBlockPool(const KvBlockPoolOptions& options, std::vector<std::unique_ptr<DeviceBuffer>> layers,
+              std::vector<std::unique_ptr<DeviceBuffer>> state, int32_t num_state_slots);
 
   const KvBlockPoolOptions options_;
   std::vector<size_t> group_of_;  // per layer, its index in options_.spec.groups
   const uint64_t id_;
   std::vector<std::unique_ptr<DeviceBuffer>> layers_;
+  std::vector<std::unique_ptr<DeviceBuffer>> state_;  // per layer (null: no state)
+  const int32_t num_state_slots_;
   mutable absl::Mutex mu_;
+  std::vector<int32_t> slot_of_block_ ABSL_GUARDED_BY(mu_);  // -1: none bound
+  std::vector<int32_t> free_slots_ ABSL_GUARDED_BY(mu_);
   std::vector<int32_t> free_ ABSL_GUARDED_BY(mu_);  // used as a stack: LIFO reuse
   std::vector<char> in_use_ ABSL_GUARDED_BY(mu_);
 };

@@ -77,5 +77,42 @@ TEST(KvBlockPoolTest, Bf16EntriesTakeTwoBytesPerValue) {
   for (int i = 0; i < 2 * 4 * 8; ++i) static_cast<uint16_t*>(v.cache)[i] = 0x3f80;  // 1.0
 }
 
+// Per-sequence state: a slot is bound to a sequence's first block on first use, kept while the
+// block is held, released when it is freed; slots run out with a clear error.
+TEST(KvBlockPoolTest, SequenceSlotsFollowTheFirstBlock) {
+  CpuBackend backend(1);
+  KvCacheGroupSpec g;
+  g.kind = KvCacheKind::kSlidingWindow;
+  g.layers = {0, 1};
+  g.head_dim = 4;
+  g.window = 2;
+  KvBlockPoolOptions o{KvCacheSpec{{g}}, 8, 4};
+  o.max_sequences = 2;
+  auto pool = KvBlockPool::Create(&backend, o);
+  ASSERT_TRUE(pool.ok()) << pool.status();
+  KvBlockPool& p = **pool;
+  EXPECT_EQ(p.num_state_slots(), 2);
+  auto a = p.Allocate(2), b = p.Allocate(1), c = p.Allocate(1);
+  ASSERT_TRUE(a.ok() && b.ok() && c.ok());
+  bool fresh = false;
+  auto sa = p.SequenceSlot((*a)[0], &fresh);
+  ASSERT_TRUE(sa.ok()) << sa.status();
+  EXPECT_TRUE(fresh);
+  EXPECT_EQ(*p.SequenceSlot((*a)[0], &fresh), *sa);
+  EXPECT_FALSE(fresh);
+  auto sb = p.SequenceSlot((*b)[0]);
+  ASSERT_TRUE(sb.ok());
+  EXPECT_NE(*sa, *sb);
+  EXPECT_NE(p.SequenceState(1, *sa), p.SequenceState(1, *sb));
+  EXPECT_EQ(p.SequenceState(0, *sb) - p.SequenceState(0, *sa), (*sb - *sa) * 2 * 4);
+  EXPECT_EQ(p.SequenceSlot((*c)[0]).status().code(), absl::StatusCode::kResourceExhausted);
+  ASSERT_TRUE(p.Free(*a).ok());
+  auto sc = p.SequenceSlot((*c)[0], &fresh);
+  ASSERT_TRUE(sc.ok()) << sc.status();
+  EXPECT_TRUE(fresh);
+  EXPECT_EQ(*sc, *sa);  // the freed sequence's slot
+  EXPECT_EQ(p.SequenceSlot((*a)[0]).status().code(), absl::StatusCode::kInvalidArgument);
+}
+
 }  // namespace
 }  // namespace deepinfer

@@ -12,14 +12,30 @@ const char* KvCacheKindName(KvCacheKind kind) {
   switch (kind) {
     case KvCacheKind::kPagedLatent:
       return "paged_latent";
+    case KvCacheKind::kSlidingWindow:
+      return "sliding_window";
+    case KvCacheKind::kCompressed:
+      return "compressed";
+    case KvCacheKind::kCompressedSparse:
+      return "compressed_sparse";
   }
   return "?";
 }
+
+namespace {
+
+int64_t CeilDiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+}  // namespace
 
 PrefixReuse KvCacheKindPrefixReuse(KvCacheKind kind) {
   switch (kind) {
     case KvCacheKind::kPagedLatent:
       return PrefixReuse::kShareBlocks;
+    case KvCacheKind::kSlidingWindow:
+    case KvCacheKind::kCompressed:
+    case KvCacheKind::kCompressedSparse:
+      return PrefixReuse::kBoundedReplay;
   }
   return PrefixReuse::kBoundedReplay;
 }
@@ -29,11 +45,61 @@ int64_t KvCacheGroupSpec::EntryBytes() const {
     case KvCacheKind::kPagedLatent:
       return static_cast<int64_t>(latent_dim + rope_dim) *
              static_cast<int64_t>(WeightDTypeSize(dtype));
+    case KvCacheKind::kSlidingWindow:
+      return 0;
+    case KvCacheKind::kCompressed:
+    case KvCacheKind::kCompressedSparse:
+      return CeilDiv(int64_t{head_dim + index_dim} * 4, ratio);
   }
   return 0;
 }
 
-int64_t KvCacheGroupSpec::BlockBytes(int32_t block_size) const { return EntryBytes() * block_size; }
+int64_t KvCacheGroupSpec::BlockBytes(int32_t block_size) const {
+  switch (kind) {
+    case KvCacheKind::kPagedLatent:
+      return EntryBytes() * block_size;
+    case KvCacheKind::kSlidingWindow:
+    case KvCacheKind::kCompressed:
+    case KvCacheKind::kCompressedSparse:
+      return (CompressedFloatsPerBlock(block_size) + IndexFloatsPerBlock(block_size)) * 4;
+  }
+  return 0;
+}
+
+int64_t KvCacheGroupSpec::CompressedFloatsPerBlock(int32_t block_size) const {
+  if (kind != KvCacheKind::kCompressed && kind != KvCacheKind::kCompressedSparse) return 0;
+  return CeilDiv(int64_t{block_size} * head_dim, ratio);
+}
+
+int64_t KvCacheGroupSpec::IndexFloatsPerBlock(int32_t block_size) const {
+  if (kind != KvCacheKind::kCompressedSparse) return 0;
+  return CeilDiv(int64_t{block_size} * index_dim, ratio);
+}
+
+int64_t KvCacheGroupSpec::compressor_rows() const {
+  switch (kind) {
+    case KvCacheKind::kCompressed:
+      return ratio;
+    case KvCacheKind::kCompressedSparse:
+      return 2 * int64_t{ratio};
+    default:
+      return 0;
+  }
+}
+
+int64_t KvCacheGroupSpec::compressor_width() const {
+  // kv then gate; the sparse kind projects two series (its own window's and the next one's).
+  return kind == KvCacheKind::kCompressedSparse ? 4 * int64_t{head_dim} : 2 * int64_t{head_dim};
+}
+
+int64_t KvCacheGroupSpec::indexer_width() const {
+  return kind == KvCacheKind::kCompressedSparse ? 4 * int64_t{index_dim} : 0;
+}
+
+int64_t KvCacheGroupSpec::StateFloats() const {
+  if (kind == KvCacheKind::kPagedLatent) return 0;
+  return indexer_state_offset() + compressor_rows() * indexer_width();
+}
 
 int64_t KvCacheSpec::BytesPerToken() const {
   int64_t bytes = 0;
@@ -49,6 +115,27 @@ int64_t KvCacheSpec::BytesPerBlock(int32_t block_size) const {
     bytes += g.BlockBytes(block_size) * static_cast<int64_t>(g.layers.size());
   }
   return bytes;
+}
+
+int64_t KvCacheSpec::StateBytesPerSequence() const {
+  int64_t bytes = 0;
+  for (const KvCacheGroupSpec& g : groups) {
+    bytes += g.StateBytes() * static_cast<int64_t>(g.layers.size());
+  }
+  return bytes;
+}
+
+absl::Status KvCacheSpec::ValidateBlockSize(int32_t block_size) const {
+  for (const KvCacheGroupSpec& g : groups) {
+    if (g.kind != KvCacheKind::kCompressed && g.kind != KvCacheKind::kCompressedSparse) continue;
+    if ((int64_t{block_size} * g.head_dim) % g.ratio != 0 ||
+        (int64_t{block_size} * g.index_dim) % g.ratio != 0) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "KV cache spec: block size ", block_size, " does not page ", KvCacheKindName(g.kind),
+          " entries of ", g.head_dim, "+", g.index_dim, " floats per ", g.ratio, " positions"));
+    }
+  }
+  return absl::OkStatus();
 }
 
 int32_t KvCacheSpec::num_layers() const {
@@ -81,6 +168,19 @@ absl::Status KvCacheSpec::Validate() const {
                                                          g.latent_dim, " and rope ", g.rope_dim));
         }
         break;
+      case KvCacheKind::kSlidingWindow:
+      case KvCacheKind::kCompressed:
+      case KvCacheKind::kCompressedSparse: {
+        const bool compressed = g.kind != KvCacheKind::kSlidingWindow;
+        const bool sparse = g.kind == KvCacheKind::kCompressedSparse;
+        if (g.head_dim <= 0 || g.window <= 0 || (compressed && g.ratio <= 0) ||
+            (sparse && g.index_dim <= 0)) {
+          return absl::InvalidArgumentError(absl::StrCat(
+              "KV cache spec: group ", i, " (", KvCacheKindName(g.kind), ") has head_dim ",
+              g.head_dim, ", window ", g.window, ", ratio ", g.ratio, ", index_dim ", g.index_dim));
+        }
+        break;
+      }
     }
   }
   if (static_cast<int32_t>(group_of.size()) != num_layers()) {
@@ -100,7 +200,9 @@ bool KvCacheSpec::SharesPrefixBlocks() const {
 
 KvCacheSpec KvCacheSpec::WithDType(WeightDType dtype) const {
   KvCacheSpec out = *this;
-  for (KvCacheGroupSpec& g : out.groups) g.dtype = dtype;
+  for (KvCacheGroupSpec& g : out.groups) {
+    if (g.kind == KvCacheKind::kPagedLatent) g.dtype = dtype;
+  }
   return out;
 }
 
@@ -108,8 +210,18 @@ std::string KvCacheSpec::ToString() const {
   std::string out;
   for (const KvCacheGroupSpec& g : groups) {
     absl::StrAppend(&out, out.empty() ? "" : ", ", KvCacheKindName(g.kind), " x", g.layers.size(),
-                    " layers (", g.latent_dim, "+", g.rope_dim, ", ", WeightDTypeName(g.dtype),
-                    ")");
+                    " layers (");
+    switch (g.kind) {
+      case KvCacheKind::kPagedLatent:
+        absl::StrAppend(&out, g.latent_dim, "+", g.rope_dim, ", ", WeightDTypeName(g.dtype), ")");
+        break;
+      default:
+        absl::StrAppend(&out, "head ", g.head_dim, ", window ", g.window);
+        if (g.ratio > 0) absl::StrAppend(&out, ", ratio ", g.ratio);
+        if (g.index_dim > 0) absl::StrAppend(&out, ", index ", g.index_dim);
+        absl::StrAppend(&out, ", float32)");
+        break;
+    }
   }
   return out;
 }

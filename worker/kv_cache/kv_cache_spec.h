@@ -6,13 +6,23 @@
 // every group, so one block table serves all of them and a block is allocated and freed once.
 // A kind decides what an entry holds and how many bytes a block of it takes:
 //
-//   kind            entry per token and layer                            view the attention op gets
-//   kPagedLatent    MLA latent (latent_dim) + rotated rope key (rope_dim)  PagedLatentCacheView
+//   kind               paged, per token and layer            per sequence and layer (state)
+//   kPagedLatent       MLA latent + rotated rope key          -
+//   kSlidingWindow     -                                      ring of the last `window` keys
+//   kCompressed        head_dim / ratio (one entry per ratio) ring + compressor rows (HCA)
+//   kCompressedSparse  (head_dim + index_dim) / ratio         ring + compressor and indexer rows
 //
-// A new kind (a sliding-window ring whose blocks wrap after `window` positions, a compressed
-// cache holding one entry per `ratio` positions, an indexer cache of small keys) is a new enum
-// value with its geometry fields, its BlockBytes, and its view in KvBlockPool: the pool, the
-// block tables and the memory plan stay as they are.
+// Paged entries live in the sequence's blocks (block ids shared by every group). A compressed
+// layer's entries form one stream of head_dim-wide entries per sequence, paged by elements:
+// block b of the table holds elements [b * P, (b + 1) * P) of the stream, P = block_size *
+// head_dim / ratio (so an entry may span blocks when ratio > block_size); the indexer's keys
+// are a second stream beside it (index_dim wide, the same ratio).
+//
+// Per-sequence state is bounded whatever the sequence's length: the sliding-window ring holds
+// the last `window` keys (position p at row p % window), the compressor holds its source rows
+// not yet pooled (a ring of `ratio` rows for kCompressed; 2 * ratio for kCompressedSparse,
+// whose windows overlap the previous one), each row its projected kv then gate. The pool keeps
+// one state slot per live sequence (KvBlockPool::SequenceSlot). The V4 kinds are float32.
 #ifndef DEEPINFER_WORKER_KV_CACHE_KV_CACHE_SPEC_H_
 #define DEEPINFER_WORKER_KV_CACHE_KV_CACHE_SPEC_H_
 
@@ -28,6 +38,10 @@ namespace deepinfer {
 enum class KvCacheKind {
   // Paged MLA cache: per token, the normalised latent followed by the rotated rope key.
   kPagedLatent,
+  // DeepSeek-V4 attention layers (the table above).
+  kSlidingWindow,
+  kCompressed,
+  kCompressedSparse,
 };
 const char* KvCacheKindName(KvCacheKind kind);
 
@@ -51,13 +65,35 @@ struct KvCacheGroupSpec {
   // kPagedLatent geometry.
   int32_t latent_dim = 0;  // kv_lora_rank
   int32_t rope_dim = 0;    // qk_rope_head_dim
-  // Element type of the entries (bf16 halves the bytes attention reads per token).
+  // V4 geometry: key width (K = V), ring length, positions per compressed entry, indexer key
+  // width (kCompressedSparse).
+  int32_t head_dim = 0;
+  int32_t window = 0;
+  int32_t ratio = 0;
+  int32_t index_dim = 0;
+  // Element type of the entries (bf16 halves the bytes attention reads per token). The V4 kinds
+  // are float32 whatever this says.
   WeightDType dtype = WeightDType::kFloat32;
 
-  // Bytes of one layer's entry for one token.
+  // Paged bytes of one layer per token (rounded up where an entry covers several tokens).
   int64_t EntryBytes() const;
   // Bytes of one block (block_size tokens) in one layer of this group.
   int64_t BlockBytes(int32_t block_size) const;
+  // Floats of the paged compressed / indexer streams per block (V4 kinds).
+  int64_t CompressedFloatsPerBlock(int32_t block_size) const;
+  int64_t IndexFloatsPerBlock(int32_t block_size) const;
+  // Per-sequence state of one layer (V4 kinds), in floats: the window ring (window x head_dim),
+  // then compressor_rows() rows of compressor_width() (kv then gate), then as many rows of
+  // indexer_width() (kCompressedSparse).
+  int64_t StateFloats() const;
+  int64_t StateBytes() const { return StateFloats() * static_cast<int64_t>(sizeof(float)); }
+  int64_t compressor_rows() const;
+  int64_t compressor_width() const;
+  int64_t indexer_width() const;
+  int64_t compressor_state_offset() const { return int64_t{window} * head_dim; }
+  int64_t indexer_state_offset() const {
+    return compressor_state_offset() + compressor_rows() * compressor_width();
+  }
 };
 
 struct KvCacheSpec {
@@ -67,6 +103,8 @@ struct KvCacheSpec {
   int64_t BytesPerToken() const;
   // Bytes one block takes over every layer of every group.
   int64_t BytesPerBlock(int32_t block_size) const;
+  // Bytes of one sequence's state over every layer (0 for paged-only specs).
+  int64_t StateBytesPerSequence() const;
   // The number of model layers some group covers (layers are 0 .. num_layers() - 1).
   int32_t num_layers() const;
   // INVALID_ARGUMENT naming the problem: no group, a group without layers, a layer in two
@@ -74,7 +112,10 @@ struct KvCacheSpec {
   absl::Status Validate() const;
   // Whether every group's kind is PrefixReuse::kShareBlocks (prefix caching may share blocks).
   bool SharesPrefixBlocks() const;
-  // The same spec with every group's entries in `dtype` (--kv-cache-dtype).
+  // INVALID_ARGUMENT if a paged stream does not split evenly into blocks of block_size.
+  absl::Status ValidateBlockSize(int32_t block_size) const;
+  // The same spec with every group's entries in `dtype` (--kv-cache-dtype; the V4 kinds stay
+  // float32).
   KvCacheSpec WithDType(WeightDType dtype) const;
   // "paged_latent x3 layers (512+64, bfloat16)".
   std::string ToString() const;

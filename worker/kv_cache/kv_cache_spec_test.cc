@@ -44,5 +44,58 @@ TEST(KvCacheSpecTest, ValidateNamesTheProblem) {
   EXPECT_NE(bad.Validate().message().find("latent 0"), std::string::npos) << bad.Validate();
 }
 
+// DeepSeek-V4-Flash's cache (hidden 4096, 43 layers, head_dim 512, window 128, HF's default
+// schedule: layers 0-2 HCA, then CSA / HCA alternating = 20 CSA + 23 HCA layers, CSA ratio 4,
+// HCA ratio 128, index_head_dim 128), sizes worked out by hand:
+//   paged per token: CSA (512 + 128) * 4 B / 4 = 640 B, HCA 512 * 4 B / 128 = 16 B
+//     -> 20 * 640 + 23 * 16 = 13,168 B per token
+//   per sequence: window ring 128 * 512 * 4 B = 256 KiB in every layer; HCA compressor rows
+//     128 * (512 + 512) * 4 B = 512 KiB; CSA compressor rows 8 * (1024 + 1024) * 4 B = 64 KiB
+//     and indexer rows 8 * (256 + 256) * 4 B = 16 KiB
+//     -> 43 * 256 + 23 * 512 + 20 * (64 + 16) = 24,384 KiB per sequence
+TEST(KvCacheSpecTest, DeepSeekV4FlashSizes) {
+  KvCacheGroupSpec csa, hca;
+  csa.kind = KvCacheKind::kCompressedSparse;
+  hca.kind = KvCacheKind::kCompressed;
+  for (KvCacheGroupSpec* g : {&csa, &hca}) {
+    g->head_dim = 512;
+    g->window = 128;
+  }
+  csa.ratio = 4;
+  csa.index_dim = 128;
+  hca.ratio = 128;
+  hca.layers = {0, 1, 2};
+  for (int32_t l = 3; l < 43; ++l) (l % 2 ? csa : hca).layers.push_back(l);
+  ASSERT_EQ(csa.layers.size(), 20u);
+  ASSERT_EQ(hca.layers.size(), 23u);
+  KvCacheSpec s{{csa, hca}};
+  ASSERT_TRUE(s.Validate().ok()) << s.Validate();
+  ASSERT_TRUE(s.ValidateBlockSize(16).ok());
+  EXPECT_EQ(s.BytesPerToken(), 13168);
+  EXPECT_EQ(s.BytesPerBlock(16), 16 * 13168);
+  EXPECT_EQ(s.StateBytesPerSequence(), 24384 * 1024);
+  // bf16 --kv-cache-dtype leaves the V4 kinds in float32.
+  EXPECT_EQ(s.WithDType(WeightDType::kBFloat16).BytesPerToken(), 13168);
+  // A block size that does not page an HCA entry evenly (512 floats per 128 positions).
+  hca.ratio = 3;
+  const KvCacheSpec uneven{{csa, hca}};
+  EXPECT_FALSE(uneven.ValidateBlockSize(16).ok());
+}
+
+TEST(KvCacheSpecTest, SlidingWindowHasStateOnly) {
+  KvCacheGroupSpec g;
+  g.kind = KvCacheKind::kSlidingWindow;
+  g.layers = {0};
+  g.head_dim = 32;
+  g.window = 8;
+  KvCacheSpec s{{g}};
+  ASSERT_TRUE(s.Validate().ok()) << s.Validate();
+  EXPECT_EQ(s.BytesPerToken(), 0);
+  EXPECT_EQ(s.StateBytesPerSequence(), 8 * 32 * 4);
+  g.window = 0;
+  const KvCacheSpec no_window{{g}};
+  EXPECT_NE(no_window.Validate().message().find("window 0"), std::string::npos);
+}
+
 }  // namespace
 }  // namespace deepinfer

@@ -30,6 +30,12 @@ uint64_t PrefixBlockHash(uint64_t parent, const int32_t* tokens, int64_t n) {
   return Mix(h ^ static_cast<uint64_t>(n));
 }
 
+std::string PrefixCacheKey(const std::string& model_fingerprint, WeightDType weights,
+                           const KvCacheSpec& spec, int32_t block_size) {
+  return absl::StrCat("model=", model_fingerprint, ";weights=", WeightDTypeName(weights),
+                      ";cache=", spec.ToString(), ";block=", block_size);
+}
+
 uint64_t PrefixRootHash(const std::string& key) {
   uint64_t h = 14695981039346656037ull;  // FNV-1a, then mixed
   for (unsigned char c : key) h = (h ^ c) * 1099511628211ull;
@@ -66,8 +72,7 @@ void PrefixCache::ExtendHashes(const std::vector<int32_t>& tokens, int64_t n,
 }
 
 std::vector<int32_t> PrefixCache::Acquire(const std::vector<int32_t>& tokens,
-                                          const std::vector<uint64_t>& hashes,
-                                          int64_t max_tokens) {
+                                          const std::vector<uint64_t>& hashes, int64_t max_tokens) {
   std::vector<int32_t> out;
   if (!enabled_) return out;
   const int64_t bs = pool_->block_size();
@@ -80,7 +85,8 @@ std::vector<int32_t> PrefixCache::Acquire(const std::vector<int32_t>& tokens,
     if (it == by_hash_.end()) break;
     Block& b = blocks_[it->second];
     const uint64_t parent = i == 0 ? root_ : hashes[i - 1];
-    if (b.parent != parent || !std::equal(b.tokens.begin(), b.tokens.end(), tokens.begin() + i * bs)) {
+    if (b.parent != parent ||
+        !std::equal(b.tokens.begin(), b.tokens.end(), tokens.begin() + i * bs)) {
       break;
     }
     if (b.refs == 0) {

@@ -44,12 +44,12 @@ struct PrefixCacheOptions {
 };
 
 struct PrefixCacheStats {
-  int64_t lookups = 0;          // Acquire calls
-  int64_t lookup_blocks = 0;    // full blocks they asked for
-  int64_t hit_blocks = 0;       // of those, found cached
-  int64_t evictions = 0;        // idle cached blocks handed back to the pool for new blocks
-  int64_t registered = 0;       // blocks that became cached
-  int64_t duplicates = 0;       // full blocks not registered: another block held their hash
+  int64_t lookups = 0;        // Acquire calls
+  int64_t lookup_blocks = 0;  // full blocks they asked for
+  int64_t hit_blocks = 0;     // of those, found cached
+  int64_t evictions = 0;      // idle cached blocks handed back to the pool for new blocks
+  int64_t registered = 0;     // blocks that became cached
+  int64_t duplicates = 0;     // full blocks not registered: another block held their hash
 };
 
 class PrefixCache {
@@ -126,6 +126,11 @@ class PrefixCache {
   PrefixCacheStats stats_;
 };
 
+// A rank's cache key: the model's fingerprint (ModelFiles::fingerprint), the weights' dtype, the
+// cache spec (kinds, geometry, entry dtype) and the block size. Nothing about where the rank
+// runs or which experts it hosts.
+std::string PrefixCacheKey(const std::string& model_fingerprint, WeightDType weights,
+                           const KvCacheSpec& spec, int32_t block_size);
 // The chain hash of a block of `n` tokens after a block whose chain hash is `parent`.
 uint64_t PrefixBlockHash(uint64_t parent, const int32_t* tokens, int64_t n);
 // The root of the chains of a cache key.

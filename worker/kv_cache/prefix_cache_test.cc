@@ -64,7 +64,7 @@ TEST_F(PrefixCacheTest, HitsFullBlocksOfACommonPrefixOnly) {
   const std::vector<int32_t> a = Range(100, 14);
   int32_t hits = -1;
   std::vector<int32_t> blocks_a = Compute(cache, a, &hits);
-  EXPECT_EQ(hits, 0);  // an empty cache misses
+  EXPECT_EQ(hits, 0);                       // an empty cache misses
   EXPECT_EQ(cache.num_cached_blocks(), 3);  // the partial last block is not cached
   cache.Release(blocks_a);
   EXPECT_EQ(cache.num_referenced_blocks(), 0);

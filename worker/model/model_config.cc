@@ -6,6 +6,7 @@
 #include <cmath>
 #include <fstream>
 #include <sstream>
+#include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -80,8 +81,11 @@ struct ArchitectureModelTypes {
   absl::Span<const absl::string_view> model_types;
 };
 constexpr absl::string_view kDeepseekV3ModelTypes[] = {"deepseek_v3", "kimi_k2"};
+constexpr absl::string_view kDeepseekV4ModelTypes[] = {"deepseek_v4"};
+constexpr char kDeepseekV4Architecture[] = "DeepseekV4ForCausalLM";
 constexpr ArchitectureModelTypes kKnownArchitectures[] = {
     {"DeepseekV3ForCausalLM", kDeepseekV3ModelTypes},
+    {kDeepseekV4Architecture, kDeepseekV4ModelTypes},
 };
 
 // A config names its model twice (architectures, model_type). Either alone is enough; when
@@ -114,6 +118,37 @@ double YarnGetMscale(double scale, double mscale) {
   return 0.1 * mscale * std::log(scale) + 1.0;
 }
 
+// The fields of an architecture that ModelConfig only partly describes (DeepSeek-V4): what the
+// engine, the memory plan and the expert dispatchers read. The model checks the rest.
+absl::StatusOr<ModelConfig> SharedFieldsOnly(const Json& j, absl::string_view source,
+                                             ModelConfig c) {
+  Reader r(j, source);
+  if (c.architecture.empty()) c.architecture = kDeepseekV4Architecture;
+  DI_RETURN_IF_ERROR(r.Int("vocab_size", &c.vocab_size));
+  DI_RETURN_IF_ERROR(r.Int("hidden_size", &c.hidden_size));
+  DI_RETURN_IF_ERROR(r.Int("moe_intermediate_size", &c.moe_intermediate_size));
+  DI_RETURN_IF_ERROR(r.Int("num_hidden_layers", &c.num_hidden_layers));
+  DI_RETURN_IF_ERROR(r.Int("num_attention_heads", &c.num_attention_heads));
+  DI_RETURN_IF_ERROR(r.OptInt("q_lora_rank", &c.q_lora_rank));
+  DI_RETURN_IF_ERROR(r.OptInt("n_routed_experts", &c.n_routed_experts));
+  DI_RETURN_IF_ERROR(r.OptInt("n_shared_experts", &c.n_shared_experts));
+  DI_RETURN_IF_ERROR(r.OptInt("num_experts_per_tok", &c.num_experts_per_tok));
+  DI_RETURN_IF_ERROR(r.OptString("scoring_func", &c.scoring_func));
+  DI_RETURN_IF_ERROR(r.OptDouble("routed_scaling_factor", &c.routed_scaling_factor));
+  DI_RETURN_IF_ERROR(r.OptDouble("rms_norm_eps", &c.rms_norm_eps));
+  DI_RETURN_IF_ERROR(r.OptInt("max_position_embeddings", &c.max_position_embeddings));
+  DI_RETURN_IF_ERROR(r.OptBool("tie_word_embeddings", &c.tie_word_embeddings));
+  DI_RETURN_IF_ERROR(r.OptInt("num_nextn_predict_layers", &c.num_nextn_predict_layers));
+  c.intermediate_size = c.moe_intermediate_size;  // the shared expert's width
+  for (const auto& [name, v] : {std::pair<const char*, int64_t>{"vocab_size", c.vocab_size},
+                                {"hidden_size", c.hidden_size},
+                                {"num_hidden_layers", c.num_hidden_layers},
+                                {"num_attention_heads", c.num_attention_heads}}) {
+    if (v <= 0) return r.Error(name, absl::StrCat("must be positive, got ", v));
+  }
+  return c;
+}
+
 }  // namespace
 
 absl::StatusOr<ModelConfig> ModelConfig::FromJson(absl::string_view text,
@@ -130,6 +165,11 @@ absl::StatusOr<ModelConfig> ModelConfig::FromJson(absl::string_view text,
   }
   DI_RETURN_IF_ERROR(r.OptString("model_type", &c.model_type));
   DI_RETURN_IF_ERROR(CheckArchitecture(c.architecture, c.model_type, source));
+  c.json = std::string(text);
+  if (c.architecture == kDeepseekV4Architecture ||
+      (c.architecture.empty() && c.model_type == "deepseek_v4")) {
+    return SharedFieldsOnly(j, source, std::move(c));
+  }
   DI_RETURN_IF_ERROR(r.Int("vocab_size", &c.vocab_size));
   DI_RETURN_IF_ERROR(r.Int("hidden_size", &c.hidden_size));
   DI_RETURN_IF_ERROR(r.Int("intermediate_size", &c.intermediate_size));

@@ -2,7 +2,12 @@
 // config.json (DeepSeek's own files, HF transformers 4.x `rope_scaling` and 5.x
 // `rope_parameters` layouts, Kimi-K2/Moonlight which reuse the architecture), plus the derived
 // quantities the model needs (softmax scale, YaRN frequencies). `architectures` and
-// `model_type` must name the same model (DeepseekV3ForCausalLM: deepseek_v3 or kimi_k2).
+// `model_type` must name the same model (DeepseekV3ForCausalLM: deepseek_v3 or kimi_k2;
+// DeepseekV4ForCausalLM: deepseek_v4).
+//
+// For DeepSeek-V4 only the fields every architecture shares are read here (vocabulary, hidden
+// size, layers, heads, experts, norm epsilon, context length); the V4 model parses the rest
+// from `json` (worker/model/deepseek_v4/v4_config.h).
 #ifndef DEEPINFER_WORKER_MODEL_MODEL_CONFIG_H_
 #define DEEPINFER_WORKER_MODEL_MODEL_CONFIG_H_
 
@@ -63,6 +68,8 @@ struct ModelConfig {
   // FP8 block size from quantization_config.weight_block_size ([128, 128] for DeepSeek).
   int64_t fp8_block_rows = 128;
   int64_t fp8_block_cols = 128;
+  // The config.json text, for an architecture whose own fields are not above (DeepSeek-V4).
+  std::string json;
 
   // Parses and validates config.json text; `source` (a path) is named in every error.
   static absl::StatusOr<ModelConfig> FromJson(absl::string_view json, absl::string_view source);

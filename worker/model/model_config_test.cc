@@ -148,13 +148,22 @@ TEST(ModelConfigTest, ModelTypeMustMatchTheArchitecture) {
   auto mixtral =
       with(R"("architectures": ["DeepseekV3ForCausalLM"],)", R"("model_type": "mixtral",)");
   EXPECT_THAT(std::string(mixtral.status().message()), HasSubstr("model_type 'mixtral'"));
-  // An architecture we do not serve, whatever the model_type says.
   auto v4_arch =
       with(R"("architectures": ["DeepseekV4ForCausalLM"],)", R"("model_type": "deepseek_v3",)");
   EXPECT_THAT(std::string(v4_arch.status().message()),
-              AllOf(HasSubstr("unsupported architecture 'DeepseekV4ForCausalLM'"),
-                    HasSubstr("model_type 'deepseek_v3'")));
-  EXPECT_FALSE(with("", R"("model_type": "deepseek_v4",)").ok());
+              AllOf(HasSubstr("model_type 'deepseek_v3'"),
+                    HasSubstr("architectures[0] 'DeepseekV4ForCausalLM'")));
+  // DeepSeek-V4 by its model_type alone: the shared fields, and the text for the V4 model.
+  auto v4_type = with("", R"("model_type": "deepseek_v4",)");
+  ASSERT_TRUE(v4_type.ok()) << v4_type.status();
+  EXPECT_EQ(v4_type->architecture, "DeepseekV4ForCausalLM");
+  EXPECT_EQ(v4_type->hidden_size, 7168);
+  EXPECT_NE(v4_type->json.find("deepseek_v4"), std::string::npos);
+  // An architecture we do not serve, whatever the model_type says.
+  auto llama = with(R"("architectures": ["LlamaForCausalLM"],)", R"("model_type": "llama",)");
+  EXPECT_THAT(std::string(llama.status().message()),
+              AllOf(HasSubstr("unsupported architecture 'LlamaForCausalLM'"),
+                    HasSubstr("DeepseekV4ForCausalLM")));
   EXPECT_FALSE(with("", "").ok());
 }
 

@@ -6,6 +6,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "worker/model/deepseek_v3_model.h"
+#include "worker/model/deepseek_v4/deepseek_v4_model.h"
 
 namespace deepinfer {
 namespace {
@@ -13,6 +14,7 @@ namespace {
 const std::vector<Architecture>& Registry() {
   static const std::vector<Architecture>* registry = new std::vector<Architecture>{
       DeepseekV3Model::Entry(),
+      DeepseekV4Model::Entry(),
   };
   return *registry;
 }

@@ -33,7 +33,10 @@ class DeviceSampler {
   // The SampledToken of each request, in order, from logits ([rows, vocab], device memory).
   // Greedy requests (temperature <= 0) go through one GreedySampleRows over the rows they span,
   // the others through SampleRows with per-row parameters uploaded once, top logprobs through
-  // TopLogprobsRows; rows of the last two that are not consecutive are gathered first. One copy
+  // TopLogprobsRows; rows of the last two that are not consecutive are gathered first. Requests
+  // with logit adjustments: their rows are copied, AdjustLogits applies the entries (uploaded
+  // once for the step), SampleRows picks from the copy and TokenLogprobRows gives the raw
+  // logprob of the pick. One copy
   // to the host at the end. INVALID_ARGUMENT for a request Sampler::Validate rejects, one that
   // !Supports, or a row outside [0, rows); the backend's status() if an op failed.
   static absl::StatusOr<std::vector<SampledToken>> Sample(

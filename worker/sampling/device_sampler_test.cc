@@ -1,9 +1,11 @@
 // DeviceSampler on the CPU backend against Sampler::Sample on the same rows: greedy, seeded
-// temperature / top-k / top-p and top logprobs mixed in one call, rows in any order (gathered)
-// or consecutive (in place), and the errors it reports before running anything.
+// temperature / top-k / top-p, top logprobs and logit adjustments mixed in one call, rows in any
+// order (gathered) or consecutive (in place), and the errors it reports before running anything.
 #include "worker/sampling/device_sampler.h"
 
+#include <algorithm>
 #include <cmath>
+#include <limits>
 #include <random>
 #include <vector>
 
@@ -83,6 +85,81 @@ TEST(DeviceSamplerTest, MixedRequestsMatchSamplerOnTheCpuBackend) {
   }
 }
 
+// Gives every other request logit adjustments (bias, masks, repetition, subtraction) on a few
+// distinct tokens, the row's most likely token among them half of the time.
+void AddAdjustments(const std::vector<float>& logits, int64_t vocab,
+                    std::vector<RowSampleRequest>* requests, uint32_t seed) {
+  std::mt19937 gen(seed);
+  const float biases[] = {0.0f,   2.5f,    -3.0f,
+                          100.0f, -100.0f, -std::numeric_limits<float>::infinity()};
+  const float repetitions[] = {1.0f, 1.3f, 0.7f};
+  const float subtracts[] = {0.0f, 0.5f, -1.25f};
+  for (size_t i = 0; i < requests->size(); i += 2) {
+    RowSampleRequest& q = (*requests)[i];
+    const float* row = logits.data() + q.row * vocab;
+    std::vector<int32_t> tokens;
+    if (gen() % 2 == 0)
+      tokens.push_back(static_cast<int32_t>(std::max_element(row, row + vocab) - row));
+    for (int k = 0; k < 4; ++k) tokens.push_back(static_cast<int32_t>(gen() % vocab));
+    std::sort(tokens.begin(), tokens.end());
+    tokens.erase(std::unique(tokens.begin(), tokens.end()), tokens.end());
+    for (int32_t t : tokens) {
+      LogitAdjustment a;
+      a.token = t;
+      a.bias = biases[gen() % 6];
+      a.repetition = repetitions[gen() % 3];
+      a.subtract = subtracts[gen() % 3];
+      q.params.adjustments.push_back(a);
+    }
+  }
+}
+
+TEST(DeviceSamplerTest, AdjustedRequestsMatchSamplerOnTheCpuBackend) {
+  CpuBackend cpu(2);
+  for (int64_t vocab : {7, 1000}) {
+    const int64_t rows = 16;
+    SCOPED_TRACE(::testing::Message() << "vocab " << vocab);
+    auto logits = RandomLogits(rows * vocab, 5 + vocab);
+    auto dev = cpu.Allocate(logits.size() * sizeof(float));
+    cpu.CopyToDevice(logits.data(), logits.size() * sizeof(float), dev->data());
+    std::vector<int64_t> scattered = {3, 15, 0, 7, 7, 11, 2, 9};
+    std::vector<int64_t> in_order;
+    for (int64_t r = 0; r < rows; ++r) in_order.push_back(r);
+    for (const auto& order : {scattered, in_order}) {
+      auto requests = MixedRequests(order, static_cast<uint32_t>(order.size() + 3));
+      AddAdjustments(logits, vocab, &requests, static_cast<uint32_t>(vocab));
+      auto got = DeviceSampler::Sample(&cpu, dev->as<float>(), rows, vocab, requests);
+      ASSERT_TRUE(got.ok()) << got.status();
+      ExpectSameAsSampler(logits, vocab, requests, *got);
+    }
+    // The logits themselves are left as they were (adjustments work on a copy).
+    std::vector<float> after(logits.size());
+    cpu.CopyToHost(dev->data(), after.size() * sizeof(float), after.data());
+    EXPECT_EQ(after, logits);
+  }
+}
+
+TEST(DeviceSamplerTest, LogitBiasForcesTheTokenOnTheDevicePath) {
+  CpuBackend cpu(1);
+  const std::vector<float> logits = {1.0f, 2.0f, 3.0f, 0.0f};
+  auto dev = cpu.Allocate(logits.size() * sizeof(float));
+  cpu.CopyToDevice(logits.data(), logits.size() * sizeof(float), dev->data());
+  for (float temperature : {0.0f, 1.0f}) {
+    RowSampleRequest q;
+    q.params.temperature = temperature;
+    q.params.seed = 3;
+    LogitAdjustment a;
+    a.token = 3;
+    a.bias = 100.0f;
+    q.params.adjustments = {a};
+    auto got = DeviceSampler::Sample(&cpu, dev->as<float>(), 1, 4, {q});
+    ASSERT_TRUE(got.ok()) << got.status();
+    EXPECT_EQ((*got)[0].token, 3);
+    // Raw log-probability: 0 - log(e^0 + e^1 + e^2 + e^3) = -3.4401897
+    EXPECT_NEAR((*got)[0].logprob, -3.4401897f, 1e-6);
+  }
+}
+
 TEST(DeviceSamplerTest, RejectsBadRequests) {
   CpuBackend cpu(1);
   auto dev = cpu.Allocate(4 * 8 * sizeof(float));
@@ -102,6 +179,12 @@ TEST(DeviceSamplerTest, RejectsBadRequests) {
   EXPECT_EQ(code(one([](RowSampleRequest* q) { q->params.num_logprobs = kMaxTopLogprobs + 1; })),
             absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(code(one([](RowSampleRequest* q) { q->row = 4; })), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(code(one([](RowSampleRequest* q) {
+              LogitAdjustment a;
+              a.token = 8;  // outside the vocabulary of 8
+              q->params.adjustments = {a};
+            })),
+            absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(code(one([](RowSampleRequest* q) { q->row = -1; })),
             absl::StatusCode::kInvalidArgument);
   EXPECT_FALSE(DeviceSampler::Supports([] {

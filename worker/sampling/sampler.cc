@@ -20,7 +20,7 @@ RowSamplingParams ToRowSamplingParams(const SamplingParams& params, int64_t posi
   return row;
 }
 
-absl::Status Sampler::Validate(const SamplingParams& params) {
+absl::Status Sampler::Validate(const SamplingParams& params, int64_t vocab) {
   if (!(params.top_p > 0.0f && params.top_p <= 1.0f)) {
     return absl::InvalidArgumentError(
         absl::StrCat("Sampler: top_p must be in (0, 1], got ", params.top_p));
@@ -31,20 +31,45 @@ absl::Status Sampler::Validate(const SamplingParams& params) {
   if (params.num_logprobs < 0) {
     return absl::InvalidArgumentError("Sampler: num_logprobs must be >= 0");
   }
+  int32_t previous = -1;
+  for (const LogitAdjustment& a : params.adjustments) {
+    if (a.token <= previous) {
+      return absl::InvalidArgumentError("Sampler: adjustments must have ascending token ids");
+    }
+    previous = a.token;
+    if (a.token >= vocab) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("Sampler: adjusted token ", a.token, " outside the vocabulary of ", vocab));
+    }
+    if (!(a.repetition > 0.0f) || std::isnan(a.bias) || std::isnan(a.subtract)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("Sampler: invalid adjustment of token ", a.token));
+    }
+  }
   return absl::OkStatus();
 }
 
 absl::StatusOr<SampledToken> Sampler::Sample(const float* logits, int32_t vocab,
                                              const SamplingParams& params, int64_t position) {
   if (vocab <= 0) return absl::InvalidArgumentError("Sampler: empty vocabulary");
-  if (absl::Status st = Validate(params); !st.ok()) return st;
+  if (absl::Status st = Validate(params, vocab); !st.ok()) return st;
   SampledToken out;
+  // The token is picked from the adjusted row; log-probabilities come from the raw one.
+  const float* raw = logits;
+  std::vector<float> adjusted;
+  if (!params.adjustments.empty()) {
+    adjusted.assign(logits, logits + vocab);
+    for (const LogitAdjustment& a : params.adjustments) {
+      adjusted[a.token] = AdjustLogit(adjusted[a.token], a);
+    }
+    logits = adjusted.data();
+  }
   // Log-softmax of the raw logits, in double for a stable normaliser.
-  double mx = *std::max_element(logits, logits + vocab);
+  double mx = *std::max_element(raw, raw + vocab);
   double sum = 0;
-  for (int32_t i = 0; i < vocab; ++i) sum += std::exp(logits[i] - mx);
+  for (int32_t i = 0; i < vocab; ++i) sum += std::exp(raw[i] - mx);
   const double log_z = mx + std::log(sum);
-  auto logprob = [&](int32_t i) { return static_cast<float>(logits[i] - log_z); };
+  auto logprob = [&](int32_t i) { return static_cast<float>(raw[i] - log_z); };
 
   if (params.temperature <= 0.0f) {
     out.token = static_cast<int32_t>(std::max_element(logits, logits + vocab) - logits);
@@ -98,7 +123,7 @@ absl::StatusOr<SampledToken> Sampler::Sample(const float* logits, int32_t vocab,
     std::vector<int32_t> ids(vocab);
     std::iota(ids.begin(), ids.end(), 0);
     std::partial_sort(ids.begin(), ids.begin() + n, ids.end(), [&](int32_t a, int32_t b) {
-      return logits[a] > logits[b] || (logits[a] == logits[b] && a < b);
+      return raw[a] > raw[b] || (raw[a] == raw[b] && a < b);
     });
     for (int32_t i = 0; i < n; ++i) out.top_logprobs.emplace_back(ids[i], logprob(ids[i]));
   }

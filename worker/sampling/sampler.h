@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "worker/sampling/logit_adjustment.h"
 #include "worker/sampling/row_sampling_params.h"
 
 namespace deepinfer {
@@ -24,6 +25,10 @@ struct SamplingParams {
   float top_p = 1.0f;        // in (0, 1]
   uint64_t seed = 0;
   int32_t num_logprobs = 0;  // how many top tokens to report besides the chosen one
+  // Applied to the logits before the token is picked (greedy or sampled), one entry per token
+  // (ids strictly ascending, `row` ignored): logit_bias, the min_tokens mask and the penalties
+  // (logit_adjustment.h). Log-probabilities stay those of the raw logits, as vLLM reports them.
+  std::vector<LogitAdjustment> adjustments;
 };
 
 struct SampledToken {
@@ -40,8 +45,9 @@ RowSamplingParams ToRowSamplingParams(const SamplingParams& params, int64_t posi
 class Sampler {
  public:
   // The checks Sample makes on params: INVALID_ARGUMENT for top_p outside (0, 1], a NaN
-  // temperature or a negative num_logprobs (DeviceSampler makes the same ones).
-  static absl::Status Validate(const SamplingParams& params);
+  // temperature, a negative num_logprobs, adjustments whose tokens are not ascending within
+  // [0, vocab) or whose repetition is not > 0 (DeviceSampler makes the same ones).
+  static absl::Status Validate(const SamplingParams& params, int64_t vocab);
   // position: index of the token being sampled within its sequence (prompt length + generated
   // so far); it keys the random stream.
   static absl::StatusOr<SampledToken> Sample(const float* logits, int32_t vocab,

@@ -2,6 +2,7 @@
 #include "worker/sampling/sampler.h"
 
 #include <cmath>
+#include <limits>
 #include <map>
 #include <set>
 #include <string>
@@ -142,6 +143,96 @@ TEST(SamplerTest, ToRowSamplingParamsCarriesEveryField) {
   EXPECT_EQ(r.seed, 0x123456789abcdefull);
   EXPECT_EQ(r.position, 77);
   EXPECT_EQ(r.reserved, 0);
+}
+
+}  // namespace
+}  // namespace deepinfer
+
+namespace deepinfer {
+namespace {
+
+LogitAdjustment Adjust(int32_t token, float bias, float repetition, float subtract) {
+  LogitAdjustment a;
+  a.token = token;
+  a.bias = bias;
+  a.repetition = repetition;
+  a.subtract = subtract;
+  return a;
+}
+
+TEST(SamplerAdjustmentTest, LogitBiasForcesATokenAndLogprobsStayRaw) {
+  const std::vector<float> l = {1.0f, 2.0f, 3.0f, 0.0f};
+  SamplingParams p;
+  p.num_logprobs = 1;
+  p.adjustments = {Adjust(0, 100.0f, 1.0f, 0.0f)};
+  auto s = Sampler::Sample(l.data(), 4, p, 0);
+  ASSERT_TRUE(s.ok()) << s.status();
+  EXPECT_EQ(s->token, 0);
+  // log softmax of the raw row: 1 - log(e^0 + e^1 + e^2 + e^3) = 1 - 3.4401897
+  EXPECT_NEAR(s->logprob, -2.4401897f, 1e-6);
+  ASSERT_EQ(s->top_logprobs.size(), 1u);
+  EXPECT_EQ(s->top_logprobs[0].first, 2);  // the raw row's most likely token
+  // -100 keeps a token out of the sample whatever the seed (e^-97 against e^1).
+  p.temperature = 1.0f;
+  p.num_logprobs = 0;
+  p.adjustments = {Adjust(2, -100.0f, 1.0f, 0.0f)};
+  for (uint64_t seed = 0; seed < 200; ++seed) {
+    p.seed = seed;
+    auto t = Sampler::Sample(l.data(), 4, p, 7);
+    ASSERT_TRUE(t.ok());
+    EXPECT_NE(t->token, 2) << seed;
+  }
+}
+
+TEST(SamplerAdjustmentTest, RepetitionPenaltyDividesPositiveAndMultipliesNegative) {
+  // Token 0 (2.0) seen: 2.0 / 2 = 1.0 < 1.5, so greedy takes token 1.
+  std::vector<float> l = {2.0f, 1.5f, -1.0f};
+  SamplingParams p;
+  p.adjustments = {Adjust(0, 0.0f, 2.0f, 0.0f)};
+  auto s = Sampler::Sample(l.data(), 3, p, 0);
+  ASSERT_TRUE(s.ok());
+  EXPECT_EQ(s->token, 1);
+  // Negative logits: -1.0 * 2 = -2.0 < -1.5, so token 1 wins over the seen token 0.
+  l = {-1.0f, -1.5f, -3.0f};
+  s = Sampler::Sample(l.data(), 3, p, 0);
+  ASSERT_TRUE(s.ok());
+  EXPECT_EQ(s->token, 1);
+  // A penalty below 1 favours seen tokens: -1.5 * 0.5 = -0.75 > -1.0.
+  p.adjustments = {Adjust(1, 0.0f, 0.5f, 0.0f)};
+  s = Sampler::Sample(l.data(), 3, p, 0);
+  ASSERT_TRUE(s.ok());
+  EXPECT_EQ(s->token, 1);
+}
+
+TEST(SamplerAdjustmentTest, SubtractionAndMaskDecideGreedy) {
+  const std::vector<float> l = {0.0f, 4.0f, 3.5f, 5.0f};
+  SamplingParams p;
+  // Token 3 masked (min_tokens), token 1 loses 0.75 (frequency 0.25 x 1 + presence 0.5):
+  // 3.25 < 3.5, so token 2.
+  p.adjustments = {Adjust(1, 0.0f, 1.0f, 0.75f),
+                   Adjust(3, -std::numeric_limits<float>::infinity(), 1.0f, 0.0f)};
+  auto s = Sampler::Sample(l.data(), 4, p, 0);
+  ASSERT_TRUE(s.ok());
+  EXPECT_EQ(s->token, 2);
+  // A masked token is never sampled either.
+  p.temperature = 2.0f;
+  for (uint64_t seed = 0; seed < 200; ++seed) {
+    p.seed = seed;
+    auto t = Sampler::Sample(l.data(), 4, p, 3);
+    ASSERT_TRUE(t.ok());
+    EXPECT_NE(t->token, 3) << seed;
+  }
+}
+
+TEST(SamplerAdjustmentTest, RefusesBadAdjustments) {
+  const std::vector<float> l = {0.0f, 1.0f};
+  SamplingParams p;
+  p.adjustments = {Adjust(2, 1.0f, 1.0f, 0.0f)};
+  EXPECT_FALSE(Sampler::Sample(l.data(), 2, p, 0).ok());
+  p.adjustments = {Adjust(1, 1.0f, 1.0f, 0.0f), Adjust(0, 1.0f, 1.0f, 0.0f)};  // not ascending
+  EXPECT_FALSE(Sampler::Sample(l.data(), 2, p, 0).ok());
+  p.adjustments = {Adjust(0, 1.0f, 0.0f, 0.0f)};
+  EXPECT_FALSE(Sampler::Sample(l.data(), 2, p, 0).ok());
 }
 
 }  // namespace

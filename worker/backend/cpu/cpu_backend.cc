@@ -542,8 +542,8 @@ void CpuBackend::ArgmaxRows(int64_t rows, int64_t vocab, const float* logits, in
   }
 }
 
-void CpuBackend::GreedySampleRows(int64_t rows, int64_t vocab, const float* logits,
-                                  int32_t* token, float* logprob) {
+void CpuBackend::GreedySampleRows(int64_t rows, int64_t vocab, const float* logits, int32_t* token,
+                                  float* logprob) {
   for (int64_t r = 0; r < rows; ++r) {
     const float* l = logits + r * vocab;
     const int64_t best = std::max_element(l, l + vocab) - l;
@@ -604,6 +604,32 @@ void CpuBackend::TopLogprobsRows(int64_t rows, int64_t vocab, const float* logit
       }
     }
   });
+}
+
+void CpuBackend::AdjustLogits(int64_t rows, int64_t vocab, float* logits, int64_t n,
+                              const LogitAdjustment* adjustments, const int32_t* count) {
+  if (count != nullptr) n = std::min<int64_t>(n, *count);
+  for (int64_t i = 0; i < n; ++i) {
+    const LogitAdjustment& a = adjustments[i];
+    if (a.row < 0 || a.row >= rows || a.token < 0 || a.token >= vocab) continue;
+    float& l = logits[a.row * vocab + a.token];
+    l = AdjustLogit(l, a);
+  }
+}
+
+void CpuBackend::TokenLogprobRows(int64_t rows, int64_t vocab, const float* logits,
+                                  const int32_t* token, float* logprob) {
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* l = logits + r * vocab;
+    if (token[r] < 0 || token[r] >= vocab) {
+      logprob[r] = std::numeric_limits<float>::quiet_NaN();
+      continue;
+    }
+    const double mx = *std::max_element(l, l + vocab);
+    double sum = 0;
+    for (int64_t i = 0; i < vocab; ++i) sum += std::exp(static_cast<double>(l[i]) - mx);
+    logprob[r] = static_cast<float>(l[token[r]] - (mx + std::log(sum)));
+  }
 }
 
 void CpuBackend::Record(const absl::Status& st) {

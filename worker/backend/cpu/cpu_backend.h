@@ -15,6 +15,7 @@
 #include "absl/status/status.h"
 #include "absl/synchronization/mutex.h"
 #include "worker/backend/backend.h"
+#include "worker/backend/cpu/cpu_v4_ops.h"
 #include "worker/backend/cpu/thread_pool.h"
 
 namespace deepinfer {
@@ -31,6 +32,7 @@ class CpuBackend : public Backend {
   void CopyToHost(const void* device, size_t bytes, void* host) override;
   void CopyDeviceToDevice(const void* src, size_t bytes, void* dst) override;
   void Synchronize() override {}
+  V4Ops* v4_ops() override { return &v4_ops_; }
 
   void Gemm(int64_t m, int64_t n, int64_t k, ActivationView a, int64_t lda, WeightView w,
             int64_t ldw, float* c, int64_t ldc, bool accumulate) override;
@@ -71,6 +73,10 @@ class CpuBackend : public Backend {
                   int32_t* token, float* logprob) override;
   void TopLogprobsRows(int64_t rows, int64_t vocab, const float* logits, int32_t n, int32_t* ids,
                        float* logprobs) override;
+  void AdjustLogits(int64_t rows, int64_t vocab, float* logits, int64_t n,
+                    const LogitAdjustment* adjustments, const int32_t* count) override;
+  void TokenLogprobRows(int64_t rows, int64_t vocab, const float* logits, const int32_t* token,
+                        float* logprob) override;
 
   // The first invalid-argument error an op has hit (only TopLogprobsRows reports one).
   absl::Status status() const override;
@@ -79,6 +85,7 @@ class CpuBackend : public Backend {
   void Record(const absl::Status& st);
 
   ThreadPool pool_;
+  CpuV4Ops v4_ops_{&pool_};
   const WeightDType weight_dtype_;
   mutable absl::Mutex mu_;
   absl::Status status_ ABSL_GUARDED_BY(mu_);

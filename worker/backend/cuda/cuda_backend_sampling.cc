@@ -1,9 +1,10 @@
 // CudaBackend's sampling ops: argmax, greedy and sampled tokens with their logprobs, top
-// logprobs.
+// logprobs, logit adjustments, raw logprobs of given tokens.
 #include <cstdint>
 #include <limits>
 
 #include "absl/strings/str_cat.h"
+#include "kernels/sampling/adjust_logits.h"
 #include "kernels/sampling/argmax.h"
 #include "kernels/sampling/sample.h"
 #include "worker/backend/cuda/cuda_backend.h"
@@ -54,6 +55,27 @@ void CudaBackend::TopLogprobsRows(int64_t rows, int64_t vocab, const float* logi
   }
   Check(kernels::TopLogprobsF32(rows, vocab, logits, n, ids, logprobs, stream_),
         "kernels::TopLogprobsF32");
+}
+
+void CudaBackend::AdjustLogits(int64_t rows, int64_t vocab, float* logits, int64_t n,
+                               const LogitAdjustment* adjustments, const int32_t* count) {
+  OpTimer timer(this, "AdjustLogits");
+  Check(kernels::AdjustLogitsF32(rows, vocab, logits, n, adjustments, count, stream_),
+        "kernels::AdjustLogitsF32");
+}
+
+void CudaBackend::TokenLogprobRows(int64_t rows, int64_t vocab, const float* logits,
+                                   const int32_t* token, float* logprob) {
+  OpTimer timer(this, "TokenLogprobRows");
+  if (vocab <= 0 || vocab > std::numeric_limits<int32_t>::max()) {
+    Record(absl::InvalidArgumentError(
+        absl::StrCat("TokenLogprobRows: vocab must be in [1, 2^31), got ", vocab)));
+    return;
+  }
+  auto workspace = AllocateScratch(kernels::ArgmaxWorkspaceBytes(rows, vocab));
+  Check(
+      kernels::TokenLogprobRowsF32(rows, vocab, logits, workspace->data(), token, logprob, stream_),
+      "kernels::TokenLogprobRowsF32");
 }
 
 }  // namespace deepinfer

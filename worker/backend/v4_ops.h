@@ -1,0 +1,146 @@
+// V4Ops: the operations of DeepSeek-V4 that the Backend interface has no op for: the
+// hyper-connection residual streams (mix, Sinkhorn projection, collapse, expand), the
+// compressor's gated pooling of a window, attention with per-head sinks over a list of key rows
+// per query, the lightning indexer's scores and top-k, the V4 routers (sqrtsoftplus / sigmoid
+// scores, optional hash-table expert choice) and the clamped SwiGLU. A backend that runs V4
+// returns them from Backend::v4_ops(); conventions as backend.h (device pointers, fp32
+// row-major activations, int32 indices).
+#ifndef DEEPINFER_WORKER_BACKEND_V4_OPS_H_
+#define DEEPINFER_WORKER_BACKEND_V4_OPS_H_
+
+#include <cstdint>
+
+namespace deepinfer {
+
+// The mixing weights of one hyper-connection site for `rows` tokens of hc streams, from
+// mixes = RmsNorm_unweighted(flatten(streams)) · fnᵀ ([rows, (2 + hc) * hc]):
+//   pre  = sigmoid(mixes[:hc] * scale[0] + base[:hc]) + eps
+//   post = 2 * sigmoid(mixes[hc:2hc] * scale[1] + base[hc:2hc])
+//   comb = Sinkhorn(softmax_rows(mixes[2hc:] * scale[2] + base[2hc:]) + eps), an hc x hc matrix
+//          (row-major [j][k]) normalised over columns, then sinkhorn_iters - 1 times over rows and
+//          columns, each sum + eps
+//   collapsed = sum_j pre[j] * streams[j]
+struct HcMixArgs {
+  int64_t rows = 0, hc = 0, hidden = 0;
+  const float* mixes = nullptr;  // [rows, (2 + hc) * hc]
+  const float* base = nullptr;   // [(2 + hc) * hc]
+  const float* scale = nullptr;  // [3]
+  int32_t sinkhorn_iters = 1;
+  float eps = 0.0f;
+  const float* streams = nullptr;  // [rows, hc, hidden]
+  float* post = nullptr;           // [rows, hc]
+  float* comb = nullptr;           // [rows, hc, hc]
+  float* collapsed = nullptr;      // [rows, hidden]
+};
+
+// The final collapse of the streams before the last norm:
+//   out = sum_j (sigmoid(mixes[j] * scale[0] + base[j]) + eps) * streams[j], mixes [rows, hc].
+struct HcHeadArgs {
+  int64_t rows = 0, hc = 0, hidden = 0;
+  const float* mixes = nullptr;
+  const float* base = nullptr;   // [hc]
+  const float* scale = nullptr;  // [1]
+  float eps = 0.0f;
+  const float* streams = nullptr;
+  float* out = nullptr;  // [rows, hidden]
+};
+
+// A block's output placed back into the streams:
+//   streams_out[k] = post[k] * block_out + sum_j comb[j][k] * streams_in[j].
+struct HcExpandArgs {
+  int64_t rows = 0, hc = 0, hidden = 0;
+  const float* block_out = nullptr;   // [rows, hidden]
+  const float* post = nullptr;        // [rows, hc]
+  const float* comb = nullptr;        // [rows, hc, hc]
+  const float* streams_in = nullptr;  // [rows, hc, hidden]
+  float* streams_out = nullptr;       // [rows, hc, hidden], may not alias streams_in
+};
+
+// One compressed entry per window from the projected rows of its source tokens:
+//   out[w, d] = sum_s softmax_s(g[w, s, d]) * v[w, s, d].
+// Without overlap (HCA): s < ratio, v = kv[w, s, :dim], g = gate[w, s, :dim] + bias[s, :dim].
+// With overlap (CSA, rows of width 2 * dim): slots s < ratio read the previous window's rows
+// (kv[w, s, :dim], gate + bias[s, :dim]; weight 0 where has_prev[w] is 0), slots ratio + s the
+// window's own (kv[w, ratio + s, dim:], gate + bias[s, dim:]).
+struct CompressWindowsArgs {
+  int64_t windows = 0, ratio = 0, dim = 0;
+  bool overlap = false;
+  // [windows, (overlap ? 2 : 1) * ratio] rows of width floats, row r at kv + r * row_stride.
+  const float* kv = nullptr;
+  const float* gate = nullptr;        // the same layout
+  int64_t row_stride = 0;             // 0: width
+  const float* bias = nullptr;        // [ratio, width] (position_bias)
+  const int32_t* has_prev = nullptr;  // [windows] (overlap only)
+  float* out = nullptr;               // [windows, dim]
+};
+
+// Attention of one shared K = V head with per-head sinks: query t of head h attends over the
+// rows kv[indices[offsets[t] .. offsets[t+1])] and a sink logit sinks[h]:
+//   p = softmax([scale * q[t, h] · kv[i] for i in list] ++ [sinks[h]]),
+//   out[t, h] = sum_i p_i kv[i] (the sink's probability is dropped).
+struct SinkAttentionArgs {
+  int64_t tokens = 0, heads = 0, dim = 0;
+  const float* q = nullptr;          // [tokens, heads, dim]
+  const float* kv = nullptr;         // [rows, dim]
+  const int32_t* offsets = nullptr;  // [tokens + 1]
+  const int32_t* indices = nullptr;
+  const float* sinks = nullptr;  // [heads]
+  float scale = 1.0f;
+  float* out = nullptr;  // [tokens, heads, dim]
+};
+
+// Lightning indexer: query t scores its candidate keys i (keys[indices[offsets[t] ..
+// offsets[t+1])]) as sum_h weights[t, h] * weight_scale * relu(q[t, h] · keys[i]) * key_scale;
+// only the first visible[t] candidates count, the others score -inf, and the min(topk, number
+// of candidates) best are chosen as torch.topk (sorted, largest) chooses them on the CPU:
+// (score, position) pairs in candidate order through std::nth_element at k - 1 and std::sort
+// of the first k - 1 (std::partial_sort of the first k when k * 64 <= candidates), ties by
+// where those algorithms leave them. selected[t, :] holds the chosen positions into the
+// candidate list, -1 for a chosen position that is not visible and past k.
+struct IndexerTopKArgs {
+  int64_t tokens = 0, heads = 0, dim = 0, topk = 0;
+  const float* q = nullptr;        // [tokens, heads, dim]
+  const float* weights = nullptr;  // [tokens, heads]
+  float weight_scale = 1.0f, key_scale = 1.0f;
+  const float* keys = nullptr;  // [rows, dim]
+  const int32_t* offsets = nullptr;
+  const int32_t* indices = nullptr;
+  const int32_t* visible = nullptr;  // [tokens]
+  int32_t* selected = nullptr;       // [tokens, topk]
+};
+
+// V4 routing: scores = f(logits) (sqrtsoftplus: sqrt(softplus(x)); else sigmoid); the experts
+// are the top_k of scores + bias (bias null: of scores), or with a hash table the row
+// hash_table[token_ids[t]] ([vocab, top_k]); weights = their scores / (sum + 1e-20) * scaling.
+// Output pairs sorted by expert id within a token (a repeated expert stays twice).
+struct V4RouteArgs {
+  int64_t rows = 0, experts = 0, top_k = 0;
+  const float* logits = nullptr;        // [rows, experts]
+  const float* bias = nullptr;          // [experts] or null
+  const int32_t* hash_table = nullptr;  // [vocab, top_k] or null
+  const int32_t* token_ids = nullptr;   // [rows], read with hash_table
+  bool sqrtsoftplus = true;
+  float scaling = 1.0f;
+  int32_t* topk_ids = nullptr;    // [rows, top_k]
+  float* topk_weights = nullptr;  // [rows, top_k]
+};
+
+class V4Ops {
+ public:
+  virtual ~V4Ops() = default;
+  virtual void HcMix(const HcMixArgs& args) = 0;
+  virtual void HcHead(const HcHeadArgs& args) = 0;
+  virtual void HcExpand(const HcExpandArgs& args) = 0;
+  virtual void CompressWindows(const CompressWindowsArgs& args) = 0;
+  virtual void SinkAttention(const SinkAttentionArgs& args) = 0;
+  virtual void IndexerTopK(const IndexerTopKArgs& args) = 0;
+  virtual void Route(const V4RouteArgs& args) = 0;
+  // out[r, i] = silu(min(x[r, i], limit)) * clamp(x[r, inter + i], -limit, limit); x is
+  // [rows, 2 * inter] (gate then up), limit <= 0: no clamp.
+  virtual void SwiGluClamped(int64_t rows, int64_t inter, const float* x, float limit,
+                             float* out) = 0;
+};
+
+}  // namespace deepinfer
+
+#endif  // DEEPINFER_WORKER_BACKEND_V4_OPS_H_

@@ -1,0 +1,119 @@
+// DeepseekV4Model: DeepSeek-V4 (HF transformers `deepseek_v4`, DeepseekV4ForCausalLM) as a
+// composition of its components, on any backend with V4Ops (Backend::v4_ops):
+//
+//   embedding, copied into hc_mult residual streams (HyperConnections)
+//   per layer:  attn site:  HyperConnections::Mix -> input norm -> V4Attention -> Expand
+//               ffn site:   HyperConnections::Mix -> post-attention norm -> V4Moe -> Expand
+//   HyperConnections::Head (collapse the streams) -> final norm -> LM head
+//
+// V4Attention (v4_attention.h) is the sliding-window / CSA / HCA attention with its
+// compressors and indexer over the V4 cache kinds (kv_cache_spec.h); V4Moe (v4_moe.h) the
+// sqrtsoftplus / hash routers, the routed experts through an ExpertDispatcher and the shared
+// expert, with SwiGLU clamped at swiglu_limit.
+//
+// Step() runs prefill, chunked prefill and decode of many sequences in one call, like every
+// CausalLm; a sequence's state (window ring, compressor rows) lives in the cache's state slot
+// bound to its first block, its compressed entries in its blocks. Made by the registry for
+// DeepseekV4ForCausalLM; users hold a CausalLm.
+#ifndef DEEPINFER_WORKER_MODEL_DEEPSEEK_V4_DEEPSEEK_V4_MODEL_H_
+#define DEEPINFER_WORKER_MODEL_DEEPSEEK_V4_DEEPSEEK_V4_MODEL_H_
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "worker/backend/backend.h"
+#include "worker/kv_cache/kv_block_pool.h"
+#include "worker/model/architecture.h"
+#include "worker/model/causal_lm.h"
+#include "worker/model/deepseek_v4/v4_attention.h"
+#include "worker/model/deepseek_v4/v4_config.h"
+#include "worker/model/deepseek_v4/v4_moe.h"
+#include "worker/model/deepseek_v4/v4_weights.h"
+#include "worker/model/expert_dispatcher.h"
+
+namespace deepinfer {
+
+class DeepseekV4Model final : public CausalLm {
+ public:
+  // INVALID_ARGUMENT if the weights do not match the config; UNIMPLEMENTED on a backend
+  // without V4Ops.
+  static absl::StatusOr<std::unique_ptr<DeepseekV4Model>> Create(
+      const ModelConfig& config, const DeepseekV4Config& v4,
+      std::unique_ptr<DeepseekV4Weights> weights, Backend* backend,
+      std::unique_ptr<ExpertDispatcher> dispatcher);
+  ~DeepseekV4Model() override;
+
+  // The registry entry (model_registry.cc).
+  static Architecture Entry();
+  // The cache V4 declares: one group per attention kind present.
+  static KvCacheSpec CacheSpecOf(const DeepseekV4Config& v4);
+
+  const ModelConfig& config() const override { return config_; }
+  KvCacheSpec CacheSpec() const override { return CacheSpecOf(v4_); }
+  absl::StatusOr<StepOutput> Step(const std::vector<SequenceStep>& batch,
+                                  KvBlockPool* cache) override;
+  // No recorded decode steps, fused ops or MLA prefill forms: the knobs are kept and ignored.
+  void SetDecodeGraphOptions(const DecodeGraphOptions& options) override {
+    graph_options_ = options;
+  }
+  const DecodeGraphOptions& decode_graph_options() const override { return graph_options_; }
+  void SetFusedOps(bool on) override { fused_ops_ = on; }
+  bool fused_ops() const override { return fused_ops_; }
+  void SetPrefillAttention(PrefillAttention form) override { prefill_ = form; }
+  PrefillAttention prefill_attention() const override { return prefill_; }
+  int64_t decode_graph_steps() const override { return 0; }
+  int64_t decode_graphs_recorded() const override { return 0; }
+  int64_t num_moe_layers() const override { return v4_.num_layers; }
+
+  // How the indexer breaks exact ties between entry scores at the top-k boundary (with few
+  // index heads, relu makes many scores exactly 0). Default (off): among the entries the query
+  // sees, as torch.topk orders them; a position's choice then depends on its own past only, so
+  // chunked prefill, decode and replay give exactly what one prefill gives. On: among every
+  // entry the sequence has at the end of the step, the unseen ones -inf, which is what HF's
+  // forward over that prefix computes (torch.topk's order among ties depends on the row's
+  // length); one prefill then equals HF's logits at every position even at ties, but a
+  // position's choice depends on where its step ends. Off for serving; on for parity checks
+  // of a whole forward pass.
+  void set_indexer_full_forward_ties(bool on) { attention_->set_full_forward_ties(on); }
+  std::vector<int64_t> TakeExpertCounts() override { return moe_->TakeExpertCounts(); }
+  std::vector<std::vector<int64_t>> MissingExperts(
+      const std::vector<std::vector<int64_t>>& needed) const override {
+    return moe_->MissingExperts(needed);
+  }
+  absl::Status SwitchPlacement(std::shared_ptr<const ExpertPlacement> placement,
+                               const std::vector<std::vector<int64_t>>& needed,
+                               std::vector<std::map<int64_t, MlpWeights>> loaded) override {
+    return moe_->SwitchPlacement(std::move(placement), needed, std::move(loaded));
+  }
+
+ private:
+  DeepseekV4Model(const ModelConfig& config, const DeepseekV4Config& v4,
+                  std::unique_ptr<DeepseekV4Weights> weights, Backend* backend,
+                  std::unique_ptr<ExpertDispatcher> dispatcher);
+
+  // One hyper-connection site's mixing (HcMix) of streams [T, hc, H]: post, comb, collapsed.
+  void Mix(int64_t T, const V4HyperConnectionWeights& w, const float* streams, float* post,
+           float* comb, float* collapsed);
+  std::unique_ptr<DeviceBuffer> Floats(int64_t n) {
+    return backend_->AllocateScratch(std::max<int64_t>(1, n) * sizeof(float));
+  }
+
+  const ModelConfig config_;
+  const DeepseekV4Config v4_;
+  std::unique_ptr<DeepseekV4Weights> weights_;
+  Backend* backend_;
+  V4Ops* ops_;
+  std::unique_ptr<DeviceBuffer> ones_;  // the unweighted norms' weight
+  std::unique_ptr<V4Attention> attention_;
+  std::unique_ptr<V4Moe> moe_;
+  DecodeGraphOptions graph_options_;
+  bool fused_ops_ = true;
+  PrefillAttention prefill_ = PrefillAttention::kAuto;
+};
+
+}  // namespace deepinfer
+
+#endif  // DEEPINFER_WORKER_MODEL_DEEPSEEK_V4_DEEPSEEK_V4_MODEL_H_

@@ -1,0 +1,328 @@
+// V4Attention: projections, compressors and indexer, the key lists each query attends over, and
+// the cache updates. The key lists are built on the host from the step's sequence shapes (and,
+// on CSA layers, the indexer's top-k, read back): row r of a per-step key matrix is a window
+// key (from the ring or this step), or a compressed entry (from the paged stream).
+#include "worker/model/deepseek_v4/v4_attention.h"
+
+#include <algorithm>
+#include <cmath>
+
+namespace deepinfer {
+
+void ReadPaged(Backend* backend, const float* stream, int64_t P, const std::vector<int32_t>& table,
+               int64_t begin, int64_t count, float* dst) {
+  while (count > 0) {
+    const int64_t b = begin / P, off = begin % P, run = std::min(count, P - off);
+    backend->CopyDeviceToDevice(stream + int64_t{table[b]} * P + off, run * sizeof(float), dst);
+    begin += run;
+    count -= run;
+    dst += run;
+  }
+}
+
+void WritePaged(Backend* backend, float* stream, int64_t P, const std::vector<int32_t>& table,
+                int64_t begin, int64_t count, const float* src) {
+  while (count > 0) {
+    const int64_t b = begin / P, off = begin % P, run = std::min(count, P - off);
+    backend->CopyDeviceToDevice(src, run * sizeof(float), stream + int64_t{table[b]} * P + off);
+    begin += run;
+    count -= run;
+    src += run;
+  }
+}
+
+V4Attention::V4Attention(const DeepseekV4Config& config, const DeepseekV4Weights* weights,
+                         Backend* backend, const float* ones)
+    : config_(config), weights_(weights), backend_(backend), ops_(backend->v4_ops()), ones_(ones) {
+  auto upload = [&](const std::vector<float>& v) {
+    auto buf = backend_->Allocate(v.size() * sizeof(float));
+    backend_->CopyToDevice(v.data(), v.size() * sizeof(float), buf->data());
+    return buf;
+  };
+  main_inv_freq_ = upload(config_.MainInvFreq());
+  compress_inv_freq_ = upload(config_.CompressInvFreq());
+}
+
+std::unique_ptr<DeviceBuffer> V4Attention::Ints(const std::vector<int32_t>& v) {
+  auto buf = backend_->AllocateScratch(std::max<size_t>(1, v.size()) * sizeof(int32_t));
+  if (!v.empty()) backend_->CopyToDevice(v.data(), v.size() * sizeof(int32_t), buf->data());
+  return buf;
+}
+
+void V4Attention::Compress(int64_t layer, const V4StepContext& ctx, const float* h,
+                           const V4CompressorWeights& w, int64_t ratio, bool overlap,
+                           int64_t state_offset, int64_t ring_rows, float* stream, int64_t P) {
+  const DeepseekV4Config& c = config_;
+  const int64_t T = ctx.num_tokens, H = c.hidden_size, dim = w.dim, rd = c.rope_dim;
+  const int64_t width = overlap ? 2 * dim : dim, rw = 2 * width;  // a row: kv then gate
+  auto rows = Floats(T * rw);
+  float* rp = rows->as<float>();
+  backend_->Gemm(T, width, H, h, H, weights_->Matrix(w.kv_proj), H, rp, rw, false);
+  backend_->Gemm(T, width, H, h, H, weights_->Matrix(w.gate_proj), H, rp + width, rw, false);
+
+  // The windows this step closes: entries o / ratio .. (o + n) / ratio - 1 of each sequence.
+  struct Window {
+    size_t seq;
+    int64_t index;
+  };
+  std::vector<Window> windows;
+  for (size_t s = 0; s < ctx.seqs.size(); ++s) {
+    const V4Sequence& q = ctx.seqs[s];
+    for (int64_t i = q.offset / ratio; i < (q.offset + q.num_tokens) / ratio; ++i) {
+      windows.push_back({s, i});
+    }
+  }
+  const int64_t NW = static_cast<int64_t>(windows.size());
+  if (NW > 0) {
+    const int64_t slots = overlap ? 2 * ratio : ratio;
+    auto wbuf = Floats(NW * slots * rw);
+    std::vector<int32_t> has_prev(NW), win_pos(NW);
+    for (int64_t wi = 0; wi < NW; ++wi) {
+      const V4Sequence& q = ctx.seqs[windows[wi].seq];
+      const float* state = ctx.cache->SequenceState(static_cast<int32_t>(layer), q.slot);
+      const int64_t first = windows[wi].index * ratio - (overlap ? ratio : 0);
+      for (int64_t j = 0; j < slots; ++j) {
+        const int64_t p = first + j;
+        if (p < 0) continue;  // before the sequence: weight 0 (has_prev)
+        const float* src = p >= q.offset ? rp + (q.first_row + p - q.offset) * rw
+                                         : state + state_offset + (p % ring_rows) * rw;
+        Copy(src, rw, wbuf->as<float>() + (wi * slots + j) * rw);
+      }
+      has_prev[wi] = windows[wi].index > 0;
+      win_pos[wi] = static_cast<int32_t>(windows[wi].index * ratio);
+    }
+    auto has_prev_dev = Ints(has_prev);
+    auto pos_dev = Ints(win_pos);
+    auto pooled = Floats(NW * dim), normed = Floats(NW * dim);
+    CompressWindowsArgs a;
+    a.windows = NW;
+    a.ratio = ratio;
+    a.dim = dim;
+    a.overlap = overlap;
+    a.kv = wbuf->as<float>();
+    a.gate = wbuf->as<float>() + width;
+    a.row_stride = rw;
+    a.bias = w.position_bias->as<float>();
+    a.has_prev = has_prev_dev->as<int32_t>();
+    a.out = pooled->as<float>();
+    ops_->CompressWindows(a);
+    backend_->RmsNorm(NW, dim, pooled->as<float>(), dim, w.kv_norm->as<float>(),
+                      static_cast<float>(c.rms_norm_eps), normed->as<float>(), dim);
+    backend_->ApplyRope(NW, 1, normed->as<float>() + dim - rd, dim, dim, rd, pos_dev->as<int32_t>(),
+                        compress_inv_freq_->as<float>(), c.CompressAttentionFactor(),
+                        /*interleaved=*/true);
+    for (int64_t wi = 0; wi < NW; ++wi) {
+      const V4Sequence& q = ctx.seqs[windows[wi].seq];
+      WritePaged(backend_, stream, P, *q.block_table, windows[wi].index * dim, dim,
+                 normed->as<float>() + wi * dim);
+    }
+  }
+  // Keep the last ring_rows source rows for the windows still open.
+  for (const V4Sequence& q : ctx.seqs) {
+    float* state = ctx.cache->SequenceState(static_cast<int32_t>(layer), q.slot);
+    const int64_t end = q.offset + q.num_tokens;
+    for (int64_t p = std::max(q.offset, end - ring_rows); p < end; ++p) {
+      Copy(rp + (q.first_row + p - q.offset) * rw, rw, state + state_offset + (p % ring_rows) * rw);
+    }
+  }
+}
+
+absl::Status V4Attention::Forward(int64_t layer, const V4StepContext& ctx, const float* h,
+                                  float* out) {
+  const DeepseekV4Config& c = config_;
+  const V4AttentionWeights& A = weights_->layers[layer].attention;
+  const int64_t T = ctx.num_tokens;
+  if (T == 0) return absl::OkStatus();
+  const int64_t H = c.hidden_size, D = c.head_dim, NH = c.num_heads, QL = c.q_lora_rank;
+  const int64_t rd = c.rope_dim, W = c.sliding_window;
+  const float eps = static_cast<float>(c.rms_norm_eps);
+  const V4AttentionKind kind = c.attention[layer];
+  const bool compressed = kind != V4AttentionKind::kSliding;
+  const bool sparse = kind == V4AttentionKind::kSparse;
+  const float* inv = compressed ? compress_inv_freq_->as<float>() : main_inv_freq_->as<float>();
+  const float factor = compressed ? c.CompressAttentionFactor() : 1.0f;
+
+  // Queries: q_residual = RmsNorm(q_a h); q = q_b q_residual, normed per head, rope slice.
+  auto qr = Floats(T * QL), qrn = Floats(T * QL);
+  backend_->Gemm(T, QL, H, h, H, weights_->Matrix(A.q_a), H, qr->as<float>(), QL, false);
+  backend_->RmsNorm(T, QL, qr->as<float>(), QL, A.q_a_norm->as<float>(), eps, qrn->as<float>(), QL);
+  auto q = Floats(T * NH * D), qn = Floats(T * NH * D);
+  backend_->Gemm(T, NH * D, QL, qrn->as<float>(), QL, weights_->Matrix(A.q_b), QL, q->as<float>(),
+                 NH * D, false);
+  backend_->RmsNorm(T * NH, D, q->as<float>(), D, ones_, eps, qn->as<float>(), D);
+  backend_->ApplyRope(T, NH, qn->as<float>() + D - rd, NH * D, D, rd, ctx.positions, inv, factor,
+                      true);
+  // The shared K = V head.
+  auto kv = Floats(T * D), kvn = Floats(T * D);
+  backend_->Gemm(T, D, H, h, H, weights_->Matrix(A.kv_proj), H, kv->as<float>(), D, false);
+  backend_->RmsNorm(T, D, kv->as<float>(), D, A.kv_norm->as<float>(), eps, kvn->as<float>(), D);
+  backend_->ApplyRope(T, 1, kvn->as<float>() + D - rd, D, D, rd, ctx.positions, inv, factor, true);
+
+  const int32_t l32 = static_cast<int32_t>(layer);
+  const KvCacheGroupSpec& g = ctx.cache->LayerGroup(l32);
+  const int32_t bs = ctx.cache->block_size();
+  float* stream = static_cast<float*>(ctx.cache->LayerData(l32));
+  const int64_t Pc = g.CompressedFloatsPerBlock(bs);
+  const int64_t Pi = g.IndexFloatsPerBlock(bs);
+  float* index_stream = stream + int64_t{ctx.cache->num_blocks()} * Pc;
+  const int64_t ratio = compressed ? g.ratio : 1;
+  if (compressed) {
+    Compress(layer, ctx, h, A.compressor, ratio, sparse, g.compressor_state_offset(),
+             g.compressor_rows(), stream, Pc);
+    if (sparse) {
+      Compress(layer, ctx, h, A.indexer, ratio, true, g.indexer_state_offset(), g.compressor_rows(),
+               index_stream, Pi);
+    }
+  }
+
+  // The key matrix: per sequence its window rows before this step (ring), this step's rows,
+  // then its compressed entries.
+  std::vector<int64_t> base(ctx.seqs.size()), ring_first(ctx.seqs.size()), entries(ctx.seqs.size());
+  int64_t rows = 0;
+  for (size_t s = 0; s < ctx.seqs.size(); ++s) {
+    const V4Sequence& q = ctx.seqs[s];
+    base[s] = rows;
+    ring_first[s] = std::max<int64_t>(0, q.offset - W + 1);
+    entries[s] = compressed ? (q.offset + q.num_tokens) / ratio : 0;
+    rows += (q.offset - ring_first[s]) + q.num_tokens + entries[s];
+  }
+  auto keys = Floats(rows * D);
+  float* kp = keys->as<float>();
+  for (size_t s = 0; s < ctx.seqs.size(); ++s) {
+    const V4Sequence& q = ctx.seqs[s];
+    const float* ring = ctx.cache->SequenceState(l32, q.slot);
+    int64_t r = base[s];
+    for (int64_t p = ring_first[s]; p < q.offset; ++p, ++r) Copy(ring + (p % W) * D, D, kp + r * D);
+    Copy(kvn->as<float>() + q.first_row * D, q.num_tokens * D, kp + r * D);
+    r += q.num_tokens;
+    if (entries[s] > 0)
+      ReadPaged(backend_, stream, Pc, *q.block_table, 0, entries[s] * D, kp + r * D);
+  }
+
+  // CSA: the indexer's choice among the visible entries of each query.
+  std::vector<int32_t> selected;
+  const int64_t topk = c.index_topk;
+  if (sparse) {
+    const int64_t IH = c.index_n_heads, ID = c.index_head_dim;
+    int64_t key_rows = 0;
+    std::vector<int64_t> key_base(ctx.seqs.size());
+    for (size_t s = 0; s < ctx.seqs.size(); ++s) {
+      key_base[s] = key_rows;
+      key_rows += entries[s];
+    }
+    auto ikeys = Floats(key_rows * ID);
+    // Candidates: the entries the query sees; with full-forward ties, every entry the sequence
+    // has after this step (as HF's forward over the prefix ending here, the future ones -inf).
+    std::vector<int32_t> offsets(T + 1, 0), cand, visible_of(T);
+    for (size_t s = 0; s < ctx.seqs.size(); ++s) {
+      const V4Sequence& q = ctx.seqs[s];
+      if (entries[s] > 0) {
+        ReadPaged(backend_, index_stream, Pi, *q.block_table, 0, entries[s] * ID,
+                  ikeys->as<float>() + key_base[s] * ID);
+      }
+      for (int64_t i = 0; i < q.num_tokens; ++i) {
+        visible_of[q.first_row + i] = static_cast<int32_t>((q.offset + i + 1) / ratio);
+        const int64_t candidates = full_forward_ties_ ? entries[s] : visible_of[q.first_row + i];
+        for (int64_t e = 0; e < candidates; ++e) {
+          cand.push_back(static_cast<int32_t>(key_base[s] + e));
+        }
+        offsets[q.first_row + i + 1] = static_cast<int32_t>(cand.size());
+      }
+    }
+    auto iq = Floats(T * IH * ID), iw = Floats(T * IH);
+    backend_->Gemm(T, IH * ID, QL, qrn->as<float>(), QL, weights_->Matrix(A.index_q_b), QL,
+                   iq->as<float>(), IH * ID, false);
+    backend_->ApplyRope(T, IH, iq->as<float>() + ID - rd, IH * ID, ID, rd, ctx.positions,
+                        compress_inv_freq_->as<float>(), c.CompressAttentionFactor(), true);
+    backend_->Gemm(T, IH, H, h, H, weights_->Matrix(A.index_weights), H, iw->as<float>(), IH,
+                   false);
+    auto offsets_dev = Ints(offsets);
+    auto cand_dev = Ints(cand);
+    auto visible_dev = Ints(visible_of);
+    auto sel = backend_->AllocateScratch(std::max<int64_t>(1, T * topk) * sizeof(int32_t));
+    IndexerTopKArgs a;
+    a.tokens = T;
+    a.heads = IH;
+    a.dim = ID;
+    a.topk = topk;
+    a.q = iq->as<float>();
+    a.weights = iw->as<float>();
+    a.weight_scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(IH)));
+    a.key_scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(ID)));
+    a.keys = ikeys->as<float>();
+    a.offsets = offsets_dev->as<int32_t>();
+    a.indices = cand_dev->as<int32_t>();
+    a.visible = visible_dev->as<int32_t>();
+    a.selected = sel->as<int32_t>();
+    ops_->IndexerTopK(a);
+    selected.resize(T * topk);
+    backend_->CopyToHost(sel->data(), selected.size() * sizeof(int32_t), selected.data());
+  }
+
+  // Each query's key rows: its window (positions p - W + 1 .. p), then its compressed entries.
+  std::vector<int32_t> offsets(T + 1, 0), list;
+  std::vector<int32_t> chosen;
+  for (size_t s = 0; s < ctx.seqs.size(); ++s) {
+    const V4Sequence& q = ctx.seqs[s];
+    const int64_t fresh = base[s] + (q.offset - ring_first[s]);
+    const int64_t comp = fresh + q.num_tokens;
+    for (int64_t i = 0; i < q.num_tokens; ++i) {
+      const int64_t p = q.offset + i;
+      for (int64_t k = std::max<int64_t>(0, p - W + 1); k <= p; ++k) {
+        list.push_back(static_cast<int32_t>(k < q.offset ? base[s] + (k - ring_first[s])
+                                                         : fresh + (k - q.offset)));
+      }
+      const int64_t visible = compressed ? (p + 1) / ratio : 0;
+      if (sparse) {
+        chosen.clear();
+        const int32_t* sel = selected.data() + (q.first_row + i) * topk;
+        for (int64_t j = 0; j < topk; ++j) {
+          if (sel[j] >= 0 && sel[j] < visible) chosen.push_back(sel[j]);
+        }
+        std::sort(chosen.begin(), chosen.end());
+        for (int32_t e : chosen) list.push_back(static_cast<int32_t>(comp + e));
+      } else {
+        for (int64_t e = 0; e < visible; ++e) list.push_back(static_cast<int32_t>(comp + e));
+      }
+      offsets[q.first_row + i + 1] = static_cast<int32_t>(list.size());
+    }
+  }
+  auto offsets_dev = Ints(offsets);
+  auto list_dev = Ints(list);
+  auto o = Floats(T * NH * D);
+  SinkAttentionArgs sa;
+  sa.tokens = T;
+  sa.heads = NH;
+  sa.dim = D;
+  sa.q = qn->as<float>();
+  sa.kv = kp;
+  sa.offsets = offsets_dev->as<int32_t>();
+  sa.indices = list_dev->as<int32_t>();
+  sa.sinks = A.sinks->as<float>();
+  sa.scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(D)));
+  sa.out = o->as<float>();
+  ops_->SinkAttention(sa);
+
+  // The window ring keeps the last W keys.
+  for (const V4Sequence& q : ctx.seqs) {
+    float* ring = ctx.cache->SequenceState(l32, q.slot);
+    const int64_t end = q.offset + q.num_tokens;
+    for (int64_t p = std::max(q.offset, end - W); p < end; ++p) {
+      Copy(kvn->as<float>() + (q.first_row + p - q.offset) * D, D, ring + (p % W) * D);
+    }
+  }
+
+  // K = V carried the keys' rotation into the output: rotate its rope slice back.
+  backend_->ApplyRope(T, NH, o->as<float>() + D - rd, NH * D, D, rd, ctx.neg_positions, inv, factor,
+                      true);
+  // Grouped output projection: group g of heads through o_a's rows of group g, then o_b.
+  const int64_t G = c.o_groups, OL = c.o_lora_rank, in = NH * D / G;
+  auto og = Floats(T * G * OL);
+  backend_->BatchedGemm(G, T, OL, in, o->as<float>(), NH * D, in, weights_->Matrix(A.o_a), in,
+                        OL * in, og->as<float>(), G * OL, OL);
+  backend_->Gemm(T, H, G * OL, og->as<float>(), G * OL, weights_->Matrix(A.o_b), G * OL, out, H,
+                 false);
+  return absl::OkStatus();
+}
+
+}  // namespace deepinfer

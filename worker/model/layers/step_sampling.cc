@@ -1,0 +1,89 @@
+// SampleOrCopyLogits: each sequence's token sampled on the device or on the host, and the logit
+// rows the host needs copied back.
+#include "worker/model/layers/step_sampling.h"
+
+#include <utility>
+
+#include "worker/sampling/device_sampler.h"
+
+namespace deepinfer {
+
+absl::StatusOr<StepOutput> SampleOrCopyLogits(Backend* backend, int64_t vocab_size,
+                                              const std::vector<SequenceStep>& batch,
+                                              const float* logits, int64_t rows) {
+  const int64_t V = vocab_size;
+  // Sequences that want no logits are sampled on the device (DeviceSampler); the rows of those
+  // that want logits, or more top logprobs than the device gives, are copied to the host.
+  auto on_device = [](const SequenceStep& s) {
+    return !s.return_logits && s.sampling.has_value() && DeviceSampler::Supports(*s.sampling);
+  };
+  auto needs_host = [&](const SequenceStep& s) {
+    return s.return_logits || (s.sampling.has_value() && !on_device(s));
+  };
+  std::vector<RowSampleRequest> requests;
+  std::vector<std::pair<int64_t, int64_t>> runs;  // (first logits row, rows) to copy
+  int64_t wanted = 0;
+  {
+    int64_t row = 0;
+    for (const SequenceStep& s : batch) {
+      const int64_t n = s.all_logits ? static_cast<int64_t>(s.tokens.size()) : 1;
+      if (on_device(s)) {
+        RowSampleRequest q;
+        q.row = row + n - 1;
+        q.params = *s.sampling;
+        q.position = s.position_offset + static_cast<int64_t>(s.tokens.size());
+        requests.push_back(q);
+      } else if (needs_host(s)) {
+        // One copy per run of consecutive sequences that need their rows.
+        if (!runs.empty() && runs.back().first + runs.back().second == row) {
+          runs.back().second += n;
+        } else {
+          runs.emplace_back(row, n);
+        }
+        wanted += n;
+      }
+      row += n;
+    }
+  }
+  auto sampled = DeviceSampler::Sample(backend, logits, rows, V, requests);
+  if (!sampled.ok()) return sampled.status();
+  std::vector<float> host(wanted * V);  // the copied rows, in batch order
+  int64_t at = 0;
+  for (const auto& [first, n] : runs) {
+    backend->CopyToHost(logits + first * V, n * V * sizeof(float), host.data() + at * V);
+    at += n;
+  }
+  // A GPU backend reports failed ops asynchronously; the copies above have waited for all of them.
+  if (absl::Status st = backend->status(); !st.ok()) return st;
+  StepOutput out;
+  int64_t host_row = 0;
+  size_t device_i = 0;
+  for (const SequenceStep& s : batch) {
+    const int64_t n = s.all_logits ? static_cast<int64_t>(s.tokens.size()) : 1;
+    SampledToken sampled_token;
+    if (on_device(s)) {
+      out.logits.emplace_back();
+      sampled_token = std::move((*sampled)[device_i++]);
+    } else if (!needs_host(s)) {
+      out.logits.emplace_back();  // an intermediate prefill chunk: nothing to return
+    } else {
+      const float* host_rows = host.data() + host_row * V;
+      host_row += n;
+      if (s.return_logits) {
+        out.logits.emplace_back(host_rows, host_rows + n * V);
+      } else {
+        out.logits.emplace_back();
+      }
+      if (s.sampling.has_value()) {
+        auto tok = Sampler::Sample(host_rows + (n - 1) * V, static_cast<int32_t>(V), *s.sampling,
+                                   s.position_offset + static_cast<int64_t>(s.tokens.size()));
+        if (!tok.ok()) return tok.status();
+        sampled_token = std::move(*tok);
+      }
+    }
+    out.sampled.push_back(std::move(sampled_token));
+  }
+  return out;
+}
+
+}  // namespace deepinfer
