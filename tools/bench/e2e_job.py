@@ -4,6 +4,7 @@ coordinator and worker processes), its wall time split and priced against the st
 
   python3 e2e_job.py --bin-dir BIN --config CONFIG.json --backend cuda --workload long-sampled \
       --out DIR [--requests N] [--max-tokens M] [--hf-requests 64]
+  (--model DIR instead of --config: a checkpoint's real weights; HF still builds random ones)
 
 Runs, in this order, in one call:
  1. the job (make_job.py's workload, or --job FILE) with dummy weights of CONFIG.json:
@@ -62,7 +63,9 @@ def parse_args():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument("--bin-dir", required=True, help="deepinfer, deepinfer-coordinator, "
                    "deepinfer-worker and deepinfer-bench")
-    p.add_argument("--config", required=True, help="model config.json (dummy weights)")
+    p.add_argument("--config", default="", help="model config.json (dummy weights)")
+    p.add_argument("--model", default="",
+                   help="or: a model directory (config.json + safetensors), its real weights")
     p.add_argument("--backend", default="cpu")
     p.add_argument("--dtype", default="", help="--dtype for the workers and deepinfer-bench")
     p.add_argument("--workload", default="long-sampled", choices=sorted(make_job.WORKLOADS))
@@ -207,7 +210,10 @@ def main():
     a = parse_args()
     os.makedirs(a.out, exist_ok=True)
     out = os.path.abspath(a.out)
-    config = os.path.abspath(a.config)
+    if bool(a.config) == bool(a.model):
+        sys.exit("e2e_job.py: give one of --config (dummy weights) and --model (a checkpoint)")
+    config = os.path.abspath(a.config or os.path.join(a.model, "config.json"))
+    model_spec = f"dummy:{config}" if a.config else os.path.abspath(a.model)
     cfg = json.load(open(config))
     name = os.path.basename(config).removesuffix(".json")
     if name == "config":  # a model directory's config.json: the directory names the model
@@ -242,7 +248,7 @@ def main():
     worker_args = f"--step-stats-dir={stats_dir} --max-batch-tokens={a.max_batch_tokens}"
     if a.worker_args:
         worker_args += " " + a.worker_args
-    cmd = [os.path.join(a.bin_dir, "deepinfer"), "run", f"--model=dummy:{config}",
+    cmd = [os.path.join(a.bin_dir, "deepinfer"), "run", f"--model={model_spec}",
            f"--backend={a.backend}", f"--input={job}", f"--output={out}/output.jsonl",
            f"--state-dir={state}", f"--bin-dir={a.bin_dir}", f"--timeout-s={a.timeout_s}",
            f"--worker-args={worker_args}"]
@@ -310,7 +316,8 @@ def main():
         grid = [n for n in DECODE_GRID if n < top] + [top]
         prompts = max(1, a.max_batch_tokens // context)
         bench = [os.path.join(a.bin_dir, "deepinfer-bench"), "--backend", a.backend,
-                 "--model", config, "--load-format", "dummy", "--json",
+                 "--model", config if a.config else model_spec,
+                 "--load-format", "dummy" if a.config else "auto", "--json",
                  "--decode-num-requests", ",".join(str(n) for n in grid),
                  "--context-length", str(context),
                  "--prefill-batch-tokens", str(prompts * context),
