@@ -290,10 +290,10 @@ class LocalCluster {
         {daemons->first, "--listen=127.0.0.1:0", "--port-file=" + port_file,
          "--model=" + options.model, "--state-dir=" + state_dir + "/jobs",
          absl::StrCat("--min-workers=", options.workers), "--auth-token-file=" + token_file_,
-         // On loopback heartbeats cost nothing, and the group forms and starts serving only
-         // as the coordinator hears of each step in one: 1 s apart, that is seconds of
-         // start-up on every run. The group waits for all the workers (--min-workers) rather
-         // than for the ready set to settle.
+         // The coordinator learns each step of forming (a worker READY, the group serving)
+         // from a heartbeat: 1 s apart, that is seconds of start-up on every run, while on
+         // loopback heartbeats cost nothing. The group waits for all the workers
+         // (--min-workers) rather than for the ready set to settle.
          absl::StrCat("--heartbeat-interval-ms=", kLocalHeartbeatMs),
          absl::StrCat("--group-settle-ms=", kLocalGroupSettleMs)},
         logs + "/coordinator.log", /*one_log=*/true);
