@@ -25,6 +25,7 @@ int main(int argc, char** argv) {
   std::string model;
   std::string state_dir;
   int64_t min_workers = 1;
+  int64_t group_settle_ms = 500;
   std::string port_file;
   std::string auth_token_file;
   int64_t heartbeat_interval_ms = 1000;
@@ -55,6 +56,9 @@ int main(int argc, char** argv) {
   flags.AddString("state-dir", &state_dir,
                   "Directory for the job database and the jobs' input and output files\n"
                   "(created if missing). Required with --model.");
+  flags.AddInt("group-settle-ms", &group_settle_ms,
+               "How long a change of the ready workers must hold before the group is formed\n"
+               "again, so that workers starting together end up in one group.");
   flags.AddInt("min-workers", &min_workers,
                "Workers to wait for before forming the first expert-parallel group.");
   flags.AddString("port-file", &port_file,
@@ -107,6 +111,11 @@ int main(int argc, char** argv) {
     return 2;
   }
   config.jobs.min_workers = static_cast<int>(std::max<int64_t>(1, min_workers));
+  if (group_settle_ms < 0) {
+    std::cerr << "deepinfer-coordinator: --group-settle-ms must be >= 0\n";
+    return 2;
+  }
+  config.jobs.settle = absl::Milliseconds(group_settle_ms);
   if (eplb_window_steps < 1 || eplb_interval_steps < 0 || !(eplb_balance_threshold >= 1.0)) {
     std::cerr << "deepinfer-coordinator: --eplb-window-steps must be >= 1, "
                  "--eplb-interval-steps >= 0 and --eplb-balance-threshold >= 1\n";

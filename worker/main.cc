@@ -8,6 +8,8 @@
 #include <thread>
 #include <vector>
 
+#include "absl/strings/str_format.h"
+#include "absl/time/clock.h"
 #include "common/eplb/placement_json.h"
 #include "common/flags/flag_set.h"
 #include "common/rpc/auth.h"
@@ -141,6 +143,10 @@ int main(int argc, char** argv) {
                   "physical slots are spread evenly over the group's ranks (docs/eplb.md).");
   flags.AddInt("collective-timeout-s", &collective_timeout_s,
                "Seconds a rank waits for its peers (forming a group, each collective).");
+  flags.AddString("step-stats-dir", &config.engine.step_stats_dir,
+                  "If set, each rank writes what its steps did with their time (batch sizes,\n"
+                  "step times, gaps between steps, time to first token) to\n"
+                  "DIR/rank-N.json whenever it runs out of work (tools/bench/e2e_job.py).");
   flags.AddString("log-dir", &log_dir, "Write glog files here instead of to stderr.");
   flags.AddInt("v", &verbosity, "Verbose logging level (glog --v).");
 
@@ -151,6 +157,8 @@ int main(int argc, char** argv) {
   }
   deepinfer::kernels::SetProgrammaticDependentLaunch(pdl);
   deepinfer::InitDaemonLogging(argv[0], log_dir, static_cast<int>(verbosity));
+  LOG(INFO) << "start-up: main at unix "
+            << absl::StrFormat("%.3f", absl::ToUnixMicros(absl::Now()) / 1e6);
   config.port = static_cast<int>(port);
 
   absl::StatusOr<deepinfer::DeviceSelection> selection = deepinfer::ParseDeviceSelection(devices);

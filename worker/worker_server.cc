@@ -189,6 +189,7 @@ absl::StatusOr<std::unique_ptr<WorkerServer>> WorkerServer::Start(WorkerConfig c
     options.group.gpu_memory_utilization = e.gpu_memory_utilization;
     options.group.max_batch_tokens = e.max_batch_tokens;
     options.group.max_running = e.max_running;
+    options.group.step_stats_dir = e.step_stats_dir;
     options.group.prefix_caching = e.prefix_caching;
     options.group.speculative_tokens = e.speculative_tokens;
     options.group.draft_min_confidence = e.draft_min_confidence;

@@ -55,6 +55,8 @@ struct WorkerEngineConfig {
   std::string kv_cache_dtype;
   // What carries the expert exchange: auto (NCCL for several cuda ranks), tcp or nccl.
   comm::DataPlaneChoice communicator = comm::DataPlaneChoice::kAuto;
+  // RankGroupOptions::step_stats_dir.
+  std::string step_stats_dir;
   // Prefix caching (RankGroupOptions::prefix_caching).
   bool prefix_caching = true;
   // Speculative decoding (RankGroupOptions::speculative_tokens, draft_min_confidence).

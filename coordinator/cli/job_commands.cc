@@ -223,6 +223,12 @@ namespace {
 
 std::atomic<int> g_interrupted{0};
 
+// The local coordinator's heartbeat period, and how often `deepinfer run` asks it whether the
+// job is done (the process exits at most this long after the job ends).
+constexpr int kLocalHeartbeatMs = 100;
+constexpr int kJobPollMs = 50;
+constexpr int kLocalGroupSettleMs = 100;
+
 void OnInterrupt(int signal) { g_interrupted = signal; }
 
 std::string SelfDir() {
@@ -283,7 +289,13 @@ class LocalCluster {
     auto coordinator = ChildProcess::Start(
         {daemons->first, "--listen=127.0.0.1:0", "--port-file=" + port_file,
          "--model=" + options.model, "--state-dir=" + state_dir + "/jobs",
-         absl::StrCat("--min-workers=", options.workers), "--auth-token-file=" + token_file_},
+         absl::StrCat("--min-workers=", options.workers), "--auth-token-file=" + token_file_,
+         // The coordinator learns each step of forming (a worker READY, the group serving)
+         // from a heartbeat: 1 s apart, that is seconds of start-up on every run, while on
+         // loopback heartbeats cost nothing. The group waits for all the workers
+         // (--min-workers) rather than for the ready set to settle.
+         absl::StrCat("--heartbeat-interval-ms=", kLocalHeartbeatMs),
+         absl::StrCat("--group-settle-ms=", kLocalGroupSettleMs)},
         logs + "/coordinator.log", /*one_log=*/true);
     if (!coordinator.ok()) return coordinator.status();
     coordinator_.emplace(std::move(*coordinator));
@@ -494,7 +506,7 @@ int RunCommand(const RunOptions& options) {
                 absl::StrCat("the job did not finish within --timeout-s=", options.timeout_s));
             break;
           }
-          absl::SleepFor(absl::Milliseconds(200));
+          absl::SleepFor(absl::Milliseconds(kJobPollMs));
         }
         if (job.ok()) progress.Update(*job);
         progress.Finish();

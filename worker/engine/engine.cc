@@ -5,6 +5,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
 #include "glog/logging.h"
 #include "worker/sampling/logit_adjuster.h"
 #include "worker/sampling/sampler.h"
@@ -43,6 +44,8 @@ struct Engine::Sequence {
   int64_t hidden_from = 0;
   std::vector<float> hidden;
   std::vector<int32_t> drafts;
+  // When the engine took the request off its queue (StepStats' time to first token).
+  absl::Time arrived = absl::InfinitePast();
 
   int64_t remaining() const { return static_cast<int64_t>(tokens.size()) - computed; }
   int64_t generated() const { return static_cast<int64_t>(tokens.size()) - prompt_len; }
@@ -177,6 +180,7 @@ void Engine::Admit(WorkItem item, std::vector<RequestResult>* finished) {
         std::make_unique<tokenizer::IncrementalDecoder>(tokenizer_, /*skip_special_tokens=*/true);
   }
   for (const std::string& s : p.stop()) seq->max_stop_len = std::max(seq->max_stop_len, s.size());
+  seq->arrived = absl::Now();
   held_ids_.insert(seq->id);
   waiting_.push_back(std::move(seq));
 }
@@ -421,8 +425,21 @@ absl::StatusOr<std::vector<RequestResult>> Engine::Step() {
       }
       batch.push_back(std::move(step));
     }
+    int64_t decodes = 0, prefill_tokens = 0;
+    for (const Planned& p : plan) {
+      const bool decode = p.n == 1 && p.seq->computed >= p.seq->prompt_len;
+      decodes += decode ? 1 : 0;
+      prefill_tokens += decode ? 0 : p.n;
+    }
+    const int64_t graphs_before = model_->decode_graphs_recorded();
+    const int64_t graph_steps_before = model_->decode_graph_steps();
+    const absl::Time step_start = absl::Now();
     absl::StatusOr<StepOutput> out = model_->Step(batch, pool_);
+    const absl::Time step_end = absl::Now();
     if (!out.ok()) return out.status();
+    stats_.AddStep(step_start, step_end - step_start, decodes, prefill_tokens,
+                   model_->decode_graphs_recorded() > graphs_before,
+                   model_->decode_graph_steps() > graph_steps_before);
     for (size_t i = 0; i < plan.size(); ++i) {
       Sequence* s = plan[i].seq;
       replayed_tokens_ += std::clamp<int64_t>(s->high_water - s->computed, 0, plan[i].n);
@@ -436,6 +453,7 @@ absl::StatusOr<std::vector<RequestResult>> Engine::Step() {
         RegisterFullBlocks(s);
         if (finished_now) {
           s->done = true;
+          stats_.AddFinished(result.token_ids_size());
           finished.push_back(std::move(result));
         } else {
           KeepHidden(s, from, std::move(out->hidden[i]), rows);
@@ -446,8 +464,10 @@ absl::StatusOr<std::vector<RequestResult>> Engine::Step() {
       RegisterFullBlocks(s);
       if (drafter_ != nullptr) KeepHidden(s, from, std::move(out->hidden[i]), plan[i].n);
       if (s->remaining() != 0) continue;  // an intermediate prefill chunk
+      if (s->generated() == 0) stats_.AddFirstToken(step_end - s->arrived);
       if (Advance(s, out->sampled[i], &result)) {
         s->done = true;
+        stats_.AddFinished(result.token_ids_size());
         finished.push_back(std::move(result));
       }
     }

@@ -63,6 +63,7 @@
 #include "tokenizer/tokenizer.h"
 #include "worker/engine/draft_proposer.h"
 #include "worker/engine/request_queue.h"
+#include "worker/engine/step_stats.h"
 #include "worker/kv_cache/kv_block_pool.h"
 #include "worker/kv_cache/prefix_cache.h"
 #include "worker/model/causal_lm.h"
@@ -139,6 +140,8 @@ class Engine {
   int64_t drafts_verified() const { return drafts_verified_; }
   int64_t drafts_accepted() const { return drafts_accepted_; }
   const PrefixCache& prefix_cache() const { return cache_; }
+  // What the steps so far did with their time (step_stats.h); read on the stepping thread.
+  const StepStats& stats() const { return stats_; }
 
  private:
   struct Sequence;
@@ -207,6 +210,7 @@ class Engine {
   int64_t drafts_accepted_ = 0;
   PrefixCache cache_;
   std::unique_ptr<DraftProposer> drafter_;  // null unless speculative_tokens > 0
+  StepStats stats_;
 
   mutable absl::Mutex load_mu_;
   EngineLoad load_ ABSL_GUARDED_BY(load_mu_);

@@ -8,6 +8,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/time/clock.h"
 #include "glog/logging.h"
 #include "worker/model/ep_expert_dispatcher.h"
 #include "worker/model/model_loader.h"
@@ -103,6 +104,15 @@ absl::Status BuildRank(const RankSpec& spec, const RankHooks& hooks,
                        std::unique_ptr<comm::TcpCommunicator::RootListener> root,
                        RankParts* parts) {
   if (!spec.dispatcher.make) return absl::InvalidArgumentError("BuildRank: no dispatcher");
+  // Start-up phases, logged as one line at the end (tools/bench/e2e_job.py reads it).
+  std::string phases;
+  absl::Time phase_start = absl::Now();
+  auto phase_done = [&](const char* name) {
+    const absl::Time now = absl::Now();
+    absl::StrAppendFormat(&phases, "%s%s %.3f s", phases.empty() ? "" : ", ", name,
+                          absl::ToDoubleSeconds(now - phase_start));
+    phase_start = now;
+  };
   if (spec.block_size <= 0) {
     return absl::InvalidArgumentError(absl::StrCat("block size ", spec.block_size));
   }
@@ -120,10 +130,12 @@ absl::Status BuildRank(const RankSpec& spec, const RankHooks& hooks,
     parts->group = std::move(*c);
     if (absl::Status st = Register(hooks, parts->group.get()); !st.ok()) return st;
   }
+  phase_done("group");
   auto backend = MakeBackend(spec.backend);
   if (!backend.ok()) return backend.status();
   parts->backend = std::move(*backend);
   Backend* be = parts->backend.get();
+  phase_done("backend");
 
   // Only an expert-parallel dispatcher exchanges tokens; the others need no data plane.
   comm::Communicator* exchange = parts->group.get();
@@ -146,6 +158,7 @@ absl::Status BuildRank(const RankSpec& spec, const RankHooks& hooks,
     exchange = parts->exchange.get();
   }
 
+  phase_done("data plane");
   // The model's config, its architecture's sizes and the rank's share of the experts.
   ModelConfig config;
   absl::StatusOr<std::unique_ptr<WeightSource>> source =
@@ -193,8 +206,10 @@ absl::Status BuildRank(const RankSpec& spec, const RankHooks& hooks,
                                                           const ModelWeights& w, Backend* b) {
     return spec.dispatcher.make(exchange, range, spec.placement, c, w, b);
   };
+  phase_done("memory check");
   auto model = BuildModel(config, source->get(), be, load, make);
   if (!model.ok()) return model.status();
+  phase_done("weights");
   parts->model = std::move(*model);
   parts->model->SetDecodeGraphOptions(spec.decode_graphs);
   parts->model->SetFusedOps(spec.fused_ops);
@@ -242,6 +257,8 @@ absl::Status BuildRank(const RankSpec& spec, const RankHooks& hooks,
   auto pool = KvBlockPool::Create(be, pool_options);
   if (!pool.ok()) return pool.status();
   parts->pool = std::move(*pool);
+  phase_done("memory plan and KV cache");
+  LOG(INFO) << "rank " << spec.rank << ": start-up: " << phases;
   return absl::OkStatus();
 }
 

@@ -112,6 +112,9 @@ struct RankGroupOptions {
   absl::Duration idle_wait = absl::Milliseconds(2);
   // How often a stepping rank reads its expert counts back from the device.
   absl::Duration expert_load_interval = absl::Seconds(1);
+  // Non-empty: each rank writes its StepStats (step_stats.h) as JSON to
+  // <dir>/rank-<global rank>.json whenever the group runs out of work and when it stops.
+  std::string step_stats_dir;
 };
 
 struct GroupLayout {
@@ -195,6 +198,8 @@ class RankGroup {
   absl::Status SwitchPlacement(int local);
   // Reads the rank's expert counts back into its pending report.
   void CollectExpertCounts(int local);
+  // Writes the rank's StepStats when it stepped since the last write (step_stats_dir).
+  void WriteStepStats(int local);
   // Checks a placement against the model and the world.
   absl::Status CheckPlacement(const ExpertPlacement& placement) const;
   bool placements_apply() const;
