@@ -45,6 +45,8 @@ uint64_t PrefixRootHash(const std::string& key) {
 PrefixCache::PrefixCache(KvBlockPool* pool, PrefixCacheOptions options)
     : pool_(pool),
       enabled_(options.enabled && pool->spec().SharesPrefixBlocks()),
+      key_(options.key),
+      store_(enabled_ ? options.store : nullptr),
       root_(PrefixRootHash(options.key)),
       blocks_(pool->num_blocks()) {
   CHECK_EQ(pool->num_free_blocks(), pool->num_blocks()) << "PrefixCache over a pool in use";
@@ -56,6 +58,13 @@ PrefixCache::PrefixCache(KvBlockPool* pool, PrefixCacheOptions options)
 
 PrefixCache::~PrefixCache() {
   CHECK_EQ(referenced_, 0) << "PrefixCache destroyed with referenced blocks";
+  if (store_ != nullptr && !idle_.empty() && pool_->backend_status().ok()) {
+    // The most recent ones the store can hold, oldest of them first (so they stay in its order).
+    const int64_t fit = store_->capacity_bytes() / std::max<size_t>(1, pool_->BlockBytes());
+    auto from = idle_.end();
+    for (int64_t n = 0; n < fit && from != idle_.begin(); ++n) --from;
+    for (auto it = from; it != idle_.end(); ++it) Spill(*it);
+  }
   std::vector<int32_t> idle(idle_.begin(), idle_.end());
   for (int32_t b : idle) Uncache(b);
   if (!idle.empty()) CHECK(pool_->Free(idle).ok());
@@ -82,7 +91,12 @@ std::vector<int32_t> PrefixCache::Acquire(const std::vector<int32_t>& tokens,
   stats_.lookup_blocks += wanted;
   for (int64_t i = 0; i < wanted; ++i) {
     auto it = by_hash_.find(hashes[i]);
-    if (it == by_hash_.end()) break;
+    if (it == by_hash_.end()) {
+      const int32_t restored = store_ != nullptr ? Restore(tokens, hashes, i) : -1;
+      if (restored < 0) break;
+      out.push_back(restored);
+      continue;
+    }
     Block& b = blocks_[it->second];
     const uint64_t parent = i == 0 ? root_ : hashes[i - 1];
     if (b.parent != parent ||
@@ -111,6 +125,7 @@ absl::StatusOr<std::vector<int32_t>> PrefixCache::Allocate(int32_t n) {
     evicted.reserve(short_by);
     for (int32_t i = 0; i < short_by; ++i) {
       const int32_t b = idle_.front();
+      if (store_ != nullptr) Spill(b);
       Uncache(b);
       evicted.push_back(b);
     }
@@ -162,6 +177,40 @@ void PrefixCache::Release(const std::vector<int32_t>& blocks) {
 
 int32_t PrefixCache::num_available_blocks() const {
   return pool_->num_free_blocks() + static_cast<int32_t>(idle_.size());
+}
+
+void PrefixCache::Spill(int32_t block) {
+  const Block& b = blocks_[block];
+  if (!b.cached) return;
+  std::string payload;
+  pool_->ReadBlock(block, &payload);
+  store_->Put(key_, root_, b.hash, b.parent, b.tokens, std::move(payload));
+  ++stats_.spilled;
+}
+
+int32_t PrefixCache::Restore(const std::vector<int32_t>& tokens,
+                             const std::vector<uint64_t>& hashes, int64_t i) {
+  // Leave a block for the tokens the sequence computes after its cached ones.
+  if (num_available_blocks() < 2) return -1;
+  const int64_t bs = pool_->block_size();
+  const uint64_t parent = i == 0 ? root_ : hashes[i - 1];
+  std::string payload;
+  if (!store_->Lookup(key_, root_, hashes[i], parent, tokens.data() + i * bs,
+                      static_cast<int32_t>(bs), pool_->BlockBytes(), &payload)) {
+    return -1;
+  }
+  absl::StatusOr<std::vector<int32_t>> got = Allocate(1);
+  CHECK(got.ok()) << got.status();
+  const int32_t block = got->front();
+  pool_->WriteBlock(block, payload);
+  Block& b = blocks_[block];
+  CHECK(by_hash_.emplace(hashes[i], block).second);
+  b.cached = true;
+  b.hash = hashes[i];
+  b.parent = parent;
+  b.tokens.assign(tokens.begin() + i * bs, tokens.begin() + (i + 1) * bs);
+  ++stats_.restored;
+  return block;
 }
 
 void PrefixCache::Uncache(int32_t block) {
