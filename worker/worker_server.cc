@@ -163,10 +163,10 @@ absl::StatusOr<std::unique_ptr<WorkerServer>> WorkerServer::Start(WorkerConfig c
       for (int64_t l = 0; l < c.num_hidden_layers; ++l) moe_layers += c.IsMoeLayer(l) ? 1 : 0;
       if (e.placement->num_logical() != c.n_routed_experts ||
           e.placement->num_layers() != moe_layers) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            "--expert-placement has ", e.placement->num_layers(), " layers of ",
-            e.placement->num_logical(), " logical experts; the model has ", moe_layers,
-            " MoE layers of ", c.n_routed_experts));
+        return absl::InvalidArgumentError(
+            absl::StrCat("--expert-placement has ", e.placement->num_layers(), " layers of ",
+                         e.placement->num_logical(), " logical experts; the model has ", moe_layers,
+                         " MoE layers of ", c.n_routed_experts));
       }
     }
     GroupControllerOptions options;
@@ -190,6 +190,11 @@ absl::StatusOr<std::unique_ptr<WorkerServer>> WorkerServer::Start(WorkerConfig c
     options.group.max_batch_tokens = e.max_batch_tokens;
     options.group.max_running = e.max_running;
     options.group.prefix_caching = e.prefix_caching;
+    if (e.prefix_caching && (e.kv_host_cache_bytes > 0 || !e.kv_cache_dir.empty())) {
+      self->kv_block_store_ = std::make_shared<KvBlockStore>(
+          KvBlockStoreOptions{e.kv_host_cache_bytes, e.kv_cache_dir, e.kv_cache_dir_bytes});
+      options.group.kv_block_store = self->kv_block_store_;
+    }
     options.group.prefill_attention = e.prefill_attention;
     options.group.collective_timeout = e.collective_timeout;
     options.group.listen_host = wildcard ? "0.0.0.0" : config.host;
@@ -255,6 +260,9 @@ void WorkerServer::Shutdown() {
   link_.reset();
   // Rank threads end here; results they still produce stay in the outbox.
   controller_.reset();
+  // The ranks' caches handed their blocks to the store as they went; the disk tier keeps them
+  // for the next worker on the directory.
+  if (kv_block_store_ != nullptr) kv_block_store_->Flush();
 }
 
 CoordinatorLink::State WorkerServer::link_state() const {

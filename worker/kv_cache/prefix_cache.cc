@@ -8,38 +8,11 @@
 #include "glog/logging.h"
 
 namespace deepinfer {
-namespace {
-
-// splitmix64's finaliser: every input bit moves about half of the output bits.
-uint64_t Mix(uint64_t x) {
-  x ^= x >> 30;
-  x *= 0xbf58476d1ce4e5b9ull;
-  x ^= x >> 27;
-  x *= 0x94d049bb133111ebull;
-  x ^= x >> 31;
-  return x;
-}
-
-constexpr uint64_t kGolden = 0x9e3779b97f4a7c15ull;
-
-}  // namespace
-
-uint64_t PrefixBlockHash(uint64_t parent, const int32_t* tokens, int64_t n) {
-  uint64_t h = Mix(parent ^ kGolden);
-  for (int64_t i = 0; i < n; ++i) h = Mix(h + static_cast<uint32_t>(tokens[i]) + kGolden);
-  return Mix(h ^ static_cast<uint64_t>(n));
-}
 
 std::string PrefixCacheKey(const std::string& model_fingerprint, WeightDType weights,
                            const KvCacheSpec& spec, int32_t block_size) {
   return absl::StrCat("model=", model_fingerprint, ";weights=", WeightDTypeName(weights),
                       ";cache=", spec.ToString(), ";block=", block_size);
-}
-
-uint64_t PrefixRootHash(const std::string& key) {
-  uint64_t h = 14695981039346656037ull;  // FNV-1a, then mixed
-  for (unsigned char c : key) h = (h ^ c) * 1099511628211ull;
-  return Mix(h);
 }
 
 PrefixCache::PrefixCache(KvBlockPool* pool, PrefixCacheOptions options)
@@ -153,6 +126,12 @@ void PrefixCache::Register(int32_t block, uint64_t hash, uint64_t parent, const 
   b.hash = hash;
   b.parent = parent;
   b.tokens.assign(tokens, tokens + pool_->block_size());
+  b.index = -1;
+  if (parent == root_) {
+    b.index = 0;
+  } else if (auto p = by_hash_.find(parent); p != by_hash_.end() && blocks_[p->second].index >= 0) {
+    b.index = blocks_[p->second].index + 1;
+  }
   ++stats_.registered;
 }
 
@@ -173,6 +152,21 @@ void PrefixCache::Release(const std::vector<int32_t>& blocks) {
     absl::Status freed = pool_->Free(to_free);
     CHECK(freed.ok()) << freed;
   }
+}
+
+std::vector<uint64_t> PrefixCache::ProbeSummary(int32_t max_entries) const {
+  std::vector<uint64_t> out;
+  if (!enabled_) return out;
+  auto add = [&](const Block& b) {
+    if (static_cast<int32_t>(out.size()) < max_entries && b.cached && IsPrefixProbeBlock(b.index)) {
+      out.push_back(b.hash);
+    }
+  };
+  for (const Block& b : blocks_) {
+    if (b.refs > 0) add(b);
+  }
+  for (auto it = idle_.rbegin(); it != idle_.rend(); ++it) add(blocks_[*it]);
+  return out;
 }
 
 int32_t PrefixCache::num_available_blocks() const {
@@ -209,6 +203,7 @@ int32_t PrefixCache::Restore(const std::vector<int32_t>& tokens,
   b.hash = hashes[i];
   b.parent = parent;
   b.tokens.assign(tokens.begin() + i * bs, tokens.begin() + (i + 1) * bs);
+  b.index = static_cast<int32_t>(i);
   ++stats_.restored;
   return block;
 }

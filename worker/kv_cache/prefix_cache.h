@@ -38,6 +38,7 @@
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/status/statusor.h"
+#include "common/kv/prefix_hash.h"
 #include "worker/kv_cache/kv_block_pool.h"
 #include "worker/kv_cache/kv_block_store.h"
 
@@ -105,6 +106,10 @@ class PrefixCache {
   // sequence is evicted before its head. CHECK: each block is referenced.
   void Release(const std::vector<int32_t>& blocks);
 
+  // The chain hashes of cached probe blocks (IsPrefixProbeBlock of their index in their
+  // sequence), at most max_entries: those of referenced blocks first, then idle ones, most
+  // recently released first. What the rank tells the coordinator it holds.
+  std::vector<uint64_t> ProbeSummary(int32_t max_entries) const;
   // Blocks Allocate can hand out: free in the pool plus idle cached ones.
   int32_t num_available_blocks() const;
   // Blocks some sequence references.
@@ -122,6 +127,7 @@ class PrefixCache {
     uint64_t hash = 0;
     uint64_t parent = 0;
     std::vector<int32_t> tokens;        // when cached
+    int32_t index = -1;                 // its index in its sequence when known (cached)
     std::list<int32_t>::iterator idle;  // when cached and refs == 0
   };
 
@@ -151,10 +157,6 @@ class PrefixCache {
 // runs or which experts it hosts.
 std::string PrefixCacheKey(const std::string& model_fingerprint, WeightDType weights,
                            const KvCacheSpec& spec, int32_t block_size);
-// The chain hash of a block of `n` tokens after a block whose chain hash is `parent`.
-uint64_t PrefixBlockHash(uint64_t parent, const int32_t* tokens, int64_t n);
-// The root of the chains of a cache key.
-uint64_t PrefixRootHash(const std::string& key);
 
 }  // namespace deepinfer
 

@@ -305,5 +305,25 @@ TEST_F(PrefixCacheTest, DestroyingTheCacheKeepsIdleBlocksInTheStore) {
   EXPECT_EQ(hits, 2);  // all but the last token: 2 of the 3 blocks
 }
 
+TEST_F(PrefixCacheTest, ProbeSummaryHoldsTheCachedProbeBlocks) {
+  auto pool = MakePool(16);
+  PrefixCache cache(pool.get(), {true, "model"});
+  const std::vector<int32_t> a = Range(0, 4 * 5 + 1);  // 5 full blocks: probes 0, 1, 3
+  std::vector<int32_t> blocks = Compute(cache, a);
+  std::vector<uint64_t> hashes;
+  cache.ExtendHashes(a, static_cast<int64_t>(a.size()), &hashes);
+  std::vector<uint64_t> want = {hashes[0], hashes[1], hashes[3]};
+  EXPECT_THAT(cache.ProbeSummary(10), ::testing::UnorderedElementsAreArray(want));
+  // They are what PrefixProbes gives the coordinator for the same tokens.
+  std::vector<uint64_t> probes;
+  for (const PrefixProbe& p : PrefixProbes(cache.root_hash(), a, kBlock, 5)) {
+    probes.push_back(p.hash);
+  }
+  EXPECT_EQ(probes, want);
+  EXPECT_EQ(cache.ProbeSummary(2).size(), 2u);
+  cache.Release(blocks);
+  EXPECT_THAT(cache.ProbeSummary(10), ::testing::UnorderedElementsAreArray(want));  // idle too
+}
+
 }  // namespace
 }  // namespace deepinfer
