@@ -4,6 +4,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cstdio>
 #include <cstdlib>
@@ -44,6 +45,21 @@ std::string Describe(const Job& job) {
       job.total_requests(), job.running_requests(), job.failed_requests(),
       job.generated_tokens() + job.running_generated_tokens());
   if (!job.name().empty()) absl::StrAppend(&out, "  '", job.name(), "'");
+  if (job.prompt_tokens() > 0) {
+    absl::StrAppendFormat(&out, "\n  prefix cache: %d of %d prompt tokens cached (%.1f%%)",
+                          job.cached_prompt_tokens(), job.prompt_tokens(),
+                          100.0 * job.cached_prompt_tokens() / job.prompt_tokens());
+    int64_t sum = 0, max = 0;
+    for (int64_t t : job.rank_tokens()) {
+      sum += t;
+      max = std::max(max, t);
+    }
+    if (job.rank_tokens_size() > 1 && sum > 0) {
+      absl::StrAppendFormat(&out, "; tokens per rank max/mean %.2f (%s)",
+                            static_cast<double>(max) * job.rank_tokens_size() / sum,
+                            absl::StrJoin(job.rank_tokens(), " "));
+    }
+  }
   if (!job.error().empty()) absl::StrAppend(&out, "\n  error: ", job.error());
   if (!job.cluster_notice().empty()) absl::StrAppend(&out, "\n  cluster: ", job.cluster_notice());
   return out;
@@ -283,7 +299,8 @@ class LocalCluster {
     auto coordinator = ChildProcess::Start(
         {daemons->first, "--listen=127.0.0.1:0", "--port-file=" + port_file,
          "--model=" + options.model, "--state-dir=" + state_dir + "/jobs",
-         absl::StrCat("--min-workers=", options.workers), "--auth-token-file=" + token_file_},
+         absl::StrCat("--min-workers=", options.workers), "--auth-token-file=" + token_file_,
+         absl::StrCat("--prefix-routing=", options.prefix_routing ? "true" : "false")},
         logs + "/coordinator.log", /*one_log=*/true);
     if (!coordinator.ok()) return coordinator.status();
     coordinator_.emplace(std::move(*coordinator));

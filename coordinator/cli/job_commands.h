@@ -53,6 +53,8 @@ struct RunOptions {
   std::string kv_cache_dir;
   double kv_cache_dir_gb = -1;
   double kv_host_cache_gb = -1;
+  // false: the coordinator gets --prefix-routing=false (least loaded rank only).
+  bool prefix_routing = true;
   int64_t workers = 1;
   int64_t ranks_per_worker = 1;
   // Where the local cluster keeps its database and logs; a fresh temporary

@@ -195,6 +195,10 @@ int Run(const std::vector<std::string>& args) {
   flags.AddDouble("kv-host-cache-gb", &options.kv_host_cache_gb,
                   "Passed to the workers: host memory for evicted cached KV blocks, GiB\n"
                   "(default: theirs).");
+  flags.AddBool("prefix-routing", &options.prefix_routing,
+                "The coordinator sends requests to the rank that caches their prompt's prefix\n"
+                "and lets requests sharing a prefix wait for the first one's prefill;\n"
+                "--prefix-routing=false: least loaded rank only.");
   flags.AddInt("workers", &options.workers, "Worker processes (as nodes would be).");
   flags.AddInt("ranks-per-worker", &options.ranks_per_worker,
                "Engine ranks per worker (GPUs per node); all ranks form one expert-\n"
