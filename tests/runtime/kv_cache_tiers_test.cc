@@ -72,15 +72,15 @@ std::string DistinctPromptsJob(int n, int copies, std::map<std::string, int>* le
   return absl::StrJoin(lines, "\n") + "\n";
 }
 
-struct Run {
+struct JobRun {
   std::map<std::string, json> lines;  // by custom_id
   std::string state_dir;
 };
 
 // `deepinfer run` with the absorbed prefill form, `extra` flags and `worker_args`.
-Run RunJob(const std::string& name, const std::string& input, const std::vector<std::string>& extra,
-           const std::string& worker_args = "") {
-  Run run;
+JobRun RunJob(const std::string& name, const std::string& input,
+              const std::vector<std::string>& extra, const std::string& worker_args = "") {
+  JobRun run;
   run.state_dir = TempPath(name + ".state");
   const std::string in = TempPath(name + ".in.jsonl");
   const std::string out = TempPath(name + ".out.jsonl");
@@ -116,12 +116,12 @@ int CachedTokens(const json& line) {
 int FullHit(int prompt_len) { return (prompt_len - 1) / 16 * 16; }
 
 // Same tokens and logprobs as `want` in every line.
-void ExpectSameOutputs(const Run& got, const Run& want, const std::string& what) {
+void ExpectSameOutputs(const JobRun& got, const JobRun& want, const std::string& what) {
   SCOPED_TRACE(what);
   ASSERT_EQ(got.lines.size(), want.lines.size());
   for (const auto& [id, line] : want.lines) {
     SCOPED_TRACE(id);
-    ASSERT_TRUE(got.lines.contains(id));
+    ASSERT_EQ(got.lines.count(id), 1u);
     const json& g = got.lines.at(id);
     ASSERT_TRUE(g["error"].is_null()) << g.dump();
     ASSERT_TRUE(line["error"].is_null()) << line.dump();
@@ -134,7 +134,7 @@ void ExpectSameOutputs(const Run& got, const Run& want, const std::string& what)
 }
 
 // Occurrences of `needle` in the files under a run's state directory (the workers' logs).
-int CountInLogs(const Run& run, const std::string& needle) {
+int CountInLogs(const JobRun& run, const std::string& needle) {
   int n = 0;
   for (const auto& e : fs::recursive_directory_iterator(run.state_dir)) {
     if (!e.is_regular_file()) continue;
@@ -157,18 +157,18 @@ TEST(KvCacheTiersRunTest, DiskTierAcrossWorkerRestarts) {
   const std::string job = DistinctPromptsJob(8, 1, &lengths);
   const std::string dir = TempPath("kv_dir");
   fs::remove_all(dir);
-  const Run reference = RunJob("reference", job, {"--no-prefix-caching"});
+  const JobRun reference = RunJob("reference", job, {"--no-prefix-caching"});
   ASSERT_EQ(reference.lines.size(), 8u);
 
   // Cold: nothing to find; the worker leaves its cached blocks in the directory when it stops.
-  const Run cold = RunJob("cold", job, {"--kv-cache-dir=" + dir});
+  const JobRun cold = RunJob("cold", job, {"--kv-cache-dir=" + dir});
   ExpectSameOutputs(cold, reference, "cold");
   for (const auto& [id, line] : cold.lines) EXPECT_EQ(CachedTokens(line), 0) << id;
   const int files = BlockFiles(dir);
   EXPECT_GT(files, 0);
 
   // Warm: a new worker finds every request's full prompt blocks on disk.
-  const Run warm = RunJob("warm", job, {"--kv-cache-dir=" + dir});
+  const JobRun warm = RunJob("warm", job, {"--kv-cache-dir=" + dir});
   ExpectSameOutputs(warm, reference, "warm");
   int64_t prompt = 0, cached = 0;
   for (const auto& [id, line] : warm.lines) {
@@ -189,13 +189,13 @@ TEST(KvCacheTiersRunTest, DiskTierAcrossWorkerRestarts) {
     f.seekp(-3, std::ios::end);
     f.write(&c, 1);
   }
-  const Run corrupt = RunJob("corrupt", job, {"--kv-cache-dir=" + dir});
+  const JobRun corrupt = RunJob("corrupt", job, {"--kv-cache-dir=" + dir});
   ExpectSameOutputs(corrupt, reference, "corrupt");
   for (const auto& [id, line] : corrupt.lines) EXPECT_EQ(CachedTokens(line), 0) << id;
   EXPECT_GT(CountInLogs(corrupt, "fails its checksum"), 0);
 
   // Another cache layout (bfloat16 entries: another cache key) finds nothing of this one.
-  const Run other =
+  const JobRun other =
       RunJob("other_layout", job, {"--kv-cache-dir=" + dir}, "--kv-cache-dtype=bfloat16");
   ASSERT_EQ(other.lines.size(), 8u);
   for (const auto& [id, line] : other.lines) EXPECT_EQ(CachedTokens(line), 0) << id;
@@ -206,8 +206,8 @@ TEST(KvCacheTiersRunTest, UnusableDirectoryTurnsTheTierOffAndTheJobRuns) {
   const std::string job = DistinctPromptsJob(4, 1, &lengths);
   const std::string file = TempPath("not_a_dir");
   std::ofstream(file) << "x";
-  const Run reference = RunJob("unusable_reference", job, {"--no-prefix-caching"});
-  const Run run = RunJob("unusable", job, {"--kv-cache-dir=" + file + "/kv"});
+  const JobRun reference = RunJob("unusable_reference", job, {"--no-prefix-caching"});
+  const JobRun run = RunJob("unusable", job, {"--kv-cache-dir=" + file + "/kv"});
   ExpectSameOutputs(run, reference, "unusable dir");
   EXPECT_EQ(CountInLogs(run, "KV cache disk tier off"), 1);
 }
@@ -218,9 +218,9 @@ TEST(KvCacheTiersRunTest, HostTierServesBlocksEvictedFromASmallPool) {
   std::map<std::string, int> lengths;
   const std::string job = DistinctPromptsJob(6, 2, &lengths);
   const std::string small = "--kv-cache-tokens=256 --max-running=1";
-  const Run reference = RunJob("host_reference", job, {"--no-prefix-caching"}, small);
-  const Run without = RunJob("host_none", job, {"--kv-host-cache-gb=0"}, small);
-  const Run with = RunJob("host", job, {"--kv-host-cache-gb=1"}, small);
+  const JobRun reference = RunJob("host_reference", job, {"--no-prefix-caching"}, small);
+  const JobRun without = RunJob("host_none", job, {"--kv-host-cache-gb=0"}, small);
+  const JobRun with = RunJob("host", job, {"--kv-host-cache-gb=1"}, small);
   ExpectSameOutputs(without, reference, "no host tier");
   ExpectSameOutputs(with, reference, "host tier");
   for (const auto& [id, len] : lengths) {

@@ -63,14 +63,14 @@ std::string SharedPrefixJob() {
   return absl::StrJoin(lines, "\n") + "\n";
 }
 
-struct Run {
+struct JobRun {
   std::map<std::string, json> lines;  // by custom_id
   std::string err;                    // deepinfer run's stderr (the job summary)
 };
 
-Run RunJob(const std::string& name, const std::string& input,
-           const std::vector<std::string>& extra) {
-  Run run;
+JobRun RunJob(const std::string& name, const std::string& input,
+              const std::vector<std::string>& extra) {
+  JobRun run;
   const std::string in = TempPath(name + ".in.jsonl");
   const std::string out = TempPath(name + ".out.jsonl");
   std::ofstream(in) << input;
@@ -98,7 +98,7 @@ Run RunJob(const std::string& name, const std::string& input,
 }
 
 const json& Body(const json& line) { return line["response"]["body"]; }
-int64_t CachedTokens(const Run& run) {
+int64_t CachedTokens(const JobRun& run) {
   int64_t n = 0;
   for (const auto& [id, line] : run.lines) {
     n += Body(line)["usage"]["prompt_tokens_details"]["cached_tokens"].get<int>();
@@ -107,7 +107,7 @@ int64_t CachedTokens(const Run& run) {
 }
 
 // "tokens per rank max/mean X" of the job summary; -1 when absent.
-double Balance(const Run& run) {
+double Balance(const JobRun& run) {
   std::smatch m;
   static const std::regex kBalance("tokens per rank max/mean ([0-9.]+)");
   if (!std::regex_search(run.err, m, kBalance)) return -1;
@@ -116,9 +116,10 @@ double Balance(const Run& run) {
 
 TEST(PrefixRoutingRunTest, TwoRanksFollowTheirPrefixWithTheSameOutputs) {
   const std::string job = SharedPrefixJob();
-  const Run one = RunJob("one_rank", job, {});
-  const Run unrouted = RunJob("unrouted", job, {"--ranks-per-worker=2", "--prefix-routing=false"});
-  const Run routed = RunJob("routed", job, {"--ranks-per-worker=2"});
+  const JobRun one = RunJob("one_rank", job, {});
+  const JobRun unrouted =
+      RunJob("unrouted", job, {"--ranks-per-worker=2", "--prefix-routing=false"});
+  const JobRun routed = RunJob("routed", job, {"--ranks-per-worker=2"});
   const size_t n = kSystems * kQuestions;
   ASSERT_EQ(one.lines.size(), n);
   ASSERT_EQ(unrouted.lines.size(), n);
@@ -126,7 +127,7 @@ TEST(PrefixRoutingRunTest, TwoRanksFollowTheirPrefixWithTheSameOutputs) {
   for (const auto& [id, want_line] : one.lines) {
     SCOPED_TRACE(id);
     const json& want = Body(want_line)["choices"][0];
-    for (const Run* run : {&unrouted, &routed}) {
+    for (const JobRun* run : {&unrouted, &routed}) {
       const json& got = Body(run->lines.at(id))["choices"][0];
       EXPECT_EQ(got["token_ids"], want["token_ids"]);
       EXPECT_EQ(got["logprobs"]["token_logprobs"], want["logprobs"]["token_logprobs"]);
