@@ -791,7 +791,7 @@ void JobManager::Dispatch() {
     std::vector<int> count(world, 0);
     for (const auto& [id, a] : inflight_) {
       if (a.rank < world) {
-        tokens[a.rank] += requests_.at(id).cost;
+        tokens[a.rank] += a.load;
         ++count[a.rank];
       }
     }
@@ -828,13 +828,17 @@ void JobManager::Dispatch() {
         continue;
       }
       const int best = router_.Pick(q.probes, tokens, open);
+      const int32_t held = router_.MatchedBlocks(best, q.probes);
       // What the rank must compute of the prefix, others sharing it wait for.
-      router_.Lead(id, q.probes, router_.MatchedBlocks(best, q.probes));
+      router_.Lead(id, q.probes, held);
       router_.Record(best, q.probes);
-      tokens[best] += q.cost;
+      const int64_t load =
+          q.cost - std::min<int64_t>(int64_t{held} * config_.prefix_routing.block_size,
+                                     static_cast<int64_t>(q.prompt.size()));
+      tokens[best] += load;
       ++count[best];
       const Member* m = owner[best];
-      inflight_[id] = {m->worker_id, best, generation};
+      inflight_[id] = {m->worker_id, best, generation, 0, load};
       auto open = open_call.find(m);
       if (open == open_call.end() ||
           calls[open->second].request.items_size() >= static_cast<int>(kMaxItemsPerCall) ||

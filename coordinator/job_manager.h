@@ -169,6 +169,9 @@ class JobManager {
     int rank = 0;
     uint64_t generation = 0;
     int64_t generated = 0;  // tokens so far, from the worker's latest heartbeat
+    // The rank's tokens in flight it counts for: its cost less the prompt tokens the rank was
+    // known to hold for it when it was sent (a hit is not computed again).
+    int64_t load = 0;
   };
   struct JobRuntime {
     int64_t remaining = 0;  // requests without a result

@@ -7,7 +7,8 @@
 // prefilled). A request's probes (over all but its prompt's last token, what a hit can serve)
 // are matched against each rank: the deepest probe a rank holds bounds its hit from below.
 //
-// Pick: the rank with the deepest match, unless its tokens in flight exceed load_factor x
+// Pick: the rank with the deepest match, unless its tokens in flight (the owner counts a
+// request's prompt and max_tokens less the prefix the rank held for it) exceed load_factor x
 // those of the least loaded rank + slack_tokens (then the least loaded: the prefix is
 // computed again there, and that rank holds it from then on); the least loaded without any
 // match.
