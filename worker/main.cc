@@ -44,6 +44,8 @@ int main(int argc, char** argv) {
   double kv_cache_dir_gb = 16;
   int64_t max_batch_tokens = 2048;
   int64_t max_running = 256;
+  int64_t speculative_tokens = 0;
+  double draft_min_confidence = 0.0;
   int64_t collective_timeout_s = 300;
   bool pdl = true;
   std::string prefill_attention = "auto";
@@ -115,6 +117,14 @@ int main(int argc, char** argv) {
   flags.AddInt("max-batch-tokens", &max_batch_tokens,
                "New tokens per engine step (decode + prefill chunks).");
   flags.AddInt("max-running", &max_running, "Sequences per engine step.");
+  flags.AddInt("speculative-tokens", &speculative_tokens,
+               "Speculative decoding with the model's MTP layers (DeepSeek-V3): up to this many\n"
+               "drafted tokens per sequence and step, verified in the step (outputs unchanged;\n"
+               "docs/engine.md). 0 (default): off, and the MTP layers are not loaded.");
+  flags.AddDouble("draft-min-confidence", &draft_min_confidence,
+                  "Speculative decoding: a sequence stops drafting at the first draft whose\n"
+                  "probability under the draft head is below this, in [0, 1] (0: always\n"
+                  "--speculative-tokens drafts).");
   flags.AddBool("prefix-caching", &config.engine.prefix_caching,
                 "Reuse the KV cache blocks of prompt prefixes computed before (full blocks of\n"
                 "16 tokens; docs/kv-cache.md); --no-prefix-caching computes every prompt whole.");
@@ -207,6 +217,11 @@ int main(int argc, char** argv) {
     std::cerr << "deepinfer-worker: --kv-host-cache-gb must be >= 0 and --kv-cache-dir-gb > 0\n";
     return 2;
   }
+  if (speculative_tokens < 0 || !(draft_min_confidence >= 0 && draft_min_confidence <= 1)) {
+    std::cerr << "deepinfer-worker: --speculative-tokens must be >= 0 and "
+                 "--draft-min-confidence in [0, 1]\n";
+    return 2;
+  }
   if (!(gpu_memory_utilization > 0 && gpu_memory_utilization <= 1)) {
     std::cerr << "deepinfer-worker: --gpu-memory-utilization must be in (0, 1], not "
               << gpu_memory_utilization << "\n";
@@ -268,6 +283,8 @@ int main(int argc, char** argv) {
   config.engine.kv_cache_dir_bytes = static_cast<int64_t>(kv_cache_dir_gb * (1ll << 30));
   config.engine.max_batch_tokens = static_cast<int32_t>(max_batch_tokens);
   config.engine.max_running = static_cast<int32_t>(max_running);
+  config.engine.speculative_tokens = static_cast<int32_t>(speculative_tokens);
+  config.engine.draft_min_confidence = static_cast<float>(draft_min_confidence);
   config.engine.collective_timeout = absl::Seconds(collective_timeout_s);
   for (const auto& d : config.devices) {
     LOG(INFO) << "device: " << deepinfer::Device::Kind_Name(d.kind()) << ":" << d.index() << " "

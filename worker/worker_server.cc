@@ -195,6 +195,8 @@ absl::StatusOr<std::unique_ptr<WorkerServer>> WorkerServer::Start(WorkerConfig c
           KvBlockStoreOptions{e.kv_host_cache_bytes, e.kv_cache_dir, e.kv_cache_dir_bytes});
       options.group.kv_block_store = self->kv_block_store_;
     }
+    options.group.speculative_tokens = e.speculative_tokens;
+    options.group.draft_min_confidence = e.draft_min_confidence;
     options.group.prefill_attention = e.prefill_attention;
     options.group.collective_timeout = e.collective_timeout;
     options.group.listen_host = wildcard ? "0.0.0.0" : config.host;

@@ -63,6 +63,9 @@ struct WorkerEngineConfig {
   int64_t kv_host_cache_bytes = 0;
   std::string kv_cache_dir;
   int64_t kv_cache_dir_bytes = 0;
+  // Speculative decoding (RankGroupOptions::speculative_tokens, draft_min_confidence).
+  int32_t speculative_tokens = 0;
+  float draft_min_confidence = 0.0f;
   // The MLA prefill form (RankGroupOptions::prefill_attention).
   PrefillAttention prefill_attention = PrefillAttention::kAuto;
 };

@@ -27,6 +27,14 @@
 // prompt, stop strings without a tokenizer) fail that request only; an error of the step itself (a
 // collective failed) is returned and leaves the engine to be dropped.
 //
+// With speculative_tokens > 0, a decoding sequence also feeds the model up to that many drafts
+// from the model's draft head (DraftProposer) and keeps the longest prefix of them that equals
+// what the model itself picks at each position, plus the model's own next token; rows after
+// the first mismatch are not counted as computed (their cache entries are overwritten later and
+// never offered to the prefix cache). Tokens are picked from every row exactly as a decode step
+// picks them, so the output is the non-speculative output (docs/engine.md "Speculative
+// decoding").
+//
 // Not thread-safe: one rank thread drives an engine; other threads talk to it through its
 // RequestQueue and read load() and progress().
 #ifndef DEEPINFER_WORKER_ENGINE_ENGINE_H_
@@ -37,6 +45,7 @@
 #include <list>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
@@ -49,6 +58,7 @@
 #include "proto/common.pb.h"
 #include "tokenizer/incremental_decoder.h"
 #include "tokenizer/tokenizer.h"
+#include "worker/engine/draft_proposer.h"
 #include "worker/engine/request_queue.h"
 #include "worker/kv_cache/kv_block_pool.h"
 #include "worker/kv_cache/prefix_cache.h"
@@ -71,6 +81,11 @@ struct EngineOptions {
   bool step_when_idle = false;
   // Prefix caching (PrefixCacheOptions: on/off and the cache key).
   PrefixCacheOptions prefix_cache;
+  // Speculative decoding with the model's draft head (CausalLm::Draft): up to this many drafts
+  // per sequence and step, each kept while the draft head gave its token at least
+  // draft_min_confidence (draft_proposer.h). 0: off.
+  int32_t speculative_tokens = 0;
+  float draft_min_confidence = 0.0f;
 };
 
 // Counters for heartbeats (RankLoad), readable from any thread.
@@ -120,8 +135,12 @@ class Engine {
   int64_t context_limit() const { return options_.context_limit; }
   // Sequences preempted so far (for tests and logs).
   int64_t preemptions() const { return preemptions_; }
-  // Tokens the model computed (prefill, re-prefill after preemption and decode) so far.
+  // Tokens the model computed (prefill, re-prefill after preemption, decode and drafts being
+  // verified) so far.
   int64_t computed_tokens() const { return computed_tokens_; }
+  // Speculative decoding: drafts verified so far, and how many of them were accepted.
+  int64_t drafts_verified() const { return drafts_verified_; }
+  int64_t drafts_accepted() const { return drafts_accepted_; }
   const PrefixCache& prefix_cache() const { return cache_; }
 
  private:
@@ -139,6 +158,22 @@ class Engine {
   bool Reserve(Sequence* seq, int64_t tokens, const absl::flat_hash_set<Sequence*>& scheduled);
   // Handles a sampled token; returns true when the sequence finished (result filled).
   bool Advance(Sequence* seq, const SampledToken& sampled, RequestResult* result);
+  // Speculative decoding. How many drafts `seq`, decoding with `budget`
+  // tokens left after its own, may bring this step, with blocks reserved for them (never by
+  // preempting anyone).
+  int64_t ReserveDraftRoom(Sequence* seq, int64_t budget,
+                           const absl::flat_hash_set<Sequence*>& scheduled);
+  // Runs the draft head over the planned sequences (their rows of the last step, then drafts
+  // for those decoding with room for them) and sets their drafts.
+  absl::Status ProposeDrafts(const std::vector<std::pair<Sequence*, int64_t>>& planned);
+  // Verification of a decode step with drafts: samples the model's token from each row of
+  // `logits` ([1 + drafts, vocab]) as a decode step would, and advances while they equal the
+  // drafts. Returns the rows whose input tokens were accepted (their cache entries stay);
+  // `finished` is set when the sequence finished (result filled).
+  int64_t AdvanceVerified(Sequence* seq, const std::vector<float>& logits, bool* finished,
+                          RequestResult* result);
+  // Keeps the first `rows` hidden rows of the sequence's last step for the next draft round.
+  void KeepHidden(Sequence* seq, int64_t first_position, std::vector<float> hidden, int64_t rows);
   // Ends a sequence with a finish reason (flushing the decoder and checking stop strings).
   void Finish(Sequence* seq, const std::string& reason, RequestResult* result);
   // Searches the stop strings in the text added since `from`; true (and text cut) if found.
@@ -168,7 +203,10 @@ class Engine {
   int64_t cached_prompt_tokens_ = 0;
   std::vector<uint64_t> cached_probes_;
   absl::Time probes_at_ = absl::InfinitePast();
+  int64_t drafts_verified_ = 0;
+  int64_t drafts_accepted_ = 0;
   PrefixCache cache_;
+  std::unique_ptr<DraftProposer> drafter_;  // null unless speculative_tokens > 0
 
   mutable absl::Mutex load_mu_;
   EngineLoad load_ ABSL_GUARDED_BY(load_mu_);

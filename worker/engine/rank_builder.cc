@@ -154,6 +154,13 @@ absl::Status BuildRank(const RankSpec& spec, const RankHooks& hooks,
   if (!source.ok()) return source.status();
   absl::StatusOr<const Architecture*> arch = FindArchitecture(config);
   if (!arch.ok()) return arch.status();
+  if (spec.draft_layers > 0) {
+    if (config.num_nextn_predict_layers < 1) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(spec.model, " has no MTP layers (num_nextn_predict_layers) to draft with"));
+    }
+    config.num_draft_layers = std::min<int64_t>(spec.draft_layers, config.num_nextn_predict_layers);
+  }
   const ExpertRange range = ExpertsOfRank(config.n_routed_experts, spec.world_size, spec.rank);
   const LoadOptions load = ExpertsToLoad(config, spec.world_size, spec.rank,
                                          spec.dispatcher.partitioned, spec.placement);

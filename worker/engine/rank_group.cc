@@ -393,6 +393,7 @@ bool RankGroup::FormRank(int local) {
   spec.max_batch_tokens = options_.max_batch_tokens;
   spec.prefill_attention = options_.prefill_attention;
   spec.max_running = options_.max_running;
+  spec.draft_layers = options_.speculative_tokens;
   // On the CPU, the plan of every local rank was made once, in Start().
   if (!host_memory_check_.ok()) {
     Fail(r.global, host_memory_check_);
@@ -422,6 +423,8 @@ bool RankGroup::FormRank(int local) {
   eo.step_when_idle = options_.dispatcher.partitioned && layout_.world_size > 1;
   eo.prefix_cache.enabled = options_.prefix_caching;
   eo.prefix_cache.store = options_.kv_block_store.get();
+  eo.speculative_tokens = options_.speculative_tokens;
+  eo.draft_min_confidence = options_.draft_min_confidence;
   eo.prefix_cache.key = PrefixCacheKey(options_.model->fingerprint, r.parts.backend->weight_dtype(),
                                        r.parts.pool->spec(), r.parts.pool->block_size());
   auto engine = Engine::Create(r.parts.model.get(), r.parts.pool.get(), &r.queue,

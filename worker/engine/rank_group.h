@@ -96,6 +96,10 @@ struct RankGroupOptions {
   // Lower tiers (host memory, disk) for cached blocks evicted from the ranks' pools, shared by
   // the worker's ranks and kept across group generations; null: none.
   std::shared_ptr<KvBlockStore> kv_block_store;
+  // Speculative decoding with the model's MTP layers (EngineOptions::speculative_tokens,
+  // draft_min_confidence; 0: off, and the MTP layers are not loaded).
+  int32_t speculative_tokens = 0;
+  float draft_min_confidence = 0.0f;
   // The MLA prefill form of every rank's model.
   PrefillAttention prefill_attention = PrefillAttention::kAuto;
   DispatcherFactory dispatcher = LocalDispatcherFactory();
