@@ -42,6 +42,8 @@ int main(int argc, char** argv) {
   std::string kv_cache_dtype = "auto";
   int64_t kv_cache_tokens = 0;
   double gpu_memory_utilization = 0.9;
+  double kv_host_cache_gb = 4;
+  double kv_cache_dir_gb = 16;
   int64_t max_batch_tokens = 2048;
   int64_t max_running = 256;
   int64_t speculative_tokens = 0;
@@ -128,6 +130,17 @@ int main(int argc, char** argv) {
   flags.AddBool("prefix-caching", &config.engine.prefix_caching,
                 "Reuse the KV cache blocks of prompt prefixes computed before (full blocks of\n"
                 "16 tokens; docs/kv-cache.md); --no-prefix-caching computes every prompt whole.");
+  flags.AddDouble("kv-host-cache-gb", &kv_host_cache_gb,
+                  "Host memory (GiB, for the whole worker) that keeps cached KV blocks evicted\n"
+                  "from the ranks' pools, so a later prompt with their prefix copies them back\n"
+                  "instead of recomputing them; 0: none.");
+  flags.AddString("kv-cache-dir", &config.engine.kv_cache_dir,
+                  "Local directory for cached KV blocks leaving host memory, and for every cached\n"
+                  "block when the worker stops: a later worker on the same directory (same model\n"
+                  "and cache layout) skips the prefill of those prefixes. Files are checked\n"
+                  "before use (model, hashes, tokens, checksum); docs/kv-cache.md. Empty: none.");
+  flags.AddDouble("kv-cache-dir-gb", &kv_cache_dir_gb,
+                  "Bound on --kv-cache-dir's block files, GiB (least recently used go first).");
   flags.AddString("prefill-attention", &prefill_attention,
                   "auto, absorbed or mha: the MLA form of prefill steps (auto: mha where every\n"
                   "sequence of the step brings >= 64 new tokens and the backend has it). The\n"
@@ -208,6 +221,10 @@ int main(int argc, char** argv) {
                  "--max-running and --collective-timeout-s must be positive\n";
     return 2;
   }
+  if (!(kv_host_cache_gb >= 0) || !(kv_cache_dir_gb > 0)) {
+    std::cerr << "deepinfer-worker: --kv-host-cache-gb must be >= 0 and --kv-cache-dir-gb > 0\n";
+    return 2;
+  }
   if (speculative_tokens < 0 || !(draft_min_confidence >= 0 && draft_min_confidence <= 1)) {
     std::cerr << "deepinfer-worker: --speculative-tokens must be >= 0 and "
                  "--draft-min-confidence in [0, 1]\n";
@@ -270,6 +287,8 @@ int main(int argc, char** argv) {
   config.engine.kv_cache_dtype = kv_cache_dtype;
   config.engine.kv_cache_tokens = kv_cache_tokens;
   config.engine.gpu_memory_utilization = gpu_memory_utilization;
+  config.engine.kv_host_cache_bytes = static_cast<int64_t>(kv_host_cache_gb * (1ll << 30));
+  config.engine.kv_cache_dir_bytes = static_cast<int64_t>(kv_cache_dir_gb * (1ll << 30));
   config.engine.max_batch_tokens = static_cast<int32_t>(max_batch_tokens);
   config.engine.max_running = static_cast<int32_t>(max_running);
   config.engine.speculative_tokens = static_cast<int32_t>(speculative_tokens);

@@ -53,6 +53,10 @@ struct Engine::Sequence {
 
 namespace {
 
+// How often, and how many, cached probe blocks go into the load (EngineLoad::cached_probes).
+constexpr absl::Duration kProbeSummaryInterval = absl::Milliseconds(200);
+constexpr int32_t kMaxProbeSummary = 512;
+
 RequestResult ErrorResult(const std::string& id, const absl::Status& status, uint64_t generation) {
   RequestResult r;
   r.set_request_id(id);
@@ -383,6 +387,8 @@ absl::StatusOr<std::vector<RequestResult>> Engine::Step() {
     }
     if (s->cached_prompt_tokens < 0) {
       s->cached_prompt_tokens = std::min(s->computed, s->prompt_len);
+      prompt_tokens_ += s->prompt_len;
+      cached_prompt_tokens_ += s->cached_prompt_tokens;
     }
     const int64_t n = std::min({s->remaining(), budget, room});
     running_.push_back(std::move(waiting_.front()));
@@ -671,6 +677,18 @@ void Engine::UpdateLoad() {
   load.kv_blocks_total = pool_->num_blocks();
   load.kv_blocks_used = cache_.num_referenced_blocks();
   load.kv_blocks_cached = cache_.num_cached_blocks();
+  load.prompt_tokens = prompt_tokens_;
+  load.cached_prompt_tokens = cached_prompt_tokens_;
+  load.computed_tokens = computed_tokens_;
+  load.prefix_root = cache_.enabled() ? cache_.root_hash() : 0;  // 0: no prefix caching
+  // Walking the cache is not free: the summary is refreshed a few times a second (the
+  // coordinator reads it once per heartbeat).
+  const absl::Time now = absl::Now();
+  if (now - probes_at_ >= kProbeSummaryInterval) {
+    cached_probes_ = cache_.ProbeSummary(kMaxProbeSummary);
+    probes_at_ = now;
+  }
+  load.cached_probes = cached_probes_;
   absl::MutexLock lock(&load_mu_);
   load_ = load;
   // Refilled in place: the entries keep their string buffers from step to step.

@@ -57,6 +57,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
 #include "proto/cluster.pb.h"
 #include "proto/common.pb.h"
 #include "tokenizer/incremental_decoder.h"
@@ -100,6 +101,15 @@ struct EngineLoad {
   int64_t kv_blocks_used = 0;  // referenced by requests (idle cached blocks count as free)
   int64_t kv_blocks_total = 0;
   int64_t kv_blocks_cached = 0;  // holding a cached prefix (referenced or idle)
+  // Prefix caching so far: prompt tokens of first admissions, and of those, served from the
+  // cache; tokens the model computed.
+  int64_t prompt_tokens = 0;
+  int64_t cached_prompt_tokens = 0;
+  int64_t computed_tokens = 0;
+  // The cache's root hash and PrefixCache::ProbeSummary, refreshed at most every
+  // kProbeSummaryInterval (for the coordinator's prefix-aware routing).
+  uint64_t prefix_root = 0;
+  std::vector<uint64_t> cached_probes;
 };
 
 class Engine {
@@ -206,6 +216,10 @@ class Engine {
   int64_t preemptions_ = 0;
   int64_t computed_tokens_ = 0;
   int64_t replayed_tokens_ = 0;
+  int64_t prompt_tokens_ = 0;
+  int64_t cached_prompt_tokens_ = 0;
+  std::vector<uint64_t> cached_probes_;
+  absl::Time probes_at_ = absl::InfinitePast();
   int64_t drafts_verified_ = 0;
   int64_t drafts_accepted_ = 0;
   PrefixCache cache_;

@@ -428,6 +428,7 @@ bool RankGroup::FormRank(int local) {
   eo.rank = r.global;
   eo.step_when_idle = options_.dispatcher.partitioned && layout_.world_size > 1;
   eo.prefix_cache.enabled = options_.prefix_caching;
+  eo.prefix_cache.store = options_.kv_block_store.get();
   eo.speculative_tokens = options_.speculative_tokens;
   eo.draft_min_confidence = options_.draft_min_confidence;
   eo.prefix_cache.key = PrefixCacheKey(options_.model->fingerprint, r.parts.backend->weight_dtype(),
@@ -604,6 +605,11 @@ std::vector<RankLoad> RankGroup::Loads() const {
     load.set_queued_tokens(e.tokens + r->queue.num_tokens());
     load.set_kv_blocks_used(e.kv_blocks_used);
     load.set_kv_blocks_total(e.kv_blocks_total);
+    load.set_prefix_cache_root(e.prefix_root);
+    load.mutable_cached_probe_hashes()->Add(e.cached_probes.begin(), e.cached_probes.end());
+    load.set_prompt_tokens(e.prompt_tokens);
+    load.set_cached_prompt_tokens(e.cached_prompt_tokens);
+    load.set_computed_tokens(e.computed_tokens);
     out.push_back(std::move(load));
   }
   return out;

@@ -57,6 +57,7 @@
 #include "worker/engine/model_files.h"
 #include "worker/engine/rank_builder.h"
 #include "worker/engine/request_queue.h"
+#include "worker/kv_cache/kv_block_store.h"
 #include "worker/model/attention/prefill_attention.h"
 #include "worker/model/model_weights.h"
 
@@ -92,6 +93,9 @@ struct RankGroupOptions {
   // Each rank's engine reuses cached prefix blocks of its own pool (docs/kv-cache.md); the
   // cache key is made of the model's fingerprint, the weight dtype and the cache spec.
   bool prefix_caching = true;
+  // Lower tiers (host memory, disk) for cached blocks evicted from the ranks' pools, shared by
+  // the worker's ranks and kept across group generations; null: none.
+  std::shared_ptr<KvBlockStore> kv_block_store;
   // Speculative decoding with the model's MTP layers (EngineOptions::speculative_tokens,
   // draft_min_confidence; 0: off, and the MTP layers are not loaded).
   int32_t speculative_tokens = 0;

@@ -138,6 +138,39 @@ absl::StatusOr<int32_t> KvBlockPool::SequenceSlot(int32_t first_block, bool* fre
   return slot_of_block_[first_block];
 }
 
+size_t KvBlockPool::BlockBytes() const {
+  size_t bytes = 0;
+  for (size_t l = 0; l < layers_.size(); ++l) {
+    bytes += LayerGroup(static_cast<int32_t>(l)).BlockBytes(options_.block_size);
+  }
+  return bytes;
+}
+
+void KvBlockPool::ReadBlock(int32_t block, std::string* out) const {
+  CHECK(block >= 0 && block < options_.num_blocks) << "block " << block;
+  out->resize(BlockBytes());
+  size_t at = 0;
+  for (size_t l = 0; l < layers_.size(); ++l) {
+    const size_t n = LayerGroup(static_cast<int32_t>(l)).BlockBytes(options_.block_size);
+    backend_->CopyToHost(static_cast<const char*>(layers_[l]->data()) + block * n, n,
+                         out->data() + at);
+    at += n;
+  }
+  backend_->Synchronize();
+}
+
+void KvBlockPool::WriteBlock(int32_t block, const std::string& data) const {
+  CHECK(block >= 0 && block < options_.num_blocks) << "block " << block;
+  CHECK_EQ(data.size(), BlockBytes());
+  size_t at = 0;
+  for (size_t l = 0; l < layers_.size(); ++l) {
+    const size_t n = LayerGroup(static_cast<int32_t>(l)).BlockBytes(options_.block_size);
+    backend_->CopyToDevice(data.data() + at, n, static_cast<char*>(layers_[l]->data()) + block * n);
+    at += n;
+  }
+  backend_->Synchronize();
+}
+
 int32_t KvBlockPool::BlocksFor(int64_t num_tokens) const {
   return static_cast<int32_t>((num_tokens + options_.block_size - 1) / options_.block_size);
 }

@@ -62,6 +62,15 @@ class KvBlockPool {
   // not allocated or bytes of another size.
   absl::StatusOr<std::vector<char>> ReadBlocks(const std::vector<int32_t>& blocks) const;
   absl::Status WriteBlocks(const std::vector<int32_t>& blocks, const std::vector<char>& bytes);
+  // Bytes of one block over every layer: what ReadBlock gives and WriteBlock takes.
+  size_t BlockBytes() const;
+  // Copies the entries of `block` (every layer, in layer order) to host memory (*out is
+  // resized to BlockBytes()), and back; for the prefix cache's lower tiers (kv_block_store.h).
+  // Blocks only: a kind's per-sequence state is not part of them.
+  void ReadBlock(int32_t block, std::string* out) const;
+  void WriteBlock(int32_t block, const std::string& data) const;
+  // The backend's status (a failed device cannot be read back).
+  absl::Status backend_status() const { return backend_->status(); }
   // Number of blocks a sequence of num_tokens tokens needs.
   int32_t BlocksFor(int64_t num_tokens) const;
 
