@@ -78,7 +78,7 @@ TEST(GrammarMatcherTest, MaskAgreesWithAcceptTokenOnExpressions) {
 }
 
 TEST(GrammarMatcherTest, MaskAgreesWithAcceptTokenOnJson) {
-  absl::StatusOr<Grammar> json = JsonSchemaGrammar(nlohmann::json::parse(R"({
+  absl::StatusOr<Grammar> json = JsonSchemaGrammar(nlohmann::ordered_json::parse(R"({
     "type": "object",
     "properties": {"a": {"type": "integer", "minimum": -5, "maximum": 120},
                    "b": {"type": "array", "items": {"enum": ["x", "yz", null]}, "maxItems": 3},

@@ -21,7 +21,7 @@
 namespace deepinfer::grammar {
 namespace {
 
-using nlohmann::json;
+using json = nlohmann::ordered_json;
 
 // Regexes for `format`, matched against the string's value. date is exact, leap days included.
 constexpr char kDateRegex[] =

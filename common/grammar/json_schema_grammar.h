@@ -26,7 +26,7 @@ namespace deepinfer::grammar {
 Grammar JsonObjectGrammar();
 
 // INVALID_ARGUMENT naming the keyword or value at fault and its JSON pointer.
-absl::StatusOr<Grammar> JsonSchemaGrammar(const nlohmann::json& schema);
+absl::StatusOr<Grammar> JsonSchemaGrammar(const nlohmann::ordered_json& schema);
 
 }  // namespace deepinfer::grammar
 

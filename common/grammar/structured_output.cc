@@ -26,7 +26,8 @@ absl::StatusOr<Grammar> BuildGrammar(const StructuredOutput& spec) {
     case StructuredOutput::Kind::kJsonObject:
       return JsonObjectGrammar();
     case StructuredOutput::Kind::kJsonSchema: {
-      nlohmann::json schema = nlohmann::json::parse(spec.text, nullptr, /*allow_exceptions=*/false);
+      nlohmann::ordered_json schema =
+          nlohmann::ordered_json::parse(spec.text, nullptr, /*allow_exceptions=*/false);
       if (schema.is_discarded()) return absl::InvalidArgumentError("json schema: not valid JSON");
       return JsonSchemaGrammar(schema);
     }
