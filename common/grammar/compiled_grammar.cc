@@ -88,7 +88,9 @@ struct EpsState {
 
 class RuleBuilder {
  public:
-  explicit RuleBuilder(const Grammar& g) : g_(g) {}
+  // inline_rules[r]: references to r are replaced by r's body.
+  RuleBuilder(const Grammar& g, const std::vector<char>* inline_rules)
+      : g_(g), inline_(inline_rules) {}
 
   absl::StatusOr<int32_t> Build(int32_t expr, int32_t from) {
     if (states_.size() > kMaxNfaStates) {
@@ -186,6 +188,7 @@ class RuleBuilder {
         return end;
       }
       case Expr::Kind::kRuleRef: {
+        if ((*inline_)[e.rule]) return Build(g_.rule_body(e.rule), from);
         const int32_t next = New();
         states_[from].calls.push_back({e.rule, next});
         return next;
@@ -203,8 +206,88 @@ class RuleBuilder {
 
  private:
   const Grammar& g_;
+  const std::vector<char>* inline_;
   std::vector<EpsState> states_;
 };
+
+// Rules worth inlining into their callers: not recursive and small once their own inlined
+// rules are counted. Inlining keeps a stack top inside the caller where it would otherwise sit
+// in a tiny rule (a JSON string's character) that completes within almost every token, which
+// would leave almost every token undecided in the mask cache.
+std::vector<char> RulesToInline(const Grammar& g) {
+  constexpr int64_t kMaxInlineSize = 256;
+  const int32_t num_rules = g.num_rules();
+  std::vector<char> out(num_rules, 0);
+  // Rules on a reference cycle stay calls.
+  std::vector<std::vector<int32_t>> refs(num_rules);
+  std::function<void(int32_t, std::vector<int32_t>*)> collect = [&](int32_t id,
+                                                                    std::vector<int32_t>* into) {
+    const Expr& e = g.expr(id);
+    if (e.kind == Expr::Kind::kRuleRef) into->push_back(e.rule);
+    for (int32_t c : e.children) collect(c, into);
+  };
+  for (int32_t r = 0; r < num_rules; ++r) {
+    if (g.rule_body(r) >= 0) collect(g.rule_body(r), &refs[r]);
+  }
+  std::vector<char> on_cycle(num_rules, 0);
+  for (int32_t r = 0; r < num_rules; ++r) {
+    std::vector<char> seen(num_rules, 0);
+    std::vector<int32_t> work = refs[r];
+    while (!work.empty()) {
+      const int32_t x = work.back();
+      work.pop_back();
+      if (x == r) {
+        on_cycle[r] = 1;
+        break;
+      }
+      if (seen[x]) continue;
+      seen[x] = 1;
+      work.insert(work.end(), refs[x].begin(), refs[x].end());
+    }
+  }
+  // Sizes, in automaton edges roughly, with inlined rules expanded.
+  std::vector<int64_t> rule_size(num_rules, -1);
+  absl::flat_hash_map<int32_t, int64_t> expr_size;  // subexpressions are shared
+  std::function<int64_t(int32_t)> size_uncached;
+  std::function<int64_t(int32_t)> size = [&](int32_t id) -> int64_t {
+    auto it = expr_size.find(id);
+    if (it != expr_size.end()) return it->second;
+    const int64_t s = size_uncached(id);
+    expr_size[id] = s;
+    return s;
+  };
+  size_uncached = [&](int32_t id) -> int64_t {
+    const Expr& e = g.expr(id);
+    switch (e.kind) {
+      case Expr::Kind::kEmpty:
+        return 1;
+      case Expr::Kind::kBytes:
+        return static_cast<int64_t>(e.bytes.size());
+      case Expr::Kind::kCharClass:
+        return 4 + static_cast<int64_t>(e.ranges.size());
+      case Expr::Kind::kSequence:
+      case Expr::Kind::kAlternation: {
+        int64_t s = 1;
+        for (int32_t c : e.children) s = std::min<int64_t>(s + size(c), 1 << 30);
+        return s;
+      }
+      case Expr::Kind::kRepeat:
+        return std::min<int64_t>(size(e.children[0]) * (e.max == kUnbounded ? e.min + 1 : e.max),
+                                 1 << 30);
+      case Expr::Kind::kRuleRef:
+        if (on_cycle[e.rule] || g.rule_body(e.rule) < 0) return 1;
+        if (rule_size[e.rule] < 0) rule_size[e.rule] = size(g.rule_body(e.rule));
+        return rule_size[e.rule] <= kMaxInlineSize ? rule_size[e.rule] : 1;
+    }
+    return 1;
+  };
+  for (int32_t r = 0; r < num_rules; ++r) {
+    if (on_cycle[r] || r == g.root() || g.rule_body(r) < 0) continue;
+    if (rule_size[r] < 0) rule_size[r] = size(g.rule_body(r));
+    out[r] = rule_size[r] <= kMaxInlineSize;
+  }
+  return out;
+}
 
 }  // namespace
 
@@ -223,6 +306,7 @@ absl::StatusOr<std::shared_ptr<const CompiledGrammar>> CompiledGrammar::Compile(
   out->rule_names_.reserve(num_rules);
   for (int32_t r = 0; r < num_rules; ++r) out->rule_names_.push_back(grammar.rule_name(r));
   out->rule_start_.assign(num_rules, -1);
+  const std::vector<char> inline_rules = RulesToInline(grammar);
 
   // Per rule: Thompson NFA, then epsilon elimination. The nodes kept are the start and every
   // target of a byte or call edge; each gets the edges of its epsilon closure.
@@ -235,7 +319,7 @@ absl::StatusOr<std::shared_ptr<const CompiledGrammar>> CompiledGrammar::Compile(
   std::vector<PendingNode> pending;
   size_t total_states = 0;
   for (int32_t r = 0; r < num_rules; ++r) {
-    RuleBuilder b(grammar);
+    RuleBuilder b(grammar, &inline_rules);
     const int32_t start = b.New();
     absl::StatusOr<int32_t> accept = b.Build(grammar.rule_body(r), start);
     if (!accept.ok()) return accept.status();

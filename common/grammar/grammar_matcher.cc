@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <utility>
 
 #include "glog/logging.h"
 
@@ -98,6 +99,56 @@ void TokenMaskCache::FillAll() {
   }
 }
 
+namespace {
+
+// The stack sets one cache walk reaches, numbered, with transitions computed on first use: a
+// lazily built DFA over the walk, so each (set, byte) pair is advanced once however many
+// tokens pass through it.
+class StackSetDfa {
+ public:
+  StackSetDfa(const CompiledGrammar& grammar, int32_t node) : walker_(grammar, &store_) {
+    StackSet start;
+    start.tops.push_back(store_.Intern(node, FrameStore::kOpenParent));
+    Intern(std::move(start));
+  }
+
+  int32_t Next(int32_t set, uint8_t byte) {
+    int32_t& next = next_[set * 256 + byte];
+    if (next < 0) {
+      walker_.Advance(sets_[set], byte, &scratch_);
+      const int32_t id = Intern(scratch_);
+      next_[set * 256 + byte] = id;  // next_ may have grown
+      return id;
+    }
+    return next;
+  }
+  bool has_tops(int32_t set) const { return !sets_[set].tops.empty(); }
+  bool open_bottom(int32_t set) const { return sets_[set].open_bottom; }
+
+ private:
+  int32_t Intern(StackSet set) {
+    std::sort(set.tops.begin(), set.tops.end());
+    key_.assign(set.tops.begin(), set.tops.end());
+    key_.push_back(set.open_bottom ? -1 : -2);
+    auto [it, inserted] = ids_.try_emplace(key_, static_cast<int32_t>(sets_.size()));
+    if (inserted) {
+      sets_.push_back(std::move(set));
+      next_.resize(sets_.size() * 256, -1);
+    }
+    return it->second;
+  }
+
+  FrameStore store_;
+  StackWalker walker_;
+  std::vector<StackSet> sets_;
+  std::vector<int32_t> next_;
+  absl::flat_hash_map<std::vector<int32_t>, int32_t> ids_;
+  std::vector<int32_t> key_;
+  StackSet scratch_;
+};
+
+}  // namespace
+
 // Walks the vocabulary in byte order from a lone stack top on `node` whose lower part is open.
 // Tokens sharing a prefix reuse the stack sets computed for it; once a prefix leaves no stack,
 // every token extending it gets the same verdict without a walk.
@@ -107,10 +158,8 @@ std::unique_ptr<NodeTokenMasks> TokenMaskCache::Compute(int32_t node) const {
   const std::vector<uint16_t>& common = vocab.common_prefix();
   const ByteSet& follow = grammar_->follow(grammar_->node(node).rule);
 
-  FrameStore store;
-  StackWalker walker(*grammar_, &store);
-  std::vector<StackSet> depth(1);
-  depth[0].tops.push_back(store.Intern(node, FrameStore::kOpenParent));
+  StackSetDfa dfa(*grammar_, node);
+  std::vector<int32_t> depth(1, 0);  // depth[d]: the set after the first d bytes
   // undecided_upto[d]: some prefix shorter than d popped below the open bottom with the next
   // byte in the rule's follow set.
   std::vector<char> undecided_upto(1, 0);
@@ -137,15 +186,15 @@ std::unique_ptr<NodeTokenMasks> TokenMaskCache::Compute(int32_t node) const {
     bool dead = false;
     for (; d < bytes.size(); ++d) {
       const uint8_t b = static_cast<uint8_t>(bytes[d]);
-      undecided_upto[d + 1] = undecided_upto[d] || (depth[d].open_bottom && follow.test(b));
-      walker.Advance(depth[d], b, &depth[d + 1]);
+      undecided_upto[d + 1] = undecided_upto[d] || (dfa.open_bottom(depth[d]) && follow.test(b));
+      depth[d + 1] = dfa.Next(depth[d], b);
       valid = static_cast<int32_t>(d + 1);
-      if (!depth[d + 1].tops.empty() || d + 1 == bytes.size()) continue;
+      if (dfa.has_tops(depth[d + 1]) || d + 1 == bytes.size()) continue;
       // No stack is left inside the node's context. Tokens extending this prefix share the
       // verdict; when the prefix ends by popping below the open bottom, the verdict also
       // depends on the next byte, so only tokens sharing that byte too share it.
       dead = true;
-      if (depth[d + 1].open_bottom) {
+      if (dfa.open_bottom(depth[d + 1])) {
         dead_length = d + 2;
         dead_undecided = undecided_upto[d + 1] || follow.test(static_cast<uint8_t>(bytes[d + 1]));
       } else {
@@ -154,7 +203,8 @@ std::unique_ptr<NodeTokenMasks> TokenMaskCache::Compute(int32_t node) const {
       }
       break;
     }
-    if (!dead && depth[bytes.size()].tops.empty() && !depth[bytes.size()].open_bottom) {
+    const int32_t last = depth[bytes.size()];
+    if (!dead && !dfa.has_tops(last) && !dfa.open_bottom(last)) {
       dead = true;
       dead_length = bytes.size();
       dead_undecided = undecided_upto[bytes.size()];

@@ -77,9 +77,8 @@ const std::vector<std::string>& Schemas() {
 
 // A random document the grammar allows, byte by byte; nullopt past 400 bytes. The walk takes
 // the stop token one time in two once the document is complete.
-std::optional<std::string> RandomDocument(const std::shared_ptr<const CompiledGrammar>& g,
+std::optional<std::string> RandomDocument(const std::shared_ptr<TokenMaskCache>& cache,
                                           std::mt19937* rng) {
-  auto cache = std::make_shared<TokenMaskCache>(g, ByteVocabulary());
   GrammarMatcher m(cache);
   std::vector<uint32_t> mask(m.vocabulary().mask_words());
   std::string out;
@@ -125,9 +124,10 @@ TEST(JsonSchemaGrammarTest, GeneratedDocumentsValidate) {
   for (const std::string& schema : Schemas()) {
     auto g = CompileSchema(schema);
     ASSERT_NE(g, nullptr) << schema;
+    auto cache = std::make_shared<TokenMaskCache>(g, ByteVocabulary());
     int made = 0;
     for (int i = 0; i < 300 && made < 60; ++i) {
-      std::optional<std::string> doc = RandomDocument(g, &rng);
+      std::optional<std::string> doc = RandomDocument(cache, &rng);
       if (!doc) continue;
       ++made;
       json parsed = json::parse(*doc, nullptr, false);
