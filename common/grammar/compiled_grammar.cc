@@ -11,7 +11,11 @@ namespace deepinfer::grammar {
 namespace {
 
 // Bounds the automaton a request can make the coordinator or a worker build.
-constexpr size_t kMaxNfaStates = 2'000'000;
+constexpr size_t kMaxNfaStates = 500'000;
+// Deeper chains of inlined rules stay calls (bounds Build's recursion).
+constexpr int kMaxInlineDepth = 32;
+// Bounds the recursion of the compile's checks over rules.
+constexpr int32_t kMaxRules = 10000;
 
 int Utf8Length(uint32_t c) { return c < 0x80 ? 1 : c < 0x800 ? 2 : c < 0x10000 ? 3 : 4; }
 
@@ -188,7 +192,12 @@ class RuleBuilder {
         return end;
       }
       case Expr::Kind::kRuleRef: {
-        if ((*inline_)[e.rule]) return Build(g_.rule_body(e.rule), from);
+        if ((*inline_)[e.rule] && inline_depth_ < kMaxInlineDepth) {
+          ++inline_depth_;
+          absl::StatusOr<int32_t> end = Build(g_.rule_body(e.rule), from);
+          --inline_depth_;
+          return end;
+        }
         const int32_t next = New();
         states_[from].calls.push_back({e.rule, next});
         return next;
@@ -207,6 +216,7 @@ class RuleBuilder {
  private:
   const Grammar& g_;
   const std::vector<char>* inline_;
+  int inline_depth_ = 0;
   std::vector<EpsState> states_;
 };
 
@@ -300,6 +310,10 @@ std::vector<std::vector<std::pair<uint8_t, uint8_t>>> Utf8RangeSequences(uint32_
 absl::StatusOr<std::shared_ptr<const CompiledGrammar>> CompiledGrammar::Compile(
     const Grammar& grammar) {
   if (absl::Status s = grammar.Validate(); !s.ok()) return s;
+  if (grammar.num_rules() > kMaxRules) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "the grammar has ", grammar.num_rules(), " rules; at most ", kMaxRules, " are supported"));
+  }
   std::shared_ptr<CompiledGrammar> out(new CompiledGrammar());
   const int32_t num_rules = grammar.num_rules();
   out->root_rule_ = grammar.root();

@@ -11,6 +11,9 @@
 namespace deepinfer::grammar {
 namespace {
 
+// Bounds the parser's recursion on hostile input.
+constexpr int kMaxNesting = 200;
+
 bool IsNameStart(char c) { return absl::ascii_isalpha(c) || c == '_'; }
 bool IsNameChar(char c) { return absl::ascii_isalnum(c) || c == '_' || c == '-' || c == '.'; }
 
@@ -270,8 +273,10 @@ class EbnfParser {
   absl::StatusOr<int32_t> ParseAtom() {
     const char c = Peek();
     if (c == '(') {
+      if (++depth_ > kMaxNesting) return Error("groups are nested too deeply");
       ++pos_;
       absl::StatusOr<int32_t> inner = ParseAlternation();
+      --depth_;
       if (!inner.ok()) return inner;
       SkipSpace();
       if (AtEnd() || Peek() != ')') return Error("unclosed '('");
@@ -313,6 +318,7 @@ class EbnfParser {
   size_t pos_ = 0;
   Grammar g_;
   std::vector<char> defined_;
+  int depth_ = 0;
 };
 
 }  // namespace

@@ -136,6 +136,9 @@ absl::StatusOr<Escape> ParseEscape(absl::string_view text, size_t* pos) {
   }
 }
 
+// Bounds the parser's recursion on hostile input.
+constexpr int kMaxNesting = 200;
+
 class RegexParser {
  public:
   RegexParser(Grammar* g, absl::string_view text, RegexTarget target)
@@ -269,7 +272,7 @@ class RegexParser {
           return ErrorAt(at, "inline flags and other (?...) groups are not supported");
         }
       }
-      ++depth_;
+      if (++depth_ > kMaxNesting) return ErrorAt(at, "groups are nested too deeply");
       absl::StatusOr<int32_t> inner = ParseAlternation();
       --depth_;
       if (!inner.ok()) return inner;
