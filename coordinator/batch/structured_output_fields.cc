@@ -5,6 +5,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "common/grammar/structured_output_proto.h"
 
 namespace deepinfer {
 namespace {
@@ -174,32 +175,6 @@ absl::Status StructuredOutputs(const json& v, StructuredOutputSpec* spec) {
 
 }  // namespace
 
-grammar::StructuredOutput ToStructuredOutput(const StructuredOutputSpec& spec) {
-  grammar::StructuredOutput out;
-  switch (spec.kind()) {
-    case StructuredOutputSpec::JSON_OBJECT:
-      out.kind = grammar::StructuredOutput::Kind::kJsonObject;
-      break;
-    case StructuredOutputSpec::JSON_SCHEMA:
-      out.kind = grammar::StructuredOutput::Kind::kJsonSchema;
-      break;
-    case StructuredOutputSpec::REGEX:
-      out.kind = grammar::StructuredOutput::Kind::kRegex;
-      break;
-    case StructuredOutputSpec::CHOICE:
-      out.kind = grammar::StructuredOutput::Kind::kChoice;
-      break;
-    case StructuredOutputSpec::GRAMMAR:
-      out.kind = grammar::StructuredOutput::Kind::kGrammar;
-      break;
-    default:
-      out.kind = grammar::StructuredOutput::Kind::kNone;
-  }
-  out.text = spec.text();
-  out.choices.assign(spec.choices().begin(), spec.choices().end());
-  return out;
-}
-
 absl::Status ParseStructuredOutput(const json& body, StructuredOutputSpec* spec) {
   std::vector<std::string> asking;
   for (const char* field : kStructuredOutputFields) {
@@ -234,7 +209,7 @@ absl::Status ParseStructuredOutput(const json& body, StructuredOutputSpec* spec)
     }
     *spec = std::move(one);
     absl::StatusOr<std::shared_ptr<const grammar::CompiledGrammar>> compiled =
-        grammar::CompileStructuredOutput(ToStructuredOutput(*spec));
+        grammar::CompileStructuredOutput(grammar::FromProto(*spec));
     if (!compiled.ok()) return FieldError(name, compiled.status().message());
   }
   return absl::OkStatus();

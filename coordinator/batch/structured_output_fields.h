@@ -25,9 +25,6 @@ inline constexpr const char* kStructuredOutputFields[] = {"response_format", "st
 // the field ("body.response_format.json_schema.schema: ..."), without a line prefix.
 absl::Status ParseStructuredOutput(const nlohmann::ordered_json& body, StructuredOutputSpec* spec);
 
-// The grammar library's form of a spec.
-grammar::StructuredOutput ToStructuredOutput(const StructuredOutputSpec& spec);
-
 }  // namespace deepinfer
 
 #endif  // DEEPINFER_COORDINATOR_BATCH_STRUCTURED_OUTPUT_FIELDS_H_

@@ -41,6 +41,7 @@
 #include "tokenizer/incremental_decoder.h"
 #include "tokenizer/tokenizer.h"
 #include "worker/engine/request_queue.h"
+#include "worker/engine/structured_output_matchers.h"
 #include "worker/kv_cache/kv_block_pool.h"
 #include "worker/model/causal_lm.h"
 
@@ -137,6 +138,8 @@ class Engine {
   mutable absl::Mutex load_mu_;
   EngineLoad load_ ABSL_GUARDED_BY(load_mu_);
   std::vector<RequestProgress> progress_ ABSL_GUARDED_BY(load_mu_);
+  // Structured output; null without a tokenizer.
+  std::unique_ptr<StructuredOutputMatchers> matchers_;
 };
 
 }  // namespace deepinfer

@@ -222,9 +222,40 @@ absl::StatusOr<StepOutput> DeepseekV3Model::Step(const std::vector<SequenceStep>
   return SampleOrCopyLogits(batch, logits->as<float>(), R);
 }
 
-absl::StatusOr<StepOutput> DeepseekV3Model::SampleOrCopyLogits(
-    const std::vector<SequenceStep>& batch, const float* logits, int64_t rows) {
+// Structured output: the engine's masks, written on the host while the forward pass runs (the
+// ops above are enqueued), uploaded once and applied to the sampled rows in place.
+absl::Status DeepseekV3Model::MaskLogits(const std::vector<SequenceStep>& batch, float* logits) {
   const int64_t V = config_.vocab_size;
+  const int64_t words = (V + 31) / 32;
+  std::vector<int32_t> rows;
+  std::vector<uint32_t> masks;
+  int64_t row = 0;
+  for (const SequenceStep& s : batch) {
+    const int64_t n = s.all_logits ? static_cast<int64_t>(s.tokens.size()) : 1;
+    if (s.fill_allowed_tokens && s.sampling.has_value()) {
+      masks.resize(masks.size() + words);
+      if (s.fill_allowed_tokens(masks.data() + masks.size() - words)) {
+        rows.push_back(static_cast<int32_t>(row + n - 1));
+      } else {
+        masks.resize(masks.size() - words);
+      }
+    }
+    row += n;
+  }
+  if (rows.empty()) return absl::OkStatus();
+  const int64_t k = static_cast<int64_t>(rows.size());
+  auto rows_dev = backend_->AllocateScratch(k * sizeof(int32_t));
+  auto masks_dev = backend_->AllocateScratch(k * words * sizeof(uint32_t));
+  backend_->CopyToDevice(rows.data(), k * sizeof(int32_t), rows_dev->data());
+  backend_->CopyToDevice(masks.data(), k * words * sizeof(uint32_t), masks_dev->data());
+  backend_->MaskLogitsRows(k, V, logits, rows_dev->as<int32_t>(), masks_dev->as<uint32_t>());
+  return absl::OkStatus();  // SampleOrCopyLogits checks the backend's status after its copies
+}
+
+absl::StatusOr<StepOutput> DeepseekV3Model::SampleOrCopyLogits(
+    const std::vector<SequenceStep>& batch, float* logits, int64_t rows) {
+  const int64_t V = config_.vocab_size;
+  if (absl::Status st = MaskLogits(batch, logits); !st.ok()) return st;
   // Sequences that want no logits are sampled on the device (DeviceSampler); the rows of those
   // that want logits, or more top logprobs than the device gives, are copied to the host.
   auto on_device = [](const SequenceStep& s) {

@@ -89,11 +89,13 @@ class DeepseekV3Model final : public CausalLm {
   DeepseekV3Model(const ModelConfig& config, std::unique_ptr<ModelWeights> weights,
                   Backend* backend, std::unique_ptr<ExpertDispatcher> dispatcher);
 
+  // Sets the logits of tokens a sequence's fill_allowed_tokens disallows to -inf, in place.
+  absl::Status MaskLogits(const std::vector<SequenceStep>& batch, float* logits);
   // The step's tail after the LM head: samples the sequences that want no logits on the device
   // (DeviceSampler), copies the other rows to the host (Sampler picks there), and checks the
   // backend's status. logits: [rows, vocab], each sequence's rows in batch order.
   absl::StatusOr<StepOutput> SampleOrCopyLogits(const std::vector<SequenceStep>& batch,
-                                                const float* logits, int64_t rows);
+                                                float* logits, int64_t rows);
   // Embedding and every layer for ctx's tokens (ids: device [T]); x [T, hidden] ends as the
   // residual stream after the last layer, except that when ResidualPending() the last layer's
   // output, left in y [T, hidden], is still to be added (the caller fuses it into the final

@@ -542,8 +542,8 @@ void CpuBackend::ArgmaxRows(int64_t rows, int64_t vocab, const float* logits, in
   }
 }
 
-void CpuBackend::GreedySampleRows(int64_t rows, int64_t vocab, const float* logits,
-                                  int32_t* token, float* logprob) {
+void CpuBackend::GreedySampleRows(int64_t rows, int64_t vocab, const float* logits, int32_t* token,
+                                  float* logprob) {
   for (int64_t r = 0; r < rows; ++r) {
     const float* l = logits + r * vocab;
     const int64_t best = std::max_element(l, l + vocab) - l;
@@ -552,6 +552,18 @@ void CpuBackend::GreedySampleRows(int64_t rows, int64_t vocab, const float* logi
     for (int64_t i = 0; i < vocab; ++i) sum += std::exp(static_cast<double>(l[i]) - mx);
     token[r] = static_cast<int32_t>(best);
     logprob[r] = static_cast<float>(l[best] - (mx + std::log(sum)));
+  }
+}
+
+void CpuBackend::MaskLogitsRows(int64_t n, int64_t vocab, float* logits, const int32_t* rows,
+                                const uint32_t* masks) {
+  const int64_t words = (vocab + 31) / 32;
+  for (int64_t i = 0; i < n; ++i) {
+    float* row = logits + static_cast<int64_t>(rows[i]) * vocab;
+    const uint32_t* m = masks + i * words;
+    for (int64_t t = 0; t < vocab; ++t) {
+      if (!(m[t >> 5] >> (t & 31) & 1u)) row[t] = -std::numeric_limits<float>::infinity();
+    }
   }
 }
 
