@@ -542,8 +542,8 @@ void CpuBackend::ArgmaxRows(int64_t rows, int64_t vocab, const float* logits, in
   }
 }
 
-void CpuBackend::GreedySampleRows(int64_t rows, int64_t vocab, const float* logits, int32_t* token,
-                                  float* logprob) {
+void CpuBackend::GreedySampleRows(int64_t rows, int64_t vocab, const float* logits,
+                                  int32_t* token, float* logprob) {
   for (int64_t r = 0; r < rows; ++r) {
     const float* l = logits + r * vocab;
     const int64_t best = std::max_element(l, l + vocab) - l;
