@@ -171,7 +171,7 @@ std::unique_ptr<NodeTokenMasks> TokenMaskCache::Compute(int32_t node) const {
   bool dead_undecided = false;    // that token's verdict
   for (size_t k = 0; k < sorted.size(); ++k) {
     const int32_t token = sorted[k];
-    const std::string& bytes = vocab.bytes(token);
+    const absl::string_view bytes = vocab.sorted_bytes(k);
     const size_t shared = k == 0 ? 0 : common[k];
     if (shared >= dead_length) {
       if (dead_undecided) out->undecided_ids.push_back(token);

@@ -55,6 +55,11 @@ std::shared_ptr<const TokenVocabulary> TokenVocabulary::Create(std::vector<std::
   }
   std::sort(v->sorted_.begin(), v->sorted_.end(),
             [&](int32_t a, int32_t b) { return v->bytes_[a] < v->bytes_[b]; });
+  v->sorted_offset_.assign(1, 0);
+  for (int32_t t : v->sorted_) {
+    v->sorted_data_ += v->bytes_[t];
+    v->sorted_offset_.push_back(static_cast<uint32_t>(v->sorted_data_.size()));
+  }
   v->common_prefix_.assign(v->sorted_.size(), 0);
   for (size_t k = 1; k < v->sorted_.size(); ++k) {
     const std::string& a = v->bytes_[v->sorted_[k - 1]];

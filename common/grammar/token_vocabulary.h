@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "absl/types/span.h"
 #include "tokenizer/tokenizer.h"
 
@@ -40,6 +41,12 @@ class TokenVocabulary {
   // of sorted()[k - 1] and sorted()[k] (0 for k = 0).
   const std::vector<int32_t>& sorted() const { return sorted_; }
   const std::vector<uint16_t>& common_prefix() const { return common_prefix_; }
+  // The bytes of sorted()[k], from one contiguous buffer in sorted order (walks in that order
+  // read memory sequentially).
+  absl::string_view sorted_bytes(size_t k) const {
+    return absl::string_view(sorted_data_)
+        .substr(sorted_offset_[k], sorted_offset_[k + 1] - sorted_offset_[k]);
+  }
 
  private:
   TokenVocabulary() = default;
@@ -49,6 +56,8 @@ class TokenVocabulary {
   std::vector<int32_t> stop_tokens_;
   std::vector<int32_t> sorted_;
   std::vector<uint16_t> common_prefix_;
+  std::string sorted_data_;
+  std::vector<uint32_t> sorted_offset_;
 };
 
 }  // namespace deepinfer::grammar
