@@ -285,14 +285,14 @@ std::vector<char> RulesToInline(const Grammar& g) {
         return std::min<int64_t>(size(e.children[0]) * (e.max == kUnbounded ? e.min + 1 : e.max),
                                  1 << 30);
       case Expr::Kind::kRuleRef:
-        if (on_cycle[e.rule] || g.rule_body(e.rule) < 0) return 1;
+        if (on_cycle[e.rule] || g.rule_body(e.rule) < 0 || g.kept_as_call(e.rule)) return 1;
         if (rule_size[e.rule] < 0) rule_size[e.rule] = size(g.rule_body(e.rule));
         return rule_size[e.rule] <= kMaxInlineSize ? rule_size[e.rule] : 1;
     }
     return 1;
   };
   for (int32_t r = 0; r < num_rules; ++r) {
-    if (on_cycle[r] || r == g.root() || g.rule_body(r) < 0) continue;
+    if (on_cycle[r] || r == g.root() || g.rule_body(r) < 0 || g.kept_as_call(r)) continue;
     if (rule_size[r] < 0) rule_size[r] = size(g.rule_body(r));
     out[r] = rule_size[r] <= kMaxInlineSize;
   }

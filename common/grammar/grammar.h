@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
+#include "absl/container/flat_hash_set.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 
@@ -52,6 +53,11 @@ class Grammar {
   int32_t Alternation(std::vector<int32_t> children);
   int32_t Repeat(int32_t child, int32_t min, int32_t max);
   int32_t Ref(int32_t rule);
+  // Keeps references to `rule` as calls: the compile inlines small rules into their callers
+  // otherwise. A rule used in many places (a JSON string) then has one set of automaton nodes,
+  // so the matcher's per-node mask cache is filled once for all of them.
+  void KeepAsCall(int32_t rule) { keep_as_call_.insert(rule); }
+  bool kept_as_call(int32_t rule) const { return keep_as_call_.contains(rule); }
   // A fresh rule named `prefix` (or prefix_N when taken) whose body is `expr`.
   int32_t NewRule(absl::string_view prefix, int32_t expr);
 
@@ -76,6 +82,7 @@ class Grammar {
   std::vector<std::string> rule_names_;
   std::vector<int32_t> rule_bodies_;
   absl::flat_hash_map<std::string, int32_t> rule_ids_;
+  absl::flat_hash_set<int32_t> keep_as_call_;
   int32_t root_ = -1;
 };
 

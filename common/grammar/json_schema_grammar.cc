@@ -173,6 +173,7 @@ void SchemaCompiler::AddBasics(Grammar* g, bool any_whitespace) {
                                                       {'t', 't'}}),
                                         g->Sequence({g->Bytes("u"), g->Repeat(hex, 4, 4)})})})}));
   const int32_t str = g->Rule("json_string");
+  g->KeepAsCall(str);
   g->SetBody(str,
              g->Sequence({g->Bytes("\""), g->Repeat(g->Ref(ch), 0, kUnbounded), g->Bytes("\"")}));
   const int32_t digits = g->Repeat(g->CharClass({{'0', '9'}}), 1, kUnbounded);
