@@ -15,7 +15,7 @@ constexpr size_t kMaxNfaStates = 500'000;
 // Deeper chains of inlined rules stay calls (bounds Build's recursion).
 constexpr int kMaxInlineDepth = 32;
 // Bounds the recursion of the compile's checks over rules.
-constexpr int32_t kMaxRules = 10000;
+constexpr int32_t kMaxRules = 4000;
 
 int Utf8Length(uint32_t c) { return c < 0x80 ? 1 : c < 0x800 ? 2 : c < 0x10000 ? 3 : 4; }
 

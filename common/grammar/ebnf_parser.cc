@@ -145,7 +145,9 @@ class EbnfParser {
 
   absl::StatusOr<int32_t> ParseQuantifiers(int32_t atom) {
     int32_t e = atom;
-    while (!AtEnd()) {
+    for (int count = 0; !AtEnd(); ++count) {
+      // Each quantifier nests the expression once more; bounds the compile's recursion.
+      if (count > 4) return Error("more than 4 quantifiers in a row");
       const char c = Peek();
       if (c == '*') {
         e = g_.Repeat(e, 0, kUnbounded);

@@ -101,6 +101,15 @@ TEST(EbnfParserTest, Errors) {
   EXPECT_THAT(CompileError("root ::= (\"a\""), HasSubstr("unclosed '('"));
   EXPECT_THAT(CompileError("root ::= [b-a]"), HasSubstr("out of order"));
   EXPECT_THAT(CompileError(""), HasSubstr("empty"));
+  EXPECT_THAT(CompileError("root ::= \"a\"" + std::string(100000, '?')),
+              HasSubstr("more than 4 quantifiers in a row"));
+  EXPECT_THAT(CompileError("root ::= " + std::string(100000, '(') + "\"a\""),
+              HasSubstr("nested too deeply"));
+  std::string many = "root ::= r0\n";
+  for (int i = 0; i < 5000; ++i)
+    many += "r" + std::to_string(i) + " ::= r" + std::to_string(i + 1) + "\n";
+  many += "r5000 ::= \"x\"\n";
+  EXPECT_THAT(CompileError(many), HasSubstr("at most 4000 are supported"));
 }
 
 }  // namespace

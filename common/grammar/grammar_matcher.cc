@@ -113,19 +113,33 @@ class StackSetDfa {
   }
 
   int32_t Next(int32_t set, uint8_t byte) {
-    int32_t& next = next_[set * 256 + byte];
-    if (next < 0) {
-      walker_.Advance(sets_[set], byte, &scratch_);
-      const int32_t id = Intern(scratch_);
+    if (set < kDenseSets) {
+      const int32_t next = next_[set * 256 + byte];
+      if (next >= 0) return next;
+      const int32_t id = Compute(set, byte);
       next_[set * 256 + byte] = id;  // next_ may have grown
       return id;
     }
-    return next;
+    const uint64_t key = (static_cast<uint64_t>(set) << 8) | byte;
+    auto it = sparse_next_.find(key);
+    if (it != sparse_next_.end()) return it->second;
+    const int32_t id = Compute(set, byte);
+    sparse_next_.emplace(key, id);
+    return id;
   }
   bool has_tops(int32_t set) const { return !sets_[set].tops.empty(); }
   bool open_bottom(int32_t set) const { return sets_[set].open_bottom; }
 
  private:
+  // Transitions of the first kDenseSets sets are a table (1 KiB a set); later ones, which
+  // only grammars with many distinct stack sets reach, go to a map sized by what is used.
+  static constexpr int32_t kDenseSets = 4096;
+
+  int32_t Compute(int32_t set, uint8_t byte) {
+    walker_.Advance(sets_[set], byte, &scratch_);
+    return Intern(scratch_);
+  }
+
   int32_t Intern(StackSet set) {
     std::sort(set.tops.begin(), set.tops.end());
     key_.assign(set.tops.begin(), set.tops.end());
@@ -133,7 +147,7 @@ class StackSetDfa {
     auto [it, inserted] = ids_.try_emplace(key_, static_cast<int32_t>(sets_.size()));
     if (inserted) {
       sets_.push_back(std::move(set));
-      next_.resize(sets_.size() * 256, -1);
+      if (sets_.size() <= static_cast<size_t>(kDenseSets)) next_.resize(sets_.size() * 256, -1);
     }
     return it->second;
   }
@@ -142,6 +156,7 @@ class StackSetDfa {
   StackWalker walker_;
   std::vector<StackSet> sets_;
   std::vector<int32_t> next_;
+  absl::flat_hash_map<uint64_t, int32_t> sparse_next_;
   absl::flat_hash_map<std::vector<int32_t>, int32_t> ids_;
   std::vector<int32_t> key_;
   StackSet scratch_;

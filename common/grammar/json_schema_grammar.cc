@@ -101,6 +101,10 @@ int32_t NonNegativeRange(Grammar* g, uint64_t lo, std::optional<uint64_t> hi) {
   return g->Alternation(std::move(alts));
 }
 
+constexpr int kMaxSchemaDepth = 128;
+// prefixItems are built by recursion, one level per item.
+constexpr size_t kMaxPrefixItems = 1000;
+
 class SchemaCompiler {
  public:
   explicit SchemaCompiler(const json& root) : root_(root) {}
@@ -134,6 +138,7 @@ class SchemaCompiler {
   int32_t Literal(const json& value) { return g_.Bytes(value.dump()); }
 
   absl::StatusOr<int32_t> Visit(const json& schema, const std::string& path);
+  absl::StatusOr<int32_t> VisitSchema(const json& schema, const std::string& path);
   absl::StatusOr<int32_t> VisitType(const json& schema, const std::string& type,
                                     const std::string& path);
   absl::StatusOr<int32_t> Ref(const std::string& ref, const std::string& path);
@@ -146,6 +151,7 @@ class SchemaCompiler {
   Grammar g_;
   bool basics_added_ = false;
   absl::flat_hash_map<std::string, int32_t> ref_rules_;
+  int depth_ = 0;
 };
 
 void SchemaCompiler::AddBasics(Grammar* g, bool any_whitespace) {
@@ -218,6 +224,18 @@ void SchemaCompiler::AddBasics(Grammar* g, bool any_whitespace) {
 }
 
 absl::StatusOr<int32_t> SchemaCompiler::Visit(const json& schema, const std::string& path) {
+  // Bounds the recursion ($ref chains can nest without the document nesting).
+  if (depth_ >= kMaxSchemaDepth) {
+    return Error(path, absl::StrCat("schemas nest more than ", kMaxSchemaDepth,
+                                    " levels (through $ref or subschemas)"));
+  }
+  ++depth_;
+  absl::StatusOr<int32_t> out = VisitSchema(schema, path);
+  --depth_;
+  return out;
+}
+
+absl::StatusOr<int32_t> SchemaCompiler::VisitSchema(const json& schema, const std::string& path) {
   if (schema.is_boolean()) {
     if (schema.get<bool>()) return Basic("json_value");
     return Error(path, "the schema false admits no value");
@@ -467,6 +485,10 @@ absl::StatusOr<int32_t> SchemaCompiler::Array(const json& schema, const std::str
   if (schema.contains("prefixItems")) {
     const json& p = schema["prefixItems"];
     if (!p.is_array()) return Error(path + "/prefixItems", "must be an array");
+    if (p.size() > kMaxPrefixItems) {
+      return Error(path + "/prefixItems",
+                   absl::StrCat("more than ", kMaxPrefixItems, " items are not supported"));
+    }
     for (size_t i = 0; i < p.size(); ++i) {
       absl::StatusOr<int32_t> e = Visit(p[i], absl::StrCat(path, "/prefixItems/", i));
       if (!e.ok()) return e;

@@ -237,6 +237,16 @@ TEST(JsonSchemaGrammarTest, UnsupportedKeywordsAreErrorsNamingThem) {
   EXPECT_THAT(SchemaError(R"({"$defs": {"a": {"$ref": "#/$defs/a"}}, "$ref": "#/$defs/a"})"),
               HasSubstr("can never complete"));
   EXPECT_THAT(SchemaError("false"), HasSubstr("admits no value"));
+  // Hostile sizes end in errors, not in deep recursion.
+  json chain = {{"$defs", json::object()}, {"$ref", "#/$defs/d0"}};
+  for (int i = 0; i < 5000; ++i) {
+    chain["$defs"]["d" + std::to_string(i)] = {{"$ref", "#/$defs/d" + std::to_string(i + 1)}};
+  }
+  chain["$defs"]["d5000"] = {{"type", "null"}};
+  EXPECT_THAT(SchemaError(chain.dump()), HasSubstr("schemas nest more than 128 levels"));
+  json tuple = {{"type", "array"}, {"prefixItems", json::array()}};
+  for (int i = 0; i < 5000; ++i) tuple["prefixItems"].push_back({{"type", "null"}});
+  EXPECT_THAT(SchemaError(tuple.dump()), HasSubstr("more than 1000 items"));
 }
 
 }  // namespace

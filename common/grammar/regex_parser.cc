@@ -199,7 +199,9 @@ class RegexParser {
 
   absl::StatusOr<int32_t> ParseQuantifiers(int32_t atom) {
     int32_t e = atom;
-    while (!AtEnd()) {
+    for (int count = 0; !AtEnd(); ++count) {
+      // Each quantifier nests the expression once more; bounds the compile's recursion.
+      if (count > 4) return ErrorAt(pos_, "more than 4 quantifiers in a row");
       const char c = text_[pos_];
       int32_t min, max;
       const size_t at = pos_;
