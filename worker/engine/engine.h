@@ -49,6 +49,7 @@
 #include "tokenizer/incremental_decoder.h"
 #include "tokenizer/tokenizer.h"
 #include "worker/engine/request_queue.h"
+#include "worker/engine/structured_output_matchers.h"
 #include "worker/kv_cache/kv_block_pool.h"
 #include "worker/kv_cache/prefix_cache.h"
 #include "worker/model/causal_lm.h"
@@ -159,6 +160,8 @@ class Engine {
   mutable absl::Mutex load_mu_;
   EngineLoad load_ ABSL_GUARDED_BY(load_mu_);
   std::vector<RequestProgress> progress_ ABSL_GUARDED_BY(load_mu_);
+  // Structured output; null without a tokenizer.
+  std::unique_ptr<StructuredOutputMatchers> matchers_;
 };
 
 }  // namespace deepinfer

@@ -4,6 +4,7 @@
 #define DEEPINFER_WORKER_MODEL_STEP_BATCH_H_
 
 #include <cstdint>
+#include <functional>
 #include <optional>
 #include <vector>
 
@@ -24,6 +25,13 @@ struct SequenceStep {
   // top-k / top-p, up to kMaxTopLogprobs top logprobs; worker/sampling/device_sampler.h) and
   // only the token and its log-probabilities come back to the host (not a vocabulary row).
   bool return_logits = true;
+  // Structured output: when set (with sampling), called once the step's forward pass is
+  // enqueued and before sampling, so host work overlaps the device's, to write the tokens that
+  // may be sampled: (vocab + 31) / 32 words, bit t % 32 of word t / 32 for token t. Returns
+  // false to leave the row unconstrained (the engine then fails the request). The mask applies
+  // to the row in place, so logprobs are over the allowed tokens. Such a step is not replayed
+  // from a decode graph.
+  std::function<bool(uint32_t* words)> fill_allowed_tokens;
 };
 
 struct StepOutput {
