@@ -3,6 +3,7 @@
 #include "worker/backend/backend.h"
 
 #include <algorithm>
+#include <limits>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -83,6 +84,26 @@ void Backend::RouteTokens(const RouteTokensArgs& a) {
   NoauxTcRoute(route);
   if (a.expert_counts != nullptr) {
     AccumulateExpertCounts(T * a.route.top_k, a.route.topk_ids, E, a.count_limit, a.expert_counts);
+  }
+}
+
+void Backend::MaskLogitsRows(int64_t n, int64_t vocab, float* logits, const int32_t* rows,
+                             const uint32_t* masks) {
+  if (n <= 0) return;
+  const int64_t words = (vocab + 31) / 32;
+  std::vector<int32_t> host_rows(n);
+  std::vector<uint32_t> host_masks(n * words);
+  CopyToHost(rows, n * sizeof(int32_t), host_rows.data());
+  CopyToHost(masks, n * words * sizeof(uint32_t), host_masks.data());
+  std::vector<float> row(vocab);
+  for (int64_t i = 0; i < n; ++i) {
+    float* device_row = logits + static_cast<int64_t>(host_rows[i]) * vocab;
+    CopyToHost(device_row, vocab * sizeof(float), row.data());
+    const uint32_t* m = host_masks.data() + i * words;
+    for (int64_t t = 0; t < vocab; ++t) {
+      if (!(m[t >> 5] >> (t & 31) & 1u)) row[t] = -std::numeric_limits<float>::infinity();
+    }
+    CopyToDevice(row.data(), vocab * sizeof(float), device_row);
   }
 }
 

@@ -558,6 +558,13 @@ class Backend {
   // token outside [0, vocab) gets NaN.
   virtual void TokenLogprobRows(int64_t rows, int64_t vocab, const float* logits,
                                 const int32_t* token, float* logprob) = 0;
+  // Structured output (common/grammar): for i in [0, n), every token t of logits row rows[i]
+  // whose bit is clear in masks[i * words + t / 32] (bit t % 32; words = (vocab + 31) / 32)
+  // becomes -inf, in place, so the sampling ops above only pick allowed tokens. rows and
+  // masks are device memory. The default copies the rows through the host; backends override
+  // it with a kernel.
+  virtual void MaskLogitsRows(int64_t n, int64_t vocab, float* logits, const int32_t* rows,
+                              const uint32_t* masks);
 };
 
 }  // namespace deepinfer

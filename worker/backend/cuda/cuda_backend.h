@@ -270,6 +270,8 @@ class CudaBackend : public Backend {
                         float* logprob) override;
   void SampleRows(int64_t rows, int64_t vocab, const float* logits, const RowSamplingParams* params,
                   int32_t* token, float* logprob) override;
+  void MaskLogitsRows(int64_t n, int64_t vocab, float* logits, const int32_t* rows,
+                      const uint32_t* masks) override;
   void TopLogprobsRows(int64_t rows, int64_t vocab, const float* logits, int32_t n, int32_t* ids,
                        float* logprobs) override;
   void AdjustLogits(int64_t rows, int64_t vocab, float* logits, int64_t n,
