@@ -2,6 +2,7 @@
 #include "worker/model/safetensors_checkpoint.h"
 
 #include <fstream>
+#include <optional>
 #include <sstream>
 
 #include "absl/strings/str_cat.h"
@@ -121,6 +122,41 @@ absl::Status SafetensorsCheckpoint::ReadFloat32(const std::string& name,
     for (int64_t c = 0; c < cols; ++c) orow[c] *= srow[c / block_cols_];
   }
   return absl::OkStatus();
+}
+
+bool SafetensorsCheckpoint::StoresFp8(const std::string& name) {
+  std::string file;
+  auto t = FindTensor(name, &file);
+  return t.ok() && (*t)->dtype == DType::kF8E4M3 && (*t)->shape.size() == 2 &&
+         block_rows_ == 128 && block_cols_ == 128 && Contains(name + "_scale_inv");
+}
+
+absl::StatusOr<std::optional<WeightSource::Fp8Tensor>> SafetensorsCheckpoint::ReadFp8(
+    const std::string& name, const std::vector<int64_t>& shape) {
+  std::string file;
+  auto t_or = FindTensor(name, &file);
+  if (!t_or.ok()) return t_or.status();
+  const SafetensorsTensor& t = **t_or;
+  if (t.dtype != DType::kF8E4M3 || block_rows_ != 128 || block_cols_ != 128) return std::nullopt;
+  if (t.shape != shape || shape.size() != 2) {
+    return absl::InvalidArgumentError(absl::StrCat(file, ": FP8 tensor '", name, "' has shape [",
+                                                   absl::StrJoin(t.shape, ","), "], expected [",
+                                                   absl::StrJoin(shape, ","), "] (2-D)"));
+  }
+  const std::string scale_name = name + "_scale_inv";
+  if (!Contains(scale_name)) {
+    return absl::NotFoundError(
+        absl::StrCat(file, ": FP8 tensor '", name, "' has no scale '", scale_name, "'"));
+  }
+  Fp8Tensor out;
+  const int64_t rows = shape[0], cols = shape[1];
+  out.data.assign(static_cast<const uint8_t*>(t.data),
+                  static_cast<const uint8_t*>(t.data) + rows * cols);
+  out.scales.resize(((rows + 127) / 128) * ((cols + 127) / 128));
+  absl::Status st = ReadFloat32(scale_name, {(rows + 127) / 128, (cols + 127) / 128},
+                                out.scales.data());
+  if (!st.ok()) return st;
+  return std::optional<Fp8Tensor>(std::move(out));
 }
 
 }  // namespace deepinfer

@@ -27,6 +27,10 @@ class SafetensorsCheckpoint : public WeightSource {
 
   absl::Status ReadFloat32(const std::string& name, const std::vector<int64_t>& shape,
                            float* out) override;
+  // FP8 tensors of a checkpoint with 128 x 128 blocks; nullopt for other dtypes or blocks.
+  absl::StatusOr<std::optional<Fp8Tensor>> ReadFp8(const std::string& name,
+                                                   const std::vector<int64_t>& shape) override;
+  bool StoresFp8(const std::string& name) override;
   bool Contains(const std::string& name) const override;
   std::string description() const override { return dir_; }
 

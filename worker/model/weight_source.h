@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "worker/backend/dummy_fill.h"
 
 namespace deepinfer {
@@ -27,6 +28,21 @@ class WeightSource {
   // place (Backend::FillDummy). nullopt (the default): read them.
   virtual std::optional<DummyFill> DummyFillFor(const std::string& name,
                                                 const std::vector<int64_t>& shape) const {
+    return std::nullopt;
+  }
+  // A 2-D tensor stored as FP8 e4m3 with one fp32 scale per 128 x 128 block (DeepSeek's
+  // `<name>_scale_inv`), as stored: data [rows, cols] bytes, scales [ceil(rows / 128),
+  // ceil(cols / 128)] row-major. nullopt where `name` is stored otherwise (the default: such
+  // sources only dequantise, through ReadFloat32). Errors as ReadFloat32's.
+  // Whether ReadFp8(name, ...) returns a tensor (a cheap look at the stored dtype, for memory
+  // planning before anything is read). False by default and for absent tensors.
+  virtual bool StoresFp8(const std::string& name) { return false; }
+  struct Fp8Tensor {
+    std::vector<uint8_t> data;
+    std::vector<float> scales;
+  };
+  virtual absl::StatusOr<std::optional<Fp8Tensor>> ReadFp8(const std::string& name,
+                                                           const std::vector<int64_t>& shape) {
     return std::nullopt;
   }
   // For messages: the checkpoint directory, or "dummy(seed=...)".

@@ -105,8 +105,14 @@ class CudaBackend : public Backend {
   // kernels::StagedGemvPreferredAtOneRow / AtTwoRows (measured faster); otherwise cuBLAS, after
   // rounding an fp32 a to bf16 (a bf16 a goes to cuBLAS as it is). Same for BatchedGemm (no
   // staged GEMV).
+  // FP8 weights (WeightView::fp8): up to kFp8SmallMGemmMaxRows rows kernels::Fp8SmallMGemm
+  // (the weight read once per 8 rows, dequantised in registers); more rows dequantise the
+  // weight to bf16 in scratch (kernels::Fp8DequantToBf16) and take the bf16 cuBLAS path.
   void Gemm(int64_t m, int64_t n, int64_t k, ActivationView a, int64_t lda, WeightView w,
             int64_t ldw, float* c, int64_t ldc, bool accumulate) override;
+  // Not measured: the bytes of the two paths (one FP8 read per 8 rows against a bf16 write and
+  // read of the whole weight) cross near 16 rows.
+  static constexpr int64_t kFp8SmallMGemmMaxRows = 16;
   // While recording a graph with programmatic dependent launch on (kernels/common/pdl.h),
   // scratch allocations of at most kMaxAsideAllocationBytes are captured beside the kernel chain
   // (kernels/common/capture_deps.h), so that a memory node does not sit between two kernels and
@@ -148,6 +154,8 @@ class CudaBackend : public Backend {
   //    ONE device-to-host copy of the group sizes; activations rounded to bf16 for bf16
   //    weights, as in Gemm, and with bf16 weights both GEMMs write bf16 (kernels::SiluMulBf16
   //    between them, the combine reads bf16), as a bf16 PyTorch model rounds each Linear.
+  // FP8 experts (args.fp8(), any batch): the same permutation and combine around
+  // kernels::Fp8GroupedGemm (gate_up, down; fp32 rows, SiluMulF32 between), all on the device.
   bool RoutedExperts(const RoutedExpertsArgs& args) override;
   // Taken for bf16 weights, tokens whose decode algorithm is kGroupedF32 (DecodeMoeAlgoFor),
   // shared_inter a positive multiple of inter, and the size DecodeMoeFusedFor allows:
@@ -309,6 +317,11 @@ class CudaBackend : public Backend {
   CudaBackend(int device, WeightDType weight_dtype, const CudaTuning& tuning, cudaStream_t stream,
               cublasHandle_t cublas, cudaMemPool_t pool, void* cublas_workspace,
               unsigned int* staged_gemv_counter, uint32_t* route_tile_counters);
+  // Gemm with FP8 weights (cuda_backend_fp8.cc).
+  void GemmFp8(int64_t m, int64_t n, int64_t k, ActivationView a, int64_t lda, WeightView w,
+               int64_t ldw, float* c, int64_t ldc, bool accumulate);
+  // RoutedExperts with FP8 experts (cuda_backend_fp8.cc).
+  bool RoutedExpertsFp8(const RoutedExpertsArgs& a);
   // One GEMM of the Gemm layout on cuBLAS. a is fp32 for fp32 weights, bf16 bits otherwise.
   void GemmOnCublas(int64_t m, int64_t n, int64_t k, const void* a, int64_t lda, WeightView w,
                     int64_t ldw, float* c, int64_t ldc, bool accumulate);

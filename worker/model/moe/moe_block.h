@@ -58,6 +58,8 @@ class MoeBlock {
   bool RoutedExpertsOnDevice(int64_t layer, int64_t rows, const float* h, const int32_t* topk_ids,
                              const float* topk_w, float* out, bool fused_ops, bool* shared_done);
   void BuildExpertTables();
+  // A device copy of a host table of device pointers.
+  std::unique_ptr<DeviceBuffer> Pointers(const std::vector<const void*>& host);
   // out += shared experts(h).
   absl::Status SharedExperts(const LayerWeights& L, int64_t rows, ActivationView h, float* out,
                              const LayerContext& ctx);
@@ -76,6 +78,9 @@ class MoeBlock {
   struct ExpertTables {
     std::unique_ptr<DeviceBuffer> gate_up, down;
     std::vector<const void*> gate_up_host, down_host;  // the same pointers, on the host
+    // The layer's experts' storage: matrix_dtype, or kFp8E4M3 with the scale tables below.
+    WeightDType dtype = WeightDType::kBFloat16;
+    std::unique_ptr<DeviceBuffer> gate_up_scales, down_scales;  // device [E] pointers (FP8)
   };
   std::unique_ptr<DeviceBuffer> expert_slots_;
   std::vector<ExpertTables> expert_tables_;
