@@ -104,6 +104,28 @@ float F8E4M3ToFloat(uint8_t b) {
   return sign ? -v : v;
 }
 
+uint8_t FloatToF8E4M3(float f) {
+  const uint8_t sign = std::signbit(f) ? 0x80 : 0;
+  if (std::isnan(f)) return sign | 0x7F;
+  const float a = std::fabs(f);
+  // Codes 0x00 .. 0x7E are the finite non-negative values in increasing order.
+  int lo = 0, hi = 0x7E;
+  if (a >= F8E4M3ToFloat(0x7E)) return sign | 0x7E;
+  while (lo < hi) {  // the largest code whose value is <= a
+    const int mid = (lo + hi + 1) / 2;
+    if (F8E4M3ToFloat(static_cast<uint8_t>(mid)) <= a) {
+      lo = mid;
+    } else {
+      hi = mid - 1;
+    }
+  }
+  const float below = F8E4M3ToFloat(static_cast<uint8_t>(lo));
+  const float above = F8E4M3ToFloat(static_cast<uint8_t>(lo + 1));
+  const float d_below = a - below, d_above = above - a;
+  const int code = d_below < d_above ? lo : d_above < d_below ? lo + 1 : (lo % 2 == 0 ? lo : lo + 1);
+  return sign | static_cast<uint8_t>(code);
+}
+
 absl::Status ConvertToFloat32(DType dtype, const void* src, int64_t n, float* dst) {
   const uint8_t* p = static_cast<const uint8_t*>(src);
   switch (dtype) {

@@ -23,6 +23,9 @@ const char* DTypeName(DType dtype);
 float Bf16ToFloat(uint16_t bits);
 float F16ToFloat(uint16_t bits);
 float F8E4M3ToFloat(uint8_t bits);
+// The e4m3fn code nearest to f (ties to the even code), saturated to +-448; NaN gives NaN. For
+// making FP8 weights (the benchmark's dummy FP8 model); checkpoints are read, never written, FP8.
+uint8_t FloatToF8E4M3(float f);
 
 // Converts n elements; UNIMPLEMENTED for types a model weight cannot be (integers, F8_E5M2).
 absl::Status ConvertToFloat32(DType dtype, const void* src, int64_t n, float* dst);
