@@ -154,8 +154,11 @@ class CudaBackend : public Backend {
   //    ONE device-to-host copy of the group sizes; activations rounded to bf16 for bf16
   //    weights, as in Gemm, and with bf16 weights both GEMMs write bf16 (kernels::SiluMulBf16
   //    between them, the combine reads bf16), as a bf16 PyTorch model rounds each Linear.
-  // FP8 experts (args.fp8(), any batch): the same permutation and combine around
-  // kernels::Fp8GroupedGemm (gate_up, down; fp32 rows, SiluMulF32 between), all on the device.
+  // FP8 experts (args.fp8()): the same permutation and combine around the expert GEMMs: up to
+  // kMaxFusedMoeTokens tokens, or any batch while captured, kernels::Fp8GroupedGemm (gate_up,
+  // down; fp32 rows, SiluMulF32 between) without host synchronisation; larger batches with the
+  // host pointer tables copy the group sizes back and run each expert's rows through Gemm's FP8
+  // path (the dequantised weight on tensor cores above kFp8SmallMGemmMaxRows rows).
   bool RoutedExperts(const RoutedExpertsArgs& args) override;
   // Taken for bf16 weights, tokens whose decode algorithm is kGroupedF32 (DecodeMoeAlgoFor),
   // shared_inter a positive multiple of inter, and the size DecodeMoeFusedFor allows:
@@ -203,7 +206,8 @@ class CudaBackend : public Backend {
   void SiluMulBf16(int64_t rows, int64_t inter, const float* x, uint16_t* out) override;
   // From kBf16GateUpMinRows rows (prefill; decode batches keep Gemm + SiluMulBf16 and their
   // graphs) with bf16 weights: one cuBLAS GEMM with a bf16 output (fp32 accumulation, rounded once
-  // by its epilogue), then kernels::SiluMulBf16.
+  // by its epilogue), then kernels::SiluMulBf16. FP8 weights: the same on the weight dequantised
+  // to bf16 (DequantizeToBf16).
   bool GateUpSiluMulBf16(int64_t rows, int64_t inter, int64_t k, ActivationView a, int64_t lda,
                          WeightView w, int64_t ldw, uint16_t* out) override;
   static constexpr int64_t kBf16GateUpMinRows = 512;
@@ -317,11 +321,22 @@ class CudaBackend : public Backend {
   CudaBackend(int device, WeightDType weight_dtype, const CudaTuning& tuning, cudaStream_t stream,
               cublasHandle_t cublas, cudaMemPool_t pool, void* cublas_workspace,
               unsigned int* staged_gemv_counter, uint32_t* route_tile_counters);
+  // The FP8 matrix w [n, k] (row stride ldw) dequantised to bf16 [n, k] in a scratch buffer.
+  std::unique_ptr<DeviceBuffer> DequantizeToBf16(const WeightView& w, int64_t ldw, int64_t n,
+                                                 int64_t k);
   // Gemm with FP8 weights (cuda_backend_fp8.cc).
   void GemmFp8(int64_t m, int64_t n, int64_t k, ActivationView a, int64_t lda, WeightView w,
                int64_t ldw, float* c, int64_t ldc, bool accumulate);
-  // RoutedExperts with FP8 experts (cuda_backend_fp8.cc).
+  // RoutedExperts with FP8 experts (cuda_backend_fp8.cc), and its two ways of running the expert
+  // GEMMs over the permuted fp32 rows [rows, hidden] grouped by the device offsets [E + 1]
+  // (SiluMulF32 between gate_up and down), writing expert_out [rows, hidden] fp32:
+  // kernels::Fp8GroupedGemm without host synchronisation, or GemmFp8 per expert from the offsets
+  // copied to the host.
   bool RoutedExpertsFp8(const RoutedExpertsArgs& a);
+  void ExpertGemmsFp8OnDevice(const RoutedExpertsArgs& a, const int32_t* offsets, int64_t rows,
+                              const float* permuted, float* expert_out);
+  void ExpertGemmsFp8PerExpert(const RoutedExpertsArgs& a, const int32_t* offsets, int64_t rows,
+                               const float* permuted, float* expert_out);
   // One GEMM of the Gemm layout on cuBLAS. a is fp32 for fp32 weights, bf16 bits otherwise.
   void GemmOnCublas(int64_t m, int64_t n, int64_t k, const void* a, int64_t lda, WeightView w,
                     int64_t ldw, float* c, int64_t ldc, bool accumulate);

@@ -233,8 +233,11 @@ class CudaFp8RoutedExpertsTest : public CudaFp8Test {
     a.down = static_cast<const void* const*>(t_dn->data());
     a.gate_up_scales = static_cast<const float* const*>(t_gus->data());
     a.down_scales = static_cast<const float* const*>(t_dns->data());
+    a.gate_up_host = gu_ptr.data();
+    a.down_host = dn_ptr.data();
     a.dtype = WeightDType::kFp8E4M3;
     a.out = out->as<float>();
+    gpu_->SetOpTiming(!graph);
     if (graph) {
       auto rec = gpu_->Capture([&]() -> absl::Status {
         return gpu_->RoutedExperts(a) ? absl::OkStatus()
@@ -246,7 +249,22 @@ class CudaFp8RoutedExpertsTest : public CudaFp8Test {
       ASSERT_TRUE(gpu_->RoutedExperts(a));
     }
     ASSERT_TRUE(gpu_->status().ok()) << gpu_->status();
+    const std::string report = gpu_->TakeOpTimingReport();
+    gpu_->SetOpTiming(false);
+    if (!graph) {
+      const bool per_expert = T > CudaBackend::kMaxFusedMoeTokens;
+      EXPECT_EQ(CallsOf(report, per_expert ? "RoutedExpertsFp8PerExpert" : "RoutedExpertsFp8"), 1)
+          << report;
+    }
     const std::vector<float> got = Download(*out);
+    // The per-expert path rounds the dequantised weight to bf16 for experts above
+    // kFp8SmallMGemmMaxRows rows (Gemm's tensor-core path); the reference does the same.
+    std::vector<int64_t> rows_of(E, 0);
+    for (int32_t e : ids) ++rows_of[e];
+    auto bf16_weights = [&](int32_t e) {
+      return !graph && T > CudaBackend::kMaxFusedMoeTokens &&
+             rows_of[e] > CudaBackend::kFp8SmallMGemmMaxRows;
+    };
 
     for (int64_t t = 0; t < T; ++t) {
       std::vector<double> want(H, 0.0), tol(H, 0.0);
@@ -254,18 +272,19 @@ class CudaFp8RoutedExpertsTest : public CudaFp8Test {
         const int32_t e = ids[t * K + k];
         std::vector<float> xt(x.begin() + t * H, x.begin() + (t + 1) * H);
         std::vector<double> g, gmag;
-        HostGemm(xt, 1, gu[e], false, &g, &gmag);
+        HostGemm(xt, 1, gu[e], bf16_weights(e), &g, &gmag);
         std::vector<float> act(I);
         for (int64_t i = 0; i < I; ++i) {
           const double gate = g[i], up = g[I + i];
           act[i] = static_cast<float>(gate / (1.0 + std::exp(-gate)) * up);
         }
         std::vector<double> y, ymag;
-        HostGemm(act, 1, dn[e], false, &y, &ymag);
+        HostGemm(act, 1, dn[e], bf16_weights(e), &y, &ymag);
         for (int64_t h = 0; h < H; ++h) {
           double largest = 0;
           for (int64_t i = 0; i < I; ++i) {
-            largest = std::max(largest, std::abs(RoundToBf16(act[i]) * dn[e].dequant[h * I + i]));
+            const double wv = dn[e].dequant[h * I + i];
+            largest = std::max(largest, std::abs(RoundToBf16(act[i]) * wv));
           }
           want[h] += wts[t * K + k] * y[h];
           tol[h] += wts[t * K + k] *
@@ -287,7 +306,11 @@ TEST_F(CudaFp8RoutedExpertsTest, DecodeSizes) {
 }
 
 // More rows than experts: one block row per expert, several chunks of 8 rows each.
-TEST_F(CudaFp8RoutedExpertsTest, PrefillSize) { Run(70, false); }
+TEST_F(CudaFp8RoutedExpertsTest, LargerBatchOnTheDevicePath) { Run(70, false); }
+
+// Above kMaxFusedMoeTokens: per-expert GEMMs (the small-m kernel or the dequantised weight on
+// cuBLAS, by each expert's rows).
+TEST_F(CudaFp8RoutedExpertsTest, PrefillPerExpert) { Run(CudaBackend::kMaxFusedMoeTokens + 30, false); }
 
 // No host synchronisation: the op records into a CUDA graph and replays.
 TEST_F(CudaFp8RoutedExpertsTest, ReplayedFromACudaGraph) {
