@@ -48,6 +48,16 @@ TEST(DtypeConversionTest, FloatToF8E4M3RoundsToNearestEvenAndSaturates) {
   EXPECT_EQ(FloatToF8E4M3(std::ldexp(1.0f, -10)), 0x00);  // half the smallest subnormal: even 0
   EXPECT_EQ(FloatToF8E4M3(std::ldexp(1.5f, -10)), 0x01);
   EXPECT_EQ(FloatToF8E4M3(std::nanf("")) & 0x7F, 0x7F);
+  EXPECT_EQ(FloatToF8E4M3(463.9f), 0x7E);  // below the 448 / 512 midpoint
+  EXPECT_EQ(FloatToF8E4M3(0.0146484375f), 0x08);  // 7.5 * 2^-9: halfway 7 / 8, even 8 = 2^-6
+  // Every value between two neighbouring codes goes to the nearer one.
+  for (int b = 0; b < 0x7E; ++b) {
+    const float lo = F8E4M3ToFloat(static_cast<uint8_t>(b));
+    const float hi = F8E4M3ToFloat(static_cast<uint8_t>(b + 1));
+    EXPECT_EQ(FloatToF8E4M3(lo + (hi - lo) * 0.25f), b) << "code " << b;
+    EXPECT_EQ(FloatToF8E4M3(lo + (hi - lo) * 0.75f), b + 1) << "code " << b;
+    EXPECT_EQ(FloatToF8E4M3(-(lo + (hi - lo) * 0.75f)), 0x80 | (b + 1)) << "code " << b;
+  }
 }
 
 TEST(DtypeConversionTest, ConvertBuffersAndRejectIntegers) {
