@@ -1,6 +1,4 @@
 // FP8 block-scaled weight GEMMs: see fp8_block_gemm.h.
-#include "kernels/gemm/fp8_block_gemm.h"
-
 #include <cuda_fp16.h>
 #include <cuda_fp8.h>
 #include <cuda_runtime.h>
@@ -9,6 +7,7 @@
 #include <limits>
 
 #include "kernels/common/streaming_load.cuh"
+#include "kernels/gemm/fp8_block_gemm.h"
 
 namespace deepinfer {
 namespace kernels {
@@ -16,8 +15,8 @@ namespace {
 
 constexpr int kThreads = 256;
 constexpr int kWarps = kThreads / 32;
-constexpr int kLaneElems = 16;                // one 16-byte load of FP8 weights per lane
-constexpr int kWarpSpan = 32 * kLaneElems;    // weights a warp reads per step
+constexpr int kLaneElems = 16;              // one 16-byte load of FP8 weights per lane
+constexpr int kWarpSpan = 32 * kLaneElems;  // weights a warp reads per step
 // Blocks a launch should have before the small-m kernel splits rows over warps: two per SM of
 // the H200 (132 SMs), so that short matrices (kv_a: 576 rows) still keep every SM streaming.
 constexpr int64_t kTargetBlocks = 264;
@@ -66,7 +65,8 @@ template <bool kBf16A>
 __device__ __forceinline__ void LoadAct16(const void* a, int64_t lda, int64_t row, int64_t col,
                                           float* x) {
   if constexpr (kBf16A) {
-    const uint4* p = reinterpret_cast<const uint4*>(static_cast<const uint16_t*>(a) + row * lda + col);
+    const uint4* p =
+        reinterpret_cast<const uint4*>(static_cast<const uint16_t*>(a) + row * lda + col);
     const uint4 v0 = __ldg(p), v1 = __ldg(p + 1);
     const uint32_t words[8] = {v0.x, v0.y, v0.z, v0.w, v1.x, v1.y, v1.z, v1.w};
 #pragma unroll
@@ -75,7 +75,8 @@ __device__ __forceinline__ void LoadAct16(const void* a, int64_t lda, int64_t ro
       x[2 * q + 1] = Bf16ToFloat(words[q] >> 16);
     }
   } else {
-    const float4* p = reinterpret_cast<const float4*>(static_cast<const float*>(a) + row * lda + col);
+    const float4* p =
+        reinterpret_cast<const float4*>(static_cast<const float*>(a) + row * lda + col);
 #pragma unroll
     for (int q = 0; q < 4; ++q) {
       const float4 v = __ldg(p + q);
@@ -271,10 +272,9 @@ cudaError_t LaunchSmallMRows(const Fp8SmallMGemmParams& p, int64_t row0, int row
 }  // namespace
 
 bool Fp8SmallMGemmSupports(const Fp8SmallMGemmParams& p) {
-  return p.m >= 1 && p.n >= 1 && p.k >= 1 && p.n <= kIntMax * int64_t{kWarps} &&
-         p.a != nullptr && p.w.data != nullptr && p.w.scales != nullptr && p.c != nullptr &&
-         p.lda >= p.k && p.w.ldw >= p.k && p.ldc >= p.n && p.w.scale_ld >= Fp8ScaleCols(p.k) &&
-         p.w.split_rows >= 0;
+  return p.m >= 1 && p.n >= 1 && p.k >= 1 && p.n <= kIntMax * int64_t{kWarps} && p.a != nullptr &&
+         p.w.data != nullptr && p.w.scales != nullptr && p.c != nullptr && p.lda >= p.k &&
+         p.w.ldw >= p.k && p.ldc >= p.n && p.w.scale_ld >= Fp8ScaleCols(p.k) && p.w.split_rows >= 0;
 }
 
 cudaError_t Fp8SmallMGemm(const Fp8SmallMGemmParams& p, cudaStream_t stream) {
@@ -329,9 +329,9 @@ cudaError_t Fp8GroupedGemm(const Fp8GroupedGemmParams& p, cudaStream_t stream) {
 
 cudaError_t Fp8DequantToBf16(const Fp8BlockWeight& w, int64_t n, int64_t k, uint16_t* out,
                              cudaStream_t stream) {
-  if (n < 0 || k < 0 || (n * k > 0 && (w.data == nullptr || w.scales == nullptr ||
-                                       out == nullptr || w.ldw < k ||
-                                       w.scale_ld < Fp8ScaleCols(k)))) {
+  if (n < 0 || k < 0 ||
+      (n * k > 0 && (w.data == nullptr || w.scales == nullptr || out == nullptr || w.ldw < k ||
+                     w.scale_ld < Fp8ScaleCols(k)))) {
     return cudaErrorInvalidValue;
   }
   if (n * k == 0) return cudaSuccess;

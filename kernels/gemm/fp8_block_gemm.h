@@ -44,15 +44,17 @@ DEEPINFER_FP8_HOST_DEVICE inline int64_t Fp8ScaleRow(int64_t j, int64_t split_ro
 DEEPINFER_FP8_HOST_DEVICE inline int64_t Fp8ScaleRows(int64_t n, int64_t split_rows) {
   return n == 0 ? 0 : Fp8ScaleRow(n - 1, split_rows) + 1;
 }
-DEEPINFER_FP8_HOST_DEVICE inline int64_t Fp8ScaleCols(int64_t k) { return (k + kFp8BlockSize - 1) / kFp8BlockSize; }
+DEEPINFER_FP8_HOST_DEVICE inline int64_t Fp8ScaleCols(int64_t k) {
+  return (k + kFp8BlockSize - 1) / kFp8BlockSize;
+}
 
 // An [n, k] FP8 weight: element (j, p) at data[j * ldw + p] (bytes).
 struct Fp8BlockWeight {
   const uint8_t* data = nullptr;
   int64_t ldw = 0;
   const float* scales = nullptr;
-  int64_t scale_ld = 0;     // >= Fp8ScaleCols(k)
-  int64_t split_rows = 0;   // see Fp8ScaleRow
+  int64_t scale_ld = 0;    // >= Fp8ScaleCols(k)
+  int64_t split_rows = 0;  // see Fp8ScaleRow
 };
 
 // The most activation rows one Fp8SmallMGemm launch takes (more: one launch per 8 rows).
@@ -93,8 +95,8 @@ struct Fp8GroupedGemmParams {
   int64_t n = 0, k = 0;
   const float* a = nullptr;
   const uint8_t* const* weights = nullptr;  // device [num_groups] pointers
-  const float* const* scales = nullptr;     // device [num_groups] pointers, scale_ld Fp8ScaleCols(k)
-  int64_t split_rows = 0;                   // the weights' stacking (Fp8ScaleRow)
+  const float* const* scales = nullptr;  // device [num_groups] pointers, scale_ld Fp8ScaleCols(k)
+  int64_t split_rows = 0;                // the weights' stacking (Fp8ScaleRow)
   float* c = nullptr;
 };
 bool Fp8GroupedGemmSupports(const Fp8GroupedGemmParams& p);

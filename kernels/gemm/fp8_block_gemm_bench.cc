@@ -82,10 +82,14 @@ struct Shape {
 };
 
 void DenseShapes() {
-  const Shape shapes[] = {{"q_a", 1536, 7168},        {"q_b", 24576, 1536},
-                          {"kv_a", 576, 7168},        {"o_proj", 7168, 16384},
-                          {"dense gate_up", 36864, 7168}, {"dense down", 7168, 18432},
-                          {"shared gate_up", 4096, 7168}, {"shared down", 7168, 2048}};
+  const Shape shapes[] = {{"q_a", 1536, 7168},
+                          {"q_b", 24576, 1536},
+                          {"kv_a", 576, 7168},
+                          {"o_proj", 7168, 16384},
+                          {"dense gate_up", 36864, 7168},
+                          {"dense down", 7168, 18432},
+                          {"shared gate_up", 4096, 7168},
+                          {"shared down", 7168, 2048}};
   for (const Shape& s : shapes) {
     const size_t fp8_bytes = static_cast<size_t>(s.n) * s.k;
     const size_t scale_count = kernels::Fp8ScaleRows(s.n, 0) * kernels::Fp8ScaleCols(s.k);
@@ -189,14 +193,14 @@ void GroupedShapes() {
       // One replay touches busy experts' weights once; 4 launches a graph (L2 holds 50 MiB,
       // under one busy expert set at 8+ tokens, but a single token's 8 experts of 29 MB could
       // stay: the 1-token figure may be L2-assisted).
-      const double us = GraphMicros(4, [&](int, cudaStream_t st) {
-        return kernels::Fp8GroupedGemm(p, st);
-      });
+      const double us =
+          GraphMicros(4, [&](int, cudaStream_t st) { return kernels::Fp8GroupedGemm(p, st); });
       const double touched = static_cast<double>(busy) * (bytes + scale_count * 4);
-      std::printf("%-15s n=%6ld k=%6ld tokens=%3d busy experts=%3d  fp8 grouped %8.2f us %7.0f "
-                  "GB/s\n",
-                  s.name, static_cast<long>(s.n), static_cast<long>(s.k), tokens, busy, us,
-                  touched / us / 1e3);
+      std::printf(
+          "%-15s n=%6ld k=%6ld tokens=%3d busy experts=%3d  fp8 grouped %8.2f us %7.0f "
+          "GB/s\n",
+          s.name, static_cast<long>(s.n), static_cast<long>(s.k), tokens, busy, us,
+          touched / us / 1e3);
       BENCH_CUDA(cudaFree(doff));
       BENCH_CUDA(cudaFree(a));
       BENCH_CUDA(cudaFree(c));

@@ -93,15 +93,15 @@ void Reference(const std::vector<float>& a, int64_t lda, int64_t m, const HostFp
   }
 }
 
-::testing::AssertionResult WithinBound(const std::vector<float>& got, const std::vector<double>& want,
+::testing::AssertionResult WithinBound(const std::vector<float>& got,
+                                       const std::vector<double>& want,
                                        const std::vector<double>& tol) {
   if (got.size() != want.size()) return ::testing::AssertionFailure() << "size mismatch";
   for (size_t i = 0; i < got.size(); ++i) {
     const double d = std::abs(static_cast<double>(got[i]) - want[i]);
     if (!(d <= tol[i])) {
-      return ::testing::AssertionFailure()
-             << "element " << i << ": got " << got[i] << " want " << want[i] << " (bound "
-             << tol[i] << ")";
+      return ::testing::AssertionFailure() << "element " << i << ": got " << got[i] << " want "
+                                           << want[i] << " (bound " << tol[i] << ")";
     }
   }
   return ::testing::AssertionSuccess();

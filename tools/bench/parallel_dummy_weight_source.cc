@@ -16,8 +16,10 @@ namespace {
 // out[i] for i in [begin, end). Compiled per instruction set and picked at run time: with
 // AVX-512 the compiler runs the Philox rounds 16 lanes wide (about 3x faster than scalar, the
 // values stay bit-identical).
-__attribute__((target_clones("avx512f", "avx2", "default"))) void FillRange(
-    const DummyFill& fill, int64_t begin, int64_t end, float* out) {
+__attribute__((target_clones("avx512f", "avx2", "default"))) void FillRange(const DummyFill& fill,
+                                                                            int64_t begin,
+                                                                            int64_t end,
+                                                                            float* out) {
   for (int64_t i = begin; i < end; ++i) out[i] = DummyFillValue(fill, i);
 }
 
@@ -65,7 +67,8 @@ absl::StatusOr<std::optional<WeightSource::Fp8Tensor>> ParallelDummyWeightSource
   std::vector<float> values(rows * cols);
   if (absl::Status st = ReadFloat32(name, shape, values.data()); !st.ok()) return st;
   constexpr int64_t kBlock = 128;
-  const int64_t block_rows = (rows + kBlock - 1) / kBlock, block_cols = (cols + kBlock - 1) / kBlock;
+  const int64_t block_rows = (rows + kBlock - 1) / kBlock,
+                block_cols = (cols + kBlock - 1) / kBlock;
   Fp8Tensor t;
   t.data.resize(rows * cols);
   t.scales.resize(block_rows * block_cols);

@@ -25,7 +25,9 @@ class ParallelDummyWeightSource : public WeightSource {
   // The weights a DeepSeek-V3 FP8 checkpoint stores as FP8 that ModelWeights can keep FP8:
   // "*_proj.weight" and "*_proj_with_mqa.weight" except kv_b_proj.
   static bool IsFp8MatrixName(const std::string& name);
-  bool StoresFp8(const std::string& name) override { return fp8_matrices_ && IsFp8MatrixName(name); }
+  bool StoresFp8(const std::string& name) override {
+    return fp8_matrices_ && IsFp8MatrixName(name);
+  }
   absl::StatusOr<std::optional<Fp8Tensor>> ReadFp8(const std::string& name,
                                                    const std::vector<int64_t>& shape) override;
 

@@ -7,10 +7,11 @@
 //    read column slices (e.g. the rope part of each head) without copies.
 //  * Matrix weights (the operand W of the GEMMs) are stored in the backend's weight_dtype():
 //    fp32, or bf16 with fp32 accumulation. The CUDA backend also takes FP8 (e4m3) matrices
-//    with 128 x 128 block scales (WeightView::fp8), kept as a checkpoint stores them. A bf16 GEMM rounds its fp32 activation operand to
-//    bf16 too (round to nearest even), so every product is exact in fp32 and only the summation
-//    order differs between backends. Norms, residuals, rope, attention math and the router stay
-//    fp32; the latent KV cache may store bf16 (PagedLatentCacheView::dtype).
+//    with 128 x 128 block scales (WeightView::fp8), kept as a checkpoint stores them. A bf16 GEMM
+//    rounds its fp32 activation operand to bf16 too (round to nearest even), so every product is
+//    exact in fp32 and only the summation order differs between backends. Norms, residuals, rope,
+//    attention math and the router stay fp32; the latent KV cache may store bf16
+//    (PagedLatentCacheView::dtype).
 //  * Linear layers follow the checkpoint layout: W is [out_features, in_features], y = x·Wᵀ.
 //  * Index arrays (token ids, positions, slots, block tables, expert ids) are int32.
 //  * Host-side plans (expert group offsets) are passed as host vectors: they are produced by

@@ -155,13 +155,11 @@ absl::Status BuildRank(const RankSpec& spec, const RankHooks& hooks,
   absl::StatusOr<const Architecture*> arch = FindArchitecture(config);
   if (!arch.ok()) return arch.status();
   const ExpertRange range = ExpertsOfRank(config.n_routed_experts, spec.world_size, spec.rank);
-  LoadOptions load =
-      ExpertsToLoad(config, spec.world_size, spec.rank, spec.dispatcher.partitioned, spec.placement);
+  LoadOptions load = ExpertsToLoad(config, spec.world_size, spec.rank, spec.dispatcher.partitioned,
+                                   spec.placement);
   if (KeepsCheckpointFp8(spec.backend)) {
     // The source outlives the load (BuildModel below); the weight bytes count FP8 too.
-    load.keep_fp8 = [src = source->get()](const std::string& name) {
-      return src->StoresFp8(name);
-    };
+    load.keep_fp8 = [src = source->get()](const std::string& name) { return src->StoresFp8(name); };
   }
   const int64_t weight_bytes = (*arch)->weight_bytes(config, be->weight_dtype(), load);
   LOG(INFO) << "rank " << spec.rank << ": " << be->name() << " backend, "

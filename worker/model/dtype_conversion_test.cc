@@ -48,7 +48,7 @@ TEST(DtypeConversionTest, FloatToF8E4M3RoundsToNearestEvenAndSaturates) {
   EXPECT_EQ(FloatToF8E4M3(std::ldexp(1.0f, -10)), 0x00);  // half the smallest subnormal: even 0
   EXPECT_EQ(FloatToF8E4M3(std::ldexp(1.5f, -10)), 0x01);
   EXPECT_EQ(FloatToF8E4M3(std::nanf("")) & 0x7F, 0x7F);
-  EXPECT_EQ(FloatToF8E4M3(463.9f), 0x7E);  // below the 448 / 512 midpoint
+  EXPECT_EQ(FloatToF8E4M3(463.9f), 0x7E);         // below the 448 / 512 midpoint
   EXPECT_EQ(FloatToF8E4M3(0.0146484375f), 0x08);  // 7.5 * 2^-9: halfway 7 / 8, even 8 = 2^-6
   // Every value between two neighbouring codes goes to the nearer one.
   for (int b = 0; b < 0x7E; ++b) {

@@ -13,8 +13,7 @@ int64_t CeilBlocks(int64_t n) { return (n + 127) / 128; }
 
 class Loader {
  public:
-  Loader(WeightSource* src, Backend* be,
-         std::function<bool(const std::string&)> keep_fp8 = nullptr)
+  Loader(WeightSource* src, Backend* be, std::function<bool(const std::string&)> keep_fp8 = nullptr)
       : src_(src), be_(be), keep_fp8_(std::move(keep_fp8)) {}
   int64_t bytes() const { return bytes_; }
   static int64_t Elements(const std::vector<int64_t>& shape) {

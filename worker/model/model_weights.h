@@ -122,8 +122,8 @@ class ModelWeights {
   }
   WeightView Matrix(const MatrixBuffer& m) const {
     if (!m.fp8()) return WeightView(m.data->data(), matrix_dtype);
-    return WeightView(m.data->data(), Fp8BlockScales{m.fp8_scales->as<float>(), m.scale_ld,
-                                                     m.split_rows});
+    return WeightView(m.data->data(),
+                      Fp8BlockScales{m.fp8_scales->as<float>(), m.scale_ld, m.split_rows});
   }
 
   WeightDType matrix_dtype = WeightDType::kFloat32;

@@ -114,15 +114,14 @@ TEST_F(ModelWeightsFp8Test, WithoutKeepFp8EverythingIsTheBackendsDtype) {
   }
   EXPECT_EQ((*w)->device_bytes, ModelWeights::DeviceBytes(config_, WeightDType::kBFloat16, {}));
   // FP8 saves a byte per element of the FP8 matrices, less 4 bytes per 128 x 128 block.
-  EXPECT_LT(ModelWeights::DeviceBytes(config_, WeightDType::kBFloat16, keep_),
-            (*w)->device_bytes);
+  EXPECT_LT(ModelWeights::DeviceBytes(config_, WeightDType::kBFloat16, keep_), (*w)->device_bytes);
 }
 
 TEST(SafetensorsFp8Test, ReadFp8OnlyForFp8Tensors) {
   auto ckpt = SafetensorsCheckpoint::Open(FixtureDir());
   ASSERT_TRUE(ckpt.ok()) << ckpt.status();
   EXPECT_TRUE((*ckpt)->StoresFp8("model.layers.0.self_attn.q_proj.weight"));
-  EXPECT_FALSE((*ckpt)->StoresFp8("lm_head.weight"));                  // BF16
+  EXPECT_FALSE((*ckpt)->StoresFp8("lm_head.weight"));  // BF16
   EXPECT_FALSE((*ckpt)->StoresFp8("model.layers.0.input_layernorm.weight"));
   EXPECT_FALSE((*ckpt)->StoresFp8("no.such.tensor"));
   auto bf16 = (*ckpt)->ReadFp8("lm_head.weight", {1000, 128});
@@ -135,8 +134,8 @@ TEST(SafetensorsFp8Test, ReadFp8OnlyForFp8Tensors) {
   ASSERT_TRUE(q.ok() && q->has_value());
   ASSERT_EQ((*q)->scales.size(), 2u);
   std::vector<float> f(192 * 128);
-  ASSERT_TRUE((*ckpt)->ReadFloat32("model.layers.0.self_attn.q_proj.weight", {192, 128}, f.data())
-                  .ok());
+  ASSERT_TRUE(
+      (*ckpt)->ReadFloat32("model.layers.0.self_attn.q_proj.weight", {192, 128}, f.data()).ok());
   for (int64_t r = 0; r < 192; r += 37) {
     for (int64_t c = 0; c < 128; c += 11) {
       EXPECT_EQ(F8E4M3ToFloat((*q)->data[r * 128 + c]) * (*q)->scales[r / 128], f[r * 128 + c]);

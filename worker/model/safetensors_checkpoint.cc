@@ -127,8 +127,8 @@ absl::Status SafetensorsCheckpoint::ReadFloat32(const std::string& name,
 bool SafetensorsCheckpoint::StoresFp8(const std::string& name) {
   std::string file;
   auto t = FindTensor(name, &file);
-  return t.ok() && (*t)->dtype == DType::kF8E4M3 && (*t)->shape.size() == 2 &&
-         block_rows_ == 128 && block_cols_ == 128 && Contains(name + "_scale_inv");
+  return t.ok() && (*t)->dtype == DType::kF8E4M3 && (*t)->shape.size() == 2 && block_rows_ == 128 &&
+         block_cols_ == 128 && Contains(name + "_scale_inv");
 }
 
 absl::StatusOr<std::optional<WeightSource::Fp8Tensor>> SafetensorsCheckpoint::ReadFp8(
@@ -153,8 +153,8 @@ absl::StatusOr<std::optional<WeightSource::Fp8Tensor>> SafetensorsCheckpoint::Re
   out.data.assign(static_cast<const uint8_t*>(t.data),
                   static_cast<const uint8_t*>(t.data) + rows * cols);
   out.scales.resize(((rows + 127) / 128) * ((cols + 127) / 128));
-  absl::Status st = ReadFloat32(scale_name, {(rows + 127) / 128, (cols + 127) / 128},
-                                out.scales.data());
+  absl::Status st =
+      ReadFloat32(scale_name, {(rows + 127) / 128, (cols + 127) / 128}, out.scales.data());
   if (!st.ok()) return st;
   return std::optional<Fp8Tensor>(std::move(out));
 }

@@ -28,7 +28,7 @@ kernels::Fp8BlockWeight Fp8Weight(const WeightView& w, int64_t ldw) {
 }  // namespace
 
 std::unique_ptr<DeviceBuffer> CudaBackend::DequantizeToBf16(const WeightView& w, int64_t ldw,
-                                                           int64_t n, int64_t k) {
+                                                            int64_t n, int64_t k) {
   auto w16 = AllocateScratch(std::max<int64_t>(1, n * k) * sizeof(uint16_t));
   Check(kernels::Fp8DequantToBf16(Fp8Weight(w, ldw), n, k, w16->as<uint16_t>(), stream_),
         "kernels::Fp8DequantToBf16");
@@ -96,8 +96,7 @@ void CudaBackend::ExpertGemmsFp8OnDevice(const RoutedExpertsArgs& a, const int32
 }
 
 void CudaBackend::ExpertGemmsFp8PerExpert(const RoutedExpertsArgs& a, const int32_t* offsets,
-                                          int64_t rows, const float* permuted,
-                                          float* expert_out) {
+                                          int64_t rows, const float* permuted, float* expert_out) {
   const int64_t H = a.hidden_size, I = a.inter;
   const int32_t E = a.num_experts;
   std::vector<int32_t> host_offsets(E + 1);
@@ -140,9 +139,9 @@ bool CudaBackend::RoutedExpertsFp8(const RoutedExpertsArgs& a) {
   const int64_t rows = std::max<int64_t>(
       1, kernels::MoePermutedRowsBound(static_cast<int32_t>(T), static_cast<int32_t>(K), E, 1));
   if (!FitsInt(rows * std::max(H, 2 * I))) {
-    Record(absl::InvalidArgumentError(absl::StrCat("CudaBackend::RoutedExperts: ", T,
-                                                   " tokens x top-", K,
-                                                   " is beyond int range for the expert GEMMs")));
+    Record(
+        absl::InvalidArgumentError(absl::StrCat("CudaBackend::RoutedExperts: ", T, " tokens x top-",
+                                                K, " is beyond int range for the expert GEMMs")));
     return true;
   }
   // The permutation of RoutedExperts (fp32 rows grouped by expert on the device), the expert

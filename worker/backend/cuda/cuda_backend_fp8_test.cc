@@ -34,8 +34,8 @@ struct Fp8Matrix {
   std::vector<double> dequant;  // [n, k]
   std::unique_ptr<DeviceBuffer> data, scales;
   WeightView view() const {
-    return WeightView(data->data(), Fp8BlockScales{scales->as<float>(),
-                                                   kernels::Fp8ScaleCols(k), split});
+    return WeightView(data->data(),
+                      Fp8BlockScales{scales->as<float>(), kernels::Fp8ScaleCols(k), split});
   }
 };
 
@@ -102,9 +102,10 @@ TEST_F(CudaFp8Test, GemmMatchesDequantisedWeightsOnBothPaths) {
     bool a_bf16, accumulate;
   };
   const int64_t small = CudaBackend::kFp8SmallMGemmMaxRows;
-  for (const Case& c : {Case{1, 192, 128, 0, false, false}, Case{3, 80, 200, 0, true, false},
-                        Case{small, 256, 320, 128, false, true}, Case{small + 1, 96, 128, 0, false, false},
-                        Case{130, 200, 384, 100, true, true}}) {
+  for (const Case& c :
+       {Case{1, 192, 128, 0, false, false}, Case{3, 80, 200, 0, true, false},
+        Case{small, 256, 320, 128, false, true}, Case{small + 1, 96, 128, 0, false, false},
+        Case{130, 200, 384, 100, true, true}}) {
     SCOPED_TRACE(::testing::Message() << "m " << c.m << " n " << c.n << " k " << c.k);
     const Fp8Matrix w = RandomFp8(c.n, c.k, c.split, &gen);
     std::vector<float> a = testing::RandomFloats(c.m * c.k, seed + c.m);
@@ -122,8 +123,7 @@ TEST_F(CudaFp8Test, GemmMatchesDequantisedWeightsOnBothPaths) {
     gpu_->SetOpTiming(false);
     ASSERT_TRUE(gpu_->status().ok()) << gpu_->status();
     const bool small_m = c.m <= small;
-    EXPECT_EQ(CallsOf(report, small_m ? "Gemm/fp8-small-m" : "Gemm/fp8-dequant-bf16"), 1)
-        << report;
+    EXPECT_EQ(CallsOf(report, small_m ? "Gemm/fp8-small-m" : "Gemm/fp8-dequant-bf16"), 1) << report;
     const std::vector<float> got = Download(*dc);
     std::vector<double> y, mag;
     HostGemm(a, c.m, w, /*round_weight=*/!small_m, &y, &mag);
@@ -178,8 +178,8 @@ class CudaFp8RoutedExpertsTest : public CudaFp8Test {
 
   void Run(int64_t T, bool graph) {
     const uint32_t seed = testing::FreshSeed();
-    SCOPED_TRACE(::testing::Message() << "seed " << seed << " tokens " << T
-                                      << (graph ? " replayed" : " eager"));
+    SCOPED_TRACE(::testing::Message()
+                 << "seed " << seed << " tokens " << T << (graph ? " replayed" : " eager"));
     std::mt19937 gen(seed);
     std::vector<Fp8Matrix> gu, dn;
     std::vector<const void*> gu_ptr, dn_ptr, gu_scale, dn_scale;
@@ -293,8 +293,7 @@ class CudaFp8RoutedExpertsTest : public CudaFp8Test {
       }
       for (int64_t h = 0; h < H; ++h) {
         ASSERT_LE(std::abs(got[t * H + h] - want[h]), tol[h] + 1e-6)
-            << "token " << t << " column " << h << " got " << got[t * H + h] << " want "
-            << want[h];
+            << "token " << t << " column " << h << " got " << got[t * H + h] << " want " << want[h];
       }
     }
   }
@@ -310,7 +309,9 @@ TEST_F(CudaFp8RoutedExpertsTest, LargerBatchOnTheDevicePath) { Run(70, false); }
 
 // Above kMaxFusedMoeTokens: per-expert GEMMs (the small-m kernel or the dequantised weight on
 // cuBLAS, by each expert's rows).
-TEST_F(CudaFp8RoutedExpertsTest, PrefillPerExpert) { Run(CudaBackend::kMaxFusedMoeTokens + 30, false); }
+TEST_F(CudaFp8RoutedExpertsTest, PrefillPerExpert) {
+  Run(CudaBackend::kMaxFusedMoeTokens + 30, false);
+}
 
 // No host synchronisation: the op records into a CUDA graph and replays.
 TEST_F(CudaFp8RoutedExpertsTest, ReplayedFromACudaGraph) {

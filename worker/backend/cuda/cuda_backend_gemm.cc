@@ -203,8 +203,7 @@ void CudaBackend::GroupedGemm(const std::vector<int64_t>& offsets,
     const int64_t group_rows = offsets[g + 1] - offsets[g];
     if (group_rows == 0) continue;
     if (weights[g].dtype == WeightDType::kFp8E4M3) {
-      GemmFp8(group_rows, n, k, a + offsets[g] * k, k, weights[g], k, c + offsets[g] * n, n,
-              false);
+      GemmFp8(group_rows, n, k, a + offsets[g] * k, k, weights[g], k, c + offsets[g] * n, n, false);
       continue;
     }
     const void* ag =

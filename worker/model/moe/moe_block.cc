@@ -128,9 +128,9 @@ bool MoeBlock::RoutedExpertsOnDevice(int64_t layer, int64_t rows, const float* h
   *shared_done = false;
   const MlpWeights& shared = weights_->layers[layer].shared;
   // The shared experts in the same op where the backend can (decode); fused ops only, so the
-  // op-by-op mode keeps the separate shared-expert ops. The op reads them in a.dtype.
-  if (fused_ops && c.n_shared_experts > 0 && shared.gate_up.fp8() == a.fp8() &&
-      shared.down.fp8() == a.fp8() && !a.fp8()) {
+  // op-by-op mode keeps the separate shared-expert ops. The op takes no FP8 matrices.
+  if (fused_ops && c.n_shared_experts > 0 && !a.fp8() && !shared.gate_up.fp8() &&
+      !shared.down.fp8()) {
     a.shared_inter = shared.inter;
     a.shared_gate_up = weights_->Matrix(shared.gate_up).data;
     a.shared_down = weights_->Matrix(shared.down).data;
