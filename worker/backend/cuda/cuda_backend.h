@@ -110,9 +110,12 @@ class CudaBackend : public Backend {
   // weight to bf16 in scratch (kernels::Fp8DequantToBf16) and take the bf16 cuBLAS path.
   void Gemm(int64_t m, int64_t n, int64_t k, ActivationView a, int64_t lda, WeightView w,
             int64_t ldw, float* c, int64_t ldc, bool accumulate) override;
-  // Not measured: the bytes of the two paths (one FP8 read per 8 rows against a bf16 write and
-  // read of the whole weight) cross near 16 rows.
-  static constexpr int64_t kFp8SmallMGemmMaxRows = 16;
+  // Not measured. Estimated: the small-m kernel reads ceil(m / 8) bytes per weight and does m
+  // CUDA-core FMAs; the dequantised path moves 5 (FP8 read, bf16 write, bf16 read) on tensor
+  // cores. Bytes alone cross at 40 rows; with the FMAs (H200: ~60 TFLOP/s fp32 against 4.8 TB/s)
+  // the two come out even near 32. Decode batches between 33 and the large prefill sizes pay the
+  // dequantisation pass on every step (an FP8 tensor-core kernel for them is not written yet).
+  static constexpr int64_t kFp8SmallMGemmMaxRows = 32;
   // While recording a graph with programmatic dependent launch on (kernels/common/pdl.h),
   // scratch allocations of at most kMaxAsideAllocationBytes are captured beside the kernel chain
   // (kernels/common/capture_deps.h), so that a memory node does not sit between two kernels and
