@@ -172,7 +172,8 @@ absl::Status BuildRank(const RankSpec& spec, const RankHooks& hooks,
   plan_options.block_size = spec.block_size;
   plan_options.max_batch_tokens = spec.max_batch_tokens;
   const int64_t floats_per_token = (*arch)->activation_floats_per_token(config);
-  int64_t reserve = ActivationReserveBytes(floats_per_token, spec.max_batch_tokens);
+  int64_t reserve = ActivationReserveBytes(floats_per_token, spec.max_batch_tokens) +
+                    ModelWeights::Fp8DequantScratchBytes(config, load);
   if (spec.backend.kind == "cuda" && spec.decode_graphs.enabled) {
     reserve +=
         DecodeGraphReserveBytes(floats_per_token, DecodeGraphBuckets(spec.decode_graphs.max_batch));

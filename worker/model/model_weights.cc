@@ -1,6 +1,7 @@
 // ModelWeights loading: DeepSeek-V3 checkpoint names -> backend buffers.
 #include "worker/model/model_weights.h"
 
+#include <algorithm>
 #include <optional>
 #include <utility>
 
@@ -290,6 +291,22 @@ absl::StatusOr<std::vector<std::map<int64_t, MlpWeights>>> ModelWeights::LoadRou
   absl::StatusOr<HostExperts> host = ReadRoutedExperts(c, source, experts);
   if (!host.ok()) return host.status();
   return UploadRoutedExperts(*host, backend);
+}
+
+int64_t ModelWeights::Fp8DequantScratchBytes(const ModelConfig& c, const LoadOptions& options) {
+  if (!options.keep_fp8) return 0;
+  const int64_t hid = c.hidden_size, nh = c.num_attention_heads;
+  const int64_t shapes[] = {
+      c.q_lora_rank * hid,
+      nh * c.qk_head_dim() * std::max<int64_t>(c.q_lora_rank, hid),
+      (c.kv_lora_rank + c.qk_rope_head_dim) * hid,
+      hid * nh * c.v_head_dim,
+      2 * c.intermediate_size * hid,
+      2 * c.moe_intermediate_size * std::max<int64_t>(1, c.n_shared_experts) * hid,
+  };
+  int64_t largest = 0;
+  for (int64_t n : shapes) largest = std::max(largest, n);
+  return largest * static_cast<int64_t>(sizeof(uint16_t));
 }
 
 int64_t ModelWeights::DeviceBytes(const ModelConfig& c, WeightDType matrix_dtype,

@@ -95,6 +95,12 @@ class ModelWeights {
   static int64_t DeviceBytes(const ModelConfig& config, WeightDType matrix_dtype,
                              const LoadOptions& options);
 
+  // The scratch a backend that keeps FP8 matrices needs to dequantise one for a prefill GEMM
+  // (CUDA: the largest projection or MLP matrix as bf16; the FP8 GEMMs dequantise one matrix at a
+  // time); 0 when options.keep_fp8 is unset. An upper bound: every such matrix is counted whether
+  // or not the checkpoint stores it FP8.
+  static int64_t Fp8DequantScratchBytes(const ModelConfig& config, const LoadOptions& options);
+
   // Routed experts only, for a live EPLB placement change: per MoE layer (0 = the first MoE
   // layer), the experts listed in `experts[moe_layer]`. The source's errors as they are.
   static absl::StatusOr<std::vector<std::map<int64_t, MlpWeights>>> LoadRoutedExperts(

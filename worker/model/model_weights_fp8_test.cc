@@ -105,6 +105,12 @@ TEST_F(ModelWeightsFp8Test, StoredFp8MatricesStayFp8AndThePlanCountsThem) {
   EXPECT_EQ(v.fp8.scale_ld, 1);
 }
 
+TEST_F(ModelWeightsFp8Test, DequantScratchIsTheLargestMatrixInBf16) {
+  // dsv3_yarn_nolora: the dense [gate; up] (2 x 256 x 128) is its largest projection or MLP.
+  EXPECT_EQ(ModelWeights::Fp8DequantScratchBytes(config_, keep_), 2 * 256 * 128 * 2);
+  EXPECT_EQ(ModelWeights::Fp8DequantScratchBytes(config_, {}), 0);
+}
+
 TEST_F(ModelWeightsFp8Test, WithoutKeepFp8EverythingIsTheBackendsDtype) {
   auto w = ModelWeights::Load(config_, source_.get(), &be_, {});
   ASSERT_TRUE(w.ok()) << w.status();
