@@ -12,10 +12,28 @@
 namespace deepinfer {
 
 const char* WeightDTypeName(WeightDType dtype) {
-  return dtype == WeightDType::kBFloat16 ? "bfloat16" : "float32";
+  switch (dtype) {
+    case WeightDType::kBFloat16:
+      return "bfloat16";
+    case WeightDType::kFp8E4M3:
+      return "float8_e4m3";
+    case WeightDType::kFloat32:
+      break;
+  }
+  return "float32";
 }
 
-size_t WeightDTypeSize(WeightDType dtype) { return dtype == WeightDType::kBFloat16 ? 2 : 4; }
+size_t WeightDTypeSize(WeightDType dtype) {
+  switch (dtype) {
+    case WeightDType::kBFloat16:
+      return 2;
+    case WeightDType::kFp8E4M3:
+      return 1;
+    case WeightDType::kFloat32:
+      break;
+  }
+  return 4;
+}
 
 absl::StatusOr<WeightDType> ParseWeightDType(const std::string& name) {
   if (name == "float32" || name == "fp32") return WeightDType::kFloat32;

@@ -70,14 +70,17 @@ absl::Status MoeBlock::Forward(int64_t layer, int64_t rows, const float* h, Acti
                                      counts);
   };
 
-  if (!expert_tables_.empty() &&
-      ExpertsOnDevice(
-          backend_,
-          DeviceExpertsArgs(layer, rows, h, topk_ids->as<int32_t>(), topk_w->as<float>(), out),
-          h_gemm, ctx.mode)) {
-    if (ctx.device_only) device_expert_rows_.insert(rows);
-    count();
-    return absl::OkStatus();
+  if (!expert_tables_.empty()) {
+    const RoutedExpertsArgs a =
+        DeviceExpertsArgs(layer, rows, h, topk_ids->as<int32_t>(), topk_w->as<float>(), out);
+    if (ExpertsOnDevice(backend_, a, h_gemm, ctx.mode)) {
+      if (ctx.device_only) device_expert_rows_.insert(rows);
+      count();
+      if (c.n_shared_experts > 0 && a.shared_inter == 0) {  // FP8 matrices: not in the args
+        AddSwiGlu(backend_, rows, H, MlpView(*weights_, L.shared), h_gemm, out, ctx.mode);
+      }
+      return absl::OkStatus();
+    }
   }
   if (ctx.device_only) {
     return absl::FailedPreconditionError(
@@ -133,10 +136,17 @@ RoutedExpertsArgs MoeBlock::DeviceExpertsArgs(int64_t layer, int64_t rows, const
   a.down = static_cast<const void* const*>(expert_tables_[layer].down->data());
   a.gate_up_host = expert_tables_[layer].gate_up_host.data();
   a.down_host = expert_tables_[layer].down_host.data();
-  a.dtype = weights_->matrix_dtype;
+  const ExpertTables& t = expert_tables_[layer];
+  a.dtype = t.dtype;
+  if (t.dtype == WeightDType::kFp8E4M3) {
+    a.gate_up_scales = static_cast<const float* const*>(t.gate_up_scales->data());
+    a.down_scales = static_cast<const float* const*>(t.down_scales->data());
+  }
   a.out = out;
-  if (c.n_shared_experts > 0) {
-    const MlpWeights& shared = weights_->layers[layer].shared;
+  const MlpWeights& shared = weights_->layers[layer].shared;
+  // The shared experts ride along only in `dtype` without block scales: with FP8 matrices on
+  // either side the caller adds them itself (Forward).
+  if (c.n_shared_experts > 0 && !a.fp8() && !shared.gate_up.fp8() && !shared.down.fp8()) {
     a.shared_inter = shared.inter;
     a.shared_gate_up = weights_->Matrix(shared.gate_up).data;
     a.shared_down = weights_->Matrix(shared.down).data;
@@ -190,20 +200,41 @@ void MoeBlock::BuildExpertTables() {
     for (int64_t l = first_layer_; l < end_layer_; ++l) {
       const LayerWeights& L = weights_->layers[l];
       if (!L.moe) continue;
-      std::vector<const void*> gate_up(E), down(E);
+      std::vector<const void*> gate_up(E), down(E), gate_up_scales(E), down_scales(E);
+      int64_t fp8 = 0;
+      bool mixed = false;  // one MLP with FP8 and other matrices
       for (int64_t e = 0; e < E; ++e) {
-        gate_up[e] = L.experts.at(e).gate_up->data();
-        down[e] = L.experts.at(e).down->data();
+        const MlpWeights& m = L.experts.at(e);
+        gate_up[e] = m.gate_up->data();
+        down[e] = m.down->data();
+        const bool both = m.gate_up.fp8() && m.down.fp8();
+        fp8 += both ? 1 : 0;
+        gate_up_scales[e] = both ? m.gate_up.fp8_scales->data() : nullptr;
+        down_scales[e] = both ? m.down.fp8_scales->data() : nullptr;
+        mixed |= !both && (m.gate_up.fp8() || m.down.fp8());
+      }
+      if (mixed || (fp8 != 0 && fp8 != E)) {  // mixed storage: the dispatcher's per-expert GEMMs
+        expert_tables_.clear();
+        return;
       }
       ExpertTables& t = expert_tables_[l];
-      t.gate_up = backend_->Allocate(E * sizeof(void*));
-      t.down = backend_->Allocate(E * sizeof(void*));
-      backend_->CopyToDevice(gate_up.data(), E * sizeof(void*), t.gate_up->data());
-      backend_->CopyToDevice(down.data(), E * sizeof(void*), t.down->data());
+      t.dtype = fp8 == E ? WeightDType::kFp8E4M3 : weights_->matrix_dtype;
+      t.gate_up = Pointers(gate_up);
+      t.down = Pointers(down);
+      if (fp8 == E) {
+        t.gate_up_scales = Pointers(gate_up_scales);
+        t.down_scales = Pointers(down_scales);
+      }
       t.gate_up_host = std::move(gate_up);
       t.down_host = std::move(down);
     }
   }
+}
+
+std::unique_ptr<DeviceBuffer> MoeBlock::Pointers(const std::vector<const void*>& host) {
+  auto buf = backend_->Allocate(std::max<size_t>(1, host.size()) * sizeof(void*));
+  backend_->CopyToDevice(host.data(), host.size() * sizeof(void*), buf->data());
+  return buf;
 }
 
 absl::Status MoeBlock::SwitchPlacement(std::shared_ptr<const ExpertPlacement> placement,

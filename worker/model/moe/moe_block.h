@@ -64,6 +64,8 @@ class MoeBlock {
                                       const int32_t* topk_ids, const float* topk_w,
                                       float* out) const;
   void BuildExpertTables();
+  // A device copy of a host table of device pointers.
+  std::unique_ptr<DeviceBuffer> Pointers(const std::vector<const void*>& host);
   // Per-step temporaries, written by an op before they are read (not zeroed).
   std::unique_ptr<DeviceBuffer> Floats(int64_t n) {
     return backend_->AllocateScratch(n * sizeof(float));
@@ -79,6 +81,9 @@ class MoeBlock {
   struct ExpertTables {
     std::unique_ptr<DeviceBuffer> gate_up, down;
     std::vector<const void*> gate_up_host, down_host;  // the same pointers, on the host
+    // The layer's experts' storage: matrix_dtype, or kFp8E4M3 with the scale tables below.
+    WeightDType dtype = WeightDType::kBFloat16;
+    std::unique_ptr<DeviceBuffer> gate_up_scales, down_scales;  // device [E] pointers (FP8)
   };
   std::unique_ptr<DeviceBuffer> expert_slots_;
   std::vector<ExpertTables> expert_tables_;
