@@ -73,6 +73,7 @@ tests=(
   //kernels/rope:rope_test
   //kernels/sampling:argmax_test
   //kernels/sampling:sample_test
+  //kernels/sampling:token_mask_test
   //worker/sampling:device_sampler_gpu_test
   //worker/backend/cuda:cuda_backend_test
   //worker/backend/cuda:cuda_backend_gemm_test
