@@ -74,6 +74,10 @@ tests=(
   //kernels/sampling:argmax_test
   //kernels/sampling:sample_test
   //kernels/sampling:token_mask_test
+  //kernels/v4:compress_windows_test
+  //kernels/v4:hyper_connection_test
+  //kernels/v4:swiglu_clamped_test
+  //kernels/v4:v4_router_test
   //worker/sampling:device_sampler_gpu_test
   //worker/backend/cuda:cuda_backend_test
   //worker/backend/cuda:cuda_backend_gemm_test
@@ -81,6 +85,7 @@ tests=(
   //worker/backend/cuda:cuda_backend_moe_test
   //worker/backend/cuda:cuda_backend_fp8_test
   //worker/backend/cuda:cublaslt_gemm_tuner_test
+  //worker/backend/cuda:cuda_v4_ops_gpu_test
   //worker/backend:backend_factory_test
   //tests/parity:cuda_parity_test
   //tests/parity:cuda_fp8_parity_test
