@@ -245,15 +245,17 @@ absl::StatusOr<StepOutput> DeepseekV4Model::Step(const std::vector<SequenceStep>
 
   const int64_t H = c.hidden_size, hc = c.hc_mult, S = hc * H;
   const float eps = static_cast<float>(c.rms_norm_eps);
-  // The residual streams: hc copies of each token's embedding.
-  auto streams = Floats(T * S), next = Floats(T * S), emb = Floats(T * H);
-  backend_->GatherRows(T, H, weights_->embed->as<float>(), ids_dev->as<int32_t>(),
-                       emb->as<float>());
-  for (int64_t k = 0; k < hc && T > 0; ++k) {
+  // The residual streams: hc copies of each token's embedding, gathered from the table as rows
+  // [T * hc, H] (row t * hc + k: token t's id).
+  auto streams = Floats(T * S), next = Floats(T * S);
+  if (T > 0) {
+    std::vector<int32_t> stream_ids(T * hc);
     for (int64_t t = 0; t < T; ++t) {
-      backend_->CopyDeviceToDevice(emb->as<float>() + t * H, H * sizeof(float),
-                                   streams->as<float>() + t * S + k * H);
+      std::fill(stream_ids.begin() + t * hc, stream_ids.begin() + (t + 1) * hc, ids[t]);
     }
+    auto stream_ids_dev = upload_ints(stream_ids);
+    backend_->GatherRows(T * hc, H, weights_->embed->as<float>(), stream_ids_dev->as<int32_t>(),
+                         streams->as<float>());
   }
   auto post = Floats(T * hc), comb = Floats(T * hc * hc), collapsed = Floats(T * H);
   auto h = Floats(T * H), y = Floats(T * H);
