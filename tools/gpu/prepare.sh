@@ -89,6 +89,7 @@ tests=(
   //worker/backend:backend_factory_test
   //tests/parity:cuda_parity_test
   //tests/parity:cuda_fp8_parity_test
+  //tests/parity:cuda_v4_parity_test
   //worker/comm:nccl_communicator_test
   //worker/model:ep_expert_dispatcher_gpu_test
   //worker/model:decode_graph_gpu_test
