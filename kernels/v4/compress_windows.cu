@@ -41,12 +41,16 @@ __device__ void CompressWindowsBody(Params p) {
     auto value = [&](int64_t s) {
       return p.overlap && s >= R ? kv[s * p.stride + D + d] : kv[s * p.stride + d];
     };
+    // Unrolled so that several slots' loads are in flight at once (HCA walks 128 slots).
     float mx = -INFINITY;
+#pragma unroll 4
     for (int64_t s = first; s < slots; ++s) mx = fmaxf(mx, logit(s));
     float sum = 0.0f;
+#pragma unroll 4
     for (int64_t s = first; s < slots; ++s) sum = __fadd_rn(sum, expf(__fsub_rn(logit(s), mx)));
     float acc = 0.0f;
     // The absent slots add 0 * (0 / sum) = 0 on the CPU: acc is unchanged by leaving them out.
+#pragma unroll 4
     for (int64_t s = first; s < slots; ++s) {
       const float prob = __fdiv_rn(expf(__fsub_rn(logit(s), mx)), sum);
       acc = __fadd_rn(acc, __fmul_rn(value(s), prob));
