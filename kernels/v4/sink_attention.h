@@ -30,10 +30,10 @@ enum class SinkAttentionKernel : int32_t {
   // dim 512, a GPU with bf16 tensor cores (sm_80+), 16-byte aligned q and kv, 8-byte aligned
   // out: bf16 mma.sync with every fp32 operand (Q, K = V, P) split into a bf16 hi + lo pair and
   // each product taken as hi·hi + hi·lo + lo·hi (three MMAs, fp32 sums): a relative error of
-  // about 2^-17 per product instead of bf16's 2^-8, fp32-grade results.
+  // at most about 3 * 2^-16 per product instead of bf16's 2^-7, fp32-grade results.
   kTensorCoreExact = 2,
-  // The same shapes with Q, K = V and P rounded to bf16 (one MMA per product; scores carry
-  // bf16's rounding, about 2^-9 relative per element): the fast kernel for bf16 models.
+  // The same shapes with Q, K = V and P rounded to bf16 (one MMA per product; each operand
+  // carries bf16's rounding, up to 2^-8 relative): the fast kernel for bf16 models.
   kTensorCoreBf16 = 3,
 };
 
