@@ -11,7 +11,7 @@
 // Top-k (TopkBody): a block of 512 threads per token over its scores in the workspace. Scores map
 // to order-preserving 32-bit keys (NaN above +inf, -0 as +0); four passes of a 256-bin histogram
 // over one byte of the keys (most significant first, among the keys matching the bytes chosen so
-// far) find the k-th largest key T and how many keys equal to T are taken. One more pass in index
+// far; warp-aggregated shared atomics) find the k-th largest key T and how many keys equal to T are taken. One more pass in index
 // order writes the chosen indices: a block-wide prefix sum of (key > T, key == T) per chunk of 512
 // gives each chosen candidate its place, so the output is ascending without a sort, and of the
 // keys equal to T the lowest indices are taken.
@@ -207,9 +207,19 @@ __device__ void TopkBody(IndexerTopKParams p) {
   for (int shift = 24; shift >= 0; shift -= 8) {
     for (int i = tid; i < 256; i += kTopkThreads) hist[i] = 0;
     __syncthreads();
-    for (int64_t i = tid; i < v; i += kTopkThreads) {
-      const uint32_t key = OrderKey(scores[i]);
-      if ((key & mask) == prefix) atomicAdd(&hist[(key >> shift) & 0xFFu], 1u);
+    // Scores of one magnitude share their top bytes, so most keys of a pass may fall in one
+    // bin: the lanes of a warp with the same bin add their count in one atomic.
+#pragma unroll 1
+    for (int64_t base = 0; base < v; base += kTopkThreads) {
+      const int64_t i = base + tid;
+      const uint32_t key = i < v ? OrderKey(scores[i]) : 0u;
+      const bool counts = i < v && (key & mask) == prefix;
+      const uint32_t bin = (key >> shift) & 0xFFu;
+      const unsigned active = __ballot_sync(0xffffffffu, counts);
+      if (counts) {
+        const unsigned peers = __match_any_sync(active, bin);
+        if (lane == __ffs(peers) - 1) atomicAdd(&hist[bin], static_cast<uint32_t>(__popc(peers)));
+      }
     }
     __syncthreads();
     if (warp == 0) {
