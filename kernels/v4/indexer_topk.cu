@@ -11,12 +11,11 @@
 // Top-k (TopkBody): a block of 512 threads per token over its scores in the workspace. Scores map
 // to order-preserving 32-bit keys (NaN above +inf, -0 as +0); four passes of a 256-bin histogram
 // over one byte of the keys (most significant first, among the keys matching the bytes chosen so
-// far; warp-aggregated shared atomics) find the k-th largest key T and how many keys equal to T are taken. One more pass in index
-// order writes the chosen indices: a block-wide prefix sum of (key > T, key == T) per chunk of 512
-// gives each chosen candidate its place, so the output is ascending without a sort, and of the
-// keys equal to T the lowest indices are taken.
-#include "kernels/v4/indexer_topk.h"
-
+// far; warp-aggregated shared atomics) find the k-th largest key T and how many keys equal to T
+// are taken. One more pass in index order writes the chosen indices: a block-wide prefix sum of
+// the pair (key above T, key equal to T) per chunk of 512 gives each chosen candidate its place,
+// so the output is ascending without a sort, and of the keys equal to T the lowest indices are
+// taken.
 #include <math.h>
 
 #include <algorithm>
@@ -24,15 +23,16 @@
 #include <limits>
 
 #include "kernels/common/launch.cuh"
+#include "kernels/v4/indexer_topk.h"
 
 namespace deepinfer {
 namespace kernels {
 namespace indexer {
 
 constexpr int kScoreThreads = 256;
-constexpr int kCands = 128;        // candidates per block
-constexpr int kHeadChunk = 64;     // heads per pass over the dims
-constexpr int kDimChunk = 32;      // dims per shared-memory tile
+constexpr int kCands = 128;             // candidates per block
+constexpr int kHeadChunk = 64;          // heads per pass over the dims
+constexpr int kDimChunk = 32;           // dims per shared-memory tile
 constexpr int kTileLd = kDimChunk + 4;  // floats per tile row: 16-byte rows in distinct banks
 constexpr int kHeadsPerThread = kHeadChunk / (kScoreThreads / 32);  // 8
 constexpr int kCandsPerThread = kCands / 32;                        // 4
@@ -307,8 +307,8 @@ cudaError_t IndexerTopKF32(const IndexerTopKParams& p, cudaStream_t stream) {
     const dim3 grid(static_cast<unsigned>(p.tokens), static_cast<unsigned>(cand_blocks));
     const cudaError_t e =
         p.order == IndexerScoreOrder::kFma
-            ? LaunchAfterPrecedingGrids<indexer::ScoreBody<true>, indexer::kScoreThreads>(
-                  grid, 0, stream, p)
+            ? LaunchAfterPrecedingGrids<indexer::ScoreBody<true>, indexer::kScoreThreads>(grid, 0,
+                                                                                          stream, p)
             : LaunchAfterPrecedingGrids<indexer::ScoreBody<false>, indexer::kScoreThreads>(
                   grid, 0, stream, p);
     if (e != cudaSuccess) return e;

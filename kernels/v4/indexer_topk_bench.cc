@@ -75,22 +75,21 @@ void Run(int64_t batch, int64_t context, cudaStream_t stream) {
   p.workspace_bytes = kernels::IndexerTopKWorkspaceBytes(p);
   p.workspace = bench::DeviceAlloc<char>(p.workspace_bytes);
   const bool ranked = cands > kTopk;  // else the top-k takes every candidate without a pass
-  const double bytes =
-      static_cast<double>(batch) *
-      ((cands * kDim + kHeads * kDim + kHeads) * sizeof(float) +
-       (ranked ? 6 : 1) * cands * sizeof(float) + kTopk * sizeof(int32_t));
+  const double bytes = static_cast<double>(batch) *
+                       ((cands * kDim + kHeads * kDim + kHeads) * sizeof(float) +
+                        (ranked ? 6 : 1) * cands * sizeof(float) + kTopk * sizeof(int32_t));
   for (IndexerScoreOrder order : {IndexerScoreOrder::kSequential, IndexerScoreOrder::kFma}) {
     p.order = order;
     const double graph_ms =
         GraphMs([&](cudaStream_t s) { return kernels::IndexerTopKF32(p, s); }, stream);
     const double eager_ms = MedianMs([&] { return kernels::IndexerTopKF32(p, nullptr); });
     const double gbs = bytes / (graph_ms * 1e-3) / 1e9;
-    std::printf("indexer b%-4lld ctx%-6lld cands%-5lld %-11s graph %8.2f us  eager %8.2f us  "
-                "%7.1f GB/s  %5.1f%% of %.1f TB/s\n",
-                static_cast<long long>(batch), static_cast<long long>(context),
-                static_cast<long long>(cands),
-                order == IndexerScoreOrder::kFma ? "fma" : "sequential", graph_ms * 1e3,
-                eager_ms * 1e3, gbs, 100.0 * gbs / kPeakGBs, kPeakGBs / 1000.0);
+    std::printf(
+        "indexer b%-4lld ctx%-6lld cands%-5lld %-11s graph %8.2f us  eager %8.2f us  "
+        "%7.1f GB/s  %5.1f%% of %.1f TB/s\n",
+        static_cast<long long>(batch), static_cast<long long>(context),
+        static_cast<long long>(cands), order == IndexerScoreOrder::kFma ? "fma" : "sequential",
+        graph_ms * 1e3, eager_ms * 1e3, gbs, 100.0 * gbs / kPeakGBs, kPeakGBs / 1000.0);
   }
 }
 

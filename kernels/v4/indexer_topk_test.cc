@@ -166,9 +166,9 @@ std::vector<double> Scores(const Inputs& in, int64_t t) {
   for (int64_t i = 0; i < k; ++i) chosen[got[i]] = true;
   for (int64_t i = 0; i < v; ++i) {
     if (chosen[i] ? s[i] < kth - tol : s[i] > kth + tol) {
-      return ::testing::AssertionFailure() << "token " << t << " candidate " << i << " score "
-                                           << s[i] << (chosen[i] ? " chosen" : " left out")
-                                           << ", k-th score " << kth;
+      return ::testing::AssertionFailure()
+             << "token " << t << " candidate " << i << " score " << s[i]
+             << (chosen[i] ? " chosen" : " left out") << ", k-th score " << kth;
     }
   }
   return ::testing::AssertionSuccess();

@@ -13,8 +13,6 @@
 // (max, sum) in log2 units to the workspace; CombineBody merges a (token, head)'s splits:
 //   out = sum_s 2^(m_s - M) O_s / sum_s 2^(m_s - M) l_s,  M = max_s m_s
 // (the sink entered split 0's running state, see StartState).
-#include "kernels/v4/sink_attention.h"
-
 #include <math.h>
 
 #include <algorithm>
@@ -23,6 +21,7 @@
 
 #include "kernels/common/kernel_facts.h"
 #include "kernels/common/launch.cuh"
+#include "kernels/v4/sink_attention.h"
 #include "kernels/v4/sink_attention_mma.cuh"
 #include "kernels/v4/sink_attention_rows.cuh"
 
@@ -214,9 +213,8 @@ bool Aligned(const void* ptr, size_t bytes) {
 bool ParamsOk(const SinkAttentionParams& p) {
   if (p.tokens < 0 || p.num_splits < 0 || p.num_splits > kMaxSinkAttentionSplits) return false;
   if (p.tokens == 0) return true;
-  if (p.heads < 1 || p.dim < 1 || p.q == nullptr || p.kv == nullptr ||
-      p.window_begin == nullptr || p.window_len == nullptr || p.sinks == nullptr ||
-      p.out == nullptr) {
+  if (p.heads < 1 || p.dim < 1 || p.q == nullptr || p.kv == nullptr || p.window_begin == nullptr ||
+      p.window_len == nullptr || p.sinks == nullptr || p.out == nullptr) {
     return false;
   }
   if ((p.extra_len != nullptr || p.selected != nullptr) && p.extra_begin == nullptr) return false;
@@ -229,12 +227,24 @@ bool ParamsOk(const SinkAttentionParams& p) {
   return p.tokens * p.heads <= kMaxGridX && (p.heads + kCoreHeads - 1) / kCoreHeads <= 65535;
 }
 
+template <int kCols>
+const void* CoreEntry() {
+  return reinterpret_cast<const void*>(EntryKernel<sink::CoreBody<kCols>, kCoreThreads>());
+}
+
 // The CUDA-core kernel's entry for the dim.
 const void* CoreKernel(int64_t dim) {
-  if (dim <= 128) return reinterpret_cast<const void*>(EntryKernel<sink::CoreBody<4>, kCoreThreads>());
-  if (dim <= 256) return reinterpret_cast<const void*>(EntryKernel<sink::CoreBody<8>, kCoreThreads>());
-  if (dim <= 512) return reinterpret_cast<const void*>(EntryKernel<sink::CoreBody<16>, kCoreThreads>());
-  return reinterpret_cast<const void*>(EntryKernel<sink::CoreBody<32>, kCoreThreads>());
+  if (dim <= 128) return CoreEntry<4>();
+  if (dim <= 256) return CoreEntry<8>();
+  if (dim <= 512) return CoreEntry<16>();
+  return CoreEntry<32>();
+}
+
+template <int kCols>
+cudaError_t LaunchCore(dim3 grid, const SinkAttentionParams& p, int32_t splits,
+                       cudaStream_t stream) {
+  return LaunchAfterPrecedingGrids<sink::CoreBody<kCols>, kCoreThreads>(
+      grid, sink::CoreSmemBytes(p.dim), stream, p, splits);
 }
 
 const void* MmaKernel(bool exact) {
@@ -259,7 +269,8 @@ bool SinkAttentionKernelRuns(const SinkAttentionParams& p, SinkAttentionKernel k
     case SinkAttentionKernel::kCudaCore: {
       if (p.dim > kMaxSinkAttentionDim) return false;
       const KernelFacts f = KernelFactsForCurrentDevice(CoreKernel(p.dim), kAllSharedMemory);
-      return f.error == cudaSuccess && static_cast<size_t>(f.max_smem) >= sink::CoreSmemBytes(p.dim);
+      return f.error == cudaSuccess &&
+             static_cast<size_t>(f.max_smem) >= sink::CoreSmemBytes(p.dim);
     }
     case SinkAttentionKernel::kTensorCoreExact:
     case SinkAttentionKernel::kTensorCoreBf16: {
@@ -302,9 +313,9 @@ cudaError_t SinkAttentionSplits(const SinkAttentionParams& p, int32_t* splits) {
   const bool core = k == SinkAttentionKernel::kCudaCore;
   const KernelFacts f =
       core ? KernelFactsForCurrentDevice(CoreKernel(p.dim), kAllSharedMemory)
-           : KernelFactsForCurrentDevice(MmaKernel(k == SinkAttentionKernel::kTensorCoreExact),
-                                         static_cast<int>(MmaSmemBytes(
-                                             k == SinkAttentionKernel::kTensorCoreExact)));
+           : KernelFactsForCurrentDevice(
+                 MmaKernel(k == SinkAttentionKernel::kTensorCoreExact),
+                 static_cast<int>(MmaSmemBytes(k == SinkAttentionKernel::kTensorCoreExact)));
   if (f.error != cudaSuccess) return f.error;
   // Blocks resident at once: the tensor-core kernels take one SM each, the CUDA-core kernel
   // about two (its shared memory at dim 512).
@@ -349,21 +360,12 @@ cudaError_t SinkAttentionF32(const SinkAttentionParams& p, cudaStream_t stream) 
                   static_cast<unsigned>((p.heads + per_block - 1) / per_block),
                   static_cast<unsigned>(splits));
   switch (k) {
-    case SinkAttentionKernel::kCudaCore: {
-      const size_t smem = sink::CoreSmemBytes(p.dim);
-      if (p.dim <= 128) {
-        e = LaunchAfterPrecedingGrids<sink::CoreBody<4>, kCoreThreads>(grid, smem, stream, p, splits);
-      } else if (p.dim <= 256) {
-        e = LaunchAfterPrecedingGrids<sink::CoreBody<8>, kCoreThreads>(grid, smem, stream, p, splits);
-      } else if (p.dim <= 512) {
-        e = LaunchAfterPrecedingGrids<sink::CoreBody<16>, kCoreThreads>(grid, smem, stream, p,
-                                                                        splits);
-      } else {
-        e = LaunchAfterPrecedingGrids<sink::CoreBody<32>, kCoreThreads>(grid, smem, stream, p,
-                                                                        splits);
-      }
+    case SinkAttentionKernel::kCudaCore:
+      e = p.dim <= 128   ? LaunchCore<4>(grid, p, splits, stream)
+          : p.dim <= 256 ? LaunchCore<8>(grid, p, splits, stream)
+          : p.dim <= 512 ? LaunchCore<16>(grid, p, splits, stream)
+                         : LaunchCore<32>(grid, p, splits, stream);
       break;
-    }
     case SinkAttentionKernel::kTensorCoreExact:
       e = LaunchAfterPrecedingGrids<sink::MmaBody<true>, kMmaThreads>(
           grid, MmaShape<true>::kSmemBytes, stream, p, splits);

@@ -129,11 +129,11 @@ void Run(int64_t batch, const Layer& layer, bool sweep_splits, cudaStream_t stre
                        (attended * kDim * sizeof(float) + 2.0 * kHeads * kDim * sizeof(float) +
                         (layer.selected ? layer.chosen * sizeof(int32_t) : 0));
   char name[64];
-  std::snprintf(name, sizeof(name), "%s b%lld rows%lld", layer.name,
-                static_cast<long long>(batch), static_cast<long long>(attended));
-  for (SinkAttentionKernel k : {SinkAttentionKernel::kTensorCoreExact,
-                                SinkAttentionKernel::kTensorCoreBf16,
-                                SinkAttentionKernel::kCudaCore}) {
+  std::snprintf(name, sizeof(name), "%s b%lld rows%lld", layer.name, static_cast<long long>(batch),
+                static_cast<long long>(attended));
+  for (SinkAttentionKernel k :
+       {SinkAttentionKernel::kTensorCoreExact, SinkAttentionKernel::kTensorCoreBf16,
+        SinkAttentionKernel::kCudaCore}) {
     kernels::SinkAttentionParams kp = p;
     kp.kernel = k;
     if (!kernels::SinkAttentionKernelRuns(kp, k)) {
@@ -150,10 +150,11 @@ void Run(int64_t batch, const Layer& layer, bool sweep_splits, cudaStream_t stre
           GraphMs([&](cudaStream_t s) { return kernels::SinkAttentionF32(kp, s); }, stream);
       const double eager_ms = MedianMs([&] { return kernels::SinkAttentionF32(kp, nullptr); });
       const double gbs = bytes / (graph_ms * 1e-3) / 1e9;
-      std::printf("%-26s %-18s splits %2d%s graph %8.2f us  eager %8.2f us  %7.1f GB/s  %5.1f%% of "
-                  "%.1f TB/s\n",
-                  name, KernelName(k), used, splits == 0 ? " (auto)" : "       ", graph_ms * 1e3,
-                  eager_ms * 1e3, gbs, 100.0 * gbs / kPeakGBs, kPeakGBs / 1000.0);
+      std::printf(
+          "%-26s %-18s splits %2d%s graph %8.2f us  eager %8.2f us  %7.1f GB/s  %5.1f%% of "
+          "%.1f TB/s\n",
+          name, KernelName(k), used, splits == 0 ? " (auto)" : "       ", graph_ms * 1e3,
+          eager_ms * 1e3, gbs, 100.0 * gbs / kPeakGBs, kPeakGBs / 1000.0);
     }
   }
 }

@@ -172,7 +172,8 @@ __device__ __forceinline__ void PartialScores(const __nv_bfloat16* qh, const __n
   float acc[2][kNt][4] = {};
   float cross[2][kNt][4] = {};
   const int q_off = (pair * 16 + (lane & 15)) * kMmaLd + half * kMmaHalf + (lane >> 4) * 8;
-  const int k_off = ((lane & 7) + (lane >> 4) * 8) * kMmaLd + half * kMmaHalf + ((lane >> 3) & 1) * 8;
+  const int k_off =
+      ((lane & 7) + (lane >> 4) * 8) * kMmaLd + half * kMmaHalf + ((lane >> 3) & 1) * 8;
 #pragma unroll
   for (int ks = 0; ks < kMmaScoreSteps; ++ks) {
     const int par = ks & 1;
@@ -316,7 +317,8 @@ __device__ void MmaBody(SinkAttentionParams p, int32_t num_splits) {
         pa[kk][3] = sm80::PackBf16(s[2 * kk + 1][2], s[2 * kk + 1][3]);
       }
     }
-    const int v_off = ((lane & 7) + ((lane >> 3) & 1) * 8) * kMmaLd + half * kMmaHalf + (lane >> 4) * 8;
+    const int v_off =
+        ((lane & 7) + ((lane >> 3) & 1) * 8) * kMmaLd + half * kMmaHalf + (lane >> 4) * 8;
 #pragma unroll
     for (int kk = 0; kk < kKs; ++kk) {
 #pragma unroll

@@ -255,8 +255,7 @@ struct DeviceInputs {
 bool DeviceHasTensorCores() {
   int device = 0, major = 0;
   return cudaGetDevice(&device) == cudaSuccess &&
-         cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) ==
-             cudaSuccess &&
+         cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) == cudaSuccess &&
          major >= 8;
 }
 
@@ -294,12 +293,12 @@ TEST_P(SinkAttentionKernelTest, MatchesCpuV4Ops) {
 
   DeviceInputs dev(in);
   ASSERT_TRUE(dev.out.ok() && dev.kv.ok());
-  DeviceArray<float> workspace(
-      in.tokens * in.heads * kernels::kMaxSinkAttentionSplits * (in.dim + 2));
+  DeviceArray<float> workspace(in.tokens * in.heads * kernels::kMaxSinkAttentionSplits *
+                               (in.dim + 2));
   ASSERT_TRUE(workspace.ok());
-  for (SinkAttentionKernel k : {SinkAttentionKernel::kCudaCore,
-                                SinkAttentionKernel::kTensorCoreExact,
-                                SinkAttentionKernel::kTensorCoreBf16}) {
+  for (SinkAttentionKernel k :
+       {SinkAttentionKernel::kCudaCore, SinkAttentionKernel::kTensorCoreExact,
+        SinkAttentionKernel::kTensorCoreBf16}) {
     kernels::SinkAttentionParams p = dev.p;
     p.kernel = k;
     const bool mma = k != SinkAttentionKernel::kCudaCore;
