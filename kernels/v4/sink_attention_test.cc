@@ -12,7 +12,8 @@
 // Tolerances are relative to each output's magnitude mag = sum_j p_j |v_j| (p: the softmax with
 // the sink, computed here in double): a score error d moves an output by at most 2 max|d| mag,
 // rounding P or V by a relative e moves it by at most e mag.
-//   CUDA cores: fp32 FMA in another order than the CPU's: 5e-5 mag.
+//   CUDA cores: fp32 FMA in another order than the CPU's, whose own error against a double
+//     reference reaches 2.3e-5 mag at the sharp scale (measured on these inputs): 2e-4 mag.
 //   tensor cores, exact: every product hi·hi + hi·lo + lo·hi of bf16 pairs, off by at most
 //     3 * 2^-16 of |q k| and typically ~2^-17; a 512-long dot of these N(0, 1) inputs moves by
 //     ~2e-4 (rms), a score by that x scale (0.044-0.25 here), the largest of ~10^6 scores by ~5x
@@ -20,9 +21,9 @@
 //   tensor cores, bf16: against the CPU run on Q and KV rounded to bf16 (the kernel's own
 //     operands: the scores then agree to fp32 rounding), what remains is P's rounding to bf16,
 //     at most 2^-8 relative: 2^-8 mag, plus 1e-4 mag.
-// A row missed or read twice moves an output by p_j |v_j[d]|, 1.5e-3 mag on average at the
-// flattest attention here (640 rows of N(0, 1) scores) and several times that where |v_j[d]| is
-// large; more at the sharper scale. A row outside the lists is NaN.
+// A row missed or read twice moves an output by p_j |v_j[d]|: dropping one of 3128 HCA rows
+// moves ~2.5% of the outputs by more than 1e-3 mag and over a hundred of them by more than 2^-8
+// mag, more at the sharper scale. A row outside the lists is NaN.
 #include "kernels/v4/sink_attention.h"
 
 #include <algorithm>
@@ -323,7 +324,7 @@ TEST_P(SinkAttentionKernelTest, MatchesCpuV4Ops) {
       if (k == SinkAttentionKernel::kTensorCoreBf16) {
         EXPECT_TRUE(WithinMagnitude(got, want_bf16, mag, 1.0 / 256 + 1e-4));
       } else {
-        EXPECT_TRUE(WithinMagnitude(got, want, mag, mma ? 1e-3 : 5e-5));
+        EXPECT_TRUE(WithinMagnitude(got, want, mag, mma ? 1e-3 : 2e-4));
       }
     }
   }
