@@ -103,7 +103,8 @@ int main(int argc, char** argv) {
   flags.AddString("decode-fill", &config.decode_fill,
                   "How decode requests get their cached context: prefill (model steps, untimed)\n"
                   "or random (random values written into their cache blocks: no model steps,\n"
-                  "the same decode work; for large batches of slow models).");
+                  "the same decode work; for large batches of slow models; not for DeepSeek-V4,\n"
+                  "whose cache keeps per-sequence state).");
   flags.AddInt("op-timing-steps", &config.op_timing_steps,
                "CUDA: extra decode steps (and one prefill step) with per-op timing, reported\n"
                "apart from the throughput figures.");

@@ -302,7 +302,15 @@ absl::Status SetUpRank(const BenchConfig& bc, int64_t rank, int64_t blocks, Rank
   // Process-wide (every rank sets the same value; with ranks > 1 in one process the PDL-off
   // comparison toggles it for all of them, which changes their timing, never their results).
   kernels::SetProgrammaticDependentLaunch(bc.pdl);
-  if (bc.decode_fill == "random") FillCacheRandom(s->parts.backend.get(), *s->parts.pool, 99);
+  if (bc.decode_fill == "random") {
+    if (s->parts.model->CacheSpec().StateBytesPerSequence() > 0) {
+      return absl::InvalidArgumentError(
+          "bench: --decode-fill random fills the paged cache only, and this model's cache also "
+          "keeps per-sequence state (DeepSeek-V4's windows and compressors): use --decode-fill "
+          "prefill");
+    }
+    FillCacheRandom(s->parts.backend.get(), *s->parts.pool, 99);
+  }
   s->parts.backend->Synchronize();
   // Every rank has its weights before anyone steps.
   if (s->parts.group != nullptr) return s->parts.group->Barrier();

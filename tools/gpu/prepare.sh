@@ -78,6 +78,8 @@ tests=(
   //kernels/v4:hyper_connection_test
   //kernels/v4:swiglu_clamped_test
   //kernels/v4:v4_router_test
+  //kernels/v4:sink_attention_test
+  //kernels/v4:indexer_topk_test
   //worker/sampling:device_sampler_gpu_test
   //worker/backend/cuda:cuda_backend_test
   //worker/backend/cuda:cuda_backend_gemm_test
@@ -104,6 +106,7 @@ tools=(//tools/bench:deepinfer-bench)
   //kernels/moe:grouped_gemm_bench //kernels/gemm:small_m_gemm_bench
   //kernels/gemm:fp8_block_gemm_bench
   //kernels/moe:moe_prefill_bench //kernels/sampling:sampling_bench
+  //kernels/v4:sink_attention_bench //kernels/v4:indexer_topk_bench
   //worker/backend/cuda:moe_decode_bench //worker/backend/cuda:moe_block_decode_bench
   //worker/backend/cuda:gemm_shapes_bench)
 if [[ -n "${GPU_TESTS+set}" ]]; then read -r -a tests <<< "$GPU_TESTS"; fi

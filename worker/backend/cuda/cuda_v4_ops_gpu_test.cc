@@ -2,9 +2,10 @@
 // interface (the kernels' own tests in kernels/v4 cover the shapes and paths): one site of
 // V4-Flash's hyper-connections (hidden 4096, 4 streams), a CSA compressor's windows, the router
 // and the clamped SwiGLU; the same ops recorded in a CUDA graph and replayed on new inputs (no
-// host synchronisation or allocation inside them); the ops not on CUDA yet and bad arguments
-// reported through status(). Skips itself without a GPU.
+// host synchronisation or allocation inside them); the indexer and sink attention at V4-Flash's
+// width; bad arguments reported through status(). Skips itself without a GPU.
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <memory>
 #include <numeric>
@@ -210,16 +211,109 @@ TEST_F(CudaV4OpsTest, RecordedInACudaGraphAndReplayedOnNewInputs) {
   EXPECT_TRUE(AllClose(replayed.act, eager.act, 0, 0));
 }
 
-TEST_F(CudaV4OpsTest, SinkAttentionIsNotYetOnCuda) {
-  gpu_->v4_ops()->SinkAttention(SinkAttentionArgs());
-  EXPECT_EQ(gpu_->status().code(), absl::StatusCode::kUnimplemented) << gpu_->status();
-  EXPECT_NE(gpu_->status().message().find("not yet on CUDA"), std::string::npos);
-}
-
-TEST_F(CudaV4OpsTest, IndexerTopKIsNotYetOnCuda) {
-  gpu_->v4_ops()->IndexerTopK(IndexerTopKArgs());
-  EXPECT_EQ(gpu_->status().code(), absl::StatusCode::kUnimplemented) << gpu_->status();
-  EXPECT_NE(gpu_->status().message().find("not yet on CUDA"), std::string::npos);
+// The lightning indexer's selection, then attention over each token's window and its selection
+// (CSA) or every entry (HCA), through both backends' V4 ops at V4-Flash's attention width (64
+// heads x 512). Both attentions read the CPU's selection, so a near-tie the two indexers break
+// differently cannot change what the attention comparison sees (kernels/v4's tests cover ties).
+TEST_F(CudaV4OpsTest, IndexerAndSinkAttentionMatchCpu) {
+  const uint32_t seed = testing::FreshSeed();
+  SCOPED_TRACE(::testing::Message() << "seed " << seed);
+  constexpr int64_t T = 3, NH = 64, D = 512, KV = 300, IH = 8, ID = 64, TOPK = 16, CAND = 40;
+  const std::vector<float> q = RandomFloats(T * NH * D, seed), kv = RandomFloats(KV * D, seed + 1);
+  const std::vector<float> sinks = RandomFloats(NH, seed + 2);
+  const std::vector<float> iq = RandomFloats(T * IH * ID, seed + 3);
+  const std::vector<float> ikeys = RandomFloats(T * CAND * ID, seed + 4);
+  std::vector<float> iw = RandomFloats(T * IH, seed + 5);
+  for (float& w : iw) w = std::abs(w) + 0.1f;  // scores >= 0: the top 16 of 30+ are positive
+  std::vector<int32_t> window_begin(T), window_len(T), extra_begin(T, 0), extra_len(T),
+      key_begin(T), candidates(T, CAND), visible(T);
+  for (int64_t t = 0; t < T; ++t) {
+    window_begin[t] = static_cast<int32_t>(200 + 10 * t);
+    window_len[t] = static_cast<int32_t>(64 + t);
+    extra_len[t] = static_cast<int32_t>(100 + 20 * t);
+    key_begin[t] = static_cast<int32_t>(t * CAND);
+    visible[t] = static_cast<int32_t>(30 + 5 * t);
+  }
+  struct Run {
+    std::vector<int32_t> selected;
+    std::vector<float> csa, hca;
+  };
+  std::vector<int32_t> cpu_selected;
+  auto run = [&](Backend* b) {
+    auto floats = [&](const std::vector<float>& v) {
+      auto buf = b->Allocate(v.size() * sizeof(float));
+      b->CopyToDevice(v.data(), v.size() * sizeof(float), buf->data());
+      return buf;
+    };
+    auto ints = [&](const std::vector<int32_t>& v) {
+      auto buf = b->Allocate(v.size() * sizeof(int32_t));
+      b->CopyToDevice(v.data(), v.size() * sizeof(int32_t), buf->data());
+      return buf;
+    };
+    auto q_d = floats(q), kv_d = floats(kv), sinks_d = floats(sinks), iq_d = floats(iq);
+    auto ikeys_d = floats(ikeys), iw_d = floats(iw);
+    auto wb = ints(window_begin), wl = ints(window_len), eb = ints(extra_begin);
+    auto el = ints(extra_len), kb = ints(key_begin), cand = ints(candidates), vis = ints(visible);
+    auto selected = b->Allocate(T * TOPK * sizeof(int32_t));
+    IndexerTopKArgs ia;
+    ia.tokens = T;
+    ia.heads = IH;
+    ia.dim = ID;
+    ia.topk = TOPK;
+    ia.q = iq_d->as<float>();
+    ia.weights = iw_d->as<float>();
+    ia.weight_scale = 0.35f;
+    ia.key_scale = 0.125f;
+    ia.keys = ikeys_d->as<float>();
+    ia.key_begin = kb->as<int32_t>();
+    ia.candidates = cand->as<int32_t>();
+    ia.visible = vis->as<int32_t>();
+    ia.selected = selected->as<int32_t>();
+    ia.max_candidates = CAND;
+    b->v4_ops()->IndexerTopK(ia);
+    Run r;
+    r.selected.resize(T * TOPK);
+    b->CopyToHost(selected->data(), r.selected.size() * sizeof(int32_t), r.selected.data());
+    if (cpu_selected.empty()) cpu_selected = r.selected;
+    auto chosen = ints(cpu_selected);
+    auto out = b->Allocate(T * NH * D * sizeof(float));
+    SinkAttentionArgs sa;
+    sa.tokens = T;
+    sa.heads = NH;
+    sa.dim = D;
+    sa.q = q_d->as<float>();
+    sa.kv = kv_d->as<float>();
+    sa.window_begin = wb->as<int32_t>();
+    sa.window_len = wl->as<int32_t>();
+    sa.extra_begin = eb->as<int32_t>();
+    sa.sinks = sinks_d->as<float>();
+    sa.scale = 0.0442f;
+    sa.out = out->as<float>();
+    sa.selected = chosen->as<int32_t>();
+    sa.selected_stride = TOPK;
+    b->v4_ops()->SinkAttention(sa);
+    r.csa.resize(T * NH * D);
+    b->CopyToHost(out->data(), r.csa.size() * sizeof(float), r.csa.data());
+    sa.selected = nullptr;
+    sa.selected_stride = 0;
+    sa.extra_len = el->as<int32_t>();
+    b->v4_ops()->SinkAttention(sa);
+    r.hca.resize(T * NH * D);
+    b->CopyToHost(out->data(), r.hca.size() * sizeof(float), r.hca.data());
+    return r;
+  };
+  const Run want = run(&cpu_), got = run(gpu_.get());
+  ASSERT_TRUE(gpu_->status().ok()) << gpu_->status();
+  EXPECT_EQ(got.selected, want.selected) << "the indexer's selection";
+  // The fixture's backend holds bf16 weights, so attention takes the bf16 tensor-core kernel:
+  // each operand rounded to bf16 (2^-8 relative), errors relative to the outputs' magnitude.
+  auto magnitude = [](const std::vector<float>& v) {
+    double m = 0;
+    for (float x : v) m = std::max(m, static_cast<double>(std::abs(x)));
+    return m;
+  };
+  EXPECT_TRUE(AllClose(got.csa, want.csa, 2e-2 * magnitude(want.csa), 2e-2)) << "CSA attention";
+  EXPECT_TRUE(AllClose(got.hca, want.hca, 2e-2 * magnitude(want.hca), 2e-2)) << "HCA attention";
 }
 
 TEST_F(CudaV4OpsTest, BadArgumentsAreReportedWithTheirShape) {

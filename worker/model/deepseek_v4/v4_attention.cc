@@ -310,6 +310,7 @@ absl::Status V4Attention::Forward(int64_t layer, const V4StepContext& ctx, const
     a.candidates = candidates_dev->as<int32_t>();
     a.visible = visible_dev->as<int32_t>();
     a.selected = selected->as<int32_t>();
+    a.max_candidates = *std::max_element(entries.begin(), entries.end());
     ops_->IndexerTopK(a);
   }
 
