@@ -108,12 +108,12 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(CausalLm* model, KvBlockP
     return absl::InvalidArgumentError(
         "Engine: speculative decoding needs a model built with its draft head (MTP layers)");
   }
+  if (!(options.draft_min_confidence >= 0.0f && options.draft_min_confidence <= 1.0f)) {
+    return absl::InvalidArgumentError("Engine: draft_min_confidence must be in [0, 1]");
+  }
   if (options.speculative_tokens > 0) {  // a draft head that cannot run yet: refused here
     absl::StatusOr<DraftOutput> probe = model->Draft({}, pool);
     if (!probe.ok()) return probe.status();
-  }
-  if (!(options.draft_min_confidence >= 0.0f && options.draft_min_confidence <= 1.0f)) {
-    return absl::InvalidArgumentError("Engine: draft_min_confidence must be in [0, 1]");
   }
   return std::unique_ptr<Engine>(new Engine(model, pool, queue, tokenizer, std::move(options)));
 }

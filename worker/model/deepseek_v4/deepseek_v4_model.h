@@ -13,8 +13,10 @@
 //
 // Step() runs prefill, chunked prefill and decode of many sequences in one call, like every
 // CausalLm; a sequence's state (window ring, compressor rows) lives in the cache's state slot
-// bound to its first block, its compressed entries in its blocks. Made by the registry for
-// DeepseekV4ForCausalLM; users hold a CausalLm.
+// bound to its first block of its own (SequenceStep::shared_blocks: the blocks before it are a
+// prefix-cache hit, read only), its compressed entries in its blocks. The MTP modules asked for
+// (ModelConfig::num_draft_layers) are loaded and kept; Draft is UNIMPLEMENTED. Made by the
+// registry for DeepseekV4ForCausalLM; users hold a CausalLm.
 #ifndef DEEPINFER_WORKER_MODEL_DEEPSEEK_V4_DEEPSEEK_V4_MODEL_H_
 #define DEEPINFER_WORKER_MODEL_DEEPSEEK_V4_DEEPSEEK_V4_MODEL_H_
 
