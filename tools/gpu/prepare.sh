@@ -59,6 +59,7 @@ tests=(
   //kernels/gemm:small_m_gemm_test
   //kernels/gemm:staged_gemv_test
   //kernels/moe:expert_activation_test
+  //kernels/moe:ep_exchange_test
   //kernels/moe:expert_counts_test
   //kernels/moe:expert_gemm_cublas_test
   //kernels/moe:grouped_gemm_test
@@ -79,6 +80,7 @@ tests=(
   //worker/backend:backend_factory_test
   //tests/parity:cuda_parity_test
   //worker/comm:nccl_communicator_test
+  //worker/comm:nccl_window_test
   //worker/model:ep_expert_dispatcher_gpu_test
   //worker/model:decode_graph_gpu_test
   //worker/model:mha_prefill_gpu_test

@@ -17,7 +17,7 @@
 #                   Compute (kernel_times.sh; KT_FLAGS passes more bench flags)
 #   memcheck        the test binaries under compute-sanitizer memcheck (MEMCHECK="a_test ..."
 #                   picks some), the whole model (cuda_parity_test) included
-#   racecheck       the attention and reduction kernel tests under racecheck
+#   racecheck       the attention, reduction and expert-exchange kernel tests under racecheck
 #   multi-gpu       the NCCL tests and `deepinfer run` over 2 GPUs (multi_gpu.sh; 2+ GPUs)
 #   bench2          deepinfer-bench --ranks 2 against --ranks 1 (multi_gpu.sh; 2+ GPUs)
 #   all             tests hf bench memcheck racecheck
@@ -92,7 +92,7 @@ if want memcheck; then
     case "$n" in
       backend_factory_test) continue ;;
       # NCCL under compute-sanitizer is very slow and reports NCCL's own internals.
-      nccl_communicator_test | ep_expert_dispatcher_gpu_test) continue ;;
+      nccl_communicator_test | nccl_window_test | ep_expert_dispatcher_gpu_test) continue ;;
     esac
     [[ -z "${MEMCHECK:-}" || " $MEMCHECK " == *" $n "* ]] || continue
     step "memcheck_$n" 240 compute-sanitizer --tool memcheck --error-exitcode 1 "$t" \
@@ -100,7 +100,7 @@ if want memcheck; then
   done
 fi
 if want racecheck; then
-  for n in mla_attention_test rms_norm_test argmax_test permute_test sample_test; do
+  for n in mla_attention_test rms_norm_test argmax_test permute_test sample_test ep_exchange_test; do
     [[ -x "$B/$n" ]] || continue
     step "racecheck_$n" 240 compute-sanitizer --tool racecheck --error-exitcode 1 "$B/$n" \
       --gtest_color=no

@@ -12,6 +12,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "glog/logging.h"
+#include "worker/comm/nccl_window.h"
 
 namespace deepinfer::comm {
 namespace {
@@ -219,6 +220,11 @@ NcclCommunicator::~NcclCommunicator() {
     absl::MutexLock lock(&op_mu_);
     if (comm_ != nullptr) {
       bool destroyed = false;
+      if (BrokenStatus().ok()) {
+        for (const auto& [window, memory] : windows_) {
+          (void)ncclCommWindowDeregister(comm_, static_cast<ncclWindow_t>(window));
+        }
+      }
       if (BrokenStatus().ok() && ncclCommFinalize(comm_) != ncclInternalError) {
         const absl::Time deadline = absl::Now() + std::min(spec_.timeout, kFinalizeBound);
         if (AwaitNotInProgressLocked("NCCL finalize", deadline).ok()) {
@@ -228,6 +234,8 @@ NcclCommunicator::~NcclCommunicator() {
       if (!destroyed) (void)ncclCommAbort(comm_);
       comm_ = nullptr;
     }
+    for (const auto& [window, memory] : windows_) (void)ncclMemFree(memory);
+    windows_.clear();
   }
   if (default_stream_ != nullptr)
     (void)cudaStreamSynchronize(static_cast<cudaStream_t>(default_stream_));
@@ -268,6 +276,61 @@ absl::Status NcclCommunicator::Fail(const absl::Status& error) {
     pending_ = false;
   }
   return first;
+}
+
+absl::StatusOr<SymmetricWindow> NcclCommunicator::RegisterSymmetricWindow(size_t bytes) {
+  if (absl::Status b = BrokenStatus(); !b.ok()) return b;
+  const std::string what = absl::StrCat("NCCL symmetric window of ", bytes, " bytes on rank ",
+                                        spec_.rank, " of ", spec_.world_size);
+  if (bytes == 0) return absl::InvalidArgumentError(absl::StrCat(what, ": empty"));
+  ScopedDevice device(spec_.device);
+  absl::Status status;
+  SymmetricWindow out;
+  {
+    absl::MutexLock lock(&op_mu_);
+    if (comm_ == nullptr) return absl::FailedPreconditionError(absl::StrCat(what, ": no group"));
+    const int lsa = LsaTeamSize(comm_);
+    if (lsa != spec_.world_size) {
+      return absl::UnimplementedError(
+          absl::StrCat(what, ": only ", lsa, " of the ", spec_.world_size,
+                       " ranks share NVLink load/store (the group spans hosts)"));
+    }
+    void* memory = nullptr;
+    if (ncclResult_t r = ncclMemAlloc(&memory, bytes); r != ncclSuccess) {
+      return NcclError(what, "ncclMemAlloc", r, comm_);
+    }
+    if (cudaError_t e = cudaMemset(memory, 0, bytes); e != cudaSuccess) {
+      (void)ncclMemFree(memory);
+      return CudaError(what, "cudaMemset", e);
+    }
+    ncclWindow_t window = nullptr;
+    ncclResult_t r = ncclCommWindowRegister(comm_, memory, bytes, &window, NCCL_WIN_COLL_SYMMETRIC);
+    if (r != ncclSuccess && r != ncclInProgress) {
+      (void)ncclMemFree(memory);
+      return NcclError(what, "ncclCommWindowRegister", r, comm_);
+    }
+    status = AwaitNotInProgressLocked(what, absl::Now() + spec_.timeout);
+    if (status.ok()) {
+      windows_.push_back({window, memory});
+      void** pointers = nullptr;
+      const size_t table = spec_.world_size * sizeof(void*);
+      out.local = memory;
+      out.bytes = bytes;
+      out.peers.resize(spec_.world_size);
+      cudaStream_t stream = static_cast<cudaStream_t>(default_stream_);
+      cudaError_t e = cudaMalloc(reinterpret_cast<void**>(&pointers), table);
+      if (e == cudaSuccess) e = LsaPointersOfWindow(window, lsa, pointers, stream);
+      if (e == cudaSuccess) {
+        e = cudaMemcpyAsync(out.peers.data(), pointers, table, cudaMemcpyDeviceToHost, stream);
+      }
+      if (e == cudaSuccess) e = cudaStreamSynchronize(stream);
+      if (pointers != nullptr) (void)cudaFree(pointers);
+      if (e != cudaSuccess) return CudaError(what, "resolving the peers' pointers", e);
+    }
+  }
+  // A registration that did not complete leaves the group in an unknown state.
+  if (!status.ok()) return Fail(status);
+  return out;
 }
 
 void NcclCommunicator::Abort(const absl::Status& reason) {

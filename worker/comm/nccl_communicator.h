@@ -27,6 +27,7 @@
 #include <memory>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
@@ -72,6 +73,11 @@ class NcclCommunicator final : public Communicator {
   int world_size() const override { return spec_.world_size; }
   MemoryKind memory_kind() const override { return MemoryKind::kDevice; }
   void Abort(const absl::Status& reason) override;
+  // ncclMemAlloc + ncclCommWindowRegister(NCCL_WIN_COLL_SYMMETRIC) and the window's LSA
+  // (NVLink) pointer of every rank (nccl_device.h, resolved once by a kernel). UNIMPLEMENTED
+  // when the group is not one LSA team (ranks on several hosts); the error of the NCCL call
+  // otherwise (the communicator stays usable for collectives).
+  absl::StatusOr<SymmetricWindow> RegisterSymmetricWindow(size_t bytes) override;
 
   int device() const { return spec_.device; }
   // Collectives enqueued so far.
@@ -118,6 +124,9 @@ class NcclCommunicator final : public Communicator {
   int64_t* sizes_device_ = nullptr;  // [2 * world]: AllToAllSizes send then receive
   int64_t* sizes_host_ = nullptr;    // pinned, the same layout
   int32_t* barrier_device_ = nullptr;
+  // Registered symmetric windows (ncclWindow_t, the ncclMemAlloc memory), released before the
+  // communicator is destroyed.
+  std::vector<std::pair<void*, void*>> windows_ ABSL_GUARDED_BY(op_mu_);
 
   // Serialises enqueues and guards the NCCL handle (Abort frees it).
   mutable absl::Mutex op_mu_;
