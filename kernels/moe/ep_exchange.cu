@@ -500,7 +500,62 @@ __global__ void __launch_bounds__(kRowThreads)
   if (LastBlock(&control[kTicketCombRecv]) && threadIdx.x == 0) control[kEpochComb] = epoch;
 }
 
+__global__ void ChooseSlotsKernel(int32_t n, int32_t top_k, int32_t num_experts, int32_t rank,
+                                  const int32_t* topk_ids, const int32_t* replica_start,
+                                  const int32_t* replicas, int32_t* topk_slots) {
+  const int32_t i = blockIdx.x * blockDim.x + threadIdx.x;
+  if (i >= n) return;
+  const int32_t e = topk_ids[i];
+  if (e < 0 || e >= num_experts) {
+    topk_slots[i] = -1;
+    return;
+  }
+  const int32_t first = replica_start[e], count = replica_start[e + 1] - first;
+  const int64_t t = i / top_k;
+  topk_slots[i] = count > 0 ? replicas[first + (t + rank + e) % count] : -1;
+}
+
+__global__ void RowSlotsKernel(EpExchangeConfig cfg, EpLayout L, EpRankView v, int32_t* row_slot) {
+  const int64_t g = blockIdx.x * int64_t{blockDim.x} + threadIdx.x;
+  if (g >= L.max_received) return;
+  const int32_t* off = At<int32_t>(v.scratch, L.slot_offsets);
+  const int32_t per = cfg.slots_per_rank;
+  if (g >= off[per]) {
+    row_slot[g] = -1;
+    return;
+  }
+  int32_t lo = 0, hi = per - 1;  // the last l with off[l] <= g
+  while (lo < hi) {
+    const int32_t mid = (lo + hi + 1) / 2;
+    if (off[mid] <= g) {
+      lo = mid;
+    } else {
+      hi = mid - 1;
+    }
+  }
+  row_slot[g] = lo;
+}
+
 }  // namespace
+
+cudaError_t EpRowSlots(const EpExchangeConfig& cfg, const EpRankView& view, int32_t* row_slot,
+                       cudaStream_t stream) {
+  if (!EpConfigValid(cfg, nullptr)) return cudaErrorInvalidValue;
+  const EpLayout L = EpLayoutOf(cfg);
+  RowSlotsKernel<<<static_cast<unsigned>((L.max_received + 255) / 256), 256, 0, stream>>>(
+      cfg, L, view, row_slot);
+  return cudaGetLastError();
+}
+
+cudaError_t EpChooseSlots(int32_t num_tokens, int32_t top_k, int32_t num_experts, int32_t rank,
+                          const int32_t* topk_ids, const int32_t* replica_start,
+                          const int32_t* replicas, int32_t* topk_slots, cudaStream_t stream) {
+  const int32_t n = num_tokens * top_k;
+  if (n <= 0) return cudaSuccess;
+  ChooseSlotsKernel<<<(n + 255) / 256, 256, 0, stream>>>(n, top_k, num_experts, rank, topk_ids,
+                                                         replica_start, replicas, topk_slots);
+  return cudaGetLastError();
+}
 
 bool EpConfigValid(const EpExchangeConfig& cfg, const char** why) {
   const char* w = nullptr;

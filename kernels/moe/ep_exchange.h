@@ -140,6 +140,19 @@ cudaError_t EpCombineRecv(const EpExchangeConfig& cfg, const EpRankView& view, i
                           const int32_t* topk_ids, const float* topk_weights, float* out,
                           cudaStream_t stream);
 
+// EPLB replicas: the physical slot of each choice, replica (t + rank + e) % n of expert e's n
+// replicas (worker/model/replica_choice.h), for topk_slots above. replica_start [num_experts + 1]
+// and replicas [replica_start[num_experts]] list each logical expert's slots (device). An id
+// outside [0, num_experts) gets slot -1 (dropped by the plan, kEpErrorBadId).
+cudaError_t EpChooseSlots(int32_t num_tokens, int32_t top_k, int32_t num_experts, int32_t rank,
+                          const int32_t* topk_ids, const int32_t* replica_start,
+                          const int32_t* replicas, int32_t* topk_slots, cudaStream_t stream);
+
+// row_slot[g] for g in [0, EpLayout::max_received): the local slot of received row g, or -1 past
+// the received rows (valid after EpDispatchRecv on the stream).
+cudaError_t EpRowSlots(const EpExchangeConfig& cfg, const EpRankView& view, int32_t* row_slot,
+                       cudaStream_t stream);
+
 // Device pointers into a rank's buffers (valid after EpDispatchRecv on the stream).
 const float* EpReceivedRows(const EpExchangeConfig& cfg, EpMode mode, const EpRankView& view);
 const int32_t* EpSlotOffsets(const EpExchangeConfig& cfg, const EpRankView& view);
