@@ -34,6 +34,7 @@ int main(int argc, char** argv) {
   int64_t verbosity = 0;
   std::string backend = "cpu";
   std::string communicator = "auto";
+  std::string ep_exchange = "auto";
   int64_t ranks = 0;
   int64_t threads = 0;
   std::string dtype;
@@ -100,6 +101,11 @@ int main(int argc, char** argv) {
                   "What carries the expert-parallel exchange: auto (nccl when --backend cuda\n"
                   "and the group has more than one rank, tcp otherwise), tcp, or nccl (GPU to\n"
                   "GPU; needs --backend cuda). docs/communicator.md.");
+  flags.AddString("ep-exchange", &ep_exchange,
+                  "How expert-parallel ranks on the NCCL data plane move rows: auto (the device\n"
+                  "exchange through NVLink windows, no host in the loop, where the group allows\n"
+                  "it; NCCL all-to-all otherwise), device (or fail), collective (NCCL\n"
+                  "all-to-all). docs/communicator.md.");
   flags.AddInt("ranks", &ranks,
                "Engine ranks on this worker (default: one per GPU; 1 on the CPU).");
   flags.AddInt("threads", &threads, "CPU threads per rank (default: cores / ranks).");
@@ -184,6 +190,12 @@ int main(int argc, char** argv) {
     return 2;
   }
   config.engine.communicator = *plane;
+  absl::StatusOr<deepinfer::EpExchangeKind> ep_kind = deepinfer::ParseEpExchangeKind(ep_exchange);
+  if (!ep_kind.ok()) {
+    std::cerr << "deepinfer-worker: --ep-exchange: " << ep_kind.status().message() << "\n";
+    return 2;
+  }
+  config.engine.ep_exchange = *ep_kind;
   if (ranks < 0 || threads < 0 || kv_cache_tokens < 0 || max_batch_tokens <= 0 ||
       max_running <= 0 || collective_timeout_s <= 0) {
     std::cerr << "deepinfer-worker: --ranks, --threads, --kv-cache-tokens, --max-batch-tokens,\n"

@@ -163,10 +163,10 @@ absl::StatusOr<std::unique_ptr<WorkerServer>> WorkerServer::Start(WorkerConfig c
       for (int64_t l = 0; l < c.num_hidden_layers; ++l) moe_layers += c.IsMoeLayer(l) ? 1 : 0;
       if (e.placement->num_logical() != c.n_routed_experts ||
           e.placement->num_layers() != moe_layers) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            "--expert-placement has ", e.placement->num_layers(), " layers of ",
-            e.placement->num_logical(), " logical experts; the model has ", moe_layers,
-            " MoE layers of ", c.n_routed_experts));
+        return absl::InvalidArgumentError(
+            absl::StrCat("--expert-placement has ", e.placement->num_layers(), " layers of ",
+                         e.placement->num_logical(), " logical experts; the model has ", moe_layers,
+                         " MoE layers of ", c.n_routed_experts));
       }
     }
     GroupControllerOptions options;
@@ -193,7 +193,13 @@ absl::StatusOr<std::unique_ptr<WorkerServer>> WorkerServer::Start(WorkerConfig c
     options.group.prefill_attention = e.prefill_attention;
     options.group.collective_timeout = e.collective_timeout;
     options.group.listen_host = wildcard ? "0.0.0.0" : config.host;
-    options.group.dispatcher = e.expert_parallel ? EpDispatcherFactory() : LocalDispatcherFactory();
+    EpExchangeOptions exchange;
+    exchange.kind = e.ep_exchange;
+    // Decode batches (padded to a graph bucket) and prefill chunks both fit.
+    exchange.max_tokens = static_cast<int32_t>(std::max<int64_t>(
+        {e.max_batch_tokens, e.max_running, e.cuda_graphs ? e.cuda_graph_max_batch : 0}));
+    options.group.dispatcher =
+        e.expert_parallel ? EpDispatcherFactory(exchange) : LocalDispatcherFactory();
     options.placement = e.placement;
     ResultOutbox* outbox = self->outbox_.get();
     self->controller_ = std::make_unique<GroupController>(

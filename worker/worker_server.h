@@ -55,6 +55,8 @@ struct WorkerEngineConfig {
   std::string kv_cache_dtype;
   // What carries the expert exchange: auto (NCCL for several cuda ranks), tcp or nccl.
   comm::DataPlaneChoice communicator = comm::DataPlaneChoice::kAuto;
+  // How expert-parallel ranks move rows over that data plane (EpExchangeKind, --ep-exchange).
+  EpExchangeKind ep_exchange = EpExchangeKind::kAuto;
   // Prefix caching (RankGroupOptions::prefix_caching).
   bool prefix_caching = true;
   // The MLA prefill form (RankGroupOptions::prefill_attention).

@@ -309,9 +309,7 @@ absl::Status EpDeviceDispatcher::Combine(const DispatchedTokens& dispatched,
 absl::Status EpDeviceDispatcher::RoutedExpertsOnDevice(int64_t moe_layer, int64_t num_tokens,
                                                        const float* hidden, const int32_t* topk_ids,
                                                        const float* topk_weights, float* out,
-                                                       const LocalExperts& experts, bool* done) {
-  *done = false;
-  if (num_tokens > cfg_.max_tokens) return absl::OkStatus();  // Dispatch reports it
+                                                       const DeviceExperts& experts) {
   if (absl::Status st = DispatchOnDevice(moe_layer, num_tokens, hidden, topk_ids); !st.ok()) {
     return st;
   }
@@ -333,12 +331,7 @@ absl::Status EpDeviceDispatcher::RoutedExpertsOnDevice(int64_t moe_layer, int64_
     return Fail(absl::FailedPreconditionError(
         "the backend cannot run the received rows' experts on the device"));
   }
-  if (absl::Status st = CombineOnDevice(expert_out_->as<float>(), out, /*zero_out=*/true);
-      !st.ok()) {
-    return st;
-  }
-  *done = true;
-  return absl::OkStatus();
+  return CombineOnDevice(expert_out_->as<float>(), out, /*zero_out=*/true);
 }
 
 }  // namespace deepinfer

@@ -11,10 +11,10 @@
 // Two ways to use it:
 //  * Dispatch / Combine (the ExpertDispatcher interface): the grouped rows' offsets are copied
 //    to the host once per layer for the grouped GEMM (one stream synchronisation, no exchange);
-//  * RoutedExpertsOnDevice: dispatch, the local experts through Backend::RoutedExperts on every
-//    row the window can hold (rows past the received count are padding that no expert takes)
-//    and combine, all enqueued with nothing read back: a decode step can be captured in a CUDA
-//    graph.
+//  * RoutedExpertsOnDevice: dispatch, the local experts (MoeBlock: Backend::RoutedExperts) on
+//    every row the window can hold (rows past the received count are padding that no expert
+//    takes) and combine, all enqueued with nothing read back: a decode step can be captured in
+//    a CUDA graph.
 // The exchange's error word (capacity overflow, a peer that did not signal in time, a bad
 // expert id) is read at the next synchronisation (Dispatch, CheckErrors); an error aborts the
 // communicator so the peers fail too.
@@ -67,22 +67,19 @@ class EpDeviceDispatcher : public ExpertDispatcher {
                        float* out) override;
   absl::Status SetPlacement(std::shared_ptr<const ExpertPlacement> placement) override;
 
-  // The whole routed-expert part of a MoE layer on the device: dispatch, `experts` on the
-  // received rows, combine into `out` (overwritten). `experts(rows, hidden, local_slot, out)`
-  // computes out[r] = expert local_slot[r] (hidden[r]) for `rows` rows (local_slot -1: padding,
-  // anything may be written) and returns false if it cannot (nothing then ran: the caller uses
-  // Dispatch / Combine). Enqueues only; no synchronisation.
-  using LocalExperts =
-      std::function<bool(int64_t rows, const float* hidden, const int32_t* local_slot, float* out)>;
+  int64_t device_exchange_slots() const override { return cfg_.slots_per_rank; }
+  // See ExpertDispatcher. If `experts` cannot run, the exchange is finished with zero outputs
+  // (the peers are not left waiting) and the error aborts the communicator.
   absl::Status RoutedExpertsOnDevice(int64_t moe_layer, int64_t num_tokens, const float* hidden,
                                      const int32_t* topk_ids, const float* topk_weights, float* out,
-                                     const LocalExperts& experts, bool* done);
+                                     const DeviceExperts& experts) override;
 
   // Reads the error word (synchronises the stream): OK, or the exchange's error (and the
   // communicator is aborted).
   absl::Status CheckErrors();
   // "device exchange (low latency, NVLink windows, N MiB)": what the worker logs and reports.
   std::string Describe() const;
+  std::string exchange_name() const override { return Describe(); }
   const kernels::EpExchangeConfig& config() const { return cfg_; }
 
  private:

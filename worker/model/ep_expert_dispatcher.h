@@ -23,6 +23,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -61,6 +62,9 @@ class EpExpertDispatcher : public ExpertDispatcher {
   // divide over the W ranks. Its layer count is checked at Dispatch (FAILED_PRECONDITION for a
   // layer it does not have). Not collective: every rank must switch between the same two steps.
   absl::Status SetPlacement(std::shared_ptr<const ExpertPlacement> placement) override;
+  std::string exchange_name() const override {
+    return device_exchange_ ? "NCCL all-to-all (sizes on the host)" : "TCP (staged on the host)";
+  }
 
   // The logical experts global rank `rank` of `world_size` hosts in each layer of `placement`
   // (its slots' experts, in slot order). The placement must divide over world_size.

@@ -8,7 +8,9 @@
 #define DEEPINFER_WORKER_MODEL_EXPERT_DISPATCHER_H_
 
 #include <cstdint>
+#include <functional>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -47,6 +49,27 @@ class ExpertDispatcher {
   // True when Dispatch/Combine involve no other rank, so the model may compute the routed
   // experts another way (Backend::RoutedExperts) without breaking a collective's order.
   virtual bool single_rank() const { return false; }
+  // How rows travel between ranks, for the worker log and `deepinfer-admin status` (e.g.
+  // "local", "NCCL all-to-all (host-sized)", "device exchange (low latency, ...)").
+  virtual std::string exchange_name() const { return "local"; }
+
+  // Expert parallelism with the exchange on the device: the local slots per rank of the
+  // exchange (local_experts(l)[i] in slot i; slots past them stay empty), 0 without one.
+  virtual int64_t device_exchange_slots() const { return 0; }
+  // experts(rows, hidden, local_slot, out): out[r] = the expert of local slot local_slot[r]
+  // applied to hidden[r], for `rows` rows (local_slot -1: padding, any output); false if it
+  // cannot run (nothing was enqueued).
+  using DeviceExperts =
+      std::function<bool(int64_t rows, const float* hidden, const int32_t* local_slot, float* out)>;
+  // With device_exchange_slots() > 0: dispatch, `experts` on the received rows and combine into
+  // out [num_tokens, hidden] (overwritten), all enqueued on the backend's stream with nothing
+  // read back (a decode step may be captured in a CUDA graph). Collective like Dispatch.
+  virtual absl::Status RoutedExpertsOnDevice(int64_t moe_layer, int64_t num_tokens,
+                                             const float* hidden, const int32_t* topk_ids,
+                                             const float* topk_weights, float* out,
+                                             const DeviceExperts& experts) {
+    return absl::UnimplementedError("this expert dispatcher has no device exchange");
+  }
   // hidden [num_tokens, hidden_size]; topk_ids / topk_weights [num_tokens, top_k] (device).
   virtual absl::Status Dispatch(int64_t moe_layer, int64_t num_tokens, int64_t top_k,
                                 const float* hidden, const int32_t* topk_ids,

@@ -60,7 +60,18 @@ absl::Status MoeBlock::Forward(int64_t layer, int64_t rows, const float* h, Acti
 
   absl::Status st;
   bool shared_done = false;
-  if (!expert_tables_.empty() &&
+  if (exchange_slots_ > 0 && !expert_tables_.empty()) {
+    st = dispatcher_->RoutedExpertsOnDevice(
+        moe, rows, h, topk_ids->as<int32_t>(), topk_w->as<float>(), out,
+        [&](int64_t n, const float* x, const int32_t* slot, float* y) {
+          return ReceivedRowsExperts(layer, n, x, slot, y);
+        });
+    if (!st.ok()) return st;
+    if (ctx.device_only) device_expert_rows_.insert(rows);
+    count();
+    return SharedExperts(L, rows, h_gemm, out, ctx);
+  }
+  if (exchange_slots_ == 0 && !expert_tables_.empty() &&
       RoutedExpertsOnDevice(layer, rows, h, topk_ids->as<int32_t>(), topk_w->as<float>(), out,
                             ctx.fused_ops, &shared_done)) {
     if (ctx.device_only) device_expert_rows_.insert(rows);
@@ -136,6 +147,36 @@ bool MoeBlock::RoutedExpertsOnDevice(int64_t layer, int64_t rows, const float* h
   return backend_->RoutedExperts(a);
 }
 
+// The local experts of received rows: one choice per row (its local slot, weight 1: the output is
+// the expert's, exactly), padding rows (slot -1) take no expert.
+bool MoeBlock::ReceivedRowsExperts(int64_t layer, int64_t rows, const float* x, const int32_t* slot,
+                                   float* y) {
+  const ModelConfig& c = config_;
+  if (ones_rows_ < rows) {
+    std::vector<float> ones(rows, 1.0f);
+    ones_ = backend_->Allocate(rows * sizeof(float));
+    backend_->CopyToDevice(ones.data(), rows * sizeof(float), ones_->data());
+    ones_rows_ = rows;
+  }
+  RoutedExpertsArgs a;
+  a.num_tokens = static_cast<int32_t>(rows);
+  a.top_k = 1;
+  a.num_experts = static_cast<int32_t>(exchange_slots_);
+  a.hidden_size = c.hidden_size;
+  a.inter = c.moe_intermediate_size;
+  a.hidden = x;
+  a.topk_ids = slot;
+  a.topk_weights = ones_->as<float>();
+  a.slot_of_expert = expert_slots_->as<int32_t>();
+  a.gate_up = static_cast<const void* const*>(expert_tables_[layer].gate_up->data());
+  a.down = static_cast<const void* const*>(expert_tables_[layer].down->data());
+  a.gate_up_host = expert_tables_[layer].gate_up_host.data();
+  a.down_host = expert_tables_[layer].down_host.data();
+  a.dtype = weights_->matrix_dtype;
+  a.out = y;
+  return backend_->RoutedExperts(a);
+}
+
 // out += shared experts(h), after the routed sum, as HF and DeepSeek add them.
 absl::Status MoeBlock::SharedExperts(const LayerWeights& L, int64_t rows, ActivationView h,
                                      float* out, const LayerContext& ctx) {
@@ -187,7 +228,43 @@ void MoeBlock::BuildExpertTables() {
   if (drop_graphs_) drop_graphs_();  // they hold the tables' addresses
   expert_tables_.clear();
   device_expert_rows_.clear();
+  exchange_slots_ = 0;
   const int64_t E = config_.n_routed_experts;
+  // Expert parallelism over a device exchange: this rank's slots (bf16 weights only, as below).
+  if (dispatcher_ != nullptr && dispatcher_->device_exchange_slots() > 0 &&
+      weights_->matrix_dtype == WeightDType::kBFloat16) {
+    const int64_t S = dispatcher_->device_exchange_slots();
+    std::vector<int32_t> slots(S);
+    for (int64_t s = 0; s < S; ++s) slots[s] = static_cast<int32_t>(s);
+    expert_slots_ = backend_->Allocate(S * sizeof(int32_t));
+    backend_->CopyToDevice(slots.data(), S * sizeof(int32_t), expert_slots_->data());
+    expert_tables_.resize(config_.num_hidden_layers);
+    for (int64_t l = 0, moe = 0; l < config_.num_hidden_layers; ++l) {
+      const LayerWeights& L = weights_->layers[l];
+      if (!L.moe) continue;
+      const std::vector<int64_t>& local = dispatcher_->local_experts(moe++);
+      if (local.empty() || static_cast<int64_t>(local.size()) > S) {
+        expert_tables_.clear();
+        return;
+      }
+      // Slots past the local experts never get a row; they point at the first one's weights so
+      // that every table entry is a valid matrix.
+      std::vector<const void*> gate_up(S), down(S);
+      for (int64_t s = 0; s < S; ++s) {
+        const MlpWeights& ew = L.experts.at(local[std::min<int64_t>(s, local.size() - 1)]);
+        gate_up[s] = ew.gate_up->data();
+        down[s] = ew.down->data();
+      }
+      ExpertTables& t = expert_tables_[l];
+      t.gate_up = backend_->Allocate(S * sizeof(void*));
+      t.down = backend_->Allocate(S * sizeof(void*));
+      backend_->CopyToDevice(gate_up.data(), S * sizeof(void*), t.gate_up->data());
+      backend_->CopyToDevice(down.data(), S * sizeof(void*), t.down->data());
+      t.gate_up_host = std::move(gate_up);
+      t.down_host = std::move(down);
+    }
+    exchange_slots_ = S;
+  }
   if (dispatcher_ != nullptr && dispatcher_->single_rank() &&
       weights_->matrix_dtype == WeightDType::kBFloat16 &&
       static_cast<int64_t>(dispatcher_->local_experts(0).size()) == E) {

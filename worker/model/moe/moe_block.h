@@ -58,6 +58,9 @@ class MoeBlock {
   bool RoutedExpertsOnDevice(int64_t layer, int64_t rows, const float* h, const int32_t* topk_ids,
                              const float* topk_w, float* out, bool fused_ops, bool* shared_done);
   void BuildExpertTables();
+  // DeviceExperts of the device exchange for MoE model layer `layer` (Backend::RoutedExperts).
+  bool ReceivedRowsExperts(int64_t layer, int64_t rows, const float* x, const int32_t* slot,
+                           float* y);
   // out += shared experts(h).
   absl::Status SharedExperts(const LayerWeights& L, int64_t rows, ActivationView h, float* out,
                              const LayerContext& ctx);
@@ -71,7 +74,8 @@ class MoeBlock {
   Backend* const backend_;
   std::unique_ptr<ExpertDispatcher> dispatcher_;
   const std::function<void()> drop_graphs_;
-  // Device tables for Backend::RoutedExperts (empty unless one rank hosts every expert):
+  // Device tables for Backend::RoutedExperts (empty unless one rank hosts every expert, or the
+  // dispatcher exchanges on the device):
   // expert -> slot map, and per MoE layer the experts' gate_up / down weight pointers.
   struct ExpertTables {
     std::unique_ptr<DeviceBuffer> gate_up, down;
@@ -79,6 +83,12 @@ class MoeBlock {
   };
   std::unique_ptr<DeviceBuffer> expert_slots_;
   std::vector<ExpertTables> expert_tables_;
+  // With a device expert exchange (ExpertDispatcher::device_exchange_slots() > 0) the tables hold
+  // this rank's local slots instead (slot -> slot identity map), Backend::RoutedExperts runs on
+  // the received rows, each with weight 1 (ones_).
+  int64_t exchange_slots_ = 0;
+  std::unique_ptr<DeviceBuffer> ones_;
+  int64_t ones_rows_ = 0;
   // Per model layer, its index among the MoE layers (-1 for a dense layer).
   std::vector<int64_t> moe_index_;
   int64_t num_moe_layers_ = 0;
