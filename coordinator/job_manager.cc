@@ -1,3 +1,6 @@
+// JobManager: job loading (lines, choices), dispatch, results, group formation and EPLB
+// placement changes. Over 800 lines because these share the scheduler state behind one mutex
+// (requests, assignments, the group); group formation is the part to move out first.
 #include "coordinator/job_manager.h"
 
 #include <algorithm>

@@ -14,9 +14,12 @@
 namespace deepinfer {
 namespace kernels {
 
-// logits ([rows, vocab]) in place; entries outside [0, rows) x [0, vocab) are skipped.
+// logits ([rows, vocab]) in place; entries outside [0, rows) x [0, vocab) are skipped. count
+// (optional, device memory): only entries i < *count apply (the launch covers n, so it can be
+// recorded once for a varying number of entries).
 cudaError_t AdjustLogitsF32(int64_t rows, int64_t vocab, float* logits, int64_t n,
-                            const LogitAdjustment* adjustments, cudaStream_t stream);
+                            const LogitAdjustment* adjustments, const int32_t* count,
+                            cudaStream_t stream);
 
 }  // namespace kernels
 }  // namespace deepinfer

@@ -183,11 +183,12 @@ TEST(AdjustLogitsKernelTest, BitIdenticalToCpuBackend) {
   outside.bias = 5.0f;
   entries.push_back(outside);
   std::vector<float> want = logits;
-  cpu.AdjustLogits(rows, vocab, want.data(), static_cast<int64_t>(entries.size()), entries.data());
+  cpu.AdjustLogits(rows, vocab, want.data(), static_cast<int64_t>(entries.size()), entries.data(),
+                   nullptr);
   DeviceArray<float> dl(logits);
   DeviceArray<LogitAdjustment> de(entries);
   DEEPINFER_CUDA_OK(kernels::AdjustLogitsF32(
-      rows, vocab, dl.get(), static_cast<int64_t>(entries.size()), de.get(), nullptr));
+      rows, vocab, dl.get(), static_cast<int64_t>(entries.size()), de.get(), nullptr, nullptr));
   std::vector<float> got;
   DEEPINFER_CUDA_OK(dl.Download(&got));
   int64_t differ = 0;
@@ -196,6 +197,26 @@ TEST(AdjustLogitsKernelTest, BitIdenticalToCpuBackend) {
   }
   EXPECT_EQ(differ, 0);
   EXPECT_NE(want, logits);  // the entries did change something
+
+  // A device count: only the first half of the entries apply.
+  const int32_t half = static_cast<int32_t>(entries.size() / 2);
+  std::vector<float> want_half = logits;
+  cpu.AdjustLogits(rows, vocab, want_half.data(), static_cast<int64_t>(entries.size()),
+                   entries.data(), &half);
+  DeviceArray<float> dl_half(logits);
+  DeviceArray<int32_t> dcount(std::vector<int32_t>{half});
+  DEEPINFER_CUDA_OK(kernels::AdjustLogitsF32(rows, vocab, dl_half.get(),
+                                             static_cast<int64_t>(entries.size()), de.get(),
+                                             dcount.get(), nullptr));
+  std::vector<float> got_half;
+  DEEPINFER_CUDA_OK(dl_half.Download(&got_half));
+  differ = 0;
+  for (size_t i = 0; i < got_half.size(); ++i) {
+    differ +=
+        !(got_half[i] == want_half[i] || (std::isnan(got_half[i]) && std::isnan(want_half[i])));
+  }
+  EXPECT_EQ(differ, 0);
+  EXPECT_NE(want_half, want);
 }
 
 }  // namespace

@@ -118,7 +118,6 @@ TEST_P(V4ParityTest, GreedyByFullRecomputeIsHfs) {
 // The cache carries the window ring, the compressor rows and the compressed entries across
 // steps: chunks that split windows anywhere, and single tokens, give what one prefill gives.
 TEST_P(V4ParityTest, ChunkedPrefillAndDecodeMatchOnePrefill) {
-  const int64_t V = m_.fx.vocab;
   for (const FixturePrompt& p : m_.fx.prompts) {
     const std::vector<int32_t> ids = Covered(p);
     const std::vector<float> one = Run(ids, 0);
@@ -141,7 +140,6 @@ TEST_P(V4ParityTest, ChunkedPrefillAndDecodeMatchOnePrefill) {
         "[v4-parity] %s serving ties: prompt_len=%zu %lld / %zu positions within %.0e of "
         "HF\n",
         GetParam().c_str(), p.ids.size(), static_cast<long long>(within), err.size(), kTolerance);
-    (void)V;
   }
 }
 

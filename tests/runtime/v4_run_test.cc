@@ -16,6 +16,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
+#include "tests/testing/batch_jobs.h"
 #include "tests/testing/subprocess.h"
 
 namespace deepinfer {
@@ -111,8 +112,10 @@ TEST(V4RunTest, HfGreedyTokensWithChunkedPrefillAndPreemption) {
   std::map<std::string, std::vector<int>> want;
   const std::string job = HfGreedyJob(&want);
   ExpectHfGreedy(RunJob("small_cache", job, 1, 1,
-                        "--kv-cache-tokens=400 --max-batch-tokens=48 --max-running=4"),
+                        "--kv-cache-tokens=400 --max-batch-tokens=48 --max-running=4 --v=1"),
                  want, "small cache");
+  // The engine logs each preemption at --v=1.
+  EXPECT_THAT(ReadFile(TempPath("small_cache.state/logs/worker-0.log")), HasSubstr("preempting"));
 }
 
 }  // namespace

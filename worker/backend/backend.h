@@ -1,4 +1,9 @@
-// Backend: the device-neutral set of operations the DeepSeek-V3 forward pass needs.
+// Backend: the device-neutral set of operations the DeepSeek-V3 forward pass needs. Most are
+// primitives every backend implements. A few are fused forms a backend may have: those with a
+// default body here run their reference composition unless a backend overrides them
+// (AddRmsNormGemms, RouteTokens, NormRopeCacheAbsorbQuery); those that return bool may decline
+// the arguments, and the model reaches them only through the providers in ops/, which run the
+// reference composition where a backend declines.
 //
 // Conventions (shared by every implementation, so a CUDA backend can be checked against the
 // CPU one op by op):
@@ -393,19 +398,20 @@ class Backend {
   // out[t] = sum over k of topk_weights[t, k] * expert_{topk_ids[t, k]}(hidden[t]), summed in k
   // order (as LocalExpertDispatcher::Combine does), without copying the routing to the host
   // (a backend may copy the per-expert row counts back for large batches). Returns false,
-  // doing nothing, when the backend has no such path for these arguments; the caller then goes
-  // through its ExpertDispatcher and GroupedGemm.
+  // doing nothing, when the backend has no such path for these arguments; callers reach it
+  // through ExpertsOnDevice (ops/moe_ops.h), whose refusal sends the caller through its
+  // ExpertDispatcher and GroupedGemm.
   virtual bool RoutedExperts(const RoutedExpertsArgs& args) { return false; }
   // The whole MoE block in one op: out[t] = RoutedExperts's sum + the shared MLP of hidden[t]
   // (args.shared_*), within fp32 rounding of RoutedExperts then the model's shared-expert ops
   // (Gemm, SiluMul, Gemm, added after the routed sum). Returns false, doing nothing, when the
   // backend has no such path for these arguments (the default; the CPU backend keeps the ops
-  // as the reference); the caller then calls RoutedExperts and runs the shared MLP itself.
+  // as the reference); ExpertsOnDevice (ops/moe_ops.h) then runs RoutedExperts and the MLP.
   virtual bool RoutedAndSharedExperts(const RoutedExpertsArgs& args) { return false; }
   // A dense MLP layer's post-attention norm and MLP in one op (DenseMlpArgs), within fp32
   // rounding of AddRmsNorm, Gemm, SiluMul, Gemm on fp32 activations. Returns false, doing
   // nothing, when the backend has no such path for these arguments (the default; the CPU
-  // backend keeps the ops as the reference); the caller then runs the norm and the MLP's ops.
+  // backend keeps the ops as the reference); NormedSwiGlu (ops/mlp_ops.h) then runs the ops.
   virtual bool NormedDenseMlp(const DenseMlpArgs& args) { return false; }
   // out[r, :] = x[r, :] / rms(x[r, :]) * weight (statistics in fp32). out may alias x.
   virtual void RmsNorm(int64_t rows, int64_t dim, const float* x, int64_t ldx, const float* weight,
@@ -435,8 +441,8 @@ class Backend {
   // bf16, as a bf16 nn.Linear rounds its output, then out[r, i] = bf16(silu(g) * u) from those
   // bf16 g = column i and u = column inter + i (as SiluMulBf16, with bf16 instead of fp32 input):
   // half the bytes of Gemm + SiluMulBf16 between the two. Returns false, having done nothing,
-  // where the backend has no such path for these sizes (the default); the caller then runs Gemm
-  // + SiluMulBf16 (whose gate / up are not rounded).
+  // where the backend has no such path for these sizes (the default); GateUpSiluMulBf16
+  // (ops/mlp_ops.h) then runs Gemm + SiluMulBf16 (whose gate / up are not rounded).
   virtual bool GateUpSiluMulBf16(int64_t rows, int64_t inter, int64_t k, ActivationView a,
                                  int64_t lda, WeightView w, int64_t ldw, uint16_t* out) {
     return false;
@@ -492,7 +498,8 @@ class Backend {
   virtual int32_t MlaDecodeContextBreak(int32_t num_tokens) const { return 0; }
 
   // Non-absorbed MLA prefill (MhaPrefillArgs). Returns false, doing nothing, when the backend
-  // has no such path for these arguments (the caller then runs the absorbed MlaAttention). The
+  // has no such path for these arguments (MlaAttentionOutput, ops/attention_ops.h, then runs
+  // the absorbed MlaAttention). The
   // CPU computes it in fp32 (K / V from its Gemm); CUDA needs bf16 kv_b and rounds q, K, V and
   // the probabilities to bf16 (kernels/attention/mha_prefill.h). Spans that do not tile the
   // tokens: INVALID_ARGUMENT in status() (returns true).
@@ -542,9 +549,10 @@ class Backend {
   // logit_bias, min_tokens and penalties (worker/sampling/logit_adjustment.h), in place:
   // logits[a.row, a.token] = AdjustLogit(logits[a.row, a.token], a) for each of the n entries
   // (device memory). At most one entry per (row, token); entries outside [0, rows) x [0, vocab)
-  // are skipped. Bit-identical on every backend.
+  // are skipped. count (optional, device memory): only entries i < *count are applied, so a
+  // replayed decode step with room for n entries can use fewer. Bit-identical on every backend.
   virtual void AdjustLogits(int64_t rows, int64_t vocab, float* logits, int64_t n,
-                            const LogitAdjustment* adjustments) = 0;
+                            const LogitAdjustment* adjustments, const int32_t* count) = 0;
   // logprob[r] = logits[r, token[r]] - logsumexp(row r), the normaliser accumulated in double as
   // GreedySampleRows does: the raw log-probability of a token picked from adjusted logits. A
   // token outside [0, vocab) gets NaN.

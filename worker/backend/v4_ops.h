@@ -74,39 +74,45 @@ struct CompressWindowsArgs {
   float* out = nullptr;               // [windows, dim]
 };
 
-// Attention of one shared K = V head with per-head sinks: query t of head h attends over the
-// rows kv[indices[offsets[t] .. offsets[t+1])] and a sink logit sinks[h]:
-//   p = softmax([scale * q[t, h] · kv[i] for i in list] ++ [sinks[h]]),
-//   out[t, h] = sum_i p_i kv[i] (the sink's probability is dropped).
+// Attention of one shared K = V head with per-head sinks. Query t of head h attends over, in
+// this order, the rows kv[window_begin[t] .. window_begin[t] + window_len[t]) (its window) and
+// its compressed entries: rows kv[extra_begin[t] + i] for i in [0, extra_len[t]), or, with
+// `selected` set, for the i in selected[t * selected_stride ..] up to the first -1 (ascending,
+// IndexerTopK's output; extra_len is then not read):
+//   p = softmax([scale * q[t, h] · k for k in those rows] ++ [sinks[h]]),
+//   out[t, h] = sum_k p_k k (the sink's probability is dropped).
 struct SinkAttentionArgs {
   int64_t tokens = 0, heads = 0, dim = 0;
-  const float* q = nullptr;          // [tokens, heads, dim]
-  const float* kv = nullptr;         // [rows, dim]
-  const int32_t* offsets = nullptr;  // [tokens + 1]
-  const int32_t* indices = nullptr;
+  const float* q = nullptr;               // [tokens, heads, dim]
+  const float* kv = nullptr;              // [rows, dim]
+  const int32_t* window_begin = nullptr;  // [tokens]
+  const int32_t* window_len = nullptr;    // [tokens]
+  const int32_t* extra_begin = nullptr;   // [tokens]
+  const int32_t* extra_len = nullptr;     // [tokens] (null: no compressed entries)
+  const int32_t* selected = nullptr;      // [tokens, selected_stride] or null
+  int64_t selected_stride = 0;
   const float* sinks = nullptr;  // [heads]
   float scale = 1.0f;
   float* out = nullptr;  // [tokens, heads, dim]
 };
 
-// Lightning indexer: query t scores its candidate keys i (keys[indices[offsets[t] ..
-// offsets[t+1])]) as sum_h weights[t, h] * weight_scale * relu(q[t, h] · keys[i]) * key_scale;
-// only the first visible[t] candidates count, the others score -inf, and the min(topk, number
-// of candidates) best are chosen as torch.topk (sorted, largest) chooses them on the CPU:
-// (score, position) pairs in candidate order through std::nth_element at k - 1 and std::sort
-// of the first k - 1 (std::partial_sort of the first k when k * 64 <= candidates), ties by
-// where those algorithms leave them. selected[t, :] holds the chosen positions into the
-// candidate list, -1 for a chosen position that is not visible and past k.
+// Lightning indexer. Query t's candidates are the keys rows keys[key_begin[t] + i] for
+// i < candidates[t], of which the first visible[t] count; the others score -inf. A visible
+// candidate scores sum_h weights[t, h] * weight_scale * relu(q[t, h] · key) * key_scale. The
+// min(topk, candidates[t]) best are chosen as torch.topk (sorted, largest) chooses them on the
+// CPU: (score, i) pairs in candidate order through std::nth_element at k - 1 and std::sort of
+// the first k - 1 (std::partial_sort of the first k when k * 64 <= candidates), ties where
+// those algorithms leave them. selected[t, :] holds the chosen visible i ascending, then -1.
 struct IndexerTopKArgs {
   int64_t tokens = 0, heads = 0, dim = 0, topk = 0;
   const float* q = nullptr;        // [tokens, heads, dim]
   const float* weights = nullptr;  // [tokens, heads]
   float weight_scale = 1.0f, key_scale = 1.0f;
-  const float* keys = nullptr;  // [rows, dim]
-  const int32_t* offsets = nullptr;
-  const int32_t* indices = nullptr;
-  const int32_t* visible = nullptr;  // [tokens]
-  int32_t* selected = nullptr;       // [tokens, topk]
+  const float* keys = nullptr;          // [rows, dim]
+  const int32_t* key_begin = nullptr;   // [tokens]
+  const int32_t* candidates = nullptr;  // [tokens]
+  const int32_t* visible = nullptr;     // [tokens]
+  int32_t* selected = nullptr;          // [tokens, topk]
 };
 
 // V4 routing: scores = f(logits) (sqrtsoftplus: sqrt(softplus(x)); else sigmoid); the experts

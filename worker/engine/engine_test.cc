@@ -358,8 +358,18 @@ TEST_F(EngineTest, PerRequestErrorsFailOnlyThatRequest) {
   WorkItem stop_string = Item("stopstr", prompts_[0].ids, 4);
   stop_string.mutable_params()->add_stop("x");
   WorkItem bad_token = Item("badtok", {1, 2, 5000}, 4);
-  auto results = Run(engine.get(), {Item("long", prompts_[2].ids, 4), stop_string, bad_token,
-                                    Item("ok", prompts_[0].ids, 4), Item("empty", {}, 4)});
+  WorkItem bad_bias = Item("badbias", prompts_[0].ids, 4);
+  (*bad_bias.mutable_params()->mutable_logit_bias())[5000] = 1.0f;
+  WorkItem bad_penalty = Item("badpenalty", prompts_[0].ids, 4);
+  bad_penalty.mutable_params()->set_repetition_penalty(-1.0f);
+  auto results =
+      Run(engine.get(), {Item("long", prompts_[2].ids, 4), stop_string, bad_token, bad_bias,
+                         bad_penalty, Item("ok", prompts_[0].ids, 4), Item("empty", {}, 4)});
+  EXPECT_EQ(results["badbias"].error_code(), "INVALID_ARGUMENT");
+  EXPECT_THAT(results["badbias"].error_message(),
+              ::testing::HasSubstr("logit_bias: token id 5000"));
+  EXPECT_EQ(results["badpenalty"].error_code(), "INVALID_ARGUMENT");
+  EXPECT_THAT(results["badpenalty"].error_message(), ::testing::HasSubstr("repetition_penalty"));
   EXPECT_EQ(results["long"].error_code(), "INVALID_ARGUMENT");
   EXPECT_THAT(results["long"].error_message(), ::testing::HasSubstr("context"));
   EXPECT_EQ(results["stopstr"].error_code(), "INVALID_ARGUMENT");
@@ -455,6 +465,15 @@ TEST_F(EngineTest, StopStringsCutTextAndEndRequest) {
   EXPECT_LT(r.token_ids_size(), 40);
   EXPECT_THAT(Tokens(r), ElementsAreArray(full.token_ids().begin(),
                                           full.token_ids().begin() + r.token_ids_size()));
+  // With min_tokens = max_tokens, stop strings are looked for only in the last token's text:
+  // the occurrence in the middle stays in the text, and the tokens are those of the full run
+  // (no EOS or stop token to mask).
+  WorkItem held = cut;
+  held.set_request_id("held");
+  held.mutable_params()->set_min_tokens(40);
+  auto h = Run(engine.get(), {held})["held"];
+  EXPECT_THAT(Tokens(h), ElementsAreArray(full.token_ids().begin(), full.token_ids().end()));
+  EXPECT_EQ(h.text().substr(0, at + stop.size()), text->substr(0, at + stop.size()));
 }
 
 // A model whose vocabulary is larger than its tokenizer's, as DeepSeek-V3's (129,280 embedding

@@ -312,9 +312,14 @@ absl::Status RankGroup::CheckHostMemory() const {
                               ExpertsToLoad(config, layout_.world_size, layout_.first_rank + i,
                                             options_.dispatcher.partitioned, layout_.placement));
   }
-  HostMemoryPlan plan = PlanHostMemory(layout_.num_ranks, *weights, weight_bytes, *cache,
-                                       (*arch)->cache_spec(config, *cache).BytesPerToken(),
-                                       FixedKvCacheBlocks() * options_.block_size);
+  const KvCacheSpec cache_spec = (*arch)->cache_spec(config, *cache);
+  HostMemoryPlan plan =
+      PlanHostMemory(layout_.num_ranks, *weights, weight_bytes, *cache, cache_spec.BytesPerToken(),
+                     FixedKvCacheBlocks() * options_.block_size);
+  // The per-sequence cache state (DeepSeek-V4's window rings and compressor rows) counts with the
+  // KV cache: one slot per running sequence on every rank.
+  plan.kv_cache_bytes +=
+      int64_t{layout_.num_ranks} * cache_spec.StateBytesPerSequence() * options_.max_running;
   const ProcMeminfo proc_meminfo;
   const HostMemory& memory = options_.host_memory != nullptr ? *options_.host_memory : proc_meminfo;
   absl::StatusOr<int64_t> available = memory.AvailableBytes();

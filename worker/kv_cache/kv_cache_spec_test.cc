@@ -78,7 +78,8 @@ TEST(KvCacheSpecTest, DeepSeekV4FlashSizes) {
   EXPECT_EQ(s.WithDType(WeightDType::kBFloat16).BytesPerToken(), 13168);
   // A block size that does not page an HCA entry evenly (512 floats per 128 positions).
   hca.ratio = 3;
-  EXPECT_FALSE(KvCacheSpec{{csa, hca}}.ValidateBlockSize(16).ok());
+  const KvCacheSpec uneven{{csa, hca}};
+  EXPECT_FALSE(uneven.ValidateBlockSize(16).ok());
 }
 
 TEST(KvCacheSpecTest, SlidingWindowHasStateOnly) {
@@ -92,7 +93,8 @@ TEST(KvCacheSpecTest, SlidingWindowHasStateOnly) {
   EXPECT_EQ(s.BytesPerToken(), 0);
   EXPECT_EQ(s.StateBytesPerSequence(), 8 * 32 * 4);
   g.window = 0;
-  EXPECT_NE(KvCacheSpec{{g}}.Validate().message().find("window 0"), std::string::npos);
+  const KvCacheSpec no_window{{g}};
+  EXPECT_NE(no_window.Validate().message().find("window 0"), std::string::npos);
 }
 
 }  // namespace

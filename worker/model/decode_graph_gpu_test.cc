@@ -8,13 +8,18 @@
 //    them, printed) and logprobs stay within 1e-3 — and EPLB counted exactly the real rows;
 //  * a new KV cache records again, with the same results; op timing turns graphs off;
 //  * bucket 1 records a graph per side of the one-token attention kernel's context break;
-//  * the dense layer through the fused MoE kernels at one token (Backend::NormedDenseMlp).
+//  * the dense layer through the fused MoE kernels at one token (Backend::NormedDenseMlp);
+//  * greedy steps with logit adjustments (logit_bias, min_tokens masks, penalties) replay
+//    graphs of their own, bit-identical to the padded eager steps, and follow the general
+//    path (DeviceSampler) on the same inputs as closely as plain steps do.
 // Skips without a GPU.
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <limits>
 #include <memory>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -122,6 +127,48 @@ TEST_F(DecodeGraphGpuTest, ReplayEqualsPaddedEagerBitForBitAndPlainEagerClosely)
   if (same == all) {
     EXPECT_EQ(a->counts, c->counts);
   }
+}
+
+TEST_F(DecodeGraphGpuTest, AdjustedGreedyStepsReplayBitForBitAndFollowTheGeneralPath) {
+  ThreeWays m = LoadThreeWays();
+  auto& [graphs, eager_padded, eager] = m;
+  ASSERT_TRUE(graphs && eager_padded && eager);
+  const int64_t vocab = graphs->config().vocab_size;
+  // Step 5 (100 sequences x 27 entries) needs more room than the 1024 of bucket 128's graph.
+  auto adjust = [vocab](int64_t seq, size_t step) {
+    std::set<int32_t> tokens = {static_cast<int32_t>((seq * 31 + step * 7) % vocab),
+                                static_cast<int32_t>((seq * 13 + 1) % vocab)};
+    for (int k = 0; step == 5 && k < 25; ++k) {
+      tokens.insert(static_cast<int32_t>((seq * 5 + k * 641) % vocab));
+    }
+    std::vector<LogitAdjustment> out;
+    for (int32_t t : tokens) {
+      LogitAdjustment a;
+      a.token = t;
+      a.bias = t % 3 == 0 ? 4.0f : (t % 3 == 1 ? -std::numeric_limits<float>::infinity() : 0.5f);
+      a.repetition = t % 2 == 0 ? 1.5f : 1.0f;
+      a.subtract = t % 5 == 0 ? 0.75f : 0.0f;
+      out.push_back(a);
+    }
+    return out;
+  };
+  auto a = RunDecodeSchedule(graphs.get(), backend_.get(), kSchedule, 100, nullptr, adjust);
+  ASSERT_TRUE(a.ok()) << a.status();
+  auto b = RunDecodeSchedule(eager_padded.get(), backend_.get(), kSchedule, 100, nullptr, adjust);
+  ASSERT_TRUE(b.ok()) << b.status();
+  auto c = RunDecodeSchedule(eager.get(), backend_.get(), kSchedule, 100, /*forced=*/&*a, adjust);
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(graphs->decode_graph_steps(), static_cast<int64_t>(kSchedule.size()));
+  EXPECT_EQ(graphs->decode_graphs_recorded(), 7);  // buckets 1 4 8 64 128 2, 128 again larger
+  ExpectBitIdentical(*a, *b);
+  const testing::TokenAgreement agree = testing::CompareTokens(*a, *c);
+  std::printf(
+      "[decode-graphs] adjusted: replay vs plain eager: %lld / %lld tokens equal, max |logprob "
+      "diff| %.3g\n",
+      static_cast<long long>(agree.same), static_cast<long long>(agree.all),
+      agree.worst_logprob_diff);
+  EXPECT_GE(agree.same * 100, agree.all * 99);
+  EXPECT_LE(agree.worst_logprob_diff, 1e-3);
 }
 
 // The one-token attention kernel depends on the context (CudaTuning::

@@ -18,6 +18,11 @@ struct DecodeGraphRunner::Graph {
   int32_t max_context_hint = 0;  // the context class's bound
   std::unique_ptr<DeviceBuffer> inputs, outputs;
   std::vector<int32_t> host_inputs;  // staging for the one upload per step
+  // Graphs with logit adjustments: room for adjustment_capacity entries, then the count.
+  int64_t adjustment_capacity = 0;
+  std::unique_ptr<DeviceBuffer> adjustments, num_adjustments;
+  std::vector<LogitAdjustment> host_adjustments;
+  int32_t host_num_adjustments = 0;
   std::unique_ptr<CapturedOps> ops;  // null until recorded (or with replay off)
 };
 
@@ -69,6 +74,11 @@ DecodeGraphInputs DecodeGraphRunner::InputsOf(const Graph& g) const {
   int32_t* out = g.outputs->as<int32_t>();
   d.out_tokens = out;
   d.out_logprobs = reinterpret_cast<float*>(out + B);
+  if (g.adjustment_capacity > 0) {
+    d.adjustments = g.adjustments->as<LogitAdjustment>();
+    d.num_adjustments = g.num_adjustments->as<int32_t>();
+    d.adjustment_capacity = g.adjustment_capacity;
+  }
   return d;
 }
 
@@ -87,12 +97,15 @@ std::optional<absl::StatusOr<StepOutput>> DecodeGraphRunner::Run(
     max_blocks = std::min<int32_t>(
         max_blocks, static_cast<int32_t>((model_.max_position_embeddings + bs - 1) / bs));
   }
+  int64_t num_adjustments = 0;
   for (const SequenceStep& s : batch) {
     if (s.tokens.size() != 1 || s.return_logits || !s.sampling.has_value() ||
-        s.sampling->temperature > 0.0f || s.sampling->num_logprobs != 0 ||
-        !s.sampling->adjustments.empty()) {
+        s.sampling->temperature > 0.0f || s.sampling->num_logprobs != 0) {
       return std::nullopt;
     }
+    // Adjustments the general path would refuse go there, which names what is wrong.
+    if (!Sampler::Validate(*s.sampling, model_.vocab_size).ok()) return std::nullopt;
+    num_adjustments += static_cast<int64_t>(s.sampling->adjustments.size());
     // Malformed input goes the general way, which names what is wrong.
     const int64_t needed = s.position_offset / bs + 1;
     if (s.tokens[0] < 0 || s.tokens[0] >= model_.vocab_size || s.position_offset < 0 ||
@@ -110,8 +123,9 @@ std::optional<absl::StatusOr<StepOutput>> DecodeGraphRunner::Run(
   for (const SequenceStep& s : batch) max_context = std::max(max_context, s.position_offset + 1);
   const int32_t context_break = model_.context_break ? model_.context_break(bucket) : 0;
   const int32_t context_class = context_break > 0 && max_context > context_break ? 1 : 0;
-  const GraphKey key(bucket, context_class);
+  const GraphKey key(bucket, context_class | (num_adjustments > 0 ? 2 : 0));
   if (failed_.count(key)) return std::nullopt;
+  if (num_adjustments > std::numeric_limits<int32_t>::max()) return std::nullopt;
 
   // Graphs hold the cache's addresses and a block of it for padding rows: a new cache (or a new
   // geometry) means new graphs.
@@ -129,6 +143,11 @@ std::optional<absl::StatusOr<StepOutput>> DecodeGraphRunner::Run(
   }
 
   std::unique_ptr<Graph>& slot = graphs_[key];
+  if (slot != nullptr && num_adjustments > slot->adjustment_capacity) {
+    // More entries than this graph has room for: a larger one replaces it.
+    backend_->Synchronize();
+    slot.reset();
+  }
   const bool first_use = slot == nullptr;
   if (first_use) {
     slot = std::make_unique<Graph>();
@@ -143,6 +162,13 @@ std::optional<absl::StatusOr<StepOutput>> DecodeGraphRunner::Run(
     slot->host_inputs.assign(ints, 0);
     slot->inputs = backend_->Allocate(ints * sizeof(int32_t));
     slot->outputs = backend_->Allocate(2 * bucket * sizeof(int32_t));
+    if (num_adjustments > 0) {
+      int64_t capacity = 1024;
+      while (capacity < num_adjustments) capacity *= 2;
+      slot->adjustment_capacity = capacity;
+      slot->adjustments = backend_->Allocate(capacity * sizeof(LogitAdjustment));
+      slot->num_adjustments = backend_->Allocate(sizeof(int32_t));
+    }
   }
   Graph& g = *slot;
   const int64_t B = bucket;
@@ -173,6 +199,20 @@ std::optional<absl::StatusOr<StepOutput>> DecodeGraphRunner::Run(
   }
   in[5 * B] = static_cast<int32_t>(n * model_.counted_per_row);  // real rows only
   backend_->CopyToDevice(in, g.host_inputs.size() * sizeof(int32_t), g.inputs->data());
+  if (g.adjustment_capacity > 0) {
+    g.host_adjustments.clear();
+    for (int64_t i = 0; i < n; ++i) {
+      for (LogitAdjustment a : batch[i].sampling->adjustments) {
+        a.row = static_cast<int32_t>(i);
+        g.host_adjustments.push_back(a);
+      }
+    }
+    g.host_num_adjustments = static_cast<int32_t>(g.host_adjustments.size());
+    backend_->CopyToDevice(g.host_adjustments.data(),
+                           g.host_adjustments.size() * sizeof(LogitAdjustment),
+                           g.adjustments->data());
+    backend_->CopyToDevice(&g.host_num_adjustments, sizeof(int32_t), g.num_adjustments->data());
+  }
   const DecodeGraphInputs inputs = InputsOf(g);
 
   if (g.ops != nullptr) {

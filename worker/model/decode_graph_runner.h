@@ -3,9 +3,15 @@
 //
 // A step takes this path when the backend can record, every sequence brings exactly one new
 // token, is greedy-sampled on the device (sampling set, temperature <= 0, no top logprobs, no
-// logit adjustments such as logit_bias or penalties, no logits returned), the model says the path
-// is available (DecodeGraphModel::available: e.g. its routed experts run on the device) and the
-// batch fits the largest bucket; Run returns nullopt otherwise and the model runs its general path.
+// logits returned), the model says the path is available (DecodeGraphModel::available: e.g. its
+// routed experts run on the device) and the batch fits the largest bucket; Run returns nullopt
+// otherwise and the model runs its general path.
+//
+// Greedy rows may carry logit adjustments (logit_bias, min_tokens, penalties:
+// SamplingParams::adjustments). A batch with any gets graphs of their own, whose forward picks
+// from an adjusted copy of the logits (DecodeGraphInputs::adjustments, a fixed buffer with room
+// for a power of two of entries, at least 1024, and a device count of those used); a step with
+// more entries than its graph has room for records a larger one.
 //
 // The runner owns the padding and the fixed device addresses: per bucket, the inputs
 // (ids | positions | slots | token_seq | context_len [bucket each] | counted rows [1] |
@@ -64,13 +70,20 @@ struct DecodeGraphInputs {
   KvBlockPool* cache = nullptr;
   int32_t* out_tokens = nullptr;  // [rows], greedy pick per row
   float* out_logprobs = nullptr;  // [rows]
+  // Graphs for batches with logit adjustments: room for adjustment_capacity entries (rows are
+  // the bucket's rows), *num_adjustments of them used; the pick is the adjusted row's argmax and
+  // its logprob the raw row's. adjustment_capacity 0: no adjustments (plain greedy).
+  const LogitAdjustment* adjustments = nullptr;
+  const int32_t* num_adjustments = nullptr;
+  int64_t adjustment_capacity = 0;
 };
 
 // What the runner needs from the architecture.
 struct DecodeGraphModel {
-  // The device-only decode step over `in` (embedding to greedy pick): what is recorded. Must not
-  // touch the host. FAILED_PRECONDITION: it cannot run this bucket on the device (the bucket
-  // then runs the general path from then on); other errors are the step's.
+  // The device-only decode step over `in` (embedding to greedy pick, with in's logit adjustments
+  // when it has room for them): what is recorded. Must not touch the host. FAILED_PRECONDITION: it
+  // cannot run this bucket on the device (the bucket then runs the general path from then on);
+  // other errors are the step's.
   std::function<absl::Status(const DecodeGraphInputs& in)> forward;
   // Whether the path applies at all now (null: always).
   std::function<bool()> available;
@@ -107,8 +120,9 @@ class DecodeGraphRunner {
 
  private:
   struct Graph;
-  // Graphs per (bucket, context class): class 0 for batches whose longest context is at most the
-  // context break for the bucket (the only class where it is 0), 1 above.
+  // Graphs per (bucket, variant): variant bit 0 is the context class (0 for batches whose
+  // longest context is at most the context break for the bucket, the only class where it is 0;
+  // 1 above), bit 1 set for graphs that apply logit adjustments.
   using GraphKey = std::pair<int64_t, int32_t>;
   DecodeGraphInputs InputsOf(const Graph& g) const;
 

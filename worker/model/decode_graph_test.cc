@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <cstring>
 #include <functional>
+#include <limits>
 #include <memory>
 #include <set>
 #include <vector>
@@ -155,6 +156,49 @@ TEST(DecodeGraphTest, PaddedReplayedStepsEqualEagerSteps) {
   const ModelConfig& mc = graphs->config();
   EXPECT_EQ(Total(a->counts),
             (a->prefill_tokens + decoded) * mc.num_experts_per_tok * graphs->num_moe_layers());
+}
+
+// Greedy steps with logit adjustments (logit_bias, min_tokens masks, penalties) take graphs of
+// their own, with the results of the general path (DeviceSampler) bit for bit; a step with more
+// entries than a graph has room for records a larger one.
+TEST(DecodeGraphTest, AdjustedGreedyStepsReplayAndEqualEagerSteps) {
+  RecordingCpuBackend backend;
+  DecodeGraphOptions off;
+  off.enabled = false;
+  auto graphs = Load(&backend, DecodeGraphOptions{});
+  auto eager = Load(&backend, off);
+  ASSERT_TRUE(graphs && eager);
+  const int64_t vocab = graphs->config().vocab_size;
+  // Step 5 (100 sequences x 27 entries) needs more room than the 1024 of bucket 128's graph.
+  auto adjust = [vocab](int64_t seq, size_t step) {
+    std::set<int32_t> tokens = {static_cast<int32_t>((seq * 31 + step * 7) % vocab),
+                                static_cast<int32_t>((seq * 13 + 1) % vocab)};
+    for (int k = 0; step == 5 && k < 25; ++k) {
+      tokens.insert(static_cast<int32_t>((seq * 5 + k * 41) % vocab));
+    }
+    std::vector<LogitAdjustment> out;
+    for (int32_t t : tokens) {
+      LogitAdjustment a;
+      a.token = t;
+      a.bias = t % 3 == 0 ? 4.0f : (t % 3 == 1 ? -std::numeric_limits<float>::infinity() : 0.5f);
+      a.repetition = t % 2 == 0 ? 1.5f : 1.0f;
+      a.subtract = t % 5 == 0 ? 0.75f : 0.0f;
+      out.push_back(a);
+    }
+    return out;
+  };
+  auto a = RunDecodeSchedule(graphs.get(), &backend, kSchedule, 100, nullptr, adjust);
+  ASSERT_TRUE(a.ok()) << a.status();
+  auto b = RunDecodeSchedule(eager.get(), &backend, kSchedule, 100, nullptr, adjust);
+  ASSERT_TRUE(b.ok()) << b.status();
+  ExpectBitIdentical(*a, *b);
+  EXPECT_EQ(graphs->decode_graph_steps(), static_cast<int64_t>(kSchedule.size()));
+  // Buckets 1 4 8 64 128 2, and 128 again with room for 4096 entries.
+  EXPECT_EQ(graphs->decode_graphs_recorded(), 7);
+  // The adjustments changed the tokens.
+  auto plain = RunDecodeSchedule(eager.get(), &backend, kSchedule, 100);
+  ASSERT_TRUE(plain.ok()) << plain.status();
+  EXPECT_NE(plain->tokens, a->tokens);
 }
 
 // A new cache (its addresses are in the recordings) records the buckets again; the results

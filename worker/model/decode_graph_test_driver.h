@@ -13,6 +13,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -71,10 +72,11 @@ struct DecodeRun {
 // runs one greedy decode step per schedule entry n over sequences 0..n-1 (sampled on the device,
 // no logits: the decode-graph case). With `forced`, each step's input tokens are forced's
 // outputs of the step before (teacher forcing), so two models are compared on equal inputs.
-inline absl::StatusOr<DecodeRun> RunDecodeSchedule(CausalLm* model, Backend* backend,
-                                                   const std::vector<int64_t>& schedule,
-                                                   int64_t num_seqs,
-                                                   const DecodeRun* forced = nullptr) {
+// With `adjust`, sequence i samples decode step s with adjust(i, s) as its logit adjustments.
+inline absl::StatusOr<DecodeRun> RunDecodeSchedule(
+    CausalLm* model, Backend* backend, const std::vector<int64_t>& schedule, int64_t num_seqs,
+    const DecodeRun* forced = nullptr,
+    const std::function<std::vector<LogitAdjustment>(int64_t, size_t)>& adjust = nullptr) {
   const int32_t bs = 16;
   const int64_t vocab = model->config().vocab_size;
   std::vector<SequenceStep> seqs(num_seqs);
@@ -113,6 +115,9 @@ inline absl::StatusOr<DecodeRun> RunDecodeSchedule(CausalLm* model, Backend* bac
   for (size_t step = 0; step < schedule.size(); ++step) {
     const int64_t n = schedule[step];
     std::vector<SequenceStep> batch(seqs.begin(), seqs.begin() + n);
+    if (adjust) {
+      for (int64_t i = 0; i < n; ++i) batch[i].sampling->adjustments = adjust(i, step);
+    }
     auto out = model->Step(batch, pool->get());
     if (!out.ok()) return out.status();
     run.tokens.emplace_back();

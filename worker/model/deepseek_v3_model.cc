@@ -5,8 +5,9 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "worker/model/layers/residual_stream.h"
+#include "worker/model/layers/step_sampling.h"
 #include "worker/model/layers/swiglu_mlp.h"
-#include "worker/model/step_logits.h"
 
 namespace deepinfer {
 absl::StatusOr<std::unique_ptr<DeepseekV3Model>> DeepseekV3Model::Create(
@@ -88,9 +89,14 @@ DeepseekV3Model::DeepseekV3Model(const ModelConfig& config, std::unique_ptr<Mode
   graph_model.max_position_embeddings = config_.max_position_embeddings;
   graph_model.counted_per_row = config_.num_experts_per_tok;  // EPLB counts real rows only
   graphs_ = std::make_unique<DecodeGraphRunner>(backend_, std::move(graph_model));
+  embedding_ =
+      std::make_unique<TokenEmbedding>(backend_, weights_->embed->as<float>(), config_.hidden_size);
   attention_ = std::make_unique<MlaAttention>(config_, weights_.get(), backend_);
   moe_ = std::make_unique<MoeBlock>(config_, weights_.get(), backend_, std::move(dispatcher),
                                     [this] { graphs_->Drop(); });
+  head_ = std::make_unique<LmHead>(
+      backend_, config_.hidden_size, config_.vocab_size, static_cast<float>(config_.rms_norm_eps),
+      weights_->final_norm->as<float>(), weights_->Matrix(weights_->lm_head));
 }
 
 DeepseekV3Model::~DeepseekV3Model() = default;
@@ -127,213 +133,66 @@ absl::StatusOr<StepOutput> DeepseekV3Model::Step(const std::vector<SequenceStep>
   if (std::optional<absl::StatusOr<StepOutput>> out = graphs_->Run(batch, cache)) {
     return *std::move(out);
   }
-  // Host-side metadata for every new token.
-  LayerContext ctx;
-  ctx.fused_ops = fused_ops_;
-  ctx.bf16_operands = Bf16Operands();
-  ctx.cache = cache;
-  std::vector<int32_t> ids, positions, slots, token_seq, context_len, out_rows;
-  int32_t max_blocks = 1;
-  for (const SequenceStep& s : batch) {
-    max_blocks = std::max<int32_t>(max_blocks, static_cast<int32_t>(s.block_table.size()));
-  }
-  std::vector<int32_t> tables(batch.size() * max_blocks, 0);
-  for (size_t si = 0; si < batch.size(); ++si) {
-    const SequenceStep& s = batch[si];
-    if (s.tokens.empty()) {
-      return absl::InvalidArgumentError(absl::StrCat("sequence ", si, " has no new tokens"));
-    }
-    const int64_t end = s.position_offset + static_cast<int64_t>(s.tokens.size());
-    if (s.position_offset < 0 || static_cast<int64_t>(s.block_table.size()) * co.block_size < end) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("sequence ", si, ": block table of ", s.block_table.size(),
-                       " blocks cannot hold ", end, " positions (block size ", co.block_size, ")"));
-    }
-    for (size_t b = 0; b < s.block_table.size(); ++b) {
-      if (s.block_table[b] < 0 || s.block_table[b] >= co.num_blocks) {
-        return absl::InvalidArgumentError(
-            absl::StrCat("sequence ", si, ": bad block id ", s.block_table[b]));
-      }
-      tables[si * max_blocks + b] = s.block_table[b];
-    }
-    ctx.spans.push_back({static_cast<int32_t>(ids.size()), static_cast<int32_t>(s.tokens.size()),
-                         static_cast<int32_t>(end)});
-    for (size_t i = 0; i < s.tokens.size(); ++i) {
-      if (s.tokens[i] < 0 || s.tokens[i] >= c.vocab_size) {
-        return absl::InvalidArgumentError(
-            absl::StrCat("sequence ", si, ": token id ", s.tokens[i], " outside the vocabulary"));
-      }
-      const int64_t pos = s.position_offset + static_cast<int64_t>(i);
-      if (s.all_logits || i + 1 == s.tokens.size()) out_rows.push_back(ids.size());
-      ids.push_back(s.tokens[i]);
-      positions.push_back(static_cast<int32_t>(pos));
-      slots.push_back(s.block_table[pos / co.block_size] * co.block_size + pos % co.block_size);
-      token_seq.push_back(static_cast<int32_t>(si));
-      context_len.push_back(static_cast<int32_t>(pos + 1));  // causal: itself and before
-    }
-  }
-  const int64_t T = static_cast<int64_t>(ids.size());
-  ctx.num_tokens = T;
-  ctx.max_blocks_per_seq = max_blocks;
-  auto upload_ints = [&](const std::vector<int32_t>& v) {
-    auto buf = backend_->AllocateScratch(std::max<size_t>(1, v.size()) * sizeof(int32_t));
-    backend_->CopyToDevice(v.data(), v.size() * sizeof(int32_t), buf->data());
-    return buf;
-  };
-  auto ids_dev = upload_ints(ids);
-  auto positions_dev = upload_ints(positions);
-  auto slots_dev = upload_ints(slots);
-  auto token_seq_dev = upload_ints(token_seq);
-  auto context_len_dev = upload_ints(context_len);
-  auto tables_dev = upload_ints(tables);
-  ctx.positions = positions_dev->as<int32_t>();
-  ctx.slots = slots_dev->as<int32_t>();
-  ctx.token_seq = token_seq_dev->as<int32_t>();
-  ctx.context_len = context_len_dev->as<int32_t>();
-  ctx.block_tables = tables_dev->as<int32_t>();
-
-  const int64_t H = c.hidden_size;
+  auto meta = MakeStepMetadata(backend_, batch, cache, c.vocab_size);
+  if (!meta.ok()) return meta.status();
+  LayerContext& ctx = (*meta)->ctx;
+  ctx.mode = Mode();
+  const int64_t T = ctx.num_tokens, H = c.hidden_size;
   auto x = Floats(T * H), y = Floats(T * H);
   float* xp = x->as<float>();
-  if (absl::Status st = Layers(ctx, ids_dev->as<int32_t>(), xp, y->as<float>()); !st.ok()) {
+  if (absl::Status st = Layers(ctx, (*meta)->ids->as<int32_t>(), xp, y->as<float>()); !st.ok()) {
     return st;
   }
   // Final norm and LM head only for the rows whose logits are wanted; the last layer's pending
   // output is added to those rows only (the final norm adds it: a prefill wants one row of each
   // prompt's thousands).
-  const int64_t R = static_cast<int64_t>(out_rows.size());
-  auto rows_dev = upload_ints(out_rows);
+  const int64_t R = (*meta)->num_logit_rows;
+  const int32_t* rows = (*meta)->logit_rows->as<int32_t>();
   auto sel = Floats(R * H);
-  backend_->GatherRows(R, H, xp, rows_dev->as<int32_t>(), sel->as<float>());
+  backend_->GatherRows(R, H, xp, rows, sel->as<float>());
   std::unique_ptr<DeviceBuffer> sel_y, normed;
   if (ResidualPending()) {
     sel_y = Floats(R * H);
-    backend_->GatherRows(R, H, y->as<float>(), rows_dev->as<int32_t>(), sel_y->as<float>());
+    backend_->GatherRows(R, H, y->as<float>(), rows, sel_y->as<float>());
     normed = Floats(R * H);  // the norm's output may not alias x or y
   }
-  auto sel16 = backend_->AllocateScratch(Bf16Operands() ? R * H * sizeof(uint16_t) : 1);
-  const ActivationView head_in =
-      FinalNorm(R, sel->as<float>(), sel_y != nullptr ? sel_y->as<float>() : nullptr,
-                normed != nullptr ? normed->as<float>() : sel->as<float>(), sel16->as<uint16_t>());
-  const int64_t V = c.vocab_size;
-  auto logits = Floats(R * V);
-  backend_->Gemm(R, V, H, head_in, H, weights_->Matrix(weights_->lm_head), H, logits->as<float>(),
-                 V, false);
-  return SampleOrCopyLogits(batch, logits->as<float>(), R);
+  auto logits = head_->Logits(R, sel->as<float>(), sel_y != nullptr ? sel_y->as<float>() : nullptr,
+                              normed != nullptr ? normed->as<float>() : sel->as<float>(), Mode());
+  return SampleOrCopyLogits(backend_, c.vocab_size, batch, logits->as<float>(), R);
 }
 
-absl::StatusOr<StepOutput> DeepseekV3Model::SampleOrCopyLogits(
-    const std::vector<SequenceStep>& batch, const float* logits, int64_t rows) {
-  return deepinfer::SampleOrCopyLogits(backend_, config_.vocab_size, batch, logits, rows);
-}
-
-absl::Status DeepseekV3Model::Layers(const LayerContext& ctx, const int32_t* ids, float* xp,
-                                     float* yp) {
+absl::Status DeepseekV3Model::Layers(const LayerContext& ctx, const int32_t* ids, float* x,
+                                     float* y) {
   const ModelConfig& c = config_;
   const int64_t T = ctx.num_tokens, H = c.hidden_size;
-  auto h = Floats(T * H);
-  float* hp = h->as<float>();
-  backend_->GatherRows(T, H, weights_->embed->as<float>(), ids, xp);
-  const float eps = static_cast<float>(c.rms_norm_eps);
-  if (!fused_ops_) {
-    for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
-      const LayerWeights& L = weights_->layers[l];
-      backend_->RmsNorm(T, H, xp, H, L.input_norm->as<float>(), eps, hp, H);
-      attention_->Forward(l, ctx, hp, yp);
-      backend_->Add(T * H, xp, yp, xp);
-      backend_->RmsNorm(T, H, xp, H, L.post_attention_norm->as<float>(), eps, hp, H);
-      absl::Status st =
-          L.moe ? moe_->Forward(l, T, hp, hp, yp, ctx)
-                : SwiGluMlp(backend_, *weights_, L.dense, H, T, hp, yp, false, ctx.bf16_operands);
-      if (!st.ok()) return st;
-      backend_->Add(T * H, xp, yp, xp);
-    }
-    return absl::OkStatus();
-  }
-  // Fused: each residual add happens inside the next norm, which also writes the bf16 operand
-  // of the GEMMs that read it (bf16 weights).
-  std::unique_ptr<DeviceBuffer> h16;
-  ActivationView h_gemm(hp);
-  if (Bf16Operands()) {
-    h16 = backend_->AllocateScratch(T * H * sizeof(uint16_t));
-    h_gemm = ActivationView::Bf16(h16->as<uint16_t>());
-  }
-  uint16_t* h16p = h16 != nullptr ? h16->as<uint16_t>() : nullptr;
+  embedding_->Forward(T, ids, x);
+  PlainResidualStream stream(backend_, T, H, static_cast<float>(c.rms_norm_eps), ctx.mode, x, y);
   for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
     const LayerWeights& L = weights_->layers[l];
-    // x += the previous layer's output (nothing to add before the first layer), normed inside
-    // Attention with the GEMMs that read it.
-    const MlaAttention::InputNorm input_norm{
-        xp,  l == 0 ? nullptr : yp,          L.input_norm->as<float>(),
-        eps, h16p != nullptr ? nullptr : hp, h16p};
-    attention_->Forward(l, ctx, h_gemm, yp, &input_norm);
-    // The MoE's router and routed experts read fp32 rows; the dense MLP only the GEMM operand.
-    // A MoE layer's norm is part of its routing op (Backend::RouteTokens), which a backend may
-    // run in one launch.
-    absl::Status st;
+    // Each block's norm: applied here, or (fused ops) handed to the block's first op.
+    const ResidualNorm* norm = stream.Norm(L.input_norm->as<float>());
+    attention_->Forward(l, ctx, stream.h_gemm(), stream.block_out(), norm);
+    stream.Add();
+    norm = stream.Norm(L.post_attention_norm->as<float>());
     if (L.moe) {
-      RouteTokensArgs::Norm norm;
-      norm.x = xp;
-      norm.y = yp;
-      norm.weight = L.post_attention_norm->as<float>();
-      norm.eps = eps;
-      norm.out = hp;
-      norm.out_bf16 = h16p;
-      st = moe_->Forward(l, T, hp, h_gemm, yp, ctx, &norm);
+      // The router and routed experts read fp32 rows, the shared experts the GEMM operand.
+      absl::Status st =
+          moe_->Forward(l, T, stream.h(), stream.h_gemm(), stream.block_out(), ctx, norm);
+      if (!st.ok()) return st;
     } else {
-      // The norm and the MLP as one op where the backend has one (CUDA: one decode token,
-      // fp32 activations), else the norm and Mlp's ops (the reference).
-      DenseMlpArgs d;
-      d.rows = T;
-      d.hidden_size = H;
-      d.inter = L.dense.inter;
-      d.x = xp;
-      d.y = yp;
-      d.norm_weight = L.post_attention_norm->as<float>();
-      d.eps = eps;
-      d.normed = hp;
-      d.gate_up = weights_->Matrix(L.dense.gate_up);
-      d.down = weights_->Matrix(L.dense.down);
-      d.out = yp;
-      if (!backend_->NormedDenseMlp(d)) {
-        backend_->AddRmsNorm(T, H, xp, yp, L.post_attention_norm->as<float>(), eps,
-                             h16p == nullptr ? hp : nullptr, h16p);
-        st = SwiGluMlp(backend_, *weights_, L.dense, H, T, h_gemm, yp, false, ctx.bf16_operands);
-      }
+      SwiGluMlp(backend_, *weights_, L.dense, H, T, norm, stream.h_gemm(), stream.block_out(),
+                ctx.mode);
     }
-    if (!st.ok()) return st;
+    stream.Add();
   }
   return absl::OkStatus();
-}
-
-ActivationView DeepseekV3Model::FinalNorm(int64_t rows, float* x, const float* y, float* out,
-                                          uint16_t* out_bf16) {
-  const int64_t H = config_.hidden_size;
-  const float eps = static_cast<float>(config_.rms_norm_eps);
-  const float* norm = weights_->final_norm->as<float>();
-  if (!fused_ops_) {
-    backend_->RmsNorm(rows, H, x, H, norm, eps, out, H);
-    return out;
-  }
-  if (Bf16Operands()) {
-    backend_->AddRmsNorm(rows, H, x, y, norm, eps, nullptr, out_bf16);
-    return ActivationView::Bf16(out_bf16);
-  }
-  if (out == x) {
-    // AddRmsNorm's output may not alias x: y is null here (Step adds it before gathering).
-    backend_->RmsNorm(rows, H, x, H, norm, eps, out, H);
-  } else {
-    backend_->AddRmsNorm(rows, H, x, y, norm, eps, out, nullptr);
-  }
-  return out;
 }
 
 absl::Status DeepseekV3Model::DecodeForward(const DecodeGraphInputs& in) {
   const ModelConfig& c = config_;
   const int64_t B = in.rows, H = c.hidden_size, V = c.vocab_size;
   LayerContext ctx;
-  ctx.fused_ops = fused_ops_;
-  ctx.bf16_operands = Bf16Operands();
+  ctx.mode = Mode();
   ctx.num_tokens = B;
   ctx.positions = in.positions;
   ctx.slots = in.slots;
@@ -348,14 +207,19 @@ absl::Status DeepseekV3Model::DecodeForward(const DecodeGraphInputs& in) {
   auto x = Floats(B * H), y = Floats(B * H);
   if (absl::Status st = Layers(ctx, in.ids, x->as<float>(), y->as<float>()); !st.ok()) return st;
   // Every row is a sequence's last token: final norm, LM head and greedy pick for all of them.
-  auto sel = Floats(B * H);
-  auto sel16 = backend_->AllocateScratch(Bf16Operands() ? B * H * sizeof(uint16_t) : 1);
-  const ActivationView head_in =
-      FinalNorm(B, x->as<float>(), ResidualPending() ? y->as<float>() : nullptr, sel->as<float>(),
-                sel16->as<uint16_t>());
-  auto logits = Floats(B * V);
-  backend_->Gemm(B, V, H, head_in, H, weights_->Matrix(weights_->lm_head), H, logits->as<float>(),
-                 V, false);
+  auto normed = Floats(B * H);
+  auto logits = head_->Logits(B, x->as<float>(), ResidualPending() ? y->as<float>() : nullptr,
+                              normed->as<float>(), Mode());
+  if (in.adjustment_capacity > 0) {
+    // The pick from an adjusted copy, the logprob from the raw row (as DeviceSampler does).
+    auto adjusted = Floats(B * V);
+    backend_->CopyDeviceToDevice(logits->as<float>(), B * V * sizeof(float), adjusted->as<float>());
+    backend_->AdjustLogits(B, V, adjusted->as<float>(), in.adjustment_capacity, in.adjustments,
+                           in.num_adjustments);
+    backend_->GreedySampleRows(B, V, adjusted->as<float>(), in.out_tokens, in.out_logprobs);
+    backend_->TokenLogprobRows(B, V, logits->as<float>(), in.out_tokens, in.out_logprobs);
+    return absl::OkStatus();
+  }
   backend_->GreedySampleRows(B, V, logits->as<float>(), in.out_tokens, in.out_logprobs);
   return absl::OkStatus();
 }

@@ -1,9 +1,9 @@
 // DeepseekV3Model: the DeepSeek-V3 forward pass as a composition of layer components, written
-// once against the Backend interface: embedding, per layer an RMSNorm, MlaAttention
-// (attention/), a residual add, an RMSNorm and either a SwiGLU MLP (layers/) or the MoeBlock
-// (moe/: noaux_tc router, routed experts through an ExpertDispatcher or one device op, shared
-// experts), then the final norm and the LM head. With fused ops each residual add goes into the
-// next norm (the plain residual stream, written out in Layers).
+// once against the Backend interface and its op providers (backend/ops/): the token embedding,
+// per layer MlaAttention (attention/) and either a SwiGLU MLP (layers/) or the MoeBlock (moe/:
+// noaux_tc router, routed experts on the device or through an ExpertDispatcher, shared experts),
+// each block behind its norm on a plain residual stream (layers/residual_stream.h), then the LM
+// head (final norm and head GEMM) and the step's sampling (layers/step_sampling.h).
 //
 // One Step() call runs a batch of sequences through every layer: each sequence brings its new
 // tokens (a whole prompt, a prompt chunk, or one decode token), the position of its first new
@@ -26,6 +26,7 @@
 
 #include "absl/status/statusor.h"
 #include "worker/backend/backend.h"
+#include "worker/backend/ops/op_mode.h"
 #include "worker/kv_cache/kv_block_pool.h"
 #include "worker/model/architecture.h"
 #include "worker/model/attention/mla_attention.h"
@@ -33,6 +34,8 @@
 #include "worker/model/decode_graph_runner.h"
 #include "worker/model/expert_dispatcher.h"
 #include "worker/model/layer_context.h"
+#include "worker/model/layers/embedding.h"
+#include "worker/model/layers/lm_head.h"
 #include "worker/model/model_config.h"
 #include "worker/model/model_weights.h"
 #include "worker/model/moe/moe_block.h"
@@ -89,27 +92,19 @@ class DeepseekV3Model final : public CausalLm {
   DeepseekV3Model(const ModelConfig& config, std::unique_ptr<ModelWeights> weights,
                   Backend* backend, std::unique_ptr<ExpertDispatcher> dispatcher);
 
-  // The step's tail after the LM head: samples the sequences that want no logits on the device
-  // (DeviceSampler), copies the other rows to the host (Sampler picks there), and checks the
-  // backend's status. logits: [rows, vocab], each sequence's rows in batch order.
-  absl::StatusOr<StepOutput> SampleOrCopyLogits(const std::vector<SequenceStep>& batch,
-                                                const float* logits, int64_t rows);
   // Embedding and every layer for ctx's tokens (ids: device [T]); x [T, hidden] ends as the
   // residual stream after the last layer, except that when ResidualPending() the last layer's
   // output, left in y [T, hidden], is still to be added (the caller fuses it into the final
   // norm).
   absl::Status Layers(const LayerContext& ctx, const int32_t* ids, float* x, float* y);
   bool ResidualPending() const { return fused_ops_ && config_.num_hidden_layers > 0; }
-  // The final norm of `rows` rows of x (contiguous): into out, or with fused ops and bf16
-  // weights into out_bf16 (the LM head's operand); returns the LM head's operand. y: with
-  // fused ops, the last layer's output still to be added to x (null: already added).
-  ActivationView FinalNorm(int64_t rows, float* x, const float* y, float* out, uint16_t* out_bf16);
   // The device-only decode step of one bucket (DecodeGraphModel::forward): what is recorded
   // and replayed.
   absl::Status DecodeForward(const DecodeGraphInputs& in);
-  // With fused ops and bf16 weights: a bf16 copy of the normed rows feeds the GEMMs.
-  bool Bf16Operands() const {
-    return fused_ops_ && weights_->matrix_dtype == WeightDType::kBFloat16;
+  // How the ops compute: fused ops, and with them and bf16 weights a bf16 copy of the normed
+  // rows feeds the GEMMs.
+  OpMode Mode() const {
+    return {fused_ops_, fused_ops_ && weights_->matrix_dtype == WeightDType::kBFloat16};
   }
   // Per-step temporaries, written by an op before they are read (not zeroed).
   std::unique_ptr<DeviceBuffer> Floats(int64_t n) {
@@ -119,8 +114,10 @@ class DeepseekV3Model final : public CausalLm {
   const ModelConfig config_;
   std::unique_ptr<ModelWeights> weights_;
   Backend* backend_;
+  std::unique_ptr<TokenEmbedding> embedding_;
   std::unique_ptr<MlaAttention> attention_;
   std::unique_ptr<MoeBlock> moe_;
+  std::unique_ptr<LmHead> head_;
   bool fused_ops_ = true;
   // Last: destroyed first, it waits for recorded graphs, which hold the MoE block's expert
   // tables' addresses (the block drops them when the tables change).

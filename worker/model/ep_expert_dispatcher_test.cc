@@ -421,8 +421,8 @@ TEST_P(EpModelTest, LivePlacementSwitchMidRunGivesLogitsBitIdenticalToOneRank) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Fixtures, EpModelTest,
-                         ::testing::Combine(::testing::Values("dsv3_qlora_rope",
-                                                              "dsv3_yarn_nolora"),
+                         ::testing::Combine(::testing::Values("dsv3_qlora_rope", "dsv3_yarn_nolora",
+                                                              "dsv4_mix", "dsv4_bf16"),
                                             ::testing::Values(2, 4)),
                          [](const ::testing::TestParamInfo<EpModelTest::ParamType>& info) {
                            return absl::StrCat(std::get<0>(info.param), "_world",

@@ -124,9 +124,18 @@ absl::StatusOr<ModelConfig> SharedFieldsOnly(const Json& j, absl::string_view so
                                              ModelConfig c) {
   Reader r(j, source);
   if (c.architecture.empty()) c.architecture = kDeepseekV4Architecture;
+  // HF's DeepseekV4Config defaults, for a file that leaves a field out (as
+  // worker/model/deepseek_v4/v4_config.cc does).
+  c.moe_intermediate_size = 2048;
+  c.n_routed_experts = 256;
+  c.n_shared_experts = 1;
+  c.num_experts_per_tok = 6;
+  c.scoring_func = "sqrtsoftplus";
+  c.routed_scaling_factor = 1.5;
+  c.max_position_embeddings = 1048576;
   DI_RETURN_IF_ERROR(r.Int("vocab_size", &c.vocab_size));
   DI_RETURN_IF_ERROR(r.Int("hidden_size", &c.hidden_size));
-  DI_RETURN_IF_ERROR(r.Int("moe_intermediate_size", &c.moe_intermediate_size));
+  DI_RETURN_IF_ERROR(r.OptInt("moe_intermediate_size", &c.moe_intermediate_size));
   DI_RETURN_IF_ERROR(r.Int("num_hidden_layers", &c.num_hidden_layers));
   DI_RETURN_IF_ERROR(r.Int("num_attention_heads", &c.num_attention_heads));
   DI_RETURN_IF_ERROR(r.OptInt("q_lora_rank", &c.q_lora_rank));

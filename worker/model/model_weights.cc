@@ -196,6 +196,23 @@ absl::StatusOr<ModelWeights::HostExperts> ModelWeights::ReadRoutedExperts(
   for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
     if (!c.IsMoeLayer(l)) continue;
     if (moe >= static_cast<int64_t>(experts.size())) break;
+    // HF's fused layout ([E, 2I, H] and [E, H, I], as save_pretrained writes DeepSeek-V4), read
+    // once per layer when the checkpoint has it instead of per-expert tensors.
+    const std::string fused = absl::StrCat("model.layers.", l, ".mlp.experts.");
+    std::vector<float> fused_gate_up, fused_down;
+    const bool is_fused =
+        !experts[moe].empty() &&
+        !source->Contains(absl::StrCat(fused, experts[moe][0], ".down_proj.weight")) &&
+        source->Contains(fused + "gate_up_proj");
+    if (is_fused) {
+      const int64_t E = c.n_routed_experts;
+      fused_gate_up.resize(E * 2 * inter * hid);
+      fused_down.resize(E * hid * inter);
+      DI_RETURN_IF_ERROR(
+          source->ReadFloat32(fused + "gate_up_proj", {E, 2 * inter, hid}, fused_gate_up.data()));
+      DI_RETURN_IF_ERROR(
+          source->ReadFloat32(fused + "down_proj", {E, hid, inter}, fused_down.data()));
+    }
     for (int64_t e : experts[moe]) {
       if (e < 0 || e >= c.n_routed_experts) {
         return absl::InvalidArgumentError(absl::StrCat("routed expert ", e, " of layer ", l,
@@ -206,6 +223,13 @@ absl::StatusOr<ModelWeights::HostExperts> ModelWeights::ReadRoutedExperts(
       const std::string prefix = absl::StrCat("model.layers.", l, ".mlp.experts.", e, ".");
       HostMlp& m = out[moe][e];
       m.inter = inter;
+      if (is_fused) {
+        m.gate_up.assign(fused_gate_up.begin() + e * 2 * inter * hid,
+                         fused_gate_up.begin() + (e + 1) * 2 * inter * hid);
+        m.down.assign(fused_down.begin() + e * hid * inter,
+                      fused_down.begin() + (e + 1) * hid * inter);
+        continue;
+      }
       m.gate_up.resize(2 * inter * hid);
       m.down.resize(hid * inter);
       DI_RETURN_IF_ERROR(source->ReadFloat32(prefix + "gate_proj.weight", {inter, hid},

@@ -124,7 +124,7 @@ absl::StatusOr<std::vector<SampledToken>> DeviceSampler::Sample(
     backend->CopyToDevice(adjustments.data(), entries * sizeof(LogitAdjustment),
                           entries_dev->data());
     backend->AdjustLogits(adjusted_n, vocab, work->as<float>(), entries,
-                          entries_dev->as<LogitAdjustment>());
+                          entries_dev->as<LogitAdjustment>(), /*count=*/nullptr);
     adjusted_params_dev = backend->AllocateScratch(adjusted_n * sizeof(RowSamplingParams));
     backend->CopyToDevice(adjusted_params.data(), adjusted_n * sizeof(RowSamplingParams),
                           adjusted_params_dev->data());

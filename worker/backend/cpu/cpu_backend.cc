@@ -607,7 +607,8 @@ void CpuBackend::TopLogprobsRows(int64_t rows, int64_t vocab, const float* logit
 }
 
 void CpuBackend::AdjustLogits(int64_t rows, int64_t vocab, float* logits, int64_t n,
-                              const LogitAdjustment* adjustments) {
+                              const LogitAdjustment* adjustments, const int32_t* count) {
+  if (count != nullptr) n = std::min<int64_t>(n, *count);
   for (int64_t i = 0; i < n; ++i) {
     const LogitAdjustment& a = adjustments[i];
     if (a.row < 0 || a.row >= rows || a.token < 0 || a.token >= vocab) continue;

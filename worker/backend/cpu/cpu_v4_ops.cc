@@ -150,19 +150,29 @@ void CpuV4Ops::CompressWindows(const CompressWindowsArgs& a) {
 void CpuV4Ops::SinkAttention(const SinkAttentionArgs& a) {
   const int64_t D = a.dim;
   pool_->ParallelFor(a.tokens * a.heads, 1, [&](int64_t b, int64_t e) {
+    std::vector<int64_t> rows;
     std::vector<float> logits;
     for (int64_t th = b; th < e; ++th) {
       const int64_t t = th / a.heads, h = th % a.heads;
+      rows.clear();
+      for (int32_t i = 0; i < a.window_len[t]; ++i) rows.push_back(a.window_begin[t] + i);
+      if (a.selected != nullptr) {
+        const int32_t* sel = a.selected + t * a.selected_stride;
+        for (int64_t i = 0; i < a.selected_stride && sel[i] >= 0; ++i) {
+          rows.push_back(a.extra_begin[t] + sel[i]);
+        }
+      } else if (a.extra_len != nullptr) {
+        for (int32_t i = 0; i < a.extra_len[t]; ++i) rows.push_back(a.extra_begin[t] + i);
+      }
       const float* q = a.q + th * D;
-      const int32_t begin = a.offsets[t], end = a.offsets[t + 1];
-      logits.resize(end - begin);
+      logits.resize(rows.size());
       float mx = a.sinks[h];
-      for (int32_t i = begin; i < end; ++i) {
-        const float* k = a.kv + static_cast<int64_t>(a.indices[i]) * D;
+      for (size_t r = 0; r < rows.size(); ++r) {
+        const float* k = a.kv + rows[r] * D;
         float dot = 0.0f;
         for (int64_t d = 0; d < D; ++d) dot += q[d] * k[d];
-        logits[i - begin] = dot * a.scale;
-        mx = std::max(mx, logits[i - begin]);
+        logits[r] = dot * a.scale;
+        mx = std::max(mx, logits[r]);
       }
       float sum = std::exp(a.sinks[h] - mx);
       for (float& l : logits) {
@@ -171,9 +181,9 @@ void CpuV4Ops::SinkAttention(const SinkAttentionArgs& a) {
       }
       float* out = a.out + th * D;
       std::fill(out, out + D, 0.0f);
-      for (int32_t i = begin; i < end; ++i) {
-        const float p = logits[i - begin] / sum;
-        const float* v = a.kv + static_cast<int64_t>(a.indices[i]) * D;
+      for (size_t r = 0; r < rows.size(); ++r) {
+        const float p = logits[r] / sum;
+        const float* v = a.kv + rows[r] * D;
         for (int64_t d = 0; d < D; ++d) out[d] += p * v[d];
       }
     }
@@ -185,14 +195,14 @@ void CpuV4Ops::IndexerTopK(const IndexerTopKArgs& a) {
   pool_->ParallelFor(a.tokens, 1, [&](int64_t b, int64_t e) {
     using Elem = std::pair<double, int64_t>;  // torch's queue: (accumulate-type value, index)
     std::vector<Elem> queue;
+    std::vector<int32_t> chosen;
     for (int64_t t = b; t < e; ++t) {
-      const int32_t begin = a.offsets[t], end = a.offsets[t + 1];
-      const int32_t n = end - begin;
+      const int32_t n = a.candidates[t];
       queue.resize(n);
       for (int32_t i = 0; i < n; ++i) {
         float s = -std::numeric_limits<float>::infinity();
         if (i < a.visible[t]) {
-          const float* k = a.keys + static_cast<int64_t>(a.indices[begin + i]) * D;
+          const float* k = a.keys + static_cast<int64_t>(a.key_begin[t] + i) * D;
           s = 0.0f;
           for (int64_t h = 0; h < NH; ++h) {
             const float* q = a.q + (t * NH + h) * D;
@@ -214,10 +224,14 @@ void CpuV4Ops::IndexerTopK(const IndexerTopKArgs& a) {
         std::nth_element(queue.begin(), queue.begin() + k - 1, queue.end(), larger);
         std::sort(queue.begin(), queue.begin() + k - 1, larger);
       }
+      chosen.clear();
+      for (int64_t i = 0; i < k; ++i) {
+        if (queue[i].second < a.visible[t]) chosen.push_back(static_cast<int32_t>(queue[i].second));
+      }
+      std::sort(chosen.begin(), chosen.end());
       int32_t* sel = a.selected + t * a.topk;
       for (int64_t i = 0; i < a.topk; ++i) {
-        sel[i] =
-            i < k && queue[i].second < a.visible[t] ? static_cast<int32_t>(queue[i].second) : -1;
+        sel[i] = i < static_cast<int64_t>(chosen.size()) ? chosen[i] : -1;
       }
     }
   });

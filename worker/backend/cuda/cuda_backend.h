@@ -273,7 +273,7 @@ class CudaBackend : public Backend {
   void TopLogprobsRows(int64_t rows, int64_t vocab, const float* logits, int32_t n, int32_t* ids,
                        float* logprobs) override;
   void AdjustLogits(int64_t rows, int64_t vocab, float* logits, int64_t n,
-                    const LogitAdjustment* adjustments) override;
+                    const LogitAdjustment* adjustments, const int32_t* count) override;
   void TokenLogprobRows(int64_t rows, int64_t vocab, const float* logits, const int32_t* token,
                         float* logprob) override;
 

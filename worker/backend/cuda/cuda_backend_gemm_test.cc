@@ -28,61 +28,49 @@ using testing::AllClose;
 using testing::CallsOf;
 using testing::CudaBackendTest;
 
+// fp32 weights: fp32 sums of up to 1024 products of N(0,1) values (|c| ~ 32) in another order.
+// bf16 weights: bf16 x bf16 products are exact in fp32 on both sides (the CPU widens the rounded
+// operands, cuBLAS multiplies them on tensor cores), so only the fp32 summation order differs;
+// the bound is a little looser than fp32's because the tensor cores' accumulation order is
+// coarser.
 TEST_F(CudaBackendTest, GemmMatchesCpuWithStridesAndAccumulate) {
-  struct Case {
-    int64_t m, n, k, lda, ldw, ldc;
-  };
-  // One row, k 2048 / 2816: the staged GEMV (kernels/gemm/staged_gemv.h) by default.
-  for (Case c : {Case{1, 129, 96, 96, 96, 129}, Case{37, 29, 45, 50, 47, 31},
-                 Case{130, 512, 1024, 1030, 1024, 520}, Case{5, 3, 0, 1, 1, 3},
-                 Case{1, 576, 2048, 2048, 2048, 576}, Case{1, 1000, 2816, 2824, 2816, 1003}}) {
-    for (bool accumulate : {false, true}) {
-      const uint32_t seed = testing::FreshSeed();
-      SCOPED_TRACE(::testing::Message() << "m " << c.m << " n " << c.n << " k " << c.k
-                                        << " accumulate " << accumulate << " seed " << seed);
-      auto a = testing::RandomFloats(c.m * c.lda, seed);
-      auto w = testing::RandomFloats(c.n * c.ldw, seed + 1);
-      auto out = testing::RandomFloats(c.m * c.ldc, seed + 2);
-      std::vector<float> want = out;
-      cpu_.Gemm(c.m, c.n, c.k, a.data(), c.lda, w.data(), c.ldw, want.data(), c.ldc, accumulate);
-      auto da = Upload(a), dw = Upload(w), dc = Upload(out);
-      gpu_->Gemm(c.m, c.n, c.k, da->as<float>(), c.lda, dw->as<float>(), c.ldw, dc->as<float>(),
-                 c.ldc, accumulate);
-      // fp32 sums of up to 1024 products of N(0,1) values (|c| ~ 32) in another order.
-      EXPECT_TRUE(AllClose(Download(*dc), want, 2e-4, 1e-5));
-    }
-  }
-  EXPECT_TRUE(gpu_->status().ok()) << gpu_->status();
-}
-
-// bf16 x bf16 products are exact in fp32 on both sides (the CPU widens the rounded operands,
-// cuBLAS multiplies them on tensor cores), so only the fp32 summation order differs; the bound
-// is a little looser than fp32's because the tensor cores' accumulation order is coarser.
-TEST_F(CudaBackendTest, Bf16GemmMatchesCpuBf16WithStridesAndAccumulate) {
   ASSERT_EQ(gpu_->weight_dtype(), WeightDType::kBFloat16);
   struct Case {
     int64_t m, n, k, lda, ldw, ldc;
   };
-  for (Case c : {Case{1, 129, 96, 96, 96, 129}, Case{37, 29, 45, 50, 47, 31},
-                 Case{130, 512, 1024, 1030, 1024, 520}, Case{5, 3, 0, 1, 1, 3}}) {
-    for (bool accumulate : {false, true}) {
-      const uint32_t seed = testing::FreshSeed();
-      SCOPED_TRACE(::testing::Message() << "m " << c.m << " n " << c.n << " k " << c.k
-                                        << " accumulate " << accumulate << " seed " << seed);
-      auto a = testing::RandomFloats(c.m * c.lda, seed);
-      auto w = testing::RandomFloats(c.n * c.ldw, seed + 1);
-      auto out = testing::RandomFloats(c.m * c.ldc, seed + 2);
-      std::vector<std::unique_ptr<DeviceBuffer>> keep;
-      std::vector<float> want = out;
-      cpu16_.Gemm(c.m, c.n, c.k, a.data(), c.lda, CpuBf16(w, &keep), c.ldw, want.data(), c.ldc,
-                  accumulate);
-      auto da = Upload(a), dc = Upload(out);
-      gpu_->Gemm(c.m, c.n, c.k, da->as<float>(), c.lda, GpuBf16(w, &keep), c.ldw, dc->as<float>(),
-                 c.ldc, accumulate);
-      const auto r = AllClose(Download(*dc), want, 1e-3, 1e-4);
-      EXPECT_TRUE(r);
-      std::cout << "[bf16-gemm] m " << c.m << " n " << c.n << " k " << c.k << ": " << r.message()
-                << "\n";
+  for (const bool bf16 : {false, true}) {
+    std::vector<Case> cases = {Case{1, 129, 96, 96, 96, 129}, Case{37, 29, 45, 50, 47, 31},
+                               Case{130, 512, 1024, 1030, 1024, 520}, Case{5, 3, 0, 1, 1, 3}};
+    // fp32, one row, k 2048 / 2816: the staged GEMV (kernels/gemm/staged_gemv.h) by default.
+    if (!bf16) {
+      cases.push_back(Case{1, 576, 2048, 2048, 2048, 576});
+      cases.push_back(Case{1, 1000, 2816, 2824, 2816, 1003});
+    }
+    for (Case c : cases) {
+      for (bool accumulate : {false, true}) {
+        const uint32_t seed = testing::FreshSeed();
+        SCOPED_TRACE(::testing::Message()
+                     << (bf16 ? "bf16" : "fp32") << " m " << c.m << " n " << c.n << " k " << c.k
+                     << " accumulate " << accumulate << " seed " << seed);
+        auto a = testing::RandomFloats(c.m * c.lda, seed);
+        auto w = testing::RandomFloats(c.n * c.ldw, seed + 1);
+        auto out = testing::RandomFloats(c.m * c.ldc, seed + 2);
+        std::vector<std::unique_ptr<DeviceBuffer>> keep;
+        std::vector<float> want = out;
+        (bf16 ? cpu16_ : cpu_)
+            .Gemm(c.m, c.n, c.k, a.data(), c.lda, bf16 ? CpuBf16(w, &keep) : WeightView(w.data()),
+                  c.ldw, want.data(), c.ldc, accumulate);
+        auto da = Upload(a), dw = Upload(w), dc = Upload(out);
+        gpu_->Gemm(c.m, c.n, c.k, da->as<float>(), c.lda,
+                   bf16 ? GpuBf16(w, &keep) : WeightView(dw->as<float>()), c.ldw, dc->as<float>(),
+                   c.ldc, accumulate);
+        const auto r = AllClose(Download(*dc), want, bf16 ? 1e-3 : 2e-4, bf16 ? 1e-4 : 1e-5);
+        EXPECT_TRUE(r);
+        if (bf16) {
+          std::cout << "[bf16-gemm] m " << c.m << " n " << c.n << " k " << c.k << ": "
+                    << r.message() << "\n";
+        }
+      }
     }
   }
   EXPECT_TRUE(gpu_->status().ok()) << gpu_->status();
@@ -407,29 +395,8 @@ TEST_F(CudaBackendTest, OneAndTwoRowGemmsMatchCpu) {
   EXPECT_TRUE(gpu_->status().ok()) << gpu_->status();
 }
 
-TEST_F(CudaBackendTest, Bf16GroupedGemmUsesEachGroupsWeights) {
-  const uint32_t seed = testing::FreshSeed();
-  SCOPED_TRACE(::testing::Message() << "seed " << seed);
-  const int64_t n = 96, k = 64;
-  const std::vector<int64_t> offsets = {0, 3, 3, 11, 12};
-  const int64_t rows = offsets.back();
-  auto a = testing::RandomFloats(rows * k, seed);
-  std::vector<std::unique_ptr<DeviceBuffer>> keep;
-  std::vector<WeightView> wc, wg;
-  for (size_t g = 0; g + 1 < offsets.size(); ++g) {
-    auto w = testing::RandomFloats(n * k, seed + 1 + g);
-    wc.push_back(CpuBf16(w, &keep));
-    wg.push_back(GpuBf16(w, &keep));
-  }
-  std::vector<float> want(rows * n);
-  cpu16_.GroupedGemm(offsets, wc, n, k, a.data(), want.data());
-  auto da = Upload(a);
-  auto dc = Poisoned(rows * n);
-  gpu_->GroupedGemm(offsets, wg, n, k, da->as<float>(), dc->as<float>());
-  EXPECT_TRUE(AllClose(Download(*dc), want, 1e-3, 1e-4));
-  EXPECT_TRUE(gpu_->status().ok()) << gpu_->status();
-}
-
+// Group g's rows times its own weights, with fp32 and with bf16 weights (against the CPU's
+// GroupedGemm of the same rounded values).
 TEST_F(CudaBackendTest, GroupedGemmUsesEachGroupsWeights) {
   const uint32_t seed = testing::FreshSeed();
   SCOPED_TRACE(::testing::Message() << "seed " << seed);
@@ -437,21 +404,29 @@ TEST_F(CudaBackendTest, GroupedGemmUsesEachGroupsWeights) {
   const std::vector<int64_t> offsets = {0, 3, 3, 11, 12};
   const int64_t rows = offsets.back();
   auto a = testing::RandomFloats(rows * k, seed);
-  std::vector<std::vector<float>> w;
-  std::vector<std::unique_ptr<DeviceBuffer>> dw;
-  std::vector<WeightView> wc, wg;
-  for (size_t g = 0; g + 1 < offsets.size(); ++g) {
-    w.push_back(testing::RandomFloats(n * k, seed + 1 + g));
-    dw.push_back(Upload(w.back()));
-    wc.push_back(w.back().data());
-    wg.push_back(dw.back()->as<float>());
+  for (const bool bf16 : {false, true}) {
+    SCOPED_TRACE(bf16 ? "bf16 weights" : "fp32 weights");
+    std::vector<std::vector<float>> w;
+    std::vector<std::unique_ptr<DeviceBuffer>> keep;
+    std::vector<WeightView> wc, wg;
+    for (size_t g = 0; g + 1 < offsets.size(); ++g) {
+      w.push_back(testing::RandomFloats(n * k, seed + 1 + g));
+      if (bf16) {
+        wc.push_back(CpuBf16(w.back(), &keep));
+        wg.push_back(GpuBf16(w.back(), &keep));
+      } else {
+        keep.push_back(Upload(w.back()));
+        wc.push_back(w.back().data());
+        wg.push_back(keep.back()->as<float>());
+      }
+    }
+    std::vector<float> want(rows * n);
+    (bf16 ? cpu16_ : cpu_).GroupedGemm(offsets, wc, n, k, a.data(), want.data());
+    auto da = Upload(a);
+    auto dc = Poisoned(rows * n);
+    gpu_->GroupedGemm(offsets, wg, n, k, da->as<float>(), dc->as<float>());
+    EXPECT_TRUE(AllClose(Download(*dc), want, bf16 ? 1e-3 : 1e-4, bf16 ? 1e-4 : 1e-5));
   }
-  std::vector<float> want(rows * n);
-  cpu_.GroupedGemm(offsets, wc, n, k, a.data(), want.data());
-  auto da = Upload(a);
-  auto dc = Poisoned(rows * n);
-  gpu_->GroupedGemm(offsets, wg, n, k, da->as<float>(), dc->as<float>());
-  EXPECT_TRUE(AllClose(Download(*dc), want, 1e-4, 1e-5));
   EXPECT_TRUE(gpu_->status().ok()) << gpu_->status();
 }
 

@@ -236,14 +236,9 @@ class RoutedExpertsTest : public CudaBackendTest {
     }
     if (captured_) {
       // Recorded into a CUDA graph, then replayed once (as the decode graphs run it).
-      bool taken = false;
-      auto ops = gpu_->Capture([&] {
-        taken = gpu_->RoutedExperts(a);
-        return absl::OkStatus();
-      });
-      ASSERT_TRUE(ops.ok()) << ops.status();
-      ASSERT_TRUE(taken);
-      ASSERT_TRUE((*ops)->Replay().ok());
+      auto ops = Record([&] { return gpu_->RoutedExperts(a); });
+      ASSERT_NE(ops, nullptr);
+      ASSERT_TRUE(ops->Replay().ok());
     } else {
       ASSERT_TRUE(gpu_->RoutedExperts(a));
     }
@@ -386,15 +381,9 @@ TEST_F(RoutedExpertsTest, RoutedAndSharedExpertsMatchCpuOps) {
     auto replayed_run = [&] {
       auto out = Poisoned(T * H);
       a.out = out->as<float>();
-      bool taken = false;
-      auto ops = gpu_->Capture([&] {
-        taken = gpu_->RoutedAndSharedExperts(a);
-        return absl::OkStatus();
-      });
-      EXPECT_TRUE(ops.ok()) << ops.status();
-      EXPECT_TRUE(taken);
-      if (ops.ok()) {
-        EXPECT_TRUE((*ops)->Replay().ok());
+      auto ops = Record([&] { return gpu_->RoutedAndSharedExperts(a); });
+      if (ops != nullptr) {
+        EXPECT_TRUE(ops->Replay().ok());
       }
       return Download(*out);
     };
@@ -667,17 +656,12 @@ TEST_F(CudaBackendTest, NormedDenseMlpMatchesCpuOps) {
   // O(scale).
   EXPECT_TRUE(AllClose(eager, want, 1e-4 * scale, 1e-4));
 
-  bool taken = false;
-  auto ops = gpu_->Capture([&] {
-    taken = gpu_->NormedDenseMlp(a);
-    return absl::OkStatus();
-  });
-  ASSERT_TRUE(ops.ok()) << ops.status();
-  ASSERT_TRUE(taken);
+  auto ops = Record([&] { return gpu_->NormedDenseMlp(a); });
+  ASSERT_NE(ops, nullptr);
   reset();
   gpu_->CopyToDevice(std::vector<float>(H, std::numeric_limits<float>::quiet_NaN()).data(),
                      H * sizeof(float), dnormed->data());
-  ASSERT_TRUE((*ops)->Replay().ok());
+  ASSERT_TRUE(ops->Replay().ok());
   EXPECT_EQ(Download(*dy), eager) << "replay differs from the eager run";
   EXPECT_EQ(Download(*dx), eager_x);
 

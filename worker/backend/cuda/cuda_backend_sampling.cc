@@ -58,9 +58,9 @@ void CudaBackend::TopLogprobsRows(int64_t rows, int64_t vocab, const float* logi
 }
 
 void CudaBackend::AdjustLogits(int64_t rows, int64_t vocab, float* logits, int64_t n,
-                               const LogitAdjustment* adjustments) {
+                               const LogitAdjustment* adjustments, const int32_t* count) {
   OpTimer timer(this, "AdjustLogits");
-  Check(kernels::AdjustLogitsF32(rows, vocab, logits, n, adjustments, stream_),
+  Check(kernels::AdjustLogitsF32(rows, vocab, logits, n, adjustments, count, stream_),
         "kernels::AdjustLogitsF32");
 }
 

@@ -5,6 +5,7 @@
 #define DEEPINFER_WORKER_BACKEND_CUDA_CUDA_BACKEND_TEST_FIXTURE_H_
 
 #include <cstdint>
+#include <functional>
 #include <limits>
 #include <memory>
 #include <sstream>
@@ -69,6 +70,20 @@ class CudaBackendTest : public ::testing::Test {
                      std::vector<std::unique_ptr<DeviceBuffer>>* keep) {
     keep->push_back(gpu_->UploadWeight(w.data(), w.size()));
     return WeightView(keep->back()->data(), WeightDType::kBFloat16);
+  }
+
+  // Records `op` (a backend op that returns whether it ran) for replay, as the decode graphs
+  // record it; null, with a test failure, where recording fails or the op declined.
+  std::unique_ptr<CapturedOps> Record(const std::function<bool()>& op) {
+    bool taken = false;
+    auto ops = gpu_->Capture([&] {
+      taken = op();
+      return absl::OkStatus();
+    });
+    EXPECT_TRUE(ops.ok()) << ops.status();
+    EXPECT_TRUE(taken) << "the op declined while recording";
+    if (!ops.ok() || !taken) return nullptr;
+    return *std::move(ops);
   }
 
   CpuBackend cpu_{2};

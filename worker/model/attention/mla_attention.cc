@@ -4,6 +4,8 @@
 #include <utility>
 #include <vector>
 
+#include "worker/backend/ops/attention_ops.h"
+
 namespace deepinfer {
 namespace {
 
@@ -28,7 +30,7 @@ KvCacheSpec MlaAttention::CacheSpec(const ModelConfig& c, WeightDType dtype) {
 }
 
 void MlaAttention::Forward(int64_t layer, const LayerContext& ctx, ActivationView h, float* out,
-                           const InputNorm* norm) {
+                           const ResidualNorm* norm) {
   const ModelConfig& c = config_;
   const ModelWeights& W = *weights_;
   const LayerWeights& L = W.layers[layer];
@@ -51,15 +53,17 @@ void MlaAttention::Forward(int64_t layer, const LayerContext& ctx, ActivationVie
       gemms.push_back({qdim, W.Matrix(L.q), H, q->as<float>(), qdim});
     }
     gemms.push_back({kvw, W.Matrix(L.kv_a), H, kv->as<float>(), kvw});
-    backend_->AddRmsNormGemms(T, H, norm->x, norm->y, norm->weight, norm->eps, norm->normed,
-                              norm->normed_bf16, gemms);
+    // AddRmsNormGemms writes exactly one of its two outputs: the GEMMs' operand.
+    backend_->AddRmsNormGemms(T, H, norm->x, norm->y, norm->weight, norm->eps,
+                              norm->out_bf16 != nullptr ? nullptr : norm->out, norm->out_bf16,
+                              gemms);
   }
   if (c.q_lora_rank > 0) {
     const int64_t r = c.q_lora_rank;
     if (norm == nullptr) {
       backend_->Gemm(T, r, H, h, H, W.Matrix(L.q_a), H, qa->as<float>(), r, false);
     }
-    if (ctx.bf16_operands) {
+    if (ctx.mode.bf16_operands) {
       auto qa16 = backend_->AllocateScratch(T * r * sizeof(uint16_t));
       backend_->AddRmsNorm(T, r, qa->as<float>(), nullptr, L.q_a_norm->as<float>(), kLatentNormEps,
                            nullptr, qa16->as<uint16_t>());
@@ -80,11 +84,10 @@ void MlaAttention::Forward(int64_t layer, const LayerContext& ctx, ActivationVie
   const bool il = c.rope_interleave;
   const PagedLatentCacheView view = ctx.cache->LayerView(static_cast<int32_t>(layer));
   const bool mha_prefill = UsesMhaPrefill(ctx);
-  // The absorbed query (below): with fused ops in the same backend op as the cache write.
+  // The absorbed query: with fused ops in the same backend op as the cache write (else the
+  // attention op makes it).
   std::unique_ptr<DeviceBuffer> q_latent;
-  if (!mha_prefill) q_latent = Floats(T * nh * kvl);
-  bool query_absorbed = false;
-  if (ctx.fused_ops) {
+  if (ctx.mode.fused) {
     NormRopeCacheArgs nr;
     nr.tokens = T;
     nr.kv = kv->as<float>();
@@ -101,7 +104,8 @@ void MlaAttention::Forward(int64_t layer, const LayerContext& ctx, ActivationVie
     nr.interleaved = il;
     nr.slots = ctx.slots;
     nr.cache = view;
-    if (q_latent != nullptr) {
+    if (!mha_prefill) {
+      q_latent = Floats(T * nh * kvl);
       AbsorbQueryArgs aq;
       aq.heads = nh;
       aq.nope_dim = nope;
@@ -112,7 +116,6 @@ void MlaAttention::Forward(int64_t layer, const LayerContext& ctx, ActivationVie
       aq.w_uk = W.Matrix(L.w_uk_t);
       aq.q_latent = q_latent->as<float>();
       backend_->NormRopeCacheAbsorbQuery(nr, aq);
-      query_absorbed = true;
     } else {
       backend_->NormRopeWriteLatentCache(nr);
     }
@@ -128,42 +131,32 @@ void MlaAttention::Forward(int64_t layer, const LayerContext& ctx, ActivationVie
                                view);
   }
 
-  if (mha_prefill && MhaPrefillAttention(layer, ctx, q->as<float>(), view, out)) return;
-
-  // Absorb W_uk into the query: q_latent[t, h] = q_nope[t, h] · W_uk[h], all heads in one
-  // batched GEMM (head h: the nope slice of q's head h, block h of w_uk_t, column block h).
-  if (q_latent == nullptr) q_latent = Floats(T * nh * kvl);  // MHA prefill declined the batch
-  if (!query_absorbed) {
-    backend_->BatchedGemm(nh, T, kvl, nope, q->as<float>(), qdim, qk, W.Matrix(L.w_uk_t), nope,
-                          kvl * nope, q_latent->as<float>(), nh * kvl, kvl);
-  }
-  auto o_latent = Floats(T * nh * kvl);
-  MlaAttentionArgs args;
-  args.num_tokens = static_cast<int32_t>(T);
-  args.num_heads = static_cast<int32_t>(nh);
-  args.q_latent = q_latent->as<float>();
-  args.q_rope = q->as<float>() + nope;
-  args.q_rope_token_stride = qdim;
-  args.q_rope_head_stride = qk;
-  args.cache = view;
-  args.block_tables = ctx.block_tables;
-  args.max_blocks_per_seq = ctx.max_blocks_per_seq;
-  args.token_seq = ctx.token_seq;
-  args.context_len = ctx.context_len;
-  args.softmax_scale = softmax_scale_;
-  args.out_latent = o_latent->as<float>();
-  args.sequences = ctx.spans.data();
-  args.num_sequences = static_cast<int32_t>(ctx.spans.size());
-  args.max_context_hint = ctx.max_context_hint;
-  backend_->MlaAttention(args);
-
-  // Lift back through W_uv (value half of kv_b, rows h*(nope+v)+nope ..) and project out.
-  auto o = Floats(T * nh * vd);
-  backend_->BatchedGemm(nh, T, vd, kvl, o_latent->as<float>(), nh * kvl, kvl,
-                        W.Matrix(L.kv_b).Offset(nope * kvl), kvl, (nope + vd) * kvl, o->as<float>(),
-                        nh * vd, vd);
-  backend_->Gemm(T, H, nh * vd, o->as<float>(), nh * vd, W.Matrix(L.o_proj), nh * vd, out, H,
-                 false);
+  // The attention itself and o_proj: non-absorbed or absorbed, as the op chooses.
+  MlaOutputArgs a;
+  a.tokens = T;
+  a.heads = nh;
+  a.nope_dim = nope;
+  a.rope_dim = rope;
+  a.v_dim = vd;
+  a.hidden_size = H;
+  a.q = q->as<float>();
+  a.q_latent = q_latent != nullptr ? q_latent->as<float>() : nullptr;
+  a.cache = view;
+  a.block_tables = ctx.block_tables;
+  a.max_blocks_per_seq = ctx.max_blocks_per_seq;
+  a.token_seq = ctx.token_seq;
+  a.context_len = ctx.context_len;
+  a.sequences = ctx.spans.data();
+  a.num_sequences = static_cast<int32_t>(ctx.spans.size());
+  a.max_context_hint = ctx.max_context_hint;
+  a.softmax_scale = softmax_scale_;
+  a.w_uk = W.Matrix(L.w_uk_t);
+  a.kv_b = W.Matrix(L.kv_b);
+  a.o_proj = W.Matrix(L.o_proj);
+  a.non_absorbed = mha_prefill;
+  a.bf16_operands = ctx.mode.bf16_operands;
+  a.out = out;
+  MlaAttentionOutput(backend_, a);
 }
 
 bool MlaAttention::UsesMhaPrefill(const LayerContext& ctx) const {
@@ -175,42 +168,6 @@ bool MlaAttention::UsesMhaPrefill(const LayerContext& ctx) const {
   for (const MlaSequenceSpan& s : ctx.spans) {
     if (s.num_tokens < min_tokens) return false;
   }
-  return true;
-}
-
-bool MlaAttention::MhaPrefillAttention(int64_t layer, const LayerContext& ctx, const float* q,
-                                       const PagedLatentCacheView& view, float* out) {
-  const ModelConfig& c = config_;
-  const LayerWeights& L = weights_->layers[layer];
-  const int64_t T = ctx.num_tokens, H = c.hidden_size, nh = c.num_attention_heads;
-  const int64_t vd = c.v_head_dim, qk = c.qk_head_dim();
-  const bool bf16_out = ctx.bf16_operands;
-  auto o = backend_->AllocateScratch(T * nh * vd * (bf16_out ? sizeof(uint16_t) : sizeof(float)));
-  MhaPrefillArgs args;
-  args.num_tokens = static_cast<int32_t>(T);
-  args.num_heads = static_cast<int32_t>(nh);
-  args.nope_dim = static_cast<int32_t>(c.qk_nope_head_dim);
-  args.v_dim = static_cast<int32_t>(vd);
-  args.q = q;
-  args.q_token_stride = nh * qk;
-  args.q_head_stride = qk;
-  args.cache = view;
-  args.block_tables = ctx.block_tables;
-  args.max_blocks_per_seq = ctx.max_blocks_per_seq;
-  args.kv_b = weights_->Matrix(L.kv_b);
-  args.sequences = ctx.spans.data();
-  args.num_sequences = static_cast<int32_t>(ctx.spans.size());
-  args.softmax_scale = softmax_scale_;
-  if (bf16_out) {
-    args.out_bf16 = o->as<uint16_t>();
-  } else {
-    args.out = o->as<float>();
-  }
-  if (!backend_->MhaPrefillAttention(args)) return false;
-  const ActivationView o_view =
-      bf16_out ? ActivationView::Bf16(o->as<uint16_t>()) : ActivationView(o->as<float>());
-  backend_->Gemm(T, H, nh * vd, o_view, nh * vd, weights_->Matrix(L.o_proj), nh * vd, out, H,
-                 false);
   return true;
 }
 

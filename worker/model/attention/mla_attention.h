@@ -15,6 +15,7 @@
 #include "worker/kv_cache/kv_cache_spec.h"
 #include "worker/model/attention/prefill_attention.h"
 #include "worker/model/layer_context.h"
+#include "worker/model/layers/residual_stream.h"
 #include "worker/model/model_config.h"
 #include "worker/model/model_weights.h"
 
@@ -28,22 +29,12 @@ class MlaAttention {
   // The cache MLA keeps: one kPagedLatent group over every layer.
   static KvCacheSpec CacheSpec(const ModelConfig& config, WeightDType dtype);
 
-  // The layer's input norm, when Forward applies it: x += y (y optional), then the normed
-  // rows into normed_bf16 if set, else normed (h's buffer; scratch of AddRmsNormGemms).
-  struct InputNorm {
-    float* x;
-    const float* y;
-    const float* weight;
-    float eps;
-    float* normed;
-    uint16_t* normed_bf16;
-  };
   // out [T, hidden] = attention of layer `layer` for ctx's tokens, writing their cache entries.
-  // h: the normed rows as the GEMMs take them (bf16 with ctx.bf16_operands). With `norm`, h is
-  // not yet written: the norm and the GEMMs that read h (q or q_a, kv_a) run as one
+  // h: the normed rows as the GEMMs take them (bf16 with ctx.mode.bf16_operands). With `norm`,
+  // h is not yet written: the norm and the GEMMs that read h (q or q_a, kv_a) run as one
   // Backend::AddRmsNormGemms, h its scratch.
   void Forward(int64_t layer, const LayerContext& ctx, ActivationView h, float* out,
-               const InputNorm* norm = nullptr);
+               const ResidualNorm* norm = nullptr);
 
   void set_prefill_attention(PrefillAttention form) { prefill_attention_ = form; }
   PrefillAttention prefill_attention() const { return prefill_attention_; }
@@ -51,10 +42,6 @@ class MlaAttention {
  private:
   // Whether this step's attention takes the non-absorbed form (prefill_attention_, the spans).
   bool UsesMhaPrefill(const LayerContext& ctx) const;
-  // The non-absorbed attention and o_proj of one layer, after the cache holds this step's keys
-  // (q: [T, heads, nope | rotated rope]): false, doing nothing, when the backend declines.
-  bool MhaPrefillAttention(int64_t layer, const LayerContext& ctx, const float* q,
-                           const PagedLatentCacheView& view, float* out);
   // Per-step temporaries, written by an op before they are read (not zeroed).
   std::unique_ptr<DeviceBuffer> Floats(int64_t n) {
     return backend_->AllocateScratch(n * sizeof(float));

@@ -5,7 +5,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
-#include "worker/model/step_logits.h"
+#include "worker/model/layers/step_sampling.h"
 
 namespace deepinfer {
 
@@ -180,20 +180,11 @@ absl::StatusOr<StepOutput> DeepseekV4Model::Step(const std::vector<SequenceStep>
         return absl::InvalidArgumentError(absl::StrCat("sequence ", si, ": bad block id ", b));
       }
     }
-    bool fresh = false;
-    auto slot = cache->SequenceSlot(s.block_table[0], &fresh);
-    if (!slot.ok()) return slot.status();
-    if (fresh && s.position_offset > 0) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          "sequence ", si, " continues at position ", s.position_offset,
-          " but the cache holds no state for it (its blocks were freed or never prefilled)"));
-    }
     V4Sequence q;
     q.first_row = static_cast<int64_t>(ids.size());
     q.num_tokens = static_cast<int64_t>(s.tokens.size());
     q.offset = s.position_offset;
     q.block_table = &s.block_table;
-    q.slot = *slot;
     ctx.seqs.push_back(q);
     for (size_t i = 0; i < s.tokens.size(); ++i) {
       if (s.tokens[i] < 0 || s.tokens[i] >= c.vocab_size) {
@@ -206,6 +197,19 @@ absl::StatusOr<StepOutput> DeepseekV4Model::Step(const std::vector<SequenceStep>
       positions.push_back(static_cast<int32_t>(pos));
       neg_positions.push_back(-static_cast<int32_t>(pos));
     }
+  }
+  // State slots last, once the batch is known to be well formed.
+  for (size_t si = 0; si < batch.size(); ++si) {
+    const SequenceStep& s = batch[si];
+    bool fresh = false;
+    auto slot = cache->SequenceSlot(s.block_table[0], &fresh);
+    if (!slot.ok()) return slot.status();
+    if (fresh && s.position_offset > 0) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "sequence ", si, " continues at position ", s.position_offset,
+          " but the cache holds no state for it (its blocks were freed or never prefilled)"));
+    }
+    ctx.seqs[si].slot = *slot;
   }
   const int64_t T = static_cast<int64_t>(ids.size());
   auto upload_ints = [&](const std::vector<int32_t>& v) {

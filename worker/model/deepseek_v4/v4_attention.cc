@@ -1,7 +1,8 @@
-// V4Attention: projections, compressors and indexer, the key lists each query attends over, and
-// the cache updates. The key lists are built on the host from the step's sequence shapes (and,
-// on CSA layers, the indexer's top-k, read back): row r of a per-step key matrix is a window
-// key (from the ring or this step), or a compressed entry (from the paged stream).
+// V4Attention: projections, compressors and indexer, the rows each query attends over, and the
+// cache updates. A step gathers one key matrix: per sequence its window keys (from the ring and
+// this step, in position order) then its compressed entries (from the paged stream); each query's
+// rows are a window range and a range of entries (or the indexer's choice among them), computed
+// on the host from the step's shapes, so nothing is read back.
 #include "worker/model/deepseek_v4/v4_attention.h"
 
 #include <algorithm>
@@ -199,35 +200,44 @@ absl::Status V4Attention::Forward(int64_t layer, const V4StepContext& ctx, const
       ReadPaged(backend_, stream, Pc, *q.block_table, 0, entries[s] * D, kp + r * D);
   }
 
-  // CSA: the indexer's choice among the visible entries of each query.
-  std::vector<int32_t> selected;
+  // Per query: its window (positions p - W + 1 .. p, contiguous rows of its sequence's block of
+  // the key matrix) and its compressed entries (from row `comp` of that block: on HCA layers the
+  // first `visible`, on CSA layers the indexer's choice among them).
+  std::vector<int32_t> window_begin(T), window_len(T), extra_begin(T), extra_len(T, 0), visible(T),
+      candidates(T), key_begin(T);
+  int64_t key_rows = 0;
+  for (size_t s = 0; s < ctx.seqs.size(); ++s) {
+    const V4Sequence& q = ctx.seqs[s];
+    const int64_t comp = base[s] + (q.offset - ring_first[s]) + q.num_tokens;
+    for (int64_t i = 0; i < q.num_tokens; ++i) {
+      const int64_t p = q.offset + i, t = q.first_row + i;
+      const int64_t first = std::max<int64_t>(0, p - W + 1);
+      window_begin[t] = static_cast<int32_t>(base[s] + (first - ring_first[s]));
+      window_len[t] = static_cast<int32_t>(p - first + 1);
+      extra_begin[t] = static_cast<int32_t>(comp);
+      visible[t] = static_cast<int32_t>(compressed ? (p + 1) / ratio : 0);
+      if (kind == V4AttentionKind::kCompressed) extra_len[t] = visible[t];
+      // The indexer's row: the entries the query sees, or with full-forward ties every entry
+      // the sequence has after this step (HF's forward over the prefix ending here).
+      candidates[t] = static_cast<int32_t>(full_forward_ties_ ? entries[s] : visible[t]);
+      key_begin[t] = static_cast<int32_t>(key_rows);
+    }
+    key_rows += entries[s];
+  }
+  auto window_begin_dev = Ints(window_begin), window_len_dev = Ints(window_len);
+  auto extra_begin_dev = Ints(extra_begin), extra_len_dev = Ints(extra_len);
   const int64_t topk = c.index_topk;
+  std::unique_ptr<DeviceBuffer> selected;
   if (sparse) {
     const int64_t IH = c.index_n_heads, ID = c.index_head_dim;
-    int64_t key_rows = 0;
-    std::vector<int64_t> key_base(ctx.seqs.size());
-    for (size_t s = 0; s < ctx.seqs.size(); ++s) {
-      key_base[s] = key_rows;
-      key_rows += entries[s];
-    }
     auto ikeys = Floats(key_rows * ID);
-    // Candidates: the entries the query sees; with full-forward ties, every entry the sequence
-    // has after this step (as HF's forward over the prefix ending here, the future ones -inf).
-    std::vector<int32_t> offsets(T + 1, 0), cand, visible_of(T);
+    int64_t at = 0;
     for (size_t s = 0; s < ctx.seqs.size(); ++s) {
-      const V4Sequence& q = ctx.seqs[s];
       if (entries[s] > 0) {
-        ReadPaged(backend_, index_stream, Pi, *q.block_table, 0, entries[s] * ID,
-                  ikeys->as<float>() + key_base[s] * ID);
+        ReadPaged(backend_, index_stream, Pi, *ctx.seqs[s].block_table, 0, entries[s] * ID,
+                  ikeys->as<float>() + at * ID);
       }
-      for (int64_t i = 0; i < q.num_tokens; ++i) {
-        visible_of[q.first_row + i] = static_cast<int32_t>((q.offset + i + 1) / ratio);
-        const int64_t candidates = full_forward_ties_ ? entries[s] : visible_of[q.first_row + i];
-        for (int64_t e = 0; e < candidates; ++e) {
-          cand.push_back(static_cast<int32_t>(key_base[s] + e));
-        }
-        offsets[q.first_row + i + 1] = static_cast<int32_t>(cand.size());
-      }
+      at += entries[s];
     }
     auto iq = Floats(T * IH * ID), iw = Floats(T * IH);
     backend_->Gemm(T, IH * ID, QL, qrn->as<float>(), QL, weights_->Matrix(A.index_q_b), QL,
@@ -236,10 +246,9 @@ absl::Status V4Attention::Forward(int64_t layer, const V4StepContext& ctx, const
                         compress_inv_freq_->as<float>(), c.CompressAttentionFactor(), true);
     backend_->Gemm(T, IH, H, h, H, weights_->Matrix(A.index_weights), H, iw->as<float>(), IH,
                    false);
-    auto offsets_dev = Ints(offsets);
-    auto cand_dev = Ints(cand);
-    auto visible_dev = Ints(visible_of);
-    auto sel = backend_->AllocateScratch(std::max<int64_t>(1, T * topk) * sizeof(int32_t));
+    auto key_begin_dev = Ints(key_begin), candidates_dev = Ints(candidates);
+    auto visible_dev = Ints(visible);
+    selected = backend_->AllocateScratch(std::max<int64_t>(1, T * topk) * sizeof(int32_t));
     IndexerTopKArgs a;
     a.tokens = T;
     a.heads = IH;
@@ -250,45 +259,13 @@ absl::Status V4Attention::Forward(int64_t layer, const V4StepContext& ctx, const
     a.weight_scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(IH)));
     a.key_scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(ID)));
     a.keys = ikeys->as<float>();
-    a.offsets = offsets_dev->as<int32_t>();
-    a.indices = cand_dev->as<int32_t>();
+    a.key_begin = key_begin_dev->as<int32_t>();
+    a.candidates = candidates_dev->as<int32_t>();
     a.visible = visible_dev->as<int32_t>();
-    a.selected = sel->as<int32_t>();
+    a.selected = selected->as<int32_t>();
     ops_->IndexerTopK(a);
-    selected.resize(T * topk);
-    backend_->CopyToHost(sel->data(), selected.size() * sizeof(int32_t), selected.data());
   }
 
-  // Each query's key rows: its window (positions p - W + 1 .. p), then its compressed entries.
-  std::vector<int32_t> offsets(T + 1, 0), list;
-  std::vector<int32_t> chosen;
-  for (size_t s = 0; s < ctx.seqs.size(); ++s) {
-    const V4Sequence& q = ctx.seqs[s];
-    const int64_t fresh = base[s] + (q.offset - ring_first[s]);
-    const int64_t comp = fresh + q.num_tokens;
-    for (int64_t i = 0; i < q.num_tokens; ++i) {
-      const int64_t p = q.offset + i;
-      for (int64_t k = std::max<int64_t>(0, p - W + 1); k <= p; ++k) {
-        list.push_back(static_cast<int32_t>(k < q.offset ? base[s] + (k - ring_first[s])
-                                                         : fresh + (k - q.offset)));
-      }
-      const int64_t visible = compressed ? (p + 1) / ratio : 0;
-      if (sparse) {
-        chosen.clear();
-        const int32_t* sel = selected.data() + (q.first_row + i) * topk;
-        for (int64_t j = 0; j < topk; ++j) {
-          if (sel[j] >= 0 && sel[j] < visible) chosen.push_back(sel[j]);
-        }
-        std::sort(chosen.begin(), chosen.end());
-        for (int32_t e : chosen) list.push_back(static_cast<int32_t>(comp + e));
-      } else {
-        for (int64_t e = 0; e < visible; ++e) list.push_back(static_cast<int32_t>(comp + e));
-      }
-      offsets[q.first_row + i + 1] = static_cast<int32_t>(list.size());
-    }
-  }
-  auto offsets_dev = Ints(offsets);
-  auto list_dev = Ints(list);
   auto o = Floats(T * NH * D);
   SinkAttentionArgs sa;
   sa.tokens = T;
@@ -296,8 +273,14 @@ absl::Status V4Attention::Forward(int64_t layer, const V4StepContext& ctx, const
   sa.dim = D;
   sa.q = qn->as<float>();
   sa.kv = kp;
-  sa.offsets = offsets_dev->as<int32_t>();
-  sa.indices = list_dev->as<int32_t>();
+  sa.window_begin = window_begin_dev->as<int32_t>();
+  sa.window_len = window_len_dev->as<int32_t>();
+  sa.extra_begin = extra_begin_dev->as<int32_t>();
+  sa.extra_len = extra_len_dev->as<int32_t>();
+  if (sparse) {
+    sa.selected = selected->as<int32_t>();
+    sa.selected_stride = topk;
+  }
   sa.sinks = A.sinks->as<float>();
   sa.scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(D)));
   sa.out = o->as<float>();

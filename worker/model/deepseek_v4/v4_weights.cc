@@ -219,17 +219,6 @@ absl::StatusOr<std::unique_ptr<DeepseekV4Weights>> DeepseekV4Weights::Load(
   return w;
 }
 
-absl::StatusOr<std::vector<std::map<int64_t, MlpWeights>>> DeepseekV4Weights::LoadRoutedExperts(
-    const DeepseekV4Config& c, WeightSource* source, Backend* backend,
-    const std::vector<std::vector<int64_t>>& experts) {
-  Loader ld(source, backend);
-  std::vector<std::map<int64_t, MlpWeights>> out(experts.size());
-  for (size_t l = 0; l < experts.size() && static_cast<int64_t>(l) < c.num_layers; ++l) {
-    V4W_RETURN_IF_ERROR(LoadExperts(ld, c, static_cast<int64_t>(l), experts[l], &out[l]));
-  }
-  return out;
-}
-
 int64_t DeepseekV4Weights::DeviceBytes(const DeepseekV4Config& c, WeightDType matrix_dtype,
                                        const LoadOptions& options) {
   const int64_t m = static_cast<int64_t>(WeightDTypeSize(matrix_dtype)), f = 4;

@@ -5,7 +5,8 @@
 // ModelWeights (`moe`) so that the expert dispatchers, EPLB loads and the dispatcher factories
 // serve V4 as they serve V3. Routed experts are read from HF's fused
 // `mlp.experts.gate_up_proj` / `down_proj` ([E, 2I, H] / [E, H, I]) or per expert
-// (`mlp.experts.E.{gate,up,down}_proj.weight`), whichever the checkpoint has.
+// (`mlp.experts.E.{gate,up,down}_proj.weight`), whichever the checkpoint has; an EPLB placement
+// change reads experts again through ModelWeights::ReadRoutedExperts, which takes both.
 #ifndef DEEPINFER_WORKER_MODEL_DEEPSEEK_V4_V4_WEIGHTS_H_
 #define DEEPINFER_WORKER_MODEL_DEEPSEEK_V4_V4_WEIGHTS_H_
 
@@ -61,11 +62,6 @@ struct DeepseekV4Weights {
   // Bytes Load allocates, from the shapes alone.
   static int64_t DeviceBytes(const DeepseekV4Config& config, WeightDType matrix_dtype,
                              const LoadOptions& options);
-  // Routed experts only (an EPLB placement change), per MoE layer = per layer.
-  static absl::StatusOr<std::vector<std::map<int64_t, MlpWeights>>> LoadRoutedExperts(
-      const DeepseekV4Config& config, WeightSource* source, Backend* backend,
-      const std::vector<std::vector<int64_t>>& experts);
-
   WeightView Matrix(const std::unique_ptr<DeviceBuffer>& buf) const {
     return WeightView(buf->data(), moe.matrix_dtype);
   }

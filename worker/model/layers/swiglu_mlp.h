@@ -1,22 +1,26 @@
-// SwiGluMlp: y = down(silu(gate x) * up x), the MLP of dense layers and of shared and routed
-// experts, on the backend's ops.
+// SwiGluMlp: a dense decoder layer's block, its norm and y = down(silu(gate x) * up x), on the
+// MLP ops (backend/ops/mlp_ops.h), which run the backend's fused forms where it has them.
 #ifndef DEEPINFER_WORKER_MODEL_LAYERS_SWIGLU_MLP_H_
 #define DEEPINFER_WORKER_MODEL_LAYERS_SWIGLU_MLP_H_
 
 #include <cstdint>
 
-#include "absl/status/status.h"
 #include "worker/backend/backend.h"
+#include "worker/backend/ops/mlp_ops.h"
+#include "worker/model/layers/residual_stream.h"
 #include "worker/model/model_weights.h"
 
 namespace deepinfer {
 
-// out = MLP(h) over `rows` rows of width hidden_size, or out += MLP(h) with accumulate. With
-// bf16_operands (fused ops, bf16 weights) the activation reaches the down GEMM in bf16 (and
-// the backend's bf16-output gate_up where it has one).
-absl::Status SwiGluMlp(Backend* backend, const ModelWeights& weights, const MlpWeights& w,
-                       int64_t hidden_size, int64_t rows, ActivationView h, float* out,
-                       bool accumulate, bool bf16_operands);
+// The device matrices of an MLP of the model's weights (dense layer, shared or routed expert).
+SwiGluWeights MlpView(const ModelWeights& weights, const MlpWeights& mlp);
+
+// out [rows, hidden_size] = MLP(norm(x)). With `norm` (fused ops) the norm runs in the same op
+// where the backend has one (NormedSwiGlu) and h is its scratch; null: h already holds the
+// normed rows, as the GEMMs take them.
+void SwiGluMlp(Backend* backend, const ModelWeights& weights, const MlpWeights& mlp,
+               int64_t hidden_size, int64_t rows, const ResidualNorm* norm, ActivationView h,
+               float* out, OpMode mode);
 
 }  // namespace deepinfer
 

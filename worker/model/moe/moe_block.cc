@@ -6,6 +6,8 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "worker/backend/ops/mlp_ops.h"
+#include "worker/backend/ops/moe_ops.h"
 #include "worker/model/layers/swiglu_mlp.h"
 #include "worker/model/moe/noaux_tc_router.h"
 
@@ -29,8 +31,7 @@ MoeBlock::MoeBlock(const ModelConfig& config, ModelWeights* weights, Backend* ba
 }
 
 absl::Status MoeBlock::Forward(int64_t layer, int64_t rows, const float* h, ActivationView h_gemm,
-                               float* out, const LayerContext& ctx,
-                               const RouteTokensArgs::Norm* norm) {
+                               float* out, const LayerContext& ctx, const ResidualNorm* norm) {
   const ModelConfig& c = config_;
   const LayerWeights& L = weights_->layers[layer];
   const int64_t H = c.hidden_size, E = c.n_routed_experts, K = c.num_experts_per_tok;
@@ -40,7 +41,14 @@ absl::Status MoeBlock::Forward(int64_t layer, int64_t rows, const float* h, Acti
   auto topk_w = Floats(rows * K);
   RouteTokensArgs ra =
       NoauxTcRouteArgs(c, L, rows, h, topk_ids->as<int32_t>(), topk_w->as<float>());
-  if (norm != nullptr) ra.norm = *norm;
+  if (norm != nullptr) {
+    ra.norm.x = norm->x;
+    ra.norm.y = norm->y;
+    ra.norm.weight = norm->weight;
+    ra.norm.eps = norm->eps;
+    ra.norm.out = norm->out;
+    ra.norm.out_bf16 = norm->out_bf16;
+  }
   // EPLB load statistics, on the device (read back by TakeExpertCounts). A refused device-only
   // step must have counted nothing, so such a step counts in the routing op only for a size
   // whose routed experts the backend has run on the device before; otherwise after the path is
@@ -58,10 +66,8 @@ absl::Status MoeBlock::Forward(int64_t layer, int64_t rows, const float* h, Acti
                                      counts);
   };
 
-  absl::Status st;
-  bool shared_done = false;
   if (exchange_slots_ > 0 && !expert_tables_.empty()) {
-    st = dispatcher_->RoutedExpertsOnDevice(
+    absl::Status st = dispatcher_->RoutedExpertsOnDevice(
         moe, rows, h, topk_ids->as<int32_t>(), topk_w->as<float>(), out,
         [&](int64_t n, const float* x, const int32_t* slot, float* y) {
           return ReceivedRowsExperts(layer, n, x, slot, y);
@@ -69,15 +75,19 @@ absl::Status MoeBlock::Forward(int64_t layer, int64_t rows, const float* h, Acti
     if (!st.ok()) return st;
     if (ctx.device_only) device_expert_rows_.insert(rows);
     count();
-    return SharedExperts(L, rows, h_gemm, out, ctx);
+    if (c.n_shared_experts > 0) {
+      AddSwiGlu(backend_, rows, H, MlpView(*weights_, L.shared), h_gemm, out, ctx.mode);
+    }
+    return absl::OkStatus();
   }
   if (exchange_slots_ == 0 && !expert_tables_.empty() &&
-      RoutedExpertsOnDevice(layer, rows, h, topk_ids->as<int32_t>(), topk_w->as<float>(), out,
-                            ctx.fused_ops, &shared_done)) {
+      ExpertsOnDevice(
+          backend_,
+          DeviceExpertsArgs(layer, rows, h, topk_ids->as<int32_t>(), topk_w->as<float>(), out),
+          h_gemm, ctx.mode)) {
     if (ctx.device_only) device_expert_rows_.insert(rows);
     count();
-    if (shared_done) return absl::OkStatus();
-    return SharedExperts(L, rows, h_gemm, out, ctx);
+    return absl::OkStatus();
   }
   if (ctx.device_only) {
     return absl::FailedPreconditionError(
@@ -86,7 +96,8 @@ absl::Status MoeBlock::Forward(int64_t layer, int64_t rows, const float* h, Acti
   }
   count();
   DispatchedTokens d;
-  st = dispatcher_->Dispatch(moe, rows, K, h, topk_ids->as<int32_t>(), topk_w->as<float>(), &d);
+  absl::Status st =
+      dispatcher_->Dispatch(moe, rows, K, h, topk_ids->as<int32_t>(), topk_w->as<float>(), &d);
   if (!st.ok()) return st;
   std::vector<WeightView> gate_up, down;
   for (int64_t e : dispatcher_->local_experts(moe)) {
@@ -108,12 +119,15 @@ absl::Status MoeBlock::Forward(int64_t layer, int64_t rows, const float* h, Acti
   backend_->CopyDeviceToDevice(zero->data(), rows * H * sizeof(float), out);
   st = dispatcher_->Combine(d, expert_out->as<float>(), out);
   if (!st.ok()) return st;
-  return SharedExperts(L, rows, h_gemm, out, ctx);
+  if (c.n_shared_experts > 0) {
+    AddSwiGlu(backend_, rows, H, MlpView(*weights_, L.shared), h_gemm, out, ctx.mode);
+  }
+  return absl::OkStatus();
 }
 
-bool MoeBlock::RoutedExpertsOnDevice(int64_t layer, int64_t rows, const float* h,
-                                     const int32_t* topk_ids, const float* topk_w, float* out,
-                                     bool fused_ops, bool* shared_done) {
+RoutedExpertsArgs MoeBlock::DeviceExpertsArgs(int64_t layer, int64_t rows, const float* h,
+                                              const int32_t* topk_ids, const float* topk_w,
+                                              float* out) const {
   const ModelConfig& c = config_;
   RoutedExpertsArgs a;
   a.num_tokens = static_cast<int32_t>(rows);
@@ -131,20 +145,39 @@ bool MoeBlock::RoutedExpertsOnDevice(int64_t layer, int64_t rows, const float* h
   a.down_host = expert_tables_[layer].down_host.data();
   a.dtype = weights_->matrix_dtype;
   a.out = out;
-  *shared_done = false;
-  // The shared experts in the same op where the backend can (decode); fused ops only, so the
-  // op-by-op mode keeps the separate shared-expert ops.
-  if (fused_ops && c.n_shared_experts > 0) {
+  if (c.n_shared_experts > 0) {
     const MlpWeights& shared = weights_->layers[layer].shared;
     a.shared_inter = shared.inter;
     a.shared_gate_up = weights_->Matrix(shared.gate_up).data;
     a.shared_down = weights_->Matrix(shared.down).data;
-    if (backend_->RoutedAndSharedExperts(a)) {
-      *shared_done = true;
-      return true;
+  }
+  return a;
+}
+
+std::vector<int64_t> MoeBlock::TakeExpertCounts() {
+  const size_t n = static_cast<size_t>(num_moe_layers_ * config_.n_routed_experts);
+  std::vector<int64_t> counts(n, 0);
+  if (n == 0) return counts;
+  backend_->CopyToHost(expert_counts_->data(), n * sizeof(int64_t), counts.data());
+  const std::vector<int64_t> zero(n, 0);
+  backend_->CopyToDevice(zero.data(), n * sizeof(int64_t), expert_counts_->data());
+  return counts;
+}
+
+std::vector<std::vector<int64_t>> MoeBlock::MissingExperts(
+    const std::vector<std::vector<int64_t>>& needed) const {
+  std::vector<std::vector<int64_t>> missing(needed.size());
+  for (int64_t l = 0; l < config_.num_hidden_layers; ++l) {
+    const int64_t moe = moe_index_[l];
+    if (moe < 0 || moe >= static_cast<int64_t>(needed.size())) continue;
+    for (int64_t e : needed[moe]) {
+      if (!weights_->layers[l].experts.count(e) &&
+          std::find(missing[moe].begin(), missing[moe].end(), e) == missing[moe].end()) {
+        missing[moe].push_back(e);
+      }
     }
   }
-  return backend_->RoutedExperts(a);
+  return missing;
 }
 
 // The local experts of received rows: one choice per row (its local slot, weight 1: the output is
@@ -177,53 +210,11 @@ bool MoeBlock::ReceivedRowsExperts(int64_t layer, int64_t rows, const float* x, 
   return backend_->RoutedExperts(a);
 }
 
-// out += shared experts(h), after the routed sum, as HF and DeepSeek add them.
-absl::Status MoeBlock::SharedExperts(const LayerWeights& L, int64_t rows, ActivationView h,
-                                     float* out, const LayerContext& ctx) {
-  if (config_.n_shared_experts == 0) return absl::OkStatus();
-  // Fused: the down projection adds into out itself (one fp32 addition per element, as Add).
-  if (ctx.fused_ops)
-    return SwiGluMlp(backend_, *weights_, L.shared, config_.hidden_size, rows, h, out,
-                     /*accumulate=*/true, ctx.bf16_operands);
-  const int64_t H = config_.hidden_size;
-  auto shared = Floats(rows * H);
-  absl::Status st = SwiGluMlp(backend_, *weights_, L.shared, H, rows, h, shared->as<float>(), false,
-                              ctx.bf16_operands);
-  if (!st.ok()) return st;
-  backend_->Add(rows * H, out, shared->as<float>(), out);
-  return absl::OkStatus();
-}
-
-std::vector<int64_t> MoeBlock::TakeExpertCounts() {
-  const size_t n = static_cast<size_t>(num_moe_layers_ * config_.n_routed_experts);
-  std::vector<int64_t> counts(n, 0);
-  if (n == 0) return counts;
-  backend_->CopyToHost(expert_counts_->data(), n * sizeof(int64_t), counts.data());
-  const std::vector<int64_t> zero(n, 0);
-  backend_->CopyToDevice(zero.data(), n * sizeof(int64_t), expert_counts_->data());
-  return counts;
-}
-
-std::vector<std::vector<int64_t>> MoeBlock::MissingExperts(
-    const std::vector<std::vector<int64_t>>& needed) const {
-  std::vector<std::vector<int64_t>> missing(needed.size());
-  for (int64_t l = 0; l < config_.num_hidden_layers; ++l) {
-    const int64_t moe = moe_index_[l];
-    if (moe < 0 || moe >= static_cast<int64_t>(needed.size())) continue;
-    for (int64_t e : needed[moe]) {
-      if (!weights_->layers[l].experts.count(e) &&
-          std::find(missing[moe].begin(), missing[moe].end(), e) == missing[moe].end()) {
-        missing[moe].push_back(e);
-      }
-    }
-  }
-  return missing;
-}
-
-// One rank with every expert: device tables for Backend::RoutedExperts (expert e in slot e),
-// rebuilt whenever the experts' buffers may have changed (a placement switch). bf16 weights
-// only: fp32 is the parity mode, and there the dispatcher path keeps one rank bit-identical to
-// expert parallelism (same GEMM calls, same combine order; ep_expert_dispatcher_gpu_test).
+// One rank with every expert (or this rank's slots of a device expert exchange): device tables for
+// Backend::RoutedExperts (expert e in slot e), rebuilt whenever the experts' buffers may have
+// changed (a placement switch). bf16 weights only: fp32 is the parity mode, and there the
+// dispatcher path keeps one rank bit-identical to expert parallelism (same GEMM calls, same combine
+// order; ep_expert_dispatcher_gpu_test).
 void MoeBlock::BuildExpertTables() {
   if (drop_graphs_) drop_graphs_();  // they hold the tables' addresses
   expert_tables_.clear();

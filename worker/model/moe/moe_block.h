@@ -1,8 +1,10 @@
-// MoeBlock: the MoE layers of a model: the router (noaux_tc_router.h), the routed experts (one
-// Backend::RoutedExperts op where one rank hosts every expert in bf16, else dispatch -> grouped
-// GEMM -> combine through an ExpertDispatcher, local or expert-parallel) and the shared
-// experts, added as HF and DeepSeek add them. It also keeps the EPLB state of those layers: the
-// expert counts on the device and the placement switch (CausalLm's EPLB half).
+// MoeBlock: the MoE layers of a model: the router (noaux_tc_router.h), then the routed and
+// shared experts, added as HF and DeepSeek add them: on the device where one rank hosts every
+// expert in bf16 (ExpertsOnDevice, backend/ops/moe_ops.h, which picks the backend's fused
+// block or its routed-expert op and the shared MLP), else dispatch -> grouped GEMM -> combine
+// through an ExpertDispatcher (local or expert-parallel) and the shared MLP. It also keeps the EPLB
+// state of those layers: the expert counts on the device and the placement switch (CausalLm's EPLB
+// half).
 #ifndef DEEPINFER_WORKER_MODEL_MOE_MOE_BLOCK_H_
 #define DEEPINFER_WORKER_MODEL_MOE_MOE_BLOCK_H_
 
@@ -18,6 +20,7 @@
 #include "worker/backend/backend.h"
 #include "worker/model/expert_dispatcher.h"
 #include "worker/model/layer_context.h"
+#include "worker/model/layers/residual_stream.h"
 #include "worker/model/model_config.h"
 #include "worker/model/model_weights.h"
 
@@ -37,8 +40,7 @@ class MoeBlock {
   // (Backend::RouteTokens); null: h is normed already. FAILED_PRECONDITION in a device-only step
   // the backend cannot run on the device; the dispatcher's errors as they are.
   absl::Status Forward(int64_t layer, int64_t rows, const float* h, ActivationView h_gemm,
-                       float* out, const LayerContext& ctx,
-                       const RouteTokensArgs::Norm* norm = nullptr);
+                       float* out, const LayerContext& ctx, const ResidualNorm* norm = nullptr);
 
   // Whether the routed experts run as one device op (the decode graph path needs it).
   bool experts_on_device() const { return !expert_tables_.empty(); }
@@ -52,18 +54,15 @@ class MoeBlock {
                                std::vector<std::map<int64_t, MlpWeights>> loaded);
 
  private:
-  // Backend::RoutedExperts for one rank hosting every expert; false: use the dispatcher. With
-  // fused ops and shared experts, Backend::RoutedAndSharedExperts first: *shared_done tells
-  // whether out already holds the shared experts too.
-  bool RoutedExpertsOnDevice(int64_t layer, int64_t rows, const float* h, const int32_t* topk_ids,
-                             const float* topk_w, float* out, bool fused_ops, bool* shared_done);
+  // The device op's arguments for one rank hosting every expert (expert_tables_ built), the
+  // shared experts included.
+  RoutedExpertsArgs DeviceExpertsArgs(int64_t layer, int64_t rows, const float* h,
+                                      const int32_t* topk_ids, const float* topk_w,
+                                      float* out) const;
   void BuildExpertTables();
   // DeviceExperts of the device exchange for MoE model layer `layer` (Backend::RoutedExperts).
   bool ReceivedRowsExperts(int64_t layer, int64_t rows, const float* x, const int32_t* slot,
                            float* y);
-  // out += shared experts(h).
-  absl::Status SharedExperts(const LayerWeights& L, int64_t rows, ActivationView h, float* out,
-                             const LayerContext& ctx);
   // Per-step temporaries, written by an op before they are read (not zeroed).
   std::unique_ptr<DeviceBuffer> Floats(int64_t n) {
     return backend_->AllocateScratch(n * sizeof(float));

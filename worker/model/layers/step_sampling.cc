@@ -1,10 +1,10 @@
-// SampleOrCopyLogits: the tail of a model's step after the LM head.
-#include "worker/model/step_logits.h"
+// SampleOrCopyLogits: each sequence's token sampled on the device or on the host, and the logit
+// rows the host needs copied back.
+#include "worker/model/layers/step_sampling.h"
 
 #include <utility>
 
 #include "worker/sampling/device_sampler.h"
-#include "worker/sampling/sampler.h"
 
 namespace deepinfer {
 

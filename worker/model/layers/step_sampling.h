@@ -1,0 +1,25 @@
+// SampleOrCopyLogits: a Step's tail after the LM head, the sampling family's one call. Sequences
+// that want no logits and whose sampling the device supports are sampled there (DeviceSampler,
+// only tokens and log-probabilities come back); the rows of the others are copied to the host
+// (Sampler picks there). It also checks the backend's status, which the copies have waited for.
+#ifndef DEEPINFER_WORKER_MODEL_LAYERS_STEP_SAMPLING_H_
+#define DEEPINFER_WORKER_MODEL_LAYERS_STEP_SAMPLING_H_
+
+#include <cstdint>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "worker/backend/backend.h"
+#include "worker/model/step_batch.h"
+
+namespace deepinfer {
+
+// logits: device [rows, vocab_size], each sequence's rows in batch order (every row of an
+// all_logits sequence, else its last).
+absl::StatusOr<StepOutput> SampleOrCopyLogits(Backend* backend, int64_t vocab_size,
+                                              const std::vector<SequenceStep>& batch,
+                                              const float* logits, int64_t rows);
+
+}  // namespace deepinfer
+
+#endif  // DEEPINFER_WORKER_MODEL_LAYERS_STEP_SAMPLING_H_
