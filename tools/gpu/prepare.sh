@@ -82,6 +82,7 @@ tests=(
   //worker/comm:nccl_communicator_test
   //worker/comm:nccl_window_test
   //worker/model:ep_expert_dispatcher_gpu_test
+  //worker/model:ep_device_graph_gpu_test
   //worker/model:decode_graph_gpu_test
   //worker/model:mha_prefill_gpu_test
 )

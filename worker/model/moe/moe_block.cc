@@ -200,6 +200,7 @@ bool MoeBlock::ReceivedRowsExperts(int64_t layer, int64_t rows, const float* x, 
   a.hidden = x;
   a.topk_ids = slot;
   a.topk_weights = ones_->as<float>();
+  a.keep_on_device = true;  // the same algorithm eager and recorded; no host copy
   a.slot_of_expert = expert_slots_->as<int32_t>();
   a.gate_up = static_cast<const void* const*>(expert_tables_[layer].gate_up->data());
   a.down = static_cast<const void* const*>(expert_tables_[layer].down->data());
