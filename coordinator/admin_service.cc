@@ -42,6 +42,7 @@ grpc::ServerUnaryReactor* AdminServiceImpl::ClusterStatus(grpc::CallbackServerCo
     out->set_state(w.state);
     out->set_last_seen_ms_ago(absl::ToInt64Milliseconds(now - w.last_seen));
     out->set_restarts(w.restarts);
+    for (const RankLoad& r : w.report.rank_loads) *out->add_rank_loads() = r;
   }
   if (jobs_ != nullptr) {
     const GroupView group = jobs_->group();

@@ -78,6 +78,10 @@ struct BenchConfig {
   // Data plane of the expert exchange with ranks > 1: "auto" (NCCL on cuda, TCP on cpu),
   // "tcp" or "nccl" (comm/data_plane.h).
   std::string communicator = "auto";
+  // With ranks > 1 on NCCL: how the dispatcher moves rows, "auto", "device" or "collective"
+  // (EpExchangeKind, as the worker's --ep-exchange). The device exchange makes no communicator
+  // calls, so the all-to-all figures below stay empty for it.
+  std::string ep_exchange = "auto";
   // With ranks > 1: also measure the time in the all-to-all (extra synchronised steps).
   bool time_all_to_all = false;
   // Decode sampling: greedy by default; ParseDecodeSampling reads "T,TOP_K,TOP_P" (seeded per
@@ -164,7 +168,8 @@ struct BenchResult {
   // Decode steps were to replay CUDA graphs (cuda backend with BenchConfig::cuda_graphs).
   bool cuda_graphs = false;
   int64_t ranks = 1;
-  std::string data_plane;  // ranks > 1: "tcp" or "nccl"
+  std::string data_plane;       // ranks > 1: "tcp" or "nccl"
+  std::string expert_exchange;  // ranks > 1: how rows move (ExpertDispatcher::exchange_name)
   double bytes_per_value = 4;
   std::string kv_cache_dtype = "float32";  // the KvBlockPool's element type
   double cache_bytes_per_value = 4;

@@ -335,8 +335,14 @@ absl::StatusOr<std::vector<RequestResult>> Engine::Step() {
       }
       batch.push_back(std::move(step));
     }
+    int64_t step_tokens = 0, decode_rows = 0;
+    for (const Planned& p : plan) {
+      step_tokens += p.n;
+      if (p.n == 1 && p.seq->computed >= p.seq->prompt_len) ++decode_rows;
+    }
     absl::StatusOr<StepOutput> out = model_->Step(batch, pool_);
     if (!out.ok()) return out.status();
+    step_window_.Record(step_tokens, decode_rows);
     for (size_t i = 0; i < plan.size(); ++i) {
       Sequence* s = plan[i].seq;
       s->computed += plan[i].n;
@@ -466,6 +472,7 @@ void Engine::UpdateLoad() {
   load.kv_blocks_total = pool_->num_blocks();
   load.kv_blocks_used = cache_.num_referenced_blocks();
   load.kv_blocks_cached = cache_.num_cached_blocks();
+  load.steps = step_window_.summary();
   absl::MutexLock lock(&load_mu_);
   load_ = load;
   // Refilled in place: the entries keep their string buffers from step to step.

@@ -49,6 +49,7 @@
 #include "tokenizer/incremental_decoder.h"
 #include "tokenizer/tokenizer.h"
 #include "worker/engine/request_queue.h"
+#include "worker/engine/step_window.h"
 #include "worker/kv_cache/kv_block_pool.h"
 #include "worker/kv_cache/prefix_cache.h"
 #include "worker/model/causal_lm.h"
@@ -80,6 +81,7 @@ struct EngineLoad {
   int64_t kv_blocks_used = 0;  // referenced by requests (idle cached blocks count as free)
   int64_t kv_blocks_total = 0;
   int64_t kv_blocks_cached = 0;  // holding a cached prefix (referenced or idle)
+  StepWindow::Summary steps;     // the last steps' tokens and decode rows
 };
 
 class Engine {
@@ -156,6 +158,7 @@ class Engine {
   int64_t computed_tokens_ = 0;
   PrefixCache cache_;
 
+  StepWindow step_window_;  // engine thread
   mutable absl::Mutex load_mu_;
   EngineLoad load_ ABSL_GUARDED_BY(load_mu_);
   std::vector<RequestProgress> progress_ ABSL_GUARDED_BY(load_mu_);

@@ -568,6 +568,12 @@ std::vector<RankLoad> RankGroup::Loads() const {
     load.set_queued_tokens(e.tokens + r->queue.num_tokens());
     load.set_kv_blocks_used(e.kv_blocks_used);
     load.set_kv_blocks_total(e.kv_blocks_total);
+    // parts are written while the rank forms; published with the engine.
+    if (r->engine_published) load.set_expert_exchange(r->parts.expert_exchange);
+    load.set_window_steps(e.steps.steps);
+    load.set_window_step_tokens_mean(e.steps.tokens_mean);
+    load.set_window_step_tokens_max(e.steps.tokens_max);
+    load.set_decode_batch(e.steps.last_decode_rows);
     out.push_back(std::move(load));
   }
   return out;
