@@ -329,6 +329,36 @@ void RankGroupTest::ExpectTwoRanksEqualOneRank() {
   auto loads = group->Loads();
   ASSERT_EQ(loads.size(), 2u);
   EXPECT_EQ(loads[1].rank(), 1);
+  for (const RankLoad& l : loads) {
+    // Expert parallel on the CPU: host-staged over TCP; else every rank hosts every expert.
+    EXPECT_EQ(l.expert_exchange(),
+              options_.dispatcher.partitioned ? "TCP (staged on the host)" : "local");
+    // Every rank stepped (each with its own requests, or idle in lock-step).
+    EXPECT_GT(l.window_steps(), 0);
+    EXPECT_GE(l.window_step_tokens_max(), l.window_step_tokens_mean());
+  }
+}
+
+TEST_F(RankGroupTest, DeviceExchangeWithoutTheNcclDataPlaneFailsClearly) {
+  EpExchangeOptions exchange;
+  exchange.kind = EpExchangeKind::kDevice;
+  options_.dispatcher = EpDispatcherFactory(exchange);
+  options_.communicator = comm::DataPlaneChoice::kTcp;
+  Collector results;
+  auto group = StartGroup(2, 0x4321, 2, 2, &results);
+  ASSERT_NE(group, nullptr);
+  EXPECT_EQ(group->AwaitFormed(), GROUP_FAILED);
+  EXPECT_THAT(group->error(),
+              ::testing::HasSubstr("--ep-exchange=device needs the NCCL data plane"));
+}
+
+TEST(EpExchangeKindTest, ParsesTheThreeNamesAndRejectsOthers) {
+  EXPECT_EQ(*ParseEpExchangeKind("auto"), EpExchangeKind::kAuto);
+  EXPECT_EQ(*ParseEpExchangeKind("device"), EpExchangeKind::kDevice);
+  EXPECT_EQ(*ParseEpExchangeKind("collective"), EpExchangeKind::kCollective);
+  absl::StatusOr<EpExchangeKind> bad = ParseEpExchangeKind("nvlink");
+  ASSERT_FALSE(bad.ok());
+  EXPECT_THAT(bad.status().message(), ::testing::HasSubstr("'nvlink'"));
 }
 
 TEST_F(RankGroupTest, DeadPeerFailsTheGroup) {
