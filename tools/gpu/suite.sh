@@ -19,7 +19,8 @@
 #                   picks some), the whole model (cuda_parity_test) included
 #   racecheck       the attention, reduction and expert-exchange kernel tests under racecheck
 #   multi-gpu       the NCCL tests and `deepinfer run` over 2 GPUs (multi_gpu.sh; 2+ GPUs)
-#   bench2          deepinfer-bench --ranks 2 against --ranks 1 (multi_gpu.sh; 2+ GPUs)
+#   bench2          deepinfer-bench --ranks 2 (device exchange, then NCCL all-to-all) against
+#                   --ranks 1 (multi_gpu.sh; 2+ GPUs)
 #   all             tests hf bench memcheck racecheck
 #   session         tests multi-gpu bench2 bench profile kernel-times
 #
@@ -108,7 +109,7 @@ if want racecheck; then
 fi
 if want multi-gpu; then
   if ((gpus >= 2)); then
-    step multi_gpu 240 env OUT="$(sub_out multi_gpu)" MULTI_GPU_PARTS="tests runs" \
+    step multi_gpu 360 env OUT="$(sub_out multi_gpu)" MULTI_GPU_PARTS="tests runs" \
       bash "$here/multi_gpu.sh"
   else
     echo "multi_gpu SKIPPED ($gpus GPU)" | tee -a "$summary"
@@ -116,7 +117,7 @@ if want multi-gpu; then
 fi
 if want bench2; then
   if ((gpus >= 2)); then
-    step bench2 180 env OUT="$(sub_out bench2)" MULTI_GPU_PARTS=bench2 BENCH2_BUDGET_S=160 \
+    step bench2 240 env OUT="$(sub_out bench2)" MULTI_GPU_PARTS=bench2 BENCH2_BUDGET_S=220 \
       bash "$here/multi_gpu.sh"
   else
     echo "bench2 SKIPPED ($gpus GPU)" | tee -a "$summary"
