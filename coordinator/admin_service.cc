@@ -42,7 +42,11 @@ grpc::ServerUnaryReactor* AdminServiceImpl::ClusterStatus(grpc::CallbackServerCo
     out->set_state(w.state);
     out->set_last_seen_ms_ago(absl::ToInt64Milliseconds(now - w.last_seen));
     out->set_restarts(w.restarts);
-    for (const RankLoad& r : w.report.rank_loads) *out->add_rank_loads() = r;
+    for (const RankLoad& load : w.report.rank_loads) {
+      RankLoad* r = out->add_rank_loads();
+      *r = load;
+      r->clear_cached_probe_hashes();
+    }
   }
   if (jobs_ != nullptr) {
     const GroupView group = jobs_->group();

@@ -54,7 +54,8 @@ JobManager::JobManager(BatchJobStore* store, const PromptBuilder* prompts, Worke
       registry_(registry),
       workers_(workers),
       clock_(clock),
-      config_(std::move(config)) {}
+      config_(std::move(config)),
+      router_(config_.prefix_routing) {}
 
 JobManager::~JobManager() {
   {
@@ -281,7 +282,33 @@ absl::StatusOr<std::vector<Job>> JobManager::ListJobs(int page_size,
   return jobs;
 }
 
+void JobManager::CountPrefixStatsLocked(const QueuedRequest& q, const RequestResult& r) {
+  auto [it, fresh] = prefix_stats_.try_emplace(q.job_id);
+  if (fresh) {
+    prefix_stats_order_.push_back(q.job_id);
+    constexpr size_t kJobsKept = 4096;
+    if (prefix_stats_order_.size() > kJobsKept) {
+      prefix_stats_.erase(prefix_stats_order_.front());
+      prefix_stats_order_.pop_front();
+    }
+  }
+  JobPrefixStats& s = it->second;
+  s.prompt_tokens += r.prompt_tokens();
+  s.cached_prompt_tokens += r.cached_prompt_tokens();
+  auto a = inflight_.find(r.request_id());
+  if (a == inflight_.end()) return;
+  const int rank = a->second.rank;
+  const size_t ranks = std::max<size_t>(rank + 1, group_.world_size);
+  if (s.rank_tokens.size() < ranks) s.rank_tokens.resize(ranks, 0);
+  s.rank_tokens[rank] += r.prompt_tokens() + r.token_ids_size();
+}
+
 void JobManager::AddLiveStateLocked(Job* job) const {
+  if (auto s = prefix_stats_.find(job->job_id()); s != prefix_stats_.end()) {
+    job->set_prompt_tokens(s->second.prompt_tokens);
+    job->set_cached_prompt_tokens(s->second.cached_prompt_tokens);
+    job->mutable_rank_tokens()->Assign(s->second.rank_tokens.begin(), s->second.rank_tokens.end());
+  }
   auto runtime = jobs_.find(job->job_id());
   if (runtime == jobs_.end()) return;  // final (or not loaded)
   int64_t running = 0;
@@ -373,6 +400,7 @@ absl::Status JobManager::OnResults(const std::vector<RequestResult>& results) {
     if (it == requests_.end()) continue;  // finished already, or its job was cancelled
     const QueuedRequest& q = it->second;
     const bool failed = !r.error_code().empty();
+    if (!failed) CountPrefixStatsLocked(q, r);
     if (q.line.n == 1) {
       std::string line = failed ? FormatErrorLine(q.line.custom_id, r.request_id(), r.error_code(),
                                                   r.error_message())
@@ -533,6 +561,11 @@ void JobManager::Tick() {
   {
     absl::MutexLock lock(&mu_);
     if (stop_) return;
+    // What the current group's ranks cache, for routing.
+    for (const WorkerSnapshot& w : snapshot) {
+      if (group_.generation == 0 || w.report.group_generation != group_.generation) continue;
+      for (const RankLoad& load : w.report.rank_loads) router_.UpdateRank(load);
+    }
     std::string left_out_notice;
     if (ready > 0 && eligible.empty()) {
       SetGroupErrorLocked(absl::StrCat("the ", ready, " READY worker(s) cannot form one: ",
@@ -705,6 +738,7 @@ void JobManager::FormGroup(std::vector<Member> members) {
     group_.generation = next_generation_++;
     group_.members = members;
     group_.world_size = rank;
+    router_.Reset(rank);
     prepare.set_coordinator_incarnation(registry_->coordinator_incarnation());
     prepare.set_generation(group_.generation);
     configure.set_coordinator_incarnation(registry_->coordinator_incarnation());
@@ -757,7 +791,7 @@ void JobManager::Dispatch() {
     std::vector<int> count(world, 0);
     for (const auto& [id, a] : inflight_) {
       if (a.rank < world) {
-        tokens[a.rank] += requests_.at(id).cost;
+        tokens[a.rank] += a.load;
         ++count[a.rank];
       }
     }
@@ -767,6 +801,13 @@ void JobManager::Dispatch() {
     }
     absl::flat_hash_map<const Member*, size_t> open_call;  // member -> index in calls
     std::vector<int64_t> call_tokens;
+    // Leaders whose prefill is done (a token generated, or no longer running) lead no more.
+    for (const std::string& leader : router_.leaders()) {
+      auto a = inflight_.find(leader);
+      if (a == inflight_.end() || a->second.generated > 0) router_.EndLead(leader);
+    }
+    std::deque<std::string> waiting_for_leader;  // back to the front of the queue afterwards
+    std::vector<bool> open(world);
     while (!queue_.empty()) {
       const std::string id = queue_.front();
       auto it = requests_.find(id);
@@ -774,18 +815,30 @@ void JobManager::Dispatch() {
         queue_.pop_front();
         continue;
       }
-      int best = -1;
-      for (int r = 0; r < world; ++r) {
-        if (count[r] >= config_.max_inflight_per_rank) continue;
-        if (best < 0 || tokens[r] < tokens[best]) best = r;
+      for (int r = 0; r < world; ++r) open[r] = count[r] < config_.max_inflight_per_rank;
+      if (std::find(open.begin(), open.end(), true) == open.end()) break;  // every rank is full
+      QueuedRequest& q = it->second;
+      if (q.probes_root != router_.root()) {
+        q.probes = router_.Probes(q.prompt);
+        q.probes_root = router_.root();
       }
-      if (best < 0) break;  // every rank is full
       queue_.pop_front();
-      const QueuedRequest& q = it->second;
-      tokens[best] += q.cost;
+      if (router_.LeaderOf(q.probes) != nullptr) {
+        waiting_for_leader.push_back(id);
+        continue;
+      }
+      const int best = router_.Pick(q.probes, tokens, open);
+      const int32_t held = router_.MatchedBlocks(best, q.probes);
+      // What the rank must compute of the prefix, others sharing it wait for.
+      router_.Lead(id, q.probes, held);
+      router_.Record(best, q.probes);
+      const int64_t load =
+          q.cost - std::min<int64_t>(int64_t{held} * config_.prefix_routing.block_size,
+                                     static_cast<int64_t>(q.prompt.size()));
+      tokens[best] += load;
       ++count[best];
       const Member* m = owner[best];
-      inflight_[id] = {m->worker_id, best, generation};
+      inflight_[id] = {m->worker_id, best, generation, 0, load};
       auto open = open_call.find(m);
       if (open == open_call.end() ||
           calls[open->second].request.items_size() >= static_cast<int>(kMaxItemsPerCall) ||
@@ -808,6 +861,7 @@ void JobManager::Dispatch() {
         (void)store_->SetJobState(q.job_id, Job::RUNNING, "", 0);
       }
     }
+    queue_.insert(queue_.begin(), waiting_for_leader.begin(), waiting_for_leader.end());
     if (!calls.empty()) BumpLocked();
   }
   for (const Call& call : calls) {

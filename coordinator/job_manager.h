@@ -10,7 +10,10 @@
 //     ConfigureGroup on every member) and puts the requests that were running in the old
 //     generation back in the queue;
 //   * once every member reports the current generation SERVING, hands queued requests
-//     to ranks, least loaded first (tokens in flight on the rank, as assigned here).
+//     to ranks: where their prompt's prefix is cached unless that rank is too loaded, else
+//     least loaded first (tokens in flight on the rank, as assigned here); a request that
+//     shares a prefix with one still prefilling waits for it (PrefixRouter,
+//     docs/kv-cache.md).
 // Results arrive through OnResults (ClusterService.ReportResults) and are stored once:
 // the store ignores a second result for the same line, and a request re-run after a
 // failure is deterministic (it always carries a seed), so output is exactly once.
@@ -39,6 +42,7 @@
 #include "coordinator/batch/prompt_builder.h"
 #include "coordinator/clock.h"
 #include "coordinator/expert_balancer.h"
+#include "coordinator/prefix_router.h"
 #include "coordinator/worker_channel.h"
 #include "coordinator/worker_registry.h"
 #include "proto/cluster.pb.h"
@@ -64,6 +68,8 @@ struct JobManagerConfig {
   absl::Duration tick = absl::Milliseconds(20);
   // Shown as body.model when a request names none.
   std::string model_name;
+  // Prefix-aware routing (PrefixRouter).
+  PrefixRouterOptions prefix_routing;
 };
 
 // The current group, for status reports.
@@ -144,6 +150,15 @@ class JobManager {
     // choice, "<line request id>/<choice>".
     std::string line_request_id;
     int32_t choice = 0;
+    // PrefixRouter::Probes of the prompt, made under the root `probes_root`.
+    std::vector<PrefixProbe> probes;
+    uint64_t probes_root = 0;
+  };
+  // Prefix caching as this coordinator saw a job's results (Job.prompt_tokens ...).
+  struct JobPrefixStats {
+    int64_t prompt_tokens = 0;
+    int64_t cached_prompt_tokens = 0;
+    std::vector<int64_t> rank_tokens;
   };
   // The choices of a line with n > 1 that finished, until all are in.
   struct ChoiceResults {
@@ -154,6 +169,9 @@ class JobManager {
     int rank = 0;
     uint64_t generation = 0;
     int64_t generated = 0;  // tokens so far, from the worker's latest heartbeat
+    // The rank's tokens in flight it counts for: its cost less the prompt tokens the rank was
+    // known to hold for it when it was sent (a hit is not computed again).
+    int64_t load = 0;
   };
   struct JobRuntime {
     int64_t remaining = 0;  // requests without a result
@@ -199,6 +217,9 @@ class JobManager {
   // Adds what only the scheduler knows to an unfinished job read from the store: running
   // requests, their tokens so far, the max_tokens left, the cluster notice.
   void AddLiveStateLocked(Job* job) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Adds a finished request's prompt, cached and rank tokens to its job's JobPrefixStats.
+  void CountPrefixStatsLocked(const QueuedRequest& q, const RequestResult& r)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   int64_t NowMs() const;
 
   BatchJobStore* const store_;
@@ -230,6 +251,10 @@ class JobManager {
   // The READY set seen last, and since when, for the settle delay.
   std::string seen_members_key_ ABSL_GUARDED_BY(mu_);
   absl::Time seen_since_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
+
+  PrefixRouter router_ ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_map<std::string, JobPrefixStats> prefix_stats_ ABSL_GUARDED_BY(mu_);
+  std::deque<std::string> prefix_stats_order_ ABSL_GUARDED_BY(mu_);  // oldest job first
 
   ExpertBalancer* balancer_ = nullptr;
   std::vector<PlacementChange> placement_changes_ ABSL_GUARDED_BY(mu_);

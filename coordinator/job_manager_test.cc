@@ -275,6 +275,73 @@ TEST_F(JobManagerTest, GroupSpansWorkersAndLoadIsSpread) {
   EXPECT_EQ(per_rank, (std::map<int, int>{{0, 2}, {1, 2}, {2, 2}}));
 }
 
+// Prefix-aware routing: of requests sharing a prefix, the first goes out alone (the least
+// loaded rank) and the others follow it there once its prefill is done (a token generated);
+// the job's summary counts prompt, cached and per-rank tokens.
+TEST_F(JobManagerTest, RequestsSharingAPrefixWaitForTheFirstAndFollowItToItsRank) {
+  AddWorker("w1", 1, 2);
+  ASSERT_TRUE(WaitFor([&] { return !workers_.configured().empty(); }));
+  WorkerReport report;
+  report.group_generation = 1;
+  report.group_status = GROUP_SERVING;
+  for (int r = 0; r < 2; ++r) {
+    RankLoad load;
+    load.set_rank(r);
+    load.set_prefix_cache_root(12345);  // the ranks cache prefixes
+    report.rank_loads.push_back(load);
+  }
+  ASSERT_TRUE(registry_.Heartbeat("w1", 1, registry_.coordinator_incarnation(), report).ok());
+  // Two prefixes of 32 tokens (two blocks), three questions of 8 tokens each.
+  std::vector<std::string> lines;
+  for (int q = 0; q < 3; ++q) {
+    for (int p = 0; p < 2; ++p) {
+      std::vector<int> prompt;
+      for (int i = 0; i < 32; ++i) prompt.push_back(1 + p * 40 + i % 30);
+      for (int i = 0; i < 8; ++i) prompt.push_back(90 + q);
+      lines.push_back(
+          Line(absl::StrCat("p", p, "q", q), absl::StrCat("[", absl::StrJoin(prompt, ","), "]")));
+    }
+  }
+  auto id = manager_->Submit("", absl::StrJoin(lines, "\n"));
+  ASSERT_TRUE(id.ok()) << id.status();
+  auto leaders = workers_.Take(2);
+  ASSERT_EQ(leaders.size(), 2u);
+  absl::SleepFor(absl::Milliseconds(50));  // ten ticks: the others still wait
+  EXPECT_TRUE(workers_.Take(0).empty());
+  // Line numbers are 2q + p + 1: the prefix of a request is (line - 1) % 2.
+  auto prefix_of = [](const WorkItem& item) {
+    return (std::stoi(item.request_id().substr(item.request_id().rfind(':') + 1)) - 1) % 2;
+  };
+  std::map<int, int> rank_of;  // prefix -> rank of its first request
+  google::protobuf::RepeatedPtrField<RequestProgress> progress;
+  for (const auto& [address, item] : leaders) {
+    rank_of[prefix_of(item)] = item.rank();
+    RequestProgress* p = progress.Add();
+    p->set_request_id(item.request_id());
+    p->set_generated_tokens(1);
+  }
+  ASSERT_EQ(rank_of.size(), 2u);                                  // one request of each prefix
+  EXPECT_NE(leaders[0].second.rank(), leaders[1].second.rank());  // least loaded first
+  manager_->OnProgress("w1", 1, progress);
+  auto followers = workers_.Take(4);
+  ASSERT_EQ(followers.size(), 4u);
+  std::vector<RequestResult> results;
+  for (const auto& [address, item] : leaders) results.push_back(ResultFor(item));
+  for (const auto& [address, item] : followers) {
+    EXPECT_EQ(item.rank(), rank_of[prefix_of(item)]) << item.request_id();
+    RequestResult r = ResultFor(item);
+    r.set_cached_prompt_tokens(32);
+    results.push_back(r);
+  }
+  ASSERT_TRUE(manager_->OnResults(results).ok());
+  const Job job = GetJob(*id);
+  EXPECT_EQ(job.state(), Job::COMPLETED);
+  EXPECT_EQ(job.prompt_tokens(), 6 * 40);
+  EXPECT_EQ(job.cached_prompt_tokens(), 4 * 32);
+  // Each rank ran one prefix's three requests: 3 x (40 prompt + 40 "generated" tokens).
+  EXPECT_THAT(job.rank_tokens(), ::testing::ElementsAre(240, 240));
+}
+
 TEST_F(JobManagerTest, ExpertPlacementsGoToNewGroupsAndLiveToTheServingOne) {
   ExpertBalancerConfig eplb;
   eplb.num_logical = 4;

@@ -25,6 +25,7 @@ int main(int argc, char** argv) {
   std::string model;
   std::string state_dir;
   int64_t min_workers = 1;
+  int64_t group_settle_ms = 500;
   std::string port_file;
   std::string auth_token_file;
   int64_t heartbeat_interval_ms = 1000;
@@ -55,6 +56,9 @@ int main(int argc, char** argv) {
   flags.AddString("state-dir", &state_dir,
                   "Directory for the job database and the jobs' input and output files\n"
                   "(created if missing). Required with --model.");
+  flags.AddInt("group-settle-ms", &group_settle_ms,
+               "How long a change of the ready workers must hold before the group is formed\n"
+               "again, so that workers starting together end up in one group.");
   flags.AddInt("min-workers", &min_workers,
                "Workers to wait for before forming the first expert-parallel group.");
   flags.AddString("port-file", &port_file,
@@ -85,6 +89,18 @@ int main(int argc, char** argv) {
                   "current layout is at most this.");
   flags.AddString("eplb-policy", &eplb_policy,
                   "Placement policy of the automatic rebalance: auto, hierarchical or global.");
+  bool prefix_routing = true;
+  double prefix_routing_load_factor = 1.25;
+  int64_t prefix_routing_slack_tokens = 2048;
+  flags.AddBool("prefix-routing", &prefix_routing,
+                "Send a request to the rank whose prefix cache holds its prompt's prefix (as\n"
+                "the ranks' heartbeats report it), and let requests sharing a prefix wait for\n"
+                "the first one's prefill (docs/kv-cache.md); false: least loaded rank only.");
+  flags.AddDouble("prefix-routing-load-factor", &prefix_routing_load_factor,
+                  "A rank holding the prefix takes the request while its tokens in flight are\n"
+                  "at most this x the least loaded rank's + --prefix-routing-slack-tokens.");
+  flags.AddInt("prefix-routing-slack-tokens", &prefix_routing_slack_tokens,
+               "See --prefix-routing-load-factor.");
   flags.AddString("log-dir", &log_dir, "Write glog files here instead of to stderr.");
   flags.AddInt("v", &verbosity, "Verbose logging level (glog --v).");
 
@@ -92,8 +108,8 @@ int main(int argc, char** argv) {
   deepinfer::InitDaemonLogging(argv[0], log_dir, static_cast<int>(verbosity));
 
   deepinfer::CoordinatorConfig config;
-  if (size_t colon = listen.rfind(':'); colon == std::string::npos ||
-                                        !absl::SimpleAtoi(listen.substr(colon + 1), &config.port)) {
+  if (size_t colon = listen.rfind(':');
+      colon == std::string::npos || !absl::SimpleAtoi(listen.substr(colon + 1), &config.port)) {
     std::cerr << "deepinfer-coordinator: --listen wants HOST:PORT, got '" << listen << "'\n";
     return 2;
   } else {
@@ -107,6 +123,19 @@ int main(int argc, char** argv) {
     return 2;
   }
   config.jobs.min_workers = static_cast<int>(std::max<int64_t>(1, min_workers));
+  if (group_settle_ms < 0) {
+    std::cerr << "deepinfer-coordinator: --group-settle-ms must be >= 0\n";
+    return 2;
+  }
+  config.jobs.settle = absl::Milliseconds(group_settle_ms);
+  if (!(prefix_routing_load_factor >= 1.0) || prefix_routing_slack_tokens < 0) {
+    std::cerr << "deepinfer-coordinator: --prefix-routing-load-factor must be >= 1 and\n"
+                 "--prefix-routing-slack-tokens >= 0\n";
+    return 2;
+  }
+  config.jobs.prefix_routing.enabled = prefix_routing;
+  config.jobs.prefix_routing.load_factor = prefix_routing_load_factor;
+  config.jobs.prefix_routing.slack_tokens = prefix_routing_slack_tokens;
   if (eplb_window_steps < 1 || eplb_interval_steps < 0 || !(eplb_balance_threshold >= 1.0)) {
     std::cerr << "deepinfer-coordinator: --eplb-window-steps must be >= 1, "
                  "--eplb-interval-steps >= 0 and --eplb-balance-threshold >= 1\n";
@@ -158,5 +187,6 @@ int main(int argc, char** argv) {
                     "register workers and submit jobs";
   }
 
-  return deepinfer::ServeUntilSignal("deepinfer-coordinator", deepinfer::CoordinatorServer::Start(config), port_file);
+  return deepinfer::ServeUntilSignal("deepinfer-coordinator",
+                                     deepinfer::CoordinatorServer::Start(config), port_file);
 }

@@ -8,6 +8,8 @@
 #include <thread>
 #include <vector>
 
+#include "absl/strings/str_format.h"
+#include "absl/time/clock.h"
 #include "common/eplb/placement_json.h"
 #include "common/flags/flag_set.h"
 #include "common/rpc/auth.h"
@@ -41,8 +43,12 @@ int main(int argc, char** argv) {
   std::string kv_cache_dtype = "auto";
   int64_t kv_cache_tokens = 0;
   double gpu_memory_utilization = 0.9;
+  double kv_host_cache_gb = 4;
+  double kv_cache_dir_gb = 16;
   int64_t max_batch_tokens = 2048;
   int64_t max_running = 256;
+  int64_t speculative_tokens = 0;
+  double draft_min_confidence = 0.0;
   int64_t collective_timeout_s = 300;
   bool pdl = true;
   std::string prefill_attention = "auto";
@@ -119,9 +125,28 @@ int main(int argc, char** argv) {
   flags.AddInt("max-batch-tokens", &max_batch_tokens,
                "New tokens per engine step (decode + prefill chunks).");
   flags.AddInt("max-running", &max_running, "Sequences per engine step.");
+  flags.AddInt("speculative-tokens", &speculative_tokens,
+               "Speculative decoding with the model's MTP layers (DeepSeek-V3): up to this many\n"
+               "drafted tokens per sequence and step, verified in the step (outputs unchanged;\n"
+               "docs/engine.md). 0 (default): off, and the MTP layers are not loaded.");
+  flags.AddDouble("draft-min-confidence", &draft_min_confidence,
+                  "Speculative decoding: a sequence stops drafting at the first draft whose\n"
+                  "probability under the draft head is below this, in [0, 1] (0: always\n"
+                  "--speculative-tokens drafts).");
   flags.AddBool("prefix-caching", &config.engine.prefix_caching,
                 "Reuse the KV cache blocks of prompt prefixes computed before (full blocks of\n"
                 "16 tokens; docs/kv-cache.md); --no-prefix-caching computes every prompt whole.");
+  flags.AddDouble("kv-host-cache-gb", &kv_host_cache_gb,
+                  "Host memory (GiB, for the whole worker) that keeps cached KV blocks evicted\n"
+                  "from the ranks' pools, so a later prompt with their prefix copies them back\n"
+                  "instead of recomputing them; 0: none.");
+  flags.AddString("kv-cache-dir", &config.engine.kv_cache_dir,
+                  "Local directory for cached KV blocks leaving host memory, and for every cached\n"
+                  "block when the worker stops: a later worker on the same directory (same model\n"
+                  "and cache layout) skips the prefill of those prefixes. Files are checked\n"
+                  "before use (model, hashes, tokens, checksum); docs/kv-cache.md. Empty: none.");
+  flags.AddDouble("kv-cache-dir-gb", &kv_cache_dir_gb,
+                  "Bound on --kv-cache-dir's block files, GiB (least recently used go first).");
   flags.AddString("prefill-attention", &prefill_attention,
                   "auto, absorbed or mha: the MLA form of prefill steps (auto: mha where every\n"
                   "sequence of the step brings >= 64 new tokens and the backend has it). The\n"
@@ -137,6 +162,10 @@ int main(int argc, char** argv) {
                   "physical slots are spread evenly over the group's ranks (docs/eplb.md).");
   flags.AddInt("collective-timeout-s", &collective_timeout_s,
                "Seconds a rank waits for its peers (forming a group, each collective).");
+  flags.AddString("step-stats-dir", &config.engine.step_stats_dir,
+                  "If set, each rank writes what its steps did with their time (batch sizes,\n"
+                  "step times, gaps between steps, time to first token) to\n"
+                  "DIR/rank-N.json whenever it runs out of work (tools/bench/e2e_job.py).");
   flags.AddString("log-dir", &log_dir, "Write glog files here instead of to stderr.");
   flags.AddInt("v", &verbosity, "Verbose logging level (glog --v).");
 
@@ -147,6 +176,8 @@ int main(int argc, char** argv) {
   }
   deepinfer::kernels::SetProgrammaticDependentLaunch(pdl);
   deepinfer::InitDaemonLogging(argv[0], log_dir, static_cast<int>(verbosity));
+  LOG(INFO) << "start-up: main at unix "
+            << absl::StrFormat("%.3f", absl::ToUnixMicros(absl::Now()) / 1e6);
   config.port = static_cast<int>(port);
 
   absl::StatusOr<deepinfer::DeviceSelection> selection = deepinfer::ParseDeviceSelection(devices);
@@ -200,6 +231,15 @@ int main(int argc, char** argv) {
       max_running <= 0 || collective_timeout_s <= 0) {
     std::cerr << "deepinfer-worker: --ranks, --threads, --kv-cache-tokens, --max-batch-tokens,\n"
                  "--max-running and --collective-timeout-s must be positive\n";
+    return 2;
+  }
+  if (!(kv_host_cache_gb >= 0) || !(kv_cache_dir_gb > 0)) {
+    std::cerr << "deepinfer-worker: --kv-host-cache-gb must be >= 0 and --kv-cache-dir-gb > 0\n";
+    return 2;
+  }
+  if (speculative_tokens < 0 || !(draft_min_confidence >= 0 && draft_min_confidence <= 1)) {
+    std::cerr << "deepinfer-worker: --speculative-tokens must be >= 0 and "
+                 "--draft-min-confidence in [0, 1]\n";
     return 2;
   }
   if (!(gpu_memory_utilization > 0 && gpu_memory_utilization <= 1)) {
@@ -259,8 +299,12 @@ int main(int argc, char** argv) {
   config.engine.kv_cache_dtype = kv_cache_dtype;
   config.engine.kv_cache_tokens = kv_cache_tokens;
   config.engine.gpu_memory_utilization = gpu_memory_utilization;
+  config.engine.kv_host_cache_bytes = static_cast<int64_t>(kv_host_cache_gb * (1ll << 30));
+  config.engine.kv_cache_dir_bytes = static_cast<int64_t>(kv_cache_dir_gb * (1ll << 30));
   config.engine.max_batch_tokens = static_cast<int32_t>(max_batch_tokens);
   config.engine.max_running = static_cast<int32_t>(max_running);
+  config.engine.speculative_tokens = static_cast<int32_t>(speculative_tokens);
+  config.engine.draft_min_confidence = static_cast<float>(draft_min_confidence);
   config.engine.collective_timeout = absl::Seconds(collective_timeout_s);
   for (const auto& d : config.devices) {
     LOG(INFO) << "device: " << deepinfer::Device::Kind_Name(d.kind()) << ":" << d.index() << " "

@@ -189,7 +189,15 @@ absl::StatusOr<std::unique_ptr<WorkerServer>> WorkerServer::Start(WorkerConfig c
     options.group.gpu_memory_utilization = e.gpu_memory_utilization;
     options.group.max_batch_tokens = e.max_batch_tokens;
     options.group.max_running = e.max_running;
+    options.group.step_stats_dir = e.step_stats_dir;
     options.group.prefix_caching = e.prefix_caching;
+    if (e.prefix_caching && (e.kv_host_cache_bytes > 0 || !e.kv_cache_dir.empty())) {
+      self->kv_block_store_ = std::make_shared<KvBlockStore>(
+          KvBlockStoreOptions{e.kv_host_cache_bytes, e.kv_cache_dir, e.kv_cache_dir_bytes});
+      options.group.kv_block_store = self->kv_block_store_;
+    }
+    options.group.speculative_tokens = e.speculative_tokens;
+    options.group.draft_min_confidence = e.draft_min_confidence;
     options.group.prefill_attention = e.prefill_attention;
     options.group.collective_timeout = e.collective_timeout;
     options.group.listen_host = wildcard ? "0.0.0.0" : config.host;
@@ -261,6 +269,9 @@ void WorkerServer::Shutdown() {
   link_.reset();
   // Rank threads end here; results they still produce stay in the outbox.
   controller_.reset();
+  // The ranks' caches handed their blocks to the store as they went; the disk tier keeps them
+  // for the next worker on the directory.
+  if (kv_block_store_ != nullptr) kv_block_store_->Flush();
 }
 
 CoordinatorLink::State WorkerServer::link_state() const {

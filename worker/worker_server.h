@@ -19,6 +19,7 @@
 #include "worker/coordinator_link.h"
 #include "worker/engine/group_controller.h"
 #include "worker/engine/model_files.h"
+#include "worker/kv_cache/kv_block_store.h"
 #include "worker/result_outbox.h"
 
 namespace deepinfer {
@@ -57,8 +58,18 @@ struct WorkerEngineConfig {
   comm::DataPlaneChoice communicator = comm::DataPlaneChoice::kAuto;
   // How expert-parallel ranks move rows over that data plane (EpExchangeKind, --ep-exchange).
   EpExchangeKind ep_exchange = EpExchangeKind::kAuto;
+  // RankGroupOptions::step_stats_dir.
+  std::string step_stats_dir;
   // Prefix caching (RankGroupOptions::prefix_caching).
   bool prefix_caching = true;
+  // Lower tiers of the prefix cache (KvBlockStoreOptions): host memory for evicted blocks, and
+  // a local directory (empty: none) bounded to kv_cache_dir_bytes.
+  int64_t kv_host_cache_bytes = 0;
+  std::string kv_cache_dir;
+  int64_t kv_cache_dir_bytes = 0;
+  // Speculative decoding (RankGroupOptions::speculative_tokens, draft_min_confidence).
+  int32_t speculative_tokens = 0;
+  float draft_min_confidence = 0.0f;
   // The MLA prefill form (RankGroupOptions::prefill_attention).
   PrefillAttention prefill_attention = PrefillAttention::kAuto;
 };
@@ -111,6 +122,7 @@ class WorkerServer {
   // Declared before what uses them: rank threads add to the outbox, the link reads both.
   std::unique_ptr<ModelFiles> model_;
   std::unique_ptr<ResultOutbox> outbox_;
+  std::shared_ptr<KvBlockStore> kv_block_store_;
   std::unique_ptr<GroupController> controller_;
   std::unique_ptr<Service> service_;
   std::unique_ptr<grpc::Server> server_;

@@ -38,8 +38,7 @@ absl::StatusOr<ChildProcess> ChildProcess::Start(const std::vector<std::string>&
   if (one_log) {
     posix_spawn_file_actions_adddup2(&actions, 1, 2);
   } else {
-    posix_spawn_file_actions_addopen(&actions, 2, err.c_str(), O_WRONLY | O_CREAT | O_TRUNC,
-                                     0644);
+    posix_spawn_file_actions_addopen(&actions, 2, err.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
   }
   // The child must not inherit a blocked-signal mask from the test.
   posix_spawnattr_t attr;

@@ -4,6 +4,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cstdio>
 #include <cstdlib>
@@ -44,6 +45,21 @@ std::string Describe(const Job& job) {
       job.total_requests(), job.running_requests(), job.failed_requests(),
       job.generated_tokens() + job.running_generated_tokens());
   if (!job.name().empty()) absl::StrAppend(&out, "  '", job.name(), "'");
+  if (job.prompt_tokens() > 0) {
+    absl::StrAppendFormat(&out, "\n  prefix cache: %d of %d prompt tokens cached (%.1f%%)",
+                          job.cached_prompt_tokens(), job.prompt_tokens(),
+                          100.0 * job.cached_prompt_tokens() / job.prompt_tokens());
+    int64_t sum = 0, max = 0;
+    for (int64_t t : job.rank_tokens()) {
+      sum += t;
+      max = std::max(max, t);
+    }
+    if (job.rank_tokens_size() > 1 && sum > 0) {
+      absl::StrAppendFormat(&out, "; tokens per rank max/mean %.2f (%s)",
+                            static_cast<double>(max) * job.rank_tokens_size() / sum,
+                            absl::StrJoin(job.rank_tokens(), " "));
+    }
+  }
   if (!job.error().empty()) absl::StrAppend(&out, "\n  error: ", job.error());
   if (!job.cluster_notice().empty()) absl::StrAppend(&out, "\n  cluster: ", job.cluster_notice());
   return out;
@@ -223,6 +239,12 @@ namespace {
 
 std::atomic<int> g_interrupted{0};
 
+// The local coordinator's heartbeat period, and how often `deepinfer run` asks it whether the
+// job is done (the process exits at most this long after the job ends).
+constexpr int kLocalHeartbeatMs = 100;
+constexpr int kJobPollMs = 50;
+constexpr int kLocalGroupSettleMs = 100;
+
 void OnInterrupt(int signal) { g_interrupted = signal; }
 
 std::string SelfDir() {
@@ -283,7 +305,14 @@ class LocalCluster {
     auto coordinator = ChildProcess::Start(
         {daemons->first, "--listen=127.0.0.1:0", "--port-file=" + port_file,
          "--model=" + options.model, "--state-dir=" + state_dir + "/jobs",
-         absl::StrCat("--min-workers=", options.workers), "--auth-token-file=" + token_file_},
+         absl::StrCat("--min-workers=", options.workers), "--auth-token-file=" + token_file_,
+         // The coordinator learns each step of forming (a worker READY, the group serving)
+         // from a heartbeat: 1 s apart, that is seconds of start-up on every run, while on
+         // loopback heartbeats cost nothing. The group waits for all the workers
+         // (--min-workers) rather than for the ready set to settle.
+         absl::StrCat("--heartbeat-interval-ms=", kLocalHeartbeatMs),
+         absl::StrCat("--group-settle-ms=", kLocalGroupSettleMs),
+         absl::StrCat("--prefix-routing=", options.prefix_routing ? "true" : "false")},
         logs + "/coordinator.log", /*one_log=*/true);
     if (!coordinator.ok()) return coordinator.status();
     coordinator_.emplace(std::move(*coordinator));
@@ -394,6 +423,13 @@ std::vector<std::string> LocalWorkerArgv(const RunOptions& options, int64_t inde
   argv.push_back(absl::StrCat("--cuda-graph-max-batch=", options.cuda_graph_max_batch));
   if (!options.kv_cache_dtype.empty()) argv.push_back("--kv-cache-dtype=" + options.kv_cache_dtype);
   if (!options.prefix_caching) argv.push_back("--no-prefix-caching");
+  if (!options.kv_cache_dir.empty()) argv.push_back("--kv-cache-dir=" + options.kv_cache_dir);
+  if (options.kv_cache_dir_gb >= 0) {
+    argv.push_back(absl::StrCat("--kv-cache-dir-gb=", options.kv_cache_dir_gb));
+  }
+  if (options.kv_host_cache_gb >= 0) {
+    argv.push_back(absl::StrCat("--kv-host-cache-gb=", options.kv_host_cache_gb));
+  }
   for (absl::string_view extra : absl::StrSplit(options.worker_args, ' ', absl::SkipEmpty())) {
     argv.emplace_back(extra);
   }
@@ -494,7 +530,7 @@ int RunCommand(const RunOptions& options) {
                 absl::StrCat("the job did not finish within --timeout-s=", options.timeout_s));
             break;
           }
-          absl::SleepFor(absl::Milliseconds(200));
+          absl::SleepFor(absl::Milliseconds(kJobPollMs));
         }
         if (job.ok()) progress.Update(*job);
         progress.Finish();

@@ -48,6 +48,13 @@ struct RunOptions {
   std::string kv_cache_dtype;
   // false: the workers get --no-prefix-caching.
   bool prefix_caching = true;
+  // Passed to the workers when set: --kv-cache-dir, --kv-cache-dir-gb, --kv-host-cache-gb
+  // (negative: the worker's default).
+  std::string kv_cache_dir;
+  double kv_cache_dir_gb = -1;
+  double kv_host_cache_gb = -1;
+  // false: the coordinator gets --prefix-routing=false (least loaded rank only).
+  bool prefix_routing = true;
   int64_t workers = 1;
   int64_t ranks_per_worker = 1;
   // Where the local cluster keeps its database and logs; a fresh temporary
@@ -75,9 +82,9 @@ absl::StatusOr<std::vector<std::string>> GpuSetsPerWorker(const char* visible, i
 // The command line of local worker `index` of `deepinfer run`: `worker_binary` with the
 // coordinator's address, the model, backend, ranks, worker id and token file, every engine
 // option of `options` the worker takes (--dtype when set, --cuda-graphs,
-// --cuda-graph-max-batch, --kv-cache-dtype when set, --no-prefix-caching when off), then
-// options.worker_args split at spaces (so they can override). With a non-empty `gpu_set`, run
-// through env(1) with CUDA_VISIBLE_DEVICES=gpu_set.
+// --cuda-graph-max-batch, --kv-cache-dtype when set, --no-prefix-caching when off, the KV cache
+// tiers' flags when set), then options.worker_args split at spaces (so they can override). With a
+// non-empty `gpu_set`, run through env(1) with CUDA_VISIBLE_DEVICES=gpu_set.
 std::vector<std::string> LocalWorkerArgv(const RunOptions& options, int64_t index,
                                          const std::string& worker_binary,
                                          const std::string& coordinator_address,

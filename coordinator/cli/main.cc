@@ -187,6 +187,18 @@ int Run(const std::vector<std::string>& args) {
                 "Workers reuse the KV cache of prompt prefixes they computed before (requests\n"
                 "sharing a system prompt skip its prefill; usage.prompt_tokens_details.\n"
                 "cached_tokens says how many tokens); --no-prefix-caching: every prompt whole.");
+  flags.AddString("kv-cache-dir", &options.kv_cache_dir,
+                  "Passed to the workers: a local directory that keeps cached KV blocks across\n"
+                  "runs (a later run with the same model and prefixes skips their prefill).");
+  flags.AddDouble("kv-cache-dir-gb", &options.kv_cache_dir_gb,
+                  "Passed to the workers: bound on --kv-cache-dir, GiB (default: theirs).");
+  flags.AddDouble("kv-host-cache-gb", &options.kv_host_cache_gb,
+                  "Passed to the workers: host memory for evicted cached KV blocks, GiB\n"
+                  "(default: theirs).");
+  flags.AddBool("prefix-routing", &options.prefix_routing,
+                "The coordinator sends requests to the rank that caches their prompt's prefix\n"
+                "and lets requests sharing a prefix wait for the first one's prefill;\n"
+                "--prefix-routing=false: least loaded rank only.");
   flags.AddInt("workers", &options.workers, "Worker processes (as nodes would be).");
   flags.AddInt("ranks-per-worker", &options.ranks_per_worker,
                "Engine ranks per worker (GPUs per node); all ranks form one expert-\n"

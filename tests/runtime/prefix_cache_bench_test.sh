@@ -2,7 +2,8 @@
 # prefix_cache_bench_test: tools/bench/prefix_cache_bench.sh end to end on the CPU with the
 # fixture model. A job of 2 system prompts (40 tokens) x 3 questions (4 tokens) run one request
 # at a time: the first request of each system prompt computes it, the other two find its 2
-# full blocks (32 tokens; the third block holds the question). The report's numbers must be
+# full blocks (32 tokens; the third block holds the question). The re-run on the warm
+# --kv-cache-dir finds every prompt's 2 full blocks on disk. The report's numbers must be
 # those, and the job's lines must be what make-job was asked for.
 #   prefix_cache_bench_test.sh DEEPINFER BENCH_SH MODEL_DIR
 set -euo pipefail
@@ -35,7 +36,7 @@ assert prompts["s0-q0"][:40] != prompts["s1-q0"][:40]
 # The report, from the output files (wall times are not checked).
 r = json.loads(subprocess.check_output([sys.executable, script, "report", "--on",
     f"{out}/on.jsonl", "--on-seconds", "2", "--off", f"{out}/off.jsonl", "--off-seconds", "4",
-    "--json"]))
+    "--run", f"warm={out}/warm.jsonl:1", "--json"]))
 on, off = r["on"], r["off"]
 assert on["requests"] == off["requests"] == 6, r
 assert on["errors"] == off["errors"] == 0, r
@@ -47,5 +48,10 @@ assert abs(on["hit_rate"] - 128 / 264) < 1e-9, r
 assert on["completion_tokens"] == 12, r
 assert r["requests_with_other_tokens"] == 0, r
 assert abs(r["speedup"] - 2.0) < 1e-9, r
+warm = r["runs"]["warm"]
+assert warm["cached_tokens"] == 6 * 32, r
+assert warm["requests_with_other_tokens"] == 0, r
+assert warm["balance"] is None, r
 PY
+grep -q 'warm disk' "$tmp/report.md" || fail "no warm disk column: $(cat "$tmp/report.md")"
 echo PASS

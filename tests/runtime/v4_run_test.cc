@@ -1,9 +1,9 @@
-// DeepSeek-V4 through real processes: `deepinfer run --model tests/fixtures/dsv4_mix` (FP8 and
-// MXFP4 storage, the HF-made fixture) completes a job whose greedy tokens are HF's greedy_24
-// continuations, on 1 worker, on 2 workers and on 1 worker with 2 ranks (the routed experts
-// split over the ranks), and with a KV cache too small for every sequence at once and a step
-// budget smaller than the long prompt (chunked prefill, preemption and the re-prefill of a
-// preempted sequence).
+// DeepSeek-V4 through real processes: `deepinfer run` on the HF-made fixtures completes a job
+// whose greedy tokens are HF's greedy_24 continuations: dsv4_mix (FP8 and MXFP4 storage) on 1
+// worker, on 2 workers and on 1 worker with 2 ranks (the routed experts split over the ranks),
+// and with a KV cache too small for every sequence at once and a step budget smaller than the
+// long prompt (chunked prefill, preemption and the bounded rebuild of a preempted sequence);
+// dsv4_bf16 (bf16 storage) on 1 worker.
 #include <fstream>
 #include <map>
 #include <string>
@@ -29,11 +29,12 @@ using ::deepinfer::testing::TempPath;
 using ::testing::HasSubstr;
 using json = nlohmann::json;
 
-const char kModel[] = "tests/fixtures/dsv4_mix";
+const char kMix[] = "tests/fixtures/dsv4_mix";
+const char kBf16[] = "tests/fixtures/dsv4_bf16";
 
 // One greedy 24-token completion line per fixture prompt ("hf-N"); `want` gets greedy_24.
-std::string HfGreedyJob(std::map<std::string, std::vector<int>>* want) {
-  json expected = json::parse(ReadFile(Runfile(std::string(kModel) + "/expected.json")));
+std::string HfGreedyJob(const std::string& model, std::map<std::string, std::vector<int>>* want) {
+  json expected = json::parse(ReadFile(Runfile(model + "/expected.json")));
   std::vector<std::string> lines;
   for (size_t i = 0; i < expected["prompts"].size(); ++i) {
     const json& p = expected["prompts"][i];
@@ -52,14 +53,15 @@ std::string HfGreedyJob(std::map<std::string, std::vector<int>>* want) {
 }
 
 // `deepinfer run` on the fixture; the output lines by custom_id.
-std::map<std::string, json> RunJob(const std::string& name, const std::string& input, int workers,
-                                   int ranks, const std::string& worker_args = "") {
+std::map<std::string, json> RunJob(const std::string& model, const std::string& name,
+                                   const std::string& input, int workers, int ranks,
+                                   const std::string& worker_args = "") {
   const std::string in = TempPath(name + ".in.jsonl");
   const std::string out = TempPath(name + ".out.jsonl");
   std::ofstream(in) << input;
   std::vector<std::string> argv = {Runfile("coordinator/cli/deepinfer"),
                                    "run",
-                                   std::string("--model=") + kModel,
+                                   "--model=" + model,
                                    "--input=" + in,
                                    "--output=" + out,
                                    absl::StrCat("--workers=", workers),
@@ -96,10 +98,10 @@ void ExpectHfGreedy(const std::map<std::string, json>& out,
 
 TEST(V4RunTest, HfGreedyTokensOnOneWorkerTwoWorkersAndTwoRanks) {
   std::map<std::string, std::vector<int>> want;
-  const std::string job = HfGreedyJob(&want);
-  ExpectHfGreedy(RunJob("one", job, 1, 1), want, "1 worker");
-  ExpectHfGreedy(RunJob("two_workers", job, 2, 1), want, "2 workers");
-  ExpectHfGreedy(RunJob("two_ranks", job, 1, 2), want, "1 worker x 2 ranks");
+  const std::string job = HfGreedyJob(kMix, &want);
+  ExpectHfGreedy(RunJob(kMix, "one", job, 1, 1), want, "1 worker");
+  ExpectHfGreedy(RunJob(kMix, "two_workers", job, 2, 1), want, "2 workers");
+  ExpectHfGreedy(RunJob(kMix, "two_ranks", job, 1, 2), want, "1 worker x 2 ranks");
   // The 8 routed experts of each layer were split over the two ranks.
   const std::string ranks = ReadFile(TempPath("two_ranks.state/logs/worker-0.log"));
   EXPECT_THAT(ranks, HasSubstr("rank 0 of 2: expert parallel, hosts routed experts 0..3 of 8"));
@@ -110,12 +112,23 @@ TEST(V4RunTest, HfGreedyTokensOnOneWorkerTwoWorkersAndTwoRanks) {
 // long prompt is prefilled in chunks, and a sequence is preempted and prefilled again.
 TEST(V4RunTest, HfGreedyTokensWithChunkedPrefillAndPreemption) {
   std::map<std::string, std::vector<int>> want;
-  const std::string job = HfGreedyJob(&want);
-  ExpectHfGreedy(RunJob("small_cache", job, 1, 1,
+  const std::string job = HfGreedyJob(kMix, &want);
+  ExpectHfGreedy(RunJob(kMix, "small_cache", job, 1, 1,
                         "--kv-cache-tokens=400 --max-batch-tokens=48 --max-running=4 --v=1"),
                  want, "small cache");
   // The engine logs each preemption at --v=1.
-  EXPECT_THAT(ReadFile(TempPath("small_cache.state/logs/worker-0.log")), HasSubstr("preempting"));
+  const std::string log = ReadFile(TempPath("small_cache.state/logs/worker-0.log"));
+  EXPECT_THAT(log, HasSubstr("preempting"));
+  // The long sequence is rebuilt by a bounded replay (docs/model.md, "Replay after preemption or
+  // worker loss").
+  EXPECT_THAT(log, HasSubstr("its rebuild replays from position"));
+}
+
+// dsv4_bf16 (bf16-stored matrices, 8 index heads): greedy_24 on every prompt.
+TEST(V4RunTest, HfGreedyTokensOnTheBf16Fixture) {
+  std::map<std::string, std::vector<int>> want;
+  const std::string job = HfGreedyJob(kBf16, &want);
+  ExpectHfGreedy(RunJob(kBf16, "bf16", job, 1, 1), want, "dsv4_bf16, 1 worker");
 }
 
 }  // namespace

@@ -84,6 +84,30 @@ std::string RankSection(const ClusterStatusResponse& status) {
   return out;
 }
 
+// "prefix cache: ..." over the ranks that report: the share of prompt tokens served from the
+// cache, and max / mean of the tokens each rank computed (its balance); "" when none reports.
+std::string DescribePrefixCache(const ClusterStatusResponse& status) {
+  int64_t prompt = 0, cached = 0, max_computed = 0, computed = 0;
+  int ranks = 0;
+  for (const WorkerStatus& w : status.workers()) {
+    for (const RankLoad& r : w.rank_loads()) {
+      prompt += r.prompt_tokens();
+      cached += r.cached_prompt_tokens();
+      computed += r.computed_tokens();
+      max_computed = std::max(max_computed, r.computed_tokens());
+      ++ranks;
+    }
+  }
+  if (ranks == 0 || prompt == 0) return "";
+  std::string out = absl::StrFormat("prefix cache: %d of %d prompt tokens cached (%.1f%%)", cached,
+                                    prompt, 100.0 * cached / prompt);
+  if (computed > 0) {
+    absl::StrAppendFormat(&out, "; computed tokens per rank max/mean %.2f over %d rank(s)",
+                          static_cast<double>(max_computed) * ranks / computed, ranks);
+  }
+  return out + "\n";
+}
+
 }  // namespace
 
 std::string FormatClusterStatusTable(const ClusterStatusResponse& status) {
@@ -124,6 +148,7 @@ std::string FormatClusterStatusTable(const ClusterStatusResponse& status) {
   for (const auto& [state, n] : per_state) summary.push_back(absl::StrCat(n, " ", state));
   absl::StrAppend(&out, absl::StrJoin(summary, ", "), "\n");
   absl::StrAppend(&out, RankSection(status));
+  absl::StrAppend(&out, DescribePrefixCache(status));
   return out;
 }
 

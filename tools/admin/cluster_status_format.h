@@ -10,7 +10,8 @@ namespace deepinfer {
 
 // The coordinator, the group (its generation, whether it serves, why it could not form), then
 // a header line and one line per worker: id, state, node, address, devices,
-// seconds since last contact, restarts. Ends with a count per state.
+// seconds since last contact, restarts. Then a count per state, and the prefix cache of the
+// ranks that report (hit rate; computed tokens per rank, max over mean).
 std::string FormatClusterStatusTable(const ClusterStatusResponse& status);
 
 // The response as one JSON object (protobuf's JSON mapping, enums by name).

@@ -16,7 +16,6 @@ namespace deepinfer {
 namespace {
 
 constexpr char kPrefix[] = "deepinfer-admin memory-plan: ";
-constexpr char kV4[] = "DeepseekV4ForCausalLM";
 
 double GiB(int64_t bytes) { return static_cast<double>(bytes) / (1024.0 * 1024.0 * 1024.0); }
 
@@ -74,24 +73,16 @@ absl::StatusOr<GpuMemoryReport> PlanGpuMemory(const std::string& config_json,
   r.utilization = config.gpu_memory_utilization;
   r.weights = PerGpuWeightBytes(*inventory, config.num_gpus, *precision, *scale_format);
 
-  int64_t floats_per_token = 0;
-  if (r.architecture == kV4) {
-    absl::StatusOr<DeepseekV4Shape> shape = DeepseekV4Shape::FromJson(config_json, source);
-    if (!shape.ok()) return shape.status();
-    floats_per_token = EstimateDeepseekV4ActivationFloatsPerToken(*shape);
-    const CacheBytesEstimate cache = EstimateDeepseekV4CacheBytes(
-        *shape, static_cast<int64_t>(WeightDTypeSize(*kv_dtype)), /*state_bytes=*/4);
-    r.kv_bytes_per_token = cache.per_token;
-    r.cache_state_bytes = cache.per_sequence * config.max_running;
-    r.kv_estimate = true;
-  } else {
-    absl::StatusOr<ModelConfig> model_config = ModelConfig::FromJson(config_json, source);
-    if (!model_config.ok()) return model_config.status();
-    absl::StatusOr<const Architecture*> arch = FindArchitecture(*model_config);
-    if (!arch.ok()) return arch.status();
-    floats_per_token = (*arch)->activation_floats_per_token(*model_config);
-    r.kv_bytes_per_token = (*arch)->cache_spec(*model_config, *kv_dtype).BytesPerToken();
-  }
+  // The cache and the activation reserve as the model states them (its registry entry): bytes
+  // per token of the paged entries and, for V4, the per-sequence state of max_running slots.
+  absl::StatusOr<ModelConfig> model_config = ModelConfig::FromJson(config_json, source);
+  if (!model_config.ok()) return model_config.status();
+  absl::StatusOr<const Architecture*> arch = FindArchitecture(*model_config);
+  if (!arch.ok()) return arch.status();
+  const int64_t floats_per_token = (*arch)->activation_floats_per_token(*model_config);
+  const KvCacheSpec spec = (*arch)->cache_spec(*model_config, *kv_dtype).WithDType(*kv_dtype);
+  r.kv_bytes_per_token = spec.BytesPerToken();
+  r.cache_state_bytes = spec.StateBytesPerSequence() * config.max_running;
   r.activation_reserve_bytes =
       ActivationReserveBytes(floats_per_token, static_cast<int32_t>(config.max_batch_tokens));
   if (config.cuda_graph_max_batch > 0) {
@@ -159,21 +150,20 @@ std::string FormatGpuMemoryReport(const GpuMemoryReport& r, const MemoryPlanComm
     absl::StrAppendFormat(&out, "  %-22s %9.2f GiB%s%s\n", what, GiB(bytes),
                           note.empty() ? "" : "  ", note);
   };
-  const char* est = r.kv_estimate ? ", estimate" : "";
   absl::StrAppend(&out, "per GPU\n");
   row("weights", r.weights.weights,
       absl::StrFormat("(%.2f B parameters on this GPU)", r.weights.parameters / 1e9));
   row("scales", r.weights.scales, "");
   row("activation reserve", r.activation_reserve_bytes,
-      absl::StrFormat("(--max-batch-tokens %d%s)", c.max_batch_tokens, est));
+      absl::StrFormat("(--max-batch-tokens %d)", c.max_batch_tokens));
   row("decode graph memory", r.graph_bytes,
       c.cuda_graph_max_batch > 0
-          ? absl::StrFormat("(buckets up to batch %d%s)", c.cuda_graph_max_batch, est)
+          ? absl::StrFormat("(buckets up to batch %d)", c.cuda_graph_max_batch)
           : std::string("(no decode graphs)"));
   if (r.cache_state_bytes > 0) {
     row("cache state", r.cache_state_bytes,
-        absl::StrFormat("(sliding windows and open compressor windows of %d sequences%s)",
-                        c.max_running, est));
+        absl::StrFormat("(sliding windows and open compressor windows of %d sequences)",
+                        c.max_running));
   }
   if (!r.fits()) {
     absl::StrAppend(&out, "\ndoes not fit: ", r.error, "\n");
@@ -182,8 +172,8 @@ std::string FormatGpuMemoryReport(const GpuMemoryReport& r, const MemoryPlanComm
   const int64_t used = r.weights.total() + r.activation_reserve_bytes + r.graph_bytes +
                        r.cache_state_bytes + r.kv.kv_bytes();
   row("KV cache", r.kv.kv_bytes(),
-      absl::StrFormat("(%d blocks x %d = %d tokens, %d bytes per token%s)", r.kv.num_blocks,
-                      r.kv.block_size, r.kv_tokens(), r.kv_bytes_per_token, est));
+      absl::StrFormat("(%d blocks x %d = %d tokens, %d bytes per token)", r.kv.num_blocks,
+                      r.kv.block_size, r.kv_tokens(), r.kv_bytes_per_token));
   row("total", used,
       absl::StrFormat("of %.2f GiB", GiB(static_cast<int64_t>(r.utilization * r.total_bytes))));
   absl::StrAppendFormat(&out, "\nfits: KV cache %d tokens per GPU, %d over %d GPU%s\n",

@@ -46,7 +46,6 @@ struct GpuMemoryReport {
   int64_t graph_bytes = 0;
   int64_t kv_bytes_per_token = 0;
   int64_t cache_state_bytes = 0;  // fixed per-sequence cache state x max_running
-  bool kv_estimate = false;       // the cache and activation terms are estimates (V4)
   KvCachePlan kv;                 // num_blocks 0 when nothing fits
   std::string error;              // why it does not fit; empty when it does
 

@@ -7,17 +7,21 @@
       prompts, each followed by `questions` distinct questions, in a seeded shuffled order (as
       a real job's requests come); greedy, ignore_eos, token ids and 1 logprob returned.
   prefix_cache_bench.py report --on OUT.jsonl --on-seconds S --off OUT.jsonl --off-seconds S
-      [--json]
+      [--run NAME=OUT.jsonl:SECONDS[:LOG] ...] [--json]
       From the output files of the same job run with and without prefix caching (usage and
       choices) and their wall times: prompt tokens, tokens served from the cache, prefill tokens
       computed (prompt - cached; recomputation after preemption is not in the usage), hit rate,
-      end-to-end throughput, and whether tokens and logprobs agree.
+      end-to-end throughput, and whether tokens and logprobs agree. Each --run adds a column
+      (e.g. a re-run on a warm --kv-cache-dir, or several ranks with and without prefix-aware
+      routing), compared with the run without prefix caching; with LOG (the run's stderr),
+      the job summary's tokens per rank, max / mean (balance).
 
 prefix_cache_bench.sh runs both halves around `deepinfer run`.
 """
 import argparse
 import json
 import random
+import re
 import sys
 
 
@@ -103,13 +107,38 @@ def compare(on, off):
     return differ, max_diff
 
 
+def balance(log_path):
+    """The job summary's "tokens per rank max/mean X" of a `deepinfer run` log, or None."""
+    if not log_path:
+        return None
+    with open(log_path) as f:
+        found = re.findall(r"tokens per rank max/mean ([0-9.]+)", f.read())
+    return float(found[-1]) if found else None
+
+
+def parse_run(spec):
+    """NAME=OUT.jsonl:SECONDS[:LOG]"""
+    name, _, rest = spec.partition("=")
+    parts = rest.split(":")
+    if not name or len(parts) not in (2, 3):
+        raise argparse.ArgumentTypeError(f"--run wants NAME=OUT.jsonl:SECONDS[:LOG], not {spec!r}")
+    return name, parts[0], float(parts[1]), parts[2] if len(parts) == 3 else None
+
+
 def report(args):
     on = summarize(read_lines(args.on), args.on_seconds)
     off = summarize(read_lines(args.off), args.off_seconds)
     differ, max_diff = compare(read_lines(args.on), read_lines(args.off))
     result = {"on": on, "off": off, "requests_with_other_tokens": differ,
               "max_logprob_difference": max_diff,
-              "speedup": off["seconds"] / on["seconds"] if on["seconds"] > 0 else 0.0}
+              "speedup": off["seconds"] / on["seconds"] if on["seconds"] > 0 else 0.0,
+              "runs": {}}
+    for name, path, seconds, log in args.run:
+        run = summarize(read_lines(path), seconds)
+        run["requests_with_other_tokens"], run["max_logprob_difference"] = compare(
+            read_lines(path), read_lines(args.off))
+        run["balance"] = balance(log)
+        result["runs"][name] = run
     if args.json:
         print(json.dumps(result, indent=1))
         return
@@ -121,12 +150,21 @@ def report(args):
             ("prompt + output tokens/s", "total_tokens_per_s", "{:.0f}"),
             ("output tokens/s", "output_tokens_per_s", "{:.1f}"),
             ("error lines", "errors", "{}")]
-    print("| | prefix caching on | off |")
-    print("| --- | --- | --- |")
+    runs = result["runs"]
+    if runs:
+        rows.append(("tokens per rank, max/mean", "balance", "{:.2f}"))
+    names = ["prefix caching on"] + list(runs) + ["off"]
+    columns = [on] + list(runs.values()) + [off]
+    print("| | " + " | ".join(names) + " |")
+    print("| --- |" + " --- |" * len(names))
     for name, key, fmt in rows:
-        print(f"| {name} | {fmt.format(on[key])} | {fmt.format(off[key])} |")
+        cells = ["-" if c.get(key) is None else fmt.format(c[key]) for c in columns]
+        print(f"| {name} | " + " | ".join(cells) + " |")
     print(f"\nend-to-end speedup {result['speedup']:.2f}x; requests whose tokens differ: "
           f"{differ}; largest logprob difference of the others: {max_diff:.3g}")
+    for name, run in runs.items():
+        print(f"{name}: requests whose tokens differ from off: {run['requests_with_other_tokens']};"
+              f" largest logprob difference: {run['max_logprob_difference']:.3g}")
 
 
 def main():
@@ -146,6 +184,8 @@ def main():
     rep.add_argument("--on-seconds", type=float, required=True)
     rep.add_argument("--off", required=True)
     rep.add_argument("--off-seconds", type=float, required=True)
+    rep.add_argument("--run", type=parse_run, action="append", default=[],
+                     help="NAME=OUT.jsonl:SECONDS[:LOG], another column")
     rep.add_argument("--json", action="store_true")
     args = parser.parse_args()
     if args.command == "make-job":

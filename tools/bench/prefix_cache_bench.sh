@@ -1,11 +1,14 @@
 #!/bin/bash
 # prefix_cache_bench.sh: one shared-system-prompt job (prefix_cache_bench.py make-job) through
-# `deepinfer run` with prefix caching off, then on, and prefix_cache_bench.py's report of both:
-# prefill tokens computed, hit rate, end-to-end throughput (wall time of each `deepinfer run`,
-# process start and model load included), and whether tokens and logprobs agree.
+# `deepinfer run` with prefix caching off, then on (with a fresh --kv-cache-dir), then on again
+# with that directory warm (a new worker that finds the first run's blocks on disk), then, with
+# --ranks N, on N ranks with and without prefix-aware routing; and prefix_cache_bench.py's
+# report of all: prefill tokens computed, hit rate, end-to-end throughput (wall time of each
+# `deepinfer run`, process start and model load included), tokens per rank (max / mean) for
+# the multi-rank runs, and whether tokens and logprobs agree.
 #
 #   prefix_cache_bench.sh --deepinfer BIN --model MODEL --out DIR [--run-args "FLAGS"]
-#       [-- MAKE_JOB_FLAGS]
+#       [--ranks N] [-- MAKE_JOB_FLAGS]
 #
 # MAKE_JOB_FLAGS default to the full job (64 system prompts of 2,048 tokens x 32 questions of
 # 64 tokens, 32 output tokens); scale it down for the CPU, e.g.
@@ -14,13 +17,14 @@
 # FLAGS go to both `deepinfer run`s (e.g. "--backend cuda --ranks-per-worker 8").
 set -euo pipefail
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
-deepinfer="" model="" out="" run_args=""
+deepinfer="" model="" out="" run_args="" ranks=0
 while [[ $# -gt 0 ]]; do
   case $1 in
     --deepinfer) deepinfer=$2; shift 2 ;;
     --model) model=$2; shift 2 ;;
     --out) out=$2; shift 2 ;;
     --run-args) run_args=$2; shift 2 ;;
+    --ranks) ranks=$2; shift 2 ;;
     --) shift; break ;;
     *) echo "prefix_cache_bench.sh: unknown argument '$1'" >&2; exit 2 ;;
   esac
@@ -35,9 +39,17 @@ python3 "$here/prefix_cache_bench.py" make-job "$@" > "$out/job.jsonl"
 echo "job: $(wc -l < "$out/job.jsonl") requests ($out/job.jsonl)" >&2
 
 declare -A seconds
-for mode in off on; do
+modes=(off on warm)
+[[ $ranks -gt 1 ]] && modes+=(routed unrouted)
+rm -rf "$out/kv"
+for mode in "${modes[@]}"; do
   flags=()
-  [[ $mode == off ]] && flags+=(--no-prefix-caching)
+  case $mode in
+    off) flags+=(--no-prefix-caching) ;;
+    on | warm) flags+=(--kv-cache-dir "$out/kv") ;;
+    routed) flags+=(--ranks-per-worker "$ranks") ;;
+    unrouted) flags+=(--ranks-per-worker "$ranks" --prefix-routing=false) ;;
+  esac
   start=$(date +%s.%N)
   # shellcheck disable=SC2086  # run_args is a list of flags
   "$deepinfer" run --model "$model" --input "$out/job.jsonl" --output "$out/$mode.jsonl" \
@@ -47,5 +59,10 @@ for mode in off on; do
   seconds[$mode]=$(python3 -c "print($end - $start)")
   echo "prefix caching $mode: ${seconds[$mode]} s" >&2
 done
+extra=(--run "warm disk=$out/warm.jsonl:${seconds[warm]}")
+for mode in routed unrouted; do
+  [[ -n ${seconds[$mode]:-} ]] &&
+    extra+=(--run "$ranks ranks $mode=$out/$mode.jsonl:${seconds[$mode]}:$out/$mode.log")
+done
 python3 "$here/prefix_cache_bench.py" report --on "$out/on.jsonl" --on-seconds "${seconds[on]}" \
-  --off "$out/off.jsonl" --off-seconds "${seconds[off]}" | tee "$out/report.md"
+  --off "$out/off.jsonl" --off-seconds "${seconds[off]}" "${extra[@]}" | tee "$out/report.md"

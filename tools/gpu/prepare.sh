@@ -30,6 +30,8 @@
 #                   bin/deepinfer, bin/deepinfer-coordinator, bin/deepinfer-worker, bundled too;
 #                   bench2: deepinfer-bench --ranks 2 against --ranks 1)
 # DIR/kernel_times.sh, DIR/kernel_times.py  the kernel-times suite (Nsight Compute)
+# DIR/e2e.sh  the e2e suite: whole jobs through `deepinfer run` (e2e_job.py, make_job.py,
+#             hf_generate.py; the daemons and the CLI as for multi_gpu.sh)
 # Then, with the device tool: carry [DIR relative to the repo root], command
 # `bash DIR/suite.sh tests` (or any suites; logs under $OUT).
 set -euo pipefail
@@ -126,6 +128,7 @@ cp tools/bench/sweep.sh tools/bench/hf_bench.py \
   tools/bench/combine_results.py tools/gpu/bench_all.sh "$out/"
 cp tools/parity/hf_bf16_error.py "$out/hf_bf16_error.py"
 cp tools/gpu/multi_gpu.sh tools/gpu/kernel_times.sh tools/gpu/kernel_times.py "$out/"
+cp tools/gpu/e2e.sh tools/bench/e2e_job.py tools/bench/make_job.py tools/bench/hf_generate.py "$out/"
 git rev-parse HEAD > "$out/COMMIT"
 git status --short >> "$out/COMMIT"
 du -sh "$out" "$out"/bin "$out"/lib

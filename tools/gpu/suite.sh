@@ -21,6 +21,10 @@
 #   multi-gpu       the NCCL tests and `deepinfer run` over 2 GPUs (multi_gpu.sh; 2+ GPUs)
 #   bench2          deepinfer-bench --ranks 2 (device exchange, then NCCL all-to-all) against
 #                   --ranks 1 (multi_gpu.sh; 2+ GPUs)
+#   e2e             whole jobs through `deepinfer run` (e2e.sh): wall time split into start-up,
+#                   serving and tail, the ideal from deepinfer-bench's step times, the device's
+#                   idle share, TTFT, tokens/s against HF transformers' generate (E2E_* knobs:
+#                   e2e.sh); $OUT gets e2e.md
 #   all             tests hf bench memcheck racecheck
 #   session         tests multi-gpu bench2 bench profile kernel-times
 #
@@ -32,7 +36,7 @@ set -uo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 if [[ $# -eq 0 ]]; then
   echo "usage: suite.sh SUITE... (tests hf kernel-bench bench profile kernel-times memcheck" \
-    "racecheck multi-gpu bench2 all session)" >&2
+    "racecheck multi-gpu bench2 e2e all session)" >&2
   exit 2
 fi
 suites=" "
@@ -41,7 +45,7 @@ for s in "$@"; do
     all) suites+="tests hf bench memcheck racecheck " ;;
     session) suites+="tests multi-gpu bench2 bench profile kernel-times " ;;
     tests | hf | kernel-bench | bench | profile | kernel-times | memcheck | racecheck) suites+="$s " ;;
-    multi-gpu | bench2) suites+="$s " ;;
+    multi-gpu | bench2 | e2e) suites+="$s " ;;
     *)
       echo "suite.sh: unknown suite '$s'" >&2
       exit 2
@@ -122,6 +126,10 @@ if want bench2; then
   else
     echo "bench2 SKIPPED ($gpus GPU)" | tee -a "$summary"
   fi
+fi
+if want e2e; then
+  step e2e 570 env OUT="$(sub_out e2e)" E2E_BUDGET_S="${E2E_BUDGET_S:-540}" bash "$here/e2e.sh"
+  cp "$logs/e2e/e2e.md" "$OUT/" 2>/dev/null
 fi
 tar -C "$logs" -czf "$OUT/logs.tar.gz" .
 echo "failed steps: $failed" | tee -a "$summary"

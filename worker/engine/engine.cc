@@ -5,8 +5,10 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
 #include "glog/logging.h"
 #include "worker/sampling/logit_adjuster.h"
+#include "worker/sampling/sampler.h"
 
 namespace deepinfer {
 
@@ -15,7 +17,13 @@ struct Engine::Sequence {
   GenerationParams params;
   std::vector<int32_t> tokens;  // prompt, then generated tokens
   int64_t prompt_len = 0;
-  int64_t computed = 0;  // leading tokens whose KV entries are in the cache
+  int64_t computed = 0;    // leading tokens whose KV entries are in the cache
+  int64_t high_water = 0;  // the most tokens computed before a preemption (below: a replay)
+  // A bounded rebuild (CausalLm::BoundedReplayStart): while the sequence waits, the paged
+  // bytes of its first blocks in host memory; the positions its steps pass on.
+  std::vector<char> kept_bytes;
+  int64_t kept_end = 0;
+  int64_t replay_from = 0;
   std::vector<int32_t> blocks;
   // Chain hashes of the full blocks of `tokens` (PrefixCache::ExtendHashes), and how many of
   // `blocks` were offered to the prefix cache (or came from it).
@@ -31,12 +39,23 @@ struct Engine::Sequence {
   std::string text;
   size_t max_stop_len = 0;
   bool done = false;
+  // Speculative decoding: the model's hidden rows of positions [hidden_from, computed) not yet
+  // run through the draft head ([rows, hidden_size]), and this step's drafts.
+  int64_t hidden_from = 0;
+  std::vector<float> hidden;
+  std::vector<int32_t> drafts;
+  // When the engine took the request off its queue (StepStats' time to first token).
+  absl::Time arrived = absl::InfinitePast();
 
   int64_t remaining() const { return static_cast<int64_t>(tokens.size()) - computed; }
   int64_t generated() const { return static_cast<int64_t>(tokens.size()) - prompt_len; }
 };
 
 namespace {
+
+// How often, and how many, cached probe blocks go into the load (EngineLoad::cached_probes).
+constexpr absl::Duration kProbeSummaryInterval = absl::Milliseconds(200);
+constexpr int32_t kMaxProbeSummary = 512;
 
 RequestResult ErrorResult(const std::string& id, const absl::Status& status, uint64_t generation) {
   RequestResult r;
@@ -74,6 +93,16 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(CausalLm* model, KvBlockP
   if (options.context_limit <= 0) options.context_limit = model->config().max_position_embeddings;
   if (options.context_limit <= 0) options.context_limit = capacity;
   options.context_limit = std::min(options.context_limit, capacity);
+  if (options.speculative_tokens < 0) {
+    return absl::InvalidArgumentError("Engine: speculative_tokens must be >= 0");
+  }
+  if (options.speculative_tokens > 0 && model->num_draft_layers() == 0) {
+    return absl::InvalidArgumentError(
+        "Engine: speculative decoding needs a model built with its draft head (MTP layers)");
+  }
+  if (!(options.draft_min_confidence >= 0.0f && options.draft_min_confidence <= 1.0f)) {
+    return absl::InvalidArgumentError("Engine: draft_min_confidence must be in [0, 1]");
+  }
   return std::unique_ptr<Engine>(new Engine(model, pool, queue, tokenizer, std::move(options)));
 }
 
@@ -86,6 +115,9 @@ Engine::Engine(CausalLm* model, KvBlockPool* pool, RequestQueue* queue,
       options_(std::move(options)),
       vocab_(model->config().vocab_size),
       cache_(pool, options_.prefix_cache) {
+  if (options_.speculative_tokens > 0) {
+    drafter_ = std::make_unique<DraftProposer>(model, pool, options_.draft_min_confidence);
+  }
   UpdateLoad();
 }
 
@@ -152,6 +184,7 @@ void Engine::Admit(WorkItem item, std::vector<RequestResult>* finished) {
         std::make_unique<tokenizer::IncrementalDecoder>(tokenizer_, /*skip_special_tokens=*/true);
   }
   for (const std::string& s : p.stop()) seq->max_stop_len = std::max(seq->max_stop_len, s.size());
+  seq->arrived = absl::Now();
   held_ids_.insert(seq->id);
   waiting_.push_back(std::move(seq));
 }
@@ -182,6 +215,9 @@ void Engine::FreeBlocks(Sequence* seq) {
   seq->blocks.clear();
   seq->registered = 0;
   seq->computed = 0;
+  seq->hidden.clear();
+  seq->hidden_from = 0;
+  seq->drafts.clear();
 }
 
 void Engine::AcquireCachedPrefix(Sequence* seq) {
@@ -212,10 +248,44 @@ void Engine::RegisterFullBlocks(Sequence* seq) {
 void Engine::Preempt(std::list<std::unique_ptr<Sequence>>::iterator it) {
   VLOG(1) << "rank " << options_.rank << ": preempting " << (*it)->id << " ("
           << (*it)->tokens.size() << " tokens)";
+  (*it)->high_water = std::max((*it)->high_water, (*it)->computed);
+  KeepForRebuild(it->get());
   FreeBlocks(it->get());
   waiting_.push_front(std::move(*it));
   running_.erase(it);
   ++preemptions_;
+}
+
+void Engine::KeepForRebuild(Sequence* s) {
+  // Entries of positions below kept_end are valid in its blocks (restored, or computed).
+  const int64_t kept_end = std::max(s->computed, s->kept_end);
+  const int64_t start = model_->BoundedReplayStart(kept_end);
+  s->kept_end = s->replay_from = 0;
+  if (start <= 0) return;  // replayed from position 0
+  const std::vector<int32_t> kept(s->blocks.begin(),
+                                  s->blocks.begin() + pool_->BlocksFor(kept_end));
+  absl::StatusOr<std::vector<char>> bytes = pool_->ReadBlocks(kept);
+  CHECK(bytes.ok()) << bytes.status();  // the sequence's own blocks
+  s->kept_bytes = std::move(*bytes);
+  s->kept_end = kept_end;
+  s->replay_from = start;
+  VLOG(1) << "rank " << options_.rank << ": " << s->id << " keeps the paged entries of its first "
+          << kept_end << " positions (" << s->kept_bytes.size()
+          << " bytes); its rebuild replays from position " << start;
+}
+
+bool Engine::RestoreKept(Sequence* s) {
+  CHECK(s->blocks.empty() && s->computed == 0) << s->id;
+  const int32_t n = pool_->BlocksFor(s->kept_end);
+  if (cache_.num_available_blocks() < n) return false;
+  absl::StatusOr<std::vector<int32_t>> blocks = cache_.Allocate(n);
+  CHECK(blocks.ok()) << blocks.status();
+  const absl::Status restored = pool_->WriteBlocks(*blocks, s->kept_bytes);
+  CHECK(restored.ok()) << restored;  // as many blocks as were read
+  s->blocks = std::move(*blocks);
+  s->kept_bytes = std::vector<char>();
+  s->computed = s->replay_from;
+  return true;
 }
 
 bool Engine::Reserve(Sequence* seq, int64_t tokens,
@@ -274,7 +344,7 @@ absl::StatusOr<std::vector<RequestResult>> Engine::Step() {
       it = next;
       continue;
     }
-    plan_one(s, 1);
+    plan_one(s, 1 + ReserveDraftRoom(s, budget - 1, scheduled));
     ++it;
   }
   // 2. Prefill chunks of running sequences (a chunk shrinks to the free blocks before anyone
@@ -303,14 +373,22 @@ absl::StatusOr<std::vector<RequestResult>> Engine::Step() {
   while (!waiting_.empty() && budget > 0 &&
          static_cast<int32_t>(running_.size()) < options_.max_running) {
     Sequence* s = waiting_.front().get();
-    AcquireCachedPrefix(s);
-    const int64_t room = static_cast<int64_t>(cache_.num_available_blocks()) * bs;
+    if (!s->kept_bytes.empty()) {
+      if (!RestoreKept(s)) break;  // its kept entries do not fit yet
+    } else {
+      AcquireCachedPrefix(s);
+    }
+    // Free positions in its blocks (a restored sequence's) and in free blocks.
+    const int64_t room = static_cast<int64_t>(s->blocks.size()) * bs - s->computed +
+                         static_cast<int64_t>(cache_.num_available_blocks()) * bs;
     if (room < 1) {
       FreeBlocks(s);  // its cached blocks stay cached, idle; taken again when it fits
       break;
     }
     if (s->cached_prompt_tokens < 0) {
       s->cached_prompt_tokens = std::min(s->computed, s->prompt_len);
+      prompt_tokens_ += s->prompt_len;
+      cached_prompt_tokens_ += s->cached_prompt_tokens;
     }
     const int64_t n = std::min({s->remaining(), budget, room});
     running_.push_back(std::move(waiting_.front()));
@@ -319,39 +397,84 @@ absl::StatusOr<std::vector<RequestResult>> Engine::Step() {
     plan_one(s, n);
   }
 
+  if (drafter_ != nullptr && !plan.empty()) {
+    std::vector<std::pair<Sequence*, int64_t>> planned;
+    for (const Planned& p : plan) planned.emplace_back(p.seq, p.n);
+    if (absl::Status st = ProposeDrafts(planned); !st.ok()) return st;
+    // A decode's tokens are its last one and its drafts (fewer than it had room for, maybe).
+    for (Planned& p : plan) {
+      if (p.seq->remaining() == 1) p.n = 1 + static_cast<int64_t>(p.seq->drafts.size());
+    }
+  }
   if (!plan.empty() || options_.step_when_idle) {
     std::vector<SequenceStep> batch;
     batch.reserve(plan.size());
     for (const Planned& p : plan) {
+      Sequence* s = p.seq;
       SequenceStep step;
-      step.tokens.assign(p.seq->tokens.begin() + p.seq->computed,
-                         p.seq->tokens.begin() + p.seq->computed + p.n);
-      step.position_offset = p.seq->computed;
-      step.block_table = p.seq->blocks;
-      step.return_logits = false;  // only the sampled token is needed
-      if (p.seq->computed + p.n == static_cast<int64_t>(p.seq->tokens.size())) {
-        step.sampling = p.seq->sampling;
-        if (p.seq->adjuster.has_value()) step.sampling->adjustments = p.seq->adjuster->Entries();
+      const int64_t own = std::min(p.n, s->remaining());
+      step.tokens.assign(s->tokens.begin() + s->computed, s->tokens.begin() + s->computed + own);
+      step.tokens.insert(step.tokens.end(), s->drafts.begin(), s->drafts.end());
+      step.position_offset = s->computed;
+      step.block_table = s->blocks;
+      step.replay_from = s->replay_from;
+      step.kept_end = s->kept_end;
+      step.return_hidden = drafter_ != nullptr;
+      if (!s->drafts.empty()) {
+        step.all_logits = true;  // verified on the host, row by row
+      } else {
+        step.return_logits = false;  // only the sampled token is needed
+        if (s->computed + p.n == static_cast<int64_t>(s->tokens.size())) {
+          step.sampling = s->sampling;
+          if (s->adjuster.has_value()) step.sampling->adjustments = s->adjuster->Entries();
+        }
       }
       batch.push_back(std::move(step));
     }
-    int64_t step_tokens = 0, decode_rows = 0;
+    int64_t decodes = 0, prefill_tokens = 0;
     for (const Planned& p : plan) {
-      step_tokens += p.n;
-      if (p.n == 1 && p.seq->computed >= p.seq->prompt_len) ++decode_rows;
+      const bool decode = p.n == 1 && p.seq->computed >= p.seq->prompt_len;
+      decodes += decode ? 1 : 0;
+      prefill_tokens += decode ? 0 : p.n;
     }
+    const int64_t graphs_before = model_->decode_graphs_recorded();
+    const int64_t graph_steps_before = model_->decode_graph_steps();
+    const absl::Time step_start = absl::Now();
     absl::StatusOr<StepOutput> out = model_->Step(batch, pool_);
+    const absl::Time step_end = absl::Now();
     if (!out.ok()) return out.status();
-    step_window_.Record(step_tokens, decode_rows);
+    step_window_.Record(decodes + prefill_tokens, decodes);
+    stats_.AddStep(step_start, step_end - step_start, decodes, prefill_tokens,
+                   model_->decode_graphs_recorded() > graphs_before,
+                   model_->decode_graph_steps() > graph_steps_before);
     for (size_t i = 0; i < plan.size(); ++i) {
       Sequence* s = plan[i].seq;
-      s->computed += plan[i].n;
+      replayed_tokens_ += std::clamp<int64_t>(s->high_water - s->computed, 0, plan[i].n);
       computed_tokens_ += plan[i].n;
-      RegisterFullBlocks(s);
-      if (s->remaining() != 0) continue;  // an intermediate prefill chunk
+      const int64_t from = s->computed;
       RequestResult result;
+      if (!s->drafts.empty()) {
+        bool finished_now = false;
+        const int64_t rows = AdvanceVerified(s, out->logits[i], &finished_now, &result);
+        s->computed += rows;  // the rejected drafts' rows are not
+        RegisterFullBlocks(s);
+        if (finished_now) {
+          s->done = true;
+          stats_.AddFinished(result.token_ids_size());
+          finished.push_back(std::move(result));
+        } else {
+          KeepHidden(s, from, std::move(out->hidden[i]), rows);
+        }
+        continue;
+      }
+      s->computed += plan[i].n;
+      RegisterFullBlocks(s);
+      if (drafter_ != nullptr) KeepHidden(s, from, std::move(out->hidden[i]), plan[i].n);
+      if (s->remaining() != 0) continue;  // an intermediate prefill chunk
+      if (s->generated() == 0) stats_.AddFirstToken(step_end - s->arrived);
       if (Advance(s, out->sampled[i], &result)) {
         s->done = true;
+        stats_.AddFinished(result.token_ids_size());
         finished.push_back(std::move(result));
       }
     }
@@ -446,6 +569,89 @@ void Engine::Finish(Sequence* s, const std::string& reason, RequestResult* resul
   result->set_group_generation(options_.group_generation);
 }
 
+// ---- Speculative decoding ------------------------------------------------------------------
+
+int64_t Engine::ReserveDraftRoom(Sequence* s, int64_t budget,
+                                 const absl::flat_hash_set<Sequence*>& scheduled) {
+  if (drafter_ == nullptr || s->hidden.empty()) return 0;
+  int64_t room = std::min<int64_t>(options_.speculative_tokens, budget);
+  // A step adds at most drafts + 1 tokens; none past max_tokens or the context.
+  const int64_t max_tokens = s->params.max_tokens();
+  if (max_tokens > 0) room = std::min(room, max_tokens - s->generated() - 1);
+  room = std::min(room, options_.context_limit - static_cast<int64_t>(s->tokens.size()) - 1);
+  // Drafts never preempt anyone: only what the sequence's blocks and free blocks hold.
+  const int64_t bs = pool_->block_size();
+  const int64_t slack = static_cast<int64_t>(s->blocks.size()) * bs - (s->computed + 1);
+  room = std::min(room, slack + static_cast<int64_t>(cache_.num_available_blocks()) * bs);
+  if (room <= 0) return 0;
+  CHECK(Reserve(s, 1 + room, scheduled));  // fits in free blocks: nobody is preempted
+  return room;
+}
+
+absl::Status Engine::ProposeDrafts(const std::vector<std::pair<Sequence*, int64_t>>& planned) {
+  std::vector<DraftRequest> requests;
+  std::vector<Sequence*> owners;
+  for (const auto& [s, n] : planned) {
+    s->drafts.clear();
+    if (s->hidden.empty()) continue;
+    DraftRequest r;
+    r.first_position = s->hidden_from;
+    // Each row's next token: the rows end at computed - 1, whose next token is the last one.
+    r.next_tokens.assign(s->tokens.begin() + s->hidden_from + 1,
+                         s->tokens.begin() + s->computed + 1);
+    r.hidden = std::move(s->hidden);
+    s->hidden.clear();
+    r.block_table = &s->blocks;
+    r.max_drafts = s->remaining() == 1 ? static_cast<int32_t>(n - 1) : 0;
+    requests.push_back(std::move(r));
+    owners.push_back(s);
+  }
+  if (requests.empty()) return absl::OkStatus();
+  if (absl::Status st = drafter_->Propose(&requests); !st.ok()) return st;
+  for (size_t i = 0; i < requests.size(); ++i) owners[i]->drafts = std::move(requests[i].drafts);
+  return absl::OkStatus();
+}
+
+int64_t Engine::AdvanceVerified(Sequence* s, const std::vector<float>& logits, bool* finished,
+                                RequestResult* result) {
+  const int64_t k = static_cast<int64_t>(s->drafts.size());
+  drafts_verified_ += k;
+  std::vector<int32_t> drafts = std::move(s->drafts);
+  s->drafts.clear();
+  // Row i holds the logits after the sequence's last token (i = 0) or after draft i: its token
+  // is picked as a decode step at that position would pick it (Sampler: greedy, or the seeded
+  // exponential race keyed by the position; the adjustments of the tokens accepted so far).
+  // Accepting draft i + 1 exactly when that token equals it makes the output the model's own,
+  // token for token, not only in distribution (docs/engine.md).
+  for (int64_t i = 0; i <= k; ++i) {
+    SamplingParams params = s->sampling;
+    if (s->adjuster.has_value()) params.adjustments = s->adjuster->Entries();
+    const int64_t position = s->computed + i + 1;
+    absl::StatusOr<SampledToken> sampled =
+        Sampler::Sample(logits.data() + i * vocab_, static_cast<int32_t>(vocab_), params, position);
+    if (!sampled.ok()) {
+      *result = ErrorResult(s->id, sampled.status(), options_.group_generation);
+      *finished = true;
+      return i + 1;
+    }
+    const bool match = i < k && sampled->token == drafts[i];
+    if (Advance(s, *sampled, result)) {
+      *finished = true;
+      return i + 1;
+    }
+    if (!match) return i + 1;
+    ++drafts_accepted_;
+  }
+  return k + 1;
+}
+
+void Engine::KeepHidden(Sequence* s, int64_t first_position, std::vector<float> hidden,
+                        int64_t rows) {
+  hidden.resize(rows * model_->config().hidden_size);
+  s->hidden_from = first_position;
+  s->hidden = std::move(hidden);
+}
+
 int Engine::DropAll() {
   int dropped = 0;
   for (auto& s : running_) {
@@ -473,6 +679,18 @@ void Engine::UpdateLoad() {
   load.kv_blocks_used = cache_.num_referenced_blocks();
   load.kv_blocks_cached = cache_.num_cached_blocks();
   load.steps = step_window_.summary();
+  load.prompt_tokens = prompt_tokens_;
+  load.cached_prompt_tokens = cached_prompt_tokens_;
+  load.computed_tokens = computed_tokens_;
+  load.prefix_root = cache_.enabled() ? cache_.root_hash() : 0;  // 0: no prefix caching
+  // Walking the cache is not free: the summary is refreshed a few times a second (the
+  // coordinator reads it once per heartbeat).
+  const absl::Time now = absl::Now();
+  if (now - probes_at_ >= kProbeSummaryInterval) {
+    cached_probes_ = cache_.ProbeSummary(kMaxProbeSummary);
+    probes_at_ = now;
+  }
+  load.cached_probes = cached_probes_;
   absl::MutexLock lock(&load_mu_);
   load_ = load;
   // Refilled in place: the entries keep their string buffers from step to step.

@@ -15,8 +15,12 @@
 // free or idle, the most recently admitted sequence not yet scheduled in this
 // step is preempted by recomputation: its blocks are freed, it keeps its generated tokens and
 // goes back to the front of the waiting queue; when re-admitted, prompt + generated tokens are
-// prefilled again. Sampling is keyed by (seed, position), so chunking, batching and preemption
-// do not change a request's tokens.
+// prefilled again. Where the model rebuilds its cache by a bounded replay
+// (CausalLm::BoundedReplayStart > 0: DeepSeek-V4), the preempted sequence's paged entries are
+// first copied to host memory, and on re-admission they are written into new blocks and only
+// the positions from BoundedReplayStart are computed again (docs/model.md, "Replay after
+// preemption or worker loss"). Sampling is keyed by (seed, position), so chunking, batching and
+// preemption do not change a request's tokens.
 //
 // A request finishes on EOS (unless ignore_eos) or one of its stop_token_ids (the token is
 // not returned), a stop string (the text is cut before it; finish_reason "stop"), max_tokens,
@@ -26,6 +30,14 @@
 // sequence's LogitAdjuster (worker/sampling/logit_adjuster.h). Errors that concern one request (bad
 // prompt, stop strings without a tokenizer) fail that request only; an error of the step itself (a
 // collective failed) is returned and leaves the engine to be dropped.
+//
+// With speculative_tokens > 0, a decoding sequence also feeds the model up to that many drafts
+// from the model's draft head (DraftProposer) and keeps the longest prefix of them that equals
+// what the model itself picks at each position, plus the model's own next token; rows after
+// the first mismatch are not counted as computed (their cache entries are overwritten later and
+// never offered to the prefix cache). Tokens are picked from every row exactly as a decode step
+// picks them, so the output is the non-speculative output (docs/engine.md "Speculative
+// decoding").
 //
 // Not thread-safe: one rank thread drives an engine; other threads talk to it through its
 // RequestQueue and read load() and progress().
@@ -37,6 +49,7 @@
 #include <list>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
@@ -44,11 +57,14 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
 #include "proto/cluster.pb.h"
 #include "proto/common.pb.h"
 #include "tokenizer/incremental_decoder.h"
 #include "tokenizer/tokenizer.h"
+#include "worker/engine/draft_proposer.h"
 #include "worker/engine/request_queue.h"
+#include "worker/engine/step_stats.h"
 #include "worker/engine/step_window.h"
 #include "worker/kv_cache/kv_block_pool.h"
 #include "worker/kv_cache/prefix_cache.h"
@@ -71,6 +87,11 @@ struct EngineOptions {
   bool step_when_idle = false;
   // Prefix caching (PrefixCacheOptions: on/off and the cache key).
   PrefixCacheOptions prefix_cache;
+  // Speculative decoding with the model's draft head (CausalLm::Draft): up to this many drafts
+  // per sequence and step, each kept while the draft head gave its token at least
+  // draft_min_confidence (draft_proposer.h). 0: off.
+  int32_t speculative_tokens = 0;
+  float draft_min_confidence = 0.0f;
 };
 
 // Counters for heartbeats (RankLoad), readable from any thread.
@@ -82,6 +103,15 @@ struct EngineLoad {
   int64_t kv_blocks_total = 0;
   int64_t kv_blocks_cached = 0;  // holding a cached prefix (referenced or idle)
   StepWindow::Summary steps;     // the last steps' tokens and decode rows
+  // Prefix caching so far: prompt tokens of first admissions, and of those, served from the
+  // cache; tokens the model computed.
+  int64_t prompt_tokens = 0;
+  int64_t cached_prompt_tokens = 0;
+  int64_t computed_tokens = 0;
+  // The cache's root hash and PrefixCache::ProbeSummary, refreshed at most every
+  // kProbeSummaryInterval (for the coordinator's prefix-aware routing).
+  uint64_t prefix_root = 0;
+  std::vector<uint64_t> cached_probes;
 };
 
 class Engine {
@@ -112,9 +142,18 @@ class Engine {
   int64_t context_limit() const { return options_.context_limit; }
   // Sequences preempted so far (for tests and logs).
   int64_t preemptions() const { return preemptions_; }
-  // Tokens the model computed (prefill, re-prefill after preemption and decode) so far.
+  // Tokens the model computed (prefill, re-prefill after preemption, decode and drafts being
+  // verified) so far.
   int64_t computed_tokens() const { return computed_tokens_; }
+  // Of those, tokens computed again after a preemption (re-prefill, or a bounded rebuild's
+  // replay).
+  int64_t replayed_tokens() const { return replayed_tokens_; }
+  // Speculative decoding: drafts verified so far, and how many of them were accepted.
+  int64_t drafts_verified() const { return drafts_verified_; }
+  int64_t drafts_accepted() const { return drafts_accepted_; }
   const PrefixCache& prefix_cache() const { return cache_; }
+  // What the steps so far did with their time (step_stats.h); read on the stepping thread.
+  const StepStats& stats() const { return stats_; }
 
  private:
   struct Sequence;
@@ -131,12 +170,34 @@ class Engine {
   bool Reserve(Sequence* seq, int64_t tokens, const absl::flat_hash_set<Sequence*>& scheduled);
   // Handles a sampled token; returns true when the sequence finished (result filled).
   bool Advance(Sequence* seq, const SampledToken& sampled, RequestResult* result);
+  // Speculative decoding. How many drafts `seq`, decoding with `budget`
+  // tokens left after its own, may bring this step, with blocks reserved for them (never by
+  // preempting anyone).
+  int64_t ReserveDraftRoom(Sequence* seq, int64_t budget,
+                           const absl::flat_hash_set<Sequence*>& scheduled);
+  // Runs the draft head over the planned sequences (their rows of the last step, then drafts
+  // for those decoding with room for them) and sets their drafts.
+  absl::Status ProposeDrafts(const std::vector<std::pair<Sequence*, int64_t>>& planned);
+  // Verification of a decode step with drafts: samples the model's token from each row of
+  // `logits` ([1 + drafts, vocab]) as a decode step would, and advances while they equal the
+  // drafts. Returns the rows whose input tokens were accepted (their cache entries stay);
+  // `finished` is set when the sequence finished (result filled).
+  int64_t AdvanceVerified(Sequence* seq, const std::vector<float>& logits, bool* finished,
+                          RequestResult* result);
+  // Keeps the first `rows` hidden rows of the sequence's last step for the next draft round.
+  void KeepHidden(Sequence* seq, int64_t first_position, std::vector<float> hidden, int64_t rows);
   // Ends a sequence with a finish reason (flushing the decoder and checking stop strings).
   void Finish(Sequence* seq, const std::string& reason, RequestResult* result);
   // Searches the stop strings in the text added since `from`; true (and text cut) if found.
   bool CutAtStopString(Sequence* seq, size_t from);
   // Releases the sequence's blocks to the prefix cache (its cached ones stay, idle).
   void FreeBlocks(Sequence* seq);
+  // Before a preemption frees its blocks: where the model rebuilds its cache by a bounded
+  // replay, keeps the paged bytes that replay needs in host memory.
+  void KeepForRebuild(Sequence* seq);
+  // Puts kept bytes back into newly allocated blocks and sets `seq` to replay from
+  // replay_from; false (nothing taken) if too few blocks are free.
+  bool RestoreKept(Sequence* seq);
   // Takes the cached blocks the sequence's tokens start with (a sequence without blocks).
   void AcquireCachedPrefix(Sequence* seq);
   // Offers the sequence's blocks that its computed tokens filled to the prefix cache.
@@ -156,7 +217,16 @@ class Engine {
   absl::flat_hash_set<std::string> held_ids_;
   int64_t preemptions_ = 0;
   int64_t computed_tokens_ = 0;
+  int64_t replayed_tokens_ = 0;
+  int64_t prompt_tokens_ = 0;
+  int64_t cached_prompt_tokens_ = 0;
+  std::vector<uint64_t> cached_probes_;
+  absl::Time probes_at_ = absl::InfinitePast();
+  int64_t drafts_verified_ = 0;
+  int64_t drafts_accepted_ = 0;
   PrefixCache cache_;
+  std::unique_ptr<DraftProposer> drafter_;  // null unless speculative_tokens > 0
+  StepStats stats_;
 
   StepWindow step_window_;  // engine thread
   mutable absl::Mutex load_mu_;

@@ -8,6 +8,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/time/clock.h"
 #include "glog/logging.h"
 #include "worker/model/ep_expert_dispatcher.h"
 #if DEEPINFER_WITH_DEVICE_EXCHANGE
@@ -145,6 +146,15 @@ absl::Status BuildRank(const RankSpec& spec, const RankHooks& hooks,
                        std::unique_ptr<comm::TcpCommunicator::RootListener> root,
                        RankParts* parts) {
   if (!spec.dispatcher.make) return absl::InvalidArgumentError("BuildRank: no dispatcher");
+  // Start-up phases, logged as one line at the end (tools/bench/e2e_job.py reads it).
+  std::string phases;
+  absl::Time phase_start = absl::Now();
+  auto phase_done = [&](const char* name) {
+    const absl::Time now = absl::Now();
+    absl::StrAppendFormat(&phases, "%s%s %.3f s", phases.empty() ? "" : ", ", name,
+                          absl::ToDoubleSeconds(now - phase_start));
+    phase_start = now;
+  };
   if (spec.block_size <= 0) {
     return absl::InvalidArgumentError(absl::StrCat("block size ", spec.block_size));
   }
@@ -162,10 +172,12 @@ absl::Status BuildRank(const RankSpec& spec, const RankHooks& hooks,
     parts->group = std::move(*c);
     if (absl::Status st = Register(hooks, parts->group.get()); !st.ok()) return st;
   }
+  phase_done("group");
   auto backend = MakeBackend(spec.backend);
   if (!backend.ok()) return backend.status();
   parts->backend = std::move(*backend);
   Backend* be = parts->backend.get();
+  phase_done("backend");
 
   // Only an expert-parallel dispatcher exchanges tokens; the others need no data plane.
   comm::Communicator* exchange = parts->group.get();
@@ -188,6 +200,7 @@ absl::Status BuildRank(const RankSpec& spec, const RankHooks& hooks,
     exchange = parts->exchange.get();
   }
 
+  phase_done("data plane");
   // The model's config, its architecture's sizes and the rank's share of the experts.
   ModelConfig config;
   absl::StatusOr<std::unique_ptr<WeightSource>> source =
@@ -196,6 +209,13 @@ absl::Status BuildRank(const RankSpec& spec, const RankHooks& hooks,
   if (!source.ok()) return source.status();
   absl::StatusOr<const Architecture*> arch = FindArchitecture(config);
   if (!arch.ok()) return arch.status();
+  if (spec.draft_layers > 0) {
+    if (config.num_nextn_predict_layers < 1) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(spec.model, " has no MTP layers (num_nextn_predict_layers) to draft with"));
+    }
+    config.num_draft_layers = std::min<int64_t>(spec.draft_layers, config.num_nextn_predict_layers);
+  }
   const ExpertRange range = ExpertsOfRank(config.n_routed_experts, spec.world_size, spec.rank);
   const LoadOptions load = ExpertsToLoad(config, spec.world_size, spec.rank,
                                          spec.dispatcher.partitioned, spec.placement);
@@ -232,8 +252,10 @@ absl::Status BuildRank(const RankSpec& spec, const RankHooks& hooks,
     if (d.ok()) parts->expert_exchange = (*d)->exchange_name();
     return d;
   };
+  phase_done("memory check");
   auto model = BuildModel(config, source->get(), be, load, make);
   if (!model.ok()) return model.status();
+  phase_done("weights");
   parts->model = std::move(*model);
   parts->model->SetDecodeGraphOptions(spec.decode_graphs);
   parts->model->SetFusedOps(spec.fused_ops);
@@ -281,6 +303,8 @@ absl::Status BuildRank(const RankSpec& spec, const RankHooks& hooks,
   auto pool = KvBlockPool::Create(be, pool_options);
   if (!pool.ok()) return pool.status();
   parts->pool = std::move(*pool);
+  phase_done("memory plan and KV cache");
+  LOG(INFO) << "rank " << spec.rank << ": start-up: " << phases;
   return absl::OkStatus();
 }
 

@@ -3,12 +3,15 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <cstdio>
+#include <fstream>
 #include <future>
 #include <map>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/time/clock.h"
 #include "common/eplb/expert_parallel_group.h"
 #include "glog/logging.h"
 #include "worker/kv_cache/prefix_cache.h"
@@ -41,6 +44,8 @@ struct RankGroup::Rank {
   // Expert counts: steps since they were last read back (rank thread), and what was read
   // back since the last TakeExpertLoads (guarded by RankGroup::mu_).
   int64_t steps_uncollected = 0;
+  // Engine steps whose StepStats were written (rank thread).
+  int64_t stats_written_steps = 0;
   absl::Time last_collect = absl::InfinitePast();
   ExpertLoadReport report;
 };
@@ -367,6 +372,7 @@ void RankGroup::Fail(int global_rank, const absl::Status& status) {
 
 bool RankGroup::FormRank(int local) {
   Rank& r = *ranks_[local];
+  const absl::Time began = absl::Now();
   RankSpec spec;
   spec.rank = r.global;
   spec.world_size = layout_.world_size;
@@ -393,6 +399,7 @@ bool RankGroup::FormRank(int local) {
   spec.max_batch_tokens = options_.max_batch_tokens;
   spec.prefill_attention = options_.prefill_attention;
   spec.max_running = options_.max_running;
+  spec.draft_layers = options_.speculative_tokens;
   // On the CPU, the plan of every local rank was made once, in Start().
   if (!host_memory_check_.ok()) {
     Fail(r.global, host_memory_check_);
@@ -421,6 +428,9 @@ bool RankGroup::FormRank(int local) {
   eo.rank = r.global;
   eo.step_when_idle = options_.dispatcher.partitioned && layout_.world_size > 1;
   eo.prefix_cache.enabled = options_.prefix_caching;
+  eo.prefix_cache.store = options_.kv_block_store.get();
+  eo.speculative_tokens = options_.speculative_tokens;
+  eo.draft_min_confidence = options_.draft_min_confidence;
   eo.prefix_cache.key = PrefixCacheKey(options_.model->fingerprint, r.parts.backend->weight_dtype(),
                                        r.parts.pool->spec(), r.parts.pool->block_size());
   auto engine = Engine::Create(r.parts.model.get(), r.parts.pool.get(), &r.queue,
@@ -439,6 +449,9 @@ bool RankGroup::FormRank(int local) {
     Fail(r.global, s);
     return false;
   }
+  LOG(INFO) << "rank " << r.global << ": start-up: formed in "
+            << absl::StrFormat("%.3f s, at unix %.3f", absl::ToDoubleSeconds(absl::Now() - began),
+                               absl::ToUnixMicros(absl::Now()) / 1e6);
   return true;
 }
 
@@ -484,6 +497,7 @@ void RankGroup::RunRank(int local) {
       }
       if (any == 0) {
         if (r.steps_uncollected > 0) CollectExpertCounts(local);
+        WriteStepStats(local);
         // Alone, only our own queue can bring work, and a push wakes us; with peers, their
         // work is only learnt at the next agreement round.
         r.queue.WaitForWork(layout_.world_size == 1 ? absl::Milliseconds(100) : options_.idle_wait);
@@ -503,10 +517,33 @@ void RankGroup::RunRank(int local) {
   }
   // Whatever this rank still holds is dropped: the coordinator re-runs it.
   if (r.engine != nullptr) {
+    WriteStepStats(local);
     const int dropped = r.engine->DropAll();
     if (dropped > 0) LOG(INFO) << "rank " << r.global << ": dropped " << dropped << " request(s)";
   }
   r.queue.Drain();
+}
+
+void RankGroup::WriteStepStats(int local) {
+  Rank& r = *ranks_[local];
+  if (options_.step_stats_dir.empty() || r.engine == nullptr) return;
+  const StepStats& stats = r.engine->stats();
+  if (stats.steps() == r.stats_written_steps) return;
+  r.stats_written_steps = stats.steps();
+  // Written beside, then renamed: a reader never sees half a file.
+  const std::string path = absl::StrCat(options_.step_stats_dir, "/rank-", r.global, ".json");
+  const std::string temporary = path + ".tmp";
+  {
+    std::ofstream out(temporary, std::ios::trunc);
+    out << stats.ToJson() << "\n";
+    if (!out) {
+      LOG(WARNING) << "rank " << r.global << ": cannot write step stats to " << temporary;
+      return;
+    }
+  }
+  if (std::rename(temporary.c_str(), path.c_str()) != 0) {
+    LOG(WARNING) << "rank " << r.global << ": cannot rename " << temporary << " to " << path;
+  }
 }
 
 absl::Status RankGroup::Submit(std::vector<WorkItem> items) {
@@ -574,6 +611,11 @@ std::vector<RankLoad> RankGroup::Loads() const {
     load.set_window_step_tokens_mean(e.steps.tokens_mean);
     load.set_window_step_tokens_max(e.steps.tokens_max);
     load.set_decode_batch(e.steps.last_decode_rows);
+    load.set_prefix_cache_root(e.prefix_root);
+    load.mutable_cached_probe_hashes()->Add(e.cached_probes.begin(), e.cached_probes.end());
+    load.set_prompt_tokens(e.prompt_tokens);
+    load.set_cached_prompt_tokens(e.cached_prompt_tokens);
+    load.set_computed_tokens(e.computed_tokens);
     out.push_back(std::move(load));
   }
   return out;

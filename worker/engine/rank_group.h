@@ -57,6 +57,7 @@
 #include "worker/engine/model_files.h"
 #include "worker/engine/rank_builder.h"
 #include "worker/engine/request_queue.h"
+#include "worker/kv_cache/kv_block_store.h"
 #include "worker/model/attention/prefill_attention.h"
 #include "worker/model/model_weights.h"
 
@@ -92,6 +93,13 @@ struct RankGroupOptions {
   // Each rank's engine reuses cached prefix blocks of its own pool (docs/kv-cache.md); the
   // cache key is made of the model's fingerprint, the weight dtype and the cache spec.
   bool prefix_caching = true;
+  // Lower tiers (host memory, disk) for cached blocks evicted from the ranks' pools, shared by
+  // the worker's ranks and kept across group generations; null: none.
+  std::shared_ptr<KvBlockStore> kv_block_store;
+  // Speculative decoding with the model's MTP layers (EngineOptions::speculative_tokens,
+  // draft_min_confidence; 0: off, and the MTP layers are not loaded).
+  int32_t speculative_tokens = 0;
+  float draft_min_confidence = 0.0f;
   // The MLA prefill form of every rank's model.
   PrefillAttention prefill_attention = PrefillAttention::kAuto;
   DispatcherFactory dispatcher = LocalDispatcherFactory();
@@ -108,6 +116,9 @@ struct RankGroupOptions {
   absl::Duration idle_wait = absl::Milliseconds(2);
   // How often a stepping rank reads its expert counts back from the device.
   absl::Duration expert_load_interval = absl::Seconds(1);
+  // Non-empty: each rank writes its StepStats (step_stats.h) as JSON to
+  // <dir>/rank-<global rank>.json whenever the group runs out of work and when it stops.
+  std::string step_stats_dir;
 };
 
 struct GroupLayout {
@@ -191,6 +202,8 @@ class RankGroup {
   absl::Status SwitchPlacement(int local);
   // Reads the rank's expert counts back into its pending report.
   void CollectExpertCounts(int local);
+  // Writes the rank's StepStats when it stepped since the last write (step_stats_dir).
+  void WriteStepStats(int local);
   // Checks a placement against the model and the world.
   absl::Status CheckPlacement(const ExpertPlacement& placement) const;
   bool placements_apply() const;

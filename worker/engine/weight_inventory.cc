@@ -440,43 +440,6 @@ absl::StatusOr<DeepseekV4Shape> DeepseekV4Shape::FromJson(absl::string_view json
   return s;
 }
 
-CacheBytesEstimate EstimateDeepseekV4CacheBytes(const DeepseekV4Shape& s, int64_t entry_bytes,
-                                                int64_t state_bytes) {
-  CacheBytesEstimate c;
-  const int64_t hd = s.head_dim, ihd = s.index_head_dim;
-  for (const std::string& kind : s.layer_types) {
-    c.per_sequence += s.sliding_window * hd * entry_bytes;
-    if (kind == "compressed_sparse_attention") {
-      const int64_t rate = s.csa_compress_rate;
-      c.per_token += CeilDiv((hd + ihd) * entry_bytes, rate);
-      // Open window of kv and gate at twice the width, plus the overlap entry (kv and gate),
-      // for the compressor and for the indexer.
-      c.per_sequence += ((rate - 1) * 2 * (2 * hd) + 2 * hd) * state_bytes;
-      c.per_sequence += ((rate - 1) * 2 * (2 * ihd) + 2 * ihd) * state_bytes;
-    } else if (kind == "heavily_compressed_attention") {
-      const int64_t rate = s.hca_compress_rate;
-      c.per_token += CeilDiv(hd * entry_bytes, rate);
-      c.per_sequence += (rate - 1) * 2 * hd * state_bytes;
-    }
-  }
-  return c;
-}
-
-int64_t EstimateDeepseekV4ActivationFloatsPerToken(const DeepseekV4Shape& s) {
-  const int64_t H = s.hidden_size, nh = s.num_attention_heads, hd = s.head_dim;
-  const int64_t K = s.num_experts_per_tok, mi = s.moe_intermediate_size;
-  const int64_t streams = s.hc_mult * H;
-  const int64_t attention = s.q_lora_rank + 2 * nh * hd + hd + s.o_groups * s.o_lora_rank +
-                            nh * hd / 2 +           // bf16 operand copy
-                            4 * hd +                // CSA compressor kv and gate
-                            4 * s.index_head_dim +  // indexer kv and gate
-                            s.index_n_heads * s.index_head_dim + s.index_n_heads;  // queries
-  const int64_t moe = s.n_routed_experts + 2 * K + 2 * K * H + 3 * K * mi + K * H / 2 + 2 * H +
-                      3 * mi * s.n_shared_experts;
-  const int64_t hyper = streams + 2 * (2 + s.hc_mult) * s.hc_mult;  // normed copy, mixes
-  return 3 * streams + hyper + std::max(attention, moe) + H + s.vocab_size;
-}
-
 absl::StatusOr<WeightInventory> InventoryFromConfigJson(absl::string_view json,
                                                         absl::string_view source,
                                                         bool include_mtp) {

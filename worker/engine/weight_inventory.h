@@ -78,7 +78,7 @@ WeightBytes GroupBytes(const ParamGroup& group, int64_t count, WeightPrecision p
 WeightBytes PerGpuWeightBytes(const WeightInventory& inventory, int64_t num_gpus,
                               WeightPrecision precision, Fp8ScaleFormat scale_format);
 
-// The shapes of a DeepSeek-V4 config.json that the inventory and the cache estimate use.
+// The shapes of a DeepSeek-V4 config.json that the inventory uses.
 struct DeepseekV4Shape {
   int64_t vocab_size = 0, hidden_size = 0, num_hidden_layers = 0;
   int64_t num_attention_heads = 0, head_dim = 0, q_lora_rank = 0;
@@ -96,27 +96,6 @@ struct DeepseekV4Shape {
 
   static absl::StatusOr<DeepseekV4Shape> FromJson(absl::string_view json, absl::string_view source);
 };
-
-// ESTIMATE (until the V4 model declares its cache kinds): the V4 attention cache, from the
-// HF reference's cache layers. Per token, growing with the sequence: a CSA layer keeps one
-// compressed entry of head_dim plus one indexer key of index_head_dim per csa_compress_rate
-// tokens, an HCA layer one entry of head_dim per hca_compress_rate tokens; a sliding-only layer
-// nothing. Per sequence, fixed: every layer's sliding window (sliding_window entries of
-// head_dim) and each compressor's buffer of a window not yet closed (compress_rate - 1 tokens
-// of kv and gate, 2 x the compressor's width; CSA also its overlap entry, kv and gate), in
-// `state_bytes` per value. Entries are `entry_bytes` per value (2: bf16). MTP layers not counted.
-struct CacheBytesEstimate {
-  int64_t per_token = 0;
-  int64_t per_sequence = 0;
-};
-CacheBytesEstimate EstimateDeepseekV4CacheBytes(const DeepseekV4Shape& shape, int64_t entry_bytes,
-                                                int64_t state_bytes);
-
-// ESTIMATE: fp32 values live at once per new token in the largest part of a V4 layer (the
-// memory plan's activation reserve; DeepSeek-V3's Architecture::activation_floats_per_token
-// with V4's parts: the hc_mult residual streams, the grouped output projection, the
-// compressors and the indexer's queries).
-int64_t EstimateDeepseekV4ActivationFloatsPerToken(const DeepseekV4Shape& shape);
 
 // The inventory of config.json text: DeepseekV3ForCausalLM (and the model types
 // ModelConfig takes) or DeepseekV4ForCausalLM. `include_mtp`: count the

@@ -162,21 +162,6 @@ TEST(WeightInventoryTest, SmallV4ParameterCount) {
   EXPECT_EQ(inv->moe_layers, 3);
 }
 
-// Per token: HCA 16 values x 2 bytes / 8 = 4; CSA (16 + 4) x 2 / 4 = 10. Per sequence: three
-// windows of 6 x 16 x 2 = 192; HCA open window 7 x 2 x 16 x 4 = 896; CSA compressor
-// (3 x 2 x 32 + 32) x 4 = 896, indexer (3 x 2 x 8 + 8) x 4 = 224.
-TEST(WeightInventoryTest, SmallV4CacheEstimate) {
-  auto shape = DeepseekV4Shape::FromJson(kSmallV4, "small4");
-  ASSERT_TRUE(shape.ok()) << shape.status();
-  const CacheBytesEstimate c = EstimateDeepseekV4CacheBytes(*shape, 2, 4);
-  EXPECT_EQ(c.per_token, 14);
-  EXPECT_EQ(c.per_sequence, 3 * 192 + 896 + 896 + 224);
-  // Activations: streams 3 x 16, hyper-connection 16 + 2 x 8, the attention part 198
-  // (4 + 2 x 32 + 16 + 8 + 32 / 2 + 4 x 16 + 4 x 4 + 2 x 4 + 2) over the MoE part 136
-  // (4 + 4 + 32 + 48 + 8 + 16 + 24), hidden 8, vocabulary 50.
-  EXPECT_EQ(EstimateDeepseekV4ActivationFloatsPerToken(*shape), 48 + 32 + 198 + 8 + 50);
-}
-
 TEST(WeightInventoryTest, BadV4ConfigNamesField) {
   std::string bad = kSmallV4;
   bad.replace(bad.find("\"sliding_attention\""), 19, "\"full_attention\"");

@@ -55,13 +55,14 @@ absl::StatusOr<std::unique_ptr<KvBlockPool>> KvBlockPool::Create(Backend* backen
     }
   }
   return std::unique_ptr<KvBlockPool>(
-      new KvBlockPool(o, std::move(layers), std::move(state), slots));
+      new KvBlockPool(backend, o, std::move(layers), std::move(state), slots));
 }
 
-KvBlockPool::KvBlockPool(const KvBlockPoolOptions& options,
+KvBlockPool::KvBlockPool(Backend* backend, const KvBlockPoolOptions& options,
                          std::vector<std::unique_ptr<DeviceBuffer>> layers,
                          std::vector<std::unique_ptr<DeviceBuffer>> state, int32_t num_state_slots)
-    : options_(options),
+    : backend_(backend),
+      options_(options),
       id_(next_pool_id.fetch_add(1) + 1),
       layers_(std::move(layers)),
       state_(std::move(state)),
@@ -137,6 +138,39 @@ absl::StatusOr<int32_t> KvBlockPool::SequenceSlot(int32_t first_block, bool* fre
   return slot_of_block_[first_block];
 }
 
+size_t KvBlockPool::BlockBytes() const {
+  size_t bytes = 0;
+  for (size_t l = 0; l < layers_.size(); ++l) {
+    bytes += LayerGroup(static_cast<int32_t>(l)).BlockBytes(options_.block_size);
+  }
+  return bytes;
+}
+
+void KvBlockPool::ReadBlock(int32_t block, std::string* out) const {
+  CHECK(block >= 0 && block < options_.num_blocks) << "block " << block;
+  out->resize(BlockBytes());
+  size_t at = 0;
+  for (size_t l = 0; l < layers_.size(); ++l) {
+    const size_t n = LayerGroup(static_cast<int32_t>(l)).BlockBytes(options_.block_size);
+    backend_->CopyToHost(static_cast<const char*>(layers_[l]->data()) + block * n, n,
+                         out->data() + at);
+    at += n;
+  }
+  backend_->Synchronize();
+}
+
+void KvBlockPool::WriteBlock(int32_t block, const std::string& data) const {
+  CHECK(block >= 0 && block < options_.num_blocks) << "block " << block;
+  CHECK_EQ(data.size(), BlockBytes());
+  size_t at = 0;
+  for (size_t l = 0; l < layers_.size(); ++l) {
+    const size_t n = LayerGroup(static_cast<int32_t>(l)).BlockBytes(options_.block_size);
+    backend_->CopyToDevice(data.data() + at, n, static_cast<char*>(layers_[l]->data()) + block * n);
+    at += n;
+  }
+  backend_->Synchronize();
+}
+
 int32_t KvBlockPool::BlocksFor(int64_t num_tokens) const {
   return static_cast<int32_t>((num_tokens + options_.block_size - 1) / options_.block_size);
 }
@@ -157,6 +191,66 @@ PagedLatentCacheView KvBlockPool::LayerView(int32_t layer) const {
   v.rope_dim = g.rope_dim;
   v.dtype = g.dtype;
   return v;
+}
+
+std::vector<int64_t> KvBlockPool::BlockRegions(int32_t layer) const {
+  const KvCacheGroupSpec& g = LayerGroup(layer);
+  const int32_t bs = options_.block_size;
+  if (g.kind == KvCacheKind::kPagedLatent) return {g.BlockBytes(bs)};
+  return {g.CompressedFloatsPerBlock(bs) * 4, g.IndexFloatsPerBlock(bs) * 4};
+}
+
+absl::Status KvBlockPool::CheckAllocated(const std::vector<int32_t>& blocks) const {
+  absl::MutexLock lock(&mu_);
+  for (int32_t b : blocks) {
+    if (b < 0 || b >= options_.num_blocks || !in_use_[b]) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("KvBlockPool: block ", b, " is not allocated"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::vector<char>> KvBlockPool::ReadBlocks(
+    const std::vector<int32_t>& blocks) const {
+  if (absl::Status st = CheckAllocated(blocks); !st.ok()) return st;
+  std::vector<char> out(blocks.size() * options_.spec.BytesPerBlock(options_.block_size));
+  char* at = out.data();
+  for (size_t l = 0; l < layers_.size(); ++l) {
+    const char* base = static_cast<const char*>(layers_[l]->data());
+    for (int64_t region : BlockRegions(static_cast<int32_t>(l))) {
+      for (int32_t b : blocks) {
+        backend_->CopyToHost(base + b * region, region, at);
+        at += region;
+      }
+      base += options_.num_blocks * region;
+    }
+  }
+  CHECK_EQ(at, out.data() + out.size());
+  return out;
+}
+
+absl::Status KvBlockPool::WriteBlocks(const std::vector<int32_t>& blocks,
+                                      const std::vector<char>& bytes) {
+  if (absl::Status st = CheckAllocated(blocks); !st.ok()) return st;
+  const size_t want = blocks.size() * options_.spec.BytesPerBlock(options_.block_size);
+  if (bytes.size() != want) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("KvBlockPool: ", bytes.size(), " bytes for ", blocks.size(), " blocks of ",
+                     want / std::max<size_t>(1, blocks.size()), " bytes"));
+  }
+  const char* at = bytes.data();
+  for (size_t l = 0; l < layers_.size(); ++l) {
+    char* base = static_cast<char*>(layers_[l]->data());
+    for (int64_t region : BlockRegions(static_cast<int32_t>(l))) {
+      for (int32_t b : blocks) {
+        backend_->CopyToDevice(at, region, base + b * region);
+        at += region;
+      }
+      base += options_.num_blocks * region;
+    }
+  }
+  return absl::OkStatus();
 }
 
 }  // namespace deepinfer

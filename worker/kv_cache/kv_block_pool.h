@@ -56,6 +56,21 @@ class KvBlockPool {
   float* SequenceState(int32_t layer, int32_t slot) const {
     return static_cast<float*>(state_[layer]->data()) + slot * LayerGroup(layer).StateFloats();
   }
+  // The paged bytes `blocks` hold in every layer, copied to host memory (a preempted V4
+  // sequence keeps its compressed entries this way: CausalLm::BoundedReplayStart), and such
+  // bytes copied into other blocks (as many as were read). INVALID_ARGUMENT for a block that is
+  // not allocated or bytes of another size.
+  absl::StatusOr<std::vector<char>> ReadBlocks(const std::vector<int32_t>& blocks) const;
+  absl::Status WriteBlocks(const std::vector<int32_t>& blocks, const std::vector<char>& bytes);
+  // Bytes of one block over every layer: what ReadBlock gives and WriteBlock takes.
+  size_t BlockBytes() const;
+  // Copies the entries of `block` (every layer, in layer order) to host memory (*out is
+  // resized to BlockBytes()), and back; for the prefix cache's lower tiers (kv_block_store.h).
+  // Blocks only: a kind's per-sequence state is not part of them.
+  void ReadBlock(int32_t block, std::string* out) const;
+  void WriteBlock(int32_t block, const std::string& data) const;
+  // The backend's status (a failed device cannot be read back).
+  absl::Status backend_status() const { return backend_->status(); }
   // Number of blocks a sequence of num_tokens tokens needs.
   int32_t BlocksFor(int64_t num_tokens) const;
 
@@ -77,9 +92,17 @@ class KvBlockPool {
   uint64_t id() const { return id_; }
 
  private:
-  KvBlockPool(const KvBlockPoolOptions& options, std::vector<std::unique_ptr<DeviceBuffer>> layers,
+  KvBlockPool(Backend* backend, const KvBlockPoolOptions& options,
+              std::vector<std::unique_ptr<DeviceBuffer>> layers,
               std::vector<std::unique_ptr<DeviceBuffer>> state, int32_t num_state_slots);
 
+  // Per layer, the bytes one block takes in each of the layer buffer's regions (a region holds
+  // num_blocks such runs: the MLA entries, or a V4 layer's compressed then indexer streams).
+  std::vector<int64_t> BlockRegions(int32_t layer) const;
+  // Checks that every block is allocated.
+  absl::Status CheckAllocated(const std::vector<int32_t>& blocks) const;
+
+  Backend* const backend_;
   const KvBlockPoolOptions options_;
   std::vector<size_t> group_of_;  // per layer, its index in options_.spec.groups
   const uint64_t id_;

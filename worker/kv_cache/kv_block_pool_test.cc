@@ -114,5 +114,69 @@ TEST(KvBlockPoolTest, SequenceSlotsFollowTheFirstBlock) {
   EXPECT_EQ(p.SequenceSlot((*a)[0]).status().code(), absl::StatusCode::kInvalidArgument);
 }
 
+// ReadBlocks / WriteBlocks move every paged stream of the blocks (a CSA layer's compressed and
+// indexer streams, an HCA layer's stream, nothing of a sliding layer) into other blocks: each
+// float is tagged with its layer, stream and element, and must land at the same element of
+// the other blocks.
+TEST(KvBlockPoolTest, BlocksReadOutAndWrittenIntoOthers) {
+  CpuBackend backend(1);
+  KvCacheGroupSpec sliding, hca, csa;
+  sliding.kind = KvCacheKind::kSlidingWindow;
+  sliding.layers = {0};
+  sliding.head_dim = 4;
+  sliding.window = 2;
+  hca = sliding;
+  hca.kind = KvCacheKind::kCompressed;
+  hca.layers = {1};
+  hca.ratio = 8;  // P = 4 * 4 / 8 = 2 floats per block
+  csa = hca;
+  csa.kind = KvCacheKind::kCompressedSparse;
+  csa.layers = {2};
+  csa.ratio = 2;  // 8 compressed + 4 indexer floats per block
+  csa.index_dim = 2;
+  const int32_t kBlocks = 6, kBs = 4;
+  auto pool = KvBlockPool::Create(&backend, {KvCacheSpec{{sliding, hca, csa}}, kBlocks, kBs});
+  ASSERT_TRUE(pool.ok()) << pool.status();
+  KvBlockPool& p = **pool;
+  // Layer 1: one region of 2 floats a block; layer 2: 8, then 4 (after all blocks' 8).
+  struct Region {
+    int32_t layer;
+    int64_t base, per_block;
+  };
+  const std::vector<Region> regions = {{1, 0, 2}, {2, 0, 8}, {2, 8 * kBlocks, 4}};
+  auto tag = [](const Region& r, int64_t element) {
+    return static_cast<float>(1000 * r.layer + 100 * (r.base > 0) + element);
+  };
+  auto a = p.Allocate(2), b = p.Allocate(2);
+  ASSERT_TRUE(a.ok() && b.ok());
+  for (const Region& r : regions) {
+    float* data = static_cast<float*>(p.LayerData(r.layer)) + r.base;
+    for (size_t i = 0; i < a->size(); ++i) {
+      for (int64_t e = 0; e < r.per_block; ++e) {
+        data[(*a)[i] * r.per_block + e] = tag(r, static_cast<int64_t>(i) * r.per_block + e);
+      }
+    }
+  }
+  auto bytes = p.ReadBlocks(*a);
+  ASSERT_TRUE(bytes.ok()) << bytes.status();
+  EXPECT_EQ(bytes->size(), 2u * (2 + 8 + 4) * sizeof(float));
+  ASSERT_TRUE(p.WriteBlocks(*b, *bytes).ok());
+  for (const Region& r : regions) {
+    const float* data = static_cast<const float*>(p.LayerData(r.layer)) + r.base;
+    for (size_t i = 0; i < b->size(); ++i) {
+      for (int64_t e = 0; e < r.per_block; ++e) {
+        EXPECT_EQ(data[(*b)[i] * r.per_block + e],
+                  tag(r, static_cast<int64_t>(i) * r.per_block + e))
+            << "layer " << r.layer << " block " << i << " element " << e;
+      }
+    }
+  }
+  // Errors: a free block, bytes for another number of blocks.
+  EXPECT_EQ(p.ReadBlocks({5}).status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(p.WriteBlocks({(*b)[0]}, *bytes).code(), absl::StatusCode::kInvalidArgument);
+  ASSERT_TRUE(p.Free(*a).ok());
+  EXPECT_EQ(p.WriteBlocks(*a, *bytes).code(), absl::StatusCode::kInvalidArgument);
+}
+
 }  // namespace
 }  // namespace deepinfer

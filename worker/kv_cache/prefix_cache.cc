@@ -8,27 +8,6 @@
 #include "glog/logging.h"
 
 namespace deepinfer {
-namespace {
-
-// splitmix64's finaliser: every input bit moves about half of the output bits.
-uint64_t Mix(uint64_t x) {
-  x ^= x >> 30;
-  x *= 0xbf58476d1ce4e5b9ull;
-  x ^= x >> 27;
-  x *= 0x94d049bb133111ebull;
-  x ^= x >> 31;
-  return x;
-}
-
-constexpr uint64_t kGolden = 0x9e3779b97f4a7c15ull;
-
-}  // namespace
-
-uint64_t PrefixBlockHash(uint64_t parent, const int32_t* tokens, int64_t n) {
-  uint64_t h = Mix(parent ^ kGolden);
-  for (int64_t i = 0; i < n; ++i) h = Mix(h + static_cast<uint32_t>(tokens[i]) + kGolden);
-  return Mix(h ^ static_cast<uint64_t>(n));
-}
 
 std::string PrefixCacheKey(const std::string& model_fingerprint, WeightDType weights,
                            const KvCacheSpec& spec, int32_t block_size) {
@@ -36,15 +15,11 @@ std::string PrefixCacheKey(const std::string& model_fingerprint, WeightDType wei
                       ";cache=", spec.ToString(), ";block=", block_size);
 }
 
-uint64_t PrefixRootHash(const std::string& key) {
-  uint64_t h = 14695981039346656037ull;  // FNV-1a, then mixed
-  for (unsigned char c : key) h = (h ^ c) * 1099511628211ull;
-  return Mix(h);
-}
-
 PrefixCache::PrefixCache(KvBlockPool* pool, PrefixCacheOptions options)
     : pool_(pool),
       enabled_(options.enabled && pool->spec().SharesPrefixBlocks()),
+      key_(options.key),
+      store_(enabled_ ? options.store : nullptr),
       root_(PrefixRootHash(options.key)),
       blocks_(pool->num_blocks()) {
   CHECK_EQ(pool->num_free_blocks(), pool->num_blocks()) << "PrefixCache over a pool in use";
@@ -56,6 +31,13 @@ PrefixCache::PrefixCache(KvBlockPool* pool, PrefixCacheOptions options)
 
 PrefixCache::~PrefixCache() {
   CHECK_EQ(referenced_, 0) << "PrefixCache destroyed with referenced blocks";
+  if (store_ != nullptr && !idle_.empty() && pool_->backend_status().ok()) {
+    // The most recent ones the store can hold, oldest of them first (so they stay in its order).
+    const int64_t fit = store_->capacity_bytes() / std::max<size_t>(1, pool_->BlockBytes());
+    auto from = idle_.end();
+    for (int64_t n = 0; n < fit && from != idle_.begin(); ++n) --from;
+    for (auto it = from; it != idle_.end(); ++it) Spill(*it);
+  }
   std::vector<int32_t> idle(idle_.begin(), idle_.end());
   for (int32_t b : idle) Uncache(b);
   if (!idle.empty()) CHECK(pool_->Free(idle).ok());
@@ -82,7 +64,12 @@ std::vector<int32_t> PrefixCache::Acquire(const std::vector<int32_t>& tokens,
   stats_.lookup_blocks += wanted;
   for (int64_t i = 0; i < wanted; ++i) {
     auto it = by_hash_.find(hashes[i]);
-    if (it == by_hash_.end()) break;
+    if (it == by_hash_.end()) {
+      const int32_t restored = store_ != nullptr ? Restore(tokens, hashes, i) : -1;
+      if (restored < 0) break;
+      out.push_back(restored);
+      continue;
+    }
     Block& b = blocks_[it->second];
     const uint64_t parent = i == 0 ? root_ : hashes[i - 1];
     if (b.parent != parent ||
@@ -111,6 +98,7 @@ absl::StatusOr<std::vector<int32_t>> PrefixCache::Allocate(int32_t n) {
     evicted.reserve(short_by);
     for (int32_t i = 0; i < short_by; ++i) {
       const int32_t b = idle_.front();
+      if (store_ != nullptr) Spill(b);
       Uncache(b);
       evicted.push_back(b);
     }
@@ -138,6 +126,12 @@ void PrefixCache::Register(int32_t block, uint64_t hash, uint64_t parent, const 
   b.hash = hash;
   b.parent = parent;
   b.tokens.assign(tokens, tokens + pool_->block_size());
+  b.index = -1;
+  if (parent == root_) {
+    b.index = 0;
+  } else if (auto p = by_hash_.find(parent); p != by_hash_.end() && blocks_[p->second].index >= 0) {
+    b.index = blocks_[p->second].index + 1;
+  }
   ++stats_.registered;
 }
 
@@ -160,8 +154,58 @@ void PrefixCache::Release(const std::vector<int32_t>& blocks) {
   }
 }
 
+std::vector<uint64_t> PrefixCache::ProbeSummary(int32_t max_entries) const {
+  std::vector<uint64_t> out;
+  if (!enabled_) return out;
+  auto add = [&](const Block& b) {
+    if (static_cast<int32_t>(out.size()) < max_entries && b.cached && IsPrefixProbeBlock(b.index)) {
+      out.push_back(b.hash);
+    }
+  };
+  for (const Block& b : blocks_) {
+    if (b.refs > 0) add(b);
+  }
+  for (auto it = idle_.rbegin(); it != idle_.rend(); ++it) add(blocks_[*it]);
+  return out;
+}
+
 int32_t PrefixCache::num_available_blocks() const {
   return pool_->num_free_blocks() + static_cast<int32_t>(idle_.size());
+}
+
+void PrefixCache::Spill(int32_t block) {
+  const Block& b = blocks_[block];
+  if (!b.cached) return;
+  std::string payload;
+  pool_->ReadBlock(block, &payload);
+  store_->Put(key_, root_, b.hash, b.parent, b.tokens, std::move(payload));
+  ++stats_.spilled;
+}
+
+int32_t PrefixCache::Restore(const std::vector<int32_t>& tokens,
+                             const std::vector<uint64_t>& hashes, int64_t i) {
+  // Leave a block for the tokens the sequence computes after its cached ones.
+  if (num_available_blocks() < 2) return -1;
+  const int64_t bs = pool_->block_size();
+  const uint64_t parent = i == 0 ? root_ : hashes[i - 1];
+  std::string payload;
+  if (!store_->Lookup(key_, root_, hashes[i], parent, tokens.data() + i * bs,
+                      static_cast<int32_t>(bs), pool_->BlockBytes(), &payload)) {
+    return -1;
+  }
+  absl::StatusOr<std::vector<int32_t>> got = Allocate(1);
+  CHECK(got.ok()) << got.status();
+  const int32_t block = got->front();
+  pool_->WriteBlock(block, payload);
+  Block& b = blocks_[block];
+  CHECK(by_hash_.emplace(hashes[i], block).second);
+  b.cached = true;
+  b.hash = hashes[i];
+  b.parent = parent;
+  b.tokens.assign(tokens.begin() + i * bs, tokens.begin() + (i + 1) * bs);
+  b.index = static_cast<int32_t>(i);
+  ++stats_.restored;
+  return block;
 }
 
 void PrefixCache::Uncache(int32_t block) {

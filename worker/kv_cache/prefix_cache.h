@@ -17,6 +17,12 @@
 // all written are registered; shared blocks are read-only (a sequence writes only positions past
 // its computed ones, which lie in blocks of its own).
 //
+// With a KvBlockStore (PrefixCacheOptions::store), an idle cached block that is evicted is first
+// copied to the store (host memory, then disk), and so are the idle cached blocks left when the
+// cache is destroyed (most recent first, as many as the store holds). Acquire, finding no block
+// of a hash here, asks the store and copies a block it finds into a new block of the pool
+// (restored: cached again, as if computed here), while that leaves a block available.
+//
 // Disabled (PrefixCacheOptions::enabled false, or a spec with a group that cannot share blocks:
 // KvCacheSpec::SharesPrefixBlocks), nothing is registered, Acquire finds nothing, and blocks go
 // back to the pool on their last Release: exactly the pool's own allocation.
@@ -32,7 +38,9 @@
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/status/statusor.h"
+#include "common/kv/prefix_hash.h"
 #include "worker/kv_cache/kv_block_pool.h"
+#include "worker/kv_cache/kv_block_store.h"
 
 namespace deepinfer {
 
@@ -41,6 +49,9 @@ struct PrefixCacheOptions {
   // Everything besides the tokens that changes the entries (see the top comment); hashed into
   // the root of every chain.
   std::string key;
+  // Lower tiers for evicted blocks (shared by a worker's ranks, outlives the cache); null:
+  // none.
+  KvBlockStore* store = nullptr;
 };
 
 struct PrefixCacheStats {
@@ -50,6 +61,8 @@ struct PrefixCacheStats {
   int64_t evictions = 0;      // idle cached blocks handed back to the pool for new blocks
   int64_t registered = 0;     // blocks that became cached
   int64_t duplicates = 0;     // full blocks not registered: another block held their hash
+  int64_t spilled = 0;        // blocks copied to the store (evicted, or left at destruction)
+  int64_t restored = 0;       // of hit_blocks, copied back from the store
 };
 
 class PrefixCache {
@@ -93,6 +106,10 @@ class PrefixCache {
   // sequence is evicted before its head. CHECK: each block is referenced.
   void Release(const std::vector<int32_t>& blocks);
 
+  // The chain hashes of cached probe blocks (IsPrefixProbeBlock of their index in their
+  // sequence), at most max_entries: those of referenced blocks first, then idle ones, most
+  // recently released first. What the rank tells the coordinator it holds.
+  std::vector<uint64_t> ProbeSummary(int32_t max_entries) const;
   // Blocks Allocate can hand out: free in the pool plus idle cached ones.
   int32_t num_available_blocks() const;
   // Blocks some sequence references.
@@ -110,14 +127,23 @@ class PrefixCache {
     uint64_t hash = 0;
     uint64_t parent = 0;
     std::vector<int32_t> tokens;        // when cached
+    int32_t index = -1;                 // its index in its sequence when known (cached)
     std::list<int32_t>::iterator idle;  // when cached and refs == 0
   };
 
   // Removes the block from the hash table (an idle block also from the LRU).
   void Uncache(int32_t block);
+  // Copies a cached block to the store (before it is uncached).
+  void Spill(int32_t block);
+  // A new block holding the store's copy of the block with chain hash hashes[i] of `tokens`,
+  // referenced and cached; -1 when the store has none or no block is left to spare.
+  int32_t Restore(const std::vector<int32_t>& tokens, const std::vector<uint64_t>& hashes,
+                  int64_t i);
 
   KvBlockPool* const pool_;
   const bool enabled_;
+  const std::string key_;
+  KvBlockStore* const store_;
   const uint64_t root_;
   std::vector<Block> blocks_;
   absl::flat_hash_map<uint64_t, int32_t> by_hash_;
@@ -131,10 +157,6 @@ class PrefixCache {
 // runs or which experts it hosts.
 std::string PrefixCacheKey(const std::string& model_fingerprint, WeightDType weights,
                            const KvCacheSpec& spec, int32_t block_size);
-// The chain hash of a block of `n` tokens after a block whose chain hash is `parent`.
-uint64_t PrefixBlockHash(uint64_t parent, const int32_t* tokens, int64_t n);
-// The root of the chains of a cache key.
-uint64_t PrefixRootHash(const std::string& key);
 
 }  // namespace deepinfer
 

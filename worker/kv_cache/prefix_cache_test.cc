@@ -231,5 +231,99 @@ TEST_F(PrefixCacheTest, DisabledCachesNothing) {
   EXPECT_THAT(cache.Acquire(p, {1, 2}, 8), IsEmpty());
 }
 
+// A block evicted from the pool goes to the store; the next sequence with the prefix gets a new
+// block holding the same entries (a host-tier hit after device eviction).
+TEST_F(PrefixCacheTest, EvictedBlocksComeBackFromTheStore) {
+  auto pool = MakePool(4);
+  KvBlockStore store({1 << 20, "", 0});
+  PrefixCache cache(pool.get(), {true, "model", &store});
+  const std::vector<int32_t> a = Range(100, 9);  // 2 full blocks and 1 token
+  std::vector<int32_t> blocks = Compute(cache, a);
+  // Entries the "model" wrote: a pattern per block.
+  std::vector<std::string> written(2);
+  for (int i = 0; i < 2; ++i) {
+    written[i] = std::string(pool->BlockBytes(), static_cast<char>(0));
+    for (size_t j = 0; j < written[i].size(); ++j) written[i][j] = static_cast<char>(j * 3 + i);
+    pool->WriteBlock(blocks[i], written[i]);
+  }
+  cache.Release(blocks);
+  // Another sequence takes the whole pool: both cached blocks are evicted, to the store.
+  auto all = cache.Allocate(4);
+  ASSERT_TRUE(all.ok()) << all.status();
+  for (int32_t b : *all) pool->WriteBlock(b, std::string(pool->BlockBytes(), 'x'));
+  EXPECT_EQ(cache.stats().evictions, 2);
+  EXPECT_EQ(cache.stats().spilled, 2);
+  EXPECT_EQ(cache.num_cached_blocks(), 0);
+  cache.Release(*all);
+
+  int32_t hits = -1;
+  std::vector<int32_t> again = Compute(cache, a, &hits);
+  EXPECT_EQ(hits, 2);
+  EXPECT_EQ(cache.stats().restored, 2);
+  EXPECT_EQ(store.stats().host_hits, 2);
+  for (int i = 0; i < 2; ++i) {
+    std::string got;
+    pool->ReadBlock(again[i], &got);
+    EXPECT_EQ(got, written[i]) << "block " << i;
+  }
+  EXPECT_EQ(cache.num_cached_blocks(), 2);
+  cache.Release(again);
+}
+
+// Restoring stops while it would leave no block for the tokens computed after the hit.
+TEST_F(PrefixCacheTest, RestoringLeavesABlockForTheComputedTokens) {
+  auto pool = MakePool(3);
+  KvBlockStore store({1 << 20, "", 0});
+  PrefixCache cache(pool.get(), {true, "model", &store});
+  const std::vector<int32_t> a = Range(0, 12);  // 3 full blocks
+  cache.Release(Compute(cache, a));
+  auto all = cache.Allocate(3);  // evicts all three to the store
+  ASSERT_TRUE(all.ok());
+  cache.Release(*all);
+  std::vector<uint64_t> hashes;
+  cache.ExtendHashes(a, 12, &hashes);
+  std::vector<int32_t> got = cache.Acquire(a, hashes, 11);  // at most 2 blocks
+  EXPECT_EQ(got.size(), 2u);
+  EXPECT_EQ(cache.num_available_blocks(), 1);
+  cache.Release(got);
+}
+
+// Idle cached blocks left when the cache goes are kept by the store (a group re-formed, or the
+// worker shutting down with a disk tier).
+TEST_F(PrefixCacheTest, DestroyingTheCacheKeepsIdleBlocksInTheStore) {
+  auto pool = MakePool(8);
+  KvBlockStore store({1 << 20, "", 0});
+  const std::vector<int32_t> a = Range(0, 12);
+  {
+    PrefixCache cache(pool.get(), {true, "model", &store});
+    cache.Release(Compute(cache, a));
+  }
+  EXPECT_EQ(store.stats().puts, 3);
+  PrefixCache cache(pool.get(), {true, "model", &store});
+  int32_t hits = -1;
+  cache.Release(Compute(cache, a, &hits));
+  EXPECT_EQ(hits, 2);  // all but the last token: 2 of the 3 blocks
+}
+
+TEST_F(PrefixCacheTest, ProbeSummaryHoldsTheCachedProbeBlocks) {
+  auto pool = MakePool(16);
+  PrefixCache cache(pool.get(), {true, "model"});
+  const std::vector<int32_t> a = Range(0, 4 * 5 + 1);  // 5 full blocks: probes 0, 1, 3
+  std::vector<int32_t> blocks = Compute(cache, a);
+  std::vector<uint64_t> hashes;
+  cache.ExtendHashes(a, static_cast<int64_t>(a.size()), &hashes);
+  std::vector<uint64_t> want = {hashes[0], hashes[1], hashes[3]};
+  EXPECT_THAT(cache.ProbeSummary(10), ::testing::UnorderedElementsAreArray(want));
+  // They are what PrefixProbes gives the coordinator for the same tokens.
+  std::vector<uint64_t> probes;
+  for (const PrefixProbe& p : PrefixProbes(cache.root_hash(), a, kBlock, 5)) {
+    probes.push_back(p.hash);
+  }
+  EXPECT_EQ(probes, want);
+  EXPECT_EQ(cache.ProbeSummary(2).size(), 2u);
+  cache.Release(blocks);
+  EXPECT_THAT(cache.ProbeSummary(10), ::testing::UnorderedElementsAreArray(want));  // idle too
+}
+
 }  // namespace
 }  // namespace deepinfer

@@ -1,6 +1,7 @@
 // CausalLm: the model as the engine, the rank builder, the memory plan, the benchmark and the
 // tests see it, whatever its architecture. A model steps a batch of sequences through the paged
-// KV cache it declared (CacheSpec), optionally records its decode steps (DecodeGraphRunner), and,
+// KV cache it declared (CacheSpec), optionally records its decode steps (DecodeGraphRunner), may
+// have a draft head (Draft: multi-token prediction for speculative decoding), and,
 // when it has routed experts, counts their load and changes their placement (EPLB).
 //
 // Concrete architectures live in worker/model/ and are made by the registry
@@ -46,6 +47,29 @@ class CausalLm {
   // the backend's first error (Backend::status()) if it has one.
   virtual absl::StatusOr<StepOutput> Step(const std::vector<SequenceStep>& batch,
                                           KvBlockPool* cache) = 0;
+
+  // Where a rebuild of a sequence must start replaying when its paged entries of positions
+  // [0, kept_end) are kept (restored into its blocks) and its per-sequence state is lost
+  // (SequenceStep::replay_from): the replay then reproduces the state exactly. 0 where the
+  // model's cache is rebuilt by replaying every position (the paged MLA cache keeps nothing
+  // per sequence, so a kept prefix needs no replay at all and the prefix cache serves it).
+  virtual int64_t BoundedReplayStart(int64_t kept_end) const {
+    (void)kept_end;
+    return 0;
+  }
+
+  // The draft head (multi-token prediction modules, for speculative decoding; docs/engine.md):
+  // how many modules the model was built with (ModelConfig::num_draft_layers), 0 for none.
+  virtual int32_t num_draft_layers() const { return 0; }
+  // Runs the draft head's module over each sequence's rows (see DraftStep), writing their
+  // entries into the module's cache layers, and returns each sequence's draft from its last row.
+  // No collectives: ranks may call it a different number of times. INVALID_ARGUMENT for
+  // malformed sequences (as Step) or a module the model lacks; UNIMPLEMENTED without a draft
+  // head.
+  virtual absl::StatusOr<DraftOutput> Draft(const std::vector<DraftStep>& batch,
+                                            KvBlockPool* cache) {
+    return absl::UnimplementedError("this model has no draft head");
+  }
 
   // How steps are computed, never what they compute (bit for bit on the CPU backend).
   // Replaces the decode graph options (drops graphs recorded so far).

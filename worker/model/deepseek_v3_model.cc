@@ -2,19 +2,23 @@
 #include "worker/model/deepseek_v3_model.h"
 
 #include <algorithm>
+#include <cmath>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "worker/model/layers/residual_stream.h"
 #include "worker/model/layers/step_sampling.h"
 #include "worker/model/layers/swiglu_mlp.h"
+#include "worker/model/local_expert_dispatcher.h"
 
 namespace deepinfer {
 absl::StatusOr<std::unique_ptr<DeepseekV3Model>> DeepseekV3Model::Create(
     const ModelConfig& config, std::unique_ptr<ModelWeights> weights, Backend* backend,
     std::unique_ptr<ExpertDispatcher> dispatcher) {
   if (weights == nullptr ||
-      static_cast<int64_t>(weights->layers.size()) != config.num_hidden_layers) {
+      static_cast<int64_t>(weights->layers.size()) !=
+          config.num_hidden_layers + config.num_draft_layers ||
+      static_cast<int64_t>(weights->mtp.size()) != config.num_draft_layers) {
     return absl::InvalidArgumentError("DeepseekV3Model: weights do not match the config");
   }
   if (config.n_routed_experts > 0 && dispatcher == nullptr) {
@@ -94,6 +98,15 @@ DeepseekV3Model::DeepseekV3Model(const ModelConfig& config, std::unique_ptr<Mode
   attention_ = std::make_unique<MlaAttention>(config_, weights_.get(), backend_);
   moe_ = std::make_unique<MoeBlock>(config_, weights_.get(), backend_, std::move(dispatcher),
                                     [this] { graphs_->Drop(); });
+  if (config_.num_draft_layers > 0 && config_.n_routed_experts > 0) {
+    std::vector<int64_t> all(config_.n_routed_experts);
+    for (int64_t e = 0; e < config_.n_routed_experts; ++e) all[e] = e;
+    draft_moe_ = std::make_unique<MoeBlock>(
+        config_, weights_.get(), backend_,
+        std::make_unique<LocalExpertDispatcher>(backend_, config_.n_routed_experts,
+                                                config_.hidden_size, std::move(all)),
+        nullptr, config_.num_hidden_layers, config_.num_draft_layers);
+  }
   head_ = std::make_unique<LmHead>(
       backend_, config_.hidden_size, config_.vocab_size, static_cast<float>(config_.rms_norm_eps),
       weights_->final_norm->as<float>(), weights_->Matrix(weights_->lm_head));
@@ -115,23 +128,55 @@ KvCacheSpec DeepseekV3Model::CacheSpec() const {
   return Entry().cache_spec(config_, backend_->weight_dtype());
 }
 
-absl::StatusOr<StepOutput> DeepseekV3Model::Step(const std::vector<SequenceStep>& batch,
-                                                 KvBlockPool* cache) {
+absl::Status DeepseekV3Model::CheckCache(const KvBlockPool& cache, const char* what) const {
   const ModelConfig& c = config_;
-  const KvBlockPoolOptions& co = cache->options();
-  bool matches = co.spec.num_layers() == c.num_hidden_layers;
-  for (int32_t l = 0; matches && l < c.num_hidden_layers; ++l) {
-    const KvCacheGroupSpec& g = cache->LayerGroup(l);
+  const KvBlockPoolOptions& co = cache.options();
+  const int64_t layers = c.num_hidden_layers + c.num_draft_layers;
+  bool matches = co.spec.num_layers() == layers;
+  for (int32_t l = 0; matches && l < layers; ++l) {
+    const KvCacheGroupSpec& g = cache.LayerGroup(l);
     matches = g.kind == KvCacheKind::kPagedLatent && g.latent_dim == c.kv_lora_rank &&
               g.rope_dim == c.qk_rope_head_dim;
   }
   if (!matches) {
-    return absl::InvalidArgumentError(absl::StrCat("DeepseekV3Model::Step: the KV cache (",
+    return absl::InvalidArgumentError(absl::StrCat("DeepseekV3Model::", what, ": the KV cache (",
                                                    co.spec.ToString(), ") is not the model's (",
                                                    CacheSpec().ToString(), ")"));
   }
-  if (std::optional<absl::StatusOr<StepOutput>> out = graphs_->Run(batch, cache)) {
-    return *std::move(out);
+  return absl::OkStatus();
+}
+
+void DeepseekV3Model::CopyHidden(const std::vector<SequenceStep>& batch, int64_t tokens,
+                                 const float* x, const float* y, StepOutput* out) {
+  const int64_t H = config_.hidden_size;
+  std::unique_ptr<DeviceBuffer> sum;
+  if (y != nullptr) {
+    sum = Floats(tokens * H);
+    backend_->Add(tokens * H, x, y, sum->as<float>());
+    x = sum->as<float>();
+  }
+  out->hidden.resize(batch.size());
+  int64_t row = 0;
+  for (size_t i = 0; i < batch.size(); ++i) {
+    const int64_t n = static_cast<int64_t>(batch[i].tokens.size());
+    if (batch[i].return_hidden) {
+      out->hidden[i].resize(n * H);
+      backend_->CopyToHost(x + row * H, n * H * sizeof(float), out->hidden[i].data());
+    }
+    row += n;
+  }
+}
+
+absl::StatusOr<StepOutput> DeepseekV3Model::Step(const std::vector<SequenceStep>& batch,
+                                                 KvBlockPool* cache) {
+  const ModelConfig& c = config_;
+  if (absl::Status st = CheckCache(*cache, "Step"); !st.ok()) return st;
+  const bool hidden = std::any_of(batch.begin(), batch.end(),
+                                  [](const SequenceStep& s) { return s.return_hidden; });
+  if (!hidden) {
+    if (std::optional<absl::StatusOr<StepOutput>> out = graphs_->Run(batch, cache)) {
+      return *std::move(out);
+    }
   }
   auto meta = MakeStepMetadata(backend_, batch, cache, c.vocab_size);
   if (!meta.ok()) return meta.status();
@@ -158,7 +203,12 @@ absl::StatusOr<StepOutput> DeepseekV3Model::Step(const std::vector<SequenceStep>
   }
   auto logits = head_->Logits(R, sel->as<float>(), sel_y != nullptr ? sel_y->as<float>() : nullptr,
                               normed != nullptr ? normed->as<float>() : sel->as<float>(), Mode());
-  return SampleOrCopyLogits(backend_, c.vocab_size, batch, logits->as<float>(), R);
+  absl::StatusOr<StepOutput> out =
+      SampleOrCopyLogits(backend_, c.vocab_size, batch, logits->as<float>(), R);
+  if (out.ok() && hidden) {
+    CopyHidden(batch, T, xp, ResidualPending() ? y->as<float>() : nullptr, &*out);
+  }
+  return out;
 }
 
 absl::Status DeepseekV3Model::Layers(const LayerContext& ctx, const int32_t* ids, float* x,
@@ -168,24 +218,111 @@ absl::Status DeepseekV3Model::Layers(const LayerContext& ctx, const int32_t* ids
   embedding_->Forward(T, ids, x);
   PlainResidualStream stream(backend_, T, H, static_cast<float>(c.rms_norm_eps), ctx.mode, x, y);
   for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
-    const LayerWeights& L = weights_->layers[l];
-    // Each block's norm: applied here, or (fused ops) handed to the block's first op.
-    const ResidualNorm* norm = stream.Norm(L.input_norm->as<float>());
-    attention_->Forward(l, ctx, stream.h_gemm(), stream.block_out(), norm);
-    stream.Add();
-    norm = stream.Norm(L.post_attention_norm->as<float>());
-    if (L.moe) {
-      // The router and routed experts read fp32 rows, the shared experts the GEMM operand.
-      absl::Status st =
-          moe_->Forward(l, T, stream.h(), stream.h_gemm(), stream.block_out(), ctx, norm);
-      if (!st.ok()) return st;
-    } else {
-      SwiGluMlp(backend_, *weights_, L.dense, H, T, norm, stream.h_gemm(), stream.block_out(),
-                ctx.mode);
-    }
-    stream.Add();
+    if (absl::Status st = Layer(l, ctx, &stream, moe_.get()); !st.ok()) return st;
   }
   return absl::OkStatus();
+}
+
+absl::Status DeepseekV3Model::Layer(int64_t l, const LayerContext& ctx, PlainResidualStream* stream,
+                                    MoeBlock* moe) {
+  const int64_t T = ctx.num_tokens, H = config_.hidden_size;
+  const LayerWeights& L = weights_->layers[l];
+  // Each block's norm: applied here, or (fused ops) handed to the block's first op.
+  const ResidualNorm* norm = stream->Norm(L.input_norm->as<float>());
+  attention_->Forward(l, ctx, stream->h_gemm(), stream->block_out(), norm);
+  stream->Add();
+  norm = stream->Norm(L.post_attention_norm->as<float>());
+  if (L.moe) {
+    // The router and routed experts read fp32 rows, the shared experts the GEMM operand.
+    absl::Status st =
+        moe->Forward(l, T, stream->h(), stream->h_gemm(), stream->block_out(), ctx, norm);
+    if (!st.ok()) return st;
+  } else {
+    SwiGluMlp(backend_, *weights_, L.dense, H, T, norm, stream->h_gemm(), stream->block_out(),
+              ctx.mode);
+  }
+  stream->Add();
+  return absl::OkStatus();
+}
+
+absl::StatusOr<DraftOutput> DeepseekV3Model::Draft(const std::vector<DraftStep>& batch,
+                                                   KvBlockPool* cache) {
+  const ModelConfig& c = config_;
+  const int64_t H = c.hidden_size, V = c.vocab_size;
+  if (c.num_draft_layers == 0) return absl::UnimplementedError("the model has no draft head");
+  if (absl::Status st = CheckCache(*cache, "Draft"); !st.ok()) return st;
+  std::vector<SequenceStep> steps(batch.size());
+  int64_t module = -1;
+  for (size_t i = 0; i < batch.size(); ++i) {
+    const DraftStep& d = batch[i];
+    if (d.module < 0 || d.module >= c.num_draft_layers || (module >= 0 && d.module != module)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("DeepseekV3Model::Draft: sequence ", i, " asks for MTP module ", d.module,
+                       " (the model has ", c.num_draft_layers, "; one module per call)"));
+    }
+    module = d.module;
+    if (d.hidden.size() != d.tokens.size() * static_cast<size_t>(H)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("DeepseekV3Model::Draft: sequence ", i, " has ", d.tokens.size(),
+                       " tokens but ", d.hidden.size(), " hidden values (hidden size ", H, ")"));
+    }
+    steps[i].tokens = d.tokens;
+    steps[i].position_offset = d.position_offset;
+    steps[i].block_table = d.block_table;
+  }
+  DraftOutput out;
+  if (batch.empty()) return out;
+  auto meta = MakeStepMetadata(backend_, steps, cache, V);
+  if (!meta.ok()) return meta.status();
+  LayerContext& ctx = (*meta)->ctx;
+  ctx.mode = Mode();
+  const int64_t T = ctx.num_tokens;
+  const MtpWeights& M = weights_->mtp[module];
+  const float eps = static_cast<float>(c.rms_norm_eps);
+  // [enorm(embedding); hnorm(hidden)] per row, then eh_proj into the module's residual stream.
+  std::vector<float> host_hidden;
+  host_hidden.reserve(T * H);
+  for (const DraftStep& d : batch)
+    host_hidden.insert(host_hidden.end(), d.hidden.begin(), d.hidden.end());
+  auto hidden = Floats(T * H), embedded = Floats(T * H), joined = Floats(T * 2 * H);
+  backend_->CopyToDevice(host_hidden.data(), T * H * sizeof(float), hidden->data());
+  embedding_->Forward(T, (*meta)->ids->as<int32_t>(), embedded->as<float>());
+  backend_->RmsNorm(T, H, embedded->as<float>(), H, M.enorm->as<float>(), eps, joined->as<float>(),
+                    2 * H);
+  backend_->RmsNorm(T, H, hidden->as<float>(), H, M.hnorm->as<float>(), eps,
+                    joined->as<float>() + H, 2 * H);
+  auto x = Floats(T * H), y = Floats(T * H);
+  backend_->Gemm(T, H, 2 * H, joined->as<float>(), 2 * H, weights_->Matrix(M.eh_proj), 2 * H,
+                 x->as<float>(), H, false);
+  PlainResidualStream stream(backend_, T, H, eps, ctx.mode, x->as<float>(), y->as<float>());
+  if (absl::Status st = Layer(c.num_hidden_layers + module, ctx, &stream, draft_moe_.get());
+      !st.ok()) {
+    return st;
+  }
+  if (stream.pending()) backend_->Add(T * H, x->as<float>(), y->as<float>(), x->as<float>());
+  // The last row of each sequence: its hidden state, then shared_head.norm and the LM head.
+  const int64_t R = (*meta)->num_logit_rows;
+  auto last = Floats(R * H), normed = Floats(R * H);
+  backend_->GatherRows(R, H, x->as<float>(), (*meta)->logit_rows->as<int32_t>(), last->as<float>());
+  LmHead head(backend_, H, V, eps, M.head_norm->as<float>(), weights_->Matrix(weights_->lm_head));
+  auto logits = head.Logits(R, last->as<float>(), nullptr, normed->as<float>(), Mode());
+  std::vector<float> host_logits(R * V), host_last(R * H);
+  backend_->CopyToHost(logits->data(), R * V * sizeof(float), host_logits.data());
+  backend_->CopyToHost(last->data(), R * H * sizeof(float), host_last.data());
+  if (absl::Status st = backend_->status(); !st.ok()) return st;
+  out.token.resize(R);
+  out.probability.resize(R);
+  out.hidden.resize(R);
+  for (int64_t r = 0; r < R; ++r) {
+    const float* row = host_logits.data() + r * V;
+    const int64_t best = std::max_element(row, row + V) - row;  // lowest id on ties
+    double sum = 0;
+    for (int64_t v = 0; v < V; ++v) sum += std::exp(static_cast<double>(row[v] - row[best]));
+    out.token[r] = static_cast<int32_t>(best);
+    out.probability[r] = static_cast<float>(1.0 / sum);
+    out.hidden[r].assign(host_last.begin() + r * H, host_last.begin() + (r + 1) * H);
+  }
+  return out;
 }
 
 absl::Status DeepseekV3Model::DecodeForward(const DecodeGraphInputs& in) {

@@ -3,7 +3,8 @@
 // per layer MlaAttention (attention/) and either a SwiGLU MLP (layers/) or the MoeBlock (moe/:
 // noaux_tc router, routed experts on the device or through an ExpertDispatcher, shared experts),
 // each block behind its norm on a plain residual stream (layers/residual_stream.h), then the LM
-// head (final norm and head GEMM) and the step's sampling (layers/step_sampling.h).
+// head (final norm and head GEMM) and the step's sampling (layers/step_sampling.h). With
+// ModelConfig::num_draft_layers the model also has its MTP modules as a draft head (Draft).
 //
 // One Step() call runs a batch of sequences through every layer: each sequence brings its new
 // tokens (a whole prompt, a prompt chunk, or one decode token), the position of its first new
@@ -36,6 +37,7 @@
 #include "worker/model/layer_context.h"
 #include "worker/model/layers/embedding.h"
 #include "worker/model/layers/lm_head.h"
+#include "worker/model/layers/residual_stream.h"
 #include "worker/model/model_config.h"
 #include "worker/model/model_weights.h"
 #include "worker/model/moe/moe_block.h"
@@ -74,6 +76,15 @@ class DeepseekV3Model final : public CausalLm {
   PrefillAttention prefill_attention() const override { return attention_->prefill_attention(); }
   // A bucket whose attention kernel depends on the context (Backend::MlaDecodeContextBreak > 0,
   // e.g. CUDA's one-token kernel) has two graphs, for batches up to the break and above it.
+  int32_t num_draft_layers() const override {
+    return static_cast<int32_t>(config_.num_draft_layers);
+  }
+  // The MTP module (DeepSeek-V3 section 2.2): rows = eh_proj([enorm(embed(token)); hnorm(h)]),
+  // one decoder layer (layer num_hidden_layers + module, its own MLA cache entries; its routed
+  // experts through a local dispatcher on every rank), then shared_head.norm and the main
+  // model's LM head; the draft is the greedy token.
+  absl::StatusOr<DraftOutput> Draft(const std::vector<DraftStep>& batch,
+                                    KvBlockPool* cache) override;
   int64_t decode_graph_steps() const override { return graphs_->steps(); }
   int64_t decode_graphs_recorded() const override { return graphs_->graphs_recorded(); }
   int64_t num_moe_layers() const override { return moe_->num_moe_layers(); }
@@ -97,6 +108,14 @@ class DeepseekV3Model final : public CausalLm {
   // output, left in y [T, hidden], is still to be added (the caller fuses it into the final
   // norm).
   absl::Status Layers(const LayerContext& ctx, const int32_t* ids, float* x, float* y);
+  // Decoder layer l (a model layer, or an MTP module's at num_hidden_layers + i) on the stream.
+  absl::Status Layer(int64_t l, const LayerContext& ctx, PlainResidualStream* stream,
+                     MoeBlock* moe);
+  // The step's hidden rows (x, plus y where ResidualPending) of the sequences that asked.
+  void CopyHidden(const std::vector<SequenceStep>& batch, int64_t tokens, const float* x,
+                  const float* y, StepOutput* out);
+  // The checks Step makes on the cache.
+  absl::Status CheckCache(const KvBlockPool& cache, const char* what) const;
   bool ResidualPending() const { return fused_ops_ && config_.num_hidden_layers > 0; }
   // The device-only decode step of one bucket (DecodeGraphModel::forward): what is recorded
   // and replayed.
@@ -117,6 +136,8 @@ class DeepseekV3Model final : public CausalLm {
   std::unique_ptr<TokenEmbedding> embedding_;
   std::unique_ptr<MlaAttention> attention_;
   std::unique_ptr<MoeBlock> moe_;
+  // The MTP modules' MoE layers (null without a draft head or for dense modules).
+  std::unique_ptr<MoeBlock> draft_moe_;
   std::unique_ptr<LmHead> head_;
   bool fused_ops_ = true;
   // Last: destroyed first, it waits for recorded graphs, which hold the MoE block's expert

@@ -65,6 +65,11 @@ struct ModelConfig {
   bool rope_interleave = true;
   bool tie_word_embeddings = false;
   int64_t num_nextn_predict_layers = 0;
+  // Multi-token-prediction modules the model loads and runs as its draft head (speculative
+  // decoding, docs/engine.md), at most num_nextn_predict_layers. Not read from config.json: the
+  // caller that wants drafts sets it (the rank builder from --speculative-tokens), so a model
+  // built without drafting neither reads nor caches the MTP layers.
+  int64_t num_draft_layers = 0;
   // FP8 block size from quantization_config.weight_block_size ([128, 128] for DeepSeek).
   int64_t fp8_block_rows = 128;
   int64_t fp8_block_cols = 128;

@@ -128,11 +128,26 @@ absl::StatusOr<std::unique_ptr<ModelWeights>> ModelWeights::Load(const ModelConf
   DI_RETURN_IF_ERROR(
       ld.LoadMatrix(c.tie_word_embeddings ? "model.embed_tokens.weight" : "lm_head.weight",
                     {c.vocab_size, hid}, &w->lm_head));
-  // Layers >= num_hidden_layers are MTP modules (num_nextn_predict_layers); not loaded here.
-  w->layers.resize(c.num_hidden_layers);
-  for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
+  if (c.num_draft_layers < 0 || c.num_draft_layers > c.num_nextn_predict_layers) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("num_draft_layers ", c.num_draft_layers, " is not within the model's ",
+                     c.num_nextn_predict_layers, " MTP layers (num_nextn_predict_layers)"));
+  }
+  // Layers >= num_hidden_layers are MTP modules; the first num_draft_layers are loaded.
+  const int64_t num_layers = c.num_hidden_layers + c.num_draft_layers;
+  w->layers.resize(num_layers);
+  w->mtp.resize(c.num_draft_layers);
+  for (int64_t l = 0; l < num_layers; ++l) {
     LayerWeights& L = w->layers[l];
+    const bool is_mtp = l >= c.num_hidden_layers;
     const std::string p = absl::StrCat("model.layers.", l, ".");
+    if (is_mtp) {
+      MtpWeights& M = w->mtp[l - c.num_hidden_layers];
+      DI_RETURN_IF_ERROR(ld.Load(p + "enorm.weight", {hid}, &M.enorm));
+      DI_RETURN_IF_ERROR(ld.Load(p + "hnorm.weight", {hid}, &M.hnorm));
+      DI_RETURN_IF_ERROR(ld.LoadMatrix(p + "eh_proj.weight", {hid, 2 * hid}, &M.eh_proj));
+      DI_RETURN_IF_ERROR(ld.Load(p + "shared_head.norm.weight", {hid}, &M.head_norm));
+    }
     DI_RETURN_IF_ERROR(ld.Load(p + "input_layernorm.weight", {hid}, &L.input_norm));
     DI_RETURN_IF_ERROR(
         ld.Load(p + "post_attention_layernorm.weight", {hid}, &L.post_attention_norm));
@@ -179,7 +194,7 @@ absl::StatusOr<std::unique_ptr<ModelWeights>> ModelWeights::Load(const ModelConf
                                     c.moe_intermediate_size * c.n_shared_experts, &L.shared));
     }
     for (int64_t e = 0; e < c.n_routed_experts; ++e) {
-      if (options.hosts_expert && !options.hosts_expert(l, e)) continue;
+      if (!is_mtp && options.hosts_expert && !options.hosts_expert(l, e)) continue;
       DI_RETURN_IF_ERROR(ld.LoadMlp(absl::StrCat(m, "experts.", e, "."), hid,
                                     c.moe_intermediate_size, &L.experts[e]));
     }
@@ -215,9 +230,8 @@ absl::StatusOr<ModelWeights::HostExperts> ModelWeights::ReadRoutedExperts(
     }
     for (int64_t e : experts[moe]) {
       if (e < 0 || e >= c.n_routed_experts) {
-        return absl::InvalidArgumentError(absl::StrCat("routed expert ", e, " of layer ", l,
-                                                       " is outside the model's ",
-                                                       c.n_routed_experts));
+        return absl::InvalidArgumentError(absl::StrCat(
+            "routed expert ", e, " of layer ", l, " is outside the model's ", c.n_routed_experts));
       }
       if (out[moe].count(e)) continue;
       const std::string prefix = absl::StrCat("model.layers.", l, ".mlp.experts.", e, ".");
@@ -232,12 +246,12 @@ absl::StatusOr<ModelWeights::HostExperts> ModelWeights::ReadRoutedExperts(
       }
       m.gate_up.resize(2 * inter * hid);
       m.down.resize(hid * inter);
-      DI_RETURN_IF_ERROR(source->ReadFloat32(prefix + "gate_proj.weight", {inter, hid},
-                                             m.gate_up.data()));
+      DI_RETURN_IF_ERROR(
+          source->ReadFloat32(prefix + "gate_proj.weight", {inter, hid}, m.gate_up.data()));
       DI_RETURN_IF_ERROR(source->ReadFloat32(prefix + "up_proj.weight", {inter, hid},
                                              m.gate_up.data() + inter * hid));
-      DI_RETURN_IF_ERROR(source->ReadFloat32(prefix + "down_proj.weight", {hid, inter},
-                                             m.down.data()));
+      DI_RETURN_IF_ERROR(
+          source->ReadFloat32(prefix + "down_proj.weight", {hid, inter}, m.down.data()));
     }
     ++moe;
   }
@@ -275,8 +289,10 @@ int64_t ModelWeights::DeviceBytes(const ModelConfig& c, WeightDType matrix_dtype
   const int64_t nope = c.qk_nope_head_dim, vd = c.v_head_dim;
   auto mlp = [&](int64_t inter) { return 3 * inter * hid * mat; };
   int64_t bytes = c.vocab_size * hid * (f32 + mat) + hid * f32;  // embed, lm_head, final norm
-  for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
-    bytes += 2 * hid * f32;  // input / post-attention norms
+  for (int64_t l = 0; l < c.num_hidden_layers + c.num_draft_layers; ++l) {
+    const bool is_mtp = l >= c.num_hidden_layers;
+    if (is_mtp) bytes += 3 * hid * f32 + 2 * hid * hid * mat;  // enorm, hnorm, head norm, eh_proj
+    bytes += 2 * hid * f32;                                    // input / post-attention norms
     if (c.q_lora_rank > 0) {
       bytes +=
           (c.q_lora_rank * hid + nh * c.qk_head_dim() * c.q_lora_rank) * mat + c.q_lora_rank * f32;
@@ -292,7 +308,7 @@ int64_t ModelWeights::DeviceBytes(const ModelConfig& c, WeightDType matrix_dtype
     bytes += (c.n_routed_experts * hid + c.n_routed_experts) * f32;  // router and its bias
     if (c.n_shared_experts > 0) bytes += mlp(c.moe_intermediate_size * c.n_shared_experts);
     for (int64_t e = 0; e < c.n_routed_experts; ++e) {
-      if (options.hosts_expert && !options.hosts_expert(l, e)) continue;
+      if (!is_mtp && options.hosts_expert && !options.hosts_expert(l, e)) continue;
       bytes += mlp(c.moe_intermediate_size);
     }
   }

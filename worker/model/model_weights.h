@@ -5,7 +5,8 @@
 // and its bias stay fp32 (the router's top-k choice is sensitive to rounding). Layouts: gate and
 // up projections fused as [gate; up], the key half of kv_b_proj pre-transposed per head for the
 // absorbed attention. Which routed experts are loaded is the caller's choice
-// (LoadOptions::hosts_expert), so an expert-parallel rank reads only its share of the checkpoint.
+// (LoadOptions::hosts_expert), so an expert-parallel rank reads only its share of the checkpoint;
+// the MTP modules (ModelConfig::num_draft_layers) hold every routed expert on every rank.
 #ifndef DEEPINFER_WORKER_MODEL_MODEL_WEIGHTS_H_
 #define DEEPINFER_WORKER_MODEL_MODEL_WEIGHTS_H_
 
@@ -53,6 +54,16 @@ struct LayerWeights {
   std::map<int64_t, MlpWeights> experts;      // hosted routed experts by global id
 };
 
+// One multi-token-prediction module's own tensors (model.layers.{num_hidden_layers + i}.*); its
+// decoder layer is ModelWeights::layers[num_hidden_layers + i]. The token embedding and the
+// output head are the main model's (DeepSeek-V3 shares them; the checkpoint's copies under the
+// module, embed_tokens and shared_head.head, are not read).
+struct MtpWeights {
+  std::unique_ptr<DeviceBuffer> enorm, hnorm;  // [hidden] each
+  std::unique_ptr<DeviceBuffer> eh_proj;    // matrix [hidden, 2 * hidden] on [enorm(e); hnorm(h)]
+  std::unique_ptr<DeviceBuffer> head_norm;  // shared_head.norm [hidden]
+};
+
 class ModelWeights {
  public:
   // Matrices in backend->weight_dtype().
@@ -95,7 +106,9 @@ class ModelWeights {
   std::unique_ptr<DeviceBuffer> embed;  // [vocab, hidden]
   std::unique_ptr<DeviceBuffer> final_norm;
   std::unique_ptr<DeviceBuffer> lm_head;  // matrix [vocab, hidden]
+  // The decoder layers, then config.num_draft_layers MTP modules' decoder layers.
   std::vector<LayerWeights> layers;
+  std::vector<MtpWeights> mtp;  // config.num_draft_layers
 };
 
 }  // namespace deepinfer

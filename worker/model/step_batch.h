@@ -24,6 +24,15 @@ struct SequenceStep {
   // top-k / top-p, up to kMaxTopLogprobs top logprobs; worker/sampling/device_sampler.h) and
   // only the token and its log-probabilities come back to the host (not a vocabulary row).
   bool return_logits = true;
+  // A bounded rebuild (CausalLm::BoundedReplayStart; 0 and 0 for an ordinary sequence): the
+  // sequence's paged entries of positions [0, kept_end) were restored into its blocks, and its
+  // per-sequence state holds nothing before replay_from, where the rebuild's first step starts.
+  // The model attends to no window key before replay_from and leaves the kept entries as they
+  // are. Pass both on every step of the sequence until it is freed.
+  int64_t replay_from = 0;
+  int64_t kept_end = 0;
+  // Whether StepOutput::hidden carries this sequence's rows (a draft head's input).
+  bool return_hidden = false;
 };
 
 struct StepOutput {
@@ -32,6 +41,31 @@ struct StepOutput {
   std::vector<std::vector<float>> logits;
   // Per sequence; token -1 where SequenceStep::sampling was unset.
   std::vector<SampledToken> sampled;
+  // Per sequence, row-major [tokens.size(), hidden]: the residual stream after the last decoder
+  // layer (before the final norm) for every new token; empty unless SequenceStep::return_hidden.
+  std::vector<std::vector<float>> hidden;
+};
+
+// One sequence's rows for the draft head (CausalLm::Draft, multi-token prediction). Row j is
+// position position_offset + j: it combines `hidden` row j (the main model's hidden state at that
+// position, or for a recursive draft the draft head's own output of the row before) with the
+// embedding of tokens[j], the token that follows that position, and predicts the token after
+// tokens[j]. The rows' entries are written into the draft head's layers of the KV cache.
+struct DraftStep {
+  std::vector<int32_t> tokens;
+  std::vector<float> hidden;  // [tokens.size(), hidden_size]
+  int64_t position_offset = 0;
+  std::vector<int32_t> block_table;  // the sequence's; must cover its rows
+  int32_t module = 0;                // which MTP module (< CausalLm::num_draft_layers())
+};
+
+struct DraftOutput {
+  // Per sequence, from its last row: the draft head's greedy token, the probability it gave that
+  // token (softmax of the raw logits) and its hidden state [hidden_size] (the next recursive
+  // draft's input).
+  std::vector<int32_t> token;
+  std::vector<float> probability;
+  std::vector<std::vector<float>> hidden;
 };
 
 }  // namespace deepinfer

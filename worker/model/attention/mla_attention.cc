@@ -24,7 +24,7 @@ MlaAttention::MlaAttention(const ModelConfig& config, const ModelWeights* weight
 }
 
 KvCacheSpec MlaAttention::CacheSpec(const ModelConfig& c, WeightDType dtype) {
-  return PagedLatentSpec(static_cast<int32_t>(c.num_hidden_layers),
+  return PagedLatentSpec(static_cast<int32_t>(c.num_hidden_layers + c.num_draft_layers),
                          static_cast<int32_t>(c.kv_lora_rank),
                          static_cast<int32_t>(c.qk_rope_head_dim), dtype);
 }

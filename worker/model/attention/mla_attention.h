@@ -26,7 +26,8 @@ class MlaAttention {
   // `weights` must outlive the attention (its layers' attention projections are read).
   MlaAttention(const ModelConfig& config, const ModelWeights* weights, Backend* backend);
 
-  // The cache MLA keeps: one kPagedLatent group over every layer.
+  // The cache MLA keeps: one kPagedLatent group over every layer, the MTP modules' decoder
+  // layers (ModelConfig::num_draft_layers) after the model's.
   static KvCacheSpec CacheSpec(const ModelConfig& config, WeightDType dtype);
 
   // out [T, hidden] = attention of layer `layer` for ctx's tokens, writing their cache entries.

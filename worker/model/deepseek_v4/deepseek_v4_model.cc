@@ -138,6 +138,13 @@ void DeepseekV4Model::Mix(int64_t T, const V4HyperConnectionWeights& w, const fl
   ops_->HcMix(a);
 }
 
+int64_t DeepseekV4Model::BoundedReplayStart(int64_t kept_end) const {
+  int64_t ratio = 0;
+  for (int64_t r : v4_.compress_rate) ratio = std::max(ratio, r);
+  const int64_t start = kept_end - (v4_.num_layers * (v4_.sliding_window - 1) + 2 * ratio);
+  return std::max<int64_t>(0, start);
+}
+
 absl::StatusOr<StepOutput> DeepseekV4Model::Step(const std::vector<SequenceStep>& batch,
                                                  KvBlockPool* cache) {
   const DeepseekV4Config& c = v4_;
@@ -180,7 +187,18 @@ absl::StatusOr<StepOutput> DeepseekV4Model::Step(const std::vector<SequenceStep>
         return absl::InvalidArgumentError(absl::StrCat("sequence ", si, ": bad block id ", b));
       }
     }
+    if (s.replay_from != 0 || s.kept_end != 0) {
+      const int64_t start = BoundedReplayStart(s.kept_end);
+      if (s.replay_from <= 0 || s.replay_from > start || s.position_offset < s.replay_from) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("sequence ", si, ": a rebuild from position ", s.replay_from,
+                         " at position ", s.position_offset, " with entries kept up to ",
+                         s.kept_end, " (it must start at or before ", start, ", and > 0)"));
+      }
+    }
     V4Sequence q;
+    q.replay_from = s.replay_from;
+    q.kept_end = s.kept_end;
     q.first_row = static_cast<int64_t>(ids.size());
     q.num_tokens = static_cast<int64_t>(s.tokens.size());
     q.offset = s.position_offset;
@@ -204,7 +222,8 @@ absl::StatusOr<StepOutput> DeepseekV4Model::Step(const std::vector<SequenceStep>
     bool fresh = false;
     auto slot = cache->SequenceSlot(s.block_table[0], &fresh);
     if (!slot.ok()) return slot.status();
-    if (fresh && s.position_offset > 0) {
+    // A rebuild's first step binds a fresh slot at replay_from.
+    if (fresh && s.position_offset > s.replay_from) {
       return absl::FailedPreconditionError(absl::StrCat(
           "sequence ", si, " continues at position ", s.position_offset,
           " but the cache holds no state for it (its blocks were freed or never prefilled)"));

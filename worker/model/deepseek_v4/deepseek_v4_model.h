@@ -55,6 +55,9 @@ class DeepseekV4Model final : public CausalLm {
   KvCacheSpec CacheSpec() const override { return CacheSpecOf(v4_); }
   absl::StatusOr<StepOutput> Step(const std::vector<SequenceStep>& batch,
                                   KvBlockPool* cache) override;
+  // kept_end - (L * (W - 1) + 2 * ratio) (L layers, window W, the largest compress ratio), or 0
+  // when that is not past the start: docs/model.md, "Replay after preemption or worker loss".
+  int64_t BoundedReplayStart(int64_t kept_end) const override;
   // No recorded decode steps, fused ops or MLA prefill forms: the knobs are kept and ignored.
   void SetDecodeGraphOptions(const DecodeGraphOptions& options) override {
     graph_options_ = options;

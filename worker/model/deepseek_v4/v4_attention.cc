@@ -69,7 +69,9 @@ void V4Attention::Compress(int64_t layer, const V4StepContext& ctx, const float*
   std::vector<Window> windows;
   for (size_t s = 0; s < ctx.seqs.size(); ++s) {
     const V4Sequence& q = ctx.seqs[s];
-    for (int64_t i = q.offset / ratio; i < (q.offset + q.num_tokens) / ratio; ++i) {
+    // Windows ending at or before kept_end hold kept entries (a bounded rebuild).
+    for (int64_t i = std::max(q.offset, q.kept_end) / ratio; i < (q.offset + q.num_tokens) / ratio;
+         ++i) {
       windows.push_back({s, i});
     }
   }
@@ -183,7 +185,7 @@ absl::Status V4Attention::Forward(int64_t layer, const V4StepContext& ctx, const
   for (size_t s = 0; s < ctx.seqs.size(); ++s) {
     const V4Sequence& q = ctx.seqs[s];
     base[s] = rows;
-    ring_first[s] = std::max<int64_t>(0, q.offset - W + 1);
+    ring_first[s] = std::max<int64_t>(q.replay_from, q.offset - W + 1);
     entries[s] = compressed ? (q.offset + q.num_tokens) / ratio : 0;
     rows += (q.offset - ring_first[s]) + q.num_tokens + entries[s];
   }
@@ -211,7 +213,7 @@ absl::Status V4Attention::Forward(int64_t layer, const V4StepContext& ctx, const
     const int64_t comp = base[s] + (q.offset - ring_first[s]) + q.num_tokens;
     for (int64_t i = 0; i < q.num_tokens; ++i) {
       const int64_t p = q.offset + i, t = q.first_row + i;
-      const int64_t first = std::max<int64_t>(0, p - W + 1);
+      const int64_t first = std::max<int64_t>(q.replay_from, p - W + 1);
       window_begin[t] = static_cast<int32_t>(base[s] + (first - ring_first[s]));
       window_len[t] = static_cast<int32_t>(p - first + 1);
       extra_begin[t] = static_cast<int32_t>(comp);

@@ -41,6 +41,10 @@ struct V4Sequence {
   int64_t offset = 0;      // position of the first new token
   const std::vector<int32_t>* block_table = nullptr;
   int32_t slot = 0;  // its state slot in the cache
+  // SequenceStep::replay_from / kept_end: no window key or compressor row before replay_from;
+  // the compressed entries of windows ending at or before kept_end are kept as they are.
+  int64_t replay_from = 0;
+  int64_t kept_end = 0;
 };
 
 struct V4StepContext {

@@ -14,15 +14,19 @@
 namespace deepinfer {
 
 MoeBlock::MoeBlock(const ModelConfig& config, ModelWeights* weights, Backend* backend,
-                   std::unique_ptr<ExpertDispatcher> dispatcher, std::function<void()> drop_graphs)
+                   std::unique_ptr<ExpertDispatcher> dispatcher, std::function<void()> drop_graphs,
+                   int64_t first_layer, int64_t num_layers)
     : config_(config),
       weights_(weights),
       backend_(backend),
       dispatcher_(std::move(dispatcher)),
-      drop_graphs_(std::move(drop_graphs)) {
+      drop_graphs_(std::move(drop_graphs)),
+      first_layer_(first_layer),
+      end_layer_(num_layers < 0 ? config.num_hidden_layers : first_layer + num_layers) {
   BuildExpertTables();
-  for (int64_t l = 0; l < config_.num_hidden_layers; ++l) {
-    moe_index_.push_back(weights_->layers[l].moe ? num_moe_layers_++ : -1);
+  moe_index_.assign(weights_->layers.size(), -1);
+  for (int64_t l = first_layer_; l < end_layer_; ++l) {
+    if (weights_->layers[l].moe) moe_index_[l] = num_moe_layers_++;
   }
   if (num_moe_layers_ > 0) {
     expert_counts_ =
@@ -167,7 +171,7 @@ std::vector<int64_t> MoeBlock::TakeExpertCounts() {
 std::vector<std::vector<int64_t>> MoeBlock::MissingExperts(
     const std::vector<std::vector<int64_t>>& needed) const {
   std::vector<std::vector<int64_t>> missing(needed.size());
-  for (int64_t l = 0; l < config_.num_hidden_layers; ++l) {
+  for (int64_t l = first_layer_; l < end_layer_; ++l) {
     const int64_t moe = moe_index_[l];
     if (moe < 0 || moe >= static_cast<int64_t>(needed.size())) continue;
     for (int64_t e : needed[moe]) {
@@ -230,8 +234,9 @@ void MoeBlock::BuildExpertTables() {
     for (int64_t s = 0; s < S; ++s) slots[s] = static_cast<int32_t>(s);
     expert_slots_ = backend_->Allocate(S * sizeof(int32_t));
     backend_->CopyToDevice(slots.data(), S * sizeof(int32_t), expert_slots_->data());
-    expert_tables_.resize(config_.num_hidden_layers);
-    for (int64_t l = 0, moe = 0; l < config_.num_hidden_layers; ++l) {
+    expert_tables_.resize(weights_->layers.size());
+    // The block's MoE layers in order (moe_index_ is not filled yet when the constructor calls).
+    for (int64_t l = first_layer_, moe = 0; l < end_layer_; ++l) {
       const LayerWeights& L = weights_->layers[l];
       if (!L.moe) continue;
       const std::vector<int64_t>& local = dispatcher_->local_experts(moe++);
@@ -264,8 +269,8 @@ void MoeBlock::BuildExpertTables() {
     for (int64_t e = 0; e < E; ++e) slots[e] = static_cast<int32_t>(e);
     expert_slots_ = backend_->Allocate(E * sizeof(int32_t));
     backend_->CopyToDevice(slots.data(), E * sizeof(int32_t), expert_slots_->data());
-    expert_tables_.resize(config_.num_hidden_layers);
-    for (int64_t l = 0; l < config_.num_hidden_layers; ++l) {
+    expert_tables_.resize(weights_->layers.size());
+    for (int64_t l = first_layer_; l < end_layer_; ++l) {
       const LayerWeights& L = weights_->layers[l];
       if (!L.moe) continue;
       std::vector<const void*> gate_up(E), down(E);
@@ -296,7 +301,7 @@ absl::Status MoeBlock::SwitchPlacement(std::shared_ptr<const ExpertPlacement> pl
                                                    " MoE layers, the model has ", num_moe_layers_));
   }
   // Check first, so that a bad switch changes nothing.
-  for (int64_t l = 0; l < config_.num_hidden_layers; ++l) {
+  for (int64_t l = first_layer_; l < end_layer_; ++l) {
     const int64_t moe = moe_index_[l];
     if (moe < 0) continue;
     for (int64_t e : needed[moe]) {
@@ -307,7 +312,7 @@ absl::Status MoeBlock::SwitchPlacement(std::shared_ptr<const ExpertPlacement> pl
     }
   }
   if (absl::Status st = dispatcher_->SetPlacement(std::move(placement)); !st.ok()) return st;
-  for (int64_t l = 0; l < config_.num_hidden_layers; ++l) {
+  for (int64_t l = first_layer_; l < end_layer_; ++l) {
     const int64_t moe = moe_index_[l];
     if (moe < 0) continue;
     std::map<int64_t, MlpWeights>& experts = weights_->layers[l].experts;

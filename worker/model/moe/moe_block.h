@@ -31,8 +31,12 @@ class MoeBlock {
   // `weights` (the model's; its routed experts change on a placement switch) must outlive the
   // block. The dispatcher must serve every expert the router can choose. `drop_graphs` is
   // called whenever the expert tables (whose addresses recorded decode graphs hold) change.
+  // The block serves the MoE layers among model layers [first_layer, first_layer + num_layers)
+  // (num_layers < 0: every decoder layer from first_layer; an MTP module's layer is a block of
+  // its own, ModelConfig::num_draft_layers).
   MoeBlock(const ModelConfig& config, ModelWeights* weights, Backend* backend,
-           std::unique_ptr<ExpertDispatcher> dispatcher, std::function<void()> drop_graphs);
+           std::unique_ptr<ExpertDispatcher> dispatcher, std::function<void()> drop_graphs,
+           int64_t first_layer = 0, int64_t num_layers = -1);
 
   // out = routed experts (ascending) + shared experts of `rows` rows. h: fp32 (router, routed
   // experts); h_gemm: the same rows for the shared experts' GEMM. With norm (its out is h, its
@@ -88,7 +92,10 @@ class MoeBlock {
   int64_t exchange_slots_ = 0;
   std::unique_ptr<DeviceBuffer> ones_;
   int64_t ones_rows_ = 0;
-  // Per model layer, its index among the MoE layers (-1 for a dense layer).
+  // The model layers served: [first_layer_, end_layer_).
+  int64_t first_layer_ = 0, end_layer_ = 0;
+  // Per model layer, its index among the block's MoE layers (-1 for a dense layer or one outside
+  // the block).
   std::vector<int64_t> moe_index_;
   int64_t num_moe_layers_ = 0;
   std::unique_ptr<DeviceBuffer> expert_counts_;  // int64 [num_moe_layers, n_routed_experts]
