@@ -1,5 +1,7 @@
 // JobManager against fake workers: group forming, dispatch, results exactly once,
-// error lines, a lost worker, cancel, and resuming from the store.
+// error lines, a lost worker, cancel, and resuming from the store. Over 800 lines because every
+// case shares the fake-worker fixture defined here; splitting it by feature (dispatch, routing,
+// resume) with the fixture in its own header is the way to shrink it.
 #include "coordinator/job_manager.h"
 
 #include <cstdio>

@@ -5,6 +5,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "coordinator/batch/structured_output_fields.h"
 #include "coordinator/batch/untrusted_json.h"
 
 namespace deepinfer {
@@ -58,6 +59,13 @@ constexpr AcceptedField kAcceptedFields[] = {
     {"min_tokens", kOnBoth},
     {"stream", kOnBoth},
     {"user", kOnBoth},
+    // Structured output: structured_output_fields.h.
+    {"response_format", kOnBoth},
+    {"structured_outputs", kOnBoth},
+    {"guided_json", kOnBoth},
+    {"guided_regex", kOnBoth},
+    {"guided_choice", kOnBoth},
+    {"guided_grammar", kOnBoth},
 };
 
 // OpenAI and vLLM body fields that are not served; a line that sets one gets an error line
@@ -65,19 +73,13 @@ constexpr AcceptedField kAcceptedFields[] = {
 // nothing, accepted like null so that requests spelling out defaults still run.
 struct RefusedField {
   const char* name;
-  bool planned;  // structured output, min_p, echo, best_of: "not supported yet"
+  bool planned;  // guided-decoding options, min_p, echo, best_of: "not supported yet"
   const char* neutral;
 };
 constexpr RefusedField kRefusedFields[] = {
-    {"response_format", true, R"({"type": "text"})"},
-    {"guided_json", true, nullptr},
-    {"guided_regex", true, nullptr},
-    {"guided_choice", true, nullptr},
-    {"guided_grammar", true, nullptr},
     {"guided_decoding_backend", true, nullptr},
     {"guided_whitespace_pattern", true, nullptr},
     {"structural_tag", true, nullptr},
-    {"structured_outputs", true, nullptr},
     {"min_p", true, "0"},
     {"echo", true, "false"},
     {"best_of", true, "1"},
@@ -586,6 +588,12 @@ absl::Status ParseSampling(const json& body, const LineParser& p, BatchEndpoint 
     }
     if (top && !logprobs) return p.Error("body.top_logprobs needs body.logprobs set to true");
     if (logprobs) s->set_logprobs(static_cast<int32_t>(top.value_or(0)));
+  }
+  if (absl::Status st = ParseStructuredOutput(body, s->mutable_structured_output()); !st.ok()) {
+    return p.Error(st.message());
+  }
+  if (s->structured_output().kind() == StructuredOutputSpec::KIND_UNSPECIFIED) {
+    s->clear_structured_output();
   }
   return absl::OkStatus();
 }

@@ -142,12 +142,9 @@ TEST(BatchLineTest, CustomIdIsKeptForErrorLines) {
 
 TEST(BatchLineTest, FieldsThatAreNotServedAreRefusedByName) {
   const std::pair<const char*, const char*> not_yet[] = {
-      {"response_format", R"({"type": "json_object"})"},
-      {"response_format", R"({"type": "json_schema", "json_schema": {"name": "x", "schema": {}}})"},
-      {"guided_json", R"({"type": "object"})"},
-      {"guided_regex", R"("[a-z]+")"},
-      {"guided_grammar", R"("root ::= \"a\"")"},
-      {"structured_outputs", R"({"choice": ["a", "b"]})"},
+      {"guided_decoding_backend", R"("xgrammar")"},
+      {"guided_whitespace_pattern", R"("[ ]*")"},
+      {"structural_tag", R"({"type": "structural_tag"})"},
       {"echo", "true"},
       {"best_of", "2"},
   };
@@ -182,6 +179,36 @@ TEST(BatchLineTest, FieldsThatAreNotServedAreRefusedByName) {
   EXPECT_THAT(ErrorOf(Chat(R"("messages": [{"role": "user", "content": "x"}],
                               "tool_choice": "none")")),
               HasSubstr("body.tool_choice: only \"auto\" is supported"));
+}
+
+TEST(BatchLineTest, StructuredOutputFieldsAreRead) {
+  auto line = ParseBatchLine(
+      Completion(R"("prompt": "x", "response_format": {"type": "json_schema", "json_schema":
+                    {"name": "p", "strict": true, "schema": {"type": "object", "properties":
+                    {"a": {"type": "integer"}}, "required": ["a"]}}})"),
+      1);
+  ASSERT_TRUE(line.ok()) << line.status();
+  EXPECT_EQ(line->sampling.structured_output().kind(), StructuredOutputSpec::JSON_SCHEMA);
+  EXPECT_EQ(
+      nlohmann::json::parse(line->sampling.structured_output().text()),
+      nlohmann::json::parse(
+          R"({"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]})"));
+  auto chat = ParseBatchLine(Chat(R"("messages": [{"role": "user", "content": "x"}],
+                                     "structured_outputs": {"choice": ["yes", "no"]})"),
+                             1);
+  ASSERT_TRUE(chat.ok()) << chat.status();
+  EXPECT_EQ(chat->sampling.structured_output().kind(), StructuredOutputSpec::CHOICE);
+  EXPECT_THAT(chat->sampling.structured_output().choices(), ElementsAre("yes", "no"));
+  auto plain =
+      ParseBatchLine(Completion(R"("prompt": "x", "response_format": {"type": "text"})"), 1);
+  ASSERT_TRUE(plain.ok()) << plain.status();
+  EXPECT_FALSE(plain->sampling.has_structured_output());
+  EXPECT_EQ(ErrorOf(Completion(R"("prompt": "x", "guided_json": {"type": "object",
+                                   "patternProperties": {}})")),
+            "line 7: body.guided_json: json schema: keyword 'patternProperties' is not supported "
+            "(at '#')");
+  EXPECT_EQ(ErrorOf(Completion(R"("prompt": "x", "guided_regex": "(a", "guided_choice": ["a"])")),
+            "line 7: body.guided_regex: regex: unclosed '(' at offset 0");
 }
 
 TEST(BatchLineTest, DefaultsOfRefusedFieldsAndNullsAreAccepted) {

@@ -173,7 +173,8 @@ int Run(const std::vector<std::string>& args) {
   flags.Require("output");
   flags.AddString("backend", &options.backend, "cpu or cuda.");
   flags.AddString("dtype", &options.dtype,
-                  "Weight storage on the workers: bfloat16 or float32 (default: bfloat16 on\n"
+                  "Weight storage on the workers: bfloat16, float32, or auto (the checkpoint's\n"
+                  "precision: FP8 block-scaled matrices stay FP8 on cuda) (default: bfloat16 on\n"
                   "cuda, float32 on cpu).");
   flags.AddBool("cuda-graphs", &options.cuda_graphs,
                 "With --backend cuda: decode steps replayed from CUDA graphs per batch-size\n"

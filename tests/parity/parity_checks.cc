@@ -23,11 +23,12 @@ constexpr int32_t kBlockSize = 16;
 }  // namespace
 
 absl::StatusOr<ParityModel> LoadParityModel(const std::string& fixture, Backend* backend,
-                                            const std::string& kv_cache_dtype) {
+                                            const std::string& kv_cache_dtype,
+                                            const LoadOptions& load) {
   ParityModel m;
   m.fx = LoadFixture(fixture);
   if (m.fx.prompts.empty()) return absl::NotFoundError("fixture " + fixture + " has no prompts");
-  auto model = LoadModel(m.fx.dir, backend);
+  auto model = LoadModel(m.fx.dir, backend, load);
   if (!model.ok()) return model.status();
   m.model = std::move(*model);
   if (m.model->config().vocab_size != m.fx.vocab) {

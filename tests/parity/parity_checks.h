@@ -16,6 +16,7 @@
 #include "worker/backend/backend.h"
 #include "worker/kv_cache/kv_block_pool.h"
 #include "worker/model/causal_lm.h"
+#include "worker/model/model_weights.h"
 
 namespace deepinfer {
 
@@ -63,7 +64,8 @@ struct ParityModel {
   std::unique_ptr<KvBlockPool> pool;
 };
 absl::StatusOr<ParityModel> LoadParityModel(const std::string& fixture, Backend* backend,
-                                            const std::string& kv_cache_dtype = "auto");
+                                            const std::string& kv_cache_dtype = "auto",
+                                            const LoadOptions& load = {});
 
 // PromptLogitsError over every prompt of the fixture.
 struct FixtureLogitsError {

@@ -49,7 +49,10 @@ int main(int argc, char** argv) {
   flags.AddString("backend", &config.backend, "cpu or cuda.");
   flags.AddString("dtype", &config.dtype,
                   "bfloat16 or float32: the backend's weight dtype, and the bytes per weight\n"
-                  "of the roofline.");
+                  "of the roofline. fp8 (--backend cuda): the worker's --dtype auto, FP8 e4m3\n"
+                  "block-scaled projections and MLPs kept FP8 (dummy weights generate them\n"
+                  "FP8, as DeepSeek's FP8 release stores them), the rest bfloat16; 1 byte per\n"
+                  "weight in the roofline.");
   flags.AddString("kv-cache-dtype", &config.kv_cache_dtype,
                   "auto (= --dtype), bfloat16 or float32: the latent KV cache's element type,\n"
                   "and its bytes per value in the roofline.");

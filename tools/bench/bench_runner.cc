@@ -85,9 +85,10 @@ absl::StatusOr<ModelConfig> ReadConfig(const std::string& model) {
 }
 
 // Dummy weights through the multi-threaded generator (same values as LoadModel's dummy
-// format), anything else as LoadModel opens it.
+// format; with fp8 its projections and MLPs stored FP8 as DeepSeek's FP8 release stores them),
+// anything else as LoadModel opens it.
 absl::StatusOr<std::unique_ptr<WeightSource>> OpenBenchWeights(const std::string& model,
-                                                               int64_t load_threads,
+                                                               int64_t load_threads, bool fp8,
                                                                ModelConfig* config) {
   std::string path;
   uint64_t seed = 0;
@@ -98,7 +99,7 @@ absl::StatusOr<std::unique_ptr<WeightSource>> OpenBenchWeights(const std::string
   if (!read.ok()) return read.status();
   *config = std::move(*read);
   return std::unique_ptr<WeightSource>(
-      std::make_unique<ParallelDummyWeightSource>(seed, static_cast<int>(load_threads)));
+      std::make_unique<ParallelDummyWeightSource>(seed, static_cast<int>(load_threads), fp8));
 }
 
 int32_t Argmax(const std::vector<float>& l) {
@@ -260,7 +261,8 @@ absl::Status SetUpRank(const BenchConfig& bc, int64_t rank, int64_t blocks, Rank
   spec.data_plane_timeout = absl::Minutes(2);
   spec.backend.kind = bc.backend;
   spec.backend.cuda_device = static_cast<int>(bc.cuda_device + rank);
-  spec.backend.dtype = bc.dtype;
+  // fp8: the checkpoint's precision (the worker's --dtype auto), with FP8 dummy matrices.
+  spec.backend.dtype = bc.dtype == kBenchFp8 ? kStoredPrecisionDType : bc.dtype;
   spec.backend.gemm_autotune = bc.gemm_autotune;
   if (ranks > 1 && bc.backend == "cpu") {
     spec.backend.cpu_threads =
@@ -281,7 +283,7 @@ absl::Status SetUpRank(const BenchConfig& bc, int64_t rank, int64_t blocks, Rank
   spec.dispatcher = ranks > 1 ? EpDispatcherFactory(exchange) : LocalDispatcherFactory();
   spec.model = bc.model;
   spec.open_weights = [&bc](const std::string& model, ModelConfig* config) {
-    return OpenBenchWeights(model, bc.load_threads, config);
+    return OpenBenchWeights(model, bc.load_threads, bc.dtype == kBenchFp8, config);
   };
   spec.decode_graphs.enabled = bc.cuda_graphs;
   spec.decode_graphs.max_batch = bc.cuda_graph_max_batch;
@@ -633,8 +635,11 @@ std::string DummyModelSpec(const std::string& model, int64_t seed) {
 absl::StatusOr<double> BytesPerValue(const std::string& dtype) {
   if (dtype == "float32") return 4.0;
   if (dtype == "bfloat16") return 2.0;
+  // The FP8 matrices' byte; their block scales add 4 / 16384 of a byte, and kv_b, lm_head and the
+  // embedding stay bf16, which the roofline's one figure per parameter leaves out.
+  if (dtype == kBenchFp8) return 1.0;
   return absl::InvalidArgumentError(
-      absl::StrCat("bench: --dtype must be float32 or bfloat16, not '", dtype, "'"));
+      absl::StrCat("bench: --dtype must be float32, bfloat16 or fp8, not '", dtype, "'"));
 }
 
 absl::StatusOr<BenchResult> RunBenchmark(const BenchConfig& bc) {
@@ -657,6 +662,10 @@ absl::StatusOr<BenchResult> RunBenchmark(const BenchConfig& bc) {
   }
   auto bytes_per_value = BytesPerValue(bc.dtype);
   if (!bytes_per_value.ok()) return bytes_per_value.status();
+  if (bc.dtype == kBenchFp8 && bc.backend != "cuda") {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "bench: --dtype fp8 keeps FP8 matrices on --backend cuda only, not '", bc.backend, "'"));
+  }
   auto prefill_form = ParsePrefillAttention(bc.prefill_attention);
   if (!prefill_form.ok()) return prefill_form.status();
   const int64_t ranks = bc.ranks;
@@ -766,7 +775,7 @@ absl::StatusOr<BenchResult> RunBenchmark(const BenchConfig& bc) {
     r.prefill_tokens_per_s = ranks * r.prefill_tokens_per_step / r.prefill_step_seconds;
     // The form the MLA attention picks for these prompts (PrefillAttention), where the backend has
     // the non-absorbed op (CPU; CUDA with bf16 weights, on the shapes the kernel takes).
-    const bool mha_backend = bc.backend == "cpu" || bc.dtype == "bfloat16";
+    const bool mha_backend = bc.backend == "cpu" || bc.dtype == "bfloat16" || bc.dtype == kBenchFp8;
     const int64_t mha_min = *prefill_form == PrefillAttention::kMha ? 2 : kMhaPrefillMinTokens;
     const MlaForm form =
         *prefill_form != PrefillAttention::kAbsorbed && mha_backend && ctx >= mha_min

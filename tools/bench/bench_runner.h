@@ -42,12 +42,16 @@
 
 namespace deepinfer {
 
+// BenchConfig::dtype of the FP8 runs: the worker's --dtype auto (FP8 block-scaled projections and
+// MLPs kept FP8 on CUDA, the rest bf16); dummy weights then store those matrices FP8.
+inline constexpr char kBenchFp8[] = "fp8";
+
 struct BenchConfig {
   std::string model;  // checkpoint dir, or "dummy:CONFIG.json[@SEED]"
   std::string backend = "cpu";
-  // Matrix weight dtype of the backend ("float32" or "bfloat16", BackendOptions::dtype), and
-  // the roofline's bytes per weight.
-  std::string dtype = "bfloat16";
+  // Matrix weight dtype of the backend ("float32" or "bfloat16", BackendOptions::dtype; or
+  // kBenchFp8), and the roofline's bytes per weight.
+  std::string dtype = "bfloat16";  // or "float32", or kBenchFp8
   // Latent KV cache element type ("auto" = dtype, "bfloat16", "float32"); the roofline counts
   // the cache at this size.
   std::string kv_cache_dtype = "auto";

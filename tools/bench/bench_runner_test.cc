@@ -267,7 +267,10 @@ TEST(BenchRunnerTest, RejectsBadInput) {
   c.decode_fill = "zeros";
   EXPECT_EQ(RunBenchmark(c).status().code(), absl::StatusCode::kInvalidArgument);
   c = SmallConfig();
-  c.dtype = "fp8";
+  c.dtype = "int4";
+  EXPECT_EQ(RunBenchmark(c).status().code(), absl::StatusCode::kInvalidArgument);
+  c = SmallConfig();
+  c.dtype = "fp8";  // FP8 matrices are CUDA's; the CPU backend would quietly dequantise them
   EXPECT_EQ(RunBenchmark(c).status().code(), absl::StatusCode::kInvalidArgument);
   c = SmallConfig();
   c.prefill_attention = "flash";

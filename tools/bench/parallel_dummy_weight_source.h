@@ -17,8 +17,19 @@ namespace deepinfer {
 
 class ParallelDummyWeightSource : public WeightSource {
  public:
-  // num_threads <= 0: one per hardware thread.
-  ParallelDummyWeightSource(uint64_t seed, int num_threads);
+  // num_threads <= 0: one per hardware thread. With fp8_matrices the projections and MLP
+  // weights (IsFp8MatrixName) are also offered as FP8, the way DeepSeek's FP8 release stores
+  // them (ReadFp8: the dummy values quantised per 128 x 128 block, scale = block amax / 448).
+  ParallelDummyWeightSource(uint64_t seed, int num_threads, bool fp8_matrices = false);
+
+  // The weights a DeepSeek-V3 FP8 checkpoint stores as FP8 that ModelWeights can keep FP8:
+  // "*_proj.weight" and "*_proj_with_mqa.weight" except kv_b_proj.
+  static bool IsFp8MatrixName(const std::string& name);
+  bool StoresFp8(const std::string& name) override {
+    return fp8_matrices_ && IsFp8MatrixName(name);
+  }
+  absl::StatusOr<std::optional<Fp8Tensor>> ReadFp8(const std::string& name,
+                                                   const std::vector<int64_t>& shape) override;
 
   absl::Status ReadFloat32(const std::string& name, const std::vector<int64_t>& shape,
                            float* out) override;
@@ -35,8 +46,13 @@ class ParallelDummyWeightSource : public WeightSource {
   std::string description() const override;
 
  private:
+  // f(begin, end) over [0, n) on up to num_threads_ threads.
+  template <typename F>
+  void ParallelFor(int64_t n, int64_t grain, const F& f) const;
+
   const uint64_t seed_;
   const int num_threads_;
+  const bool fp8_matrices_;
 };
 
 }  // namespace deepinfer

@@ -1,10 +1,14 @@
 // ParallelDummyWeightSource must produce exactly DummyWeightSource's values (the `dummy` load
-// format), whatever the thread count.
+// format), whatever the thread count; its FP8 form must be those values quantised per block.
 #include "tools/bench/parallel_dummy_weight_source.h"
 
+#include <algorithm>
+#include <cmath>
+#include <string>
 #include <vector>
 
 #include "gtest/gtest.h"
+#include "worker/model/dtype_conversion.h"
 #include "worker/model/dummy_weight_source.h"
 
 namespace deepinfer {
@@ -33,6 +37,51 @@ TEST(ParallelDummyWeightSourceTest, IndicesAsTheSerialSource) {
   ASSERT_TRUE(parallel.ReadIndices("model.layers.1.mlp.gate.tid2eid", {64, 6}, 16, a.data()).ok());
   ASSERT_TRUE(serial.ReadIndices("model.layers.1.mlp.gate.tid2eid", {64, 6}, 16, b.data()).ok());
   EXPECT_EQ(a, b);
+}
+
+// The FP8 matrices dequantise to the dummy values within half an e4m3 step (3 mantissa bits:
+// 2^-4 relative) of each value's magnitude, or half the smallest subnormal step times the
+// block's scale near zero; each block's largest magnitude maps to 448.
+TEST(ParallelDummyWeightSourceTest, Fp8MatricesAreTheValuesQuantisedPerBlock) {
+  ParallelDummyWeightSource plain(42, 2);
+  ParallelDummyWeightSource src(42, 3, /*fp8_matrices=*/true);
+  const std::string name = "model.layers.0.mlp.experts.3.down_proj.weight";
+  const std::vector<int64_t> shape = {200, 300};
+  EXPECT_FALSE(plain.StoresFp8(name));
+  EXPECT_TRUE(src.StoresFp8(name));
+  for (const char* other : {"model.layers.0.self_attn.kv_b_proj.weight", "lm_head.weight",
+                            "model.embed_tokens.weight", "model.layers.1.mlp.gate.weight"}) {
+    EXPECT_FALSE(src.StoresFp8(other)) << other;
+    auto none = src.ReadFp8(other, shape);
+    ASSERT_TRUE(none.ok());
+    EXPECT_FALSE(none->has_value()) << other;
+  }
+  for (const char* fp8 : {"model.layers.0.self_attn.q_a_proj.weight",
+                          "model.layers.0.self_attn.kv_a_proj_with_mqa.weight",
+                          "model.layers.0.self_attn.o_proj.weight",
+                          "model.layers.3.mlp.shared_experts.gate_proj.weight"}) {
+    EXPECT_TRUE(src.StoresFp8(fp8)) << fp8;
+  }
+  std::vector<float> want(200 * 300);
+  ASSERT_TRUE(src.ReadFloat32(name, shape, want.data()).ok());
+  auto t = src.ReadFp8(name, shape);
+  ASSERT_TRUE(t.ok()) << t.status();
+  ASSERT_TRUE(t->has_value());
+  ASSERT_EQ((*t)->data.size(), want.size());
+  ASSERT_EQ((*t)->scales.size(), 2u * 3u);  // ceil(200 / 128) x ceil(300 / 128)
+  std::vector<float> block_max(6, 0.0f);
+  for (int64_t r = 0; r < 200; ++r) {
+    for (int64_t c = 0; c < 300; ++c) {
+      const int64_t b = (r / 128) * 3 + c / 128;
+      const float s = (*t)->scales[b];
+      const float got = F8E4M3ToFloat((*t)->data[r * 300 + c]) * s;
+      const float x = want[r * 300 + c];
+      ASSERT_LE(std::fabs(got - x), std::ldexp(std::fabs(x), -4) + std::ldexp(s, -10))
+          << "element (" << r << ", " << c << ")";
+      block_max[b] = std::max(block_max[b], std::fabs(F8E4M3ToFloat((*t)->data[r * 300 + c])));
+    }
+  }
+  for (float m : block_max) EXPECT_EQ(m, 448.0f);
 }
 
 }  // namespace

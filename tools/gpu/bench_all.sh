@@ -11,7 +11,9 @@
 #     ours and HF: prefill 32 x 1024 tokens per step, decode at 1, 64 and 128 requests
 #   v3_4layers (configs/deepseek_v3_4layers.json: DeepSeek-V3's shapes, its first 4 layers,
 #     3 dense + 1 MoE with 256 experts top-8): ours only, prefill 8 x 1024, decode at 1, 64, 128
-# Our dtype is BENCH_DTYPE (default bfloat16); HF runs bf16.
+# Our dtype is BENCH_DTYPE (default bfloat16); HF runs bf16. BENCH_FP8=1 adds our runs with
+# --dtype fp8 (projections and MLPs FP8 block-scaled, the rest bf16) on both configs: rows
+# moonlight_fp8 and v3_4layers_fp8 beside the BENCH_DTYPE rows, in the same call.
 # Before each decode run, ours and HF idle the GPU for BENCH_DECODE_PAUSE_MS (default 1000) ms:
 # right after a large prefill the board's power controller holds the SM clock down for ~0.4 s,
 # which costs a latency-bound 1-request decode ~5% (docs/performance.md, "Decode right after a
@@ -74,10 +76,20 @@ step hf_moonlight 50 python3 "$here/hf_bench.py" --config "$here/configs/moonlig
   --decode-steps 8 --budget-s 40 --pause-before-decode-ms "$pause_ms"
 step ours_v3_4layers 100 "${bench[@]}" --model "$here/configs/deepseek_v3_4layers.json" \
   --decode-num-requests 1,64,128 --prefill-batch-tokens 8192 --iters 3
+fp8_rows=()
+if [[ ${BENCH_FP8:-0} == 1 ]]; then
+  fp8=("${bench[@]}" --dtype fp8)  # the later --dtype wins
+  step ours_moonlight_fp8 120 "${fp8[@]}" --model "$here/configs/moonlight_shaped.json" \
+    --decode-num-requests 1,64,128 --prefill-batch-tokens 32768 --iters 3
+  step ours_v3_4layers_fp8 100 "${fp8[@]}" --model "$here/configs/deepseek_v3_4layers.json" \
+    --decode-num-requests 1,64,128 --prefill-batch-tokens 8192 --iters 3
+  fp8_rows=(--ours "moonlight_fp8=$work/ours_moonlight_fp8.json"
+    --ours "v3_4layers_fp8=$work/ours_v3_4layers_fp8.json")
+fi
 
 python3 "$here/combine_results.py" \
   --ours "moonlight=$work/ours_moonlight.json" --hf "moonlight=$work/hf_moonlight.json" \
-  --ours "v3_4layers=$work/ours_v3_4layers.json" \
+  --ours "v3_4layers=$work/ours_v3_4layers.json" "${fp8_rows[@]}" \
   --title "deepinfer-bench ($dtype) vs HF transformers (bf16), context 1024, commit $(head -1 "$here/COMMIT" 2>/dev/null | cut -c1-12)" \
   --csv "$OUT/bench_all.csv" --md "$OUT/bench_all.md" > /dev/null 2> "$work/combine.log" ||
   failed=$((failed + 1))

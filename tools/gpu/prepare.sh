@@ -59,6 +59,7 @@ tests=(
   //kernels/attention:mha_prefill_test
   //kernels/embedding:rows_test
   //kernels/gemm:small_m_gemm_test
+  //kernels/gemm:fp8_block_gemm_test
   //kernels/gemm:staged_gemv_test
   //kernels/moe:expert_activation_test
   //kernels/moe:ep_exchange_test
@@ -78,9 +79,11 @@ tests=(
   //worker/backend/cuda:cuda_backend_gemm_test
   //worker/backend/cuda:cuda_backend_attention_test
   //worker/backend/cuda:cuda_backend_moe_test
+  //worker/backend/cuda:cuda_backend_fp8_test
   //worker/backend/cuda:cublaslt_gemm_tuner_test
   //worker/backend:backend_factory_test
   //tests/parity:cuda_parity_test
+  //tests/parity:cuda_fp8_parity_test
   //worker/comm:nccl_communicator_test
   //worker/comm:nccl_window_test
   //worker/model:ep_expert_dispatcher_gpu_test
@@ -95,6 +98,7 @@ tools=(//tools/bench:deepinfer-bench)
 [[ $bench_only -eq 1 ]] || tools+=(//kernels/attention:mla_attention_bench //kernels/attention:mla_decode_small_bench
   //kernels/attention:mla_prefill_bench //kernels/attention:mha_prefill_bench
   //kernels/moe:grouped_gemm_bench //kernels/gemm:small_m_gemm_bench
+  //kernels/gemm:fp8_block_gemm_bench
   //kernels/moe:moe_prefill_bench //kernels/sampling:sampling_bench
   //worker/backend/cuda:moe_decode_bench //worker/backend/cuda:moe_block_decode_bench
   //worker/backend/cuda:gemm_shapes_bench)

@@ -3,6 +3,7 @@
 #include "worker/backend/backend.h"
 
 #include <algorithm>
+#include <limits>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -11,10 +12,28 @@
 namespace deepinfer {
 
 const char* WeightDTypeName(WeightDType dtype) {
-  return dtype == WeightDType::kBFloat16 ? "bfloat16" : "float32";
+  switch (dtype) {
+    case WeightDType::kBFloat16:
+      return "bfloat16";
+    case WeightDType::kFp8E4M3:
+      return "float8_e4m3";
+    case WeightDType::kFloat32:
+      break;
+  }
+  return "float32";
 }
 
-size_t WeightDTypeSize(WeightDType dtype) { return dtype == WeightDType::kBFloat16 ? 2 : 4; }
+size_t WeightDTypeSize(WeightDType dtype) {
+  switch (dtype) {
+    case WeightDType::kBFloat16:
+      return 2;
+    case WeightDType::kFp8E4M3:
+      return 1;
+    case WeightDType::kFloat32:
+      break;
+  }
+  return 4;
+}
 
 absl::StatusOr<WeightDType> ParseWeightDType(const std::string& name) {
   if (name == "float32" || name == "fp32") return WeightDType::kFloat32;
@@ -83,6 +102,26 @@ void Backend::RouteTokens(const RouteTokensArgs& a) {
   NoauxTcRoute(route);
   if (a.expert_counts != nullptr) {
     AccumulateExpertCounts(T * a.route.top_k, a.route.topk_ids, E, a.count_limit, a.expert_counts);
+  }
+}
+
+void Backend::MaskLogitsRows(int64_t n, int64_t vocab, float* logits, const int32_t* rows,
+                             const uint32_t* masks) {
+  if (n <= 0) return;
+  const int64_t words = (vocab + 31) / 32;
+  std::vector<int32_t> host_rows(n);
+  std::vector<uint32_t> host_masks(n * words);
+  CopyToHost(rows, n * sizeof(int32_t), host_rows.data());
+  CopyToHost(masks, n * words * sizeof(uint32_t), host_masks.data());
+  std::vector<float> row(vocab);
+  for (int64_t i = 0; i < n; ++i) {
+    float* device_row = logits + static_cast<int64_t>(host_rows[i]) * vocab;
+    CopyToHost(device_row, vocab * sizeof(float), row.data());
+    const uint32_t* m = host_masks.data() + i * words;
+    for (int64_t t = 0; t < vocab; ++t) {
+      if (!(m[t >> 5] >> (t & 31) & 1u)) row[t] = -std::numeric_limits<float>::infinity();
+    }
+    CopyToDevice(row.data(), vocab * sizeof(float), device_row);
   }
 }
 

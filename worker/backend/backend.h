@@ -11,10 +11,12 @@
 //  * Activations are fp32 row-major. "ld*" arguments are row strides in elements, so ops can
 //    read column slices (e.g. the rope part of each head) without copies.
 //  * Matrix weights (the operand W of the GEMMs) are stored in the backend's weight_dtype():
-//    fp32, or bf16 with fp32 accumulation. A bf16 GEMM rounds its fp32 activation operand to
-//    bf16 too (round to nearest even), so every product is exact in fp32 and only the summation
-//    order differs between backends. Norms, residuals, rope, attention math and the router stay
-//    fp32; the latent KV cache may store bf16 (PagedLatentCacheView::dtype).
+//    fp32, or bf16 with fp32 accumulation. The CUDA backend also takes FP8 (e4m3) matrices
+//    with 128 x 128 block scales (WeightView::fp8), kept as a checkpoint stores them. A bf16 GEMM
+//    rounds its fp32 activation operand to bf16 too (round to nearest even), so every product is
+//    exact in fp32 and only the summation order differs between backends. Norms, residuals, rope,
+//    attention math and the router stay fp32; the latent KV cache may store bf16
+//    (PagedLatentCacheView::dtype).
 //  * Linear layers follow the checkpoint layout: W is [out_features, in_features], y = x·Wᵀ.
 //  * Index arrays (token ids, positions, slots, block tables, expert ids) are int32.
 //  * Host-side plans (expert group offsets) are passed as host vectors: they are produced by
@@ -39,21 +41,36 @@
 
 namespace deepinfer {
 
-// Storage type of matrix weights (see Backend::weight_dtype()).
-enum class WeightDType { kFloat32, kBFloat16 };
-const char* WeightDTypeName(WeightDType dtype);  // "float32" / "bfloat16"
+// Storage type of matrix weights (see Backend::weight_dtype()). kFp8E4M3 is never a backend's
+// weight_dtype(): only single matrices kept FP8 (WeightView::fp8) have it.
+enum class WeightDType { kFloat32, kBFloat16, kFp8E4M3 };
+const char* WeightDTypeName(WeightDType dtype);  // "float32" / "bfloat16" / "float8_e4m3"
 size_t WeightDTypeSize(WeightDType dtype);
 // "float32" / "bfloat16" (also "fp32", "bf16"); INVALID_ARGUMENT naming the bad value otherwise.
 absl::StatusOr<WeightDType> ParseWeightDType(const std::string& name);
 
+// The block scales of an FP8 matrix [n, k] (DeepSeek's `weight_scale_inv`): element (j, p) is
+// e4m3(j, p) * scales[row(j) * scale_ld + p / 128], row(j) = j / 128, or for a matrix stacked
+// from two checkpoint tensors at split_rows (an MLP's [gate; up]) ceil(split_rows / 128) +
+// (j - split_rows) / 128 from row split_rows on (kernels/gemm/fp8_block_gemm.h).
+struct Fp8BlockScales {
+  const float* scales = nullptr;  // device fp32
+  int64_t scale_ld = 0;           // ceil(k / 128)
+  int64_t split_rows = 0;         // 0: one block grid
+};
+
 // A weight matrix operand: a device pointer and the type of its elements. Offsets (a head's
-// slice, a row block) are counted in elements, whatever the type.
+// slice, a row block) are counted in elements, whatever the type; an FP8 view is a whole
+// matrix (Offset would lose its block grid: not offered for FP8).
 struct WeightView {
   const void* data = nullptr;
   WeightDType dtype = WeightDType::kFloat32;
+  Fp8BlockScales fp8;  // dtype kFp8E4M3 only
 
   WeightView() = default;
   WeightView(const void* d, WeightDType t) : data(d), dtype(t) {}
+  WeightView(const void* d, const Fp8BlockScales& s)
+      : data(d), dtype(WeightDType::kFp8E4M3), fp8(s) {}
   // fp32 weights (tests, activations used as the W operand) convert implicitly.
   WeightView(const float* d) : data(d), dtype(WeightDType::kFloat32) {}  // NOLINT
   WeightView Offset(int64_t elements) const {
@@ -272,7 +289,12 @@ struct RoutedExpertsArgs {
   const void* const* gate_up_host = nullptr;
   const void* const* down_host = nullptr;
   WeightDType dtype = WeightDType::kFloat32;  // of the expert matrices
-  float* out = nullptr;                       // [tokens, hidden_size], overwritten
+  // kFp8E4M3 experts (a backend that takes them: CUDA): device [num_experts] pointers to each
+  // matrix's block scales (WeightView::fp8's layout; gate_up stacked at inter rows).
+  const float* const* gate_up_scales = nullptr;
+  const float* const* down_scales = nullptr;
+  bool fp8() const { return dtype == WeightDType::kFp8E4M3; }
+  float* out = nullptr;  // [tokens, hidden_size], overwritten
   // Stay on the device at any size (no host copy of the group sizes), as while recording: rows
   // padded to a capacity (ids -1) whose real count only the device knows.
   bool keep_on_device = false;
@@ -561,6 +583,13 @@ class Backend {
   // token outside [0, vocab) gets NaN.
   virtual void TokenLogprobRows(int64_t rows, int64_t vocab, const float* logits,
                                 const int32_t* token, float* logprob) = 0;
+  // Structured output (common/grammar): for i in [0, n), every token t of logits row rows[i]
+  // whose bit is clear in masks[i * words + t / 32] (bit t % 32; words = (vocab + 31) / 32)
+  // becomes -inf, in place, so the sampling ops above only pick allowed tokens. rows and
+  // masks are device memory. The default copies the rows through the host; backends override
+  // it with a kernel.
+  virtual void MaskLogitsRows(int64_t n, int64_t vocab, float* logits, const int32_t* rows,
+                              const uint32_t* masks);
 };
 
 }  // namespace deepinfer

@@ -23,14 +23,22 @@ WeightDType DefaultWeightDType(const std::string& kind) {
   return kind == "cuda" ? WeightDType::kBFloat16 : WeightDType::kFloat32;
 }
 
+absl::StatusOr<WeightDType> ResolveWeightDType(const BackendOptions& options) {
+  if (options.dtype.empty() || options.dtype == kStoredPrecisionDType) {
+    return DefaultWeightDType(options.kind);
+  }
+  return ParseWeightDType(options.dtype);
+}
+
+bool KeepsCheckpointFp8(const BackendOptions& options) {
+  return options.kind == "cuda" && options.dtype == kStoredPrecisionDType;
+}
+
 absl::StatusOr<std::unique_ptr<Backend>> MakeBackend(const BackendOptions& options) {
   if (absl::Status built = CheckBackendBuilt(options.kind); !built.ok()) return built;
-  WeightDType dtype = DefaultWeightDType(options.kind);
-  if (!options.dtype.empty()) {
-    absl::StatusOr<WeightDType> parsed = ParseWeightDType(options.dtype);
-    if (!parsed.ok()) return parsed.status();
-    dtype = *parsed;
-  }
+  absl::StatusOr<WeightDType> resolved = ResolveWeightDType(options);
+  if (!resolved.ok()) return resolved.status();
+  const WeightDType dtype = *resolved;
   if (options.kind == "cpu") return std::make_unique<CpuBackend>(options.cpu_threads, dtype);
   if (options.kind == "cuda") {
 #ifdef DEEPINFER_WITH_CUDA

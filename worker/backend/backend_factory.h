@@ -18,7 +18,8 @@ struct BackendOptions {
   int cpu_threads = 0;       // cpu: <= 0 means one per hardware thread
   int cuda_device = 0;       // cuda: device ordinal
   // Storage of matrix weights: "bfloat16" or "float32"; empty: the kind's default
-  // (DefaultWeightDType). From a --dtype flag.
+  // (DefaultWeightDType); "auto": the checkpoint's precision (kStoredPrecisionDType). From a
+  // --dtype flag.
   std::string dtype;
   // cuda: CudaTuning::gemm_autotune (prefill GEMMs of >= 1024 rows take the fastest of
   // cuBLASLt's suggested algorithms, timed once per shape; the choice can differ between
@@ -29,6 +30,17 @@ struct BackendOptions {
 
 // bfloat16 on "cuda", float32 on "cpu" (the reference; it accepts bfloat16 too, for tests).
 WeightDType DefaultWeightDType(const std::string& kind);
+
+// BackendOptions::dtype "auto" (--dtype auto): a checkpoint served in its stored precision. Its
+// FP8 matrices (e4m3, 128 x 128 block scales) stay FP8 on a backend that computes with them
+// (CUDA: KeepsCheckpointFp8); everything else is stored in the kind's default dtype.
+inline constexpr char kStoredPrecisionDType[] = "auto";
+// The backend's weight_dtype() for options.dtype: DefaultWeightDType(kind) for "" and "auto",
+// else ParseWeightDType's.
+absl::StatusOr<WeightDType> ResolveWeightDType(const BackendOptions& options);
+// Whether a model on the backend made from `options` keeps its checkpoint's FP8 matrices FP8
+// (LoadOptions::keep_fp8): dtype "auto" on "cuda".
+bool KeepsCheckpointFp8(const BackendOptions& options);
 
 // INVALID_ARGUMENT for an unknown kind or dtype; UNIMPLEMENTED for "cuda" in a build without CUDA
 // and for "ascend" (a design only: CheckBackendBuilt); FAILED_PRECONDITION for "cuda" on a

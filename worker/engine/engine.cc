@@ -2,7 +2,9 @@
 #include "worker/engine/engine.h"
 
 #include <algorithm>
+#include <string>
 #include <utility>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
@@ -46,6 +48,10 @@ struct Engine::Sequence {
   std::vector<int32_t> drafts;
   // When the engine took the request off its queue (StepStats' time to first token).
   absl::Time arrived = absl::InfinitePast();
+  // Structured output: where the output is in its grammar; no_allowed_token once a step found
+  // no token of the vocabulary that can continue it.
+  std::unique_ptr<grammar::GrammarMatcher> matcher;
+  bool no_allowed_token = false;
 
   int64_t remaining() const { return static_cast<int64_t>(tokens.size()) - computed; }
   int64_t generated() const { return static_cast<int64_t>(tokens.size()) - prompt_len; }
@@ -118,6 +124,10 @@ Engine::Engine(CausalLm* model, KvBlockPool* pool, RequestQueue* queue,
   if (options_.speculative_tokens > 0) {
     drafter_ = std::make_unique<DraftProposer>(model, pool, options_.draft_min_confidence);
   }
+  if (tokenizer_ != nullptr) {
+    matchers_ = std::make_unique<StructuredOutputMatchers>(tokenizer_, static_cast<int32_t>(vocab_),
+                                                           options_.eos_token_ids);
+  }
   UpdateLoad();
 }
 
@@ -155,7 +165,24 @@ void Engine::Admit(WorkItem item, std::vector<RequestResult>* finished) {
     return fail(absl::InvalidArgumentError(
         "stop strings need a tokenizer, and the model directory has none"));
   }
+  std::unique_ptr<grammar::GrammarMatcher> matcher;
+  if (p.has_structured_output()) {
+    if (matchers_ == nullptr) {
+      return fail(absl::InvalidArgumentError(
+          "structured output needs a tokenizer, and the model directory has none"));
+    }
+    if (p.ignore_eos()) {
+      return fail(absl::InvalidArgumentError(
+          "ignore_eos cannot be combined with structured output (the end of the output is where "
+          "the grammar completes)"));
+    }
+    absl::StatusOr<std::unique_ptr<grammar::GrammarMatcher>> m =
+        matchers_->Create(p.structured_output());
+    if (!m.ok()) return fail(m.status());
+    matcher = *std::move(m);
+  }
   auto seq = std::make_unique<Sequence>();
+  seq->matcher = std::move(matcher);
   seq->id = item.request_id();
   seq->params = p;
   seq->tokens.assign(item.prompt_token_ids().begin(), item.prompt_token_ids().end());
@@ -419,7 +446,8 @@ absl::StatusOr<std::vector<RequestResult>> Engine::Step() {
       step.block_table = s->blocks;
       step.replay_from = s->replay_from;
       step.kept_end = s->kept_end;
-      step.return_hidden = drafter_ != nullptr;
+      // A constrained sequence is not drafted: verification rows carry no grammar mask.
+      step.return_hidden = drafter_ != nullptr && s->matcher == nullptr;
       if (!s->drafts.empty()) {
         step.all_logits = true;  // verified on the host, row by row
       } else {
@@ -427,6 +455,29 @@ absl::StatusOr<std::vector<RequestResult>> Engine::Step() {
         if (s->computed + p.n == static_cast<int64_t>(s->tokens.size())) {
           step.sampling = s->sampling;
           if (s->adjuster.has_value()) step.sampling->adjustments = s->adjuster->Entries();
+          if (s->matcher != nullptr) {
+            Sequence* seq = s;
+            const std::vector<int32_t>* eos = &options_.eos_token_ids;
+            step.fill_allowed_tokens = [seq, eos](uint32_t* words) {
+              seq->matcher->FillNextTokenBitmask(words);
+              const int32_t n = seq->matcher->vocabulary().mask_words();
+              if (seq->generated() < seq->params.min_tokens()) {
+                // The min_tokens mask (LogitAdjuster) takes these too; clearing them here makes
+                // a grammar that can only end now fail its request instead of sampling from a
+                // row with every logit at -inf.
+                auto clear = [&](int32_t t) {
+                  if (t >= 0 && t / 32 < n) words[t / 32] &= ~(1u << (t % 32));
+                };
+                for (int32_t t : *eos) clear(t);
+                for (int32_t t : seq->params.stop_token_ids()) clear(t);
+              }
+              for (int32_t w = 0; w < n; ++w) {
+                if (words[w] != 0) return true;
+              }
+              seq->no_allowed_token = true;
+              return false;
+            };
+          }
         }
       }
       batch.push_back(std::move(step));
@@ -469,7 +520,9 @@ absl::StatusOr<std::vector<RequestResult>> Engine::Step() {
       }
       s->computed += plan[i].n;
       RegisterFullBlocks(s);
-      if (drafter_ != nullptr) KeepHidden(s, from, std::move(out->hidden[i]), plan[i].n);
+      if (drafter_ != nullptr && s->matcher == nullptr) {
+        KeepHidden(s, from, std::move(out->hidden[i]), plan[i].n);
+      }
       if (s->remaining() != 0) continue;  // an intermediate prefill chunk
       if (s->generated() == 0) stats_.AddFirstToken(step_end - s->arrived);
       if (Advance(s, out->sampled[i], &result)) {
@@ -495,6 +548,27 @@ absl::StatusOr<std::vector<RequestResult>> Engine::Step() {
 bool Engine::Advance(Sequence* s, const SampledToken& sampled, RequestResult* result) {
   const int32_t t = sampled.token;
   const GenerationParams& p = s->params;
+  if (s->matcher != nullptr) {
+    if (s->no_allowed_token) {
+      std::string message =
+          "structured output: no token of the vocabulary can continue the output within its "
+          "grammar";
+      if (s->generated() < p.min_tokens()) {
+        absl::StrAppend(&message, " (the grammar can only end here, after ", s->generated(),
+                        " generated tokens, and min_tokens is ", p.min_tokens(), ")");
+      }
+      *result =
+          ErrorResult(s->id, absl::FailedPreconditionError(message), options_.group_generation);
+      return true;
+    }
+    if (!s->matcher->AcceptToken(t)) {
+      *result = ErrorResult(s->id,
+                            absl::InternalError(absl::StrCat("structured output: sampled token ", t,
+                                                             " is outside the grammar's mask")),
+                            options_.group_generation);
+      return true;
+    }
+  }
   const bool eos = !p.ignore_eos() &&
                    std::find(options_.eos_token_ids.begin(), options_.eos_token_ids.end(), t) !=
                        options_.eos_token_ids.end();

@@ -66,6 +66,7 @@
 #include "worker/engine/request_queue.h"
 #include "worker/engine/step_stats.h"
 #include "worker/engine/step_window.h"
+#include "worker/engine/structured_output_matchers.h"
 #include "worker/kv_cache/kv_block_pool.h"
 #include "worker/kv_cache/prefix_cache.h"
 #include "worker/model/causal_lm.h"
@@ -232,6 +233,8 @@ class Engine {
   mutable absl::Mutex load_mu_;
   EngineLoad load_ ABSL_GUARDED_BY(load_mu_);
   std::vector<RequestProgress> progress_ ABSL_GUARDED_BY(load_mu_);
+  // Structured output; null without a tokenizer.
+  std::unique_ptr<StructuredOutputMatchers> matchers_;
 };
 
 }  // namespace deepinfer

@@ -217,8 +217,12 @@ absl::Status BuildRank(const RankSpec& spec, const RankHooks& hooks,
     config.num_draft_layers = std::min<int64_t>(spec.draft_layers, config.num_nextn_predict_layers);
   }
   const ExpertRange range = ExpertsOfRank(config.n_routed_experts, spec.world_size, spec.rank);
-  const LoadOptions load = ExpertsToLoad(config, spec.world_size, spec.rank,
-                                         spec.dispatcher.partitioned, spec.placement);
+  LoadOptions load = ExpertsToLoad(config, spec.world_size, spec.rank, spec.dispatcher.partitioned,
+                                   spec.placement);
+  if (KeepsCheckpointFp8(spec.backend) && (*arch)->keeps_fp8) {
+    // The source outlives the load (BuildModel below); the weight bytes count FP8 too.
+    load.keep_fp8 = [src = source->get()](const std::string& name) { return src->StoresFp8(name); };
+  }
   const int64_t weight_bytes = (*arch)->weight_bytes(config, be->weight_dtype(), load);
   LOG(INFO) << "rank " << spec.rank << ": " << be->name() << " backend, "
             << WeightDTypeName(be->weight_dtype()) << " weights ("
@@ -230,7 +234,8 @@ absl::Status BuildRank(const RankSpec& spec, const RankHooks& hooks,
   plan_options.block_size = spec.block_size;
   plan_options.max_batch_tokens = spec.max_batch_tokens;
   const int64_t floats_per_token = (*arch)->activation_floats_per_token(config);
-  int64_t reserve = ActivationReserveBytes(floats_per_token, spec.max_batch_tokens);
+  int64_t reserve = ActivationReserveBytes(floats_per_token, spec.max_batch_tokens) +
+                    ModelWeights::Fp8DequantScratchBytes(config, load);
   if (spec.backend.kind == "cuda" && spec.decode_graphs.enabled) {
     reserve +=
         DecodeGraphReserveBytes(floats_per_token, DecodeGraphBuckets(spec.decode_graphs.max_batch));

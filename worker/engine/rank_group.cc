@@ -301,9 +301,10 @@ int64_t RankGroup::FixedKvCacheBlocks() const {
 
 absl::Status RankGroup::CheckHostMemory() const {
   // As MakeBackend will resolve them; a bad name fails there, before this verdict is read.
-  absl::StatusOr<WeightDType> weights = options_.dtype.empty()
-                                            ? DefaultWeightDType(options_.backend)
-                                            : ParseWeightDType(options_.dtype);
+  BackendOptions backend;
+  backend.kind = options_.backend;
+  backend.dtype = options_.dtype;
+  absl::StatusOr<WeightDType> weights = ResolveWeightDType(backend);
   if (!weights.ok()) return weights.status();
   absl::StatusOr<WeightDType> cache = ResolveKvCacheDType(options_.kv_cache_dtype, *weights);
   if (!cache.ok()) return cache.status();

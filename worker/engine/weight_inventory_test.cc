@@ -111,6 +111,52 @@ TEST(WeightInventoryTest, SmallV3BytesPerPrecision) {
   EXPECT_EQ(mx.parameters, 8348 - 1536 + 768);
 }
 
+// The memory plan's fp8 precision and the loader's own count (ModelWeights::DeviceBytes with
+// LoadOptions::keep_fp8) agree on what keeping FP8 saves over bf16, for the matrices the loader
+// keeps FP8: every projection but kv_b_proj (dequantised for the absorbed attention) and the
+// MTP eh_proj. Scales are float32 on the device whatever the file's scale format, so the plan is
+// taken with float32 scales. One GPU with the MTP layer; two GPUs (rank 0 hosting experts 0
+// and 1 of 4) without it.
+TEST(WeightInventoryTest, Fp8MatricesAgreeWithTheLoadersCount) {
+  auto kept_by_loader = [](const std::string& name) {
+    const bool matrix = (name.size() > 12 && name.rfind("_proj.weight") == name.size() - 12) ||
+                        name.find("_proj_with_mqa.weight") != std::string::npos;
+    return matrix && name.find("kv_b_proj") == std::string::npos &&
+           name.find("eh_proj") == std::string::npos;
+  };
+  for (const int gpus : {1, 2}) {
+    SCOPED_TRACE(gpus);
+    const bool mtp = gpus == 1;
+    auto config = ModelConfig::FromJson(kSmallV3, "small");
+    ASSERT_TRUE(config.ok());
+    config->num_draft_layers = mtp ? 1 : 0;
+    LoadOptions plain;
+    if (gpus == 2) plain.hosts_expert = [](int64_t, int64_t e) { return e < 2; };
+    LoadOptions fp8 = plain;
+    fp8.keep_fp8 = kept_by_loader;
+    const int64_t loader_saves = ModelWeights::DeviceBytes(*config, WeightDType::kBFloat16, plain) -
+                                 ModelWeights::DeviceBytes(*config, WeightDType::kBFloat16, fp8);
+
+    auto inv = InventoryFromConfigJson(kSmallV3, "small", mtp);
+    ASSERT_TRUE(inv.ok());
+    WeightInventory kept = *inv;
+    kept.groups.clear();
+    int64_t kept_groups = 0;
+    for (const ParamGroup& g : inv->groups) {
+      // Group names spell layers as {a..b}; the loader's rule looks only at the suffix.
+      if (!g.linear || !kept_by_loader(g.name)) continue;
+      kept.groups.push_back(g);
+      ++kept_groups;
+    }
+    ASSERT_GT(kept_groups, 0);
+    const int64_t plan_saves =
+        PerGpuWeightBytes(kept, gpus, WeightPrecision::kBf16, Fp8ScaleFormat::kFloat32).total() -
+        PerGpuWeightBytes(kept, gpus, WeightPrecision::kFp8, Fp8ScaleFormat::kFloat32).total();
+    EXPECT_GT(loader_saves, 0);
+    EXPECT_EQ(loader_saves, plan_saves);
+  }
+}
+
 TEST(WeightInventoryTest, BlockScalesRoundUp) {
   ParamGroup g;
   g.shape = {300, 129};

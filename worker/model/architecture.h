@@ -51,6 +51,9 @@ struct Architecture {
   std::function<int64_t(const ModelConfig&)> activation_floats_per_token;
   // The KV cache the model will declare (CausalLm::CacheSpec), entries in `dtype`.
   std::function<KvCacheSpec(const ModelConfig&, WeightDType dtype)> cache_spec;
+  // Whether `build` honours LoadOptions::keep_fp8 (FP8 matrices kept as stored where the backend
+  // runs them); false: every weight is read dequantised, whatever the backend.
+  bool keeps_fp8 = false;
 };
 
 }  // namespace deepinfer

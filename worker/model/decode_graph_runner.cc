@@ -100,7 +100,7 @@ std::optional<absl::StatusOr<StepOutput>> DecodeGraphRunner::Run(
   int64_t num_adjustments = 0;
   for (const SequenceStep& s : batch) {
     if (s.tokens.size() != 1 || s.return_logits || !s.sampling.has_value() ||
-        s.sampling->temperature > 0.0f || s.sampling->num_logprobs != 0) {
+        s.sampling->temperature > 0.0f || s.sampling->num_logprobs != 0 || s.fill_allowed_tokens) {
       return std::nullopt;
     }
     // Adjustments the general path would refuse go there, which names what is wrong.

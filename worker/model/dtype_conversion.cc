@@ -1,6 +1,7 @@
 // Bit-exact conversions of the checkpoint float formats to fp32.
 #include "worker/model/dtype_conversion.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 
@@ -109,6 +110,30 @@ float E2M1ToFloat(uint8_t nibble) {
   const float v = exp == 0 ? 0.5f * static_cast<float>(mant)
                            : std::ldexp(static_cast<float>(mant | 2), static_cast<int>(exp) - 2);
   return sign ? -v : v;
+}
+
+uint8_t FloatToF8E4M3(float f) {
+  const uint8_t sign = std::signbit(f) ? 0x80 : 0;
+  if (std::isnan(f)) return sign | 0x7F;
+  const float a = std::fabs(f);
+  // Codes 0x00 .. 0x7E are the finite non-negative values in increasing order, so a rounding
+  // carry out of the mantissa moves to the next exponent by itself.
+  uint32_t code;
+  if (a < 0.015625f) {  // below 2^-6: subnormals, steps of 2^-9 (code 8 is 2^-6)
+    code = static_cast<uint32_t>(std::nearbyint(a * 512.0f));  // exact scaling; ties to even
+  } else if (a >= 464.0f) {  // halfway between 448 and 512 (no 480: 0x7F is NaN) and above
+    code = 0x7E;
+  } else {
+    uint32_t u;
+    std::memcpy(&u, &a, sizeof(u));
+    const int32_t exponent = static_cast<int32_t>(u >> 23) - 127;  // -6 .. 8
+    const uint32_t mantissa = u & 0x7FFFFFu;
+    code = (static_cast<uint32_t>(exponent + 7) << 3) | (mantissa >> 20);
+    const uint32_t rest = mantissa & 0xFFFFFu, half = 0x80000u;
+    if (rest > half || (rest == half && (code & 1u) != 0)) ++code;
+    code = std::min<uint32_t>(code, 0x7E);
+  }
+  return sign | static_cast<uint8_t>(code);
 }
 
 absl::Status ConvertToFloat32(DType dtype, const void* src, int64_t n, float* dst) {

@@ -55,6 +55,9 @@ float F8E5M2ToFloat(uint8_t bits);
 float E8M0ToFloat(uint8_t bits);
 // The low four bits as MX E2M1: sign, 2 exponent bits (bias 1), 1 mantissa bit.
 float E2M1ToFloat(uint8_t nibble);
+// The e4m3fn code nearest to f (ties to the even code), saturated to +-448; NaN gives NaN. For
+// making FP8 weights (the benchmark's dummy FP8 model); checkpoints are read, never written, FP8.
+uint8_t FloatToF8E4M3(float f);
 
 // Converts n elements (F4: n values from n / 2 bytes). INVALID_ARGUMENT for the types a float
 // weight cannot be stored as on its own (integers, BOOL, C64: an integer tensor is a weight only

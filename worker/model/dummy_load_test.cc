@@ -113,8 +113,8 @@ TEST(DummyLoadTest, ModelLoadedInPlaceEqualsHostGenerated) {
     };
     auto same_mlp = [&](const MlpWeights& x, const MlpWeights& y, const std::string& what) {
       EXPECT_EQ(x.inter, y.inter) << what;
-      same(x.gate_up, y.gate_up, what + " gate_up");
-      same(x.down, y.down, what + " down");
+      same(x.gate_up.data, y.gate_up.data, what + " gate_up");
+      same(x.down.data, y.down.data, what + " down");
     };
     same(a.embed, b.embed, "embed");
     same(a.final_norm, b.final_norm, "final_norm");
@@ -125,15 +125,15 @@ TEST(DummyLoadTest, ModelLoadedInPlaceEqualsHostGenerated) {
       const std::string L = "layer " + std::to_string(l) + " ";
       same(x.input_norm, y.input_norm, L + "input_norm");
       same(x.post_attention_norm, y.post_attention_norm, L + "post_attention_norm");
-      same(x.q_a, y.q_a, L + "q_a");
+      same(x.q_a.data, y.q_a.data, L + "q_a");
       same(x.q_a_norm, y.q_a_norm, L + "q_a_norm");
-      same(x.q_b, y.q_b, L + "q_b");
-      same(x.q, y.q, L + "q");
-      same(x.kv_a, y.kv_a, L + "kv_a");
+      same(x.q_b.data, y.q_b.data, L + "q_b");
+      same(x.q.data, y.q.data, L + "q");
+      same(x.kv_a.data, y.kv_a.data, L + "kv_a");
       same(x.kv_a_norm, y.kv_a_norm, L + "kv_a_norm");
       same(x.kv_b, y.kv_b, L + "kv_b");
       same(x.w_uk_t, y.w_uk_t, L + "w_uk_t");
-      same(x.o_proj, y.o_proj, L + "o_proj");
+      same(x.o_proj.data, y.o_proj.data, L + "o_proj");
       same_mlp(x.dense, y.dense, L + "dense");
       same(x.router, y.router, L + "router");
       same(x.router_bias, y.router_bias, L + "router_bias");

@@ -1,6 +1,7 @@
 // ModelWeights loading: DeepSeek-V3 checkpoint names -> backend buffers.
 #include "worker/model/model_weights.h"
 
+#include <algorithm>
 #include <optional>
 #include <utility>
 
@@ -9,9 +10,12 @@
 namespace deepinfer {
 namespace {
 
+int64_t CeilBlocks(int64_t n) { return (n + 127) / 128; }
+
 class Loader {
  public:
-  Loader(WeightSource* src, Backend* be) : src_(src), be_(be) {}
+  Loader(WeightSource* src, Backend* be, std::function<bool(const std::string&)> keep_fp8 = nullptr)
+      : src_(src), be_(be), keep_fp8_(std::move(keep_fp8)) {}
   int64_t bytes() const { return bytes_; }
   static int64_t Elements(const std::vector<int64_t>& shape) {
     int64_t n = 1;
@@ -70,8 +74,53 @@ class Loader {
     *out = UploadMatrix(host);
     return absl::OkStatus();
   }
-  // prefix: "...mlp." or "...experts.7."; gate and up stacked into one [2*inter, hidden] matrix.
+  // FP8 bytes and their scales as they are stored (scale_ld = ceil(cols / 128)).
+  MatrixBuffer UploadFp8(const std::vector<uint8_t>& data, const std::vector<float>& scales,
+                         int64_t cols, int64_t split_rows) {
+    MatrixBuffer m;
+    m.data = be_->Allocate(data.size());
+    be_->CopyToDevice(data.data(), data.size(), m.data->data());
+    m.fp8_scales = Upload(scales);
+    m.scale_ld = CeilBlocks(cols);
+    m.split_rows = split_rows;
+    bytes_ += m.data->size_bytes();
+    return m;
+  }
+  // The stored FP8 tensor where keep_fp8 names it and the source has it (nullopt otherwise).
+  absl::StatusOr<std::optional<WeightSource::Fp8Tensor>> ReadFp8(
+      const std::string& name, const std::vector<int64_t>& shape) {
+    if (!keep_fp8_ || !keep_fp8_(name)) return std::nullopt;
+    return src_->ReadFp8(name, shape);
+  }
+  absl::Status LoadMatrix(const std::string& name, const std::vector<int64_t>& shape,
+                          MatrixBuffer* out) {
+    auto fp8 = ReadFp8(name, shape);
+    if (!fp8.ok()) return fp8.status();
+    if (fp8->has_value()) {
+      *out = UploadFp8((*fp8)->data, (*fp8)->scales, shape[1], 0);
+      return absl::OkStatus();
+    }
+    *out = MatrixBuffer();
+    return LoadMatrix(name, shape, &out->data);
+  }
+  // prefix: "...mlp." or "...experts.7."; gate and up stacked into one [2*inter, hidden] matrix
+  // (FP8 where both are kept FP8: the bytes and the scale grids stacked, split at inter rows).
   absl::Status LoadMlp(const std::string& prefix, int64_t hidden, int64_t inter, MlpWeights* m) {
+    auto gate8 = ReadFp8(prefix + "gate_proj.weight", {inter, hidden});
+    if (!gate8.ok()) return gate8.status();
+    if (gate8->has_value()) {
+      auto up8 = ReadFp8(prefix + "up_proj.weight", {inter, hidden});
+      if (!up8.ok()) return up8.status();
+      if (up8->has_value()) {
+        WeightSource::Fp8Tensor& g = **gate8;
+        const WeightSource::Fp8Tensor& u = **up8;
+        g.data.insert(g.data.end(), u.data.begin(), u.data.end());
+        g.scales.insert(g.scales.end(), u.scales.begin(), u.scales.end());
+        m->inter = inter;
+        m->gate_up = UploadFp8(g.data, g.scales, hidden, inter);
+        return LoadMatrix(prefix + "down_proj.weight", {hidden, inter}, &m->down);
+      }
+    }
     const std::optional<DummyFill> gate_fill =
         src_->DummyFillFor(prefix + "gate_proj.weight", {inter, hidden});
     const std::optional<DummyFill> up_fill =
@@ -102,6 +151,7 @@ class Loader {
  private:
   WeightSource* src_;
   Backend* be_;
+  const std::function<bool(const std::string&)> keep_fp8_;
   int64_t bytes_ = 0;
 };
 
@@ -117,7 +167,7 @@ absl::StatusOr<std::unique_ptr<ModelWeights>> ModelWeights::Load(const ModelConf
                                                                  WeightSource* source,
                                                                  Backend* backend,
                                                                  const LoadOptions& options) {
-  Loader ld(source, backend);
+  Loader ld(source, backend, options.keep_fp8);
   auto w = std::make_unique<ModelWeights>();
   w->matrix_dtype = backend->weight_dtype();
   const int64_t hid = c.hidden_size, nh = c.num_attention_heads;
@@ -281,35 +331,71 @@ absl::StatusOr<std::vector<std::map<int64_t, MlpWeights>>> ModelWeights::LoadRou
   return UploadRoutedExperts(*host, backend);
 }
 
+int64_t ModelWeights::Fp8DequantScratchBytes(const ModelConfig& c, const LoadOptions& options) {
+  if (!options.keep_fp8) return 0;
+  const int64_t hid = c.hidden_size, nh = c.num_attention_heads;
+  const int64_t shapes[] = {
+      c.q_lora_rank * hid,
+      nh * c.qk_head_dim() * std::max<int64_t>(c.q_lora_rank, hid),
+      (c.kv_lora_rank + c.qk_rope_head_dim) * hid,
+      hid * nh * c.v_head_dim,
+      2 * c.intermediate_size * hid,
+      2 * c.moe_intermediate_size * std::max<int64_t>(1, c.n_shared_experts) * hid,
+  };
+  int64_t largest = 0;
+  for (int64_t n : shapes) largest = std::max(largest, n);
+  return largest * static_cast<int64_t>(sizeof(uint16_t));
+}
+
 int64_t ModelWeights::DeviceBytes(const ModelConfig& c, WeightDType matrix_dtype,
                                   const LoadOptions& options) {
   const int64_t f32 = sizeof(float), mat = static_cast<int64_t>(WeightDTypeSize(matrix_dtype));
   const int64_t hid = c.hidden_size, nh = c.num_attention_heads;
   const int64_t rope = c.qk_rope_head_dim, kvl = c.kv_lora_rank;
   const int64_t nope = c.qk_nope_head_dim, vd = c.v_head_dim;
-  auto mlp = [&](int64_t inter) { return 3 * inter * hid * mat; };
+  // A matrix [n, k] named `name`: FP8 bytes and scales where options.keep_fp8 names it.
+  auto keeps_fp8 = [&](const std::string& name) {
+    return options.keep_fp8 && options.keep_fp8(name);
+  };
+  auto matrix = [&](const std::string& name, int64_t n, int64_t k) {
+    if (!keeps_fp8(name)) return n * k * mat;
+    return n * k + CeilBlocks(n) * CeilBlocks(k) * f32;
+  };
+  auto mlp = [&](const std::string& prefix, int64_t inter) {
+    const int64_t down = matrix(prefix + "down_proj.weight", hid, inter);
+    if (keeps_fp8(prefix + "gate_proj.weight") && keeps_fp8(prefix + "up_proj.weight")) {
+      return 2 * (inter * hid + CeilBlocks(inter) * CeilBlocks(hid) * f32) + down;
+    }
+    return 2 * inter * hid * mat + down;
+  };
   int64_t bytes = c.vocab_size * hid * (f32 + mat) + hid * f32;  // embed, lm_head, final norm
   for (int64_t l = 0; l < c.num_hidden_layers + c.num_draft_layers; ++l) {
     const bool is_mtp = l >= c.num_hidden_layers;
+    const std::string a = absl::StrCat("model.layers.", l, ".self_attn.");
+    const std::string m = absl::StrCat("model.layers.", l, ".mlp.");
     if (is_mtp) bytes += 3 * hid * f32 + 2 * hid * hid * mat;  // enorm, hnorm, head norm, eh_proj
     bytes += 2 * hid * f32;                                    // input / post-attention norms
     if (c.q_lora_rank > 0) {
-      bytes +=
-          (c.q_lora_rank * hid + nh * c.qk_head_dim() * c.q_lora_rank) * mat + c.q_lora_rank * f32;
+      bytes += matrix(a + "q_a_proj.weight", c.q_lora_rank, hid) +
+               matrix(a + "q_b_proj.weight", nh * c.qk_head_dim(), c.q_lora_rank) +
+               c.q_lora_rank * f32;
     } else {
-      bytes += nh * c.qk_head_dim() * hid * mat;
+      bytes += matrix(a + "q_proj.weight", nh * c.qk_head_dim(), hid);
     }
-    bytes += (kvl + rope) * hid * mat + kvl * f32;                              // kv_a, kv_a_norm
-    bytes += (nh * (nope + vd) * kvl + nh * kvl * nope + hid * nh * vd) * mat;  // kv_b, uk_t, o
+    bytes += matrix(a + "kv_a_proj_with_mqa.weight", kvl + rope, hid) + kvl * f32;  // + kv_a_norm
+    bytes += (nh * (nope + vd) * kvl + nh * kvl * nope) * mat;                      // kv_b, uk_t
+    bytes += matrix(a + "o_proj.weight", hid, nh * vd);
     if (!c.IsMoeLayer(l)) {
-      bytes += mlp(c.intermediate_size);
+      bytes += mlp(m, c.intermediate_size);
       continue;
     }
     bytes += (c.n_routed_experts * hid + c.n_routed_experts) * f32;  // router and its bias
-    if (c.n_shared_experts > 0) bytes += mlp(c.moe_intermediate_size * c.n_shared_experts);
+    if (c.n_shared_experts > 0) {
+      bytes += mlp(m + "shared_experts.", c.moe_intermediate_size * c.n_shared_experts);
+    }
     for (int64_t e = 0; e < c.n_routed_experts; ++e) {
       if (!is_mtp && options.hosts_expert && !options.hosts_expert(l, e)) continue;
-      bytes += mlp(c.moe_intermediate_size);
+      bytes += mlp(absl::StrCat(m, "experts.", e, "."), c.moe_intermediate_size);
     }
   }
   return bytes;

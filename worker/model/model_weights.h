@@ -14,6 +14,8 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -26,26 +28,54 @@ namespace deepinfer {
 struct LoadOptions {
   // Whether this rank hosts routed expert `expert` of MoE layer `layer`. Unset: all of them.
   std::function<bool(int64_t layer, int64_t expert)> hosts_expert;
+  // Whether the checkpoint tensor `name` (a projection or MLP weight) stays FP8 on the device
+  // when the source stores it so (WeightSource::ReadFp8): `--dtype auto` on a backend that takes
+  // FP8 matrices (CUDA). Unset: every matrix is converted to the backend's weight_dtype().
+  // W_uk / W_uv (kv_b_proj) and lm_head are always converted: the absorbed attention reads
+  // kv_b per head, and DeepSeek stores lm_head in bf16.
+  std::function<bool(const std::string& name)> keep_fp8;
+};
+
+// A matrix weight on the device: elements in ModelWeights::matrix_dtype, or FP8 e4m3 with one
+// fp32 scale per 128 x 128 block (fp8_scales set; Backend's WeightView::fp8 describes the grid,
+// split_rows where two checkpoint tensors were stacked).
+struct MatrixBuffer {
+  std::unique_ptr<DeviceBuffer> data;
+  std::unique_ptr<DeviceBuffer> fp8_scales;
+  int64_t scale_ld = 0;
+  int64_t split_rows = 0;
+
+  MatrixBuffer() = default;
+  // A matrix in matrix_dtype.
+  MatrixBuffer(std::unique_ptr<DeviceBuffer> d) : data(std::move(d)) {}  // NOLINT
+  DeviceBuffer* operator->() const { return data.get(); }
+  bool fp8() const { return fp8_scales != nullptr; }
+  // Device bytes of the elements and the scales.
+  size_t size_bytes() const {
+    return (data ? data->size_bytes() : 0) + (fp8_scales ? fp8_scales->size_bytes() : 0);
+  }
 };
 
 // SwiGLU MLP: y = down(silu(gate x) * up x). gate_up is [2 * inter, hidden] (gate rows first).
-// Buffers marked "matrix" hold ModelWeights::matrix_dtype elements; the others fp32.
+// Buffers marked "matrix" hold ModelWeights::matrix_dtype elements (MatrixBuffer: or FP8); the
+// others fp32.
 struct MlpWeights {
   int64_t inter = 0;
-  std::unique_ptr<DeviceBuffer> gate_up;  // matrix
-  std::unique_ptr<DeviceBuffer> down;     // matrix [hidden, inter]
+  MatrixBuffer gate_up;  // matrix
+  MatrixBuffer down;     // matrix [hidden, inter]
 };
 
 struct LayerWeights {
   std::unique_ptr<DeviceBuffer> input_norm, post_attention_norm;
   // MLA. With q_lora: q_a [q_lora, hidden], q_a_norm, q_b [heads*qk_head, q_lora]; else q.
   // q_a, q_b, q are matrices.
-  std::unique_ptr<DeviceBuffer> q_a, q_a_norm, q_b, q;
-  std::unique_ptr<DeviceBuffer> kv_a;       // matrix [kv_lora + rope, hidden]
+  MatrixBuffer q_a, q_b, q;
+  std::unique_ptr<DeviceBuffer> q_a_norm;
+  MatrixBuffer kv_a;                        // matrix [kv_lora + rope, hidden]
   std::unique_ptr<DeviceBuffer> kv_a_norm;  // [kv_lora]
   std::unique_ptr<DeviceBuffer> kv_b;  // matrix [heads * (nope + v), kv_lora] as in the checkpoint
   std::unique_ptr<DeviceBuffer> w_uk_t;  // matrix [heads, kv_lora, nope]: key half, transposed
-  std::unique_ptr<DeviceBuffer> o_proj;  // matrix [hidden, heads * v]
+  MatrixBuffer o_proj;                   // matrix [hidden, heads * v]
   bool moe = false;
   MlpWeights dense;                           // dense layers
   std::unique_ptr<DeviceBuffer> router;       // [experts, hidden]
@@ -72,8 +102,15 @@ class ModelWeights {
                                                             const LoadOptions& options);
   // The bytes Load will allocate for this config, matrix dtype and expert selection, computed
   // from the shapes alone (so memory can be planned before anything is read or allocated).
+  // Matrices options.keep_fp8 names count one byte an element plus their block scales.
   static int64_t DeviceBytes(const ModelConfig& config, WeightDType matrix_dtype,
                              const LoadOptions& options);
+
+  // The scratch a backend that keeps FP8 matrices needs to dequantise one for a prefill GEMM
+  // (CUDA: the largest projection or MLP matrix as bf16; the FP8 GEMMs dequantise one matrix at a
+  // time); 0 when options.keep_fp8 is unset. An upper bound: every such matrix is counted whether
+  // or not the checkpoint stores it FP8.
+  static int64_t Fp8DequantScratchBytes(const ModelConfig& config, const LoadOptions& options);
 
   // Routed experts only, for a live EPLB placement change: per MoE layer (0 = the first MoE
   // layer), the experts listed in `experts[moe_layer]`. The source's errors as they are.
@@ -99,6 +136,11 @@ class ModelWeights {
   // A matrix buffer as a GEMM operand.
   WeightView Matrix(const std::unique_ptr<DeviceBuffer>& buf) const {
     return WeightView(buf->data(), matrix_dtype);
+  }
+  WeightView Matrix(const MatrixBuffer& m) const {
+    if (!m.fp8()) return WeightView(m.data->data(), matrix_dtype);
+    return WeightView(m.data->data(),
+                      Fp8BlockScales{m.fp8_scales->as<float>(), m.scale_ld, m.split_rows});
   }
 
   WeightDType matrix_dtype = WeightDType::kFloat32;

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cmath>
 #include <fstream>
+#include <optional>
 #include <sstream>
 
 #include "absl/strings/match.h"
@@ -196,6 +197,43 @@ absl::StatusOr<WeightStorage> SafetensorsCheckpoint::Describe(const std::string&
   return s;
 }
 
+namespace {
+
+// The block scales of `name` (storage s, scale tensor sc) as float multipliers: float types
+// converted, F8_E8M0 and U8 bytes as 2^(b - 127). INVALID_ARGUMENT naming the element for a
+// scale that is not finite and non-negative (0xFF, the E8M0 NaN, included).
+absl::Status ScaleValues(const std::string& name, const WeightStorage& s,
+                         const SafetensorsTensor& sc, std::vector<float>* out) {
+  const int64_t scale_n = sc.num_elements();
+  std::vector<float>& scale = *out;
+  scale.resize(scale_n);
+  if (sc.dtype == DType::kU8) {
+    for (int64_t i = 0; i < scale_n; ++i) scale[i] = E8M0ToFloat(sc.data[i]);
+  } else {
+    absl::Status st = ConvertToFloat32(sc.dtype, sc.data, scale_n, scale.data());
+    if (!st.ok()) return st;
+  }
+  for (int64_t i = 0; i < scale_n; ++i) {
+    if (!std::isfinite(scale[i]) || scale[i] < 0) {
+      const std::string bits =
+          DTypeBits(sc.dtype) == 8 ? absl::StrCat(" (byte 0x", absl::Hex(sc.data[i]), ")") : "";
+      return absl::InvalidArgumentError(
+          absl::StrCat("scale '", s.scale_name, "' of tensor '", name, "' element ", i, " is ",
+                       scale[i], bits, "; block scales must be finite and non-negative"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+// FP8 storage the block-scaled FP8 GEMMs take as stored: e4m3 values of a matrix in 128 x 128
+// blocks, with any scale dtype Describe accepts (UE8M0 bytes become their float powers of two).
+bool KeepableFp8(const WeightStorage& s) {
+  return s.kind == WeightStorageKind::kFp8Block && s.dtype == DType::kF8E4M3 &&
+         s.shape.size() == 2 && s.block_rows == 128 && s.block_cols == 128;
+}
+
+}  // namespace
+
 absl::StatusOr<WeightStorage> SafetensorsCheckpoint::Storage(const std::string& name) {
   const SafetensorsTensor* weight = nullptr;
   const SafetensorsTensor* scale = nullptr;
@@ -278,23 +316,9 @@ absl::Status SafetensorsCheckpoint::ReadFloat32(const std::string& name,
   if (!s.scaled()) return absl::OkStatus();
 
   // y = x * s over each block (DeepSeek's weight_dequant; the MX spec's X_i = S * P_i).
-  const int64_t scale_n = sc->num_elements();
-  std::vector<float> scale(scale_n);
-  if (sc->dtype == DType::kU8) {
-    for (int64_t i = 0; i < scale_n; ++i) scale[i] = E8M0ToFloat(sc->data[i]);
-  } else {
-    absl::Status st = ConvertToFloat32(sc->dtype, sc->data, scale_n, scale.data());
-    if (!st.ok()) return st;
-  }
-  for (int64_t i = 0; i < scale_n; ++i) {
-    if (!std::isfinite(scale[i]) || scale[i] < 0) {
-      const std::string bits =
-          DTypeBits(sc->dtype) == 8 ? absl::StrCat(" (byte 0x", absl::Hex(sc->data[i]), ")") : "";
-      return absl::InvalidArgumentError(
-          absl::StrCat("scale '", s.scale_name, "' of tensor '", name, "' element ", i, " is ",
-                       scale[i], bits, "; block scales must be finite and non-negative"));
-    }
-  }
+  std::vector<float> scale;
+  absl::Status st = ScaleValues(name, s, *sc, &scale);
+  if (!st.ok()) return st;
   const int64_t rows = shape[shape.size() - 2], cols = shape.back();
   const int64_t scale_rows = s.scale_shape[s.scale_shape.size() - 2];
   const int64_t scale_cols = s.scale_shape.back();
@@ -307,6 +331,32 @@ absl::Status SafetensorsCheckpoint::ReadFloat32(const std::string& name,
     }
   }
   return absl::OkStatus();
+}
+
+bool SafetensorsCheckpoint::StoresFp8(const std::string& name) {
+  absl::StatusOr<WeightStorage> s = Storage(name);
+  return s.ok() && KeepableFp8(*s);
+}
+
+absl::StatusOr<std::optional<WeightSource::Fp8Tensor>> SafetensorsCheckpoint::ReadFp8(
+    const std::string& name, const std::vector<int64_t>& shape) {
+  const SafetensorsTensor* t = nullptr;
+  const SafetensorsTensor* sc = nullptr;
+  std::string file;
+  absl::StatusOr<WeightStorage> s_or = Describe(name, &t, &sc, &file);
+  if (!s_or.ok()) return s_or.status();
+  const WeightStorage& s = *s_or;
+  if (!KeepableFp8(s)) return std::nullopt;
+  if (s.shape != shape) {
+    return absl::InvalidArgumentError(absl::StrCat(file, ": FP8 tensor '", name, "' has shape [",
+                                                   absl::StrJoin(s.shape, ","), "], expected [",
+                                                   absl::StrJoin(shape, ","), "]"));
+  }
+  Fp8Tensor out;
+  out.data.assign(t->data, t->data + shape[0] * shape[1]);
+  absl::Status st = ScaleValues(name, s, *sc, &out.scales);
+  if (!st.ok()) return st;
+  return std::optional<Fp8Tensor>(std::move(out));
 }
 
 }  // namespace deepinfer

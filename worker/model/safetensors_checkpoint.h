@@ -32,6 +32,11 @@ class SafetensorsCheckpoint : public WeightSource {
 
   absl::Status ReadFloat32(const std::string& name, const std::vector<int64_t>& shape,
                            float* out) override;
+  // F8_E4M3 matrices of a checkpoint with 128 x 128 blocks, with float32, BF16, F16 or UE8M0
+  // (F8_E8M0 / U8) scales under any of the scale names above; nullopt for other storage.
+  absl::StatusOr<std::optional<Fp8Tensor>> ReadFp8(const std::string& name,
+                                                   const std::vector<int64_t>& shape) override;
+  bool StoresFp8(const std::string& name) override;
   bool Contains(const std::string& name) const override;
   absl::StatusOr<WeightStorage> Storage(const std::string& name) override;
   // I8 .. I64, U8 .. U64 tensors.

@@ -142,6 +142,79 @@ TEST(SafetensorsCheckpointTest, Fp8BatchedOverLeadingDims) {
   EXPECT_EQ(*v, (std::vector<float>{0.25f, 0.25f, 0.25f, 0.25f, 0.25f, 0.25f, 8, 8, 8, 8, 8, 8}));
 }
 
+// FP8 kept as stored (ReadFp8, for the FP8 GEMMs): the e4m3 bytes untouched and the block
+// scales as float multipliers, from a float32 `_scale_inv` or from UE8M0 bytes (F8_E8M0 or U8,
+// under DeepSeek's `.scale` name too) as 2^(b - 127).
+TEST(SafetensorsCheckpointTest, ReadFp8KeepsBytesWithFloatOrE8M0Scales) {
+  const int rows = 130, cols = 3;
+  std::vector<uint8_t> q(rows * cols, 0x38);
+  q[0] = 0x40;
+  q[129 * cols + 2] = 0xC0;
+  struct Case {
+    const char* dir;
+    DType scale_dtype;
+    const char* scale_name;
+  } cases[] = {{"keep_f32", DType::kF32, "l.weight_scale_inv"},
+               {"keep_e8m0", DType::kF8E8M0, "l.weight_scale_inv"},
+               {"keep_u8", DType::kU8, "l.scale"}};
+  for (const Case& c : cases) {
+    const std::string dir = TmpDir(c.dir);
+    SafetensorsWriter w;
+    w.Add("l.weight", DType::kF8E4M3, {rows, cols}, q);
+    if (c.scale_dtype == DType::kF32) {
+      w.AddFloat32(c.scale_name, {2, 1}, {0.5f, 4.0f});
+    } else {
+      w.Add(c.scale_name, c.scale_dtype, {2, 1}, {126, 129});  // 0.5, 4.0
+    }
+    w.AddBf16("n.weight", {2}, {1, 2});
+    ASSERT_TRUE(w.Write(dir + "/model.safetensors").ok());
+    auto ck = SafetensorsCheckpoint::Open(dir);
+    ASSERT_TRUE(ck.ok());
+    EXPECT_TRUE((*ck)->StoresFp8("l.weight")) << c.dir;
+    EXPECT_FALSE((*ck)->StoresFp8("n.weight"));
+    EXPECT_FALSE((*ck)->StoresFp8("absent.weight"));
+    auto t = (*ck)->ReadFp8("l.weight", {rows, cols});
+    ASSERT_TRUE(t.ok()) << t.status();
+    ASSERT_TRUE(t->has_value()) << c.dir;
+    EXPECT_EQ((*t)->data, q);
+    EXPECT_EQ((*t)->scales, (std::vector<float>{0.5f, 4.0f})) << c.dir;
+    auto none = (*ck)->ReadFp8("n.weight", {2});
+    ASSERT_TRUE(none.ok());
+    EXPECT_FALSE(none->has_value());
+    EXPECT_EQ((*ck)->ReadFp8("l.weight", {cols, rows}).status().code(),
+              absl::StatusCode::kInvalidArgument);
+  }
+}
+
+// Storage the FP8 GEMMs do not take is left to ReadFloat32: F8_E5M2, blocks other than
+// 128 x 128, batched [E, out, in] tensors. A NaN E8M0 scale is refused naming the element.
+TEST(SafetensorsCheckpointTest, ReadFp8DeclinesOtherStorage) {
+  const std::string dir = TmpDir("keep_other");
+  SafetensorsWriter w;
+  w.Add("e5.weight", DType::kF8E5M2, {2, 3}, std::vector<uint8_t>(6, 0x3C));
+  w.AddFloat32("e5.weight_scale_inv", {1, 1}, {1.0f});
+  w.Add("b.weight", DType::kF8E4M3, {2, 2, 3}, std::vector<uint8_t>(12, 0x38));
+  w.AddFloat32("b.weight_scale_inv", {2, 1, 1}, {1.0f, 2.0f});
+  w.Add("nan.weight", DType::kF8E4M3, {2, 3}, std::vector<uint8_t>(6, 0x38));
+  w.Add("nan.weight_scale_inv", DType::kF8E8M0, {1, 1}, {0xFF});
+  ASSERT_TRUE(w.Write(dir + "/model.safetensors").ok());
+  auto ck = SafetensorsCheckpoint::Open(dir);
+  ASSERT_TRUE(ck.ok());
+  for (const char* name : {"e5.weight", "b.weight"}) {
+    EXPECT_FALSE((*ck)->StoresFp8(name)) << name;
+  }
+  auto e5 = (*ck)->ReadFp8("e5.weight", {2, 3});
+  ASSERT_TRUE(e5.ok());
+  EXPECT_FALSE(e5->has_value());
+  auto nan = (*ck)->ReadFp8("nan.weight", {2, 3});
+  EXPECT_EQ(nan.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(nan.status().message().find("element 0"), std::string::npos) << nan.status();
+  auto small_blocks = SafetensorsCheckpoint::Open(dir, 1, 3);
+  ASSERT_TRUE(small_blocks.ok());
+  // With 1 x 3 blocks the scale grid [1,1] does not fit [2,3]: not keepable either way.
+  EXPECT_FALSE((*small_blocks)->StoresFp8("nan.weight"));
+}
+
 // MXFP4 (OCP Microscaling v1.0, FP4 E2M1 elements, k = 32, E8M0 scale). Expected values are
 // decoded by hand from the spec: element = (-1)^s * 2^(e-1) * (1 + m/2) (e > 0) or
 // (-1)^s * m/2 (e = 0); value = 2^(scale byte - 127) * element; two elements per byte, the even

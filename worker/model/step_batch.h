@@ -4,6 +4,7 @@
 #define DEEPINFER_WORKER_MODEL_STEP_BATCH_H_
 
 #include <cstdint>
+#include <functional>
 #include <optional>
 #include <vector>
 
@@ -33,6 +34,13 @@ struct SequenceStep {
   int64_t kept_end = 0;
   // Whether StepOutput::hidden carries this sequence's rows (a draft head's input).
   bool return_hidden = false;
+  // Structured output: when set (with sampling), called once the step's forward pass is
+  // enqueued and before sampling, so host work overlaps the device's, to write the tokens that
+  // may be sampled: (vocab + 31) / 32 words, bit t % 32 of word t / 32 for token t. Returns
+  // false to leave the row unconstrained (the engine then fails the request). The mask applies
+  // to the row in place, so logprobs are over the allowed tokens. Such a step is not replayed
+  // from a decode graph.
+  std::function<bool(uint32_t* words)> fill_allowed_tokens;
 };
 
 struct StepOutput {

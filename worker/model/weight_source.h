@@ -56,6 +56,22 @@ class WeightSource {
                                                 const std::vector<int64_t>& shape) const {
     return std::nullopt;
   }
+  // A 2-D tensor stored as FP8 e4m3 in 128 x 128 blocks, as stored: data [rows, cols] bytes,
+  // scales [ceil(rows / 128), ceil(cols / 128)] row-major as float multipliers (a float32
+  // `_scale_inv` as is; UE8M0 scales, F8_E8M0 or U8 bytes b, as 2^(b - 127), exactly). nullopt
+  // where `name` is stored otherwise (F8_E5M2, other blocks, MXFP4, unquantised; the default:
+  // such sources only dequantise, through ReadFloat32). Errors as ReadFloat32's.
+  // StoresFp8: whether ReadFp8(name, ...) returns a tensor (from the headers alone, for memory
+  // planning before anything is read). False by default and for absent tensors.
+  virtual bool StoresFp8(const std::string& name) { return false; }
+  struct Fp8Tensor {
+    std::vector<uint8_t> data;
+    std::vector<float> scales;
+  };
+  virtual absl::StatusOr<std::optional<Fp8Tensor>> ReadFp8(const std::string& name,
+                                                           const std::vector<int64_t>& shape) {
+    return std::nullopt;
+  }
   // For messages: the checkpoint directory, or "dummy(seed=...)".
   virtual std::string description() const = 0;
 };

@@ -555,6 +555,18 @@ void CpuBackend::GreedySampleRows(int64_t rows, int64_t vocab, const float* logi
   }
 }
 
+void CpuBackend::MaskLogitsRows(int64_t n, int64_t vocab, float* logits, const int32_t* rows,
+                                const uint32_t* masks) {
+  const int64_t words = (vocab + 31) / 32;
+  for (int64_t i = 0; i < n; ++i) {
+    float* row = logits + static_cast<int64_t>(rows[i]) * vocab;
+    const uint32_t* m = masks + i * words;
+    for (int64_t t = 0; t < vocab; ++t) {
+      if (!(m[t >> 5] >> (t & 31) & 1u)) row[t] = -std::numeric_limits<float>::infinity();
+    }
+  }
+}
+
 // Row by row through Sampler itself, so the CPU op is Sampler by construction.
 void CpuBackend::SampleRows(int64_t rows, int64_t vocab, const float* logits,
                             const RowSamplingParams* params, int32_t* token, float* logprob) {

@@ -69,6 +69,8 @@ class CpuBackend : public Backend {
   void ArgmaxRows(int64_t rows, int64_t vocab, const float* logits, int32_t* out) override;
   void GreedySampleRows(int64_t rows, int64_t vocab, const float* logits, int32_t* token,
                         float* logprob) override;
+  void MaskLogitsRows(int64_t n, int64_t vocab, float* logits, const int32_t* rows,
+                      const uint32_t* masks) override;
   void SampleRows(int64_t rows, int64_t vocab, const float* logits, const RowSamplingParams* params,
                   int32_t* token, float* logprob) override;
   void TopLogprobsRows(int64_t rows, int64_t vocab, const float* logits, int32_t n, int32_t* ids,

@@ -105,8 +105,17 @@ class CudaBackend : public Backend {
   // kernels::StagedGemvPreferredAtOneRow / AtTwoRows (measured faster); otherwise cuBLAS, after
   // rounding an fp32 a to bf16 (a bf16 a goes to cuBLAS as it is). Same for BatchedGemm (no
   // staged GEMV).
+  // FP8 weights (WeightView::fp8): up to kFp8SmallMGemmMaxRows rows kernels::Fp8SmallMGemm
+  // (the weight read once per 8 rows, dequantised in registers); more rows dequantise the
+  // weight to bf16 in scratch (kernels::Fp8DequantToBf16) and take the bf16 cuBLAS path.
   void Gemm(int64_t m, int64_t n, int64_t k, ActivationView a, int64_t lda, WeightView w,
             int64_t ldw, float* c, int64_t ldc, bool accumulate) override;
+  // Not measured. Estimated: the small-m kernel reads ceil(m / 8) bytes per weight and does m
+  // CUDA-core FMAs; the dequantised path moves 5 (FP8 read, bf16 write, bf16 read) on tensor
+  // cores. Bytes alone cross at 40 rows; with the FMAs (H200: ~60 TFLOP/s fp32 against 4.8 TB/s)
+  // the two come out even near 32. Decode batches between 33 and the large prefill sizes pay the
+  // dequantisation pass on every step (an FP8 tensor-core kernel for them is not written yet).
+  static constexpr int64_t kFp8SmallMGemmMaxRows = 32;
   // While recording a graph with programmatic dependent launch on (kernels/common/pdl.h),
   // scratch allocations of at most kMaxAsideAllocationBytes are captured beside the kernel chain
   // (kernels/common/capture_deps.h), so that a memory node does not sit between two kernels and
@@ -148,6 +157,11 @@ class CudaBackend : public Backend {
   //    ONE device-to-host copy of the group sizes; activations rounded to bf16 for bf16
   //    weights, as in Gemm, and with bf16 weights both GEMMs write bf16 (kernels::SiluMulBf16
   //    between them, the combine reads bf16), as a bf16 PyTorch model rounds each Linear.
+  // FP8 experts (args.fp8()): the same permutation and combine around the expert GEMMs: up to
+  // kMaxFusedMoeTokens tokens, or any batch while captured, kernels::Fp8GroupedGemm (gate_up,
+  // down; fp32 rows, SiluMulF32 between) without host synchronisation; larger batches with the
+  // host pointer tables copy the group sizes back and run each expert's rows through Gemm's FP8
+  // path (the dequantised weight on tensor cores above kFp8SmallMGemmMaxRows rows).
   bool RoutedExperts(const RoutedExpertsArgs& args) override;
   // Taken for bf16 weights, tokens whose decode algorithm is kGroupedF32 (DecodeMoeAlgoFor),
   // shared_inter a positive multiple of inter, and the size DecodeMoeFusedFor allows:
@@ -195,7 +209,8 @@ class CudaBackend : public Backend {
   void SiluMulBf16(int64_t rows, int64_t inter, const float* x, uint16_t* out) override;
   // From kBf16GateUpMinRows rows (prefill; decode batches keep Gemm + SiluMulBf16 and their
   // graphs) with bf16 weights: one cuBLAS GEMM with a bf16 output (fp32 accumulation, rounded once
-  // by its epilogue), then kernels::SiluMulBf16.
+  // by its epilogue), then kernels::SiluMulBf16. FP8 weights: the same on the weight dequantised
+  // to bf16 (DequantizeToBf16).
   bool GateUpSiluMulBf16(int64_t rows, int64_t inter, int64_t k, ActivationView a, int64_t lda,
                          WeightView w, int64_t ldw, uint16_t* out) override;
   static constexpr int64_t kBf16GateUpMinRows = 512;
@@ -270,6 +285,8 @@ class CudaBackend : public Backend {
                         float* logprob) override;
   void SampleRows(int64_t rows, int64_t vocab, const float* logits, const RowSamplingParams* params,
                   int32_t* token, float* logprob) override;
+  void MaskLogitsRows(int64_t n, int64_t vocab, float* logits, const int32_t* rows,
+                      const uint32_t* masks) override;
   void TopLogprobsRows(int64_t rows, int64_t vocab, const float* logits, int32_t n, int32_t* ids,
                        float* logprobs) override;
   void AdjustLogits(int64_t rows, int64_t vocab, float* logits, int64_t n,
@@ -313,6 +330,22 @@ class CudaBackend : public Backend {
   CudaBackend(int device, WeightDType weight_dtype, const CudaTuning& tuning, cudaStream_t stream,
               cublasHandle_t cublas, cudaMemPool_t pool, void* cublas_workspace,
               unsigned int* staged_gemv_counter, uint32_t* route_tile_counters);
+  // The FP8 matrix w [n, k] (row stride ldw) dequantised to bf16 [n, k] in a scratch buffer.
+  std::unique_ptr<DeviceBuffer> DequantizeToBf16(const WeightView& w, int64_t ldw, int64_t n,
+                                                 int64_t k);
+  // Gemm with FP8 weights (cuda_backend_fp8.cc).
+  void GemmFp8(int64_t m, int64_t n, int64_t k, ActivationView a, int64_t lda, WeightView w,
+               int64_t ldw, float* c, int64_t ldc, bool accumulate);
+  // RoutedExperts with FP8 experts (cuda_backend_fp8.cc), and its two ways of running the expert
+  // GEMMs over the permuted fp32 rows [rows, hidden] grouped by the device offsets [E + 1]
+  // (SiluMulF32 between gate_up and down), writing expert_out [rows, hidden] fp32:
+  // kernels::Fp8GroupedGemm without host synchronisation, or GemmFp8 per expert from the offsets
+  // copied to the host.
+  bool RoutedExpertsFp8(const RoutedExpertsArgs& a);
+  void ExpertGemmsFp8OnDevice(const RoutedExpertsArgs& a, const int32_t* offsets, int64_t rows,
+                              const float* permuted, float* expert_out);
+  void ExpertGemmsFp8PerExpert(const RoutedExpertsArgs& a, const int32_t* offsets, int64_t rows,
+                               const float* permuted, float* expert_out);
   // One GEMM of the Gemm layout on cuBLAS. a is fp32 for fp32 weights, bf16 bits otherwise.
   void GemmOnCublas(int64_t m, int64_t n, int64_t k, const void* a, int64_t lda, WeightView w,
                     int64_t ldw, float* c, int64_t ldc, bool accumulate);

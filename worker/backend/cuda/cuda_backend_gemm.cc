@@ -121,6 +121,10 @@ void CudaBackend::Gemm(int64_t m, int64_t n, int64_t k, ActivationView a, int64_
     GemmOnCublas(m, n, k, a.data, lda, w, ldw, c, ldc, accumulate);
     return;
   }
+  if (w.dtype == WeightDType::kFp8E4M3) {
+    GemmFp8(m, n, k, a, lda, w, ldw, c, ldc, accumulate);
+    return;
+  }
   kernels::SmallMGemmParams p;
   p.m = m, p.n = n, p.k = k, p.a = a.data, p.a_bf16 = a_bf16, p.lda = lda;
   p.w = static_cast<const uint16_t*>(w.data), p.ldw = ldw, p.c = c, p.ldc = ldc;
@@ -147,6 +151,10 @@ void CudaBackend::BatchedGemm(int64_t batch, int64_t m, int64_t n, int64_t k, co
     return;
   }
   const float alpha = 1.0f, beta = 0.0f;
+  if (w.dtype == WeightDType::kFp8E4M3) {
+    Record(absl::InvalidArgumentError("CudaBackend::BatchedGemm: FP8 weights are not taken"));
+    return;
+  }
   if (w.dtype == WeightDType::kFloat32) {
     CheckBlas(cublasSgemmStridedBatched(cublas_, CUBLAS_OP_T, CUBLAS_OP_N, static_cast<int>(n),
                                         static_cast<int>(m), static_cast<int>(k), &alpha,
@@ -194,6 +202,10 @@ void CudaBackend::GroupedGemm(const std::vector<int64_t>& offsets,
   for (size_t g = 0; g < weights.size(); ++g) {
     const int64_t group_rows = offsets[g + 1] - offsets[g];
     if (group_rows == 0) continue;
+    if (weights[g].dtype == WeightDType::kFp8E4M3) {
+      GemmFp8(group_rows, n, k, a + offsets[g] * k, k, weights[g], k, c + offsets[g] * n, n, false);
+      continue;
+    }
     const void* ag =
         weights[g].dtype == WeightDType::kFloat32
             ? static_cast<const void*>(a + offsets[g] * k)
@@ -243,6 +255,11 @@ void CudaBackend::AddRmsNormGemms(int64_t rows, int64_t dim, float* x, const flo
 
 bool CudaBackend::GateUpSiluMulBf16(int64_t rows, int64_t inter, int64_t k, ActivationView a,
                                     int64_t lda, WeightView w, int64_t ldw, uint16_t* out) {
+  if (w.dtype == WeightDType::kFp8E4M3 && rows >= kBf16GateUpMinRows && inter > 0) {
+    auto w16 = DequantizeToBf16(w, ldw, 2 * inter, k);
+    return GateUpSiluMulBf16(rows, inter, k, a, lda,
+                             WeightView(w16->data(), WeightDType::kBFloat16), k, out);
+  }
   if (rows < kBf16GateUpMinRows || w.dtype != WeightDType::kBFloat16 || inter <= 0 ||
       !FitsInt(rows) || !FitsInt(2 * inter) || !FitsInt(k) || !FitsInt(lda) || !FitsInt(ldw)) {
     return false;

@@ -100,6 +100,7 @@ void CudaBackend::AccumulateExpertCounts(int64_t n, const int32_t* ids, int64_t 
 }
 
 bool CudaBackend::RoutedExperts(const RoutedExpertsArgs& a) {
+  if (a.fp8()) return RoutedExpertsFp8(a);
   if (a.num_experts < 1 || a.num_experts > kernels::kMaxMoeSlots || a.hidden_size % 8 != 0 ||
       a.inter % 8 != 0 || a.num_tokens < 0 || a.top_k < 1) {
     return false;

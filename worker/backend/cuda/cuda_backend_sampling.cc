@@ -7,6 +7,7 @@
 #include "kernels/sampling/adjust_logits.h"
 #include "kernels/sampling/argmax.h"
 #include "kernels/sampling/sample.h"
+#include "kernels/sampling/token_mask.h"
 #include "worker/backend/cuda/cuda_backend.h"
 #include "worker/backend/cuda/op_timer.h"
 
@@ -26,6 +27,13 @@ void CudaBackend::GreedySampleRows(int64_t rows, int64_t vocab, const float* log
   Check(
       kernels::GreedySampleRowsF32(rows, vocab, logits, workspace->data(), token, logprob, stream_),
       "kernels::GreedySampleRowsF32");
+}
+
+void CudaBackend::MaskLogitsRows(int64_t n, int64_t vocab, float* logits, const int32_t* rows,
+                                 const uint32_t* masks) {
+  OpTimer timer(this, "MaskLogitsRows");
+  Check(kernels::MaskLogitsRowsF32(n, vocab, logits, rows, masks, stream_),
+        "kernels::MaskLogitsRowsF32");
 }
 
 void CudaBackend::SampleRows(int64_t rows, int64_t vocab, const float* logits,

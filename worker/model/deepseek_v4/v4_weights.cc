@@ -63,6 +63,12 @@ class Loader {
                       std::unique_ptr<DeviceBuffer>* out) {
     return Load(name, shape, out, true);
   }
+  // An MLP matrix, dequantised (LoadOptions::keep_fp8 is not honoured for V4).
+  absl::Status Matrix(const std::string& name, const std::vector<int64_t>& shape,
+                      MatrixBuffer* out) {
+    *out = MatrixBuffer();
+    return Load(name, shape, &out->data, true);
+  }
   bool dummy(const std::string& name, const std::vector<int64_t>& shape) const {
     return src_->DummyFillFor(name, shape).has_value();
   }

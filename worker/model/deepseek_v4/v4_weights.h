@@ -65,6 +65,8 @@ struct DeepseekV4Weights {
   WeightView Matrix(const std::unique_ptr<DeviceBuffer>& buf) const {
     return WeightView(buf->data(), moe.matrix_dtype);
   }
+  // The MLPs' matrices (ModelWeights::Matrix; V4 loads every matrix dequantised, never FP8).
+  WeightView Matrix(const MatrixBuffer& m) const { return moe.Matrix(m); }
 
   std::unique_ptr<DeviceBuffer> embed;  // fp32 [vocab, H]
   std::unique_ptr<DeviceBuffer> final_norm;

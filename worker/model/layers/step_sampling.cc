@@ -1,5 +1,5 @@
-// SampleOrCopyLogits: each sequence's token sampled on the device or on the host, and the logit
-// rows the host needs copied back.
+// SampleOrCopyLogits: structured-output masks applied, each sequence's token sampled on the
+// device or on the host, and the logit rows the host needs copied back.
 #include "worker/model/layers/step_sampling.h"
 
 #include <utility>
@@ -7,11 +7,47 @@
 #include "worker/sampling/device_sampler.h"
 
 namespace deepinfer {
+namespace {
+
+// Structured output: the engine's masks, written on the host while the forward pass runs (the
+// model's ops are enqueued before this), uploaded once and applied to the sampled rows in place.
+void MaskLogits(Backend* backend, int64_t vocab_size, const std::vector<SequenceStep>& batch,
+                float* logits) {
+  const int64_t V = vocab_size;
+  const int64_t words = (V + 31) / 32;
+  std::vector<int32_t> rows;
+  std::vector<uint32_t> masks;
+  int64_t row = 0;
+  for (const SequenceStep& s : batch) {
+    const int64_t n = s.all_logits ? static_cast<int64_t>(s.tokens.size()) : 1;
+    if (s.fill_allowed_tokens && s.sampling.has_value()) {
+      masks.resize(masks.size() + words);
+      if (s.fill_allowed_tokens(masks.data() + masks.size() - words)) {
+        rows.push_back(static_cast<int32_t>(row + n - 1));
+      } else {
+        masks.resize(masks.size() - words);
+      }
+    }
+    row += n;
+  }
+  if (rows.empty()) return;
+  const int64_t k = static_cast<int64_t>(rows.size());
+  auto rows_dev = backend->AllocateScratch(k * sizeof(int32_t));
+  auto masks_dev = backend->AllocateScratch(k * words * sizeof(uint32_t));
+  backend->CopyToDevice(rows.data(), k * sizeof(int32_t), rows_dev->data());
+  backend->CopyToDevice(masks.data(), k * words * sizeof(uint32_t), masks_dev->data());
+  backend->MaskLogitsRows(k, V, logits, rows_dev->as<int32_t>(), masks_dev->as<uint32_t>());
+  // Failures show in the backend's status, checked after the copies below.
+}
+
+}  // namespace
 
 absl::StatusOr<StepOutput> SampleOrCopyLogits(Backend* backend, int64_t vocab_size,
-                                              const std::vector<SequenceStep>& batch,
-                                              const float* logits, int64_t rows) {
+                                              const std::vector<SequenceStep>& batch, float* logits,
+                                              int64_t rows) {
   const int64_t V = vocab_size;
+  // Masks first: the logit adjustments and the sampling below see disallowed tokens at -inf.
+  MaskLogits(backend, vocab_size, batch, logits);
   // Sequences that want no logits are sampled on the device (DeviceSampler); the rows of those
   // that want logits, or more top logprobs than the device gives, are copied to the host.
   auto on_device = [](const SequenceStep& s) {

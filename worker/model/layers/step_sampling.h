@@ -1,7 +1,9 @@
 // SampleOrCopyLogits: a Step's tail after the LM head, the sampling family's one call. Sequences
 // that want no logits and whose sampling the device supports are sampled there (DeviceSampler,
 // only tokens and log-probabilities come back); the rows of the others are copied to the host
-// (Sampler picks there). It also checks the backend's status, which the copies have waited for.
+// (Sampler picks there). Structured-output masks (SequenceStep::fill_allowed_tokens) are applied
+// to their rows first, before any logit adjustment or sampling. It also checks the backend's
+// status, which the copies have waited for.
 #ifndef DEEPINFER_WORKER_MODEL_LAYERS_STEP_SAMPLING_H_
 #define DEEPINFER_WORKER_MODEL_LAYERS_STEP_SAMPLING_H_
 
@@ -15,10 +17,10 @@
 namespace deepinfer {
 
 // logits: device [rows, vocab_size], each sequence's rows in batch order (every row of an
-// all_logits sequence, else its last).
+// all_logits sequence, else its last). A masked row's disallowed logits become -inf in place.
 absl::StatusOr<StepOutput> SampleOrCopyLogits(Backend* backend, int64_t vocab_size,
-                                              const std::vector<SequenceStep>& batch,
-                                              const float* logits, int64_t rows);
+                                              const std::vector<SequenceStep>& batch, float* logits,
+                                              int64_t rows);
 
 }  // namespace deepinfer
 

@@ -70,7 +70,9 @@ absl::Status MoeBlock::Forward(int64_t layer, int64_t rows, const float* h, Acti
                                      counts);
   };
 
-  if (exchange_slots_ > 0 && !expert_tables_.empty()) {
+  // Expert parallelism over a device exchange: dispatch, this rank's experts on the received rows
+  // and combine, all on the device (the tables hold this rank's slots, BuildExpertTables).
+  if (exchange_slots_ > 0) {
     absl::Status st = dispatcher_->RoutedExpertsOnDevice(
         moe, rows, h, topk_ids->as<int32_t>(), topk_w->as<float>(), out,
         [&](int64_t n, const float* x, const int32_t* slot, float* y) {
@@ -84,14 +86,17 @@ absl::Status MoeBlock::Forward(int64_t layer, int64_t rows, const float* h, Acti
     }
     return absl::OkStatus();
   }
-  if (exchange_slots_ == 0 && !expert_tables_.empty() &&
-      ExpertsOnDevice(
-          backend_,
-          DeviceExpertsArgs(layer, rows, h, topk_ids->as<int32_t>(), topk_w->as<float>(), out),
-          h_gemm, ctx.mode)) {
-    if (ctx.device_only) device_expert_rows_.insert(rows);
-    count();
-    return absl::OkStatus();
+  if (!expert_tables_.empty()) {
+    const RoutedExpertsArgs a =
+        DeviceExpertsArgs(layer, rows, h, topk_ids->as<int32_t>(), topk_w->as<float>(), out);
+    if (ExpertsOnDevice(backend_, a, h_gemm, ctx.mode)) {
+      if (ctx.device_only) device_expert_rows_.insert(rows);
+      count();
+      if (c.n_shared_experts > 0 && a.shared_inter == 0) {  // FP8 matrices: not in the args
+        AddSwiGlu(backend_, rows, H, MlpView(*weights_, L.shared), h_gemm, out, ctx.mode);
+      }
+      return absl::OkStatus();
+    }
   }
   if (ctx.device_only) {
     return absl::FailedPreconditionError(
@@ -147,10 +152,17 @@ RoutedExpertsArgs MoeBlock::DeviceExpertsArgs(int64_t layer, int64_t rows, const
   a.down = static_cast<const void* const*>(expert_tables_[layer].down->data());
   a.gate_up_host = expert_tables_[layer].gate_up_host.data();
   a.down_host = expert_tables_[layer].down_host.data();
-  a.dtype = weights_->matrix_dtype;
+  const ExpertTables& t = expert_tables_[layer];
+  a.dtype = t.dtype;
+  if (t.dtype == WeightDType::kFp8E4M3) {
+    a.gate_up_scales = static_cast<const float* const*>(t.gate_up_scales->data());
+    a.down_scales = static_cast<const float* const*>(t.down_scales->data());
+  }
   a.out = out;
-  if (c.n_shared_experts > 0) {
-    const MlpWeights& shared = weights_->layers[layer].shared;
+  const MlpWeights& shared = weights_->layers[layer].shared;
+  // The shared experts ride along only in `dtype` without block scales: with FP8 matrices on
+  // either side the caller adds them itself (Forward).
+  if (c.n_shared_experts > 0 && !a.fp8() && !shared.gate_up.fp8() && !shared.down.fp8()) {
     a.shared_inter = shared.inter;
     a.shared_gate_up = weights_->Matrix(shared.gate_up).data;
     a.shared_down = weights_->Matrix(shared.down).data;
@@ -210,14 +222,14 @@ bool MoeBlock::ReceivedRowsExperts(int64_t layer, int64_t rows, const float* x, 
   a.down = static_cast<const void* const*>(expert_tables_[layer].down->data());
   a.gate_up_host = expert_tables_[layer].gate_up_host.data();
   a.down_host = expert_tables_[layer].down_host.data();
-  a.dtype = weights_->matrix_dtype;
+  a.dtype = expert_tables_[layer].dtype;  // bf16 (BuildExpertTables)
   a.out = y;
   return backend_->RoutedExperts(a);
 }
 
-// One rank with every expert (or this rank's slots of a device expert exchange): device tables for
-// Backend::RoutedExperts (expert e in slot e), rebuilt whenever the experts' buffers may have
-// changed (a placement switch). bf16 weights only: fp32 is the parity mode, and there the
+// Device tables for Backend::RoutedExperts, rebuilt whenever the experts' buffers may have
+// changed (a placement switch): one rank with every expert (expert e in slot e), or this rank's
+// slots of a device expert exchange. bf16 weights only: fp32 is the parity mode, and there the
 // dispatcher path keeps one rank bit-identical to expert parallelism (same GEMM calls, same combine
 // order; ep_expert_dispatcher_gpu_test).
 void MoeBlock::BuildExpertTables() {
@@ -225,68 +237,79 @@ void MoeBlock::BuildExpertTables() {
   expert_tables_.clear();
   device_expert_rows_.clear();
   exchange_slots_ = 0;
+  if (dispatcher_ == nullptr || weights_->matrix_dtype != WeightDType::kBFloat16) return;
   const int64_t E = config_.n_routed_experts;
-  // Expert parallelism over a device exchange: this rank's slots (bf16 weights only, as below).
-  if (dispatcher_ != nullptr && dispatcher_->device_exchange_slots() > 0 &&
-      weights_->matrix_dtype == WeightDType::kBFloat16) {
-    const int64_t S = dispatcher_->device_exchange_slots();
-    std::vector<int32_t> slots(S);
-    for (int64_t s = 0; s < S; ++s) slots[s] = static_cast<int32_t>(s);
-    expert_slots_ = backend_->Allocate(S * sizeof(int32_t));
-    backend_->CopyToDevice(slots.data(), S * sizeof(int32_t), expert_slots_->data());
-    expert_tables_.resize(weights_->layers.size());
-    // The block's MoE layers in order (moe_index_ is not filled yet when the constructor calls).
-    for (int64_t l = first_layer_, moe = 0; l < end_layer_; ++l) {
-      const LayerWeights& L = weights_->layers[l];
-      if (!L.moe) continue;
+  const int64_t exchange = dispatcher_->device_exchange_slots();
+  const bool every_expert =
+      dispatcher_->single_rank() && static_cast<int64_t>(dispatcher_->local_experts(0).size()) == E;
+  if (exchange <= 0 && !every_expert) return;
+  const int64_t S = exchange > 0 ? exchange : E;
+  std::vector<int32_t> slots(S);
+  for (int64_t s = 0; s < S; ++s) slots[s] = static_cast<int32_t>(s);
+  expert_slots_ = backend_->Allocate(S * sizeof(int32_t));
+  backend_->CopyToDevice(slots.data(), S * sizeof(int32_t), expert_slots_->data());
+  expert_tables_.resize(weights_->layers.size());
+  // The block's MoE layers in order (moe_index_ is not filled yet when the constructor calls).
+  for (int64_t l = first_layer_, moe = 0; l < end_layer_; ++l) {
+    const LayerWeights& L = weights_->layers[l];
+    if (!L.moe) continue;
+    std::vector<int64_t> ids(S);
+    if (exchange > 0) {
       const std::vector<int64_t>& local = dispatcher_->local_experts(moe++);
       if (local.empty() || static_cast<int64_t>(local.size()) > S) {
         expert_tables_.clear();
         return;
       }
-      // Slots past the local experts never get a row; they point at the first one's weights so
+      // Slots past the local experts never get a row; they point at the last one's weights so
       // that every table entry is a valid matrix.
-      std::vector<const void*> gate_up(S), down(S);
-      for (int64_t s = 0; s < S; ++s) {
-        const MlpWeights& ew = L.experts.at(local[std::min<int64_t>(s, local.size() - 1)]);
-        gate_up[s] = ew.gate_up->data();
-        down[s] = ew.down->data();
-      }
-      ExpertTables& t = expert_tables_[l];
-      t.gate_up = backend_->Allocate(S * sizeof(void*));
-      t.down = backend_->Allocate(S * sizeof(void*));
-      backend_->CopyToDevice(gate_up.data(), S * sizeof(void*), t.gate_up->data());
-      backend_->CopyToDevice(down.data(), S * sizeof(void*), t.down->data());
-      t.gate_up_host = std::move(gate_up);
-      t.down_host = std::move(down);
+      for (int64_t s = 0; s < S; ++s) ids[s] = local[std::min<int64_t>(s, local.size() - 1)];
+    } else {
+      for (int64_t e = 0; e < E; ++e) ids[e] = e;
     }
-    exchange_slots_ = S;
-  }
-  if (dispatcher_ != nullptr && dispatcher_->single_rank() &&
-      weights_->matrix_dtype == WeightDType::kBFloat16 &&
-      static_cast<int64_t>(dispatcher_->local_experts(0).size()) == E) {
-    std::vector<int32_t> slots(E);
-    for (int64_t e = 0; e < E; ++e) slots[e] = static_cast<int32_t>(e);
-    expert_slots_ = backend_->Allocate(E * sizeof(int32_t));
-    backend_->CopyToDevice(slots.data(), E * sizeof(int32_t), expert_slots_->data());
-    expert_tables_.resize(weights_->layers.size());
-    for (int64_t l = first_layer_; l < end_layer_; ++l) {
-      const LayerWeights& L = weights_->layers[l];
-      if (!L.moe) continue;
-      std::vector<const void*> gate_up(E), down(E);
-      for (int64_t e = 0; e < E; ++e) {
-        gate_up[e] = L.experts.at(e).gate_up->data();
-        down[e] = L.experts.at(e).down->data();
-      }
-      ExpertTables& t = expert_tables_[l];
-      t.gate_up = backend_->Allocate(E * sizeof(void*));
-      t.down = backend_->Allocate(E * sizeof(void*));
-      backend_->CopyToDevice(gate_up.data(), E * sizeof(void*), t.gate_up->data());
-      backend_->CopyToDevice(down.data(), E * sizeof(void*), t.down->data());
-      t.gate_up_host = std::move(gate_up);
-      t.down_host = std::move(down);
+    // The exchange's received rows take the bf16 device path only (ReceivedRowsExperts); FP8
+    // experts there go through the dispatcher's Dispatch / Combine.
+    if (!LayerTables(L, ids, &expert_tables_[l]) ||
+        (exchange > 0 && expert_tables_[l].dtype != WeightDType::kBFloat16)) {
+      expert_tables_.clear();
+      return;
     }
   }
+  exchange_slots_ = exchange > 0 ? exchange : 0;
+}
+
+bool MoeBlock::LayerTables(const LayerWeights& L, const std::vector<int64_t>& ids,
+                           ExpertTables* t) {
+  const size_t n = ids.size();
+  std::vector<const void*> gate_up(n), down(n), gate_up_scales(n), down_scales(n);
+  size_t fp8 = 0;
+  bool mixed = false;  // one MLP with FP8 and other matrices
+  for (size_t s = 0; s < n; ++s) {
+    const MlpWeights& m = L.experts.at(ids[s]);
+    gate_up[s] = m.gate_up->data();
+    down[s] = m.down->data();
+    const bool both = m.gate_up.fp8() && m.down.fp8();
+    fp8 += both ? 1 : 0;
+    gate_up_scales[s] = both ? m.gate_up.fp8_scales->data() : nullptr;
+    down_scales[s] = both ? m.down.fp8_scales->data() : nullptr;
+    mixed |= !both && (m.gate_up.fp8() || m.down.fp8());
+  }
+  if (mixed || (fp8 != 0 && fp8 != n)) return false;  // the dispatcher's per-expert GEMMs
+  t->dtype = fp8 == n ? WeightDType::kFp8E4M3 : weights_->matrix_dtype;
+  t->gate_up = Pointers(gate_up);
+  t->down = Pointers(down);
+  if (fp8 == n) {
+    t->gate_up_scales = Pointers(gate_up_scales);
+    t->down_scales = Pointers(down_scales);
+  }
+  t->gate_up_host = std::move(gate_up);
+  t->down_host = std::move(down);
+  return true;
+}
+
+std::unique_ptr<DeviceBuffer> MoeBlock::Pointers(const std::vector<const void*>& host) {
+  auto buf = backend_->Allocate(std::max<size_t>(1, host.size()) * sizeof(void*));
+  backend_->CopyToDevice(host.data(), host.size() * sizeof(void*), buf->data());
+  return buf;
 }
 
 absl::Status MoeBlock::SwitchPlacement(std::shared_ptr<const ExpertPlacement> placement,

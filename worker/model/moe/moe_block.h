@@ -64,6 +64,12 @@ class MoeBlock {
                                       const int32_t* topk_ids, const float* topk_w,
                                       float* out) const;
   void BuildExpertTables();
+  struct ExpertTables;
+  // Fills *t with the tables of layer `L`'s experts `ids` (slot s: expert ids[s]); false where
+  // the experts mix FP8 and other storage (the dispatcher's per-expert GEMMs take the layer).
+  bool LayerTables(const LayerWeights& L, const std::vector<int64_t>& ids, ExpertTables* t);
+  // A device copy of a host table of device pointers.
+  std::unique_ptr<DeviceBuffer> Pointers(const std::vector<const void*>& host);
   // DeviceExperts of the device exchange for MoE model layer `layer` (Backend::RoutedExperts).
   bool ReceivedRowsExperts(int64_t layer, int64_t rows, const float* x, const int32_t* slot,
                            float* y);
@@ -83,6 +89,9 @@ class MoeBlock {
   struct ExpertTables {
     std::unique_ptr<DeviceBuffer> gate_up, down;
     std::vector<const void*> gate_up_host, down_host;  // the same pointers, on the host
+    // The layer's experts' storage: matrix_dtype, or kFp8E4M3 with the scale tables below.
+    WeightDType dtype = WeightDType::kBFloat16;
+    std::unique_ptr<DeviceBuffer> gate_up_scales, down_scales;  // device [E] pointers (FP8)
   };
   std::unique_ptr<DeviceBuffer> expert_slots_;
   std::vector<ExpertTables> expert_tables_;

@@ -1,0 +1,224 @@
+// fp8_block_gemm_bench: the FP8 block-scaled decode GEMMs against the bf16 ones at DeepSeek-V3's
+// decode shapes (hidden 7168, q_lora 1536, kv_lora 512 + rope 64, 128 heads, dense intermediate
+// 18432, one shared expert of 2048):
+//  * Fp8SmallMGemm at m = 1, 2, 4, 8, 16 against SmallMGemmBf16 (m <= 4, where it takes them),
+//    fp32 activations;
+//  * Fp8GroupedGemm over 256 experts (top-8 of random routing) at 1, 8 and 64 tokens, gate_up
+//    (4096 x 7168) and down (7168 x 2048).
+// Each case is a CUDA graph of back-to-back launches, each on its own copy of the weights (copies
+// enough for 256 MiB, so no launch finds its weights in L2), time per launch = graph time /
+// launches (median of 10 replays). GB/s = weight bytes read (FP8: + scales) / time; the H200's
+// HBM peak is 4.8 TB/s (4.3 measured by the roofline). One line per case; exit status 1 on a
+// CUDA error.
+#include <cuda_runtime_api.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <cstdio>
+#include <functional>
+#include <numeric>
+#include <random>
+#include <vector>
+
+#include "kernels/gemm/fp8_block_gemm.h"
+#include "kernels/gemm/small_m_gemm.h"
+#include "kernels/testing/bench_util.h"
+
+namespace deepinfer {
+namespace {
+
+using bench::DeviceAlloc;
+
+constexpr size_t kRotateBytes = size_t{256} << 20;
+
+// Median microseconds per launch of `launch(copy)` recorded `copies` times into one graph.
+double GraphMicros(int copies, const std::function<cudaError_t(int, cudaStream_t)>& launch) {
+  cudaStream_t s;
+  BENCH_CUDA(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+  cudaGraph_t graph;
+  BENCH_CUDA(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
+  for (int c = 0; c < copies; ++c) BENCH_CUDA(launch(c, s));
+  BENCH_CUDA(cudaStreamEndCapture(s, &graph));
+  cudaGraphExec_t exec;
+  BENCH_CUDA(cudaGraphInstantiate(&exec, graph, 0));
+  cudaEvent_t a, b;
+  BENCH_CUDA(cudaEventCreate(&a));
+  BENCH_CUDA(cudaEventCreate(&b));
+  BENCH_CUDA(cudaGraphLaunch(exec, s));  // warm-up
+  std::vector<float> ms(10);
+  for (float& m : ms) {
+    BENCH_CUDA(cudaEventRecord(a, s));
+    BENCH_CUDA(cudaGraphLaunch(exec, s));
+    BENCH_CUDA(cudaEventRecord(b, s));
+    BENCH_CUDA(cudaEventSynchronize(b));
+    BENCH_CUDA(cudaEventElapsedTime(&m, a, b));
+  }
+  std::sort(ms.begin(), ms.end());
+  BENCH_CUDA(cudaGraphExecDestroy(exec));
+  BENCH_CUDA(cudaGraphDestroy(graph));
+  BENCH_CUDA(cudaStreamDestroy(s));
+  return 1000.0 * ms[ms.size() / 2] / copies;
+}
+
+int CopiesFor(size_t bytes) {
+  return static_cast<int>(std::max<size_t>(2, std::min<size_t>(64, kRotateBytes / bytes + 1)));
+}
+
+std::vector<uint8_t> RandomFp8(size_t n, uint64_t seed) {
+  std::vector<uint8_t> v(n);
+  uint64_t x = seed * 0x9E3779B97F4A7C15ull + 1;
+  for (uint8_t& b : v) {
+    x ^= x << 13;
+    x ^= x >> 7;
+    x ^= x << 17;
+    b = static_cast<uint8_t>(x >> 56) & 0xF7;  // never 0x7F / 0xFF (NaN)
+  }
+  return v;
+}
+
+struct Shape {
+  const char* name;
+  int64_t n, k;
+};
+
+void DenseShapes() {
+  const Shape shapes[] = {{"q_a", 1536, 7168},
+                          {"q_b", 24576, 1536},
+                          {"kv_a", 576, 7168},
+                          {"o_proj", 7168, 16384},
+                          {"dense gate_up", 36864, 7168},
+                          {"dense down", 7168, 18432},
+                          {"shared gate_up", 4096, 7168},
+                          {"shared down", 7168, 2048}};
+  for (const Shape& s : shapes) {
+    const size_t fp8_bytes = static_cast<size_t>(s.n) * s.k;
+    const size_t scale_count = kernels::Fp8ScaleRows(s.n, 0) * kernels::Fp8ScaleCols(s.k);
+    const int copies = CopiesFor(fp8_bytes);
+    std::vector<uint8_t*> w8(copies);
+    std::vector<float*> sc(copies);
+    std::vector<uint16_t*> w16(copies);
+    const std::vector<uint8_t> host8 = RandomFp8(fp8_bytes, s.n);
+    const std::vector<float> scales(scale_count, 1.0f / 448);
+    for (int c = 0; c < copies; ++c) {
+      w8[c] = bench::Upload(host8);
+      sc[c] = bench::Upload(scales);
+      w16[c] = DeviceAlloc<uint16_t>(fp8_bytes * 2);
+      BENCH_CUDA(cudaMemset(w16[c], 0x3c, fp8_bytes * 2));
+    }
+    float* a = bench::Upload(bench::Uniform(16 * s.k, 7));
+    float* out = DeviceAlloc<float>(16 * s.n * sizeof(float));
+    for (int64_t m : {1, 2, 4, 8, 16}) {
+      const double fp8_us = GraphMicros(copies, [&](int c, cudaStream_t st) {
+        kernels::Fp8SmallMGemmParams p;
+        p.m = m, p.n = s.n, p.k = s.k, p.a = a, p.lda = s.k;
+        p.w.data = w8[c], p.w.ldw = s.k, p.w.scales = sc[c];
+        p.w.scale_ld = kernels::Fp8ScaleCols(s.k);
+        p.c = out, p.ldc = s.n;
+        return kernels::Fp8SmallMGemm(p, st);
+      });
+      std::printf("%-15s n=%6ld k=%6ld m=%2ld  fp8 small-m %8.2f us %7.0f GB/s", s.name,
+                  static_cast<long>(s.n), static_cast<long>(s.k), static_cast<long>(m), fp8_us,
+                  (fp8_bytes + scale_count * 4) / fp8_us / 1e3);
+      kernels::SmallMGemmParams b;
+      b.m = m, b.n = s.n, b.k = s.k, b.a = a, b.lda = s.k, b.w = w16[0], b.ldw = s.k;
+      b.c = out, b.ldc = s.n;
+      if (kernels::SmallMGemmSupports(b)) {
+        const double bf16_us = GraphMicros(copies, [&](int c, cudaStream_t st) {
+          kernels::SmallMGemmParams q = b;
+          q.w = w16[c];
+          return kernels::SmallMGemmBf16(q, st);
+        });
+        std::printf("   bf16 small-m %8.2f us %7.0f GB/s   fp8 speedup %.2fx", bf16_us,
+                    fp8_bytes * 2 / bf16_us / 1e3, bf16_us / fp8_us);
+      }
+      std::printf("\n");
+    }
+    for (int c = 0; c < copies; ++c) {
+      BENCH_CUDA(cudaFree(w8[c]));
+      BENCH_CUDA(cudaFree(sc[c]));
+      BENCH_CUDA(cudaFree(w16[c]));
+    }
+    BENCH_CUDA(cudaFree(a));
+    BENCH_CUDA(cudaFree(out));
+  }
+}
+
+void GroupedShapes() {
+  constexpr int32_t E = 256, K = 8;
+  const Shape shapes[] = {{"expert gate_up", 4096, 7168}, {"expert down", 7168, 2048}};
+  for (const Shape& s : shapes) {
+    const size_t bytes = static_cast<size_t>(s.n) * s.k;
+    const size_t scale_count = kernels::Fp8ScaleRows(s.n, 2048) * kernels::Fp8ScaleCols(s.k);
+    // One copy of the 256 experts is already several GiB (no L2 reuse across the graph).
+    std::vector<const uint8_t*> w(E);
+    std::vector<const float*> sc(E);
+    const std::vector<uint8_t> host8 = RandomFp8(bytes, s.k);
+    const std::vector<float> scales(scale_count, 1.0f / 448);
+    for (int32_t e = 0; e < E; ++e) {
+      w[e] = bench::Upload(host8);
+      sc[e] = bench::Upload(scales);
+    }
+    const uint8_t* const* dw = bench::Upload(w);
+    const float* const* ds = bench::Upload(sc);
+    for (int32_t tokens : {1, 8, 64}) {
+      std::mt19937 gen(tokens);
+      std::vector<int32_t> count(E, 0);
+      for (int32_t t = 0; t < tokens; ++t) {
+        std::vector<int32_t> ids(E);
+        std::iota(ids.begin(), ids.end(), 0);
+        std::shuffle(ids.begin(), ids.end(), gen);
+        for (int32_t k = 0; k < K; ++k) ++count[ids[k]];
+      }
+      std::vector<int32_t> offsets(E + 1, 0);
+      int32_t busy = 0;
+      for (int32_t e = 0; e < E; ++e) {
+        offsets[e + 1] = offsets[e] + count[e];
+        busy += count[e] > 0;
+      }
+      const int32_t rows = tokens * K;
+      int32_t* doff = bench::Upload(offsets);
+      float* a = bench::Upload(bench::Uniform(static_cast<size_t>(rows) * s.k, 3));
+      float* c = DeviceAlloc<float>(static_cast<size_t>(rows) * s.n * sizeof(float));
+      kernels::Fp8GroupedGemmParams p;
+      p.num_groups = E;
+      p.max_rows = rows;
+      p.offsets = doff;
+      p.n = s.n;
+      p.k = s.k;
+      p.a = a;
+      p.weights = dw;
+      p.scales = ds;
+      p.split_rows = s.n == 4096 ? 2048 : 0;
+      p.c = c;
+      // One replay touches busy experts' weights once; 4 launches a graph (L2 holds 50 MiB,
+      // under one busy expert set at 8+ tokens, but a single token's 8 experts of 29 MB could
+      // stay: the 1-token figure may be L2-assisted).
+      const double us =
+          GraphMicros(4, [&](int, cudaStream_t st) { return kernels::Fp8GroupedGemm(p, st); });
+      const double touched = static_cast<double>(busy) * (bytes + scale_count * 4);
+      std::printf(
+          "%-15s n=%6ld k=%6ld tokens=%3d busy experts=%3d  fp8 grouped %8.2f us %7.0f "
+          "GB/s\n",
+          s.name, static_cast<long>(s.n), static_cast<long>(s.k), tokens, busy, us,
+          touched / us / 1e3);
+      BENCH_CUDA(cudaFree(doff));
+      BENCH_CUDA(cudaFree(a));
+      BENCH_CUDA(cudaFree(c));
+    }
+    for (int32_t e = 0; e < E; ++e) {
+      BENCH_CUDA(cudaFree(const_cast<uint8_t*>(w[e])));
+      BENCH_CUDA(cudaFree(const_cast<float*>(sc[e])));
+    }
+    BENCH_CUDA(cudaFree(const_cast<uint8_t**>(dw)));
+    BENCH_CUDA(cudaFree(const_cast<float**>(ds)));
+  }
+}
+
+}  // namespace
+}  // namespace deepinfer
+
+int main() {
+  deepinfer::DenseShapes();
+  deepinfer::GroupedShapes();
+  return 0;
+}

@@ -1,0 +1,326 @@
+// The FP8 block-scaled GEMM kernels against a host reference on the dequantised weights: each
+// weight value is e4m3 (decoded by the checkpoint loader's F8E4M3ToFloat) times its block's
+// fp32 scale, each activation rounded to bf16 first, the sum in double. The kernel's products
+// are exact in fp32 (bf16 x e4m3: 8 + 4 significant bits); it differs only by fp32 rounding of
+// its sums and of the scale multiplication, at most (k / 16 + 16 + 8 + 2) roundings along any
+// path, so |got - want| <= (k / 16 + 26) * 2^-24 * sum_p |a_p w_p| (+ a tiny absolute term) is
+// a bound that holds for a correct kernel and fails for a wrong scale, block or element.
+// Skips itself without a GPU.
+#include "kernels/gemm/fp8_block_gemm.h"
+
+#include <array>
+#include <cmath>
+#include <cstdint>
+#include <memory>
+#include <random>
+#include <vector>
+
+#include "gtest/gtest.h"
+#include "kernels/testing/gpu_test_util.h"
+#include "worker/backend/bf16.h"
+#include "worker/model/dtype_conversion.h"
+
+namespace deepinfer {
+namespace kernels {
+namespace {
+
+using testing::DeviceArray;
+
+// Random e4m3 bytes (every finite value, both signs; 0x7F / 0xFF are NaN and left out).
+std::vector<uint8_t> RandomFp8(size_t n, std::mt19937* gen) {
+  std::uniform_int_distribution<int> d(0, 255);
+  std::vector<uint8_t> v(n);
+  for (uint8_t& b : v) {
+    do {
+      b = static_cast<uint8_t>(d(*gen));
+    } while ((b & 0x7F) == 0x7F);
+  }
+  return v;
+}
+
+// Scales like a checkpoint's: around 1/448 .. 1/8, half of them powers of two (UE8M0-style).
+std::vector<float> RandomScales(size_t n, std::mt19937* gen) {
+  std::uniform_real_distribution<float> d(-9.0f, -3.0f);
+  std::vector<float> v(n);
+  for (size_t i = 0; i < n; ++i) {
+    const float e = d(*gen);
+    v[i] = i % 2 == 0 ? std::exp2(std::round(e)) : std::exp2(e);
+  }
+  return v;
+}
+
+// A host FP8 matrix [n, k] with row stride ldw and its scale grid.
+struct HostFp8 {
+  int64_t n = 0, k = 0, ldw = 0, split = 0, scale_ld = 0;
+  std::vector<uint8_t> data;
+  std::vector<float> scales;
+  double At(int64_t j, int64_t p) const {
+    return static_cast<double>(F8E4M3ToFloat(data[j * ldw + p])) *
+           scales[Fp8ScaleRow(j, split) * scale_ld + p / kFp8BlockSize];
+  }
+};
+
+HostFp8 MakeWeight(int64_t n, int64_t k, int64_t ldw, int64_t split, std::mt19937* gen) {
+  HostFp8 w;
+  w.n = n;
+  w.k = k;
+  w.ldw = ldw;
+  w.split = split;
+  w.scale_ld = Fp8ScaleCols(k);
+  w.data = RandomFp8(n * ldw, gen);
+  w.scales = RandomScales(Fp8ScaleRows(n, split) * w.scale_ld, gen);
+  return w;
+}
+
+// c = a_rows . W^T on the dequantised weight (activations rounded to bf16), and the bound
+// of the header comment per element.
+void Reference(const std::vector<float>& a, int64_t lda, int64_t m, const HostFp8& w,
+               std::vector<double>* c, std::vector<double>* tol) {
+  c->assign(m * w.n, 0.0);
+  tol->assign(m * w.n, 0.0);
+  const double unit = std::ldexp(1.0, -24) * (w.k / 16.0 + 26.0);
+  for (int64_t i = 0; i < m; ++i) {
+    for (int64_t j = 0; j < w.n; ++j) {
+      double s = 0, mag = 0;
+      for (int64_t p = 0; p < w.k; ++p) {
+        const double prod = RoundToBf16(a[i * lda + p]) * w.At(j, p);
+        s += prod;
+        mag += std::abs(prod);
+      }
+      (*c)[i * w.n + j] = s;
+      (*tol)[i * w.n + j] = unit * mag + 1e-30;
+    }
+  }
+}
+
+::testing::AssertionResult WithinBound(const std::vector<float>& got,
+                                       const std::vector<double>& want,
+                                       const std::vector<double>& tol) {
+  if (got.size() != want.size()) return ::testing::AssertionFailure() << "size mismatch";
+  for (size_t i = 0; i < got.size(); ++i) {
+    const double d = std::abs(static_cast<double>(got[i]) - want[i]);
+    if (!(d <= tol[i])) {
+      return ::testing::AssertionFailure() << "element " << i << ": got " << got[i] << " want "
+                                           << want[i] << " (bound " << tol[i] << ")";
+    }
+  }
+  return ::testing::AssertionSuccess();
+}
+
+struct SmallMCase {
+  int64_t m, n, k, extra_lda, extra_ldw, split;
+  bool a_bf16, accumulate;
+};
+
+class Fp8SmallMGemmTest : public ::testing::TestWithParam<SmallMCase> {};
+
+TEST_P(Fp8SmallMGemmTest, MatchesDequantisedReference) {
+  DEEPINFER_SKIP_WITHOUT_GPU();
+  const SmallMCase t = GetParam();
+  const uint32_t seed = testing::FreshSeed();
+  SCOPED_TRACE(::testing::Message() << "seed " << seed);
+  std::mt19937 gen(seed);
+  const int64_t lda = t.k + t.extra_lda, ldw = t.k + t.extra_ldw, ldc = t.n + 3;
+  const HostFp8 w = MakeWeight(t.n, t.k, ldw, t.split, &gen);
+  std::vector<float> a = testing::RandomFloats(t.m * lda, seed + 1);
+  std::vector<float> c0 = testing::RandomFloats(t.m * ldc, seed + 2);
+
+  DeviceArray<uint8_t> dw(w.data);
+  DeviceArray<float> ds(w.scales);
+  DeviceArray<float> da(a);
+  DeviceArray<uint16_t> da16(FloatsToBf16Bits(a));
+  DeviceArray<float> dc(c0);
+  Fp8SmallMGemmParams p;
+  p.m = t.m;
+  p.n = t.n;
+  p.k = t.k;
+  p.a_bf16 = t.a_bf16;
+  p.a = t.a_bf16 ? static_cast<const void*>(da16.get()) : da.get();
+  p.lda = lda;
+  p.w.data = dw.get();
+  p.w.ldw = ldw;
+  p.w.scales = ds.get();
+  p.w.scale_ld = w.scale_ld;
+  p.w.split_rows = t.split;
+  p.c = dc.get();
+  p.ldc = ldc;
+  p.accumulate = t.accumulate;
+  ASSERT_TRUE(Fp8SmallMGemmSupports(p));
+  DEEPINFER_CUDA_OK(Fp8SmallMGemm(p, nullptr));
+  std::vector<float> got;
+  DEEPINFER_CUDA_OK(dc.Download(&got));
+
+  std::vector<double> want, tol;
+  Reference(a, lda, t.m, w, &want, &tol);
+  std::vector<float> got_c(t.m * t.n);
+  std::vector<double> want_c(t.m * t.n), tol_c(t.m * t.n);
+  for (int64_t i = 0; i < t.m; ++i) {
+    for (int64_t j = 0; j < t.n; ++j) {
+      got_c[i * t.n + j] = got[i * ldc + j];
+      const double base = t.accumulate ? c0[i * ldc + j] : 0.0;
+      want_c[i * t.n + j] = base + want[i * t.n + j];
+      // The accumulate's one fp32 addition adds half an ulp of the result.
+      tol_c[i * t.n + j] = tol[i * t.n + j] + std::ldexp(std::abs(want_c[i * t.n + j]), -24);
+    }
+    // Padding columns of c are not written.
+    for (int64_t j = t.n; j < ldc; ++j) EXPECT_EQ(got[i * ldc + j], c0[i * ldc + j]);
+  }
+  EXPECT_TRUE(WithinBound(got_c, want_c, tol_c));
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Shapes, Fp8SmallMGemmTest,
+    ::testing::Values(
+        // m = 1..11 (8 rows a launch), k a multiple of 128, of 16 only (vector path, block
+        // straddling the end), and of neither (scalar path); n not a multiple of 8 or 128.
+        SmallMCase{1, 576, 1024, 0, 0, 0, false, false},
+        SmallMCase{1, 200, 384, 0, 0, 0, true, false},
+        SmallMCase{2, 77, 2048, 0, 0, 0, false, true},
+        SmallMCase{3, 130, 208, 0, 0, 0, false, false},
+        SmallMCase{4, 1000, 128, 0, 0, 0, true, true},
+        SmallMCase{5, 96, 100, 0, 0, 0, false, false},
+        SmallMCase{8, 300, 720, 8, 16, 0, false, false},
+        SmallMCase{11, 129, 4112, 4, 0, 0, true, false},
+        // [gate; up] stacked at 80 rows (two scale grids) and at a multiple of 128.
+        SmallMCase{1, 160, 256, 0, 0, 80, false, false},
+        SmallMCase{6, 512, 256, 0, 0, 256, true, false},
+        // Unaligned strides: the scalar path.
+        SmallMCase{2, 65, 160, 1, 3, 0, false, true}));
+
+struct GroupedCase {
+  int32_t groups;
+  std::vector<int32_t> rows_per_group;
+  int64_t n, k, split;
+};
+
+class Fp8GroupedGemmTest : public ::testing::TestWithParam<GroupedCase> {};
+
+TEST_P(Fp8GroupedGemmTest, MatchesPerGroupReference) {
+  DEEPINFER_SKIP_WITHOUT_GPU();
+  const GroupedCase t = GetParam();
+  const uint32_t seed = testing::FreshSeed();
+  SCOPED_TRACE(::testing::Message() << "seed " << seed);
+  std::mt19937 gen(seed);
+  std::vector<int32_t> offsets(t.groups + 1, 0);
+  for (int32_t g = 0; g < t.groups; ++g) offsets[g + 1] = offsets[g] + t.rows_per_group[g];
+  const int32_t used = offsets[t.groups];
+  const int32_t max_rows = used + 5;  // rows past the last group stay untouched
+  std::vector<HostFp8> w;
+  std::vector<std::unique_ptr<DeviceArray<uint8_t>>> dw;
+  std::vector<std::unique_ptr<DeviceArray<float>>> ds;
+  std::vector<const uint8_t*> wptr;
+  std::vector<const float*> sptr;
+  for (int32_t g = 0; g < t.groups; ++g) {
+    w.push_back(MakeWeight(t.n, t.k, t.k, t.split, &gen));
+    dw.push_back(std::make_unique<DeviceArray<uint8_t>>(w.back().data));
+    ds.push_back(std::make_unique<DeviceArray<float>>(w.back().scales));
+    wptr.push_back(dw.back()->get());
+    sptr.push_back(ds.back()->get());
+  }
+  std::vector<float> a = testing::RandomFloats(static_cast<size_t>(max_rows) * t.k, seed + 1);
+  DeviceArray<float> da(a);
+  DeviceArray<int32_t> doff(offsets);
+  DeviceArray<const uint8_t*> dwp(wptr);
+  DeviceArray<const float*> dsp(sptr);
+  DeviceArray<float> dc(static_cast<size_t>(max_rows) * t.n);
+  dc.Poison();
+  Fp8GroupedGemmParams p;
+  p.num_groups = t.groups;
+  p.max_rows = max_rows;
+  p.offsets = doff.get();
+  p.n = t.n;
+  p.k = t.k;
+  p.a = da.get();
+  p.weights = dwp.get();
+  p.scales = dsp.get();
+  p.split_rows = t.split;
+  p.c = dc.get();
+  ASSERT_TRUE(Fp8GroupedGemmSupports(p));
+  DEEPINFER_CUDA_OK(Fp8GroupedGemm(p, nullptr));
+  std::vector<float> got;
+  DEEPINFER_CUDA_OK(dc.Download(&got));
+  for (int32_t g = 0; g < t.groups; ++g) {
+    const int32_t r0 = offsets[g], rows = offsets[g + 1] - offsets[g];
+    if (rows == 0) continue;
+    SCOPED_TRACE(::testing::Message() << "group " << g);
+    std::vector<float> ga(a.begin() + static_cast<int64_t>(r0) * t.k,
+                          a.begin() + static_cast<int64_t>(r0 + rows) * t.k);
+    std::vector<double> want, tol;
+    Reference(ga, t.k, rows, w[g], &want, &tol);
+    std::vector<float> gg(got.begin() + static_cast<int64_t>(r0) * t.n,
+                          got.begin() + static_cast<int64_t>(r0 + rows) * t.n);
+    EXPECT_TRUE(WithinBound(gg, want, tol));
+  }
+  for (size_t i = static_cast<size_t>(used) * t.n; i < got.size(); ++i) {
+    ASSERT_TRUE(std::isnan(got[i])) << "row past the groups written at " << i;
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Shapes, Fp8GroupedGemmTest,
+    ::testing::Values(
+        // Fewer rows than groups (decode: one block row per group start), with empty groups.
+        GroupedCase{16, {0, 1, 0, 0, 2, 0, 0, 0, 1, 0, 0, 0, 0, 1, 0, 3}, 256, 384, 128},
+        // More rows than groups (a block row per group), groups above 8 rows (several chunks).
+        GroupedCase{4, {9, 0, 17, 3}, 96, 256, 48},
+        // k not a multiple of 16 (scalar path), n and k not multiples of 128.
+        GroupedCase{5, {1, 2, 0, 1, 1}, 70, 200, 35},
+        // The gate_up and down shapes of a small MoE (inter 32 stacked).
+        GroupedCase{8, {1, 0, 1, 1, 0, 0, 1, 0}, 64, 128, 32},
+        GroupedCase{8, {1, 0, 1, 1, 0, 0, 1, 0}, 128, 32, 0}));
+
+TEST(Fp8DequantToBf16Test, RoundsEachDequantisedValue) {
+  DEEPINFER_SKIP_WITHOUT_GPU();
+  const uint32_t seed = testing::FreshSeed();
+  SCOPED_TRACE(::testing::Message() << "seed " << seed);
+  std::mt19937 gen(seed);
+  for (const auto& [n, k, ldw, split] : std::vector<std::array<int64_t, 4>>{
+           {300, 200, 208, 0}, {256, 128, 128, 128}, {70, 33, 40, 35}}) {
+    const HostFp8 w = MakeWeight(n, k, ldw, split, &gen);
+    DeviceArray<uint8_t> dw(w.data);
+    DeviceArray<float> ds(w.scales);
+    DeviceArray<uint16_t> out(n * k);
+    out.Poison();
+    Fp8BlockWeight v;
+    v.data = dw.get();
+    v.ldw = ldw;
+    v.scales = ds.get();
+    v.scale_ld = w.scale_ld;
+    v.split_rows = split;
+    DEEPINFER_CUDA_OK(Fp8DequantToBf16(v, n, k, out.get(), nullptr));
+    std::vector<uint16_t> got;
+    DEEPINFER_CUDA_OK(out.Download(&got));
+    for (int64_t j = 0; j < n; ++j) {
+      for (int64_t p = 0; p < k; ++p) {
+        const float want = F8E4M3ToFloat(w.data[j * ldw + p]) *
+                           w.scales[Fp8ScaleRow(j, split) * w.scale_ld + p / kFp8BlockSize];
+        ASSERT_EQ(got[j * k + p], FloatToBf16Bits(want)) << "element (" << j << ", " << p << ")";
+      }
+    }
+  }
+}
+
+TEST(Fp8BlockGemmTest, RejectsBadArguments) {
+  Fp8SmallMGemmParams p;  // all zero
+  EXPECT_FALSE(Fp8SmallMGemmSupports(p));
+  EXPECT_EQ(Fp8SmallMGemm(p, nullptr), cudaErrorInvalidValue);
+  Fp8GroupedGemmParams g;
+  EXPECT_FALSE(Fp8GroupedGemmSupports(g));
+  EXPECT_EQ(Fp8GroupedGemm(g, nullptr), cudaErrorInvalidValue);
+}
+
+TEST(Fp8ScaleRowTest, StackedGridsStartAtTheSplit) {
+  EXPECT_EQ(Fp8ScaleRow(127, 0), 0);
+  EXPECT_EQ(Fp8ScaleRow(128, 0), 1);
+  EXPECT_EQ(Fp8ScaleRow(79, 80), 0);
+  EXPECT_EQ(Fp8ScaleRow(80, 80), 1);  // up's first block
+  EXPECT_EQ(Fp8ScaleRow(159, 80), 1);
+  EXPECT_EQ(Fp8ScaleRow(208, 80), 2);
+  EXPECT_EQ(Fp8ScaleRow(209, 200), 2);  // ceil(200 / 128) = 2 gate blocks, up's row 9: block 2
+  EXPECT_EQ(Fp8ScaleRows(160, 80), 2);
+  EXPECT_EQ(Fp8ScaleRows(4096, 2048), 32);
+}
+
+}  // namespace
+}  // namespace kernels
+}  // namespace deepinfer
