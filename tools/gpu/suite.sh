@@ -97,7 +97,8 @@ if want memcheck; then
     case "$n" in
       backend_factory_test) continue ;;
       # NCCL under compute-sanitizer is very slow and reports NCCL's own internals.
-      nccl_communicator_test | nccl_window_test | ep_expert_dispatcher_gpu_test | ep_device_graph_gpu_test) continue ;;
+      nccl_communicator_test | nccl_window_test | nccl_window_refused_test) continue ;;
+      ep_expert_dispatcher_gpu_test | ep_device_graph_gpu_test) continue ;;
     esac
     [[ -z "${MEMCHECK:-}" || " $MEMCHECK " == *" $n "* ]] || continue
     step "memcheck_$n" 240 compute-sanitizer --tool memcheck --error-exitcode 1 "$t" \

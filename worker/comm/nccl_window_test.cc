@@ -3,7 +3,8 @@
 // combine equals a host sum written from the definition (out0 + fmaf(w, row) over each
 // token's choices in ascending expert id; the stand-in experts return their input rows), and
 // the exchange captured in a CUDA graph and replayed equals the eager run bit for bit. Skips
-// without a GPU.
+// without a GPU, and where NCCL gives no symmetric windows (RegisterSymmetricWindow's
+// UNIMPLEMENTED, printed).
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
@@ -49,6 +50,8 @@ TEST_P(NcclWindowTest, OneRankExchangeInAGraphMatchesEagerAndTheDefinition) {
   cfg.tp_capacity = cfg.max_tokens * cfg.top_k;
   const kernels::EpLayout layout = kernels::EpLayoutOf(cfg);
   absl::StatusOr<SymmetricWindow> window = (*comm)->RegisterSymmetricWindow(layout.window_bytes);
+  // The machine's NCCL gives no symmetric memory (nccl_window_refused_test checks that refusal).
+  if (absl::IsUnimplemented(window.status())) GTEST_SKIP() << window.status();
   ASSERT_TRUE(window.ok()) << window.status();
   ASSERT_EQ(window->peers.size(), 1u);
   ASSERT_NE(window->peers[0], nullptr);

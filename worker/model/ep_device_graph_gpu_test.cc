@@ -8,7 +8,7 @@
 //    graphs on) on the same inputs: >= 99% of the tokens equal and logprobs within 1e-3 (the two
 //    paths group and round the expert GEMMs differently);
 //  * the exchange's error word stays clear.
-// Skips without a GPU.
+// Skips without a GPU, and where this machine's NCCL gives no symmetric windows.
 #include <cstdio>
 #include <memory>
 #include <string>
@@ -18,6 +18,7 @@
 #include "kernels/testing/gpu_test_util.h"
 #include "worker/backend/cuda/cuda_backend.h"
 #include "worker/comm/nccl_communicator.h"
+#include "worker/comm/nccl_test_util.h"
 #include "worker/model/decode_graph_test_driver.h"
 #include "worker/model/ep_device_dispatcher.h"
 #include "worker/model/model_loader.h"
@@ -44,6 +45,7 @@ testing::TinyMoeShape Shape() {
 
 TEST(EpDeviceGraphGpuTest, DecodeGraphsReplayTheDeviceExchange) {
   if (!deepinfer::testing::HasCudaDevice()) GTEST_SKIP() << "no CUDA device";
+  if (std::string why = comm::testing::NoSymmetricWindows(); !why.empty()) GTEST_SKIP() << why;
   auto backend = CudaBackend::Create(0, WeightDType::kBFloat16);
   ASSERT_TRUE(backend.ok()) << backend.status();
   absl::StatusOr<std::string> id = comm::NcclCommunicator::NewUniqueId();

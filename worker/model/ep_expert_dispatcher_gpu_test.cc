@@ -10,6 +10,8 @@
 //  * two ranks with an EPLB placement with replicas (docs/eplb.md): NCCL bit-identical to TCP
 //    with the same placement, and equal to no placement within fp32 tolerance;
 //  * a device communicator with the CPU backend is refused.
+// The device-exchange cases skip where this machine's NCCL gives no symmetric windows
+// (nccl_test_util.h).
 // fp32 weights: with bf16 ones a LocalExpertDispatcher model takes Backend::RoutedExperts (fp32
 // activations into the grouped expert GEMM) while the expert-parallel path rounds activations
 // to bf16 for cuBLAS, so "local" and "one rank over NCCL" would differ by bf16 rounding.
@@ -30,6 +32,7 @@
 #include "worker/backend/cuda/cuda_backend.h"
 #include "worker/comm/data_plane.h"
 #include "worker/comm/nccl_communicator.h"
+#include "worker/comm/nccl_test_util.h"
 #include "worker/comm/tcp_test_group.h"
 #include "worker/model/ep_device_dispatcher.h"
 #include "worker/model/ep_expert_dispatcher.h"
@@ -195,6 +198,7 @@ TEST_P(EpGpuTest, OneRankOverNcclIsBitIdenticalToLocalAndToTcp) {
 // The device exchange through a one-rank NCCL group's symmetric window, in both modes.
 TEST_P(EpGpuTest, OneRankDeviceExchangeIsBitIdenticalToLocal) {
   DEEPINFER_SKIP_WITHOUT_GPU();
+  if (std::string why = comm::testing::NoSymmetricWindows(); !why.empty()) GTEST_SKIP() << why;
   const std::vector<ScriptedSeq> seqs = MakeSeqs(UnevenScripts());
   LogitsMap local;
   RunOneRank(GetParam(), seqs, 9, &local);
@@ -210,6 +214,7 @@ TEST_P(EpGpuTest, OneRankDeviceExchangeIsBitIdenticalToLocal) {
 
 TEST_P(EpGpuTest, TwoRanksDeviceExchangeEqualsTcpBitForBit) {
   if (GpuCount() < 2) GTEST_SKIP() << "needs 2 GPUs, have " << GpuCount();
+  if (std::string why = comm::testing::NoSymmetricWindows(); !why.empty()) GTEST_SKIP() << why;
   const std::vector<ScriptedSeq> seqs = MakeSeqs(UnevenScripts());
   std::vector<LogitsMap> tcp;
   RunEp(GetParam(), 2, seqs, 9, Plane::kTcp, &tcp);
