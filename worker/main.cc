@@ -36,7 +36,7 @@ int main(int argc, char** argv) {
   int64_t verbosity = 0;
   std::string backend = "cpu";
   std::string communicator = "auto";
-  std::string ep_exchange = "auto";
+  std::string ep_exchange = "collective";
   int64_t ranks = 0;
   int64_t threads = 0;
   std::string dtype;
@@ -110,10 +110,11 @@ int main(int argc, char** argv) {
                   "and the group has more than one rank, tcp otherwise), tcp, or nccl (GPU to\n"
                   "GPU; needs --backend cuda). docs/communicator.md.");
   flags.AddString("ep-exchange", &ep_exchange,
-                  "How expert-parallel ranks on the NCCL data plane move rows: auto (the device\n"
-                  "exchange through NVLink windows, no host in the loop, where the group allows\n"
-                  "it; NCCL all-to-all otherwise), device (or fail), collective (NCCL\n"
-                  "all-to-all). docs/communicator.md.");
+                  "How expert-parallel ranks on the NCCL data plane move rows: collective (NCCL\n"
+                  "all-to-all, the default), auto (the device exchange through NVLink windows,\n"
+                  "no host in the loop, where the group allows it; NCCL all-to-all otherwise,\n"
+                  "logged), device (or fail). The device exchange is opt-in until measured on\n"
+                  "several GPUs. docs/communicator.md.");
   flags.AddInt("ranks", &ranks,
                "Engine ranks on this worker (default: one per GPU; 1 on the CPU).");
   flags.AddInt("threads", &threads, "CPU threads per rank (default: cores / ranks).");

@@ -57,7 +57,7 @@ struct WorkerEngineConfig {
   // What carries the expert exchange: auto (NCCL for several cuda ranks), tcp or nccl.
   comm::DataPlaneChoice communicator = comm::DataPlaneChoice::kAuto;
   // How expert-parallel ranks move rows over that data plane (EpExchangeKind, --ep-exchange).
-  EpExchangeKind ep_exchange = EpExchangeKind::kAuto;
+  EpExchangeKind ep_exchange = EpExchangeKind::kCollective;
   // RankGroupOptions::step_stats_dir.
   std::string step_stats_dir;
   // Prefix caching (RankGroupOptions::prefix_caching).

@@ -72,8 +72,9 @@ int main(int argc, char** argv) {
                   "With --ranks > 1, what carries the expert exchange: auto (nccl on cuda, tcp\n"
                   "on cpu), tcp (host-staged over loopback) or nccl.");
   flags.AddString("ep-exchange", &config.ep_exchange,
-                  "With --ranks > 1 on nccl: auto (the device exchange through NVLink windows\n"
-                  "where the group allows it), device, or collective (NCCL all-to-all).");
+                  "With --ranks > 1 on nccl: collective (NCCL all-to-all, the default), auto\n"
+                  "(the device exchange through NVLink windows where the group allows it,\n"
+                  "else all-to-all) or device.");
   flags.AddBool("time-all-to-all", &config.time_all_to_all,
                 "With --ranks > 1: after each request count's timed steps, as many more steps\n"
                 "with the backend synchronised around every exchange call, reporting the\n"

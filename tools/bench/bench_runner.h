@@ -82,10 +82,10 @@ struct BenchConfig {
   // Data plane of the expert exchange with ranks > 1: "auto" (NCCL on cuda, TCP on cpu),
   // "tcp" or "nccl" (comm/data_plane.h).
   std::string communicator = "auto";
-  // With ranks > 1 on NCCL: how the dispatcher moves rows, "auto", "device" or "collective"
+  // With ranks > 1 on NCCL: how the dispatcher moves rows, "collective", "auto" or "device"
   // (EpExchangeKind, as the worker's --ep-exchange). The device exchange makes no communicator
   // calls, so the all-to-all figures below stay empty for it.
-  std::string ep_exchange = "auto";
+  std::string ep_exchange = "collective";
   // With ranks > 1: also measure the time in the all-to-all (extra synchronised steps).
   bool time_all_to_all = false;
   // Decode sampling: greedy by default; ParseDecodeSampling reads "T,TOP_K,TOP_P" (seeded per

@@ -107,8 +107,8 @@ DispatcherFactory EpDispatcherFactory(const EpExchangeOptions& exchange) {
       const bool shared_limit =
           absl::IsUnimplemented(d.status()) || absl::IsInvalidArgument(d.status());
       if (exchange.kind == EpExchangeKind::kDevice || !shared_limit) return d.status();
-      LOG(INFO) << "rank " << comm->rank() << ": no device expert exchange ("
-                << d.status().message() << "): NCCL all-to-all";
+      LOG(WARNING) << "rank " << comm->rank() << ": --ep-exchange auto: no device expert exchange ("
+                   << d.status().message() << "); using NCCL all-to-all";
     }
 #else
     if (exchange.kind == EpExchangeKind::kDevice) {

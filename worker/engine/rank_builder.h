@@ -56,14 +56,16 @@ struct DispatcherFactory {
 DispatcherFactory LocalDispatcherFactory();
 
 // How an expert-parallel dispatcher moves rows over a device (NCCL) data plane
-// (--ep-exchange): kAuto: the device exchange (EpDeviceDispatcher: NVLink windows, no host in
-// the loop) where the group can map each other's memory and the sizes fit its limits, else
-// NCCL all-to-all (EpExpertDispatcher); kDevice: the device exchange or an error; kCollective:
-// NCCL all-to-all. A host (TCP) data plane always uses EpExpertDispatcher.
+// (--ep-exchange): kCollective (the default): NCCL all-to-all (EpExpertDispatcher); kAuto: the
+// device exchange (EpDeviceDispatcher: NVLink windows, no host in the loop) where the group can
+// map each other's memory and the sizes fit its limits, else NCCL all-to-all, logging why;
+// kDevice: the device exchange or an error. The device exchange is opt-in until it is measured
+// faster on several GPUs (docs/communicator.md). A host (TCP) data plane always uses
+// EpExpertDispatcher.
 enum class EpExchangeKind { kAuto, kDevice, kCollective };
 absl::StatusOr<EpExchangeKind> ParseEpExchangeKind(const std::string& name);
 struct EpExchangeOptions {
-  EpExchangeKind kind = EpExchangeKind::kAuto;
+  EpExchangeKind kind = EpExchangeKind::kCollective;
   // Tokens one rank sends per MoE layer, at most: the step budget (or the largest decode batch
   // if larger). Sizes the device exchange's windows.
   int32_t max_tokens = 2048;
