@@ -36,15 +36,41 @@ MoeBlock::MoeBlock(const ModelConfig& config, ModelWeights* weights, Backend* ba
 
 absl::Status MoeBlock::Forward(int64_t layer, int64_t rows, const float* h, ActivationView h_gemm,
                                float* out, const LayerContext& ctx, const ResidualNorm* norm) {
+  Staged s;
+  absl::StatusOr<ExpertDispatcher::Exchange> x =
+      BeginStaged(layer, rows, h, h_gemm, out, ctx, norm, &s);
+  if (!x.ok()) return x.status();
+  if (s.done) return absl::OkStatus();
+  if (*x) {
+    if (absl::Status st = (*x)(); !st.ok()) return st;
+  }
+  x = ExpertsStaged(&s);
+  if (!x.ok()) return x.status();
+  if (*x) {
+    if (absl::Status st = (*x)(); !st.ok()) return st;
+  }
+  return FinishStaged(&s);
+}
+
+absl::StatusOr<ExpertDispatcher::Exchange> MoeBlock::BeginStaged(
+    int64_t layer, int64_t rows, const float* h, ActivationView h_gemm, float* out,
+    const LayerContext& ctx, const ResidualNorm* norm, Staged* s) {
   const ModelConfig& c = config_;
   const LayerWeights& L = weights_->layers[layer];
   const int64_t H = c.hidden_size, E = c.n_routed_experts, K = c.num_experts_per_tok;
-  const int64_t I = c.moe_intermediate_size;
   const int64_t moe = moe_index_[layer];
-  auto topk_ids = backend_->AllocateScratch(rows * K * sizeof(int32_t));
-  auto topk_w = Floats(rows * K);
+  s->layer = layer;
+  s->rows = rows;
+  s->h_gemm = h_gemm;
+  s->out = out;
+  s->mode = ctx.mode;
+  s->done = false;
+  s->topk_ids = backend_->AllocateScratch(rows * K * sizeof(int32_t));
+  s->topk_w = Floats(rows * K);
+  const int32_t* topk_ids = s->topk_ids->as<int32_t>();
+  const float* topk_w = s->topk_w->as<float>();
   RouteTokensArgs ra =
-      NoauxTcRouteArgs(c, L, rows, h, topk_ids->as<int32_t>(), topk_w->as<float>());
+      NoauxTcRouteArgs(c, L, rows, h, s->topk_ids->as<int32_t>(), s->topk_w->as<float>());
   if (norm != nullptr) {
     ra.norm.x = norm->x;
     ra.norm.y = norm->y;
@@ -66,15 +92,14 @@ absl::Status MoeBlock::Forward(int64_t layer, int64_t rows, const float* h, Acti
   backend_->RouteTokens(ra);
   auto count = [&] {
     if (count_in_route) return;
-    backend_->AccumulateExpertCounts(rows * K, topk_ids->as<int32_t>(), E, ctx.counted_pairs,
-                                     counts);
+    backend_->AccumulateExpertCounts(rows * K, topk_ids, E, ctx.counted_pairs, counts);
   };
 
   // Expert parallelism over a device exchange: dispatch, this rank's experts on the received rows
   // and combine, all on the device (the tables hold this rank's slots, BuildExpertTables).
   if (exchange_slots_ > 0) {
     absl::Status st = dispatcher_->RoutedExpertsOnDevice(
-        moe, rows, h, topk_ids->as<int32_t>(), topk_w->as<float>(), out,
+        moe, rows, h, topk_ids, topk_w, out,
         [&](int64_t n, const float* x, const int32_t* slot, float* y) {
           return ReceivedRowsExperts(layer, n, x, slot, y);
         });
@@ -84,18 +109,19 @@ absl::Status MoeBlock::Forward(int64_t layer, int64_t rows, const float* h, Acti
     if (c.n_shared_experts > 0) {
       AddSwiGlu(backend_, rows, H, MlpView(*weights_, L.shared), h_gemm, out, ctx.mode);
     }
-    return absl::OkStatus();
+    s->done = true;
+    return ExpertDispatcher::Exchange();
   }
   if (!expert_tables_.empty()) {
-    const RoutedExpertsArgs a =
-        DeviceExpertsArgs(layer, rows, h, topk_ids->as<int32_t>(), topk_w->as<float>(), out);
+    const RoutedExpertsArgs a = DeviceExpertsArgs(layer, rows, h, topk_ids, topk_w, out);
     if (ExpertsOnDevice(backend_, a, h_gemm, ctx.mode)) {
       if (ctx.device_only) device_expert_rows_.insert(rows);
       count();
       if (c.n_shared_experts > 0 && a.shared_inter == 0) {  // FP8 matrices: not in the args
         AddSwiGlu(backend_, rows, H, MlpView(*weights_, L.shared), h_gemm, out, ctx.mode);
       }
-      return absl::OkStatus();
+      s->done = true;
+      return ExpertDispatcher::Exchange();
     }
   }
   if (ctx.device_only) {
@@ -104,32 +130,43 @@ absl::Status MoeBlock::Forward(int64_t layer, int64_t rows, const float* h, Acti
                      " tokens on the device (Backend::RoutedExperts)"));
   }
   count();
-  DispatchedTokens d;
-  absl::Status st =
-      dispatcher_->Dispatch(moe, rows, K, h, topk_ids->as<int32_t>(), topk_w->as<float>(), &d);
-  if (!st.ok()) return st;
+  return dispatcher_->BeginDispatch(moe, rows, K, h, topk_ids, topk_w, &s->dispatched);
+}
+
+absl::StatusOr<ExpertDispatcher::Exchange> MoeBlock::ExpertsStaged(Staged* s) {
+  const ModelConfig& c = config_;
+  const LayerWeights& L = weights_->layers[s->layer];
+  const int64_t H = c.hidden_size, I = c.moe_intermediate_size;
+  DispatchedTokens& d = s->dispatched;
+  if (absl::Status st = dispatcher_->FinishDispatch(&d); !st.ok()) return st;
   std::vector<WeightView> gate_up, down;
-  for (int64_t e : dispatcher_->local_experts(moe)) {
+  for (int64_t e : dispatcher_->local_experts(moe_index_[s->layer])) {
     const MlpWeights& ew = L.experts.at(e);
     gate_up.push_back(weights_->Matrix(ew.gate_up));
     down.push_back(weights_->Matrix(ew.down));
   }
-  auto expert_out = Floats(std::max<int64_t>(1, d.num_rows) * H);
+  s->expert_out = Floats(std::max<int64_t>(1, d.num_rows) * H);
   if (d.num_rows > 0) {
     auto gu = Floats(d.num_rows * 2 * I);
     backend_->GroupedGemm(d.group_offsets, gate_up, 2 * I, H, d.hidden->as<float>(),
                           gu->as<float>());
     auto act = Floats(d.num_rows * I);
     backend_->SiluMul(d.num_rows, I, gu->as<float>(), act->as<float>());
-    backend_->GroupedGemm(d.group_offsets, down, H, I, act->as<float>(), expert_out->as<float>());
+    backend_->GroupedGemm(d.group_offsets, down, H, I, act->as<float>(),
+                          s->expert_out->as<float>());
   }
   // out = routed sum (experts ascending) + shared experts, as HF and DeepSeek add them.
-  auto zero = backend_->Allocate(rows * H * sizeof(float));
-  backend_->CopyDeviceToDevice(zero->data(), rows * H * sizeof(float), out);
-  st = dispatcher_->Combine(d, expert_out->as<float>(), out);
-  if (!st.ok()) return st;
+  auto zero = backend_->Allocate(s->rows * H * sizeof(float));
+  backend_->CopyDeviceToDevice(zero->data(), s->rows * H * sizeof(float), s->out);
+  return dispatcher_->BeginCombine(&d, s->expert_out->as<float>(), s->out);
+}
+
+absl::Status MoeBlock::FinishStaged(Staged* s) {
+  const ModelConfig& c = config_;
+  if (absl::Status st = dispatcher_->FinishCombine(&s->dispatched, s->out); !st.ok()) return st;
   if (c.n_shared_experts > 0) {
-    AddSwiGlu(backend_, rows, H, MlpView(*weights_, L.shared), h_gemm, out, ctx.mode);
+    AddSwiGlu(backend_, s->rows, c.hidden_size,
+              MlpView(*weights_, weights_->layers[s->layer].shared), s->h_gemm, s->out, s->mode);
   }
   return absl::OkStatus();
 }

@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "common/eplb/expert_placement.h"
 #include "worker/backend/backend.h"
 #include "worker/model/expert_dispatcher.h"
@@ -45,6 +46,29 @@ class MoeBlock {
   // the backend cannot run on the device; the dispatcher's errors as they are.
   absl::Status Forward(int64_t layer, int64_t rows, const float* h, ActivationView h_gemm,
                        float* out, const LayerContext& ctx, const ResidualNorm* norm = nullptr);
+
+  // Forward in three parts around the dispatcher's two exchanges, so that two micro-batches can
+  // overlap one's exchange with the other's compute (DeepseekV3Model's two micro-batches):
+  // BeginStaged routes and stages the dispatch, ExpertsStaged finishes it, runs this rank's
+  // experts and stages the combine, FinishStaged adds the combine and the shared experts into
+  // out. Each of the first two returns the exchange to run (on any thread) before the next part
+  // (empty: none). A layer that takes a device path is done in BeginStaged (Staged::done). The
+  // arguments of BeginStaged must stay valid until FinishStaged; Forward is the three in a row.
+  struct Staged {
+    int64_t layer = 0, rows = 0;
+    ActivationView h_gemm{static_cast<const float*>(nullptr)};
+    float* out = nullptr;
+    OpMode mode;
+    bool done = false;
+    std::unique_ptr<DeviceBuffer> topk_ids, topk_w, expert_out;
+    DispatchedTokens dispatched;
+  };
+  absl::StatusOr<ExpertDispatcher::Exchange> BeginStaged(int64_t layer, int64_t rows,
+                                                         const float* h, ActivationView h_gemm,
+                                                         float* out, const LayerContext& ctx,
+                                                         const ResidualNorm* norm, Staged* s);
+  absl::StatusOr<ExpertDispatcher::Exchange> ExpertsStaged(Staged* s);
+  absl::Status FinishStaged(Staged* s);
 
   // Whether the routed experts run as one device op (the decode graph path needs it).
   bool experts_on_device() const { return !expert_tables_.empty(); }
