@@ -155,6 +155,11 @@ int main(int argc, char** argv) {
                   "sequence of the step brings >= 64 new tokens and the backend has it). The\n"
                   "forms round differently; absorbed makes every result independent of how\n"
                   "requests are batched, chunked or served from the prefix cache.");
+  int64_t micro_batches = 1;
+  flags.AddInt("micro-batches", &micro_batches,
+               "1, or 2: each step's sequences in two halves whose expert exchanges overlap the\n"
+               "other half's compute (DeepSeek's two-micro-batch overlap; the same tokens).\n"
+               "Every worker of a group must use the same value. DeepSeek-V3 models only.");
   flags.AddBool("expert-parallel", &config.engine.expert_parallel,
                 "Split the routed experts over the ranks of a multi-rank group (each rank\n"
                 "loads E / world_size of them; tokens travel by all-to-all). false: every\n"
@@ -269,6 +274,11 @@ int main(int argc, char** argv) {
     return 2;
   }
   config.engine.prefill_attention = *prefill;
+  if (micro_batches != 1 && micro_batches != 2) {
+    std::cerr << "deepinfer-worker: --micro-batches must be 1 or 2, not " << micro_batches << "\n";
+    return 2;
+  }
+  config.engine.micro_batches = static_cast<int32_t>(micro_batches);
   if (ranks == 0) {
     // One rank per GPU on CUDA; the CPU backend runs one by default.
     ranks = backend == "cuda" ? cuda_devices : 1;

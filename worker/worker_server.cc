@@ -199,6 +199,7 @@ absl::StatusOr<std::unique_ptr<WorkerServer>> WorkerServer::Start(WorkerConfig c
     options.group.speculative_tokens = e.speculative_tokens;
     options.group.draft_min_confidence = e.draft_min_confidence;
     options.group.prefill_attention = e.prefill_attention;
+    options.group.micro_batches = e.micro_batches;
     options.group.collective_timeout = e.collective_timeout;
     options.group.listen_host = wildcard ? "0.0.0.0" : config.host;
     EpExchangeOptions exchange;

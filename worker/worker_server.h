@@ -72,6 +72,8 @@ struct WorkerEngineConfig {
   float draft_min_confidence = 0.0f;
   // The MLA prefill form (RankGroupOptions::prefill_attention).
   PrefillAttention prefill_attention = PrefillAttention::kAuto;
+  // Micro-batches per step (RankGroupOptions::micro_batches).
+  int32_t micro_batches = 1;
 };
 
 struct WorkerConfig {

@@ -131,6 +131,9 @@ int main(int argc, char** argv) {
   flags.AddBool("fused-ops", &config.fused_ops,
                 "Fused ops in the model's step (residual add + norm, bf16 GEMM operands); off:\n"
                 "the ops of before, for comparison.");
+  flags.AddInt("micro-batches", &config.micro_batches,
+               "1, or 2: each step's sequences in two halves whose expert exchanges overlap the\n"
+               "other half's compute (with --ranks > 1). DeepSeek-V3 models only.");
   flags.AddString("prefill-attention", &config.prefill_attention,
                   "auto, absorbed or mha: the MLA form of prefill steps (mha: keys expanded\n"
                   "through kv_b, attention of width nope + rope; auto: mha where every sequence\n"

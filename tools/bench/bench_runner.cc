@@ -288,6 +288,7 @@ absl::Status SetUpRank(const BenchConfig& bc, int64_t rank, int64_t blocks, Rank
   spec.decode_graphs.enabled = bc.cuda_graphs;
   spec.decode_graphs.max_batch = bc.cuda_graph_max_batch;
   spec.fused_ops = bc.fused_ops;
+  spec.micro_batches = static_cast<int32_t>(bc.micro_batches);
   auto prefill_form = ParsePrefillAttention(bc.prefill_attention);
   if (!prefill_form.ok()) return prefill_form.status();
   spec.prefill_attention = *prefill_form;
@@ -898,6 +899,9 @@ std::string FormatBenchReport(const BenchConfig& c, const BenchResult& r) {
                           "figures per rank; a step's time is the slowest rank's)\n"
                           "expert exchange: %s\n",
                           r.ranks, r.data_plane, r.expert_exchange);
+  }
+  if (c.micro_batches != 1) {
+    absl::StrAppendFormat(&out, "micro-batches: %d per step (no decode graphs)\n", c.micro_batches);
   }
   // "roofline fraction F" where the peaks apply, and the peaks themselves.
   auto roofline = [&](double fraction) {

@@ -107,6 +107,9 @@ struct BenchConfig {
   // CausalLm::SetFusedOps (the fused ops of a decode step; off: the op sequence of before, for
   // comparisons).
   bool fused_ops = true;
+  // CausalLm::SetMicroBatches: 1, or 2 (two micro-batches per step; with --ranks > 1 one half's
+  // expert exchange overlaps the other's compute).
+  int64_t micro_batches = 1;
   // CausalLm::SetPrefillAttention: auto, absorbed or mha.
   std::string prefill_attention = "auto";
   // After each batch size's timed steps (and the eager ones), output_len more steps of the same

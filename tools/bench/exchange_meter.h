@@ -15,8 +15,10 @@
 // call blocks anyway. The time includes waiting for the slowest peer to reach the exchange
 // (load imbalance between ranks shows up here).
 //
-// Not thread-safe, like the communicator it wraps: the rank's one model thread calls the
-// collectives and reads the counters; Abort() may come from any thread.
+// Not thread-safe, like the communicator it wraps: one thread at a time calls the collectives (the
+// rank's model thread, or with two micro-batches its exchange thread, which the model waits for
+// before its step returns) and the model thread reads the counters between steps; Abort() may
+// come from any thread.
 #ifndef DEEPINFER_TOOLS_BENCH_EXCHANGE_METER_H_
 #define DEEPINFER_TOOLS_BENCH_EXCHANGE_METER_H_
 

@@ -265,6 +265,10 @@ absl::Status BuildRank(const RankSpec& spec, const RankHooks& hooks,
   parts->model->SetDecodeGraphOptions(spec.decode_graphs);
   parts->model->SetFusedOps(spec.fused_ops);
   parts->model->SetPrefillAttention(spec.prefill_attention);
+  if (absl::Status st = parts->model->SetMicroBatches(spec.micro_batches); !st.ok()) {
+    return absl::Status(st.code(),
+                        absl::StrCat("--micro-batches ", spec.micro_batches, ": ", st.message()));
+  }
 
   absl::StatusOr<WeightDType> cache_dtype =
       ResolveKvCacheDType(spec.kv_cache_dtype, be->weight_dtype());

@@ -111,6 +111,7 @@ struct RankSpec {
       open_weights;
   DecodeGraphOptions decode_graphs;
   bool fused_ops = true;
+  int32_t micro_batches = 1;  // CausalLm::SetMicroBatches
   PrefillAttention prefill_attention = PrefillAttention::kAuto;
 
   // The KV cache: entries "auto" (the weights' dtype), "bfloat16" or "float32"; its size in

@@ -399,6 +399,7 @@ bool RankGroup::FormRank(int local) {
   spec.gpu_memory_utilization = options_.gpu_memory_utilization;
   spec.max_batch_tokens = options_.max_batch_tokens;
   spec.prefill_attention = options_.prefill_attention;
+  spec.micro_batches = options_.micro_batches;
   spec.max_running = options_.max_running;
   spec.draft_layers = options_.speculative_tokens;
   // On the CPU, the plan of every local rank was made once, in Start().

@@ -339,6 +339,27 @@ void RankGroupTest::ExpectTwoRanksEqualOneRank() {
   }
 }
 
+// --micro-batches 2 on every rank of an expert-parallel group: the same tokens as one rank with
+// one micro-batch per step (a rank whose halves disagree on the exchanges would fail the group
+// or time out instead of finishing).
+TEST_F(RankGroupTest, TwoExpertParallelRanksWithTwoMicroBatchesEqualOneRank) {
+  Collector one;
+  RunOneRank(&one);
+  options_.dispatcher = EpDispatcherFactory();
+  options_.micro_batches = 2;
+  Collector two;
+  auto group = StartGroup(2, 0x2468, 2, 2, &two);
+  ASSERT_NE(group, nullptr);
+  ASSERT_EQ(group->AwaitFormed(), GROUP_SERVING) << group->error();
+  ASSERT_TRUE(group->Submit(Items(2)).ok());
+  auto a = one.Await(8);
+  auto b = two.Await(8);
+  for (const auto& [id, r] : a) {
+    EXPECT_EQ(b[id].error_code(), "") << id << ": " << b[id].error_message();
+    EXPECT_THAT(Tokens(b[id]), ElementsAreArray(Tokens(r))) << id;
+  }
+}
+
 TEST_F(RankGroupTest, DeviceExchangeWithoutTheNcclDataPlaneFailsClearly) {
   EpExchangeOptions exchange;
   exchange.kind = EpExchangeKind::kDevice;
