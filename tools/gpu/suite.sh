@@ -6,8 +6,9 @@
 #
 # Suites, run in this order whatever the order given (each step under its own time limit;
 # SUITE_BUDGET_S, if set, caps all of them):
-#   tests           every *_test binary of the bundle (TESTS="a_test b_test" picks some,
-#                   GTEST_FILTER passes a filter to each)
+#   tests           nccl_window_probe when bundled (which NCCL calls of the device exchange
+#                   work here), then every *_test binary of the bundle (TESTS="a_test b_test"
+#                   picks some, GTEST_FILTER passes a filter to each)
 #   hf              HF transformers' bf16 error on the parity fixtures (hf_bf16_error.py)
 #   kernel-bench    every kernel and backend micro-benchmark of the bundle (*_bench)
 #   bench           ours against HF transformers on the same configs (bench_all.sh)
@@ -61,6 +62,11 @@ echo "suites:$suites GPUs: $gpus" >> "$OUT/machine.txt"
 sub_out() { mkdir -p "$logs/$1" && echo "$logs/$1"; }
 
 if want tests; then
+  # Which NCCL calls of the device expert exchange work here (before the tests that need them).
+  if [[ -x "$B/nccl_window_probe" ]]; then
+    step nccl_window_probe 120 env NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=INIT,ENV \
+      "$B/nccl_window_probe"
+  fi
   for t in "$B"/*_test; do
     n=$(basename "$t")
     [[ -z "${TESTS:-}" || " $TESTS " == *" $n "* ]] || continue
