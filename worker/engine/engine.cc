@@ -517,6 +517,7 @@ absl::StatusOr<std::vector<RequestResult>> Engine::Step() {
     absl::StatusOr<StepOutput> out = model_->Step(batch, pool_);
     const absl::Time step_end = absl::Now();
     if (!out.ok()) return out.status();
+    step_window_.Record(decodes + prefill_tokens, decodes);
     stats_.AddStep(step_start, step_end - step_start, decodes, prefill_tokens,
                    model_->decode_graphs_recorded() > graphs_before,
                    model_->decode_graph_steps() > graph_steps_before);
@@ -774,6 +775,7 @@ void Engine::UpdateLoad() {
   load.kv_blocks_total = pool_->num_blocks();
   load.kv_blocks_used = cache_.num_referenced_blocks();
   load.kv_blocks_cached = cache_.num_cached_blocks();
+  load.steps = step_window_.summary();
   load.prompt_tokens = prompt_tokens_;
   load.cached_prompt_tokens = cached_prompt_tokens_;
   load.computed_tokens = computed_tokens_;

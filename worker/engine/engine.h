@@ -67,6 +67,7 @@
 #include "worker/engine/draft_proposer.h"
 #include "worker/engine/request_queue.h"
 #include "worker/engine/step_stats.h"
+#include "worker/engine/step_window.h"
 #include "worker/engine/structured_output_matchers.h"
 #include "worker/kv_cache/kv_block_pool.h"
 #include "worker/kv_cache/prefix_cache.h"
@@ -104,6 +105,7 @@ struct EngineLoad {
   int64_t kv_blocks_used = 0;  // referenced by requests (idle cached blocks count as free)
   int64_t kv_blocks_total = 0;
   int64_t kv_blocks_cached = 0;  // holding a cached prefix (referenced or idle)
+  StepWindow::Summary steps;     // the last steps' tokens and decode rows
   // Prefix caching so far: prompt tokens of first admissions, and of those, served from the
   // cache; tokens the model computed.
   int64_t prompt_tokens = 0;
@@ -232,6 +234,7 @@ class Engine {
   std::unique_ptr<DraftProposer> drafter_;  // null unless speculative_tokens > 0
   StepStats stats_;
 
+  StepWindow step_window_;  // engine thread
   mutable absl::Mutex load_mu_;
   EngineLoad load_ ABSL_GUARDED_BY(load_mu_);
   std::vector<RequestProgress> progress_ ABSL_GUARDED_BY(load_mu_);
