@@ -319,6 +319,18 @@ TEST_F(CudaFp8RoutedExpertsTest, ReplayedFromACudaGraph) {
   Run(9, true);
 }
 
+// The op timing report lists phases inside ops on "(phase)" lines; CallsOf reads both kinds
+// (GemmMatchesDequantisedWeightsOnBothPaths counts the FP8 GEMM's phases). No GPU needed.
+TEST(CallsOfTest, ReadsOpAndPhaseLines) {
+  const std::string report =
+      "  Gemm                      1 calls      0.050 ms 100.0%\n"
+      "    (phase) Gemm/fp8-small-m                    3 calls      0.040 ms\n"
+      "  total                                  0.050 ms\n";
+  EXPECT_EQ(CallsOf(report, "Gemm"), 1);
+  EXPECT_EQ(CallsOf(report, "Gemm/fp8-small-m"), 3);
+  EXPECT_EQ(CallsOf(report, "Gemm/fp8-dequant-bf16"), -1);
+}
+
 TEST_F(CudaFp8Test, BatchedGemmRefusesFp8) {
   std::mt19937 gen(1);
   const Fp8Matrix w = RandomFp8(128, 128, 0, &gen);
