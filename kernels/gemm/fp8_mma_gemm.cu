@@ -300,17 +300,6 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
-// Whether the tensor-core kernels were compiled for this device (sm_80+ code: the compute_75
-// PTX fallback has no bf16 MMA).
-bool MmaAvailable() {
-  static const bool available = [] {
-    cudaFuncAttributes attr;
-    if (cudaFuncGetAttributes(&attr, Fp8MmaGroupedKernel<1>) != cudaSuccess) return false;
-    return attr.binaryVersion >= 80 && attr.ptxVersion >= 80;
-  }();
-  return available;
-}
-
 bool Aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
 
 // k-slices per feature tile: the fewest that give the grid kTargetBlocks blocks of
@@ -352,13 +341,23 @@ cudaError_t LaunchDenseRows(const Fp8MmaGemmParams& p, cudaStream_t stream) {
 
 }  // namespace
 
+bool Fp8MmaGemmAvailable() {
+  static const bool available = [] {
+    cudaFuncAttributes attr;
+    if (cudaFuncGetAttributes(&attr, Fp8MmaGroupedKernel<1>) != cudaSuccess) return false;
+    return attr.binaryVersion >= 80 && attr.ptxVersion >= 80;
+  }();
+  return available;
+}
+
 bool Fp8MmaGemmSupports(const Fp8MmaGemmParams& p) {
   const int64_t a_elem = p.a_bf16 ? 2 : 4;
   return p.m >= 1 && p.n >= 1 && p.k >= 1 && p.m <= kIntMax && p.n <= kIntMax &&
          (p.m + 7) / 8 <= 65535 && p.k % 16 == 0 && p.a != nullptr && p.w.data != nullptr &&
          p.w.scales != nullptr && p.c != nullptr && p.lda >= p.k && (p.lda * a_elem) % 16 == 0 &&
          Aligned16(p.a) && p.w.ldw >= p.k && p.w.ldw % 16 == 0 && Aligned16(p.w.data) &&
-         p.ldc >= p.n && p.w.scale_ld >= Fp8ScaleCols(p.k) && p.w.split_rows >= 0 && MmaAvailable();
+         p.ldc >= p.n && p.w.scale_ld >= Fp8ScaleCols(p.k) && p.w.split_rows >= 0 &&
+         Fp8MmaGemmAvailable();
 }
 
 cudaError_t Fp8MmaGemm(const Fp8MmaGemmParams& p, cudaStream_t stream) {
@@ -370,7 +369,8 @@ bool Fp8MmaGroupedGemmSupports(const Fp8MmaGroupedGemmParams& p) {
   return p.num_groups >= 1 && p.max_rows >= 0 && p.n >= 1 && p.k >= 1 && p.n <= kIntMax &&
          p.k % 16 == 0 && std::min(p.num_groups, p.max_rows) <= 65535 && p.offsets != nullptr &&
          p.a != nullptr && Aligned16(p.a) && p.weights != nullptr && p.scales != nullptr &&
-         p.c != nullptr && p.scale_ld >= Fp8ScaleCols(p.k) && p.split_rows >= 0 && MmaAvailable();
+         p.c != nullptr && p.scale_ld >= Fp8ScaleCols(p.k) && p.split_rows >= 0 &&
+         Fp8MmaGemmAvailable();
 }
 
 cudaError_t Fp8MmaGroupedGemm(const Fp8MmaGroupedGemmParams& p, cudaStream_t stream) {

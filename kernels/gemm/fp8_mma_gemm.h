@@ -23,6 +23,10 @@
 namespace deepinfer {
 namespace kernels {
 
+// Whether this process has the tensor-core kernels for the current device (sm_80+ code; the
+// compute_75 PTX fallback has no bf16 MMA). The Supports functions check it too.
+bool Fp8MmaGemmAvailable();
+
 // c[i, j] (+)= sum_p bf16(a[i, p]) * w(j, p) * scale(j, p), i < m, j < n, p < k; a fp32 or (a_bf16)
 // bf16 bits, c fp32. With accumulate, c[i, j] + the sum is one fp32 addition.
 struct Fp8MmaGemmParams {

@@ -57,17 +57,21 @@ bool CublasLtFp8Gemm::DeviceSupports(int device) {
          major == 9 && minor == 0;
 }
 
-bool CublasLtFp8Gemm::Takes(const Fp8LtGemm& g) {
+bool CublasLtFp8Gemm::TakesLayout(const Fp8LtGemm& g) {
   const int64_t d_elem = g.d_bf16 ? 2 : 4;
   const int64_t split = g.w.split_rows;
   const bool parts_ok = split == 0 || split % kernels::kFp8BlockSize == 0 ||
                         (split > 0 && split < g.n && split % 4 == 0 && (split * d_elem) % 16 == 0);
   return g.m >= 4 && g.m % 4 == 0 && g.n >= 4 && g.n % 4 == 0 && g.k >= 16 && g.k % 16 == 0 &&
-         g.q != nullptr && Aligned16(g.q) && g.ldq >= g.k && g.ldq % 16 == 0 &&
-         g.q_scales != nullptr && Aligned16(g.q_scales) && g.w.data != nullptr &&
-         Aligned16(g.w.data) && g.w.ldw >= g.k && g.w.ldw % 16 == 0 && g.w.scales != nullptr &&
-         Aligned16(g.w.scales) && g.w.scale_ld == kernels::Fp8ScaleLd(g.k) && g.d != nullptr &&
-         Aligned16(g.d) && g.ldd >= g.n && (g.ldd * d_elem) % 16 == 0 && parts_ok;
+         g.ldq >= g.k && g.ldq % 16 == 0 && g.w.ldw >= g.k && g.w.ldw % 16 == 0 &&
+         g.w.scale_ld == kernels::Fp8ScaleLd(g.k) && g.ldd >= g.n && (g.ldd * d_elem) % 16 == 0 &&
+         parts_ok;
+}
+
+bool CublasLtFp8Gemm::Takes(const Fp8LtGemm& g) {
+  return TakesLayout(g) && g.q != nullptr && Aligned16(g.q) && g.q_scales != nullptr &&
+         Aligned16(g.q_scales) && g.w.data != nullptr && Aligned16(g.w.data) &&
+         g.w.scales != nullptr && Aligned16(g.w.scales) && g.d != nullptr && Aligned16(g.d);
 }
 
 absl::StatusOr<const CublasLtFp8Gemm::Shape*> CublasLtFp8Gemm::ShapeFor(const Fp8LtGemm& g) {
@@ -159,33 +163,48 @@ absl::StatusOr<bool> CublasLtFp8Gemm::RunOne(const Fp8LtGemm& g, cudaStream_t st
   return true;
 }
 
-absl::StatusOr<bool> CublasLtFp8Gemm::Run(const Fp8LtGemm& g, cudaStream_t stream) {
-  if (!Takes(g)) return false;
+int CublasLtFp8Gemm::Parts(const Fp8LtGemm& g, Fp8LtGemm parts[2]) {
   const int64_t split = g.w.split_rows;
-  if (split == 0 || split % kernels::kFp8BlockSize == 0) {
-    Fp8LtGemm one = g;
-    one.w.split_rows = 0;  // the stacked grid is the plain one
-    return RunOne(one, stream);
-  }
+  parts[0] = g;
+  parts[0].w.split_rows = 0;  // a stacked grid split at a multiple of 128 is the plain one
+  if (split == 0 || split % kernels::kFp8BlockSize == 0) return 1;
   // Two checkpoint tensors with their own block grids: one GEMM each, into d's columns.
   const int64_t d_elem = g.d_bf16 ? 2 : 4;
-  Fp8LtGemm first = g, second = g;
-  first.n = split;
-  first.w.split_rows = 0;
-  second.n = g.n - split;
-  second.w.split_rows = 0;
-  second.w.data = g.w.data + split * g.w.ldw;
-  second.w.scales = g.w.scales + kernels::Fp8ScaleRow(split, split) * g.w.scale_ld;
-  second.d = static_cast<char*>(g.d) + split * d_elem;
-  // Both parts must be available before either runs (nothing half done).
-  auto a = ShapeFor(first);
-  if (!a.ok()) return a.status();
-  auto b = ShapeFor(second);
-  if (!b.ok()) return b.status();
-  if (!(*a)->has_algo || !(*b)->has_algo) return false;
-  auto ran = RunOne(first, stream);
-  if (!ran.ok() || !*ran) return ran;
-  return RunOne(second, stream);
+  parts[1] = parts[0];
+  parts[0].n = split;
+  parts[1].n = g.n - split;
+  if (g.w.data != nullptr) parts[1].w.data = g.w.data + split * g.w.ldw;
+  if (g.w.scales != nullptr) {
+    parts[1].w.scales = g.w.scales + kernels::Fp8ScaleRow(split, split) * g.w.scale_ld;
+  }
+  if (g.d != nullptr) parts[1].d = static_cast<char*>(g.d) + split * d_elem;
+  return 2;
+}
+
+absl::StatusOr<bool> CublasLtFp8Gemm::Ready(const Fp8LtGemm& g) {
+  if (!TakesLayout(g)) return false;
+  Fp8LtGemm parts[2];
+  const int count = Parts(g, parts);
+  for (int i = 0; i < count; ++i) {
+    auto shape = ShapeFor(parts[i]);
+    if (!shape.ok()) return shape.status();
+    if (!(*shape)->has_algo) return false;
+  }
+  return true;
+}
+
+absl::StatusOr<bool> CublasLtFp8Gemm::Run(const Fp8LtGemm& g, cudaStream_t stream) {
+  if (!Takes(g)) return false;
+  // Every part must have an algorithm before any runs (nothing half done).
+  auto ready = Ready(g);
+  if (!ready.ok() || !*ready) return ready;
+  Fp8LtGemm parts[2];
+  const int count = Parts(g, parts);
+  for (int i = 0; i < count; ++i) {
+    auto ran = RunOne(parts[i], stream);
+    if (!ran.ok() || !*ran) return ran;
+  }
+  return true;
 }
 
 }  // namespace deepinfer

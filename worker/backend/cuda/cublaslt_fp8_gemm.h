@@ -55,6 +55,8 @@ class CublasLtFp8Gemm {
   // stacked at split_rows takes one GEMM per part unless split_rows is a multiple of 128, and
   // needs split_rows * the output element size a multiple of 16 bytes.
   static bool Takes(const Fp8LtGemm& g);
+  // Takes' conditions on sizes and strides only (no pointer looked at).
+  static bool TakesLayout(const Fp8LtGemm& g);
 
   // The GEMM on `stream` with the first algorithm of cuBLASLt's heuristic for its shape (chosen
   // once per shape, so a shape always runs the same algorithm; nothing is timed and nothing
@@ -62,6 +64,10 @@ class CublasLtFp8Gemm {
   // launched): Takes is false, or cuBLASLt has no algorithm for the shape (not compute
   // capability 9.0, or a cuBLASLt without these scale modes). Errors: cuBLASLt failures.
   absl::StatusOr<bool> Run(const Fp8LtGemm& g, cudaStream_t stream);
+  // Whether Run would launch g given pointers Takes accepts (TakesLayout, and an algorithm for
+  // each part): asks cuBLASLt's heuristic the first time a shape is seen, launches nothing; g's
+  // activation and output pointers may still be null. Errors: cuBLASLt failures.
+  absl::StatusOr<bool> Ready(const Fp8LtGemm& g);
   size_t shapes() const { return shapes_.size(); }
 
  private:
@@ -71,6 +77,8 @@ class CublasLtFp8Gemm {
 
   CublasLtFp8Gemm(cublasLtHandle_t lt, void* workspace, size_t workspace_bytes);
   absl::StatusOr<const Shape*> ShapeFor(const Fp8LtGemm& g);
+  // g's one or two single-grid parts (Run's split at split_rows); returns how many.
+  static int Parts(const Fp8LtGemm& g, Fp8LtGemm parts[2]);
   // One matmul of rows [0, g.n) of g.w (its scale grid from its first row).
   absl::StatusOr<bool> RunOne(const Fp8LtGemm& g, cudaStream_t stream);
 

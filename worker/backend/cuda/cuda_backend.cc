@@ -103,6 +103,10 @@ absl::StatusOr<std::unique_ptr<CudaBackend>> CudaBackend::Create(int device,
         absl::StrCat("CudaBackend: CudaTuning::mla_decode_small_max_context must be >= 1, got ",
                      tuning.mla_decode_small_max_context));
   }
+  if (tuning.fp8_w8a8_min_rows < 1) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "CudaBackend: CudaTuning::fp8_w8a8_min_rows must be >= 1, got ", tuning.fp8_w8a8_min_rows));
+  }
   int count = 0;
   cudaError_t err = cudaGetDeviceCount(&count);
   if (err != cudaSuccess || count == 0) {
@@ -177,12 +181,15 @@ CudaBackend::CudaBackend(int device, WeightDType weight_dtype, const CudaTuning&
       pool_(pool),
       cublas_workspace_(cublas_workspace),
       staged_gemv_counter_(staged_gemv_counter),
-      route_tile_counters_(route_tile_counters) {}
+      route_tile_counters_(route_tile_counters) {
+  fp8_w8a8_device_ = CublasLtFp8Gemm::DeviceSupports(device);
+}
 
 CudaBackend::~CudaBackend() {
   cudaSetDevice(device_);
   Check(cudaStreamSynchronize(stream_), "cudaStreamSynchronize");
   lt_tuner_.reset();
+  lt_fp8_.reset();
   cublasDestroy(cublas_);
   cudaFree(cublas_workspace_);
   cudaFree(staged_gemv_counter_);

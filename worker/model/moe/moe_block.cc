@@ -141,6 +141,8 @@ RoutedExpertsArgs MoeBlock::DeviceExpertsArgs(int64_t layer, int64_t rows, const
   if (t.dtype == WeightDType::kFp8E4M3) {
     a.gate_up_scales = static_cast<const float* const*>(t.gate_up_scales->data());
     a.down_scales = static_cast<const float* const*>(t.down_scales->data());
+    a.gate_up_scale_ld = t.gate_up_scale_ld;
+    a.down_scale_ld = t.down_scale_ld;
   }
   a.out = out;
   const MlpWeights& shared = weights_->layers[layer].shared;
@@ -224,6 +226,9 @@ void MoeBlock::BuildExpertTables() {
       if (fp8 == E) {
         t.gate_up_scales = Pointers(gate_up_scales);
         t.down_scales = Pointers(down_scales);
+        // Every expert has the same shapes, so the same scale strides.
+        t.gate_up_scale_ld = L.experts.at(0).gate_up.scale_ld;
+        t.down_scale_ld = L.experts.at(0).down.scale_ld;
       }
       t.gate_up_host = std::move(gate_up);
       t.down_host = std::move(down);
