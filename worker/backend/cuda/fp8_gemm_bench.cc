@@ -120,6 +120,40 @@ struct Result {
   double us = 0;
 };
 
+// The fastest bf16 and FP8 path of one (shape, m), for the summary tables.
+struct Cell {
+  std::string shape;
+  int64_t m = 0;
+  const char* fp8_path = "-";
+  double speedup = 0;  // best bf16 time / best FP8 time (0: no FP8 path)
+};
+
+// Two tables, one row per shape and one column per m: the FP8 speed-up over bf16 (both their
+// fastest paths) and which FP8 path was fastest.
+void PrintSummary(const std::vector<Cell>& cells, const std::vector<int64_t>& ms) {
+  for (int table = 0; table < 2; ++table) {
+    std::printf("\n%s\n%-15s",
+                table == 0 ? "FP8 speed-up over bf16 (fastest path each)" : "fastest FP8 path",
+                "shape \\ m");
+    for (int64_t m : ms) std::printf(" %6ld", static_cast<long>(m));
+    std::printf("\n");
+    std::string shape;
+    for (const Cell& c : cells) {
+      if (c.shape != shape) {
+        if (!shape.empty()) std::printf("\n");
+        shape = c.shape;
+        std::printf("%-15s", shape.c_str());
+      }
+      if (table == 0) {
+        std::printf(" %6.2f", c.speedup);
+      } else {
+        std::printf(" %6s", c.fp8_path);
+      }
+    }
+    std::printf("\n");
+  }
+}
+
 // The GEMM shapes and the helpers shared by their paths.
 class DenseBench {
  public:
@@ -137,6 +171,8 @@ class DenseBench {
     BENCH_CUDA(cudaGetDevice(&device));
     w8a8_device_ = CublasLtFp8Gemm::DeviceSupports(device);
   }
+
+  const std::vector<Cell>& cells() const { return cells_; }
 
   void Run(const Shape& s, const std::vector<int64_t>& ms) {
     const int64_t m_max = *std::max_element(ms.begin(), ms.end());
@@ -283,11 +319,13 @@ class DenseBench {
                   (2.0 * fp8_bytes + act_out) / b16.us / 1e3);
       if (fp8.empty()) {
         std::printf(" no FP8 path\n");
+        cells_.push_back({s.name, m, "-", 0.0});
         continue;
       }
       const Result b8 = best(fp8);
       std::printf(" %-5s %6.1f %6.0f | %5.2fx\n", b8.path, flops / b8.us / 1e6,
                   (fp8_bytes + scale_bytes + act_out) / b8.us / 1e3, b16.us / b8.us);
+      cells_.push_back({s.name, m, b8.path, b16.us / b8.us});
     }
     for (int i = 0; i < copies; ++i) {
       BENCH_CUDA(cudaFree(w8[i]));
@@ -302,6 +340,7 @@ class DenseBench {
   void* workspace_ = nullptr;
   std::unique_ptr<CublasLtFp8Gemm> lt_;
   bool w8a8_device_ = false;
+  std::vector<Cell> cells_;
 };
 
 struct MoeShape {
@@ -436,6 +475,8 @@ int main(int argc, char** argv) {
               "TF/s", "GB/s", "fp8", "TF/s", "GB/s");
   deepinfer::DenseBench dense;
   for (const Shape& s : shapes) dense.Run(s, ms);
+  deepinfer::PrintSummary(dense.cells(), ms);
+  std::printf("\n");
   deepinfer::GroupedBench({"moonlight", 64, 6, 2048, 1408});
   deepinfer::GroupedBench({"v3", 256, 8, 7168, 2048});
   return 0;
