@@ -4,13 +4,14 @@
 //   bf16 cublas  cublasGemmEx, bf16 weights and activations, fp32 output
 //        small   kernels::SmallMGemmBf16 (m <= 4, where it takes the shape; fp32 activations)
 //   fp8  core    kernels::Fp8SmallMGemm (CUDA cores, m <= 32)
-//        mma     kernels::Fp8MmaGemm (bf16 tensor cores, the FP8 weight widened in registers)
+//        mma     kernels::Fp8MmaGemm (bf16 tensor cores, the FP8 weight widened in registers),
+//                fp32 activations; mma16: the same with bf16 activations (the model's normed rows)
 //        w8a8    kernels::Fp8QuantizeRows + CublasLtFp8Gemm (FP8 tensor cores; compute
 //                capability 9.0), and lt: the cuBLASLt GEMM alone
 //        deq     kernels::Fp8DequantToBf16 + cublasGemmEx (m >= 33)
 // then the fastest bf16 and FP8 path with TFLOP/s (2 m n k) and GB/s (weight bytes, FP8 with its
 // scales, plus the activations read and the output written), and the FP8 speed-up. The FP8 paths
-// read fp32 activations, as the model gives them. Then the routed experts' grouped GEMMs at
+// read fp32 activations except mma16. Then the routed experts' grouped GEMMs at
 // decode token counts (uniform random top-k): kernels::Fp8MmaGroupedGemm (bf16 rows, the FP8
 // device path), kernels::Fp8GroupedGemm (fp32 rows, its fallback) and kernels::GroupedGemmBf16
 // (bf16 weights, the bf16 path's kernel at 1-2 tokens), GB/s of the busy experts' weights.
@@ -124,8 +125,8 @@ struct Result {
 struct Cell {
   std::string shape;
   int64_t m = 0;
-  const char* fp8_path = "-";
-  double speedup = 0;  // best bf16 time / best FP8 time (0: no FP8 path)
+  const char* fp8_path = "-";  // the fastest FP8 path's column name
+  double speedup = 0;          // best bf16 time / best FP8 time (0: no FP8 path)
 };
 
 // Two tables, one row per shape and one column per m: the FP8 speed-up over bf16 (both their
@@ -234,7 +235,7 @@ class DenseBench {
         });
         bf16.push_back({"small", small_us});
       }
-      double core_us = -1, mma_us = -1, w8a8_us = -1, lt_us = -1, deq_us = -1;
+      double core_us = -1, mma_us = -1, mma16_us = -1, w8a8_us = -1, lt_us = -1, deq_us = -1;
       kernels::Fp8SmallMGemmParams core;
       core.m = m, core.n = s.n, core.k = s.k, core.a = a, core.lda = s.k, core.w = weight(0);
       core.c = c, core.ldc = s.n;
@@ -256,6 +257,15 @@ class DenseBench {
           BENCH_CUDA(kernels::Fp8MmaGemm(p, st));
         });
         fp8.push_back({"mma", mma_us});
+        kernels::Fp8MmaGemmParams mma16 = mma;
+        mma16.a = a16;
+        mma16.a_bf16 = true;
+        mma16_us = GraphMicros(copies, [&](int i, cudaStream_t st) {
+          kernels::Fp8MmaGemmParams p = mma16;
+          p.w = weight(i);
+          BENCH_CUDA(kernels::Fp8MmaGemm(p, st));
+        });
+        fp8.push_back({"mma16", mma16_us});
       }
       // W8A8 as CudaBackend::Gemm runs it: quantise, GEMM (into scratch and moved when m is not
       // a multiple of 4).
@@ -312,9 +322,10 @@ class DenseBench {
       const Result b16 = best(bf16);
       const double flops = 2.0 * m * s.n * s.k;
       const double act_out = m * s.k * 4.0 + m * s.n * 4.0;
-      std::printf("%-15s %6ld %6ld %5ld |%s%s |%s%s%s%s%s |", s.name, static_cast<long>(s.n),
+      std::printf("%-15s %6ld %6ld %5ld |%s%s |%s%s%s%s%s%s |", s.name, static_cast<long>(s.n),
                   static_cast<long>(s.k), static_cast<long>(m), cell(bf16[0].us), cell(small_us),
-                  cell(core_us), cell(mma_us), cell(w8a8_us), cell(lt_us), cell(deq_us));
+                  cell(core_us), cell(mma_us), cell(mma16_us), cell(w8a8_us), cell(lt_us),
+                  cell(deq_us));
       std::printf(" %-6s %6.1f %6.0f |", b16.path, flops / b16.us / 1e6,
                   (2.0 * fp8_bytes + act_out) / b16.us / 1e3);
       if (fp8.empty()) {
@@ -470,9 +481,9 @@ int main(int argc, char** argv) {
       {"v3 expert gu", 4096, 7168},
       {"v3 expert dn", 7168, 2048},
   };
-  std::printf("%-15s %6s %6s %5s |%9s%9s |%9s%9s%9s%9s%9s | %-6s %6s %6s | %-5s %6s %6s | fp8\n",
-              "shape", "n", "k", "m", "cublas", "small", "core", "mma", "w8a8", "lt", "deq", "bf16",
-              "TF/s", "GB/s", "fp8", "TF/s", "GB/s");
+  std::printf("%-15s %6s %6s %5s |%9s%9s |%9s%9s%9s%9s%9s%9s | %-6s %6s %6s | %-5s %6s %6s | fp8\n",
+              "shape", "n", "k", "m", "cublas", "small", "core", "mma", "mma16", "w8a8", "lt",
+              "deq", "bf16", "TF/s", "GB/s", "fp8", "TF/s", "GB/s");
   deepinfer::DenseBench dense;
   for (const Shape& s : shapes) dense.Run(s, ms);
   deepinfer::PrintSummary(dense.cells(), ms);
