@@ -182,7 +182,12 @@ CudaBackend::CudaBackend(int device, WeightDType weight_dtype, const CudaTuning&
       cublas_workspace_(cublas_workspace),
       staged_gemv_counter_(staged_gemv_counter),
       route_tile_counters_(route_tile_counters) {
-  fp8_w8a8_device_ = CublasLtFp8Gemm::DeviceSupports(device);
+  // Made here, never while a stream is captured; a device or cuBLASLt without it keeps the
+  // other FP8 paths.
+  if (CublasLtFp8Gemm::DeviceSupports(device)) {
+    auto made = CublasLtFp8Gemm::Create(cublas_workspace_, kCublasWorkspaceBytes);
+    if (made.ok()) lt_fp8_ = std::move(made).value();
+  }
 }
 
 CudaBackend::~CudaBackend() {

@@ -440,8 +440,9 @@ class CudaBackend : public Backend {
   bool op_timing_ = false;
   bool in_timed_op_ = false;                     // GroupedGemm calls Gemm: count only the outer op
   std::unique_ptr<CublasLtGemmTuner> lt_tuner_;  // made at the first tuned GEMM
-  std::unique_ptr<CublasLtFp8Gemm> lt_fp8_;      // made at the first W8A8 GEMM
-  bool fp8_w8a8_device_ = false;                 // CublasLtFp8Gemm::DeviceSupports(device_)
+  // Gemm's W8A8 path; made with the backend on a device CublasLtFp8Gemm::DeviceSupports, else
+  // null (no W8A8).
+  std::unique_ptr<CublasLtFp8Gemm> lt_fp8_;
   std::map<std::string, OpTotal> op_totals_;
   // kChunked, or kPerExpert once cuBLAS has refused the batched call (ExpertGemms).
   kernels::ExpertGemmCublasAlgo expert_gemm_algo_ = kernels::ExpertGemmCublasAlgo::kChunked;

@@ -49,14 +49,9 @@ bool CudaBackend::GemmFp8W8A8(int64_t m, int64_t n, int64_t k, ActivationView a,
                               bool accumulate, const char* phase_name) {
   const bool a_bf16 = a.dtype == WeightDType::kBFloat16;
   const int64_t a_elem = a_bf16 ? 2 : 4;
-  if (!fp8_w8a8_device_ || m < 1 || k < 16 || k % 16 != 0 || (lda * a_elem) % 16 != 0 ||
+  if (lt_fp8_ == nullptr || m < 1 || k < 16 || k % 16 != 0 || (lda * a_elem) % 16 != 0 ||
       !Aligned16(a.data) || w.fp8.scale_ld != kernels::Fp8ScaleLd(k)) {
     return false;
-  }
-  if (lt_fp8_ == nullptr) {
-    auto made = CublasLtFp8Gemm::Create(cublas_workspace_, kCublasWorkspaceBytes);
-    if (!Record(made.status())) return true;  // the error is recorded; nothing else to run
-    lt_fp8_ = std::move(made).value();
   }
   // cuBLASLt takes whole groups of 4 rows: a ragged fp32 result goes through scratch.
   const int64_t m4 = RoundUp4(m), blocks = kernels::Fp8ScaleCols(k);
