@@ -25,6 +25,7 @@ struct CublasLtFp8Gemm::Shape {
   cublasLtMatmulDesc_t op = nullptr;
   cublasLtMatrixLayout_t w = nullptr, q = nullptr, d = nullptr;
   bool has_algo = false;
+  cublasStatus_t heuristic_status = CUBLAS_STATUS_NOT_INITIALIZED;
   cublasLtMatmulAlgo_t algo;
   ~Shape() {
     if (d != nullptr) cublasLtMatrixLayoutDestroy(d);
@@ -95,10 +96,14 @@ absl::StatusOr<const CublasLtFp8Gemm::Shape*> CublasLtFp8Gemm::ShapeFor(const Fp
       "cublasLtMatmulDescSetAttribute(A_SCALE_MODE)");
   set(CUBLASLT_MATMUL_DESC_B_SCALE_MODE, &q_mode, sizeof(q_mode),
       "cublasLtMatmulDescSetAttribute(B_SCALE_MODE)");
-  // The heuristic wants scale pointers; Run sets the real ones before every launch.
-  set(CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &g.w.scales, sizeof(g.w.scales),
+  // The heuristic refuses block scale modes without scale pointers (INVALID_VALUE); it does not
+  // read them. Run sets the real ones before every launch; until then the weight's stand in
+  // for the activations' where Ready has none yet.
+  const float* w_scales = g.w.scales;
+  const float* q_scales = g.q_scales != nullptr ? g.q_scales : g.w.scales;
+  set(CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &w_scales, sizeof(w_scales),
       "cublasLtMatmulDescSetAttribute(A_SCALE_POINTER)");
-  set(CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &g.q_scales, sizeof(g.q_scales),
+  set(CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &q_scales, sizeof(q_scales),
       "cublasLtMatmulDescSetAttribute(B_SCALE_POINTER)");
   if (st.ok()) {
     st = LtStatus(cublasLtMatrixLayoutCreate(&s->w, CUDA_R_8F_E4M3, g.k, g.n, g.w.ldw),
@@ -124,15 +129,15 @@ absl::StatusOr<const CublasLtFp8Gemm::Shape*> CublasLtFp8Gemm::ShapeFor(const Fp
   cublasLtMatmulHeuristicResult_t result;
   int found_algos = 0;
   if (st.ok()) {
-    // NOT_SUPPORTED (this device or cuBLAS has no such kernels) is an answer, not an error.
-    const cublasStatus_t h = cublasLtMatmulAlgoGetHeuristic(lt_, s->op, s->w, s->q, s->d, s->d,
-                                                            pref, 1, &result, &found_algos);
-    if (h != CUBLAS_STATUS_NOT_SUPPORTED) st = LtStatus(h, "cublasLtMatmulAlgoGetHeuristic");
+    // A refusal (NOT_SUPPORTED: no such kernels on this device or cuBLAS; INVALID_VALUE: a
+    // layout it does not take) is an answer, not an error: the caller takes another path.
+    s->heuristic_status = cublasLtMatmulAlgoGetHeuristic(lt_, s->op, s->w, s->q, s->d, s->d, pref,
+                                                         1, &result, &found_algos);
   }
   if (pref != nullptr) cublasLtMatmulPreferenceDestroy(pref);
   if (!st.ok()) return st;
-  s->has_algo = found_algos > 0 && result.state == CUBLAS_STATUS_SUCCESS &&
-                result.workspaceSize <= workspace_bytes_;
+  s->has_algo = s->heuristic_status == CUBLAS_STATUS_SUCCESS && found_algos > 0 &&
+                result.state == CUBLAS_STATUS_SUCCESS && result.workspaceSize <= workspace_bytes_;
   if (s->has_algo) s->algo = result.algo;
   const Shape* out = s.get();
   shapes_.emplace(key, std::move(s));
@@ -179,6 +184,24 @@ int CublasLtFp8Gemm::Parts(const Fp8LtGemm& g, Fp8LtGemm parts[2]) {
   }
   if (g.d != nullptr) parts[1].d = static_cast<char*>(g.d) + split * d_elem;
   return 2;
+}
+
+std::string CublasLtFp8Gemm::Refusal(const Fp8LtGemm& g) const {
+  if (!TakesLayout(g)) return "a layout CublasLtFp8Gemm::TakesLayout refuses";
+  Fp8LtGemm parts[2];
+  const int count = Parts(g, parts);
+  std::string out;
+  for (int i = 0; i < count; ++i) {
+    const Fp8LtGemm& p = parts[i];
+    auto found = shapes_.find(Key{p.m, p.n, p.k, p.ldq, p.w.ldw, p.ldd, p.d_bf16, p.accumulate});
+    absl::StrAppend(
+        &out, i > 0 ? "; " : "", "part ", i, " (n ", p.n, "): ",
+        found == shapes_.end()
+            ? std::string("not asked yet")
+            : absl::StrCat("heuristic status ", static_cast<int>(found->second->heuristic_status),
+                           found->second->has_algo ? ", an algorithm" : ", no algorithm"));
+  }
+  return out;
 }
 
 absl::StatusOr<bool> CublasLtFp8Gemm::Ready(const Fp8LtGemm& g) {

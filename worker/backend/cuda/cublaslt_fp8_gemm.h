@@ -14,6 +14,7 @@
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <string>
 #include <tuple>
 
 #include "absl/status/statusor.h"
@@ -62,12 +63,15 @@ class CublasLtFp8Gemm {
   // once per shape, so a shape always runs the same algorithm; nothing is timed and nothing
   // synchronises: safe while the stream is captured into a CUDA graph). false (nothing
   // launched): Takes is false, or cuBLASLt has no algorithm for the shape (not compute
-  // capability 9.0, or a cuBLASLt without these scale modes). Errors: cuBLASLt failures.
+  // capability 9.0, a cuBLASLt without these scale modes, or a layout its heuristic refuses).
+  // Errors: cuBLASLt failures other than the heuristic's refusal.
   absl::StatusOr<bool> Run(const Fp8LtGemm& g, cudaStream_t stream);
   // Whether Run would launch g given pointers Takes accepts (TakesLayout, and an algorithm for
   // each part): asks cuBLASLt's heuristic the first time a shape is seen, launches nothing; g's
   // activation and output pointers may still be null. Errors: cuBLASLt failures.
   absl::StatusOr<bool> Ready(const Fp8LtGemm& g);
+  // Why Ready / Run said no for g (for messages): each part's heuristic status.
+  std::string Refusal(const Fp8LtGemm& g) const;
   size_t shapes() const { return shapes_.size(); }
 
  private:
