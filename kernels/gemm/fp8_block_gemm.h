@@ -9,8 +9,10 @@
 //    block's scale and added to the fp32 accumulator.
 //  * Fp8GroupedGemm: the same for the routed experts' rows, grouped by expert on the device
 //    (the MoE permutation's offsets), so decode needs no host synchronisation.
-//  * Fp8DequantToBf16: the weight dequantised and rounded to bf16, for the tensor-core (cuBLAS)
-//    path of larger batches (prefill): the same bf16 weight `--dtype bfloat16` would upload.
+//  * Fp8DequantToBf16: the weight dequantised and rounded to bf16 (the same bf16 weight
+//    `--dtype bfloat16` would upload), for the bf16 cuBLAS path where no FP8 kernel takes the
+//    operands.
+// The tensor-core kernels for more rows are in fp8_mma_gemm.h.
 //
 // Scale layout: scales[ScaleRow(j) * scale_ld + p / 128] multiplies weight element (j, p).
 // ScaleRow(j) is j / 128, except in a matrix stacked from two checkpoint tensors with their own
