@@ -22,6 +22,22 @@ __global__ void __launch_bounds__(kThreads)
   const int lane = threadIdx.x & 31;
   const int64_t row = warp / blocks_per_row, kb = warp % blocks_per_row;
   if (row >= p.m_pad) return;  // whole warps
+  // Where this row's scale goes: the plain layout, or its group's packed one.
+  int64_t scale_at = kb * p.m_pad + row;
+  if (p.group_offsets != nullptr) {
+    if (row >= p.group_offsets[p.num_groups]) return;
+    int lo = 0, hi = p.num_groups - 1;  // the last group starting at or before row holds it
+    while (lo < hi) {
+      const int mid = (lo + hi + 1) / 2;
+      if (p.group_offsets[mid] <= row) {
+        lo = mid;
+      } else {
+        hi = mid - 1;
+      }
+    }
+    const int64_t base = p.group_offsets[lo], count = p.group_offsets[lo + 1] - base;
+    scale_at = base * blocks_per_row + kb * count + (row - base);
+  }
   const int64_t col = kb * kBlock + 4 * lane;
   const bool real = row < p.m;
   float x[4] = {0.0f, 0.0f, 0.0f, 0.0f};
@@ -56,7 +72,7 @@ __global__ void __launch_bounds__(kThreads)
     }
   }
   if (col < p.k) *reinterpret_cast<uint32_t*>(p.q + row * p.ldq + col) = packed;
-  if (lane == 0) p.scales[kb * p.m_pad + row] = s;
+  if (lane == 0) p.scales[scale_at] = s;
 }
 
 __global__ void AddRowsKernel(int64_t m, int64_t n, const float* d, int64_t ldd, float* c,
@@ -79,18 +95,21 @@ cudaError_t Fp8QuantizeRows(const Fp8QuantizeParams& p, cudaStream_t stream) {
   const int64_t a_elem = p.a_bf16 ? 2 : 4;
   if (p.m < 0 || p.k < 1 || p.k % 16 != 0 || p.m_pad < p.m || p.lda < p.k ||
       (p.lda * a_elem) % 16 != 0 || p.ldq < p.k || p.ldq % 16 != 0 || p.q == nullptr ||
-      p.scales == nullptr || !Aligned16(p.q) || (p.m > 0 && (p.a == nullptr || !Aligned16(p.a)))) {
+      p.scales == nullptr || !Aligned16(p.q) || (p.m > 0 && (p.a == nullptr || !Aligned16(p.a))) ||
+      (p.group_offsets != nullptr && p.num_groups < 1)) {
     return cudaErrorInvalidValue;
   }
-  if (p.m_pad == 0) return cudaSuccess;
+  Fp8QuantizeParams q = p;
+  if (q.group_offsets != nullptr) q.m_pad = q.m;  // only the groups' rows
+  if (q.m_pad == 0) return cudaSuccess;
   const int64_t blocks_per_row = (p.k + kBlock - 1) / kBlock;
-  const int64_t warps = p.m_pad * blocks_per_row;
+  const int64_t warps = q.m_pad * blocks_per_row;
   const int64_t grid = (warps * 32 + kThreads - 1) / kThreads;
   if (grid > 0x7FFFFFFF) return cudaErrorInvalidValue;
-  if (p.a_bf16) {
-    QuantizeKernel<true><<<static_cast<unsigned>(grid), kThreads, 0, stream>>>(p, blocks_per_row);
+  if (q.a_bf16) {
+    QuantizeKernel<true><<<static_cast<unsigned>(grid), kThreads, 0, stream>>>(q, blocks_per_row);
   } else {
-    QuantizeKernel<false><<<static_cast<unsigned>(grid), kThreads, 0, stream>>>(p, blocks_per_row);
+    QuantizeKernel<false><<<static_cast<unsigned>(grid), kThreads, 0, stream>>>(q, blocks_per_row);
   }
   return cudaGetLastError();
 }

@@ -20,6 +20,13 @@ namespace kernels {
 // to the GEMM's row multiple). k must be a multiple of 16, lda and ldq multiples of 16 bytes'
 // worth of elements with 16-byte aligned a and q (cudaErrorInvalidValue otherwise, nothing
 // launched).
+//
+// Grouped rows (the routed experts' permuted rows, one GEMM per expert): with group_offsets
+// (device [num_groups + 1], non-decreasing, [0] = 0, at most m), row i of group g (offsets[g] <=
+// i < offsets[g + 1]) has its block kb's scale at offsets[g] * blocks + kb * count_g +
+// (i - offsets[g]), count_g = offsets[g + 1] - offsets[g]: each group's scales packed in the
+// layout above for its own rows, so a GEMM over the group reads them at scales +
+// offsets[g] * blocks. Rows from offsets[num_groups] on are left untouched; m_pad is not used.
 struct Fp8QuantizeParams {
   int64_t m = 0, k = 0;
   const void* a = nullptr;
@@ -29,6 +36,8 @@ struct Fp8QuantizeParams {
   int64_t ldq = 0;
   float* scales = nullptr;
   int64_t m_pad = 0;  // >= m
+  const int32_t* group_offsets = nullptr;
+  int32_t num_groups = 0;
 };
 cudaError_t Fp8QuantizeRows(const Fp8QuantizeParams& p, cudaStream_t stream);
 

@@ -95,6 +95,62 @@ INSTANTIATE_TEST_SUITE_P(Shapes, Fp8QuantizeRowsTest,
                                            Case{5, 208, 8, 8, true}, Case{64, 1408, 0, 64, true},
                                            Case{7, 7168, 4, 12, false}, Case{0, 256, 0, 4, false}));
 
+// Grouped rows: each group's scales packed for its own rows at offsets[g] * blocks; rows past
+// the last group untouched.
+TEST(Fp8QuantizeRowsGroupsTest, PacksEachGroupsScales) {
+  DEEPINFER_SKIP_WITHOUT_GPU();
+  const uint32_t seed = testing::FreshSeed();
+  SCOPED_TRACE(::testing::Message() << "seed " << seed);
+  const int64_t m = 24, k = 384, blocks = Fp8ScaleCols(k);
+  const std::vector<int32_t> offsets = {0, 4, 4, 12, 20};
+  const int32_t groups = static_cast<int32_t>(offsets.size()) - 1;
+  const std::vector<float> a = testing::RandomFloats(m * k, seed);
+  DeviceArray<float> da(a);
+  DeviceArray<int32_t> doff(offsets);
+  DeviceArray<uint8_t> dq(m * k);
+  DeviceArray<float> ds(blocks * m);
+  dq.Poison();
+  ds.Poison();
+  Fp8QuantizeParams p;
+  p.m = m;
+  p.k = k;
+  p.a = da.get();
+  p.lda = k;
+  p.q = dq.get();
+  p.ldq = k;
+  p.scales = ds.get();
+  p.m_pad = m;
+  p.group_offsets = doff.get();
+  p.num_groups = groups;
+  DEEPINFER_CUDA_OK(Fp8QuantizeRows(p, nullptr));
+  std::vector<uint8_t> q;
+  std::vector<float> s;
+  DEEPINFER_CUDA_OK(dq.Download(&q));
+  DEEPINFER_CUDA_OK(ds.Download(&s));
+  for (int32_t g = 0; g < groups; ++g) {
+    const int64_t base = offsets[g], count = offsets[g + 1] - offsets[g];
+    for (int64_t i = base; i < base + count; ++i) {
+      for (int64_t b = 0; b < blocks; ++b) {
+        float amax = 0.0f;
+        for (int64_t c = b * 128; c < (b + 1) * 128; ++c)
+          amax = std::max(amax, std::fabs(a[i * k + c]));
+        const float want_s = std::max(amax / 448.0f, FLT_MIN);
+        ASSERT_EQ(s[base * blocks + b * count + (i - base)], want_s)
+            << "group " << g << " row " << i;
+        for (int64_t c = b * 128; c < (b + 1) * 128; ++c) {
+          ASSERT_EQ(q[i * k + c], FloatToF8E4M3(a[i * k + c] / want_s)) << "row " << i;
+        }
+      }
+    }
+  }
+  for (int64_t i = offsets.back(); i < m; ++i) {
+    for (int64_t c = 0; c < k; ++c) ASSERT_EQ(q[i * k + c], 0xFF) << "row " << i << " written";
+  }
+  for (int64_t e = offsets.back() * blocks; e < blocks * m; ++e) {
+    ASSERT_TRUE(std::isnan(s[e])) << "scale " << e << " written";
+  }
+}
+
 TEST(Fp8QuantizeRowsArgsTest, RejectsBadLayouts) {
   Fp8QuantizeParams p;  // all zero
   EXPECT_EQ(Fp8QuantizeRows(p, nullptr), cudaErrorInvalidValue);

@@ -186,8 +186,9 @@ class CudaBackend : public Backend {
   // synchronisation: kernels::Fp8MmaGroupedGemm on bf16 rows (gate_up fp32, SiluMulF32ToBf16,
   // down), or kernels::Fp8GroupedGemm on fp32 rows where the tensor-core kernel is not built or
   // hidden_size / inter are not multiples of 16; larger batches with the host pointer tables
-  // copy the group sizes back (rows aligned to 4 per expert) and run each expert's rows through
-  // Gemm's FP8 paths (W8A8 from CudaTuning::fp8_w8a8_min_rows rows).
+  // copy the group sizes back (rows aligned to 4 per expert) and run W8A8 where cuBLASLt takes
+  // it (ExpertGemmsFp8W8A8: one quantisation for all rows, one GEMM per busy expert, SiluMulF32
+  // once), else each expert's rows through Gemm's FP8 paths.
   bool RoutedExperts(const RoutedExpertsArgs& args) override;
   // Taken for bf16 weights, tokens whose decode algorithm is kGroupedF32 (DecodeMoeAlgoFor),
   // shared_inter a positive multiple of inter, and the size DecodeMoeFusedFor allows:
@@ -384,6 +385,14 @@ class CudaBackend : public Backend {
                               bool mma, const void* permuted, float* expert_out);
   void ExpertGemmsFp8PerExpert(const RoutedExpertsArgs& a, const int32_t* offsets, int64_t rows,
                                const float* permuted, float* expert_out);
+  // One of ExpertGemmsFp8PerExpert's GEMMs (gate_up, or `down`) for every busy expert, W8A8: the
+  // fp32 rows x ([rows, k]) quantised in one launch (each expert's scales packed for it), then one
+  // cuBLASLt GEMM per expert into y ([rows, n] fp32). offsets: the device group offsets (each a
+  // multiple of 4), host_offsets their copy; weight(down, e): expert e's matrix. false (nothing
+  // launched): cuBLASLt or the layout does not take every expert's GEMM.
+  bool ExpertGemmsFp8W8A8(const RoutedExpertsArgs& a, const int32_t* offsets,
+                          const std::vector<int32_t>& host_offsets, const float* x, float* y,
+                          bool down, const std::function<WeightView(bool, int32_t)>& weight);
   // One GEMM of the Gemm layout on cuBLAS. a is fp32 for fp32 weights, bf16 bits otherwise.
   void GemmOnCublas(int64_t m, int64_t n, int64_t k, const void* a, int64_t lda, WeightView w,
                     int64_t ldw, float* c, int64_t ldc, bool accumulate);

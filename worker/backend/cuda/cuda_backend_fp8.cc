@@ -3,6 +3,7 @@
 // MLPs' gate_up, and the routed experts (kernels/gemm/fp8_*.h).
 #include <algorithm>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <utility>
 #include <vector>
@@ -238,20 +239,89 @@ void CudaBackend::ExpertGemmsFp8PerExpert(const RoutedExpertsArgs& a, const int3
   CopyToHost(a.down_scales, E * sizeof(float*), dn_scales.data());
   auto gate_up = AllocateScratch(rows * 2 * I * sizeof(float));
   auto act = AllocateScratch(rows * I * sizeof(float));
+  // Each expert's rows and its padding rows up to the permutation's row alignment (4: whole
+  // groups for cuBLASLt; a padding row's result is never combined).
+  auto weight = [&](bool down, int32_t e) {
+    return down
+               ? WeightView(a.down_host[e], Fp8BlockScales{dn_scales[e], a.down_scale_ld, 0})
+               : WeightView(a.gate_up_host[e], Fp8BlockScales{gu_scales[e], a.gate_up_scale_ld, I});
+  };
+  const int64_t used = host_offsets[E];
+  if (ExpertGemmsFp8W8A8(a, offsets, host_offsets, permuted, gate_up->as<float>(), false, weight)) {
+    Check(kernels::SiluMulF32(used, I, gate_up->as<float>(), act->as<float>(), stream_),
+          "kernels::SiluMulF32");
+    if (ExpertGemmsFp8W8A8(a, offsets, host_offsets, act->as<float>(), expert_out, true, weight)) {
+      return;
+    }
+  }
+  // Without the W8A8 GEMM: each expert's rows through Gemm's FP8 paths.
   for (int32_t e = 0; e < E; ++e) {
-    // The expert's rows and its padding rows up to the permutation's row alignment (4: whole
-    // groups for the W8A8 GEMM; a padding row's result is never combined).
     const int64_t r0 = host_offsets[e], m = host_offsets[e + 1] - host_offsets[e];
     if (m <= 0) continue;
-    const WeightView gu(a.gate_up_host[e], Fp8BlockScales{gu_scales[e], a.gate_up_scale_ld, I});
-    const WeightView dn(a.down_host[e], Fp8BlockScales{dn_scales[e], a.down_scale_ld, 0});
-    GemmFp8(m, 2 * I, H, permuted + r0 * H, H, gu, H, gate_up->as<float>() + r0 * 2 * I, 2 * I,
-            false);
-    Check(kernels::SiluMulF32(m, I, gate_up->as<float>() + r0 * 2 * I, act->as<float>() + r0 * I,
-                              stream_),
-          "kernels::SiluMulF32");
-    GemmFp8(m, H, I, act->as<float>() + r0 * I, I, dn, I, expert_out + r0 * H, H, false);
+    GemmFp8(m, 2 * I, H, permuted + r0 * H, H, weight(false, e), H,
+            gate_up->as<float>() + r0 * 2 * I, 2 * I, false);
   }
+  Check(kernels::SiluMulF32(used, I, gate_up->as<float>(), act->as<float>(), stream_),
+        "kernels::SiluMulF32");
+  for (int32_t e = 0; e < E; ++e) {
+    const int64_t r0 = host_offsets[e], m = host_offsets[e + 1] - host_offsets[e];
+    if (m <= 0) continue;
+    GemmFp8(m, H, I, act->as<float>() + r0 * I, I, weight(true, e), I, expert_out + r0 * H, H,
+            false);
+  }
+}
+
+bool CudaBackend::ExpertGemmsFp8W8A8(const RoutedExpertsArgs& a, const int32_t* offsets,
+                                     const std::vector<int32_t>& host_offsets, const float* x,
+                                     float* y, bool down,
+                                     const std::function<WeightView(bool, int32_t)>& weight) {
+  const int64_t H = a.hidden_size, I = a.inter;
+  const int32_t E = a.num_experts;
+  const int64_t n = down ? H : 2 * I, k = down ? I : H;
+  if (lt_fp8_ == nullptr || k % 16 != 0 ||
+      (down ? a.down_scale_ld : a.gate_up_scale_ld) != kernels::Fp8ScaleLd(k)) {
+    return false;
+  }
+  const int64_t used = host_offsets[E], blocks = kernels::Fp8ScaleCols(k);
+  // Every busy expert's GEMM must be available before any runs (or the caller's other path
+  // redoes them all).
+  std::vector<std::pair<int64_t, Fp8LtGemm>> gemms;  // (first row, GEMM)
+  for (int32_t e = 0; e < E; ++e) {
+    const int64_t r0 = host_offsets[e], m = host_offsets[e + 1] - host_offsets[e];
+    if (m <= 0) continue;
+    const WeightView w = weight(down, e);
+    Fp8LtGemm g;
+    g.m = m, g.n = n, g.k = k, g.ldq = k;
+    g.w.data = static_cast<const uint8_t*>(w.data), g.w.ldw = k;
+    g.w.scales = w.fp8.scales, g.w.scale_ld = w.fp8.scale_ld, g.w.split_rows = w.fp8.split_rows;
+    g.d = y + r0 * n, g.ldd = n;
+    auto ready = lt_fp8_->Ready(g);
+    if (!Record(ready.status())) return true;
+    if (!*ready) return false;
+    gemms.emplace_back(r0, g);
+  }
+  PhaseTimer phase(
+      this, down ? "RoutedExpertsFp8PerExpert/w8a8-down" : "RoutedExpertsFp8PerExpert/w8a8-gate_up",
+      true);
+  auto q = AllocateScratch(std::max<int64_t>(1, used * k));
+  auto q_scales = AllocateScratch(std::max<int64_t>(1, used * blocks) * sizeof(float));
+  kernels::Fp8QuantizeParams qp;
+  qp.m = used, qp.k = k, qp.a = x, qp.lda = k;
+  qp.q = q->as<uint8_t>(), qp.ldq = k, qp.scales = q_scales->as<float>(), qp.m_pad = used;
+  qp.group_offsets = offsets, qp.num_groups = E;
+  Check(kernels::Fp8QuantizeRows(qp, stream_), "kernels::Fp8QuantizeRows(experts)");
+  for (auto& [r0, g] : gemms) {
+    g.q = q->as<uint8_t>() + r0 * k;
+    g.q_scales = q_scales->as<float>() + r0 * blocks;
+    auto ran = lt_fp8_->Run(g, stream_);
+    if (!Record(ran.status())) return true;
+    if (!*ran) {
+      Record(absl::InternalError(
+          "CudaBackend::RoutedExperts: cuBLASLt refused an FP8 expert GEMM it had accepted"));
+      return true;
+    }
+  }
+  return true;
 }
 
 bool CudaBackend::RoutedExpertsFp8(const RoutedExpertsArgs& a) {

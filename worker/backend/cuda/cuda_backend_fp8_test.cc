@@ -288,17 +288,6 @@ class CudaFp8RoutedExpertsTest : public CudaFp8Test {
  protected:
   static constexpr int64_t E = 16, K = 4, H = 256, I = 96;
 
-  // A backend whose Gemm takes the W8A8 path from `w8a8_rows` rows (the per-expert prefill
-  // path's experts cross it at these sizes).
-  void UseW8A8From(int64_t w8a8_rows) {
-    CudaTuning t;
-    t.fp8_w8a8_min_rows = w8a8_rows;
-    auto b = CudaBackend::Create(0, WeightDType::kBFloat16, t);
-    ASSERT_TRUE(b.ok()) << b.status();
-    gpu_ = std::move(*b);
-    w8a8_rows_ = w8a8_rows;
-  }
-
   void Run(int64_t T, bool graph) {
     const uint32_t seed = testing::FreshSeed();
     SCOPED_TRACE(::testing::Message()
@@ -384,14 +373,10 @@ class CudaFp8RoutedExpertsTest : public CudaFp8Test {
       EXPECT_EQ(CallsOf(report, op), 1) << report;
     }
     const std::vector<float> got = Download(*out);
-    // The per-expert path runs each expert's rows, padded to a multiple of 4, through Gemm:
-    // W8A8 from w8a8_rows_ rows on compute capability 9.0, else the tensor-core kernel.
-    std::vector<int64_t> rows_of(E, 0);
-    for (int32_t e : ids) ++rows_of[e];
-    auto numerics_of = [&](int32_t e) {
-      const int64_t padded = (rows_of[e] + 3) / 4 * 4;
-      return per_expert && W8A8Device() && padded >= w8a8_rows_ ? Numerics::kW8A8
-                                                                : Numerics::kW8A16;
+    // The per-expert path is W8A8 for every expert on compute capability 9.0 (one cuBLASLt GEMM
+    // per expert), else each expert's rows (padded to 4) on the tensor-core kernel.
+    auto numerics_of = [&](int32_t) {
+      return per_expert && W8A8Device() ? Numerics::kW8A8 : Numerics::kW8A16;
     };
 
     for (int64_t t = 0; t < T; ++t) {
@@ -442,8 +427,6 @@ class CudaFp8RoutedExpertsTest : public CudaFp8Test {
       }
     }
   }
-
-  int64_t w8a8_rows_ = CudaTuningDefaults::kFp8W8A8MinRows;
 };
 
 TEST_F(CudaFp8RoutedExpertsTest, DecodeSizes) {
@@ -454,10 +437,9 @@ TEST_F(CudaFp8RoutedExpertsTest, DecodeSizes) {
 // More rows than experts: one block row per expert, several passes of rows each.
 TEST_F(CudaFp8RoutedExpertsTest, LargerBatchOnTheDevicePath) { Run(70, false); }
 
-// Above kMaxFusedMoeTokens: per-expert GEMMs (the tensor-core kernel, or W8A8 for experts with
-// 32 rows and more on compute capability 9.0).
+// Above kMaxFusedMoeTokens: per-expert GEMMs (W8A8 on compute capability 9.0, else the
+// tensor-core kernel), each expert's rows padded to 4.
 TEST_F(CudaFp8RoutedExpertsTest, PrefillPerExpert) {
-  UseW8A8From(32);
   Run(CudaBackend::kMaxFusedMoeTokens + 30, false);
 }
 
