@@ -49,10 +49,12 @@
 
 namespace deepinfer {
 
+class CudaV4Ops;
+
 struct CudaTuningDefaults {
-  // Not measured yet (fp8_block_gemm_bench gives the crossover): estimated where the W8A16
-  // tensor-core kernel becomes bound by its bf16 MMAs (about 2 x rows FLOPs per weight byte
-  // against the H200's 4.8 TB/s) while FP8 wgmma (cuBLASLt) still streams the weights.
+  // Not measured yet (fp8_gemm_bench gives the crossover): estimated where the W8A16 tensor-core
+  // kernel becomes bound by its bf16 MMAs (about 2 x rows FLOPs per weight byte against the
+  // H200's 4.8 TB/s) while FP8 wgmma (cuBLASLt) still streams the weights.
   static constexpr int64_t kFp8W8A8MinRows = 128;
 };
 
@@ -321,6 +323,8 @@ class CudaBackend : public Backend {
                     const LogitAdjustment* adjustments, const int32_t* count) override;
   void TokenLogprobRows(int64_t rows, int64_t vocab, const float* logits, const int32_t* token,
                         float* logprob) override;
+  // CudaV4Ops (cuda_v4_ops.h): the V4 kernels of kernels/v4 on this backend's stream.
+  V4Ops* v4_ops() override;
 
   // The first error any op has hit (OK if none).
   absl::Status status() const override;
@@ -477,6 +481,9 @@ class CudaBackend : public Backend {
   bool capture_aside_ ABSL_GUARDED_BY(mu_) = false;  // this recording's small allocations aside
   int64_t aside_allocations_ ABSL_GUARDED_BY(mu_) = 0;
   absl::Status capture_error_ ABSL_GUARDED_BY(mu_);
+  // Issues its kernels on stream_ and records errors and op times here (friend).
+  std::unique_ptr<CudaV4Ops> v4_ops_;
+  friend class CudaV4Ops;
 };
 
 }  // namespace deepinfer
