@@ -129,6 +129,10 @@ int main(int argc, char** argv) {
                   "Speculative decoding: a sequence stops drafting at the first draft whose\n"
                   "probability under the draft head is below this, in [0, 1] (0: always\n"
                   "--speculative-tokens drafts).");
+  flags.AddBool("async-scheduling", &config.engine.async_scheduling,
+                "Form each engine step while the one before runs on the device (its tokens read\n"
+                "back one step late, outputs unchanged; docs/engine.md); --no-async-scheduling\n"
+                "runs every step to the end before the next one is formed.");
   flags.AddBool("prefix-caching", &config.engine.prefix_caching,
                 "Reuse the KV cache blocks of prompt prefixes computed before (full blocks of\n"
                 "16 tokens; docs/kv-cache.md); --no-prefix-caching computes every prompt whole.");

@@ -138,6 +138,7 @@ Engine::Engine(CausalLm* model, KvBlockPool* pool, RequestQueue* queue,
   // Drafting and verification need every step's tokens on the host before the next step forms.
   executor_ =
       std::make_unique<StepExecutor>(model, pool, options_.async_scheduling && drafter_ == nullptr);
+  stats_.set_async_scheduling(executor_->threaded());
   if (tokenizer_ != nullptr) {
     matchers_ = std::make_unique<StructuredOutputMatchers>(tokenizer_, static_cast<int32_t>(vocab_),
                                                            options_.eos_token_ids);
@@ -591,7 +592,10 @@ absl::Status Engine::Complete(std::vector<RequestResult>* finished) {
   for (size_t i = 0; i < step.rows.size(); ++i) {
     const LaunchedRow& row = step.rows[i];
     Sequence* s = row.seq;
-    if (s->done) continue;  // finished at an earlier step or cancelled: this row is dropped
+    if (s->done) {  // finished at an earlier step or cancelled: this row is dropped
+      stats_.AddDropped(row.n);
+      continue;
+    }
     RequestResult result;
     if (row.drafts) {
       bool finished_now = false;
