@@ -395,6 +395,8 @@ bool RankGroup::FormRank(int local) {
   spec.placement = layout_.placement;
   spec.model = options_.model->spec;
   spec.decode_graphs = options_.decode_graphs;
+  spec.capture_decode_graphs = true;
+  spec.load_threads = options_.load_threads;
   spec.kv_cache_dtype = options_.kv_cache_dtype;
   spec.block_size = options_.block_size;
   spec.kv_cache_tokens = options_.kv_cache_tokens;

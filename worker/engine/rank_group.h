@@ -107,6 +107,8 @@ struct RankGroupOptions {
   // model's steps exchange tokens over the TCP group that also carries the lock-step agreement
   // (an expert-parallel group on the TCP data plane): those steps stay on the rank's thread.
   bool async_scheduling = true;
+  // Threads that read and convert each rank's weights (LoadOptions::load_threads; 0: automatic).
+  int load_threads = 0;
   // The MLA prefill form of every rank's model.
   PrefillAttention prefill_attention = PrefillAttention::kAuto;
   DispatcherFactory dispatcher = LocalDispatcherFactory();

@@ -81,6 +81,11 @@ class CausalLm {
   // The MLA prefill form (models without MLA attention ignore it).
   virtual void SetPrefillAttention(PrefillAttention form) = 0;
   virtual PrefillAttention prefill_attention() const = 0;
+  // Start-up: records the decode graphs of every batch-size bucket of the options now, against
+  // `cache` (DecodeGraphRunner::Capture), instead of on each bucket's first step. Returns how many
+  // were recorded: 0 where decode graphs do not apply. Runs forward steps: on an expert-parallel
+  // rank only when every rank of the group calls it.
+  virtual absl::StatusOr<int> CaptureDecodeGraphs(KvBlockPool* cache) { return 0; }
   // Decode steps that ran on the padded bucket path and graphs recorded so far (tests, logs).
   virtual int64_t decode_graph_steps() const = 0;
   virtual int64_t decode_graphs_recorded() const = 0;

@@ -85,6 +85,10 @@ class DeepseekV3Model final : public CausalLm {
   // model's LM head; the draft is the greedy token.
   absl::StatusOr<DraftOutput> Draft(const std::vector<DraftStep>& batch,
                                     KvBlockPool* cache) override;
+  absl::StatusOr<int> CaptureDecodeGraphs(KvBlockPool* cache) override {
+    if (absl::Status st = CheckCache(*cache, "CaptureDecodeGraphs"); !st.ok()) return st;
+    return graphs_->Capture(cache);
+  }
   int64_t decode_graph_steps() const override { return graphs_->steps(); }
   int64_t decode_graphs_recorded() const override { return graphs_->graphs_recorded(); }
   int64_t num_moe_layers() const override { return moe_->num_moe_layers(); }
