@@ -366,6 +366,9 @@ class Backend {
   virtual void CopyDeviceToDevice(const void* src, size_t bytes, void* dst) = 0;
   // Blocks until every op issued so far has completed (no-op on the CPU).
   virtual void Synchronize() = 0;
+  // Makes the calling thread's ops go to this backend's device (CUDA: cudaSetDevice): a thread
+  // other than the one that made the backend calls it before its first op. No-op on the CPU.
+  virtual void UseOnThisThread() {}
   // Staging memory for uploads (HostStagingBuffer); may be called from any thread. Never null.
   virtual std::unique_ptr<HostStagingBuffer> AllocateHostStaging(size_t bytes);
   // CopyToDevice that may return before the copy is done: `host` (a HostStagingBuffer's memory)

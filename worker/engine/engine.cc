@@ -139,6 +139,13 @@ Engine::Engine(CausalLm* model, KvBlockPool* pool, RequestQueue* queue,
   executor_ =
       std::make_unique<StepExecutor>(model, pool, options_.async_scheduling && drafter_ == nullptr);
   stats_.set_async_scheduling(executor_->threaded());
+  // Steps then allocate nothing from the pool behind the scheduler's back.
+  model_->PrepareCache(pool_);
+  // A step being recorded as a graph on the stepping thread must not see this thread's copies
+  // on its stream: block copies to and from the prefix cache's store wait for the steps first.
+  if (executor_->threaded() && pool_->backend()->SupportsCapture()) {
+    cache_.set_before_block_io([this] { executor_->WaitIdle(); });
+  }
   if (tokenizer_ != nullptr) {
     matchers_ = std::make_unique<StructuredOutputMatchers>(tokenizer_, static_cast<int32_t>(vocab_),
                                                            options_.eos_token_ids);

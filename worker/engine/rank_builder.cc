@@ -227,7 +227,7 @@ absl::Status BuildRank(const RankSpec& spec, const RankHooks& hooks,
   be->Synchronize();  // the uploads are done
   const double load_s = absl::ToDoubleSeconds(absl::Now() - load_start);
   LOG(INFO) << "rank " << spec.rank << ": start-up: weights loaded in "
-            << absl::StrFormat("%.3f s, %.2f GB, %.2f GB/s", load_s, weight_bytes / 1e9,
+            << absl::StrFormat("%.3f s, %.3f GB, %.2f GB/s", load_s, weight_bytes / 1e9,
                                load_s > 0 ? weight_bytes / 1e9 / load_s : 0.0)
             << " (" << (*source)->description() << ")";
   phase_done("weights");

@@ -58,6 +58,7 @@ int StepExecutor::outstanding() const {
 }
 
 void StepExecutor::Loop() {
+  pool_->backend()->UseOnThisThread();
   while (true) {
     StepJob job;
     {

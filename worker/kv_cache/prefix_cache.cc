@@ -22,7 +22,6 @@ PrefixCache::PrefixCache(KvBlockPool* pool, PrefixCacheOptions options)
       store_(enabled_ ? options.store : nullptr),
       root_(PrefixRootHash(options.key)),
       blocks_(pool->num_blocks()) {
-  CHECK_EQ(pool->num_free_blocks(), pool->num_blocks()) << "PrefixCache over a pool in use";
   if (options.enabled && !enabled_) {
     LOG(INFO) << "prefix caching declined: the KV cache (" << pool->spec().ToString()
               << ") has a group whose blocks cannot be shared";
@@ -177,6 +176,7 @@ void PrefixCache::Spill(int32_t block) {
   const Block& b = blocks_[block];
   if (!b.cached) return;
   std::string payload;
+  if (before_block_io_) before_block_io_();
   pool_->ReadBlock(block, &payload);
   store_->Put(key_, root_, b.hash, b.parent, b.tokens, std::move(payload));
   ++stats_.spilled;
@@ -196,6 +196,7 @@ int32_t PrefixCache::Restore(const std::vector<int32_t>& tokens,
   absl::StatusOr<std::vector<int32_t>> got = Allocate(1);
   CHECK(got.ok()) << got.status();
   const int32_t block = got->front();
+  if (before_block_io_) before_block_io_();
   pool_->WriteBlock(block, payload);
   Block& b = blocks_[block];
   CHECK(by_hash_.emplace(hashes[i], block).second);

@@ -81,6 +81,11 @@ class CausalLm {
   // The MLA prefill form (models without MLA attention ignore it).
   virtual void SetPrefillAttention(PrefillAttention form) = 0;
   virtual PrefillAttention prefill_attention() const = 0;
+  // Takes from `cache` what stepping against it needs besides the sequences' blocks (the decode
+  // graphs' padding block), so that Step allocates nothing from it later: the engine calls it
+  // once, while no step runs and before it allocates any block (its scheduling counts on the
+  // blocks it sees free).
+  virtual void PrepareCache(KvBlockPool* cache) {}
   // Start-up: records the decode graphs of every batch-size bucket of the options now, against
   // `cache` (DecodeGraphRunner::Capture), instead of on each bucket's first step. Returns how many
   // were recorded: 0 where decode graphs do not apply. Runs forward steps: on an expert-parallel

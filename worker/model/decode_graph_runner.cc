@@ -221,7 +221,7 @@ bool DecodeGraphRunner::Record(const GraphKey& key, Graph* g) {
   const auto t0 = std::chrono::steady_clock::now();
   absl::StatusOr<DeviceMemoryInfo> before = backend_->MemoryInfo();
   absl::StatusOr<std::unique_ptr<CapturedOps>> ops =
-      backend_->Capture([&] { return model_.forward(inputs); }, CaptureOptions{B});
+      backend_->Capture([this, inputs] { return model_.forward(inputs); }, CaptureOptions{B});
   if (!ops.ok()) {
     LOG(WARNING) << "decode graphs: recording batch bucket " << B << " (context class "
                  << context_class << ") failed, it runs eagerly: " << ops.status();
@@ -245,6 +245,11 @@ bool DecodeGraphRunner::Record(const GraphKey& key, Graph* g) {
       "recorded in %.1f ms%s",
       B, context_class, g->max_context_hint, ms, mem);
   return true;
+}
+
+void DecodeGraphRunner::Prepare(KvBlockPool* cache) {
+  if (!options_.enabled || buckets_.empty() || !backend_->SupportsCapture()) return;
+  BindCache(cache, MaxBlocks(*cache));
 }
 
 absl::StatusOr<int> DecodeGraphRunner::Capture(KvBlockPool* cache) {

@@ -113,6 +113,9 @@ class DecodeGraphRunner {
   std::optional<absl::StatusOr<StepOutput>> Run(const std::vector<SequenceStep>& batch,
                                                 KvBlockPool* cache);
 
+  // Takes the padding rows' block from `cache` now, where the path may apply (enabled, a backend
+  // that can record), so that Run takes none from it later.
+  void Prepare(KvBlockPool* cache);
   // Start-up: takes the padding rows' block from `cache` and records the graphs of every bucket
   // (both context classes where the backend has a break; plain greedy batches, no logit
   // adjustments) by running each once on padding rows only, which write nothing but the padding

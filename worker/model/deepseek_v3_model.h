@@ -85,6 +85,7 @@ class DeepseekV3Model final : public CausalLm {
   // model's LM head; the draft is the greedy token.
   absl::StatusOr<DraftOutput> Draft(const std::vector<DraftStep>& batch,
                                     KvBlockPool* cache) override;
+  void PrepareCache(KvBlockPool* cache) override { graphs_->Prepare(cache); }
   absl::StatusOr<int> CaptureDecodeGraphs(KvBlockPool* cache) override {
     if (absl::Status st = CheckCache(*cache, "CaptureDecodeGraphs"); !st.ok()) return st;
     return graphs_->Capture(cache);

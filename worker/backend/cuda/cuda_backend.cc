@@ -389,6 +389,8 @@ void CudaBackend::CopyDeviceToDevice(const void* src, size_t bytes, void* dst) {
         "cudaMemcpyAsync(DeviceToDevice)");
 }
 
+void CudaBackend::UseOnThisThread() { Check(cudaSetDevice(device_), "cudaSetDevice"); }
+
 void CudaBackend::Synchronize() { Check(cudaStreamSynchronize(stream_), "cudaStreamSynchronize"); }
 
 absl::StatusOr<DeviceMemoryInfo> CudaBackend::MemoryInfo() const {
