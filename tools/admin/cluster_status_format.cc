@@ -76,6 +76,9 @@ std::string FormatClusterStatusTable(const ClusterStatusResponse& status) {
   if (!status.group_formation_error().empty()) {
     absl::StrAppend(&out, "the group could not form: ", status.group_formation_error(), "\n");
   }
+  if (!status.storage_error().empty()) {
+    absl::StrAppend(&out, "state directory: ", status.storage_error(), "\n");
+  }
   if (status.workers().empty()) return out;
   for (const auto& row : rows) {
     std::string line;

@@ -61,6 +61,15 @@ TEST(ClusterStatusFormatTest, TableSaysWhyTheGroupCouldNotForm) {
   EXPECT_THAT(FormatClusterStatusTable(status), HasSubstr("group generation 3: serving\n"));
 }
 
+TEST(ClusterStatusFormatTest, TableSaysWhatTheStateDirectoryDoesNotTake) {
+  ClusterStatusResponse status = TwoWorkers();
+  EXPECT_THAT(FormatClusterStatusTable(status), Not(HasSubstr("state directory")));
+  status.set_storage_error("3 result(s) held in memory (1 KiB): sqlite: database or disk is full");
+  EXPECT_THAT(FormatClusterStatusTable(status),
+              HasSubstr("state directory: 3 result(s) held in memory (1 KiB): sqlite: database or "
+                        "disk is full\n"));
+}
+
 TEST(ClusterStatusFormatTest, EmptyClusterSaysSo) {
   ClusterStatusResponse status;
   EXPECT_THAT(FormatClusterStatusTable(status), HasSubstr("0 worker(s)"));

@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <limits>
 #include <memory>
+#include <optional>
 #include <random>
 #include <thread>
 #include <utility>
@@ -26,6 +27,7 @@
 #include "tools/bench/exchange_meter.h"
 #include "tools/bench/parallel_dummy_weight_source.h"
 #include "tools/bench/roofline.h"
+#include "tools/bench/roofline_v4.h"
 #include "worker/backend/backend_factory.h"
 #include "worker/backend/bf16.h"
 #include "worker/comm/data_plane.h"
@@ -300,7 +302,15 @@ absl::Status SetUpRank(const BenchConfig& bc, int64_t rank, int64_t blocks, Rank
   // Process-wide (every rank sets the same value; with ranks > 1 in one process the PDL-off
   // comparison toggles it for all of them, which changes their timing, never their results).
   kernels::SetProgrammaticDependentLaunch(bc.pdl);
-  if (bc.decode_fill == "random") FillCacheRandom(s->parts.backend.get(), *s->parts.pool, 99);
+  if (bc.decode_fill == "random") {
+    if (s->parts.model->CacheSpec().StateBytesPerSequence() > 0) {
+      return absl::InvalidArgumentError(
+          "bench: --decode-fill random fills the paged cache only, and this model's cache also "
+          "keeps per-sequence state (DeepSeek-V4's windows and compressors): use --decode-fill "
+          "prefill");
+    }
+    FillCacheRandom(s->parts.backend.get(), *s->parts.pool, 99);
+  }
   s->parts.backend->Synchronize();
   // Every rank has its weights before anyone steps.
   if (s->parts.group != nullptr) return s->parts.group->Barrier();
@@ -726,7 +736,14 @@ absl::StatusOr<BenchResult> RunBenchmark(const BenchConfig& bc) {
   r.kv_cache_dtype = WeightDTypeName(outputs[0].kv_cache_dtype);
   r.cache_bytes_per_value = static_cast<double>(WeightDTypeSize(outputs[0].kv_cache_dtype));
   r.kv_cache_blocks = outputs[0].kv_cache_blocks;
-  r.param_count = CountParams(*config).total;
+  // The step costs of the config's architecture (roofline.h; roofline_v4.h for DeepSeek-V4).
+  std::optional<DeepseekV4Config> v4;
+  if (config->architecture == "DeepseekV4ForCausalLM") {
+    absl::StatusOr<DeepseekV4Config> c = DeepseekV4Config::FromModelConfig(*config);
+    if (!c.ok()) return c.status();
+    v4 = *std::move(c);
+  }
+  r.param_count = v4 ? CountParamsV4(*v4).total : CountParams(*config).total;
   for (const RankOutput& o : outputs) {
     r.load_seconds = std::max(r.load_seconds, o.load_seconds);
     r.device_bytes_reserved_peak =
@@ -771,9 +788,11 @@ absl::StatusOr<BenchResult> RunBenchmark(const BenchConfig& bc) {
         *prefill_form != PrefillAttention::kAbsorbed && mha_backend && ctx >= mha_min
             ? MlaForm::kNonAbsorbed
             : MlaForm::kAbsorbed;
-    r.prefill_attention_form = form == MlaForm::kAbsorbed ? "absorbed" : "non-absorbed";
-    const StepCost pc = PrefillStepCost(*config, prefill_seqs, ctx, r.bytes_per_value,
-                                        r.cache_bytes_per_value, ranks, form);
+    r.prefill_attention_form = v4 ? "v4" : form == MlaForm::kAbsorbed ? "absorbed" : "non-absorbed";
+    const StepCost pc = v4 ? PrefillStepCostV4(*v4, prefill_seqs, ctx, r.bytes_per_value,
+                                               r.cache_bytes_per_value, ranks)
+                           : PrefillStepCost(*config, prefill_seqs, ctx, r.bytes_per_value,
+                                             r.cache_bytes_per_value, ranks, form);
     r.prefill_bytes_per_step = pc.bytes;
     r.prefill_flops_per_step = pc.flops;
     if (r.has_roofline) {
@@ -806,8 +825,10 @@ absl::StatusOr<BenchResult> RunBenchmark(const BenchConfig& bc) {
       t.p99_seconds = Percentile(slowest, 0.99);
       t.tokens_per_s = ranks * n / t.p50_seconds;
       t.tokens_per_s_per_gpu = n / t.p50_seconds;
-      const StepCost cost = DecodeStepCost(*config, n, ctx + before + bc.output_len / 2,
-                                           r.bytes_per_value, r.cache_bytes_per_value, ranks);
+      const int64_t mid = ctx + before + bc.output_len / 2;
+      const StepCost cost =
+          v4 ? DecodeStepCostV4(*v4, n, mid, r.bytes_per_value, r.cache_bytes_per_value, ranks)
+             : DecodeStepCost(*config, n, mid, r.bytes_per_value, r.cache_bytes_per_value, ranks);
       t.bytes_per_step = cost.bytes;
       t.flops_per_step = cost.flops;
       if (r.has_roofline) {

@@ -182,7 +182,8 @@ struct BenchResult {
   double prefill_warmup_step_seconds = 0;
   double prefill_tokens_per_s = 0;       // all ranks
   double prefill_roofline_fraction = 0;  // 0 without has_roofline
-  // The MLA form the prefill steps ran and the roofline counted: "absorbed" or "non-absorbed".
+  // The attention form the prefill steps ran and the roofline counted: MLA "absorbed" or
+  // "non-absorbed"; "v4" for DeepSeek-V4 (roofline_v4.h).
   std::string prefill_attention_form = "absorbed";
   double prefill_bytes_per_step = 0;  // roofline cost of one prefill step
   double prefill_flops_per_step = 0;

@@ -73,6 +73,13 @@ tests=(
   //kernels/rope:rope_test
   //kernels/sampling:argmax_test
   //kernels/sampling:sample_test
+  //kernels/sampling:token_mask_test
+  //kernels/v4:compress_windows_test
+  //kernels/v4:hyper_connection_test
+  //kernels/v4:swiglu_clamped_test
+  //kernels/v4:v4_router_test
+  //kernels/v4:sink_attention_test
+  //kernels/v4:indexer_topk_test
   //worker/sampling:device_sampler_gpu_test
   //worker/backend/cuda:cuda_backend_test
   //worker/backend/cuda:cuda_backend_gemm_test
@@ -80,9 +87,11 @@ tests=(
   //worker/backend/cuda:cuda_backend_moe_test
   //worker/backend/cuda:cuda_backend_fp8_test
   //worker/backend/cuda:cublaslt_gemm_tuner_test
+  //worker/backend/cuda:cuda_v4_ops_gpu_test
   //worker/backend:backend_factory_test
   //tests/parity:cuda_parity_test
   //tests/parity:cuda_fp8_parity_test
+  //tests/parity:cuda_v4_parity_test
   //worker/comm:nccl_communicator_test
   //worker/model:ep_expert_dispatcher_gpu_test
   //worker/model:decode_graph_gpu_test
@@ -97,6 +106,7 @@ tools=(//tools/bench:deepinfer-bench)
   //kernels/moe:grouped_gemm_bench //kernels/gemm:small_m_gemm_bench
   //kernels/gemm:fp8_block_gemm_bench
   //kernels/moe:moe_prefill_bench //kernels/sampling:sampling_bench
+  //kernels/v4:sink_attention_bench //kernels/v4:indexer_topk_bench
   //worker/backend/cuda:moe_decode_bench //worker/backend/cuda:moe_block_decode_bench
   //worker/backend/cuda:gemm_shapes_bench)
 if [[ -n "${GPU_TESTS+set}" ]]; then read -r -a tests <<< "$GPU_TESTS"; fi

@@ -104,7 +104,8 @@ if want memcheck; then
   done
 fi
 if want racecheck; then
-  for n in mla_attention_test rms_norm_test argmax_test permute_test sample_test; do
+  for n in mla_attention_test rms_norm_test argmax_test permute_test sample_test \
+    hyper_connection_test v4_router_test; do
     [[ -x "$B/$n" ]] || continue
     step "racecheck_$n" 240 compute-sanitizer --tool racecheck --error-exitcode 1 "$B/$n" \
       --gtest_color=no

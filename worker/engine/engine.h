@@ -11,11 +11,13 @@
 // cached full blocks its tokens start with (at most all but its last token, so that at least
 // one token is computed and sampled from) and starts computing after them; every block a
 // sequence fills is offered to the cache, and a finished or preempted sequence's cached blocks
-// stay, idle, until their memory is needed. When a running sequence needs a block and none is
-// free or idle, the most recently admitted sequence not yet scheduled in this
-// step is preempted by recomputation: its blocks are freed, it keeps its generated tokens and
-// goes back to the front of the waiting queue; when re-admitted, prompt + generated tokens are
-// prefilled again. Where the model rebuilds its cache by a bounded replay
+// stay, idle, until their memory is needed. Where the cache also keeps per-sequence state
+// (DeepSeek-V4's window rings and compressor rows), a hit keeps the shared blocks' entries and
+// replays the positions from CausalLm::BoundedReplayStart(hit) to rebuild the state. When a running
+// sequence needs a block and none is free or idle, the most recently admitted sequence not yet
+// scheduled in this step is preempted by recomputation: its blocks are freed, it keeps its
+// generated tokens and goes back to the front of the waiting queue; when re-admitted, prompt +
+// generated tokens are prefilled again. Where the model rebuilds its cache by a bounded replay
 // (CausalLm::BoundedReplayStart > 0: DeepSeek-V4), the preempted sequence's paged entries are
 // first copied to host memory, and on re-admission they are written into new blocks and only
 // the positions from BoundedReplayStart are computed again (docs/model.md, "Replay after
@@ -170,8 +172,8 @@ class Engine {
   // Tokens the model computed (prefill, re-prefill after preemption, decode and drafts being
   // verified) so far.
   int64_t computed_tokens() const { return computed_tokens_; }
-  // Of those, tokens computed again after a preemption (re-prefill, or a bounded rebuild's
-  // replay).
+  // Of those, positions computed again below entries kept for them: after a preemption
+  // (re-prefill, or a bounded rebuild's replay) and a prefix-cache hit's bounded replay.
   int64_t replayed_tokens() const { return replayed_tokens_; }
   // Speculative decoding: drafts verified so far, and how many of them were accepted.
   int64_t drafts_verified() const { return drafts_verified_; }
@@ -256,9 +258,12 @@ class Engine {
   // Puts kept bytes back into newly allocated blocks and sets `seq` to replay from
   // replay_from; false (nothing taken) if too few blocks are free.
   bool RestoreKept(Sequence* seq);
-  // Takes the cached blocks the sequence's tokens start with (a sequence without blocks).
+  // Takes the cached blocks the sequence's tokens start with (a sequence without blocks); where
+  // the cache keeps per-sequence state, also a block of its own, and sets it to replay from
+  // BoundedReplayStart(hit) with the hit's entries kept (no hit if that is position 0).
   void AcquireCachedPrefix(Sequence* seq);
-  // Offers the sequence's blocks that its computed tokens filled to the prefix cache.
+  // Offers the sequence's blocks whose entries its computed tokens completed to the prefix
+  // cache (PrefixCache::RegisterComputed).
   void RegisterFullBlocks(Sequence* seq);
   void UpdateLoad();
 

@@ -21,6 +21,7 @@
 #include "kernels/common/pdl.h"
 #include "kernels/moe/noaux_tc_router_fused.h"
 #include "worker/backend/cuda/cuda_status.h"
+#include "worker/backend/cuda/cuda_v4_ops.h"
 #include "worker/backend/cuda/op_timer.h"
 
 namespace deepinfer {
@@ -178,7 +179,8 @@ CudaBackend::CudaBackend(int device, WeightDType weight_dtype, const CudaTuning&
       pool_(pool),
       cublas_workspace_(cublas_workspace),
       staged_gemv_counter_(staged_gemv_counter),
-      route_tile_counters_(route_tile_counters) {}
+      route_tile_counters_(route_tile_counters),
+      v4_ops_(std::make_unique<CudaV4Ops>(this)) {}
 
 CudaBackend::~CudaBackend() {
   cudaSetDevice(device_);
@@ -232,6 +234,8 @@ absl::StatusOr<std::unique_ptr<CapturedOps>> CudaBackend::Capture(
   }
   return std::unique_ptr<CapturedOps>(new CudaGraphOps(graph, exec, stream_));
 }
+
+V4Ops* CudaBackend::v4_ops() { return v4_ops_.get(); }
 
 absl::StatusOr<size_t> CudaBackend::GraphReservedBytes(bool high_water_mark) const {
   uint64_t v = 0;

@@ -48,6 +48,8 @@
 
 namespace deepinfer {
 
+class CudaV4Ops;
+
 // The CUDA backend's settings, fixed when it is made (CudaBackend::Create). Every other choice
 // the backend makes by shape, from measurements (the constants of CudaBackend and the kernels'
 // own rules); there is no switch to the paths those measurements replaced (git history and
@@ -300,6 +302,8 @@ class CudaBackend : public Backend {
                     const LogitAdjustment* adjustments, const int32_t* count) override;
   void TokenLogprobRows(int64_t rows, int64_t vocab, const float* logits, const int32_t* token,
                         float* logprob) override;
+  // CudaV4Ops (cuda_v4_ops.h): the V4 kernels of kernels/v4 on this backend's stream.
+  V4Ops* v4_ops() override;
 
   // The first error any op has hit (OK if none).
   absl::Status status() const override;
@@ -434,6 +438,9 @@ class CudaBackend : public Backend {
   bool capture_aside_ ABSL_GUARDED_BY(mu_) = false;  // this recording's small allocations aside
   int64_t aside_allocations_ ABSL_GUARDED_BY(mu_) = 0;
   absl::Status capture_error_ ABSL_GUARDED_BY(mu_);
+  // Issues its kernels on stream_ and records errors and op times here (friend).
+  std::unique_ptr<CudaV4Ops> v4_ops_;
+  friend class CudaV4Ops;
 };
 
 }  // namespace deepinfer
