@@ -4,6 +4,8 @@
 #include <thread>
 
 #include "absl/synchronization/notification.h"
+#include "coordinator/batch/job_input_upload.h"
+#include "coordinator/job_upload_reactor.h"
 #include "glog/logging.h"
 
 namespace deepinfer {
@@ -104,6 +106,11 @@ grpc::Status JobServiceImpl::Admit(grpc::CallbackServerContext* context) const {
   return grpc::Status::OK;
 }
 
+grpc::ServerReadReactor<JobUploadChunk>* JobServiceImpl::UploadJob(
+    grpc::CallbackServerContext* context, SubmitJobResponse* response) {
+  return new JobUploadReactor(jobs_, Admit(context), response, after_stored_);
+}
+
 grpc::ServerUnaryReactor* JobServiceImpl::SubmitJob(grpc::CallbackServerContext* context,
                                                     const SubmitJobRequest* request,
                                                     SubmitJobResponse* response) {
@@ -112,9 +119,29 @@ grpc::ServerUnaryReactor* JobServiceImpl::SubmitJob(grpc::CallbackServerContext*
     return Finish(
         context, grpc::Status(grpc::StatusCode::RESOURCE_EXHAUSTED, "job input larger than 1 GiB"));
   }
-  absl::StatusOr<std::string> id = jobs_->Submit(request->name(), request->input_jsonl());
-  if (!id.ok()) return Finish(context, ToGrpcStatus(id.status()));
-  response->set_job_id(*id);
+  const std::string& input = request->input_jsonl();
+  const std::string sha256 = [&] {
+    Sha256 h;
+    h.Update(input);
+    return h.Finish();
+  }();
+  if (absl::Status s = CheckUploadHeader(jobs_->StagingDir(), request->idempotency_key(),
+                                         static_cast<int64_t>(input.size()), sha256);
+      !s.ok()) {
+    return Finish(context, ToGrpcStatus(s));
+  }
+  absl::StatusOr<std::unique_ptr<JobInputUpload>> upload =
+      JobInputUpload::Create(jobs_->NewStagingPath(), static_cast<int64_t>(input.size()));
+  if (!upload.ok()) return Finish(context, ToGrpcStatus(upload.status()));
+  if (absl::Status s = (*upload)->Append(input); !s.ok()) return Finish(context, ToGrpcStatus(s));
+  absl::StatusOr<StagedInput> staged = (*upload)->Finish(sha256);
+  if (!staged.ok()) return Finish(context, ToGrpcStatus(staged.status()));
+  absl::StatusOr<BatchJobStore::CreatedJob> created =
+      jobs_->SubmitStaged(request->name(), request->idempotency_key(), *staged);
+  if (!created.ok()) return Finish(context, ToGrpcStatus(created.status()));
+  if (!created->existing && after_stored_) after_stored_(created->job_id);
+  response->set_job_id(created->job_id);
+  response->set_existing(created->existing);
   return Finish(context, grpc::Status::OK);
 }
 
