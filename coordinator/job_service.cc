@@ -125,8 +125,12 @@ grpc::ServerUnaryReactor* JobServiceImpl::SubmitJob(grpc::CallbackServerContext*
     h.Update(input);
     return h.Finish();
   }();
-  if (absl::Status s = CheckUploadHeader(jobs_->StagingDir(), request->idempotency_key(),
-                                         static_cast<int64_t>(input.size()), sha256);
+  if (absl::Status s =
+          CheckUploadHeader(request->idempotency_key(), static_cast<int64_t>(input.size()), sha256);
+      !s.ok()) {
+    return Finish(context, ToGrpcStatus(s));
+  }
+  if (absl::Status s = CheckRoomFor(jobs_->StagingDir(), static_cast<int64_t>(input.size()));
       !s.ok()) {
     return Finish(context, ToGrpcStatus(s));
   }

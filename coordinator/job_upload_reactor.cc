@@ -15,8 +15,8 @@ std::string GiB(int64_t bytes) { return absl::StrFormat("%.2f GiB", bytes / doub
 
 }  // namespace
 
-absl::Status CheckUploadHeader(const std::string& staging_dir, const std::string& idempotency_key,
-                               int64_t input_bytes, const std::string& input_sha256) {
+absl::Status CheckUploadHeader(const std::string& idempotency_key, int64_t input_bytes,
+                               const std::string& input_sha256) {
   if (idempotency_key.size() > kMaxIdempotencyKeyBytes) {
     return absl::InvalidArgumentError(absl::StrCat("the idempotency key has ",
                                                    idempotency_key.size(), " bytes; at most ",
@@ -27,8 +27,12 @@ absl::Status CheckUploadHeader(const std::string& staging_dir, const std::string
         absl::StrCat("input_sha256 has ", input_sha256.size(), " bytes, not 32"));
   }
   if (input_bytes < 0) return absl::InvalidArgumentError("input_bytes is negative");
+  return absl::OkStatus();
+}
+
+absl::Status CheckRoomFor(const std::string& dir, int64_t input_bytes) {
   struct statvfs fs;
-  if (statvfs(staging_dir.c_str(), &fs) == 0) {
+  if (statvfs(dir.c_str(), &fs) == 0) {
     const int64_t free = static_cast<int64_t>(fs.f_bavail) * static_cast<int64_t>(fs.f_frsize);
     if (input_bytes > free) {
       return absl::ResourceExhaustedError(
@@ -92,8 +96,8 @@ grpc::Status JobUploadReactor::Upload() {
   if (!Read()) return invalid("the upload ended before its header");
   if (!chunk_.has_header()) return invalid("the first message of an upload must carry the header");
   const JobUploadHeader header = chunk_.header();
-  if (absl::Status s = CheckUploadHeader(jobs_->StagingDir(), header.idempotency_key(),
-                                         header.input_bytes(), header.input_sha256());
+  if (absl::Status s =
+          CheckUploadHeader(header.idempotency_key(), header.input_bytes(), header.input_sha256());
       !s.ok()) {
     return ToGrpcStatus(s);
   }
@@ -116,6 +120,9 @@ grpc::Status JobUploadReactor::Upload() {
       response_->set_existing(true);
       return grpc::Status::OK;
     }
+  }
+  if (absl::Status s = CheckRoomFor(jobs_->StagingDir(), header.input_bytes()); !s.ok()) {
+    return ToGrpcStatus(s);
   }
   absl::StatusOr<std::unique_ptr<JobInputUpload>> upload =
       JobInputUpload::Create(jobs_->NewStagingPath(), header.input_bytes());

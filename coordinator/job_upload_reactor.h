@@ -24,10 +24,11 @@ namespace deepinfer {
 inline constexpr size_t kMaxIdempotencyKeyBytes = 256;
 
 // The checks of an upload's header shared with the unary SubmitJob: the key's length, the
-// checksum's size, and room for `input_bytes` in the state directory. INVALID_ARGUMENT or
-// RESOURCE_EXHAUSTED saying which.
-absl::Status CheckUploadHeader(const std::string& staging_dir, const std::string& idempotency_key,
-                               int64_t input_bytes, const std::string& input_sha256);
+// checksum's size, the size's sign. INVALID_ARGUMENT saying which.
+absl::Status CheckUploadHeader(const std::string& idempotency_key, int64_t input_bytes,
+                               const std::string& input_sha256);
+// RESOURCE_EXHAUSTED when `input_bytes` do not fit in the free space of `dir`'s filesystem.
+absl::Status CheckRoomFor(const std::string& dir, int64_t input_bytes);
 
 class JobUploadReactor : public grpc::ServerReadReactor<JobUploadChunk> {
  public:
