@@ -51,7 +51,12 @@ JobUploadReactor::JobUploadReactor(JobManager* jobs, grpc::Status admitted,
       admitted_(std::move(admitted)),
       response_(response),
       after_stored_(std::move(after_stored)) {
-  thread_ = std::thread([this] { Run(); });
+  thread_ = std::thread([this] {
+    // Not before thread_ is set: OnDone, which may follow Finish at once, joins it.
+    started_.WaitForNotification();
+    Run();
+  });
+  started_.Notify();
 }
 
 void JobUploadReactor::OnReadDone(bool ok) {

@@ -14,6 +14,7 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/synchronization/notification.h"
 #include "coordinator/job_manager.h"
 #include "grpcpp/grpcpp.h"
 #include "proto/job.grpc.pb.h"
@@ -55,6 +56,7 @@ class JobUploadReactor : public grpc::ServerReadReactor<JobUploadChunk> {
   absl::Mutex mu_;
   bool read_done_ ABSL_GUARDED_BY(mu_) = false;
   bool read_ok_ ABSL_GUARDED_BY(mu_) = false;
+  absl::Notification started_;
   std::thread thread_;
 };
 

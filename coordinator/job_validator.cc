@@ -11,6 +11,8 @@
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/time/clock.h"
 #include "coordinator/batch/batch_output.h"
 #include "coordinator/batch/line_validator.h"
 #include "glog/logging.h"
@@ -241,6 +243,9 @@ absl::Status JobValidator::Validate(const std::string& job_id, bool* ended) {
               << cursor->validated << " request lines validated before)";
   }
   const LineValidator validator(job_id, prompts_);
+  const absl::Time started = absl::Now();
+  const int64_t validated_before = cursor->validated;
+  int64_t prompt_tokens = 0;
   Chunk chunk;
   std::vector<LineOutcome> outcomes;
   for (;;) {
@@ -282,14 +287,22 @@ absl::Status JobValidator::Validate(const std::string& job_id, bool* ended) {
       o.line.request.clear();
       o.line.reserved_tokens = 0;
     }
-    for (LineOutcome& o : outcomes) lines.push_back(std::move(o.line));
+    for (LineOutcome& o : outcomes) {
+      if (!o.line.request.empty()) prompt_tokens += o.prompt_tokens;
+      lines.push_back(std::move(o.line));
+    }
     if (absl::Status s = store_->CommitValidated(job_id, lines, chunk.after); !s.ok()) return s;
     *cursor = chunk.after;
     if (callbacks_.on_progress) callbacks_.on_progress(job_id);
     if (chunk.end) break;
   }
   if (absl::Status s = store_->FinishValidation(job_id); !s.ok()) return s;
-  LOG(INFO) << "job " << job_id << ": " << cursor->validated << " request lines validated";
+  const double seconds = absl::ToDoubleSeconds(absl::Now() - started);
+  LOG(INFO) << "job " << job_id << ": " << cursor->validated
+            << " request lines validated; this run " << cursor->validated - validated_before
+            << " lines, " << prompt_tokens << " prompt tokens in "
+            << absl::StrFormat("%.2f", seconds) << " s ("
+            << absl::StrFormat("%.0f", prompt_tokens / std::max(seconds, 1e-9)) << " tokens/s)";
   *ended = true;
   return absl::OkStatus();
 }

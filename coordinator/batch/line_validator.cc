@@ -52,6 +52,7 @@ LineOutcome LineValidator::Validate(int64_t line_number, absl::string_view text)
     request.mutable_sampling()->set_seed(DefaultSeed(job_id_, line_number));
   }
   const int64_t prompt_tokens = static_cast<int64_t>(prompt->size());
+  out.prompt_tokens = prompt_tokens;
   request.mutable_prompt_token_ids()->Assign(prompt->begin(), prompt->end());
   const int64_t max_tokens = request.sampling().max_tokens() > 0
                                  ? request.sampling().max_tokens()

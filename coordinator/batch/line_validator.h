@@ -22,7 +22,8 @@ struct LineOutcome {
   // The line parsed, so it claims its custom_id (the first line with an id keeps it, even if
   // its prompt then fails).
   bool claims_custom_id = false;
-  std::string custom_id;  // "" when the line has no readable one
+  std::string custom_id;      // "" when the line has no readable one
+  int64_t prompt_tokens = 0;  // of a request that can run
 };
 
 class LineValidator {
