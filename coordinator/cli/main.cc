@@ -17,10 +17,11 @@ namespace {
 
 // How `deepinfer run` and `deepinfer wait` show progress (coordinator/cli/progress.h).
 constexpr char kProgressHelp[] =
-    "Progress, on a terminal: requests done/running/failed, tokens generated so far\n"
-    "(finished requests plus the running ones' tokens, which workers report in\n"
-    "their heartbeats, about once a second), tokens/s between the counts seen\n"
-    "change over the last 20 s, and an ETA: the tokens still to come divided by\n"
+    "Progress, on a terminal: while the coordinator validates the job's lines (the job is\n"
+    "VALIDATING), lines validated of the total; then requests done/running/failed,\n"
+    "tokens generated so far (finished requests plus the running ones' tokens, which\n"
+    "workers report in their heartbeats, about once a second), tokens/s between the\n"
+    "counts seen change over the last 20 s, and an ETA: the tokens still to come divided by\n"
     "that rate. Tokens still to come: the average generated per completed request\n"
     "times the requests left, less what the running ones generated, at most their\n"
     "max_tokens; before any request completed, that max_tokens bound itself, shown\n"
