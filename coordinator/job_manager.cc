@@ -38,10 +38,16 @@ JobManager::JobManager(BatchJobStore* store, const PromptBuilder* prompts, Worke
       workers_(workers),
       clock_(clock),
       config_(std::move(config)),
+      writer_(store, config_.store_writes),
       router_(config_.prefix_routing) {
   JobValidator::Callbacks callbacks;
   callbacks.on_progress = [this](const std::string&) {
     absl::MutexLock lock(&mu_);
+    BumpLocked();
+  };
+  callbacks.on_stalled = [this](const std::string& job_id, const std::string& reason) {
+    absl::MutexLock lock(&mu_);
+    validation_stalled_ = reason;
     BumpLocked();
   };
   callbacks.on_done = [this](const std::string& job_id, const absl::Status& status) {
@@ -91,9 +97,8 @@ absl::Status JobManager::Start() {
     const std::string reason =
         absl::StrCat("cannot resume the job after a coordinator restart: ", resumed.message());
     LOG(ERROR) << "job " << job.job_id() << ": " << reason;
-    if (absl::Status s = store_->SetJobState(job.job_id(), Job::FAILED, reason, NowMs()); !s.ok()) {
-      return s;
-    }
+    absl::MutexLock lock(&mu_);
+    writer_.SetJobState(job.job_id(), Job::FAILED, reason, clock_->Now());
   }
   thread_ = std::thread([this] { Run(); });
   return absl::OkStatus();
@@ -151,9 +156,7 @@ void JobManager::OnValidationDone(const std::string& job_id, const absl::Status&
   jobs_.erase(job);
   const std::string reason = absl::StrCat("cannot validate the job's input: ", activated.message());
   LOG(ERROR) << "job " << job_id << ": " << reason;
-  if (absl::Status s = store_->SetJobState(job_id, Job::FAILED, reason, NowMs()); !s.ok()) {
-    LOG(ERROR) << "job " << job_id << ": " << s;
-  }
+  writer_.SetJobState(job_id, Job::FAILED, reason, clock_->Now());
   BumpLocked();
 }
 
@@ -183,7 +186,7 @@ absl::Status JobManager::ActivateJob(const std::string& job_id) {
   }
   // Every line has its result (error lines, or a resumed job that was about to finish).
   jobs_.erase(it);
-  if (absl::Status s = store_->SetJobState(job_id, Job::COMPLETED, "", NowMs()); !s.ok()) return s;
+  writer_.SetJobState(job_id, Job::COMPLETED, "", clock_->Now());
   LOG(INFO) << "job " << job_id << " completed";
   return absl::OkStatus();
 }
@@ -327,30 +330,28 @@ size_t JobManager::requests_in_memory() const {
 
 void JobManager::FinishRequestsLocked(std::vector<BatchJobStore::Result> results,
                                       const std::vector<std::string>& request_ids) {
-  absl::StatusOr<std::vector<bool>> recorded = store_->RecordResults(results);
-  if (!recorded.ok()) {
-    // Nothing was stored: keep the requests, their results will come again when re-run.
-    LOG(ERROR) << "cannot store " << results.size() << " result(s): " << recorded.status();
-    return;
+  if (auto written = writer_.WriteResults({std::move(results), request_ids}, clock_->Now())) {
+    return ApplyWrittenLocked(*written);
   }
-  for (const std::string& id : request_ids) DropRequestLocked(id);
+  for (const std::string& id : request_ids) inflight_.erase(id);  // held: done, not finished
+  BumpLocked();
+}
+
+void JobManager::ApplyWrittenLocked(const JobStoreWriter::Written& written) {
+  for (const std::string& id : written.batch.request_ids) DropRequestLocked(id);
   absl::flat_hash_set<std::string> touched;
-  for (size_t i = 0; i < results.size(); ++i) {
-    if (!(*recorded)[i]) continue;
-    auto job = jobs_.find(results[i].job_id);
-    if (job == jobs_.end() || job->second.validating) continue;
+  for (size_t i = 0; i < written.recorded.size(); ++i) {
+    auto job = jobs_.find(written.batch.results[i].job_id);
+    if (!written.recorded[i] || job == jobs_.end() || job->second.validating) continue;
     --job->second.remaining;
-    touched.insert(results[i].job_id);
+    touched.insert(job->first);
   }
   for (const std::string& job_id : touched) {
     auto job = jobs_.find(job_id);
     if (job->second.remaining > 0 || job->second.cancelled || job->second.validating) continue;
     jobs_.erase(job);
-    if (absl::Status s = store_->SetJobState(job_id, Job::COMPLETED, "", NowMs()); !s.ok()) {
-      LOG(ERROR) << "job " << job_id << ": " << s;
-    } else {
-      LOG(INFO) << "job " << job_id << " completed";
-    }
+    writer_.SetJobState(job_id, Job::COMPLETED, "", clock_->Now());
+    LOG(INFO) << "job " << job_id << " completed";
   }
   BumpLocked();
 }
@@ -395,6 +396,7 @@ void JobManager::CountPrefixStatsLocked(const QueuedRequest& q, const RequestRes
 }
 
 void JobManager::AddLiveStateLocked(Job* job) const {
+  writer_.ApplyHeldState(job);
   if (auto s = prefix_stats_.find(job->job_id()); s != prefix_stats_.end()) {
     job->set_prompt_tokens(s->second.prompt_tokens);
     job->set_cached_prompt_tokens(s->second.cached_prompt_tokens);
@@ -413,18 +415,15 @@ void JobManager::AddLiveStateLocked(Job* job) const {
   job->set_running_requests(running);
   job->set_running_generated_tokens(tokens);
   job->set_unfinished_max_tokens(runtime->second.max_tokens_left);
+  std::string stalled = writer_.stalled_reason();
+  if (stalled.empty() && runtime->second.validating) stalled = validation_stalled_;
+  job->set_stalled_reason(stalled);
   std::vector<std::string> notices;
   if (!left_out_notice_.empty()) notices.push_back(left_out_notice_);
   if (group_error_current_ && !group_.serving) {
     notices.push_back(absl::StrCat("no expert-parallel group serving: ", last_group_error_));
   }
   job->set_cluster_notice(absl::StrJoin(notices, "; "));
-}
-
-absl::StatusOr<std::vector<std::string>> JobManager::Results(const std::string& job_id,
-                                                             int64_t offset,
-                                                             int64_t max_lines) const {
-  return store_->ReadResults(job_id, offset, max_lines);
 }
 
 absl::StatusOr<Job> JobManager::Cancel(const std::string& job_id) {
@@ -435,6 +434,10 @@ absl::StatusOr<Job> JobManager::Cancel(const std::string& job_id) {
     absl::MutexLock lock(&mu_);
     auto it = jobs_.find(job_id);
     if (it == jobs_.end()) return job;  // already final
+    // First, so that nothing changes when there is no room for it.
+    absl::Status recorded = store_->SetJobState(job_id, Job::CANCELLED, "", NowMs());
+    if (!recorded.ok()) return recorded;
+    writer_.DropJob(job_id);
     it->second.cancelled = true;
     std::vector<std::string> ids;
     for (const auto& [id, q] : requests_) {
@@ -458,9 +461,6 @@ absl::StatusOr<Job> JobManager::Cancel(const std::string& job_id) {
       c = next;
     }
     jobs_.erase(it);
-    if (absl::Status s = store_->SetJobState(job_id, Job::CANCELLED, "", NowMs()); !s.ok()) {
-      return s;
-    }
     BumpLocked();
   }
   for (auto& [address, request] : cancels) {
@@ -475,6 +475,7 @@ absl::StatusOr<Job> JobManager::Cancel(const std::string& job_id) {
 
 absl::Status JobManager::OnResults(const std::vector<RequestResult>& results) {
   absl::MutexLock lock(&mu_);
+  if (absl::Status room = writer_.RoomForResults(); !room.ok()) return room;
   std::vector<BatchJobStore::Result> records;
   std::vector<std::string> ids;
   const int64_t now_s = absl::ToUnixSeconds(clock_->Now());
@@ -488,6 +489,8 @@ absl::Status JobManager::OnResults(const std::vector<RequestResult>& results) {
   };
   for (const RequestResult& r : results) {
     auto it = requests_.find(r.request_id());
+    // Its result waits for room in the store already.
+    if (writer_.holds(r.request_id())) continue;
     if (it == requests_.end()) {
       // Finished already, its job was cancelled, or (after a coordinator restart) not read
       // from the store yet.
@@ -657,6 +660,7 @@ void JobManager::Tick() {
   {
     absl::MutexLock lock(&mu_);
     if (stop_) return;
+    for (const JobStoreWriter::Written& w : writer_.Retry(now)) ApplyWrittenLocked(w);
     // What the current group's ranks cache, for routing.
     for (const WorkerSnapshot& w : snapshot) {
       if (group_.generation == 0 || w.report.group_generation != group_.generation) continue;
@@ -882,7 +886,7 @@ void JobManager::Dispatch() {
   uint64_t generation = 0;
   {
     absl::MutexLock lock(&mu_);
-    if (!group_.serving || queue_.empty()) return;
+    if (!group_.serving || queue_.empty() || writer_.holding()) return;
     generation = group_.generation;
     const int world = group_.world_size;
     std::vector<int64_t> tokens(world, 0);
@@ -956,7 +960,7 @@ void JobManager::Dispatch() {
       JobRuntime& job = jobs_[q.job_id];
       if (!job.started) {
         job.started = true;
-        (void)store_->SetJobState(q.job_id, Job::RUNNING, "", 0);
+        writer_.SetJobState(q.job_id, Job::RUNNING, "", clock_->Now());
       }
     }
     queue_.insert(queue_.begin(), waiting_for_leader.begin(), waiting_for_leader.end());

@@ -18,7 +18,10 @@
 //     docs/kv-cache.md).
 // Results arrive through OnResults (ClusterService.ReportResults) and are stored once:
 // the store ignores a second result for the same line, and a request re-run after a
-// failure is deterministic (it always carries a seed), so output is exactly once.
+// failure is deterministic (it always carries a seed), so output is exactly once. Results
+// and job states go to the store through a JobStoreWriter, which keeps what the store
+// cannot take (a full disk) and retries it; meanwhile unfinished jobs show why they are
+// stalled and no new requests are handed out.
 // Workers' heartbeats report the tokens their running requests generated so far
 // (OnProgress); GetJob adds those, and what keeps the cluster from running as asked (a
 // worker left out of the group, no group serving), to the stored job.
@@ -41,6 +44,7 @@
 #include "absl/time/time.h"
 #include "coordinator/batch/batch_job_store.h"
 #include "coordinator/batch/batch_line.h"
+#include "coordinator/batch/job_store_writer.h"
 #include "coordinator/batch/prompt_builder.h"
 #include "coordinator/clock.h"
 #include "coordinator/expert_balancer.h"
@@ -79,6 +83,8 @@ struct JobManagerConfig {
   int64_t queued_in_memory = 4096;
   // Background validation of job inputs.
   JobValidatorConfig validation;
+  // Results and job states the store cannot take now (JobStoreWriter).
+  JobStoreWriterConfig store_writes;
 };
 
 // The current group, for status reports.
@@ -107,7 +113,8 @@ class JobManager {
   // Resumes the store's unfinished jobs (VALIDATING ones go on validating) and starts the
   // scheduler thread. A job that cannot be resumed or validated (its input file is gone or
   // shorter than what was validated, or validation stopped a coordinator twice) is marked
-  // FAILED with the reason, and the others run. Errors: the store's.
+  // FAILED with the reason, and the others run; a full disk fails none of this (validation
+  // waits for room). Errors: the store's, reading.
   absl::Status Start();
 
   // Stores a job whose input was uploaded to `staged` (a path from NewStagingPath) and starts
@@ -128,9 +135,13 @@ class JobManager {
   absl::StatusOr<std::vector<Job>> ListJobs(int page_size, const std::string& page_token) const;
   absl::StatusOr<Job> Cancel(const std::string& job_id);
   absl::StatusOr<std::vector<std::string>> Results(const std::string& job_id, int64_t offset,
-                                                   int64_t max_lines) const;
+                                                   int64_t max_lines) const {
+    return store_->ReadResults(job_id, offset, max_lines);
+  }
 
-  // Stores results; unknown or already finished requests are ignored.
+  // Stores results; unknown or already finished requests are ignored. RESOURCE_EXHAUSTED,
+  // taking none of them, while the store cannot take results and as many as may wait in
+  // memory do (JobStoreWriter): the worker keeps them and sends them again.
   absl::Status OnResults(const std::vector<RequestResult>& results);
 
   // Takes a heartbeat's tokens generated so far per running request. Entries for requests
@@ -143,6 +154,11 @@ class JobManager {
   void WaitForChange(uint64_t* version, absl::Duration timeout) const;
 
   GroupView group() const;
+  // What the state directory does not take now (JobStoreWriter::storage_error); "" if none.
+  std::string storage_error() const {
+    absl::MutexLock lock(&mu_);
+    return writer_.storage_error();
+  }
 
   // Requests held in memory (queued, running, or choices waiting for their siblings); the
   // rest of the jobs' requests wait in the store.
@@ -256,6 +272,9 @@ class JobManager {
   void FinishRequestsLocked(std::vector<BatchJobStore::Result> results,
                             const std::vector<std::string>& request_ids)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Counts results the store took and completes the jobs they finish.
+  void ApplyWrittenLocked(const JobStoreWriter::Written& written)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Forgets a request (queued, running or finished as one choice of several) and the
   // max_tokens it held.
   void DropRequestLocked(const std::string& id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -281,10 +300,14 @@ class JobManager {
   uint64_t version_ ABSL_GUARDED_BY(mu_) = 1;
   absl::flat_hash_map<std::string, QueuedRequest> requests_ ABSL_GUARDED_BY(mu_);
   std::deque<std::string> queue_ ABSL_GUARDED_BY(mu_);
+  JobStoreWriter writer_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<std::string, Assignment> inflight_ ABSL_GUARDED_BY(mu_);
   // By line request id.
   absl::flat_hash_map<std::string, ChoiceResults> choice_results_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<std::string, JobRuntime> jobs_ ABSL_GUARDED_BY(mu_);
+  // Why validation waits (the store refuses its writes: a full disk), for the VALIDATING
+  // jobs' stalled_reason; "" while it does not.
+  std::string validation_stalled_ ABSL_GUARDED_BY(mu_);
   // The jobs of jobs_ in the order they came (Refill reads the oldest first); ids of jobs gone
   // from jobs_ are dropped as Refill meets them.
   std::deque<std::string> job_order_ ABSL_GUARDED_BY(mu_);

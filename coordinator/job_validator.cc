@@ -25,6 +25,10 @@ namespace {
 // coordinator killed by chance during validation costs nothing.
 constexpr int64_t kMaxRunsWithoutProgress = 2;
 
+// Waits before trying a write the store refused for want of room again.
+constexpr absl::Duration kFirstRetry = absl::Milliseconds(200);
+constexpr absl::Duration kMaxRetry = absl::Seconds(5);
+
 // Lines handed to a pool thread at a time.
 constexpr size_t kLinesPerBlock = 8;
 
@@ -209,9 +213,42 @@ void JobValidator::Run() {
   }
 }
 
+absl::Status JobValidator::UntilThereIsRoom(const std::string& job_id,
+                                            const std::function<absl::Status()>& write) {
+  absl::Duration delay = kFirstRetry;
+  bool stalled = false;
+  for (;;) {
+    absl::Status status = write();
+    if (!absl::IsResourceExhausted(status)) {
+      if (stalled && callbacks_.on_stalled) callbacks_.on_stalled(job_id, "");
+      if (stalled) LOG(INFO) << "job " << job_id << ": the store takes validation's writes again";
+      return status;
+    }
+    if (!stalled) {
+      LOG(WARNING) << "job " << job_id << ": validation waits for room: " << status.message();
+      if (callbacks_.on_stalled) {
+        callbacks_.on_stalled(
+            job_id, absl::StrCat("writes to the state directory fail (", status.message(),
+                                 "); validation waits and goes on by itself once there is room"));
+      }
+      stalled = true;
+    }
+    {
+      absl::MutexLock lock(&mu_);
+      mu_.AwaitWithTimeout(absl::Condition(&stop_), delay);
+    }
+    delay = std::min(delay * 2, kMaxRetry);
+    if (Stopping() || callbacks_.cancelled(job_id)) {
+      if (callbacks_.on_stalled) callbacks_.on_stalled(job_id, "");
+      return absl::CancelledError("stopped while waiting for room");
+    }
+  }
+}
+
 absl::Status JobValidator::Validate(const std::string& job_id, bool* ended) {
   *ended = false;
   absl::StatusOr<int64_t> runs = store_->StartLoading(job_id);
+  if (absl::IsResourceExhausted(runs.status())) runs = 1;  // a full disk: runs, not counted
   if (!runs.ok()) return runs.status();
   if (*runs > kMaxRunsWithoutProgress) {
     return absl::FailedPreconditionError(
@@ -276,8 +313,15 @@ absl::Status JobValidator::Validate(const std::string& job_id, bool* ended) {
       claims.emplace_back(outcomes[i].line.line_number, outcomes[i].custom_id);
       claimed_by.push_back(i);
     }
-    absl::StatusOr<std::vector<int64_t>> owners = store_->ClaimCustomIds(job_id, claims);
-    if (!owners.ok()) return owners.status();
+    absl::StatusOr<std::vector<int64_t>> owners;
+    if (absl::Status s = UntilThereIsRoom(job_id,
+                                          [&] {
+                                            owners = store_->ClaimCustomIds(job_id, claims);
+                                            return owners.status();
+                                          });
+        !s.ok()) {
+      return absl::IsCancelled(s) ? absl::OkStatus() : s;
+    }
     std::vector<ValidatedLine> lines;
     lines.reserve(outcomes.size());
     for (size_t c = 0; c < claimed_by.size(); ++c) {
@@ -291,12 +335,19 @@ absl::Status JobValidator::Validate(const std::string& job_id, bool* ended) {
       if (!o.line.request.empty()) prompt_tokens += o.prompt_tokens;
       lines.push_back(std::move(o.line));
     }
-    if (absl::Status s = store_->CommitValidated(job_id, lines, chunk.after); !s.ok()) return s;
+    if (absl::Status s = UntilThereIsRoom(
+            job_id, [&] { return store_->CommitValidated(job_id, lines, chunk.after); });
+        !s.ok()) {
+      return absl::IsCancelled(s) ? absl::OkStatus() : s;
+    }
     *cursor = chunk.after;
     if (callbacks_.on_progress) callbacks_.on_progress(job_id);
     if (chunk.end) break;
   }
-  if (absl::Status s = store_->FinishValidation(job_id); !s.ok()) return s;
+  if (absl::Status s = UntilThereIsRoom(job_id, [&] { return store_->FinishValidation(job_id); });
+      !s.ok()) {
+    return absl::IsCancelled(s) ? absl::OkStatus() : s;
+  }
   const double seconds = absl::ToDoubleSeconds(absl::Now() - started);
   LOG(INFO) << "job " << job_id << ": " << cursor->validated
             << " request lines validated; this run " << cursor->validated - validated_before

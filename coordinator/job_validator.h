@@ -8,7 +8,9 @@
 // and error lines as results. A restarted coordinator hands the job over again and it goes on
 // from the last commit. A validation run that starts counts itself (StartLoading); a job whose
 // validation stopped the coordinator twice without committing anything is given up. Memory
-// stays at a chunk's worth whatever the input's size.
+// stays at a chunk's worth whatever the input's size. A write the store refuses for want of
+// room (RESOURCE_EXHAUSTED: a full disk) is tried again, first after 200 ms, then at doubling
+// intervals up to 5 s, the job shown stalled meanwhile; it goes on by itself once there is room.
 #ifndef DEEPINFER_COORDINATOR_JOB_VALIDATOR_H_
 #define DEEPINFER_COORDINATOR_JOB_VALIDATOR_H_
 
@@ -45,6 +47,8 @@ class JobValidator {
   struct Callbacks {
     // A chunk of the job was committed (its counts in the store changed).
     std::function<void(const std::string& job_id)> on_progress;
+    // The store refuses the job's writes (`reason` says why), or takes them again ("").
+    std::function<void(const std::string& job_id, const std::string& reason)> on_stalled;
     // The job's validation ended: OK once the job is QUEUED in the store; otherwise why it
     // cannot be validated (the input file is gone or shorter than what was validated,
     // validation stopped the coordinator before, a store error), and the caller fails the job.
@@ -71,6 +75,10 @@ class JobValidator {
   // stopping or the job was cancelled (`*ended` false then).
   absl::Status Validate(const std::string& job_id, bool* ended);
   bool Stopping() const;
+  // Runs a store write until the store has room for it: its status, or CANCELLED when the
+  // validator stops or the job is cancelled while it waits.
+  absl::Status UntilThereIsRoom(const std::string& job_id,
+                                const std::function<absl::Status()>& write);
   // Runs fn(i) for i in [0, n) on the pool and this thread.
   void ParallelFor(size_t n, const std::function<void(size_t)>& fn);
   void PoolThread();

@@ -10,6 +10,13 @@
 // nor duplicate a finished result. Recording a result for a request that already has one is
 // a no-op.
 //
+// A full disk fails only the writes: the database is opened in exclusive locking mode (one
+// coordinator per state directory), so its WAL index lives in memory and reading needs no
+// space; a write that finds no room is RESOURCE_EXHAUSTED ("sqlite: database or disk is
+// full") and leaves nothing half done. An output file that cannot be appended to (or
+// repaired at Open) lags the database; its appends stop until CatchUpOutputFiles brings it
+// level, and the results are read from the database meanwhile (ReadResults).
+//
 // A job is created VALIDATING from an input file already on disk (state_dir/uploads/, see
 // JobInputUpload), under an optional idempotency key that no two jobs share. Validation
 // commits the lines chunk by chunk, each chunk in one transaction with the position reached
@@ -28,6 +35,7 @@
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
+#include "absl/container/flat_hash_set.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "coordinator/batch/job_input_upload.h"
@@ -162,6 +170,11 @@ class BatchJobStore {
   absl::StatusOr<std::vector<std::string>> ReadResults(const std::string& job_id, int64_t offset,
                                                        int64_t max_lines) const;
 
+  // Appends to the output files that lag the database what they lack (see the top); OK when
+  // none lags any more, else the first error (they stay behind, for a later call).
+  absl::Status CatchUpOutputFiles();
+  bool OutputFilesBehind() const;
+
   std::string OutputPath(const std::string& job_id) const;
   std::string InputPath(const std::string& job_id) const;
 
@@ -174,8 +187,15 @@ class BatchJobStore {
   // results[i] was new. A result naming an unknown job or line is NOT_FOUND.
   absl::Status RecordResultsLocked(const std::vector<Result>& results, std::vector<bool>* recorded)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Appends the recorded results' lines to their output files (after the commit).
-  void AppendOutputs(const std::vector<Result>& results, const std::vector<bool>& recorded) const;
+  // Appends the recorded results' lines to their output files (after the commit); a file that
+  // cannot take them lags (see the top).
+  void AppendOutputsLocked(const std::vector<Result>& results, const std::vector<bool>& recorded)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Brings one job's output file level with its `results` recorded results: cuts a partial
+  // last line, then appends the lines after the file's last complete one (the file holds a
+  // prefix of them in recording order), or rewrites the file when it holds more lines.
+  absl::Status CatchUpOutputFileLocked(const std::string& job_id, int64_t results)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::StatusOr<Job> GetJobLocked(const std::string& job_id) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::StatusOr<std::vector<Job>> QueryJobsLocked(const std::string& where_sql,
@@ -185,6 +205,8 @@ class BatchJobStore {
   const std::string state_dir_;
   mutable absl::Mutex mu_;
   sqlite3* db_ ABSL_GUARDED_BY(mu_) = nullptr;
+  // Jobs whose output file lags the database; appends to them wait for the catch-up.
+  absl::flat_hash_set<std::string> lagging_outputs_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace deepinfer

@@ -21,6 +21,7 @@
 
 #include "gtest/gtest.h"
 #include "tests/parity/parity_checks.h"
+#include "tests/parity/v4_parity_runs.h"
 #include "worker/backend/cpu/cpu_backend.h"
 #include "worker/model/deepseek_v4/deepseek_v4_model.h"
 
@@ -32,17 +33,6 @@ constexpr double kTolerance = 1e-4;
 // Whether the fixture has no indexer tie that changes HF's outputs (see the header).
 bool ServingRuleIsHfs(const std::string& fixture) { return fixture == "dsv4_bf16"; }
 
-// The prompt and the first 23 greedy tokens: the rows logits.bin covers.
-std::vector<int32_t> Covered(const FixturePrompt& p) {
-  std::vector<int32_t> ids = p.ids;
-  ids.insert(ids.end(), p.greedy.begin(), p.greedy.end() - 1);
-  return ids;
-}
-
-int32_t ArgmaxRow(const float* row, int64_t n) {
-  return static_cast<int32_t>(std::max_element(row, row + n) - row);
-}
-
 class V4ParityTest : public ::testing::TestWithParam<std::string> {
  protected:
   V4ParityTest() : backend_(2) {}
@@ -53,41 +43,13 @@ class V4ParityTest : public ::testing::TestWithParam<std::string> {
     v4_ = dynamic_cast<DeepseekV4Model*>(m_.model.get());
     ASSERT_NE(v4_, nullptr);
   }
-  // Runs `ids` in steps of `chunk` tokens (0: one step) in fresh blocks; every row's logits.
   std::vector<float> Run(const std::vector<int32_t>& ids, int64_t chunk) {
-    auto blocks = m_.pool->Allocate(m_.pool->BlocksFor(static_cast<int64_t>(ids.size())));
-    EXPECT_TRUE(blocks.ok()) << blocks.status();
-    if (!blocks.ok()) return {};
-    std::vector<float> logits;
-    const int64_t n = static_cast<int64_t>(ids.size());
-    const int64_t step = chunk > 0 ? chunk : n;
-    for (int64_t at = 0; at < n; at += step) {
-      SequenceStep s;
-      s.tokens.assign(ids.begin() + at, ids.begin() + std::min(n, at + step));
-      s.position_offset = at;
-      s.block_table = *blocks;
-      s.all_logits = true;
-      auto r = m_.model->Step({s}, m_.pool.get());
-      EXPECT_TRUE(r.ok()) << r.status();
-      if (!r.ok()) break;
-      logits.insert(logits.end(), r->logits[0].begin(), r->logits[0].end());
-    }
-    EXPECT_TRUE(m_.pool->Free(*blocks).ok());
-    return logits;
+    auto r = RunInSteps(m_.model.get(), m_.pool.get(), ids, chunk);
+    EXPECT_TRUE(r.ok()) << r.status();
+    return r.ok() ? *std::move(r) : std::vector<float>();
   }
-  // Per row of the covered sequence, max |ours - HF| / max |HF| (over the whole sequence).
   std::vector<double> RowErrors(const FixturePrompt& p, const std::vector<float>& ours) {
-    const int64_t V = m_.fx.vocab, n = static_cast<int64_t>(Covered(p).size());
-    const float* hf = m_.fx.logits.data() + p.logits_row_offset * V;
-    double max_hf = 0;
-    for (int64_t i = 0; i < n * V; ++i) max_hf = std::max<double>(max_hf, std::fabs(hf[i]));
-    std::vector<double> err(n, 0.0);
-    for (int64_t r = 0; r < n && (r + 1) * V <= static_cast<int64_t>(ours.size()); ++r) {
-      for (int64_t i = r * V; i < (r + 1) * V; ++i) {
-        err[r] = std::max<double>(err[r], std::fabs(ours[i] - hf[i]) / max_hf);
-      }
-    }
-    return err;
+    return CoveredRowErrors(m_.fx, p, ours);
   }
 
   CpuBackend backend_;
@@ -98,7 +60,7 @@ class V4ParityTest : public ::testing::TestWithParam<std::string> {
 TEST_P(V4ParityTest, OnePrefillMatchesHfAtEveryPosition) {
   v4_->set_indexer_full_forward_ties(true);
   for (const FixturePrompt& p : m_.fx.prompts) {
-    const std::vector<double> err = RowErrors(p, Run(Covered(p), 0));
+    const std::vector<double> err = RowErrors(p, Run(CoveredIds(p), 0));
     const double worst = *std::max_element(err.begin(), err.end());
     std::printf("[v4-parity] %s prompt_len=%zu positions=%zu rel=%.3e\n", GetParam().c_str(),
                 p.ids.size(), err.size(), worst);
@@ -125,7 +87,7 @@ TEST_P(V4ParityTest, GreedyByFullRecomputeIsHfs) {
 // steps: chunks that split windows anywhere, and single tokens, give what one prefill gives.
 TEST_P(V4ParityTest, ChunkedPrefillAndDecodeMatchOnePrefill) {
   for (const FixturePrompt& p : m_.fx.prompts) {
-    const std::vector<int32_t> ids = Covered(p);
+    const std::vector<int32_t> ids = CoveredIds(p);
     const std::vector<float> one = Run(ids, 0);
     double max_one = 0;
     for (float x : one) max_one = std::max<double>(max_one, std::fabs(x));
@@ -181,7 +143,7 @@ TEST_P(V4ParityTest, BoundedRebuildMatchesOnePrefill) {
   const int64_t V = m_.fx.vocab;
   int rebuilt = 0;
   for (const FixturePrompt& p : m_.fx.prompts) {
-    const std::vector<int32_t> ids = Covered(p);
+    const std::vector<int32_t> ids = CoveredIds(p);
     const int64_t n = static_cast<int64_t>(ids.size()), kept = n - 8;
     const int64_t start = m_.model->BoundedReplayStart(kept);
     if (start == 0) continue;  // too short: a rebuild replays every position

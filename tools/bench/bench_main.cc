@@ -30,13 +30,15 @@ int main(int argc, char** argv) {
   bool json = false;
   deepinfer::FlagSet flags(
       "deepinfer bench --model DIR [flags]   (or deepinfer-bench ...)",
-      "Loads a DeepSeek-V3-family model on one backend and measures prefill tokens/s, decode\n"
-      "tokens/s at N concurrent requests, decode step latency p50/p99 and peak device memory.\n"
-      "With --backend cuda each throughput is also given as a fraction of the H200 roofline\n"
-      "computed from config.json: decode reads the weights the active experts of that batch\n"
-      "touch plus the latent KV cache (bytes / 4.3 TB/s), prefill is mostly FLOPs (/ 790\n"
-      "TFLOP/s); the larger of the two times is the roofline. On the CPU the step costs are\n"
-      "shown without a roofline. Numbers go to stdout (text, or one JSON object with --json).");
+      "Loads a DeepSeek-V3-family or DeepSeek-V4 model on one backend and measures prefill\n"
+      "tokens/s, decode tokens/s at N concurrent requests, decode step latency p50/p99 and\n"
+      "peak device memory. With --backend cuda each throughput is also given as a fraction of\n"
+      "the H200 roofline computed from config.json: decode reads the weights the active\n"
+      "experts of that batch touch plus the cache entries attention reads (V3: the latent KV\n"
+      "cache; V4: the window, the compressed entries attended and the indexer keys scored)\n"
+      "(bytes / 4.3 TB/s), prefill is mostly FLOPs (/ 790 TFLOP/s); the larger of the two\n"
+      "times is the roofline. On the CPU the step costs are shown without a roofline.\n"
+      "Numbers go to stdout (text, or one JSON object with --json).");
   flags.AddString("model", &config.model,
                   "Checkpoint directory (config.json + safetensors), or with --load-format dummy\n"
                   "a directory holding config.json or the config file itself; the older form\n"
@@ -71,6 +73,10 @@ int main(int argc, char** argv) {
   flags.AddString("communicator", &config.communicator,
                   "With --ranks > 1, what carries the expert exchange: auto (nccl on cuda, tcp\n"
                   "on cpu), tcp (host-staged over loopback) or nccl.");
+  flags.AddString("ep-exchange", &config.ep_exchange,
+                  "With --ranks > 1 on nccl: collective (NCCL all-to-all, the default), auto\n"
+                  "(the device exchange through NVLink windows where the group allows it,\n"
+                  "else all-to-all) or device.");
   flags.AddBool("time-all-to-all", &config.time_all_to_all,
                 "With --ranks > 1: after each request count's timed steps, as many more steps\n"
                 "with the backend synchronised around every exchange call, reporting the\n"
@@ -101,7 +107,8 @@ int main(int argc, char** argv) {
   flags.AddString("decode-fill", &config.decode_fill,
                   "How decode requests get their cached context: prefill (model steps, untimed)\n"
                   "or random (random values written into their cache blocks: no model steps,\n"
-                  "the same decode work; for large batches of slow models).");
+                  "the same decode work; for large batches of slow models; not for DeepSeek-V4,\n"
+                  "whose cache keeps per-sequence state).");
   flags.AddInt("op-timing-steps", &config.op_timing_steps,
                "CUDA: extra decode steps (and one prefill step) with per-op timing, reported\n"
                "apart from the throughput figures.");
@@ -127,6 +134,9 @@ int main(int argc, char** argv) {
   flags.AddBool("fused-ops", &config.fused_ops,
                 "Fused ops in the model's step (residual add + norm, bf16 GEMM operands); off:\n"
                 "the ops of before, for comparison.");
+  flags.AddInt("micro-batches", &config.micro_batches,
+               "1, or 2: each step's sequences in two halves whose expert exchanges overlap the\n"
+               "other half's compute (with --ranks > 1). DeepSeek-V3 models only.");
   flags.AddString("prefill-attention", &config.prefill_attention,
                   "auto, absorbed or mha: the MLA form of prefill steps (mha: keys expanded\n"
                   "through kv_b, attention of width nope + rope; auto: mha where every sequence\n"

@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <limits>
 #include <memory>
+#include <optional>
 #include <random>
 #include <thread>
 #include <utility>
@@ -26,6 +27,7 @@
 #include "tools/bench/exchange_meter.h"
 #include "tools/bench/parallel_dummy_weight_source.h"
 #include "tools/bench/roofline.h"
+#include "tools/bench/roofline_v4.h"
 #include "worker/backend/backend_factory.h"
 #include "worker/backend/bf16.h"
 #include "worker/comm/data_plane.h"
@@ -161,6 +163,7 @@ struct RankDecodeTimes {
 
 struct RankOutput {
   std::string backend;
+  std::string expert_exchange;  // ExpertDispatcher::exchange_name
   double load_seconds = 0;
   std::vector<double> prefill_seconds;
   double prefill_warmup_seconds = 0;
@@ -272,7 +275,14 @@ absl::Status SetUpRank(const BenchConfig& bc, int64_t rank, int64_t blocks, Rank
   spec.communicator = *choice;
   // The worker's expert-parallel dispatcher factory, which checks that the dispatcher serves
   // exactly the range loaded.
-  spec.dispatcher = ranks > 1 ? EpDispatcherFactory() : LocalDispatcherFactory();
+  auto ep_kind = ParseEpExchangeKind(bc.ep_exchange);
+  if (!ep_kind.ok()) return ep_kind.status();
+  EpExchangeOptions exchange;
+  exchange.kind = *ep_kind;
+  int64_t most_tokens = std::max<int64_t>(bc.prefill_batch_tokens, bc.cuda_graph_max_batch);
+  for (int64_t n : bc.decode_num_requests) most_tokens = std::max(most_tokens, n);
+  exchange.max_tokens = static_cast<int32_t>(std::min<int64_t>(most_tokens, 1 << 20));
+  spec.dispatcher = ranks > 1 ? EpDispatcherFactory(exchange) : LocalDispatcherFactory();
   spec.model = bc.model;
   spec.open_weights = [&bc](const std::string& model, ModelConfig* config) {
     return OpenBenchWeights(model, bc.load_threads, bc.dtype == kBenchFp8, config);
@@ -280,6 +290,7 @@ absl::Status SetUpRank(const BenchConfig& bc, int64_t rank, int64_t blocks, Rank
   spec.decode_graphs.enabled = bc.cuda_graphs;
   spec.decode_graphs.max_batch = bc.cuda_graph_max_batch;
   spec.fused_ops = bc.fused_ops;
+  spec.micro_batches = static_cast<int32_t>(bc.micro_batches);
   auto prefill_form = ParsePrefillAttention(bc.prefill_attention);
   if (!prefill_form.ok()) return prefill_form.status();
   spec.prefill_attention = *prefill_form;
@@ -300,7 +311,15 @@ absl::Status SetUpRank(const BenchConfig& bc, int64_t rank, int64_t blocks, Rank
   // Process-wide (every rank sets the same value; with ranks > 1 in one process the PDL-off
   // comparison toggles it for all of them, which changes their timing, never their results).
   kernels::SetProgrammaticDependentLaunch(bc.pdl);
-  if (bc.decode_fill == "random") FillCacheRandom(s->parts.backend.get(), *s->parts.pool, 99);
+  if (bc.decode_fill == "random") {
+    if (s->parts.model->CacheSpec().StateBytesPerSequence() > 0) {
+      return absl::InvalidArgumentError(
+          "bench: --decode-fill random fills the paged cache only, and this model's cache also "
+          "keeps per-sequence state (DeepSeek-V4's windows and compressors): use --decode-fill "
+          "prefill");
+    }
+    FillCacheRandom(s->parts.backend.get(), *s->parts.pool, 99);
+  }
   s->parts.backend->Synchronize();
   // Every rank has its weights before anyone steps.
   if (s->parts.group != nullptr) return s->parts.group->Barrier();
@@ -337,6 +356,7 @@ absl::Status RunRank(const BenchConfig& bc, int64_t rank, RankState* s, RankOutp
   if (absl::Status st = SetUpRank(bc, rank, blocks, s); !st.ok()) return st;
   o->load_seconds = Seconds(load_start, Clock::now());
   o->backend = s->parts.backend->name();
+  o->expert_exchange = s->parts.expert_exchange;
   o->kv_cache_dtype = s->parts.pool->spec().groups[0].dtype;
   o->kv_cache_blocks = s->parts.pool->num_blocks();
   CausalLm* model = s->parts.model.get();
@@ -721,12 +741,20 @@ absl::StatusOr<BenchResult> RunBenchmark(const BenchConfig& bc) {
   if (ranks > 1) {
     auto plane = comm::ResolveDataPlane(*choice, bc.backend, static_cast<int>(ranks));
     if (plane.ok()) r.data_plane = comm::DataPlaneName(*plane);
+    r.expert_exchange = outputs[0].expert_exchange;
   }
   r.bytes_per_value = *bytes_per_value;
   r.kv_cache_dtype = WeightDTypeName(outputs[0].kv_cache_dtype);
   r.cache_bytes_per_value = static_cast<double>(WeightDTypeSize(outputs[0].kv_cache_dtype));
   r.kv_cache_blocks = outputs[0].kv_cache_blocks;
-  r.param_count = CountParams(*config).total;
+  // The step costs of the config's architecture (roofline.h; roofline_v4.h for DeepSeek-V4).
+  std::optional<DeepseekV4Config> v4;
+  if (config->architecture == "DeepseekV4ForCausalLM") {
+    absl::StatusOr<DeepseekV4Config> c = DeepseekV4Config::FromModelConfig(*config);
+    if (!c.ok()) return c.status();
+    v4 = *std::move(c);
+  }
+  r.param_count = v4 ? CountParamsV4(*v4).total : CountParams(*config).total;
   for (const RankOutput& o : outputs) {
     r.load_seconds = std::max(r.load_seconds, o.load_seconds);
     r.device_bytes_reserved_peak =
@@ -771,9 +799,11 @@ absl::StatusOr<BenchResult> RunBenchmark(const BenchConfig& bc) {
         *prefill_form != PrefillAttention::kAbsorbed && mha_backend && ctx >= mha_min
             ? MlaForm::kNonAbsorbed
             : MlaForm::kAbsorbed;
-    r.prefill_attention_form = form == MlaForm::kAbsorbed ? "absorbed" : "non-absorbed";
-    const StepCost pc = PrefillStepCost(*config, prefill_seqs, ctx, r.bytes_per_value,
-                                        r.cache_bytes_per_value, ranks, form);
+    r.prefill_attention_form = v4 ? "v4" : form == MlaForm::kAbsorbed ? "absorbed" : "non-absorbed";
+    const StepCost pc = v4 ? PrefillStepCostV4(*v4, prefill_seqs, ctx, r.bytes_per_value,
+                                               r.cache_bytes_per_value, ranks)
+                           : PrefillStepCost(*config, prefill_seqs, ctx, r.bytes_per_value,
+                                             r.cache_bytes_per_value, ranks, form);
     r.prefill_bytes_per_step = pc.bytes;
     r.prefill_flops_per_step = pc.flops;
     if (r.has_roofline) {
@@ -806,8 +836,10 @@ absl::StatusOr<BenchResult> RunBenchmark(const BenchConfig& bc) {
       t.p99_seconds = Percentile(slowest, 0.99);
       t.tokens_per_s = ranks * n / t.p50_seconds;
       t.tokens_per_s_per_gpu = n / t.p50_seconds;
-      const StepCost cost = DecodeStepCost(*config, n, ctx + before + bc.output_len / 2,
-                                           r.bytes_per_value, r.cache_bytes_per_value, ranks);
+      const int64_t mid = ctx + before + bc.output_len / 2;
+      const StepCost cost =
+          v4 ? DecodeStepCostV4(*v4, n, mid, r.bytes_per_value, r.cache_bytes_per_value, ranks)
+             : DecodeStepCost(*config, n, mid, r.bytes_per_value, r.cache_bytes_per_value, ranks);
       t.bytes_per_step = cost.bytes;
       t.flops_per_step = cost.flops;
       if (r.has_roofline) {
@@ -885,8 +917,12 @@ std::string FormatBenchReport(const BenchConfig& c, const BenchResult& r) {
   if (ep) {
     absl::StrAppendFormat(&out,
                           "ranks: %d (expert parallel over %s; each rank its own requests, "
-                          "figures per rank; a step's time is the slowest rank's)\n",
-                          r.ranks, r.data_plane);
+                          "figures per rank; a step's time is the slowest rank's)\n"
+                          "expert exchange: %s\n",
+                          r.ranks, r.data_plane, r.expert_exchange);
+  }
+  if (c.micro_batches != 1) {
+    absl::StrAppendFormat(&out, "micro-batches: %d per step (no decode graphs)\n", c.micro_batches);
   }
   // "roofline fraction F" where the peaks apply, and the peaks themselves.
   auto roofline = [&](double fraction) {

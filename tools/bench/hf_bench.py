@@ -1,8 +1,9 @@
 #!/usr/bin/env python3
 """hf_bench.py - the HF transformers baseline for deepinfer-bench, on the same config.json.
 
-Builds DeepseekV3ForCausalLM from a config with random weights (HF's own init), in bf16 on one
-CUDA GPU, and measures what deepinfer-bench measures:
+Builds DeepseekV3ForCausalLM (or DeepseekV4ForCausalLM, when the config's `architectures` names
+it; HF's V4 port has only eager attention, so --attn is eager there) from a config with random
+weights (HF's own init), in bf16 on one CUDA GPU, and measures what deepinfer-bench measures:
 
   prefill:  B prompts of C random tokens per forward (logits of the last position only, as our
             engine computes them), one warm-up forward, then --prefill-iters timed ones; median.
@@ -27,7 +28,7 @@ import time
 
 def parse_args():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
-    p.add_argument("--config", required=True, help="config.json (DeepSeek-V3 family)")
+    p.add_argument("--config", required=True, help="config.json (DeepSeek-V3 family or V4)")
     p.add_argument("--context", type=int, default=1024, help="prompt / cached tokens per request")
     p.add_argument("--prefill-batch", type=int, default=32, help="prompts per prefill forward (0: skip)")
     p.add_argument("--prefill-iters", type=int, default=3, help="timed prefill forwards")
@@ -53,8 +54,15 @@ def main():
     start = time.time()
     import torch
     import transformers
-    from transformers import DeepseekV3Config, DeepseekV3ForCausalLM
     from transformers.cache_utils import DynamicCache
+
+    with open(args.config) as f:
+        v4 = "DeepseekV4ForCausalLM" in json.load(f).get("architectures", [])
+    if v4:
+        from transformers import DeepseekV4Config as Config, DeepseekV4ForCausalLM as ForCausalLM
+        args.attn = "eager"
+    else:
+        from transformers import DeepseekV3Config as Config, DeepseekV3ForCausalLM as ForCausalLM
 
     dtype = getattr(torch, args.dtype)
     result = {
@@ -79,7 +87,7 @@ def main():
         return out, time.perf_counter() - t0
 
     torch.manual_seed(args.seed)
-    cfg = DeepseekV3Config.from_json_file(args.config)
+    cfg = Config.from_json_file(args.config)
     cfg.use_cache = True
     kwargs = {"attn_implementation": args.attn}
     if args.experts_impl:
@@ -87,9 +95,9 @@ def main():
     t0 = time.time()
     with torch.device("cuda"):
         try:
-            model = DeepseekV3ForCausalLM._from_config(cfg, dtype=dtype, **kwargs)
+            model = ForCausalLM._from_config(cfg, dtype=dtype, **kwargs)
         except TypeError:  # transformers < 5 spells it torch_dtype
-            model = DeepseekV3ForCausalLM._from_config(cfg, torch_dtype=dtype, **kwargs)
+            model = ForCausalLM._from_config(cfg, torch_dtype=dtype, **kwargs)
     model.eval()
     torch.cuda.synchronize()
     result["build_s"] = round(time.time() - t0, 2)
@@ -138,7 +146,8 @@ def main():
         cache = None
         try:
             with torch.inference_mode():
-                cache = DynamicCache()
+                # V4's layers need their own cache kinds (window, compressed): from the config.
+                cache = DynamicCache(config=cfg) if v4 else DynamicCache()
                 ids = prompts(n)
                 (logits, t_fill) = timed(lambda: model(input_ids=ids, past_key_values=cache,
                                                        use_cache=True, logits_to_keep=1).logits)

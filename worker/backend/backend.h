@@ -55,7 +55,7 @@ absl::StatusOr<WeightDType> ParseWeightDType(const std::string& name);
 // (j - split_rows) / 128 from row split_rows on (kernels/gemm/fp8_block_gemm.h).
 struct Fp8BlockScales {
   const float* scales = nullptr;  // device fp32
-  int64_t scale_ld = 0;           // ceil(k / 128)
+  int64_t scale_ld = 0;           // >= ceil(k / 128) (the loader: rounded up to a multiple of 4)
   int64_t split_rows = 0;         // 0: one block grid
 };
 
@@ -290,11 +290,17 @@ struct RoutedExpertsArgs {
   const void* const* down_host = nullptr;
   WeightDType dtype = WeightDType::kFloat32;  // of the expert matrices
   // kFp8E4M3 experts (a backend that takes them: CUDA): device [num_experts] pointers to each
-  // matrix's block scales (WeightView::fp8's layout; gate_up stacked at inter rows).
+  // matrix's block scales (WeightView::fp8's layout; gate_up stacked at inter rows) and the scale
+  // rows' stride shared by every expert's gate_up / down (Fp8BlockScales::scale_ld).
   const float* const* gate_up_scales = nullptr;
   const float* const* down_scales = nullptr;
+  int64_t gate_up_scale_ld = 0;
+  int64_t down_scale_ld = 0;
   bool fp8() const { return dtype == WeightDType::kFp8E4M3; }
   float* out = nullptr;  // [tokens, hidden_size], overwritten
+  // Stay on the device at any size (no host copy of the group sizes), as while recording: rows
+  // padded to a capacity (ids -1) whose real count only the device knows.
+  bool keep_on_device = false;
   // The shared experts, read only by Backend::RoutedAndSharedExperts (shared_inter 0: none):
   // one MLP of intermediate size shared_inter (n_shared_experts * moe_intermediate_size) in
   // `dtype`, gate rows then up rows.

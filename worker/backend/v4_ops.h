@@ -113,6 +113,9 @@ struct IndexerTopKArgs {
   const int32_t* candidates = nullptr;  // [tokens]
   const int32_t* visible = nullptr;     // [tokens]
   int32_t* selected = nullptr;          // [tokens, topk]
+  // An upper bound of every candidates[t], known to the host from the step's shapes (a device
+  // backend sizes its scores' workspace by it without reading candidates; the CPU ignores it).
+  int64_t max_candidates = 0;
 };
 
 // V4 routing: scores = f(logits) (sqrtsoftplus: sqrt(softplus(x)); else sigmoid); the experts

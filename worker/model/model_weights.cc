@@ -11,6 +11,10 @@ namespace deepinfer {
 namespace {
 
 int64_t CeilBlocks(int64_t n) { return (n + 127) / 128; }
+// The device scale rows' stride for `cols` columns: the block count rounded up to 4 (the CUDA
+// kernels' kernels::Fp8ScaleLd; cuBLASLt's 128 x 128 block scaling needs a multiple of 4), the
+// padding columns zero.
+int64_t Fp8ScaleStride(int64_t cols) { return (CeilBlocks(cols) + 3) / 4 * 4; }
 
 class Loader {
  public:
@@ -74,14 +78,22 @@ class Loader {
     *out = UploadMatrix(host);
     return absl::OkStatus();
   }
-  // FP8 bytes and their scales as they are stored (scale_ld = ceil(cols / 128)).
+  // FP8 bytes as they are stored and their scales' rows (ceil(cols / 128) each) with the
+  // stride Fp8ScaleStride(cols).
   MatrixBuffer UploadFp8(const std::vector<uint8_t>& data, const std::vector<float>& scales,
                          int64_t cols, int64_t split_rows) {
     MatrixBuffer m;
     m.data = be_->Allocate(data.size());
     be_->CopyToDevice(data.data(), data.size(), m.data->data());
-    m.fp8_scales = Upload(scales);
-    m.scale_ld = CeilBlocks(cols);
+    const int64_t blocks = CeilBlocks(cols), stride = Fp8ScaleStride(cols);
+    const int64_t rows = static_cast<int64_t>(scales.size()) / blocks;
+    std::vector<float> padded(rows * stride, 0.0f);
+    for (int64_t r = 0; r < rows; ++r) {
+      std::copy(scales.begin() + r * blocks, scales.begin() + (r + 1) * blocks,
+                padded.begin() + r * stride);
+    }
+    m.fp8_scales = Upload(padded);
+    m.scale_ld = stride;
     m.split_rows = split_rows;
     bytes_ += m.data->size_bytes();
     return m;
@@ -359,12 +371,12 @@ int64_t ModelWeights::DeviceBytes(const ModelConfig& c, WeightDType matrix_dtype
   };
   auto matrix = [&](const std::string& name, int64_t n, int64_t k) {
     if (!keeps_fp8(name)) return n * k * mat;
-    return n * k + CeilBlocks(n) * CeilBlocks(k) * f32;
+    return n * k + CeilBlocks(n) * Fp8ScaleStride(k) * f32;
   };
   auto mlp = [&](const std::string& prefix, int64_t inter) {
     const int64_t down = matrix(prefix + "down_proj.weight", hid, inter);
     if (keeps_fp8(prefix + "gate_proj.weight") && keeps_fp8(prefix + "up_proj.weight")) {
-      return 2 * (inter * hid + CeilBlocks(inter) * CeilBlocks(hid) * f32) + down;
+      return 2 * (inter * hid + CeilBlocks(inter) * Fp8ScaleStride(hid) * f32) + down;
     }
     return 2 * inter * hid * mat + down;
   };

@@ -20,6 +20,7 @@
 #include "kernels/common/pdl.h"
 #include "kernels/moe/noaux_tc_router_fused.h"
 #include "worker/backend/cuda/cuda_status.h"
+#include "worker/backend/cuda/cuda_v4_ops.h"
 #include "worker/backend/cuda/op_timer.h"
 
 namespace deepinfer {
@@ -103,6 +104,10 @@ absl::StatusOr<std::unique_ptr<CudaBackend>> CudaBackend::Create(int device,
         absl::StrCat("CudaBackend: CudaTuning::mla_decode_small_max_context must be >= 1, got ",
                      tuning.mla_decode_small_max_context));
   }
+  if (tuning.fp8_w8a8_min_rows < 1) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "CudaBackend: CudaTuning::fp8_w8a8_min_rows must be >= 1, got ", tuning.fp8_w8a8_min_rows));
+  }
   int count = 0;
   cudaError_t err = cudaGetDeviceCount(&count);
   if (err != cudaSuccess || count == 0) {
@@ -177,12 +182,21 @@ CudaBackend::CudaBackend(int device, WeightDType weight_dtype, const CudaTuning&
       pool_(pool),
       cublas_workspace_(cublas_workspace),
       staged_gemv_counter_(staged_gemv_counter),
-      route_tile_counters_(route_tile_counters) {}
+      route_tile_counters_(route_tile_counters),
+      v4_ops_(std::make_unique<CudaV4Ops>(this)) {
+  // Made here, never while a stream is captured; a device or cuBLASLt without it keeps the
+  // other FP8 paths.
+  if (CublasLtFp8Gemm::DeviceSupports(device)) {
+    auto made = CublasLtFp8Gemm::Create(cublas_workspace_, kCublasWorkspaceBytes);
+    if (made.ok()) lt_fp8_ = std::move(made).value();
+  }
+}
 
 CudaBackend::~CudaBackend() {
   cudaSetDevice(device_);
   Check(cudaStreamSynchronize(stream_), "cudaStreamSynchronize");
   lt_tuner_.reset();
+  lt_fp8_.reset();
   cublasDestroy(cublas_);
   cudaFree(cublas_workspace_);
   cudaFree(staged_gemv_counter_);
@@ -231,6 +245,8 @@ absl::StatusOr<std::unique_ptr<CapturedOps>> CudaBackend::Capture(
   }
   return std::unique_ptr<CapturedOps>(new CudaGraphOps(graph, exec, stream_));
 }
+
+V4Ops* CudaBackend::v4_ops() { return v4_ops_.get(); }
 
 absl::StatusOr<size_t> CudaBackend::GraphReservedBytes(bool high_water_mark) const {
   uint64_t v = 0;

@@ -22,8 +22,8 @@
 namespace deepinfer {
 namespace testing {
 
-// The call count in an op timing report's line for `op` ("  <op> <calls> calls <ms> ms ..."),
-// or -1 if there is no such line.
+// The call count in an op timing report's line for `op` ("  <op> <calls> calls <ms> ms ..." or
+// "    (phase) <op> <calls> calls ..."), or -1 if there is no such line.
 inline int64_t CallsOf(const std::string& report, const std::string& op) {
   std::istringstream lines(report);
   std::string line;
@@ -31,7 +31,9 @@ inline int64_t CallsOf(const std::string& report, const std::string& op) {
     std::istringstream words(line);
     std::string name;
     int64_t calls = -1;
-    if (words >> name >> calls && name == op) return calls;
+    if (!(words >> name)) continue;
+    if (name == "(phase)" && !(words >> name)) continue;  // a phase line: "(phase) NAME N calls"
+    if (words >> calls && name == op) return calls;
   }
   return -1;
 }

@@ -17,7 +17,8 @@ absl::StatusOr<std::unique_ptr<DeepseekV4Model>> DeepseekV4Model::Create(
     return absl::UnimplementedError(
         absl::StrCat("DeepseekV4Model: the ", backend->name(), " backend has no DeepSeek-V4 ops"));
   }
-  if (weights == nullptr || static_cast<int64_t>(weights->layers.size()) != v4.num_layers) {
+  if (weights == nullptr || static_cast<int64_t>(weights->layers.size()) != v4.num_layers ||
+      static_cast<int64_t>(weights->mtp.size()) != v4.num_draft_layers) {
     return absl::InvalidArgumentError("DeepseekV4Model: weights do not match the config");
   }
   if (dispatcher == nullptr) {
@@ -138,6 +139,40 @@ void DeepseekV4Model::Mix(int64_t T, const V4HyperConnectionWeights& w, const fl
   ops_->HcMix(a);
 }
 
+absl::Status DeepseekV4Model::CheckSharedBlocks(const SequenceStep& s, size_t si,
+                                                int32_t block_size) const {
+  if (s.shared_blocks == 0) return absl::OkStatus();
+  const int64_t shared_end = int64_t{s.shared_blocks} * block_size;
+  if (s.shared_blocks < 0 || s.shared_blocks >= static_cast<int64_t>(s.block_table.size())) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("sequence ", si, ": ", s.shared_blocks, " shared blocks in a table of ",
+                     s.block_table.size(), " (its state is keyed by the first block of its own)"));
+  }
+  // The step writes the compressed entries of windows ending after max(offset, kept_end) (and
+  // the window ring and compressor rows, in the state slot): they must lie past the shared
+  // blocks.
+  const int64_t from = std::max(s.position_offset, s.kept_end);
+  for (int64_t l = 0; l < v4_.num_layers; ++l) {
+    const int64_t ratio = v4_.compress_rate[l];
+    if (ratio > 0 && from / ratio * ratio < shared_end) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "sequence ", si, ": layer ", l, " would write the compressed entry of positions from ",
+          from / ratio * ratio, " into its ", s.shared_blocks, " shared blocks (positions < ",
+          shared_end, "); entries of those blocks must be kept (kept_end >= ", shared_end, ")"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<DraftOutput> DeepseekV4Model::Draft(const std::vector<DraftStep>& batch,
+                                                   KvBlockPool* cache) {
+  return absl::UnimplementedError(absl::StrCat(
+      "DeepSeek-V4 (DeepseekV4ForCausalLM): speculative decoding with its MTP modules is not "
+      "implemented (",
+      v4_.num_draft_layers, " of ", v4_.num_nextn_predict_layers,
+      " loaded and kept; run without --speculative-tokens)"));
+}
+
 int64_t DeepseekV4Model::BoundedReplayStart(int64_t kept_end) const {
   int64_t ratio = 0;
   for (int64_t r : v4_.compress_rate) ratio = std::max(ratio, r);
@@ -196,6 +231,7 @@ absl::StatusOr<StepOutput> DeepseekV4Model::Step(const std::vector<SequenceStep>
                          s.kept_end, " (it must start at or before ", start, ", and > 0)"));
       }
     }
+    if (absl::Status st = CheckSharedBlocks(s, si, co.block_size); !st.ok()) return st;
     V4Sequence q;
     q.replay_from = s.replay_from;
     q.kept_end = s.kept_end;
@@ -220,7 +256,7 @@ absl::StatusOr<StepOutput> DeepseekV4Model::Step(const std::vector<SequenceStep>
   for (size_t si = 0; si < batch.size(); ++si) {
     const SequenceStep& s = batch[si];
     bool fresh = false;
-    auto slot = cache->SequenceSlot(s.block_table[0], &fresh);
+    auto slot = cache->SequenceSlot(s.block_table[s.shared_blocks], &fresh);
     if (!slot.ok()) return slot.status();
     // A rebuild's first step binds a fresh slot at replay_from.
     if (fresh && s.position_offset > s.replay_from) {
@@ -245,15 +281,17 @@ absl::StatusOr<StepOutput> DeepseekV4Model::Step(const std::vector<SequenceStep>
 
   const int64_t H = c.hidden_size, hc = c.hc_mult, S = hc * H;
   const float eps = static_cast<float>(c.rms_norm_eps);
-  // The residual streams: hc copies of each token's embedding.
-  auto streams = Floats(T * S), next = Floats(T * S), emb = Floats(T * H);
-  backend_->GatherRows(T, H, weights_->embed->as<float>(), ids_dev->as<int32_t>(),
-                       emb->as<float>());
-  for (int64_t k = 0; k < hc && T > 0; ++k) {
+  // The residual streams: hc copies of each token's embedding, gathered from the table as rows
+  // [T * hc, H] (row t * hc + k: token t's id).
+  auto streams = Floats(T * S), next = Floats(T * S);
+  if (T > 0) {
+    std::vector<int32_t> stream_ids(T * hc);
     for (int64_t t = 0; t < T; ++t) {
-      backend_->CopyDeviceToDevice(emb->as<float>() + t * H, H * sizeof(float),
-                                   streams->as<float>() + t * S + k * H);
+      std::fill(stream_ids.begin() + t * hc, stream_ids.begin() + (t + 1) * hc, ids[t]);
     }
+    auto stream_ids_dev = upload_ints(stream_ids);
+    backend_->GatherRows(T * hc, H, weights_->embed->as<float>(), stream_ids_dev->as<int32_t>(),
+                         streams->as<float>());
   }
   auto post = Floats(T * hc), comb = Floats(T * hc * hc), collapsed = Floats(T * H);
   auto h = Floats(T * H), y = Floats(T * H);

@@ -2,7 +2,9 @@
 // cache updates. A step gathers one key matrix: per sequence its window keys (from the ring and
 // this step, in position order) then its compressed entries (from the paged stream); each query's
 // rows are a window range and a range of entries (or the indexer's choice among them), computed
-// on the host from the step's shapes, so nothing is read back.
+// on the host from the step's shapes, so nothing is read back. Rows move in runs (a ring's rows
+// in at most two copies, a sequence's new windows in one paged write, a compressor's windows in
+// one gather), so the number of copies a step issues does not grow with its tokens.
 #include "worker/model/deepseek_v4/v4_attention.h"
 
 #include <algorithm>
@@ -32,6 +34,30 @@ void WritePaged(Backend* backend, float* stream, int64_t P, const std::vector<in
   }
 }
 
+void ReadRing(Backend* backend, const float* ring, int64_t ring_rows, int64_t width, int64_t begin,
+              int64_t end, float* dst) {
+  while (begin < end) {
+    const int64_t row = begin % ring_rows, run = std::min(end - begin, ring_rows - row);
+    backend->CopyDeviceToDevice(ring + row * width, run * width * sizeof(float), dst);
+    begin += run;
+    dst += run * width;
+  }
+}
+
+void WriteRing(Backend* backend, const float* src, int64_t ring_rows, int64_t width, int64_t begin,
+               int64_t end, float* ring) {
+  // Rows older than the last ring_rows would be overwritten within this call: skipped.
+  const int64_t first = std::max(begin, end - ring_rows);
+  src += (first - begin) * width;
+  begin = first;
+  while (begin < end) {
+    const int64_t row = begin % ring_rows, run = std::min(end - begin, ring_rows - row);
+    backend->CopyDeviceToDevice(src, run * width * sizeof(float), ring + row * width);
+    begin += run;
+    src += run * width;
+  }
+}
+
 V4Attention::V4Attention(const DeepseekV4Config& config, const DeepseekV4Weights* weights,
                          Backend* backend, const float* ones)
     : config_(config), weights_(weights), backend_(backend), ops_(backend->v4_ops()), ones_(ones) {
@@ -56,10 +82,6 @@ void V4Attention::Compress(int64_t layer, const V4StepContext& ctx, const float*
   const DeepseekV4Config& c = config_;
   const int64_t T = ctx.num_tokens, H = c.hidden_size, dim = w.dim, rd = c.rope_dim;
   const int64_t width = overlap ? 2 * dim : dim, rw = 2 * width;  // a row: kv then gate
-  auto rows = Floats(T * rw);
-  float* rp = rows->as<float>();
-  backend_->Gemm(T, width, H, h, H, weights_->Matrix(w.kv_proj), H, rp, rw, false);
-  backend_->Gemm(T, width, H, h, H, weights_->Matrix(w.gate_proj), H, rp + width, rw, false);
 
   // The windows this step closes: entries o / ratio .. (o + n) / ratio - 1 of each sequence.
   struct Window {
@@ -76,24 +98,44 @@ void V4Attention::Compress(int64_t layer, const V4StepContext& ctx, const float*
     }
   }
   const int64_t NW = static_cast<int64_t>(windows.size());
-  if (NW > 0) {
-    const int64_t slots = overlap ? 2 * ratio : ratio;
-    auto wbuf = Floats(NW * slots * rw);
-    std::vector<int32_t> has_prev(NW), win_pos(NW);
-    for (int64_t wi = 0; wi < NW; ++wi) {
-      const V4Sequence& q = ctx.seqs[windows[wi].seq];
-      const float* state = ctx.cache->SequenceState(static_cast<int32_t>(layer), q.slot);
-      const int64_t first = windows[wi].index * ratio - (overlap ? ratio : 0);
-      for (int64_t j = 0; j < slots; ++j) {
-        const int64_t p = first + j;
-        if (p < 0) continue;  // before the sequence: weight 0 (has_prev)
-        const float* src = p >= q.offset ? rp + (q.first_row + p - q.offset) * rw
-                                         : state + state_offset + (p % ring_rows) * rw;
-        Copy(src, rw, wbuf->as<float>() + (wi * slots + j) * rw);
+  const int64_t slots = overlap ? 2 * ratio : ratio;
+  // The source row of every window slot, in a buffer of this step's rows (T) followed by the
+  // rings of the sequences whose windows reach back before this step: row i of sequence s's
+  // ring copy at T + ring_base[s] + i. A slot before the sequence's start (has_prev 0) is never
+  // read; it names row 0.
+  std::vector<int64_t> ring_base(ctx.seqs.size(), -1);
+  std::vector<int32_t> source(NW * slots, 0), has_prev(NW), win_pos(NW);
+  int64_t ring_copies = 0;
+  for (int64_t wi = 0; wi < NW; ++wi) {
+    const size_t s = windows[wi].seq;
+    const V4Sequence& q = ctx.seqs[s];
+    const int64_t first = windows[wi].index * ratio - (overlap ? ratio : 0);
+    for (int64_t j = 0; j < slots; ++j) {
+      const int64_t p = first + j;
+      if (p < 0) continue;
+      if (p >= q.offset) {
+        source[wi * slots + j] = static_cast<int32_t>(q.first_row + p - q.offset);
+        continue;
       }
-      has_prev[wi] = windows[wi].index > 0;
-      win_pos[wi] = static_cast<int32_t>(windows[wi].index * ratio);
+      if (ring_base[s] < 0) ring_base[s] = ring_rows * ring_copies++;
+      source[wi * slots + j] = static_cast<int32_t>(T + ring_base[s] + p % ring_rows);
     }
+    has_prev[wi] = windows[wi].index > 0;
+    win_pos[wi] = static_cast<int32_t>(windows[wi].index * ratio);
+  }
+  auto rows = Floats((T + ring_copies * ring_rows) * rw);
+  float* rp = rows->as<float>();
+  backend_->Gemm(T, width, H, h, H, weights_->Matrix(w.kv_proj), H, rp, rw, false);
+  backend_->Gemm(T, width, H, h, H, weights_->Matrix(w.gate_proj), H, rp + width, rw, false);
+  for (size_t s = 0; s < ctx.seqs.size(); ++s) {
+    if (ring_base[s] < 0) continue;
+    const float* state = ctx.cache->SequenceState(static_cast<int32_t>(layer), ctx.seqs[s].slot);
+    Copy(state + state_offset, ring_rows * rw, rp + (T + ring_base[s]) * rw);
+  }
+  if (NW > 0) {
+    auto source_dev = Ints(source);
+    auto wbuf = Floats(NW * slots * rw);
+    backend_->GatherRows(NW * slots, rw, rp, source_dev->as<int32_t>(), wbuf->as<float>());
     auto has_prev_dev = Ints(has_prev);
     auto pos_dev = Ints(win_pos);
     auto pooled = Floats(NW * dim), normed = Floats(NW * dim);
@@ -114,19 +156,21 @@ void V4Attention::Compress(int64_t layer, const V4StepContext& ctx, const float*
     backend_->ApplyRope(NW, 1, normed->as<float>() + dim - rd, dim, dim, rd, pos_dev->as<int32_t>(),
                         compress_inv_freq_->as<float>(), c.CompressAttentionFactor(),
                         /*interleaved=*/true);
-    for (int64_t wi = 0; wi < NW; ++wi) {
+    // A sequence's windows are consecutive entries: one paged write each.
+    for (int64_t wi = 0; wi < NW;) {
+      int64_t end = wi + 1;
+      while (end < NW && windows[end].seq == windows[wi].seq) ++end;
       const V4Sequence& q = ctx.seqs[windows[wi].seq];
-      WritePaged(backend_, stream, P, *q.block_table, windows[wi].index * dim, dim,
+      WritePaged(backend_, stream, P, *q.block_table, windows[wi].index * dim, (end - wi) * dim,
                  normed->as<float>() + wi * dim);
+      wi = end;
     }
   }
   // Keep the last ring_rows source rows for the windows still open.
   for (const V4Sequence& q : ctx.seqs) {
     float* state = ctx.cache->SequenceState(static_cast<int32_t>(layer), q.slot);
-    const int64_t end = q.offset + q.num_tokens;
-    for (int64_t p = std::max(q.offset, end - ring_rows); p < end; ++p) {
-      Copy(rp + (q.first_row + p - q.offset) * rw, rw, state + state_offset + (p % ring_rows) * rw);
-    }
+    WriteRing(backend_, rp + q.first_row * rw, ring_rows, rw, q.offset, q.offset + q.num_tokens,
+              state + state_offset);
   }
 }
 
@@ -195,7 +239,8 @@ absl::Status V4Attention::Forward(int64_t layer, const V4StepContext& ctx, const
     const V4Sequence& q = ctx.seqs[s];
     const float* ring = ctx.cache->SequenceState(l32, q.slot);
     int64_t r = base[s];
-    for (int64_t p = ring_first[s]; p < q.offset; ++p, ++r) Copy(ring + (p % W) * D, D, kp + r * D);
+    ReadRing(backend_, ring, W, D, ring_first[s], q.offset, kp + r * D);
+    r += q.offset - ring_first[s];
     Copy(kvn->as<float>() + q.first_row * D, q.num_tokens * D, kp + r * D);
     r += q.num_tokens;
     if (entries[s] > 0)
@@ -265,6 +310,7 @@ absl::Status V4Attention::Forward(int64_t layer, const V4StepContext& ctx, const
     a.candidates = candidates_dev->as<int32_t>();
     a.visible = visible_dev->as<int32_t>();
     a.selected = selected->as<int32_t>();
+    a.max_candidates = *std::max_element(entries.begin(), entries.end());
     ops_->IndexerTopK(a);
   }
 
@@ -290,11 +336,8 @@ absl::Status V4Attention::Forward(int64_t layer, const V4StepContext& ctx, const
 
   // The window ring keeps the last W keys.
   for (const V4Sequence& q : ctx.seqs) {
-    float* ring = ctx.cache->SequenceState(l32, q.slot);
-    const int64_t end = q.offset + q.num_tokens;
-    for (int64_t p = std::max(q.offset, end - W); p < end; ++p) {
-      Copy(kvn->as<float>() + (q.first_row + p - q.offset) * D, D, ring + (p % W) * D);
-    }
+    WriteRing(backend_, kvn->as<float>() + q.first_row * D, W, D, q.offset, q.offset + q.num_tokens,
+              ctx.cache->SequenceState(l32, q.slot));
   }
 
   // K = V carried the keys' rotation into the output: rotate its rope slice back.

@@ -96,6 +96,14 @@ void ReadPaged(Backend* backend, const float* stream, int64_t P, const std::vect
                int64_t begin, int64_t count, float* dst);
 void WritePaged(Backend* backend, float* stream, int64_t P, const std::vector<int32_t>& table,
                 int64_t begin, int64_t count, const float* src);
+// A ring of ring_rows rows of `width` floats holds position p at row p % ring_rows. ReadRing
+// copies positions [begin, end) (at most ring_rows of them) to consecutive rows of dst; WriteRing
+// stores consecutive rows of src, positions [begin, end), keeping the last ring_rows of them.
+// At most two copies each.
+void ReadRing(Backend* backend, const float* ring, int64_t ring_rows, int64_t width, int64_t begin,
+              int64_t end, float* dst);
+void WriteRing(Backend* backend, const float* src, int64_t ring_rows, int64_t width, int64_t begin,
+               int64_t end, float* ring);
 
 }  // namespace deepinfer
 

@@ -1,0 +1,155 @@
+// CudaV4Ops: each op one kernel of kernels/v4 on the backend's stream.
+#include "worker/backend/cuda/cuda_v4_ops.h"
+
+#include <memory>
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "kernels/v4/compress_windows.h"
+#include "kernels/v4/hyper_connection.h"
+#include "kernels/v4/indexer_topk.h"
+#include "kernels/v4/sink_attention.h"
+#include "kernels/v4/swiglu_clamped.h"
+#include "kernels/v4/v4_router.h"
+#include "worker/backend/cuda/cuda_backend.h"
+#include "worker/backend/cuda/cuda_status.h"
+#include "worker/backend/cuda/op_timer.h"
+
+namespace deepinfer {
+
+void CudaV4Ops::RecordFailure(cudaError_t err, const char* call, const std::string& shape) {
+  backend_->Record(CudaStatus(err, absl::StrCat(call, " (", shape, ")")));
+}
+
+void CudaV4Ops::HcMix(const HcMixArgs& a) {
+  CudaBackend::OpTimer timer(backend_, "V4HcMix");
+  const cudaError_t err = kernels::HcMixF32(a, backend_->stream_);
+  if (err != cudaSuccess) {
+    RecordFailure(err, "kernels::HcMixF32",
+                  absl::StrCat("rows ", a.rows, ", hc ", a.hc, ", hidden ", a.hidden,
+                               ", sinkhorn_iters ", a.sinkhorn_iters));
+  }
+}
+
+void CudaV4Ops::HcHead(const HcHeadArgs& a) {
+  CudaBackend::OpTimer timer(backend_, "V4HcHead");
+  const cudaError_t err = kernels::HcHeadF32(a, backend_->stream_);
+  if (err != cudaSuccess) {
+    RecordFailure(err, "kernels::HcHeadF32",
+                  absl::StrCat("rows ", a.rows, ", hc ", a.hc, ", hidden ", a.hidden));
+  }
+}
+
+void CudaV4Ops::HcExpand(const HcExpandArgs& a) {
+  CudaBackend::OpTimer timer(backend_, "V4HcExpand");
+  const cudaError_t err = kernels::HcExpandF32(a, backend_->stream_);
+  if (err != cudaSuccess) {
+    RecordFailure(err, "kernels::HcExpandF32",
+                  absl::StrCat("rows ", a.rows, ", hc ", a.hc, ", hidden ", a.hidden));
+  }
+}
+
+void CudaV4Ops::CompressWindows(const CompressWindowsArgs& a) {
+  CudaBackend::OpTimer timer(backend_, "V4CompressWindows");
+  const cudaError_t err = kernels::CompressWindowsF32(a, backend_->stream_);
+  if (err != cudaSuccess) {
+    RecordFailure(err, "kernels::CompressWindowsF32",
+                  absl::StrCat("windows ", a.windows, ", ratio ", a.ratio, ", dim ", a.dim,
+                               ", overlap ", a.overlap, ", row_stride ", a.row_stride));
+  }
+}
+
+void CudaV4Ops::SinkAttention(const SinkAttentionArgs& a) {
+  CudaBackend::OpTimer timer(backend_, "V4SinkAttention");
+  kernels::SinkAttentionParams p;
+  p.tokens = a.tokens;
+  p.heads = a.heads;
+  p.dim = a.dim;
+  p.q = a.q;
+  p.kv = a.kv;
+  p.window_begin = a.window_begin;
+  p.window_len = a.window_len;
+  p.extra_begin = a.extra_begin;
+  p.extra_len = a.extra_len;
+  p.selected = a.selected;
+  p.selected_stride = a.selected_stride;
+  p.sinks = a.sinks;
+  p.scale = a.scale;
+  p.out = a.out;
+  // bf16 models take the bf16 tensor-core kernel where it runs (the operands carry bf16's
+  // rounding, as the model's weights do); fp32 models the exact one.
+  if (backend_->weight_dtype() == WeightDType::kBFloat16 &&
+      kernels::SinkAttentionKernelRuns(p, kernels::SinkAttentionKernel::kTensorCoreBf16)) {
+    p.kernel = kernels::SinkAttentionKernel::kTensorCoreBf16;
+  }
+  const std::string shape = absl::StrCat("tokens ", a.tokens, ", heads ", a.heads, ", dim ", a.dim,
+                                         a.selected != nullptr ? ", selected" : "");
+  size_t bytes = 0;
+  cudaError_t err = kernels::SinkAttentionWorkspaceBytes(p, &bytes);
+  if (err != cudaSuccess) return RecordFailure(err, "kernels::SinkAttentionWorkspaceBytes", shape);
+  std::unique_ptr<DeviceBuffer> workspace;
+  if (bytes > 0) {
+    workspace = backend_->AllocateScratch(bytes);
+    p.workspace = workspace->data();
+    p.workspace_bytes = bytes;
+  }
+  err = kernels::SinkAttentionF32(p, backend_->stream_);
+  if (err != cudaSuccess) RecordFailure(err, "kernels::SinkAttentionF32", shape);
+}
+
+void CudaV4Ops::IndexerTopK(const IndexerTopKArgs& a) {
+  CudaBackend::OpTimer timer(backend_, "V4IndexerTopK");
+  kernels::IndexerTopKParams p;
+  p.tokens = a.tokens;
+  p.heads = a.heads;
+  p.dim = a.dim;
+  p.topk = a.topk;
+  p.q = a.q;
+  p.weights = a.weights;
+  p.weight_scale = a.weight_scale;
+  p.key_scale = a.key_scale;
+  p.keys = a.keys;
+  p.key_begin = a.key_begin;
+  p.candidates = a.candidates;
+  p.visible = a.visible;
+  p.selected = a.selected;
+  p.max_candidates = a.max_candidates;
+  std::unique_ptr<DeviceBuffer> workspace;
+  const size_t bytes = kernels::IndexerTopKWorkspaceBytes(p);
+  if (bytes > 0) {
+    workspace = backend_->AllocateScratch(bytes);
+    p.workspace = workspace->data();
+    p.workspace_bytes = bytes;
+  }
+  const cudaError_t err = kernels::IndexerTopKF32(p, backend_->stream_);
+  if (err != cudaSuccess) {
+    RecordFailure(err, "kernels::IndexerTopKF32",
+                  absl::StrCat("tokens ", a.tokens, ", heads ", a.heads, ", dim ", a.dim, ", topk ",
+                               a.topk, ", max_candidates ", a.max_candidates));
+  }
+}
+
+void CudaV4Ops::Route(const V4RouteArgs& a) {
+  CudaBackend::OpTimer timer(backend_, "V4Route");
+  const cudaError_t err = kernels::V4RouteF32(a, backend_->stream_);
+  if (err != cudaSuccess) {
+    RecordFailure(
+        err, "kernels::V4RouteF32",
+        absl::StrCat(
+            "rows ", a.rows, ", experts ", a.experts, ", top_k ", a.top_k,
+            a.hash_table != nullptr ? ", hash table" : "",
+            a.hash_table != nullptr && a.token_ids == nullptr ? " without token ids" : ""));
+  }
+}
+
+void CudaV4Ops::SwiGluClamped(int64_t rows, int64_t inter, const float* x, float limit,
+                              float* out) {
+  CudaBackend::OpTimer timer(backend_, "V4SwiGluClamped");
+  const cudaError_t err = kernels::SwiGluClampedF32(rows, inter, x, limit, out, backend_->stream_);
+  if (err != cudaSuccess) {
+    RecordFailure(err, "kernels::SwiGluClampedF32", absl::StrCat("rows ", rows, ", inter ", inter));
+  }
+}
+
+}  // namespace deepinfer

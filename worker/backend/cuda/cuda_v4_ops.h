@@ -1,0 +1,52 @@
+// CudaV4Ops: the DeepSeek-V4 ops (worker/backend/v4_ops.h) on a CudaBackend's stream, through the
+// kernels of kernels/v4 (no host synchronisation; workspaces from the backend's scratch: each op
+// can be recorded in the backend's CUDA graphs). V4Ops returns nothing, so errors go where every
+// CudaBackend op's go: the first is recorded, logged and returned by the backend's status()
+// (while recording a graph: by Capture), naming the op and its sizes when a kernel refuses its
+// arguments.
+// Owned by the CudaBackend (CudaBackend::v4_ops()); per-op timing as the backend's own ops.
+#ifndef DEEPINFER_WORKER_BACKEND_CUDA_CUDA_V4_OPS_H_
+#define DEEPINFER_WORKER_BACKEND_CUDA_CUDA_V4_OPS_H_
+
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+#include <string>
+
+#include "worker/backend/v4_ops.h"
+
+namespace deepinfer {
+
+class CudaBackend;
+
+class CudaV4Ops : public V4Ops {
+ public:
+  // `backend` outlives this (it owns it).
+  explicit CudaV4Ops(CudaBackend* backend) : backend_(backend) {}
+
+  // kernels::HcMixF32 / HcHeadF32 / HcExpandF32 (kernels/v4/hyper_connection.h).
+  void HcMix(const HcMixArgs& args) override;
+  void HcHead(const HcHeadArgs& args) override;
+  void HcExpand(const HcExpandArgs& args) override;
+  // kernels::CompressWindowsF32.
+  void CompressWindows(const CompressWindowsArgs& args) override;
+  // kernels::SinkAttentionF32 (bf16 tensor cores for a bf16 model where they run, else the
+  // exact kernel), its split workspace from the backend's scratch.
+  void SinkAttention(const SinkAttentionArgs& args) override;
+  // kernels::IndexerTopKF32, its scores' workspace (tokens x max_candidates) from scratch.
+  void IndexerTopK(const IndexerTopKArgs& args) override;
+  // kernels::V4RouteF32.
+  void Route(const V4RouteArgs& args) override;
+  // kernels::SwiGluClampedF32.
+  void SwiGluClamped(int64_t rows, int64_t inter, const float* x, float limit, float* out) override;
+
+ private:
+  // Records a failed launch (err) in the backend's status, naming `call` and the op's `shape`.
+  void RecordFailure(cudaError_t err, const char* call, const std::string& shape);
+
+  CudaBackend* backend_;
+};
+
+}  // namespace deepinfer
+
+#endif  // DEEPINFER_WORKER_BACKEND_CUDA_CUDA_V4_OPS_H_

@@ -1,0 +1,332 @@
+// CudaBackend::v4_ops() (CudaV4Ops) against the CPU backend's V4 ops through the Backend
+// interface (the kernels' own tests in kernels/v4 cover the shapes and paths): one site of
+// V4-Flash's hyper-connections (hidden 4096, 4 streams), a CSA compressor's windows, the router
+// and the clamped SwiGLU; the same ops recorded in a CUDA graph and replayed on new inputs (no
+// host synchronisation or allocation inside them); the indexer and sink attention at V4-Flash's
+// width; bad arguments reported through status(). Skips itself without a GPU.
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <memory>
+#include <numeric>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "gtest/gtest.h"
+#include "kernels/testing/gpu_test_util.h"
+#include "worker/backend/cuda/cuda_backend_test_fixture.h"
+
+namespace deepinfer {
+namespace {
+
+using testing::AllClose;
+using testing::RandomFloats;
+
+constexpr int64_t kRows = 3, kHc = 4, kHidden = 4096, kMix = (2 + kHc) * kHc;
+constexpr int64_t kWindows = 2, kRatio = 4, kDim = 512;  // CSA: overlapping windows
+constexpr int64_t kExperts = 256, kTopK = 6, kInter = 2048;
+
+// The inputs of every op, host side.
+struct Inputs {
+  std::vector<float> mixes, base, scale, streams, block_out, head_mixes, head_base, head_scale;
+  std::vector<float> rows, bias, logits, router_bias, gate_up;
+  std::vector<int32_t> has_prev;
+
+  explicit Inputs(uint32_t seed) {
+    mixes = RandomFloats(kRows * kMix, seed, 2.0f);
+    base = RandomFloats(kMix, seed + 1);
+    scale = RandomFloats(3, seed + 2, 0.5f);
+    streams = RandomFloats(kRows * kHc * kHidden, seed + 3);
+    block_out = RandomFloats(kRows * kHidden, seed + 4);
+    head_mixes = RandomFloats(kRows * kHc, seed + 5);
+    head_base = RandomFloats(kHc, seed + 6);
+    head_scale = RandomFloats(1, seed + 7, 0.5f);
+    rows = RandomFloats(kWindows * 2 * kRatio * 4 * kDim, seed + 8);  // kv | gate, 2 * dim each
+    bias = RandomFloats(kRatio * 2 * kDim, seed + 9, 0.5f);
+    has_prev = {0, 1};
+    logits = RandomFloats(kRows * kExperts, seed + 10, 2.0f);
+    // kTopK experts per token far ahead of the rest (sqrt(softplus(30)) ~ 5.5 against at most
+    // ~2.5 + the bias), so an ulp of expf cannot change the choice; kernels/v4:v4_router_test
+    // covers close decisions.
+    std::mt19937 gen(seed + 13);
+    std::vector<int64_t> experts(kExperts);
+    std::iota(experts.begin(), experts.end(), 0);
+    for (int64_t t = 0; t < kRows; ++t) {
+      std::shuffle(experts.begin(), experts.end(), gen);
+      for (int64_t k = 0; k < kTopK; ++k) logits[t * kExperts + experts[k]] = 30.0f;
+    }
+    router_bias = RandomFloats(kExperts, seed + 11, 0.3f);
+    gate_up = RandomFloats(kRows * kTopK * 2 * kInter, seed + 12, 8.0f);
+  }
+};
+
+// The buffers of every op on one backend, and the ops issued over them.
+class V4Step {
+ public:
+  explicit V4Step(Backend* b) : b_(b) {
+    auto floats = [&](int64_t n) { return b_->Allocate(n * sizeof(float)); };
+    mixes_ = floats(kRows * kMix), base_ = floats(kMix), scale_ = floats(3);
+    streams_ = floats(kRows * kHc * kHidden), block_out_ = floats(kRows * kHidden);
+    head_mixes_ = floats(kRows * kHc), head_base_ = floats(kHc), head_scale_ = floats(1);
+    rows_ = floats(kWindows * 2 * kRatio * 4 * kDim), bias_ = floats(kRatio * 2 * kDim);
+    has_prev_ = b_->Allocate(kWindows * sizeof(int32_t));
+    logits_ = floats(kRows * kExperts), router_bias_ = floats(kExperts);
+    gate_up_ = floats(kRows * kTopK * 2 * kInter);
+    post_ = floats(kRows * kHc), comb_ = floats(kRows * kHc * kHc);
+    collapsed_ = floats(kRows * kHidden), next_ = floats(kRows * kHc * kHidden);
+    head_ = floats(kRows * kHidden), pooled_ = floats(kWindows * kDim);
+    ids_ = b_->Allocate(kRows * kTopK * sizeof(int32_t)), weights_ = floats(kRows * kTopK);
+    act_ = floats(kRows * kTopK * kInter);
+  }
+
+  void Upload(const Inputs& in) {
+    auto put = [&](const std::vector<float>& v, DeviceBuffer* d) {
+      b_->CopyToDevice(v.data(), v.size() * sizeof(float), d->data());
+    };
+    put(in.mixes, mixes_.get()), put(in.base, base_.get()), put(in.scale, scale_.get());
+    put(in.streams, streams_.get()), put(in.block_out, block_out_.get());
+    put(in.head_mixes, head_mixes_.get()), put(in.head_base, head_base_.get());
+    put(in.head_scale, head_scale_.get()), put(in.rows, rows_.get()), put(in.bias, bias_.get());
+    b_->CopyToDevice(in.has_prev.data(), in.has_prev.size() * sizeof(int32_t), has_prev_->data());
+    put(in.logits, logits_.get()), put(in.router_bias, router_bias_.get());
+    put(in.gate_up, gate_up_.get());
+  }
+
+  // Every op once: the attention site's mix, the expand, the head, a compressor, the router and
+  // the experts' activation.
+  void Issue() {
+    V4Ops* ops = b_->v4_ops();
+    HcMixArgs m;
+    m.rows = kRows, m.hc = kHc, m.hidden = kHidden;
+    m.mixes = mixes_->as<float>(), m.base = base_->as<float>(), m.scale = scale_->as<float>();
+    m.sinkhorn_iters = 20, m.eps = 1e-6f;
+    m.streams = streams_->as<float>();
+    m.post = post_->as<float>(), m.comb = comb_->as<float>(), m.collapsed = collapsed_->as<float>();
+    ops->HcMix(m);
+    HcExpandArgs e;
+    e.rows = kRows, e.hc = kHc, e.hidden = kHidden;
+    e.block_out = block_out_->as<float>(), e.post = post_->as<float>(), e.comb = comb_->as<float>();
+    e.streams_in = streams_->as<float>(), e.streams_out = next_->as<float>();
+    ops->HcExpand(e);
+    HcHeadArgs h;
+    h.rows = kRows, h.hc = kHc, h.hidden = kHidden;
+    h.mixes = head_mixes_->as<float>(), h.base = head_base_->as<float>();
+    h.scale = head_scale_->as<float>(), h.eps = 1e-6f;
+    h.streams = next_->as<float>(), h.out = head_->as<float>();
+    ops->HcHead(h);
+    CompressWindowsArgs c;
+    c.windows = kWindows, c.ratio = kRatio, c.dim = kDim, c.overlap = true;
+    c.kv = rows_->as<float>(), c.gate = rows_->as<float>() + 2 * kDim, c.row_stride = 4 * kDim;
+    c.bias = bias_->as<float>(), c.has_prev = has_prev_->as<int32_t>();
+    c.out = pooled_->as<float>();
+    ops->CompressWindows(c);
+    V4RouteArgs r;
+    r.rows = kRows, r.experts = kExperts, r.top_k = kTopK;
+    r.logits = logits_->as<float>(), r.bias = router_bias_->as<float>();
+    r.sqrtsoftplus = true, r.scaling = 1.5f;
+    r.topk_ids = ids_->as<int32_t>(), r.topk_weights = weights_->as<float>();
+    ops->Route(r);
+    ops->SwiGluClamped(kRows * kTopK, kInter, gate_up_->as<float>(), 10.0f, act_->as<float>());
+  }
+
+  // The outputs, host side: floats of every float output, then the expert ids.
+  struct Outputs {
+    std::vector<float> post, comb, collapsed, next, head, pooled, weights, act;
+    std::vector<int32_t> ids;
+  };
+  Outputs Download() {
+    auto get = [&](const DeviceBuffer& d) {
+      std::vector<float> v(d.size_bytes() / sizeof(float));
+      b_->CopyToHost(d.data(), d.size_bytes(), v.data());
+      return v;
+    };
+    Outputs o;
+    o.post = get(*post_), o.comb = get(*comb_), o.collapsed = get(*collapsed_);
+    o.next = get(*next_), o.head = get(*head_), o.pooled = get(*pooled_);
+    o.weights = get(*weights_), o.act = get(*act_);
+    o.ids.resize(kRows * kTopK);
+    b_->CopyToHost(ids_->data(), o.ids.size() * sizeof(int32_t), o.ids.data());
+    return o;
+  }
+
+ private:
+  Backend* b_;
+  std::unique_ptr<DeviceBuffer> mixes_, base_, scale_, streams_, block_out_, head_mixes_,
+      head_base_, head_scale_, rows_, bias_, has_prev_, logits_, router_bias_, gate_up_, post_,
+      comb_, collapsed_, next_, head_, pooled_, ids_, weights_, act_;
+};
+
+class CudaV4OpsTest : public testing::CudaBackendTest {};
+
+TEST_F(CudaV4OpsTest, MatchCpuThroughTheBackend) {
+  ASSERT_NE(gpu_->v4_ops(), nullptr);
+  const uint32_t seed = testing::FreshSeed();
+  SCOPED_TRACE(::testing::Message() << "seed " << seed);
+  const Inputs in(seed);
+  V4Step cpu(&cpu_), gpu(gpu_.get());
+  cpu.Upload(in);
+  gpu.Upload(in);
+  cpu.Issue();
+  gpu.Issue();
+  const V4Step::Outputs want = cpu.Download(), got = gpu.Download();
+  ASSERT_TRUE(gpu_->status().ok()) << gpu_->status();
+  EXPECT_TRUE(AllClose(got.post, want.post, 1e-6, 1e-6)) << "post";
+  EXPECT_TRUE(AllClose(got.comb, want.comb, 1e-6, 1e-5)) << "comb";
+  EXPECT_TRUE(AllClose(got.collapsed, want.collapsed, 1e-5, 1e-5)) << "collapsed";
+  EXPECT_TRUE(AllClose(got.next, want.next, 1e-5, 1e-5)) << "expanded streams";
+  EXPECT_TRUE(AllClose(got.head, want.head, 1e-5, 1e-5)) << "head";
+  EXPECT_TRUE(AllClose(got.pooled, want.pooled, 1e-6, 1e-5)) << "compressed entries";
+  EXPECT_EQ(got.ids, want.ids) << "expert ids";
+  EXPECT_TRUE(AllClose(got.weights, want.weights, 1e-6, 1e-5)) << "expert weights";
+  EXPECT_TRUE(AllClose(got.act, want.act, 1e-6, 1e-6)) << "clamped SwiGLU";
+}
+
+TEST_F(CudaV4OpsTest, RecordedInACudaGraphAndReplayedOnNewInputs) {
+  const uint32_t seed = testing::FreshSeed();
+  SCOPED_TRACE(::testing::Message() << "seed " << seed);
+  V4Step step(gpu_.get());
+  step.Upload(Inputs(seed));
+  auto graph = gpu_->Capture([&] {
+    step.Issue();
+    return absl::OkStatus();
+  });
+  ASSERT_TRUE(graph.ok()) << graph.status();
+  // New inputs in the same buffers: the replay computes what the ops compute eagerly on them.
+  const Inputs next(seed + 100);
+  step.Upload(next);
+  ASSERT_TRUE((*graph)->Replay().ok());
+  const V4Step::Outputs replayed = step.Download();
+  step.Issue();
+  const V4Step::Outputs eager = step.Download();
+  ASSERT_TRUE(gpu_->status().ok()) << gpu_->status();
+  EXPECT_TRUE(AllClose(replayed.post, eager.post, 0, 0));
+  EXPECT_TRUE(AllClose(replayed.comb, eager.comb, 0, 0));
+  EXPECT_TRUE(AllClose(replayed.collapsed, eager.collapsed, 0, 0));
+  EXPECT_TRUE(AllClose(replayed.next, eager.next, 0, 0));
+  EXPECT_TRUE(AllClose(replayed.head, eager.head, 0, 0));
+  EXPECT_TRUE(AllClose(replayed.pooled, eager.pooled, 0, 0));
+  EXPECT_EQ(replayed.ids, eager.ids);
+  EXPECT_TRUE(AllClose(replayed.weights, eager.weights, 0, 0));
+  EXPECT_TRUE(AllClose(replayed.act, eager.act, 0, 0));
+}
+
+// The lightning indexer's selection, then attention over each token's window and its selection
+// (CSA) or every entry (HCA), through both backends' V4 ops at V4-Flash's attention width (64
+// heads x 512). Both attentions read the CPU's selection, so a near-tie the two indexers break
+// differently cannot change what the attention comparison sees (kernels/v4's tests cover ties).
+TEST_F(CudaV4OpsTest, IndexerAndSinkAttentionMatchCpu) {
+  const uint32_t seed = testing::FreshSeed();
+  SCOPED_TRACE(::testing::Message() << "seed " << seed);
+  constexpr int64_t T = 3, NH = 64, D = 512, KV = 300, IH = 8, ID = 64, TOPK = 16, CAND = 40;
+  const std::vector<float> q = RandomFloats(T * NH * D, seed), kv = RandomFloats(KV * D, seed + 1);
+  const std::vector<float> sinks = RandomFloats(NH, seed + 2);
+  const std::vector<float> iq = RandomFloats(T * IH * ID, seed + 3);
+  const std::vector<float> ikeys = RandomFloats(T * CAND * ID, seed + 4);
+  std::vector<float> iw = RandomFloats(T * IH, seed + 5);
+  for (float& w : iw) w = std::abs(w) + 0.1f;  // scores >= 0: the top 16 of 30+ are positive
+  std::vector<int32_t> window_begin(T), window_len(T), extra_begin(T, 0), extra_len(T),
+      key_begin(T), candidates(T, CAND), visible(T);
+  for (int64_t t = 0; t < T; ++t) {
+    window_begin[t] = static_cast<int32_t>(200 + 10 * t);
+    window_len[t] = static_cast<int32_t>(64 + t);
+    extra_len[t] = static_cast<int32_t>(100 + 20 * t);
+    key_begin[t] = static_cast<int32_t>(t * CAND);
+    visible[t] = static_cast<int32_t>(30 + 5 * t);
+  }
+  struct Run {
+    std::vector<int32_t> selected;
+    std::vector<float> csa, hca;
+  };
+  std::vector<int32_t> cpu_selected;
+  auto run = [&](Backend* b) {
+    auto floats = [&](const std::vector<float>& v) {
+      auto buf = b->Allocate(v.size() * sizeof(float));
+      b->CopyToDevice(v.data(), v.size() * sizeof(float), buf->data());
+      return buf;
+    };
+    auto ints = [&](const std::vector<int32_t>& v) {
+      auto buf = b->Allocate(v.size() * sizeof(int32_t));
+      b->CopyToDevice(v.data(), v.size() * sizeof(int32_t), buf->data());
+      return buf;
+    };
+    auto q_d = floats(q), kv_d = floats(kv), sinks_d = floats(sinks), iq_d = floats(iq);
+    auto ikeys_d = floats(ikeys), iw_d = floats(iw);
+    auto wb = ints(window_begin), wl = ints(window_len), eb = ints(extra_begin);
+    auto el = ints(extra_len), kb = ints(key_begin), cand = ints(candidates), vis = ints(visible);
+    auto selected = b->Allocate(T * TOPK * sizeof(int32_t));
+    IndexerTopKArgs ia;
+    ia.tokens = T;
+    ia.heads = IH;
+    ia.dim = ID;
+    ia.topk = TOPK;
+    ia.q = iq_d->as<float>();
+    ia.weights = iw_d->as<float>();
+    ia.weight_scale = 0.35f;
+    ia.key_scale = 0.125f;
+    ia.keys = ikeys_d->as<float>();
+    ia.key_begin = kb->as<int32_t>();
+    ia.candidates = cand->as<int32_t>();
+    ia.visible = vis->as<int32_t>();
+    ia.selected = selected->as<int32_t>();
+    ia.max_candidates = CAND;
+    b->v4_ops()->IndexerTopK(ia);
+    Run r;
+    r.selected.resize(T * TOPK);
+    b->CopyToHost(selected->data(), r.selected.size() * sizeof(int32_t), r.selected.data());
+    if (cpu_selected.empty()) cpu_selected = r.selected;
+    auto chosen = ints(cpu_selected);
+    auto out = b->Allocate(T * NH * D * sizeof(float));
+    SinkAttentionArgs sa;
+    sa.tokens = T;
+    sa.heads = NH;
+    sa.dim = D;
+    sa.q = q_d->as<float>();
+    sa.kv = kv_d->as<float>();
+    sa.window_begin = wb->as<int32_t>();
+    sa.window_len = wl->as<int32_t>();
+    sa.extra_begin = eb->as<int32_t>();
+    sa.sinks = sinks_d->as<float>();
+    sa.scale = 0.0442f;
+    sa.out = out->as<float>();
+    sa.selected = chosen->as<int32_t>();
+    sa.selected_stride = TOPK;
+    b->v4_ops()->SinkAttention(sa);
+    r.csa.resize(T * NH * D);
+    b->CopyToHost(out->data(), r.csa.size() * sizeof(float), r.csa.data());
+    sa.selected = nullptr;
+    sa.selected_stride = 0;
+    sa.extra_len = el->as<int32_t>();
+    b->v4_ops()->SinkAttention(sa);
+    r.hca.resize(T * NH * D);
+    b->CopyToHost(out->data(), r.hca.size() * sizeof(float), r.hca.data());
+    return r;
+  };
+  const Run want = run(&cpu_), got = run(gpu_.get());
+  ASSERT_TRUE(gpu_->status().ok()) << gpu_->status();
+  EXPECT_EQ(got.selected, want.selected) << "the indexer's selection";
+  // The fixture's backend holds bf16 weights, so attention takes the bf16 tensor-core kernel:
+  // each operand rounded to bf16 (2^-8 relative), errors relative to the outputs' magnitude.
+  auto magnitude = [](const std::vector<float>& v) {
+    double m = 0;
+    for (float x : v) m = std::max(m, static_cast<double>(std::abs(x)));
+    return m;
+  };
+  EXPECT_TRUE(AllClose(got.csa, want.csa, 2e-2 * magnitude(want.csa), 2e-2)) << "CSA attention";
+  EXPECT_TRUE(AllClose(got.hca, want.hca, 2e-2 * magnitude(want.hca), 2e-2)) << "HCA attention";
+}
+
+TEST_F(CudaV4OpsTest, BadArgumentsAreReportedWithTheirShape) {
+  HcMixArgs m;
+  m.rows = 1;
+  m.hc = 9;
+  m.hidden = 8;
+  gpu_->v4_ops()->HcMix(m);
+  ASSERT_FALSE(gpu_->status().ok());
+  EXPECT_NE(gpu_->status().message().find("kernels::HcMixF32 (rows 1, hc 9, hidden 8"),
+            std::string::npos)
+      << gpu_->status();
+}
+
+}  // namespace
+}  // namespace deepinfer
