@@ -13,6 +13,13 @@
 namespace deepinfer {
 namespace {
 
+// A failed write to `path`: RESOURCE_EXHAUSTED for a full disk (or quota).
+absl::Status WriteError(const std::string& path, int error) {
+  std::string message = absl::StrCat("cannot write '", path, "': ", std::strerror(error));
+  if (error == ENOSPC || error == EDQUOT) return absl::ResourceExhaustedError(std::move(message));
+  return absl::InternalError(std::move(message));
+}
+
 // Writeback of what was written is started every this many bytes, so that the sync at the
 // end finds little left to write.
 constexpr int64_t kWritebackBytes = int64_t{64} << 20;
@@ -64,10 +71,7 @@ absl::Status JobInputUpload::Append(absl::string_view data) {
   for (size_t done = 0; done < data.size();) {
     const ssize_t n = write(fd_, data.data() + done, data.size() - done);
     if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) {
-      return absl::InternalError(
-          absl::StrCat("cannot write '", path_, "': ", std::strerror(n < 0 ? errno : EIO)));
-    }
+    if (n <= 0) return WriteError(path_, n < 0 ? errno : EIO);
     done += static_cast<size_t>(n);
   }
   bytes_ += static_cast<int64_t>(data.size());

@@ -37,13 +37,13 @@ class JobInputUpload {
   JobInputUpload(const JobInputUpload&) = delete;
   JobInputUpload& operator=(const JobInputUpload&) = delete;
 
-  // The next bytes. INVALID_ARGUMENT past the expected size; INTERNAL (naming the file) when
-  // the write fails (e.g. the disk is full).
+  // The next bytes. INVALID_ARGUMENT past the expected size; RESOURCE_EXHAUSTED (naming the
+  // file) when the disk is full, INTERNAL when the write fails otherwise.
   absl::Status Append(absl::string_view data);
 
   // Syncs and closes the file. INVALID_ARGUMENT when fewer bytes came than announced, or when
-  // `expected_sha256` (32 bytes; empty: not checked) is not theirs; INTERNAL when the file
-  // cannot be synced. After success the file is the caller's.
+  // `expected_sha256` (32 bytes; empty: not checked) is not theirs; RESOURCE_EXHAUSTED or
+  // INTERNAL when the file cannot be synced. After success the file is the caller's.
   absl::StatusOr<StagedInput> Finish(absl::string_view expected_sha256);
 
   int64_t bytes() const { return bytes_; }

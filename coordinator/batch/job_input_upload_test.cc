@@ -2,6 +2,7 @@
 
 #include <unistd.h>
 
+#include <cstdio>
 #include <cstdlib>
 #include <fstream>
 #include <sstream>
@@ -81,6 +82,19 @@ TEST(JobInputUploadTest, ChecksTheAnnouncedSizeAndChecksum) {
     EXPECT_THAT(std::string((*upload)->Finish(digest).status().message()),
                 HasSubstr("do not have the SHA-256"));
   }
+}
+
+TEST(JobInputUploadTest, AFullDiskIsResourceExhausted) {
+  // /dev/full answers every write with ENOSPC.
+  if (access("/dev/full", W_OK) != 0) GTEST_SKIP() << "no writable /dev/full here";
+  const std::string path = TempFile("full");
+  std::remove(path.c_str());
+  ASSERT_EQ(symlink("/dev/full", path.c_str()), 0);
+  auto upload = JobInputUpload::Create(path, -1);
+  ASSERT_TRUE(upload.ok()) << upload.status();
+  absl::Status s = (*upload)->Append("x\n");
+  EXPECT_TRUE(absl::IsResourceExhausted(s)) << s;
+  EXPECT_THAT(std::string(s.message()), HasSubstr(path));
 }
 
 TEST(JobInputUploadTest, AnUnwritablePathIsAClearError) {
