@@ -97,6 +97,16 @@ struct ActivationView {
   }
 };
 
+// Host memory to upload from while loading weights (Backend::AllocateHostStaging): page-locked on
+// CUDA, so that a copy from it runs on the copy engine while the host goes on; plain memory on
+// the CPU.
+class HostStagingBuffer {
+ public:
+  virtual ~HostStagingBuffer() = default;
+  virtual void* data() = 0;
+  virtual size_t size_bytes() const = 0;
+};
+
 // Device memory as the driver reports it (cudaMemGetInfo).
 struct DeviceMemoryInfo {
   size_t total_bytes = 0;
@@ -362,6 +372,16 @@ class Backend {
   virtual void CopyDeviceToDevice(const void* src, size_t bytes, void* dst) = 0;
   // Blocks until every op issued so far has completed (no-op on the CPU).
   virtual void Synchronize() = 0;
+  // Makes the calling thread's ops go to this backend's device (CUDA: cudaSetDevice): a thread
+  // other than the one that made the backend calls it before its first op. No-op on the CPU.
+  virtual void UseOnThisThread() {}
+  // Staging memory for uploads (HostStagingBuffer); may be called from any thread. Never null.
+  virtual std::unique_ptr<HostStagingBuffer> AllocateHostStaging(size_t bytes);
+  // CopyToDevice that may return before the copy is done: `host` (a HostStagingBuffer's memory)
+  // must stay unchanged until the next Synchronize(). Synchronous here and on the CPU.
+  virtual void CopyToDeviceAsync(const void* host, size_t bytes, void* device) {
+    CopyToDevice(host, bytes, device);
+  }
   // The first error an op has hit since the backend was created (ops return nothing, and a GPU
   // reports errors asynchronously). Always OK on the CPU. Checked by the model after each step.
   virtual absl::Status status() const { return absl::OkStatus(); }

@@ -112,6 +112,13 @@ class CudaBackend : public Backend {
   // src and dst must not overlap (cudaMemcpy semantics; the model never overlaps them).
   void CopyDeviceToDevice(const void* src, size_t bytes, void* dst) override;
   void Synchronize() override;
+  void UseOnThisThread() override;
+  // Page-locked (cudaHostAlloc, portable: any thread's context may copy from it); falls back to
+  // pageable memory, logged once, where page-locking fails.
+  std::unique_ptr<HostStagingBuffer> AllocateHostStaging(size_t bytes) override;
+  // cudaMemcpyAsync on the stream without waiting: from page-locked memory it runs after the
+  // stream's earlier work, on the copy engine.
+  void CopyToDeviceAsync(const void* host, size_t bytes, void* device) override;
   // cudaMemGetInfo of device().
   absl::StatusOr<DeviceMemoryInfo> MemoryInfo() const override;
 
