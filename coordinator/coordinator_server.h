@@ -5,6 +5,7 @@
 #define DEEPINFER_COORDINATOR_COORDINATOR_SERVER_H_
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 
@@ -41,13 +42,16 @@ struct CoordinatorConfig {
   // EPLB (with a model): window, automatic rebalance, redundant slots, initial placement.
   // num_logical and num_groups are filled from the model.
   ExpertBalancerConfig eplb;
+  // For tests: runs once an uploaded job is stored, before the answer is sent (a test can
+  // hold the answer back past the client's deadline).
+  std::function<void(const std::string& job_id)> after_job_stored;
 };
 
 class CoordinatorServer {
  public:
   // Starts serving. The clock (RealClock if null) must outlive the server.
   static absl::StatusOr<std::unique_ptr<CoordinatorServer>> Start(const CoordinatorConfig& config,
-                                                                   const Clock* clock = nullptr);
+                                                                  const Clock* clock = nullptr);
   ~CoordinatorServer();  // Shutdown() if still running.
 
   CoordinatorServer(const CoordinatorServer&) = delete;

@@ -1,16 +1,15 @@
-// JobManager: job loading (lines, choices), dispatch, results, group formation and EPLB
-// placement changes. Over 800 lines because these share the scheduler state behind one mutex
-// (requests, assignments, the group); group formation is the part to move out first.
+// JobManager: jobs' way from validation into the queue (lines, choices), dispatch, results,
+// group formation and EPLB placement changes. Over 800 lines because these share the scheduler
+// state behind one mutex (requests, assignments, the group); group formation is the part to move
+// out first.
 #include "coordinator/job_manager.h"
 
 #include <algorithm>
-#include <fstream>
-#include <sstream>
 
 #include "absl/container/flat_hash_set.h"
 #include "absl/random/random.h"
-#include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
@@ -27,22 +26,6 @@ namespace {
 constexpr size_t kMaxItemsPerCall = 128;
 constexpr int64_t kMaxTokensPerCall = 200000;
 
-// A request without a seed gets one derived from its job and line, so that running it
-// again (after a worker failure) gives the same tokens.
-uint64_t DefaultSeed(const std::string& job_id, int64_t line_number) {
-  uint64_t h = 1469598103934665603ull;  // FNV-1a
-  for (char c : absl::StrCat(job_id, ":", line_number)) {
-    h ^= static_cast<unsigned char>(c);
-    h *= 1099511628211ull;
-  }
-  return h;
-}
-
-// Loads of one job's input that may start without finishing (the coordinator dying while
-// parsing it) before the job is given up instead of loaded again: the one at submission and
-// one after a restart, so that a coordinator killed by chance while loading costs nothing.
-constexpr int64_t kMaxLoads = 2;
-
 std::string MembersKey(const std::vector<std::string>& parts) { return absl::StrJoin(parts, ","); }
 
 }  // namespace
@@ -56,9 +39,26 @@ JobManager::JobManager(BatchJobStore* store, const PromptBuilder* prompts, Worke
       clock_(clock),
       config_(std::move(config)),
       writer_(store, config_.store_writes),
-      router_(config_.prefix_routing) {}
+      router_(config_.prefix_routing) {
+  JobValidator::Callbacks callbacks;
+  callbacks.on_progress = [this](const std::string&) {
+    absl::MutexLock lock(&mu_);
+    BumpLocked();
+  };
+  callbacks.on_stalled = [this](const std::string& job_id, const std::string& reason) {
+    absl::MutexLock lock(&mu_);
+    validation_stalled_ = reason;
+    BumpLocked();
+  };
+  callbacks.on_done = [this](const std::string& job_id, const absl::Status& status) {
+    OnValidationDone(job_id, status);
+  };
+  callbacks.cancelled = [this](const std::string& job_id) { return ValidationCancelled(job_id); };
+  validator_ = std::make_unique<JobValidator>(store_, prompts_, config_.validation, callbacks);
+}
 
 JobManager::~JobManager() {
+  validator_.reset();  // its callbacks use the rest
   {
     absl::MutexLock lock(&mu_);
     stop_ = true;
@@ -87,7 +87,11 @@ absl::Status JobManager::Start() {
   absl::StatusOr<std::vector<Job>> unfinished = store_->UnfinishedJobs();
   if (!unfinished.ok()) return unfinished.status();
   for (const Job& job : *unfinished) {
-    absl::Status resumed = ResumeJob(job);
+    if (job.state() == Job::VALIDATING) {
+      StartValidating(job.job_id());
+      continue;
+    }
+    absl::Status resumed = ActivateJob(job.job_id());
     if (resumed.ok()) continue;
     // This job is given up; the others still run.
     const std::string reason =
@@ -100,140 +104,228 @@ absl::Status JobManager::Start() {
   return absl::OkStatus();
 }
 
-absl::Status JobManager::ResumeJob(const Job& job) {
-  const std::string& job_id = job.job_id();
-  absl::StatusOr<int64_t> loads = store_->StartLoading(job_id);
-  if (absl::IsResourceExhausted(loads.status())) loads = 1;  // a full disk: loaded, not counted
-  if (!loads.ok()) return loads.status();
-  if (*loads > kMaxLoads) {
-    return absl::FailedPreconditionError(
-        absl::StrCat("a coordinator stopped ", *loads - 1,
-                     " times while loading its input (see the coordinator's log); it is not "
-                     "loaded again"));
+void JobManager::StartValidating(const std::string& job_id) {
+  {
+    absl::MutexLock lock(&mu_);
+    JobRuntime& job = jobs_[job_id];
+    job.validating = true;
+    job_order_.push_back(job_id);
+    BumpLocked();
   }
-  absl::StatusOr<std::vector<StoredRequest>> pending = store_->PendingRequests(job_id);
-  if (!pending.ok()) return pending.status();
-  std::vector<int64_t> lines;
-  for (const StoredRequest& r : *pending) {
-    // LoadJob skips blank lines: one that held a request once would never get a result.
-    if (absl::StripAsciiWhitespace(r.line).empty()) {
-      return absl::DataLossError(absl::StrCat("line ", r.line_number, " of ",
-                                              store_->InputPath(job_id),
-                                              " held a request and is blank now"));
-    }
-    lines.push_back(r.line_number);
+  validator_->Enqueue(job_id);
+}
+
+absl::StatusOr<BatchJobStore::CreatedJob> JobManager::SubmitStaged(
+    const std::string& name, const std::string& idempotency_key, const StagedInput& staged) {
+  absl::StatusOr<BatchJobStore::CreatedJob> created =
+      store_->CreateJob(name, idempotency_key, staged, NowMs());
+  if (!created.ok()) return created.status();
+  if (created->existing) {
+    LOG(INFO) << "job " << created->job_id << " submitted again (idempotency key)";
+    return created;
   }
-  std::ifstream in(store_->InputPath(job_id), std::ios::binary);
-  if (!in) return absl::DataLossError(absl::StrCat("cannot read ", store_->InputPath(job_id)));
-  std::stringstream input;
-  input << in.rdbuf();
-  LOG(INFO) << "resuming job " << job_id << ": " << lines.size() << " of " << job.total_requests()
-            << " requests left";
-  if (absl::Status s = LoadJob(job_id, input.str(), &lines); !s.ok()) return s;
-  absl::Status finished = store_->FinishedLoading(job_id);
-  return absl::IsResourceExhausted(finished) ? absl::OkStatus() : finished;
+  LOG(INFO) << "job " << created->job_id << " submitted"
+            << (name.empty() ? "" : " as '" + name + "'") << ": " << staged.request_lines
+            << " request lines, " << staged.bytes << " bytes";
+  StartValidating(created->job_id);
+  return created;
 }
 
 absl::StatusOr<std::string> JobManager::Submit(const std::string& name,
                                                const std::string& input_jsonl) {
   absl::StatusOr<std::string> job_id = store_->CreateJob(name, input_jsonl, NowMs());
   if (!job_id.ok()) return job_id.status();
-  if (absl::Status s = LoadJob(*job_id, input_jsonl, nullptr); !s.ok()) {
-    (void)store_->SetJobState(*job_id, Job::FAILED, std::string(s.message()), NowMs());
-    return s;
-  }
-  if (absl::Status s = store_->FinishedLoading(*job_id); !s.ok()) {
-    LOG(ERROR) << "job " << *job_id << ": " << s;
-  }
   LOG(INFO) << "job " << *job_id << " submitted" << (name.empty() ? "" : " as '" + name + "'");
+  StartValidating(*job_id);
   return job_id;
 }
 
-absl::Status JobManager::LoadJob(const std::string& job_id, const std::string& input,
-                                 const std::vector<int64_t>* pending) {
-  absl::flat_hash_set<int64_t> pending_set;
-  if (pending != nullptr) pending_set.insert(pending->begin(), pending->end());
-  absl::flat_hash_map<std::string, int64_t> first_line_of;
-  std::vector<BatchJobStore::Result> errors;
-  std::vector<std::pair<std::string, QueuedRequest>> ready;
-  int64_t ready_lines = 0;
-  int64_t n = 0;
-  for (absl::string_view text : absl::StrSplit(input, '\n')) {
-    ++n;
-    if (absl::StripAsciiWhitespace(text).empty()) continue;
-    const bool wanted = pending == nullptr || pending_set.contains(n);
-    const std::string request_id = absl::StrCat(job_id, ":", n);
-    auto fail = [&](const std::string& custom_id, const std::string& message) {
-      if (!wanted) return;
-      errors.push_back({job_id, n, FormatErrorLine(custom_id, request_id, kInvalidRequest, message),
-                        /*failed=*/true});
-    };
-    std::string custom_id;
-    absl::StatusOr<BatchLine> line = ParseBatchLine(text, n, &custom_id);
-    if (!line.ok()) {
-      fail(custom_id, std::string(line.status().message()));
-      continue;
-    }
-    // The first line with a custom_id owns it; later ones fail. Decided over the whole
-    // input, so a resumed job decides the same way.
-    auto [it, inserted] = first_line_of.try_emplace(line->custom_id, n);
-    if (!inserted) {
-      fail(line->custom_id, absl::StrCat("line ", n, ": duplicate custom_id '", line->custom_id,
-                                         "' (first used on line ", it->second, ")"));
-      continue;
-    }
-    if (!wanted) continue;
-    absl::StatusOr<std::vector<int32_t>> prompt = prompts_->Build(*line);
-    if (!prompt.ok()) {
-      fail(line->custom_id, absl::StrCat("line ", n, ": ", prompt.status().message()));
-      continue;
-    }
-    if (!line->sampling.has_seed()) line->sampling.set_seed(DefaultSeed(job_id, n));
-    QueuedRequest q;
-    q.job_id = job_id;
-    q.line_number = n;
-    q.line_request_id = request_id;
-    const int64_t max_tokens =
-        line->sampling.max_tokens() > 0
-            ? line->sampling.max_tokens()
-            : prompts_->limits().max_context - static_cast<int64_t>(prompt->size());
-    q.cost = static_cast<int64_t>(prompt->size()) + max_tokens;
-    q.line = std::move(*line);
-    q.prompt = std::move(*prompt);
-    ++ready_lines;
-    if (q.line.n == 1) {
-      ready.emplace_back(request_id, std::move(q));
-      continue;
-    }
-    // n choices: one request each ("<job>:<line>/<choice>"), with its own seed; the line's
-    // result is written once all of them are in (OnResults).
-    for (int32_t c = 0; c < q.line.n; ++c) {
-      QueuedRequest choice = q;
-      choice.choice = c;
-      choice.line.sampling.set_seed(ChoiceSeed(q.line.sampling.seed(), c));
-      ready.emplace_back(absl::StrCat(request_id, "/", c), std::move(choice));
-    }
-  }
+bool JobManager::ValidationCancelled(const std::string& job_id) const {
   absl::MutexLock lock(&mu_);
-  JobRuntime& job = jobs_[job_id];
-  job.remaining = ready_lines + static_cast<int64_t>(errors.size());
-  for (auto& [id, q] : ready) {
-    job.max_tokens_left += q.cost - static_cast<int64_t>(q.prompt.size());
-    queue_.push_back(id);
-    requests_.emplace(id, std::move(q));
-  }
-  if (errors.empty()) {
-    if (job.remaining == 0) {
-      // Every line already had a result (a resumed job that was about to finish).
-      jobs_.erase(job_id);
-      writer_.SetJobState(job_id, Job::COMPLETED, "", clock_->Now());
-    }
-    BumpLocked();
+  auto job = jobs_.find(job_id);
+  return job == jobs_.end() || job->second.cancelled;
+}
+
+void JobManager::OnValidationDone(const std::string& job_id, const absl::Status& status) {
+  absl::Status activated = status;
+  if (status.ok()) activated = ActivateJob(job_id);
+  if (activated.ok()) return;
+  absl::MutexLock lock(&mu_);
+  auto job = jobs_.find(job_id);
+  if (job == jobs_.end() || job->second.cancelled) return;
+  jobs_.erase(job);
+  const std::string reason = absl::StrCat("cannot validate the job's input: ", activated.message());
+  LOG(ERROR) << "job " << job_id << ": " << reason;
+  writer_.SetJobState(job_id, Job::FAILED, reason, clock_->Now());
+  BumpLocked();
+}
+
+absl::Status JobManager::ActivateJob(const std::string& job_id) {
+  absl::StatusOr<Job> stored = store_->GetJob(job_id);
+  if (!stored.ok()) return stored.status();
+  absl::StatusOr<int64_t> reserved = store_->ReservedTokensLeft(job_id);
+  if (!reserved.ok()) return reserved.status();
+  absl::MutexLock lock(&mu_);
+  auto [it, fresh] = jobs_.try_emplace(job_id);
+  if (fresh) {
+    job_order_.push_back(job_id);
+  } else if (it->second.cancelled) {
     return absl::OkStatus();
   }
-  std::vector<std::string> no_ids;
-  FinishRequestsLocked(std::move(errors), no_ids);
+  JobRuntime& job = it->second;
+  job.validating = false;
+  job.remaining =
+      stored->total_requests() - stored->completed_requests() - stored->failed_requests();
+  job.max_tokens_left = *reserved;
+  job.started = stored->state() == Job::RUNNING;
+  BumpLocked();
+  if (job.remaining > 0) {
+    LOG(INFO) << "job " << job_id << ": " << job.remaining << " of " << stored->total_requests()
+              << " requests queued";
+    return absl::OkStatus();
+  }
+  // Every line has its result (error lines, or a resumed job that was about to finish).
+  jobs_.erase(it);
+  writer_.SetJobState(job_id, Job::COMPLETED, "", clock_->Now());
+  LOG(INFO) << "job " << job_id << " completed";
   return absl::OkStatus();
+}
+
+absl::Status JobManager::AddRequestsLocked(const std::string& job_id, int64_t line_number,
+                                           const std::string& stored, bool queue,
+                                           int32_t only_choice) {
+  ValidatedRequest request;
+  if (!request.ParseFromString(stored) || request.n() < 1) {
+    return absl::InternalError(
+        absl::StrCat("the stored request of line ", line_number, " cannot be read"));
+  }
+  QueuedRequest q;
+  q.job_id = job_id;
+  q.line_number = line_number;
+  q.line_request_id = absl::StrCat(job_id, ":", line_number);
+  q.prompt.assign(request.prompt_token_ids().begin(), request.prompt_token_ids().end());
+  q.line.custom_id = request.custom_id();
+  q.line.endpoint = request.chat() ? BatchEndpoint::kChatCompletions : BatchEndpoint::kCompletions;
+  q.line.model = request.model();
+  q.line.n = request.n();
+  q.line.sampling = std::move(*request.mutable_sampling());
+  const int64_t max_tokens =
+      q.line.sampling.max_tokens() > 0
+          ? q.line.sampling.max_tokens()
+          : prompts_->limits().max_context - static_cast<int64_t>(q.prompt.size());
+  q.cost = static_cast<int64_t>(q.prompt.size()) + max_tokens;
+  if (q.line.n == 1) {
+    if (requests_.contains(q.line_request_id)) return absl::OkStatus();
+    if (queue) queue_.push_back(q.line_request_id);
+    requests_.emplace(q.line_request_id, std::move(q));
+    return absl::OkStatus();
+  }
+  // n choices: one request each ("<job>:<line>/<choice>"), with its own seed; the line's
+  // result is written once all of them are in (OnResults).
+  auto finished = choice_results_.find(q.line_request_id);
+  for (int32_t c = 0; c < q.line.n; ++c) {
+    if (only_choice >= 0 && c != only_choice) continue;
+    const std::string id = absl::StrCat(q.line_request_id, "/", c);
+    if (requests_.contains(id)) continue;
+    if (finished != choice_results_.end() &&
+        static_cast<size_t>(c) < finished->second.results.size() &&
+        finished->second.results[c].has_value()) {
+      continue;
+    }
+    QueuedRequest choice = q;
+    choice.choice = c;
+    choice.line.sampling.set_seed(ChoiceSeed(q.line.sampling.seed(), c));
+    if (queue) queue_.push_back(id);
+    requests_.emplace(id, std::move(choice));
+  }
+  return absl::OkStatus();
+}
+
+bool JobManager::Refill() {
+  std::string job_id;
+  int64_t after_line = 0;
+  int64_t want = 0;
+  {
+    absl::MutexLock lock(&mu_);
+    if (!group_.serving) return false;
+    const int64_t target = std::max<int64_t>(
+        config_.queued_in_memory, int64_t{group_.world_size} * config_.max_inflight_per_rank);
+    const int64_t queued = static_cast<int64_t>(queue_.size());
+    if (queued >= target / 2) return false;
+    want = target - queued;
+    while (!job_order_.empty() && !jobs_.contains(job_order_.front())) job_order_.pop_front();
+    for (const std::string& id : job_order_) {
+      auto job = jobs_.find(id);
+      if (job == jobs_.end() || job->second.validating || job->second.cancelled ||
+          job->second.all_read) {
+        continue;
+      }
+      job_id = id;
+      after_line = job->second.read_through_line;
+      break;
+    }
+    if (job_id.empty()) return false;
+  }
+  absl::StatusOr<std::vector<PendingRequest>> pending =
+      store_->ReadPendingRequests(job_id, after_line, want);
+  if (!pending.ok()) {
+    LOG_EVERY_N(ERROR, 100) << "job " << job_id
+                            << ": cannot read queued requests: " << pending.status();
+    return false;
+  }
+  absl::MutexLock lock(&mu_);
+  auto job = jobs_.find(job_id);
+  if (job == jobs_.end() || job->second.cancelled || job->second.read_through_line != after_line) {
+    return false;
+  }
+  std::vector<BatchJobStore::Result> unreadable;
+  for (const PendingRequest& p : *pending) {
+    absl::Status added = AddRequestsLocked(job_id, p.line_number, p.request, /*queue=*/true, -1);
+    if (!added.ok()) {
+      unreadable.push_back({job_id, p.line_number,
+                            FormatErrorLine("", absl::StrCat(job_id, ":", p.line_number),
+                                            kInternalError, std::string(added.message())),
+                            /*failed=*/true});
+    }
+  }
+  job->second.read_through_line = pending->empty() ? after_line : pending->back().line_number;
+  if (static_cast<int64_t>(pending->size()) < want) job->second.all_read = true;
+  if (!unreadable.empty()) FinishRequestsLocked(std::move(unreadable), {});
+  return !pending->empty();
+}
+
+bool JobManager::LoadRequestForResultLocked(const std::string& request_id) {
+  // "<job id>:<line>" or "<job id>:<line>/<choice>".
+  const size_t colon = request_id.rfind(':');
+  if (colon == std::string::npos) return false;
+  const std::string job_id = request_id.substr(0, colon);
+  absl::string_view rest = absl::string_view(request_id).substr(colon + 1);
+  int32_t choice = -1;
+  if (size_t slash = rest.find('/'); slash != absl::string_view::npos) {
+    if (!absl::SimpleAtoi(rest.substr(slash + 1), &choice) || choice < 0) return false;
+    rest = rest.substr(0, slash);
+  }
+  int64_t line_number = 0;
+  if (!absl::SimpleAtoi(rest, &line_number)) return false;
+  auto job = jobs_.find(job_id);
+  // A line read before and not in memory any more has its result.
+  if (job == jobs_.end() || job->second.validating || job->second.cancelled ||
+      job->second.all_read || line_number <= job->second.read_through_line) {
+    return false;
+  }
+  absl::StatusOr<std::optional<std::string>> stored =
+      store_->ReadPendingRequest(job_id, line_number);
+  if (!stored.ok() || !stored->has_value()) return false;
+  if (!AddRequestsLocked(job_id, line_number, **stored, /*queue=*/false, std::max(choice, 0))
+           .ok()) {
+    return false;
+  }
+  return requests_.contains(request_id);
+}
+
+size_t JobManager::requests_in_memory() const {
+  absl::MutexLock lock(&mu_);
+  return requests_.size();
 }
 
 void JobManager::FinishRequestsLocked(std::vector<BatchJobStore::Result> results,
@@ -250,13 +342,13 @@ void JobManager::ApplyWrittenLocked(const JobStoreWriter::Written& written) {
   absl::flat_hash_set<std::string> touched;
   for (size_t i = 0; i < written.recorded.size(); ++i) {
     auto job = jobs_.find(written.batch.results[i].job_id);
-    if (!written.recorded[i] || job == jobs_.end()) continue;
+    if (!written.recorded[i] || job == jobs_.end() || job->second.validating) continue;
     --job->second.remaining;
     touched.insert(job->first);
   }
   for (const std::string& job_id : touched) {
     auto job = jobs_.find(job_id);
-    if (job->second.remaining > 0 || job->second.cancelled) continue;
+    if (job->second.remaining > 0 || job->second.cancelled || job->second.validating) continue;
     jobs_.erase(job);
     writer_.SetJobState(job_id, Job::COMPLETED, "", clock_->Now());
     LOG(INFO) << "job " << job_id << " completed";
@@ -323,7 +415,9 @@ void JobManager::AddLiveStateLocked(Job* job) const {
   job->set_running_requests(running);
   job->set_running_generated_tokens(tokens);
   job->set_unfinished_max_tokens(runtime->second.max_tokens_left);
-  job->set_stalled_reason(writer_.stalled_reason());
+  std::string stalled = writer_.stalled_reason();
+  if (stalled.empty() && runtime->second.validating) stalled = validation_stalled_;
+  job->set_stalled_reason(stalled);
   std::vector<std::string> notices;
   if (!left_out_notice_.empty()) notices.push_back(left_out_notice_);
   if (group_error_current_ && !group_.serving) {
@@ -395,8 +489,14 @@ absl::Status JobManager::OnResults(const std::vector<RequestResult>& results) {
   };
   for (const RequestResult& r : results) {
     auto it = requests_.find(r.request_id());
-    // Finished already, its job was cancelled, or its result waits for room in the store.
-    if (it == requests_.end() || writer_.holds(r.request_id())) continue;
+    // Its result waits for room in the store already.
+    if (writer_.holds(r.request_id())) continue;
+    if (it == requests_.end()) {
+      // Finished already, its job was cancelled, or (after a coordinator restart) not read
+      // from the store yet.
+      if (!LoadRequestForResultLocked(r.request_id())) continue;
+      it = requests_.find(r.request_id());
+    }
     const QueuedRequest& q = it->second;
     const bool failed = !r.error_code().empty();
     if (!failed) CountPrefixStatsLocked(q, r);
@@ -645,6 +745,8 @@ void JobManager::Tick() {
   }
   if (form) FormGroup(std::move(eligible));
   ChangePlacements();
+  for (int i = 0; i < 8 && Refill(); ++i) {
+  }
   Dispatch();
 }
 

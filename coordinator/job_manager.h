@@ -1,8 +1,10 @@
 // JobManager: runs batch jobs on the cluster.
 //
-// Jobs come in through Submit (or are resumed from the BatchJobStore at start). Every
-// input line is parsed and turned into prompt ids at once; a line that cannot run gets
-// its error line right away, the others wait in a queue. One scheduler thread
+// Jobs come in through Submit / SubmitStaged (or are resumed from the BatchJobStore at
+// start) and are VALIDATING first: the JobValidator parses and tokenizes their input in the
+// background, storing each line as a request to run or its error line. Validated requests wait
+// in the store; the scheduler reads them into a bounded queue in memory as that queue empties
+// (JobManagerConfig::queued_in_memory). One scheduler thread
 //   * keeps an expert-parallel group of the READY workers (those whose ranks split the
 //     routed experts, SelectExpertParallelMembers): when the set of workers changes (one
 //     joins, one is LOST, leaves or restarts) or a member reports the group FAILED, it
@@ -46,10 +48,12 @@
 #include "coordinator/batch/prompt_builder.h"
 #include "coordinator/clock.h"
 #include "coordinator/expert_balancer.h"
+#include "coordinator/job_validator.h"
 #include "coordinator/prefix_router.h"
 #include "coordinator/worker_channel.h"
 #include "coordinator/worker_registry.h"
 #include "proto/cluster.pb.h"
+#include "proto/validated_request.pb.h"
 
 namespace deepinfer {
 
@@ -74,6 +78,11 @@ struct JobManagerConfig {
   std::string model_name;
   // Prefix-aware routing (PrefixRouter).
   PrefixRouterOptions prefix_routing;
+  // Queued requests kept in memory, at least (at least max_inflight_per_rank per rank of the
+  // group, too); the others wait in the store and are read as these are sent.
+  int64_t queued_in_memory = 4096;
+  // Background validation of job inputs.
+  JobValidatorConfig validation;
   // Results and job states the store cannot take now (JobStoreWriter).
   JobStoreWriterConfig store_writes;
 };
@@ -101,13 +110,27 @@ class JobManager {
   JobManager(const JobManager&) = delete;
   JobManager& operator=(const JobManager&) = delete;
 
-  // Resumes the store's unfinished jobs and starts the scheduler thread. A job that cannot
-  // be resumed (its input file is gone or changed, or a coordinator died while loading it
-  // before) is marked FAILED with the reason, and the others run; a full disk fails none of
-  // this. Errors: the store's, reading.
+  // Resumes the store's unfinished jobs (VALIDATING ones go on validating) and starts the
+  // scheduler thread. A job that cannot be resumed or validated (its input file is gone or
+  // shorter than what was validated, or validation stopped a coordinator twice) is marked
+  // FAILED with the reason, and the others run; a full disk fails none of this (validation
+  // waits for room). Errors: the store's, reading.
   absl::Status Start();
 
+  // Stores a job whose input was uploaded to `staged` (a path from NewStagingPath) and starts
+  // validating it; returns its id at once. With an idempotency key that names a stored job:
+  // that job (existing). Errors: BatchJobStore::CreateJob's.
+  absl::StatusOr<BatchJobStore::CreatedJob> SubmitStaged(const std::string& name,
+                                                         const std::string& idempotency_key,
+                                                         const StagedInput& staged);
+  // The same for an input in memory, without a key.
   absl::StatusOr<std::string> Submit(const std::string& name, const std::string& input_jsonl);
+  std::string NewStagingPath() const { return store_->NewStagingPath(); }
+  std::string StagingDir() const { return store_->StagingDir(); }
+  absl::StatusOr<std::optional<BatchJobStore::KeyedJob>> FindJobByIdempotencyKey(
+      const std::string& idempotency_key) const {
+    return store_->FindJobByIdempotencyKey(idempotency_key);
+  }
   absl::StatusOr<Job> GetJob(const std::string& job_id) const;
   absl::StatusOr<std::vector<Job>> ListJobs(int page_size, const std::string& page_token) const;
   absl::StatusOr<Job> Cancel(const std::string& job_id);
@@ -136,6 +159,10 @@ class JobManager {
     absl::MutexLock lock(&mu_);
     return writer_.storage_error();
   }
+
+  // Requests held in memory (queued, running, or choices waiting for their siblings); the
+  // rest of the jobs' requests wait in the store.
+  size_t requests_in_memory() const;
 
   // EPLB (docs/eplb.md); optional, set before Start(). New groups start with the balancer's
   // placement, and its automatic rebalance runs on the scheduler thread.
@@ -190,11 +217,17 @@ class JobManager {
     int64_t load = 0;
   };
   struct JobRuntime {
+    // Its input is being validated; nothing below is set until it is QUEUED.
+    bool validating = false;
     int64_t remaining = 0;  // requests without a result
-    // max_tokens (or the context room) of the queued and running requests.
+    // max_tokens (or the context room) of the requests without a result.
     int64_t max_tokens_left = 0;
     bool cancelled = false;
     bool started = false;  // moved to RUNNING
+    // The store's validated lines up to this one were read into memory (Refill); all of them
+    // once all_read.
+    int64_t read_through_line = 0;
+    bool all_read = false;
   };
   struct Member {
     std::string worker_id;
@@ -210,12 +243,26 @@ class JobManager {
     bool serving = false;
   };
 
-  // Loads an unfinished job from the store (Start).
-  absl::Status ResumeJob(const Job& job);
-  // Parses the job's lines and queues those in `pending` (all lines when null);
-  // records error lines for the ones that cannot run.
-  absl::Status LoadJob(const std::string& job_id, const std::string& input,
-                       const std::vector<int64_t>* pending);
+  // A job stored VALIDATING: tracked, and handed to the validator.
+  void StartValidating(const std::string& job_id);
+  // The validator's callbacks.
+  void OnValidationDone(const std::string& job_id, const absl::Status& status);
+  bool ValidationCancelled(const std::string& job_id) const;
+  // A validated job (QUEUED or RUNNING in the store) becomes schedulable: its counts from the
+  // store; COMPLETED at once when every line has its result.
+  absl::Status ActivateJob(const std::string& job_id);
+  // Reads queued requests from the store while fewer than the window are in memory; returns
+  // whether it read any.
+  bool Refill();
+  // The requests of validated line `line_number` of a job (one per choice) into requests_, and
+  // into the queue when `queue`; choices with a result or already there are left out. Only
+  // choice `only_choice` when >= 0. INTERNAL when `stored` cannot be parsed.
+  absl::Status AddRequestsLocked(const std::string& job_id, int64_t line_number,
+                                 const std::string& stored, bool queue, int32_t only_choice)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // For a result of a request not in memory (resent after a coordinator restart, before the
+  // scheduler read its line): reads its line from the store. Whether it is there now.
+  bool LoadRequestForResultLocked(const std::string& request_id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void Run();
   void Tick();
   // Forms a new group from `members` (no lock held: it makes RPCs).
@@ -258,6 +305,12 @@ class JobManager {
   // By line request id.
   absl::flat_hash_map<std::string, ChoiceResults> choice_results_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<std::string, JobRuntime> jobs_ ABSL_GUARDED_BY(mu_);
+  // Why validation waits (the store refuses its writes: a full disk), for the VALIDATING
+  // jobs' stalled_reason; "" while it does not.
+  std::string validation_stalled_ ABSL_GUARDED_BY(mu_);
+  // The jobs of jobs_ in the order they came (Refill reads the oldest first); ids of jobs gone
+  // from jobs_ are dropped as Refill meets them.
+  std::deque<std::string> job_order_ ABSL_GUARDED_BY(mu_);
   Group group_ ABSL_GUARDED_BY(mu_);
   uint64_t next_generation_ ABSL_GUARDED_BY(mu_) = 1;
   std::string last_group_error_ ABSL_GUARDED_BY(mu_);
@@ -280,6 +333,8 @@ class JobManager {
   std::vector<PlacementChange> placement_changes_ ABSL_GUARDED_BY(mu_);
 
   std::thread thread_;
+  // Last member: destroyed (stopped) first, as its callbacks use the rest.
+  std::unique_ptr<JobValidator> validator_;
 };
 
 }  // namespace deepinfer

@@ -2,7 +2,7 @@
 // with ENOSPC): results that cannot be stored are kept and stored once each when there is
 // room, the job shows why it is stalled and gets no new requests meanwhile, results past the
 // limit are refused for the worker to resend, a cancel is refused without changing anything,
-// and a coordinator started on the full disk resumes its job.
+// a coordinator started on the full disk resumes its job, and validation waits for room.
 #include <cstdlib>
 #include <map>
 
@@ -101,7 +101,8 @@ class JobManagerFullDiskTest : public ::testing::Test {
     store_ = std::move(*store);
   }
 
-  void StartManager(int64_t max_held_bytes = int64_t{1} << 20) {
+  void StartManager(int64_t max_held_bytes = int64_t{1} << 20,
+                    JobValidatorConfig validation = JobValidatorConfig()) {
     manager_.reset();
     JobManagerConfig config;
     config.settle = absl::ZeroDuration();
@@ -110,6 +111,7 @@ class JobManagerFullDiskTest : public ::testing::Test {
     config.max_inflight_per_rank = 4;
     config.model_name = "tiny";
     config.store_writes = {max_held_bytes, absl::Seconds(1), absl::Seconds(4)};
+    config.validation = std::move(validation);
     manager_ = std::make_unique<JobManager>(store_.get(), &prompts_, &registry_, &workers_, &clock_,
                                             config);
     ASSERT_TRUE(manager_->Start().ok());
@@ -148,6 +150,15 @@ class JobManagerFullDiskTest : public ::testing::Test {
 
   Job GetJob(const std::string& id) { return *manager_->GetJob(id); }
 
+  // Submits and waits until the input is validated.
+  absl::StatusOr<std::string> Submit(const std::string& name, const std::string& input) {
+    absl::StatusOr<std::string> id = manager_->Submit(name, input);
+    if (id.ok()) {
+      EXPECT_TRUE(WaitFor([&] { return GetJob(*id).state() != Job::VALIDATING; }));
+    }
+    return id;
+  }
+
   // Output lines by custom_id; fails on a duplicate.
   std::map<std::string, json> Output(const std::string& id) {
     std::map<std::string, json> out;
@@ -171,7 +182,7 @@ class JobManagerFullDiskTest : public ::testing::Test {
 };
 
 TEST_F(JobManagerFullDiskTest, ResultsAreKeptAndStoredOnceEachWhenThereIsRoom) {
-  auto id = manager_->Submit("fills", NumberedJob(8));
+  auto id = Submit("fills", NumberedJob(8));
   ASSERT_TRUE(id.ok()) << id.status();
   StartWorker();
   std::vector<WorkItem> items = workers_.Take(4);  // 4 in flight per rank at most
@@ -224,7 +235,7 @@ TEST_F(JobManagerFullDiskTest, ResultsAreKeptAndStoredOnceEachWhenThereIsRoom) {
 
 TEST_F(JobManagerFullDiskTest, RefusesResultsOnceTheHeldOnesReachTheLimit) {
   StartManager(/*max_held_bytes=*/1);
-  auto id = manager_->Submit("limit", NumberedJob(2));
+  auto id = Submit("limit", NumberedJob(2));
   ASSERT_TRUE(id.ok()) << id.status();
   StartWorker();
   std::vector<WorkItem> items = workers_.Take(2);
@@ -244,9 +255,9 @@ TEST_F(JobManagerFullDiskTest, RefusesResultsOnceTheHeldOnesReachTheLimit) {
 }
 
 TEST_F(JobManagerFullDiskTest, StartsOnAFullDiskAndResumesOnceThereIsRoom) {
-  auto id = manager_->Submit("resumed", NumberedJob(3));
+  auto id = Submit("resumed", NumberedJob(3));
   ASSERT_TRUE(id.ok()) << id.status();
-  auto other = manager_->Submit("cancelled", NumberedJob(1));
+  auto other = Submit("cancelled", NumberedJob(1));
   ASSERT_TRUE(other.ok()) << other.status();
   manager_.reset();
   store_.reset();
@@ -277,6 +288,41 @@ TEST_F(JobManagerFullDiskTest, StartsOnAFullDiskAndResumesOnceThereIsRoom) {
   EXPECT_EQ(GetJob(*other).state(), Job::COMPLETED);
   EXPECT_EQ(Output(*id).size(), 3u);
   EXPECT_EQ(Output(*other).size(), 1u);
+}
+
+TEST_F(JobManagerFullDiskTest, ValidationWaitsForRoomAndGoesOn) {
+  // The disk fills before the second chunk of 3 lines.
+  JobValidatorConfig validation;
+  validation.chunk_lines = 3;
+  int chunks = 0;
+  validation.before_chunk = [&](const std::string&) {
+    if (++chunks == 2) disk_.set_full(true);
+    return true;
+  };
+  StartManager(int64_t{1} << 20, validation);
+  auto id = manager_->Submit("validating", NumberedJob(8));
+  ASSERT_TRUE(id.ok()) << id.status();
+  ASSERT_TRUE(WaitFor([&] { return !GetJob(*id).stalled_reason().empty(); }));
+  Job job = GetJob(*id);
+  EXPECT_EQ(job.state(), Job::VALIDATING);
+  EXPECT_EQ(job.validated_requests(), 3);
+  EXPECT_THAT(job.stalled_reason(), HasSubstr("database or disk is full"));
+  EXPECT_THAT(job.stalled_reason(), HasSubstr("validation waits"));
+  disk_.set_full(false);
+  ASSERT_TRUE(WaitFor([&] { return GetJob(*id).state() == Job::QUEUED; }));
+  EXPECT_EQ(GetJob(*id).stalled_reason(), "");
+  EXPECT_EQ(GetJob(*id).validated_requests(), 8);
+  StartWorker();
+  std::vector<WorkItem> items = workers_.Take(4);
+  std::vector<RequestResult> results;
+  for (const WorkItem& item : items) results.push_back(ResultFor(item));
+  ASSERT_TRUE(manager_->OnResults(results).ok());
+  items = workers_.Take(4);
+  results.clear();
+  for (const WorkItem& item : items) results.push_back(ResultFor(item));
+  ASSERT_TRUE(manager_->OnResults(results).ok());
+  EXPECT_EQ(GetJob(*id).state(), Job::COMPLETED);
+  EXPECT_EQ(Output(*id).size(), 8u);
 }
 
 }  // namespace

@@ -1,7 +1,6 @@
-// JobManager against fake workers: group forming, dispatch, results exactly once,
-// error lines, a lost worker, cancel, and resuming from the store. Over 800 lines because every
-// case shares the fake-worker fixture defined here; splitting it by feature (dispatch, routing,
-// resume) with the fixture in its own header is the way to shrink it.
+// JobManager against fake workers (job_manager_test_fixture.h): group forming, dispatch,
+// results exactly once, error lines, a lost worker, cancel, and resuming from the store.
+// job_validation_test.cc has the way of a job's input through validation.
 #include "coordinator/job_manager.h"
 
 #include <cstdio>
@@ -11,6 +10,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "common/eplb/placement_proto.h"
+#include "coordinator/job_manager_test_fixture.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
@@ -22,186 +22,6 @@ using ::testing::ElementsAre;
 using ::testing::HasSubstr;
 using json = nlohmann::json;
 
-// Records what the coordinator asks of workers; SubmitRequests items pile up until
-// the test takes them.
-class FakeWorkers : public WorkerChannel {
- public:
-  absl::StatusOr<std::string> PrepareGroup(const std::string& address,
-                                           const PrepareGroupRequest& request) override {
-    absl::MutexLock lock(&mu_);
-    prepared_.push_back(address);
-    return std::string("127.0.0.1:9999");
-  }
-  absl::Status ConfigureGroup(const std::string& address,
-                              const ConfigureGroupRequest& request) override {
-    absl::MutexLock lock(&mu_);
-    configured_.push_back({address, request});
-    return absl::OkStatus();
-  }
-  absl::Status SubmitRequests(const std::string& address,
-                              const SubmitRequestsRequest& request) override {
-    absl::MutexLock lock(&mu_);
-    if (address == refuse_address_) return absl::UnavailableError("worker is gone");
-    for (const WorkItem& item : request.items()) items_.push_back({address, item});
-    return absl::OkStatus();
-  }
-  absl::Status CancelRequests(const std::string& address,
-                              const CancelRequestsRequest& request) override {
-    absl::MutexLock lock(&mu_);
-    for (const std::string& id : request.request_ids()) cancelled_.push_back(id);
-    return absl::OkStatus();
-  }
-
-  absl::Status SetExpertPlacement(const std::string& address,
-                                  const SetExpertPlacementRequest& request) override {
-    absl::MutexLock lock(&mu_);
-    placements_.push_back({address, request});
-    return absl::OkStatus();
-  }
-  std::vector<std::pair<std::string, SetExpertPlacementRequest>> placements() {
-    absl::MutexLock lock(&mu_);
-    return placements_;
-  }
-
-  // Waits until at least `n` items were submitted in total (since the last Take).
-  std::vector<std::pair<std::string, WorkItem>> Take(size_t n) {
-    absl::MutexLock lock(&mu_);
-    auto enough = [this, n]() ABSL_SHARED_LOCKS_REQUIRED(mu_) { return items_.size() >= n; };
-    mu_.AwaitWithTimeout(absl::Condition(&enough), absl::Seconds(30));
-    auto out = std::move(items_);
-    items_.clear();
-    return out;
-  }
-  std::vector<std::pair<std::string, ConfigureGroupRequest>> configured() {
-    absl::MutexLock lock(&mu_);
-    return configured_;
-  }
-  void Refuse(const std::string& address) {
-    absl::MutexLock lock(&mu_);
-    refuse_address_ = address;
-  }
-  std::vector<std::string> cancelled() {
-    absl::MutexLock lock(&mu_);
-    return cancelled_;
-  }
-
- private:
-  absl::Mutex mu_;
-  std::vector<std::string> prepared_ ABSL_GUARDED_BY(mu_);
-  std::vector<std::pair<std::string, ConfigureGroupRequest>> configured_ ABSL_GUARDED_BY(mu_);
-  std::vector<std::pair<std::string, SetExpertPlacementRequest>> placements_ ABSL_GUARDED_BY(mu_);
-  std::vector<std::pair<std::string, WorkItem>> items_ ABSL_GUARDED_BY(mu_);
-  std::vector<std::string> cancelled_ ABSL_GUARDED_BY(mu_);
-  std::string refuse_address_ ABSL_GUARDED_BY(mu_);
-};
-
-// A worker's result for `item`: its prompt reversed, so the test can tell results apart.
-RequestResult ResultFor(const WorkItem& item) {
-  RequestResult r;
-  r.set_request_id(item.request_id());
-  for (auto it = item.prompt_token_ids().rbegin(); it != item.prompt_token_ids().rend(); ++it) {
-    r.add_token_ids(*it);
-  }
-  r.set_finish_reason("length");
-  r.set_prompt_tokens(item.prompt_token_ids_size());
-  return r;
-}
-
-std::string Line(const std::string& custom_id, const std::string& prompt) {
-  return absl::StrCat(R"({"custom_id": ")", custom_id,
-                      R"(", "method": "POST", "url": "/v1/completions", "body": {"prompt": )",
-                      prompt, R"(, "max_tokens": 4, "return_token_ids": true}})");
-}
-
-class JobManagerTest : public ::testing::Test {
- protected:
-  void SetUp() override {
-    state_dir_ = absl::StrCat(std::getenv("TEST_TMPDIR"), "/state-",
-                              ::testing::UnitTest::GetInstance()->current_test_info()->name());
-    std::system(absl::StrCat("rm -rf '", state_dir_, "'").c_str());
-    store_ = std::move(*BatchJobStore::Open(state_dir_));
-    StartManager();
-  }
-
-  void StartManager(int min_workers = 1, ExpertBalancer* balancer = nullptr) {
-    manager_.reset();
-    JobManagerConfig config;
-    config.min_workers = min_workers;
-    config.settle = absl::ZeroDuration();
-    config.retry = absl::ZeroDuration();
-    config.regroup_delay = absl::Seconds(6);
-    config.tick = absl::Milliseconds(5);
-    config.model_name = "tiny";
-    manager_ = std::make_unique<JobManager>(store_.get(), &prompts_, &registry_, &workers_, &clock_,
-                                            config);
-    manager_->set_expert_balancer(balancer);
-    ASSERT_TRUE(manager_->Start().ok());
-  }
-
-  void AddWorker(const std::string& id, uint64_t incarnation, int ranks) {
-    WorkerRegistration r;
-    r.worker_id = id;
-    r.worker_incarnation = incarnation;
-    r.listen_address = id + ":1";
-    r.devices.emplace_back();
-    r.num_ranks = ranks;
-    ASSERT_TRUE(registry_.Register(r).ok());
-    ASSERT_TRUE(registry_.Heartbeat(id, incarnation, registry_.coordinator_incarnation()).ok());
-  }
-
-  // Heartbeats every worker in `ids` with "serving generation g" once the manager
-  // configured that generation.
-  void ServeWhenConfigured(const std::vector<std::pair<std::string, uint64_t>>& ids,
-                           uint64_t generation) {
-    ASSERT_TRUE(WaitFor([&] {
-      for (const auto& [address, c] : workers_.configured()) {
-        if (c.generation() == generation) return true;
-      }
-      return false;
-    }));
-    for (const auto& [id, incarnation] : ids) {
-      WorkerReport report;
-      report.group_generation = generation;
-      report.group_status = GROUP_SERVING;
-      ASSERT_TRUE(
-          registry_.Heartbeat(id, incarnation, registry_.coordinator_incarnation(), report).ok());
-    }
-  }
-
-  template <typename F>
-  bool WaitFor(F done) {
-    for (int i = 0; i < 3000 && !done(); ++i) absl::SleepFor(absl::Milliseconds(10));
-    return done();
-  }
-
-  Job GetJob(const std::string& id) { return *manager_->GetJob(id); }
-
-  // Lines "r0".."r<n-1>" whose prompts are the token ids [i].
-  static std::vector<std::string> NumberedLines(int n) {
-    std::vector<std::string> lines;
-    for (int i = 0; i < n; ++i) {
-      lines.push_back(Line(absl::StrCat("r", i), absl::StrCat("[", i, "]")));
-    }
-    return lines;
-  }
-
-  std::vector<json> Output(const std::string& id) {
-    std::vector<json> out;
-    auto lines = manager_->Results(id, 0, 0);
-    EXPECT_TRUE(lines.ok()) << lines.status();
-    for (const std::string& line : *lines) out.push_back(json::parse(line));
-    return out;
-  }
-
-  std::string state_dir_;
-  FakeClock clock_;
-  WorkerRegistry registry_{&clock_, 77, absl::Seconds(5)};
-  PromptBuilder prompts_{ModelLimits{100, 64}, nullptr, nullptr};
-  FakeWorkers workers_;
-  std::unique_ptr<BatchJobStore> store_;
-  std::unique_ptr<JobManager> manager_;
-};
-
 TEST_F(JobManagerTest, RunsAJobWithGoodAndBadLines) {
   const std::string input =
       absl::StrJoin({Line("a", "[1, 2, 3]"), std::string("{broken"), Line("b", "[4, 5]"),
@@ -209,7 +29,7 @@ TEST_F(JobManagerTest, RunsAJobWithGoodAndBadLines) {
                      std::string(R"({"custom_id": "e", "url": "/v1/edits", "body": {}})"),
                      Line("f", "[7, 8, 9]")},
                     "\n");
-  auto id = manager_->Submit("mixed", input);
+  auto id = Submit("mixed", input);
   ASSERT_TRUE(id.ok()) << id.status();
   // The five bad lines are answered at once.
   Job job = GetJob(*id);
@@ -269,7 +89,7 @@ TEST_F(JobManagerTest, GroupSpansWorkersAndLoadIsSpread) {
   EXPECT_EQ(configured[1].second.root_address(), "127.0.0.1:9999");
   std::vector<std::string> lines;
   for (int i = 0; i < 6; ++i) lines.push_back(Line(absl::StrCat("r", i), "[1, 2, 3]"));
-  auto id = manager_->Submit("", absl::StrJoin(lines, "\n"));
+  auto id = Submit("", absl::StrJoin(lines, "\n"));
   ASSERT_TRUE(id.ok());
   auto items = workers_.Take(6);
   std::map<int, int> per_rank;
@@ -304,7 +124,7 @@ TEST_F(JobManagerTest, RequestsSharingAPrefixWaitForTheFirstAndFollowItToItsRank
           Line(absl::StrCat("p", p, "q", q), absl::StrCat("[", absl::StrJoin(prompt, ","), "]")));
     }
   }
-  auto id = manager_->Submit("", absl::StrJoin(lines, "\n"));
+  auto id = Submit("", absl::StrJoin(lines, "\n"));
   ASSERT_TRUE(id.ok()) << id.status();
   auto leaders = workers_.Take(2);
   ASSERT_EQ(leaders.size(), 2u);
@@ -470,7 +290,7 @@ TEST_F(JobManagerTest, LostWorkerRequestsRunAgainExactlyOnce) {
   AddWorker("w2", 2, 1);
   ServeWhenConfigured({{"w1", 1}, {"w2", 2}}, 1);
   std::vector<std::string> lines = NumberedLines(8);
-  auto id = manager_->Submit("", absl::StrJoin(lines, "\n"));
+  auto id = Submit("", absl::StrJoin(lines, "\n"));
   ASSERT_TRUE(id.ok());
   auto first = workers_.Take(8);
   // w1 finishes its share; w2 finishes one and then dies.
@@ -513,7 +333,7 @@ TEST_F(JobManagerTest, DeregisteredWorkerRequestsRunAgainAtOnce) {
   AddWorker("w2", 2, 1);
   ServeWhenConfigured({{"w1", 1}, {"w2", 2}}, 1);
   std::vector<std::string> lines = NumberedLines(6);
-  auto id = manager_->Submit("", absl::StrJoin(lines, "\n"));
+  auto id = Submit("", absl::StrJoin(lines, "\n"));
   ASSERT_TRUE(id.ok());
   auto first = workers_.Take(6);
   ASSERT_EQ(first.size(), 6u);
@@ -543,7 +363,7 @@ TEST_F(JobManagerTest, JoiningWorkerGetsANewGenerationAndWork) {
   AddWorker("w1", 1, 1);
   ServeWhenConfigured({{"w1", 1}}, 1);
   std::vector<std::string> lines = NumberedLines(4);
-  auto id = manager_->Submit("", absl::StrJoin(lines, "\n"));
+  auto id = Submit("", absl::StrJoin(lines, "\n"));
   ASSERT_TRUE(id.ok());
   auto first = workers_.Take(4);  // all on w1, never answered: the group changes first
   AddWorker("w2", 2, 1);
@@ -565,7 +385,7 @@ TEST_F(JobManagerTest, FailedSubmitIsRequeued) {
   AddWorker("w1", 1, 1);
   ServeWhenConfigured({{"w1", 1}}, 1);
   workers_.Refuse("w1:1");
-  auto id = manager_->Submit("", Line("a", "[1]"));
+  auto id = Submit("", Line("a", "[1]"));
   ASSERT_TRUE(id.ok());
   absl::SleepFor(absl::Milliseconds(50));
   workers_.Refuse("");
@@ -578,7 +398,7 @@ TEST_F(JobManagerTest, FailedSubmitIsRequeued) {
 TEST_F(JobManagerTest, CancelStopsTheJob) {
   AddWorker("w1", 1, 1);
   ServeWhenConfigured({{"w1", 1}}, 1);
-  auto id = manager_->Submit("", absl::StrJoin({Line("a", "[1]"), Line("b", "[2]")}, "\n"));
+  auto id = Submit("", absl::StrJoin({Line("a", "[1]"), Line("b", "[2]")}, "\n"));
   ASSERT_TRUE(id.ok());
   auto items = workers_.Take(2);
   ASSERT_TRUE(manager_->OnResults({ResultFor(items[0].second)}).ok());
@@ -598,7 +418,7 @@ TEST_F(JobManagerTest, SeveralChoicesRunAsOneRequestEachAndMakeOneLine) {
   const std::string three =
       R"({"custom_id": "a", "url": "/v1/completions", "body": {"prompt": [1, 2], "n": 3, )"
       R"("seed": 9, "max_tokens": 4, "return_token_ids": true}})";
-  auto id = manager_->Submit("", absl::StrJoin({three, Line("b", "[5]")}, "\n"));
+  auto id = Submit("", absl::StrJoin({three, Line("b", "[5]")}, "\n"));
   ASSERT_TRUE(id.ok()) << id.status();
   EXPECT_EQ(GetJob(*id).total_requests(), 2);  // lines, not choices
   auto items = workers_.Take(4);
@@ -639,7 +459,7 @@ TEST_F(JobManagerTest, SeveralChoicesRunAsOneRequestEachAndMakeOneLine) {
 TEST_F(JobManagerTest, AFailedChoiceFailsItsLine) {
   AddWorker("w1", 1, 1);
   ServeWhenConfigured({{"w1", 1}}, 1);
-  auto id = manager_->Submit(
+  auto id = Submit(
       "", R"({"custom_id": "a", "url": "/v1/completions", "body": {"prompt": [1], "n": 2}})");
   ASSERT_TRUE(id.ok()) << id.status();
   auto items = workers_.Take(2);
@@ -664,7 +484,7 @@ TEST_F(JobManagerTest, ResumesAfterRestartWithoutDuplicates) {
   ServeWhenConfigured({{"w1", 1}}, 1);
   std::vector<std::string> lines = NumberedLines(4);
   lines.push_back("not json");
-  auto id = manager_->Submit("", absl::StrJoin(lines, "\n"));
+  auto id = Submit("", absl::StrJoin(lines, "\n"));
   ASSERT_TRUE(id.ok());
   auto items = workers_.Take(4);
   ASSERT_TRUE(manager_->OnResults({ResultFor(items[0].second), ResultFor(items[1].second)}).ok());
@@ -682,48 +502,6 @@ TEST_F(JobManagerTest, ResumesAfterRestartWithoutDuplicates) {
   EXPECT_EQ(Output(*id).size(), 5u);
 }
 
-TEST_F(JobManagerTest, JobsThatCannotBeResumedFailAndTheOthersRun) {
-  // Four jobs wait for a worker while the coordinator restarts; three of them cannot be
-  // resumed, each for its own reason.
-  auto gone = manager_->Submit("gone", Line("g", "[1]"));
-  auto blank = manager_->Submit("blank", Line("b", "[2]") + "\n" + Line("b2", "[3]"));
-  auto crashing = manager_->Submit("crashing", Line("c", "[4]"));
-  auto fine = manager_->Submit("fine", Line("f", "[5]"));
-  ASSERT_TRUE(gone.ok() && blank.ok() && crashing.ok() && fine.ok());
-  manager_.reset();
-  ASSERT_EQ(std::remove(store_->InputPath(*gone).c_str()), 0);
-  // The file changed under the job: its second request line is blank now.
-  std::ofstream(store_->InputPath(*blank), std::ios::trunc) << Line("b", "[2]") << "\n \n";
-  // Two coordinators died while loading this job: the count a third one finds.
-  ASSERT_TRUE(store_->StartLoading(*crashing).ok());
-  ASSERT_TRUE(store_->StartLoading(*crashing).ok());
-  // One died while loading this one: it is loaded again.
-  ASSERT_TRUE(store_->StartLoading(*fine).ok());
-  StartManager();
-
-  Job job = GetJob(*gone);
-  EXPECT_EQ(job.state(), Job::FAILED);
-  EXPECT_THAT(job.error(), HasSubstr("cannot resume the job after a coordinator restart: input "
-                                     "file of job " +
-                                     *gone + " is missing"));
-  job = GetJob(*blank);
-  EXPECT_EQ(job.state(), Job::FAILED);
-  EXPECT_THAT(job.error(), HasSubstr("line 2 of " + store_->InputPath(*blank) +
-                                     " held a request and is blank now"));
-  job = GetJob(*crashing);
-  EXPECT_EQ(job.state(), Job::FAILED);
-  EXPECT_THAT(job.error(), HasSubstr("a coordinator stopped 2 times while loading its input"));
-
-  AddWorker("w1", 1, 1);
-  ServeWhenConfigured({{"w1", 1}}, 1);
-  auto items = workers_.Take(1);
-  ASSERT_EQ(items.size(), 1u);
-  ASSERT_TRUE(manager_->OnResults({ResultFor(items[0].second)}).ok());
-  EXPECT_EQ(GetJob(*fine).state(), Job::COMPLETED);
-  // Loaded to the end: a later restart loads it again if it is unfinished.
-  EXPECT_EQ(*store_->StartLoading(*fine), 1);
-}
-
 TEST_F(JobManagerTest, HostileLinesGetErrorLinesAtSubmitAndAfterARestart) {
   const std::string deep = absl::StrCat(std::string(30000, '['), std::string(30000, ']'));
   const std::string input = absl::StrJoin(
@@ -732,10 +510,10 @@ TEST_F(JobManagerTest, HostileLinesGetErrorLinesAtSubmitAndAfterARestart) {
                     R"({"messages": [{"role": "user", "content": )", deep, "}]}}"),
        Line("nul", "[1]") + std::string("\0{\"x\": 1}", 9), Line("ok", "[1, 2]")},
       "\n");
-  auto id = manager_->Submit("hostile", input);
+  auto id = Submit("hostile", input);
   ASSERT_TRUE(id.ok()) << id.status();
   EXPECT_EQ(GetJob(*id).failed_requests(), 3);
-  // Restarted while the good line waits: every line is parsed again.
+  // Restarted while the good line waits: the error lines are not answered twice.
   StartManager();
   AddWorker("w1", 1, 1);
   ServeWhenConfigured({{"w1", 1}}, 1);
@@ -774,7 +552,7 @@ TEST_F(JobManagerTest, LeavesOutWorkersWhoseRanksDoNotDivideTheExperts) {
   absl::SleepFor(absl::Milliseconds(100));
   EXPECT_EQ(workers_.configured().size(), 1u);  // stable: no re-forming in a loop
   // Clients see why w2 does nothing, with every unfinished job.
-  auto id = manager_->Submit("", Line("a", "[1]"));
+  auto id = Submit("", Line("a", "[1]"));
   ASSERT_TRUE(id.ok()) << id.status();
   EXPECT_EQ(GetJob(*id).cluster_notice(),
             "worker(s) w2 left out of the expert-parallel group, which uses 2 of the 3 READY "
@@ -797,7 +575,7 @@ TEST_F(JobManagerTest, SaysWhyNoGroupCanForm) {
   manager_ = std::make_unique<JobManager>(store_.get(), &eight_experts, &registry_, &workers_,
                                           &clock_, config);
   ASSERT_TRUE(manager_->Start().ok());
-  auto id = manager_->Submit("", Line("a", "[1]"));
+  auto id = Submit("", Line("a", "[1]"));
   ASSERT_TRUE(id.ok()) << id.status();
   EXPECT_EQ(GetJob(*id).cluster_notice(), "");  // no worker yet: nothing to explain
   AddWorker("w1", 1, 3);
@@ -813,7 +591,7 @@ TEST_F(JobManagerTest, SaysWhyNoGroupCanForm) {
 TEST_F(JobManagerTest, RunningRequestsReportTheirTokensBeforeTheyFinish) {
   AddWorker("w1", 1, 1);
   ServeWhenConfigured({{"w1", 1}}, 1);
-  auto id = manager_->Submit("", absl::StrJoin({Line("a", "[1, 2]"), Line("b", "[3]")}, "\n"));
+  auto id = Submit("", absl::StrJoin({Line("a", "[1, 2]"), Line("b", "[3]")}, "\n"));
   ASSERT_TRUE(id.ok());
   auto items = workers_.Take(2);
   ASSERT_EQ(items.size(), 2u);

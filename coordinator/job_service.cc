@@ -1,9 +1,13 @@
 #include "coordinator/job_service.h"
 
 #include <atomic>
+#include <functional>
+#include <memory>
 #include <thread>
 
 #include "absl/synchronization/notification.h"
+#include "coordinator/batch/job_input_upload.h"
+#include "coordinator/job_upload_reactor.h"
 #include "glog/logging.h"
 
 namespace deepinfer {
@@ -93,6 +97,66 @@ class FailedWriter : public grpc::ServerWriteReactor<Job> {
   void OnDone() override { delete this; }
 };
 
+// A unary call answered from a thread of its own.
+class OffThreadReactor : public grpc::ServerUnaryReactor {
+ public:
+  explicit OffThreadReactor(std::function<grpc::Status()> work) {
+    thread_ = std::thread([this, work = std::move(work)] {
+      // Not before thread_ is set: OnDone, which may follow Finish at once, joins it.
+      started_.WaitForNotification();
+      Finish(work());
+    });
+    started_.Notify();
+  }
+  void OnDone() override {
+    // gRPC may run OnDone inline from Finish on our own thread; never join ourselves.
+    if (std::this_thread::get_id() == thread_.get_id()) {
+      thread_.detach();
+    } else {
+      thread_.join();
+    }
+    delete this;
+  }
+
+ private:
+  absl::Notification started_;
+  std::thread thread_;
+};
+
+// SubmitJob's input, in one message, through the same staging as an upload.
+grpc::Status StoreWholeInput(JobManager* jobs, const SubmitJobRequest& request,
+                             SubmitJobResponse* response,
+                             const std::function<void(const std::string&)>& after_stored) {
+  const std::string& input = request.input_jsonl();
+  const std::string sha256 = [&] {
+    Sha256 h;
+    h.Update(input);
+    return h.Finish();
+  }();
+  if (absl::Status s =
+          CheckUploadHeader(request.idempotency_key(), static_cast<int64_t>(input.size()), sha256);
+      !s.ok()) {
+    return ToGrpcStatus(s);
+  }
+  if (absl::Status s = CheckRoomFor(jobs->StagingDir(), static_cast<int64_t>(input.size()));
+      !s.ok()) {
+    return ToGrpcStatus(s);
+  }
+  absl::StatusOr<std::unique_ptr<JobInputUpload>> upload =
+      JobInputUpload::Create(jobs->NewStagingPath(), static_cast<int64_t>(input.size()));
+  if (!upload.ok()) return ToGrpcStatus(upload.status());
+  if (absl::Status s = (*upload)->Append(input); !s.ok()) return ToGrpcStatus(s);
+  absl::StatusOr<StagedInput> staged = (*upload)->Finish(sha256);
+  if (!staged.ok()) return ToGrpcStatus(staged.status());
+  absl::StatusOr<BatchJobStore::CreatedJob> created =
+      jobs->SubmitStaged(request.name(), request.idempotency_key(), *staged);
+  if (!created.ok()) return ToGrpcStatus(created.status());
+  if (!created->existing && after_stored) after_stored(created->job_id);
+  response->set_job_id(created->job_id);
+  response->set_existing(created->existing);
+  return grpc::Status::OK;
+}
+
 }  // namespace
 
 grpc::Status JobServiceImpl::Admit(grpc::CallbackServerContext* context) const {
@@ -104,6 +168,11 @@ grpc::Status JobServiceImpl::Admit(grpc::CallbackServerContext* context) const {
   return grpc::Status::OK;
 }
 
+grpc::ServerReadReactor<JobUploadChunk>* JobServiceImpl::UploadJob(
+    grpc::CallbackServerContext* context, SubmitJobResponse* response) {
+  return new JobUploadReactor(jobs_, Admit(context), response, after_stored_);
+}
+
 grpc::ServerUnaryReactor* JobServiceImpl::SubmitJob(grpc::CallbackServerContext* context,
                                                     const SubmitJobRequest* request,
                                                     SubmitJobResponse* response) {
@@ -112,10 +181,10 @@ grpc::ServerUnaryReactor* JobServiceImpl::SubmitJob(grpc::CallbackServerContext*
     return Finish(
         context, grpc::Status(grpc::StatusCode::RESOURCE_EXHAUSTED, "job input larger than 1 GiB"));
   }
-  absl::StatusOr<std::string> id = jobs_->Submit(request->name(), request->input_jsonl());
-  if (!id.ok()) return Finish(context, ToGrpcStatus(id.status()));
-  response->set_job_id(*id);
-  return Finish(context, grpc::Status::OK);
+  // Writing and syncing up to 1 GiB is no work for a gRPC thread.
+  return new OffThreadReactor([this, request, response] {
+    return StoreWholeInput(jobs_, *request, response, after_stored_);
+  });
 }
 
 grpc::ServerUnaryReactor* JobServiceImpl::GetJob(grpc::CallbackServerContext* context,

@@ -4,6 +4,9 @@
 #ifndef DEEPINFER_COORDINATOR_JOB_SERVICE_H_
 #define DEEPINFER_COORDINATOR_JOB_SERVICE_H_
 
+#include <functional>
+#include <string>
+
 #include "common/rpc/auth.h"
 #include "coordinator/job_manager.h"
 #include "proto/job.grpc.pb.h"
@@ -12,9 +15,14 @@ namespace deepinfer {
 
 class JobServiceImpl final : public JobService::CallbackService {
  public:
-  // `jobs` may be null; both pointers must outlive the service.
-  JobServiceImpl(JobManager* jobs, const TokenAuthenticator* auth) : jobs_(jobs), auth_(auth) {}
+  // `jobs` may be null; both pointers must outlive the service. `after_stored` (may be empty)
+  // runs once an uploaded job is stored, before the answer is sent: a hook for tests.
+  JobServiceImpl(JobManager* jobs, const TokenAuthenticator* auth,
+                 std::function<void(const std::string& job_id)> after_stored = nullptr)
+      : jobs_(jobs), auth_(auth), after_stored_(std::move(after_stored)) {}
 
+  grpc::ServerReadReactor<JobUploadChunk>* UploadJob(grpc::CallbackServerContext* context,
+                                                     SubmitJobResponse* response) override;
   grpc::ServerUnaryReactor* SubmitJob(grpc::CallbackServerContext* context,
                                       const SubmitJobRequest* request,
                                       SubmitJobResponse* response) override;
@@ -37,6 +45,7 @@ class JobServiceImpl final : public JobService::CallbackService {
 
   JobManager* const jobs_;
   const TokenAuthenticator* const auth_;
+  const std::function<void(const std::string&)> after_stored_;
 };
 
 }  // namespace deepinfer

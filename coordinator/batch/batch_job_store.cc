@@ -1,5 +1,6 @@
 #include "coordinator/batch/batch_job_store.h"
 
+#include <dirent.h>
 #include <sqlite3.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -39,6 +40,15 @@ class Statement {
     sqlite3_bind_text(stmt_, i, v.data(), static_cast<int>(v.size()), SQLITE_TRANSIENT);
   }
   void Bind(int i, int64_t v) { sqlite3_bind_int64(stmt_, i, v); }
+  void BindBlob(int i, const std::string& v) {
+    sqlite3_bind_blob(stmt_, i, v.data(), static_cast<int>(v.size()), SQLITE_TRANSIENT);
+  }
+  void BindNull(int i) { sqlite3_bind_null(stmt_, i); }
+  // Ready to bind and step again.
+  void Reset() {
+    sqlite3_reset(stmt_);
+    sqlite3_clear_bindings(stmt_);
+  }
   // SQLITE_ROW, SQLITE_DONE, or an error code.
   int Step() { return sqlite3_step(stmt_); }
   int64_t Int(int col) { return sqlite3_column_int64(stmt_, col); }
@@ -47,6 +57,12 @@ class Statement {
     return p ? std::string(reinterpret_cast<const char*>(p), sqlite3_column_bytes(stmt_, col))
              : std::string();
   }
+  std::string Blob(int col) {
+    const void* p = sqlite3_column_blob(stmt_, col);
+    return p ? std::string(static_cast<const char*>(p), sqlite3_column_bytes(stmt_, col))
+             : std::string();
+  }
+  bool IsNull(int col) { return sqlite3_column_type(stmt_, col) == SQLITE_NULL; }
 
  private:
   sqlite3* db_;
@@ -162,7 +178,7 @@ LineCount CountLines(const std::string& path) {
 
 constexpr char kJobColumns[] =
     "job_id, name, state, total, completed, failed, created_ms, finished_ms, error, "
-    "generated_tokens";
+    "generated_tokens, validated";
 
 Job ReadJob(Statement& s) {
   Job job;
@@ -176,7 +192,46 @@ Job ReadJob(Statement& s) {
   job.set_finished_unix_ms(s.Int(7));
   job.set_error(s.Text(8));
   job.set_generated_tokens(s.Int(9));
+  job.set_validated_requests(job.state() == Job::VALIDATING ? s.Int(10) : job.total_requests());
   return job;
+}
+
+// Columns added after the first release of the schema: (table, column, declaration).
+struct AddedColumn {
+  const char* table;
+  const char* column;
+  const char* declaration;
+};
+constexpr AddedColumn kAddedColumns[] = {
+    {"jobs", "load_attempts", "INTEGER DEFAULT 0"},
+    {"jobs", "idempotency_key", "TEXT"},
+    {"jobs", "input_sha256", "BLOB"},
+    {"jobs", "validated", "INTEGER DEFAULT 0"},
+    {"jobs", "validated_offset", "INTEGER DEFAULT 0"},
+    {"jobs", "validated_line", "INTEGER DEFAULT 1"},
+    {"requests", "request", "BLOB"},
+    {"requests", "reserved_tokens", "INTEGER DEFAULT 0"},
+};
+
+absl::StatusOr<bool> HasColumn(sqlite3* db, const char* table, const char* column) {
+  Statement columns(db, absl::StrCat("PRAGMA table_info(", table, ")"));
+  if (!columns.status().ok()) return columns.status();
+  while (columns.Step() == SQLITE_ROW) {
+    if (columns.Text(1) == column) return true;
+  }
+  return false;
+}
+
+// Removes the files of a directory (not recursively); errors are ignored.
+void ClearDirectory(const std::string& dir) {
+  DIR* d = opendir(dir.c_str());
+  if (d == nullptr) return;
+  while (struct dirent* e = readdir(d)) {
+    const std::string name = e->d_name;
+    if (name == "." || name == "..") continue;
+    std::remove(absl::StrCat(dir, "/", name).c_str());
+  }
+  closedir(d);
 }
 
 }  // namespace
@@ -215,23 +270,45 @@ absl::Status BatchJobStore::Init() {
            "CREATE TABLE IF NOT EXISTS requests(job_id TEXT, line_number INTEGER, "
            "result_seq INTEGER, failed INTEGER DEFAULT 0, output TEXT, "
            "PRIMARY KEY(job_id, line_number))",
+           // The custom ids claimed by the lines of jobs being validated.
+           "CREATE TABLE IF NOT EXISTS custom_ids(job_id TEXT, custom_id TEXT, "
+           "line_number INTEGER, PRIMARY KEY(job_id, custom_id)) WITHOUT ROWID",
        }) {
     if (absl::Status s = Exec(db_, sql); !s.ok()) return s;
   }
-  // A state directory made before jobs counted their loads gets the column.
-  bool has_load_attempts = false;
-  {
-    Statement columns(db_, "PRAGMA table_info(jobs)");
-    if (!columns.status().ok()) return columns.status();
-    while (columns.Step() == SQLITE_ROW) has_load_attempts |= columns.Text(1) == "load_attempts";
+  if (absl::Status s = MigrateLocked(); !s.ok()) return s;
+  if (absl::Status s = Exec(db_,
+                            "CREATE UNIQUE INDEX IF NOT EXISTS jobs_by_idempotency_key ON "
+                            "jobs(idempotency_key) WHERE idempotency_key IS NOT NULL");
+      !s.ok()) {
+    return s;
   }
-  if (!has_load_attempts) {
-    if (absl::Status s = Exec(db_, "ALTER TABLE jobs ADD COLUMN load_attempts INTEGER DEFAULT 0");
+  // Uploads that were under way when the last coordinator stopped have no job.
+  if (absl::Status s = MakeDir(StagingDir()); !s.ok()) return s;
+  ClearDirectory(StagingDir());
+  return RepairOutputFilesLocked();
+}
+
+absl::Status BatchJobStore::MigrateLocked() {
+  bool validation_added = false;
+  for (const AddedColumn& c : kAddedColumns) {
+    absl::StatusOr<bool> has = HasColumn(db_, c.table, c.column);
+    if (!has.ok()) return has.status();
+    if (*has) continue;
+    if (absl::Status s = Exec(db_, absl::StrCat("ALTER TABLE ", c.table, " ADD COLUMN ", c.column,
+                                                " ", c.declaration));
         !s.ok()) {
       return s;
     }
+    validation_added |= std::string(c.column) == "validated_offset";
   }
-  return RepairOutputFilesLocked();
+  if (validation_added) {
+    // Unfinished jobs of a state directory from before validated requests were stored are
+    // validated again; the results they have stay.
+    return Exec(db_, absl::StrFormat("UPDATE jobs SET state = %d WHERE state IN (%d, %d)",
+                                     Job::VALIDATING, Job::QUEUED, Job::RUNNING));
+  }
+  return absl::OkStatus();
 }
 
 std::string BatchJobStore::OutputPath(const std::string& job_id) const {
@@ -240,6 +317,14 @@ std::string BatchJobStore::OutputPath(const std::string& job_id) const {
 
 std::string BatchJobStore::InputPath(const std::string& job_id) const {
   return absl::StrCat(state_dir_, "/jobs/", job_id, "/input.jsonl");
+}
+
+std::string BatchJobStore::StagingDir() const { return state_dir_ + "/uploads"; }
+
+std::string BatchJobStore::NewStagingPath() const {
+  absl::BitGen gen;
+  return absl::StrFormat("%s/%016x%016x.jsonl", StagingDir(), absl::Uniform<uint64_t>(gen),
+                         absl::Uniform<uint64_t>(gen));
 }
 
 absl::Status BatchJobStore::RepairOutputFilesLocked() {
@@ -327,53 +412,99 @@ bool BatchJobStore::OutputFilesBehind() const {
 absl::StatusOr<std::string> BatchJobStore::CreateJob(const std::string& name,
                                                      const std::string& input_jsonl,
                                                      int64_t now_unix_ms) {
-  std::vector<int64_t> line_numbers;
-  int64_t n = 0;
-  for (absl::string_view line : absl::StrSplit(input_jsonl, '\n')) {
-    ++n;
-    if (!absl::StripAsciiWhitespace(line).empty()) line_numbers.push_back(n);
+  absl::StatusOr<std::unique_ptr<JobInputUpload>> upload =
+      JobInputUpload::Create(NewStagingPath(), static_cast<int64_t>(input_jsonl.size()));
+  if (!upload.ok()) return upload.status();
+  if (absl::Status s = (*upload)->Append(input_jsonl); !s.ok()) return s;
+  absl::StatusOr<StagedInput> staged = (*upload)->Finish("");
+  if (!staged.ok()) return staged.status();
+  absl::StatusOr<CreatedJob> created = CreateJob(name, "", *staged, now_unix_ms);
+  if (!created.ok()) return created.status();
+  return created->job_id;
+}
+
+absl::StatusOr<BatchJobStore::CreatedJob> BatchJobStore::CreateJob(
+    const std::string& name, const std::string& idempotency_key, const StagedInput& staged,
+    int64_t now_unix_ms) {
+  auto discard = [&] { std::remove(staged.path.c_str()); };
+  absl::MutexLock lock(&mu_);
+  if (!idempotency_key.empty()) {
+    Statement find(db_, "SELECT job_id, input_sha256 FROM jobs WHERE idempotency_key = ?");
+    if (!find.status().ok()) return find.status();
+    find.Bind(1, idempotency_key);
+    if (find.Step() == SQLITE_ROW) {
+      discard();
+      const std::string stored_sha256 = find.Blob(1);
+      if (!stored_sha256.empty() && !staged.sha256.empty() && stored_sha256 != staged.sha256) {
+        return absl::AlreadyExistsError(absl::StrCat("idempotency key '", idempotency_key,
+                                                     "' belongs to job ", find.Text(0),
+                                                     ", whose input was different"));
+      }
+      return CreatedJob{find.Text(0), true};
+    }
   }
-  if (line_numbers.empty()) {
+  if (staged.request_lines == 0) {
+    discard();
     return absl::InvalidArgumentError("the job's input has no request lines");
   }
   const std::string job_id = NewJobId();
   const std::string dir = absl::StrCat(state_dir_, "/jobs/", job_id);
-  if (absl::Status s = MakeDir(dir); !s.ok()) return s;
-  {
-    std::ofstream in(InputPath(job_id), std::ios::trunc | std::ios::binary);
-    in << input_jsonl;
-    std::ofstream out(OutputPath(job_id), std::ios::trunc);
-    if (!in.good() || !out.good()) {
-      return absl::InternalError(absl::StrCat("cannot write the job files in '", dir, "'"));
-    }
+  if (absl::Status s = MakeDir(dir); !s.ok()) {
+    discard();
+    return s;
   }
+  auto remove_dir = [&] {
+    std::remove(InputPath(job_id).c_str());
+    std::remove(OutputPath(job_id).c_str());
+    rmdir(dir.c_str());
+  };
+  if (std::rename(staged.path.c_str(), InputPath(job_id).c_str()) != 0) {
+    discard();
+    remove_dir();
+    return absl::InternalError(absl::StrCat("cannot move '", staged.path, "' to '",
+                                            InputPath(job_id), "': ", strerror(errno)));
+  }
+  if (std::FILE* out = std::fopen(OutputPath(job_id).c_str(), "wb"); out != nullptr) {
+    std::fclose(out);
+  } else {
+    absl::Status error = FileError("create", OutputPath(job_id));
+    remove_dir();
+    return error;
+  }
+  Statement job(db_,
+                "INSERT INTO jobs(job_id, name, state, total, created_ms, load_attempts, "
+                "idempotency_key, input_sha256, validated, validated_offset, validated_line) "
+                "VALUES(?, ?, ?, ?, ?, 0, ?, ?, 0, 0, 1)");
+  if (!job.status().ok()) {
+    remove_dir();
+    return job.status();
+  }
+  job.Bind(1, job_id);
+  job.Bind(2, name);
+  job.Bind(3, static_cast<int64_t>(Job::VALIDATING));
+  job.Bind(4, staged.request_lines);
+  job.Bind(5, now_unix_ms);
+  if (idempotency_key.empty()) {
+    job.BindNull(6);
+  } else {
+    job.Bind(6, idempotency_key);
+  }
+  job.BindBlob(7, staged.sha256);
+  if (absl::Status s = StepDone(job, db_); !s.ok()) {
+    remove_dir();
+    return s;
+  }
+  return CreatedJob{job_id, false};
+}
+
+absl::StatusOr<std::optional<BatchJobStore::KeyedJob>> BatchJobStore::FindJobByIdempotencyKey(
+    const std::string& idempotency_key) const {
   absl::MutexLock lock(&mu_);
-  if (absl::Status s = Exec(db_, "BEGIN IMMEDIATE"); !s.ok()) return s;
-  absl::Status status = [&]() -> absl::Status {
-    Statement job(db_,
-                  "INSERT INTO jobs(job_id, name, state, total, created_ms, load_attempts) "
-                  "VALUES(?, ?, ?, ?, ?, 1)");
-    if (!job.status().ok()) return job.status();
-    job.Bind(1, job_id);
-    job.Bind(2, name);
-    job.Bind(3, static_cast<int64_t>(Job::QUEUED));
-    job.Bind(4, static_cast<int64_t>(line_numbers.size()));
-    job.Bind(5, now_unix_ms);
-    if (absl::Status s = StepDone(job, db_); !s.ok()) return s;
-    for (int64_t line : line_numbers) {
-      Statement r(db_, "INSERT INTO requests(job_id, line_number) VALUES(?, ?)");
-      r.Bind(1, job_id);
-      r.Bind(2, line);
-      if (absl::Status s = StepDone(r, db_); !s.ok()) return s;
-    }
-    return absl::OkStatus();
-  }();
-  if (!status.ok()) {
-    (void)Exec(db_, "ROLLBACK");
-    return status;
-  }
-  if (absl::Status s = Commit(db_); !s.ok()) return s;
-  return job_id;
+  Statement find(db_, "SELECT job_id, input_sha256 FROM jobs WHERE idempotency_key = ?");
+  if (!find.status().ok()) return find.status();
+  find.Bind(1, idempotency_key);
+  if (find.Step() != SQLITE_ROW) return std::nullopt;
+  return KeyedJob{find.Text(0), find.Blob(1)};
 }
 
 absl::StatusOr<bool> BatchJobStore::RecordResult(const std::string& job_id, int64_t line_number,
@@ -393,45 +524,64 @@ absl::StatusOr<std::vector<bool>> BatchJobStore::RecordResults(const std::vector
   std::vector<bool> recorded(results.size(), false);
   absl::MutexLock lock(&mu_);
   if (absl::Status s = Exec(db_, "BEGIN IMMEDIATE"); !s.ok()) return s;
-  absl::Status status = [&]() -> absl::Status {
-    for (size_t i = 0; i < results.size(); ++i) {
-      const Result& r = results[i];
-      Statement find(db_,
-                     "SELECT result_seq IS NOT NULL FROM requests WHERE job_id = ? AND "
-                     "line_number = ?");
-      find.Bind(1, r.job_id);
-      find.Bind(2, r.line_number);
-      if (find.Step() != SQLITE_ROW) {
-        return absl::NotFoundError(
-            absl::StrCat("job ", r.job_id, " has no request on line ", r.line_number));
-      }
-      if (find.Int(0) != 0) continue;
-      Statement update(db_,
-                       "UPDATE requests SET output = ?, failed = ?, result_seq = "
-                       "(SELECT completed + failed + 1 FROM jobs WHERE job_id = ?) "
-                       "WHERE job_id = ? AND line_number = ?");
-      update.Bind(1, r.output_line);
-      update.Bind(2, static_cast<int64_t>(r.failed));
-      update.Bind(3, r.job_id);
-      update.Bind(4, r.job_id);
-      update.Bind(5, r.line_number);
-      if (absl::Status s = StepDone(update, db_); !s.ok()) return s;
-      Statement count(db_, r.failed ? "UPDATE jobs SET failed = failed + 1, generated_tokens = "
-                                      "generated_tokens + ? WHERE job_id = ?"
-                                    : "UPDATE jobs SET completed = completed + 1, "
-                                      "generated_tokens = generated_tokens + ? WHERE job_id = ?");
-      count.Bind(1, r.generated_tokens);
-      count.Bind(2, r.job_id);
-      if (absl::Status s = StepDone(count, db_); !s.ok()) return s;
-      recorded[i] = true;
-    }
-    return absl::OkStatus();
-  }();
-  if (!status.ok()) {
+  if (absl::Status s = RecordResultsLocked(results, &recorded); !s.ok()) {
     (void)Exec(db_, "ROLLBACK");
-    return status;
+    return s;
   }
   if (absl::Status s = Commit(db_); !s.ok()) return s;
+  AppendOutputsLocked(results, recorded);
+  return recorded;
+}
+
+absl::Status BatchJobStore::RecordResultsLocked(const std::vector<Result>& results,
+                                                std::vector<bool>* recorded) {
+  recorded->assign(results.size(), false);
+  Statement find(db_,
+                 "SELECT result_seq IS NOT NULL FROM requests WHERE job_id = ? AND "
+                 "line_number = ?");
+  // The stored request is not needed once the line has its result.
+  Statement update(db_,
+                   "UPDATE requests SET output = ?, failed = ?, request = NULL, result_seq = "
+                   "(SELECT completed + failed + 1 FROM jobs WHERE job_id = ?) "
+                   "WHERE job_id = ? AND line_number = ?");
+  Statement count_failed(db_,
+                         "UPDATE jobs SET failed = failed + 1, generated_tokens = "
+                         "generated_tokens + ? WHERE job_id = ?");
+  Statement count_completed(db_,
+                            "UPDATE jobs SET completed = completed + 1, generated_tokens = "
+                            "generated_tokens + ? WHERE job_id = ?");
+  for (Statement* s : {&find, &update, &count_failed, &count_completed}) {
+    if (!s->status().ok()) return s->status();
+  }
+  for (size_t i = 0; i < results.size(); ++i) {
+    const Result& r = results[i];
+    find.Reset();
+    find.Bind(1, r.job_id);
+    find.Bind(2, r.line_number);
+    if (find.Step() != SQLITE_ROW) {
+      return absl::NotFoundError(
+          absl::StrCat("job ", r.job_id, " has no request on line ", r.line_number));
+    }
+    if (find.Int(0) != 0) continue;
+    update.Reset();
+    update.Bind(1, r.output_line);
+    update.Bind(2, static_cast<int64_t>(r.failed));
+    update.Bind(3, r.job_id);
+    update.Bind(4, r.job_id);
+    update.Bind(5, r.line_number);
+    if (absl::Status s = StepDone(update, db_); !s.ok()) return s;
+    Statement& count = r.failed ? count_failed : count_completed;
+    count.Reset();
+    count.Bind(1, r.generated_tokens);
+    count.Bind(2, r.job_id);
+    if (absl::Status s = StepDone(count, db_); !s.ok()) return s;
+    (*recorded)[i] = true;
+  }
+  return absl::OkStatus();
+}
+
+void BatchJobStore::AppendOutputsLocked(const std::vector<Result>& results,
+                                        const std::vector<bool>& recorded) {
   // Committed: now the files, in recording order. An append lost to a crash is made up by
   // Open(), one that fails by CatchUpOutputFiles (the file's appends wait for it).
   for (size_t i = 0; i < results.size(); ++i) {
@@ -447,7 +597,6 @@ absl::StatusOr<std::vector<bool>> BatchJobStore::RecordResults(const std::vector
       lagging_outputs_.insert(job_id);
     }
   }
-  return recorded;
 }
 
 absl::StatusOr<int64_t> BatchJobStore::StartLoading(const std::string& job_id) {
@@ -464,16 +613,6 @@ absl::StatusOr<int64_t> BatchJobStore::StartLoading(const std::string& job_id) {
   s.Bind(1, job_id);
   if (s.Step() != SQLITE_ROW) return absl::NotFoundError(absl::StrCat("no job ", job_id));
   return s.Int(0);
-}
-
-absl::Status BatchJobStore::FinishedLoading(const std::string& job_id) {
-  absl::MutexLock lock(&mu_);
-  Statement s(db_, "UPDATE jobs SET load_attempts = 0 WHERE job_id = ?");
-  if (!s.status().ok()) return s.status();
-  s.Bind(1, job_id);
-  if (absl::Status st = StepDone(s, db_); !st.ok()) return st;
-  if (sqlite3_changes(db_) == 0) return absl::NotFoundError(absl::StrCat("no job ", job_id));
-  return absl::OkStatus();
 }
 
 absl::Status BatchJobStore::SetJobState(const std::string& job_id, Job::State state,
@@ -531,39 +670,9 @@ absl::StatusOr<std::vector<Job>> BatchJobStore::ListJobs(int page_size,
 
 absl::StatusOr<std::vector<Job>> BatchJobStore::UnfinishedJobs() const {
   absl::MutexLock lock(&mu_);
-  return QueryJobsLocked(
-      absl::StrFormat("WHERE state IN (%d, %d) ORDER BY rowid", Job::QUEUED, Job::RUNNING), {});
-}
-
-absl::StatusOr<std::vector<StoredRequest>> BatchJobStore::PendingRequests(
-    const std::string& job_id) const {
-  std::vector<int64_t> pending;
-  {
-    absl::MutexLock lock(&mu_);
-    if (auto job = GetJobLocked(job_id); !job.ok()) return job.status();
-    Statement s(db_,
-                "SELECT line_number FROM requests WHERE job_id = ? AND result_seq IS NULL "
-                "ORDER BY line_number");
-    s.Bind(1, job_id);
-    while (s.Step() == SQLITE_ROW) pending.push_back(s.Int(0));
-  }
-  std::ifstream in(InputPath(job_id), std::ios::binary);
-  if (!in) return absl::DataLossError(absl::StrCat("input file of job ", job_id, " is missing"));
-  std::vector<StoredRequest> out;
-  std::string line;
-  int64_t n = 0;
-  size_t next = 0;
-  while (next < pending.size() && std::getline(in, line)) {
-    ++n;
-    if (n == pending[next]) {
-      out.push_back({n, line});
-      ++next;
-    }
-  }
-  if (next != pending.size()) {
-    return absl::DataLossError(absl::StrCat("input file of job ", job_id, " is truncated"));
-  }
-  return out;
+  return QueryJobsLocked(absl::StrFormat("WHERE state IN (%d, %d, %d) ORDER BY rowid",
+                                         Job::VALIDATING, Job::QUEUED, Job::RUNNING),
+                         {});
 }
 
 absl::StatusOr<std::vector<std::string>> BatchJobStore::ReadResults(const std::string& job_id,
@@ -581,6 +690,184 @@ absl::StatusOr<std::vector<std::string>> BatchJobStore::ReadResults(const std::s
   std::vector<std::string> lines;
   while (s.Step() == SQLITE_ROW) lines.push_back(s.Text(0));
   return lines;
+}
+
+absl::StatusOr<ValidationCursor> BatchJobStore::GetValidationCursor(
+    const std::string& job_id) const {
+  absl::MutexLock lock(&mu_);
+  Statement s(db_, "SELECT validated_offset, validated_line, validated FROM jobs WHERE job_id = ?");
+  if (!s.status().ok()) return s.status();
+  s.Bind(1, job_id);
+  if (s.Step() != SQLITE_ROW) return absl::NotFoundError(absl::StrCat("no job ", job_id));
+  return ValidationCursor{s.Int(0), s.Int(1), s.Int(2)};
+}
+
+absl::StatusOr<std::vector<int64_t>> BatchJobStore::ClaimCustomIds(
+    const std::string& job_id, const std::vector<std::pair<int64_t, std::string>>& lines) {
+  std::vector<int64_t> owners;
+  owners.reserve(lines.size());
+  absl::MutexLock lock(&mu_);
+  if (absl::Status s = Exec(db_, "BEGIN IMMEDIATE"); !s.ok()) return s;
+  absl::Status status = [&]() -> absl::Status {
+    Statement claim(db_,
+                    "INSERT INTO custom_ids(job_id, custom_id, line_number) VALUES(?, ?, ?) "
+                    "ON CONFLICT(job_id, custom_id) DO NOTHING");
+    Statement owner(db_, "SELECT line_number FROM custom_ids WHERE job_id = ? AND custom_id = ?");
+    if (!claim.status().ok()) return claim.status();
+    if (!owner.status().ok()) return owner.status();
+    for (const auto& [line, custom_id] : lines) {
+      claim.Reset();
+      claim.Bind(1, job_id);
+      claim.Bind(2, custom_id);
+      claim.Bind(3, line);
+      if (absl::Status s = StepDone(claim, db_); !s.ok()) return s;
+      if (sqlite3_changes(db_) == 1) {
+        owners.push_back(line);
+        continue;
+      }
+      owner.Reset();
+      owner.Bind(1, job_id);
+      owner.Bind(2, custom_id);
+      if (owner.Step() != SQLITE_ROW) {
+        return absl::InternalError(absl::StrCat("sqlite: ", sqlite3_errmsg(db_)));
+      }
+      owners.push_back(owner.Int(0));
+    }
+    return absl::OkStatus();
+  }();
+  if (!status.ok()) {
+    (void)Exec(db_, "ROLLBACK");
+    return status;
+  }
+  if (absl::Status s = Commit(db_); !s.ok()) return s;
+  return owners;
+}
+
+absl::Status BatchJobStore::CommitValidated(const std::string& job_id,
+                                            const std::vector<ValidatedLine>& lines,
+                                            const ValidationCursor& reached) {
+  std::vector<Result> errors;
+  for (const ValidatedLine& line : lines) {
+    if (!line.request.empty()) continue;
+    if (line.error_line.find('\n') != std::string::npos) {
+      return absl::InvalidArgumentError("an output line must not contain a newline");
+    }
+    errors.push_back({job_id, line.line_number, line.error_line, /*failed=*/true, 0});
+  }
+  std::vector<bool> recorded;
+  absl::MutexLock lock(&mu_);
+  if (absl::Status s = Exec(db_, "BEGIN IMMEDIATE"); !s.ok()) return s;
+  absl::Status status = [&]() -> absl::Status {
+    // A line validated again after a restart keeps its result, if it has one.
+    Statement request(db_,
+                      "INSERT INTO requests(job_id, line_number, request, reserved_tokens) "
+                      "VALUES(?, ?, ?, ?) ON CONFLICT(job_id, line_number) DO UPDATE SET "
+                      "request = excluded.request, reserved_tokens = excluded.reserved_tokens "
+                      "WHERE result_seq IS NULL");
+    Statement row(db_,
+                  "INSERT INTO requests(job_id, line_number) VALUES(?, ?) "
+                  "ON CONFLICT(job_id, line_number) DO NOTHING");
+    Statement cursor(db_,
+                     "UPDATE jobs SET validated = ?, validated_offset = ?, validated_line = ?, "
+                     "load_attempts = 1 WHERE job_id = ?");
+    for (Statement* s : {&request, &row, &cursor}) {
+      if (!s->status().ok()) return s->status();
+    }
+    for (const ValidatedLine& line : lines) {
+      Statement& s = line.request.empty() ? row : request;
+      s.Reset();
+      s.Bind(1, job_id);
+      s.Bind(2, line.line_number);
+      if (!line.request.empty()) {
+        s.BindBlob(3, line.request);
+        s.Bind(4, line.reserved_tokens);
+      }
+      if (absl::Status st = StepDone(s, db_); !st.ok()) return st;
+    }
+    if (absl::Status s = RecordResultsLocked(errors, &recorded); !s.ok()) return s;
+    cursor.Bind(1, reached.validated);
+    cursor.Bind(2, reached.offset);
+    cursor.Bind(3, reached.next_line);
+    cursor.Bind(4, job_id);
+    if (absl::Status s = StepDone(cursor, db_); !s.ok()) return s;
+    if (sqlite3_changes(db_) == 0) return absl::NotFoundError(absl::StrCat("no job ", job_id));
+    return absl::OkStatus();
+  }();
+  if (!status.ok()) {
+    (void)Exec(db_, "ROLLBACK");
+    return status;
+  }
+  if (absl::Status s = Commit(db_); !s.ok()) return s;
+  AppendOutputsLocked(errors, recorded);
+  return absl::OkStatus();
+}
+
+absl::Status BatchJobStore::FinishValidation(const std::string& job_id) {
+  absl::MutexLock lock(&mu_);
+  if (absl::Status s = Exec(db_, "BEGIN IMMEDIATE"); !s.ok()) return s;
+  absl::Status status = [&]() -> absl::Status {
+    // A job cancelled meanwhile stays CANCELLED.
+    Statement state(db_,
+                    "UPDATE jobs SET state = ?, load_attempts = 0, validated = total "
+                    "WHERE job_id = ? AND state = ?");
+    Statement claims(db_, "DELETE FROM custom_ids WHERE job_id = ?");
+    if (!state.status().ok()) return state.status();
+    if (!claims.status().ok()) return claims.status();
+    state.Bind(1, static_cast<int64_t>(Job::QUEUED));
+    state.Bind(2, job_id);
+    state.Bind(3, static_cast<int64_t>(Job::VALIDATING));
+    if (absl::Status s = StepDone(state, db_); !s.ok()) return s;
+    claims.Bind(1, job_id);
+    return StepDone(claims, db_);
+  }();
+  if (!status.ok()) {
+    (void)Exec(db_, "ROLLBACK");
+    return status;
+  }
+  return Commit(db_);
+}
+
+absl::StatusOr<std::vector<PendingRequest>> BatchJobStore::ReadPendingRequests(
+    const std::string& job_id, int64_t after_line, int64_t max_lines) const {
+  absl::MutexLock lock(&mu_);
+  Statement s(db_,
+              "SELECT line_number, request FROM requests WHERE job_id = ? AND line_number > ? "
+              "AND result_seq IS NULL AND request IS NOT NULL ORDER BY line_number LIMIT ?");
+  if (!s.status().ok()) return s.status();
+  s.Bind(1, job_id);
+  s.Bind(2, after_line);
+  s.Bind(3, max_lines);
+  std::vector<PendingRequest> out;
+  int rc;
+  while ((rc = s.Step()) == SQLITE_ROW) out.push_back({s.Int(0), s.Blob(1)});
+  if (rc != SQLITE_DONE) return absl::InternalError(absl::StrCat("sqlite: ", sqlite3_errmsg(db_)));
+  return out;
+}
+
+absl::StatusOr<std::optional<std::string>> BatchJobStore::ReadPendingRequest(
+    const std::string& job_id, int64_t line_number) const {
+  absl::MutexLock lock(&mu_);
+  Statement s(db_,
+              "SELECT request FROM requests WHERE job_id = ? AND line_number = ? "
+              "AND result_seq IS NULL AND request IS NOT NULL");
+  if (!s.status().ok()) return s.status();
+  s.Bind(1, job_id);
+  s.Bind(2, line_number);
+  if (s.Step() != SQLITE_ROW) return std::nullopt;
+  return s.Blob(0);
+}
+
+absl::StatusOr<int64_t> BatchJobStore::ReservedTokensLeft(const std::string& job_id) const {
+  absl::MutexLock lock(&mu_);
+  Statement s(db_,
+              "SELECT COALESCE(SUM(reserved_tokens), 0) FROM requests WHERE job_id = ? AND "
+              "result_seq IS NULL");
+  if (!s.status().ok()) return s.status();
+  s.Bind(1, job_id);
+  if (s.Step() != SQLITE_ROW) {
+    return absl::InternalError(absl::StrCat("sqlite: ", sqlite3_errmsg(db_)));
+  }
+  return s.Int(0);
 }
 
 }  // namespace deepinfer

@@ -43,11 +43,30 @@ bool PointAtDevFull(const std::string& path) {
 
 constexpr char kInput[] = "{\"a\":1}\n\n{\"b\":2}\n   \n{\"c\":3}\n";
 
+ValidatedLine Request(int64_t line) {
+  ValidatedLine v;
+  v.line_number = line;
+  v.request = absl::StrCat("req-", line);
+  return v;
+}
+
+// A QUEUED job of kInput whose request lines 1, 3 and 5 are validated.
+std::string ValidatedJob(BatchJobStore& store) {
+  auto id = store.CreateJob("j", kInput, 0);
+  EXPECT_TRUE(id.ok()) << id.status();
+  EXPECT_TRUE(store
+                  .CommitValidated(*id, {Request(1), Request(3), Request(5)},
+                                   {static_cast<int64_t>(sizeof(kInput) - 1), 6, 3})
+                  .ok());
+  EXPECT_TRUE(store.FinishValidation(*id).ok());
+  return *id;
+}
+
 TEST(BatchJobStoreFullDiskTest, WritesFailCleanlyAndWorkOnceThereIsRoom) {
   SimulatedFullDisk disk;
   auto store = BatchJobStore::Open(FreshDir("full"));
   ASSERT_TRUE(store.ok()) << store.status();
-  const std::string id = *(*store)->CreateJob("j", kInput, 0);
+  const std::string id = ValidatedJob(**store);
   ASSERT_TRUE(*(*store)->RecordResult(id, 1, "r1", false));
 
   disk.set_full(true);
@@ -64,7 +83,7 @@ TEST(BatchJobStoreFullDiskTest, WritesFailCleanlyAndWorkOnceThereIsRoom) {
   EXPECT_EQ(job->failed_requests(), 0);
   EXPECT_EQ(job->generated_tokens(), 0);
   EXPECT_EQ(job->state(), Job::QUEUED);
-  EXPECT_EQ((*store)->PendingRequests(id)->size(), 2u);
+  EXPECT_EQ((*store)->ReadPendingRequests(id, 0, 100)->size(), 2u);
   EXPECT_THAT(*(*store)->ReadResults(id, 0, 0), ElementsAre("r1"));
   EXPECT_EQ((*store)->ListJobs(10, "")->size(), 1u);
 
@@ -81,6 +100,36 @@ TEST(BatchJobStoreFullDiskTest, WritesFailCleanlyAndWorkOnceThereIsRoom) {
   EXPECT_EQ(ReadFile((*store)->OutputPath(id)), "r1\nr3\nr5\n");
 }
 
+TEST(BatchJobStoreFullDiskTest, ValidationCommitsFailCleanlyAndWorkOnceThereIsRoom) {
+  SimulatedFullDisk disk;
+  auto store = BatchJobStore::Open(FreshDir("full_validation"));
+  ASSERT_TRUE(store.ok()) << store.status();
+  const std::string id = *(*store)->CreateJob("j", kInput, 0);
+  ValidatedLine error;
+  error.line_number = 3;
+  error.error_line = "err-3";
+  disk.set_full(true);
+  EXPECT_TRUE(absl::IsResourceExhausted((*store)->ClaimCustomIds(id, {{1, "a"}}).status()));
+  EXPECT_TRUE(
+      absl::IsResourceExhausted((*store)->CommitValidated(id, {Request(1), error}, {16, 4, 2})));
+  EXPECT_TRUE(absl::IsResourceExhausted((*store)->FinishValidation(id)));
+  // Nothing of it shows.
+  Job job = *(*store)->GetJob(id);
+  EXPECT_EQ(job.state(), Job::VALIDATING);
+  EXPECT_EQ(job.validated_requests(), 0);
+  EXPECT_EQ(job.failed_requests(), 0);
+  EXPECT_EQ((*store)->GetValidationCursor(id)->offset, 0);
+  EXPECT_EQ(ReadFile((*store)->OutputPath(id)), "");
+  disk.set_full(false);
+  EXPECT_TRUE((*store)->ClaimCustomIds(id, {{1, "a"}}).ok());
+  ASSERT_TRUE((*store)->CommitValidated(id, {Request(1), error}, {16, 4, 2}).ok());
+  ASSERT_TRUE((*store)->FinishValidation(id).ok());
+  job = *(*store)->GetJob(id);
+  EXPECT_EQ(job.state(), Job::QUEUED);
+  EXPECT_EQ(job.failed_requests(), 1);
+  EXPECT_EQ(ReadFile((*store)->OutputPath(id)), "err-3\n");
+}
+
 TEST(BatchJobStoreFullDiskTest, OpensAndReadsOnAFullDisk) {
   SimulatedFullDisk disk;
   const std::string dir = FreshDir("open_full");
@@ -88,7 +137,7 @@ TEST(BatchJobStoreFullDiskTest, OpensAndReadsOnAFullDisk) {
   {
     auto store = BatchJobStore::Open(dir);
     ASSERT_TRUE(store.ok()) << store.status();
-    id = *(*store)->CreateJob("j", kInput, 0);
+    id = ValidatedJob(**store);
     ASSERT_TRUE(*(*store)->RecordResult(id, 3, "r3", false));
   }
   disk.set_full(true);
@@ -98,7 +147,7 @@ TEST(BatchJobStoreFullDiskTest, OpensAndReadsOnAFullDisk) {
   ASSERT_TRUE(unfinished.ok()) << unfinished.status();
   ASSERT_EQ(unfinished->size(), 1u);
   EXPECT_EQ((*unfinished)[0].completed_requests(), 1);
-  EXPECT_EQ((*store)->PendingRequests(id)->size(), 2u);
+  EXPECT_EQ((*store)->ReadPendingRequests(id, 0, 100)->size(), 2u);
   EXPECT_THAT(*(*store)->ReadResults(id, 0, 0), ElementsAre("r3"));
   // Only what needs room fails.
   EXPECT_TRUE(absl::IsResourceExhausted((*store)->StartLoading(id).status()));
@@ -111,7 +160,7 @@ TEST(BatchJobStoreFullDiskTest, OpensAndReadsOnAFullDisk) {
 TEST(BatchJobStoreFullDiskTest, OutputFileThatCannotBeWrittenLagsAndCatchesUp) {
   auto store = BatchJobStore::Open(FreshDir("lagging"));
   ASSERT_TRUE(store.ok()) << store.status();
-  const std::string id = *(*store)->CreateJob("j", kInput, 0);
+  const std::string id = ValidatedJob(**store);
   const std::string path = (*store)->OutputPath(id);
   ASSERT_TRUE(*(*store)->RecordResult(id, 1, "r1", false));
   if (!PointAtDevFull(path)) GTEST_SKIP() << "no writable /dev/full here";
@@ -140,7 +189,7 @@ TEST(BatchJobStoreFullDiskTest, OpenLeavesAnOutputFileItCannotRepairBehind) {
   {
     auto store = BatchJobStore::Open(dir);
     ASSERT_TRUE(store.ok()) << store.status();
-    id = *(*store)->CreateJob("j", kInput, 0);
+    id = ValidatedJob(**store);
     ASSERT_TRUE(*(*store)->RecordResult(id, 5, "r5", false));
     ASSERT_TRUE(*(*store)->RecordResult(id, 1, "r1", false));
     path = (*store)->OutputPath(id);

@@ -31,7 +31,20 @@ class JobStoreWriterTest : public ::testing::Test {
                      ::testing::UnitTest::GetInstance()->current_test_info()->name());
     std::system(absl::StrCat("rm -rf '", dir, "'").c_str());
     store_ = std::move(*BatchJobStore::Open(dir));
-    job_ = *store_->CreateJob("j", kInput, 0);
+    job_ = NewJob("j");
+  }
+
+  // A QUEUED job of kInput, its three lines validated.
+  std::string NewJob(const std::string& name) {
+    const std::string id = *store_->CreateJob(name, kInput, 0);
+    std::vector<ValidatedLine> lines(3);
+    for (int64_t i = 0; i < 3; ++i) {
+      lines[i].line_number = i + 1;
+      lines[i].request = absl::StrCat("req-", i + 1);
+    }
+    EXPECT_TRUE(store_->CommitValidated(id, lines, {6, 4, 3}).ok());
+    EXPECT_TRUE(store_->FinishValidation(id).ok());
+    return id;
   }
 
   JobStoreWriter::Batch Results(const std::string& job, std::vector<int64_t> lines) {
@@ -133,7 +146,7 @@ TEST_F(JobStoreWriterTest, RefusesResultsOnceTheHeldOnesReachTheLimit) {
 }
 
 TEST_F(JobStoreWriterTest, DropJobForgetsItsHeldWrites) {
-  const std::string other = *store_->CreateJob("k", kInput, 0);
+  const std::string other = NewJob("k");
   JobStoreWriter writer(store_.get(), {int64_t{1} << 20, absl::Seconds(1), absl::Seconds(1)});
   disk_.set_full(true);
   JobStoreWriter::Batch mixed = Results(job_, {1});

@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "absl/random/random.h"
+#include "absl/strings/escaping.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -23,6 +24,7 @@
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
 #include "common/eplb/expert_parallel_group.h"
+#include "common/hash/sha256.h"
 #include "common/rpc/auth.h"
 #include "coordinator/batch/prompt_builder.h"
 #include "coordinator/cli/atomic_output_file.h"
@@ -39,6 +41,13 @@ bool IsFinal(Job::State s) {
 }
 
 std::string Describe(const Job& job) {
+  if (job.state() == Job::VALIDATING) {
+    std::string out = absl::StrFormat("%s  %-9s  %d/%d lines validated, %d failed", job.job_id(),
+                                      Job::State_Name(job.state()), job.validated_requests(),
+                                      job.total_requests(), job.failed_requests());
+    if (!job.name().empty()) absl::StrAppend(&out, "  '", job.name(), "'");
+    return out;
+  }
   std::string out = absl::StrFormat(
       "%s  %-9s  %d/%d done, %d running, %d failed, %d tokens generated", job.job_id(),
       Job::State_Name(job.state()), job.completed_requests() + job.failed_requests(),
@@ -64,14 +73,6 @@ std::string Describe(const Job& job) {
   if (!job.cluster_notice().empty()) absl::StrAppend(&out, "\n  cluster: ", job.cluster_notice());
   if (!job.stalled_reason().empty()) absl::StrAppend(&out, "\n  stalled: ", job.stalled_reason());
   return out;
-}
-
-absl::StatusOr<std::string> ReadWholeFile(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return absl::NotFoundError(absl::StrCat("cannot read '", path, "'"));
-  std::stringstream buffer;
-  buffer << in.rdbuf();
-  return buffer.str();
 }
 
 // Reads the job's output lines into `file` and commits it, or to stdout when `file` is
@@ -126,16 +127,48 @@ absl::StatusOr<CoordinatorClientOptions> ClientOptions(const ConnectionOptions& 
   return options;
 }
 
+std::string DefaultIdempotencyKey(const std::string& input_sha256,
+                                  const std::vector<std::string>& options) {
+  Sha256 h;
+  h.Update(input_sha256);
+  for (const std::string& option : options) {
+    // Length-prefixed, so that ("ab", "c") and ("a", "bc") differ.
+    h.Update(absl::StrCat(option.size(), ":"));
+    h.Update(option);
+  }
+  return absl::StrCat("auto:", absl::BytesToHexString(h.Finish()));
+}
+
 int SubmitCommand(const ConnectionOptions& connection, const std::string& input_path,
-                  const std::string& name) {
+                  const std::string& name, const std::string& idempotency_key, int64_t attempts) {
   auto options = ClientOptions(connection);
   if (!options.ok()) return Fail("submit", options.status(), 2);
-  absl::StatusOr<std::string> input = ReadWholeFile(input_path);
-  if (!input.ok()) return Fail("submit", input.status(), 2);
+  UploadOptions upload;
+  absl::StatusOr<std::string> sha256 = Sha256::OfFile(input_path);
+  if (!sha256.ok()) return Fail("submit", sha256.status(), 2);
+  upload.input_sha256 = *sha256;
+  upload.idempotency_key =
+      idempotency_key.empty() ? DefaultIdempotencyKey(*sha256, {name}) : idempotency_key;
   CoordinatorClient client(*options);
-  absl::StatusOr<std::string> id = client.SubmitJob(name, *input);
-  if (!id.ok()) return Fail("submit", id.status());
-  std::cout << *id << std::endl;
+  absl::StatusOr<SubmittedJob> job;
+  for (int64_t attempt = 1;; ++attempt) {
+    job = client.UploadJobFile(name, input_path, upload);
+    const bool transient = job.status().code() == absl::StatusCode::kUnavailable ||
+                           job.status().code() == absl::StatusCode::kDeadlineExceeded;
+    if (job.ok() || !transient || attempt >= attempts) break;
+    std::cerr << "deepinfer submit: " << job.status().message()
+              << "; trying again with the same idempotency key (attempt " << attempt + 1 << " of "
+              << attempts << ")\n";
+    absl::SleepFor(absl::Seconds(attempt));
+  }
+  if (!job.ok()) return Fail("submit", job.status());
+  if (job->existing) {
+    std::cerr << "deepinfer submit: job " << job->job_id
+              << " was made by an earlier submit with idempotency key '" << upload.idempotency_key
+              << "'; no new job was made (pass another --idempotency-key to run the input "
+                 "again)\n";
+  }
+  std::cout << job->job_id << std::endl;
   return 0;
 }
 
@@ -468,8 +501,9 @@ int RunCommand(const RunOptions& options) {
                 2);
   }
   if (absl::Status layout = CheckRunLayout(options); !layout.ok()) return Fail("run", layout, 2);
-  absl::StatusOr<std::string> input = ReadWholeFile(options.input);
-  if (!input.ok()) return Fail("run", input.status(), 2);
+  // Read once now, so that an unreadable input fails before anything starts.
+  absl::StatusOr<std::string> input_sha256 = Sha256::OfFile(options.input);
+  if (!input_sha256.ok()) return Fail("run", input_sha256.status(), 2);
   // Created now, so that an unwritable output fails before anything starts; the output
   // replaces the file only once every result was read.
   absl::StatusOr<std::unique_ptr<AtomicOutputFile>> output =
@@ -506,7 +540,15 @@ int RunCommand(const RunOptions& options) {
       connection.coordinator = cluster.address();
       connection.auth_token_file = cluster.token_file();
       CoordinatorClient client(*ClientOptions(connection));
-      absl::StatusOr<std::string> job_id = client.SubmitJob(options.input, *input);
+      UploadOptions upload;
+      upload.input_sha256 = *input_sha256;
+      // With a --state-dir kept from an earlier run of the same file and model, that run's job
+      // is picked up where it stopped rather than run a second time.
+      upload.idempotency_key = DefaultIdempotencyKey(*input_sha256, {options.input, options.model});
+      absl::StatusOr<SubmittedJob> submitted =
+          client.UploadJobFile(options.input, options.input, upload);
+      absl::StatusOr<std::string> job_id =
+          submitted.ok() ? absl::StatusOr<std::string>(submitted->job_id) : submitted.status();
       if (!job_id.ok()) {
         Fail("run", job_id.status());
       } else {

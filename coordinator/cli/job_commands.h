@@ -21,9 +21,18 @@ struct ConnectionOptions {
 
 absl::StatusOr<CoordinatorClientOptions> ClientOptions(const ConnectionOptions& connection);
 
-// Prints the new job id as the last line of stdout.
+// The idempotency key `deepinfer submit` uses when given none: "auto:" and the SHA-256 (hex)
+// of the input's SHA-256 (32 bytes) and `options` (e.g. the job name), so the same command run
+// again names the same job.
+std::string DefaultIdempotencyKey(const std::string& input_sha256,
+                                  const std::vector<std::string>& options);
+
+// Uploads the job file (streamed, in chunks) under `idempotency_key` (empty: the default, see
+// DefaultIdempotencyKey over --name); tries again with the same key when the coordinator cannot
+// be reached or the deadline passes (`attempts` in all). Prints the job id as the last line of
+// stdout, and on stderr when the key named a job submitted before.
 int SubmitCommand(const ConnectionOptions& connection, const std::string& input_path,
-                  const std::string& name);
+                  const std::string& name, const std::string& idempotency_key, int64_t attempts);
 // One job's state; with an empty id, the most recent jobs.
 int StatusCommand(const ConnectionOptions& connection, const std::string& job_id, bool json);
 // Waits for the job to end (progress on a terminal). Exit 0 when COMPLETED.

@@ -182,5 +182,18 @@ TEST(RunCommandTest, AscendBackendIsRefusedWithOneLine) {
             "ascend/README.md\n");
 }
 
+TEST(DefaultIdempotencyKeyTest, SameInputAndOptionsSameKey) {
+  const std::string a(32, 'a'), b(32, 'b');
+  const std::string key = DefaultIdempotencyKey(a, {"name"});
+  EXPECT_EQ(key.size(), 5u + 64u);
+  EXPECT_EQ(key.substr(0, 5), "auto:");
+  EXPECT_EQ(DefaultIdempotencyKey(a, {"name"}), key);
+  EXPECT_NE(DefaultIdempotencyKey(b, {"name"}), key);
+  EXPECT_NE(DefaultIdempotencyKey(a, {"other"}), key);
+  EXPECT_NE(DefaultIdempotencyKey(a, {}), key);
+  // The options are told apart, not just concatenated.
+  EXPECT_NE(DefaultIdempotencyKey(a, {"ab", "c"}), DefaultIdempotencyKey(a, {"a", "bc"}));
+}
+
 }  // namespace
 }  // namespace deepinfer

@@ -1,4 +1,5 @@
 // deepinfer: the user's command-line tool. Subcommands are listed by `deepinfer help`.
+#include <algorithm>
 #include <fstream>
 #include <iostream>
 #include <string>
@@ -16,10 +17,11 @@ namespace {
 
 // How `deepinfer run` and `deepinfer wait` show progress (coordinator/cli/progress.h).
 constexpr char kProgressHelp[] =
-    "Progress, on a terminal: requests done/running/failed, tokens generated so far\n"
-    "(finished requests plus the running ones' tokens, which workers report in\n"
-    "their heartbeats, about once a second), tokens/s between the counts seen\n"
-    "change over the last 20 s, and an ETA: the tokens still to come divided by\n"
+    "Progress, on a terminal: while the coordinator validates the job's lines (the job is\n"
+    "VALIDATING), lines validated of the total; then requests done/running/failed,\n"
+    "tokens generated so far (finished requests plus the running ones' tokens, which\n"
+    "workers report in their heartbeats, about once a second), tokens/s between the\n"
+    "counts seen change over the last 20 s, and an ETA: the tokens still to come divided by\n"
     "that rate. Tokens still to come: the average generated per completed request\n"
     "times the requests left, less what the running ones generated, at most their\n"
     "max_tokens; before any request completed, that max_tokens bound itself, shown\n"
@@ -89,21 +91,35 @@ void AddConnectionFlags(FlagSet& flags, ConnectionOptions* c) {
   flags.AddString("coordinator", &c->coordinator, "Coordinator address, HOST:PORT.");
   flags.AddString("auth-token-file", &c->auth_token_file,
                   "File holding the cluster token, if the coordinator requires one.");
-  flags.AddInt("timeout-ms", &c->timeout_ms, "Deadline of each call to the coordinator.");
+  flags.AddInt("timeout-ms", &c->timeout_ms,
+               "Deadline of each call to the coordinator (an upload gets 1 s more per 16 MiB).");
 }
 
 int Submit(const std::vector<std::string>& args) {
   ConnectionOptions connection;
-  std::string input, name;
-  FlagSet flags("deepinfer submit --input FILE [--coordinator HOST:PORT] [flags]",
-                "Submits an OpenAI Batch input file (JSONL) as a job; prints the job id as\n"
-                "the last line.");
+  std::string input, name, idempotency_key;
+  int64_t attempts = 3;
+  FlagSet flags(
+      "deepinfer submit --input FILE [--coordinator HOST:PORT] [flags]",
+      "Submits an OpenAI Batch input file (JSONL) as a job; prints the job id as the last\n"
+      "line. The file streams to the coordinator in chunks, whatever its size, and the id\n"
+      "comes as soon as the coordinator stored it; the coordinator then validates and\n"
+      "tokenizes the lines in the background (`deepinfer status` or `wait` show the job\n"
+      "VALIDATING with lines done / total). Submitting is idempotent: a submit with the\n"
+      "idempotency key of an earlier one returns that job instead of making a second.");
   AddConnectionFlags(flags, &connection);
   flags.AddString("input", &input, "The job file: one request per line.");
   flags.Require("input");
   flags.AddString("name", &name, "A label shown by `deepinfer status`.");
+  flags.AddString("idempotency-key", &idempotency_key,
+                  "Up to 256 bytes naming this submission (default: \"auto:\" and a SHA-256\n"
+                  "of the file's content and --name, so the same command run again returns\n"
+                  "the job it made; give another key to run the same file again).");
+  flags.AddInt("attempts", &attempts,
+               "Tries when the coordinator cannot be reached or the deadline passes, each\n"
+               "with the same idempotency key (so a job is never made twice).");
   if (int rc = Parse(flags, args, "submit", 0, 0); rc >= 0) return rc;
-  return SubmitCommand(connection, input, name);
+  return SubmitCommand(connection, input, name, idempotency_key, std::max<int64_t>(1, attempts));
 }
 
 int Status(const std::vector<std::string>& args) {

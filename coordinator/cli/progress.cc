@@ -59,6 +59,14 @@ std::optional<TokensLeft> EstimateTokensLeft(const Job& job) {
 }
 
 std::string FormatProgress(const Job& job, std::optional<double> tokens_per_s) {
+  if (job.state() == Job::VALIDATING) {
+    const int64_t total = job.total_requests();
+    std::string out =
+        absl::StrFormat("validating: %d/%d lines (%.1f%%)", job.validated_requests(), total,
+                        total > 0 ? 100.0 * job.validated_requests() / total : 0.0);
+    if (job.failed_requests() > 0) absl::StrAppend(&out, ", ", job.failed_requests(), " failed");
+    return out;
+  }
   const int64_t done = job.completed_requests() + job.failed_requests();
   const int64_t total = job.total_requests();
   std::string out = absl::StrFormat("%d/%d done (%.1f%%), %d running", done, total,

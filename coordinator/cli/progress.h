@@ -53,7 +53,8 @@ std::optional<TokensLeft> EstimateTokensLeft(const Job& job);
 
 // "40/120 done (33.3%), 8 running, 10 failed | 1234 tokens, 40.0 tok/s | ETA 40s": the ETA
 // is EstimateTokensLeft / `tokens_per_s`, rounded up to a second ("ETA <= 5m00s" for the
-// upper bound), left out while the rate is unknown or zero.
+// upper bound), left out while the rate is unknown or zero. While the job is VALIDATING:
+// "validating: 3000/120000 lines (2.5%), 10 failed".
 std::string FormatProgress(const Job& job, std::optional<double> tokens_per_s);
 
 class ProgressLine {

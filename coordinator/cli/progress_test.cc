@@ -63,6 +63,16 @@ TEST(ProgressTest, NoRateNoEta) {
   EXPECT_EQ(FormatProgress(job, 0.0), "0/5 done (0.0%), 0 running | 0 tokens, 0.0 tok/s");
 }
 
+TEST(ProgressTest, AValidatingJobShowsLinesDoneOfTotal) {
+  Job job;
+  job.set_state(Job::VALIDATING);
+  job.set_total_requests(120000);
+  job.set_validated_requests(3000);
+  EXPECT_EQ(FormatProgress(job, std::nullopt), "validating: 3000/120000 lines (2.5%)");
+  job.set_failed_requests(10);
+  EXPECT_EQ(FormatProgress(job, 5.0), "validating: 3000/120000 lines (2.5%), 10 failed");
+}
+
 TEST(TokenRateTest, RateBetweenChangesOverTheWindow) {
   TokenRate rate(absl::Seconds(20));
   const absl::Time t0 = absl::FromUnixSeconds(1000);

@@ -3,8 +3,7 @@
 // (tests/testing/chat_model.h), CPU backend.
 //   * A prompt nested 30,000 lists deep, as a completion and as chat content, gets an error
 //     line; neither the coordinator nor its restart on the persisted job crashes.
-//   * A job whose input file is gone when the coordinator restarts is FAILED with the
-//     reason, and the other job runs.
+//     (tests/runtime/job_intake_test has a job whose input file is gone at a restart.)
 //   * Generated hostile lines (tests/testing/hostile_lines.h, a fixed seed) and hostile
 //     whole inputs each get their lines, and the coordinator serves a valid job afterwards.
 #include <signal.h>
@@ -148,12 +147,11 @@ TEST_F(InputHardeningTest, DeepPromptsCrashNeitherTheCoordinatorNorItsRestart) {
       R"({"custom_id": "ok", "method": "POST", "url": "/v1/completions", "body": {"prompt": [1, 2, 3], "max_tokens": 2}})"};
   const std::string id = Submit(absl::StrJoin(lines, "\n") + "\n");
   ASSERT_FALSE(id.empty());
-  auto job = client_->GetJob(id);
-  ASSERT_TRUE(job.ok()) << job.status();
-  EXPECT_EQ(job->failed_requests(), 3);
+  Job job = WaitForJob(id, [](const Job& j) { return j.state() != Job::VALIDATING; });
+  EXPECT_EQ(job.failed_requests(), 3);
   ASSERT_TRUE(coordinator_->Running());
 
-  // The job waits for a worker; a restarted coordinator resumes it, parsing it again.
+  // The job waits for a worker; a restarted coordinator resumes it.
   KillCoordinator();
   StartCoordinator(port_);
   StartWorker();
@@ -169,30 +167,6 @@ TEST_F(InputHardeningTest, DeepPromptsCrashNeitherTheCoordinatorNorItsRestart) {
             absl::StrCat("line 1: ", too_deep, "\nline 2: ", too_deep,
                          "\nline 3: a NUL byte at byte ", lines[2].find('\0') + 1, "\n"));
   EXPECT_EQ(errors.count("ok"), 0u);
-}
-
-TEST_F(InputHardeningTest, AJobThatCannotBeResumedFailsAndTheOtherRuns) {
-  StartCoordinator(0);
-  const std::string line =
-      R"({"custom_id": "a", "method": "POST", "url": "/v1/completions", "body": {"prompt": [1, 2], "max_tokens": 2}})";
-  const std::string lost = Submit(line);
-  const std::string kept = Submit(line);
-  ASSERT_FALSE(lost.empty());
-  ASSERT_FALSE(kept.empty());
-  KillCoordinator();
-  const std::string input = absl::StrCat(StateDir(), "/jobs/", lost, "/input.jsonl");
-  ASSERT_EQ(std::remove(input.c_str()), 0) << input;
-  StartCoordinator(port_);
-  auto failed = client_->GetJob(lost);
-  ASSERT_TRUE(failed.ok()) << failed.status();
-  EXPECT_EQ(failed->state(), Job::FAILED);
-  EXPECT_EQ(failed->error(),
-            absl::StrCat("cannot resume the job after a coordinator restart: input file of job ",
-                         lost, " is missing"));
-  StartWorker();
-  Job job = WaitForJob(kept, IsFinal);
-  EXPECT_EQ(job.state(), Job::COMPLETED);
-  EXPECT_EQ(job.completed_requests(), 1);
 }
 
 TEST_F(InputHardeningTest, FuzzedLinesEachGetTheirLineAndAValidJobRunsAfterwards) {
