@@ -142,6 +142,12 @@ std::optional<absl::StatusOr<StepOutput>> DecodeGraphRunner::Run(
     max_blocks_ = max_blocks;
   }
 
+  if (model_.prepare) {
+    absl::StatusOr<bool> prepared = model_.prepare(batch, bucket, cache);
+    if (!prepared.ok()) return absl::StatusOr<StepOutput>(prepared.status());
+    if (!*prepared) return std::nullopt;
+  }
+
   std::unique_ptr<Graph>& slot = graphs_[key];
   if (slot != nullptr && num_adjustments > slot->adjustment_capacity) {
     // More entries than this graph has room for: a larger one replaces it.

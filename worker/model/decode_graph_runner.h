@@ -87,6 +87,13 @@ struct DecodeGraphModel {
   std::function<absl::Status(const DecodeGraphInputs& in)> forward;
   // Whether the path applies at all now (null: always).
   std::function<bool()> available;
+  // Optional: the model's own inputs of a step, made on the host once the batch qualifies and
+  // before `forward` runs or is replayed (e.g. index arrays uploaded into a buffer the forward
+  // reads at a fixed address per bucket; the upload is ordered after the previous step's ops).
+  // false: the batch takes the general path (nothing changed); an error is the step's.
+  std::function<absl::StatusOr<bool>(const std::vector<SequenceStep>& batch, int64_t bucket,
+                                     KvBlockPool* cache)>
+      prepare;
   // The backend's context break for a bucket (0: one graph per bucket; null: 0).
   std::function<int32_t(int64_t bucket)> context_break;
   int64_t vocab_size = 0;

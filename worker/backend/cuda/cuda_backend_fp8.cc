@@ -124,7 +124,8 @@ void CudaBackend::ExpertGemmsFp8PerExpert(const RoutedExpertsArgs& a, const int3
 bool CudaBackend::RoutedExpertsFp8(const RoutedExpertsArgs& a) {
   if (a.num_experts < 1 || a.num_experts > kernels::kMaxMoeSlots || a.num_tokens < 0 ||
       a.top_k < 1 || a.hidden_size < 1 || a.hidden_size % 8 != 0 || a.inter < 1 ||
-      a.inter % 8 != 0 || a.gate_up_scales == nullptr || a.down_scales == nullptr) {
+      a.inter % 8 != 0 || a.gate_up_scales == nullptr || a.down_scales == nullptr ||
+      a.swiglu_limit > 0.0f) {  // V4's clamp: its experts are never kept FP8
     return false;
   }
   // Prefill sizes outside graph capture: per-expert GEMMs from the group sizes on the host.

@@ -4,6 +4,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "kernels/v4/compress_windows.h"
+#include "kernels/v4/copy_rows.h"
 #include "kernels/v4/hyper_connection.h"
 #include "kernels/v4/swiglu_clamped.h"
 #include "kernels/v4/v4_router.h"
@@ -77,6 +78,14 @@ void CudaV4Ops::Route(const V4RouteArgs& a) {
             "rows ", a.rows, ", experts ", a.experts, ", top_k ", a.top_k,
             a.hash_table != nullptr ? ", hash table" : "",
             a.hash_table != nullptr && a.token_ids == nullptr ? " without token ids" : ""));
+  }
+}
+
+void CudaV4Ops::CopyRows(const CopyRowsArgs& a) {
+  CudaBackend::OpTimer timer(backend_, "V4CopyRows");
+  const cudaError_t err = kernels::CopyRowsF32(a, backend_->stream_);
+  if (err != cudaSuccess) {
+    RecordFailure(err, "kernels::CopyRowsF32", absl::StrCat("rows ", a.rows, ", width ", a.width));
   }
 }
 
