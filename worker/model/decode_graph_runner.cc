@@ -91,12 +91,13 @@ std::optional<absl::StatusOr<StepOutput>> DecodeGraphRunner::Run(
   }
   if (model_.available && !model_.available()) return std::nullopt;
   const int32_t bs = cache->block_size();
-  // The graphs' fixed block-table width: the longest sequence the cache (and the model) allows.
+  // The longest block table the cache (and the model) allows.
   int32_t max_blocks = cache->num_blocks();
   if (model_.max_position_embeddings > 0) {
     max_blocks = std::min<int32_t>(
         max_blocks, static_cast<int32_t>((model_.max_position_embeddings + bs - 1) / bs));
   }
+  int64_t longest = 1;  // blocks the batch's tables need
   int64_t num_adjustments = 0;
   for (const SequenceStep& s : batch) {
     if (s.tokens.size() != 1 || s.return_logits || !s.sampling.has_value() ||
@@ -115,6 +116,7 @@ std::optional<absl::StatusOr<StepOutput>> DecodeGraphRunner::Run(
     for (int64_t b = 0; b < needed; ++b) {
       if (s.block_table[b] < 0 || s.block_table[b] >= cache->num_blocks()) return std::nullopt;
     }
+    longest = std::max(longest, needed);
   }
   const int64_t bucket = *std::lower_bound(buckets_.begin(), buckets_.end(), n);
   // The context class: the backend's attention may pick its kernel by the longest context, which
@@ -127,19 +129,31 @@ std::optional<absl::StatusOr<StepOutput>> DecodeGraphRunner::Run(
   if (failed_.count(key)) return std::nullopt;
   if (num_adjustments > std::numeric_limits<int32_t>::max()) return std::nullopt;
 
-  // Graphs hold the cache's addresses and a block of it for padding rows: a new cache (or a new
-  // geometry) means new graphs.
-  if (cache_id_ != cache->id() || max_blocks_ != max_blocks) {
+  // Graphs hold the cache's addresses and a block of it for padding rows: a new cache means new
+  // graphs.
+  if (cache_id_ != cache->id()) {
     Drop();
     cache_id_ = 0;
     cache_ = nullptr;
     padding_block_ = -1;
+    max_blocks_ = 0;
     absl::StatusOr<std::vector<int32_t>> block = cache->Allocate(1);
     if (!block.ok()) return std::nullopt;  // full: try again with the next step
     cache_id_ = cache->id();
     cache_ = cache;
     padding_block_ = (*block)[0];
-    max_blocks_ = max_blocks;
+  }
+  // The graphs' fixed block-table width: what the batch needs, rounded up to a power of two (at
+  // least kMinTableBlocks), within what the cache allows. The tables are staged and uploaded
+  // every step, so their width is paid per step: a batch that needs more than the graphs have
+  // doubles it and records every graph again (a few times over a long decode), instead of every
+  // step carrying the longest table the cache could hold (a model of 2^20 positions in blocks of
+  // 16: 65536 entries a row).
+  if (longest > max_blocks_) {
+    int64_t width = kMinTableBlocks;
+    while (width < longest) width *= 2;
+    Drop();
+    max_blocks_ = static_cast<int32_t>(std::min<int64_t>(width, max_blocks));
   }
 
   if (model_.prepare) {
@@ -162,9 +176,9 @@ std::optional<absl::StatusOr<StepOutput>> DecodeGraphRunner::Run(
     slot->max_context_hint =
         context_break > 0 && context_class == 0
             ? context_break
-            : static_cast<int32_t>(std::min<int64_t>(static_cast<int64_t>(max_blocks) * bs,
+            : static_cast<int32_t>(std::min<int64_t>(static_cast<int64_t>(max_blocks_) * bs,
                                                      std::numeric_limits<int32_t>::max()));
-    const size_t ints = 5 * bucket + 1 + bucket * static_cast<size_t>(max_blocks);
+    const size_t ints = 5 * bucket + 1 + bucket * static_cast<size_t>(max_blocks_);
     slot->host_inputs.assign(ints, 0);
     slot->inputs = backend_->Allocate(ints * sizeof(int32_t));
     slot->outputs = backend_->Allocate(2 * bucket * sizeof(int32_t));
@@ -182,14 +196,14 @@ std::optional<absl::StatusOr<StepOutput>> DecodeGraphRunner::Run(
   int32_t* tables = in + 5 * B + 1;
   const int32_t pad_slot = padding_block_ * bs;
   for (int64_t i = 0; i < B; ++i) {
-    int32_t* row = tables + i * max_blocks;
-    std::fill(row, row + max_blocks, padding_block_);
+    int32_t* row = tables + i * max_blocks_;
+    std::fill(row, row + max_blocks_, padding_block_);
     in[3 * B + i] = static_cast<int32_t>(i);  // token_seq
     if (i < n) {
       const SequenceStep& s = batch[i];
       const int64_t pos = s.position_offset;
       const int64_t used =
-          std::min<int64_t>(static_cast<int64_t>(s.block_table.size()), max_blocks);
+          std::min<int64_t>(static_cast<int64_t>(s.block_table.size()), max_blocks_);
       std::copy(s.block_table.begin(), s.block_table.begin() + used, row);
       in[i] = s.tokens[0];
       in[B + i] = static_cast<int32_t>(pos);

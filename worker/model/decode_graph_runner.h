@@ -16,6 +16,9 @@
 // The runner owns the padding and the fixed device addresses: per bucket, the inputs
 // (ids | positions | slots | token_seq | context_len [bucket each] | counted rows [1] |
 // block tables [bucket, max_blocks]) and outputs (token int32 | logprob float [bucket each]).
+// max_blocks, the tables' width, is what the batches have needed so far rounded up to a power
+// of two: a batch that needs more doubles it and records the graphs again. A model may upload
+// inputs of its own per step (DecodeGraphModel::prepare) into buffers it keeps per bucket.
 // Padding rows decode token 0 at position 0 of a cache block the runner keeps for them, seeing
 // only themselves. The model's part is one device-only forward over those inputs
 // (DecodeGraphModel::forward), run eagerly on first use (which also loads every kernel), then
@@ -144,7 +147,8 @@ class DecodeGraphRunner {
   uint64_t cache_id_ = 0;
   KvBlockPool* cache_ = nullptr;
   int32_t padding_block_ = -1;
-  int32_t max_blocks_ = 0;  // fixed block-table width of the graphs
+  int32_t max_blocks_ = 0;  // fixed block-table width of the graphs (0: none yet)
+  static constexpr int64_t kMinTableBlocks = 16;
   int64_t steps_ = 0;
   int64_t graphs_recorded_ = 0;
 };
