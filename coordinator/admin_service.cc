@@ -53,6 +53,7 @@ grpc::ServerUnaryReactor* AdminServiceImpl::ClusterStatus(grpc::CallbackServerCo
     response->set_group_generation(group.generation);
     response->set_group_serving(group.serving);
     response->set_group_formation_error(group.formation_error);
+    response->set_storage_error(jobs_->storage_error());
   }
   return Finish(context, grpc::Status::OK);
 }

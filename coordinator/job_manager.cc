@@ -55,6 +55,7 @@ JobManager::JobManager(BatchJobStore* store, const PromptBuilder* prompts, Worke
       workers_(workers),
       clock_(clock),
       config_(std::move(config)),
+      writer_(store, config_.store_writes),
       router_(config_.prefix_routing) {}
 
 JobManager::~JobManager() {
@@ -92,9 +93,8 @@ absl::Status JobManager::Start() {
     const std::string reason =
         absl::StrCat("cannot resume the job after a coordinator restart: ", resumed.message());
     LOG(ERROR) << "job " << job.job_id() << ": " << reason;
-    if (absl::Status s = store_->SetJobState(job.job_id(), Job::FAILED, reason, NowMs()); !s.ok()) {
-      return s;
-    }
+    absl::MutexLock lock(&mu_);
+    writer_.SetJobState(job.job_id(), Job::FAILED, reason, clock_->Now());
   }
   thread_ = std::thread([this] { Run(); });
   return absl::OkStatus();
@@ -103,6 +103,7 @@ absl::Status JobManager::Start() {
 absl::Status JobManager::ResumeJob(const Job& job) {
   const std::string& job_id = job.job_id();
   absl::StatusOr<int64_t> loads = store_->StartLoading(job_id);
+  if (absl::IsResourceExhausted(loads.status())) loads = 1;  // a full disk: loaded, not counted
   if (!loads.ok()) return loads.status();
   if (*loads > kMaxLoads) {
     return absl::FailedPreconditionError(
@@ -129,7 +130,8 @@ absl::Status JobManager::ResumeJob(const Job& job) {
   LOG(INFO) << "resuming job " << job_id << ": " << lines.size() << " of " << job.total_requests()
             << " requests left";
   if (absl::Status s = LoadJob(job_id, input.str(), &lines); !s.ok()) return s;
-  return store_->FinishedLoading(job_id);
+  absl::Status finished = store_->FinishedLoading(job_id);
+  return absl::IsResourceExhausted(finished) ? absl::OkStatus() : finished;
 }
 
 absl::StatusOr<std::string> JobManager::Submit(const std::string& name,
@@ -224,7 +226,7 @@ absl::Status JobManager::LoadJob(const std::string& job_id, const std::string& i
     if (job.remaining == 0) {
       // Every line already had a result (a resumed job that was about to finish).
       jobs_.erase(job_id);
-      return store_->SetJobState(job_id, Job::COMPLETED, "", NowMs());
+      writer_.SetJobState(job_id, Job::COMPLETED, "", clock_->Now());
     }
     BumpLocked();
     return absl::OkStatus();
@@ -236,30 +238,28 @@ absl::Status JobManager::LoadJob(const std::string& job_id, const std::string& i
 
 void JobManager::FinishRequestsLocked(std::vector<BatchJobStore::Result> results,
                                       const std::vector<std::string>& request_ids) {
-  absl::StatusOr<std::vector<bool>> recorded = store_->RecordResults(results);
-  if (!recorded.ok()) {
-    // Nothing was stored: keep the requests, their results will come again when re-run.
-    LOG(ERROR) << "cannot store " << results.size() << " result(s): " << recorded.status();
-    return;
+  if (auto written = writer_.WriteResults({std::move(results), request_ids}, clock_->Now())) {
+    return ApplyWrittenLocked(*written);
   }
-  for (const std::string& id : request_ids) DropRequestLocked(id);
+  for (const std::string& id : request_ids) inflight_.erase(id);  // held: done, not finished
+  BumpLocked();
+}
+
+void JobManager::ApplyWrittenLocked(const JobStoreWriter::Written& written) {
+  for (const std::string& id : written.batch.request_ids) DropRequestLocked(id);
   absl::flat_hash_set<std::string> touched;
-  for (size_t i = 0; i < results.size(); ++i) {
-    if (!(*recorded)[i]) continue;
-    auto job = jobs_.find(results[i].job_id);
-    if (job == jobs_.end()) continue;
+  for (size_t i = 0; i < written.recorded.size(); ++i) {
+    auto job = jobs_.find(written.batch.results[i].job_id);
+    if (!written.recorded[i] || job == jobs_.end()) continue;
     --job->second.remaining;
-    touched.insert(results[i].job_id);
+    touched.insert(job->first);
   }
   for (const std::string& job_id : touched) {
     auto job = jobs_.find(job_id);
     if (job->second.remaining > 0 || job->second.cancelled) continue;
     jobs_.erase(job);
-    if (absl::Status s = store_->SetJobState(job_id, Job::COMPLETED, "", NowMs()); !s.ok()) {
-      LOG(ERROR) << "job " << job_id << ": " << s;
-    } else {
-      LOG(INFO) << "job " << job_id << " completed";
-    }
+    writer_.SetJobState(job_id, Job::COMPLETED, "", clock_->Now());
+    LOG(INFO) << "job " << job_id << " completed";
   }
   BumpLocked();
 }
@@ -304,6 +304,7 @@ void JobManager::CountPrefixStatsLocked(const QueuedRequest& q, const RequestRes
 }
 
 void JobManager::AddLiveStateLocked(Job* job) const {
+  writer_.ApplyHeldState(job);
   if (auto s = prefix_stats_.find(job->job_id()); s != prefix_stats_.end()) {
     job->set_prompt_tokens(s->second.prompt_tokens);
     job->set_cached_prompt_tokens(s->second.cached_prompt_tokens);
@@ -322,18 +323,13 @@ void JobManager::AddLiveStateLocked(Job* job) const {
   job->set_running_requests(running);
   job->set_running_generated_tokens(tokens);
   job->set_unfinished_max_tokens(runtime->second.max_tokens_left);
+  job->set_stalled_reason(writer_.stalled_reason());
   std::vector<std::string> notices;
   if (!left_out_notice_.empty()) notices.push_back(left_out_notice_);
   if (group_error_current_ && !group_.serving) {
     notices.push_back(absl::StrCat("no expert-parallel group serving: ", last_group_error_));
   }
   job->set_cluster_notice(absl::StrJoin(notices, "; "));
-}
-
-absl::StatusOr<std::vector<std::string>> JobManager::Results(const std::string& job_id,
-                                                             int64_t offset,
-                                                             int64_t max_lines) const {
-  return store_->ReadResults(job_id, offset, max_lines);
 }
 
 absl::StatusOr<Job> JobManager::Cancel(const std::string& job_id) {
@@ -344,6 +340,10 @@ absl::StatusOr<Job> JobManager::Cancel(const std::string& job_id) {
     absl::MutexLock lock(&mu_);
     auto it = jobs_.find(job_id);
     if (it == jobs_.end()) return job;  // already final
+    // First, so that nothing changes when there is no room for it.
+    absl::Status recorded = store_->SetJobState(job_id, Job::CANCELLED, "", NowMs());
+    if (!recorded.ok()) return recorded;
+    writer_.DropJob(job_id);
     it->second.cancelled = true;
     std::vector<std::string> ids;
     for (const auto& [id, q] : requests_) {
@@ -367,9 +367,6 @@ absl::StatusOr<Job> JobManager::Cancel(const std::string& job_id) {
       c = next;
     }
     jobs_.erase(it);
-    if (absl::Status s = store_->SetJobState(job_id, Job::CANCELLED, "", NowMs()); !s.ok()) {
-      return s;
-    }
     BumpLocked();
   }
   for (auto& [address, request] : cancels) {
@@ -384,6 +381,7 @@ absl::StatusOr<Job> JobManager::Cancel(const std::string& job_id) {
 
 absl::Status JobManager::OnResults(const std::vector<RequestResult>& results) {
   absl::MutexLock lock(&mu_);
+  if (absl::Status room = writer_.RoomForResults(); !room.ok()) return room;
   std::vector<BatchJobStore::Result> records;
   std::vector<std::string> ids;
   const int64_t now_s = absl::ToUnixSeconds(clock_->Now());
@@ -397,7 +395,8 @@ absl::Status JobManager::OnResults(const std::vector<RequestResult>& results) {
   };
   for (const RequestResult& r : results) {
     auto it = requests_.find(r.request_id());
-    if (it == requests_.end()) continue;  // finished already, or its job was cancelled
+    // Finished already, its job was cancelled, or its result waits for room in the store.
+    if (it == requests_.end() || writer_.holds(r.request_id())) continue;
     const QueuedRequest& q = it->second;
     const bool failed = !r.error_code().empty();
     if (!failed) CountPrefixStatsLocked(q, r);
@@ -561,6 +560,7 @@ void JobManager::Tick() {
   {
     absl::MutexLock lock(&mu_);
     if (stop_) return;
+    for (const JobStoreWriter::Written& w : writer_.Retry(now)) ApplyWrittenLocked(w);
     // What the current group's ranks cache, for routing.
     for (const WorkerSnapshot& w : snapshot) {
       if (group_.generation == 0 || w.report.group_generation != group_.generation) continue;
@@ -784,7 +784,7 @@ void JobManager::Dispatch() {
   uint64_t generation = 0;
   {
     absl::MutexLock lock(&mu_);
-    if (!group_.serving || queue_.empty()) return;
+    if (!group_.serving || queue_.empty() || writer_.holding()) return;
     generation = group_.generation;
     const int world = group_.world_size;
     std::vector<int64_t> tokens(world, 0);
@@ -858,7 +858,7 @@ void JobManager::Dispatch() {
       JobRuntime& job = jobs_[q.job_id];
       if (!job.started) {
         job.started = true;
-        (void)store_->SetJobState(q.job_id, Job::RUNNING, "", 0);
+        writer_.SetJobState(q.job_id, Job::RUNNING, "", clock_->Now());
       }
     }
     queue_.insert(queue_.begin(), waiting_for_leader.begin(), waiting_for_leader.end());

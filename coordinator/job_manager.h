@@ -16,7 +16,10 @@
 //     docs/kv-cache.md).
 // Results arrive through OnResults (ClusterService.ReportResults) and are stored once:
 // the store ignores a second result for the same line, and a request re-run after a
-// failure is deterministic (it always carries a seed), so output is exactly once.
+// failure is deterministic (it always carries a seed), so output is exactly once. Results
+// and job states go to the store through a JobStoreWriter, which keeps what the store
+// cannot take (a full disk) and retries it; meanwhile unfinished jobs show why they are
+// stalled and no new requests are handed out.
 // Workers' heartbeats report the tokens their running requests generated so far
 // (OnProgress); GetJob adds those, and what keeps the cluster from running as asked (a
 // worker left out of the group, no group serving), to the stored job.
@@ -39,6 +42,7 @@
 #include "absl/time/time.h"
 #include "coordinator/batch/batch_job_store.h"
 #include "coordinator/batch/batch_line.h"
+#include "coordinator/batch/job_store_writer.h"
 #include "coordinator/batch/prompt_builder.h"
 #include "coordinator/clock.h"
 #include "coordinator/expert_balancer.h"
@@ -70,6 +74,8 @@ struct JobManagerConfig {
   std::string model_name;
   // Prefix-aware routing (PrefixRouter).
   PrefixRouterOptions prefix_routing;
+  // Results and job states the store cannot take now (JobStoreWriter).
+  JobStoreWriterConfig store_writes;
 };
 
 // The current group, for status reports.
@@ -97,7 +103,8 @@ class JobManager {
 
   // Resumes the store's unfinished jobs and starts the scheduler thread. A job that cannot
   // be resumed (its input file is gone or changed, or a coordinator died while loading it
-  // before) is marked FAILED with the reason, and the others run. Errors: the store's.
+  // before) is marked FAILED with the reason, and the others run; a full disk fails none of
+  // this. Errors: the store's, reading.
   absl::Status Start();
 
   absl::StatusOr<std::string> Submit(const std::string& name, const std::string& input_jsonl);
@@ -105,9 +112,13 @@ class JobManager {
   absl::StatusOr<std::vector<Job>> ListJobs(int page_size, const std::string& page_token) const;
   absl::StatusOr<Job> Cancel(const std::string& job_id);
   absl::StatusOr<std::vector<std::string>> Results(const std::string& job_id, int64_t offset,
-                                                   int64_t max_lines) const;
+                                                   int64_t max_lines) const {
+    return store_->ReadResults(job_id, offset, max_lines);
+  }
 
-  // Stores results; unknown or already finished requests are ignored.
+  // Stores results; unknown or already finished requests are ignored. RESOURCE_EXHAUSTED,
+  // taking none of them, while the store cannot take results and as many as may wait in
+  // memory do (JobStoreWriter): the worker keeps them and sends them again.
   absl::Status OnResults(const std::vector<RequestResult>& results);
 
   // Takes a heartbeat's tokens generated so far per running request. Entries for requests
@@ -120,6 +131,11 @@ class JobManager {
   void WaitForChange(uint64_t* version, absl::Duration timeout) const;
 
   GroupView group() const;
+  // What the state directory does not take now (JobStoreWriter::storage_error); "" if none.
+  std::string storage_error() const {
+    absl::MutexLock lock(&mu_);
+    return writer_.storage_error();
+  }
 
   // EPLB (docs/eplb.md); optional, set before Start(). New groups start with the balancer's
   // placement, and its automatic rebalance runs on the scheduler thread.
@@ -209,6 +225,9 @@ class JobManager {
   void FinishRequestsLocked(std::vector<BatchJobStore::Result> results,
                             const std::vector<std::string>& request_ids)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Counts results the store took and completes the jobs they finish.
+  void ApplyWrittenLocked(const JobStoreWriter::Written& written)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Forgets a request (queued, running or finished as one choice of several) and the
   // max_tokens it held.
   void DropRequestLocked(const std::string& id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -234,6 +253,7 @@ class JobManager {
   uint64_t version_ ABSL_GUARDED_BY(mu_) = 1;
   absl::flat_hash_map<std::string, QueuedRequest> requests_ ABSL_GUARDED_BY(mu_);
   std::deque<std::string> queue_ ABSL_GUARDED_BY(mu_);
+  JobStoreWriter writer_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<std::string, Assignment> inflight_ ABSL_GUARDED_BY(mu_);
   // By line request id.
   absl::flat_hash_map<std::string, ChoiceResults> choice_results_ ABSL_GUARDED_BY(mu_);

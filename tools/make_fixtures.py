@@ -8,12 +8,12 @@ computes from exactly those stored values: float32 logits at every prompt positi
 
   python3 tools/make_fixtures.py --out tests/fixtures [--only NAME ...]
 """
-import argparse
 import json
 import math
 import os
 import shutil
 
+import fixture_cli
 import torch
 import transformers
 from safetensors.torch import load_file, save_file
@@ -105,19 +105,9 @@ def bf16_storage(name, t):
 
 
 def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--out", required=True)
-    ap.add_argument("--only", nargs="+", default=None, metavar="NAME",
-                    help="make only these fixtures (the others are left as they are)")
-    args = ap.parse_args()
-    unknown = sorted(set(args.only or []) - set(FIXTURES))
-    if unknown:
-        ap.error(f"unknown fixture(s) {unknown}; known: {sorted(FIXTURES)}")
-    torch.set_num_threads(min(16, os.cpu_count() or 1))
-    print("transformers", transformers.__version__, "torch", torch.__version__)
-    for name, spec in FIXTURES.items():
-        if args.only and name not in args.only:
-            continue
+    args, names = fixture_cli.parse(FIXTURES, __doc__)
+    for name in names:
+        spec = FIXTURES[name]
         torch.manual_seed(1234 + len(name))
         cfg = make_config(spec)
         model = DeepseekV3ForCausalLM(cfg).eval().float()

@@ -36,6 +36,7 @@ int main(int argc, char** argv) {
   int64_t verbosity = 0;
   std::string backend = "cpu";
   std::string communicator = "auto";
+  std::string ep_exchange = "collective";
   int64_t ranks = 0;
   int64_t threads = 0;
   std::string dtype;
@@ -108,6 +109,12 @@ int main(int argc, char** argv) {
                   "What carries the expert-parallel exchange: auto (nccl when --backend cuda\n"
                   "and the group has more than one rank, tcp otherwise), tcp, or nccl (GPU to\n"
                   "GPU; needs --backend cuda). docs/communicator.md.");
+  flags.AddString("ep-exchange", &ep_exchange,
+                  "How expert-parallel ranks on the NCCL data plane move rows: collective (NCCL\n"
+                  "all-to-all, the default), auto (the device exchange through NVLink windows,\n"
+                  "no host in the loop, where the group allows it; NCCL all-to-all otherwise,\n"
+                  "logged), device (or fail). The device exchange is opt-in until measured on\n"
+                  "several GPUs. docs/communicator.md.");
   flags.AddInt("ranks", &ranks,
                "Engine ranks on this worker (default: one per GPU; 1 on the CPU).");
   flags.AddInt("threads", &threads, "CPU threads per rank (default: cores / ranks).");
@@ -148,6 +155,11 @@ int main(int argc, char** argv) {
                   "sequence of the step brings >= 64 new tokens and the backend has it). The\n"
                   "forms round differently; absorbed makes every result independent of how\n"
                   "requests are batched, chunked or served from the prefix cache.");
+  int64_t micro_batches = 1;
+  flags.AddInt("micro-batches", &micro_batches,
+               "1, or 2: each step's sequences in two halves whose expert exchanges overlap the\n"
+               "other half's compute (DeepSeek's two-micro-batch overlap; the same tokens).\n"
+               "Every worker of a group must use the same value. DeepSeek-V3 models only.");
   flags.AddBool("expert-parallel", &config.engine.expert_parallel,
                 "Split the routed experts over the ranks of a multi-rank group (each rank\n"
                 "loads E / world_size of them; tokens travel by all-to-all). false: every\n"
@@ -217,6 +229,12 @@ int main(int argc, char** argv) {
     return 2;
   }
   config.engine.communicator = *plane;
+  absl::StatusOr<deepinfer::EpExchangeKind> ep_kind = deepinfer::ParseEpExchangeKind(ep_exchange);
+  if (!ep_kind.ok()) {
+    std::cerr << "deepinfer-worker: --ep-exchange: " << ep_kind.status().message() << "\n";
+    return 2;
+  }
+  config.engine.ep_exchange = *ep_kind;
   if (ranks < 0 || threads < 0 || kv_cache_tokens < 0 || max_batch_tokens <= 0 ||
       max_running <= 0 || collective_timeout_s <= 0) {
     std::cerr << "deepinfer-worker: --ranks, --threads, --kv-cache-tokens, --max-batch-tokens,\n"
@@ -256,6 +274,11 @@ int main(int argc, char** argv) {
     return 2;
   }
   config.engine.prefill_attention = *prefill;
+  if (micro_batches != 1 && micro_batches != 2) {
+    std::cerr << "deepinfer-worker: --micro-batches must be 1 or 2, not " << micro_batches << "\n";
+    return 2;
+  }
+  config.engine.micro_batches = static_cast<int32_t>(micro_batches);
   if (ranks == 0) {
     // One rank per GPU on CUDA; the CPU backend runs one by default.
     ranks = backend == "cuda" ? cuda_devices : 1;

@@ -199,9 +199,16 @@ absl::StatusOr<std::unique_ptr<WorkerServer>> WorkerServer::Start(WorkerConfig c
     options.group.speculative_tokens = e.speculative_tokens;
     options.group.draft_min_confidence = e.draft_min_confidence;
     options.group.prefill_attention = e.prefill_attention;
+    options.group.micro_batches = e.micro_batches;
     options.group.collective_timeout = e.collective_timeout;
     options.group.listen_host = wildcard ? "0.0.0.0" : config.host;
-    options.group.dispatcher = e.expert_parallel ? EpDispatcherFactory() : LocalDispatcherFactory();
+    EpExchangeOptions exchange;
+    exchange.kind = e.ep_exchange;
+    // Decode batches (padded to a graph bucket) and prefill chunks both fit.
+    exchange.max_tokens = static_cast<int32_t>(std::max<int64_t>(
+        {e.max_batch_tokens, e.max_running, e.cuda_graphs ? e.cuda_graph_max_batch : 0}));
+    options.group.dispatcher =
+        e.expert_parallel ? EpDispatcherFactory(exchange) : LocalDispatcherFactory();
     options.placement = e.placement;
     ResultOutbox* outbox = self->outbox_.get();
     self->controller_ = std::make_unique<GroupController>(

@@ -56,6 +56,8 @@ struct WorkerEngineConfig {
   std::string kv_cache_dtype;
   // What carries the expert exchange: auto (NCCL for several cuda ranks), tcp or nccl.
   comm::DataPlaneChoice communicator = comm::DataPlaneChoice::kAuto;
+  // How expert-parallel ranks move rows over that data plane (EpExchangeKind, --ep-exchange).
+  EpExchangeKind ep_exchange = EpExchangeKind::kCollective;
   // RankGroupOptions::step_stats_dir.
   std::string step_stats_dir;
   // Prefix caching (RankGroupOptions::prefix_caching).
@@ -70,6 +72,8 @@ struct WorkerEngineConfig {
   float draft_min_confidence = 0.0f;
   // The MLA prefill form (RankGroupOptions::prefill_attention).
   PrefillAttention prefill_attention = PrefillAttention::kAuto;
+  // Micro-batches per step (RankGroupOptions::micro_batches).
+  int32_t micro_batches = 1;
 };
 
 struct WorkerConfig {

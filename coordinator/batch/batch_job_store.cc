@@ -2,8 +2,12 @@
 
 #include <sqlite3.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
+#include <algorithm>
+#include <cerrno>
 #include <cstdio>
+#include <cstring>
 #include <fstream>
 #include <sstream>
 
@@ -50,21 +54,64 @@ class Statement {
   int rc_;
 };
 
+// A failed SQLite call (`rc`) as a Status: RESOURCE_EXHAUSTED when a write found the disk
+// full, FAILED_PRECONDITION when another process holds the database, INTERNAL otherwise
+// (naming `sql` when given).
+absl::Status SqliteError(sqlite3* db, int rc, const std::string& sql) {
+  const std::string message = absl::StrCat("sqlite: ", sqlite3_errmsg(db));
+  const char* file = sqlite3_db_filename(db, "main");
+  const int primary = rc & 0xff;
+  if (primary == SQLITE_FULL || (primary == SQLITE_IOERR && sqlite3_system_errno(db) == ENOSPC)) {
+    return absl::ResourceExhaustedError(absl::StrCat(message, " (", file ? file : "", ")"));
+  }
+  if (primary == SQLITE_BUSY || primary == SQLITE_LOCKED) {
+    return absl::FailedPreconditionError(
+        absl::StrCat(message, " (", file ? file : "",
+                     " is held by another process: one coordinator per state directory)"));
+  }
+  return absl::InternalError(absl::StrCat(message, sql.empty() ? "" : " in: ", sql));
+}
+
 absl::Status Exec(sqlite3* db, const std::string& sql) {
-  char* err = nullptr;
-  if (sqlite3_exec(db, sql.c_str(), nullptr, nullptr, &err) != SQLITE_OK) {
-    std::string message = err ? err : "unknown";
-    sqlite3_free(err);
-    return absl::InternalError(absl::StrCat("sqlite: ", message, " in: ", sql));
+  if (int rc = sqlite3_exec(db, sql.c_str(), nullptr, nullptr, nullptr); rc != SQLITE_OK) {
+    return SqliteError(db, rc, sql);
   }
   return absl::OkStatus();
 }
 
 absl::Status StepDone(Statement& s, sqlite3* db) {
-  if (int rc = s.Step(); rc != SQLITE_DONE) {
-    return absl::InternalError(absl::StrCat("sqlite step: ", sqlite3_errmsg(db)));
-  }
+  if (int rc = s.Step(); rc != SQLITE_DONE) return SqliteError(db, rc, "");
   return absl::OkStatus();
+}
+
+// COMMIT; when that fails (a full disk), ROLLBACK if the transaction is still open, so that
+// the next BEGIN works.
+absl::Status Commit(sqlite3* db) {
+  absl::Status status = Exec(db, "COMMIT");
+  if (!status.ok() && sqlite3_get_autocommit(db) == 0) (void)Exec(db, "ROLLBACK");
+  return status;
+}
+
+// The last file operation on `path` failed (errno): RESOURCE_EXHAUSTED for a full disk.
+absl::Status FileError(const std::string& what, const std::string& path) {
+  const int error = errno;
+  std::string message = absl::StrCat("cannot ", what, " '", path, "': ", strerror(error));
+  if (error == ENOSPC || error == EDQUOT) return absl::ResourceExhaustedError(std::move(message));
+  return absl::InternalError(std::move(message));
+}
+
+// Appends `lines` to `out` (each with a newline) and closes it.
+absl::Status AppendAndClose(std::FILE* out, const std::vector<std::string>& lines,
+                            const std::string& path) {
+  bool ok = true;
+  for (const std::string& line : lines) {
+    ok = ok && std::fwrite(line.data(), 1, line.size(), out) == line.size() &&
+         std::fputc('\n', out) != EOF;
+  }
+  ok = std::fflush(out) == 0 && ok;
+  absl::Status status = ok ? absl::OkStatus() : FileError("write", path);
+  if (std::fclose(out) != 0 && status.ok()) status = FileError("write", path);
+  return status;
 }
 
 absl::Status MakeDir(const std::string& path) {
@@ -84,12 +131,33 @@ bool IsFinal(Job::State s) {
   return s == Job::COMPLETED || s == Job::FAILED || s == Job::CANCELLED;
 }
 
-int64_t CountLines(const std::string& path) {
-  std::ifstream in(path);
-  int64_t n = 0;
-  std::string line;
-  while (std::getline(in, line)) ++n;
-  return n;
+// A file's complete lines, where the last of them ends and its size (all 0 if it is missing).
+// Reads no more than the size it has when opened.
+struct LineCount {
+  int64_t lines = 0;
+  int64_t complete_bytes = 0;
+  int64_t size = 0;
+};
+LineCount CountLines(const std::string& path) {
+  LineCount count;
+  std::FILE* in = std::fopen(path.c_str(), "rb");
+  if (in == nullptr) return count;
+  struct stat st;
+  const int64_t size = fstat(fileno(in), &st) == 0 ? st.st_size : 0;
+  char buffer[1 << 16];
+  size_t n;
+  while (count.size < size &&
+         (n = std::fread(buffer, 1, std::min<int64_t>(sizeof(buffer), size - count.size), in)) >
+             0) {
+    for (size_t i = 0; i < n; ++i) {
+      if (buffer[i] != '\n') continue;
+      ++count.lines;
+      count.complete_bytes = count.size + static_cast<int64_t>(i) + 1;
+    }
+    count.size += static_cast<int64_t>(n);
+  }
+  std::fclose(in);
+  return count;
 }
 
 constexpr char kJobColumns[] =
@@ -134,6 +202,10 @@ absl::Status BatchJobStore::Init() {
         absl::StrCat("cannot open job database '", path, "': ", sqlite3_errmsg(db_)));
   }
   for (const char* sql : {
+           // Before WAL: the WAL index then lives in this process's memory instead of a
+           // shared-memory file, which a full disk would not let SQLite create (reads would
+           // fail as well as writes). It also keeps a second coordinator out.
+           "PRAGMA locking_mode=EXCLUSIVE",
            "PRAGMA journal_mode=WAL",
            "PRAGMA synchronous=FULL",
            "CREATE TABLE IF NOT EXISTS jobs(job_id TEXT PRIMARY KEY, name TEXT, state INTEGER, "
@@ -178,26 +250,78 @@ absl::Status BatchJobStore::RepairOutputFilesLocked() {
     while (s.Step() == SQLITE_ROW) jobs.emplace_back(s.Text(0), s.Int(1));
   }
   for (const auto& [job_id, results] : jobs) {
-    const std::string path = OutputPath(job_id);
-    if (CountLines(path) == results) continue;
-    LOG(WARNING) << "job " << job_id << ": output file does not match the database ("
-                 << CountLines(path) << " lines, " << results << " results); rewriting it";
-    const std::string tmp = path + ".tmp";
-    {
-      std::ofstream out(tmp, std::ios::trunc);
-      Statement s(db_,
-                  "SELECT output FROM requests WHERE job_id = ? AND result_seq IS NOT NULL "
-                  "ORDER BY result_seq");
-      if (!s.status().ok()) return s.status();
-      s.Bind(1, job_id);
-      while (s.Step() == SQLITE_ROW) out << s.Text(0) << "\n";
-      if (!out.good()) return absl::InternalError(absl::StrCat("cannot write '", tmp, "'"));
-    }
-    if (std::rename(tmp.c_str(), path.c_str()) != 0) {
-      return absl::InternalError(absl::StrCat("cannot rename '", tmp, "'"));
+    if (absl::Status s = CatchUpOutputFileLocked(job_id, results); !s.ok()) {
+      // Not fatal: the results are in the database; CatchUpOutputFiles tries again.
+      LOG(ERROR) << "job " << job_id << ": " << s.message()
+                 << "; the output file lags the database until there is room";
+      lagging_outputs_.insert(job_id);
     }
   }
   return absl::OkStatus();
+}
+
+absl::Status BatchJobStore::CatchUpOutputFileLocked(const std::string& job_id, int64_t results) {
+  const std::string path = OutputPath(job_id);
+  const LineCount file = CountLines(path);
+  if (file.lines == results && file.complete_bytes == file.size) return absl::OkStatus();
+  // Rewritten whole when it holds more lines than there are results (not a prefix of them).
+  const bool rewrite = file.lines > results;
+  LOG(WARNING) << "job " << job_id << ": output file does not match the database (" << file.lines
+               << " complete lines, " << results << " results); "
+               << (rewrite ? "rewriting it" : "appending the missing lines");
+  std::vector<std::string> lines;
+  {
+    Statement s(db_,
+                "SELECT output FROM requests WHERE job_id = ? AND result_seq > ? "
+                "ORDER BY result_seq");
+    if (!s.status().ok()) return s.status();
+    s.Bind(1, job_id);
+    s.Bind(2, rewrite ? int64_t{0} : file.lines);
+    while (s.Step() == SQLITE_ROW) lines.push_back(s.Text(0));
+  }
+  if (!rewrite) {
+    if (file.size > file.complete_bytes && truncate(path.c_str(), file.complete_bytes) != 0) {
+      return FileError("truncate", path);
+    }
+    std::FILE* out = std::fopen(path.c_str(), "ab");
+    if (out == nullptr) return FileError("open", path);
+    return AppendAndClose(out, lines, path);
+  }
+  const std::string tmp = path + ".tmp";
+  std::FILE* out = std::fopen(tmp.c_str(), "wb");
+  if (out == nullptr) return FileError("open", tmp);
+  absl::Status status = AppendAndClose(out, lines, tmp);
+  if (status.ok() && std::rename(tmp.c_str(), path.c_str()) != 0) {
+    status = FileError("rename", tmp);
+  }
+  if (!status.ok()) std::remove(tmp.c_str());  // what it holds would only take room
+  return status;
+}
+
+absl::Status BatchJobStore::CatchUpOutputFiles() {
+  absl::MutexLock lock(&mu_);
+  absl::Status first;
+  for (auto it = lagging_outputs_.begin(); it != lagging_outputs_.end();) {
+    auto next = std::next(it);
+    absl::StatusOr<Job> job = GetJobLocked(*it);
+    absl::Status s = job.status();
+    if (s.ok()) {
+      s = CatchUpOutputFileLocked(*it, job->completed_requests() + job->failed_requests());
+    }
+    if (s.ok()) {
+      LOG(INFO) << "job " << *it << ": the output file is level with the database again";
+      lagging_outputs_.erase(it);
+    } else if (first.ok()) {
+      first = s;
+    }
+    it = next;
+  }
+  return first;
+}
+
+bool BatchJobStore::OutputFilesBehind() const {
+  absl::MutexLock lock(&mu_);
+  return !lagging_outputs_.empty();
 }
 
 absl::StatusOr<std::string> BatchJobStore::CreateJob(const std::string& name,
@@ -248,7 +372,7 @@ absl::StatusOr<std::string> BatchJobStore::CreateJob(const std::string& name,
     (void)Exec(db_, "ROLLBACK");
     return status;
   }
-  if (absl::Status s = Exec(db_, "COMMIT"); !s.ok()) return s;
+  if (absl::Status s = Commit(db_); !s.ok()) return s;
   return job_id;
 }
 
@@ -307,17 +431,20 @@ absl::StatusOr<std::vector<bool>> BatchJobStore::RecordResults(const std::vector
     (void)Exec(db_, "ROLLBACK");
     return status;
   }
-  if (absl::Status s = Exec(db_, "COMMIT"); !s.ok()) return s;
-  // Committed: now the files, in recording order. A lost append is rebuilt by Open().
+  if (absl::Status s = Commit(db_); !s.ok()) return s;
+  // Committed: now the files, in recording order. An append lost to a crash is made up by
+  // Open(), one that fails by CatchUpOutputFiles (the file's appends wait for it).
   for (size_t i = 0; i < results.size(); ++i) {
-    if (!recorded[i]) continue;
-    std::ofstream out(OutputPath(results[i].job_id), std::ios::app);
-    out << results[i].output_line << "\n";
-    out.flush();
-    if (!out.good()) {
-      LOG(ERROR) << "job " << results[i].job_id << ": cannot append to "
-                 << OutputPath(results[i].job_id)
-                 << "; the result is in the database and the file is rebuilt at restart";
+    const std::string& job_id = results[i].job_id;
+    if (!recorded[i] || lagging_outputs_.contains(job_id)) continue;
+    const std::string path = OutputPath(job_id);
+    std::FILE* out = std::fopen(path.c_str(), "ab");
+    absl::Status appended = out == nullptr ? FileError("open", path)
+                                           : AppendAndClose(out, {results[i].output_line}, path);
+    if (!appended.ok()) {
+      LOG(ERROR) << "job " << job_id << ": " << appended.message()
+                 << "; the result is in the database, and the file lags it until there is room";
+      lagging_outputs_.insert(job_id);
     }
   }
   return recorded;

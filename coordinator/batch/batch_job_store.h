@@ -8,6 +8,13 @@
 // from the database, so a crash can neither lose nor duplicate a finished result.
 // Recording a result for a request that already has one is a no-op.
 //
+// A full disk fails only the writes: the database is opened in exclusive locking mode (one
+// coordinator per state directory), so its WAL index lives in memory and reading needs no
+// space; a write that finds no room is RESOURCE_EXHAUSTED ("sqlite: database or disk is
+// full") and leaves nothing half done. An output file that cannot be appended to (or
+// repaired at Open) lags the database; its appends stop until CatchUpOutputFiles brings it
+// level, and the results are read from the database meanwhile (ReadResults).
+//
 // Each job also counts the loads (parsing its input and queueing its lines) that started
 // and did not finish, so that a coordinator that dies while loading a job's input can tell
 // at its next start, and give that job up rather than die on it again.
@@ -20,6 +27,7 @@
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
+#include "absl/container/flat_hash_set.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "proto/job.pb.h"
@@ -89,6 +97,11 @@ class BatchJobStore {
   absl::StatusOr<std::vector<std::string>> ReadResults(const std::string& job_id, int64_t offset,
                                                        int64_t max_lines) const;
 
+  // Appends to the output files that lag the database what they lack (see the top); OK when
+  // none lags any more, else the first error (they stay behind, for a later call).
+  absl::Status CatchUpOutputFiles();
+  bool OutputFilesBehind() const;
+
   std::string OutputPath(const std::string& job_id) const;
   std::string InputPath(const std::string& job_id) const;
 
@@ -96,6 +109,11 @@ class BatchJobStore {
   explicit BatchJobStore(std::string state_dir) : state_dir_(std::move(state_dir)) {}
   absl::Status Init();
   absl::Status RepairOutputFilesLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Brings one job's output file level with its `results` recorded results: cuts a partial
+  // last line, then appends the lines after the file's last complete one (the file holds a
+  // prefix of them in recording order), or rewrites the file when it holds more lines.
+  absl::Status CatchUpOutputFileLocked(const std::string& job_id, int64_t results)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::StatusOr<Job> GetJobLocked(const std::string& job_id) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::StatusOr<std::vector<Job>> QueryJobsLocked(const std::string& where_sql,
@@ -105,6 +123,8 @@ class BatchJobStore {
   const std::string state_dir_;
   mutable absl::Mutex mu_;
   sqlite3* db_ ABSL_GUARDED_BY(mu_) = nullptr;
+  // Jobs whose output file lags the database; appends to them wait for the catch-up.
+  absl::flat_hash_set<std::string> lagging_outputs_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace deepinfer

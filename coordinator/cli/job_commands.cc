@@ -62,6 +62,7 @@ std::string Describe(const Job& job) {
   }
   if (!job.error().empty()) absl::StrAppend(&out, "\n  error: ", job.error());
   if (!job.cluster_notice().empty()) absl::StrAppend(&out, "\n  cluster: ", job.cluster_notice());
+  if (!job.stalled_reason().empty()) absl::StrAppend(&out, "\n  stalled: ", job.stalled_reason());
   return out;
 }
 

@@ -78,16 +78,21 @@ std::string FormatProgress(const Job& job, std::optional<double> tokens_per_s) {
 
 bool ProgressLine::IsTerminal(FILE* f) { return isatty(fileno(f)) == 1; }
 
+void ProgressLine::PrintWhenNew(const std::string& notice, const char* prefix, std::string* last) {
+  if (!notice.empty() && notice != *last) {
+    // On a line of its own, above the progress line (which the next drawing restores).
+    if (drawn_) std::fputs("\r\033[K", out_);
+    std::fprintf(out_, "%s: %s%s\n", command_.c_str(), prefix, notice.c_str());
+    std::fflush(out_);
+  }
+  *last = notice;
+}
+
 void ProgressLine::Update(const Job& job) {
   const absl::Time now = absl::Now();
   rate_.Add(now, job.generated_tokens() + job.running_generated_tokens());
-  if (!job.cluster_notice().empty() && job.cluster_notice() != notice_) {
-    // On a line of its own, above the progress line (which the next drawing restores).
-    if (drawn_) std::fputs("\r\033[K", out_);
-    std::fprintf(out_, "%s: %s\n", command_.c_str(), job.cluster_notice().c_str());
-    std::fflush(out_);
-  }
-  notice_ = job.cluster_notice();
+  PrintWhenNew(job.cluster_notice(), "", &notice_);
+  PrintWhenNew(job.stalled_reason(), "stalled: ", &stalled_);
   if (!enabled_) return;
   std::string line = FormatProgress(job, rate_.PerSecond(now));
   // \r and clear-to-end redraw the line in place.

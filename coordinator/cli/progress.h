@@ -3,7 +3,8 @@
 // far (finished requests plus what running ones generated, from the workers' heartbeats),
 // tokens per second and an estimate of the time left. The line is drawn only on a terminal,
 // so logs and pipes stay clean; the coordinator's cluster notice (a worker left out of the
-// expert-parallel group, no group serving) is printed on a line of its own either way.
+// expert-parallel group, no group serving) and why the job is stalled (the coordinator cannot
+// write to its state directory) are printed on lines of their own either way.
 #ifndef DEEPINFER_COORDINATOR_CLI_PROGRESS_H_
 #define DEEPINFER_COORDINATOR_CLI_PROGRESS_H_
 
@@ -58,7 +59,8 @@ std::string FormatProgress(const Job& job, std::optional<double> tokens_per_s);
 class ProgressLine {
  public:
   // Draws the line on `out` only when `enabled` (use IsTerminal(stderr)); cluster notices
-  // go to `out` as "`command`: NOTICE" lines whenever they change.
+  // go to `out` as "`command`: NOTICE" lines whenever they change, stalled reasons as
+  // "`command`: stalled: REASON".
   ProgressLine(FILE* out, bool enabled, std::string command)
       : out_(out), enabled_(enabled), command_(std::move(command)) {}
   void Update(const Job& job);
@@ -68,11 +70,16 @@ class ProgressLine {
   static bool IsTerminal(FILE* f);
 
  private:
+  // Prints `prefix` `notice` on a line of its own when it is set and not `*last`; then sets
+  // `*last` to it.
+  void PrintWhenNew(const std::string& notice, const char* prefix, std::string* last);
+
   FILE* out_;
   bool enabled_;
   const std::string command_;
   TokenRate rate_{absl::Seconds(20)};
   std::string notice_;
+  std::string stalled_;
   bool drawn_ = false;
 };
 

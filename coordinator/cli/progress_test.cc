@@ -111,6 +111,29 @@ TEST(ProgressLineTest, PrintsEachNewClusterNoticeOnceEvenWhenNotDrawing) {
                "deepinfer wait: worker(s) w2 left out\n");
 }
 
+TEST(ProgressLineTest, PrintsWhyTheJobIsStalledOnceEachTimeItIs) {
+  char buffer[512] = {0};
+  FILE* f = fmemopen(buffer, sizeof(buffer), "w");
+  ProgressLine line(f, /*enabled=*/false, "deepinfer run");
+  Job job;
+  job.set_total_requests(1);
+  job.set_stalled_reason("writes to the state directory fail (disk full)");
+  line.Update(job);
+  line.Update(job);
+  job.set_cluster_notice("worker(s) w2 left out");
+  line.Update(job);
+  job.clear_stalled_reason();
+  line.Update(job);
+  job.set_stalled_reason("writes to the state directory fail (disk full)");
+  line.Update(job);
+  line.Finish();
+  std::fclose(f);
+  EXPECT_STREQ(buffer,
+               "deepinfer run: stalled: writes to the state directory fail (disk full)\n"
+               "deepinfer run: worker(s) w2 left out\n"
+               "deepinfer run: stalled: writes to the state directory fail (disk full)\n");
+}
+
 TEST(ProgressLineTest, DisabledLineWritesNoProgress) {
   char buffer[64] = {0};
   FILE* f = fmemopen(buffer, sizeof(buffer), "w");

@@ -3,9 +3,11 @@
 // worker, on 2 workers and on 1 worker with 2 ranks (the routed experts split over the ranks),
 // and with a KV cache too small for every sequence at once and a step budget smaller than the
 // long prompt (chunked prefill, preemption and the bounded rebuild of a preempted sequence);
-// dsv4_bf16 (bf16 storage) on 1 worker.
+// dsv4_bf16 (bf16 storage) on 1 worker; requests sharing a long prefix with and without the
+// prefix cache.
 #include <fstream>
 #include <map>
+#include <random>
 #include <string>
 #include <vector>
 
@@ -55,7 +57,8 @@ std::string HfGreedyJob(const std::string& model, std::map<std::string, std::vec
 // `deepinfer run` on the fixture; the output lines by custom_id.
 std::map<std::string, json> RunJob(const std::string& model, const std::string& name,
                                    const std::string& input, int workers, int ranks,
-                                   const std::string& worker_args = "") {
+                                   const std::string& worker_args = "",
+                                   const std::vector<std::string>& extra = {}) {
   const std::string in = TempPath(name + ".in.jsonl");
   const std::string out = TempPath(name + ".out.jsonl");
   std::ofstream(in) << input;
@@ -69,6 +72,7 @@ std::map<std::string, json> RunJob(const std::string& model, const std::string& 
                                    "--timeout-s=600",
                                    "--state-dir=" + TempPath(name + ".state")};
   if (!worker_args.empty()) argv.push_back("--worker-args=" + worker_args);
+  argv.insert(argv.end(), extra.begin(), extra.end());
   auto result = RunCommand(argv, TempPath(name + ".run"), absl::Seconds(900));
   EXPECT_TRUE(result.ok()) << result.status();
   std::map<std::string, json> lines;
@@ -129,6 +133,74 @@ TEST(V4RunTest, HfGreedyTokensOnTheBf16Fixture) {
   std::map<std::string, std::vector<int>> want;
   const std::string job = HfGreedyJob(kBf16, &want);
   ExpectHfGreedy(RunJob(kBf16, "bf16", job, 1, 1), want, "dsv4_bf16, 1 worker");
+}
+
+// A job whose requests share dsv4_mix's first 200 prompt tokens, then a question of 10..29 ids
+// whose first differs from every other request's; greedy and seeded sampled, 2 top logprobs.
+std::string SharedPrefixJob(int requests) {
+  const json expected = json::parse(ReadFile(Runfile(std::string(kMix) + "/expected.json")));
+  const std::vector<int> long_prompt = expected["prompts"][2]["ids"].get<std::vector<int>>();
+  const std::vector<int> prefix(long_prompt.begin(), long_prompt.begin() + 200);
+  std::mt19937 rng(5);
+  std::vector<std::string> lines;
+  for (int i = 0; i < requests; ++i) {
+    std::vector<int> prompt = prefix;
+    prompt.push_back(900 + i);
+    const int extra = 9 + static_cast<int>(rng() % 20);
+    for (int k = 0; k < extra; ++k) prompt.push_back(2 + static_cast<int>(rng() % 890));
+    json body = {{"prompt", prompt},
+                 {"max_tokens", 8},
+                 {"logprobs", 2},
+                 {"ignore_eos", true},
+                 {"return_token_ids", true}};
+    if (i % 2 == 1) {
+      body["temperature"] = 0.7;
+      body["seed"] = 40 + i;
+    } else {
+      body["temperature"] = 0;
+    }
+    lines.push_back(json({{"custom_id", absl::StrCat("s", i)},
+                          {"method", "POST"},
+                          {"url", "/v1/completions"},
+                          {"body", body}})
+                        .dump());
+  }
+  return absl::StrJoin(lines, "\n") + "\n";
+}
+
+// Prefix caching on V4 (docs/kv-cache.md, "Kinds with per-sequence state"): one request at a
+// time, every request after the first hits the shared prefix's 12 full blocks (192 positions),
+// replays its last 4 * 15 + 2 * 16 = 92 positions and reports the 100 it did not compute; the
+// tokens and logprobs are those of a run without the cache.
+TEST(V4RunTest, SharedPrefixSameTokensAndLogprobsAsWithoutTheCache) {
+  constexpr int kRequests = 5;
+  const std::string job = SharedPrefixJob(kRequests);
+  auto off = RunJob(kMix, "prefix_off", job, 1, 1, "--max-running=1", {"--no-prefix-caching"});
+  auto on = RunJob(kMix, "prefix_on", job, 1, 1, "--max-running=1");
+  ASSERT_EQ(off.size(), static_cast<size_t>(kRequests));
+  ASSERT_EQ(on.size(), off.size());
+  int hits = 0;
+  for (int i = 0; i < kRequests; ++i) {
+    const std::string id = absl::StrCat("s", i);
+    SCOPED_TRACE(id);
+    ASSERT_TRUE(off[id]["error"].is_null()) << off[id].dump();
+    ASSERT_TRUE(on[id]["error"].is_null()) << on[id].dump();
+    const json& want = off[id]["response"]["body"]["choices"][0];
+    const json& got = on[id]["response"]["body"]["choices"][0];
+    EXPECT_EQ(got["token_ids"], want["token_ids"]);
+    EXPECT_EQ(got["logprobs"]["token_logprobs"], want["logprobs"]["token_logprobs"]);
+    EXPECT_EQ(got["logprobs"]["top_logprobs"], want["logprobs"]["top_logprobs"]);
+    EXPECT_EQ(want["token_ids"].size(), 8u);
+    auto cached = [](const json& line) {
+      return line["response"]["body"]["usage"]["prompt_tokens_details"]["cached_tokens"].get<int>();
+    };
+    EXPECT_EQ(cached(off[id]), 0);
+    if (cached(on[id]) != 0) {
+      EXPECT_EQ(cached(on[id]), 100);
+      ++hits;
+    }
+  }
+  EXPECT_EQ(hits, kRequests - 1);
 }
 
 }  // namespace

@@ -61,6 +61,42 @@ TEST(ClusterStatusFormatTest, TableSaysWhyTheGroupCouldNotForm) {
   EXPECT_THAT(FormatClusterStatusTable(status), HasSubstr("group generation 3: serving\n"));
 }
 
+TEST(ClusterStatusFormatTest, TableSaysWhatTheStateDirectoryDoesNotTake) {
+  ClusterStatusResponse status = TwoWorkers();
+  EXPECT_THAT(FormatClusterStatusTable(status), Not(HasSubstr("state directory")));
+  status.set_storage_error("3 result(s) held in memory (1 KiB): sqlite: database or disk is full");
+  EXPECT_THAT(FormatClusterStatusTable(status),
+              HasSubstr("state directory: 3 result(s) held in memory (1 KiB): sqlite: database or "
+                        "disk is full\n"));
+}
+
+TEST(ClusterStatusFormatTest, RanksShowTheExchangeAndTheDataParallelBalance) {
+  ClusterStatusResponse status = TwoWorkers();
+  EXPECT_THAT(FormatClusterStatusTable(status), Not(HasSubstr("RANK")));
+  RankLoad* r0 = status.mutable_workers(0)->add_rank_loads();
+  r0->set_rank(0);
+  r0->set_running_requests(12);
+  r0->set_kv_blocks_used(30);
+  r0->set_kv_blocks_total(120);
+  r0->set_expert_exchange("device exchange (low latency)");
+  r0->set_window_steps(64);
+  r0->set_window_step_tokens_mean(30.0);
+  r0->set_window_step_tokens_max(40);
+  r0->set_decode_batch(11);
+  RankLoad* r1 = status.mutable_workers(0)->add_rank_loads();
+  r1->set_rank(1);
+  r1->set_window_steps(64);
+  r1->set_window_step_tokens_mean(10.0);
+  r1->set_window_step_tokens_max(16);
+  const std::string table = FormatClusterStatusTable(status);
+  EXPECT_THAT(table, HasSubstr("EXPERT EXCHANGE"));
+  EXPECT_THAT(table, HasSubstr("device exchange (low latency)"));
+  EXPECT_THAT(table, HasSubstr("30/120 (25%)"));
+  // Means 30 and 10: mean of the ranks 20, busiest 30, ratio 1.50.
+  EXPECT_THAT(table, HasSubstr("data-parallel balance: max/mean tokens per step 1.50 (rank 0 "
+                               "busiest: 30.0, mean of 2 ranks 20.0)"));
+}
+
 TEST(ClusterStatusFormatTest, EmptyClusterSaysSo) {
   ClusterStatusResponse status;
   EXPECT_THAT(FormatClusterStatusTable(status), HasSubstr("0 worker(s)"));

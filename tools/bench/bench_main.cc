@@ -73,6 +73,10 @@ int main(int argc, char** argv) {
   flags.AddString("communicator", &config.communicator,
                   "With --ranks > 1, what carries the expert exchange: auto (nccl on cuda, tcp\n"
                   "on cpu), tcp (host-staged over loopback) or nccl.");
+  flags.AddString("ep-exchange", &config.ep_exchange,
+                  "With --ranks > 1 on nccl: collective (NCCL all-to-all, the default), auto\n"
+                  "(the device exchange through NVLink windows where the group allows it,\n"
+                  "else all-to-all) or device.");
   flags.AddBool("time-all-to-all", &config.time_all_to_all,
                 "With --ranks > 1: after each request count's timed steps, as many more steps\n"
                 "with the backend synchronised around every exchange call, reporting the\n"
@@ -103,7 +107,8 @@ int main(int argc, char** argv) {
   flags.AddString("decode-fill", &config.decode_fill,
                   "How decode requests get their cached context: prefill (model steps, untimed)\n"
                   "or random (random values written into their cache blocks: no model steps,\n"
-                  "the same decode work; for large batches of slow models).");
+                  "the same decode work; for large batches of slow models; not for DeepSeek-V4,\n"
+                  "whose cache keeps per-sequence state).");
   flags.AddInt("op-timing-steps", &config.op_timing_steps,
                "CUDA: extra decode steps (and one prefill step) with per-op timing, reported\n"
                "apart from the throughput figures.");
@@ -129,6 +134,9 @@ int main(int argc, char** argv) {
   flags.AddBool("fused-ops", &config.fused_ops,
                 "Fused ops in the model's step (residual add + norm, bf16 GEMM operands); off:\n"
                 "the ops of before, for comparison.");
+  flags.AddInt("micro-batches", &config.micro_batches,
+               "1, or 2: each step's sequences in two halves whose expert exchanges overlap the\n"
+               "other half's compute (with --ranks > 1). DeepSeek-V3 models only.");
   flags.AddString("prefill-attention", &config.prefill_attention,
                   "auto, absorbed or mha: the MLA form of prefill steps (mha: keys expanded\n"
                   "through kv_b, attention of width nope + rope; auto: mha where every sequence\n"

@@ -163,6 +163,7 @@ struct RankDecodeTimes {
 
 struct RankOutput {
   std::string backend;
+  std::string expert_exchange;  // ExpertDispatcher::exchange_name
   double load_seconds = 0;
   std::vector<double> prefill_seconds;
   double prefill_warmup_seconds = 0;
@@ -274,7 +275,14 @@ absl::Status SetUpRank(const BenchConfig& bc, int64_t rank, int64_t blocks, Rank
   spec.communicator = *choice;
   // The worker's expert-parallel dispatcher factory, which checks that the dispatcher serves
   // exactly the range loaded.
-  spec.dispatcher = ranks > 1 ? EpDispatcherFactory() : LocalDispatcherFactory();
+  auto ep_kind = ParseEpExchangeKind(bc.ep_exchange);
+  if (!ep_kind.ok()) return ep_kind.status();
+  EpExchangeOptions exchange;
+  exchange.kind = *ep_kind;
+  int64_t most_tokens = std::max<int64_t>(bc.prefill_batch_tokens, bc.cuda_graph_max_batch);
+  for (int64_t n : bc.decode_num_requests) most_tokens = std::max(most_tokens, n);
+  exchange.max_tokens = static_cast<int32_t>(std::min<int64_t>(most_tokens, 1 << 20));
+  spec.dispatcher = ranks > 1 ? EpDispatcherFactory(exchange) : LocalDispatcherFactory();
   spec.model = bc.model;
   spec.open_weights = [&bc](const std::string& model, ModelConfig* config) {
     return OpenBenchWeights(model, bc.load_threads, bc.dtype == kBenchFp8, config);
@@ -282,6 +290,7 @@ absl::Status SetUpRank(const BenchConfig& bc, int64_t rank, int64_t blocks, Rank
   spec.decode_graphs.enabled = bc.cuda_graphs;
   spec.decode_graphs.max_batch = bc.cuda_graph_max_batch;
   spec.fused_ops = bc.fused_ops;
+  spec.micro_batches = static_cast<int32_t>(bc.micro_batches);
   auto prefill_form = ParsePrefillAttention(bc.prefill_attention);
   if (!prefill_form.ok()) return prefill_form.status();
   spec.prefill_attention = *prefill_form;
@@ -302,7 +311,15 @@ absl::Status SetUpRank(const BenchConfig& bc, int64_t rank, int64_t blocks, Rank
   // Process-wide (every rank sets the same value; with ranks > 1 in one process the PDL-off
   // comparison toggles it for all of them, which changes their timing, never their results).
   kernels::SetProgrammaticDependentLaunch(bc.pdl);
-  if (bc.decode_fill == "random") FillCacheRandom(s->parts.backend.get(), *s->parts.pool, 99);
+  if (bc.decode_fill == "random") {
+    if (s->parts.model->CacheSpec().StateBytesPerSequence() > 0) {
+      return absl::InvalidArgumentError(
+          "bench: --decode-fill random fills the paged cache only, and this model's cache also "
+          "keeps per-sequence state (DeepSeek-V4's windows and compressors): use --decode-fill "
+          "prefill");
+    }
+    FillCacheRandom(s->parts.backend.get(), *s->parts.pool, 99);
+  }
   s->parts.backend->Synchronize();
   // Every rank has its weights before anyone steps.
   if (s->parts.group != nullptr) return s->parts.group->Barrier();
@@ -339,6 +356,7 @@ absl::Status RunRank(const BenchConfig& bc, int64_t rank, RankState* s, RankOutp
   if (absl::Status st = SetUpRank(bc, rank, blocks, s); !st.ok()) return st;
   o->load_seconds = Seconds(load_start, Clock::now());
   o->backend = s->parts.backend->name();
+  o->expert_exchange = s->parts.expert_exchange;
   o->kv_cache_dtype = s->parts.pool->spec().groups[0].dtype;
   o->kv_cache_blocks = s->parts.pool->num_blocks();
   CausalLm* model = s->parts.model.get();
@@ -723,6 +741,7 @@ absl::StatusOr<BenchResult> RunBenchmark(const BenchConfig& bc) {
   if (ranks > 1) {
     auto plane = comm::ResolveDataPlane(*choice, bc.backend, static_cast<int>(ranks));
     if (plane.ok()) r.data_plane = comm::DataPlaneName(*plane);
+    r.expert_exchange = outputs[0].expert_exchange;
   }
   r.bytes_per_value = *bytes_per_value;
   r.kv_cache_dtype = WeightDTypeName(outputs[0].kv_cache_dtype);
@@ -898,8 +917,12 @@ std::string FormatBenchReport(const BenchConfig& c, const BenchResult& r) {
   if (ep) {
     absl::StrAppendFormat(&out,
                           "ranks: %d (expert parallel over %s; each rank its own requests, "
-                          "figures per rank; a step's time is the slowest rank's)\n",
-                          r.ranks, r.data_plane);
+                          "figures per rank; a step's time is the slowest rank's)\n"
+                          "expert exchange: %s\n",
+                          r.ranks, r.data_plane, r.expert_exchange);
+  }
+  if (c.micro_batches != 1) {
+    absl::StrAppendFormat(&out, "micro-batches: %d per step (no decode graphs)\n", c.micro_batches);
   }
   // "roofline fraction F" where the peaks apply, and the peaks themselves.
   auto roofline = [&](double fraction) {

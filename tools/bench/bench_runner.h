@@ -82,6 +82,10 @@ struct BenchConfig {
   // Data plane of the expert exchange with ranks > 1: "auto" (NCCL on cuda, TCP on cpu),
   // "tcp" or "nccl" (comm/data_plane.h).
   std::string communicator = "auto";
+  // With ranks > 1 on NCCL: how the dispatcher moves rows, "collective", "auto" or "device"
+  // (EpExchangeKind, as the worker's --ep-exchange). The device exchange makes no communicator
+  // calls, so the all-to-all figures below stay empty for it.
+  std::string ep_exchange = "collective";
   // With ranks > 1: also measure the time in the all-to-all (extra synchronised steps).
   bool time_all_to_all = false;
   // Decode sampling: greedy by default; ParseDecodeSampling reads "T,TOP_K,TOP_P" (seeded per
@@ -103,6 +107,9 @@ struct BenchConfig {
   // CausalLm::SetFusedOps (the fused ops of a decode step; off: the op sequence of before, for
   // comparisons).
   bool fused_ops = true;
+  // CausalLm::SetMicroBatches: 1, or 2 (two micro-batches per step; with --ranks > 1 one half's
+  // expert exchange overlaps the other's compute).
+  int64_t micro_batches = 1;
   // CausalLm::SetPrefillAttention: auto, absorbed or mha.
   std::string prefill_attention = "auto";
   // After each batch size's timed steps (and the eager ones), output_len more steps of the same
@@ -168,7 +175,8 @@ struct BenchResult {
   // Decode steps were to replay CUDA graphs (cuda backend with BenchConfig::cuda_graphs).
   bool cuda_graphs = false;
   int64_t ranks = 1;
-  std::string data_plane;  // ranks > 1: "tcp" or "nccl"
+  std::string data_plane;       // ranks > 1: "tcp" or "nccl"
+  std::string expert_exchange;  // ranks > 1: how rows move (ExpertDispatcher::exchange_name)
   double bytes_per_value = 4;
   std::string kv_cache_dtype = "float32";  // the KvBlockPool's element type
   double cache_bytes_per_value = 4;

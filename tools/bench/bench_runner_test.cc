@@ -22,9 +22,9 @@
 namespace deepinfer {
 namespace {
 
-std::string FixtureDir() {
+std::string FixtureDir(const std::string& name = "dsv3_qlora_rope") {
   const char* src = std::getenv("TEST_SRCDIR");
-  return std::string(src ? src : ".") + "/deepinfer/tests/fixtures/dsv3_qlora_rope";
+  return std::string(src ? src : ".") + "/deepinfer/tests/fixtures/" + name;
 }
 
 BenchConfig SmallConfig() {
@@ -292,6 +292,23 @@ TEST(BenchRunnerTest, RejectsBadInput) {
   EXPECT_EQ(f32_cache->cache_bytes_per_value, 4);
   c.kv_cache_dtype = "int8";
   EXPECT_EQ(RunBenchmark(c).status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+// A DeepSeek-V4 model: its steps priced by the V4 roofline (roofline_v4.h), and --decode-fill
+// random refused (its cache keeps per-sequence state the random fill cannot write).
+TEST(BenchRunnerTest, DeepseekV4StepsArePricedByTheV4Roofline) {
+  BenchConfig c = SmallConfig();
+  c.model = DummyModelSpec(FixtureDir("dsv4_bf16"), 7);
+  c.dtype = "float32";
+  auto r = RunBenchmark(c);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->prefill_attention_form, "v4");
+  ASSERT_EQ(r->decode.size(), 1u);
+  ExpectDecodeFigures(r->decode[0], 3);
+  c.decode_fill = "random";
+  const absl::Status random = RunBenchmark(c).status();
+  EXPECT_EQ(random.code(), absl::StatusCode::kInvalidArgument) << random;
+  EXPECT_NE(random.message().find("--decode-fill prefill"), std::string::npos) << random;
 }
 
 // --kv-cache-blocks: a larger pool than the batches need is used as given and changes no token;

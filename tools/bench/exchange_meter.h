@@ -15,8 +15,10 @@
 // call blocks anyway. The time includes waiting for the slowest peer to reach the exchange
 // (load imbalance between ranks shows up here).
 //
-// Not thread-safe, like the communicator it wraps: the rank's one model thread calls the
-// collectives and reads the counters; Abort() may come from any thread.
+// Not thread-safe, like the communicator it wraps: one thread at a time calls the collectives (the
+// rank's model thread, or with two micro-batches its exchange thread, which the model waits for
+// before its step returns) and the model thread reads the counters between steps; Abort() may
+// come from any thread.
 #ifndef DEEPINFER_TOOLS_BENCH_EXCHANGE_METER_H_
 #define DEEPINFER_TOOLS_BENCH_EXCHANGE_METER_H_
 
@@ -44,6 +46,11 @@ class ExchangeMeter final : public comm::Communicator {
   int world_size() const override { return inner_->world_size(); }
   comm::MemoryKind memory_kind() const override { return inner_->memory_kind(); }
   void Abort(const absl::Status& reason) override { inner_->Abort(reason); }
+  // The device exchange (EpDeviceDispatcher) moves rows through these windows without calling
+  // the communicator, so the meter counts and times none of its traffic.
+  absl::StatusOr<comm::SymmetricWindow> RegisterSymmetricWindow(size_t bytes) override {
+    return inner_->RegisterSymmetricWindow(bytes);
+  }
 
   void set_timing(bool on) { timing_ = on; }
   // What was counted since the last call, then zero.

@@ -4,8 +4,10 @@
 #
 #   bash .gpu/multi_gpu.sh            (device tool: kind nvidia-h200-x2, carry [".gpu"])
 #
-# 1. the NCCL tests: nccl_communicator_test and ep_expert_dispatcher_gpu_test (their two-rank
-#    cases need 2 GPUs and skip otherwise: a SKIPS verdict below means they did not run);
+# 1. the NCCL tests: nccl_communicator_test, nccl_window_test, ep_expert_dispatcher_gpu_test
+#    (with the device exchange over two GPUs' NVLink windows against TCP) and
+#    ep_device_graph_gpu_test (their two-rank cases need 2 GPUs and skip otherwise: a SKIPS
+#    verdict below means they did not run);
 # 2. `deepinfer run --backend cuda` on the HF fixture's prompts (greedy, 24 tokens):
 #      ref      one worker, one GPU (CUDA_VISIBLE_DEVICES=0)
 #      a_nccl   one worker --ranks 2 (both GPUs), --communicator nccl
@@ -14,13 +16,14 @@
 #    and compares every run's tokens with ref's and with HF's greedy_24.
 # With one GPU, the 2-GPU runs are reported as SKIPPED and `ref` plus a one-rank NCCL run
 # (nccl1: forming and wiring only, a group of one exchanges nothing) still run.
-# 3. bench2: `deepinfer-bench --ranks 2 --time-all-to-all` (expert parallel
-#    over both GPUs, NCCL) on the Moonlight-shaped config with dummy weights, decode at 1, 64 and
+# 3. bench2: `deepinfer-bench --ranks 2 --time-all-to-all` (expert parallel over both GPUs:
+#    the device exchange, --ep-exchange auto; then the same with --ep-exchange collective, NCCL
+#    all-to-all, whose all-to-all time per step is measured) on the Moonlight-shaped config with dummy weights, decode at 1, 64 and
 #    128 requests per rank, context 1024, then the same with --ranks 1 on GPU 0; both reports go
 #    into the summary (decode tokens/s per GPU, step p50/p99, all-to-all time and bytes per
 #    step, and each rank's seq0 tokens against the one-rank run's). The decode cache is filled
 #    with random values (--decode-fill random, as bench_all.sh does) so that both runs fit in
-#    BENCH2_BUDGET_S (default 150 s); the fill depends on each rank's pool size, so the tokens
+#    BENCH2_BUDGET_S (default 220 s); the fill depends on each rank's pool size, so the tokens
 #    are comparable only with BENCH2_FLAGS using --decode-fill prefill; BENCH2_FLAGS replaces the measurement flags,
 #    BENCH2_BACKEND / BENCH2_MODEL / BENCH2_BIN the backend, config and binary (a CPU check:
 #    BENCH2_BACKEND=cpu with a fixture config).
@@ -56,7 +59,8 @@ record() {  # record NAME VERDICT DETAIL
 }
 
 # ---- 1. tests ----------------------------------------------------------------------------
-want tests && for n in nccl_communicator_test ep_expert_dispatcher_gpu_test; do
+want tests && for n in nccl_communicator_test nccl_window_test ep_expert_dispatcher_gpu_test \
+  ep_device_graph_gpu_test; do
   if [[ ! -x "$here/bin/$n" ]]; then
     record "$n" "FAIL(missing)" "not in the bundle"
     continue
@@ -164,13 +168,14 @@ fi
 fi  # runs
 
 # ---- 3. bench2: the benchmark at 2 ranks against 1 -------------------------------------------
-bench2() {  # bench2 NAME RANKS VISIBLE_DEVICES LIMIT_S
+bench2() {  # bench2 NAME RANKS VISIBLE_DEVICES LIMIT_S [EXTRA FLAG...]
   local name=$1 ranks=$2 visible=$3 limit=$4
+  shift 4
   local flags
   read -r -a flags <<< "${BENCH2_FLAGS:---decode-num-requests 1,64,128 --context-length 1024 \
 --output-len 16 --warmup 2 --iters 3 --decode-fill random}"
   local extra=()
-  ((ranks > 1)) && extra=(--time-all-to-all)
+  ((ranks > 1)) && extra=(--time-all-to-all "$@")
   local start=$(date +%s)
   env CUDA_VISIBLE_DEVICES="$visible" timeout "$limit" "$bench_bin" --backend "$bench_backend" \
     --model "$bench_model" --load-format dummy --ranks "$ranks" "${extra[@]}" "${flags[@]}" \
@@ -191,11 +196,14 @@ if want bench2; then
   bench_bin=${BENCH2_BIN:-$here/bin/deepinfer-bench}
   bench_backend=${BENCH2_BACKEND:-cuda}
   bench_model=${BENCH2_MODEL:-$here/configs/moonlight_shaped.json}
-  budget=${BENCH2_BUDGET_S:-150}
+  budget=${BENCH2_BUDGET_S:-220}
   t0=$(date +%s)
   if [[ $bench_backend != cuda || $gpus -ge 2 ]]; then
-    # Most of the budget: loading is shared by two GPUs, the exchange is extra work.
-    bench2 bench2_ranks2 2 0,1 $((budget * 3 / 5))
+    # Most of the budget: loading is shared by two GPUs, the exchange is extra work. The device
+    # exchange (auto), then NCCL all-to-all on the same flags, for the table below.
+    bench2 bench2_ranks2 2 0,1 $((budget * 3 / 10)) --ep-exchange auto
+    bench2 bench2_ranks2_collective 2 0,1 $((budget * 3 / 10)) --ep-exchange collective
+    grep -h "^expert exchange:" "$logs"/bench2_ranks2*.txt 2>/dev/null | tee -a "$summary"
   else
     record bench2_ranks2 SKIPPED "needs 2 GPUs, have $gpus"
   fi

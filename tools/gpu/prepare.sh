@@ -62,6 +62,7 @@ tests=(
   //kernels/gemm:fp8_block_gemm_test
   //kernels/gemm:staged_gemv_test
   //kernels/moe:expert_activation_test
+  //kernels/moe:ep_exchange_test
   //kernels/moe:expert_counts_test
   //kernels/moe:expert_gemm_cublas_test
   //kernels/moe:grouped_gemm_test
@@ -79,6 +80,8 @@ tests=(
   //kernels/v4:hyper_connection_test
   //kernels/v4:swiglu_clamped_test
   //kernels/v4:v4_router_test
+  //kernels/v4:sink_attention_test
+  //kernels/v4:indexer_topk_test
   //worker/sampling:device_sampler_gpu_test
   //worker/backend/cuda:cuda_backend_test
   //worker/backend/cuda:cuda_backend_gemm_test
@@ -92,7 +95,10 @@ tests=(
   //tests/parity:cuda_fp8_parity_test
   //tests/parity:cuda_v4_parity_test
   //worker/comm:nccl_communicator_test
+  //worker/comm:nccl_window_test
+  //worker/comm:nccl_window_refused_test
   //worker/model:ep_expert_dispatcher_gpu_test
+  //worker/model:ep_device_graph_gpu_test
   //worker/model:decode_graph_gpu_test
   //worker/model:mha_prefill_gpu_test
 )
@@ -100,11 +106,13 @@ tests=(
 daemons=(//coordinator/cli:deepinfer //coordinator:deepinfer-coordinator //worker:deepinfer-worker)
 tools=(//tools/bench:deepinfer-bench)
 [[ $bench_only -eq 1 ]] && tests=()
-[[ $bench_only -eq 1 ]] || tools+=(//kernels/attention:mla_attention_bench //kernels/attention:mla_decode_small_bench
+[[ $bench_only -eq 1 ]] || tools+=(//worker/comm:nccl_window_probe
+  //kernels/attention:mla_attention_bench //kernels/attention:mla_decode_small_bench
   //kernels/attention:mla_prefill_bench //kernels/attention:mha_prefill_bench
   //kernels/moe:grouped_gemm_bench //kernels/gemm:small_m_gemm_bench
   //kernels/gemm:fp8_block_gemm_bench
   //kernels/moe:moe_prefill_bench //kernels/sampling:sampling_bench
+  //kernels/v4:sink_attention_bench //kernels/v4:indexer_topk_bench
   //worker/backend/cuda:moe_decode_bench //worker/backend/cuda:moe_block_decode_bench
   //worker/backend/cuda:gemm_shapes_bench)
 if [[ -n "${GPU_TESTS+set}" ]]; then read -r -a tests <<< "$GPU_TESTS"; fi

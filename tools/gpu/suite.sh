@@ -6,8 +6,9 @@
 #
 # Suites, run in this order whatever the order given (each step under its own time limit;
 # SUITE_BUDGET_S, if set, caps all of them):
-#   tests           every *_test binary of the bundle (TESTS="a_test b_test" picks some,
-#                   GTEST_FILTER passes a filter to each)
+#   tests           nccl_window_probe when bundled (which NCCL calls of the device exchange
+#                   work here), then every *_test binary of the bundle (TESTS="a_test b_test"
+#                   picks some, GTEST_FILTER passes a filter to each)
 #   hf              HF transformers' bf16 error on the parity fixtures (hf_bf16_error.py)
 #   kernel-bench    every kernel and backend micro-benchmark of the bundle (*_bench)
 #   bench           ours against HF transformers on the same configs (bench_all.sh)
@@ -17,9 +18,10 @@
 #                   Compute (kernel_times.sh; KT_FLAGS passes more bench flags)
 #   memcheck        the test binaries under compute-sanitizer memcheck (MEMCHECK="a_test ..."
 #                   picks some), the whole model (cuda_parity_test) included
-#   racecheck       the attention and reduction kernel tests under racecheck
+#   racecheck       the attention, reduction and expert-exchange kernel tests under racecheck
 #   multi-gpu       the NCCL tests and `deepinfer run` over 2 GPUs (multi_gpu.sh; 2+ GPUs)
-#   bench2          deepinfer-bench --ranks 2 against --ranks 1 (multi_gpu.sh; 2+ GPUs)
+#   bench2          deepinfer-bench --ranks 2 (device exchange, then NCCL all-to-all) against
+#                   --ranks 1 (multi_gpu.sh; 2+ GPUs)
 #   e2e             whole jobs through `deepinfer run` (e2e.sh): wall time split into start-up,
 #                   serving and tail, the ideal from deepinfer-bench's step times, the device's
 #                   idle share, TTFT, tokens/s against HF transformers' generate (E2E_* knobs:
@@ -60,6 +62,13 @@ echo "suites:$suites GPUs: $gpus" >> "$OUT/machine.txt"
 sub_out() { mkdir -p "$logs/$1" && echo "$logs/$1"; }
 
 if want tests; then
+  # Which NCCL calls of the device expert exchange work here (before the tests that need them).
+  # A report, not a test: its exit status 1 (the exchange cannot run here; the tests that need it
+  # skip, naming why) passes; a crash does not.
+  if [[ -x "$B/nccl_window_probe" ]]; then
+    step nccl_window_probe 120 bash -c '"$@"; rc=$?; echo "probe exit status $rc"; ((rc <= 1))' \
+      _ env NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=INIT,ENV "$B/nccl_window_probe"
+  fi
   for t in "$B"/*_test; do
     n=$(basename "$t")
     [[ -z "${TESTS:-}" || " $TESTS " == *" $n "* ]] || continue
@@ -96,7 +105,8 @@ if want memcheck; then
     case "$n" in
       backend_factory_test) continue ;;
       # NCCL under compute-sanitizer is very slow and reports NCCL's own internals.
-      nccl_communicator_test | ep_expert_dispatcher_gpu_test) continue ;;
+      nccl_communicator_test | nccl_window_test | nccl_window_refused_test) continue ;;
+      ep_expert_dispatcher_gpu_test | ep_device_graph_gpu_test) continue ;;
     esac
     [[ -z "${MEMCHECK:-}" || " $MEMCHECK " == *" $n "* ]] || continue
     step "memcheck_$n" 240 compute-sanitizer --tool memcheck --error-exitcode 1 "$t" \
@@ -105,7 +115,7 @@ if want memcheck; then
 fi
 if want racecheck; then
   for n in mla_attention_test rms_norm_test argmax_test permute_test sample_test \
-    hyper_connection_test v4_router_test; do
+    hyper_connection_test v4_router_test ep_exchange_test; do
     [[ -x "$B/$n" ]] || continue
     step "racecheck_$n" 240 compute-sanitizer --tool racecheck --error-exitcode 1 "$B/$n" \
       --gtest_color=no
@@ -113,7 +123,7 @@ if want racecheck; then
 fi
 if want multi-gpu; then
   if ((gpus >= 2)); then
-    step multi_gpu 240 env OUT="$(sub_out multi_gpu)" MULTI_GPU_PARTS="tests runs" \
+    step multi_gpu 360 env OUT="$(sub_out multi_gpu)" MULTI_GPU_PARTS="tests runs" \
       bash "$here/multi_gpu.sh"
   else
     echo "multi_gpu SKIPPED ($gpus GPU)" | tee -a "$summary"
@@ -121,7 +131,7 @@ if want multi-gpu; then
 fi
 if want bench2; then
   if ((gpus >= 2)); then
-    step bench2 180 env OUT="$(sub_out bench2)" MULTI_GPU_PARTS=bench2 BENCH2_BUDGET_S=160 \
+    step bench2 240 env OUT="$(sub_out bench2)" MULTI_GPU_PARTS=bench2 BENCH2_BUDGET_S=220 \
       bash "$here/multi_gpu.sh"
   else
     echo "bench2 SKIPPED ($gpus GPU)" | tee -a "$summary"

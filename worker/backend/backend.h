@@ -295,6 +295,9 @@ struct RoutedExpertsArgs {
   const float* const* down_scales = nullptr;
   bool fp8() const { return dtype == WeightDType::kFp8E4M3; }
   float* out = nullptr;  // [tokens, hidden_size], overwritten
+  // Stay on the device at any size (no host copy of the group sizes), as while recording: rows
+  // padded to a capacity (ids -1) whose real count only the device knows.
+  bool keep_on_device = false;
   // The shared experts, read only by Backend::RoutedAndSharedExperts (shared_inter 0: none):
   // one MLP of intermediate size shared_inter (n_shared_experts * moe_intermediate_size) in
   // `dtype`, gate rows then up rows.

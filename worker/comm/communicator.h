@@ -39,6 +39,15 @@ enum class MemoryKind { kHost, kDevice };
 using StreamHandle = void*;
 
 enum class ReduceOp { kSum, kMax };
+
+// Device memory every rank of a group can load from and store to directly (over NVLink): the
+// same size on every rank. peers[r] is rank r's buffer as this rank addresses it; peers[rank()]
+// is this rank's own. The communicator owns the memory; it lives as long as the communicator.
+struct SymmetricWindow {
+  void* local = nullptr;
+  size_t bytes = 0;
+  std::vector<void*> peers;
+};
 enum class DataType { kFloat32, kInt64 };
 
 size_t DataTypeSize(DataType type);
@@ -98,6 +107,14 @@ class Communicator {
   // rank that must leave the group (shutdown, a local error) without the others waiting
   // out their timeout. Idempotent; the first reason wins.
   virtual void Abort(const absl::Status& reason) = 0;
+
+  // Collective (every rank, the same size, in the same order): allocates a symmetric window of
+  // `bytes` (zeroed) on every rank and maps the peers' into this rank. UNIMPLEMENTED where
+  // the ranks cannot address each other's memory (host communicators, ranks across hosts):
+  // callers then use the collectives above.
+  virtual absl::StatusOr<SymmetricWindow> RegisterSymmetricWindow(size_t bytes) {
+    return absl::UnimplementedError("this communicator has no symmetric device windows");
+  }
 
  protected:
   Communicator() = default;

@@ -12,6 +12,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "glog/logging.h"
+#include "worker/comm/nccl_window.h"
 
 namespace deepinfer::comm {
 namespace {
@@ -89,6 +90,16 @@ ncclDataType_t NcclType(DataType type) {
 }
 
 ncclRedOp_t NcclOp(ReduceOp op) { return op == ReduceOp::kSum ? ncclSum : ncclMax; }
+
+// NCCL's device API (nccl_device.h: windows, LSA pointers) came with 2.28.
+constexpr int kNcclDeviceApiVersion = 22800;
+
+// Why a rank cannot use a symmetric window; exchanged so that every rank gives up together.
+enum WindowCode : size_t { kWindowOk = 0, kWindowNoDeviceHandle = 1, kWindowBadPointers = 2 };
+
+// A window's check part (after the user's bytes) and what rank r writes there.
+constexpr size_t kWindowCheckBytes = 256;
+uint64_t WindowCheckWord(int rank) { return 0x6465657077696e00ull + static_cast<uint64_t>(rank); }
 
 }  // namespace
 
@@ -219,6 +230,11 @@ NcclCommunicator::~NcclCommunicator() {
     absl::MutexLock lock(&op_mu_);
     if (comm_ != nullptr) {
       bool destroyed = false;
+      if (BrokenStatus().ok()) {
+        for (const auto& [window, memory] : windows_) {
+          (void)ncclCommWindowDeregister(comm_, static_cast<ncclWindow_t>(window));
+        }
+      }
       if (BrokenStatus().ok() && ncclCommFinalize(comm_) != ncclInternalError) {
         const absl::Time deadline = absl::Now() + std::min(spec_.timeout, kFinalizeBound);
         if (AwaitNotInProgressLocked("NCCL finalize", deadline).ok()) {
@@ -228,6 +244,8 @@ NcclCommunicator::~NcclCommunicator() {
       if (!destroyed) (void)ncclCommAbort(comm_);
       comm_ = nullptr;
     }
+    for (const auto& [window, memory] : windows_) (void)ncclMemFree(memory);
+    windows_.clear();
   }
   if (default_stream_ != nullptr)
     (void)cudaStreamSynchronize(static_cast<cudaStream_t>(default_stream_));
@@ -268,6 +286,152 @@ absl::Status NcclCommunicator::Fail(const absl::Status& error) {
     pending_ = false;
   }
   return first;
+}
+
+absl::StatusOr<SymmetricWindow> NcclCommunicator::RegisterSymmetricWindow(size_t bytes) {
+  if (absl::Status b = BrokenStatus(); !b.ok()) return b;
+  const std::string what = absl::StrCat("NCCL symmetric window of ", bytes, " bytes on rank ",
+                                        spec_.rank, " of ", spec_.world_size);
+  if (bytes == 0) return absl::InvalidArgumentError(absl::StrCat(what, ": empty"));
+  ScopedDevice device(spec_.device);
+  // The user's bytes, then the check word (CheckWindow) in a part of its own, so that checking
+  // never touches what the peers write.
+  const size_t total = bytes + kWindowCheckBytes;
+  void* memory = nullptr;
+  ncclWindow_t window = nullptr;
+  absl::Status registered;
+  {
+    absl::MutexLock lock(&op_mu_);
+    if (comm_ == nullptr) return absl::FailedPreconditionError(absl::StrCat(what, ": no group"));
+    // What every rank sees alike (one NCCL version per group, one topology): refused before
+    // registering, on every rank.
+    int version = 0;
+    if (ncclGetVersion(&version) != ncclSuccess || version < kNcclDeviceApiVersion) {
+      return absl::UnimplementedError(absl::StrCat(
+          what, ": the NCCL library loaded (version code ", version,
+          ") predates the device API (2.28, version code ", kNcclDeviceApiVersion, ")"));
+    }
+    const int lsa = LsaTeamSize(comm_);
+    if (lsa != spec_.world_size) {
+      return absl::UnimplementedError(
+          absl::StrCat(what, ": only ", lsa, " of the ", spec_.world_size,
+                       " ranks share NVLink load/store (the group spans hosts)"));
+    }
+    if (ncclResult_t r = ncclMemAlloc(&memory, total); r != ncclSuccess) {
+      return NcclError(what, "ncclMemAlloc", r, comm_);
+    }
+    if (cudaError_t e = cudaMemset(memory, 0, total); e != cudaSuccess) {
+      (void)ncclMemFree(memory);
+      return CudaError(what, "cudaMemset", e);
+    }
+    ncclResult_t r = ncclCommWindowRegister(comm_, memory, total, &window, NCCL_WIN_COLL_SYMMETRIC);
+    if (r != ncclSuccess && r != ncclInProgress) {
+      (void)ncclMemFree(memory);
+      return NcclError(what, "ncclCommWindowRegister", r, comm_);
+    }
+    registered = AwaitNotInProgressLocked(what, absl::Now() + spec_.timeout);
+    // Freed after the NCCL communicator (the destructor) if the registration did not complete.
+    if (!registered.ok()) windows_.push_back({window, memory});
+  }
+  // A registration that did not complete leaves the group in an unknown state.
+  if (!registered.ok()) return Fail(registered);
+  SymmetricWindow out;
+  out.local = memory;
+  out.bytes = bytes;
+  absl::Status checked = CheckWindow(what, window, memory, bytes, &out.peers);
+  absl::MutexLock lock(&op_mu_);
+  if (!checked.ok()) {
+    if (comm_ != nullptr && window != nullptr) (void)ncclCommWindowDeregister(comm_, window);
+    (void)ncclMemFree(memory);
+    return checked;
+  }
+  windows_.push_back({window, memory});
+  return out;
+}
+
+absl::Status NcclCommunicator::CheckWindow(const std::string& what, ncclWindow_vidmem* window,
+                                           void* memory, size_t bytes, std::vector<void*>* peers) {
+  const int n = spec_.world_size;
+  const cudaStream_t stream = static_cast<cudaStream_t>(default_stream_);
+  // 1. The handle, before any kernel reads it. NCCL gives a host or null handle where the
+  //    communicator has no symmetric memory (nccl_window.h); a kernel reading that faults, and
+  //    the fault would end every later CUDA call of the process.
+  std::string detail;
+  size_t code = kWindowOk;
+  int version = 0;
+  (void)ncclGetVersion(&version);
+  if (!IsDeviceWindowHandle(window, spec_.device, &detail)) {
+    code = kWindowNoDeviceHandle;
+    detail = absl::StrCat(
+        "NCCL (version code ", version, ") gave no device window handle (", detail,
+        "): this communicator has no symmetric memory; NCCL needs cuMem (NCCL_CUMEM_ENABLE), "
+        "NCCL_WIN_ENABLE and CUDA P2P between all ranks (nccl_window_probe says which NCCL calls "
+        "work here)");
+  }
+  // 2. Every rank's LSA pointer (a one-thread kernel), and this rank's check word written
+  //    through its own pointer.
+  const uint64_t mine = WindowCheckWord(spec_.rank);
+  if (code == kWindowOk) {
+    peers->assign(n, nullptr);
+    void** table = nullptr;
+    cudaError_t e = cudaMalloc(reinterpret_cast<void**>(&table), n * sizeof(void*));
+    if (e == cudaSuccess) e = LsaPointersOfWindow(window, n, table, stream);
+    if (e == cudaSuccess) {
+      e = cudaMemcpyAsync(peers->data(), table, n * sizeof(void*), cudaMemcpyDeviceToHost, stream);
+    }
+    if (e == cudaSuccess) {
+      e = cudaMemcpyAsync(static_cast<char*>(memory) + bytes, &mine, sizeof(mine),
+                          cudaMemcpyHostToDevice, stream);
+    }
+    if (e == cudaSuccess) e = cudaStreamSynchronize(stream);
+    if (table != nullptr) (void)cudaFree(table);
+    // The handle is device memory, so this is no bad handle: an error here is the GPU's.
+    if (e != cudaSuccess) return Fail(CudaError(what, "resolving the peers' pointers", e));
+    for (int r = 0; r < n && code == kWindowOk; ++r) {
+      if ((*peers)[r] == nullptr) {
+        code = kWindowBadPointers;
+        detail = absl::StrCat("NCCL's LSA pointer of rank ", r, " is null");
+      }
+    }
+  }
+  if (absl::Status agreed = AgreeOnWindow(what, code, detail); !agreed.ok()) return agreed;
+  // 3. Every rank's check word read through the pointers (every rank wrote its own before the
+  //    agreement above): the pointers address the ranks' windows.
+  std::vector<uint64_t> words(n, 0);
+  for (int r = 0; r < n && code == kWindowOk; ++r) {
+    cudaError_t e = cudaMemcpyAsync(&words[r], static_cast<char*>((*peers)[r]) + bytes,
+                                    sizeof(uint64_t), cudaMemcpyDeviceToHost, stream);
+    if (e == cudaSuccess) e = cudaStreamSynchronize(stream);
+    if (e != cudaSuccess) {
+      (void)cudaGetLastError();
+      code = kWindowBadPointers;
+      detail = absl::StrCat("reading rank ", r,
+                            "'s window through its LSA pointer: ", cudaGetErrorName(e));
+    } else if (words[r] != WindowCheckWord(r)) {
+      code = kWindowBadPointers;
+      detail =
+          absl::StrCat("rank ", r, "'s window read through its LSA pointer holds ",
+                       absl::Hex(words[r]), ", not its check word ", absl::Hex(WindowCheckWord(r)));
+    }
+  }
+  return AgreeOnWindow(what, code, detail);
+}
+
+absl::Status NcclCommunicator::AgreeOnWindow(const std::string& what, size_t code,
+                                             const std::string& detail) {
+  absl::StatusOr<std::vector<size_t>> codes =
+      AllToAllSizes(std::vector<size_t>(spec_.world_size, code));
+  if (!codes.ok()) return codes.status();
+  if (code != kWindowOk) return absl::UnimplementedError(absl::StrCat(what, ": ", detail));
+  for (int r = 0; r < spec_.world_size; ++r) {
+    if ((*codes)[r] == kWindowOk) continue;
+    return absl::UnimplementedError(absl::StrCat(
+        what, ": rank ", r, " cannot use it (",
+        (*codes)[r] == kWindowNoDeviceHandle ? "NCCL gave it no device window handle"
+                                             : "its LSA pointers do not address the windows",
+        ")"));
+  }
+  return absl::OkStatus();
 }
 
 void NcclCommunicator::Abort(const absl::Status& reason) {

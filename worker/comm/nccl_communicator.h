@@ -27,6 +27,7 @@
 #include <memory>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
@@ -36,7 +37,8 @@
 #include "absl/time/time.h"
 #include "worker/comm/communicator.h"
 
-struct ncclComm;  // nccl.h: typedef struct ncclComm* ncclComm_t
+struct ncclComm;           // nccl.h: typedef struct ncclComm* ncclComm_t
+struct ncclWindow_vidmem;  // nccl.h: typedef struct ncclWindow_vidmem* ncclWindow_t
 
 namespace deepinfer::comm {
 
@@ -72,6 +74,15 @@ class NcclCommunicator final : public Communicator {
   int world_size() const override { return spec_.world_size; }
   MemoryKind memory_kind() const override { return MemoryKind::kDevice; }
   void Abort(const absl::Status& reason) override;
+  // ncclMemAlloc + ncclCommWindowRegister(NCCL_WIN_COLL_SYMMETRIC) and the window's LSA
+  // (NVLink) pointer of every rank (nccl_device.h, resolved once by a kernel), checked before
+  // use: the handle must be device memory (NCCL gives a host or null one where the communicator
+  // has no symmetric memory; no kernel reads it then) and every rank reads each rank's check
+  // word through the pointers. UNIMPLEMENTED, on every rank alike and with the communicator
+  // usable for collectives, when the NCCL library predates the device API, the group is not
+  // one LSA team (ranks on several hosts), NCCL gives any rank no device window, or a check
+  // fails; the error of the NCCL call when registering fails (the communicator is then broken).
+  absl::StatusOr<SymmetricWindow> RegisterSymmetricWindow(size_t bytes) override;
 
   int device() const { return spec_.device; }
   // Collectives enqueued so far.
@@ -92,6 +103,13 @@ class NcclCommunicator final : public Communicator {
 
   // Forming (Create).
   absl::Status Init();
+  // RegisterSymmetricWindow's checks of a registered window (collective): the handle, the
+  // peers' pointers into *peers, the check words after the first `bytes` of each window.
+  absl::Status CheckWindow(const std::string& what, ncclWindow_vidmem* window, void* memory,
+                           size_t bytes, std::vector<void*>* peers);
+  // Collective: OK when every rank's `code` is kWindowOk, else UNIMPLEMENTED with this rank's
+  // `detail` or the first failing rank's reason.
+  absl::Status AgreeOnWindow(const std::string& what, size_t code, const std::string& detail);
   // Numbers a collective and enqueues it: `issue` makes the NCCL calls (inside one
   // ncclGroupStart/End) on `stream`; then records the completion event the watchdog watches.
   // On failure breaks the communicator. `what` names the collective in errors.
@@ -118,6 +136,9 @@ class NcclCommunicator final : public Communicator {
   int64_t* sizes_device_ = nullptr;  // [2 * world]: AllToAllSizes send then receive
   int64_t* sizes_host_ = nullptr;    // pinned, the same layout
   int32_t* barrier_device_ = nullptr;
+  // Registered symmetric windows (ncclWindow_t, the ncclMemAlloc memory), released before the
+  // communicator is destroyed.
+  std::vector<std::pair<void*, void*>> windows_ ABSL_GUARDED_BY(op_mu_);
 
   // Serialises enqueues and guards the NCCL handle (Abort frees it).
   mutable absl::Mutex op_mu_;

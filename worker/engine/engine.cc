@@ -1,4 +1,5 @@
-// Engine: scheduling, KV block accounting, stop conditions.
+// Engine: scheduling, KV block accounting, stop conditions. Over 800 lines: every stage reads and
+// writes the Sequence record defined here, private to this file.
 #include "worker/engine/engine.h"
 
 #include <algorithm>
@@ -27,10 +28,11 @@ struct Engine::Sequence {
   int64_t kept_end = 0;
   int64_t replay_from = 0;
   std::vector<int32_t> blocks;
-  // Chain hashes of the full blocks of `tokens` (PrefixCache::ExtendHashes), and how many of
-  // `blocks` were offered to the prefix cache (or came from it).
+  // Chain hashes of the full blocks of `tokens` (PrefixCache::ExtendHashes), how many of
+  // `blocks` were offered to the prefix cache (or came from it), how many lead as a shared hit.
   std::vector<uint64_t> block_hashes;
   int32_t registered = 0;
+  int32_t shared_blocks = 0;
   // Prompt tokens served from the prefix cache at the first admission; -1 before it.
   int64_t cached_prompt_tokens = -1;
   SamplingParams sampling;
@@ -108,6 +110,10 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(CausalLm* model, KvBlockP
   }
   if (!(options.draft_min_confidence >= 0.0f && options.draft_min_confidence <= 1.0f)) {
     return absl::InvalidArgumentError("Engine: draft_min_confidence must be in [0, 1]");
+  }
+  if (options.speculative_tokens > 0) {  // a draft head that cannot run yet: refused here
+    absl::StatusOr<DraftOutput> probe = model->Draft({}, pool);
+    if (!probe.ok()) return probe.status();
   }
   return std::unique_ptr<Engine>(new Engine(model, pool, queue, tokenizer, std::move(options)));
 }
@@ -238,9 +244,14 @@ void Engine::CancelRequests(const std::vector<std::string>& ids) {
 }
 
 void Engine::FreeBlocks(Sequence* seq) {
+  // Its state slot, keyed by its first block of its own, which the cache may keep.
+  if (static_cast<size_t>(seq->shared_blocks) < seq->blocks.size()) {
+    pool_->ReleaseSequenceSlot(seq->blocks[seq->shared_blocks]);
+  }
   cache_.Release(seq->blocks);
   seq->blocks.clear();
   seq->registered = 0;
+  seq->shared_blocks = 0;
   seq->computed = 0;
   seq->hidden.clear();
   seq->hidden_from = 0;
@@ -249,27 +260,38 @@ void Engine::FreeBlocks(Sequence* seq) {
 
 void Engine::AcquireCachedPrefix(Sequence* seq) {
   CHECK(seq->blocks.empty() && seq->computed == 0) << seq->id;
+  seq->kept_end = seq->replay_from = 0;  // no kept entries: computed from the hit or from 0
   if (!cache_.enabled()) return;
   const int64_t n = static_cast<int64_t>(seq->tokens.size());
   cache_.ExtendHashes(seq->tokens, n, &seq->block_hashes);
   // At least the last token is computed: its logits give the next token.
-  seq->blocks = cache_.Acquire(seq->tokens, seq->block_hashes, n - 1);
-  seq->registered = static_cast<int32_t>(seq->blocks.size());
-  seq->computed = static_cast<int64_t>(seq->blocks.size()) * pool_->block_size();
+  std::vector<int32_t> hit = cache_.Acquire(seq->tokens, seq->block_hashes, n - 1);
+  if (hit.empty()) return;
+  const int64_t hit_end = static_cast<int64_t>(hit.size()) * pool_->block_size();
+  int64_t start = hit_end;
+  if (!pool_->spec().SharesPrefixBlocks()) {
+    // Blocks hold no per-sequence state (window rings, compressor rows): a bounded replay
+    // rebuilds it, in a slot keyed by a block of the sequence's own. Without either, no hit.
+    start = model_->BoundedReplayStart(hit_end);
+    if (start <= 0 || cache_.num_available_blocks() < 1) {
+      cache_.Release(hit);
+      return;
+    }
+    absl::StatusOr<std::vector<int32_t>> own = cache_.Allocate(1);
+    CHECK(own.ok()) << own.status();  // a block is available
+    seq->kept_end = hit_end;
+    seq->replay_from = start;
+    seq->high_water = std::max(seq->high_water, hit_end);  // the replay counts as replayed
+    hit.push_back(own->front());
+  }
+  seq->shared_blocks = seq->registered = static_cast<int32_t>(hit_end / pool_->block_size());
+  seq->blocks = std::move(hit);
+  seq->computed = start;
 }
 
 void Engine::RegisterFullBlocks(Sequence* seq) {
-  if (!cache_.enabled()) return;
-  const int64_t bs = pool_->block_size();
-  const int32_t full = static_cast<int32_t>(seq->computed / bs);
-  if (full <= seq->registered) return;
-  cache_.ExtendHashes(seq->tokens, seq->computed, &seq->block_hashes);
-  for (int32_t i = seq->registered; i < full; ++i) {
-    cache_.Register(seq->blocks[i], seq->block_hashes[i],
-                    i == 0 ? cache_.root_hash() : seq->block_hashes[i - 1],
-                    seq->tokens.data() + static_cast<int64_t>(i) * bs);
-  }
-  seq->registered = full;
+  seq->registered = cache_.RegisterComputed(seq->blocks, seq->tokens, seq->computed,
+                                            seq->registered, &seq->block_hashes);
 }
 
 void Engine::Preempt(std::list<std::unique_ptr<Sequence>>::iterator it) {
@@ -446,6 +468,7 @@ absl::StatusOr<std::vector<RequestResult>> Engine::Step() {
       step.block_table = s->blocks;
       step.replay_from = s->replay_from;
       step.kept_end = s->kept_end;
+      step.shared_blocks = s->shared_blocks;
       // A constrained sequence is not drafted: verification rows carry no grammar mask.
       step.return_hidden = drafter_ != nullptr && s->matcher == nullptr;
       if (!s->drafts.empty()) {
@@ -494,6 +517,7 @@ absl::StatusOr<std::vector<RequestResult>> Engine::Step() {
     absl::StatusOr<StepOutput> out = model_->Step(batch, pool_);
     const absl::Time step_end = absl::Now();
     if (!out.ok()) return out.status();
+    step_window_.Record(decodes + prefill_tokens, decodes);
     stats_.AddStep(step_start, step_end - step_start, decodes, prefill_tokens,
                    model_->decode_graphs_recorded() > graphs_before,
                    model_->decode_graph_steps() > graph_steps_before);
@@ -751,6 +775,7 @@ void Engine::UpdateLoad() {
   load.kv_blocks_total = pool_->num_blocks();
   load.kv_blocks_used = cache_.num_referenced_blocks();
   load.kv_blocks_cached = cache_.num_cached_blocks();
+  load.steps = step_window_.summary();
   load.prompt_tokens = prompt_tokens_;
   load.cached_prompt_tokens = cached_prompt_tokens_;
   load.computed_tokens = computed_tokens_;

@@ -11,11 +11,13 @@
 // cached full blocks its tokens start with (at most all but its last token, so that at least
 // one token is computed and sampled from) and starts computing after them; every block a
 // sequence fills is offered to the cache, and a finished or preempted sequence's cached blocks
-// stay, idle, until their memory is needed. When a running sequence needs a block and none is
-// free or idle, the most recently admitted sequence not yet scheduled in this
-// step is preempted by recomputation: its blocks are freed, it keeps its generated tokens and
-// goes back to the front of the waiting queue; when re-admitted, prompt + generated tokens are
-// prefilled again. Where the model rebuilds its cache by a bounded replay
+// stay, idle, until their memory is needed. Where the cache also keeps per-sequence state
+// (DeepSeek-V4's window rings and compressor rows), a hit keeps the shared blocks' entries and
+// replays the positions from CausalLm::BoundedReplayStart(hit) to rebuild the state. When a running
+// sequence needs a block and none is free or idle, the most recently admitted sequence not yet
+// scheduled in this step is preempted by recomputation: its blocks are freed, it keeps its
+// generated tokens and goes back to the front of the waiting queue; when re-admitted, prompt +
+// generated tokens are prefilled again. Where the model rebuilds its cache by a bounded replay
 // (CausalLm::BoundedReplayStart > 0: DeepSeek-V4), the preempted sequence's paged entries are
 // first copied to host memory, and on re-admission they are written into new blocks and only
 // the positions from BoundedReplayStart are computed again (docs/model.md, "Replay after
@@ -65,6 +67,7 @@
 #include "worker/engine/draft_proposer.h"
 #include "worker/engine/request_queue.h"
 #include "worker/engine/step_stats.h"
+#include "worker/engine/step_window.h"
 #include "worker/engine/structured_output_matchers.h"
 #include "worker/kv_cache/kv_block_pool.h"
 #include "worker/kv_cache/prefix_cache.h"
@@ -102,6 +105,7 @@ struct EngineLoad {
   int64_t kv_blocks_used = 0;  // referenced by requests (idle cached blocks count as free)
   int64_t kv_blocks_total = 0;
   int64_t kv_blocks_cached = 0;  // holding a cached prefix (referenced or idle)
+  StepWindow::Summary steps;     // the last steps' tokens and decode rows
   // Prefix caching so far: prompt tokens of first admissions, and of those, served from the
   // cache; tokens the model computed.
   int64_t prompt_tokens = 0;
@@ -144,8 +148,8 @@ class Engine {
   // Tokens the model computed (prefill, re-prefill after preemption, decode and drafts being
   // verified) so far.
   int64_t computed_tokens() const { return computed_tokens_; }
-  // Of those, tokens computed again after a preemption (re-prefill, or a bounded rebuild's
-  // replay).
+  // Of those, positions computed again below entries kept for them: after a preemption
+  // (re-prefill, or a bounded rebuild's replay) and a prefix-cache hit's bounded replay.
   int64_t replayed_tokens() const { return replayed_tokens_; }
   // Speculative decoding: drafts verified so far, and how many of them were accepted.
   int64_t drafts_verified() const { return drafts_verified_; }
@@ -197,9 +201,12 @@ class Engine {
   // Puts kept bytes back into newly allocated blocks and sets `seq` to replay from
   // replay_from; false (nothing taken) if too few blocks are free.
   bool RestoreKept(Sequence* seq);
-  // Takes the cached blocks the sequence's tokens start with (a sequence without blocks).
+  // Takes the cached blocks the sequence's tokens start with (a sequence without blocks); where
+  // the cache keeps per-sequence state, also a block of its own, and sets it to replay from
+  // BoundedReplayStart(hit) with the hit's entries kept (no hit if that is position 0).
   void AcquireCachedPrefix(Sequence* seq);
-  // Offers the sequence's blocks that its computed tokens filled to the prefix cache.
+  // Offers the sequence's blocks whose entries its computed tokens completed to the prefix
+  // cache (PrefixCache::RegisterComputed).
   void RegisterFullBlocks(Sequence* seq);
   void UpdateLoad();
 
@@ -227,6 +234,7 @@ class Engine {
   std::unique_ptr<DraftProposer> drafter_;  // null unless speculative_tokens > 0
   StepStats stats_;
 
+  StepWindow step_window_;  // engine thread
   mutable absl::Mutex load_mu_;
   EngineLoad load_ ABSL_GUARDED_BY(load_mu_);
   std::vector<RequestProgress> progress_ ABSL_GUARDED_BY(load_mu_);

@@ -11,6 +11,9 @@
 #include "absl/time/clock.h"
 #include "glog/logging.h"
 #include "worker/model/ep_expert_dispatcher.h"
+#if DEEPINFER_WITH_DEVICE_EXCHANGE
+#include "worker/model/ep_device_dispatcher.h"
+#endif
 #include "worker/model/model_loader.h"
 
 namespace deepinfer {
@@ -65,14 +68,53 @@ DispatcherFactory LocalDispatcherFactory() {
   return f;
 }
 
-DispatcherFactory EpDispatcherFactory() {
+absl::StatusOr<EpExchangeKind> ParseEpExchangeKind(const std::string& name) {
+  if (name == "auto") return EpExchangeKind::kAuto;
+  if (name == "device") return EpExchangeKind::kDevice;
+  if (name == "collective") return EpExchangeKind::kCollective;
+  return absl::InvalidArgumentError(
+      absl::StrCat("unknown expert exchange '", name, "' (auto, device or collective)"));
+}
+
+DispatcherFactory EpDispatcherFactory(const EpExchangeOptions& exchange) {
   DispatcherFactory f;
   f.partitioned = true;
-  f.make = [](comm::Communicator* comm, ExpertRange range,
-              std::shared_ptr<const ExpertPlacement> placement, const ModelConfig& config,
-              const ModelWeights& weights,
-              Backend* backend) -> absl::StatusOr<std::unique_ptr<ExpertDispatcher>> {
+  f.make = [exchange](comm::Communicator* comm, ExpertRange range,
+                      std::shared_ptr<const ExpertPlacement> placement, const ModelConfig& config,
+                      const ModelWeights& weights,
+                      Backend* backend) -> absl::StatusOr<std::unique_ptr<ExpertDispatcher>> {
     if (comm->world_size() == 1) return MakeLocalExpertDispatcher(config, weights, backend);
+    const bool device_plane = comm->memory_kind() == comm::MemoryKind::kDevice;
+    if (exchange.kind == EpExchangeKind::kDevice && !device_plane) {
+      return absl::FailedPreconditionError(
+          "--ep-exchange=device needs the NCCL data plane (--backend cuda, --communicator nccl "
+          "or auto)");
+    }
+#if DEEPINFER_WITH_DEVICE_EXCHANGE
+    if (device_plane && exchange.kind != EpExchangeKind::kCollective) {
+      EpDeviceOptions options;
+      options.max_tokens = exchange.max_tokens;
+      options.top_k = static_cast<int32_t>(config.num_experts_per_tok);
+      auto d = EpDeviceDispatcher::Create(comm, backend, config.n_routed_experts,
+                                          config.hidden_size, options, placement);
+      if (d.ok()) {
+        LOG(INFO) << "rank " << comm->rank() << " of " << comm->world_size()
+                  << ": expert exchange: " << (*d)->Describe();
+        return std::unique_ptr<ExpertDispatcher>(std::move(*d));
+      }
+      // Limits every rank shares (no window, sizes) fall back together; anything else (the
+      // registration itself failed) is an error.
+      const bool shared_limit =
+          absl::IsUnimplemented(d.status()) || absl::IsInvalidArgument(d.status());
+      if (exchange.kind == EpExchangeKind::kDevice || !shared_limit) return d.status();
+      LOG(WARNING) << "rank " << comm->rank() << ": --ep-exchange auto: no device expert exchange ("
+                   << d.status().message() << "); using NCCL all-to-all";
+    }
+#else
+    if (exchange.kind == EpExchangeKind::kDevice) {
+      return absl::FailedPreconditionError("--ep-exchange=device needs a CUDA build");
+    }
+#endif
     const bool placed = placement != nullptr;
     auto d = EpExpertDispatcher::Create(comm, backend, config.n_routed_experts, config.hidden_size,
                                         std::move(placement));
@@ -207,9 +249,13 @@ absl::Status BuildRank(const RankSpec& spec, const RankHooks& hooks,
     }
   }
 
-  ExpertDispatcherFactory make = [&spec, exchange, range](const ModelConfig& c,
-                                                          const ModelWeights& w, Backend* b) {
-    return spec.dispatcher.make(exchange, range, spec.placement, c, w, b);
+  ExpertDispatcherFactory make =
+      [&spec, exchange, range, parts](
+          const ModelConfig& c, const ModelWeights& w,
+          Backend* b) -> absl::StatusOr<std::unique_ptr<ExpertDispatcher>> {
+    auto d = spec.dispatcher.make(exchange, range, spec.placement, c, w, b);
+    if (d.ok()) parts->expert_exchange = (*d)->exchange_name();
+    return d;
   };
   phase_done("memory check");
   auto model = BuildModel(config, source->get(), be, load, make);
@@ -219,6 +265,10 @@ absl::Status BuildRank(const RankSpec& spec, const RankHooks& hooks,
   parts->model->SetDecodeGraphOptions(spec.decode_graphs);
   parts->model->SetFusedOps(spec.fused_ops);
   parts->model->SetPrefillAttention(spec.prefill_attention);
+  if (absl::Status st = parts->model->SetMicroBatches(spec.micro_batches); !st.ok()) {
+    return absl::Status(st.code(),
+                        absl::StrCat("--micro-batches ", spec.micro_batches, ": ", st.message()));
+  }
 
   absl::StatusOr<WeightDType> cache_dtype =
       ResolveKvCacheDType(spec.kv_cache_dtype, be->weight_dtype());

@@ -54,9 +54,25 @@ struct DispatcherFactory {
       make;
 };
 DispatcherFactory LocalDispatcherFactory();
-// Expert parallelism (EpExpertDispatcher), what the worker runs by default. A group of one
-// rank gets the local dispatcher (same experts, no exchange to pay for).
-DispatcherFactory EpDispatcherFactory();
+
+// How an expert-parallel dispatcher moves rows over a device (NCCL) data plane
+// (--ep-exchange): kCollective (the default): NCCL all-to-all (EpExpertDispatcher); kAuto: the
+// device exchange (EpDeviceDispatcher: NVLink windows, no host in the loop) where the group can
+// map each other's memory and the sizes fit its limits, else NCCL all-to-all, logging why;
+// kDevice: the device exchange or an error. The device exchange is opt-in until it is measured
+// faster on several GPUs (docs/communicator.md). A host (TCP) data plane always uses
+// EpExpertDispatcher.
+enum class EpExchangeKind { kAuto, kDevice, kCollective };
+absl::StatusOr<EpExchangeKind> ParseEpExchangeKind(const std::string& name);
+struct EpExchangeOptions {
+  EpExchangeKind kind = EpExchangeKind::kCollective;
+  // Tokens one rank sends per MoE layer, at most: the step budget (or the largest decode batch
+  // if larger). Sizes the device exchange's windows.
+  int32_t max_tokens = 2048;
+};
+// Expert parallelism, what the worker runs by default. A group of one rank gets the local
+// dispatcher (same experts, no exchange to pay for).
+DispatcherFactory EpDispatcherFactory(const EpExchangeOptions& exchange = {});
 
 inline constexpr int64_t kDefaultCpuKvCacheTokens = 16384;
 
@@ -95,6 +111,7 @@ struct RankSpec {
       open_weights;
   DecodeGraphOptions decode_graphs;
   bool fused_ops = true;
+  int32_t micro_batches = 1;  // CausalLm::SetMicroBatches
   PrefillAttention prefill_attention = PrefillAttention::kAuto;
 
   // The KV cache: entries "auto" (the weights' dtype), "bfloat16" or "float32"; its size in
@@ -129,6 +146,8 @@ struct RankParts {
   std::unique_ptr<CausalLm> model;
   std::unique_ptr<KvBlockPool> pool;
   comm::DataPlane data_plane = comm::DataPlane::kTcp;
+  // How the dispatcher moves rows (ExpertDispatcher::exchange_name), for the status.
+  std::string expert_exchange = "local";
 };
 
 struct RankHooks {

@@ -399,6 +399,7 @@ bool RankGroup::FormRank(int local) {
   spec.gpu_memory_utilization = options_.gpu_memory_utilization;
   spec.max_batch_tokens = options_.max_batch_tokens;
   spec.prefill_attention = options_.prefill_attention;
+  spec.micro_batches = options_.micro_batches;
   spec.max_running = options_.max_running;
   spec.draft_layers = options_.speculative_tokens;
   // On the CPU, the plan of every local rank was made once, in Start().
@@ -606,6 +607,12 @@ std::vector<RankLoad> RankGroup::Loads() const {
     load.set_queued_tokens(e.tokens + r->queue.num_tokens());
     load.set_kv_blocks_used(e.kv_blocks_used);
     load.set_kv_blocks_total(e.kv_blocks_total);
+    // parts are written while the rank forms; published with the engine.
+    if (r->engine_published) load.set_expert_exchange(r->parts.expert_exchange);
+    load.set_window_steps(e.steps.steps);
+    load.set_window_step_tokens_mean(e.steps.tokens_mean);
+    load.set_window_step_tokens_max(e.steps.tokens_max);
+    load.set_decode_batch(e.steps.last_decode_rows);
     load.set_prefix_cache_root(e.prefix_root);
     load.mutable_cached_probe_hashes()->Add(e.cached_probes.begin(), e.cached_probes.end());
     load.set_prompt_tokens(e.prompt_tokens);

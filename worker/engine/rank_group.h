@@ -102,6 +102,9 @@ struct RankGroupOptions {
   float draft_min_confidence = 0.0f;
   // The MLA prefill form of every rank's model.
   PrefillAttention prefill_attention = PrefillAttention::kAuto;
+  // Micro-batches per step of every rank's model (CausalLm::SetMicroBatches: 1, or 2 to overlap
+  // one half's expert exchange with the other's compute).
+  int32_t micro_batches = 1;
   DispatcherFactory dispatcher = LocalDispatcherFactory();
   // What carries the expert-parallel exchange (--communicator): auto is NCCL for a cuda
   // backend, a partitioned dispatcher and more than one rank in the group; TCP otherwise. The

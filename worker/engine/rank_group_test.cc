@@ -329,6 +329,57 @@ void RankGroupTest::ExpectTwoRanksEqualOneRank() {
   auto loads = group->Loads();
   ASSERT_EQ(loads.size(), 2u);
   EXPECT_EQ(loads[1].rank(), 1);
+  for (const RankLoad& l : loads) {
+    // Expert parallel on the CPU: host-staged over TCP; else every rank hosts every expert.
+    EXPECT_EQ(l.expert_exchange(),
+              options_.dispatcher.partitioned ? "TCP (staged on the host)" : "local");
+    // Every rank stepped (each with its own requests, or idle in lock-step).
+    EXPECT_GT(l.window_steps(), 0);
+    EXPECT_GE(l.window_step_tokens_max(), l.window_step_tokens_mean());
+  }
+}
+
+// --micro-batches 2 on every rank of an expert-parallel group: the same tokens as one rank with
+// one micro-batch per step (a rank whose halves disagree on the exchanges would fail the group
+// or time out instead of finishing).
+TEST_F(RankGroupTest, TwoExpertParallelRanksWithTwoMicroBatchesEqualOneRank) {
+  Collector one;
+  RunOneRank(&one);
+  options_.dispatcher = EpDispatcherFactory();
+  options_.micro_batches = 2;
+  Collector two;
+  auto group = StartGroup(2, 0x2468, 2, 2, &two);
+  ASSERT_NE(group, nullptr);
+  ASSERT_EQ(group->AwaitFormed(), GROUP_SERVING) << group->error();
+  ASSERT_TRUE(group->Submit(Items(2)).ok());
+  auto a = one.Await(8);
+  auto b = two.Await(8);
+  for (const auto& [id, r] : a) {
+    EXPECT_EQ(b[id].error_code(), "") << id << ": " << b[id].error_message();
+    EXPECT_THAT(Tokens(b[id]), ElementsAreArray(Tokens(r))) << id;
+  }
+}
+
+TEST_F(RankGroupTest, DeviceExchangeWithoutTheNcclDataPlaneFailsClearly) {
+  EpExchangeOptions exchange;
+  exchange.kind = EpExchangeKind::kDevice;
+  options_.dispatcher = EpDispatcherFactory(exchange);
+  options_.communicator = comm::DataPlaneChoice::kTcp;
+  Collector results;
+  auto group = StartGroup(2, 0x4321, 2, 2, &results);
+  ASSERT_NE(group, nullptr);
+  EXPECT_EQ(group->AwaitFormed(), GROUP_FAILED);
+  EXPECT_THAT(group->error(),
+              ::testing::HasSubstr("--ep-exchange=device needs the NCCL data plane"));
+}
+
+TEST(EpExchangeKindTest, ParsesTheThreeNamesAndRejectsOthers) {
+  EXPECT_EQ(*ParseEpExchangeKind("auto"), EpExchangeKind::kAuto);
+  EXPECT_EQ(*ParseEpExchangeKind("device"), EpExchangeKind::kDevice);
+  EXPECT_EQ(*ParseEpExchangeKind("collective"), EpExchangeKind::kCollective);
+  absl::StatusOr<EpExchangeKind> bad = ParseEpExchangeKind("nvlink");
+  ASSERT_FALSE(bad.ok());
+  EXPECT_THAT(bad.status().message(), ::testing::HasSubstr("'nvlink'"));
 }
 
 TEST_F(RankGroupTest, DeadPeerFailsTheGroup) {

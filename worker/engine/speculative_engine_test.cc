@@ -302,6 +302,31 @@ TEST_F(SpeculativeEngineTest, NeedsADraftHead) {
   EXPECT_EQ(bad.status().code(), absl::StatusCode::kInvalidArgument);
 }
 
+// DeepSeek-V4 loads its MTP module (generated here) but cannot draft with it yet: the engine
+// refuses speculative decoding when it is made, with the model's error, not at its first step.
+TEST_F(SpeculativeEngineTest, DeepSeekV4IsRefusedWhenTheEngineIsMade) {
+  const char* src = std::getenv("TEST_SRCDIR");
+  std::string json =
+      ReadFile(std::string(src ? src : ".") + "/deepinfer/tests/fixtures/dsv4_bf16/config.json");
+  const std::string key = "\"num_nextn_predict_layers\": 0";
+  ASSERT_NE(json.find(key), std::string::npos);
+  json.replace(json.find(key), key.size(), "\"num_nextn_predict_layers\": 1");
+  auto config = ModelConfig::FromJson(json, "dsv4_bf16/config.json");
+  ASSERT_TRUE(config.ok()) << config.status();
+  config->num_draft_layers = 1;
+  DummyWeightSource weights(4);
+  auto v4 = BuildModel(*config, &weights, backend_);
+  ASSERT_TRUE(v4.ok()) << v4.status();
+  EXPECT_EQ((*v4)->num_draft_layers(), 1);
+  auto pool = KvBlockPool::Create(backend_, KvBlockPoolOptions{(*v4)->CacheSpec(), 16, 16});
+  ASSERT_TRUE(pool.ok()) << pool.status();
+  RequestQueue queue;
+  auto e = Engine::Create(v4->get(), pool->get(), &queue, nullptr, Speculative(2));
+  EXPECT_EQ(e.status().code(), absl::StatusCode::kUnimplemented);
+  EXPECT_THAT(std::string(e.status().message()), ::testing::HasSubstr("DeepSeek-V4"));
+  EXPECT_TRUE(Engine::Create(v4->get(), pool->get(), &queue, nullptr, EngineOptions()).ok());
+}
+
 TEST_F(SpeculativeEngineTest, GreedyWithMtpDraftsIsHfGreedy) {
   for (int32_t k : {1, 3}) {
     std::vector<WorkItem> items;

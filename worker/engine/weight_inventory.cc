@@ -27,12 +27,10 @@ class InventoryBuilder {
     DType dtype = DType::kBF16;
     bool linear = false;
     int64_t routed_experts = 0;  // > 0: this many tensors per layer, one per expert
-    bool estimate = false;
   };
   void Add(const std::string& name, int64_t layer, const std::vector<int64_t>& shape,
            const Options& o) {
-    Entry& e =
-        entries_[std::make_tuple(name, shape, o.dtype, o.linear, o.routed_experts, o.estimate)];
+    Entry& e = entries_[std::make_tuple(name, shape, o.dtype, o.linear, o.routed_experts)];
     e.layers.push_back(layer);
   }
   void AddMatrix(const std::string& name, int64_t layer, int64_t rows, int64_t cols) {
@@ -53,7 +51,6 @@ class InventoryBuilder {
       g.dtype = std::get<2>(key);
       g.linear = std::get<3>(key);
       g.routed_experts = std::get<4>(key);
-      g.estimate = std::get<5>(key);
       g.count = static_cast<int64_t>(e.layers.size()) * std::max<int64_t>(g.routed_experts, 1);
       std::string name = std::get<0>(key);
       if (e.layers.front() >= 0) {
@@ -79,17 +76,15 @@ class InventoryBuilder {
   struct Entry {
     std::vector<int64_t> layers;  // -1 for tensors outside the layers
   };
-  std::map<std::tuple<std::string, std::vector<int64_t>, DType, bool, int64_t, bool>, Entry>
-      entries_;
+  std::map<std::tuple<std::string, std::vector<int64_t>, DType, bool, int64_t>, Entry> entries_;
 };
 
 // SwiGLU experts of one layer: gate and up [inter, hidden], down [hidden, inter].
 void AddExperts(InventoryBuilder& b, const std::string& prefix, int64_t layer, int64_t hidden,
-                int64_t inter, int64_t experts, bool estimate) {
+                int64_t inter, int64_t experts) {
   InventoryBuilder::Options o;
   o.linear = true;
   o.routed_experts = experts;
-  o.estimate = estimate;
   b.Add(prefix + "experts.{E}.gate_proj.weight", layer, {inter, hidden}, o);
   b.Add(prefix + "experts.{E}.up_proj.weight", layer, {inter, hidden}, o);
   b.Add(prefix + "experts.{E}.down_proj.weight", layer, {hidden, inter}, o);
@@ -141,7 +136,7 @@ absl::StatusOr<WeightInventory> DeepseekV3Inventory(absl::string_view json,
       InventoryBuilder::Options router;
       b.Add(m + "gate.weight", l, {c.n_routed_experts, H}, router);
       b.AddVector(m + "gate.e_score_correction_bias", l, c.n_routed_experts, DType::kF32);
-      AddExperts(b, m, l, H, c.moe_intermediate_size, c.n_routed_experts, false);
+      AddExperts(b, m, l, H, c.moe_intermediate_size, c.n_routed_experts);
       if (c.n_shared_experts > 0) {
         AddMlp(b, m + "shared_experts.", l, H, c.n_shared_experts * c.moe_intermediate_size);
       }
@@ -180,25 +175,16 @@ absl::StatusOr<WeightInventory> DeepseekV4Inventory(absl::string_view json,
   WeightInventory inv;
   inv.architecture = "DeepseekV4ForCausalLM";
   inv.routed_experts = s.n_routed_experts;
-  const int64_t mtp = include_mtp ? s.num_nextn_predict_layers : 0;
-  for (int64_t l = 0; l < s.num_hidden_layers + mtp; ++l) {
-    const bool is_mtp = l >= s.num_hidden_layers;
-    const std::string attn_kind = is_mtp ? "sliding_attention" : s.layer_types[l];
-    const std::string mlp_kind = is_mtp ? "moe" : s.mlp_layer_types[l];
-    // MTP tensors go under their own names, so their groups stay apart (and say `estimate`).
-    const std::string p = is_mtp ? "mtp.{L}." : "model.layers.{L}.";
-    const int64_t idx = is_mtp ? l - s.num_hidden_layers : l;
+  for (int64_t l = 0; l < s.num_hidden_layers; ++l) {
+    const std::string& attn_kind = s.layer_types[l];
+    const std::string p = "model.layers.{L}.";
     auto matrix = [&](const std::string& name, int64_t rows, int64_t cols) {
-      InventoryBuilder::Options o;
-      o.linear = true;
-      o.estimate = is_mtp;
-      b.Add(p + name, idx, {rows, cols}, o);
+      b.AddMatrix(p + name, l, rows, cols);
     };
     auto tensor = [&](const std::string& name, std::vector<int64_t> shape, DType dtype) {
       InventoryBuilder::Options o;
       o.dtype = dtype;
-      o.estimate = is_mtp;
-      b.Add(p + name, idx, shape, o);
+      b.Add(p + name, l, shape, o);
     };
     tensor("input_layernorm.weight", {H}, DType::kBF16);
     tensor("post_attention_layernorm.weight", {H}, DType::kBF16);
@@ -238,25 +224,68 @@ absl::StatusOr<WeightInventory> DeepseekV4Inventory(absl::string_view json,
     ++inv.moe_layers;
     const std::string m = "mlp.";
     tensor(m + "gate.weight", {s.n_routed_experts, H}, DType::kBF16);
-    if (mlp_kind == "hash_moe") {
+    if (s.mlp_layer_types[l] == "hash_moe") {
       tensor(m + "gate.tid2eid", {s.vocab_size, s.num_experts_per_tok}, DType::kI64);
     } else {
       tensor(m + "gate.e_score_correction_bias", {s.n_routed_experts}, DType::kF32);
     }
-    AddExperts(b, p + m, idx, H, s.moe_intermediate_size, s.n_routed_experts, is_mtp);
+    AddExperts(b, p + m, l, H, s.moe_intermediate_size, s.n_routed_experts);
     const int64_t shared = s.n_shared_experts * s.moe_intermediate_size;
     matrix(m + "shared_experts.gate_proj.weight", shared, H);
     matrix(m + "shared_experts.up_proj.weight", shared, H);
     matrix(m + "shared_experts.down_proj.weight", H, shared);
-    if (is_mtp) {
-      tensor("enorm.weight", {H}, DType::kBF16);
-      tensor("hnorm.weight", {H}, DType::kBF16);
-      matrix("eh_proj.weight", H, 2 * H);
-      tensor("norm.weight", {H}, DType::kBF16);
-      tensor("hc_head.hc_fn", {s.hc_mult, s.hc_mult * H}, DType::kF32);
-      tensor("hc_head.hc_base", {s.hc_mult}, DType::kF32);
-      tensor("hc_head.hc_scale", {1}, DType::kF32);
+  }
+  // MTP modules by the release's names (what DeepseekV4Weights loads): a decoder block with
+  // sliding-window attention (HF configs do not describe the module; the release's V4-Flash
+  // config gives it compress ratio 0) and learned routing over every routed expert, plus
+  // e_proj, h_proj, three norms and its own hc head.
+  const int64_t mtp = include_mtp ? s.num_nextn_predict_layers : 0;
+  for (int64_t i = 0; i < mtp; ++i) {
+    const std::string p = "mtp.{L}.";
+    auto matrix = [&](const std::string& name, int64_t rows, int64_t cols) {
+      b.AddMatrix(p + name, i, rows, cols);
+    };
+    auto tensor = [&](const std::string& name, std::vector<int64_t> shape, DType dtype) {
+      InventoryBuilder::Options o;
+      o.dtype = dtype;
+      b.Add(p + name, i, shape, o);
+    };
+    tensor("attn_norm.weight", {H}, DType::kBF16);
+    tensor("ffn_norm.weight", {H}, DType::kBF16);
+    for (const char* hc : {"hc_attn_", "hc_ffn_"}) {
+      tensor(absl::StrCat(hc, "fn"), {mix, s.hc_mult * H}, DType::kF32);
+      tensor(absl::StrCat(hc, "base"), {mix}, DType::kF32);
+      tensor(absl::StrCat(hc, "scale"), {3}, DType::kF32);
     }
+    matrix("attn.wq_a.weight", ql, H);
+    tensor("attn.q_norm.weight", {ql}, DType::kBF16);
+    matrix("attn.wq_b.weight", nh * hd, ql);
+    matrix("attn.wkv.weight", hd, H);
+    tensor("attn.kv_norm.weight", {hd}, DType::kBF16);
+    matrix("attn.wo_a.weight", s.o_groups * s.o_lora_rank, nh * hd / s.o_groups);
+    matrix("attn.wo_b.weight", H, s.o_groups * s.o_lora_rank);
+    tensor("attn.attn_sink", {nh}, DType::kF32);
+    ++inv.moe_layers;
+    tensor("ffn.gate.weight", {s.n_routed_experts, H}, DType::kBF16);
+    tensor("ffn.gate.bias", {s.n_routed_experts}, DType::kF32);
+    InventoryBuilder::Options experts;
+    experts.linear = true;
+    experts.routed_experts = s.n_routed_experts;
+    const int64_t I = s.moe_intermediate_size, shared = s.n_shared_experts * I;
+    b.Add(p + "ffn.experts.{E}.w1.weight", i, {I, H}, experts);
+    b.Add(p + "ffn.experts.{E}.w3.weight", i, {I, H}, experts);
+    b.Add(p + "ffn.experts.{E}.w2.weight", i, {H, I}, experts);
+    matrix("ffn.shared_experts.w1.weight", shared, H);
+    matrix("ffn.shared_experts.w3.weight", shared, H);
+    matrix("ffn.shared_experts.w2.weight", H, shared);
+    matrix("e_proj.weight", H, H);
+    matrix("h_proj.weight", H, H);
+    for (const char* norm : {"enorm.weight", "hnorm.weight", "norm.weight"}) {
+      tensor(norm, {H}, DType::kBF16);
+    }
+    tensor("hc_head_fn", {s.hc_mult, s.hc_mult * H}, DType::kF32);
+    tensor("hc_head_base", {s.hc_mult}, DType::kF32);
+    tensor("hc_head_scale", {1}, DType::kF32);
   }
   inv.groups = b.Build();
   return inv;

@@ -19,9 +19,10 @@
 // parallelism").
 //
 // V4 shapes follow HF transformers' DeepseekV4 modelling code (the attention with its CSA / HCA
-// compressors and indexer, hyper-connections, hash and top-k routers). Its MTP layer is not in
-// that code; counted as one more decoder layer with sliding-window attention plus the
-// DeepSeek-V3 MTP glue (enorm, hnorm, eh_proj), marked `estimate`.
+// compressors and indexer, hyper-connections, hash and top-k routers). Its MTP modules are not
+// in that code; they are counted as the DeepSeek-V4 release stores them (`mtp.<i>.`: a decoder
+// block with sliding-window attention, e_proj, h_proj, enorm, hnorm, norm, an hc head), which
+// is what DeepseekV4Weights loads.
 #ifndef DEEPINFER_WORKER_ENGINE_WEIGHT_INVENTORY_H_
 #define DEEPINFER_WORKER_ENGINE_WEIGHT_INVENTORY_H_
 
@@ -53,7 +54,6 @@ struct ParamGroup {
   bool linear = false;         // a projection matrix: FP8 (or MXFP4 for routed experts)
   // Routed experts: count = MoE layers x routed_experts, split over the GPUs.
   int64_t routed_experts = 0;
-  bool estimate = false;  // shapes not taken from a reference implementation
 
   int64_t elements() const;  // of one tensor
 };
@@ -92,7 +92,7 @@ struct DeepseekV4Shape {
   int64_t index_n_heads = 0, index_head_dim = 0;
   int64_t csa_compress_rate = 0, hca_compress_rate = 0;
   int64_t sliding_window = 0, hc_mult = 0;
-  int64_t num_nextn_predict_layers = 0;
+  int64_t num_nextn_predict_layers = 1;  // HF's default
   bool tie_word_embeddings = false;
   // Per layer: "sliding_attention", "compressed_sparse_attention",
   // "heavily_compressed_attention"; "moe" or "hash_moe".

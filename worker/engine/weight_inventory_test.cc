@@ -1,6 +1,6 @@
 // WeightInventory against parameter counts and byte totals worked out by hand for small V3 and
-// V4 configs (the arithmetic is in the comments), and the V3 tensors against those the
-// engine's loader reads.
+// V4 configs (the arithmetic is in the comments), and the V3 tensors and V4's MTP tensors against
+// those the loaders read.
 #include "worker/engine/weight_inventory.h"
 
 #include <algorithm>
@@ -8,6 +8,8 @@
 
 #include "gtest/gtest.h"
 #include "worker/backend/cpu/cpu_backend.h"
+#include "worker/model/deepseek_v4/v4_config.h"
+#include "worker/model/deepseek_v4/v4_weights.h"
 #include "worker/model/model_config.h"
 #include "worker/model/model_weights.h"
 #include "worker/model/weight_source.h"
@@ -50,6 +52,14 @@ class RecordingSource : public WeightSource {
     int64_t n = 1;
     for (int64_t d : shape) n *= d;
     std::fill(out, out + n, 0.0f);
+    read[name] = n;
+    return absl::OkStatus();
+  }
+  absl::Status ReadIndices(const std::string& name, const std::vector<int64_t>& shape,
+                           int64_t bound, int32_t* out) override {
+    int64_t n = 1;
+    for (int64_t d : shape) n *= d;
+    std::fill(out, out + n, 0);
     read[name] = n;
     return absl::OkStatus();
   }
@@ -206,6 +216,42 @@ TEST(WeightInventoryTest, SmallV4ParameterCount) {
   EXPECT_EQ(inv->architecture, "DeepseekV4ForCausalLM");
   EXPECT_EQ(inv->parameters(), 843 + (1788 + 500) + (1788 + 656 + 212 + 4) + (1788 + 4));
   EXPECT_EQ(inv->moe_layers, 3);
+}
+
+// With its MTP module (the release's names, what DeepseekV4Weights loads): a block with
+// sliding attention and learned routing, 1788 + correction bias 4, then e_proj and h_proj 2 x
+// 8x8, enorm, hnorm, norm 3 x 8 and its hc head 2x16 + 2 + 1: 1979.
+TEST(WeightInventoryTest, SmallV4WithMtp) {
+  std::string json = kSmallV4;
+  json.replace(json.find("\"num_nextn_predict_layers\": 0"), 29, "\"num_nextn_predict_layers\": 1");
+  auto inv = InventoryFromConfigJson(json, "small4", /*include_mtp=*/true);
+  ASSERT_TRUE(inv.ok()) << inv.status();
+  EXPECT_EQ(inv->parameters(), 843 + 2288 + 2660 + 1792 + 1979);
+  EXPECT_EQ(inv->moe_layers, 4);
+
+  // Every MTP tensor the loader reads, and no other, with its shape.
+  auto v4 = DeepseekV4Config::FromJson(json, "small4");
+  ASSERT_TRUE(v4.ok()) << v4.status();
+  v4->num_draft_layers = 1;
+  RecordingSource source;
+  CpuBackend backend(1);
+  auto weights = DeepseekV4Weights::Load(*v4, &source, &backend, LoadOptions());
+  ASSERT_TRUE(weights.ok()) << weights.status();
+  int64_t mtp_tensors = 0, mtp_elements = 0;
+  for (const auto& [name, n] : source.read) {
+    if (name.rfind("mtp.", 0) != 0) continue;
+    ++mtp_tensors;
+    mtp_elements += n;
+  }
+  int64_t tensors = 0, elements = 0;
+  for (const ParamGroup& g : inv->groups) {
+    if (g.name.rfind("mtp.", 0) != 0) continue;
+    tensors += g.count;
+    elements += g.count * g.elements();
+  }
+  EXPECT_EQ(mtp_tensors, tensors);
+  EXPECT_EQ(mtp_elements, elements);
+  EXPECT_EQ(elements, 1979);
 }
 
 TEST(WeightInventoryTest, BadV4ConfigNamesField) {

@@ -116,26 +116,33 @@ absl::Status KvBlockPool::Free(const std::vector<int32_t>& blocks) {
   return absl::OkStatus();
 }
 
-absl::StatusOr<int32_t> KvBlockPool::SequenceSlot(int32_t first_block, bool* fresh) {
+absl::StatusOr<int32_t> KvBlockPool::SequenceSlot(int32_t key_block, bool* fresh) {
   absl::MutexLock lock(&mu_);
   if (fresh != nullptr) *fresh = false;
   if (num_state_slots_ == 0) {
     return absl::FailedPreconditionError(
         absl::StrCat("KvBlockPool: ", options_.spec.ToString(), " keeps no per-sequence state"));
   }
-  if (first_block < 0 || first_block >= options_.num_blocks || !in_use_[first_block]) {
+  if (key_block < 0 || key_block >= options_.num_blocks || !in_use_[key_block]) {
     return absl::InvalidArgumentError(
-        absl::StrCat("KvBlockPool: block ", first_block, " is not allocated"));
+        absl::StrCat("KvBlockPool: block ", key_block, " is not allocated"));
   }
-  if (slot_of_block_[first_block] >= 0) return slot_of_block_[first_block];
+  if (slot_of_block_[key_block] >= 0) return slot_of_block_[key_block];
   if (free_slots_.empty()) {
     return absl::ResourceExhaustedError(
         absl::StrCat("KvBlockPool: all ", num_state_slots_, " sequence state slots are in use"));
   }
-  slot_of_block_[first_block] = free_slots_.back();
+  slot_of_block_[key_block] = free_slots_.back();
   free_slots_.pop_back();
   if (fresh != nullptr) *fresh = true;
-  return slot_of_block_[first_block];
+  return slot_of_block_[key_block];
+}
+
+void KvBlockPool::ReleaseSequenceSlot(int32_t key_block) {
+  absl::MutexLock lock(&mu_);
+  if (key_block < 0 || key_block >= options_.num_blocks || slot_of_block_[key_block] < 0) return;
+  free_slots_.push_back(slot_of_block_[key_block]);
+  slot_of_block_[key_block] = -1;
 }
 
 size_t KvBlockPool::BlockBytes() const {
@@ -151,11 +158,14 @@ void KvBlockPool::ReadBlock(int32_t block, std::string* out) const {
   out->resize(BlockBytes());
   size_t at = 0;
   for (size_t l = 0; l < layers_.size(); ++l) {
-    const size_t n = LayerGroup(static_cast<int32_t>(l)).BlockBytes(options_.block_size);
-    backend_->CopyToHost(static_cast<const char*>(layers_[l]->data()) + block * n, n,
-                         out->data() + at);
-    at += n;
+    const char* base = static_cast<const char*>(layers_[l]->data());
+    for (int64_t region : BlockRegions(static_cast<int32_t>(l))) {
+      backend_->CopyToHost(base + block * region, region, out->data() + at);
+      at += region;
+      base += options_.num_blocks * region;
+    }
   }
+  CHECK_EQ(at, out->size());
   backend_->Synchronize();
 }
 
@@ -164,9 +174,12 @@ void KvBlockPool::WriteBlock(int32_t block, const std::string& data) const {
   CHECK_EQ(data.size(), BlockBytes());
   size_t at = 0;
   for (size_t l = 0; l < layers_.size(); ++l) {
-    const size_t n = LayerGroup(static_cast<int32_t>(l)).BlockBytes(options_.block_size);
-    backend_->CopyToDevice(data.data() + at, n, static_cast<char*>(layers_[l]->data()) + block * n);
-    at += n;
+    char* base = static_cast<char*>(layers_[l]->data());
+    for (int64_t region : BlockRegions(static_cast<int32_t>(l))) {
+      backend_->CopyToDevice(data.data() + at, region, base + block * region);
+      at += region;
+      base += options_.num_blocks * region;
+    }
   }
   backend_->Synchronize();
 }

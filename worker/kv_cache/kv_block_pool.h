@@ -46,11 +46,17 @@ class KvBlockPool {
   // Returns blocks; INVALID_ARGUMENT (and nothing freed) on an unknown or already free id. A
   // state slot bound to one of them (SequenceSlot) is released with it.
   absl::Status Free(const std::vector<int32_t>& blocks);
-  // The state slot of the sequence whose block table starts with `first_block` (allocated):
-  // bound on first use, released when that block is freed. *fresh is set when the slot was
-  // bound by this call. RESOURCE_EXHAUSTED when every slot is bound, INVALID_ARGUMENT for a
-  // block that is not allocated, FAILED_PRECONDITION for a spec without state.
-  absl::StatusOr<int32_t> SequenceSlot(int32_t first_block, bool* fresh = nullptr);
+  // The state slot of the sequence keyed by `key_block` (allocated): the first block of its
+  // table that it does not share with other sequences (SequenceStep::shared_blocks; its first
+  // block without prefix caching). Bound on first use, released when that block is freed or by
+  // ReleaseSequenceSlot. *fresh is set when the slot was bound by this call.
+  // RESOURCE_EXHAUSTED when every slot is bound, INVALID_ARGUMENT for a block that is not
+  // allocated, FAILED_PRECONDITION for a spec without state.
+  absl::StatusOr<int32_t> SequenceSlot(int32_t key_block, bool* fresh = nullptr);
+  // Releases the slot bound to `key_block`, if one is (a no-op otherwise, and for a spec
+  // without state): a sequence that ends while its key block stays allocated (the prefix cache
+  // keeps it) gives its state back this way.
+  void ReleaseSequenceSlot(int32_t key_block);
   int32_t num_state_slots() const { return num_state_slots_; }
   // A layer's per-sequence state (KvCacheGroupSpec::StateFloats floats) in slot `slot`.
   float* SequenceState(int32_t layer, int32_t slot) const {
@@ -64,9 +70,10 @@ class KvBlockPool {
   absl::Status WriteBlocks(const std::vector<int32_t>& blocks, const std::vector<char>& bytes);
   // Bytes of one block over every layer: what ReadBlock gives and WriteBlock takes.
   size_t BlockBytes() const;
-  // Copies the entries of `block` (every layer, in layer order) to host memory (*out is
-  // resized to BlockBytes()), and back; for the prefix cache's lower tiers (kv_block_store.h).
-  // Blocks only: a kind's per-sequence state is not part of them.
+  // Copies the entries of `block` (every layer, in layer order; within a V4 layer its
+  // compressed entries, then its indexer keys) to host memory (*out is resized to
+  // BlockBytes()), and back; for the prefix cache's lower tiers (kv_block_store.h). Blocks
+  // only: a kind's per-sequence state is not part of them.
   void ReadBlock(int32_t block, std::string* out) const;
   void WriteBlock(int32_t block, const std::string& data) const;
   // The backend's status (a failed device cannot be read back).

@@ -1,7 +1,10 @@
 // Tests for KvBlockPool: allocation accounting, exhaustion, double free, layer views.
 #include "worker/kv_cache/kv_block_pool.h"
 
+#include <algorithm>
 #include <set>
+#include <string>
+#include <vector>
 
 #include "gtest/gtest.h"
 #include "worker/backend/cpu/cpu_backend.h"
@@ -112,6 +115,16 @@ TEST(KvBlockPoolTest, SequenceSlotsFollowTheFirstBlock) {
   EXPECT_TRUE(fresh);
   EXPECT_EQ(*sc, *sa);  // the freed sequence's slot
   EXPECT_EQ(p.SequenceSlot((*a)[0]).status().code(), absl::StatusCode::kInvalidArgument);
+  // A sequence whose key block stays allocated (cached for other sequences) gives its slot back
+  // explicitly; the block then binds a fresh one.
+  p.ReleaseSequenceSlot((*b)[0]);
+  p.ReleaseSequenceSlot((*b)[0]);  // nothing bound: no-op
+  auto d = p.Allocate(1);
+  ASSERT_TRUE(d.ok());
+  auto sd = p.SequenceSlot((*d)[0], &fresh);
+  ASSERT_TRUE(sd.ok()) << sd.status();
+  EXPECT_EQ(*sd, *sb);
+  EXPECT_EQ(p.SequenceSlot((*b)[0]).status().code(), absl::StatusCode::kResourceExhausted);
 }
 
 // ReadBlocks / WriteBlocks move every paged stream of the blocks (a CSA layer's compressed and
@@ -174,6 +187,31 @@ TEST(KvBlockPoolTest, BlocksReadOutAndWrittenIntoOthers) {
   // Errors: a free block, bytes for another number of blocks.
   EXPECT_EQ(p.ReadBlocks({5}).status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(p.WriteBlocks({(*b)[0]}, *bytes).code(), absl::StatusCode::kInvalidArgument);
+  // One block through ReadBlock / WriteBlock (the prefix cache's tiers): the same bytes as
+  // ReadBlocks of that block, written back at the same elements of another.
+  for (const Region& r : regions) {
+    float* data = static_cast<float*>(p.LayerData(r.layer)) + r.base;
+    for (int32_t blk : *b) std::fill(data + blk * r.per_block, data + (blk + 1) * r.per_block, 0.f);
+  }
+  for (size_t i = 0; i < a->size(); ++i) {
+    std::string one;
+    p.ReadBlock((*a)[i], &one);
+    auto want = p.ReadBlocks({(*a)[i]});
+    ASSERT_TRUE(want.ok());
+    ASSERT_EQ(one.size(), p.BlockBytes());
+    EXPECT_EQ(std::vector<char>(one.begin(), one.end()), *want) << "block " << i;
+    p.WriteBlock((*b)[i], one);
+  }
+  for (const Region& r : regions) {
+    const float* data = static_cast<const float*>(p.LayerData(r.layer)) + r.base;
+    for (size_t i = 0; i < b->size(); ++i) {
+      for (int64_t e = 0; e < r.per_block; ++e) {
+        EXPECT_EQ(data[(*b)[i] * r.per_block + e],
+                  tag(r, static_cast<int64_t>(i) * r.per_block + e))
+            << "WriteBlock: layer " << r.layer << " block " << i << " element " << e;
+      }
+    }
+  }
   ASSERT_TRUE(p.Free(*a).ok());
   EXPECT_EQ(p.WriteBlocks(*a, *bytes).code(), absl::StatusCode::kInvalidArgument);
 }

@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <map>
+#include <numeric>
 
 #include "absl/strings/str_cat.h"
 
@@ -196,6 +197,15 @@ bool KvCacheSpec::SharesPrefixBlocks() const {
     if (KvCacheKindPrefixReuse(g.kind) != PrefixReuse::kShareBlocks) return false;
   }
   return true;
+}
+
+int64_t KvCacheSpec::EntrySpan() const {
+  int64_t span = 1;
+  for (const KvCacheGroupSpec& g : groups) {
+    if (g.kind != KvCacheKind::kCompressed && g.kind != KvCacheKind::kCompressedSparse) continue;
+    span = std::lcm(span, int64_t{g.ratio});
+  }
+  return span;
 }
 
 KvCacheSpec KvCacheSpec::WithDType(WeightDType dtype) const {

@@ -45,15 +45,16 @@ enum class KvCacheKind {
 };
 const char* KvCacheKindName(KvCacheKind kind);
 
-// Whether a sequence may reuse another's entries of a kind for the same leading tokens
-// (prefix caching, worker/kv_cache/prefix_cache.h).
+// How a sequence reuses another's entries of a kind for the same leading tokens (prefix
+// caching, worker/kv_cache/prefix_cache.h).
 enum class PrefixReuse {
   // An entry depends only on the tokens up to its position and is never overwritten once
-  // written: full blocks are shared read-only between sequences.
+  // written: full blocks are shared read-only between sequences, and nothing else is needed.
   kShareBlocks,
-  // Entries are overwritten or carry per-sequence state (a sliding-window ring, a compressor's
-  // running state): a reuse must rebuild that state by replaying a bounded window of tokens.
-  // The prefix cache does not do that yet and declines hits for a spec with such a group.
+  // The kind also keeps per-sequence state (a sliding-window ring, a compressor's open-window
+  // rows) that blocks do not hold: the paged entries of the shared blocks are reused read-only
+  // and the reusing sequence rebuilds its state by a bounded replay of the tokens before the
+  // hit's end (CausalLm::BoundedReplayStart), which writes no shared block.
   kBoundedReplay,
 };
 PrefixReuse KvCacheKindPrefixReuse(KvCacheKind kind);
@@ -110,8 +111,14 @@ struct KvCacheSpec {
   // INVALID_ARGUMENT naming the problem: no group, a group without layers, a layer in two
   // groups or in none below num_layers(), a geometry a kind cannot have.
   absl::Status Validate() const;
-  // Whether every group's kind is PrefixReuse::kShareBlocks (prefix caching may share blocks).
+  // Whether every group's kind is PrefixReuse::kShareBlocks: a prefix-cache hit needs its
+  // shared blocks only (else it also needs a bounded replay to rebuild per-sequence state).
   bool SharesPrefixBlocks() const;
+  // The least common multiple over the groups of the positions one paged entry covers (a
+  // compressed group's ratio; 1 for per-token entries and groups with no paged entries). A
+  // block's entries are all written, and depend only on the tokens before its end, when that
+  // end is a multiple of it (an entry that spans blocks is written when its window closes).
+  int64_t EntrySpan() const;
   // INVALID_ARGUMENT if a paged stream does not split evenly into blocks of block_size.
   absl::Status ValidateBlockSize(int32_t block_size) const;
   // The same spec with every group's entries in `dtype` (--kv-cache-dtype; the V4 kinds stay

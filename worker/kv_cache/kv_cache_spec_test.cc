@@ -17,6 +17,7 @@ TEST(KvCacheSpecTest, PagedLatentBytes) {
   // A latent entry depends only on the tokens up to its position: blocks can be shared.
   EXPECT_EQ(KvCacheKindPrefixReuse(KvCacheKind::kPagedLatent), PrefixReuse::kShareBlocks);
   EXPECT_TRUE(s.SharesPrefixBlocks());
+  EXPECT_EQ(s.EntrySpan(), 1);
 }
 
 TEST(KvCacheSpecTest, GroupsSum) {
@@ -76,6 +77,11 @@ TEST(KvCacheSpecTest, DeepSeekV4FlashSizes) {
   EXPECT_EQ(s.StateBytesPerSequence(), 24384 * 1024);
   // bf16 --kv-cache-dtype leaves the V4 kinds in float32.
   EXPECT_EQ(s.WithDType(WeightDType::kBFloat16).BytesPerToken(), 13168);
+  // Prefix reuse: blocks hold the paged entries, the rings and compressor rows are rebuilt by a
+  // bounded replay; an HCA entry covers 128 positions, 8 blocks of 16.
+  EXPECT_EQ(KvCacheKindPrefixReuse(KvCacheKind::kCompressed), PrefixReuse::kBoundedReplay);
+  EXPECT_FALSE(s.SharesPrefixBlocks());
+  EXPECT_EQ(s.EntrySpan(), 128);
   // A block size that does not page an HCA entry evenly (512 floats per 128 positions).
   hca.ratio = 3;
   const KvCacheSpec uneven{{csa, hca}};
@@ -92,6 +98,7 @@ TEST(KvCacheSpecTest, SlidingWindowHasStateOnly) {
   ASSERT_TRUE(s.Validate().ok()) << s.Validate();
   EXPECT_EQ(s.BytesPerToken(), 0);
   EXPECT_EQ(s.StateBytesPerSequence(), 8 * 32 * 4);
+  EXPECT_EQ(s.EntrySpan(), 1);  // no paged entries
   g.window = 0;
   const KvCacheSpec no_window{{g}};
   EXPECT_NE(no_window.Validate().message().find("window 0"), std::string::npos);

@@ -2,6 +2,7 @@
 #include "worker/kv_cache/prefix_cache.h"
 
 #include <algorithm>
+#include <numeric>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -15,17 +16,28 @@ std::string PrefixCacheKey(const std::string& model_fingerprint, WeightDType wei
                       ";cache=", spec.ToString(), ";block=", block_size);
 }
 
+namespace {
+
+// Blocks per unit: lcm(block size, entry span) / block size.
+int32_t UnitBlocks(const KvBlockPool& pool) {
+  const int64_t bs = pool.block_size();
+  return static_cast<int32_t>(std::lcm(bs, std::max<int64_t>(1, pool.spec().EntrySpan())) / bs);
+}
+
+}  // namespace
+
 PrefixCache::PrefixCache(KvBlockPool* pool, PrefixCacheOptions options)
     : pool_(pool),
-      enabled_(options.enabled && pool->spec().SharesPrefixBlocks()),
+      enabled_(options.enabled),
+      unit_blocks_(UnitBlocks(*pool)),
       key_(options.key),
-      store_(enabled_ ? options.store : nullptr),
+      store_(enabled_ && unit_blocks_ == 1 ? options.store : nullptr),
       root_(PrefixRootHash(options.key)),
       blocks_(pool->num_blocks()) {
   CHECK_EQ(pool->num_free_blocks(), pool->num_blocks()) << "PrefixCache over a pool in use";
-  if (options.enabled && !enabled_) {
-    LOG(INFO) << "prefix caching declined: the KV cache (" << pool->spec().ToString()
-              << ") has a group whose blocks cannot be shared";
+  if (enabled_ && unit_blocks_ > 1 && options.store != nullptr) {
+    LOG(INFO) << "prefix caching in units of " << unit_blocks_ << " blocks (the KV cache "
+              << pool->spec().ToString() << " has entries spanning blocks): no lower tiers";
   }
 }
 
@@ -53,13 +65,19 @@ void PrefixCache::ExtendHashes(const std::vector<int32_t>& tokens, int64_t n,
   }
 }
 
+int32_t PrefixCache::CompleteBlocks(int64_t computed) const {
+  const int64_t unit_tokens = int64_t{unit_blocks_} * pool_->block_size();
+  return static_cast<int32_t>(computed / unit_tokens * unit_blocks_);
+}
+
 std::vector<int32_t> PrefixCache::Acquire(const std::vector<int32_t>& tokens,
                                           const std::vector<uint64_t>& hashes, int64_t max_tokens) {
   std::vector<int32_t> out;
   if (!enabled_) return out;
-  const int64_t bs = pool_->block_size();
-  const int64_t wanted = std::min<int64_t>(static_cast<int64_t>(hashes.size()),
-                                           std::min<int64_t>(max_tokens, tokens.size()) / bs);
+  const int64_t bs = pool_->block_size(), unit = unit_blocks_;
+  int64_t wanted = std::min<int64_t>(static_cast<int64_t>(hashes.size()),
+                                     std::min<int64_t>(max_tokens, tokens.size()) / bs);
+  wanted -= wanted % unit;
   ++stats_.lookups;
   stats_.lookup_blocks += wanted;
   for (int64_t i = 0; i < wanted; ++i) {
@@ -72,7 +90,7 @@ std::vector<int32_t> PrefixCache::Acquire(const std::vector<int32_t>& tokens,
     }
     Block& b = blocks_[it->second];
     const uint64_t parent = i == 0 ? root_ : hashes[i - 1];
-    if (b.parent != parent ||
+    if (b.parent != parent || b.unit_end != hashes[(i / unit + 1) * unit - 1] ||
         !std::equal(b.tokens.begin(), b.tokens.end(), tokens.begin() + i * bs)) {
       break;
     }
@@ -82,6 +100,12 @@ std::vector<int32_t> PrefixCache::Acquire(const std::vector<int32_t>& tokens,
     }
     ++b.refs;
     out.push_back(it->second);
+  }
+  // Whole units only: the blocks of a unit cut short go back.
+  const size_t whole = out.size() - out.size() % unit;
+  if (whole < out.size()) {
+    Release(std::vector<int32_t>(out.begin() + whole, out.end()));
+    out.resize(whole);
   }
   stats_.hit_blocks += static_cast<int64_t>(out.size());
   return out;
@@ -113,7 +137,24 @@ absl::StatusOr<std::vector<int32_t>> PrefixCache::Allocate(int32_t n) {
   return out;
 }
 
-void PrefixCache::Register(int32_t block, uint64_t hash, uint64_t parent, const int32_t* tokens) {
+int32_t PrefixCache::RegisterComputed(const std::vector<int32_t>& blocks,
+                                      const std::vector<int32_t>& tokens, int64_t computed,
+                                      int32_t registered, std::vector<uint64_t>* hashes) {
+  if (!enabled_) return registered;
+  const int64_t bs = pool_->block_size();
+  const int32_t complete = CompleteBlocks(std::min<int64_t>(
+      {computed, static_cast<int64_t>(blocks.size()) * bs, static_cast<int64_t>(tokens.size())}));
+  if (complete <= registered) return registered;
+  ExtendHashes(tokens, complete * bs, hashes);
+  for (int32_t i = registered; i < complete; ++i) {
+    Register(blocks[i], (*hashes)[i], i == 0 ? root_ : (*hashes)[i - 1], tokens.data() + i * bs,
+             (*hashes)[(i / unit_blocks_ + 1) * unit_blocks_ - 1]);
+  }
+  return complete;
+}
+
+void PrefixCache::Register(int32_t block, uint64_t hash, uint64_t parent, const int32_t* tokens,
+                           uint64_t unit_end) {
   if (!enabled_) return;
   Block& b = blocks_[block];
   CHECK_GT(b.refs, 0) << "registering block " << block << ", which nobody references";
@@ -125,6 +166,7 @@ void PrefixCache::Register(int32_t block, uint64_t hash, uint64_t parent, const 
   b.cached = true;
   b.hash = hash;
   b.parent = parent;
+  b.unit_end = unit_end;
   b.tokens.assign(tokens, tokens + pool_->block_size());
   b.index = -1;
   if (parent == root_) {
@@ -202,6 +244,7 @@ int32_t PrefixCache::Restore(const std::vector<int32_t>& tokens,
   b.cached = true;
   b.hash = hashes[i];
   b.parent = parent;
+  b.unit_end = hashes[i];  // units of one block (a cache with tiers)
   b.tokens.assign(tokens.begin() + i * bs, tokens.begin() + (i + 1) * bs);
   b.index = static_cast<int32_t>(i);
   ++stats_.restored;

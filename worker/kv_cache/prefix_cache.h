@@ -13,9 +13,19 @@
 // everything besides the tokens that changes an entry (model fingerprint, weight dtype, cache
 // spec and dtype, block size; not the placement of experts, which does not change the values a
 // model computes). A hit also compares the block's stored tokens and parent hash, so a wrong hit
-// needs two different prefixes with one 64-bit chain hash. Only full blocks whose entries were
-// all written are registered; shared blocks are read-only (a sequence writes only positions past
-// its computed ones, which lie in blocks of its own).
+// needs two different prefixes with one 64-bit chain hash. Shared blocks are read-only (a
+// sequence writes only entries past its hit, which lie in blocks of its own).
+//
+// Blocks are registered and hit in units of unit_blocks() blocks: the least common multiple of
+// the block size and the spec's EntrySpan, in blocks (1 for the paged MLA latent and for V4
+// specs whose compress ratios divide the block size). A compressed entry that spans blocks
+// (ratio > block size) is written when its window closes and depends on the tokens up to there,
+// past the block's end: a unit's blocks are registered once the whole unit is computed, each
+// tagged with the chain hash of the unit's last block, and a hit takes a unit only when every
+// block found for it carries the tag of the sequence's own tokens (so its entries are those the
+// sequence would compute). A hit is a whole number of units. Kinds with per-sequence state
+// (PrefixReuse::kBoundedReplay) reuse the shared entries and rebuild that state by a bounded
+// replay (the engine does, docs/kv-cache.md).
 //
 // With a KvBlockStore (PrefixCacheOptions::store), an idle cached block that is evicted is first
 // copied to the store (host memory, then disk), and so are the idle cached blocks left when the
@@ -23,9 +33,11 @@
 // of a hash here, asks the store and copies a block it finds into a new block of the pool
 // (restored: cached again, as if computed here), while that leaves a block available.
 //
-// Disabled (PrefixCacheOptions::enabled false, or a spec with a group that cannot share blocks:
-// KvCacheSpec::SharesPrefixBlocks), nothing is registered, Acquire finds nothing, and blocks go
-// back to the pool on their last Release: exactly the pool's own allocation.
+// Lower tiers hold single blocks keyed by their chain hash, so a cache whose units are several
+// blocks has none (PrefixCacheOptions::store is ignored).
+//
+// Disabled (PrefixCacheOptions::enabled false), nothing is registered, Acquire finds nothing,
+// and blocks go back to the pool on their last Release: exactly the pool's own allocation.
 //
 // Not thread-safe: the rank's engine thread owns it.
 #ifndef DEEPINFER_WORKER_KV_CACHE_PREFIX_CACHE_H_
@@ -74,9 +86,14 @@ class PrefixCache {
   PrefixCache(const PrefixCache&) = delete;
   PrefixCache& operator=(const PrefixCache&) = delete;
 
-  // Whether hits are possible: enabled, and the pool's spec shares prefix blocks.
+  // Whether hits are possible (PrefixCacheOptions::enabled).
   bool enabled() const { return enabled_; }
   int32_t block_size() const { return pool_->block_size(); }
+  // Blocks per unit of registration and hits (top comment).
+  int32_t unit_blocks() const { return unit_blocks_; }
+  // The leading blocks of a sequence with `computed` positions computed whose units are
+  // complete: the blocks RegisterComputed may offer.
+  int32_t CompleteBlocks(int64_t computed) const;
 
   // Appends to `hashes` the chain hashes of the full blocks of tokens[0, n) it lacks (so a
   // sequence keeps its hashes as it grows; they stay valid across preemption).
@@ -84,8 +101,8 @@ class PrefixCache {
                     std::vector<uint64_t>* hashes) const;
 
   // The longest run of cached blocks that starts the sequence with `tokens` (whose first
-  // hashes.size() full blocks have these chain hashes), of at most max_tokens tokens, each
-  // with a reference taken. Empty when disabled.
+  // hashes.size() full blocks have these chain hashes), a whole number of units of at most
+  // max_tokens tokens, each with a reference taken. Empty when disabled.
   std::vector<int32_t> Acquire(const std::vector<int32_t>& tokens,
                                const std::vector<uint64_t>& hashes, int64_t max_tokens);
 
@@ -94,12 +111,20 @@ class PrefixCache {
   // num_available_blocks() < n.
   absl::StatusOr<std::vector<int32_t>> Allocate(int32_t n);
 
+  // Offers to the cache the blocks of one sequence (its block table `blocks`, its `tokens`)
+  // from index `registered` up to CompleteBlocks(computed), extending `hashes` (the sequence's
+  // chain hashes, ExtendHashes) as needed; returns the new count of offered blocks (the
+  // sequence's next `registered`). Blocks a hit took count as offered.
+  int32_t RegisterComputed(const std::vector<int32_t>& blocks, const std::vector<int32_t>& tokens,
+                           int64_t computed, int32_t registered, std::vector<uint64_t>* hashes);
   // Offers `block`, referenced and holding the written entries of `tokens` (block_size of
   // them) at the position whose chain hash is `hash`, to the cache (`parent`: the chain hash of
-  // the block before it, or root_hash() for the first). No-op when disabled or when another
-  // block already holds the hash (then this one stays private and is freed on its last
+  // the block before it, or root_hash() for the first; `unit_end`: the chain hash of the last
+  // block of its unit, `hash` itself for units of one block). No-op when disabled or when
+  // another block already holds the hash (then this one stays private and is freed on its last
   // Release).
-  void Register(int32_t block, uint64_t hash, uint64_t parent, const int32_t* tokens);
+  void Register(int32_t block, uint64_t hash, uint64_t parent, const int32_t* tokens,
+                uint64_t unit_end);
 
   // Drops one reference on each block. A block without references goes to the idle LRU when
   // cached, else back to the pool. Blocks are released last to first, so that the tail of a
@@ -126,6 +151,7 @@ class PrefixCache {
     bool cached = false;
     uint64_t hash = 0;
     uint64_t parent = 0;
+    uint64_t unit_end = 0;              // the chain hash of its unit's last block
     std::vector<int32_t> tokens;        // when cached
     int32_t index = -1;                 // its index in its sequence when known (cached)
     std::list<int32_t>::iterator idle;  // when cached and refs == 0
@@ -142,6 +168,7 @@ class PrefixCache {
 
   KvBlockPool* const pool_;
   const bool enabled_;
+  const int32_t unit_blocks_;
   const std::string key_;
   KvBlockStore* const store_;
   const uint64_t root_;

@@ -1,5 +1,6 @@
 // Tests for PrefixCache: hits and misses, the partial last block, the cache key, references
-// shared between sequences, LRU eviction under memory pressure, duplicates, disabled caching.
+// shared between sequences, LRU eviction under memory pressure, duplicates, disabled caching,
+// units of several blocks (DeepSeek-V4 entries spanning blocks) and the tiers.
 #include "worker/kv_cache/prefix_cache.h"
 
 #include <numeric>
@@ -33,18 +34,38 @@ class PrefixCacheTest : public ::testing::Test {
     cache.ExtendHashes(tokens, static_cast<int64_t>(tokens.size()), &hashes);
     std::vector<int32_t> blocks =
         cache.Acquire(tokens, hashes, static_cast<int64_t>(tokens.size()) - 1);
-    if (hit_blocks != nullptr) *hit_blocks = static_cast<int32_t>(blocks.size());
+    const int32_t hit = static_cast<int32_t>(blocks.size());
+    if (hit_blocks != nullptr) *hit_blocks = hit;
     const int32_t need = static_cast<int32_t>((tokens.size() + kBlock - 1) / kBlock) -
                          static_cast<int32_t>(blocks.size());
     auto more = cache.Allocate(need);
     EXPECT_TRUE(more.ok()) << more.status();
     if (!more.ok()) return blocks;
     blocks.insert(blocks.end(), more->begin(), more->end());
-    for (size_t i = 0; i < hashes.size(); ++i) {
-      cache.Register(blocks[i], hashes[i], i == 0 ? cache.root_hash() : hashes[i - 1],
-                     tokens.data() + i * kBlock);
-    }
+    cache.RegisterComputed(blocks, tokens, static_cast<int64_t>(tokens.size()), hit, &hashes);
     return blocks;
+  }
+
+  // A DeepSeek-V4 cache of blocks of kBlock positions: a sliding layer, an HCA layer of
+  // `hca_ratio` and a CSA layer of ratio 4.
+  std::unique_ptr<KvBlockPool> MakeV4Pool(int32_t blocks, int32_t hca_ratio) {
+    KvCacheGroupSpec sliding, hca, csa;
+    sliding.kind = KvCacheKind::kSlidingWindow;
+    sliding.layers = {0};
+    sliding.head_dim = 8;
+    sliding.window = 4;
+    hca = sliding;
+    hca.kind = KvCacheKind::kCompressed;
+    hca.layers = {1};
+    hca.ratio = hca_ratio;
+    csa = sliding;
+    csa.kind = KvCacheKind::kCompressedSparse;
+    csa.layers = {2};
+    csa.ratio = 4;
+    csa.index_dim = 4;
+    auto pool = KvBlockPool::Create(&backend_, {KvCacheSpec{{sliding, hca, csa}}, blocks, kBlock});
+    EXPECT_TRUE(pool.ok()) << pool.status();
+    return std::move(*pool);
   }
 
   static std::vector<int32_t> Range(int32_t from, int32_t n) {
@@ -204,8 +225,8 @@ TEST_F(PrefixCacheTest, DuplicateBlockStaysPrivate) {
   auto a = cache.Allocate(1);
   auto b = cache.Allocate(1);
   ASSERT_TRUE(a.ok() && b.ok());
-  cache.Register((*a)[0], h[0], cache.root_hash(), p.data());
-  cache.Register((*b)[0], h[0], cache.root_hash(), p.data());
+  cache.Register((*a)[0], h[0], cache.root_hash(), p.data(), h[0]);
+  cache.Register((*b)[0], h[0], cache.root_hash(), p.data(), h[0]);
   EXPECT_EQ(cache.stats().duplicates, 1);
   EXPECT_EQ(cache.num_cached_blocks(), 1);
   cache.Release(*b);
@@ -323,6 +344,93 @@ TEST_F(PrefixCacheTest, ProbeSummaryHoldsTheCachedProbeBlocks) {
   EXPECT_EQ(cache.ProbeSummary(2).size(), 2u);
   cache.Release(blocks);
   EXPECT_THAT(cache.ProbeSummary(10), ::testing::UnorderedElementsAreArray(want));  // idle too
+}
+
+// DeepSeek-V4's kinds keep per-sequence state that a hit rebuilds by a bounded replay: their
+// blocks are cached as any other. An HCA entry of 8 positions spans two blocks of 4 and is
+// written when its window closes, so blocks are registered and hit two at a time.
+TEST_F(PrefixCacheTest, EntriesSpanningBlocksAreCachedInWholeUnits) {
+  auto pool = MakeV4Pool(32, /*hca_ratio=*/8);
+  PrefixCache cache(pool.get(), {true, "v4"});
+  ASSERT_TRUE(cache.enabled());
+  EXPECT_EQ(pool->spec().EntrySpan(), 8);
+  EXPECT_EQ(cache.unit_blocks(), 2);
+  EXPECT_EQ(cache.CompleteBlocks(7), 0);
+  EXPECT_EQ(cache.CompleteBlocks(8), 2);
+  EXPECT_EQ(cache.CompleteBlocks(15), 2);
+  EXPECT_EQ(cache.CompleteBlocks(16), 4);
+
+  // 5 full blocks and a token: the first two units are registered, block 4 (half a unit) not.
+  const std::vector<int32_t> a = Range(100, 21);
+  int32_t hits = -1;
+  cache.Release(Compute(cache, a, &hits));
+  EXPECT_EQ(hits, 0);
+  EXPECT_EQ(cache.num_cached_blocks(), 4);
+  // The same tokens hit the two units (max 20 tokens: 5 blocks, whole units: 4).
+  cache.Release(Compute(cache, a, &hits));
+  EXPECT_EQ(hits, 4);
+  // A sequence that leaves `a` in block 3 keeps the first unit only.
+  std::vector<int32_t> b = a;
+  b[13] = 5;
+  cache.Release(Compute(cache, b, &hits));
+  EXPECT_EQ(hits, 2);
+  EXPECT_EQ(cache.stats().hit_blocks, 6);
+}
+
+// The entries of a unit's first block depend on the tokens of its second: a block cached by a
+// sequence whose second block differed is not taken, even though its own hash matches.
+TEST_F(PrefixCacheTest, AUnitIsTakenOnlyFromTheSequenceThatMatchesAllOfIt) {
+  auto pool = MakeV4Pool(32, /*hca_ratio=*/8);
+  PrefixCache cache(pool.get(), {true, "v4"});
+  const std::vector<int32_t> x = Range(0, 9);  // one unit and a token
+  std::vector<int32_t> y = x;
+  y[5] = 77;  // same block 0, another block 1
+  int32_t hits = -1;
+  cache.Release(Compute(cache, x, &hits));
+  EXPECT_EQ(cache.num_cached_blocks(), 2);
+  cache.Release(Compute(cache, y, &hits));
+  EXPECT_EQ(hits, 0);                       // x's block 0 holds the HCA entry of x's tokens 0..7
+  EXPECT_EQ(cache.stats().duplicates, 1);   // y's own block 0 stays private
+  EXPECT_EQ(cache.num_cached_blocks(), 3);  // y's block 1 is cached
+  cache.Release(Compute(cache, y, &hits));
+  EXPECT_EQ(hits, 0);  // still x's block 0 for the hash of block 0
+  cache.Release(Compute(cache, x, &hits));
+  EXPECT_EQ(hits, 2);
+}
+
+// Tiers hold single blocks keyed by their own hash: a cache in units of two has none, one in
+// units of one (V4 ratios that divide the block size) keeps them.
+TEST_F(PrefixCacheTest, TiersOnlyForUnitsOfOneBlock) {
+  KvBlockStore store({1 << 20, "", 0});
+  {
+    auto pool = MakeV4Pool(4, /*hca_ratio=*/8);
+    PrefixCache cache(pool.get(), {true, "v4", &store});
+    cache.Release(Compute(cache, Range(0, 9)));
+    auto all = cache.Allocate(4);  // evicts the cached unit
+    ASSERT_TRUE(all.ok());
+    cache.Release(*all);
+    EXPECT_EQ(cache.stats().evictions, 2);
+    EXPECT_EQ(cache.stats().spilled, 0);
+  }
+  auto pool = MakeV4Pool(4, /*hca_ratio=*/4);
+  PrefixCache cache(pool.get(), {true, "v4", &store});
+  EXPECT_EQ(cache.unit_blocks(), 1);
+  const std::vector<int32_t> a = Range(0, 9);
+  std::vector<int32_t> blocks = Compute(cache, a);
+  const std::string written(pool->BlockBytes(), 'w');
+  pool->WriteBlock(blocks[0], written);
+  cache.Release(blocks);
+  auto all = cache.Allocate(4);
+  ASSERT_TRUE(all.ok());
+  cache.Release(*all);
+  EXPECT_EQ(cache.stats().spilled, 2);
+  int32_t hits = -1;
+  std::vector<int32_t> again = Compute(cache, a, &hits);
+  EXPECT_EQ(hits, 2);
+  std::string got;
+  pool->ReadBlock(again[0], &got);
+  EXPECT_EQ(got, written);
+  cache.Release(again);
 }
 
 }  // namespace

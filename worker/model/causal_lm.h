@@ -81,6 +81,17 @@ class CausalLm {
   // The MLA prefill form (models without MLA attention ignore it).
   virtual void SetPrefillAttention(PrefillAttention form) = 0;
   virtual PrefillAttention prefill_attention() const = 0;
+  // Micro-batches per step: 1, or 2 where the model splits a step's sequences in two halves
+  // whose expert exchanges overlap the other half's compute (DeepSeek's two-micro-batch
+  // overlap). How steps are computed, never what: the same values per sequence. Every rank of a
+  // group must use the same number. UNIMPLEMENTED for 2 where the model has no such path,
+  // INVALID_ARGUMENT for other numbers.
+  virtual absl::Status SetMicroBatches(int n) {
+    if (n == 1) return absl::OkStatus();
+    return n == 2 ? absl::UnimplementedError("this model runs one micro-batch per step")
+                  : absl::InvalidArgumentError("micro-batches per step: 1 or 2");
+  }
+  virtual int micro_batches() const { return 1; }
   // Decode steps that ran on the padded bucket path and graphs recorded so far (tests, logs).
   virtual int64_t decode_graph_steps() const = 0;
   virtual int64_t decode_graphs_recorded() const = 0;

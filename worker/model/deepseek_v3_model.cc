@@ -3,6 +3,8 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
+#include <iterator>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -172,6 +174,7 @@ absl::StatusOr<StepOutput> DeepseekV3Model::Step(const std::vector<SequenceStep>
                                                  KvBlockPool* cache) {
   const ModelConfig& c = config_;
   if (absl::Status st = CheckCache(*cache, "Step"); !st.ok()) return st;
+  if (micro_batches_ == 2) return TwoMicroBatchStep(batch, cache);
   const bool hidden = std::any_of(batch.begin(), batch.end(),
                                   [](const SequenceStep& s) { return s.return_hidden; });
   if (!hidden) {
@@ -185,29 +188,153 @@ absl::StatusOr<StepOutput> DeepseekV3Model::Step(const std::vector<SequenceStep>
   ctx.mode = Mode();
   const int64_t T = ctx.num_tokens, H = c.hidden_size;
   auto x = Floats(T * H), y = Floats(T * H);
-  float* xp = x->as<float>();
-  if (absl::Status st = Layers(ctx, (*meta)->ids->as<int32_t>(), xp, y->as<float>()); !st.ok()) {
+  if (absl::Status st = Layers(ctx, (*meta)->ids->as<int32_t>(), x->as<float>(), y->as<float>());
+      !st.ok()) {
     return st;
   }
+  return StepTail(batch, **meta, x->as<float>(), y->as<float>());
+}
+
+absl::StatusOr<StepOutput> DeepseekV3Model::StepTail(const std::vector<SequenceStep>& batch,
+                                                     const StepMetadata& meta, float* xp,
+                                                     float* yp) {
+  const ModelConfig& c = config_;
+  const int64_t T = meta.ctx.num_tokens, H = c.hidden_size;
   // Final norm and LM head only for the rows whose logits are wanted; the last layer's pending
   // output is added to those rows only (the final norm adds it: a prefill wants one row of each
   // prompt's thousands).
-  const int64_t R = (*meta)->num_logit_rows;
-  const int32_t* rows = (*meta)->logit_rows->as<int32_t>();
+  const int64_t R = meta.num_logit_rows;
+  const int32_t* rows = meta.logit_rows->as<int32_t>();
   auto sel = Floats(R * H);
   backend_->GatherRows(R, H, xp, rows, sel->as<float>());
   std::unique_ptr<DeviceBuffer> sel_y, normed;
   if (ResidualPending()) {
     sel_y = Floats(R * H);
-    backend_->GatherRows(R, H, y->as<float>(), rows, sel_y->as<float>());
+    backend_->GatherRows(R, H, yp, rows, sel_y->as<float>());
     normed = Floats(R * H);  // the norm's output may not alias x or y
   }
   auto logits = head_->Logits(R, sel->as<float>(), sel_y != nullptr ? sel_y->as<float>() : nullptr,
                               normed != nullptr ? normed->as<float>() : sel->as<float>(), Mode());
   absl::StatusOr<StepOutput> out =
       SampleOrCopyLogits(backend_, c.vocab_size, batch, logits->as<float>(), R);
-  if (out.ok() && hidden) {
-    CopyHidden(batch, T, xp, ResidualPending() ? y->as<float>() : nullptr, &*out);
+  const bool hidden = std::any_of(batch.begin(), batch.end(),
+                                  [](const SequenceStep& s) { return s.return_hidden; });
+  if (out.ok() && hidden) CopyHidden(batch, T, xp, ResidualPending() ? yp : nullptr, &*out);
+  return out;
+}
+
+absl::Status DeepseekV3Model::SetMicroBatches(int n) {
+  if (n != 1 && n != 2) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("DeepseekV3Model: ", n, " micro-batches per step (1 or 2)"));
+  }
+  if (n != micro_batches_) graphs_->Drop();
+  micro_batches_ = n;
+  return absl::OkStatus();
+}
+
+absl::StatusOr<StepOutput> DeepseekV3Model::TwoMicroBatchStep(
+    const std::vector<SequenceStep>& batch, KvBlockPool* cache) {
+  const ModelConfig& c = config_;
+  const int64_t H = c.hidden_size;
+  // Sequences [0, k) and [k, n), k splitting the tokens most evenly (the smaller k on a tie).
+  int64_t total = 0;
+  for (const SequenceStep& s : batch) total += static_cast<int64_t>(s.tokens.size());
+  size_t k = 0;
+  int64_t before = 0, best = total;
+  for (size_t i = 0; i <= batch.size(); ++i) {
+    const int64_t gap = std::abs(2 * before - total);
+    if (gap < best || (i == 0 && gap <= best)) {
+      best = gap;
+      k = i;
+    }
+    if (i < batch.size()) before += static_cast<int64_t>(batch[i].tokens.size());
+  }
+  struct MicroBatch {
+    std::vector<SequenceStep> batch;
+    std::unique_ptr<StepMetadata> meta;
+    std::unique_ptr<DeviceBuffer> x, y;
+    std::unique_ptr<PlainResidualStream> stream;
+    MoeBlock::Staged moe;
+    ExchangeThread::Ticket ticket = 0;
+  };
+  MicroBatch mb[2];
+  mb[0].batch.assign(batch.begin(), batch.begin() + k);
+  mb[1].batch.assign(batch.begin() + k, batch.end());
+  for (MicroBatch& m : mb) {
+    auto meta = MakeStepMetadata(backend_, m.batch, cache, c.vocab_size);
+    if (!meta.ok()) return meta.status();
+    m.meta = std::move(*meta);
+    m.meta->ctx.mode = Mode();
+    const int64_t T = m.meta->ctx.num_tokens;
+    m.x = Floats(T * H);
+    m.y = Floats(T * H);
+    embedding_->Forward(T, m.meta->ids->as<int32_t>(), m.x->as<float>());
+    m.stream =
+        std::make_unique<PlainResidualStream>(backend_, T, H, static_cast<float>(c.rms_norm_eps),
+                                              Mode(), m.x->as<float>(), m.y->as<float>());
+  }
+  if (exchanges_ == nullptr) exchanges_ = std::make_unique<ExchangeThread>();
+  ExchangeThread& xt = *exchanges_;
+  // Declared after mb: on any return, every exchange submitted (which reads and writes mb's
+  // staged buffers) has run before mb goes away.
+  struct Drain {
+    ExchangeThread* t;
+    ~Drain() { (void)t->WaitAll(); }
+  } drain{&xt};
+  // Per MoE layer: both micro-batches' attention and routing, then each one's experts, then each
+  // one's combine: micro-batch 0's dispatch exchange runs during micro-batch 1's attention,
+  // 1's dispatch during 0's experts, 0's combine during 1's experts, 1's combine during 0's
+  // shared experts.
+  for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
+    const LayerWeights& L = weights_->layers[l];
+    if (!L.moe) {
+      for (MicroBatch& m : mb) {
+        if (absl::Status st = Layer(l, m.meta->ctx, m.stream.get(), moe_.get()); !st.ok()) {
+          return st;
+        }
+      }
+      continue;
+    }
+    for (MicroBatch& m : mb) {
+      const ResidualNorm* norm = Attention(l, m.meta->ctx, m.stream.get());
+      absl::StatusOr<ExpertDispatcher::Exchange> x =
+          moe_->BeginStaged(l, m.meta->ctx.num_tokens, m.stream->h(), m.stream->h_gemm(),
+                            m.stream->block_out(), m.meta->ctx, norm, &m.moe);
+      if (!x.ok()) return x.status();
+      m.ticket = xt.Submit(std::move(*x));
+    }
+    for (MicroBatch& m : mb) {
+      if (absl::Status st = xt.Wait(m.ticket); !st.ok()) return st;
+      ExpertDispatcher::Exchange exchange;
+      if (!m.moe.done) {
+        absl::StatusOr<ExpertDispatcher::Exchange> x = moe_->ExpertsStaged(&m.moe);
+        if (!x.ok()) return x.status();
+        exchange = std::move(*x);
+      }
+      m.ticket = xt.Submit(std::move(exchange));
+    }
+    for (MicroBatch& m : mb) {
+      if (absl::Status st = xt.Wait(m.ticket); !st.ok()) return st;
+      if (!m.moe.done) {
+        if (absl::Status st = moe_->FinishStaged(&m.moe); !st.ok()) return st;
+      }
+      m.moe = MoeBlock::Staged();
+      m.stream->Add();
+    }
+  }
+  StepOutput out;
+  for (MicroBatch& m : mb) {
+    absl::StatusOr<StepOutput> part =
+        StepTail(m.batch, *m.meta, m.x->as<float>(), m.y->as<float>());
+    if (!part.ok()) return part.status();
+    auto append = [](auto* to, auto& from) {
+      to->insert(to->end(), std::make_move_iterator(from.begin()),
+                 std::make_move_iterator(from.end()));
+    };
+    append(&out.logits, part->logits);
+    append(&out.sampled, part->sampled);
+    append(&out.hidden, part->hidden);
   }
   return out;
 }
@@ -224,15 +351,21 @@ absl::Status DeepseekV3Model::Layers(const LayerContext& ctx, const int32_t* ids
   return absl::OkStatus();
 }
 
-absl::Status DeepseekV3Model::Layer(int64_t l, const LayerContext& ctx, PlainResidualStream* stream,
-                                    MoeBlock* moe) {
-  const int64_t T = ctx.num_tokens, H = config_.hidden_size;
+const ResidualNorm* DeepseekV3Model::Attention(int64_t l, const LayerContext& ctx,
+                                               PlainResidualStream* stream) {
   const LayerWeights& L = weights_->layers[l];
   // Each block's norm: applied here, or (fused ops) handed to the block's first op.
   const ResidualNorm* norm = stream->Norm(L.input_norm->as<float>());
   attention_->Forward(l, ctx, stream->h_gemm(), stream->block_out(), norm);
   stream->Add();
-  norm = stream->Norm(L.post_attention_norm->as<float>());
+  return stream->Norm(L.post_attention_norm->as<float>());
+}
+
+absl::Status DeepseekV3Model::Layer(int64_t l, const LayerContext& ctx, PlainResidualStream* stream,
+                                    MoeBlock* moe) {
+  const int64_t T = ctx.num_tokens, H = config_.hidden_size;
+  const LayerWeights& L = weights_->layers[l];
+  const ResidualNorm* norm = Attention(l, ctx, stream);
   if (L.moe) {
     // The router and routed experts read fp32 rows, the shared experts the GEMM operand.
     absl::Status st =

@@ -40,6 +40,7 @@
 #include "worker/model/layers/residual_stream.h"
 #include "worker/model/model_config.h"
 #include "worker/model/model_weights.h"
+#include "worker/model/moe/exchange_thread.h"
 #include "worker/model/moe/moe_block.h"
 
 namespace deepinfer {
@@ -85,6 +86,13 @@ class DeepseekV3Model final : public CausalLm {
   // model's LM head; the draft is the greedy token.
   absl::StatusOr<DraftOutput> Draft(const std::vector<DraftStep>& batch,
                                     KvBlockPool* cache) override;
+  // Two micro-batches (n = 2): the step's sequences split in two halves of about equal tokens
+  // that run through each MoE layer interleaved, one's expert exchange (on an ExchangeThread)
+  // overlapping the other's compute; the same values per sequence as one batch. No decode graphs
+  // then. Every rank of an expert-parallel group must use the same n (the exchanges per layer
+  // double). INVALID_ARGUMENT for n other than 1 or 2.
+  absl::Status SetMicroBatches(int n) override;
+  int micro_batches() const override { return micro_batches_; }
   int64_t decode_graph_steps() const override { return graphs_->steps(); }
   int64_t decode_graphs_recorded() const override { return graphs_->graphs_recorded(); }
   int64_t num_moe_layers() const override { return moe_->num_moe_layers(); }
@@ -108,6 +116,15 @@ class DeepseekV3Model final : public CausalLm {
   // output, left in y [T, hidden], is still to be added (the caller fuses it into the final
   // norm).
   absl::Status Layers(const LayerContext& ctx, const int32_t* ids, float* x, float* y);
+  // The step after the layers for `batch` (meta's rows, x and y as Layers leaves them): final
+  // norm, LM head, sampling or logits, hidden rows.
+  absl::StatusOr<StepOutput> StepTail(const std::vector<SequenceStep>& batch,
+                                      const StepMetadata& meta, float* x, float* y);
+  // Step with two micro-batches (SetMicroBatches).
+  absl::StatusOr<StepOutput> TwoMicroBatchStep(const std::vector<SequenceStep>& batch,
+                                               KvBlockPool* cache);
+  // Layer l's attention block on the stream; returns the norm in front of its MLP block.
+  const ResidualNorm* Attention(int64_t l, const LayerContext& ctx, PlainResidualStream* stream);
   // Decoder layer l (a model layer, or an MTP module's at num_hidden_layers + i) on the stream.
   absl::Status Layer(int64_t l, const LayerContext& ctx, PlainResidualStream* stream,
                      MoeBlock* moe);
@@ -140,6 +157,8 @@ class DeepseekV3Model final : public CausalLm {
   std::unique_ptr<MoeBlock> draft_moe_;
   std::unique_ptr<LmHead> head_;
   bool fused_ops_ = true;
+  int micro_batches_ = 1;
+  std::unique_ptr<ExchangeThread> exchanges_;  // with two micro-batches, made at the first step
   // Last: destroyed first, it waits for recorded graphs, which hold the MoE block's expert
   // tables' addresses (the block drops them when the tables change).
   std::unique_ptr<DecodeGraphRunner> graphs_;

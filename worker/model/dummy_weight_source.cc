@@ -29,7 +29,8 @@ DummyFill DummyTensorFill(uint64_t seed, const std::string& name,
     return fill;
   }
   fill.key = seed ^ Fnv1a(name);
-  if (absl::StrContains(name, "e_score_correction_bias")) {
+  // Router correction biases: HF's name, and the release's (`gate.bias`, DeepSeek-V4's MTP).
+  if (absl::StrContains(name, "e_score_correction_bias") || absl::EndsWith(name, ".gate.bias")) {
     fill.amplitude = 0.05f;
   } else if (absl::StrContains(name, "embed_tokens")) {
     fill.amplitude = std::sqrt(3.0f);  // unit variance

@@ -27,6 +27,13 @@ TEST(DummyWeightSourceTest, DeterministicAndScaled) {
   ASSERT_TRUE(a.ReadFloat32("model.norm.weight", {8}, norm.data()).ok());
   EXPECT_EQ(norm, std::vector<float>(8, 1.0f));
   EXPECT_TRUE(a.Contains("anything"));
+  // Router correction biases stay small (within 0.05), by HF's name and the V4 release's.
+  for (const char* bias :
+       {"model.layers.3.mlp.gate.e_score_correction_bias", "mtp.0.ffn.gate.bias"}) {
+    std::vector<float> v(4);
+    ASSERT_TRUE(a.ReadFloat32(bias, {4}, v.data()).ok());
+    for (float b : v) EXPECT_LE(std::abs(b), 0.05f) << bias;
+  }
 }
 
 // Index tables: in [0, bound), distinct within a row, the same for the same seed.

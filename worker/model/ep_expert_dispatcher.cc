@@ -114,7 +114,6 @@ absl::Status EpExpertDispatcher::SetPlacement(std::shared_ptr<const ExpertPlacem
   return absl::OkStatus();
 }
 
-
 absl::Status EpExpertDispatcher::Fail(absl::Status error) {
   comm_->Abort(error);
   return error;
@@ -123,17 +122,27 @@ absl::Status EpExpertDispatcher::Fail(absl::Status error) {
 absl::Status EpExpertDispatcher::Dispatch(int64_t moe_layer, int64_t num_tokens, int64_t top_k,
                                           const float* hidden, const int32_t* topk_ids,
                                           const float* topk_weights, DispatchedTokens* out) {
+  absl::StatusOr<Exchange> exchange =
+      BeginDispatch(moe_layer, num_tokens, top_k, hidden, topk_ids, topk_weights, out);
+  if (!exchange.ok()) return exchange.status();
+  if (*exchange) {
+    if (absl::Status st = (*exchange)(); !st.ok()) return st;
+  }
+  return FinishDispatch(out);
+}
+
+absl::StatusOr<ExpertDispatcher::Exchange> EpExpertDispatcher::BeginDispatch(
+    int64_t moe_layer, int64_t num_tokens, int64_t top_k, const float* hidden,
+    const int32_t* topk_ids, const float* topk_weights, DispatchedTokens* out) {
   const int world = comm_->world_size();
   const int64_t H = hidden_size_;
   const int64_t n = num_tokens * top_k;
   if (placement_ != nullptr && (moe_layer < 0 || moe_layer >= placement_->num_layers())) {
-    return Fail(absl::FailedPreconditionError(
-        absl::StrCat("EpExpertDispatcher: MoE layer ", moe_layer, " is not in the placement (",
-                     placement_->num_layers(), " layers)")));
+    return Fail(absl::FailedPreconditionError(absl::StrCat("EpExpertDispatcher: MoE layer ",
+                                                           moe_layer, " is not in the placement (",
+                                                           placement_->num_layers(), " layers)")));
   }
-  // Slots per rank: E / W without a placement (slot = expert), P / W with one.
-  const int64_t per =
-      placement_ == nullptr ? experts_per_rank_ : placement_->num_physical() / world;
+  const int64_t per = SlotsPerRank();
   std::vector<int32_t> ids(n);
   std::vector<float> weights(n);
   backend_->CopyToHost(topk_ids, n * sizeof(int32_t), ids.data());
@@ -166,8 +175,8 @@ absl::Status EpExpertDispatcher::Dispatch(int64_t moe_layer, int64_t num_tokens,
         row_slot[row] = e;
       } else {
         const std::vector<int>& replicas = placement_->log2phy()[moe_layer][e];
-        row_slot[row] = replicas[ChooseReplica(t, comm_->rank(), e,
-                                               static_cast<int64_t>(replicas.size()))];
+        row_slot[row] =
+            replicas[ChooseReplica(t, comm_->rank(), e, static_cast<int64_t>(replicas.size()))];
       }
     }
   }
@@ -200,81 +209,116 @@ absl::Status EpExpertDispatcher::Dispatch(int64_t moe_layer, int64_t num_tokens,
   backend_->GatherRows(n, H, hidden, sent_token_dev->as<int32_t>(), send_rows->as<float>());
 
   // The size exchange counts each row with its int32 local slot id, on both paths.
-  const size_t row_bytes = (H + 1) * sizeof(float);
-  std::vector<size_t> send_bytes(world);
-  for (int d = 0; d < world; ++d) send_bytes[d] = out->sent_rows_per_rank[d] * row_bytes;
-  absl::StatusOr<std::vector<size_t>> recv_bytes = comm_->AllToAllSizes(send_bytes);
+  StagedExchange& x = out->staged;
+  x.send_bytes.assign(world, 0);
+  for (int d = 0; d < world; ++d) x.send_bytes[d] = out->sent_rows_per_rank[d] * RowBytes();
+  if (device_exchange_) {
+    if (absl::Status st = DispatchOnDevice(send_rows.get(), local_ids, out); !st.ok()) return st;
+    return Exchange();
+  }
+  // Segment to d: [rows x H float32][rows int32 local slot ids], staged in host memory.
+  x.send.resize(n * (H + 1));
+  int64_t first = 0;
+  for (int d = 0; d < world; ++d) {
+    const int64_t rows = out->sent_rows_per_rank[d];
+    float* seg = x.send.data() + first * (H + 1);
+    backend_->CopyToHost(send_rows->as<float>() + first * H, rows * H * sizeof(float), seg);
+    std::memcpy(seg + rows * H, local_ids.data() + first, rows * sizeof(int32_t));
+    first += rows;
+  }
+  if (absl::Status st = backend_->status(); !st.ok()) return Fail(st);
+  // Communicator calls and host memory only (it may run on another thread).
+  return Exchange([this, &x]() -> absl::Status {
+    absl::StatusOr<std::vector<size_t>> recv_bytes = comm_->AllToAllSizes(x.send_bytes);
+    if (!recv_bytes.ok()) return Fail(recv_bytes.status());
+    if (absl::Status st = CheckWholeRows(*recv_bytes); !st.ok()) return Fail(st);
+    x.recv_bytes = std::move(*recv_bytes);
+    size_t total = 0;
+    for (size_t b : x.recv_bytes) total += b;
+    x.recv.resize(total / sizeof(float));
+    if (absl::Status st =
+            comm_->AllToAllV(x.send.data(), x.send_bytes, x.recv.data(), x.recv_bytes);
+        !st.ok()) {
+      return Fail(st);
+    }
+    return absl::OkStatus();
+  });
+}
+
+absl::Status EpExpertDispatcher::CheckWholeRows(const std::vector<size_t>& recv_bytes) const {
+  for (size_t s = 0; s < recv_bytes.size(); ++s) {
+    if (recv_bytes[s] % RowBytes() != 0) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("EpExpertDispatcher: rank ", s, " sends ", recv_bytes[s],
+                       " bytes, not whole rows of hidden size ", hidden_size_, " (", RowBytes(),
+                       " bytes each): the ranks run different models"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status EpExpertDispatcher::DispatchOnDevice(DeviceBuffer* send_rows,
+                                                  const std::vector<int32_t>& local_ids,
+                                                  DispatchedTokens* out) {
+  const int world = comm_->world_size();
+  const int64_t H = hidden_size_;
+  const int64_t n = static_cast<int64_t>(local_ids.size());
+  absl::StatusOr<std::vector<size_t>> recv_bytes = comm_->AllToAllSizes(out->staged.send_bytes);
   if (!recv_bytes.ok()) return Fail(recv_bytes.status());
+  if (absl::Status st = CheckWholeRows(*recv_bytes); !st.ok()) return Fail(st);
   out->received_rows_per_rank.assign(world, 0);
   int64_t received = 0;
   for (int s = 0; s < world; ++s) {
-    if ((*recv_bytes)[s] % row_bytes != 0) {
-      return Fail(absl::FailedPreconditionError(
-          absl::StrCat("EpExpertDispatcher: rank ", s, " sends ", (*recv_bytes)[s],
-                       " bytes, not whole rows of hidden size ", H, " (", row_bytes,
-                       " bytes each): the ranks run different models")));
-    }
-    out->received_rows_per_rank[s] = static_cast<int64_t>((*recv_bytes)[s] / row_bytes);
+    out->received_rows_per_rank[s] = static_cast<int64_t>((*recv_bytes)[s] / RowBytes());
     received += out->received_rows_per_rank[s];
   }
-
-  // arrival_expert[j]: the local expert of the j-th received row (sources in rank order).
-  std::vector<int32_t> arrival_expert(received);
-  std::vector<float> recv;                  // host path: the received segments
-  std::unique_ptr<DeviceBuffer> recv_rows;  // device path: [received, H] in arrival order
-  if (device_exchange_) {
-    // Rows and their ids travel as two all-to-alls of device buffers, enqueued on the
-    // backend's stream after GatherRows: no host staging of the rows.
-    auto send_ids = backend_->Allocate(n * sizeof(int32_t));
-    backend_->CopyToDevice(local_ids.data(), n * sizeof(int32_t), send_ids->data());
-    recv_rows = backend_->Allocate(received * H * sizeof(float));
-    auto recv_ids = backend_->Allocate(received * sizeof(int32_t));
-    std::vector<size_t> rows_out(world), rows_in(world), ids_out(world), ids_in(world);
-    for (int r = 0; r < world; ++r) {
-      rows_out[r] = out->sent_rows_per_rank[r] * H * sizeof(float);
-      rows_in[r] = out->received_rows_per_rank[r] * H * sizeof(float);
-      ids_out[r] = out->sent_rows_per_rank[r] * sizeof(int32_t);
-      ids_in[r] = out->received_rows_per_rank[r] * sizeof(int32_t);
-    }
-    if (absl::Status st = comm_->AllToAllV(send_rows->data(), rows_out, recv_rows->data(), rows_in,
-                                           backend_->native_stream());
-        !st.ok()) {
-      return Fail(st);
-    }
-    if (absl::Status st = comm_->AllToAllV(send_ids->data(), ids_out, recv_ids->data(), ids_in,
-                                           backend_->native_stream());
-        !st.ok()) {
-      return Fail(st);
-    }
-    // Synchronises the stream: the plan below needs the ids on the host.
-    backend_->CopyToHost(recv_ids->data(), received * sizeof(int32_t), arrival_expert.data());
-    if (absl::Status st = backend_->status(); !st.ok()) return Fail(st);
-  } else {
-    // Segment to d: [rows x H float32][rows int32 local slot ids], staged in host memory.
-    std::vector<float> send(n * (H + 1));
-    int64_t first = 0;
-    for (int d = 0; d < world; ++d) {
-      const int64_t rows = out->sent_rows_per_rank[d];
-      float* seg = send.data() + first * (H + 1);
-      backend_->CopyToHost(send_rows->as<float>() + first * H, rows * H * sizeof(float), seg);
-      std::memcpy(seg + rows * H, local_ids.data() + first, rows * sizeof(int32_t));
-      first += rows;
-    }
-    recv.resize(received * (H + 1));
-    if (absl::Status st = comm_->AllToAllV(send.data(), send_bytes, recv.data(), *recv_bytes);
-        !st.ok()) {
-      return Fail(st);
-    }
-    int64_t j = 0;
-    const float* seg = recv.data();
-    for (int s = 0; s < world; ++s) {
-      const int64_t rows = out->received_rows_per_rank[s];
-      for (int64_t r = 0; r < rows; ++r, ++j) {
-        std::memcpy(&arrival_expert[j], seg + rows * H + r, sizeof(int32_t));
-      }
-      seg += rows * (H + 1);
-    }
+  // Rows and their ids travel as two all-to-alls of device buffers, enqueued on the backend's
+  // stream after GatherRows: no host staging of the rows.
+  auto send_ids = backend_->Allocate(n * sizeof(int32_t));
+  backend_->CopyToDevice(local_ids.data(), n * sizeof(int32_t), send_ids->data());
+  auto recv_rows = backend_->Allocate(received * H * sizeof(float));
+  auto recv_ids = backend_->Allocate(received * sizeof(int32_t));
+  std::vector<size_t> rows_out(world), rows_in(world), ids_out(world), ids_in(world);
+  for (int r = 0; r < world; ++r) {
+    rows_out[r] = out->sent_rows_per_rank[r] * H * sizeof(float);
+    rows_in[r] = out->received_rows_per_rank[r] * H * sizeof(float);
+    ids_out[r] = out->sent_rows_per_rank[r] * sizeof(int32_t);
+    ids_in[r] = out->received_rows_per_rank[r] * sizeof(int32_t);
   }
+  if (absl::Status st = comm_->AllToAllV(send_rows->data(), rows_out, recv_rows->data(), rows_in,
+                                         backend_->native_stream());
+      !st.ok()) {
+    return Fail(st);
+  }
+  if (absl::Status st = comm_->AllToAllV(send_ids->data(), ids_out, recv_ids->data(), ids_in,
+                                         backend_->native_stream());
+      !st.ok()) {
+    return Fail(st);
+  }
+  // Synchronises the stream: the plan below needs the ids on the host.
+  std::vector<int32_t> arrival_expert(received);
+  backend_->CopyToHost(recv_ids->data(), received * sizeof(int32_t), arrival_expert.data());
+  if (absl::Status st = backend_->status(); !st.ok()) return Fail(st);
+  if (absl::Status st = GroupArrivals(arrival_expert, out); !st.ok()) return st;
+  // hidden[slot] = recv_rows[arrival index of slot]: an exact row copy on the device.
+  std::vector<int32_t> arrival_of_slot(received);
+  for (int64_t j = 0; j < received; ++j) {
+    arrival_of_slot[out->received_row_slot[j]] = static_cast<int32_t>(j);
+  }
+  if (received > 0) {
+    auto idx = backend_->Allocate(received * sizeof(int32_t));
+    backend_->CopyToDevice(arrival_of_slot.data(), received * sizeof(int32_t), idx->data());
+    backend_->GatherRows(received, H, recv_rows->as<float>(), idx->as<int32_t>(),
+                         out->hidden->as<float>());
+  }
+  return absl::OkStatus();
+}
+
+absl::Status EpExpertDispatcher::GroupArrivals(const std::vector<int32_t>& arrival_expert,
+                                               DispatchedTokens* out) {
+  const int world = comm_->world_size();
+  const int64_t per = SlotsPerRank();
+  const int64_t received = static_cast<int64_t>(arrival_expert.size());
   {
     int64_t j = 0;
     for (int s = 0; s < world; ++s) {
@@ -288,7 +332,6 @@ absl::Status EpExpertDispatcher::Dispatch(int64_t moe_layer, int64_t num_tokens,
       }
     }
   }
-
   // Group by local slot (ascending), then source rank, then the source's order: a stable
   // counting sort of the rows in arrival order.
   out->group_offsets.assign(per + 1, 0);
@@ -300,25 +343,42 @@ absl::Status EpExpertDispatcher::Dispatch(int64_t moe_layer, int64_t num_tokens,
     out->received_row_slot[j] = slot_next[arrival_expert[j]]++;
   }
   out->num_rows = received;
-  out->hidden = backend_->Allocate(received * H * sizeof(float));
-  if (device_exchange_) {
-    // hidden[slot] = recv_rows[arrival index of slot]: an exact row copy on the device.
-    std::vector<int32_t> arrival_of_slot(received);
-    for (int64_t j = 0; j < received; ++j) {
-      arrival_of_slot[out->received_row_slot[j]] = static_cast<int32_t>(j);
-    }
-    if (received > 0) {
-      auto idx = backend_->Allocate(received * sizeof(int32_t));
-      backend_->CopyToDevice(arrival_of_slot.data(), received * sizeof(int32_t), idx->data());
-      backend_->GatherRows(received, H, recv_rows->as<float>(), idx->as<int32_t>(),
-                           out->hidden->as<float>());
-    }
-    return absl::OkStatus();
+  out->hidden = backend_->Allocate(received * hidden_size_ * sizeof(float));
+  return absl::OkStatus();
+}
+
+absl::Status EpExpertDispatcher::FinishDispatch(DispatchedTokens* out) {
+  if (device_exchange_) return absl::OkStatus();  // BeginDispatch did all of it
+  const int world = comm_->world_size();
+  const int64_t H = hidden_size_;
+  StagedExchange& x = out->staged;
+  if (static_cast<int>(x.recv_bytes.size()) != world) {
+    return Fail(absl::InternalError("EpExpertDispatcher::FinishDispatch before its exchange ran"));
   }
+  out->received_rows_per_rank.assign(world, 0);
+  int64_t received = 0;
+  for (int s = 0; s < world; ++s) {
+    out->received_rows_per_rank[s] = static_cast<int64_t>(x.recv_bytes[s] / RowBytes());
+    received += out->received_rows_per_rank[s];
+  }
+  // arrival_expert[j]: the local expert of the j-th received row (sources in rank order).
+  std::vector<int32_t> arrival_expert(received);
+  {
+    int64_t j = 0;
+    const float* seg = x.recv.data();
+    for (int s = 0; s < world; ++s) {
+      const int64_t rows = out->received_rows_per_rank[s];
+      for (int64_t r = 0; r < rows; ++r, ++j) {
+        std::memcpy(&arrival_expert[j], seg + rows * H + r, sizeof(int32_t));
+      }
+      seg += rows * (H + 1);
+    }
+  }
+  if (absl::Status st = GroupArrivals(arrival_expert, out); !st.ok()) return st;
   std::vector<float> grouped(received * H);
   {
     int64_t j = 0;
-    const float* seg = recv.data();
+    const float* seg = x.recv.data();
     for (int s = 0; s < world; ++s) {
       const int64_t rows = out->received_rows_per_rank[s];
       for (int64_t r = 0; r < rows; ++r, ++j) {
@@ -328,11 +388,32 @@ absl::Status EpExpertDispatcher::Dispatch(int64_t moe_layer, int64_t num_tokens,
     }
   }
   backend_->CopyToDevice(grouped.data(), grouped.size() * sizeof(float), out->hidden->data());
+  x = StagedExchange();
   return absl::OkStatus();
 }
 
 absl::Status EpExpertDispatcher::Combine(const DispatchedTokens& d, const float* expert_out,
                                          float* out) {
+  StagedExchange x;
+  absl::StatusOr<Exchange> exchange = BeginCombineInto(d, expert_out, out, &x);
+  if (!exchange.ok()) return exchange.status();
+  if (*exchange) {
+    if (absl::Status st = (*exchange)(); !st.ok()) return st;
+  }
+  return FinishCombineFrom(d, &x, out);
+}
+
+absl::StatusOr<ExpertDispatcher::Exchange> EpExpertDispatcher::BeginCombine(
+    DispatchedTokens* dispatched, const float* expert_out, float* out) {
+  return BeginCombineInto(*dispatched, expert_out, out, &dispatched->staged);
+}
+
+absl::Status EpExpertDispatcher::FinishCombine(DispatchedTokens* dispatched, float* out) {
+  return FinishCombineFrom(*dispatched, &dispatched->staged, out);
+}
+
+absl::StatusOr<ExpertDispatcher::Exchange> EpExpertDispatcher::BeginCombineInto(
+    const DispatchedTokens& d, const float* expert_out, float* out, StagedExchange* x) {
   const int world = comm_->world_size();
   const int64_t H = hidden_size_;
   if (static_cast<int>(d.sent_rows_per_rank.size()) != world ||
@@ -343,11 +424,12 @@ absl::Status EpExpertDispatcher::Combine(const DispatchedTokens& d, const float*
     return Fail(absl::InvalidArgumentError(
         "EpExpertDispatcher::Combine: the DispatchedTokens do not come from this dispatcher"));
   }
-  std::vector<size_t> send_bytes(world), recv_bytes(world);
+  x->send_bytes.assign(world, 0);
+  x->recv_bytes.assign(world, 0);
   int64_t back = 0;
   for (int r = 0; r < world; ++r) {
-    send_bytes[r] = d.received_rows_per_rank[r] * H * sizeof(float);
-    recv_bytes[r] = d.sent_rows_per_rank[r] * H * sizeof(float);
+    x->send_bytes[r] = d.received_rows_per_rank[r] * H * sizeof(float);
+    x->recv_bytes[r] = d.sent_rows_per_rank[r] * H * sizeof(float);
     back += d.sent_rows_per_rank[r];
   }
   if (d.row_token->size_bytes() != back * sizeof(int32_t)) {
@@ -355,8 +437,8 @@ absl::Status EpExpertDispatcher::Combine(const DispatchedTokens& d, const float*
         "EpExpertDispatcher::Combine: the DispatchedTokens do not come from this dispatcher"));
   }
   // Outputs go back in arrival order, i.e. each source's rows in the order it sent them.
-  auto rows = backend_->Allocate(back * H * sizeof(float));
   if (device_exchange_) {
+    auto rows = backend_->Allocate(back * H * sizeof(float));
     auto send = backend_->Allocate(d.num_rows * H * sizeof(float));
     if (d.num_rows > 0) {
       std::vector<int32_t> slot(d.received_row_slot.begin(), d.received_row_slot.end());
@@ -364,26 +446,49 @@ absl::Status EpExpertDispatcher::Combine(const DispatchedTokens& d, const float*
       backend_->CopyToDevice(slot.data(), slot.size() * sizeof(int32_t), idx->data());
       backend_->GatherRows(d.num_rows, H, expert_out, idx->as<int32_t>(), send->as<float>());
     }
-    if (absl::Status st = comm_->AllToAllV(send->data(), send_bytes, rows->data(), recv_bytes,
+    if (absl::Status st = comm_->AllToAllV(send->data(), x->send_bytes, rows->data(), x->recv_bytes,
                                            backend_->native_stream());
         !st.ok()) {
       return Fail(st);
     }
-  } else {
-    std::vector<float> grouped(d.num_rows * H);
-    backend_->CopyToHost(expert_out, grouped.size() * sizeof(float), grouped.data());
-    std::vector<float> send(d.num_rows * H);
-    for (int64_t j = 0; j < d.num_rows; ++j) {
-      std::memcpy(send.data() + j * H, grouped.data() + d.received_row_slot[j] * H,
-                  H * sizeof(float));
-    }
-    std::vector<float> recv(back * H);
-    if (absl::Status st = comm_->AllToAllV(send.data(), send_bytes, recv.data(), recv_bytes);
+    AddCombinedRows(d, std::move(rows), out);
+    return Exchange();
+  }
+  std::vector<float> grouped(d.num_rows * H);
+  backend_->CopyToHost(expert_out, grouped.size() * sizeof(float), grouped.data());
+  if (absl::Status st = backend_->status(); !st.ok()) return Fail(st);
+  x->send.resize(d.num_rows * H);
+  for (int64_t j = 0; j < d.num_rows; ++j) {
+    std::memcpy(x->send.data() + j * H, grouped.data() + d.received_row_slot[j] * H,
+                H * sizeof(float));
+  }
+  x->recv.resize(back * H);
+  // Communicator calls and host memory only (it may run on another thread).
+  return Exchange([this, x]() -> absl::Status {
+    if (absl::Status st =
+            comm_->AllToAllV(x->send.data(), x->send_bytes, x->recv.data(), x->recv_bytes);
         !st.ok()) {
       return Fail(st);
     }
-    backend_->CopyToDevice(recv.data(), recv.size() * sizeof(float), rows->data());
-  }
+    return absl::OkStatus();
+  });
+}
+
+absl::Status EpExpertDispatcher::FinishCombineFrom(const DispatchedTokens& d, StagedExchange* x,
+                                                   float* out) {
+  if (device_exchange_) return absl::OkStatus();  // BeginCombine did all of it
+  const int64_t back = static_cast<int64_t>(d.sent_row_order.size());
+  auto rows = backend_->Allocate(back * hidden_size_ * sizeof(float));
+  backend_->CopyToDevice(x->recv.data(), x->recv.size() * sizeof(float), rows->data());
+  *x = StagedExchange();
+  AddCombinedRows(d, std::move(rows), out);
+  return absl::OkStatus();
+}
+
+void EpExpertDispatcher::AddCombinedRows(const DispatchedTokens& d,
+                                         std::unique_ptr<DeviceBuffer> rows, float* out) {
+  const int64_t H = hidden_size_;
+  const int64_t back = static_cast<int64_t>(d.sent_row_order.size());
   // Back into (expert, token) order, as LocalExpertDispatcher combines them (exact row copies;
   // nothing to do when every row went out in that order, as without a placement).
   bool identity = true;
@@ -399,7 +504,6 @@ absl::Status EpExpertDispatcher::Combine(const DispatchedTokens& d, const float*
   }
   backend_->ScatterAddRows(back, H, rows->as<float>(), d.row_token->as<int32_t>(),
                            d.row_weight->as<float>(), out);
-  return absl::OkStatus();
 }
 
 }  // namespace deepinfer

@@ -10,6 +10,8 @@
 //  * two ranks with an EPLB placement with replicas (docs/eplb.md): NCCL bit-identical to TCP
 //    with the same placement, and equal to no placement within fp32 tolerance;
 //  * a device communicator with the CPU backend is refused.
+// The device-exchange cases skip where this machine's NCCL gives no symmetric windows
+// (nccl_test_util.h).
 // fp32 weights: with bf16 ones a LocalExpertDispatcher model takes Backend::RoutedExperts (fp32
 // activations into the grouped expert GEMM) while the expert-parallel path rounds activations
 // to bf16 for cuBLAS, so "local" and "one rank over NCCL" would differ by bf16 rounding.
@@ -30,7 +32,9 @@
 #include "worker/backend/cuda/cuda_backend.h"
 #include "worker/comm/data_plane.h"
 #include "worker/comm/nccl_communicator.h"
+#include "worker/comm/nccl_test_util.h"
 #include "worker/comm/tcp_test_group.h"
+#include "worker/model/ep_device_dispatcher.h"
 #include "worker/model/ep_expert_dispatcher.h"
 #include "worker/model/ep_test_script.h"
 #include "worker/model/model_loader.h"
@@ -52,7 +56,10 @@ int GpuCount() {
   return cudaGetDeviceCount(&n) == cudaSuccess ? n : 0;
 }
 
-enum class Plane { kTcp, kNccl };
+// kDevice: NCCL forms the group and registers a symmetric window; EpDeviceDispatcher moves the
+// rows through it (kernels/moe/ep_exchange.h) in `device_mode`.
+enum class Plane { kTcp, kNccl, kDevice };
+kernels::EpMode device_mode = kernels::EpMode::kLowLatency;
 
 // Runs the scripts' sequences on `world` expert-parallel ranks (rank r on GPU r, loading only
 // its experts) over `plane`, with `placement` if set; got[r] = rank r's logits.
@@ -77,7 +84,7 @@ void RunEp(const std::string& fixture, int world, const std::vector<ScriptedSeq>
     }
     std::unique_ptr<comm::Communicator> nccl;
     comm::Communicator* c = tcp[r].get();
-    if (plane == Plane::kNccl) {
+    if (plane == Plane::kNccl || plane == Plane::kDevice) {
       auto formed = comm::FormNcclCommunicator(tcp[r].get(), r, (*backend)->native_stream(),
                                                absl::Seconds(60));
       if (!formed.ok()) {
@@ -96,8 +103,19 @@ void RunEp(const std::string& fixture, int world, const std::vector<ScriptedSeq>
       return std::find(mine.begin(), mine.end(), e) != mine.end();
     };
     ExpertDispatcherFactory make =
-        [c, placement](const ModelConfig& cfg, const ModelWeights&,
-                       Backend* b) -> absl::StatusOr<std::unique_ptr<ExpertDispatcher>> {
+        [c, placement, plane](const ModelConfig& cfg, const ModelWeights&,
+                              Backend* b) -> absl::StatusOr<std::unique_ptr<ExpertDispatcher>> {
+      if (plane == Plane::kDevice) {
+        EpDeviceOptions options;
+        options.max_tokens = 256;
+        options.top_k = static_cast<int32_t>(cfg.num_experts_per_tok);
+        options.mode = device_mode;
+        auto d = EpDeviceDispatcher::Create(c, b, cfg.n_routed_experts, cfg.hidden_size, options,
+                                            placement);
+        if (!d.ok()) return d.status();
+        std::cout << "rank " << c->rank() << ": " << (*d)->Describe() << "\n";
+        return std::unique_ptr<ExpertDispatcher>(std::move(*d));
+      }
       auto d = EpExpertDispatcher::Create(c, b, cfg.n_routed_experts, cfg.hidden_size, placement);
       if (!d.ok()) return d.status();
       return std::unique_ptr<ExpertDispatcher>(std::move(*d));
@@ -175,6 +193,39 @@ TEST_P(EpGpuTest, OneRankOverNcclIsBitIdenticalToLocalAndToTcp) {
   RunEp(GetParam(), 1, seqs, 9, Plane::kTcp, &tcp);
   Compare(seqs, local, nccl, true, true, "1 rank NCCL vs local");
   Compare(seqs, tcp[0], nccl, true, true, "1 rank NCCL vs 1 rank TCP");
+}
+
+// The device exchange through a one-rank NCCL group's symmetric window, in both modes.
+TEST_P(EpGpuTest, OneRankDeviceExchangeIsBitIdenticalToLocal) {
+  DEEPINFER_SKIP_WITHOUT_GPU();
+  if (std::string why = comm::testing::NoSymmetricWindows(); !why.empty()) GTEST_SKIP() << why;
+  const std::vector<ScriptedSeq> seqs = MakeSeqs(UnevenScripts());
+  LogitsMap local;
+  RunOneRank(GetParam(), seqs, 9, &local);
+  for (kernels::EpMode mode : {kernels::EpMode::kLowLatency, kernels::EpMode::kThroughput}) {
+    device_mode = mode;
+    std::vector<LogitsMap> device;
+    RunEp(GetParam(), 1, seqs, 9, Plane::kDevice, &device);
+    Compare(seqs, local, device, true, true,
+            mode == kernels::EpMode::kLowLatency ? "1 rank device (low latency) vs local"
+                                                 : "1 rank device (throughput) vs local");
+  }
+}
+
+TEST_P(EpGpuTest, TwoRanksDeviceExchangeEqualsTcpBitForBit) {
+  if (GpuCount() < 2) GTEST_SKIP() << "needs 2 GPUs, have " << GpuCount();
+  if (std::string why = comm::testing::NoSymmetricWindows(); !why.empty()) GTEST_SKIP() << why;
+  const std::vector<ScriptedSeq> seqs = MakeSeqs(UnevenScripts());
+  std::vector<LogitsMap> tcp;
+  RunEp(GetParam(), 2, seqs, 9, Plane::kTcp, &tcp);
+  LogitsMap tcp_all;
+  for (const LogitsMap& m : tcp) tcp_all.insert(m.begin(), m.end());
+  for (kernels::EpMode mode : {kernels::EpMode::kLowLatency, kernels::EpMode::kThroughput}) {
+    device_mode = mode;
+    std::vector<LogitsMap> device;
+    RunEp(GetParam(), 2, seqs, 9, Plane::kDevice, &device);
+    Compare(seqs, tcp_all, device, false, true, "2 ranks device vs 2 ranks TCP");
+  }
 }
 
 TEST_P(EpGpuTest, TwoRanksOverNcclEqualTcpBitForBitAndOneRank) {

@@ -6,10 +6,13 @@
 //  * the HF-made fixture models over 2 and 4 ranks (experts partitioned, each rank loading only
 //    its own) give logits bit-identical to one rank hosting every expert, also with uneven
 //    token counts and ranks that step with an empty batch;
+//  * the same over 2 and 4 ranks with two micro-batches per step (their exchanges on the model's
+//    exchange thread), and one rank with two micro-batches against one;
 //  * experts that do not divide over the ranks, and a bad expert id, are errors (not hangs).
 #include "worker/model/ep_expert_dispatcher.h"
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
@@ -72,6 +75,48 @@ Group MakeGroup(int n) {
   }
   return group;
 }
+
+// Forwards to a rank's communicator and counts the exchange calls (AllToAllSizes, AllToAllV) made
+// on the thread that built it, the rank's model thread, and on any other (the model's
+// ExchangeThread with two micro-batches).
+class ThreadCountingComm final : public comm::Communicator {
+ public:
+  explicit ThreadCountingComm(comm::Communicator* inner)
+      : inner_(inner), owner_(std::this_thread::get_id()) {}
+  int rank() const override { return inner_->rank(); }
+  int world_size() const override { return inner_->world_size(); }
+  comm::MemoryKind memory_kind() const override { return inner_->memory_kind(); }
+  void Abort(const absl::Status& reason) override { inner_->Abort(reason); }
+  int64_t on_model_thread() const { return on_owner_.load(); }
+  int64_t elsewhere() const { return elsewhere_.load(); }
+
+ private:
+  void Count() { (std::this_thread::get_id() == owner_ ? on_owner_ : elsewhere_).fetch_add(1); }
+  absl::Status DoAllToAllV(const void* send, const std::vector<size_t>& send_bytes, void* recv,
+                           const std::vector<size_t>& recv_bytes,
+                           comm::StreamHandle stream) override {
+    Count();
+    return inner_->AllToAllV(send, send_bytes, recv, recv_bytes, stream);
+  }
+  absl::StatusOr<std::vector<size_t>> DoAllToAllSizes(
+      const std::vector<size_t>& send_bytes) override {
+    Count();
+    return inner_->AllToAllSizes(send_bytes);
+  }
+  absl::Status DoAllGather(const void* send, size_t bytes_per_rank, void* recv,
+                           comm::StreamHandle stream) override {
+    return inner_->AllGather(send, bytes_per_rank, recv, stream);
+  }
+  absl::Status DoAllReduce(const void* send, void* recv, size_t count, comm::DataType type,
+                           comm::ReduceOp op, comm::StreamHandle stream) override {
+    return inner_->AllReduce(send, recv, count, type, op, stream);
+  }
+  absl::Status DoBarrier(comm::StreamHandle stream) override { return inner_->Barrier(stream); }
+
+  comm::Communicator* const inner_;
+  const std::thread::id owner_;
+  std::atomic<int64_t> on_owner_{0}, elsewhere_{0};
+};
 
 void OnAllRanks(int n, const std::function<void(int)>& fn) {
   std::vector<std::thread> threads;
@@ -294,12 +339,14 @@ enum class PlacementMode {
   kSwitchLater,  // contiguous, then switched live to the replica placement before step 2
 };
 
-// Runs `scripts` once on a single rank hosting every expert (LocalExpertDispatcher) and once
-// over `world` expert-parallel ranks, each loading only its own experts, and compares every
-// logit bit for bit.
+// Runs `scripts` once on a single rank hosting every expert (LocalExpertDispatcher, one
+// micro-batch per step) and once over `world` expert-parallel ranks, each loading only its own
+// experts, with `micro_batches` per step, and compares every logit bit for bit. With two
+// micro-batches every exchange call must come from another thread than the rank's model thread
+// (the model's ExchangeThread), with one from the model thread.
 void ExpectEpEqualsOneRank(const std::string& fixture, int world,
                            const std::vector<Script>& scripts, int steps,
-                           PlacementMode mode = PlacementMode::kNone) {
+                           PlacementMode mode = PlacementMode::kNone, int micro_batches = 1) {
   const std::vector<ScriptedSeq> seqs = MakeSeqs(scripts);
   const std::string dir = FixtureDir(fixture);
   auto config = ModelConfig::FromFile(dir + "/config.json");
@@ -324,7 +371,8 @@ void ExpectEpEqualsOneRank(const std::string& fixture, int world,
                                                       world, static_cast<int>(moe_layers));
   OnAllRanks(world, [&](int r) {
     CpuBackend be(1);
-    comm::Communicator* c = group[r].get();
+    ThreadCountingComm counting(group[r].get());
+    comm::Communicator* c = &counting;
     LoadOptions load;
     std::vector<std::vector<int64_t>> placed;
     if (placement != nullptr) placed = EpExpertDispatcher::ExpertsOfRank(*placement, world, r);
@@ -348,6 +396,11 @@ void ExpectEpEqualsOneRank(const std::string& fixture, int world,
       return;
     }
     CausalLm* m = model->get();
+    status[r] = m->SetMicroBatches(micro_batches);
+    if (!status[r].ok()) {
+      c->Abort(status[r]);
+      return;
+    }
     auto switch_to_placement = [&]() -> absl::Status {
       std::vector<std::vector<int64_t>> missing = m->MissingExperts(placed);
       ModelConfig cfg;
@@ -361,6 +414,13 @@ void ExpectEpEqualsOneRank(const std::string& fixture, int world,
       return mode == PlacementMode::kSwitchLater && step == 2 ? switch_to_placement()
                                                               : absl::OkStatus();
     });
+    if (micro_batches == 2) {
+      EXPECT_EQ(counting.on_model_thread(), 0) << "rank " << r;
+      EXPECT_GT(counting.elsewhere(), 0) << "rank " << r;
+    } else {
+      EXPECT_GT(counting.on_model_thread(), 0) << "rank " << r;
+      EXPECT_EQ(counting.elsewhere(), 0) << "rank " << r;
+    }
   });
   for (int r = 0; r < world; ++r) ASSERT_TRUE(status[r].ok()) << "rank " << r << ": " << status[r];
   size_t compared = 0;
@@ -428,6 +488,74 @@ INSTANTIATE_TEST_SUITE_P(Fixtures, EpModelTest,
                            return absl::StrCat(std::get<0>(info.param), "_world",
                                                std::get<1>(info.param));
                          });
+
+// Two micro-batches per step (CausalLm::SetMicroBatches): each rank's sequences in two halves
+// whose exchanges run on the model's ExchangeThread while the other half computes; logits (so
+// tokens) bit-identical to one rank with one micro-batch, with uneven and idle ranks, chunked
+// prefill and a replica placement switched in mid-run.
+class EpMicroBatchTest : public ::testing::TestWithParam<std::tuple<std::string, int>> {};
+
+TEST_P(EpMicroBatchTest, TwoMicroBatchesGiveLogitsBitIdenticalToOneRank) {
+  const auto& [fixture, world] = GetParam();
+  std::vector<Script> scripts = {
+      {0, 0, 30, 7, 3},  // chunked prefill: 5 steps, then 3 decodes
+      {0, 2, 5, 64, 6}, {0, 0, 1, 64, 2}, {0, 1, 9, 64, 5}, {world - 1, 1, 3, 64, 1},
+  };
+  for (int r = 2; r < world; ++r) scripts.push_back({r, r, 12, 5, 2});
+  ExpectEpEqualsOneRank(fixture, world, scripts, 9, PlacementMode::kNone, 2);
+}
+
+TEST_P(EpMicroBatchTest, TwoMicroBatchesWithALivePlacementSwitchGiveLogitsBitIdenticalToOneRank) {
+  const auto& [fixture, world] = GetParam();
+  std::vector<Script> scripts = {{0, 0, 30, 7, 3}, {0, 2, 5, 64, 6}, {world - 1, 1, 9, 64, 4}};
+  for (int r = 1; r < world - 1; ++r) scripts.push_back({r, 0, 13, 64, 3});
+  ExpectEpEqualsOneRank(fixture, world, scripts, 9, PlacementMode::kSwitchLater, 2);
+}
+
+INSTANTIATE_TEST_SUITE_P(Fixtures, EpMicroBatchTest,
+                         ::testing::Combine(::testing::Values("dsv3_qlora_rope",
+                                                              "dsv3_yarn_nolora"),
+                                            ::testing::Values(2, 4)),
+                         [](const ::testing::TestParamInfo<EpMicroBatchTest::ParamType>& info) {
+                           return absl::StrCat(std::get<0>(info.param), "_world",
+                                               std::get<1>(info.param));
+                         });
+
+// One rank (LocalExpertDispatcher: no exchange to overlap) with two micro-batches: the split and
+// the merge of the step's sequences alone, against one micro-batch.
+TEST(EpMicroBatchTest, OneRankWithTwoMicroBatchesIsBitIdenticalToOne) {
+  const std::vector<ScriptedSeq> seqs =
+      MakeSeqs({{0, 0, 30, 7, 3}, {0, 2, 5, 64, 6}, {0, 0, 1, 64, 2}, {0, 1, 9, 64, 5}});
+  LogitsMap runs[2];
+  for (int mb : {1, 2}) {
+    CpuBackend be(2);
+    auto model = LoadModel(FixtureDir("dsv3_qlora_rope"), &be);
+    ASSERT_TRUE(model.ok()) << model.status();
+    ASSERT_TRUE((*model)->SetMicroBatches(mb).ok());
+    EXPECT_EQ((*model)->micro_batches(), mb);
+    absl::Status st = RunScript(model->get(), &be, seqs, -1, 9, &runs[mb - 1]);
+    ASSERT_TRUE(st.ok()) << st;
+  }
+  ASSERT_EQ(runs[0].size(), runs[1].size());
+  for (const auto& [key, logits] : runs[0]) {
+    auto it = runs[1].find(key);
+    ASSERT_NE(it, runs[1].end());
+    EXPECT_TRUE(SameBits(it->second, logits)) << "sequence " << key.first << " step " << key.second;
+  }
+}
+
+TEST(EpMicroBatchTest, OtherCountsAndModelsWithoutThePathAreRefused) {
+  CpuBackend be(1);
+  auto v3 = LoadModel(FixtureDir("dsv3_qlora_rope"), &be);
+  ASSERT_TRUE(v3.ok()) << v3.status();
+  EXPECT_TRUE(absl::IsInvalidArgument((*v3)->SetMicroBatches(3)));
+  EXPECT_TRUE(absl::IsInvalidArgument((*v3)->SetMicroBatches(0)));
+  EXPECT_EQ((*v3)->micro_batches(), 1);
+  auto v4 = LoadModel(FixtureDir("dsv4_bf16"), &be);
+  ASSERT_TRUE(v4.ok()) << v4.status();
+  EXPECT_TRUE(absl::IsUnimplemented((*v4)->SetMicroBatches(2)));
+  EXPECT_TRUE((*v4)->SetMicroBatches(1).ok());
+}
 
 TEST(EpModelLoadTest, ExpertsThatDoNotDivideOverTheRanksFailTheLoad) {
   Group group = MakeGroup(3);

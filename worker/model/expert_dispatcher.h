@@ -8,14 +8,24 @@
 #define DEEPINFER_WORKER_MODEL_EXPERT_DISPATCHER_H_
 
 #include <cstdint>
+#include <functional>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "common/eplb/expert_placement.h"
 #include "worker/backend/device_buffer.h"
 
 namespace deepinfer {
+
+// A host-staged exchange between a Begin* and its Finish* (ExpertDispatcher::Exchange): the bytes
+// this rank sends to and receives from each rank, and the staged segments.
+struct StagedExchange {
+  std::vector<size_t> send_bytes, recv_bytes;
+  std::vector<float> send, recv;
+};
 
 // What Dispatch produced and Combine needs. Buffers are device buffers of the backend.
 struct DispatchedTokens {
@@ -35,6 +45,8 @@ struct DispatchedTokens {
   // The sender's rows in the order they were sent (grouped by destination): sent row j is row
   // sent_row_order[j] of the (expert, token) order Combine adds in. Identity without replicas.
   std::vector<int64_t> sent_row_order;
+  // The exchange between BeginDispatch and FinishDispatch, BeginCombine and FinishCombine.
+  StagedExchange staged;
 };
 
 class ExpertDispatcher {
@@ -47,6 +59,27 @@ class ExpertDispatcher {
   // True when Dispatch/Combine involve no other rank, so the model may compute the routed
   // experts another way (Backend::RoutedExperts) without breaking a collective's order.
   virtual bool single_rank() const { return false; }
+  // How rows travel between ranks, for the worker log and `deepinfer-admin status` (e.g.
+  // "local", "NCCL all-to-all (host-sized)", "device exchange (low latency, ...)").
+  virtual std::string exchange_name() const { return "local"; }
+
+  // Expert parallelism with the exchange on the device: the local slots per rank of the
+  // exchange (local_experts(l)[i] in slot i; slots past them stay empty), 0 without one.
+  virtual int64_t device_exchange_slots() const { return 0; }
+  // experts(rows, hidden, local_slot, out): out[r] = the expert of local slot local_slot[r]
+  // applied to hidden[r], for `rows` rows (local_slot -1: padding, any output); false if it
+  // cannot run (nothing was enqueued).
+  using DeviceExperts =
+      std::function<bool(int64_t rows, const float* hidden, const int32_t* local_slot, float* out)>;
+  // With device_exchange_slots() > 0: dispatch, `experts` on the received rows and combine into
+  // out [num_tokens, hidden] (overwritten), all enqueued on the backend's stream with nothing
+  // read back (a decode step may be captured in a CUDA graph). Collective like Dispatch.
+  virtual absl::Status RoutedExpertsOnDevice(int64_t moe_layer, int64_t num_tokens,
+                                             const float* hidden, const int32_t* topk_ids,
+                                             const float* topk_weights, float* out,
+                                             const DeviceExperts& experts) {
+    return absl::UnimplementedError("this expert dispatcher has no device exchange");
+  }
   // hidden [num_tokens, hidden_size]; topk_ids / topk_weights [num_tokens, top_k] (device).
   virtual absl::Status Dispatch(int64_t moe_layer, int64_t num_tokens, int64_t top_k,
                                 const float* hidden, const int32_t* topk_ids,
@@ -54,6 +87,33 @@ class ExpertDispatcher {
   // expert_out [num_rows, hidden_size] in dispatch order; adds into out [num_tokens, hidden].
   virtual absl::Status Combine(const DispatchedTokens& dispatched, const float* expert_out,
                                float* out) = 0;
+  // Dispatch and Combine in two halves around their exchange, so that two micro-batches can
+  // overlap one's exchange with the other's compute (MoeBlock's staged forward): Begin* computes
+  // and stages, and returns the exchange, which makes only communicator calls and host copies
+  // (no backend call), so it may run on another thread while this one computes; after it ran,
+  // Finish* completes the call into `out`. `dispatched` (and what it points into) must live until
+  // Finish*. Collective: every rank runs its exchanges in the same order. An exchange may be
+  // empty (the Begin* call did all of it). The defaults run Dispatch / Combine in Begin*.
+  using Exchange = std::function<absl::Status()>;
+  virtual absl::StatusOr<Exchange> BeginDispatch(int64_t moe_layer, int64_t num_tokens,
+                                                 int64_t top_k, const float* hidden,
+                                                 const int32_t* topk_ids, const float* topk_weights,
+                                                 DispatchedTokens* out) {
+    absl::Status st = Dispatch(moe_layer, num_tokens, top_k, hidden, topk_ids, topk_weights, out);
+    if (!st.ok()) return st;
+    return Exchange();
+  }
+  virtual absl::Status FinishDispatch(DispatchedTokens* dispatched) { return absl::OkStatus(); }
+  virtual absl::StatusOr<Exchange> BeginCombine(DispatchedTokens* dispatched,
+                                                const float* expert_out, float* out) {
+    absl::Status st = Combine(*dispatched, expert_out, out);
+    if (!st.ok()) return st;
+    return Exchange();
+  }
+  virtual absl::Status FinishCombine(DispatchedTokens* dispatched, float* out) {
+    return absl::OkStatus();
+  }
+
   // Switches to an EPLB placement (physical slots spread evenly over the group's ranks; null:
   // back to contiguous experts). Takes effect at the next Dispatch; the caller makes sure the
   // weights of the new local experts are loaded and that every rank switches at the same step.

@@ -133,6 +133,7 @@ absl::StatusOr<ModelConfig> SharedFieldsOnly(const Json& j, absl::string_view so
   c.scoring_func = "sqrtsoftplus";
   c.routed_scaling_factor = 1.5;
   c.max_position_embeddings = 1048576;
+  c.num_nextn_predict_layers = 1;
   DI_RETURN_IF_ERROR(r.Int("vocab_size", &c.vocab_size));
   DI_RETURN_IF_ERROR(r.Int("hidden_size", &c.hidden_size));
   DI_RETURN_IF_ERROR(r.OptInt("moe_intermediate_size", &c.moe_intermediate_size));

@@ -32,6 +32,11 @@ struct SequenceStep {
   // are. Pass both on every step of the sequence until it is freed.
   int64_t replay_from = 0;
   int64_t kept_end = 0;
+  // Prefix caching: the table's first shared_blocks blocks are shared read-only with other
+  // sequences (a prefix-cache hit). The step must write no entry into them; a model with
+  // per-sequence state (KvBlockPool::SequenceSlot) keys it by block_table[shared_blocks], the
+  // sequence's first block of its own, which the table must then have.
+  int32_t shared_blocks = 0;
   // Whether StepOutput::hidden carries this sequence's rows (a draft head's input).
   bool return_hidden = false;
   // Structured output: when set (with sampling), called once the step's forward pass is

@@ -115,7 +115,8 @@ bool CudaBackend::RoutedExperts(const RoutedExpertsArgs& a) {
   Check(cudaStreamIsCapturing(stream_, &capture), "cudaStreamIsCapturing");
   const bool device_grouped =
       a.dtype == WeightDType::kBFloat16 &&
-      (a.num_tokens <= kMaxFusedMoeTokens || capture != cudaStreamCaptureStatusNone);
+      (a.num_tokens <= kMaxFusedMoeTokens || capture != cudaStreamCaptureStatusNone ||
+       a.keep_on_device);
   const DecodeMoeAlgo decode_algo = DecodeMoeAlgoFor(a.num_tokens);
   OpTimer timer(this, device_grouped ? "RoutedExperts" : "RoutedExpertsCublas");
   const int64_t T = a.num_tokens, K = a.top_k, H = a.hidden_size, I = a.inter;

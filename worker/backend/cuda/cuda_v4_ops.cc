@@ -1,11 +1,16 @@
 // CudaV4Ops: each op one kernel of kernels/v4 on the backend's stream.
 #include "worker/backend/cuda/cuda_v4_ops.h"
 
+#include <memory>
+#include <string>
+
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "kernels/v4/compress_windows.h"
 #include "kernels/v4/copy_rows.h"
 #include "kernels/v4/hyper_connection.h"
+#include "kernels/v4/indexer_topk.h"
+#include "kernels/v4/sink_attention.h"
 #include "kernels/v4/swiglu_clamped.h"
 #include "kernels/v4/v4_router.h"
 #include "worker/backend/cuda/cuda_backend.h"
@@ -56,16 +61,48 @@ void CudaV4Ops::CompressWindows(const CompressWindowsArgs& a) {
   }
 }
 
-// Lead: wire kernels::SinkAttention (//kernels/v4:sink_attention) here.
 void CudaV4Ops::SinkAttention(const SinkAttentionArgs& a) {
-  backend_->Record(absl::UnimplementedError(
-      "CudaV4Ops::SinkAttention: DeepSeek-V4's sink attention is not yet on CUDA"));
+  CudaBackend::OpTimer timer(backend_, "V4SinkAttention");
+  kernels::SinkAttentionParams p;
+  static_cast<SinkAttentionArgs&>(p) = a;
+  // bf16 models take the bf16 tensor-core kernel where it runs (the operands carry bf16's
+  // rounding, as the model's weights do); fp32 models the exact one.
+  if (backend_->weight_dtype() == WeightDType::kBFloat16 &&
+      kernels::SinkAttentionKernelRuns(p, kernels::SinkAttentionKernel::kTensorCoreBf16)) {
+    p.kernel = kernels::SinkAttentionKernel::kTensorCoreBf16;
+  }
+  const std::string shape = absl::StrCat("tokens ", a.tokens, ", heads ", a.heads, ", dim ", a.dim,
+                                         a.selected != nullptr ? ", selected" : "");
+  size_t bytes = 0;
+  cudaError_t err = kernels::SinkAttentionWorkspaceBytes(p, &bytes);
+  if (err != cudaSuccess) return RecordFailure(err, "kernels::SinkAttentionWorkspaceBytes", shape);
+  std::unique_ptr<DeviceBuffer> workspace;
+  if (bytes > 0) {
+    workspace = backend_->AllocateScratch(bytes);
+    p.workspace = workspace->data();
+    p.workspace_bytes = bytes;
+  }
+  err = kernels::SinkAttentionF32(p, backend_->stream_);
+  if (err != cudaSuccess) RecordFailure(err, "kernels::SinkAttentionF32", shape);
 }
 
-// Lead: wire kernels::IndexerTopK (//kernels/v4:indexer_topk) here.
 void CudaV4Ops::IndexerTopK(const IndexerTopKArgs& a) {
-  backend_->Record(absl::UnimplementedError(
-      "CudaV4Ops::IndexerTopK: DeepSeek-V4's lightning indexer is not yet on CUDA"));
+  CudaBackend::OpTimer timer(backend_, "V4IndexerTopK");
+  kernels::IndexerTopKParams p;
+  static_cast<IndexerTopKArgs&>(p) = a;
+  std::unique_ptr<DeviceBuffer> workspace;
+  const size_t bytes = kernels::IndexerTopKWorkspaceBytes(p);
+  if (bytes > 0) {
+    workspace = backend_->AllocateScratch(bytes);
+    p.workspace = workspace->data();
+    p.workspace_bytes = bytes;
+  }
+  const cudaError_t err = kernels::IndexerTopKF32(p, backend_->stream_);
+  if (err != cudaSuccess) {
+    RecordFailure(err, "kernels::IndexerTopKF32",
+                  absl::StrCat("tokens ", a.tokens, ", heads ", a.heads, ", dim ", a.dim, ", topk ",
+                               a.topk, ", max_candidates ", a.max_candidates));
+  }
 }
 
 void CudaV4Ops::Route(const V4RouteArgs& a) {

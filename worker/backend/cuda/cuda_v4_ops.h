@@ -1,9 +1,9 @@
 // CudaV4Ops: the DeepSeek-V4 ops (worker/backend/v4_ops.h) on a CudaBackend's stream, through the
-// kernels of kernels/v4 (one launch per op, no workspace, no host synchronisation: each op can be
-// recorded in the backend's CUDA graphs). V4Ops returns nothing, so errors go where every
+// kernels of kernels/v4 (no host synchronisation; workspaces from the backend's scratch: each op
+// can be recorded in the backend's CUDA graphs). V4Ops returns nothing, so errors go where every
 // CudaBackend op's go: the first is recorded, logged and returned by the backend's status()
-// (while recording a graph: by Capture). That covers a kernel refusing its arguments (the op and
-// the sizes named) and the ops not on CUDA yet (SinkAttention, IndexerTopK: UNIMPLEMENTED).
+// (while recording a graph: by Capture), naming the op and its sizes when a kernel refuses its
+// arguments.
 // Owned by the CudaBackend (CudaBackend::v4_ops()); per-op timing as the backend's own ops.
 #ifndef DEEPINFER_WORKER_BACKEND_CUDA_CUDA_V4_OPS_H_
 #define DEEPINFER_WORKER_BACKEND_CUDA_CUDA_V4_OPS_H_
@@ -30,8 +30,10 @@ class CudaV4Ops : public V4Ops {
   void HcExpand(const HcExpandArgs& args) override;
   // kernels::CompressWindowsF32.
   void CompressWindows(const CompressWindowsArgs& args) override;
-  // Not on CUDA yet: records UNIMPLEMENTED in the backend's status() and writes nothing.
+  // kernels::SinkAttentionF32 (bf16 tensor cores for a bf16 model where they run, else the
+  // exact kernel), its split workspace from the backend's scratch.
   void SinkAttention(const SinkAttentionArgs& args) override;
+  // kernels::IndexerTopKF32, its scores' workspace (tokens x max_candidates) from scratch.
   void IndexerTopK(const IndexerTopKArgs& args) override;
   // kernels::V4RouteF32.
   void Route(const V4RouteArgs& args) override;

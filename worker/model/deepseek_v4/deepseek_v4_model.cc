@@ -18,7 +18,8 @@ absl::StatusOr<std::unique_ptr<DeepseekV4Model>> DeepseekV4Model::Create(
     return absl::UnimplementedError(
         absl::StrCat("DeepseekV4Model: the ", backend->name(), " backend has no DeepSeek-V4 ops"));
   }
-  if (weights == nullptr || static_cast<int64_t>(weights->layers.size()) != v4.num_layers) {
+  if (weights == nullptr || static_cast<int64_t>(weights->layers.size()) != v4.num_layers ||
+      static_cast<int64_t>(weights->mtp.size()) != v4.num_draft_layers) {
     return absl::InvalidArgumentError("DeepseekV4Model: weights do not match the config");
   }
   if (dispatcher == nullptr) {
@@ -155,6 +156,40 @@ void DeepseekV4Model::Mix(int64_t T, const V4HyperConnectionWeights& w, const fl
   ops_->HcMix(a);
 }
 
+absl::Status DeepseekV4Model::CheckSharedBlocks(const SequenceStep& s, size_t si,
+                                                int32_t block_size) const {
+  if (s.shared_blocks == 0) return absl::OkStatus();
+  const int64_t shared_end = int64_t{s.shared_blocks} * block_size;
+  if (s.shared_blocks < 0 || s.shared_blocks >= static_cast<int64_t>(s.block_table.size())) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("sequence ", si, ": ", s.shared_blocks, " shared blocks in a table of ",
+                     s.block_table.size(), " (its state is keyed by the first block of its own)"));
+  }
+  // The step writes the compressed entries of windows ending after max(offset, kept_end) (and
+  // the window ring and compressor rows, in the state slot): they must lie past the shared
+  // blocks.
+  const int64_t from = std::max(s.position_offset, s.kept_end);
+  for (int64_t l = 0; l < v4_.num_layers; ++l) {
+    const int64_t ratio = v4_.compress_rate[l];
+    if (ratio > 0 && from / ratio * ratio < shared_end) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "sequence ", si, ": layer ", l, " would write the compressed entry of positions from ",
+          from / ratio * ratio, " into its ", s.shared_blocks, " shared blocks (positions < ",
+          shared_end, "); entries of those blocks must be kept (kept_end >= ", shared_end, ")"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<DraftOutput> DeepseekV4Model::Draft(const std::vector<DraftStep>& batch,
+                                                   KvBlockPool* cache) {
+  return absl::UnimplementedError(absl::StrCat(
+      "DeepSeek-V4 (DeepseekV4ForCausalLM): speculative decoding with its MTP modules is not "
+      "implemented (",
+      v4_.num_draft_layers, " of ", v4_.num_nextn_predict_layers,
+      " loaded and kept; run without --speculative-tokens)"));
+}
+
 int64_t DeepseekV4Model::BoundedReplayStart(int64_t kept_end) const {
   int64_t ratio = 0;
   for (int64_t r : v4_.compress_rate) ratio = std::max(ratio, r);
@@ -211,6 +246,7 @@ absl::Status DeepseekV4Model::CheckSequence(const SequenceStep& s, size_t si,
                        " (it must start at or before ", start, ", and > 0)"));
     }
   }
+  if (absl::Status st = CheckSharedBlocks(s, si, co.block_size); !st.ok()) return st;
   for (int32_t id : s.tokens) {
     if (id < 0 || id >= v4_.vocab_size) {
       return absl::InvalidArgumentError(
@@ -223,7 +259,7 @@ absl::Status DeepseekV4Model::CheckSequence(const SequenceStep& s, size_t si,
 absl::StatusOr<int32_t> DeepseekV4Model::BindSlot(const SequenceStep& s, size_t si,
                                                   KvBlockPool* cache) const {
   bool fresh = false;
-  auto slot = cache->SequenceSlot(s.block_table[0], &fresh);
+  auto slot = cache->SequenceSlot(s.block_table[s.shared_blocks], &fresh);
   if (!slot.ok()) return slot.status();
   // A rebuild's first step binds a fresh slot at replay_from.
   if (fresh && s.position_offset > s.replay_from) {

@@ -14,12 +14,14 @@
 //
 // Step() runs prefill, chunked prefill and decode of many sequences in one call, like every
 // CausalLm; a sequence's state (window ring, compressor rows) lives in the cache's state slot
-// bound to its first block, its compressed entries in its blocks. Each step's indices are one
+// bound to its first block of its own (SequenceStep::shared_blocks: the blocks before it are a
+// prefix-cache hit, read only), its compressed entries in its blocks. Each step's indices are one
 // V4StepPlan (v4_step_plan.h), built on the host and uploaded once; the layers issue only device
 // ops over it. Decode steps that qualify go through a DecodeGraphRunner (padded to a batch-size
 // bucket, the plan in the bucket's own buffer, replayed from ops recorded once per bucket); the
-// model gives it PrepareDecode and DecodeForward. Made by the registry for DeepseekV4ForCausalLM;
-// users hold a CausalLm.
+// model gives it PrepareDecode and DecodeForward. The MTP modules asked for
+// (ModelConfig::num_draft_layers) are loaded and kept; Draft is UNIMPLEMENTED. Made by the
+// registry for DeepseekV4ForCausalLM; users hold a CausalLm.
 #ifndef DEEPINFER_WORKER_MODEL_DEEPSEEK_V4_DEEPSEEK_V4_MODEL_H_
 #define DEEPINFER_WORKER_MODEL_DEEPSEEK_V4_DEEPSEEK_V4_MODEL_H_
 
@@ -77,6 +79,12 @@ class DeepseekV4Model final : public CausalLm {
   int64_t decode_graph_steps() const override { return graphs_->steps(); }
   int64_t decode_graphs_recorded() const override { return graphs_->graphs_recorded(); }
   int64_t num_moe_layers() const override { return v4_.num_layers; }
+  // The MTP modules loaded and kept (ModelConfig::num_draft_layers; DeepseekV4Weights::mtp).
+  int32_t num_draft_layers() const override { return static_cast<int32_t>(v4_.num_draft_layers); }
+  // UNIMPLEMENTED: drafting with V4's MTP modules needs their own cache layers and a rollback of
+  // the per-sequence state that rejected drafts change (docs/model.md, "MTP modules").
+  absl::StatusOr<DraftOutput> Draft(const std::vector<DraftStep>& batch,
+                                    KvBlockPool* cache) override;
 
   // How the indexer breaks exact ties between entry scores at the top-k boundary (with few
   // index heads, relu makes many scores exactly 0). Default (off): among the entries the query
@@ -104,6 +112,9 @@ class DeepseekV4Model final : public CausalLm {
                   std::unique_ptr<DeepseekV4Weights> weights, Backend* backend,
                   std::unique_ptr<ExpertDispatcher> dispatcher);
 
+  // INVALID_ARGUMENT unless sequence `si`'s step leaves its shared blocks (shared_blocks)
+  // unwritten and has a block of its own to key its state.
+  absl::Status CheckSharedBlocks(const SequenceStep& s, size_t si, int32_t block_size) const;
   // INVALID_ARGUMENT unless the cache is laid out as the model's (CacheSpec), with state slots.
   absl::Status CheckCache(const KvBlockPool& cache) const;
   // INVALID_ARGUMENT naming sequence `si` and what is wrong with its step.

@@ -114,7 +114,15 @@ std::vector<float> InvFreq(const RopeConfig& rope, int64_t rope_dim) {
 }  // namespace
 
 absl::StatusOr<DeepseekV4Config> DeepseekV4Config::FromModelConfig(const ModelConfig& config) {
-  return FromJson(config.json, "config.json");
+  absl::StatusOr<DeepseekV4Config> c = FromJson(config.json, "config.json");
+  if (!c.ok()) return c.status();
+  if (config.num_draft_layers < 0 || config.num_draft_layers > c->num_nextn_predict_layers) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("num_draft_layers ", config.num_draft_layers, " is not within the model's ",
+                     c->num_nextn_predict_layers, " MTP layers (num_nextn_predict_layers)"));
+  }
+  c->num_draft_layers = config.num_draft_layers;
+  return c;
 }
 
 absl::StatusOr<DeepseekV4Config> DeepseekV4Config::FromJson(absl::string_view text,
@@ -241,13 +249,22 @@ absl::StatusOr<DeepseekV4Config> DeepseekV4Config::FromJson(absl::string_view te
     return f.Error("layer_types",
                    absl::StrCat("has ", kinds.size(), " entries for ", n, " layers"));
   }
+  auto rate = [&](V4AttentionKind k) -> int64_t {
+    return k == V4AttentionKind::kSliding ? 0 : k == V4AttentionKind::kSparse ? csa_rate : hca_rate;
+  };
+  // MTP modules: the release's per-layer list goes on past the model's layers with one entry
+  // per module (V4-Flash: 0); without one a module's attention is sliding.
+  V4_RETURN_IF_ERROR(f.Int("num_nextn_predict_layers", &c.num_nextn_predict_layers));
+  if (c.num_nextn_predict_layers < 0) return f.Error("num_nextn_predict_layers", "is negative");
+  for (int64_t i = 0; i < c.num_nextn_predict_layers; ++i) {
+    const V4AttentionKind k =
+        n + i < static_cast<int64_t>(kinds.size()) ? kinds[n + i] : V4AttentionKind::kSliding;
+    c.mtp_attention.push_back(k);
+    c.mtp_compress_rate.push_back(rate(k));
+  }
   kinds.resize(n);
   c.attention = kinds;
-  for (V4AttentionKind k : kinds) {
-    c.compress_rate.push_back(k == V4AttentionKind::kSliding  ? 0
-                              : k == V4AttentionKind::kSparse ? csa_rate
-                                                              : hca_rate);
-  }
+  for (V4AttentionKind k : kinds) c.compress_rate.push_back(rate(k));
 
   // MoE schedule: mlp_layer_types > legacy num_hash_layers > 3 hash layers.
   if (const Json* types = f.Find("mlp_layer_types")) {
@@ -323,6 +340,7 @@ absl::StatusOr<DeepseekV4Config> DeepseekV4Config::FromJson(absl::string_view te
   }
   bool sparse = false;
   for (V4AttentionKind k : c.attention) sparse |= k == V4AttentionKind::kSparse;
+  for (V4AttentionKind k : c.mtp_attention) sparse |= k == V4AttentionKind::kSparse;
   if (sparse) {
     V4_RETURN_IF_ERROR(positive("index_n_heads", c.index_n_heads));
     V4_RETURN_IF_ERROR(positive("index_head_dim", c.index_head_dim));

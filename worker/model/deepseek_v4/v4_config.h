@@ -5,6 +5,9 @@
 // `qk_rope_head_dim` for `partial_rotary_factor`; a flat `rope_parameters` / `rope_scaling`
 // (YaRN keys) becomes the "compress" rope, as HF nests it.
 //
+// The release's MTP modules (num_nextn_predict_layers, tensors `mtp.<i>.*`) are described too
+// (mtp_attention); DeepseekV4Weights loads the first num_draft_layers of them.
+//
 // Two ropes: "main" (rope_theta, plain) for sliding-window layers, "compress"
 // (compress_rope_theta, YaRN with attention_factor 1 when configured) for CSA / HCA layers,
 // their compressors and the indexer. Both rotate the trailing rope_dim channels of a head,
@@ -59,6 +62,16 @@ struct DeepseekV4Config {
   int64_t max_position_embeddings = 0;
   RopeConfig main_rope;
   RopeConfig compress_rope;
+  // Multi-token-prediction modules in the checkpoint (the release's `mtp.<i>.` tensors; HF's
+  // default 1), and each module's attention kind and compress rate: a legacy `compress_ratios`
+  // (or `layer_types`) list's entries past num_hidden_layers, one per module (V4-Flash: 0),
+  // else sliding.
+  int64_t num_nextn_predict_layers = 1;
+  std::vector<V4AttentionKind> mtp_attention;
+  std::vector<int64_t> mtp_compress_rate;
+  // The modules a model loads: ModelConfig::num_draft_layers (FromModelConfig; INVALID_ARGUMENT
+  // beyond num_nextn_predict_layers), 0 from FromJson.
+  int64_t num_draft_layers = 0;
 
   static absl::StatusOr<DeepseekV4Config> FromJson(absl::string_view json,
                                                    absl::string_view source);

@@ -38,6 +38,12 @@ class Loader {
     bytes_ += buf->size_bytes();
     return buf;
   }
+  std::unique_ptr<DeviceBuffer> UploadInts(const std::vector<int32_t>& v) {
+    auto buf = be_->Allocate(v.size() * sizeof(int32_t));
+    be_->CopyToDevice(v.data(), v.size() * sizeof(int32_t), buf->data());
+    bytes_ += buf->size_bytes();
+    return buf;
+  }
   std::unique_ptr<DeviceBuffer> UploadMatrix(const std::vector<float>& v) {
     auto buf = be_->UploadWeight(v.data(), static_cast<int64_t>(v.size()));
     bytes_ += buf->size_bytes();
@@ -80,14 +86,114 @@ class Loader {
   int64_t bytes_ = 0;
 };
 
-absl::Status LoadCompressor(Loader& ld, const std::string& p, int64_t hidden, int64_t dim,
-                            int64_t ratio, bool overlap, V4CompressorWeights* w) {
+// Tensor names of an attention block: HF transformers' (the model's layers) and the DeepSeek-V4
+// release's (its MTP modules, which HF does not load or rename).
+struct AttentionNames {
+  const char *q_a, *q_a_norm, *q_b, *kv, *kv_norm, *o_a, *o_b, *sinks;
+  const char* compressor;          // the compressor's prefix
+  const char* indexer;             // the indexer's prefix
+  const char* indexer_compressor;  // its compressor's prefix, under `indexer`
+  const char *index_q_b, *index_weights;
+  // A compressor's tensors.
+  const char *compress_kv, *compress_gate, *position_bias, *compress_norm;
+};
+
+AttentionNames HfAttentionNames() {
+  AttentionNames n;
+  n.q_a = "q_a_proj.weight";
+  n.q_a_norm = "q_a_norm.weight";
+  n.q_b = "q_b_proj.weight";
+  n.kv = "kv_proj.weight";
+  n.kv_norm = "kv_norm.weight";
+  n.o_a = "o_a_proj.weight";
+  n.o_b = "o_b_proj.weight";
+  n.sinks = "sinks";
+  n.compressor = "compressor.";
+  n.indexer = "compressor.indexer.";
+  n.indexer_compressor = "";
+  n.index_q_b = "q_b_proj.weight";
+  n.index_weights = "scorer.weights_proj.weight";
+  n.compress_kv = "kv_proj.weight";
+  n.compress_gate = "gate_proj.weight";
+  n.position_bias = "position_bias";
+  n.compress_norm = "kv_norm.weight";
+  return n;
+}
+
+AttentionNames ReleaseAttentionNames() {
+  AttentionNames n;
+  n.q_a = "wq_a.weight";
+  n.q_a_norm = "q_norm.weight";
+  n.q_b = "wq_b.weight";
+  n.kv = "wkv.weight";
+  n.kv_norm = "kv_norm.weight";
+  n.o_a = "wo_a.weight";
+  n.o_b = "wo_b.weight";
+  n.sinks = "attn_sink";
+  n.compressor = "compressor.";
+  n.indexer = "indexer.";
+  n.indexer_compressor = "compressor.";
+  n.index_q_b = "wq_b.weight";
+  n.index_weights = "weights_proj.weight";
+  n.compress_kv = "wkv.weight";
+  n.compress_gate = "wgate.weight";
+  n.position_bias = "ape";
+  n.compress_norm = "norm.weight";
+  return n;
+}
+
+absl::Status LoadCompressor(Loader& ld, const std::string& p, const AttentionNames& n,
+                            int64_t hidden, int64_t dim, int64_t ratio, bool overlap,
+                            V4CompressorWeights* w) {
   const int64_t width = overlap ? 2 * dim : dim;
   w->dim = dim;
-  V4W_RETURN_IF_ERROR(ld.Matrix(p + "kv_proj.weight", {width, hidden}, &w->kv_proj));
-  V4W_RETURN_IF_ERROR(ld.Matrix(p + "gate_proj.weight", {width, hidden}, &w->gate_proj));
-  V4W_RETURN_IF_ERROR(ld.Load(p + "position_bias", {ratio, width}, &w->position_bias));
-  return ld.Load(p + "kv_norm.weight", {dim}, &w->kv_norm);
+  V4W_RETURN_IF_ERROR(ld.Matrix(p + n.compress_kv, {width, hidden}, &w->kv_proj));
+  V4W_RETURN_IF_ERROR(ld.Matrix(p + n.compress_gate, {width, hidden}, &w->gate_proj));
+  V4W_RETURN_IF_ERROR(ld.Load(p + n.position_bias, {ratio, width}, &w->position_bias));
+  return ld.Load(p + n.compress_norm, {dim}, &w->kv_norm);
+}
+
+// An attention block of kind `kind` (compress rate `ratio`) under prefix `a`.
+absl::Status LoadAttention(Loader& ld, const DeepseekV4Config& c, const std::string& a,
+                           const AttentionNames& n, V4AttentionKind kind, int64_t ratio,
+                           V4AttentionWeights* A) {
+  const int64_t H = c.hidden_size, D = c.head_dim, NH = c.num_heads, QL = c.q_lora_rank;
+  V4W_RETURN_IF_ERROR(ld.Matrix(a + n.q_a, {QL, H}, &A->q_a));
+  V4W_RETURN_IF_ERROR(ld.Load(a + n.q_a_norm, {QL}, &A->q_a_norm));
+  V4W_RETURN_IF_ERROR(ld.Matrix(a + n.q_b, {NH * D, QL}, &A->q_b));
+  V4W_RETURN_IF_ERROR(ld.Matrix(a + n.kv, {D, H}, &A->kv_proj));
+  V4W_RETURN_IF_ERROR(ld.Load(a + n.kv_norm, {D}, &A->kv_norm));
+  V4W_RETURN_IF_ERROR(
+      ld.Matrix(a + n.o_a, {c.o_groups * c.o_lora_rank, NH * D / c.o_groups}, &A->o_a));
+  V4W_RETURN_IF_ERROR(ld.Matrix(a + n.o_b, {H, c.o_groups * c.o_lora_rank}, &A->o_b));
+  V4W_RETURN_IF_ERROR(ld.Load(a + n.sinks, {NH}, &A->sinks));
+  if (kind == V4AttentionKind::kSliding) return absl::OkStatus();
+  const bool sparse = kind == V4AttentionKind::kSparse;
+  V4W_RETURN_IF_ERROR(LoadCompressor(ld, a + n.compressor, n, H, D, ratio, sparse, &A->compressor));
+  if (!sparse) return absl::OkStatus();
+  const std::string x = a + n.indexer;
+  V4W_RETURN_IF_ERROR(LoadCompressor(ld, x + n.indexer_compressor, n, H, c.index_head_dim, ratio,
+                                     true, &A->indexer));
+  V4W_RETURN_IF_ERROR(
+      ld.Matrix(x + n.index_q_b, {c.index_n_heads * c.index_head_dim, QL}, &A->index_q_b));
+  return ld.Matrix(x + n.index_weights, {c.index_n_heads, H}, &A->index_weights);
+}
+
+// Bytes LoadAttention allocates.
+int64_t AttentionBytes(const DeepseekV4Config& c, V4AttentionKind kind, int64_t ratio, int64_t m) {
+  const int64_t f = 4, H = c.hidden_size, D = c.head_dim, NH = c.num_heads, QL = c.q_lora_rank;
+  int64_t bytes = (QL * H + NH * D * QL + D * H) * m + (QL + D + NH) * f;
+  bytes += (c.o_groups * c.o_lora_rank * NH * D / c.o_groups + H * c.o_groups * c.o_lora_rank) * m;
+  if (kind == V4AttentionKind::kSliding) return bytes;
+  const bool sparse = kind == V4AttentionKind::kSparse;
+  const int64_t width = sparse ? 2 * D : D;
+  bytes += 2 * width * H * m + (ratio * width + D) * f;
+  if (sparse) {
+    const int64_t iw = 2 * c.index_head_dim;
+    bytes += 2 * iw * H * m + (ratio * iw + c.index_head_dim) * f;
+    bytes += (c.index_n_heads * c.index_head_dim * QL + c.index_n_heads * H) * m;
+  }
+  return bytes;
 }
 
 absl::Status LoadHc(Loader& ld, const std::string& p, const char* fn, const char* base,
@@ -144,14 +250,61 @@ std::vector<int64_t> HostedExperts(const DeepseekV4Config& c, const LoadOptions&
   return hosted;
 }
 
+// A SwiGLU MLP under `p`: gate and up [inter, hidden] stacked into gate_up, down [hidden, inter].
+absl::Status LoadMlp(Loader& ld, const std::string& p, const char* gate_name, const char* up_name,
+                     const char* down_name, int64_t hidden, int64_t inter, MlpWeights* w) {
+  std::vector<float> gate, up;
+  V4W_RETURN_IF_ERROR(ld.Read(p + gate_name, {inter, hidden}, &gate));
+  V4W_RETURN_IF_ERROR(ld.Read(p + up_name, {inter, hidden}, &up));
+  gate.insert(gate.end(), up.begin(), up.end());
+  w->inter = inter;
+  w->gate_up = ld.UploadMatrix(gate);
+  return ld.Matrix(p + down_name, {hidden, inter}, &w->down);
+}
+
+// MTP module i by the release's names (`mtp.<i>.`): the block's norms (attn_norm, ffn_norm),
+// hyper-connection sites (hc_attn_*, hc_ffn_*), attention (attn.*), MoE (ffn.gate.weight /
+// .bias, ffn.shared_experts.w1 / w3 / w2, ffn.experts.E.w1 / w3 / w2: gate / up / down), then
+// e_proj, h_proj, enorm, hnorm, norm and hc_head_{fn,base,scale}.
+absl::Status LoadMtp(Loader& ld, const DeepseekV4Config& c, int64_t i, V4MtpWeights* w) {
+  const int64_t H = c.hidden_size, hc = c.hc_mult, E = c.n_routed_experts;
+  const int64_t I = c.moe_intermediate_size;
+  const std::string p = absl::StrCat("mtp.", i, ".");
+  V4LayerWeights& L = w->block;
+  V4W_RETURN_IF_ERROR(ld.Load(p + "attn_norm.weight", {H}, &L.input_norm));
+  V4W_RETURN_IF_ERROR(ld.Load(p + "ffn_norm.weight", {H}, &L.post_attention_norm));
+  V4W_RETURN_IF_ERROR(LoadHc(ld, p, "hc_attn_fn", "hc_attn_base", "hc_attn_scale", c.hc_mix(),
+                             hc * H, 3, &L.attn_hc));
+  V4W_RETURN_IF_ERROR(
+      LoadHc(ld, p, "hc_ffn_fn", "hc_ffn_base", "hc_ffn_scale", c.hc_mix(), hc * H, 3, &L.ffn_hc));
+  V4W_RETURN_IF_ERROR(LoadAttention(ld, c, p + "attn.", ReleaseAttentionNames(), c.mtp_attention[i],
+                                    c.mtp_compress_rate[i], &L.attention));
+  const std::string m = p + "ffn.";
+  LayerWeights& M = w->moe;
+  M.moe = true;
+  V4W_RETURN_IF_ERROR(ld.Load(m + "gate.weight", {E, H}, &M.router));
+  V4W_RETURN_IF_ERROR(ld.Load(m + "gate.bias", {E}, &M.router_bias));
+  V4W_RETURN_IF_ERROR(
+      LoadMlp(ld, m + "shared_experts.", "w1.weight", "w3.weight", "w2.weight", H, I, &M.shared));
+  for (int64_t e = 0; e < E; ++e) {
+    V4W_RETURN_IF_ERROR(LoadMlp(ld, absl::StrCat(m, "experts.", e, "."), "w1.weight", "w3.weight",
+                                "w2.weight", H, I, &M.experts[e]));
+  }
+  V4W_RETURN_IF_ERROR(ld.Matrix(p + "e_proj.weight", {H, H}, &w->e_proj));
+  V4W_RETURN_IF_ERROR(ld.Matrix(p + "h_proj.weight", {H, H}, &w->h_proj));
+  V4W_RETURN_IF_ERROR(ld.Load(p + "enorm.weight", {H}, &w->enorm));
+  V4W_RETURN_IF_ERROR(ld.Load(p + "hnorm.weight", {H}, &w->hnorm));
+  V4W_RETURN_IF_ERROR(ld.Load(p + "norm.weight", {H}, &w->norm));
+  return LoadHc(ld, p, "hc_head_fn", "hc_head_base", "hc_head_scale", hc, hc * H, 1, &w->hc_head);
+}
+
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<DeepseekV4Weights>> DeepseekV4Weights::Load(
     const DeepseekV4Config& c, WeightSource* source, Backend* backend, const LoadOptions& options) {
   auto w = std::make_unique<DeepseekV4Weights>();
   Loader ld(source, backend);
-  const int64_t H = c.hidden_size, V = c.vocab_size, hc = c.hc_mult, D = c.head_dim;
-  const int64_t NH = c.num_heads, QL = c.q_lora_rank, I = c.moe_intermediate_size;
+  const int64_t H = c.hidden_size, V = c.vocab_size, hc = c.hc_mult, I = c.moe_intermediate_size;
   const int64_t E = c.n_routed_experts, K = c.num_experts_per_tok;
   w->moe.matrix_dtype = backend->weight_dtype();
   V4W_RETURN_IF_ERROR(ld.Load("model.embed_tokens.weight", {V, H}, &w->embed));
@@ -171,31 +324,8 @@ absl::StatusOr<std::unique_ptr<DeepseekV4Weights>> DeepseekV4Weights::Load(
         LoadHc(ld, p + "attn_hc.", "fn", "base", "scale", c.hc_mix(), hc * H, 3, &L.attn_hc));
     V4W_RETURN_IF_ERROR(
         LoadHc(ld, p + "ffn_hc.", "fn", "base", "scale", c.hc_mix(), hc * H, 3, &L.ffn_hc));
-    const std::string a = p + "self_attn.";
-    V4AttentionWeights& A = L.attention;
-    V4W_RETURN_IF_ERROR(ld.Matrix(a + "q_a_proj.weight", {QL, H}, &A.q_a));
-    V4W_RETURN_IF_ERROR(ld.Load(a + "q_a_norm.weight", {QL}, &A.q_a_norm));
-    V4W_RETURN_IF_ERROR(ld.Matrix(a + "q_b_proj.weight", {NH * D, QL}, &A.q_b));
-    V4W_RETURN_IF_ERROR(ld.Matrix(a + "kv_proj.weight", {D, H}, &A.kv_proj));
-    V4W_RETURN_IF_ERROR(ld.Load(a + "kv_norm.weight", {D}, &A.kv_norm));
-    V4W_RETURN_IF_ERROR(ld.Matrix(a + "o_a_proj.weight",
-                                  {c.o_groups * c.o_lora_rank, NH * D / c.o_groups}, &A.o_a));
-    V4W_RETURN_IF_ERROR(ld.Matrix(a + "o_b_proj.weight", {H, c.o_groups * c.o_lora_rank}, &A.o_b));
-    V4W_RETURN_IF_ERROR(ld.Load(a + "sinks", {NH}, &A.sinks));
-    if (c.compressed(l)) {
-      const bool sparse = c.attention[l] == V4AttentionKind::kSparse;
-      V4W_RETURN_IF_ERROR(
-          LoadCompressor(ld, a + "compressor.", H, D, c.compress_rate[l], sparse, &A.compressor));
-      if (sparse) {
-        const std::string x = a + "compressor.indexer.";
-        V4W_RETURN_IF_ERROR(
-            LoadCompressor(ld, x, H, c.index_head_dim, c.compress_rate[l], true, &A.indexer));
-        V4W_RETURN_IF_ERROR(ld.Matrix(x + "q_b_proj.weight",
-                                      {c.index_n_heads * c.index_head_dim, QL}, &A.index_q_b));
-        V4W_RETURN_IF_ERROR(
-            ld.Matrix(x + "scorer.weights_proj.weight", {c.index_n_heads, H}, &A.index_weights));
-      }
-    }
+    V4W_RETURN_IF_ERROR(LoadAttention(ld, c, p + "self_attn.", HfAttentionNames(), c.attention[l],
+                                      c.compress_rate[l], &L.attention));
     // MoE: router (+ correction bias, or the hash table), shared expert, routed experts.
     const std::string m = p + "mlp.";
     LayerWeights& M = w->moe.layers[l];
@@ -204,22 +334,22 @@ absl::StatusOr<std::unique_ptr<DeepseekV4Weights>> DeepseekV4Weights::Load(
     if (c.hash_moe[l]) {
       std::vector<int32_t> ids(V * K);
       V4W_RETURN_IF_ERROR(source->ReadIndices(m + "gate.tid2eid", {V, K}, E, ids.data()));
-      L.hash_table = backend->Allocate(ids.size() * sizeof(int32_t));
-      backend->CopyToDevice(ids.data(), ids.size() * sizeof(int32_t), L.hash_table->data());
+      L.hash_table = ld.UploadInts(ids);
     } else {
       V4W_RETURN_IF_ERROR(ld.Load(m + "gate.e_score_correction_bias", {E}, &M.router_bias));
     }
-    M.shared.inter = I;
-    {
-      std::vector<float> gate, up;
-      const std::string s = m + "shared_experts.";
-      V4W_RETURN_IF_ERROR(ld.Read(s + "gate_proj.weight", {I, H}, &gate));
-      V4W_RETURN_IF_ERROR(ld.Read(s + "up_proj.weight", {I, H}, &up));
-      gate.insert(gate.end(), up.begin(), up.end());
-      M.shared.gate_up = ld.UploadMatrix(gate);
-      V4W_RETURN_IF_ERROR(ld.Matrix(s + "down_proj.weight", {H, I}, &M.shared.down));
-    }
+    V4W_RETURN_IF_ERROR(LoadMlp(ld, m + "shared_experts.", "gate_proj.weight", "up_proj.weight",
+                                "down_proj.weight", H, I, &M.shared));
     V4W_RETURN_IF_ERROR(LoadExperts(ld, c, l, HostedExperts(c, options, l), &M.experts));
+  }
+  w->mtp.resize(c.num_draft_layers);
+  for (int64_t i = 0; i < c.num_draft_layers; ++i) {
+    if (absl::Status st = LoadMtp(ld, c, i, &w->mtp[i]); !st.ok()) {
+      return absl::Status(
+          st.code(), absl::StrCat("DeepSeek-V4 MTP module ", i, " (", c.num_draft_layers,
+                                  " asked for of the checkpoint's ", c.num_nextn_predict_layers,
+                                  "; 0 loads none): ", st.message()));
+    }
   }
   w->moe.device_bytes = ld.bytes();
   return w;
@@ -228,27 +358,21 @@ absl::StatusOr<std::unique_ptr<DeepseekV4Weights>> DeepseekV4Weights::Load(
 int64_t DeepseekV4Weights::DeviceBytes(const DeepseekV4Config& c, WeightDType matrix_dtype,
                                        const LoadOptions& options) {
   const int64_t m = static_cast<int64_t>(WeightDTypeSize(matrix_dtype)), f = 4;
-  const int64_t H = c.hidden_size, V = c.vocab_size, hc = c.hc_mult, D = c.head_dim;
-  const int64_t NH = c.num_heads, QL = c.q_lora_rank, I = c.moe_intermediate_size;
+  const int64_t H = c.hidden_size, V = c.vocab_size, hc = c.hc_mult, I = c.moe_intermediate_size;
   const int64_t E = c.n_routed_experts, K = c.num_experts_per_tok;
+  // A block's norms and hyper-connection sites, router and shared expert.
+  const int64_t block = 2 * H * f + 2 * (c.hc_mix() * (hc * H + 1) + 3) * f;
+  const int64_t moe = E * H * f + 3 * I * H * m;
   int64_t bytes = V * H * f + H * f + V * H * m + (hc * hc * H + hc + 1) * f;
   for (int64_t l = 0; l < c.num_layers; ++l) {
-    bytes += 2 * H * f + 2 * (c.hc_mix() * (hc * H + 1) + 3) * f;
-    bytes += (QL * H + NH * D * QL + D * H) * m + (QL + D + NH) * f;
-    bytes +=
-        (c.o_groups * c.o_lora_rank * NH * D / c.o_groups + H * c.o_groups * c.o_lora_rank) * m;
-    if (c.compressed(l)) {
-      const bool sparse = c.attention[l] == V4AttentionKind::kSparse;
-      const int64_t width = sparse ? 2 * D : D;
-      bytes += 2 * width * H * m + (c.compress_rate[l] * width + D) * f;
-      if (sparse) {
-        const int64_t iw = 2 * c.index_head_dim;
-        bytes += 2 * iw * H * m + (c.compress_rate[l] * iw + c.index_head_dim) * f;
-        bytes += (c.index_n_heads * c.index_head_dim * QL + c.index_n_heads * H) * m;
-      }
-    }
-    bytes += E * H * f + (c.hash_moe[l] ? V * K * 4 : E * f) + 3 * I * H * m;
+    bytes += block + AttentionBytes(c, c.attention[l], c.compress_rate[l], m) + moe;
+    bytes += c.hash_moe[l] ? V * K * 4 : E * f;
     bytes += static_cast<int64_t>(HostedExperts(c, options, l).size()) * 3 * I * H * m;
+  }
+  for (int64_t i = 0; i < c.num_draft_layers; ++i) {
+    bytes += block + AttentionBytes(c, c.mtp_attention[i], c.mtp_compress_rate[i], m) + moe;
+    bytes += E * f + E * 3 * I * H * m;                               // bias, every routed expert
+    bytes += 2 * H * H * m + 3 * H * f + (hc * hc * H + hc + 1) * f;  // e/h_proj, norms, hc head
   }
   return bytes;
 }

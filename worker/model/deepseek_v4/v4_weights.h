@@ -1,10 +1,12 @@
 // DeepseekV4Weights: the DeepSeek-V4 weights one rank hosts, by HF transformers' tensor names,
-// uploaded to a backend. Matrices the GEMMs read are in the backend's weight_dtype(); norms,
-// hyper-connection parameters, sinks, position biases, the routers and their biases stay fp32
-// (HF keeps them in fp32 too). The MoE part (routers, shared expert, routed experts) is held in a
-// ModelWeights (`moe`) so that the expert dispatchers, EPLB loads and the dispatcher factories
-// serve V4 as they serve V3. Routed experts are read from HF's fused
-// `mlp.experts.gate_up_proj` / `down_proj` ([E, 2I, H] / [E, H, I]) or per expert
+// uploaded to a backend, and the first DeepseekV4Config::num_draft_layers MTP modules by the
+// release's names (`mtp.<i>.`, which HF's conversion leaves as they are: V4MtpWeights). Matrices
+// the GEMMs read are in the backend's weight_dtype(); norms, hyper-connection parameters, sinks,
+// position biases, the routers and their biases stay fp32 (HF keeps them in fp32 too). The MoE part
+// (routers, shared expert, routed experts) is held in a ModelWeights (`moe`) so that the expert
+// dispatchers, EPLB loads and the dispatcher factories serve V4 as they serve V3. Routed experts
+// are read from HF's fused `mlp.experts.gate_up_proj` / `down_proj` ([E, 2I, H] / [E, H, I]) or per
+// expert
 // (`mlp.experts.E.{gate,up,down}_proj.weight`), whichever the checkpoint has; an EPLB placement
 // change reads experts again through ModelWeights::ReadRoutedExperts, which takes both.
 #ifndef DEEPINFER_WORKER_MODEL_DEEPSEEK_V4_V4_WEIGHTS_H_
@@ -54,6 +56,19 @@ struct V4LayerWeights {
   std::unique_ptr<DeviceBuffer> hash_table;  // int32 [vocab, top_k] (hash_moe layers)
 };
 
+// One multi-token-prediction module of the DeepSeek-V4 release (`mtp.<i>.`; HF's loader drops
+// them): a decoder block of the model's kind (hyper-connection sites, attention of the module's
+// kind, MoE with learned routing) on inputs e_proj(enorm(embed(token))) + h_proj(hnorm(stream))
+// per residual stream, collapsed by its own hc head and norm before the model's LM head (the
+// embedding and head are the model's). Held for speculative decoding; nothing runs it yet.
+struct V4MtpWeights {
+  std::unique_ptr<DeviceBuffer> e_proj, h_proj;      // matrices [H, H]
+  std::unique_ptr<DeviceBuffer> enorm, hnorm, norm;  // [H]
+  V4HyperConnectionWeights hc_head;                  // fn [hc, hc * H], base [hc], scale [1]
+  V4LayerWeights block;                              // norms, hc sites, attention
+  LayerWeights moe;  // router + correction bias, shared expert, every routed expert
+};
+
 struct DeepseekV4Weights {
   static absl::StatusOr<std::unique_ptr<DeepseekV4Weights>> Load(const DeepseekV4Config& config,
                                                                  WeightSource* source,
@@ -76,6 +91,9 @@ struct DeepseekV4Weights {
   // Every layer is a MoE layer: moe.layers[l] holds its router (+ bias for learned routing),
   // shared expert and hosted routed experts; embed / lm_head / final_norm there are unset.
   ModelWeights moe;
+  // config.num_draft_layers MTP modules, each with every routed expert whatever the rank hosts
+  // (as DeepSeek-V3's draft head: docs/model.md "Draft head").
+  std::vector<V4MtpWeights> mtp;
 };
 
 }  // namespace deepinfer

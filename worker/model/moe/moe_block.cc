@@ -36,15 +36,41 @@ MoeBlock::MoeBlock(const ModelConfig& config, ModelWeights* weights, Backend* ba
 
 absl::Status MoeBlock::Forward(int64_t layer, int64_t rows, const float* h, ActivationView h_gemm,
                                float* out, const LayerContext& ctx, const ResidualNorm* norm) {
+  Staged s;
+  absl::StatusOr<ExpertDispatcher::Exchange> x =
+      BeginStaged(layer, rows, h, h_gemm, out, ctx, norm, &s);
+  if (!x.ok()) return x.status();
+  if (s.done) return absl::OkStatus();
+  if (*x) {
+    if (absl::Status st = (*x)(); !st.ok()) return st;
+  }
+  x = ExpertsStaged(&s);
+  if (!x.ok()) return x.status();
+  if (*x) {
+    if (absl::Status st = (*x)(); !st.ok()) return st;
+  }
+  return FinishStaged(&s);
+}
+
+absl::StatusOr<ExpertDispatcher::Exchange> MoeBlock::BeginStaged(
+    int64_t layer, int64_t rows, const float* h, ActivationView h_gemm, float* out,
+    const LayerContext& ctx, const ResidualNorm* norm, Staged* s) {
   const ModelConfig& c = config_;
   const LayerWeights& L = weights_->layers[layer];
   const int64_t H = c.hidden_size, E = c.n_routed_experts, K = c.num_experts_per_tok;
-  const int64_t I = c.moe_intermediate_size;
   const int64_t moe = moe_index_[layer];
-  auto topk_ids = backend_->AllocateScratch(rows * K * sizeof(int32_t));
-  auto topk_w = Floats(rows * K);
+  s->layer = layer;
+  s->rows = rows;
+  s->h_gemm = h_gemm;
+  s->out = out;
+  s->mode = ctx.mode;
+  s->done = false;
+  s->topk_ids = backend_->AllocateScratch(rows * K * sizeof(int32_t));
+  s->topk_w = Floats(rows * K);
+  const int32_t* topk_ids = s->topk_ids->as<int32_t>();
+  const float* topk_w = s->topk_w->as<float>();
   RouteTokensArgs ra =
-      NoauxTcRouteArgs(c, L, rows, h, topk_ids->as<int32_t>(), topk_w->as<float>());
+      NoauxTcRouteArgs(c, L, rows, h, s->topk_ids->as<int32_t>(), s->topk_w->as<float>());
   if (norm != nullptr) {
     ra.norm.x = norm->x;
     ra.norm.y = norm->y;
@@ -66,20 +92,36 @@ absl::Status MoeBlock::Forward(int64_t layer, int64_t rows, const float* h, Acti
   backend_->RouteTokens(ra);
   auto count = [&] {
     if (count_in_route) return;
-    backend_->AccumulateExpertCounts(rows * K, topk_ids->as<int32_t>(), E, ctx.counted_pairs,
-                                     counts);
+    backend_->AccumulateExpertCounts(rows * K, topk_ids, E, ctx.counted_pairs, counts);
   };
 
+  // Expert parallelism over a device exchange: dispatch, this rank's experts on the received rows
+  // and combine, all on the device (the tables hold this rank's slots, BuildExpertTables).
+  if (exchange_slots_ > 0) {
+    absl::Status st = dispatcher_->RoutedExpertsOnDevice(
+        moe, rows, h, topk_ids, topk_w, out,
+        [&](int64_t n, const float* x, const int32_t* slot, float* y) {
+          return ReceivedRowsExperts(layer, n, x, slot, y);
+        });
+    if (!st.ok()) return st;
+    if (ctx.device_only) device_expert_rows_.insert(rows);
+    count();
+    if (c.n_shared_experts > 0) {
+      AddSwiGlu(backend_, rows, H, MlpView(*weights_, L.shared), h_gemm, out, ctx.mode);
+    }
+    s->done = true;
+    return ExpertDispatcher::Exchange();
+  }
   if (!expert_tables_.empty()) {
-    const RoutedExpertsArgs a =
-        DeviceExpertsArgs(layer, rows, h, topk_ids->as<int32_t>(), topk_w->as<float>(), out);
+    const RoutedExpertsArgs a = DeviceExpertsArgs(layer, rows, h, topk_ids, topk_w, out);
     if (ExpertsOnDevice(backend_, a, h_gemm, ctx.mode)) {
       if (ctx.device_only) device_expert_rows_.insert(rows);
       count();
       if (c.n_shared_experts > 0 && a.shared_inter == 0) {  // FP8 matrices: not in the args
         AddSwiGlu(backend_, rows, H, MlpView(*weights_, L.shared), h_gemm, out, ctx.mode);
       }
-      return absl::OkStatus();
+      s->done = true;
+      return ExpertDispatcher::Exchange();
     }
   }
   if (ctx.device_only) {
@@ -88,32 +130,43 @@ absl::Status MoeBlock::Forward(int64_t layer, int64_t rows, const float* h, Acti
                      " tokens on the device (Backend::RoutedExperts)"));
   }
   count();
-  DispatchedTokens d;
-  absl::Status st =
-      dispatcher_->Dispatch(moe, rows, K, h, topk_ids->as<int32_t>(), topk_w->as<float>(), &d);
-  if (!st.ok()) return st;
+  return dispatcher_->BeginDispatch(moe, rows, K, h, topk_ids, topk_w, &s->dispatched);
+}
+
+absl::StatusOr<ExpertDispatcher::Exchange> MoeBlock::ExpertsStaged(Staged* s) {
+  const ModelConfig& c = config_;
+  const LayerWeights& L = weights_->layers[s->layer];
+  const int64_t H = c.hidden_size, I = c.moe_intermediate_size;
+  DispatchedTokens& d = s->dispatched;
+  if (absl::Status st = dispatcher_->FinishDispatch(&d); !st.ok()) return st;
   std::vector<WeightView> gate_up, down;
-  for (int64_t e : dispatcher_->local_experts(moe)) {
+  for (int64_t e : dispatcher_->local_experts(moe_index_[s->layer])) {
     const MlpWeights& ew = L.experts.at(e);
     gate_up.push_back(weights_->Matrix(ew.gate_up));
     down.push_back(weights_->Matrix(ew.down));
   }
-  auto expert_out = Floats(std::max<int64_t>(1, d.num_rows) * H);
+  s->expert_out = Floats(std::max<int64_t>(1, d.num_rows) * H);
   if (d.num_rows > 0) {
     auto gu = Floats(d.num_rows * 2 * I);
     backend_->GroupedGemm(d.group_offsets, gate_up, 2 * I, H, d.hidden->as<float>(),
                           gu->as<float>());
     auto act = Floats(d.num_rows * I);
     backend_->SiluMul(d.num_rows, I, gu->as<float>(), act->as<float>());
-    backend_->GroupedGemm(d.group_offsets, down, H, I, act->as<float>(), expert_out->as<float>());
+    backend_->GroupedGemm(d.group_offsets, down, H, I, act->as<float>(),
+                          s->expert_out->as<float>());
   }
   // out = routed sum (experts ascending) + shared experts, as HF and DeepSeek add them.
-  auto zero = backend_->Allocate(rows * H * sizeof(float));
-  backend_->CopyDeviceToDevice(zero->data(), rows * H * sizeof(float), out);
-  st = dispatcher_->Combine(d, expert_out->as<float>(), out);
-  if (!st.ok()) return st;
+  auto zero = backend_->Allocate(s->rows * H * sizeof(float));
+  backend_->CopyDeviceToDevice(zero->data(), s->rows * H * sizeof(float), s->out);
+  return dispatcher_->BeginCombine(&d, s->expert_out->as<float>(), s->out);
+}
+
+absl::Status MoeBlock::FinishStaged(Staged* s) {
+  const ModelConfig& c = config_;
+  if (absl::Status st = dispatcher_->FinishCombine(&s->dispatched, s->out); !st.ok()) return st;
   if (c.n_shared_experts > 0) {
-    AddSwiGlu(backend_, rows, H, MlpView(*weights_, L.shared), h_gemm, out, ctx.mode);
+    AddSwiGlu(backend_, s->rows, c.hidden_size,
+              MlpView(*weights_, weights_->layers[s->layer].shared), s->h_gemm, s->out, s->mode);
   }
   return absl::OkStatus();
 }
@@ -180,55 +233,114 @@ std::vector<std::vector<int64_t>> MoeBlock::MissingExperts(
   return missing;
 }
 
-// One rank with every expert: device tables for Backend::RoutedExperts (expert e in slot e),
-// rebuilt whenever the experts' buffers may have changed (a placement switch). bf16 weights
-// only: fp32 is the parity mode, and there the dispatcher path keeps one rank bit-identical to
-// expert parallelism (same GEMM calls, same combine order; ep_expert_dispatcher_gpu_test).
+// The local experts of received rows: one choice per row (its local slot, weight 1: the output is
+// the expert's, exactly), padding rows (slot -1) take no expert.
+bool MoeBlock::ReceivedRowsExperts(int64_t layer, int64_t rows, const float* x, const int32_t* slot,
+                                   float* y) {
+  const ModelConfig& c = config_;
+  if (ones_rows_ < rows) {
+    std::vector<float> ones(rows, 1.0f);
+    ones_ = backend_->Allocate(rows * sizeof(float));
+    backend_->CopyToDevice(ones.data(), rows * sizeof(float), ones_->data());
+    ones_rows_ = rows;
+  }
+  RoutedExpertsArgs a;
+  a.num_tokens = static_cast<int32_t>(rows);
+  a.top_k = 1;
+  a.num_experts = static_cast<int32_t>(exchange_slots_);
+  a.hidden_size = c.hidden_size;
+  a.inter = c.moe_intermediate_size;
+  a.hidden = x;
+  a.topk_ids = slot;
+  a.topk_weights = ones_->as<float>();
+  a.keep_on_device = true;  // the same algorithm eager and recorded; no host copy
+  a.slot_of_expert = expert_slots_->as<int32_t>();
+  a.gate_up = static_cast<const void* const*>(expert_tables_[layer].gate_up->data());
+  a.down = static_cast<const void* const*>(expert_tables_[layer].down->data());
+  a.gate_up_host = expert_tables_[layer].gate_up_host.data();
+  a.down_host = expert_tables_[layer].down_host.data();
+  a.dtype = expert_tables_[layer].dtype;  // bf16 (BuildExpertTables)
+  a.out = y;
+  return backend_->RoutedExperts(a);
+}
+
+// Device tables for Backend::RoutedExperts, rebuilt whenever the experts' buffers may have
+// changed (a placement switch): one rank with every expert (expert e in slot e), or this rank's
+// slots of a device expert exchange. bf16 weights only: fp32 is the parity mode, and there the
+// dispatcher path keeps one rank bit-identical to expert parallelism (same GEMM calls, same combine
+// order; ep_expert_dispatcher_gpu_test).
 void MoeBlock::BuildExpertTables() {
   if (drop_graphs_) drop_graphs_();  // they hold the tables' addresses
   expert_tables_.clear();
   device_expert_rows_.clear();
+  exchange_slots_ = 0;
+  if (dispatcher_ == nullptr || weights_->matrix_dtype != WeightDType::kBFloat16) return;
   const int64_t E = config_.n_routed_experts;
-  if (dispatcher_ != nullptr && dispatcher_->single_rank() &&
-      weights_->matrix_dtype == WeightDType::kBFloat16 &&
-      static_cast<int64_t>(dispatcher_->local_experts(0).size()) == E) {
-    std::vector<int32_t> slots(E);
-    for (int64_t e = 0; e < E; ++e) slots[e] = static_cast<int32_t>(e);
-    expert_slots_ = backend_->Allocate(E * sizeof(int32_t));
-    backend_->CopyToDevice(slots.data(), E * sizeof(int32_t), expert_slots_->data());
-    expert_tables_.resize(weights_->layers.size());
-    for (int64_t l = first_layer_; l < end_layer_; ++l) {
-      const LayerWeights& L = weights_->layers[l];
-      if (!L.moe) continue;
-      std::vector<const void*> gate_up(E), down(E), gate_up_scales(E), down_scales(E);
-      int64_t fp8 = 0;
-      bool mixed = false;  // one MLP with FP8 and other matrices
-      for (int64_t e = 0; e < E; ++e) {
-        const MlpWeights& m = L.experts.at(e);
-        gate_up[e] = m.gate_up->data();
-        down[e] = m.down->data();
-        const bool both = m.gate_up.fp8() && m.down.fp8();
-        fp8 += both ? 1 : 0;
-        gate_up_scales[e] = both ? m.gate_up.fp8_scales->data() : nullptr;
-        down_scales[e] = both ? m.down.fp8_scales->data() : nullptr;
-        mixed |= !both && (m.gate_up.fp8() || m.down.fp8());
-      }
-      if (mixed || (fp8 != 0 && fp8 != E)) {  // mixed storage: the dispatcher's per-expert GEMMs
+  const int64_t exchange = dispatcher_->device_exchange_slots();
+  const bool every_expert =
+      dispatcher_->single_rank() && static_cast<int64_t>(dispatcher_->local_experts(0).size()) == E;
+  if (exchange <= 0 && !every_expert) return;
+  const int64_t S = exchange > 0 ? exchange : E;
+  std::vector<int32_t> slots(S);
+  for (int64_t s = 0; s < S; ++s) slots[s] = static_cast<int32_t>(s);
+  expert_slots_ = backend_->Allocate(S * sizeof(int32_t));
+  backend_->CopyToDevice(slots.data(), S * sizeof(int32_t), expert_slots_->data());
+  expert_tables_.resize(weights_->layers.size());
+  // The block's MoE layers in order (moe_index_ is not filled yet when the constructor calls).
+  for (int64_t l = first_layer_, moe = 0; l < end_layer_; ++l) {
+    const LayerWeights& L = weights_->layers[l];
+    if (!L.moe) continue;
+    std::vector<int64_t> ids(S);
+    if (exchange > 0) {
+      const std::vector<int64_t>& local = dispatcher_->local_experts(moe++);
+      if (local.empty() || static_cast<int64_t>(local.size()) > S) {
         expert_tables_.clear();
         return;
       }
-      ExpertTables& t = expert_tables_[l];
-      t.dtype = fp8 == E ? WeightDType::kFp8E4M3 : weights_->matrix_dtype;
-      t.gate_up = Pointers(gate_up);
-      t.down = Pointers(down);
-      if (fp8 == E) {
-        t.gate_up_scales = Pointers(gate_up_scales);
-        t.down_scales = Pointers(down_scales);
-      }
-      t.gate_up_host = std::move(gate_up);
-      t.down_host = std::move(down);
+      // Slots past the local experts never get a row; they point at the last one's weights so
+      // that every table entry is a valid matrix.
+      for (int64_t s = 0; s < S; ++s) ids[s] = local[std::min<int64_t>(s, local.size() - 1)];
+    } else {
+      for (int64_t e = 0; e < E; ++e) ids[e] = e;
+    }
+    // The exchange's received rows take the bf16 device path only (ReceivedRowsExperts); FP8
+    // experts there go through the dispatcher's Dispatch / Combine.
+    if (!LayerTables(L, ids, &expert_tables_[l]) ||
+        (exchange > 0 && expert_tables_[l].dtype != WeightDType::kBFloat16)) {
+      expert_tables_.clear();
+      return;
     }
   }
+  exchange_slots_ = exchange > 0 ? exchange : 0;
+}
+
+bool MoeBlock::LayerTables(const LayerWeights& L, const std::vector<int64_t>& ids,
+                           ExpertTables* t) {
+  const size_t n = ids.size();
+  std::vector<const void*> gate_up(n), down(n), gate_up_scales(n), down_scales(n);
+  size_t fp8 = 0;
+  bool mixed = false;  // one MLP with FP8 and other matrices
+  for (size_t s = 0; s < n; ++s) {
+    const MlpWeights& m = L.experts.at(ids[s]);
+    gate_up[s] = m.gate_up->data();
+    down[s] = m.down->data();
+    const bool both = m.gate_up.fp8() && m.down.fp8();
+    fp8 += both ? 1 : 0;
+    gate_up_scales[s] = both ? m.gate_up.fp8_scales->data() : nullptr;
+    down_scales[s] = both ? m.down.fp8_scales->data() : nullptr;
+    mixed |= !both && (m.gate_up.fp8() || m.down.fp8());
+  }
+  if (mixed || (fp8 != 0 && fp8 != n)) return false;  // the dispatcher's per-expert GEMMs
+  t->dtype = fp8 == n ? WeightDType::kFp8E4M3 : weights_->matrix_dtype;
+  t->gate_up = Pointers(gate_up);
+  t->down = Pointers(down);
+  if (fp8 == n) {
+    t->gate_up_scales = Pointers(gate_up_scales);
+    t->down_scales = Pointers(down_scales);
+  }
+  t->gate_up_host = std::move(gate_up);
+  t->down_host = std::move(down);
+  return true;
 }
 
 std::unique_ptr<DeviceBuffer> MoeBlock::Pointers(const std::vector<const void*>& host) {

@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "common/eplb/expert_placement.h"
 #include "worker/backend/backend.h"
 #include "worker/model/expert_dispatcher.h"
@@ -46,6 +47,29 @@ class MoeBlock {
   absl::Status Forward(int64_t layer, int64_t rows, const float* h, ActivationView h_gemm,
                        float* out, const LayerContext& ctx, const ResidualNorm* norm = nullptr);
 
+  // Forward in three parts around the dispatcher's two exchanges, so that two micro-batches can
+  // overlap one's exchange with the other's compute (DeepseekV3Model's two micro-batches):
+  // BeginStaged routes and stages the dispatch, ExpertsStaged finishes it, runs this rank's
+  // experts and stages the combine, FinishStaged adds the combine and the shared experts into
+  // out. Each of the first two returns the exchange to run (on any thread) before the next part
+  // (empty: none). A layer that takes a device path is done in BeginStaged (Staged::done). The
+  // arguments of BeginStaged must stay valid until FinishStaged; Forward is the three in a row.
+  struct Staged {
+    int64_t layer = 0, rows = 0;
+    ActivationView h_gemm{static_cast<const float*>(nullptr)};
+    float* out = nullptr;
+    OpMode mode;
+    bool done = false;
+    std::unique_ptr<DeviceBuffer> topk_ids, topk_w, expert_out;
+    DispatchedTokens dispatched;
+  };
+  absl::StatusOr<ExpertDispatcher::Exchange> BeginStaged(int64_t layer, int64_t rows,
+                                                         const float* h, ActivationView h_gemm,
+                                                         float* out, const LayerContext& ctx,
+                                                         const ResidualNorm* norm, Staged* s);
+  absl::StatusOr<ExpertDispatcher::Exchange> ExpertsStaged(Staged* s);
+  absl::Status FinishStaged(Staged* s);
+
   // Whether the routed experts run as one device op (the decode graph path needs it).
   bool experts_on_device() const { return !expert_tables_.empty(); }
   int64_t num_moe_layers() const { return num_moe_layers_; }
@@ -64,8 +88,15 @@ class MoeBlock {
                                       const int32_t* topk_ids, const float* topk_w,
                                       float* out) const;
   void BuildExpertTables();
+  struct ExpertTables;
+  // Fills *t with the tables of layer `L`'s experts `ids` (slot s: expert ids[s]); false where
+  // the experts mix FP8 and other storage (the dispatcher's per-expert GEMMs take the layer).
+  bool LayerTables(const LayerWeights& L, const std::vector<int64_t>& ids, ExpertTables* t);
   // A device copy of a host table of device pointers.
   std::unique_ptr<DeviceBuffer> Pointers(const std::vector<const void*>& host);
+  // DeviceExperts of the device exchange for MoE model layer `layer` (Backend::RoutedExperts).
+  bool ReceivedRowsExperts(int64_t layer, int64_t rows, const float* x, const int32_t* slot,
+                           float* y);
   // Per-step temporaries, written by an op before they are read (not zeroed).
   std::unique_ptr<DeviceBuffer> Floats(int64_t n) {
     return backend_->AllocateScratch(n * sizeof(float));
@@ -76,7 +107,8 @@ class MoeBlock {
   Backend* const backend_;
   std::unique_ptr<ExpertDispatcher> dispatcher_;
   const std::function<void()> drop_graphs_;
-  // Device tables for Backend::RoutedExperts (empty unless one rank hosts every expert):
+  // Device tables for Backend::RoutedExperts (empty unless one rank hosts every expert, or the
+  // dispatcher exchanges on the device):
   // expert -> slot map, and per MoE layer the experts' gate_up / down weight pointers.
   struct ExpertTables {
     std::unique_ptr<DeviceBuffer> gate_up, down;
@@ -87,6 +119,12 @@ class MoeBlock {
   };
   std::unique_ptr<DeviceBuffer> expert_slots_;
   std::vector<ExpertTables> expert_tables_;
+  // With a device expert exchange (ExpertDispatcher::device_exchange_slots() > 0) the tables hold
+  // this rank's local slots instead (slot -> slot identity map), Backend::RoutedExperts runs on
+  // the received rows, each with weight 1 (ones_).
+  int64_t exchange_slots_ = 0;
+  std::unique_ptr<DeviceBuffer> ones_;
+  int64_t ones_rows_ = 0;
   // The model layers served: [first_layer_, end_layer_).
   int64_t first_layer_ = 0, end_layer_ = 0;
   // Per model layer, its index among the block's MoE layers (-1 for a dense layer or one outside

@@ -1,0 +1,96 @@
+// DeepSeek-V4's attention on the GPU: one shared K = V head, many query heads with per-head
+// sink logits, each query token over its own list of key rows (its sliding window, then its
+// compressed entries: all of them on HCA layers, the indexer's selection on CSA layers), read
+// where the cache keeps them (the window ring, this step's keys, the paged compressed stream).
+// The GPU counterpart of V4Ops::SinkAttention (worker/backend/v4_ops.h), fp32 in and out.
+//
+// One block per (token, group of heads, split of the token's rows) reads each key row once for
+// the whole group: 16 heads on CUDA cores (any dim up to kMaxSinkAttentionDim), or on tensor
+// cores (dim 512: V4-Flash) all 64 heads of a block as one [64 x 512] · [512 x rows] product,
+// so a decode token's 64 heads read each of its rows from memory once (FlashMLA's sparse-decode
+// shape). A token's rows may be split over several blocks (decode: few tokens, every SM busy);
+// the splits write an unnormalised output, running max and sum to a caller's workspace and a
+// combine kernel merges them. No allocation, no host synchronisation: graph-capturable.
+#ifndef DEEPINFER_KERNELS_V4_SINK_ATTENTION_H_
+#define DEEPINFER_KERNELS_V4_SINK_ATTENTION_H_
+
+#include <cuda_runtime_api.h>
+
+#include <cstddef>
+#include <cstdint>
+
+#include "worker/backend/v4_ops.h"
+
+namespace deepinfer {
+namespace kernels {
+
+// Which kernel SinkAttentionF32 runs.
+enum class SinkAttentionKernel : int32_t {
+  // kTensorCoreExact where it runs (SinkAttentionKernelRuns), else kCudaCore.
+  kAuto = 0,
+  // fp32 FMA on CUDA cores, 16 heads per block; any dim up to kMaxSinkAttentionDim.
+  kCudaCore = 1,
+  // dim 512, a GPU with bf16 tensor cores (sm_80+), 16-byte aligned q, kv, ring and entries,
+  // ring_stride and the entries' block_floats multiples of 4, 8-byte aligned out: bf16 mma.sync
+  // with every fp32 operand (Q, K = V, P) split into a bf16 hi + lo pair and
+  // each product taken as hi·hi + hi·lo + lo·hi (three MMAs, fp32 sums): a relative error of
+  // at most about 3 * 2^-16 per product instead of bf16's 2^-7, fp32-grade results.
+  kTensorCoreExact = 2,
+  // The same shapes with Q, K = V and P rounded to bf16 (one MMA per product; each operand
+  // carries bf16's rounding, up to 2^-8 relative): the fast kernel for bf16 models.
+  kTensorCoreBf16 = 3,
+};
+
+// The largest dim kCudaCore takes.
+constexpr int64_t kMaxSinkAttentionDim = 1024;
+// The dim of the tensor-core kernels.
+constexpr int64_t kSinkAttentionMmaDim = 512;
+// The largest num_splits.
+constexpr int32_t kMaxSinkAttentionSplits = 32;
+
+// V4Ops::SinkAttention's arguments (worker/backend/v4_ops.h: SinkAttentionArgs) and what the
+// kernels add. Query t of head h attends over, in this order, its window (positions
+// positions[t] - window_len[t] + 1 .. positions[t]: rows of this step's kv from step_start[t]
+// on, rows p % ring_rows of its ring slot before) and its compressed entries (rows of its paged
+// stream: the first extra_len[t], or the rows in selected[t * selected_stride ..] up to the
+// first negative entry or selected_stride entries, IndexerTopKF32's output; extra_len is then
+// not read), all read where they lie. With S = scale * q[t, h] · k over those rows:
+//   out[t, h] = sum_k softmax([S] ++ [sinks[h]])_k * k   (the sink's probability is dropped).
+// All pointers are device memory; every row read must lie in its buffer (not checked on the
+// device). A token with no rows gets out = 0.
+struct SinkAttentionParams : SinkAttentionArgs {
+  // Splits of each token's rows (0: chosen from the token count and the device's SM count so
+  // that a few decode tokens still fill the GPU). Tests and the benchmark set it.
+  int32_t num_splits = 0;
+  // With more than one split, at least SinkAttentionWorkspaceBytes(params) bytes of device
+  // memory for the splits' partial results (the call fails without it).
+  void* workspace = nullptr;
+  size_t workspace_bytes = 0;
+  SinkAttentionKernel kernel = SinkAttentionKernel::kAuto;
+};
+
+// Whether `kernel` (not kAuto) runs these params on the current device: the shape and pointer
+// alignment it needs and the device's support (sm_80+ and its shared memory for the tensor-core
+// kernels). The first call per kernel raises its dynamic shared-memory limit.
+bool SinkAttentionKernelRuns(const SinkAttentionParams& params, SinkAttentionKernel kernel);
+
+// The kernel SinkAttentionF32 runs for these params (kAuto resolved); kAuto itself when none
+// runs them (a dim above kMaxSinkAttentionDim, or a forced kernel that does not run them).
+SinkAttentionKernel SinkAttentionKernelFor(const SinkAttentionParams& params);
+
+// The split count SinkAttentionF32 uses for these params on the current device.
+cudaError_t SinkAttentionSplits(const SinkAttentionParams& params, int32_t* splits);
+
+// Bytes of workspace SinkAttentionF32 needs (0 with one split).
+cudaError_t SinkAttentionWorkspaceBytes(const SinkAttentionParams& params, size_t* bytes);
+
+// Enqueues the attention on `stream`. cudaErrorInvalidValue for negative sizes, heads or dim
+// < 1 with tokens > 0, a missing pointer, num_splits outside [0, kMaxSinkAttentionSplits], a
+// workspace smaller than SinkAttentionWorkspaceBytes, or no kernel for the params
+// (SinkAttentionKernelFor is kAuto). tokens == 0 enqueues nothing.
+cudaError_t SinkAttentionF32(const SinkAttentionParams& params, cudaStream_t stream);
+
+}  // namespace kernels
+}  // namespace deepinfer
+
+#endif  // DEEPINFER_KERNELS_V4_SINK_ATTENTION_H_

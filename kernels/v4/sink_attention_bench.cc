@@ -1,0 +1,206 @@
+// Times SinkAttentionF32 on V4-Flash's decode shape (64 heads x 512, fp32 rows) at 1, 64 and 128
+// requests of context 1024, each request over rows of its own (no two requests share a row, as
+// in a batch of separate sequences), read where the model's cache keeps them: 127 window rows in
+// the request's ring slot and its own key among the step's, the entries in a paged stream of
+// blocks of 16 positions (scattered blocks: a block table per request):
+//   csa      window 128 + the indexer's 256 entries (all of a 1024 context's at ratio 4; 4
+//            entries a block);
+//   csa_max  window 128 + 512 selected entries (the top-k's limit, contexts from 2048);
+//   hca      window 128 + the 8 entries of a 1024 context at ratio 128 (each spread over 8
+//            blocks of 64 floats);
+//   window   window 128 only (the sliding-window layers).
+// Per case and kernel (tensor-core exact, tensor-core bf16, CUDA cores; the automatic split
+// count): the mean per call of 10 calls captured in one CUDA graph and replayed 5 times (as the
+// decode step runs it), the eager median of 20, and the bytes each call must read and write
+// (the rows, Q, the output) per second in the graph, against the H200's 4.8 TB/s.
+// `splits`: also every forced split count of 1, 2, 4, 8 and 16.
+#include <cuda_runtime_api.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <functional>
+#include <numeric>
+#include <string>
+#include <vector>
+
+#include "kernels/testing/bench_util.h"
+#include "kernels/v4/sink_attention.h"
+
+namespace deepinfer {
+namespace {
+
+using bench::MedianMs;
+using bench::Uniform;
+using bench::Upload;
+using kernels::SinkAttentionKernel;
+
+constexpr int64_t kHeads = 64, kDim = 512, kWindow = 128;
+constexpr double kPeakGBs = 4800.0;  // H200 HBM3e
+
+// Mean ms per call of 10 calls of fn(stream) in one graph, replayed 5 times.
+double GraphMs(const std::function<cudaError_t(cudaStream_t)>& fn, cudaStream_t stream) {
+  constexpr int kCalls = 10, kReplays = 5;
+  cudaGraph_t graph;
+  cudaGraphExec_t exec;
+  BENCH_CUDA(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
+  for (int i = 0; i < kCalls; ++i) BENCH_CUDA(fn(stream));
+  BENCH_CUDA(cudaStreamEndCapture(stream, &graph));
+  BENCH_CUDA(cudaGraphInstantiate(&exec, graph, 0));
+  BENCH_CUDA(cudaGraphLaunch(exec, stream));  // warm-up
+  BENCH_CUDA(cudaStreamSynchronize(stream));
+  cudaEvent_t e0, e1;
+  BENCH_CUDA(cudaEventCreate(&e0));
+  BENCH_CUDA(cudaEventCreate(&e1));
+  BENCH_CUDA(cudaEventRecord(e0, stream));
+  for (int r = 0; r < kReplays; ++r) BENCH_CUDA(cudaGraphLaunch(exec, stream));
+  BENCH_CUDA(cudaEventRecord(e1, stream));
+  BENCH_CUDA(cudaEventSynchronize(e1));
+  float total = 0;
+  BENCH_CUDA(cudaEventElapsedTime(&total, e0, e1));
+  BENCH_CUDA(cudaEventDestroy(e0));
+  BENCH_CUDA(cudaEventDestroy(e1));
+  BENCH_CUDA(cudaGraphExecDestroy(exec));
+  BENCH_CUDA(cudaGraphDestroy(graph));
+  return total / (kCalls * kReplays);
+}
+
+const char* KernelName(SinkAttentionKernel k) {
+  switch (k) {
+    case SinkAttentionKernel::kCudaCore:
+      return "cuda_core";
+    case SinkAttentionKernel::kTensorCoreExact:
+      return "tensor_core_exact";
+    case SinkAttentionKernel::kTensorCoreBf16:
+      return "tensor_core_bf16";
+    case SinkAttentionKernel::kAuto:
+      break;
+  }
+  return "auto";
+}
+
+struct Layer {
+  const char* name;
+  int64_t entries;       // compressed entries of each request
+  int64_t chosen;        // of which each query attends to this many
+  bool selected;         // through a selection list (CSA) or a range (HCA)
+  int64_t block_floats;  // floats of the stream per block of 16 positions (0: no entries)
+};
+
+void Run(int64_t batch, const Layer& layer, bool sweep_splits, cudaStream_t stream) {
+  // Request b at position kContext - 1: its window is 127 ring rows and its own key.
+  constexpr int64_t kContext = 1024;
+  std::vector<int32_t> positions(batch, kContext - 1), window_len(batch, kWindow),
+      step_start(batch, kContext - 1), slot(batch), token_seq(batch),
+      extra_len(batch, static_cast<int32_t>(layer.chosen));
+  std::vector<int32_t> selected, tables;
+  // The requests' stream blocks, shuffled over the pool.
+  const int64_t per_request =
+      layer.block_floats > 0 ? (layer.entries * kDim + layer.block_floats - 1) / layer.block_floats
+                             : 0;
+  std::vector<int32_t> blocks(std::max<int64_t>(1, batch * per_request));
+  std::iota(blocks.begin(), blocks.end(), 0);
+  for (size_t i = blocks.size(); i > 1; --i) std::swap(blocks[i - 1], blocks[(i * 7919) % i]);
+  for (int64_t b = 0; b < batch; ++b) {
+    slot[b] = static_cast<int32_t>(b);
+    token_seq[b] = static_cast<int32_t>(b);
+    for (int64_t i = 0; i < per_request; ++i) tables.push_back(blocks[b * per_request + i]);
+    if (layer.selected) {
+      // Spread evenly over the entries (all of them when chosen == entries), ascending.
+      for (int64_t i = 0; i < layer.chosen; ++i) {
+        selected.push_back(static_cast<int32_t>(i * layer.entries / layer.chosen));
+      }
+    }
+  }
+  kernels::SinkAttentionParams p;
+  p.tokens = batch;
+  p.heads = kHeads;
+  p.dim = kDim;
+  p.q = Upload(Uniform(batch * kHeads * kDim, 1));
+  p.kv = Upload(Uniform(batch * kDim, 2));
+  p.positions = Upload(positions);
+  p.window_len = Upload(window_len);
+  p.step_start = Upload(step_start);
+  p.ring = Upload(Uniform(batch * kWindow * kDim, 4));
+  p.ring_rows = kWindow;
+  p.ring_stride = kWindow * kDim;
+  p.ring_slot = Upload(slot);
+  if (layer.block_floats > 0) {
+    p.entries.data = Upload(Uniform(static_cast<int64_t>(blocks.size()) * layer.block_floats, 5));
+    p.entries.block_floats = layer.block_floats;
+    p.entries.block_tables = Upload(tables);
+    p.entries.table_stride = per_request;
+    p.entries.token_seq = Upload(token_seq);
+    if (layer.selected) {
+      p.selected = Upload(selected);
+      p.selected_stride = layer.chosen;
+    } else {
+      p.extra_len = Upload(extra_len);
+    }
+  }
+  p.sinks = Upload(Uniform(kHeads, 3));
+  p.scale = 1.0f / std::sqrt(static_cast<float>(kDim));
+  p.out = bench::DeviceAlloc<float>(batch * kHeads * kDim * sizeof(float));
+  // Workspace for the most splits any run below uses (16: the automatic count's limit too).
+  constexpr int64_t kMostSplits = 16;
+  p.workspace_bytes =
+      static_cast<size_t>(batch) * kHeads * kMostSplits * (kDim + 2) * sizeof(float);
+  p.workspace = bench::DeviceAlloc<char>(p.workspace_bytes);
+
+  const int64_t attended = kWindow + layer.chosen;
+  const double bytes = static_cast<double>(batch) *
+                       (attended * kDim * sizeof(float) + 2.0 * kHeads * kDim * sizeof(float) +
+                        (layer.selected ? layer.chosen * sizeof(int32_t) : 0));
+  char name[64];
+  std::snprintf(name, sizeof(name), "%s b%lld rows%lld", layer.name, static_cast<long long>(batch),
+                static_cast<long long>(attended));
+  for (SinkAttentionKernel k :
+       {SinkAttentionKernel::kTensorCoreExact, SinkAttentionKernel::kTensorCoreBf16,
+        SinkAttentionKernel::kCudaCore}) {
+    kernels::SinkAttentionParams kp = p;
+    kp.kernel = k;
+    if (!kernels::SinkAttentionKernelRuns(kp, k)) {
+      std::printf("%-26s %-18s does not run on this device\n", name, KernelName(k));
+      continue;
+    }
+    std::vector<int32_t> split_counts = {0};
+    if (sweep_splits) split_counts.insert(split_counts.end(), {1, 2, 4, 8, 16});
+    for (int32_t splits : split_counts) {
+      kp.num_splits = splits;
+      int32_t used = 0;
+      BENCH_CUDA(kernels::SinkAttentionSplits(kp, &used));
+      const double graph_ms =
+          GraphMs([&](cudaStream_t s) { return kernels::SinkAttentionF32(kp, s); }, stream);
+      const double eager_ms = MedianMs([&] { return kernels::SinkAttentionF32(kp, nullptr); });
+      const double gbs = bytes / (graph_ms * 1e-3) / 1e9;
+      std::printf(
+          "%-26s %-18s splits %2d%s graph %8.2f us  eager %8.2f us  %7.1f GB/s  %5.1f%% of "
+          "%.1f TB/s\n",
+          name, KernelName(k), used, splits == 0 ? " (auto)" : "       ", graph_ms * 1e3,
+          eager_ms * 1e3, gbs, 100.0 * gbs / kPeakGBs, kPeakGBs / 1000.0);
+    }
+  }
+}
+
+}  // namespace
+}  // namespace deepinfer
+
+int main(int argc, char** argv) {
+  const bool sweep = argc > 1 && std::strcmp(argv[1], "splits") == 0;
+  cudaStream_t stream;
+  BENCH_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  // Blocks of 16 positions: CSA (ratio 4) 4 entries = 2048 floats a block, HCA (ratio 128)
+  // 64 floats a block.
+  const deepinfer::Layer layers[] = {
+      {"csa", 256, 256, true, 2048},
+      {"csa_max", 1024, 512, true, 2048},
+      {"hca", 8, 8, false, 64},
+      {"window", 0, 0, false, 0},
+  };
+  for (const deepinfer::Layer& layer : layers) {
+    for (int64_t batch : {1, 64, 128}) deepinfer::Run(batch, layer, sweep, stream);
+  }
+  return 0;
+}

@@ -1,0 +1,378 @@
+// SinkAttentionF32's tensor-core kernel (kTensorCoreExact, kTensorCoreBf16): dim 512, 64 heads
+// per block. Included only by sink_attention.cu.
+//
+// One block of 8 warps per (token, 64 heads, split of the token's rows). Q [64 x 512] is
+// converted once to bf16 (hi, and for the exact kernel lo = bf16(x - hi)) in shared memory. The
+// token's rows go through in tiles of kRows (exact: 16, bf16: 32): each thread starts 16-byte
+// cp.async copies of its pieces of the next tile's fp32 rows (gathered where they lie: window
+// rows from this step's keys and the ring, then the entries from the paged stream) into a
+// staging buffer while the block computes the current tile, and then
+// converts its own pieces to bf16 (hi, lo) rows, so no thread waits for another's copies. Per
+// tile, warp pair p (warps 2p, 2p + 1) owns heads 16p .. 16p + 15:
+//   score  each warp of the pair computes S[16 heads x kRows] over its half of the 512 dims
+//          (mma.sync m16n8k16, Q as the A operand, the key rows as B); the pair exchanges the
+//          halves through shared memory and both add them in the same order (half 0 + half 1),
+//          so both hold the same scores;
+//   softmax both run the same online softmax (running max and sum per head, in log2 units);
+//   value  each warp accumulates O[16 x 256] += P[16 x kRows] V[kRows x 256] for its half of
+//          the output columns, P from the score registers (FlashAttention-2's register reuse),
+//          V = the same key rows read transposed (ldmatrix.trans).
+// The exact kernel takes every product as hi·hi + hi·lo + lo·hi (three MMAs); the bf16 kernel
+// as hi·hi.
+#ifndef DEEPINFER_KERNELS_V4_SINK_ATTENTION_MMA_CUH_
+#define DEEPINFER_KERNELS_V4_SINK_ATTENTION_MMA_CUH_
+
+#include <cuda_bf16.h>
+#include <math.h>
+
+#include <cstdint>
+
+#include "kernels/attention/mma_sm80.cuh"
+#include "kernels/v4/sink_attention.h"
+#include "kernels/v4/sink_attention_rows.cuh"
+
+namespace deepinfer {
+namespace kernels {
+namespace sink {
+
+constexpr int kMmaDim = static_cast<int>(kSinkAttentionMmaDim);
+constexpr int kMmaHeads = 64;  // heads per block: 4 warp pairs of 16
+constexpr int kMmaThreads = 256;
+constexpr int kMmaLd = kMmaDim + 8;  // bf16 row stride: ldmatrix's 8 rows in distinct banks
+constexpr int kMmaHalf = kMmaDim / 2;
+constexpr int kMmaOutTiles = kMmaHalf / 8;  // n-tiles of a warp's output columns
+constexpr int kMmaScoreSteps = kMmaHalf / 16;
+static_assert(kMmaThreads == 4 * kMmaHeads, "4 warp pairs of 16 heads");
+
+template <bool kExact>
+struct MmaShape {
+  static constexpr int kRows = kExact ? 16 : 32;  // key rows per tile
+  static constexpr int kScoreTiles = kRows / 8;   // n-tiles of S
+  static constexpr int kValueSteps = kRows / 16;  // k-steps of P·V
+  static constexpr int kParts = kExact ? 2 : 1;   // bf16 hi (and lo)
+  static constexpr int kRowsPerPass = kMmaThreads / 16;
+  static constexpr size_t kQBytes = size_t{kMmaHeads} * kMmaLd * sizeof(__nv_bfloat16);
+  static constexpr size_t kKBytes = size_t{kRows} * kMmaLd * sizeof(__nv_bfloat16);
+  static constexpr size_t kStageBytes = size_t{kRows} * kMmaDim * sizeof(float);
+  static constexpr size_t kExchangeBytes = size_t{kMmaThreads} * kScoreTiles * sizeof(float4);
+  static constexpr size_t kSmemBytes =
+      kParts * (kQBytes + kKBytes) + kStageBytes + kExchangeBytes + 16;
+};
+static_assert(MmaShape<true>::kSmemBytes <= 227 * 1024, "fits sm_90's opt-in shared memory");
+static_assert(MmaShape<false>::kSmemBytes <= 227 * 1024, "fits sm_90's opt-in shared memory");
+
+__device__ __forceinline__ uint32_t Bf16x2Bits(__nv_bfloat162 v) {
+  return *reinterpret_cast<const uint32_t*>(&v);
+}
+
+// (a, b) rounded to bf16 (nearest even) as hi, and the remainders (a - hi, b - hi) rounded to
+// bf16 as lo; a in the low halves.
+__device__ __forceinline__ void SplitPair(float a, float b, uint32_t* hi, uint32_t* lo) {
+  const __nv_bfloat162 h = __floats2bfloat162_rn(a, b);
+  const float2 hf = __bfloat1622float2(h);
+  *hi = Bf16x2Bits(h);
+  *lo = Bf16x2Bits(__floats2bfloat162_rn(a - hf.x, b - hf.y));
+}
+
+// Writes 4 floats as bf16 hi (and lo) at dst_hi[0..3] (dst_lo).
+template <bool kExact>
+__device__ __forceinline__ void StoreFour(float4 v, __nv_bfloat16* dst_hi, __nv_bfloat16* dst_lo) {
+  uint2 hi, lo;
+  if (kExact) {
+    SplitPair(v.x, v.y, &hi.x, &lo.x);
+    SplitPair(v.z, v.w, &hi.y, &lo.y);
+    *reinterpret_cast<uint2*>(dst_lo) = lo;
+  } else {
+    hi.x = Bf16x2Bits(__floats2bfloat162_rn(v.x, v.y));
+    hi.y = Bf16x2Bits(__floats2bfloat162_rn(v.z, v.w));
+  }
+  *reinterpret_cast<uint2*>(dst_hi) = hi;
+}
+
+// Q of heads h0 .. h0 + 63 of token t (zero past the last head) into qh (and ql), [64][kMmaLd].
+template <bool kExact>
+__device__ __forceinline__ void LoadQuery(const SinkAttentionParams& p, int64_t t, int64_t h0,
+                                          __nv_bfloat16* qh, __nv_bfloat16* ql) {
+  constexpr int kF4 = kMmaDim / 4;  // float4s per head
+  constexpr int kLoads = kMmaHeads * kF4 / kMmaThreads;
+  constexpr int kBatch = 8;  // loads in flight per thread
+  static_assert(kLoads % kBatch == 0, "whole batches");
+#pragma unroll 1
+  for (int b = 0; b < kLoads; b += kBatch) {
+    float4 v[kBatch];
+#pragma unroll
+    for (int i = 0; i < kBatch; ++i) {
+      const int e = threadIdx.x + (b + i) * kMmaThreads, hl = e / kF4, f = e % kF4;
+      const int64_t h = h0 + hl;
+      v[i] = h < p.heads
+                 ? *reinterpret_cast<const float4*>(p.q + (t * p.heads + h) * kMmaDim + 4 * f)
+                 : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    }
+#pragma unroll
+    for (int i = 0; i < kBatch; ++i) {
+      const int e = threadIdx.x + (b + i) * kMmaThreads, hl = e / kF4, f = e % kF4;
+      StoreFour<kExact>(v[i], qh + hl * kMmaLd + 4 * f, ql + hl * kMmaLd + 4 * f);
+    }
+  }
+}
+
+// This thread's pieces of a tile: rows threadIdx / 16 + 16 i, 16-byte pieces threadIdx % 16 +
+// 16 c of each (a row is 128 pieces).
+constexpr int kPiecesPerRow = kMmaDim / 4;
+constexpr int kPieceSteps = kPiecesPerRow / 16;
+
+// Starts copying the tile of rows row0 .. row0 + kRows - 1 (zeros at and past `end`) into stage
+// [kRows][kMmaDim] and commits the copies as one group.
+template <bool kExact>
+__device__ __forceinline__ void IssueTile(const SinkAttentionParams& p, const TokenRows& rows,
+                                          int32_t row0, int32_t end, float* stage) {
+  using Shape = MmaShape<kExact>;
+  const int r0 = threadIdx.x / 16, c0 = threadIdx.x % 16;
+#pragma unroll
+  for (int i = 0; i < Shape::kRows / Shape::kRowsPerPass; ++i) {
+    const int r = r0 + i * Shape::kRowsPerPass;
+    const bool valid = row0 + r < end;
+    // Null: an entry spread over blocks, each piece through its block.
+    const float* src = valid ? rows.RowStart(row0 + r) : p.kv;
+#pragma unroll
+    for (int c = 0; c < kPieceSteps; ++c) {
+      const int piece = c0 + 16 * c;
+      const float* from = src != nullptr ? src + 4 * piece : rows.At(row0 + r, 4 * piece);
+      sm80::CopyAsync16(sm80::SharedAddr(stage + r * kMmaDim + 4 * piece), from, valid);
+    }
+  }
+  sm80::CopyAsyncCommit();
+}
+
+// Converts this thread's pieces of the staged tile (its own copies: no barrier needed first) to
+// the bf16 rows kh (and kl), [kRows][kMmaLd].
+template <bool kExact>
+__device__ __forceinline__ void ConvertTile(const float* stage, __nv_bfloat16* kh,
+                                            __nv_bfloat16* kl) {
+  using Shape = MmaShape<kExact>;
+  const int r0 = threadIdx.x / 16, c0 = threadIdx.x % 16;
+#pragma unroll
+  for (int i = 0; i < Shape::kRows / Shape::kRowsPerPass; ++i) {
+    const int r = r0 + i * Shape::kRowsPerPass;
+#pragma unroll
+    for (int c = 0; c < kPieceSteps; ++c) {
+      const int piece = c0 + 16 * c;
+      const float4 v = *reinterpret_cast<const float4*>(stage + r * kMmaDim + 4 * piece);
+      StoreFour<kExact>(v, kh + r * kMmaLd + 4 * piece, kl + r * kMmaLd + 4 * piece);
+    }
+  }
+}
+
+// The partial scores S[16 heads x kRows] of warp pair `pair` over dims half * 256 .. + 255, in
+// the m16n8 accumulator layout (s[n]: rows n * 8 ..). Independent accumulators per k-step parity
+// (and for the cross terms) keep several MMA chains in flight.
+template <bool kExact>
+__device__ __forceinline__ void PartialScores(const __nv_bfloat16* qh, const __nv_bfloat16* ql,
+                                              const __nv_bfloat16* kh, const __nv_bfloat16* kl,
+                                              int pair, int half, int lane,
+                                              float (&s)[MmaShape<kExact>::kScoreTiles][4]) {
+  constexpr int kNt = MmaShape<kExact>::kScoreTiles;
+  float acc[2][kNt][4] = {};
+  float cross[2][kNt][4] = {};
+  const int q_off = (pair * 16 + (lane & 15)) * kMmaLd + half * kMmaHalf + (lane >> 4) * 8;
+  const int k_off =
+      ((lane & 7) + (lane >> 4) * 8) * kMmaLd + half * kMmaHalf + ((lane >> 3) & 1) * 8;
+#pragma unroll
+  for (int ks = 0; ks < kMmaScoreSteps; ++ks) {
+    const int par = ks & 1;
+    uint32_t a[4], al[4];
+    sm80::LdMatrixX4<false>(a, qh + q_off + ks * 16);
+    if (kExact) sm80::LdMatrixX4<false>(al, ql + q_off + ks * 16);
+#pragma unroll
+    for (int np = 0; np < kNt / 2; ++np) {
+      const int off = k_off + np * 16 * kMmaLd + ks * 16;
+      uint32_t b[4];
+      sm80::LdMatrixX4<false>(b, kh + off);
+      sm80::MmaBf16(acc[par][2 * np], a, b[0], b[1]);
+      sm80::MmaBf16(acc[par][2 * np + 1], a, b[2], b[3]);
+      if (kExact) {
+        uint32_t bl[4];
+        sm80::LdMatrixX4<false>(bl, kl + off);
+        sm80::MmaBf16(cross[par][2 * np], a, bl[0], bl[1]);
+        sm80::MmaBf16(cross[par][2 * np + 1], a, bl[2], bl[3]);
+        sm80::MmaBf16(cross[par][2 * np], al, b[0], b[1]);
+        sm80::MmaBf16(cross[par][2 * np + 1], al, b[2], b[3]);
+      }
+    }
+  }
+#pragma unroll
+  for (int n = 0; n < kNt; ++n) {
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      s[n][i] = acc[0][n][i] + acc[1][n][i];
+      if (kExact) s[n][i] += cross[0][n][i] + cross[1][n][i];
+    }
+  }
+}
+
+// Waits for the other warp of the pair (named barrier 1 + pair; 0 is __syncthreads').
+__device__ __forceinline__ void PairBarrier(int pair) {
+  asm volatile("bar.sync %0, 64;\n" ::"r"(pair + 1) : "memory");
+}
+
+template <bool kExact>
+__device__ void MmaBody(SinkAttentionParams p, int32_t num_splits) {
+  using Shape = MmaShape<kExact>;
+  constexpr int kRows = Shape::kRows, kNt = Shape::kScoreTiles, kKs = Shape::kValueSteps;
+  extern __shared__ __align__(16) unsigned char sink_smem[];
+  __nv_bfloat16* qh = reinterpret_cast<__nv_bfloat16*>(sink_smem);
+  __nv_bfloat16* ql = qh + (kExact ? kMmaHeads * kMmaLd : 0);
+  __nv_bfloat16* kh = qh + Shape::kParts * kMmaHeads * kMmaLd;
+  __nv_bfloat16* kl = kh + (kExact ? kRows * kMmaLd : 0);
+  float* stage = reinterpret_cast<float*>(kh + Shape::kParts * kRows * kMmaLd);
+  float4* exchange = reinterpret_cast<float4*>(stage + kRows * kMmaDim);
+  int32_t* scratch = reinterpret_cast<int32_t*>(exchange + kMmaThreads * kNt);
+
+  const int64_t t = blockIdx.x, h0 = static_cast<int64_t>(blockIdx.y) * kMmaHeads;
+  const int split = blockIdx.z;
+  const TokenRows rows = LoadTokenRows(p, t, scratch);
+  int32_t begin, end;
+  SplitRows<kRows>(rows.count, split, num_splits, &begin, &end);
+  if (begin < end) IssueTile<kExact>(p, rows, begin, end, stage);
+  LoadQuery<kExact>(p, t, h0, qh, ql);
+
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int pair = warp / 2, half = warp % 2;
+  const int g = lane / 4, tq = lane % 4;
+  // Row r of this thread's accumulators: head g (r = 0) or g + 8 (r = 1) of the pair's 16.
+  const int64_t head[2] = {h0 + pair * 16 + g, h0 + pair * 16 + g + 8};
+  float m[2], l[2];
+  StartState(p, head[0], split, &m[0], &l[0]);
+  StartState(p, head[1], split, &m[1], &l[1]);
+  float o[kMmaOutTiles][4] = {};
+  const float scale2 = p.scale * kLog2e;
+
+#pragma unroll 1
+  for (int32_t row0 = begin; row0 < end; row0 += kRows) {
+    sm80::CopyAsyncWait<0>();
+    __syncthreads();  // every warp is done with the previous tile's bf16 rows (and Q is stored)
+    ConvertTile<kExact>(stage, kh, kl);
+    if (row0 + kRows < end) IssueTile<kExact>(p, rows, row0 + kRows, end, stage);
+    __syncthreads();  // the tile's bf16 rows are complete
+
+    float s[kNt][4];
+    PartialScores<kExact>(qh, ql, kh, kl, pair, half, lane, s);
+#pragma unroll
+    for (int n = 0; n < kNt; ++n) {
+      exchange[(warp * kNt + n) * 32 + lane] = make_float4(s[n][0], s[n][1], s[n][2], s[n][3]);
+    }
+    PairBarrier(pair);
+    float tile_max[2] = {-INFINITY, -INFINITY};
+#pragma unroll
+    for (int n = 0; n < kNt; ++n) {
+      const float4 other = exchange[((warp ^ 1) * kNt + n) * 32 + lane];
+      const float ov[4] = {other.x, other.y, other.z, other.w};
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        const float full = half == 0 ? s[n][i] + ov[i] : ov[i] + s[n][i];
+        const bool valid = row0 + n * 8 + 2 * tq + (i & 1) < end;
+        s[n][i] = valid ? full * scale2 : -INFINITY;
+        tile_max[i / 2] = fmaxf(tile_max[i / 2], s[n][i]);
+      }
+    }
+    float alpha[2], base[2], sum[2] = {0.0f, 0.0f};
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      tile_max[r] = fmaxf(tile_max[r], __shfl_xor_sync(0xffffffffu, tile_max[r], 1));
+      tile_max[r] = fmaxf(tile_max[r], __shfl_xor_sync(0xffffffffu, tile_max[r], 2));
+      alpha[r] = Rescale(tile_max[r], &m[r], &base[r]);
+    }
+#pragma unroll
+    for (int n = 0; n < kNt; ++n) {
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        s[n][i] = exp2f(s[n][i] - base[i / 2]);
+        sum[i / 2] += s[n][i];
+      }
+    }
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      sum[r] += __shfl_xor_sync(0xffffffffu, sum[r], 1);
+      sum[r] += __shfl_xor_sync(0xffffffffu, sum[r], 2);
+      l[r] = l[r] * alpha[r] + sum[r];
+    }
+#pragma unroll
+    for (int nt = 0; nt < kMmaOutTiles; ++nt) {
+      o[nt][0] *= alpha[0];
+      o[nt][1] *= alpha[0];
+      o[nt][2] *= alpha[1];
+      o[nt][3] *= alpha[1];
+    }
+
+    // P as the A fragments of P·V: k-step kk covers score n-tiles 2 kk and 2 kk + 1.
+    uint32_t pa[kKs][4], pl[kKs][4];
+#pragma unroll
+    for (int kk = 0; kk < kKs; ++kk) {
+      if (kExact) {
+        SplitPair(s[2 * kk][0], s[2 * kk][1], &pa[kk][0], &pl[kk][0]);
+        SplitPair(s[2 * kk][2], s[2 * kk][3], &pa[kk][1], &pl[kk][1]);
+        SplitPair(s[2 * kk + 1][0], s[2 * kk + 1][1], &pa[kk][2], &pl[kk][2]);
+        SplitPair(s[2 * kk + 1][2], s[2 * kk + 1][3], &pa[kk][3], &pl[kk][3]);
+      } else {
+        pa[kk][0] = sm80::PackBf16(s[2 * kk][0], s[2 * kk][1]);
+        pa[kk][1] = sm80::PackBf16(s[2 * kk][2], s[2 * kk][3]);
+        pa[kk][2] = sm80::PackBf16(s[2 * kk + 1][0], s[2 * kk + 1][1]);
+        pa[kk][3] = sm80::PackBf16(s[2 * kk + 1][2], s[2 * kk + 1][3]);
+      }
+    }
+    const int v_off =
+        ((lane & 7) + ((lane >> 3) & 1) * 8) * kMmaLd + half * kMmaHalf + (lane >> 4) * 8;
+#pragma unroll
+    for (int kk = 0; kk < kKs; ++kk) {
+#pragma unroll
+      for (int np = 0; np < kMmaOutTiles / 2; ++np) {
+        const int off = v_off + kk * 16 * kMmaLd + np * 16;
+        uint32_t b[4];
+        sm80::LdMatrixX4<true>(b, kh + off);
+        sm80::MmaBf16(o[2 * np], pa[kk], b[0], b[1]);
+        sm80::MmaBf16(o[2 * np + 1], pa[kk], b[2], b[3]);
+        if (kExact) {
+          uint32_t bl[4];
+          sm80::LdMatrixX4<true>(bl, kl + off);
+          sm80::MmaBf16(o[2 * np], pa[kk], bl[0], bl[1]);
+          sm80::MmaBf16(o[2 * np + 1], pa[kk], bl[2], bl[3]);
+          sm80::MmaBf16(o[2 * np], pl[kk], b[0], b[1]);
+          sm80::MmaBf16(o[2 * np + 1], pl[kk], b[2], b[3]);
+        }
+      }
+    }
+  }
+
+  // Columns half * 256 + nt * 8 + 2 tq, + 1 of heads g, g + 8.
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    if (head[r] >= p.heads) continue;
+    const int64_t th = t * p.heads + head[r];
+    const int col = half * kMmaHalf + 2 * tq;
+    if (num_splits == 1) {
+      const float inv = l[r] > 0.0f ? 1.0f / l[r] : 0.0f;
+      float* dst = p.out + th * kMmaDim + col;
+#pragma unroll
+      for (int nt = 0; nt < kMmaOutTiles; ++nt) {
+        *reinterpret_cast<float2*>(dst + nt * 8) =
+            make_float2(o[nt][2 * r] * inv, o[nt][2 * r + 1] * inv);
+      }
+    } else {
+      float* dst = PartialOut(p, num_splits, th, split) + col;
+#pragma unroll
+      for (int nt = 0; nt < kMmaOutTiles; ++nt) {
+        *reinterpret_cast<float2*>(dst + nt * 8) = make_float2(o[nt][2 * r], o[nt][2 * r + 1]);
+      }
+      if (half == 0 && tq == 0) {
+        *reinterpret_cast<float2*>(PartialState(p, num_splits, th, split)) =
+            make_float2(m[r], l[r]);
+      }
+    }
+  }
+}
+
+}  // namespace sink
+}  // namespace kernels
+}  // namespace deepinfer
+
+#endif  // DEEPINFER_KERNELS_V4_SINK_ATTENTION_MMA_CUH_
