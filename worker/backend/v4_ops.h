@@ -108,7 +108,7 @@ struct SinkAttentionArgs {
   const float* q = nullptr;             // [tokens, heads, dim]
   const float* kv = nullptr;            // [tokens, dim]: this step's keys
   const int32_t* positions = nullptr;   // [tokens]
-  const int32_t* window_len = nullptr;  // [tokens], >= 1
+  const int32_t* window_len = nullptr;  // [tokens] (0: no window rows)
   const int32_t* step_start = nullptr;  // [tokens]: the first position of t's sequence here
   const float* ring = nullptr;          // slots of ring_stride floats
   int64_t ring_rows = 0, ring_stride = 0;
