@@ -47,6 +47,7 @@ int main(int argc, char** argv) {
   double kv_cache_dir_gb = 16;
   int64_t max_batch_tokens = 2048;
   int64_t max_running = 256;
+  int64_t load_threads = 0;
   int64_t speculative_tokens = 0;
   double draft_min_confidence = 0.0;
   int64_t collective_timeout_s = 300;
@@ -128,6 +129,10 @@ int main(int argc, char** argv) {
   flags.AddInt("max-batch-tokens", &max_batch_tokens,
                "New tokens per engine step (decode + prefill chunks).");
   flags.AddInt("max-running", &max_running, "Sequences per engine step.");
+  flags.AddInt("load-threads", &load_threads,
+               "Threads per rank that read and convert checkpoint weights (a thread per\n"
+               "safetensors shard first; staged uploads): 1 loads one tensor after the other,\n"
+               "0 (default) the machine's hardware threads, at most 8. Same weights either way.");
   flags.AddInt("speculative-tokens", &speculative_tokens,
                "Speculative decoding with the model's MTP layers (DeepSeek-V3): up to this many\n"
                "drafted tokens per sequence and step, verified in the step (outputs unchanged;\n"
@@ -136,6 +141,10 @@ int main(int argc, char** argv) {
                   "Speculative decoding: a sequence stops drafting at the first draft whose\n"
                   "probability under the draft head is below this, in [0, 1] (0: always\n"
                   "--speculative-tokens drafts).");
+  flags.AddBool("async-scheduling", &config.engine.async_scheduling,
+                "Form each engine step while the one before runs on the device (its tokens read\n"
+                "back one step late, outputs unchanged; docs/engine.md); --no-async-scheduling\n"
+                "runs every step to the end before the next one is formed.");
   flags.AddBool("prefix-caching", &config.engine.prefix_caching,
                 "Reuse the KV cache blocks of prompt prefixes computed before (full blocks of\n"
                 "16 tokens; docs/kv-cache.md); --no-prefix-caching computes every prompt whole.");
@@ -316,6 +325,11 @@ int main(int argc, char** argv) {
   config.engine.kv_cache_dir_bytes = static_cast<int64_t>(kv_cache_dir_gb * (1ll << 30));
   config.engine.max_batch_tokens = static_cast<int32_t>(max_batch_tokens);
   config.engine.max_running = static_cast<int32_t>(max_running);
+  if (load_threads < 0) {
+    std::cerr << "deepinfer-worker: --load-threads must be >= 0, not " << load_threads << "\n";
+    return 2;
+  }
+  config.engine.load_threads = static_cast<int>(load_threads);
   config.engine.speculative_tokens = static_cast<int32_t>(speculative_tokens);
   config.engine.draft_min_confidence = static_cast<float>(draft_min_confidence);
   config.engine.collective_timeout = absl::Seconds(collective_timeout_s);

@@ -191,6 +191,8 @@ absl::StatusOr<std::unique_ptr<WorkerServer>> WorkerServer::Start(WorkerConfig c
     options.group.max_running = e.max_running;
     options.group.step_stats_dir = e.step_stats_dir;
     options.group.prefix_caching = e.prefix_caching;
+    options.group.async_scheduling = e.async_scheduling;
+    options.group.load_threads = e.load_threads;
     if (e.prefix_caching && (e.kv_host_cache_bytes > 0 || !e.kv_cache_dir.empty())) {
       self->kv_block_store_ = std::make_shared<KvBlockStore>(
           KvBlockStoreOptions{e.kv_host_cache_bytes, e.kv_cache_dir, e.kv_cache_dir_bytes});

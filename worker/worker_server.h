@@ -62,6 +62,10 @@ struct WorkerEngineConfig {
   std::string step_stats_dir;
   // Prefix caching (RankGroupOptions::prefix_caching).
   bool prefix_caching = true;
+  // Async scheduling (RankGroupOptions::async_scheduling).
+  bool async_scheduling = true;
+  // RankGroupOptions::load_threads.
+  int load_threads = 0;
   // Lower tiers of the prefix cache (KvBlockStoreOptions): host memory for evicted blocks, and
   // a local directory (empty: none) bounded to kv_cache_dir_bytes.
   int64_t kv_host_cache_bytes = 0;

@@ -48,6 +48,8 @@ struct RunOptions {
   std::string kv_cache_dtype;
   // false: the workers get --no-prefix-caching.
   bool prefix_caching = true;
+  // false: the workers get --no-async-scheduling.
+  bool async_scheduling = true;
   // Passed to the workers when set: --kv-cache-dir, --kv-cache-dir-gb, --kv-host-cache-gb
   // (negative: the worker's default).
   std::string kv_cache_dir;

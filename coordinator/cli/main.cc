@@ -184,6 +184,9 @@ int Run(const std::vector<std::string>& args) {
   flags.AddString("kv-cache-dtype", &options.kv_cache_dtype,
                   "Latent KV cache elements on the workers: auto (default: the weights'\n"
                   "dtype), bfloat16 or float32.");
+  flags.AddBool("async-scheduling", &options.async_scheduling,
+                "Workers form each step while the one before runs (passed to the workers;\n"
+                "outputs unchanged); --no-async-scheduling: every step runs to the end first.");
   flags.AddBool("prefix-caching", &options.prefix_caching,
                 "Workers reuse the KV cache of prompt prefixes they computed before (requests\n"
                 "sharing a system prompt skip its prefill; usage.prompt_tokens_details.\n"

@@ -219,7 +219,7 @@ __global__ void __launch_bounds__(kThreads) Fp8GroupedKernel(Fp8GroupedGemmParam
   const int64_t j = static_cast<int64_t>(blockIdx.x) * kWarps + warp;
   if (j >= p.n || r0 >= r1) return;
   const uint8_t* wrow = p.weights[g] + j * p.k;
-  const float* srow = p.scales[g] + Fp8ScaleRow(j, p.split_rows) * Fp8ScaleCols(p.k);
+  const float* srow = p.scales[g] + Fp8ScaleRow(j, p.split_rows) * p.scale_ld;
   constexpr int M = kFp8SmallMGemmRowsPerLaunch;
   for (int64_t rb = r0; rb < r1; rb += M) {
     const int rows = static_cast<int>(min(static_cast<int64_t>(M), r1 - rb));
@@ -307,7 +307,8 @@ cudaError_t Fp8SmallMGemm(const Fp8SmallMGemmParams& p, cudaStream_t stream) {
 bool Fp8GroupedGemmSupports(const Fp8GroupedGemmParams& p) {
   return p.num_groups >= 1 && p.max_rows >= 0 && p.n >= 1 && p.k >= 1 &&
          p.n <= kIntMax * int64_t{kWarps} && p.offsets != nullptr && p.a != nullptr &&
-         p.weights != nullptr && p.scales != nullptr && p.c != nullptr && p.split_rows >= 0;
+         p.weights != nullptr && p.scales != nullptr && p.c != nullptr &&
+         p.scale_ld >= Fp8ScaleCols(p.k) && p.split_rows >= 0;
 }
 
 cudaError_t Fp8GroupedGemm(const Fp8GroupedGemmParams& p, cudaStream_t stream) {

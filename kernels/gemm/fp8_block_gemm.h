@@ -9,8 +9,10 @@
 //    block's scale and added to the fp32 accumulator.
 //  * Fp8GroupedGemm: the same for the routed experts' rows, grouped by expert on the device
 //    (the MoE permutation's offsets), so decode needs no host synchronisation.
-//  * Fp8DequantToBf16: the weight dequantised and rounded to bf16, for the tensor-core (cuBLAS)
-//    path of larger batches (prefill): the same bf16 weight `--dtype bfloat16` would upload.
+//  * Fp8DequantToBf16: the weight dequantised and rounded to bf16 (the same bf16 weight
+//    `--dtype bfloat16` would upload), for the bf16 cuBLAS path where no FP8 kernel takes the
+//    operands.
+// The tensor-core kernels for more rows are in fp8_mma_gemm.h.
 //
 // Scale layout: scales[ScaleRow(j) * scale_ld + p / 128] multiplies weight element (j, p).
 // ScaleRow(j) is j / 128, except in a matrix stacked from two checkpoint tensors with their own
@@ -46,6 +48,12 @@ DEEPINFER_FP8_HOST_DEVICE inline int64_t Fp8ScaleRows(int64_t n, int64_t split_r
 }
 DEEPINFER_FP8_HOST_DEVICE inline int64_t Fp8ScaleCols(int64_t k) {
   return (k + kFp8BlockSize - 1) / kFp8BlockSize;
+}
+// The scale row stride the model loader gives an [n, k] matrix: Fp8ScaleCols(k) rounded up to a
+// multiple of 4 (cuBLASLt's 128 x 128 block scaling needs it; fp8_blockscaled_gemm.h), the
+// padding columns unused.
+DEEPINFER_FP8_HOST_DEVICE inline int64_t Fp8ScaleLd(int64_t k) {
+  return (Fp8ScaleCols(k) + 3) / 4 * 4;
 }
 
 // An [n, k] FP8 weight: element (j, p) at data[j * ldw + p] (bytes).
@@ -95,8 +103,9 @@ struct Fp8GroupedGemmParams {
   int64_t n = 0, k = 0;
   const float* a = nullptr;
   const uint8_t* const* weights = nullptr;  // device [num_groups] pointers
-  const float* const* scales = nullptr;  // device [num_groups] pointers, scale_ld Fp8ScaleCols(k)
-  int64_t split_rows = 0;                // the weights' stacking (Fp8ScaleRow)
+  const float* const* scales = nullptr;     // device [num_groups] pointers
+  int64_t scale_ld = 0;                     // of every group's scales, >= Fp8ScaleCols(k)
+  int64_t split_rows = 0;                   // the weights' stacking (Fp8ScaleRow)
   float* c = nullptr;
 };
 bool Fp8GroupedGemmSupports(const Fp8GroupedGemmParams& p);

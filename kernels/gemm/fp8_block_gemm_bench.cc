@@ -188,6 +188,7 @@ void GroupedShapes() {
       p.a = a;
       p.weights = dw;
       p.scales = ds;
+      p.scale_ld = kernels::Fp8ScaleCols(s.k);
       p.split_rows = s.n == 4096 ? 2048 : 0;
       p.c = c;
       // One replay touches busy experts' weights once; 4 launches a graph (L2 holds 50 MiB,

@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "gtest/gtest.h"
+#include "kernels/gemm/fp8_test_util.h"
 #include "kernels/testing/gpu_test_util.h"
 #include "worker/backend/bf16.h"
 #include "worker/model/dtype_conversion.h"
@@ -24,87 +25,20 @@ namespace deepinfer {
 namespace kernels {
 namespace {
 
+using fp8_testing::Bf16Rounded;
+using fp8_testing::DequantisedProduct;
+using fp8_testing::HostFp8;
+using fp8_testing::MakeWeight;
+using fp8_testing::WithinBound;
 using testing::DeviceArray;
 
-// Random e4m3 bytes (every finite value, both signs; 0x7F / 0xFF are NaN and left out).
-std::vector<uint8_t> RandomFp8(size_t n, std::mt19937* gen) {
-  std::uniform_int_distribution<int> d(0, 255);
-  std::vector<uint8_t> v(n);
-  for (uint8_t& b : v) {
-    do {
-      b = static_cast<uint8_t>(d(*gen));
-    } while ((b & 0x7F) == 0x7F);
-  }
-  return v;
-}
-
-// Scales like a checkpoint's: around 1/448 .. 1/8, half of them powers of two (UE8M0-style).
-std::vector<float> RandomScales(size_t n, std::mt19937* gen) {
-  std::uniform_real_distribution<float> d(-9.0f, -3.0f);
-  std::vector<float> v(n);
-  for (size_t i = 0; i < n; ++i) {
-    const float e = d(*gen);
-    v[i] = i % 2 == 0 ? std::exp2(std::round(e)) : std::exp2(e);
-  }
-  return v;
-}
-
-// A host FP8 matrix [n, k] with row stride ldw and its scale grid.
-struct HostFp8 {
-  int64_t n = 0, k = 0, ldw = 0, split = 0, scale_ld = 0;
-  std::vector<uint8_t> data;
-  std::vector<float> scales;
-  double At(int64_t j, int64_t p) const {
-    return static_cast<double>(F8E4M3ToFloat(data[j * ldw + p])) *
-           scales[Fp8ScaleRow(j, split) * scale_ld + p / kFp8BlockSize];
-  }
-};
-
-HostFp8 MakeWeight(int64_t n, int64_t k, int64_t ldw, int64_t split, std::mt19937* gen) {
-  HostFp8 w;
-  w.n = n;
-  w.k = k;
-  w.ldw = ldw;
-  w.split = split;
-  w.scale_ld = Fp8ScaleCols(k);
-  w.data = RandomFp8(n * ldw, gen);
-  w.scales = RandomScales(Fp8ScaleRows(n, split) * w.scale_ld, gen);
-  return w;
-}
-
-// c = a_rows . W^T on the dequantised weight (activations rounded to bf16), and the bound
-// of the header comment per element.
+// c = a_rows . W^T on the dequantised weight (activations rounded to bf16), and the bound of
+// the header comment per element.
 void Reference(const std::vector<float>& a, int64_t lda, int64_t m, const HostFp8& w,
                std::vector<double>* c, std::vector<double>* tol) {
-  c->assign(m * w.n, 0.0);
-  tol->assign(m * w.n, 0.0);
+  DequantisedProduct(Bf16Rounded(a), lda, m, w, c, tol);
   const double unit = std::ldexp(1.0, -24) * (w.k / 16.0 + 26.0);
-  for (int64_t i = 0; i < m; ++i) {
-    for (int64_t j = 0; j < w.n; ++j) {
-      double s = 0, mag = 0;
-      for (int64_t p = 0; p < w.k; ++p) {
-        const double prod = RoundToBf16(a[i * lda + p]) * w.At(j, p);
-        s += prod;
-        mag += std::abs(prod);
-      }
-      (*c)[i * w.n + j] = s;
-      (*tol)[i * w.n + j] = unit * mag + 1e-30;
-    }
-  }
-}
-
-::testing::AssertionResult WithinBound(const std::vector<float>& got,
-                                       const std::vector<double>& want,
-                                       const std::vector<double>& tol) {
-  if (got.size() != want.size()) return ::testing::AssertionFailure() << "size mismatch";
-  for (size_t i = 0; i < got.size(); ++i) {
-    const double d = std::abs(static_cast<double>(got[i]) - want[i]);
-    if (!(d <= tol[i])) {
-      return ::testing::AssertionFailure() << "element " << i << ": got " << got[i] << " want "
-                                           << want[i] << " (bound " << tol[i] << ")";
-    }
-  }
-  return ::testing::AssertionSuccess();
+  for (double& t : *tol) t = unit * t + 1e-30;
 }
 
 struct SmallMCase {
@@ -233,6 +167,7 @@ TEST_P(Fp8GroupedGemmTest, MatchesPerGroupReference) {
   p.a = da.get();
   p.weights = dwp.get();
   p.scales = dsp.get();
+  p.scale_ld = w[0].scale_ld;
   p.split_rows = t.split;
   p.c = dc.get();
   ASSERT_TRUE(Fp8GroupedGemmSupports(p));

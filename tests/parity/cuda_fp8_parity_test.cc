@@ -4,9 +4,13 @@
 // bf16), and those matrices stay FP8 on the GPU (kernels/gemm/fp8_block_gemm.h). HF's float32
 // model dequantises the same FP8 values, so the reference is exact for the weights; the error
 // is the bf16 rounding of activations (and of the bf16 matrices), bounded as for the bf16 CUDA
-// test (parity_checks.h: kBf16Tolerance, kBf16GreedyAgreement). Both caches: fp32 and bf16.
-// Skips without a GPU.
+// test (parity_checks.h: kBf16Tolerance, kBf16GreedyAgreement). So the FP8 GEMMs with bf16
+// activations are what runs here (CudaTuning::fp8_w8a8_min_rows past the prompts: the W8A8 path
+// quantises activations to e4m3, 2^-4 relative, which these bf16 bounds do not cover; it is
+// checked GEMM by GEMM in cuda_backend_fp8_test and cublaslt_fp8_gemm_test). Both caches: fp32
+// and bf16. Skips without a GPU.
 #include <cstdio>
+#include <limits>
 #include <string>
 #include <utility>
 
@@ -23,7 +27,9 @@ class CudaFp8ParityTest : public ::testing::TestWithParam<std::string> {
  protected:
   void SetUp() override {
     DEEPINFER_SKIP_WITHOUT_GPU();
-    auto b = CudaBackend::Create(0, WeightDType::kBFloat16);
+    CudaTuning tuning;
+    tuning.fp8_w8a8_min_rows = std::numeric_limits<int64_t>::max();
+    auto b = CudaBackend::Create(0, WeightDType::kBFloat16, tuning);
     ASSERT_TRUE(b.ok()) << b.status();
     backend_ = std::move(*b);
     // What --dtype auto sets (rank_builder: the checkpoint's StoresFp8); a matrix the checkpoint
@@ -52,10 +58,8 @@ TEST_P(CudaFp8ParityTest, PromptLogitsWithinBf16ToleranceOfHfFloat32) {
   ExpectBf16LogitsWithinTolerance(*e, Label(), "dsv3_yarn_nolora");
   const std::string report = backend_->TakeOpTimingReport();
   std::printf("%s", report.c_str());
-  // Prompts of 7, 33 and 130 tokens: both FP8 paths (small-m and dequantised) ran.
-  EXPECT_NE(report.find("Gemm/fp8-small-m"), std::string::npos) << "FP8 small-m GEMM not taken";
-  EXPECT_NE(report.find("Gemm/fp8-dequant-bf16"), std::string::npos)
-      << "FP8 prefill GEMM not taken";
+  // Prompts of 7, 33 and 130 tokens: the tensor-core FP8 kernel took them.
+  EXPECT_NE(report.find("Gemm/fp8-mma"), std::string::npos) << "FP8 tensor-core GEMM not taken";
 }
 
 TEST_P(CudaFp8ParityTest, TeacherForcedGreedyMostlyMatchesHf) {

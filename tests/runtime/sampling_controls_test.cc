@@ -9,7 +9,9 @@
 //   * frequency/presence penalties pick, at every step, the best token of the raw top-20
 //     logprobs after subtracting the penalties of the tokens generated so far;
 //   * n = 3 gives 3 choices (index 0..2), choice 0 is the n = 1 completion with the same seed,
-//     the same line twice gives the same choices, greedy choices are all HF's.
+//     the same line twice gives the same choices, greedy choices are all HF's;
+//   * the job run again with --no-async-scheduling gives the same lines (the workers' logs say
+//     which way each run stepped).
 #include <fstream>
 #include <map>
 #include <set>
@@ -85,20 +87,34 @@ class SamplingControlsTest : public ::testing::Test {
     input += line("n3_again", n3);
     input += line("n3_greedy", {{"max_tokens", 12}, {"ignore_eos", true}, {"n", 3}});
 
-    const std::string in = TempPath("controls.in.jsonl");
-    const std::string out = TempPath("controls.out.jsonl");
+    lines_ = new std::map<std::string, json>(RunJob("controls", input, {}));
+    sync_lines_ = new std::map<std::string, json>(RunJob("sync", input, {"--no-async-scheduling"}));
+  }
+
+  // `deepinfer run` of `input` with `extra` flags; the output lines by custom_id.
+  static std::map<std::string, json> RunJob(const std::string& name, const std::string& input,
+                                            const std::vector<std::string>& extra) {
+    const std::string in = TempPath(name + ".in.jsonl");
+    const std::string out = TempPath(name + ".out.jsonl");
     std::ofstream(in) << input;
-    auto result = RunCommand({Runfile("coordinator/cli/deepinfer"), "run",
-                              std::string("--model=") + kModel, "--input=" + in, "--output=" + out,
-                              "--timeout-s=600", "--state-dir=" + TempPath("controls.state")},
-                             TempPath("controls.run"), absl::Seconds(900));
-    ASSERT_TRUE(result.ok()) << result.status();
-    ASSERT_EQ(result->exit_code, 0) << result->err;
-    lines_ = new std::map<std::string, json>();
+    std::vector<std::string> argv = {Runfile("coordinator/cli/deepinfer"),
+                                     "run",
+                                     std::string("--model=") + kModel,
+                                     "--input=" + in,
+                                     "--output=" + out,
+                                     "--timeout-s=600",
+                                     "--state-dir=" + TempPath(name + ".state")};
+    argv.insert(argv.end(), extra.begin(), extra.end());
+    std::map<std::string, json> lines;
+    auto result = RunCommand(argv, TempPath(name + ".run"), absl::Seconds(900));
+    EXPECT_TRUE(result.ok()) << result.status();
+    if (!result.ok()) return lines;
+    EXPECT_EQ(result->exit_code, 0) << result->err;
     for (absl::string_view text : absl::StrSplit(ReadFile(out), '\n', absl::SkipEmpty())) {
       json j = json::parse(text);
-      (*lines_)[j["custom_id"].get<std::string>()] = j;
+      lines[j["custom_id"].get<std::string>()] = j;
     }
+    return lines;
   }
 
   // The choices of line `id`; fails the test if the line is an error.
@@ -125,12 +141,14 @@ class SamplingControlsTest : public ::testing::Test {
   static std::vector<int>* other_prompt_;
   static std::vector<int>* greedy_;
   static std::map<std::string, json>* lines_;
+  static std::map<std::string, json>* sync_lines_;
 };
 
 std::vector<int>* SamplingControlsTest::prompt_ = nullptr;
 std::vector<int>* SamplingControlsTest::other_prompt_ = nullptr;
 std::vector<int>* SamplingControlsTest::greedy_ = nullptr;
 std::map<std::string, json>* SamplingControlsTest::lines_ = nullptr;
+std::map<std::string, json>* SamplingControlsTest::sync_lines_ = nullptr;
 
 TEST_F(SamplingControlsTest, WithoutControlsTheTokensAreHfGreedy) {
   EXPECT_EQ(Ids(Choice("base")), Greedy(12));
@@ -221,6 +239,23 @@ TEST_F(SamplingControlsTest, NChoices) {
   const json greedy = Choices("n3_greedy");
   ASSERT_EQ(greedy.size(), 3u);
   for (int i = 0; i < 3; ++i) EXPECT_EQ(Ids(greedy[i]), Greedy(12)) << i;
+}
+
+TEST_F(SamplingControlsTest, WithoutAsyncSchedulingTheLinesAreTheSame) {
+  ASSERT_EQ(sync_lines_->size(), lines_->size());
+  for (const auto& [id, line] : *lines_) {
+    SCOPED_TRACE(id);
+    ASSERT_EQ(sync_lines_->count(id), 1u);
+    const json& sync = sync_lines_->at(id);
+    EXPECT_EQ(sync["error"], line["error"]);
+    // Ids and timestamps differ from run to run; the choices and usage are the outputs.
+    EXPECT_EQ(sync["response"]["body"]["choices"], line["response"]["body"]["choices"]);
+    EXPECT_EQ(sync["response"]["body"]["usage"], line["response"]["body"]["usage"]);
+  }
+  EXPECT_THAT(ReadFile(TempPath("controls.state") + "/logs/worker-0.log"),
+              ::testing::HasSubstr("async scheduling on"));
+  EXPECT_THAT(ReadFile(TempPath("sync.state") + "/logs/worker-0.log"),
+              ::testing::HasSubstr("async scheduling off"));
 }
 
 }  // namespace

@@ -21,20 +21,29 @@ Reports (stdout: a table row; DIR/e2e.json: everything):
   start-up    from the start to the first engine step: process start (to the worker's main),
               registration and group configuration, then the rank's own phases as the worker
               logs them (group, backend, data plane, memory check, weights, memory plan and KV
-              cache, engine and barrier), then waiting for the first request
+              cache, graph capture, engine and barrier), then waiting for the first request;
+              also the weight load's GB and GB/s and the decode graphs recorded at start-up, as
+              the worker logs them
   serving     first step start to last step end (rank 0; the latest end of all ranks)
   tail        last step end to the process exit (results read back, daemons stopped)
-  capture     time in steps that recorded a decode graph (counted within serving: a bucket's
-              first step runs eagerly, then is recorded); the recording alone, as the worker
-              logs it, is graph_record_s
+  capture     time recording decode graphs: the worker's start-up capture (the graph capture
+              phase, within start-up) plus the steps that recorded one while serving (graphs
+              the start-up did not record: with logit adjustments, expert-parallel groups; a
+              bucket's first step runs eagerly, then is recorded); the recordings alone, as the
+              worker logs them, are graph_record_s
   ideal       the job's steps priced with deepinfer-bench's step times: a step of d decode rows
               and p prefill tokens costs max(decode(min(d + p, D)), (d + p) x prefill s/token),
               decode() interpolated linearly between the measured batch sizes (1 .. D, D the
               largest decode batch the job ran) and the prefill rate from one step of
               --max-batch-tokens tokens; summed over the batch-size histogram the workers
               recorded
-  idle share  host gaps between consecutive steps / serving (Model::Step returns once the
-              step's results are on the host, so the device has no work during a gap)
+  idle share  gaps between consecutive steps / serving, timed on the thread that runs the
+              steps (with async scheduling the engine's StepExecutor: the next step is formed
+              while one runs): Model::Step returns once the step's results are on the host, so
+              the device has no work during a gap; host work inside Model::Step before its
+              first kernel counts as step time, so this is a lower bound. The row's label says
+              "(sync)" when the workers ran with --no-async-scheduling; dropped_tokens counts
+              rows computed for requests that had already stopped (async scheduling)
   TTFT        p50 / p99 over requests, from the step that took a request off the rank's queue
               to the end of the step that sampled its first token (the worker's view; a batch
               job's requests also wait in the coordinator before that)
@@ -127,6 +136,23 @@ def read_worker_logs(state_dir):
             out["graphs_recorded"] += 1
             out["graph_record_s"] += float(m.group(1)) / 1e3
     out["logs"] = logs
+    return out
+
+
+def read_startup_lines(logs):
+    """The weight load and start-up graph capture lines of rank 0 of the first worker."""
+    out = {}
+    for path in logs:
+        text = open(path, errors="replace").read()
+        m = re.search(r"start-up: weights loaded in ([0-9.]+) s, ([0-9.]+) GB, ([0-9.]+) GB/s",
+                      text)
+        if m and "weights_load_s" not in out:
+            out.update({"weights_load_s": float(m.group(1)), "weights_gb": float(m.group(2)),
+                        "weights_gb_per_s": float(m.group(3))})
+        m = re.search(r"start-up: decode graphs recorded in ([0-9.]+) s, (\d+) graphs", text)
+        if m and "startup_capture_s" not in out:
+            out.update({"startup_capture_s": float(m.group(1)),
+                        "startup_graphs": int(m.group(2))})
     return out
 
 
@@ -266,6 +292,7 @@ def main():
     result["ranks"] = len(ranks)
     result["graphs_recorded"] = logs["graphs_recorded"]
     result["graph_record_s"] = logs["graph_record_s"]
+    result.update(read_startup_lines(logs["logs"]))
     if ranks:
         first = min(r["first_step_unix"] for r in ranks if r["steps"] > 0)
         last = max(r["last_step_end_unix"] for r in ranks if r["steps"] > 0)
@@ -273,7 +300,12 @@ def main():
         result["startup_s"] = first - start_unix
         result["serving_s"] = last - first
         result["tail_s"] = end_unix - last
-        result["capture_s"] = max(r["capture_s"] for r in ranks)
+        result["capture_s"] = (max(r["capture_s"] for r in ranks) +
+                               logs["phases"].get("graph capture", 0.0))
+        result["async_scheduling"] = r0.get("async_scheduling")
+        result["dropped_tokens"] = r0.get("dropped_tokens", 0)
+        if r0.get("async_scheduling") is False and not a.label:
+            result["label"] += " (sync)"
         result["capture_steps"] = max(r["capture_steps"] for r in ranks)
         result["steps"] = r0["steps"]
         result["step_s"] = r0["step_s"]

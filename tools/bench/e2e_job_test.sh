@@ -60,6 +60,10 @@ stats = json.load(open(os.path.join(d, "step_stats", "rank-0.json")))
 want = sum(len(b["prompt"]) + b["max_tokens"] - 1 for b in job)
 got = stats["decode_tokens"] + stats["prefill_tokens"]
 assert got == want, f"step stats count {got} computed tokens, the job computes {want}"
+# Async scheduling (the default) never computes past max_tokens: nothing dropped.
+assert stats["async_scheduling"] is True and stats["dropped_tokens"] == 0, stats
+assert r["async_scheduling"] is True and "(sync)" not in r["label"], r
+assert r["weights_gb"] >= 0 and r["weights_load_s"] >= 0, r  # the start-up weights line
 hist = stats["histogram"]
 assert sum(h[2] for h in hist) == stats["steps"], "histogram steps"
 assert sum(h[0] * h[2] for h in hist) == stats["decode_tokens"], "histogram decode rows"
@@ -74,7 +78,7 @@ assert 0 <= r["idle_share"] < 1
 assert 0 < r["ttft_p50_s"] <= r["ttft_p99_s"]
 assert r["bench_rc"] == 0 and r["ideal_s"] > 0, r
 for phase in ("process start", "group", "backend", "weights", "memory plan and KV cache",
-              "first request"):
+              "graph capture", "first request"):
     assert phase in r["startup_breakdown_s"], (phase, r["startup_breakdown_s"])
 PY
 echo PASS

@@ -14,7 +14,8 @@
 # E2E_HF_REQUESTS (64; 0: none) requests. Then, for start-up only, a small job (16 requests x 16
 # tokens) on each config of E2E_STARTUP_CONFIGS (default configs/deepseek_v3_4layers.json).
 # E2E_PROMPT_RANGE=MIN,MAX replaces the workloads' prompt lengths; E2E_RUN_ARGS /
-# E2E_WORKER_ARGS pass more `deepinfer run` / worker flags. Everything is capped
+# E2E_WORKER_ARGS pass more `deepinfer run` / worker flags (E2E_RUN_ARGS=--no-async-scheduling:
+# the same jobs with every step run to the end before the next forms; their rows say "(sync)"). Everything is capped
 # to E2E_BUDGET_S (default 540) seconds.
 #
 # $OUT gets e2e.md (the table, with each job's start-up breakdown), e2e_summary.txt and
@@ -106,7 +107,13 @@ for n in names:
 print()
 for n, r in results.items():
     parts = ", ".join(f"{k} {v:.2f}" for k, v in r.get("startup_breakdown_s", {}).items())
-    print(f"* {r['label']}: start-up {r.get('startup_s', 0):.2f} s = {parts}; "
+    load = (f"weights {r['weights_gb']:.2f} GB in {r['weights_load_s']:.2f} s "
+            f"({r['weights_gb_per_s']:.2f} GB/s); " if "weights_load_s" in r else "")
+    graphs = (f"{r['startup_graphs']} decode graphs recorded at start-up in "
+              f"{r['startup_capture_s']:.2f} s; " if "startup_graphs" in r else "")
+    mode = {True: "on", False: "off"}.get(r.get("async_scheduling"), "?")
+    print(f"* {r['label']}: start-up {r.get('startup_s', 0):.2f} s = {parts}; {load}{graphs}"
+          f"async scheduling {mode}, {r.get('dropped_tokens', 0)} rows dropped; "
           f"{r.get('steps', 0)} steps, {r.get('capture_steps', 0)} recording a decode graph "
           f"({r.get('graphs_recorded', 0)} graphs, {r.get('graph_record_s', 0):.2f} s recording); "
           f"{r.get('graph_steps', 0)} through the decode graph path; "

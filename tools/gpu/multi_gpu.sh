@@ -9,12 +9,13 @@
 #    ep_device_graph_gpu_test (their two-rank cases need 2 GPUs and skip otherwise: a SKIPS
 #    verdict below means they did not run);
 # 2. `deepinfer run --backend cuda` on the HF fixture's prompts (greedy, 24 tokens):
-#      ref      one worker, one GPU (CUDA_VISIBLE_DEVICES=0)
+#      ref      one worker, one GPU (CUDA_VISIBLE_DEVICES=0), async scheduling (the default)
+#      sync     the same with --no-async-scheduling
 #      a_nccl   one worker --ranks 2 (both GPUs), --communicator nccl
 #      a_tcp    the same over --communicator tcp (the host-staged exchange)
 #      b_nccl   two workers, one GPU each (--split-gpus: CUDA_VISIBLE_DEVICES=0 and =1), nccl
 #    and compares every run's tokens with ref's and with HF's greedy_24.
-# With one GPU, the 2-GPU runs are reported as SKIPPED and `ref` plus a one-rank NCCL run
+# With one GPU, the 2-GPU runs are reported as SKIPPED and `ref`, `sync` and a one-rank NCCL run
 # (nccl1: forming and wiring only, a group of one exchanges nothing) still run.
 # 3. bench2: `deepinfer-bench --ranks 2 --time-all-to-all` (expert parallel over both GPUs:
 #    the device exchange, --ep-exchange auto; then the same with --ep-exchange collective, NCCL
@@ -147,6 +148,10 @@ $(tail -1 "$logs/$name.log") $planes"
 run ref CUDA_VISIBLE_DEVICES=0 -- --workers 1 --ranks-per-worker 1
 rc=$?
 check_run ref $rc
+run sync CUDA_VISIBLE_DEVICES=0 -- --workers 1 --ranks-per-worker 1 --no-async-scheduling
+rc=$?
+grep -q "async scheduling off" "$logs/sync.state"/logs/worker-*.log 2>/dev/null || rc=3
+check_run sync $rc
 run nccl1 CUDA_VISIBLE_DEVICES=0 -- --workers 1 --ranks-per-worker 1 \
   --worker-args "--communicator=nccl"
 check_run nccl1 $? nccl

@@ -32,6 +32,8 @@
 # DIR/kernel_times.sh, DIR/kernel_times.py  the kernel-times suite (Nsight Compute)
 # DIR/e2e.sh  the e2e suite: whole jobs through `deepinfer run` (e2e_job.py, make_job.py,
 #             hf_generate.py; the daemons and the CLI as for multi_gpu.sh)
+# DIR/fp8.sh  the FP8 GEMM tests and fp8_gemm_bench in one call, compact output (its header:
+#             the GPU_TESTS / GPU_TOOLS to bundle)
 # Then, with the device tool: carry [DIR relative to the repo root], command
 # `bash DIR/suite.sh tests` (or any suites; logs under $OUT).
 set -euo pipefail
@@ -60,6 +62,8 @@ tests=(
   //kernels/embedding:rows_test
   //kernels/gemm:small_m_gemm_test
   //kernels/gemm:fp8_block_gemm_test
+  //kernels/gemm:fp8_mma_gemm_test
+  //kernels/gemm:fp8_quantize_test
   //kernels/gemm:staged_gemv_test
   //kernels/moe:expert_activation_test
   //kernels/moe:ep_exchange_test
@@ -88,6 +92,7 @@ tests=(
   //worker/backend/cuda:cuda_backend_attention_test
   //worker/backend/cuda:cuda_backend_moe_test
   //worker/backend/cuda:cuda_backend_fp8_test
+  //worker/backend/cuda:cublaslt_fp8_gemm_test
   //worker/backend/cuda:cublaslt_gemm_tuner_test
   //worker/backend/cuda:cuda_v4_ops_gpu_test
   //worker/backend:backend_factory_test
@@ -114,7 +119,7 @@ tools=(//tools/bench:deepinfer-bench)
   //kernels/moe:moe_prefill_bench //kernels/sampling:sampling_bench
   //kernels/v4:sink_attention_bench //kernels/v4:indexer_topk_bench
   //worker/backend/cuda:moe_decode_bench //worker/backend/cuda:moe_block_decode_bench
-  //worker/backend/cuda:gemm_shapes_bench)
+  //worker/backend/cuda:gemm_shapes_bench //worker/backend/cuda:fp8_gemm_bench)
 if [[ -n "${GPU_TESTS+set}" ]]; then read -r -a tests <<< "$GPU_TESTS"; fi
 if [[ -n "${GPU_TOOLS+set}" ]]; then read -r -a tools <<< "$GPU_TOOLS"; fi
 if [[ -n "${GPU_DAEMONS+set}" ]]; then read -r -a daemons <<< "$GPU_DAEMONS"; fi
@@ -146,6 +151,7 @@ cp tools/bench/sweep.sh tools/bench/hf_bench.py \
 cp tools/parity/hf_bf16_error.py "$out/hf_bf16_error.py"
 cp tools/gpu/multi_gpu.sh tools/gpu/kernel_times.sh tools/gpu/kernel_times.py "$out/"
 cp tools/gpu/e2e.sh tools/bench/e2e_job.py tools/bench/make_job.py tools/bench/hf_generate.py "$out/"
+cp tools/gpu/fp8.sh "$out/"
 git rev-parse HEAD > "$out/COMMIT"
 git status --short >> "$out/COMMIT"
 du -sh "$out" "$out"/bin "$out"/lib

@@ -51,6 +51,25 @@ void Backend::AddRmsNormGemms(int64_t rows, int64_t dim, float* x, const float* 
   for (const NormedGemm& g : gemms) Gemm(rows, g.n, dim, a, dim, g.w, g.ldw, g.c, g.ldc, false);
 }
 
+namespace {
+
+class PlainStagingBuffer : public HostStagingBuffer {
+ public:
+  explicit PlainStagingBuffer(size_t bytes) : data_(std::max<size_t>(bytes, 1)), bytes_(bytes) {}
+  void* data() override { return data_.data(); }
+  size_t size_bytes() const override { return bytes_; }
+
+ private:
+  std::vector<char> data_;
+  size_t bytes_;
+};
+
+}  // namespace
+
+std::unique_ptr<HostStagingBuffer> Backend::AllocateHostStaging(size_t bytes) {
+  return std::make_unique<PlainStagingBuffer>(bytes);
+}
+
 std::unique_ptr<DeviceBuffer> Backend::UploadWeight(const float* host, int64_t n) {
   const WeightDType dtype = weight_dtype();
   auto buf = Allocate(static_cast<size_t>(n) * WeightDTypeSize(dtype));

@@ -55,7 +55,7 @@ absl::StatusOr<WeightDType> ParseWeightDType(const std::string& name);
 // (j - split_rows) / 128 from row split_rows on (kernels/gemm/fp8_block_gemm.h).
 struct Fp8BlockScales {
   const float* scales = nullptr;  // device fp32
-  int64_t scale_ld = 0;           // ceil(k / 128)
+  int64_t scale_ld = 0;           // >= ceil(k / 128) (the loader: rounded up to a multiple of 4)
   int64_t split_rows = 0;         // 0: one block grid
 };
 
@@ -95,6 +95,16 @@ struct ActivationView {
     v.dtype = WeightDType::kBFloat16;
     return v;
   }
+};
+
+// Host memory to upload from while loading weights (Backend::AllocateHostStaging): page-locked on
+// CUDA, so that a copy from it runs on the copy engine while the host goes on; plain memory on
+// the CPU.
+class HostStagingBuffer {
+ public:
+  virtual ~HostStagingBuffer() = default;
+  virtual void* data() = 0;
+  virtual size_t size_bytes() const = 0;
 };
 
 // Device memory as the driver reports it (cudaMemGetInfo).
@@ -290,9 +300,12 @@ struct RoutedExpertsArgs {
   const void* const* down_host = nullptr;
   WeightDType dtype = WeightDType::kFloat32;  // of the expert matrices
   // kFp8E4M3 experts (a backend that takes them: CUDA): device [num_experts] pointers to each
-  // matrix's block scales (WeightView::fp8's layout; gate_up stacked at inter rows).
+  // matrix's block scales (WeightView::fp8's layout; gate_up stacked at inter rows) and the scale
+  // rows' stride shared by every expert's gate_up / down (Fp8BlockScales::scale_ld).
   const float* const* gate_up_scales = nullptr;
   const float* const* down_scales = nullptr;
+  int64_t gate_up_scale_ld = 0;
+  int64_t down_scale_ld = 0;
   bool fp8() const { return dtype == WeightDType::kFp8E4M3; }
   float* out = nullptr;  // [tokens, hidden_size], overwritten
   // Stay on the device at any size (no host copy of the group sizes), as while recording: rows
@@ -363,6 +376,16 @@ class Backend {
   virtual void CopyDeviceToDevice(const void* src, size_t bytes, void* dst) = 0;
   // Blocks until every op issued so far has completed (no-op on the CPU).
   virtual void Synchronize() = 0;
+  // Makes the calling thread's ops go to this backend's device (CUDA: cudaSetDevice): a thread
+  // other than the one that made the backend calls it before its first op. No-op on the CPU.
+  virtual void UseOnThisThread() {}
+  // Staging memory for uploads (HostStagingBuffer); may be called from any thread. Never null.
+  virtual std::unique_ptr<HostStagingBuffer> AllocateHostStaging(size_t bytes);
+  // CopyToDevice that may return before the copy is done: `host` (a HostStagingBuffer's memory)
+  // must stay unchanged until the next Synchronize(). Synchronous here and on the CPU.
+  virtual void CopyToDeviceAsync(const void* host, size_t bytes, void* device) {
+    CopyToDevice(host, bytes, device);
+  }
   // The first error an op has hit since the backend was created (ops return nothing, and a GPU
   // reports errors asynchronously). Always OK on the CPU. Checked by the model after each step.
   virtual absl::Status status() const { return absl::OkStatus(); }

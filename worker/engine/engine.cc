@@ -1,5 +1,6 @@
-// Engine: scheduling, KV block accounting, stop conditions. Over 800 lines: every stage reads and
-// writes the Sequence record defined here, private to this file.
+// Engine: scheduling, KV block accounting, launching and completing steps, stop conditions.
+// Over 800 lines: every stage reads and writes the Sequence record defined here, private to this
+// file; the stepping thread itself is StepExecutor (step_executor.h).
 #include "worker/engine/engine.h"
 
 #include <algorithm>
@@ -54,8 +55,17 @@ struct Engine::Sequence {
   // no token of the vocabulary that can continue it.
   std::unique_ptr<grammar::GrammarMatcher> matcher;
   bool no_allowed_token = false;
+  // Async scheduling: how many launched steps sample a token of this sequence that is not
+  // appended yet (at most one while a step is scheduled; their positions count in `computed`
+  // once a launched step computes them), its row in the newest of them, and the newest step the
+  // sequence is in (its blocks are in use until that step is processed).
+  int32_t pending = 0;
+  int32_t pending_row = -1;
+  int64_t last_step = 0;
 
-  int64_t remaining() const { return static_cast<int64_t>(tokens.size()) - computed; }
+  // Tokens appended or being sampled.
+  int64_t known() const { return static_cast<int64_t>(tokens.size()) + pending; }
+  int64_t remaining() const { return known() - computed; }
   int64_t generated() const { return static_cast<int64_t>(tokens.size()) - prompt_len; }
 };
 
@@ -130,6 +140,17 @@ Engine::Engine(CausalLm* model, KvBlockPool* pool, RequestQueue* queue,
   if (options_.speculative_tokens > 0) {
     drafter_ = std::make_unique<DraftProposer>(model, pool, options_.draft_min_confidence);
   }
+  // Drafting and verification need every step's tokens on the host before the next step forms.
+  executor_ =
+      std::make_unique<StepExecutor>(model, pool, options_.async_scheduling && drafter_ == nullptr);
+  stats_.set_async_scheduling(executor_->threaded());
+  // Steps then allocate nothing from the pool behind the scheduler's back.
+  model_->PrepareCache(pool_);
+  // A step being recorded as a graph on the stepping thread must not see this thread's copies
+  // on its stream: block copies to and from the prefix cache's store wait for the steps first.
+  if (executor_->threaded() && pool_->backend()->SupportsCapture()) {
+    cache_.set_before_block_io([this] { executor_->WaitIdle(); });
+  }
   if (tokenizer_ != nullptr) {
     matchers_ = std::make_unique<StructuredOutputMatchers>(tokenizer_, static_cast<int32_t>(vocab_),
                                                            options_.eos_token_ids);
@@ -140,7 +161,10 @@ Engine::Engine(CausalLm* model, KvBlockPool* pool, RequestQueue* queue,
 Engine::~Engine() { DropAll(); }
 
 bool Engine::HasWork() const {
-  return !running_.empty() || !waiting_.empty() || queue_->num_items() > 0;
+  // An empty step in flight (step_when_idle) is no work of its own.
+  return !running_.empty() || !waiting_.empty() || queue_->num_items() > 0 ||
+         std::any_of(launched_.begin(), launched_.end(),
+                     [](const LaunchedStep& s) { return !s.rows.empty(); });
 }
 
 void Engine::Admit(WorkItem item, std::vector<RequestResult>* finished) {
@@ -228,18 +252,27 @@ void Engine::CancelRequests(const std::vector<std::string>& ids) {
     held_ids_.erase(id);
     for (auto it = running_.begin(); it != running_.end(); ++it) {
       if ((*it)->id == id) {
-        FreeBlocks(it->get());
+        Retire(std::move(*it));
         running_.erase(it);
         break;
       }
     }
     for (auto it = waiting_.begin(); it != waiting_.end(); ++it) {
       if ((*it)->id == id) {
-        FreeBlocks(it->get());
+        Retire(std::move(*it));
         waiting_.erase(it);
         break;
       }
     }
+  }
+}
+
+void Engine::Retire(std::unique_ptr<Sequence> seq) {
+  seq->done = true;  // what launched steps compute for it is dropped
+  if (InFlight(*seq)) {
+    retired_.push_back(std::move(seq));
+  } else {
+    FreeBlocks(seq.get());
   }
 }
 
@@ -290,6 +323,8 @@ void Engine::AcquireCachedPrefix(Sequence* seq) {
 }
 
 void Engine::RegisterFullBlocks(Sequence* seq) {
+  // A position whose token is still being sampled counts in `computed`, not in `tokens`: its
+  // block is offered once the token is known (RegisterComputed stops at the tokens).
   seq->registered = cache_.RegisterComputed(seq->blocks, seq->tokens, seq->computed,
                                             seq->registered, &seq->block_hashes);
 }
@@ -297,6 +332,9 @@ void Engine::RegisterFullBlocks(Sequence* seq) {
 void Engine::Preempt(std::list<std::unique_ptr<Sequence>>::iterator it) {
   VLOG(1) << "rank " << options_.rank << ": preempting " << (*it)->id << " ("
           << (*it)->tokens.size() << " tokens)";
+  // A launched step may still write its blocks, and the rebuild's copy reads them: the device
+  // finishes first. Its token still comes (Complete appends it to the waiting sequence).
+  if (InFlight(**it)) executor_->WaitIdle();
   (*it)->high_water = std::max((*it)->high_water, (*it)->computed);
   KeepForRebuild(it->get());
   FreeBlocks(it->get());
@@ -367,10 +405,6 @@ absl::StatusOr<std::vector<RequestResult>> Engine::Step() {
   for (WorkItem& item : drained.items) Admit(std::move(item), &finished);
   CancelRequests(drained.cancelled);
 
-  struct Planned {
-    Sequence* seq;
-    int64_t n;
-  };
   std::vector<Planned> plan;
   absl::flat_hash_set<Sequence*> scheduled;
   int64_t budget = options_.max_batch_tokens;
@@ -383,7 +417,7 @@ absl::StatusOr<std::vector<RequestResult>> Engine::Step() {
   // 1. Decodes: one token each, oldest first.
   for (auto it = running_.begin(); it != running_.end() && budget > 0;) {
     Sequence* s = it->get();
-    if (s->remaining() != 1 || scheduled.contains(s)) {
+    if (s->remaining() != 1 || scheduled.contains(s) || (s->pending > 0 && !CanDecodeAhead(*s))) {
       ++it;
       continue;
     }
@@ -422,6 +456,7 @@ absl::StatusOr<std::vector<RequestResult>> Engine::Step() {
   while (!waiting_.empty() && budget > 0 &&
          static_cast<int32_t>(running_.size()) < options_.max_running) {
     Sequence* s = waiting_.front().get();
+    if (s->pending > 0) break;  // preempted while its token was sampled: taken back once known
     if (!s->kept_bytes.empty()) {
       if (!RestoreKept(s)) break;  // its kept entries do not fit yet
     } else {
@@ -455,117 +490,200 @@ absl::StatusOr<std::vector<RequestResult>> Engine::Step() {
       if (p.seq->remaining() == 1) p.n = 1 + static_cast<int64_t>(p.seq->drafts.size());
     }
   }
-  if (!plan.empty() || options_.step_when_idle) {
-    std::vector<SequenceStep> batch;
-    batch.reserve(plan.size());
-    for (const Planned& p : plan) {
-      Sequence* s = p.seq;
-      SequenceStep step;
-      const int64_t own = std::min(p.n, s->remaining());
-      step.tokens.assign(s->tokens.begin() + s->computed, s->tokens.begin() + s->computed + own);
-      step.tokens.insert(step.tokens.end(), s->drafts.begin(), s->drafts.end());
-      step.position_offset = s->computed;
-      step.block_table = s->blocks;
-      step.replay_from = s->replay_from;
-      step.kept_end = s->kept_end;
-      step.shared_blocks = s->shared_blocks;
-      // A constrained sequence is not drafted: verification rows carry no grammar mask.
-      step.return_hidden = drafter_ != nullptr && s->matcher == nullptr;
-      if (!s->drafts.empty()) {
-        step.all_logits = true;  // verified on the host, row by row
-      } else {
-        step.return_logits = false;  // only the sampled token is needed
-        if (s->computed + p.n == static_cast<int64_t>(s->tokens.size())) {
-          step.sampling = s->sampling;
-          if (s->adjuster.has_value()) step.sampling->adjustments = s->adjuster->Entries();
-          if (s->matcher != nullptr) {
-            Sequence* seq = s;
-            const std::vector<int32_t>* eos = &options_.eos_token_ids;
-            step.fill_allowed_tokens = [seq, eos](uint32_t* words) {
-              seq->matcher->FillNextTokenBitmask(words);
-              const int32_t n = seq->matcher->vocabulary().mask_words();
-              if (seq->generated() < seq->params.min_tokens()) {
-                // The min_tokens mask (LogitAdjuster) takes these too; clearing them here makes
-                // a grammar that can only end now fail its request instead of sampling from a
-                // row with every logit at -inf.
-                auto clear = [&](int32_t t) {
-                  if (t >= 0 && t / 32 < n) words[t / 32] &= ~(1u << (t % 32));
-                };
-                for (int32_t t : *eos) clear(t);
-                for (int32_t t : seq->params.stop_token_ids()) clear(t);
-              }
-              for (int32_t w = 0; w < n; ++w) {
-                if (words[w] != 0) return true;
-              }
-              seq->no_allowed_token = true;
-              return false;
-            };
-          }
-        }
-      }
-      batch.push_back(std::move(step));
-    }
-    int64_t decodes = 0, prefill_tokens = 0;
-    for (const Planned& p : plan) {
-      const bool decode = p.n == 1 && p.seq->computed >= p.seq->prompt_len;
-      decodes += decode ? 1 : 0;
-      prefill_tokens += decode ? 0 : p.n;
-    }
-    const int64_t graphs_before = model_->decode_graphs_recorded();
-    const int64_t graph_steps_before = model_->decode_graph_steps();
-    const absl::Time step_start = absl::Now();
-    absl::StatusOr<StepOutput> out = model_->Step(batch, pool_);
-    const absl::Time step_end = absl::Now();
-    if (!out.ok()) return out.status();
-    step_window_.Record(decodes + prefill_tokens, decodes);
-    stats_.AddStep(step_start, step_end - step_start, decodes, prefill_tokens,
-                   model_->decode_graphs_recorded() > graphs_before,
-                   model_->decode_graph_steps() > graph_steps_before);
-    for (size_t i = 0; i < plan.size(); ++i) {
-      Sequence* s = plan[i].seq;
-      replayed_tokens_ += std::clamp<int64_t>(s->high_water - s->computed, 0, plan[i].n);
-      computed_tokens_ += plan[i].n;
-      const int64_t from = s->computed;
-      RequestResult result;
-      if (!s->drafts.empty()) {
-        bool finished_now = false;
-        const int64_t rows = AdvanceVerified(s, out->logits[i], &finished_now, &result);
-        s->computed += rows;  // the rejected drafts' rows are not
-        RegisterFullBlocks(s);
-        if (finished_now) {
-          s->done = true;
-          stats_.AddFinished(result.token_ids_size());
-          finished.push_back(std::move(result));
-        } else {
-          KeepHidden(s, from, std::move(out->hidden[i]), rows);
-        }
-        continue;
-      }
-      s->computed += plan[i].n;
-      RegisterFullBlocks(s);
-      if (drafter_ != nullptr && s->matcher == nullptr) {
-        KeepHidden(s, from, std::move(out->hidden[i]), plan[i].n);
-      }
-      if (s->remaining() != 0) continue;  // an intermediate prefill chunk
-      if (s->generated() == 0) stats_.AddFirstToken(step_end - s->arrived);
-      if (Advance(s, out->sampled[i], &result)) {
-        s->done = true;
-        stats_.AddFinished(result.token_ids_size());
-        finished.push_back(std::move(result));
-      }
-    }
-    for (auto it = running_.begin(); it != running_.end();) {
-      if ((*it)->done) {
-        FreeBlocks(it->get());
-        held_ids_.erase((*it)->id);
-        it = running_.erase(it);
-      } else {
-        ++it;
-      }
-    }
+  const bool launched = !plan.empty() || options_.step_when_idle;
+  if (launched) Launch(plan);
+  // Every launched step is processed here, except, with async scheduling, the one just launched:
+  // it runs while the caller goes on and the next Step() forms the step after it.
+  const size_t keep = launched && executor_->threaded() ? 1 : 0;
+  while (launched_.size() > keep) {
+    if (absl::Status st = Complete(&finished); !st.ok()) return st;
   }
   UpdateLoad();
   return finished;
+}
+
+absl::StatusOr<std::vector<RequestResult>> Engine::Flush() {
+  std::vector<RequestResult> finished;
+  while (!launched_.empty()) {
+    if (absl::Status st = Complete(&finished); !st.ok()) return st;
+  }
+  UpdateLoad();
+  return finished;
+}
+
+bool Engine::InFlight(const Sequence& s) const { return s.last_step > steps_completed_; }
+
+bool Engine::CanDecodeAhead(const Sequence& s) const {
+  // Where the next step's inputs depend on the token itself: a grammar's mask, penalties, drafts.
+  if (s.matcher != nullptr || drafter_ != nullptr ||
+      (s.adjuster.has_value() && s.adjuster->counts_tokens())) {
+    return false;
+  }
+  // A sequence that ends with the pending token, whatever it is, needs no more steps.
+  const int64_t max_tokens = s.params.max_tokens();
+  if (max_tokens > 0 && s.known() - s.prompt_len >= max_tokens) return false;
+  return s.known() < options_.context_limit;
+}
+
+void Engine::Launch(const std::vector<Planned>& plan) {
+  LaunchedStep launched;
+  launched.id = ++steps_launched_;
+  StepJob job;
+  job.batch.reserve(plan.size());
+  for (size_t i = 0; i < plan.size(); ++i) {
+    Sequence* s = plan[i].seq;
+    const int64_t n = plan[i].n;
+    SequenceStep step;
+    const int64_t own = std::min(n, s->remaining());
+    const int64_t appended = std::min<int64_t>(s->computed + own, s->tokens.size());
+    step.tokens.assign(s->tokens.begin() + s->computed, s->tokens.begin() + appended);
+    if (s->computed + own > appended) {
+      // Its one new token is the one the step in flight samples: filled in when that step ends.
+      step.tokens.push_back(0);
+      job.from_previous.emplace_back(static_cast<int32_t>(i), s->pending_row);
+    }
+    step.tokens.insert(step.tokens.end(), s->drafts.begin(), s->drafts.end());
+    step.position_offset = s->computed;
+    step.block_table = s->blocks;
+    step.replay_from = s->replay_from;
+    step.kept_end = s->kept_end;
+    step.shared_blocks = s->shared_blocks;
+    // A constrained sequence is not drafted: verification rows carry no grammar mask.
+    step.return_hidden = drafter_ != nullptr && s->matcher == nullptr;
+    const bool samples = s->drafts.empty() && s->computed + n == s->known();
+    if (!s->drafts.empty()) {
+      step.all_logits = true;  // verified on the host, row by row
+    } else {
+      step.return_logits = false;  // only the sampled token is needed
+      if (samples) {
+        step.sampling = s->sampling;
+        if (s->adjuster.has_value())
+          step.sampling->adjustments = s->adjuster->EntriesAfter(s->pending);
+        if (s->matcher != nullptr) {
+          Sequence* seq = s;
+          const std::vector<int32_t>* eos = &options_.eos_token_ids;
+          // Runs on the stepping thread; the sequence samples nothing else meanwhile, so its
+          // matcher and tokens stay as they are until this step is processed.
+          step.fill_allowed_tokens = [seq, eos](uint32_t* words) {
+            seq->matcher->FillNextTokenBitmask(words);
+            const int32_t n = seq->matcher->vocabulary().mask_words();
+            if (seq->generated() < seq->params.min_tokens()) {
+              // The min_tokens mask (LogitAdjuster) takes these too; clearing them here makes
+              // a grammar that can only end now fail its request instead of sampling from a
+              // row with every logit at -inf.
+              auto clear = [&](int32_t t) {
+                if (t >= 0 && t / 32 < n) words[t / 32] &= ~(1u << (t % 32));
+              };
+              for (int32_t t : *eos) clear(t);
+              for (int32_t t : seq->params.stop_token_ids()) clear(t);
+            }
+            for (int32_t w = 0; w < n; ++w) {
+              if (words[w] != 0) return true;
+            }
+            seq->no_allowed_token = true;
+            return false;
+          };
+        }
+      }
+    }
+    job.batch.push_back(std::move(step));
+
+    const bool decode = n == 1 && s->computed >= s->prompt_len;
+    launched.decodes += decode ? 1 : 0;
+    launched.prefill_tokens += decode ? 0 : n;
+    replayed_tokens_ += std::clamp<int64_t>(s->high_water - s->computed, 0, n);
+    computed_tokens_ += n;
+    launched.rows.push_back({s, n, s->computed, samples, !s->drafts.empty()});
+    s->last_step = launched.id;
+    // The positions this step computes count as computed from now on (the next step, formed
+    // while this one runs, continues after them); verified drafts count once they are checked.
+    if (s->drafts.empty()) s->computed += n;
+    if (samples) {
+      ++s->pending;
+      s->pending_row = static_cast<int32_t>(i);
+    }
+    // The blocks it fills are offered now: whoever reads them runs after this step.
+    RegisterFullBlocks(s);
+  }
+  executor_->Submit(std::move(job));
+  launched_.push_back(std::move(launched));
+}
+
+absl::Status Engine::Complete(std::vector<RequestResult>* finished) {
+  LaunchedStep step = std::move(launched_.front());
+  launched_.pop_front();
+  StepDone done = executor_->Take();
+  steps_completed_ = step.id;
+  if (!done.output.ok()) return done.output.status();
+  StepOutput& out = *done.output;
+  step_window_.Record(step.decodes + step.prefill_tokens, step.decodes);
+  stats_.AddStep(done.start, done.end - done.start, step.decodes, step.prefill_tokens,
+                 done.recorded_graph, done.graph_replayed);
+  for (size_t i = 0; i < step.rows.size(); ++i) {
+    const LaunchedRow& row = step.rows[i];
+    Sequence* s = row.seq;
+    if (s->done) {  // finished at an earlier step or cancelled: this row is dropped
+      stats_.AddDropped(row.n);
+      continue;
+    }
+    RequestResult result;
+    if (row.drafts) {
+      bool finished_now = false;
+      const int64_t rows = AdvanceVerified(s, out.logits[i], &finished_now, &result);
+      s->computed += rows;  // the rejected drafts' rows are not
+      RegisterFullBlocks(s);
+      if (finished_now) {
+        s->done = true;
+        stats_.AddFinished(result.token_ids_size());
+        finished->push_back(std::move(result));
+      } else {
+        KeepHidden(s, row.from, std::move(out.hidden[i]), rows);
+      }
+      continue;
+    }
+    if (drafter_ != nullptr && s->matcher == nullptr) {
+      KeepHidden(s, row.from, std::move(out.hidden[i]), row.n);
+    }
+    if (!row.samples) continue;  // an intermediate prefill chunk
+    --s->pending;
+    if (s->generated() == 0) stats_.AddFirstToken(done.end - s->arrived);
+    if (Advance(s, out.sampled[i], &result)) {
+      s->done = true;
+      stats_.AddFinished(result.token_ids_size());
+      finished->push_back(std::move(result));
+    } else {
+      RegisterFullBlocks(s);  // a launched step may have filled a block up to this token
+    }
+  }
+  // A sequence preempted while its token was sampled waits with it, and may have finished.
+  for (auto it = running_.begin(); it != running_.end();) {
+    if (!(*it)->done) {
+      ++it;
+      continue;
+    }
+    held_ids_.erase((*it)->id);
+    Retire(std::move(*it));
+    it = running_.erase(it);
+  }
+  for (auto it = waiting_.begin(); it != waiting_.end();) {
+    if (!(*it)->done) {
+      ++it;
+      continue;
+    }
+    held_ids_.erase((*it)->id);
+    Retire(std::move(*it));
+    it = waiting_.erase(it);
+  }
+  // Retired sequences whose last step is processed give their blocks back.
+  for (auto it = retired_.begin(); it != retired_.end();) {
+    if (InFlight(**it)) {
+      ++it;
+      continue;
+    }
+    FreeBlocks(it->get());
+    it = retired_.erase(it);
+  }
+  return absl::OkStatus();
 }
 
 bool Engine::Advance(Sequence* s, const SampledToken& sampled, RequestResult* result) {
@@ -750,6 +868,12 @@ void Engine::KeepHidden(Sequence* s, int64_t first_position, std::vector<float> 
 }
 
 int Engine::DropAll() {
+  // Launched steps still write the sequences' blocks: they finish (their tokens dropped) first.
+  executor_->WaitIdle();
+  for (; !launched_.empty(); launched_.pop_front()) executor_->Take();
+  steps_completed_ = steps_launched_;
+  for (auto& s : retired_) FreeBlocks(s.get());
+  retired_.clear();
   int dropped = 0;
   for (auto& s : running_) {
     FreeBlocks(s.get());

@@ -41,6 +41,20 @@
 // picks them, so the output is the non-speculative output (docs/engine.md "Speculative
 // decoding").
 //
+// Async scheduling (EngineOptions::async_scheduling, on by default): the model's steps run on a
+// thread of their own (StepExecutor, step_executor.h) and Step() launches the next step before it
+// handles the tokens of the step before, so the scheduling, the KV block accounting, the
+// detokenisation, stop checks and results of step n happen while step n + 1 runs. A decoding
+// sequence whose last token is still being sampled is scheduled with a placeholder that the
+// executor fills in from the previous step's output; such a sequence is held back instead when
+// its next step needs that token on the host (a grammar's mask, penalties, drafts) or when it
+// ends with that token anyway (max_tokens, the context limit). A sequence that turns out to have
+// finished (EOS, a stop token or string) at step n had its step n + 1 row computed for nothing:
+// that row's token is dropped, and its blocks are freed once step n + 1 is processed. Preempting
+// a sequence a running step computes waits for that step first. Outputs are the same with it on
+// and off (the sampled token's position keys the sampler, and steps compute what they would
+// without it). With speculative decoding the steps run synchronously.
+//
 // Not thread-safe: one rank thread drives an engine; other threads talk to it through its
 // RequestQueue and read load() and progress().
 #ifndef DEEPINFER_WORKER_ENGINE_ENGINE_H_
@@ -66,6 +80,7 @@
 #include "tokenizer/tokenizer.h"
 #include "worker/engine/draft_proposer.h"
 #include "worker/engine/request_queue.h"
+#include "worker/engine/step_executor.h"
 #include "worker/engine/step_stats.h"
 #include "worker/engine/step_window.h"
 #include "worker/engine/structured_output_matchers.h"
@@ -95,6 +110,8 @@ struct EngineOptions {
   // draft_min_confidence (draft_proposer.h). 0: off.
   int32_t speculative_tokens = 0;
   float draft_min_confidence = 0.0f;
+  // Async scheduling (see the top comment); false: each Step() runs its model step to the end.
+  bool async_scheduling = true;
 };
 
 // Counters for heartbeats (RankLoad), readable from any thread.
@@ -126,13 +143,22 @@ class Engine {
                                                         EngineOptions options);
   ~Engine();
 
-  // Whether a step would do anything (requests held, or queued in the RequestQueue).
+  // Whether a step would do anything (requests held, queued in the RequestQueue, or computed by
+  // a step in flight).
   bool HasWork() const;
 
-  // Takes new requests and cancellations from the queue, schedules, runs one Model::Step and
-  // returns the requests that finished (or failed) in it. An error means the step itself
-  // failed; the engine's requests are then in an unknown state and should be dropped.
+  // Takes new requests and cancellations from the queue, schedules, launches one Model::Step and
+  // returns the requests that finished (or failed) in the steps it processed: that step, or with
+  // async scheduling the one launched before it (the new one keeps running). An error means a
+  // step itself failed; the engine's requests are then in an unknown state and should be dropped.
   absl::StatusOr<std::vector<RequestResult>> Step();
+
+  // Processes the steps in flight and returns the requests that finished in them. Until the
+  // next Step() nothing runs on the model, so the caller may use it (EPLB counts and placement
+  // changes). Errors as Step().
+  absl::StatusOr<std::vector<RequestResult>> Flush();
+  // Whether steps run on their own thread (async_scheduling, and no speculative decoding).
+  bool async_scheduling() const { return executor_->threaded(); }
 
   // Forgets every request (the group failed; the coordinator re-runs them) and frees their
   // blocks. Returns how many were dropped.
@@ -160,12 +186,45 @@ class Engine {
 
  private:
   struct Sequence;
+  // A sequence's share of a step being scheduled: `n` positions from its computed ones.
+  struct Planned {
+    Sequence* seq;
+    int64_t n;
+  };
+  // A launched row: the positions [from, from + n) it computes, whether it samples the
+  // sequence's next token, whether it verifies drafts.
+  struct LaunchedRow {
+    Sequence* seq;
+    int64_t n;
+    int64_t from;
+    bool samples;
+    bool drafts;
+  };
+  struct LaunchedStep {
+    int64_t id = 0;
+    std::vector<LaunchedRow> rows;  // the batch's rows, in order
+    int64_t decodes = 0;            // for StepStats
+    int64_t prefill_tokens = 0;
+  };
   Engine(CausalLm* model, KvBlockPool* pool, RequestQueue* queue,
          const tokenizer::Tokenizer* tokenizer, EngineOptions options);
 
   // Validates a new item; on success queues it, else adds an error result to `finished`.
   void Admit(WorkItem item, std::vector<RequestResult>* finished);
   void CancelRequests(const std::vector<std::string>& ids);
+  // Builds the step of `plan` and hands it to the executor; its positions count as computed.
+  void Launch(const std::vector<Planned>& plan);
+  // Waits for the oldest launched step and handles its rows (tokens, stop conditions, results
+  // into `finished`, retired sequences' blocks); an error is the step's.
+  absl::Status Complete(std::vector<RequestResult>* finished);
+  // Whether a launched step that is not processed yet computes `seq`.
+  bool InFlight(const Sequence& seq) const;
+  // Whether `seq`, whose token a step in flight samples, may decode that token in the next step
+  // before it is known.
+  bool CanDecodeAhead(const Sequence& seq) const;
+  // Ends a finished or cancelled sequence: its blocks are freed now, or once the launched steps
+  // that compute it are processed.
+  void Retire(std::unique_ptr<Sequence> seq);
   // Frees the sequence's blocks and moves it to the front of waiting_.
   void Preempt(std::list<std::unique_ptr<Sequence>>::iterator it);
   // Makes `seq` able to hold `tokens` more positions, preempting others (never one in
@@ -233,6 +292,14 @@ class Engine {
   PrefixCache cache_;
   std::unique_ptr<DraftProposer> drafter_;  // null unless speculative_tokens > 0
   StepStats stats_;
+  // Steps run here (synchronously, or on the executor's thread); launched ones not processed
+  // yet, oldest first, with the ids of the newest launched and processed ones.
+  std::unique_ptr<StepExecutor> executor_;
+  std::deque<LaunchedStep> launched_;
+  int64_t steps_launched_ = 0;
+  int64_t steps_completed_ = 0;
+  // Finished or cancelled sequences that a launched step still computes.
+  std::vector<std::unique_ptr<Sequence>> retired_;
 
   StepWindow step_window_;  // engine thread
   mutable absl::Mutex load_mu_;

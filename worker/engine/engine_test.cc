@@ -395,24 +395,39 @@ TEST_F(EngineTest, CancelDropsRequest) {
 }
 
 // What heartbeats report: tokens so far per held request, moving with every step, and
-// nothing once the requests finished.
+// nothing once the requests finished. With async scheduling a Step() handles the tokens of the
+// step launched before it, so the counts lag one step until Flush().
 TEST_F(EngineTest, ProgressCountsTokensOfRunningRequests) {
-  auto engine = MakeEngine();
-  EXPECT_TRUE(engine->progress().empty());
-  queue_->Push({Item("a", prompts_[0].ids, 24), Item("b", prompts_[1].ids, 24)});
-  auto progress = [&] {
-    std::map<std::string, int64_t> out;
-    for (const RequestProgress& p : engine->progress()) out[p.request_id()] = p.generated_tokens();
-    return out;
-  };
-  ASSERT_TRUE(engine->Step().ok());  // prefill, then each samples its first token
-  EXPECT_EQ(progress(), (std::map<std::string, int64_t>{{"a", 1}, {"b", 1}}));
-  ASSERT_TRUE(engine->Step().ok());
-  ASSERT_TRUE(engine->Step().ok());
-  EXPECT_EQ(progress(), (std::map<std::string, int64_t>{{"a", 3}, {"b", 3}}));
-  auto rest = Run(engine.get(), {});
-  EXPECT_EQ(rest.size(), 2u);
-  EXPECT_TRUE(engine->progress().empty());
+  for (bool async : {false, true}) {
+    SCOPED_TRACE(async ? "async scheduling" : "synchronous");
+    EngineOptions options;
+    options.async_scheduling = async;
+    auto engine = MakeEngine(256, 16, options);
+    EXPECT_EQ(engine->async_scheduling(), async);
+    EXPECT_TRUE(engine->progress().empty());
+    queue_->Push({Item("a", prompts_[0].ids, 24), Item("b", prompts_[1].ids, 24)});
+    auto progress = [&] {
+      std::map<std::string, int64_t> out;
+      for (const RequestProgress& p : engine->progress()) {
+        out[p.request_id()] = p.generated_tokens();
+      }
+      return out;
+    };
+    const std::map<std::string, int64_t> none,
+        one = {{"a", 1}, {"b", 1}}, two = {{"a", 2}, {"b", 2}}, three = {{"a", 3}, {"b", 3}};
+    ASSERT_TRUE(engine->Step().ok());  // prefill, then each samples its first token
+    EXPECT_EQ(progress(), async ? none : one);
+    ASSERT_TRUE(engine->Step().ok());
+    ASSERT_TRUE(engine->Step().ok());
+    EXPECT_EQ(progress(), async ? two : three);
+    auto flushed = engine->Flush();
+    ASSERT_TRUE(flushed.ok()) << flushed.status();
+    EXPECT_TRUE(flushed->empty());
+    EXPECT_EQ(progress(), three);
+    auto rest = Run(engine.get(), {});
+    EXPECT_EQ(rest.size(), 2u);
+    EXPECT_TRUE(engine->progress().empty());
+  }
 }
 
 TEST_F(EngineTest, DropAllFreesEverything) {

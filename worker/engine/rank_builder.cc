@@ -8,6 +8,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
 #include "glog/logging.h"
 #include "worker/model/ep_expert_dispatcher.h"
@@ -219,6 +220,7 @@ absl::Status BuildRank(const RankSpec& spec, const RankHooks& hooks,
   const ExpertRange range = ExpertsOfRank(config.n_routed_experts, spec.world_size, spec.rank);
   LoadOptions load = ExpertsToLoad(config, spec.world_size, spec.rank, spec.dispatcher.partitioned,
                                    spec.placement);
+  load.load_threads = spec.load_threads;
   if (KeepsCheckpointFp8(spec.backend) && (*arch)->keeps_fp8) {
     // The source outlives the load (BuildModel below); the weight bytes count FP8 too.
     load.keep_fp8 = [src = source->get()](const std::string& name) { return src->StoresFp8(name); };
@@ -236,9 +238,16 @@ absl::Status BuildRank(const RankSpec& spec, const RankHooks& hooks,
   const int64_t floats_per_token = (*arch)->activation_floats_per_token(config);
   int64_t reserve = ActivationReserveBytes(floats_per_token, spec.max_batch_tokens) +
                     ModelWeights::Fp8DequantScratchBytes(config, load);
-  if (spec.backend.kind == "cuda" && spec.decode_graphs.enabled) {
-    reserve +=
-        DecodeGraphReserveBytes(floats_per_token, DecodeGraphBuckets(spec.decode_graphs.max_batch));
+  // Graphs recorded at start-up: the buckets a rank can decode (it runs at most max_running
+  // sequences), exactly those the reserve counts.
+  const bool capture = spec.capture_decode_graphs && spec.decode_graphs.enabled &&
+                       (!spec.dispatcher.partitioned || spec.world_size == 1);
+  DecodeGraphOptions graphs = spec.decode_graphs;
+  if (capture) {
+    graphs.max_batch = std::max<int64_t>(1, std::min<int64_t>(graphs.max_batch, spec.max_running));
+  }
+  if (spec.backend.kind == "cuda" && graphs.enabled) {
+    reserve += DecodeGraphReserveBytes(floats_per_token, DecodeGraphBuckets(graphs.max_batch));
   }
   const absl::StatusOr<DeviceMemoryInfo> before_load = be->MemoryInfo();
   const bool planned = spec.kv_cache_blocks <= 0 && spec.kv_cache_tokens <= 0 && before_load.ok();
@@ -258,11 +267,18 @@ absl::Status BuildRank(const RankSpec& spec, const RankHooks& hooks,
     return d;
   };
   phase_done("memory check");
+  const absl::Time load_start = absl::Now();
   auto model = BuildModel(config, source->get(), be, load, make);
   if (!model.ok()) return model.status();
+  be->Synchronize();  // the uploads are done
+  const double load_s = absl::ToDoubleSeconds(absl::Now() - load_start);
+  LOG(INFO) << "rank " << spec.rank << ": start-up: weights loaded in "
+            << absl::StrFormat("%.3f s, %.3f GB, %.2f GB/s", load_s, weight_bytes / 1e9,
+                               load_s > 0 ? weight_bytes / 1e9 / load_s : 0.0)
+            << " (" << (*source)->description() << ")";
   phase_done("weights");
   parts->model = std::move(*model);
-  parts->model->SetDecodeGraphOptions(spec.decode_graphs);
+  parts->model->SetDecodeGraphOptions(graphs);
   parts->model->SetFusedOps(spec.fused_ops);
   parts->model->SetPrefillAttention(spec.prefill_attention);
   if (absl::Status st = parts->model->SetMicroBatches(spec.micro_batches); !st.ok()) {
@@ -313,6 +329,18 @@ absl::Status BuildRank(const RankSpec& spec, const RankHooks& hooks,
   if (!pool.ok()) return pool.status();
   parts->pool = std::move(*pool);
   phase_done("memory plan and KV cache");
+  if (capture) {
+    const absl::Time capture_start = absl::Now();
+    absl::StatusOr<int> recorded = parts->model->CaptureDecodeGraphs(parts->pool.get());
+    if (!recorded.ok()) return recorded.status();
+    if (*recorded > 0) {
+      LOG(INFO) << "rank " << spec.rank << ": start-up: decode graphs recorded in "
+                << absl::StrFormat("%.3f s", absl::ToDoubleSeconds(absl::Now() - capture_start))
+                << ", " << *recorded << " graphs, buckets "
+                << absl::StrJoin(DecodeGraphBuckets(graphs.max_batch), " ");
+    }
+    phase_done("graph capture");
+  }
   LOG(INFO) << "rank " << spec.rank << ": start-up: " << phases;
   return absl::OkStatus();
 }

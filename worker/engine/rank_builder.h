@@ -4,7 +4,9 @@
 // over the TCP group where the expert exchange runs GPU to GPU, plans the GPU memory (the weights
 // must fit before anything is loaded; the KV cache gets what is left), loads the rank's share of
 // the model (with a partitioned dispatcher only its routed experts: a contiguous range, or the
-// experts of its EPLB slots) and makes its KV pool from the model's cache spec.
+// experts of its EPLB slots) and makes its KV pool from the model's cache spec; optionally it
+// records the decode graphs. The weight load and the graph capture each log one line
+// (`start-up: weights loaded in ...`, `start-up: decode graphs recorded in ...`).
 //
 // What a rank is made of is a RankParts, filled as each part comes up, so that whoever owns it
 // tears a half-built rank down in the right order too.
@@ -109,7 +111,15 @@ struct RankSpec {
   std::function<absl::StatusOr<std::unique_ptr<WeightSource>>(const std::string& model,
                                                               ModelConfig* config)>
       open_weights;
+  // LoadOptions::load_threads (0: the machine's hardware threads, at most 8).
+  int load_threads = 0;
   DecodeGraphOptions decode_graphs;
+  // Record the decode graphs at start-up (CausalLm::CaptureDecodeGraphs), for the buckets up to
+  // min(decode_graphs.max_batch, max_running): a rank never decodes more sequences at once, and
+  // the memory plan reserves exactly those graphs. Only where the steps exchange nothing between
+  // ranks (every rank would have to capture in lock-step); false: each bucket is recorded on its
+  // first step.
+  bool capture_decode_graphs = false;
   bool fused_ops = true;
   int32_t micro_batches = 1;  // CausalLm::SetMicroBatches
   PrefillAttention prefill_attention = PrefillAttention::kAuto;

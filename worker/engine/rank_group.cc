@@ -221,12 +221,14 @@ absl::StatusOr<uint64_t> RankGroup::StagePlacement(int local) {
     r.loading_epoch = epoch;
     r.loading_needed = std::move(needed);
   }
-  // A finished read: upload (on this thread, which owns the backend) and mark it ready.
+  // A finished read: upload (on this thread, which owns the backend, once no step runs) and mark
+  // it ready.
   if (r.loading_host.valid() &&
       r.loading_host.wait_for(std::chrono::seconds(0)) == std::future_status::ready) {
     absl::StatusOr<ModelWeights::HostExperts> host = r.loading_host.get();
     if (!host.ok()) return host.status();
     if (r.loading_epoch > r.epoch && r.loading_epoch > r.staged_epoch) {
+      if (absl::Status st = FlushEngine(local); !st.ok()) return st;
       int64_t count = 0;
       for (const auto& layer : *host) count += static_cast<int64_t>(layer.size());
       r.staged_loaded = ModelWeights::UploadRoutedExperts(*host, r.parts.backend.get());
@@ -393,6 +395,8 @@ bool RankGroup::FormRank(int local) {
   spec.placement = layout_.placement;
   spec.model = options_.model->spec;
   spec.decode_graphs = options_.decode_graphs;
+  spec.capture_decode_graphs = true;
+  spec.load_threads = options_.load_threads;
   spec.kv_cache_dtype = options_.kv_cache_dtype;
   spec.block_size = options_.block_size;
   spec.kv_cache_tokens = options_.kv_cache_tokens;
@@ -433,6 +437,15 @@ bool RankGroup::FormRank(int local) {
   eo.prefix_cache.store = options_.kv_block_store.get();
   eo.speculative_tokens = options_.speculative_tokens;
   eo.draft_min_confidence = options_.draft_min_confidence;
+  // The TCP group carries the agreement of every loop round; a step that exchanges over it too
+  // cannot run beside that round on another thread.
+  const bool steps_use_group = eo.step_when_idle && r.parts.data_plane == comm::DataPlane::kTcp;
+  eo.async_scheduling = options_.async_scheduling && !steps_use_group;
+  if (options_.async_scheduling && steps_use_group && r.global == layout_.first_rank) {
+    LOG(INFO) << "group generation " << layout_.generation
+              << ": steps run synchronously (the expert exchange shares the TCP group with the "
+                 "step agreement)";
+  }
   eo.prefix_cache.key = PrefixCacheKey(options_.model->fingerprint, r.parts.backend->weight_dtype(),
                                        r.parts.pool->spec(), r.parts.pool->block_size());
   auto engine = Engine::Create(r.parts.model.get(), r.parts.pool.get(), &r.queue,
@@ -441,6 +454,8 @@ bool RankGroup::FormRank(int local) {
     Fail(r.global, engine.status());
     return false;
   }
+  LOG(INFO) << "rank " << r.global << ": async scheduling "
+            << ((*engine)->async_scheduling() ? "on" : "off");
   {
     absl::MutexLock lock(&mu_);
     r.engine = std::move(*engine);
@@ -492,12 +507,19 @@ void RankGroup::RunRank(int local) {
       }
       const int64_t any = agree[0];
       if (placements && agree[1] == -agree[2] && agree[1] > static_cast<int64_t>(r.epoch)) {
-        if (absl::Status s = SwitchPlacement(local); !s.ok()) {
+        absl::Status s = FlushEngine(local);
+        if (s.ok()) s = SwitchPlacement(local);
+        if (!s.ok()) {
           Fail(r.global, s);
           break;
         }
       }
       if (any == 0) {
+        // Only empty steps can be in flight; they end before the rank sleeps.
+        if (absl::Status s = FlushEngine(local); !s.ok()) {
+          Fail(r.global, s);
+          break;
+        }
         if (r.steps_uncollected > 0) CollectExpertCounts(local);
         WriteStepStats(local);
         // Alone, only our own queue can bring work, and a push wakes us; with peers, their
@@ -511,10 +533,14 @@ void RankGroup::RunRank(int local) {
         break;
       }
       ++r.steps_uncollected;
+      if (!finished->empty()) sink_(std::move(*finished));
       if (absl::Now() - r.last_collect >= options_.expert_load_interval) {
+        if (absl::Status s = FlushEngine(local); !s.ok()) {
+          Fail(r.global, s);
+          break;
+        }
         CollectExpertCounts(local);
       }
-      if (!finished->empty()) sink_(std::move(*finished));
     }
   }
   // Whatever this rank still holds is dropped: the coordinator re-runs it.
@@ -524,6 +550,14 @@ void RankGroup::RunRank(int local) {
     if (dropped > 0) LOG(INFO) << "rank " << r.global << ": dropped " << dropped << " request(s)";
   }
   r.queue.Drain();
+}
+
+absl::Status RankGroup::FlushEngine(int local) {
+  Rank& r = *ranks_[local];
+  absl::StatusOr<std::vector<RequestResult>> finished = r.engine->Flush();
+  if (!finished.ok()) return finished.status();
+  if (!finished->empty()) sink_(std::move(*finished));
+  return absl::OkStatus();
 }
 
 void RankGroup::WriteStepStats(int local) {

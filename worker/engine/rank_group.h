@@ -7,6 +7,9 @@
 //      with an empty batch when its dispatcher exchanges tokens, so the MoE all-to-alls of
 //      all ranks match); otherwise every rank sleeps on its RequestQueue for up to idle_wait
 //      (a new request wakes it) and loops.
+// With async scheduling an Engine step launches a model step on the engine's stepping thread and
+// returns while it runs; the rank's thread flushes the engine (Engine::Flush) before it touches
+// the model itself (expert counts, placement changes) and before it sleeps.
 // Forming: each rank is built by BuildRank (rank_builder.h: the TcpCommunicator group, the
 // backend, the NCCL data plane where there is one, the memory plan, its share of the model and
 // its KV pool), gets its Engine, then a barrier; after that the group is SERVING.
@@ -100,6 +103,12 @@ struct RankGroupOptions {
   // draft_min_confidence; 0: off, and the MTP layers are not loaded).
   int32_t speculative_tokens = 0;
   float draft_min_confidence = 0.0f;
+  // Async scheduling in every rank's engine (EngineOptions::async_scheduling), except where the
+  // model's steps exchange tokens over the TCP group that also carries the lock-step agreement
+  // (an expert-parallel group on the TCP data plane): those steps stay on the rank's thread.
+  bool async_scheduling = true;
+  // Threads that read and convert each rank's weights (LoadOptions::load_threads; 0: automatic).
+  int load_threads = 0;
   // The MLA prefill form of every rank's model.
   PrefillAttention prefill_attention = PrefillAttention::kAuto;
   // Micro-batches per step of every rank's model (CausalLm::SetMicroBatches: 1, or 2 to overlap
@@ -207,6 +216,9 @@ class RankGroup {
   void CollectExpertCounts(int local);
   // Writes the rank's StepStats when it stepped since the last write (step_stats_dir).
   void WriteStepStats(int local);
+  // Processes the rank's steps in flight (Engine::Flush) and hands their results to the sink,
+  // so that the rank's thread may use the model; the engine's error otherwise.
+  absl::Status FlushEngine(int local);
   // Checks a placement against the model and the world.
   absl::Status CheckPlacement(const ExpertPlacement& placement) const;
   bool placements_apply() const;

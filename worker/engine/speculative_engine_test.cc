@@ -353,6 +353,27 @@ TEST_F(SpeculativeEngineTest, MtpDraftsKeepTokensAndLogprobs) {
   }
 }
 
+// Drafting and verification need each step's tokens on the host before the next step forms: a
+// speculative engine steps synchronously whatever async_scheduling asks, with the outputs of the
+// engine without drafts, synchronous or async.
+TEST_F(SpeculativeEngineTest, StepsSynchronouslyWithTheOutputsOfEitherScheduling) {
+  const std::vector<WorkItem> items = MixedItems();
+  EngineOptions sync;
+  sync.async_scheduling = false;
+  const auto want_sync = Reference(items, sync);
+  const auto want_async = Reference(items);
+  for (bool async : {true, false}) {
+    EngineOptions o = Speculative(2);
+    o.async_scheduling = async;
+    auto engine = MakeEngine(drafting_, o);
+    EXPECT_FALSE(engine->async_scheduling());
+    const auto got = Run(engine.get(), items);
+    ExpectSameResults(got, want_sync);
+    ExpectSameResults(got, want_async);
+    EXPECT_GT(engine->drafts_verified(), 0);
+  }
+}
+
 // Drafts that are right except at chosen positions: accepted runs of drafts, rejections in the
 // middle of a run (their rows rolled back), and the bonus token after a fully accepted run.
 TEST_F(SpeculativeEngineTest, OracleDraftsAcceptedAndRejectedKeepTokens) {

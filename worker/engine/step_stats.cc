@@ -58,17 +58,20 @@ std::string StepStats::ToJson() const {
                           key.first, key.second, value.first, value.second);
   }
   return absl::StrFormat(
-      "{\"steps\": %d, \"capture_steps\": %d, \"step_s\": %.6f, \"capture_s\": %.6f, "
+      "{\"async_scheduling\": %s, \"steps\": %d, \"capture_steps\": %d, \"step_s\": %.6f, "
+      "\"capture_s\": %.6f, "
       "\"graph_steps\": %d, \"graph_step_s\": %.6f, "
       "\"gap_s\": %.6f, \"max_gap_s\": %.6f, \"span_s\": %.6f, \"first_step_unix\": %.6f, "
       "\"last_step_end_unix\": %.6f, \"decode_tokens\": %d, \"prefill_tokens\": %d, "
+      "\"dropped_tokens\": %d, "
       "\"finished\": %d, \"generated_tokens\": %d, \"first_tokens\": %d, \"ttft_p50_s\": %.6f, "
       "\"ttft_p99_s\": %.6f, \"ttft_max_s\": %.6f, \"histogram\": [%s]}",
-      steps_, capture_steps_, step_s_, capture_s_, graph_steps_, graph_step_s_, gap_s_, max_gap_s_,
-      span, steps_ > 0 ? absl::ToUnixMicros(first_start_) / 1e6 : 0.0,
+      async_scheduling_ ? "true" : "false", steps_, capture_steps_, step_s_, capture_s_,
+      graph_steps_, graph_step_s_, gap_s_, max_gap_s_, span,
+      steps_ > 0 ? absl::ToUnixMicros(first_start_) / 1e6 : 0.0,
       steps_ > 0 ? absl::ToUnixMicros(last_end_) / 1e6 : 0.0, decode_tokens_, prefill_tokens_,
-      finished_, generated_tokens_, static_cast<int64_t>(ttft.size()), Percentile(ttft, 50),
-      Percentile(ttft, 99), ttft.empty() ? 0.0 : ttft.back(), histogram);
+      dropped_tokens_, finished_, generated_tokens_, static_cast<int64_t>(ttft.size()),
+      Percentile(ttft, 50), Percentile(ttft, 99), ttft.empty() ? 0.0 : ttft.back(), histogram);
 }
 
 }  // namespace deepinfer

@@ -2,10 +2,12 @@
 // benchmark (tools/bench/e2e_job.py, docs/performance.md "End-to-end jobs").
 //
 // Per step it records the batch the step ran (decode sequences and prefill tokens), how long
-// Model::Step took and the host gap since the previous step ended: the device has no work
-// queued in that gap (Model::Step returns once the step's results are read back), so the gaps
-// are the device's idle time between steps as the host sees it. Steps that recorded a decode
-// graph are counted apart (graph capture is start-up work that happens on first use). Per
+// Model::Step took and the gap since the previous step ended, both timed on the thread that runs
+// the steps (the engine's StepExecutor: with async scheduling its own thread): the device has no
+// work queued in that gap (Model::Step returns once the step's results are read back), so the
+// gaps are the device's idle time between steps as the host sees it (host work inside
+// Model::Step before its first kernel counts as step time: a lower bound). Steps that recorded a
+// decode graph are counted apart (graph capture is start-up work that happens on first use). Per
 // request it records the time to first token, from the step that took the request off the
 // rank's queue to the end of the step that sampled its first token.
 //
@@ -37,19 +39,27 @@ class StepStats {
                bool recorded_graph, bool graph_replayed);
   // A request's first token, `ttft` after the step that admitted it started.
   void AddFirstToken(absl::Duration ttft) { ttft_s_.push_back(absl::ToDoubleSeconds(ttft)); }
+  // Tokens a step computed for a sequence that had finished before that step was processed
+  // (async scheduling runs a sequence's next step before its stop is known); counted in the
+  // step's batch too.
+  void AddDropped(int64_t tokens) { dropped_tokens_ += tokens; }
   // A request that finished, with how many tokens it generated.
   void AddFinished(int64_t generated) {
     ++finished_;
     generated_tokens_ += generated;
   }
 
+  // Whether the steps were formed while the one before ran (Engine::async_scheduling).
+  void set_async_scheduling(bool on) { async_scheduling_ = on; }
+
   int64_t steps() const { return steps_; }
-  // One JSON object (no newline): counts (graph_steps: through the decode graph path), times in
-  // seconds, first/last step as Unix seconds,
+  // One JSON object (no newline): async_scheduling, counts (graph_steps: through the decode graph
+  // path; dropped_tokens: AddDropped), times in seconds, first/last step as Unix seconds,
   // ttft p50/p99, and "histogram": [[decodes, prefill_tokens, steps, seconds], ...].
   std::string ToJson() const;
 
  private:
+  bool async_scheduling_ = false;
   int64_t steps_ = 0;
   int64_t capture_steps_ = 0;
   double step_s_ = 0;        // Model::Step time of the steps that recorded no graph
@@ -60,6 +70,7 @@ class StepStats {
   double max_gap_s_ = 0;
   int64_t decode_tokens_ = 0;  // tokens computed by decode rows
   int64_t prefill_tokens_ = 0;
+  int64_t dropped_tokens_ = 0;
   int64_t finished_ = 0;
   int64_t generated_tokens_ = 0;
   absl::Time first_start_ = absl::InfinitePast();

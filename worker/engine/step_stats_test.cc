@@ -18,9 +18,12 @@ TEST(StepStatsTest, GapsHistogramAndTtft) {
   stats.AddFirstToken(absl::Milliseconds(100));
   stats.AddFirstToken(absl::Milliseconds(300));
   stats.AddFinished(7);
+  stats.AddDropped(2);
+  stats.set_async_scheduling(true);
   EXPECT_EQ(stats.steps(), 3);
 
   const nlohmann::json j = nlohmann::json::parse(stats.ToJson());
+  EXPECT_EQ(j["async_scheduling"], true);
   EXPECT_EQ(j["steps"], 3);
   EXPECT_EQ(j["capture_steps"], 1);
   EXPECT_NEAR(j["step_s"].get<double>(), 0.110, 1e-9);
@@ -34,6 +37,7 @@ TEST(StepStatsTest, GapsHistogramAndTtft) {
   EXPECT_NEAR(j["last_step_end_unix"].get<double>(), 1000.145, 1e-6);
   EXPECT_EQ(j["decode_tokens"], 8);
   EXPECT_EQ(j["prefill_tokens"], 300);
+  EXPECT_EQ(j["dropped_tokens"], 2);
   EXPECT_EQ(j["finished"], 1);
   EXPECT_EQ(j["generated_tokens"], 7);
   EXPECT_EQ(j["first_tokens"], 2);
@@ -52,6 +56,7 @@ TEST(StepStatsTest, GapsHistogramAndTtft) {
 
 TEST(StepStatsTest, EmptyIsZeros) {
   const nlohmann::json j = nlohmann::json::parse(StepStats().ToJson());
+  EXPECT_EQ(j["async_scheduling"], false);
   EXPECT_EQ(j["steps"], 0);
   EXPECT_EQ(j["gap_s"], 0.0);
   EXPECT_EQ(j["ttft_p50_s"], 0.0);

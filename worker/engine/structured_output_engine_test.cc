@@ -4,7 +4,8 @@
 // many seeds, constrained and unconstrained requests in one batch. Every constrained output
 // must end by the grammar completing and be independently valid: JSON parsed by nlohmann and
 // validated by Python's jsonschema (skipped with a message when no such Python is found),
-// regexes checked with std::regex, choices by membership. Seeds make results repeatable.
+// regexes checked with std::regex, choices by membership. Seeds make results repeatable. Outputs
+// are the same with async scheduling on and off.
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
@@ -87,13 +88,15 @@ class StructuredOutputEngineTest : public ::testing::Test {
     eos_ = static_cast<int32_t>(*eos);
   }
 
-  std::map<std::string, RequestResult> Run(std::vector<WorkItem> items) {
+  std::map<std::string, RequestResult> Run(std::vector<WorkItem> items,
+                                           bool async_scheduling = true) {
     auto pool =
         KvBlockPool::Create(backend_.get(), KvBlockPoolOptions{model_->CacheSpec(), 512, 16});
     EXPECT_TRUE(pool.ok()) << pool.status();
     RequestQueue queue;
     EngineOptions options;
     options.eos_token_ids = {eos_};
+    options.async_scheduling = async_scheduling;
     auto engine = Engine::Create(model_.get(), pool->get(), &queue, tokenizer_.get(), options);
     EXPECT_TRUE(engine.ok()) << engine.status();
     queue.Push(std::move(items));
@@ -254,6 +257,50 @@ TEST_F(StructuredOutputEngineTest, SameSeedSameOutputBadSpecsAndSamplingControls
       << results["biased"].text();
   EXPECT_EQ(results["min_tokens"].error_code(), "FAILED_PRECONDITION");
   EXPECT_THAT(results["min_tokens"].error_message(), HasSubstr("min_tokens is 50"));
+}
+
+// A constrained sequence's next mask needs its last token in the matcher: with async scheduling
+// it waits for that token instead of being scheduled ahead, and every output is the same as with
+// synchronous steps (constrained and free requests in one batch, penalties, logprobs).
+TEST_F(StructuredOutputEngineTest, AsyncSchedulingChangesNoOutput) {
+  std::vector<WorkItem> items;
+  for (int seed = 0; seed < 2; ++seed) {
+    WorkItem schema = Item(absl::StrCat("schema_", seed), 40 + seed, 60);
+    schema.mutable_params()->mutable_structured_output()->set_kind(
+        StructuredOutputSpec::JSON_SCHEMA);
+    schema.mutable_params()->mutable_structured_output()->set_text(kSchemas[seed]);
+    items.push_back(schema);
+    WorkItem re = Item(absl::StrCat("regex_", seed), 50 + seed, 30);
+    re.mutable_params()->mutable_structured_output()->set_kind(StructuredOutputSpec::REGEX);
+    re.mutable_params()->mutable_structured_output()->set_text(kRegex);
+    if (seed == 1) re.mutable_params()->set_presence_penalty(0.8f);
+    items.push_back(re);
+    WorkItem choice = Item(absl::StrCat("choice_", seed), 60 + seed, 30);
+    choice.mutable_params()->mutable_structured_output()->set_kind(StructuredOutputSpec::CHOICE);
+    for (const std::string& c : kChoices) {
+      choice.mutable_params()->mutable_structured_output()->add_choices(c);
+    }
+    items.push_back(choice);
+    items.push_back(Item(absl::StrCat("free_", seed), 70 + seed, 20));
+  }
+  const auto off = Run(items, false);
+  const auto on = Run(items, true);
+  ASSERT_EQ(off.size(), items.size());
+  ASSERT_EQ(on.size(), items.size());
+  for (const auto& [id, want] : off) {
+    const RequestResult& got = on.at(id);
+    SCOPED_TRACE(id);
+    EXPECT_EQ(got.error_code(), want.error_code());
+    EXPECT_THAT(std::vector<int32_t>(got.token_ids().begin(), got.token_ids().end()),
+                ::testing::ElementsAreArray(want.token_ids()));
+    EXPECT_EQ(got.text(), want.text());
+    EXPECT_EQ(got.finish_reason(), want.finish_reason());
+    ASSERT_EQ(got.logprobs_size(), want.logprobs_size());
+    for (int i = 0; i < got.logprobs_size(); ++i) {
+      EXPECT_EQ(got.logprobs(i).ShortDebugString(), want.logprobs(i).ShortDebugString());
+    }
+  }
+  EXPECT_EQ(on.at("choice_0").finish_reason(), "stop");
 }
 
 }  // namespace

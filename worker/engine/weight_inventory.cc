@@ -352,8 +352,12 @@ WeightBytes GroupBytes(const ParamGroup& g, int64_t count, WeightPrecision preci
   } else if (matrix && precision != WeightPrecision::kBf16) {
     const int64_t rows = g.shape[0], cols = g.shape[1];
     b.weights = count * n;
-    b.scales = count * CeilDiv(rows, kFp8Block) * CeilDiv(cols, kFp8Block) *
-               (scale_format == Fp8ScaleFormat::kFloat32 ? 4 : 1);
+    // float32 scales are what the CUDA loader keeps: each row of blocks padded to a multiple of 4
+    // (cuBLASLt's 128 x 128 block scaling needs that stride; worker/model/model_weights.cc).
+    const int64_t blocks = CeilDiv(cols, kFp8Block);
+    b.scales = scale_format == Fp8ScaleFormat::kFloat32
+                   ? count * CeilDiv(rows, kFp8Block) * CeilDiv(blocks, 4) * 4 * 4
+                   : count * CeilDiv(rows, kFp8Block) * blocks;
   } else {
     b.weights = count * DTypeStorageBytes(g.dtype, n);
   }

@@ -105,19 +105,20 @@ TEST(WeightInventoryTest, SmallV3BytesPerPrecision) {
   EXPECT_EQ(bf16.scales, 0);
   EXPECT_EQ(bf16.parameters, 8348);
   // fp8: 28 projection matrices (5 attention x 2 layers, 3 dense, 12 expert, 3 shared) of
-  // 4960 values, one 128x128 block each (4-byte scale); the other 3384 bf16 + 4 fp32.
+  // 4960 values, one 128x128 block each (a 4-byte scale, its row padded to 4 scales: 16 bytes);
+  // the other 3384 bf16 + 4 fp32.
   WeightBytes fp8 = PerGpuWeightBytes(*inv, 1, WeightPrecision::kFp8, Fp8ScaleFormat::kFloat32);
   EXPECT_EQ(fp8.weights, 4960 + 3384 * 2 + 16);
-  EXPECT_EQ(fp8.scales, 28 * 4);
+  EXPECT_EQ(fp8.scales, 28 * 16);
   WeightBytes ue8m0 = PerGpuWeightBytes(*inv, 1, WeightPrecision::kFp8, Fp8ScaleFormat::kUe8m0);
   EXPECT_EQ(ue8m0.scales, 28);
   // mxfp4 on 2 GPUs: 2 of the 4 experts here. An expert: gate and up 8x16 (64 bytes of values,
   // 8 scales each), down 16x8 (64 bytes, 16 scales) = 192 + 32. The rest as fp8 without the
-  // 1536 expert values and their 12 scales.
+  // 1536 expert values and their 12 scales (16 bytes each).
   WeightBytes mx =
       PerGpuWeightBytes(*inv, 2, WeightPrecision::kMxfp4Experts, Fp8ScaleFormat::kFloat32);
   EXPECT_EQ(mx.weights, (4960 - 1536) + 3384 * 2 + 16 + 2 * 192);
-  EXPECT_EQ(mx.scales, 16 * 4 + 2 * 32);
+  EXPECT_EQ(mx.scales, 16 * 16 + 2 * 32);
   EXPECT_EQ(mx.parameters, 8348 - 1536 + 768);
 }
 
@@ -171,10 +172,10 @@ TEST(WeightInventoryTest, BlockScalesRoundUp) {
   ParamGroup g;
   g.shape = {300, 129};
   g.linear = true;
-  // fp8: 3 x 2 blocks of 128.
+  // fp8: 3 x 2 blocks of 128; float32 scale rows padded to 4 (the CUDA loader's stride).
   WeightBytes fp8 = GroupBytes(g, 1, WeightPrecision::kFp8, Fp8ScaleFormat::kFloat32);
   EXPECT_EQ(fp8.weights, 300 * 129);
-  EXPECT_EQ(fp8.scales, 6 * 4);
+  EXPECT_EQ(fp8.scales, 3 * 4 * 4);
   EXPECT_EQ(GroupBytes(g, 2, WeightPrecision::kFp8, Fp8ScaleFormat::kUe8m0).scales, 12);
   // mxfp4 applies to routed experts only: 65 bytes a row (129 values), 5 scales a row.
   g.routed_experts = 8;

@@ -78,6 +78,7 @@ class KvBlockPool {
   void WriteBlock(int32_t block, const std::string& data) const;
   // The backend's status (a failed device cannot be read back).
   absl::Status backend_status() const { return backend_->status(); }
+  Backend* backend() const { return backend_; }
   // Number of blocks a sequence of num_tokens tokens needs.
   int32_t BlocksFor(int64_t num_tokens) const;
 

@@ -34,7 +34,6 @@ PrefixCache::PrefixCache(KvBlockPool* pool, PrefixCacheOptions options)
       store_(enabled_ && unit_blocks_ == 1 ? options.store : nullptr),
       root_(PrefixRootHash(options.key)),
       blocks_(pool->num_blocks()) {
-  CHECK_EQ(pool->num_free_blocks(), pool->num_blocks()) << "PrefixCache over a pool in use";
   if (enabled_ && unit_blocks_ > 1 && options.store != nullptr) {
     LOG(INFO) << "prefix caching in units of " << unit_blocks_ << " blocks (the KV cache "
               << pool->spec().ToString() << " has entries spanning blocks): no lower tiers";
@@ -219,6 +218,7 @@ void PrefixCache::Spill(int32_t block) {
   const Block& b = blocks_[block];
   if (!b.cached) return;
   std::string payload;
+  if (before_block_io_) before_block_io_();
   pool_->ReadBlock(block, &payload);
   store_->Put(key_, root_, b.hash, b.parent, b.tokens, std::move(payload));
   ++stats_.spilled;
@@ -238,6 +238,7 @@ int32_t PrefixCache::Restore(const std::vector<int32_t>& tokens,
   absl::StatusOr<std::vector<int32_t>> got = Allocate(1);
   CHECK(got.ok()) << got.status();
   const int32_t block = got->front();
+  if (before_block_io_) before_block_io_();
   pool_->WriteBlock(block, payload);
   Block& b = blocks_[block];
   CHECK(by_hash_.emplace(hashes[i], block).second);

@@ -44,6 +44,7 @@
 #define DEEPINFER_WORKER_KV_CACHE_PREFIX_CACHE_H_
 
 #include <cstdint>
+#include <functional>
 #include <list>
 #include <string>
 #include <vector>
@@ -79,7 +80,8 @@ struct PrefixCacheStats {
 
 class PrefixCache {
  public:
-  // `pool` must outlive the cache; every block of it must be free.
+  // `pool` must outlive the cache. Blocks already allocated (a model's decode graphs keep one for
+  // their padding rows) are not the cache's: it never hands them out nor frees them.
   PrefixCache(KvBlockPool* pool, PrefixCacheOptions options);
   ~PrefixCache();  // hands idle cached blocks back to the pool (referenced ones are a bug)
 
@@ -88,6 +90,9 @@ class PrefixCache {
 
   // Whether hits are possible (PrefixCacheOptions::enabled).
   bool enabled() const { return enabled_; }
+  // Called before a block's bytes are copied to or from the store (null: nothing), so that an
+  // owner stepping on another thread can have that thread idle first (worker/engine/engine.h).
+  void set_before_block_io(std::function<void()> f) { before_block_io_ = std::move(f); }
   int32_t block_size() const { return pool_->block_size(); }
   // Blocks per unit of registration and hits (top comment).
   int32_t unit_blocks() const { return unit_blocks_; }
@@ -171,6 +176,7 @@ class PrefixCache {
   const int32_t unit_blocks_;
   const std::string key_;
   KvBlockStore* const store_;
+  std::function<void()> before_block_io_;
   const uint64_t root_;
   std::vector<Block> blocks_;
   absl::flat_hash_map<uint64_t, int32_t> by_hash_;

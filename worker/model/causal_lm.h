@@ -92,6 +92,16 @@ class CausalLm {
                   : absl::InvalidArgumentError("micro-batches per step: 1 or 2");
   }
   virtual int micro_batches() const { return 1; }
+  // Takes from `cache` what stepping against it needs besides the sequences' blocks (the decode
+  // graphs' padding block), so that Step allocates nothing from it later: the engine calls it
+  // once, while no step runs and before it allocates any block (its scheduling counts on the
+  // blocks it sees free).
+  virtual void PrepareCache(KvBlockPool* cache) {}
+  // Start-up: records the decode graphs of every batch-size bucket of the options now, against
+  // `cache` (DecodeGraphRunner::Capture), instead of on each bucket's first step. Returns how many
+  // were recorded: 0 where decode graphs do not apply. Runs forward steps: on an expert-parallel
+  // rank only when every rank of the group calls it.
+  virtual absl::StatusOr<int> CaptureDecodeGraphs(KvBlockPool* cache) { return 0; }
   // Decode steps that ran on the padded bucket path and graphs recorded so far (tests, logs).
   virtual int64_t decode_graph_steps() const = 0;
   virtual int64_t decode_graphs_recorded() const = 0;

@@ -15,6 +15,7 @@ namespace deepinfer {
 // ops read and write exactly these (layout: see the header's top comment).
 struct DecodeGraphRunner::Graph {
   int64_t bucket = 0;
+  int32_t context_class = 0;
   int32_t max_context_hint = 0;  // the context class's bound
   std::unique_ptr<DeviceBuffer> inputs, outputs;
   std::vector<int32_t> host_inputs;  // staging for the one upload per step
@@ -82,128 +83,99 @@ DecodeGraphInputs DecodeGraphRunner::InputsOf(const Graph& g) const {
   return d;
 }
 
-std::optional<absl::StatusOr<StepOutput>> DecodeGraphRunner::Run(
-    const std::vector<SequenceStep>& batch, KvBlockPool* cache) {
-  const int64_t n = static_cast<int64_t>(batch.size());
-  if (!options_.enabled || n == 0 || buckets_.empty() || n > buckets_.back() ||
-      !backend_->SupportsCapture()) {
-    return std::nullopt;
-  }
-  if (model_.available && !model_.available()) return std::nullopt;
-  const int32_t bs = cache->block_size();
-  // The longest block table the cache (and the model) allows.
-  int32_t max_blocks = cache->num_blocks();
+bool DecodeGraphRunner::BindCache(KvBlockPool* cache) {
+  // Graphs hold the cache's addresses and a block of it for padding rows: a new cache means new
+  // graphs.
+  if (cache_id_ == cache->id()) return true;
+  Drop();
+  cache_id_ = 0;
+  cache_ = nullptr;
+  padding_block_ = -1;
+  max_blocks_ = 0;
+  absl::StatusOr<std::vector<int32_t>> block = cache->Allocate(1);
+  if (!block.ok()) return false;
+  cache_id_ = cache->id();
+  cache_ = cache;
+  padding_block_ = (*block)[0];
+  return true;
+}
+
+void DecodeGraphRunner::FitTables(int64_t needed, int32_t limit) {
+  // The tables are staged and uploaded every step, so their width is paid per step: they grow
+  // with the batches (a few times over a long decode, each time recording the graphs again)
+  // instead of every step carrying the longest table the cache could hold (a model of 2^20
+  // positions in blocks of 16: 65536 entries a row).
+  int64_t width = std::max<int64_t>(kMinTableBlocks, max_blocks_);
+  while (width < needed) width *= 2;
+  width = std::min<int64_t>(width, limit);
+  if (width == max_blocks_) return;
+  Drop();
+  max_blocks_ = static_cast<int32_t>(width);
+}
+
+absl::StatusOr<bool> DecodeGraphRunner::PrepareModel(const std::vector<SequenceStep>& batch,
+                                                     int64_t bucket, KvBlockPool* cache) {
+  if (!model_.prepare) return true;
+  return model_.prepare(batch, bucket, cache);
+}
+
+int32_t DecodeGraphRunner::MaxBlocks(const KvBlockPool& cache) const {
+  // The longest sequence the cache (and the model) allows.
+  const int32_t bs = cache.block_size();
+  int32_t max_blocks = cache.num_blocks();
   if (model_.max_position_embeddings > 0) {
     max_blocks = std::min<int32_t>(
         max_blocks, static_cast<int32_t>((model_.max_position_embeddings + bs - 1) / bs));
   }
-  int64_t longest = 1;  // blocks the batch's tables need
-  int64_t num_adjustments = 0;
-  for (const SequenceStep& s : batch) {
-    if (s.tokens.size() != 1 || s.return_logits || !s.sampling.has_value() ||
-        s.sampling->temperature > 0.0f || s.sampling->num_logprobs != 0 || s.fill_allowed_tokens) {
-      return std::nullopt;
-    }
-    // Adjustments the general path would refuse go there, which names what is wrong.
-    if (!Sampler::Validate(*s.sampling, model_.vocab_size).ok()) return std::nullopt;
-    num_adjustments += static_cast<int64_t>(s.sampling->adjustments.size());
-    // Malformed input goes the general way, which names what is wrong.
-    const int64_t needed = s.position_offset / bs + 1;
-    if (s.tokens[0] < 0 || s.tokens[0] >= model_.vocab_size || s.position_offset < 0 ||
-        static_cast<int64_t>(s.block_table.size()) < needed || needed > max_blocks) {
-      return std::nullopt;
-    }
-    for (int64_t b = 0; b < needed; ++b) {
-      if (s.block_table[b] < 0 || s.block_table[b] >= cache->num_blocks()) return std::nullopt;
-    }
-    longest = std::max(longest, needed);
-  }
-  const int64_t bucket = *std::lower_bound(buckets_.begin(), buckets_.end(), n);
-  // The context class: the backend's attention may pick its kernel by the longest context, which
-  // a recording cannot see, so batches up to the break and above it get a graph each.
-  int64_t max_context = 1;  // padding rows see one position
-  for (const SequenceStep& s : batch) max_context = std::max(max_context, s.position_offset + 1);
+  return max_blocks;
+}
+
+std::unique_ptr<DecodeGraphRunner::Graph> DecodeGraphRunner::NewGraph(const GraphKey& key,
+                                                                      int64_t num_adjustments) {
+  const int64_t bucket = key.first;
+  const int32_t context_class = key.second & 1;
   const int32_t context_break = model_.context_break ? model_.context_break(bucket) : 0;
-  const int32_t context_class = context_break > 0 && max_context > context_break ? 1 : 0;
-  const GraphKey key(bucket, context_class | (num_adjustments > 0 ? 2 : 0));
-  if (failed_.count(key)) return std::nullopt;
-  if (num_adjustments > std::numeric_limits<int32_t>::max()) return std::nullopt;
+  const int32_t bs = cache_->block_size();
+  auto g = std::make_unique<Graph>();
+  g->bucket = bucket;
+  g->context_class = context_class;
+  // Class 0 under a break: the break; otherwise the longest context the graph can see.
+  g->max_context_hint =
+      context_break > 0 && context_class == 0
+          ? context_break
+          : static_cast<int32_t>(std::min<int64_t>(static_cast<int64_t>(max_blocks_) * bs,
+                                                   std::numeric_limits<int32_t>::max()));
+  const size_t ints = 5 * bucket + 1 + bucket * static_cast<size_t>(max_blocks_);
+  g->host_inputs.assign(ints, 0);
+  g->inputs = backend_->Allocate(ints * sizeof(int32_t));
+  g->outputs = backend_->Allocate(2 * bucket * sizeof(int32_t));
+  if (num_adjustments > 0) {
+    int64_t capacity = 1024;
+    while (capacity < num_adjustments) capacity *= 2;
+    g->adjustment_capacity = capacity;
+    g->adjustments = backend_->Allocate(capacity * sizeof(LogitAdjustment));
+    g->num_adjustments = backend_->Allocate(sizeof(int32_t));
+  }
+  return g;
+}
 
-  // Graphs hold the cache's addresses and a block of it for padding rows: a new cache means new
-  // graphs.
-  if (cache_id_ != cache->id()) {
-    Drop();
-    cache_id_ = 0;
-    cache_ = nullptr;
-    padding_block_ = -1;
-    max_blocks_ = 0;
-    absl::StatusOr<std::vector<int32_t>> block = cache->Allocate(1);
-    if (!block.ok()) return std::nullopt;  // full: try again with the next step
-    cache_id_ = cache->id();
-    cache_ = cache;
-    padding_block_ = (*block)[0];
-  }
-  // The graphs' fixed block-table width: what the batch needs, rounded up to a power of two (at
-  // least kMinTableBlocks), within what the cache allows. The tables are staged and uploaded
-  // every step, so their width is paid per step: a batch that needs more than the graphs have
-  // doubles it and records every graph again (a few times over a long decode), instead of every
-  // step carrying the longest table the cache could hold (a model of 2^20 positions in blocks of
-  // 16: 65536 entries a row).
-  if (longest > max_blocks_) {
-    int64_t width = kMinTableBlocks;
-    while (width < longest) width *= 2;
-    Drop();
-    max_blocks_ = static_cast<int32_t>(std::min<int64_t>(width, max_blocks));
-  }
-
-  if (model_.prepare) {
-    absl::StatusOr<bool> prepared = model_.prepare(batch, bucket, cache);
-    if (!prepared.ok()) return absl::StatusOr<StepOutput>(prepared.status());
-    if (!*prepared) return std::nullopt;
-  }
-
-  std::unique_ptr<Graph>& slot = graphs_[key];
-  if (slot != nullptr && num_adjustments > slot->adjustment_capacity) {
-    // More entries than this graph has room for: a larger one replaces it.
-    backend_->Synchronize();
-    slot.reset();
-  }
-  const bool first_use = slot == nullptr;
-  if (first_use) {
-    slot = std::make_unique<Graph>();
-    slot->bucket = bucket;
-    // Class 0 under a break: the break; otherwise the longest context the graph can see.
-    slot->max_context_hint =
-        context_break > 0 && context_class == 0
-            ? context_break
-            : static_cast<int32_t>(std::min<int64_t>(static_cast<int64_t>(max_blocks_) * bs,
-                                                     std::numeric_limits<int32_t>::max()));
-    const size_t ints = 5 * bucket + 1 + bucket * static_cast<size_t>(max_blocks_);
-    slot->host_inputs.assign(ints, 0);
-    slot->inputs = backend_->Allocate(ints * sizeof(int32_t));
-    slot->outputs = backend_->Allocate(2 * bucket * sizeof(int32_t));
-    if (num_adjustments > 0) {
-      int64_t capacity = 1024;
-      while (capacity < num_adjustments) capacity *= 2;
-      slot->adjustment_capacity = capacity;
-      slot->adjustments = backend_->Allocate(capacity * sizeof(LogitAdjustment));
-      slot->num_adjustments = backend_->Allocate(sizeof(int32_t));
-    }
-  }
-  Graph& g = *slot;
-  const int64_t B = bucket;
+void DecodeGraphRunner::UploadInputs(Graph& g, const std::vector<SequenceStep>& batch) {
+  const int64_t n = static_cast<int64_t>(batch.size());
+  const int32_t bs = cache_->block_size();
+  const int32_t max_blocks = max_blocks_;
+  const int64_t B = g.bucket;
   int32_t* in = g.host_inputs.data();
   int32_t* tables = in + 5 * B + 1;
   const int32_t pad_slot = padding_block_ * bs;
   for (int64_t i = 0; i < B; ++i) {
-    int32_t* row = tables + i * max_blocks_;
-    std::fill(row, row + max_blocks_, padding_block_);
+    int32_t* row = tables + i * max_blocks;
+    std::fill(row, row + max_blocks, padding_block_);
     in[3 * B + i] = static_cast<int32_t>(i);  // token_seq
     if (i < n) {
       const SequenceStep& s = batch[i];
       const int64_t pos = s.position_offset;
       const int64_t used =
-          std::min<int64_t>(static_cast<int64_t>(s.block_table.size()), max_blocks_);
+          std::min<int64_t>(static_cast<int64_t>(s.block_table.size()), max_blocks);
       std::copy(s.block_table.begin(), s.block_table.begin() + used, row);
       in[i] = s.tokens[0];
       in[B + i] = static_cast<int32_t>(pos);
@@ -233,61 +205,173 @@ std::optional<absl::StatusOr<StepOutput>> DecodeGraphRunner::Run(
                            g.adjustments->data());
     backend_->CopyToDevice(&g.host_num_adjustments, sizeof(int32_t), g.num_adjustments->data());
   }
-  const DecodeGraphInputs inputs = InputsOf(g);
+}
 
-  if (g.ops != nullptr) {
-    if (absl::Status st = g.ops->Replay(); !st.ok()) return absl::StatusOr<StepOutput>(st);
+absl::StatusOr<std::vector<int32_t>> DecodeGraphRunner::RunGraph(const GraphKey& key, Graph* g) {
+  const DecodeGraphInputs inputs = InputsOf(*g);
+  if (g->ops != nullptr) {
+    if (absl::Status st = g->ops->Replay(); !st.ok()) return st;
   } else {
     // First use (or replay off): run the same ops eagerly. This also loads every kernel once
     // before anything is recorded.
     absl::Status st = model_.forward(inputs);
     if (!st.ok()) {
-      if (st.code() != absl::StatusCode::kFailedPrecondition) {
-        return absl::StatusOr<StepOutput>(st);
-      }
+      if (st.code() != absl::StatusCode::kFailedPrecondition) return st;
       // The device path refused (e.g. routed experts it cannot run): the layers before it only
       // rewrote this step's cache entries, which the general path writes again.
-      LOG(WARNING) << "decode graphs: batch bucket " << B << " (context class " << context_class
-                   << ") runs eagerly: " << st;
+      LOG(WARNING) << "decode graphs: batch bucket " << key.first << " (context class "
+                   << (key.second & 1) << ") runs eagerly: " << st;
       failed_.insert(key);
       graphs_.erase(key);
+      return absl::CancelledError("the device path refused this bucket");
+    }
+  }
+  std::vector<int32_t> out_host(2 * g->bucket);
+  backend_->CopyToHost(g->outputs->data(), out_host.size() * sizeof(int32_t), out_host.data());
+  if (absl::Status st = backend_->status(); !st.ok()) return st;
+  return out_host;
+}
+
+bool DecodeGraphRunner::Record(const GraphKey& key, Graph* g) {
+  // Record for the next steps (nothing runs now).
+  const int64_t B = g->bucket;
+  const int32_t context_class = key.second & 1;
+  const DecodeGraphInputs inputs = InputsOf(*g);
+  const auto t0 = std::chrono::steady_clock::now();
+  absl::StatusOr<DeviceMemoryInfo> before = backend_->MemoryInfo();
+  absl::StatusOr<std::unique_ptr<CapturedOps>> ops =
+      backend_->Capture([this, inputs] { return model_.forward(inputs); }, CaptureOptions{B});
+  if (!ops.ok()) {
+    LOG(WARNING) << "decode graphs: recording batch bucket " << B << " (context class "
+                 << context_class << ") failed, it runs eagerly: " << ops.status();
+    failed_.insert(key);
+    graphs_.erase(key);
+    return false;
+  }
+  g->ops = std::move(*ops);
+  ++graphs_recorded_;
+  const double ms =
+      std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+  absl::StatusOr<DeviceMemoryInfo> after = backend_->MemoryInfo();
+  std::string mem;
+  if (before.ok() && after.ok()) {
+    mem =
+        absl::StrFormat(", device memory in use +%.1f MiB",
+                        (static_cast<double>(before->free_bytes) - after->free_bytes) / (1 << 20));
+  }
+  LOG(INFO) << absl::StrFormat(
+      "decode graph for batch bucket %d (context class %d, attention sees <= %d positions) "
+      "recorded in %.1f ms%s",
+      B, context_class, g->max_context_hint, ms, mem);
+  return true;
+}
+
+void DecodeGraphRunner::Prepare(KvBlockPool* cache) {
+  if (!options_.enabled || buckets_.empty() || !backend_->SupportsCapture()) return;
+  if (BindCache(cache)) FitTables(1, MaxBlocks(*cache));
+}
+
+absl::StatusOr<int> DecodeGraphRunner::Capture(KvBlockPool* cache) {
+  if (!options_.enabled || buckets_.empty() || !backend_->SupportsCapture()) return 0;
+  if (model_.available && !model_.available()) return 0;
+  if (!BindCache(cache)) {
+    return absl::ResourceExhaustedError(
+        "decode graphs: no free KV cache block for the padding rows");
+  }
+  FitTables(1, MaxBlocks(*cache));
+  int recorded = 0;
+  for (int64_t bucket : buckets_) {
+    const int32_t context_break = model_.context_break ? model_.context_break(bucket) : 0;
+    for (int32_t context_class : {0, 1}) {
+      if (context_class == 1 && context_break <= 0) continue;
+      const GraphKey key(bucket, context_class);
+      if (failed_.count(key)) continue;
+      std::unique_ptr<Graph>& slot = graphs_[key];
+      if (slot != nullptr && slot->ops != nullptr) continue;
+      absl::StatusOr<bool> prepared = PrepareModel({}, bucket, cache);
+      if (!prepared.ok()) return prepared.status();
+      if (!*prepared) continue;
+      if (slot == nullptr) slot = NewGraph(key, 0);
+      Graph* g = slot.get();
+      UploadInputs(*g, {});  // padding rows only: they write nothing but the padding block
+      absl::StatusOr<std::vector<int32_t>> out = RunGraph(key, g);
+      if (!out.ok()) {
+        if (out.status().code() == absl::StatusCode::kCancelled) continue;
+        return out.status();
+      }
+      if (!options_.replay) continue;
+      if (Record(key, g)) ++recorded;
+    }
+  }
+  return recorded;
+}
+
+std::optional<absl::StatusOr<StepOutput>> DecodeGraphRunner::Run(
+    const std::vector<SequenceStep>& batch, KvBlockPool* cache) {
+  const int64_t n = static_cast<int64_t>(batch.size());
+  if (!options_.enabled || n == 0 || buckets_.empty() || n > buckets_.back() ||
+      !backend_->SupportsCapture()) {
+    return std::nullopt;
+  }
+  if (model_.available && !model_.available()) return std::nullopt;
+  const int32_t bs = cache->block_size();
+  const int32_t max_blocks = MaxBlocks(*cache);
+  int64_t num_adjustments = 0;
+  int64_t longest = 1;  // blocks the batch's tables need
+  for (const SequenceStep& s : batch) {
+    if (s.tokens.size() != 1 || s.return_logits || !s.sampling.has_value() ||
+        s.sampling->temperature > 0.0f || s.sampling->num_logprobs != 0 || s.fill_allowed_tokens) {
       return std::nullopt;
     }
-  }
-  std::vector<int32_t> out_host(2 * B);
-  backend_->CopyToHost(g.outputs->data(), 2 * B * sizeof(int32_t), out_host.data());
-  if (absl::Status st = backend_->status(); !st.ok()) return absl::StatusOr<StepOutput>(st);
-  ++steps_;
-
-  if (first_use && options_.replay) {
-    // Record for the next steps (nothing runs now).
-    const auto t0 = std::chrono::steady_clock::now();
-    absl::StatusOr<DeviceMemoryInfo> before = backend_->MemoryInfo();
-    absl::StatusOr<std::unique_ptr<CapturedOps>> ops =
-        backend_->Capture([&] { return model_.forward(inputs); }, CaptureOptions{B});
-    if (!ops.ok()) {
-      LOG(WARNING) << "decode graphs: recording batch bucket " << B << " (context class "
-                   << context_class << ") failed, it runs eagerly: " << ops.status();
-      failed_.insert(key);
-      graphs_.erase(key);
-    } else {
-      g.ops = std::move(*ops);
-      ++graphs_recorded_;
-      const double ms =
-          std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
-      absl::StatusOr<DeviceMemoryInfo> after = backend_->MemoryInfo();
-      std::string mem;
-      if (before.ok() && after.ok()) {
-        mem = absl::StrFormat(
-            ", device memory in use +%.1f MiB",
-            (static_cast<double>(before->free_bytes) - after->free_bytes) / (1 << 20));
-      }
-      LOG(INFO) << absl::StrFormat(
-          "decode graph for batch bucket %d (context class %d, attention sees <= %d positions) "
-          "recorded in %.1f ms%s",
-          B, context_class, g.max_context_hint, ms, mem);
+    // Adjustments the general path would refuse go there, which names what is wrong.
+    if (!Sampler::Validate(*s.sampling, model_.vocab_size).ok()) return std::nullopt;
+    num_adjustments += static_cast<int64_t>(s.sampling->adjustments.size());
+    // Malformed input goes the general way, which names what is wrong.
+    const int64_t needed = s.position_offset / bs + 1;
+    if (s.tokens[0] < 0 || s.tokens[0] >= model_.vocab_size || s.position_offset < 0 ||
+        static_cast<int64_t>(s.block_table.size()) < needed || needed > max_blocks) {
+      return std::nullopt;
     }
+    for (int64_t b = 0; b < needed; ++b) {
+      if (s.block_table[b] < 0 || s.block_table[b] >= cache->num_blocks()) return std::nullopt;
+    }
+    longest = std::max(longest, needed);
   }
+  const int64_t bucket = *std::lower_bound(buckets_.begin(), buckets_.end(), n);
+  // The context class: the backend's attention may pick its kernel by the longest context, which
+  // a recording cannot see, so batches up to the break and above it get a graph each.
+  int64_t max_context = 1;  // padding rows see one position
+  for (const SequenceStep& s : batch) max_context = std::max(max_context, s.position_offset + 1);
+  const int32_t context_break = model_.context_break ? model_.context_break(bucket) : 0;
+  const int32_t context_class = context_break > 0 && max_context > context_break ? 1 : 0;
+  const GraphKey key(bucket, context_class | (num_adjustments > 0 ? 2 : 0));
+  if (failed_.count(key)) return std::nullopt;
+  if (num_adjustments > std::numeric_limits<int32_t>::max()) return std::nullopt;
+  if (!BindCache(cache)) return std::nullopt;  // full: try again with the next step
+  FitTables(longest, max_blocks);
+  absl::StatusOr<bool> prepared = PrepareModel(batch, bucket, cache);
+  if (!prepared.ok()) return absl::StatusOr<StepOutput>(prepared.status());
+  if (!*prepared) return std::nullopt;
+
+  std::unique_ptr<Graph>& slot = graphs_[key];
+  if (slot != nullptr && num_adjustments > slot->adjustment_capacity) {
+    // More entries than this graph has room for: a larger one replaces it.
+    backend_->Synchronize();
+    slot.reset();
+  }
+  const bool first_use = slot == nullptr;
+  if (first_use) slot = NewGraph(key, num_adjustments);
+  Graph& g = *slot;
+  UploadInputs(g, batch);
+  absl::StatusOr<std::vector<int32_t>> outputs = RunGraph(key, &g);
+  if (!outputs.ok()) {
+    if (outputs.status().code() == absl::StatusCode::kCancelled) return std::nullopt;
+    return absl::StatusOr<StepOutput>(outputs.status());
+  }
+  ++steps_;
+  if (first_use && options_.replay) Record(key, &g);
+  const std::vector<int32_t>& out_host = *outputs;
+  const int64_t B = bucket;
 
   StepOutput out;
   out.logits.resize(n);

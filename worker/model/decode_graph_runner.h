@@ -123,6 +123,18 @@ class DecodeGraphRunner {
   std::optional<absl::StatusOr<StepOutput>> Run(const std::vector<SequenceStep>& batch,
                                                 KvBlockPool* cache);
 
+  // Takes the padding rows' block from `cache` now, where the path may apply (enabled, a backend
+  // that can record), so that Run takes none from it later.
+  void Prepare(KvBlockPool* cache);
+  // Start-up: takes the padding rows' block from `cache` and records the graphs of every bucket
+  // (both context classes where the backend has a break; plain greedy batches, no logit
+  // adjustments) by running each once on padding rows only, which write nothing but the padding
+  // block. Returns the graphs recorded; 0 where the path does not apply (disabled, a backend that
+  // cannot record, DecodeGraphModel::available false). A bucket the device path refuses is left
+  // to the general path, as in Run. RESOURCE_EXHAUSTED without a free block; the step's errors.
+  // Run then replays them, and takes no block from the cache it was given here.
+  absl::StatusOr<int> Capture(KvBlockPool* cache);
+
   // Steps that ran on the padded bucket path (replayed or, with replay off, eager) and graphs
   // recorded so far.
   int64_t steps() const { return steps_; }
@@ -135,6 +147,26 @@ class DecodeGraphRunner {
   // 1 above), bit 1 set for graphs that apply logit adjustments.
   using GraphKey = std::pair<int64_t, int32_t>;
   DecodeGraphInputs InputsOf(const Graph& g) const;
+  // The longest block table the cache (and the model) allows.
+  int32_t MaxBlocks(const KvBlockPool& cache) const;
+  // Makes the graphs' addresses those of `cache` (dropping graphs of another one) and takes the
+  // padding block; false when the cache has no free block.
+  bool BindCache(KvBlockPool* cache);
+  // Makes the tables at least `needed` blocks wide: the width so far, doubled from
+  // kMinTableBlocks until it holds them, at most `limit`; a new width drops the graphs.
+  void FitTables(int64_t needed, int32_t limit);
+  // DecodeGraphModel::prepare where the model has it (true without).
+  absl::StatusOr<bool> PrepareModel(const std::vector<SequenceStep>& batch, int64_t bucket,
+                                    KvBlockPool* cache);
+  // A graph's buffers for `key`, with room for num_adjustments logit adjustments.
+  std::unique_ptr<Graph> NewGraph(const GraphKey& key, int64_t num_adjustments);
+  // The batch's rows (then padding) into g's inputs, uploaded.
+  void UploadInputs(Graph& g, const std::vector<SequenceStep>& batch);
+  // Replays g (or runs it eagerly before it is recorded) and returns its outputs on the host;
+  // CANCELLED when the device path refused the bucket (marked failed, g dropped).
+  absl::StatusOr<std::vector<int32_t>> RunGraph(const GraphKey& key, Graph* g);
+  // Records g's ops for replay; false (marked failed, g dropped) when that fails.
+  bool Record(const GraphKey& key, Graph* g);
 
   Backend* const backend_;
   const DecodeGraphModel model_;

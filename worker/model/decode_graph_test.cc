@@ -217,6 +217,37 @@ TEST(DecodeGraphTest, NewCacheRecordsAgain) {
   ExpectBitIdentical(*first, *second);
 }
 
+// Start-up recording (CausalLm::CaptureDecodeGraphs): every bucket up to the options' largest is
+// recorded before any step (bucket 1 once per context class), on padding rows only (they count
+// no EPLB load and touch no sequence's entries); the decode steps then replay them without
+// recording more, with the results of graphs recorded on first use.
+TEST(DecodeGraphTest, RecordedAtStartUpThenReplayed) {
+  RecordingCpuBackend backend;
+  backend.break_ = 8;
+  DecodeGraphOptions options;
+  options.max_batch = 16;
+  auto lazy = Load(&backend, options);
+  auto upfront = Load(&backend, options);
+  ASSERT_TRUE(lazy && upfront);
+  const std::vector<int64_t> schedule = {1, 1, 3, 5, 9, 16, 2, 16};
+  auto want = RunDecodeSchedule(lazy.get(), &backend, schedule, 16);
+  ASSERT_TRUE(want.ok()) << want.status();
+  int recorded = -1;
+  auto got = RunDecodeSchedule(upfront.get(), &backend, schedule, 16, nullptr, nullptr,
+                               [&](KvBlockPool* pool) -> absl::Status {
+                                 absl::StatusOr<int> r = upfront->CaptureDecodeGraphs(pool);
+                                 if (!r.ok()) return r.status();
+                                 recorded = *r;
+                                 return absl::OkStatus();
+                               });
+  ASSERT_TRUE(got.ok()) << got.status();
+  ExpectBitIdentical(*want, *got);
+  EXPECT_EQ(recorded, 6);  // buckets 1 (twice), 2, 4, 8, 16
+  EXPECT_EQ(upfront->decode_graphs_recorded(), 6);
+  EXPECT_EQ(upfront->decode_graph_steps(), static_cast<int64_t>(schedule.size()));
+  EXPECT_EQ(backend.bad_hints_, 0);
+}
+
 // Where the backend cannot record, or refuses the routed experts on the device, steps take the
 // A backend whose one-token attention depends on the context (MlaDecodeContextBreak): bucket 1
 // gets a graph per side of the break, each replayed only for batches on its side (the hint

@@ -76,7 +76,8 @@ struct DecodeRun {
 inline absl::StatusOr<DecodeRun> RunDecodeSchedule(
     CausalLm* model, Backend* backend, const std::vector<int64_t>& schedule, int64_t num_seqs,
     const DecodeRun* forced = nullptr,
-    const std::function<std::vector<LogitAdjustment>(int64_t, size_t)>& adjust = nullptr) {
+    const std::function<std::vector<LogitAdjustment>(int64_t, size_t)>& adjust = nullptr,
+    const std::function<absl::Status(KvBlockPool*)>& on_pool = nullptr) {
   const int32_t bs = 16;
   const int64_t vocab = model->config().vocab_size;
   std::vector<SequenceStep> seqs(num_seqs);
@@ -91,6 +92,9 @@ inline absl::StatusOr<DecodeRun> RunDecodeSchedule(
   auto pool = KvBlockPool::Create(
       backend, KvBlockPoolOptions{model->CacheSpec(), static_cast<int32_t>(blocks), bs});
   if (!pool.ok()) return pool.status();
+  if (on_pool) {
+    if (absl::Status st = on_pool(pool->get()); !st.ok()) return st;
+  }
   DecodeRun run;
   for (SequenceStep& s : seqs) {
     auto b = (*pool)->Allocate((*pool)->BlocksFor(static_cast<int64_t>(s.tokens.size()) +

@@ -93,6 +93,11 @@ class DeepseekV3Model final : public CausalLm {
   // double). INVALID_ARGUMENT for n other than 1 or 2.
   absl::Status SetMicroBatches(int n) override;
   int micro_batches() const override { return micro_batches_; }
+  void PrepareCache(KvBlockPool* cache) override { graphs_->Prepare(cache); }
+  absl::StatusOr<int> CaptureDecodeGraphs(KvBlockPool* cache) override {
+    if (absl::Status st = CheckCache(*cache, "CaptureDecodeGraphs"); !st.ok()) return st;
+    return graphs_->Capture(cache);
+  }
   int64_t decode_graph_steps() const override { return graphs_->steps(); }
   int64_t decode_graphs_recorded() const override { return graphs_->graphs_recorded(); }
   int64_t num_moe_layers() const override { return moe_->num_moe_layers(); }

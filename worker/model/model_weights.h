@@ -34,6 +34,12 @@ struct LoadOptions {
   // W_uk / W_uv (kv_b_proj) and lm_head are always converted: the absorbed attention reads
   // kv_b per head, and DeepSeek stores lm_head in bf16.
   std::function<bool(const std::string& name)> keep_fp8;
+  // Checkpoint tensors are read and converted on this many threads (a thread per shard first),
+  // staged within staging_bytes of host memory (page-locked on CUDA) and uploaded while the
+  // threads go on (WeightUploader); 1: one tensor after the other; 0: the machine's hardware
+  // threads, at most 8. The device bytes are the same either way.
+  int load_threads = 0;
+  int64_t staging_bytes = int64_t{1} << 30;
 };
 
 // A matrix weight on the device: elements in ModelWeights::matrix_dtype, or FP8 e4m3 with one

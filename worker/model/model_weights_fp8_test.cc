@@ -1,8 +1,8 @@
 // ModelWeights with LoadOptions::keep_fp8 on the FP8-stored dsv3_yarn_nolora fixture: the
-// matrices the checkpoint stores FP8 stay FP8 (their bytes and scales exactly as stored; gate and
-// up stacked with their scale grids), the others (bf16 routed experts, kv_b, lm_head) are in the
-// backend's dtype, and DeviceBytes (the memory plan) counts exactly what Load allocates. Runs on
-// the CPU backend: loading only, no FP8 arithmetic.
+// matrices the checkpoint stores FP8 stay FP8 (their bytes and scales exactly as stored, the
+// scale rows' stride padded to 4; gate and up stacked with their scale grids), the others (bf16
+// routed experts, kv_b, lm_head) are in the backend's dtype, and DeviceBytes (the memory plan)
+// counts exactly what Load allocates. Runs on the CPU backend: loading only, no FP8 arithmetic.
 #include <cstdint>
 #include <cstdlib>
 #include <memory>
@@ -23,6 +23,17 @@ namespace {
 std::string FixtureDir() {
   const char* src = std::getenv("TEST_SRCDIR");
   return std::string(src ? src : ".") + "/deepinfer/tests/fixtures/dsv3_yarn_nolora";
+}
+
+// Scale rows of `blocks` columns each, as the loader lays them out: a stride of `blocks`
+// rounded up to 4, the padding zero (cuBLASLt's 128 x 128 block scales need it).
+std::vector<float> PaddedScaleRows(const std::vector<float>& scales, int64_t blocks) {
+  const int64_t stride = (blocks + 3) / 4 * 4, rows = static_cast<int64_t>(scales.size()) / blocks;
+  std::vector<float> out(rows * stride, 0.0f);
+  for (int64_t r = 0; r < rows; ++r) {
+    for (int64_t b = 0; b < blocks; ++b) out[r * stride + b] = scales[r * blocks + b];
+  }
+  return out;
 }
 
 template <typename T>
@@ -84,8 +95,9 @@ TEST_F(ModelWeightsFp8Test, StoredFp8MatricesStayFp8AndThePlanCountsThem) {
   auto stored = source_->ReadFp8("model.layers.1.self_attn.o_proj.weight", {128, 128});
   ASSERT_TRUE(stored.ok() && stored->has_value());
   EXPECT_EQ(Read<uint8_t>(be_, *m.layers[1].o_proj.data), (*stored)->data);
-  EXPECT_EQ(Read<float>(be_, *m.layers[1].o_proj.fp8_scales), (*stored)->scales);
-  EXPECT_EQ(m.layers[1].o_proj.scale_ld, 1);
+  EXPECT_EQ(Read<float>(be_, *m.layers[1].o_proj.fp8_scales),
+            PaddedScaleRows((*stored)->scales, 1));
+  EXPECT_EQ(m.layers[1].o_proj.scale_ld, 4);
   EXPECT_EQ(m.layers[1].o_proj.split_rows, 0);
 
   // The dense MLP's [gate; up] (intermediate 256, hidden 128): bytes and grids stacked at 256.
@@ -98,11 +110,11 @@ TEST_F(ModelWeightsFp8Test, StoredFp8MatricesStayFp8AndThePlanCountsThem) {
   std::vector<float> scales = (*gate)->scales;
   scales.insert(scales.end(), (*up)->scales.begin(), (*up)->scales.end());
   EXPECT_EQ(Read<uint8_t>(be_, *gu.data), bytes);
-  EXPECT_EQ(Read<float>(be_, *gu.fp8_scales), scales);
+  EXPECT_EQ(Read<float>(be_, *gu.fp8_scales), PaddedScaleRows(scales, 1));
   EXPECT_EQ(gu.split_rows, 256);
   const WeightView v = m.Matrix(gu);
   EXPECT_EQ(v.fp8.split_rows, 256);
-  EXPECT_EQ(v.fp8.scale_ld, 1);
+  EXPECT_EQ(v.fp8.scale_ld, 4);
 }
 
 TEST_F(ModelWeightsFp8Test, DequantScratchIsTheLargestMatrixInBf16) {

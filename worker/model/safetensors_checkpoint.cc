@@ -281,6 +281,11 @@ absl::Status SafetensorsCheckpoint::ReadIndices(const std::string& name,
   return absl::OkStatus();
 }
 
+std::string SafetensorsCheckpoint::ShardOf(const std::string& name) const {
+  auto it = weight_map_.find(name);
+  return it == weight_map_.end() ? "" : it->second;
+}
+
 absl::Status SafetensorsCheckpoint::ReadFloat32(const std::string& name,
                                                 const std::vector<int64_t>& shape, float* out) {
   const SafetensorsTensor* t = nullptr;

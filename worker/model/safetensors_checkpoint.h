@@ -38,6 +38,7 @@ class SafetensorsCheckpoint : public WeightSource {
                                                    const std::vector<int64_t>& shape) override;
   bool StoresFp8(const std::string& name) override;
   bool Contains(const std::string& name) const override;
+  std::string ShardOf(const std::string& name) const override;
   absl::StatusOr<WeightStorage> Storage(const std::string& name) override;
   // I8 .. I64, U8 .. U64 tensors.
   absl::Status ReadIndices(const std::string& name, const std::vector<int64_t>& shape,

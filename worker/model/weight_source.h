@@ -72,6 +72,9 @@ class WeightSource {
                                                            const std::vector<int64_t>& shape) {
     return std::nullopt;
   }
+  // The file `name` is read from (its shard of a sharded checkpoint), so that loading can spread
+  // the reads over the files; empty where there are no files.
+  virtual std::string ShardOf(const std::string& name) const { return ""; }
   // For messages: the checkpoint directory, or "dummy(seed=...)".
   virtual std::string description() const = 0;
 };

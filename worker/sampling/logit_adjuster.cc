@@ -6,6 +6,7 @@
 #include <limits>
 
 #include "absl/strings/str_cat.h"
+#include "glog/logging.h"
 
 namespace deepinfer {
 
@@ -50,15 +51,18 @@ bool LogitAdjuster::active() const {
          (params_.min_tokens > 0 && !params_.stop_tokens.empty());
 }
 
-void LogitAdjuster::AddGenerated(int32_t token) {
-  ++generated_;
-  if (params_.presence_penalty != 0.0f || params_.frequency_penalty != 0.0f ||
-      params_.repetition_penalty != 1.0f) {
-    ++generated_counts_[token];
-  }
+bool LogitAdjuster::counts_tokens() const {
+  return params_.presence_penalty != 0.0f || params_.frequency_penalty != 0.0f ||
+         params_.repetition_penalty != 1.0f;
 }
 
-std::vector<LogitAdjustment> LogitAdjuster::Entries() const {
+void LogitAdjuster::AddGenerated(int32_t token) {
+  ++generated_;
+  if (counts_tokens()) ++generated_counts_[token];
+}
+
+std::vector<LogitAdjustment> LogitAdjuster::EntriesAfter(int64_t pending) const {
+  CHECK(pending == 0 || !counts_tokens()) << "LogitAdjuster: the pending tokens' ids are needed";
   std::map<int32_t, LogitAdjustment> by_token;
   auto entry = [&](int32_t token) -> LogitAdjustment& {
     LogitAdjustment& a = by_token[token];
@@ -66,7 +70,7 @@ std::vector<LogitAdjustment> LogitAdjuster::Entries() const {
     return a;
   };
   for (const auto& [token, bias] : params_.logit_bias) entry(token).bias += bias;
-  if (generated_ < params_.min_tokens) {
+  if (generated_ + pending < params_.min_tokens) {
     for (int32_t token : params_.stop_tokens) {
       entry(token).bias = -std::numeric_limits<float>::infinity();
     }

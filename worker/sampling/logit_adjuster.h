@@ -42,7 +42,12 @@ class LogitAdjuster {
   void AddGenerated(int32_t token);
   int64_t generated() const { return generated_; }
   // The entries for the next token, by token id ascending, `row` set to 0.
-  std::vector<LogitAdjustment> Entries() const;
+  std::vector<LogitAdjustment> Entries() const { return EntriesAfter(0); }
+  // Whether the entries depend on which tokens were generated (a penalty), not only on how many.
+  bool counts_tokens() const;
+  // The entries for the token after `pending` more generated tokens whose ids are not known yet
+  // (async scheduling); only without counts_tokens().
+  std::vector<LogitAdjustment> EntriesAfter(int64_t pending) const;
 
  private:
   explicit LogitAdjuster(LogitAdjusterParams params) : params_(std::move(params)) {}

@@ -73,6 +73,35 @@ TEST(LogitAdjusterTest, MinTokensMasksStopTokensUntilReached) {
   EXPECT_TRUE(adj->Entries().empty());
 }
 
+TEST(LogitAdjusterTest, EntriesAfterPendingTokensCountThem) {
+  LogitAdjusterParams p;
+  p.logit_bias = {{6, 2.0f}};
+  p.min_tokens = 2;
+  p.stop_tokens = {4};
+  auto adj = LogitAdjuster::Create(p, 8, {3});
+  ASSERT_TRUE(adj.ok()) << adj.status();
+  EXPECT_FALSE(adj->counts_tokens());
+  // 0 generated + 1 pending: still below min_tokens; + 2 pending: reached.
+  std::vector<LogitAdjustment> e = adj->EntriesAfter(1);
+  ASSERT_EQ(e.size(), 2u);
+  EXPECT_EQ(e[0].token, 4);
+  EXPECT_EQ(e[0].bias, -kInf);
+  EXPECT_EQ(e[1].token, 6);
+  e = adj->EntriesAfter(2);
+  ASSERT_EQ(e.size(), 1u);
+  EXPECT_EQ(e[0].token, 6);
+  EXPECT_EQ(e[0].bias, 2.0f);
+  adj->AddGenerated(5);
+  EXPECT_EQ(adj->EntriesAfter(1).size(), 1u);  // 1 generated + 1 pending
+  EXPECT_EQ(adj->Entries().size(), 2u);        // 1 generated
+
+  LogitAdjusterParams penalties;
+  penalties.presence_penalty = 0.5f;
+  adj = LogitAdjuster::Create(penalties, 8, {3});
+  ASSERT_TRUE(adj.ok());
+  EXPECT_TRUE(adj->counts_tokens());
+}
+
 TEST(LogitAdjusterTest, NothingAskedIsInactive) {
   auto adj = LogitAdjuster::Create(LogitAdjusterParams{}, 8, {1, 2});
   ASSERT_TRUE(adj.ok());

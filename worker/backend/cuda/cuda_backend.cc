@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <functional>
 #include <limits>
+#include <mutex>
 #include <string>
 #include <utility>
 #include <vector>
@@ -104,6 +105,10 @@ absl::StatusOr<std::unique_ptr<CudaBackend>> CudaBackend::Create(int device,
         absl::StrCat("CudaBackend: CudaTuning::mla_decode_small_max_context must be >= 1, got ",
                      tuning.mla_decode_small_max_context));
   }
+  if (tuning.fp8_w8a8_min_rows < 1) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "CudaBackend: CudaTuning::fp8_w8a8_min_rows must be >= 1, got ", tuning.fp8_w8a8_min_rows));
+  }
   int count = 0;
   cudaError_t err = cudaGetDeviceCount(&count);
   if (err != cudaSuccess || count == 0) {
@@ -179,12 +184,20 @@ CudaBackend::CudaBackend(int device, WeightDType weight_dtype, const CudaTuning&
       cublas_workspace_(cublas_workspace),
       staged_gemv_counter_(staged_gemv_counter),
       route_tile_counters_(route_tile_counters),
-      v4_ops_(std::make_unique<CudaV4Ops>(this)) {}
+      v4_ops_(std::make_unique<CudaV4Ops>(this)) {
+  // Made here, never while a stream is captured; a device or cuBLASLt without it keeps the
+  // other FP8 paths.
+  if (CublasLtFp8Gemm::DeviceSupports(device)) {
+    auto made = CublasLtFp8Gemm::Create(cublas_workspace_, kCublasWorkspaceBytes);
+    if (made.ok()) lt_fp8_ = std::move(made).value();
+  }
+}
 
 CudaBackend::~CudaBackend() {
   cudaSetDevice(device_);
   Check(cudaStreamSynchronize(stream_), "cudaStreamSynchronize");
   lt_tuner_.reset();
+  lt_fp8_.reset();
   cublasDestroy(cublas_);
   cudaFree(cublas_workspace_);
   cudaFree(staged_gemv_counter_);
@@ -334,6 +347,48 @@ void CudaBackend::CopyToDevice(const void* host, size_t bytes, void* device) {
         "cudaMemcpyAsync(HostToDevice)");
 }
 
+namespace {
+
+class PinnedStagingBuffer : public HostStagingBuffer {
+ public:
+  PinnedStagingBuffer(void* data, size_t bytes) : data_(data), bytes_(bytes) {}
+  ~PinnedStagingBuffer() override {
+    if (cudaError_t err = cudaFreeHost(data_); err != cudaSuccess) {
+      LOG(ERROR) << CudaStatus(err, "cudaFreeHost");
+    }
+  }
+  void* data() override { return data_; }
+  size_t size_bytes() const override { return bytes_; }
+
+ private:
+  void* data_;
+  size_t bytes_;
+};
+
+}  // namespace
+
+std::unique_ptr<HostStagingBuffer> CudaBackend::AllocateHostStaging(size_t bytes) {
+  cudaSetDevice(device_);
+  void* ptr = nullptr;
+  const cudaError_t err = cudaHostAlloc(&ptr, std::max<size_t>(bytes, 1), cudaHostAllocPortable);
+  if (err == cudaSuccess) return std::make_unique<PinnedStagingBuffer>(ptr, bytes);
+  cudaGetLastError();  // not sticky; the copy from pageable memory still works
+  static std::once_flag logged;
+  std::call_once(logged, [&] {
+    LOG(WARNING) << "CudaBackend: page-locked staging unavailable, loading from pageable memory: "
+                 << CudaStatus(err, "cudaHostAlloc");
+  });
+  return Backend::AllocateHostStaging(bytes);
+}
+
+void CudaBackend::CopyToDeviceAsync(const void* host, size_t bytes, void* device) {
+  OpTimer timer(this, "CopyToDeviceAsync");
+  if (bytes == 0) return;
+  cudaSetDevice(device_);
+  Check(cudaMemcpyAsync(device, host, bytes, cudaMemcpyHostToDevice, stream_),
+        "cudaMemcpyAsync(HostToDevice)");
+}
+
 void CudaBackend::CopyToHost(const void* device, size_t bytes, void* host) {
   OpTimer timer(this, "CopyToHost");
   if (bytes == 0) return;
@@ -349,6 +404,8 @@ void CudaBackend::CopyDeviceToDevice(const void* src, size_t bytes, void* dst) {
   Check(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, stream_),
         "cudaMemcpyAsync(DeviceToDevice)");
 }
+
+void CudaBackend::UseOnThisThread() { Check(cudaSetDevice(device_), "cudaSetDevice"); }
 
 void CudaBackend::Synchronize() { Check(cudaStreamSynchronize(stream_), "cudaStreamSynchronize"); }
 

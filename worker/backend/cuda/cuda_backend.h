@@ -44,11 +44,19 @@
 #include "kernels/moe/expert_gemm_cublas.h"
 #include "kernels/moe/moe_decode_fused.h"
 #include "worker/backend/backend.h"
+#include "worker/backend/cuda/cublaslt_fp8_gemm.h"
 #include "worker/backend/cuda/cublaslt_gemm_tuner.h"
 
 namespace deepinfer {
 
 class CudaV4Ops;
+
+struct CudaTuningDefaults {
+  // Not measured yet (fp8_gemm_bench gives the crossover): estimated where the W8A16 tensor-core
+  // kernel becomes bound by its bf16 MMAs (about 2 x rows FLOPs per weight byte against the
+  // H200's 4.8 TB/s) while FP8 wgmma (cuBLASLt) still streams the weights.
+  static constexpr int64_t kFp8W8A8MinRows = 128;
+};
 
 // The CUDA backend's settings, fixed when it is made (CudaBackend::Create). Every other choice
 // the backend makes by shape, from measurements (the constants of CudaBackend and the kernels'
@@ -70,6 +78,13 @@ struct CudaTuning {
   // / 10.2 / 12.4 / 14.9 us at 512 / 1024 / 1536 / 2048 positions against 11.6-11.8 us, equal at
   // about 1.36K by interpolation); another GPU's may differ. Tests set a short one to cross it.
   int32_t mla_decode_small_max_context = 1280;
+  // FP8 weights: from this many rows Gemm (and GateUpSiluMulBf16, the routed experts' prefill
+  // GEMMs) quantises the activations to e4m3 per 128-wide block (kernels/gemm/fp8_quantize.h)
+  // and runs cuBLASLt's block-scaled FP8 GEMM (W8A8 on FP8 tensor cores, compute capability 9.0
+  // only); fewer rows keep bf16 activations against the exact weights (W8A16). The W8A8
+  // activations are within 2^-4 relative (e4m3), against bf16's 2^-9: DeepSeek-V3's and HF
+  // transformers' FP8 scheme. Tests that compare with bf16 references set it past their sizes.
+  int64_t fp8_w8a8_min_rows = CudaTuningDefaults::kFp8W8A8MinRows;
 };
 
 class CudaBackend : public Backend {
@@ -97,6 +112,13 @@ class CudaBackend : public Backend {
   // src and dst must not overlap (cudaMemcpy semantics; the model never overlaps them).
   void CopyDeviceToDevice(const void* src, size_t bytes, void* dst) override;
   void Synchronize() override;
+  void UseOnThisThread() override;
+  // Page-locked (cudaHostAlloc, portable: any thread's context may copy from it); falls back to
+  // pageable memory, logged once, where page-locking fails.
+  std::unique_ptr<HostStagingBuffer> AllocateHostStaging(size_t bytes) override;
+  // cudaMemcpyAsync on the stream without waiting: from page-locked memory it runs after the
+  // stream's earlier work, on the copy engine.
+  void CopyToDeviceAsync(const void* host, size_t bytes, void* device) override;
   // cudaMemGetInfo of device().
   absl::StatusOr<DeviceMemoryInfo> MemoryInfo() const override;
 
@@ -107,16 +129,25 @@ class CudaBackend : public Backend {
   // kernels::StagedGemvPreferredAtOneRow / AtTwoRows (measured faster); otherwise cuBLAS, after
   // rounding an fp32 a to bf16 (a bf16 a goes to cuBLAS as it is). Same for BatchedGemm (no
   // staged GEMV).
-  // FP8 weights (WeightView::fp8): up to kFp8SmallMGemmMaxRows rows kernels::Fp8SmallMGemm
-  // (the weight read once per 8 rows, dequantised in registers); more rows dequantise the
-  // weight to bf16 in scratch (kernels::Fp8DequantToBf16) and take the bf16 cuBLAS path.
+  // FP8 weights (WeightView::fp8), by rows (each path where it takes the operands, else the next):
+  //  * from CudaTuning::fp8_w8a8_min_rows on compute capability 9.0: W8A8, the activations
+  //    quantised (kernels::Fp8QuantizeRows) and cuBLASLt's block-scaled FP8 GEMM
+  //    (CublasLtFp8Gemm; rows padded to a multiple of 4 through scratch);
+  //  * above kFp8CudaCoreMaxRows: kernels::Fp8MmaGemm (bf16 tensor cores, the FP8 weight
+  //    widened in registers, read once per 32 rows);
+  //  * up to kFp8SmallMGemmMaxRows: kernels::Fp8SmallMGemm (CUDA cores, the weight read once per
+  //    8 rows);
+  //  * otherwise the weight dequantised to bf16 in scratch (kernels::Fp8DequantToBf16) for the
+  //    bf16 cuBLAS path.
+  // Phases in the op timing report: Gemm/fp8-w8a8, Gemm/fp8-mma, Gemm/fp8-small-m,
+  // Gemm/fp8-dequant-bf16.
   void Gemm(int64_t m, int64_t n, int64_t k, ActivationView a, int64_t lda, WeightView w,
             int64_t ldw, float* c, int64_t ldc, bool accumulate) override;
-  // Not measured. Estimated: the small-m kernel reads ceil(m / 8) bytes per weight and does m
-  // CUDA-core FMAs; the dequantised path moves 5 (FP8 read, bf16 write, bf16 read) on tensor
-  // cores. Bytes alone cross at 40 rows; with the FMAs (H200: ~60 TFLOP/s fp32 against 4.8 TB/s)
-  // the two come out even near 32. Decode batches between 33 and the large prefill sizes pay the
-  // dequantisation pass on every step (an FP8 tensor-core kernel for them is not written yet).
+  // Not measured yet (fp8_block_gemm_bench prints both): one row stays on the CUDA-core kernel,
+  // whose FMAs cost no more than the tensor-core kernel's widening at one row.
+  static constexpr int64_t kFp8CudaCoreMaxRows = 1;
+  // The CUDA-core kernel's limit where the tensor-core one does not take the operands (k not a
+  // multiple of 16, unaligned rows): it reads the weight once per 8 rows.
   static constexpr int64_t kFp8SmallMGemmMaxRows = 32;
   // While recording a graph with programmatic dependent launch on (kernels/common/pdl.h),
   // scratch allocations of at most kMaxAsideAllocationBytes are captured beside the kernel chain
@@ -159,11 +190,14 @@ class CudaBackend : public Backend {
   //    ONE device-to-host copy of the group sizes; activations rounded to bf16 for bf16
   //    weights, as in Gemm, and with bf16 weights both GEMMs write bf16 (kernels::SiluMulBf16
   //    between them, the combine reads bf16), as a bf16 PyTorch model rounds each Linear.
-  // FP8 experts (args.fp8()): the same permutation and combine around the expert GEMMs: up to
-  // kMaxFusedMoeTokens tokens, or any batch while captured, kernels::Fp8GroupedGemm (gate_up,
-  // down; fp32 rows, SiluMulF32 between) without host synchronisation; larger batches with the
-  // host pointer tables copy the group sizes back and run each expert's rows through Gemm's FP8
-  // path (the dequantised weight on tensor cores above kFp8SmallMGemmMaxRows rows).
+  // FP8 experts (args.fp8()): the same permutation and combine around the expert
+  // GEMMs: up to kMaxFusedMoeTokens tokens, or any batch while captured, without host
+  // synchronisation: kernels::Fp8MmaGroupedGemm on bf16 rows (gate_up fp32, SiluMulF32ToBf16,
+  // down), or kernels::Fp8GroupedGemm on fp32 rows where the tensor-core kernel is not built or
+  // hidden_size / inter are not multiples of 16; larger batches with the host pointer tables
+  // copy the group sizes back (rows aligned to 4 per expert) and run W8A8 where cuBLASLt takes
+  // it (ExpertGemmsFp8W8A8: one quantisation for all rows, one GEMM per busy expert, SiluMulF32
+  // once), else each expert's rows through Gemm's FP8 paths.
   // args.swiglu_limit (V4's clamp) in every SiLU-mul of the bf16 / fp32 paths; FP8 experts with
   // a clamp are refused (false).
   bool RoutedExperts(const RoutedExpertsArgs& args) override;
@@ -213,8 +247,9 @@ class CudaBackend : public Backend {
   void SiluMulBf16(int64_t rows, int64_t inter, const float* x, uint16_t* out) override;
   // From kBf16GateUpMinRows rows (prefill; decode batches keep Gemm + SiluMulBf16 and their
   // graphs) with bf16 weights: one cuBLAS GEMM with a bf16 output (fp32 accumulation, rounded once
-  // by its epilogue), then kernels::SiluMulBf16. FP8 weights: the same on the weight dequantised
-  // to bf16 (DequantizeToBf16).
+  // by its epilogue), then kernels::SiluMulBf16. FP8 weights: the W8A8 GEMM with a bf16 output
+  // where Gemm would take it, else the same on the weight dequantised to bf16
+  // (DequantizeToBf16).
   bool GateUpSiluMulBf16(int64_t rows, int64_t inter, int64_t k, ActivationView a, int64_t lda,
                          WeightView w, int64_t ldw, uint16_t* out) override;
   static constexpr int64_t kBf16GateUpMinRows = 512;
@@ -342,16 +377,35 @@ class CudaBackend : public Backend {
   // Gemm with FP8 weights (cuda_backend_fp8.cc).
   void GemmFp8(int64_t m, int64_t n, int64_t k, ActivationView a, int64_t lda, WeightView w,
                int64_t ldw, float* c, int64_t ldc, bool accumulate);
+  // Gemm's W8A8 path into c (fp32 [m, ldc], or bf16 with c_bf16: then c holds m rounded up to
+  // a multiple of 4 rows, the padding rows written), timed as the phase `phase_name`; false
+  // (nothing launched): not taken here (device, shape, layout, or cuBLASLt without an
+  // algorithm), the caller takes another path.
+  bool GemmFp8W8A8(int64_t m, int64_t n, int64_t k, ActivationView a, int64_t lda,
+                   const WeightView& w, int64_t ldw, void* c, int64_t ldc, bool c_bf16,
+                   bool accumulate, const char* phase_name);
+  // GateUpSiluMulBf16 with FP8 weights (rows >= kBf16GateUpMinRows).
+  bool GateUpSiluMulFp8(int64_t rows, int64_t inter, int64_t k, ActivationView a, int64_t lda,
+                        WeightView w, int64_t ldw, uint16_t* out);
   // RoutedExperts with FP8 experts (cuda_backend_fp8.cc), and its two ways of running the expert
   // GEMMs over the permuted fp32 rows [rows, hidden] grouped by the device offsets [E + 1]
   // (SiluMulF32 between gate_up and down), writing expert_out [rows, hidden] fp32:
   // kernels::Fp8GroupedGemm without host synchronisation, or GemmFp8 per expert from the offsets
   // copied to the host.
   bool RoutedExpertsFp8(const RoutedExpertsArgs& a);
+  // permuted: bf16 rows with `mma` (kernels::Fp8MmaGroupedGemm), fp32 rows without.
   void ExpertGemmsFp8OnDevice(const RoutedExpertsArgs& a, const int32_t* offsets, int64_t rows,
-                              const float* permuted, float* expert_out);
+                              bool mma, const void* permuted, float* expert_out);
   void ExpertGemmsFp8PerExpert(const RoutedExpertsArgs& a, const int32_t* offsets, int64_t rows,
                                const float* permuted, float* expert_out);
+  // One of ExpertGemmsFp8PerExpert's GEMMs (gate_up, or `down`) for every busy expert, W8A8: the
+  // fp32 rows x ([rows, k]) quantised in one launch (each expert's scales packed for it), then one
+  // cuBLASLt GEMM per expert into y ([rows, n] fp32). offsets: the device group offsets (each a
+  // multiple of 4), host_offsets their copy; weight(down, e): expert e's matrix. false (nothing
+  // launched): cuBLASLt or the layout does not take every expert's GEMM.
+  bool ExpertGemmsFp8W8A8(const RoutedExpertsArgs& a, const int32_t* offsets,
+                          const std::vector<int32_t>& host_offsets, const float* x, float* y,
+                          bool down, const std::function<WeightView(bool, int32_t)>& weight);
   // One GEMM of the Gemm layout on cuBLAS. a is fp32 for fp32 weights, bf16 bits otherwise.
   void GemmOnCublas(int64_t m, int64_t n, int64_t k, const void* a, int64_t lda, WeightView w,
                     int64_t ldw, float* c, int64_t ldc, bool accumulate);
@@ -411,6 +465,9 @@ class CudaBackend : public Backend {
   bool op_timing_ = false;
   bool in_timed_op_ = false;                     // GroupedGemm calls Gemm: count only the outer op
   std::unique_ptr<CublasLtGemmTuner> lt_tuner_;  // made at the first tuned GEMM
+  // Gemm's W8A8 path; made with the backend on a device CublasLtFp8Gemm::DeviceSupports, else
+  // null (no W8A8).
+  std::unique_ptr<CublasLtFp8Gemm> lt_fp8_;
   std::map<std::string, OpTotal> op_totals_;
   // kChunked, or kPerExpert once cuBLAS has refused the batched call (ExpertGemms).
   kernels::ExpertGemmCublasAlgo expert_gemm_algo_ = kernels::ExpertGemmCublasAlgo::kChunked;

@@ -1,13 +1,19 @@
-// CudaBackend's ops on FP8 (e4m3, 128 x 128 block-scaled) matrices: the dense Gemm and the
-// routed experts (kernels/gemm/fp8_block_gemm.h).
+// CudaBackend's ops on FP8 (e4m3, 128 x 128 block-scaled) matrices: the dense Gemm's paths (W8A8
+// on cuBLASLt, the tensor-core and CUDA-core FP8 kernels, the dequantised fallback), the prefill
+// MLPs' gate_up, and the routed experts (kernels/gemm/fp8_*.h).
 #include <algorithm>
 #include <cstdint>
+#include <functional>
 #include <memory>
+#include <utility>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "kernels/activation/elementwise.h"
 #include "kernels/gemm/fp8_block_gemm.h"
+#include "kernels/gemm/fp8_mma_gemm.h"
+#include "kernels/gemm/fp8_quantize.h"
+#include "kernels/moe/expert_activation.h"
 #include "kernels/moe/moe_permute.h"
 #include "worker/backend/cuda/cuda_backend.h"
 #include "worker/backend/cuda/op_timer.h"
@@ -25,6 +31,10 @@ kernels::Fp8BlockWeight Fp8Weight(const WeightView& w, int64_t ldw) {
   return f;
 }
 
+bool Aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
+
+int64_t RoundUp4(int64_t v) { return (v + 3) / 4 * 4; }
+
 }  // namespace
 
 std::unique_ptr<DeviceBuffer> CudaBackend::DequantizeToBf16(const WeightView& w, int64_t ldw,
@@ -35,11 +45,81 @@ std::unique_ptr<DeviceBuffer> CudaBackend::DequantizeToBf16(const WeightView& w,
   return w16;
 }
 
+bool CudaBackend::GemmFp8W8A8(int64_t m, int64_t n, int64_t k, ActivationView a, int64_t lda,
+                              const WeightView& w, int64_t ldw, void* c, int64_t ldc, bool c_bf16,
+                              bool accumulate, const char* phase_name) {
+  const bool a_bf16 = a.dtype == WeightDType::kBFloat16;
+  const int64_t a_elem = a_bf16 ? 2 : 4;
+  if (lt_fp8_ == nullptr || m < 1 || k < 16 || k % 16 != 0 || (lda * a_elem) % 16 != 0 ||
+      !Aligned16(a.data) || w.fp8.scale_ld != kernels::Fp8ScaleLd(k)) {
+    return false;
+  }
+  // cuBLASLt takes whole groups of 4 rows: a ragged fp32 result goes through scratch.
+  const int64_t m4 = RoundUp4(m), blocks = kernels::Fp8ScaleCols(k);
+  const bool direct = c_bf16 || (m4 == m && Aligned16(c) && ldc % 4 == 0);
+  Fp8LtGemm g;
+  g.m = m4, g.n = n, g.k = k, g.ldq = k;
+  g.w = Fp8Weight(w, ldw);
+  g.d_bf16 = c_bf16;
+  g.d = c, g.ldd = ldc, g.accumulate = accumulate;
+  if (direct && !(Aligned16(c) && ((c_bf16 ? 2 : 4) * ldc) % 16 == 0)) return false;
+  if (!direct) {  // the scratch, set below
+    g.d = nullptr;
+    g.ldd = RoundUp4(n);
+    g.accumulate = false;
+  }
+  // The shape is checked (and cuBLASLt's heuristic asked) before any scratch is taken.
+  auto ready = lt_fp8_->Ready(g);
+  if (!Record(ready.status())) return true;
+  if (!*ready) return false;
+
+  PhaseTimer phase(this, phase_name, true);
+  auto q = AllocateScratch(m4 * k);
+  auto q_scales = AllocateScratch(blocks * m4 * sizeof(float));
+  std::unique_ptr<DeviceBuffer> d;
+  if (!direct) {
+    d = AllocateScratch(m4 * g.ldd * sizeof(float));
+    g.d = d->data();
+  }
+  g.q = q->as<uint8_t>();
+  g.q_scales = q_scales->as<float>();
+  kernels::Fp8QuantizeParams qp;
+  qp.m = m, qp.k = k, qp.a = a.data, qp.a_bf16 = a_bf16, qp.lda = lda;
+  qp.q = q->as<uint8_t>(), qp.ldq = k, qp.scales = q_scales->as<float>(), qp.m_pad = m4;
+  Check(kernels::Fp8QuantizeRows(qp, stream_), "kernels::Fp8QuantizeRows");
+  auto ran = lt_fp8_->Run(g, stream_);
+  if (!Record(ran.status())) return true;
+  if (!*ran) {
+    Record(absl::InternalError("CudaBackend::Gemm: cuBLASLt refused an FP8 GEMM it had accepted"));
+    return true;
+  }
+  if (!direct) {
+    Check(kernels::AddRowsF32(m, n, d->as<float>(), g.ldd, static_cast<float*>(c), ldc, accumulate,
+                              stream_),
+          "kernels::AddRowsF32");
+  }
+  return true;
+}
+
 void CudaBackend::GemmFp8(int64_t m, int64_t n, int64_t k, ActivationView a, int64_t lda,
                           WeightView w, int64_t ldw, float* c, int64_t ldc, bool accumulate) {
   const bool a_bf16 = a.dtype == WeightDType::kBFloat16;
+  if (m >= tuning_.fp8_w8a8_min_rows &&
+      GemmFp8W8A8(m, n, k, a, lda, w, ldw, c, ldc, /*c_bf16=*/false, accumulate, "Gemm/fp8-w8a8")) {
+    return;
+  }
+  if (m > kFp8CudaCoreMaxRows) {
+    kernels::Fp8MmaGemmParams p;
+    p.m = m, p.n = n, p.k = k, p.a = a.data, p.a_bf16 = a_bf16, p.lda = lda;
+    p.w = Fp8Weight(w, ldw);
+    p.c = c, p.ldc = ldc, p.accumulate = accumulate;
+    if (kernels::Fp8MmaGemmSupports(p)) {
+      PhaseTimer phase(this, "Gemm/fp8-mma", true);
+      Check(kernels::Fp8MmaGemm(p, stream_), "kernels::Fp8MmaGemm");
+      return;
+    }
+  }
   if (m <= kFp8SmallMGemmMaxRows) {
-    PhaseTimer phase(this, "Gemm/fp8-small-m", true);
     kernels::Fp8SmallMGemmParams p;
     p.m = m, p.n = n, p.k = k, p.a = a.data, p.a_bf16 = a_bf16, p.lda = lda;
     p.w = Fp8Weight(w, ldw);
@@ -50,11 +130,12 @@ void CudaBackend::GemmFp8(int64_t m, int64_t n, int64_t k, ActivationView a, int
           lda, " ldw ", ldw, " ldc ", ldc, " scale_ld ", w.fp8.scale_ld, ")")));
       return;
     }
+    PhaseTimer phase(this, "Gemm/fp8-small-m", true);
     Check(kernels::Fp8SmallMGemm(p, stream_), "kernels::Fp8SmallMGemm");
     return;
   }
-  // Larger batches (prefill): the weight dequantised to bf16 (the values `--dtype bfloat16`
-  // uploads) in scratch, then the bf16 tensor-core path.
+  // The weight dequantised to bf16 (the values `--dtype bfloat16` uploads) in scratch, then the
+  // bf16 tensor-core path: where neither FP8 kernel takes the operands.
   PhaseTimer phase(this, "Gemm/fp8-dequant-bf16", true);
   auto w16 = DequantizeToBf16(w, ldw, n, k);
   const WeightView wb(w16->data(), WeightDType::kBFloat16);
@@ -66,20 +147,71 @@ void CudaBackend::GemmFp8(int64_t m, int64_t n, int64_t k, ActivationView a, int
   GemmOnCublas(m, n, k, a16->data(), lda, wb, k, c, ldc, accumulate);
 }
 
+bool CudaBackend::GateUpSiluMulFp8(int64_t rows, int64_t inter, int64_t k, ActivationView a,
+                                   int64_t lda, WeightView w, int64_t ldw, uint16_t* out) {
+  OpTimer timer(this, "GateUpSiluMulBf16");
+  if (rows >= tuning_.fp8_w8a8_min_rows) {
+    // gate_up in bf16 (the epilogue's rounding, as the bf16 path), its rows padded to 4.
+    auto gate_up = AllocateScratch(RoundUp4(rows) * 2 * inter * sizeof(uint16_t));
+    if (GemmFp8W8A8(rows, 2 * inter, k, a, lda, w, ldw, gate_up->data(), 2 * inter,
+                    /*c_bf16=*/true, /*accumulate=*/false, "GateUpSiluMulBf16/fp8-w8a8")) {
+      Check(kernels::SiluMulBf16(rows, inter, gate_up->as<uint16_t>(), out, stream_),
+            "kernels::SiluMulBf16");
+      return true;
+    }
+  }
+  auto w16 = DequantizeToBf16(w, ldw, 2 * inter, k);
+  return GateUpSiluMulBf16(rows, inter, k, a, lda, WeightView(w16->data(), WeightDType::kBFloat16),
+                           k, out);
+}
+
 void CudaBackend::ExpertGemmsFp8OnDevice(const RoutedExpertsArgs& a, const int32_t* offsets,
-                                         int64_t rows, const float* permuted, float* expert_out) {
+                                         int64_t rows, bool mma, const void* permuted,
+                                         float* expert_out) {
   const int64_t T = a.num_tokens, K = a.top_k, H = a.hidden_size, I = a.inter;
+  auto gate_up = AllocateScratch(rows * 2 * I * sizeof(float));
+  if (mma) {
+    kernels::Fp8MmaGroupedGemmParams g;
+    g.num_groups = a.num_experts;
+    g.max_rows = static_cast<int32_t>(rows);
+    g.offsets = offsets;
+    g.n = 2 * I;
+    g.k = H;
+    g.a = static_cast<const uint16_t*>(permuted);
+    g.weights = reinterpret_cast<const uint8_t* const*>(a.gate_up);
+    g.scales = a.gate_up_scales;
+    g.scale_ld = a.gate_up_scale_ld;
+    g.split_rows = I;
+    g.c = gate_up->as<float>();
+    // A token's top-k experts are distinct: T rows at most in one expert, T * K / E on average.
+    g.rows_per_group_hint = static_cast<int32_t>(
+        std::min<int64_t>(T, std::max<int64_t>(1, (T * K + a.num_experts - 1) / a.num_experts)));
+    Check(kernels::Fp8MmaGroupedGemm(g, stream_), "kernels::Fp8MmaGroupedGemm(gate_up)");
+    auto act = AllocateScratch(rows * I * sizeof(uint16_t));
+    Check(kernels::SiluMulF32ToBf16(T * K, I, gate_up->as<float>(), act->as<uint16_t>(), stream_),
+          "kernels::SiluMulF32ToBf16");
+    g.n = H;
+    g.k = I;
+    g.a = act->as<uint16_t>();
+    g.weights = reinterpret_cast<const uint8_t* const*>(a.down);
+    g.scales = a.down_scales;
+    g.scale_ld = a.down_scale_ld;
+    g.split_rows = 0;
+    g.c = expert_out;
+    Check(kernels::Fp8MmaGroupedGemm(g, stream_), "kernels::Fp8MmaGroupedGemm(down)");
+    return;
+  }
   kernels::Fp8GroupedGemmParams g;
   g.num_groups = a.num_experts;
   g.max_rows = static_cast<int32_t>(rows);
   g.offsets = offsets;
   g.n = 2 * I;
   g.k = H;
-  g.a = permuted;
+  g.a = static_cast<const float*>(permuted);
   g.weights = reinterpret_cast<const uint8_t* const*>(a.gate_up);
   g.scales = a.gate_up_scales;
+  g.scale_ld = a.gate_up_scale_ld;
   g.split_rows = I;
-  auto gate_up = AllocateScratch(rows * 2 * I * sizeof(float));
   g.c = gate_up->as<float>();
   Check(kernels::Fp8GroupedGemm(g, stream_), "kernels::Fp8GroupedGemm(gate_up)");
   auto act = AllocateScratch(rows * I * sizeof(float));
@@ -90,6 +222,7 @@ void CudaBackend::ExpertGemmsFp8OnDevice(const RoutedExpertsArgs& a, const int32
   g.a = act->as<float>();
   g.weights = reinterpret_cast<const uint8_t* const*>(a.down);
   g.scales = a.down_scales;
+  g.scale_ld = a.down_scale_ld;
   g.split_rows = 0;
   g.c = expert_out;
   Check(kernels::Fp8GroupedGemm(g, stream_), "kernels::Fp8GroupedGemm(down)");
@@ -106,25 +239,97 @@ void CudaBackend::ExpertGemmsFp8PerExpert(const RoutedExpertsArgs& a, const int3
   CopyToHost(a.down_scales, E * sizeof(float*), dn_scales.data());
   auto gate_up = AllocateScratch(rows * 2 * I * sizeof(float));
   auto act = AllocateScratch(rows * I * sizeof(float));
+  // Each expert's rows and its padding rows up to the permutation's row alignment (4: whole
+  // groups for cuBLASLt; a padding row's result is never combined).
+  auto weight = [&](bool down, int32_t e) {
+    return down
+               ? WeightView(a.down_host[e], Fp8BlockScales{dn_scales[e], a.down_scale_ld, 0})
+               : WeightView(a.gate_up_host[e], Fp8BlockScales{gu_scales[e], a.gate_up_scale_ld, I});
+  };
+  const int64_t used = host_offsets[E];
+  if (ExpertGemmsFp8W8A8(a, offsets, host_offsets, permuted, gate_up->as<float>(), false, weight)) {
+    Check(kernels::SiluMulF32(used, I, gate_up->as<float>(), act->as<float>(), stream_),
+          "kernels::SiluMulF32");
+    if (ExpertGemmsFp8W8A8(a, offsets, host_offsets, act->as<float>(), expert_out, true, weight)) {
+      return;
+    }
+  }
+  // Without the W8A8 GEMM: each expert's rows through Gemm's FP8 paths.
   for (int32_t e = 0; e < E; ++e) {
     const int64_t r0 = host_offsets[e], m = host_offsets[e + 1] - host_offsets[e];
     if (m <= 0) continue;
-    const WeightView gu(a.gate_up_host[e],
-                        Fp8BlockScales{gu_scales[e], kernels::Fp8ScaleCols(H), I});
-    const WeightView dn(a.down_host[e], Fp8BlockScales{dn_scales[e], kernels::Fp8ScaleCols(I), 0});
-    GemmFp8(m, 2 * I, H, permuted + r0 * H, H, gu, H, gate_up->as<float>() + r0 * 2 * I, 2 * I,
-            false);
-    Check(kernels::SiluMulF32(m, I, gate_up->as<float>() + r0 * 2 * I, act->as<float>() + r0 * I,
-                              stream_),
-          "kernels::SiluMulF32");
-    GemmFp8(m, H, I, act->as<float>() + r0 * I, I, dn, I, expert_out + r0 * H, H, false);
+    GemmFp8(m, 2 * I, H, permuted + r0 * H, H, weight(false, e), H,
+            gate_up->as<float>() + r0 * 2 * I, 2 * I, false);
   }
+  Check(kernels::SiluMulF32(used, I, gate_up->as<float>(), act->as<float>(), stream_),
+        "kernels::SiluMulF32");
+  for (int32_t e = 0; e < E; ++e) {
+    const int64_t r0 = host_offsets[e], m = host_offsets[e + 1] - host_offsets[e];
+    if (m <= 0) continue;
+    GemmFp8(m, H, I, act->as<float>() + r0 * I, I, weight(true, e), I, expert_out + r0 * H, H,
+            false);
+  }
+}
+
+bool CudaBackend::ExpertGemmsFp8W8A8(const RoutedExpertsArgs& a, const int32_t* offsets,
+                                     const std::vector<int32_t>& host_offsets, const float* x,
+                                     float* y, bool down,
+                                     const std::function<WeightView(bool, int32_t)>& weight) {
+  const int64_t H = a.hidden_size, I = a.inter;
+  const int32_t E = a.num_experts;
+  const int64_t n = down ? H : 2 * I, k = down ? I : H;
+  if (lt_fp8_ == nullptr || k % 16 != 0 ||
+      (down ? a.down_scale_ld : a.gate_up_scale_ld) != kernels::Fp8ScaleLd(k)) {
+    return false;
+  }
+  const int64_t used = host_offsets[E], blocks = kernels::Fp8ScaleCols(k);
+  // Every busy expert's GEMM must be available before any runs (or the caller's other path
+  // redoes them all).
+  std::vector<std::pair<int64_t, Fp8LtGemm>> gemms;  // (first row, GEMM)
+  for (int32_t e = 0; e < E; ++e) {
+    const int64_t r0 = host_offsets[e], m = host_offsets[e + 1] - host_offsets[e];
+    if (m <= 0) continue;
+    const WeightView w = weight(down, e);
+    Fp8LtGemm g;
+    g.m = m, g.n = n, g.k = k, g.ldq = k;
+    g.w.data = static_cast<const uint8_t*>(w.data), g.w.ldw = k;
+    g.w.scales = w.fp8.scales, g.w.scale_ld = w.fp8.scale_ld, g.w.split_rows = w.fp8.split_rows;
+    g.d = y + r0 * n, g.ldd = n;
+    auto ready = lt_fp8_->Ready(g);
+    if (!Record(ready.status())) return true;
+    if (!*ready) return false;
+    gemms.emplace_back(r0, g);
+  }
+  PhaseTimer phase(
+      this, down ? "RoutedExpertsFp8PerExpert/w8a8-down" : "RoutedExpertsFp8PerExpert/w8a8-gate_up",
+      true);
+  auto q = AllocateScratch(std::max<int64_t>(1, used * k));
+  auto q_scales = AllocateScratch(std::max<int64_t>(1, used * blocks) * sizeof(float));
+  kernels::Fp8QuantizeParams qp;
+  qp.m = used, qp.k = k, qp.a = x, qp.lda = k;
+  qp.q = q->as<uint8_t>(), qp.ldq = k, qp.scales = q_scales->as<float>(), qp.m_pad = used;
+  qp.group_offsets = offsets, qp.num_groups = E;
+  Check(kernels::Fp8QuantizeRows(qp, stream_), "kernels::Fp8QuantizeRows(experts)");
+  for (auto& [r0, g] : gemms) {
+    g.q = q->as<uint8_t>() + r0 * k;
+    g.q_scales = q_scales->as<float>() + r0 * blocks;
+    auto ran = lt_fp8_->Run(g, stream_);
+    if (!Record(ran.status())) return true;
+    if (!*ran) {
+      Record(absl::InternalError(
+          "CudaBackend::RoutedExperts: cuBLASLt refused an FP8 expert GEMM it had accepted"));
+      return true;
+    }
+  }
+  return true;
 }
 
 bool CudaBackend::RoutedExpertsFp8(const RoutedExpertsArgs& a) {
   if (a.num_experts < 1 || a.num_experts > kernels::kMaxMoeSlots || a.num_tokens < 0 ||
       a.top_k < 1 || a.hidden_size < 1 || a.hidden_size % 8 != 0 || a.inter < 1 ||
       a.inter % 8 != 0 || a.gate_up_scales == nullptr || a.down_scales == nullptr ||
+      a.gate_up_scale_ld < kernels::Fp8ScaleCols(a.hidden_size) ||
+      a.down_scale_ld < kernels::Fp8ScaleCols(a.inter) ||
       a.swiglu_limit > 0.0f) {  // V4's clamp: its experts are never kept FP8
     return false;
   }
@@ -134,23 +339,29 @@ bool CudaBackend::RoutedExpertsFp8(const RoutedExpertsArgs& a) {
   const bool per_expert = a.num_tokens > kMaxFusedMoeTokens &&
                           capture == cudaStreamCaptureStatusNone && a.gate_up_host != nullptr &&
                           a.down_host != nullptr;
-  OpTimer timer(this, per_expert ? "RoutedExpertsFp8PerExpert" : "RoutedExpertsFp8");
   const int64_t T = a.num_tokens, K = a.top_k, H = a.hidden_size, I = a.inter;
   const int32_t E = a.num_experts;
-  const int64_t rows = std::max<int64_t>(
-      1, kernels::MoePermutedRowsBound(static_cast<int32_t>(T), static_cast<int32_t>(K), E, 1));
+  // The device path on tensor cores (bf16 rows) where the kernel is built and takes the sizes.
+  const bool mma = !per_expert && H % 16 == 0 && I % 16 == 0 && kernels::Fp8MmaGemmAvailable();
+  OpTimer timer(this, per_expert ? "RoutedExpertsFp8PerExpert"
+                      : mma      ? "RoutedExpertsFp8Mma"
+                                 : "RoutedExpertsFp8");
+  const int32_t row_align = per_expert ? 4 : 1;
+  const int64_t rows =
+      std::max<int64_t>(1, kernels::MoePermutedRowsBound(static_cast<int32_t>(T),
+                                                         static_cast<int32_t>(K), E, row_align));
   if (!FitsInt(rows * std::max(H, 2 * I))) {
     Record(
         absl::InvalidArgumentError(absl::StrCat("CudaBackend::RoutedExperts: ", T, " tokens x top-",
                                                 K, " is beyond int range for the expert GEMMs")));
     return true;
   }
-  // The permutation of RoutedExperts (fp32 rows grouped by expert on the device), the expert
-  // GEMMs, the combine.
+  // The permutation of RoutedExperts (rows grouped by expert on the device), the expert GEMMs,
+  // the combine.
   auto plan = Allocate((2 * E + 1) * sizeof(int32_t));
   auto choice_row = AllocateScratch(std::max<int64_t>(1, T * K) * sizeof(int32_t));
   auto row_token = AllocateScratch(rows * sizeof(int32_t));
-  auto permuted = AllocateScratch(rows * H * sizeof(float));
+  auto permuted = AllocateScratch(rows * H * (mma ? sizeof(uint16_t) : sizeof(float)));
   kernels::MoePermuteParams p;
   p.num_tokens = static_cast<int32_t>(T);
   p.top_k = static_cast<int32_t>(K);
@@ -164,8 +375,12 @@ bool CudaBackend::RoutedExpertsFp8(const RoutedExpertsArgs& a) {
   p.slot_offsets = plan->as<int32_t>() + E;
   p.choice_row = choice_row->as<int32_t>();
   p.row_token = row_token->as<int32_t>();
-  p.permuted_hidden = permuted->as<float>();
-  p.row_align = 1;
+  if (mma) {
+    p.permuted_hidden_bf16 = permuted->as<uint16_t>();
+  } else {
+    p.permuted_hidden = permuted->as<float>();
+  }
+  p.row_align = row_align;
   const int64_t plan_workspace_bytes =
       kernels::MoePermutePlanWorkspaceBytes(static_cast<int32_t>(T), static_cast<int32_t>(K), E);
   std::unique_ptr<DeviceBuffer> plan_workspace;
@@ -180,7 +395,7 @@ bool CudaBackend::RoutedExpertsFp8(const RoutedExpertsArgs& a) {
     ExpertGemmsFp8PerExpert(a, plan->as<int32_t>() + E, rows, permuted->as<float>(),
                             expert_out->as<float>());
   } else {
-    ExpertGemmsFp8OnDevice(a, plan->as<int32_t>() + E, rows, permuted->as<float>(),
+    ExpertGemmsFp8OnDevice(a, plan->as<int32_t>() + E, rows, mma, permuted->data(),
                            expert_out->as<float>());
   }
 

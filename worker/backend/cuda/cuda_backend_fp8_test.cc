@@ -1,10 +1,13 @@
 // CudaBackend's ops on FP8 (e4m3, 128 x 128 block-scaled) matrices against host references on
-// the dequantised weights: Gemm on both paths (the small-m kernel up to kFp8SmallMGemmMaxRows
-// rows: exact dequantised weights; above: the weight dequantised and rounded to bf16 for cuBLAS),
-// GroupedGemm, and RoutedExperts with FP8 experts eager and replayed from a CUDA graph. Every
-// GEMM input is rounded to bf16 (as the kernels read it), products are exact, sums in double;
-// tolerances are stated per test. Skips without a GPU.
+// the dequantised weights: Gemm on each of its paths (W8A8 on cuBLASLt, the tensor-core and
+// CUDA-core FP8 kernels: exact dequantised weights; the fallback: the weight dequantised and
+// rounded to bf16 for cuBLAS), GroupedGemm, GateUpSiluMulBf16, and RoutedExperts with FP8
+// experts eager and replayed from a CUDA graph. The W8A16 paths read every activation rounded to
+// bf16, the W8A8 path quantised to e4m3 per 128-wide block (computed here on the host with the
+// loader's e4m3 encoder); products are exact and sums in double; tolerances are stated per test.
+// Skips without a GPU.
 #include <algorithm>
+#include <cfloat>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -15,8 +18,10 @@
 
 #include "gtest/gtest.h"
 #include "kernels/gemm/fp8_block_gemm.h"
+#include "kernels/gemm/fp8_mma_gemm.h"
 #include "kernels/testing/gpu_test_util.h"
 #include "worker/backend/bf16.h"
+#include "worker/backend/cuda/cublaslt_fp8_gemm.h"
 #include "worker/backend/cuda/cuda_backend.h"
 #include "worker/backend/cuda/cuda_backend_test_fixture.h"
 #include "worker/model/dtype_conversion.h"
@@ -27,17 +32,41 @@ namespace {
 using testing::CallsOf;
 using testing::CudaBackendTest;
 
-// A random FP8 matrix [n, k] (stacked at split rows, 0: not) on the device and its dequantised
-// values on the host.
+// A random FP8 matrix [n, k] (stacked at split rows, 0: not) on the device, its scale rows with
+// the loader's stride (kernels::Fp8ScaleLd, zero padding), and its dequantised values on the
+// host.
 struct Fp8Matrix {
   int64_t n = 0, k = 0, split = 0;
   std::vector<double> dequant;  // [n, k]
   std::unique_ptr<DeviceBuffer> data, scales;
   WeightView view() const {
     return WeightView(data->data(),
-                      Fp8BlockScales{scales->as<float>(), kernels::Fp8ScaleCols(k), split});
+                      Fp8BlockScales{scales->as<float>(), kernels::Fp8ScaleLd(k), split});
   }
 };
+
+// How a path reads its operands: activations rounded to bf16 against the exact dequantised
+// weight (W8A16: the FP8 kernels), the same against the weight rounded to bf16 (the dequantised
+// fallback on cuBLAS), or activations quantised to e4m3 per 128-wide block (W8A8).
+enum class Numerics { kW8A16, kBf16Weight, kW8A8 };
+
+// The activations as a W8A8 GEMM reads them: per row and 128-wide block, s = max(amax / 448,
+// FLT_MIN) and e4m3(x / s) * s (kernels/gemm/fp8_quantize.h's scheme, on the host).
+std::vector<double> QuantisedActivations(const std::vector<float>& a, int64_t m, int64_t k) {
+  std::vector<double> x(m * k);
+  for (int64_t i = 0; i < m; ++i) {
+    for (int64_t p0 = 0; p0 < k; p0 += 128) {
+      const int64_t p1 = std::min(k, p0 + 128);
+      float amax = 0.0f;
+      for (int64_t p = p0; p < p1; ++p) amax = std::max(amax, std::fabs(a[i * k + p]));
+      const float s = std::max(amax / 448.0f, FLT_MIN);
+      for (int64_t p = p0; p < p1; ++p) {
+        x[i * k + p] = static_cast<double>(F8E4M3ToFloat(FloatToF8E4M3(a[i * k + p] / s))) * s;
+      }
+    }
+  }
+  return x;
+}
 
 class CudaFp8Test : public CudaBackendTest {
  protected:
@@ -52,9 +81,11 @@ class CudaFp8Test : public CudaBackendTest {
         b = static_cast<uint8_t>(byte(*gen));
       } while ((b & 0x7F) == 0x7F);  // NaN
     }
-    const int64_t ld = kernels::Fp8ScaleCols(k);
-    std::vector<float> scales(kernels::Fp8ScaleRows(n, split) * ld);
-    for (float& s : scales) s = std::exp2(exponent(*gen));
+    const int64_t ld = kernels::Fp8ScaleLd(k), cols = kernels::Fp8ScaleCols(k);
+    std::vector<float> scales(kernels::Fp8ScaleRows(n, split) * ld, 0.0f);
+    for (size_t i = 0; i < scales.size(); ++i) {
+      if (static_cast<int64_t>(i) % ld < cols) scales[i] = std::exp2(exponent(*gen));
+    }
     m.dequant.resize(n * k);
     for (int64_t j = 0; j < n; ++j) {
       for (int64_t p = 0; p < k; ++p) {
@@ -67,12 +98,21 @@ class CudaFp8Test : public CudaBackendTest {
     m.scales = Upload(scales);
     return m;
   }
+  // Whether this device runs Gemm's W8A8 path (cuBLASLt's block-scaled FP8: compute capability
+  // 9.0).
+  static bool W8A8Device() { return CublasLtFp8Gemm::DeviceSupports(0); }
 };
 
-// y[i, j] = sum_p bf16(a[i, p]) * w[j, p] in double, w the dequantised weight (rounded to bf16
-// with round_weight), and sum_p |.| for the bound.
-void HostGemm(const std::vector<float>& a, int64_t m, const Fp8Matrix& w, bool round_weight,
+// y[i, j] = sum_p x(a[i, p]) * w[j, p] in double, x the activation as `numerics` reads it and w
+// the dequantised weight (rounded to bf16 for kBf16Weight), and sum_p |.| for the bound.
+void HostGemm(const std::vector<float>& a, int64_t m, const Fp8Matrix& w, Numerics numerics,
               std::vector<double>* y, std::vector<double>* mag) {
+  std::vector<double> x(m * w.k);
+  if (numerics == Numerics::kW8A8) {
+    x = QuantisedActivations(a, m, w.k);
+  } else {
+    for (int64_t e = 0; e < m * w.k; ++e) x[e] = RoundToBf16(a[e]);
+  }
   y->assign(m * w.n, 0.0);
   mag->assign(m * w.n, 0.0);
   for (int64_t i = 0; i < m; ++i) {
@@ -80,8 +120,8 @@ void HostGemm(const std::vector<float>& a, int64_t m, const Fp8Matrix& w, bool r
       double s = 0, g = 0;
       for (int64_t p = 0; p < w.k; ++p) {
         double wv = w.dequant[j * w.k + p];
-        if (round_weight) wv = RoundToBf16(static_cast<float>(wv));
-        const double prod = RoundToBf16(a[i * w.k + p]) * wv;
+        if (numerics == Numerics::kBf16Weight) wv = RoundToBf16(static_cast<float>(wv));
+        const double prod = x[i * w.k + p] * wv;
         s += prod;
         g += std::abs(prod);
       }
@@ -91,25 +131,42 @@ void HostGemm(const std::vector<float>& a, int64_t m, const Fp8Matrix& w, bool r
   }
 }
 
-// Gemm: the products are exact in fp32 on both paths (bf16 x e4m3 in the kernel, bf16 x bf16 in
-// cuBLAS); only fp32 summation differs from the double sum, bounded by k * 2^-24 * sum |a w|.
-TEST_F(CudaFp8Test, GemmMatchesDequantisedWeightsOnBothPaths) {
+// The bound per path: the W8A16 paths and cuBLAS sum exact products in fp32 (the tensor cores
+// may truncate: up to k / 8 + 26 roundings of 2^-23 along any path, fp8_mma_gemm_test), so
+// (k + 64) * 2^-24 * (sum |.| + |result|); W8A8 on FP8 tensor cores accumulates with fewer bits
+// between the per-128 promotions (cublaslt_fp8_gemm_test): 2^-8 * sum |.| on top.
+double Bound(Numerics numerics, int64_t k, double mag, double want) {
+  const double fp32 = (k + 64) * std::ldexp(mag + std::abs(want), -24) + 1e-30;
+  return numerics == Numerics::kW8A8 ? fp32 + std::ldexp(mag, -8) : fp32;
+}
+
+TEST_F(CudaFp8Test, GemmMatchesDequantisedWeightsOnEveryPath) {
   const uint32_t seed = testing::FreshSeed();
   SCOPED_TRACE(::testing::Message() << "seed " << seed);
   std::mt19937 gen(seed);
+  const bool w8a8 = W8A8Device();
+  const bool mma = kernels::Fp8MmaGemmAvailable();
   struct Case {
     int64_t m, n, k, split;
     bool a_bf16, accumulate;
   };
-  const int64_t small = CudaBackend::kFp8SmallMGemmMaxRows;
-  for (const Case& c :
-       {Case{1, 192, 128, 0, false, false}, Case{3, 80, 200, 0, true, false},
-        Case{small, 256, 320, 128, false, true}, Case{small + 1, 96, 128, 0, false, false},
-        Case{130, 200, 384, 100, true, true}}) {
+  const int64_t w8a8_rows = CudaTuningDefaults::kFp8W8A8MinRows;
+  for (const Case& c : {
+           Case{1, 192, 128, 0, false, false},    // one row: CUDA cores
+           Case{3, 80, 200, 0, true, false},      // k % 16 != 0: CUDA cores
+           Case{32, 256, 320, 128, false, true},  // tensor cores
+           Case{33, 96, 128, 0, false, false},    // tensor cores
+           Case{40, 64, 200, 0, false, false},    // k % 16 != 0 above 32 rows: dequantised
+           Case{w8a8_rows + 2, 200, 384, 100, true, true},  // W8A8, rows through scratch, split
+           Case{w8a8_rows, 256, 256, 0, false, false},      // W8A8 straight into c
+       }) {
     SCOPED_TRACE(::testing::Message() << "m " << c.m << " n " << c.n << " k " << c.k);
     const Fp8Matrix w = RandomFp8(c.n, c.k, c.split, &gen);
     std::vector<float> a = testing::RandomFloats(c.m * c.k, seed + c.m);
     std::vector<float> c0 = testing::RandomFloats(c.m * c.n, seed + 1 + c.m);
+    if (c.a_bf16) {
+      for (float& v : a) v = RoundToBf16(v);  // what the bf16 operand holds
+    }
     auto da = Upload(a);
     auto da16 = gpu_->Allocate(a.size() * 2);
     const std::vector<uint16_t> bits = FloatsToBf16Bits(a);
@@ -122,20 +179,33 @@ TEST_F(CudaFp8Test, GemmMatchesDequantisedWeightsOnBothPaths) {
     const std::string report = gpu_->TakeOpTimingReport();
     gpu_->SetOpTiming(false);
     ASSERT_TRUE(gpu_->status().ok()) << gpu_->status();
-    const bool small_m = c.m <= small;
-    EXPECT_EQ(CallsOf(report, small_m ? "Gemm/fp8-small-m" : "Gemm/fp8-dequant-bf16"), 1) << report;
+    const bool k16 = c.k % 16 == 0;
+    std::string phase;
+    Numerics numerics = Numerics::kW8A16;
+    if (w8a8 && k16 && c.m >= w8a8_rows) {
+      phase = "Gemm/fp8-w8a8";
+      numerics = Numerics::kW8A8;
+    } else if (mma && k16 && c.m > CudaBackend::kFp8CudaCoreMaxRows) {
+      phase = "Gemm/fp8-mma";
+    } else if (c.m <= CudaBackend::kFp8SmallMGemmMaxRows) {
+      phase = "Gemm/fp8-small-m";
+    } else {
+      phase = "Gemm/fp8-dequant-bf16";
+      numerics = Numerics::kBf16Weight;
+    }
+    EXPECT_EQ(CallsOf(report, phase), 1) << report;
     const std::vector<float> got = Download(*dc);
     std::vector<double> y, mag;
-    HostGemm(a, c.m, w, /*round_weight=*/!small_m, &y, &mag);
+    HostGemm(a, c.m, w, numerics, &y, &mag);
     for (int64_t e = 0; e < c.m * c.n; ++e) {
       const double want = (c.accumulate ? c0[e] : 0.0) + y[e];
-      const double tol = (c.k + 2) * std::ldexp(mag[e] + std::abs(want), -24) + 1e-30;
-      ASSERT_LE(std::abs(got[e] - want), tol) << "element " << e << " got " << got[e];
+      ASSERT_LE(std::abs(got[e] - want), Bound(numerics, c.k, mag[e], want))
+          << phase << " element " << e << " got " << got[e];
     }
   }
 }
 
-// GroupedGemm with host offsets: each group on Gemm's FP8 path, the same bound per row.
+// GroupedGemm with host offsets: each group on Gemm's FP8 paths, the same bound per row.
 TEST_F(CudaFp8Test, GroupedGemmMultipliesEachGroupByItsWeight) {
   const uint32_t seed = testing::FreshSeed();
   SCOPED_TRACE(::testing::Message() << "seed " << seed);
@@ -159,19 +229,61 @@ TEST_F(CudaFp8Test, GroupedGemmMultipliesEachGroupByItsWeight) {
     const int64_t r0 = offsets[g], m = offsets[g + 1] - offsets[g];
     std::vector<float> ga(a.begin() + r0 * k, a.begin() + (r0 + m) * k);
     std::vector<double> y, mag;
-    HostGemm(ga, m, w[g], false, &y, &mag);
+    HostGemm(ga, m, w[g], Numerics::kW8A16, &y, &mag);
     for (int64_t e = 0; e < m * n; ++e) {
-      ASSERT_LE(std::abs(got[r0 * n + e] - y[e]), (k + 2) * std::ldexp(mag[e], -24) + 1e-30)
+      ASSERT_LE(std::abs(got[r0 * n + e] - y[e]), Bound(Numerics::kW8A16, k, mag[e], y[e]))
           << "group " << g << " element " << e;
     }
   }
 }
 
-// RoutedExperts with FP8 experts: out[t] = sum_k w[t, k] down_e(bf16(silu(g) * u)), gate_up from
-// bf16(x). The SiLU-mul output is fp32 on the device and rounded to bf16 as the down GEMM reads
-// it; an fp32-level difference in g or u can move that rounding by one bf16 step (2^-8 relative)
-// for an element near a rounding boundary, so each choice is allowed two such steps of its
-// largest product plus k * 2^-24 of sum |.|.
+// GateUpSiluMulBf16 with an FP8 [gate; up] at a prefill size: the W8A8 GEMM with a bf16 output
+// on compute capability 9.0 (else the weight dequantised to bf16), then SiLU-mul rounded to bf16.
+// A gate or up value off by its bound can move the bf16 rounding of the output by one step
+// (2^-8 relative) for an element near a rounding boundary; allowed: that step plus the bound
+// carried through silu(g) * u.
+TEST_F(CudaFp8Test, GateUpSiluMulOnFp8Weights) {
+  const uint32_t seed = testing::FreshSeed();
+  SCOPED_TRACE(::testing::Message() << "seed " << seed);
+  std::mt19937 gen(seed);
+  const int64_t rows = CudaBackend::kBf16GateUpMinRows + 2, inter = 96, k = 256;
+  const Fp8Matrix w = RandomFp8(2 * inter, k, inter, &gen);
+  std::vector<float> a = testing::RandomFloats(rows * k, seed);
+  auto da = Upload(a);
+  auto out = gpu_->Allocate(rows * inter * sizeof(uint16_t));
+  ASSERT_TRUE(gpu_->GateUpSiluMulBf16(rows, inter, k, ActivationView(da->as<float>()), k, w.view(),
+                                      k, out->as<uint16_t>()));
+  ASSERT_TRUE(gpu_->status().ok()) << gpu_->status();
+  std::vector<uint16_t> bits(rows * inter);
+  gpu_->CopyToHost(out->data(), bits.size() * 2, bits.data());
+  const bool w8a8 = W8A8Device() && rows >= CudaTuningDefaults::kFp8W8A8MinRows;
+  const Numerics numerics = w8a8 ? Numerics::kW8A8 : Numerics::kBf16Weight;
+  std::vector<double> y, mag;
+  HostGemm(a, rows, w, numerics, &y, &mag);
+  for (int64_t r = 0; r < rows; ++r) {
+    for (int64_t i = 0; i < inter; ++i) {
+      const double g = y[r * 2 * inter + i], u = y[r * 2 * inter + inter + i];
+      const double dg = Bound(numerics, k, mag[r * 2 * inter + i], g) + std::ldexp(std::abs(g), -8);
+      const double du = Bound(numerics, k, mag[r * 2 * inter + inter + i], u) +
+                        std::ldexp(std::abs(u), -8);  // gate_up rounded to bf16
+      const double sg = 1.0 / (1.0 + std::exp(-g));
+      const double want = g * sg * u;
+      // |d(silu(g))/dg| <= 1.1 for every g.
+      const double tol =
+          1.1 * dg * (std::abs(u) + du) + std::abs(g * sg) * du + std::ldexp(std::abs(want), -8);
+      ASSERT_LE(std::abs(Bf16BitsToFloat(bits[r * inter + i]) - want), tol + 1e-30)
+          << "row " << r << " column " << i;
+    }
+  }
+}
+
+// RoutedExperts with FP8 experts: out[t] = sum_k w[t, k] down_e(act(silu(g) * u)), gate_up from
+// x(x), with x / act each path's reading of its activations (bf16; e4m3 blocks on the W8A8
+// path). The SiLU-mul output is computed in fp32 on the device and read as bf16 (or quantised);
+// an fp32-level difference in g or u can move that rounding by one step for an element near a
+// rounding boundary: 2^-8 of its product on the bf16 paths, 2^-3 on the W8A8 path (e4m3, and the
+// block's scale can follow its largest element), so each choice is allowed two such steps of its
+// largest product plus its GEMMs' bounds.
 class CudaFp8RoutedExpertsTest : public CudaFp8Test {
  protected:
   static constexpr int64_t E = 16, K = 4, H = 256, I = 96;
@@ -233,6 +345,8 @@ class CudaFp8RoutedExpertsTest : public CudaFp8Test {
     a.down = static_cast<const void* const*>(t_dn->data());
     a.gate_up_scales = static_cast<const float* const*>(t_gus->data());
     a.down_scales = static_cast<const float* const*>(t_dns->data());
+    a.gate_up_scale_ld = kernels::Fp8ScaleLd(H);
+    a.down_scale_ld = kernels::Fp8ScaleLd(I);
     a.gate_up_host = gu_ptr.data();
     a.down_host = dn_ptr.data();
     a.dtype = WeightDType::kFp8E4M3;
@@ -251,44 +365,60 @@ class CudaFp8RoutedExpertsTest : public CudaFp8Test {
     ASSERT_TRUE(gpu_->status().ok()) << gpu_->status();
     const std::string report = gpu_->TakeOpTimingReport();
     gpu_->SetOpTiming(false);
+    const bool per_expert = !graph && T > CudaBackend::kMaxFusedMoeTokens;
     if (!graph) {
-      const bool per_expert = T > CudaBackend::kMaxFusedMoeTokens;
-      EXPECT_EQ(CallsOf(report, per_expert ? "RoutedExpertsFp8PerExpert" : "RoutedExpertsFp8"), 1)
-          << report;
+      const char* op = per_expert                       ? "RoutedExpertsFp8PerExpert"
+                       : kernels::Fp8MmaGemmAvailable() ? "RoutedExpertsFp8Mma"
+                                                        : "RoutedExpertsFp8";
+      EXPECT_EQ(CallsOf(report, op), 1) << report;
     }
     const std::vector<float> got = Download(*out);
-    // The per-expert path rounds the dequantised weight to bf16 for experts above
-    // kFp8SmallMGemmMaxRows rows (Gemm's tensor-core path); the reference does the same.
-    std::vector<int64_t> rows_of(E, 0);
-    for (int32_t e : ids) ++rows_of[e];
-    auto bf16_weights = [&](int32_t e) {
-      return !graph && T > CudaBackend::kMaxFusedMoeTokens &&
-             rows_of[e] > CudaBackend::kFp8SmallMGemmMaxRows;
+    // The per-expert path is W8A8 for every expert on compute capability 9.0 (one cuBLASLt GEMM
+    // per expert), else each expert's rows (padded to 4) on the tensor-core kernel.
+    auto numerics_of = [&](int32_t) {
+      return per_expert && W8A8Device() ? Numerics::kW8A8 : Numerics::kW8A16;
     };
 
     for (int64_t t = 0; t < T; ++t) {
       std::vector<double> want(H, 0.0), tol(H, 0.0);
       for (int64_t k = 0; k < K; ++k) {
         const int32_t e = ids[t * K + k];
+        const Numerics numerics = numerics_of(e);
+        const double step = numerics == Numerics::kW8A8 ? std::ldexp(1.0, -3) : std::ldexp(1.0, -8);
         std::vector<float> xt(x.begin() + t * H, x.begin() + (t + 1) * H);
         std::vector<double> g, gmag;
-        HostGemm(xt, 1, gu[e], bf16_weights(e), &g, &gmag);
+        HostGemm(xt, 1, gu[e], numerics, &g, &gmag);
+        // act and how far the device's may be from it: gate_up's bound carried through
+        // silu(g) * u (|silu'| <= 1.1).
         std::vector<float> act(I);
+        std::vector<double> dact(I);
+        double act_max = 0, dact_max = 0;
         for (int64_t i = 0; i < I; ++i) {
           const double gate = g[i], up = g[I + i];
-          act[i] = static_cast<float>(gate / (1.0 + std::exp(-gate)) * up);
+          const double sg = gate / (1.0 + std::exp(-gate));
+          const double dg = Bound(numerics, H, gmag[i], gate);
+          const double du = Bound(numerics, H, gmag[I + i], up);
+          act[i] = static_cast<float>(sg * up);
+          dact[i] = 1.1 * dg * (std::abs(up) + du) + std::abs(sg) * du;
+          act_max = std::max(act_max, std::abs(static_cast<double>(act[i])));
+          dact_max = std::max(dact_max, dact[i]);
         }
         std::vector<double> y, ymag;
-        HostGemm(act, 1, dn[e], bf16_weights(e), &y, &ymag);
+        HostGemm(act, 1, dn[e], numerics, &y, &ymag);
         for (int64_t h = 0; h < H; ++h) {
-          double largest = 0;
+          double largest = 0, carried = 0;
           for (int64_t i = 0; i < I; ++i) {
-            const double wv = dn[e].dequant[h * I + i];
-            largest = std::max(largest, std::abs(RoundToBf16(act[i]) * wv));
+            const double wv = std::abs(dn[e].dequant[h * I + i]);
+            largest = std::max(largest, std::abs(static_cast<double>(act[i])) * wv);
+            carried += wv * dact[i];
           }
+          // On the W8A8 path a block's scale follows its largest act: a relative change of up to
+          // dact_max / act_max in every quantised value.
+          const double rescaled =
+              numerics == Numerics::kW8A8 && act_max > 0 ? dact_max / act_max * ymag[h] : 0.0;
           want[h] += wts[t * K + k] * y[h];
           tol[h] += wts[t * K + k] *
-                    (2 * std::ldexp(largest, -8) + (I + H + 8) * std::ldexp(ymag[h], -24));
+                    (2 * step * largest + carried + rescaled + Bound(numerics, I, ymag[h], y[h]));
         }
       }
       for (int64_t h = 0; h < H; ++h) {
@@ -304,11 +434,11 @@ TEST_F(CudaFp8RoutedExpertsTest, DecodeSizes) {
   Run(3, false);
 }
 
-// More rows than experts: one block row per expert, several chunks of 8 rows each.
+// More rows than experts: one block row per expert, several passes of rows each.
 TEST_F(CudaFp8RoutedExpertsTest, LargerBatchOnTheDevicePath) { Run(70, false); }
 
-// Above kMaxFusedMoeTokens: per-expert GEMMs (the small-m kernel or the dequantised weight on
-// cuBLAS, by each expert's rows).
+// Above kMaxFusedMoeTokens: per-expert GEMMs (W8A8 on compute capability 9.0, else the
+// tensor-core kernel), each expert's rows padded to 4.
 TEST_F(CudaFp8RoutedExpertsTest, PrefillPerExpert) {
   Run(CudaBackend::kMaxFusedMoeTokens + 30, false);
 }
@@ -327,6 +457,26 @@ TEST_F(CudaFp8Test, BatchedGemmRefusesFp8) {
   gpu_->BatchedGemm(1, 1, 128, 128, a->as<float>(), 128, 0, w.view(), 128, 0, c->as<float>(), 128,
                     0);
   EXPECT_EQ(gpu_->status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+// The op timing report lists phases inside ops on "(phase)" lines; CallsOf reads both kinds
+// (GemmMatchesDequantisedWeightsOnEveryPath counts the FP8 GEMM's phases). No GPU needed.
+TEST(CallsOfTest, ReadsOpAndPhaseLines) {
+  const std::string report =
+      "  Gemm                      1 calls      0.050 ms 100.0%\n"
+      "    (phase) Gemm/fp8-small-m                    3 calls      0.040 ms\n"
+      "  total                                  0.050 ms\n";
+  EXPECT_EQ(CallsOf(report, "Gemm"), 1);
+  EXPECT_EQ(CallsOf(report, "Gemm/fp8-small-m"), 3);
+  EXPECT_EQ(CallsOf(report, "Gemm/fp8-dequant-bf16"), -1);
+}
+
+TEST(CudaTuningTest, RefusesAW8A8ThresholdBelowOneRow) {
+  DEEPINFER_SKIP_WITHOUT_GPU();
+  CudaTuning t;
+  t.fp8_w8a8_min_rows = 0;
+  EXPECT_EQ(CudaBackend::Create(0, WeightDType::kBFloat16, t).status().code(),
+            absl::StatusCode::kInvalidArgument);
 }
 
 }  // namespace

@@ -256,9 +256,7 @@ void CudaBackend::AddRmsNormGemms(int64_t rows, int64_t dim, float* x, const flo
 bool CudaBackend::GateUpSiluMulBf16(int64_t rows, int64_t inter, int64_t k, ActivationView a,
                                     int64_t lda, WeightView w, int64_t ldw, uint16_t* out) {
   if (w.dtype == WeightDType::kFp8E4M3 && rows >= kBf16GateUpMinRows && inter > 0) {
-    auto w16 = DequantizeToBf16(w, ldw, 2 * inter, k);
-    return GateUpSiluMulBf16(rows, inter, k, a, lda,
-                             WeightView(w16->data(), WeightDType::kBFloat16), k, out);
+    return GateUpSiluMulFp8(rows, inter, k, a, lda, w, ldw, out);
   }
   if (rows < kBf16GateUpMinRows || w.dtype != WeightDType::kBFloat16 || inter <= 0 ||
       !FitsInt(rows) || !FitsInt(2 * inter) || !FitsInt(k) || !FitsInt(lda) || !FitsInt(ldw)) {

@@ -76,6 +76,14 @@ class DeepseekV4Model final : public CausalLm {
   // No MLA prefill forms: the knob is kept and ignored.
   void SetPrefillAttention(PrefillAttention form) override { prefill_ = form; }
   PrefillAttention prefill_attention() const override { return prefill_; }
+  // The decode graphs' padding block (its rows write nothing in V4's cache; the runner keeps
+  // one per cache) and their start-up recording (DecodeGraphRunner::Capture: each bucket's plan
+  // of padding rows only).
+  void PrepareCache(KvBlockPool* cache) override { graphs_->Prepare(cache); }
+  absl::StatusOr<int> CaptureDecodeGraphs(KvBlockPool* cache) override {
+    if (absl::Status st = CheckCache(*cache); !st.ok()) return st;
+    return graphs_->Capture(cache);
+  }
   int64_t decode_graph_steps() const override { return graphs_->steps(); }
   int64_t decode_graphs_recorded() const override { return graphs_->graphs_recorded(); }
   int64_t num_moe_layers() const override { return v4_.num_layers; }

@@ -98,9 +98,9 @@ std::unique_ptr<CausalLm> Load(Backend* backend, const std::string& fixture,
 // Prefills num_seqs prompts (lengths 1..61, 16 sequences a step) in a fresh cache of
 // `block_size` blocks, then one greedy decode step (sampled on the device, no logits) per
 // schedule entry n over sequences 0..n-1.
-absl::StatusOr<DecodeRun> RunDecodeSchedule(CausalLm* model, Backend* backend,
-                                            const std::vector<int64_t>& schedule, int64_t num_seqs,
-                                            int32_t block_size) {
+absl::StatusOr<DecodeRun> RunDecodeSchedule(
+    CausalLm* model, Backend* backend, const std::vector<int64_t>& schedule, int64_t num_seqs,
+    int32_t block_size, const std::function<absl::Status(KvBlockPool*)>& on_pool = nullptr) {
   const int64_t vocab = model->config().vocab_size;
   std::vector<SequenceStep> seqs(num_seqs);
   int64_t blocks = 1;
@@ -115,6 +115,9 @@ absl::StatusOr<DecodeRun> RunDecodeSchedule(CausalLm* model, Backend* backend,
   o.max_sequences = static_cast<int32_t>(num_seqs);
   auto pool = KvBlockPool::Create(backend, o);
   if (!pool.ok()) return pool.status();
+  if (on_pool) {
+    if (absl::Status st = on_pool(pool->get()); !st.ok()) return st;
+  }
   DecodeRun run;
   for (SequenceStep& s : seqs) {
     auto b = (*pool)->Allocate((*pool)->BlocksFor(static_cast<int64_t>(s.tokens.size()) +
@@ -229,6 +232,34 @@ INSTANTIATE_TEST_SUITE_P(Fixtures, V4DecodeGraphTest,
                            return info.param.fixture + "_block" +
                                   std::to_string(info.param.block_size);
                          });
+
+// Graphs recorded at start-up (CausalLm::CaptureDecodeGraphs: every bucket over its padding
+// rows' plan) are replayed by the steps that follow, with the general path's results.
+TEST(V4DecodeGraphStartupTest, GraphsRecordedAtStartUpReplayWithTheGeneralPathsResults) {
+  RecordingCpuBackend backend;
+  DecodeGraphOptions on, off;
+  on.max_batch = 48;  // buckets 1 2 4 8 16 24 32 48
+  off.enabled = false;
+  auto graphs = Load(&backend, "dsv4_mix", on);
+  auto eager = Load(&backend, "dsv4_mix", off);
+  ASSERT_TRUE(graphs && eager);
+  const std::vector<int64_t> schedule = Schedule();
+  int recorded = -1;
+  auto a = RunDecodeSchedule(graphs.get(), &backend, schedule, 40, 16, [&](KvBlockPool* pool) {
+    graphs->PrepareCache(pool);
+    absl::StatusOr<int> n = graphs->CaptureDecodeGraphs(pool);
+    if (!n.ok()) return n.status();
+    recorded = *n;
+    return absl::OkStatus();
+  });
+  ASSERT_TRUE(a.ok()) << a.status();
+  auto b = RunDecodeSchedule(eager.get(), &backend, schedule, 40, 16);
+  ASSERT_TRUE(b.ok()) << b.status();
+  ExpectBitIdentical(*a, *b);
+  EXPECT_EQ(recorded, 8);
+  EXPECT_EQ(backend.captures_, 8);  // nothing recorded after start-up
+  EXPECT_EQ(graphs->decode_graph_steps(), static_cast<int64_t>(schedule.size()));
+}
 
 // Where the backend cannot run the routed experts on the device, the device-only step refuses
 // (FAILED_PRECONDITION, before counting anything) and every bucket falls back to the general

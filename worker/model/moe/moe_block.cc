@@ -194,6 +194,8 @@ RoutedExpertsArgs MoeBlock::DeviceExpertsArgs(int64_t layer, int64_t rows, const
   if (t.dtype == WeightDType::kFp8E4M3) {
     a.gate_up_scales = static_cast<const float* const*>(t.gate_up_scales->data());
     a.down_scales = static_cast<const float* const*>(t.down_scales->data());
+    a.gate_up_scale_ld = t.gate_up_scale_ld;
+    a.down_scale_ld = t.down_scale_ld;
   }
   a.out = out;
   const MlpWeights& shared = weights_->layers[layer].shared;
@@ -337,6 +339,9 @@ bool MoeBlock::LayerTables(const LayerWeights& L, const std::vector<int64_t>& id
   if (fp8 == n) {
     t->gate_up_scales = Pointers(gate_up_scales);
     t->down_scales = Pointers(down_scales);
+    // Every expert has the same shapes, so the same scale strides.
+    t->gate_up_scale_ld = L.experts.at(ids[0]).gate_up.scale_ld;
+    t->down_scale_ld = L.experts.at(ids[0]).down.scale_ld;
   }
   t->gate_up_host = std::move(gate_up);
   t->down_host = std::move(down);

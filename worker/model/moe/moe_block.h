@@ -116,6 +116,7 @@ class MoeBlock {
     // The layer's experts' storage: matrix_dtype, or kFp8E4M3 with the scale tables below.
     WeightDType dtype = WeightDType::kBFloat16;
     std::unique_ptr<DeviceBuffer> gate_up_scales, down_scales;  // device [E] pointers (FP8)
+    int64_t gate_up_scale_ld = 0, down_scale_ld = 0;            // shared by the E experts
   };
   std::unique_ptr<DeviceBuffer> expert_slots_;
   std::vector<ExpertTables> expert_tables_;

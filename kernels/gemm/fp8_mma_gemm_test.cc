@@ -1,0 +1,265 @@
+// Fp8MmaGemm and Fp8MmaGroupedGemm against a host reference on the dequantised weights
+// (fp8_test_util.h: the loader's e4m3 decoding times the block scale, activations rounded to
+// bf16, the sum in double). The products are exact on the tensor cores (bf16 x bf16 widened
+// from e4m3); only the summation rounds: a k16 MMA adds its products to the accumulator with at
+// most two fp32 roundings, which may truncate (up to 2^-23 each), each 128-wide block's sum is
+// scaled and accumulated (two roundings) and up to eight k-slices are added (eight). Along any
+// path that is at most k / 8 + 26 roundings of 2^-23 relative to the magnitudes summed, so
+// |got - want| <= (k / 4 + 64) * 2^-24 * sum_p |a_p w_p| holds for a correct kernel, while a
+// wrong scale, block, element or row is off by about |want| ~ sum |a w| / sqrt(k), far more.
+// Skips itself without a GPU.
+#include "kernels/gemm/fp8_mma_gemm.h"
+
+#include <cmath>
+#include <cstdint>
+#include <memory>
+#include <random>
+#include <vector>
+
+#include "gtest/gtest.h"
+#include "kernels/gemm/fp8_test_util.h"
+#include "kernels/testing/gpu_test_util.h"
+#include "worker/backend/bf16.h"
+
+namespace deepinfer {
+namespace kernels {
+namespace {
+
+using fp8_testing::Bf16Rounded;
+using fp8_testing::DequantisedProduct;
+using fp8_testing::HostFp8;
+using fp8_testing::MakeWeight;
+using fp8_testing::WithinBound;
+using testing::DeviceArray;
+
+double Unit(int64_t k) { return std::ldexp(1.0, -24) * (k / 4.0 + 64.0); }
+
+struct DenseCase {
+  int64_t m, n, k, extra_lda, extra_ldw, split;
+  bool a_bf16, accumulate;
+};
+
+void RunDense(const DenseCase& t, HostFp8 w, uint32_t seed) {
+  const int64_t lda = t.k + t.extra_lda, ldc = t.n + 3;
+  std::vector<float> a = testing::RandomFloats(t.m * lda, seed + 1);
+  std::vector<float> c0 = testing::RandomFloats(t.m * ldc, seed + 2);
+  DeviceArray<uint8_t> dw(w.data);
+  DeviceArray<float> ds(w.scales);
+  DeviceArray<float> da(a);
+  DeviceArray<uint16_t> da16(FloatsToBf16Bits(a));
+  DeviceArray<float> dc(c0);
+  Fp8MmaGemmParams p;
+  p.m = t.m;
+  p.n = t.n;
+  p.k = t.k;
+  p.a_bf16 = t.a_bf16;
+  p.a = t.a_bf16 ? static_cast<const void*>(da16.get()) : da.get();
+  p.lda = lda;
+  p.w.data = dw.get();
+  p.w.ldw = w.ldw;
+  p.w.scales = ds.get();
+  p.w.scale_ld = w.scale_ld;
+  p.w.split_rows = t.split;
+  p.c = dc.get();
+  p.ldc = ldc;
+  p.accumulate = t.accumulate;
+  ASSERT_TRUE(Fp8MmaGemmSupports(p));
+  DEEPINFER_CUDA_OK(Fp8MmaGemm(p, nullptr));
+  std::vector<float> got;
+  DEEPINFER_CUDA_OK(dc.Download(&got));
+
+  std::vector<double> want, mag;
+  DequantisedProduct(Bf16Rounded(a), lda, t.m, w, &want, &mag);
+  std::vector<float> got_c(t.m * t.n);
+  std::vector<double> want_c(t.m * t.n), tol_c(t.m * t.n);
+  for (int64_t i = 0; i < t.m; ++i) {
+    for (int64_t j = 0; j < t.n; ++j) {
+      const int64_t e = i * t.n + j;
+      got_c[e] = got[i * ldc + j];
+      want_c[e] = (t.accumulate ? c0[i * ldc + j] : 0.0) + want[e];
+      // The accumulate's one fp32 addition adds half an ulp of the result.
+      tol_c[e] = Unit(t.k) * mag[e] + std::ldexp(std::abs(want_c[e]), -24) + 1e-30;
+    }
+    for (int64_t j = t.n; j < ldc; ++j) {
+      ASSERT_EQ(got[i * ldc + j], c0[i * ldc + j]) << "padding column " << j << " of row " << i;
+    }
+  }
+  EXPECT_TRUE(WithinBound(got_c, want_c, tol_c));
+}
+
+class Fp8MmaGemmTest : public ::testing::TestWithParam<DenseCase> {};
+
+TEST_P(Fp8MmaGemmTest, MatchesDequantisedReference) {
+  DEEPINFER_SKIP_WITHOUT_GPU();
+  const DenseCase t = GetParam();
+  const uint32_t seed = testing::FreshSeed();
+  SCOPED_TRACE(::testing::Message()
+               << "seed " << seed << " m " << t.m << " n " << t.n << " k " << t.k);
+  std::mt19937 gen(seed);
+  RunDense(t, MakeWeight(t.n, t.k, t.k + t.extra_ldw, t.split, &gen), seed);
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Shapes, Fp8MmaGemmTest,
+    ::testing::Values(
+        // Row counts around the 8 / 16 / 32-row passes; n not a multiple of 16; k a multiple of
+        // 16 only (the last 128-block partial, the last 64-step empty for some lanes).
+        DenseCase{1, 200, 384, 0, 0, 0, false, false}, DenseCase{2, 77, 208, 0, 0, 0, true, true},
+        DenseCase{7, 130, 720, 8, 16, 0, false, false}, DenseCase{8, 96, 144, 0, 0, 0, true, false},
+        DenseCase{9, 300, 1024, 0, 0, 0, false, true},
+        DenseCase{17, 64, 2048, 0, 0, 0, true, false},
+        DenseCase{33, 129, 4112, 4, 0, 0, false, false},
+        DenseCase{100, 48, 256, 0, 0, 0, false, false},
+        // [gate; up] stacked at 80 rows (two scale grids; a 16-row tile straddles the split)
+        // and at a multiple of 128.
+        DenseCase{5, 160, 256, 0, 0, 80, false, false},
+        DenseCase{64, 512, 256, 0, 0, 256, true, false},
+        // Moonlight decode shapes (hidden 2048: q, kv_a, o_proj, expert down k = 1408) and
+        // DeepSeek-V3's (hidden 7168: kv_a; q_b from q_lora 1536).
+        DenseCase{1, 3072, 2048, 0, 0, 0, false, false},
+        DenseCase{3, 576, 2048, 0, 0, 0, false, false},
+        DenseCase{64, 2048, 1408, 0, 0, 0, true, false},
+        DenseCase{128, 2048, 2048, 0, 0, 0, false, true},
+        DenseCase{4, 576, 7168, 0, 0, 0, false, false},
+        DenseCase{16, 1024, 1536, 0, 0, 0, false, false}));
+
+// Weights that are all e4m3 subnormals (and zeros): the bf16 widening keeps them exactly (a
+// kernel that flushed subnormal bf16 operands would be off by the whole sum).
+TEST(Fp8MmaGemmSubnormalTest, WidensSubnormalWeightsExactly) {
+  DEEPINFER_SKIP_WITHOUT_GPU();
+  const uint32_t seed = testing::FreshSeed();
+  SCOPED_TRACE(::testing::Message() << "seed " << seed);
+  std::mt19937 gen(seed);
+  HostFp8 w = MakeWeight(64, 256, 256, 0, &gen);
+  std::uniform_int_distribution<int> d(0, 15);
+  for (uint8_t& b : w.data) {
+    const int v = d(gen);
+    b = static_cast<uint8_t>((v & 8) << 4 | (v & 7));  // sign, exponent 0, mantissa 0..7
+  }
+  RunDense(DenseCase{12, 64, 256, 0, 0, 0, false, false}, w, seed);
+}
+
+struct GroupedCase {
+  std::vector<int32_t> rows_per_group;
+  int64_t n, k, split;
+  int32_t hint;
+};
+
+class Fp8MmaGroupedGemmTest : public ::testing::TestWithParam<GroupedCase> {};
+
+TEST_P(Fp8MmaGroupedGemmTest, MatchesPerGroupReference) {
+  DEEPINFER_SKIP_WITHOUT_GPU();
+  const GroupedCase t = GetParam();
+  const uint32_t seed = testing::FreshSeed();
+  SCOPED_TRACE(::testing::Message() << "seed " << seed << " n " << t.n << " k " << t.k);
+  std::mt19937 gen(seed);
+  const int32_t groups = static_cast<int32_t>(t.rows_per_group.size());
+  std::vector<int32_t> offsets(groups + 1, 0);
+  for (int32_t g = 0; g < groups; ++g) offsets[g + 1] = offsets[g] + t.rows_per_group[g];
+  const int32_t used = offsets[groups];
+  const int32_t max_rows = used + 5;  // rows past the last group stay untouched
+  std::vector<HostFp8> w;
+  std::vector<std::unique_ptr<DeviceArray<uint8_t>>> dw;
+  std::vector<std::unique_ptr<DeviceArray<float>>> ds;
+  std::vector<const uint8_t*> wptr;
+  std::vector<const float*> sptr;
+  for (int32_t g = 0; g < groups; ++g) {
+    w.push_back(MakeWeight(t.n, t.k, t.k, t.split, &gen));
+    dw.push_back(std::make_unique<DeviceArray<uint8_t>>(w.back().data));
+    ds.push_back(std::make_unique<DeviceArray<float>>(w.back().scales));
+    wptr.push_back(dw.back()->get());
+    sptr.push_back(ds.back()->get());
+  }
+  const std::vector<float> a = testing::RandomFloats(static_cast<size_t>(max_rows) * t.k, seed);
+  DeviceArray<uint16_t> da(FloatsToBf16Bits(a));
+  DeviceArray<int32_t> doff(offsets);
+  DeviceArray<const uint8_t*> dwp(wptr);
+  DeviceArray<const float*> dsp(sptr);
+  DeviceArray<float> dc(static_cast<size_t>(max_rows) * t.n);
+  dc.Poison();
+  Fp8MmaGroupedGemmParams p;
+  p.num_groups = groups;
+  p.max_rows = max_rows;
+  p.offsets = doff.get();
+  p.n = t.n;
+  p.k = t.k;
+  p.a = da.get();
+  p.weights = dwp.get();
+  p.scales = dsp.get();
+  p.scale_ld = w[0].scale_ld;
+  p.split_rows = t.split;
+  p.c = dc.get();
+  p.rows_per_group_hint = t.hint;
+  ASSERT_TRUE(Fp8MmaGroupedGemmSupports(p));
+  DEEPINFER_CUDA_OK(Fp8MmaGroupedGemm(p, nullptr));
+  std::vector<float> got;
+  DEEPINFER_CUDA_OK(dc.Download(&got));
+  const std::vector<double> x = Bf16Rounded(a);
+  for (int32_t g = 0; g < groups; ++g) {
+    const int32_t r0 = offsets[g], rows = offsets[g + 1] - offsets[g];
+    if (rows == 0) continue;
+    SCOPED_TRACE(::testing::Message() << "group " << g << " rows " << rows);
+    std::vector<double> gx(x.begin() + static_cast<int64_t>(r0) * t.k,
+                           x.begin() + static_cast<int64_t>(r0 + rows) * t.k);
+    std::vector<double> want, tol;
+    DequantisedProduct(gx, t.k, rows, w[g], &want, &tol);
+    for (double& b : tol) b = Unit(t.k) * b + 1e-30;
+    std::vector<float> gg(got.begin() + static_cast<int64_t>(r0) * t.n,
+                          got.begin() + static_cast<int64_t>(r0 + rows) * t.n);
+    EXPECT_TRUE(WithinBound(gg, want, tol));
+  }
+  for (size_t i = static_cast<size_t>(used) * t.n; i < got.size(); ++i) {
+    ASSERT_TRUE(std::isnan(got[i])) << "row past the groups written at " << i;
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Shapes, Fp8MmaGroupedGemmTest,
+    ::testing::Values(
+        // Decode: fewer rows than groups, empty groups, one block row per busy group.
+        GroupedCase{{0, 1, 0, 0, 2, 0, 0, 0, 1, 0, 0, 0, 0, 1, 0, 3}, 256, 384, 128, 1},
+        // Groups above one pass (8, 16 and 32 rows a pass), a hint below the largest group.
+        GroupedCase{{9, 0, 17, 3, 40}, 96, 256, 48, 8},
+        GroupedCase{{33, 5, 0, 16}, 70, 208, 35, 16}, GroupedCase{{70, 1, 2}, 130, 144, 0, 0},
+        // Moonlight's experts (hidden 2048, intermediate 1408: gate_up stacked at 1408, down).
+        GroupedCase{{1, 0, 2, 1, 0, 0, 12, 0}, 2816, 2048, 1408, 12},
+        GroupedCase{{1, 0, 2, 1, 0, 0, 12, 0}, 2048, 1408, 0, 12}));
+
+TEST(Fp8MmaGemmTest, RejectsWhatItCannotTake) {
+  DEEPINFER_SKIP_WITHOUT_GPU();
+  DeviceArray<uint8_t> w(64 * 64);
+  DeviceArray<float> s(4), a(4 * 64), c(4 * 64);
+  Fp8MmaGemmParams p;
+  p.m = 4;
+  p.n = 64;
+  p.k = 64;
+  p.a = a.get();
+  p.lda = 64;
+  p.w.data = w.get();
+  p.w.ldw = 64;
+  p.w.scales = s.get();
+  p.w.scale_ld = 1;
+  p.c = c.get();
+  p.ldc = 64;
+  EXPECT_TRUE(Fp8MmaGemmSupports(p));
+  Fp8MmaGemmParams q = p;
+  q.k = q.lda = q.w.ldw = 56;  // k not a multiple of 16
+  EXPECT_FALSE(Fp8MmaGemmSupports(q));
+  EXPECT_EQ(Fp8MmaGemm(q, nullptr), cudaErrorInvalidValue);
+  q = p;
+  q.lda = 65;  // rows of a not 16-byte aligned
+  EXPECT_FALSE(Fp8MmaGemmSupports(q));
+  q = p;
+  q.w.ldw = 72;  // weight rows not 16-byte aligned
+  EXPECT_FALSE(Fp8MmaGemmSupports(q));
+  q = p;
+  q.w.scale_ld = 0;
+  EXPECT_FALSE(Fp8MmaGemmSupports(q));
+  Fp8MmaGroupedGemmParams g;  // all zero
+  EXPECT_FALSE(Fp8MmaGroupedGemmSupports(g));
+  EXPECT_EQ(Fp8MmaGroupedGemm(g, nullptr), cudaErrorInvalidValue);
+}
+
+}  // namespace
+}  // namespace kernels
+}  // namespace deepinfer

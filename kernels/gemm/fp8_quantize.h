@@ -1,0 +1,53 @@
+// Activation rows quantised to FP8 for the W8A8 GEMMs (cuBLASLt's block-scaled FP8,
+// worker/backend/cuda/cublaslt_fp8_gemm.h): each row's 128-wide k blocks become e4m3 values with
+// one fp32 scale per block, s = max(amax / 448, FLT_MIN) and q = e4m3(x / s) (nearest even,
+// saturating at 448), amax the block's largest |x|: DeepSeek-V3's activation scheme (1 x 128
+// groups, as DeepGEMM and HF transformers' FP8 path quantise). q * s is within 2^-4 relative of
+// x (e4m3 keeps 4 significant bits) for |x| >= 2^-6 s, and within 2^-10 s below.
+#ifndef DEEPINFER_KERNELS_GEMM_FP8_QUANTIZE_H_
+#define DEEPINFER_KERNELS_GEMM_FP8_QUANTIZE_H_
+
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+
+namespace deepinfer {
+namespace kernels {
+
+// Rows i < m of a ([m, k], row stride lda; fp32, or bf16 bits with a_bf16) into q ([m_pad, ldq]
+// e4m3 bytes) and scales ([ceil(k / 128)][m_pad] fp32: block kb of row i at kb * m_pad + i, rows
+// contiguous, cuBLASLt's VEC128_32F layout). Rows m .. m_pad - 1 get zeros and scale 1 (padding
+// to the GEMM's row multiple). k must be a multiple of 16, lda and ldq multiples of 16 bytes'
+// worth of elements with 16-byte aligned a and q (cudaErrorInvalidValue otherwise, nothing
+// launched).
+//
+// Grouped rows (the routed experts' permuted rows, one GEMM per expert): with group_offsets
+// (device [num_groups + 1], non-decreasing, [0] = 0, at most m), row i of group g (offsets[g] <=
+// i < offsets[g + 1]) has its block kb's scale at offsets[g] * blocks + kb * count_g +
+// (i - offsets[g]), count_g = offsets[g + 1] - offsets[g]: each group's scales packed in the
+// layout above for its own rows, so a GEMM over the group reads them at scales +
+// offsets[g] * blocks. Rows from offsets[num_groups] on are left untouched; m_pad is not used.
+struct Fp8QuantizeParams {
+  int64_t m = 0, k = 0;
+  const void* a = nullptr;
+  bool a_bf16 = false;
+  int64_t lda = 0;
+  uint8_t* q = nullptr;
+  int64_t ldq = 0;
+  float* scales = nullptr;
+  int64_t m_pad = 0;  // >= m
+  const int32_t* group_offsets = nullptr;
+  int32_t num_groups = 0;
+};
+cudaError_t Fp8QuantizeRows(const Fp8QuantizeParams& p, cudaStream_t stream);
+
+// c[i, j] = d[i, j] (+ c[i, j] with accumulate, one fp32 addition), i < m, j < n: a GEMM's
+// result written to scratch (its rows padded, or c's layout not one cuBLASLt takes) moved into
+// place. cudaErrorInvalidValue for negative sizes or ldd < n, ldc < n.
+cudaError_t AddRowsF32(int64_t m, int64_t n, const float* d, int64_t ldd, float* c, int64_t ldc,
+                       bool accumulate, cudaStream_t stream);
+
+}  // namespace kernels
+}  // namespace deepinfer
+
+#endif  // DEEPINFER_KERNELS_GEMM_FP8_QUANTIZE_H_

@@ -1,0 +1,97 @@
+// CublasLtFp8Gemm: W8A8 GEMMs on FP8 tensor cores through cuBLASLt's block-scaled FP8 matmul
+// (cuBLAS 12.9+, compute capability 9.0 only): the weight's 128 x 128 fp32 block scales
+// (CUBLASLT_MATMUL_MATRIX_SCALE_BLK128x128_32F, the checkpoint's own grid) and the activations
+// quantised per row and 128-wide k block (VEC128_32F; kernels/gemm/fp8_quantize.h), fp32
+// accumulation, fp32 or bf16 output. DeepSeek-V3's prefill scheme (DeepGEMM's), on Hopper's FP8
+// wgmma through NVIDIA's kernels.
+#ifndef DEEPINFER_WORKER_BACKEND_CUDA_CUBLASLT_FP8_GEMM_H_
+#define DEEPINFER_WORKER_BACKEND_CUDA_CUBLASLT_FP8_GEMM_H_
+
+#include <cublasLt.h>
+#include <cuda_runtime_api.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+#include <tuple>
+
+#include "absl/status/statusor.h"
+#include "kernels/gemm/fp8_block_gemm.h"
+
+namespace deepinfer {
+
+// Row-major d[i, j] (+)= sum_kb qs[kb][i] * ws(j, kb) * sum_{p in kb} q[i, p] * w[j, p], i < m,
+// j < n: q the quantised activations [m, ldq] with scales qs [ceil(k / 128)][m]
+// (Fp8QuantizeRows' layout, m_pad = m), w an Fp8BlockWeight.
+struct Fp8LtGemm {
+  int64_t m = 0, n = 0, k = 0;
+  const uint8_t* q = nullptr;
+  int64_t ldq = 0;
+  const float* q_scales = nullptr;
+  kernels::Fp8BlockWeight w;
+  void* d = nullptr;  // fp32, or bf16 with d_bf16
+  int64_t ldd = 0;
+  bool d_bf16 = false;
+  bool accumulate = false;  // d + the product (beta 1), in d's type
+};
+
+// Not thread-safe: one per CudaBackend, used from its stream's thread.
+class CublasLtFp8Gemm {
+ public:
+  // `workspace` (device, workspace_bytes) is cuBLASLt's scratch; the caller keeps it alive and
+  // uses it only in order on the streams it passes to Run.
+  static absl::StatusOr<std::unique_ptr<CublasLtFp8Gemm>> Create(void* workspace,
+                                                                 size_t workspace_bytes);
+  ~CublasLtFp8Gemm();
+  CublasLtFp8Gemm(const CublasLtFp8Gemm&) = delete;
+  CublasLtFp8Gemm& operator=(const CublasLtFp8Gemm&) = delete;
+
+  // Whether `device` is one cuBLASLt runs these scale modes on (compute capability 9.0).
+  static bool DeviceSupports(int device);
+  // Whether the operands have the layout cuBLASLt needs: m a multiple of 4; k, ldq, w.ldw
+  // multiples of 16 and d's row stride of 16 bytes; 16-byte aligned q, w.data, d, scales;
+  // w.scale_ld == kernels::Fp8ScaleLd(k) (the 2D scales' column stride is implied); a matrix
+  // stacked at split_rows takes one GEMM per part unless split_rows is a multiple of 128, and
+  // needs split_rows * the output element size a multiple of 16 bytes.
+  static bool Takes(const Fp8LtGemm& g);
+  // Takes' conditions on sizes and strides only (no pointer looked at).
+  static bool TakesLayout(const Fp8LtGemm& g);
+
+  // The GEMM on `stream` with the first algorithm of cuBLASLt's heuristic for its shape (chosen
+  // once per shape, so a shape always runs the same algorithm; nothing is timed and nothing
+  // synchronises: safe while the stream is captured into a CUDA graph). false (nothing
+  // launched): Takes is false, or cuBLASLt has no algorithm for the shape (not compute
+  // capability 9.0, a cuBLASLt without these scale modes, or a layout its heuristic refuses).
+  // Errors: cuBLASLt failures other than the heuristic's refusal.
+  absl::StatusOr<bool> Run(const Fp8LtGemm& g, cudaStream_t stream);
+  // Whether Run would launch g given pointers Takes accepts (TakesLayout, and an algorithm for
+  // each part): asks cuBLASLt's heuristic the first time a shape is seen, launches nothing; g's
+  // activation and output pointers may still be null. Errors: cuBLASLt failures.
+  absl::StatusOr<bool> Ready(const Fp8LtGemm& g);
+  // Why Ready / Run said no for g (for messages): each part's heuristic status.
+  std::string Refusal(const Fp8LtGemm& g) const;
+  size_t shapes() const { return shapes_.size(); }
+
+ private:
+  // m, n, k, ldq, ldw, ldd, d_bf16, accumulate.
+  using Key = std::tuple<int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, bool, bool>;
+  struct Shape;  // descriptors + algorithm of one shape (null algorithm: none offered)
+
+  CublasLtFp8Gemm(cublasLtHandle_t lt, void* workspace, size_t workspace_bytes);
+  absl::StatusOr<const Shape*> ShapeFor(const Fp8LtGemm& g);
+  // g's one or two single-grid parts (Run's split at split_rows); returns how many.
+  static int Parts(const Fp8LtGemm& g, Fp8LtGemm parts[2]);
+  // One matmul of rows [0, g.n) of g.w (its scale grid from its first row).
+  absl::StatusOr<bool> RunOne(const Fp8LtGemm& g, cudaStream_t stream);
+
+  cublasLtHandle_t lt_;
+  void* workspace_;
+  size_t workspace_bytes_;
+  std::map<Key, std::unique_ptr<Shape>> shapes_;
+};
+
+}  // namespace deepinfer
+
+#endif  // DEEPINFER_WORKER_BACKEND_CUDA_CUBLASLT_FP8_GEMM_H_
