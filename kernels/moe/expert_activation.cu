@@ -22,8 +22,15 @@ unsigned GridFor(int64_t n) {
 __device__ __forceinline__ float Lo(unsigned v) { return __uint_as_float(v << 16); }
 __device__ __forceinline__ float Hi(unsigned v) { return __uint_as_float(v & 0xffff0000u); }
 
-// expf (not __expf): the fast intrinsic is off by several ulp for large |g|.
-__device__ __forceinline__ float SiluMul(float g, float u) { return g / (1.0f + expf(-g)) * u; }
+// expf (not __expf): the fast intrinsic is off by several ulp for large |g|. limit > 0: V4's
+// clamps first.
+__device__ __forceinline__ float SiluMul(float g, float u, float limit) {
+  if (limit > 0.0f) {
+    g = fminf(g, limit);
+    u = fminf(fmaxf(u, -limit), limit);
+  }
+  return g / (1.0f + expf(-g)) * u;
+}
 
 __device__ __forceinline__ unsigned Pack(float lo, float hi) {
   return static_cast<unsigned>(__bfloat16_as_ushort(__float2bfloat16_rn(lo))) |
@@ -41,7 +48,7 @@ __device__ __forceinline__ int64_t RowOf(int64_t i, const int32_t* row_of) {
 }
 
 __device__ void SiluMulBf16Body(int64_t rows, int64_t inter, const uint16_t* x, uint16_t* out,
-                                const int32_t* device_rows, const int32_t* row_of) {
+                                const int32_t* device_rows, const int32_t* row_of, float limit) {
   const int64_t n = RowsInUse(rows, device_rows) * inter;
   for (int64_t i = blockIdx.x * int64_t{kThreads} + threadIdx.x; i < n;
        i += int64_t{gridDim.x} * kThreads) {
@@ -49,7 +56,7 @@ __device__ void SiluMulBf16Body(int64_t rows, int64_t inter, const uint16_t* x, 
     if (r < 0) continue;
     const float g = __uint_as_float(static_cast<unsigned>(x[r * 2 * inter + c]) << 16);
     const float u = __uint_as_float(static_cast<unsigned>(x[r * 2 * inter + inter + c]) << 16);
-    out[r * inter + c] = __bfloat16_as_ushort(__float2bfloat16_rn(SiluMul(g, u)));
+    out[r * inter + c] = __bfloat16_as_ushort(__float2bfloat16_rn(SiluMul(g, u, limit)));
   }
 }
 
@@ -58,7 +65,7 @@ __device__ void SiluMulBf16Body(int64_t rows, int64_t inter, const uint16_t* x, 
 // and modulo per group).
 template <typename Index>
 __device__ void SiluMulBf16x8Body(int64_t rows, int64_t inter, const uint16_t* x, uint16_t* out,
-                                  const int32_t* device_rows, const int32_t* row_of) {
+                                  const int32_t* device_rows, const int32_t* row_of, float limit) {
   const Index groups = static_cast<Index>(RowsInUse(rows, device_rows) * inter / 8);
   const Index inter8 = static_cast<Index>(inter / 8);
   const Index stride = static_cast<Index>(gridDim.x) * kThreads;
@@ -69,46 +76,48 @@ __device__ void SiluMulBf16x8Body(int64_t rows, int64_t inter, const uint16_t* x
     const uint4* row = reinterpret_cast<const uint4*>(x) + r * 2 * int64_t{inter8};
     const uint4 g = row[c], u = row[inter8 + c];
     uint4 o;
-    o.x = Pack(SiluMul(Lo(g.x), Lo(u.x)), SiluMul(Hi(g.x), Hi(u.x)));
-    o.y = Pack(SiluMul(Lo(g.y), Lo(u.y)), SiluMul(Hi(g.y), Hi(u.y)));
-    o.z = Pack(SiluMul(Lo(g.z), Lo(u.z)), SiluMul(Hi(g.z), Hi(u.z)));
-    o.w = Pack(SiluMul(Lo(g.w), Lo(u.w)), SiluMul(Hi(g.w), Hi(u.w)));
+    o.x = Pack(SiluMul(Lo(g.x), Lo(u.x), limit), SiluMul(Hi(g.x), Hi(u.x), limit));
+    o.y = Pack(SiluMul(Lo(g.y), Lo(u.y), limit), SiluMul(Hi(g.y), Hi(u.y), limit));
+    o.z = Pack(SiluMul(Lo(g.z), Lo(u.z), limit), SiluMul(Hi(g.z), Hi(u.z), limit));
+    o.w = Pack(SiluMul(Lo(g.w), Lo(u.w), limit), SiluMul(Hi(g.w), Hi(u.w), limit));
     reinterpret_cast<uint4*>(out + r * inter)[c] = o;
   }
 }
 
 // One launch of either body over `rows` launch rows.
 cudaError_t Launch(int64_t rows, int64_t inter, const uint16_t* x, uint16_t* out,
-                   cudaStream_t stream, const int32_t* device_rows, const int32_t* row_of) {
+                   cudaStream_t stream, const int32_t* device_rows, const int32_t* row_of,
+                   float limit) {
   const bool vec8 = inter % 8 == 0 && reinterpret_cast<uintptr_t>(x) % 16 == 0 &&
                     reinterpret_cast<uintptr_t>(out) % 16 == 0;
   if (vec8) {
     const unsigned grid = GridFor(rows * inter / 8);
     if (rows * inter / 8 + int64_t{grid} * kThreads < (int64_t{1} << 32)) {
       return LaunchAfterPrecedingGrids<SiluMulBf16x8Body<uint32_t>, kThreads>(
-          grid, 0, stream, rows, inter, x, out, device_rows, row_of);
+          grid, 0, stream, rows, inter, x, out, device_rows, row_of, limit);
     }
     return LaunchAfterPrecedingGrids<SiluMulBf16x8Body<int64_t>, kThreads>(
-        grid, 0, stream, rows, inter, x, out, device_rows, row_of);
+        grid, 0, stream, rows, inter, x, out, device_rows, row_of, limit);
   }
   return LaunchAfterPrecedingGrids<SiluMulBf16Body, kThreads>(
-      GridFor(rows * inter), 0, stream, rows, inter, x, out, device_rows, row_of);
+      GridFor(rows * inter), 0, stream, rows, inter, x, out, device_rows, row_of, limit);
 }
 
 }  // namespace
 
 cudaError_t SiluMulBf16(int64_t rows, int64_t inter, const uint16_t* x, uint16_t* out,
-                        cudaStream_t stream, const int32_t* device_rows) {
+                        cudaStream_t stream, const int32_t* device_rows, float limit) {
   if (rows < 0 || inter < 0) return cudaErrorInvalidValue;
   if (rows == 0 || inter == 0) return cudaSuccess;
-  return Launch(rows, inter, x, out, stream, device_rows, nullptr);
+  return Launch(rows, inter, x, out, stream, device_rows, nullptr, limit);
 }
 
 cudaError_t SiluMulBf16ListedRows(int64_t listed, const int32_t* row_of, int64_t inter,
-                                  const uint16_t* x, uint16_t* out, cudaStream_t stream) {
+                                  const uint16_t* x, uint16_t* out, cudaStream_t stream,
+                                  float limit) {
   if (listed < 0 || inter < 0 || (listed > 0 && row_of == nullptr)) return cudaErrorInvalidValue;
   if (listed == 0 || inter == 0) return cudaSuccess;
-  return Launch(listed, inter, x, out, stream, nullptr, row_of);
+  return Launch(listed, inter, x, out, stream, nullptr, row_of, limit);
 }
 
 }  // namespace kernels

@@ -20,8 +20,11 @@ namespace kernels {
 // With `device_rows` (a device int32), only the first min(rows, *device_rows) rows are computed,
 // the rest left as they are: a launch sized for a capacity (a CUDA graph) whose rows in use are
 // known on the device only (the decode MoE's padded expert layout, kernels/moe/expert_gemm_plan.h).
+// limit > 0: DeepSeek-V4's clamped SwiGLU, g = min(g, limit) and u = clamp(u, -limit, limit)
+// before the product (V4Ops::SwiGluClamped); 0: none.
 cudaError_t SiluMulBf16(int64_t rows, int64_t inter, const uint16_t* x, uint16_t* out,
-                        cudaStream_t stream, const int32_t* device_rows = nullptr);
+                        cudaStream_t stream, const int32_t* device_rows = nullptr,
+                        float limit = 0.0f);
 
 // SiluMulBf16 over listed rows only: for i < listed with row_of[i] >= 0 (device int32s),
 // out[row_of[i], :] from x[row_of[i], :] as above; every other row left as it is. The decode
@@ -29,8 +32,10 @@ cudaError_t SiluMulBf16(int64_t rows, int64_t inter, const uint16_t* x, uint16_t
 // real row once), so the padding rows of its chunks cost nothing. Rows listed twice are written
 // twice with the same values. cudaErrorInvalidValue for negative sizes or a null row_of with
 // listed > 0.
+// limit: as SiluMulBf16's.
 cudaError_t SiluMulBf16ListedRows(int64_t listed, const int32_t* row_of, int64_t inter,
-                                  const uint16_t* x, uint16_t* out, cudaStream_t stream);
+                                  const uint16_t* x, uint16_t* out, cudaStream_t stream,
+                                  float limit = 0.0f);
 
 }  // namespace kernels
 }  // namespace deepinfer

@@ -154,6 +154,57 @@ TEST(ExpertActivationTest, ListedRowsComputeOnlyThoseRows) {
             cudaErrorInvalidValue);
 }
 
+// DeepSeek-V4's clamp (limit > 0) against CpuV4Ops::SwiGluClamped on the bf16 values widened,
+// rounded on the host: within one bf16 step (expf), on the 8-wide and the scalar path, the plain
+// and the listed-rows form (listed rows as the plain kernel computes them, bit for bit). Values
+// of stddev 8 cross the clamp of 2 on both sides.
+TEST(ExpertActivationTest, ClampedFormMatchesV4SwiGlu) {
+  DEEPINFER_SKIP_WITHOUT_GPU();
+  const float limit = 2.0f;
+  for (int64_t inter : {int64_t{2048}, int64_t{3}}) {
+    const int64_t rows = 40;
+    const uint32_t seed = testing::FreshSeed();
+    SCOPED_TRACE(::testing::Message() << "inter " << inter << " seed " << seed);
+    const auto values = testing::RandomFloats(rows * 2 * inter, seed, 8.0f);
+    std::vector<uint16_t> x16;
+    std::vector<float> x;
+    for (float v : values) {
+      x16.push_back(kernels::FloatToBf16(v));
+      x.push_back(kernels::Bf16ToFloat(x16.back()));
+    }
+    DeviceArray<uint16_t> dx(x16), dout(rows * inter), dlisted(rows * inter);
+    dout.Poison();
+    DEEPINFER_CUDA_OK(
+        kernels::SiluMulBf16(rows, inter, dx.get(), dout.get(), nullptr, nullptr, limit));
+    std::vector<uint16_t> got;
+    DEEPINFER_CUDA_OK(dout.Download(&got));
+    CpuBackend cpu(2);
+    std::vector<float> host(rows * inter);
+    cpu.v4_ops()->SwiGluClamped(rows, inter, x.data(), limit, host.data());
+    int far = 0;
+    for (size_t i = 0; i < got.size(); ++i) {
+      const int h = kernels::FloatToBf16(host[i]);
+      if (std::abs(static_cast<int>(got[i]) - h) > 1 && ++far <= 5) {
+        ADD_FAILURE() << "element " << i << ": got bf16 bits " << got[i] << ", host " << h;
+      }
+    }
+    EXPECT_EQ(far, 0);
+    // Rows 0, 2, 4, ... listed (one -1 entry): bit for bit the plain kernel's.
+    std::vector<int32_t> row_of = {-1};
+    for (int32_t r = 0; r < rows; r += 2) row_of.push_back(r);
+    DeviceArray<int32_t> drow_of(row_of);
+    dlisted.Poison();
+    DEEPINFER_CUDA_OK(kernels::SiluMulBf16ListedRows(static_cast<int64_t>(row_of.size()),
+                                                     drow_of.get(), inter, dx.get(), dlisted.get(),
+                                                     nullptr, limit));
+    std::vector<uint16_t> listed;
+    DEEPINFER_CUDA_OK(dlisted.Download(&listed));
+    for (int64_t i = 0; i < rows * inter; ++i) {
+      ASSERT_EQ(listed[i], (i / inter) % 2 == 0 ? got[i] : uint16_t{0xFFFF}) << "element " << i;
+    }
+  }
+}
+
 TEST(ExpertActivationTest, EmptyAndBadSizes) {
   DEEPINFER_SKIP_WITHOUT_GPU();
   EXPECT_EQ(kernels::SiluMulBf16(0, 1408, nullptr, nullptr, nullptr), cudaSuccess);

@@ -246,7 +246,11 @@ __device__ __forceinline__ void FinishGateUpItem(const MoeDecodeFusedParams& p,
 #pragma unroll
   for (int t = 0; t < kT; ++t) {
     if (act[t] == nullptr) continue;
-    const float gs = WarpSum(ag[t]), us = WarpSum(au[t]);
+    float gs = WarpSum(ag[t]), us = WarpSum(au[t]);
+    if (p.swiglu_limit > 0.0f) {
+      gs = fminf(gs, p.swiglu_limit);
+      us = fminf(fmaxf(us, -p.swiglu_limit), p.swiglu_limit);
+    }
     // expf (not __expf), as SiluMulF32.
     if (lane == t) act[t][j] = gs / (1.0f + expf(-gs)) * us;
   }

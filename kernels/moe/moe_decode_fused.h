@@ -59,6 +59,9 @@ struct MoeDecodeFusedParams {
   // Workspace: [num_tokens, top_k + shared_parts, inter] fp32 (MoeDecodeFusedActFloats).
   float* act = nullptr;
   float* out = nullptr;  // [num_tokens, hidden_size], overwritten
+  // > 0: DeepSeek-V4's clamped SwiGLU in every part, silu(min(g, limit)) * clamp(u, -limit,
+  // limit) (V4Ops::SwiGluClamped); 0: silu(g) * u.
+  float swiglu_limit = 0.0f;
 };
 
 // Floats of MoeDecodeFusedParams::act for these sizes.

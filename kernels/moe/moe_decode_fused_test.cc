@@ -41,25 +41,32 @@ void RandomBf16(size_t n, std::mt19937& gen, float stddev, std::vector<uint16_t>
   }
 }
 
-// The MLP x -> down(silu(gate) * up) of one token on the CPU backend, fp32 weights.
+// The MLP x -> down(silu(gate) * up) of one token on the CPU backend, fp32 weights (limit > 0:
+// V4's clamped SwiGLU, V4Ops::SwiGluClamped).
 std::vector<float> CpuMlp(CpuBackend& cpu, const float* x, const float* gate_up, const float* down,
-                          int64_t hidden, int64_t inter) {
+                          int64_t hidden, int64_t inter, float limit) {
   std::vector<float> gu(2 * inter), act(inter), y(hidden);
   cpu.Gemm(1, 2 * inter, hidden, x, hidden, gate_up, hidden, gu.data(), 2 * inter, false);
-  cpu.SiluMul(1, inter, gu.data(), act.data());
+  if (limit > 0.0f) {
+    cpu.v4_ops()->SwiGluClamped(1, inter, gu.data(), limit, act.data());
+  } else {
+    cpu.SiluMul(1, inter, gu.data(), act.data());
+  }
   cpu.Gemm(1, hidden, inter, act.data(), inter, down, inter, y.data(), hidden, false);
   return y;
 }
 
 // invalid_choice >= 0: token 0's choice of that index gets an expert id past the last expert
-// (it must contribute nothing).
-void Check(const Shape& s, int32_t tokens, int32_t repeated, int32_t invalid_choice = -1) {
+// (it must contribute nothing). limit > 0: V4's clamped SwiGLU (MoeDecodeFusedParams::
+// swiglu_limit).
+void Check(const Shape& s, int32_t tokens, int32_t repeated, int32_t invalid_choice = -1,
+           float limit = 0.0f) {
   const uint32_t seed = testing::FreshSeed();
   SCOPED_TRACE(::testing::Message()
                << "experts " << s.experts << " top_k " << s.top_k << " hidden " << s.hidden
                << " inter " << s.inter << " shared_parts " << s.shared_parts << " tokens " << tokens
-               << " repeated " << repeated << " invalid choice " << invalid_choice << " seed "
-               << seed);
+               << " repeated " << repeated << " invalid choice " << invalid_choice << " limit "
+               << limit << " seed " << seed);
   std::mt19937 gen(seed);
   const int64_t H = s.hidden, I = s.inter, SI = int64_t{s.shared_parts} * I;
   const int64_t per_expert = 3 * I * H;
@@ -112,12 +119,12 @@ void Check(const Shape& s, int32_t tokens, int32_t repeated, int32_t invalid_cho
     for (int32_t k = 0; k < s.top_k; ++k) {
       if (ids[t * s.top_k + k] >= s.experts) continue;
       const float* ew = w32.data() + ids[t * s.top_k + k] * per_expert;
-      const std::vector<float> y = CpuMlp(cpu, x, ew, ew + 2 * I * H, H, I);
+      const std::vector<float> y = CpuMlp(cpu, x, ew, ew + 2 * I * H, H, I, limit);
       for (int64_t i = 0; i < H; ++i) o[i] += topk_w[t * s.top_k + k] * y[i];
     }
     if (s.shared_parts > 0) {
       const std::vector<float> y =
-          CpuMlp(cpu, x, shared32.data(), shared32.data() + 2 * SI * H, H, SI);
+          CpuMlp(cpu, x, shared32.data(), shared32.data() + 2 * SI * H, H, SI, limit);
       cpu.Add(H, o, y.data(), o);
     }
   }
@@ -142,6 +149,7 @@ void Check(const Shape& s, int32_t tokens, int32_t repeated, int32_t invalid_cho
   p.shared_down = s.shared_parts > 0 ? dshared.get() + 2 * SI * H : nullptr;
   p.act = dact.get();
   p.out = dout.get();
+  p.swiglu_limit = limit;
 
   dact.Poison();
   dout.Poison();
@@ -208,6 +216,15 @@ TEST(MoeDecodeFusedTest, MoonlightDenseSizesMatchCpuBackend) {
   DEEPINFER_SKIP_WITHOUT_GPU();
   Check({0, 0, 2048, 1408, 8}, 1, 0);
   Check({0, 0, 2048, 11264, 1}, 1, 0);
+}
+
+// DeepSeek-V4's clamped SwiGLU in every part (routed and shared): a limit of 0.3 clamps many of
+// the gate and up sums of these weights (|sum| ~ 0.05 sqrt(hidden)); V4-Flash's hidden 4096.
+TEST(MoeDecodeFusedTest, ClampedSwiGluMatchesCpuV4Ops) {
+  DEEPINFER_SKIP_WITHOUT_GPU();
+  Check({16, 6, 512, 256, 1}, 1, 0, -1, 0.3f);
+  Check({16, 6, 512, 256, 1}, 2, 2, -1, 0.3f);
+  Check({8, 6, 4096, 256, 1}, 1, 0, -1, 0.3f);
 }
 
 // Moonlight's real sizes (hidden 2048, moe_intermediate 1408, 2 shared parts), 8 experts.

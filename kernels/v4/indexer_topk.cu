@@ -1,7 +1,9 @@
 // IndexerTopKF32: the scores kernel and the top-k kernel.
 //
 // Scores (ScoreBody): a block of 256 threads per (token, 128 candidates). The token's query
-// heads and the candidates' keys go through shared memory in chunks of 64 heads x 32 dims and
+// heads and the candidates' keys (from the token's paged stream: each candidate's start in
+// shared memory when its key lies in one block, else through the block table per element) go
+// through shared memory in chunks of 64 heads x 32 dims and
 // 128 keys x 32 dims; thread (y, x) accumulates the dot products of heads 8y .. 8y + 7 with
 // candidates x + 32j (j < 4) over the dims in order (4-wide shared loads, each element's products
 // taken in dim order). A chunk of heads' terms relu(dot) * key_scale * w_h goes to shared memory
@@ -63,13 +65,29 @@ __device__ void ScoreBody(IndexerTopKParams p) {
     } tile;
     float terms[kHeadChunk][kCands + 1];
   } smem;
+  // Each candidate's first key element in the stream, where its dim floats lie in one block
+  // (block_floats a multiple of dim), else -1 (read element by element through the table).
+  __shared__ int64_t row_start[kCands];
   const int64_t t = blockIdx.x, c0 = static_cast<int64_t>(blockIdx.y) * kCands;
   const int64_t v = VisibleCount(p, t);
   if (c0 >= v) return;
   const int64_t H = p.heads, D = p.dim;
   const int tid = threadIdx.x, hy = tid / 32, cx = tid % 32;
-  const float* keys = p.keys + (static_cast<int64_t>(p.key_begin[t]) + c0) * D;
+  const V4PagedRows& ks = p.keys;
+  const int32_t* table = ks.block_tables + int64_t{ks.token_seq[t]} * ks.table_stride;
+  const int64_t P = ks.block_floats;
+  const bool whole = P % D == 0;
   const int64_t ncand = min(int64_t{kCands}, v - c0);
+  for (int i = tid; i < kCands; i += kScoreThreads) {
+    const int64_t e = (c0 + i) * D;
+    row_start[i] = whole && i < ncand ? int64_t{table[e / P]} * P + e % P : -1;
+  }
+  // Element d of candidate cl's key.
+  auto key = [&](int cl, int64_t d) {
+    if (whole) return ks.data[row_start[cl] + d];
+    const int64_t e = (c0 + cl) * D + d;
+    return ks.data[int64_t{table[e / P]} * P + e % P];
+  };
   float score = 0.0f;  // candidate c0 + tid's, for tid < kCands
 
 #pragma unroll 1
@@ -88,7 +106,7 @@ __device__ void ScoreBody(IndexerTopKParams p) {
       for (int i = 0; i < kCands * kDimChunk / kScoreThreads; ++i) {
         const int idx = tid + i * kScoreThreads, cl = idx / kDimChunk, dd = idx % kDimChunk;
         const int64_t d = d0 + dd;
-        smem.tile.k[cl][dd] = cl < ncand && d < D ? keys[cl * D + d] : 0.0f;
+        smem.tile.k[cl][dd] = cl < ncand && d < D ? key(cl, d) : 0.0f;
       }
       __syncthreads();
       const int dn = static_cast<int>(min(int64_t{kDimChunk}, D - d0));
@@ -293,7 +311,8 @@ cudaError_t IndexerTopKF32(const IndexerTopKParams& p, cudaStream_t stream) {
   }
   if (p.tokens == 0) return cudaSuccess;
   if (p.heads < 1 || p.dim < 1 || p.topk < 1 || p.topk > kMaxInt32 || p.q == nullptr ||
-      p.weights == nullptr || p.keys == nullptr || p.key_begin == nullptr ||
+      p.weights == nullptr || p.keys.data == nullptr || p.keys.block_floats < 1 ||
+      p.keys.block_tables == nullptr || p.keys.table_stride < 0 || p.keys.token_seq == nullptr ||
       p.candidates == nullptr || p.visible == nullptr || p.selected == nullptr) {
     return cudaErrorInvalidValue;
   }

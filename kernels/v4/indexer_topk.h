@@ -1,5 +1,6 @@
 // DeepSeek-V4's lightning indexer on the GPU: each query token's scores over its candidate
-// compressed entries and the top-k of them, the selection SinkAttentionF32 reads on CSA layers.
+// compressed entries (the indexer keys, read where the cache's paged stream keeps them) and the
+// top-k of them, the selection SinkAttentionF32 reads on CSA layers.
 // The GPU counterpart of V4Ops::IndexerTopK (worker/backend/v4_ops.h), fp32 in.
 //
 // Two launches: the scores (a block per (token, 128 candidates), fp32 on CUDA cores) into the
@@ -13,6 +14,8 @@
 
 #include <cstddef>
 #include <cstdint>
+
+#include "worker/backend/v4_ops.h"
 
 namespace deepinfer {
 namespace kernels {
@@ -30,31 +33,21 @@ enum class IndexerScoreOrder : int32_t {
   kFma = 1,
 };
 
-// The meaning of V4Ops::IndexerTopK's IndexerTopKArgs. Query t's candidates are the keys rows
-// keys[key_begin[t] + i] for i < candidates[t], of which the first visible[t] count (the others
-// are never chosen). Candidate i scores
+// V4Ops::IndexerTopK's arguments (worker/backend/v4_ops.h: IndexerTopKArgs) and what the kernels
+// add. Query t's candidates are rows i < candidates[t] of its sequence's paged stream of keys
+// (keys: V4PagedRows), of which the first visible[t] count (the others are never chosen).
+// Candidate i scores
 //   sum_h (relu(q[t, h] · key) * key_scale) * (weights[t, h] * weight_scale)
 // and the min(topk, visible) best are chosen: selected[t, :] holds their i ascending, then -1.
 // Ties (equal scores, +0 and -0 being equal) go to the lower index; a NaN score ranks above
 // every number (as torch.topk ranks it). Where the scores at the k-th place are distinct the
 // choice is torch.topk's and CpuV4Ops's; where they tie, CpuV4Ops's choice follows its sort
 // algorithms instead, so the two may choose different members of a tie.
-// All pointers are device memory; every candidate row must lie in keys (not checked on the
-// device).
-struct IndexerTopKParams {
-  int64_t tokens = 0, heads = 0, dim = 0, topk = 0;
-  const float* q = nullptr;        // [tokens, heads, dim]
-  const float* weights = nullptr;  // [tokens, heads]
-  float weight_scale = 1.0f, key_scale = 1.0f;
-  const float* keys = nullptr;          // [rows, dim]
-  const int32_t* key_begin = nullptr;   // [tokens]
-  const int32_t* candidates = nullptr;  // [tokens]
-  const int32_t* visible = nullptr;     // [tokens]
-  int32_t* selected = nullptr;          // [tokens, topk]
-
-  // An upper bound of every token's visible candidates (the host knows it from the step's
-  // shapes): the workspace's row length. Candidates at or past it are not scored or chosen.
-  int64_t max_candidates = 0;
+// max_candidates (an upper bound of every token's visible candidates, known to the host) is the
+// workspace's row length: candidates at or past it are not scored or chosen.
+// All pointers are device memory; every candidate row must lie in the stream (not checked on
+// the device).
+struct IndexerTopKParams : IndexerTopKArgs {
   // At least IndexerTopKWorkspaceBytes(params) bytes of device memory for the scores.
   void* workspace = nullptr;
   size_t workspace_bytes = 0;

@@ -1,5 +1,7 @@
 // Times IndexerTopKF32 on V4-Flash's indexer shape (64 heads x 128, top-512) at 1, 64 and 128
-// decode requests, each over keys of its own, at contexts 1024 (256 candidates at ratio 4: the
+// decode requests, each over keys of its own (in the cache's paged stream: blocks of 16
+// positions, 4 keys = 512 floats a block, scattered by a block table per request), at contexts
+// 1024 (256 candidates at ratio 4: the
 // top-k takes them all), 8192 (2048) and 32768 (8192). Per case and score order: the mean per
 // call of 10 calls captured in one CUDA graph and replayed 5 times, the eager median of 20, and
 // the bytes a call must move (the keys, the queries and weights, the scores written and read
@@ -55,8 +57,14 @@ double GraphMs(const std::function<cudaError_t(cudaStream_t)>& fn, cudaStream_t 
 
 void Run(int64_t batch, int64_t context, cudaStream_t stream) {
   const int64_t cands = context / 4;
-  std::vector<int32_t> key_begin(batch), count(batch, static_cast<int32_t>(cands));
-  for (int64_t b = 0; b < batch; ++b) key_begin[b] = static_cast<int32_t>(b * cands);
+  constexpr int64_t kBlockFloats = 4 * kDim;  // 16 positions at ratio 4
+  const int64_t per_request = (cands * kDim + kBlockFloats - 1) / kBlockFloats;
+  std::vector<int32_t> token_seq(batch), count(batch, static_cast<int32_t>(cands));
+  std::vector<int32_t> tables(batch * per_request);
+  for (int64_t i = 0; i < batch * per_request; ++i) {
+    tables[i] = static_cast<int32_t>((i * 7919) % (batch * per_request));  // scattered
+  }
+  for (int64_t b = 0; b < batch; ++b) token_seq[b] = static_cast<int32_t>(b);
   kernels::IndexerTopKParams p;
   p.tokens = batch;
   p.heads = kHeads;
@@ -66,8 +74,11 @@ void Run(int64_t batch, int64_t context, cudaStream_t stream) {
   p.weights = Upload(Uniform(batch * kHeads, 2));
   p.weight_scale = 0.125f;
   p.key_scale = 0.088f;
-  p.keys = Upload(Uniform(batch * cands * kDim, 3));
-  p.key_begin = Upload(key_begin);
+  p.keys.data = Upload(Uniform(batch * per_request * kBlockFloats, 3));
+  p.keys.block_floats = kBlockFloats;
+  p.keys.block_tables = Upload(tables);
+  p.keys.table_stride = per_request;
+  p.keys.token_seq = Upload(token_seq);
   p.candidates = Upload(count);
   p.visible = Upload(count);
   p.selected = bench::DeviceAlloc<int32_t>(batch * kTopk * sizeof(int32_t));

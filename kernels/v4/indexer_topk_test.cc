@@ -1,9 +1,11 @@
-// IndexerTopKF32 against CpuV4Ops::IndexerTopK on random inputs shaped as V4Attention builds them
-// (worker/model/deepseek_v4/v4_attention.cc): decode tokens each over its own sequence's keys
-// (fewer, as many and more candidates than the top-k; 8192 candidates: a 32K context at ratio 4),
-// a prefill chunk whose tokens share one sequence's keys with growing visible counts (and
-// candidates past the visible ones, as with full-forward ties), the fixtures' small shape, head
-// counts over one chunk of 64 and dims that are not a multiple of 4; both score orders.
+// IndexerTopKF32 against CpuV4Ops::IndexerTopK on random inputs shaped as V4Attention passes them
+// (worker/model/deepseek_v4/v4_attention.cc): each sequence's keys in a paged stream (its blocks
+// scattered over a pool with NaN spare blocks; several keys a block, or keys spread over two
+// blocks), decode tokens each over its own sequence's keys (fewer, as many and more candidates
+// than the top-k; 8192 candidates: a 32K context at ratio 4), a prefill chunk whose tokens share
+// one sequence's keys with growing visible counts (and candidates past the visible ones, as with
+// full-forward ties), the fixtures' small shape, head counts over one chunk of 64 and dims that
+// are not a multiple of 4; both score orders.
 //
 // The selections must be the CPU's wherever the scores at the k-th place are apart: the k-th
 // and (k+1)-th largest scores (computed here in double) differ by more than the scores' rounding
@@ -19,6 +21,7 @@
 #include <cmath>
 #include <functional>
 #include <limits>
+#include <numeric>
 #include <ostream>
 #include <random>
 #include <string>
@@ -36,13 +39,58 @@ namespace {
 using kernels::IndexerScoreOrder;
 using testing::DeviceArray;
 
-// The inputs of one call on the host.
+// The inputs of one call on the host: the keys as one matrix (a pool of rows per sequence from
+// key_begin), paged for the call by Paged.
 struct Inputs {
   int64_t tokens = 0, heads = 0, dim = 0, topk = 0, max_candidates = 0;
   float weight_scale = 1.0f, key_scale = 1.0f;
   std::vector<float> q, weights, keys;
   std::vector<int32_t> key_begin, candidates, visible;
+  int64_t block_floats = 0;  // of the paged stream (0: 4 keys a block)
 };
+
+// The keys of Inputs in a paged stream: sequence s (the s-th distinct key_begin) holds its pool's
+// rows, elements paged over blocks of block_floats scattered over the stream (a spare block per
+// sequence, NaN).
+struct PagedKeys {
+  std::vector<float> stream;
+  std::vector<int32_t> tables, token_seq;
+  int64_t block_floats = 0, table_stride = 0;
+};
+
+PagedKeys Paged(const Inputs& in, uint32_t seed) {
+  PagedKeys pk;
+  pk.block_floats = in.block_floats > 0 ? in.block_floats : 4 * in.dim;
+  std::vector<int32_t> begins;
+  std::vector<int64_t> lengths;
+  for (int64_t t = 0; t < in.tokens; ++t) {
+    if (begins.empty() || begins.back() != in.key_begin[t]) {
+      begins.push_back(in.key_begin[t]);
+      lengths.push_back(0);
+    }
+    pk.token_seq.push_back(static_cast<int32_t>(begins.size() - 1));
+    lengths.back() = std::max<int64_t>(lengths.back(), in.candidates[t]);
+  }
+  int64_t most = 0;
+  for (int64_t n : lengths)
+    most = std::max(most, (n * in.dim + pk.block_floats - 1) / pk.block_floats);
+  pk.table_stride = most + 1;
+  const int64_t seqs = static_cast<int64_t>(begins.size());
+  std::vector<int32_t> pool(std::max<int64_t>(1, seqs * pk.table_stride));
+  std::iota(pool.begin(), pool.end(), 0);
+  std::mt19937 gen(seed);
+  std::shuffle(pool.begin(), pool.end(), gen);
+  pk.tables = pool;
+  pk.stream.assign(pool.size() * pk.block_floats, std::numeric_limits<float>::quiet_NaN());
+  for (int64_t s = 0; s < seqs; ++s) {
+    const int32_t* table = pk.tables.data() + s * pk.table_stride;
+    for (int64_t e = 0; e < lengths[s] * in.dim; ++e) {
+      pk.stream[int64_t{table[e / pk.block_floats]} * pk.block_floats + e % pk.block_floats] =
+          in.keys[begins[s] * in.dim + e];
+    }
+  }
+  return pk;
+}
 
 // One query token: `candidates` keys of which `visible` count, in a pool of its own or shared
 // with the previous token (share: the same key_begin).
@@ -89,6 +137,7 @@ std::vector<int32_t> CpuSelection(const Inputs& in) {
   ThreadPool pool(0);
   CpuV4Ops ops(&pool);
   std::vector<int32_t> sel(in.tokens * in.topk);
+  const PagedKeys pk = Paged(in, 1);
   IndexerTopKArgs a;
   a.tokens = in.tokens;
   a.heads = in.heads;
@@ -98,10 +147,11 @@ std::vector<int32_t> CpuSelection(const Inputs& in) {
   a.weights = in.weights.data();
   a.weight_scale = in.weight_scale;
   a.key_scale = in.key_scale;
-  a.keys = in.keys.data();
-  a.key_begin = in.key_begin.data();
+  a.keys = {pk.stream.data(), pk.block_floats, pk.tables.data(), pk.table_stride,
+            pk.token_seq.data()};
   a.candidates = in.candidates.data();
   a.visible = in.visible.data();
+  a.max_candidates = in.max_candidates;
   a.selected = sel.data();
   ops.IndexerTopK(a);
   return sel;
@@ -176,11 +226,13 @@ std::vector<double> Scores(const Inputs& in, int64_t t) {
 
 // The device copies of an Inputs and the params over them.
 struct DeviceInputs {
-  explicit DeviceInputs(const Inputs& in)
+  explicit DeviceInputs(const Inputs& in) : DeviceInputs(in, Paged(in, 2)) {}
+  DeviceInputs(const Inputs& in, const PagedKeys& pk)
       : q(in.q),
         weights(in.weights),
-        keys(in.keys),
-        key_begin(in.key_begin),
+        stream(pk.stream),
+        tables(pk.tables),
+        token_seq(pk.token_seq),
         candidates(in.candidates),
         visible(in.visible),
         selected(in.tokens * in.topk),
@@ -193,8 +245,7 @@ struct DeviceInputs {
     p.weights = weights.get();
     p.weight_scale = in.weight_scale;
     p.key_scale = in.key_scale;
-    p.keys = keys.get();
-    p.key_begin = key_begin.get();
+    p.keys = {stream.get(), pk.block_floats, tables.get(), pk.table_stride, token_seq.get()};
     p.candidates = candidates.get();
     p.visible = visible.get();
     p.selected = selected.get();
@@ -202,8 +253,8 @@ struct DeviceInputs {
     p.workspace = workspace.get();
     p.workspace_bytes = kernels::IndexerTopKWorkspaceBytes(p);
   }
-  DeviceArray<float> q, weights, keys;
-  DeviceArray<int32_t> key_begin, candidates, visible, selected;
+  DeviceArray<float> q, weights, stream;
+  DeviceArray<int32_t> tables, token_seq, candidates, visible, selected;
   DeviceArray<float> workspace;
   kernels::IndexerTopKParams p;
 };
@@ -223,6 +274,7 @@ struct Case {
   std::string name;
   int64_t heads = 64, dim = 128, topk = 512;
   std::vector<Query> queries;
+  int64_t block_floats = 0;  // Inputs::block_floats
 };
 
 void PrintTo(const Case& c, std::ostream* os) { *os << c.name; }
@@ -234,10 +286,11 @@ TEST_P(IndexerTopKKernelTest, MatchesCpuV4Ops) {
   const Case& c = GetParam();
   const uint32_t seed = testing::FreshSeed();
   SCOPED_TRACE(::testing::Message() << c.name << " seed " << seed);
-  const Inputs in = MakeInputs(c.heads, c.dim, c.topk, c.queries, seed);
+  Inputs in = MakeInputs(c.heads, c.dim, c.topk, c.queries, seed);
+  in.block_floats = c.block_floats;
   const std::vector<int32_t> want = CpuSelection(in);
   DeviceInputs dev(in);
-  ASSERT_TRUE(dev.keys.ok() && dev.workspace.ok());
+  ASSERT_TRUE(dev.stream.ok() && dev.workspace.ok());
   for (IndexerScoreOrder order : {IndexerScoreOrder::kSequential, IndexerScoreOrder::kFma}) {
     const bool fma = order == IndexerScoreOrder::kFma;
     SCOPED_TRACE(fma ? "kFma" : "kSequential");
@@ -255,6 +308,11 @@ std::vector<Case> Cases() {
   Case c;
   c.name = "flash_decode";  // V4-Flash: 64 heads x 128, top-512; 4 requests
   c.queries = {{2000, 2000}, {512, 512}, {300, 300}, {0, 0}, {513, 513}};
+  cases.push_back(c);
+  c = Case();
+  c.name = "flash_decode_spread";  // each key over two blocks of 64 floats
+  c.queries = {{700, 700}, {513, 513}};
+  c.block_floats = 64;
   cases.push_back(c);
   c = Case();
   c.name = "flash_decode_32k";  // 8192 entries: a 32K context at ratio 4
@@ -366,7 +424,7 @@ TEST(IndexerTopKTest, RejectsBadParams) {
   p.topk = 0;
   EXPECT_EQ(kernels::IndexerTopKF32(p, nullptr), cudaErrorInvalidValue);
   p = dev.p;
-  p.keys = nullptr;
+  p.keys.data = nullptr;
   EXPECT_EQ(kernels::IndexerTopKF32(p, nullptr), cudaErrorInvalidValue);
   p = dev.p;
   p.tokens = 0;

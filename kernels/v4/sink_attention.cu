@@ -90,8 +90,12 @@ __device__ void CoreBody(SinkAttentionParams p, int32_t num_splits) {
     for (int r = warp; r < kCoreRows; r += kCoreWarps) {
       float* dst = ks + r * ld;
       if (r < n) {
-        const float* src = p.kv + rows.Row(row0 + r) * dim;
-        for (int d = lane; d < dim; d += 32) dst[d] = src[d];
+        const float* src = rows.RowStart(row0 + r);
+        if (src != nullptr) {
+          for (int d = lane; d < dim; d += 32) dst[d] = src[d];
+        } else {  // an entry spread over blocks
+          for (int d = lane; d < dim; d += 32) dst[d] = *rows.At(row0 + r, d);
+        }
       } else {
         for (int d = lane; d < dim; d += 32) dst[d] = 0.0f;
       }
@@ -213,11 +217,21 @@ bool Aligned(const void* ptr, size_t bytes) {
 bool ParamsOk(const SinkAttentionParams& p) {
   if (p.tokens < 0 || p.num_splits < 0 || p.num_splits > kMaxSinkAttentionSplits) return false;
   if (p.tokens == 0) return true;
-  if (p.heads < 1 || p.dim < 1 || p.q == nullptr || p.kv == nullptr || p.window_begin == nullptr ||
-      p.window_len == nullptr || p.sinks == nullptr || p.out == nullptr) {
+  if (p.heads < 1 || p.dim < 1 || p.q == nullptr || p.kv == nullptr || p.positions == nullptr ||
+      p.window_len == nullptr || p.step_start == nullptr || p.sinks == nullptr ||
+      p.out == nullptr) {
     return false;
   }
-  if ((p.extra_len != nullptr || p.selected != nullptr) && p.extra_begin == nullptr) return false;
+  // The ring (window positions before the step): a slot per token.
+  if (p.ring != nullptr && (p.ring_rows < 1 || p.ring_stride < 0 || p.ring_slot == nullptr)) {
+    return false;
+  }
+  const V4PagedRows& e = p.entries;
+  if (e.data != nullptr &&
+      (e.block_floats < 1 || e.block_tables == nullptr || e.table_stride < 0 ||
+       e.token_seq == nullptr || (p.extra_len == nullptr && p.selected == nullptr))) {
+    return false;
+  }
   if (p.selected != nullptr &&
       (p.selected_stride < 1 || p.selected_stride > std::numeric_limits<int32_t>::max())) {
     return false;
@@ -274,8 +288,13 @@ bool SinkAttentionKernelRuns(const SinkAttentionParams& p, SinkAttentionKernel k
     }
     case SinkAttentionKernel::kTensorCoreExact:
     case SinkAttentionKernel::kTensorCoreBf16: {
+      // Rows move in 16-byte pieces: every row start (and, for an entry spread over blocks,
+      // every block's) 16-byte aligned.
       if (p.dim != kSinkAttentionMmaDim || !Aligned(p.q, 16) || !Aligned(p.kv, 16) ||
-          !Aligned(p.out, 8)) {
+          !Aligned(p.out, 8) ||
+          (p.ring != nullptr && (!Aligned(p.ring, 16) || p.ring_stride % 4 != 0)) ||
+          (p.entries.data != nullptr &&
+           (!Aligned(p.entries.data, 16) || p.entries.block_floats % 4 != 0))) {
         return false;
       }
       const bool exact = kernel == SinkAttentionKernel::kTensorCoreExact;

@@ -1,7 +1,8 @@
 // DeepSeek-V4's attention on the GPU: one shared K = V head, many query heads with per-head
 // sink logits, each query token over its own list of key rows (its sliding window, then its
-// compressed entries: all of them on HCA layers, the indexer's selection on CSA layers). The GPU
-// counterpart of V4Ops::SinkAttention (worker/backend/v4_ops.h), fp32 in and out.
+// compressed entries: all of them on HCA layers, the indexer's selection on CSA layers), read
+// where the cache keeps them (the window ring, this step's keys, the paged compressed stream).
+// The GPU counterpart of V4Ops::SinkAttention (worker/backend/v4_ops.h), fp32 in and out.
 //
 // One block per (token, group of heads, split of the token's rows) reads each key row once for
 // the whole group: 16 heads on CUDA cores (any dim up to kMaxSinkAttentionDim), or on tensor
@@ -18,6 +19,8 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "worker/backend/v4_ops.h"
+
 namespace deepinfer {
 namespace kernels {
 
@@ -27,8 +30,9 @@ enum class SinkAttentionKernel : int32_t {
   kAuto = 0,
   // fp32 FMA on CUDA cores, 16 heads per block; any dim up to kMaxSinkAttentionDim.
   kCudaCore = 1,
-  // dim 512, a GPU with bf16 tensor cores (sm_80+), 16-byte aligned q and kv, 8-byte aligned
-  // out: bf16 mma.sync with every fp32 operand (Q, K = V, P) split into a bf16 hi + lo pair and
+  // dim 512, a GPU with bf16 tensor cores (sm_80+), 16-byte aligned q, kv, ring and entries,
+  // ring_stride and the entries' block_floats multiples of 4, 8-byte aligned out: bf16 mma.sync
+  // with every fp32 operand (Q, K = V, P) split into a bf16 hi + lo pair and
   // each product taken as hi·hi + hi·lo + lo·hi (three MMAs, fp32 sums): a relative error of
   // at most about 3 * 2^-16 per product instead of bf16's 2^-7, fp32-grade results.
   kTensorCoreExact = 2,
@@ -44,29 +48,17 @@ constexpr int64_t kSinkAttentionMmaDim = 512;
 // The largest num_splits.
 constexpr int32_t kMaxSinkAttentionSplits = 32;
 
-// The meaning of V4Ops::SinkAttention's SinkAttentionArgs. Query t of head h attends over, in
-// this order, the rows kv[window_begin[t] + i] for i < window_len[t] and its compressed entries:
-// rows kv[extra_begin[t] + i] for i < extra_len[t], or, with `selected` set, for the i in
-// selected[t * selected_stride ..] up to the first negative entry or selected_stride entries
-// (IndexerTopKF32's output; extra_len is then not read). With S = scale * q[t, h] · k over those
-// rows:
+// V4Ops::SinkAttention's arguments (worker/backend/v4_ops.h: SinkAttentionArgs) and what the
+// kernels add. Query t of head h attends over, in this order, its window (positions
+// positions[t] - window_len[t] + 1 .. positions[t]: rows of this step's kv from step_start[t]
+// on, rows p % ring_rows of its ring slot before) and its compressed entries (rows of its paged
+// stream: the first extra_len[t], or the rows in selected[t * selected_stride ..] up to the
+// first negative entry or selected_stride entries, IndexerTopKF32's output; extra_len is then
+// not read), all read where they lie. With S = scale * q[t, h] · k over those rows:
 //   out[t, h] = sum_k softmax([S] ++ [sinks[h]])_k * k   (the sink's probability is dropped).
-// All pointers are device memory; every listed row must lie in kv (not checked on the device).
-// A token with no rows gets out = 0.
-struct SinkAttentionParams {
-  int64_t tokens = 0, heads = 0, dim = 0;
-  const float* q = nullptr;               // [tokens, heads, dim]
-  const float* kv = nullptr;              // [rows, dim]
-  const int32_t* window_begin = nullptr;  // [tokens]
-  const int32_t* window_len = nullptr;    // [tokens]
-  const int32_t* extra_begin = nullptr;   // [tokens] (null: no compressed entries)
-  const int32_t* extra_len = nullptr;     // [tokens] (null: no compressed entries)
-  const int32_t* selected = nullptr;      // [tokens, selected_stride] or null
-  int64_t selected_stride = 0;
-  const float* sinks = nullptr;  // [heads]
-  float scale = 1.0f;
-  float* out = nullptr;  // [tokens, heads, dim]
-
+// All pointers are device memory; every row read must lie in its buffer (not checked on the
+// device). A token with no rows gets out = 0.
+struct SinkAttentionParams : SinkAttentionArgs {
   // Splits of each token's rows (0: chosen from the token count and the device's SM count so
   // that a few decode tokens still fill the GPU). Tests and the benchmark set it.
   int32_t num_splits = 0;

@@ -1,9 +1,13 @@
 // Times SinkAttentionF32 on V4-Flash's decode shape (64 heads x 512, fp32 rows) at 1, 64 and 128
 // requests of context 1024, each request over rows of its own (no two requests share a row, as
-// in a batch of separate sequences):
-//   csa      window 128 + the indexer's 256 entries (all of a 1024 context's at ratio 4);
+// in a batch of separate sequences), read where the model's cache keeps them: 127 window rows in
+// the request's ring slot and its own key among the step's, the entries in a paged stream of
+// blocks of 16 positions (scattered blocks: a block table per request):
+//   csa      window 128 + the indexer's 256 entries (all of a 1024 context's at ratio 4; 4
+//            entries a block);
 //   csa_max  window 128 + 512 selected entries (the top-k's limit, contexts from 2048);
-//   hca      window 128 + the 8 entries of a 1024 context at ratio 128;
+//   hca      window 128 + the 8 entries of a 1024 context at ratio 128 (each spread over 8
+//            blocks of 64 floats);
 //   window   window 128 only (the sliding-window layers).
 // Per case and kernel (tensor-core exact, tensor-core bf16, CUDA cores; the automatic split
 // count): the mean per call of 10 calls captured in one CUDA graph and replayed 5 times (as the
@@ -79,21 +83,30 @@ const char* KernelName(SinkAttentionKernel k) {
 
 struct Layer {
   const char* name;
-  int64_t entries;  // compressed entries of each request
-  int64_t chosen;   // of which each query attends to this many
-  bool selected;    // through a selection list (CSA) or a range (HCA)
+  int64_t entries;       // compressed entries of each request
+  int64_t chosen;        // of which each query attends to this many
+  bool selected;         // through a selection list (CSA) or a range (HCA)
+  int64_t block_floats;  // floats of the stream per block of 16 positions (0: no entries)
 };
 
 void Run(int64_t batch, const Layer& layer, bool sweep_splits, cudaStream_t stream) {
-  // Per request: its 128 window rows, then its entries.
-  const int64_t per_request = kWindow + layer.entries;
-  const int64_t rows = batch * per_request;
-  std::vector<int32_t> window_begin(batch), window_len(batch, kWindow), extra_begin(batch),
+  // Request b at position kContext - 1: its window is 127 ring rows and its own key.
+  constexpr int64_t kContext = 1024;
+  std::vector<int32_t> positions(batch, kContext - 1), window_len(batch, kWindow),
+      step_start(batch, kContext - 1), slot(batch), token_seq(batch),
       extra_len(batch, static_cast<int32_t>(layer.chosen));
-  std::vector<int32_t> selected;
+  std::vector<int32_t> selected, tables;
+  // The requests' stream blocks, shuffled over the pool.
+  const int64_t per_request =
+      layer.block_floats > 0 ? (layer.entries * kDim + layer.block_floats - 1) / layer.block_floats
+                             : 0;
+  std::vector<int32_t> blocks(std::max<int64_t>(1, batch * per_request));
+  std::iota(blocks.begin(), blocks.end(), 0);
+  for (size_t i = blocks.size(); i > 1; --i) std::swap(blocks[i - 1], blocks[(i * 7919) % i]);
   for (int64_t b = 0; b < batch; ++b) {
-    window_begin[b] = static_cast<int32_t>(b * per_request);
-    extra_begin[b] = static_cast<int32_t>(b * per_request + kWindow);
+    slot[b] = static_cast<int32_t>(b);
+    token_seq[b] = static_cast<int32_t>(b);
+    for (int64_t i = 0; i < per_request; ++i) tables.push_back(blocks[b * per_request + i]);
     if (layer.selected) {
       // Spread evenly over the entries (all of them when chosen == entries), ascending.
       for (int64_t i = 0; i < layer.chosen; ++i) {
@@ -106,14 +119,26 @@ void Run(int64_t batch, const Layer& layer, bool sweep_splits, cudaStream_t stre
   p.heads = kHeads;
   p.dim = kDim;
   p.q = Upload(Uniform(batch * kHeads * kDim, 1));
-  p.kv = Upload(Uniform(rows * kDim, 2));
-  p.window_begin = Upload(window_begin);
+  p.kv = Upload(Uniform(batch * kDim, 2));
+  p.positions = Upload(positions);
   p.window_len = Upload(window_len);
-  p.extra_begin = Upload(extra_begin);
-  p.extra_len = Upload(extra_len);
-  if (layer.selected) {
-    p.selected = Upload(selected);
-    p.selected_stride = layer.chosen;
+  p.step_start = Upload(step_start);
+  p.ring = Upload(Uniform(batch * kWindow * kDim, 4));
+  p.ring_rows = kWindow;
+  p.ring_stride = kWindow * kDim;
+  p.ring_slot = Upload(slot);
+  if (layer.block_floats > 0) {
+    p.entries.data = Upload(Uniform(static_cast<int64_t>(blocks.size()) * layer.block_floats, 5));
+    p.entries.block_floats = layer.block_floats;
+    p.entries.block_tables = Upload(tables);
+    p.entries.table_stride = per_request;
+    p.entries.token_seq = Upload(token_seq);
+    if (layer.selected) {
+      p.selected = Upload(selected);
+      p.selected_stride = layer.chosen;
+    } else {
+      p.extra_len = Upload(extra_len);
+    }
   }
   p.sinks = Upload(Uniform(kHeads, 3));
   p.scale = 1.0f / std::sqrt(static_cast<float>(kDim));
@@ -166,11 +191,13 @@ int main(int argc, char** argv) {
   const bool sweep = argc > 1 && std::strcmp(argv[1], "splits") == 0;
   cudaStream_t stream;
   BENCH_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  // Blocks of 16 positions: CSA (ratio 4) 4 entries = 2048 floats a block, HCA (ratio 128)
+  // 64 floats a block.
   const deepinfer::Layer layers[] = {
-      {"csa", 256, 256, true},
-      {"csa_max", 1024, 512, true},
-      {"hca", 8, 8, false},
-      {"window", 0, 0, false},
+      {"csa", 256, 256, true, 2048},
+      {"csa_max", 1024, 512, true, 2048},
+      {"hca", 8, 8, false, 64},
+      {"window", 0, 0, false, 0},
   };
   for (const deepinfer::Layer& layer : layers) {
     for (int64_t batch : {1, 64, 128}) deepinfer::Run(batch, layer, sweep, stream);

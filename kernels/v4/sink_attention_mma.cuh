@@ -4,8 +4,9 @@
 // One block of 8 warps per (token, 64 heads, split of the token's rows). Q [64 x 512] is
 // converted once to bf16 (hi, and for the exact kernel lo = bf16(x - hi)) in shared memory. The
 // token's rows go through in tiles of kRows (exact: 16, bf16: 32): each thread starts 16-byte
-// cp.async copies of its pieces of the next tile's fp32 rows (gathered: window rows, then the
-// selected entries) into a staging buffer while the block computes the current tile, and then
+// cp.async copies of its pieces of the next tile's fp32 rows (gathered where they lie: window
+// rows from this step's keys and the ring, then the entries from the paged stream) into a
+// staging buffer while the block computes the current tile, and then
 // converts its own pieces to bf16 (hi, lo) rows, so no thread waits for another's copies. Per
 // tile, warp pair p (warps 2p, 2p + 1) owns heads 16p .. 16p + 15:
 //   score  each warp of the pair computes S[16 heads x kRows] over its half of the 512 dims
@@ -131,11 +132,13 @@ __device__ __forceinline__ void IssueTile(const SinkAttentionParams& p, const To
   for (int i = 0; i < Shape::kRows / Shape::kRowsPerPass; ++i) {
     const int r = r0 + i * Shape::kRowsPerPass;
     const bool valid = row0 + r < end;
-    const float* src = valid ? p.kv + rows.Row(row0 + r) * kMmaDim : p.kv;
+    // Null: an entry spread over blocks, each piece through its block.
+    const float* src = valid ? rows.RowStart(row0 + r) : p.kv;
 #pragma unroll
     for (int c = 0; c < kPieceSteps; ++c) {
       const int piece = c0 + 16 * c;
-      sm80::CopyAsync16(sm80::SharedAddr(stage + r * kMmaDim + 4 * piece), src + 4 * piece, valid);
+      const float* from = src != nullptr ? src + 4 * piece : rows.At(row0 + r, 4 * piece);
+      sm80::CopyAsync16(sm80::SharedAddr(stage + r * kMmaDim + 4 * piece), from, valid);
     }
   }
   sm80::CopyAsyncCommit();

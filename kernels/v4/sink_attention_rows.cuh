@@ -20,18 +20,48 @@ namespace sink {
 // by it), so every exponential is one exp2f.
 constexpr float kLog2e = 1.4426950408889634f;
 
-// Token t's rows: j < window_len is kv row window_begin + j, then entry j - window_len of its
-// compressed entries (row extra_begin + i, i = j - window_len or selected[j - window_len]).
+// Element e of the paged stream of block-table row `seq` (V4PagedRows).
+__device__ __forceinline__ const float* PagedElement(const V4PagedRows& s, int64_t seq, int64_t e) {
+  const int32_t* table = s.block_tables + seq * s.table_stride;
+  return s.data + int64_t{table[e / s.block_floats]} * s.block_floats + e % s.block_floats;
+}
+
+// Token t's rows: j < window_len is its window's position pos - window_len + 1 + j (this step's
+// kv row t - (pos - p) from step_start on, its ring slot's row p % ring_rows before), then entry
+// j - window_len of its compressed entries (row i = j - window_len or selected[j - window_len]
+// of its paged stream).
 struct TokenRows {
-  int64_t window_begin = 0, extra_begin = 0;
+  int64_t pos = 0, step_start = 0, dim = 0;
+  const float* own = nullptr;   // kv row t: position pos
+  const float* ring = nullptr;  // the token's ring slot
+  int64_t ring_rows = 1;
+  V4PagedRows entries;
+  int64_t seq = 0;  // the token's block-table row
+  // Whether an entry's dim floats lie in one block (block_floats a multiple of dim).
+  bool entries_whole = true;
   int32_t window_len = 0;
   int32_t count = 0;                  // window_len + the number of compressed entries
   const int32_t* selected = nullptr;  // the token's row of the selection, or null
 
-  __device__ __forceinline__ int64_t Row(int32_t j) const {
-    if (j < window_len) return window_begin + j;
+  // Row j's first element where its dim floats are contiguous (every window row; an entry in one
+  // block), else null: read it element by element through At.
+  __device__ __forceinline__ const float* RowStart(int32_t j) const {
+    if (j < window_len) {
+      const int64_t p = pos - window_len + 1 + j;
+      return p >= step_start ? own - (pos - p) * dim : ring + (p % ring_rows) * dim;
+    }
+    if (!entries_whole) return nullptr;
     j -= window_len;
-    return extra_begin + (selected != nullptr ? selected[j] : j);
+    const int64_t i = selected != nullptr ? selected[j] : j;
+    return PagedElement(entries, seq, i * dim);
+  }
+  // Element d of row j (a group of 4 from a multiple of 4 stays in one block when block_floats
+  // is a multiple of 4).
+  __device__ __forceinline__ const float* At(int32_t j, int64_t d) const {
+    if (j < window_len) return RowStart(j) + d;
+    j -= window_len;
+    const int64_t i = selected != nullptr ? selected[j] : j;
+    return PagedElement(entries, seq, i * dim + d);
   }
 };
 
@@ -40,27 +70,36 @@ struct TokenRows {
 __device__ __forceinline__ TokenRows LoadTokenRows(const SinkAttentionParams& p, int64_t t,
                                                    int32_t* scratch) {
   TokenRows r;
-  r.window_begin = p.window_begin[t];
+  r.pos = p.positions[t];
+  r.step_start = p.step_start[t];
+  r.dim = p.dim;
+  r.own = p.kv + t * p.dim;
+  r.ring = p.ring != nullptr ? p.ring + int64_t{p.ring_slot[t]} * p.ring_stride : nullptr;
+  r.ring_rows = p.ring_rows > 0 ? p.ring_rows : 1;
   r.window_len = max(p.window_len[t], 0);
-  r.extra_begin = p.extra_begin != nullptr ? p.extra_begin[t] : 0;
   int32_t extra = 0;
-  if (p.selected != nullptr) {
-    // The selection ends at its first negative entry: the smallest such index.
-    const int32_t* sel = p.selected + t * p.selected_stride;
-    const int32_t stride = static_cast<int32_t>(p.selected_stride);
-    if (threadIdx.x == 0) *scratch = stride;
-    __syncthreads();
-    for (int32_t i = threadIdx.x; i < stride; i += blockDim.x) {
-      if (sel[i] < 0) {
-        atomicMin(scratch, i);
-        break;
+  if (p.entries.data != nullptr) {
+    r.entries = p.entries;
+    r.seq = p.entries.token_seq[t];
+    r.entries_whole = p.entries.block_floats % p.dim == 0;
+    if (p.selected != nullptr) {
+      // The selection ends at its first negative entry: the smallest such index.
+      const int32_t* sel = p.selected + t * p.selected_stride;
+      const int32_t stride = static_cast<int32_t>(p.selected_stride);
+      if (threadIdx.x == 0) *scratch = stride;
+      __syncthreads();
+      for (int32_t i = threadIdx.x; i < stride; i += blockDim.x) {
+        if (sel[i] < 0) {
+          atomicMin(scratch, i);
+          break;
+        }
       }
+      __syncthreads();
+      extra = *scratch;
+      r.selected = sel;
+    } else if (p.extra_len != nullptr) {
+      extra = max(p.extra_len[t], 0);
     }
-    __syncthreads();
-    extra = *scratch;
-    r.selected = sel;
-  } else if (p.extra_len != nullptr && p.extra_begin != nullptr) {
-    extra = max(p.extra_len[t], 0);
   }
   r.count = r.window_len + extra;
   return r;

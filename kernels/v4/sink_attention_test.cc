@@ -1,13 +1,17 @@
-// SinkAttentionF32 against CpuV4Ops::SinkAttention on random inputs shaped as V4Attention builds
-// them (worker/model/deepseek_v4/v4_attention.cc): per sequence a block of window rows and a pool
-// of compressed entries, each query token over its own window (up to 128 rows) and either a
-// prefix of the entries (HCA, extra_len) or the indexer's ascending selection of them padded with
-// -1 (CSA). Shapes: V4-Flash decode (64 heads x 512, window 128 + 512 selected; HCA with 3000
-// entries), prefill chunks (every token its own window and selection), head counts that do not
-// fill a block, the fixtures' small shape (4 heads x 64), tokens with no window, no entries or
-// neither, sinks large (the sink takes almost all the weight) and small; every kernel that runs
-// the shape, each with one split, chosen splits and forced 3 and 32 splits. Rows outside every
-// list are NaN, so a kernel reading one fails.
+// SinkAttentionF32 against CpuV4Ops::SinkAttention on random inputs laid out as the V4 model's
+// cache keeps them (worker/model/deepseek_v4/v4_attention.cc): per sequence a ring slot with the
+// window positions before the step (slots of a stride longer than the ring), the step's keys, and
+// its compressed entries in a paged stream (its blocks scattered over the pool by a block table;
+// whole entries in a block, or each entry spread over 8 blocks as V4-Flash's HCA entries at block
+// size 16); each query token over its own window (up to 128 rows) and either a prefix of the
+// entries (HCA, extra_len) or the indexer's ascending selection of them padded with -1 (CSA).
+// Shapes: V4-Flash decode (64 heads x 512, window 128 + 512 selected; HCA with 3000 entries),
+// prefill chunks (every token its own window and selection, part of it among the step's keys),
+// head counts that do not fill a block, the fixtures' small shape (4 heads x 64), tokens with no
+// window, no entries or neither, sinks large (the sink takes almost all the weight) and small;
+// every kernel that runs the shape, each with one split, chosen splits and forced 3 and 32
+// splits. Ring rows, stream blocks and slots outside every list are NaN, so a kernel reading one
+// fails.
 //
 // Tolerances are relative to each output's magnitude mag = sum_j p_j |v_j| (p: the softmax with
 // the sink, computed here in double): a score error d moves an output by at most 2 max|d| mag,
@@ -57,19 +61,25 @@ struct Case {
   int32_t window = 128;
   int32_t entries = 600;  // compressed entries per sequence
   int32_t topk = 512;     // the selection's stride; 0: HCA (every visible entry)
-  float scale = 0.0f;     // 0: 1 / sqrt(dim)
+  // Floats of the entries' stream per block (0: 4 entries a block); dim / 8: each entry spread
+  // over 8 blocks.
+  int64_t block_floats = 0;
+  float scale = 0.0f;  // 0: 1 / sqrt(dim)
   float sink_mean = 0.0f, sink_std = 1.0f;
   bool empty_tokens = false;  // tokens 0, 1, 2 of each sequence: no window, no entries, neither
 };
 
 void PrintTo(const Case& c, std::ostream* os) { *os << c.name; }
 
-// The inputs of one call, on the host, and each token's rows in attention order.
+// The inputs of one call, on the host, and each token's rows in attention order (a window row by
+// its position p >= 0, an entry i as -1 - i).
 struct Inputs {
   int64_t tokens = 0, heads = 0, dim = 0, stride = 0;
   float scale = 1.0f;
-  std::vector<float> q, kv, sinks;
-  std::vector<int32_t> window_begin, window_len, extra_begin, extra_len, selected;
+  std::vector<float> q, kv, ring, stream, sinks;
+  int64_t ring_rows = 0, ring_stride = 0, block_floats = 0, table_stride = 0;
+  std::vector<int32_t> positions, window_len, step_start, slot, token_seq, tables, extra_len,
+      selected;
   std::vector<std::vector<int64_t>> rows;
 };
 
@@ -77,41 +87,56 @@ Inputs MakeInputs(const Case& c, uint32_t seed) {
   std::mt19937 gen(seed);
   std::normal_distribution<float> normal(0.0f, 1.0f);
   const float nan = std::numeric_limits<float>::quiet_NaN();
+  const int64_t D = c.dim, W = c.window;
   Inputs in;
   in.tokens = int64_t{c.seqs} * c.tokens_per_seq;
   in.heads = c.heads;
-  in.dim = c.dim;
+  in.dim = D;
   in.stride = c.topk;
-  in.scale = c.scale > 0.0f ? c.scale : 1.0f / std::sqrt(static_cast<float>(c.dim));
-  int64_t rows = 0;
-  auto append = [&](int64_t n, bool values) {
-    const int64_t first = rows;
-    for (int64_t i = 0; i < n * c.dim; ++i) in.kv.push_back(values ? normal(gen) : nan);
-    rows += n;
-    return first;
-  };
+  in.scale = c.scale > 0.0f ? c.scale : 1.0f / std::sqrt(static_cast<float>(D));
+  // Sequence s in ring slot 2 s + 1 (slots of W rows and 4 floats more); blocks of the stream
+  // shuffled over a pool with a spare block per sequence (NaN).
+  in.ring_rows = W;
+  in.ring_stride = W * D + 4;
+  in.ring.assign((2 * int64_t{c.seqs} + 1) * in.ring_stride, nan);
+  in.block_floats = c.block_floats > 0 ? c.block_floats : 4 * D;
+  const int64_t per_seq = (int64_t{c.entries} * D + in.block_floats - 1) / in.block_floats;
+  in.table_stride = per_seq + 1;
+  std::vector<int32_t> pool(c.seqs * (per_seq + 1));
+  std::iota(pool.begin(), pool.end(), 0);
+  std::shuffle(pool.begin(), pool.end(), gen);
+  in.stream.assign(pool.size() * in.block_floats, nan);
   for (int32_t s = 0; s < c.seqs; ++s) {
-    append(1, false);
-    // The window rows: the window - 1 positions before the step's first token, then its tokens.
-    const int64_t window_base = append(c.window - 1 + c.tokens_per_seq, true);
-    append(1, false);
-    const int64_t entry_base = append(c.entries, true);
-    append(1, false);
+    const int64_t slot = 2 * s + 1;
+    float* ring = in.ring.data() + slot * in.ring_stride;
+    for (int64_t p = std::max<int64_t>(0, c.context - (W - 1)); p < c.context; ++p) {
+      for (int64_t d = 0; d < D; ++d) ring[(p % W) * D + d] = normal(gen);
+    }
+    for (int64_t b = 0; b < in.table_stride; ++b) {
+      in.tables.push_back(pool[s * (per_seq + 1) + b]);
+    }
+    const int32_t* table = in.tables.data() + s * in.table_stride;
+    for (int64_t e = 0; e < int64_t{c.entries} * D; ++e) {
+      in.stream[int64_t{table[e / in.block_floats]} * in.block_floats + e % in.block_floats] =
+          normal(gen);
+    }
     for (int32_t i = 0; i < c.tokens_per_seq; ++i) {
-      int32_t wl = std::min(c.window, c.context + i + 1);
-      const int64_t last = window_base + c.window - 1 + i;  // the token's own row
+      const int64_t pos = c.context + i;
+      int32_t wl = static_cast<int32_t>(std::min<int64_t>(W, pos + 1));
       // Later tokens of a prefill chunk see more entries.
       int32_t visible = std::max(0, c.entries - 3 * (c.tokens_per_seq - 1 - i));
       if (c.empty_tokens && (i == 0 || i == 2)) wl = 0;
       if (c.empty_tokens && (i == 1 || i == 2)) visible = 0;
-      in.window_begin.push_back(static_cast<int32_t>(last - wl + 1));
+      in.positions.push_back(static_cast<int32_t>(pos));
       in.window_len.push_back(wl);
-      in.extra_begin.push_back(static_cast<int32_t>(entry_base));
+      in.step_start.push_back(c.context);
+      in.slot.push_back(static_cast<int32_t>(slot));
+      in.token_seq.push_back(s);
       std::vector<int64_t> r;
-      for (int32_t j = 0; j < wl; ++j) r.push_back(last - wl + 1 + j);
+      for (int64_t p = pos - wl + 1; p <= pos; ++p) r.push_back(p);
       if (c.topk == 0) {
         in.extra_len.push_back(visible);
-        for (int32_t j = 0; j < visible; ++j) r.push_back(entry_base + j);
+        for (int32_t j = 0; j < visible; ++j) r.push_back(-1 - j);
       } else {
         in.extra_len.push_back(0);  // not read with a selection
         std::vector<int32_t> all(visible);
@@ -122,20 +147,41 @@ Inputs MakeInputs(const Case& c, uint32_t seed) {
         all.resize(n);
         std::sort(all.begin(), all.end());
         for (int32_t j = 0; j < c.topk; ++j) in.selected.push_back(j < n ? all[j] : -1);
-        for (int32_t e : all) r.push_back(entry_base + e);
+        for (int32_t e : all) r.push_back(-1 - e);
       }
       in.rows.push_back(r);
     }
   }
-  for (int64_t i = 0; i < in.tokens * c.heads * c.dim; ++i) in.q.push_back(normal(gen));
+  for (int64_t i = 0; i < in.tokens * D; ++i) in.kv.push_back(normal(gen));
+  for (int64_t i = 0; i < in.tokens * c.heads * D; ++i) in.q.push_back(normal(gen));
   std::normal_distribution<float> sink(c.sink_mean, c.sink_std);
   for (int64_t h = 0; h < c.heads; ++h) in.sinks.push_back(sink(gen));
   return in;
 }
 
-// CpuV4Ops::SinkAttention over q and kv (the inputs' own, or rounded copies).
+// The values of row r (Inputs::rows' coding) of token t: into out (dim floats).
+void RowValues(const Inputs& in, int64_t t, int64_t r, float* out) {
+  const int64_t D = in.dim;
+  if (r >= 0) {
+    const int64_t pos = in.positions[t];
+    const float* src = r >= in.step_start[t]
+                           ? in.kv.data() + (t - (pos - r)) * D
+                           : in.ring.data() + in.slot[t] * in.ring_stride + (r % in.ring_rows) * D;
+    std::copy(src, src + D, out);
+    return;
+  }
+  const int32_t* table = in.tables.data() + in.token_seq[t] * in.table_stride;
+  const int64_t P = in.block_floats;
+  for (int64_t d = 0; d < D; ++d) {
+    const int64_t e = (-1 - r) * D + d;
+    out[d] = in.stream[int64_t{table[e / P]} * P + e % P];
+  }
+}
+
+// CpuV4Ops::SinkAttention over the inputs (or rounded copies of q and the keys).
 std::vector<float> CpuReference(const Inputs& in, const std::vector<float>& q,
-                                const std::vector<float>& kv) {
+                                const std::vector<float>& kv, const std::vector<float>& ring,
+                                const std::vector<float>& stream) {
   ThreadPool pool(0);
   CpuV4Ops ops(&pool);
   std::vector<float> out(in.tokens * in.heads * in.dim);
@@ -145,9 +191,15 @@ std::vector<float> CpuReference(const Inputs& in, const std::vector<float>& q,
   a.dim = in.dim;
   a.q = q.data();
   a.kv = kv.data();
-  a.window_begin = in.window_begin.data();
+  a.positions = in.positions.data();
   a.window_len = in.window_len.data();
-  a.extra_begin = in.extra_begin.data();
+  a.step_start = in.step_start.data();
+  a.ring = ring.data();
+  a.ring_rows = in.ring_rows;
+  a.ring_stride = in.ring_stride;
+  a.ring_slot = in.slot.data();
+  a.entries = {stream.data(), in.block_floats, in.tables.data(), in.table_stride,
+               in.token_seq.data()};
   a.extra_len = in.extra_len.data();
   if (in.stride > 0) {
     a.selected = in.selected.data();
@@ -167,12 +219,14 @@ std::vector<double> Magnitudes(const Inputs& in) {
   std::vector<double> s;
   for (int64_t t = 0; t < in.tokens; ++t) {
     const std::vector<int64_t>& rows = in.rows[t];
+    std::vector<float> values(rows.size() * D);
+    for (size_t j = 0; j < rows.size(); ++j) RowValues(in, t, rows[j], values.data() + j * D);
     for (int64_t h = 0; h < in.heads; ++h) {
       const float* q = in.q.data() + (t * in.heads + h) * D;
       s.assign(rows.size(), 0.0);
       double mx = in.sinks[h];
       for (size_t j = 0; j < rows.size(); ++j) {
-        const float* k = in.kv.data() + rows[j] * D;
+        const float* k = values.data() + j * D;
         double dot = 0.0;
         for (int64_t d = 0; d < D; ++d) dot += static_cast<double>(q[d]) * k[d];
         s[j] = dot * in.scale;
@@ -185,7 +239,7 @@ std::vector<double> Magnitudes(const Inputs& in) {
       }
       double* m = mag.data() + (t * in.heads + h) * D;
       for (size_t j = 0; j < rows.size(); ++j) {
-        const float* v = in.kv.data() + rows[j] * D;
+        const float* v = values.data() + j * D;
         for (int64_t d = 0; d < D; ++d) m[d] += s[j] / z * std::fabs(v[d]);
       }
     }
@@ -223,10 +277,15 @@ struct DeviceInputs {
   explicit DeviceInputs(const Inputs& in)
       : q(in.q),
         kv(in.kv),
+        ring(in.ring),
+        stream(in.stream),
         sinks(in.sinks),
-        window_begin(in.window_begin),
+        positions(in.positions),
         window_len(in.window_len),
-        extra_begin(in.extra_begin),
+        step_start(in.step_start),
+        slot(in.slot),
+        token_seq(in.token_seq),
+        tables(in.tables),
         extra_len(in.extra_len),
         selected(in.selected),
         out(in.tokens * in.heads * in.dim) {
@@ -235,9 +294,14 @@ struct DeviceInputs {
     p.dim = in.dim;
     p.q = q.get();
     p.kv = kv.get();
-    p.window_begin = window_begin.get();
+    p.positions = positions.get();
     p.window_len = window_len.get();
-    p.extra_begin = extra_begin.get();
+    p.step_start = step_start.get();
+    p.ring = ring.get();
+    p.ring_rows = in.ring_rows;
+    p.ring_stride = in.ring_stride;
+    p.ring_slot = slot.get();
+    p.entries = {stream.get(), in.block_floats, tables.get(), in.table_stride, token_seq.get()};
     p.extra_len = extra_len.get();
     if (in.stride > 0) {
       p.selected = selected.get();
@@ -247,8 +311,9 @@ struct DeviceInputs {
     p.scale = in.scale;
     p.out = out.get();
   }
-  DeviceArray<float> q, kv, sinks;
-  DeviceArray<int32_t> window_begin, window_len, extra_begin, extra_len, selected;
+  DeviceArray<float> q, kv, ring, stream, sinks;
+  DeviceArray<int32_t> positions, window_len, step_start, slot, token_seq, tables, extra_len,
+      selected;
   DeviceArray<float> out;
   kernels::SinkAttentionParams p;
 };
@@ -282,14 +347,15 @@ TEST_P(SinkAttentionKernelTest, MatchesCpuV4Ops) {
   const uint32_t seed = testing::FreshSeed();
   SCOPED_TRACE(::testing::Message() << c.name << " seed " << seed);
   const Inputs in = MakeInputs(c, seed);
-  const std::vector<float> want = CpuReference(in, in.q, in.kv);
+  const std::vector<float> want = CpuReference(in, in.q, in.kv, in.ring, in.stream);
   const std::vector<double> mag = Magnitudes(in);
   std::vector<float> want_bf16;  // the CPU over the bf16 kernel's rounded operands
   if (c.dim == kernels::kSinkAttentionMmaDim) {
-    std::vector<float> q16(in.q), kv16(in.kv);
-    for (float& x : q16) x = RoundToBf16(x);
-    for (float& x : kv16) x = RoundToBf16(x);
-    want_bf16 = CpuReference(in, q16, kv16);
+    std::vector<float> q16(in.q), kv16(in.kv), ring16(in.ring), stream16(in.stream);
+    for (std::vector<float>* v : {&q16, &kv16, &ring16, &stream16}) {
+      for (float& x : *v) x = RoundToBf16(x);
+    }
+    want_bf16 = CpuReference(in, q16, kv16, ring16, stream16);
   }
 
   DeviceInputs dev(in);
@@ -348,6 +414,18 @@ std::vector<Case> Cases() {
   c.topk = 0;
   cases.push_back(c);
   c = Case();
+  c.name = "flash_decode_hca_spread";  // HCA entries over 8 blocks of 64 floats (block 16)
+  c.entries = 300;
+  c.topk = 0;
+  c.block_floats = 64;
+  cases.push_back(c);
+  c = Case();
+  c.name = "flash_decode_csa_spread";  // a selection of entries spread over blocks
+  c.entries = 700;
+  c.block_floats = 128;
+  c.tokens_per_seq = 2;
+  cases.push_back(c);
+  c = Case();
   c.name = "flash_prefill_csa";  // 2 sequences x 24 tokens from position 0: growing windows
   c.tokens_per_seq = 24;
   c.context = 0;
@@ -400,6 +478,12 @@ std::vector<Case> Cases() {
   c.tokens_per_seq = 5;
   c.context = 0;
   c.empty_tokens = true;
+  cases.push_back(c);
+  c.name = "fixture_shape_chunk";  // a chunk after 20 positions, HCA 16 at block 4: 16 floats
+  c.context = 20;
+  c.topk = 0;
+  c.block_floats = 16;
+  c.empty_tokens = false;
   cases.push_back(c);
   c = Case();
   c.name = "dim_1000";  // the CUDA-core kernel's widest column loop, a dim not a multiple of 32

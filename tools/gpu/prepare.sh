@@ -80,6 +80,7 @@ tests=(
   //kernels/sampling:sample_test
   //kernels/sampling:token_mask_test
   //kernels/v4:compress_windows_test
+  //kernels/v4:copy_rows_test
   //kernels/v4:hyper_connection_test
   //kernels/v4:swiglu_clamped_test
   //kernels/v4:v4_router_test

@@ -317,6 +317,10 @@ struct RoutedExpertsArgs {
   int64_t shared_inter = 0;
   const void* shared_gate_up = nullptr;  // [2*shared_inter, hidden_size]
   const void* shared_down = nullptr;     // [hidden_size, shared_inter]
+  // > 0: DeepSeek-V4's clamped SwiGLU (V4Ops::SwiGluClamped: silu(min(gate, limit)) *
+  // clamp(up, -limit, limit)) in every expert, the shared ones included, instead of
+  // silu(gate) * up. A backend without the clamp in a path returns false there.
+  float swiglu_limit = 0.0f;
 };
 
 // Arguments of Backend::NormedDenseMlp: a dense MLP layer's input norm and MLP as one op,

@@ -1,8 +1,10 @@
 // V4Ops: the operations of DeepSeek-V4 that the Backend interface has no op for: the
 // hyper-connection residual streams (mix, Sinkhorn projection, collapse, expand), the
-// compressor's gated pooling of a window, attention with per-head sinks over a list of key rows
-// per query, the lightning indexer's scores and top-k, the V4 routers (sqrtsoftplus / sigmoid
-// scores, optional hash-table expert choice) and the clamped SwiGLU. A backend that runs V4
+// compressor's gated pooling of a window, attention with per-head sinks over the keys in the
+// cache (a window ring, this step's keys, paged compressed entries), the lightning indexer's
+// scores and top-k over paged keys, the V4 routers (sqrtsoftplus / sigmoid scores, optional
+// hash-table expert choice), the clamped SwiGLU and the row copies that move rows between a
+// step's buffers and the cache. A backend that runs V4
 // returns them from Backend::v4_ops(); conventions as backend.h (device pointers, fp32
 // row-major activations, int32 indices).
 #ifndef DEEPINFER_WORKER_BACKEND_V4_OPS_H_
@@ -74,48 +76,84 @@ struct CompressWindowsArgs {
   float* out = nullptr;               // [windows, dim]
 };
 
-// Attention of one shared K = V head with per-head sinks. Query t of head h attends over, in
-// this order, the rows kv[window_begin[t] .. window_begin[t] + window_len[t]) (its window) and
-// its compressed entries: rows kv[extra_begin[t] + i] for i in [0, extra_len[t]), or, with
-// `selected` set, for the i in selected[t * selected_stride ..] up to the first -1 (ascending,
-// IndexerTopK's output; extra_len is then not read):
+// A stream of `dim`-float rows per sequence in a V4 cache layer (worker/kv_cache/kv_cache_spec.h:
+// the compressed entries, or the CSA indexer's keys), paged by elements: element e of the stream
+// of block-table row r is
+//   data[block_tables[r * table_stride + e / block_floats] * block_floats + e % block_floats],
+// so row i of the stream is its elements [i * dim, (i + 1) * dim): inside one block when
+// block_floats is a multiple of dim (V4-Flash's CSA entries at block size 16: 4 per block), or
+// spread over the blocks of its window when it is not (V4-Flash's HCA entries at block size 16:
+// 512 floats over 8 blocks of 64). Query t reads the stream of block-table row token_seq[t].
+struct V4PagedRows {
+  const float* data = nullptr;  // the layer's stream: its blocks, block_floats floats each
+  int64_t block_floats = 0;
+  const int32_t* block_tables = nullptr;  // [sequences, table_stride]
+  int64_t table_stride = 0;
+  const int32_t* token_seq = nullptr;  // [tokens]
+};
+
+// Attention of one shared K = V head with per-head sinks, reading the keys where the cache keeps
+// them. Query t of head h attends over, in this order:
+//  * its window, positions positions[t] - window_len[t] + 1 .. positions[t] ascending: position
+//    p >= step_start[t] (a token of this step: a sequence's new tokens are consecutive rows at
+//    consecutive positions) is row t - (positions[t] - p) of kv, an earlier one row
+//    p % ring_rows of its sequence's window ring, ring + ring_slot[t] * ring_stride;
+//  * its compressed entries (entries.data null: none): rows i < extra_len[t] of its stream, or,
+//    with `selected` set, the rows i in selected[t * selected_stride ..] up to the first -1
+//    (ascending, IndexerTopK's output; extra_len is then not read):
 //   p = softmax([scale * q[t, h] · k for k in those rows] ++ [sinks[h]]),
 //   out[t, h] = sum_k p_k k (the sink's probability is dropped).
 struct SinkAttentionArgs {
   int64_t tokens = 0, heads = 0, dim = 0;
-  const float* q = nullptr;               // [tokens, heads, dim]
-  const float* kv = nullptr;              // [rows, dim]
-  const int32_t* window_begin = nullptr;  // [tokens]
-  const int32_t* window_len = nullptr;    // [tokens]
-  const int32_t* extra_begin = nullptr;   // [tokens]
-  const int32_t* extra_len = nullptr;     // [tokens] (null: no compressed entries)
-  const int32_t* selected = nullptr;      // [tokens, selected_stride] or null
+  const float* q = nullptr;             // [tokens, heads, dim]
+  const float* kv = nullptr;            // [tokens, dim]: this step's keys
+  const int32_t* positions = nullptr;   // [tokens]
+  const int32_t* window_len = nullptr;  // [tokens] (0: no window rows)
+  const int32_t* step_start = nullptr;  // [tokens]: the first position of t's sequence here
+  const float* ring = nullptr;          // slots of ring_stride floats
+  int64_t ring_rows = 0, ring_stride = 0;
+  const int32_t* ring_slot = nullptr;  // [tokens]
+  V4PagedRows entries;                 // dim-float rows
+  const int32_t* extra_len = nullptr;  // [tokens]
+  const int32_t* selected = nullptr;   // [tokens, selected_stride] or null
   int64_t selected_stride = 0;
   const float* sinks = nullptr;  // [heads]
   float scale = 1.0f;
   float* out = nullptr;  // [tokens, heads, dim]
 };
 
-// Lightning indexer. Query t's candidates are the keys rows keys[key_begin[t] + i] for
-// i < candidates[t], of which the first visible[t] count; the others score -inf. A visible
-// candidate scores sum_h weights[t, h] * weight_scale * relu(q[t, h] · key) * key_scale. The
-// min(topk, candidates[t]) best are chosen as torch.topk (sorted, largest) chooses them on the
-// CPU: (score, i) pairs in candidate order through std::nth_element at k - 1 and std::sort of
-// the first k - 1 (std::partial_sort of the first k when k * 64 <= candidates), ties where
-// those algorithms leave them. selected[t, :] holds the chosen visible i ascending, then -1.
+// Lightning indexer. Query t's candidates are rows i < candidates[t] of its stream of keys, of
+// which the first visible[t] count; the others score -inf. A visible candidate scores
+// sum_h weights[t, h] * weight_scale * relu(q[t, h] · key) * key_scale. The min(topk,
+// candidates[t]) best are chosen as torch.topk (sorted, largest) chooses them on the CPU:
+// (score, i) pairs in candidate order through std::nth_element at k - 1 and std::sort of the
+// first k - 1 (std::partial_sort of the first k when k * 64 <= candidates), ties where those
+// algorithms leave them. selected[t, :] holds the chosen visible i ascending, then -1.
 struct IndexerTopKArgs {
   int64_t tokens = 0, heads = 0, dim = 0, topk = 0;
   const float* q = nullptr;        // [tokens, heads, dim]
   const float* weights = nullptr;  // [tokens, heads]
   float weight_scale = 1.0f, key_scale = 1.0f;
-  const float* keys = nullptr;          // [rows, dim]
-  const int32_t* key_begin = nullptr;   // [tokens]
+  V4PagedRows keys;                     // dim-float rows
   const int32_t* candidates = nullptr;  // [tokens]
   const int32_t* visible = nullptr;     // [tokens]
-  int32_t* selected = nullptr;          // [tokens, topk]
-  // An upper bound of every candidates[t], known to the host from the step's shapes (a device
-  // backend sizes its scores' workspace by it without reading candidates; the CPU ignores it).
+  // An upper bound of every candidates[t], known on the host (a device implementation may size
+  // its workspace by it; a recorded step's bound holds for every replay).
   int64_t max_candidates = 0;
+  int32_t* selected = nullptr;  // [tokens, topk]
+};
+
+// Rows of `width` floats copied between device buffers: for r < rows, the floats
+// src[src_offsets[r] .. + width) go to dst[dst_offsets[r] .. + width) (offsets in floats, int64: a
+// layer's cache may hold more than 2^31; a null offsets array means r * width). A row whose dst
+// offset is negative is skipped. The destinations do not overlap each other or the sources.
+// The V4 model's cache moves: window and compressor rings, window slots, paged entries.
+struct CopyRowsArgs {
+  int64_t rows = 0, width = 0;
+  const float* src = nullptr;
+  const int64_t* src_offsets = nullptr;  // [rows] or null
+  float* dst = nullptr;
+  const int64_t* dst_offsets = nullptr;  // [rows] or null
 };
 
 // V4 routing: scores = f(logits) (sqrtsoftplus: sqrt(softplus(x)); else sigmoid); the experts
@@ -144,6 +182,7 @@ class V4Ops {
   virtual void SinkAttention(const SinkAttentionArgs& args) = 0;
   virtual void IndexerTopK(const IndexerTopKArgs& args) = 0;
   virtual void Route(const V4RouteArgs& args) = 0;
+  virtual void CopyRows(const CopyRowsArgs& args) = 0;
   // out[r, i] = silu(min(x[r, i], limit)) * clamp(x[r, inter + i], -limit, limit); x is
   // [rows, 2 * inter] (gate then up), limit <= 0: no clamp.
   virtual void SwiGluClamped(int64_t rows, int64_t inter, const float* x, float limit,

@@ -83,25 +83,44 @@ DecodeGraphInputs DecodeGraphRunner::InputsOf(const Graph& g) const {
   return d;
 }
 
-bool DecodeGraphRunner::BindCache(KvBlockPool* cache, int32_t max_blocks) {
-  // Graphs hold the cache's addresses and a block of it for padding rows: a new cache (or a new
-  // geometry) means new graphs.
-  if (cache_id_ == cache->id() && max_blocks_ == max_blocks) return true;
+bool DecodeGraphRunner::BindCache(KvBlockPool* cache) {
+  // Graphs hold the cache's addresses and a block of it for padding rows: a new cache means new
+  // graphs.
+  if (cache_id_ == cache->id()) return true;
   Drop();
   cache_id_ = 0;
   cache_ = nullptr;
   padding_block_ = -1;
+  max_blocks_ = 0;
   absl::StatusOr<std::vector<int32_t>> block = cache->Allocate(1);
   if (!block.ok()) return false;
   cache_id_ = cache->id();
   cache_ = cache;
   padding_block_ = (*block)[0];
-  max_blocks_ = max_blocks;
   return true;
 }
 
+void DecodeGraphRunner::FitTables(int64_t needed, int32_t limit) {
+  // The tables are staged and uploaded every step, so their width is paid per step: they grow
+  // with the batches (a few times over a long decode, each time recording the graphs again)
+  // instead of every step carrying the longest table the cache could hold (a model of 2^20
+  // positions in blocks of 16: 65536 entries a row).
+  int64_t width = std::max<int64_t>(kMinTableBlocks, max_blocks_);
+  while (width < needed) width *= 2;
+  width = std::min<int64_t>(width, limit);
+  if (width == max_blocks_) return;
+  Drop();
+  max_blocks_ = static_cast<int32_t>(width);
+}
+
+absl::StatusOr<bool> DecodeGraphRunner::PrepareModel(const std::vector<SequenceStep>& batch,
+                                                     int64_t bucket, KvBlockPool* cache) {
+  if (!model_.prepare) return true;
+  return model_.prepare(batch, bucket, cache);
+}
+
 int32_t DecodeGraphRunner::MaxBlocks(const KvBlockPool& cache) const {
-  // The graphs' fixed block-table width: the longest sequence the cache (and the model) allows.
+  // The longest sequence the cache (and the model) allows.
   const int32_t bs = cache.block_size();
   int32_t max_blocks = cache.num_blocks();
   if (model_.max_position_embeddings > 0) {
@@ -249,16 +268,17 @@ bool DecodeGraphRunner::Record(const GraphKey& key, Graph* g) {
 
 void DecodeGraphRunner::Prepare(KvBlockPool* cache) {
   if (!options_.enabled || buckets_.empty() || !backend_->SupportsCapture()) return;
-  BindCache(cache, MaxBlocks(*cache));
+  if (BindCache(cache)) FitTables(1, MaxBlocks(*cache));
 }
 
 absl::StatusOr<int> DecodeGraphRunner::Capture(KvBlockPool* cache) {
   if (!options_.enabled || buckets_.empty() || !backend_->SupportsCapture()) return 0;
   if (model_.available && !model_.available()) return 0;
-  if (!BindCache(cache, MaxBlocks(*cache))) {
+  if (!BindCache(cache)) {
     return absl::ResourceExhaustedError(
         "decode graphs: no free KV cache block for the padding rows");
   }
+  FitTables(1, MaxBlocks(*cache));
   int recorded = 0;
   for (int64_t bucket : buckets_) {
     const int32_t context_break = model_.context_break ? model_.context_break(bucket) : 0;
@@ -268,6 +288,9 @@ absl::StatusOr<int> DecodeGraphRunner::Capture(KvBlockPool* cache) {
       if (failed_.count(key)) continue;
       std::unique_ptr<Graph>& slot = graphs_[key];
       if (slot != nullptr && slot->ops != nullptr) continue;
+      absl::StatusOr<bool> prepared = PrepareModel({}, bucket, cache);
+      if (!prepared.ok()) return prepared.status();
+      if (!*prepared) continue;
       if (slot == nullptr) slot = NewGraph(key, 0);
       Graph* g = slot.get();
       UploadInputs(*g, {});  // padding rows only: they write nothing but the padding block
@@ -294,6 +317,7 @@ std::optional<absl::StatusOr<StepOutput>> DecodeGraphRunner::Run(
   const int32_t bs = cache->block_size();
   const int32_t max_blocks = MaxBlocks(*cache);
   int64_t num_adjustments = 0;
+  int64_t longest = 1;  // blocks the batch's tables need
   for (const SequenceStep& s : batch) {
     if (s.tokens.size() != 1 || s.return_logits || !s.sampling.has_value() ||
         s.sampling->temperature > 0.0f || s.sampling->num_logprobs != 0 || s.fill_allowed_tokens) {
@@ -311,6 +335,7 @@ std::optional<absl::StatusOr<StepOutput>> DecodeGraphRunner::Run(
     for (int64_t b = 0; b < needed; ++b) {
       if (s.block_table[b] < 0 || s.block_table[b] >= cache->num_blocks()) return std::nullopt;
     }
+    longest = std::max(longest, needed);
   }
   const int64_t bucket = *std::lower_bound(buckets_.begin(), buckets_.end(), n);
   // The context class: the backend's attention may pick its kernel by the longest context, which
@@ -322,7 +347,11 @@ std::optional<absl::StatusOr<StepOutput>> DecodeGraphRunner::Run(
   const GraphKey key(bucket, context_class | (num_adjustments > 0 ? 2 : 0));
   if (failed_.count(key)) return std::nullopt;
   if (num_adjustments > std::numeric_limits<int32_t>::max()) return std::nullopt;
-  if (!BindCache(cache, max_blocks)) return std::nullopt;  // full: try again with the next step
+  if (!BindCache(cache)) return std::nullopt;  // full: try again with the next step
+  FitTables(longest, max_blocks);
+  absl::StatusOr<bool> prepared = PrepareModel(batch, bucket, cache);
+  if (!prepared.ok()) return absl::StatusOr<StepOutput>(prepared.status());
+  if (!*prepared) return std::nullopt;
 
   std::unique_ptr<Graph>& slot = graphs_[key];
   if (slot != nullptr && num_adjustments > slot->adjustment_capacity) {

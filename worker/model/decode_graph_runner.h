@@ -16,6 +16,9 @@
 // The runner owns the padding and the fixed device addresses: per bucket, the inputs
 // (ids | positions | slots | token_seq | context_len [bucket each] | counted rows [1] |
 // block tables [bucket, max_blocks]) and outputs (token int32 | logprob float [bucket each]).
+// max_blocks, the tables' width, is what the batches have needed so far rounded up to a power
+// of two: a batch that needs more doubles it and records the graphs again. A model may upload
+// inputs of its own per step (DecodeGraphModel::prepare) into buffers it keeps per bucket.
 // Padding rows decode token 0 at position 0 of a cache block the runner keeps for them, seeing
 // only themselves. The model's part is one device-only forward over those inputs
 // (DecodeGraphModel::forward), run eagerly on first use (which also loads every kernel), then
@@ -87,6 +90,13 @@ struct DecodeGraphModel {
   std::function<absl::Status(const DecodeGraphInputs& in)> forward;
   // Whether the path applies at all now (null: always).
   std::function<bool()> available;
+  // Optional: the model's own inputs of a step, made on the host once the batch qualifies and
+  // before `forward` runs or is replayed (e.g. index arrays uploaded into a buffer the forward
+  // reads at a fixed address per bucket; the upload is ordered after the previous step's ops).
+  // false: the batch takes the general path (nothing changed); an error is the step's.
+  std::function<absl::StatusOr<bool>(const std::vector<SequenceStep>& batch, int64_t bucket,
+                                     KvBlockPool* cache)>
+      prepare;
   // The backend's context break for a bucket (0: one graph per bucket; null: 0).
   std::function<int32_t(int64_t bucket)> context_break;
   int64_t vocab_size = 0;
@@ -137,11 +147,17 @@ class DecodeGraphRunner {
   // 1 above), bit 1 set for graphs that apply logit adjustments.
   using GraphKey = std::pair<int64_t, int32_t>;
   DecodeGraphInputs InputsOf(const Graph& g) const;
-  // The graphs' fixed block-table width: the longest sequence the cache (and the model) allows.
+  // The longest block table the cache (and the model) allows.
   int32_t MaxBlocks(const KvBlockPool& cache) const;
   // Makes the graphs' addresses those of `cache` (dropping graphs of another one) and takes the
   // padding block; false when the cache has no free block.
-  bool BindCache(KvBlockPool* cache, int32_t max_blocks);
+  bool BindCache(KvBlockPool* cache);
+  // Makes the tables at least `needed` blocks wide: the width so far, doubled from
+  // kMinTableBlocks until it holds them, at most `limit`; a new width drops the graphs.
+  void FitTables(int64_t needed, int32_t limit);
+  // DecodeGraphModel::prepare where the model has it (true without).
+  absl::StatusOr<bool> PrepareModel(const std::vector<SequenceStep>& batch, int64_t bucket,
+                                    KvBlockPool* cache);
   // A graph's buffers for `key`, with room for num_adjustments logit adjustments.
   std::unique_ptr<Graph> NewGraph(const GraphKey& key, int64_t num_adjustments);
   // The batch's rows (then padding) into g's inputs, uploaded.
@@ -163,7 +179,8 @@ class DecodeGraphRunner {
   uint64_t cache_id_ = 0;
   KvBlockPool* cache_ = nullptr;
   int32_t padding_block_ = -1;
-  int32_t max_blocks_ = 0;  // fixed block-table width of the graphs
+  int32_t max_blocks_ = 0;  // fixed block-table width of the graphs (0: none yet)
+  static constexpr int64_t kMinTableBlocks = 16;
   int64_t steps_ = 0;
   int64_t graphs_recorded_ = 0;
 };

@@ -23,6 +23,22 @@ void Collapse(int64_t hc, int64_t hidden, const float* weights, const float* str
   }
 }
 
+// Row i of the stream of block-table row `seq`: a pointer into the stream where the row lies in
+// one block, else the row gathered into tmp (dim floats).
+const float* PagedRow(const V4PagedRows& s, int64_t dim, int64_t seq, int64_t i, float* tmp) {
+  const int32_t* table = s.block_tables + seq * s.table_stride;
+  const int64_t P = s.block_floats, first = i * dim;
+  if (first / P == (first + dim - 1) / P) {
+    return s.data + int64_t{table[first / P]} * P + first % P;
+  }
+  for (int64_t d = 0; d < dim;) {
+    const int64_t e = first + d, run = std::min(dim - d, P - e % P);
+    std::copy_n(s.data + int64_t{table[e / P]} * P + e % P, run, tmp + d);
+    d += run;
+  }
+  return tmp;
+}
+
 }  // namespace
 
 void CpuV4Ops::HcMix(const HcMixArgs& a) {
@@ -150,25 +166,37 @@ void CpuV4Ops::CompressWindows(const CompressWindowsArgs& a) {
 void CpuV4Ops::SinkAttention(const SinkAttentionArgs& a) {
   const int64_t D = a.dim;
   pool_->ParallelFor(a.tokens * a.heads, 1, [&](int64_t b, int64_t e) {
-    std::vector<int64_t> rows;
-    std::vector<float> logits;
+    std::vector<const float*> window;
+    std::vector<int64_t> extra;  // stream rows
+    std::vector<float> logits, tmp(D);
     for (int64_t th = b; th < e; ++th) {
       const int64_t t = th / a.heads, h = th % a.heads;
-      rows.clear();
-      for (int32_t i = 0; i < a.window_len[t]; ++i) rows.push_back(a.window_begin[t] + i);
-      if (a.selected != nullptr) {
-        const int32_t* sel = a.selected + t * a.selected_stride;
-        for (int64_t i = 0; i < a.selected_stride && sel[i] >= 0; ++i) {
-          rows.push_back(a.extra_begin[t] + sel[i]);
-        }
-      } else if (a.extra_len != nullptr) {
-        for (int32_t i = 0; i < a.extra_len[t]; ++i) rows.push_back(a.extra_begin[t] + i);
+      window.clear();
+      extra.clear();
+      const int64_t pos = a.positions[t];
+      for (int64_t p = pos - a.window_len[t] + 1; p <= pos; ++p) {
+        window.push_back(p >= a.step_start[t]
+                             ? a.kv + (t - (pos - p)) * D
+                             : a.ring + a.ring_slot[t] * a.ring_stride + (p % a.ring_rows) * D);
       }
+      if (a.entries.data != nullptr && a.selected != nullptr) {
+        const int32_t* sel = a.selected + t * a.selected_stride;
+        for (int64_t i = 0; i < a.selected_stride && sel[i] >= 0; ++i) extra.push_back(sel[i]);
+      } else if (a.entries.data != nullptr && a.extra_len != nullptr) {
+        for (int32_t i = 0; i < a.extra_len[t]; ++i) extra.push_back(i);
+      }
+      const int64_t seq = a.entries.data != nullptr ? a.entries.token_seq[t] : 0;
+      auto row = [&](size_t r) {
+        return r < window.size()
+                   ? window[r]
+                   : PagedRow(a.entries, D, seq, extra[r - window.size()], tmp.data());
+      };
+      const size_t rows = window.size() + extra.size();
       const float* q = a.q + th * D;
-      logits.resize(rows.size());
+      logits.resize(rows);
       float mx = a.sinks[h];
-      for (size_t r = 0; r < rows.size(); ++r) {
-        const float* k = a.kv + rows[r] * D;
+      for (size_t r = 0; r < rows; ++r) {
+        const float* k = row(r);
         float dot = 0.0f;
         for (int64_t d = 0; d < D; ++d) dot += q[d] * k[d];
         logits[r] = dot * a.scale;
@@ -181,9 +209,9 @@ void CpuV4Ops::SinkAttention(const SinkAttentionArgs& a) {
       }
       float* out = a.out + th * D;
       std::fill(out, out + D, 0.0f);
-      for (size_t r = 0; r < rows.size(); ++r) {
+      for (size_t r = 0; r < rows; ++r) {
         const float p = logits[r] / sum;
-        const float* v = a.kv + rows[r] * D;
+        const float* v = row(r);
         for (int64_t d = 0; d < D; ++d) out[d] += p * v[d];
       }
     }
@@ -196,13 +224,14 @@ void CpuV4Ops::IndexerTopK(const IndexerTopKArgs& a) {
     using Elem = std::pair<double, int64_t>;  // torch's queue: (accumulate-type value, index)
     std::vector<Elem> queue;
     std::vector<int32_t> chosen;
+    std::vector<float> tmp(D);
     for (int64_t t = b; t < e; ++t) {
       const int32_t n = a.candidates[t];
       queue.resize(n);
       for (int32_t i = 0; i < n; ++i) {
         float s = -std::numeric_limits<float>::infinity();
         if (i < a.visible[t]) {
-          const float* k = a.keys + static_cast<int64_t>(a.key_begin[t] + i) * D;
+          const float* k = PagedRow(a.keys, D, a.keys.token_seq[t], i, tmp.data());
           s = 0.0f;
           for (int64_t h = 0; h < NH; ++h) {
             const float* q = a.q + (t * NH + h) * D;
@@ -276,6 +305,17 @@ void CpuV4Ops::Route(const V4RouteArgs& a) {
         a.topk_ids[r * K + k] = picked[k].first;
         a.topk_weights[r * K + k] = picked[k].second;
       }
+    }
+  });
+}
+
+void CpuV4Ops::CopyRows(const CopyRowsArgs& a) {
+  pool_->ParallelFor(a.rows, 64, [&](int64_t b, int64_t e) {
+    for (int64_t r = b; r < e; ++r) {
+      const int64_t dst = a.dst_offsets != nullptr ? a.dst_offsets[r] : r * a.width;
+      if (dst < 0) continue;
+      const int64_t src = a.src_offsets != nullptr ? a.src_offsets[r] : r * a.width;
+      std::copy(a.src + src, a.src + src + a.width, a.dst + dst);
     }
   });
 }

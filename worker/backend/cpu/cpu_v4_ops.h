@@ -22,6 +22,7 @@ class CpuV4Ops : public V4Ops {
   void SinkAttention(const SinkAttentionArgs& args) override;
   void IndexerTopK(const IndexerTopKArgs& args) override;
   void Route(const V4RouteArgs& args) override;
+  void CopyRows(const CopyRowsArgs& args) override;
   void SwiGluClamped(int64_t rows, int64_t inter, const float* x, float limit, float* out) override;
 
  private:

@@ -27,9 +27,12 @@ TEST(CpuV4OpsTest, SwiGluClampsGateAboveAndUpBothWays) {
 TEST(CpuV4OpsTest, SinkAttentionTakesTheSinkIntoTheSoftmax) {
   ThreadPool pool(1);
   CpuV4Ops ops(&pool);
-  // One query, one head of dim 2, keys (1, 0) and (0, 1); window = key 0, entries = key 1.
-  const std::vector<float> q = {2.0f, 1.0f}, kv = {1.0f, 0.0f, 0.0f, 1.0f}, sinks = {0.5f};
-  const std::vector<int32_t> wb = {0}, wl = {1}, eb = {1}, el = {1};
+  // One query, one head of dim 2 at position 0: its window is its own key (1, 0); one compressed
+  // entry (0, 1) in block 3 of a stream of 2-float blocks.
+  const std::vector<float> q = {2.0f, 1.0f}, kv = {1.0f, 0.0f}, sinks = {0.5f};
+  const std::vector<float> stream = {9, 9, 9, 9, 9, 9, 0.0f, 1.0f};
+  const std::vector<int32_t> pos = {0}, wl = {1}, start = {0}, slot = {0}, table = {3}, seq = {0},
+                             el = {1};
   std::vector<float> out(2);
   SinkAttentionArgs a;
   a.tokens = 1;
@@ -37,9 +40,11 @@ TEST(CpuV4OpsTest, SinkAttentionTakesTheSinkIntoTheSoftmax) {
   a.dim = 2;
   a.q = q.data();
   a.kv = kv.data();
-  a.window_begin = wb.data();
+  a.positions = pos.data();
   a.window_len = wl.data();
-  a.extra_begin = eb.data();
+  a.step_start = start.data();
+  a.ring_slot = slot.data();
+  a.entries = {stream.data(), 2, table.data(), 1, seq.data()};
   a.extra_len = el.data();
   a.sinks = sinks.data();
   a.scale = 1.0f;
@@ -57,13 +62,57 @@ TEST(CpuV4OpsTest, SinkAttentionTakesTheSinkIntoTheSoftmax) {
   EXPECT_EQ(out[1], 0.0f);
 }
 
+// The keys come from where the cache keeps them: window positions before the step from the
+// ring (row p % ring_rows of the query's slot), the step's from kv, and a compressed entry
+// spread over two blocks (block_floats 1 < dim 2) gathered through the block table.
+TEST(CpuV4OpsTest, SinkAttentionReadsTheRingTheStepAndPagedEntries) {
+  ThreadPool pool(1);
+  CpuV4Ops ops(&pool);
+  // Two queries of one sequence at positions 5 and 6, window 3: query 1 (position 6) sees
+  // position 4 (ring slot 1, row 4 % 3 = 1), 5 (kv row 0) and 6 (kv row 1). Query 0 sees
+  // positions 3, 4 (ring) and 5 (kv row 0).
+  const std::vector<float> q = {0.0f, 0.0f, 0.0f, 0.0f};  // equal logits: plain averages
+  const std::vector<float> kv = {5.0f, 50.0f, 6.0f, 60.0f};
+  const std::vector<float> ring = {0,    0,     0,    0,     0, 0,   // slot 0, unused
+                                   3.0f, 30.0f, 4.0f, 40.0f, 0, 0};  // slot 1: positions 3, 4
+  const std::vector<int32_t> pos = {5, 6}, wl = {3, 3}, start = {5, 5}, slot = {1, 1};
+  // Entry 0 of the stream: element 0 in block 2, element 1 in block 0.
+  const std::vector<float> stream = {100.0f, 0.0f, 7.0f};
+  const std::vector<int32_t> table = {2, 0}, seq = {0, 0}, el = {0, 1};
+  const std::vector<float> sinks = {-1e30f};  // no sink weight
+  std::vector<float> out(4);
+  SinkAttentionArgs a;
+  a.tokens = 2;
+  a.heads = 1;
+  a.dim = 2;
+  a.q = q.data();
+  a.kv = kv.data();
+  a.positions = pos.data();
+  a.window_len = wl.data();
+  a.step_start = start.data();
+  a.ring = ring.data();
+  a.ring_rows = 3;
+  a.ring_stride = 6;
+  a.ring_slot = slot.data();
+  a.entries = {stream.data(), 1, table.data(), 2, seq.data()};
+  a.extra_len = el.data();
+  a.sinks = sinks.data();
+  a.out = out.data();
+  ops.SinkAttention(a);
+  EXPECT_FLOAT_EQ(out[0], (3.0f + 4.0f + 5.0f) / 3);
+  EXPECT_FLOAT_EQ(out[1], (30.0f + 40.0f + 50.0f) / 3);
+  EXPECT_FLOAT_EQ(out[2], (4.0f + 5.0f + 6.0f + 7.0f) / 4);
+  EXPECT_FLOAT_EQ(out[3], (40.0f + 50.0f + 60.0f + 100.0f) / 4);
+}
+
 TEST(CpuV4OpsTest, IndexerKeepsTheBestVisibleAscending) {
   ThreadPool pool(1);
   CpuV4Ops ops(&pool);
   // One head of dim 1, q = 1, weight 1: key i scores relu(key i). Keys 3, 5, -1, 9 (the last
-  // not visible), top 2 -> entries 0 and 1 (scores 3 and 5), listed ascending.
-  const std::vector<float> q = {1.0f}, w = {1.0f}, keys = {3.0f, 5.0f, -1.0f, 9.0f};
-  const std::vector<int32_t> begin = {0}, cand = {4}, vis = {3};
+  // not visible), paged two per block in blocks 1 and 0; top 2 -> entries 0 and 1 (scores 3 and
+  // 5), listed ascending.
+  const std::vector<float> q = {1.0f}, w = {1.0f}, keys = {-1.0f, 9.0f, 3.0f, 5.0f};
+  const std::vector<int32_t> table = {1, 0}, seq = {0}, cand = {4}, vis = {3};
   std::vector<int32_t> sel(3, 7);
   IndexerTopKArgs a;
   a.tokens = 1;
@@ -72,10 +121,10 @@ TEST(CpuV4OpsTest, IndexerKeepsTheBestVisibleAscending) {
   a.topk = 3;
   a.q = q.data();
   a.weights = w.data();
-  a.keys = keys.data();
-  a.key_begin = begin.data();
+  a.keys = {keys.data(), 2, table.data(), 2, seq.data()};
   a.candidates = cand.data();
   a.visible = vis.data();
+  a.max_candidates = 4;
   a.selected = sel.data();
   ops.IndexerTopK(a);
   // Top 3 of (3, 5, 0, -inf): entries 1, 0, 2, all visible.
@@ -89,6 +138,19 @@ TEST(CpuV4OpsTest, IndexerKeepsTheBestVisibleAscending) {
   ops.IndexerTopK(a);
   EXPECT_EQ(sel[0], 0);
   EXPECT_EQ(sel[1], -1);
+}
+
+TEST(CpuV4OpsTest, CopyRowsMovesListedRowsAndSkipsNegativeDestinations) {
+  ThreadPool pool(1);
+  CpuV4Ops ops(&pool);
+  const std::vector<float> src = {1, 2, 3, 4, 5, 6};
+  std::vector<float> dst(8, 0.0f);
+  const std::vector<int64_t> from = {4, 0, 2}, to = {1, -1, 5};
+  ops.CopyRows({3, 2, src.data(), from.data(), dst.data(), to.data()});
+  EXPECT_EQ(dst, (std::vector<float>{0, 5, 6, 0, 0, 3, 4, 0}));
+  // Null offsets: row r at r * width.
+  ops.CopyRows({2, 2, src.data(), nullptr, dst.data(), to.data()});
+  EXPECT_EQ(dst, (std::vector<float>{0, 1, 2, 0, 0, 3, 4, 0}));
 }
 
 TEST(CpuV4OpsTest, RoutesByHashTableOrTopKAndRenormalises) {

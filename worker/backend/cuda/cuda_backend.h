@@ -198,6 +198,8 @@ class CudaBackend : public Backend {
   // copy the group sizes back (rows aligned to 4 per expert) and run W8A8 where cuBLASLt takes
   // it (ExpertGemmsFp8W8A8: one quantisation for all rows, one GEMM per busy expert, SiluMulF32
   // once), else each expert's rows through Gemm's FP8 paths.
+  // args.swiglu_limit (V4's clamp) in every SiLU-mul of the bf16 / fp32 paths; FP8 experts with
+  // a clamp are refused (false).
   bool RoutedExperts(const RoutedExpertsArgs& args) override;
   // Taken for bf16 weights, tokens whose decode algorithm is kGroupedF32 (DecodeMoeAlgoFor),
   // shared_inter a positive multiple of inter, and the size DecodeMoeFusedFor allows:
@@ -430,6 +432,9 @@ class CudaBackend : public Backend {
   // the act workspace from scratch.
   // RoutedAndSharedExperts and NormedDenseMlp (no routed experts) launch through it.
   void LaunchMoeDecodeFused(kernels::MoeDecodeFusedParams p);
+  // The fp32 SiLU-mul of the expert paths: kernels::SiluMulF32, or with limit > 0 V4's clamped
+  // form (kernels::SwiGluClampedF32).
+  void SiluMulF32Rows(int64_t rows, int64_t inter, const float* x, float limit, float* out);
   // GemmOnCublas's product (bf16 a and w) through lt_tuner_ where gemm_autotune applies (c
   // fp32, or bf16 with c_bf16); false: not taken, nothing launched.
   bool GemmOnCublasLt(int64_t m, int64_t n, int64_t k, const void* a, int64_t lda, WeightView w,

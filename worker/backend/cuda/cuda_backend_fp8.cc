@@ -329,7 +329,8 @@ bool CudaBackend::RoutedExpertsFp8(const RoutedExpertsArgs& a) {
       a.top_k < 1 || a.hidden_size < 1 || a.hidden_size % 8 != 0 || a.inter < 1 ||
       a.inter % 8 != 0 || a.gate_up_scales == nullptr || a.down_scales == nullptr ||
       a.gate_up_scale_ld < kernels::Fp8ScaleCols(a.hidden_size) ||
-      a.down_scale_ld < kernels::Fp8ScaleCols(a.inter)) {
+      a.down_scale_ld < kernels::Fp8ScaleCols(a.inter) ||
+      a.swiglu_limit > 0.0f) {  // V4's clamp: its experts are never kept FP8
     return false;
   }
   // Prefill sizes outside graph capture: per-expert GEMMs from the group sizes on the host.

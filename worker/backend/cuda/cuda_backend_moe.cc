@@ -21,6 +21,7 @@
 #include "kernels/moe/noaux_tc_router.h"
 #include "kernels/moe/noaux_tc_router_fused.h"
 #include "kernels/norm/rms_norm.h"
+#include "kernels/v4/swiglu_clamped.h"
 #include "worker/backend/cuda/cuda_backend.h"
 #include "worker/backend/cuda/op_timer.h"
 
@@ -242,6 +243,7 @@ bool CudaBackend::RoutedAndSharedExperts(const RoutedExpertsArgs& a) {
   p.shared_gate_up = static_cast<const uint16_t*>(a.shared_gate_up);
   p.shared_down = static_cast<const uint16_t*>(a.shared_down);
   p.out = a.out;
+  p.swiglu_limit = a.swiglu_limit;
   LaunchMoeDecodeFused(p);
   return true;
 }
@@ -284,6 +286,16 @@ bool CudaBackend::NormedDenseMlp(const DenseMlpArgs& a) {
   return true;
 }
 
+void CudaBackend::SiluMulF32Rows(int64_t rows, int64_t inter, const float* x, float limit,
+                                 float* out) {
+  if (limit > 0.0f) {
+    Check(kernels::SwiGluClampedF32(rows, inter, x, limit, out, stream_),
+          "kernels::SwiGluClampedF32");
+  } else {
+    Check(kernels::SiluMulF32(rows, inter, x, out, stream_), "kernels::SiluMulF32");
+  }
+}
+
 CudaBackend::DecodeMoeAlgo CudaBackend::DecodeMoeAlgoFor(int64_t tokens) {
   // Fastest per size (grouped_gemm_bench at 1 and 8 tokens; moe_decode_bench, a whole layer in
   // a CUDA graph, at 64-256 tokens, where the planned chunks beat the streaming kernel by 8 %
@@ -317,8 +329,7 @@ void CudaBackend::ExpertGemmsOnDevice(const RoutedExpertsArgs& a, DecodeMoeAlgo 
     g.y = gate_up->as<float>();
     Check(kernels::GroupedGemmBf16(g, stream_), "kernels::GroupedGemmBf16(gate_up)");
     auto act = AllocateScratch(rows * I * sizeof(float));
-    Check(kernels::SiluMulF32(T * K, I, gate_up->as<float>(), act->as<float>(), stream_),
-          "kernels::SiluMulF32");
+    SiluMulF32Rows(T * K, I, gate_up->as<float>(), a.swiglu_limit, act->as<float>());
     g.n = static_cast<int32_t>(H);
     g.k = static_cast<int32_t>(I);
     g.weights = reinterpret_cast<const uint16_t* const*>(a.down);
@@ -373,7 +384,7 @@ void CudaBackend::ExpertGemmsOnDevice(const RoutedExpertsArgs& a, DecodeMoeAlgo 
   // rows (most of the rows in use: about 12 real rows per 32-row chunk at Moonlight's 128
   // tokens) keep garbage that the down GEMM turns into output rows nobody reads.
   Check(kernels::SiluMulBf16ListedRows(T * K, choice_row, I, gate_up->as<uint16_t>(),
-                                       act->as<uint16_t>(), stream_),
+                                       act->as<uint16_t>(), stream_, a.swiglu_limit),
         "kernels::SiluMulBf16ListedRows");
   CheckBlas(kernels::PlannedExpertGemmsBf16(cublas_, ptrs + 3 * batch, batch,
                                             static_cast<int32_t>(H), static_cast<int32_t>(I), C,
@@ -440,11 +451,10 @@ bool CudaBackend::ExpertGemmsOnCublas(const RoutedExpertsArgs& a, const int32_t*
     const int64_t act_rows = host_plan[2 * E];  // padded total
     if (bf16) {
       Check(kernels::SiluMulBf16(act_rows, I, gate_up_out->as<uint16_t>(), act->as<uint16_t>(),
-                                 stream_),
+                                 stream_, nullptr, a.swiglu_limit),
             "kernels::SiluMulBf16");
     } else {
-      Check(kernels::SiluMulF32(act_rows, I, gate_up_out->as<float>(), act->as<float>(), stream_),
-            "kernels::SiluMulF32");
+      SiluMulF32Rows(act_rows, I, gate_up_out->as<float>(), a.swiglu_limit, act->as<float>());
     }
   }
   g.host_weights = down.data();

@@ -113,6 +113,9 @@ class RoutedExpertsTest : public CudaBackendTest {
 
   // Run records RoutedExperts into a CUDA graph and replays it (Backend::Capture).
   bool captured_ = false;
+  // > 0: DeepSeek-V4's clamped SwiGLU (RoutedExpertsArgs::swiglu_limit), the reference through
+  // V4Ops::SwiGluClamped.
+  float limit_ = 0.0f;
 
   void Run(int64_t T, WeightDType dtype, bool skewed = false) {
     const uint32_t seed = testing::FreshSeed();
@@ -127,7 +130,7 @@ class RoutedExpertsTest : public CudaBackendTest {
                      : resolved == DecodeAlgo::kGroupedF32 ? "grouped fp32-x"
                                                            : "planned cuBLAS")
                  << (skewed ? ", skewed routing" : "") << (captured_ ? ", in a CUDA graph" : "")
-                 << ", seed " << seed);
+                 << (limit_ > 0.0f ? ", clamped SwiGLU" : "") << ", seed " << seed);
     std::mt19937 gen(seed);
     auto x = testing::RandomFloats(T * H, seed);
     auto w = testing::RandomFloats(T * K, seed + 1, 0.5f);
@@ -207,7 +210,11 @@ class RoutedExpertsTest : public CudaBackendTest {
         if (round_gate_up) {
           for (float& v : gu) v = RoundToBf16(v);
         }
-        ref.SiluMul(1, I, gu.data(), act.data());
+        if (limit_ > 0.0f) {
+          ref.v4_ops()->SwiGluClamped(1, I, gu.data(), limit_, act.data());
+        } else {
+          ref.SiluMul(1, I, gu.data(), act.data());
+        }
         ref.Gemm(1, H, I, act.data(), I, ref_dn[e], I, y.data(), H, false);
         if (round_outputs) {
           for (float& v : y) v = RoundToBf16(v);
@@ -229,6 +236,7 @@ class RoutedExpertsTest : public CudaBackendTest {
     auto dout = Poisoned(T * H);
     RoutedExpertsArgs a =
         DeviceArgs(T, x, w, ids, gu_ptr, dn_ptr, dtype, dout->as<float>(), &inputs);
+    a.swiglu_limit = limit_;
     // Half the runs give the host copies of the tables, half let the backend copy them back.
     if (T % 2 == 1) {
       a.gate_up_host = gu_ptr.data();
@@ -295,6 +303,22 @@ TEST_F(RoutedExpertsTest, CublasPathMatchesPerTokenReference) {
   for (int64_t T : {int64_t{1}, int64_t{300}, int64_t{513}, int64_t{4096}}) {
     Run(T, WeightDType::kFloat32);
   }
+}
+
+// DeepSeek-V4's clamped SwiGLU (swiglu_limit 0.7: the gate and up sums here are ~1.4 in
+// magnitude, so many are clamped) on every path: the CUDA-core kernel, the planned chunks
+// (eager and recorded), the chunked cuBLAS GEMMs with bf16 and fp32 weights.
+TEST_F(RoutedExpertsTest, ClampedSwiGluOnEveryPathMatchesPerTokenReference) {
+  limit_ = 0.7f;
+  for (int64_t T : {int64_t{1}, int64_t{2}, int64_t{3}, int64_t{40}, int64_t{128}}) {
+    Run(T, WeightDType::kBFloat16);
+  }
+  captured_ = true;
+  Run(64, WeightDType::kBFloat16);
+  captured_ = false;
+  Run(CudaBackend::kMaxFusedMoeTokens + 1, WeightDType::kBFloat16);
+  Run(300, WeightDType::kFloat32);
+  limit_ = 0.0f;
 }
 
 // Arguments RoutedExperts has no path for are left to the caller's dispatcher.

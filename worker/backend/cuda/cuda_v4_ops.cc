@@ -7,6 +7,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "kernels/v4/compress_windows.h"
+#include "kernels/v4/copy_rows.h"
 #include "kernels/v4/hyper_connection.h"
 #include "kernels/v4/indexer_topk.h"
 #include "kernels/v4/sink_attention.h"
@@ -63,20 +64,7 @@ void CudaV4Ops::CompressWindows(const CompressWindowsArgs& a) {
 void CudaV4Ops::SinkAttention(const SinkAttentionArgs& a) {
   CudaBackend::OpTimer timer(backend_, "V4SinkAttention");
   kernels::SinkAttentionParams p;
-  p.tokens = a.tokens;
-  p.heads = a.heads;
-  p.dim = a.dim;
-  p.q = a.q;
-  p.kv = a.kv;
-  p.window_begin = a.window_begin;
-  p.window_len = a.window_len;
-  p.extra_begin = a.extra_begin;
-  p.extra_len = a.extra_len;
-  p.selected = a.selected;
-  p.selected_stride = a.selected_stride;
-  p.sinks = a.sinks;
-  p.scale = a.scale;
-  p.out = a.out;
+  static_cast<SinkAttentionArgs&>(p) = a;
   // bf16 models take the bf16 tensor-core kernel where it runs (the operands carry bf16's
   // rounding, as the model's weights do); fp32 models the exact one.
   if (backend_->weight_dtype() == WeightDType::kBFloat16 &&
@@ -101,20 +89,7 @@ void CudaV4Ops::SinkAttention(const SinkAttentionArgs& a) {
 void CudaV4Ops::IndexerTopK(const IndexerTopKArgs& a) {
   CudaBackend::OpTimer timer(backend_, "V4IndexerTopK");
   kernels::IndexerTopKParams p;
-  p.tokens = a.tokens;
-  p.heads = a.heads;
-  p.dim = a.dim;
-  p.topk = a.topk;
-  p.q = a.q;
-  p.weights = a.weights;
-  p.weight_scale = a.weight_scale;
-  p.key_scale = a.key_scale;
-  p.keys = a.keys;
-  p.key_begin = a.key_begin;
-  p.candidates = a.candidates;
-  p.visible = a.visible;
-  p.selected = a.selected;
-  p.max_candidates = a.max_candidates;
+  static_cast<IndexerTopKArgs&>(p) = a;
   std::unique_ptr<DeviceBuffer> workspace;
   const size_t bytes = kernels::IndexerTopKWorkspaceBytes(p);
   if (bytes > 0) {
@@ -140,6 +115,14 @@ void CudaV4Ops::Route(const V4RouteArgs& a) {
             "rows ", a.rows, ", experts ", a.experts, ", top_k ", a.top_k,
             a.hash_table != nullptr ? ", hash table" : "",
             a.hash_table != nullptr && a.token_ids == nullptr ? " without token ids" : ""));
+  }
+}
+
+void CudaV4Ops::CopyRows(const CopyRowsArgs& a) {
+  CudaBackend::OpTimer timer(backend_, "V4CopyRows");
+  const cudaError_t err = kernels::CopyRowsF32(a, backend_->stream_);
+  if (err != cudaSuccess) {
+    RecordFailure(err, "kernels::CopyRowsF32", absl::StrCat("rows ", a.rows, ", width ", a.width));
   }
 }
 

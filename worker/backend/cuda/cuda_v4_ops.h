@@ -37,6 +37,8 @@ class CudaV4Ops : public V4Ops {
   void IndexerTopK(const IndexerTopKArgs& args) override;
   // kernels::V4RouteF32.
   void Route(const V4RouteArgs& args) override;
+  // kernels::CopyRowsF32.
+  void CopyRows(const CopyRowsArgs& args) override;
   // kernels::SwiGluClampedF32.
   void SwiGluClamped(int64_t rows, int64_t inter, const float* x, float limit, float* out) override;
 

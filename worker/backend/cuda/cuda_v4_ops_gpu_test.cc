@@ -3,7 +3,8 @@
 // V4-Flash's hyper-connections (hidden 4096, 4 streams), a CSA compressor's windows, the router
 // and the clamped SwiGLU; the same ops recorded in a CUDA graph and replayed on new inputs (no
 // host synchronisation or allocation inside them); the indexer and sink attention at V4-Flash's
-// width; bad arguments reported through status(). Skips itself without a GPU.
+// width over keys in ring slots and paged streams; the row copies; bad arguments reported
+// through status(). Skips itself without a GPU.
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -11,6 +12,7 @@
 #include <numeric>
 #include <random>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "gtest/gtest.h"
@@ -213,26 +215,41 @@ TEST_F(CudaV4OpsTest, RecordedInACudaGraphAndReplayedOnNewInputs) {
 
 // The lightning indexer's selection, then attention over each token's window and its selection
 // (CSA) or every entry (HCA), through both backends' V4 ops at V4-Flash's attention width (64
-// heads x 512). Both attentions read the CPU's selection, so a near-tie the two indexers break
-// differently cannot change what the attention comparison sees (kernels/v4's tests cover ties).
+// heads x 512), everything read where the cache keeps it: three sequences decoding one token
+// each, their window keys in ring slots (the token's own among the step's keys), entries and
+// indexer keys in paged streams with scattered block tables. Both attentions read the CPU's
+// selection, so a near-tie the two indexers break differently cannot change what the attention
+// comparison sees (kernels/v4's tests cover ties).
 TEST_F(CudaV4OpsTest, IndexerAndSinkAttentionMatchCpu) {
   const uint32_t seed = testing::FreshSeed();
   SCOPED_TRACE(::testing::Message() << "seed " << seed);
-  constexpr int64_t T = 3, NH = 64, D = 512, KV = 300, IH = 8, ID = 64, TOPK = 16, CAND = 40;
-  const std::vector<float> q = RandomFloats(T * NH * D, seed), kv = RandomFloats(KV * D, seed + 1);
+  constexpr int64_t T = 3, NH = 64, D = 512, W = 128, IH = 8, ID = 64, TOPK = 16, CAND = 40;
+  constexpr int64_t kEntries = 160, kEntryBlock = 4 * D, kKeyBlock = 4 * ID;
+  constexpr int64_t kEntryBlocks = kEntries * D / kEntryBlock, kKeyBlocks = CAND * ID / kKeyBlock;
+  const std::vector<float> q = RandomFloats(T * NH * D, seed), kv = RandomFloats(T * D, seed + 1);
+  const std::vector<float> ring = RandomFloats(T * W * D, seed + 6);
+  const std::vector<float> entries = RandomFloats(T * kEntryBlocks * kEntryBlock, seed + 7);
   const std::vector<float> sinks = RandomFloats(NH, seed + 2);
   const std::vector<float> iq = RandomFloats(T * IH * ID, seed + 3);
-  const std::vector<float> ikeys = RandomFloats(T * CAND * ID, seed + 4);
+  const std::vector<float> ikeys = RandomFloats(T * kKeyBlocks * kKeyBlock, seed + 4);
   std::vector<float> iw = RandomFloats(T * IH, seed + 5);
   for (float& w : iw) w = std::abs(w) + 0.1f;  // scores >= 0: the top 16 of 30+ are positive
-  std::vector<int32_t> window_begin(T), window_len(T), extra_begin(T, 0), extra_len(T),
-      key_begin(T), candidates(T, CAND), visible(T);
+  std::vector<int32_t> positions(T), window_len(T), step_start(T), slot(T), token_seq(T),
+      extra_len(T), candidates(T, CAND), visible(T), entry_tables, key_tables;
+  std::mt19937 gen(seed + 8);
   for (int64_t t = 0; t < T; ++t) {
-    window_begin[t] = static_cast<int32_t>(200 + 10 * t);
+    positions[t] = static_cast<int32_t>(500 + t);
     window_len[t] = static_cast<int32_t>(64 + t);
+    step_start[t] = positions[t];
+    slot[t] = static_cast<int32_t>(T - 1 - t);
+    token_seq[t] = static_cast<int32_t>(t);
     extra_len[t] = static_cast<int32_t>(100 + 20 * t);
-    key_begin[t] = static_cast<int32_t>(t * CAND);
     visible[t] = static_cast<int32_t>(30 + 5 * t);
+  }
+  for (auto [tables, n] : {std::pair{&entry_tables, kEntryBlocks}, {&key_tables, kKeyBlocks}}) {
+    tables->resize(T * n);
+    std::iota(tables->begin(), tables->end(), 0);
+    std::shuffle(tables->begin(), tables->end(), gen);
   }
   struct Run {
     std::vector<int32_t> selected;
@@ -250,10 +267,12 @@ TEST_F(CudaV4OpsTest, IndexerAndSinkAttentionMatchCpu) {
       b->CopyToDevice(v.data(), v.size() * sizeof(int32_t), buf->data());
       return buf;
     };
-    auto q_d = floats(q), kv_d = floats(kv), sinks_d = floats(sinks), iq_d = floats(iq);
-    auto ikeys_d = floats(ikeys), iw_d = floats(iw);
-    auto wb = ints(window_begin), wl = ints(window_len), eb = ints(extra_begin);
-    auto el = ints(extra_len), kb = ints(key_begin), cand = ints(candidates), vis = ints(visible);
+    auto q_d = floats(q), kv_d = floats(kv), ring_d = floats(ring), entries_d = floats(entries);
+    auto sinks_d = floats(sinks), iq_d = floats(iq), ikeys_d = floats(ikeys), iw_d = floats(iw);
+    auto pos = ints(positions), wl = ints(window_len), start = ints(step_start);
+    auto slots = ints(slot), seqs = ints(token_seq), el = ints(extra_len);
+    auto et = ints(entry_tables), kt = ints(key_tables);
+    auto cand = ints(candidates), vis = ints(visible);
     auto selected = b->Allocate(T * TOPK * sizeof(int32_t));
     IndexerTopKArgs ia;
     ia.tokens = T;
@@ -264,8 +283,7 @@ TEST_F(CudaV4OpsTest, IndexerAndSinkAttentionMatchCpu) {
     ia.weights = iw_d->as<float>();
     ia.weight_scale = 0.35f;
     ia.key_scale = 0.125f;
-    ia.keys = ikeys_d->as<float>();
-    ia.key_begin = kb->as<int32_t>();
+    ia.keys = {ikeys_d->as<float>(), kKeyBlock, kt->as<int32_t>(), kKeyBlocks, seqs->as<int32_t>()};
     ia.candidates = cand->as<int32_t>();
     ia.visible = vis->as<int32_t>();
     ia.selected = selected->as<int32_t>();
@@ -283,9 +301,15 @@ TEST_F(CudaV4OpsTest, IndexerAndSinkAttentionMatchCpu) {
     sa.dim = D;
     sa.q = q_d->as<float>();
     sa.kv = kv_d->as<float>();
-    sa.window_begin = wb->as<int32_t>();
+    sa.positions = pos->as<int32_t>();
     sa.window_len = wl->as<int32_t>();
-    sa.extra_begin = eb->as<int32_t>();
+    sa.step_start = start->as<int32_t>();
+    sa.ring = ring_d->as<float>();
+    sa.ring_rows = W;
+    sa.ring_stride = W * D;
+    sa.ring_slot = slots->as<int32_t>();
+    sa.entries = {entries_d->as<float>(), kEntryBlock, et->as<int32_t>(), kEntryBlocks,
+                  seqs->as<int32_t>()};
     sa.sinks = sinks_d->as<float>();
     sa.scale = 0.0442f;
     sa.out = out->as<float>();
@@ -314,6 +338,37 @@ TEST_F(CudaV4OpsTest, IndexerAndSinkAttentionMatchCpu) {
   };
   EXPECT_TRUE(AllClose(got.csa, want.csa, 2e-2 * magnitude(want.csa), 2e-2)) << "CSA attention";
   EXPECT_TRUE(AllClose(got.hca, want.hca, 2e-2 * magnitude(want.hca), 2e-2)) << "HCA attention";
+}
+
+// CopyRows (the V4 model's cache moves) through both backends: a gather and a scatter with
+// skipped rows; a copy, so the bits must be equal.
+TEST_F(CudaV4OpsTest, CopyRowsMatchesCpu) {
+  const uint32_t seed = testing::FreshSeed();
+  SCOPED_TRACE(::testing::Message() << "seed " << seed);
+  constexpr int64_t kRowsMoved = 50, kWidth = 2048, kSlots = 120;
+  const std::vector<float> src = RandomFloats(kSlots * kWidth, seed);
+  std::vector<int64_t> from(kRowsMoved), to(kRowsMoved);
+  for (int64_t r = 0; r < kRowsMoved; ++r) {
+    from[r] = ((r * 37) % kSlots) * kWidth;
+    to[r] = r % 7 == 3 ? -1 : ((r * 53 + 11) % kSlots) * kWidth;
+  }
+  auto run = [&](Backend* b) {
+    auto s = b->Allocate(src.size() * sizeof(float));
+    b->CopyToDevice(src.data(), src.size() * sizeof(float), s->data());
+    auto d = b->Allocate(src.size() * sizeof(float));  // zeroed
+    auto f = b->Allocate(kRowsMoved * sizeof(int64_t)),
+         t = b->Allocate(kRowsMoved * sizeof(int64_t));
+    b->CopyToDevice(from.data(), kRowsMoved * sizeof(int64_t), f->data());
+    b->CopyToDevice(to.data(), kRowsMoved * sizeof(int64_t), t->data());
+    b->v4_ops()->CopyRows({kRowsMoved, kWidth, s->as<float>(), static_cast<int64_t*>(f->data()),
+                           d->as<float>(), static_cast<int64_t*>(t->data())});
+    std::vector<float> out(src.size());
+    b->CopyToHost(d->data(), out.size() * sizeof(float), out.data());
+    return out;
+  };
+  const std::vector<float> want = run(&cpu_), got = run(gpu_.get());
+  ASSERT_TRUE(gpu_->status().ok()) << gpu_->status();
+  EXPECT_EQ(got, want);
 }
 
 TEST_F(CudaV4OpsTest, BadArgumentsAreReportedWithTheirShape) {

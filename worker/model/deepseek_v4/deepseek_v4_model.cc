@@ -2,6 +2,7 @@
 #include "worker/model/deepseek_v4/deepseek_v4_model.h"
 
 #include <algorithm>
+#include <optional>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -45,15 +46,31 @@ DeepseekV4Model::DeepseekV4Model(const ModelConfig& config, const DeepseekV4Conf
       weights_(std::move(weights)),
       backend_(backend),
       ops_(backend->v4_ops()) {
+  DecodeGraphModel graph_model;
+  graph_model.forward = [this](const DecodeGraphInputs& in) { return DecodeForward(in); };
+  // The device-only step needs the routed experts on the device (else: the dispatcher).
+  graph_model.available = [this] { return moe_->experts_on_device(); };
+  graph_model.prepare = [this](const std::vector<SequenceStep>& batch, int64_t bucket,
+                               KvBlockPool* cache) { return PrepareDecode(batch, bucket, cache); };
+  graph_model.vocab_size = config_.vocab_size;
+  graph_model.max_position_embeddings = config_.max_position_embeddings;
+  graph_model.counted_per_row = v4_.num_experts_per_tok;  // EPLB counts real rows only
+  graphs_ = std::make_unique<DecodeGraphRunner>(backend_, std::move(graph_model));
   const int64_t n = std::max(v4_.hc_mult * v4_.hidden_size, v4_.head_dim);
   const std::vector<float> ones(n, 1.0f);
   ones_ = backend_->Allocate(n * sizeof(float));
   backend_->CopyToDevice(ones.data(), n * sizeof(float), ones_->data());
   attention_ = std::make_unique<V4Attention>(v4_, weights_.get(), backend_, ones_->as<float>());
-  moe_ = std::make_unique<V4Moe>(v4_, weights_.get(), backend_, std::move(dispatcher));
+  moe_ = std::make_unique<V4Moe>(v4_, weights_.get(), backend_, std::move(dispatcher),
+                                 [this] { graphs_->Drop(); });
 }
 
 DeepseekV4Model::~DeepseekV4Model() = default;
+
+void DeepseekV4Model::SetFusedOps(bool on) {
+  fused_ops_ = on;
+  graphs_->Drop();
+}
 
 KvCacheSpec DeepseekV4Model::CacheSpecOf(const DeepseekV4Config& v4) {
   KvCacheSpec spec;
@@ -180,119 +197,102 @@ int64_t DeepseekV4Model::BoundedReplayStart(int64_t kept_end) const {
   return std::max<int64_t>(0, start);
 }
 
-absl::StatusOr<StepOutput> DeepseekV4Model::Step(const std::vector<SequenceStep>& batch,
-                                                 KvBlockPool* cache) {
+absl::Status DeepseekV4Model::CheckCache(const KvBlockPool& cache) const {
   const DeepseekV4Config& c = v4_;
-  const KvBlockPoolOptions& co = cache->options();
-  {
-    const KvCacheSpec want = CacheSpec();
-    bool matches = co.spec.num_layers() == c.num_layers;
-    for (int32_t l = 0; matches && l < c.num_layers; ++l) {
-      const KvCacheGroupSpec& g = cache->LayerGroup(l);
-      const KvCacheGroupSpec* w = nullptr;
-      for (const KvCacheGroupSpec& x : want.groups) {
-        if (std::find(x.layers.begin(), x.layers.end(), l) != x.layers.end()) w = &x;
-      }
-      matches = w != nullptr && g.kind == w->kind && g.head_dim == w->head_dim &&
-                g.window == w->window && g.ratio == w->ratio && g.index_dim == w->index_dim;
+  const KvBlockPoolOptions& co = cache.options();
+  const KvCacheSpec want = CacheSpec();
+  bool matches = co.spec.num_layers() == c.num_layers;
+  for (int32_t l = 0; matches && l < c.num_layers; ++l) {
+    const KvCacheGroupSpec& g = cache.LayerGroup(l);
+    const KvCacheGroupSpec* w = nullptr;
+    for (const KvCacheGroupSpec& x : want.groups) {
+      if (std::find(x.layers.begin(), x.layers.end(), l) != x.layers.end()) w = &x;
     }
-    if (!matches || cache->num_state_slots() == 0) {
-      return absl::InvalidArgumentError(absl::StrCat("DeepseekV4Model::Step: the KV cache (",
-                                                     co.spec.ToString(), ") is not the model's (",
-                                                     want.ToString(), ")"));
-    }
+    matches = w != nullptr && g.kind == w->kind && g.head_dim == w->head_dim &&
+              g.window == w->window && g.ratio == w->ratio && g.index_dim == w->index_dim;
   }
-  V4StepContext ctx;
-  ctx.cache = cache;
-  std::vector<int32_t> ids, positions, neg_positions, out_rows;
-  for (size_t si = 0; si < batch.size(); ++si) {
-    const SequenceStep& s = batch[si];
-    if (s.tokens.empty()) {
-      return absl::InvalidArgumentError(absl::StrCat("sequence ", si, " has no new tokens"));
-    }
-    const int64_t end = s.position_offset + static_cast<int64_t>(s.tokens.size());
-    if (s.position_offset < 0 || s.block_table.empty() ||
-        static_cast<int64_t>(s.block_table.size()) * co.block_size < end) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("sequence ", si, ": block table of ", s.block_table.size(),
-                       " blocks cannot hold ", end, " positions (block size ", co.block_size, ")"));
-    }
-    for (int32_t b : s.block_table) {
-      if (b < 0 || b >= co.num_blocks) {
-        return absl::InvalidArgumentError(absl::StrCat("sequence ", si, ": bad block id ", b));
-      }
-    }
-    if (s.replay_from != 0 || s.kept_end != 0) {
-      const int64_t start = BoundedReplayStart(s.kept_end);
-      if (s.replay_from <= 0 || s.replay_from > start || s.position_offset < s.replay_from) {
-        return absl::InvalidArgumentError(
-            absl::StrCat("sequence ", si, ": a rebuild from position ", s.replay_from,
-                         " at position ", s.position_offset, " with entries kept up to ",
-                         s.kept_end, " (it must start at or before ", start, ", and > 0)"));
-      }
-    }
-    if (absl::Status st = CheckSharedBlocks(s, si, co.block_size); !st.ok()) return st;
-    V4Sequence q;
-    q.replay_from = s.replay_from;
-    q.kept_end = s.kept_end;
-    q.first_row = static_cast<int64_t>(ids.size());
-    q.num_tokens = static_cast<int64_t>(s.tokens.size());
-    q.offset = s.position_offset;
-    q.block_table = &s.block_table;
-    ctx.seqs.push_back(q);
-    for (size_t i = 0; i < s.tokens.size(); ++i) {
-      if (s.tokens[i] < 0 || s.tokens[i] >= c.vocab_size) {
-        return absl::InvalidArgumentError(
-            absl::StrCat("sequence ", si, ": token id ", s.tokens[i], " outside the vocabulary"));
-      }
-      const int64_t pos = s.position_offset + static_cast<int64_t>(i);
-      if (s.all_logits || i + 1 == s.tokens.size()) out_rows.push_back(ids.size());
-      ids.push_back(s.tokens[i]);
-      positions.push_back(static_cast<int32_t>(pos));
-      neg_positions.push_back(-static_cast<int32_t>(pos));
-    }
+  if (!matches || cache.num_state_slots() == 0) {
+    return absl::InvalidArgumentError(absl::StrCat("DeepseekV4Model::Step: the KV cache (",
+                                                   co.spec.ToString(), ") is not the model's (",
+                                                   want.ToString(), ")"));
   }
-  // State slots last, once the batch is known to be well formed.
-  for (size_t si = 0; si < batch.size(); ++si) {
-    const SequenceStep& s = batch[si];
-    bool fresh = false;
-    auto slot = cache->SequenceSlot(s.block_table[s.shared_blocks], &fresh);
-    if (!slot.ok()) return slot.status();
-    // A rebuild's first step binds a fresh slot at replay_from.
-    if (fresh && s.position_offset > s.replay_from) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          "sequence ", si, " continues at position ", s.position_offset,
-          " but the cache holds no state for it (its blocks were freed or never prefilled)"));
-    }
-    ctx.seqs[si].slot = *slot;
-  }
-  const int64_t T = static_cast<int64_t>(ids.size());
-  auto upload_ints = [&](const std::vector<int32_t>& v) {
-    auto buf = backend_->AllocateScratch(std::max<size_t>(1, v.size()) * sizeof(int32_t));
-    if (!v.empty()) backend_->CopyToDevice(v.data(), v.size() * sizeof(int32_t), buf->data());
-    return buf;
-  };
-  auto ids_dev = upload_ints(ids);
-  auto positions_dev = upload_ints(positions);
-  auto neg_dev = upload_ints(neg_positions);
-  ctx.num_tokens = T;
-  ctx.positions = positions_dev->as<int32_t>();
-  ctx.neg_positions = neg_dev->as<int32_t>();
+  return absl::OkStatus();
+}
 
-  const int64_t H = c.hidden_size, hc = c.hc_mult, S = hc * H;
-  const float eps = static_cast<float>(c.rms_norm_eps);
-  // The residual streams: hc copies of each token's embedding, gathered from the table as rows
-  // [T * hc, H] (row t * hc + k: token t's id).
-  auto streams = Floats(T * S), next = Floats(T * S);
-  if (T > 0) {
-    std::vector<int32_t> stream_ids(T * hc);
-    for (int64_t t = 0; t < T; ++t) {
-      std::fill(stream_ids.begin() + t * hc, stream_ids.begin() + (t + 1) * hc, ids[t]);
-    }
-    auto stream_ids_dev = upload_ints(stream_ids);
-    backend_->GatherRows(T * hc, H, weights_->embed->as<float>(), stream_ids_dev->as<int32_t>(),
-                         streams->as<float>());
+absl::Status DeepseekV4Model::CheckSequence(const SequenceStep& s, size_t si,
+                                            const KvBlockPool& cache) const {
+  const KvBlockPoolOptions& co = cache.options();
+  if (s.tokens.empty()) {
+    return absl::InvalidArgumentError(absl::StrCat("sequence ", si, " has no new tokens"));
   }
+  const int64_t end = s.position_offset + static_cast<int64_t>(s.tokens.size());
+  if (s.position_offset < 0 || s.block_table.empty() ||
+      static_cast<int64_t>(s.block_table.size()) * co.block_size < end) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("sequence ", si, ": block table of ", s.block_table.size(),
+                     " blocks cannot hold ", end, " positions (block size ", co.block_size, ")"));
+  }
+  for (int32_t b : s.block_table) {
+    if (b < 0 || b >= co.num_blocks) {
+      return absl::InvalidArgumentError(absl::StrCat("sequence ", si, ": bad block id ", b));
+    }
+  }
+  if (s.replay_from != 0 || s.kept_end != 0) {
+    const int64_t start = BoundedReplayStart(s.kept_end);
+    if (s.replay_from <= 0 || s.replay_from > start || s.position_offset < s.replay_from) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("sequence ", si, ": a rebuild from position ", s.replay_from,
+                       " at position ", s.position_offset, " with entries kept up to ", s.kept_end,
+                       " (it must start at or before ", start, ", and > 0)"));
+    }
+  }
+  if (absl::Status st = CheckSharedBlocks(s, si, co.block_size); !st.ok()) return st;
+  for (int32_t id : s.tokens) {
+    if (id < 0 || id >= v4_.vocab_size) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("sequence ", si, ": token id ", id, " outside the vocabulary"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<int32_t> DeepseekV4Model::BindSlot(const SequenceStep& s, size_t si,
+                                                  KvBlockPool* cache) const {
+  bool fresh = false;
+  auto slot = cache->SequenceSlot(s.block_table[s.shared_blocks], &fresh);
+  if (!slot.ok()) return slot.status();
+  // A rebuild's first step binds a fresh slot at replay_from.
+  if (fresh && s.position_offset > s.replay_from) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "sequence ", si, " continues at position ", s.position_offset,
+        " but the cache holds no state for it (its blocks were freed or never prefilled)"));
+  }
+  return slot;
+}
+
+std::unique_ptr<DeviceBuffer> DeepseekV4Model::Embed(const V4StepPlan& plan, const int32_t* ids) {
+  const int64_t T = plan.tokens(), H = v4_.hidden_size, hc = v4_.hc_mult;
+  auto streams = Floats(T * hc * H);
+  if (T == 0) return streams;
+  // Row t * hc + k of the streams (as [T * hc, H]) is embedding row ids[t]: each token's row
+  // gathered once, then copied hc times.
+  auto rows = Floats(T * H);
+  backend_->GatherRows(T, H, weights_->embed->as<float>(), ids, rows->as<float>());
+  backend_->GatherRows(T * hc, H, rows->as<float>(), plan.stream_rows(), streams->as<float>());
+  return streams;
+}
+
+absl::Status DeepseekV4Model::Layers(const V4StepContext& ctx, const int32_t* ids,
+                                     const int32_t* counted, bool device_only,
+                                     std::unique_ptr<DeviceBuffer>* streams,
+                                     std::unique_ptr<DeviceBuffer>* next) {
+  const DeepseekV4Config& c = v4_;
+  const int64_t T = ctx.plan->tokens(), H = c.hidden_size, hc = c.hc_mult;
+  const float eps = static_cast<float>(c.rms_norm_eps);
+  V4Moe::Mode moe_mode;
+  moe_mode.fused = fused_ops_;
+  moe_mode.device_only = device_only;
+  moe_mode.counted = counted;
   auto post = Floats(T * hc), comb = Floats(T * hc * hc), collapsed = Floats(T * H);
   auto h = Floats(T * H), y = Floats(T * H);
   for (int64_t l = 0; l < c.num_layers; ++l) {
@@ -305,7 +305,7 @@ absl::StatusOr<StepOutput> DeepseekV4Model::Step(const std::vector<SequenceStep>
     ex.post = post->as<float>();
     ex.comb = comb->as<float>();
     if (T > 0) {
-      Mix(T, L.attn_hc, streams->as<float>(), post->as<float>(), comb->as<float>(),
+      Mix(T, L.attn_hc, (*streams)->as<float>(), post->as<float>(), comb->as<float>(),
           collapsed->as<float>());
       backend_->RmsNorm(T, H, collapsed->as<float>(), H, L.input_norm->as<float>(), eps,
                         h->as<float>(), H);
@@ -314,57 +314,203 @@ absl::StatusOr<StepOutput> DeepseekV4Model::Step(const std::vector<SequenceStep>
       return st;
     }
     if (T > 0) {
-      ex.streams_in = streams->as<float>();
-      ex.streams_out = next->as<float>();
+      ex.streams_in = (*streams)->as<float>();
+      ex.streams_out = (*next)->as<float>();
       ops_->HcExpand(ex);
-      std::swap(streams, next);
-      Mix(T, L.ffn_hc, streams->as<float>(), post->as<float>(), comb->as<float>(),
+      std::swap(*streams, *next);
+      Mix(T, L.ffn_hc, (*streams)->as<float>(), post->as<float>(), comb->as<float>(),
           collapsed->as<float>());
       backend_->RmsNorm(T, H, collapsed->as<float>(), H, L.post_attention_norm->as<float>(), eps,
                         h->as<float>(), H);
     }
-    if (absl::Status st =
-            moe_->Forward(l, T, h->as<float>(), ids_dev->as<int32_t>(), y->as<float>());
+    if (absl::Status st = moe_->Forward(l, T, h->as<float>(), ids, y->as<float>(), moe_mode);
         !st.ok()) {
       return st;
     }
     if (T > 0) {
-      ex.streams_in = streams->as<float>();
-      ex.streams_out = next->as<float>();
+      ex.streams_in = (*streams)->as<float>();
+      ex.streams_out = (*next)->as<float>();
       ops_->HcExpand(ex);
-      std::swap(streams, next);
+      std::swap(*streams, *next);
     }
   }
-  // The rows whose logits are wanted: the streams' collapse, final norm, LM head.
-  const int64_t R = static_cast<int64_t>(out_rows.size());
-  const int64_t V = c.vocab_size;
+  return absl::OkStatus();
+}
+
+std::unique_ptr<DeviceBuffer> DeepseekV4Model::Logits(int64_t R, const float* streams,
+                                                      const int32_t* rows) {
+  const DeepseekV4Config& c = v4_;
+  const int64_t H = c.hidden_size, hc = c.hc_mult, S = hc * H, V = c.vocab_size;
+  const float eps = static_cast<float>(c.rms_norm_eps);
   auto logits = Floats(R * V);
-  if (R > 0) {
-    auto rows_dev = upload_ints(out_rows);
-    auto sel = Floats(R * S);
-    backend_->GatherRows(R, S, streams->as<float>(), rows_dev->as<int32_t>(), sel->as<float>());
-    auto normed = Floats(R * S), mixes = Floats(R * hc), head = Floats(R * H),
-         final_in = Floats(R * H);
-    backend_->RmsNorm(R, S, sel->as<float>(), S, ones_->as<float>(), eps, normed->as<float>(), S);
-    backend_->Gemm(R, hc, S, normed->as<float>(), S, WeightView(weights_->hc_head.fn->as<float>()),
-                   S, mixes->as<float>(), hc, false);
-    HcHeadArgs a;
-    a.rows = R;
-    a.hc = hc;
-    a.hidden = H;
-    a.mixes = mixes->as<float>();
-    a.base = weights_->hc_head.base->as<float>();
-    a.scale = weights_->hc_head.scale->as<float>();
-    a.eps = static_cast<float>(c.hc_eps);
-    a.streams = sel->as<float>();
-    a.out = head->as<float>();
-    ops_->HcHead(a);
-    backend_->RmsNorm(R, H, head->as<float>(), H, weights_->final_norm->as<float>(), eps,
-                      final_in->as<float>(), H);
-    backend_->Gemm(R, V, H, final_in->as<float>(), H, weights_->Matrix(weights_->lm_head), H,
-                   logits->as<float>(), V, false);
+  if (R == 0) return logits;
+  std::unique_ptr<DeviceBuffer> sel;
+  if (rows != nullptr) {
+    sel = Floats(R * S);
+    backend_->GatherRows(R, S, streams, rows, sel->as<float>());
+    streams = sel->as<float>();
   }
-  return SampleOrCopyLogits(backend_, V, batch, logits->as<float>(), R);
+  auto normed = Floats(R * S), mixes = Floats(R * hc), head = Floats(R * H),
+       final_in = Floats(R * H);
+  backend_->RmsNorm(R, S, streams, S, ones_->as<float>(), eps, normed->as<float>(), S);
+  backend_->Gemm(R, hc, S, normed->as<float>(), S, WeightView(weights_->hc_head.fn->as<float>()), S,
+                 mixes->as<float>(), hc, false);
+  HcHeadArgs a;
+  a.rows = R;
+  a.hc = hc;
+  a.hidden = H;
+  a.mixes = mixes->as<float>();
+  a.base = weights_->hc_head.base->as<float>();
+  a.scale = weights_->hc_head.scale->as<float>();
+  a.eps = static_cast<float>(c.hc_eps);
+  a.streams = streams;
+  a.out = head->as<float>();
+  ops_->HcHead(a);
+  backend_->RmsNorm(R, H, head->as<float>(), H, weights_->final_norm->as<float>(), eps,
+                    final_in->as<float>(), H);
+  backend_->Gemm(R, V, H, final_in->as<float>(), H, weights_->Matrix(weights_->lm_head), H,
+                 logits->as<float>(), V, false);
+  return logits;
+}
+
+absl::StatusOr<StepOutput> DeepseekV4Model::Step(const std::vector<SequenceStep>& batch,
+                                                 KvBlockPool* cache) {
+  const DeepseekV4Config& c = v4_;
+  if (absl::Status st = CheckCache(*cache); !st.ok()) return st;
+  if (std::optional<absl::StatusOr<StepOutput>> out = graphs_->Run(batch, cache)) {
+    return *std::move(out);
+  }
+  std::vector<V4Sequence> seqs;
+  std::vector<int32_t> ids, out_rows;
+  for (size_t si = 0; si < batch.size(); ++si) {
+    const SequenceStep& s = batch[si];
+    if (absl::Status st = CheckSequence(s, si, *cache); !st.ok()) return st;
+    V4Sequence q;
+    q.replay_from = s.replay_from;
+    q.kept_end = s.kept_end;
+    q.first_row = static_cast<int64_t>(ids.size());
+    q.num_tokens = static_cast<int64_t>(s.tokens.size());
+    q.offset = s.position_offset;
+    q.block_table = &s.block_table;
+    seqs.push_back(q);
+    for (size_t i = 0; i < s.tokens.size(); ++i) {
+      if (s.all_logits || i + 1 == s.tokens.size()) out_rows.push_back(ids.size());
+      ids.push_back(s.tokens[i]);
+    }
+  }
+  // State slots last, once the batch is known to be well formed.
+  for (size_t si = 0; si < batch.size(); ++si) {
+    auto slot = BindSlot(batch[si], si, cache);
+    if (!slot.ok()) return slot.status();
+    seqs[si].slot = *slot;
+  }
+  const int64_t T = static_cast<int64_t>(ids.size());
+  V4StepPlan::Inputs pin;
+  pin.config = &c;
+  pin.cache = cache;
+  pin.seqs = &seqs;
+  pin.tokens = T;
+  pin.full_forward_ties = full_forward_ties_;
+  auto plan = V4StepPlan::Build(pin, backend_);
+  if (!plan.ok()) return plan.status();
+  auto upload_ints = [&](const std::vector<int32_t>& v) {
+    auto buf = backend_->AllocateScratch(std::max<size_t>(1, v.size()) * sizeof(int32_t));
+    if (!v.empty()) backend_->CopyToDevice(v.data(), v.size() * sizeof(int32_t), buf->data());
+    return buf;
+  };
+  auto ids_dev = upload_ints(ids);
+  V4StepContext ctx;
+  ctx.plan = plan->get();
+  ctx.cache = cache;
+  auto streams = Embed(**plan, ids_dev->as<int32_t>());
+  auto next = Floats(T * c.hc_mult * c.hidden_size);
+  if (absl::Status st = Layers(ctx, ids_dev->as<int32_t>(), nullptr, false, &streams, &next);
+      !st.ok()) {
+    return st;
+  }
+  // The rows whose logits are wanted.
+  const int64_t R = static_cast<int64_t>(out_rows.size());
+  std::unique_ptr<DeviceBuffer> rows_dev = upload_ints(out_rows);
+  auto logits = Logits(R, streams->as<float>(), rows_dev->as<int32_t>());
+  return SampleOrCopyLogits(backend_, c.vocab_size, batch, logits->as<float>(), R);
+}
+
+absl::StatusOr<bool> DeepseekV4Model::PrepareDecode(const std::vector<SequenceStep>& batch,
+                                                    int64_t bucket, KvBlockPool* cache) {
+  // Anything the general path would refuse goes there, which says what is wrong.
+  for (size_t si = 0; si < batch.size(); ++si) {
+    if (!CheckSequence(batch[si], si, *cache).ok()) return false;
+  }
+  std::vector<V4Sequence> seqs(batch.size());
+  for (size_t si = 0; si < batch.size(); ++si) {
+    const SequenceStep& s = batch[si];
+    auto slot = BindSlot(s, si, cache);
+    if (!slot.ok()) return slot.status();
+    V4Sequence& q = seqs[si];
+    q.first_row = static_cast<int64_t>(si);
+    q.num_tokens = 1;
+    q.offset = s.position_offset;
+    q.block_table = &s.block_table;
+    q.slot = *slot;
+    q.replay_from = s.replay_from;
+    q.kept_end = s.kept_end;
+  }
+  // Plans hold the cache's geometry and live as long as the graphs that read them; a new cache
+  // means new graphs (the runner has dropped the old ones).
+  if (plan_cache_id_ != cache->id()) {
+    graph_plans_.clear();
+    plan_cache_id_ = cache->id();
+  }
+  V4StepPlan::Inputs pin;
+  pin.config = &v4_;
+  pin.cache = cache;
+  pin.seqs = &seqs;
+  pin.full_forward_ties = full_forward_ties_;
+  pin.padded_rows = bucket;
+  std::unique_ptr<V4StepPlan>& stored = graph_plans_[bucket];
+  auto plan = V4StepPlan::Build(pin, backend_, stored.get());
+  if (!plan.ok()) return plan.status();
+  stored = std::move(*plan);
+  return true;
+}
+
+absl::Status DeepseekV4Model::DecodeForward(const DecodeGraphInputs& in) {
+  const DeepseekV4Config& c = v4_;
+  auto it = graph_plans_.find(in.rows);
+  if (it == graph_plans_.end()) {
+    return absl::InternalError(
+        absl::StrCat("DeepseekV4Model: no decode plan for bucket ", in.rows));
+  }
+  V4StepPlan& plan = *it->second;
+  plan.set_block_tables(in.token_seq, in.block_tables, in.max_blocks_per_seq);
+  // The indexer's bound holds for every replay: the context class's.
+  for (size_t g = 0; g < plan.num_groups(); ++g) {
+    const KvCacheGroupSpec& spec = in.cache->spec().groups[g];
+    if (spec.ratio > 0) plan.group(g).max_candidates = in.max_context_hint / spec.ratio;
+  }
+  V4StepContext ctx;
+  ctx.plan = &plan;
+  ctx.cache = in.cache;
+  const int64_t B = in.rows, V = c.vocab_size;
+  auto streams = Embed(plan, in.ids);
+  auto next = Floats(B * c.hc_mult * c.hidden_size);
+  if (absl::Status st = Layers(ctx, in.ids, in.counted, true, &streams, &next); !st.ok()) {
+    return st;
+  }
+  // Every row is a sequence's last token.
+  auto logits = Logits(B, streams->as<float>(), nullptr);
+  if (in.adjustment_capacity > 0) {
+    // The pick from an adjusted copy, the logprob from the raw row (as DeviceSampler does).
+    auto adjusted = Floats(B * V);
+    backend_->CopyDeviceToDevice(logits->as<float>(), B * V * sizeof(float), adjusted->as<float>());
+    backend_->AdjustLogits(B, V, adjusted->as<float>(), in.adjustment_capacity, in.adjustments,
+                           in.num_adjustments);
+    backend_->GreedySampleRows(B, V, adjusted->as<float>(), in.out_tokens, in.out_logprobs);
+    backend_->TokenLogprobRows(B, V, logits->as<float>(), in.out_tokens, in.out_logprobs);
+    return absl::OkStatus();
+  }
+  backend_->GreedySampleRows(B, V, logits->as<float>(), in.out_tokens, in.out_logprobs);
+  return absl::OkStatus();
 }
 
 }  // namespace deepinfer

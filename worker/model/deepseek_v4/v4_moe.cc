@@ -9,13 +9,29 @@
 namespace deepinfer {
 
 V4Moe::V4Moe(const DeepseekV4Config& config, DeepseekV4Weights* weights, Backend* backend,
-             std::unique_ptr<ExpertDispatcher> dispatcher)
+             std::unique_ptr<ExpertDispatcher> dispatcher, std::function<void()> drop_graphs)
     : config_(config),
       weights_(weights),
       backend_(backend),
       dispatcher_(std::move(dispatcher)),
+      drop_graphs_(std::move(drop_graphs)),
       expert_counts_(backend->Allocate(
-          std::max<int64_t>(1, config.num_layers * config.n_routed_experts) * sizeof(int64_t))) {}
+          std::max<int64_t>(1, config.num_layers * config.n_routed_experts) * sizeof(int64_t))) {
+  const int64_t K = config_.num_experts_per_tok;
+  distinct_experts_.assign(config_.num_layers, true);
+  for (int64_t l = 0; l < config_.num_layers; ++l) {
+    const auto& table = weights_->layers[l].hash_table;
+    if (table == nullptr) continue;
+    std::vector<int32_t> host(config_.vocab_size * K);
+    backend_->CopyToHost(table->data(), host.size() * sizeof(int32_t), host.data());
+    for (int64_t v = 0; v < config_.vocab_size && distinct_experts_[l]; ++v) {
+      std::vector<int32_t> row(host.begin() + v * K, host.begin() + (v + 1) * K);
+      std::sort(row.begin(), row.end());
+      distinct_experts_[l] = std::adjacent_find(row.begin(), row.end()) == row.end();
+    }
+  }
+  BuildExpertTables();
+}
 
 void V4Moe::Mlp(const MlpWeights& w, int64_t rows, const float* h, float* out, bool accumulate) {
   const int64_t H = config_.hidden_size, I = w.inter;
@@ -28,12 +44,50 @@ void V4Moe::Mlp(const MlpWeights& w, int64_t rows, const float* h, float* out, b
   backend_->Gemm(rows, H, I, act->as<float>(), I, weights_->Matrix(w.down), I, out, H, accumulate);
 }
 
+bool V4Moe::ExpertsOnDevice(int64_t layer, int64_t rows, const float* h, const int32_t* topk_ids,
+                            const float* topk_w, float* out, bool fused) {
+  if (tables_.empty()) return false;
+  const DeepseekV4Config& c = config_;
+  const ExpertTables& t = tables_[layer];
+  const MlpWeights& shared = weights_->moe.layers[layer].shared;
+  RoutedExpertsArgs a;
+  a.num_tokens = static_cast<int32_t>(rows);
+  a.top_k = static_cast<int32_t>(c.num_experts_per_tok);
+  a.num_experts = static_cast<int32_t>(c.n_routed_experts);
+  a.hidden_size = c.hidden_size;
+  a.inter = c.moe_intermediate_size;
+  a.hidden = h;
+  a.topk_ids = topk_ids;
+  a.topk_weights = topk_w;
+  a.slot_of_expert = expert_slots_->as<int32_t>();
+  a.gate_up = static_cast<const void* const*>(t.gate_up->data());
+  a.down = static_cast<const void* const*>(t.down->data());
+  a.gate_up_host = t.gate_up_host.data();
+  a.down_host = t.down_host.data();
+  a.dtype = weights_->moe.matrix_dtype;
+  a.out = out;
+  a.swiglu_limit = static_cast<float>(c.swiglu_limit);
+  a.shared_inter = shared.inter;
+  a.shared_gate_up = weights_->Matrix(shared.gate_up).data;
+  a.shared_down = weights_->Matrix(shared.down).data;
+  // The fused block merges the experts of a batch's tokens, which needs each token's experts
+  // distinct.
+  if (fused && distinct_experts_[layer] && backend_->RoutedAndSharedExperts(a)) return true;
+  if (!backend_->RoutedExperts(a)) return false;
+  // The shared expert after the routed sum, as HF adds them.
+  Mlp(shared, rows, h, out, /*accumulate=*/true);
+  return true;
+}
+
 absl::Status V4Moe::Forward(int64_t layer, int64_t rows, const float* h, const int32_t* ids,
-                            float* out) {
+                            float* out, const Mode& mode) {
   const DeepseekV4Config& c = config_;
   const LayerWeights& L = weights_->moe.layers[layer];
   const int64_t H = c.hidden_size, E = c.n_routed_experts, K = c.num_experts_per_tok;
   const int64_t I = c.moe_intermediate_size;
+  // No rows: nothing to compute, but an expert-parallel dispatcher still takes part in the
+  // ranks' exchange.
+  if (rows == 0 && !tables_.empty()) return absl::OkStatus();
   auto logits = Floats(rows * E);
   backend_->Gemm(rows, E, H, h, H, WeightView(L.router->as<float>()), H, logits->as<float>(), E,
                  false);
@@ -52,11 +106,25 @@ absl::Status V4Moe::Forward(int64_t layer, int64_t rows, const float* h, const i
   r.scaling = static_cast<float>(c.routed_scaling_factor);
   r.topk_ids = topk_ids->as<int32_t>();
   r.topk_weights = topk_w->as<float>();
-  if (rows > 0) {
-    backend_->v4_ops()->Route(r);
-    backend_->AccumulateExpertCounts(rows * K, topk_ids->as<int32_t>(), E, nullptr,
+  if (rows > 0) backend_->v4_ops()->Route(r);
+  // EPLB load statistics, on the device (read back by TakeExpertCounts), once the experts' path
+  // is known: a refused device-only step counts nothing.
+  auto count = [&] {
+    if (rows == 0) return;
+    backend_->AccumulateExpertCounts(rows * K, topk_ids->as<int32_t>(), E, mode.counted,
                                      expert_counts_->as<int64_t>() + layer * E);
+  };
+  if (ExpertsOnDevice(layer, rows, h, topk_ids->as<int32_t>(), topk_w->as<float>(), out,
+                      mode.fused)) {
+    count();
+    return absl::OkStatus();
   }
+  if (mode.device_only) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("the backend cannot run the routed experts of ", rows,
+                     " tokens on the device (Backend::RoutedExperts)"));
+  }
+  count();
   DispatchedTokens d;
   absl::Status st =
       dispatcher_->Dispatch(layer, rows, K, h, topk_ids->as<int32_t>(), topk_w->as<float>(), &d);
@@ -90,6 +158,47 @@ absl::Status V4Moe::Forward(int64_t layer, int64_t rows, const float* h, const i
   // The shared expert after the routed sum, as HF adds them.
   if (rows > 0) Mlp(L.shared, rows, h, out, /*accumulate=*/true);
   return absl::OkStatus();
+}
+
+// One rank with every expert, all in bf16 (fp32 is the parity mode, where the dispatcher keeps
+// one rank bit-identical to expert parallelism): device tables for Backend::RoutedExperts.
+void V4Moe::BuildExpertTables() {
+  if (drop_graphs_) drop_graphs_();  // they hold the tables' addresses
+  tables_.clear();
+  const int64_t E = config_.n_routed_experts;
+  const ModelWeights& mw = weights_->moe;
+  if (dispatcher_ == nullptr || !dispatcher_->single_rank() ||
+      mw.matrix_dtype != WeightDType::kBFloat16 || config_.num_layers == 0 ||
+      static_cast<int64_t>(dispatcher_->local_experts(0).size()) != E) {
+    return;
+  }
+  std::vector<ExpertTables> tables(config_.num_layers);
+  for (int64_t l = 0; l < config_.num_layers; ++l) {
+    const LayerWeights& L = mw.layers[l];
+    std::vector<const void*> gate_up(E), down(E);
+    for (int64_t e = 0; e < E; ++e) {
+      auto it = L.experts.find(e);
+      if (it == L.experts.end() || it->second.gate_up.fp8() || it->second.down.fp8()) return;
+      gate_up[e] = it->second.gate_up->data();
+      down[e] = it->second.down->data();
+    }
+    if (L.shared.gate_up.fp8() || L.shared.down.fp8()) return;
+    tables[l].gate_up = Pointers(gate_up);
+    tables[l].down = Pointers(down);
+    tables[l].gate_up_host = std::move(gate_up);
+    tables[l].down_host = std::move(down);
+  }
+  std::vector<int32_t> slots(E);
+  for (int64_t e = 0; e < E; ++e) slots[e] = static_cast<int32_t>(e);
+  expert_slots_ = backend_->Allocate(E * sizeof(int32_t));
+  backend_->CopyToDevice(slots.data(), E * sizeof(int32_t), expert_slots_->data());
+  tables_ = std::move(tables);
+}
+
+std::unique_ptr<DeviceBuffer> V4Moe::Pointers(const std::vector<const void*>& host) {
+  auto buf = backend_->Allocate(std::max<size_t>(1, host.size()) * sizeof(void*));
+  backend_->CopyToDevice(host.data(), host.size() * sizeof(void*), buf->data());
+  return buf;
 }
 
 std::vector<int64_t> V4Moe::TakeExpertCounts() {
@@ -144,6 +253,7 @@ absl::Status V4Moe::SwitchPlacement(std::shared_ptr<const ExpertPlacement> place
     }
     experts = std::move(kept);
   }
+  BuildExpertTables();
   return absl::OkStatus();
 }
 

@@ -3,11 +3,16 @@
 // chosen scores renormalised x routed_scaling_factor), the routed experts through the
 // ExpertDispatcher (GroupedGemm, SwiGLU clamped at swiglu_limit, GroupedGemm; combined in
 // ascending expert order), then the shared expert (clamped too) added after the routed sum.
-// Keeps the EPLB expert counts and switches placements (MoE layer = layer).
+// Where one rank hosts every expert in bf16, the routed experts (and with fused ops the shared
+// one) run as one device op instead (Backend::RoutedExperts / RoutedAndSharedExperts with
+// RoutedExpertsArgs::swiglu_limit; the routing stays on the device, as V3's MoeBlock): no host
+// synchronisation, so the step can be recorded. Keeps the EPLB expert counts and switches
+// placements (MoE layer = layer).
 #ifndef DEEPINFER_WORKER_MODEL_DEEPSEEK_V4_V4_MOE_H_
 #define DEEPINFER_WORKER_MODEL_DEEPSEEK_V4_V4_MOE_H_
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <vector>
@@ -23,12 +28,23 @@ namespace deepinfer {
 
 class V4Moe {
  public:
+  // `drop_graphs` is called whenever the expert tables (whose addresses recorded decode graphs
+  // hold) change.
   V4Moe(const DeepseekV4Config& config, DeepseekV4Weights* weights, Backend* backend,
-        std::unique_ptr<ExpertDispatcher> dispatcher);
+        std::unique_ptr<ExpertDispatcher> dispatcher, std::function<void()> drop_graphs);
 
+  // How Forward runs the experts.
+  struct Mode {
+    bool fused = true;                 // RoutedAndSharedExperts where the backend takes it
+    bool device_only = false;          // a recorded step: FAILED_PRECONDITION unless on the device
+    const int32_t* counted = nullptr;  // EPLB counts this many (token, expert) pairs (device)
+  };
   // out [rows, H] = the block's output for the normed rows h; ids: the rows' token ids
   // (device), read by hash layers.
-  absl::Status Forward(int64_t layer, int64_t rows, const float* h, const int32_t* ids, float* out);
+  absl::Status Forward(int64_t layer, int64_t rows, const float* h, const int32_t* ids, float* out,
+                       const Mode& mode);
+  // Whether the routed experts run as one device op (the decode graphs need it).
+  bool experts_on_device() const { return !tables_.empty(); }
 
   std::vector<int64_t> TakeExpertCounts();
   std::vector<std::vector<int64_t>> MissingExperts(
@@ -40,6 +56,14 @@ class V4Moe {
  private:
   // out (+)= the clamped SwiGLU MLP w of h.
   void Mlp(const MlpWeights& w, int64_t rows, const float* h, float* out, bool accumulate);
+  // The routed (and shared) experts of `layer` as one device op; false where the backend has
+  // none for them (nothing done).
+  bool ExpertsOnDevice(int64_t layer, int64_t rows, const float* h, const int32_t* topk_ids,
+                       const float* topk_w, float* out, bool fused);
+  // Device tables of every layer's experts for Backend::RoutedExperts (expert e in slot e),
+  // where one rank hosts every expert in bf16; else none. Rebuilt after a placement switch.
+  void BuildExpertTables();
+  std::unique_ptr<DeviceBuffer> Pointers(const std::vector<const void*>& host);
   std::unique_ptr<DeviceBuffer> Floats(int64_t n) {
     return backend_->AllocateScratch(std::max<int64_t>(1, n) * sizeof(float));
   }
@@ -48,7 +72,17 @@ class V4Moe {
   DeepseekV4Weights* weights_;
   Backend* backend_;
   std::unique_ptr<ExpertDispatcher> dispatcher_;
+  const std::function<void()> drop_graphs_;
   std::unique_ptr<DeviceBuffer> expert_counts_;  // int64 [layers, experts]
+  struct ExpertTables {
+    std::unique_ptr<DeviceBuffer> gate_up, down;       // device [E] pointers
+    std::vector<const void*> gate_up_host, down_host;  // the same, on the host
+  };
+  std::unique_ptr<DeviceBuffer> expert_slots_;  // device [E]: slot e holds expert e
+  std::vector<ExpertTables> tables_;            // per layer; empty: not on the device
+  // Per layer: whether a token's experts are distinct (always for learned routing; for a hash
+  // layer, whether its table repeats no expert within a row), which the fused block needs.
+  std::vector<bool> distinct_experts_;
 };
 
 }  // namespace deepinfer
