@@ -69,6 +69,7 @@ TEST(LocalWorkerArgvTest, PassesEveryEngineOptionThenTheExtraArgs) {
   o.kv_cache_dtype = "bfloat16";
   o.prefix_caching = false;
   o.async_scheduling = false;
+  o.batch_invariant = true;
   o.kv_cache_dir = "/kv";
   o.kv_cache_dir_gb = 2.5;
   o.kv_host_cache_gb = 0;
@@ -80,7 +81,7 @@ TEST(LocalWorkerArgvTest, PassesEveryEngineOptionThenTheExtraArgs) {
                   "--model=/m", "--backend=cuda", "--ranks=2", "--worker-id=worker-0",
                   "--auth-token-file=/t", "--dtype=float32", "--cuda-graphs=false",
                   "--cuda-graph-max-batch=64", "--kv-cache-dtype=bfloat16", "--no-prefix-caching",
-                  "--no-async-scheduling", "--kv-cache-dir=/kv", "--kv-cache-dir-gb=2.5",
+                  "--no-async-scheduling", "--batch-invariant", "--kv-cache-dir=/kv", "--kv-cache-dir-gb=2.5",
                   "--kv-host-cache-gb=0", "--kv-cache-tokens=4096", "--communicator=nccl"));
 }
 
