@@ -69,12 +69,14 @@ __device__ __forceinline__ void TcPass(const BatchInvariantGemmParams& p, const 
     const bool ok = ch < chunks;
     uint4 wv[2];
 #pragma unroll
-    for (int half = 0; half < 2; ++half) wv[half] = ok ? __ldg(wr[half] + ch) : make_uint4(0, 0, 0, 0);
+    for (int half = 0; half < 2; ++half)
+      wv[half] = ok ? __ldg(wr[half] + ch) : make_uint4(0, 0, 0, 0);
     unsigned b[NT][4];
 #pragma unroll
     for (int j = 0; j < NT; ++j) {
       if (kBf16A) {
-        const uint4 v = ok ? __ldg(reinterpret_cast<const uint4*>(ar[j]) + ch) : make_uint4(0, 0, 0, 0);
+        const uint4 v =
+            ok ? __ldg(reinterpret_cast<const uint4*>(ar[j]) + ch) : make_uint4(0, 0, 0, 0);
         b[j][0] = v.x, b[j][1] = v.y, b[j][2] = v.z, b[j][3] = v.w;
       } else {
         float4 v0 = make_float4(0, 0, 0, 0), v1 = v0;
@@ -90,8 +92,8 @@ __device__ __forceinline__ void TcPass(const BatchInvariantGemmParams& p, const 
     }
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
-      const unsigned frag[4] = {h ? wv[0].z : wv[0].x, h ? wv[1].z : wv[1].x,
-                                h ? wv[0].w : wv[0].y, h ? wv[1].w : wv[1].y};
+      const unsigned frag[4] = {h ? wv[0].z : wv[0].x, h ? wv[1].z : wv[1].x, h ? wv[0].w : wv[0].y,
+                                h ? wv[1].w : wv[1].y};
 #pragma unroll
       for (int j = 0; j < NT; ++j) MmaBf16(acc[j], frag, b[j][2 * h], b[j][2 * h + 1]);
     }
@@ -112,13 +114,14 @@ __device__ __forceinline__ void TcPass(const BatchInvariantGemmParams& p, const 
 }
 
 template <bool kBf16A>
-__global__ void __launch_bounds__(kTcThreads) BatchInvariantGemmTcKernel(BatchInvariantGemmParams p) {
+__global__ void __launch_bounds__(kTcThreads)
+    BatchInvariantGemmTcKernel(BatchInvariantGemmParams p) {
   const int warp = threadIdx.x / 32;
   const int64_t col0 = int64_t{blockIdx.x} * kTcColumnsPerBlock + warp * kTcColumnsPerWarp;
   if (col0 >= p.n) return;
   const int64_t b = blockIdx.z;
-  const char* a = static_cast<const char*>(p.a) +
-                  b * p.stride_a * (kBf16A ? sizeof(uint16_t) : sizeof(float));
+  const char* a =
+      static_cast<const char*>(p.a) + b * p.stride_a * (kBf16A ? sizeof(uint16_t) : sizeof(float));
   const uint16_t* w = static_cast<const uint16_t*>(p.w) + b * p.stride_w;
   float* c = p.c + b * p.stride_c;
   const int64_t row0 = int64_t{blockIdx.y} * kTcRowsPerBlock;
@@ -148,7 +151,8 @@ constexpr int kWarpThreads = 256;
 
 // One warp per output element (b, i, j), grid-strided.
 template <typename TA, typename TW>
-__global__ void __launch_bounds__(kWarpThreads) BatchInvariantGemmWarpKernel(BatchInvariantGemmParams p) {
+__global__ void __launch_bounds__(kWarpThreads)
+    BatchInvariantGemmWarpKernel(BatchInvariantGemmParams p) {
   const int lane = threadIdx.x % 32;
   const int64_t total = p.batch * p.m * p.n;
   const int64_t warps = int64_t{gridDim.x} * (kWarpThreads / 32);
@@ -188,7 +192,7 @@ bool TcAvailable() {
 }
 
 bool SizesValid(const BatchInvariantGemmParams& p) {
-  return p.m >= 1 && p.n >= 1 && p.k >= 1 && p.batch >= 1 && p.m <= kIntMax && p.n <= kIntMax &&
+  return p.m >= 1 && p.n >= 1 && p.k >= 0 && p.batch >= 1 && p.m <= kIntMax && p.n <= kIntMax &&
          p.k <= kIntMax && p.batch <= 65535 && p.lda >= p.k && p.ldw >= p.k && p.ldc >= p.n &&
          p.a != nullptr && p.w != nullptr && p.c != nullptr &&
          (p.batch == 1 || (p.stride_a >= 0 && p.stride_w >= 0 && p.stride_c >= 0));
@@ -220,8 +224,8 @@ cudaError_t BatchInvariantGemmTc(const BatchInvariantGemmParams& p, cudaStream_t
 cudaError_t BatchInvariantGemmWarp(const BatchInvariantGemmParams& p, cudaStream_t stream) {
   if (!SizesValid(p)) return cudaErrorInvalidValue;
   const int64_t warps = p.batch * p.m * p.n;
-  const int64_t blocks = std::min<int64_t>((warps + kWarpThreads / 32 - 1) / (kWarpThreads / 32),
-                                           int64_t{1} << 20);
+  const int64_t blocks =
+      std::min<int64_t>((warps + kWarpThreads / 32 - 1) / (kWarpThreads / 32), int64_t{1} << 20);
   const dim3 grid(static_cast<unsigned>(blocks));
   if (p.a_bf16 && p.w_bf16) {
     BatchInvariantGemmWarpKernel<uint16_t, uint16_t><<<grid, kWarpThreads, 0, stream>>>(p);

@@ -31,9 +31,10 @@ struct BatchInvariantGemmParams {
   int64_t stride_a = 0, stride_w = 0, stride_c = 0;
 };
 
-// Whether BatchInvariantGemmTc takes p: bf16 w, sizes >= 1 in int range (batch <= 65535), k a
-// multiple of 8, a, w and their row and batch strides 16-byte aligned, ldc >= n, and the device
-// has the kernel (sm_80+ code). A property of the shapes and the layout, never of m alone.
+// Whether BatchInvariantGemmTc takes p: bf16 w, m, n, batch >= 1 and k >= 0 in int range (batch
+// <= 65535; k = 0 writes zeros, or leaves c with accumulate), k a multiple of 8, a, w and their row
+// and batch strides 16-byte aligned, ldc >= n, and the device has the kernel (sm_80+ code). A
+// property of the shapes and the layout, never of m alone.
 bool BatchInvariantGemmTcSupports(const BatchInvariantGemmParams& p);
 
 // bf16 tensor cores (mma.sync m16n8k16, fp32 accumulation): an fp32 a is rounded to bf16 to
@@ -48,7 +49,8 @@ cudaError_t BatchInvariantGemmTc(const BatchInvariantGemmParams& p, cudaStream_t
 // BatchInvariantGemmTc, against fp32 w used as it is): one warp per output element, lane l
 // summing p = l, l + 32, ... in order, then a fixed butterfly across the warp. For fp32 weights
 // (the router gate, the fp32 model) and layouts the tensor-core kernel does not take; slow for
-// large GEMMs. cudaErrorInvalidValue for sizes < 1 or beyond int range, or null pointers.
+// large GEMMs. cudaErrorInvalidValue for m, n, batch < 1 or k < 0, sizes beyond int range, or null
+// pointers.
 cudaError_t BatchInvariantGemmWarp(const BatchInvariantGemmParams& p, cudaStream_t stream);
 
 }  // namespace kernels

@@ -35,8 +35,8 @@ absl::StatusOr<bool> ParseBatchInvariantEnv(const char* value) {
   const absl::string_view v(value);
   if (v == "1" || v == "true") return true;
   if (v.empty() || v == "0" || v == "false") return false;
-  return absl::InvalidArgumentError(absl::StrCat(kBatchInvariantEnv, "='", v,
-                                                 "': expected 1, true, 0 or false"));
+  return absl::InvalidArgumentError(
+      absl::StrCat(kBatchInvariantEnv, "='", v, "': expected 1, true, 0 or false"));
 }
 
 bool KeepsCheckpointFp8(const BackendOptions& options) {

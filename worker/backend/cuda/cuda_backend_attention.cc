@@ -121,7 +121,8 @@ void CudaBackend::NormRopeCacheAbsorbQuery(const NormRopeCacheArgs& nr, const Ab
 }
 
 bool CudaBackend::UsesTensorCoreAttention(const MlaSequenceSpan& s) const {
-  return !tuning_.batch_invariant && weight_dtype_ == WeightDType::kBFloat16 && s.num_tokens >= kMlaPrefillMinTokens &&
+  return !tuning_.batch_invariant && weight_dtype_ == WeightDType::kBFloat16 &&
+         s.num_tokens >= kMlaPrefillMinTokens &&
          static_cast<int64_t>(s.num_tokens) * s.context_len >= kMlaPrefillMinWork;
 }
 
@@ -151,8 +152,8 @@ void CudaBackend::MlaAttention(const MlaAttentionArgs& a) {
   // the splits from the token count), each token's context cut by its own length only.
   if (tuning_.batch_invariant) {
     if (a.sequences != nullptr &&
-        !SpansTileTheBatch("CudaBackend::MlaAttention", a.sequences, a.num_sequences,
-                           a.num_tokens, /*max_context=*/-1)) {
+        !SpansTileTheBatch("CudaBackend::MlaAttention", a.sequences, a.num_sequences, a.num_tokens,
+                           /*max_context=*/-1)) {
       return;
     }
     p.num_splits = kBatchInvariantMlaSplits;
@@ -244,7 +245,9 @@ void CudaBackend::MlaAttention(const MlaAttentionArgs& a) {
 }
 
 bool CudaBackend::MhaPrefillAttention(const MhaPrefillArgs& a) {
-  if (tuning_.batch_invariant || a.kv_b.dtype != WeightDType::kBFloat16 || a.sequences == nullptr) return false;
+  if (tuning_.batch_invariant || a.kv_b.dtype != WeightDType::kBFloat16 || a.sequences == nullptr) {
+    return false;
+  }
   if (!SpansTileTheBatch("CudaBackend::MhaPrefillAttention", a.sequences, a.num_sequences,
                          a.num_tokens,
                          static_cast<int64_t>(a.max_blocks_per_seq) * a.cache.block_size)) {

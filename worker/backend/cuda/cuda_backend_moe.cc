@@ -66,8 +66,8 @@ void CudaBackend::NoauxTcRoute(const NoauxTcRouteArgs& a) {
 
 void CudaBackend::RouteTokens(const RouteTokensArgs& a) {
   const NoauxTcRouteArgs& r = a.route;
-  if (tuning_.batch_invariant || r.num_tokens <= 0 || r.num_tokens > kFusedRouterMaxTokens || r.num_experts <= 0 ||
-      r.num_experts > kernels::kMaxFusedRouterExperts) {
+  if (tuning_.batch_invariant || r.num_tokens <= 0 || r.num_tokens > kFusedRouterMaxTokens ||
+      r.num_experts <= 0 || r.num_experts > kernels::kMaxFusedRouterExperts) {
     Backend::RouteTokens(a);
     return;
   }
@@ -221,7 +221,8 @@ bool CudaBackend::DecodeMoeFusedFor(int64_t tokens, int64_t hidden_size) {
 }
 
 bool CudaBackend::RoutedAndSharedExperts(const RoutedExpertsArgs& a) {
-  if (tuning_.batch_invariant || !DecodeMoeFusedFor(a.num_tokens, a.hidden_size) || a.dtype != WeightDType::kBFloat16 ||
+  if (tuning_.batch_invariant || !DecodeMoeFusedFor(a.num_tokens, a.hidden_size) ||
+      a.dtype != WeightDType::kBFloat16 ||
       DecodeMoeAlgoFor(a.num_tokens) != DecodeMoeAlgo::kGroupedF32 || a.top_k < 1 ||
       a.num_experts < 1 || a.inter <= 0 || a.inter % 8 != 0 || a.hidden_size % 8 != 0 ||
       !FitsInt(a.hidden_size) || !FitsInt(a.inter) || a.shared_inter <= 0 ||
