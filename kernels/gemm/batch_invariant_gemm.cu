@@ -117,14 +117,14 @@ template <bool kBf16A>
 __global__ void __launch_bounds__(kTcThreads)
     BatchInvariantGemmTcKernel(BatchInvariantGemmParams p) {
   const int warp = threadIdx.x / 32;
-  const int64_t col0 = int64_t{blockIdx.x} * kTcColumnsPerBlock + warp * kTcColumnsPerWarp;
+  const int64_t col0 = int64_t{blockIdx.y} * kTcColumnsPerBlock + warp * kTcColumnsPerWarp;
   if (col0 >= p.n) return;
   const int64_t b = blockIdx.z;
   const char* a =
       static_cast<const char*>(p.a) + b * p.stride_a * (kBf16A ? sizeof(uint16_t) : sizeof(float));
   const uint16_t* w = static_cast<const uint16_t*>(p.w) + b * p.stride_w;
   float* c = p.c + b * p.stride_c;
-  const int64_t row0 = int64_t{blockIdx.y} * kTcRowsPerBlock;
+  const int64_t row0 = int64_t{blockIdx.x} * kTcRowsPerBlock;
   const int64_t row_end = min(row0 + kTcRowsPerBlock, p.m);
   const int64_t rows = row_end - row0;
   if (rows > 16) {
@@ -204,14 +204,16 @@ bool BatchInvariantGemmTcSupports(const BatchInvariantGemmParams& p) {
   const int64_t a_size = p.a_bf16 ? 2 : 4;
   return SizesValid(p) && p.w_bf16 && p.k % 8 == 0 && Aligned16(p.a) && Aligned16(p.w) &&
          (p.lda * a_size) % 16 == 0 && (p.ldw * 2) % 16 == 0 && (p.stride_a * a_size) % 16 == 0 &&
-         (p.stride_w * 2) % 16 == 0 && (p.m + kTcRowsPerBlock - 1) / kTcRowsPerBlock <= 65535 &&
-         TcAvailable();
+         (p.stride_w * 2) % 16 == 0 &&
+         (p.n + kTcColumnsPerBlock - 1) / kTcColumnsPerBlock <= 65535 && TcAvailable();
 }
 
 cudaError_t BatchInvariantGemmTc(const BatchInvariantGemmParams& p, cudaStream_t stream) {
   if (!BatchInvariantGemmTcSupports(p)) return cudaErrorInvalidValue;
-  const dim3 grid(static_cast<unsigned>((p.n + kTcColumnsPerBlock - 1) / kTcColumnsPerBlock),
-                  static_cast<unsigned>((p.m + kTcRowsPerBlock - 1) / kTcRowsPerBlock),
+  // x: the row blocks, so that the blocks of one column tile are launched together and all but
+  // the first find its weights in L2 (the weights are read from memory about once at any m).
+  const dim3 grid(static_cast<unsigned>((p.m + kTcRowsPerBlock - 1) / kTcRowsPerBlock),
+                  static_cast<unsigned>((p.n + kTcColumnsPerBlock - 1) / kTcColumnsPerBlock),
                   static_cast<unsigned>(p.batch));
   if (p.a_bf16) {
     BatchInvariantGemmTcKernel<true><<<grid, kTcThreads, 0, stream>>>(p);
