@@ -104,6 +104,8 @@ struct CudaTuning {
   //  * MlaAttention: kernels::MlaAttentionF32 for every token (prefill too) with
   //    kBatchInvariantMlaSplits context splits (no one-launch decode kernel, no tensor-core
   //    prefill).
+  //  * V4 sink attention (CudaV4Ops): kBatchInvariantSinkSplits splits; V4's other kernels
+  //    (indexer, compression, hyper-connections, its router) keep their defaults, not checked.
   // Sampling, norms, rope, permutation and combine already compute each row on its own.
   // Off: the choices by shape described at each op (different bits at different batch sizes).
   bool batch_invariant = false;
@@ -179,6 +181,9 @@ class CudaBackend : public Backend {
   // tokens of 16 heads on the H200 (132 SMs x 2 blocks per SM; 2-3 splits merge inside a
   // thread-block cluster).
   static constexpr int32_t kBatchInvariantMlaSplits = 2;
+  // CudaTuning::batch_invariant: V4 sink attention's splits of each token's rows
+  // (CudaV4Ops::SinkAttention), fixed as kBatchInvariantMlaSplits.
+  static constexpr int32_t kBatchInvariantSinkSplits = 2;
   // While recording a graph with programmatic dependent launch on (kernels/common/pdl.h),
   // scratch allocations of at most kMaxAsideAllocationBytes are captured beside the kernel chain
   // (kernels/common/capture_deps.h), so that a memory node does not sit between two kernels and
