@@ -4,6 +4,7 @@
 // cuda_backend_gemm_test: Gemm (fp32 and bf16 weights, fp32 and bf16 activations, with
 // accumulation and strides, tensor-core and warp kernels) and BatchedGemm (the absorbed-MLA
 // layouts). Skips without a GPU.
+#include <algorithm>
 #include <cstdint>
 #include <cstring>
 #include <iostream>
@@ -118,7 +119,12 @@ TEST_F(BatchInvariantTest, GemmRowsAreTheSameAtEveryBatchSizeAndMatchCpu) {
             .Gemm(kRows, c.n, c.k, a_cpu.data(), c.lda,
                   bf16 ? CpuBf16(w, &keep) : WeightView(w.data()), c.k, want.data(), c.ldc,
                   accumulate);
-        EXPECT_TRUE(AllClose(all, want, bf16 ? 1e-3 : 2e-4, bf16 ? 1e-4 : 1e-5));
+        // Another fp32 summation order over k exact products: the difference grows about as
+        // sqrt(k) times the partial sums (~sqrt(k)), so the absolute bound scales with k / 1024
+        // from cuda_backend_gemm_test's bounds at k <= 1024 (widened for bf16's coarser tensor-core
+        // accumulation).
+        const double scale = std::max(1.0, static_cast<double>(c.k) / 1024.0);
+        EXPECT_TRUE(AllClose(all, want, (bf16 ? 2e-3 : 4e-4) * scale, bf16 ? 1e-4 : 1e-5));
         // The same rows in calls of other sizes, at other places.
         for (const auto& [first, rows] : std::vector<std::pair<int64_t, int64_t>>{
                  {0, 1}, {255, 1}, {77, 1}, {3, 2}, {100, 5}, {8, 33}, {200, 56}, {1, 130}}) {
