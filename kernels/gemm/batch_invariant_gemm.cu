@@ -4,6 +4,8 @@
 // a weight row and of an activation row, the fragment registers filled so that MMA-logical k
 // (2t, 2t+1 | 2t+8, 2t+9) of half h maps to physical 8t + 4h + (0, 1 | 2, 3) inside a 32-wide k
 // step, for A and B alike (a permutation of k inside each MMA, the same for every row).
+// Unlike it, the block's warps split k (a split fixed for every m) for enough blocks and loads
+// in flight at few rows.
 #include <cuda_bf16.h>
 
 #include <algorithm>
@@ -17,10 +19,12 @@ namespace deepinfer {
 namespace kernels {
 namespace {
 
-constexpr int kTcWarps = 4;
+// A block: 16 output columns x up to 32 rows, its 8 warps splitting k (warp w takes the 32-wide k
+// steps w, w + 8, w + 16, ...), their partial sums added in warp order through shared memory.
+// The split is fixed (never chosen by m), so every output has the same sum order at any m.
+constexpr int kTcWarps = 8;
 constexpr int kTcThreads = kTcWarps * 32;
-constexpr int kTcColumnsPerWarp = 16;
-constexpr int kTcColumnsPerBlock = kTcWarps * kTcColumnsPerWarp;
+constexpr int kTcColumnsPerBlock = 16;
 constexpr int kTcRowsPerBlock = 32;  // passes of 8, 16 or 32 rows (NT = 1, 2, 4 row tiles)
 
 __device__ __forceinline__ void MmaBf16(float c[4], const unsigned a[4], unsigned b0, unsigned b1) {
@@ -38,13 +42,15 @@ __device__ __forceinline__ unsigned PackBf16x2(float f0, float f1) {
   return *reinterpret_cast<const unsigned*>(&h);
 }
 
-// One warp: columns [col0, col0 + 16) times rows [row0, row0 + 8 * NT) (rows >= row_end read a
-// clamped valid row and are not stored).
+// The block's columns [col0, col0 + 16) times rows [row0, row0 + 8 * NT) (rows >= row_end read a
+// clamped valid row and are not stored): this warp's k steps into red[warp], then the sum over
+// warps in warp order into c.
 template <int NT, bool kBf16A>
 __device__ __forceinline__ void TcPass(const BatchInvariantGemmParams& p, const char* a,
                                        const uint16_t* w, float* c, int64_t col0, int64_t row0,
-                                       int64_t row_end) {
-  const int lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
+                                       int64_t row_end,
+                                       float (*red)[kTcColumnsPerBlock][kTcRowsPerBlock]) {
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
   const uint4* wr[2];
 #pragma unroll
   for (int half = 0; half < 2; ++half) {
@@ -64,8 +70,10 @@ __device__ __forceinline__ void TcPass(const BatchInvariantGemmParams& p, const 
 #pragma unroll
     for (int i = 0; i < 4; ++i) acc[j][i] = 0.0f;
 
-  const int64_t chunks = p.k / 8;  // 8-value chunks per row; thread t takes chunk 4 * step + t
-  for (int64_t ch = t; ch - t < chunks; ch += 4) {
+  const int64_t chunks = p.k / 8;  // 8-value chunks per row; step s holds chunks 4s .. 4s + 3
+#pragma unroll 2
+  for (int64_t step = warp; 4 * step < chunks; step += kTcWarps) {
+    const int64_t ch = 4 * step + t;  // this thread's chunk
     const bool ok = ch < chunks;
     uint4 wv[2];
 #pragma unroll
@@ -102,23 +110,27 @@ __device__ __forceinline__ void TcPass(const BatchInvariantGemmParams& p, const 
 #pragma unroll
   for (int j = 0; j < NT; ++j) {
 #pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      const int64_t col = col0 + g + (i >= 2 ? 8 : 0);
-      const int64_t row = row0 + j * 8 + 2 * t + (i % 2);
-      if (col < p.n && row < row_end) {
-        float* out = c + row * p.ldc + col;
-        *out = p.accumulate ? *out + acc[j][i] : acc[j][i];
-      }
-    }
+    for (int i = 0; i < 4; ++i)
+      red[warp][g + (i >= 2 ? 8 : 0)][j * 8 + 2 * t + (i % 2)] = acc[j][i];
+  }
+  __syncthreads();
+  for (int e = threadIdx.x; e < kTcColumnsPerBlock * 8 * NT; e += kTcThreads) {
+    const int col_in = e % kTcColumnsPerBlock, row_in = e / kTcColumnsPerBlock;
+    const int64_t col = col0 + col_in, row = row0 + row_in;
+    if (col >= p.n || row >= row_end) continue;
+    float sum = red[0][col_in][row_in];
+#pragma unroll
+    for (int q = 1; q < kTcWarps; ++q) sum += red[q][col_in][row_in];
+    float* out = c + row * p.ldc + col;
+    *out = p.accumulate ? *out + sum : sum;
   }
 }
 
 template <bool kBf16A>
 __global__ void __launch_bounds__(kTcThreads)
     BatchInvariantGemmTcKernel(BatchInvariantGemmParams p) {
-  const int warp = threadIdx.x / 32;
-  const int64_t col0 = int64_t{blockIdx.y} * kTcColumnsPerBlock + warp * kTcColumnsPerWarp;
-  if (col0 >= p.n) return;
+  __shared__ float red[kTcWarps][kTcColumnsPerBlock][kTcRowsPerBlock];
+  const int64_t col0 = int64_t{blockIdx.y} * kTcColumnsPerBlock;
   const int64_t b = blockIdx.z;
   const char* a =
       static_cast<const char*>(p.a) + b * p.stride_a * (kBf16A ? sizeof(uint16_t) : sizeof(float));
@@ -128,11 +140,11 @@ __global__ void __launch_bounds__(kTcThreads)
   const int64_t row_end = min(row0 + kTcRowsPerBlock, p.m);
   const int64_t rows = row_end - row0;
   if (rows > 16) {
-    TcPass<4, kBf16A>(p, a, w, c, col0, row0, row_end);
+    TcPass<4, kBf16A>(p, a, w, c, col0, row0, row_end, red);
   } else if (rows > 8) {
-    TcPass<2, kBf16A>(p, a, w, c, col0, row0, row_end);
+    TcPass<2, kBf16A>(p, a, w, c, col0, row0, row_end, red);
   } else {
-    TcPass<1, kBf16A>(p, a, w, c, col0, row0, row_end);
+    TcPass<1, kBf16A>(p, a, w, c, col0, row0, row_end, red);
   }
 }
 

@@ -32,19 +32,19 @@ struct BatchInvariantGemmParams {
 };
 
 // Whether BatchInvariantGemmTc takes p: bf16 w, m, n, batch >= 1 and k >= 0 in int range (batch
-// and n / 64 <= 65535; k = 0 writes zeros, or leaves c with accumulate), k a multiple of 8, a, w
+// and n / 16 <= 65535; k = 0 writes zeros, or leaves c with accumulate), k a multiple of 8, a, w
 // and their row and batch strides 16-byte aligned, ldc >= n, and the device has the kernel (sm_80+
 // code). A property of the shapes and the layout, never of m alone.
 bool BatchInvariantGemmTcSupports(const BatchInvariantGemmParams& p);
 
 // bf16 tensor cores (mma.sync m16n8k16, fp32 accumulation): an fp32 a is rounded to bf16 to
-// nearest even as it is read (as RoundF32ToBf16), so every product is exact. One warp owns 16
-// output columns and walks all of k (each thread 8 contiguous values per 32-wide step, in
-// ascending steps) for a pass of up to 32 rows; blocks tile n by 64 columns and m by 32 rows,
-// the row blocks of one column tile launched one after another (its weights come from L2 after
-// the first).
-// The MMA order of one output element is the same for every row tile, row count and pass
-// size. cudaErrorInvalidValue (nothing launched) where BatchInvariantGemmTcSupports is false.
+// nearest even as it is read (as RoundF32ToBf16), so every product is exact. A block owns 16
+// output columns and up to 32 rows; its 8 warps split k at fixed places (warp w: the 32-wide k
+// steps w, w + 8, ...; each step's MMAs in one warp) and their partial sums are added in warp
+// order. Blocks tile m by 32 rows, the row blocks of one column tile launched one after another
+// (its weights come from L2 after the first). The sum order of one output element is the same
+// for every row tile, row count and pass size. cudaErrorInvalidValue (nothing launched) where
+// BatchInvariantGemmTcSupports is false.
 cudaError_t BatchInvariantGemmTc(const BatchInvariantGemmParams& p, cudaStream_t stream);
 
 // Any layout and dtype (bf16 or fp32 a and w; an fp32 a against bf16 w is rounded to bf16 as in
