@@ -100,7 +100,8 @@ struct CudaTuning {
   //  * RouteTokens: AddRmsNorm + Gemm + NoauxTcRoute + AccumulateExpertCounts;
   //  * RoutedExperts: the device path for every batch, the expert GEMMs on
   //    kernels::GroupedGemmBf16's tensor-core kernel (bf16) or kernels::Fp8MmaGroupedGemm with
-  //    the fixed k split (FP8);
+  //    the fixed k split (FP8); fp32 experts are declined (the caller's per-expert GroupedGemm,
+  //    on the batch-invariant Gemm);
   //  * MlaAttention: kernels::MlaAttentionF32 for every token (prefill too) with
   //    kBatchInvariantMlaSplits context splits (no one-launch decode kernel, no tensor-core
   //    prefill).
