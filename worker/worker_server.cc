@@ -182,6 +182,7 @@ absl::StatusOr<std::unique_ptr<WorkerServer>> WorkerServer::Start(WorkerConfig c
     options.group.threads_per_rank = std::max(1, e.threads_per_rank);
     options.group.dtype = e.dtype;
     options.group.gemm_autotune = e.gemm_autotune;
+    options.group.batch_invariant = e.batch_invariant;
     options.group.decode_graphs.enabled = e.cuda_graphs;
     options.group.decode_graphs.max_batch = e.cuda_graph_max_batch;
     options.group.kv_cache_dtype = e.kv_cache_dtype;

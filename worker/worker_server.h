@@ -51,6 +51,8 @@ struct WorkerEngineConfig {
   bool cuda_graphs = true;
   // BackendOptions::gemm_autotune (cuda: per-shape cuBLASLt algorithms for prefill GEMMs).
   bool gemm_autotune = true;
+  // BackendOptions::batch_invariant (cuda: the batch-invariant mode, --batch-invariant).
+  bool batch_invariant = false;
   int64_t cuda_graph_max_batch = 256;
   // Latent KV cache elements: "auto"/empty (= the weights' dtype), "bfloat16" or "float32".
   std::string kv_cache_dtype;

@@ -458,6 +458,7 @@ std::vector<std::string> LocalWorkerArgv(const RunOptions& options, int64_t inde
   if (!options.kv_cache_dtype.empty()) argv.push_back("--kv-cache-dtype=" + options.kv_cache_dtype);
   if (!options.prefix_caching) argv.push_back("--no-prefix-caching");
   if (!options.async_scheduling) argv.push_back("--no-async-scheduling");
+  if (options.batch_invariant) argv.push_back("--batch-invariant");
   if (!options.kv_cache_dir.empty()) argv.push_back("--kv-cache-dir=" + options.kv_cache_dir);
   if (options.kv_cache_dir_gb >= 0) {
     argv.push_back(absl::StrCat("--kv-cache-dir-gb=", options.kv_cache_dir_gb));

@@ -76,6 +76,8 @@ struct RankGroupOptions {
   std::string dtype;
   // BackendOptions::gemm_autotune.
   bool gemm_autotune = true;
+  // BackendOptions::batch_invariant.
+  bool batch_invariant = false;
   // Decode steps replayed from CUDA graphs per batch-size bucket (used where the backend can
   // record: cuda; CausalLm::SetDecodeGraphOptions).
   DecodeGraphOptions decode_graphs;
