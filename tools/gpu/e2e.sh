@@ -7,22 +7,24 @@
 #   device tool: carry [".gpu/pack"], command
 #     mkdir -p /tmp/b && tar xJf .gpu/pack/all.tar.xz -C /tmp/b && bash /tmp/b/all/suite.sh e2e
 #
-# For each workload of E2E_WORKLOADS (default "long-greedy long-sampled short-greedy
-# short-sampled", make_job.py) it runs E2E_REQUESTS (1024) requests of E2E_MAX_TOKENS (256)
-# tokens through `deepinfer run` on E2E_CONFIG (configs/moonlight_shaped.json, dummy weights)
-# with E2E_BACKEND (cuda) and prices the job's steps with deepinfer-bench; HF transformers'
-# generate runs on the first E2E_HF_REQUESTS (64; 0: none) requests of the workloads of
-# E2E_HF_WORKLOADS (default "long-greedy short-greedy": HF's step time hardly depends on the
-# sampling, and HF on all four would not fit one device call; "all": every workload). Then, for
+# For each workload of E2E_WORKLOADS (make_job.py; default "long-greedy long-sampled
+# short-greedy short-sampled", empty: none) it runs E2E_REQUESTS (1024) requests of
+# E2E_MAX_TOKENS (256) tokens through `deepinfer run` on E2E_CONFIG
+# (configs/moonlight_shaped.json, dummy weights) with E2E_BACKEND (cuda) and prices the job's
+# steps with deepinfer-bench; HF transformers' generate runs on the first E2E_HF_REQUESTS (64;
+# 0: none) requests of the workloads of E2E_HF_WORKLOADS (default "long-greedy short-greedy":
+# 256 HF decode steps of 64 requests at its measured ~0.15 s a step are ~38 s a workload, plus
+# its start, too much for four in one device call; "all": every workload). Then, for
 # start-up only, a small job (16 requests x 16 tokens) on each config of E2E_STARTUP_CONFIGS
 # (default configs/deepseek_v3_4layers.json). E2E_PROMPT_RANGE=MIN,MAX replaces the workloads'
 # prompt lengths; E2E_RUN_ARGS / E2E_WORKER_ARGS pass more `deepinfer run` / worker flags
 # (E2E_RUN_ARGS=--no-async-scheduling: the same jobs with every step run to the end before the
 # next forms; their rows say "(sync)"). Each workload may take E2E_JOB_CAP_S (170) seconds, its
-# run 60% of that; everything is capped to E2E_BUDGET_S (default 540) seconds, which the full
-# suite fits on one H200 (one device call of 600 s with the bundle's unpacking).
+# run 60% of that; everything is capped to E2E_BUDGET_S (default 540) seconds, so that the
+# suite and the bundle's unpacking stay within one device call of 600 s (a job the budget no
+# longer fits is SKIPPED and counted as failed).
 #
-# $OUT gets e2e.md (the table, with each job's start-up breakdown), e2e_summary.txt and
+# $OUT gets e2e.md (the table, with each job's start-up and tail breakdowns), e2e_summary.txt and
 # e2e_results.tar.gz (every job's e2e.json, logs, step stats). Exit status: failed jobs.
 # A CPU check: E2E_BACKEND=cpu E2E_CONFIG=<fixture config.json> E2E_REQUESTS=32
 # E2E_MAX_TOKENS=16 E2E_PROMPT_RANGE=64,192 E2E_HF_REQUESTS=0 E2E_STARTUP_CONFIGS= bash e2e.sh
@@ -36,7 +38,7 @@ export NCCL_NVLS_ENABLE=0
 budget=${E2E_BUDGET_S:-540}
 backend=${E2E_BACKEND:-cuda}
 config=${E2E_CONFIG:-$here/configs/moonlight_shaped.json}
-workloads=${E2E_WORKLOADS:-long-greedy long-sampled short-greedy short-sampled}
+workloads=${E2E_WORKLOADS-long-greedy long-sampled short-greedy short-sampled}
 hf_workloads=${E2E_HF_WORKLOADS:-long-greedy short-greedy}
 job_cap=${E2E_JOB_CAP_S:-170}
 requests=${E2E_REQUESTS:-1024}
