@@ -125,7 +125,11 @@ for n, r in results.items():
     tail = ", ".join(f"{k} {v:.2f}" for k, v in r.get("tail_breakdown_s", {}).items())
     if r.get("worker_shutdown_s"):
         tail += " (worker-0: " + ", ".join(
-            f"{k} {v:.2f}" for k, v in r["worker_shutdown_s"].items()) + ")"
+            f"{k} {v:.2f}" for k, v in r["worker_shutdown_s"].items())
+        if "shutdown_spilled_blocks" in r:
+            tail += (f"; {r['shutdown_spilled_blocks']} cached blocks to the KV store in "
+                     f"{r['shutdown_spill_s']:.2f} s")
+        tail += ")"
     print(f"* {r['label']}: start-up {r.get('startup_s', 0):.2f} s = {parts}; {load}{graphs}"
           f"async scheduling {mode}, {r.get('dropped_tokens', 0)} rows dropped; "
           f"tail {r.get('tail_s', 0):.2f} s = {tail}; "
