@@ -108,7 +108,7 @@ class WorkerServer {
   WorkerServer& operator=(const WorkerServer&) = delete;
 
   // Delivers the results waiting, deregisters from the coordinator (CoordinatorLink::Leave),
-  // then stops serving, heartbeating and the group. Idempotent.
+  // then stops serving, heartbeating and the group; logs how long each part took. Idempotent.
   void Shutdown();
 
   int port() const { return port_; }
@@ -126,6 +126,7 @@ class WorkerServer {
   uint64_t incarnation_ = 0;
   int port_ = 0;
   absl::Time start_time_;
+  bool shut_down_ = false;
   std::unique_ptr<TokenAuthenticator> auth_;
   // Declared before what uses them: rank threads add to the outbox, the link reads both.
   std::unique_ptr<ModelFiles> model_;
