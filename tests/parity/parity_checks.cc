@@ -36,8 +36,9 @@ absl::StatusOr<ParityModel> LoadParityModel(const std::string& fixture, Backend*
   }
   auto cache_dtype = ResolveKvCacheDType(kv_cache_dtype, backend->weight_dtype());
   if (!cache_dtype.ok()) return cache_dtype.status();
-  auto pool = KvBlockPool::Create(
-      backend, {m.model->CacheSpec().WithDType(*cache_dtype), kBlocks, kBlockSize});
+  absl::StatusOr<KvCacheSpec> spec = m.model->CacheSpec().WithDType(*cache_dtype);
+  if (!spec.ok()) return spec.status();
+  auto pool = KvBlockPool::Create(backend, {*spec, kBlocks, kBlockSize});
   if (!pool.ok()) return pool.status();
   m.pool = std::move(*pool);
   return m;
