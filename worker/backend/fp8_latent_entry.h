@@ -45,8 +45,7 @@ float Fp8LatentScale(float amax);
 void QuantizeFp8LatentEntry(const float* latent, int64_t latent_dim, const float* rope_key,
                             int64_t rope_dim, uint8_t* dst);
 // Reads one entry back as fp32: latent_dim latent values then rope_dim rope values into out.
-void DequantizeFp8LatentEntry(const uint8_t* src, int64_t latent_dim, int64_t rope_dim,
-                              float* out);
+void DequantizeFp8LatentEntry(const uint8_t* src, int64_t latent_dim, int64_t rope_dim, float* out);
 
 }  // namespace deepinfer
 

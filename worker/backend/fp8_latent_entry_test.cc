@@ -83,7 +83,8 @@ TEST(Fp8LatentEntryTest, QuantisesAgainstWrittenOutE4m3) {
       ASSERT_EQ(back[i], static_cast<float>(Decode(entry[i]) * s));
       // e4m3 keeps 4 significant bits: half a unit in the last place is 2^-4 relative, and
       // values below the normal range (2^-6 s) are within half a subnormal step, 2^-10 s.
-      EXPECT_LE(std::fabs(back[i] - x[i]), std::max(std::fabs(x[i]) / 16.0f, s / 1024.0f) * 1.0001f);
+      EXPECT_LE(std::fabs(back[i] - x[i]),
+                std::max(std::fabs(x[i]) / 16.0f, s / 1024.0f) * 1.0001f);
     }
     for (int64_t i = 0; i < rope; ++i) {
       // bf16 nearest even: within 2^-9 relative.

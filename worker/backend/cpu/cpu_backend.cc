@@ -354,8 +354,8 @@ void CpuBackend::MlaAttention(const MlaAttentionArgs& args) {
       const int64_t slot = static_cast<int64_t>(table[j / bs]) * bs + j % bs;
       if (fp8) {
         DequantizeFp8LatentEntry(
-            static_cast<const uint8_t*>(args.cache.cache) + slot * args.cache.entry_bytes(),
-            latent, rope, widened.data());
+            static_cast<const uint8_t*>(args.cache.cache) + slot * args.cache.entry_bytes(), latent,
+            rope, widened.data());
         return widened.data();
       }
       const int64_t at = slot * entry;
@@ -439,13 +439,14 @@ bool CpuBackend::MhaPrefillAttention(const MhaPrefillArgs& a) {
       const int64_t at = slot * entry;
       if (fp8) {
         DequantizeFp8LatentEntry(
-            static_cast<const uint8_t*>(a.cache.cache) + slot * a.cache.entry_bytes(), latent,
-            rope, dequantized.data());
+            static_cast<const uint8_t*>(a.cache.cache) + slot * a.cache.entry_bytes(), latent, rope,
+            dequantized.data());
       }
       for (int64_t c = 0; c < entry; ++c) {
-        const float v = fp8    ? dequantized[c]
-                        : bf16 ? Bf16BitsToFloat(static_cast<const uint16_t*>(a.cache.cache)[at + c])
-                               : static_cast<const float*>(a.cache.cache)[at + c];
+        const float v = fp8 ? dequantized[c]
+                        : bf16
+                            ? Bf16BitsToFloat(static_cast<const uint16_t*>(a.cache.cache)[at + c])
+                            : static_cast<const float*>(a.cache.cache)[at + c];
         if (c < latent) {
           lat[j * latent + c] = v;
         } else {
