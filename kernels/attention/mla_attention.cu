@@ -364,8 +364,8 @@ cudaError_t MlaAttentionF32(const MlaAttentionParams& params, cudaStream_t strea
   // fp32 rows: whole float4s; bf16 rows (tensor-core kernel): whole 8-element pieces. The
   // CUDA-core kernel widens bf16 with plain loads.
   const bool vec_loads =
-      aligned16 && (plan.mma ? dim % 8 == 0 : params.cache.type == LatentCacheType::kFloat32 &&
-                                                  dim % 4 == 0);
+      aligned16 &&
+      (plan.mma ? dim % 8 == 0 : params.cache.type == LatentCacheType::kFloat32 && dim % 4 == 0);
   if (plan.cluster > 0) {
     // Clusters of plan.cluster blocks merge their splits themselves (no combine).
     cudaLaunchConfig_t c = {};

@@ -1,7 +1,7 @@
 // Absorbed multi-head latent attention (fp32 activations and math) over the paged latent KV
-// cache (fp32, bf16 or FP8 entries), and the write of new latents/rope keys into that cache: the GPU
-// counterparts of Backend::WriteLatentCache and Backend::MlaAttention. Prefill and decode tokens
-// go through the same kernel (each query token carries its own sequence and causal context
+// cache (fp32, bf16 or FP8 entries), and the write of new latents/rope keys into that cache: the
+// GPU counterparts of Backend::WriteLatentCache and Backend::MlaAttention. Prefill and decode
+// tokens go through the same kernel (each query token carries its own sequence and causal context
 // length). MlaAttentionF32 reads each cached key once per (token, group of 16 heads) and splits
 // long contexts over several blocks (split-K); with a bf16 cache it runs both products on
 // tensor cores (see mla_attention.cu).

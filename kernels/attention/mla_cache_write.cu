@@ -53,11 +53,11 @@ __global__ void __launch_bounds__(kWriteThreads)
   for (int w = 1; w < kWriteThreads / 32; ++w) amax = fmaxf(amax, warp_max[w]);
   const float s = fmaxf(__fdiv_rn(amax, 448.0f), FLT_MIN);
 
-  uint8_t* dst = static_cast<uint8_t*>(cache.cache) +
-                 static_cast<int64_t>(slots[t]) * cache.fp8_entry_bytes;
+  uint8_t* dst =
+      static_cast<uint8_t*>(cache.cache) + static_cast<int64_t>(slots[t]) * cache.fp8_entry_bytes;
   for (int i = threadIdx.x; i < cache.latent_dim; i += kWriteThreads) {
-    dst[i] = static_cast<uint8_t>(
-        __nv_cvt_float_to_fp8(__fdiv_rn(x[i], s), __NV_SATFINITE, __NV_E4M3));
+    dst[i] =
+        static_cast<uint8_t>(__nv_cvt_float_to_fp8(__fdiv_rn(x[i], s), __NV_SATFINITE, __NV_E4M3));
   }
   __nv_bfloat16* rope = reinterpret_cast<__nv_bfloat16*>(dst + cache.fp8_rope_offset);
   for (int i = threadIdx.x; i < cache.rope_dim; i += kWriteThreads) {
@@ -66,7 +66,8 @@ __global__ void __launch_bounds__(kWriteThreads)
   if (threadIdx.x == 0) *reinterpret_cast<float*>(dst + cache.fp8_scale_offset) = s;
   // The gaps (latent to rope, rope to scale) and the padding after the scale: zero, as the host.
   for (int i = cache.latent_dim + threadIdx.x; i < cache.fp8_entry_bytes; i += kWriteThreads) {
-    const bool in_rope = i >= cache.fp8_rope_offset && i < cache.fp8_rope_offset + 2 * cache.rope_dim;
+    const bool in_rope =
+        i >= cache.fp8_rope_offset && i < cache.fp8_rope_offset + 2 * cache.rope_dim;
     const bool in_scale = i >= cache.fp8_scale_offset && i < cache.fp8_scale_offset + 4;
     if (!in_rope && !in_scale) dst[i] = 0;
   }
@@ -81,14 +82,14 @@ cudaError_t WriteLatentCacheF32(int64_t tokens, const float* latent, int64_t ld_
   if (tokens > 0x7fffffff) return cudaErrorInvalidValue;
   const unsigned grid = static_cast<unsigned>(tokens);
   if (cache.type == LatentCacheType::kBFloat16) {
-    WriteLatentCacheKernel<__nv_bfloat16><<<grid, kWriteThreads, 0, stream>>>(
-        latent, ld_latent, rope_key, ld_rope, slots, cache);
+    WriteLatentCacheKernel<__nv_bfloat16>
+        <<<grid, kWriteThreads, 0, stream>>>(latent, ld_latent, rope_key, ld_rope, slots, cache);
   } else if (cache.type == LatentCacheType::kFloat32) {
-    WriteLatentCacheKernel<float><<<grid, kWriteThreads, 0, stream>>>(latent, ld_latent, rope_key,
-                                                                     ld_rope, slots, cache);
+    WriteLatentCacheKernel<float>
+        <<<grid, kWriteThreads, 0, stream>>>(latent, ld_latent, rope_key, ld_rope, slots, cache);
   } else if (cache.type == LatentCacheType::kFp8E4M3 && Fp8LatentCacheLayoutValid(cache)) {
     WriteFp8LatentCacheKernel<<<grid, kWriteThreads, 0, stream>>>(latent, ld_latent, rope_key,
-                                                                   ld_rope, slots, cache);
+                                                                  ld_rope, slots, cache);
   } else {
     return cudaErrorInvalidValue;
   }

@@ -1,5 +1,6 @@
 // MlaGroupedKernel: MlaAttentionF32 on CUDA cores (fp32 and FP8 caches, and bf16 shapes the
-// tensor-core kernels do not take; mla_attention.cu describes it). Included only by mla_attention.cu.
+// tensor-core kernels do not take; mla_attention.cu describes it). Included only by
+// mla_attention.cu.
 #ifndef DEEPINFER_KERNELS_ATTENTION_MLA_DECODE_GROUPED_CUH_
 #define DEEPINFER_KERNELS_ATTENTION_MLA_DECODE_GROUPED_CUH_
 

@@ -127,8 +127,8 @@ void FillCacheRandom(Backend* backend, const KvBlockPool& pool, uint32_t seed) {
     std::vector<float> values(g.latent_dim + g.rope_dim);
     for (int64_t e = 0; e < chunk_entries; ++e) {
       for (float& v : values) v = u(gen);
-      QuantizeFp8LatentEntry(values.data(), g.latent_dim, values.data() + g.latent_dim,
-                             g.rope_dim, chunk.data() + e * entry);
+      QuantizeFp8LatentEntry(values.data(), g.latent_dim, values.data() + g.latent_dim, g.rope_dim,
+                             chunk.data() + e * entry);
     }
     for (int32_t layer = 0; layer < o.spec.num_layers(); ++layer) {
       char* dst = static_cast<char*>(pool.LayerData(layer));
@@ -203,7 +203,7 @@ struct RankOutput {
   int64_t kv_cache_bytes_per_token = 0;  // over every layer
   int64_t kv_cache_entry_bytes = 0;      // one layer's entry (paged_latent)
   int64_t kv_cache_entry_values = 0;     // latent + rope values of that entry
-  int64_t decode_graph_steps = 0;  // decode steps that took the graph path
+  int64_t decode_graph_steps = 0;        // decode steps that took the graph path
   std::string prefill_op_report, decode_op_report;
 };
 
@@ -1140,9 +1140,8 @@ std::string FormatBenchJson(const BenchConfig& c, const BenchResult& r) {
       r.prefill_tokens_per_step, r.prefill_step_seconds, r.prefill_warmup_step_seconds,
       r.prefill_tokens_per_s, fraction(r.prefill_roofline_fraction), r.prefill_bytes_per_step,
       r.prefill_flops_per_step, decode, r.device_bytes_reserved_peak, graphs(r.cuda_graphs),
-      r.decode_graph_steps, r.graph_bytes_reserved_peak, c.pause_before_decode_ms,
-      r.kv_cache_dtype, r.kv_cache_bytes_per_token, r.kv_cache_tokens_per_gib(),
-      r.kv_cache_blocks);
+      r.decode_graph_steps, r.graph_bytes_reserved_peak, c.pause_before_decode_ms, r.kv_cache_dtype,
+      r.kv_cache_bytes_per_token, r.kv_cache_tokens_per_gib(), r.kv_cache_blocks);
 }
 
 std::string BenchCsvHeader() {

@@ -14,8 +14,8 @@
 #include "kernels/attention/mla_prefill.h"
 #include "kernels/rope/rope.h"
 #include "worker/backend/cuda/cuda_backend.h"
-#include "worker/backend/fp8_latent_entry.h"
 #include "worker/backend/cuda/op_timer.h"
+#include "worker/backend/fp8_latent_entry.h"
 
 namespace deepinfer {
 namespace {
