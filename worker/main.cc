@@ -118,7 +118,9 @@ int main(int argc, char** argv) {
                 "launch (each may start while the one before it finishes; docs/cuda.md).");
   flags.AddString("kv-cache-dtype", &kv_cache_dtype,
                   "Latent KV cache elements: auto (the weights' --dtype), bfloat16 (half the\n"
-                  "bytes per token: twice the tokens, less for attention to read) or float32.");
+                  "bytes per token: twice the tokens, less for attention to read), float32, or\n"
+                  "fp8 (the latent in e4m3 with one scale per token, the rope key bf16: 1.76x\n"
+                  "the tokens of bfloat16 for DeepSeek-V3; MLA models only).");
   flags.AddString("communicator", &communicator,
                   "What carries the expert-parallel exchange: auto (nccl when --backend cuda\n"
                   "and the group has more than one rank, tcp otherwise), tcp, or nccl (GPU to\n"

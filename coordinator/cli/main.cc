@@ -199,7 +199,7 @@ int Run(const std::vector<std::string>& args) {
                "Largest decode batch run from a CUDA graph (passed to the workers).");
   flags.AddString("kv-cache-dtype", &options.kv_cache_dtype,
                   "Latent KV cache elements on the workers: auto (default: the weights'\n"
-                  "dtype), bfloat16 or float32.");
+                  "dtype), bfloat16, float32 or fp8 (MLA models: e4m3 latent, one scale a token).");
   flags.AddBool("async-scheduling", &options.async_scheduling,
                 "Workers form each step while the one before runs (passed to the workers;\n"
                 "outputs unchanged); --no-async-scheduling: every step runs to the end first.");

@@ -26,6 +26,11 @@
 // MlaCombineKernel (fewer than 8 splits) or MlaCombineWideKernel merges them (FlashDecoding).
 // All accumulation is fp32.
 //
+// With an FP8 cache the same kernel dequantises each key to fp32 in shared memory (codes times
+// the entry's scale, the bf16 rope key widened) with plain loads: the entry is 656 bytes for
+// DeepSeek-V3 against 1152 in bf16, so a chunk moves fewer bytes, but the math is the fp32
+// kernel's (no FP8 tensor-core path yet).
+//
 // With a bf16 cache the same kernel widens each key to fp32 in shared memory (any shape), but
 // DeepSeek's latent 512 + rope 64 goes to MlaBf16KeySplitKernel (FlashMLA's work split: each
 // warp scores its own keys over the whole dot product; described at the kernel; 1.2x faster
@@ -66,6 +71,7 @@ namespace deepinfer {
 namespace kernels {
 namespace {
 
+using mla::Fp8Entry;
 using mla::GroupedSmemBytes;
 using mla::kGroupHeads;
 using mla::kGroupThreads;
@@ -113,6 +119,7 @@ GroupedKernelFn MmaKernelFor(int latent_dim) {
 }
 
 bool IsBf16(const MlaAttentionParams& p) { return p.cache.type == LatentCacheType::kBFloat16; }
+bool IsFp8(const MlaAttentionParams& p) { return p.cache.type == LatentCacheType::kFp8E4M3; }
 
 // KernelFacts of a decode kernel (cached per kernel and device; the first query raises its
 // dynamic shared-memory limit to all the device allows).
@@ -233,7 +240,8 @@ bool KeySplitFits(const MlaAttentionParams& p, int max_smem) {
 cudaError_t PlanGrouped(const MlaAttentionParams& p, GroupedPlan* plan) {
   if (p.cache.latent_dim <= 0 || p.cache.latent_dim > kMaxMlaLatentDim || p.cache.rope_dim < 0 ||
       p.num_splits < 0 || p.num_splits > kMaxMlaSplits || !MlaMmaVariantIsValid(p.mma_variant) ||
-      (p.cache.type != LatentCacheType::kFloat32 && !IsBf16(p))) {
+      (p.cache.type != LatentCacheType::kFloat32 && !IsBf16(p) && !IsFp8(p)) ||
+      (IsFp8(p) && !Fp8LatentCacheLayoutValid(p.cache))) {
     return cudaErrorInvalidValue;
   }
   int device = 0;
@@ -261,8 +269,9 @@ cudaError_t PlanGrouped(const MlaAttentionParams& p, GroupedPlan* plan) {
     plan->threads = kMmaThreads;
     plan->smem = plan->key_split ? kSplitSmemBytes : MmaSmemBytes(dim);
   } else {
-    plan->kernel = IsBf16(p) ? GroupedKernelFor<__nv_bfloat16>(p.cache.latent_dim)
-                             : GroupedKernelFor<float>(p.cache.latent_dim);
+    plan->kernel = IsBf16(p)  ? GroupedKernelFor<__nv_bfloat16>(p.cache.latent_dim)
+                   : IsFp8(p) ? GroupedKernelFor<Fp8Entry>(p.cache.latent_dim)
+                              : GroupedKernelFor<float>(p.cache.latent_dim);
     plan->threads = kGroupThreads;
     plan->smem = GroupedSmemBytes(dim);
   }
@@ -311,7 +320,7 @@ const char* MlaAttentionKernelName(const MlaAttentionParams& params) {
   if (plan.cluster > 0) return "mma_bf16_key_split_cluster";
   if (plan.key_split) return "mma_bf16_key_split";
   if (plan.mma) return "mma_bf16";
-  return IsBf16(params) ? "grouped_bf16" : "grouped_f32";
+  return IsBf16(params) ? "grouped_bf16" : IsFp8(params) ? "grouped_fp8" : "grouped_f32";
 }
 
 bool MlaAttentionBf16Operands(const MlaAttentionParams& params) {
@@ -354,7 +363,9 @@ cudaError_t MlaAttentionF32(const MlaAttentionParams& params, cudaStream_t strea
   const bool aligned16 = reinterpret_cast<uintptr_t>(params.cache.cache) % 16 == 0;
   // fp32 rows: whole float4s; bf16 rows (tensor-core kernel): whole 8-element pieces. The
   // CUDA-core kernel widens bf16 with plain loads.
-  const bool vec_loads = aligned16 && (plan.mma ? dim % 8 == 0 : !IsBf16(params) && dim % 4 == 0);
+  const bool vec_loads =
+      aligned16 &&
+      (plan.mma ? dim % 8 == 0 : params.cache.type == LatentCacheType::kFloat32 && dim % 4 == 0);
   if (plan.cluster > 0) {
     // Clusters of plan.cluster blocks merge their splits themselves (no combine).
     cudaLaunchConfig_t c = {};

@@ -1,7 +1,7 @@
 // Absorbed multi-head latent attention (fp32 activations and math) over the paged latent KV
-// cache (fp32 or bf16 entries), and the write of new latents/rope keys into that cache: the GPU
-// counterparts of Backend::WriteLatentCache and Backend::MlaAttention. Prefill and decode tokens
-// go through the same kernel (each query token carries its own sequence and causal context
+// cache (fp32, bf16 or FP8 entries), and the write of new latents/rope keys into that cache: the
+// GPU counterparts of Backend::WriteLatentCache and Backend::MlaAttention. Prefill and decode
+// tokens go through the same kernel (each query token carries its own sequence and causal context
 // length). MlaAttentionF32 reads each cached key once per (token, group of 16 heads) and splits
 // long contexts over several blocks (split-K); with a bf16 cache it runs both products on
 // tensor cores (see mla_attention.cu).
@@ -16,17 +16,34 @@ namespace deepinfer {
 namespace kernels {
 
 // Element type of the cache entries.
-enum class LatentCacheType : int32_t { kFloat32, kBFloat16 };
+enum class LatentCacheType : int32_t { kFloat32, kBFloat16, kFp8E4M3 };
 
 // Cache layout: entry t of block b is at element (b*block_size + t) * (latent_dim + rope_dim)
 // of cache, the latent first, the rope key after; elements are fp32 or bf16 (type).
+// kFp8E4M3 (the worker's worker/backend/fp8_latent_entry.h, which computes the offsets): entry
+// t of block b is at byte (b*block_size + t) * fp8_entry_bytes; latent_dim e4m3 codes q_i, the
+// rope key as rope_dim bf16 values at byte fp8_rope_offset, the entry's fp32 scale s at byte
+// fp8_scale_offset; latent value i is e4m3(q_i) * s, s = max(amax / 448, FLT_MIN) over the
+// latent's |values| and q_i = e4m3(x_i / s) (nearest even, saturating).
 struct PagedLatentCache {
   void* cache = nullptr;
   int32_t block_size = 0;
   int32_t latent_dim = 0;
   int32_t rope_dim = 0;
   LatentCacheType type = LatentCacheType::kFloat32;
+  int32_t fp8_rope_offset = 0;
+  int32_t fp8_scale_offset = 0;
+  int32_t fp8_entry_bytes = 0;
 };
+
+// Whether an FP8 cache's offsets are a layout the kernels take: the rope key within the entry
+// after the latent and 2-byte aligned, the scale after it and 4-byte aligned, the entry
+// 16-byte aligned.
+inline bool Fp8LatentCacheLayoutValid(const PagedLatentCache& c) {
+  return c.fp8_rope_offset >= c.latent_dim && c.fp8_rope_offset % 2 == 0 &&
+         c.fp8_scale_offset >= c.fp8_rope_offset + 2 * c.rope_dim && c.fp8_scale_offset % 4 == 0 &&
+         c.fp8_entry_bytes >= c.fp8_scale_offset + 4 && c.fp8_entry_bytes % 16 == 0;
+}
 
 // The largest latent_dim MlaAttentionF32 accepts (DeepSeek-V3: 512).
 constexpr int32_t kMaxMlaLatentDim = 1024;
@@ -73,7 +90,10 @@ struct MlaAttentionParams {
 
 // Writes token t's latent (row t of latent, stride ld_latent) and rope key (row t of rope_key,
 // stride ld_rope) into cache slot slots[t] = block * block_size + offset; a bf16 cache stores
-// each value rounded to nearest even (__float2bfloat16_rn, as the host's FloatToBf16Bits).
+// each value rounded to nearest even (__float2bfloat16_rn, as the host's FloatToBf16Bits); an
+// FP8 cache quantises the latent with its per-token scale (the bits the host's
+// QuantizeFp8LatentEntry writes, padding zeroed) and rounds the rope key to bf16.
+// cudaErrorInvalidValue for an FP8 layout that is not Fp8LatentCacheLayoutValid.
 cudaError_t WriteLatentCacheF32(int64_t tokens, const float* latent, int64_t ld_latent,
                                 const float* rope_key, int64_t ld_rope, const int32_t* slots,
                                 const PagedLatentCache& cache, cudaStream_t stream);
@@ -101,7 +121,8 @@ constexpr int32_t kMlaClusterMergeMaxSplits = 3;
 // MlaMmaVariantIsValid, or a given workspace is smaller than MlaAttentionWorkspaceBytes.
 cudaError_t MlaAttentionF32(const MlaAttentionParams& params, cudaStream_t stream);
 
-// Which kernel MlaAttentionF32 runs for these params on the current device: "mma_bf16" (bf16
+// Which kernel MlaAttentionF32 runs for these params on the current device: "grouped_fp8" (FP8
+// cache: CUDA cores, entries dequantised to fp32 in shared memory), "mma_bf16" (bf16
 // cache, latent_dim <= 512, latent_dim + rope_dim <= 640, a GPU with bf16 tensor cores),
 // "mma_bf16_key_split" (the same, variant 9's kernel: latent 512 + rope 64, a 16-byte
 // aligned cache), "mma_bf16_key_split_cluster" (variant 9 with its cluster merge: 2-3 splits,

@@ -37,12 +37,22 @@ __device__ __forceinline__ void CopyAsync16(void* dst, const void* src) {
 #endif
 }
 
+// Where key j's entry starts: in elements of the cache's type (fp32, bf16), in bytes for an FP8
+// cache (Fp8Entry below).
 __device__ __forceinline__ int64_t KeyRowOffset(const MlaAttentionParams& p, const int32_t* table,
                                                 int64_t j) {
   const int64_t bs = p.cache.block_size;
-  return (static_cast<int64_t>(table[j / bs]) * bs + j % bs) *
-         (p.cache.latent_dim + p.cache.rope_dim);
+  const int64_t stride = p.cache.type == LatentCacheType::kFp8E4M3
+                             ? p.cache.fp8_entry_bytes
+                             : p.cache.latent_dim + p.cache.rope_dim;
+  return (static_cast<int64_t>(table[j / bs]) * bs + j % bs) * stride;
 }
+
+// The element type tag of an FP8 cache's entries (bytes: e4m3 latent codes, bf16 rope key, fp32
+// scale at the offsets of PagedLatentCache).
+struct Fp8Entry {
+  uint8_t byte;
+};
 
 // Sets [begin, end) to split `split`'s keys of token t's context: splits cover whole chunks of
 // kChunkKeys keys, so trailing splits of a short context are empty. An empty split (only

@@ -1,9 +1,12 @@
-// MlaGroupedKernel: MlaAttentionF32 on CUDA cores (fp32 caches, and bf16 shapes the tensor-core
-// kernels do not take; mla_attention.cu describes it). Included only by mla_attention.cu.
+// MlaGroupedKernel: MlaAttentionF32 on CUDA cores (fp32 and FP8 caches, and bf16 shapes the
+// tensor-core kernels do not take; mla_attention.cu describes it). Included only by
+// mla_attention.cu.
 #ifndef DEEPINFER_KERNELS_ATTENTION_MLA_DECODE_GROUPED_CUH_
 #define DEEPINFER_KERNELS_ATTENTION_MLA_DECODE_GROUPED_CUH_
 
 #include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_fp8.h>
 #include <math.h>
 
 #include <cstdint>
@@ -72,6 +75,47 @@ __device__ __forceinline__ void LoadKeyChunk(const MlaAttentionParams& p, const 
       if (c + 2 < dim) v.z = ToFloat(src[c + 2]);
       if (c + 3 < dim) v.w = ToFloat(src[c + 3]);
       dst[i] = v;
+    }
+    f += kGroupThreads;
+    while (f >= d4) {
+      f -= d4;
+      ++j;
+    }
+  }
+  CopyAsyncCommit();
+}
+
+// LoadKeyChunk of an FP8 cache: entries dequantised to fp32 with plain loads (the latent's codes
+// times the entry's scale, the bf16 rope key widened), as the host's DequantizeFp8LatentEntry.
+template <>
+__device__ __forceinline__ void LoadKeyChunk<Fp8Entry>(const MlaAttentionParams& p,
+                                                       const int64_t* rows, float4* dst, int d4,
+                                                       int dim, bool vec_loads) {
+  const int latent = p.cache.latent_dim;
+  int j = threadIdx.x / d4, f = threadIdx.x - j * d4;
+  for (int i = threadIdx.x; i < kKeyChunk * d4; i += kGroupThreads) {
+    const int64_t row = rows[j];
+    if (row < 0) {
+      dst[i] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    } else {
+      const uint8_t* src = static_cast<const uint8_t*>(p.cache.cache) + row;
+      const float scale = *reinterpret_cast<const float*>(src + p.cache.fp8_scale_offset);
+      const __nv_bfloat16* rope =
+          reinterpret_cast<const __nv_bfloat16*>(src + p.cache.fp8_rope_offset);
+      float v[4];
+#pragma unroll
+      for (int u = 0; u < 4; ++u) {
+        const int c = f * 4 + u;
+        if (c < latent) {
+          const __half_raw h = __nv_cvt_fp8_to_halfraw(src[c], __NV_E4M3);
+          v[u] = __half2float(__half(h)) * scale;
+        } else if (c < dim) {
+          v[u] = __bfloat162float(rope[c - latent]);
+        } else {
+          v[u] = 0.0f;
+        }
+      }
+      dst[i] = make_float4(v[0], v[1], v[2], v[3]);
     }
     f += kGroupThreads;
     while (f >= d4) {

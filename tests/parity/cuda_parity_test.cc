@@ -9,7 +9,8 @@
 // and batched), bf16 weights with the bf16 cache to the bf16 bounds. bf16 weights with the
 // bf16 cache (the CUDA default): the same logit bounds, greedy agreement printed only (see
 // deepseek_v3_parity_test.cc). bf16 weights with the dense MLP layers through the fused MoE
-// kernels at one decode token (NormedDenseMlp): the teacher-forced greedy bound. Skips
+// kernels at one decode token (NormedDenseMlp): the teacher-forced greedy bound. fp32 weights
+// with the FP8 latent cache: the bounds of fp8_cache_parity_test against the bf16 cache. Skips
 // without a GPU.
 #include <cstdio>
 #include <string>
@@ -203,6 +204,24 @@ TEST_P(CudaBatchInvariantBf16ParityTest, LogitsAndTeacherForcedGreedyWithinBf16B
 }
 
 INSTANTIATE_TEST_SUITE_P(Fixtures, CudaBatchInvariantBf16ParityTest,
+                         ::testing::Values("dsv3_qlora_rope", "dsv3_yarn_nolora", "dsv3_mla_dims"));
+
+// fp32 weights with the FP8 latent cache against the bf16 cache, as the CPU's
+// fp8_cache_parity_test (the bounds of ExpectFp8CacheWithinBounds): the quantising cache write
+// and the CUDA-core attention over FP8 entries through the whole model, prefill and decode.
+class CudaFp8CacheParityTest : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(CudaFp8CacheParityTest, LogitsAndGreedyNextToTheBf16Cache) {
+  DEEPINFER_SKIP_WITHOUT_GPU();
+  auto b = CudaBackend::Create(0, WeightDType::kFloat32);
+  ASSERT_TRUE(b.ok()) << b.status();
+  const CacheDTypeRun bf16 = MeasureCacheDType(GetParam(), b->get(), "bfloat16", "cuda");
+  const CacheDTypeRun fp8 = MeasureCacheDType(GetParam(), b->get(), "fp8", "cuda");
+  ExpectFp8CacheWithinBounds(bf16, fp8);
+  EXPECT_TRUE((*b)->status().ok()) << (*b)->status();
+}
+
+INSTANTIATE_TEST_SUITE_P(Fixtures, CudaFp8CacheParityTest,
                          ::testing::Values("dsv3_qlora_rope", "dsv3_yarn_nolora", "dsv3_mla_dims"));
 
 }  // namespace

@@ -36,8 +36,9 @@ absl::StatusOr<ParityModel> LoadParityModel(const std::string& fixture, Backend*
   }
   auto cache_dtype = ResolveKvCacheDType(kv_cache_dtype, backend->weight_dtype());
   if (!cache_dtype.ok()) return cache_dtype.status();
-  auto pool = KvBlockPool::Create(
-      backend, {m.model->CacheSpec().WithDType(*cache_dtype), kBlocks, kBlockSize});
+  absl::StatusOr<KvCacheSpec> spec = m.model->CacheSpec().WithDType(*cache_dtype);
+  if (!spec.ok()) return spec.status();
+  auto pool = KvBlockPool::Create(backend, {*spec, kBlocks, kBlockSize});
   if (!pool.ok()) return pool.status();
   m.pool = std::move(*pool);
   return m;
@@ -193,6 +194,42 @@ void ExpectBf16LogitsWithinTolerance(const FixtureLogitsError& e, const std::str
       label.c_str(), fixture.c_str(), e.max_rel, e.rms, static_cast<long long>(within),
       static_cast<long long>(positions), kBf16Tolerance);
   EXPECT_GE(within, kBf16PositionsWithin * positions) << label << " " << fixture;
+}
+
+CacheDTypeRun MeasureCacheDType(const std::string& fixture, Backend* backend,
+                                const std::string& cache_dtype, const std::string& label) {
+  CacheDTypeRun run;
+  auto m = LoadParityModel(fixture, backend, cache_dtype);
+  EXPECT_TRUE(m.ok()) << m.status();
+  if (!m.ok()) return run;
+  auto e = AllPromptsLogitsError(*m);
+  EXPECT_TRUE(e.ok()) << e.status();
+  if (e.ok()) run.logits = *e;
+  auto r = AllPromptsTeacherForced(*m);
+  EXPECT_TRUE(r.ok()) << r.status();
+  if (r.ok()) run.greedy = *r;
+  std::vector<double> sorted = run.logits.position_rel;
+  std::sort(sorted.begin(), sorted.end());
+  if (!sorted.empty()) {
+    run.median = sorted[sorted.size() / 2];
+    run.p90 = sorted[sorted.size() * 9 / 10];
+  }
+  std::printf(
+      "[fp8-cache-parity] %s %s cache=%s logits median=%.3e p90=%.3e max=%.3e rms=%.3e, "
+      "greedy agreement %lld / %lld\n",
+      label.c_str(), fixture.c_str(), cache_dtype.c_str(), run.median, run.p90, run.logits.max_rel,
+      run.logits.rms, static_cast<long long>(run.greedy.matches),
+      static_cast<long long>(run.greedy.positions));
+  return run;
+}
+
+void ExpectFp8CacheWithinBounds(const CacheDTypeRun& bf16, const CacheDTypeRun& fp8) {
+  ASSERT_FALSE(fp8.logits.position_rel.empty());
+  EXPECT_LE(fp8.median, 2 * kFp8CacheRoundingRatio * bf16.median);
+  EXPECT_GE(fp8.median, kFp8CacheRoundingRatio / 4 * bf16.median);
+  EXPECT_GE(fp8.logits.WithinCount(kFp8CacheTolerance),
+            kBf16PositionsWithin * fp8.logits.position_rel.size());
+  EXPECT_GE(fp8.greedy.matches, kBf16GreedyAgreement * fp8.greedy.positions);
 }
 
 void PrintGreedyAgreement(const TeacherForcedResult& r, const std::string& label,

@@ -90,6 +90,35 @@ void ExpectBf16LogitsWithinTolerance(const FixtureLogitsError& e, const std::str
 void PrintGreedyAgreement(const TeacherForcedResult& r, const std::string& label,
                           const std::string& fixture);
 
+// The FP8 latent cache (--kv-cache-dtype fp8, worker/backend/fp8_latent_entry.h) against the
+// bf16 cache, both under fp32 weights so that the cache is the only rounding. e4m3 keeps 4
+// significant bits against bf16's 8: its rounding of a latent value is up to 2^-4 relative
+// against 2^-8, 16 times as much (the per-token scale maps the token's amax onto 448, so every
+// latent value but the smallest is in e4m3's normal range, and those have a smaller absolute
+// error still). The typical (median) position's logit error should grow by about that ratio
+// over the bf16 cache's (measured 14-16x on the CPU): it must stay within twice the ratio, and
+// above a quarter of it (the quantisation shows). At kBf16PositionsWithin of the positions the
+// error stays within the bf16 bound scaled by the same ratio (the rest are near-tied expert
+// choices that flip, as with bf16), and HF's greedy token is predicted at
+// kBf16GreedyAgreement of the positions (teacher forced), as with bf16 weights.
+inline constexpr double kFp8CacheRoundingRatio = 16.0;
+inline constexpr double kFp8CacheTolerance = kFp8CacheRoundingRatio * kBf16Tolerance;
+
+// One fixture's figures with one cache dtype.
+struct CacheDTypeRun {
+  FixtureLogitsError logits;
+  TeacherForcedResult greedy;
+  double median = 0;  // of logits.position_rel
+  double p90 = 0;
+};
+// Loads the fixture on `backend` with the cache in `cache_dtype`, measures its prompt logits'
+// error and teacher-forced greedy agreement and prints them ("[fp8-cache-parity] LABEL FIXTURE
+// cache=DTYPE ..."). Test failures (gtest) where loading or a step fails.
+CacheDTypeRun MeasureCacheDType(const std::string& fixture, Backend* backend,
+                                const std::string& cache_dtype, const std::string& label);
+// The bounds above (gtest expectations) on a fixture's fp8-cache run against its bf16-cache run.
+void ExpectFp8CacheWithinBounds(const CacheDTypeRun& bf16, const CacheDTypeRun& fp8);
+
 // Greedy continuations of every prompt (prefill, then one token per step through the paged
 // cache, as many tokens as HF's greedy continuation): each prompt alone, or all in one batch.
 absl::StatusOr<std::vector<std::vector<int32_t>>> GreedyContinuations(const ParityModel& m,

@@ -201,6 +201,30 @@ TEST(KvCacheTiersRunTest, DiskTierAcrossWorkerRestarts) {
   for (const auto& [id, line] : other.lines) EXPECT_EQ(CachedTokens(line), 0) << id;
 }
 
+// The FP8 latent cache (--kv-cache-dtype fp8): its blocks (their own bytes per token) go to
+// disk and come back to a new worker with the outputs of a run without prefix caching; a bf16
+// cache (another key) finds none of them.
+TEST(KvCacheTiersRunTest, Fp8CacheBlocksComeBackFromDisk) {
+  std::map<std::string, int> lengths;
+  const std::string job = DistinctPromptsJob(4, 1, &lengths);
+  const std::string dir = TempPath("kv_dir_fp8");
+  fs::remove_all(dir);
+  const std::string fp8 = "--kv-cache-dtype=fp8";
+  const JobRun reference = RunJob("fp8_reference", job, {"--no-prefix-caching"}, fp8);
+  ASSERT_EQ(reference.lines.size(), 4u);
+  const JobRun cold = RunJob("fp8_cold", job, {"--kv-cache-dir=" + dir}, fp8);
+  ExpectSameOutputs(cold, reference, "fp8 cold");
+  EXPECT_GT(BlockFiles(dir), 0);
+  const JobRun warm = RunJob("fp8_warm", job, {"--kv-cache-dir=" + dir}, fp8);
+  ExpectSameOutputs(warm, reference, "fp8 warm");
+  for (const auto& [id, line] : warm.lines)
+    EXPECT_EQ(CachedTokens(line), FullHit(lengths[id])) << id;
+  const JobRun bf16 =
+      RunJob("fp8_then_bf16", job, {"--kv-cache-dir=" + dir}, "--kv-cache-dtype=bfloat16");
+  ASSERT_EQ(bf16.lines.size(), 4u);
+  for (const auto& [id, line] : bf16.lines) EXPECT_EQ(CachedTokens(line), 0) << id;
+}
+
 TEST(KvCacheTiersRunTest, UnusableDirectoryTurnsTheTierOffAndTheJobRuns) {
   std::map<std::string, int> lengths;
   const std::string job = DistinctPromptsJob(4, 1, &lengths);

@@ -176,7 +176,7 @@ int MemoryPlan(const std::vector<std::string>& args) {
                   "experts MXFP4: E2M1 values and an E8M0 scale per 32).");
   flags.AddString("fp8-scale", &config.fp8_scale,
                   "FP8 block scales: f32 (DeepSeek-V3) or ue8m0 (one byte each).");
-  flags.AddString("kv-cache-dtype", &config.kv_cache_dtype, "bfloat16 or float32.");
+  flags.AddString("kv-cache-dtype", &config.kv_cache_dtype, "bfloat16, float32 or fp8.");
   flags.AddInt("block-size", &config.block_size, "KV cache block size in tokens.");
   flags.AddInt("max-batch-tokens", &config.max_batch_tokens,
                "New tokens per engine step (sizes the activation reserve).");

@@ -80,7 +80,10 @@ absl::StatusOr<GpuMemoryReport> PlanGpuMemory(const std::string& config_json,
   absl::StatusOr<const Architecture*> arch = FindArchitecture(*model_config);
   if (!arch.ok()) return arch.status();
   const int64_t floats_per_token = (*arch)->activation_floats_per_token(*model_config);
-  const KvCacheSpec spec = (*arch)->cache_spec(*model_config, *kv_dtype).WithDType(*kv_dtype);
+  absl::StatusOr<KvCacheSpec> typed_spec =
+      (*arch)->cache_spec(*model_config, *kv_dtype).WithDType(*kv_dtype);
+  if (!typed_spec.ok()) return typed_spec.status();
+  const KvCacheSpec spec = *std::move(typed_spec);
   r.kv_bytes_per_token = spec.BytesPerToken();
   r.cache_state_bytes = spec.StateBytesPerSequence() * config.max_running;
   r.activation_reserve_bytes =

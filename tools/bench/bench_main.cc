@@ -58,8 +58,9 @@ int main(int argc, char** argv) {
                   "FP8, as DeepSeek's FP8 release stores them), the rest bfloat16; 1 byte per\n"
                   "weight in the roofline.");
   flags.AddString("kv-cache-dtype", &config.kv_cache_dtype,
-                  "auto (= --dtype), bfloat16 or float32: the latent KV cache's element type,\n"
-                  "and its bytes per value in the roofline.");
+                  "auto (= --dtype), bfloat16, float32 or fp8 (e4m3 latent with one scale\n"
+                  "per token, bf16 rope key): the latent KV cache's element type, and its bytes\n"
+                  "per value in the roofline.");
   flags.AddInt("kv-cache-blocks", &config.kv_cache_blocks,
                "Blocks of the KV pool (0, the default: what the largest prefill or decode\n"
                "batch needs; more: e.g. a decode run with the pool a large prefill would have,\n"

@@ -30,6 +30,7 @@
 #include "tools/bench/roofline_v4.h"
 #include "worker/backend/backend_factory.h"
 #include "worker/backend/bf16.h"
+#include "worker/backend/fp8_latent_entry.h"
 #include "worker/comm/data_plane.h"
 #include "worker/comm/tcp_communicator.h"
 #include "worker/device_discovery.h"
@@ -114,6 +115,33 @@ void FillCacheRandom(Backend* backend, const KvBlockPool& pool, uint32_t seed) {
   const KvBlockPoolOptions& o = pool.options();
   // Every group of this model's spec has one entry type (PagedLatentSpec).
   const KvCacheGroupSpec& g = o.spec.groups[0];
+  if (g.dtype == WeightDType::kFp8E4M3) {
+    // Whole entries (codes with their scales: random bytes would hold NaN codes), a chunk of
+    // them quantised on the host and copied at shifting entry offsets.
+    const int64_t entry = g.EntryBytes();
+    const int64_t entries = int64_t{o.num_blocks} * o.block_size;
+    const int64_t chunk_entries = std::min<int64_t>(entries, 4096);
+    std::vector<uint8_t> chunk(chunk_entries * entry);
+    std::mt19937 gen(seed);
+    std::uniform_real_distribution<float> u(-1.0f, 1.0f);
+    std::vector<float> values(g.latent_dim + g.rope_dim);
+    for (int64_t e = 0; e < chunk_entries; ++e) {
+      for (float& v : values) v = u(gen);
+      QuantizeFp8LatentEntry(values.data(), g.latent_dim, values.data() + g.latent_dim, g.rope_dim,
+                             chunk.data() + e * entry);
+    }
+    for (int32_t layer = 0; layer < o.spec.num_layers(); ++layer) {
+      char* dst = static_cast<char*>(pool.LayerData(layer));
+      for (int64_t done = 0; done < entries;) {
+        const int64_t shift = (layer * 7919 + done) % chunk_entries;
+        const int64_t n = std::min(entries - done, chunk_entries - shift);
+        backend->CopyToDevice(chunk.data() + shift * entry, n * entry, dst + done * entry);
+        done += n;
+      }
+    }
+    backend->Synchronize();
+    return;
+  }
   const size_t per_layer =
       static_cast<size_t>(o.num_blocks) * o.block_size * g.EntryBytes() / WeightDTypeSize(g.dtype);
   const bool bf16 = g.dtype == WeightDType::kBFloat16;
@@ -172,7 +200,10 @@ struct RankOutput {
   int64_t graph_bytes_reserved_peak = -1;  // the CUDA graph allocator's peak
   WeightDType kv_cache_dtype = WeightDType::kFloat32;
   int64_t kv_cache_blocks = 0;
-  int64_t decode_graph_steps = 0;  // decode steps that took the graph path
+  int64_t kv_cache_bytes_per_token = 0;  // over every layer
+  int64_t kv_cache_entry_bytes = 0;      // one layer's entry (paged_latent)
+  int64_t kv_cache_entry_values = 0;     // latent + rope values of that entry
+  int64_t decode_graph_steps = 0;        // decode steps that took the graph path
   std::string prefill_op_report, decode_op_report;
 };
 
@@ -358,8 +389,12 @@ absl::Status RunRank(const BenchConfig& bc, int64_t rank, RankState* s, RankOutp
   o->load_seconds = Seconds(load_start, Clock::now());
   o->backend = s->parts.backend->name();
   o->expert_exchange = s->parts.expert_exchange;
-  o->kv_cache_dtype = s->parts.pool->spec().groups[0].dtype;
+  const KvCacheGroupSpec& cache_group = s->parts.pool->spec().groups[0];
+  o->kv_cache_dtype = cache_group.dtype;
   o->kv_cache_blocks = s->parts.pool->num_blocks();
+  o->kv_cache_bytes_per_token = s->parts.pool->spec().BytesPerToken();
+  o->kv_cache_entry_bytes = cache_group.EntryBytes();
+  o->kv_cache_entry_values = cache_group.latent_dim + cache_group.rope_dim;
   CausalLm* model = s->parts.model.get();
   KvBlockPool* pool = s->parts.pool.get();
   const ModelConfig& mc = model->config();
@@ -746,7 +781,10 @@ absl::StatusOr<BenchResult> RunBenchmark(const BenchConfig& bc) {
   }
   r.bytes_per_value = *bytes_per_value;
   r.kv_cache_dtype = WeightDTypeName(outputs[0].kv_cache_dtype);
-  r.cache_bytes_per_value = static_cast<double>(WeightDTypeSize(outputs[0].kv_cache_dtype));
+  // Bytes per cached value as the pool stores them (an FP8 entry's scale and padding included).
+  r.kv_cache_bytes_per_token = outputs[0].kv_cache_bytes_per_token;
+  r.cache_bytes_per_value = static_cast<double>(outputs[0].kv_cache_entry_bytes) /
+                            std::max<int64_t>(1, outputs[0].kv_cache_entry_values);
   r.kv_cache_blocks = outputs[0].kv_cache_blocks;
   // The step costs of the config's architecture (roofline.h; roofline_v4.h for DeepSeek-V4).
   std::optional<DeepseekV4Config> v4;
@@ -903,6 +941,10 @@ std::string FormatBenchReport(const BenchConfig& c, const BenchResult& r) {
                         "blocks of %d)\n",
                         c.model, r.param_count / 1e9, c.dtype, r.bytes_per_value, r.kv_cache_dtype,
                         r.kv_cache_blocks, c.block_size);
+  if (r.kv_cache_bytes_per_token > 0) {
+    absl::StrAppendFormat(&out, "kv cache: %d bytes per token, %d tokens per GiB\n",
+                          r.kv_cache_bytes_per_token, r.kv_cache_tokens_per_gib());
+  }
   absl::StrAppendFormat(&out, "backend: %s\nload_s: %.2f\n", r.backend, r.load_seconds);
   if (c.pause_before_decode_ms > 0) {
     absl::StrAppendFormat(&out, "pause before each decode run: %d ms (device idle)\n",
@@ -1091,13 +1133,16 @@ std::string FormatBenchJson(const BenchConfig& c, const BenchResult& r) {
       "\"tokens_per_s\": %.3f, \"roofline_fraction\": %s, \"bytes_per_step\": %.6g, "
       "\"flops_per_step\": %.6g}, \"decode\": [%s], \"mem_peak_bytes\": %d, "
       "\"cuda_graphs\": %s, \"decode_graph_steps\": %d, \"graph_mem_peak_bytes\": %d, "
-      "\"pause_before_decode_ms\": %d}\n",
+      "\"pause_before_decode_ms\": %d, \"kv_cache_dtype\": \"%s\", "
+      "\"kv_cache_bytes_per_token\": %d, \"kv_cache_tokens_per_gib\": %d, "
+      "\"kv_cache_blocks\": %d}\n",
       model, r.backend, c.dtype, r.bytes_per_value, r.ranks, r.data_plane, r.param_count,
       r.load_seconds, c.context_length, peak(c.peak_bytes_per_s), peak(c.peak_flops_per_s),
       r.prefill_tokens_per_step, r.prefill_step_seconds, r.prefill_warmup_step_seconds,
       r.prefill_tokens_per_s, fraction(r.prefill_roofline_fraction), r.prefill_bytes_per_step,
       r.prefill_flops_per_step, decode, r.device_bytes_reserved_peak, graphs(r.cuda_graphs),
-      r.decode_graph_steps, r.graph_bytes_reserved_peak, c.pause_before_decode_ms);
+      r.decode_graph_steps, r.graph_bytes_reserved_peak, c.pause_before_decode_ms, r.kv_cache_dtype,
+      r.kv_cache_bytes_per_token, r.kv_cache_tokens_per_gib(), r.kv_cache_blocks);
 }
 
 std::string BenchCsvHeader() {

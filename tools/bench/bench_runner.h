@@ -181,8 +181,14 @@ struct BenchResult {
   std::string expert_exchange;  // ranks > 1: how rows move (ExpertDispatcher::exchange_name)
   double bytes_per_value = 4;
   std::string kv_cache_dtype = "float32";  // the KvBlockPool's element type
-  double cache_bytes_per_value = 4;
-  int64_t kv_cache_blocks = 0;  // the KvBlockPool's blocks (per rank)
+  double cache_bytes_per_value = 4;  // an FP8 entry's scale and padding spread over its values
+  int64_t kv_cache_blocks = 0;       // the KvBlockPool's blocks (per rank)
+  // Bytes one token's entries take over every layer (KvCacheSpec::BytesPerToken): what the
+  // engine's memory plan divides the cache's memory by.
+  int64_t kv_cache_bytes_per_token = 0;
+  int64_t kv_cache_tokens_per_gib() const {
+    return kv_cache_bytes_per_token > 0 ? (int64_t{1} << 30) / kv_cache_bytes_per_token : 0;
+  }
   double load_seconds = 0;
   double param_count = 0;
   int64_t prefill_tokens_per_step = 0;  // per rank; 0: prefill not measured

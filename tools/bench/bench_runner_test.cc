@@ -290,6 +290,16 @@ TEST(BenchRunnerTest, RejectsBadInput) {
   ASSERT_TRUE(f32_cache.ok()) << f32_cache.status();
   EXPECT_EQ(f32_cache->kv_cache_dtype, "float32");
   EXPECT_EQ(f32_cache->cache_bytes_per_value, 4);
+  // An FP8 cache: its real bytes per token (e4m3 latent, bf16 rope, a scale, padding), fewer
+  // than bf16's, and between 1 and 2 bytes per value in the roofline.
+  c.kv_cache_dtype = "fp8";
+  auto fp8_cache = RunBenchmark(c);
+  ASSERT_TRUE(fp8_cache.ok()) << fp8_cache.status();
+  EXPECT_EQ(fp8_cache->kv_cache_dtype, "float8_e4m3");
+  EXPECT_GT(fp8_cache->cache_bytes_per_value, 1);
+  EXPECT_LT(fp8_cache->cache_bytes_per_value, 2);
+  EXPECT_LT(fp8_cache->kv_cache_bytes_per_token, bf16->kv_cache_bytes_per_token);
+  EXPECT_GT(fp8_cache->kv_cache_tokens_per_gib(), bf16->kv_cache_tokens_per_gib());
   c.kv_cache_dtype = "int8";
   EXPECT_EQ(RunBenchmark(c).status().code(), absl::StatusCode::kInvalidArgument);
 }

@@ -13,7 +13,10 @@
 #     3 dense + 1 MoE with 256 experts top-8): ours only, prefill 8 x 1024, decode at 1, 64, 128
 # Our dtype is BENCH_DTYPE (default bfloat16); HF runs bf16. BENCH_FP8=1 adds our runs with
 # --dtype fp8 (projections and MLPs FP8 block-scaled, the rest bf16) on both configs: rows
-# moonlight_fp8 and v3_4layers_fp8 beside the BENCH_DTYPE rows, in the same call.
+# moonlight_fp8 and v3_4layers_fp8 beside the BENCH_DTYPE rows, in the same call; and row
+# moonlight_fp8kv: BENCH_DTYPE weights with --kv-cache-dtype fp8 (the latent cache in e4m3 with
+# a scale per token), whose cache bytes and tokens per GiB (against the BENCH_DTYPE row's) go
+# to summary.txt.
 # Before each decode run, ours and HF idle the GPU for BENCH_DECODE_PAUSE_MS (default 1000) ms:
 # right after a large prefill the board's power controller holds the SM clock down for ~0.4 s,
 # which costs a latency-bound 1-request decode ~5% (docs/performance.md, "Decode right after a
@@ -83,8 +86,16 @@ if [[ ${BENCH_FP8:-0} == 1 ]]; then
     --decode-num-requests 1,64,128 --prefill-batch-tokens 32768 --iters 3
   step ours_v3_4layers_fp8 100 "${fp8[@]}" --model "$here/configs/deepseek_v3_4layers.json" \
     --decode-num-requests 1,64,128 --prefill-batch-tokens 8192 --iters 3
+  step ours_moonlight_fp8kv 120 "${bench[@]}" --kv-cache-dtype fp8 \
+    --model "$here/configs/moonlight_shaped.json" \
+    --decode-num-requests 1,64,128 --prefill-batch-tokens 32768 --iters 3
   fp8_rows=(--ours "moonlight_fp8=$work/ours_moonlight_fp8.json"
-    --ours "v3_4layers_fp8=$work/ours_v3_4layers_fp8.json")
+    --ours "v3_4layers_fp8=$work/ours_v3_4layers_fp8.json"
+    --ours "moonlight_fp8kv=$work/ours_moonlight_fp8kv.json")
+  for run in ours_moonlight ours_moonlight_fp8kv; do
+    grep -o '"kv_cache_dtype": "[^"]*", "kv_cache_bytes_per_token": [0-9]*, "kv_cache_tokens_per_gib": [0-9]*' \
+      "$work/$run.json" 2>/dev/null | sed "s/^/$run kv cache: /" | tee -a "$summary"
+  done
 fi
 
 python3 "$here/combine_results.py" \

@@ -92,6 +92,7 @@ tests=(
   //worker/backend/cuda:cuda_backend_attention_test
   //worker/backend/cuda:cuda_backend_moe_test
   //worker/backend/cuda:cuda_backend_fp8_test
+  //worker/backend/cuda:cuda_backend_fp8_cache_test
   //worker/backend/cuda:cublaslt_fp8_gemm_test
   //worker/backend/cuda:cublaslt_gemm_tuner_test
   //worker/backend/cuda:cuda_v4_ops_gpu_test

@@ -15,7 +15,7 @@
 //    with 128 x 128 block scales (WeightView::fp8), kept as a checkpoint stores them. A bf16 GEMM
 //    rounds its fp32 activation operand to bf16 too (round to nearest even), so every product is
 //    exact in fp32 and only the summation order differs between backends. Norms, residuals, rope,
-//    attention math and the router stay fp32; the latent KV cache may store bf16
+//    attention math and the router stay fp32; the latent KV cache may store bf16 or FP8
 //    (PagedLatentCacheView::dtype).
 //  * Linear layers follow the checkpoint layout: W is [out_features, in_features], y = x·Wᵀ.
 //  * Index arrays (token ids, positions, slots, block tables, expert ids) are int32.
@@ -35,6 +35,7 @@
 #include "absl/status/statusor.h"
 #include "worker/backend/device_buffer.h"
 #include "worker/backend/dummy_fill.h"
+#include "worker/backend/fp8_latent_entry.h"
 #include "worker/backend/v4_ops.h"
 #include "worker/sampling/logit_adjustment.h"
 #include "worker/sampling/row_sampling_params.h"
@@ -114,10 +115,12 @@ struct DeviceMemoryInfo {
 };
 
 // Paged latent KV cache geometry for one layer, as the attention op sees it. Entry t of block b
-// lives at element ((b * block_size) + t) * entry_dim of cache, with the latent first, rope key
+// lives at byte ((b * block_size) + t) * entry_bytes() of cache, with the latent first, rope key
 // after. Elements are dtype: float32, or bfloat16 (the backend's dtype by default, see
 // KvBlockPoolOptions), which WriteLatentCache rounds to nearest even and the attention op widens
-// to fp32 before any arithmetic.
+// to fp32 before any arithmetic; or kFp8E4M3, the latent as e4m3 codes with one fp32 scale per
+// entry and the rope key bf16 (fp8_latent_entry.h), which WriteLatentCache quantises as
+// QuantizeFp8LatentEntry does and the attention op dequantises to fp32 before any arithmetic.
 struct PagedLatentCacheView {
   void* cache = nullptr;
   int32_t block_size = 0;
@@ -125,8 +128,13 @@ struct PagedLatentCacheView {
   int32_t rope_dim = 0;    // qk_rope_head_dim
   WeightDType dtype = WeightDType::kFloat32;
   int32_t entry_dim() const { return latent_dim + rope_dim; }
-  // Bytes of one entry (latent + rope key) in dtype.
-  size_t entry_bytes() const { return static_cast<size_t>(entry_dim()) * WeightDTypeSize(dtype); }
+  // Bytes of one entry (latent + rope key, and for FP8 the scale and padding).
+  size_t entry_bytes() const {
+    if (dtype == WeightDType::kFp8E4M3) {
+      return static_cast<size_t>(Fp8LatentLayout(latent_dim, rope_dim).bytes);
+    }
+    return static_cast<size_t>(entry_dim()) * WeightDTypeSize(dtype);
+  }
 };
 
 // Host-side shape of one sequence of an MlaAttention call (block-table row i is sequence i):
@@ -519,7 +527,8 @@ class Backend {
 
   // ---- Attention ---------------------------------------------------------------------------
   // Writes each token's latent and rope key into its cache slot (slot = block*block_size+off),
-  // rounded to nearest even when the cache is bf16.
+  // rounded to nearest even when the cache is bf16, quantised as QuantizeFp8LatentEntry when it
+  // is FP8.
   virtual void WriteLatentCache(int64_t tokens, const float* latent, int64_t ld_latent,
                                 const float* rope_key, int64_t ld_rope, const int32_t* slots,
                                 const PagedLatentCacheView& cache) = 0;
@@ -538,7 +547,8 @@ class Backend {
                 aq.heads * aq.latent_dim, aq.latent_dim);
   }
   // Absorbed MLA: out[t, h] = sum_j softmax_j(scale * (q_latent·c_j + q_rope·k_j)) c_j, with
-  // the cached c_j, k_j widened to fp32 (exact from bf16) and fp32 math.
+  // the cached c_j, k_j widened to fp32 (exact from bf16; FP8 as DequantizeFp8LatentEntry) and
+  // fp32 math.
   // The CUDA backend with bf16 weights runs sequences of args.sequences with many new tokens on
   // bf16 tensor cores (docs/cuda.md); everything else is fp32.
   virtual void MlaAttention(const MlaAttentionArgs& args) = 0;

@@ -289,7 +289,9 @@ absl::Status BuildRank(const RankSpec& spec, const RankHooks& hooks,
   absl::StatusOr<WeightDType> cache_dtype =
       ResolveKvCacheDType(spec.kv_cache_dtype, be->weight_dtype());
   if (!cache_dtype.ok()) return cache_dtype.status();
-  const KvCacheSpec cache_spec = parts->model->CacheSpec().WithDType(*cache_dtype);
+  absl::StatusOr<KvCacheSpec> typed_spec = parts->model->CacheSpec().WithDType(*cache_dtype);
+  if (!typed_spec.ok()) return typed_spec.status();
+  const KvCacheSpec cache_spec = *std::move(typed_spec);
   const int32_t bs = spec.block_size;
   // Per-sequence state (V4's window rings, compressor rows): one slot per running sequence,
   // taken from the KV cache's share of the memory.

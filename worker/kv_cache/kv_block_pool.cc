@@ -19,8 +19,9 @@ absl::StatusOr<WeightDType> ResolveKvCacheDType(const std::string& name, WeightD
   if (name.empty() || name == "auto") return weight_dtype;
   if (name == "float32" || name == "fp32") return WeightDType::kFloat32;
   if (name == "bfloat16" || name == "bf16") return WeightDType::kBFloat16;
-  return absl::InvalidArgumentError(
-      absl::StrCat("unknown KV cache dtype '", name, "' (expected auto, bfloat16 or float32)"));
+  if (name == "fp8" || name == "fp8_e4m3" || name == "float8_e4m3") return WeightDType::kFp8E4M3;
+  return absl::InvalidArgumentError(absl::StrCat("unknown KV cache dtype '", name,
+                                                 "' (expected auto, bfloat16, float32 or fp8)"));
 }
 
 absl::StatusOr<std::unique_ptr<KvBlockPool>> KvBlockPool::Create(Backend* backend,

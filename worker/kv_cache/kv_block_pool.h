@@ -1,7 +1,7 @@
 // KvBlockPool: the paged KV cache of one rank, laid out by the model's KvCacheSpec. Per layer it
 // holds num_blocks blocks of block_size token entries of that layer's group (kv_cache_spec.h:
-// for kPagedLatent the normalised MLA latent followed by the rotated rope key, float32 or
-// bfloat16). Block ids are shared by every group: sequences own lists of block ids (block
+// for kPagedLatent the normalised MLA latent followed by the rotated rope key, float32,
+// bfloat16 or FP8). Block ids are shared by every group: sequences own lists of block ids (block
 // tables), and the pool only hands blocks out and takes them back. Memory is a backend buffer,
 // so the same pool serves the CPU and CUDA backends.
 #ifndef DEEPINFER_WORKER_KV_CACHE_KV_BLOCK_POOL_H_
@@ -31,8 +31,9 @@ struct KvBlockPoolOptions {
 };
 
 // The cache element type a --kv-cache-dtype value selects: "auto" (or empty) = weight_dtype, the
-// backend's; "bfloat16" / "float32" (also "bf16" / "fp32"); INVALID_ARGUMENT naming the value
-// otherwise.
+// backend's; "bfloat16" / "float32" (also "bf16" / "fp32"); "fp8" (also "fp8_e4m3",
+// "float8_e4m3": kFp8E4M3, the MLA latent in e4m3 with a per-token scale); INVALID_ARGUMENT
+// naming the value otherwise.
 absl::StatusOr<WeightDType> ResolveKvCacheDType(const std::string& name, WeightDType weight_dtype);
 
 class KvBlockPool {

@@ -63,9 +63,29 @@ TEST(KvBlockPoolTest, ResolveKvCacheDType) {
   EXPECT_EQ(*ResolveKvCacheDType("", WeightDType::kFloat32), WeightDType::kFloat32);
   EXPECT_EQ(*ResolveKvCacheDType("float32", WeightDType::kBFloat16), WeightDType::kFloat32);
   EXPECT_EQ(*ResolveKvCacheDType("bf16", WeightDType::kFloat32), WeightDType::kBFloat16);
-  const auto bad = ResolveKvCacheDType("fp8", WeightDType::kFloat32);
+  EXPECT_EQ(*ResolveKvCacheDType("fp8", WeightDType::kBFloat16), WeightDType::kFp8E4M3);
+  EXPECT_EQ(*ResolveKvCacheDType("float8_e4m3", WeightDType::kFloat32), WeightDType::kFp8E4M3);
+  const auto bad = ResolveKvCacheDType("int4", WeightDType::kFloat32);
   EXPECT_EQ(bad.status().code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_NE(bad.status().message().find("'fp8'"), std::string::npos);
+  EXPECT_NE(bad.status().message().find("'int4'"), std::string::npos);
+}
+
+TEST(KvBlockPoolTest, Fp8EntriesCountTheirRealBytes) {
+  CpuBackend be(1);
+  // Latent 6 e4m3 bytes, rope 2 bf16 at offset 8, the scale at 12: 16 bytes an entry.
+  const KvBlockPoolOptions o = Latent(3, 2, 4, 6, 2, WeightDType::kFp8E4M3);
+  EXPECT_EQ(o.spec.groups[0].EntryBytes(), 16);
+  auto pool = KvBlockPool::Create(&be, o);
+  ASSERT_TRUE(pool.ok()) << pool.status();
+  const PagedLatentCacheView v = (*pool)->LayerView(2);
+  EXPECT_EQ(v.dtype, WeightDType::kFp8E4M3);
+  EXPECT_EQ(v.entry_bytes(), 16u);
+  // Blocks read out carry the real bytes: 2 blocks x 3 layers x 4 tokens x 16 bytes.
+  auto blocks = (*pool)->Allocate(2);
+  ASSERT_TRUE(blocks.ok());
+  auto bytes = (*pool)->ReadBlocks(*blocks);
+  ASSERT_TRUE(bytes.ok());
+  EXPECT_EQ(bytes->size(), 2u * 3 * 4 * 16);
 }
 
 TEST(KvBlockPoolTest, Bf16EntriesTakeTwoBytesPerValue) {

@@ -6,6 +6,7 @@
 #include <numeric>
 
 #include "absl/strings/str_cat.h"
+#include "worker/backend/fp8_latent_entry.h"
 
 namespace deepinfer {
 
@@ -44,6 +45,7 @@ PrefixReuse KvCacheKindPrefixReuse(KvCacheKind kind) {
 int64_t KvCacheGroupSpec::EntryBytes() const {
   switch (kind) {
     case KvCacheKind::kPagedLatent:
+      if (dtype == WeightDType::kFp8E4M3) return Fp8LatentLayout(latent_dim, rope_dim).bytes;
       return static_cast<int64_t>(latent_dim + rope_dim) *
              static_cast<int64_t>(WeightDTypeSize(dtype));
     case KvCacheKind::kSlidingWindow:
@@ -208,10 +210,18 @@ int64_t KvCacheSpec::EntrySpan() const {
   return span;
 }
 
-KvCacheSpec KvCacheSpec::WithDType(WeightDType dtype) const {
+absl::StatusOr<KvCacheSpec> KvCacheSpec::WithDType(WeightDType dtype) const {
   KvCacheSpec out = *this;
   for (KvCacheGroupSpec& g : out.groups) {
-    if (g.kind == KvCacheKind::kPagedLatent) g.dtype = dtype;
+    if (g.kind == KvCacheKind::kPagedLatent) {
+      g.dtype = dtype;
+    } else if (dtype == WeightDType::kFp8E4M3) {
+      // The V4 kinds' entries and state are float32 and have no FP8 layout.
+      return absl::UnimplementedError(absl::StrCat(
+          "--kv-cache-dtype fp8 applies to the MLA latent cache (paged_latent) only; this model's ",
+          KvCacheKindName(g.kind), " cache (DeepSeek-V4 attention) has no FP8 layout: use auto, ",
+          "bfloat16 or float32"));
+    }
   }
   return out;
 }

@@ -31,6 +31,7 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "worker/backend/backend.h"
 
 namespace deepinfer {
@@ -72,8 +73,9 @@ struct KvCacheGroupSpec {
   int32_t window = 0;
   int32_t ratio = 0;
   int32_t index_dim = 0;
-  // Element type of the entries (bf16 halves the bytes attention reads per token). The V4 kinds
-  // are float32 whatever this says.
+  // Element type of the entries (bf16 halves the bytes attention reads per token; kFp8E4M3 is
+  // the latent in e4m3 with a per-token scale and the rope key in bf16,
+  // worker/backend/fp8_latent_entry.h). The V4 kinds are float32 whatever this says.
   WeightDType dtype = WeightDType::kFloat32;
 
   // Paged bytes of one layer per token (rounded up where an entry covers several tokens).
@@ -122,8 +124,9 @@ struct KvCacheSpec {
   // INVALID_ARGUMENT if a paged stream does not split evenly into blocks of block_size.
   absl::Status ValidateBlockSize(int32_t block_size) const;
   // The same spec with every group's entries in `dtype` (--kv-cache-dtype; the V4 kinds stay
-  // float32).
-  KvCacheSpec WithDType(WeightDType dtype) const;
+  // float32 for bfloat16). UNIMPLEMENTED naming the kind for kFp8E4M3 when a group is not
+  // kPagedLatent (only the MLA latent has an FP8 layout, fp8_latent_entry.h).
+  absl::StatusOr<KvCacheSpec> WithDType(WeightDType dtype) const;
   // "paged_latent x3 layers (512+64, bfloat16)".
   std::string ToString() const;
 };

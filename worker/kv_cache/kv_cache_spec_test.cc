@@ -13,7 +13,7 @@ TEST(KvCacheSpecTest, PagedLatentBytes) {
   EXPECT_EQ(s.groups[0].EntryBytes(), (32 + 16) * 4);
   EXPECT_EQ(s.BytesPerToken(), 3 * (32 + 16) * 4);
   EXPECT_EQ(s.BytesPerBlock(16), 16 * 3 * (32 + 16) * 4);
-  EXPECT_EQ(s.WithDType(WeightDType::kBFloat16).BytesPerToken(), 3 * (32 + 16) * 2);
+  EXPECT_EQ(s.WithDType(WeightDType::kBFloat16)->BytesPerToken(), 3 * (32 + 16) * 2);
   // A latent entry depends only on the tokens up to its position: blocks can be shared.
   EXPECT_EQ(KvCacheKindPrefixReuse(KvCacheKind::kPagedLatent), PrefixReuse::kShareBlocks);
   EXPECT_TRUE(s.SharesPrefixBlocks());
@@ -76,7 +76,12 @@ TEST(KvCacheSpecTest, DeepSeekV4FlashSizes) {
   EXPECT_EQ(s.BytesPerBlock(16), 16 * 13168);
   EXPECT_EQ(s.StateBytesPerSequence(), 24384 * 1024);
   // bf16 --kv-cache-dtype leaves the V4 kinds in float32.
-  EXPECT_EQ(s.WithDType(WeightDType::kBFloat16).BytesPerToken(), 13168);
+  EXPECT_EQ(s.WithDType(WeightDType::kBFloat16)->BytesPerToken(), 13168);
+  // fp8 has no layout for them: refused, naming the kind.
+  const absl::StatusOr<KvCacheSpec> fp8 = s.WithDType(WeightDType::kFp8E4M3);
+  ASSERT_FALSE(fp8.ok());
+  EXPECT_EQ(fp8.status().code(), absl::StatusCode::kUnimplemented);
+  EXPECT_NE(fp8.status().message().find("compressed_sparse"), std::string::npos) << fp8.status();
   // Prefix reuse: blocks hold the paged entries, the rings and compressor rows are rebuilt by a
   // bounded replay; an HCA entry covers 128 positions, 8 blocks of 16.
   EXPECT_EQ(KvCacheKindPrefixReuse(KvCacheKind::kCompressed), PrefixReuse::kBoundedReplay);
@@ -86,6 +91,18 @@ TEST(KvCacheSpecTest, DeepSeekV4FlashSizes) {
   hca.ratio = 3;
   const KvCacheSpec uneven{{csa, hca}};
   EXPECT_FALSE(uneven.ValidateBlockSize(16).ok());
+}
+
+TEST(KvCacheSpecTest, Fp8LatentCountsTheEntryBytes) {
+  // DeepSeek-V3: 61 layers of latent 512 + rope 64. FP8: 512 e4m3 + 64 bf16 + a 4-byte scale,
+  // padded to 656 bytes, against 1152 in bf16.
+  const KvCacheSpec bf16 = PagedLatentSpec(61, 512, 64, WeightDType::kBFloat16);
+  const absl::StatusOr<KvCacheSpec> fp8 = bf16.WithDType(WeightDType::kFp8E4M3);
+  ASSERT_TRUE(fp8.ok()) << fp8.status();
+  EXPECT_EQ(bf16.BytesPerToken(), 61 * 1152);
+  EXPECT_EQ(fp8->BytesPerToken(), 61 * 656);
+  EXPECT_EQ(fp8->BytesPerBlock(64), 61 * 656 * 64);
+  EXPECT_EQ(fp8->ToString(), "paged_latent x61 layers (512+64, float8_e4m3)");
 }
 
 TEST(KvCacheSpecTest, SlidingWindowHasStateOnly) {

@@ -149,6 +149,17 @@ TEST_F(PrefixCacheTest, KeyIsPartOfTheHash) {
   EXPECT_EQ(grown, h2);
 }
 
+// The cache dtype is part of a rank's key: FP8 blocks (their own bytes) never answer a bf16
+// cache's lookups, in memory or in the host and disk tiers.
+TEST(PrefixCacheKeyTest, NamesTheCacheDType) {
+  const KvCacheSpec bf16 = PagedLatentSpec(2, 8, 4, WeightDType::kBFloat16);
+  const KvCacheSpec fp8 = *bf16.WithDType(WeightDType::kFp8E4M3);
+  const std::string a = PrefixCacheKey("m", WeightDType::kBFloat16, bf16, 16);
+  const std::string b = PrefixCacheKey("m", WeightDType::kBFloat16, fp8, 16);
+  EXPECT_NE(a, b);
+  EXPECT_NE(b.find("float8_e4m3"), std::string::npos) << b;
+}
+
 TEST_F(PrefixCacheTest, ConcurrentSequencesShareReferencedBlocks) {
   auto pool = MakePool(8);
   PrefixCache cache(pool.get(), {true, "m"});

@@ -11,6 +11,7 @@
 #include "absl/strings/str_cat.h"
 #include "glog/logging.h"
 #include "worker/backend/bf16.h"
+#include "worker/backend/fp8_latent_entry.h"
 #include "worker/sampling/sampler.h"
 
 namespace deepinfer {
@@ -319,7 +320,11 @@ void CpuBackend::WriteLatentCache(int64_t tokens, const float* latent, int64_t l
     const int64_t at = static_cast<int64_t>(slots[t]) * entry;
     const float* l = latent + t * ld_latent;
     const float* r = rope_key + t * ld_rope;
-    if (cache.dtype == WeightDType::kBFloat16) {
+    if (cache.dtype == WeightDType::kFp8E4M3) {
+      QuantizeFp8LatentEntry(l, cache.latent_dim, r, cache.rope_dim,
+                             static_cast<uint8_t*>(cache.cache) +
+                                 static_cast<int64_t>(slots[t]) * cache.entry_bytes());
+    } else if (cache.dtype == WeightDType::kBFloat16) {
       uint16_t* dst = static_cast<uint16_t*>(cache.cache) + at;
       for (int64_t i = 0; i < cache.latent_dim; ++i) dst[i] = FloatToBf16Bits(l[i]);
       for (int64_t i = 0; i < cache.rope_dim; ++i)
@@ -338,13 +343,22 @@ void CpuBackend::MlaAttention(const MlaAttentionArgs& args) {
   const int64_t entry = args.cache.entry_dim();
   const int64_t bs = args.cache.block_size;
   const bool bf16 = args.cache.dtype == WeightDType::kBFloat16;
+  const bool fp8 = args.cache.dtype == WeightDType::kFp8E4M3;
   const int64_t work = static_cast<int64_t>(args.num_tokens) * args.num_heads;
   pool_.ParallelFor(work, 1, [&](int64_t b, int64_t e) {
-    std::vector<float> scores, widened(bf16 ? entry : 0);
+    std::vector<float> scores, widened(bf16 || fp8 ? entry : 0);
     std::vector<double> acc(latent);
-    // Cache entry j of the token's sequence as fp32 (bf16 entries widened exactly).
+    // Cache entry j of the token's sequence as fp32 (bf16 entries widened exactly, FP8 entries
+    // dequantised).
     auto key = [&](const int32_t* table, int64_t j) -> const float* {
-      const int64_t at = (static_cast<int64_t>(table[j / bs]) * bs + j % bs) * entry;
+      const int64_t slot = static_cast<int64_t>(table[j / bs]) * bs + j % bs;
+      if (fp8) {
+        DequantizeFp8LatentEntry(
+            static_cast<const uint8_t*>(args.cache.cache) + slot * args.cache.entry_bytes(), latent,
+            rope, widened.data());
+        return widened.data();
+      }
+      const int64_t at = slot * entry;
       if (!bf16) return static_cast<const float*>(args.cache.cache) + at;
       const uint16_t* src = static_cast<const uint16_t*>(args.cache.cache) + at;
       for (int64_t i = 0; i < entry; ++i) widened[i] = Bf16BitsToFloat(src[i]);
@@ -389,6 +403,7 @@ bool CpuBackend::MhaPrefillAttention(const MhaPrefillArgs& a) {
   const int64_t nh = a.num_heads, nope = a.nope_dim, vd = a.v_dim, head_w = nope + vd;
   const int64_t kv_w = nh * head_w;
   const bool bf16 = a.cache.dtype == WeightDType::kBFloat16;
+  const bool fp8 = a.cache.dtype == WeightDType::kFp8E4M3;
   if ((a.out == nullptr) == (a.out_bf16 == nullptr) || a.sequences == nullptr) {
     Record(absl::InvalidArgumentError(
         "CpuBackend::MhaPrefillAttention: needs the host spans and exactly one of out, out_bf16"));
@@ -418,12 +433,20 @@ bool CpuBackend::MhaPrefillAttention(const MhaPrefillArgs& a) {
     const int64_t len = s.context_len, past = len - s.num_tokens;
     const int32_t* table = a.block_tables + static_cast<int64_t>(i) * a.max_blocks_per_seq;
     // The sequence's cached latents and rope keys as fp32 (bf16 widened exactly).
-    std::vector<float> lat(len * latent), k_rope(len * rope);
+    std::vector<float> lat(len * latent), k_rope(len * rope), dequantized(fp8 ? entry : 0);
     for (int64_t j = 0; j < len; ++j) {
-      const int64_t at = (static_cast<int64_t>(table[j / bs]) * bs + j % bs) * entry;
+      const int64_t slot = static_cast<int64_t>(table[j / bs]) * bs + j % bs;
+      const int64_t at = slot * entry;
+      if (fp8) {
+        DequantizeFp8LatentEntry(
+            static_cast<const uint8_t*>(a.cache.cache) + slot * a.cache.entry_bytes(), latent, rope,
+            dequantized.data());
+      }
       for (int64_t c = 0; c < entry; ++c) {
-        const float v = bf16 ? Bf16BitsToFloat(static_cast<const uint16_t*>(a.cache.cache)[at + c])
-                             : static_cast<const float*>(a.cache.cache)[at + c];
+        const float v = fp8 ? dequantized[c]
+                        : bf16
+                            ? Bf16BitsToFloat(static_cast<const uint16_t*>(a.cache.cache)[at + c])
+                            : static_cast<const float*>(a.cache.cache)[at + c];
         if (c < latent) {
           lat[j * latent + c] = v;
         } else {

@@ -1,6 +1,8 @@
 // CudaBackend's attention ops: rope, the latent cache writes (with the norm, rope and W_uk
 // product in one launch at a decode token), MLA attention (the one-launch decode kernel, the
-// key-split decode kernels, the tensor-core prefill) and the non-absorbed MLA prefill.
+// key-split decode kernels, the tensor-core prefill) and the non-absorbed MLA prefill. An FP8
+// latent cache (fp8_latent_entry.h) is written by its own quantising kernel and read by the
+// CUDA-core MLA kernel only (decode and prefill alike).
 #include <algorithm>
 #include <cstdint>
 #include <vector>
@@ -13,14 +15,34 @@
 #include "kernels/rope/rope.h"
 #include "worker/backend/cuda/cuda_backend.h"
 #include "worker/backend/cuda/op_timer.h"
+#include "worker/backend/fp8_latent_entry.h"
 
 namespace deepinfer {
 namespace {
 
 kernels::PagedLatentCache KernelCache(const PagedLatentCacheView& v) {
-  return {v.cache, v.block_size, v.latent_dim, v.rope_dim,
-          v.dtype == WeightDType::kBFloat16 ? kernels::LatentCacheType::kBFloat16
-                                            : kernels::LatentCacheType::kFloat32};
+  kernels::PagedLatentCache c;
+  c.cache = v.cache;
+  c.block_size = v.block_size;
+  c.latent_dim = v.latent_dim;
+  c.rope_dim = v.rope_dim;
+  switch (v.dtype) {
+    case WeightDType::kBFloat16:
+      c.type = kernels::LatentCacheType::kBFloat16;
+      break;
+    case WeightDType::kFp8E4M3: {
+      c.type = kernels::LatentCacheType::kFp8E4M3;
+      const Fp8LatentEntryLayout layout = Fp8LatentLayout(v.latent_dim, v.rope_dim);
+      c.fp8_rope_offset = static_cast<int32_t>(layout.rope_offset);
+      c.fp8_scale_offset = static_cast<int32_t>(layout.scale_offset);
+      c.fp8_entry_bytes = static_cast<int32_t>(layout.bytes);
+      break;
+    }
+    case WeightDType::kFloat32:
+      c.type = kernels::LatentCacheType::kFloat32;
+      break;
+  }
+  return c;
 }
 
 kernels::NormRopeCacheParams NormRopeCacheParamsFor(const NormRopeCacheArgs& a) {
@@ -92,6 +114,29 @@ void CudaBackend::WriteLatentCache(int64_t tokens, const float* latent, int64_t 
 }
 
 void CudaBackend::NormRopeWriteLatentCache(const NormRopeCacheArgs& a) {
+  if (a.cache.dtype == WeightDType::kFp8E4M3) {
+    // The ops it stands for, as the CPU backend runs them: the fused kernel writes fp32 and bf16
+    // entries only.
+    const int64_t T = a.tokens, L = a.cache.latent_dim, R = a.cache.rope_dim;
+    if (T <= 0) return;
+    auto latent = AllocateScratch(static_cast<size_t>(T * L) * sizeof(float));
+    auto key = AllocateScratch(static_cast<size_t>(T * R) * sizeof(float));
+    RmsNorm(T, L, a.kv, a.ld_kv, a.norm_weight, a.eps, latent->as<float>(), L);
+    {
+      OpTimer timer(this, "NormRopeWriteLatentCache");
+      Check(cudaMemcpy2DAsync(key->data(), R * sizeof(float), a.kv + L, a.ld_kv * sizeof(float),
+                              R * sizeof(float), T, cudaMemcpyDeviceToDevice, stream_),
+            "cudaMemcpy2DAsync (rope keys)");
+    }
+    ApplyRope(T, 1, key->as<float>(), R, 0, R, a.positions, a.inv_freq, a.attention_factor,
+              a.interleaved);
+    if (a.q_heads > 0) {
+      ApplyRope(T, a.q_heads, a.q, a.q_token_stride, a.q_head_stride, R, a.positions, a.inv_freq,
+                a.attention_factor, a.interleaved);
+    }
+    WriteLatentCache(T, latent->as<float>(), L, key->as<float>(), R, a.slots, a.cache);
+    return;
+  }
   OpTimer timer(this, "NormRopeWriteLatentCache");
   Check(kernels::NormRopeWriteLatentCacheF32(NormRopeCacheParamsFor(a), stream_),
         "kernels::NormRopeWriteLatentCacheF32");
@@ -99,7 +144,7 @@ void CudaBackend::NormRopeWriteLatentCache(const NormRopeCacheArgs& a) {
 
 void CudaBackend::NormRopeCacheAbsorbQuery(const NormRopeCacheArgs& nr, const AbsorbQueryArgs& aq) {
   if (!tuning_.batch_invariant && nr.tokens >= 1 && nr.tokens <= kNormRopeCacheAbsorbMaxTokens &&
-      aq.w_uk.dtype == WeightDType::kBFloat16) {
+      aq.w_uk.dtype == WeightDType::kBFloat16 && nr.cache.dtype != WeightDType::kFp8E4M3) {
     const kernels::NormRopeCacheParams p = NormRopeCacheParamsFor(nr);
     kernels::AbsorbQueryParams a;
     a.heads = aq.heads;
@@ -168,7 +213,9 @@ void CudaBackend::MlaAttention(const MlaAttentionArgs& a) {
     }
     for (int32_t i = 0; i < a.num_sequences; ++i) {
       const MlaSequenceSpan& s = a.sequences[i];
-      if (UsesTensorCoreAttention(s)) {
+      // The tensor-core prefill reads fp32 and bf16 caches; FP8 entries go through the
+      // CUDA-core kernel, which dequantises them.
+      if (a.cache.dtype != WeightDType::kFp8E4M3 && UsesTensorCoreAttention(s)) {
         prefill.push_back({i, s.first_token, s.num_tokens, s.context_len});
       }
     }
@@ -245,7 +292,9 @@ void CudaBackend::MlaAttention(const MlaAttentionArgs& a) {
 }
 
 bool CudaBackend::MhaPrefillAttention(const MhaPrefillArgs& a) {
-  if (tuning_.batch_invariant || a.kv_b.dtype != WeightDType::kBFloat16 || a.sequences == nullptr) {
+  // The kernel reads fp32 and bf16 caches; an FP8 cache's prefill runs the absorbed MlaAttention.
+  if (tuning_.batch_invariant || a.kv_b.dtype != WeightDType::kBFloat16 ||
+      a.sequences == nullptr || a.cache.dtype == WeightDType::kFp8E4M3) {
     return false;
   }
   if (!SpansTileTheBatch("CudaBackend::MhaPrefillAttention", a.sequences, a.num_sequences,

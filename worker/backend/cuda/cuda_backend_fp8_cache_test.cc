@@ -1,0 +1,282 @@
+// CudaBackend with an FP8 latent KV cache (fp8_latent_entry.h) against CpuBackend, the
+// reference: the cache write (the same bytes), the norm + rope + cache write and its form with
+// the W_uk product (the same values within the rounding of one e4m3 step where the fp32 inputs
+// differ in the last bit), and MLA attention over the same FP8 entries, eager and replayed from
+// a recording, decode and prefill-sized spans (the CUDA-core kernel: fp32 math, so fp32
+// tolerances); the non-absorbed prefill declines FP8.
+#include <cmath>
+#include <cstring>
+#include <memory>
+#include <numeric>
+#include <random>
+#include <utility>
+#include <vector>
+
+#include "gtest/gtest.h"
+#include "kernels/testing/gpu_test_util.h"
+#include "worker/backend/cpu/cpu_backend.h"
+#include "worker/backend/cuda/cuda_backend.h"
+#include "worker/backend/cuda/cuda_backend_test_fixture.h"
+#include "worker/backend/fp8_latent_entry.h"
+
+namespace deepinfer {
+namespace {
+
+using testing::AllClose;
+using testing::CudaBackendTest;
+
+constexpr int32_t kHeads = 16, kLatent = 512, kRope = 64, kBlock = 16, kEntry = kLatent + kRope;
+constexpr int64_t kEntryBytes = Fp8LatentLayout(kLatent, kRope).bytes;
+
+// Entries whose latents are scaled by 2^u from token to token, u uniform in [-binades,
+// binades] (so every token has its own scale), and rope keys of unit scale.
+std::vector<float> VariedEntries(int64_t tokens, uint32_t seed, float binades) {
+  std::vector<float> kv = testing::RandomFloats(tokens * kEntry, seed);
+  std::mt19937 gen(seed + 100);
+  std::uniform_real_distribution<float> exponent(-binades, binades);
+  for (int64_t t = 0; t < tokens; ++t) {
+    const float m = std::exp2(exponent(gen));
+    for (int32_t i = 0; i < kLatent; ++i) kv[t * kEntry + i] *= m;
+  }
+  return kv;
+}
+
+class CudaBackendFp8CacheTest : public CudaBackendTest {
+ protected:
+  std::unique_ptr<DeviceBuffer> UploadInts(const std::vector<int32_t>& v) {
+    auto buf = gpu_->Allocate(v.size() * sizeof(int32_t));
+    gpu_->CopyToDevice(v.data(), v.size() * sizeof(int32_t), buf->data());
+    return buf;
+  }
+  std::vector<uint8_t> DownloadBytes(const DeviceBuffer& buf) {
+    std::vector<uint8_t> v(buf.size_bytes());
+    gpu_->CopyToHost(buf.data(), v.size(), v.data());
+    return v;
+  }
+  static PagedLatentCacheView View(void* cache) {
+    return {cache, kBlock, kLatent, kRope, WeightDType::kFp8E4M3};
+  }
+  // Every entry of a cache dequantised (as the attention ops read them).
+  static std::vector<float> Dequantized(const std::vector<uint8_t>& cache) {
+    const int64_t n = static_cast<int64_t>(cache.size()) / kEntryBytes;
+    std::vector<float> out(n * kEntry);
+    for (int64_t e = 0; e < n; ++e) {
+      DequantizeFp8LatentEntry(cache.data() + e * kEntryBytes, kLatent, kRope,
+                               out.data() + e * kEntry);
+    }
+    return out;
+  }
+};
+
+TEST_F(CudaBackendFp8CacheTest, WriteLatentCacheWritesTheHostBytes) {
+  const uint32_t seed = testing::FreshSeed();
+  SCOPED_TRACE(::testing::Message() << "seed " << seed);
+  const int64_t tokens = 40, slots = 4 * kBlock;
+  const std::vector<float> kv = VariedEntries(tokens, seed, /*binades=*/6.0f);
+  std::vector<int32_t> slot(slots);
+  std::iota(slot.begin(), slot.end(), 0);
+  std::shuffle(slot.begin(), slot.end(), std::mt19937(seed));
+  slot.resize(tokens);
+
+  std::vector<uint8_t> want(slots * kEntryBytes, 0);
+  cpu_.WriteLatentCache(tokens, kv.data(), kEntry, kv.data() + kLatent, kEntry, slot.data(),
+                        View(want.data()));
+  auto dkv = Upload(kv);
+  auto dslot = UploadInts(slot);
+  auto dcache = gpu_->Allocate(want.size());
+  gpu_->WriteLatentCache(tokens, dkv->as<float>(), kEntry, dkv->as<float>() + kLatent, kEntry,
+                         dslot->as<int32_t>(), View(dcache->data()));
+  ASSERT_TRUE(gpu_->status().ok()) << gpu_->status();
+  const std::vector<uint8_t> got = DownloadBytes(*dcache);
+  for (int64_t t = 0; t < tokens; ++t) {
+    const int64_t at = static_cast<int64_t>(slot[t]) * kEntryBytes;
+    EXPECT_EQ(std::memcmp(got.data() + at, want.data() + at, kEntryBytes), 0)
+        << "token " << t << " (slot " << slot[t] << ")";
+  }
+}
+
+// The norm + rope + cache write (and with the W_uk product, which the CUDA backend then runs as
+// the two ops) against CpuBackend's: the rotated query within fp32 rounding, the entries' values
+// within one e4m3 step (2^-3 relative; an fp32 input one ulp off may round to the neighbouring
+// code) plus the scale's smallest step.
+TEST_F(CudaBackendFp8CacheTest, NormRopeWriteLatentCacheMatchesCpu) {
+  const int64_t L = kLatent, R = kRope, nh = 4, nope = 128, qk = nope + R, kvw = L + R;
+  const int64_t T = 3, slots = kBlock;
+  const uint32_t seed = testing::FreshSeed();
+  SCOPED_TRACE(::testing::Message() << "seed " << seed);
+  const auto kv = testing::RandomFloats(T * kvw, seed, 2.0f);
+  const auto q = testing::RandomFloats(T * nh * qk, seed + 1);
+  const auto wn = testing::RandomFloats(L, seed + 2);
+  const auto wuk = testing::RandomFloats(nh * L * nope, seed + 3, 0.1f);
+  std::vector<float> inv_freq(R / 2);
+  for (int64_t j = 0; j < R / 2; ++j) inv_freq[j] = std::pow(10000.0f, -2.0f * j / R);
+  const std::vector<int32_t> slot = {6, 1, 11}, pos = {1023, 17, 4};
+  std::vector<std::unique_ptr<DeviceBuffer>> keep;
+  auto fill = [&](float* qv, const float* kvv, const float* w, const float* inv, const int32_t* sl,
+                  const int32_t* ps, void* cache, NormRopeCacheArgs* nr, AbsorbQueryArgs* aq,
+                  WeightView w_uk, float* out) {
+    nr->tokens = T, nr->kv = kvv, nr->ld_kv = kvw, nr->norm_weight = w, nr->eps = 1e-6f;
+    nr->q = qv + nope, nr->q_heads = nh, nr->q_token_stride = nh * qk, nr->q_head_stride = qk;
+    nr->positions = ps, nr->inv_freq = inv, nr->attention_factor = 1.0f;
+    nr->interleaved = true, nr->slots = sl, nr->cache = View(cache);
+    aq->heads = nh, aq->nope_dim = nope, aq->latent_dim = L, aq->q_nope = qv;
+    aq->q_token_stride = nh * qk, aq->q_head_stride = qk, aq->w_uk = w_uk, aq->q_latent = out;
+  };
+  std::vector<float> cq = q, cout(T * nh * L);
+  std::vector<uint8_t> ccache(slots * kEntryBytes, 0);
+  NormRopeCacheArgs nr;
+  AbsorbQueryArgs aq;
+  fill(cq.data(), kv.data(), wn.data(), inv_freq.data(), slot.data(), pos.data(), ccache.data(),
+       &nr, &aq, CpuBf16(wuk, &keep), cout.data());
+  cpu16_.NormRopeCacheAbsorbQuery(nr, aq);
+  const std::vector<float> want = Dequantized(ccache);
+
+  auto dkv = Upload(kv), dwn = Upload(wn), dinv = Upload(inv_freq);
+  auto dslot = UploadInts(slot), dpos = UploadInts(pos);
+  const WeightView w_gpu = GpuBf16(wuk, &keep);
+  for (bool absorb : {false, true}) {
+    SCOPED_TRACE(::testing::Message() << "absorb " << absorb);
+    auto dq = Upload(q), dout = Poisoned(T * nh * L);
+    auto dcache = gpu_->Allocate(ccache.size());
+    fill(dq->as<float>(), dkv->as<float>(), dwn->as<float>(), dinv->as<float>(),
+         dslot->as<int32_t>(), dpos->as<int32_t>(), dcache->data(), &nr, &aq, w_gpu,
+         dout->as<float>());
+    if (absorb) {
+      gpu_->NormRopeCacheAbsorbQuery(nr, aq);
+    } else {
+      gpu_->NormRopeWriteLatentCache(nr);
+    }
+    ASSERT_TRUE(gpu_->status().ok()) << gpu_->status();
+    EXPECT_TRUE(AllClose(Download(*dq), cq, 1e-5, 1e-5));
+    if (absorb) {
+      EXPECT_TRUE(AllClose(Download(*dout), cout, 1e-4, 1e-4));
+    }
+    const std::vector<uint8_t> bytes = DownloadBytes(*dcache);
+    const std::vector<float> got = Dequantized(bytes);
+    for (int32_t s : slot) {
+      float scale;
+      std::memcpy(&scale, ccache.data() + s * kEntryBytes + Fp8LatentLayout(L, R).scale_offset, 4);
+      for (int64_t i = 0; i < kvw; ++i) {
+        const float g = got[s * kvw + i], w = want[s * kvw + i];
+        ASSERT_LE(std::fabs(g - w), std::fabs(w) / 8 + scale / 512 + 1e-6)
+            << "slot " << s << " element " << i;
+      }
+    }
+  }
+}
+
+// MLA attention over one FP8 cache (the CPU's bytes uploaded, so both read the same entries):
+// decode tokens of sequences with contexts of 1 .. 300 positions in shuffled blocks, eager and
+// replayed from a recording (as the decode graphs run it), and a batch with prefill-sized spans
+// (which with a bf16 cache would take the tensor-core prefill). The CUDA-core kernel's math is
+// fp32 in another summation order: fp32 tolerances.
+TEST_F(CudaBackendFp8CacheTest, MlaAttentionMatchesCpuOverTheSameEntries) {
+  const uint32_t seed = testing::FreshSeed();
+  SCOPED_TRACE(::testing::Message() << "seed " << seed);
+  const std::vector<int32_t> lens = {37, 300, 1, 129};
+  const int32_t seqs = static_cast<int32_t>(lens.size()), max_blocks = 19;
+  const int32_t num_blocks = seqs * max_blocks;
+  std::mt19937 gen(seed);
+  std::vector<int32_t> tables(num_blocks), slots;
+  std::iota(tables.begin(), tables.end(), 0);
+  std::shuffle(tables.begin(), tables.end(), gen);
+  for (int32_t s = 0; s < seqs; ++s) {
+    for (int32_t p = 0; p < lens[s]; ++p) {
+      slots.push_back(tables[s * max_blocks + p / kBlock] * kBlock + p % kBlock);
+    }
+  }
+  const int64_t cached = static_cast<int64_t>(slots.size());
+  // Latents within a binade of unit scale: the fp32 tolerances of kernels/attention's
+  // mla_attention_test hold for inputs of about that size.
+  const std::vector<float> kv = VariedEntries(cached, seed + 1, /*binades=*/1.0f);
+  std::vector<uint8_t> cache(static_cast<size_t>(num_blocks) * kBlock * kEntryBytes, 0);
+  cpu_.WriteLatentCache(cached, kv.data(), kEntry, kv.data() + kLatent, kEntry, slots.data(),
+                        View(cache.data()));
+  auto dcache = gpu_->Allocate(cache.size());
+  gpu_->CopyToDevice(cache.data(), cache.size(), dcache->data());
+  auto dtables = UploadInts(tables);
+
+  // Query tokens: `per_seq[s]` last positions of sequence s.
+  auto run = [&](const std::vector<int32_t>& per_seq, bool replay) {
+    std::vector<int32_t> token_seq, context_len;
+    std::vector<MlaSequenceSpan> spans;
+    for (int32_t s = 0; s < seqs; ++s) {
+      spans.push_back({static_cast<int32_t>(token_seq.size()), per_seq[s], lens[s]});
+      for (int32_t i = 0; i < per_seq[s]; ++i) {
+        token_seq.push_back(s);
+        context_len.push_back(lens[s] - per_seq[s] + i + 1);
+      }
+    }
+    const int32_t tokens = static_cast<int32_t>(token_seq.size());
+    const auto q_latent = testing::RandomFloats(int64_t{tokens} * kHeads * kLatent, seed + 2);
+    const auto q_rope = testing::RandomFloats(int64_t{tokens} * kHeads * kRope, seed + 3);
+    MlaAttentionArgs a;
+    a.num_tokens = tokens;
+    a.num_heads = kHeads;
+    a.q_latent = q_latent.data();
+    a.q_rope = q_rope.data();
+    a.q_rope_token_stride = kHeads * kRope;
+    a.q_rope_head_stride = kRope;
+    a.cache = View(cache.data());
+    a.block_tables = tables.data();
+    a.max_blocks_per_seq = max_blocks;
+    a.token_seq = token_seq.data();
+    a.context_len = context_len.data();
+    a.softmax_scale = 0.0721f;
+    a.sequences = replay ? nullptr : spans.data();
+    a.num_sequences = replay ? 0 : seqs;
+    std::vector<float> want(static_cast<size_t>(tokens) * kHeads * kLatent);
+    a.out_latent = want.data();
+    cpu_.MlaAttention(a);
+
+    auto dql = Upload(q_latent), dqr = Upload(q_rope), out = Poisoned(want.size());
+    auto dseq = UploadInts(token_seq), dctx = UploadInts(context_len);
+    MlaAttentionArgs g = a;
+    g.q_latent = dql->as<float>();
+    g.q_rope = dqr->as<float>();
+    g.cache = View(dcache->data());
+    g.block_tables = dtables->as<int32_t>();
+    g.token_seq = dseq->as<int32_t>();
+    g.context_len = dctx->as<int32_t>();
+    g.out_latent = out->as<float>();
+    if (replay) {
+      g.max_context_hint = 300;
+      auto ops = Record([&] {
+        gpu_->MlaAttention(g);
+        return true;
+      });
+      ASSERT_NE(ops, nullptr);
+      ASSERT_TRUE(ops->Replay().ok());
+    } else {
+      gpu_->MlaAttention(g);
+    }
+    ASSERT_TRUE(gpu_->status().ok()) << gpu_->status();
+    EXPECT_TRUE(AllClose(Download(*out), want, 1e-4, 1e-4));
+  };
+  {
+    SCOPED_TRACE("decode");
+    run({1, 1, 1, 1}, /*replay=*/false);
+  }
+  {
+    SCOPED_TRACE("decode, replayed");
+    run({1, 1, 1, 1}, /*replay=*/true);
+  }
+  {
+    SCOPED_TRACE("prefill spans");
+    run({37, 200, 1, 129}, /*replay=*/false);
+  }
+}
+
+TEST_F(CudaBackendFp8CacheTest, MhaPrefillDeclinesFp8) {
+  MhaPrefillArgs a;
+  a.kv_b = WeightView(static_cast<const void*>(nullptr), WeightDType::kBFloat16);
+  const MlaSequenceSpan span{0, 1, 1};
+  a.sequences = &span;
+  a.num_sequences = 1;
+  a.cache = View(nullptr);
+  EXPECT_FALSE(gpu_->MhaPrefillAttention(a));
+  EXPECT_TRUE(gpu_->status().ok()) << gpu_->status();
+}
+
+}  // namespace
+}  // namespace deepinfer
