@@ -1,4 +1,5 @@
-// RMSNorm: one block per row; the sum of squares is reduced in fp32 through warp shuffles.
+// RMSNorm: the sum of squares is reduced in fp32 through warp shuffles, in one order for every
+// kernel here (BlockInvRms's: 256 threads' strided partial sums), so all agree bit for bit.
 #include <cuda_bf16.h>
 
 #include <cstdint>
@@ -12,6 +13,76 @@ namespace kernels {
 namespace {
 
 constexpr int kThreads = 256;
+
+// RmsNormF32 for rows of at most 2048 (kPerLane = 8, 16, 32, 64 values per lane: up to 256,
+// 512, 1024, 2048 wide), one warp per row, kWarpRows rows per block: the model's per-head and
+// low-rank norms have up to T * 64 rows of 512, where a 256-thread block per row spends more
+// time being scheduled and synchronised than reading its 2 KB. Bit for bit RmsNormBody: lane l
+// holds elements l + 32 s, so slot s belongs to RmsNormBody's thread l + 32 (s % 8), whose
+// partial sum adds its elements (slots w, w + 8, ...) in the same order; each of the 8 virtual
+// warps' partials is reduced by the same xor butterfly, and their sums are added in warp order
+// from 0, as BlockInvRms's thread 0 does. Padding slots hold 0, and adding 0 * 0 changes no sum.
+constexpr int kWarpRows = 8;
+
+template <int kPerLane>
+__device__ void RmsNormWarpRowsBody(int64_t rows, int64_t dim, const float* x, int64_t ldx,
+                                    const float* weight, float eps, float* out, int64_t ldout) {
+  constexpr int kBlockWarps = kThreads / 32;
+  const int lane = static_cast<int>(threadIdx.x & 31);
+  const int64_t row = static_cast<int64_t>(blockIdx.x) * kWarpRows + threadIdx.x / 32;
+  if (row >= rows) return;  // no block-wide barrier below
+  const float* xr = x + row * ldx;
+  float* orow = out + row * ldout;
+  float v[kPerLane];
+#pragma unroll
+  for (int s = 0; s < kPerLane; ++s) {
+    const int64_t i = lane + 32 * s;
+    v[s] = i < dim ? xr[i] : 0.0f;
+  }
+  float total = 0.0f;
+#pragma unroll
+  for (int w = 0; w < kBlockWarps; ++w) {
+    float ss = 0.0f;
+#pragma unroll
+    for (int s = w; s < kPerLane; s += kBlockWarps) ss += v[s] * v[s];
+    for (int o = 16; o > 0; o >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o);
+    total += ss;
+  }
+  // Every lane's loads fed the sums above, so writing in place (out == x) is safe.
+  const float inv = 1.0f / sqrtf(total / static_cast<float>(dim) + eps);
+#pragma unroll
+  for (int s = 0; s < kPerLane; ++s) {
+    const int64_t i = lane + 32 * s;
+    if (i < dim) orow[i] = weight[i] * (v[s] * inv);
+  }
+}
+
+// RmsNormF32 for rows of 2049 to kThreads * kPer (kPer = 16, 32, 64: up to 4096, 8192, 16384;
+// the hyper-connection mix normalises hc_mult * hidden = 16384-wide rows), one block per row:
+// each thread keeps its elements (RmsNormBody's, in its order) in registers, so the row is read
+// from memory once and all of a thread's loads are in flight together. Bit for bit RmsNormBody.
+template <int kPer>
+__device__ void RmsNormInRegistersBody(int64_t dim, const float* x, int64_t ldx,
+                                       const float* weight, float eps, float* out, int64_t ldout) {
+  const float* xr = x + blockIdx.x * ldx;
+  float* orow = out + blockIdx.x * ldout;
+  float v[kPer];
+#pragma unroll
+  for (int j = 0; j < kPer; ++j) {
+    const int64_t i = threadIdx.x + static_cast<int64_t>(j) * kThreads;
+    v[j] = i < dim ? xr[i] : 0.0f;
+  }
+  float ss = 0.0f;
+#pragma unroll
+  for (int j = 0; j < kPer; ++j) ss += v[j] * v[j];
+  // BlockInvRms synchronises the block after every thread's loads, so out may alias x.
+  const float inv = BlockInvRms<kThreads / 32>(ss, dim, eps);
+#pragma unroll
+  for (int j = 0; j < kPer; ++j) {
+    const int64_t i = threadIdx.x + static_cast<int64_t>(j) * kThreads;
+    if (i < dim) orow[i] = weight[i] * (v[j] * inv);
+  }
+}
 
 __device__ void RmsNormBody(int64_t dim, const float* x, int64_t ldx, const float* weight,
                             float eps, float* out, int64_t ldout) {
@@ -213,8 +284,39 @@ cudaError_t RmsNormF32(int64_t rows, int64_t dim, const float* x, int64_t ldx, c
                        float eps, float* out, int64_t ldout, cudaStream_t stream) {
   if (rows <= 0 || dim <= 0) return cudaSuccess;
   if (rows > 0x7fffffff) return cudaErrorInvalidValue;
-  return LaunchAfterPrecedingGrids<RmsNormBody, kThreads>(static_cast<unsigned>(rows), 0, stream,
-                                                          dim, x, ldx, weight, eps, out, ldout);
+  if (dim <= 2048) {
+    const unsigned grid = static_cast<unsigned>((rows + kWarpRows - 1) / kWarpRows);
+    static_assert(kWarpRows * 32 == kThreads, "one warp per row");
+    if (dim <= 256) {
+      return LaunchAfterPrecedingGrids<RmsNormWarpRowsBody<8>, kThreads>(
+          grid, 0, stream, rows, dim, x, ldx, weight, eps, out, ldout);
+    }
+    if (dim <= 512) {
+      return LaunchAfterPrecedingGrids<RmsNormWarpRowsBody<16>, kThreads>(
+          grid, 0, stream, rows, dim, x, ldx, weight, eps, out, ldout);
+    }
+    if (dim <= 1024) {
+      return LaunchAfterPrecedingGrids<RmsNormWarpRowsBody<32>, kThreads>(
+          grid, 0, stream, rows, dim, x, ldx, weight, eps, out, ldout);
+    }
+    return LaunchAfterPrecedingGrids<RmsNormWarpRowsBody<64>, kThreads>(
+        grid, 0, stream, rows, dim, x, ldx, weight, eps, out, ldout);
+  }
+  const unsigned grid = static_cast<unsigned>(rows);
+  if (dim <= kThreads * 16) {
+    return LaunchAfterPrecedingGrids<RmsNormInRegistersBody<16>, kThreads>(
+        grid, 0, stream, dim, x, ldx, weight, eps, out, ldout);
+  }
+  if (dim <= kThreads * 32) {
+    return LaunchAfterPrecedingGrids<RmsNormInRegistersBody<32>, kThreads>(
+        grid, 0, stream, dim, x, ldx, weight, eps, out, ldout);
+  }
+  if (dim <= kThreads * 64) {
+    return LaunchAfterPrecedingGrids<RmsNormInRegistersBody<64>, kThreads>(
+        grid, 0, stream, dim, x, ldx, weight, eps, out, ldout);
+  }
+  return LaunchAfterPrecedingGrids<RmsNormBody, kThreads>(grid, 0, stream, dim, x, ldx, weight, eps,
+                                                          out, ldout);
 }
 
 }  // namespace kernels

@@ -181,5 +181,58 @@ TEST(RmsNormKernelTest, VectorisedAddRmsNormIsBitForBitTheScalarKernel) {
   }
 }
 
+// RmsNormF32's kernels (one warp per row up to 2048 wide, register-held rows up to 16384, the
+// loop beyond) against AddRmsNormF32 without y on a contiguous copy of the rows, whose reduction
+// is the same order (the test above ties it to the unfused kernel), bit for bit: strided rows,
+// in place and not, row counts that leave a block's last warps without a row; and against the
+// CPU backend.
+TEST(RmsNormKernelTest, EveryRowWidthIsBitForBitTheAddRmsNormReduction) {
+  DEEPINFER_SKIP_WITHOUT_GPU();
+  CpuBackend cpu(2);
+  for (int64_t dim : {1, 33, 256, 257, 512, 1000, 1024, 2048, 2049, 4096, 8192, 16384, 16385}) {
+    for (int64_t rows : {1, 9, 300}) {
+      for (bool in_place : {false, true}) {
+        const uint32_t seed = testing::FreshSeed();
+        SCOPED_TRACE(::testing::Message() << "dim " << dim << " rows " << rows << " in_place "
+                                          << in_place << " seed " << seed);
+        const int64_t ldx = dim + 5;
+        const int64_t ldout = in_place ? ldx : dim;
+        auto x = testing::RandomFloats(rows * ldx, seed, 3.0f);
+        auto w = testing::RandomFloats(dim, seed + 1);
+        const float eps = 1e-6f;
+        std::vector<float> packed(rows * dim);
+        for (int64_t r = 0; r < rows; ++r) {
+          for (int64_t i = 0; i < dim; ++i) packed[r * dim + i] = x[r * ldx + i];
+        }
+        DeviceArray<float> px(packed), pw(w), pout(rows * dim);
+        DEEPINFER_CUDA_OK(kernels::AddRmsNormF32(rows, dim, px.get(), nullptr, pw.get(), eps,
+                                                 pout.get(), nullptr, nullptr));
+        std::vector<float> want;
+        DEEPINFER_CUDA_OK(pout.Download(&want));
+        std::vector<float> cpu_out(rows * dim);
+        cpu.RmsNorm(rows, dim, packed.data(), dim, w.data(), eps, cpu_out.data(), dim);
+
+        DeviceArray<float> dx(x), dw(w), dout(rows * ldout);
+        dout.Poison();
+        float* out = in_place ? dx.get() : dout.get();
+        DEEPINFER_CUDA_OK(
+            kernels::RmsNormF32(rows, dim, dx.get(), ldx, dw.get(), eps, out, ldout, nullptr));
+        std::vector<float> all;
+        DEEPINFER_CUDA_OK(in_place ? dx.Download(&all) : dout.Download(&all));
+        std::vector<float> got(rows * dim);
+        for (int64_t r = 0; r < rows; ++r) {
+          for (int64_t i = 0; i < dim; ++i) got[r * dim + i] = all[r * ldout + i];
+          // The columns past dim of a strided row are not the op's: untouched in place.
+          for (int64_t i = dim; in_place && i < ldout; ++i) {
+            ASSERT_EQ(all[r * ldout + i], x[r * ldx + i]) << "row " << r << " column " << i;
+          }
+        }
+        EXPECT_TRUE(AllClose(got, want, 0, 0));
+        EXPECT_TRUE(AllClose(got, cpu_out, 1e-5, 1e-5));
+      }
+    }
+  }
+}
+
 }  // namespace
 }  // namespace deepinfer

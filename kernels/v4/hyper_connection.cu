@@ -43,7 +43,29 @@ struct CollapseParams {
   float* post = nullptr;
   float* comb = nullptr;
   int sinkhorn_iters = 1;
+  // HcMixFromStreamsF32 only (mixes null): per slice s of the flattened rows of `width` floats,
+  // row r's dot products with fn then its sum of squares at partials + (s * rows + r) *
+  // (mix_stride + 1).
+  const float* partials = nullptr;
+  int splits = 0;
+  int64_t width = 0;
+  float norm_eps = 0.0f;
 };
+
+// Row r's mix m: from mixes, or from the partials: the slices' dot products and sums of squares
+// added in slice order, the dot product times 1 / rms (RmsNormF32's expression).
+__device__ __forceinline__ float MixOf(const CollapseParams& p, int64_t r, int m) {
+  if (p.partials == nullptr) return p.mixes[r * p.mix_stride + m];
+  const int64_t stride = p.mix_stride + 1;
+  float dot = 0.0f, ss = 0.0f;
+  for (int s = 0; s < p.splits; ++s) {
+    const float* q = p.partials + (int64_t{s} * p.rows + r) * stride;
+    dot = __fadd_rn(dot, q[m]);
+    ss = __fadd_rn(ss, q[p.mix_stride]);
+  }
+  const float inv = 1.0f / sqrtf(ss / static_cast<float>(p.width) + p.norm_eps);
+  return __fmul_rn(dot, inv);
+}
 
 template <int kHc>
 __device__ __forceinline__ int StreamsOf(int hc) {
@@ -59,8 +81,7 @@ __device__ void CollapseChunk(const CollapseParams& p, int64_t r, int chunk) {
   __syncthreads();  // the previous row's readers of pre are done
   if (threadIdx.x < hc) {
     const int j = threadIdx.x;
-    pre[j] =
-        __fadd_rn(Sigmoid(Affine(p.mixes[r * p.mix_stride + j], p.scale[0], p.base[j])), p.eps);
+    pre[j] = __fadd_rn(Sigmoid(Affine(MixOf(p, r, j), p.scale[0], p.base[j])), p.eps);
   }
   __syncthreads();
   const int64_t H = p.hidden;
@@ -98,9 +119,15 @@ __device__ void CollapseChunk(const CollapseParams& p, int64_t r, int chunk) {
 // Each sum runs over its row or column in index order, as the CPU reference sums.
 __device__ void MixWeights(const CollapseParams& p, int64_t r) {
   __shared__ float comb[kMaxHc * kMaxHc];
+  __shared__ float row_mixes[(2 + kMaxHc) * kMaxHc];
   if (threadIdx.x >= 32) return;
   const int lane = threadIdx.x, hc = p.hc, n = hc * hc;
-  const float* m = p.mixes + r * p.mix_stride;
+  if (p.partials != nullptr) {
+    __syncwarp();  // the previous row's readers of row_mixes are done
+    for (int e = lane; e < p.mix_stride; e += 32) row_mixes[e] = MixOf(p, r, e);
+    __syncwarp();
+  }
+  const float* m = p.partials != nullptr ? row_mixes : p.mixes + r * p.mix_stride;
   if (lane < hc) {
     p.post[r * hc + lane] =
         __fmul_rn(2.0f, Sigmoid(Affine(m[hc + lane], p.scale[1], p.base[hc + lane])));
@@ -245,6 +272,74 @@ __device__ void HcExpandBody(ExpandParams p) {
   }
 }
 
+// HcMixFromStreamsF32's first launch for 4 streams (24 mixes): block (b, s) takes rows
+// kPartialRowsPerBlock * b onwards, two per warp, over slice s of the flattened rows (`slice`
+// floats from s * slice):
+// lane l reads floats 4 l, 4 l + 128, ... of it for both rows and fn's 24 rows, and keeps 24 dot
+// products and the sum of squares per row; the warp then adds its lanes' (xor butterfly) and
+// lane 0 writes them to partials [splits, rows, 25].
+constexpr int kPartialMixes = 24, kPartialStride = kPartialMixes + 1;
+constexpr int kPartialRowsPerBlock = 2 * (kThreads / 32);
+
+struct PartialsParams {
+  int64_t rows = 0, width = 0, slice = 0;
+  const float* streams = nullptr;
+  const float* fn = nullptr;
+  float* partials = nullptr;
+};
+
+__device__ __forceinline__ float Dot4(float acc, float4 a, float4 b) {
+  acc = fmaf(a.x, b.x, acc);
+  acc = fmaf(a.y, b.y, acc);
+  acc = fmaf(a.z, b.z, acc);
+  return fmaf(a.w, b.w, acc);
+}
+
+__device__ void HcMixPartialsBody(PartialsParams p) {
+  const int lane = static_cast<int>(threadIdx.x & 31);
+  const int64_t r0 = int64_t{blockIdx.x} * kPartialRowsPerBlock + 2 * (threadIdx.x / 32);
+  if (r0 >= p.rows) return;  // no block-wide barrier below
+  const bool two = r0 + 1 < p.rows;
+  const int64_t k0 = int64_t{blockIdx.y} * p.slice;
+  const float* x0 = p.streams + r0 * p.width;
+  const float* x1 = two ? x0 + p.width : x0;
+  float a0[kPartialStride], a1[kPartialStride];
+#pragma unroll
+  for (int i = 0; i < kPartialStride; ++i) a0[i] = a1[i] = 0.0f;
+  for (int64_t k = k0 + 4 * lane; k < k0 + p.slice; k += 128) {
+    const float4 v0 = *reinterpret_cast<const float4*>(x0 + k);
+    const float4 v1 = *reinterpret_cast<const float4*>(x1 + k);
+#pragma unroll
+    for (int m = 0; m < kPartialMixes; ++m) {
+      const float4 f = __ldg(reinterpret_cast<const float4*>(p.fn + m * p.width + k));
+      a0[m] = Dot4(a0[m], v0, f);
+      a1[m] = Dot4(a1[m], v1, f);
+    }
+    a0[kPartialMixes] = Dot4(a0[kPartialMixes], v0, v0);
+    a1[kPartialMixes] = Dot4(a1[kPartialMixes], v1, v1);
+  }
+#pragma unroll
+  for (int i = 0; i < kPartialStride; ++i) {
+    for (int o = 16; o > 0; o >>= 1) {
+      a0[i] += __shfl_xor_sync(0xffffffffu, a0[i], o);
+      a1[i] += __shfl_xor_sync(0xffffffffu, a1[i], o);
+    }
+  }
+  if (lane != 0) return;
+  float* q = p.partials + (int64_t{blockIdx.y} * p.rows + r0) * kPartialStride;
+#pragma unroll
+  for (int i = 0; i < kPartialStride; ++i) q[i] = a0[i];
+  if (two) {
+#pragma unroll
+    for (int i = 0; i < kPartialStride; ++i) q[kPartialStride + i] = a1[i];
+  }
+}
+
+// Floats of the flattened row per slice: 512 (32 blocks along a 16384-wide row, enough for one
+// decode row; fn's reads from L2 depend only on the rows per block), 128 where 512 does not
+// divide the width.
+int64_t PartialSlice(int64_t width) { return width % 512 == 0 ? 512 : 128; }
+
 bool Aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
 
 bool BadShape(int64_t rows, int64_t hc, int64_t hidden) {
@@ -299,11 +394,8 @@ struct ExpandLaunch {
   }
 };
 
-}  // namespace
-
-cudaError_t HcMixF32(const HcMixArgs& a, cudaStream_t stream) {
-  if (BadShape(a.rows, a.hc, a.hidden) || a.sinkhorn_iters < 1) return cudaErrorInvalidValue;
-  if (a.rows == 0) return cudaSuccess;
+// HcMix's launch: mixes from a.mixes, or (partials not null) from `splits` slices' partials.
+cudaError_t LaunchMix(const HcMixArgs& a, const float* partials, int splits, cudaStream_t stream) {
   const bool vec4 = a.hidden % 4 == 0 && Aligned16(a.streams) && Aligned16(a.collapsed);
   CollapseParams p;
   p.rows = a.rows;
@@ -320,7 +412,49 @@ cudaError_t HcMixF32(const HcMixArgs& a, cudaStream_t stream) {
   p.post = a.post;
   p.comb = a.comb;
   p.sinkhorn_iters = a.sinkhorn_iters;
+  p.partials = partials;
+  p.splits = splits;
+  p.width = a.hc * a.hidden;
+  p.norm_eps = a.norm_eps;
   return Dispatch(p.hc, vec4, MixLaunch{p, GridOf(p.chunks + 1, a.rows), stream});
+}
+
+}  // namespace
+
+cudaError_t HcMixF32(const HcMixArgs& a, cudaStream_t stream) {
+  if (BadShape(a.rows, a.hc, a.hidden) || a.sinkhorn_iters < 1) return cudaErrorInvalidValue;
+  if (a.rows == 0) return cudaSuccess;
+  return LaunchMix(a, nullptr, 0, stream);
+}
+
+bool HcMixFromStreamsSupported(const HcMixArgs& a) {
+  return a.hc == 4 && a.hidden > 0 && a.hidden % 32 == 0 && a.rows >= 0 && a.sinkhorn_iters >= 1 &&
+         a.fn != nullptr && Aligned16(a.streams) && Aligned16(a.fn);
+}
+
+int64_t HcMixFromStreamsWorkspaceFloats(int64_t rows, int64_t hc, int64_t hidden) {
+  const int64_t width = hc * hidden;
+  return width / PartialSlice(width) * rows * ((2 + hc) * hc + 1);
+}
+
+cudaError_t HcMixFromStreamsF32(const HcMixArgs& a, float* workspace, cudaStream_t stream) {
+  if (!HcMixFromStreamsSupported(a) || workspace == nullptr) return cudaErrorInvalidValue;
+  if (a.rows == 0) return cudaSuccess;
+  PartialsParams q;
+  q.rows = a.rows;
+  q.width = a.hc * a.hidden;
+  q.slice = PartialSlice(q.width);
+  q.streams = a.streams;
+  q.fn = a.fn;
+  q.partials = workspace;
+  const int64_t splits = q.width / q.slice;
+  if (splits > kMaxGridY) return cudaErrorInvalidValue;
+  const dim3 grid(static_cast<unsigned>((a.rows + kPartialRowsPerBlock - 1) / kPartialRowsPerBlock),
+                  static_cast<unsigned>(splits));
+  const cudaError_t err =
+      LaunchAfterPrecedingGrids<HcMixPartialsBody, kThreads>(grid, 0, stream, q);
+  if (err != cudaSuccess) return err;
+  return LaunchMix(a, workspace, static_cast<int>(splits), stream);
 }
 
 cudaError_t HcHeadF32(const HcHeadArgs& a, cudaStream_t stream) {

@@ -11,6 +11,7 @@
 
 #include "gtest/gtest.h"
 #include "kernels/testing/gpu_test_util.h"
+#include "worker/backend/cpu/cpu_backend.h"
 #include "worker/backend/cpu/cpu_v4_ops.h"
 #include "worker/backend/cpu/thread_pool.h"
 
@@ -191,6 +192,101 @@ TEST(HyperConnectionKernelTest, BadShapesAreRefusedAndEmptyIsANoOp) {
   e.hidden = 8;
   EXPECT_EQ(kernels::HcExpandF32(e, nullptr), cudaErrorInvalidValue);
   DEEPINFER_CUDA_OK(cudaDeviceSynchronize());
+}
+
+// HcMixFromStreamsF32 against the CPU backend's RmsNorm + Gemm + CpuV4Ops::HcMix (the model's
+// ops where the backend has no fused kernel): V4-Flash's shape at decode and prefill row counts,
+// row counts that leave a block's last warp half used, widths only 128-float slices divide; within
+// a tolerance (the norm's scale multiplies the dot products instead of the elements, the dot
+// products add in another order).
+TEST(HyperConnectionKernelTest, MixFromStreamsMatchesCpuNormGemmAndMix) {
+  DEEPINFER_SKIP_WITHOUT_GPU();
+  CpuBackend cpu(2);
+  struct Case {
+    int64_t rows, hidden;
+  };
+  for (const Case& c : {Case{1, 4096}, Case{3, 4096}, Case{64, 4096}, Case{65, 4096},
+                        Case{300, 4096}, Case{17, 96}, Case{200, 160}}) {
+    const uint32_t seed = testing::FreshSeed();
+    SCOPED_TRACE(::testing::Message()
+                 << "rows " << c.rows << " hidden " << c.hidden << " seed " << seed);
+    constexpr int64_t hc = 4, M = (2 + hc) * hc;
+    const int64_t S = hc * c.hidden;
+    const auto streams = RandomFloats(c.rows * S, seed, 2.0f);
+    const auto fn = RandomFloats(M * S, seed + 1, 0.02f);
+    const auto base = RandomFloats(M, seed + 2);
+    const auto scale = RandomFloats(3, seed + 3, 0.5f);
+    const std::vector<float> ones(S, 1.0f);
+    const float norm_eps = 1e-6f;
+    std::vector<float> normed(c.rows * S), mixes(c.rows * M), post(c.rows * hc),
+        comb(c.rows * hc * hc), collapsed(c.rows * c.hidden);
+    cpu.RmsNorm(c.rows, S, streams.data(), S, ones.data(), norm_eps, normed.data(), S);
+    cpu.Gemm(c.rows, M, S, normed.data(), S, WeightView(fn.data()), S, mixes.data(), M, false);
+    HcMixArgs a;
+    a.rows = c.rows;
+    a.hc = hc;
+    a.hidden = c.hidden;
+    a.mixes = mixes.data();
+    a.base = base.data();
+    a.scale = scale.data();
+    a.sinkhorn_iters = 20;
+    a.eps = 1e-6f;
+    a.streams = streams.data();
+    a.post = post.data();
+    a.comb = comb.data();
+    a.collapsed = collapsed.data();
+    cpu.v4_ops()->HcMix(a);
+
+    DeviceArray<float> ds(streams), dfn(fn), db(base), dsc(scale), dpost(post.size()),
+        dcomb(comb.size()), dcol(collapsed.size());
+    dpost.Poison();
+    dcomb.Poison();
+    dcol.Poison();
+    HcMixArgs d = a;
+    d.mixes = nullptr;
+    d.fn = dfn.get();
+    d.norm_eps = norm_eps;
+    d.base = db.get();
+    d.scale = dsc.get();
+    d.streams = ds.get();
+    d.post = dpost.get();
+    d.comb = dcomb.get();
+    d.collapsed = dcol.get();
+    ASSERT_TRUE(kernels::HcMixFromStreamsSupported(d));
+    DeviceArray<float> workspace(kernels::HcMixFromStreamsWorkspaceFloats(c.rows, hc, c.hidden));
+    DEEPINFER_CUDA_OK(kernels::HcMixFromStreamsF32(d, workspace.get(), nullptr));
+    std::vector<float> got_post, got_comb, got_col;
+    DEEPINFER_CUDA_OK(dpost.Download(&got_post));
+    DEEPINFER_CUDA_OK(dcomb.Download(&got_comb));
+    DEEPINFER_CUDA_OK(dcol.Download(&got_col));
+    EXPECT_TRUE(AllClose(got_post, post, 1e-5, 1e-5)) << "post";
+    EXPECT_TRUE(AllClose(got_comb, comb, 1e-5, 1e-4)) << "comb";
+    EXPECT_TRUE(AllClose(got_col, collapsed, 1e-5, 1e-4)) << "collapsed";
+  }
+}
+
+TEST(HyperConnectionKernelTest, MixFromStreamsRefusesWhatItDoesNotTake) {
+  HcMixArgs a;
+  a.rows = 2;
+  a.hc = 4;
+  a.hidden = 64;
+  a.sinkhorn_iters = 1;
+  a.streams = reinterpret_cast<const float*>(uintptr_t{256});
+  a.fn = reinterpret_cast<const float*>(uintptr_t{512});
+  EXPECT_TRUE(kernels::HcMixFromStreamsSupported(a));
+  HcMixArgs b = a;
+  b.hc = 3;
+  EXPECT_FALSE(kernels::HcMixFromStreamsSupported(b));
+  b = a;
+  b.hidden = 48;
+  EXPECT_FALSE(kernels::HcMixFromStreamsSupported(b));
+  b = a;
+  b.fn = nullptr;
+  EXPECT_FALSE(kernels::HcMixFromStreamsSupported(b));
+  b = a;
+  b.streams = reinterpret_cast<const float*>(uintptr_t{260});
+  EXPECT_FALSE(kernels::HcMixFromStreamsSupported(b));
+  EXPECT_EQ(kernels::HcMixFromStreamsF32(b, nullptr, nullptr), cudaErrorInvalidValue);
 }
 
 }  // namespace

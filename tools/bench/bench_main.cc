@@ -113,8 +113,9 @@ int main(int argc, char** argv) {
                   "the same decode work; for large batches of slow models; not for DeepSeek-V4,\n"
                   "whose cache keeps per-sequence state).");
   flags.AddInt("op-timing-steps", &config.op_timing_steps,
-               "CUDA: extra decode steps (and one prefill step) with per-op timing, reported\n"
-               "apart from the throughput figures.");
+               "CUDA: extra decode steps at each decode batch size (and one prefill step) with\n"
+               "per-op timing, one profile per batch size, reported apart from the throughput\n"
+               "figures.");
   std::string decode_sampling;
   flags.AddString("decode-sampling", &decode_sampling,
                   "T,TOP_K,TOP_P of every decode request (e.g. 0.8,50,0.95), seeded per\n"

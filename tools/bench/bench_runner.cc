@@ -204,7 +204,8 @@ struct RankOutput {
   int64_t kv_cache_entry_bytes = 0;      // one layer's entry (paged_latent)
   int64_t kv_cache_entry_values = 0;     // latent + rope values of that entry
   int64_t decode_graph_steps = 0;        // decode steps that took the graph path
-  std::string prefill_op_report, decode_op_report;
+  std::string prefill_op_report;
+  std::vector<std::string> decode_op_reports;  // one per decode batch size, with op timing
 };
 
 // What the rank threads of one run share: rank 0's rendezvous socket, and every communicator
@@ -491,7 +492,6 @@ absl::Status RunRank(const BenchConfig& bc, int64_t rank, RankState* s, RankOutp
   // ---- Decode, per batch size: N sequences at ctx cached tokens, then N-way decode steps ----
   for (size_t which = 0; which < bc.decode_num_requests.size(); ++which) {
     const int64_t n = bc.decode_num_requests[which];
-    const bool last = which + 1 == bc.decode_num_requests.size();
     auto seqs_or = new_seqs(n);
     if (!seqs_or.ok()) return seqs_or.status();
     std::vector<SequenceStep> seqs = std::move(*seqs_or);
@@ -606,8 +606,8 @@ absl::Status RunRank(const BenchConfig& bc, int64_t rank, RankState* s, RankOutp
       if (!st.ok()) return st;
     }
     absl::Status timed_status;
-    if (last && bc.op_timing_steps > 0) {
-      o->decode_op_report = with_op_timing([&] {
+    if (bc.op_timing_steps > 0) {
+      o->decode_op_reports.push_back(with_op_timing([&] {
         for (int64_t step = 0; step < bc.op_timing_steps && timed_status.ok(); ++step) {
           auto out = model->Step(seqs, pool);
           if (!out.ok()) {
@@ -616,7 +616,7 @@ absl::Status RunRank(const BenchConfig& bc, int64_t rank, RankState* s, RankOutp
           }
           advance(*out, &seqs);
         }
-      });
+      }));
     }
     if (!timed_status.ok()) return timed_status;
     if (absl::Status st = free_seqs(seqs); !st.ok()) return st;
@@ -817,7 +817,7 @@ absl::StatusOr<BenchResult> RunBenchmark(const BenchConfig& bc) {
         DecodeGraphReserveBytes((*arch)->activation_floats_per_token(*config), used);
   }
   r.prefill_op_report = outputs[0].prefill_op_report;
-  r.decode_op_report = outputs[0].decode_op_report;
+  r.decode_op_reports = outputs[0].decode_op_reports;
   const int64_t ctx = bc.context_length;
   if (bc.prefill_batch_tokens > 0) {
     const int64_t prefill_seqs = std::max<int64_t>(1, bc.prefill_batch_tokens / ctx);
@@ -1074,9 +1074,11 @@ std::string FormatBenchReport(const BenchConfig& c, const BenchResult& r) {
     absl::StrAppend(&out, "prefill ops (one step, synchronised per op", ep ? ", rank 0" : "",
                     "):\n", r.prefill_op_report);
   }
-  if (!r.decode_op_report.empty()) {
-    absl::StrAppend(&out, "decode ops (", c.op_timing_steps, " steps, synchronised per op",
-                    ep ? ", rank 0" : "", "):\n", r.decode_op_report);
+  for (size_t i = 0; i < r.decode_op_reports.size() && i < c.decode_num_requests.size(); ++i) {
+    if (r.decode_op_reports[i].empty()) continue;
+    absl::StrAppend(&out, "decode ops (batch ", c.decode_num_requests[i], ", ", c.op_timing_steps,
+                    " steps, synchronised per op", ep ? ", rank 0" : "", "):\n",
+                    r.decode_op_reports[i]);
   }
   return out;
 }

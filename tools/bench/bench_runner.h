@@ -73,8 +73,9 @@ struct BenchConfig {
   int64_t warmup = 2;                   // untimed decode steps
   std::string decode_fill = "prefill";  // "prefill" or "random"
   int64_t block_size = 16;
-  // CUDA only: after the timed runs, one more prefill step and this many decode steps (at the
-  // last batch size) with per-op timing on (CudaBackend::SetOpTiming), reported separately.
+  // CUDA only: after the timed runs, one more prefill step, and at each decode batch size this
+  // many decode steps, with per-op timing on (CudaBackend::SetOpTiming), reported separately
+  // (one decode profile per batch size).
   int64_t op_timing_steps = 0;
   // Expert-parallel ranks in this process (see the top comment); 1: one rank with every expert
   // and no communicator, the plain benchmark.
@@ -212,7 +213,8 @@ struct BenchResult {
   int64_t graph_bytes_planned = 0;
   int64_t decode_graph_steps = 0;  // decode steps that replayed a graph (or ran its padded path)
   // With op_timing_steps > 0 on CUDA (rank 0's).
-  std::string prefill_op_report, decode_op_report;
+  std::string prefill_op_report;
+  std::vector<std::string> decode_op_reports;  // one per decode batch size, in their order
 };
 
 // "64" or "1,128" -> {64} or {1, 128}; false (and *out unspecified) on anything else.

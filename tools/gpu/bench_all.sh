@@ -11,6 +11,10 @@
 #     ours and HF: prefill 32 x 1024 tokens per step, decode at 1, 64 and 128 requests
 #   v3_4layers (configs/deepseek_v3_4layers.json: DeepSeek-V3's shapes, its first 4 layers,
 #     3 dense + 1 MoE with 256 experts top-8): ours only, prefill 8 x 1024, decode at 1, 64, 128
+#   v4_4layers (configs/deepseek_v4_flash_4layers.json: DeepSeek-V4-Flash's shapes, its first 4
+#     layers): ours and HF: prefill 8 x 1024, decode at 1, 64 and 128 requests (HF at 1 and 64:
+#     its V4 port runs out of memory at 128); ours fills the decode context by prefill steps
+#     (V4's cache keeps per-sequence state, which random fill cannot write)
 # Our dtype is BENCH_DTYPE (default bfloat16); HF runs bf16. BENCH_FP8=1 adds our runs with
 # --dtype fp8 (projections and MLPs FP8 block-scaled, the rest bf16) on both configs: rows
 # moonlight_fp8 and v3_4layers_fp8 beside the BENCH_DTYPE rows, in the same call; and row
@@ -21,7 +25,7 @@
 # right after a large prefill the board's power controller holds the SM clock down for ~0.4 s,
 # which costs a latency-bound 1-request decode ~5% (docs/performance.md, "Decode right after a
 # large prefill"); 0 measures the decode straight after the prefill.
-# Everything is capped to finish inside BENCH_BUDGET_S (default 170) seconds: each step gets a
+# Everything is capped to finish inside BENCH_BUDGET_S (default 400) seconds: each step gets a
 # timeout from what is left, so a slow step costs its own row, not the table.
 #
 # $OUT gets: bench_all.md (the table), bench_all.csv, summary.txt (one line per step) and
@@ -32,7 +36,7 @@ OUT=${OUT:-/tmp/bench-out}
 mkdir -p "$OUT"
 export LD_LIBRARY_PATH="$here/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 export NCCL_NVLS_ENABLE=0
-budget=${BENCH_BUDGET_S:-170}
+budget=${BENCH_BUDGET_S:-400}
 dtype=${BENCH_DTYPE:-bfloat16}
 pause_ms=${BENCH_DECODE_PAUSE_MS:-1000}
 work=/tmp/bench-all
@@ -79,6 +83,12 @@ step hf_moonlight 50 python3 "$here/hf_bench.py" --config "$here/configs/moonlig
   --decode-steps 8 --budget-s 40 --pause-before-decode-ms "$pause_ms"
 step ours_v3_4layers 100 "${bench[@]}" --model "$here/configs/deepseek_v3_4layers.json" \
   --decode-num-requests 1,64,128 --prefill-batch-tokens 8192 --iters 3
+step ours_v4_4layers 150 "${bench[@]}" --model "$here/configs/deepseek_v4_flash_4layers.json" \
+  --decode-fill prefill --decode-num-requests 1,64,128 --prefill-batch-tokens 8192 --iters 3
+step hf_v4_4layers 120 python3 "$here/hf_bench.py" \
+  --config "$here/configs/deepseek_v4_flash_4layers.json" --context 1024 --prefill-batch 8 \
+  --prefill-iters 3 --decode-requests 1,64 --warmup 3 --decode-steps 8 --budget-s 100 \
+  --pause-before-decode-ms "$pause_ms"
 fp8_rows=()
 if [[ ${BENCH_FP8:-0} == 1 ]]; then
   fp8=("${bench[@]}" --dtype fp8)  # the later --dtype wins
@@ -100,7 +110,9 @@ fi
 
 python3 "$here/combine_results.py" \
   --ours "moonlight=$work/ours_moonlight.json" --hf "moonlight=$work/hf_moonlight.json" \
-  --ours "v3_4layers=$work/ours_v3_4layers.json" "${fp8_rows[@]}" \
+  --ours "v3_4layers=$work/ours_v3_4layers.json" \
+  --ours "v4_4layers=$work/ours_v4_4layers.json" --hf "v4_4layers=$work/hf_v4_4layers.json" \
+  "${fp8_rows[@]}" \
   --title "deepinfer-bench ($dtype) vs HF transformers (bf16), context 1024, commit $(head -1 "$here/COMMIT" 2>/dev/null | cut -c1-12)" \
   --csv "$OUT/bench_all.csv" --md "$OUT/bench_all.md" > /dev/null 2> "$work/combine.log" ||
   failed=$((failed + 1))

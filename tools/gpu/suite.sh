@@ -85,7 +85,7 @@ if want kernel-bench; then
   done
 fi
 if want bench; then
-  step bench 300 env OUT="$(sub_out bench)" BENCH_BUDGET_S=280 bash "$here/bench_all.sh"
+  step bench 440 env OUT="$(sub_out bench)" BENCH_BUDGET_S=420 bash "$here/bench_all.sh"
   cp "$logs/bench/bench_all.md" "$OUT/" 2>/dev/null
 fi
 if want profile; then

@@ -33,6 +33,10 @@ struct HcMixArgs {
   float* post = nullptr;           // [rows, hc]
   float* comb = nullptr;           // [rows, hc, hc]
   float* collapsed = nullptr;      // [rows, hidden]
+  // V4Ops::HcMixFromStreams only, which computes mixes itself (mixes is not read):
+  //   mixes = RmsNorm_unweighted(flatten(streams), norm_eps) · fnᵀ.
+  const float* fn = nullptr;  // [(2 + hc) * hc, hc * hidden]
+  float norm_eps = 0.0f;
 };
 
 // The final collapse of the streams before the last norm:
@@ -176,6 +180,11 @@ class V4Ops {
  public:
   virtual ~V4Ops() = default;
   virtual void HcMix(const HcMixArgs& args) = 0;
+  // HcMix with the norm and the mixing GEMM before it (args.fn, args.norm_eps) in the op, where
+  // the backend has a kernel for them that takes these shapes; false (nothing done) otherwise,
+  // and the caller runs RmsNorm, Gemm and HcMix. The results match those three ops within
+  // rounding (the norm's scale applies to the dot products instead of the elements).
+  virtual bool HcMixFromStreams(const HcMixArgs& args) { return false; }
   virtual void HcHead(const HcHeadArgs& args) = 0;
   virtual void HcExpand(const HcExpandArgs& args) = 0;
   virtual void CompressWindows(const CompressWindowsArgs& args) = 0;

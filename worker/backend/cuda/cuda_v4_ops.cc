@@ -1,4 +1,4 @@
-// CudaV4Ops: each op one kernel of kernels/v4 on the backend's stream.
+// CudaV4Ops: each op one kernel of kernels/v4 on the backend's stream (HcMixFromStreams: two).
 #include "worker/backend/cuda/cuda_v4_ops.h"
 
 #include <memory>
@@ -31,6 +31,21 @@ void CudaV4Ops::HcMix(const HcMixArgs& a) {
                   absl::StrCat("rows ", a.rows, ", hc ", a.hc, ", hidden ", a.hidden,
                                ", sinkhorn_iters ", a.sinkhorn_iters));
   }
+}
+
+bool CudaV4Ops::HcMixFromStreams(const HcMixArgs& a) {
+  if (!kernels::HcMixFromStreamsSupported(a)) return false;
+  CudaBackend::OpTimer timer(backend_, "V4HcMixFromStreams");
+  if (a.rows == 0) return true;
+  const int64_t floats = kernels::HcMixFromStreamsWorkspaceFloats(a.rows, a.hc, a.hidden);
+  std::unique_ptr<DeviceBuffer> partials = backend_->AllocateScratch(floats * sizeof(float));
+  const cudaError_t err = kernels::HcMixFromStreamsF32(a, partials->as<float>(), backend_->stream_);
+  if (err != cudaSuccess) {
+    RecordFailure(err, "kernels::HcMixFromStreamsF32",
+                  absl::StrCat("rows ", a.rows, ", hc ", a.hc, ", hidden ", a.hidden,
+                               ", sinkhorn_iters ", a.sinkhorn_iters));
+  }
+  return true;
 }
 
 void CudaV4Ops::HcHead(const HcHeadArgs& a) {

@@ -26,6 +26,8 @@ class CudaV4Ops : public V4Ops {
 
   // kernels::HcMixF32 / HcHeadF32 / HcExpandF32 (kernels/v4/hyper_connection.h).
   void HcMix(const HcMixArgs& args) override;
+  // kernels::HcMixFromStreamsF32 where it takes the shapes (its partials from scratch).
+  bool HcMixFromStreams(const HcMixArgs& args) override;
   void HcHead(const HcHeadArgs& args) override;
   void HcExpand(const HcExpandArgs& args) override;
   // kernels::CompressWindowsF32.

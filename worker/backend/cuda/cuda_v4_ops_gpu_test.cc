@@ -4,7 +4,8 @@
 // and the clamped SwiGLU; the same ops recorded in a CUDA graph and replayed on new inputs (no
 // host synchronisation or allocation inside them); the indexer and sink attention at V4-Flash's
 // width over keys in ring slots and paged streams; the row copies; bad arguments reported
-// through status(). Skips itself without a GPU.
+// through status(); the hyper-connection mix with its norm and GEMM (HcMixFromStreams) against
+// the three ops it replaces. Skips itself without a GPU.
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -369,6 +370,59 @@ TEST_F(CudaV4OpsTest, CopyRowsMatchesCpu) {
   const std::vector<float> want = run(&cpu_), got = run(gpu_.get());
   ASSERT_TRUE(gpu_->status().ok()) << gpu_->status();
   EXPECT_EQ(got, want);
+}
+
+// HcMixFromStreams: declined by the CPU backend (the model then runs its RmsNorm + Gemm +
+// HcMix, the reference here), taken by the GPU's at V4-Flash's site shape and within rounding of
+// the reference; recorded in a CUDA graph (its partials from scratch while recording) and
+// replayed on new streams, bit for bit the eager op.
+TEST_F(CudaV4OpsTest, MixFromStreamsMatchesNormGemmMixAndReplays) {
+  const uint32_t seed = testing::FreshSeed();
+  SCOPED_TRACE(::testing::Message() << "seed " << seed);
+  constexpr int64_t S = kHc * kHidden;
+  const Inputs in(seed);
+  const auto fn = RandomFloats(kMix * S, seed + 20, 0.02f);
+  const std::vector<float> ones(S, 1.0f);
+  HcMixArgs a;
+  a.rows = kRows, a.hc = kHc, a.hidden = kHidden;
+  a.sinkhorn_iters = 20, a.eps = 1e-6f, a.norm_eps = 1e-6f;
+  a.base = in.base.data(), a.scale = in.scale.data(), a.streams = in.streams.data();
+  a.fn = fn.data();
+  std::vector<float> normed(kRows * S), mixes(kRows * kMix), post(kRows * kHc),
+      comb(kRows * kHc * kHc), collapsed(kRows * kHidden);
+  a.post = post.data(), a.comb = comb.data(), a.collapsed = collapsed.data();
+  EXPECT_FALSE(cpu_.v4_ops()->HcMixFromStreams(a));
+  cpu_.RmsNorm(kRows, S, in.streams.data(), S, ones.data(), a.norm_eps, normed.data(), S);
+  cpu_.Gemm(kRows, kMix, S, normed.data(), S, WeightView(fn.data()), S, mixes.data(), kMix, false);
+  a.mixes = mixes.data();
+  cpu_.v4_ops()->HcMix(a);
+
+  auto dstreams = Upload(in.streams), dfn = Upload(fn), dbase = Upload(in.base),
+       dscale = Upload(in.scale);
+  auto dpost = Poisoned(post.size()), dcomb = Poisoned(comb.size()),
+       dcol = Poisoned(collapsed.size());
+  HcMixArgs d = a;
+  d.mixes = nullptr;
+  d.base = dbase->as<float>(), d.scale = dscale->as<float>(), d.streams = dstreams->as<float>();
+  d.fn = dfn->as<float>();
+  d.post = dpost->as<float>(), d.comb = dcomb->as<float>(), d.collapsed = dcol->as<float>();
+  ASSERT_TRUE(gpu_->v4_ops()->HcMixFromStreams(d));
+  ASSERT_TRUE(gpu_->status().ok()) << gpu_->status();
+  EXPECT_TRUE(AllClose(Download(*dpost), post, 1e-5, 1e-5)) << "post";
+  EXPECT_TRUE(AllClose(Download(*dcomb), comb, 1e-5, 1e-4)) << "comb";
+  EXPECT_TRUE(AllClose(Download(*dcol), collapsed, 1e-5, 1e-4)) << "collapsed";
+
+  auto graph = Record([&] { return gpu_->v4_ops()->HcMixFromStreams(d); });
+  ASSERT_NE(graph, nullptr);
+  const auto next = RandomFloats(kRows * S, seed + 21);
+  gpu_->CopyToDevice(next.data(), next.size() * sizeof(float), dstreams->data());
+  ASSERT_TRUE(graph->Replay().ok());
+  const std::vector<float> replayed[3] = {Download(*dpost), Download(*dcomb), Download(*dcol)};
+  ASSERT_TRUE(gpu_->v4_ops()->HcMixFromStreams(d));
+  ASSERT_TRUE(gpu_->status().ok()) << gpu_->status();
+  EXPECT_TRUE(AllClose(replayed[0], Download(*dpost), 0, 0));
+  EXPECT_TRUE(AllClose(replayed[1], Download(*dcomb), 0, 0));
+  EXPECT_TRUE(AllClose(replayed[2], Download(*dcol), 0, 0));
 }
 
 TEST_F(CudaV4OpsTest, BadArgumentsAreReportedWithTheirShape) {

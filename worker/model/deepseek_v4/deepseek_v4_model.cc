@@ -135,16 +135,11 @@ Architecture DeepseekV4Model::Entry() {
 void DeepseekV4Model::Mix(int64_t T, const V4HyperConnectionWeights& w, const float* streams,
                           float* post, float* comb, float* collapsed) {
   const int64_t S = v4_.hc_mult * v4_.hidden_size, M = v4_.hc_mix();
-  auto normed = Floats(T * S), mixes = Floats(T * M);
-  backend_->RmsNorm(T, S, streams, S, ones_->as<float>(), static_cast<float>(v4_.rms_norm_eps),
-                    normed->as<float>(), S);
-  backend_->Gemm(T, M, S, normed->as<float>(), S, WeightView(w.fn->as<float>()), S,
-                 mixes->as<float>(), M, false);
+  const float norm_eps = static_cast<float>(v4_.rms_norm_eps);
   HcMixArgs a;
   a.rows = T;
   a.hc = v4_.hc_mult;
   a.hidden = v4_.hidden_size;
-  a.mixes = mixes->as<float>();
   a.base = w.base->as<float>();
   a.scale = w.scale->as<float>();
   a.sinkhorn_iters = static_cast<int32_t>(v4_.hc_sinkhorn_iters);
@@ -153,6 +148,16 @@ void DeepseekV4Model::Mix(int64_t T, const V4HyperConnectionWeights& w, const fl
   a.post = post;
   a.comb = comb;
   a.collapsed = collapsed;
+  // With fused ops, the norm and the mixing GEMM inside the op where the backend has the
+  // kernel (not the CPU backend: its three ops are the reference).
+  a.fn = w.fn->as<float>();
+  a.norm_eps = norm_eps;
+  if (fused_ops_ && ops_->HcMixFromStreams(a)) return;
+  auto normed = Floats(T * S), mixes = Floats(T * M);
+  backend_->RmsNorm(T, S, streams, S, ones_->as<float>(), norm_eps, normed->as<float>(), S);
+  backend_->Gemm(T, M, S, normed->as<float>(), S, WeightView(w.fn->as<float>()), S,
+                 mixes->as<float>(), M, false);
+  a.mixes = mixes->as<float>();
   ops_->HcMix(a);
 }
 
