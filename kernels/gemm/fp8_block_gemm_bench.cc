@@ -16,81 +16,36 @@
 #include <cstdint>
 #include <cstdio>
 #include <functional>
-#include <numeric>
-#include <random>
 #include <vector>
 
 #include "kernels/gemm/fp8_block_gemm.h"
 #include "kernels/gemm/small_m_gemm.h"
+#include "kernels/testing/bench_timer.h"
 #include "kernels/testing/bench_util.h"
+#include "kernels/testing/gemm_bench_shapes.h"
 
 namespace deepinfer {
 namespace {
 
 using bench::DeviceAlloc;
+using bench::GemmShape;
+using bench::RandomFp8;
+
+// Median microseconds per launch of `launch(copy)` recorded `copies` times into one graph (10
+// timed replays).
+double GraphMicros(int copies, const std::function<cudaError_t(int, cudaStream_t)>& launch) {
+  return bench::GraphMicrosPerLaunch(
+      copies, [&](int c, cudaStream_t s) { BENCH_CUDA(launch(c, s)); }, 10);
+}
 
 constexpr size_t kRotateBytes = size_t{256} << 20;
-
-// Median microseconds per launch of `launch(copy)` recorded `copies` times into one graph.
-double GraphMicros(int copies, const std::function<cudaError_t(int, cudaStream_t)>& launch) {
-  cudaStream_t s;
-  BENCH_CUDA(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
-  cudaGraph_t graph;
-  BENCH_CUDA(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
-  for (int c = 0; c < copies; ++c) BENCH_CUDA(launch(c, s));
-  BENCH_CUDA(cudaStreamEndCapture(s, &graph));
-  cudaGraphExec_t exec;
-  BENCH_CUDA(cudaGraphInstantiate(&exec, graph, 0));
-  cudaEvent_t a, b;
-  BENCH_CUDA(cudaEventCreate(&a));
-  BENCH_CUDA(cudaEventCreate(&b));
-  BENCH_CUDA(cudaGraphLaunch(exec, s));  // warm-up
-  std::vector<float> ms(10);
-  for (float& m : ms) {
-    BENCH_CUDA(cudaEventRecord(a, s));
-    BENCH_CUDA(cudaGraphLaunch(exec, s));
-    BENCH_CUDA(cudaEventRecord(b, s));
-    BENCH_CUDA(cudaEventSynchronize(b));
-    BENCH_CUDA(cudaEventElapsedTime(&m, a, b));
-  }
-  std::sort(ms.begin(), ms.end());
-  BENCH_CUDA(cudaGraphExecDestroy(exec));
-  BENCH_CUDA(cudaGraphDestroy(graph));
-  BENCH_CUDA(cudaStreamDestroy(s));
-  return 1000.0 * ms[ms.size() / 2] / copies;
-}
 
 int CopiesFor(size_t bytes) {
   return static_cast<int>(std::max<size_t>(2, std::min<size_t>(64, kRotateBytes / bytes + 1)));
 }
 
-std::vector<uint8_t> RandomFp8(size_t n, uint64_t seed) {
-  std::vector<uint8_t> v(n);
-  uint64_t x = seed * 0x9E3779B97F4A7C15ull + 1;
-  for (uint8_t& b : v) {
-    x ^= x << 13;
-    x ^= x >> 7;
-    x ^= x << 17;
-    b = static_cast<uint8_t>(x >> 56) & 0xF7;  // never 0x7F / 0xFF (NaN)
-  }
-  return v;
-}
-
-struct Shape {
-  const char* name;
-  int64_t n, k;
-};
-
 void DenseShapes() {
-  const Shape shapes[] = {{"q_a", 1536, 7168},
-                          {"q_b", 24576, 1536},
-                          {"kv_a", 576, 7168},
-                          {"o_proj", 7168, 16384},
-                          {"dense gate_up", 36864, 7168},
-                          {"dense down", 7168, 18432},
-                          {"shared gate_up", 4096, 7168},
-                          {"shared down", 7168, 2048}};
-  for (const Shape& s : shapes) {
+  for (const GemmShape& s : bench::DeepSeekV3Gemms()) {
     const size_t fp8_bytes = static_cast<size_t>(s.n) * s.k;
     const size_t scale_count = kernels::Fp8ScaleRows(s.n, 0) * kernels::Fp8ScaleCols(s.k);
     const int copies = CopiesFor(fp8_bytes);
@@ -144,11 +99,13 @@ void DenseShapes() {
 }
 
 void GroupedShapes() {
-  constexpr int32_t E = 256, K = 8;
-  const Shape shapes[] = {{"expert gate_up", 4096, 7168}, {"expert down", 7168, 2048}};
-  for (const Shape& s : shapes) {
+  const bench::MoeShape moe = bench::DeepSeekV3Moe();
+  const int32_t E = moe.experts, K = moe.top_k;
+  const GemmShape shapes[] = {{"v3 expert gu", 2 * moe.inter, moe.hidden},
+                              {"v3 expert dn", moe.hidden, moe.inter}};
+  for (const GemmShape& s : shapes) {
     const size_t bytes = static_cast<size_t>(s.n) * s.k;
-    const size_t scale_count = kernels::Fp8ScaleRows(s.n, 2048) * kernels::Fp8ScaleCols(s.k);
+    const size_t scale_count = kernels::Fp8ScaleRows(s.n, moe.inter) * kernels::Fp8ScaleCols(s.k);
     // One copy of the 256 experts is already several GiB (no L2 reuse across the graph).
     std::vector<const uint8_t*> w(E);
     std::vector<const float*> sc(E);
@@ -161,22 +118,10 @@ void GroupedShapes() {
     const uint8_t* const* dw = bench::Upload(w);
     const float* const* ds = bench::Upload(sc);
     for (int32_t tokens : {1, 8, 64}) {
-      std::mt19937 gen(tokens);
-      std::vector<int32_t> count(E, 0);
-      for (int32_t t = 0; t < tokens; ++t) {
-        std::vector<int32_t> ids(E);
-        std::iota(ids.begin(), ids.end(), 0);
-        std::shuffle(ids.begin(), ids.end(), gen);
-        for (int32_t k = 0; k < K; ++k) ++count[ids[k]];
-      }
-      std::vector<int32_t> offsets(E + 1, 0);
-      int32_t busy = 0;
-      for (int32_t e = 0; e < E; ++e) {
-        offsets[e + 1] = offsets[e] + count[e];
-        busy += count[e] > 0;
-      }
+      const bench::Routing routing = bench::RandomRouting(tokens, E, K);
+      const int32_t busy = routing.busy;
       const int32_t rows = tokens * K;
-      int32_t* doff = bench::Upload(offsets);
+      int32_t* doff = bench::Upload(routing.offsets);
       float* a = bench::Upload(bench::Uniform(static_cast<size_t>(rows) * s.k, 3));
       float* c = DeviceAlloc<float>(static_cast<size_t>(rows) * s.n * sizeof(float));
       kernels::Fp8GroupedGemmParams p;
@@ -189,7 +134,7 @@ void GroupedShapes() {
       p.weights = dw;
       p.scales = ds;
       p.scale_ld = kernels::Fp8ScaleCols(s.k);
-      p.split_rows = s.n == 4096 ? 2048 : 0;
+      p.split_rows = s.n == 2 * moe.inter ? moe.inter : 0;
       p.c = c;
       // One replay touches busy experts' weights once; 4 launches a graph (L2 holds 50 MiB,
       // under one busy expert set at 8+ tokens, but a single token's 8 experts of 29 MB could

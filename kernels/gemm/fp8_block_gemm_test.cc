@@ -11,12 +11,11 @@
 #include <array>
 #include <cmath>
 #include <cstdint>
-#include <memory>
 #include <random>
 #include <vector>
 
 #include "gtest/gtest.h"
-#include "kernels/gemm/fp8_test_util.h"
+#include "kernels/testing/fp8_test_util.h"
 #include "kernels/testing/gpu_test_util.h"
 #include "worker/backend/bf16.h"
 #include "worker/model/dtype_conversion.h"
@@ -26,20 +25,16 @@ namespace kernels {
 namespace {
 
 using fp8_testing::Bf16Rounded;
-using fp8_testing::DequantisedProduct;
+using fp8_testing::ExpectDenseMatches;
+using fp8_testing::ExpectGroupedMatches;
+using fp8_testing::GroupedOperands;
 using fp8_testing::HostFp8;
+using fp8_testing::MakeGroupedOperands;
 using fp8_testing::MakeWeight;
-using fp8_testing::WithinBound;
 using testing::DeviceArray;
 
-// c = a_rows . W^T on the dequantised weight (activations rounded to bf16), and the bound of
-// the header comment per element.
-void Reference(const std::vector<float>& a, int64_t lda, int64_t m, const HostFp8& w,
-               std::vector<double>* c, std::vector<double>* tol) {
-  DequantisedProduct(Bf16Rounded(a), lda, m, w, c, tol);
-  const double unit = std::ldexp(1.0, -24) * (w.k / 16.0 + 26.0);
-  for (double& t : *tol) t = unit * t + 1e-30;
-}
+// The bound of the header comment, per unit of sum_p |a_p w_p|.
+double Unit(int64_t k) { return std::ldexp(1.0, -24) * (k / 16.0 + 26.0); }
 
 struct SmallMCase {
   int64_t m, n, k, extra_lda, extra_ldw, split;
@@ -84,22 +79,7 @@ TEST_P(Fp8SmallMGemmTest, MatchesDequantisedReference) {
   std::vector<float> got;
   DEEPINFER_CUDA_OK(dc.Download(&got));
 
-  std::vector<double> want, tol;
-  Reference(a, lda, t.m, w, &want, &tol);
-  std::vector<float> got_c(t.m * t.n);
-  std::vector<double> want_c(t.m * t.n), tol_c(t.m * t.n);
-  for (int64_t i = 0; i < t.m; ++i) {
-    for (int64_t j = 0; j < t.n; ++j) {
-      got_c[i * t.n + j] = got[i * ldc + j];
-      const double base = t.accumulate ? c0[i * ldc + j] : 0.0;
-      want_c[i * t.n + j] = base + want[i * t.n + j];
-      // The accumulate's one fp32 addition adds half an ulp of the result.
-      tol_c[i * t.n + j] = tol[i * t.n + j] + std::ldexp(std::abs(want_c[i * t.n + j]), -24);
-    }
-    // Padding columns of c are not written.
-    for (int64_t j = t.n; j < ldc; ++j) EXPECT_EQ(got[i * ldc + j], c0[i * ldc + j]);
-  }
-  EXPECT_TRUE(WithinBound(got_c, want_c, tol_c));
+  ExpectDenseMatches(got, c0, ldc, Bf16Rounded(a), lda, t.m, w, t.accumulate, Unit(t.k));
 }
 
 INSTANTIATE_TEST_SUITE_P(
@@ -135,60 +115,29 @@ TEST_P(Fp8GroupedGemmTest, MatchesPerGroupReference) {
   const uint32_t seed = testing::FreshSeed();
   SCOPED_TRACE(::testing::Message() << "seed " << seed);
   std::mt19937 gen(seed);
-  std::vector<int32_t> offsets(t.groups + 1, 0);
-  for (int32_t g = 0; g < t.groups; ++g) offsets[g + 1] = offsets[g] + t.rows_per_group[g];
-  const int32_t used = offsets[t.groups];
-  const int32_t max_rows = used + 5;  // rows past the last group stay untouched
-  std::vector<HostFp8> w;
-  std::vector<std::unique_ptr<DeviceArray<uint8_t>>> dw;
-  std::vector<std::unique_ptr<DeviceArray<float>>> ds;
-  std::vector<const uint8_t*> wptr;
-  std::vector<const float*> sptr;
-  for (int32_t g = 0; g < t.groups; ++g) {
-    w.push_back(MakeWeight(t.n, t.k, t.k, t.split, &gen));
-    dw.push_back(std::make_unique<DeviceArray<uint8_t>>(w.back().data));
-    ds.push_back(std::make_unique<DeviceArray<float>>(w.back().scales));
-    wptr.push_back(dw.back()->get());
-    sptr.push_back(ds.back()->get());
-  }
-  std::vector<float> a = testing::RandomFloats(static_cast<size_t>(max_rows) * t.k, seed + 1);
+  ASSERT_EQ(t.rows_per_group.size(), static_cast<size_t>(t.groups));
+  const GroupedOperands g = MakeGroupedOperands(t.rows_per_group, t.n, t.k, t.split, &gen);
+  std::vector<float> a = testing::RandomFloats(static_cast<size_t>(g.max_rows) * t.k, seed + 1);
   DeviceArray<float> da(a);
-  DeviceArray<int32_t> doff(offsets);
-  DeviceArray<const uint8_t*> dwp(wptr);
-  DeviceArray<const float*> dsp(sptr);
-  DeviceArray<float> dc(static_cast<size_t>(max_rows) * t.n);
+  DeviceArray<float> dc(static_cast<size_t>(g.max_rows) * t.n);
   dc.Poison();
   Fp8GroupedGemmParams p;
   p.num_groups = t.groups;
-  p.max_rows = max_rows;
-  p.offsets = doff.get();
+  p.max_rows = g.max_rows;
+  p.offsets = g.doff->get();
   p.n = t.n;
   p.k = t.k;
   p.a = da.get();
-  p.weights = dwp.get();
-  p.scales = dsp.get();
-  p.scale_ld = w[0].scale_ld;
+  p.weights = g.dwp->get();
+  p.scales = g.dsp->get();
+  p.scale_ld = g.w[0].scale_ld;
   p.split_rows = t.split;
   p.c = dc.get();
   ASSERT_TRUE(Fp8GroupedGemmSupports(p));
   DEEPINFER_CUDA_OK(Fp8GroupedGemm(p, nullptr));
   std::vector<float> got;
   DEEPINFER_CUDA_OK(dc.Download(&got));
-  for (int32_t g = 0; g < t.groups; ++g) {
-    const int32_t r0 = offsets[g], rows = offsets[g + 1] - offsets[g];
-    if (rows == 0) continue;
-    SCOPED_TRACE(::testing::Message() << "group " << g);
-    std::vector<float> ga(a.begin() + static_cast<int64_t>(r0) * t.k,
-                          a.begin() + static_cast<int64_t>(r0 + rows) * t.k);
-    std::vector<double> want, tol;
-    Reference(ga, t.k, rows, w[g], &want, &tol);
-    std::vector<float> gg(got.begin() + static_cast<int64_t>(r0) * t.n,
-                          got.begin() + static_cast<int64_t>(r0 + rows) * t.n);
-    EXPECT_TRUE(WithinBound(gg, want, tol));
-  }
-  for (size_t i = static_cast<size_t>(used) * t.n; i < got.size(); ++i) {
-    ASSERT_TRUE(std::isnan(got[i])) << "row past the groups written at " << i;
-  }
+  ExpectGroupedMatches(got, Bf16Rounded(a), g, t.n, t.k, Unit(t.k));
 }
 
 INSTANTIATE_TEST_SUITE_P(

@@ -1,9 +1,9 @@
 // Fp8MmaGemm and Fp8MmaGroupedGemm against a host reference on the dequantised weights
-// (fp8_test_util.h: the loader's e4m3 decoding times the block scale, activations rounded to
-// bf16, the sum in double). The products are exact on the tensor cores (bf16 x bf16 widened
-// from e4m3); only the summation rounds: a k16 MMA adds its products to the accumulator with at
-// most two fp32 roundings, which may truncate (up to 2^-23 each), each 128-wide block's sum is
-// scaled and accumulated (two roundings) and up to eight k-slices are added (eight). Along any
+// (kernels/testing/fp8_test_util.h: the loader's e4m3 decoding times the block scale, activations
+// rounded to bf16, the sum in double). The products are exact on the tensor cores (bf16 x bf16
+// widened from e4m3); only the summation rounds: a k16 MMA adds its products to the accumulator
+// with at most two fp32 roundings, which may truncate (up to 2^-23 each), each 128-wide block's sum
+// is scaled and accumulated (two roundings) and up to eight k-slices are added (eight). Along any
 // path that is at most k / 8 + 26 roundings of 2^-23 relative to the magnitudes summed, so
 // |got - want| <= (k / 4 + 64) * 2^-24 * sum_p |a_p w_p| holds for a correct kernel, while a
 // wrong scale, block, element or row is off by about |want| ~ sum |a w| / sqrt(k), far more.
@@ -12,12 +12,11 @@
 
 #include <cmath>
 #include <cstdint>
-#include <memory>
 #include <random>
 #include <vector>
 
 #include "gtest/gtest.h"
-#include "kernels/gemm/fp8_test_util.h"
+#include "kernels/testing/fp8_test_util.h"
 #include "kernels/testing/gpu_test_util.h"
 #include "worker/backend/bf16.h"
 
@@ -26,10 +25,12 @@ namespace kernels {
 namespace {
 
 using fp8_testing::Bf16Rounded;
-using fp8_testing::DequantisedProduct;
+using fp8_testing::ExpectDenseMatches;
+using fp8_testing::ExpectGroupedMatches;
+using fp8_testing::GroupedOperands;
 using fp8_testing::HostFp8;
+using fp8_testing::MakeGroupedOperands;
 using fp8_testing::MakeWeight;
-using fp8_testing::WithinBound;
 using testing::DeviceArray;
 
 double Unit(int64_t k) { return std::ldexp(1.0, -24) * (k / 4.0 + 64.0); }
@@ -68,23 +69,7 @@ void RunDense(const DenseCase& t, HostFp8 w, uint32_t seed) {
   std::vector<float> got;
   DEEPINFER_CUDA_OK(dc.Download(&got));
 
-  std::vector<double> want, mag;
-  DequantisedProduct(Bf16Rounded(a), lda, t.m, w, &want, &mag);
-  std::vector<float> got_c(t.m * t.n);
-  std::vector<double> want_c(t.m * t.n), tol_c(t.m * t.n);
-  for (int64_t i = 0; i < t.m; ++i) {
-    for (int64_t j = 0; j < t.n; ++j) {
-      const int64_t e = i * t.n + j;
-      got_c[e] = got[i * ldc + j];
-      want_c[e] = (t.accumulate ? c0[i * ldc + j] : 0.0) + want[e];
-      // The accumulate's one fp32 addition adds half an ulp of the result.
-      tol_c[e] = Unit(t.k) * mag[e] + std::ldexp(std::abs(want_c[e]), -24) + 1e-30;
-    }
-    for (int64_t j = t.n; j < ldc; ++j) {
-      ASSERT_EQ(got[i * ldc + j], c0[i * ldc + j]) << "padding column " << j << " of row " << i;
-    }
-  }
-  EXPECT_TRUE(WithinBound(got_c, want_c, tol_c));
+  ExpectDenseMatches(got, c0, ldc, Bf16Rounded(a), lda, t.m, w, t.accumulate, Unit(t.k));
 }
 
 class Fp8MmaGemmTest : public ::testing::TestWithParam<DenseCase> {};
@@ -154,39 +139,21 @@ TEST_P(Fp8MmaGroupedGemmTest, MatchesPerGroupReference) {
   SCOPED_TRACE(::testing::Message() << "seed " << seed << " n " << t.n << " k " << t.k);
   std::mt19937 gen(seed);
   const int32_t groups = static_cast<int32_t>(t.rows_per_group.size());
-  std::vector<int32_t> offsets(groups + 1, 0);
-  for (int32_t g = 0; g < groups; ++g) offsets[g + 1] = offsets[g] + t.rows_per_group[g];
-  const int32_t used = offsets[groups];
-  const int32_t max_rows = used + 5;  // rows past the last group stay untouched
-  std::vector<HostFp8> w;
-  std::vector<std::unique_ptr<DeviceArray<uint8_t>>> dw;
-  std::vector<std::unique_ptr<DeviceArray<float>>> ds;
-  std::vector<const uint8_t*> wptr;
-  std::vector<const float*> sptr;
-  for (int32_t g = 0; g < groups; ++g) {
-    w.push_back(MakeWeight(t.n, t.k, t.k, t.split, &gen));
-    dw.push_back(std::make_unique<DeviceArray<uint8_t>>(w.back().data));
-    ds.push_back(std::make_unique<DeviceArray<float>>(w.back().scales));
-    wptr.push_back(dw.back()->get());
-    sptr.push_back(ds.back()->get());
-  }
-  const std::vector<float> a = testing::RandomFloats(static_cast<size_t>(max_rows) * t.k, seed);
+  const GroupedOperands g = MakeGroupedOperands(t.rows_per_group, t.n, t.k, t.split, &gen);
+  const std::vector<float> a = testing::RandomFloats(static_cast<size_t>(g.max_rows) * t.k, seed);
   DeviceArray<uint16_t> da(FloatsToBf16Bits(a));
-  DeviceArray<int32_t> doff(offsets);
-  DeviceArray<const uint8_t*> dwp(wptr);
-  DeviceArray<const float*> dsp(sptr);
-  DeviceArray<float> dc(static_cast<size_t>(max_rows) * t.n);
+  DeviceArray<float> dc(static_cast<size_t>(g.max_rows) * t.n);
   dc.Poison();
   Fp8MmaGroupedGemmParams p;
   p.num_groups = groups;
-  p.max_rows = max_rows;
-  p.offsets = doff.get();
+  p.max_rows = g.max_rows;
+  p.offsets = g.doff->get();
   p.n = t.n;
   p.k = t.k;
   p.a = da.get();
-  p.weights = dwp.get();
-  p.scales = dsp.get();
-  p.scale_ld = w[0].scale_ld;
+  p.weights = g.dwp->get();
+  p.scales = g.dsp->get();
+  p.scale_ld = g.w[0].scale_ld;
   p.split_rows = t.split;
   p.c = dc.get();
   p.rows_per_group_hint = t.hint;
@@ -194,23 +161,7 @@ TEST_P(Fp8MmaGroupedGemmTest, MatchesPerGroupReference) {
   DEEPINFER_CUDA_OK(Fp8MmaGroupedGemm(p, nullptr));
   std::vector<float> got;
   DEEPINFER_CUDA_OK(dc.Download(&got));
-  const std::vector<double> x = Bf16Rounded(a);
-  for (int32_t g = 0; g < groups; ++g) {
-    const int32_t r0 = offsets[g], rows = offsets[g + 1] - offsets[g];
-    if (rows == 0) continue;
-    SCOPED_TRACE(::testing::Message() << "group " << g << " rows " << rows);
-    std::vector<double> gx(x.begin() + static_cast<int64_t>(r0) * t.k,
-                           x.begin() + static_cast<int64_t>(r0 + rows) * t.k);
-    std::vector<double> want, tol;
-    DequantisedProduct(gx, t.k, rows, w[g], &want, &tol);
-    for (double& b : tol) b = Unit(t.k) * b + 1e-30;
-    std::vector<float> gg(got.begin() + static_cast<int64_t>(r0) * t.n,
-                          got.begin() + static_cast<int64_t>(r0 + rows) * t.n);
-    EXPECT_TRUE(WithinBound(gg, want, tol));
-  }
-  for (size_t i = static_cast<size_t>(used) * t.n; i < got.size(); ++i) {
-    ASSERT_TRUE(std::isnan(got[i])) << "row past the groups written at " << i;
-  }
+  ExpectGroupedMatches(got, Bf16Rounded(a), g, t.n, t.k, Unit(t.k));
 }
 
 INSTANTIATE_TEST_SUITE_P(

@@ -7,8 +7,10 @@
 #include "kernels/v4/hyper_connection.h"
 
 #include <cstdint>
+#include <string>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
 #include "kernels/testing/gpu_test_util.h"
 #include "worker/backend/cpu/cpu_backend.h"
@@ -28,6 +30,20 @@ struct Shape {
   int64_t offset = 0;  // floats the streams start past a 16-byte boundary
 };
 
+// The case, for SCOPED_TRACE.
+std::string Describe(const Shape& s, uint32_t seed) {
+  return absl::StrCat("rows ", s.rows, " hc ", s.hc, " hidden ", s.hidden, " iters ", s.iters,
+                      " offset ", s.offset, " seed ", seed);
+}
+
+// Expects the kernel's output `got` within atol + rtol * |want| of the CPU's `want`, element-wise.
+void ExpectMatchesCpu(const DeviceArray<float>& got, const std::vector<float>& want, double atol,
+                      double rtol, const char* what) {
+  std::vector<float> host;
+  DEEPINFER_CUDA_OK(got.Download(&host));
+  EXPECT_TRUE(AllClose(host, want, atol, rtol)) << what;
+}
+
 std::vector<Shape> Shapes() {
   return {{1, 4, 4096, 20},   {64, 4, 4096, 20}, {300, 4, 4096, 20}, {3, 4, 130, 20},
           {5, 4, 512, 20, 1}, {7, 2, 64, 1},     {9, 8, 96, 3},      {2, 3, 33, 20},
@@ -40,9 +56,7 @@ TEST(HyperConnectionKernelTest, MixMatchesCpu) {
   CpuV4Ops cpu(&pool);
   for (const Shape& s : Shapes()) {
     const uint32_t seed = testing::FreshSeed();
-    SCOPED_TRACE(::testing::Message()
-                 << "rows " << s.rows << " hc " << s.hc << " hidden " << s.hidden << " iters "
-                 << s.iters << " offset " << s.offset << " seed " << seed);
+    SCOPED_TRACE(Describe(s, seed));
     const int64_t M = (2 + s.hc) * s.hc;
     const auto mixes = RandomFloats(s.rows * M, seed, 2.0f);
     const auto base = RandomFloats(M, seed + 1);
@@ -79,14 +93,10 @@ TEST(HyperConnectionKernelTest, MixMatchesCpu) {
     d.comb = dcomb.get();
     d.collapsed = dcol.get();
     DEEPINFER_CUDA_OK(kernels::HcMixF32(d, nullptr));
-    std::vector<float> got_post, got_comb, got_col;
-    DEEPINFER_CUDA_OK(dpost.Download(&got_post));
-    DEEPINFER_CUDA_OK(dcomb.Download(&got_comb));
-    DEEPINFER_CUDA_OK(dcol.Download(&got_col));
-    EXPECT_TRUE(AllClose(got_post, post, 1e-6, 1e-6)) << "post";
+    ExpectMatchesCpu(dpost, post, 1e-6, 1e-6, "post");
     // Sinkhorn's 20 normalisations carry an ulp of expf through divisions: a few ulp.
-    EXPECT_TRUE(AllClose(got_comb, comb, 1e-6, 1e-5)) << "comb";
-    EXPECT_TRUE(AllClose(got_col, collapsed, 1e-5, 1e-5)) << "collapsed";
+    ExpectMatchesCpu(dcomb, comb, 1e-6, 1e-5, "comb");
+    ExpectMatchesCpu(dcol, collapsed, 1e-5, 1e-5, "collapsed");
   }
 }
 
@@ -96,8 +106,7 @@ TEST(HyperConnectionKernelTest, HeadMatchesCpu) {
   CpuV4Ops cpu(&pool);
   for (const Shape& s : Shapes()) {
     const uint32_t seed = testing::FreshSeed();
-    SCOPED_TRACE(::testing::Message() << "rows " << s.rows << " hc " << s.hc << " hidden "
-                                      << s.hidden << " offset " << s.offset << " seed " << seed);
+    SCOPED_TRACE(Describe(s, seed));
     const auto mixes = RandomFloats(s.rows * s.hc, seed, 2.0f);
     const auto base = RandomFloats(s.hc, seed + 1);
     const auto scale = RandomFloats(1, seed + 2, 0.5f);
@@ -124,9 +133,7 @@ TEST(HyperConnectionKernelTest, HeadMatchesCpu) {
     d.streams = ds.get() + s.offset;
     d.out = dout.get();
     DEEPINFER_CUDA_OK(kernels::HcHeadF32(d, nullptr));
-    std::vector<float> got;
-    DEEPINFER_CUDA_OK(dout.Download(&got));
-    EXPECT_TRUE(AllClose(got, out, 1e-5, 1e-5));
+    ExpectMatchesCpu(dout, out, 1e-5, 1e-5, "out");
   }
 }
 
@@ -136,8 +143,7 @@ TEST(HyperConnectionKernelTest, ExpandMatchesCpuBitForBit) {
   CpuV4Ops cpu(&pool);
   for (const Shape& s : Shapes()) {
     const uint32_t seed = testing::FreshSeed();
-    SCOPED_TRACE(::testing::Message() << "rows " << s.rows << " hc " << s.hc << " hidden "
-                                      << s.hidden << " offset " << s.offset << " seed " << seed);
+    SCOPED_TRACE(Describe(s, seed));
     const auto block_out = RandomFloats(s.rows * s.hidden, seed);
     const auto post = RandomFloats(s.rows * s.hc, seed + 1);
     const auto comb = RandomFloats(s.rows * s.hc * s.hc, seed + 2, 0.5f);
@@ -163,9 +169,7 @@ TEST(HyperConnectionKernelTest, ExpandMatchesCpuBitForBit) {
     d.streams_in = din.get() + s.offset;
     d.streams_out = dout.get();
     DEEPINFER_CUDA_OK(kernels::HcExpandF32(d, nullptr));
-    std::vector<float> got;
-    DEEPINFER_CUDA_OK(dout.Download(&got));
-    EXPECT_TRUE(AllClose(got, out, 0, 0));
+    ExpectMatchesCpu(dout, out, 0, 0, "streams_out");
   }
 }
 

@@ -21,17 +21,18 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
-#include <functional>
 #include <numeric>
 #include <string>
 #include <vector>
 
+#include "kernels/testing/bench_timer.h"
 #include "kernels/testing/bench_util.h"
 #include "kernels/v4/sink_attention.h"
 
 namespace deepinfer {
 namespace {
 
+using bench::GraphMeanMs;
 using bench::MedianMs;
 using bench::Uniform;
 using bench::Upload;
@@ -39,33 +40,6 @@ using kernels::SinkAttentionKernel;
 
 constexpr int64_t kHeads = 64, kDim = 512, kWindow = 128;
 constexpr double kPeakGBs = 4800.0;  // H200 HBM3e
-
-// Mean ms per call of 10 calls of fn(stream) in one graph, replayed 5 times.
-double GraphMs(const std::function<cudaError_t(cudaStream_t)>& fn, cudaStream_t stream) {
-  constexpr int kCalls = 10, kReplays = 5;
-  cudaGraph_t graph;
-  cudaGraphExec_t exec;
-  BENCH_CUDA(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
-  for (int i = 0; i < kCalls; ++i) BENCH_CUDA(fn(stream));
-  BENCH_CUDA(cudaStreamEndCapture(stream, &graph));
-  BENCH_CUDA(cudaGraphInstantiate(&exec, graph, 0));
-  BENCH_CUDA(cudaGraphLaunch(exec, stream));  // warm-up
-  BENCH_CUDA(cudaStreamSynchronize(stream));
-  cudaEvent_t e0, e1;
-  BENCH_CUDA(cudaEventCreate(&e0));
-  BENCH_CUDA(cudaEventCreate(&e1));
-  BENCH_CUDA(cudaEventRecord(e0, stream));
-  for (int r = 0; r < kReplays; ++r) BENCH_CUDA(cudaGraphLaunch(exec, stream));
-  BENCH_CUDA(cudaEventRecord(e1, stream));
-  BENCH_CUDA(cudaEventSynchronize(e1));
-  float total = 0;
-  BENCH_CUDA(cudaEventElapsedTime(&total, e0, e1));
-  BENCH_CUDA(cudaEventDestroy(e0));
-  BENCH_CUDA(cudaEventDestroy(e1));
-  BENCH_CUDA(cudaGraphExecDestroy(exec));
-  BENCH_CUDA(cudaGraphDestroy(graph));
-  return total / (kCalls * kReplays);
-}
 
 const char* KernelName(SinkAttentionKernel k) {
   switch (k) {
@@ -172,7 +146,7 @@ void Run(int64_t batch, const Layer& layer, bool sweep_splits, cudaStream_t stre
       int32_t used = 0;
       BENCH_CUDA(kernels::SinkAttentionSplits(kp, &used));
       const double graph_ms =
-          GraphMs([&](cudaStream_t s) { return kernels::SinkAttentionF32(kp, s); }, stream);
+          GraphMeanMs([&](cudaStream_t s) { return kernels::SinkAttentionF32(kp, s); }, stream);
       const double eager_ms = MedianMs([&] { return kernels::SinkAttentionF32(kp, nullptr); });
       const double gbs = bytes / (graph_ms * 1e-3) / 1e9;
       std::printf(

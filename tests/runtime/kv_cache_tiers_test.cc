@@ -19,7 +19,6 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
-#include "absl/strings/str_split.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
@@ -31,8 +30,7 @@ namespace {
 
 namespace fs = std::filesystem;
 using ::deepinfer::testing::ReadFile;
-using ::deepinfer::testing::RunCommand;
-using ::deepinfer::testing::Runfile;
+using ::deepinfer::testing::RunCliJob;
 using ::deepinfer::testing::TempPath;
 using json = nlohmann::json;
 
@@ -80,31 +78,12 @@ struct JobRun {
 // `deepinfer run` with the absorbed prefill form, `extra` flags and `worker_args`.
 JobRun RunJob(const std::string& name, const std::string& input,
               const std::vector<std::string>& extra, const std::string& worker_args = "") {
+  std::vector<std::string> flags = {absl::StrCat("--model=", kModel), "--keep-state",
+                                    "--worker-args=--prefill-attention=absorbed " + worker_args};
+  flags.insert(flags.end(), extra.begin(), extra.end());
   JobRun run;
-  run.state_dir = TempPath(name + ".state");
-  const std::string in = TempPath(name + ".in.jsonl");
-  const std::string out = TempPath(name + ".out.jsonl");
-  std::ofstream(in) << input;
-  std::vector<std::string> argv = {Runfile("coordinator/cli/deepinfer"),
-                                   "run",
-                                   absl::StrCat("--model=", kModel),
-                                   "--input=" + in,
-                                   "--output=" + out,
-                                   "--timeout-s=600",
-                                   "--keep-state",
-                                   "--state-dir=" + run.state_dir,
-                                   "--worker-args=--prefill-attention=absorbed " + worker_args};
-  argv.insert(argv.end(), extra.begin(), extra.end());
-  auto result = RunCommand(argv, TempPath(name + ".run"), absl::Seconds(900));
-  EXPECT_TRUE(result.ok()) << result.status();
-  if (!result.ok()) return run;
-  EXPECT_EQ(result->exit_code, 0) << result->err;
-  for (absl::string_view line : absl::StrSplit(ReadFile(out), '\n', absl::SkipEmpty())) {
-    json j = json::parse(line, nullptr, false);
-    EXPECT_FALSE(j.is_discarded()) << line;
-    if (j.is_discarded()) continue;
-    run.lines[j["custom_id"].get<std::string>()] = j;
-  }
+  run.state_dir = TempPath(name + ".state");  // RunCliJob's
+  run.lines = RunCliJob(name, input, flags).lines;
   return run;
 }
 

@@ -4,7 +4,6 @@
 // usage.prompt_tokens_details.cached_tokens says how many prompt tokens the cache served.
 // The workers run the absorbed MLA prefill form, whose results do not depend on how many new
 // tokens a step brings (docs/kv-cache.md, "Identity").
-#include <fstream>
 #include <map>
 #include <random>
 #include <string>
@@ -12,7 +11,6 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
-#include "absl/strings/str_split.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
@@ -23,9 +21,8 @@ namespace deepinfer {
 namespace {
 
 using ::deepinfer::testing::ReadFile;
-using ::deepinfer::testing::RunCommand;
+using ::deepinfer::testing::RunCliJob;
 using ::deepinfer::testing::Runfile;
-using ::deepinfer::testing::TempPath;
 using json = nlohmann::json;
 
 const char kModel[] = "tests/fixtures/dsv3_qlora_rope";
@@ -70,30 +67,10 @@ std::string SharedSystemPromptJob(std::vector<int>* prompt_lengths) {
 std::map<std::string, json> RunJob(const std::string& name, const std::string& input,
                                    const std::vector<std::string>& extra,
                                    const std::string& worker_args = "") {
-  const std::string in = TempPath(name + ".in.jsonl");
-  const std::string out = TempPath(name + ".out.jsonl");
-  std::ofstream(in) << input;
-  std::vector<std::string> argv = {Runfile("coordinator/cli/deepinfer"),
-                                   "run",
-                                   absl::StrCat("--model=", kModel),
-                                   "--input=" + in,
-                                   "--output=" + out,
-                                   "--timeout-s=600",
-                                   "--state-dir=" + TempPath(name + ".state"),
-                                   "--worker-args=--prefill-attention=absorbed " + worker_args};
-  argv.insert(argv.end(), extra.begin(), extra.end());
-  auto result = RunCommand(argv, TempPath(name + ".run"), absl::Seconds(900));
-  std::map<std::string, json> lines;
-  EXPECT_TRUE(result.ok()) << result.status();
-  if (!result.ok()) return lines;
-  EXPECT_EQ(result->exit_code, 0) << result->err;
-  for (absl::string_view line : absl::StrSplit(ReadFile(out), '\n', absl::SkipEmpty())) {
-    json j = json::parse(line, nullptr, false);
-    EXPECT_FALSE(j.is_discarded()) << line;
-    if (j.is_discarded()) continue;
-    lines[j["custom_id"].get<std::string>()] = j;
-  }
-  return lines;
+  std::vector<std::string> flags = {absl::StrCat("--model=", kModel),
+                                    "--worker-args=--prefill-attention=absorbed " + worker_args};
+  flags.insert(flags.end(), extra.begin(), extra.end());
+  return RunCliJob(name, input, flags).lines;
 }
 
 const json& Body(const json& line) { return line["response"]["body"]; }

@@ -5,7 +5,6 @@
 // first of its system prompt finds the system prompt cached (the others wait for the first's
 // prefill and follow it to its rank), far more than without, and the job's tokens per rank stay
 // balanced. The workers run the absorbed MLA prefill form (docs/kv-cache.md, "Identity").
-#include <fstream>
 #include <map>
 #include <random>
 #include <regex>
@@ -14,7 +13,6 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
-#include "absl/strings/str_split.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
@@ -24,10 +22,8 @@
 namespace deepinfer {
 namespace {
 
-using ::deepinfer::testing::ReadFile;
-using ::deepinfer::testing::RunCommand;
-using ::deepinfer::testing::Runfile;
-using ::deepinfer::testing::TempPath;
+using ::deepinfer::testing::CliJobRun;
+using ::deepinfer::testing::RunCliJob;
 using json = nlohmann::json;
 
 const char kModel[] = "tests/fixtures/dsv3_qlora_rope";
@@ -70,31 +66,11 @@ struct JobRun {
 
 JobRun RunJob(const std::string& name, const std::string& input,
               const std::vector<std::string>& extra) {
-  JobRun run;
-  const std::string in = TempPath(name + ".in.jsonl");
-  const std::string out = TempPath(name + ".out.jsonl");
-  std::ofstream(in) << input;
-  std::vector<std::string> argv = {Runfile("coordinator/cli/deepinfer"),
-                                   "run",
-                                   absl::StrCat("--model=", kModel),
-                                   "--input=" + in,
-                                   "--output=" + out,
-                                   "--timeout-s=600",
-                                   "--state-dir=" + TempPath(name + ".state"),
-                                   "--worker-args=--prefill-attention=absorbed"};
-  argv.insert(argv.end(), extra.begin(), extra.end());
-  auto result = RunCommand(argv, TempPath(name + ".run"), absl::Seconds(900));
-  EXPECT_TRUE(result.ok()) << result.status();
-  if (!result.ok()) return run;
-  EXPECT_EQ(result->exit_code, 0) << result->err;
-  run.err = result->err;
-  for (absl::string_view line : absl::StrSplit(ReadFile(out), '\n', absl::SkipEmpty())) {
-    json j = json::parse(line, nullptr, false);
-    EXPECT_FALSE(j.is_discarded()) << line;
-    if (j.is_discarded()) continue;
-    run.lines[j["custom_id"].get<std::string>()] = j;
-  }
-  return run;
+  std::vector<std::string> flags = {absl::StrCat("--model=", kModel),
+                                    "--worker-args=--prefill-attention=absorbed"};
+  flags.insert(flags.end(), extra.begin(), extra.end());
+  CliJobRun cli = RunCliJob(name, input, flags);
+  return {std::move(cli.lines), std::move(cli.err)};
 }
 
 const json& Body(const json& line) { return line["response"]["body"]; }

@@ -12,14 +12,12 @@
 //     the same line twice gives the same choices, greedy choices are all HF's;
 //   * the job run again with --no-async-scheduling gives the same lines (the workers' logs say
 //     which way each run stepped).
-#include <fstream>
 #include <map>
 #include <set>
 #include <string>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_split.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
@@ -30,7 +28,7 @@ namespace deepinfer {
 namespace {
 
 using ::deepinfer::testing::ReadFile;
-using ::deepinfer::testing::RunCommand;
+using ::deepinfer::testing::RunCliJob;
 using ::deepinfer::testing::Runfile;
 using ::deepinfer::testing::TempPath;
 using ::testing::Each;
@@ -94,27 +92,9 @@ class SamplingControlsTest : public ::testing::Test {
   // `deepinfer run` of `input` with `extra` flags; the output lines by custom_id.
   static std::map<std::string, json> RunJob(const std::string& name, const std::string& input,
                                             const std::vector<std::string>& extra) {
-    const std::string in = TempPath(name + ".in.jsonl");
-    const std::string out = TempPath(name + ".out.jsonl");
-    std::ofstream(in) << input;
-    std::vector<std::string> argv = {Runfile("coordinator/cli/deepinfer"),
-                                     "run",
-                                     std::string("--model=") + kModel,
-                                     "--input=" + in,
-                                     "--output=" + out,
-                                     "--timeout-s=600",
-                                     "--state-dir=" + TempPath(name + ".state")};
-    argv.insert(argv.end(), extra.begin(), extra.end());
-    std::map<std::string, json> lines;
-    auto result = RunCommand(argv, TempPath(name + ".run"), absl::Seconds(900));
-    EXPECT_TRUE(result.ok()) << result.status();
-    if (!result.ok()) return lines;
-    EXPECT_EQ(result->exit_code, 0) << result->err;
-    for (absl::string_view text : absl::StrSplit(ReadFile(out), '\n', absl::SkipEmpty())) {
-      json j = json::parse(text);
-      lines[j["custom_id"].get<std::string>()] = j;
-    }
-    return lines;
+    std::vector<std::string> flags = {std::string("--model=") + kModel};
+    flags.insert(flags.end(), extra.begin(), extra.end());
+    return RunCliJob(name, input, flags).lines;
   }
 
   // The choices of line `id`; fails the test if the line is an error.

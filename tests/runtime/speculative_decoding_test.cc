@@ -4,14 +4,12 @@
 // --speculative-tokens as without, greedy and seeded sampled, on one rank and on two ranks of an
 // expert-parallel group.
 #include <cmath>
-#include <fstream>
 #include <map>
 #include <string>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
-#include "absl/strings/str_split.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
@@ -22,9 +20,8 @@ namespace deepinfer {
 namespace {
 
 using ::deepinfer::testing::ReadFile;
-using ::deepinfer::testing::RunCommand;
+using ::deepinfer::testing::RunCliJob;
 using ::deepinfer::testing::Runfile;
-using ::deepinfer::testing::TempPath;
 using json = nlohmann::json;
 
 const char kModel[] = "tests/fixtures/dsv3_qlora_rope";
@@ -58,31 +55,11 @@ std::string Job() {
 // `deepinfer run` on generated weights of the fixture's config; the output lines by custom_id.
 std::map<std::string, json> RunJob(const std::string& name, const std::vector<std::string>& extra,
                                    const std::string& worker_args) {
-  const std::string in = TempPath(name + ".in.jsonl");
-  const std::string out = TempPath(name + ".out.jsonl");
-  std::ofstream(in) << Job();
-  std::vector<std::string> argv = {
-      Runfile("coordinator/cli/deepinfer"),
-      "run",
+  std::vector<std::string> flags = {
       absl::StrCat("--model=dummy:", Runfile(kModel), "/config.json@5"),
-      "--input=" + in,
-      "--output=" + out,
-      "--timeout-s=600",
-      "--state-dir=" + TempPath(name + ".state"),
       "--worker-args=--prefill-attention=absorbed " + worker_args};
-  argv.insert(argv.end(), extra.begin(), extra.end());
-  auto result = RunCommand(argv, TempPath(name + ".run"), absl::Seconds(900));
-  std::map<std::string, json> lines;
-  EXPECT_TRUE(result.ok()) << result.status();
-  if (!result.ok()) return lines;
-  EXPECT_EQ(result->exit_code, 0) << result->err;
-  for (absl::string_view line : absl::StrSplit(ReadFile(out), '\n', absl::SkipEmpty())) {
-    json j = json::parse(line, nullptr, false);
-    EXPECT_FALSE(j.is_discarded()) << line;
-    if (j.is_discarded()) continue;
-    lines[j["custom_id"].get<std::string>()] = j;
-  }
-  return lines;
+  flags.insert(flags.end(), extra.begin(), extra.end());
+  return RunCliJob(name, Job(), flags).lines;
 }
 
 void ExpectSame(const std::map<std::string, json>& got, const std::map<std::string, json>& want) {

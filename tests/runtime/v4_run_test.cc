@@ -5,7 +5,6 @@
 // long prompt (chunked prefill, preemption and the bounded rebuild of a preempted sequence);
 // dsv4_bf16 (bf16 storage) on 1 worker; requests sharing a long prefix with and without the
 // prefix cache.
-#include <fstream>
 #include <map>
 #include <random>
 #include <string>
@@ -14,7 +13,6 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
-#include "absl/strings/str_split.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
@@ -25,7 +23,7 @@ namespace deepinfer {
 namespace {
 
 using ::deepinfer::testing::ReadFile;
-using ::deepinfer::testing::RunCommand;
+using ::deepinfer::testing::RunCliJob;
 using ::deepinfer::testing::Runfile;
 using ::deepinfer::testing::TempPath;
 using ::testing::HasSubstr;
@@ -59,31 +57,11 @@ std::map<std::string, json> RunJob(const std::string& model, const std::string& 
                                    const std::string& input, int workers, int ranks,
                                    const std::string& worker_args = "",
                                    const std::vector<std::string>& extra = {}) {
-  const std::string in = TempPath(name + ".in.jsonl");
-  const std::string out = TempPath(name + ".out.jsonl");
-  std::ofstream(in) << input;
-  std::vector<std::string> argv = {Runfile("coordinator/cli/deepinfer"),
-                                   "run",
-                                   "--model=" + model,
-                                   "--input=" + in,
-                                   "--output=" + out,
-                                   absl::StrCat("--workers=", workers),
-                                   absl::StrCat("--ranks-per-worker=", ranks),
-                                   "--timeout-s=600",
-                                   "--state-dir=" + TempPath(name + ".state")};
-  if (!worker_args.empty()) argv.push_back("--worker-args=" + worker_args);
-  argv.insert(argv.end(), extra.begin(), extra.end());
-  auto result = RunCommand(argv, TempPath(name + ".run"), absl::Seconds(900));
-  EXPECT_TRUE(result.ok()) << result.status();
-  std::map<std::string, json> lines;
-  if (!result.ok()) return lines;
-  EXPECT_EQ(result->exit_code, 0) << result->err;
-  for (absl::string_view line : absl::StrSplit(ReadFile(out), '\n', absl::SkipEmpty())) {
-    json j = json::parse(line, nullptr, false);
-    EXPECT_FALSE(j.is_discarded()) << line;
-    if (!j.is_discarded()) lines[j["custom_id"].get<std::string>()] = j;
-  }
-  return lines;
+  std::vector<std::string> flags = {"--model=" + model, absl::StrCat("--workers=", workers),
+                                    absl::StrCat("--ranks-per-worker=", ranks)};
+  if (!worker_args.empty()) flags.push_back("--worker-args=" + worker_args);
+  flags.insert(flags.end(), extra.begin(), extra.end());
+  return RunCliJob(name, input, flags).lines;
 }
 
 std::vector<int> Tokens(const json& line) {

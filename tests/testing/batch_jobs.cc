@@ -7,6 +7,8 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
+#include "absl/time/time.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
 #include "tests/testing/subprocess.h"
@@ -62,6 +64,33 @@ Job WaitForJob(CoordinatorClient& client, const std::string& id,
       << "job stuck at " << last.DebugString() << "\n"
       << diagnostics();
   return last;
+}
+
+CliJobRun RunCliJob(const std::string& name, const std::string& input,
+                    const std::vector<std::string>& flags) {
+  const std::string in = TempPath(name + ".in.jsonl");
+  const std::string out = TempPath(name + ".out.jsonl");
+  std::ofstream(in) << input;
+  std::vector<std::string> argv = {Runfile("coordinator/cli/deepinfer"),
+                                   "run",
+                                   "--input=" + in,
+                                   "--output=" + out,
+                                   "--timeout-s=600",
+                                   "--state-dir=" + TempPath(name + ".state")};
+  argv.insert(argv.end(), flags.begin(), flags.end());
+  CliJobRun run;
+  auto result = RunCommand(argv, TempPath(name + ".run"), absl::Seconds(900));
+  EXPECT_TRUE(result.ok()) << result.status();
+  if (!result.ok()) return run;
+  EXPECT_EQ(result->exit_code, 0) << result->err;
+  run.err = result->err;
+  for (absl::string_view line : absl::StrSplit(ReadFile(out), '\n', absl::SkipEmpty())) {
+    nlohmann::json j = nlohmann::json::parse(line, nullptr, false);
+    EXPECT_FALSE(j.is_discarded()) << line;
+    if (j.is_discarded()) continue;
+    run.lines[j["custom_id"].get<std::string>()] = j;
+  }
+  return run;
 }
 
 }  // namespace deepinfer::testing

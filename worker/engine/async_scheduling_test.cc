@@ -11,7 +11,6 @@
 #include <cstdlib>
 #include <fstream>
 #include <map>
-#include <sstream>
 
 #include "absl/strings/str_cat.h"
 #include "gmock/gmock.h"
@@ -20,6 +19,7 @@
 #include "tokenizer/test_tokenizer_json.h"
 #include "worker/backend/cpu/cpu_backend.h"
 #include "worker/engine/engine.h"
+#include "worker/engine/engine_test_fixture.h"
 #include "worker/model/model_loader.h"
 
 namespace deepinfer {
@@ -27,57 +27,12 @@ namespace {
 
 using ::testing::ElementsAreArray;
 
-std::string FixtureDir() {
-  const char* src = std::getenv("TEST_SRCDIR");
-  return std::string(src ? src : ".") + "/deepinfer/tests/fixtures/dsv3_qlora_rope";
-}
-
-std::string ReadFile(const std::string& path) {
-  std::ifstream in(path);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
-
-struct Prompt {
-  std::vector<int32_t> ids;
-  std::vector<int32_t> greedy;  // HF's 24-token greedy continuation
-};
-
-std::vector<Prompt> LoadPrompts() {
-  std::vector<Prompt> out;
-  nlohmann::json j = nlohmann::json::parse(ReadFile(FixtureDir() + "/expected.json"), nullptr,
-                                           /*allow_exceptions=*/false);
-  if (!j.is_object() || !j.contains("prompts")) return out;
-  for (const auto& p : j["prompts"]) {
-    out.push_back(
-        {p["ids"].get<std::vector<int32_t>>(), p["greedy_24"].get<std::vector<int32_t>>()});
-  }
-  return out;
-}
-
-WorkItem Greedy(const std::string& id, const std::vector<int32_t>& prompt, int32_t max_tokens) {
-  WorkItem item;
-  item.set_request_id(id);
-  item.mutable_prompt_token_ids()->Add(prompt.begin(), prompt.end());
-  item.mutable_params()->set_max_tokens(max_tokens);
-  item.mutable_params()->set_logprobs(-1);
-  item.mutable_params()->set_seed(1234);
-  return item;
-}
-
-WorkItem Sampled(const std::string& id, const std::vector<int32_t>& prompt, int32_t max_tokens,
-                 uint64_t seed) {
-  WorkItem item = Greedy(id, prompt, max_tokens);
-  item.mutable_params()->set_temperature(0.9f);
-  item.mutable_params()->set_top_p(0.95f);
-  item.mutable_params()->set_seed(seed);
-  return item;
-}
-
-std::vector<int32_t> Tokens(const RequestResult& r) {
-  return std::vector<int32_t>(r.token_ids().begin(), r.token_ids().end());
-}
+using engine_testing::FixtureDir;
+using engine_testing::Item;
+using engine_testing::Prompt;
+using engine_testing::ReadFile;
+using engine_testing::Sampled;
+using engine_testing::Tokens;
 
 struct Outcome {
   std::map<std::string, RequestResult> results;
@@ -110,23 +65,8 @@ void ExpectSameResults(const Outcome& off, const Outcome& on) {
   }
 }
 
-class AsyncSchedulingTest : public ::testing::Test {
+class AsyncSchedulingTest : public engine_testing::FixtureModelTest {
  protected:
-  static void SetUpTestSuite() {
-    backend_ = new CpuBackend(2);
-    auto m = LoadModel(FixtureDir(), backend_);
-    ASSERT_TRUE(m.ok()) << m.status();
-    model_ = m->release();
-  }
-  static void TearDownTestSuite() {
-    delete model_;
-    delete backend_;
-  }
-  void SetUp() override {
-    prompts_ = LoadPrompts();
-    ASSERT_EQ(prompts_.size(), 4u);
-  }
-
   // Runs `items` on a fresh engine (its own pool and queue) until it is idle.
   Outcome Run(const std::vector<WorkItem>& items, bool async, EngineOptions options = {},
               int32_t num_blocks = 256, int32_t block_size = 16,
@@ -158,14 +98,7 @@ class AsyncSchedulingTest : public ::testing::Test {
     out.computed_tokens = (*engine)->computed_tokens();
     return out;
   }
-
-  static CpuBackend* backend_;
-  static CausalLm* model_;
-  std::vector<Prompt> prompts_;
 };
-
-CpuBackend* AsyncSchedulingTest::backend_ = nullptr;
-CausalLm* AsyncSchedulingTest::model_ = nullptr;
 
 // One batch with every kind of request; some end mid-batch on a stop token, so the async run
 // computes rows it then drops.
@@ -173,8 +106,8 @@ std::vector<WorkItem> MixedItems(const std::vector<Prompt>& prompts) {
   std::vector<WorkItem> items;
   for (size_t i = 0; i < prompts.size(); ++i) {
     const std::vector<int32_t>& p = prompts[i].ids;
-    items.push_back(Greedy(absl::StrCat("greedy", i), p, 24));
-    WorkItem lp = Greedy(absl::StrCat("greedy_logprobs", i), p, 11 + i);
+    items.push_back(Item(absl::StrCat("greedy", i), p, 24));
+    WorkItem lp = Item(absl::StrCat("greedy_logprobs", i), p, 11 + i);
     lp.mutable_params()->set_logprobs(3);
     items.push_back(lp);
     WorkItem s = Sampled(absl::StrCat("sampled", i), p, 20 - 3 * i, 100 + i);
@@ -199,10 +132,10 @@ std::vector<WorkItem> MixedItems(const std::vector<Prompt>& prompts) {
     pen.mutable_params()->set_repetition_penalty(1.2f);
     items.push_back(pen);
     // A stop token the greedy continuation reaches at its 8th token: ends mid-batch.
-    WorkItem stop = Greedy(absl::StrCat("stop_token", i), p, 24);
+    WorkItem stop = Item(absl::StrCat("stop_token", i), p, 24);
     stop.mutable_params()->add_stop_token_ids(prompts[i].greedy[7]);
     items.push_back(stop);
-    items.push_back(Greedy(absl::StrCat("one_token", i), p, 1));
+    items.push_back(Item(absl::StrCat("one_token", i), p, 1));
   }
   return items;
 }
@@ -239,9 +172,9 @@ TEST_F(AsyncSchedulingTest, PreemptionInATinyPoolEqualsSynchronous) {
   std::vector<WorkItem> items;
   // The 130-token prompt does not fit 30 blocks of 4 with its continuation; it is left out.
   for (size_t i = 0; i + 1 < prompts_.size(); ++i) {
-    items.push_back(Greedy(absl::StrCat("g", i), prompts_[i].ids, 24));
+    items.push_back(Item(absl::StrCat("g", i), prompts_[i].ids, 24));
     items.push_back(Sampled(absl::StrCat("s", i), prompts_[i].ids, 20, 40 + i));
-    WorkItem stop = Greedy(absl::StrCat("stop", i), prompts_[i].ids, 24);
+    WorkItem stop = Item(absl::StrCat("stop", i), prompts_[i].ids, 24);
     stop.mutable_params()->add_stop_token_ids(prompts_[i].greedy[9]);
     items.push_back(stop);
   }
@@ -312,8 +245,8 @@ TEST_F(AsyncSchedulingTest, CancelWhileAStepIsInFlight) {
   auto engine = Engine::Create(model_, pool->get(), &queue, nullptr, options);
   ASSERT_TRUE(engine.ok());
   ASSERT_TRUE((*engine)->async_scheduling());
-  queue.Push({Greedy("a", prompts_[0].ids, 24), Greedy("b", prompts_[1].ids, 24),
-              Greedy("c", prompts_[2].ids, 24)});
+  queue.Push({Item("a", prompts_[0].ids, 24), Item("b", prompts_[1].ids, 24),
+              Item("c", prompts_[2].ids, 24)});
   auto first = (*engine)->Step();  // launches the prefill; it is still being processed
   ASSERT_TRUE(first.ok());
   EXPECT_TRUE(first->empty());
@@ -337,7 +270,7 @@ TEST_F(AsyncSchedulingTest, DropAllWithAStepInFlightFreesEverything) {
   RequestQueue queue;
   auto engine = Engine::Create(model_, pool->get(), &queue, nullptr, EngineOptions{});
   ASSERT_TRUE(engine.ok());
-  queue.Push({Greedy("a", prompts_[0].ids, 24), Greedy("b", prompts_[1].ids, 24)});
+  queue.Push({Item("a", prompts_[0].ids, 24), Item("b", prompts_[1].ids, 24)});
   for (int i = 0; i < 3; ++i) ASSERT_TRUE((*engine)->Step().ok());
   EXPECT_TRUE((*engine)->HasWork());
   EXPECT_EQ((*engine)->DropAll(), 2);
@@ -362,7 +295,7 @@ TEST_F(AsyncSchedulingTest, IdleStepsAndFlush) {
     EXPECT_TRUE(idle->empty());
     EXPECT_FALSE((*engine)->HasWork());
   }
-  queue.Push({Greedy("after", prompts_[0].ids, 24)});
+  queue.Push({Item("after", prompts_[0].ids, 24)});
   std::map<std::string, RequestResult> results;
   for (int steps = 0; (*engine)->HasWork() && steps < 1000; ++steps) {
     auto r = (*engine)->Step();

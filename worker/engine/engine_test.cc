@@ -7,7 +7,6 @@
 #include <cstdlib>
 #include <fstream>
 #include <map>
-#include <sstream>
 
 #include "absl/strings/str_cat.h"
 #include "gmock/gmock.h"
@@ -15,6 +14,7 @@
 #include "nlohmann/json.hpp"
 #include "tokenizer/test_tokenizer_json.h"
 #include "worker/backend/cpu/cpu_backend.h"
+#include "worker/engine/engine_test_fixture.h"
 #include "worker/model/cpu_generate.h"
 #include "worker/model/model_loader.h"
 
@@ -23,85 +23,15 @@ namespace {
 
 using ::testing::ElementsAreArray;
 
-struct Prompt {
-  std::vector<int32_t> ids;
-  std::vector<int32_t> greedy;  // HF's 24-token greedy continuation
-};
+using engine_testing::FixtureDir;
+using engine_testing::Item;
+using engine_testing::Prompt;
+using engine_testing::ReadFile;
+using engine_testing::Sampled;
+using engine_testing::Tokens;
 
-std::string FixtureDir() {
-  const char* src = std::getenv("TEST_SRCDIR");
-  return std::string(src ? src : ".") + "/deepinfer/tests/fixtures/dsv3_qlora_rope";
-}
-
-std::string ReadFile(const std::string& path) {
-  std::ifstream in(path);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
-
-std::vector<int32_t> IntList(const nlohmann::json& obj, const char* key) {
-  std::vector<int32_t> out;
-  auto it = obj.find(key);
-  if (it == obj.end() || !it->is_array()) return out;
-  for (const auto& v : *it) {
-    if (v.is_number_integer()) out.push_back(v.get<int32_t>());
-  }
-  return out;
-}
-
-std::vector<Prompt> LoadPrompts() {
-  std::vector<Prompt> out;
-  nlohmann::json j = nlohmann::json::parse(ReadFile(FixtureDir() + "/expected.json"), nullptr,
-                                           /*allow_exceptions=*/false);
-  if (!j.is_object() || !j.contains("prompts") || !j["prompts"].is_array()) return out;
-  for (const auto& p : j["prompts"]) {
-    if (p.is_object()) out.push_back({IntList(p, "ids"), IntList(p, "greedy_24")});
-  }
-  return out;
-}
-
-WorkItem Item(const std::string& id, const std::vector<int32_t>& prompt, int32_t max_tokens) {
-  WorkItem item;
-  item.set_request_id(id);
-  item.mutable_prompt_token_ids()->Add(prompt.begin(), prompt.end());
-  item.mutable_params()->set_max_tokens(max_tokens);
-  item.mutable_params()->set_logprobs(-1);
-  item.mutable_params()->set_seed(1234);
-  return item;
-}
-
-WorkItem Sampled(const std::string& id, const std::vector<int32_t>& prompt, int32_t max_tokens,
-                 uint64_t seed) {
-  WorkItem item = Item(id, prompt, max_tokens);
-  item.mutable_params()->set_temperature(0.9f);
-  item.mutable_params()->set_top_p(0.95f);
-  item.mutable_params()->set_seed(seed);
-  return item;
-}
-
-std::vector<int32_t> Tokens(const RequestResult& r) {
-  return std::vector<int32_t>(r.token_ids().begin(), r.token_ids().end());
-}
-
-class EngineTest : public ::testing::Test {
+class EngineTest : public engine_testing::FixtureModelTest {
  protected:
-  static void SetUpTestSuite() {
-    backend_ = new CpuBackend(2);
-    auto m = LoadModel(FixtureDir(), backend_);
-    ASSERT_TRUE(m.ok()) << m.status();
-    model_ = m->release();
-  }
-  static void TearDownTestSuite() {
-    delete model_;
-    delete backend_;
-  }
-  void SetUp() override {
-    prompts_ = LoadPrompts();
-    ASSERT_EQ(prompts_.size(), 4u);
-    for (const Prompt& p : prompts_) ASSERT_EQ(p.greedy.size(), 24u);
-  }
-
   // A fresh engine over its own pool.
   std::unique_ptr<Engine> MakeEngine(int32_t num_blocks = 256, int32_t block_size = 16,
                                      EngineOptions options = {},
@@ -153,17 +83,11 @@ class EngineTest : public ::testing::Test {
     return out;
   }
 
-  static CpuBackend* backend_;
-  static CausalLm* model_;
-  std::vector<Prompt> prompts_;
   std::unique_ptr<RequestQueue> queue_;
   std::unique_ptr<KvBlockPool> pool_;
   std::vector<std::unique_ptr<RequestQueue>> old_queues_;
   std::vector<std::unique_ptr<KvBlockPool>> old_pools_;
 };
-
-CpuBackend* EngineTest::backend_ = nullptr;
-CausalLm* EngineTest::model_ = nullptr;
 
 TEST_F(EngineTest, GreedyEqualsHfAndGenerateGreedyOnCpu) {
   for (size_t i = 0; i < prompts_.size(); ++i) {

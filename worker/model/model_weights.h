@@ -37,7 +37,8 @@ struct LoadOptions {
   // Checkpoint tensors are read and converted on this many threads (a thread per shard first),
   // staged within staging_bytes of host memory (page-locked on CUDA) and uploaded while the
   // threads go on (WeightUploader); 1: one tensor after the other; 0: the machine's hardware
-  // threads, at most 8. The device bytes are the same either way.
+  // threads, at most 8. The device bytes are the same either way, and so is the error of a
+  // broken checkpoint (the first failing tensor's, in load order).
   int load_threads = 0;
   int64_t staging_bytes = int64_t{1} << 30;
 };

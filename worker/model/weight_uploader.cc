@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <deque>
+#include <limits>
 #include <map>
 #include <thread>
 #include <utility>
@@ -75,6 +76,10 @@ struct Shared {
     std::vector<std::unique_ptr<HostStagingBuffer>> staging;
   };
   std::deque<Ready> ready ABSL_GUARDED_BY(mu);
+  int running ABSL_GUARDED_BY(mu) = 0;  // threads not yet done
+  // The lowest-numbered failing job so far and its error. Jobs numbered below it still run (one
+  // of them may fail too), so the error returned is the one a serial run returns.
+  int error_job ABSL_GUARDED_BY(mu) = std::numeric_limits<int>::max();
   absl::Status error ABSL_GUARDED_BY(mu);
 };
 
@@ -83,11 +88,12 @@ struct Shared {
 absl::Status WeightUploader::RunInParallel() {
   Shared sh;
   const int64_t budget = std::max<int64_t>(options_.staging_bytes, 1);
+  const int num_threads = std::min<int>(options_.threads, static_cast<int>(jobs_.size()));
   {
     absl::MutexLock lock(&sh.mu);
     sh.next.assign(shards_.size(), 0);
+    sh.running = num_threads;
   }
-  const int num_threads = std::min<int>(options_.threads, static_cast<int>(jobs_.size()));
 
   // A staging buffer of at least `size` bytes: a free one not much larger, else a new one.
   auto take_staging = [&](size_t size) -> std::unique_ptr<HostStagingBuffer> {
@@ -112,21 +118,25 @@ absl::Status WeightUploader::RunInParallel() {
       int64_t cost = 0;
       {
         absl::MutexLock lock(&sh.mu);
-        // This thread's shard first, then the next one with jobs left.
+        // This thread's shard first, then the next one with jobs left below the failing one (a
+        // shard's jobs are numbered in order, so none of its later jobs is below it either).
         for (size_t k = 0; k < shards_.size() && j < 0; ++k) {
           const size_t s = (shard + k) % shards_.size();
-          if (sh.next[s] < by_shard_[s].size()) {
+          if (sh.next[s] < by_shard_[s].size() && by_shard_[s][sh.next[s]] < sh.error_job) {
             shard = s;
             j = by_shard_[s][sh.next[s]++];
           }
         }
-        if (j < 0 || !sh.error.ok()) return;
+        if (j < 0) {
+          --sh.running;
+          return;
+        }
         cost = Sum(jobs_[j].sizes) + jobs_[j].scratch_bytes;
         auto room = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(sh.mu) {
-          return !sh.error.ok() || sh.in_use == 0 || sh.in_use + cost <= budget;
+          return sh.in_use == 0 || sh.in_use + cost <= budget;
         };
         sh.mu.Await(absl::Condition(&room));
-        if (!sh.error.ok()) return;
+        if (j > sh.error_job) continue;  // a lower job failed meanwhile
         sh.in_use += cost;
       }
       const Job& job = jobs_[j];
@@ -139,11 +149,15 @@ absl::Status WeightUploader::RunInParallel() {
       absl::Status st = job.produce(out);
       absl::MutexLock lock(&sh.mu);
       sh.in_use -= job.scratch_bytes;
-      if (!st.ok()) {
-        if (sh.error.ok()) sh.error = st;
-        return;
+      if (!st.ok() && j < sh.error_job) {
+        sh.error_job = j;
+        sh.error = st;
       }
-      sh.ready.push_back({j, std::move(staging)});
+      if (sh.error.ok()) {
+        sh.ready.push_back({j, std::move(staging)});
+      } else {
+        sh.in_use -= Sum(job.sizes);  // not uploaded: the run fails
+      }
     }
   };
   std::vector<std::thread> threads;
@@ -171,28 +185,28 @@ absl::Status WeightUploader::RunInParallel() {
     in_flight.clear();
     in_flight_bytes = 0;
   };
-  absl::Status result;
-  for (size_t uploaded = 0; uploaded < jobs_.size(); ++uploaded) {
+  while (true) {
     Shared::Ready item;
     bool idle = false;
     {
       absl::MutexLock lock(&sh.mu);
-      idle = sh.ready.empty() && sh.error.ok();
+      idle = sh.ready.empty();
     }
     // Nothing to upload yet: the staging in flight goes back, so that waiting threads can go on.
     if (idle) synchronize();
     {
       absl::MutexLock lock(&sh.mu);
       auto go = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(sh.mu) {
-        return !sh.ready.empty() || !sh.error.ok();
+        return !sh.ready.empty() || sh.running == 0;
       };
       sh.mu.Await(absl::Condition(&go));
-      if (!sh.error.ok()) {
-        result = sh.error;
-        break;
-      }
+      if (sh.ready.empty()) break;  // every thread is done
       item = std::move(sh.ready.front());
       sh.ready.pop_front();
+      if (!sh.error.ok()) {  // the run fails: its staging goes back unused
+        sh.in_use -= Sum(jobs_[item.job].sizes);
+        continue;
+      }
     }
     const Job& job = jobs_[item.job];
     for (size_t i = 0; i < job.sizes.size(); ++i) {
@@ -206,7 +220,7 @@ absl::Status WeightUploader::RunInParallel() {
   synchronize();
   for (std::thread& t : threads) t.join();
   absl::MutexLock lock(&sh.mu);
-  return result.ok() ? sh.error : result;
+  return sh.error;
 }
 
 }  // namespace deepinfer

@@ -15,7 +15,8 @@
 //     go on), synchronising the backend before it reuses staging memory. Staging and host
 //     scratch in flight stay within `staging_bytes` (one job larger than that runs alone).
 // Either way every buffer gets exactly the bytes its job wrote (weight_uploader_test and
-// model_weights' parallel load test check the device bytes against the serial load).
+// model_weights' parallel load test check the device bytes against the serial load), and a
+// failing run returns the same error.
 //
 // Not thread-safe: one thread adds the jobs and runs them.
 #ifndef DEEPINFER_WORKER_MODEL_WEIGHT_UPLOADER_H_
@@ -52,7 +53,9 @@ class WeightUploader {
            std::vector<std::unique_ptr<DeviceBuffer>*> outs, int64_t scratch_bytes,
            Produce produce);
 
-  // Makes every job's buffers; the first job's error (then buffers may be missing).
+  // Makes every job's buffers. On failure, the error of the lowest-numbered failing job (in the
+  // order added), whatever the thread count: jobs before it still run, later ones may not
+  // (then buffers may be missing).
   absl::Status Run();
 
   // Device bytes of the jobs added so far.

@@ -1,6 +1,7 @@
 // WeightUploader on made-up jobs: serial and parallel runs give every buffer exactly its job's
 // bytes, with shards of different lengths, a staging budget smaller than some jobs (each then
-// runs alone) and zero-byte buffers; a job's error is returned and the run stops.
+// runs alone) and zero-byte buffers; a job's error is returned and the run stops; with several
+// failing jobs the lowest-numbered one's error is returned, whichever fails first.
 #include "worker/model/weight_uploader.h"
 
 #include <atomic>
@@ -9,6 +10,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/notification.h"
 #include "gtest/gtest.h"
 #include "worker/backend/cpu/cpu_backend.h"
 
@@ -96,6 +98,41 @@ TEST(WeightUploaderTest, AJobsErrorStopsTheRun) {
     if (threads == 1) {
       EXPECT_EQ(produced.load(), 7);  // jobs 0..6 before it
     }
+  }
+}
+
+TEST(WeightUploaderTest, TheLowestNumberedFailingJobsErrorIsReturned) {
+  CpuBackend be(1);
+  for (int threads : {2, 4}) {
+    SCOPED_TRACE(absl::StrCat(threads, " threads"));
+    WeightUploader up(&be, {threads, 1 << 20});
+    std::vector<std::unique_ptr<DeviceBuffer>> out(40);
+    // Shard s0 holds the even jobs, s1 the odd ones, and each has a thread starting on it. Job 4
+    // and job 30
+    // fail only once job 9 (another thread's) has failed, so job 9's error comes first.
+    absl::Notification nine_failed;
+    for (int j = 0; j < 40; ++j) {
+      up.Add(absl::StrCat("s", j % 2), {16}, {&out[j]}, 0,
+             [j, &nine_failed](const std::vector<char*>& dst) -> absl::Status {
+               if (j == 4) {
+                 nine_failed.WaitForNotification();
+                 return absl::DataLossError("tensor 4 is truncated");
+               }
+               if (j == 9) {
+                 nine_failed.Notify();
+                 return absl::DataLossError("tensor 9 is truncated");
+               }
+               if (j == 30) {
+                 nine_failed.WaitForNotification();
+                 return absl::NotFoundError("tensor 30 is missing");
+               }
+               std::memset(dst[0], 1, 16);
+               return absl::OkStatus();
+             });
+    }
+    const absl::Status st = up.Run();
+    EXPECT_EQ(st.code(), absl::StatusCode::kDataLoss);
+    EXPECT_EQ(st.message(), "tensor 4 is truncated");
   }
 }
 

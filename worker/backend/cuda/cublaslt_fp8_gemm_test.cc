@@ -18,7 +18,7 @@
 #include <vector>
 
 #include "gtest/gtest.h"
-#include "kernels/gemm/fp8_test_util.h"
+#include "kernels/testing/fp8_test_util.h"
 #include "kernels/testing/gpu_test_util.h"
 #include "worker/backend/bf16.h"
 #include "worker/model/dtype_conversion.h"

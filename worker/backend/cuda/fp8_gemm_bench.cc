@@ -32,8 +32,6 @@
 #include <cstdlib>
 #include <cstring>
 #include <functional>
-#include <numeric>
-#include <random>
 #include <string>
 #include <vector>
 
@@ -42,7 +40,9 @@
 #include "kernels/gemm/fp8_quantize.h"
 #include "kernels/gemm/small_m_gemm.h"
 #include "kernels/moe/grouped_gemm.h"
+#include "kernels/testing/bench_timer.h"
 #include "kernels/testing/bench_util.h"
+#include "kernels/testing/gemm_bench_shapes.h"
 #include "worker/backend/cuda/cublaslt_fp8_gemm.h"
 
 #define BENCH_BLAS(expr)                                                              \
@@ -59,62 +59,22 @@ namespace deepinfer {
 namespace {
 
 using bench::DeviceAlloc;
+using bench::GemmShape;
+using bench::MoeShape;
+using bench::RandomFp8;
 
 constexpr size_t kRotateBytes = size_t{256} << 20;
 constexpr size_t kWorkspaceBytes = size_t{32} << 20;
 
 // Median microseconds per launch of `launch(copy, stream)` recorded `copies` times into one
-// graph.
+// graph (7 timed replays).
 double GraphMicros(int copies, const std::function<void(int, cudaStream_t)>& launch) {
-  cudaStream_t s;
-  BENCH_CUDA(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
-  cudaGraph_t graph;
-  BENCH_CUDA(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
-  for (int c = 0; c < copies; ++c) launch(c, s);
-  BENCH_CUDA(cudaStreamEndCapture(s, &graph));
-  cudaGraphExec_t exec;
-  BENCH_CUDA(cudaGraphInstantiate(&exec, graph, 0));
-  cudaEvent_t a, b;
-  BENCH_CUDA(cudaEventCreate(&a));
-  BENCH_CUDA(cudaEventCreate(&b));
-  BENCH_CUDA(cudaGraphLaunch(exec, s));  // warm-up
-  std::vector<float> ms(7);
-  for (float& m : ms) {
-    BENCH_CUDA(cudaEventRecord(a, s));
-    BENCH_CUDA(cudaGraphLaunch(exec, s));
-    BENCH_CUDA(cudaEventRecord(b, s));
-    BENCH_CUDA(cudaEventSynchronize(b));
-    BENCH_CUDA(cudaEventElapsedTime(&m, a, b));
-  }
-  std::sort(ms.begin(), ms.end());
-  BENCH_CUDA(cudaEventDestroy(a));
-  BENCH_CUDA(cudaEventDestroy(b));
-  BENCH_CUDA(cudaGraphExecDestroy(exec));
-  BENCH_CUDA(cudaGraphDestroy(graph));
-  BENCH_CUDA(cudaStreamDestroy(s));
-  return 1000.0 * ms[ms.size() / 2] / copies;
-}
-
-std::vector<uint8_t> RandomFp8(size_t n, uint64_t seed) {
-  std::vector<uint8_t> v(n);
-  uint64_t x = seed * 0x9E3779B97F4A7C15ull + 1;
-  for (uint8_t& b : v) {
-    x ^= x << 13;
-    x ^= x >> 7;
-    x ^= x << 17;
-    b = static_cast<uint8_t>(x >> 56) & 0xF7;  // never 0x7F / 0xFF (NaN)
-  }
-  return v;
+  return bench::GraphMicrosPerLaunch(copies, launch, 7);
 }
 
 std::vector<float> Scales(int64_t rows, int64_t k) {
   return std::vector<float>(kernels::Fp8ScaleRows(rows, 0) * kernels::Fp8ScaleLd(k), 1.0f / 448);
 }
-
-struct Shape {
-  const char* name;
-  int64_t n, k;
-};
 
 struct Result {
   const char* path = nullptr;
@@ -175,7 +135,7 @@ class DenseBench {
 
   const std::vector<Cell>& cells() const { return cells_; }
 
-  void Run(const Shape& s, const std::vector<int64_t>& ms) {
+  void Run(const GemmShape& s, const std::vector<int64_t>& ms) {
     const int64_t m_max = *std::max_element(ms.begin(), ms.end());
     const size_t fp8_bytes = static_cast<size_t>(s.n) * s.k;
     const std::vector<float> scales = Scales(s.n, s.k);
@@ -354,12 +314,6 @@ class DenseBench {
   std::vector<Cell> cells_;
 };
 
-struct MoeShape {
-  const char* name;
-  int32_t experts, top_k;
-  int64_t hidden, inter;
-};
-
 void GroupedBench(const MoeShape& ms) {
   const int32_t E = ms.experts, K = ms.top_k;
   for (const bool gate_up : {true, false}) {
@@ -383,22 +337,10 @@ void GroupedBench(const MoeShape& ms) {
     const float* const* dsc = bench::Upload(sc);
     const uint16_t* const* dw16 = bench::Upload(w16);
     for (int32_t tokens : {1, 8, 64, 128}) {
-      std::mt19937 gen(tokens);
-      std::vector<int32_t> count(E, 0);
-      for (int32_t t = 0; t < tokens; ++t) {
-        std::vector<int32_t> ids(E);
-        std::iota(ids.begin(), ids.end(), 0);
-        std::shuffle(ids.begin(), ids.end(), gen);
-        for (int32_t j = 0; j < K; ++j) ++count[ids[j]];
-      }
-      std::vector<int32_t> offsets(E + 1, 0);
-      int32_t busy = 0;
-      for (int32_t e = 0; e < E; ++e) {
-        offsets[e + 1] = offsets[e] + count[e];
-        busy += count[e] > 0;
-      }
+      const bench::Routing routing = bench::RandomRouting(tokens, E, K);
+      const int32_t busy = routing.busy;
       const int32_t rows = tokens * K;
-      int32_t* doff = bench::Upload(offsets);
+      int32_t* doff = bench::Upload(routing.offsets);
       float* a = bench::Upload(bench::Uniform(static_cast<size_t>(rows) * k, 3));
       uint16_t* a16 = DeviceAlloc<uint16_t>(static_cast<size_t>(rows) * k * 2);
       BENCH_CUDA(cudaMemset(a16, 0x3c, static_cast<size_t>(rows) * k * 2));
@@ -453,42 +395,29 @@ void GroupedBench(const MoeShape& ms) {
 }  // namespace deepinfer
 
 int main(int argc, char** argv) {
-  using deepinfer::Shape;
+  using deepinfer::bench::GemmShape;
   const bool quick = argc > 1 && std::strcmp(argv[1], "--quick") == 0;
   const std::vector<int64_t> ms =
       quick ? std::vector<int64_t>{1, 8, 64, 128, 1024}
             : std::vector<int64_t>{1, 2, 4, 8, 16, 32, 64, 128, 256, 1024, 4096};
-  const Shape shapes[] = {
+  std::vector<GemmShape> shapes = {
       // Moonlight-shaped (hidden 2048, 16 heads, no q_lora, dense intermediate 11264, two
       // shared experts of 1408, routed experts of 1408).
-      {"moon q_proj", 3072, 2048},
-      {"moon kv_a", 576, 2048},
-      {"moon o_proj", 2048, 2048},
-      {"moon shared gu", 5632, 2048},
-      {"moon shared dn", 2048, 2816},
-      {"moon dense gu", 22528, 2048},
-      {"moon dense dn", 2048, 11264},
-      {"moon expert gu", 2816, 2048},
+      {"moon q_proj", 3072, 2048},    {"moon kv_a", 576, 2048},
+      {"moon o_proj", 2048, 2048},    {"moon shared gu", 5632, 2048},
+      {"moon shared dn", 2048, 2816}, {"moon dense gu", 22528, 2048},
+      {"moon dense dn", 2048, 11264}, {"moon expert gu", 2816, 2048},
       {"moon expert dn", 2048, 1408},
-      // DeepSeek-V3 (hidden 7168, q_lora 1536, 128 heads, dense intermediate 18432, experts
-      // and the shared expert of 2048).
-      {"v3 q_a", 1536, 7168},
-      {"v3 q_b", 24576, 1536},
-      {"v3 kv_a", 576, 7168},
-      {"v3 o_proj", 7168, 16384},
-      {"v3 dense gu", 36864, 7168},
-      {"v3 dense dn", 7168, 18432},
-      {"v3 expert gu", 4096, 7168},
-      {"v3 expert dn", 7168, 2048},
   };
+  for (const GemmShape& s : deepinfer::bench::DeepSeekV3Gemms()) shapes.push_back(s);
   std::printf("%-15s %6s %6s %5s |%9s%9s |%9s%9s%9s%9s%9s%9s | %-6s %6s %6s | %-5s %6s %6s | fp8\n",
               "shape", "n", "k", "m", "cublas", "small", "core", "mma", "mma16", "w8a8", "lt",
               "deq", "bf16", "TF/s", "GB/s", "fp8", "TF/s", "GB/s");
   deepinfer::DenseBench dense;
-  for (const Shape& s : shapes) dense.Run(s, ms);
+  for (const GemmShape& s : shapes) dense.Run(s, ms);
   deepinfer::PrintSummary(dense.cells(), ms);
   std::printf("\n");
   deepinfer::GroupedBench({"moonlight", 64, 6, 2048, 1408});
-  deepinfer::GroupedBench({"v3", 256, 8, 7168, 2048});
+  deepinfer::GroupedBench(deepinfer::bench::DeepSeekV3Moe());
   return 0;
 }
