@@ -127,9 +127,9 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(CausalLm* model, KvBlockP
     const int64_t most = model->MaxDraftsPerStep(*pool);
     if (options.speculative_tokens > most) {
       return absl::InvalidArgumentError(absl::StrCat(
-          "Engine: speculative_tokens ", options.speculative_tokens,
-          " but the model's KV cache (", pool->spec().ToString(), ") lets a step verify at most ",
-          most, " drafts per sequence (ModelConfig::speculative_tokens when it was made)"));
+          "Engine: speculative_tokens ", options.speculative_tokens, " but the model's KV cache (",
+          pool->spec().ToString(), ") lets a step verify at most ", most,
+          " drafts per sequence (ModelConfig::speculative_tokens when it was made)"));
     }
   }
   return std::unique_ptr<Engine>(new Engine(model, pool, queue, tokenizer, std::move(options)));

@@ -185,7 +185,11 @@ TEST_P(V4SpeculativeEngineTest, OracleDraftsWithThePrefixCache) {
       EXPECT_GT(engine->drafts_accepted(), 0);
       EXPECT_LT(engine->drafts_accepted(), engine->drafts_verified());
       auto second_result = Run(engine.get(), {second});
-      EXPECT_GT(second_result["second"].cached_prompt_tokens(), 0);
+      // A hit is taken where a bounded replay saves something (BoundedReplayStart(hit) > 0):
+      // behind the long prompt (the shorter ones are within one replay's length).
+      if (i == 2) {
+        EXPECT_GT(second_result["second"].cached_prompt_tokens(), 0);
+      }
       ExpectSameResults(second_result, second_alone);
     }
   }

@@ -176,10 +176,10 @@ absl::Status KvCacheSpec::Validate() const {
         const bool sparse = g.kind == KvCacheKind::kCompressedSparse;
         if (g.head_dim <= 0 || g.window <= 0 || (compressed && g.ratio <= 0) ||
             (sparse && g.index_dim <= 0) || g.spare_rows < 0) {
-          return absl::InvalidArgumentError(absl::StrCat(
-              "KV cache spec: group ", i, " (", KvCacheKindName(g.kind), ") has head_dim ",
-              g.head_dim, ", window ", g.window, ", ratio ", g.ratio, ", index_dim ", g.index_dim,
-              ", spare rows ", g.spare_rows));
+          return absl::InvalidArgumentError(
+              absl::StrCat("KV cache spec: group ", i, " (", KvCacheKindName(g.kind),
+                           ") has head_dim ", g.head_dim, ", window ", g.window, ", ratio ",
+                           g.ratio, ", index_dim ", g.index_dim, ", spare rows ", g.spare_rows));
         }
         break;
       }

@@ -91,8 +91,8 @@ struct KvCacheGroupSpec {
   int64_t CompressedFloatsPerBlock(int32_t block_size) const;
   int64_t IndexFloatsPerBlock(int32_t block_size) const;
   // Per-sequence state of one layer (V4 kinds), in floats: the window ring (window_rows() x
-  // head_dim), then compressor_rows() rows of compressor_width() (kv then gate), then as many rows of
-  // indexer_width() (kCompressedSparse).
+  // head_dim), then compressor_rows() rows of compressor_width() (kv then gate), then as many rows
+  // of indexer_width() (kCompressedSparse).
   int64_t StateFloats() const;
   int64_t StateBytes() const { return StateFloats() * static_cast<int64_t>(sizeof(float)); }
   // Rows of the window ring (window + spare_rows) and of the compressor rings (ratio or

@@ -64,8 +64,8 @@ DeepseekV4Model::DeepseekV4Model(const ModelConfig& config, const DeepseekV4Conf
   ones_ = backend_->Allocate(n * sizeof(float));
   backend_->CopyToDevice(ones.data(), n * sizeof(float), ones_->data());
   attention_ = std::make_unique<V4Attention>(v4_, weights_.get(), backend_, ones_->as<float>());
-  moe_ = std::make_unique<V4Moe>(v4_, weights_.get(), V4Moe::ModelLayers(weights_.get()),
-                                 backend_, std::move(dispatcher), [this] { graphs_->Drop(); });
+  moe_ = std::make_unique<V4Moe>(v4_, weights_.get(), V4Moe::ModelLayers(weights_.get()), backend_,
+                                 std::move(dispatcher), [this] { graphs_->Drop(); });
   if (v4_.num_draft_layers > 0) {
     // The MTP modules' MoE: every routed expert on this rank (DeepseekV4Weights::mtp), so Draft
     // has no collectives.
@@ -131,7 +131,8 @@ KvCacheSpec DeepseekV4Model::CacheSpecOf(const DeepseekV4Config& v4) {
 
 int64_t DeepseekV4Model::MaxDraftsPerStep(const KvBlockPool& cache) const {
   int64_t most = std::numeric_limits<int64_t>::max();
-  for (const KvCacheGroupSpec& g : cache.spec().groups) most = std::min<int64_t>(most, g.spare_rows);
+  for (const KvCacheGroupSpec& g : cache.spec().groups)
+    most = std::min<int64_t>(most, g.spare_rows);
   return most;
 }
 
@@ -308,12 +309,11 @@ absl::StatusOr<DraftOutput> DeepseekV4Model::Draft(const std::vector<DraftStep>&
                  e_proj->as<float>(), H, false);
   auto in = Floats(T * S), h_normed = Floats(T * S), h_proj = Floats(T * S), e_rows = Floats(T * S);
   backend_->CopyToDevice(host_hidden.data(), T * S * sizeof(float), in->data());
-  backend_->RmsNorm(T * hc, H, in->as<float>(), H, M.hnorm->as<float>(), eps,
-                    h_normed->as<float>(), H);
+  backend_->RmsNorm(T * hc, H, in->as<float>(), H, M.hnorm->as<float>(), eps, h_normed->as<float>(),
+                    H);
   backend_->Gemm(T * hc, H, H, h_normed->as<float>(), H, weights_->Matrix(M.h_proj), H,
                  h_proj->as<float>(), H, false);
-  backend_->GatherRows(T * hc, H, e_proj->as<float>(), (*plan)->stream_rows(),
-                       e_rows->as<float>());
+  backend_->GatherRows(T * hc, H, e_proj->as<float>(), (*plan)->stream_rows(), e_rows->as<float>());
   auto streams = Floats(T * S), next = Floats(T * S);
   backend_->Add(T * S, e_rows->as<float>(), h_proj->as<float>(), streams->as<float>());
 
@@ -322,8 +322,8 @@ absl::StatusOr<DraftOutput> DeepseekV4Model::Draft(const std::vector<DraftStep>&
   ctx.cache = cache;
   V4Moe::Mode mode;
   mode.fused = fused_ops_;
-  if (absl::Status st = Block(c.num_layers + module, ctx, ids_dev->as<int32_t>(), mode, &streams,
-                              &next);
+  if (absl::Status st =
+          Block(c.num_layers + module, ctx, ids_dev->as<int32_t>(), mode, &streams, &next);
       !st.ok()) {
     return st;
   }
@@ -467,8 +467,7 @@ absl::Status DeepseekV4Model::Layers(const V4StepContext& ctx, const int32_t* id
 }
 
 absl::Status DeepseekV4Model::Block(int64_t layer, const V4StepContext& ctx, const int32_t* ids,
-                                    const V4Moe::Mode& mode,
-                                    std::unique_ptr<DeviceBuffer>* streams,
+                                    const V4Moe::Mode& mode, std::unique_ptr<DeviceBuffer>* streams,
                                     std::unique_ptr<DeviceBuffer>* next) {
   const DeepseekV4Config& c = v4_;
   const int64_t T = ctx.plan->tokens(), H = c.hidden_size, hc = c.hc_mult;

@@ -54,8 +54,7 @@ class WithGeneratedMtp : public WeightSource {
 
 }  // namespace
 
-absl::StatusOr<V4MtpFixture> OpenV4MtpFixture(const std::string& name,
-                                              int64_t speculative_tokens) {
+absl::StatusOr<V4MtpFixture> OpenV4MtpFixture(const std::string& name, int64_t speculative_tokens) {
   const char* src = std::getenv("TEST_SRCDIR");
   const std::string dir = absl::StrCat(src ? src : ".", "/deepinfer/tests/fixtures/", name);
   ModelConfig opened;
@@ -71,8 +70,7 @@ absl::StatusOr<V4MtpFixture> OpenV4MtpFixture(const std::string& name,
   f.config.num_draft_layers = 1;
   f.config.speculative_tokens = speculative_tokens;
   f.source = std::make_unique<WithGeneratedMtp>(*std::move(source));
-  nlohmann::json expected =
-      nlohmann::json::parse(ReadFile(dir + "/expected.json"), nullptr, false);
+  nlohmann::json expected = nlohmann::json::parse(ReadFile(dir + "/expected.json"), nullptr, false);
   if (!expected.is_object() || !expected.contains("prompts")) {
     return absl::NotFoundError(absl::StrCat(dir, "/expected.json has no prompts"));
   }

@@ -28,8 +28,7 @@ struct V4MtpFixture {
 };
 
 // `name`: a folder of tests/fixtures (dsv4_bf16, dsv4_mix), found under TEST_SRCDIR.
-absl::StatusOr<V4MtpFixture> OpenV4MtpFixture(const std::string& name,
-                                              int64_t speculative_tokens);
+absl::StatusOr<V4MtpFixture> OpenV4MtpFixture(const std::string& name, int64_t speculative_tokens);
 
 }  // namespace deepinfer
 

@@ -324,8 +324,7 @@ TEST_F(V4MtpTest, TheModelKeepsTheModulesAndDrafts) {
   EXPECT_THAT(std::string(narrow.message()), HasSubstr("residual streams"));
   d.hidden = step->hidden[0];
   d.module = 1;
-  EXPECT_EQ((*model)->Draft({d}, pool->get()).status().code(),
-            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ((*model)->Draft({d}, pool->get()).status().code(), absl::StatusCode::kInvalidArgument);
   // More modules than the checkpoint has.
   config->num_draft_layers = 2;
   absl::Status st = BuildModel(*config, ck->get(), &backend_).status();
