@@ -45,7 +45,7 @@ struct Engine::Sequence {
   size_t max_stop_len = 0;
   bool done = false;
   // Speculative decoding: the model's hidden rows of positions [hidden_from, computed) not yet
-  // run through the draft head ([rows, hidden_size]), and this step's drafts.
+  // run through the draft head ([rows, width], StepOutput::hidden), and this step's drafts.
   int64_t hidden_from = 0;
   std::vector<float> hidden;
   std::vector<int32_t> drafts;
