@@ -314,12 +314,19 @@ int KSplit(int64_t n, int64_t k, int64_t other_blocks) {
   return ks;
 }
 
+// Whether a fixed k split (Fp8MmaGemmParams::k_split) is one the kernels take.
+bool KSplitValid(int32_t k_split, int64_t k) {
+  if (k_split == 0 || k_split == 1) return true;
+  const int64_t kblocks = (k + kKBlock - 1) / kKBlock;
+  return (k_split == 2 || k_split == 4 || k_split == kWarps) && 2 * k_split <= kblocks;
+}
+
 int RowTiles(int64_t rows) { return rows <= 8 ? 1 : rows <= 16 ? 2 : 4; }
 
 template <int NT, bool kBf16A>
 cudaError_t LaunchDense(const Fp8MmaGemmParams& p, cudaStream_t stream) {
   const int64_t passes = (p.m + 8 * NT - 1) / (8 * NT);
-  const int ks = KSplit(p.n, p.k, passes);
+  const int ks = p.k_split > 0 ? p.k_split : KSplit(p.n, p.k, passes);
   const int64_t tiles = (p.n + kTile - 1) / kTile, per_block = kWarps / ks;
   const dim3 grid(static_cast<unsigned>((tiles + per_block - 1) / per_block),
                   static_cast<unsigned>(passes));
@@ -357,7 +364,7 @@ bool Fp8MmaGemmSupports(const Fp8MmaGemmParams& p) {
          p.w.scales != nullptr && p.c != nullptr && p.lda >= p.k && (p.lda * a_elem) % 16 == 0 &&
          Aligned16(p.a) && p.w.ldw >= p.k && p.w.ldw % 16 == 0 && Aligned16(p.w.data) &&
          p.ldc >= p.n && p.w.scale_ld >= Fp8ScaleCols(p.k) && p.w.split_rows >= 0 &&
-         Fp8MmaGemmAvailable();
+         KSplitValid(p.k_split, p.k) && Fp8MmaGemmAvailable();
 }
 
 cudaError_t Fp8MmaGemm(const Fp8MmaGemmParams& p, cudaStream_t stream) {
@@ -370,14 +377,14 @@ bool Fp8MmaGroupedGemmSupports(const Fp8MmaGroupedGemmParams& p) {
          p.k % 16 == 0 && std::min(p.num_groups, p.max_rows) <= 65535 && p.offsets != nullptr &&
          p.a != nullptr && Aligned16(p.a) && p.weights != nullptr && p.scales != nullptr &&
          p.c != nullptr && p.scale_ld >= Fp8ScaleCols(p.k) && p.split_rows >= 0 &&
-         Fp8MmaGemmAvailable();
+         KSplitValid(p.k_split, p.k) && Fp8MmaGemmAvailable();
 }
 
 cudaError_t Fp8MmaGroupedGemm(const Fp8MmaGroupedGemmParams& p, cudaStream_t stream) {
   if (!Fp8MmaGroupedGemmSupports(p)) return cudaErrorInvalidValue;
   if (p.max_rows == 0) return cudaSuccess;
   const int64_t group_blocks = std::min(p.num_groups, p.max_rows);
-  const int ks = KSplit(p.n, p.k, group_blocks);
+  const int ks = p.k_split > 0 ? p.k_split : KSplit(p.n, p.k, group_blocks);
   const int64_t tiles = (p.n + kTile - 1) / kTile, per_block = kWarps / ks;
   const dim3 grid(static_cast<unsigned>((tiles + per_block - 1) / per_block),
                   static_cast<unsigned>(group_blocks));

@@ -266,6 +266,7 @@ absl::Status SetUpRank(const BenchConfig& bc, int64_t rank, int64_t blocks, Rank
   // fp8: the checkpoint's precision (the worker's --dtype auto), with FP8 dummy matrices.
   spec.backend.dtype = bc.dtype == kBenchFp8 ? kStoredPrecisionDType : bc.dtype;
   spec.backend.gemm_autotune = bc.gemm_autotune;
+  spec.backend.batch_invariant = bc.batch_invariant;
   if (ranks > 1 && bc.backend == "cpu") {
     spec.backend.cpu_threads =
         std::max(1, static_cast<int>(std::thread::hardware_concurrency() / ranks));
