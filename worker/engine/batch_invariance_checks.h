@@ -28,6 +28,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "worker/engine/engine.h"
+#include "worker/engine/oracle_drafts.h"
 #include "worker/model/causal_lm.h"
 #include "worker/model/dummy_weight_source.h"
 #include "worker/model/model_loader.h"
@@ -37,65 +38,7 @@ namespace testing {
 
 using ::testing::ElementsAreArray;
 
-// The wrapped model, whose drafts (after its draft head ran, so that its cache entries are
-// written as usual) are replaced by the token at that position of `continuation` (the prompt and
-// its non-speculative output), except at positions that are multiples of `wrong_every`, where
-// the draft is another token. One request per engine.
-class OracleDrafts : public CausalLm {
- public:
-  OracleDrafts(CausalLm* inner, std::vector<int32_t> continuation, int wrong_every)
-      : inner_(inner), continuation_(std::move(continuation)), wrong_every_(wrong_every) {}
-  const ModelConfig& config() const override { return inner_->config(); }
-  KvCacheSpec CacheSpec() const override { return inner_->CacheSpec(); }
-  absl::StatusOr<StepOutput> Step(const std::vector<SequenceStep>& batch,
-                                  KvBlockPool* cache) override {
-    return inner_->Step(batch, cache);
-  }
-  int32_t num_draft_layers() const override { return inner_->num_draft_layers(); }
-  absl::StatusOr<DraftOutput> Draft(const std::vector<DraftStep>& batch,
-                                    KvBlockPool* cache) override {
-    absl::StatusOr<DraftOutput> out = inner_->Draft(batch, cache);
-    if (!out.ok()) return out;
-    for (size_t i = 0; i < batch.size(); ++i) {
-      // Row j, followed by token j + 1, predicts token j + 2.
-      const int64_t at =
-          batch[i].position_offset + static_cast<int64_t>(batch[i].tokens.size()) + 1;
-      if (at >= static_cast<int64_t>(continuation_.size())) continue;
-      const int32_t right = continuation_[at];
-      out->token[i] = at % wrong_every_ == 0 ? (right + 1) % 1000 : right;
-      out->probability[i] = 1.0f;
-    }
-    return out;
-  }
-  void SetDecodeGraphOptions(const DecodeGraphOptions& o) override {
-    inner_->SetDecodeGraphOptions(o);
-  }
-  const DecodeGraphOptions& decode_graph_options() const override {
-    return inner_->decode_graph_options();
-  }
-  void SetFusedOps(bool on) override { inner_->SetFusedOps(on); }
-  bool fused_ops() const override { return inner_->fused_ops(); }
-  void SetPrefillAttention(PrefillAttention f) override { inner_->SetPrefillAttention(f); }
-  PrefillAttention prefill_attention() const override { return inner_->prefill_attention(); }
-  int64_t decode_graph_steps() const override { return inner_->decode_graph_steps(); }
-  int64_t decode_graphs_recorded() const override { return inner_->decode_graphs_recorded(); }
-  int64_t num_moe_layers() const override { return inner_->num_moe_layers(); }
-  std::vector<int64_t> TakeExpertCounts() override { return inner_->TakeExpertCounts(); }
-  std::vector<std::vector<int64_t>> MissingExperts(
-      const std::vector<std::vector<int64_t>>& needed) const override {
-    return inner_->MissingExperts(needed);
-  }
-  absl::Status SwitchPlacement(std::shared_ptr<const ExpertPlacement> placement,
-                               const std::vector<std::vector<int64_t>>& needed,
-                               std::vector<std::map<int64_t, MlpWeights>> loaded) override {
-    return inner_->SwitchPlacement(std::move(placement), needed, std::move(loaded));
-  }
-
- private:
-  CausalLm* const inner_;
-  const std::vector<int32_t> continuation_;
-  const int wrong_every_;
-};
+using ::deepinfer::OracleDrafts;  // worker/engine/oracle_drafts.h
 
 inline WorkItem Item(const std::string& id, const std::vector<int32_t>& prompt, int32_t max_tokens,
                      int32_t logprobs = -1) {

@@ -21,6 +21,9 @@ absl::Status DraftProposer::Propose(std::vector<DraftRequest>* requests) {
     step.position_offset = r.first_position;
     step.block_table = *r.block_table;
     step.module = 0;
+    step.shared_blocks = r.shared_blocks;
+    step.replay_from = r.replay_from;
+    step.kept_end = r.kept_end;
     batch.push_back(std::move(step));
     active.push_back(i);
   }
@@ -43,6 +46,9 @@ absl::Status DraftProposer::Propose(std::vector<DraftRequest>* requests) {
           batch[b].position_offset + static_cast<int64_t>(batch[b].tokens.size());
       step.block_table = std::move(batch[b].block_table);
       step.module = round % modules;
+      step.shared_blocks = batch[b].shared_blocks;
+      step.replay_from = batch[b].replay_from;
+      step.kept_end = batch[b].kept_end;
       next.push_back(std::move(step));
       still.push_back(active[b]);
     }

@@ -27,13 +27,17 @@ namespace deepinfer {
 
 struct DraftRequest {
   // Round 1's rows: positions first_position, +1, ...; the main model's hidden state of each
-  // ([rows, hidden_size]) and the token that follows each position.
+  // ([rows, width], StepOutput::hidden) and the token that follows each position.
   int64_t first_position = 0;
   std::vector<float> hidden;
   std::vector<int32_t> next_tokens;
   // The sequence's block table, covering every position drafting writes (round r writes
   // first_position + rows + r - 2).
   const std::vector<int32_t>* block_table = nullptr;
+  // The sequence's prefix-cache blocks and rebuild bounds (DraftStep).
+  int32_t shared_blocks = 0;
+  int64_t replay_from = 0;
+  int64_t kept_end = 0;
   int32_t max_drafts = 0;       // 0: round 1's rows only (a prompt chunk's cache entries)
   std::vector<int32_t> drafts;  // out: at most max_drafts tokens
 };

@@ -45,7 +45,7 @@ struct Engine::Sequence {
   size_t max_stop_len = 0;
   bool done = false;
   // Speculative decoding: the model's hidden rows of positions [hidden_from, computed) not yet
-  // run through the draft head ([rows, hidden_size]), and this step's drafts.
+  // run through the draft head ([rows, width], StepOutput::hidden), and this step's drafts.
   int64_t hidden_from = 0;
   std::vector<float> hidden;
   std::vector<int32_t> drafts;
@@ -124,6 +124,13 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(CausalLm* model, KvBlockP
   if (options.speculative_tokens > 0) {  // a draft head that cannot run yet: refused here
     absl::StatusOr<DraftOutput> probe = model->Draft({}, pool);
     if (!probe.ok()) return probe.status();
+    const int64_t most = model->MaxDraftsPerStep(*pool);
+    if (options.speculative_tokens > most) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "Engine: speculative_tokens ", options.speculative_tokens, " but the model's KV cache (",
+          pool->spec().ToString(), ") lets a step verify at most ", most,
+          " drafts per sequence (ModelConfig::speculative_tokens when it was made)"));
+    }
   }
   return std::unique_ptr<Engine>(new Engine(model, pool, queue, tokenizer, std::move(options)));
 }
@@ -637,12 +644,12 @@ absl::Status Engine::Complete(std::vector<RequestResult>* finished) {
         stats_.AddFinished(result.token_ids_size());
         finished->push_back(std::move(result));
       } else {
-        KeepHidden(s, row.from, std::move(out.hidden[i]), rows);
+        KeepHidden(s, row.from, std::move(out.hidden[i]), rows, row.n);
       }
       continue;
     }
     if (drafter_ != nullptr && s->matcher == nullptr) {
-      KeepHidden(s, row.from, std::move(out.hidden[i]), row.n);
+      KeepHidden(s, row.from, std::move(out.hidden[i]), row.n, row.n);
     }
     if (!row.samples) continue;  // an intermediate prefill chunk
     --s->pending;
@@ -817,6 +824,9 @@ absl::Status Engine::ProposeDrafts(const std::vector<std::pair<Sequence*, int64_
     r.hidden = std::move(s->hidden);
     s->hidden.clear();
     r.block_table = &s->blocks;
+    r.shared_blocks = s->shared_blocks;
+    r.replay_from = s->replay_from;
+    r.kept_end = s->kept_end;
     r.max_drafts = s->remaining() == 1 ? static_cast<int32_t>(n - 1) : 0;
     requests.push_back(std::move(r));
     owners.push_back(s);
@@ -861,8 +871,9 @@ int64_t Engine::AdvanceVerified(Sequence* s, const std::vector<float>& logits, b
 }
 
 void Engine::KeepHidden(Sequence* s, int64_t first_position, std::vector<float> hidden,
-                        int64_t rows) {
-  hidden.resize(rows * model_->config().hidden_size);
+                        int64_t rows, int64_t step_rows) {
+  // A row is as wide as the model makes it (StepOutput::hidden).
+  hidden.resize(hidden.size() / step_rows * rows);
   s->hidden_from = first_position;
   s->hidden = std::move(hidden);
 }

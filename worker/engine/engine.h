@@ -246,8 +246,10 @@ class Engine {
   // `finished` is set when the sequence finished (result filled).
   int64_t AdvanceVerified(Sequence* seq, const std::vector<float>& logits, bool* finished,
                           RequestResult* result);
-  // Keeps the first `rows` hidden rows of the sequence's last step for the next draft round.
-  void KeepHidden(Sequence* seq, int64_t first_position, std::vector<float> hidden, int64_t rows);
+  // Keeps the first `rows` of the `step_rows` hidden rows of the sequence's last step for the
+  // next draft round.
+  void KeepHidden(Sequence* seq, int64_t first_position, std::vector<float> hidden, int64_t rows,
+                  int64_t step_rows);
   // Ends a sequence with a finish reason (flushing the decoder and checking stop strings).
   void Finish(Sequence* seq, const std::string& reason, RequestResult* result);
   // Searches the stop strings in the text added since `from`; true (and text cut) if found.

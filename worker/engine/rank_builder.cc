@@ -216,6 +216,7 @@ absl::Status BuildRank(const RankSpec& spec, const RankHooks& hooks,
           absl::StrCat(spec.model, " has no MTP layers (num_nextn_predict_layers) to draft with"));
     }
     config.num_draft_layers = std::min<int64_t>(spec.draft_layers, config.num_nextn_predict_layers);
+    config.speculative_tokens = spec.draft_layers;
   }
   const ExpertRange range = ExpertsOfRank(config.n_routed_experts, spec.world_size, spec.rank);
   LoadOptions load = ExpertsToLoad(config, spec.world_size, spec.rank, spec.dispatcher.partitioned,

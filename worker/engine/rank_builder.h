@@ -134,8 +134,10 @@ struct RankSpec {
   int64_t kv_cache_tokens = 0;
   double gpu_memory_utilization = 0.9;
   int32_t max_batch_tokens = 2048;  // sizes the activation reserve of the memory plan
-  // MTP modules to load as the model's draft head (ModelConfig::num_draft_layers), at most the
-  // model's num_nextn_predict_layers; 0: none. Their weights and cache entries are planned.
+  // Drafted tokens per sequence and step (--speculative-tokens; 0: none): the MTP modules to
+  // load as the model's draft head (ModelConfig::num_draft_layers), at most the model's
+  // num_nextn_predict_layers, and the drafts a step verifies (ModelConfig::speculative_tokens).
+  // Their weights and cache entries are planned.
   int32_t draft_layers = 0;
   // Sequences the engine runs at once: the cache's per-sequence state slots (a model whose cache
   // keeps state per sequence, KvCacheSpec::StateBytesPerSequence; DeepSeek-V4's window rings

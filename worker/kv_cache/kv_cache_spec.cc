@@ -82,9 +82,9 @@ int64_t KvCacheGroupSpec::IndexFloatsPerBlock(int32_t block_size) const {
 int64_t KvCacheGroupSpec::compressor_rows() const {
   switch (kind) {
     case KvCacheKind::kCompressed:
-      return ratio;
+      return int64_t{ratio} + spare_rows;
     case KvCacheKind::kCompressedSparse:
-      return 2 * int64_t{ratio};
+      return 2 * int64_t{ratio} + spare_rows;
     default:
       return 0;
   }
@@ -177,10 +177,11 @@ absl::Status KvCacheSpec::Validate() const {
         const bool compressed = g.kind != KvCacheKind::kSlidingWindow;
         const bool sparse = g.kind == KvCacheKind::kCompressedSparse;
         if (g.head_dim <= 0 || g.window <= 0 || (compressed && g.ratio <= 0) ||
-            (sparse && g.index_dim <= 0)) {
-          return absl::InvalidArgumentError(absl::StrCat(
-              "KV cache spec: group ", i, " (", KvCacheKindName(g.kind), ") has head_dim ",
-              g.head_dim, ", window ", g.window, ", ratio ", g.ratio, ", index_dim ", g.index_dim));
+            (sparse && g.index_dim <= 0) || g.spare_rows < 0) {
+          return absl::InvalidArgumentError(
+              absl::StrCat("KV cache spec: group ", i, " (", KvCacheKindName(g.kind),
+                           ") has head_dim ", g.head_dim, ", window ", g.window, ", ratio ",
+                           g.ratio, ", index_dim ", g.index_dim, ", spare rows ", g.spare_rows));
         }
         break;
       }
@@ -239,6 +240,7 @@ std::string KvCacheSpec::ToString() const {
         absl::StrAppend(&out, "head ", g.head_dim, ", window ", g.window);
         if (g.ratio > 0) absl::StrAppend(&out, ", ratio ", g.ratio);
         if (g.index_dim > 0) absl::StrAppend(&out, ", index ", g.index_dim);
+        if (g.spare_rows > 0) absl::StrAppend(&out, ", spare rows ", g.spare_rows);
         absl::StrAppend(&out, ", float32)");
         break;
     }

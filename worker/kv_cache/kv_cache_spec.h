@@ -19,10 +19,14 @@
 // are a second stream beside it (index_dim wide, the same ratio).
 //
 // Per-sequence state is bounded whatever the sequence's length: the sliding-window ring holds
-// the last `window` keys (position p at row p % window), the compressor holds its source rows
-// not yet pooled (a ring of `ratio` rows for kCompressed; 2 * ratio for kCompressedSparse,
-// whose windows overlap the previous one), each row its projected kv then gate. The pool keeps
-// one state slot per live sequence (KvBlockPool::SequenceSlot). The V4 kinds are float32.
+// the last `window` keys (position p at row p % window_rows()), the compressor holds its source
+// rows not yet pooled (a ring of `ratio` rows for kCompressed; 2 * ratio for kCompressedSparse,
+// whose windows overlap the previous one), each row its projected kv then gate. With
+// speculative decoding each ring keeps `spare_rows` rows more: a verification step writes the
+// rows of up to spare_rows drafts past the accepted tokens, and with the spare rows those land
+// only on rows of positions no later query or window reads (docs/model.md, "Verification and
+// rollback"). The pool keeps one state slot per live sequence (KvBlockPool::SequenceSlot). The
+// V4 kinds are float32.
 #ifndef DEEPINFER_WORKER_KV_CACHE_KV_CACHE_SPEC_H_
 #define DEEPINFER_WORKER_KV_CACHE_KV_CACHE_SPEC_H_
 
@@ -73,6 +77,9 @@ struct KvCacheGroupSpec {
   int32_t window = 0;
   int32_t ratio = 0;
   int32_t index_dim = 0;
+  // V4 kinds: rows every ring keeps beyond what the window and the compressor need, for the
+  // drafts of a verification step that may be rejected (at most spare_rows per sequence).
+  int32_t spare_rows = 0;
   // Element type of the entries (bf16 halves the bytes attention reads per token; kFp8E4M3 is
   // the latent in e4m3 with a per-token scale and the rope key in bf16,
   // worker/backend/fp8_latent_entry.h). The V4 kinds are float32 whatever this says.
@@ -85,15 +92,18 @@ struct KvCacheGroupSpec {
   // Floats of the paged compressed / indexer streams per block (V4 kinds).
   int64_t CompressedFloatsPerBlock(int32_t block_size) const;
   int64_t IndexFloatsPerBlock(int32_t block_size) const;
-  // Per-sequence state of one layer (V4 kinds), in floats: the window ring (window x head_dim),
-  // then compressor_rows() rows of compressor_width() (kv then gate), then as many rows of
-  // indexer_width() (kCompressedSparse).
+  // Per-sequence state of one layer (V4 kinds), in floats: the window ring (window_rows() x
+  // head_dim), then compressor_rows() rows of compressor_width() (kv then gate), then as many rows
+  // of indexer_width() (kCompressedSparse).
   int64_t StateFloats() const;
   int64_t StateBytes() const { return StateFloats() * static_cast<int64_t>(sizeof(float)); }
+  // Rows of the window ring (window + spare_rows) and of the compressor rings (ratio or
+  // 2 * ratio, + spare_rows; 0 for kinds without a compressor).
+  int64_t window_rows() const { return int64_t{window} + spare_rows; }
   int64_t compressor_rows() const;
   int64_t compressor_width() const;
   int64_t indexer_width() const;
-  int64_t compressor_state_offset() const { return int64_t{window} * head_dim; }
+  int64_t compressor_state_offset() const { return window_rows() * head_dim; }
   int64_t indexer_state_offset() const {
     return compressor_state_offset() + compressor_rows() * compressor_width();
   }

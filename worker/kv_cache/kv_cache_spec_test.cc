@@ -75,6 +75,15 @@ TEST(KvCacheSpecTest, DeepSeekV4FlashSizes) {
   EXPECT_EQ(s.BytesPerToken(), 13168);
   EXPECT_EQ(s.BytesPerBlock(16), 16 * 13168);
   EXPECT_EQ(s.StateBytesPerSequence(), 24384 * 1024);
+  // Spare rows for 3 drafts per step: 3 more rows of every ring, paged entries unchanged:
+  // 43 window rings x 3 x 512 floats, 23 HCA x 3 x 1024, 20 CSA x 3 x (2048 + 512), 4 bytes each.
+  KvCacheSpec spare = s;
+  for (KvCacheGroupSpec& g : spare.groups) g.spare_rows = 3;
+  ASSERT_TRUE(spare.Validate().ok());
+  EXPECT_EQ(spare.BytesPerToken(), 13168);
+  EXPECT_EQ(spare.StateBytesPerSequence(), (24384 + 1134) * 1024);
+  spare.groups[0].spare_rows = -1;
+  EXPECT_FALSE(spare.Validate().ok());
   // bf16 --kv-cache-dtype leaves the V4 kinds in float32.
   EXPECT_EQ(s.WithDType(WeightDType::kBFloat16)->BytesPerToken(), 13168);
   // fp8 has no layout for them: refused, naming the kind.

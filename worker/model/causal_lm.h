@@ -10,6 +10,7 @@
 #define DEEPINFER_WORKER_MODEL_CAUSAL_LM_H_
 
 #include <cstdint>
+#include <limits>
 #include <map>
 #include <memory>
 #include <optional>
@@ -69,6 +70,15 @@ class CausalLm {
   virtual absl::StatusOr<DraftOutput> Draft(const std::vector<DraftStep>& batch,
                                             KvBlockPool* cache) {
     return absl::UnimplementedError("this model has no draft head");
+  }
+  // How many drafts per sequence a step may verify against `cache` and leave no trace of the
+  // rejected ones: what their rows write must be nothing a later step reads before writing it
+  // again. Unbounded where the cache is paged entries only (a rejected draft's entries lie past
+  // the sequence's computed positions and are written again when those are computed);
+  // DeepSeek-V4's rings keep spare rows for this many (KvCacheGroupSpec::spare_rows).
+  virtual int64_t MaxDraftsPerStep(const KvBlockPool& cache) const {
+    (void)cache;
+    return std::numeric_limits<int64_t>::max();
   }
 
   // How steps are computed, never what they compute (bit for bit on the CPU backend).

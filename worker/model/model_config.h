@@ -70,6 +70,11 @@ struct ModelConfig {
   // caller that wants drafts sets it (the rank builder from --speculative-tokens), so a model
   // built without drafting neither reads nor caches the MTP layers.
   int64_t num_draft_layers = 0;
+  // Drafted tokens per sequence a step may verify (speculative decoding), set by the caller with
+  // num_draft_layers (the rank builder from --speculative-tokens). A model whose cache keeps
+  // per-sequence state sizes it for this many rejected drafts (DeepSeek-V4's spare ring rows,
+  // CausalLm::MaxDraftsPerStep); the paged MLA cache does not depend on it.
+  int64_t speculative_tokens = 0;
   // FP8 block size from quantization_config.weight_block_size ([128, 128] for DeepSeek).
   int64_t fp8_block_rows = 128;
   int64_t fp8_block_cols = 128;

@@ -54,8 +54,10 @@ struct StepOutput {
   std::vector<std::vector<float>> logits;
   // Per sequence; token -1 where SequenceStep::sampling was unset.
   std::vector<SampledToken> sampled;
-  // Per sequence, row-major [tokens.size(), hidden]: the residual stream after the last decoder
+  // Per sequence, row-major [tokens.size(), width]: the residual stream after the last decoder
   // layer (before the final norm) for every new token; empty unless SequenceStep::return_hidden.
+  // width is hidden_size, or hc_mult * hidden_size where the model keeps hc_mult residual
+  // streams (DeepSeek-V4's hyper-connections: every stream, before the head collapses them).
   std::vector<std::vector<float>> hidden;
 };
 
@@ -66,16 +68,22 @@ struct StepOutput {
 // tokens[j]. The rows' entries are written into the draft head's layers of the KV cache.
 struct DraftStep {
   std::vector<int32_t> tokens;
-  std::vector<float> hidden;  // [tokens.size(), hidden_size]
+  std::vector<float> hidden;  // [tokens.size(), width] (width as StepOutput::hidden's)
   int64_t position_offset = 0;
   std::vector<int32_t> block_table;  // the sequence's; must cover its rows
   int32_t module = 0;                // which MTP module (< CausalLm::num_draft_layers())
+  // The sequence's SequenceStep fields of the same names (a model with per-sequence state finds
+  // the sequence's state slot and its rebuild's bounds by them; the paged MLA cache ignores
+  // them).
+  int32_t shared_blocks = 0;
+  int64_t replay_from = 0;
+  int64_t kept_end = 0;
 };
 
 struct DraftOutput {
   // Per sequence, from its last row: the draft head's greedy token, the probability it gave that
-  // token (softmax of the raw logits) and its hidden state [hidden_size] (the next recursive
-  // draft's input).
+  // token (softmax of the raw logits) and its hidden state [width] (the next recursive draft's
+  // input).
   std::vector<int32_t> token;
   std::vector<float> probability;
   std::vector<std::vector<float>> hidden;

@@ -2,11 +2,14 @@
 #include "worker/model/deepseek_v4/deepseek_v4_model.h"
 
 #include <algorithm>
+#include <cmath>
+#include <limits>
 #include <optional>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "worker/model/layers/step_sampling.h"
+#include "worker/model/local_expert_dispatcher.h"
 
 namespace deepinfer {
 
@@ -61,8 +64,21 @@ DeepseekV4Model::DeepseekV4Model(const ModelConfig& config, const DeepseekV4Conf
   ones_ = backend_->Allocate(n * sizeof(float));
   backend_->CopyToDevice(ones.data(), n * sizeof(float), ones_->data());
   attention_ = std::make_unique<V4Attention>(v4_, weights_.get(), backend_, ones_->as<float>());
-  moe_ = std::make_unique<V4Moe>(v4_, weights_.get(), backend_, std::move(dispatcher),
-                                 [this] { graphs_->Drop(); });
+  moe_ = std::make_unique<V4Moe>(v4_, weights_.get(), V4Moe::ModelLayers(weights_.get()), backend_,
+                                 std::move(dispatcher), [this] { graphs_->Drop(); });
+  if (v4_.num_draft_layers > 0) {
+    // The MTP modules' MoE: every routed expert on this rank (DeepseekV4Weights::mtp), so Draft
+    // has no collectives.
+    std::vector<V4MoeLayer> layers(v4_.num_draft_layers);
+    for (int64_t i = 0; i < v4_.num_draft_layers; ++i) layers[i].weights = &weights_->mtp[i].moe;
+    std::vector<int64_t> all(v4_.n_routed_experts);
+    for (int64_t e = 0; e < v4_.n_routed_experts; ++e) all[e] = e;
+    draft_moe_ = std::make_unique<V4Moe>(
+        v4_, weights_.get(), std::move(layers), backend_,
+        std::make_unique<LocalExpertDispatcher>(backend_, v4_.n_routed_experts, v4_.hidden_size,
+                                                std::move(all)),
+        nullptr);
+  }
 }
 
 DeepseekV4Model::~DeepseekV4Model() = default;
@@ -73,24 +89,56 @@ void DeepseekV4Model::SetFusedOps(bool on) {
 }
 
 KvCacheSpec DeepseekV4Model::CacheSpecOf(const DeepseekV4Config& v4) {
+  // Cache layers: the model's, then its MTP modules' (num_layers + i), each in the group of its
+  // attention kind and compress rate (a module whose rate no layer of its kind has: a group of
+  // its own after that kind's).
+  std::vector<V4AttentionKind> kinds = v4.attention;
+  std::vector<int64_t> rates = v4.compress_rate;
+  for (int64_t i = 0; i < v4.num_draft_layers; ++i) {
+    kinds.push_back(v4.mtp_attention[i]);
+    rates.push_back(v4.mtp_compress_rate[i]);
+  }
   KvCacheSpec spec;
   for (V4AttentionKind kind :
        {V4AttentionKind::kSliding, V4AttentionKind::kCompressed, V4AttentionKind::kSparse}) {
-    KvCacheGroupSpec g;
-    g.kind = kind == V4AttentionKind::kSliding      ? KvCacheKind::kSlidingWindow
-             : kind == V4AttentionKind::kCompressed ? KvCacheKind::kCompressed
-                                                    : KvCacheKind::kCompressedSparse;
-    g.head_dim = static_cast<int32_t>(v4.head_dim);
-    g.window = static_cast<int32_t>(v4.sliding_window);
-    if (kind == V4AttentionKind::kSparse) g.index_dim = static_cast<int32_t>(v4.index_head_dim);
-    for (int64_t l = 0; l < v4.num_layers; ++l) {
-      if (v4.attention[l] != kind) continue;
-      g.layers.push_back(static_cast<int32_t>(l));
-      g.ratio = static_cast<int32_t>(v4.compress_rate[l]);
+    std::vector<KvCacheGroupSpec> groups;  // of this kind, one per rate
+    for (size_t l = 0; l < kinds.size(); ++l) {
+      if (kinds[l] != kind) continue;
+      const int32_t ratio = kind == V4AttentionKind::kSliding ? 0 : static_cast<int32_t>(rates[l]);
+      auto g = std::find_if(groups.begin(), groups.end(),
+                            [&](const KvCacheGroupSpec& x) { return x.ratio == ratio; });
+      if (g == groups.end()) {
+        KvCacheGroupSpec n;
+        n.kind = kind == V4AttentionKind::kSliding      ? KvCacheKind::kSlidingWindow
+                 : kind == V4AttentionKind::kCompressed ? KvCacheKind::kCompressed
+                                                        : KvCacheKind::kCompressedSparse;
+        n.head_dim = static_cast<int32_t>(v4.head_dim);
+        n.window = static_cast<int32_t>(v4.sliding_window);
+        if (kind == V4AttentionKind::kSparse) {
+          n.index_dim = static_cast<int32_t>(v4.index_head_dim);
+        }
+        n.ratio = ratio;
+        n.spare_rows = static_cast<int32_t>(v4.speculative_tokens);
+        groups.push_back(std::move(n));
+        g = groups.end() - 1;
+      }
+      g->layers.push_back(static_cast<int32_t>(l));
     }
-    if (!g.layers.empty()) spec.groups.push_back(std::move(g));
+    for (KvCacheGroupSpec& g : groups) spec.groups.push_back(std::move(g));
   }
   return spec;
+}
+
+int64_t DeepseekV4Model::MaxDraftsPerStep(const KvBlockPool& cache) const {
+  int64_t most = std::numeric_limits<int64_t>::max();
+  for (const KvCacheGroupSpec& g : cache.spec().groups)
+    most = std::min<int64_t>(most, g.spare_rows);
+  return most;
+}
+
+int64_t DeepseekV4Model::CompressRateOf(int64_t layer) const {
+  return layer < v4_.num_layers ? v4_.compress_rate[layer]
+                                : v4_.mtp_compress_rate[layer - v4_.num_layers];
 }
 
 Architecture DeepseekV4Model::Entry() {
@@ -174,8 +222,8 @@ absl::Status DeepseekV4Model::CheckSharedBlocks(const SequenceStep& s, size_t si
   // the window ring and compressor rows, in the state slot): they must lie past the shared
   // blocks.
   const int64_t from = std::max(s.position_offset, s.kept_end);
-  for (int64_t l = 0; l < v4_.num_layers; ++l) {
-    const int64_t ratio = v4_.compress_rate[l];
+  for (int64_t l = 0; l < v4_.num_layers + v4_.num_draft_layers; ++l) {
+    const int64_t ratio = CompressRateOf(l);
     if (ratio > 0 && from / ratio * ratio < shared_end) {
       return absl::InvalidArgumentError(absl::StrCat(
           "sequence ", si, ": layer ", l, " would write the compressed entry of positions from ",
@@ -188,11 +236,132 @@ absl::Status DeepseekV4Model::CheckSharedBlocks(const SequenceStep& s, size_t si
 
 absl::StatusOr<DraftOutput> DeepseekV4Model::Draft(const std::vector<DraftStep>& batch,
                                                    KvBlockPool* cache) {
-  return absl::UnimplementedError(absl::StrCat(
-      "DeepSeek-V4 (DeepseekV4ForCausalLM): speculative decoding with its MTP modules is not "
-      "implemented (",
-      v4_.num_draft_layers, " of ", v4_.num_nextn_predict_layers,
-      " loaded and kept; run without --speculative-tokens)"));
+  const DeepseekV4Config& c = v4_;
+  const int64_t H = c.hidden_size, hc = c.hc_mult, S = hc * H, V = c.vocab_size;
+  if (c.num_draft_layers == 0) {
+    return absl::UnimplementedError(
+        "DeepSeek-V4 (DeepseekV4ForCausalLM): the model was built without its MTP modules "
+        "(ModelConfig::num_draft_layers 0)");
+  }
+  if (absl::Status st = CheckCache(*cache); !st.ok()) return st;
+  DraftOutput out;
+  if (batch.empty()) return out;
+  // The rows as a step of the module's layer: same checks, slots and plan as Step.
+  std::vector<SequenceStep> steps(batch.size());
+  std::vector<V4Sequence> seqs;
+  std::vector<int32_t> ids;
+  std::vector<float> host_hidden;
+  int64_t module = -1;
+  for (size_t si = 0; si < batch.size(); ++si) {
+    const DraftStep& d = batch[si];
+    if (d.module < 0 || d.module >= c.num_draft_layers || (module >= 0 && d.module != module)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("DeepseekV4Model::Draft: sequence ", si, " asks for MTP module ", d.module,
+                       " (the model has ", c.num_draft_layers, "; one module per call)"));
+    }
+    module = d.module;
+    if (d.hidden.size() != d.tokens.size() * static_cast<size_t>(S)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "DeepseekV4Model::Draft: sequence ", si, " has ", d.tokens.size(), " tokens but ",
+          d.hidden.size(), " hidden values (", hc, " residual streams of ", H, " per token)"));
+    }
+    SequenceStep& s = steps[si];
+    s.tokens = d.tokens;
+    s.position_offset = d.position_offset;
+    s.block_table = d.block_table;
+    s.shared_blocks = d.shared_blocks;
+    s.replay_from = d.replay_from;
+    s.kept_end = d.kept_end;
+    if (absl::Status st = CheckSequence(s, si, *cache); !st.ok()) return st;
+    V4Sequence q;
+    q.replay_from = s.replay_from;
+    q.kept_end = s.kept_end;
+    q.first_row = static_cast<int64_t>(ids.size());
+    q.num_tokens = static_cast<int64_t>(s.tokens.size());
+    q.offset = s.position_offset;
+    q.block_table = &s.block_table;
+    seqs.push_back(q);
+    ids.insert(ids.end(), s.tokens.begin(), s.tokens.end());
+    host_hidden.insert(host_hidden.end(), d.hidden.begin(), d.hidden.end());
+  }
+  for (size_t si = 0; si < steps.size(); ++si) {
+    auto slot = BindSlot(steps[si], si, cache);
+    if (!slot.ok()) return slot.status();
+    seqs[si].slot = *slot;
+  }
+  const int64_t T = static_cast<int64_t>(ids.size());
+  V4StepPlan::Inputs pin;
+  pin.config = &c;
+  pin.cache = cache;
+  pin.seqs = &seqs;
+  pin.tokens = T;
+  pin.full_forward_ties = full_forward_ties_;
+  auto plan = V4StepPlan::Build(pin, backend_);
+  if (!plan.ok()) return plan.status();
+  auto ids_dev = backend_->AllocateScratch(T * sizeof(int32_t));
+  backend_->CopyToDevice(ids.data(), T * sizeof(int32_t), ids_dev->data());
+
+  // Per residual stream: e_proj(enorm(embed(token))) + h_proj(hnorm(stream)) (the release's
+  // MTPBlock: the token's projection broadcast over the streams).
+  const V4MtpWeights& M = weights_->mtp[module];
+  const float eps = static_cast<float>(c.rms_norm_eps);
+  auto embedded = Floats(T * H), e_normed = Floats(T * H), e_proj = Floats(T * H);
+  backend_->GatherRows(T, H, weights_->embed->as<float>(), ids_dev->as<int32_t>(),
+                       embedded->as<float>());
+  backend_->RmsNorm(T, H, embedded->as<float>(), H, M.enorm->as<float>(), eps,
+                    e_normed->as<float>(), H);
+  backend_->Gemm(T, H, H, e_normed->as<float>(), H, weights_->Matrix(M.e_proj), H,
+                 e_proj->as<float>(), H, false);
+  auto in = Floats(T * S), h_normed = Floats(T * S), h_proj = Floats(T * S), e_rows = Floats(T * S);
+  backend_->CopyToDevice(host_hidden.data(), T * S * sizeof(float), in->data());
+  backend_->RmsNorm(T * hc, H, in->as<float>(), H, M.hnorm->as<float>(), eps, h_normed->as<float>(),
+                    H);
+  backend_->Gemm(T * hc, H, H, h_normed->as<float>(), H, weights_->Matrix(M.h_proj), H,
+                 h_proj->as<float>(), H, false);
+  backend_->GatherRows(T * hc, H, e_proj->as<float>(), (*plan)->stream_rows(), e_rows->as<float>());
+  auto streams = Floats(T * S), next = Floats(T * S);
+  backend_->Add(T * S, e_rows->as<float>(), h_proj->as<float>(), streams->as<float>());
+
+  V4StepContext ctx;
+  ctx.plan = plan->get();
+  ctx.cache = cache;
+  V4Moe::Mode mode;
+  mode.fused = fused_ops_;
+  if (absl::Status st =
+          Block(c.num_layers + module, ctx, ids_dev->as<int32_t>(), mode, &streams, &next);
+      !st.ok()) {
+    return st;
+  }
+  // Each sequence's last row: its streams (the next round's input), then the module's hc head
+  // and norm and the model's LM head.
+  const int64_t R = static_cast<int64_t>(seqs.size());
+  std::vector<int32_t> last(R);
+  for (int64_t r = 0; r < R; ++r) {
+    last[r] = static_cast<int32_t>(seqs[r].first_row + seqs[r].num_tokens - 1);
+  }
+  auto last_dev = backend_->AllocateScratch(R * sizeof(int32_t));
+  backend_->CopyToDevice(last.data(), R * sizeof(int32_t), last_dev->data());
+  auto last_streams = Floats(R * S);
+  backend_->GatherRows(R, S, streams->as<float>(), last_dev->as<int32_t>(),
+                       last_streams->as<float>());
+  auto logits = Logits(R, last_streams->as<float>(), nullptr, M.hc_head, *M.norm);
+  std::vector<float> host_logits(R * V), host_last(R * S);
+  backend_->CopyToHost(logits->data(), R * V * sizeof(float), host_logits.data());
+  backend_->CopyToHost(last_streams->data(), R * S * sizeof(float), host_last.data());
+  if (absl::Status st = backend_->status(); !st.ok()) return st;
+  out.token.resize(R);
+  out.probability.resize(R);
+  out.hidden.resize(R);
+  for (int64_t r = 0; r < R; ++r) {
+    const float* row = host_logits.data() + r * V;
+    const int64_t best = std::max_element(row, row + V) - row;  // lowest id on ties
+    double sum = 0;
+    for (int64_t v = 0; v < V; ++v) sum += std::exp(static_cast<double>(row[v] - row[best]));
+    out.token[r] = static_cast<int32_t>(best);
+    out.probability[r] = static_cast<float>(1.0 / sum);
+    out.hidden[r].assign(host_last.begin() + r * S, host_last.begin() + (r + 1) * S);
+  }
+  return out;
 }
 
 int64_t DeepseekV4Model::BoundedReplayStart(int64_t kept_end) const {
@@ -206,8 +375,9 @@ absl::Status DeepseekV4Model::CheckCache(const KvBlockPool& cache) const {
   const DeepseekV4Config& c = v4_;
   const KvBlockPoolOptions& co = cache.options();
   const KvCacheSpec want = CacheSpec();
-  bool matches = co.spec.num_layers() == c.num_layers;
-  for (int32_t l = 0; matches && l < c.num_layers; ++l) {
+  const int64_t layers = c.num_layers + c.num_draft_layers;
+  bool matches = co.spec.num_layers() == layers;
+  for (int32_t l = 0; matches && l < layers; ++l) {
     const KvCacheGroupSpec& g = cache.LayerGroup(l);
     const KvCacheGroupSpec* w = nullptr;
     for (const KvCacheGroupSpec& x : want.groups) {
@@ -291,59 +461,76 @@ absl::Status DeepseekV4Model::Layers(const V4StepContext& ctx, const int32_t* id
                                      const int32_t* counted, bool device_only,
                                      std::unique_ptr<DeviceBuffer>* streams,
                                      std::unique_ptr<DeviceBuffer>* next) {
+  V4Moe::Mode mode;
+  mode.fused = fused_ops_;
+  mode.device_only = device_only;
+  mode.counted = counted;
+  for (int64_t l = 0; l < v4_.num_layers; ++l) {
+    if (absl::Status st = Block(l, ctx, ids, mode, streams, next); !st.ok()) return st;
+  }
+  return absl::OkStatus();
+}
+
+absl::Status DeepseekV4Model::Block(int64_t layer, const V4StepContext& ctx, const int32_t* ids,
+                                    const V4Moe::Mode& mode, std::unique_ptr<DeviceBuffer>* streams,
+                                    std::unique_ptr<DeviceBuffer>* next) {
   const DeepseekV4Config& c = v4_;
   const int64_t T = ctx.plan->tokens(), H = c.hidden_size, hc = c.hc_mult;
   const float eps = static_cast<float>(c.rms_norm_eps);
-  V4Moe::Mode moe_mode;
-  moe_mode.fused = fused_ops_;
-  moe_mode.device_only = device_only;
-  moe_mode.counted = counted;
+  const int64_t module = layer - c.num_layers;  // >= 0: an MTP module's block
+  const V4LayerWeights& L = module < 0 ? weights_->layers[layer] : weights_->mtp[module].block;
+  V4Moe* moe = module < 0 ? moe_.get() : draft_moe_.get();
+  const int64_t moe_layer = module < 0 ? layer : module;
   auto post = Floats(T * hc), comb = Floats(T * hc * hc), collapsed = Floats(T * H);
   auto h = Floats(T * H), y = Floats(T * H);
-  for (int64_t l = 0; l < c.num_layers; ++l) {
-    const V4LayerWeights& L = weights_->layers[l];
-    HcExpandArgs ex;
-    ex.rows = T;
-    ex.hc = hc;
-    ex.hidden = H;
-    ex.block_out = y->as<float>();
-    ex.post = post->as<float>();
-    ex.comb = comb->as<float>();
-    if (T > 0) {
-      Mix(T, L.attn_hc, (*streams)->as<float>(), post->as<float>(), comb->as<float>(),
-          collapsed->as<float>());
-      backend_->RmsNorm(T, H, collapsed->as<float>(), H, L.input_norm->as<float>(), eps,
-                        h->as<float>(), H);
-    }
-    if (absl::Status st = attention_->Forward(l, ctx, h->as<float>(), y->as<float>()); !st.ok()) {
-      return st;
-    }
-    if (T > 0) {
-      ex.streams_in = (*streams)->as<float>();
-      ex.streams_out = (*next)->as<float>();
-      ops_->HcExpand(ex);
-      std::swap(*streams, *next);
-      Mix(T, L.ffn_hc, (*streams)->as<float>(), post->as<float>(), comb->as<float>(),
-          collapsed->as<float>());
-      backend_->RmsNorm(T, H, collapsed->as<float>(), H, L.post_attention_norm->as<float>(), eps,
-                        h->as<float>(), H);
-    }
-    if (absl::Status st = moe_->Forward(l, T, h->as<float>(), ids, y->as<float>(), moe_mode);
-        !st.ok()) {
-      return st;
-    }
-    if (T > 0) {
-      ex.streams_in = (*streams)->as<float>();
-      ex.streams_out = (*next)->as<float>();
-      ops_->HcExpand(ex);
-      std::swap(*streams, *next);
-    }
+  HcExpandArgs ex;
+  ex.rows = T;
+  ex.hc = hc;
+  ex.hidden = H;
+  ex.block_out = y->as<float>();
+  ex.post = post->as<float>();
+  ex.comb = comb->as<float>();
+  if (T > 0) {
+    Mix(T, L.attn_hc, (*streams)->as<float>(), post->as<float>(), comb->as<float>(),
+        collapsed->as<float>());
+    backend_->RmsNorm(T, H, collapsed->as<float>(), H, L.input_norm->as<float>(), eps,
+                      h->as<float>(), H);
+  }
+  if (absl::Status st = attention_->Forward(layer, ctx, h->as<float>(), y->as<float>()); !st.ok()) {
+    return st;
+  }
+  if (T > 0) {
+    ex.streams_in = (*streams)->as<float>();
+    ex.streams_out = (*next)->as<float>();
+    ops_->HcExpand(ex);
+    std::swap(*streams, *next);
+    Mix(T, L.ffn_hc, (*streams)->as<float>(), post->as<float>(), comb->as<float>(),
+        collapsed->as<float>());
+    backend_->RmsNorm(T, H, collapsed->as<float>(), H, L.post_attention_norm->as<float>(), eps,
+                      h->as<float>(), H);
+  }
+  if (absl::Status st = moe->Forward(moe_layer, T, h->as<float>(), ids, y->as<float>(), mode);
+      !st.ok()) {
+    return st;
+  }
+  if (T > 0) {
+    ex.streams_in = (*streams)->as<float>();
+    ex.streams_out = (*next)->as<float>();
+    ops_->HcExpand(ex);
+    std::swap(*streams, *next);
   }
   return absl::OkStatus();
 }
 
 std::unique_ptr<DeviceBuffer> DeepseekV4Model::Logits(int64_t R, const float* streams,
                                                       const int32_t* rows) {
+  return Logits(R, streams, rows, weights_->hc_head, *weights_->final_norm);
+}
+
+std::unique_ptr<DeviceBuffer> DeepseekV4Model::Logits(int64_t R, const float* streams,
+                                                      const int32_t* rows,
+                                                      const V4HyperConnectionWeights& hc_head,
+                                                      const DeviceBuffer& norm) {
   const DeepseekV4Config& c = v4_;
   const int64_t H = c.hidden_size, hc = c.hc_mult, S = hc * H, V = c.vocab_size;
   const float eps = static_cast<float>(c.rms_norm_eps);
@@ -358,21 +545,20 @@ std::unique_ptr<DeviceBuffer> DeepseekV4Model::Logits(int64_t R, const float* st
   auto normed = Floats(R * S), mixes = Floats(R * hc), head = Floats(R * H),
        final_in = Floats(R * H);
   backend_->RmsNorm(R, S, streams, S, ones_->as<float>(), eps, normed->as<float>(), S);
-  backend_->Gemm(R, hc, S, normed->as<float>(), S, WeightView(weights_->hc_head.fn->as<float>()), S,
+  backend_->Gemm(R, hc, S, normed->as<float>(), S, WeightView(hc_head.fn->as<float>()), S,
                  mixes->as<float>(), hc, false);
   HcHeadArgs a;
   a.rows = R;
   a.hc = hc;
   a.hidden = H;
   a.mixes = mixes->as<float>();
-  a.base = weights_->hc_head.base->as<float>();
-  a.scale = weights_->hc_head.scale->as<float>();
+  a.base = hc_head.base->as<float>();
+  a.scale = hc_head.scale->as<float>();
   a.eps = static_cast<float>(c.hc_eps);
   a.streams = streams;
   a.out = head->as<float>();
   ops_->HcHead(a);
-  backend_->RmsNorm(R, H, head->as<float>(), H, weights_->final_norm->as<float>(), eps,
-                    final_in->as<float>(), H);
+  backend_->RmsNorm(R, H, head->as<float>(), H, norm.as<float>(), eps, final_in->as<float>(), H);
   backend_->Gemm(R, V, H, final_in->as<float>(), H, weights_->Matrix(weights_->lm_head), H,
                  logits->as<float>(), V, false);
   return logits;
@@ -382,8 +568,12 @@ absl::StatusOr<StepOutput> DeepseekV4Model::Step(const std::vector<SequenceStep>
                                                  KvBlockPool* cache) {
   const DeepseekV4Config& c = v4_;
   if (absl::Status st = CheckCache(*cache); !st.ok()) return st;
-  if (std::optional<absl::StatusOr<StepOutput>> out = graphs_->Run(batch, cache)) {
-    return *std::move(out);
+  const bool hidden = std::any_of(batch.begin(), batch.end(),
+                                  [](const SequenceStep& s) { return s.return_hidden; });
+  if (!hidden) {
+    if (std::optional<absl::StatusOr<StepOutput>> out = graphs_->Run(batch, cache)) {
+      return *std::move(out);
+    }
   }
   std::vector<V4Sequence> seqs;
   std::vector<int32_t> ids, out_rows;
@@ -437,7 +627,23 @@ absl::StatusOr<StepOutput> DeepseekV4Model::Step(const std::vector<SequenceStep>
   const int64_t R = static_cast<int64_t>(out_rows.size());
   std::unique_ptr<DeviceBuffer> rows_dev = upload_ints(out_rows);
   auto logits = Logits(R, streams->as<float>(), rows_dev->as<int32_t>());
-  return SampleOrCopyLogits(backend_, c.vocab_size, batch, logits->as<float>(), R);
+  absl::StatusOr<StepOutput> out =
+      SampleOrCopyLogits(backend_, c.vocab_size, batch, logits->as<float>(), R);
+  if (out.ok() && hidden) {
+    // The residual streams after the last layer, every stream of every new token (the MTP
+    // modules' input: docs/model.md, "MTP modules").
+    const int64_t S = c.hc_mult * c.hidden_size;
+    out->hidden.resize(batch.size());
+    for (size_t si = 0; si < batch.size(); ++si) {
+      if (!batch[si].return_hidden) continue;
+      const int64_t n = seqs[si].num_tokens;
+      out->hidden[si].resize(n * S);
+      backend_->CopyToHost(streams->as<float>() + seqs[si].first_row * S, n * S * sizeof(float),
+                           out->hidden[si].data());
+    }
+    if (absl::Status st = backend_->status(); !st.ok()) return st;
+  }
+  return out;
 }
 
 absl::StatusOr<bool> DeepseekV4Model::PrepareDecode(const std::vector<SequenceStep>& batch,

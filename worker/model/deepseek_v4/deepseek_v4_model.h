@@ -20,8 +20,11 @@
 // ops over it. Decode steps that qualify go through a DecodeGraphRunner (padded to a batch-size
 // bucket, the plan in the bucket's own buffer, replayed from ops recorded once per bucket); the
 // model gives it PrepareDecode and DecodeForward. The MTP modules asked for
-// (ModelConfig::num_draft_layers) are loaded and kept; Draft is UNIMPLEMENTED. Made by the
-// registry for DeepseekV4ForCausalLM; users hold a CausalLm.
+// (ModelConfig::num_draft_layers) are its draft head: Draft runs one module's block (cache layer
+// num_layers + i, its own MoE with every routed expert) over the main model's residual streams,
+// and the cache's rings keep spare rows so that a verification's rejected drafts leave nothing
+// a later step reads (docs/model.md, "MTP modules"). Made by the registry for
+// DeepseekV4ForCausalLM; users hold a CausalLm.
 #ifndef DEEPINFER_WORKER_MODEL_DEEPSEEK_V4_DEEPSEEK_V4_MODEL_H_
 #define DEEPINFER_WORKER_MODEL_DEEPSEEK_V4_DEEPSEEK_V4_MODEL_H_
 
@@ -56,7 +59,9 @@ class DeepseekV4Model final : public CausalLm {
 
   // The registry entry (model_registry.cc).
   static Architecture Entry();
-  // The cache V4 declares: one group per attention kind present.
+  // The cache V4 declares: one group per attention kind (and compress rate) present, over the
+  // model's layers and then its MTP modules' (cache layer num_layers + i); every ring with
+  // speculative_tokens spare rows.
   static KvCacheSpec CacheSpecOf(const DeepseekV4Config& v4);
 
   const ModelConfig& config() const override { return config_; }
@@ -89,10 +94,13 @@ class DeepseekV4Model final : public CausalLm {
   int64_t num_moe_layers() const override { return v4_.num_layers; }
   // The MTP modules loaded and kept (ModelConfig::num_draft_layers; DeepseekV4Weights::mtp).
   int32_t num_draft_layers() const override { return static_cast<int32_t>(v4_.num_draft_layers); }
-  // UNIMPLEMENTED: drafting with V4's MTP modules needs their own cache layers and a rollback of
-  // the per-sequence state that rejected drafts change (docs/model.md, "MTP modules").
+  // One MTP module over the rows (DraftStep::hidden: the hc_mult residual streams of each row,
+  // StepOutput::hidden), writing the module's cache layer; UNIMPLEMENTED for a model built
+  // without modules.
   absl::StatusOr<DraftOutput> Draft(const std::vector<DraftStep>& batch,
                                     KvBlockPool* cache) override;
+  // The fewest spare ring rows of the cache's groups (KvCacheGroupSpec::spare_rows).
+  int64_t MaxDraftsPerStep(const KvBlockPool& cache) const override;
 
   // How the indexer breaks exact ties between entry scores at the top-k boundary (with few
   // index heads, relu makes many scores exactly 0). Default (off): among the entries the query
@@ -137,11 +145,22 @@ class DeepseekV4Model final : public CausalLm {
   absl::Status Layers(const V4StepContext& ctx, const int32_t* ids, const int32_t* counted,
                       bool device_only, std::unique_ptr<DeviceBuffer>* streams,
                       std::unique_ptr<DeviceBuffer>* next);
+  // One decoder block over the streams (as Layers): cache layer `layer`, the model's layer or,
+  // from num_layers on, MTP module layer - num_layers (its weights and its MoE).
+  absl::Status Block(int64_t layer, const V4StepContext& ctx, const int32_t* ids,
+                     const V4Moe::Mode& mode, std::unique_ptr<DeviceBuffer>* streams,
+                     std::unique_ptr<DeviceBuffer>* next);
+  // The compress rate of cache layer `layer` (an MTP module's from num_layers on; 0: sliding).
+  int64_t CompressRateOf(int64_t layer) const;
   // The residual streams of T tokens: hc copies of each token's embedding.
   std::unique_ptr<DeviceBuffer> Embed(const V4StepPlan& plan, const int32_t* ids);
   // The head over R rows of streams (rows: device row indices, or null for rows 0..R-1):
   // the streams' collapse, final norm, LM head; logits [R, vocab].
   std::unique_ptr<DeviceBuffer> Logits(int64_t R, const float* streams, const int32_t* rows);
+  // The same with another hc head and final norm (an MTP module's).
+  std::unique_ptr<DeviceBuffer> Logits(int64_t R, const float* streams, const int32_t* rows,
+                                       const V4HyperConnectionWeights& hc_head,
+                                       const DeviceBuffer& norm);
   // DecodeGraphModel::prepare / forward: a qualifying decode batch's padded plan uploaded into
   // its bucket's buffer, and the device-only step over it.
   absl::StatusOr<bool> PrepareDecode(const std::vector<SequenceStep>& batch, int64_t bucket,
@@ -162,6 +181,7 @@ class DeepseekV4Model final : public CausalLm {
   std::unique_ptr<DeviceBuffer> ones_;  // the unweighted norms' weight
   std::unique_ptr<V4Attention> attention_;
   std::unique_ptr<V4Moe> moe_;
+  std::unique_ptr<V4Moe> draft_moe_;  // the MTP modules' blocks (none without modules)
   bool fused_ops_ = true;
   bool full_forward_ties_ = false;
   PrefillAttention prefill_ = PrefillAttention::kAuto;

@@ -63,13 +63,16 @@ void V4Attention::Compress(const V4StepContext& ctx, const V4GroupPlan& gp,
 absl::Status V4Attention::Forward(int64_t layer, const V4StepContext& ctx, const float* h,
                                   float* out) {
   const DeepseekV4Config& c = config_;
-  const V4AttentionWeights& A = weights_->layers[layer].attention;
+  // Cache layers past the model's are its MTP modules' (DeepseekV4Model::CacheSpecOf).
+  const int64_t module = layer - c.num_layers;
+  const V4AttentionWeights& A =
+      module < 0 ? weights_->layers[layer].attention : weights_->mtp[module].block.attention;
+  const V4AttentionKind kind = module < 0 ? c.attention[layer] : c.mtp_attention[module];
   const int64_t T = ctx.plan->tokens();
   if (T == 0) return absl::OkStatus();
   const int64_t H = c.hidden_size, D = c.head_dim, NH = c.num_heads, QL = c.q_lora_rank;
-  const int64_t rd = c.rope_dim, W = c.sliding_window;
+  const int64_t rd = c.rope_dim;
   const float eps = static_cast<float>(c.rms_norm_eps);
-  const V4AttentionKind kind = c.attention[layer];
   const bool compressed = kind != V4AttentionKind::kSliding;
   const bool sparse = kind == V4AttentionKind::kSparse;
   const float* inv = compressed ? compress_inv_freq_->as<float>() : main_inv_freq_->as<float>();
@@ -149,7 +152,7 @@ absl::Status V4Attention::Forward(int64_t layer, const V4StepContext& ctx, const
   sa.window_len = plan.window_len();
   sa.step_start = plan.step_start();
   sa.ring = state;
-  sa.ring_rows = W;
+  sa.ring_rows = g.window_rows();
   sa.ring_stride = g.StateFloats();
   sa.ring_slot = plan.slot();
   if (compressed) {
@@ -166,7 +169,7 @@ absl::Status V4Attention::Forward(int64_t layer, const V4StepContext& ctx, const
   sa.out = o->as<float>();
   ops_->SinkAttention(sa);
 
-  // The window ring keeps the last W keys.
+  // The window ring keeps the last window_rows() keys.
   Move(gp.window_ring, D, kvn->as<float>(), state);
 
   // K = V carried the keys' rotation into the output: rotate its rope slice back.

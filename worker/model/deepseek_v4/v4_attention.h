@@ -48,8 +48,9 @@ class V4Attention {
   V4Attention(const DeepseekV4Config& config, const DeepseekV4Weights* weights, Backend* backend,
               const float* ones);
 
-  // out [T, H] = the attention of the normed rows h [T, H] of layer `layer`; updates the
-  // layer's cache for the step's tokens.
+  // out [T, H] = the attention of the normed rows h [T, H] of cache layer `layer` (the model's
+  // layers, then its MTP modules': layer num_layers + i is module i's); updates the layer's
+  // cache for the step's tokens.
   absl::Status Forward(int64_t layer, const V4StepContext& ctx, const float* h, float* out);
 
  private:

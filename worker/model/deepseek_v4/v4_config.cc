@@ -122,6 +122,11 @@ absl::StatusOr<DeepseekV4Config> DeepseekV4Config::FromModelConfig(const ModelCo
                      c->num_nextn_predict_layers, " MTP layers (num_nextn_predict_layers)"));
   }
   c->num_draft_layers = config.num_draft_layers;
+  if (config.speculative_tokens < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("speculative_tokens ", config.speculative_tokens, " is negative"));
+  }
+  c->speculative_tokens = config.speculative_tokens;
   return c;
 }
 

@@ -72,6 +72,10 @@ struct DeepseekV4Config {
   // The modules a model loads: ModelConfig::num_draft_layers (FromModelConfig; INVALID_ARGUMENT
   // beyond num_nextn_predict_layers), 0 from FromJson.
   int64_t num_draft_layers = 0;
+  // Drafts per sequence a verification step may reject: ModelConfig::speculative_tokens
+  // (FromModelConfig; INVALID_ARGUMENT if negative), 0 from FromJson. Every ring of the cache
+  // keeps this many spare rows (KvCacheGroupSpec::spare_rows).
+  int64_t speculative_tokens = 0;
 
   static absl::StatusOr<DeepseekV4Config> FromJson(absl::string_view json,
                                                    absl::string_view source);

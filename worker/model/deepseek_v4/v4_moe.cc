@@ -8,19 +8,32 @@
 
 namespace deepinfer {
 
-V4Moe::V4Moe(const DeepseekV4Config& config, DeepseekV4Weights* weights, Backend* backend,
+std::vector<V4MoeLayer> V4Moe::ModelLayers(DeepseekV4Weights* weights) {
+  std::vector<V4MoeLayer> layers(weights->layers.size());
+  for (size_t l = 0; l < layers.size(); ++l) {
+    layers[l].weights = &weights->moe.layers[l];
+    layers[l].hash_table = weights->layers[l].hash_table.get();
+  }
+  return layers;
+}
+
+V4Moe::V4Moe(const DeepseekV4Config& config, DeepseekV4Weights* weights,
+             std::vector<V4MoeLayer> layers, Backend* backend,
              std::unique_ptr<ExpertDispatcher> dispatcher, std::function<void()> drop_graphs)
     : config_(config),
       weights_(weights),
+      layers_(std::move(layers)),
       backend_(backend),
       dispatcher_(std::move(dispatcher)),
       drop_graphs_(std::move(drop_graphs)),
       expert_counts_(backend->Allocate(
-          std::max<int64_t>(1, config.num_layers * config.n_routed_experts) * sizeof(int64_t))) {
+          std::max<int64_t>(1, static_cast<int64_t>(layers_.size()) * config.n_routed_experts) *
+          sizeof(int64_t))) {
   const int64_t K = config_.num_experts_per_tok;
-  distinct_experts_.assign(config_.num_layers, true);
-  for (int64_t l = 0; l < config_.num_layers; ++l) {
-    const auto& table = weights_->layers[l].hash_table;
+  const int64_t num_layers = static_cast<int64_t>(layers_.size());
+  distinct_experts_.assign(num_layers, true);
+  for (int64_t l = 0; l < num_layers; ++l) {
+    const DeviceBuffer* table = layers_[l].hash_table;
     if (table == nullptr) continue;
     std::vector<int32_t> host(config_.vocab_size * K);
     backend_->CopyToHost(table->data(), host.size() * sizeof(int32_t), host.data());
@@ -49,7 +62,7 @@ bool V4Moe::ExpertsOnDevice(int64_t layer, int64_t rows, const float* h, const i
   if (tables_.empty()) return false;
   const DeepseekV4Config& c = config_;
   const ExpertTables& t = tables_[layer];
-  const MlpWeights& shared = weights_->moe.layers[layer].shared;
+  const MlpWeights& shared = layers_[layer].weights->shared;
   RoutedExpertsArgs a;
   a.num_tokens = static_cast<int32_t>(rows);
   a.top_k = static_cast<int32_t>(c.num_experts_per_tok);
@@ -82,7 +95,7 @@ bool V4Moe::ExpertsOnDevice(int64_t layer, int64_t rows, const float* h, const i
 absl::Status V4Moe::Forward(int64_t layer, int64_t rows, const float* h, const int32_t* ids,
                             float* out, const Mode& mode) {
   const DeepseekV4Config& c = config_;
-  const LayerWeights& L = weights_->moe.layers[layer];
+  const LayerWeights& L = *layers_[layer].weights;
   const int64_t H = c.hidden_size, E = c.n_routed_experts, K = c.num_experts_per_tok;
   const int64_t I = c.moe_intermediate_size;
   // No rows: nothing to compute, but an expert-parallel dispatcher still takes part in the
@@ -99,7 +112,7 @@ absl::Status V4Moe::Forward(int64_t layer, int64_t rows, const float* h, const i
   r.top_k = K;
   r.logits = logits->as<float>();
   r.bias = L.router_bias != nullptr ? L.router_bias->as<float>() : nullptr;
-  const auto& table = weights_->layers[layer].hash_table;
+  const DeviceBuffer* table = layers_[layer].hash_table;
   r.hash_table = table != nullptr ? table->as<int32_t>() : nullptr;
   r.token_ids = ids;
   r.sqrtsoftplus = c.scoring_func == "sqrtsoftplus";
@@ -166,15 +179,15 @@ void V4Moe::BuildExpertTables() {
   if (drop_graphs_) drop_graphs_();  // they hold the tables' addresses
   tables_.clear();
   const int64_t E = config_.n_routed_experts;
-  const ModelWeights& mw = weights_->moe;
+  const int64_t num_layers = static_cast<int64_t>(layers_.size());
   if (dispatcher_ == nullptr || !dispatcher_->single_rank() ||
-      mw.matrix_dtype != WeightDType::kBFloat16 || config_.num_layers == 0 ||
+      weights_->moe.matrix_dtype != WeightDType::kBFloat16 || num_layers == 0 ||
       static_cast<int64_t>(dispatcher_->local_experts(0).size()) != E) {
     return;
   }
-  std::vector<ExpertTables> tables(config_.num_layers);
-  for (int64_t l = 0; l < config_.num_layers; ++l) {
-    const LayerWeights& L = mw.layers[l];
+  std::vector<ExpertTables> tables(num_layers);
+  for (int64_t l = 0; l < num_layers; ++l) {
+    const LayerWeights& L = *layers_[l].weights;
     std::vector<const void*> gate_up(E), down(E);
     for (int64_t e = 0; e < E; ++e) {
       auto it = L.experts.find(e);
@@ -202,7 +215,7 @@ std::unique_ptr<DeviceBuffer> V4Moe::Pointers(const std::vector<const void*>& ho
 }
 
 std::vector<int64_t> V4Moe::TakeExpertCounts() {
-  const size_t n = static_cast<size_t>(config_.num_layers * config_.n_routed_experts);
+  const size_t n = layers_.size() * static_cast<size_t>(config_.n_routed_experts);
   std::vector<int64_t> counts(n, 0);
   if (n == 0) return counts;
   backend_->CopyToHost(expert_counts_->data(), n * sizeof(int64_t), counts.data());
@@ -214,9 +227,9 @@ std::vector<int64_t> V4Moe::TakeExpertCounts() {
 std::vector<std::vector<int64_t>> V4Moe::MissingExperts(
     const std::vector<std::vector<int64_t>>& needed) const {
   std::vector<std::vector<int64_t>> missing(needed.size());
-  for (size_t l = 0; l < needed.size() && l < weights_->moe.layers.size(); ++l) {
+  for (size_t l = 0; l < needed.size() && l < layers_.size(); ++l) {
     for (int64_t e : needed[l]) {
-      if (!weights_->moe.layers[l].experts.count(e) &&
+      if (!layers_[l].weights->experts.count(e) &&
           std::find(missing[l].begin(), missing[l].end(), e) == missing[l].end()) {
         missing[l].push_back(e);
       }
@@ -228,7 +241,7 @@ std::vector<std::vector<int64_t>> V4Moe::MissingExperts(
 absl::Status V4Moe::SwitchPlacement(std::shared_ptr<const ExpertPlacement> placement,
                                     const std::vector<std::vector<int64_t>>& needed,
                                     std::vector<std::map<int64_t, MlpWeights>> loaded) {
-  const int64_t layers = config_.num_layers;
+  const int64_t layers = static_cast<int64_t>(layers_.size());
   if (static_cast<int64_t>(needed.size()) != layers ||
       static_cast<int64_t>(loaded.size()) != layers) {
     return absl::InvalidArgumentError(absl::StrCat("expert placement for ", needed.size(),
@@ -236,7 +249,7 @@ absl::Status V4Moe::SwitchPlacement(std::shared_ptr<const ExpertPlacement> place
   }
   for (int64_t l = 0; l < layers; ++l) {
     for (int64_t e : needed[l]) {
-      if (!weights_->moe.layers[l].experts.count(e) && !loaded[l].count(e)) {
+      if (!layers_[l].weights->experts.count(e) && !loaded[l].count(e)) {
         return absl::FailedPreconditionError(absl::StrCat(
             "expert ", e, " of layer ", l, " is needed by the new placement but not loaded"));
       }
@@ -244,7 +257,7 @@ absl::Status V4Moe::SwitchPlacement(std::shared_ptr<const ExpertPlacement> place
   }
   if (absl::Status st = dispatcher_->SetPlacement(std::move(placement)); !st.ok()) return st;
   for (int64_t l = 0; l < layers; ++l) {
-    std::map<int64_t, MlpWeights>& experts = weights_->moe.layers[l].experts;
+    std::map<int64_t, MlpWeights>& experts = layers_[l].weights->experts;
     std::map<int64_t, MlpWeights> kept;
     for (int64_t e : needed[l]) {
       if (kept.count(e)) continue;

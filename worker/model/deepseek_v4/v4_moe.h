@@ -7,7 +7,8 @@
 // one) run as one device op instead (Backend::RoutedExperts / RoutedAndSharedExperts with
 // RoutedExpertsArgs::swiglu_limit; the routing stays on the device, as V3's MoeBlock): no host
 // synchronisation, so the step can be recorded. Keeps the EPLB expert counts and switches
-// placements (MoE layer = layer).
+// placements (MoE layer = index in `layers`: the model's layers, or an MTP module's block, which
+// the model runs as a V4Moe of its own).
 #ifndef DEEPINFER_WORKER_MODEL_DEEPSEEK_V4_V4_MOE_H_
 #define DEEPINFER_WORKER_MODEL_DEEPSEEK_V4_V4_MOE_H_
 
@@ -26,12 +27,22 @@
 
 namespace deepinfer {
 
+// One MoE layer's weights: router (+ correction bias), shared and routed experts; the hash
+// router's table (int32 [vocab, top_k]) on hash_moe layers, else null.
+struct V4MoeLayer {
+  LayerWeights* weights = nullptr;
+  const DeviceBuffer* hash_table = nullptr;
+};
+
 class V4Moe {
  public:
-  // `drop_graphs` is called whenever the expert tables (whose addresses recorded decode graphs
-  // hold) change.
-  V4Moe(const DeepseekV4Config& config, DeepseekV4Weights* weights, Backend* backend,
-        std::unique_ptr<ExpertDispatcher> dispatcher, std::function<void()> drop_graphs);
+  // `weights` gives the matrices' dtype; `layers` the MoE layers this block runs. `drop_graphs`
+  // is called whenever the expert tables (whose addresses recorded decode graphs hold) change.
+  V4Moe(const DeepseekV4Config& config, DeepseekV4Weights* weights, std::vector<V4MoeLayer> layers,
+        Backend* backend, std::unique_ptr<ExpertDispatcher> dispatcher,
+        std::function<void()> drop_graphs);
+  // The model's layers (DeepseekV4Weights::moe and the hash tables).
+  static std::vector<V4MoeLayer> ModelLayers(DeepseekV4Weights* weights);
 
   // How Forward runs the experts.
   struct Mode {
@@ -70,6 +81,7 @@ class V4Moe {
 
   const DeepseekV4Config& config_;
   DeepseekV4Weights* weights_;
+  const std::vector<V4MoeLayer> layers_;
   Backend* backend_;
   std::unique_ptr<ExpertDispatcher> dispatcher_;
   const std::function<void()> drop_graphs_;

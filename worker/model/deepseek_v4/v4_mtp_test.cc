@@ -4,7 +4,7 @@
 // experts MXFP4, as the release stores them. Loading keeps the module (counts, shapes, a
 // dequantised value of each format checked against what was written, DeviceBytes), a missing or
 // misshaped MTP tensor is an error naming it unless no draft layers are asked for, and the model
-// built through the registry keeps them while its Draft is UNIMPLEMENTED.
+// built through the registry keeps them and drafts with them.
 #include <sys/stat.h>
 
 #include <cstdlib>
@@ -279,8 +279,9 @@ TEST_F(V4MtpTest, MissingOrMisshapedTensorIsNamed) {
 }
 
 // Through the registry: ModelConfig::num_draft_layers asks for the modules (as for DeepSeek-V3),
-// the model keeps them and steps as without them; Draft says it is not implemented for V4.
-TEST_F(V4MtpTest, TheModelKeepsTheModulesAndRefusesToDraft) {
+// the model keeps them (a cache layer each) and steps as without them; Draft runs module 0 over
+// a step's residual streams and refuses rows of the wrong width.
+TEST_F(V4MtpTest, TheModelKeepsTheModulesAndDrafts) {
   auto config = ModelConfig::FromJson(ConfigJson(), "config.json");
   ASSERT_TRUE(config.ok()) << config.status();
   EXPECT_EQ(config->num_nextn_predict_layers, 1);
@@ -294,14 +295,36 @@ TEST_F(V4MtpTest, TheModelKeepsTheModulesAndRefusesToDraft) {
   KvBlockPoolOptions o{(*model)->CacheSpec(), 8, 16};
   auto pool = KvBlockPool::Create(&backend_, o);
   ASSERT_TRUE(pool.ok()) << pool.status();
-  auto draft = (*model)->Draft({}, pool->get());
-  EXPECT_EQ(draft.status().code(), absl::StatusCode::kUnimplemented);
-  EXPECT_THAT(std::string(draft.status().message()), HasSubstr("DeepSeek-V4"));
+  EXPECT_EQ((*model)->CacheSpec().num_layers(), config_.num_layers + 1);
+  EXPECT_TRUE((*model)->Draft({}, pool->get()).ok());
   SequenceStep s;
   s.tokens = {3, 14, 15, 92};
   s.block_table = {0};
+  s.return_hidden = true;
   ASSERT_TRUE((*pool)->Allocate(1).ok());
-  EXPECT_TRUE((*model)->Step({s}, pool->get()).ok());
+  auto step = (*model)->Step({s}, pool->get());
+  ASSERT_TRUE(step.ok()) << step.status();
+  const size_t width = config_.hc_mult * config_.hidden_size;
+  ASSERT_EQ(step->hidden.size(), 1u);
+  EXPECT_EQ(step->hidden[0].size(), 4 * width);
+  DraftStep d;
+  d.tokens = {14, 15, 92, 65};
+  d.hidden = step->hidden[0];
+  d.block_table = {0};
+  auto draft = (*model)->Draft({d}, pool->get());
+  ASSERT_TRUE(draft.ok()) << draft.status();
+  ASSERT_EQ(draft->token.size(), 1u);
+  EXPECT_GE(draft->token[0], 0);
+  EXPECT_LT(draft->token[0], config_.vocab_size);
+  EXPECT_GT(draft->probability[0], 0.0f);
+  EXPECT_EQ(draft->hidden[0].size(), width);
+  d.hidden.resize(4 * config_.hidden_size);  // one stream per row instead of hc_mult
+  absl::Status narrow = (*model)->Draft({d}, pool->get()).status();
+  EXPECT_EQ(narrow.code(), absl::StatusCode::kInvalidArgument) << narrow;
+  EXPECT_THAT(std::string(narrow.message()), HasSubstr("residual streams"));
+  d.hidden = step->hidden[0];
+  d.module = 1;
+  EXPECT_EQ((*model)->Draft({d}, pool->get()).status().code(), absl::StatusCode::kInvalidArgument);
   // More modules than the checkpoint has.
   config->num_draft_layers = 2;
   absl::Status st = BuildModel(*config, ck->get(), &backend_).status();

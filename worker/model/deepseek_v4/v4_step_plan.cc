@@ -159,18 +159,20 @@ absl::StatusOr<std::unique_ptr<V4StepPlan>> V4StepPlan::Build(const Inputs& in, 
     const KvCacheGroupSpec& g = spec.groups[gi];
     V4GroupPlan& gp = plan->groups_[gi];
     const int64_t SF = g.StateFloats();
-    // The window ring keeps each sequence's last W keys.
+    // The window ring keeps each sequence's last window_rows() keys (the window and the spare
+    // rows of a verification's drafts).
+    const int64_t WR = g.window_rows();
     Moves ring;
     if (padded) {
       for (int64_t t = 0; t < T; ++t) {
         const V4Sequence* q = seq_of[t];
-        ring.Add(t * D, q != nullptr ? q->slot * SF + (q->offset % W) * D : -1);
+        ring.Add(t * D, q != nullptr ? q->slot * SF + (q->offset % WR) * D : -1);
       }
     } else {
       for (const V4Sequence& q : seqs) {
         const int64_t end = q.offset + q.num_tokens;
-        for (int64_t p = std::max(q.offset, end - W); p < end; ++p) {
-          ring.Add((q.first_row + p - q.offset) * D, q.slot * SF + (p % W) * D);
+        for (int64_t p = std::max(q.offset, end - WR); p < end; ++p) {
+          ring.Add((q.first_row + p - q.offset) * D, q.slot * SF + (p % WR) * D);
         }
       }
     }
