@@ -1189,9 +1189,9 @@ std::string FormatBenchReport(const BenchConfig& c, const BenchResult& r) {
     }
     absl::StrAppendFormat(
         &out,
-        "speculative: batch %d, K %d, position %d, %d timed calls each: decode step p50 %.4f s "
-        "p99 %.4f s; verify step (%d x %d rows, all logits and hidden states to the host) p50 "
-        "%.4f s p99 %.4f s; draft call (%d rows) p50 %.4f s p99 %.4f s; verify/decode %.3f; "
+        "speculative: batch %d, K %d, position %d, %d timed calls each: decode step p50 %.6f s "
+        "p99 %.6f s; verify step (%d x %d rows, all logits and hidden states to the host) p50 "
+        "%.6f s p99 %.6f s; draft call (%d rows) p50 %.6f s p99 %.6f s; verify/decode %.3f; "
         "speed-up E[tokens] x decode / (verify + K x draft) at alpha %s\n",
         sp.batch, sp.drafts, sp.position, sp.calls, sp.decode_p50_seconds, sp.decode_p99_seconds,
         sp.batch, 1 + sp.drafts, sp.verify_p50_seconds, sp.verify_p99_seconds, sp.batch,

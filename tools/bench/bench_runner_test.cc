@@ -3,7 +3,8 @@
 // report holds no H200 roofline and no CUDA graph line; the cuda report's roofline and graph
 // lines from a made-up result; the flag helpers and the refusals. Expert parallelism (--ranks 2 and
 // 4, TCP between threads) against the one-rank run: every rank's sequence 0 decodes the one-rank
-// run's greedy tokens.
+// run's greedy tokens. --speculative-tokens: the decode, verify and draft times per batch size
+// and the speed-up model against hand-worked numbers.
 #include "tools/bench/bench_runner.h"
 
 #include <cmath>

@@ -2,7 +2,8 @@
 # bench_scripts_test: sweep.sh writes one CSV row per (context, request count), and
 # combine_results.py puts ours and an HF result side by side with ratios computed from the
 # inputs; deepinfer-bench refuses the Ascend backend (a design only) with one line. Runs
-# deepinfer-bench on the CPU with the small parity fixture's config.
+# deepinfer-bench on the CPU with the small parity fixture's config; --speculative-tokens is
+# parsed and its figures reach the JSON, bad values are refused.
 #   bench_scripts_test.sh DEEPINFER_BENCH SWEEP_SH COMBINE_PY CONFIG_JSON
 set -euo pipefail
 bench=$1 sweep=$2 combine=$3 config=$4
