@@ -403,29 +403,25 @@ absl::Status MeasureSpeculative(const BenchConfig& bc, CausalLm* model, KvBlockP
     v.return_logits = true;
     v.return_hidden = true;
   }
-  // Times `call` output_len times; the ones after the warm-up into `times`.
-  auto timed = [&](auto call, std::vector<double>* times) -> absl::Status {
+  // Times `call` (a StatusOr) output_len times, the ones after the warm-up into `times`; each
+  // result is destroyed after its clock stops, the last one kept in *last.
+  auto timed = [&](auto call, std::vector<double>* times, auto* last) -> absl::Status {
     for (int64_t i = 0; i < bc.output_len; ++i) {
       const Clock::time_point t0 = Clock::now();
-      absl::Status st = call();
+      auto out = call();
       const Clock::time_point t1 = Clock::now();
-      if (!st.ok()) return st;
+      if (!out.ok()) return out.status();
       if (i >= bc.warmup) times->push_back(Seconds(t0, t1));
+      if (i + 1 == bc.output_len) *last = *std::move(out);
     }
     return absl::OkStatus();
   };
-  absl::Status st = timed([&]() -> absl::Status { return model->Step(seqs, pool).status(); },
-                          &d->spec_decode_seconds);
+  StepOutput decoded, verified;
+  DraftOutput drafted;
+  absl::Status st =
+      timed([&] { return model->Step(seqs, pool); }, &d->spec_decode_seconds, &decoded);
   if (!st.ok()) return st;
-  StepOutput verified;
-  st = timed(
-      [&]() -> absl::Status {
-        auto out = model->Step(verify, pool);
-        if (!out.ok()) return out.status();
-        verified = *std::move(out);
-        return absl::OkStatus();
-      },
-      &d->verify_seconds);
+  st = timed([&] { return model->Step(verify, pool); }, &d->verify_seconds, &verified);
   if (!st.ok()) return st;
   // One row per sequence: a draft token at the sequence's position with the verify step's last
   // hidden state (a recursive round's input).
@@ -442,8 +438,7 @@ absl::Status MeasureSpeculative(const BenchConfig& bc, CausalLm* model, KvBlockP
     drafts[i].block_table = seqs[i].block_table;
     drafts[i].module = 0;
   }
-  return timed([&]() -> absl::Status { return model->Draft(drafts, pool).status(); },
-               &d->draft_seconds);
+  return timed([&] { return model->Draft(drafts, pool); }, &d->draft_seconds, &drafted);
 }
 
 // One rank's whole benchmark (RunBenchmark's loop); every rank runs the same steps.
