@@ -5,6 +5,8 @@
 //   deepinfer-bench --model DIR --load-format dummy --backend cuda --decode-num-requests 1,128
 //       --context-length 1024 --prefill-batch-tokens 32768 --output-len 16 [--json] [--csv F]
 //   expert parallel over 2 GPUs: ... --ranks 2 [--communicator nccl] [--time-all-to-all]
+//   speculative decoding's cost: --model configs/moonlight_shaped_mtp.json ... --speculative-tokens
+//   3
 #include <malloc.h>
 
 #include <cstdlib>
@@ -171,6 +173,15 @@ int main(int argc, char** argv) {
   flags.AddBool("compare-eager-decode", &config.compare_eager_decode,
                 "With --cuda-graphs: measure every decode batch size again with graphs off\n"
                 "(the same sequences, --output-len more steps), in the same process.");
+  flags.AddInt("speculative-tokens", &config.speculative_tokens,
+               "K >= 1: speculative decoding's cost (docs/engine.md). The model is built with\n"
+               "its draft head (the config needs num_nextn_predict_layers >= 1, e.g.\n"
+               "configs/moonlight_shaped_mtp.json), and after each request count's decode steps\n"
+               "the same N sequences, at one position, time --output-len plain decode steps,\n"
+               "verify steps of N x (1 + K) rows (all logits and hidden states to the host, as\n"
+               "the engine verifies) and one-row draft-head calls, each minus --warmup; reports\n"
+               "verify/decode and the speed-up E[tokens] x decode / (verify + K x draft) at\n"
+               "acceptance 0.5..0.9. One rank. 0 (default): not measured.");
   flags.AddBool("json", &json, "Print one JSON object instead of the text report.");
   flags.AddString("csv", &csv, "Append one CSV row per request count (header if the file is new).");
   if (int rc = flags.ParseMain(argc, argv, "deepinfer-bench"); rc >= 0) return rc;

@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstdint>
 #include <limits>
 #include <memory>
@@ -109,9 +110,11 @@ int32_t Argmax(const std::vector<float>& l) {
   return static_cast<int32_t>(std::max_element(l.begin(), l.end()) - l.begin());
 }
 
-// Writes uniform values in [-1, 1) over every layer's cache (all blocks): decode then reads
-// a cache of realistic magnitude without prefill steps having written it.
-void FillCacheRandom(Backend* backend, const KvBlockPool& pool, uint32_t seed) {
+// Writes uniform values in [-1, 1) over the cache of every layer from first_layer on (all
+// blocks): decode then reads a cache of realistic magnitude without prefill steps having
+// written it.
+void FillCacheRandom(Backend* backend, const KvBlockPool& pool, uint32_t seed,
+                     int32_t first_layer = 0) {
   const KvBlockPoolOptions& o = pool.options();
   // Every group of this model's spec has one entry type (PagedLatentSpec).
   const KvCacheGroupSpec& g = o.spec.groups[0];
@@ -130,7 +133,7 @@ void FillCacheRandom(Backend* backend, const KvBlockPool& pool, uint32_t seed) {
       QuantizeFp8LatentEntry(values.data(), g.latent_dim, values.data() + g.latent_dim, g.rope_dim,
                              chunk.data() + e * entry);
     }
-    for (int32_t layer = 0; layer < o.spec.num_layers(); ++layer) {
+    for (int32_t layer = first_layer; layer < o.spec.num_layers(); ++layer) {
       char* dst = static_cast<char*>(pool.LayerData(layer));
       for (int64_t done = 0; done < entries;) {
         const int64_t shift = (layer * 7919 + done) % chunk_entries;
@@ -157,7 +160,7 @@ void FillCacheRandom(Backend* backend, const KvBlockPool& pool, uint32_t seed) {
   const size_t elem = WeightDTypeSize(g.dtype);
   const char* src = bf16 ? reinterpret_cast<const char*>(chunk16.data())
                          : reinterpret_cast<const char*>(chunk.data());
-  for (int32_t layer = 0; layer < o.spec.num_layers(); ++layer) {
+  for (int32_t layer = first_layer; layer < o.spec.num_layers(); ++layer) {
     char* dst = static_cast<char*>(pool.LayerData(layer));
     for (size_t done = 0; done < per_layer;) {
       const size_t shift = (layer * 7919 + done) % chunk.size();
@@ -187,6 +190,10 @@ struct RankDecodeTimes {
   std::vector<double> unfused_step_seconds;
   // compare_pdl_off_decode: output_len more steps with PDL off.
   std::vector<double> pdl_off_step_seconds;
+  // speculative_tokens > 0: at one position, the timed plain decode steps, verify steps and
+  // draft-head calls.
+  int64_t speculative_position = 0;
+  std::vector<double> spec_decode_seconds, verify_seconds, draft_seconds;
 };
 
 struct RankOutput {
@@ -330,6 +337,7 @@ absl::Status SetUpRank(const BenchConfig& bc, int64_t rank, int64_t blocks, Rank
   spec.kv_cache_dtype = bc.kv_cache_dtype;
   spec.block_size = static_cast<int32_t>(bc.block_size);
   spec.kv_cache_blocks = blocks;
+  spec.draft_layers = bc.speculative_tokens > 0 ? 1 : 0;
   RankHooks hooks;
   hooks.on_communicator = [set = s->set](comm::Communicator* c) { return set->Add(c); };
   hooks.wrap_exchange = [s](comm::Communicator* data,
@@ -344,19 +352,94 @@ absl::Status SetUpRank(const BenchConfig& bc, int64_t rank, int64_t blocks, Rank
   // Process-wide (every rank sets the same value; with ranks > 1 in one process the PDL-off
   // comparison toggles it for all of them, which changes their timing, never their results).
   kernels::SetProgrammaticDependentLaunch(bc.pdl);
-  if (bc.decode_fill == "random") {
-    if (s->parts.model->CacheSpec().StateBytesPerSequence() > 0) {
+  if (bc.speculative_tokens > 0 && s->parts.model->num_draft_layers() < 1) {
+    return absl::InvalidArgumentError(
+        "bench: --speculative-tokens needs a model with a draft head (DeepSeek-V3's MTP module)");
+  }
+  if (s->parts.model->CacheSpec().StateBytesPerSequence() > 0) {
+    // Random values fill the paged cache only, not DeepSeek-V4's windows and compressors.
+    if (bc.decode_fill == "random") {
       return absl::InvalidArgumentError(
           "bench: --decode-fill random fills the paged cache only, and this model's cache also "
           "keeps per-sequence state (DeepSeek-V4's windows and compressors): use --decode-fill "
           "prefill");
     }
+    if (bc.speculative_tokens > 0) {
+      return absl::InvalidArgumentError(
+          "bench: --speculative-tokens fills the draft head's paged cache with random values, "
+          "and this model's cache also keeps per-sequence state: DeepSeek-V3-family models "
+          "only");
+    }
+  }
+  if (bc.decode_fill == "random") {
     FillCacheRandom(s->parts.backend.get(), *s->parts.pool, 99);
+  } else if (bc.speculative_tokens > 0) {
+    // The draft head's layers (after the model's): no step of the benchmark fills them.
+    FillCacheRandom(s->parts.backend.get(), *s->parts.pool, 99,
+                    static_cast<int32_t>(s->parts.model->config().num_hidden_layers));
   }
   s->parts.backend->Synchronize();
   // Every rank has its weights before anyone steps.
   if (s->parts.group != nullptr) return s->parts.group->Barrier();
   return absl::OkStatus();
+}
+
+// Speculative decoding's costs at the sequences' current position (see bench_runner.h): plain
+// decode steps, verify steps (the last token and K random drafts per sequence, every row's logits
+// and hidden states to the host, as Engine forms them) and one-row draft-head calls, output_len
+// of each, all rewriting the same cache entries; the timed ones (after the warm-up) into `d`.
+absl::Status MeasureSpeculative(const BenchConfig& bc, CausalLm* model, KvBlockPool* pool,
+                                const std::vector<SequenceStep>& seqs, RankDecodeTimes* d) {
+  const int64_t k = bc.speculative_tokens;
+  // Its own stream: the prompts of the next batch size stay those of a run without this.
+  std::mt19937 gen(4321);
+  std::uniform_int_distribution<int32_t> tok(0,
+                                             static_cast<int32_t>(model->config().vocab_size - 1));
+  d->speculative_position = seqs[0].position_offset;
+  std::vector<SequenceStep> verify = seqs;
+  for (SequenceStep& v : verify) {
+    for (int64_t i = 0; i < k; ++i) v.tokens.push_back(tok(gen));
+    v.sampling.reset();
+    v.all_logits = true;
+    v.return_logits = true;
+    v.return_hidden = true;
+  }
+  // Times `call` (a StatusOr) output_len times, the ones after the warm-up into `times`; each
+  // result is destroyed after its clock stops, the last one kept in *last.
+  auto timed = [&](auto call, std::vector<double>* times, auto* last) -> absl::Status {
+    for (int64_t i = 0; i < bc.output_len; ++i) {
+      const Clock::time_point t0 = Clock::now();
+      auto out = call();
+      const Clock::time_point t1 = Clock::now();
+      if (!out.ok()) return out.status();
+      if (i >= bc.warmup) times->push_back(Seconds(t0, t1));
+      if (i + 1 == bc.output_len) *last = *std::move(out);
+    }
+    return absl::OkStatus();
+  };
+  StepOutput decoded, verified;
+  DraftOutput drafted;
+  absl::Status st =
+      timed([&] { return model->Step(seqs, pool); }, &d->spec_decode_seconds, &decoded);
+  if (!st.ok()) return st;
+  st = timed([&] { return model->Step(verify, pool); }, &d->verify_seconds, &verified);
+  if (!st.ok()) return st;
+  // One row per sequence: a draft token at the sequence's position with the verify step's last
+  // hidden state (a recursive round's input).
+  const size_t hidden = static_cast<size_t>(model->config().hidden_size);
+  std::vector<DraftStep> drafts(seqs.size());
+  for (size_t i = 0; i < seqs.size(); ++i) {
+    const std::vector<float>& h = verified.hidden[i];
+    if (h.size() < hidden) {
+      return absl::InternalError("bench: the verify step returned no hidden states");
+    }
+    drafts[i].tokens = {tok(gen)};
+    drafts[i].hidden.assign(h.end() - hidden, h.end());
+    drafts[i].position_offset = seqs[i].position_offset;
+    drafts[i].block_table = seqs[i].block_table;
+    drafts[i].module = 0;
+  }
+  return timed([&] { return model->Draft(drafts, pool); }, &d->draft_seconds, &drafted);
 }
 
 // One rank's whole benchmark (RunBenchmark's loop); every rank runs the same steps.
@@ -370,7 +453,8 @@ absl::Status RunRank(const BenchConfig& bc, int64_t rank, RankState* s, RankOutp
   const int64_t decode_runs = 1 + (compare_eager ? 1 : 0) + (bc.compare_unfused_decode ? 1 : 0) +
                               (bc.compare_pdl_off_decode ? 1 : 0);
   const int64_t per_seq_blocks =
-      (ctx + bc.output_len * decode_runs + synced + bc.op_timing_steps + bc.block_size) /
+      (ctx + bc.output_len * decode_runs + synced + bc.op_timing_steps +
+       (bc.speculative_tokens > 0 ? bc.speculative_tokens + 1 : 0) + bc.block_size) /
       bc.block_size;
   int64_t max_n = 0;
   for (int64_t n : bc.decode_num_requests) max_n = std::max(max_n, n);
@@ -619,6 +703,11 @@ absl::Status RunRank(const BenchConfig& bc, int64_t rank, RankState* s, RankOutp
       }));
     }
     if (!timed_status.ok()) return timed_status;
+    if (bc.speculative_tokens > 0) {
+      if (absl::Status st = MeasureSpeculative(bc, model, pool, seqs, &d); !st.ok()) {
+        return st;
+      }
+    }
     if (absl::Status st = free_seqs(seqs); !st.ok()) return st;
     o->decode.push_back(std::move(d));
   }
@@ -715,6 +804,13 @@ absl::StatusOr<BenchResult> RunBenchmark(const BenchConfig& bc) {
   }
   auto prefill_form = ParsePrefillAttention(bc.prefill_attention);
   if (!prefill_form.ok()) return prefill_form.status();
+  if (bc.speculative_tokens < 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "bench: --speculative-tokens must be >= 0 (0: not measured), not ", bc.speculative_tokens));
+  }
+  if (bc.speculative_tokens > 0 && bc.ranks != 1) {
+    return absl::InvalidArgumentError("bench: --speculative-tokens measures one rank (--ranks 1)");
+  }
   const int64_t ranks = bc.ranks;
   if (ranks < 1) {
     return absl::InvalidArgumentError(absl::StrCat("bench: --ranks must be >= 1, not ", ranks));
@@ -930,8 +1026,34 @@ absl::StatusOr<BenchResult> RunBenchmark(const BenchConfig& bc) {
     if (!outputs[0].decode[which].pdl_off_step_seconds.empty()) {  // compare_pdl_off_decode
       r.decode.push_back(timed_run(pdl_off, before, r.cuda_graphs, bc.fused_ops, false));
     }
+    if (bc.speculative_tokens > 0) {
+      const RankDecodeTimes& t = outputs[0].decode[which];  // one rank
+      SpeculativeResult sp;
+      sp.batch = n;
+      sp.drafts = bc.speculative_tokens;
+      sp.position = t.speculative_position;
+      sp.calls = static_cast<int64_t>(t.verify_seconds.size());
+      sp.decode_p50_seconds = Percentile(t.spec_decode_seconds, 0.5);
+      sp.decode_p99_seconds = Percentile(t.spec_decode_seconds, 0.99);
+      sp.verify_p50_seconds = Percentile(t.verify_seconds, 0.5);
+      sp.verify_p99_seconds = Percentile(t.verify_seconds, 0.99);
+      sp.draft_p50_seconds = Percentile(t.draft_seconds, 0.5);
+      sp.draft_p99_seconds = Percentile(t.draft_seconds, 0.99);
+      r.speculative.push_back(sp);
+    }
   }
   return r;
+}
+
+double SpeculativeExpectedTokens(double alpha, int64_t k) {
+  if (alpha >= 1) return static_cast<double>(k + 1);
+  return (1 - std::pow(alpha, static_cast<double>(k + 1))) / (1 - alpha);
+}
+
+double SpeculativeSpeedup(double alpha, int64_t k, double decode_seconds, double verify_seconds,
+                          double draft_seconds) {
+  return SpeculativeExpectedTokens(alpha, k) * decode_seconds /
+         (verify_seconds + static_cast<double>(k) * draft_seconds);
 }
 
 std::string FormatBenchReport(const BenchConfig& c, const BenchResult& r) {
@@ -1053,6 +1175,24 @@ std::string FormatBenchReport(const BenchConfig& c, const BenchResult& r) {
                       "): ", Join(k.seq0_tokens), "\n");
     }
   }
+  for (const SpeculativeResult& sp : r.speculative) {
+    std::string speedups;
+    for (double a : kSpeculativeAlphas) {
+      absl::StrAppendFormat(&speedups, "%s%.1f: %.3f", speedups.empty() ? "" : ", ", a,
+                            SpeculativeSpeedup(a, sp.drafts, sp.decode_p50_seconds,
+                                               sp.verify_p50_seconds, sp.draft_p50_seconds));
+    }
+    absl::StrAppendFormat(
+        &out,
+        "speculative: batch %d, K %d, position %d, %d timed calls each: decode step p50 %.6f s "
+        "p99 %.6f s; verify step (%d x %d rows, all logits and hidden states to the host) p50 "
+        "%.6f s p99 %.6f s; draft call (%d rows) p50 %.6f s p99 %.6f s; verify/decode %.3f; "
+        "speed-up E[tokens] x decode / (verify + K x draft) at alpha %s\n",
+        sp.batch, sp.drafts, sp.position, sp.calls, sp.decode_p50_seconds, sp.decode_p99_seconds,
+        sp.batch, 1 + sp.drafts, sp.verify_p50_seconds, sp.verify_p99_seconds, sp.batch,
+        sp.draft_p50_seconds, sp.draft_p99_seconds, sp.verify_p50_seconds / sp.decode_p50_seconds,
+        speedups);
+  }
   if (r.backend == "cuda") {
     absl::StrAppendFormat(
         &out, "cuda_graphs: %s (max batch %d), %d decode steps on the graph path\n",
@@ -1124,6 +1264,26 @@ std::string FormatBenchJson(const BenchConfig& c, const BenchResult& r) {
         d.exchange_bytes_per_step, d.all_to_all_seconds_per_step, d.synced_step_p50_seconds,
         json_list(d.seq0_tokens), per_rank);
   }
+  std::string speculative;
+  for (const SpeculativeResult& sp : r.speculative) {
+    std::string speedups;
+    for (double a : kSpeculativeAlphas) {
+      absl::StrAppendFormat(&speedups, "%s{\"alpha\": %.1f, \"speedup\": %.6f}",
+                            speedups.empty() ? "" : ", ", a,
+                            SpeculativeSpeedup(a, sp.drafts, sp.decode_p50_seconds,
+                                               sp.verify_p50_seconds, sp.draft_p50_seconds));
+    }
+    absl::StrAppendFormat(
+        &speculative,
+        "%s{\"requests\": %d, \"drafts\": %d, \"position\": %d, \"timed_calls\": %d, "
+        "\"decode_p50_s\": %.6f, \"decode_p99_s\": %.6f, \"verify_p50_s\": %.6f, "
+        "\"verify_p99_s\": %.6f, \"draft_p50_s\": %.6f, \"draft_p99_s\": %.6f, "
+        "\"verify_over_decode\": %.6f, \"speedup\": [%s]}",
+        speculative.empty() ? "" : ", ", sp.batch, sp.drafts, sp.position, sp.calls,
+        sp.decode_p50_seconds, sp.decode_p99_seconds, sp.verify_p50_seconds, sp.verify_p99_seconds,
+        sp.draft_p50_seconds, sp.draft_p99_seconds, sp.verify_p50_seconds / sp.decode_p50_seconds,
+        speedups);
+  }
   // The model string is a path: escape the two characters JSON strings cannot hold raw.
   const std::string model = absl::StrReplaceAll(c.model, {{"\\", "\\\\"}, {"\"", "\\\""}});
   return absl::StrFormat(
@@ -1137,14 +1297,14 @@ std::string FormatBenchJson(const BenchConfig& c, const BenchResult& r) {
       "\"cuda_graphs\": %s, \"decode_graph_steps\": %d, \"graph_mem_peak_bytes\": %d, "
       "\"pause_before_decode_ms\": %d, \"kv_cache_dtype\": \"%s\", "
       "\"kv_cache_bytes_per_token\": %d, \"kv_cache_tokens_per_gib\": %d, "
-      "\"kv_cache_blocks\": %d}\n",
+      "\"kv_cache_blocks\": %d, \"speculative\": [%s]}\n",
       model, r.backend, c.dtype, r.bytes_per_value, r.ranks, r.data_plane, r.param_count,
       r.load_seconds, c.context_length, peak(c.peak_bytes_per_s), peak(c.peak_flops_per_s),
       r.prefill_tokens_per_step, r.prefill_step_seconds, r.prefill_warmup_step_seconds,
       r.prefill_tokens_per_s, fraction(r.prefill_roofline_fraction), r.prefill_bytes_per_step,
       r.prefill_flops_per_step, decode, r.device_bytes_reserved_peak, graphs(r.cuda_graphs),
       r.decode_graph_steps, r.graph_bytes_reserved_peak, c.pause_before_decode_ms, r.kv_cache_dtype,
-      r.kv_cache_bytes_per_token, r.kv_cache_tokens_per_gib(), r.kv_cache_blocks);
+      r.kv_cache_bytes_per_token, r.kv_cache_tokens_per_gib(), r.kv_cache_blocks, speculative);
 }
 
 std::string BenchCsvHeader() {

@@ -26,6 +26,17 @@
 // prompts are the one-rank run's; on every rank sequence 0's prompt is rank 0's sequence 0, the
 // others are the rank's own, so every rank's sequence 0 must decode the same greedy tokens as
 // the one-rank run. A step's time is the slowest rank's.
+// Speculative decoding's cost (`speculative_tokens` K > 0; docs/engine.md "Speculative
+// decoding"): the model is built with its draft head (its first MTP module; the config needs
+// num_nextn_predict_layers >= 1), and after each batch size's decode steps (and any comparison
+// and op-timed steps) the same N sequences, all at their current position P, run three sets of
+// output_len calls (the first `warmup` of each untimed), each call rewriting the same cache
+// entries: (a) plain decode steps (as above), (b) verify steps as the engine forms them (per
+// sequence its last token and K drafts, 1 + K varlen rows with every row's logits and hidden
+// states copied to the host, no sampling: such steps skip the decode graphs), (c) draft-head
+// calls of one row per sequence (CausalLm::Draft, module 0, a recursive round's shape) with the
+// verify step's last hidden state. The draft head's cache layers hold random values (as
+// decode_fill "random" writes them), since no step fills them. One rank only.
 // The expert exchange is measured by an ExchangeMeter (exchange_meter.h) between the
 // dispatcher and the communicator: calls and bytes sent to other ranks per step always; with
 // `time_all_to_all`, after the timed steps of each N, as many more steps run with the backend
@@ -124,6 +135,8 @@ struct BenchConfig {
   // After each batch size's timed steps (and the eager and unfused ones), output_len more steps
   // of the same sequences with PDL off (decode graphs recorded again), a further decode result.
   bool compare_pdl_off_decode = false;
+  // Speculative decoding's cost (see the top comment): K drafts per sequence, 0 = not measured.
+  int64_t speculative_tokens = 0;
   double peak_bytes_per_s = 4.3e12;
   double peak_flops_per_s = 790e12;
 };
@@ -169,6 +182,28 @@ struct DecodeResult {
   bool pdl = true;                          // measured with programmatic dependent launch
 };
 
+// Speculative decoding's step costs at one batch size (BenchConfig::speculative_tokens).
+struct SpeculativeResult {
+  int64_t batch = 0;
+  int64_t drafts = 0;    // K
+  int64_t position = 0;  // cached tokens per sequence before the measured rows
+  int64_t calls = 0;     // timed, of each kind
+  double decode_p50_seconds = 0, decode_p99_seconds = 0;  // (a) plain decode step
+  double verify_p50_seconds = 0, verify_p99_seconds = 0;  // (b) N x (1 + K) rows
+  double draft_p50_seconds = 0, draft_p99_seconds = 0;    // (c) one draft-head call, N rows
+};
+
+// The acceptance rates the reports price the speed-up at.
+inline constexpr double kSpeculativeAlphas[] = {0.5, 0.6, 0.7, 0.8, 0.9};
+
+// docs/engine.md's speed-up model: a sequence's expected tokens per step with k drafts, each
+// accepted with probability alpha given the ones before, (1 - alpha^(k+1)) / (1 - alpha)
+// (k + 1 at alpha = 1), and the speed-up over plain decoding,
+// E[tokens] x t(decode) / (t(verify) + k x t(draft)).
+double SpeculativeExpectedTokens(double alpha, int64_t k);
+double SpeculativeSpeedup(double alpha, int64_t k, double decode_seconds, double verify_seconds,
+                          double draft_seconds);
+
 struct BenchResult {
   std::string backend;
   // Whether the roofline fractions were computed: BenchConfig's peaks are an H200's, so only a
@@ -204,7 +239,9 @@ struct BenchResult {
   std::string prefill_attention_form = "absorbed";
   double prefill_bytes_per_step = 0;  // roofline cost of one prefill step
   double prefill_flops_per_step = 0;
-  std::vector<DecodeResult> decode;         // one per BenchConfig::decode_num_requests
+  std::vector<DecodeResult> decode;  // one per BenchConfig::decode_num_requests
+  // speculative_tokens > 0: one per BenchConfig::decode_num_requests.
+  std::vector<SpeculativeResult> speculative;
   int64_t device_bytes_reserved_peak = -1;  // -1: the backend cannot say (max over ranks)
   // CUDA graph allocator (the recorded decode steps' activations), apart from the above.
   int64_t graph_bytes_reserved_peak = -1;

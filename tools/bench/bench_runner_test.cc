@@ -3,7 +3,8 @@
 // report holds no H200 roofline and no CUDA graph line; the cuda report's roofline and graph
 // lines from a made-up result; the flag helpers and the refusals. Expert parallelism (--ranks 2 and
 // 4, TCP between threads) against the one-rank run: every rank's sequence 0 decodes the one-rank
-// run's greedy tokens.
+// run's greedy tokens. --speculative-tokens: the decode, verify and draft times per batch size
+// and the speed-up model against hand-worked numbers.
 #include "tools/bench/bench_runner.h"
 
 #include <cmath>
@@ -536,6 +537,82 @@ TEST(BenchRunnerTest, SampledDecodeSameOnDeviceAndHost) {
   ASSERT_EQ(host->decode.size(), 1u);
   EXPECT_EQ(device->decode[0].seq0_tokens, host->decode[0].seq0_tokens);
   EXPECT_EQ(device->decode[0].seq0_tokens.size(), 5u);
+}
+
+// docs/engine.md's speed-up model against numbers worked by hand.
+TEST(BenchRunnerTest, SpeculativeSpeedupModel) {
+  // K = 3, alpha 0.5: 1 + 0.5 + 0.25 + 0.125 = 1.875 tokens; alpha 0.8: 1 + 0.8 + 0.64 + 0.512.
+  EXPECT_NEAR(SpeculativeExpectedTokens(0.5, 3), 1.875, 1e-12);
+  EXPECT_NEAR(SpeculativeExpectedTokens(0.8, 3), 2.952, 1e-12);
+  EXPECT_NEAR(SpeculativeExpectedTokens(0.9, 1), 1.9, 1e-12);
+  EXPECT_EQ(SpeculativeExpectedTokens(0.0, 3), 1.0);
+  EXPECT_EQ(SpeculativeExpectedTokens(1.0, 3), 4.0);
+  // decode 10 ms, verify 12 ms, draft 1 ms: 1.875 x 10 / (12 + 3) = 1.25; 2.952 x 10 / 15.
+  EXPECT_NEAR(SpeculativeSpeedup(0.5, 3, 0.010, 0.012, 0.001), 1.25, 1e-12);
+  EXPECT_NEAR(SpeculativeSpeedup(0.8, 3, 0.010, 0.012, 0.001), 1.968, 1e-12);
+  // One draft at alpha 0.6 with verify = 1.5 x decode and a free draft head: 1.6 / 1.5.
+  EXPECT_NEAR(SpeculativeSpeedup(0.6, 1, 0.02, 0.03, 0.0), 1.6 / 1.5, 1e-12);
+}
+
+// --speculative-tokens on the CPU with the fixture's config (one MTP module, generated weights):
+// every request count gets its decode, verify and draft times at the position its decode steps
+// reached, the report and JSON carry them with the speed-up model, and the draft head loaded
+// alongside changes none of the decode's greedy tokens.
+TEST(BenchRunnerTest, SpeculativeCostOnCpu) {
+  BenchConfig c = SmallConfig();
+  c.dtype = "float32";
+  c.decode_num_requests = {1, 3};
+  auto plain = RunBenchmark(c);
+  ASSERT_TRUE(plain.ok()) << plain.status();
+  EXPECT_TRUE(plain->speculative.empty());
+  c.speculative_tokens = 2;
+  auto r = RunBenchmark(c);
+  ASSERT_TRUE(r.ok()) << r.status();
+  ASSERT_EQ(r->decode.size(), 2u);
+  ASSERT_EQ(r->speculative.size(), 2u);
+  for (size_t i = 0; i < 2; ++i) {
+    EXPECT_EQ(r->decode[i].seq0_tokens, plain->decode[i].seq0_tokens) << i;
+    const SpeculativeResult& sp = r->speculative[i];
+    EXPECT_EQ(sp.batch, c.decode_num_requests[i]);
+    EXPECT_EQ(sp.drafts, 2);
+    EXPECT_EQ(sp.position, c.context_length + c.output_len);
+    EXPECT_EQ(sp.calls, c.output_len - c.warmup);
+    for (double v : {sp.decode_p50_seconds, sp.verify_p50_seconds, sp.draft_p50_seconds}) {
+      EXPECT_TRUE(std::isfinite(v) && v > 0) << v;
+    }
+    EXPECT_LE(sp.decode_p50_seconds, sp.decode_p99_seconds);
+    EXPECT_LE(sp.verify_p50_seconds, sp.verify_p99_seconds);
+    EXPECT_LE(sp.draft_p50_seconds, sp.draft_p99_seconds);
+  }
+  const std::string report = FormatBenchReport(c, *r);
+  EXPECT_NE(report.find("speculative: batch 3, K 2, position 25, 4 timed calls each: decode step"),
+            std::string::npos)
+      << report;
+  EXPECT_NE(report.find("verify step (3 x 3 rows"), std::string::npos) << report;
+  EXPECT_NE(report.find("at alpha 0.5: "), std::string::npos) << report;
+  EXPECT_NE(report.find(", 0.9: "), std::string::npos) << report;
+  const std::string json = FormatBenchJson(c, *r);
+  EXPECT_NE(json.find("\"speculative\": [{\"requests\": 1, \"drafts\": 2, \"position\": 25, "),
+            std::string::npos)
+      << json;
+  EXPECT_NE(json.find("{\"alpha\": 0.9, \"speedup\": "), std::string::npos) << json;
+  EXPECT_NE(FormatBenchJson(c, *plain).find("\"speculative\": []}"), std::string::npos);
+}
+
+TEST(BenchRunnerTest, SpeculativeRefusals) {
+  BenchConfig c = SmallConfig();
+  c.speculative_tokens = -1;
+  EXPECT_EQ(RunBenchmark(c).status().code(), absl::StatusCode::kInvalidArgument);
+  c.speculative_tokens = 1;
+  c.ranks = 2;
+  EXPECT_EQ(RunBenchmark(c).status().code(), absl::StatusCode::kInvalidArgument);
+  // A config without MTP layers (the V4 fixture has none): nothing to draft with.
+  c = SmallConfig();
+  c.model = DummyModelSpec(FixtureDir("dsv4_bf16"), 7);
+  c.speculative_tokens = 1;
+  absl::Status st = RunBenchmark(c).status();
+  EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument) << st;
+  EXPECT_NE(st.message().find("MTP"), absl::string_view::npos) << st;
 }
 
 TEST(BenchRunnerTest, FlagHelpers) {

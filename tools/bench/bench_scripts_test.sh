@@ -2,7 +2,8 @@
 # bench_scripts_test: sweep.sh writes one CSV row per (context, request count), and
 # combine_results.py puts ours and an HF result side by side with ratios computed from the
 # inputs; deepinfer-bench refuses the Ascend backend (a design only) with one line. Runs
-# deepinfer-bench on the CPU with the small parity fixture's config.
+# deepinfer-bench on the CPU with the small parity fixture's config; --speculative-tokens is
+# parsed and its figures reach the JSON, bad values are refused.
 #   bench_scripts_test.sh DEEPINFER_BENCH SWEEP_SH COMBINE_PY CONFIG_JSON
 set -euo pipefail
 bench=$1 sweep=$2 combine=$3 config=$4
@@ -75,4 +76,24 @@ t = max(d2["bytes_per_step"] * 2 / ours["bytes_per_value"] / 4.0e12,
         d2["flops_per_step"] / 800e12)
 assert abs(float(r["hf_roofline"]) - t / 0.5) <= 1e-4 * t / 0.5, (r, t)
 PY
+
+# --- --speculative-tokens: parsed, measured per request count, in the JSON; bad values refused ---
+"$bench" --model "$config" --load-format dummy "${small[@]}" --decode-num-requests 1,2 \
+  --context-length 8 --speculative-tokens 3 --json > "$tmp/spec.json" 2> "$tmp/spec.log" ||
+  fail "--speculative-tokens 3: $(cat "$tmp/spec.log")"
+python3 - "$tmp/spec.json" << 'PY'
+import json, sys
+spec = json.load(open(sys.argv[1]))["speculative"]
+assert [(s["requests"], s["drafts"]) for s in spec] == [(1, 3), (2, 3)], spec
+for s in spec:
+    assert s["verify_p50_s"] > 0 and s["draft_p50_s"] > 0 and s["decode_p50_s"] > 0, s
+    assert [a["alpha"] for a in s["speedup"]] == [0.5, 0.6, 0.7, 0.8, 0.9], s
+PY
+for bad in -1 x; do
+  if "$bench" --model "$config" --load-format dummy "${small[@]}" --speculative-tokens "$bad" \
+    > /dev/null 2> "$tmp/spec_bad.err"; then
+    fail "--speculative-tokens $bad must fail"
+  fi
+  grep -q "speculative-tokens" "$tmp/spec_bad.err" || fail "--speculative-tokens $bad: $(cat "$tmp/spec_bad.err")"
+done
 echo PASS
