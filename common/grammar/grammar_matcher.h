@@ -90,10 +90,13 @@ struct NodeTokenMasks {
   std::vector<int32_t> undecided_ids;  // in the vocabulary's byte order
 };
 
+class StackSetDfa;
+
 class TokenMaskCache {
  public:
   TokenMaskCache(std::shared_ptr<const CompiledGrammar> grammar,
                  std::shared_ptr<const TokenVocabulary> vocabulary);
+  ~TokenMaskCache();
 
   // Computes the entry on first use; thread-safe; the pointer stays valid.
   const NodeTokenMasks* Get(int32_t node);
@@ -106,10 +109,17 @@ class TokenMaskCache {
   std::shared_ptr<const TokenVocabulary> vocabulary_ptr() const { return vocabulary_; }
 
  private:
-  std::unique_ptr<NodeTokenMasks> Compute(int32_t node) const;
+  // Past this many stack sets the walks' DFA starts afresh (bounds its memory).
+  static constexpr int32_t kMaxDfaSets = 1 << 16;
+
+  std::unique_ptr<NodeTokenMasks> Compute(int32_t node) ABSL_EXCLUSIVE_LOCKS_REQUIRED(compute_mu_);
 
   const std::shared_ptr<const CompiledGrammar> grammar_;
   const std::shared_ptr<const TokenVocabulary> vocabulary_;
+  // Held while an entry is computed (computes are serialized: they share dfa_); taken before
+  // mu_, which guards the entries and is never held during a compute.
+  absl::Mutex compute_mu_ ABSL_ACQUIRED_BEFORE(mu_);
+  std::unique_ptr<StackSetDfa> dfa_ ABSL_GUARDED_BY(compute_mu_);
   absl::Mutex mu_;
   std::vector<std::unique_ptr<NodeTokenMasks>> entries_ ABSL_GUARDED_BY(mu_);
 };
