@@ -79,11 +79,36 @@ void StackWalker::Advance(const StackSet& in, uint8_t byte, StackSet* out) {
 TokenMaskCache::TokenMaskCache(std::shared_ptr<const CompiledGrammar> grammar,
                                std::shared_ptr<const TokenVocabulary> vocabulary)
     : grammar_(std::move(grammar)), vocabulary_(std::move(vocabulary)) {
+  // Nodes of one rule with the same final flag and the same edges (the loop of a string and
+  // its entry, after epsilon elimination) start the same walk: they share one entry.
+  const int32_t n = grammar_->num_nodes();
+  representative_.resize(n);
+  absl::flat_hash_map<std::string, int32_t> by_edges;
+  std::string key;
+  for (int32_t node = 0; node < n; ++node) {
+    key.clear();
+    auto put = [&](int32_t v) { key.append(reinterpret_cast<const char*>(&v), sizeof(v)); };
+    put(grammar_->node(node).rule);
+    put(grammar_->node(node).final);
+    for (const ByteEdge* e = grammar_->byte_edges_begin(node); e != grammar_->byte_edges_end(node);
+         ++e) {
+      put((e->lo << 8) | e->hi);
+      put(e->target);
+    }
+    put(-1);
+    for (const CallEdge* e = grammar_->call_edges_begin(node); e != grammar_->call_edges_end(node);
+         ++e) {
+      put(e->rule);
+      put(e->target);
+    }
+    representative_[node] = by_edges.try_emplace(key, node).first->second;
+  }
   absl::MutexLock lock(&mu_);
-  entries_.resize(grammar_->num_nodes());
+  entries_.resize(n);
 }
 
 const NodeTokenMasks* TokenMaskCache::Get(int32_t node) {
+  node = representative_[node];
   {
     absl::MutexLock lock(&mu_);
     if (entries_[node] != nullptr) return entries_[node].get();
