@@ -115,8 +115,10 @@ class TokenMaskCache {
   std::shared_ptr<const TokenVocabulary> vocabulary_ptr() const { return vocabulary_; }
 
  private:
-  // Past this many stack sets the walks' DFA starts afresh (bounds its memory).
-  static constexpr int32_t kMaxDfaSets = 1 << 16;
+  // Past this many stack sets the walks' DFA starts afresh: it lives as long as the cache, and
+  // a worker keeps a cache per spec, so its memory (1 KiB of transitions a set, plus the sets)
+  // stays a few MiB.
+  static constexpr int32_t kMaxDfaSets = 4096;
 
   std::unique_ptr<NodeTokenMasks> Compute(int32_t node) ABSL_EXCLUSIVE_LOCKS_REQUIRED(compute_mu_);
 
