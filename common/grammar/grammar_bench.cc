@@ -108,8 +108,11 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "%s\n", vocab.status().ToString().c_str());
     return 1;
   }
-  std::printf("vocabulary: %d rows, %zu tokens with bytes, %zu stop tokens, built in %.1f ms\n",
-              (*vocab)->size(), (*vocab)->sorted().size(), stops.size(), MicrosSince(t0) / 1000);
+  std::printf(
+      "vocabulary: %d rows, %zu tokens with bytes (a trie of %d nodes), %zu stop tokens, built "
+      "in %.1f ms\n",
+      (*vocab)->size(), (*vocab)->sorted().size(), (*vocab)->trie_size(), stops.size(),
+      MicrosSince(t0) / 1000);
 
   std::vector<double> compile_us, cold_us, warm_us;
   std::vector<double> compile_cpu_us, cold_cpu_us, warm_cpu_us;

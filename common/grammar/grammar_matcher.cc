@@ -1,6 +1,7 @@
 #include "common/grammar/grammar_matcher.h"
 
 #include <algorithm>
+#include <array>
 #include <cstring>
 #include <utility>
 
@@ -78,20 +79,52 @@ void StackWalker::Advance(const StackSet& in, uint8_t byte, StackSet* out) {
 TokenMaskCache::TokenMaskCache(std::shared_ptr<const CompiledGrammar> grammar,
                                std::shared_ptr<const TokenVocabulary> vocabulary)
     : grammar_(std::move(grammar)), vocabulary_(std::move(vocabulary)) {
+  // Nodes of one rule with the same final flag and the same edges (the loop of a string and
+  // its entry, after epsilon elimination) start the same walk: they share one entry.
+  const int32_t n = grammar_->num_nodes();
+  representative_.resize(n);
+  absl::flat_hash_map<std::string, int32_t> by_edges;
+  std::string key;
+  for (int32_t node = 0; node < n; ++node) {
+    key.clear();
+    auto put = [&](int32_t v) { key.append(reinterpret_cast<const char*>(&v), sizeof(v)); };
+    put(grammar_->node(node).rule);
+    put(grammar_->node(node).final);
+    for (const ByteEdge* e = grammar_->byte_edges_begin(node); e != grammar_->byte_edges_end(node);
+         ++e) {
+      put((e->lo << 8) | e->hi);
+      put(e->target);
+    }
+    put(-1);
+    for (const CallEdge* e = grammar_->call_edges_begin(node); e != grammar_->call_edges_end(node);
+         ++e) {
+      put(e->rule);
+      put(e->target);
+    }
+    representative_[node] = by_edges.try_emplace(key, node).first->second;
+  }
   absl::MutexLock lock(&mu_);
-  entries_.resize(grammar_->num_nodes());
+  entries_.resize(n);
 }
 
 const NodeTokenMasks* TokenMaskCache::Get(int32_t node) {
+  node = representative_[node];
+  {
+    absl::MutexLock lock(&mu_);
+    if (entries_[node] != nullptr) return entries_[node].get();
+  }
+  absl::MutexLock compute_lock(&compute_mu_);
   {
     absl::MutexLock lock(&mu_);
     if (entries_[node] != nullptr) return entries_[node].get();
   }
   std::unique_ptr<NodeTokenMasks> computed = Compute(node);
   absl::MutexLock lock(&mu_);
-  if (entries_[node] == nullptr) entries_[node] = std::move(computed);
+  entries_[node] = std::move(computed);
   return entries_[node].get();
 }
+
+TokenMaskCache::~TokenMaskCache() = default;
 
 void TokenMaskCache::FillAll() {
   for (int32_t n = 0; n < grammar_->num_nodes(); ++n) {
@@ -99,45 +132,95 @@ void TokenMaskCache::FillAll() {
   }
 }
 
-namespace {
-
-// The stack sets one cache walk reaches, numbered, with transitions computed on first use: a
-// lazily built DFA over the walk, so each (set, byte) pair is advanced once however many
-// tokens pass through it.
+// The stack sets the cache's walks reach from lone stack tops with an open bottom, numbered,
+// with transitions computed on first use: a lazily built DFA, so each (set, byte) pair is
+// advanced once however many tokens and cache entries pass through it. A set's row of
+// transitions is filled at once, one Advance per run of bytes that the set's edges treat alike.
 class StackSetDfa {
  public:
-  StackSetDfa(const CompiledGrammar& grammar, int32_t node) : walker_(grammar, &store_) {
+  static constexpr uint8_t kHasTops = 1;
+  static constexpr uint8_t kOpenBottom = 2;
+
+  explicit StackSetDfa(const CompiledGrammar& grammar)
+      : grammar_(grammar), walker_(grammar, &store_) {}
+
+  int32_t StartSet(int32_t node) {
     StackSet start;
     start.tops.push_back(store_.Intern(node, FrameStore::kOpenParent));
-    Intern(std::move(start));
+    return Intern(std::move(start));
   }
+  int32_t num_sets() const { return static_cast<int32_t>(sets_.size()); }
 
   int32_t Next(int32_t set, uint8_t byte) {
     if (set < kDenseSets) {
       const int32_t next = next_[set * 256 + byte];
       if (next >= 0) return next;
-      const int32_t id = Compute(set, byte);
-      next_[set * 256 + byte] = id;  // next_ may have grown
-      return id;
+      FillRow(set);
+      return next_[set * 256 + byte];
     }
     const uint64_t key = (static_cast<uint64_t>(set) << 8) | byte;
     auto it = sparse_next_.find(key);
     if (it != sparse_next_.end()) return it->second;
-    const int32_t id = Compute(set, byte);
+    walker_.Advance(sets_[set], byte, &scratch_);
+    const int32_t id = Intern(scratch_);
     sparse_next_.emplace(key, id);
     return id;
   }
-  bool has_tops(int32_t set) const { return !sets_[set].tops.empty(); }
-  bool open_bottom(int32_t set) const { return sets_[set].open_bottom; }
+  // kHasTops: some stack is left inside the node's context; kOpenBottom: some stack popped
+  // below the open bottom.
+  uint8_t flags(int32_t set) const { return flags_[set]; }
+
+  // Whether every byte of `bytes` (4 words of 64 bits) leads from `set` back to `set` (the
+  // inside of a string, a repeated character class).
+  bool LoopsOn(int32_t set, const uint64_t* bytes) {
+    if (loop_known_.size() <= static_cast<size_t>(set)) {
+      loop_known_.resize(sets_.size());
+      loop_yes_.resize(sets_.size());
+    }
+    Bits256& known = loop_known_[set];
+    Bits256& yes = loop_yes_[set];
+    for (int w = 0; w < 4; ++w) {
+      if (bytes[w] & known[w] & ~yes[w]) return false;
+    }
+    for (int w = 0; w < 4; ++w) {
+      for (uint64_t todo = bytes[w] & ~known[w]; todo != 0; todo &= todo - 1) {
+        const int bit = __builtin_ctzll(todo);
+        const bool loops = Next(set, static_cast<uint8_t>(w * 64 + bit)) == set;
+        // Next may have added sets: loop_known_ and loop_yes_ do not grow there.
+        loop_known_[set][w] |= uint64_t{1} << bit;
+        if (!loops) return false;
+        loop_yes_[set][w] |= uint64_t{1} << bit;
+      }
+    }
+    return true;
+  }
 
  private:
   // Transitions of the first kDenseSets sets are a table (1 KiB a set); later ones, which
   // only grammars with many distinct stack sets reach, go to a map sized by what is used.
   static constexpr int32_t kDenseSets = 4096;
+  using Bits256 = std::array<uint64_t, 4>;
 
-  int32_t Compute(int32_t set, uint8_t byte) {
-    walker_.Advance(sets_[set], byte, &scratch_);
-    return Intern(scratch_);
+  void FillRow(int32_t set) {
+    // Bytes where some edge of a top starts or stops applying.
+    std::array<bool, 257> cut{};
+    cut[0] = cut[256] = true;
+    for (int32_t f : sets_[set].tops) {
+      const int32_t node = store_.node(f);
+      for (const ByteEdge* e = grammar_.byte_edges_begin(node); e != grammar_.byte_edges_end(node);
+           ++e) {
+        cut[e->lo] = true;
+        cut[e->hi + 1] = true;
+      }
+    }
+    for (int lo = 0; lo < 256;) {
+      int hi = lo + 1;
+      while (!cut[hi]) ++hi;
+      walker_.Advance(sets_[set], static_cast<uint8_t>(lo), &scratch_);
+      const int32_t id = Intern(scratch_);  // next_ may grow: index it afterwards
+      for (int b = lo; b < hi; ++b) next_[set * 256 + b] = id;
+      lo = hi;
+    }
   }
 
   int32_t Intern(StackSet set) {
@@ -146,95 +229,110 @@ class StackSetDfa {
     key_.push_back(set.open_bottom ? -1 : -2);
     auto [it, inserted] = ids_.try_emplace(key_, static_cast<int32_t>(sets_.size()));
     if (inserted) {
+      flags_.push_back((set.tops.empty() ? 0 : kHasTops) | (set.open_bottom ? kOpenBottom : 0));
       sets_.push_back(std::move(set));
       if (sets_.size() <= static_cast<size_t>(kDenseSets)) next_.resize(sets_.size() * 256, -1);
     }
     return it->second;
   }
 
+  const CompiledGrammar& grammar_;
   FrameStore store_;
   StackWalker walker_;
   std::vector<StackSet> sets_;
+  std::vector<uint8_t> flags_;
   std::vector<int32_t> next_;
   absl::flat_hash_map<uint64_t, int32_t> sparse_next_;
   absl::flat_hash_map<std::vector<int32_t>, int32_t> ids_;
   std::vector<int32_t> key_;
   StackSet scratch_;
+  // Per set: the bytes whose transition is known to loop back or not, and those that do.
+  std::vector<Bits256> loop_known_, loop_yes_;
 };
 
-}  // namespace
-
-// Walks the vocabulary in byte order from a lone stack top on `node` whose lower part is open.
-// Tokens sharing a prefix reuse the stack sets computed for it; once a prefix leaves no stack,
-// every token extending it gets the same verdict without a walk.
-std::unique_ptr<NodeTokenMasks> TokenMaskCache::Compute(int32_t node) const {
+// Walks the vocabulary's trie depth first from a lone stack top on `node` whose lower part is
+// open, so tokens sharing a prefix share its walk. Per trie node (a token prefix) with the
+// stack set S it reaches:
+// * S keeps a stack inside the node's context: tokens ending here are accepted, and the walk
+//   goes on into the subtree, or accepts the whole subtree at once when every byte below
+//   leads from S back to S (the inside of a string);
+// * otherwise the whole subtree is decided at once: a token there is undecided when some stack
+//   popped below the open bottom earlier with the next byte in the rule's follow set (or pops
+//   here and the token's next byte is in it), rejected else. Tokens ending exactly here are
+//   accepted when a stack popped below the open bottom with the last byte.
+std::unique_ptr<NodeTokenMasks> TokenMaskCache::Compute(int32_t node) {
   const TokenVocabulary& vocab = *vocabulary_;
-  const std::vector<int32_t>& sorted = vocab.sorted();
-  const std::vector<uint16_t>& common = vocab.common_prefix();
+  const int32_t* const sorted = vocab.sorted().data();
   const ByteSet& follow = grammar_->follow(grammar_->node(node).rule);
-
-  StackSetDfa dfa(*grammar_, node);
-  std::vector<int32_t> depth(1, 0);  // depth[d]: the set after the first d bytes
-  // undecided_upto[d]: some prefix shorter than d popped below the open bottom with the next
-  // byte in the rule's follow set.
-  std::vector<char> undecided_upto(1, 0);
+  // The DFA is shared by the cache's walks; one that has grown large starts afresh.
+  if (dfa_ == nullptr || dfa_->num_sets() > kMaxDfaSets) {
+    dfa_ = std::make_unique<StackSetDfa>(*grammar_);
+  }
+  StackSetDfa& dfa = *dfa_;
+  // at_depth[d]: the set after the current path's first d bytes, times 2, plus 1 when some
+  // prefix of it popped below the open bottom with the next byte in the follow set.
+  std::vector<int32_t> at_depth(vocab.trie_max_depth() + 1);
+  at_depth[0] = 2 * dfa.StartSet(node);
 
   auto out = std::make_unique<NodeTokenMasks>();
-  std::vector<int32_t> accepted;
-  int32_t valid = 0;              // depth[0..valid] hold the previous token's prefixes
-  size_t dead_length = SIZE_MAX;  // the previous token's shortest prefix that left no stack
-  bool dead_undecided = false;    // that token's verdict
-  for (size_t k = 0; k < sorted.size(); ++k) {
-    const int32_t token = sorted[k];
-    const absl::string_view bytes = vocab.sorted_bytes(k);
-    const size_t shared = k == 0 ? 0 : common[k];
-    if (shared >= dead_length) {
-      if (dead_undecided) out->undecided_ids.push_back(token);
+  std::vector<uint32_t> accepted(vocab.mask_words(), 0);
+  uint32_t* const accepted_bits = accepted.data();
+  int32_t num_accepted = 0;
+  auto accept = [&](int32_t begin, int32_t end) {
+    num_accepted += end - begin;
+    for (int32_t k = begin; k < end; ++k) accepted_bits[sorted[k] >> 5] |= 1u << (sorted[k] & 31);
+  };
+  auto undecide = [&](int32_t begin, int32_t end) {
+    out->undecided_ids.insert(out->undecided_ids.end(), sorted + begin, sorted + end);
+  };
+  const TokenVocabulary::TrieNode* const trie = &vocab.trie(0);
+  const int32_t n = vocab.trie_size();
+  for (int32_t i = 0; i < n;) {
+    const TokenVocabulary::TrieNode& t = trie[i];
+    const int32_t parent = at_depth[t.depth - 1];
+    const int32_t parent_set = parent >> 1;
+    const bool undecided =
+        (parent & 1) || ((dfa.flags(parent_set) & StackSetDfa::kOpenBottom) && follow.test(t.byte));
+    const int32_t set = dfa.Next(parent_set, t.byte);
+    const uint8_t flags = dfa.flags(set);
+    const int32_t here_end = i + 1 < n ? trie[i + 1].token_begin : vocab.trie_token_end(i);
+    if (flags != 0) {
+      accept(t.token_begin, here_end);
+    } else if (undecided) {
+      undecide(t.token_begin, here_end);
+    }
+    if (flags & StackSetDfa::kHasTops) {
+      if (t.subtree_end == i + 1) {
+        ++i;
+      } else if (dfa.LoopsOn(set, vocab.trie_subtree_bytes(i))) {
+        accept(here_end, vocab.trie_token_end(i));
+        i = t.subtree_end;
+      } else {
+        at_depth[t.depth] = 2 * set + undecided;
+        ++i;
+      }
       continue;
     }
-    dead_length = SIZE_MAX;
-    size_t d = std::min<size_t>(shared, valid);
-    if (depth.size() < bytes.size() + 1) {
-      depth.resize(bytes.size() + 1);
-      undecided_upto.resize(bytes.size() + 1, 0);
-    }
-    bool dead = false;
-    for (; d < bytes.size(); ++d) {
-      const uint8_t b = static_cast<uint8_t>(bytes[d]);
-      undecided_upto[d + 1] = undecided_upto[d] || (dfa.open_bottom(depth[d]) && follow.test(b));
-      depth[d + 1] = dfa.Next(depth[d], b);
-      valid = static_cast<int32_t>(d + 1);
-      if (dfa.has_tops(depth[d + 1]) || d + 1 == bytes.size()) continue;
-      // No stack is left inside the node's context. Tokens extending this prefix share the
-      // verdict; when the prefix ends by popping below the open bottom, the verdict also
-      // depends on the next byte, so only tokens sharing that byte too share it.
-      dead = true;
-      if (dfa.open_bottom(depth[d + 1])) {
-        dead_length = d + 2;
-        dead_undecided = undecided_upto[d + 1] || follow.test(static_cast<uint8_t>(bytes[d + 1]));
-      } else {
-        dead_length = d + 1;
-        dead_undecided = undecided_upto[d + 1];
+    // No stack is left inside: the subtree's tokens share a verdict, or, when the last byte
+    // popped below the open bottom, the tokens under each child share one.
+    if (undecided) {
+      undecide(here_end, vocab.trie_token_end(i));
+    } else if (flags & StackSetDfa::kOpenBottom) {
+      for (int32_t c = i + 1; c < t.subtree_end; c = trie[c].subtree_end) {
+        if (follow.test(trie[c].byte)) undecide(trie[c].token_begin, vocab.trie_token_end(c));
       }
-      break;
     }
-    const int32_t last = depth[bytes.size()];
-    if (!dead && !dfa.has_tops(last) && !dfa.open_bottom(last)) {
-      dead = true;
-      dead_length = bytes.size();
-      dead_undecided = undecided_upto[bytes.size()];
-    }
-    if (!dead) {
-      accepted.push_back(token);
-    } else if (dead_undecided) {
-      out->undecided_ids.push_back(token);
-    }
+    i = t.subtree_end;
   }
-  if (accepted.size() * 32 >= static_cast<size_t>(vocab.size())) {
-    out->accepted_bits.assign(vocab.mask_words(), 0);
-    for (int32_t t : accepted) out->accepted_bits[t >> 5] |= 1u << (t & 31);
+  if (static_cast<int64_t>(num_accepted) * 32 >= vocab.size()) {
+    out->accepted_bits = std::move(accepted);
   } else {
-    out->accepted_ids = std::move(accepted);
+    out->accepted_ids.reserve(num_accepted);
+    for (int32_t w = 0; w < vocab.mask_words(); ++w) {
+      for (uint32_t bits = accepted[w]; bits != 0; bits &= bits - 1) {
+        out->accepted_ids.push_back(w * 32 + __builtin_ctz(bits));
+      }
+    }
   }
   return out;
 }

@@ -8,16 +8,22 @@
 //
 // Masks come from a per-(grammar, vocabulary) cache, TokenMaskCache, in the manner of
 // XGrammar's adaptive token mask cache: for every node a stack top can sit on, the tokens are
-// split once, by walking the vocabulary in byte order from that node alone, into those accepted
-// whatever lies below the top of the stack, those rejected whatever lies below, and the few
-// whose fate depends on it (the node's rule completes inside the token and the next byte may
-// follow the rule somewhere in the grammar). A mask is then the union of the cached accepted
-// sets of the current stack tops plus a full walk of only the undecided tokens.
+// split once, by walking the vocabulary's trie (token_vocabulary.h) from that node alone, into
+// those accepted whatever lies below the top of the stack, those rejected whatever lies below,
+// and the few whose fate depends on it (the node's rule completes inside the token and the next
+// byte may follow the rule somewhere in the grammar). A mask is then the union of the cached
+// accepted sets of the current stack tops plus a full walk of only the undecided tokens. The
+// walk shares each prefix's work among the tokens that extend it, skips the subtree of a prefix
+// that leaves no stack, and accepts a subtree whole when every byte below it leads back to the
+// same stack set (the inside of a string), as llguidance's token trie walk does; the stack
+// sets and their transitions are a DFA built lazily and shared by all of the cache's walks, and
+// nodes with the same rule, final flag and edges share one entry.
 #ifndef DEEPINFER_COMMON_GRAMMAR_GRAMMAR_MATCHER_H_
 #define DEEPINFER_COMMON_GRAMMAR_GRAMMAR_MATCHER_H_
 
 #include <cstdint>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
@@ -90,10 +96,13 @@ struct NodeTokenMasks {
   std::vector<int32_t> undecided_ids;  // in the vocabulary's byte order
 };
 
+class StackSetDfa;
+
 class TokenMaskCache {
  public:
   TokenMaskCache(std::shared_ptr<const CompiledGrammar> grammar,
                  std::shared_ptr<const TokenVocabulary> vocabulary);
+  ~TokenMaskCache();
 
   // Computes the entry on first use; thread-safe; the pointer stays valid.
   const NodeTokenMasks* Get(int32_t node);
@@ -106,10 +115,22 @@ class TokenMaskCache {
   std::shared_ptr<const TokenVocabulary> vocabulary_ptr() const { return vocabulary_; }
 
  private:
-  std::unique_ptr<NodeTokenMasks> Compute(int32_t node) const;
+  // Past this many stack sets the walks' DFA starts afresh: it lives as long as the cache, and
+  // a worker keeps a cache per spec, so its memory (1 KiB of transitions a set, plus the sets)
+  // stays a few MiB.
+  static constexpr int32_t kMaxDfaSets = 4096;
+
+  std::unique_ptr<NodeTokenMasks> Compute(int32_t node) ABSL_EXCLUSIVE_LOCKS_REQUIRED(compute_mu_);
 
   const std::shared_ptr<const CompiledGrammar> grammar_;
   const std::shared_ptr<const TokenVocabulary> vocabulary_;
+  // Per node, the node whose entry it uses: the first with the same rule, final flag and
+  // edges (set once by the constructor).
+  std::vector<int32_t> representative_;
+  // Held while an entry is computed (computes are serialized: they share dfa_); taken before
+  // mu_, which guards the entries and is never held during a compute.
+  absl::Mutex compute_mu_ ABSL_ACQUIRED_BEFORE(mu_);
+  std::unique_ptr<StackSetDfa> dfa_ ABSL_GUARDED_BY(compute_mu_);
   absl::Mutex mu_;
   std::vector<std::unique_ptr<NodeTokenMasks>> entries_ ABSL_GUARDED_BY(mu_);
 };

@@ -90,6 +90,136 @@ TEST(GrammarMatcherTest, MaskAgreesWithAcceptTokenOnJson) {
   CheckMasksAgainstAcceptToken(*g, MixedVocabulary("{}[]\":, abcxyz0129-nul\\", 600, 2), 12);
 }
 
+// Tokens spelled from pieces that exercise the trie walk: multi-byte UTF-8 characters, their
+// partial byte sequences, quotes and escapes inside and at the ends of tokens, long tokens
+// sharing long prefixes, and tokens with the same bytes as another; plus every single byte.
+std::shared_ptr<const TokenVocabulary> TrieVocabulary(uint32_t seed) {
+  const std::vector<std::string> pieces = {"a",
+                                           "b",
+                                           "x",
+                                           "0",
+                                           "1",
+                                           "9",
+                                           " ",
+                                           "\"",
+                                           "\\",
+                                           ",",
+                                           ":",
+                                           "{",
+                                           "}",
+                                           "[",
+                                           "]",
+                                           "-",
+                                           ".",
+                                           "e",
+                                           "n",
+                                           "u",
+                                           "l",
+                                           "t",
+                                           "r",
+                                           "f",
+                                           "\n",
+                                           "\xc3\xa9",
+                                           "\xe4\xb8\xad",
+                                           "\xf0\x9f\x98\x80",
+                                           "\xe4",
+                                           "\xb8",
+                                           "\xad\xe4",
+                                           "\xc3",
+                                           "\\u00",
+                                           "\\n",
+                                           "true",
+                                           "null",
+                                           "abc"};
+  std::mt19937 rng(seed);
+  std::vector<std::string> tokens = {"", ""};
+  for (int b = 0; b < 256; ++b) tokens.push_back(std::string(1, static_cast<char>(b)));
+  for (int i = 0; i < 1200; ++i) {
+    std::string t;
+    const int len = 1 + rng() % 6;
+    for (int k = 0; k < len; ++k) t += pieces[rng() % pieces.size()];
+    tokens.push_back(t);
+    // A longer token extending this one, and now and then one with the same bytes.
+    if (rng() % 3 == 0) tokens.push_back(t + pieces[rng() % pieces.size()] + t);
+    if (rng() % 50 == 0) tokens.push_back(t);
+  }
+  return TokenVocabulary::Create(std::move(tokens), {0});
+}
+
+TEST(TokenVocabularyTest, TrieSubtreesHoldTheTokensWithTheirPrefix) {
+  auto vocab = TrieVocabulary(3);
+  const std::vector<int32_t>& sorted = vocab->sorted();
+  std::string path;
+  for (int32_t i = 0; i < vocab->trie_size(); ++i) {
+    const TokenVocabulary::TrieNode& t = vocab->trie(i);
+    path.resize(t.depth - 1);
+    path.push_back(static_cast<char>(t.byte));
+    int32_t first = -1, last = -1, here = 0;
+    for (int32_t k = 0; k < static_cast<int32_t>(sorted.size()); ++k) {
+      const std::string& bytes = vocab->bytes(sorted[k]);
+      if (bytes.compare(0, path.size(), path) != 0) continue;
+      if (first < 0) first = k;
+      ASSERT_TRUE(last < 0 || last == k - 1)
+          << "tokens with prefix '" << path << "' not contiguous";
+      last = k;
+      here += bytes == path;
+    }
+    ASSERT_GE(first, 0) << "node " << i << " '" << path << "' has no token";
+    EXPECT_EQ(t.token_begin, first) << path;
+    EXPECT_EQ(vocab->trie_token_end(i), last + 1) << path;
+    EXPECT_EQ(vocab->trie_tokens_here(i), here) << path;
+    uint64_t below[4] = {0, 0, 0, 0};
+    for (int32_t k = first; k <= last; ++k) {
+      const std::string& bytes = vocab->bytes(sorted[k]);
+      for (size_t d = path.size(); d < bytes.size(); ++d) {
+        const uint8_t b = static_cast<uint8_t>(bytes[d]);
+        below[b >> 6] |= uint64_t{1} << (b & 63);
+      }
+    }
+    for (int w = 0; w < 4; ++w) EXPECT_EQ(vocab->trie_subtree_bytes(i)[w], below[w]) << path;
+    // The subtree's nodes are those whose depth is greater, up to subtree_end.
+    for (int32_t j = i + 1; j < t.subtree_end; ++j) ASSERT_GT(vocab->trie(j).depth, t.depth);
+    if (t.subtree_end < vocab->trie_size()) {
+      EXPECT_LE(vocab->trie(t.subtree_end).depth, t.depth);
+    }
+  }
+}
+
+TEST(GrammarMatcherTest, MaskAgreesWithAcceptTokenOnStringsAndUtf8) {
+  absl::StatusOr<Grammar> json = JsonSchemaGrammar(nlohmann::ordered_json::parse(R"({
+    "type": "object",
+    "properties": {"s": {"type": "string"},
+                   "short": {"type": "string", "maxLength": 4},
+                   "list": {"type": "array", "items": {"anyOf": [{"type": "string"},
+                                                                 {"type": "number"},
+                                                                 {"type": "null"}]}},
+                   "flag": {"type": "boolean"}},
+    "required": ["s", "short"], "additionalProperties": false})"));
+  ASSERT_TRUE(json.ok()) << json.status();
+  auto g = CompiledGrammar::Compile(*json);
+  ASSERT_TRUE(g.ok()) << g.status();
+  CheckMasksAgainstAcceptToken(*g, TrieVocabulary(4), 13);
+}
+
+TEST(GrammarMatcherTest, MaskAgreesWithAcceptTokenOnAnyJsonObject) {
+  auto g = CompiledGrammar::Compile(JsonObjectGrammar());
+  ASSERT_TRUE(g.ok()) << g.status();
+  CheckMasksAgainstAcceptToken(*g, TrieVocabulary(5), 14);
+}
+
+TEST(GrammarMatcherTest, MaskAgreesWithAcceptTokenOnNullableCalls) {
+  // Rules that may be empty, called in a row, so a token can finish several of them.
+  auto g = CompileEbnf(R"g(
+    root  ::= item ("," item)* tail
+    item  ::= sign? digit* word?
+    sign  ::= "-"
+    digit ::= [0-9]
+    word  ::= [a-z\u00e9\u4e2d]+ | "\"" [^"]* "\""
+    tail  ::= "" | "." tail
+  )g");
+  CheckMasksAgainstAcceptToken(g, TrieVocabulary(6), 15);
+}
+
 TEST(GrammarMatcherTest, StopTokenOnlyWhenComplete) {
   auto g = CompileEbnf("root ::= \"ab\" | \"abcd\"");
   auto cache = std::make_shared<TokenMaskCache>(g, ByteVocabulary());

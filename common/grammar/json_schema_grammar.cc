@@ -621,11 +621,17 @@ absl::StatusOr<int32_t> SchemaCompiler::Number(const json& schema, bool integer,
     }
   }
   // Integer interval [a, b] of allowed integer values (for numbers: of integer parts, see
-  // below).
-  std::optional<int64_t> a, b;
-  if (lo) a = static_cast<int64_t>(lo_open ? std::floor(*lo) + 1 : std::ceil(*lo));
-  if (hi) b = static_cast<int64_t>(hi_open ? std::ceil(*hi) - 1 : std::floor(*hi));
-  if (a && b && *a > *b) return Error(path, "no integer lies within the bounds");
+  // below); has_a and has_b say whether each bound exists. Plain integers rather than
+  // optionals: GCC's -O2 flow analysis reports optionals read under a has_value() test that it
+  // cannot follow as maybe uninitialized.
+  const bool has_a = lo.has_value(), has_b = hi.has_value();
+  int64_t a = 0, b = 0;
+  if (has_a) a = static_cast<int64_t>(lo_open ? std::floor(*lo) + 1 : std::ceil(*lo));
+  if (has_b) b = static_cast<int64_t>(hi_open ? std::ceil(*hi) - 1 : std::floor(*hi));
+  if (has_a && has_b && a > b) return Error(path, "no integer lies within the bounds");
+  auto bound = [](bool has, int64_t value) {
+    return has ? std::optional<int64_t>(value) : std::nullopt;
+  };
   auto range = [&](std::optional<int64_t> from, std::optional<int64_t> to) -> int32_t {
     // Integers in [from, to] (either may be unbounded); from <= to when both are set.
     std::vector<int32_t> alts;
@@ -642,7 +648,7 @@ absl::StatusOr<int32_t> SchemaCompiler::Number(const json& schema, bool integer,
     }
     return g_.Alternation(std::move(alts));
   };
-  if (integer) return range(a, b);
+  if (integer) return range(bound(has_a, a), bound(has_b, b));
   // number in [a, b] with integral a, b: an integer part strictly inside with any fraction, or
   // a bound itself with a zero fraction; negative values with a fraction lie below their
   // integer part, so their integer part may equal a + 1 .. b and fractions grow toward a.
@@ -652,28 +658,23 @@ absl::StatusOr<int32_t> SchemaCompiler::Number(const json& schema, bool integer,
       g_.Repeat(g_.Sequence({g_.Bytes("."), g_.Repeat(g_.Bytes("0"), 1, kUnbounded)}), 0, 1);
   std::vector<int32_t> alts;
   // Non-negative values: integer part in [max(a,0), b - 1] with any fraction, b with zeros.
-  if (!b || *b >= 0) {
-    const int64_t from = a ? std::max<int64_t>(*a, 0) : 0;
-    if (!b || *b - 1 >= from) {
-      alts.push_back(
-          g_.Sequence({range(from, b ? std::optional<int64_t>(*b - 1) : std::nullopt), frac}));
+  if (!has_b || b >= 0) {
+    const int64_t from = has_a ? std::max<int64_t>(a, 0) : 0;
+    if (!has_b || b - 1 >= from) {
+      alts.push_back(g_.Sequence({range(from, bound(has_b, b - 1)), frac}));
     }
-    if (b && *b >= from) alts.push_back(g_.Sequence({range(*b, *b), zero_frac}));
+    if (has_b && b >= from) alts.push_back(g_.Sequence({range(b, b), zero_frac}));
   }
-  // Negative values -m.f: magnitude part m in [max(-b,0)... ]: -m.f >= a needs m <= -a - 1 with
-  // any fraction, or m == -a with zeros; -m.f <= b needs m >= -b (any fraction when m > -b or
-  // b >= 0 region handled above).
-  if (!a || *a < 0) {
-    const int64_t m_hi = a ? -*a : INT64_MAX;  // magnitude bound
-    const int64_t m_lo = b && *b < 0 ? -*b : 0;
-    // magnitudes in [m_lo, m_hi - 1] with any fraction, but m_lo itself only with b < 0 when
-    // the fraction is zero... -(m_lo).f <= b = -m_lo holds for every f: fine.
+  // Negative values -m.f: -m.f >= a needs a magnitude m <= -a - 1 with any fraction, or m ==
+  // -a with a zero fraction; -m.f <= b needs m >= -b (for m == -b any fraction is below b).
+  if (!has_a || a < 0) {
+    const int64_t m_hi = has_a ? -a : INT64_MAX;
+    const int64_t m_lo = has_b && b < 0 ? -b : 0;
     std::vector<int32_t> neg;
-    if (!a || m_hi - 1 >= m_lo) {
-      std::optional<int64_t> top = a ? std::optional<int64_t>(m_hi - 1) : std::nullopt;
-      neg.push_back(g_.Sequence({range(m_lo, top), frac}));
+    if (!has_a || m_hi - 1 >= m_lo) {
+      neg.push_back(g_.Sequence({range(m_lo, bound(has_a, m_hi - 1)), frac}));
     }
-    if (a) neg.push_back(g_.Sequence({range(m_hi, m_hi), zero_frac}));
+    if (has_a) neg.push_back(g_.Sequence({range(m_hi, m_hi), zero_frac}));
     alts.push_back(g_.Sequence({g_.Bytes("-"), g_.Alternation(std::move(neg))}));
   }
   return g_.Alternation(std::move(alts));

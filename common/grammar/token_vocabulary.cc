@@ -55,20 +55,53 @@ std::shared_ptr<const TokenVocabulary> TokenVocabulary::Create(std::vector<std::
   }
   std::sort(v->sorted_.begin(), v->sorted_.end(),
             [&](int32_t a, int32_t b) { return v->bytes_[a] < v->bytes_[b]; });
-  v->sorted_offset_.assign(1, 0);
-  for (int32_t t : v->sorted_) {
-    v->sorted_data_ += v->bytes_[t];
-    v->sorted_offset_.push_back(static_cast<uint32_t>(v->sorted_data_.size()));
-  }
-  v->common_prefix_.assign(v->sorted_.size(), 0);
-  for (size_t k = 1; k < v->sorted_.size(); ++k) {
-    const std::string& a = v->bytes_[v->sorted_[k - 1]];
-    const std::string& b = v->bytes_[v->sorted_[k]];
-    size_t l = 0;
-    while (l < a.size() && l < b.size() && a[l] == b[l] && l < 0xFFFF) ++l;
-    v->common_prefix_[k] = static_cast<uint16_t>(l);
-  }
+  v->BuildTrie();
   return v;
+}
+
+void TokenVocabulary::BuildTrie() {
+  // path[d]: the node at depth d on the previous token's path (path[0] stands for the root).
+  std::vector<int32_t> path(1, -1);
+  const std::string* previous = nullptr;
+  for (size_t k = 0; k < sorted_.size(); ++k) {
+    const std::string& bytes = bytes_[sorted_[k]];
+    size_t shared = 0;
+    if (previous != nullptr) {
+      while (shared < previous->size() && shared < bytes.size() &&
+             (*previous)[shared] == bytes[shared]) {
+        ++shared;
+      }
+    }
+    path.resize(shared + 1);
+    for (size_t d = shared; d < bytes.size(); ++d) {
+      path.push_back(trie_size());
+      trie_.push_back({0, static_cast<int32_t>(k), static_cast<int32_t>(d + 1),
+                       static_cast<uint8_t>(bytes[d])});
+    }
+    previous = &bytes;
+    trie_max_depth_ = std::max(trie_max_depth_, static_cast<int32_t>(bytes.size()));
+  }
+  // Subtree ends, then subtree byte sets children first (reverse order).
+  const int32_t n = trie_size();
+  std::vector<int32_t> parent(n, -1);
+  std::vector<int32_t> open;  // the current path's nodes
+  for (int32_t i = 0; i < n; ++i) {
+    while (!open.empty() && trie_[open.back()].depth >= trie_[i].depth) {
+      trie_[open.back()].subtree_end = i;
+      open.pop_back();
+    }
+    if (!open.empty()) parent[i] = open.back();
+    open.push_back(i);
+  }
+  for (int32_t i : open) trie_[i].subtree_end = n;
+  trie_subtree_bytes_.assign(4 * static_cast<size_t>(n), 0);
+  for (int32_t i = n - 1; i >= 0; --i) {
+    if (parent[i] < 0) continue;
+    uint64_t* into = &trie_subtree_bytes_[4 * static_cast<size_t>(parent[i])];
+    const uint64_t* from = &trie_subtree_bytes_[4 * static_cast<size_t>(i)];
+    for (int w = 0; w < 4; ++w) into[w] |= from[w];
+    into[trie_[i].byte >> 6] |= uint64_t{1} << (trie_[i].byte & 63);
+  }
 }
 
 absl::StatusOr<std::shared_ptr<const TokenVocabulary>> TokenVocabulary::FromTokenizer(

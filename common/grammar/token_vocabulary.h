@@ -1,5 +1,6 @@
 // TokenVocabulary: the bytes each token id stands for, sorted so that tokens sharing a prefix
-// are neighbours (a trie walked in order), plus the stop tokens a grammar allows only once it is
+// are neighbours, and the trie of those bytes (walked depth first, a rejected prefix skips its
+// whole subtree), plus the stop tokens a grammar allows only once it is
 // complete. Built once per model; shared by every matcher.
 #ifndef DEEPINFER_COMMON_GRAMMAR_TOKEN_VOCABULARY_H_
 #define DEEPINFER_COMMON_GRAMMAR_TOKEN_VOCABULARY_H_
@@ -37,27 +38,46 @@ class TokenVocabulary {
   bool is_stop(int32_t token) const { return token >= 0 && token < size() && stop_[token]; }
   const std::vector<int32_t>& stop_tokens() const { return stop_tokens_; }
 
-  // Tokens with bytes, in byte order, and for each position k the length of the common prefix
-  // of sorted()[k - 1] and sorted()[k] (0 for k = 0).
+  // Tokens with bytes, in byte order.
   const std::vector<int32_t>& sorted() const { return sorted_; }
-  const std::vector<uint16_t>& common_prefix() const { return common_prefix_; }
-  // The bytes of sorted()[k], from one contiguous buffer in sorted order (walks in that order
-  // read memory sequentially).
-  absl::string_view sorted_bytes(size_t k) const {
-    return absl::string_view(sorted_data_)
-        .substr(sorted_offset_[k], sorted_offset_[k + 1] - sorted_offset_[k]);
+
+  // The trie of the tokens' bytes, its nodes (the root excluded) in depth-first order, which
+  // is the byte order of sorted(). Node i stands for the byte string of its path; its subtree
+  // is the nodes [i, subtree_end) and the tokens sorted()[k] for k in [token_begin,
+  // trie_token_end(i)), of which the first trie_tokens_here(i) are exactly its path. A walk
+  // skips a subtree by jumping to subtree_end.
+  struct TrieNode {
+    int32_t subtree_end;
+    int32_t token_begin;
+    int32_t depth;  // path length, >= 1
+    uint8_t byte;   // the path's last byte
+  };
+  int32_t trie_size() const { return static_cast<int32_t>(trie_.size()); }
+  // The longest token, in bytes.
+  int32_t trie_max_depth() const { return trie_max_depth_; }
+  const TrieNode& trie(int32_t i) const { return trie_[i]; }
+  int32_t trie_token_end(int32_t i) const {
+    const int32_t end = trie_[i].subtree_end;
+    return end < trie_size() ? trie_[end].token_begin : static_cast<int32_t>(sorted_.size());
   }
+  int32_t trie_tokens_here(int32_t i) const {
+    return (i + 1 < trie_size() ? trie_[i + 1].token_begin : static_cast<int32_t>(sorted_.size())) -
+           trie_[i].token_begin;
+  }
+  // Every byte on a path below node i (i's own byte excluded), as 4 words of 64 bits.
+  const uint64_t* trie_subtree_bytes(int32_t i) const { return &trie_subtree_bytes_[4 * i]; }
 
  private:
   TokenVocabulary() = default;
+  void BuildTrie();
 
   std::vector<std::string> bytes_;
   std::vector<char> stop_;
   std::vector<int32_t> stop_tokens_;
   std::vector<int32_t> sorted_;
-  std::vector<uint16_t> common_prefix_;
-  std::string sorted_data_;
-  std::vector<uint32_t> sorted_offset_;
+  std::vector<TrieNode> trie_;
+  int32_t trie_max_depth_ = 0;
+  std::vector<uint64_t> trie_subtree_bytes_;
 };
 
 }  // namespace deepinfer::grammar

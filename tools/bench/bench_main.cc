@@ -182,6 +182,18 @@ int main(int argc, char** argv) {
                "the engine verifies) and one-row draft-head calls, each minus --warmup; reports\n"
                "verify/decode and the speed-up E[tokens] x decode / (verify + K x draft) at\n"
                "acceptance 0.5..0.9. One rank. 0 (default): not measured.");
+  flags.AddDouble("constrained-fraction", &config.constrained_fraction,
+                  "Structured output: this fraction of each decode batch's requests (0 to 1,\n"
+                  "spread evenly) is constrained by a grammar, its token masks filled on the host\n"
+                  "while the device runs the step, as the engine does; needs --tokenizer. Steps\n"
+                  "with a masked row run eagerly (no decode graph). Reported: constrained\n"
+                  "requests and the host time per step filling their masks.");
+  flags.AddString("constrained-spec", &config.constrained_spec,
+                  "A file holding the JSON Schema of the constrained requests (default: any JSON\n"
+                  "object). A request whose document completes starts a new one.");
+  flags.AddString("tokenizer", &config.tokenizer,
+                  "Directory with tokenizer.json and tokenizer_config.json whose vocabulary the\n"
+                  "masks cover (e.g. the DeepSeek-V3 tokenizer for a V3 config).");
   flags.AddBool("json", &json, "Print one JSON object instead of the text report.");
   flags.AddString("csv", &csv, "Append one CSV row per request count (header if the file is new).");
   if (int rc = flags.ParseMain(argc, argv, "deepinfer-bench"); rc >= 0) return rc;

@@ -25,6 +25,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "kernels/common/pdl.h"
+#include "tools/bench/constrained_requests.h"
 #include "tools/bench/exchange_meter.h"
 #include "tools/bench/parallel_dummy_weight_source.h"
 #include "tools/bench/roofline.h"
@@ -181,6 +182,8 @@ std::string Join(const std::vector<int32_t>& v) {
 // The raw figures of one rank, merged over the ranks by RunBenchmark.
 struct RankDecodeTimes {
   std::vector<double> step_seconds;  // timed steps
+  int64_t constrained = 0;           // constrained requests (constrained_fraction)
+  double mask_fill_seconds = 0;      // host time filling their masks, summed over timed steps
   std::vector<int32_t> seq0_tokens;
   ExchangeCounts exchange;                                      // summed over the timed steps
   std::vector<double> all_to_all_seconds, synced_step_seconds;  // per synchronised step
@@ -533,11 +536,19 @@ absl::Status RunRank(const BenchConfig& bc, int64_t rank, RankState* s, RankOutp
     }
     return absl::OkStatus();
   };
-  auto advance = [](const StepOutput& out, std::vector<SequenceStep>* seqs) {
+  // The constrained requests' grammars (constrained_fraction > 0), over the real tokenizer.
+  std::unique_ptr<ConstrainedRequests> constrained;
+  if (bc.constrained_fraction > 0) {
+    auto c = ConstrainedRequests::Create(bc.tokenizer, bc.constrained_spec, mc.vocab_size);
+    if (!c.ok()) return c.status();
+    constrained = std::move(*c);
+  }
+  auto advance = [&](const StepOutput& out, std::vector<SequenceStep>* seqs) -> absl::Status {
     for (size_t i = 0; i < seqs->size(); ++i) {
       (*seqs)[i].position_offset += 1;
       (*seqs)[i].tokens = {out.sampled[i].token};
     }
+    return constrained != nullptr ? constrained->Advance(out) : absl::OkStatus();
   };
 
   // ---- Prefill: a warm-up step of the timed steps' size, the timed steps, the op-timed one ----
@@ -608,11 +619,16 @@ absl::Status RunRank(const BenchConfig& bc, int64_t rank, RankState* s, RankOutp
       seqs[i].sampling = sp;
       seqs[i].return_logits = bc.decode_sampling_on_host;
     }
+    if (constrained != nullptr) {
+      constrained->Attach(bc.constrained_fraction, &seqs);
+      constrained->TakeFillSeconds();
+    }
     if (bc.pause_before_decode_ms > 0) {
       s->parts.backend->Synchronize();
       std::this_thread::sleep_for(std::chrono::milliseconds(bc.pause_before_decode_ms));
     }
     RankDecodeTimes d;
+    d.constrained = constrained != nullptr ? constrained->count() : 0;
     if (s->meter != nullptr) s->meter->Take();  // not the fill's exchanges
     for (int64_t step = 0; step < bc.output_len; ++step) {
       if (absl::Status st = line_up(); !st.ok()) return st;
@@ -628,8 +644,12 @@ absl::Status RunRank(const BenchConfig& bc, int64_t rank, RankState* s, RankOutp
         }
       }
       if (step >= bc.warmup) d.step_seconds.push_back(Seconds(t0, t1));
+      if (constrained != nullptr) {
+        const double fill = constrained->TakeFillSeconds();
+        if (step >= bc.warmup) d.mask_fill_seconds += fill;
+      }
       d.seq0_tokens.push_back(out->sampled[0].token);
-      advance(*out, &seqs);
+      if (absl::Status st = advance(*out, &seqs); !st.ok()) return st;
     }
     // The all-to-all's time: as many steps again, synchronised around each exchange call.
     if (synced > 0) {
@@ -642,7 +662,7 @@ absl::Status RunRank(const BenchConfig& bc, int64_t rank, RankState* s, RankOutp
         if (!out.ok()) return out.status();
         d.synced_step_seconds.push_back(Seconds(t0, t1));
         d.all_to_all_seconds.push_back(s->meter->Take().seconds);
-        advance(*out, &seqs);
+        if (absl::Status st = advance(*out, &seqs); !st.ok()) return st;
       }
       s->meter->set_timing(false);
     }
@@ -657,7 +677,7 @@ absl::Status RunRank(const BenchConfig& bc, int64_t rank, RankState* s, RankOutp
         if (!out.ok()) return out.status();
         if (s->meter != nullptr) s->meter->Take();
         if (step >= bc.warmup) times->push_back(Seconds(t0, t1));
-        advance(*out, &seqs);
+        if (absl::Status st = advance(*out, &seqs); !st.ok()) return st;
       }
       return absl::OkStatus();
     };
@@ -698,7 +718,7 @@ absl::Status RunRank(const BenchConfig& bc, int64_t rank, RankState* s, RankOutp
             timed_status = out.status();
             return;
           }
-          advance(*out, &seqs);
+          timed_status = advance(*out, &seqs);
         }
       }));
     }
@@ -795,6 +815,18 @@ absl::StatusOr<BenchResult> RunBenchmark(const BenchConfig& bc) {
   if (bc.decode_fill != "prefill" && bc.decode_fill != "random") {
     return absl::InvalidArgumentError(
         absl::StrCat("bench: --decode-fill must be prefill or random, not '", bc.decode_fill, "'"));
+  }
+  if (!(bc.constrained_fraction >= 0 && bc.constrained_fraction <= 1)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "bench: --constrained-fraction must be in [0, 1], not ", bc.constrained_fraction));
+  }
+  if (bc.constrained_fraction > 0 && bc.tokenizer.empty()) {
+    return absl::InvalidArgumentError(
+        "bench: --constrained-fraction needs --tokenizer DIR (tokenizer.json, "
+        "tokenizer_config.json): the masks are over the real vocabulary");
+  }
+  if (bc.constrained_fraction == 0 && !bc.constrained_spec.empty()) {
+    return absl::InvalidArgumentError("bench: --constrained-spec needs --constrained-fraction > 0");
   }
   auto bytes_per_value = BytesPerValue(bc.dtype);
   if (!bytes_per_value.ok()) return bytes_per_value.status();
@@ -985,6 +1017,12 @@ absl::StatusOr<BenchResult> RunBenchmark(const BenchConfig& bc) {
     };
     DecodeResult d = timed_run(steps, 0, r.cuda_graphs, bc.fused_ops, bc.pdl);
     d.seq0_tokens = outputs[0].decode[which].seq0_tokens;
+    d.constrained_requests = outputs[0].decode[which].constrained;
+    if (d.constrained_requests > 0) {
+      d.mask_fill_seconds_per_step =
+          outputs[0].decode[which].mask_fill_seconds /
+          std::max<double>(1, static_cast<double>(outputs[0].decode[which].step_seconds.size()));
+    }
     if (ranks > 1) {
       double a2a_sum = 0;
       for (int64_t k = 0; k < ranks; ++k) {
@@ -1168,6 +1206,13 @@ std::string FormatBenchReport(const BenchConfig& c, const BenchResult& r) {
           r.has_roofline ? ", " + roofline(d.roofline_fraction) : "", d.bytes_per_step,
           d.flops_per_step, peaks);
     }
+    if (d.constrained_requests > 0) {
+      absl::StrAppendFormat(&out,
+                            "constrained (batch %d): %d requests, host mask fill %.6f s per step "
+                            "(%s, inside the step time, overlapping the device's forward pass)\n",
+                            d.batch, d.constrained_requests, d.mask_fill_seconds_per_step,
+                            c.ranks > 1 ? "rank 0" : "mean over the timed steps");
+    }
     absl::StrAppend(&out, "seq0_decode_tokens (batch ", d.batch, "): ", Join(d.seq0_tokens), "\n");
     for (const RankDecodeResult& k : d.per_rank) {
       if (k.rank == 0) continue;  // the line above
@@ -1257,12 +1302,13 @@ std::string FormatBenchJson(const BenchConfig& c, const BenchResult& r) {
         "\"tokens_per_s_per_gpu\": %.3f, \"p50_s\": %.6f, \"p99_s\": %.6f, "
         "\"roofline_fraction\": %s, \"bytes_per_step\": %.6g, \"flops_per_step\": %.6g, "
         "\"exchange_bytes_per_step\": %.6g, \"all_to_all_s_per_step\": %.6g, "
-        "\"synced_step_p50_s\": %.6g, \"seq0_tokens\": [%s], \"per_rank\": [%s]}",
+        "\"synced_step_p50_s\": %.6g, \"constrained_requests\": %d, "
+        "\"mask_fill_s_per_step\": %.6g, \"seq0_tokens\": [%s], \"per_rank\": [%s]}",
         decode.empty() ? "" : ", ", d.batch, graphs(d.cuda_graphs), d.fused_ops ? "true" : "false",
         d.pdl ? "true" : "false", d.steps, d.tokens_per_s, d.tokens_per_s_per_gpu, d.p50_seconds,
         d.p99_seconds, fraction(d.roofline_fraction), d.bytes_per_step, d.flops_per_step,
         d.exchange_bytes_per_step, d.all_to_all_seconds_per_step, d.synced_step_p50_seconds,
-        json_list(d.seq0_tokens), per_rank);
+        d.constrained_requests, d.mask_fill_seconds_per_step, json_list(d.seq0_tokens), per_rank);
   }
   std::string speculative;
   for (const SpeculativeResult& sp : r.speculative) {

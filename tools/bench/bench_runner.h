@@ -137,6 +137,14 @@ struct BenchConfig {
   bool compare_pdl_off_decode = false;
   // Speculative decoding's cost (see the top comment): K drafts per sequence, 0 = not measured.
   int64_t speculative_tokens = 0;
+  // Structured output: this fraction of each decode batch's requests (spread evenly, sequence
+  // 0 first) is constrained by the JSON Schema in the file constrained_spec (empty: any JSON
+  // object), with masks over the tokenizer in the directory `tokenizer` filled on the host
+  // while the device runs the step, as the engine does (constrained_requests.h). Such steps
+  // run eagerly: a decode graph is not replayed for a batch with a masked row.
+  double constrained_fraction = 0;
+  std::string constrained_spec;
+  std::string tokenizer;
   double peak_bytes_per_s = 4.3e12;
   double peak_flops_per_s = 790e12;
 };
@@ -180,6 +188,10 @@ struct DecodeResult {
   bool cuda_graphs = false;                 // measured with BenchConfig::cuda_graphs on
   bool fused_ops = true;                    // measured with fused ops (BenchConfig::fused_ops)
   bool pdl = true;                          // measured with programmatic dependent launch
+  // BenchConfig::constrained_fraction: rank 0's constrained requests, and its host time per
+  // timed step spent filling their masks (inside the step time; -1 without constraints).
+  int64_t constrained_requests = 0;
+  double mask_fill_seconds_per_step = -1;
 };
 
 // Speculative decoding's step costs at one batch size (BenchConfig::speculative_tokens).

