@@ -9,6 +9,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "worker/backend/bf16.h"
+#include "worker/model/mxfp4_quantize.h"
 #include "worker/model/weight_uploader.h"
 
 namespace deepinfer {
@@ -209,6 +210,48 @@ class Loader {
                 });
     return LoadMatrix(prefix + "down_proj.weight", {hidden, inter}, &m->down);
   }
+  // A routed expert in MXFP4 (LoadOptions::mxfp4_experts): [gate; up] [2 * inter, hidden] and
+  // down [hidden, inter], each packed with its scales, quantised from the fp32 values.
+  absl::Status LoadMxfp4Mlp(const std::string& prefix, int64_t hidden, int64_t inter,
+                            MlpWeights* m) {
+    if (hidden % kMxfp4Block != 0 || inter % kMxfp4Block != 0) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          prefix, "*: MXFP4 experts need hidden_size and moe_intermediate_size to be multiples of ",
+          kMxfp4Block, ", not ", hidden, " and ", inter));
+    }
+    const std::string gate = prefix + "gate_proj.weight", up = prefix + "up_proj.weight",
+                      down = prefix + "down_proj.weight";
+    m->inter = inter;
+    m->gate_up = MatrixBuffer();
+    m->down = MatrixBuffer();
+    m->gate_up.scale_ld = hidden / kMxfp4Block;
+    m->down.scale_ld = inter / kMxfp4Block;
+    const int64_t gu = 2 * inter * hidden, dn = hidden * inter;
+    WeightSource* src = src_;
+    uploader_.Add(
+        src_->ShardOf(gate),
+        {static_cast<size_t>(gu / 2), static_cast<size_t>(gu / kMxfp4Block),
+         static_cast<size_t>(dn / 2), static_cast<size_t>(dn / kMxfp4Block)},
+        {&m->gate_up.data, &m->gate_up.mx_scales, &m->down.data, &m->down.mx_scales},
+        (gu + dn) * static_cast<int64_t>(sizeof(float)),
+        [src, gate, up, down, inter, hidden, gu,
+         dn](const std::vector<char*>& dst) -> absl::Status {
+          std::vector<float> v(std::max(gu, dn));
+          absl::Status st = src->ReadFloat32(gate, {inter, hidden}, v.data());
+          if (st.ok()) st = src->ReadFloat32(up, {inter, hidden}, v.data() + inter * hidden);
+          if (st.ok()) {
+            st = QuantizeMxfp4(v.data(), 2 * inter, hidden, reinterpret_cast<uint8_t*>(dst[0]),
+                               reinterpret_cast<uint8_t*>(dst[1]), gate.c_str());
+          }
+          if (st.ok()) st = src->ReadFloat32(down, {hidden, inter}, v.data());
+          if (st.ok()) {
+            st = QuantizeMxfp4(v.data(), hidden, inter, reinterpret_cast<uint8_t*>(dst[2]),
+                               reinterpret_cast<uint8_t*>(dst[3]), down.c_str());
+          }
+          return st;
+        });
+    return absl::OkStatus();
+  }
   // kv_b_proj as the checkpoint has it [heads * (nope + v), kv_lora], and its key half
   // transposed per head, W_uk^T [heads, kv_lora, nope].
   void LoadKvB(const std::string& name, int64_t nh, int64_t nope, int64_t vd, int64_t kvl,
@@ -318,8 +361,10 @@ absl::StatusOr<std::unique_ptr<ModelWeights>> ModelWeights::Load(const ModelConf
     }
     for (int64_t e = 0; e < c.n_routed_experts; ++e) {
       if (!is_mtp && options.hosts_expert && !options.hosts_expert(l, e)) continue;
-      DI_RETURN_IF_ERROR(ld.LoadMlp(absl::StrCat(m, "experts.", e, "."), hid,
-                                    c.moe_intermediate_size, &L.experts[e]));
+      const std::string prefix = absl::StrCat(m, "experts.", e, ".");
+      DI_RETURN_IF_ERROR(options.mxfp4_experts
+                             ? ld.LoadMxfp4Mlp(prefix, hid, c.moe_intermediate_size, &L.experts[e])
+                             : ld.LoadMlp(prefix, hid, c.moe_intermediate_size, &L.experts[e]));
     }
   }
   DI_RETURN_IF_ERROR(ld.Finish());
@@ -469,6 +514,11 @@ int64_t ModelWeights::DeviceBytes(const ModelConfig& c, WeightDType matrix_dtype
     }
     for (int64_t e = 0; e < c.n_routed_experts; ++e) {
       if (!is_mtp && options.hosts_expert && !options.hosts_expert(l, e)) continue;
+      if (options.mxfp4_experts) {  // packed e2m1 and a UE8M0 byte per 32, both matrices
+        const int64_t elements = 3 * c.moe_intermediate_size * hid;
+        bytes += elements / 2 + elements / kMxfp4Block;
+        continue;
+      }
       bytes += mlp(absl::StrCat(m, "experts.", e, "."), c.moe_intermediate_size);
     }
   }
