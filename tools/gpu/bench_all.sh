@@ -13,7 +13,10 @@
 #     3 dense + 1 MoE with 256 experts top-8): ours only, prefill 8 x 1024, decode at 1, 64, 128
 # Our dtype is BENCH_DTYPE (default bfloat16); HF runs bf16. BENCH_FP8=1 adds our runs with
 # --dtype fp8 (projections and MLPs FP8 block-scaled, the rest bf16) on both configs: rows
-# moonlight_fp8 and v3_4layers_fp8 beside the BENCH_DTYPE rows, in the same call.
+# moonlight_fp8 and v3_4layers_fp8 beside the BENCH_DTYPE rows, in the same call. BENCH_MXFP4=1
+# adds --dtype mxfp4 runs (as fp8, with the routed experts quantised to MXFP4 at load): rows
+# moonlight_mxfp4 and v3_4layers_mxfp4. With either switch, raise BENCH_BUDGET_S (each adds
+# about 220 s).
 # Before each decode run, ours and HF idle the GPU for BENCH_DECODE_PAUSE_MS (default 1000) ms:
 # right after a large prefill the board's power controller holds the SM clock down for ~0.4 s,
 # which costs a latency-bound 1-request decode ~5% (docs/performance.md, "Decode right after a
@@ -87,9 +90,20 @@ if [[ ${BENCH_FP8:-0} == 1 ]]; then
     --ours "v3_4layers_fp8=$work/ours_v3_4layers_fp8.json")
 fi
 
+mxfp4_rows=()
+if [[ ${BENCH_MXFP4:-0} == 1 ]]; then
+  mxfp4=("${bench[@]}" --dtype mxfp4)  # the later --dtype wins
+  step ours_moonlight_mxfp4 120 "${mxfp4[@]}" --model "$here/configs/moonlight_shaped.json" \
+    --decode-num-requests 1,64,128 --prefill-batch-tokens 32768 --iters 3
+  step ours_v3_4layers_mxfp4 100 "${mxfp4[@]}" --model "$here/configs/deepseek_v3_4layers.json" \
+    --decode-num-requests 1,64,128 --prefill-batch-tokens 8192 --iters 3
+  mxfp4_rows=(--ours "moonlight_mxfp4=$work/ours_moonlight_mxfp4.json"
+    --ours "v3_4layers_mxfp4=$work/ours_v3_4layers_mxfp4.json")
+fi
+
 python3 "$here/combine_results.py" \
   --ours "moonlight=$work/ours_moonlight.json" --hf "moonlight=$work/hf_moonlight.json" \
-  --ours "v3_4layers=$work/ours_v3_4layers.json" "${fp8_rows[@]}" \
+  --ours "v3_4layers=$work/ours_v3_4layers.json" "${fp8_rows[@]}" "${mxfp4_rows[@]}" \
   --title "deepinfer-bench ($dtype) vs HF transformers (bf16), context 1024, commit $(head -1 "$here/COMMIT" 2>/dev/null | cut -c1-12)" \
   --csv "$OUT/bench_all.csv" --md "$OUT/bench_all.md" > /dev/null 2> "$work/combine.log" ||
   failed=$((failed + 1))
