@@ -5,26 +5,16 @@
 #include "absl/strings/str_cat.h"
 
 namespace deepinfer {
-namespace {
-
-// E2M1 magnitudes by code: the midpoints between neighbours decide the rounding.
-constexpr float kMagnitudes[8] = {0.0f, 0.5f, 1.0f, 1.5f, 2.0f, 3.0f, 4.0f, 6.0f};
-
-}  // namespace
 
 uint8_t FloatToE2M1(float f) {
   if (std::isnan(f)) return 0;
   const uint8_t sign = std::signbit(f) ? 8 : 0;
   const float m = std::fabs(f);
-  uint8_t code = 7;
-  for (uint8_t c = 0; c < 7; ++c) {
-    const float mid = 0.5f * (kMagnitudes[c] + kMagnitudes[c + 1]);  // exact in fp32
-    if (m < mid || (m == mid && c % 2 == 0)) {
-      code = c;
-      break;
-    }
-  }
-  return sign | code;
+  // Codes 0..7 are 0, 0.5, 1, 1.5, 2, 3, 4, 6: count the midpoints below m; at a midpoint the
+  // even code wins (> where the lower neighbour's code is even, >= where the upper one's is).
+  const int code = (m > 0.25f) + (m >= 0.75f) + (m > 1.25f) + (m >= 1.75f) + (m > 2.5f) +
+                   (m >= 3.5f) + (m > 5.0f);
+  return static_cast<uint8_t>(sign | code);
 }
 
 uint8_t Mxfp4ScaleByte(float amax) {
@@ -56,11 +46,14 @@ absl::Status QuantizeMxfp4(const float* v, int64_t rows, int64_t cols, uint8_t* 
       }
       const uint8_t s = Mxfp4ScaleByte(amax);
       scales[r * blocks + b] = s;
-      const int shift = 127 - static_cast<int>(s);  // x / 2^(s - 127), exact
+      // x / 2^(s - 127) as x * 2^(127 - s), a normal float for the bytes Mxfp4ScaleByte gives
+      // (at most 252): exact (a product
+      // that falls to a subnormal is far below 0.25, and rounds to 0 either way).
+      const float inv = std::ldexp(1.0f, 127 - static_cast<int>(s));
       uint8_t* out = packed + r * (cols / 2) + b * (kMxfp4Block / 2);
       for (int64_t i = 0; i < kMxfp4Block; i += 2) {
-        const uint8_t lo = FloatToE2M1(std::ldexp(x[i], shift));
-        const uint8_t hi = FloatToE2M1(std::ldexp(x[i + 1], shift));
+        const uint8_t lo = FloatToE2M1(x[i] * inv);
+        const uint8_t hi = FloatToE2M1(x[i + 1] * inv);
         out[i / 2] = static_cast<uint8_t>(lo | (hi << 4));
       }
     }
