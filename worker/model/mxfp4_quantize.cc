@@ -47,8 +47,8 @@ absl::Status QuantizeMxfp4(const float* v, int64_t rows, int64_t cols, uint8_t* 
       const uint8_t s = Mxfp4ScaleByte(amax);
       scales[r * blocks + b] = s;
       // x / 2^(s - 127) as x * 2^(127 - s), a normal float for the bytes Mxfp4ScaleByte gives
-      // (at most 252): exact (a product
-      // that falls to a subnormal is far below 0.25, and rounds to 0 either way).
+      // (at most 252): exact (a product that falls to a subnormal is far below 0.25, and rounds
+      // to 0 either way).
       const float inv = std::ldexp(1.0f, 127 - static_cast<int>(s));
       uint8_t* out = packed + r * (cols / 2) + b * (kMxfp4Block / 2);
       for (int64_t i = 0; i < kMxfp4Block; i += 2) {
