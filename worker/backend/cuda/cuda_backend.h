@@ -201,7 +201,7 @@ class CudaBackend : public Backend {
   // MXFP4 experts (args.mxfp4()): the same permutation (bf16 rows) and combine around
   // kernels::Mxfp4MmaGroupedGemm for gate_up and down at any batch size, without host
   // synchronisation (capturable).
-  // args.swiglu_limit (V4's clamp) in every SiLU-mul of the bf16 / fp32 paths; FP8 and MXFP4
+  // args.swiglu_limit (V4's clamp) in every SiLU-mul of the bf16 / fp32 / MXFP4 paths; FP8
   // experts with a clamp are refused (false).
   bool RoutedExperts(const RoutedExpertsArgs& args) override;
   // Taken for bf16 weights, tokens whose decode algorithm is kGroupedF32 (DecodeMoeAlgoFor),
@@ -400,8 +400,8 @@ class CudaBackend : public Backend {
                                    bool bf16);
   // RoutedExperts with MXFP4 experts (cuda_backend_mxfp4.cc): at any batch size without host
   // synchronisation, bf16 rows through kernels::Mxfp4MmaGroupedGemm (gate_up fp32,
-  // SiluMulF32ToBf16, down). false for a clamped SwiGLU, sizes the kernel does not take, or a
-  // device without it.
+  // SiluMulF32ToBf16 or, with a clamp, gate_up rounded to bf16 and SiluMulBf16 with the limit,
+  // down). false for sizes the kernel does not take or a device without it.
   bool RoutedExpertsMxfp4(const RoutedExpertsArgs& a);
   // RoutedExperts with FP8 experts (cuda_backend_fp8.cc), and its two ways of running the expert
   // GEMMs over the permuted fp32 rows [rows, hidden] grouped by the device offsets [E + 1]

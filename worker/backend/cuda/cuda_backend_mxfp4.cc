@@ -8,6 +8,7 @@
 #include "absl/strings/str_cat.h"
 #include "kernels/activation/elementwise.h"
 #include "kernels/gemm/mxfp4_mma_gemm.h"
+#include "kernels/moe/expert_activation.h"
 #include "kernels/moe/moe_permute.h"
 #include "worker/backend/cuda/cuda_backend.h"
 #include "worker/backend/cuda/op_timer.h"
@@ -21,8 +22,7 @@ bool CudaBackend::RoutedExpertsMxfp4(const RoutedExpertsArgs& a) {
       H % kernels::kMxfp4BlockSize != 0 || I < 1 || I % kernels::kMxfp4BlockSize != 0 ||
       a.gate_up_mx_scales == nullptr || a.down_mx_scales == nullptr ||
       a.gate_up_scale_ld < H / kernels::kMxfp4BlockSize ||
-      a.down_scale_ld < I / kernels::kMxfp4BlockSize || a.swiglu_limit > 0.0f ||
-      !kernels::Mxfp4MmaGemmAvailable()) {
+      a.down_scale_ld < I / kernels::kMxfp4BlockSize || !kernels::Mxfp4MmaGemmAvailable()) {
     return false;
   }
   OpTimer timer(this, "RoutedExpertsMxfp4");
@@ -52,8 +52,20 @@ bool CudaBackend::RoutedExpertsMxfp4(const RoutedExpertsArgs& a) {
       static_cast<int32_t>(std::min<int64_t>(T, std::max<int64_t>(1, (T * K + E - 1) / E)));
   Check(kernels::Mxfp4MmaGroupedGemm(g, stream_), "kernels::Mxfp4MmaGroupedGemm(gate_up)");
   auto act = AllocateScratch(rows * I * sizeof(uint16_t));
-  Check(kernels::SiluMulF32ToBf16(T * K, I, gate_up->as<float>(), act->as<uint16_t>(), stream_),
-        "kernels::SiluMulF32ToBf16");
+  if (a.swiglu_limit > 0.0f) {
+    // DeepSeek-V4's clamped SwiGLU: the clamping SiLU-mul reads bf16 rows, so gate_up is rounded
+    // to bf16 first (as the cuBLAS path's bf16 GEMM output is).
+    auto gate_up16 = AllocateScratch(rows * 2 * I * sizeof(uint16_t));
+    Check(kernels::RoundF32ToBf16(T * K * 2 * I, gate_up->as<float>(), gate_up16->as<uint16_t>(),
+                                  stream_),
+          "kernels::RoundF32ToBf16");
+    Check(kernels::SiluMulBf16(T * K, I, gate_up16->as<uint16_t>(), act->as<uint16_t>(), stream_,
+                               nullptr, a.swiglu_limit),
+          "kernels::SiluMulBf16");
+  } else {
+    Check(kernels::SiluMulF32ToBf16(T * K, I, gate_up->as<float>(), act->as<uint16_t>(), stream_),
+          "kernels::SiluMulF32ToBf16");
+  }
   auto expert_out = AllocateScratch(rows * H * sizeof(float));
   g.n = H;
   g.k = I;

@@ -6,8 +6,9 @@
 // (sum |.| + |result|), mxfp4_mma_gemm_test); the SiLU-mul output is rounded to bf16 on the
 // device, so an fp32-level difference in g or u can move it by one bf16 step (2^-8 of the
 // product) near a rounding boundary: each choice is allowed two such steps of its largest
-// product plus its GEMMs' bounds carried through. Eager at decode and prefill sizes, and replayed
-// from a CUDA graph. Skips without a GPU.
+// product plus its GEMMs' bounds carried through (with V4's clamp, g and u are rounded to bf16
+// before it: one step more each). Eager at decode and prefill sizes, and replayed from a CUDA
+// graph. Skips without a GPU.
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -82,11 +83,13 @@ class CudaMxfp4RoutedExpertsTest : public CudaBackendTest {
     return (k + 64) * std::ldexp(mag + std::abs(want), -24) + 1e-30;
   }
 
-  void Run(int64_t T, bool graph) {
+  // limit > 0: DeepSeek-V4's clamped SwiGLU, on gate_up rounded to bf16.
+  void Run(int64_t T, bool graph, float limit = 0.0f) {
     const uint32_t seed = testing::FreshSeed();
     SCOPED_TRACE(::testing::Message()
                  << "seed " << seed << " tokens " << T << (graph ? " replayed" : " eager"));
     std::mt19937 gen(seed);
+    const double step = std::ldexp(1.0, -8);
     std::vector<MxMatrix> gu, dn;
     std::vector<const void*> gu_ptr, dn_ptr, gu_scale, dn_scale;
     for (int64_t e = 0; e < E; ++e) {
@@ -144,6 +147,7 @@ class CudaMxfp4RoutedExpertsTest : public CudaBackendTest {
     a.gate_up_host = gu_ptr.data();
     a.down_host = dn_ptr.data();
     a.dtype = WeightDType::kMxfp4E2M1;
+    a.swiglu_limit = limit;
     a.out = out->as<float>();
     gpu_->SetOpTiming(!graph);
     if (graph) {
@@ -163,7 +167,6 @@ class CudaMxfp4RoutedExpertsTest : public CudaBackendTest {
       EXPECT_EQ(CallsOf(report, "RoutedExpertsMxfp4"), 1) << report;
     }
     const std::vector<float> got = Download(*out);
-    const double step = std::ldexp(1.0, -8);
     for (int64_t t = 0; t < T; ++t) {
       std::vector<double> want(H, 0.0), tol(H, 0.0);
       std::vector<double> xt(H);
@@ -174,9 +177,17 @@ class CudaMxfp4RoutedExpertsTest : public CudaBackendTest {
         HostGemv(xt, gu[e], &g, &gmag);
         std::vector<double> act(I), dact(I);
         for (int64_t i = 0; i < I; ++i) {
-          const double gate = g[i], up = g[I + i];
+          double gate = g[i], up = g[I + i];
+          double dg = Bound(H, gmag[i], gate), du = Bound(H, gmag[I + i], up);
+          if (limit > 0) {
+            // The device rounds g and u to bf16 before clamping: each may land one bf16 ulp (at
+            // most 2^-7 of it) from the host's rounding.
+            dg += 2 * step * std::abs(gate);
+            du += 2 * step * std::abs(up);
+            gate = std::min<double>(RoundToBf16(static_cast<float>(gate)), limit);
+            up = std::clamp<double>(RoundToBf16(static_cast<float>(up)), -limit, limit);
+          }
           const double sg = gate / (1.0 + std::exp(-gate));
-          const double dg = Bound(H, gmag[i], gate), du = Bound(H, gmag[I + i], up);
           act[i] = RoundToBf16(static_cast<float>(sg * up));
           dact[i] = 1.1 * dg * (std::abs(up) + du) + std::abs(sg) * du;
         }
@@ -221,16 +232,22 @@ TEST_F(CudaMxfp4RoutedExpertsTest, ReplayedFromACudaGraph) {
   Run(9, true);
 }
 
-// V4's clamped SwiGLU is not on this path: declined, nothing launched.
-TEST_F(CudaMxfp4RoutedExpertsTest, DeclinesAClampedSwiGlu) {
+// DeepSeek-V4's clamped SwiGLU (a limit that clamps a good share of these g and u).
+TEST_F(CudaMxfp4RoutedExpertsTest, ClampedSwiGlu) {
+  if (!kernels::Mxfp4MmaGemmAvailable()) GTEST_SKIP() << "no sm_80+ kernel for this device";
+  Run(3, false, 0.7f);
+  Run(9, true, 0.7f);
+}
+
+// Sizes the kernel does not take are declined, nothing launched.
+TEST_F(CudaMxfp4RoutedExpertsTest, DeclinesHiddenNotAMultipleOf32) {
   RoutedExpertsArgs a;
   a.num_tokens = 1;
   a.top_k = 1;
   a.num_experts = 1;
-  a.hidden_size = 64;
+  a.hidden_size = 48;
   a.inter = 64;
   a.dtype = WeightDType::kMxfp4E2M1;
-  a.swiglu_limit = 7.0f;
   EXPECT_FALSE(gpu_->RoutedExperts(a));
   EXPECT_TRUE(gpu_->status().ok());
 }
