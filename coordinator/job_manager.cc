@@ -11,8 +11,10 @@
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
+#include "absl/time/clock.h"
 #include "common/eplb/expert_parallel_group.h"
 #include "common/eplb/placement_proto.h"
 #include "coordinator/batch/batch_output.h"
@@ -27,6 +29,10 @@ constexpr size_t kMaxItemsPerCall = 128;
 constexpr int64_t kMaxTokensPerCall = 200000;
 
 std::string MembersKey(const std::vector<std::string>& parts) { return absl::StrJoin(parts, ","); }
+
+// The wall clock in unix seconds, for log lines that tools line up across processes
+// (tools/bench/e2e_job.py).
+std::string UnixNow() { return absl::StrFormat("%.3f", absl::ToUnixMicros(absl::Now()) / 1e6); }
 
 }  // namespace
 
@@ -187,7 +193,7 @@ absl::Status JobManager::ActivateJob(const std::string& job_id) {
   // Every line has its result (error lines, or a resumed job that was about to finish).
   jobs_.erase(it);
   writer_.SetJobState(job_id, Job::COMPLETED, "", clock_->Now());
-  LOG(INFO) << "job " << job_id << " completed";
+  LOG(INFO) << "job " << job_id << " completed at unix " << UnixNow();
   return absl::OkStatus();
 }
 
@@ -351,7 +357,7 @@ void JobManager::ApplyWrittenLocked(const JobStoreWriter::Written& written) {
     if (job->second.remaining > 0 || job->second.cancelled || job->second.validating) continue;
     jobs_.erase(job);
     writer_.SetJobState(job_id, Job::COMPLETED, "", clock_->Now());
-    LOG(INFO) << "job " << job_id << " completed";
+    LOG(INFO) << "job " << job_id << " completed at unix " << UnixNow();
   }
   BumpLocked();
 }

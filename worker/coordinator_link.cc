@@ -32,6 +32,8 @@ void CoordinatorLink::Stop() {
     absl::MutexLock lock(&mu_);
     stop_ = true;
   }
+  // The results thread may be waiting for results: it sees stop_ at once.
+  if (config_.outbox != nullptr) config_.outbox->Interrupt();
   if (thread_.joinable()) thread_.join();
   if (results_thread_.joinable()) results_thread_.join();
 }
@@ -88,8 +90,8 @@ void CoordinatorLink::LogFailure(const std::string& what, const grpc::Status& st
   // First failure and then every 20th, so an absent coordinator does not flood logs.
   if (consecutive_failures_++ % 20 == 0) {
     LOG(WARNING) << what << " " << config_.coordinator_address << " failed ("
-                 << consecutive_failures_ << " in a row): " << status.error_message()
-                 << " [code " << status.error_code() << "]";
+                 << consecutive_failures_ << " in a row): " << status.error_message() << " [code "
+                 << status.error_code() << "]";
   }
   absl::MutexLock lock(&mu_);
   state_.last_error = absl::StrCat(what, ": ", status.error_message());
@@ -142,8 +144,8 @@ bool CoordinatorLink::RegisterOnce() {
   heartbeat_interval_ = absl::Milliseconds(response.heartbeat_interval_ms());
   if (heartbeat_interval_ <= absl::ZeroDuration()) heartbeat_interval_ = absl::Seconds(1);
   LOG(INFO) << "registered as " << config_.worker_id << " with coordinator "
-            << config_.coordinator_address << " (incarnation "
-            << response.coordinator_incarnation() << "), heartbeat every " << heartbeat_interval_;
+            << config_.coordinator_address << " (incarnation " << response.coordinator_incarnation()
+            << "), heartbeat every " << heartbeat_interval_;
   return true;
 }
 
@@ -164,8 +166,7 @@ void CoordinatorLink::HeartbeatOnce() {
     consecutive_failures_ = 0;
     return;
   }
-  const bool must_register = status.ok() ||
-                             status.error_code() == grpc::StatusCode::NOT_FOUND ||
+  const bool must_register = status.ok() || status.error_code() == grpc::StatusCode::NOT_FOUND ||
                              status.error_code() == grpc::StatusCode::FAILED_PRECONDITION;
   if (must_register) {
     LOG(INFO) << "coordinator asks this worker to register again: "
@@ -185,14 +186,13 @@ void CoordinatorLink::SendResults() {
     uint64_t incarnation;
     {
       absl::MutexLock lock(&mu_);
-      auto ready = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-        return stop_ || state_.registered;
-      };
+      auto ready = [this]()
+                       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return stop_ || state_.registered; };
       mu_.Await(absl::Condition(&ready));
       if (stop_) return;
       incarnation = state_.coordinator_incarnation;
     }
-    // Short waits, so that a stop request is seen promptly.
+    // Stop() interrupts the wait.
     if (!outbox->WaitForResults(absl::Milliseconds(100))) continue;
     std::vector<RequestResult> batch = outbox->Peek(config_.results_per_call);
     ReportResultsRequest request;

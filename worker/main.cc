@@ -2,6 +2,7 @@
 // WorkerService (group forming, requests), registers with the coordinator, heartbeats and
 // reports results until SIGTERM/SIGINT.
 #include <algorithm>
+#include <cstdlib>
 #include <iostream>
 #include <memory>
 #include <string>
@@ -99,6 +100,18 @@ int main(int argc, char** argv) {
                 "suggested algorithms, timed once per shape (the first step of a new shape pays\n"
                 "it; ~3% faster prefill on the H200). The pick can differ between processes, so\n"
                 "--gemm-autotune=false for run-to-run reproducible prefill. docs/cuda.md.");
+  absl::StatusOr<bool> batch_invariant_env =
+      deepinfer::ParseBatchInvariantEnv(std::getenv(deepinfer::kBatchInvariantEnv));
+  if (!batch_invariant_env.ok()) {
+    std::cerr << "deepinfer-worker: " << batch_invariant_env.status().message() << "\n";
+    return 2;
+  }
+  config.engine.batch_invariant = *batch_invariant_env;
+  flags.AddBool("batch-invariant", &config.engine.batch_invariant,
+                "With --backend cuda: the batch-invariant mode: every op computes a row the same\n"
+                "way at any batch size, so a request's logprobs (and, seeded, its samples) do not\n"
+                "depend on the requests batched with it; slower decode (docs/engine.md, \"Batch\n"
+                "invariance\"). Default: on when DEEPINFER_BATCH_INVARIANT=1.");
   flags.AddInt("cuda-graph-max-batch", &config.engine.cuda_graph_max_batch,
                "Largest decode batch run from a CUDA graph (the last bucket).");
   flags.AddBool("pdl", &pdl,

@@ -26,8 +26,16 @@ void ResultOutbox::Pop(size_t n) {
 
 bool ResultOutbox::WaitForResults(absl::Duration timeout) const {
   absl::MutexLock lock(&mu_);
-  auto waiting = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return !pending_.empty(); };
-  return mu_.AwaitWithTimeout(absl::Condition(&waiting), timeout);
+  auto waiting = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return !pending_.empty() || interrupted_;
+  };
+  mu_.AwaitWithTimeout(absl::Condition(&waiting), timeout);
+  return !pending_.empty();
+}
+
+void ResultOutbox::Interrupt() {
+  absl::MutexLock lock(&mu_);
+  interrupted_ = true;
 }
 
 size_t ResultOutbox::size() const {

@@ -24,8 +24,10 @@ class ResultOutbox {
   std::vector<RequestResult> Peek(size_t max) const;
   // Removes the oldest `n` (after they were acknowledged).
   void Pop(size_t n);
-  // Returns when results wait or `timeout` passed; true if results wait.
+  // Returns when results wait, `timeout` passed or Interrupt() was called; true if results wait.
   bool WaitForResults(absl::Duration timeout) const;
+  // Wakes the WaitForResults calls, and makes later ones return at once (the sender stops).
+  void Interrupt();
   size_t size() const;
   // Results acknowledged so far.
   size_t delivered() const;
@@ -34,6 +36,7 @@ class ResultOutbox {
   mutable absl::Mutex mu_;
   std::deque<RequestResult> pending_ ABSL_GUARDED_BY(mu_);
   size_t delivered_ ABSL_GUARDED_BY(mu_) = 0;
+  bool interrupted_ ABSL_GUARDED_BY(mu_) = false;
 };
 
 }  // namespace deepinfer

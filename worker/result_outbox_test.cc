@@ -1,6 +1,8 @@
 // ResultOutbox: results stay until popped, in order.
 #include "worker/result_outbox.h"
 
+#include <thread>
+
 #include "gtest/gtest.h"
 
 namespace deepinfer {
@@ -29,6 +31,20 @@ TEST(ResultOutboxTest, PeekDoesNotRemovePopDoes) {
   EXPECT_EQ(box.size(), 1u);
   EXPECT_EQ(box.delivered(), 2u);
   EXPECT_EQ(box.Peek(10)[0].request_id(), "c");
+}
+
+// Interrupt() wakes a sender waiting without a deadline (it would wait for ever otherwise), and
+// later waits return at once; results still count.
+TEST(ResultOutboxTest, InterruptWakesTheWaiters) {
+  ResultOutbox box;
+  bool woke_with_results = true;
+  std::thread waiter([&] { woke_with_results = box.WaitForResults(absl::InfiniteDuration()); });
+  box.Interrupt();
+  waiter.join();
+  EXPECT_FALSE(woke_with_results);
+  EXPECT_FALSE(box.WaitForResults(absl::InfiniteDuration()));
+  box.Add(Results({"a"}));
+  EXPECT_TRUE(box.WaitForResults(absl::InfiniteDuration()));
 }
 
 }  // namespace

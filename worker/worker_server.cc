@@ -6,6 +6,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "absl/time/clock.h"
 #include "common/rpc/incarnation.h"
 #include "glog/logging.h"
@@ -182,6 +183,7 @@ absl::StatusOr<std::unique_ptr<WorkerServer>> WorkerServer::Start(WorkerConfig c
     options.group.threads_per_rank = std::max(1, e.threads_per_rank);
     options.group.dtype = e.dtype;
     options.group.gemm_autotune = e.gemm_autotune;
+    options.group.batch_invariant = e.batch_invariant;
     options.group.decode_graphs.enabled = e.cuda_graphs;
     options.group.decode_graphs.max_batch = e.cuda_graph_max_batch;
     options.group.kv_cache_dtype = e.kv_cache_dtype;
@@ -260,21 +262,42 @@ absl::StatusOr<std::unique_ptr<WorkerServer>> WorkerServer::Start(WorkerConfig c
 WorkerServer::~WorkerServer() { Shutdown(); }
 
 void WorkerServer::Shutdown() {
+  if (shut_down_) return;
+  shut_down_ = true;
+  // Each part is timed and logged in one line (tools/bench/e2e_job.py reads it).
+  const absl::Time start = absl::Now();
+  absl::Time mark = start;
+  auto lap = [&mark]() {
+    const absl::Time now = absl::Now();
+    const double s = absl::ToDoubleSeconds(now - mark);
+    mark = now;
+    return s;
+  };
   // The coordinator first: its last results delivered, this worker LEFT, so that it stops
   // sending work here and runs this worker's requests elsewhere at once. The group RPCs are
   // refused from here on (the link is no longer registered).
   if (link_ != nullptr) (void)link_->Leave("the worker is shutting down");
+  const double leave_s = lap();
   // Then the server: its handlers read link_.
   if (server_ != nullptr) {
     server_->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
     server_.reset();
   }
   link_.reset();
-  // Rank threads end here; results they still produce stay in the outbox.
+  const double server_s = lap();
+  // Rank threads end here; results they still produce stay in the outbox. The ranks' caches
+  // hand their idle blocks to the store as they go, but only what outlives this process (the
+  // disk tier): copying them into host memory freed at exit would only delay the exit.
+  if (kv_block_store_ != nullptr) kv_block_store_->BeginShutdown();
   controller_.reset();
-  // The ranks' caches handed their blocks to the store as they went; the disk tier keeps them
-  // for the next worker on the directory.
+  const double ranks_s = lap();
+  // The disk tier keeps them for the next worker on the directory.
   if (kv_block_store_ != nullptr) kv_block_store_->Flush();
+  const double flush_s = lap();
+  LOG(INFO) << absl::StrFormat(
+      "shutdown: left the coordinator in %.3f s, server stopped in %.3f s, ranks stopped in "
+      "%.3f s, KV store flushed in %.3f s; done at unix %.3f",
+      leave_s, server_s, ranks_s, flush_s, absl::ToUnixMicros(absl::Now()) / 1e6);
 }
 
 CoordinatorLink::State WorkerServer::link_state() const {

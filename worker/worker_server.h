@@ -51,6 +51,8 @@ struct WorkerEngineConfig {
   bool cuda_graphs = true;
   // BackendOptions::gemm_autotune (cuda: per-shape cuBLASLt algorithms for prefill GEMMs).
   bool gemm_autotune = true;
+  // BackendOptions::batch_invariant (cuda: the batch-invariant mode, --batch-invariant).
+  bool batch_invariant = false;
   int64_t cuda_graph_max_batch = 256;
   // Latent KV cache elements: "auto"/empty (= the weights' dtype), "bfloat16" or "float32".
   std::string kv_cache_dtype;
@@ -106,7 +108,7 @@ class WorkerServer {
   WorkerServer& operator=(const WorkerServer&) = delete;
 
   // Delivers the results waiting, deregisters from the coordinator (CoordinatorLink::Leave),
-  // then stops serving, heartbeating and the group. Idempotent.
+  // then stops serving, heartbeating and the group; logs how long each part took. Idempotent.
   void Shutdown();
 
   int port() const { return port_; }
@@ -124,6 +126,7 @@ class WorkerServer {
   uint64_t incarnation_ = 0;
   int port_ = 0;
   absl::Time start_time_;
+  bool shut_down_ = false;
   std::unique_ptr<TokenAuthenticator> auth_;
   // Declared before what uses them: rank threads add to the outbox, the link reads both.
   std::unique_ptr<ModelFiles> model_;

@@ -276,8 +276,10 @@ std::atomic<int> g_interrupted{0};
 // The local coordinator's heartbeat period, and how often `deepinfer run` asks it whether the
 // job is done (the process exits at most this long after the job ends).
 constexpr int kLocalHeartbeatMs = 100;
-constexpr int kJobPollMs = 50;
+constexpr int kJobPollMs = 20;
 constexpr int kLocalGroupSettleMs = 100;
+
+std::string UnixNow() { return absl::StrFormat("%.3f", absl::ToUnixMicros(absl::Now()) / 1e6); }
 
 void OnInterrupt(int signal) { g_interrupted = signal; }
 
@@ -411,16 +413,25 @@ class LocalCluster {
     return absl::OkStatus();
   }
 
-  void Stop() {
+  // Stops the workers, then the coordinator (SIGTERM; SIGKILL after 15 s); `timeline`, when
+  // set, gets a line when each has exited.
+  void Stop(std::ostream* timeline = nullptr) {
+    if (timeline != nullptr && (!workers_.empty() || coordinator_.has_value())) {
+      *timeline << "stopping at unix " << UnixNow() << "\n";
+    }
     for (ChildProcess& w : workers_) w.Signal(SIGTERM);
     for (ChildProcess& w : workers_) {
       if (!w.Wait(absl::Seconds(15)).ok()) w.Signal(SIGKILL);
+    }
+    if (timeline != nullptr && !workers_.empty()) {
+      *timeline << "workers stopped at unix " << UnixNow() << "\n";
     }
     workers_.clear();
     if (coordinator_.has_value()) {
       coordinator_->Signal(SIGTERM);
       if (!coordinator_->Wait(absl::Seconds(15)).ok()) coordinator_->Signal(SIGKILL);
       coordinator_.reset();
+      if (timeline != nullptr) *timeline << "coordinator stopped at unix " << UnixNow() << "\n";
     }
   }
 
@@ -458,6 +469,7 @@ std::vector<std::string> LocalWorkerArgv(const RunOptions& options, int64_t inde
   if (!options.kv_cache_dtype.empty()) argv.push_back("--kv-cache-dtype=" + options.kv_cache_dtype);
   if (!options.prefix_caching) argv.push_back("--no-prefix-caching");
   if (!options.async_scheduling) argv.push_back("--no-async-scheduling");
+  if (options.batch_invariant) argv.push_back("--batch-invariant");
   if (!options.kv_cache_dir.empty()) argv.push_back("--kv-cache-dir=" + options.kv_cache_dir);
   if (options.kv_cache_dir_gb >= 0) {
     argv.push_back(absl::StrCat("--kv-cache-dir-gb=", options.kv_cache_dir_gb));
@@ -531,6 +543,10 @@ int RunCommand(const RunOptions& options) {
   }
   int code = 1;
   {
+    // When the job finished, its results were written and the processes stopped, in unix
+    // seconds (lined up with the daemons' logs by tools/bench/e2e_job.py).
+    mkdir((state_dir + "/logs").c_str(), 0755);
+    std::ofstream timeline(state_dir + "/logs/run.log");
     LocalCluster cluster;
     absl::Status started = cluster.Start(options, state_dir);
     if (!started.ok()) {
@@ -576,10 +592,15 @@ int RunCommand(const RunOptions& options) {
           }
           absl::SleepFor(absl::Milliseconds(kJobPollMs));
         }
-        if (job.ok()) progress.Update(*job);
+        if (job.ok()) {
+          progress.Update(*job);
+          timeline << "job " << Job::State_Name(job->state()) << " seen at unix " << UnixNow()
+                   << "\n";
+        }
         progress.Finish();
         // Whatever happened, write the results that exist.
         absl::StatusOr<int64_t> lines = WriteResults(client, connection, *job_id, output->get());
+        if (lines.ok()) timeline << "results written at unix " << UnixNow() << "\n";
         if (!job.ok()) {
           Fail("run", job.status());
         } else if (!lines.ok()) {
@@ -591,7 +612,7 @@ int RunCommand(const RunOptions& options) {
         }
       }
     }
-    cluster.Stop();
+    cluster.Stop(&timeline);
   }
   if (temporary && !options.keep_state && code == 0) {
     (void)!std::system(absl::StrCat("rm -rf '", state_dir, "'").c_str());

@@ -59,6 +59,8 @@ struct RunOptions {
   bool prefix_caching = true;
   // false: the workers get --no-async-scheduling.
   bool async_scheduling = true;
+  // true: the workers get --batch-invariant (the CUDA backend's batch-invariant mode).
+  bool batch_invariant = false;
   // Passed to the workers when set: --kv-cache-dir, --kv-cache-dir-gb, --kv-host-cache-gb
   // (negative: the worker's default).
   std::string kv_cache_dir;

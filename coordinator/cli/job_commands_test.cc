@@ -69,19 +69,20 @@ TEST(LocalWorkerArgvTest, PassesEveryEngineOptionThenTheExtraArgs) {
   o.kv_cache_dtype = "bfloat16";
   o.prefix_caching = false;
   o.async_scheduling = false;
+  o.batch_invariant = true;
   o.kv_cache_dir = "/kv";
   o.kv_cache_dir_gb = 2.5;
   o.kv_host_cache_gb = 0;
   o.worker_args = " --kv-cache-tokens=4096  --communicator=nccl";
   const std::vector<std::string> argv = LocalWorkerArgv(o, 0, "/bin/w", "a:1", "/t", "2,3");
-  EXPECT_THAT(
-      argv,
-      ElementsAre("/usr/bin/env", "CUDA_VISIBLE_DEVICES=2,3", "/bin/w", "--coordinator=a:1",
-                  "--model=/m", "--backend=cuda", "--ranks=2", "--worker-id=worker-0",
-                  "--auth-token-file=/t", "--dtype=float32", "--cuda-graphs=false",
-                  "--cuda-graph-max-batch=64", "--kv-cache-dtype=bfloat16", "--no-prefix-caching",
-                  "--no-async-scheduling", "--kv-cache-dir=/kv", "--kv-cache-dir-gb=2.5",
-                  "--kv-host-cache-gb=0", "--kv-cache-tokens=4096", "--communicator=nccl"));
+  EXPECT_THAT(argv,
+              ElementsAre("/usr/bin/env", "CUDA_VISIBLE_DEVICES=2,3", "/bin/w", "--coordinator=a:1",
+                          "--model=/m", "--backend=cuda", "--ranks=2", "--worker-id=worker-0",
+                          "--auth-token-file=/t", "--dtype=float32", "--cuda-graphs=false",
+                          "--cuda-graph-max-batch=64", "--kv-cache-dtype=bfloat16",
+                          "--no-prefix-caching", "--no-async-scheduling", "--batch-invariant",
+                          "--kv-cache-dir=/kv", "--kv-cache-dir-gb=2.5", "--kv-host-cache-gb=0",
+                          "--kv-cache-tokens=4096", "--communicator=nccl"));
 }
 
 // The HF-made fixture: 8 routed experts.

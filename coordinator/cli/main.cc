@@ -203,6 +203,11 @@ int Run(const std::vector<std::string>& args) {
   flags.AddBool("async-scheduling", &options.async_scheduling,
                 "Workers form each step while the one before runs (passed to the workers;\n"
                 "outputs unchanged); --no-async-scheduling: every step runs to the end first.");
+  flags.AddBool("batch-invariant", &options.batch_invariant,
+                "With --backend cuda: the workers' batch-invariant mode (passed to them as\n"
+                "--batch-invariant): a request's logprobs do not depend on the requests batched\n"
+                "with it; slower decode (docs/engine.md, \"Batch invariance\"). The workers also\n"
+                "turn it on under DEEPINFER_BATCH_INVARIANT=1, which they inherit.");
   flags.AddBool("prefix-caching", &options.prefix_caching,
                 "Workers reuse the KV cache of prompt prefixes they computed before (requests\n"
                 "sharing a system prompt skip its prefill; usage.prompt_tokens_details.\n"

@@ -125,10 +125,17 @@ __global__ void __launch_bounds__(kThreads) Fp8MmaGemmKernel(Fp8MmaGemmParams p,
 
 bool Aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
 
+// Whether a fixed k split (Fp8MmaGemmParams::k_split) is one the kernels take.
+bool KSplitValid(int32_t k_split, int64_t k) {
+  if (k_split == 0 || k_split == 1) return true;
+  const int64_t kblocks = (k + kKBlock - 1) / kKBlock;
+  return (k_split == 2 || k_split == 4 || k_split == kWarps) && 2 * k_split <= kblocks;
+}
+
 template <int NT, bool kBf16A>
 cudaError_t LaunchDense(const Fp8MmaGemmParams& p, cudaStream_t stream) {
   const int64_t passes = (p.m + 8 * NT - 1) / (8 * NT);
-  const int ks = mma_tile::KSplit(p.n, p.k, passes);
+  const int ks = p.k_split > 0 ? p.k_split : mma_tile::KSplit(p.n, p.k, passes);
   const int64_t tiles = (p.n + kTile - 1) / kTile, per_block = kWarps / ks;
   const dim3 grid(static_cast<unsigned>((tiles + per_block - 1) / per_block),
                   static_cast<unsigned>(passes));
@@ -169,7 +176,7 @@ bool Fp8MmaGemmSupports(const Fp8MmaGemmParams& p) {
          p.w.scales != nullptr && p.c != nullptr && p.lda >= p.k && (p.lda * a_elem) % 16 == 0 &&
          Aligned16(p.a) && p.w.ldw >= p.k && p.w.ldw % 16 == 0 && Aligned16(p.w.data) &&
          p.ldc >= p.n && p.w.scale_ld >= Fp8ScaleCols(p.k) && p.w.split_rows >= 0 &&
-         Fp8MmaGemmAvailable();
+         KSplitValid(p.k_split, p.k) && Fp8MmaGemmAvailable();
 }
 
 cudaError_t Fp8MmaGemm(const Fp8MmaGemmParams& p, cudaStream_t stream) {
@@ -182,13 +189,13 @@ bool Fp8MmaGroupedGemmSupports(const Fp8MmaGroupedGemmParams& p) {
          p.k % 16 == 0 && std::min(p.num_groups, p.max_rows) <= 65535 && p.offsets != nullptr &&
          p.a != nullptr && Aligned16(p.a) && p.weights != nullptr && p.scales != nullptr &&
          p.c != nullptr && p.scale_ld >= Fp8ScaleCols(p.k) && p.split_rows >= 0 &&
-         Fp8MmaGemmAvailable();
+         KSplitValid(p.k_split, p.k) && Fp8MmaGemmAvailable();
 }
 
 cudaError_t Fp8MmaGroupedGemm(const Fp8MmaGroupedGemmParams& p, cudaStream_t stream) {
   if (!Fp8MmaGroupedGemmSupports(p)) return cudaErrorInvalidValue;
   if (p.max_rows == 0) return cudaSuccess;
-  return mma_tile::LaunchGrouped<Fp8Format>(p, stream);
+  return mma_tile::LaunchGrouped<Fp8Format>(p, p.k_split, stream);
 }
 
 }  // namespace kernels

@@ -38,6 +38,11 @@ struct Fp8MmaGemmParams {
   float* c = nullptr;
   int64_t ldc = 0;
   bool accumulate = false;
+  // Warps that split k (their partial sums added in warp order): 0 picks them from the shape
+  // and the rows (more for few blocks, so the split depends on m); a fixed 1, 2, 4 or 8 (at most
+  // half the 128-wide k blocks, or 1) keeps every row's sums the same at any m (the
+  // batch-invariant mode).
+  int32_t k_split = 0;
 };
 
 // Whether Fp8MmaGemm takes these arguments and the device has the kernel (sm_80+ code): m, n, k
@@ -67,6 +72,8 @@ struct Fp8MmaGroupedGemmParams {
   // Expected most rows in one group (0: unknown, max_rows): only the register tile (8, 16 or 32
   // rows a pass) depends on it; any group size stays correct.
   int32_t rows_per_group_hint = 0;
+  // As Fp8MmaGemmParams::k_split (0: picked from the shape and the busy groups).
+  int32_t k_split = 0;
 };
 
 bool Fp8MmaGroupedGemmSupports(const Fp8MmaGroupedGemmParams& p);

@@ -252,11 +252,12 @@ inline int KSplit(int64_t n, int64_t k, int64_t other_blocks) {
 inline int RowTiles(int64_t rows) { return rows <= 8 ? 1 : rows <= 16 ? 2 : 4; }
 
 // Launches MmaGroupedKernel<NT, Format> for p (its num_groups, max_rows, n, k and
-// rows_per_group_hint); p.max_rows >= 1.
+// rows_per_group_hint); p.max_rows >= 1. k_split: warps splitting k (1, 2, 4 or 8, at most half
+// the k blocks), 0: KSplit's choice.
 template <typename Format, typename Params>
-cudaError_t LaunchGrouped(const Params& p, cudaStream_t stream) {
+cudaError_t LaunchGrouped(const Params& p, int k_split, cudaStream_t stream) {
   const int64_t group_blocks = p.num_groups < p.max_rows ? p.num_groups : p.max_rows;
-  const int ks = KSplit(p.n, p.k, group_blocks);
+  const int ks = k_split > 0 ? k_split : KSplit(p.n, p.k, group_blocks);
   const int64_t tiles = (p.n + kTile - 1) / kTile, per_block = kWarps / ks;
   const dim3 grid(static_cast<unsigned>((tiles + per_block - 1) / per_block),
                   static_cast<unsigned>(group_blocks));

@@ -133,7 +133,7 @@ bool Mxfp4MmaGroupedGemmSupports(const Mxfp4MmaGroupedGemmParams& p) {
 cudaError_t Mxfp4MmaGroupedGemm(const Mxfp4MmaGroupedGemmParams& p, cudaStream_t stream) {
   if (!Mxfp4MmaGroupedGemmSupports(p)) return cudaErrorInvalidValue;
   if (p.max_rows == 0) return cudaSuccess;
-  return mma_tile::LaunchGrouped<Mxfp4Format>(p, stream);
+  return mma_tile::LaunchGrouped<Mxfp4Format>(p, /*k_split=*/0, stream);
 }
 
 }  // namespace kernels

@@ -4,7 +4,9 @@
 // the paged cache on the GPU (prefill, then one token per step) reproduces HF's 24-token
 // continuation, for sequences alone and batched. bf16 weights with an fp32 KV cache: the bounds
 // of tests/parity/parity_checks.h, as the CPU bf16 test, with the max relative error printed for
-// the bf16 parity claim (tools/parity/hf_bf16_error.py prints HF bf16's). bf16 weights with the
+// the bf16 parity claim (tools/parity/hf_bf16_error.py prints HF bf16's). The batch-invariant
+// mode (CudaTuning::batch_invariant): fp32 weights to the fp32 bounds (logits and greedy alone
+// and batched), bf16 weights with the bf16 cache to the bf16 bounds. bf16 weights with the
 // bf16 cache (the CUDA default): the same logit bounds, greedy agreement printed only (see
 // deepseek_v3_parity_test.cc). bf16 weights with the dense MLP layers through the fused MoE
 // kernels at one decode token (NormedDenseMlp): the teacher-forced greedy bound. Skips
@@ -26,11 +28,13 @@ constexpr double kTolerance = 1e-3;
 class CudaParityTest : public ::testing::TestWithParam<std::string> {
  protected:
   explicit CudaParityTest(WeightDType dtype = WeightDType::kFloat32,
-                          std::string kv_cache_dtype = "auto")
-      : dtype_(dtype), kv_cache_dtype_(std::move(kv_cache_dtype)) {}
+                          std::string kv_cache_dtype = "auto", bool batch_invariant = false)
+      : dtype_(dtype), kv_cache_dtype_(std::move(kv_cache_dtype)) {
+    tuning_.batch_invariant = batch_invariant;
+  }
   void SetUp() override {
     DEEPINFER_SKIP_WITHOUT_GPU();
-    auto b = CudaBackend::Create(0, dtype_);
+    auto b = CudaBackend::Create(0, dtype_, tuning_);
     ASSERT_TRUE(b.ok()) << b.status();
     backend_ = std::move(*b);
     auto m = LoadParityModel(GetParam(), backend_.get(), kv_cache_dtype_);
@@ -40,6 +44,7 @@ class CudaParityTest : public ::testing::TestWithParam<std::string> {
 
   const WeightDType dtype_;
   const std::string kv_cache_dtype_;
+  CudaTuning tuning_;
   std::unique_ptr<CudaBackend> backend_;  // declared first: destroyed after the model and cache
   ParityModel m_;
 };
@@ -144,6 +149,60 @@ TEST_P(CudaBf16DenseMlpFusedParityTest, TeacherForcedGreedyMostlyMatchesHf) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Fixtures, CudaBf16DenseMlpFusedParityTest,
+                         ::testing::Values("dsv3_qlora_rope", "dsv3_yarn_nolora", "dsv3_mla_dims"));
+
+// The batch-invariant mode with fp32 weights: the fp32 bounds of CudaParityTest.
+class CudaBatchInvariantParityTest : public CudaParityTest {
+ protected:
+  CudaBatchInvariantParityTest() : CudaParityTest(WeightDType::kFloat32, "auto", true) {}
+};
+
+TEST_P(CudaBatchInvariantParityTest, PromptLogitsMatchHfAtEveryPosition) {
+  ASSERT_TRUE(backend_->tuning().batch_invariant);
+  auto e = AllPromptsLogitsError(m_);
+  ASSERT_TRUE(e.ok()) << e.status();
+  std::printf("[cuda-parity] batch-invariant %s worst rel diff %.3e\n", GetParam().c_str(),
+              e->max_rel);
+  for (size_t i = 0; i < m_.fx.prompts.size(); ++i) {
+    EXPECT_LE(e->prompt_max_rel[i], kTolerance)
+        << "prompt of " << m_.fx.prompts[i].ids.size() << " tokens";
+  }
+}
+
+TEST_P(CudaBatchInvariantParityTest, GreedyContinuationsMatchHfAloneAndBatched) {
+  for (bool batched : {false, true}) {
+    auto got = GreedyContinuations(m_, batched);
+    ASSERT_TRUE(got.ok()) << got.status();
+    for (size_t s = 0; s < got->size(); ++s) {
+      EXPECT_EQ((*got)[s], m_.fx.prompts[s].greedy)
+          << (batched ? "batched, " : "alone, ") << "prompt " << s;
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Fixtures, CudaBatchInvariantParityTest,
+                         ::testing::Values("dsv3_qlora_rope", "dsv3_yarn_nolora", "dsv3_mla_dims"));
+
+// The batch-invariant mode with bf16 weights and the bf16 cache: the bounds of
+// CudaBf16ParityTest.
+class CudaBatchInvariantBf16ParityTest : public CudaParityTest {
+ protected:
+  CudaBatchInvariantBf16ParityTest() : CudaParityTest(WeightDType::kBFloat16, "auto", true) {}
+};
+
+TEST_P(CudaBatchInvariantBf16ParityTest, LogitsAndTeacherForcedGreedyWithinBf16Bounds) {
+  ASSERT_TRUE(backend_->tuning().batch_invariant);
+  auto e = AllPromptsLogitsError(m_);
+  ASSERT_TRUE(e.ok()) << e.status();
+  PrintPromptErrors(m_, *e, "cuda batch-invariant", GetParam());
+  ExpectBf16LogitsWithinTolerance(*e, "cuda batch-invariant", GetParam());
+  auto r = AllPromptsTeacherForced(m_);
+  ASSERT_TRUE(r.ok()) << r.status();
+  PrintGreedyAgreement(*r, "cuda batch-invariant", GetParam());
+  EXPECT_GE(r->matches, kBf16GreedyAgreement * r->positions);
+}
+
+INSTANTIATE_TEST_SUITE_P(Fixtures, CudaBatchInvariantBf16ParityTest,
                          ::testing::Values("dsv3_qlora_rope", "dsv3_yarn_nolora", "dsv3_mla_dims"));
 
 }  // namespace

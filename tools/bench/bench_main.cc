@@ -7,6 +7,7 @@
 //   expert parallel over 2 GPUs: ... --ranks 2 [--communicator nccl] [--time-all-to-all]
 #include <malloc.h>
 
+#include <cstdlib>
 #include <fstream>
 #include <iostream>
 #include <string>
@@ -14,6 +15,7 @@
 
 #include "common/flags/flag_set.h"
 #include "tools/bench/bench_runner.h"
+#include "worker/backend/backend_factory.h"
 #include "worker/backend/backend_kind.h"
 
 int main(int argc, char** argv) {
@@ -126,6 +128,18 @@ int main(int argc, char** argv) {
                 "cuBLASLt with the fastest of its heuristic algorithms, timed per shape at its\n"
                 "first call (the untimed first step; default on, as the worker); off:\n"
                 "cublasGemmEx's default algorithm.");
+  absl::StatusOr<bool> batch_invariant_env =
+      deepinfer::ParseBatchInvariantEnv(std::getenv(deepinfer::kBatchInvariantEnv));
+  if (!batch_invariant_env.ok()) {
+    std::cerr << "deepinfer-bench: " << batch_invariant_env.status().message() << "\n";
+    return 2;
+  }
+  config.batch_invariant = *batch_invariant_env;
+  flags.AddBool("batch-invariant", &config.batch_invariant,
+                "With --backend cuda: the batch-invariant mode: every op computes a row the same\n"
+                "way at any batch size, so a request's logprobs (and, seeded, its samples) do not\n"
+                "depend on the requests batched with it; slower decode (docs/engine.md, \"Batch\n"
+                "invariance\"). Default: on when DEEPINFER_BATCH_INVARIANT=1.");
   flags.AddBool("cuda-graphs", &config.cuda_graphs,
                 "CUDA: replay decode steps from CUDA graphs recorded per batch-size bucket\n"
                 "(batches padded to 1 2 4 8 16 24 32 48 64 96 128 160 192 256 ...); off: every\n"

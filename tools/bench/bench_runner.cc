@@ -270,6 +270,7 @@ absl::Status SetUpRank(const BenchConfig& bc, int64_t rank, int64_t blocks, Rank
                        : bc.dtype == kBenchMxfp4 ? std::string(kMxfp4ExpertsDType)
                                                  : bc.dtype;
   spec.backend.gemm_autotune = bc.gemm_autotune;
+  spec.backend.batch_invariant = bc.batch_invariant;
   if (ranks > 1 && bc.backend == "cpu") {
     spec.backend.cpu_threads =
         std::max(1, static_cast<int>(std::thread::hardware_concurrency() / ranks));

@@ -101,6 +101,8 @@ struct BenchConfig {
   bool decode_sampling_on_host = false;
   // CUDA: BackendOptions::gemm_autotune (cuBLASLt with a timed algorithm per prefill shape).
   bool gemm_autotune = true;
+  // CUDA: BackendOptions::batch_invariant (the batch-invariant mode).
+  bool batch_invariant = false;
   // Decode steps replayed from CUDA graphs per batch-size bucket (DecodeGraphOptions; cuda only,
   // and never while op timing runs).
   bool cuda_graphs = true;

@@ -25,7 +25,11 @@ Reports (stdout: a table row; DIR/e2e.json: everything):
               also the weight load's GB and GB/s and the decode graphs recorded at start-up, as
               the worker logs them
   serving     first step start to last step end (rank 0; the latest end of all ranks)
-  tail        last step end to the process exit (results read back, daemons stopped)
+  tail        last step end to the process exit, split (tail_breakdown_s) at the moments the
+              processes log: results reported to the coordinator (the job complete), the end
+              seen by `deepinfer run`, results written, workers stopped (worker_shutdown_s:
+              the first worker's signal to shutdown, leaving the coordinator, its server, its
+              ranks, the KV store flush, the process exit), coordinator stopped, the exit
   capture     time recording decode graphs: the worker's start-up capture (the graph capture
               phase, within start-up) plus the steps that recorded one while serving (graphs
               the start-up did not record: with logit adjustments, expert-parallel groups; a
@@ -153,6 +157,58 @@ def read_startup_lines(logs):
         if m and "startup_capture_s" not in out:
             out.update({"startup_capture_s": float(m.group(1)),
                         "startup_graphs": int(m.group(2))})
+    return out
+
+
+def read_tail(state_dir, last_step_end, end_unix):
+    """The tail, last token to the exit of `deepinfer run`, split at the moments the processes
+    log in unix seconds: the coordinator's "job ... completed at unix", `deepinfer run`'s own
+    timeline (logs/run.log: the job's end seen, results written, workers and coordinator
+    stopped) and the first worker's "shutdown:" line (its parts, done at unix). Each phase
+    runs from the end of the one before; together they are the tail."""
+    logs = os.path.join(state_dir, "logs")
+
+    def text_of(name):
+        path = os.path.join(logs, name)
+        return open(path, errors="replace").read() if os.path.exists(path) else ""
+
+    run = text_of("run.log")
+    marks = [("results reported (last token -> job complete)",
+              unix_of(r"job \S+ completed at unix ([0-9.]+)", text_of("coordinator.log"))),
+             ("job end seen by deepinfer run", unix_of(r"job \w+ seen at unix ([0-9.]+)", run)),
+             ("results written", unix_of(r"results written at unix ([0-9.]+)", run)),
+             ("workers stopped", unix_of(r"workers stopped at unix ([0-9.]+)", run)),
+             ("coordinator stopped", unix_of(r"coordinator stopped at unix ([0-9.]+)", run)),
+             ("deepinfer run exit", end_unix)]
+    phases, at = {}, last_step_end
+    for name, t in marks:
+        if t is None:
+            continue
+        phases[name] = t - at
+        at = t
+    out = {"tail_breakdown_s": phases}
+    # Inside "workers stopped": the first worker's own account of its shutdown.
+    worker = text_of("worker-0.log")
+    m = re.search(r"shutdown: left the coordinator in ([0-9.]+) s, server stopped in ([0-9.]+) s, "
+                  r"ranks stopped in ([0-9.]+) s, KV store flushed in ([0-9.]+) s; "
+                  r"done at unix ([0-9.]+)", worker)
+    stopping = unix_of(r"stopping at unix ([0-9.]+)", run)
+    stopped = unix_of(r"workers stopped at unix ([0-9.]+)", run)
+    if m:
+        leave, server, ranks, flush, done = (float(x) for x in m.groups())
+        parts = {}
+        if stopping is not None:
+            parts["signal to shutdown"] = done - (leave + server + ranks + flush) - stopping
+        parts.update({"leave the coordinator": leave, "stop the server": server,
+                      "stop the ranks": ranks, "flush the KV store": flush})
+        if stopped is not None:
+            parts["process exit"] = stopped - done
+        out["worker_shutdown_s"] = parts
+    m = re.search(r"prefix cache: (\d+) of (\d+) idle cached blocks handed to the store in "
+                  r"([0-9.]+) s", worker)
+    if m:
+        out["shutdown_spilled_blocks"] = int(m.group(1))
+        out["shutdown_spill_s"] = float(m.group(3))
     return out
 
 
@@ -300,6 +356,7 @@ def main():
         result["startup_s"] = first - start_unix
         result["serving_s"] = last - first
         result["tail_s"] = end_unix - last
+        result.update(read_tail(state, last, end_unix))
         result["capture_s"] = (max(r["capture_s"] for r in ranks) +
                                logs["phases"].get("graph capture", 0.0))
         result["async_scheduling"] = r0.get("async_scheduling")

@@ -3,8 +3,8 @@
 # sharing prompts); e2e_job.py runs a small job through `deepinfer run` on the CPU and its report
 # adds up: every request done, the workers' step statistics count exactly the tokens the job
 # computes (each request's prompt plus all but its last generated token), the wall time splits
-# into start-up + serving + tail, the histogram was priced with deepinfer-bench, and the start-up
-# breakdown has the rank's phases.
+# into start-up + serving + tail, the tail into its logged phases, the histogram was priced with
+# deepinfer-bench, and the start-up breakdown has the rank's phases.
 #   e2e_job_test.sh E2E_JOB_PY MAKE_JOB_PY CONFIG_JSON DEEPINFER COORDINATOR WORKER BENCH
 set -euo pipefail
 e2e=$1 make=$2 config=$3
@@ -80,5 +80,17 @@ assert r["bench_rc"] == 0 and r["ideal_s"] > 0, r
 for phase in ("process start", "group", "backend", "weights", "memory plan and KV cache",
               "graph capture", "first request"):
     assert phase in r["startup_breakdown_s"], (phase, r["startup_breakdown_s"])
+# The tail splits at the moments the processes log, in order, adding up to the tail.
+tail = r["tail_breakdown_s"]
+assert list(tail) == ["results reported (last token -> job complete)",
+                      "job end seen by deepinfer run", "results written", "workers stopped",
+                      "coordinator stopped", "deepinfer run exit"], tail
+assert abs(sum(tail.values()) - r["tail_s"]) < 1e-6, (tail, r["tail_s"])
+assert all(v >= -0.002 for v in tail.values()), tail  # logged to the millisecond
+for part in ("leave the coordinator", "stop the server", "stop the ranks", "flush the KV store",
+             "process exit"):
+    assert part in r["worker_shutdown_s"], (part, r["worker_shutdown_s"])
+# No --kv-cache-dir: nothing is copied off the ranks' pools at shutdown.
+assert "shutdown_spilled_blocks" not in r, r
 PY
 echo PASS

@@ -7,18 +7,24 @@
 #   device tool: carry [".gpu/pack"], command
 #     mkdir -p /tmp/b && tar xJf .gpu/pack/all.tar.xz -C /tmp/b && bash /tmp/b/all/suite.sh e2e
 #
-# For each workload of E2E_WORKLOADS (default "long-sampled long-greedy", make_job.py) it runs
-# E2E_REQUESTS (1024) requests of E2E_MAX_TOKENS (256) tokens through `deepinfer run` on
-# E2E_CONFIG (configs/moonlight_shaped.json, dummy weights) with E2E_BACKEND (cuda), prices the
-# job's steps with deepinfer-bench and runs HF transformers' generate on its first
-# E2E_HF_REQUESTS (64; 0: none) requests. Then, for start-up only, a small job (16 requests x 16
-# tokens) on each config of E2E_STARTUP_CONFIGS (default configs/deepseek_v3_4layers.json).
-# E2E_PROMPT_RANGE=MIN,MAX replaces the workloads' prompt lengths; E2E_RUN_ARGS /
-# E2E_WORKER_ARGS pass more `deepinfer run` / worker flags (E2E_RUN_ARGS=--no-async-scheduling:
-# the same jobs with every step run to the end before the next forms; their rows say "(sync)"). Everything is capped
-# to E2E_BUDGET_S (default 540) seconds.
+# For each workload of E2E_WORKLOADS (make_job.py; default "long-greedy long-sampled
+# short-greedy short-sampled", empty: none) it runs E2E_REQUESTS (1024) requests of
+# E2E_MAX_TOKENS (256) tokens through `deepinfer run` on E2E_CONFIG
+# (configs/moonlight_shaped.json, dummy weights) with E2E_BACKEND (cuda) and prices the job's
+# steps with deepinfer-bench; HF transformers' generate runs on the first E2E_HF_REQUESTS (64;
+# 0: none) requests of the workloads of E2E_HF_WORKLOADS (default "long-greedy short-greedy":
+# 256 HF decode steps of 64 requests at its measured ~0.15 s a step are ~38 s a workload, plus
+# its start, too much for four in one device call; "all": every workload). Then, for
+# start-up only, a small job (16 requests x 16 tokens) on each config of E2E_STARTUP_CONFIGS
+# (default configs/deepseek_v3_4layers.json). E2E_PROMPT_RANGE=MIN,MAX replaces the workloads'
+# prompt lengths; E2E_RUN_ARGS / E2E_WORKER_ARGS pass more `deepinfer run` / worker flags
+# (E2E_RUN_ARGS=--no-async-scheduling: the same jobs with every step run to the end before the
+# next forms; their rows say "(sync)"). Each workload may take E2E_JOB_CAP_S (170) seconds, its
+# run 60% of that; everything is capped to E2E_BUDGET_S (default 540) seconds, so that the
+# suite and the bundle's unpacking stay within one device call of 600 s (a job the budget no
+# longer fits is SKIPPED and counted as failed).
 #
-# $OUT gets e2e.md (the table, with each job's start-up breakdown), e2e_summary.txt and
+# $OUT gets e2e.md (the table, with each job's start-up and tail breakdowns), e2e_summary.txt and
 # e2e_results.tar.gz (every job's e2e.json, logs, step stats). Exit status: failed jobs.
 # A CPU check: E2E_BACKEND=cpu E2E_CONFIG=<fixture config.json> E2E_REQUESTS=32
 # E2E_MAX_TOKENS=16 E2E_PROMPT_RANGE=64,192 E2E_HF_REQUESTS=0 E2E_STARTUP_CONFIGS= bash e2e.sh
@@ -32,7 +38,9 @@ export NCCL_NVLS_ENABLE=0
 budget=${E2E_BUDGET_S:-540}
 backend=${E2E_BACKEND:-cuda}
 config=${E2E_CONFIG:-$here/configs/moonlight_shaped.json}
-workloads=${E2E_WORKLOADS:-long-sampled long-greedy}
+workloads=${E2E_WORKLOADS-long-greedy long-sampled short-greedy short-sampled}
+hf_workloads=${E2E_HF_WORKLOADS:-long-greedy short-greedy}
+job_cap=${E2E_JOB_CAP_S:-170}
 requests=${E2E_REQUESTS:-1024}
 max_tokens=${E2E_MAX_TOKENS:-256}
 hf_requests=${E2E_HF_REQUESTS:-64}
@@ -64,12 +72,12 @@ job() {  # job NAME CAP_S e2e_job.py flags...
     return
   fi
   local t0=$(date +%s)
-  # Each part (the run, the pricing, HF) may take 40% of the limit; a start-up job (no pricing,
-  # no HF) all of it.
-  local part=$((limit * 2 / 5))
+  # The run may take 60% of the limit, and so may each of the pricing and HF (which take far
+  # less); a start-up job (no pricing, no HF) all of it.
+  local part=$((limit * 3 / 5))
   [[ " $* " == *" --no-price "* ]] && part=$((limit - 10))
   python3 "$here/e2e_job.py" --bin-dir "$here/bin" --backend "$backend" --out "$work/$name" \
-    --timeout-s "$part" --run-args "${E2E_RUN_ARGS:-}" --worker-args "${E2E_WORKER_ARGS:-}" \
+    --timeout-s "$part" --run-args="${E2E_RUN_ARGS:-}" --worker-args="${E2E_WORKER_ARGS:-}" \
     "$@" > "$work/$name.row" 2> "$work/$name.err"
   local rc=$?
   local verdict=PASS
@@ -80,8 +88,10 @@ job() {  # job NAME CAP_S e2e_job.py flags...
 }
 
 for w in $workloads; do
-  job "$w" 300 --config "$config" --workload "$w" --requests "$requests" \
-    --max-tokens "$max_tokens" --hf-requests "$hf_requests" "${prompt_range[@]}"
+  hf=0
+  [[ "$hf_workloads" == all || " $hf_workloads " == *" $w "* ]] && hf=$hf_requests
+  job "$w" "$job_cap" --config "$config" --workload "$w" --requests "$requests" \
+    --max-tokens "$max_tokens" --hf-requests "$hf" "${prompt_range[@]}"
 done
 for c in $startup_configs; do
   job "startup_$(basename "$c" .json)" 150 --config "$c" --workload short-greedy --requests 16 \
@@ -112,8 +122,17 @@ for n, r in results.items():
     graphs = (f"{r['startup_graphs']} decode graphs recorded at start-up in "
               f"{r['startup_capture_s']:.2f} s; " if "startup_graphs" in r else "")
     mode = {True: "on", False: "off"}.get(r.get("async_scheduling"), "?")
+    tail = ", ".join(f"{k} {v:.2f}" for k, v in r.get("tail_breakdown_s", {}).items())
+    if r.get("worker_shutdown_s"):
+        tail += " (worker-0: " + ", ".join(
+            f"{k} {v:.2f}" for k, v in r["worker_shutdown_s"].items())
+        if "shutdown_spilled_blocks" in r:
+            tail += (f"; {r['shutdown_spilled_blocks']} cached blocks to the KV store in "
+                     f"{r['shutdown_spill_s']:.2f} s")
+        tail += ")"
     print(f"* {r['label']}: start-up {r.get('startup_s', 0):.2f} s = {parts}; {load}{graphs}"
           f"async scheduling {mode}, {r.get('dropped_tokens', 0)} rows dropped; "
+          f"tail {r.get('tail_s', 0):.2f} s = {tail}; "
           f"{r.get('steps', 0)} steps, {r.get('capture_steps', 0)} recording a decode graph "
           f"({r.get('graphs_recorded', 0)} graphs, {r.get('graph_record_s', 0):.2f} s recording); "
           f"{r.get('graph_steps', 0)} through the decode graph path; "

@@ -38,6 +38,15 @@ absl::StatusOr<WeightDType> ResolveWeightDType(const BackendOptions& options) {
   return ParseWeightDType(options.dtype);
 }
 
+absl::StatusOr<bool> ParseBatchInvariantEnv(const char* value) {
+  if (value == nullptr) return false;
+  const absl::string_view v(value);
+  if (v == "1" || v == "true") return true;
+  if (v.empty() || v == "0" || v == "false") return false;
+  return absl::InvalidArgumentError(
+      absl::StrCat(kBatchInvariantEnv, "='", v, "': expected 1, true, 0 or false"));
+}
+
 bool KeepsCheckpointFp8(const BackendOptions& options) {
   return options.kind == "cuda" &&
          (options.dtype == kStoredPrecisionDType || options.dtype == kMxfp4ExpertsDType);
@@ -57,6 +66,7 @@ absl::StatusOr<std::unique_ptr<Backend>> MakeBackend(const BackendOptions& optio
 #ifdef DEEPINFER_WITH_CUDA
     CudaTuning tuning;
     tuning.gemm_autotune = options.gemm_autotune;
+    tuning.batch_invariant = options.batch_invariant;
     auto cuda = CudaBackend::Create(options.cuda_device, dtype, tuning);
     if (!cuda.ok()) return cuda.status();
     return std::unique_ptr<Backend>(std::move(*cuda));

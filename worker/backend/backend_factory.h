@@ -26,7 +26,17 @@ struct BackendOptions {
   // processes, so bits may too: false for run-to-run reproducible prefill GEMMs). The CUDA
   // backend's other tuning keeps its defaults here.
   bool gemm_autotune = true;
+  // cuda: CudaTuning::batch_invariant (every row computed the same way at any batch size; the
+  // CPU backend always is). From --batch-invariant or DEEPINFER_BATCH_INVARIANT.
+  bool batch_invariant = false;
 };
+
+// The environment variable that turns the batch-invariant mode on where a binary's
+// --batch-invariant flag is not given: "1" or "true" on, "0", "false" or unset off.
+inline constexpr char kBatchInvariantEnv[] = "DEEPINFER_BATCH_INVARIANT";
+// Parses kBatchInvariantEnv's value (nullptr: unset); INVALID_ARGUMENT naming the variable and
+// the value for anything else.
+absl::StatusOr<bool> ParseBatchInvariantEnv(const char* value);
 
 // bfloat16 on "cuda", float32 on "cpu" (the reference; it accepts bfloat16 too, for tests).
 WeightDType DefaultWeightDType(const std::string& kind);

@@ -104,7 +104,46 @@ TEST(BackendFactoryTest, GemmAutotuneReachesTheCudaBackend) {
   }
   EXPECT_TRUE(BackendOptions().gemm_autotune);
 }
+
+// BackendOptions::batch_invariant reaches the CUDA backend (off by default).
+TEST(BackendFactoryTest, BatchInvariantReachesTheCudaBackend) {
+  int n = 0;
+  if (cudaGetDeviceCount(&n) != cudaSuccess || n == 0) GTEST_SKIP() << "no CUDA device";
+  for (bool on : {true, false}) {
+    BackendOptions o;
+    o.kind = "cuda";
+    o.batch_invariant = on;
+    auto b = MakeBackend(o);
+    ASSERT_TRUE(b.ok()) << b.status();
+    auto* cuda = dynamic_cast<CudaBackend*>(b->get());
+    ASSERT_NE(cuda, nullptr);
+    EXPECT_EQ(cuda->tuning().batch_invariant, on);
+  }
+  EXPECT_FALSE(BackendOptions().batch_invariant);
+  EXPECT_FALSE(CudaTuning().batch_invariant);
+}
 #endif
+
+// DEEPINFER_BATCH_INVARIANT's values: unset, 0 / false / empty off, 1 / true on, others refused
+// with the variable and the value named.
+TEST(BackendFactoryTest, ParsesTheBatchInvariantEnvironmentVariable) {
+  EXPECT_FALSE(*ParseBatchInvariantEnv(nullptr));
+  for (const char* off : {"", "0", "false"}) {
+    auto v = ParseBatchInvariantEnv(off);
+    ASSERT_TRUE(v.ok()) << off;
+    EXPECT_FALSE(*v) << off;
+  }
+  for (const char* on : {"1", "true"}) {
+    auto v = ParseBatchInvariantEnv(on);
+    ASSERT_TRUE(v.ok()) << on;
+    EXPECT_TRUE(*v) << on;
+  }
+  auto bad = ParseBatchInvariantEnv("yes");
+  ASSERT_FALSE(bad.ok());
+  EXPECT_EQ(bad.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(bad.status().message().find("DEEPINFER_BATCH_INVARIANT='yes'"), std::string::npos)
+      << bad.status();
+}
 
 }  // namespace
 }  // namespace deepinfer

@@ -390,6 +390,7 @@ bool RankGroup::FormRank(int local) {
   spec.backend.cuda_device = r.global - layout_.first_rank;
   spec.backend.dtype = options_.dtype;
   spec.backend.gemm_autotune = options_.gemm_autotune;
+  spec.backend.batch_invariant = options_.batch_invariant;
   spec.dispatcher = options_.dispatcher;
   spec.communicator = options_.communicator;
   spec.placement = layout_.placement;

@@ -1,5 +1,5 @@
 // RankGroup: this worker's ranks of one expert-parallel group (one generation), each a thread
-// with its own communicator, CPU backend, model, KV pool and Engine.
+// with its own communicator, backend (CPU, or CUDA on its own GPU), model, KV pool and Engine.
 //
 // Every rank of the group, in this process or another, runs the same loop in lock-step:
 //   1. all-reduce (max) of "I have work";
@@ -76,6 +76,8 @@ struct RankGroupOptions {
   std::string dtype;
   // BackendOptions::gemm_autotune.
   bool gemm_autotune = true;
+  // BackendOptions::batch_invariant.
+  bool batch_invariant = false;
   // Decode steps replayed from CUDA graphs per batch-size bucket (used where the backend can
   // record: cuda; CausalLm::SetDecodeGraphOptions).
   DecodeGraphOptions decode_graphs;

@@ -376,9 +376,15 @@ bool KvBlockStore::disk_enabled() const {
   return disk_on_;
 }
 
+void KvBlockStore::BeginShutdown() {
+  absl::MutexLock lock(&mu_);
+  shutting_down_ = true;
+}
+
 int64_t KvBlockStore::capacity_bytes() const {
   absl::MutexLock lock(&mu_);
-  return std::max<int64_t>(0, options_.host_bytes) + (disk_on_ ? options_.dir_bytes : 0);
+  const int64_t host = shutting_down_ ? 0 : std::max<int64_t>(0, options_.host_bytes);
+  return host + (disk_on_ ? options_.dir_bytes : 0);
 }
 
 KvBlockStoreStats KvBlockStore::stats() const {

@@ -76,9 +76,15 @@ class KvBlockStore {
 
   // Writes every host entry that is not on disk yet to disk (worker shutdown).
   void Flush();
+  // The worker is stopping: only the disk tier outlives the process. From here on
+  // capacity_bytes() counts the disk tier alone (0 without one), so the ranks' caches, destroyed
+  // next, hand over only the blocks a later worker can find, and none without a directory
+  // (copying them off the device into host memory that is freed at exit would be wasted time).
+  void BeginShutdown();
 
   bool disk_enabled() const;
-  // What the tiers can hold together, in bytes.
+  // What the tiers that outlive the ranks' caches can hold together, in bytes: host and disk,
+  // the disk alone after BeginShutdown().
   int64_t capacity_bytes() const;
   KvBlockStoreStats stats() const;
   int64_t host_bytes_used() const;
@@ -124,6 +130,7 @@ class KvBlockStore {
   std::list<EntryKey> host_lru_ ABSL_GUARDED_BY(mu_);  // front: least recently used
   int64_t host_used_ ABSL_GUARDED_BY(mu_) = 0;
   bool disk_on_ ABSL_GUARDED_BY(mu_) = false;
+  bool shutting_down_ ABSL_GUARDED_BY(mu_) = false;
   absl::flat_hash_map<std::string, DiskFile> files_ ABSL_GUARDED_BY(mu_);
   std::list<std::string> file_lru_ ABSL_GUARDED_BY(mu_);  // front: least recently used
   int64_t disk_used_ ABSL_GUARDED_BY(mu_) = 0;

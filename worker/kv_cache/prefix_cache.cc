@@ -6,6 +6,8 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/time/clock.h"
 #include "glog/logging.h"
 
 namespace deepinfer {
@@ -47,7 +49,14 @@ PrefixCache::~PrefixCache() {
     const int64_t fit = store_->capacity_bytes() / std::max<size_t>(1, pool_->BlockBytes());
     auto from = idle_.end();
     for (int64_t n = 0; n < fit && from != idle_.begin(); ++n) --from;
+    const absl::Time start = absl::Now();
+    const int64_t spilled = stats_.spilled;
     for (auto it = from; it != idle_.end(); ++it) Spill(*it);
+    if (stats_.spilled > spilled) {
+      LOG(INFO) << "prefix cache: " << stats_.spilled - spilled << " of " << idle_.size()
+                << " idle cached blocks handed to the store in "
+                << absl::StrFormat("%.3f", absl::ToDoubleSeconds(absl::Now() - start)) << " s";
+    }
   }
   std::vector<int32_t> idle(idle_.begin(), idle_.end());
   for (int32_t b : idle) Uncache(b);

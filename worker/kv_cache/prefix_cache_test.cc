@@ -3,6 +3,7 @@
 // units of several blocks (DeepSeek-V4 entries spanning blocks) and the tiers.
 #include "worker/kv_cache/prefix_cache.h"
 
+#include <filesystem>
 #include <numeric>
 
 #include "gmock/gmock.h"
@@ -324,6 +325,51 @@ TEST_F(PrefixCacheTest, DestroyingTheCacheKeepsIdleBlocksInTheStore) {
   int32_t hits = -1;
   cache.Release(Compute(cache, a, &hits));
   EXPECT_EQ(hits, 2);  // all but the last token: 2 of the 3 blocks
+}
+
+// At worker shutdown only the disk tier outlives the process: a cache destroyed after
+// KvBlockStore::BeginShutdown hands its idle blocks to a store with a directory, where a later
+// worker's store finds them.
+TEST_F(PrefixCacheTest, AtShutdownIdleBlocksReachTheDiskTier) {
+  const std::vector<int32_t> a = Range(0, 12);
+  const std::string dir = ::testing::TempDir() + "/prefix_cache_shutdown";
+  std::filesystem::remove_all(dir);
+  int64_t puts_before_shutdown = 0;
+  {
+    auto pool = MakePool(8);
+    KvBlockStore store({1 << 20, dir, 1 << 20});
+    {
+      PrefixCache cache(pool.get(), {true, "model", &store});
+      cache.Release(Compute(cache, a));
+      puts_before_shutdown = store.stats().puts;
+      store.BeginShutdown();
+      EXPECT_EQ(store.capacity_bytes(), 1 << 20);
+    }
+    EXPECT_EQ(store.stats().puts - puts_before_shutdown, 3);
+    store.Flush();
+  }
+  auto pool = MakePool(8);
+  KvBlockStore later({1 << 20, dir, 1 << 20});
+  PrefixCache cache(pool.get(), {true, "model", &later});
+  int32_t hits = -1;
+  cache.Release(Compute(cache, a, &hits));
+  EXPECT_EQ(hits, 2);
+  EXPECT_EQ(later.stats().disk_hits, 2);
+}
+
+// Without a disk tier a cache destroyed at shutdown copies nothing off the pool.
+TEST_F(PrefixCacheTest, AtShutdownWithoutADiskTierNothingIsSpilled) {
+  auto pool = MakePool(8);
+  KvBlockStore store({1 << 20, "", 0});
+  {
+    PrefixCache cache(pool.get(), {true, "model", &store});
+    cache.Release(Compute(cache, Range(0, 12)));
+    EXPECT_EQ(cache.num_idle_blocks(), 3);
+    EXPECT_GT(store.capacity_bytes(), 0);
+    store.BeginShutdown();
+    EXPECT_EQ(store.capacity_bytes(), 0);
+  }
+  EXPECT_EQ(store.stats().puts, 0);
 }
 
 TEST_F(PrefixCacheTest, ProbeSummaryHoldsTheCachedProbeBlocks) {

@@ -2,284 +2,14 @@
 #include "worker/model/model_weights.h"
 
 #include <algorithm>
-#include <cstring>
-#include <optional>
-#include <thread>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
-#include "worker/backend/bf16.h"
 #include "worker/model/mxfp4_quantize.h"
-#include "worker/model/weight_uploader.h"
+#include "worker/model/weight_loader.h"
 
 namespace deepinfer {
 namespace {
-
-int64_t CeilBlocks(int64_t n) { return (n + 127) / 128; }
-// The device scale rows' stride for `cols` columns: the block count rounded up to 4 (the CUDA
-// kernels' kernels::Fp8ScaleLd; cuBLASLt's 128 x 128 block scaling needs a multiple of 4), the
-// padding columns zero.
-int64_t Fp8ScaleStride(int64_t cols) { return (CeilBlocks(cols) + 3) / 4 * 4; }
-
-WeightUploadOptions UploadOptionsOf(const LoadOptions& options) {
-  WeightUploadOptions upload;
-  upload.threads = options.load_threads;
-  if (upload.threads <= 0) {
-    upload.threads = std::clamp<int>(static_cast<int>(std::thread::hardware_concurrency()), 1, 8);
-  }
-  upload.staging_bytes = options.staging_bytes;
-  return upload;
-}
-
-// Makes the model's device buffers. Generated (dummy-format) tensors are filled on the backend
-// at once; checkpoint tensors become WeightUploader jobs, read, converted and uploaded by
-// Finish() (in parallel with LoadOptions::load_threads > 1). UploadMatrix uploads at once.
-class Loader {
- public:
-  Loader(WeightSource* src, Backend* be, std::function<bool(const std::string&)> keep_fp8 = nullptr,
-         WeightUploadOptions upload = {})
-      : src_(src), be_(be), keep_fp8_(std::move(keep_fp8)), uploader_(be, upload) {}
-  int64_t bytes() const { return bytes_ + uploader_.bytes(); }
-  absl::Status Finish() { return uploader_.Run(); }
-  static int64_t Elements(const std::vector<int64_t>& shape) {
-    int64_t n = 1;
-    for (int64_t d : shape) n *= d;
-    return n;
-  }
-
-  // A generated (dummy-format) tensor of n elements made in place by the backend, as dtype.
-  std::unique_ptr<DeviceBuffer> Fill(const DummyFill& fill, int64_t n, WeightDType dtype) {
-    auto buf = be_->Allocate(static_cast<size_t>(n) * WeightDTypeSize(dtype));
-    be_->FillDummy(fill, n, dtype, buf->data());
-    bytes_ += buf->size_bytes();
-    return buf;
-  }
-  // fp32 values, now (vectors).
-  std::unique_ptr<DeviceBuffer> Upload(const std::vector<float>& v) {
-    auto buf = be_->Allocate(v.size() * sizeof(float));
-    be_->CopyToDevice(v.data(), v.size() * sizeof(float), buf->data());
-    bytes_ += buf->size_bytes();
-    return buf;
-  }
-  // In the backend's weight dtype, now.
-  std::unique_ptr<DeviceBuffer> UploadMatrix(const std::vector<float>& v) {
-    auto buf = be_->UploadWeight(v.data(), static_cast<int64_t>(v.size()));
-    bytes_ += buf->size_bytes();
-    return buf;
-  }
-  // fp32 (vectors, embedding, router).
-  absl::Status Load(const std::string& name, const std::vector<int64_t>& shape,
-                    std::unique_ptr<DeviceBuffer>* out) {
-    const int64_t n = Elements(shape);
-    if (std::optional<DummyFill> fill = src_->DummyFillFor(name, shape)) {
-      *out = Fill(*fill, n, WeightDType::kFloat32);
-      return absl::OkStatus();
-    }
-    WeightSource* src = src_;
-    uploader_.Add(src_->ShardOf(name), {static_cast<size_t>(n) * sizeof(float)}, {out}, 0,
-                  [src, name, shape](const std::vector<char*>& dst) {
-                    return src->ReadFloat32(name, shape, reinterpret_cast<float*>(dst[0]));
-                  });
-    return absl::OkStatus();
-  }
-  // In the backend's weight dtype.
-  absl::Status LoadMatrix(const std::string& name, const std::vector<int64_t>& shape,
-                          std::unique_ptr<DeviceBuffer>* out) {
-    const int64_t n = Elements(shape);
-    if (std::optional<DummyFill> fill = src_->DummyFillFor(name, shape)) {
-      *out = Fill(*fill, n, be_->weight_dtype());
-      return absl::OkStatus();
-    }
-    WeightSource* src = src_;
-    AddMatrices(src_->ShardOf(name), {n}, {out},
-                [src, name, shape](std::vector<std::vector<float>>* v) {
-                  return src->ReadFloat32(name, shape, (*v)[0].data());
-                });
-    return absl::OkStatus();
-  }
-  // A job making matrices of `elements` each in the weight dtype from fp32 values that `read`
-  // writes into vectors of those sizes.
-  void AddMatrices(const std::string& shard, const std::vector<int64_t>& elements,
-                   std::vector<std::unique_ptr<DeviceBuffer>*> outs,
-                   std::function<absl::Status(std::vector<std::vector<float>>*)> read) {
-    const WeightDType dtype = be_->weight_dtype();
-    std::vector<size_t> sizes;
-    int64_t scratch = 0;
-    for (int64_t n : elements) {
-      sizes.push_back(static_cast<size_t>(n) * WeightDTypeSize(dtype));
-      scratch += n * static_cast<int64_t>(sizeof(float));
-    }
-    uploader_.Add(shard, std::move(sizes), std::move(outs), scratch,
-                  [dtype, elements, read](const std::vector<char*>& dst) -> absl::Status {
-                    std::vector<std::vector<float>> values(elements.size());
-                    for (size_t i = 0; i < elements.size(); ++i) values[i].resize(elements[i]);
-                    if (absl::Status st = read(&values); !st.ok()) return st;
-                    for (size_t i = 0; i < values.size(); ++i) {
-                      const std::vector<float>& v = values[i];
-                      if (dtype == WeightDType::kFloat32) {
-                        std::memcpy(dst[i], v.data(), v.size() * sizeof(float));
-                        continue;
-                      }
-                      uint16_t* bits = reinterpret_cast<uint16_t*>(dst[i]);
-                      for (size_t k = 0; k < v.size(); ++k) bits[k] = FloatToBf16Bits(v[k]);
-                    }
-                    return absl::OkStatus();
-                  });
-  }
-  // Whether `name` stays FP8 on the device: keep_fp8 names it and the source stores it so.
-  bool KeepsFp8(const std::string& name) {
-    return keep_fp8_ && keep_fp8_(name) && src_->StoresFp8(name);
-  }
-  // FP8 bytes as stored and their scales' rows (ceil(cols / 128) each) with the stride
-  // Fp8ScaleStride(cols), the padding zero, of the tensors `names`, each [rows, cols], stacked
-  // (split at the first one's rows when there are two).
-  void LoadFp8(const std::vector<std::string>& names, int64_t rows, int64_t cols,
-               MatrixBuffer* out) {
-    const int64_t k = static_cast<int64_t>(names.size());
-    const int64_t blocks = CeilBlocks(cols), stride = Fp8ScaleStride(cols);
-    const int64_t scale_rows = CeilBlocks(rows);
-    out->scale_ld = stride;
-    out->split_rows = k > 1 ? rows : 0;
-    const std::vector<int64_t> shape = {rows, cols};
-    const size_t data_bytes = static_cast<size_t>(rows * cols);
-    const size_t scale_bytes = static_cast<size_t>(scale_rows * stride) * sizeof(float);
-    WeightSource* src = src_;
-    uploader_.Add(src_->ShardOf(names[0]), {k * data_bytes, k * scale_bytes},
-                  {&out->data, &out->fp8_scales}, 0,
-                  [src, names, shape, data_bytes, scale_bytes, blocks, stride,
-                   scale_rows](const std::vector<char*>& dst) -> absl::Status {
-                    for (size_t i = 0; i < names.size(); ++i) {
-                      auto t = src->ReadFp8(names[i], shape);
-                      if (!t.ok()) return t.status();
-                      if (!t->has_value() || (*t)->data.size() != data_bytes ||
-                          static_cast<int64_t>((*t)->scales.size()) != scale_rows * blocks) {
-                        return absl::InternalError(
-                            absl::StrCat(src->description(), ": '", names[i],
-                                         "' is not the FP8 tensor its header describes"));
-                      }
-                      std::memcpy(dst[0] + i * data_bytes, (*t)->data.data(), data_bytes);
-                      float* scales = reinterpret_cast<float*>(dst[1] + i * scale_bytes);
-                      std::fill(scales, scales + scale_rows * stride, 0.0f);
-                      for (int64_t r = 0; r < scale_rows; ++r) {
-                        std::copy((*t)->scales.begin() + r * blocks,
-                                  (*t)->scales.begin() + (r + 1) * blocks, scales + r * stride);
-                      }
-                    }
-                    return absl::OkStatus();
-                  });
-  }
-  absl::Status LoadMatrix(const std::string& name, const std::vector<int64_t>& shape,
-                          MatrixBuffer* out) {
-    *out = MatrixBuffer();
-    if (KeepsFp8(name)) {
-      LoadFp8({name}, shape[0], shape[1], out);
-      return absl::OkStatus();
-    }
-    return LoadMatrix(name, shape, &out->data);
-  }
-  // prefix: "...mlp." or "...experts.7."; gate and up stacked into one [2*inter, hidden] matrix
-  // (FP8 where both are kept FP8: the bytes and the scale grids stacked, split at inter rows).
-  absl::Status LoadMlp(const std::string& prefix, int64_t hidden, int64_t inter, MlpWeights* m) {
-    const std::string gate = prefix + "gate_proj.weight", up = prefix + "up_proj.weight";
-    m->inter = inter;
-    if (KeepsFp8(gate) && KeepsFp8(up)) {
-      LoadFp8({gate, up}, inter, hidden, &m->gate_up);
-      return LoadMatrix(prefix + "down_proj.weight", {hidden, inter}, &m->down);
-    }
-    const std::optional<DummyFill> gate_fill = src_->DummyFillFor(gate, {inter, hidden});
-    const std::optional<DummyFill> up_fill = src_->DummyFillFor(up, {inter, hidden});
-    if (gate_fill && up_fill) {  // [gate; up] made in place, each with its own recipe
-      const WeightDType dtype = be_->weight_dtype();
-      const int64_t half = inter * hidden;
-      m->gate_up = be_->Allocate(static_cast<size_t>(2 * half) * WeightDTypeSize(dtype));
-      be_->FillDummy(*gate_fill, half, dtype, m->gate_up->data());
-      be_->FillDummy(*up_fill, half, dtype,
-                     static_cast<char*>(m->gate_up->data()) +
-                         half * static_cast<int64_t>(WeightDTypeSize(dtype)));
-      bytes_ += m->gate_up->size_bytes();
-      return LoadMatrix(prefix + "down_proj.weight", {hidden, inter}, &m->down);
-    }
-    WeightSource* src = src_;
-    m->gate_up = MatrixBuffer();
-    AddMatrices(src_->ShardOf(gate), {2 * inter * hidden}, {&m->gate_up.data},
-                [src, gate, up, inter, hidden](std::vector<std::vector<float>>* v) {
-                  float* out = (*v)[0].data();
-                  absl::Status st = src->ReadFloat32(gate, {inter, hidden}, out);
-                  if (!st.ok()) return st;
-                  return src->ReadFloat32(up, {inter, hidden}, out + inter * hidden);
-                });
-    return LoadMatrix(prefix + "down_proj.weight", {hidden, inter}, &m->down);
-  }
-  // A routed expert in MXFP4 (LoadOptions::mxfp4_experts): [gate; up] [2 * inter, hidden] and
-  // down [hidden, inter], each packed with its scales, quantised from the fp32 values.
-  absl::Status LoadMxfp4Mlp(const std::string& prefix, int64_t hidden, int64_t inter,
-                            MlpWeights* m) {
-    if (hidden % kMxfp4Block != 0 || inter % kMxfp4Block != 0) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          prefix, "*: MXFP4 experts need hidden_size and moe_intermediate_size to be multiples of ",
-          kMxfp4Block, ", not ", hidden, " and ", inter));
-    }
-    const std::string gate = prefix + "gate_proj.weight", up = prefix + "up_proj.weight",
-                      down = prefix + "down_proj.weight";
-    m->inter = inter;
-    m->gate_up = MatrixBuffer();
-    m->down = MatrixBuffer();
-    m->gate_up.scale_ld = hidden / kMxfp4Block;
-    m->down.scale_ld = inter / kMxfp4Block;
-    const int64_t gu = 2 * inter * hidden, dn = hidden * inter;
-    WeightSource* src = src_;
-    uploader_.Add(
-        src_->ShardOf(gate),
-        {static_cast<size_t>(gu / 2), static_cast<size_t>(gu / kMxfp4Block),
-         static_cast<size_t>(dn / 2), static_cast<size_t>(dn / kMxfp4Block)},
-        {&m->gate_up.data, &m->gate_up.mx_scales, &m->down.data, &m->down.mx_scales},
-        (gu + dn) * static_cast<int64_t>(sizeof(float)),
-        [src, gate, up, down, inter, hidden, gu,
-         dn](const std::vector<char*>& dst) -> absl::Status {
-          std::vector<float> v(std::max(gu, dn));
-          absl::Status st = src->ReadFloat32(gate, {inter, hidden}, v.data());
-          if (st.ok()) st = src->ReadFloat32(up, {inter, hidden}, v.data() + inter * hidden);
-          if (st.ok()) {
-            st = QuantizeMxfp4(v.data(), 2 * inter, hidden, reinterpret_cast<uint8_t*>(dst[0]),
-                               reinterpret_cast<uint8_t*>(dst[1]), gate.c_str());
-          }
-          if (st.ok()) st = src->ReadFloat32(down, {hidden, inter}, v.data());
-          if (st.ok()) {
-            st = QuantizeMxfp4(v.data(), hidden, inter, reinterpret_cast<uint8_t*>(dst[2]),
-                               reinterpret_cast<uint8_t*>(dst[3]), down.c_str());
-          }
-          return st;
-        });
-    return absl::OkStatus();
-  }
-  // kv_b_proj as the checkpoint has it [heads * (nope + v), kv_lora], and its key half
-  // transposed per head, W_uk^T [heads, kv_lora, nope].
-  void LoadKvB(const std::string& name, int64_t nh, int64_t nope, int64_t vd, int64_t kvl,
-               std::unique_ptr<DeviceBuffer>* kv_b, std::unique_ptr<DeviceBuffer>* uk_t) {
-    WeightSource* src = src_;
-    AddMatrices(src_->ShardOf(name), {nh * (nope + vd) * kvl, nh * kvl * nope}, {kv_b, uk_t},
-                [src, name, nh, nope, vd, kvl](std::vector<std::vector<float>>* v) {
-                  std::vector<float>& kv = (*v)[0];
-                  std::vector<float>& t = (*v)[1];
-                  absl::Status st = src->ReadFloat32(name, {nh * (nope + vd), kvl}, kv.data());
-                  if (!st.ok()) return st;
-                  for (int64_t h = 0; h < nh; ++h) {
-                    for (int64_t d = 0; d < nope; ++d) {
-                      const float* row = kv.data() + (h * (nope + vd) + d) * kvl;
-                      for (int64_t ci = 0; ci < kvl; ++ci) t[(h * kvl + ci) * nope + d] = row[ci];
-                    }
-                  }
-                  return absl::OkStatus();
-                });
-  }
-
- private:
-  WeightSource* src_;
-  Backend* be_;
-  const std::function<bool(const std::string&)> keep_fp8_;
-  WeightUploader uploader_;
-  int64_t bytes_ = 0;
-};
 
 #define DI_RETURN_IF_ERROR(expr) \
   do {                           \
@@ -293,7 +23,7 @@ absl::StatusOr<std::unique_ptr<ModelWeights>> ModelWeights::Load(const ModelConf
                                                                  WeightSource* source,
                                                                  Backend* backend,
                                                                  const LoadOptions& options) {
-  Loader ld(source, backend, options.keep_fp8, UploadOptionsOf(options));
+  WeightLoader ld(source, backend, options.keep_fp8, UploadOptionsOf(options));
   auto w = std::make_unique<ModelWeights>();
   w->matrix_dtype = backend->weight_dtype();
   const int64_t hid = c.hidden_size, nh = c.num_attention_heads;
@@ -363,7 +93,10 @@ absl::StatusOr<std::unique_ptr<ModelWeights>> ModelWeights::Load(const ModelConf
       if (!is_mtp && options.hosts_expert && !options.hosts_expert(l, e)) continue;
       const std::string prefix = absl::StrCat(m, "experts.", e, ".");
       DI_RETURN_IF_ERROR(options.mxfp4_experts
-                             ? ld.LoadMxfp4Mlp(prefix, hid, c.moe_intermediate_size, &L.experts[e])
+                             ? ld.LoadMxfp4Mlp(prefix + "gate_proj.weight",
+                                               prefix + "up_proj.weight",
+                                               prefix + "down_proj.weight", hid,
+                                               c.moe_intermediate_size, &L.experts[e])
                              : ld.LoadMlp(prefix, hid, c.moe_intermediate_size, &L.experts[e]));
     }
   }
@@ -429,7 +162,7 @@ absl::StatusOr<ModelWeights::HostExperts> ModelWeights::ReadRoutedExperts(
 
 std::vector<std::map<int64_t, MlpWeights>> ModelWeights::UploadRoutedExperts(
     const HostExperts& host, Backend* backend) {
-  Loader ld(nullptr, backend);
+  WeightLoader ld(nullptr, backend);
   std::vector<std::map<int64_t, MlpWeights>> out(host.size());
   for (size_t moe = 0; moe < host.size(); ++moe) {
     for (const auto& [e, m] : host[moe]) {
@@ -478,12 +211,12 @@ int64_t ModelWeights::DeviceBytes(const ModelConfig& c, WeightDType matrix_dtype
   };
   auto matrix = [&](const std::string& name, int64_t n, int64_t k) {
     if (!keeps_fp8(name)) return n * k * mat;
-    return n * k + CeilBlocks(n) * Fp8ScaleStride(k) * f32;
+    return n * k + Fp8ScaleBlocks(n) * Fp8ScaleStride(k) * f32;
   };
   auto mlp = [&](const std::string& prefix, int64_t inter) {
     const int64_t down = matrix(prefix + "down_proj.weight", hid, inter);
     if (keeps_fp8(prefix + "gate_proj.weight") && keeps_fp8(prefix + "up_proj.weight")) {
-      return 2 * (inter * hid + CeilBlocks(inter) * Fp8ScaleStride(hid) * f32) + down;
+      return 2 * (inter * hid + Fp8ScaleBlocks(inter) * Fp8ScaleStride(hid) * f32) + down;
     }
     return 2 * inter * hid * mat + down;
   };

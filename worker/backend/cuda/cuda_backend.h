@@ -40,6 +40,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
+#include "kernels/gemm/batch_invariant_gemm.h"
 #include "kernels/gemm/small_m_gemm.h"
 #include "kernels/moe/expert_gemm_cublas.h"
 #include "kernels/moe/moe_decode_fused.h"
@@ -85,6 +86,30 @@ struct CudaTuning {
   // activations are within 2^-4 relative (e4m3), against bf16's 2^-9: DeepSeek-V3's and HF
   // transformers' FP8 scheme. Tests that compare with bf16 references set it past their sizes.
   int64_t fp8_w8a8_min_rows = CudaTuningDefaults::kFp8W8A8MinRows;
+  // Batch-invariant mode (deepinfer-worker / deepinfer-bench --batch-invariant,
+  // DEEPINFER_BATCH_INVARIANT=1; docs/engine.md "Batch invariance"): every op computes a row the
+  // same way whatever the batch size and the row's place in it, so a request's logprobs do not
+  // depend on the requests batched with it. Each op keeps one path for all row counts (no
+  // small-m, staged-GEMV, cuBLAS or fused-kernel choice by rows; no split chosen by the batch):
+  //  * bf16 Gemm / BatchedGemm / GroupedGemm: kernels::BatchInvariantGemmTc (bf16 tensor cores,
+  //    a rounded to bf16 as in the default mode), kernels::BatchInvariantGemmWarp for fp32
+  //    weights and layouts the tensor-core kernel does not take; FP8 Gemm: kernels::Fp8MmaGemm
+  //    with a fixed k split (kBatchInvariantFp8KSplit), else the weight dequantised to bf16;
+  //  * AddRmsNormGemms, GateUpSiluMulBf16, NormedDenseMlp, RoutedAndSharedExperts,
+  //    NormRopeCacheAbsorbQuery, MhaPrefillAttention: the Backend's separate ops;
+  //  * RouteTokens: AddRmsNorm + Gemm + NoauxTcRoute + AccumulateExpertCounts;
+  //  * RoutedExperts: the device path for every batch, the expert GEMMs on
+  //    kernels::GroupedGemmBf16's tensor-core kernel (bf16) or kernels::Fp8MmaGroupedGemm with
+  //    the fixed k split (FP8); fp32 experts are declined (the caller's per-expert GroupedGemm,
+  //    on the batch-invariant Gemm);
+  //  * MlaAttention: kernels::MlaAttentionF32 for every token (prefill too) with
+  //    kBatchInvariantMlaSplits context splits (no one-launch decode kernel, no tensor-core
+  //    prefill).
+  //  * V4 sink attention (CudaV4Ops): kBatchInvariantSinkSplits splits; V4's other kernels
+  //    (indexer, compression, hyper-connections, its router) keep their defaults, not checked.
+  // Sampling, norms, rope, permutation and combine already compute each row on its own.
+  // Off: the choices by shape described at each op (different bits at different batch sizes).
+  bool batch_invariant = false;
 };
 
 class CudaBackend : public Backend {
@@ -149,6 +174,17 @@ class CudaBackend : public Backend {
   // The CUDA-core kernel's limit where the tensor-core one does not take the operands (k not a
   // multiple of 16, unaligned rows): it reads the weight once per 8 rows.
   static constexpr int64_t kFp8SmallMGemmMaxRows = 32;
+  // CudaTuning::batch_invariant: kernels::Fp8MmaGemm's and Fp8MmaGroupedGemm's warps per k
+  // (one: each output's sum over k in one warp, in order).
+  static constexpr int32_t kBatchInvariantFp8KSplit = 1;
+  // CudaTuning::batch_invariant: MlaAttentionF32's context splits per (token, head group), fixed
+  // (the default picks them from the token count). 2 is what the default picks at 128 decode
+  // tokens of 16 heads on the H200 (132 SMs x 2 blocks per SM; 2-3 splits merge inside a
+  // thread-block cluster).
+  static constexpr int32_t kBatchInvariantMlaSplits = 2;
+  // CudaTuning::batch_invariant: V4 sink attention's splits of each token's rows
+  // (CudaV4Ops::SinkAttention), fixed as kBatchInvariantMlaSplits.
+  static constexpr int32_t kBatchInvariantSinkSplits = 2;
   // While recording a graph with programmatic dependent launch on (kernels/common/pdl.h),
   // scratch allocations of at most kMaxAsideAllocationBytes are captured beside the kernel chain
   // (kernels/common/capture_deps.h), so that a memory node does not sit between two kernels and
@@ -444,6 +480,9 @@ class CudaBackend : public Backend {
   // Runs one Gemm / BatchedGemm on kernels::StagedGemvBf16 or kernels::SmallMGemmBf16 where one
   // takes the operands; false (nothing launched) otherwise.
   bool SmallMGemm(const kernels::SmallMGemmParams& p);
+  // CudaTuning::batch_invariant's Gemm / BatchedGemm (bf16 or fp32 weights): the tensor-core
+  // kernel where it takes p, else the warp-per-output kernel.
+  void BatchInvariantGemm(const kernels::BatchInvariantGemmParams& p);
   // kernels::MoeDecodeFusedF32 of p (everything but the workspace and the kernel choice set):
   // the act workspace from scratch.
   // RoutedAndSharedExperts and NormedDenseMlp (no routed experts) launch through it.

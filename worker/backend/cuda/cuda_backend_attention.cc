@@ -98,7 +98,7 @@ void CudaBackend::NormRopeWriteLatentCache(const NormRopeCacheArgs& a) {
 }
 
 void CudaBackend::NormRopeCacheAbsorbQuery(const NormRopeCacheArgs& nr, const AbsorbQueryArgs& aq) {
-  if (nr.tokens >= 1 && nr.tokens <= kNormRopeCacheAbsorbMaxTokens &&
+  if (!tuning_.batch_invariant && nr.tokens >= 1 && nr.tokens <= kNormRopeCacheAbsorbMaxTokens &&
       aq.w_uk.dtype == WeightDType::kBFloat16) {
     const kernels::NormRopeCacheParams p = NormRopeCacheParamsFor(nr);
     kernels::AbsorbQueryParams a;
@@ -121,12 +121,13 @@ void CudaBackend::NormRopeCacheAbsorbQuery(const NormRopeCacheArgs& nr, const Ab
 }
 
 bool CudaBackend::UsesTensorCoreAttention(const MlaSequenceSpan& s) const {
-  return weight_dtype_ == WeightDType::kBFloat16 && s.num_tokens >= kMlaPrefillMinTokens &&
+  return !tuning_.batch_invariant && weight_dtype_ == WeightDType::kBFloat16 &&
+         s.num_tokens >= kMlaPrefillMinTokens &&
          static_cast<int64_t>(s.num_tokens) * s.context_len >= kMlaPrefillMinWork;
 }
 
 int32_t CudaBackend::MlaDecodeContextBreak(int32_t num_tokens) const {
-  return num_tokens >= 1 && num_tokens <= kMlaDecodeSmallMaxTokens
+  return !tuning_.batch_invariant && num_tokens >= 1 && num_tokens <= kMlaDecodeSmallMaxTokens
              ? tuning_.mla_decode_small_max_context
              : 0;
 }
@@ -147,6 +148,18 @@ void CudaBackend::MlaAttention(const MlaAttentionArgs& a) {
   p.context_len = a.context_len;
   p.softmax_scale = a.softmax_scale;
   p.out_latent = a.out_latent;
+  // Batch-invariant: every token on the fp32 kernel with a fixed split count (its default picks
+  // the splits from the token count), each token's context cut by its own length only.
+  if (tuning_.batch_invariant) {
+    if (a.sequences != nullptr &&
+        !SpansTileTheBatch("CudaBackend::MlaAttention", a.sequences, a.num_sequences, a.num_tokens,
+                           /*max_context=*/-1)) {
+      return;
+    }
+    p.num_splits = kBatchInvariantMlaSplits;
+    Check(kernels::MlaAttentionF32(p, stream_), "kernels::MlaAttentionF32");
+    return;
+  }
   std::vector<kernels::MlaPrefillSequence> prefill;
   if (a.sequences != nullptr) {
     if (!SpansTileTheBatch("CudaBackend::MlaAttention", a.sequences, a.num_sequences, a.num_tokens,
@@ -232,7 +245,9 @@ void CudaBackend::MlaAttention(const MlaAttentionArgs& a) {
 }
 
 bool CudaBackend::MhaPrefillAttention(const MhaPrefillArgs& a) {
-  if (a.kv_b.dtype != WeightDType::kBFloat16 || a.sequences == nullptr) return false;
+  if (tuning_.batch_invariant || a.kv_b.dtype != WeightDType::kBFloat16 || a.sequences == nullptr) {
+    return false;
+  }
   if (!SpansTileTheBatch("CudaBackend::MhaPrefillAttention", a.sequences, a.num_sequences,
                          a.num_tokens,
                          static_cast<int64_t>(a.max_blocks_per_seq) * a.cache.block_size)) {

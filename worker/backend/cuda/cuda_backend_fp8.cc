@@ -104,6 +104,27 @@ bool CudaBackend::GemmFp8W8A8(int64_t m, int64_t n, int64_t k, ActivationView a,
 void CudaBackend::GemmFp8(int64_t m, int64_t n, int64_t k, ActivationView a, int64_t lda,
                           WeightView w, int64_t ldw, float* c, int64_t ldc, bool accumulate) {
   const bool a_bf16 = a.dtype == WeightDType::kBFloat16;
+  if (tuning_.batch_invariant) {
+    // One path for every m: the tensor-core kernel with a fixed k split, else the weight
+    // dequantised to bf16 for the batch-invariant bf16 GEMM.
+    kernels::Fp8MmaGemmParams p;
+    p.m = m, p.n = n, p.k = k, p.a = a.data, p.a_bf16 = a_bf16, p.lda = lda;
+    p.w = Fp8Weight(w, ldw);
+    p.c = c, p.ldc = ldc, p.accumulate = accumulate;
+    p.k_split = kBatchInvariantFp8KSplit;
+    if (kernels::Fp8MmaGemmSupports(p)) {
+      PhaseTimer phase(this, "Gemm/fp8-mma", true);
+      Check(kernels::Fp8MmaGemm(p, stream_), "kernels::Fp8MmaGemm");
+      return;
+    }
+    PhaseTimer phase(this, "Gemm/fp8-dequant-bf16", true);
+    auto w16 = DequantizeToBf16(w, ldw, n, k);
+    kernels::BatchInvariantGemmParams b;
+    b.m = m, b.n = n, b.k = k, b.a = a.data, b.a_bf16 = a_bf16, b.lda = lda;
+    b.w = w16->data(), b.ldw = k, b.c = c, b.ldc = ldc, b.accumulate = accumulate;
+    BatchInvariantGemm(b);
+    return;
+  }
   if (m >= tuning_.fp8_w8a8_min_rows &&
       GemmFp8W8A8(m, n, k, a, lda, w, ldw, c, ldc, /*c_bf16=*/false, accumulate, "Gemm/fp8-w8a8")) {
     return;
@@ -186,6 +207,7 @@ void CudaBackend::ExpertGemmsFp8OnDevice(const RoutedExpertsArgs& a, const int32
     // A token's top-k experts are distinct: T rows at most in one expert, T * K / E on average.
     g.rows_per_group_hint = static_cast<int32_t>(
         std::min<int64_t>(T, std::max<int64_t>(1, (T * K + a.num_experts - 1) / a.num_experts)));
+    if (tuning_.batch_invariant) g.k_split = kBatchInvariantFp8KSplit;
     Check(kernels::Fp8MmaGroupedGemm(g, stream_), "kernels::Fp8MmaGroupedGemm(gate_up)");
     auto act = AllocateScratch(rows * I * sizeof(uint16_t));
     Check(kernels::SiluMulF32ToBf16(T * K, I, gate_up->as<float>(), act->as<uint16_t>(), stream_),
@@ -336,13 +358,16 @@ bool CudaBackend::RoutedExpertsFp8(const RoutedExpertsArgs& a) {
   // Prefill sizes outside graph capture: per-expert GEMMs from the group sizes on the host.
   cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
   Check(cudaStreamIsCapturing(stream_, &capture), "cudaStreamIsCapturing");
-  const bool per_expert = a.num_tokens > kMaxFusedMoeTokens &&
+  const bool per_expert = !tuning_.batch_invariant && a.num_tokens > kMaxFusedMoeTokens &&
                           capture == cudaStreamCaptureStatusNone && a.gate_up_host != nullptr &&
                           a.down_host != nullptr;
   const int64_t T = a.num_tokens, K = a.top_k, H = a.hidden_size, I = a.inter;
   const int32_t E = a.num_experts;
   // The device path on tensor cores (bf16 rows) where the kernel is built and takes the sizes.
   const bool mma = !per_expert && H % 16 == 0 && I % 16 == 0 && kernels::Fp8MmaGemmAvailable();
+  // Batch-invariant: the tensor-core grouped kernel with a fixed k split only (otherwise the
+  // caller's per-expert GroupedGemm, on GemmFp8's batch-invariant path).
+  if (tuning_.batch_invariant && !mma) return false;
   OpTimer timer(this, per_expert ? "RoutedExpertsFp8PerExpert"
                       : mma      ? "RoutedExpertsFp8Mma"
                                  : "RoutedExpertsFp8");

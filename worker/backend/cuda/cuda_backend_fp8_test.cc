@@ -2,9 +2,10 @@
 // the dequantised weights: Gemm on each of its paths (W8A8 on cuBLASLt, the tensor-core and
 // CUDA-core FP8 kernels: exact dequantised weights; the fallback: the weight dequantised and
 // rounded to bf16 for cuBLAS), GroupedGemm, GateUpSiluMulBf16, and RoutedExperts with FP8
-// experts eager and replayed from a CUDA graph. The W8A16 paths read every activation rounded to
-// bf16, the W8A8 path quantised to e4m3 per 128-wide block (computed here on the host with the
-// loader's e4m3 encoder); products are exact and sums in double; tolerances are stated per test.
+// experts eager and replayed from a CUDA graph; the batch-invariant mode's Gemm. The W8A16
+// paths read every activation rounded to bf16, the W8A8 path quantised to e4m3 per 128-wide
+// block (computed here on the host with the loader's e4m3 encoder); products are exact and sums
+// in double; tolerances are stated per test.
 // Skips without a GPU.
 #include <algorithm>
 #include <cfloat>
@@ -14,6 +15,7 @@
 #include <memory>
 #include <random>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "gtest/gtest.h"
@@ -203,6 +205,65 @@ TEST_F(CudaFp8Test, GemmMatchesDequantisedWeightsOnEveryPath) {
           << phase << " element " << e << " got " << got[e];
     }
   }
+}
+
+// The batch-invariant mode (CudaTuning::batch_invariant): Gemm on FP8 weights takes the
+// tensor-core kernel with a fixed k split at every row count (W8A16, the bound above; W8A8 never),
+// or with k not a multiple of 16 the weight dequantised to bf16 for the batch-invariant bf16
+// GEMM; each row comes out bit for bit the same in calls of 1 to 130 rows.
+class CudaFp8BatchInvariantTest : public CudaFp8Test {
+ protected:
+  void SetUp() override {
+    CudaFp8Test::SetUp();
+    if (IsSkipped()) return;
+    CudaTuning tuning;
+    tuning.batch_invariant = true;
+    auto b = CudaBackend::Create(0, WeightDType::kBFloat16, tuning);
+    ASSERT_TRUE(b.ok()) << b.status();
+    gpu_ = std::move(*b);
+  }
+};
+
+TEST_F(CudaFp8BatchInvariantTest, GemmRowsAreTheSameAtEveryBatchSize) {
+  const uint32_t seed = testing::FreshSeed();
+  SCOPED_TRACE(::testing::Message() << "seed " << seed);
+  std::mt19937 gen(seed);
+  const int64_t m = 130;
+  struct Case {
+    int64_t n, k, split;
+  };
+  for (const Case& c : {Case{256, 2048, 0}, Case{200, 384, 100}, Case{64, 200, 0}}) {
+    SCOPED_TRACE(::testing::Message() << "n " << c.n << " k " << c.k);
+    const Fp8Matrix w = RandomFp8(c.n, c.k, c.split, &gen);
+    const std::vector<float> a = testing::RandomFloats(m * c.k, seed + c.k);
+    auto da = Upload(a);
+    auto full = Poisoned(m * c.n);
+    gpu_->SetOpTiming(true);
+    gpu_->Gemm(m, c.n, c.k, da->as<float>(), c.k, w.view(), c.k, full->as<float>(), c.n, false);
+    const std::string report = gpu_->TakeOpTimingReport();
+    gpu_->SetOpTiming(false);
+    ASSERT_TRUE(gpu_->status().ok()) << gpu_->status();
+    const bool mma = kernels::Fp8MmaGemmAvailable() && c.k % 16 == 0;
+    EXPECT_EQ(CallsOf(report, mma ? "Gemm/fp8-mma" : "Gemm/fp8-dequant-bf16"), 1) << report;
+    const Numerics numerics = mma ? Numerics::kW8A16 : Numerics::kBf16Weight;
+    const std::vector<float> got = Download(*full);
+    std::vector<double> y, mag;
+    HostGemm(a, m, w, numerics, &y, &mag);
+    for (int64_t e = 0; e < m * c.n; ++e) {
+      ASSERT_LE(std::abs(got[e] - y[e]), Bound(numerics, c.k, mag[e], y[e]))
+          << "element " << e << " got " << got[e];
+    }
+    for (const auto& [first, rows] :
+         std::vector<std::pair<int64_t, int64_t>>{{0, 1}, {129, 1}, {5, 2}, {40, 33}}) {
+      auto part = Poisoned(rows * c.n);
+      gpu_->Gemm(rows, c.n, c.k, da->as<float>() + first * c.k, c.k, w.view(), c.k,
+                 part->as<float>(), c.n, false);
+      const std::vector<float> p = Download(*part);
+      EXPECT_EQ(std::memcmp(p.data(), got.data() + first * c.n, p.size() * sizeof(float)), 0)
+          << rows << " rows from row " << first << " differ from the same rows among " << m;
+    }
+  }
+  EXPECT_TRUE(gpu_->status().ok()) << gpu_->status();
 }
 
 // GroupedGemm with host offsets: each group on Gemm's FP8 paths, the same bound per row.

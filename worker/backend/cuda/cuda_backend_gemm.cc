@@ -75,6 +75,14 @@ bool CudaBackend::GemmOnCublasLt(int64_t m, int64_t n, int64_t k, const void* a,
   return *ran;
 }
 
+void CudaBackend::BatchInvariantGemm(const kernels::BatchInvariantGemmParams& p) {
+  if (kernels::BatchInvariantGemmTcSupports(p)) {
+    Check(kernels::BatchInvariantGemmTc(p, stream_), "kernels::BatchInvariantGemmTc");
+    return;
+  }
+  Check(kernels::BatchInvariantGemmWarp(p, stream_), "kernels::BatchInvariantGemmWarp");
+}
+
 bool CudaBackend::SmallMGemm(const kernels::SmallMGemmParams& p) {
   // Measured on the H200 (small_m_gemm_bench, docs/kernels.md): at m = 1 the kernel beat cuBLAS
   // at every decode shape; at m = 4 only up to n = 3072 (from n = 5632 cuBLAS was faster: each
@@ -118,11 +126,26 @@ void CudaBackend::Gemm(int64_t m, int64_t n, int64_t k, ActivationView a, int64_
           "CudaBackend::Gemm: a bf16 activation operand needs bf16 weights, these are fp32"));
       return;
     }
+    if (tuning_.batch_invariant) {
+      kernels::BatchInvariantGemmParams p;
+      p.m = m, p.n = n, p.k = k, p.a = a.data, p.lda = lda;
+      p.w = w.data, p.w_bf16 = false, p.ldw = ldw, p.c = c, p.ldc = ldc;
+      p.accumulate = accumulate;
+      BatchInvariantGemm(p);
+      return;
+    }
     GemmOnCublas(m, n, k, a.data, lda, w, ldw, c, ldc, accumulate);
     return;
   }
   if (w.dtype == WeightDType::kFp8E4M3) {
     GemmFp8(m, n, k, a, lda, w, ldw, c, ldc, accumulate);
+    return;
+  }
+  if (tuning_.batch_invariant) {
+    kernels::BatchInvariantGemmParams p;
+    p.m = m, p.n = n, p.k = k, p.a = a.data, p.a_bf16 = a_bf16, p.lda = lda;
+    p.w = w.data, p.ldw = ldw, p.c = c, p.ldc = ldc, p.accumulate = accumulate;
+    BatchInvariantGemm(p);
     return;
   }
   kernels::SmallMGemmParams p;
@@ -153,6 +176,14 @@ void CudaBackend::BatchedGemm(int64_t batch, int64_t m, int64_t n, int64_t k, co
   const float alpha = 1.0f, beta = 0.0f;
   if (w.dtype == WeightDType::kFp8E4M3) {
     Record(absl::InvalidArgumentError("CudaBackend::BatchedGemm: FP8 weights are not taken"));
+    return;
+  }
+  if (tuning_.batch_invariant) {
+    kernels::BatchInvariantGemmParams p;
+    p.m = m, p.n = n, p.k = k, p.a = a, p.lda = lda;
+    p.w = w.data, p.w_bf16 = w.dtype == WeightDType::kBFloat16, p.ldw = ldw, p.c = c, p.ldc = ldc;
+    p.batch = batch, p.stride_a = stride_a, p.stride_w = stride_w, p.stride_c = stride_c;
+    BatchInvariantGemm(p);
     return;
   }
   if (w.dtype == WeightDType::kFloat32) {
@@ -195,6 +226,14 @@ void CudaBackend::GroupedGemm(const std::vector<int64_t>& offsets,
         "CudaBackend::GroupedGemm: sizes beyond int range (rows ", rows, " n ", n, ")")));
     return;
   }
+  if (tuning_.batch_invariant) {
+    for (size_t g = 0; g < weights.size(); ++g) {
+      const int64_t group_rows = offsets[g + 1] - offsets[g];
+      if (group_rows == 0) continue;
+      Gemm(group_rows, n, k, a + offsets[g] * k, k, weights[g], k, c + offsets[g] * n, n, false);
+    }
+    return;
+  }
   bool any_bf16 = false;
   for (const WeightView& w : weights) any_bf16 |= w.dtype == WeightDType::kBFloat16;
   std::unique_ptr<DeviceBuffer> a16;
@@ -217,6 +256,10 @@ void CudaBackend::GroupedGemm(const std::vector<int64_t>& offsets,
 void CudaBackend::AddRmsNormGemms(int64_t rows, int64_t dim, float* x, const float* y,
                                   const float* weight, float eps, float* normed,
                                   uint16_t* normed_bf16, const std::vector<NormedGemm>& gemms) {
+  if (tuning_.batch_invariant) {
+    Backend::AddRmsNormGemms(rows, dim, x, y, weight, eps, normed, normed_bf16, gemms);
+    return;
+  }
   OpTimer timer(this, "AddRmsNormGemms");
   kernels::StagedGemvParams p;
   p.m = rows, p.k = dim;
@@ -255,6 +298,7 @@ void CudaBackend::AddRmsNormGemms(int64_t rows, int64_t dim, float* x, const flo
 
 bool CudaBackend::GateUpSiluMulBf16(int64_t rows, int64_t inter, int64_t k, ActivationView a,
                                     int64_t lda, WeightView w, int64_t ldw, uint16_t* out) {
+  if (tuning_.batch_invariant) return false;
   if (w.dtype == WeightDType::kFp8E4M3 && rows >= kBf16GateUpMinRows && inter > 0) {
     return GateUpSiluMulFp8(rows, inter, k, a, lda, w, ldw, out);
   }

@@ -66,8 +66,8 @@ void CudaBackend::NoauxTcRoute(const NoauxTcRouteArgs& a) {
 
 void CudaBackend::RouteTokens(const RouteTokensArgs& a) {
   const NoauxTcRouteArgs& r = a.route;
-  if (r.num_tokens <= 0 || r.num_tokens > kFusedRouterMaxTokens || r.num_experts <= 0 ||
-      r.num_experts > kernels::kMaxFusedRouterExperts) {
+  if (tuning_.batch_invariant || r.num_tokens <= 0 || r.num_tokens > kFusedRouterMaxTokens ||
+      r.num_experts <= 0 || r.num_experts > kernels::kMaxFusedRouterExperts) {
     Backend::RouteTokens(a);
     return;
   }
@@ -142,6 +142,9 @@ CudaBackend::MoePermutation CudaBackend::PermuteRoutedRows(const RoutedExpertsAr
 
 bool CudaBackend::RoutedExperts(const RoutedExpertsArgs& a) {
   if (a.fp8()) return RoutedExpertsFp8(a);
+  // Batch-invariant: bf16 experts on the device path only (fp32 experts: the caller's per-expert
+  // GroupedGemm, whose GEMMs are batch-invariant then).
+  if (tuning_.batch_invariant && a.dtype != WeightDType::kBFloat16) return false;
   if (a.mxfp4()) return RoutedExpertsMxfp4(a);
   if (a.num_experts < 1 || a.num_experts > kernels::kMaxMoeSlots || a.hidden_size % 8 != 0 ||
       a.inter % 8 != 0 || a.num_tokens < 0 || a.top_k < 1) {
@@ -154,10 +157,12 @@ bool CudaBackend::RoutedExperts(const RoutedExpertsArgs& a) {
   // would fail the capture: take the device path then, at any size (correct, only slower).
   cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
   Check(cudaStreamIsCapturing(stream_, &capture), "cudaStreamIsCapturing");
-  const bool device_grouped = a.dtype == WeightDType::kBFloat16 &&
-                              (a.num_tokens <= kMaxFusedMoeTokens ||
-                               capture != cudaStreamCaptureStatusNone || a.keep_on_device);
-  const DecodeMoeAlgo decode_algo = DecodeMoeAlgoFor(a.num_tokens);
+  const bool device_grouped =
+      a.dtype == WeightDType::kBFloat16 &&
+      (a.num_tokens <= kMaxFusedMoeTokens || capture != cudaStreamCaptureStatusNone ||
+       a.keep_on_device || tuning_.batch_invariant);
+  const DecodeMoeAlgo decode_algo =
+      tuning_.batch_invariant ? DecodeMoeAlgo::kGroupedF32 : DecodeMoeAlgoFor(a.num_tokens);
   OpTimer timer(this, device_grouped ? "RoutedExperts" : "RoutedExpertsCublas");
   const int64_t T = a.num_tokens, K = a.top_k, H = a.hidden_size, I = a.inter;
   const int32_t E = a.num_experts;
@@ -226,7 +231,8 @@ bool CudaBackend::DecodeMoeFusedFor(int64_t tokens, int64_t hidden_size) {
 }
 
 bool CudaBackend::RoutedAndSharedExperts(const RoutedExpertsArgs& a) {
-  if (!DecodeMoeFusedFor(a.num_tokens, a.hidden_size) || a.dtype != WeightDType::kBFloat16 ||
+  if (tuning_.batch_invariant || !DecodeMoeFusedFor(a.num_tokens, a.hidden_size) ||
+      a.dtype != WeightDType::kBFloat16 ||
       DecodeMoeAlgoFor(a.num_tokens) != DecodeMoeAlgo::kGroupedF32 || a.top_k < 1 ||
       a.num_experts < 1 || a.inter <= 0 || a.inter % 8 != 0 || a.hidden_size % 8 != 0 ||
       !FitsInt(a.hidden_size) || !FitsInt(a.inter) || a.shared_inter <= 0 ||
@@ -267,7 +273,7 @@ void CudaBackend::LaunchMoeDecodeFused(kernels::MoeDecodeFusedParams p) {
 }
 
 bool CudaBackend::NormedDenseMlp(const DenseMlpArgs& a) {
-  if (a.rows != 1 || a.gate_up.dtype != WeightDType::kBFloat16 ||
+  if (tuning_.batch_invariant || a.rows != 1 || a.gate_up.dtype != WeightDType::kBFloat16 ||
       a.down.dtype != WeightDType::kBFloat16 || a.hidden_size <= 0 || a.hidden_size % 8 != 0 ||
       a.inter <= 0 || a.inter % 8 != 0 || !FitsInt(a.hidden_size) || !FitsInt(a.inter) ||
       a.x == nullptr || a.norm_weight == nullptr || a.normed == nullptr || a.out == nullptr ||
@@ -331,6 +337,9 @@ void CudaBackend::ExpertGemmsOnDevice(const RoutedExpertsArgs& a, DecodeMoeAlgo 
     g.max_rows = static_cast<int32_t>(T * K);
     g.slot_offsets = offsets;
     g.rows_per_slot_hint = static_cast<int32_t>(T);  // a token's top-k experts are distinct
+    // Batch-invariant: tensor cores at every size (kAuto picks CUDA cores by the hint, i.e. by
+    // the batch; the tensor-core kernel's per-row sums do not depend on the row tile).
+    if (tuning_.batch_invariant) g.algo = kernels::GroupedGemmAlgo::kTensorCore;
     g.n = static_cast<int32_t>(2 * I);
     g.k = static_cast<int32_t>(H);
     g.weights = reinterpret_cast<const uint16_t* const*>(a.gate_up);

@@ -71,6 +71,9 @@ void CudaV4Ops::SinkAttention(const SinkAttentionArgs& a) {
       kernels::SinkAttentionKernelRuns(p, kernels::SinkAttentionKernel::kTensorCoreBf16)) {
     p.kernel = kernels::SinkAttentionKernel::kTensorCoreBf16;
   }
+  // Batch-invariant: a fixed split count (by default it follows the token count); each token's
+  // rows are cut by their own count.
+  if (backend_->tuning_.batch_invariant) p.num_splits = CudaBackend::kBatchInvariantSinkSplits;
   const std::string shape = absl::StrCat("tokens ", a.tokens, ", heads ", a.heads, ", dim ", a.dim,
                                          a.selected != nullptr ? ", selected" : "");
   size_t bytes = 0;

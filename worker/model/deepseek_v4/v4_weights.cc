@@ -1,11 +1,13 @@
 // DeepseekV4Weights loading: HF deepseek_v4 tensor names -> backend buffers.
 #include "worker/model/deepseek_v4/v4_weights.h"
 
-#include <optional>
+#include <map>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "worker/model/weight_loader.h"
 
 namespace deepinfer {
 namespace {
@@ -16,74 +18,22 @@ namespace {
     if (!_st.ok()) return _st;    \
   } while (0)
 
-int64_t Elements(const std::vector<int64_t>& shape) {
-  int64_t n = 1;
-  for (int64_t d : shape) n *= d;
-  return n;
-}
-
-class Loader {
+// The V4 loader: WeightLoader's tensors (generated ones made in place by the backend, checkpoint
+// ones read and uploaded on LoadOptions::load_threads threads at Finish()) under V4's names.
+// Every matrix is dequantised: V4 keeps none FP8.
+class Loader : public WeightLoader {
  public:
-  Loader(WeightSource* src, Backend* be) : src_(src), be_(be) {}
-  int64_t bytes() const { return bytes_; }
-
-  absl::Status Read(const std::string& name, const std::vector<int64_t>& shape,
-                    std::vector<float>* out) {
-    out->resize(Elements(shape));
-    return src_->ReadFloat32(name, shape, out->data());
-  }
-  std::unique_ptr<DeviceBuffer> Upload(const std::vector<float>& v) {
-    auto buf = be_->Allocate(v.size() * sizeof(float));
-    be_->CopyToDevice(v.data(), v.size() * sizeof(float), buf->data());
-    bytes_ += buf->size_bytes();
-    return buf;
-  }
-  std::unique_ptr<DeviceBuffer> UploadInts(const std::vector<int32_t>& v) {
-    auto buf = be_->Allocate(v.size() * sizeof(int32_t));
-    be_->CopyToDevice(v.data(), v.size() * sizeof(int32_t), buf->data());
-    bytes_ += buf->size_bytes();
-    return buf;
-  }
-  std::unique_ptr<DeviceBuffer> UploadMatrix(const std::vector<float>& v) {
-    auto buf = be_->UploadWeight(v.data(), static_cast<int64_t>(v.size()));
-    bytes_ += buf->size_bytes();
-    return buf;
-  }
-  // fp32 (matrix = false) or in the backend's weight dtype.
-  absl::Status Load(const std::string& name, const std::vector<int64_t>& shape,
-                    std::unique_ptr<DeviceBuffer>* out, bool matrix = false) {
-    const WeightDType dtype = matrix ? be_->weight_dtype() : WeightDType::kFloat32;
-    if (std::optional<DummyFill> fill = src_->DummyFillFor(name, shape)) {
-      auto buf = be_->Allocate(static_cast<size_t>(Elements(shape)) * WeightDTypeSize(dtype));
-      be_->FillDummy(*fill, Elements(shape), dtype, buf->data());
-      bytes_ += buf->size_bytes();
-      *out = std::move(buf);
-      return absl::OkStatus();
-    }
-    std::vector<float> host;
-    V4W_RETURN_IF_ERROR(Read(name, shape, &host));
-    *out = matrix ? UploadMatrix(host) : Upload(host);
-    return absl::OkStatus();
-  }
+  Loader(WeightSource* src, Backend* be, const LoadOptions& options)
+      : WeightLoader(src, be, nullptr, UploadOptionsOf(options)) {}
+  // A matrix in the backend's weight dtype.
   absl::Status Matrix(const std::string& name, const std::vector<int64_t>& shape,
                       std::unique_ptr<DeviceBuffer>* out) {
-    return Load(name, shape, out, true);
+    return LoadMatrix(name, shape, out);
   }
-  // An MLP matrix, dequantised (LoadOptions::keep_fp8 is not honoured for V4).
   absl::Status Matrix(const std::string& name, const std::vector<int64_t>& shape,
                       MatrixBuffer* out) {
-    *out = MatrixBuffer();
-    return Load(name, shape, &out->data, true);
+    return LoadMatrix(name, shape, out);
   }
-  bool dummy(const std::string& name, const std::vector<int64_t>& shape) const {
-    return src_->DummyFillFor(name, shape).has_value();
-  }
-  WeightSource* source() const { return src_; }
-
- private:
-  WeightSource* src_;
-  Backend* be_;
-  int64_t bytes_ = 0;
 };
 
 // Tensor names of an attention block: HF transformers' (the model's layers) and the DeepSeek-V4
@@ -210,34 +160,14 @@ absl::Status LoadExperts(Loader& ld, const DeepseekV4Config& c, int64_t l,
   const int64_t H = c.hidden_size, I = c.moe_intermediate_size, E = c.n_routed_experts;
   const std::string m = absl::StrCat("model.layers.", l, ".mlp.experts.");
   const bool fused =
-      !ld.dummy(m + "gate_up_proj", {E, 2 * I, H}) && ld.source()->Contains(m + "gate_up_proj");
+      !ld.Generated(m + "gate_up_proj", {E, 2 * I, H}) && ld.source()->Contains(m + "gate_up_proj");
   if (fused) {
-    std::vector<float> gate_up, down;
-    V4W_RETURN_IF_ERROR(ld.Read(m + "gate_up_proj", {E, 2 * I, H}, &gate_up));
-    V4W_RETURN_IF_ERROR(ld.Read(m + "down_proj", {E, H, I}, &down));
-    for (int64_t e : experts) {
-      MlpWeights w;
-      w.inter = I;
-      w.gate_up = ld.UploadMatrix(std::vector<float>(gate_up.begin() + e * 2 * I * H,
-                                                     gate_up.begin() + (e + 1) * 2 * I * H));
-      w.down = ld.UploadMatrix(
-          std::vector<float>(down.begin() + e * H * I, down.begin() + (e + 1) * H * I));
-      (*out)[e] = std::move(w);
-    }
+    ld.LoadFusedExperts(m + "gate_up_proj", m + "down_proj", E, H, I, experts, out);
     return absl::OkStatus();
   }
   for (int64_t e : experts) {
     const std::string p = absl::StrCat(m, e, ".");
-    MlpWeights w;
-    w.inter = I;
-    std::vector<float> gate, up, gate_up;
-    V4W_RETURN_IF_ERROR(ld.Read(p + "gate_proj.weight", {I, H}, &gate));
-    V4W_RETURN_IF_ERROR(ld.Read(p + "up_proj.weight", {I, H}, &up));
-    gate_up = std::move(gate);
-    gate_up.insert(gate_up.end(), up.begin(), up.end());
-    w.gate_up = ld.UploadMatrix(gate_up);
-    V4W_RETURN_IF_ERROR(ld.Matrix(p + "down_proj.weight", {H, I}, &w.down));
-    (*out)[e] = std::move(w);
+    V4W_RETURN_IF_ERROR(ld.LoadMlp(p, H, I, &(*out)[e]));
   }
   return absl::OkStatus();
 }
@@ -253,13 +183,7 @@ std::vector<int64_t> HostedExperts(const DeepseekV4Config& c, const LoadOptions&
 // A SwiGLU MLP under `p`: gate and up [inter, hidden] stacked into gate_up, down [hidden, inter].
 absl::Status LoadMlp(Loader& ld, const std::string& p, const char* gate_name, const char* up_name,
                      const char* down_name, int64_t hidden, int64_t inter, MlpWeights* w) {
-  std::vector<float> gate, up;
-  V4W_RETURN_IF_ERROR(ld.Read(p + gate_name, {inter, hidden}, &gate));
-  V4W_RETURN_IF_ERROR(ld.Read(p + up_name, {inter, hidden}, &up));
-  gate.insert(gate.end(), up.begin(), up.end());
-  w->inter = inter;
-  w->gate_up = ld.UploadMatrix(gate);
-  return ld.Matrix(p + down_name, {hidden, inter}, &w->down);
+  return ld.LoadMlp(p + gate_name, p + up_name, p + down_name, hidden, inter, w);
 }
 
 // MTP module i by the release's names (`mtp.<i>.`): the block's norms (attn_norm, ffn_norm),
@@ -303,7 +227,7 @@ absl::Status LoadMtp(Loader& ld, const DeepseekV4Config& c, int64_t i, V4MtpWeig
 absl::StatusOr<std::unique_ptr<DeepseekV4Weights>> DeepseekV4Weights::Load(
     const DeepseekV4Config& c, WeightSource* source, Backend* backend, const LoadOptions& options) {
   auto w = std::make_unique<DeepseekV4Weights>();
-  Loader ld(source, backend);
+  Loader ld(source, backend, options);
   const int64_t H = c.hidden_size, V = c.vocab_size, hc = c.hc_mult, I = c.moe_intermediate_size;
   const int64_t E = c.n_routed_experts, K = c.num_experts_per_tok;
   w->moe.matrix_dtype = backend->weight_dtype();
@@ -332,9 +256,7 @@ absl::StatusOr<std::unique_ptr<DeepseekV4Weights>> DeepseekV4Weights::Load(
     M.moe = true;
     V4W_RETURN_IF_ERROR(ld.Load(m + "gate.weight", {E, H}, &M.router));
     if (c.hash_moe[l]) {
-      std::vector<int32_t> ids(V * K);
-      V4W_RETURN_IF_ERROR(source->ReadIndices(m + "gate.tid2eid", {V, K}, E, ids.data()));
-      L.hash_table = ld.UploadInts(ids);
+      ld.LoadIndices(m + "gate.tid2eid", {V, K}, E, &L.hash_table);
     } else {
       V4W_RETURN_IF_ERROR(ld.Load(m + "gate.e_score_correction_bias", {E}, &M.router_bias));
     }
@@ -342,9 +264,14 @@ absl::StatusOr<std::unique_ptr<DeepseekV4Weights>> DeepseekV4Weights::Load(
                                 "down_proj.weight", H, I, &M.shared));
     V4W_RETURN_IF_ERROR(LoadExperts(ld, c, l, HostedExperts(c, options, l), &M.experts));
   }
+  // The model's checkpoint tensors, then each MTP module's, so that an error of a module's says
+  // which.
+  V4W_RETURN_IF_ERROR(ld.Finish());
   w->mtp.resize(c.num_draft_layers);
   for (int64_t i = 0; i < c.num_draft_layers; ++i) {
-    if (absl::Status st = LoadMtp(ld, c, i, &w->mtp[i]); !st.ok()) {
+    absl::Status st = LoadMtp(ld, c, i, &w->mtp[i]);
+    if (st.ok()) st = ld.Finish();
+    if (!st.ok()) {
       return absl::Status(
           st.code(), absl::StrCat("DeepSeek-V4 MTP module ", i, " (", c.num_draft_layers,
                                   " asked for of the checkpoint's ", c.num_nextn_predict_layers,

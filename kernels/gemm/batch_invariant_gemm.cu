@@ -1,0 +1,257 @@
+// The batch-invariant GEMMs (batch_invariant_gemm.h). The tensor-core kernel follows the
+// fragment layout of GroupedGemmBf16's tensor-core variant (kernels/moe/grouped_gemm.cu): A = 16
+// weight rows x 16 k, B = 16 k x 8 activation rows, each thread loading 8 CONTIGUOUS k values of
+// a weight row and of an activation row, the fragment registers filled so that MMA-logical k
+// (2t, 2t+1 | 2t+8, 2t+9) of half h maps to physical 8t + 4h + (0, 1 | 2, 3) inside a 32-wide k
+// step, for A and B alike (a permutation of k inside each MMA, the same for every row).
+// Unlike it, the block's warps split k (a split fixed for every m) for enough blocks and loads
+// in flight at few rows.
+#include <cuda_bf16.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <limits>
+#include <type_traits>
+
+#include "kernels/gemm/batch_invariant_gemm.h"
+
+namespace deepinfer {
+namespace kernels {
+namespace {
+
+// A block: 16 output columns x up to 32 rows, its 8 warps splitting k (warp w takes the 32-wide k
+// steps w, w + 8, w + 16, ...), their partial sums added in warp order through shared memory.
+// The split is fixed (never chosen by m), so every output has the same sum order at any m.
+constexpr int kTcWarps = 8;
+constexpr int kTcThreads = kTcWarps * 32;
+constexpr int kTcColumnsPerBlock = 16;
+constexpr int kTcRowsPerBlock = 32;  // passes of 8, 16 or 32 rows (NT = 1, 2, 4 row tiles)
+
+__device__ __forceinline__ void MmaBf16(float c[4], const unsigned a[4], unsigned b0, unsigned b1) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+      "{%8,%9}, {%0,%1,%2,%3};\n"
+      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+#endif
+}
+
+__device__ __forceinline__ unsigned PackBf16x2(float f0, float f1) {
+  const __nv_bfloat162 h = __floats2bfloat162_rn(f0, f1);
+  return *reinterpret_cast<const unsigned*>(&h);
+}
+
+// The block's columns [col0, col0 + 16) times rows [row0, row0 + 8 * NT) (rows >= row_end read a
+// clamped valid row and are not stored): this warp's k steps into red[warp], then the sum over
+// warps in warp order into c.
+template <int NT, bool kBf16A>
+__device__ __forceinline__ void TcPass(const BatchInvariantGemmParams& p, const char* a,
+                                       const uint16_t* w, float* c, int64_t col0, int64_t row0,
+                                       int64_t row_end,
+                                       float (*red)[kTcColumnsPerBlock][kTcRowsPerBlock]) {
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
+  const uint4* wr[2];
+#pragma unroll
+  for (int half = 0; half < 2; ++half) {
+    const int64_t col = min(col0 + half * 8 + g, p.n - 1);
+    wr[half] = reinterpret_cast<const uint4*>(w + col * p.ldw);
+  }
+  const size_t a_size = kBf16A ? sizeof(uint16_t) : sizeof(float);
+  const char* ar[NT];
+#pragma unroll
+  for (int j = 0; j < NT; ++j) {
+    const int64_t row = min(row0 + j * 8 + g, row_end - 1);
+    ar[j] = a + row * p.lda * a_size;
+  }
+  float acc[NT][4];
+#pragma unroll
+  for (int j = 0; j < NT; ++j)
+#pragma unroll
+    for (int i = 0; i < 4; ++i) acc[j][i] = 0.0f;
+
+  const int64_t chunks = p.k / 8;  // 8-value chunks per row; step s holds chunks 4s .. 4s + 3
+#pragma unroll 2
+  for (int64_t step = warp; 4 * step < chunks; step += kTcWarps) {
+    const int64_t ch = 4 * step + t;  // this thread's chunk
+    const bool ok = ch < chunks;
+    uint4 wv[2];
+#pragma unroll
+    for (int half = 0; half < 2; ++half)
+      wv[half] = ok ? __ldg(wr[half] + ch) : make_uint4(0, 0, 0, 0);
+    unsigned b[NT][4];
+#pragma unroll
+    for (int j = 0; j < NT; ++j) {
+      if (kBf16A) {
+        const uint4 v =
+            ok ? __ldg(reinterpret_cast<const uint4*>(ar[j]) + ch) : make_uint4(0, 0, 0, 0);
+        b[j][0] = v.x, b[j][1] = v.y, b[j][2] = v.z, b[j][3] = v.w;
+      } else {
+        float4 v0 = make_float4(0, 0, 0, 0), v1 = v0;
+        if (ok) {
+          v0 = __ldg(reinterpret_cast<const float4*>(ar[j]) + 2 * ch);
+          v1 = __ldg(reinterpret_cast<const float4*>(ar[j]) + 2 * ch + 1);
+        }
+        b[j][0] = PackBf16x2(v0.x, v0.y);
+        b[j][1] = PackBf16x2(v0.z, v0.w);
+        b[j][2] = PackBf16x2(v1.x, v1.y);
+        b[j][3] = PackBf16x2(v1.z, v1.w);
+      }
+    }
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const unsigned frag[4] = {h ? wv[0].z : wv[0].x, h ? wv[1].z : wv[1].x, h ? wv[0].w : wv[0].y,
+                                h ? wv[1].w : wv[1].y};
+#pragma unroll
+      for (int j = 0; j < NT; ++j) MmaBf16(acc[j], frag, b[j][2 * h], b[j][2 * h + 1]);
+    }
+  }
+  // C fragment: c0, c1 = (column g, rows 2t, 2t+1); c2, c3 = (column g + 8, same rows).
+#pragma unroll
+  for (int j = 0; j < NT; ++j) {
+#pragma unroll
+    for (int i = 0; i < 4; ++i)
+      red[warp][g + (i >= 2 ? 8 : 0)][j * 8 + 2 * t + (i % 2)] = acc[j][i];
+  }
+  __syncthreads();
+  for (int e = threadIdx.x; e < kTcColumnsPerBlock * 8 * NT; e += kTcThreads) {
+    const int col_in = e % kTcColumnsPerBlock, row_in = e / kTcColumnsPerBlock;
+    const int64_t col = col0 + col_in, row = row0 + row_in;
+    if (col >= p.n || row >= row_end) continue;
+    float sum = red[0][col_in][row_in];
+#pragma unroll
+    for (int q = 1; q < kTcWarps; ++q) sum += red[q][col_in][row_in];
+    float* out = c + row * p.ldc + col;
+    *out = p.accumulate ? *out + sum : sum;
+  }
+}
+
+template <bool kBf16A>
+__global__ void __launch_bounds__(kTcThreads)
+    BatchInvariantGemmTcKernel(BatchInvariantGemmParams p) {
+  __shared__ float red[kTcWarps][kTcColumnsPerBlock][kTcRowsPerBlock];
+  const int64_t col0 = int64_t{blockIdx.y} * kTcColumnsPerBlock;
+  const int64_t b = blockIdx.z;
+  const char* a =
+      static_cast<const char*>(p.a) + b * p.stride_a * (kBf16A ? sizeof(uint16_t) : sizeof(float));
+  const uint16_t* w = static_cast<const uint16_t*>(p.w) + b * p.stride_w;
+  float* c = p.c + b * p.stride_c;
+  const int64_t row0 = int64_t{blockIdx.x} * kTcRowsPerBlock;
+  const int64_t row_end = min(row0 + kTcRowsPerBlock, p.m);
+  const int64_t rows = row_end - row0;
+  if (rows > 16) {
+    TcPass<4, kBf16A>(p, a, w, c, col0, row0, row_end, red);
+  } else if (rows > 8) {
+    TcPass<2, kBf16A>(p, a, w, c, col0, row0, row_end, red);
+  } else {
+    TcPass<1, kBf16A>(p, a, w, c, col0, row0, row_end, red);
+  }
+}
+
+template <typename T>
+__device__ __forceinline__ float Load(const void* base, int64_t i);
+template <>
+__device__ __forceinline__ float Load<float>(const void* base, int64_t i) {
+  return static_cast<const float*>(base)[i];
+}
+template <>
+__device__ __forceinline__ float Load<uint16_t>(const void* base, int64_t i) {
+  return __uint_as_float(static_cast<unsigned>(static_cast<const uint16_t*>(base)[i]) << 16);
+}
+
+constexpr int kWarpThreads = 256;
+
+// One warp per output element (b, i, j), grid-strided.
+template <typename TA, typename TW>
+__global__ void __launch_bounds__(kWarpThreads)
+    BatchInvariantGemmWarpKernel(BatchInvariantGemmParams p) {
+  const int lane = threadIdx.x % 32;
+  const int64_t total = p.batch * p.m * p.n;
+  const int64_t warps = int64_t{gridDim.x} * (kWarpThreads / 32);
+  const bool round_a = !std::is_same<TA, uint16_t>::value && std::is_same<TW, uint16_t>::value;
+  for (int64_t e = int64_t{blockIdx.x} * (kWarpThreads / 32) + threadIdx.x / 32; e < total;
+       e += warps) {
+    const int64_t j = e % p.n, i = (e / p.n) % p.m, b = e / (p.n * p.m);
+    const int64_t a0 = b * p.stride_a + i * p.lda, w0 = b * p.stride_w + j * p.ldw;
+    float sum = 0.0f;
+    for (int64_t q = lane; q < p.k; q += 32) {
+      float x = Load<TA>(p.a, a0 + q);
+      if (round_a) x = __bfloat162float(__float2bfloat16_rn(x));
+      sum = fmaf(x, Load<TW>(p.w, w0 + q), sum);
+    }
+#pragma unroll
+    for (int off = 16; off > 0; off /= 2) sum += __shfl_xor_sync(0xffffffffu, sum, off);
+    if (lane == 0) {
+      float* out = p.c + b * p.stride_c + i * p.ldc + j;
+      *out = p.accumulate ? *out + sum : sum;
+    }
+  }
+}
+
+constexpr int64_t kIntMax = std::numeric_limits<int>::max();
+
+bool Aligned16(const void* ptr) { return reinterpret_cast<uintptr_t>(ptr) % 16 == 0; }
+
+bool TcAvailable() {
+  static const bool available = [] {
+    cudaFuncAttributes attr;
+    if (cudaFuncGetAttributes(&attr, BatchInvariantGemmTcKernel<false>) != cudaSuccess) {
+      return false;
+    }
+    return attr.binaryVersion >= 80 && attr.ptxVersion >= 80;
+  }();
+  return available;
+}
+
+bool SizesValid(const BatchInvariantGemmParams& p) {
+  return p.m >= 1 && p.n >= 1 && p.k >= 0 && p.batch >= 1 && p.m <= kIntMax && p.n <= kIntMax &&
+         p.k <= kIntMax && p.batch <= 65535 && p.lda >= p.k && p.ldw >= p.k && p.ldc >= p.n &&
+         p.a != nullptr && p.w != nullptr && p.c != nullptr &&
+         (p.batch == 1 || (p.stride_a >= 0 && p.stride_w >= 0 && p.stride_c >= 0));
+}
+
+}  // namespace
+
+bool BatchInvariantGemmTcSupports(const BatchInvariantGemmParams& p) {
+  const int64_t a_size = p.a_bf16 ? 2 : 4;
+  return SizesValid(p) && p.w_bf16 && p.k % 8 == 0 && Aligned16(p.a) && Aligned16(p.w) &&
+         (p.lda * a_size) % 16 == 0 && (p.ldw * 2) % 16 == 0 && (p.stride_a * a_size) % 16 == 0 &&
+         (p.stride_w * 2) % 16 == 0 &&
+         (p.n + kTcColumnsPerBlock - 1) / kTcColumnsPerBlock <= 65535 && TcAvailable();
+}
+
+cudaError_t BatchInvariantGemmTc(const BatchInvariantGemmParams& p, cudaStream_t stream) {
+  if (!BatchInvariantGemmTcSupports(p)) return cudaErrorInvalidValue;
+  // x: the row blocks, so that the blocks of one column tile are launched together and all but
+  // the first find its weights in L2 (the weights are read from memory about once at any m).
+  const dim3 grid(static_cast<unsigned>((p.m + kTcRowsPerBlock - 1) / kTcRowsPerBlock),
+                  static_cast<unsigned>((p.n + kTcColumnsPerBlock - 1) / kTcColumnsPerBlock),
+                  static_cast<unsigned>(p.batch));
+  if (p.a_bf16) {
+    BatchInvariantGemmTcKernel<true><<<grid, kTcThreads, 0, stream>>>(p);
+  } else {
+    BatchInvariantGemmTcKernel<false><<<grid, kTcThreads, 0, stream>>>(p);
+  }
+  return cudaGetLastError();
+}
+
+cudaError_t BatchInvariantGemmWarp(const BatchInvariantGemmParams& p, cudaStream_t stream) {
+  if (!SizesValid(p)) return cudaErrorInvalidValue;
+  const int64_t warps = p.batch * p.m * p.n;
+  const int64_t blocks =
+      std::min<int64_t>((warps + kWarpThreads / 32 - 1) / (kWarpThreads / 32), int64_t{1} << 20);
+  const dim3 grid(static_cast<unsigned>(blocks));
+  if (p.a_bf16 && p.w_bf16) {
+    BatchInvariantGemmWarpKernel<uint16_t, uint16_t><<<grid, kWarpThreads, 0, stream>>>(p);
+  } else if (p.a_bf16) {
+    BatchInvariantGemmWarpKernel<uint16_t, float><<<grid, kWarpThreads, 0, stream>>>(p);
+  } else if (p.w_bf16) {
+    BatchInvariantGemmWarpKernel<float, uint16_t><<<grid, kWarpThreads, 0, stream>>>(p);
+  } else {
+    BatchInvariantGemmWarpKernel<float, float><<<grid, kWarpThreads, 0, stream>>>(p);
+  }
+  return cudaGetLastError();
+}
+
+}  // namespace kernels
+}  // namespace deepinfer

@@ -1,0 +1,61 @@
+// GEMMs whose every output row is computed the same way whatever the number of rows and the
+// row's place among them: the batch-invariant mode's dense GEMMs (CudaTuning::batch_invariant,
+// docs/engine.md "Batch invariance"). Neither kernel splits k or picks a tile by m: each output
+// element is one thread's (or one warp's) sum over k in a fixed order, so a request's logits do
+// not depend on which other requests share its batch.
+#ifndef DEEPINFER_KERNELS_GEMM_BATCH_INVARIANT_GEMM_H_
+#define DEEPINFER_KERNELS_GEMM_BATCH_INVARIANT_GEMM_H_
+
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+
+namespace deepinfer {
+namespace kernels {
+
+// c_b[i, j] (+)= sum_p a_b[i, p] * w_b[j, p] for i < m, j < n, p < k and every product b of
+// `batch` (a_b = a + b*stride_a, w_b = w + b*stride_w, c_b = c + b*stride_c, in elements). All
+// pointers are device pointers; c is fp32; with accumulate, c + the sum is one fp32 addition.
+struct BatchInvariantGemmParams {
+  int64_t m = 0, n = 0, k = 0;
+  const void* a = nullptr;
+  bool a_bf16 = false;  // a holds bf16 bits; else fp32
+  int64_t lda = 0;
+  const void* w = nullptr;
+  bool w_bf16 = true;  // w holds bf16 bits; else fp32
+  int64_t ldw = 0;
+  float* c = nullptr;
+  int64_t ldc = 0;
+  bool accumulate = false;
+  int64_t batch = 1;
+  int64_t stride_a = 0, stride_w = 0, stride_c = 0;
+};
+
+// Whether BatchInvariantGemmTc takes p: bf16 w, m, n, batch >= 1 and k >= 0 in int range (batch
+// and n / 16 <= 65535; k = 0 writes zeros, or leaves c with accumulate), k a multiple of 8, a, w
+// and their row and batch strides 16-byte aligned, ldc >= n, and the device has the kernel (sm_80+
+// code). A property of the shapes and the layout, never of m alone.
+bool BatchInvariantGemmTcSupports(const BatchInvariantGemmParams& p);
+
+// bf16 tensor cores (mma.sync m16n8k16, fp32 accumulation): an fp32 a is rounded to bf16 to
+// nearest even as it is read (as RoundF32ToBf16), so every product is exact. A block owns 16
+// output columns and up to 32 rows; its 8 warps split k at fixed places (warp w: the 32-wide k
+// steps w, w + 8, ...; each step's MMAs in one warp) and their partial sums are added in warp
+// order. Blocks tile m by 32 rows, the row blocks of one column tile launched one after another
+// (its weights come from L2 after the first). The sum order of one output element is the same
+// for every row tile, row count and pass size. cudaErrorInvalidValue (nothing launched) where
+// BatchInvariantGemmTcSupports is false.
+cudaError_t BatchInvariantGemmTc(const BatchInvariantGemmParams& p, cudaStream_t stream);
+
+// Any layout and dtype (bf16 or fp32 a and w; an fp32 a against bf16 w is rounded to bf16 as in
+// BatchInvariantGemmTc, against fp32 w used as it is): one warp per output element, lane l
+// summing p = l, l + 32, ... in order, then a fixed butterfly across the warp. For fp32 weights
+// (the router gate, the fp32 model) and layouts the tensor-core kernel does not take; slow for
+// large GEMMs. cudaErrorInvalidValue for m, n, batch < 1 or k < 0, sizes beyond int range, or null
+// pointers.
+cudaError_t BatchInvariantGemmWarp(const BatchInvariantGemmParams& p, cudaStream_t stream);
+
+}  // namespace kernels
+}  // namespace deepinfer
+
+#endif  // DEEPINFER_KERNELS_GEMM_BATCH_INVARIANT_GEMM_H_

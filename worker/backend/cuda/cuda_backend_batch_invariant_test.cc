@@ -1,0 +1,213 @@
+// CudaBackend's batch-invariant mode (CudaTuning::batch_invariant) op by op: a row's output does
+// not depend on how many rows the call has or where the row sits among them (bit for bit), and
+// the results match CpuBackend (the fp32 and bf16 references) within the bounds of
+// cuda_backend_gemm_test: Gemm (fp32 and bf16 weights, fp32 and bf16 activations, with
+// accumulation and strides, tensor-core and warp kernels) and BatchedGemm (the absorbed-MLA
+// layouts). Skips without a GPU.
+#include <algorithm>
+#include <cstdint>
+#include <cstring>
+#include <iostream>
+#include <memory>
+#include <utility>
+#include <vector>
+
+#include "gtest/gtest.h"
+#include "kernels/testing/gpu_test_util.h"
+#include "worker/backend/bf16.h"
+#include "worker/backend/cuda/cuda_backend.h"
+#include "worker/backend/cuda/cuda_backend_test_fixture.h"
+
+namespace deepinfer {
+namespace {
+
+using testing::AllClose;
+
+class BatchInvariantTest : public testing::CudaBackendTest {
+ protected:
+  void SetUp() override {
+    CudaBackendTest::SetUp();
+    if (IsSkipped()) return;
+    CudaTuning tuning;
+    tuning.batch_invariant = true;
+    auto b = CudaBackend::Create(0, WeightDType::kBFloat16, tuning);
+    ASSERT_TRUE(b.ok()) << b.status();
+    gpu_ = std::move(*b);
+  }
+};
+
+// Rows [first, first + rows) of `all` (row stride ld) equal `part` (rows x ld) bit for bit.
+::testing::AssertionResult SameRows(const std::vector<float>& all, const std::vector<float>& part,
+                                    int64_t first, int64_t rows, int64_t cols, int64_t ld) {
+  for (int64_t r = 0; r < rows; ++r) {
+    if (std::memcmp(&all[(first + r) * ld], &part[r * ld], cols * sizeof(float)) != 0) {
+      for (int64_t j = 0; j < cols; ++j) {
+        if (std::memcmp(&all[(first + r) * ld + j], &part[r * ld + j], sizeof(float)) != 0) {
+          return ::testing::AssertionFailure()
+                 << "row " << first + r << " column " << j << ": " << all[(first + r) * ld + j]
+                 << " in the full batch, " << part[r * ld + j] << " in " << rows
+                 << " rows from row " << first;
+        }
+      }
+    }
+  }
+  return ::testing::AssertionSuccess();
+}
+
+// Shapes of the Moonlight decode GEMMs (q, kv_a, o_proj, the dense gate_up and down, the router
+// with fp32 weights), a wide one as the LM head, and odd ones that only the warp kernel takes.
+TEST_F(BatchInvariantTest, GemmRowsAreTheSameAtEveryBatchSizeAndMatchCpu) {
+  struct Case {
+    int64_t n, k, lda, ldc;
+    WeightDType w;
+  };
+  const std::vector<Case> cases = {
+      {3072, 2048, 2048, 3072, WeightDType::kBFloat16},
+      {576, 2048, 2048, 576, WeightDType::kBFloat16},
+      {2048, 2048, 2056, 2050, WeightDType::kBFloat16},
+      {22528, 2048, 2048, 22528, WeightDType::kBFloat16},
+      {2048, 11264, 11264, 2048, WeightDType::kBFloat16},
+      {65536, 512, 512, 65536, WeightDType::kBFloat16},
+      {29, 45, 50, 31, WeightDType::kBFloat16},
+      {64, 2048, 2048, 64, WeightDType::kFloat32},
+      {37, 45, 45, 37, WeightDType::kFloat32},
+  };
+  const int64_t kRows = 256;
+  for (const Case& c : cases) {
+    const bool bf16 = c.w == WeightDType::kBFloat16;
+    for (bool a_bf16 : {false, true}) {
+      if (a_bf16 && !bf16) continue;
+      for (bool accumulate : {false, true}) {
+        const uint32_t seed = testing::FreshSeed();
+        SCOPED_TRACE(::testing::Message() << WeightDTypeName(c.w) << " n " << c.n << " k " << c.k
+                                          << " a " << (a_bf16 ? "bf16" : "fp32") << " accumulate "
+                                          << accumulate << " seed " << seed);
+        auto a = testing::RandomFloats(kRows * c.lda, seed);
+        if (a_bf16) {
+          for (float& v : a) v = Bf16BitsToFloat(FloatToBf16Bits(v));  // the values sent as bf16
+        }
+        auto w = testing::RandomFloats(c.n * c.k, seed + 1);
+        auto out = testing::RandomFloats(kRows * c.ldc, seed + 2);
+        std::vector<std::unique_ptr<DeviceBuffer>> keep;
+        auto dw = Upload(w);
+        const WeightView gw = bf16 ? GpuBf16(w, &keep) : WeightView(dw->as<float>());
+        // The activations on the device, as fp32 or as bf16 bits.
+        std::unique_ptr<DeviceBuffer> da;
+        if (a_bf16) {
+          std::vector<uint16_t> bits(a.size());
+          for (size_t i = 0; i < a.size(); ++i) bits[i] = FloatToBf16Bits(a[i]);
+          da = gpu_->Allocate(bits.size() * sizeof(uint16_t));
+          gpu_->CopyToDevice(bits.data(), bits.size() * sizeof(uint16_t), da->data());
+        } else {
+          da = Upload(a);
+        }
+        auto view = [&](int64_t first) {
+          return a_bf16 ? ActivationView::Bf16(da->as<uint16_t>() + first * c.lda)
+                        : ActivationView(da->as<float>() + first * c.lda);
+        };
+        auto full = Upload(out);
+        gpu_->Gemm(kRows, c.n, c.k, view(0), c.lda, gw, c.k, full->as<float>(), c.ldc, accumulate);
+        const std::vector<float> all = Download(*full);
+        // Against the CPU backend on the first kCheckedRows rows (bf16: the same rounded weights;
+        // the activations rounded as the GPU rounds them).
+        const int64_t kCheckedRows = 40;  // a block of 32 rows and one of 8
+        std::vector<float> want(out.begin(), out.begin() + kCheckedRows * c.ldc);
+        std::vector<float> a_cpu(a.begin(), a.begin() + kCheckedRows * c.lda);
+        if (bf16) {
+          for (float& v : a_cpu) v = Bf16BitsToFloat(FloatToBf16Bits(v));
+        }
+        (bf16 ? cpu16_ : cpu_)
+            .Gemm(kCheckedRows, c.n, c.k, a_cpu.data(), c.lda,
+                  bf16 ? CpuBf16(w, &keep) : WeightView(w.data()), c.k, want.data(), c.ldc,
+                  accumulate);
+        // Another fp32 summation order over k exact products: the difference grows about as
+        // sqrt(k) times the partial sums (~sqrt(k)), so the absolute bound scales with k / 1024
+        // from cuda_backend_gemm_test's bounds at k <= 1024 (widened for bf16's coarser
+        // tensor-core accumulation).
+        const double scale = std::max(1.0, static_cast<double>(c.k) / 1024.0);
+        EXPECT_TRUE(AllClose(std::vector<float>(all.begin(), all.begin() + kCheckedRows * c.ldc),
+                             want, (bf16 ? 2e-3 : 4e-4) * scale, bf16 ? 1e-4 : 1e-5));
+        // The same rows in calls of other sizes, at other places.
+        for (const auto& [first, rows] : std::vector<std::pair<int64_t, int64_t>>{
+                 {0, 1}, {255, 1}, {77, 1}, {3, 2}, {100, 5}, {8, 33}, {200, 56}, {1, 130}}) {
+          std::vector<float> init(out.begin() + first * c.ldc,
+                                  out.begin() + (first + rows) * c.ldc);
+          auto part = Upload(init);
+          gpu_->Gemm(rows, c.n, c.k, view(first), c.lda, gw, c.k, part->as<float>(), c.ldc,
+                     accumulate);
+          EXPECT_TRUE(SameRows(all, Download(*part), first, rows, c.n, c.ldc));
+        }
+      }
+    }
+  }
+  EXPECT_TRUE(gpu_->status().ok()) << gpu_->status();
+}
+
+// W_uk and W_uv of Moonlight's 16 heads (BatchedGemm), fp32 and bf16 weights.
+TEST_F(BatchInvariantTest, BatchedGemmRowsAreTheSameAtEveryBatchSizeAndMatchCpu) {
+  const int64_t T = 64, nh = 16, nope = 128, rope = 64, vd = 128, kvl = 512, qk = nope + rope;
+  struct Case {
+    const char* name;
+    int64_t n, k, lda, stride_a, ldw, stride_w, ldc, stride_c, a_row, w_size, c_row;
+  };
+  for (Case c : {Case{"w_uk", kvl, nope, nh * qk, qk, nope, kvl * nope, nh * kvl, kvl, nh * qk,
+                      nh * kvl * nope, nh * kvl},
+                 Case{"w_uv", vd, kvl, nh * kvl, kvl, kvl, (nope + vd) * kvl, nh * vd, vd, nh * kvl,
+                      nh * (nope + vd) * kvl, nh * vd}}) {
+    for (WeightDType dt : {WeightDType::kFloat32, WeightDType::kBFloat16}) {
+      const uint32_t seed = testing::FreshSeed();
+      SCOPED_TRACE(::testing::Message()
+                   << c.name << " " << WeightDTypeName(dt) << " seed " << seed);
+      auto a = testing::RandomFloats(T * c.a_row, seed);
+      auto w = testing::RandomFloats(c.w_size, seed + 1);
+      std::vector<std::unique_ptr<DeviceBuffer>> keep;
+      auto dw = Upload(w), da = Upload(a);
+      const WeightView cw = dt == WeightDType::kFloat32 ? WeightView(w.data()) : CpuBf16(w, &keep);
+      const WeightView gw =
+          dt == WeightDType::kFloat32 ? WeightView(dw->as<float>()) : GpuBf16(w, &keep);
+      std::vector<float> a_cpu = a;
+      if (dt == WeightDType::kBFloat16) {
+        for (float& v : a_cpu) v = Bf16BitsToFloat(FloatToBf16Bits(v));
+      }
+      std::vector<float> want(T * c.c_row);
+      (dt == WeightDType::kFloat32 ? cpu_ : cpu16_)
+          .BatchedGemm(nh, T, c.n, c.k, a_cpu.data(), c.lda, c.stride_a, cw, c.ldw, c.stride_w,
+                       want.data(), c.ldc, c.stride_c);
+      auto full = Poisoned(T * c.c_row);
+      gpu_->BatchedGemm(nh, T, c.n, c.k, da->as<float>(), c.lda, c.stride_a, gw, c.ldw, c.stride_w,
+                        full->as<float>(), c.ldc, c.stride_c);
+      const std::vector<float> all = Download(*full);
+      EXPECT_TRUE(AllClose(all, want, dt == WeightDType::kFloat32 ? 2e-4 : 1e-3,
+                           dt == WeightDType::kFloat32 ? 1e-5 : 1e-4));
+      for (const auto& [first, rows] :
+           std::vector<std::pair<int64_t, int64_t>>{{0, 1}, {63, 1}, {5, 3}, {10, 40}}) {
+        auto part = Poisoned(rows * c.c_row);
+        gpu_->BatchedGemm(nh, rows, c.n, c.k, da->as<float>() + first * c.a_row, c.lda, c.stride_a,
+                          gw, c.ldw, c.stride_w, part->as<float>(), c.ldc, c.stride_c);
+        EXPECT_TRUE(SameRows(all, Download(*part), first, rows, c.c_row, c.c_row));
+      }
+    }
+  }
+  EXPECT_TRUE(gpu_->status().ok()) << gpu_->status();
+}
+
+// The mode's switches: the row-count-specific fused ops decline, the one-token attention kernel
+// is never asked for.
+TEST_F(BatchInvariantTest, RowCountSpecificOpsDecline) {
+  EXPECT_EQ(gpu_->MlaDecodeContextBreak(1), 0);
+  DenseMlpArgs d;
+  d.rows = 1;
+  EXPECT_FALSE(gpu_->NormedDenseMlp(d));
+  RoutedExpertsArgs r;
+  r.num_tokens = 1;
+  EXPECT_FALSE(gpu_->RoutedAndSharedExperts(r));
+  EXPECT_FALSE(gpu_->GateUpSiluMulBf16(4096, 64, 64, ActivationView(static_cast<float*>(nullptr)),
+                                       64, WeightView(nullptr, WeightDType::kBFloat16), 64,
+                                       nullptr));
+  MlaSequenceSpan s{0, 512, 512};
+  EXPECT_FALSE(gpu_->UsesTensorCoreAttention(s));
+  EXPECT_TRUE(gpu_->status().ok()) << gpu_->status();
+}
+
+}  // namespace
+}  // namespace deepinfer
