@@ -86,10 +86,11 @@ int main(int argc, char** argv) {
   flags.AddString("backend", &backend,
                   "cpu, or cuda (CUDA backend, one rank per GPU; see docs/cuda.md).");
   flags.AddString("dtype", &dtype,
-                  "Weight storage: bfloat16 (fp32 accumulation), float32, or auto (the\n"
+                  "Weight storage: bfloat16 (fp32 accumulation), float32, auto (the\n"
                   "checkpoint's precision: with --backend cuda its FP8 block-scaled matrices stay\n"
-                  "FP8, the rest bfloat16). Default: bfloat16 with --backend cuda, float32 with\n"
-                  "--backend cpu.");
+                  "FP8, the rest bfloat16), or mxfp4 (--backend cuda, one rank: as auto, with the\n"
+                  "routed experts quantised to MXFP4 at load). Default: bfloat16 with --backend\n"
+                  "cuda, float32 with --backend cpu.");
   flags.AddBool("cuda-graphs", &config.engine.cuda_graphs,
                 "With --backend cuda: replay decode steps from CUDA graphs recorded per\n"
                 "batch-size bucket (batches padded to 1 2 4 8 16 24 32 48 64 96 128 160 192\n"
@@ -279,7 +280,8 @@ int main(int argc, char** argv) {
               << gpu_memory_utilization << "\n";
     return 2;
   }
-  if (!dtype.empty() && dtype != deepinfer::kStoredPrecisionDType) {
+  if (!dtype.empty() && dtype != deepinfer::kStoredPrecisionDType &&
+      dtype != deepinfer::kMxfp4ExpertsDType) {
     if (absl::StatusOr<deepinfer::WeightDType> d = deepinfer::ParseWeightDType(dtype); !d.ok()) {
       std::cerr << "deepinfer-worker: --dtype: " << d.status().message() << "\n";
       return 2;

@@ -15,6 +15,7 @@
 
 #include <algorithm>
 
+#include "kernels/common/nonempty_group.cuh"
 #include "kernels/moe/grouped_gemm.h"
 
 namespace deepinfer {
@@ -112,44 +113,12 @@ __device__ __forceinline__ void RowTile(const float* x, int64_t row0, int valid,
   }
 }
 
-// The block serves the blockIdx.y-th non-empty slot: warp 0 finds it in the device offsets and
-// leaves {slot, first row, end row} in work (end <= first: no such slot, the block exits).
-template <typename Params>
-__device__ void FindSlot(const Params& p, int work[3]) {
-  if (threadIdx.x < 32) {
-    const int lane = threadIdx.x;
-    int seen = 0;
-    bool found = false;
-    for (int base = 0; base < p.num_slots && !found; base += 32) {
-      const int s = base + lane;
-      int b = 0, e = 0;
-      if (s < p.num_slots) {
-        b = min(p.slot_offsets[s], p.max_rows);
-        e = min(p.slot_offsets[s + 1], p.max_rows);
-      }
-      const unsigned nonempty = __ballot_sync(0xffffffffu, e > b);
-      const int rank = static_cast<int>(blockIdx.y) - seen;
-      if (rank < __popc(nonempty)) {
-        found = true;
-        if (e > b && __popc(nonempty & ((1u << lane) - 1u)) == rank) {
-          work[0] = s;
-          work[1] = b;
-          work[2] = e;
-        }
-      }
-      seen += __popc(nonempty);
-    }
-    if (!found && lane == 0) work[1] = work[2] = 0;
-  }
-  __syncthreads();
-}
-
 // kMaxTile bounds the row tile: larger tiles re-stream the weights less often for big slots but
 // need more registers (fewer resident warps), so decode with one row per slot uses kMaxTile 1.
 template <int kMaxTile>
 __global__ void __launch_bounds__(kThreads) GroupedGemmBf16Kernel(GroupedGemmBf16Params p) {
   __shared__ int work[3];
-  FindSlot(p, work);
+  FindNonEmptyGroup(p.num_slots, p.max_rows, p.slot_offsets, work);
   const int slot = work[0], row_begin = work[1], row_end = work[2];
   if (row_begin >= row_end) return;
 
@@ -303,7 +272,7 @@ __device__ __forceinline__ void TcRowPass(const GroupedGemmBf16Params& p, const 
 template <int kMaxNT>
 __global__ void __launch_bounds__(kTcThreads) GroupedGemmBf16TcKernel(GroupedGemmBf16Params p) {
   __shared__ int work[3];
-  FindSlot(p, work);
+  FindNonEmptyGroup(p.num_slots, p.max_rows, p.slot_offsets, work);
   const int slot = work[0], row_begin = work[1], row_end = work[2];
   if (row_begin >= row_end) return;
   const int warp = threadIdx.x / 32;

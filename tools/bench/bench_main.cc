@@ -58,7 +58,9 @@ int main(int argc, char** argv) {
                   "of the roofline. fp8 (--backend cuda): the worker's --dtype auto, FP8 e4m3\n"
                   "block-scaled projections and MLPs kept FP8 (dummy weights generate them\n"
                   "FP8, as DeepSeek's FP8 release stores them), the rest bfloat16; 1 byte per\n"
-                  "weight in the roofline.");
+                  "weight in the roofline. mxfp4 (--backend cuda, --ranks 1): the worker's\n"
+                  "--dtype mxfp4, as fp8 with the routed experts quantised to MXFP4 at load;\n"
+                  "0.53 bytes per weight (the experts') in the roofline.");
   flags.AddString("kv-cache-dtype", &config.kv_cache_dtype,
                   "auto (= --dtype), bfloat16, float32 or fp8 (e4m3 latent with one scale\n"
                   "per token, bf16 rope key): the latent KV cache's element type, and its bytes\n"

@@ -305,8 +305,12 @@ absl::Status SetUpRank(const BenchConfig& bc, int64_t rank, int64_t blocks, Rank
   spec.data_plane_timeout = absl::Minutes(2);
   spec.backend.kind = bc.backend;
   spec.backend.cuda_device = static_cast<int>(bc.cuda_device + rank);
-  // fp8: the checkpoint's precision (the worker's --dtype auto), with FP8 dummy matrices.
-  spec.backend.dtype = bc.dtype == kBenchFp8 ? kStoredPrecisionDType : bc.dtype;
+  // fp8: the checkpoint's precision (the worker's --dtype auto), with FP8 dummy matrices; mxfp4:
+  // the same with the routed experts in MXFP4 (the worker's --dtype mxfp4).
+  const bool fp8_matrices = bc.dtype == kBenchFp8 || bc.dtype == kBenchMxfp4;
+  spec.backend.dtype = bc.dtype == kBenchFp8     ? std::string(kStoredPrecisionDType)
+                       : bc.dtype == kBenchMxfp4 ? std::string(kMxfp4ExpertsDType)
+                                                 : bc.dtype;
   spec.backend.gemm_autotune = bc.gemm_autotune;
   spec.backend.batch_invariant = bc.batch_invariant;
   if (ranks > 1 && bc.backend == "cpu") {
@@ -327,8 +331,8 @@ absl::Status SetUpRank(const BenchConfig& bc, int64_t rank, int64_t blocks, Rank
   exchange.max_tokens = static_cast<int32_t>(std::min<int64_t>(most_tokens, 1 << 20));
   spec.dispatcher = ranks > 1 ? EpDispatcherFactory(exchange) : LocalDispatcherFactory();
   spec.model = bc.model;
-  spec.open_weights = [&bc](const std::string& model, ModelConfig* config) {
-    return OpenBenchWeights(model, bc.load_threads, bc.dtype == kBenchFp8, config);
+  spec.open_weights = [&bc, fp8_matrices](const std::string& model, ModelConfig* config) {
+    return OpenBenchWeights(model, bc.load_threads, fp8_matrices, config);
   };
   spec.decode_graphs.enabled = bc.cuda_graphs;
   spec.decode_graphs.max_batch = bc.cuda_graph_max_batch;
@@ -794,8 +798,11 @@ absl::StatusOr<double> BytesPerValue(const std::string& dtype) {
   // The FP8 matrices' byte; their block scales add 4 / 16384 of a byte, and kv_b, lm_head and the
   // embedding stay bf16, which the roofline's one figure per parameter leaves out.
   if (dtype == kBenchFp8) return 1.0;
+  // The routed experts' half byte and their UE8M0 byte per 32 values: what decode streams for
+  // most of a MoE model's parameters; the rest (FP8, 1 byte) is left out of the one figure.
+  if (dtype == kBenchMxfp4) return 0.5 + 1.0 / 32;
   return absl::InvalidArgumentError(
-      absl::StrCat("bench: --dtype must be float32, bfloat16 or fp8, not '", dtype, "'"));
+      absl::StrCat("bench: --dtype must be float32, bfloat16, fp8 or mxfp4, not '", dtype, "'"));
 }
 
 absl::StatusOr<BenchResult> RunBenchmark(const BenchConfig& bc) {
@@ -830,9 +837,11 @@ absl::StatusOr<BenchResult> RunBenchmark(const BenchConfig& bc) {
   }
   auto bytes_per_value = BytesPerValue(bc.dtype);
   if (!bytes_per_value.ok()) return bytes_per_value.status();
-  if (bc.dtype == kBenchFp8 && bc.backend != "cuda") {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "bench: --dtype fp8 keeps FP8 matrices on --backend cuda only, not '", bc.backend, "'"));
+  if ((bc.dtype == kBenchFp8 || bc.dtype == kBenchMxfp4) && bc.backend != "cuda") {
+    return absl::InvalidArgumentError(absl::StrCat("bench: --dtype ", bc.dtype,
+                                                   " keeps quantised matrices on --backend cuda "
+                                                   "only, not '",
+                                                   bc.backend, "'"));
   }
   auto prefill_form = ParsePrefillAttention(bc.prefill_attention);
   if (!prefill_form.ok()) return prefill_form.status();
@@ -960,7 +969,8 @@ absl::StatusOr<BenchResult> RunBenchmark(const BenchConfig& bc) {
     r.prefill_tokens_per_s = ranks * r.prefill_tokens_per_step / r.prefill_step_seconds;
     // The form the MLA attention picks for these prompts (PrefillAttention), where the backend has
     // the non-absorbed op (CPU; CUDA with bf16 weights, on the shapes the kernel takes).
-    const bool mha_backend = bc.backend == "cpu" || bc.dtype == "bfloat16" || bc.dtype == kBenchFp8;
+    const bool mha_backend = bc.backend == "cpu" || bc.dtype == "bfloat16" ||
+                             bc.dtype == kBenchFp8 || bc.dtype == kBenchMxfp4;
     const int64_t mha_min = *prefill_form == PrefillAttention::kMha ? 2 : kMhaPrefillMinTokens;
     const MlaForm form =
         *prefill_form != PrefillAttention::kAbsorbed && mha_backend && ctx >= mha_min

@@ -56,13 +56,17 @@ namespace deepinfer {
 // BenchConfig::dtype of the FP8 runs: the worker's --dtype auto (FP8 block-scaled projections and
 // MLPs kept FP8 on CUDA, the rest bf16); dummy weights then store those matrices FP8.
 inline constexpr char kBenchFp8[] = "fp8";
+// BenchConfig::dtype of the MXFP4 runs: the worker's --dtype mxfp4 (as kBenchFp8, with the routed
+// experts quantised to MXFP4 at load); the precision deepinfer-admin memory-plan --precision mxfp4
+// plans for.
+inline constexpr char kBenchMxfp4[] = "mxfp4";
 
 struct BenchConfig {
   std::string model;  // checkpoint dir, or "dummy:CONFIG.json[@SEED]"
   std::string backend = "cpu";
   // Matrix weight dtype of the backend ("float32" or "bfloat16", BackendOptions::dtype; or
-  // kBenchFp8), and the roofline's bytes per weight.
-  std::string dtype = "bfloat16";  // or "float32", or kBenchFp8
+  // kBenchFp8, kBenchMxfp4), and the roofline's bytes per weight.
+  std::string dtype = "bfloat16";  // or "float32", kBenchFp8, kBenchMxfp4
   // Latent KV cache element type ("auto" = dtype, "bfloat16", "float32"); the roofline counts
   // the cache at this size.
   std::string kv_cache_dtype = "auto";

@@ -639,6 +639,8 @@ TEST(BenchRunnerTest, FlagHelpers) {
   EXPECT_FALSE(ParseDecodeSampling("hot,0,1", &c));
   EXPECT_EQ(BytesPerValue("bfloat16").value(), 2);
   EXPECT_EQ(BytesPerValue("float32").value(), 4);
+  EXPECT_EQ(BytesPerValue(kBenchMxfp4).value(), 0.5 + 1.0 / 32);  // the experts' e2m1 + scale
+  EXPECT_FALSE(BytesPerValue("int4").ok());
 }
 
 }  // namespace

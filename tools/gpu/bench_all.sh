@@ -20,7 +20,9 @@
 # moonlight_fp8 and v3_4layers_fp8 beside the BENCH_DTYPE rows, in the same call; and row
 # moonlight_fp8kv: BENCH_DTYPE weights with --kv-cache-dtype fp8 (the latent cache in e4m3 with
 # a scale per token), whose cache bytes and tokens per GiB (against the BENCH_DTYPE row's) go
-# to summary.txt.
+# to summary.txt. BENCH_MXFP4=1 adds --dtype mxfp4 runs (as fp8, with the routed experts
+# quantised to MXFP4 at load): rows moonlight_mxfp4 and v3_4layers_mxfp4. With either switch,
+# raise BENCH_BUDGET_S (each adds about 220 s).
 # Before each decode run, ours and HF idle the GPU for BENCH_DECODE_PAUSE_MS (default 1000) ms:
 # right after a large prefill the board's power controller holds the SM clock down for ~0.4 s,
 # which costs a latency-bound 1-request decode ~5% (docs/performance.md, "Decode right after a
@@ -108,11 +110,22 @@ if [[ ${BENCH_FP8:-0} == 1 ]]; then
   done
 fi
 
+mxfp4_rows=()
+if [[ ${BENCH_MXFP4:-0} == 1 ]]; then
+  mxfp4=("${bench[@]}" --dtype mxfp4)  # the later --dtype wins
+  step ours_moonlight_mxfp4 120 "${mxfp4[@]}" --model "$here/configs/moonlight_shaped.json" \
+    --decode-num-requests 1,64,128 --prefill-batch-tokens 32768 --iters 3
+  step ours_v3_4layers_mxfp4 100 "${mxfp4[@]}" --model "$here/configs/deepseek_v3_4layers.json" \
+    --decode-num-requests 1,64,128 --prefill-batch-tokens 8192 --iters 3
+  mxfp4_rows=(--ours "moonlight_mxfp4=$work/ours_moonlight_mxfp4.json"
+    --ours "v3_4layers_mxfp4=$work/ours_v3_4layers_mxfp4.json")
+fi
+
 python3 "$here/combine_results.py" \
   --ours "moonlight=$work/ours_moonlight.json" --hf "moonlight=$work/hf_moonlight.json" \
   --ours "v3_4layers=$work/ours_v3_4layers.json" \
   --ours "v4_4layers=$work/ours_v4_4layers.json" --hf "v4_4layers=$work/hf_v4_4layers.json" \
-  "${fp8_rows[@]}" \
+  "${fp8_rows[@]}" "${mxfp4_rows[@]}" \
   --title "deepinfer-bench ($dtype) vs HF transformers (bf16), context 1024, commit $(head -1 "$here/COMMIT" 2>/dev/null | cut -c1-12)" \
   --csv "$OUT/bench_all.csv" --md "$OUT/bench_all.md" > /dev/null 2> "$work/combine.log" ||
   failed=$((failed + 1))

@@ -68,6 +68,7 @@ tests=(
   //kernels/gemm:fp8_block_gemm_test
   //kernels/gemm:fp8_mma_gemm_test
   //kernels/gemm:fp8_quantize_test
+  //kernels/gemm:mxfp4_mma_gemm_test
   //kernels/gemm:staged_gemv_test
   //kernels/moe:expert_activation_test
   //kernels/moe:ep_exchange_test
@@ -97,6 +98,7 @@ tests=(
   //worker/backend/cuda:cuda_backend_moe_test
   //worker/backend/cuda:cuda_backend_fp8_test
   //worker/backend/cuda:cuda_backend_fp8_cache_test
+  //worker/backend/cuda:cuda_backend_mxfp4_test
   //worker/backend/cuda:cublaslt_fp8_gemm_test
   //worker/backend/cuda:cublaslt_gemm_tuner_test
   //worker/backend/cuda:cuda_v4_ops_gpu_test

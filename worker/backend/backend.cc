@@ -17,6 +17,8 @@ const char* WeightDTypeName(WeightDType dtype) {
       return "bfloat16";
     case WeightDType::kFp8E4M3:
       return "float8_e4m3";
+    case WeightDType::kMxfp4E2M1:
+      return "mxfp4_e2m1";
     case WeightDType::kFloat32:
       break;
   }
@@ -28,6 +30,7 @@ size_t WeightDTypeSize(WeightDType dtype) {
     case WeightDType::kBFloat16:
       return 2;
     case WeightDType::kFp8E4M3:
+    case WeightDType::kMxfp4E2M1:
       return 1;
     case WeightDType::kFloat32:
       break;

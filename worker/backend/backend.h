@@ -42,10 +42,13 @@
 
 namespace deepinfer {
 
-// Storage type of matrix weights (see Backend::weight_dtype()). kFp8E4M3 is never a backend's
-// weight_dtype(): only single matrices kept FP8 (WeightView::fp8) have it.
-enum class WeightDType { kFloat32, kBFloat16, kFp8E4M3 };
-const char* WeightDTypeName(WeightDType dtype);  // "float32" / "bfloat16" / "float8_e4m3"
+// Storage type of matrix weights (see Backend::weight_dtype()). kFp8E4M3 and kMxfp4E2M1 are never
+// a backend's weight_dtype(): only single matrices kept FP8 (WeightView::fp8) and routed experts
+// kept MXFP4 (RoutedExpertsArgs::mxfp4(), kernels/gemm/mxfp4_mma_gemm.h's layout) have them.
+enum class WeightDType { kFloat32, kBFloat16, kFp8E4M3, kMxfp4E2M1 };
+// "float32" / "bfloat16" / "float8_e4m3" / "mxfp4_e2m1"
+const char* WeightDTypeName(WeightDType dtype);
+// Bytes of one element; MXFP4 (two elements a byte): 1, never used to size a matrix.
 size_t WeightDTypeSize(WeightDType dtype);
 // "float32" / "bfloat16" (also "fp32", "bf16"); INVALID_ARGUMENT naming the bad value otherwise.
 absl::StatusOr<WeightDType> ParseWeightDType(const std::string& name);
@@ -312,9 +315,16 @@ struct RoutedExpertsArgs {
   // rows' stride shared by every expert's gate_up / down (Fp8BlockScales::scale_ld).
   const float* const* gate_up_scales = nullptr;
   const float* const* down_scales = nullptr;
+  // The scale rows' stride for FP8 (above) and MXFP4 (below) experts.
   int64_t gate_up_scale_ld = 0;
   int64_t down_scale_ld = 0;
   bool fp8() const { return dtype == WeightDType::kFp8E4M3; }
+  // kMxfp4E2M1 experts (CUDA): gate_up / down hold packed e2m1 bytes [rows, cols / 2], and these
+  // device [num_experts] pointers their UE8M0 scales [rows, scale_ld] (one per 32 values along
+  // cols; kernels/gemm/mxfp4_mma_gemm.h).
+  const uint8_t* const* gate_up_mx_scales = nullptr;
+  const uint8_t* const* down_mx_scales = nullptr;
+  bool mxfp4() const { return dtype == WeightDType::kMxfp4E2M1; }
   float* out = nullptr;  // [tokens, hidden_size], overwritten
   // Stay on the device at any size (no host copy of the group sizes), as while recording: rows
   // padded to a capacity (ids -1) whose real count only the device knows.

@@ -27,6 +27,14 @@ absl::StatusOr<WeightDType> ResolveWeightDType(const BackendOptions& options) {
   if (options.dtype.empty() || options.dtype == kStoredPrecisionDType) {
     return DefaultWeightDType(options.kind);
   }
+  if (options.dtype == kMxfp4ExpertsDType) {
+    if (options.kind != "cuda") {
+      return absl::InvalidArgumentError(
+          absl::StrCat("dtype 'mxfp4' (routed experts in MXFP4) needs the cuda backend, not '",
+                       options.kind, "'"));
+    }
+    return WeightDType::kBFloat16;
+  }
   return ParseWeightDType(options.dtype);
 }
 
@@ -40,7 +48,12 @@ absl::StatusOr<bool> ParseBatchInvariantEnv(const char* value) {
 }
 
 bool KeepsCheckpointFp8(const BackendOptions& options) {
-  return options.kind == "cuda" && options.dtype == kStoredPrecisionDType;
+  return options.kind == "cuda" &&
+         (options.dtype == kStoredPrecisionDType || options.dtype == kMxfp4ExpertsDType);
+}
+
+bool KeepsExpertsMxfp4(const BackendOptions& options) {
+  return options.kind == "cuda" && options.dtype == kMxfp4ExpertsDType;
 }
 
 absl::StatusOr<std::unique_ptr<Backend>> MakeBackend(const BackendOptions& options) {

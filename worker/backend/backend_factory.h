@@ -46,11 +46,19 @@ WeightDType DefaultWeightDType(const std::string& kind);
 // (CUDA: KeepsCheckpointFp8); everything else is stored in the kind's default dtype.
 inline constexpr char kStoredPrecisionDType[] = "auto";
 // The backend's weight_dtype() for options.dtype: DefaultWeightDType(kind) for "" and "auto",
-// else ParseWeightDType's.
+// bfloat16 for "mxfp4" on "cuda" (INVALID_ARGUMENT on another kind), else ParseWeightDType's.
 absl::StatusOr<WeightDType> ResolveWeightDType(const BackendOptions& options);
+// BackendOptions::dtype "mxfp4" (--dtype mxfp4, CUDA only): the routed experts kept in MXFP4
+// (quantised at load where the checkpoint stores them otherwise; LoadOptions::mxfp4_experts),
+// everything else as with "auto" (FP8 matrices stay FP8, the rest bfloat16): the precision
+// `deepinfer-admin memory-plan --precision mxfp4` plans for.
+inline constexpr char kMxfp4ExpertsDType[] = "mxfp4";
 // Whether a model on the backend made from `options` keeps its checkpoint's FP8 matrices FP8
-// (LoadOptions::keep_fp8): dtype "auto" on "cuda".
+// (LoadOptions::keep_fp8): dtype "auto" or "mxfp4" on "cuda".
 bool KeepsCheckpointFp8(const BackendOptions& options);
+// Whether it keeps the routed experts in MXFP4 (LoadOptions::mxfp4_experts): dtype "mxfp4" on
+// "cuda".
+bool KeepsExpertsMxfp4(const BackendOptions& options);
 
 // INVALID_ARGUMENT for an unknown kind or dtype; UNIMPLEMENTED for "cuda" in a build without CUDA
 // and for "ascend" (a design only: CheckBackendBuilt); FAILED_PRECONDITION for "cuda" on a

@@ -39,6 +39,25 @@ TEST(BackendFactoryTest, RejectsUnknownDType) {
   EXPECT_NE(b.status().message().find("'float8'"), absl::string_view::npos) << b.status();
 }
 
+TEST(BackendFactoryTest, Mxfp4KeepsExpertsOnCudaOnly) {
+  BackendOptions cuda;
+  cuda.kind = "cuda";
+  cuda.dtype = kMxfp4ExpertsDType;
+  auto d = ResolveWeightDType(cuda);
+  ASSERT_TRUE(d.ok()) << d.status();
+  EXPECT_EQ(*d, WeightDType::kBFloat16);  // the matrices not kept FP8 or MXFP4
+  EXPECT_TRUE(KeepsExpertsMxfp4(cuda));
+  EXPECT_TRUE(KeepsCheckpointFp8(cuda));  // the rest as --dtype auto
+  cuda.dtype = kStoredPrecisionDType;
+  EXPECT_FALSE(KeepsExpertsMxfp4(cuda));
+  BackendOptions cpu;
+  cpu.dtype = kMxfp4ExpertsDType;
+  EXPECT_FALSE(KeepsExpertsMxfp4(cpu));
+  auto refused = ResolveWeightDType(cpu);
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(refused.status().message().find("cuda"), std::string::npos) << refused.status();
+}
+
 TEST(BackendFactoryTest, RejectsUnknownKind) {
   auto b = MakeBackend({"tpu", 0, 0, ""});
   EXPECT_EQ(b.status().code(), absl::StatusCode::kInvalidArgument);

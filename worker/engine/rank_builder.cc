@@ -226,6 +226,19 @@ absl::Status BuildRank(const RankSpec& spec, const RankHooks& hooks,
     // The source outlives the load (BuildModel below); the weight bytes count FP8 too.
     load.keep_fp8 = [src = source->get()](const std::string& name) { return src->StoresFp8(name); };
   }
+  if (KeepsExpertsMxfp4(spec.backend)) {
+    if (!(*arch)->keeps_mxfp4_experts) {
+      return absl::InvalidArgumentError(absl::StrCat("--dtype mxfp4: ", (*arch)->name,
+                                                     " does not keep its routed experts in MXFP4"));
+    }
+    if (spec.world_size > 1) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--dtype mxfp4 runs the routed experts on one rank hosting every expert; "
+                       "this group has ",
+                       spec.world_size, " ranks"));
+    }
+    load.mxfp4_experts = true;
+  }
   const int64_t weight_bytes = (*arch)->weight_bytes(config, be->weight_dtype(), load);
   LOG(INFO) << "rank " << spec.rank << ": " << be->name() << " backend, "
             << WeightDTypeName(be->weight_dtype()) << " weights ("

@@ -168,6 +168,42 @@ TEST(WeightInventoryTest, Fp8MatricesAgreeWithTheLoadersCount) {
   }
 }
 
+// The memory plan's mxfp4 precision and the loader's count with LoadOptions::mxfp4_experts
+// (`--dtype mxfp4`) agree on what MXFP4 routed experts save over bf16 ones (the small config with
+// hidden 64 and expert intermediate 32, multiples of the 32-value scale block), with the MTP
+// layer.
+TEST(WeightInventoryTest, Mxfp4ExpertsAgreeWithTheLoadersCount) {
+  std::string json = kSmallV3;
+  auto replace = [&](const std::string& from, const std::string& to) {
+    const size_t at = json.find(from);
+    ASSERT_NE(at, std::string::npos) << from;
+    json.replace(at, from.size(), to);
+  };
+  replace("\"hidden_size\": 16", "\"hidden_size\": 64");
+  replace("\"moe_intermediate_size\": 8", "\"moe_intermediate_size\": 32");
+  auto config = ModelConfig::FromJson(json, "small");
+  ASSERT_TRUE(config.ok()) << config.status();
+  config->num_draft_layers = 1;
+  LoadOptions plain, mx;
+  mx.mxfp4_experts = true;
+  const int64_t loader_saves = ModelWeights::DeviceBytes(*config, WeightDType::kBFloat16, plain) -
+                               ModelWeights::DeviceBytes(*config, WeightDType::kBFloat16, mx);
+  auto inv = InventoryFromConfigJson(json, "small", /*mtp=*/true);
+  ASSERT_TRUE(inv.ok()) << inv.status();
+  WeightInventory experts = *inv;
+  experts.groups.clear();
+  for (const ParamGroup& g : inv->groups) {
+    if (g.routed_experts > 0 && g.linear) experts.groups.push_back(g);
+  }
+  ASSERT_FALSE(experts.groups.empty());
+  const int64_t plan_saves =
+      PerGpuWeightBytes(experts, 1, WeightPrecision::kBf16, Fp8ScaleFormat::kFloat32).total() -
+      PerGpuWeightBytes(experts, 1, WeightPrecision::kMxfp4Experts, Fp8ScaleFormat::kFloat32)
+          .total();
+  EXPECT_GT(loader_saves, 0);
+  EXPECT_EQ(loader_saves, plan_saves);
+}
+
 TEST(WeightInventoryTest, BlockScalesRoundUp) {
   ParamGroup g;
   g.shape = {300, 129};

@@ -54,6 +54,8 @@ struct Architecture {
   // Whether `build` honours LoadOptions::keep_fp8 (FP8 matrices kept as stored where the backend
   // runs them); false: every weight is read dequantised, whatever the backend.
   bool keeps_fp8 = false;
+  // Whether `build` honours LoadOptions::mxfp4_experts (routed experts kept MXFP4).
+  bool keeps_mxfp4_experts = false;
 };
 
 }  // namespace deepinfer

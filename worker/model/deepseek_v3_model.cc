@@ -63,6 +63,7 @@ Architecture DeepseekV3Model::Entry() {
   };
   a.weight_bytes = ModelWeights::DeviceBytes;
   a.keeps_fp8 = true;
+  a.keeps_mxfp4_experts = true;
   a.activation_floats_per_token = [](const ModelConfig& c) {
     const int64_t H = c.hidden_size, nh = c.num_attention_heads, kvl = c.kv_lora_rank;
     const int64_t K = c.num_experts_per_tok, mi = c.moe_intermediate_size;

@@ -5,6 +5,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "worker/model/mxfp4_quantize.h"
 #include "worker/model/weight_loader.h"
 
 namespace deepinfer {
@@ -90,8 +91,13 @@ absl::StatusOr<std::unique_ptr<ModelWeights>> ModelWeights::Load(const ModelConf
     }
     for (int64_t e = 0; e < c.n_routed_experts; ++e) {
       if (!is_mtp && options.hosts_expert && !options.hosts_expert(l, e)) continue;
-      DI_RETURN_IF_ERROR(ld.LoadMlp(absl::StrCat(m, "experts.", e, "."), hid,
-                                    c.moe_intermediate_size, &L.experts[e]));
+      const std::string prefix = absl::StrCat(m, "experts.", e, ".");
+      DI_RETURN_IF_ERROR(options.mxfp4_experts
+                             ? ld.LoadMxfp4Mlp(prefix + "gate_proj.weight",
+                                               prefix + "up_proj.weight",
+                                               prefix + "down_proj.weight", hid,
+                                               c.moe_intermediate_size, &L.experts[e])
+                             : ld.LoadMlp(prefix, hid, c.moe_intermediate_size, &L.experts[e]));
     }
   }
   DI_RETURN_IF_ERROR(ld.Finish());
@@ -241,6 +247,11 @@ int64_t ModelWeights::DeviceBytes(const ModelConfig& c, WeightDType matrix_dtype
     }
     for (int64_t e = 0; e < c.n_routed_experts; ++e) {
       if (!is_mtp && options.hosts_expert && !options.hosts_expert(l, e)) continue;
+      if (options.mxfp4_experts) {  // packed e2m1 and a UE8M0 byte per 32, both matrices
+        const int64_t elements = 3 * c.moe_intermediate_size * hid;
+        bytes += elements / 2 + elements / kMxfp4Block;
+        continue;
+      }
       bytes += mlp(absl::StrCat(m, "experts.", e, "."), c.moe_intermediate_size);
     }
   }

@@ -34,6 +34,12 @@ struct LoadOptions {
   // W_uk / W_uv (kv_b_proj) and lm_head are always converted: the absorbed attention reads
   // kv_b per head, and DeepSeek stores lm_head in bf16.
   std::function<bool(const std::string& name)> keep_fp8;
+  // Routed experts (those of the decoder layers and of the MTP modules) kept in MXFP4 on the
+  // device (e2m1 with a UE8M0 scale per 32 values, kernels/gemm/mxfp4_mma_gemm.h): `--dtype
+  // mxfp4` on CUDA, where Backend::RoutedExperts runs them with one rank hosting every expert.
+  // Their values are read as fp32 (whatever the storage) and quantised on the host
+  // (worker/model/mxfp4_quantize.h); an expert's shared and the dense MLPs are not affected.
+  bool mxfp4_experts = false;
   // Checkpoint tensors are read and converted on this many threads (a thread per shard first),
   // staged within staging_bytes of host memory (page-locked on CUDA) and uploaded while the
   // threads go on (WeightUploader); 1: one tensor after the other; 0: the machine's hardware
@@ -45,10 +51,13 @@ struct LoadOptions {
 
 // A matrix weight on the device: elements in ModelWeights::matrix_dtype, or FP8 e4m3 with one
 // fp32 scale per 128 x 128 block (fp8_scales set; Backend's WeightView::fp8 describes the grid,
-// split_rows where two checkpoint tensors were stacked).
+// split_rows where two checkpoint tensors were stacked), or (routed experts only) MXFP4 [rows,
+// cols / 2] packed e2m1 with UE8M0 scales [rows, scale_ld = cols / 32] (mx_scales set; read only
+// through Backend::RoutedExperts).
 struct MatrixBuffer {
   std::unique_ptr<DeviceBuffer> data;
   std::unique_ptr<DeviceBuffer> fp8_scales;
+  std::unique_ptr<DeviceBuffer> mx_scales;
   int64_t scale_ld = 0;
   int64_t split_rows = 0;
 
@@ -57,9 +66,11 @@ struct MatrixBuffer {
   MatrixBuffer(std::unique_ptr<DeviceBuffer> d) : data(std::move(d)) {}  // NOLINT
   DeviceBuffer* operator->() const { return data.get(); }
   bool fp8() const { return fp8_scales != nullptr; }
+  bool mxfp4() const { return mx_scales != nullptr; }
   // Device bytes of the elements and the scales.
   size_t size_bytes() const {
-    return (data ? data->size_bytes() : 0) + (fp8_scales ? fp8_scales->size_bytes() : 0);
+    return (data ? data->size_bytes() : 0) + (fp8_scales ? fp8_scales->size_bytes() : 0) +
+           (mx_scales ? mx_scales->size_bytes() : 0);
   }
 };
 
@@ -109,7 +120,8 @@ class ModelWeights {
                                                             const LoadOptions& options);
   // The bytes Load will allocate for this config, matrix dtype and expert selection, computed
   // from the shapes alone (so memory can be planned before anything is read or allocated).
-  // Matrices options.keep_fp8 names count one byte an element plus their block scales.
+  // Matrices options.keep_fp8 names count one byte an element plus their block scales; with
+  // options.mxfp4_experts, routed experts half a byte an element plus a byte per 32.
   static int64_t DeviceBytes(const ModelConfig& config, WeightDType matrix_dtype,
                              const LoadOptions& options);
 

@@ -9,6 +9,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "worker/backend/bf16.h"
+#include "worker/model/mxfp4_quantize.h"
 
 namespace deepinfer {
 
@@ -204,6 +205,45 @@ absl::Status WeightLoader::LoadMlp(const std::string& gate, const std::string& u
                 return src->ReadFloat32(up, {inter, hidden}, out + inter * hidden);
               });
   return LoadMatrix(down, {hidden, inter}, &m->down);
+}
+
+absl::Status WeightLoader::LoadMxfp4Mlp(const std::string& gate, const std::string& up,
+                                        const std::string& down, int64_t hidden, int64_t inter,
+                                        MlpWeights* m) {
+  if (hidden % kMxfp4Block != 0 || inter % kMxfp4Block != 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        gate, ": MXFP4 experts need hidden_size and moe_intermediate_size to be multiples of ",
+        kMxfp4Block, ", not ", hidden, " and ", inter));
+  }
+  m->inter = inter;
+  m->gate_up = MatrixBuffer();
+  m->down = MatrixBuffer();
+  m->gate_up.scale_ld = hidden / kMxfp4Block;
+  m->down.scale_ld = inter / kMxfp4Block;
+  const int64_t gu = 2 * inter * hidden, dn = hidden * inter;
+  WeightSource* src = src_;
+  uploader_.Add(
+      src_->ShardOf(gate),
+      {static_cast<size_t>(gu / 2), static_cast<size_t>(gu / kMxfp4Block),
+       static_cast<size_t>(dn / 2), static_cast<size_t>(dn / kMxfp4Block)},
+      {&m->gate_up.data, &m->gate_up.mx_scales, &m->down.data, &m->down.mx_scales},
+      std::max(gu, dn) * static_cast<int64_t>(sizeof(float)),
+      [src, gate, up, down, inter, hidden, gu, dn](const std::vector<char*>& dst) -> absl::Status {
+        std::vector<float> v(std::max(gu, dn));
+        absl::Status st = src->ReadFloat32(gate, {inter, hidden}, v.data());
+        if (st.ok()) st = src->ReadFloat32(up, {inter, hidden}, v.data() + inter * hidden);
+        if (st.ok()) {
+          st = QuantizeMxfp4(v.data(), 2 * inter, hidden, reinterpret_cast<uint8_t*>(dst[0]),
+                             reinterpret_cast<uint8_t*>(dst[1]), gate.c_str());
+        }
+        if (st.ok()) st = src->ReadFloat32(down, {hidden, inter}, v.data());
+        if (st.ok()) {
+          st = QuantizeMxfp4(v.data(), hidden, inter, reinterpret_cast<uint8_t*>(dst[2]),
+                             reinterpret_cast<uint8_t*>(dst[3]), down.c_str());
+        }
+        return st;
+      });
+  return absl::OkStatus();
 }
 
 void WeightLoader::LoadFusedExperts(const std::string& gate_up, const std::string& down,

@@ -73,6 +73,12 @@ class WeightLoader {
   absl::Status LoadMlp(const std::string& gate, const std::string& up, const std::string& down,
                        int64_t hidden, int64_t inter, MlpWeights* m);
   absl::Status LoadMlp(const std::string& prefix, int64_t hidden, int64_t inter, MlpWeights* m);
+  // A routed expert in MXFP4 (LoadOptions::mxfp4_experts): [gate; up] [2 * inter, hidden] and
+  // down [hidden, inter], each packed e2m1 with its UE8M0 scales (MatrixBuffer::mx_scales),
+  // quantised on the host from the fp32 values (worker/model/mxfp4_quantize.h). INVALID_ARGUMENT
+  // for hidden or inter not a multiple of 32.
+  absl::Status LoadMxfp4Mlp(const std::string& gate, const std::string& up, const std::string& down,
+                            int64_t hidden, int64_t inter, MlpWeights* m);
   // Routed experts stored fused, HF's layout: gate_up [E, 2 * inter, hidden] and down
   // [E, hidden, inter]; experts[i] of them into (*out)[experts[i]] (each tensor read once).
   void LoadFusedExperts(const std::string& gate_up, const std::string& down, int64_t num_experts,

@@ -234,8 +234,11 @@ class CudaBackend : public Backend {
   // copy the group sizes back (rows aligned to 4 per expert) and run W8A8 where cuBLASLt takes
   // it (ExpertGemmsFp8W8A8: one quantisation for all rows, one GEMM per busy expert, SiluMulF32
   // once), else each expert's rows through Gemm's FP8 paths.
-  // args.swiglu_limit (V4's clamp) in every SiLU-mul of the bf16 / fp32 paths; FP8 experts with
-  // a clamp are refused (false).
+  // MXFP4 experts (args.mxfp4()): the same permutation (bf16 rows) and combine around
+  // kernels::Mxfp4MmaGroupedGemm for gate_up and down at any batch size, without host
+  // synchronisation (capturable).
+  // args.swiglu_limit (V4's clamp) in every SiLU-mul of the bf16 / fp32 / MXFP4 paths; FP8
+  // experts with a clamp are refused (false).
   bool RoutedExperts(const RoutedExpertsArgs& args) override;
   // Taken for bf16 weights, tokens whose decode algorithm is kGroupedF32 (DecodeMoeAlgoFor),
   // shared_inter a positive multiple of inter, and the size DecodeMoeFusedFor allows:
@@ -423,6 +426,19 @@ class CudaBackend : public Backend {
   // GateUpSiluMulBf16 with FP8 weights (rows >= kBf16GateUpMinRows).
   bool GateUpSiluMulFp8(int64_t rows, int64_t inter, int64_t k, ActivationView a, int64_t lda,
                         WeightView w, int64_t ldw, uint16_t* out);
+  // RoutedExperts' rows grouped by expert on the device (kernels::MoePermuteF32, slot s = expert
+  // s): plan = counts [E] | offsets [E + 1], each choice's row, each row's token, the gathered
+  // rows [rows, hidden] (bf16 bits with `bf16`, else fp32), the planner's workspace.
+  struct MoePermutation {
+    std::unique_ptr<DeviceBuffer> plan, choice_row, row_token, permuted, plan_workspace;
+  };
+  MoePermutation PermuteRoutedRows(const RoutedExpertsArgs& a, int64_t rows, int32_t row_align,
+                                   bool bf16);
+  // RoutedExperts with MXFP4 experts (cuda_backend_mxfp4.cc): at any batch size without host
+  // synchronisation, bf16 rows through kernels::Mxfp4MmaGroupedGemm (gate_up fp32,
+  // SiluMulF32ToBf16 or, with a clamp, gate_up rounded to bf16 and SiluMulBf16 with the limit,
+  // down). false for sizes the kernel does not take or a device without it.
+  bool RoutedExpertsMxfp4(const RoutedExpertsArgs& a);
   // RoutedExperts with FP8 experts (cuda_backend_fp8.cc), and its two ways of running the expert
   // GEMMs over the permuted fp32 rows [rows, hidden] grouped by the device offsets [E + 1]
   // (SiluMulF32 between gate_up and down), writing expert_out [rows, hidden] fp32:

@@ -383,44 +383,13 @@ bool CudaBackend::RoutedExpertsFp8(const RoutedExpertsArgs& a) {
   }
   // The permutation of RoutedExperts (rows grouped by expert on the device), the expert GEMMs,
   // the combine.
-  auto plan = Allocate((2 * E + 1) * sizeof(int32_t));
-  auto choice_row = AllocateScratch(std::max<int64_t>(1, T * K) * sizeof(int32_t));
-  auto row_token = AllocateScratch(rows * sizeof(int32_t));
-  auto permuted = AllocateScratch(rows * H * (mma ? sizeof(uint16_t) : sizeof(float)));
-  kernels::MoePermuteParams p;
-  p.num_tokens = static_cast<int32_t>(T);
-  p.top_k = static_cast<int32_t>(K);
-  p.num_experts = E;
-  p.num_slots = E;
-  p.topk_ids = a.topk_ids;
-  p.slot_of_expert = a.slot_of_expert;
-  p.hidden_size = H;
-  p.hidden = a.hidden;
-  p.slot_counts = plan->as<int32_t>();
-  p.slot_offsets = plan->as<int32_t>() + E;
-  p.choice_row = choice_row->as<int32_t>();
-  p.row_token = row_token->as<int32_t>();
-  if (mma) {
-    p.permuted_hidden_bf16 = permuted->as<uint16_t>();
-  } else {
-    p.permuted_hidden = permuted->as<float>();
-  }
-  p.row_align = row_align;
-  const int64_t plan_workspace_bytes =
-      kernels::MoePermutePlanWorkspaceBytes(static_cast<int32_t>(T), static_cast<int32_t>(K), E);
-  std::unique_ptr<DeviceBuffer> plan_workspace;
-  if (plan_workspace_bytes > 0) {
-    plan_workspace = AllocateScratch(plan_workspace_bytes);
-    p.plan_workspace = plan_workspace->data();
-  }
-  Check(kernels::MoePermuteF32(p, stream_), "kernels::MoePermuteF32");
-
+  const MoePermutation perm = PermuteRoutedRows(a, rows, row_align, /*bf16=*/mma);
   auto expert_out = AllocateScratch(rows * H * sizeof(float));
   if (per_expert) {
-    ExpertGemmsFp8PerExpert(a, plan->as<int32_t>() + E, rows, permuted->as<float>(),
+    ExpertGemmsFp8PerExpert(a, perm.plan->as<int32_t>() + E, rows, perm.permuted->as<float>(),
                             expert_out->as<float>());
   } else {
-    ExpertGemmsFp8OnDevice(a, plan->as<int32_t>() + E, rows, mma, permuted->data(),
+    ExpertGemmsFp8OnDevice(a, perm.plan->as<int32_t>() + E, rows, mma, perm.permuted->data(),
                            expert_out->as<float>());
   }
 
@@ -428,7 +397,7 @@ bool CudaBackend::RoutedExpertsFp8(const RoutedExpertsArgs& a) {
   c.num_tokens = static_cast<int32_t>(T);
   c.top_k = static_cast<int32_t>(K);
   c.hidden_size = H;
-  c.choice_row = choice_row->as<int32_t>();
+  c.choice_row = perm.choice_row->as<int32_t>();
   c.topk_weights = a.topk_weights;
   c.expert_out = expert_out->as<float>();
   c.accumulate = false;

@@ -100,11 +100,52 @@ void CudaBackend::AccumulateExpertCounts(int64_t n, const int32_t* ids, int64_t 
         "kernels::AccumulateExpertCounts");
 }
 
+CudaBackend::MoePermutation CudaBackend::PermuteRoutedRows(const RoutedExpertsArgs& a, int64_t rows,
+                                                           int32_t row_align, bool bf16) {
+  const int64_t T = a.num_tokens, K = a.top_k, H = a.hidden_size;
+  const int32_t E = a.num_experts;
+  MoePermutation m;
+  // Counts then offsets in one buffer, so the host paths copy both back at once.
+  m.plan = Allocate((2 * E + 1) * sizeof(int32_t));
+  m.choice_row = AllocateScratch(std::max<int64_t>(1, T * K) * sizeof(int32_t));
+  m.row_token = AllocateScratch(rows * sizeof(int32_t));
+  m.permuted = AllocateScratch(rows * H * (bf16 ? sizeof(uint16_t) : sizeof(float)));
+  kernels::MoePermuteParams p;
+  p.num_tokens = static_cast<int32_t>(T);
+  p.top_k = static_cast<int32_t>(K);
+  p.num_experts = E;
+  p.num_slots = E;
+  p.topk_ids = a.topk_ids;
+  p.slot_of_expert = a.slot_of_expert;
+  p.hidden_size = H;
+  p.hidden = a.hidden;
+  p.slot_counts = m.plan->as<int32_t>();
+  p.slot_offsets = m.plan->as<int32_t>() + E;
+  p.choice_row = m.choice_row->as<int32_t>();
+  p.row_token = m.row_token->as<int32_t>();
+  if (bf16) {
+    p.permuted_hidden_bf16 = m.permuted->as<uint16_t>();
+  } else {
+    p.permuted_hidden = m.permuted->as<float>();
+  }
+  p.row_align = row_align;
+  // Prefill sizes plan with many blocks (kernels::MoePermutePlanWorkspaceBytes: 0 at decode).
+  const int64_t plan_workspace_bytes =
+      kernels::MoePermutePlanWorkspaceBytes(static_cast<int32_t>(T), static_cast<int32_t>(K), E);
+  if (plan_workspace_bytes > 0) {
+    m.plan_workspace = AllocateScratch(plan_workspace_bytes);
+    p.plan_workspace = m.plan_workspace->data();
+  }
+  Check(kernels::MoePermuteF32(p, stream_), "kernels::MoePermuteF32");
+  return m;
+}
+
 bool CudaBackend::RoutedExperts(const RoutedExpertsArgs& a) {
   if (a.fp8()) return RoutedExpertsFp8(a);
   // Batch-invariant: bf16 experts on the device path only (fp32 experts: the caller's per-expert
   // GroupedGemm, whose GEMMs are batch-invariant then).
   if (tuning_.batch_invariant && a.dtype != WeightDType::kBFloat16) return false;
+  if (a.mxfp4()) return RoutedExpertsMxfp4(a);
   if (a.num_experts < 1 || a.num_experts > kernels::kMaxMoeSlots || a.hidden_size % 8 != 0 ||
       a.inter % 8 != 0 || a.num_tokens < 0 || a.top_k < 1) {
     return false;
@@ -138,45 +179,14 @@ bool CudaBackend::RoutedExperts(const RoutedExpertsArgs& a) {
                                                 K, " is beyond int range for the expert GEMMs")));
     return true;
   }
-  // Counts then offsets in one buffer, so the cuBLAS path copies both back at once.
-  auto plan = Allocate((2 * E + 1) * sizeof(int32_t));
-  auto choice_row = AllocateScratch(std::max<int64_t>(1, T * K) * sizeof(int32_t));
-  auto row_token = AllocateScratch(rows * sizeof(int32_t));
   // bf16 weights gather the rows straight into bf16 (the GEMM operand), except for the device
   // path's fp32-activation kernel.
   const bool gather_bf16 = a.dtype == WeightDType::kBFloat16 &&
                            !(device_grouped && decode_algo == DecodeMoeAlgo::kGroupedF32);
-  auto permuted = AllocateScratch(rows * H * (gather_bf16 ? sizeof(uint16_t) : sizeof(float)));
-  kernels::MoePermuteParams p;
-  p.num_tokens = static_cast<int32_t>(T);
-  p.top_k = static_cast<int32_t>(K);
-  p.num_experts = E;
-  p.num_slots = E;
-  p.topk_ids = a.topk_ids;
-  p.slot_of_expert = a.slot_of_expert;
-  p.hidden_size = H;
-  p.hidden = a.hidden;
-  p.slot_counts = plan->as<int32_t>();
-  p.slot_offsets = plan->as<int32_t>() + E;
-  p.choice_row = choice_row->as<int32_t>();
-  p.row_token = row_token->as<int32_t>();
-  if (gather_bf16) {
-    p.permuted_hidden_bf16 = permuted->as<uint16_t>();
-  } else {
-    p.permuted_hidden = permuted->as<float>();
-  }
-  p.row_align = row_align;
-  // Prefill sizes plan with many blocks (kernels::MoePermutePlanWorkspaceBytes: 0 at decode).
-  const int64_t plan_workspace_bytes =
-      kernels::MoePermutePlanWorkspaceBytes(static_cast<int32_t>(T), static_cast<int32_t>(K), E);
-  std::unique_ptr<DeviceBuffer> plan_workspace;
-  if (plan_workspace_bytes > 0) {
-    plan_workspace = AllocateScratch(plan_workspace_bytes);
-    p.plan_workspace = plan_workspace->data();
-  }
+  MoePermutation perm;
   {
     PhaseTimer phase(this, "RoutedExpertsCublas/permute", !device_grouped);
-    Check(kernels::MoePermuteF32(p, stream_), "kernels::MoePermuteF32");
+    perm = PermuteRoutedRows(a, rows, row_align, gather_bf16);
   }
 
   // The cuBLAS path with bf16 weights: gate_up and down write bf16 (as a bf16 PyTorch model
@@ -186,10 +196,10 @@ bool CudaBackend::RoutedExperts(const RoutedExpertsArgs& a) {
   auto expert_out =
       AllocateScratch(rows * H * (expert_out_bf16 ? sizeof(uint16_t) : sizeof(float)));
   if (device_grouped) {
-    ExpertGemmsOnDevice(a, decode_algo, plan->as<int32_t>(), choice_row->as<int32_t>(), rows,
-                        permuted->data(), expert_out->as<float>());
-  } else if (!ExpertGemmsOnCublas(a, plan->as<int32_t>(), row_align, rows, permuted->data(),
-                                  expert_out->data())) {
+    ExpertGemmsOnDevice(a, decode_algo, perm.plan->as<int32_t>(), perm.choice_row->as<int32_t>(),
+                        rows, perm.permuted->data(), expert_out->as<float>());
+  } else if (!ExpertGemmsOnCublas(a, perm.plan->as<int32_t>(), row_align, rows,
+                                  perm.permuted->data(), expert_out->data())) {
     return true;  // the error is recorded; the output is meaningless, as after any failed op
   }
 
@@ -199,7 +209,7 @@ bool CudaBackend::RoutedExperts(const RoutedExpertsArgs& a) {
   c.num_tokens = static_cast<int32_t>(T);
   c.top_k = static_cast<int32_t>(K);
   c.hidden_size = H;
-  c.choice_row = choice_row->as<int32_t>();
+  c.choice_row = perm.choice_row->as<int32_t>();
   c.topk_weights = a.topk_weights;
   if (expert_out_bf16) {
     c.expert_out_bf16 = expert_out->as<uint16_t>();

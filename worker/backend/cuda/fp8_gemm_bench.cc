@@ -13,7 +13,8 @@
 // scales, plus the activations read and the output written), and the FP8 speed-up. The FP8 paths
 // read fp32 activations except mma16. Then the routed experts' grouped GEMMs at
 // decode token counts (uniform random top-k): kernels::Fp8MmaGroupedGemm (bf16 rows, the FP8
-// device path), kernels::Fp8GroupedGemm (fp32 rows, its fallback) and kernels::GroupedGemmBf16
+// device path), kernels::Mxfp4MmaGroupedGemm (MXFP4 experts, a line of its own),
+// kernels::Fp8GroupedGemm (fp32 rows, the FP8 fallback) and kernels::GroupedGemmBf16
 // (bf16 weights, the bf16 path's kernel at 1-2 tokens), GB/s of the busy experts' weights.
 //
 // Time: a CUDA graph of back-to-back launches, each on its own copy of the weights (copies for
@@ -38,6 +39,7 @@
 #include "kernels/gemm/fp8_block_gemm.h"
 #include "kernels/gemm/fp8_mma_gemm.h"
 #include "kernels/gemm/fp8_quantize.h"
+#include "kernels/gemm/mxfp4_mma_gemm.h"
 #include "kernels/gemm/small_m_gemm.h"
 #include "kernels/moe/grouped_gemm.h"
 #include "kernels/testing/bench_timer.h"
@@ -323,17 +325,24 @@ void GroupedBench(const MoeShape& ms) {
     const std::vector<float> scales(kernels::Fp8ScaleRows(n, split) * kernels::Fp8ScaleLd(k),
                                     1.0f / 448);
     const std::vector<uint8_t> host8 = RandomFp8(bytes, n + k);
-    std::vector<const uint8_t*> w8(E);
+    // MXFP4: any byte is two e2m1 values; scales 2^-6.
+    const std::vector<uint8_t> host4(host8.begin(), host8.begin() + bytes / 2);
+    const std::vector<uint8_t> mx_scales(bytes / kernels::kMxfp4BlockSize, 121);
+    std::vector<const uint8_t*> w8(E), w4(E), sc4(E);
     std::vector<const float*> sc(E);
     std::vector<const uint16_t*> w16(E);
     for (int32_t e = 0; e < E; ++e) {
       w8[e] = bench::Upload(host8);
       sc[e] = bench::Upload(scales);
+      w4[e] = bench::Upload(host4);
+      sc4[e] = bench::Upload(mx_scales);
       uint16_t* b = DeviceAlloc<uint16_t>(bytes * 2);
       BENCH_CUDA(cudaMemset(b, 0x3c, bytes * 2));
       w16[e] = b;
     }
     const uint8_t* const* dw8 = bench::Upload(w8);
+    const uint8_t* const* dw4 = bench::Upload(w4);
+    const uint8_t* const* dsc4 = bench::Upload(sc4);
     const float* const* dsc = bench::Upload(sc);
     const uint16_t* const* dw16 = bench::Upload(w16);
     for (int32_t tokens : {1, 8, 64, 128}) {
@@ -350,6 +359,10 @@ void GroupedBench(const MoeShape& ms) {
       mp.weights = dw8, mp.scales = dsc, mp.scale_ld = kernels::Fp8ScaleLd(k);
       mp.split_rows = split, mp.c = c;
       mp.rows_per_group_hint = std::min(tokens, std::max(1, (tokens * K + E - 1) / E));
+      kernels::Mxfp4MmaGroupedGemmParams xp;
+      xp.num_groups = E, xp.max_rows = rows, xp.offsets = doff, xp.n = n, xp.k = k, xp.a = a16;
+      xp.weights = dw4, xp.scales = dsc4, xp.scale_ld = k / kernels::kMxfp4BlockSize, xp.c = c;
+      xp.rows_per_group_hint = mp.rows_per_group_hint;
       kernels::Fp8GroupedGemmParams op;
       op.num_groups = E, op.max_rows = rows, op.offsets = doff, op.n = n, op.k = k, op.a = a;
       op.weights = dw8, op.scales = dsc, op.scale_ld = kernels::Fp8ScaleLd(k);
@@ -366,6 +379,12 @@ void GroupedBench(const MoeShape& ms) {
                                                 BENCH_CUDA(kernels::Fp8MmaGroupedGemm(mp, st));
                                               })
                                 : -1;
+      const double mx_us = kernels::Mxfp4MmaGroupedGemmSupports(xp)
+                               ? GraphMicros(4,
+                                             [&](int, cudaStream_t st) {
+                                               BENCH_CUDA(kernels::Mxfp4MmaGroupedGemm(xp, st));
+                                             })
+                               : -1;
       const double old_us = GraphMicros(
           4, [&](int, cudaStream_t st) { BENCH_CUDA(kernels::Fp8GroupedGemm(op, st)); });
       const double bf16_us = GraphMicros(
@@ -378,15 +397,26 @@ void GroupedBench(const MoeShape& ms) {
           ms.name, gate_up ? "gate_up" : "down", static_cast<long>(n), static_cast<long>(k), tokens,
           busy, mma_us, mma_us > 0 ? fp8_busy / mma_us / 1e3 : 0.0, old_us, fp8_busy / old_us / 1e3,
           bf16_us, bf16_busy / bf16_us / 1e3, mma_us > 0 ? bf16_us / mma_us : 0.0);
+      const double mx_busy = static_cast<double>(busy) * (bytes / 2 + mx_scales.size());
+      std::printf(
+          "%-10s %-8s n=%5ld k=%5ld tokens=%3d busy=%3d | mxfp4 mma %8.2f us %5.0f GB/s | "
+          "mxfp4 vs bf16 %5.2fx | mxfp4 vs fp8 mma %5.2fx\n",
+          ms.name, gate_up ? "gate_up" : "down", static_cast<long>(n), static_cast<long>(k), tokens,
+          busy, mx_us, mx_us > 0 ? mx_busy / mx_us / 1e3 : 0.0, mx_us > 0 ? bf16_us / mx_us : 0.0,
+          mx_us > 0 && mma_us > 0 ? mma_us / mx_us : 0.0);
       for (void* p : std::vector<void*>{doff, a, a16, c}) BENCH_CUDA(cudaFree(p));
     }
     for (int32_t e = 0; e < E; ++e) {
       BENCH_CUDA(cudaFree(const_cast<uint8_t*>(w8[e])));
       BENCH_CUDA(cudaFree(const_cast<float*>(sc[e])));
+      BENCH_CUDA(cudaFree(const_cast<uint8_t*>(w4[e])));
+      BENCH_CUDA(cudaFree(const_cast<uint8_t*>(sc4[e])));
       BENCH_CUDA(cudaFree(const_cast<uint16_t*>(w16[e])));
     }
     BENCH_CUDA(cudaFree(const_cast<uint8_t**>(dw8)));
     BENCH_CUDA(cudaFree(const_cast<float**>(dsc)));
+    BENCH_CUDA(cudaFree(const_cast<uint8_t**>(dw4)));
+    BENCH_CUDA(cudaFree(const_cast<uint8_t**>(dsc4)));
     BENCH_CUDA(cudaFree(const_cast<uint16_t**>(dw16)));
   }
 }

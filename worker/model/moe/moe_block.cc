@@ -117,7 +117,7 @@ absl::StatusOr<ExpertDispatcher::Exchange> MoeBlock::BeginStaged(
     if (ExpertsOnDevice(backend_, a, h_gemm, ctx.mode)) {
       if (ctx.device_only) device_expert_rows_.insert(rows);
       count();
-      if (c.n_shared_experts > 0 && a.shared_inter == 0) {  // FP8 matrices: not in the args
+      if (c.n_shared_experts > 0 && a.shared_inter == 0) {  // FP8 / MXFP4: not in the args
         AddSwiGlu(backend_, rows, H, MlpView(*weights_, L.shared), h_gemm, out, ctx.mode);
       }
       s->done = true;
@@ -142,6 +142,12 @@ absl::StatusOr<ExpertDispatcher::Exchange> MoeBlock::ExpertsStaged(Staged* s) {
   std::vector<WeightView> gate_up, down;
   for (int64_t e : dispatcher_->local_experts(moe_index_[s->layer])) {
     const MlpWeights& ew = L.experts.at(e);
+    if (ew.gate_up.mxfp4() || ew.down.mxfp4()) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "routed expert ", e, " of layer ", s->layer,
+          " is kept in MXFP4, which only Backend::RoutedExperts with one rank hosting every "
+          "expert runs (not the dispatcher's per-expert GEMMs)"));
+    }
     gate_up.push_back(weights_->Matrix(ew.gate_up));
     down.push_back(weights_->Matrix(ew.down));
   }
@@ -194,14 +200,18 @@ RoutedExpertsArgs MoeBlock::DeviceExpertsArgs(int64_t layer, int64_t rows, const
   if (t.dtype == WeightDType::kFp8E4M3) {
     a.gate_up_scales = static_cast<const float* const*>(t.gate_up_scales->data());
     a.down_scales = static_cast<const float* const*>(t.down_scales->data());
-    a.gate_up_scale_ld = t.gate_up_scale_ld;
-    a.down_scale_ld = t.down_scale_ld;
+  } else if (t.dtype == WeightDType::kMxfp4E2M1) {
+    a.gate_up_mx_scales = static_cast<const uint8_t* const*>(t.gate_up_scales->data());
+    a.down_mx_scales = static_cast<const uint8_t* const*>(t.down_scales->data());
   }
+  a.gate_up_scale_ld = t.gate_up_scale_ld;
+  a.down_scale_ld = t.down_scale_ld;
   a.out = out;
   const MlpWeights& shared = weights_->layers[layer].shared;
-  // The shared experts ride along only in `dtype` without block scales: with FP8 matrices on
-  // either side the caller adds them itself (Forward).
-  if (c.n_shared_experts > 0 && !a.fp8() && !shared.gate_up.fp8() && !shared.down.fp8()) {
+  // The shared experts ride along only in `dtype` without block scales: with FP8 or MXFP4
+  // matrices on either side the caller adds them itself (Forward).
+  if (c.n_shared_experts > 0 && a.dtype == weights_->matrix_dtype && !shared.gate_up.fp8() &&
+      !shared.down.fp8()) {
     a.shared_inter = shared.inter;
     a.shared_gate_up = weights_->Matrix(shared.gate_up).data;
     a.shared_down = weights_->Matrix(shared.down).data;
@@ -320,23 +330,33 @@ bool MoeBlock::LayerTables(const LayerWeights& L, const std::vector<int64_t>& id
                            ExpertTables* t) {
   const size_t n = ids.size();
   std::vector<const void*> gate_up(n), down(n), gate_up_scales(n), down_scales(n);
-  size_t fp8 = 0;
+  size_t fp8 = 0, mx = 0;
   bool mixed = false;  // one MLP with FP8 and other matrices
   for (size_t s = 0; s < n; ++s) {
     const MlpWeights& m = L.experts.at(ids[s]);
     gate_up[s] = m.gate_up->data();
     down[s] = m.down->data();
     const bool both = m.gate_up.fp8() && m.down.fp8();
+    const bool both_mx = m.gate_up.mxfp4() && m.down.mxfp4();
     fp8 += both ? 1 : 0;
-    gate_up_scales[s] = both ? m.gate_up.fp8_scales->data() : nullptr;
-    down_scales[s] = both ? m.down.fp8_scales->data() : nullptr;
+    mx += both_mx ? 1 : 0;
+    gate_up_scales[s] = both      ? m.gate_up.fp8_scales->data()
+                        : both_mx ? m.gate_up.mx_scales->data()
+                                  : nullptr;
+    down_scales[s] = both      ? m.down.fp8_scales->data()
+                     : both_mx ? m.down.mx_scales->data()
+                               : nullptr;
     mixed |= !both && (m.gate_up.fp8() || m.down.fp8());
+    mixed |= !both_mx && (m.gate_up.mxfp4() || m.down.mxfp4());
   }
-  if (mixed || (fp8 != 0 && fp8 != n)) return false;  // the dispatcher's per-expert GEMMs
-  t->dtype = fp8 == n ? WeightDType::kFp8E4M3 : weights_->matrix_dtype;
+  // Mixed storage: the dispatcher's per-expert GEMMs (which refuse MXFP4 experts).
+  if (mixed || (fp8 != 0 && fp8 != n) || (mx != 0 && mx != n)) return false;
+  t->dtype = fp8 == n  ? WeightDType::kFp8E4M3
+             : mx == n ? WeightDType::kMxfp4E2M1
+                       : weights_->matrix_dtype;
   t->gate_up = Pointers(gate_up);
   t->down = Pointers(down);
-  if (fp8 == n) {
+  if (fp8 == n || mx == n) {
     t->gate_up_scales = Pointers(gate_up_scales);
     t->down_scales = Pointers(down_scales);
     // Every expert has the same shapes, so the same scale strides.

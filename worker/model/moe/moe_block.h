@@ -113,10 +113,12 @@ class MoeBlock {
   struct ExpertTables {
     std::unique_ptr<DeviceBuffer> gate_up, down;
     std::vector<const void*> gate_up_host, down_host;  // the same pointers, on the host
-    // The layer's experts' storage: matrix_dtype, or kFp8E4M3 with the scale tables below.
+    // The layer's experts' storage: matrix_dtype, or kFp8E4M3 / kMxfp4E2M1 with the scale
+    // tables below.
     WeightDType dtype = WeightDType::kBFloat16;
-    std::unique_ptr<DeviceBuffer> gate_up_scales, down_scales;  // device [E] pointers (FP8)
-    int64_t gate_up_scale_ld = 0, down_scale_ld = 0;            // shared by the E experts
+    // Device [E] pointers to each expert's scales (FP8: fp32, MXFP4: UE8M0 bytes).
+    std::unique_ptr<DeviceBuffer> gate_up_scales, down_scales;
+    int64_t gate_up_scale_ld = 0, down_scale_ld = 0;  // shared by the E experts
   };
   std::unique_ptr<DeviceBuffer> expert_slots_;
   std::vector<ExpertTables> expert_tables_;

@@ -1,0 +1,281 @@
+// The tile loop shared by the GEMMs that widen quantised weights to bf16 in registers and multiply
+// on bf16 tensor cores (mma.sync m16n8k16, sm_80+): FP8 e4m3 with 128 x 128 block scales
+// (fp8_mma_gemm.cu) and MXFP4 e2m1 with one UE8M0 scale per 32 values along k (mxfp4_mma_gemm.cu).
+// The formats differ only in how a thread loads its weights of a 128-wide k block, which k its
+// two 16-value chunks of that block cover, how a chunk's bytes become A fragments, and whether the
+// block's MMA sum is multiplied by a scale afterwards (FP8) or the scale is applied while widening
+// (MXFP4). Include only from .cu files.
+//
+// Warp tile: 16 weight rows (output features) x 8 * NT activation rows, over a range of the
+// 128-wide k blocks. mma.m16n8k16: A = 16 features x 16 k, B = 16 k x 8 activation rows, C fp32.
+// k order: a sum over k does not care in which order its terms come, so each thread of a quad
+// takes 16 CONTIGUOUS k values of its rows per chunk, and the fragment registers are filled so
+// that thread t's MMA-logical k {2t, 2t+1 | 2t+8, 2t+9} of sub-step s are the chunk's physical
+// 4s + {0, 2 | 1, 3} for A and B alike.
+//
+// Block: 8 warps = fb feature tiles x ks k-slices (fb * ks = 8, ks chosen per launch so the grid
+// has about two blocks per SM); the k-slices' partial sums meet in shared memory in warp order
+// (deterministic).
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "kernels/common/nonempty_group.cuh"
+
+namespace deepinfer {
+namespace kernels {
+namespace mma_tile {
+
+constexpr int kWarps = 8;
+constexpr int kThreads = 32 * kWarps;
+constexpr int kTile = 16;               // weight rows per warp tile (the MMA's M)
+constexpr int64_t kKBlock = 128;        // k per loop step: two chunks of 16 per thread
+constexpr int64_t kTargetBlocks = 264;  // two per SM of the H200 (132 SMs)
+
+__device__ __forceinline__ void MmaBf16(float c[4], const uint32_t a[4], uint32_t b0, uint32_t b1) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+      "{%8,%9}, {%0,%1,%2,%3};\n"
+      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+#endif
+}
+
+// bf16x2 a * m (m a bf16x2 power of two), exact while the product is a bf16 value: fma with -0
+// keeps the sign of a zero product. bf16 arithmetic keeps subnormal inputs and results (PTX has no
+// .ftz for it).
+__device__ __forceinline__ uint32_t TimesPow2(uint32_t a, uint32_t m) {
+  uint32_t d = 0;
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  asm("fma.rn.bf16x2 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(m), "r"(0x80008000u));
+#endif
+  return d;
+}
+
+__device__ __forceinline__ uint32_t PackBf16x2(float lo, float hi) {
+  const __nv_bfloat162 h = __floats2bfloat162_rn(lo, hi);  // nearest even, lo in the low half
+  return *reinterpret_cast<const uint32_t*>(&h);
+}
+
+// B fragments of activation row `row` for the thread's 16 physical k from kk (zeros if !ok):
+// b[s] = {(x[4s], x[4s + 2]), (x[4s + 1], x[4s + 3])}.
+template <bool kBf16A>
+__device__ __forceinline__ void LoadActivations(const void* a, int64_t lda, int64_t row, int64_t kk,
+                                                bool ok, uint32_t b[4][2]) {
+  if constexpr (kBf16A) {
+    uint4 v0 = make_uint4(0, 0, 0, 0), v1 = v0;
+    if (ok) {
+      const uint4* p =
+          reinterpret_cast<const uint4*>(static_cast<const uint16_t*>(a) + row * lda + kk);
+      v0 = __ldg(p);
+      v1 = __ldg(p + 1);
+    }
+    const uint32_t x[8] = {v0.x, v0.y, v0.z, v0.w, v1.x, v1.y, v1.z, v1.w};
+#pragma unroll
+    for (int s = 0; s < 4; ++s) {
+      b[s][0] = __byte_perm(x[2 * s], x[2 * s + 1], 0x5410);
+      b[s][1] = __byte_perm(x[2 * s], x[2 * s + 1], 0x7632);
+    }
+  } else {
+    float f[16];
+#pragma unroll
+    for (int q = 0; q < 4; ++q) {
+      float4 v = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+      if (ok)
+        v = __ldg(reinterpret_cast<const float4*>(static_cast<const float*>(a) + row * lda + kk) +
+                  q);
+      f[4 * q] = v.x;
+      f[4 * q + 1] = v.y;
+      f[4 * q + 2] = v.z;
+      f[4 * q + 3] = v.w;
+    }
+#pragma unroll
+    for (int s = 0; s < 4; ++s) {
+      b[s][0] = PackBf16x2(f[4 * s], f[4 * s + 2]);
+      b[s][1] = PackBf16x2(f[4 * s + 1], f[4 * s + 3]);
+    }
+  }
+}
+
+// A weight format is a class constructed per thread from its Matrix (the format's pointers and
+// strides), the two weight rows fa (row g of the tile) and fb (row g + 8) and the thread's index
+// t in its quad, with:
+//   struct Raw;                                     the thread's weights of one k block
+//   void Load(int64_t kb, int64_t k, Raw*) const;   zeros past k
+//   static int64_t ChunkK(int64_t kb, int c, int t) first k of the thread's chunk c (c < 2)
+//   static bool ChunkOk(int64_t kb, int c, int t, int64_t k)
+//   void Fragment(const Raw&, int c, int s, uint32_t af[4]) const
+//       A fragment of sub-step s of chunk c: rows g, g + 8 at logical k (2t, 2t+1), then
+//       (2t+8, 2t+9), i.e. af = {even pair of fa, even pair of fb, odd pair of fa, odd of fb}
+//   static constexpr bool kBlockScaled;             whether the block sums are scaled, by
+//   void BlockScales(int64_t kb, float* sa, float* sb) const   rows fa, fb of block kb
+
+// acc (C fragments of NT tiles) = the warp's 16 weight rows from f0 times activation rows
+// row0 .. row0 + 8 NT - 1 (rows at or past row_end read row_end - 1, their sums unused) over k
+// blocks [kb0, kb1).
+template <int NT, bool kBf16A, typename Format>
+__device__ __forceinline__ void WarpTile(const typename Format::Matrix& m, int64_t n, int64_t f0,
+                                         const void* a, int64_t lda, int64_t row0, int64_t row_end,
+                                         int64_t k, int64_t kb0, int64_t kb1, float acc[NT][4]) {
+  const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+#pragma unroll
+  for (int j = 0; j < NT; ++j) {
+#pragma unroll
+    for (int i = 0; i < 4; ++i) acc[j][i] = 0.0f;
+  }
+  if (f0 >= n || kb0 >= kb1) return;
+  const Format w(m, min(f0 + g, n - 1), min(f0 + g + 8, n - 1), t);
+  int64_t arow[NT];
+#pragma unroll
+  for (int j = 0; j < NT; ++j) arow[j] = min(row0 + 8 * j + g, row_end - 1);
+
+  // Weights are loaded one block ahead of their MMAs.
+  typename Format::Raw cur, next;
+  w.Load(kb0, k, &cur);
+  for (int64_t kb = kb0; kb < kb1; ++kb) {
+    if (kb + 1 < kb1) w.Load(kb + 1, k, &next);
+    float part[NT][4];
+#pragma unroll
+    for (int j = 0; j < NT; ++j) {
+#pragma unroll
+      for (int i = 0; i < 4; ++i) part[j][i] = 0.0f;
+    }
+#pragma unroll
+    for (int c = 0; c < 2; ++c) {
+      const int64_t kk = Format::ChunkK(kb, c, t);
+      const bool ok = Format::ChunkOk(kb, c, t, k);
+      uint32_t bf[NT][4][2];
+#pragma unroll
+      for (int j = 0; j < NT; ++j) LoadActivations<kBf16A>(a, lda, arow[j], kk, ok, bf[j]);
+#pragma unroll
+      for (int s = 0; s < 4; ++s) {
+        uint32_t af[4];
+        w.Fragment(cur, c, s, af);
+#pragma unroll
+        for (int j = 0; j < NT; ++j) MmaBf16(part[j], af, bf[j][s][0], bf[j][s][1]);
+      }
+    }
+    if constexpr (Format::kBlockScaled) {
+      float s0, s1;
+      w.BlockScales(kb, &s0, &s1);
+#pragma unroll
+      for (int j = 0; j < NT; ++j) {
+        acc[j][0] = fmaf(part[j][0], s0, acc[j][0]);
+        acc[j][1] = fmaf(part[j][1], s0, acc[j][1]);
+        acc[j][2] = fmaf(part[j][2], s1, acc[j][2]);
+        acc[j][3] = fmaf(part[j][3], s1, acc[j][3]);
+      }
+    } else {
+#pragma unroll
+      for (int j = 0; j < NT; ++j) {
+#pragma unroll
+        for (int i = 0; i < 4; ++i) acc[j][i] += part[j][i];
+      }
+    }
+    cur = next;
+  }
+}
+
+// C fragment (feature g / g + 8, rows 2t, 2t + 1 of tile j) into red[feature][row].
+template <int NT>
+__device__ __forceinline__ void StoreFragments(const float acc[NT][4], float (*red)[8 * NT]) {
+  const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+#pragma unroll
+  for (int j = 0; j < NT; ++j) {
+#pragma unroll
+    for (int i = 0; i < 4; ++i) red[g + (i >= 2 ? 8 : 0)][8 * j + 2 * t + (i & 1)] = acc[j][i];
+  }
+}
+
+// The k-slice of warp `ks` of ks_count over ceil(k / 128) blocks: [*kb0, *kb1).
+__device__ __forceinline__ void KSlice(int64_t k, int ks, int ks_count, int64_t* kb0,
+                                       int64_t* kb1) {
+  const int64_t blocks = (k + kKBlock - 1) / kKBlock;
+  const int64_t per = (blocks + ks_count - 1) / ks_count;
+  *kb0 = min(blocks, ks * per);
+  *kb1 = min(blocks, *kb0 + per);
+}
+
+// The grouped GEMM over the rows of each non-empty group (bf16 activations [max_rows, k], c fp32
+// [max_rows, n]): grid x = feature-tile blocks, y = the non-empty groups. Params has num_groups,
+// max_rows, offsets, n, k, a, c; Format::GroupMatrix(p, group) gives the group's weights.
+template <int NT, typename Format, typename Params>
+__global__ void __launch_bounds__(kThreads) MmaGroupedKernel(Params p, int ks_count) {
+  __shared__ float red[kWarps][kTile][8 * NT];
+  __shared__ int work[3];
+  FindNonEmptyGroup(p.num_groups, p.max_rows, p.offsets, work);
+  const int group = work[0];
+  const int64_t row_begin = work[1], row_end = work[2];
+  if (row_begin >= row_end) return;
+  const int warp = threadIdx.x >> 5;
+  const int fb_count = kWarps / ks_count, fb = warp / ks_count, ks = warp % ks_count;
+  const int64_t tile0 = static_cast<int64_t>(blockIdx.x) * fb_count;
+  int64_t kb0, kb1;
+  KSlice(p.k, ks, ks_count, &kb0, &kb1);
+  const typename Format::Matrix m = Format::GroupMatrix(p, group);
+  constexpr int kRows = 8 * NT;
+  for (int64_t row0 = row_begin; row0 < row_end; row0 += kRows) {
+    float acc[NT][4];
+    WarpTile<NT, true, Format>(m, p.n, (tile0 + fb) * kTile, p.a, p.k, row0, row_end, p.k, kb0, kb1,
+                               acc);
+    StoreFragments<NT>(acc, red[warp]);
+    __syncthreads();
+    for (int e = threadIdx.x; e < fb_count * kRows * kTile; e += kThreads) {
+      const int f = e % kTile, r = (e / kTile) % kRows, tile = e / (kTile * kRows);
+      const int64_t j = (tile0 + tile) * kTile + f, i = row0 + r;
+      if (j >= p.n || i >= row_end) continue;
+      float s = red[tile * ks_count][f][r];
+      for (int q = 1; q < ks_count; ++q) s += red[tile * ks_count + q][f][r];
+      p.c[i * p.n + j] = s;
+    }
+    __syncthreads();
+  }
+}
+
+// k-slices per feature tile: the fewest that give the grid kTargetBlocks blocks of
+// (8 / ks) feature tiles each, without slices left with no k block.
+inline int KSplit(int64_t n, int64_t k, int64_t other_blocks) {
+  const int64_t tiles = (n + kTile - 1) / kTile, kblocks = (k + kKBlock - 1) / kKBlock;
+  int ks = 1;
+  while (ks < kWarps && 2 * ks <= kblocks &&
+         (tiles + kWarps / ks - 1) / (kWarps / ks) * other_blocks < kTargetBlocks) {
+    ks *= 2;
+  }
+  return ks;
+}
+
+// Activation-row tiles of 8 per pass: 1, 2 or 4.
+inline int RowTiles(int64_t rows) { return rows <= 8 ? 1 : rows <= 16 ? 2 : 4; }
+
+// Launches MmaGroupedKernel<NT, Format> for p (its num_groups, max_rows, n, k and
+// rows_per_group_hint); p.max_rows >= 1. k_split: warps splitting k (1, 2, 4 or 8, at most half
+// the k blocks), 0: KSplit's choice.
+template <typename Format, typename Params>
+cudaError_t LaunchGrouped(const Params& p, int k_split, cudaStream_t stream) {
+  const int64_t group_blocks = p.num_groups < p.max_rows ? p.num_groups : p.max_rows;
+  const int ks = k_split > 0 ? k_split : KSplit(p.n, p.k, group_blocks);
+  const int64_t tiles = (p.n + kTile - 1) / kTile, per_block = kWarps / ks;
+  const dim3 grid(static_cast<unsigned>((tiles + per_block - 1) / per_block),
+                  static_cast<unsigned>(group_blocks));
+  const int hint = p.rows_per_group_hint > 0 ? p.rows_per_group_hint : p.max_rows;
+  switch (RowTiles(hint)) {
+    case 1:
+      MmaGroupedKernel<1, Format, Params><<<grid, kThreads, 0, stream>>>(p, ks);
+      break;
+    case 2:
+      MmaGroupedKernel<2, Format, Params><<<grid, kThreads, 0, stream>>>(p, ks);
+      break;
+    default:
+      MmaGroupedKernel<4, Format, Params><<<grid, kThreads, 0, stream>>>(p, ks);
+      break;
+  }
+  return cudaGetLastError();
+}
+
+}  // namespace mma_tile
+}  // namespace kernels
+}  // namespace deepinfer

@@ -1,0 +1,92 @@
+// CudaBackend's routed experts kept in MXFP4 (e2m1 with UE8M0 scales per 32 values, DeepSeek-V4's
+// layout): the permutation to bf16 rows, kernels::Mxfp4MmaGroupedGemm for gate_up and down, the
+// combine. The group extents stay on the device, so one path serves decode (inside CUDA graphs)
+// and prefill.
+#include <algorithm>
+#include <cstdint>
+
+#include "absl/strings/str_cat.h"
+#include "kernels/activation/elementwise.h"
+#include "kernels/gemm/mxfp4_mma_gemm.h"
+#include "kernels/moe/expert_activation.h"
+#include "kernels/moe/moe_permute.h"
+#include "worker/backend/cuda/cuda_backend.h"
+#include "worker/backend/cuda/op_timer.h"
+
+namespace deepinfer {
+
+bool CudaBackend::RoutedExpertsMxfp4(const RoutedExpertsArgs& a) {
+  const int64_t T = a.num_tokens, K = a.top_k, H = a.hidden_size, I = a.inter;
+  const int32_t E = a.num_experts;
+  if (E < 1 || E > kernels::kMaxMoeSlots || T < 0 || K < 1 || H < 1 ||
+      H % kernels::kMxfp4BlockSize != 0 || I < 1 || I % kernels::kMxfp4BlockSize != 0 ||
+      a.gate_up_mx_scales == nullptr || a.down_mx_scales == nullptr ||
+      a.gate_up_scale_ld < H / kernels::kMxfp4BlockSize ||
+      a.down_scale_ld < I / kernels::kMxfp4BlockSize || !kernels::Mxfp4MmaGemmAvailable()) {
+    return false;
+  }
+  OpTimer timer(this, "RoutedExpertsMxfp4");
+  const int64_t rows = std::max<int64_t>(
+      1, kernels::MoePermutedRowsBound(static_cast<int32_t>(T), static_cast<int32_t>(K), E, 1));
+  if (!FitsInt(rows * std::max(H, 2 * I))) {
+    Record(
+        absl::InvalidArgumentError(absl::StrCat("CudaBackend::RoutedExperts: ", T, " tokens x top-",
+                                                K, " is beyond int range for the expert GEMMs")));
+    return true;
+  }
+  const MoePermutation perm = PermuteRoutedRows(a, rows, /*row_align=*/1, /*bf16=*/true);
+  auto gate_up = AllocateScratch(rows * 2 * I * sizeof(float));
+  kernels::Mxfp4MmaGroupedGemmParams g;
+  g.num_groups = E;
+  g.max_rows = static_cast<int32_t>(rows);
+  g.offsets = perm.plan->as<int32_t>() + E;
+  g.n = 2 * I;
+  g.k = H;
+  g.a = perm.permuted->as<uint16_t>();
+  g.weights = reinterpret_cast<const uint8_t* const*>(a.gate_up);
+  g.scales = a.gate_up_mx_scales;
+  g.scale_ld = a.gate_up_scale_ld;
+  g.c = gate_up->as<float>();
+  // A token's top-k experts are distinct: T rows at most in one expert, T * K / E on average.
+  g.rows_per_group_hint =
+      static_cast<int32_t>(std::min<int64_t>(T, std::max<int64_t>(1, (T * K + E - 1) / E)));
+  Check(kernels::Mxfp4MmaGroupedGemm(g, stream_), "kernels::Mxfp4MmaGroupedGemm(gate_up)");
+  auto act = AllocateScratch(rows * I * sizeof(uint16_t));
+  if (a.swiglu_limit > 0.0f) {
+    // DeepSeek-V4's clamped SwiGLU: the clamping SiLU-mul reads bf16 rows, so gate_up is rounded
+    // to bf16 first (as the cuBLAS path's bf16 GEMM output is).
+    auto gate_up16 = AllocateScratch(rows * 2 * I * sizeof(uint16_t));
+    Check(kernels::RoundF32ToBf16(T * K * 2 * I, gate_up->as<float>(), gate_up16->as<uint16_t>(),
+                                  stream_),
+          "kernels::RoundF32ToBf16");
+    Check(kernels::SiluMulBf16(T * K, I, gate_up16->as<uint16_t>(), act->as<uint16_t>(), stream_,
+                               nullptr, a.swiglu_limit),
+          "kernels::SiluMulBf16");
+  } else {
+    Check(kernels::SiluMulF32ToBf16(T * K, I, gate_up->as<float>(), act->as<uint16_t>(), stream_),
+          "kernels::SiluMulF32ToBf16");
+  }
+  auto expert_out = AllocateScratch(rows * H * sizeof(float));
+  g.n = H;
+  g.k = I;
+  g.a = act->as<uint16_t>();
+  g.weights = reinterpret_cast<const uint8_t* const*>(a.down);
+  g.scales = a.down_mx_scales;
+  g.scale_ld = a.down_scale_ld;
+  g.c = expert_out->as<float>();
+  Check(kernels::Mxfp4MmaGroupedGemm(g, stream_), "kernels::Mxfp4MmaGroupedGemm(down)");
+
+  kernels::MoeCombineParams c;
+  c.num_tokens = static_cast<int32_t>(T);
+  c.top_k = static_cast<int32_t>(K);
+  c.hidden_size = H;
+  c.choice_row = perm.choice_row->as<int32_t>();
+  c.topk_weights = a.topk_weights;
+  c.expert_out = expert_out->as<float>();
+  c.accumulate = false;
+  c.out = a.out;
+  Check(kernels::MoeCombineF32(c, stream_), "kernels::MoeCombineF32");
+  return true;
+}
+
+}  // namespace deepinfer

@@ -1,0 +1,256 @@
+// CudaBackend::RoutedExperts with MXFP4 experts against a host reference on the dequantised
+// weights: each element decoded with the OCP Microscaling spec's E2M1 table (written out here)
+// times 2^(scale - 127); out[t] = sum_k w[t, k] down_e(bf16(silu(g) * u)) with gate_up from the
+// bf16-rounded rows, sums in double. The device's products are exact (e2m1 times a power of two
+// is a bf16 value) and its sums fp32 (the tensor cores may truncate: (k + 64) * 2^-24 *
+// (sum |.| + |result|), mxfp4_mma_gemm_test); the SiLU-mul output is rounded to bf16 on the
+// device, so an fp32-level difference in g or u can move it by one bf16 step (2^-8 of the
+// product) near a rounding boundary: each choice is allowed two such steps of its largest
+// product plus its GEMMs' bounds carried through (with V4's clamp, g and u are rounded to bf16
+// before it: one step more each). Eager at decode and prefill sizes, and replayed from a CUDA
+// graph. Skips without a GPU.
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <memory>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "gtest/gtest.h"
+#include "kernels/gemm/mxfp4_mma_gemm.h"
+#include "kernels/testing/gpu_test_util.h"
+#include "worker/backend/bf16.h"
+#include "worker/backend/cuda/cuda_backend.h"
+#include "worker/backend/cuda/cuda_backend_test_fixture.h"
+
+namespace deepinfer {
+namespace {
+
+using testing::CallsOf;
+using testing::CudaBackendTest;
+
+constexpr double kE2m1[16] = {0.0,  0.5,  1.0,  1.5,  2.0,  3.0,  4.0,  6.0,
+                              -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0};
+
+// A random MXFP4 matrix [n, k] on the device (packed bytes, scales [n, k / 32]) and its values.
+struct MxMatrix {
+  int64_t n = 0, k = 0;
+  std::vector<double> dequant;  // [n, k]
+  std::unique_ptr<DeviceBuffer> data, scales;
+};
+
+class CudaMxfp4RoutedExpertsTest : public CudaBackendTest {
+ protected:
+  static constexpr int64_t E = 16, K = 4, H = 256, I = 96;
+
+  MxMatrix RandomMx(int64_t n, int64_t k, std::mt19937* gen) {
+    MxMatrix m;
+    m.n = n, m.k = k;
+    std::uniform_int_distribution<int> byte(0, 255), scale(118, 124);
+    std::vector<uint8_t> bytes(n * k / 2), scales(n * k / 32);
+    for (uint8_t& b : bytes) b = static_cast<uint8_t>(byte(*gen));
+    for (uint8_t& s : scales) s = static_cast<uint8_t>(scale(*gen));
+    m.dequant.resize(n * k);
+    for (int64_t j = 0; j < n; ++j) {
+      for (int64_t p = 0; p < k; ++p) {
+        const uint8_t b = bytes[j * (k / 2) + p / 2];
+        m.dequant[j * k + p] = kE2m1[p % 2 == 0 ? b & 0xF : b >> 4] *
+                               std::ldexp(1.0, scales[j * (k / 32) + p / 32] - 127);
+      }
+    }
+    m.data = gpu_->Allocate(bytes.size());
+    gpu_->CopyToDevice(bytes.data(), bytes.size(), m.data->data());
+    m.scales = gpu_->Allocate(scales.size());
+    gpu_->CopyToDevice(scales.data(), scales.size(), m.scales->data());
+    return m;
+  }
+
+  // y = w x for one row x (each element as given), and sum |.|.
+  static void HostGemv(const std::vector<double>& x, const MxMatrix& w, std::vector<double>* y,
+                       std::vector<double>* mag) {
+    y->assign(w.n, 0.0);
+    mag->assign(w.n, 0.0);
+    for (int64_t j = 0; j < w.n; ++j) {
+      for (int64_t p = 0; p < w.k; ++p) {
+        const double prod = x[p] * w.dequant[j * w.k + p];
+        (*y)[j] += prod;
+        (*mag)[j] += std::abs(prod);
+      }
+    }
+  }
+  static double Bound(int64_t k, double mag, double want) {
+    return (k + 64) * std::ldexp(mag + std::abs(want), -24) + 1e-30;
+  }
+
+  // limit > 0: DeepSeek-V4's clamped SwiGLU, on gate_up rounded to bf16.
+  void Run(int64_t T, bool graph, float limit = 0.0f) {
+    const uint32_t seed = testing::FreshSeed();
+    SCOPED_TRACE(::testing::Message()
+                 << "seed " << seed << " tokens " << T << (graph ? " replayed" : " eager"));
+    std::mt19937 gen(seed);
+    const double step = std::ldexp(1.0, -8);
+    std::vector<MxMatrix> gu, dn;
+    std::vector<const void*> gu_ptr, dn_ptr, gu_scale, dn_scale;
+    for (int64_t e = 0; e < E; ++e) {
+      gu.push_back(RandomMx(2 * I, H, &gen));
+      dn.push_back(RandomMx(H, I, &gen));
+      gu_ptr.push_back(gu.back().data->data());
+      dn_ptr.push_back(dn.back().data->data());
+      gu_scale.push_back(gu.back().scales->data());
+      dn_scale.push_back(dn.back().scales->data());
+    }
+    auto table = [&](const std::vector<const void*>& v) {
+      auto b = gpu_->Allocate(v.size() * sizeof(void*));
+      gpu_->CopyToDevice(v.data(), v.size() * sizeof(void*), b->data());
+      return b;
+    };
+    auto t_gu = table(gu_ptr), t_dn = table(dn_ptr), t_gus = table(gu_scale),
+         t_dns = table(dn_scale);
+    std::vector<float> x = testing::RandomFloats(T * H, seed);
+    std::vector<int32_t> ids(T * K);
+    std::vector<float> wts(T * K);
+    std::uniform_real_distribution<float> uw(0.1f, 1.0f);
+    for (int64_t t = 0; t < T; ++t) {
+      std::vector<int32_t> all(E);
+      for (int32_t e = 0; e < E; ++e) all[e] = e;
+      std::shuffle(all.begin(), all.end(), gen);
+      std::sort(all.begin(), all.begin() + K);
+      for (int64_t k = 0; k < K; ++k) {
+        ids[t * K + k] = all[k];
+        wts[t * K + k] = uw(gen);
+      }
+    }
+    std::vector<int32_t> slots(E);
+    for (int32_t e = 0; e < E; ++e) slots[e] = e;
+    auto dx = Upload(x), dw = Upload(wts);
+    auto dids = gpu_->Allocate(ids.size() * 4), dslots = gpu_->Allocate(E * 4);
+    gpu_->CopyToDevice(ids.data(), ids.size() * 4, dids->data());
+    gpu_->CopyToDevice(slots.data(), E * 4, dslots->data());
+    auto out = Poisoned(T * H);
+    RoutedExpertsArgs a;
+    a.num_tokens = static_cast<int32_t>(T);
+    a.top_k = K;
+    a.num_experts = E;
+    a.hidden_size = H;
+    a.inter = I;
+    a.hidden = dx->as<float>();
+    a.topk_ids = dids->as<int32_t>();
+    a.topk_weights = dw->as<float>();
+    a.slot_of_expert = dslots->as<int32_t>();
+    a.gate_up = static_cast<const void* const*>(t_gu->data());
+    a.down = static_cast<const void* const*>(t_dn->data());
+    a.gate_up_mx_scales = static_cast<const uint8_t* const*>(t_gus->data());
+    a.down_mx_scales = static_cast<const uint8_t* const*>(t_dns->data());
+    a.gate_up_scale_ld = H / 32;
+    a.down_scale_ld = I / 32;
+    a.gate_up_host = gu_ptr.data();
+    a.down_host = dn_ptr.data();
+    a.dtype = WeightDType::kMxfp4E2M1;
+    a.swiglu_limit = limit;
+    a.out = out->as<float>();
+    gpu_->SetOpTiming(!graph);
+    if (graph) {
+      auto rec = gpu_->Capture([&]() -> absl::Status {
+        return gpu_->RoutedExperts(a) ? absl::OkStatus()
+                                      : absl::InternalError("RoutedExperts not taken");
+      });
+      ASSERT_TRUE(rec.ok()) << rec.status();
+      ASSERT_TRUE((*rec)->Replay().ok());
+    } else {
+      ASSERT_TRUE(gpu_->RoutedExperts(a));
+    }
+    ASSERT_TRUE(gpu_->status().ok()) << gpu_->status();
+    const std::string report = gpu_->TakeOpTimingReport();
+    gpu_->SetOpTiming(false);
+    if (!graph) {
+      EXPECT_EQ(CallsOf(report, "RoutedExpertsMxfp4"), 1) << report;
+    }
+    const std::vector<float> got = Download(*out);
+    for (int64_t t = 0; t < T; ++t) {
+      std::vector<double> want(H, 0.0), tol(H, 0.0);
+      std::vector<double> xt(H);
+      for (int64_t h = 0; h < H; ++h) xt[h] = RoundToBf16(x[t * H + h]);
+      for (int64_t k = 0; k < K; ++k) {
+        const int32_t e = ids[t * K + k];
+        std::vector<double> g, gmag;
+        HostGemv(xt, gu[e], &g, &gmag);
+        std::vector<double> act(I), dact(I);
+        for (int64_t i = 0; i < I; ++i) {
+          double gate = g[i], up = g[I + i];
+          double dg = Bound(H, gmag[i], gate), du = Bound(H, gmag[I + i], up);
+          if (limit > 0) {
+            // The device rounds g and u to bf16 before clamping: each may land one bf16 ulp (at
+            // most 2^-7 of it) from the host's rounding.
+            dg += 2 * step * std::abs(gate);
+            du += 2 * step * std::abs(up);
+            gate = std::min<double>(RoundToBf16(static_cast<float>(gate)), limit);
+            up = std::clamp<double>(RoundToBf16(static_cast<float>(up)), -limit, limit);
+          }
+          const double sg = gate / (1.0 + std::exp(-gate));
+          act[i] = RoundToBf16(static_cast<float>(sg * up));
+          dact[i] = 1.1 * dg * (std::abs(up) + du) + std::abs(sg) * du;
+        }
+        std::vector<double> y, ymag;
+        HostGemv(act, dn[e], &y, &ymag);
+        for (int64_t h = 0; h < H; ++h) {
+          double largest = 0, carried = 0;
+          for (int64_t i = 0; i < I; ++i) {
+            const double wv = std::abs(dn[e].dequant[h * I + i]);
+            largest = std::max(largest, std::abs(act[i]) * wv);
+            carried += wv * dact[i];
+          }
+          want[h] += wts[t * K + k] * y[h];
+          tol[h] += wts[t * K + k] * (2 * step * largest + carried + Bound(I, ymag[h], y[h]));
+        }
+      }
+      for (int64_t h = 0; h < H; ++h) {
+        ASSERT_LE(std::abs(got[t * H + h] - want[h]), tol[h] + 1e-6)
+            << "token " << t << " column " << h << " got " << got[t * H + h] << " want " << want[h];
+      }
+    }
+  }
+};
+
+TEST_F(CudaMxfp4RoutedExpertsTest, DecodeSizes) {
+  if (!kernels::Mxfp4MmaGemmAvailable()) GTEST_SKIP() << "no sm_80+ kernel for this device";
+  Run(1, false);
+  Run(3, false);
+}
+
+// More rows than experts, and a prefill size: the same device path at any size.
+TEST_F(CudaMxfp4RoutedExpertsTest, LargerBatches) {
+  if (!kernels::Mxfp4MmaGemmAvailable()) GTEST_SKIP() << "no sm_80+ kernel for this device";
+  Run(70, false);
+  Run(CudaBackend::kMaxFusedMoeTokens + 30, false);
+}
+
+// No host synchronisation: the op records into a CUDA graph and replays.
+TEST_F(CudaMxfp4RoutedExpertsTest, ReplayedFromACudaGraph) {
+  if (!kernels::Mxfp4MmaGemmAvailable()) GTEST_SKIP() << "no sm_80+ kernel for this device";
+  Run(1, true);
+  Run(9, true);
+}
+
+// DeepSeek-V4's clamped SwiGLU (a limit that clamps a good share of these g and u).
+TEST_F(CudaMxfp4RoutedExpertsTest, ClampedSwiGlu) {
+  if (!kernels::Mxfp4MmaGemmAvailable()) GTEST_SKIP() << "no sm_80+ kernel for this device";
+  Run(3, false, 0.7f);
+  Run(9, true, 0.7f);
+}
+
+// Sizes the kernel does not take are declined, nothing launched.
+TEST_F(CudaMxfp4RoutedExpertsTest, DeclinesHiddenNotAMultipleOf32) {
+  RoutedExpertsArgs a;
+  a.num_tokens = 1;
+  a.top_k = 1;
+  a.num_experts = 1;
+  a.hidden_size = 48;
+  a.inter = 64;
+  a.dtype = WeightDType::kMxfp4E2M1;
+  EXPECT_FALSE(gpu_->RoutedExperts(a));
+  EXPECT_TRUE(gpu_->status().ok());
+}
+
+}  // namespace
+}  // namespace deepinfer
