@@ -17,96 +17,17 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
+#include "coordinator/batch/sqlite_statement.h"
 #include "glog/logging.h"
 
 namespace deepinfer {
 namespace {
 
-// A prepared statement that finalizes itself.
-class Statement {
- public:
-  Statement(sqlite3* db, const std::string& sql) : db_(db) {
-    rc_ = sqlite3_prepare_v2(db, sql.c_str(), -1, &stmt_, nullptr);
-  }
-  ~Statement() { sqlite3_finalize(stmt_); }
-  Statement(const Statement&) = delete;
-  Statement& operator=(const Statement&) = delete;
-
-  absl::Status status() const {
-    if (rc_ == SQLITE_OK) return absl::OkStatus();
-    return absl::InternalError(absl::StrCat("sqlite prepare: ", sqlite3_errmsg(db_)));
-  }
-  void Bind(int i, const std::string& v) {
-    sqlite3_bind_text(stmt_, i, v.data(), static_cast<int>(v.size()), SQLITE_TRANSIENT);
-  }
-  void Bind(int i, int64_t v) { sqlite3_bind_int64(stmt_, i, v); }
-  void BindBlob(int i, const std::string& v) {
-    sqlite3_bind_blob(stmt_, i, v.data(), static_cast<int>(v.size()), SQLITE_TRANSIENT);
-  }
-  void BindNull(int i) { sqlite3_bind_null(stmt_, i); }
-  // Ready to bind and step again.
-  void Reset() {
-    sqlite3_reset(stmt_);
-    sqlite3_clear_bindings(stmt_);
-  }
-  // SQLITE_ROW, SQLITE_DONE, or an error code.
-  int Step() { return sqlite3_step(stmt_); }
-  int64_t Int(int col) { return sqlite3_column_int64(stmt_, col); }
-  std::string Text(int col) {
-    const unsigned char* p = sqlite3_column_text(stmt_, col);
-    return p ? std::string(reinterpret_cast<const char*>(p), sqlite3_column_bytes(stmt_, col))
-             : std::string();
-  }
-  std::string Blob(int col) {
-    const void* p = sqlite3_column_blob(stmt_, col);
-    return p ? std::string(static_cast<const char*>(p), sqlite3_column_bytes(stmt_, col))
-             : std::string();
-  }
-  bool IsNull(int col) { return sqlite3_column_type(stmt_, col) == SQLITE_NULL; }
-
- private:
-  sqlite3* db_;
-  sqlite3_stmt* stmt_ = nullptr;
-  int rc_;
-};
-
-// A failed SQLite call (`rc`) as a Status: RESOURCE_EXHAUSTED when a write found the disk
-// full, FAILED_PRECONDITION when another process holds the database, INTERNAL otherwise
-// (naming `sql` when given).
-absl::Status SqliteError(sqlite3* db, int rc, const std::string& sql) {
-  const std::string message = absl::StrCat("sqlite: ", sqlite3_errmsg(db));
-  const char* file = sqlite3_db_filename(db, "main");
-  const int primary = rc & 0xff;
-  if (primary == SQLITE_FULL || (primary == SQLITE_IOERR && sqlite3_system_errno(db) == ENOSPC)) {
-    return absl::ResourceExhaustedError(absl::StrCat(message, " (", file ? file : "", ")"));
-  }
-  if (primary == SQLITE_BUSY || primary == SQLITE_LOCKED) {
-    return absl::FailedPreconditionError(
-        absl::StrCat(message, " (", file ? file : "",
-                     " is held by another process: one coordinator per state directory)"));
-  }
-  return absl::InternalError(absl::StrCat(message, sql.empty() ? "" : " in: ", sql));
-}
-
-absl::Status Exec(sqlite3* db, const std::string& sql) {
-  if (int rc = sqlite3_exec(db, sql.c_str(), nullptr, nullptr, nullptr); rc != SQLITE_OK) {
-    return SqliteError(db, rc, sql);
-  }
-  return absl::OkStatus();
-}
-
-absl::Status StepDone(Statement& s, sqlite3* db) {
-  if (int rc = s.Step(); rc != SQLITE_DONE) return SqliteError(db, rc, "");
-  return absl::OkStatus();
-}
-
-// COMMIT; when that fails (a full disk), ROLLBACK if the transaction is still open, so that
-// the next BEGIN works.
-absl::Status Commit(sqlite3* db) {
-  absl::Status status = Exec(db, "COMMIT");
-  if (!status.ok() && sqlite3_get_autocommit(db) == 0) (void)Exec(db, "ROLLBACK");
-  return status;
-}
+using sqlite::Commit;
+using sqlite::Exec;
+using sqlite::SqliteError;
+using sqlite::Statement;
+using sqlite::StepDone;
 
 // The last file operation on `path` failed (errno): RESOURCE_EXHAUSTED for a full disk.
 absl::Status FileError(const std::string& what, const std::string& path) {
