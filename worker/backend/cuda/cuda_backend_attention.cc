@@ -41,6 +41,8 @@ kernels::PagedLatentCache KernelCache(const PagedLatentCacheView& v) {
     case WeightDType::kFloat32:
       c.type = kernels::LatentCacheType::kFloat32;
       break;
+    case WeightDType::kMxfp4E2M1:
+      LOG(FATAL) << "a latent cache is never MXFP4 (KvCacheSpec refuses it)";
   }
   return c;
 }
