@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "glog/logging.h"
 #include "kernels/attention/mha_prefill.h"
 #include "kernels/attention/mla_attention.h"
 #include "kernels/attention/mla_decode_small.h"
