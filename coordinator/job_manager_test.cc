@@ -171,8 +171,7 @@ TEST_F(JobManagerTest, ExpertPlacementsGoToNewGroupsAndLiveToTheServingOne) {
   auto initial = ExpertPlacement::FromPhy2Log({{0, 1, 2, 3, 0, 1}}, 4);
   ASSERT_TRUE(initial.ok());
   eplb.initial = std::make_shared<const ExpertPlacement>(*initial);
-  ExpertBalancer balancer(eplb);
-  StartManager(2, &balancer);
+  StartManager(2, eplb);
   AddWorker("w1", 1, 1);
   AddWorker("w2", 2, 1);
   ServeWhenConfigured({{"w1", 1}, {"w2", 2}}, 1);
@@ -185,16 +184,23 @@ TEST_F(JobManagerTest, ExpertPlacementsGoToNewGroupsAndLiveToTheServingOne) {
   ASSERT_TRUE(WaitFor([&] { return manager_->group().serving; }));
   auto next = std::make_shared<const ExpertPlacement>(
       *ExpertPlacement::FromPhy2Log({{3, 2, 1, 0, 3, 3}}, 4));
-  absl::Mutex mu;
-  std::vector<absl::StatusOr<uint64_t>> done;
-  auto record = [&](absl::StatusOr<uint64_t> r) {
-    absl::MutexLock lock(&mu);
-    done.push_back(r);
+  // The scheduler thread calls `record`; what it records is shared with it, as the manager
+  // (and a callback not called yet) outlives this body.
+  struct Recorded {
+    absl::Mutex mu;
+    std::vector<absl::StatusOr<uint64_t>> done ABSL_GUARDED_BY(mu);
+  };
+  auto recorded = std::make_shared<Recorded>();
+  auto record = [recorded](absl::StatusOr<uint64_t> r) {
+    absl::MutexLock lock(&recorded->mu);
+    recorded->done.push_back(r);
   };
   manager_->ApplyPlacement(next, 7, record);  // not the serving generation
   manager_->ApplyPlacement(next, 1, record);
+  std::vector<absl::StatusOr<uint64_t>> done;
   ASSERT_TRUE(WaitFor([&] {
-    absl::MutexLock lock(&mu);
+    absl::MutexLock lock(&recorded->mu);
+    done = recorded->done;
     return done.size() == 2;
   }));
   EXPECT_TRUE(absl::IsFailedPrecondition(done[0].status())) << done[0].status();
@@ -210,7 +216,7 @@ TEST_F(JobManagerTest, ExpertPlacementsGoToNewGroupsAndLiveToTheServingOne) {
     EXPECT_EQ(*PlacementFromProto(r.placement()), *next);
   }
   // A group formed later starts with the newest placement.
-  EXPECT_EQ(balancer.SpecForGroup(2).epoch(), 2u);
+  EXPECT_EQ(balancer_->SpecForGroup(2).epoch(), 2u);
 }
 
 // Heartbeat of global rank `rank` with 10 steps of counts for 1 layer of 4 experts.
@@ -232,20 +238,19 @@ TEST_F(JobManagerTest, AutomaticRebalanceOnlyAboveTheThreshold) {
   eplb.num_redundant = 2;
   eplb.interval_steps = 10;
   eplb.balance_threshold = 1.05;
-  ExpertBalancer balancer(eplb);
-  StartManager(2, &balancer);
+  StartManager(2, eplb);
   AddWorker("w1", 1, 1);
   AddWorker("w2", 2, 1);
   ServeWhenConfigured({{"w1", 1}, {"w2", 2}}, 1);
   ASSERT_TRUE(WaitFor([&] { return manager_->group().serving; }));
   // Balanced (experts {0,1} and {2,3} carry the same): checked, skipped.
-  balancer.OnHeartbeat("w1", LoadBeat(0, {50, 50, 50, 50}));
-  ASSERT_TRUE(WaitFor([&] { return !balancer.AutoRebalanceDue(); }));
+  balancer_->OnHeartbeat("w1", LoadBeat(0, {50, 50, 50, 50}));
+  ASSERT_TRUE(WaitFor([&] { return !balancer_->AutoRebalanceDue(); }));
   absl::SleepFor(absl::Milliseconds(50));
   EXPECT_TRUE(workers_.placements().empty());
   // Skewed: expert 0 carries most; the next interval sends a placement to both workers.
-  balancer.OnHeartbeat("w1", LoadBeat(0, {900, 20, 20, 20}));
-  balancer.OnHeartbeat("w2", LoadBeat(1, {900, 20, 20, 20}));
+  balancer_->OnHeartbeat("w1", LoadBeat(0, {900, 20, 20, 20}));
+  balancer_->OnHeartbeat("w2", LoadBeat(1, {900, 20, 20, 20}));
   ASSERT_TRUE(WaitFor([&] { return workers_.placements().size() == 2; }));
   auto sent = workers_.placements();
   EXPECT_EQ(sent[0].second.placement().epoch(), 1u);

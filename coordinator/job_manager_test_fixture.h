@@ -6,11 +6,13 @@
 
 #include <cstdlib>
 #include <memory>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "coordinator/expert_balancer.h"
 #include "coordinator/job_manager.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
@@ -118,8 +120,11 @@ class JobManagerTest : public ::testing::Test {
     StartManager();
   }
 
-  void StartManager(int min_workers = 1, ExpertBalancer* balancer = nullptr) {
+  // With `eplb`, the manager gets an ExpertBalancer (balancer_) of that configuration.
+  void StartManager(int min_workers = 1, std::optional<ExpertBalancerConfig> eplb = std::nullopt) {
     manager_.reset();
+    balancer_.reset();
+    if (eplb.has_value()) balancer_ = std::make_unique<ExpertBalancer>(*std::move(eplb));
     JobManagerConfig config;
     config.min_workers = min_workers;
     config.settle = absl::ZeroDuration();
@@ -132,7 +137,7 @@ class JobManagerTest : public ::testing::Test {
     config.max_inflight_per_rank = max_inflight_per_rank_;
     manager_ = std::make_unique<JobManager>(store_.get(), &prompts_, &registry_, &workers_, &clock_,
                                             config);
-    manager_->set_expert_balancer(balancer);
+    manager_->set_expert_balancer(balancer_.get());
     ASSERT_TRUE(manager_->Start().ok());
   }
 
@@ -212,6 +217,10 @@ class JobManagerTest : public ::testing::Test {
   PromptBuilder prompts_{ModelLimits{100, 64}, nullptr, nullptr};
   FakeWorkers workers_;
   std::unique_ptr<BatchJobStore> store_;
+  // Declared before manager_, so destroyed after it: the manager's scheduler thread uses the
+  // balancer on every tick until the manager is destroyed. Objects in a test's body are gone
+  // before the fixture destroys the manager, so nothing the manager keeps may live there.
+  std::unique_ptr<ExpertBalancer> balancer_;
   std::unique_ptr<JobManager> manager_;
 };
 
