@@ -251,8 +251,7 @@ __global__ void __launch_bounds__(kBigThreads, 2)
   auto load = [&](int stage, int64_t step) {
     unsigned char* base = smem + stage * Tile::kStageBytes;
     const int64_t wch = 4 * step + w_chunk;
-    CpAsync16(base + w_row * 64 + w_chunk * 16, w_src + (wch < chunks ? wch * 8 : 0),
-              wch < chunks);
+    CpAsync16(base + w_row * 64 + w_chunk * 16, w_src + (wch < chunks ? wch * 8 : 0), wch < chunks);
     unsigned char* abase = base + Tile::kWBytes;
 #pragma unroll
     for (int i = 0; i < kAPieces; ++i) {
@@ -343,7 +342,9 @@ __global__ void __launch_bounds__(kBigThreads, 2)
     }
   }
   // Partitions without steps (k < 8 steps) add zeros, as TcPass adds their warps' red[q].
-  while (q < kTcWarps) fold();
+  while (q < kTcWarps) {
+    fold();
+  }
 
   // C fragment: z = 0, 1: (column g, rows 2t, 2t + 1); z = 2, 3: (column g + 8, same rows).
 #pragma unroll
@@ -450,9 +451,9 @@ cudaError_t BatchInvariantGemmTc(const BatchInvariantGemmParams& p, cudaStream_t
                                                                          column_tiles);
     } else {
       // Every call: the attribute belongs to the current device.
-      const cudaError_t attr = cudaFuncSetAttribute(
-          BatchInvariantGemmBigKernel<false>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-          BigTile<false>::kSmemBytes);
+      const cudaError_t attr = cudaFuncSetAttribute(BatchInvariantGemmBigKernel<false>,
+                                                    cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                                    BigTile<false>::kSmemBytes);
       if (attr != cudaSuccess) return attr;
       BatchInvariantGemmBigKernel<false>
           <<<big_grid, kBigThreads, BigTile<false>::kSmemBytes, stream>>>(p, row_tiles,
