@@ -13,6 +13,7 @@
 #include <limits>
 #include <type_traits>
 
+#include "kernels/common/cp_async.cuh"
 #include "kernels/gemm/batch_invariant_gemm.h"
 
 namespace deepinfer {
@@ -174,26 +175,6 @@ struct BigTile {
   static constexpr int kSmemBytes = kBigStages * kStageBytes;
 };
 
-__device__ __forceinline__ void CpAsync16(void* smem, const void* gmem, bool valid) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-  const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(smem));
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(s), "l"(gmem),
-               "r"(valid ? 16 : 0));
-#endif
-}
-
-__device__ __forceinline__ void CpAsyncCommit() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-  asm volatile("cp.async.commit_group;\n" ::);
-#endif
-}
-
-__device__ __forceinline__ void CpAsyncWaitStages() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-  asm volatile("cp.async.wait_group %0;\n" ::"n"(kBigStages - 2));
-#endif
-}
-
 // The k step of the l-th position in partition order: partitions q = 0 .. 7 of steps q, q + 8, ...
 // (of `steps`), the first steps % 8 holding one step more than the rest.
 __device__ __forceinline__ int64_t StepAt(int64_t l, int64_t steps) {
@@ -296,7 +277,7 @@ __global__ void __launch_bounds__(kBigThreads, 2)
   }
   const int warp_rows = (warp % 4) * 32, warp_cols = (warp / 4) * 32;
   for (int64_t l = 0; l < steps; ++l) {
-    CpAsyncWaitStages();
+    CpAsyncWait<kBigStages - 2>();
     __syncthreads();
     const int64_t next = l + kBigStages - 1;
     if (next < steps) load(static_cast<int>(next % kBigStages), StepAt(next, steps));
