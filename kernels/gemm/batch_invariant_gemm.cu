@@ -161,8 +161,11 @@ constexpr int kBigColumns = 64;
 constexpr int kBigStages = 3;
 constexpr int kBigThreads = 256;
 // Large tiles from this many (row tile, column tile, product) blocks: below it the small kernel's
-// 8-way k split keeps more loads in flight (about two waves of 132 SMs).
+// 8-way k split keeps more loads in flight (about two waves of 132 SMs). And only above one
+// small row tile: up to 32 rows the small kernel reads each weight once, as a stream, and the
+// large tile would run 128-row MMAs for them.
 constexpr int64_t kBigMinBlocks = 264;
+constexpr int64_t kBigMinRows = kTcRowsPerBlock + 1;
 // Rasterization: the blocks walk kBigGroupRows row tiles down one column tile after another, so
 // the blocks in flight share a few activation tiles and weight tiles from L2.
 constexpr int64_t kBigGroupRows = 8;
@@ -423,7 +426,8 @@ cudaError_t BatchInvariantGemmTc(const BatchInvariantGemmParams& p, cudaStream_t
                   static_cast<unsigned>(p.batch));
   const int64_t row_tiles = (p.m + kBigRows - 1) / kBigRows;
   const int64_t column_tiles = (p.n + kBigColumns - 1) / kBigColumns;
-  if (row_tiles * column_tiles * p.batch >= kBigMinBlocks && row_tiles * column_tiles <= kIntMax) {
+  if (p.m >= kBigMinRows && row_tiles * column_tiles * p.batch >= kBigMinBlocks &&
+      row_tiles * column_tiles <= kIntMax) {
     const dim3 big_grid(static_cast<unsigned>(row_tiles * column_tiles), 1,
                         static_cast<unsigned>(p.batch));
     if (p.a_bf16) {

@@ -42,11 +42,11 @@ bool BatchInvariantGemmTcSupports(const BatchInvariantGemmParams& p);
 // nearest even as it is read (as RoundF32ToBf16), so every product is exact. A block owns 16
 // output columns and up to 32 rows; its 8 warps split k at fixed places (warp w: the 32-wide k
 // steps w, w + 8, ...; each step's MMAs in one warp) and their partial sums are added in warp
-// order. Few blocks (under about two waves): blocks tile m by 32 rows, the row blocks of one
-// column tile launched one after another (its weights come from L2 after the first). More: 128
-// rows x 64 columns a block, k steps staged in shared memory, the 8 k partitions summed one after
-// another with the same MMAs and added in the same order, so bit for bit the same outputs. The
-// sum order of one output element is the same for every tile, row count and pass size.
+// order. Up to 32 rows or few blocks (under about two waves): blocks tile m by 32 rows, the row
+// blocks of one column tile launched one after another (its weights come from L2 after the first).
+// More: 128 rows x 64 columns a block, k steps staged in shared memory, the 8 k partitions summed
+// one after another with the same MMAs and added in the same order, so bit for bit the same
+// outputs. The sum order of one output element is the same for every tile, row count and pass size.
 // cudaErrorInvalidValue (nothing launched) where BatchInvariantGemmTcSupports is false.
 cudaError_t BatchInvariantGemmTc(const BatchInvariantGemmParams& p, cudaStream_t stream);
 

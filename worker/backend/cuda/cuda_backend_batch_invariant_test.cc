@@ -2,8 +2,9 @@
 // not depend on how many rows the call has or where the row sits among them (bit for bit), and
 // the results match CpuBackend (the fp32 and bf16 references) within the bounds of
 // cuda_backend_gemm_test: Gemm (fp32 and bf16 weights, fp32 and bf16 activations, with
-// accumulation and strides, tensor-core and warp kernels) and BatchedGemm (the absorbed-MLA
-// layouts). Skips without a GPU.
+// accumulation and strides, tensor-core and warp kernels; the tensor-core kernel's 32-row and
+// 128 x 64 tiles, calls of up to 4353 rows) and BatchedGemm (the absorbed-MLA layouts, both
+// tiles). Skips without a GPU.
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
@@ -158,11 +159,12 @@ TEST_F(BatchInvariantTest, GemmRowsAreTheSameAtEveryBatchSizeAndMatchCpu) {
 }
 
 // Prefill-sized calls (up to 4353 rows) across the tensor-core kernel's choice of tile by the
-// block count (128 x 64 tiles from 264 blocks, else 32-row tiles): a row summed by either tile,
-// at any place in it, is the same bit for bit. The shapes: Moonlight's q (48 column tiles: large
-// tiles from 641 rows) and kv_a (9: from 3713 rows), n not a multiple of the tile, k whose 32-wide
-// steps split unevenly over the 8 partitions and end in a partial step (k = 1416: 45 steps, the
-// last of one 8-value chunk), and k of fewer than 8 steps (k = 136: 5 steps, 3 partitions empty).
+// block count (128 x 64 tiles from 33 rows and 264 blocks, else 32-row tiles): a row summed by
+// either tile, at any place in it, is the same bit for bit. The shapes: Moonlight's q (48 column
+// tiles: large tiles from 641 rows) and kv_a (9: from 3713 rows), n not a multiple of the tile, k
+// whose 32-wide steps split unevenly over the 8 partitions and end in a partial step (k = 1416: 45
+// steps, the last of one 8-value chunk), and k of fewer than 8 steps (k = 136: 5 steps, 3
+// partitions empty).
 TEST_F(BatchInvariantTest, GemmRowsAreTheSameAcrossTileSizesAtPrefillRowCounts) {
   const std::vector<GemmCase> cases = {
       {3072, 2048, 2048, 3072, WeightDType::kBFloat16},
@@ -190,46 +192,54 @@ TEST_F(BatchInvariantTest, GemmRowsAreTheSameAcrossTileSizesAtPrefillRowCounts) 
 
 // W_uk and W_uv of Moonlight's 16 heads (BatchedGemm), fp32 and bf16 weights.
 TEST_F(BatchInvariantTest, BatchedGemmRowsAreTheSameAtEveryBatchSizeAndMatchCpu) {
-  const int64_t T = 64, nh = 16, nope = 128, rope = 64, vd = 128, kvl = 512, qk = nope + rope;
+  const int64_t nh = 16, nope = 128, rope = 64, vd = 128, kvl = 512, qk = nope + rope;
   struct Case {
     const char* name;
     int64_t n, k, lda, stride_a, ldw, stride_w, ldc, stride_c, a_row, w_size, c_row;
   };
-  for (Case c : {Case{"w_uk", kvl, nope, nh * qk, qk, nope, kvl * nope, nh * kvl, kvl, nh * qk,
-                      nh * kvl * nope, nh * kvl},
-                 Case{"w_uv", vd, kvl, nh * kvl, kvl, kvl, (nope + vd) * kvl, nh * vd, vd, nh * kvl,
-                      nh * (nope + vd) * kvl, nh * vd}}) {
-    for (WeightDType dt : {WeightDType::kFloat32, WeightDType::kBFloat16}) {
-      const uint32_t seed = testing::FreshSeed();
-      SCOPED_TRACE(::testing::Message()
-                   << c.name << " " << WeightDTypeName(dt) << " seed " << seed);
-      auto a = testing::RandomFloats(T * c.a_row, seed);
-      auto w = testing::RandomFloats(c.w_size, seed + 1);
-      std::vector<std::unique_ptr<DeviceBuffer>> keep;
-      auto dw = Upload(w), da = Upload(a);
-      const WeightView cw = dt == WeightDType::kFloat32 ? WeightView(w.data()) : CpuBf16(w, &keep);
-      const WeightView gw =
-          dt == WeightDType::kFloat32 ? WeightView(dw->as<float>()) : GpuBf16(w, &keep);
-      std::vector<float> a_cpu = a;
-      if (dt == WeightDType::kBFloat16) {
-        for (float& v : a_cpu) v = Bf16BitsToFloat(FloatToBf16Bits(v));
-      }
-      std::vector<float> want(T * c.c_row);
-      (dt == WeightDType::kFloat32 ? cpu_ : cpu16_)
-          .BatchedGemm(nh, T, c.n, c.k, a_cpu.data(), c.lda, c.stride_a, cw, c.ldw, c.stride_w,
-                       want.data(), c.ldc, c.stride_c);
-      auto full = Poisoned(T * c.c_row);
-      gpu_->BatchedGemm(nh, T, c.n, c.k, da->as<float>(), c.lda, c.stride_a, gw, c.ldw, c.stride_w,
-                        full->as<float>(), c.ldc, c.stride_c);
-      const std::vector<float> all = Download(*full);
-      EXPECT_TRUE(AllClose(all, want, dt == WeightDType::kFloat32 ? 2e-4 : 1e-3,
-                           dt == WeightDType::kFloat32 ? 1e-5 : 1e-4));
-      for (const auto& [first, rows] :
-           std::vector<std::pair<int64_t, int64_t>>{{0, 1}, {63, 1}, {5, 3}, {10, 40}}) {
-        auto part = Poisoned(rows * c.c_row);
-        gpu_->BatchedGemm(nh, rows, c.n, c.k, da->as<float>() + first * c.a_row, c.lda, c.stride_a,
-                          gw, c.ldw, c.stride_w, part->as<float>(), c.ldc, c.stride_c);
-        EXPECT_TRUE(SameRows(all, Download(*part), first, rows, c.c_row, c.c_row));
+  // bf16 weights at 64 tokens: the small tiles; at 1100 (16 heads x 9 row tiles x 8 or 2 column
+  // tiles) the large ones for the full call, and for w_uk's 1000-row part (w_uv's: 256 blocks,
+  // the small ones), the small ones for the other parts.
+  for (const int64_t T : {int64_t{64}, int64_t{1100}}) {
+    for (Case c : {Case{"w_uk", kvl, nope, nh * qk, qk, nope, kvl * nope, nh * kvl, kvl, nh * qk,
+                        nh * kvl * nope, nh * kvl},
+                   Case{"w_uv", vd, kvl, nh * kvl, kvl, kvl, (nope + vd) * kvl, nh * vd, vd,
+                        nh * kvl, nh * (nope + vd) * kvl, nh * vd}}) {
+      for (WeightDType dt : {WeightDType::kFloat32, WeightDType::kBFloat16}) {
+        const uint32_t seed = testing::FreshSeed();
+        SCOPED_TRACE(::testing::Message() << c.name << " " << WeightDTypeName(dt) << " tokens " << T
+                                          << " seed " << seed);
+        auto a = testing::RandomFloats(T * c.a_row, seed);
+        auto w = testing::RandomFloats(c.w_size, seed + 1);
+        std::vector<std::unique_ptr<DeviceBuffer>> keep;
+        auto dw = Upload(w), da = Upload(a);
+        const WeightView cw =
+            dt == WeightDType::kFloat32 ? WeightView(w.data()) : CpuBf16(w, &keep);
+        const WeightView gw =
+            dt == WeightDType::kFloat32 ? WeightView(dw->as<float>()) : GpuBf16(w, &keep);
+        std::vector<float> a_cpu = a;
+        if (dt == WeightDType::kBFloat16) {
+          for (float& v : a_cpu) v = Bf16BitsToFloat(FloatToBf16Bits(v));
+        }
+        std::vector<float> want(T * c.c_row);
+        (dt == WeightDType::kFloat32 ? cpu_ : cpu16_)
+            .BatchedGemm(nh, T, c.n, c.k, a_cpu.data(), c.lda, c.stride_a, cw, c.ldw, c.stride_w,
+                         want.data(), c.ldc, c.stride_c);
+        auto full = Poisoned(T * c.c_row);
+        gpu_->BatchedGemm(nh, T, c.n, c.k, da->as<float>(), c.lda, c.stride_a, gw, c.ldw,
+                          c.stride_w, full->as<float>(), c.ldc, c.stride_c);
+        const std::vector<float> all = Download(*full);
+        EXPECT_TRUE(AllClose(all, want, dt == WeightDType::kFloat32 ? 2e-4 : 1e-3,
+                             dt == WeightDType::kFloat32 ? 1e-5 : 1e-4));
+        std::vector<std::pair<int64_t, int64_t>> parts = {{0, 1}, {63, 1}, {5, 3}, {10, 40}};
+        if (T > 1000) parts.push_back({T - 1000, 1000});
+        for (const auto& [first, rows] : parts) {
+          auto part = Poisoned(rows * c.c_row);
+          gpu_->BatchedGemm(nh, rows, c.n, c.k, da->as<float>() + first * c.a_row, c.lda,
+                            c.stride_a, gw, c.ldw, c.stride_w, part->as<float>(), c.ldc,
+                            c.stride_c);
+          EXPECT_TRUE(SameRows(all, Download(*part), first, rows, c.c_row, c.c_row));
+        }
       }
     }
   }
