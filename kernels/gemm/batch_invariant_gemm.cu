@@ -13,6 +13,7 @@
 #include <limits>
 #include <type_traits>
 
+#include "kernels/common/cp_async.cuh"
 #include "kernels/gemm/batch_invariant_gemm.h"
 
 namespace deepinfer {
@@ -148,6 +149,202 @@ __global__ void __launch_bounds__(kTcThreads)
   }
 }
 
+// The large tile for many rows: a block owns 128 rows x 64 output columns (8 warps, each 32 rows x
+// 32 columns), its k steps staged in shared memory by cp.async. It adds the same products in the
+// same order as TcPass: the 32-wide k steps of "warp" q (steps q, q + 8, ...) are one partition,
+// the block runs the partitions one after another, each from zero through the same MMAs (the
+// same fragment permutation, h = 0 then 1 per step), and adds partition q's sum to the running
+// total in order q = 0 .. 7, as TcPass adds red[q]. So every output is bit for bit the value
+// TcPass gives, and the kernels may be picked by m.
+constexpr int kBigRows = 128;
+constexpr int kBigColumns = 64;
+constexpr int kBigStages = 3;
+constexpr int kBigThreads = 256;
+// Large tiles from this many (row tile, column tile, product) blocks: below it the small kernel's
+// 8-way k split keeps more loads in flight (about two waves of 132 SMs). And only above one
+// small row tile: up to 32 rows the small kernel reads each weight once, as a stream, and the
+// large tile would run 128-row MMAs for them.
+constexpr int64_t kBigMinBlocks = 264;
+constexpr int64_t kBigMinRows = kTcRowsPerBlock + 1;
+// Rasterization: the blocks walk kBigGroupRows row tiles down one column tile after another, so
+// the blocks in flight share a few activation tiles and weight tiles from L2.
+constexpr int64_t kBigGroupRows = 8;
+
+template <bool kBf16A>
+struct BigTile {
+  static constexpr int kARowBytes = 32 * (kBf16A ? 2 : 4);  // one k step of an activation row
+  static constexpr int kWBytes = kBigColumns * 64;
+  static constexpr int kStageBytes = kWBytes + kBigRows * kARowBytes;
+  static constexpr int kSmemBytes = kBigStages * kStageBytes;
+};
+
+// The k step of the l-th position in partition order: partitions q = 0 .. 7 of steps q, q + 8, ...
+// (of `steps`), the first steps % 8 holding one step more than the rest.
+__device__ __forceinline__ int64_t StepAt(int64_t l, int64_t steps) {
+  const int64_t lo = steps / kTcWarps, r = steps % kTcWarps;
+  int64_t q, i;
+  if (l < r * (lo + 1)) {
+    q = l / (lo + 1), i = l % (lo + 1);
+  } else {
+    const int64_t l2 = l - r * (lo + 1);
+    q = r + l2 / lo, i = l2 % lo;
+  }
+  return q + kTcWarps * i;
+}
+
+__device__ __forceinline__ int64_t PartitionSteps(int64_t q, int64_t steps) {
+  return q < steps ? (steps - q + kTcWarps - 1) / kTcWarps : 0;
+}
+
+template <bool kBf16A>
+__global__ void __launch_bounds__(kBigThreads, 2)
+    BatchInvariantGemmBigKernel(BatchInvariantGemmParams p, int64_t row_tiles,
+                                int64_t column_tiles) {
+  using Tile = BigTile<kBf16A>;
+  extern __shared__ __align__(16) unsigned char smem[];
+  const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, g = lane / 4, t = lane % 4;
+  // Grouped rasterization of blockIdx.x into (row tile, column tile).
+  const int64_t pid = blockIdx.x;
+  const int64_t per_group = kBigGroupRows * column_tiles;
+  const int64_t first_row_tile = (pid / per_group) * kBigGroupRows;
+  const int64_t group_rows = min(kBigGroupRows, row_tiles - first_row_tile);
+  const int64_t in_group = pid % per_group;
+  const int64_t row0 = (first_row_tile + in_group % group_rows) * kBigRows;
+  const int64_t col0 = (in_group / group_rows) * kBigColumns;
+  const int64_t b = blockIdx.z;
+  const size_t a_size = kBf16A ? sizeof(uint16_t) : sizeof(float);
+  const char* a = static_cast<const char*>(p.a) + b * p.stride_a * a_size;
+  const uint16_t* w = static_cast<const uint16_t*>(p.w) + b * p.stride_w;
+  float* c = p.c + b * p.stride_c;
+
+  const int64_t chunks = p.k / 8;
+  const int64_t steps = (chunks + 3) / 4;
+
+  // This thread's cp.async sources: one 16-byte piece of a weight row per stage, and 2 (bf16) or
+  // 4 (fp32) of activation rows; rows past the end read a clamped valid row (not stored).
+  const int w_row = tid / 4, w_chunk = tid % 4;
+  const uint16_t* w_src = w + min(col0 + w_row, p.n - 1) * p.ldw;
+  constexpr int kAPieces = kBf16A ? 2 : 4;
+  constexpr int kPiecesPerRow = kBf16A ? 4 : 8;
+  const char* a_src[kAPieces];
+#pragma unroll
+  for (int i = 0; i < kAPieces; ++i) {
+    const int e = tid + i * kBigThreads;
+    a_src[i] = a + min(row0 + e / kPiecesPerRow, p.m - 1) * p.lda * a_size;
+  }
+  auto load = [&](int stage, int64_t step) {
+    unsigned char* base = smem + stage * Tile::kStageBytes;
+    const int64_t wch = 4 * step + w_chunk;
+    CpAsync16(base + w_row * 64 + w_chunk * 16, w_src + (wch < chunks ? wch * 8 : 0), wch < chunks);
+    unsigned char* abase = base + Tile::kWBytes;
+#pragma unroll
+    for (int i = 0; i < kAPieces; ++i) {
+      const int e = tid + i * kBigThreads;
+      const int row = e / kPiecesPerRow, piece = e % kPiecesPerRow;
+      // bf16: a piece is one 8-value chunk; fp32: half of one.
+      const int64_t ch = 4 * step + (kBf16A ? piece : piece / 2);
+      const int64_t byte = kBf16A ? ch * 16 : ch * 32 + (piece % 2) * 16;
+      CpAsync16(abase + row * Tile::kARowBytes + piece * 16, a_src[i] + (ch < chunks ? byte : 0),
+                ch < chunks);
+    }
+  };
+
+  // [column tile of 16][row tile of 8][C fragment]
+  float acc[2][4][4], total[2][4][4];
+#pragma unroll
+  for (int x = 0; x < 2; ++x)
+#pragma unroll
+    for (int y = 0; y < 4; ++y)
+#pragma unroll
+      for (int z = 0; z < 4; ++z) acc[x][y][z] = 0.0f, total[x][y][z] = 0.0f;
+  int q = 0;  // the partition being summed
+  int64_t left = PartitionSteps(0, steps);
+  // total = partition 0's sum, then + partition q's for q = 1 .. 7 (TcPass's order over red[q]).
+  auto fold = [&] {
+#pragma unroll
+    for (int x = 0; x < 2; ++x)
+#pragma unroll
+      for (int y = 0; y < 4; ++y)
+#pragma unroll
+        for (int z = 0; z < 4; ++z) {
+          total[x][y][z] = q == 0 ? acc[x][y][z] : total[x][y][z] + acc[x][y][z];
+          acc[x][y][z] = 0.0f;
+        }
+    ++q;
+  };
+
+#pragma unroll
+  for (int s = 0; s < kBigStages - 1; ++s) {
+    if (s < steps) load(s, StepAt(s, steps));
+    CpAsyncCommit();
+  }
+  const int warp_rows = (warp % 4) * 32, warp_cols = (warp / 4) * 32;
+  for (int64_t l = 0; l < steps; ++l) {
+    CpAsyncWait<kBigStages - 2>();
+    __syncthreads();
+    const int64_t next = l + kBigStages - 1;
+    if (next < steps) load(static_cast<int>(next % kBigStages), StepAt(next, steps));
+    CpAsyncCommit();
+    const unsigned char* base = smem + (l % kBigStages) * Tile::kStageBytes;
+    uint4 wv[2][2];
+#pragma unroll
+    for (int x = 0; x < 2; ++x)
+#pragma unroll
+      for (int half = 0; half < 2; ++half)
+        wv[x][half] = *reinterpret_cast<const uint4*>(
+            base + (warp_cols + 16 * x + 8 * half + g) * 64 + t * 16);
+    unsigned bv[4][4];
+    const unsigned char* abase = base + Tile::kWBytes;
+#pragma unroll
+    for (int y = 0; y < 4; ++y) {
+      const unsigned char* row = abase + (warp_rows + 8 * y + g) * Tile::kARowBytes;
+      if (kBf16A) {
+        const uint4 v = *reinterpret_cast<const uint4*>(row + t * 16);
+        bv[y][0] = v.x, bv[y][1] = v.y, bv[y][2] = v.z, bv[y][3] = v.w;
+      } else {
+        const float4 v0 = *reinterpret_cast<const float4*>(row + t * 32);
+        const float4 v1 = *reinterpret_cast<const float4*>(row + t * 32 + 16);
+        bv[y][0] = PackBf16x2(v0.x, v0.y);
+        bv[y][1] = PackBf16x2(v0.z, v0.w);
+        bv[y][2] = PackBf16x2(v1.x, v1.y);
+        bv[y][3] = PackBf16x2(v1.z, v1.w);
+      }
+    }
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+#pragma unroll
+      for (int x = 0; x < 2; ++x) {
+        const unsigned frag[4] = {h ? wv[x][0].z : wv[x][0].x, h ? wv[x][1].z : wv[x][1].x,
+                                  h ? wv[x][0].w : wv[x][0].y, h ? wv[x][1].w : wv[x][1].y};
+#pragma unroll
+        for (int y = 0; y < 4; ++y) MmaBf16(acc[x][y], frag, bv[y][2 * h], bv[y][2 * h + 1]);
+      }
+    }
+    if (--left == 0) {
+      fold();
+      left = PartitionSteps(q, steps);
+    }
+  }
+  // Partitions without steps (k < 8 steps) add zeros, as TcPass adds their warps' red[q].
+  while (q < kTcWarps) {
+    fold();
+  }
+
+  // C fragment: z = 0, 1: (column g, rows 2t, 2t + 1); z = 2, 3: (column g + 8, same rows).
+#pragma unroll
+  for (int x = 0; x < 2; ++x)
+#pragma unroll
+    for (int y = 0; y < 4; ++y)
+#pragma unroll
+      for (int z = 0; z < 4; ++z) {
+        const int64_t col = col0 + warp_cols + 16 * x + g + (z >= 2 ? 8 : 0);
+        const int64_t row = row0 + warp_rows + 8 * y + 2 * t + (z % 2);
+        if (col >= p.n || row >= p.m) continue;
+        float* out = c + row * p.ldc + col;
+        *out = p.accumulate ? *out + total[x][y][z] : total[x][y][z];
+      }
+}
+
 template <typename T>
 __device__ __forceinline__ float Load(const void* base, int64_t i);
 template <>
@@ -227,6 +424,28 @@ cudaError_t BatchInvariantGemmTc(const BatchInvariantGemmParams& p, cudaStream_t
   const dim3 grid(static_cast<unsigned>((p.m + kTcRowsPerBlock - 1) / kTcRowsPerBlock),
                   static_cast<unsigned>((p.n + kTcColumnsPerBlock - 1) / kTcColumnsPerBlock),
                   static_cast<unsigned>(p.batch));
+  const int64_t row_tiles = (p.m + kBigRows - 1) / kBigRows;
+  const int64_t column_tiles = (p.n + kBigColumns - 1) / kBigColumns;
+  if (p.m >= kBigMinRows && row_tiles * column_tiles * p.batch >= kBigMinBlocks &&
+      row_tiles * column_tiles <= kIntMax) {
+    const dim3 big_grid(static_cast<unsigned>(row_tiles * column_tiles), 1,
+                        static_cast<unsigned>(p.batch));
+    if (p.a_bf16) {
+      BatchInvariantGemmBigKernel<true>
+          <<<big_grid, kBigThreads, BigTile<true>::kSmemBytes, stream>>>(p, row_tiles,
+                                                                         column_tiles);
+    } else {
+      // Every call: the attribute belongs to the current device.
+      const cudaError_t attr = cudaFuncSetAttribute(BatchInvariantGemmBigKernel<false>,
+                                                    cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                                    BigTile<false>::kSmemBytes);
+      if (attr != cudaSuccess) return attr;
+      BatchInvariantGemmBigKernel<false>
+          <<<big_grid, kBigThreads, BigTile<false>::kSmemBytes, stream>>>(p, row_tiles,
+                                                                          column_tiles);
+    }
+    return cudaGetLastError();
+  }
   if (p.a_bf16) {
     BatchInvariantGemmTcKernel<true><<<grid, kTcThreads, 0, stream>>>(p);
   } else {

@@ -1,8 +1,9 @@
 // GEMMs whose every output row is computed the same way whatever the number of rows and the
 // row's place among them: the batch-invariant mode's dense GEMMs (CudaTuning::batch_invariant,
-// docs/engine.md "Batch invariance"). Neither kernel splits k or picks a tile by m: each output
-// element is one thread's (or one warp's) sum over k in a fixed order, so a request's logits do
-// not depend on which other requests share its batch.
+// docs/engine.md "Batch invariance"). Each output element is summed over k in an order fixed by
+// the shapes (k, the dtypes), never by m or the row's place: the tensor-core kernel's row tiles,
+// which it does pick by m, only change which rows a block computes, not how one row is summed.
+// So a request's logits do not depend on which other requests share its batch.
 #ifndef DEEPINFER_KERNELS_GEMM_BATCH_INVARIANT_GEMM_H_
 #define DEEPINFER_KERNELS_GEMM_BATCH_INVARIANT_GEMM_H_
 
@@ -41,10 +42,12 @@ bool BatchInvariantGemmTcSupports(const BatchInvariantGemmParams& p);
 // nearest even as it is read (as RoundF32ToBf16), so every product is exact. A block owns 16
 // output columns and up to 32 rows; its 8 warps split k at fixed places (warp w: the 32-wide k
 // steps w, w + 8, ...; each step's MMAs in one warp) and their partial sums are added in warp
-// order. Blocks tile m by 32 rows, the row blocks of one column tile launched one after another
-// (its weights come from L2 after the first). The sum order of one output element is the same
-// for every row tile, row count and pass size. cudaErrorInvalidValue (nothing launched) where
-// BatchInvariantGemmTcSupports is false.
+// order. Up to 32 rows or few blocks (under about two waves): blocks tile m by 32 rows, the row
+// blocks of one column tile launched one after another (its weights come from L2 after the first).
+// More: 128 rows x 64 columns a block, k steps staged in shared memory, the 8 k partitions summed
+// one after another with the same MMAs and added in the same order, so bit for bit the same
+// outputs. The sum order of one output element is the same for every tile, row count and pass size.
+// cudaErrorInvalidValue (nothing launched) where BatchInvariantGemmTcSupports is false.
 cudaError_t BatchInvariantGemmTc(const BatchInvariantGemmParams& p, cudaStream_t stream);
 
 // Any layout and dtype (bf16 or fp32 a and w; an fp32 a against bf16 w is rounded to bf16 as in

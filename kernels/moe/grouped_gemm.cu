@@ -15,6 +15,7 @@
 
 #include <algorithm>
 
+#include "kernels/common/cp_async.cuh"
 #include "kernels/common/nonempty_group.cuh"
 #include "kernels/moe/grouped_gemm.h"
 
@@ -294,6 +295,165 @@ __global__ void __launch_bounds__(kTcThreads) GroupedGemmBf16TcKernel(GroupedGem
   }
 }
 
+// The tensor-core variant for many rows: a block owns 128 rows of one slot x 64 features (8 warps,
+// each 32 rows x 32 features), its k steps staged in shared memory by cp.async. Each output is
+// the same sum as TcRowPass's, bit for bit: the 32-wide k steps in order, per step the halves
+// h = 0, 1, per half the MMA of x's hi then of its lo term, the same fragment permutation. So the
+// two are picked by the row count alone. Grid: x = feature tiles, y = the j-th row tile over the
+// slots in slot order (a bound: blocks past the last tile exit).
+constexpr int kTiledRows = 128;
+constexpr int kTiledFeatures = 64;
+constexpr int kTiledStages = 3;
+constexpr int kTiledThreads = 256;
+constexpr int kTiledXRowBytes = 32 * sizeof(float);  // one k step of an x row
+constexpr int kTiledWBytes = kTiledFeatures * 64;
+constexpr int kTiledStageBytes = kTiledWBytes + kTiledRows * kTiledXRowBytes;
+constexpr int kTiledSmemBytes = kTiledStages * kTiledStageBytes;
+// The tiled kernel from this many rows (about 128 rows a slot at 64 slots): below, most of its
+// tiles would be mostly empty.
+constexpr int kTiledMinRows = 8192;
+
+// work = (slot, first row, end row) of the blockIdx.y-th 128-row tile over the slots in slot
+// order, or an empty range past the last tile.
+__device__ void FindRowTile(const GroupedGemmBf16Params& p, int work[3]) {
+  if (threadIdx.x < 32) {
+    const int lane = threadIdx.x;
+    const int target = static_cast<int>(blockIdx.y);
+    int seen = 0;  // tiles of the slots before base
+    bool found = false;
+    for (int base = 0; base < p.num_slots && !found; base += 32) {
+      const int s = base + lane;
+      int b = 0, e = 0;
+      if (s < p.num_slots) {
+        b = min(p.slot_offsets[s], p.max_rows);
+        e = min(p.slot_offsets[s + 1], p.max_rows);
+      }
+      const int tiles = e > b ? (e - b + kTiledRows - 1) / kTiledRows : 0;
+      int incl = tiles;  // inclusive prefix sum over the lanes
+#pragma unroll
+      for (int off = 1; off < 32; off *= 2) {
+        const int v = __shfl_up_sync(0xffffffffu, incl, off);
+        if (lane >= off) incl += v;
+      }
+      const int rank = target - seen;
+      const int total = __shfl_sync(0xffffffffu, incl, 31);
+      if (rank < total) {
+        found = true;
+        if (rank >= incl - tiles && rank < incl) {
+          const int first = b + (rank - (incl - tiles)) * kTiledRows;
+          work[0] = s;
+          work[1] = first;
+          work[2] = min(first + kTiledRows, e);
+        }
+      }
+      seen += total;
+    }
+    if (!found && lane == 0) work[1] = work[2] = 0;
+  }
+  __syncthreads();
+}
+
+__global__ void __launch_bounds__(kTiledThreads, 2)
+    GroupedGemmBf16TiledKernel(GroupedGemmBf16Params p) {
+  extern __shared__ __align__(16) unsigned char smem[];
+  __shared__ int work[3];
+  FindRowTile(p, work);
+  const int slot = work[0], row0 = work[1], row_end = work[2];
+  if (row0 >= row_end) return;
+  const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, g = lane / 4, t = lane % 4;
+  const int64_t feature0 = int64_t{blockIdx.x} * kTiledFeatures;
+  const uint16_t* weights = p.weights[slot];
+  const int chunks = p.k / 8;
+  const int steps = (chunks + 3) / 4;
+
+  // This thread's cp.async sources: one 16-byte piece of a weight row and 4 of x rows per stage
+  // (rows past the tile's end read a clamped valid row, not stored).
+  const int w_row = tid / 4, w_chunk = tid % 4;
+  const uint16_t* w_src = weights + min(feature0 + w_row, int64_t{p.n} - 1) * p.k;
+  const float* x_src[4];
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    x_src[i] = p.x + int64_t{min(row0 + (tid + i * kTiledThreads) / 8, row_end - 1)} * p.k;
+  }
+  auto load = [&](int stage, int step) {
+    unsigned char* base = smem + stage * kTiledStageBytes;
+    const int wch = 4 * step + w_chunk;
+    CpAsync16(base + w_row * 64 + w_chunk * 16, w_src + (wch < chunks ? wch * 8 : 0), wch < chunks);
+    unsigned char* xbase = base + kTiledWBytes;
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const int e = tid + i * kTiledThreads, row = e / 8, piece = e % 8;
+      const int ch = 4 * step + piece / 2;  // a piece is half of an 8-value chunk
+      CpAsync16(xbase + row * kTiledXRowBytes + piece * 16,
+                x_src[i] + (ch < chunks ? ch * 8 + (piece % 2) * 4 : 0), ch < chunks);
+    }
+  };
+
+  float acc[2][4][4];  // [16-feature tile][8-row tile][C fragment]
+#pragma unroll
+  for (int f = 0; f < 2; ++f)
+#pragma unroll
+    for (int j = 0; j < 4; ++j)
+#pragma unroll
+      for (int i = 0; i < 4; ++i) acc[f][j][i] = 0.0f;
+#pragma unroll
+  for (int s = 0; s < kTiledStages - 1; ++s) {
+    if (s < steps) load(s, s);
+    CpAsyncCommit();
+  }
+  const int warp_rows = (warp % 4) * 32, warp_features = (warp / 4) * 32;
+  for (int step = 0; step < steps; ++step) {
+    CpAsyncWait<kTiledStages - 2>();
+    __syncthreads();
+    const int next = step + kTiledStages - 1;
+    if (next < steps) load(next % kTiledStages, next);
+    CpAsyncCommit();
+    const unsigned char* base = smem + (step % kTiledStages) * kTiledStageBytes;
+    uint4 a[2][2];
+#pragma unroll
+    for (int f = 0; f < 2; ++f)
+#pragma unroll
+      for (int half = 0; half < 2; ++half)
+        a[f][half] = *reinterpret_cast<const uint4*>(
+            base + (warp_features + 16 * f + 8 * half + g) * 64 + t * 16);
+    unsigned bhi[4][4], blo[4][4];
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      const unsigned char* row = base + kTiledWBytes + (warp_rows + 8 * j + g) * kTiledXRowBytes;
+      const float4 v0 = *reinterpret_cast<const float4*>(row + t * 32);
+      const float4 v1 = *reinterpret_cast<const float4*>(row + t * 32 + 16);
+      SplitBf16x2(v0.x, v0.y, &bhi[j][0], &blo[j][0]);
+      SplitBf16x2(v0.z, v0.w, &bhi[j][1], &blo[j][1]);
+      SplitBf16x2(v1.x, v1.y, &bhi[j][2], &blo[j][2]);
+      SplitBf16x2(v1.z, v1.w, &bhi[j][3], &blo[j][3]);
+    }
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+#pragma unroll
+      for (int f = 0; f < 2; ++f) {
+        const unsigned frag[4] = {h ? a[f][0].z : a[f][0].x, h ? a[f][1].z : a[f][1].x,
+                                  h ? a[f][0].w : a[f][0].y, h ? a[f][1].w : a[f][1].y};
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+          MmaBf16(acc[f][j], frag, bhi[j][2 * h], bhi[j][2 * h + 1]);
+          MmaBf16(acc[f][j], frag, blo[j][2 * h], blo[j][2 * h + 1]);
+        }
+      }
+    }
+  }
+  // C fragment: i = 0, 1: (feature g, rows 2t, 2t + 1); i = 2, 3: (feature g + 8, same rows).
+#pragma unroll
+  for (int f = 0; f < 2; ++f)
+#pragma unroll
+    for (int j = 0; j < 4; ++j)
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        const int64_t feature = feature0 + warp_features + 16 * f + g + (i >= 2 ? 8 : 0);
+        const int row = row0 + warp_rows + 8 * j + 2 * t + (i % 2);
+        if (feature < p.n && row < row_end) p.y[int64_t{row} * p.n + feature] = acc[f][j][i];
+      }
+}
+
 // True if the tensor-core kernel was compiled for this device (SASS or PTX of sm_80+); the
 // compute_75 PTX fallback has no MMA.
 bool TensorCoresAvailable() {
@@ -336,6 +496,18 @@ cudaError_t GroupedGemmBf16(const GroupedGemmBf16Params& p, cudaStream_t stream)
   if (tensor_cores && !TensorCoresAvailable()) {
     if (p.algo == GroupedGemmAlgo::kTensorCore) return cudaErrorNotSupported;
     tensor_cores = false;
+  }
+  // Row tiles over the slots: at most one partial tile a non-empty slot beyond max_rows / 128.
+  const int64_t row_tiles = (p.max_rows + kTiledRows - 1) / kTiledRows + slot_blocks;
+  if (tensor_cores && p.max_rows >= kTiledMinRows && row_tiles <= 65535) {
+    // Every call: the attribute belongs to the current device.
+    const cudaError_t attr = cudaFuncSetAttribute(
+        GroupedGemmBf16TiledKernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kTiledSmemBytes);
+    if (attr != cudaSuccess) return attr;
+    const dim3 grid(static_cast<unsigned>((int64_t{p.n} + kTiledFeatures - 1) / kTiledFeatures),
+                    static_cast<unsigned>(row_tiles));
+    GroupedGemmBf16TiledKernel<<<grid, kTiledThreads, kTiledSmemBytes, stream>>>(p);
+    return cudaGetLastError();
   }
   if (tensor_cores) {
     const dim3 grid(

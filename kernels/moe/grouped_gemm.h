@@ -47,7 +47,10 @@ struct GroupedGemmBf16Params {
 // path: x in fp32, so results differ from the sequential reference only by summation order
 // (per lane ascending k, then a butterfly across the warp). Tensor-core path: x is split into
 // two bf16 terms (hi + lo, relative error <= 2^-17 per element) and accumulated by the MMA
-// units in fp32; the error bound is about 2^-16 * sum |x w| per output.
+// units in fp32; the error bound is about 2^-16 * sum |x w| per output. From 8192 max_rows the
+// tensor-core path stages 128-row x 64-feature tiles in shared memory; each output is the same
+// sum, bit for bit, as with the smaller tiles (so a row's result depends on neither max_rows nor
+// the other slots).
 // cudaErrorInvalidValue for k not a multiple of 8, non-positive n / k / num_slots, negative
 // max_rows, or a misaligned x. max_rows == 0 launches nothing.
 cudaError_t GroupedGemmBf16(const GroupedGemmBf16Params& params, cudaStream_t stream);

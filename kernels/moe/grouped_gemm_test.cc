@@ -3,13 +3,15 @@
 // GroupedGemmBf16Reference and an exact dot product on fresh random data: slots of many sizes
 // (empty ones with null weights, 1..7 rows to hit every row-tile remainder, and a large one),
 // n not a multiple of the block's rows, offsets only in device memory, max_rows above the real
-// row count (blocks without work), and rows past the last slot checked to stay poisoned.
+// row count (blocks without work), and rows past the last slot checked to stay poisoned; the
+// tensor-core path's large tiles bit for bit against its small ones.
 #include "kernels/moe/grouped_gemm.h"
 
 #include <cublas_v2.h>
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <random>
 #include <vector>
 
@@ -255,6 +257,67 @@ TEST(GroupedGemmBf16Test, ManySlotsFewRows) {
   counts[40] = 2;
   counts[299] = 3;
   for (auto algo : kAlgos) RunCase({64, 128, counts, 1, 0, algo});
+}
+
+// From 8192 rows the tensor-core path takes 128-row tiles staged in shared memory: against the
+// exact products (n not a multiple of the 64-feature tile, k ending in a partial 32-wide step,
+// slots of 1 to 7000 rows, empty ones), and bit for bit against the small tiles, each slot's rows
+// run again alone (under 8192 rows).
+TEST(GroupedGemmBf16Test, TiledRowsAreTheSmallTilesBitForBit) {
+  DEEPINFER_SKIP_WITHOUT_GPU();
+  const std::vector<int32_t> counts = {0, 300, 1, 129, 7000, 0, 1000};
+  const int32_t n = 136, k = 264;
+  RunCase({n, k, counts, 3, 0, kernels::GroupedGemmAlgo::kTensorCore});
+  const uint32_t seed = testing::FreshSeed();
+  SCOPED_TRACE(::testing::Message() << "seed " << seed);
+  const int32_t slots = static_cast<int32_t>(counts.size());
+  std::vector<int32_t> offsets(slots + 1, 0);
+  for (int32_t s = 0; s < slots; ++s) offsets[s + 1] = offsets[s] + counts[s];
+  const int32_t rows = offsets[slots];
+  ASSERT_GE(rows, 8192);
+  const auto x = testing::RandomFloats(static_cast<size_t>(rows) * k, seed);
+  const auto wf = testing::RandomFloats(static_cast<size_t>(slots) * n * k, seed + 1, 0.05f);
+  std::vector<uint16_t> w(wf.size());
+  for (size_t i = 0; i < wf.size(); ++i) w[i] = kernels::FloatToBf16(wf[i]);
+  DeviceArray<float> dx(x), dy(static_cast<size_t>(rows) * n);
+  DeviceArray<uint16_t> dw(w);
+  std::vector<uint64_t> ptrs(slots);
+  for (int32_t s = 0; s < slots; ++s) {
+    ptrs[s] = reinterpret_cast<uint64_t>(dw.get() + size_t(s) * n * k);
+  }
+  DeviceArray<uint64_t> dptrs(ptrs);
+  DeviceArray<int32_t> doff(offsets);
+  kernels::GroupedGemmBf16Params p;
+  p.num_slots = slots;
+  p.max_rows = rows;
+  p.slot_offsets = doff.get();
+  p.n = n;
+  p.k = k;
+  p.x = dx.get();
+  p.weights = reinterpret_cast<const uint16_t* const*>(dptrs.get());
+  p.y = dy.get();
+  p.algo = kernels::GroupedGemmAlgo::kTensorCore;
+  DEEPINFER_CUDA_OK(kernels::GroupedGemmBf16(p, nullptr));
+  std::vector<float> all;
+  DEEPINFER_CUDA_OK(dy.Download(&all));
+  for (int32_t s = 0; s < slots; ++s) {
+    if (counts[s] == 0) continue;
+    DeviceArray<int32_t> one_off(std::vector<int32_t>{0, counts[s]});
+    DeviceArray<float> one_y(static_cast<size_t>(counts[s]) * n);
+    kernels::GroupedGemmBf16Params q = p;
+    q.num_slots = 1;
+    q.max_rows = counts[s];
+    q.slot_offsets = one_off.get();
+    q.x = dx.get() + size_t(offsets[s]) * k;
+    q.weights = reinterpret_cast<const uint16_t* const*>(dptrs.get() + s);
+    q.y = one_y.get();
+    DEEPINFER_CUDA_OK(kernels::GroupedGemmBf16(q, nullptr));
+    std::vector<float> got;
+    DEEPINFER_CUDA_OK(one_y.Download(&got));
+    EXPECT_EQ(
+        std::memcmp(got.data(), all.data() + size_t(offsets[s]) * n, got.size() * sizeof(float)), 0)
+        << "slot " << s << " (" << counts[s] << " rows) differs alone";
+  }
 }
 
 // The planned cuBLAS chunks (bf16 activations) on the same cases.

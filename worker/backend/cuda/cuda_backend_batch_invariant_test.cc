@@ -2,8 +2,9 @@
 // not depend on how many rows the call has or where the row sits among them (bit for bit), and
 // the results match CpuBackend (the fp32 and bf16 references) within the bounds of
 // cuda_backend_gemm_test: Gemm (fp32 and bf16 weights, fp32 and bf16 activations, with
-// accumulation and strides, tensor-core and warp kernels) and BatchedGemm (the absorbed-MLA
-// layouts). Skips without a GPU.
+// accumulation and strides, tensor-core and warp kernels; the tensor-core kernel's 32-row and
+// 128 x 64 tiles, calls of up to 4353 rows) and BatchedGemm (the absorbed-MLA layouts, both
+// tiles). Skips without a GPU.
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
@@ -23,19 +24,6 @@ namespace {
 
 using testing::AllClose;
 
-class BatchInvariantTest : public testing::CudaBackendTest {
- protected:
-  void SetUp() override {
-    CudaBackendTest::SetUp();
-    if (IsSkipped()) return;
-    CudaTuning tuning;
-    tuning.batch_invariant = true;
-    auto b = CudaBackend::Create(0, WeightDType::kBFloat16, tuning);
-    ASSERT_TRUE(b.ok()) << b.status();
-    gpu_ = std::move(*b);
-  }
-};
-
 // Rows [first, first + rows) of `all` (row stride ld) equal `part` (rows x ld) bit for bit.
 ::testing::AssertionResult SameRows(const std::vector<float>& all, const std::vector<float>& part,
                                     int64_t first, int64_t rows, int64_t cols, int64_t ld) {
@@ -54,26 +42,29 @@ class BatchInvariantTest : public testing::CudaBackendTest {
   return ::testing::AssertionSuccess();
 }
 
-// Shapes of the Moonlight decode GEMMs (q, kv_a, o_proj, the dense gate_up and down, the router
-// with fp32 weights), a wide one as the LM head, and odd ones that only the warp kernel takes.
-TEST_F(BatchInvariantTest, GemmRowsAreTheSameAtEveryBatchSizeAndMatchCpu) {
-  struct Case {
+class BatchInvariantTest : public testing::CudaBackendTest {
+ protected:
+  void SetUp() override {
+    CudaBackendTest::SetUp();
+    if (IsSkipped()) return;
+    CudaTuning tuning;
+    tuning.batch_invariant = true;
+    auto b = CudaBackend::Create(0, WeightDType::kBFloat16, tuning);
+    ASSERT_TRUE(b.ok()) << b.status();
+    gpu_ = std::move(*b);
+  }
+
+  struct GemmCase {
     int64_t n, k, lda, ldc;
     WeightDType w;
   };
-  const std::vector<Case> cases = {
-      {3072, 2048, 2048, 3072, WeightDType::kBFloat16},
-      {576, 2048, 2048, 576, WeightDType::kBFloat16},
-      {2048, 2048, 2056, 2050, WeightDType::kBFloat16},
-      {22528, 2048, 2048, 22528, WeightDType::kBFloat16},
-      {2048, 11264, 11264, 2048, WeightDType::kBFloat16},
-      {65536, 512, 512, 65536, WeightDType::kBFloat16},
-      {29, 45, 50, 31, WeightDType::kBFloat16},
-      {64, 2048, 2048, 64, WeightDType::kFloat32},
-      {37, 45, 45, 37, WeightDType::kFloat32},
-  };
-  const int64_t kRows = 256;
-  for (const Case& c : cases) {
+
+  // Gemm over `rows` rows of random activations (fp32 and bf16 ones where the weights are bf16,
+  // with and without accumulation): rows [checked_first, checked_first + 40) against the CPU
+  // backend, and each (first, rows) of `parts` in a call of its own bit for bit equal to the same
+  // rows of the full call.
+  void ExpectGemmRowsInvariant(const GemmCase& c, int64_t rows, int64_t checked_first,
+                               const std::vector<std::pair<int64_t, int64_t>>& parts) {
     const bool bf16 = c.w == WeightDType::kBFloat16;
     for (bool a_bf16 : {false, true}) {
       if (a_bf16 && !bf16) continue;
@@ -82,12 +73,12 @@ TEST_F(BatchInvariantTest, GemmRowsAreTheSameAtEveryBatchSizeAndMatchCpu) {
         SCOPED_TRACE(::testing::Message() << WeightDTypeName(c.w) << " n " << c.n << " k " << c.k
                                           << " a " << (a_bf16 ? "bf16" : "fp32") << " accumulate "
                                           << accumulate << " seed " << seed);
-        auto a = testing::RandomFloats(kRows * c.lda, seed);
+        auto a = testing::RandomFloats(rows * c.lda, seed);
         if (a_bf16) {
           for (float& v : a) v = Bf16BitsToFloat(FloatToBf16Bits(v));  // the values sent as bf16
         }
         auto w = testing::RandomFloats(c.n * c.k, seed + 1);
-        auto out = testing::RandomFloats(kRows * c.ldc, seed + 2);
+        auto out = testing::RandomFloats(rows * c.ldc, seed + 2);
         std::vector<std::unique_ptr<DeviceBuffer>> keep;
         auto dw = Upload(w);
         const WeightView gw = bf16 ? GpuBf16(w, &keep) : WeightView(dw->as<float>());
@@ -106,13 +97,15 @@ TEST_F(BatchInvariantTest, GemmRowsAreTheSameAtEveryBatchSizeAndMatchCpu) {
                         : ActivationView(da->as<float>() + first * c.lda);
         };
         auto full = Upload(out);
-        gpu_->Gemm(kRows, c.n, c.k, view(0), c.lda, gw, c.k, full->as<float>(), c.ldc, accumulate);
+        gpu_->Gemm(rows, c.n, c.k, view(0), c.lda, gw, c.k, full->as<float>(), c.ldc, accumulate);
         const std::vector<float> all = Download(*full);
         // Against the CPU backend on the first kCheckedRows rows (bf16: the same rounded weights;
         // the activations rounded as the GPU rounds them).
         const int64_t kCheckedRows = 40;  // a block of 32 rows and one of 8
-        std::vector<float> want(out.begin(), out.begin() + kCheckedRows * c.ldc);
-        std::vector<float> a_cpu(a.begin(), a.begin() + kCheckedRows * c.lda);
+        const int64_t f0 = checked_first;
+        std::vector<float> want(out.begin() + f0 * c.ldc,
+                                out.begin() + (f0 + kCheckedRows) * c.ldc);
+        std::vector<float> a_cpu(a.begin() + f0 * c.lda, a.begin() + (f0 + kCheckedRows) * c.lda);
         if (bf16) {
           for (float& v : a_cpu) v = Bf16BitsToFloat(FloatToBf16Bits(v));
         }
@@ -125,66 +118,128 @@ TEST_F(BatchInvariantTest, GemmRowsAreTheSameAtEveryBatchSizeAndMatchCpu) {
         // from cuda_backend_gemm_test's bounds at k <= 1024 (widened for bf16's coarser
         // tensor-core accumulation).
         const double scale = std::max(1.0, static_cast<double>(c.k) / 1024.0);
-        EXPECT_TRUE(AllClose(std::vector<float>(all.begin(), all.begin() + kCheckedRows * c.ldc),
-                             want, (bf16 ? 2e-3 : 4e-4) * scale, bf16 ? 1e-4 : 1e-5));
+        EXPECT_TRUE(AllClose(
+            std::vector<float>(all.begin() + f0 * c.ldc, all.begin() + (f0 + kCheckedRows) * c.ldc),
+            want, (bf16 ? 2e-3 : 4e-4) * scale, bf16 ? 1e-4 : 1e-5));
         // The same rows in calls of other sizes, at other places.
-        for (const auto& [first, rows] : std::vector<std::pair<int64_t, int64_t>>{
-                 {0, 1}, {255, 1}, {77, 1}, {3, 2}, {100, 5}, {8, 33}, {200, 56}, {1, 130}}) {
+        for (const auto& [first, part_rows] : parts) {
           std::vector<float> init(out.begin() + first * c.ldc,
-                                  out.begin() + (first + rows) * c.ldc);
+                                  out.begin() + (first + part_rows) * c.ldc);
           auto part = Upload(init);
-          gpu_->Gemm(rows, c.n, c.k, view(first), c.lda, gw, c.k, part->as<float>(), c.ldc,
+          gpu_->Gemm(part_rows, c.n, c.k, view(first), c.lda, gw, c.k, part->as<float>(), c.ldc,
                      accumulate);
-          EXPECT_TRUE(SameRows(all, Download(*part), first, rows, c.n, c.ldc));
+          EXPECT_TRUE(SameRows(all, Download(*part), first, part_rows, c.n, c.ldc));
         }
       }
     }
+  }
+};
+
+// Shapes of the Moonlight decode GEMMs (q, kv_a, o_proj, the dense gate_up and down, the router
+// with fp32 weights), a wide one as the LM head, and odd ones that only the warp kernel takes.
+// The large calls of the wide shapes take the tensor-core kernel's large tiles, the small ones
+// its small tiles.
+TEST_F(BatchInvariantTest, GemmRowsAreTheSameAtEveryBatchSizeAndMatchCpu) {
+  const std::vector<GemmCase> cases = {
+      {3072, 2048, 2048, 3072, WeightDType::kBFloat16},
+      {576, 2048, 2048, 576, WeightDType::kBFloat16},
+      {2048, 2048, 2056, 2050, WeightDType::kBFloat16},
+      {22528, 2048, 2048, 22528, WeightDType::kBFloat16},
+      {2048, 11264, 11264, 2048, WeightDType::kBFloat16},
+      {65536, 512, 512, 65536, WeightDType::kBFloat16},
+      {29, 45, 50, 31, WeightDType::kBFloat16},
+      {64, 2048, 2048, 64, WeightDType::kFloat32},
+      {37, 45, 45, 37, WeightDType::kFloat32},
+  };
+  for (const GemmCase& c : cases) {
+    ExpectGemmRowsInvariant(
+        c, 256, 0, {{0, 1}, {255, 1}, {77, 1}, {3, 2}, {100, 5}, {8, 33}, {200, 56}, {1, 130}});
+  }
+  EXPECT_TRUE(gpu_->status().ok()) << gpu_->status();
+}
+
+// Prefill-sized calls (up to 4353 rows) across the tensor-core kernel's choice of tile by the
+// block count (128 x 64 tiles from 33 rows and 264 blocks, else 32-row tiles): a row summed by
+// either tile, at any place in it, is the same bit for bit. The shapes: Moonlight's q (48 column
+// tiles: large tiles from 641 rows) and kv_a (9: from 3713 rows), n not a multiple of the tile, k
+// whose 32-wide steps split unevenly over the 8 partitions and end in a partial step (k = 1416: 45
+// steps, the last of one 8-value chunk), and k of fewer than 8 steps (k = 136: 5 steps, 3
+// partitions empty).
+TEST_F(BatchInvariantTest, GemmRowsAreTheSameAcrossTileSizesAtPrefillRowCounts) {
+  const std::vector<GemmCase> cases = {
+      {3072, 2048, 2048, 3072, WeightDType::kBFloat16},
+      {576, 2048, 2048, 576, WeightDType::kBFloat16},
+      {1000, 1416, 1416, 1003, WeightDType::kBFloat16},
+      {1000, 136, 144, 1000, WeightDType::kBFloat16},
+  };
+  const int64_t kRows = 4353;
+  for (const GemmCase& c : cases) {
+    // CPU-checked rows in the last, partial 128-row tile of the full call; parts that take the
+    // small tiles (1 to 130 rows), the large ones (700 rows and more) or either by the shape.
+    ExpectGemmRowsInvariant(c, kRows, 4300,
+                            {{0, 1},
+                             {4352, 1},
+                             {100, 5},
+                             {8, 33},
+                             {1, 130},
+                             {300, 700},
+                             {17, 2100},
+                             {129, 3800},
+                             {255, 4098}});
   }
   EXPECT_TRUE(gpu_->status().ok()) << gpu_->status();
 }
 
 // W_uk and W_uv of Moonlight's 16 heads (BatchedGemm), fp32 and bf16 weights.
 TEST_F(BatchInvariantTest, BatchedGemmRowsAreTheSameAtEveryBatchSizeAndMatchCpu) {
-  const int64_t T = 64, nh = 16, nope = 128, rope = 64, vd = 128, kvl = 512, qk = nope + rope;
+  const int64_t nh = 16, nope = 128, rope = 64, vd = 128, kvl = 512, qk = nope + rope;
   struct Case {
     const char* name;
     int64_t n, k, lda, stride_a, ldw, stride_w, ldc, stride_c, a_row, w_size, c_row;
   };
-  for (Case c : {Case{"w_uk", kvl, nope, nh * qk, qk, nope, kvl * nope, nh * kvl, kvl, nh * qk,
-                      nh * kvl * nope, nh * kvl},
-                 Case{"w_uv", vd, kvl, nh * kvl, kvl, kvl, (nope + vd) * kvl, nh * vd, vd, nh * kvl,
-                      nh * (nope + vd) * kvl, nh * vd}}) {
-    for (WeightDType dt : {WeightDType::kFloat32, WeightDType::kBFloat16}) {
-      const uint32_t seed = testing::FreshSeed();
-      SCOPED_TRACE(::testing::Message()
-                   << c.name << " " << WeightDTypeName(dt) << " seed " << seed);
-      auto a = testing::RandomFloats(T * c.a_row, seed);
-      auto w = testing::RandomFloats(c.w_size, seed + 1);
-      std::vector<std::unique_ptr<DeviceBuffer>> keep;
-      auto dw = Upload(w), da = Upload(a);
-      const WeightView cw = dt == WeightDType::kFloat32 ? WeightView(w.data()) : CpuBf16(w, &keep);
-      const WeightView gw =
-          dt == WeightDType::kFloat32 ? WeightView(dw->as<float>()) : GpuBf16(w, &keep);
-      std::vector<float> a_cpu = a;
-      if (dt == WeightDType::kBFloat16) {
-        for (float& v : a_cpu) v = Bf16BitsToFloat(FloatToBf16Bits(v));
-      }
-      std::vector<float> want(T * c.c_row);
-      (dt == WeightDType::kFloat32 ? cpu_ : cpu16_)
-          .BatchedGemm(nh, T, c.n, c.k, a_cpu.data(), c.lda, c.stride_a, cw, c.ldw, c.stride_w,
-                       want.data(), c.ldc, c.stride_c);
-      auto full = Poisoned(T * c.c_row);
-      gpu_->BatchedGemm(nh, T, c.n, c.k, da->as<float>(), c.lda, c.stride_a, gw, c.ldw, c.stride_w,
-                        full->as<float>(), c.ldc, c.stride_c);
-      const std::vector<float> all = Download(*full);
-      EXPECT_TRUE(AllClose(all, want, dt == WeightDType::kFloat32 ? 2e-4 : 1e-3,
-                           dt == WeightDType::kFloat32 ? 1e-5 : 1e-4));
-      for (const auto& [first, rows] :
-           std::vector<std::pair<int64_t, int64_t>>{{0, 1}, {63, 1}, {5, 3}, {10, 40}}) {
-        auto part = Poisoned(rows * c.c_row);
-        gpu_->BatchedGemm(nh, rows, c.n, c.k, da->as<float>() + first * c.a_row, c.lda, c.stride_a,
-                          gw, c.ldw, c.stride_w, part->as<float>(), c.ldc, c.stride_c);
-        EXPECT_TRUE(SameRows(all, Download(*part), first, rows, c.c_row, c.c_row));
+  // bf16 weights at 64 tokens: the small tiles; at 1100 (16 heads x 9 row tiles x 8 or 2 column
+  // tiles) the large ones for the full call, and for w_uk's 1000-row part (w_uv's: 256 blocks,
+  // the small ones), the small ones for the other parts.
+  for (const int64_t T : {int64_t{64}, int64_t{1100}}) {
+    for (Case c : {Case{"w_uk", kvl, nope, nh * qk, qk, nope, kvl * nope, nh * kvl, kvl, nh * qk,
+                        nh * kvl * nope, nh * kvl},
+                   Case{"w_uv", vd, kvl, nh * kvl, kvl, kvl, (nope + vd) * kvl, nh * vd, vd,
+                        nh * kvl, nh * (nope + vd) * kvl, nh * vd}}) {
+      for (WeightDType dt : {WeightDType::kFloat32, WeightDType::kBFloat16}) {
+        const uint32_t seed = testing::FreshSeed();
+        SCOPED_TRACE(::testing::Message() << c.name << " " << WeightDTypeName(dt) << " tokens " << T
+                                          << " seed " << seed);
+        auto a = testing::RandomFloats(T * c.a_row, seed);
+        auto w = testing::RandomFloats(c.w_size, seed + 1);
+        std::vector<std::unique_ptr<DeviceBuffer>> keep;
+        auto dw = Upload(w), da = Upload(a);
+        const WeightView cw =
+            dt == WeightDType::kFloat32 ? WeightView(w.data()) : CpuBf16(w, &keep);
+        const WeightView gw =
+            dt == WeightDType::kFloat32 ? WeightView(dw->as<float>()) : GpuBf16(w, &keep);
+        std::vector<float> a_cpu = a;
+        if (dt == WeightDType::kBFloat16) {
+          for (float& v : a_cpu) v = Bf16BitsToFloat(FloatToBf16Bits(v));
+        }
+        std::vector<float> want(T * c.c_row);
+        (dt == WeightDType::kFloat32 ? cpu_ : cpu16_)
+            .BatchedGemm(nh, T, c.n, c.k, a_cpu.data(), c.lda, c.stride_a, cw, c.ldw, c.stride_w,
+                         want.data(), c.ldc, c.stride_c);
+        auto full = Poisoned(T * c.c_row);
+        gpu_->BatchedGemm(nh, T, c.n, c.k, da->as<float>(), c.lda, c.stride_a, gw, c.ldw,
+                          c.stride_w, full->as<float>(), c.ldc, c.stride_c);
+        const std::vector<float> all = Download(*full);
+        EXPECT_TRUE(AllClose(all, want, dt == WeightDType::kFloat32 ? 2e-4 : 1e-3,
+                             dt == WeightDType::kFloat32 ? 1e-5 : 1e-4));
+        std::vector<std::pair<int64_t, int64_t>> parts = {{0, 1}, {63, 1}, {5, 3}, {10, 40}};
+        if (T > 1000) parts.push_back({T - 1000, 1000});
+        for (const auto& [first, rows] : parts) {
+          auto part = Poisoned(rows * c.c_row);
+          gpu_->BatchedGemm(nh, rows, c.n, c.k, da->as<float>() + first * c.a_row, c.lda,
+                            c.stride_a, gw, c.ldw, c.stride_w, part->as<float>(), c.ldc,
+                            c.stride_c);
+          EXPECT_TRUE(SameRows(all, Download(*part), first, rows, c.c_row, c.c_row));
+        }
       }
     }
   }
