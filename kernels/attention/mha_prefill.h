@@ -5,7 +5,7 @@
 // key. Per query token at L visible keys: 2 * heads * L * (nope + rope + v) FLOPs, plus once per
 // key 2 * heads * latent * (nope + v) for the expansion; the absorbed form spends 2 * heads * L *
 // (latent + rope + latent) per query token, so this form wins once a sequence brings more than a
-// few hundred new tokens (docs/cuda.md has the measured crossover).
+// few hundred new tokens (docs/cuda/prefill.md has the measured crossover).
 //
 // Per group of sequences (the workspace holds one group's keys):
 //   gather   each sequence's cached entries 0 .. context_len - 1 (latent | rope key) into a

@@ -270,7 +270,7 @@ __global__ void __launch_bounds__(kThreads, 2) FlashKernel(const __grid_constant
 // kWideKeys x 384 B and one V tile of kWideKeys x 256 B: 88 KiB, two blocks per SM. The pipeline
 // is FlashAttention-2's: wait K_j, barrier, start V_j (V_0 comes with K_0); S = Q K_j^T and the
 // softmax; wait V_j, barrier, start K_{j+1}; O += P V_j (measured faster than 32-key tiles,
-// single or double-buffered, docs/cuda.md).
+// single or double-buffered, docs/cuda/prefill.md).
 // A warp whose last row is before a tile's first key skips the tile's math (it still joins the
 // barriers and the loads). The softmax keeps the raw score maxima and folds scale * log2(e) into
 // one FMA before ex2.approx.

@@ -39,18 +39,18 @@
 // throughput. On the H200 MlaBf16MmaKernel reaches ~30-37% of HBM bandwidth for
 // 128 x 1024 decode, bound by instruction issue, not by memory: ncu counts ~1,900 instructions
 // per warp per 32-key chunk at 6.1 cycles each (2 warps per scheduler), and a block alone on
-// the GPU still takes 5 us per chunk (docs/cuda.md). Per chunk of keys (bf16 rows in shared
-// memory, double-buffered cp.async ring of 32-key chunks) the scores
-// S[16 heads x 32 keys] = Q K^T and the update O[16 x latent] += P V run as bf16
-// mma.sync.m16n8k16 with fp32 accumulation. Both fp32 operands (Q and P) are split into bf16
-// hi + lo parts (x - hi is exactly representable to 8 more bits), so each product is
-// x_hi*k + x_lo*k with a relative error of about 2^-17 instead of bf16's 2^-9, the keys being
-// exact bf16 already: fp32-grade math at tensor-core speed. Warps split the 576-long score dot
-// products (k-steps), sum them through shared memory in a fixed order, and then each runs the
-// online softmax for all 16 heads itself and owns a quarter of the latent columns of O.
-// The key-split kernel (variant 9, the default) drops the lo parts: bf16 Q and P, one MMA per
-// product, as FlashMLA, and merges 2-3 context splits inside a thread-block cluster instead of
-// through the workspace and MlaCombineKernel (described at MlaBf16KeySplitKernel).
+// the GPU still takes 5 us per chunk (docs/cuda/bf16-and-kv-cache.md). Per chunk of keys (bf16 rows
+// in shared memory, double-buffered cp.async ring of 32-key chunks) the scores S[16 heads x 32
+// keys] = Q K^T and the update O[16 x latent] += P V run as bf16 mma.sync.m16n8k16 with fp32
+// accumulation. Both fp32 operands (Q and P) are split into bf16 hi + lo parts (x - hi is exactly
+// representable to 8 more bits), so each product is x_hi*k + x_lo*k with a relative error of about
+// 2^-17 instead of bf16's 2^-9, the keys being exact bf16 already: fp32-grade math at tensor-core
+// speed. Warps split the 576-long score dot products (k-steps), sum them through shared memory in a
+// fixed order, and then each runs the online softmax for all 16 heads itself and owns a quarter of
+// the latent columns of O. The key-split kernel (variant 9, the default) drops the lo parts: bf16 Q
+// and P, one MMA per product, as FlashMLA, and merges 2-3 context splits inside a thread-block
+// cluster instead of through the workspace and MlaCombineKernel (described at
+// MlaBf16KeySplitKernel).
 
 #include <cuda_bf16.h>
 
@@ -225,8 +225,8 @@ cudaError_t ClusterMergeRuns(int splits, int device, bool* out) {
   return cudaSuccess;
 }
 
-// The variant used when MlaAttentionParams::mma_variant is 0: variant 9 (docs/cuda.md); shapes
-// it does not take run variant 4.
+// The variant used when MlaAttentionParams::mma_variant is 0: variant 9
+// (docs/cuda/bf16-and-kv-cache.md); shapes it does not take run variant 4.
 constexpr int kDefaultMmaVariant = kKeySplitVariant;
 
 // True when the key-split kernel takes these params (given the device's shared-memory limit):

@@ -72,7 +72,7 @@ struct MlaAttentionParams {
   // device's SM count so that even one decode token fills the GPU. Tests and the benchmark set it.
   int32_t num_splits = 0;
   // bf16 cache, tensor-core kernel (MlaMmaVariantIsValid: 0, 4 or 9; the other numbers belonged
-  // to variants removed after measuring slower, docs/cuda.md): 4: 32-key chunks,
+  // to variants removed after measuring slower, docs/cuda/bf16-and-kv-cache.md): 4: 32-key chunks,
   // double-buffered, 2 blocks per SM, warps splitting the dot product, Q and P as bf16 hi + lo
   // pairs; 9: the key-split kernel, FlashMLA's work split: 32-key tiles, each warp scoring a
   // quarter of the keys over the whole dot product and owning a quarter of the output columns,
@@ -84,7 +84,7 @@ struct MlaAttentionParams {
   // (no workspace, no combine kernel; other split counts, or a device without clusters, write
   // the workspace); 9 takes latent 512 + rope 64 only, other shapes run 4; mla_attention.cu.
   // 0 = the default: 9, else 4 for shapes 9 does not take (the fastest measured on the H200,
-  // docs/cuda.md). Tests and the benchmark set it.
+  // docs/cuda/bf16-and-kv-cache.md). Tests and the benchmark set it.
   int32_t mma_variant = 0;
 };
 
@@ -111,8 +111,8 @@ constexpr bool MlaMmaVariantIsValid(int32_t variant) {
 // The valid values, for error messages.
 constexpr char kMlaMmaVariantList[] = "0, 4, 9";
 // Variant 9 merges its splits in a thread-block cluster at 2 to this many splits (clusters of 4
-// measured slower than the workspace + combine on the H200, docs/cuda.md); other split counts
-// write the workspace.
+// measured slower than the workspace + combine on the H200, docs/cuda/bf16-and-kv-cache.md); other
+// split counts write the workspace.
 constexpr int32_t kMlaClusterMergeMaxSplits = 3;
 
 // out[t, h] = sum_j softmax_j(scale * (q_latent[t,h]·c_j + q_rope[t,h]·k_j)) c_j over the

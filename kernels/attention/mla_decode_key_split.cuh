@@ -23,8 +23,8 @@ namespace mla {
 // The FlashMLA work split over mma.sync: one block of 4 warps per (token, context split, group
 // of 16 heads), keys in tiles of kSplitKeys (32, two blocks per SM), double-buffered with
 // cp.async, with a short start-up (below). (64-key tiles at one block per SM, and the start-up
-// without its overlap, the removed variants 5 and 6, measured slower: docs/cuda.md.)
-// Per tile:
+// without its overlap, the removed variants 5 and 6, measured slower:
+// docs/cuda/bf16-and-kv-cache.md.) Per tile:
 //   score    warp w computes S[16 heads x its kSplitKeys / 4 keys] over the whole 576-deep dot
 //            product (Q fragments read from shared memory, where they were staged once per
 //            block; independent accumulator chains per k-step modulo 4), so no partial scores
@@ -197,9 +197,10 @@ __device__ __forceinline__ int64_t SplitRowOrNone(const MlaAttentionParams& p, c
 // ---- The key-split kernel's split merge (kClusterMerge) ----
 //
 // The largest cluster (= split count) the kernel merges in distributed shared memory; more
-// splits write the workspace for the combine kernels. Measured on the H200 (docs/cuda.md):
-// clusters of 2 and 3 beat the workspace + combine, clusters of 4 lost to it (64 x 1024, 4
-// splits: 50.3 vs 36.5 us in a graph). The merge itself takes up to 8 (the portable size).
+// splits write the workspace for the combine kernels. Measured on the H200
+// (docs/cuda/bf16-and-kv-cache.md): clusters of 2 and 3 beat the workspace + combine, clusters of 4
+// lost to it (64 x 1024, 4 splits: 50.3 vs 36.5 us in a graph). The merge itself takes up to 8 (the
+// portable size).
 constexpr int kMaxClusterSplits = 8;
 static_assert(kMlaClusterMergeMaxSplits >= 2 && kMlaClusterMergeMaxSplits <= kMaxClusterSplits,
               "the cluster merge's split range");

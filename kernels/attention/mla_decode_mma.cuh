@@ -32,8 +32,8 @@ __host__ __device__ __forceinline__ int MmaRowStride(int dim) { return (dim + 15
 // Pipeline shape of the tensor-core kernel (mma_variant 4, the fallback of the key-split
 // kernels): 32-key shared-memory chunks (4 score n-tiles, 2 P·V k-steps), double-buffered
 // (kMmaStages - 1 chunks in flight while one is computed), shared memory sized for 2 blocks per
-// SM. Its instruction count per chunk is the kernel's bound (docs/cuda.md; deeper rings and
-// 16-key chunks, the removed variants 1-3, measured slower): each key row is copied by
+// SM. Its instruction count per chunk is the kernel's bound (docs/cuda/bf16-and-kv-cache.md; deeper
+// rings and 16-key chunks, the removed variants 1-3, measured slower): each key row is copied by
 // kMmaThreads / kMmaKeys threads at fixed offsets (no division or 64-bit address per 16-byte
 // piece), and the softmax runs in base 2 (exp2f, log2 e folded into the score scale; the
 // workspace's maxima are stored in natural-log units).

@@ -7,11 +7,11 @@
 // the keys in registers and fp32 CUDA-core math; the warps' partial softmax results are merged
 // in shared memory, then the blocks' through distributed shared memory, in a fixed order (the
 // result does not depend on timing: graph replays equal eager runs bit for bit).
-// Measured on the H200 (docs/cuda.md, "Few-token decode kernel", "Context-aware choice"; 16
-// heads, CUDA graph): 1 token x 512 / 1024 / 2048 / 4096 positions 7.8 / 10.2 / 14.9 / 24.4 us
-// against MlaAttentionF32's default key-split kernel + combine at 11.6 / 11.7 / 11.8 / 13.6 us;
-// 2-8 tokens lose at 4096. Its work per key is fp32 CUDA-core instructions, so its time grows
-// with the context faster than the tensor-core kernel's: CudaBackend uses it for one decode
+// Measured on the H200 (docs/cuda/bf16-and-kv-cache.md, "Few-token decode kernel", "Context-aware
+// choice"; 16 heads, CUDA graph): 1 token x 512 / 1024 / 2048 / 4096 positions 7.8 / 10.2 / 14.9
+// / 24.4 us against MlaAttentionF32's default key-split kernel + combine at 11.6 / 11.7 / 11.8
+// / 13.6 us; 2-8 tokens lose at 4096. Its work per key is fp32 CUDA-core instructions, so its time
+// grows with the context faster than the tensor-core kernel's: CudaBackend uses it for one decode
 // token up to CudaTuning::mla_decode_small_max_context positions.
 #ifndef DEEPINFER_KERNELS_ATTENTION_MLA_DECODE_SMALL_H_
 #define DEEPINFER_KERNELS_ATTENTION_MLA_DECODE_SMALL_H_

@@ -528,8 +528,8 @@ bool FusedRuns(const MlaPrefillParams& p) {
   return f.error == cudaSuccess && f.ptx_version >= 80 && f.max_smem >= flash::kSmemBytes;
 }
 
-// kAuto's choice for one sequence, from mla_prefill_bench on the H200 (docs/cuda.md): the fused
-// kernel won every measured case with context <= 1024 (1.02x - 1.6x) and lost every one with
+// kAuto's choice for one sequence, from mla_prefill_bench on the H200 (docs/cuda/prefill.md): the
+// fused kernel won every measured case with context <= 1024 (1.02x - 1.6x) and lost every one with
 // more (1 x 4096: 0.91x; 16 .. 512 new tokens after 2048 cached: 0.2x - 0.8x), where its
 // per-tile rate (~160 TFLOP/s) is below cuBLAS's large GEMMs and few query tiles each stream
 // many keys serially. Hence: context <= 1024 and at least as many query tiles as key tiles.

@@ -17,7 +17,7 @@
 //   O = P C  (C = the latent columns of the gathered rows), written straight into out_latent.
 // Sequences next to each other with the same (new tokens, context) go through one strided-
 // batched GEMM per chunk. Precision: q, the cached key/latent and P are rounded to bf16 (as HF's
-// bf16 model does), every sum is fp32; docs/cuda.md gives the error bound the tests use.
+// bf16 model does), every sum is fp32; docs/cuda/prefill.md gives the error bound the tests use.
 #ifndef DEEPINFER_KERNELS_ATTENTION_MLA_PREFILL_H_
 #define DEEPINFER_KERNELS_ATTENTION_MLA_PREFILL_H_
 

@@ -57,8 +57,8 @@ __global__ void MlaCombineKernel(const float* ws_out, const float* ws_ml, int nu
 // Every partial is loaded before the weights are needed, so those loads and the weights'
 // overlap, and the 8 sums are added in warp order. MlaCombineKernel's block per (token x head)
 // loads its splits one after another: at one decode token (16 blocks, 64 splits) that took
-// 27.5 us of a 1 x 1024 call in a CUDA graph, this one 19 us (docs/cuda.md). With few splits
-// (2-4: many tokens) most of this kernel's loads would be predicated off; MlaCombineKernel
+// 27.5 us of a 1 x 1024 call in a CUDA graph, this one 19 us (docs/kernels/attention.md). With few
+// splits (2-4: many tokens) most of this kernel's loads would be predicated off; MlaCombineKernel
 // serves those.
 constexpr int kWideCombineMinSplits = 8;
 constexpr int kWideCombineRows = 8;

@@ -71,7 +71,7 @@ bool StagedGemvSupports(const StagedGemvParams& p);
 
 // Whether, for one activation row and one product, the staged GEMV measured faster on the H200
 // than kernels::SmallMGemmBf16's kAuto choice (small_m_gemm_bench, back-to-back launches in a
-// CUDA graph, docs/kernels.md): q_proj 3072 x 2048 4.96 vs 6.01 us, kv_a 576 x 2048 2.25 vs
+// CUDA graph, docs/cuda/prefill.md): q_proj 3072 x 2048 4.96 vs 6.01 us, kv_a 576 x 2048 2.25 vs
 // 2.46, shared gate_up 5632 x 2048 8.55 vs 11.11, shared down 2048 x 2816 5.09 vs 5.47, dense
 // gate_up 22528 x 2048 26.73 vs 28.05; not for o_proj 2048 x 2048 (3.99 vs 3.69), dense down
 // 2048 x 11264 (16.01 vs 15.99) or the LM head 129280 x 2048 (132.86 vs 131.97): 1024 <= k <=

@@ -2,7 +2,8 @@
 // of each local expert slot, with the slot boundaries known on the HOST (one small copy of the
 // counts per MoE layer, acceptable at prefill sizes; decode keeps GroupedGemmBf16, which reads
 // them on the device). Groups of hundreds to thousands of rows are what cuBLAS's tiles are made
-// for; GroupedGemmBf16 has no shared-memory tiling. docs/kernels.md has the measurements.
+// for; GroupedGemmBf16 has no shared-memory tiling. docs/kernels/moe-prefill.md has the
+// measurements.
 #ifndef DEEPINFER_KERNELS_MOE_EXPERT_GEMM_CUBLAS_H_
 #define DEEPINFER_KERNELS_MOE_EXPERT_GEMM_CUBLAS_H_
 

@@ -6,7 +6,7 @@
 // of chunk_rows rows; the entries the real chunks do not fill are "dummies" that write a dummy
 // output nobody reads, spread evenly between the real chunks, each a copy of its neighbouring
 // chunk's weights and x (read at about the same time, so from L2; measured faster than all
-// dummies after the last chunk). docs/kernels.md has the measurements.
+// dummies after the last chunk). docs/kernels/moe-decode.md has the measurements.
 #ifndef DEEPINFER_KERNELS_MOE_EXPERT_GEMM_PLAN_H_
 #define DEEPINFER_KERNELS_MOE_EXPERT_GEMM_PLAN_H_
 

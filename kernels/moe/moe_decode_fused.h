@@ -11,14 +11,14 @@
 // gate_up is grid-strided over the (part, row) pairs with its load round trips overlapped; down
 // at one token keeps each thread's activations in registers for the whole kernel (where a
 // thread's chunks fit, kMaxStatChunks), else it is grid-strided over the output features like
-// gate_up (the fastest pair measured at every width, H200, docs/kernels.md).
+// gate_up (the fastest pair measured at every width, H200, docs/kernels/moe-decode.md).
 //
 // The shared MLP of intermediate size shared_parts * inter is exactly the sum of shared_parts
 // MLPs of intermediate inter over consecutive slices of its gate / up rows and down columns
 // (weight 1.0 each), so it is read in place. With top_k == 0 the block is that MLP alone: a
 // dense MLP layer (no routing; the routed-expert fields are not read). Deterministic (no atomics, a
 // fixed order per output). CPU reference: the backend's Gemm / SiluMul / combine
-// (moe_decode_fused_test). Contracts and H200 numbers: docs/kernels.md.
+// (moe_decode_fused_test). Contracts and H200 numbers: docs/kernels/moe-decode.md.
 #ifndef DEEPINFER_KERNELS_MOE_MOE_DECODE_FUSED_H_
 #define DEEPINFER_KERNELS_MOE_MOE_DECODE_FUSED_H_
 

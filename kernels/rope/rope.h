@@ -71,7 +71,8 @@ bool NormRopeCacheAbsorbQuerySupported(const NormRopeCacheParams& p, const Absor
 // NormRopeWriteLatentCacheF32 followed by SmallMGemmBf16 with m = tokens, batch = heads and
 // algo kRowPerGroup (kAuto's choice below nope_dim 512, e.g. DeepSeek's 128). The
 // query rope slices p.q (rotated in place) must not overlap a's q_nope slices. Saves one link of
-// the decode step's launch chain (docs/cuda.md, "Norm, rope, cache and W_uk in one launch").
+// the decode step's launch chain (docs/kernels/attention.md, "Norm, rope, cache write and W_uk
+// in one launch").
 // cudaErrorInvalidValue (launching nothing) where NormRopeCacheAbsorbQuerySupported is false.
 cudaError_t NormRopeCacheAbsorbQueryF32(const NormRopeCacheParams& p, const AbsorbQueryParams& a,
                                         cudaStream_t stream);

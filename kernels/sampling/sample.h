@@ -2,7 +2,8 @@
 // of worker/sampling/Sampler, behind Backend::SampleRows and Backend::TopLogprobsRows.
 //
 // Its per-row algorithm (sample_row.h) is also tested on the host against Sampler; the kernels
-// against the CPU backend on an H200 (docs/cuda.md, "Device sampling", with their cost).
+// against the CPU backend on an H200 (docs/cuda/graphs-and-sampling.md, "Device sampling", with
+// their cost).
 #ifndef DEEPINFER_KERNELS_SAMPLING_SAMPLE_H_
 #define DEEPINFER_KERNELS_SAMPLING_SAMPLE_H_
 

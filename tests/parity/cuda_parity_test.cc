@@ -119,7 +119,8 @@ TEST_P(CudaBf16CacheParityTest, CacheIsBf16) {
   EXPECT_EQ(m_.pool->spec().groups[0].dtype, WeightDType::kBFloat16);
 }
 
-// As the CPU test: the logit bound asserted, greedy agreement printed (docs/cuda.md).
+// As the CPU test: the logit bound asserted, greedy agreement printed
+// (docs/cuda/bf16-and-kv-cache.md).
 TEST_P(CudaBf16CacheParityTest, PromptLogitsWithinBf16ToleranceOfHfFloat32) {
   auto e = AllPromptsLogitsError(m_);
   ASSERT_TRUE(e.ok()) << e.status();

@@ -10,7 +10,7 @@
 // Bf16CacheParityTest: bf16 weights and the bf16 latent cache they bring by default (the CUDA
 // default): the same logit bounds; its teacher-forced greedy agreement is printed, not
 // asserted at kBf16GreedyAgreement (measured just below it on dsv3_qlora_rope, where HF's own
-// bf16 model scores 90 / 96: docs/cuda.md, "bf16 latent KV cache").
+// bf16 model scores 90 / 96: docs/cuda/bf16-and-kv-cache.md, "bf16 latent KV cache").
 #include <cstdio>
 #include <string>
 #include <utility>
@@ -105,7 +105,8 @@ TEST_P(Bf16CacheParityTest, CacheIsBf16) {
 
 // The logit bound holds as with the fp32 cache. Greedy agreement is printed, not asserted: the
 // bf16 cache rounds the keys too, and on these random-weight fixtures (near-tied logits) it
-// agrees on fewer positions than kBf16GreedyAgreement (docs/cuda.md, "bf16 latent KV cache").
+// agrees on fewer positions than kBf16GreedyAgreement (docs/cuda/bf16-and-kv-cache.md, "bf16 latent
+// KV cache").
 TEST_P(Bf16CacheParityTest, PromptLogitsWithinBf16ToleranceOfHfFloat32) {
   auto e = AllPromptsLogitsError(m_);
   ASSERT_TRUE(e.ok()) << e.status();

@@ -134,7 +134,7 @@ struct BenchConfig {
   // sequences with fused ops off, reported as a further decode result (one load for both).
   bool compare_unfused_decode = false;
   // kernels::SetProgrammaticDependentLaunch: our kernels launched with programmatic dependent
-  // launch (docs/cuda.md); off: plain stream order, for comparison.
+  // launch (docs/cuda/fused-ops-and-pdl.md); off: plain stream order, for comparison.
   bool pdl = true;
   // After each batch size's timed steps (and the eager and unfused ones), output_len more steps
   // of the same sequences with PDL off (decode graphs recorded again), a further decode result.

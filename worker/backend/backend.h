@@ -560,7 +560,7 @@ class Backend {
   // the cached c_j, k_j widened to fp32 (exact from bf16; FP8 as DequantizeFp8LatentEntry) and
   // fp32 math.
   // The CUDA backend with bf16 weights runs sequences of args.sequences with many new tokens on
-  // bf16 tensor cores (docs/cuda.md); everything else is fp32.
+  // bf16 tensor cores (docs/cuda/prefill.md); everything else is fp32.
   virtual void MlaAttention(const MlaAttentionArgs& args) = 0;
   // The context length up to which MlaAttention of `num_tokens` decode tokens runs another
   // kernel than above it, chosen by the longest context_len (from the sequences' spans where
@@ -607,9 +607,9 @@ class Backend {
   // is the token Sampler::Sample picks for row r with params[r] (temperature, top-k, top-p,
   // seed, position; greedy when temperature <= 0), logprob[r] its log-softmax over the raw row.
   // The CPU backend calls Sampler itself; the CUDA kernel follows the same arithmetic (see
-  // docs/cuda.md for where the two may still differ). A row whose top_p is outside (0, 1] or
-  // whose temperature is NaN gets token -1 and a NaN logprob; a vocab outside [1, 2^31) is an
-  // INVALID_ARGUMENT in status() and nothing is written. Logits must not be NaN.
+  // docs/cuda/graphs-and-sampling.md for where the two may still differ). A row whose top_p is
+  // outside (0, 1] or whose temperature is NaN gets token -1 and a NaN logprob; a vocab outside [1,
+  // 2^31) is an INVALID_ARGUMENT in status() and nothing is written. Logits must not be NaN.
   virtual void SampleRows(int64_t rows, int64_t vocab, const float* logits,
                           const RowSamplingParams* params, int32_t* token, float* logprob) = 0;
   // The n most likely tokens of every row (n in [1, kMaxTopLogprobs], else an INVALID_ARGUMENT

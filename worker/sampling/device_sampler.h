@@ -2,7 +2,7 @@
 // Backend's sampling ops, so that only tokens and log-probabilities come back to the host (not
 // 129280-float rows). The result is what Sampler::Sample returns for the same row, parameters
 // and position: the CPU backend runs Sampler's arithmetic in these ops, the CUDA kernels follow
-// it (docs/cuda.md, "Device sampling").
+// it (docs/cuda/graphs-and-sampling.md, "Device sampling").
 #ifndef DEEPINFER_WORKER_SAMPLING_DEVICE_SAMPLER_H_
 #define DEEPINFER_WORKER_SAMPLING_DEVICE_SAMPLER_H_
 

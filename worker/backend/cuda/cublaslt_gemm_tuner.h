@@ -1,7 +1,7 @@
 // CublasLtGemmTuner: the prefill's large bf16 GEMMs through cuBLASLt with an algorithm chosen per
 // shape by timing. cublasGemmEx's default algorithm was 5-25% slower than the best of cuBLASLt's
 // heuristic candidates for most of the Moonlight shapes at 32768 rows on the H200
-// (gemm_shapes_bench, docs/cuda.md), and no single candidate was best for all shapes.
+// (gemm_shapes_bench, docs/cuda/prefill.md), and no single candidate was best for all shapes.
 #ifndef DEEPINFER_WORKER_BACKEND_CUDA_CUBLASLT_GEMM_TUNER_H_
 #define DEEPINFER_WORKER_BACKEND_CUDA_CUBLASLT_GEMM_TUNER_H_
 

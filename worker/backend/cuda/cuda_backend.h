@@ -69,7 +69,7 @@ struct CudaTuning {
   // through CublasLtGemmTuner: cuBLASLt with the fastest of its heuristic algorithms, timed at
   // each new shape's first call (a host synchronisation and ~8 x 4 GEMMs into the output itself,
   // a scratch one with accumulate; once per bucket of m). The 27-layer Moonlight prefill 32 x 1024
-  // measured 0.3312 / 0.3323 s off, 0.3209 / 0.3245 s on (same call; docs/cuda.md); off:
+  // measured 0.3312 / 0.3323 s off, 0.3209 / 0.3245 s on (same call; docs/cuda/prefill.md); off:
   // cublasGemmEx. The timed pick can differ between processes (so can the GEMMs' bits): off for
   // run-to-run reproducible prefill (the worker's --gemm-autotune=false).
   bool gemm_autotune = true;
@@ -254,16 +254,18 @@ class CudaBackend : public Backend {
   // output to bf16). Otherwise false.
   bool NormedDenseMlp(const DenseMlpArgs& args) override;
   // Whether RoutedAndSharedExperts takes `tokens` tokens: where it measured faster than
-  // RoutedExperts + the shared-expert ops (moe_block_decode_bench, H200, docs/kernels.md): one
-  // token at any width and two at hidden_size <= kMaxFusedMoeHidden (Moonlight's 2048: faster;
-  // V3's 7168: not faster at two).
+  // RoutedExperts + the shared-expert ops (moe_block_decode_bench, H200,
+  // docs/kernels/moe-decode.md): one token at any width and two at hidden_size <=
+  // kMaxFusedMoeHidden (Moonlight's 2048: faster; V3's 7168: not faster at two).
   static bool DecodeMoeFusedFor(int64_t tokens, int64_t hidden_size);
   static constexpr int64_t kMaxFusedMoeHidden = 4096;
   // The chunked cuBLAS GEMMs were faster from 128 tokens on (the smallest size measured,
-  // docs/kernels.md); decode batches up to here keep the path without host synchronisation.
+  // docs/kernels/moe-decode.md); decode batches up to here keep the path without host
+  // synchronisation.
   static constexpr int32_t kMaxFusedMoeTokens = 128;
   // The expert GEMMs of RoutedExperts' device path (no host synchronisation), picked by size
-  // (DecodeMoeAlgoFor; grouped_gemm_bench and moe_decode_bench on the H200, docs/kernels.md):
+  // (DecodeMoeAlgoFor; grouped_gemm_bench and moe_decode_bench on the H200,
+  // docs/kernels/moe-decode.md):
   //  kGroupedF32:    kernels::GroupedGemmBf16 on fp32 activations (CUDA cores for 1-2 rows per
   //                  expert, tensor cores with x split into bf16 hi + lo above), up to 2 tokens;
   //  kPlannedCublas: kernels::PlanExpertGemmBatches + one cublasGemmBatchedEx per GEMM over
@@ -274,8 +276,9 @@ class CudaBackend : public Backend {
   static DecodeMoeAlgo DecodeMoeAlgoFor(int64_t tokens);
   // Rows per chunk of kPlannedCublas for `tokens` tokens: 8 up to 32 tokens
   // (grouped_gemm_bench), 48 above (the 27-layer Moonlight bench, one fixed batch: 48 faster
-  // than 32 at 64 and 128 requests; docs/kernels.md). Never depends on whether the stream is
-  // captured, so a replayed decode graph computes the same bits as the same step run eagerly.
+  // than 32 at 64 and 128 requests; docs/kernels/moe-decode.md). Never depends on whether the
+  // stream is captured, so a replayed decode graph computes the same bits as the same step run
+  // eagerly.
   static int32_t PlannedChunkRows(int64_t tokens);
   void RmsNorm(int64_t rows, int64_t dim, const float* x, int64_t ldx, const float* weight,
                float eps, float* out, int64_t ldout) override;
@@ -303,8 +306,8 @@ class CudaBackend : public Backend {
   // kernels::NormRopeCacheAbsorbQuerySupported takes: kernels::NormRopeCacheAbsorbQueryF32, one
   // launch with the bits of the two ops (the W_uk product as SmallMGemmBf16 computes it); otherwise
   // Backend's two ops. Measured on the H200 at 1 request: 27-layer decode step -29 us
-  // (docs/cuda.md, "The attention core's launch chain at one token"); 2-4 tokens give the same
-  // bits but were not timed, so they keep two launches.
+  // (docs/cuda/bf16-and-kv-cache.md, "The attention core's launch chain at one token"); 2-4 tokens
+  // give the same bits but were not timed, so they keep two launches.
   void NormRopeCacheAbsorbQuery(const NormRopeCacheArgs& nr, const AbsorbQueryArgs& aq) override;
   static constexpr int64_t kNormRopeCacheAbsorbMaxTokens = 1;
   void GatherRows(int64_t rows, int64_t dim, const float* src, const int32_t* idx,
@@ -330,8 +333,8 @@ class CudaBackend : public Backend {
   bool MhaPrefillAttention(const MhaPrefillArgs& args) override;
   // With bf16 weights (the fp32 model keeps fp32 attention), a sequence with at least
   // kMlaPrefillMinTokens new tokens and kMlaPrefillMinWork (new tokens x context) query-key
-  // pairs. Measured on the H200 (docs/cuda.md): one 64-token prompt (4096 pairs) is faster on
-  // the fp32 kernel (31 vs 41 us), a 128-token one (16384) on tensor cores (48 vs 35 us), and 16
+  // pairs. Measured on the H200 (docs/cuda/prefill.md): one 64-token prompt (4096 pairs) is faster
+  // on the fp32 kernel (31 vs 41 us), a 128-token one (16384) on tensor cores (48 vs 35 us), and 16
   // new tokens after 2048 cached (33024) too (85 vs 37 us).
   bool UsesTensorCoreAttention(const MlaSequenceSpan& s) const;
   static constexpr int32_t kMlaPrefillMinTokens = 16;
@@ -340,10 +343,10 @@ class CudaBackend : public Backend {
   // CudaTuning::mla_decode_small_max_context goes to kernels::MlaDecodeSmall (one launch, no
   // workspace)
   // where it takes the shape; longer (or unknown: no spans and no max_context_hint) contexts and
-  // more tokens to MlaAttentionF32. Measured on the H200 (docs/cuda.md, "Few-token decode
-  // kernel"): the one-launch kernel wins at short contexts and loses at long ones (its work per
-  // key is fp32 CUDA-core instructions), and with 2-8 tokens loses at 4096 by up to 2x. Decode
-  // graphs learn the break from MlaDecodeContextBreak and record one graph per side.
+  // more tokens to MlaAttentionF32. Measured on the H200 (docs/cuda/bf16-and-kv-cache.md,
+  // "Few-token decode kernel"): the one-launch kernel wins at short contexts and loses at long ones
+  // (its work per key is fp32 CUDA-core instructions), and with 2-8 tokens loses at 4096 by up to
+  // 2x. Decode graphs learn the break from MlaDecodeContextBreak and record one graph per side.
   static constexpr int32_t kMlaDecodeSmallMaxTokens = 1;
   int32_t MlaDecodeContextBreak(int32_t num_tokens) const override;
   void NoauxTcRoute(const NoauxTcRouteArgs& args) override;

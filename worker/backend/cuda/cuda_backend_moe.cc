@@ -46,8 +46,8 @@ void SetRouting(const NoauxTcRouteArgs& a, Params* p) {
 
 // Rows per chunk of the kChunked expert GEMMs for `avg_rows` rows per expert on average: the
 // padding (half a chunk per busy expert on average) against cuBLAS's tile efficiency. Measured
-// on the H200 at the Moonlight shape (moe_prefill_bench, docs/kernels.md): 64 was fastest up to
-// 48 rows per expert, 128 from 96 rows on (256 never clearly better).
+// on the H200 at the Moonlight shape (moe_prefill_bench, docs/kernels/moe-prefill.md): 64 was
+// fastest up to 48 rows per expert, 128 from 96 rows on (256 never clearly better).
 int32_t ChunkRowsFor(int64_t avg_rows) { return avg_rows < 96 ? 64 : 128; }
 
 const char* ExpertGemmAlgoName(kernels::ExpertGemmCublasAlgo algo) {
@@ -223,8 +223,8 @@ bool CudaBackend::RoutedExperts(const RoutedExpertsArgs& a) {
 }
 
 bool CudaBackend::DecodeMoeFusedFor(int64_t tokens, int64_t hidden_size) {
-  // moe_block_decode_bench (4 layers in a CUDA graph, H200, docs/kernels.md), µs a layer, the
-  // ops -> the fused kernels (at 2 tokens with the grid-strided down): Moonlight 1 token
+  // moe_block_decode_bench (4 layers in a CUDA graph, H200, docs/kernels/moe-decode.md), µs a
+  // layer, the ops -> the fused kernels (at 2 tokens with the grid-strided down): Moonlight 1 token
   // 63.6 -> 39.9, 2 tokens 77.6 -> 68.5; V3 1 token 220.7 -> 200.2, 2 tokens 351.8 -> 350.6 (no
   // faster: not taken).
   return tokens == 1 || (tokens == 2 && hidden_size <= kMaxFusedMoeHidden);

@@ -24,7 +24,7 @@ enum class PrefillAttention {
 };
 
 // kAuto's least number of new tokens per sequence for the non-absorbed form. From the FLOP
-// counts and measured rates (docs/cuda.md): expanding a key costs about as much as ~50 new
+// counts and measured rates (docs/cuda/prefill.md): expanding a key costs about as much as ~50 new
 // tokens' absorbed attention to it saves.
 inline constexpr int32_t kMhaPrefillMinTokens = 64;
 
