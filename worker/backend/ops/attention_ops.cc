@@ -2,6 +2,8 @@
 #include "worker/backend/ops/attention_ops.h"
 
 #include <memory>
+#include <utility>
+#include <vector>
 
 namespace deepinfer {
 namespace {
@@ -39,10 +41,8 @@ bool MhaPrefillOutput(Backend* backend, const MlaOutputArgs& a) {
   return true;
 }
 
-}  // namespace
-
-void MlaAttentionOutput(Backend* backend, const MlaOutputArgs& a) {
-  if (a.non_absorbed && MhaPrefillOutput(backend, a)) return;
+// The absorbed form: q_nope . W_uk, Backend::MlaAttention over the latent cache, . W_uv, o_proj.
+void AbsorbedOutput(Backend* backend, const MlaOutputArgs& a) {
   const int64_t T = a.tokens, nh = a.heads, nope = a.nope_dim, vd = a.v_dim, H = a.hidden_size;
   const int64_t kvl = a.cache.latent_dim, qk = nope + a.rope_dim, qdim = nh * qk;
   auto Floats = [backend](int64_t n) { return backend->AllocateScratch(n * sizeof(float)); };
@@ -81,6 +81,87 @@ void MlaAttentionOutput(Backend* backend, const MlaOutputArgs& a) {
                        a.kv_b.Offset(nope * kvl), kvl, (nope + vd) * kvl, o->as<float>(), nh * vd,
                        vd);
   backend->Gemm(T, H, nh * vd, o->as<float>(), nh * vd, a.o_proj, nh * vd, a.out, H, false);
+}
+
+// Sequences [first, last) of `a` as a call of their own, for the non-absorbed op: their tokens,
+// spans counted from their first token (stored in *spans) and block-table rows.
+MlaOutputArgs NonAbsorbedPart(const MlaOutputArgs& a, int32_t first, int32_t last,
+                              std::vector<MlaSequenceSpan>* spans) {
+  const int64_t t0 = a.sequences[first].first_token;
+  spans->assign(a.sequences + first, a.sequences + last);
+  for (MlaSequenceSpan& s : *spans) s.first_token -= static_cast<int32_t>(t0);
+  const MlaSequenceSpan& end = a.sequences[last - 1];
+  MlaOutputArgs r = a;
+  r.tokens = end.first_token + end.num_tokens - t0;
+  r.q = a.q + t0 * a.heads * (a.nope_dim + a.rope_dim);
+  r.q_latent = nullptr;
+  r.block_tables = a.block_tables + static_cast<int64_t>(first) * a.max_blocks_per_seq;
+  r.sequences = spans->data();
+  r.num_sequences = last - first;
+  r.out = a.out + t0 * a.hidden_size;
+  return r;
+}
+
+// Sequences [first, last) of `a` for the absorbed form: their tokens, with the per-token
+// sequence indices and contexts into the whole step's block tables. Only a run that starts the
+// step keeps its spans (their indices are the block-table rows); a later run passes none.
+MlaOutputArgs AbsorbedPart(const MlaOutputArgs& a, int32_t first, int32_t last) {
+  const int64_t t0 = a.sequences[first].first_token;
+  const MlaSequenceSpan& end = a.sequences[last - 1];
+  const int64_t kvl = a.cache.latent_dim;
+  MlaOutputArgs r = a;
+  r.tokens = end.first_token + end.num_tokens - t0;
+  r.q = a.q + t0 * a.heads * (a.nope_dim + a.rope_dim);
+  if (a.q_latent != nullptr) r.q_latent = a.q_latent + t0 * a.heads * kvl;
+  r.token_seq = a.token_seq + t0;
+  r.context_len = a.context_len + t0;
+  r.sequences = first == 0 ? a.sequences : nullptr;
+  r.num_sequences = first == 0 ? last : 0;
+  r.non_absorbed = false;
+  r.out = a.out + t0 * a.hidden_size;
+  return r;
+}
+
+}  // namespace
+
+void MlaAttentionOutput(Backend* backend, const MlaOutputArgs& a) {
+  if (!a.non_absorbed || a.sequences == nullptr || a.num_sequences == 0) {
+    return AbsorbedOutput(backend, a);
+  }
+  const int32_t n = a.num_sequences;
+  auto takes_non_absorbed = [&](int32_t i) {
+    return a.sequences[i].num_tokens >= a.non_absorbed_min_tokens;
+  };
+  int32_t long_sequences = 0;
+  for (int32_t i = 0; i < n; ++i) long_sequences += takes_non_absorbed(i) ? 1 : 0;
+  if (long_sequences == n) {
+    if (!MhaPrefillOutput(backend, a)) AbsorbedOutput(backend, a);
+    return;
+  }
+  if (long_sequences == 0) return AbsorbedOutput(backend, a);
+  // Runs of consecutive sequences of one form; the non-absorbed ones first, so that a backend
+  // without that op (it declines the first run, having done nothing) gets one absorbed call.
+  std::vector<std::pair<int32_t, int32_t>> runs;
+  for (int32_t i = 0; i < n;) {
+    int32_t j = i + 1;
+    while (j < n && takes_non_absorbed(j) == takes_non_absorbed(i)) ++j;
+    runs.emplace_back(i, j);
+    i = j;
+  }
+  bool first_non_absorbed = true;
+  std::vector<MlaSequenceSpan> spans;
+  for (const auto& [first, last] : runs) {
+    if (!takes_non_absorbed(first)) continue;
+    if (MhaPrefillOutput(backend, NonAbsorbedPart(a, first, last, &spans))) {
+      first_non_absorbed = false;
+      continue;
+    }
+    if (first_non_absorbed) return AbsorbedOutput(backend, a);
+    AbsorbedOutput(backend, AbsorbedPart(a, first, last));
+  }
+  for (const auto& [first, last] : runs) {
+    if (!takes_non_absorbed(first)) AbsorbedOutput(backend, AbsorbedPart(a, first, last));
+  }
 }
 
 }  // namespace deepinfer

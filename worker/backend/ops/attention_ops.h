@@ -37,9 +37,13 @@ struct MlaOutputArgs {
   WeightView w_uk;    // head h: [latent_dim, nope_dim] at h * latent_dim * nope_dim
   WeightView kv_b;    // [heads * (nope_dim + v_dim), latent_dim], K_nope rows first
   WeightView o_proj;  // [hidden_size, heads * v_dim]
-  // Try the non-absorbed form (needs sequences); its output reaches o_proj rounded to bf16 with
-  // bf16_operands.
+  // Try the non-absorbed form (needs sequences) for the sequences that bring at least
+  // non_absorbed_min_tokens new tokens (0: every sequence); the others take the absorbed form,
+  // each run of consecutive sequences of one form in its own calls. Where the backend declines
+  // the non-absorbed op, every token takes the absorbed form in one call. Its output reaches
+  // o_proj rounded to bf16 with bf16_operands.
   bool non_absorbed = false;
+  int32_t non_absorbed_min_tokens = 0;
   bool bf16_operands = false;
   float* out = nullptr;  // [tokens, hidden_size], overwritten
 };

@@ -300,5 +300,87 @@ TEST(AttentionOpsTest, AbsorbedReferenceEqualsTheNonAbsorbedOp) {
   for (int64_t i = 0; i < T * H; ++i) EXPECT_NEAR(outs[0][i], outs[1][i], 1e-4) << i;
 }
 
+// A step of decodes, prompts and a short chunk (sequences of 1, 4, 1, 3 and 2 new tokens) with
+// the non-absorbed form from 3 new tokens: the long sequences' rows equal the non-absorbed op's
+// over the whole step, the others' rows the absorbed form's, bit for bit (the CPU computes each
+// row on its own); a backend without the op gets the absorbed form for every row.
+TEST(AttentionOpsTest, MixedStepTakesEachSequencesForm) {
+  const int64_t nh = 2, nope = 4, rope = 2, vd = 3, kvl = 8, H = 5, bs = 4, T = 11;
+  // {first token, new tokens, context}: decode after 5 cached; prompt of 4; decode after 2;
+  // 3 new after 2 cached; 2 new after 1 cached.
+  const std::vector<MlaSequenceSpan> spans = {
+      {0, 1, 6}, {1, 4, 4}, {5, 1, 3}, {6, 3, 5}, {9, 2, 3}};
+  const std::vector<int32_t> table = {0, 1, 2, 7, 3, 7, 4, 5, 6, 7};  // [5 sequences, 2 blocks]
+  const std::vector<int32_t> token_seq = {0, 1, 1, 1, 1, 2, 3, 3, 3, 4, 4};
+  const std::vector<int32_t> context_len = {6, 1, 2, 3, 4, 3, 3, 4, 5, 2, 3};
+  const auto cache = Random(8 * bs * (kvl + rope), 11);
+  const auto q = Random(T * nh * (nope + rope), 12);
+  const auto kv_b = Random(nh * (nope + vd) * kvl, 13, 0.5f);
+  const auto o_proj = Random(H * nh * vd, 14, 0.5f);
+  std::vector<float> w_uk(nh * kvl * nope);
+  for (int64_t h = 0; h < nh; ++h) {
+    for (int64_t c = 0; c < kvl; ++c) {
+      for (int64_t i = 0; i < nope; ++i) {
+        w_uk[(h * kvl + c) * nope + i] = kv_b[(h * (nope + vd) + i) * kvl + c];
+      }
+    }
+  }
+  // non_absorbed_min_tokens < 0: the absorbed form only.
+  auto run = [&](bool has_mha, int32_t min_tokens, int* mha_calls) {
+    SpyBackend be;
+    be.has_fused = has_mha;
+    Buffers b(&be);
+    MlaOutputArgs a;
+    a.tokens = T;
+    a.heads = nh;
+    a.nope_dim = nope;
+    a.rope_dim = rope;
+    a.v_dim = vd;
+    a.hidden_size = H;
+    a.q = b.Upload(q);
+    a.cache.cache = b.Upload(cache);
+    a.cache.block_size = bs;
+    a.cache.latent_dim = kvl;
+    a.cache.rope_dim = rope;
+    a.block_tables = b.Upload(table);
+    a.max_blocks_per_seq = 2;
+    a.token_seq = b.Upload(token_seq);
+    a.context_len = b.Upload(context_len);
+    a.sequences = spans.data();
+    a.num_sequences = static_cast<int32_t>(spans.size());
+    a.softmax_scale = 0.3f;
+    a.w_uk = b.Upload(w_uk);
+    a.kv_b = b.Upload(kv_b);
+    a.o_proj = b.Upload(o_proj);
+    a.non_absorbed = min_tokens >= 0;
+    a.non_absorbed_min_tokens = min_tokens;
+    a.out = b.Upload(std::vector<float>(T * H, 7.0f));
+    MlaAttentionOutput(&be, a);
+    EXPECT_TRUE(be.status().ok()) << be.status();
+    *mha_calls = be.mha;
+    return b.Read(a.out, T * H);
+  };
+  int calls = 0;
+  const auto absorbed = run(true, -1, &calls);
+  EXPECT_EQ(calls, 0);
+  const auto non_absorbed = run(true, 0, &calls);
+  EXPECT_EQ(calls, 1);
+  const auto mixed = run(true, 3, &calls);
+  EXPECT_EQ(calls, 2) << "one call per run of long sequences";
+  const std::vector<bool> long_token = {false, true, true, true,  true, false,
+                                        true,  true, true, false, false};
+  for (int64_t t = 0; t < T; ++t) {
+    const auto& want = long_token[t] ? non_absorbed : absorbed;
+    for (int64_t i = 0; i < H; ++i) {
+      EXPECT_EQ(mixed[t * H + i], want[t * H + i]) << "token " << t << " column " << i;
+      EXPECT_NE(mixed[t * H + i], 7.0f) << "token " << t << " not written";
+    }
+  }
+  // The forms differ somewhere, so the check above tells them apart.
+  EXPECT_NE(absorbed, non_absorbed);
+  EXPECT_EQ(run(false, 3, &calls), absorbed);
+  EXPECT_EQ(calls, 0);
+}
+
 }  // namespace
 }  // namespace deepinfer

@@ -83,7 +83,8 @@ void MlaAttention::Forward(int64_t layer, const LayerContext& ctx, ActivationVie
   }
   const bool il = c.rope_interleave;
   const PagedLatentCacheView view = ctx.cache->LayerView(static_cast<int32_t>(layer));
-  const bool mha_prefill = UsesMhaPrefill(ctx);
+  const int32_t mha_min_tokens = MhaPrefillMinTokens(ctx);
+  const bool mha_prefill = mha_min_tokens > 0;
   // The absorbed query: with fused ops in the same backend op as the cache write (else the
   // attention op makes it).
   std::unique_ptr<DeviceBuffer> q_latent;
@@ -154,21 +155,22 @@ void MlaAttention::Forward(int64_t layer, const LayerContext& ctx, ActivationVie
   a.kv_b = W.Matrix(L.kv_b);
   a.o_proj = W.Matrix(L.o_proj);
   a.non_absorbed = mha_prefill;
+  a.non_absorbed_min_tokens = mha_min_tokens;
   a.bf16_operands = ctx.mode.bf16_operands;
   a.out = out;
   MlaAttentionOutput(backend_, a);
 }
 
-bool MlaAttention::UsesMhaPrefill(const LayerContext& ctx) const {
+int32_t MlaAttention::MhaPrefillMinTokens(const LayerContext& ctx) const {
   if (prefill_attention_ == PrefillAttention::kAbsorbed || ctx.device_only || ctx.spans.empty()) {
-    return false;
+    return 0;
   }
   const int32_t min_tokens =
       prefill_attention_ == PrefillAttention::kMha ? 2 : kMhaPrefillMinTokens;
   for (const MlaSequenceSpan& s : ctx.spans) {
-    if (s.num_tokens < min_tokens) return false;
+    if (s.num_tokens >= min_tokens) return min_tokens;
   }
-  return true;
+  return 0;
 }
 
 }  // namespace deepinfer

@@ -3,7 +3,8 @@
 // shared rope key from kv_a; the cache holds the normalised latent and the rotated rope key per
 // token and layer. Decode (and prefill when PrefillAttention says so) attends in the absorbed
 // form: queries projected into the latent space through W_uk, outputs lifted back through W_uv;
-// long prefills may take the non-absorbed form (keys expanded through kv_b). Another attention
+// sequences that bring many new tokens may take the non-absorbed form (keys expanded through
+// kv_b), the others in the same step staying absorbed. Another attention
 // kind (sliding window, compressed sparse) is another class here with its cache kind.
 #ifndef DEEPINFER_WORKER_MODEL_ATTENTION_MLA_ATTENTION_H_
 #define DEEPINFER_WORKER_MODEL_ATTENTION_MLA_ATTENTION_H_
@@ -41,8 +42,9 @@ class MlaAttention {
   PrefillAttention prefill_attention() const { return prefill_attention_; }
 
  private:
-  // Whether this step's attention takes the non-absorbed form (prefill_attention_, the spans).
-  bool UsesMhaPrefill(const LayerContext& ctx) const;
+  // The least number of new tokens for which a sequence of this step takes the non-absorbed
+  // form (prefill_attention_); 0 where none does (the spans).
+  int32_t MhaPrefillMinTokens(const LayerContext& ctx) const;
   // Per-step temporaries, written by an op before they are read (not zeroed).
   std::unique_ptr<DeviceBuffer> Floats(int64_t n) {
     return backend_->AllocateScratch(n * sizeof(float));

@@ -11,15 +11,16 @@
 namespace deepinfer {
 
 enum class PrefillAttention {
-  // kMha for steps in which every sequence brings at least kMhaPrefillMinTokens new tokens and
-  // the backend has the non-absorbed op, else kAbsorbed.
+  // The non-absorbed form for each sequence that brings at least kMhaPrefillMinTokens new
+  // tokens, where the backend has the op; the step's other sequences (decodes, short chunks)
+  // absorbed.
   kAuto,
   // Always the absorbed form: q_nope . W_uk, attention over the 576-wide latent (MlaAttention),
   // then . W_uv.
   kAbsorbed,
   // The non-absorbed form (Backend::MhaPrefillAttention: keys expanded through kv_b, attention
-  // of width nope + rope over values of width v) for every step in which each sequence brings
-  // more than one new token, where the backend has it; other steps absorbed.
+  // of width nope + rope over values of width v) for each sequence that brings more than one
+  // new token, where the backend has it; one-token sequences absorbed.
   kMha,
 };
 
