@@ -628,5 +628,45 @@ TEST_F(EngineTest, IdleStepRunsAnEmptyBatch) {
   EXPECT_THAT(Tokens(r), ElementsAreArray(prompts_[0].greedy));
 }
 
+// Prompts admitted while other requests decode share a step with the decode rows. With the
+// default prefill attention (kAuto) each sequence takes its own form: the 64- and 130-token
+// prompts the non-absorbed one, as in their own prefill steps alone, the decodes the absorbed
+// one. So every request's tokens and logprobs equal its own alone bit for bit (the CPU computes
+// each row on its own).
+TEST_F(EngineTest, PromptsNextToDecodesEqualEachAloneBitForBit) {
+  ASSERT_EQ(model_->prefill_attention(), PrefillAttention::kAuto);
+  ASSERT_GE(static_cast<int32_t>(prompts_[2].ids.size()), kMhaPrefillMinTokens);
+  ASSERT_GE(static_cast<int32_t>(prompts_[3].ids.size()), kMhaPrefillMinTokens);
+  std::vector<WorkItem> early = {Item("d0", prompts_[0].ids, 12), Item("d1", prompts_[1].ids, 12)};
+  std::vector<WorkItem> late = {Item("p2", prompts_[2].ids, 8), Item("p3", prompts_[3].ids, 8)};
+  for (auto* items : {&early, &late}) {
+    for (WorkItem& item : *items) item.mutable_params()->set_logprobs(3);
+  }
+  std::vector<WorkItem> all = early;
+  all.insert(all.end(), late.begin(), late.end());
+  auto alone = RunAlone(all);
+
+  auto engine = MakeEngine();
+  std::map<std::string, RequestResult> together;
+  auto step = [&] {
+    auto r = engine->Step();
+    ASSERT_TRUE(r.ok()) << r.status();
+    for (RequestResult& res : *r) together[res.request_id()] = std::move(res);
+  };
+  queue_->Push(std::move(early));
+  // The early prompts' prefill and first decode; the late prompts then join decoding rows.
+  step();
+  step();
+  ASSERT_TRUE(together.empty());
+  queue_->Push(std::move(late));
+  for (int steps = 0; engine->HasWork() && steps < 1000; ++steps) step();
+  EXPECT_FALSE(engine->HasWork());
+  ASSERT_EQ(together.size(), all.size());
+  for (const WorkItem& item : all) {
+    const std::string& id = item.request_id();
+    ExpectSameOutput(together[id], alone[id], id);
+  }
+}
+
 }  // namespace
 }  // namespace deepinfer
