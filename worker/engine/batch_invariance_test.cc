@@ -1,9 +1,9 @@
 // The CPU backend computes every row on its own: the checks of batch_invariance_checks.h on a
 // small DeepSeek-V3 config (bf16 weights and cache, dummy weights, one MTP module), prompts of
 // up to 40 tokens and up to 8 new ones, with the absorbed prefill attention (--prefill-attention
-// absorbed). With `auto` the model picks the non-absorbed form for a step whose every sequence
-// brings kMhaPrefillMinTokens new tokens or more, so a long prompt prefilled alone can round
-// differently from the same prompt next to short ones (docs/engine.md, "Batch invariance").
+// absorbed). With `auto` the model picks the non-absorbed form for each sequence that brings
+// kMhaPrefillMinTokens new tokens or more, so a prompt prefilled in one chunk can round
+// differently from the same prompt in shorter chunks (docs/engine.md, "Batch invariance").
 #include "gtest/gtest.h"
 #include "worker/backend/cpu/cpu_backend.h"
 #include "worker/engine/batch_invariance_checks.h"

@@ -507,9 +507,9 @@ void ExpectSameOutput(const RequestResult& got, const RequestResult& want, const
   }
 }
 
-// The MLA prefill form of the auto choice depends on how many new tokens every sequence of a
-// step brings, which prefix hits change (as batching and chunking do); the two forms round
-// differently. Bit-for-bit comparisons pin the absorbed form.
+// The MLA prefill form of the auto choice depends on how many new tokens a sequence brings in a
+// step, which prefix hits change (as chunking does); the two forms round differently.
+// Bit-for-bit comparisons pin the absorbed form.
 class PrefixCacheEngineTest : public EngineTest {
  protected:
   void SetUp() override {
