@@ -2,7 +2,9 @@
 // bf16 tensor cores) on the GPU, bf16 dummy weights of a small shape with the DeepSeek-V3 head
 // geometry (nope 128, rope 64, v 128, latent 512), against the CPU backend (the same weights,
 // absorbed attention in fp32) as the independent reference: three prompts of 200, 77 and 130
-// tokens in one step, then a prompt whose second chunk (100 tokens) attends to a cached prefix.
+// tokens in one step, then a prompt whose second chunk (100 tokens) attends to a cached prefix,
+// then a step of that sequence's next token (one decode row) and a new 90-token prompt, in which
+// the form is chosen per sequence (the decode row absorbed, the prompt non-absorbed).
 // The GPU's absorbed path is measured against the same reference, and the non-absorbed form must
 // do as well: within twice its logit error (both round to bf16, in different places) and on the
 // greedy token of at least as many positions, less 1%. The reference differs from both by more
@@ -51,7 +53,8 @@ std::vector<int32_t> Prompt(int n, int salt, int64_t vocab) {
 }
 
 // Every position's logits of: prompts 200, 77, 130 in one step; then a 200-token prompt in two
-// chunks of 100 (the second after the first is cached). Rows concatenated in that order.
+// chunks of 100 (the second after the first is cached); then its token 201 next to a 90-token
+// prompt in one step. Rows concatenated in that order.
 std::vector<std::vector<float>> PrefillLogits(CausalLm* model, Backend* backend) {
   const int64_t vocab = model->config().vocab_size;
   const int32_t bs = 16;
@@ -85,6 +88,18 @@ std::vector<std::vector<float>> PrefillLogits(CausalLm* model, Backend* backend)
     if (!r.ok()) return {};
     logits.push_back(r->logits[0]);
   }
+  std::vector<SequenceStep> mixed(2);
+  mixed[0].tokens = {Prompt(1, 11, vocab)[0]};
+  mixed[0].position_offset = 200;
+  mixed[0].block_table = table;
+  mixed[0].all_logits = true;
+  mixed[1].tokens = Prompt(90, 12, vocab);
+  mixed[1].block_table = *(*pool)->Allocate((*pool)->BlocksFor(90));
+  mixed[1].all_logits = true;
+  auto m = model->Step(mixed, pool->get());
+  EXPECT_TRUE(m.ok()) << m.status();
+  if (!m.ok()) return {};
+  for (auto& l : m->logits) logits.push_back(l);
   return logits;
 }
 
@@ -123,7 +138,7 @@ TEST(MhaPrefillGpuTest, NonAbsorbedPrefillMatchesTheCpuReferenceLikeTheAbsorbedP
   ASSERT_TRUE(cpu_model.ok()) << cpu_model.status();
   (*cpu_model)->SetPrefillAttention(PrefillAttention::kAbsorbed);
   const auto want = PrefillLogits(cpu_model->get(), &cpu);
-  ASSERT_EQ(want.size(), 5u);
+  ASSERT_EQ(want.size(), 7u);
 
   auto gpu_or = CudaBackend::Create(0, WeightDType::kBFloat16);
   ASSERT_TRUE(gpu_or.ok()) << gpu_or.status();
@@ -140,9 +155,11 @@ TEST(MhaPrefillGpuTest, NonAbsorbedPrefillMatchesTheCpuReferenceLikeTheAbsorbedP
     gpu.SetOpTiming(false);
     const std::string report = gpu.TakeOpTimingReport();
     ASSERT_TRUE(gpu.status().ok()) << gpu.status();
-    ASSERT_EQ(got.size(), 5u);
-    // Which attention op ran (the absorbed path's MlaAttention, or MhaPrefillAttention).
+    ASSERT_EQ(got.size(), 7u);
+    // Which attention op ran (the absorbed path's MlaAttention, or MhaPrefillAttention; the
+    // mixed step's decode row the absorbed one in both).
     EXPECT_EQ(report.find("MhaPrefillAttention") != std::string::npos, f == 1) << report;
+    EXPECT_NE(report.find("MlaAttention"), std::string::npos) << report;
     err[f] = Compare(got, want, vocab);
     std::printf(
         "[mha-prefill-gpu] %s: max |logit error| %.4g (max |logit| %.4g), greedy agree "
