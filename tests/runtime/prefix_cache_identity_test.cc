@@ -3,7 +3,8 @@
 // absorbed MLA prefill form): a job whose requests share three system prompts, greedy and seeded
 // sampled with top logprobs, run with the cache on while
 //  * a worker is SIGKILLed mid-job (its requests run again on the other), and
-//  * a live EPLB rebalance switches the expert placement mid-job,
+//  * a live EPLB rebalance switches the expert placement mid-job, and
+//  * a small KV cache preempts sequences (`deepinfer run`, one worker),
 // gives, request by request, the tokens, logprobs and top logprobs of `deepinfer run
 // --no-prefix-caching` on one worker and one rank, bit for bit (docs/kv-cache.md, "Identity").
 #include <map>
@@ -26,6 +27,7 @@
 namespace deepinfer {
 namespace {
 
+using ::deepinfer::testing::ReadFile;
 using ::deepinfer::testing::RunCliJob;
 using ::deepinfer::testing::RunCommand;
 using ::deepinfer::testing::Runfile;
@@ -106,6 +108,7 @@ int ExpectIdentical(const std::map<std::string, json>& reference,
     const json& have = Choice(it->second);
     EXPECT_EQ(want["token_ids"].size(), static_cast<size_t>(kMaxTokens));
     EXPECT_EQ(have["token_ids"], want["token_ids"]);
+    EXPECT_EQ(want["logprobs"]["token_logprobs"].size(), static_cast<size_t>(kMaxTokens));
     EXPECT_EQ(have["logprobs"]["token_logprobs"], want["logprobs"]["token_logprobs"]);
     EXPECT_EQ(have["logprobs"]["top_logprobs"], want["logprobs"]["top_logprobs"]);
     cached += it->second["response"]["body"]["usage"]["prompt_tokens_details"]["cached_tokens"]
@@ -233,6 +236,21 @@ TEST_F(PrefixCacheIdentityTest, LiveRebalanceMidJobKeepsTokensAndLogprobs) {
   const std::string logs = WorkerLogs();
   EXPECT_THAT(logs, HasSubstr("rank 0: switched to expert placement epoch 1"));
   EXPECT_THAT(logs, HasSubstr("rank 1: switched to expert placement epoch 1"));
+}
+
+// 20 blocks of 16 tokens for up to 8 sequences of 4..5 blocks each (3 of them a shared system
+// prompt's): sequences are preempted, re-admitted onto the cached blocks left, and idle cached
+// blocks are evicted.
+TEST(PrefixCachePreemptionRunTest, SmallKvCacheKeepsTokensAndLogprobs) {
+  ASSERT_EQ(Reference().size(), static_cast<size_t>(kRequests));
+  auto run = RunCliJob(
+      "small_cache", SharedSystemPromptsJob(),
+      {absl::StrCat("--model=", kModel), "--workers=1", "--ranks-per-worker=1",
+       absl::StrCat("--worker-args=", kAbsorbed, " --kv-cache-tokens=320 --max-running=8 --v=1")});
+  const int cached = ExpectIdentical(Reference(), run.lines);
+  EXPECT_GT(cached, 0) << "no request found its system prompt in the cache";
+  // The engine logs each preemption at --v=1.
+  EXPECT_THAT(ReadFile(TempPath("small_cache.state/logs/worker-0.log")), HasSubstr("preempting"));
 }
 
 }  // namespace
