@@ -2,7 +2,7 @@
 // (a coordinator and two CPU workers on the HF-made fixture tests/fixtures/dsv3_qlora_rope, the
 // absorbed MLA prefill form): a job whose requests share three system prompts, greedy and seeded
 // sampled with top logprobs, run with the cache on while
-//  * a worker is SIGKILLed mid-job (its requests run again on the other), and
+//  * a worker is SIGKILLed mid-job (its requests run again on the other),
 //  * a live EPLB rebalance switches the expert placement mid-job, and
 //  * a small KV cache preempts sequences (`deepinfer run`, one worker),
 // gives, request by request, the tokens, logprobs and top logprobs of `deepinfer run
@@ -238,9 +238,8 @@ TEST_F(PrefixCacheIdentityTest, LiveRebalanceMidJobKeepsTokensAndLogprobs) {
   EXPECT_THAT(logs, HasSubstr("rank 1: switched to expert placement epoch 1"));
 }
 
-// 20 blocks of 16 tokens for up to 8 sequences of 4..5 blocks each (3 of them a shared system
-// prompt's): sequences are preempted, re-admitted onto the cached blocks left, and idle cached
-// blocks are evicted.
+// 20 blocks of 16 tokens for up to 8 sequences of 6..7 blocks each (3 of them a shared system
+// prompt's): sequences are preempted and computed again, with the cache on.
 TEST(PrefixCachePreemptionRunTest, SmallKvCacheKeepsTokensAndLogprobs) {
   ASSERT_EQ(Reference().size(), static_cast<size_t>(kRequests));
   auto run = RunCliJob(
