@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <map>
 
+#include "absl/synchronization/mutex.h"
 #include "gtest/gtest.h"
 #include "worker/backend/cpu/cpu_backend.h"
 #include "worker/model/deepseek_v4/v4_config.h"
@@ -44,7 +45,8 @@ TEST(WeightInventoryTest, SmallV3ParameterCount) {
   EXPECT_EQ(with_mtp->moe_layers, 2);
 }
 
-// Records every tensor the engine's loader asks for (zeros for values).
+// Records every tensor the engine's loader asks for (zeros for values). The loader reads on
+// several threads: the record is written under a lock (read after the load joined them).
 class RecordingSource : public WeightSource {
  public:
   absl::Status ReadFloat32(const std::string& name, const std::vector<int64_t>& shape,
@@ -52,6 +54,7 @@ class RecordingSource : public WeightSource {
     int64_t n = 1;
     for (int64_t d : shape) n *= d;
     std::fill(out, out + n, 0.0f);
+    absl::MutexLock lock(&mu_);
     read[name] = n;
     return absl::OkStatus();
   }
@@ -60,12 +63,16 @@ class RecordingSource : public WeightSource {
     int64_t n = 1;
     for (int64_t d : shape) n *= d;
     std::fill(out, out + n, 0);
+    absl::MutexLock lock(&mu_);
     read[name] = n;
     return absl::OkStatus();
   }
   bool Contains(const std::string& name) const override { return true; }
   std::string description() const override { return "recording"; }
   std::map<std::string, int64_t> read;  // name -> elements
+
+ private:
+  absl::Mutex mu_;
 };
 
 // The inventory holds exactly the tensors ModelWeights::Load reads (the model without MTP).

@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "worker/backend/cpu/cpu_backend.h"
@@ -61,6 +62,8 @@ std::string TmpDir(const std::string& name) {
 }
 
 // Every tensor a loader reads, with the dummy source's values.
+// The loader reads on several threads: the records are written under a lock (the test reads
+// them after the load has joined its threads).
 class RecordingSource : public WeightSource {
  public:
   absl::Status ReadFloat32(const std::string& name, const std::vector<int64_t>& shape,
@@ -68,6 +71,7 @@ class RecordingSource : public WeightSource {
     absl::Status st = dummy_.ReadFloat32(name, shape, out);
     int64_t n = 1;
     for (int64_t d : shape) n *= d;
+    absl::MutexLock lock(&mu_);
     floats[name] = {shape, std::vector<float>(out, out + n)};
     return st;
   }
@@ -76,6 +80,7 @@ class RecordingSource : public WeightSource {
     absl::Status st = dummy_.ReadIndices(name, shape, bound, out);
     int64_t n = 1;
     for (int64_t d : shape) n *= d;
+    absl::MutexLock lock(&mu_);
     ints[name] = {shape, std::vector<int32_t>(out, out + n)};
     return st;
   }
@@ -86,6 +91,7 @@ class RecordingSource : public WeightSource {
   std::map<std::string, std::pair<std::vector<int64_t>, std::vector<int32_t>>> ints;
 
  private:
+  absl::Mutex mu_;
   DummyWeightSource dummy_{5};
 };
 
