@@ -161,7 +161,7 @@ int MemoryPlan(const std::vector<std::string>& args) {
       "shapes in --precision (routed experts split over the GPUs, everything else on each),\n"
       "the activation reserve and decode-graph memory as a worker sizes them, and the KV\n"
       "cache tokens that --gpu-memory-utilization leaves. Exits 3 when the model does not\n"
-      "fit. docs/performance.md, \"Memory plan\".");
+      "fit. docs/memory-plan.md.");
   flags.AddString("model", &config.model,
                   "dummy:CONFIG.json, a config.json, or a checkpoint directory (its "
                   "config.json is read; nothing else).");
