@@ -24,6 +24,7 @@
 #include "kernels/attention/mla_decode_small.h"
 #include "kernels/gemm/small_m_gemm.h"
 #include "kernels/rope/rope.h"
+#include "kernels/testing/bench_timer.h"
 #include "kernels/testing/bench_util.h"
 
 namespace deepinfer {
@@ -42,32 +43,7 @@ uint16_t Bf16Bits(float f) {  // nearest even (finite inputs)
   return static_cast<uint16_t>(u >> 16);
 }
 
-// Mean ms per call of `calls` calls of fn(stream) in one graph, replayed `replays` times.
-double GraphMs(const std::function<cudaError_t(cudaStream_t)>& fn, cudaStream_t stream) {
-  constexpr int kCalls = 10, kReplays = 5;
-  cudaGraph_t graph;
-  cudaGraphExec_t exec;
-  BENCH_CUDA(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
-  for (int i = 0; i < kCalls; ++i) BENCH_CUDA(fn(stream));
-  BENCH_CUDA(cudaStreamEndCapture(stream, &graph));
-  BENCH_CUDA(cudaGraphInstantiate(&exec, graph, 0));
-  BENCH_CUDA(cudaGraphLaunch(exec, stream));  // warm-up
-  BENCH_CUDA(cudaStreamSynchronize(stream));
-  cudaEvent_t e0, e1;
-  BENCH_CUDA(cudaEventCreate(&e0));
-  BENCH_CUDA(cudaEventCreate(&e1));
-  BENCH_CUDA(cudaEventRecord(e0, stream));
-  for (int r = 0; r < kReplays; ++r) BENCH_CUDA(cudaGraphLaunch(exec, stream));
-  BENCH_CUDA(cudaEventRecord(e1, stream));
-  BENCH_CUDA(cudaEventSynchronize(e1));
-  float total = 0;
-  BENCH_CUDA(cudaEventElapsedTime(&total, e0, e1));
-  BENCH_CUDA(cudaEventDestroy(e0));
-  BENCH_CUDA(cudaEventDestroy(e1));
-  BENCH_CUDA(cudaGraphExecDestroy(exec));
-  BENCH_CUDA(cudaGraphDestroy(graph));
-  return total / (kCalls * kReplays);
-}
+using bench::GraphMeanMs;
 
 void Run(int32_t seqs, int32_t context, bool every_shape, cudaStream_t stream) {
   const int64_t entry = kLatent + kRope;
@@ -111,13 +87,13 @@ void Run(int32_t seqs, int32_t context, bool every_shape, cudaStream_t stream) {
   kernels::MlaAttentionParams old_p = p;
   old_p.out_latent = out_old;
   report("MlaAttentionF32 (own workspace)",
-         GraphMs([&](cudaStream_t s) { return kernels::MlaAttentionF32(old_p, s); }, stream),
+         GraphMeanMs([&](cudaStream_t s) { return kernels::MlaAttentionF32(old_p, s); }, stream),
          MedianMs([&] { return kernels::MlaAttentionF32(old_p, nullptr); }));
   kernels::MlaAttentionParams ws_p = old_p;
   BENCH_CUDA(kernels::MlaAttentionWorkspaceBytes(ws_p, &ws_p.workspace_bytes));
   ws_p.workspace = bench::DeviceAlloc<char>(ws_p.workspace_bytes);
   report("MlaAttentionF32 (caller workspace)",
-         GraphMs([&](cudaStream_t s) { return kernels::MlaAttentionF32(ws_p, s); }, stream),
+         GraphMeanMs([&](cudaStream_t s) { return kernels::MlaAttentionF32(ws_p, s); }, stream),
          MedianMs([&] { return kernels::MlaAttentionF32(ws_p, nullptr); }));
 
   kernels::MlaAttentionParams new_p = p;
@@ -142,9 +118,10 @@ void Run(int32_t seqs, int32_t context, bool every_shape, cudaStream_t stream) {
       const std::string kernel = "MlaDecodeSmall cluster " + std::to_string(shape_cluster) +
                                  " heads " + std::to_string(shape_heads) +
                                  (cluster == 0 && heads == 0 ? " (auto)" : "");
-      report(kernel.c_str(),
-             GraphMs([&](cudaStream_t s) { return kernels::MlaDecodeSmall(new_p, o, s); }, stream),
-             MedianMs([&] { return kernels::MlaDecodeSmall(new_p, o, nullptr); }));
+      report(
+          kernel.c_str(),
+          GraphMeanMs([&](cudaStream_t s) { return kernels::MlaDecodeSmall(new_p, o, s); }, stream),
+          MedianMs([&] { return kernels::MlaDecodeSmall(new_p, o, nullptr); }));
     }
   }
   // The outputs of the last calls of each: old_p and the last MlaDecodeSmall options.
@@ -220,7 +197,7 @@ void RunChain(int32_t context, cudaStream_t stream) {
   const kernels::MlaDecodeSmallOptions mo;
   for (int round = 0; round < 2; ++round) {
     for (const bool fused : {false, true}) {
-      const double ms = GraphMs(
+      const double ms = GraphMeanMs(
           [&](cudaStream_t s) {
             cudaError_t e = fused ? kernels::NormRopeCacheAbsorbQueryF32(nr, aq, s)
                                   : kernels::NormRopeWriteLatentCacheF32(nr, s);
