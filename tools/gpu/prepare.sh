@@ -27,7 +27,8 @@
 #               when tools/ci/setup.d/tokenizer_npm.sh installed it here: deepinfer-bench
 #               --tokenizer for --constrained-fraction (structured-output decode)
 # DIR/suite.sh, DIR/steps.sh  the suite runner (its header lists the suites)
-# DIR/hf_bf16_error.py   HF transformers' bf16 error on the fixtures (tools/parity/)
+# DIR/hf_bf16_error.py, DIR/hf_fp8_error.py   HF transformers' bf16 error on the fixtures and
+#               its FP8 (FP8Linear) error on the FP8 fixture (tools/parity/)
 # DIR/bench_all.sh  the bench suite: ours against HF transformers (with hf_bench.py, sweep.sh,
 #                   combine_results.py)
 # DIR/multi_gpu.sh  the multi-GPU checks (NCCL tests, `deepinfer run` over 2 GPUs, which need
@@ -167,7 +168,7 @@ fi
 cp tools/gpu/suite.sh tools/gpu/steps.sh "$out/"
 cp tools/bench/sweep.sh tools/bench/hf_bench.py \
   tools/bench/combine_results.py tools/gpu/bench_all.sh "$out/"
-cp tools/parity/hf_bf16_error.py "$out/hf_bf16_error.py"
+cp tools/parity/hf_bf16_error.py tools/parity/hf_fp8_error.py "$out/"
 cp tools/gpu/multi_gpu.sh tools/gpu/kernel_times.sh tools/gpu/kernel_times.py "$out/"
 cp tools/gpu/e2e.sh tools/bench/e2e_job.py tools/bench/make_job.py tools/bench/hf_generate.py "$out/"
 cp tools/gpu/fp8.sh "$out/"

@@ -9,7 +9,8 @@
 #   tests           nccl_window_probe when bundled (which NCCL calls of the device exchange
 #                   work here), then every *_test binary of the bundle (TESTS="a_test b_test"
 #                   picks some, GTEST_FILTER passes a filter to each)
-#   hf              HF transformers' bf16 error on the parity fixtures (hf_bf16_error.py)
+#   hf              HF transformers' bf16 error on the parity fixtures (hf_bf16_error.py) and its
+#                   FP8 error on the FP8 fixture (hf_fp8_error.py)
 #   kernel-bench    every kernel and backend micro-benchmark of the bundle (*_bench)
 #   bench           ours against HF transformers on the same configs (bench_all.sh)
 #   profile         the per-op profile of the 4-layer Moonlight-shaped model (deepinfer-bench
@@ -77,6 +78,8 @@ if want tests; then
 fi
 if want hf && [[ -f "$here/hf_bf16_error.py" ]]; then
   step hf_bf16_error 240 python3 "$here/hf_bf16_error.py" \
+    --fixtures "$here/srcdir/deepinfer/tests/fixtures"
+  step hf_fp8_error 120 python3 "$here/hf_fp8_error.py" \
     --fixtures "$here/srcdir/deepinfer/tests/fixtures"
 fi
 if want kernel-bench; then
