@@ -16,6 +16,7 @@
 #include "kernels/gemm/fp8_quantize.h"
 #include "kernels/moe/expert_activation.h"
 #include "kernels/moe/moe_permute.h"
+#include "kernels/norm/rms_norm.h"
 #include "worker/backend/cuda/cuda_backend.h"
 #include "worker/backend/cuda/op_timer.h"
 

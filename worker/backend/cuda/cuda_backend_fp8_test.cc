@@ -639,7 +639,9 @@ class CudaFp8FusedDecodeTest : public CudaFp8Test {
     ASSERT_TRUE(gpu_->status().ok()) << gpu_->status();
     const std::string report = gpu_->TakeOpTimingReport();
     gpu_->SetOpTiming(false);
-    if (!graph) EXPECT_EQ(CallsOf(report, "RoutedAndSharedExpertsFp8"), 1) << report;
+    if (!graph) {
+      EXPECT_EQ(CallsOf(report, "RoutedAndSharedExpertsFp8"), 1) << report;
+    }
     std::vector<double> want(T * H, 0.0);
     for (int32_t t = 0; t < T; ++t) {
       const float* xt = x.data() + t * H;
