@@ -74,6 +74,10 @@ struct Fp8MmaGroupedGemmParams {
   int32_t rows_per_group_hint = 0;
   // As Fp8MmaGemmParams::k_split (0: picked from the shape and the busy groups).
   int32_t k_split = 0;
+  // true: each thread streams its weights 3 k blocks ahead through shared memory (cp.async, 64
+  // KiB a block), more bytes in flight per SM than false's one block ahead in registers; the
+  // same sums bit for bit. fp8_gemm_bench times both.
+  bool staged = true;
 };
 
 bool Fp8MmaGroupedGemmSupports(const Fp8MmaGroupedGemmParams& p);

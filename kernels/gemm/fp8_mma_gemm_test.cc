@@ -157,11 +157,21 @@ TEST_P(Fp8MmaGroupedGemmTest, MatchesPerGroupReference) {
   p.split_rows = t.split;
   p.c = dc.get();
   p.rows_per_group_hint = t.hint;
-  ASSERT_TRUE(Fp8MmaGroupedGemmSupports(p));
-  DEEPINFER_CUDA_OK(Fp8MmaGroupedGemm(p, nullptr));
-  std::vector<float> got;
-  DEEPINFER_CUDA_OK(dc.Download(&got));
-  ExpectGroupedMatches(got, Bf16Rounded(a), g, t.n, t.k, Unit(t.k));
+  // Both weight pipelines (registers one k block ahead; the shared-memory ring): each against
+  // the reference, and the same bits as each other (the same sums in the same order).
+  std::vector<float> got[2];
+  for (const bool staged : {false, true}) {
+    SCOPED_TRACE(staged ? "staged" : "registers");
+    p.staged = staged;
+    dc.Poison();
+    ASSERT_TRUE(Fp8MmaGroupedGemmSupports(p));
+    DEEPINFER_CUDA_OK(Fp8MmaGroupedGemm(p, nullptr));
+    DEEPINFER_CUDA_OK(dc.Download(&got[staged]));
+    ExpectGroupedMatches(got[staged], Bf16Rounded(a), g, t.n, t.k, Unit(t.k));
+  }
+  for (int32_t i = 0; i < g.used * t.n; ++i) {
+    ASSERT_EQ(got[0][i], got[1][i]) << "element " << i;
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(

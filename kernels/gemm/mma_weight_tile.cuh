@@ -23,6 +23,7 @@
 
 #include <cstdint>
 
+#include "kernels/common/cp_async.cuh"
 #include "kernels/common/nonempty_group.cuh"
 
 namespace deepinfer {
@@ -113,6 +114,60 @@ __device__ __forceinline__ void LoadActivations(const void* a, int64_t lda, int6
 //       (2t+8, 2t+9), i.e. af = {even pair of fa, even pair of fb, odd pair of fa, odd of fb}
 //   static constexpr bool kBlockScaled;             whether the block sums are scaled, by
 //   void BlockScales(int64_t kb, float* sa, float* sb) const   rows fa, fb of block kb
+// and for the staged loop (WarpTileStaged), the thread's weights of a block as 16-byte pieces:
+//   static constexpr int kPieces;
+//   const uint8_t* Piece(int64_t kb, int i) const   piece i < kPieces of block kb
+//   bool PieceOk(int64_t kb, int i, int64_t k) const   false: past k (zeros)
+//   const uint8_t* RowStart() const                 any readable address (for a zero fill)
+//   void FromPieces(const uint4 v[kPieces], int64_t kb, int64_t k, Raw*) const   as Load
+
+// acc += the products of k block kb: the thread's weights `cur` (Format::Load's) times activation
+// rows arow[j] (their B fragments loaded here), the block's MMA sums scaled by the rows' block
+// scales where the format has them.
+template <int NT, bool kBf16A, typename Format>
+__device__ __forceinline__ void AccumulateBlock(const Format& w, const typename Format::Raw& cur,
+                                                const void* a, int64_t lda, const int64_t arow[NT],
+                                                int64_t kb, int64_t k, float acc[NT][4]) {
+  const int t = threadIdx.x & 3;
+  float part[NT][4];
+#pragma unroll
+  for (int j = 0; j < NT; ++j) {
+#pragma unroll
+    for (int i = 0; i < 4; ++i) part[j][i] = 0.0f;
+  }
+#pragma unroll
+  for (int c = 0; c < 2; ++c) {
+    const int64_t kk = Format::ChunkK(kb, c, t);
+    const bool ok = Format::ChunkOk(kb, c, t, k);
+    uint32_t bf[NT][4][2];
+#pragma unroll
+    for (int j = 0; j < NT; ++j) LoadActivations<kBf16A>(a, lda, arow[j], kk, ok, bf[j]);
+#pragma unroll
+    for (int s = 0; s < 4; ++s) {
+      uint32_t af[4];
+      w.Fragment(cur, c, s, af);
+#pragma unroll
+      for (int j = 0; j < NT; ++j) MmaBf16(part[j], af, bf[j][s][0], bf[j][s][1]);
+    }
+  }
+  if constexpr (Format::kBlockScaled) {
+    float s0, s1;
+    w.BlockScales(kb, &s0, &s1);
+#pragma unroll
+    for (int j = 0; j < NT; ++j) {
+      acc[j][0] = fmaf(part[j][0], s0, acc[j][0]);
+      acc[j][1] = fmaf(part[j][1], s0, acc[j][1]);
+      acc[j][2] = fmaf(part[j][2], s1, acc[j][2]);
+      acc[j][3] = fmaf(part[j][3], s1, acc[j][3]);
+    }
+  } else {
+#pragma unroll
+    for (int j = 0; j < NT; ++j) {
+#pragma unroll
+      for (int i = 0; i < 4; ++i) acc[j][i] += part[j][i];
+    }
+  }
+}
 
 // acc (C fragments of NT tiles) = the warp's 16 weight rows from f0 times activation rows
 // row0 .. row0 + 8 NT - 1 (rows at or past row_end read row_end - 1, their sums unused) over k
@@ -138,46 +193,75 @@ __device__ __forceinline__ void WarpTile(const typename Format::Matrix& m, int64
   w.Load(kb0, k, &cur);
   for (int64_t kb = kb0; kb < kb1; ++kb) {
     if (kb + 1 < kb1) w.Load(kb + 1, k, &next);
-    float part[NT][4];
-#pragma unroll
-    for (int j = 0; j < NT; ++j) {
-#pragma unroll
-      for (int i = 0; i < 4; ++i) part[j][i] = 0.0f;
-    }
-#pragma unroll
-    for (int c = 0; c < 2; ++c) {
-      const int64_t kk = Format::ChunkK(kb, c, t);
-      const bool ok = Format::ChunkOk(kb, c, t, k);
-      uint32_t bf[NT][4][2];
-#pragma unroll
-      for (int j = 0; j < NT; ++j) LoadActivations<kBf16A>(a, lda, arow[j], kk, ok, bf[j]);
-#pragma unroll
-      for (int s = 0; s < 4; ++s) {
-        uint32_t af[4];
-        w.Fragment(cur, c, s, af);
-#pragma unroll
-        for (int j = 0; j < NT; ++j) MmaBf16(part[j], af, bf[j][s][0], bf[j][s][1]);
-      }
-    }
-    if constexpr (Format::kBlockScaled) {
-      float s0, s1;
-      w.BlockScales(kb, &s0, &s1);
-#pragma unroll
-      for (int j = 0; j < NT; ++j) {
-        acc[j][0] = fmaf(part[j][0], s0, acc[j][0]);
-        acc[j][1] = fmaf(part[j][1], s0, acc[j][1]);
-        acc[j][2] = fmaf(part[j][2], s1, acc[j][2]);
-        acc[j][3] = fmaf(part[j][3], s1, acc[j][3]);
-      }
-    } else {
-#pragma unroll
-      for (int j = 0; j < NT; ++j) {
-#pragma unroll
-        for (int i = 0; i < 4; ++i) acc[j][i] += part[j][i];
-      }
-    }
+    AccumulateBlock<NT, kBf16A, Format>(w, cur, a, lda, arow, kb, k, acc);
     cur = next;
   }
+}
+
+// The staged tile loop: each thread streams its weights kStageDepth k blocks ahead into its own
+// pieces of a per-warp shared-memory ring with cp.async (no registers held for them, so more
+// bytes in flight per SM than WarpTile's one block ahead), reads a block's pieces back once its
+// copy group has landed and runs the same AccumulateBlock: WarpTile's sums, bit for bit. A
+// thread reads only what it copied itself, so cp.async.wait_group orders it (no barrier).
+constexpr int kStageDepth = 3;
+constexpr int kStageSlots = kStageDepth + 1;  // the slot written is never the one just read
+
+template <typename Format>
+__host__ __device__ constexpr int RingPerWarp() {  // uint4s
+  return kStageSlots * Format::kPieces * 32;
+}
+template <typename Format>
+__host__ __device__ constexpr size_t RingBytes() {
+  return sizeof(uint4) * RingPerWarp<Format>() * kWarps;
+}
+
+// Copies block kb's pieces (kb < kb1) into their slot, then commits a group (an empty one past
+// kb1, so that every iteration waits for the same count).
+template <typename Format>
+__device__ __forceinline__ void IssueStage(const Format& w, uint4* ring, int64_t kb, int64_t kb1,
+                                           int64_t k) {
+  if (kb < kb1) {
+    uint4* slot = ring + (kb % kStageSlots) * Format::kPieces * 32 + (threadIdx.x & 31);
+#pragma unroll
+    for (int i = 0; i < Format::kPieces; ++i) {
+      const bool ok = w.PieceOk(kb, i, k);
+      CpAsync16(slot + i * 32, ok ? w.Piece(kb, i) : w.RowStart(), ok);
+    }
+  }
+  CpAsyncCommit();
+}
+
+// WarpTile with the weights through the warp's ring (RingPerWarp<Format>() uint4s).
+template <int NT, bool kBf16A, typename Format>
+__device__ __forceinline__ void WarpTileStaged(const typename Format::Matrix& m, int64_t n,
+                                               int64_t f0, const void* a, int64_t lda, int64_t row0,
+                                               int64_t row_end, int64_t k, int64_t kb0, int64_t kb1,
+                                               uint4* ring, float acc[NT][4]) {
+  const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+#pragma unroll
+  for (int j = 0; j < NT; ++j) {
+#pragma unroll
+    for (int i = 0; i < 4; ++i) acc[j][i] = 0.0f;
+  }
+  if (f0 >= n || kb0 >= kb1) return;
+  const Format w(m, min(f0 + g, n - 1), min(f0 + g + 8, n - 1), t);
+  int64_t arow[NT];
+#pragma unroll
+  for (int j = 0; j < NT; ++j) arow[j] = min(row0 + 8 * j + g, row_end - 1);
+#pragma unroll
+  for (int d = 0; d < kStageDepth; ++d) IssueStage(w, ring, kb0 + d, kb1, k);
+  for (int64_t kb = kb0; kb < kb1; ++kb) {
+    CpAsyncWait<kStageDepth - 1>();  // block kb's group (the oldest pending) has landed
+    const uint4* slot = ring + (kb % kStageSlots) * Format::kPieces * 32 + lane;
+    uint4 v[Format::kPieces];
+#pragma unroll
+    for (int i = 0; i < Format::kPieces; ++i) v[i] = slot[i * 32];
+    typename Format::Raw cur;
+    w.FromPieces(v, kb, k, &cur);
+    IssueStage(w, ring, kb + kStageDepth, kb1, k);
+    AccumulateBlock<NT, kBf16A, Format>(w, cur, a, lda, arow, kb, k, acc);
+  }
+  CpAsyncWait<0>();  // nothing pending into the ring when it is reused
 }
 
 // C fragment (feature g / g + 8, rows 2t, 2t + 1 of tile j) into red[feature][row].
@@ -236,6 +320,41 @@ __global__ void __launch_bounds__(kThreads) MmaGroupedKernel(Params p, int ks_co
   }
 }
 
+// MmaGroupedKernel on the staged tile loop (the rings in dynamic shared memory).
+template <int NT, typename Format, typename Params>
+__global__ void __launch_bounds__(kThreads) MmaGroupedStagedKernel(Params p, int ks_count) {
+  extern __shared__ uint4 ring[];
+  __shared__ float red[kWarps][kTile][8 * NT];
+  __shared__ int work[3];
+  FindNonEmptyGroup(p.num_groups, p.max_rows, p.offsets, work);
+  const int group = work[0];
+  const int64_t row_begin = work[1], row_end = work[2];
+  if (row_begin >= row_end) return;
+  const int warp = threadIdx.x >> 5;
+  const int fb_count = kWarps / ks_count, fb = warp / ks_count, ks = warp % ks_count;
+  const int64_t tile0 = static_cast<int64_t>(blockIdx.x) * fb_count;
+  int64_t kb0, kb1;
+  KSlice(p.k, ks, ks_count, &kb0, &kb1);
+  const typename Format::Matrix m = Format::GroupMatrix(p, group);
+  constexpr int kRows = 8 * NT;
+  for (int64_t row0 = row_begin; row0 < row_end; row0 += kRows) {
+    float acc[NT][4];
+    WarpTileStaged<NT, true, Format>(m, p.n, (tile0 + fb) * kTile, p.a, p.k, row0, row_end, p.k,
+                                     kb0, kb1, ring + warp * RingPerWarp<Format>(), acc);
+    StoreFragments<NT>(acc, red[warp]);
+    __syncthreads();
+    for (int e = threadIdx.x; e < fb_count * kRows * kTile; e += kThreads) {
+      const int f = e % kTile, r = (e / kTile) % kRows, tile = e / (kTile * kRows);
+      const int64_t j = (tile0 + tile) * kTile + f, i = row0 + r;
+      if (j >= p.n || i >= row_end) continue;
+      float s = red[tile * ks_count][f][r];
+      for (int q = 1; q < ks_count; ++q) s += red[tile * ks_count + q][f][r];
+      p.c[i * p.n + j] = s;
+    }
+    __syncthreads();
+  }
+}
+
 // k-slices per feature tile: the fewest that give the grid kTargetBlocks blocks of
 // (8 / ks) feature tiles each, without slices left with no k block.
 inline int KSplit(int64_t n, int64_t k, int64_t other_blocks) {
@@ -251,16 +370,61 @@ inline int KSplit(int64_t n, int64_t k, int64_t other_blocks) {
 // Activation-row tiles of 8 per pass: 1, 2 or 4.
 inline int RowTiles(int64_t rows) { return rows <= 8 ? 1 : rows <= 16 ? 2 : 4; }
 
+// The grouped kernels' grid (feature-tile blocks x block rows of groups) and k split for p.
+template <typename Params>
+dim3 GroupedGrid(const Params& p, int k_split, int* ks) {
+  const int64_t group_blocks = p.num_groups < p.max_rows ? p.num_groups : p.max_rows;
+  *ks = k_split > 0 ? k_split : KSplit(p.n, p.k, group_blocks);
+  const int64_t tiles = (p.n + kTile - 1) / kTile, per_block = kWarps / *ks;
+  return dim3(static_cast<unsigned>((tiles + per_block - 1) / per_block),
+              static_cast<unsigned>(group_blocks));
+}
+
+// Lets `kernel` take `bytes` of dynamic shared memory (asked once per kernel; in relaxed capture
+// mode for this thread, so that the call cannot invalidate a capture in progress).
+inline cudaError_t AllowDynamicSmem(const void* kernel, size_t bytes) {
+  cudaStreamCaptureMode mode = cudaStreamCaptureModeRelaxed;
+  (void)cudaThreadExchangeStreamCaptureMode(&mode);
+  const cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                               static_cast<int>(bytes));
+  (void)cudaThreadExchangeStreamCaptureMode(&mode);
+  return err;
+}
+
+template <int NT, typename Format, typename Params>
+cudaError_t LaunchGroupedStagedTiles(const Params& p, int ks, dim3 grid, cudaStream_t stream) {
+  static const cudaError_t allowed =
+      AllowDynamicSmem(reinterpret_cast<const void*>(MmaGroupedStagedKernel<NT, Format, Params>),
+                       RingBytes<Format>());
+  if (allowed != cudaSuccess) return allowed;
+  MmaGroupedStagedKernel<NT, Format, Params>
+      <<<grid, kThreads, RingBytes<Format>(), stream>>>(p, ks);
+  return cudaGetLastError();
+}
+
+// LaunchGrouped (below) on the staged tile loop.
+template <typename Format, typename Params>
+cudaError_t LaunchGroupedStaged(const Params& p, int k_split, cudaStream_t stream) {
+  int ks = 1;
+  const dim3 grid = GroupedGrid(p, k_split, &ks);
+  const int hint = p.rows_per_group_hint > 0 ? p.rows_per_group_hint : p.max_rows;
+  switch (RowTiles(hint)) {
+    case 1:
+      return LaunchGroupedStagedTiles<1, Format>(p, ks, grid, stream);
+    case 2:
+      return LaunchGroupedStagedTiles<2, Format>(p, ks, grid, stream);
+    default:
+      return LaunchGroupedStagedTiles<4, Format>(p, ks, grid, stream);
+  }
+}
+
 // Launches MmaGroupedKernel<NT, Format> for p (its num_groups, max_rows, n, k and
 // rows_per_group_hint); p.max_rows >= 1. k_split: warps splitting k (1, 2, 4 or 8, at most half
 // the k blocks), 0: KSplit's choice.
 template <typename Format, typename Params>
 cudaError_t LaunchGrouped(const Params& p, int k_split, cudaStream_t stream) {
-  const int64_t group_blocks = p.num_groups < p.max_rows ? p.num_groups : p.max_rows;
-  const int ks = k_split > 0 ? k_split : KSplit(p.n, p.k, group_blocks);
-  const int64_t tiles = (p.n + kTile - 1) / kTile, per_block = kWarps / ks;
-  const dim3 grid(static_cast<unsigned>((tiles + per_block - 1) / per_block),
-                  static_cast<unsigned>(group_blocks));
+  int ks = 1;
+  const dim3 grid = GroupedGrid(p, k_split, &ks);
   const int hint = p.rows_per_group_hint > 0 ? p.rows_per_group_hint : p.max_rows;
   switch (RowTiles(hint)) {
     case 1:

@@ -71,13 +71,19 @@ class Mxfp4Format {
     const bool ok = ChunkOk(kb, 0, t_, k);
     r->w[0] = ok ? LoadStreaming16(wa_ + kb * (kKBlock / 2)) : make_uint4(0, 0, 0, 0);
     r->w[1] = ok ? LoadStreaming16(wb_ + kb * (kKBlock / 2)) : make_uint4(0, 0, 0, 0);
-    const uint32_t b[2] = {ok ? __ldg(sa_ + kb * (kKBlock / 32)) : 127u,
-                           ok ? __ldg(sb_ + kb * (kKBlock / 32)) : 127u};
-#pragma unroll
-    for (int i = 0; i < 2; ++i) {
-      r->first[i] = Pow2Pair(min(b[i] + 126u, 254u));
-      r->second[i] = b[i] > 128u ? Pow2Pair(b[i] - 1u) : kOnePair;
-    }
+    LoadScales(kb, ok, r);
+  }
+  // The staged loop's pieces: the 16 bytes of row fa (piece 0) and fb (piece 1).
+  static constexpr int kPieces = 2;
+  __device__ const uint8_t* Piece(int64_t kb, int i) const {
+    return (i == 0 ? wa_ : wb_) + kb * (kKBlock / 2);
+  }
+  __device__ bool PieceOk(int64_t kb, int, int64_t k) const { return ChunkOk(kb, 0, t_, k); }
+  __device__ const uint8_t* RowStart() const { return wa_; }
+  __device__ void FromPieces(const uint4 v[kPieces], int64_t kb, int64_t k, Raw* r) const {
+    r->w[0] = v[0];
+    r->w[1] = v[1];
+    LoadScales(kb, ChunkOk(kb, 0, t_, k), r);
   }
   __device__ void Fragment(const Raw& r, int c, int s, uint32_t af[4]) const {
 #pragma unroll
@@ -98,6 +104,17 @@ class Mxfp4Format {
   }
 
  private:
+  // Rows fa, fb's scale bytes of block kb as first / second (past k: byte 127, a factor of 1).
+  __device__ void LoadScales(int64_t kb, bool ok, Raw* r) const {
+    const uint32_t b[2] = {ok ? __ldg(sa_ + kb * (kKBlock / 32)) : 127u,
+                           ok ? __ldg(sb_ + kb * (kKBlock / 32)) : 127u};
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+      r->first[i] = Pow2Pair(min(b[i] + 126u, 254u));
+      r->second[i] = b[i] > 128u ? Pow2Pair(b[i] - 1u) : kOnePair;
+    }
+  }
+
   const uint8_t* wa_;
   const uint8_t* wb_;
   const uint8_t* sa_;
@@ -133,6 +150,7 @@ bool Mxfp4MmaGroupedGemmSupports(const Mxfp4MmaGroupedGemmParams& p) {
 cudaError_t Mxfp4MmaGroupedGemm(const Mxfp4MmaGroupedGemmParams& p, cudaStream_t stream) {
   if (!Mxfp4MmaGroupedGemmSupports(p)) return cudaErrorInvalidValue;
   if (p.max_rows == 0) return cudaSuccess;
+  if (p.staged) return mma_tile::LaunchGroupedStaged<Mxfp4Format>(p, /*k_split=*/0, stream);
   return mma_tile::LaunchGrouped<Mxfp4Format>(p, /*k_split=*/0, stream);
 }
 

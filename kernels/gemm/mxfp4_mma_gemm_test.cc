@@ -114,10 +114,21 @@ TEST_P(Mxfp4MmaGroupedGemmTest, MatchesPerGroupReference) {
   p.scale_ld = w[0].scale_ld;
   p.c = dc.get();
   p.rows_per_group_hint = t.hint;
+  // The register weight pipeline first, then the staged one (the default) checked below; both
+  // must give the same bits (the same sums in the same order).
+  p.staged = false;
   ASSERT_TRUE(Mxfp4MmaGroupedGemmSupports(p));
+  DEEPINFER_CUDA_OK(Mxfp4MmaGroupedGemm(p, nullptr));
+  std::vector<float> regs;
+  DEEPINFER_CUDA_OK(dc.Download(&regs));
+  dc.Poison();
+  p.staged = true;
   DEEPINFER_CUDA_OK(Mxfp4MmaGroupedGemm(p, nullptr));
   std::vector<float> got;
   DEEPINFER_CUDA_OK(dc.Download(&got));
+  for (size_t i = 0; i < static_cast<size_t>(used) * t.n; ++i) {
+    ASSERT_EQ(got[i], regs[i]) << "staged and register pipelines differ at " << i;
+  }
 
   double worst = 0;
   std::vector<double> row(t.k);

@@ -11,8 +11,9 @@
 #include "kernels/common/kernel_facts.h"
 #include "kernels/common/launch.cuh"
 #include "kernels/common/streaming_load.cuh"
-#include "kernels/norm/block_inv_rms.cuh"
+#include "kernels/gemm/fp8_block_gemm.h"
 #include "kernels/gemm/staged_gemv.h"
+#include "kernels/norm/block_inv_rms.cuh"
 
 namespace deepinfer {
 namespace kernels {
@@ -28,13 +29,14 @@ struct Args {
   StagedGemvParams p;
   int64_t begin[kStagedGemvMaxTargets];  // first concatenated row of each target
   int64_t rows;                          // all targets' rows
-  int64_t chunks;                        // 16-byte chunks of a weight row (k / 8)
+  int64_t chunks;                        // 16-byte chunks of a weight row (k / 8; FP8 k / 16)
   int64_t passes;                        // passes per row
 };
 
 template <int C>
 struct Chunks {
   uint4 q[C];
+  float scale[C];  // FP8: each chunk's block scale times 2^120
 };
 
 template <int C>
@@ -52,26 +54,61 @@ __device__ __forceinline__ uint32_t Pack(float lo, float hi) {
 }
 
 // Concatenated row j's weights (every index static, so the parameters stay in registers).
-__device__ __forceinline__ const uint16_t* RowWeights(const Args& a, int64_t j) {
-  const uint16_t* w = nullptr;
+__device__ __forceinline__ const uint8_t* RowWeights(const Args& a, int64_t j) {
+  const uint8_t* w = nullptr;
 #pragma unroll
   for (int t = 0; t < kStagedGemvMaxTargets; ++t) {
     if (t < a.p.num_targets && j >= a.begin[t]) {
-      w = a.p.targets[t].w + (j - a.begin[t]) * a.p.targets[t].ldw;
+      const StagedGemvTarget& tg = a.p.targets[t];
+      w = a.p.fp8 ? tg.w8 + (j - a.begin[t]) * tg.ldw
+                  : reinterpret_cast<const uint8_t*>(tg.w + (j - a.begin[t]) * tg.ldw);
     }
   }
   return w;
 }
 
-// Pass `pass` of row j: chunks (pass * C + u) * 32 + lane, zeros past the row's end.
-template <int C>
+// FP8: concatenated row j's scale row (block b of the row at [b]).
+__device__ __forceinline__ const float* RowScales(const Args& a, int64_t j) {
+  const float* s = nullptr;
+#pragma unroll
+  for (int t = 0; t < kStagedGemvMaxTargets; ++t) {
+    if (t < a.p.num_targets && j >= a.begin[t]) {
+      const StagedGemvTarget& tg = a.p.targets[t];
+      s = tg.scales + Fp8ScaleRow(j - a.begin[t], tg.split_rows) * tg.scale_ld;
+    }
+  }
+  return s;
+}
+
+// The e4m3 bytes of w (the lowest first) as fp32 values times 2^-120: the sign to bit 31, the 7
+// magnitude bits to bits 26..20, so the e4m3 exponent field is the fp32 one (bias 7 read as bias
+// 127) and e4m3 subnormals become fp32 subnormals with the same mantissa. Exact; the caller
+// multiplies the block's sum by scale * 2^120.
+__device__ __forceinline__ void Fp8x4Scaled(uint32_t w, float f[4]) {
+  f[0] = __uint_as_float(((w << 24) & 0x80000000u) | ((w << 20) & 0x07F00000u));
+  f[1] = __uint_as_float(((w << 16) & 0x80000000u) | ((w << 12) & 0x07F00000u));
+  f[2] = __uint_as_float(((w << 8) & 0x80000000u) | ((w << 4) & 0x07F00000u));
+  f[3] = __uint_as_float((w & 0x80000000u) | ((w >> 4) & 0x07F00000u));
+}
+
+// Pass `pass` of row j: chunks (pass * C + u) * 32 + lane, zeros past the row's end (F: FP8,
+// with their blocks' scales).
+template <int C, bool F>
 __device__ __forceinline__ void LoadPass(const Args& a, int64_t j, int64_t pass, Chunks<C>& out) {
   const int lane = threadIdx.x % 32;
-  const uint16_t* wr = RowWeights(a, j);
+  const uint8_t* wr = RowWeights(a, j);
 #pragma unroll
   for (int u = 0; u < C; ++u) {
     const int64_t q = (pass * C + u) * 32 + lane;
-    out.q[u] = q < a.chunks ? LoadStreaming16(wr + 8 * q) : make_uint4(0, 0, 0, 0);
+    out.q[u] = q < a.chunks ? LoadStreaming16(wr + 16 * q) : make_uint4(0, 0, 0, 0);
+  }
+  if constexpr (F) {
+    const float* sr = RowScales(a, j);
+#pragma unroll
+    for (int u = 0; u < C; ++u) {
+      const int64_t q = (pass * C + u) * 32 + lane;
+      out.scale[u] = q < a.chunks ? __ldg(sr + q / 8) * 0x1p120f : 0.0f;
+    }
   }
 }
 
@@ -83,13 +120,13 @@ __device__ __forceinline__ void Advance(const Args& a, int64_t& j, int64_t& pass
   }
 }
 
-template <int M, int C>
+template <int M, int C, bool F>
 __device__ FirstPasses<C> Prefetch(Args a) {
   FirstPasses<C> first;
   int64_t j = int64_t{blockIdx.x} * kWarps + threadIdx.x / 32, pass = 0;
-  if (j < a.rows) LoadPass<C>(a, j, pass, first.u0);
+  if (j < a.rows) LoadPass<C, F>(a, j, pass, first.u0);
   Advance(a, j, pass);
-  if (j < a.rows) LoadPass<C>(a, j, pass, first.u1);
+  if (j < a.rows) LoadPass<C, F>(a, j, pass, first.u1);
   return first;
 }
 
@@ -148,7 +185,8 @@ __device__ void Stage(const StagedGemvParams& p, uint16_t* act) {
   }
 }
 
-template <int M, int C>
+// F: FP8 weights (StagedGemvParams::fp8).
+template <int M, int C, bool F>
 __device__ void Body(const FirstPasses<C>& first, Args a) {
   extern __shared__ uint4 staged[];
   uint16_t* act = reinterpret_cast<uint16_t*>(staged);
@@ -166,7 +204,29 @@ __device__ void Body(const FirstPasses<C>& first, Args a) {
 #pragma unroll
     for (int u = 0; u < C; ++u) {
       const int64_t q = (pass * C + u) * 32 + lane;
-      if (q < a.chunks) {
+      if constexpr (F) {
+        if (q >= a.chunks) continue;
+        // 16 weights of k block 16 q / 128; their sum per row times the block's scale.
+        const uint32_t words[4] = {cur.q[u].x, cur.q[u].y, cur.q[u].z, cur.q[u].w};
+        const float scale = cur.scale[u];
+#pragma unroll
+        for (int r = 0; r < M; ++r) {
+          const uint4* aq = reinterpret_cast<const uint4*>(act + r * k + 16 * q);
+          float s = 0.0f;
+#pragma unroll
+          for (int h = 0; h < 2; ++h) {
+            const uint4 av4 = aq[h];
+            const float av[8] = {Bf16Lo(av4.x), Bf16Hi(av4.x), Bf16Lo(av4.y), Bf16Hi(av4.y),
+                                 Bf16Lo(av4.z), Bf16Hi(av4.z), Bf16Lo(av4.w), Bf16Hi(av4.w)};
+            float wv[8];
+            Fp8x4Scaled(words[2 * h], wv);
+            Fp8x4Scaled(words[2 * h + 1], wv + 4);
+#pragma unroll
+            for (int e = 0; e < 8; ++e) s = fmaf(av[e], wv[e], s);
+          }
+          acc[r] = fmaf(s, scale, acc[r]);
+        }
+      } else if (q < a.chunks) {
         const uint4 wq = cur.q[u];
         const float wv[8] = {Bf16Lo(wq.x), Bf16Hi(wq.x), Bf16Lo(wq.y), Bf16Hi(wq.y),
                              Bf16Lo(wq.z), Bf16Hi(wq.z), Bf16Lo(wq.w), Bf16Hi(wq.w)};
@@ -207,14 +267,14 @@ __device__ void Body(const FirstPasses<C>& first, Args a) {
     j = next_j, pass = next_pass;
     cur = next;
     Advance(a, next_j, next_pass);
-    if (next_j < a.rows) LoadPass<C>(a, next_j, next_pass, next);
+    if (next_j < a.rows) LoadPass<C, F>(a, next_j, next_pass, next);
   }
 }
 
-template <int M, int C>
+template <int M, int C, bool F>
 cudaError_t LaunchMc(const Args& a, cudaStream_t stream) {
   constexpr auto kKernel =
-      launch_internal::PrefetchEntry<&Prefetch<M, C>, &Body<M, C>, kThreads>::kKernel;
+      launch_internal::PrefetchEntry<&Prefetch<M, C, F>, &Body<M, C, F>, kThreads>::kKernel;
   // The first query raises the kernel's dynamic shared-memory limit to the largest activation.
   const KernelFacts facts = KernelFactsForCurrentDevice(reinterpret_cast<const void*>(kKernel),
                                                         kStagedGemvMaxActivationBytes);
@@ -237,19 +297,24 @@ cudaError_t LaunchMc(const Args& a, cudaStream_t stream) {
   const int64_t per_warp = (a.rows + kWarps * max_blocks - 1) / (kWarps * max_blocks);
   const int64_t blocks = (a.rows + kWarps * per_warp - 1) / (kWarps * per_warp);
   const size_t smem = static_cast<size_t>(a.p.m * a.p.k * 2);
-  return LaunchPrefetchThenAfterPrecedingGrids<&Prefetch<M, C>, &Body<M, C>, kThreads>(
+  return LaunchPrefetchThenAfterPrecedingGrids<&Prefetch<M, C, F>, &Body<M, C, F>, kThreads>(
       dim3(static_cast<unsigned>(blocks)), smem, stream, a);
+}
+
+template <int M, bool F>
+cudaError_t LaunchMf(const Args& a, cudaStream_t stream) {
+  const int64_t per_pass = (a.chunks + a.passes - 1) / a.passes;  // chunks per pass
+  const int64_t c = (per_pass + 31) / 32;                         // per lane
+  if (c <= 1) return LaunchMc<M, 1, F>(a, stream);
+  if (c <= 2) return LaunchMc<M, 2, F>(a, stream);
+  if (c <= 4) return LaunchMc<M, 4, F>(a, stream);
+  if (c <= 6) return LaunchMc<M, 6, F>(a, stream);
+  return LaunchMc<M, 8, F>(a, stream);
 }
 
 template <int M>
 cudaError_t LaunchM(const Args& a, cudaStream_t stream) {
-  const int64_t per_pass = (a.chunks + a.passes - 1) / a.passes;  // chunks per pass
-  const int64_t c = (per_pass + 31) / 32;                         // per lane
-  if (c <= 1) return LaunchMc<M, 1>(a, stream);
-  if (c <= 2) return LaunchMc<M, 2>(a, stream);
-  if (c <= 4) return LaunchMc<M, 4>(a, stream);
-  if (c <= 6) return LaunchMc<M, 6>(a, stream);
-  return LaunchMc<M, 8>(a, stream);
+  return a.p.fp8 ? LaunchMf<M, true>(a, stream) : LaunchMf<M, false>(a, stream);
 }
 
 bool Aligned16(const void* ptr) { return reinterpret_cast<uintptr_t>(ptr) % 16 == 0; }
@@ -265,8 +330,10 @@ bool StagedGemvSupports(const StagedGemvParams& p) {
   int64_t rows = 0;
   for (int t = 0; t < p.num_targets; ++t) {
     const StagedGemvTarget& tg = p.targets[t];
-    if (tg.n < 1 || tg.w == nullptr || !Aligned16(tg.w) || tg.ldw < p.k || tg.ldw % 8 != 0 ||
-        tg.c == nullptr || tg.ldc < tg.n) {
+    if (tg.n < 1 || tg.ldw < p.k || tg.c == nullptr || tg.ldc < tg.n) return false;
+    if (p.fp8 ? (p.k % 16 != 0 || tg.w8 == nullptr || !Aligned16(tg.w8) || tg.ldw % 16 != 0 ||
+                 tg.scales == nullptr || tg.scale_ld < Fp8ScaleCols(p.k) || tg.split_rows < 0)
+              : (tg.w == nullptr || !Aligned16(tg.w) || tg.ldw % 8 != 0)) {
       return false;
     }
     rows += tg.n;
@@ -296,7 +363,7 @@ cudaError_t StagedGemvBf16(const StagedGemvParams& p, cudaStream_t stream) {
     a.begin[t] = a.rows;
     if (t < p.num_targets) a.rows += p.targets[t].n;
   }
-  a.chunks = p.k / 8;
+  a.chunks = p.fp8 ? p.k / 16 : p.k / 8;
   a.passes = (a.chunks + 32 * kMaxChunks - 1) / (32 * kMaxChunks);
   switch (p.m) {
     case 1:

@@ -41,6 +41,13 @@ struct StagedGemvTarget {
   float* c = nullptr;
   int64_t ldc = 0;
   bool accumulate = false;
+  // StagedGemvParams::fp8: the weight is w8 instead (e4m3 bytes, rows of ldw bytes) with fp32
+  // block scales (fp8_block_gemm.h's layout: one per 128 x 128 block, scale rows scale_ld apart,
+  // stacked at split_rows, 0: one grid).
+  const uint8_t* w8 = nullptr;
+  const float* scales = nullptr;
+  int64_t scale_ld = 0;
+  int64_t split_rows = 0;
 };
 
 struct StagedGemvParams {
@@ -61,12 +68,17 @@ struct StagedGemvParams {
   unsigned int* counter = nullptr;
   int num_targets = 0;
   StagedGemvTarget targets[kStagedGemvMaxTargets];
+  // Every target FP8 (StagedGemvTarget::w8): a lane loads 16 weights (16 bytes) at a time, whose
+  // exact products with the staged bf16 activation are summed in fp32, multiplied by their
+  // block's scale and added to the row's fp32 sum (as Fp8SmallMGemm). k a multiple of 16.
+  bool fp8 = false;
 };
 
 // Whether StagedGemvBf16 takes these arguments: 1 <= m <= kStagedGemvMaxRows, k a multiple of 8,
 // m * k * 2 <= kStagedGemvMaxActivationBytes, 1..kStagedGemvMaxTargets targets each with n >= 1,
 // 16-byte aligned weights with ldw >= k a multiple of 8, ldc >= n; kCopy: a (and lda, in bytes)
 // 16-byte aligned, lda >= k; kAddRmsNorm: x and norm_weight set, and a counter when y is set.
+// fp8: k and ldw multiples of 16, w8 and scales set, scale_ld >= ceil(k / 128), split_rows >= 0.
 bool StagedGemvSupports(const StagedGemvParams& p);
 
 // Whether, for one activation row and one product, the staged GEMV measured faster on the H200

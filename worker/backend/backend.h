@@ -335,6 +335,17 @@ struct RoutedExpertsArgs {
   int64_t shared_inter = 0;
   const void* shared_gate_up = nullptr;  // [2*shared_inter, hidden_size]
   const void* shared_down = nullptr;     // [hidden_size, shared_inter]
+  // kFp8E4M3: the shared matrices' block scales (WeightView::fp8 of each).
+  Fp8BlockScales shared_gate_up_fp8;
+  Fp8BlockScales shared_down_fp8;
+  // The shared matrices as GEMM operands (with their block scales where `dtype` is FP8).
+  WeightView SharedGateUp() const {
+    return fp8() ? WeightView(shared_gate_up, shared_gate_up_fp8)
+                 : WeightView(shared_gate_up, dtype);
+  }
+  WeightView SharedDown() const {
+    return fp8() ? WeightView(shared_down, shared_down_fp8) : WeightView(shared_down, dtype);
+  }
   // > 0: DeepSeek-V4's clamped SwiGLU (V4Ops::SwiGluClamped: silu(min(gate, limit)) *
   // clamp(up, -limit, limit)) in every expert, the shared ones included, instead of
   // silu(gate) * up. A backend without the clamp in a path returns false there.

@@ -44,6 +44,7 @@
 #include "kernels/gemm/small_m_gemm.h"
 #include "kernels/moe/expert_gemm_cublas.h"
 #include "kernels/moe/moe_decode_fused.h"
+#include "kernels/moe/moe_decode_fused_fp8.h"
 #include "worker/backend/backend.h"
 #include "worker/backend/cuda/cublaslt_fp8_gemm.h"
 #include "worker/backend/cuda/cublaslt_gemm_tuner.h"
@@ -490,6 +491,11 @@ class CudaBackend : public Backend {
   // the act workspace from scratch.
   // RoutedAndSharedExperts and NormedDenseMlp (no routed experts) launch through it.
   void LaunchMoeDecodeFused(kernels::MoeDecodeFusedParams p);
+  // RoutedAndSharedExperts / NormedDenseMlp on FP8 matrices (cuda_backend_fp8.cc):
+  // kernels::MoeDecodeFusedFp8 through LaunchMoeDecodeFusedFp8 (the act workspace from scratch).
+  bool RoutedAndSharedExpertsFp8(const RoutedExpertsArgs& a);
+  bool NormedDenseMlpFp8(const DenseMlpArgs& a);
+  void LaunchMoeDecodeFusedFp8(kernels::MoeDecodeFusedFp8Params p);
   // The fp32 SiLU-mul of the expert paths: kernels::SiluMulF32, or with limit > 0 V4's clamped
   // form (kernels::SwiGluClampedF32).
   void SiluMulF32Rows(int64_t rows, int64_t inter, const float* x, float limit, float* out);

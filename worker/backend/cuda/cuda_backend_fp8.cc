@@ -1,6 +1,7 @@
 // CudaBackend's ops on FP8 (e4m3, 128 x 128 block-scaled) matrices: the dense Gemm's paths (W8A8
 // on cuBLASLt, the tensor-core and CUDA-core FP8 kernels, the dequantised fallback), the prefill
-// MLPs' gate_up, and the routed experts (kernels/gemm/fp8_*.h).
+// MLPs' gate_up, the routed experts (kernels/gemm/fp8_*.h), and the fused decode MoE block and
+// dense MLP (kernels/moe/moe_decode_fused_fp8.h).
 #include <algorithm>
 #include <cstdint>
 #include <functional>
@@ -15,6 +16,7 @@
 #include "kernels/gemm/fp8_quantize.h"
 #include "kernels/moe/expert_activation.h"
 #include "kernels/moe/moe_permute.h"
+#include "kernels/norm/rms_norm.h"
 #include "worker/backend/cuda/cuda_backend.h"
 #include "worker/backend/cuda/op_timer.h"
 
@@ -404,6 +406,102 @@ bool CudaBackend::RoutedExpertsFp8(const RoutedExpertsArgs& a) {
   c.out = a.out;
   Check(kernels::MoeCombineF32(c, stream_), "kernels::MoeCombineF32");
   return true;
+}
+
+bool CudaBackend::RoutedAndSharedExpertsFp8(const RoutedExpertsArgs& a) {
+  if (tuning_.batch_invariant || !DecodeMoeFusedFor(a.num_tokens, a.hidden_size) || a.top_k < 1 ||
+      a.num_experts < 1 || a.inter <= 0 || a.inter % 16 != 0 || a.hidden_size % 16 != 0 ||
+      !FitsInt(a.hidden_size) || !FitsInt(a.inter) || a.shared_inter <= 0 ||
+      a.shared_inter % a.inter != 0 || a.shared_gate_up == nullptr || a.shared_down == nullptr ||
+      a.top_k + a.shared_inter / a.inter > kernels::kMoeDecodeFusedMaxParts ||
+      a.gate_up_scales == nullptr || a.down_scales == nullptr ||
+      a.gate_up_scale_ld < kernels::Fp8ScaleCols(a.hidden_size) ||
+      a.down_scale_ld < kernels::Fp8ScaleCols(a.inter) || !FitsInt(a.gate_up_scale_ld) ||
+      !FitsInt(a.down_scale_ld) || a.shared_gate_up_fp8.scales == nullptr ||
+      a.shared_down_fp8.scales == nullptr || a.shared_down_fp8.split_rows != 0 ||
+      !FitsInt(a.shared_gate_up_fp8.scale_ld) || !FitsInt(a.shared_gate_up_fp8.split_rows) ||
+      !FitsInt(a.shared_down_fp8.scale_ld) ||
+      a.swiglu_limit > 0.0f ||  // V4's clamp: its experts are never kept FP8
+      !Aligned16(a.hidden) || !Aligned16(a.shared_gate_up) || !Aligned16(a.shared_down)) {
+    return false;
+  }
+  OpTimer timer(this, "RoutedAndSharedExpertsFp8");
+  kernels::MoeDecodeFusedFp8Params p;
+  p.num_tokens = a.num_tokens;
+  p.top_k = a.top_k;
+  p.num_experts = a.num_experts;
+  p.hidden_size = static_cast<int32_t>(a.hidden_size);
+  p.inter = static_cast<int32_t>(a.inter);
+  p.hidden = a.hidden;
+  p.topk_ids = a.topk_ids;
+  p.topk_weights = a.topk_weights;
+  p.slot_of_expert = a.slot_of_expert;
+  // Each expert's gate_up is stacked at inter rows (its gate and up tensors' block grids), as
+  // ExpertGemmsFp8OnDevice reads it.
+  p.gate_up = reinterpret_cast<const uint8_t* const*>(a.gate_up);
+  p.gate_up_scales = a.gate_up_scales;
+  p.gate_up_scale_ld = static_cast<int32_t>(a.gate_up_scale_ld);
+  p.down = reinterpret_cast<const uint8_t* const*>(a.down);
+  p.down_scales = a.down_scales;
+  p.down_scale_ld = static_cast<int32_t>(a.down_scale_ld);
+  p.shared_parts = static_cast<int32_t>(a.shared_inter / a.inter);
+  p.shared_gate_up = static_cast<const uint8_t*>(a.shared_gate_up);
+  p.shared_gate_up_scales = a.shared_gate_up_fp8.scales;
+  p.shared_gate_up_scale_ld = static_cast<int32_t>(a.shared_gate_up_fp8.scale_ld);
+  p.shared_gate_up_split_rows = static_cast<int32_t>(a.shared_gate_up_fp8.split_rows);
+  p.shared_down = static_cast<const uint8_t*>(a.shared_down);
+  p.shared_down_scales = a.shared_down_fp8.scales;
+  p.shared_down_scale_ld = static_cast<int32_t>(a.shared_down_fp8.scale_ld);
+  p.out = a.out;
+  LaunchMoeDecodeFusedFp8(p);
+  return true;
+}
+
+bool CudaBackend::NormedDenseMlpFp8(const DenseMlpArgs& a) {
+  const Fp8BlockScales& gs = a.gate_up.fp8;
+  const Fp8BlockScales& ds = a.down.fp8;
+  if (tuning_.batch_invariant || a.rows != 1 || a.gate_up.dtype != WeightDType::kFp8E4M3 ||
+      a.down.dtype != WeightDType::kFp8E4M3 || a.hidden_size <= 0 || a.hidden_size % 16 != 0 ||
+      a.inter <= 0 || a.inter % 16 != 0 || !FitsInt(a.hidden_size) || !FitsInt(a.inter) ||
+      a.x == nullptr || a.norm_weight == nullptr || a.normed == nullptr || a.out == nullptr ||
+      a.gate_up.data == nullptr || a.down.data == nullptr || gs.scales == nullptr ||
+      ds.scales == nullptr || gs.scale_ld < kernels::Fp8ScaleCols(a.hidden_size) ||
+      ds.scale_ld < kernels::Fp8ScaleCols(a.inter) || !FitsInt(gs.scale_ld) ||
+      !FitsInt(ds.scale_ld) || gs.split_rows < 0 || !FitsInt(gs.split_rows) || ds.split_rows != 0 ||
+      !Aligned16(a.normed) || !Aligned16(a.gate_up.data) || !Aligned16(a.down.data)) {
+    return false;
+  }
+  OpTimer timer(this, "NormedDenseMlpFp8");
+  Check(kernels::AddRmsNormF32(a.rows, a.hidden_size, a.x, a.y, a.norm_weight, a.eps, a.normed,
+                               nullptr, stream_),
+        "kernels::AddRmsNormF32");
+  // The MLP is the fused block's shared MLP alone (top_k 0), as one part.
+  kernels::MoeDecodeFusedFp8Params p;
+  p.num_tokens = 1;
+  p.top_k = 0;
+  p.hidden_size = static_cast<int32_t>(a.hidden_size);
+  p.inter = static_cast<int32_t>(a.inter);
+  p.hidden = a.normed;
+  p.shared_parts = 1;
+  p.shared_gate_up = static_cast<const uint8_t*>(a.gate_up.data);
+  p.shared_gate_up_scales = gs.scales;
+  p.shared_gate_up_scale_ld = static_cast<int32_t>(gs.scale_ld);
+  p.shared_gate_up_split_rows = static_cast<int32_t>(gs.split_rows);
+  p.shared_down = static_cast<const uint8_t*>(a.down.data);
+  p.shared_down_scales = ds.scales;
+  p.shared_down_scale_ld = static_cast<int32_t>(ds.scale_ld);
+  p.out = a.out;
+  LaunchMoeDecodeFusedFp8(p);
+  return true;
+}
+
+void CudaBackend::LaunchMoeDecodeFusedFp8(kernels::MoeDecodeFusedFp8Params p) {
+  const size_t act_bytes =
+      kernels::MoeDecodeFusedActFloats(p.num_tokens, p.top_k, p.shared_parts, p.inter) *
+      sizeof(float);
+  auto act = AllocateScratch(act_bytes);
+  p.act = act->as<float>();
+  Check(kernels::MoeDecodeFusedFp8(p, stream_), "kernels::MoeDecodeFusedFp8");
 }
 
 }  // namespace deepinfer

@@ -274,10 +274,20 @@ void CudaBackend::AddRmsNormGemms(int64_t rows, int64_t dim, float* x, const flo
   bool staged = (rows == 1 || (rows == 2 && normed_bf16 != nullptr)) &&
                 gemms.size() <= static_cast<size_t>(kernels::kStagedGemvMaxTargets);
   int64_t columns = 0;
+  // All targets bf16, or (at one row) all FP8: the staged GEMV's FP8 weights.
+  p.fp8 = !gemms.empty() && gemms.front().w.dtype == WeightDType::kFp8E4M3;
+  staged = staged && (!p.fp8 || rows == 1);
   for (size_t t = 0; staged && t < gemms.size(); ++t) {
     const NormedGemm& g = gemms[t];
-    staged = g.w.dtype == WeightDType::kBFloat16;
+    staged = g.w.dtype == (p.fp8 ? WeightDType::kFp8E4M3 : WeightDType::kBFloat16);
     p.targets[t] = {g.n, static_cast<const uint16_t*>(g.w.data), g.ldw, g.c, g.ldc, false};
+    if (p.fp8) {
+      p.targets[t].w = nullptr;
+      p.targets[t].w8 = static_cast<const uint8_t*>(g.w.data);
+      p.targets[t].scales = g.w.fp8.scales;
+      p.targets[t].scale_ld = g.w.fp8.scale_ld;
+      p.targets[t].split_rows = g.w.fp8.split_rows;
+    }
     columns += g.n;
   }
   if (staged && rows == 2) {
@@ -290,6 +300,7 @@ void CudaBackend::AddRmsNormGemms(int64_t rows, int64_t dim, float* x, const flo
       Check(kernels::AddRmsNormF32(rows, dim, x, y, weight, eps, nullptr, normed_bf16, stream_),
             "kernels::AddRmsNormF32");
     }
+    PhaseTimer phase(this, "AddRmsNormGemms/staged-fp8", p.fp8);
     Check(kernels::StagedGemvBf16(p, stream_), "kernels::StagedGemvBf16");
     return;
   }

@@ -231,6 +231,7 @@ bool CudaBackend::DecodeMoeFusedFor(int64_t tokens, int64_t hidden_size) {
 }
 
 bool CudaBackend::RoutedAndSharedExperts(const RoutedExpertsArgs& a) {
+  if (a.fp8()) return RoutedAndSharedExpertsFp8(a);
   if (tuning_.batch_invariant || !DecodeMoeFusedFor(a.num_tokens, a.hidden_size) ||
       a.dtype != WeightDType::kBFloat16 ||
       DecodeMoeAlgoFor(a.num_tokens) != DecodeMoeAlgo::kGroupedF32 || a.top_k < 1 ||
@@ -273,6 +274,7 @@ void CudaBackend::LaunchMoeDecodeFused(kernels::MoeDecodeFusedParams p) {
 }
 
 bool CudaBackend::NormedDenseMlp(const DenseMlpArgs& a) {
+  if (a.gate_up.dtype == WeightDType::kFp8E4M3) return NormedDenseMlpFp8(a);
   if (tuning_.batch_invariant || a.rows != 1 || a.gate_up.dtype != WeightDType::kBFloat16 ||
       a.down.dtype != WeightDType::kBFloat16 || a.hidden_size <= 0 || a.hidden_size % 8 != 0 ||
       a.inter <= 0 || a.inter % 8 != 0 || !FitsInt(a.hidden_size) || !FitsInt(a.inter) ||

@@ -13,7 +13,8 @@
 // scales, plus the activations read and the output written), and the FP8 speed-up. The FP8 paths
 // read fp32 activations except mma16. Then the routed experts' grouped GEMMs at
 // decode token counts (uniform random top-k): kernels::Fp8MmaGroupedGemm (bf16 rows, the FP8
-// device path), kernels::Mxfp4MmaGroupedGemm (MXFP4 experts, a line of its own),
+// device path; "mma" its staged weight pipeline, "mma regs" the register one; the same pair for
+// MXFP4), kernels::Mxfp4MmaGroupedGemm (MXFP4 experts, a line of its own),
 // kernels::Fp8GroupedGemm (fp32 rows, the FP8 fallback) and kernels::GroupedGemmBf16
 // (bf16 weights, the bf16 path's kernel at 1-2 tokens), GB/s of the busy experts' weights.
 //
@@ -373,18 +374,29 @@ void GroupedBench(const MoeShape& ms) {
       bp.rows_per_slot_hint = tokens;
       // One replay reads each busy expert's weights once (4 launches a graph: L2 may keep a
       // single token's few experts between launches).
-      const double mma_us = kernels::Fp8MmaGroupedGemmSupports(mp)
-                                ? GraphMicros(4,
-                                              [&](int, cudaStream_t st) {
-                                                BENCH_CUDA(kernels::Fp8MmaGroupedGemm(mp, st));
-                                              })
-                                : -1;
-      const double mx_us = kernels::Mxfp4MmaGroupedGemmSupports(xp)
-                               ? GraphMicros(4,
-                                             [&](int, cudaStream_t st) {
-                                               BENCH_CUDA(kernels::Mxfp4MmaGroupedGemm(xp, st));
-                                             })
-                               : -1;
+      // The tensor-core kernel with each weight pipeline (Fp8MmaGroupedGemmParams::staged).
+      auto mma_micros = [&](bool staged) {
+        kernels::Fp8MmaGroupedGemmParams q = mp;
+        q.staged = staged;
+        return kernels::Fp8MmaGroupedGemmSupports(q)
+                   ? GraphMicros(4,
+                                 [&](int, cudaStream_t st) {
+                                   BENCH_CUDA(kernels::Fp8MmaGroupedGemm(q, st));
+                                 })
+                   : -1;
+      };
+      const double mma_us = mma_micros(true), regs_us = mma_micros(false);
+      auto mx_micros = [&](bool staged) {
+        kernels::Mxfp4MmaGroupedGemmParams q = xp;
+        q.staged = staged;
+        return kernels::Mxfp4MmaGroupedGemmSupports(q)
+                   ? GraphMicros(4,
+                                 [&](int, cudaStream_t st) {
+                                   BENCH_CUDA(kernels::Mxfp4MmaGroupedGemm(q, st));
+                                 })
+                   : -1;
+      };
+      const double mx_us = mx_micros(true), mx_regs_us = mx_micros(false);
       const double old_us = GraphMicros(
           4, [&](int, cudaStream_t st) { BENCH_CUDA(kernels::Fp8GroupedGemm(op, st)); });
       const double bf16_us = GraphMicros(
@@ -392,17 +404,20 @@ void GroupedBench(const MoeShape& ms) {
       const double fp8_busy = static_cast<double>(busy) * (bytes + scales.size() * 4);
       const double bf16_busy = static_cast<double>(busy) * bytes * 2;
       std::printf(
-          "%-10s %-8s n=%5ld k=%5ld tokens=%3d busy=%3d | fp8 mma %8.2f us %5.0f GB/s | fp8 core "
-          "%8.2f us %5.0f GB/s | bf16 %8.2f us %5.0f GB/s | mma vs bf16 %5.2fx\n",
+          "%-10s %-8s n=%5ld k=%5ld tokens=%3d busy=%3d | fp8 mma %8.2f us %5.0f GB/s | "
+          "mma regs %8.2f us %5.0f GB/s | fp8 core %8.2f us %5.0f GB/s | bf16 %8.2f us %5.0f "
+          "GB/s | mma vs bf16 %5.2fx\n",
           ms.name, gate_up ? "gate_up" : "down", static_cast<long>(n), static_cast<long>(k), tokens,
-          busy, mma_us, mma_us > 0 ? fp8_busy / mma_us / 1e3 : 0.0, old_us, fp8_busy / old_us / 1e3,
-          bf16_us, bf16_busy / bf16_us / 1e3, mma_us > 0 ? bf16_us / mma_us : 0.0);
+          busy, mma_us, mma_us > 0 ? fp8_busy / mma_us / 1e3 : 0.0, regs_us,
+          regs_us > 0 ? fp8_busy / regs_us / 1e3 : 0.0, old_us, fp8_busy / old_us / 1e3, bf16_us,
+          bf16_busy / bf16_us / 1e3, mma_us > 0 ? bf16_us / mma_us : 0.0);
       const double mx_busy = static_cast<double>(busy) * (bytes / 2 + mx_scales.size());
       std::printf(
           "%-10s %-8s n=%5ld k=%5ld tokens=%3d busy=%3d | mxfp4 mma %8.2f us %5.0f GB/s | "
-          "mxfp4 vs bf16 %5.2fx | mxfp4 vs fp8 mma %5.2fx\n",
+          "mxfp4 regs %8.2f us %5.0f GB/s | mxfp4 vs bf16 %5.2fx | mxfp4 vs fp8 mma %5.2fx\n",
           ms.name, gate_up ? "gate_up" : "down", static_cast<long>(n), static_cast<long>(k), tokens,
-          busy, mx_us, mx_us > 0 ? mx_busy / mx_us / 1e3 : 0.0, mx_us > 0 ? bf16_us / mx_us : 0.0,
+          busy, mx_us, mx_us > 0 ? mx_busy / mx_us / 1e3 : 0.0, mx_regs_us,
+          mx_regs_us > 0 ? mx_busy / mx_regs_us / 1e3 : 0.0, mx_us > 0 ? bf16_us / mx_us : 0.0,
           mx_us > 0 && mma_us > 0 ? mma_us / mx_us : 0.0);
       for (void* p : std::vector<void*>{doff, a, a16, c}) BENCH_CUDA(cudaFree(p));
     }

@@ -11,8 +11,7 @@ bool ExpertsOnDevice(Backend* backend, const RoutedExpertsArgs& a, ActivationVie
   if (mode.fused && a.shared_inter > 0 && backend->RoutedAndSharedExperts(a)) return true;
   if (!backend->RoutedExperts(a)) return false;
   if (a.shared_inter > 0) {
-    const SwiGluWeights shared{a.shared_inter, WeightView(a.shared_gate_up, a.dtype),
-                               WeightView(a.shared_down, a.dtype)};
+    const SwiGluWeights shared{a.shared_inter, a.SharedGateUp(), a.SharedDown()};
     AddSwiGlu(backend, a.num_tokens, a.hidden_size, shared, shared_in, a.out, mode);
   }
   return true;

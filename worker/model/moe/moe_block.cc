@@ -208,13 +208,20 @@ RoutedExpertsArgs MoeBlock::DeviceExpertsArgs(int64_t layer, int64_t rows, const
   a.down_scale_ld = t.down_scale_ld;
   a.out = out;
   const MlpWeights& shared = weights_->layers[layer].shared;
-  // The shared experts ride along only in `dtype` without block scales: with FP8 or MXFP4
-  // matrices on either side the caller adds them itself (Forward).
-  if (c.n_shared_experts > 0 && a.dtype == weights_->matrix_dtype && !shared.gate_up.fp8() &&
-      !shared.down.fp8()) {
+  // The shared experts ride along in `dtype`: unquantised as the model's matrices, or FP8 (with
+  // their block scales) beside FP8 experts; otherwise (MXFP4 experts, or a mix) the caller adds
+  // them itself (Forward).
+  const bool plain =
+      a.dtype == weights_->matrix_dtype && !shared.gate_up.fp8() && !shared.down.fp8();
+  const bool fp8 = a.fp8() && shared.gate_up.fp8() && shared.down.fp8();
+  if (c.n_shared_experts > 0 && (plain || fp8)) {
+    const WeightView gate_up = weights_->Matrix(shared.gate_up);
+    const WeightView down = weights_->Matrix(shared.down);
     a.shared_inter = shared.inter;
-    a.shared_gate_up = weights_->Matrix(shared.gate_up).data;
-    a.shared_down = weights_->Matrix(shared.down).data;
+    a.shared_gate_up = gate_up.data;
+    a.shared_down = down.data;
+    a.shared_gate_up_fp8 = gate_up.fp8;
+    a.shared_down_fp8 = down.fp8;
   }
   return a;
 }
