@@ -3,6 +3,7 @@
 // intrinsics would differ from it by more than the parity tolerance allows for.
 #include <cuda_bf16.h>
 
+#include <algorithm>
 #include <cstdint>
 
 #include "kernels/common/launch.cuh"
@@ -38,13 +39,16 @@ __device__ __forceinline__ RotatedPair RotatePair(const float* v, int64_t j, int
   return r;
 }
 
+// Token blockIdx.x's pairs (head, pair) from blockIdx.y * kThreads + threadIdx.x on, strided by
+// the grid's threads along y.
 __device__ void RopeBody(int64_t heads, float* x, int64_t token_stride, int64_t head_stride,
                          int64_t rope_dim, const int32_t* positions, const float* inv_freq,
                          float attention_factor, bool interleaved) {
   const int64_t t = blockIdx.x;
   const int64_t half = rope_dim / 2;
   const float pos = static_cast<float>(positions[t]);
-  for (int64_t w = threadIdx.x; w < heads * half; w += kThreads) {
+  for (int64_t w = int64_t{blockIdx.y} * kThreads + threadIdx.x; w < heads * half;
+       w += int64_t{kThreads} * gridDim.y) {
     const int64_t h = w / half, j = w % half;
     float* v = x + t * token_stride + h * head_stride;
     const RotatedPair r = RotatePair(v, j, half, pos, inv_freq, attention_factor, interleaved);
@@ -229,9 +233,17 @@ cudaError_t ApplyRopeF32(int64_t tokens, int64_t heads, float* x, int64_t token_
                          cudaStream_t stream) {
   if (tokens <= 0 || heads <= 0 || rope_dim <= 0) return cudaSuccess;
   if (rope_dim % 2 != 0 || tokens > 0x7fffffff) return cudaErrorInvalidValue;
-  return LaunchAfterPrecedingGrids<RopeBody, kThreads>(
-      static_cast<unsigned>(tokens), 0, stream, heads, x, token_stride, head_stride, rope_dim,
-      positions, inv_freq, attention_factor, interleaved);
+  // A few tokens (decode) spread their pairs over blocks along y, up to kRopeSpreadBlocks blocks
+  // in all: one 128-thread block would evaluate a token's 64 heads x 32 pairs (DeepSeek-V4's query)
+  // in 16 rounds of double-precision sincos per thread. Each pair's arithmetic is unchanged.
+  constexpr int64_t kRopeSpreadBlocks = 256;
+  const int64_t pair_blocks = (heads * (rope_dim / 2) + kThreads - 1) / kThreads;
+  const int64_t per_token = std::max<int64_t>(
+      1, std::min<int64_t>(pair_blocks, (kRopeSpreadBlocks + tokens - 1) / tokens));
+  const dim3 grid(static_cast<unsigned>(tokens), static_cast<unsigned>(per_token));
+  return LaunchAfterPrecedingGrids<RopeBody, kThreads>(grid, 0, stream, heads, x, token_stride,
+                                                       head_stride, rope_dim, positions, inv_freq,
+                                                       attention_factor, interleaved);
 }
 
 cudaError_t NormRopeWriteLatentCacheF32(const NormRopeCacheParams& p, cudaStream_t stream) {

@@ -319,7 +319,7 @@ TEST_F(CudaBackendTest, AddRmsNormAndSiluMulBf16MatchCpu) {
 // may move a bf16 operand by one ulp).
 TEST_F(CudaBackendTest, AddRmsNormGemmsMatchesCpu) {
   const int64_t dim = 2048;
-  for (const std::vector<int64_t> widths :
+  for (const std::vector<int64_t>& widths :
        {std::vector<int64_t>{3072, 576}, std::vector<int64_t>{1024, 512, 256, 256, 64, 40, 8}}) {
     for (const bool fused : {true, false}) {
       for (int64_t rows : {1, 2, 3, 4, 6}) {

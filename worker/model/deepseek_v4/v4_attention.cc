@@ -127,7 +127,7 @@ absl::Status V4Attention::Forward(int64_t layer, const V4StepContext& ctx, float
 
   // Queries: q = q_b RmsNorm(q_residual) (the indexer's queries: index_q_b of the same normed
   // rows), normed per head, rope slice.
-  auto q = Floats(T * NH * D), qn = Floats(T * NH * D);
+  auto q = Floats(T * NH * D);
   std::vector<NormedGemm> q_gemms = {{NH * D, weights_->Matrix(A.q_b), QL, q->as<float>(), NH * D}};
   std::unique_ptr<DeviceBuffer> iq;
   if (sparse) {
@@ -135,8 +135,9 @@ absl::Status V4Attention::Forward(int64_t layer, const V4StepContext& ctx, float
     q_gemms.push_back({IH * ID, weights_->Matrix(A.index_q_b), QL, iq->as<float>(), IH * ID});
   }
   NormedGemms(T, QL, qr->as<float>(), A.q_a_norm->as<float>(), q_gemms);
-  backend_->RmsNorm(T * NH, D, q->as<float>(), D, ones_, eps, qn->as<float>(), D);
-  backend_->ApplyRope(T, NH, qn->as<float>() + D - rd, NH * D, D, rd, ctx.plan->positions(), inv,
+  // Normed per head in place (no second [T, NH * D] buffer).
+  backend_->RmsNorm(T * NH, D, q->as<float>(), D, ones_, eps, q->as<float>(), D);
+  backend_->ApplyRope(T, NH, q->as<float>() + D - rd, NH * D, D, rd, ctx.plan->positions(), inv,
                       factor, true);
   // The shared K = V head.
   auto kvn = Floats(T * D);
@@ -192,7 +193,7 @@ absl::Status V4Attention::Forward(int64_t layer, const V4StepContext& ctx, float
   sa.tokens = T;
   sa.heads = NH;
   sa.dim = D;
-  sa.q = qn->as<float>();
+  sa.q = q->as<float>();
   sa.kv = kvn->as<float>();
   sa.positions = plan.positions();
   sa.window_len = plan.window_len();
