@@ -42,6 +42,21 @@ void V4Attention::NormedGemms(int64_t T, int64_t dim, float* x, const float* wei
   }
 }
 
+void V4Attention::NormRope(int64_t tokens, int64_t heads, int64_t dim, const float* x,
+                           const float* weight, float* out, const int32_t* positions,
+                           const float* inv_freq, float factor) {
+  const float eps = static_cast<float>(config_.rms_norm_eps);
+  const int64_t rd = config_.rope_dim;
+  NormRopeArgs a;
+  a.tokens = tokens, a.heads = heads, a.dim = dim, a.rope_dim = rd;
+  a.x = x, a.weight = weight, a.eps = eps, a.out = out;
+  a.positions = positions, a.inv_freq = inv_freq, a.attention_factor = factor;
+  if (fused_ops_ && ops_->NormRope(a)) return;
+  backend_->RmsNorm(tokens * heads, dim, x, dim, weight, eps, out, dim);
+  backend_->ApplyRope(tokens, heads, out + dim - rd, heads * dim, dim, rd, positions, inv_freq,
+                      factor, /*interleaved=*/true);
+}
+
 std::unique_ptr<DeviceBuffer> V4Attention::CompressorRows(int64_t T, const V4CompressorPlan& cp,
                                                           const V4CompressorWeights& w,
                                                           std::vector<NormedGemm>* gemms) {
@@ -56,7 +71,7 @@ void V4Attention::Compress(const V4StepContext& ctx, const V4GroupPlan& gp,
                            const V4CompressorPlan& cp, float* rp, const V4CompressorWeights& w,
                            float* state, float* stream) {
   const DeepseekV4Config& c = config_;
-  const int64_t dim = cp.dim, rd = c.rope_dim;
+  const int64_t dim = cp.dim;
   const int64_t rw = cp.row_floats, width = rw / 2;  // a row: kv then gate
   const int64_t NW = gp.windows;
   if (NW > 0) {
@@ -78,11 +93,8 @@ void V4Attention::Compress(const V4StepContext& ctx, const V4GroupPlan& gp,
     a.has_prev = gp.has_prev;
     a.out = pooled->as<float>();
     ops_->CompressWindows(a);
-    backend_->RmsNorm(NW, dim, pooled->as<float>(), dim, w.kv_norm->as<float>(),
-                      static_cast<float>(c.rms_norm_eps), normed->as<float>(), dim);
-    backend_->ApplyRope(NW, 1, normed->as<float>() + dim - rd, dim, dim, rd, gp.window_pos,
-                        compress_inv_freq_->as<float>(), c.CompressAttentionFactor(),
-                        /*interleaved=*/true);
+    NormRope(NW, 1, dim, pooled->as<float>(), w.kv_norm->as<float>(), normed->as<float>(),
+             gp.window_pos, compress_inv_freq_->as<float>(), c.CompressAttentionFactor());
     Move(cp.entries, cp.piece, normed->as<float>(), stream);
   }
   // Keep the last ring rows of each sequence for the windows still open.
@@ -102,7 +114,6 @@ absl::Status V4Attention::Forward(int64_t layer, const V4StepContext& ctx, float
   const int64_t H = c.hidden_size, D = c.head_dim, NH = c.num_heads, QL = c.q_lora_rank;
   const int64_t IH = c.index_n_heads, ID = c.index_head_dim;
   const int64_t rd = c.rope_dim;
-  const float eps = static_cast<float>(c.rms_norm_eps);
   const bool compressed = kind != V4AttentionKind::kSliding;
   const bool sparse = kind == V4AttentionKind::kSparse;
   const float* inv = compressed ? compress_inv_freq_->as<float>() : main_inv_freq_->as<float>();
@@ -136,14 +147,11 @@ absl::Status V4Attention::Forward(int64_t layer, const V4StepContext& ctx, float
   }
   NormedGemms(T, QL, qr->as<float>(), A.q_a_norm->as<float>(), q_gemms);
   // Normed per head in place (no second [T, NH * D] buffer).
-  backend_->RmsNorm(T * NH, D, q->as<float>(), D, ones_, eps, q->as<float>(), D);
-  backend_->ApplyRope(T, NH, q->as<float>() + D - rd, NH * D, D, rd, ctx.plan->positions(), inv,
-                      factor, true);
+  NormRope(T, NH, D, q->as<float>(), ones_, q->as<float>(), plan.positions(), inv, factor);
   // The shared K = V head.
   auto kvn = Floats(T * D);
-  backend_->RmsNorm(T, D, kv->as<float>(), D, A.kv_norm->as<float>(), eps, kvn->as<float>(), D);
-  backend_->ApplyRope(T, 1, kvn->as<float>() + D - rd, D, D, rd, ctx.plan->positions(), inv, factor,
-                      true);
+  NormRope(T, 1, D, kv->as<float>(), A.kv_norm->as<float>(), kvn->as<float>(), plan.positions(),
+           inv, factor);
 
   const KvCacheGroupSpec& g = ctx.cache->LayerGroup(l32);
   const int32_t bs = ctx.cache->block_size();

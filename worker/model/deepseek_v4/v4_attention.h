@@ -68,6 +68,12 @@ class V4Attention {
   // pass instead of one per GEMM). x is not changed.
   void NormedGemms(int64_t T, int64_t dim, float* x, const float* weight,
                    const std::vector<NormedGemm>& gemms);
+  // Rows r = t * heads + h of dim values at x (stride dim) normed with weight (the model's eps)
+  // into out (stride dim; may be x), their trailing rope_dim values rotated at positions[t]
+  // (interleaved): V4Ops::NormRope with fused ops where the backend takes it, else RmsNorm, then
+  // ApplyRope.
+  void NormRope(int64_t tokens, int64_t heads, int64_t dim, const float* x, const float* weight,
+                float* out, const int32_t* positions, const float* inv_freq, float factor);
   // One compressor's projection rows [T, row_floats] (kv then gate) as two of NormedGemms'
   // gemms; returns the rows' buffer.
   std::unique_ptr<DeviceBuffer> CompressorRows(int64_t T, const V4CompressorPlan& cp,
