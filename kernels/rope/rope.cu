@@ -3,6 +3,7 @@
 // intrinsics would differ from it by more than the parity tolerance allows for.
 #include <cuda_bf16.h>
 
+#include <algorithm>
 #include <cstdint>
 
 #include "kernels/common/launch.cuh"
@@ -21,30 +22,114 @@ struct RotatedPair {
   float y0, y1;
 };
 
+// cos and sin of pair j's angle pos * inv_freq_j, times attention_factor.
+__device__ __forceinline__ void RopeCosSin(float pos, float inv_freq_j, float attention_factor,
+                                           float* cs, float* sn) {
+  const float angle = pos * inv_freq_j;
+  double s, c;
+  sincos(static_cast<double>(angle), &s, &c);
+  *cs = static_cast<float>(c) * attention_factor;
+  *sn = static_cast<float>(s) * attention_factor;
+}
+
+// A pair (x0, x1)'s rotated values, each operation rounded on its own (no contraction into a
+// fused multiply-add, as the CPU reference computes them), so every kernel gives the same bits.
+__device__ __forceinline__ float RotatedFirst(float x0, float x1, float cs, float sn) {
+  return __fsub_rn(__fmul_rn(x0, cs), __fmul_rn(x1, sn));
+}
+__device__ __forceinline__ float RotatedSecond(float x0, float x1, float cs, float sn) {
+  return __fadd_rn(__fmul_rn(x1, cs), __fmul_rn(x0, sn));
+}
+
 __device__ __forceinline__ RotatedPair RotatePair(const float* v, int64_t j, int64_t half,
                                                   float pos, const float* inv_freq,
                                                   float attention_factor, bool interleaved) {
-  const float angle = pos * inv_freq[j];
-  double s, c;
-  sincos(static_cast<double>(angle), &s, &c);
-  const float cs = static_cast<float>(c) * attention_factor;
-  const float sn = static_cast<float>(s) * attention_factor;
+  float cs, sn;
+  RopeCosSin(pos, inv_freq[j], attention_factor, &cs, &sn);
   RotatedPair r;
   r.i0 = interleaved ? 2 * j : j;
   r.i1 = interleaved ? 2 * j + 1 : j + half;
   const float x0 = v[r.i0], x1 = v[r.i1];
-  r.y0 = x0 * cs - x1 * sn;
-  r.y1 = x1 * cs + x0 * sn;
+  r.y0 = RotatedFirst(x0, x1, cs, sn);
+  r.y1 = RotatedSecond(x0, x1, cs, sn);
   return r;
 }
 
+// RmsNormRopeF32: a warp per row, kRopeWarpRows rows per block. The norm is RmsNormF32's one-warp
+// row kernel (kernels/norm/rms_norm.cu, RmsNormWarpRowsBody) step for step: lane l holds elements
+// l + 32 s, the sum of squares adds slots w, w + 8, ... per virtual warp w, each reduced by the
+// xor butterfly and added in warp order, so the normed values are RmsNormF32's bits. The rope
+// slice starts at an even element, so pair (2j, 2j + 1) of it lies in lanes l and l ^ 1 at the
+// same slot: each lane takes its partner's normed value by a shuffle and computes its own half
+// with RotatePair's arithmetic.
+constexpr int kRopeWarpRows = 8;
+
+struct RmsNormRopeParams {
+  int64_t rows = 0, heads = 0, dim = 0, rope_dim = 0;
+  const float* x = nullptr;
+  int64_t ldx = 0;
+  const float* weight = nullptr;
+  float eps = 0.0f;
+  float* out = nullptr;
+  int64_t ldout = 0;
+  const int32_t* positions = nullptr;
+  const float* inv_freq = nullptr;
+  float attention_factor = 1.0f;
+};
+
+template <int kPerLane>
+__device__ void RmsNormRopeBody(RmsNormRopeParams p) {
+  constexpr int kVirtualWarps = 8;  // RmsNormF32's 256-thread block
+  const int lane = static_cast<int>(threadIdx.x & 31);
+  const int64_t row = static_cast<int64_t>(blockIdx.x) * kRopeWarpRows + threadIdx.x / 32;
+  if (row >= p.rows) return;  // the whole warp: no barrier or shuffle below misses a lane
+  const float* xr = p.x + row * p.ldx;
+  float* orow = p.out + row * p.ldout;
+  float v[kPerLane];
+#pragma unroll
+  for (int s = 0; s < kPerLane; ++s) {
+    const int64_t i = lane + 32 * s;
+    v[s] = i < p.dim ? xr[i] : 0.0f;
+  }
+  float total = 0.0f;
+#pragma unroll
+  for (int w = 0; w < kVirtualWarps; ++w) {
+    float ss = 0.0f;
+#pragma unroll
+    for (int s = w; s < kPerLane; s += kVirtualWarps) ss += v[s] * v[s];
+    for (int o = 16; o > 0; o >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o);
+    total += ss;
+  }
+  const float inv = 1.0f / sqrtf(total / static_cast<float>(p.dim) + p.eps);
+  const int64_t base = p.dim - p.rope_dim;
+  const float pos = static_cast<float>(p.positions[row / p.heads]);
+  // Every lane's loads came before this point, so writing in place (out == x) is safe.
+#pragma unroll
+  for (int s = 0; s < kPerLane; ++s) {
+    const int64_t i = lane + 32 * s;
+    float o = i < p.dim ? p.weight[i] * (v[s] * inv) : 0.0f;
+    const float partner = __shfl_xor_sync(0xffffffffu, o, 1);
+    if (i < p.dim) {
+      if (i >= base) {
+        float cs, sn;
+        RopeCosSin(pos, p.inv_freq[(i - base) / 2], p.attention_factor, &cs, &sn);
+        o = (i & 1) == 0 ? RotatedFirst(o, partner, cs, sn) : RotatedSecond(partner, o, cs, sn);
+      }
+      orow[i] = o;
+    }
+  }
+}
+
+// Token blockIdx.x's pairs (head, pair) from blockIdx.y * kThreads + threadIdx.x on, strided by
+// the grid's threads along y.
 __device__ void RopeBody(int64_t heads, float* x, int64_t token_stride, int64_t head_stride,
                          int64_t rope_dim, const int32_t* positions, const float* inv_freq,
                          float attention_factor, bool interleaved) {
   const int64_t t = blockIdx.x;
   const int64_t half = rope_dim / 2;
   const float pos = static_cast<float>(positions[t]);
-  for (int64_t w = threadIdx.x; w < heads * half; w += kThreads) {
+  for (int64_t w = int64_t{blockIdx.y} * kThreads + threadIdx.x; w < heads * half;
+       w += int64_t{kThreads} * gridDim.y) {
     const int64_t h = w / half, j = w % half;
     float* v = x + t * token_stride + h * head_stride;
     const RotatedPair r = RotatePair(v, j, half, pos, inv_freq, attention_factor, interleaved);
@@ -229,9 +314,44 @@ cudaError_t ApplyRopeF32(int64_t tokens, int64_t heads, float* x, int64_t token_
                          cudaStream_t stream) {
   if (tokens <= 0 || heads <= 0 || rope_dim <= 0) return cudaSuccess;
   if (rope_dim % 2 != 0 || tokens > 0x7fffffff) return cudaErrorInvalidValue;
-  return LaunchAfterPrecedingGrids<RopeBody, kThreads>(
-      static_cast<unsigned>(tokens), 0, stream, heads, x, token_stride, head_stride, rope_dim,
-      positions, inv_freq, attention_factor, interleaved);
+  // A few tokens (decode) spread their pairs over blocks along y, up to kRopeSpreadBlocks blocks
+  // in all: one 128-thread block would evaluate a token's 64 heads x 32 pairs (DeepSeek-V4's query)
+  // in 16 rounds of double-precision sincos per thread. Each pair's arithmetic is unchanged.
+  constexpr int64_t kRopeSpreadBlocks = 256;
+  const int64_t pair_blocks = (heads * (rope_dim / 2) + kThreads - 1) / kThreads;
+  const int64_t per_token = std::max<int64_t>(
+      1, std::min<int64_t>(pair_blocks, (kRopeSpreadBlocks + tokens - 1) / tokens));
+  const dim3 grid(static_cast<unsigned>(tokens), static_cast<unsigned>(per_token));
+  return LaunchAfterPrecedingGrids<RopeBody, kThreads>(grid, 0, stream, heads, x, token_stride,
+                                                       head_stride, rope_dim, positions, inv_freq,
+                                                       attention_factor, interleaved);
+}
+
+bool RmsNormRopeSupported(int64_t tokens, int64_t heads, int64_t dim, int64_t rope_dim) {
+  return tokens >= 0 && heads >= 1 && dim >= 1 && dim <= kRmsNormRopeMaxDim && rope_dim >= 2 &&
+         rope_dim <= dim && rope_dim % 2 == 0 && (dim - rope_dim) % 2 == 0 &&
+         tokens * heads <= int64_t{0x7fffffff} * kRopeWarpRows;
+}
+
+cudaError_t RmsNormRopeF32(int64_t tokens, int64_t heads, int64_t dim, const float* x, int64_t ldx,
+                           const float* weight, float eps, float* out, int64_t ldout,
+                           int64_t rope_dim, const int32_t* positions, const float* inv_freq,
+                           float attention_factor, cudaStream_t stream) {
+  if (!RmsNormRopeSupported(tokens, heads, dim, rope_dim)) return cudaErrorInvalidValue;
+  if (tokens == 0) return cudaSuccess;
+  RmsNormRopeParams p;
+  p.rows = tokens * heads, p.heads = heads, p.dim = dim, p.rope_dim = rope_dim;
+  p.x = x, p.ldx = ldx, p.weight = weight, p.eps = eps, p.out = out, p.ldout = ldout;
+  p.positions = positions, p.inv_freq = inv_freq, p.attention_factor = attention_factor;
+  const unsigned grid = static_cast<unsigned>((p.rows + kRopeWarpRows - 1) / kRopeWarpRows);
+  constexpr int kWarpThreads = kRopeWarpRows * 32;
+  if (dim <= 256)
+    return LaunchAfterPrecedingGrids<RmsNormRopeBody<8>, kWarpThreads>(grid, 0, stream, p);
+  if (dim <= 512)
+    return LaunchAfterPrecedingGrids<RmsNormRopeBody<16>, kWarpThreads>(grid, 0, stream, p);
+  if (dim <= 1024)
+    return LaunchAfterPrecedingGrids<RmsNormRopeBody<32>, kWarpThreads>(grid, 0, stream, p);
+  return LaunchAfterPrecedingGrids<RmsNormRopeBody<64>, kWarpThreads>(grid, 0, stream, p);
 }
 
 cudaError_t NormRopeWriteLatentCacheF32(const NormRopeCacheParams& p, cudaStream_t stream) {

@@ -19,6 +19,21 @@ cudaError_t ApplyRopeF32(int64_t tokens, int64_t heads, float* x, int64_t token_
                          const float* inv_freq, float attention_factor, bool interleaved,
                          cudaStream_t stream);
 
+// RmsNormF32 then ApplyRopeF32 (interleaved pairs) of each row's last rope_dim values, in one
+// launch (a warp per row): rows r = t * heads + h of dim values at x + r * ldx, normed with
+// weight and eps into out + r * ldout (which may alias x), token t's rows turned by positions[t].
+// Bit for bit RmsNormF32(tokens * heads, dim, x, ldx, weight, eps, out, ldout), then
+// ApplyRopeF32(tokens, heads, out + dim - rope_dim, heads * ldout, ldout, rope_dim, positions,
+// inv_freq, attention_factor, true): a query's or key's per-head norm and rope (DeepSeek-V4).
+// RmsNormRopeSupported: dim <= kRmsNormRopeMaxDim, rope_dim and dim - rope_dim even; otherwise
+// cudaErrorInvalidValue.
+inline constexpr int64_t kRmsNormRopeMaxDim = 2048;
+bool RmsNormRopeSupported(int64_t tokens, int64_t heads, int64_t dim, int64_t rope_dim);
+cudaError_t RmsNormRopeF32(int64_t tokens, int64_t heads, int64_t dim, const float* x, int64_t ldx,
+                           const float* weight, float eps, float* out, int64_t ldout,
+                           int64_t rope_dim, const int32_t* positions, const float* inv_freq,
+                           float attention_factor, cudaStream_t stream);
+
 // The MLA layer's preparation of one step in one launch (block per token): for each token t,
 //  * latent = RmsNorm(kv[t, :latent_dim]) with norm_weight and eps (RmsNormF32's arithmetic),
 //  * k = the shared rope key kv[t, latent_dim:] rotated (ApplyRopeF32's arithmetic),

@@ -1,6 +1,7 @@
 // ApplyRopeF32 against CpuBackend::ApplyRope: both layouts, strided heads (the rope slice of
 // each query head), large positions, a YaRN attention factor. The whole buffer is compared, so
-// writes outside the rope slices are caught too.
+// writes outside the rope slices are caught too. RmsNormRopeF32 against the CPU and the two
+// kernels it replaces.
 #include "kernels/rope/rope.h"
 
 #include <cmath>
@@ -29,35 +30,40 @@ TEST(RopeKernelTest, MatchesCpuBackend) {
   struct Shape {
     int64_t heads, nope, rope;
   };
-  for (Shape s : {Shape{1, 0, 64}, Shape{3, 128, 64}, Shape{4, 16, 8}}) {
-    for (bool interleaved : {true, false}) {
-      const uint32_t seed = testing::FreshSeed();
-      SCOPED_TRACE(::testing::Message() << "heads " << s.heads << " rope " << s.rope
-                                        << " interleaved " << interleaved << " seed " << seed);
-      const int64_t tokens = 37, head_stride = s.nope + s.rope;
-      const int64_t token_stride = s.heads * head_stride + 5;
-      auto x = testing::RandomFloats(tokens * token_stride, seed);
-      std::mt19937 gen(seed + 1);
-      std::uniform_int_distribution<int32_t> pos(0, 160000);
-      std::vector<int32_t> positions(tokens);
-      for (int32_t& p : positions) p = pos(gen);
-      positions[0] = 0;
-      std::vector<float> inv_freq(s.rope / 2);
-      for (int64_t j = 0; j < s.rope / 2; ++j) {
-        inv_freq[j] = static_cast<float>(std::pow(10000.0, -2.0 * j / s.rope));
+  // 64 heads of 448 + 64 at 1 and 2 tokens: DeepSeek-V4's decode query, its pairs spread over
+  // blocks.
+  for (Shape s : {Shape{1, 0, 64}, Shape{3, 128, 64}, Shape{4, 16, 8}, Shape{64, 448, 64}}) {
+    for (const int64_t tokens : {int64_t{1}, int64_t{2}, int64_t{37}}) {
+      for (bool interleaved : {true, false}) {
+        const uint32_t seed = testing::FreshSeed();
+        SCOPED_TRACE(::testing::Message()
+                     << "heads " << s.heads << " rope " << s.rope << " tokens " << tokens
+                     << " interleaved " << interleaved << " seed " << seed);
+        const int64_t head_stride = s.nope + s.rope;
+        const int64_t token_stride = s.heads * head_stride + 5;
+        auto x = testing::RandomFloats(tokens * token_stride, seed);
+        std::mt19937 gen(seed + 1);
+        std::uniform_int_distribution<int32_t> pos(0, 160000);
+        std::vector<int32_t> positions(tokens);
+        for (int32_t& p : positions) p = pos(gen);
+        positions[0] = 0;
+        std::vector<float> inv_freq(s.rope / 2);
+        for (int64_t j = 0; j < s.rope / 2; ++j) {
+          inv_freq[j] = static_cast<float>(std::pow(10000.0, -2.0 * j / s.rope));
+        }
+        const float factor = 1.2079f;
+        std::vector<float> want = x;
+        cpu.ApplyRope(tokens, s.heads, want.data() + s.nope, token_stride, head_stride, s.rope,
+                      positions.data(), inv_freq.data(), factor, interleaved);
+        DeviceArray<float> dx(x), dinv(inv_freq);
+        DeviceArray<int32_t> dpos(positions);
+        DEEPINFER_CUDA_OK(kernels::ApplyRopeF32(tokens, s.heads, dx.get() + s.nope, token_stride,
+                                                head_stride, s.rope, dpos.get(), dinv.get(), factor,
+                                                interleaved, nullptr));
+        std::vector<float> got;
+        DEEPINFER_CUDA_OK(dx.Download(&got));
+        EXPECT_TRUE(AllClose(got, want, 2e-6, 2e-6));
       }
-      const float factor = 1.2079f;
-      std::vector<float> want = x;
-      cpu.ApplyRope(tokens, s.heads, want.data() + s.nope, token_stride, head_stride, s.rope,
-                    positions.data(), inv_freq.data(), factor, interleaved);
-      DeviceArray<float> dx(x), dinv(inv_freq);
-      DeviceArray<int32_t> dpos(positions);
-      DEEPINFER_CUDA_OK(kernels::ApplyRopeF32(tokens, s.heads, dx.get() + s.nope, token_stride,
-                                              head_stride, s.rope, dpos.get(), dinv.get(), factor,
-                                              interleaved, nullptr));
-      std::vector<float> got;
-      DEEPINFER_CUDA_OK(dx.Download(&got));
-      EXPECT_TRUE(AllClose(got, want, 2e-6, 2e-6));
     }
   }
 }
@@ -281,6 +287,72 @@ TEST(RopeKernelTest, NormRopeCacheAbsorbQueryMatchesCpuAndTheTwoLaunches) {
 }
 
 // Arguments outside NormRopeCacheAbsorbQuerySupported launch nothing and say so.
+// RmsNormRopeF32 against CpuBackend's RmsNorm + ApplyRope, and bit for bit against the two
+// kernels it replaces (RmsNormF32, ApplyRopeF32): DeepSeek-V4's query (1 and 3 tokens x 64 heads
+// of 512, rope 64, normed in place), its key and compressed entries (one head of 512 and of 128),
+// rows not a multiple of 32 wide and padded row strides, each warp-row size (up to 2048).
+TEST(RopeKernelTest, RmsNormRopeMatchesCpuAndTheTwoKernels) {
+  DEEPINFER_SKIP_WITHOUT_GPU();
+  CpuBackend cpu(2);
+  struct Case {
+    int64_t tokens, heads, dim, rope, ld;
+    bool in_place;
+  };
+  for (const Case& c : {Case{1, 64, 512, 64, 512, true}, Case{3, 64, 512, 64, 512, true},
+                        Case{37, 1, 512, 64, 512, false}, Case{5, 1, 128, 64, 128, false},
+                        Case{9, 3, 200, 16, 205, false}, Case{4, 2, 1000, 64, 1000, true},
+                        Case{2, 2, 2048, 64, 2052, false}}) {
+    const uint32_t seed = testing::FreshSeed();
+    SCOPED_TRACE(::testing::Message()
+                 << "tokens " << c.tokens << " heads " << c.heads << " dim " << c.dim << " rope "
+                 << c.rope << " ld " << c.ld << " in place " << c.in_place << " seed " << seed);
+    const int64_t rows = c.tokens * c.heads, n = rows * c.ld;
+    auto x = testing::RandomFloats(n, seed, 3.0f);
+    auto w = testing::RandomFloats(c.dim, seed + 1);
+    std::mt19937 gen(seed + 2);
+    std::uniform_int_distribution<int32_t> pos(0, 160000);
+    std::vector<int32_t> positions(c.tokens);
+    for (int32_t& p : positions) p = pos(gen);
+    std::vector<float> inv_freq(c.rope / 2);
+    for (int64_t j = 0; j < c.rope / 2; ++j) {
+      inv_freq[j] = static_cast<float>(std::pow(160000.0, -2.0 * j / c.rope));
+    }
+    const float eps = 1e-6f, factor = 1.2079f;
+    // The CPU reference: the two ops, into a separate buffer (the padding between rows kept).
+    std::vector<float> want = x;
+    cpu.RmsNorm(rows, c.dim, x.data(), c.ld, w.data(), eps, want.data(), c.ld);
+    cpu.ApplyRope(c.tokens, c.heads, want.data() + c.dim - c.rope, c.heads * c.ld, c.ld, c.rope,
+                  positions.data(), inv_freq.data(), factor, /*interleaved=*/true);
+    DeviceArray<float> dx(x), dw(w), dinv(inv_freq), dout(x), ux(x), uout(x);
+    DeviceArray<int32_t> dpos(positions);
+    float* out = c.in_place ? dx.get() : dout.get();
+    ASSERT_TRUE(kernels::RmsNormRopeSupported(c.tokens, c.heads, c.dim, c.rope));
+    DEEPINFER_CUDA_OK(kernels::RmsNormRopeF32(c.tokens, c.heads, c.dim, dx.get(), c.ld, dw.get(),
+                                              eps, out, c.ld, c.rope, dpos.get(), dinv.get(),
+                                              factor, nullptr));
+    float* uo = c.in_place ? ux.get() : uout.get();
+    DEEPINFER_CUDA_OK(
+        kernels::RmsNormF32(rows, c.dim, ux.get(), c.ld, dw.get(), eps, uo, c.ld, nullptr));
+    DEEPINFER_CUDA_OK(kernels::ApplyRopeF32(c.tokens, c.heads, uo + c.dim - c.rope, c.heads * c.ld,
+                                            c.ld, c.rope, dpos.get(), dinv.get(), factor,
+                                            /*interleaved=*/true, nullptr));
+    std::vector<float> got, unfused;
+    DEEPINFER_CUDA_OK((c.in_place ? dx : dout).Download(&got));
+    DEEPINFER_CUDA_OK((c.in_place ? ux : uout).Download(&unfused));
+    EXPECT_TRUE(AllClose(got, want, 2e-5, 2e-6));
+    ASSERT_EQ(got.size(), unfused.size());
+    EXPECT_EQ(0, std::memcmp(got.data(), unfused.data(), got.size() * sizeof(float)))
+        << "not bit for bit RmsNormF32 + ApplyRopeF32";
+  }
+  EXPECT_FALSE(kernels::RmsNormRopeSupported(1, 1, 2049, 64));
+  EXPECT_FALSE(kernels::RmsNormRopeSupported(1, 1, 512, 63));
+  EXPECT_FALSE(kernels::RmsNormRopeSupported(1, 1, 64, 128));
+  EXPECT_FALSE(kernels::RmsNormRopeSupported(1, 0, 512, 64));
+  EXPECT_EQ(cudaErrorInvalidValue,
+            kernels::RmsNormRopeF32(1, 1, 2049, nullptr, 2049, nullptr, 1e-6f, nullptr, 2049, 64,
+                                    nullptr, nullptr, 1.0f, nullptr));
+}
+
 TEST(RopeKernelTest, NormRopeCacheAbsorbQueryRejectsWhatItDoesNotTake) {
   DEEPINFER_SKIP_WITHOUT_GPU();
   DeviceArray<float> buf(4096);

@@ -17,6 +17,8 @@
 #                   --op-timing-steps) at 1 and 128 requests
 #   kernel-times    the per-kernel times of its decode graphs at 1 and 128 requests, Nsight
 #                   Compute (kernel_times.sh; KT_FLAGS passes more bench flags)
+#   kernel-times-v4 the same for the DeepSeek-V4-Flash 4-layer shapes at 1 request (its decode
+#                   context filled by model prefill steps)
 #   memcheck        the test binaries under compute-sanitizer memcheck (MEMCHECK="a_test ..."
 #                   picks some), the whole model (cuda_parity_test) included
 #   racecheck       the attention, reduction and expert-exchange kernel tests under racecheck
@@ -37,8 +39,8 @@
 set -uo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 if [[ $# -eq 0 ]]; then
-  echo "usage: suite.sh SUITE... (tests hf kernel-bench bench profile kernel-times memcheck" \
-    "racecheck multi-gpu bench2 e2e all session)" >&2
+  echo "usage: suite.sh SUITE... (tests hf kernel-bench bench profile kernel-times" \
+    "kernel-times-v4 memcheck racecheck multi-gpu bench2 e2e all session)" >&2
   exit 2
 fi
 suites=" "
@@ -47,7 +49,7 @@ for s in "$@"; do
     all) suites+="tests hf bench memcheck racecheck " ;;
     session) suites+="tests multi-gpu bench2 bench profile kernel-times " ;;
     tests | hf | kernel-bench | bench | profile | kernel-times | memcheck | racecheck) suites+="$s " ;;
-    multi-gpu | bench2 | e2e) suites+="$s " ;;
+    multi-gpu | bench2 | e2e | kernel-times-v4) suites+="$s " ;;
     *)
       echo "suite.sh: unknown suite '$s'" >&2
       exit 2
@@ -101,6 +103,11 @@ if want kernel-times; then
     step "kernel_times_$n" 90 env OUT="$(sub_out kernel_times)" bash "$here/kernel_times.sh" \
       "$C/moonlight_shaped_4layers.json" "$n"
   done
+fi
+if want kernel-times-v4; then
+  step kernel_times_v4_1 300 env OUT="$(sub_out kernel_times)" \
+    KT_FLAGS="--decode-fill prefill ${KT_FLAGS:-}" bash "$here/kernel_times.sh" \
+    "$C/deepseek_v4_flash_4layers.json" 1 kernels_v4_1
 fi
 if want memcheck; then
   for t in "$B"/*_test; do

@@ -176,6 +176,21 @@ struct V4RouteArgs {
   float* topk_weights = nullptr;  // [rows, top_k]
 };
 
+// Arguments of V4Ops::NormRope: rows r = t * heads + h of dim values at x + r * dim, normed with
+// weight and eps into out + r * dim (may be x), each row's last rope_dim values then rotated as
+// Backend::ApplyRope rotates them (interleaved pairs, angle positions[t] * inv_freq[j], cos / sin
+// times attention_factor).
+struct NormRopeArgs {
+  int64_t tokens = 0, heads = 0, dim = 0, rope_dim = 0;
+  const float* x = nullptr;
+  const float* weight = nullptr;  // [dim]
+  float eps = 0.0f;
+  float* out = nullptr;
+  const int32_t* positions = nullptr;  // [tokens]
+  const float* inv_freq = nullptr;     // [rope_dim / 2]
+  float attention_factor = 1.0f;
+};
+
 class V4Ops {
  public:
   virtual ~V4Ops() = default;
@@ -185,6 +200,11 @@ class V4Ops {
   // and the caller runs RmsNorm, Gemm and HcMix. The results match those three ops within
   // rounding (the norm's scale applies to the dot products instead of the elements).
   virtual bool HcMixFromStreams(const HcMixArgs& args) { return false; }
+  // Backend::RmsNorm(tokens * heads, dim, x, dim, weight, eps, out, dim), then
+  // Backend::ApplyRope(tokens, heads, out + dim - rope_dim, heads * dim, dim, rope_dim, positions,
+  // inv_freq, attention_factor, true), as one op where the backend has a kernel that takes these
+  // shapes (bit for bit the two ops); false (nothing done) otherwise, and the caller runs the two.
+  virtual bool NormRope(const NormRopeArgs& args) { return false; }
   virtual void HcHead(const HcHeadArgs& args) = 0;
   virtual void HcExpand(const HcExpandArgs& args) = 0;
   virtual void CompressWindows(const CompressWindowsArgs& args) = 0;

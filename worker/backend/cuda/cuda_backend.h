@@ -200,8 +200,9 @@ class CudaBackend : public Backend {
   // With more than one row, the small-m kernel only up to this many output columns.
   static constexpr int64_t kSmallMGemmMaxColumnsAboveOneRow = 4096;
   // The most activation rows the staged GEMV takes. At one row AddRmsNormGemms with bf16 weights
-  // is one launch (the norm computed by every block as it stages the activation, x += y written
-  // once; the normed scratch left unwritten); at two rows it is AddRmsNorm, then one staged
+  // is one launch per kernels::kStagedGemvMaxTargets GEMMs (the norm computed by every block as
+  // it stages the activation, x += y written once, by the first; the normed scratch left
+  // unwritten); at two rows it is AddRmsNorm, then one staged
   // launch for all its GEMMs where kernels::StagedGemvPreferredAtTwoRows.
   static constexpr int64_t kStagedGemvMaxRows = 2;
   void AddRmsNormGemms(int64_t rows, int64_t dim, float* x, const float* y, const float* weight,

@@ -261,47 +261,64 @@ void CudaBackend::AddRmsNormGemms(int64_t rows, int64_t dim, float* x, const flo
     return;
   }
   OpTimer timer(this, "AddRmsNormGemms");
-  kernels::StagedGemvParams p;
-  p.m = rows, p.k = dim;
-  p.prologue = kernels::StagedGemvPrologue::kAddRmsNorm;
-  p.x = x, p.y = y, p.norm_weight = weight, p.eps = eps, p.counter = staged_gemv_counter_;
-  p.num_targets = static_cast<int>(gemms.size());
   // The norm fused at one row only: at 2 and 4 rows the prologue's block reductions in every
   // block measured slower than AddRmsNorm + the GEMMs (small_m_gemm_bench: 4 rows 17.18 vs
   // 10.74 us; 2 rows 10.14 vs 9.56; 1 row: 8.28 vs 8.79 us). At two rows: AddRmsNorm, then one
   // staged launch for all targets (q + kv_a: 6.97 vs 10.01 us for two small-m launches).
   static_assert(kStagedGemvMaxRows == 2, "the staged AddRmsNormGemms takes one or two rows");
-  bool staged = (rows == 1 || (rows == 2 && normed_bf16 != nullptr)) &&
-                gemms.size() <= static_cast<size_t>(kernels::kStagedGemvMaxTargets);
-  int64_t columns = 0;
+  bool staged =
+      (rows == 1 || (rows == 2 && normed_bf16 != nullptr &&
+                     gemms.size() <= static_cast<size_t>(kernels::kStagedGemvMaxTargets)));
   // All targets bf16, or (at one row) all FP8: the staged GEMV's FP8 weights.
-  p.fp8 = !gemms.empty() && gemms.front().w.dtype == WeightDType::kFp8E4M3;
-  staged = staged && (!p.fp8 || rows == 1);
+  const bool fp8 = !gemms.empty() && gemms.front().w.dtype == WeightDType::kFp8E4M3;
+  staged = staged && (!fp8 || rows == 1);
+  int64_t columns = 0;
   for (size_t t = 0; staged && t < gemms.size(); ++t) {
-    const NormedGemm& g = gemms[t];
-    staged = g.w.dtype == (p.fp8 ? WeightDType::kFp8E4M3 : WeightDType::kBFloat16);
-    p.targets[t] = {g.n, static_cast<const uint16_t*>(g.w.data), g.ldw, g.c, g.ldc, false};
-    if (p.fp8) {
-      p.targets[t].w = nullptr;
-      p.targets[t].w8 = static_cast<const uint8_t*>(g.w.data);
-      p.targets[t].scales = g.w.fp8.scales;
-      p.targets[t].scale_ld = g.w.fp8.scale_ld;
-      p.targets[t].split_rows = g.w.fp8.split_rows;
+    staged = gemms[t].w.dtype == (fp8 ? WeightDType::kFp8E4M3 : WeightDType::kBFloat16);
+    columns += gemms[t].n;
+  }
+  // The launches: at one row up to kStagedGemvMaxTargets GEMMs each (x += y in the first only;
+  // the later ones norm the updated x), at two rows one.
+  std::vector<kernels::StagedGemvParams> launches;
+  for (size_t first = 0; staged && first < gemms.size(); first += kernels::kStagedGemvMaxTargets) {
+    kernels::StagedGemvParams p;
+    p.m = rows, p.k = dim;
+    p.prologue = kernels::StagedGemvPrologue::kAddRmsNorm;
+    p.x = x, p.y = first == 0 ? y : nullptr, p.norm_weight = weight, p.eps = eps;
+    p.counter = staged_gemv_counter_;
+    p.fp8 = fp8;
+    if (rows == 2) {
+      p.prologue = kernels::StagedGemvPrologue::kCopy;
+      p.a = normed_bf16, p.a_bf16 = true, p.lda = dim;
     }
-    columns += g.n;
+    const size_t end =
+        std::min(gemms.size(), first + static_cast<size_t>(kernels::kStagedGemvMaxTargets));
+    p.num_targets = static_cast<int>(end - first);
+    for (size_t t = first; t < end; ++t) {
+      const NormedGemm& g = gemms[t];
+      kernels::StagedGemvTarget& target = p.targets[t - first];
+      target = {g.n, static_cast<const uint16_t*>(g.w.data), g.ldw, g.c, g.ldc, false};
+      if (fp8) {
+        target.w = nullptr;
+        target.w8 = static_cast<const uint8_t*>(g.w.data);
+        target.scales = g.w.fp8.scales;
+        target.scale_ld = g.w.fp8.scale_ld;
+        target.split_rows = g.w.fp8.split_rows;
+      }
+    }
+    staged = kernels::StagedGemvSupports(p);
+    launches.push_back(p);
   }
-  if (staged && rows == 2) {
-    staged = kernels::StagedGemvPreferredAtTwoRows(columns, dim);
-    p.prologue = kernels::StagedGemvPrologue::kCopy;
-    p.a = normed_bf16, p.a_bf16 = true, p.lda = dim;
-  }
-  if (staged && kernels::StagedGemvSupports(p)) {
+  if (staged && rows == 2) staged = kernels::StagedGemvPreferredAtTwoRows(columns, dim);
+  if (staged && !launches.empty()) {
     if (rows == 2) {
       Check(kernels::AddRmsNormF32(rows, dim, x, y, weight, eps, nullptr, normed_bf16, stream_),
             "kernels::AddRmsNormF32");
     }
-    PhaseTimer phase(this, "AddRmsNormGemms/staged-fp8", p.fp8);
-    Check(kernels::StagedGemvBf16(p, stream_), "kernels::StagedGemvBf16");
+    PhaseTimer phase(this, "AddRmsNormGemms/staged-fp8", fp8);
+    for (const kernels::StagedGemvParams& p : launches) {
+      Check(kernels::StagedGemvBf16(p, stream_), "kernels::StagedGemvBf16");
+    }
     return;
   }
   Backend::AddRmsNormGemms(rows, dim, x, y, weight, eps, normed, normed_bf16, gemms);

@@ -311,48 +311,57 @@ TEST_F(CudaBackendTest, AddRmsNormAndSiluMulBf16MatchCpu) {
   EXPECT_TRUE(gpu_->status().ok()) << gpu_->status();
 }
 
-// AddRmsNormGemms (attention's q and kv_a projections) against the CPU backend's default (the
-// ops one by one), as CudaBackend runs it (the staged GEMV with the norm fused at one row,
-// AddRmsNorm + one staged launch at two rows, the ops above) and as Backend's ops on this
+// AddRmsNormGemms (attention's q and kv_a projections; DeepSeek-V4's seven projections of one
+// norm) against the CPU backend's default (the ops one by one), as CudaBackend runs it (the
+// staged GEMV with the norm fused at one row, four GEMMs per launch and x += y in the first;
+// AddRmsNorm + one staged launch at two rows; the ops above) and as Backend's ops on this
 // backend; x += y bit for bit, the GEMMs within the bf16 bound (a last-ulp difference of the norm
 // may move a bf16 operand by one ulp).
 TEST_F(CudaBackendTest, AddRmsNormGemmsMatchesCpu) {
-  const int64_t dim = 2048, nq = 3072, nkv = 576;
-  for (const bool fused : {true, false}) {
-    for (int64_t rows : {1, 2, 3, 4, 6}) {
-      for (bool with_y : {true, false}) {
-        const uint32_t seed = testing::FreshSeed();
-        SCOPED_TRACE(::testing::Message() << (fused ? "CudaBackend" : "Backend's ops") << " rows "
-                                          << rows << " with_y " << with_y << " seed " << seed);
-        auto x = testing::RandomFloats(rows * dim, seed, 3.0f);
-        auto y = testing::RandomFloats(rows * dim, seed + 1);
-        auto wn = testing::RandomFloats(dim, seed + 2);
-        auto wq = testing::RandomFloats(nq * dim, seed + 3);
-        auto wkv = testing::RandomFloats(nkv * dim, seed + 4);
-        std::vector<std::unique_ptr<DeviceBuffer>> keep;
-        std::vector<float> cx = x, cq(rows * nq), ckv(rows * nkv);
-        std::vector<uint16_t> c16(rows * dim);
-        cpu16_.AddRmsNormGemms(rows, dim, cx.data(), with_y ? y.data() : nullptr, wn.data(), 1e-6f,
-                               nullptr, c16.data(),
-                               {{nq, CpuBf16(wq, &keep), dim, cq.data(), nq},
-                                {nkv, CpuBf16(wkv, &keep), dim, ckv.data(), nkv}});
-        auto dx = Upload(x), dy = Upload(y), dwn = Upload(wn);
-        auto dq = Poisoned(rows * nq), dkv = Poisoned(rows * nkv);
-        auto d16 = gpu_->Allocate(rows * dim * sizeof(uint16_t));
-        const std::vector<NormedGemm> gemms = {
-            {nq, GpuBf16(wq, &keep), dim, dq->as<float>(), nq},
-            {nkv, GpuBf16(wkv, &keep), dim, dkv->as<float>(), nkv}};
-        const float* gy = with_y ? dy->as<float>() : nullptr;
-        if (fused) {
-          gpu_->AddRmsNormGemms(rows, dim, dx->as<float>(), gy, dwn->as<float>(), 1e-6f, nullptr,
-                                d16->as<uint16_t>(), gemms);
-        } else {
-          gpu_->Backend::AddRmsNormGemms(rows, dim, dx->as<float>(), gy, dwn->as<float>(), 1e-6f,
-                                         nullptr, d16->as<uint16_t>(), gemms);
+  const int64_t dim = 2048;
+  for (const std::vector<int64_t>& widths :
+       {std::vector<int64_t>{3072, 576}, std::vector<int64_t>{1024, 512, 256, 256, 64, 40, 8}}) {
+    for (const bool fused : {true, false}) {
+      for (int64_t rows : {1, 2, 3, 4, 6}) {
+        for (bool with_y : {true, false}) {
+          const uint32_t seed = testing::FreshSeed();
+          SCOPED_TRACE(::testing::Message()
+                       << (fused ? "CudaBackend" : "Backend's ops") << " rows " << rows
+                       << " with_y " << with_y << " gemms " << widths.size() << " seed " << seed);
+          auto x = testing::RandomFloats(rows * dim, seed, 3.0f);
+          auto y = testing::RandomFloats(rows * dim, seed + 1);
+          auto wn = testing::RandomFloats(dim, seed + 2);
+          std::vector<std::unique_ptr<DeviceBuffer>> keep;
+          std::vector<float> cx = x;
+          std::vector<uint16_t> c16(rows * dim);
+          std::vector<std::vector<float>> want(widths.size());
+          std::vector<std::unique_ptr<DeviceBuffer>> got;
+          std::vector<NormedGemm> cpu_gemms, gpu_gemms;
+          for (size_t t = 0; t < widths.size(); ++t) {
+            const int64_t n = widths[t];
+            auto w = testing::RandomFloats(n * dim, seed + 3 + static_cast<uint32_t>(t));
+            want[t].resize(rows * n);
+            cpu_gemms.push_back({n, CpuBf16(w, &keep), dim, want[t].data(), n});
+            got.push_back(Poisoned(rows * n));
+            gpu_gemms.push_back({n, GpuBf16(w, &keep), dim, got.back()->as<float>(), n});
+          }
+          cpu16_.AddRmsNormGemms(rows, dim, cx.data(), with_y ? y.data() : nullptr, wn.data(),
+                                 1e-6f, nullptr, c16.data(), cpu_gemms);
+          auto dx = Upload(x), dy = Upload(y), dwn = Upload(wn);
+          auto d16 = gpu_->Allocate(rows * dim * sizeof(uint16_t));
+          const float* gy = with_y ? dy->as<float>() : nullptr;
+          if (fused) {
+            gpu_->AddRmsNormGemms(rows, dim, dx->as<float>(), gy, dwn->as<float>(), 1e-6f, nullptr,
+                                  d16->as<uint16_t>(), gpu_gemms);
+          } else {
+            gpu_->Backend::AddRmsNormGemms(rows, dim, dx->as<float>(), gy, dwn->as<float>(), 1e-6f,
+                                           nullptr, d16->as<uint16_t>(), gpu_gemms);
+          }
+          EXPECT_TRUE(AllClose(Download(*dx), cx, 0, 0));
+          for (size_t t = 0; t < widths.size(); ++t) {
+            EXPECT_TRUE(AllClose(Download(*got[t]), want[t], 5e-2, 1e-3)) << "gemm " << t;
+          }
         }
-        EXPECT_TRUE(AllClose(Download(*dx), cx, 0, 0));
-        EXPECT_TRUE(AllClose(Download(*dq), cq, 5e-2, 1e-3));
-        EXPECT_TRUE(AllClose(Download(*dkv), ckv, 5e-2, 1e-3));
       }
     }
   }

@@ -1,4 +1,5 @@
-// CudaV4Ops: each op one kernel of kernels/v4 on the backend's stream (HcMixFromStreams: two).
+// CudaV4Ops: each op one kernel of kernels/v4 (NormRope: kernels/rope) on the backend's stream
+// (HcMixFromStreams: two).
 #include "worker/backend/cuda/cuda_v4_ops.h"
 
 #include <memory>
@@ -6,6 +7,7 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "kernels/rope/rope.h"
 #include "kernels/v4/compress_windows.h"
 #include "kernels/v4/copy_rows.h"
 #include "kernels/v4/hyper_connection.h"
@@ -44,6 +46,20 @@ bool CudaV4Ops::HcMixFromStreams(const HcMixArgs& a) {
     RecordFailure(err, "kernels::HcMixFromStreamsF32",
                   absl::StrCat("rows ", a.rows, ", hc ", a.hc, ", hidden ", a.hidden,
                                ", sinkhorn_iters ", a.sinkhorn_iters));
+  }
+  return true;
+}
+
+bool CudaV4Ops::NormRope(const NormRopeArgs& a) {
+  if (!kernels::RmsNormRopeSupported(a.tokens, a.heads, a.dim, a.rope_dim)) return false;
+  CudaBackend::OpTimer timer(backend_, "V4NormRope");
+  const cudaError_t err = kernels::RmsNormRopeF32(
+      a.tokens, a.heads, a.dim, a.x, a.dim, a.weight, a.eps, a.out, a.dim, a.rope_dim, a.positions,
+      a.inv_freq, a.attention_factor, backend_->stream_);
+  if (err != cudaSuccess) {
+    RecordFailure(err, "kernels::RmsNormRopeF32",
+                  absl::StrCat("tokens ", a.tokens, ", heads ", a.heads, ", dim ", a.dim,
+                               ", rope_dim ", a.rope_dim));
   }
   return true;
 }

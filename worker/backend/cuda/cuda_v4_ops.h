@@ -28,6 +28,8 @@ class CudaV4Ops : public V4Ops {
   void HcMix(const HcMixArgs& args) override;
   // kernels::HcMixFromStreamsF32 where it takes the shapes (its partials from scratch).
   bool HcMixFromStreams(const HcMixArgs& args) override;
+  // kernels::RmsNormRopeF32 where it takes the shapes (rows up to 2048 wide).
+  bool NormRope(const NormRopeArgs& args) override;
   void HcHead(const HcHeadArgs& args) override;
   void HcExpand(const HcExpandArgs& args) override;
   // kernels::CompressWindowsF32.

@@ -85,6 +85,7 @@ DeepseekV4Model::~DeepseekV4Model() = default;
 
 void DeepseekV4Model::SetFusedOps(bool on) {
   fused_ops_ = on;
+  attention_->SetFusedOps(on);
   graphs_->Drop();
 }
 
@@ -493,10 +494,11 @@ absl::Status DeepseekV4Model::Block(int64_t layer, const V4StepContext& ctx, con
   if (T > 0) {
     Mix(T, L.attn_hc, (*streams)->as<float>(), post->as<float>(), comb->as<float>(),
         collapsed->as<float>());
-    backend_->RmsNorm(T, H, collapsed->as<float>(), H, L.input_norm->as<float>(), eps,
-                      h->as<float>(), H);
   }
-  if (absl::Status st = attention_->Forward(layer, ctx, h->as<float>(), y->as<float>()); !st.ok()) {
+  // The attention takes the input norm into its projections.
+  if (absl::Status st = attention_->Forward(layer, ctx, collapsed->as<float>(),
+                                            L.input_norm->as<float>(), y->as<float>());
+      !st.ok()) {
     return st;
   }
   if (T > 0) {

@@ -19,16 +19,60 @@ V4Attention::V4Attention(const DeepseekV4Config& config, const DeepseekV4Weights
   compress_inv_freq_ = upload(config_.CompressInvFreq());
 }
 
+void V4Attention::NormedGemms(int64_t T, int64_t dim, float* x, const float* weight,
+                              const std::vector<NormedGemm>& gemms) {
+  const float eps = static_cast<float>(config_.rms_norm_eps);
+  if (!fused_ops_) {
+    auto normed = Floats(T * dim);
+    backend_->RmsNorm(T, dim, x, dim, weight, eps, normed->as<float>(), dim);
+    for (const NormedGemm& g : gemms) {
+      backend_->Gemm(T, g.n, dim, normed->as<float>(), dim, g.w, g.ldw, g.c, g.ldc, false);
+    }
+    return;
+  }
+  bool bf16 = true;
+  for (const NormedGemm& g : gemms) bf16 = bf16 && g.w.dtype == WeightDType::kBFloat16;
+  if (bf16) {
+    auto normed = backend_->AllocateScratch(std::max<int64_t>(1, T * dim) * sizeof(uint16_t));
+    backend_->AddRmsNormGemms(T, dim, x, nullptr, weight, eps, nullptr, normed->as<uint16_t>(),
+                              gemms);
+  } else {
+    auto normed = Floats(T * dim);
+    backend_->AddRmsNormGemms(T, dim, x, nullptr, weight, eps, normed->as<float>(), nullptr, gemms);
+  }
+}
+
+void V4Attention::NormRope(int64_t tokens, int64_t heads, int64_t dim, const float* x,
+                           const float* weight, float* out, const int32_t* positions,
+                           const float* inv_freq, float factor) {
+  const float eps = static_cast<float>(config_.rms_norm_eps);
+  const int64_t rd = config_.rope_dim;
+  NormRopeArgs a;
+  a.tokens = tokens, a.heads = heads, a.dim = dim, a.rope_dim = rd;
+  a.x = x, a.weight = weight, a.eps = eps, a.out = out;
+  a.positions = positions, a.inv_freq = inv_freq, a.attention_factor = factor;
+  if (fused_ops_ && ops_->NormRope(a)) return;
+  backend_->RmsNorm(tokens * heads, dim, x, dim, weight, eps, out, dim);
+  backend_->ApplyRope(tokens, heads, out + dim - rd, heads * dim, dim, rd, positions, inv_freq,
+                      factor, /*interleaved=*/true);
+}
+
+std::unique_ptr<DeviceBuffer> V4Attention::CompressorRows(int64_t T, const V4CompressorPlan& cp,
+                                                          const V4CompressorWeights& w,
+                                                          std::vector<NormedGemm>* gemms) {
+  const int64_t H = config_.hidden_size, rw = cp.row_floats, width = rw / 2;  // kv then gate
+  auto rows = Floats(T * rw);
+  gemms->push_back({width, weights_->Matrix(w.kv_proj), H, rows->as<float>(), rw});
+  gemms->push_back({width, weights_->Matrix(w.gate_proj), H, rows->as<float>() + width, rw});
+  return rows;
+}
+
 void V4Attention::Compress(const V4StepContext& ctx, const V4GroupPlan& gp,
-                           const V4CompressorPlan& cp, const float* h, const V4CompressorWeights& w,
+                           const V4CompressorPlan& cp, float* rp, const V4CompressorWeights& w,
                            float* state, float* stream) {
   const DeepseekV4Config& c = config_;
-  const int64_t T = ctx.plan->tokens(), H = c.hidden_size, dim = cp.dim, rd = c.rope_dim;
+  const int64_t dim = cp.dim;
   const int64_t rw = cp.row_floats, width = rw / 2;  // a row: kv then gate
-  auto rows = Floats(T * rw);
-  float* rp = rows->as<float>();
-  backend_->Gemm(T, width, H, h, H, weights_->Matrix(w.kv_proj), H, rp, rw, false);
-  backend_->Gemm(T, width, H, h, H, weights_->Matrix(w.gate_proj), H, rp + width, rw, false);
   const int64_t NW = gp.windows;
   if (NW > 0) {
     // The windows' slots from this step's rows and the ring (before the ring takes this step's
@@ -49,19 +93,16 @@ void V4Attention::Compress(const V4StepContext& ctx, const V4GroupPlan& gp,
     a.has_prev = gp.has_prev;
     a.out = pooled->as<float>();
     ops_->CompressWindows(a);
-    backend_->RmsNorm(NW, dim, pooled->as<float>(), dim, w.kv_norm->as<float>(),
-                      static_cast<float>(c.rms_norm_eps), normed->as<float>(), dim);
-    backend_->ApplyRope(NW, 1, normed->as<float>() + dim - rd, dim, dim, rd, gp.window_pos,
-                        compress_inv_freq_->as<float>(), c.CompressAttentionFactor(),
-                        /*interleaved=*/true);
+    NormRope(NW, 1, dim, pooled->as<float>(), w.kv_norm->as<float>(), normed->as<float>(),
+             gp.window_pos, compress_inv_freq_->as<float>(), c.CompressAttentionFactor());
     Move(cp.entries, cp.piece, normed->as<float>(), stream);
   }
   // Keep the last ring rows of each sequence for the windows still open.
   Move(cp.ring, rw, rp, state);
 }
 
-absl::Status V4Attention::Forward(int64_t layer, const V4StepContext& ctx, const float* h,
-                                  float* out) {
+absl::Status V4Attention::Forward(int64_t layer, const V4StepContext& ctx, float* x,
+                                  const float* norm_weight, float* out) {
   const DeepseekV4Config& c = config_;
   // Cache layers past the model's are its MTP modules' (DeepseekV4Model::CacheSpecOf).
   const int64_t module = layer - c.num_layers;
@@ -71,33 +112,47 @@ absl::Status V4Attention::Forward(int64_t layer, const V4StepContext& ctx, const
   const int64_t T = ctx.plan->tokens();
   if (T == 0) return absl::OkStatus();
   const int64_t H = c.hidden_size, D = c.head_dim, NH = c.num_heads, QL = c.q_lora_rank;
+  const int64_t IH = c.index_n_heads, ID = c.index_head_dim;
   const int64_t rd = c.rope_dim;
-  const float eps = static_cast<float>(c.rms_norm_eps);
   const bool compressed = kind != V4AttentionKind::kSliding;
   const bool sparse = kind == V4AttentionKind::kSparse;
   const float* inv = compressed ? compress_inv_freq_->as<float>() : main_inv_freq_->as<float>();
   const float factor = compressed ? c.CompressAttentionFactor() : 1.0f;
-
-  // Queries: q_residual = RmsNorm(q_a h); q = q_b q_residual, normed per head, rope slice.
-  auto qr = Floats(T * QL), qrn = Floats(T * QL);
-  backend_->Gemm(T, QL, H, h, H, weights_->Matrix(A.q_a), H, qr->as<float>(), QL, false);
-  backend_->RmsNorm(T, QL, qr->as<float>(), QL, A.q_a_norm->as<float>(), eps, qrn->as<float>(), QL);
-  auto q = Floats(T * NH * D), qn = Floats(T * NH * D);
-  backend_->Gemm(T, NH * D, QL, qrn->as<float>(), QL, weights_->Matrix(A.q_b), QL, q->as<float>(),
-                 NH * D, false);
-  backend_->RmsNorm(T * NH, D, q->as<float>(), D, ones_, eps, qn->as<float>(), D);
-  backend_->ApplyRope(T, NH, qn->as<float>() + D - rd, NH * D, D, rd, ctx.plan->positions(), inv,
-                      factor, true);
-  // The shared K = V head.
-  auto kv = Floats(T * D), kvn = Floats(T * D);
-  backend_->Gemm(T, D, H, h, H, weights_->Matrix(A.kv_proj), H, kv->as<float>(), D, false);
-  backend_->RmsNorm(T, D, kv->as<float>(), D, A.kv_norm->as<float>(), eps, kvn->as<float>(), D);
-  backend_->ApplyRope(T, 1, kvn->as<float>() + D - rd, D, D, rd, ctx.plan->positions(), inv, factor,
-                      true);
-
   const int32_t l32 = static_cast<int32_t>(layer);
   const V4StepPlan& plan = *ctx.plan;
   const V4GroupPlan& gp = plan.group_of_layer(l32);
+
+  // Every projection of h = RmsNorm(x): the queries' q_residual (q_a), the shared K = V head,
+  // the compressors' rows, the indexer's per-head weights.
+  auto qr = Floats(T * QL), kv = Floats(T * D);
+  std::vector<NormedGemm> h_gemms = {{QL, weights_->Matrix(A.q_a), H, qr->as<float>(), QL},
+                                     {D, weights_->Matrix(A.kv_proj), H, kv->as<float>(), D}};
+  std::unique_ptr<DeviceBuffer> compressor_rows, indexer_rows, iw;
+  if (compressed) compressor_rows = CompressorRows(T, gp.compressor, A.compressor, &h_gemms);
+  if (sparse) {
+    indexer_rows = CompressorRows(T, gp.indexer, A.indexer, &h_gemms);
+    iw = Floats(T * IH);
+    h_gemms.push_back({IH, weights_->Matrix(A.index_weights), H, iw->as<float>(), IH});
+  }
+  NormedGemms(T, H, x, norm_weight, h_gemms);
+
+  // Queries: q = q_b RmsNorm(q_residual) (the indexer's queries: index_q_b of the same normed
+  // rows), normed per head, rope slice.
+  auto q = Floats(T * NH * D);
+  std::vector<NormedGemm> q_gemms = {{NH * D, weights_->Matrix(A.q_b), QL, q->as<float>(), NH * D}};
+  std::unique_ptr<DeviceBuffer> iq;
+  if (sparse) {
+    iq = Floats(T * IH * ID);
+    q_gemms.push_back({IH * ID, weights_->Matrix(A.index_q_b), QL, iq->as<float>(), IH * ID});
+  }
+  NormedGemms(T, QL, qr->as<float>(), A.q_a_norm->as<float>(), q_gemms);
+  // Normed per head in place (no second [T, NH * D] buffer).
+  NormRope(T, NH, D, q->as<float>(), ones_, q->as<float>(), plan.positions(), inv, factor);
+  // The shared K = V head.
+  auto kvn = Floats(T * D);
+  NormRope(T, 1, D, kv->as<float>(), A.kv_norm->as<float>(), kvn->as<float>(), plan.positions(),
+           inv, factor);
+
   const KvCacheGroupSpec& g = ctx.cache->LayerGroup(l32);
   const int32_t bs = ctx.cache->block_size();
   float* state = ctx.cache->SequenceState(l32, 0);  // slot 0: the layer's state
@@ -106,21 +161,19 @@ absl::Status V4Attention::Forward(int64_t layer, const V4StepContext& ctx, const
   const int64_t Pi = g.IndexFloatsPerBlock(bs);
   float* index_stream = stream + int64_t{ctx.cache->num_blocks()} * Pc;
   if (compressed) {
-    Compress(ctx, gp, gp.compressor, h, A.compressor, state, stream);
-    if (sparse) Compress(ctx, gp, gp.indexer, h, A.indexer, state, index_stream);
+    Compress(ctx, gp, gp.compressor, compressor_rows->as<float>(), A.compressor, state, stream);
+    compressor_rows.reset();
+  }
+  if (sparse) {
+    Compress(ctx, gp, gp.indexer, indexer_rows->as<float>(), A.indexer, state, index_stream);
+    indexer_rows.reset();
   }
 
   const int64_t topk = c.index_topk;
   std::unique_ptr<DeviceBuffer> selected;
   if (sparse) {
-    const int64_t IH = c.index_n_heads, ID = c.index_head_dim;
-    auto iq = Floats(T * IH * ID), iw = Floats(T * IH);
-    backend_->Gemm(T, IH * ID, QL, qrn->as<float>(), QL, weights_->Matrix(A.index_q_b), QL,
-                   iq->as<float>(), IH * ID, false);
     backend_->ApplyRope(T, IH, iq->as<float>() + ID - rd, IH * ID, ID, rd, plan.positions(),
                         compress_inv_freq_->as<float>(), c.CompressAttentionFactor(), true);
-    backend_->Gemm(T, IH, H, h, H, weights_->Matrix(A.index_weights), H, iw->as<float>(), IH,
-                   false);
     selected = backend_->AllocateScratch(std::max<int64_t>(1, T * topk) * sizeof(int32_t));
     IndexerTopKArgs a;
     a.tokens = T;
@@ -137,6 +190,8 @@ absl::Status V4Attention::Forward(int64_t layer, const V4StepContext& ctx, const
     a.max_candidates = gp.max_candidates;
     a.selected = selected->as<int32_t>();
     ops_->IndexerTopK(a);
+    iq.reset();
+    iw.reset();
   }
 
   // Each query over its window (the ring's keys before this step, this step's after) and its
@@ -146,7 +201,7 @@ absl::Status V4Attention::Forward(int64_t layer, const V4StepContext& ctx, const
   sa.tokens = T;
   sa.heads = NH;
   sa.dim = D;
-  sa.q = qn->as<float>();
+  sa.q = q->as<float>();
   sa.kv = kvn->as<float>();
   sa.positions = plan.positions();
   sa.window_len = plan.window_len();

@@ -27,6 +27,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "worker/backend/backend.h"
@@ -48,17 +49,41 @@ class V4Attention {
   V4Attention(const DeepseekV4Config& config, const DeepseekV4Weights* weights, Backend* backend,
               const float* ones);
 
-  // out [T, H] = the attention of the normed rows h [T, H] of cache layer `layer` (the model's
-  // layers, then its MTP modules': layer num_layers + i is module i's); updates the layer's
-  // cache for the step's tokens.
-  absl::Status Forward(int64_t layer, const V4StepContext& ctx, const float* h, float* out);
+  // out [T, H] = the attention of the rows h = RmsNorm(x [T, H]) * norm_weight (the layer's
+  // input norm, the model's eps; x is not changed) of cache layer `layer` (the model's layers,
+  // then its MTP modules': layer num_layers + i is module i's); updates the layer's cache for the
+  // step's tokens. The norm is taken by the projections that read h (NormedGemms).
+  absl::Status Forward(int64_t layer, const V4StepContext& ctx, float* x, const float* norm_weight,
+                       float* out);
+
+  // Fused ops (on by default): each norm and the projections that read it as one
+  // Backend::AddRmsNormGemms; off: RmsNorm, then each Gemm (the reference composition).
+  void SetFusedOps(bool on) { fused_ops_ = on; }
 
  private:
+  // gemms' c = RmsNorm(x [T, dim]) * weight (eps: the model's) times each gemm's matrix. Fused
+  // ops: one Backend::AddRmsNormGemms (the CUDA backend folds the norm into its one-row GEMVs,
+  // kernels/gemm/staged_gemv.h), the normed rows handed to the GEMMs in bf16 where every matrix
+  // is bf16 (the rounding a bf16 Gemm gives an fp32 operand: the same products, one rounding
+  // pass instead of one per GEMM). x is not changed.
+  void NormedGemms(int64_t T, int64_t dim, float* x, const float* weight,
+                   const std::vector<NormedGemm>& gemms);
+  // Rows r = t * heads + h of dim values at x (stride dim) normed with weight (the model's eps)
+  // into out (stride dim; may be x), their trailing rope_dim values rotated at positions[t]
+  // (interleaved): V4Ops::NormRope with fused ops where the backend takes it, else RmsNorm, then
+  // ApplyRope.
+  void NormRope(int64_t tokens, int64_t heads, int64_t dim, const float* x, const float* weight,
+                float* out, const int32_t* positions, const float* inv_freq, float factor);
+  // One compressor's projection rows [T, row_floats] (kv then gate) as two of NormedGemms'
+  // gemms; returns the rows' buffer.
+  std::unique_ptr<DeviceBuffer> CompressorRows(int64_t T, const V4CompressorPlan& cp,
+                                               const V4CompressorWeights& w,
+                                               std::vector<NormedGemm>* gemms);
   // Pools the windows the step closes (per the plan) of one compressor into the stream at
-  // `stream`, from the step's projection rows and the compressor ring in the layer's state at
-  // `state`, then keeps the step's rows in the ring.
+  // `stream`, from the step's projection rows `rows` (CompressorRows) and the compressor ring in
+  // the layer's state at `state`, then keeps the step's rows in the ring.
   void Compress(const V4StepContext& ctx, const V4GroupPlan& gp, const V4CompressorPlan& cp,
-                const float* h, const V4CompressorWeights& w, float* state, float* stream);
+                float* rows, const V4CompressorWeights& w, float* state, float* stream);
   std::unique_ptr<DeviceBuffer> Floats(int64_t n) {
     return backend_->AllocateScratch(std::max<int64_t>(1, n) * sizeof(float));
   }
@@ -72,6 +97,7 @@ class V4Attention {
   Backend* backend_;
   V4Ops* ops_;
   const float* ones_;
+  bool fused_ops_ = true;
   std::unique_ptr<DeviceBuffer> main_inv_freq_, compress_inv_freq_;
 };
 
