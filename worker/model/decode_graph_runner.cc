@@ -441,3 +441,5 @@ std::optional<absl::StatusOr<StepOutput>> DecodeGraphRunner::Run(
   }
   return absl::StatusOr<StepOutput>(std::move(out));
 }
+
+}  // namespace deepinfer
