@@ -640,9 +640,9 @@ absl::Status Engine::Complete(std::vector<RequestResult>* finished) {
     RequestResult result;
     if (row.drafts) {
       bool finished_now = false;
-      static const std::vector<SampledToken> kNoPicks;
+      const std::vector<SampledToken> no_picks;
       const int64_t rows = AdvanceVerified(
-          s, i < out.row_sampled.size() ? out.row_sampled[i] : kNoPicks, &finished_now, &result);
+          s, i < out.row_sampled.size() ? out.row_sampled[i] : no_picks, &finished_now, &result);
       s->computed += rows;  // the rejected drafts' rows are not
       RegisterFullBlocks(s);
       if (finished_now) {

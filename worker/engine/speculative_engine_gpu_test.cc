@@ -1,9 +1,13 @@
-// Speculative decoding on the CUDA backend (fp32), against the same engine without drafts on the
-// same backend: the dsv3_qlora_rope fixture's model with a generated MTP module drafts, every
-// verified row's token is picked on the device (SequenceStep::row_sampling), and greedy steps,
-// verify steps among them, replay decode graphs. Greedy requests and seeded sampled ones (with
-// logprobs, penalties, a logit bias and min_tokens) give the tokens, finish reasons and
-// log-probabilities of plain decoding. Skips without a GPU.
+// Speculative decoding on the CUDA backend, against the same engine without drafts on the same
+// backend: the dsv3_qlora_rope fixture's model with a generated MTP module drafts, and every
+// verified row's token is picked on the device (SequenceStep::row_sampling). Greedy requests and
+// seeded sampled ones (with logprobs, penalties, a logit bias and min_tokens) give the tokens,
+// finish reasons and log-probabilities of plain decoding, in two modes:
+//  * fp32 weights, the default kernels (the fixture's fp32 routed experts have no device path,
+//    so steps run eagerly);
+//  * bf16 weights in the batch-invariant mode (a verify row rounds as a decode row), where
+//    greedy steps, verify steps among them, replay decode graphs.
+// Skips without a GPU.
 #include <cstdlib>
 #include <fstream>
 #include <map>
@@ -89,48 +93,48 @@ void ExpectSameResults(const std::map<std::string, RequestResult>& got,
   }
 }
 
-class SpeculativeEngineGpuTest : public ::testing::Test {
+struct Mode {
+  WeightDType dtype;
+  bool batch_invariant;
+};
+
+class SpeculativeEngineGpuTest : public ::testing::TestWithParam<Mode> {
  protected:
-  static void SetUpTestSuite() {
-    if (!testing::HasCudaDevice()) return;
-    auto backend = CudaBackend::Create(0, WeightDType::kFloat32);
+  void SetUp() override {
+    if (!testing::HasCudaDevice()) GTEST_SKIP() << "no CUDA device";
+    prompts_ = LoadPrompts();
+    ASSERT_EQ(prompts_.size(), 4u);
+    CudaTuning tuning;
+    tuning.batch_invariant = GetParam().batch_invariant;
+    auto backend = CudaBackend::Create(0, GetParam().dtype, tuning);
     ASSERT_TRUE(backend.ok()) << backend.status();
-    backend_ = backend->release();
-    auto plain = LoadModel(FixtureDir(), backend_);
+    backend_ = std::move(*backend);
+    auto plain = LoadModel(FixtureDir(), backend_.get());
     ASSERT_TRUE(plain.ok()) << plain.status();
-    plain_ = plain->release();
+    plain_ = std::move(*plain);
     ModelConfig config;
     auto source = OpenWeightSource(FixtureDir(), &config);
     ASSERT_TRUE(source.ok()) << source.status();
     ASSERT_EQ(config.num_nextn_predict_layers, 1);
     config.num_draft_layers = 1;
-    source_ = new CheckpointWithGeneratedMtp(std::move(*source));
-    auto drafting = BuildModel(config, source_, backend_);
+    source_ = std::make_unique<CheckpointWithGeneratedMtp>(std::move(*source));
+    auto drafting = BuildModel(config, source_.get(), backend_.get());
     ASSERT_TRUE(drafting.ok()) << drafting.status();
-    drafting_ = drafting->release();
-  }
-  static void TearDownTestSuite() {
-    delete drafting_;
-    delete plain_;
-    delete source_;
-    delete backend_;
-  }
-  void SetUp() override {
-    if (backend_ == nullptr) GTEST_SKIP() << "no CUDA device";
-    prompts_ = LoadPrompts();
-    ASSERT_EQ(prompts_.size(), 4u);
+    drafting_ = std::move(*drafting);
   }
 
   std::map<std::string, RequestResult> Run(CausalLm* model, EngineOptions options,
                                            std::vector<WorkItem> items,
                                            int64_t* drafts_verified = nullptr) {
-    auto pool = KvBlockPool::Create(backend_, KvBlockPoolOptions{model->CacheSpec(), 256, 16});
+    auto pool =
+        KvBlockPool::Create(backend_.get(), KvBlockPoolOptions{model->CacheSpec(), 256, 16});
     EXPECT_TRUE(pool.ok()) << pool.status();
+    std::map<std::string, RequestResult> results;
+    if (!pool.ok()) return results;
     RequestQueue queue;
     options.eos_token_ids = {1};
     auto engine = Engine::Create(model, pool->get(), &queue, nullptr, options);
     EXPECT_TRUE(engine.ok()) << engine.status();
-    std::map<std::string, RequestResult> results;
     if (!engine.ok()) return results;
     queue.Push(std::move(items));
     for (int steps = 0; (*engine)->HasWork() && steps < 100000; ++steps) {
@@ -150,40 +154,37 @@ class SpeculativeEngineGpuTest : public ::testing::Test {
     return o;
   }
 
-  static CudaBackend* backend_;
-  static CausalLm* plain_;
-  static CausalLm* drafting_;
-  static WeightSource* source_;
+  std::unique_ptr<CudaBackend> backend_;
+  std::unique_ptr<WeightSource> source_;
+  std::unique_ptr<CausalLm> plain_, drafting_;
   std::vector<std::vector<int32_t>> prompts_;
 };
 
-CudaBackend* SpeculativeEngineGpuTest::backend_ = nullptr;
-CausalLm* SpeculativeEngineGpuTest::plain_ = nullptr;
-CausalLm* SpeculativeEngineGpuTest::drafting_ = nullptr;
-WeightSource* SpeculativeEngineGpuTest::source_ = nullptr;
-
-// Greedy requests without top logprobs: every decode step, verify steps included, may take the
-// decode graphs (the hidden states the draft head needs come out of the graph too).
-TEST_F(SpeculativeEngineGpuTest, GreedyWithDraftsIsPlainGreedyThroughDecodeGraphs) {
+// Greedy requests without top logprobs: where the routed experts run on the device (bf16), every
+// decode step, verify steps included, takes the decode graphs (the hidden states the draft head
+// needs come out of the graph too).
+TEST_P(SpeculativeEngineGpuTest, GreedyWithDraftsIsPlainGreedyThroughDecodeGraphs) {
   std::vector<WorkItem> items;
   const int32_t lengths[] = {24, 9, 17, 24};
   for (size_t i = 0; i < prompts_.size(); ++i) {
     items.push_back(Item(absl::StrCat("g", i), prompts_[i], lengths[i], /*logprobs=*/0));
   }
-  const auto want = Run(plain_, EngineOptions(), items);
+  const auto want = Run(plain_.get(), EngineOptions(), items);
   for (int32_t k : {1, 3}) {
     const int64_t graph_steps = drafting_->decode_graph_steps();
     int64_t verified = 0;
-    const auto got = Run(drafting_, Speculative(k), items, &verified);
+    const auto got = Run(drafting_.get(), Speculative(k), items, &verified);
     ExpectSameResults(got, want);
     EXPECT_GT(verified, 0) << "k=" << k;
-    EXPECT_GT(drafting_->decode_graph_steps(), graph_steps) << "k=" << k;
+    if (GetParam().dtype == WeightDType::kBFloat16) {
+      EXPECT_GT(drafting_->decode_graph_steps(), graph_steps) << "k=" << k;
+    }
   }
 }
 
 // Greedy with top logprobs, seeded sampling, penalties, a bias and min_tokens: verified rows are
 // picked on the device by the general path (DeviceSampler) as plain decoding picks them.
-TEST_F(SpeculativeEngineGpuTest, SampledAndAdjustedRequestsKeepTokensAndLogprobs) {
+TEST_P(SpeculativeEngineGpuTest, SampledAndAdjustedRequestsKeepTokensAndLogprobs) {
   std::vector<WorkItem> items;
   const int32_t lengths[] = {24, 9, 17, 5};
   for (size_t i = 0; i < prompts_.size(); ++i) {
@@ -199,14 +200,22 @@ TEST_F(SpeculativeEngineGpuTest, SampledAndAdjustedRequestsKeepTokensAndLogprobs
   biased.mutable_params()->set_presence_penalty(0.5f);
   biased.mutable_params()->set_min_tokens(5);
   items.push_back(biased);
-  const auto want = Run(plain_, EngineOptions(), items);
+  const auto want = Run(plain_.get(), EngineOptions(), items);
   for (int32_t k : {1, 3}) {
     int64_t verified = 0;
-    const auto got = Run(drafting_, Speculative(k), items, &verified);
+    const auto got = Run(drafting_.get(), Speculative(k), items, &verified);
     ExpectSameResults(got, want);
     EXPECT_GT(verified, 0) << "k=" << k;
   }
 }
+
+INSTANTIATE_TEST_SUITE_P(Modes, SpeculativeEngineGpuTest,
+                         ::testing::Values(Mode{WeightDType::kFloat32, false},
+                                           Mode{WeightDType::kBFloat16, true}),
+                         [](const ::testing::TestParamInfo<Mode>& info) {
+                           return info.param.batch_invariant ? std::string("Bf16BatchInvariant")
+                                                             : std::string("Fp32");
+                         });
 
 }  // namespace
 }  // namespace deepinfer
