@@ -180,10 +180,10 @@ int main(int argc, char** argv) {
                "its draft head (the config needs num_nextn_predict_layers >= 1, e.g.\n"
                "configs/moonlight_shaped_mtp.json), and after each request count's decode steps\n"
                "the same N sequences, at one position, time --output-len plain decode steps,\n"
-               "verify steps of N x (1 + K) rows (all logits and hidden states to the host, as\n"
-               "the engine verifies) and one-row draft-head calls, each minus --warmup; reports\n"
-               "verify/decode and the speed-up E[tokens] x decode / (verify + K x draft) at\n"
-               "acceptance 0.5..0.9. One rank. 0 (default): not measured.");
+               "verify steps of N x (1 + K) rows (every row picked on the device, hidden states\n"
+               "to the host, as the engine verifies) and one-row draft-head calls, each minus\n"
+               "--warmup; reports verify/decode and the speed-up E[tokens] x decode / (verify +\n"
+               "K x draft) at acceptance 0.5..0.9. One rank. 0 (default): not measured.");
   flags.AddDouble("constrained-fraction", &config.constrained_fraction,
                   "Structured output: this fraction of each decode batch's requests (0 to 1,\n"
                   "spread evenly) is constrained by a grammar, its token masks filled on the host\n"

@@ -392,8 +392,9 @@ absl::Status SetUpRank(const BenchConfig& bc, int64_t rank, int64_t blocks, Rank
 }
 
 // Speculative decoding's costs at the sequences' current position (see bench_runner.h): plain
-// decode steps, verify steps (the last token and K random drafts per sequence, every row's logits
-// and hidden states to the host, as Engine forms them) and one-row draft-head calls, output_len
+// decode steps, verify steps (the last token and K random drafts per sequence, every row's token
+// picked on the device and the hidden states to the host, as Engine forms them) and one-row
+// draft-head calls, output_len
 // of each, all rewriting the same cache entries; the timed ones (after the warm-up) into `d`.
 absl::Status MeasureSpeculative(const BenchConfig& bc, CausalLm* model, KvBlockPool* pool,
                                 const std::vector<SequenceStep>& seqs, RankDecodeTimes* d) {
@@ -406,9 +407,12 @@ absl::Status MeasureSpeculative(const BenchConfig& bc, CausalLm* model, KvBlockP
   std::vector<SequenceStep> verify = seqs;
   for (SequenceStep& v : verify) {
     for (int64_t i = 0; i < k; ++i) v.tokens.push_back(tok(gen));
+    // Every row picked as the decode step picks its token, on the device (SequenceStep::
+    // row_sampling); only the picks and the hidden states come back.
+    v.row_sampling.assign(1 + k, v.sampling.value_or(SamplingParams{}));
     v.sampling.reset();
     v.all_logits = true;
-    v.return_logits = true;
+    v.return_logits = false;
     v.return_hidden = true;
   }
   // Times `call` (a StatusOr) output_len times, the ones after the warm-up into `times`; each
@@ -1240,7 +1244,8 @@ std::string FormatBenchReport(const BenchConfig& c, const BenchResult& r) {
     absl::StrAppendFormat(
         &out,
         "speculative: batch %d, K %d, position %d, %d timed calls each: decode step p50 %.6f s "
-        "p99 %.6f s; verify step (%d x %d rows, all logits and hidden states to the host) p50 "
+        "p99 %.6f s; verify step (%d x %d rows, picked on the device, hidden states to the host) "
+        "p50 "
         "%.6f s p99 %.6f s; draft call (%d rows) p50 %.6f s p99 %.6f s; verify/decode %.3f; "
         "speed-up E[tokens] x decode / (verify + K x draft) at alpha %s\n",
         sp.batch, sp.drafts, sp.position, sp.calls, sp.decode_p50_seconds, sp.decode_p99_seconds,

@@ -32,8 +32,9 @@
 // and op-timed steps) the same N sequences, all at their current position P, run three sets of
 // output_len calls (the first `warmup` of each untimed), each call rewriting the same cache
 // entries: (a) plain decode steps (as above), (b) verify steps as the engine forms them (per
-// sequence its last token and K drafts, 1 + K varlen rows with every row's logits and hidden
-// states copied to the host, no sampling: such steps skip the decode graphs), (c) draft-head
+// sequence its last token and K drafts, 1 + K varlen rows, every row's token picked on the
+// device as the decode step picks it (SequenceStep::row_sampling) and the hidden states copied
+// to the host; decode graphs where the rows fit the largest bucket), (c) draft-head
 // calls of one row per sequence (CausalLm::Draft, module 0, a recursive round's shape) with the
 // verify step's last hidden state. The draft head's cache layers hold random values (as
 // decode_fill "random" writes them), since no step fills them. One rank only.

@@ -105,6 +105,7 @@ tests=(
   //worker/backend/cuda:cuda_v4_ops_gpu_test
   //worker/backend/cuda:cuda_backend_batch_invariant_test
   //worker/engine:batch_invariance_gpu_test
+  //worker/engine:speculative_engine_gpu_test
   //worker/backend:backend_factory_test
   //tests/parity:cuda_parity_test
   //tests/parity:cuda_fp8_parity_test

@@ -559,7 +559,11 @@ void Engine::Launch(const std::vector<Planned>& plan) {
     step.return_hidden = drafter_ != nullptr && s->matcher == nullptr;
     const bool samples = s->drafts.empty() && s->computed + n == s->known();
     if (!s->drafts.empty()) {
-      step.all_logits = true;  // verified on the host, row by row
+      // Verified row by row: every row's token is picked where the logits are (on the device),
+      // only the picks come back.
+      step.all_logits = true;
+      step.return_logits = false;
+      step.row_sampling = VerifySampling(*s);
     } else {
       step.return_logits = false;  // only the sampled token is needed
       if (samples) {
@@ -636,7 +640,9 @@ absl::Status Engine::Complete(std::vector<RequestResult>* finished) {
     RequestResult result;
     if (row.drafts) {
       bool finished_now = false;
-      const int64_t rows = AdvanceVerified(s, out.logits[i], &finished_now, &result);
+      const std::vector<SampledToken> no_picks;
+      const int64_t rows = AdvanceVerified(
+          s, i < out.row_sampled.size() ? out.row_sampled[i] : no_picks, &finished_now, &result);
       s->computed += rows;  // the rejected drafts' rows are not
       RegisterFullBlocks(s);
       if (finished_now) {
@@ -837,30 +843,42 @@ absl::Status Engine::ProposeDrafts(const std::vector<std::pair<Sequence*, int64_
   return absl::OkStatus();
 }
 
-int64_t Engine::AdvanceVerified(Sequence* s, const std::vector<float>& logits, bool* finished,
+std::vector<SamplingParams> Engine::VerifySampling(const Sequence& s) const {
+  // Row i holds the logits after the sequence's last token (i = 0) or after draft i: its token
+  // is picked as a decode step at that position would pick it (greedy, or the seeded exponential
+  // race keyed by the position), with the adjustments of the tokens accepted by then; row i is
+  // only used when drafts 1..i were accepted, so those are the tokens counted.
+  std::vector<SamplingParams> rows(1 + s.drafts.size(), s.sampling);
+  if (s.adjuster.has_value()) {
+    LogitAdjuster after = *s.adjuster;
+    for (size_t i = 0; i < rows.size(); ++i) {
+      if (i > 0) after.AddGenerated(s.drafts[i - 1]);
+      rows[i].adjustments = after.Entries();
+    }
+  }
+  return rows;
+}
+
+int64_t Engine::AdvanceVerified(Sequence* s, const std::vector<SampledToken>& picks, bool* finished,
                                 RequestResult* result) {
   const int64_t k = static_cast<int64_t>(s->drafts.size());
   drafts_verified_ += k;
   std::vector<int32_t> drafts = std::move(s->drafts);
   s->drafts.clear();
-  // Row i holds the logits after the sequence's last token (i = 0) or after draft i: its token
-  // is picked as a decode step at that position would pick it (Sampler: greedy, or the seeded
-  // exponential race keyed by the position; the adjustments of the tokens accepted so far).
-  // Accepting draft i + 1 exactly when that token equals it makes the output the model's own,
+  if (static_cast<int64_t>(picks.size()) != k + 1) {
+    *result =
+        ErrorResult(s->id,
+                    absl::InternalError(absl::StrCat("verification: the step picked ", picks.size(),
+                                                     " tokens for ", k + 1, " rows")),
+                    options_.group_generation);
+    *finished = true;
+    return 1;
+  }
+  // Accepting draft i + 1 exactly when row i's pick equals it makes the output the model's own,
   // token for token, not only in distribution (docs/engine.md).
   for (int64_t i = 0; i <= k; ++i) {
-    SamplingParams params = s->sampling;
-    if (s->adjuster.has_value()) params.adjustments = s->adjuster->Entries();
-    const int64_t position = s->computed + i + 1;
-    absl::StatusOr<SampledToken> sampled =
-        Sampler::Sample(logits.data() + i * vocab_, static_cast<int32_t>(vocab_), params, position);
-    if (!sampled.ok()) {
-      *result = ErrorResult(s->id, sampled.status(), options_.group_generation);
-      *finished = true;
-      return i + 1;
-    }
-    const bool match = i < k && sampled->token == drafts[i];
-    if (Advance(s, *sampled, result)) {
+    const bool match = i < k && picks[i].token == drafts[i];
+    if (Advance(s, picks[i], result)) {
       *finished = true;
       return i + 1;
     }

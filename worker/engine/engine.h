@@ -240,11 +240,14 @@ class Engine {
   // Runs the draft head over the planned sequences (their rows of the last step, then drafts
   // for those decoding with room for them) and sets their drafts.
   absl::Status ProposeDrafts(const std::vector<std::pair<Sequence*, int64_t>>& planned);
-  // Verification of a decode step with drafts: samples the model's token from each row of
-  // `logits` ([1 + drafts, vocab]) as a decode step would, and advances while they equal the
+  // Verification of a decode step with drafts. VerifySampling: the parameters of each of its
+  // 1 + drafts rows (SequenceStep::row_sampling), as a decode step at that position picks its
+  // token, with the adjustments of the tokens accepted before it (the drafts before the row).
+  // AdvanceVerified: advances by the step's picks (StepOutput::row_sampled) while they equal the
   // drafts. Returns the rows whose input tokens were accepted (their cache entries stay);
   // `finished` is set when the sequence finished (result filled).
-  int64_t AdvanceVerified(Sequence* seq, const std::vector<float>& logits, bool* finished,
+  std::vector<SamplingParams> VerifySampling(const Sequence& seq) const;
+  int64_t AdvanceVerified(Sequence* seq, const std::vector<SampledToken>& picks, bool* finished,
                           RequestResult* result);
   // Keeps the first `rows` of the `step_rows` hidden rows of the sequence's last step for the
   // next draft round.

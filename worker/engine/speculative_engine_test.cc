@@ -18,6 +18,7 @@
 #include "nlohmann/json.hpp"
 #include "worker/backend/cpu/cpu_backend.h"
 #include "worker/engine/engine.h"
+#include "worker/engine/generated_mtp_source.h"
 #include "worker/engine/oracle_drafts.h"
 #include "worker/model/dummy_weight_source.h"
 #include "worker/model/model_loader.h"
@@ -55,29 +56,6 @@ std::vector<Prompt> LoadPrompts() {
   }
   return out;
 }
-
-// The fixture's tensors, and generated ones for what it lacks (the MTP module: HF drops it).
-class CheckpointWithGeneratedMtp : public WeightSource {
- public:
-  explicit CheckpointWithGeneratedMtp(std::unique_ptr<WeightSource> base)
-      : base_(std::move(base)), dummy_(7) {}
-  absl::Status ReadFloat32(const std::string& name, const std::vector<int64_t>& shape,
-                           float* out) override {
-    if (base_->Contains(name)) return base_->ReadFloat32(name, shape, out);
-    return dummy_.ReadFloat32(name, shape, out);
-  }
-  bool Contains(const std::string& name) const override { return true; }
-  std::optional<DummyFill> DummyFillFor(const std::string& name,
-                                        const std::vector<int64_t>& shape) const override {
-    if (base_->Contains(name)) return std::nullopt;
-    return dummy_.DummyFillFor(name, shape);
-  }
-  std::string description() const override { return base_->description() + " + generated MTP"; }
-
- private:
-  std::unique_ptr<WeightSource> base_;
-  DummyWeightSource dummy_;
-};
 
 WorkItem Item(const std::string& id, const std::vector<int32_t>& prompt, int32_t max_tokens,
               int32_t logprobs = -1) {

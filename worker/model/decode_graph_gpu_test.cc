@@ -11,7 +11,9 @@
 //  * the dense layer through the fused MoE kernels at one token (Backend::NormedDenseMlp);
 //  * greedy steps with logit adjustments (logit_bias, min_tokens masks, penalties) replay
 //    graphs of their own, bit-identical to the padded eager steps, and follow the general
-//    path (DeviceSampler) on the same inputs as closely as plain steps do.
+//    path (DeviceSampler) on the same inputs as closely as plain steps do;
+//  * speculative decoding's verification steps (several rows per sequence, hidden states)
+//    replay bit-identical to the padded eager steps.
 // Skips without a GPU.
 #include <algorithm>
 #include <cmath>
@@ -176,6 +178,26 @@ TEST_F(DecodeGraphGpuTest, AdjustedGreedyStepsReplayBitForBitAndFollowTheGeneral
 // ... 15), so both of its graphs are recorded and replayed, each equal bit for bit to the same
 // steps run eagerly on the padded path; against plain eager steps (the kernel chosen from the
 // real context) tokens agree (all but at most one) and logprobs stay within 1e-3.
+// Verification steps (speculative decoding: 1 + 3 rows per verified sequence among plain
+// decodes, hidden states wanted, a row with a logit bias; 118 rows in bucket 128) replay with
+// the picks, logprobs and hidden states of the same padded steps run eagerly, bit for bit.
+TEST_F(DecodeGraphGpuTest, VerificationRowsReplayBitForBit) {
+  ThreeWays m = LoadThreeWays();
+  ASSERT_TRUE(m.graphs && m.eager_padded);
+  auto a = testing::RunVerifySteps(m.graphs.get(), backend_.get(), 40, 3, 4);
+  ASSERT_TRUE(a.ok()) << a.status();
+  auto b = testing::RunVerifySteps(m.eager_padded.get(), backend_.get(), 40, 3, 4);
+  ASSERT_TRUE(b.ok()) << b.status();
+  EXPECT_EQ(m.graphs->decode_graph_steps(), 4);
+  EXPECT_EQ(m.eager_padded->decode_graph_steps(), 4);
+  EXPECT_GT(m.graphs->decode_graphs_recorded(), 0);
+  testing::ExpectBitIdentical(*a, *b);
+  const int64_t vocab = m.graphs->config().vocab_size;
+  for (size_t s = 0; s < a->tokens.size(); ++s) {
+    EXPECT_EQ(a->tokens[s][1][2], static_cast<int32_t>((s * 11 + 5) % vocab)) << "step " << s;
+  }
+}
+
 TEST_F(DecodeGraphGpuTest, OneTokenGraphsOnBothSidesOfTheContextBreak) {
   CudaTuning tuning;
   tuning.mla_decode_small_max_context = 8;

@@ -18,7 +18,8 @@ struct DecodeGraphRunner::Graph {
   int32_t context_class = 0;
   int32_t max_context_hint = 0;  // the context class's bound
   std::unique_ptr<DeviceBuffer> inputs, outputs;
-  std::vector<int32_t> host_inputs;  // staging for the one upload per step
+  std::unique_ptr<DeviceBuffer> hidden;  // [bucket, hidden_width] where the model writes them
+  std::vector<int32_t> host_inputs;      // staging for the one upload per step
   // Graphs with logit adjustments: room for adjustment_capacity entries, then the count.
   int64_t adjustment_capacity = 0;
   std::unique_ptr<DeviceBuffer> adjustments, num_adjustments;
@@ -75,6 +76,7 @@ DecodeGraphInputs DecodeGraphRunner::InputsOf(const Graph& g) const {
   int32_t* out = g.outputs->as<int32_t>();
   d.out_tokens = out;
   d.out_logprobs = reinterpret_cast<float*>(out + B);
+  if (g.hidden != nullptr) d.out_hidden = g.hidden->as<float>();
   if (g.adjustment_capacity > 0) {
     d.adjustments = g.adjustments->as<LogitAdjustment>();
     d.num_adjustments = g.num_adjustments->as<int32_t>();
@@ -149,6 +151,9 @@ std::unique_ptr<DecodeGraphRunner::Graph> DecodeGraphRunner::NewGraph(const Grap
   g->host_inputs.assign(ints, 0);
   g->inputs = backend_->Allocate(ints * sizeof(int32_t));
   g->outputs = backend_->Allocate(2 * bucket * sizeof(int32_t));
+  if (model_.hidden_width > 0) {
+    g->hidden = backend_->Allocate(bucket * model_.hidden_width * sizeof(float));
+  }
   if (num_adjustments > 0) {
     int64_t capacity = 1024;
     while (capacity < num_adjustments) capacity *= 2;
@@ -159,8 +164,9 @@ std::unique_ptr<DecodeGraphRunner::Graph> DecodeGraphRunner::NewGraph(const Grap
   return g;
 }
 
-void DecodeGraphRunner::UploadInputs(Graph& g, const std::vector<SequenceStep>& batch) {
-  const int64_t n = static_cast<int64_t>(batch.size());
+void DecodeGraphRunner::UploadInputs(Graph& g, const std::vector<SequenceStep>& batch,
+                                     const std::vector<Row>& rows) {
+  const int64_t n = static_cast<int64_t>(rows.size());
   const int32_t bs = cache_->block_size();
   const int32_t max_blocks = max_blocks_;
   const int64_t B = g.bucket;
@@ -172,12 +178,12 @@ void DecodeGraphRunner::UploadInputs(Graph& g, const std::vector<SequenceStep>& 
     std::fill(row, row + max_blocks, padding_block_);
     in[3 * B + i] = static_cast<int32_t>(i);  // token_seq
     if (i < n) {
-      const SequenceStep& s = batch[i];
-      const int64_t pos = s.position_offset;
+      const SequenceStep& s = batch[rows[i].seq];
+      const int64_t pos = s.position_offset + rows[i].row;
       const int64_t used =
           std::min<int64_t>(static_cast<int64_t>(s.block_table.size()), max_blocks);
       std::copy(s.block_table.begin(), s.block_table.begin() + used, row);
-      in[i] = s.tokens[0];
+      in[i] = s.tokens[rows[i].row];
       in[B + i] = static_cast<int32_t>(pos);
       in[2 * B + i] = s.block_table[pos / bs] * bs + static_cast<int32_t>(pos % bs);
       in[4 * B + i] = static_cast<int32_t>(pos + 1);
@@ -194,7 +200,9 @@ void DecodeGraphRunner::UploadInputs(Graph& g, const std::vector<SequenceStep>& 
   if (g.adjustment_capacity > 0) {
     g.host_adjustments.clear();
     for (int64_t i = 0; i < n; ++i) {
-      for (LogitAdjustment a : batch[i].sampling->adjustments) {
+      const SequenceStep& s = batch[rows[i].seq];
+      const SamplingParams& p = s.row_sampling.empty() ? *s.sampling : s.row_sampling[rows[i].row];
+      for (LogitAdjustment a : p.adjustments) {
         a.row = static_cast<int32_t>(i);
         g.host_adjustments.push_back(a);
       }
@@ -207,7 +215,9 @@ void DecodeGraphRunner::UploadInputs(Graph& g, const std::vector<SequenceStep>& 
   }
 }
 
-absl::StatusOr<std::vector<int32_t>> DecodeGraphRunner::RunGraph(const GraphKey& key, Graph* g) {
+absl::StatusOr<std::vector<int32_t>> DecodeGraphRunner::RunGraph(const GraphKey& key, Graph* g,
+                                                                 int64_t hidden_rows,
+                                                                 std::vector<float>* hidden) {
   const DecodeGraphInputs inputs = InputsOf(*g);
   if (g->ops != nullptr) {
     if (absl::Status st = g->ops->Replay(); !st.ok()) return st;
@@ -228,6 +238,10 @@ absl::StatusOr<std::vector<int32_t>> DecodeGraphRunner::RunGraph(const GraphKey&
   }
   std::vector<int32_t> out_host(2 * g->bucket);
   backend_->CopyToHost(g->outputs->data(), out_host.size() * sizeof(int32_t), out_host.data());
+  if (hidden != nullptr && hidden_rows > 0 && g->hidden != nullptr) {
+    hidden->resize(hidden_rows * model_.hidden_width);
+    backend_->CopyToHost(g->hidden->data(), hidden->size() * sizeof(float), hidden->data());
+  }
   if (absl::Status st = backend_->status(); !st.ok()) return st;
   return out_host;
 }
@@ -293,7 +307,7 @@ absl::StatusOr<int> DecodeGraphRunner::Capture(KvBlockPool* cache) {
       if (!*prepared) continue;
       if (slot == nullptr) slot = NewGraph(key, 0);
       Graph* g = slot.get();
-      UploadInputs(*g, {});  // padding rows only: they write nothing but the padding block
+      UploadInputs(*g, {}, {});  // padding rows only: they write nothing but the padding block
       absl::StatusOr<std::vector<int32_t>> out = RunGraph(key, g);
       if (!out.ok()) {
         if (out.status().code() == absl::StatusCode::kCancelled) continue;
@@ -309,39 +323,67 @@ absl::StatusOr<int> DecodeGraphRunner::Capture(KvBlockPool* cache) {
 std::optional<absl::StatusOr<StepOutput>> DecodeGraphRunner::Run(
     const std::vector<SequenceStep>& batch, KvBlockPool* cache) {
   const int64_t n = static_cast<int64_t>(batch.size());
-  if (!options_.enabled || n == 0 || buckets_.empty() || n > buckets_.back() ||
-      !backend_->SupportsCapture()) {
+  if (!options_.enabled || n == 0 || buckets_.empty() || !backend_->SupportsCapture()) {
     return std::nullopt;
   }
   if (model_.available && !model_.available()) return std::nullopt;
   const int32_t bs = cache->block_size();
   const int32_t max_blocks = MaxBlocks(*cache);
   int64_t num_adjustments = 0;
-  int64_t longest = 1;  // blocks the batch's tables need
-  for (const SequenceStep& s : batch) {
-    if (s.tokens.size() != 1 || s.return_logits || !s.sampling.has_value() ||
-        s.sampling->temperature > 0.0f || s.sampling->num_logprobs != 0 || s.fill_allowed_tokens) {
+  int64_t longest = 1;      // blocks the batch's tables need
+  int64_t max_context = 1;  // padding rows see one position
+  bool hidden = false;
+  std::vector<Row> rows;
+  // A row's pick: greedy on the device, no top logprobs, adjustments the general path takes
+  // (those it refuses go there, which names what is wrong).
+  auto greedy = [&](const SamplingParams& p) {
+    if (p.temperature > 0.0f || p.num_logprobs != 0) return false;
+    if (!Sampler::Validate(p, model_.vocab_size).ok()) return false;
+    num_adjustments += static_cast<int64_t>(p.adjustments.size());
+    return true;
+  };
+  for (int64_t i = 0; i < n; ++i) {
+    const SequenceStep& s = batch[i];
+    if (s.return_logits || s.fill_allowed_tokens) return std::nullopt;
+    if (s.return_hidden) {
+      if (model_.hidden_width <= 0) return std::nullopt;
+      hidden = true;
+    }
+    const int64_t k = static_cast<int64_t>(s.tokens.size());
+    if (!s.row_sampling.empty()) {
+      if (!model_.verify_rows || s.sampling.has_value() || !s.all_logits ||
+          static_cast<int64_t>(s.row_sampling.size()) != k) {
+        return std::nullopt;
+      }
+      for (const SamplingParams& p : s.row_sampling) {
+        if (!greedy(p)) return std::nullopt;
+      }
+    } else if (k != 1 || !s.sampling.has_value() || !greedy(*s.sampling)) {
       return std::nullopt;
     }
-    // Adjustments the general path would refuse go there, which names what is wrong.
-    if (!Sampler::Validate(*s.sampling, model_.vocab_size).ok()) return std::nullopt;
-    num_adjustments += static_cast<int64_t>(s.sampling->adjustments.size());
     // Malformed input goes the general way, which names what is wrong.
-    const int64_t needed = s.position_offset / bs + 1;
-    if (s.tokens[0] < 0 || s.tokens[0] >= model_.vocab_size || s.position_offset < 0 ||
-        static_cast<int64_t>(s.block_table.size()) < needed || needed > max_blocks) {
+    const int64_t needed = (s.position_offset + k - 1) / bs + 1;
+    if (s.position_offset < 0 || static_cast<int64_t>(s.block_table.size()) < needed ||
+        needed > max_blocks) {
       return std::nullopt;
+    }
+    for (int32_t t : s.tokens) {
+      if (t < 0 || t >= model_.vocab_size) return std::nullopt;
     }
     for (int64_t b = 0; b < needed; ++b) {
       if (s.block_table[b] < 0 || s.block_table[b] >= cache->num_blocks()) return std::nullopt;
     }
     longest = std::max(longest, needed);
+    max_context = std::max(max_context, s.position_offset + k);
+    for (int64_t j = 0; j < k; ++j) {
+      rows.push_back({static_cast<int32_t>(i), static_cast<int32_t>(j)});
+    }
   }
-  const int64_t bucket = *std::lower_bound(buckets_.begin(), buckets_.end(), n);
+  const int64_t R = static_cast<int64_t>(rows.size());
+  if (R > buckets_.back()) return std::nullopt;
+  const int64_t bucket = *std::lower_bound(buckets_.begin(), buckets_.end(), R);
   // The context class: the backend's attention may pick its kernel by the longest context, which
   // a recording cannot see, so batches up to the break and above it get a graph each.
-  int64_t max_context = 1;  // padding rows see one position
-  for (const SequenceStep& s : batch) max_context = std::max(max_context, s.position_offset + 1);
   const int32_t context_break = model_.context_break ? model_.context_break(bucket) : 0;
   const int32_t context_class = context_break > 0 && max_context > context_break ? 1 : 0;
   const GraphKey key(bucket, context_class | (num_adjustments > 0 ? 2 : 0));
@@ -362,8 +404,10 @@ std::optional<absl::StatusOr<StepOutput>> DecodeGraphRunner::Run(
   const bool first_use = slot == nullptr;
   if (first_use) slot = NewGraph(key, num_adjustments);
   Graph& g = *slot;
-  UploadInputs(g, batch);
-  absl::StatusOr<std::vector<int32_t>> outputs = RunGraph(key, &g);
+  UploadInputs(g, batch, rows);
+  std::vector<float> host_hidden;
+  absl::StatusOr<std::vector<int32_t>> outputs =
+      RunGraph(key, &g, hidden ? R : 0, hidden ? &host_hidden : nullptr);
   if (!outputs.ok()) {
     if (outputs.status().code() == absl::StatusCode::kCancelled) return std::nullopt;
     return absl::StatusOr<StepOutput>(outputs.status());
@@ -372,14 +416,28 @@ std::optional<absl::StatusOr<StepOutput>> DecodeGraphRunner::Run(
   if (first_use && options_.replay) Record(key, &g);
   const std::vector<int32_t>& out_host = *outputs;
   const int64_t B = bucket;
+  const int64_t W = model_.hidden_width;
 
   StepOutput out;
   out.logits.resize(n);
   out.sampled.resize(n);
+  out.row_sampled.resize(n);
+  out.hidden.resize(n);
   const float* logprobs = reinterpret_cast<const float*>(out_host.data() + B);
-  for (int64_t i = 0; i < n; ++i) {
-    out.sampled[i].token = out_host[i];
-    out.sampled[i].logprob = logprobs[i];
+  for (int64_t r = 0; r < R; ++r) {
+    const SequenceStep& s = batch[rows[r].seq];
+    SampledToken picked;
+    picked.token = out_host[r];
+    picked.logprob = logprobs[r];
+    if (s.row_sampling.empty()) {
+      out.sampled[rows[r].seq] = std::move(picked);
+    } else {
+      out.row_sampled[rows[r].seq].push_back(std::move(picked));
+    }
+    if (s.return_hidden) {
+      std::vector<float>& h = out.hidden[rows[r].seq];
+      h.insert(h.end(), host_hidden.begin() + r * W, host_hidden.begin() + (r + 1) * W);
+    }
   }
   return absl::StatusOr<StepOutput>(std::move(out));
 }

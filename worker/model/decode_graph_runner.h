@@ -7,6 +7,14 @@
 // routed experts run on the device) and the batch fits the largest bucket; Run returns nullopt
 // otherwise and the model runs its general path.
 //
+// Where the model allows it (DecodeGraphModel::verify_rows), a sequence may instead bring the
+// 1 + k rows of a verification of drafts (SequenceStep::row_sampling, every row greedy with no
+// top logprobs): each row becomes a row of the bucket of its own (its position, its slot, the
+// sequence's block table, context up to and including itself), picked like a decode row. The
+// bucket is then the batch's rows, not its sequences. Where the model writes the rows' hidden
+// states (DecodeGraphModel::hidden_width), sequences may want them (SequenceStep::return_hidden):
+// the real rows' are copied back with the picks.
+//
 // Greedy rows may carry logit adjustments (logit_bias, min_tokens, penalties:
 // SamplingParams::adjustments). A batch with any gets graphs of their own, whose forward picks
 // from an adjusted copy of the logits (DecodeGraphInputs::adjustments, a fixed buffer with room
@@ -73,6 +81,9 @@ struct DecodeGraphInputs {
   KvBlockPool* cache = nullptr;
   int32_t* out_tokens = nullptr;  // [rows], greedy pick per row
   float* out_logprobs = nullptr;  // [rows]
+  // [rows, DecodeGraphModel::hidden_width]: each row's hidden state (StepOutput::hidden's row);
+  // null where the model has hidden_width 0.
+  float* out_hidden = nullptr;
   // Graphs for batches with logit adjustments: room for adjustment_capacity entries (rows are
   // the bucket's rows), *num_adjustments of them used; the pick is the adjusted row's argmax and
   // its logprob the raw row's. adjustment_capacity 0: no adjustments (plain greedy).
@@ -102,6 +113,13 @@ struct DecodeGraphModel {
   int64_t vocab_size = 0;
   int64_t max_position_embeddings = 0;  // bounds the block tables' width (0: the cache's size)
   int64_t counted_per_row = 0;          // DecodeGraphInputs::counted = real rows x this
+  // Whether a sequence's verification rows may be rows of a bucket (see the top comment): the
+  // forward's attention must write every row's cache entries before any row reads the cache,
+  // and the model must keep no per-sequence state a row updates.
+  bool verify_rows = false;
+  // > 0: `forward` writes every row's hidden state (DecodeGraphInputs::out_hidden, this wide),
+  // and steps that want hidden states take this path.
+  int64_t hidden_width = 0;
 };
 
 class DecodeGraphRunner {
@@ -160,11 +178,19 @@ class DecodeGraphRunner {
                                     KvBlockPool* cache);
   // A graph's buffers for `key`, with room for num_adjustments logit adjustments.
   std::unique_ptr<Graph> NewGraph(const GraphKey& key, int64_t num_adjustments);
+  // One row of a bucket: row `row` of sequence `seq` of the batch.
+  struct Row {
+    int32_t seq = 0;
+    int32_t row = 0;
+  };
   // The batch's rows (then padding) into g's inputs, uploaded.
-  void UploadInputs(Graph& g, const std::vector<SequenceStep>& batch);
-  // Replays g (or runs it eagerly before it is recorded) and returns its outputs on the host;
+  void UploadInputs(Graph& g, const std::vector<SequenceStep>& batch, const std::vector<Row>& rows);
+  // Replays g (or runs it eagerly before it is recorded) and returns its outputs on the host,
+  // with the first hidden_rows rows' hidden states in *hidden (where the model writes them);
   // CANCELLED when the device path refused the bucket (marked failed, g dropped).
-  absl::StatusOr<std::vector<int32_t>> RunGraph(const GraphKey& key, Graph* g);
+  absl::StatusOr<std::vector<int32_t>> RunGraph(const GraphKey& key, Graph* g,
+                                                int64_t hidden_rows = 0,
+                                                std::vector<float>* hidden = nullptr);
   // Records g's ops for replay; false (marked failed, g dropped) when that fails.
   bool Record(const GraphKey& key, Graph* g);
 

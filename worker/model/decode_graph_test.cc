@@ -158,6 +158,47 @@ TEST(DecodeGraphTest, PaddedReplayedStepsEqualEagerSteps) {
             (a->prefill_tokens + decoded) * mc.num_experts_per_tok * graphs->num_moe_layers());
 }
 
+// Verification steps (1 + 3 rows per verified sequence, plain decodes among them, hidden states
+// wanted, one row with a logit adjustment) take the graph path, each row a bucket row of its own,
+// with the general path's picks, logprobs and hidden states bit for bit; a batch of more rows
+// than the largest bucket runs the general path.
+TEST(DecodeGraphTest, VerificationRowsReplayAndEqualEagerSteps) {
+  RecordingCpuBackend backend;
+  DecodeGraphOptions off;
+  off.enabled = false;
+  auto graphs = Load(&backend, DecodeGraphOptions{});
+  auto eager = Load(&backend, off);
+  ASSERT_TRUE(graphs && eager);
+  // 40 sequences: 14 plain decodes + 26 x 4 verification rows = 118 rows, bucket 128.
+  auto a = testing::RunVerifySteps(graphs.get(), &backend, 40, 3, 4);
+  ASSERT_TRUE(a.ok()) << a.status();
+  auto b = testing::RunVerifySteps(eager.get(), &backend, 40, 3, 4);
+  ASSERT_TRUE(b.ok()) << b.status();
+  ExpectBitIdentical(*a, *b);
+  EXPECT_EQ(graphs->decode_graph_steps(), 4);
+  EXPECT_EQ(eager->decode_graph_steps(), 0);
+  EXPECT_EQ(backend.capture_tokens_.back(), 128);
+  // The adjusted row picked its biased token; a verified sequence's hidden rows are its 4 rows.
+  const int64_t hidden = graphs->config().hidden_size;
+  for (size_t s = 0; s < a->tokens.size(); ++s) {
+    EXPECT_EQ(a->tokens[s][1][2], static_cast<int32_t>((s * 11 + 5) % graphs->config().vocab_size));
+    EXPECT_EQ(a->hidden[s][1].size(), static_cast<size_t>(4 * hidden));
+    EXPECT_EQ(a->hidden[s][0].size(), static_cast<size_t>(hidden));
+  }
+
+  // 100 sequences: 34 + 66 x 4 = 298 rows, more than bucket 256: the general path.
+  DecodeGraphOptions small;
+  small.max_batch = 256;
+  auto over = Load(&backend, small);
+  ASSERT_TRUE(over);
+  auto c = testing::RunVerifySteps(over.get(), &backend, 100, 3, 2);
+  ASSERT_TRUE(c.ok()) << c.status();
+  auto d = testing::RunVerifySteps(eager.get(), &backend, 100, 3, 2);
+  ASSERT_TRUE(d.ok()) << d.status();
+  ExpectBitIdentical(*c, *d);
+  EXPECT_EQ(over->decode_graph_steps(), 0);
+}
+
 // Greedy steps with logit adjustments (logit_bias, min_tokens masks, penalties) take graphs of
 // their own, with the results of the general path (DeviceSampler) bit for bit; a step with more
 // entries than a graph has room for records a larger one.

@@ -137,6 +137,126 @@ inline absl::StatusOr<DecodeRun> RunDecodeSchedule(
   return run;
 }
 
+// Verification steps (speculative decoding's, SequenceStep::row_sampling): per step, per
+// sequence, its picks (1 + k rows for a verified sequence, 1 for a plain decode), their logprobs
+// and its hidden rows.
+struct VerifyRun {
+  std::vector<std::vector<std::vector<int32_t>>> tokens;  // [step][sequence][row]
+  std::vector<std::vector<std::vector<float>>> logprobs;
+  std::vector<std::vector<std::vector<float>>> hidden;  // [step][sequence][rows x width]
+};
+
+// Prefills `num_seqs` prompts (lengths 1..61) in a fresh cache, then runs `steps` greedy steps
+// where every sequence wants its hidden states and sequence i, unless i % 3 == 0 (a plain
+// decode), verifies its last token and k drafts (tokens that depend on i, the step and the row);
+// row 2 of sequence 1 has a bias of 1000 on one token. A verified sequence then advances past its
+// last token and the drafts its picks accepted (the rest is rolled back: rewritten later), a
+// plain one by its pick.
+inline absl::StatusOr<VerifyRun> RunVerifySteps(CausalLm* model, Backend* backend, int64_t num_seqs,
+                                                int64_t k, int64_t steps) {
+  const int32_t bs = 16;
+  const int64_t vocab = model->config().vocab_size;
+  std::vector<SequenceStep> seqs(num_seqs);
+  int64_t blocks = 1;
+  const int64_t grow = steps * (k + 1) + k;
+  for (int64_t i = 0; i < num_seqs; ++i) {
+    const int64_t len = 1 + (i * 37) % 61;
+    for (int64_t j = 0; j < len; ++j) {
+      seqs[i].tokens.push_back(static_cast<int32_t>((i * 131 + j * 7 + 3) % vocab));
+    }
+    blocks += (len + grow + bs) / bs;
+  }
+  auto pool = KvBlockPool::Create(
+      backend, KvBlockPoolOptions{model->CacheSpec(), static_cast<int32_t>(blocks), bs});
+  if (!pool.ok()) return pool.status();
+  for (SequenceStep& s : seqs) {
+    auto b = (*pool)->Allocate((*pool)->BlocksFor(static_cast<int64_t>(s.tokens.size()) + grow));
+    if (!b.ok()) return b.status();
+    s.block_table = std::move(*b);
+    s.sampling = SamplingParams{};
+    s.return_logits = false;
+  }
+  for (int64_t i = 0; i < num_seqs; i += 16) {
+    std::vector<SequenceStep> chunk(seqs.begin() + i,
+                                    seqs.begin() + std::min<int64_t>(num_seqs, i + 16));
+    auto out = model->Step(chunk, pool->get());
+    if (!out.ok()) return out.status();
+    for (size_t j = 0; j < chunk.size(); ++j) {
+      SequenceStep& s = seqs[i + j];
+      s.position_offset = static_cast<int64_t>(s.tokens.size());
+      s.tokens = {out->sampled[j].token};
+    }
+  }
+  VerifyRun run;
+  for (int64_t step = 0; step < steps; ++step) {
+    std::vector<SequenceStep> batch = seqs;
+    for (int64_t i = 0; i < num_seqs; ++i) {
+      SequenceStep& s = batch[i];
+      s.return_hidden = true;
+      if (i % 3 == 0) continue;
+      for (int64_t j = 0; j < k; ++j) {
+        s.tokens.push_back(static_cast<int32_t>((i * 17 + step * 5 + j * 3) % vocab));
+      }
+      s.sampling.reset();
+      s.all_logits = true;
+      s.row_sampling.assign(k + 1, SamplingParams{});
+      if (i == 1 && k >= 2) {
+        LogitAdjustment a;
+        a.token = static_cast<int32_t>((step * 11 + 5) % vocab);
+        a.bias = 1000.0f;
+        s.row_sampling[2].adjustments = {a};
+      }
+    }
+    auto out = model->Step(batch, pool->get());
+    if (!out.ok()) return out.status();
+    run.tokens.emplace_back(num_seqs);
+    run.logprobs.emplace_back(num_seqs);
+    run.hidden.emplace_back(num_seqs);
+    for (int64_t i = 0; i < num_seqs; ++i) {
+      const SequenceStep& s = batch[i];
+      std::vector<SampledToken> picks =
+          s.row_sampling.empty() ? std::vector<SampledToken>{out->sampled[i]} : out->row_sampled[i];
+      if (picks.size() != s.tokens.size()) {
+        return absl::InternalError(absl::StrCat("sequence ", i, ": ", picks.size(), " picks for ",
+                                                s.tokens.size(), " rows"));
+      }
+      // Accepted: the last token and each draft its row before picked.
+      int64_t accepted = 1;
+      while (accepted < static_cast<int64_t>(s.tokens.size()) &&
+             picks[accepted - 1].token == s.tokens[accepted]) {
+        ++accepted;
+      }
+      for (const SampledToken& p : picks) {
+        run.tokens.back()[i].push_back(p.token);
+        run.logprobs.back()[i].push_back(p.logprob);
+      }
+      run.hidden.back()[i] = out->hidden[i];
+      seqs[i].position_offset += accepted;
+      seqs[i].tokens = {picks[accepted - 1].token};
+    }
+  }
+  return run;
+}
+
+inline void ExpectBitIdentical(const VerifyRun& a, const VerifyRun& b) {
+  ASSERT_EQ(a.tokens.size(), b.tokens.size());
+  for (size_t s = 0; s < a.tokens.size(); ++s) {
+    ASSERT_EQ(a.tokens[s], b.tokens[s]) << "step " << s;
+    for (size_t i = 0; i < a.tokens[s].size(); ++i) {
+      ASSERT_EQ(a.logprobs[s][i].size(), b.logprobs[s][i].size());
+      ASSERT_EQ(std::memcmp(a.logprobs[s][i].data(), b.logprobs[s][i].data(),
+                            a.logprobs[s][i].size() * sizeof(float)),
+                0)
+          << "step " << s << " sequence " << i;
+      ASSERT_EQ(a.hidden[s][i].size(), b.hidden[s][i].size()) << "step " << s << " sequence " << i;
+      ASSERT_EQ(std::memcmp(a.hidden[s][i].data(), b.hidden[s][i].data(),
+                            a.hidden[s][i].size() * sizeof(float)),
+                0)
+          << "step " << s << " sequence " << i;
+    }
+  }
+}
+
 // The batch sizes both decode-graph tests step through: padding (3, 5, 100), buckets reused
 // and revisited, the size changing every step.
 inline const std::vector<int64_t>& DecodeSchedule() {

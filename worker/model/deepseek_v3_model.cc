@@ -96,6 +96,10 @@ DeepseekV3Model::DeepseekV3Model(const ModelConfig& config, std::unique_ptr<Mode
   graph_model.vocab_size = config_.vocab_size;
   graph_model.max_position_embeddings = config_.max_position_embeddings;
   graph_model.counted_per_row = config_.num_experts_per_tok;  // EPLB counts real rows only
+  // MLA writes every row's latent entries before its attention reads any, and the paged cache is
+  // all the state there is: verification rows are rows like any other.
+  graph_model.verify_rows = true;
+  graph_model.hidden_width = config_.hidden_size;
   graphs_ = std::make_unique<DecodeGraphRunner>(backend_, std::move(graph_model));
   embedding_ =
       std::make_unique<TokenEmbedding>(backend_, weights_->embed->as<float>(), config_.hidden_size);
@@ -176,12 +180,8 @@ absl::StatusOr<StepOutput> DeepseekV3Model::Step(const std::vector<SequenceStep>
   const ModelConfig& c = config_;
   if (absl::Status st = CheckCache(*cache, "Step"); !st.ok()) return st;
   if (micro_batches_ == 2) return TwoMicroBatchStep(batch, cache);
-  const bool hidden = std::any_of(batch.begin(), batch.end(),
-                                  [](const SequenceStep& s) { return s.return_hidden; });
-  if (!hidden) {
-    if (std::optional<absl::StatusOr<StepOutput>> out = graphs_->Run(batch, cache)) {
-      return *std::move(out);
-    }
+  if (std::optional<absl::StatusOr<StepOutput>> out = graphs_->Run(batch, cache)) {
+    return *std::move(out);
   }
   auto meta = MakeStepMetadata(backend_, batch, cache, c.vocab_size);
   if (!meta.ok()) return meta.status();
@@ -335,6 +335,7 @@ absl::StatusOr<StepOutput> DeepseekV3Model::TwoMicroBatchStep(
     };
     append(&out.logits, part->logits);
     append(&out.sampled, part->sampled);
+    append(&out.row_sampled, part->row_sampled);
     append(&out.hidden, part->hidden);
   }
   return out;
@@ -441,20 +442,17 @@ absl::StatusOr<DraftOutput> DeepseekV3Model::Draft(const std::vector<DraftStep>&
   backend_->GatherRows(R, H, x->as<float>(), (*meta)->logit_rows->as<int32_t>(), last->as<float>());
   LmHead head(backend_, H, V, eps, M.head_norm->as<float>(), weights_->Matrix(weights_->lm_head));
   auto logits = head.Logits(R, last->as<float>(), nullptr, normed->as<float>(), Mode());
-  std::vector<float> host_logits(R * V), host_last(R * H);
-  backend_->CopyToHost(logits->data(), R * V * sizeof(float), host_logits.data());
+  // Only the picks and the last rows' hidden states leave the device.
+  if (absl::Status st =
+          GreedyPicks(backend_, V, logits->as<float>(), R, &out.token, &out.probability);
+      !st.ok()) {
+    return st;
+  }
+  std::vector<float> host_last(R * H);
   backend_->CopyToHost(last->data(), R * H * sizeof(float), host_last.data());
   if (absl::Status st = backend_->status(); !st.ok()) return st;
-  out.token.resize(R);
-  out.probability.resize(R);
   out.hidden.resize(R);
   for (int64_t r = 0; r < R; ++r) {
-    const float* row = host_logits.data() + r * V;
-    const int64_t best = std::max_element(row, row + V) - row;  // lowest id on ties
-    double sum = 0;
-    for (int64_t v = 0; v < V; ++v) sum += std::exp(static_cast<double>(row[v] - row[best]));
-    out.token[r] = static_cast<int32_t>(best);
-    out.probability[r] = static_cast<float>(1.0 / sum);
     out.hidden[r].assign(host_last.begin() + r * H, host_last.begin() + (r + 1) * H);
   }
   return out;
@@ -478,7 +476,14 @@ absl::Status DeepseekV3Model::DecodeForward(const DecodeGraphInputs& in) {
   ctx.max_context_hint = in.max_context_hint;
   auto x = Floats(B * H), y = Floats(B * H);
   if (absl::Status st = Layers(ctx, in.ids, x->as<float>(), y->as<float>()); !st.ok()) return st;
-  // Every row is a sequence's last token: final norm, LM head and greedy pick for all of them.
+  if (in.out_hidden != nullptr) {  // the residual stream before the final norm (CopyHidden's)
+    if (ResidualPending()) {
+      backend_->Add(B * H, x->as<float>(), y->as<float>(), in.out_hidden);
+    } else {
+      backend_->CopyDeviceToDevice(x->as<float>(), B * H * sizeof(float), in.out_hidden);
+    }
+  }
+  // Every row is a token whose next one is picked: final norm, LM head and greedy pick for all.
   auto normed = Floats(B * H);
   auto logits = head_->Logits(B, x->as<float>(), ResidualPending() ? y->as<float>() : nullptr,
                               normed->as<float>(), Mode());

@@ -39,6 +39,12 @@ struct SequenceStep {
   int32_t shared_blocks = 0;
   // Whether StepOutput::hidden carries this sequence's rows (a draft head's input).
   bool return_hidden = false;
+  // Verification of drafts (speculative decoding): empty, or one entry per new token (with
+  // all_logits): row j's next token is picked as `sampling` would pick it at position
+  // position_offset + j + 1 with these parameters (on the device where DeviceSampler::Supports
+  // them, else on the host), and StepOutput::row_sampled carries the picks. With return_logits
+  // false no logit row leaves the device.
+  std::vector<SamplingParams> row_sampling;
   // Structured output: when set (with sampling), called once the step's forward pass is
   // enqueued and before sampling, so host work overlaps the device's, to write the tokens that
   // may be sampled: (vocab + 31) / 32 words, bit t % 32 of word t / 32 for token t. Returns
@@ -54,6 +60,8 @@ struct StepOutput {
   std::vector<std::vector<float>> logits;
   // Per sequence; token -1 where SequenceStep::sampling was unset.
   std::vector<SampledToken> sampled;
+  // Per sequence, one per new token where SequenceStep::row_sampling is set, else empty.
+  std::vector<std::vector<SampledToken>> row_sampled;
   // Per sequence, row-major [tokens.size(), width]: the residual stream after the last decoder
   // layer (before the final norm) for every new token; empty unless SequenceStep::return_hidden.
   // width is hidden_size, or hc_mult * hidden_size where the model keeps hc_mult residual

@@ -346,20 +346,17 @@ absl::StatusOr<DraftOutput> DeepseekV4Model::Draft(const std::vector<DraftStep>&
   backend_->GatherRows(R, S, streams->as<float>(), last_dev->as<int32_t>(),
                        last_streams->as<float>());
   auto logits = Logits(R, last_streams->as<float>(), nullptr, M.hc_head, *M.norm);
-  std::vector<float> host_logits(R * V), host_last(R * S);
-  backend_->CopyToHost(logits->data(), R * V * sizeof(float), host_logits.data());
+  // Only the picks and the last rows' streams leave the device.
+  if (absl::Status st =
+          GreedyPicks(backend_, V, logits->as<float>(), R, &out.token, &out.probability);
+      !st.ok()) {
+    return st;
+  }
+  std::vector<float> host_last(R * S);
   backend_->CopyToHost(last_streams->data(), R * S * sizeof(float), host_last.data());
   if (absl::Status st = backend_->status(); !st.ok()) return st;
-  out.token.resize(R);
-  out.probability.resize(R);
   out.hidden.resize(R);
   for (int64_t r = 0; r < R; ++r) {
-    const float* row = host_logits.data() + r * V;
-    const int64_t best = std::max_element(row, row + V) - row;  // lowest id on ties
-    double sum = 0;
-    for (int64_t v = 0; v < V; ++v) sum += std::exp(static_cast<double>(row[v] - row[best]));
-    out.token[r] = static_cast<int32_t>(best);
-    out.probability[r] = static_cast<float>(1.0 / sum);
     out.hidden[r].assign(host_last.begin() + r * S, host_last.begin() + (r + 1) * S);
   }
   return out;

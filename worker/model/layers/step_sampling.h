@@ -1,7 +1,8 @@
 // SampleOrCopyLogits: a Step's tail after the LM head, the sampling family's one call. Sequences
 // that want no logits and whose sampling the device supports are sampled there (DeviceSampler,
-// only tokens and log-probabilities come back); the rows of the others are copied to the host
-// (Sampler picks there). Structured-output masks (SequenceStep::fill_allowed_tokens) are applied
+// only tokens and log-probabilities come back), every row of a verified sequence too
+// (SequenceStep::row_sampling); the rows of the others are copied to the host (Sampler picks
+// there). Structured-output masks (SequenceStep::fill_allowed_tokens) are applied
 // to their rows first, before any logit adjustment or sampling. It also checks the backend's
 // status, which the copies have waited for.
 #ifndef DEEPINFER_WORKER_MODEL_LAYERS_STEP_SAMPLING_H_
@@ -21,6 +22,13 @@ namespace deepinfer {
 absl::StatusOr<StepOutput> SampleOrCopyLogits(Backend* backend, int64_t vocab_size,
                                               const std::vector<SequenceStep>& batch, float* logits,
                                               int64_t rows);
+
+// The draft head's picks (CausalLm::Draft): per row of logits (device [rows, vocab_size]), the
+// greedy token (lowest id on ties) and the probability the row's softmax gives it, computed on
+// the device (Backend::GreedySampleRows), so that only rows x (token, probability) come back.
+// The backend's status if an op failed.
+absl::Status GreedyPicks(Backend* backend, int64_t vocab_size, const float* logits, int64_t rows,
+                         std::vector<int32_t>* token, std::vector<float>* probability);
 
 }  // namespace deepinfer
 
