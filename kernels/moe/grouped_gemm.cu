@@ -14,6 +14,7 @@
 #include <cuda_bf16.h>
 
 #include <algorithm>
+#include <type_traits>
 
 #include "kernels/common/cp_async.cuh"
 #include "kernels/common/nonempty_group.cuh"
@@ -182,17 +183,22 @@ __device__ __forceinline__ void MmaBf16(float c[4], const unsigned a[4], unsigne
 #endif
 }
 
-// Packs (f0, f1) as bf16x2 hi (f0 in the low half) and the rounding residual as lo.
+// Packs (f0, f1) as bf16x2 hi (f0 in the low half) and, with kSplitX, the rounding residual as
+// lo (without it, lo is left alone: x is used rounded to bf16, one MMA per product).
+template <bool kSplitX>
 __device__ __forceinline__ void SplitBf16x2(float f0, float f1, unsigned* hi, unsigned* lo) {
   const __nv_bfloat162 h = __floats2bfloat162_rn(f0, f1);
-  const __nv_bfloat162 l = __floats2bfloat162_rn(f0 - __low2float(h), f1 - __high2float(h));
   *hi = *reinterpret_cast<const unsigned*>(&h);
-  *lo = *reinterpret_cast<const unsigned*>(&l);
+  if (kSplitX) {
+    const __nv_bfloat162 l = __floats2bfloat162_rn(f0 - __low2float(h), f1 - __high2float(h));
+    *lo = *reinterpret_cast<const unsigned*>(&l);
+  }
 }
 
 // One pass: the warp's 16 * kTcFeatureTiles weight rows times x rows [row0, row0 + 8 * NT)
-// (rows >= row_end are read as a clamped valid row and not stored).
-template <int NT>
+// (rows >= row_end are read as a clamped valid row and not stored). kSplitX: x as hi + lo (two
+// MMAs per product), else x rounded to bf16 (kTensorCoreBf16X: the hi MMA alone).
+template <int NT, bool kSplitX>
 __device__ __forceinline__ void TcRowPass(const GroupedGemmBf16Params& p, const uint16_t* weights,
                                           int64_t feature0, int row0, int row_end) {
   const int lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
@@ -220,6 +226,8 @@ __device__ __forceinline__ void TcRowPass(const GroupedGemmBf16Params& p, const 
       for (int i = 0; i < 4; ++i) acc[f][j][i] = 0.0f;
 
   const int chunks = p.k / 8;  // 16-byte weight chunks per row; thread t takes chunk 4*step + t
+  // Two steps' weight loads in flight (the sums keep their order).
+#pragma unroll 2
   for (int c = t; c - t < chunks; c += 4) {
     const bool ok = c < chunks;
     uint4 a[kTcFeatureTiles][2];
@@ -236,10 +244,10 @@ __device__ __forceinline__ void TcRowPass(const GroupedGemmBf16Params& p, const 
         v0 = __ldg(x[j] + 2 * c);
         v1 = __ldg(x[j] + 2 * c + 1);
       }
-      SplitBf16x2(v0.x, v0.y, &bhi[j][0], &blo[j][0]);
-      SplitBf16x2(v0.z, v0.w, &bhi[j][1], &blo[j][1]);
-      SplitBf16x2(v1.x, v1.y, &bhi[j][2], &blo[j][2]);
-      SplitBf16x2(v1.z, v1.w, &bhi[j][3], &blo[j][3]);
+      SplitBf16x2<kSplitX>(v0.x, v0.y, &bhi[j][0], &blo[j][0]);
+      SplitBf16x2<kSplitX>(v0.z, v0.w, &bhi[j][1], &blo[j][1]);
+      SplitBf16x2<kSplitX>(v1.x, v1.y, &bhi[j][2], &blo[j][2]);
+      SplitBf16x2<kSplitX>(v1.z, v1.w, &bhi[j][3], &blo[j][3]);
     }
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
@@ -250,7 +258,7 @@ __device__ __forceinline__ void TcRowPass(const GroupedGemmBf16Params& p, const 
 #pragma unroll
         for (int j = 0; j < NT; ++j) {
           MmaBf16(acc[f][j], frag, bhi[j][2 * h], bhi[j][2 * h + 1]);
-          MmaBf16(acc[f][j], frag, blo[j][2 * h], blo[j][2 * h + 1]);
+          if (kSplitX) MmaBf16(acc[f][j], frag, blo[j][2 * h], blo[j][2 * h + 1]);
         }
       }
     }
@@ -270,7 +278,7 @@ __device__ __forceinline__ void TcRowPass(const GroupedGemmBf16Params& p, const 
   }
 }
 
-template <int kMaxNT>
+template <int kMaxNT, bool kSplitX>
 __global__ void __launch_bounds__(kTcThreads) GroupedGemmBf16TcKernel(GroupedGemmBf16Params p) {
   __shared__ int work[3];
   FindNonEmptyGroup(p.num_slots, p.max_rows, p.slot_offsets, work);
@@ -283,13 +291,13 @@ __global__ void __launch_bounds__(kTcThreads) GroupedGemmBf16TcKernel(GroupedGem
   for (int row0 = row_begin; row0 < row_end;) {
     const int rest = row_end - row0;
     if (kMaxNT >= 4 && rest > 16) {
-      TcRowPass<kMaxNT >= 4 ? 4 : 1>(p, weights, feature0, row0, row_end);
+      TcRowPass<kMaxNT >= 4 ? 4 : 1, kSplitX>(p, weights, feature0, row0, row_end);
       row0 += 32;
     } else if (kMaxNT >= 2 && rest > 8) {
-      TcRowPass<kMaxNT >= 2 ? 2 : 1>(p, weights, feature0, row0, row_end);
+      TcRowPass<kMaxNT >= 2 ? 2 : 1, kSplitX>(p, weights, feature0, row0, row_end);
       row0 += 16;
     } else {
-      TcRowPass<1>(p, weights, feature0, row0, row_end);
+      TcRowPass<1, kSplitX>(p, weights, feature0, row0, row_end);
       row0 += 8;
     }
   }
@@ -298,8 +306,9 @@ __global__ void __launch_bounds__(kTcThreads) GroupedGemmBf16TcKernel(GroupedGem
 // The tensor-core variant for many rows: a block owns 128 rows of one slot x 64 features (8 warps,
 // each 32 rows x 32 features), its k steps staged in shared memory by cp.async. Each output is
 // the same sum as TcRowPass's, bit for bit: the 32-wide k steps in order, per step the halves
-// h = 0, 1, per half the MMA of x's hi then of its lo term, the same fragment permutation. So the
-// two are picked by the row count alone. Grid: x = feature tiles, y = the j-th row tile over the
+// h = 0, 1, per half the MMA of x's hi then of its lo term (kSplitX; without it the hi MMA alone,
+// as TcRowPass<NT, false>), the same fragment permutation. So the two are picked by the row count
+// alone. Grid: x = feature tiles, y = the j-th row tile over the
 // slots in slot order (a bound: blocks past the last tile exit).
 constexpr int kTiledRows = 128;
 constexpr int kTiledFeatures = 64;
@@ -353,6 +362,7 @@ __device__ void FindRowTile(const GroupedGemmBf16Params& p, int work[3]) {
   __syncthreads();
 }
 
+template <bool kSplitX>
 __global__ void __launch_bounds__(kTiledThreads, 2)
     GroupedGemmBf16TiledKernel(GroupedGemmBf16Params p) {
   extern __shared__ __align__(16) unsigned char smem[];
@@ -422,10 +432,10 @@ __global__ void __launch_bounds__(kTiledThreads, 2)
       const unsigned char* row = base + kTiledWBytes + (warp_rows + 8 * j + g) * kTiledXRowBytes;
       const float4 v0 = *reinterpret_cast<const float4*>(row + t * 32);
       const float4 v1 = *reinterpret_cast<const float4*>(row + t * 32 + 16);
-      SplitBf16x2(v0.x, v0.y, &bhi[j][0], &blo[j][0]);
-      SplitBf16x2(v0.z, v0.w, &bhi[j][1], &blo[j][1]);
-      SplitBf16x2(v1.x, v1.y, &bhi[j][2], &blo[j][2]);
-      SplitBf16x2(v1.z, v1.w, &bhi[j][3], &blo[j][3]);
+      SplitBf16x2<kSplitX>(v0.x, v0.y, &bhi[j][0], &blo[j][0]);
+      SplitBf16x2<kSplitX>(v0.z, v0.w, &bhi[j][1], &blo[j][1]);
+      SplitBf16x2<kSplitX>(v1.x, v1.y, &bhi[j][2], &blo[j][2]);
+      SplitBf16x2<kSplitX>(v1.z, v1.w, &bhi[j][3], &blo[j][3]);
     }
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
@@ -436,7 +446,7 @@ __global__ void __launch_bounds__(kTiledThreads, 2)
 #pragma unroll
         for (int j = 0; j < 4; ++j) {
           MmaBf16(acc[f][j], frag, bhi[j][2 * h], bhi[j][2 * h + 1]);
-          MmaBf16(acc[f][j], frag, blo[j][2 * h], blo[j][2 * h + 1]);
+          if (kSplitX) MmaBf16(acc[f][j], frag, blo[j][2 * h], blo[j][2 * h + 1]);
         }
       }
     }
@@ -459,7 +469,9 @@ __global__ void __launch_bounds__(kTiledThreads, 2)
 bool TensorCoresAvailable() {
   static const bool available = [] {
     cudaFuncAttributes attr;
-    if (cudaFuncGetAttributes(&attr, GroupedGemmBf16TcKernel<1>) != cudaSuccess) return false;
+    if (cudaFuncGetAttributes(&attr, GroupedGemmBf16TcKernel<1, true>) != cudaSuccess) {
+      return false;
+    }
     return attr.binaryVersion >= 80 && attr.ptxVersion >= 80;
   }();
   return available;
@@ -491,34 +503,47 @@ cudaError_t GroupedGemmBf16(const GroupedGemmBf16Params& p, cudaStream_t stream)
   const int hint = p.rows_per_slot_hint > 0 ? p.rows_per_slot_hint : p.max_rows;
   const int64_t slot_blocks = std::min<int64_t>(p.num_slots, p.max_rows);
   if (slot_blocks > 65535) return cudaErrorInvalidValue;
-  bool tensor_cores = p.algo == GroupedGemmAlgo::kTensorCore ||
+  const bool bf16_x = p.algo == GroupedGemmAlgo::kTensorCoreBf16X;
+  bool tensor_cores = p.algo == GroupedGemmAlgo::kTensorCore || bf16_x ||
                       (p.algo == GroupedGemmAlgo::kAuto && hint > kCudaCoreMaxRowsPerSlot);
   if (tensor_cores && !TensorCoresAvailable()) {
-    if (p.algo == GroupedGemmAlgo::kTensorCore) return cudaErrorNotSupported;
+    if (p.algo != GroupedGemmAlgo::kAuto) return cudaErrorNotSupported;
     tensor_cores = false;
   }
   // Row tiles over the slots: at most one partial tile a non-empty slot beyond max_rows / 128.
   const int64_t row_tiles = (p.max_rows + kTiledRows - 1) / kTiledRows + slot_blocks;
   if (tensor_cores && p.max_rows >= kTiledMinRows && row_tiles <= 65535) {
-    // Every call: the attribute belongs to the current device.
-    const cudaError_t attr = cudaFuncSetAttribute(
-        GroupedGemmBf16TiledKernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kTiledSmemBytes);
-    if (attr != cudaSuccess) return attr;
     const dim3 grid(static_cast<unsigned>((int64_t{p.n} + kTiledFeatures - 1) / kTiledFeatures),
                     static_cast<unsigned>(row_tiles));
-    GroupedGemmBf16TiledKernel<<<grid, kTiledThreads, kTiledSmemBytes, stream>>>(p);
-    return cudaGetLastError();
+    auto launch_tiled = [&](auto kernel) {
+      // Every call: the attribute belongs to the current device.
+      const cudaError_t attr = cudaFuncSetAttribute(
+          kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kTiledSmemBytes);
+      if (attr != cudaSuccess) return attr;
+      kernel<<<grid, kTiledThreads, kTiledSmemBytes, stream>>>(p);
+      return cudaGetLastError();
+    };
+    return bf16_x ? launch_tiled(GroupedGemmBf16TiledKernel<false>)
+                  : launch_tiled(GroupedGemmBf16TiledKernel<true>);
   }
   if (tensor_cores) {
     const dim3 grid(
         static_cast<unsigned>((int64_t{p.n} + kTcFeaturesPerBlock - 1) / kTcFeaturesPerBlock),
         static_cast<unsigned>(slot_blocks));
-    if (hint <= 8) {
-      GroupedGemmBf16TcKernel<1><<<grid, kTcThreads, 0, stream>>>(p);
-    } else if (hint <= 16) {
-      GroupedGemmBf16TcKernel<2><<<grid, kTcThreads, 0, stream>>>(p);
+    auto launch_tc = [&](auto split_x) {
+      constexpr bool kSplitX = decltype(split_x)::value;
+      if (hint <= 8) {
+        GroupedGemmBf16TcKernel<1, kSplitX><<<grid, kTcThreads, 0, stream>>>(p);
+      } else if (hint <= 16) {
+        GroupedGemmBf16TcKernel<2, kSplitX><<<grid, kTcThreads, 0, stream>>>(p);
+      } else {
+        GroupedGemmBf16TcKernel<4, kSplitX><<<grid, kTcThreads, 0, stream>>>(p);
+      }
+    };
+    if (bf16_x) {
+      launch_tc(std::false_type());
     } else {
-      GroupedGemmBf16TcKernel<4><<<grid, kTcThreads, 0, stream>>>(p);
+      launch_tc(std::true_type());
     }
     return cudaGetLastError();
   }

@@ -4,7 +4,8 @@
 // (empty ones with null weights, 1..7 rows to hit every row-tile remainder, and a large one),
 // n not a multiple of the block's rows, offsets only in device memory, max_rows above the real
 // row count (blocks without work), and rows past the last slot checked to stay poisoned; the
-// tensor-core path's large tiles bit for bit against its small ones.
+// tensor-core paths' large tiles bit for bit against their small ones (x split into hi + lo, and
+// x rounded to bf16: kTensorCoreBf16X, checked against the reference on the rounded x).
 #include "kernels/moe/grouped_gemm.h"
 
 #include <cublas_v2.h>
@@ -50,13 +51,15 @@ const char* Name(kernels::GroupedGemmAlgo a) {
       return "cuda-core";
     case kernels::GroupedGemmAlgo::kTensorCore:
       return "tensor-core";
+    case kernels::GroupedGemmAlgo::kTensorCoreBf16X:
+      return "tensor-core bf16 x";
   }
   return "?";
 }
 
-constexpr kernels::GroupedGemmAlgo kAlgos[] = {kernels::GroupedGemmAlgo::kCudaCore,
-                                               kernels::GroupedGemmAlgo::kTensorCore,
-                                               kernels::GroupedGemmAlgo::kAuto};
+constexpr kernels::GroupedGemmAlgo kAlgos[] = {
+    kernels::GroupedGemmAlgo::kCudaCore, kernels::GroupedGemmAlgo::kTensorCore,
+    kernels::GroupedGemmAlgo::kTensorCoreBf16X, kernels::GroupedGemmAlgo::kAuto};
 
 void RunCase(const Case& c) {
   const uint32_t seed = testing::FreshSeed();
@@ -76,9 +79,13 @@ void RunCase(const Case& c) {
 
   auto x = testing::RandomFloats(static_cast<size_t>(max_rows) * c.k, seed);
   // bf16 activations: x holds bf16 values exactly, so the exact product below is what the
-  // kernel computes up to its summation.
-  const bool bf16_x = c.impl != Impl::kGrouped;
+  // kernel computes up to its summation. kTensorCoreBf16X gets fp32 x and rounds it itself; the
+  // host reference takes the rounded values (the rounding is the kernel's contract).
+  const bool bf16_x =
+      c.impl != Impl::kGrouped || c.algo == kernels::GroupedGemmAlgo::kTensorCoreBf16X;
+  const bool kernel_rounds_x = c.impl == Impl::kGrouped && bf16_x;
   std::vector<uint16_t> xb(x.size());
+  const std::vector<float> x_sent = x;  // what the kernel reads (fp32 for kTensorCoreBf16X)
   for (size_t i = 0; i < x.size(); ++i) {
     xb[i] = kernels::FloatToBf16(x[i]);
     if (bf16_x) x[i] = kernels::Bf16ToFloat(xb[i]);
@@ -100,7 +107,7 @@ void RunCase(const Case& c) {
   std::vector<float> want(static_cast<size_t>(max_rows) * c.n, 0.0f);
   kernels::GroupedGemmBf16Reference(slots, offsets.data(), c.n, c.k, x.data(), host_w, want.data());
 
-  DeviceArray<float> dx(x), dy(want.size());
+  DeviceArray<float> dx(kernel_rounds_x ? x_sent : x), dy(want.size());
   DeviceArray<uint16_t> dyb(c.out_bf16 ? want.size() : 0);  // the bf16 outputs
   DeviceArray<uint16_t> dw(w);
   DeviceArray<int32_t> doff(offsets);
@@ -263,13 +270,12 @@ TEST(GroupedGemmBf16Test, ManySlotsFewRows) {
 // exact products (n not a multiple of the 64-feature tile, k ending in a partial 32-wide step,
 // slots of 1 to 7000 rows, empty ones), and bit for bit against the small tiles, each slot's rows
 // run again alone (under 8192 rows).
-TEST(GroupedGemmBf16Test, TiledRowsAreTheSmallTilesBitForBit) {
-  DEEPINFER_SKIP_WITHOUT_GPU();
+void ExpectTiledRowsAreTheSmallTiles(kernels::GroupedGemmAlgo algo) {
   const std::vector<int32_t> counts = {0, 300, 1, 129, 7000, 0, 1000};
   const int32_t n = 136, k = 264;
-  RunCase({n, k, counts, 3, 0, kernels::GroupedGemmAlgo::kTensorCore});
+  RunCase({n, k, counts, 3, 0, algo});
   const uint32_t seed = testing::FreshSeed();
-  SCOPED_TRACE(::testing::Message() << "seed " << seed);
+  SCOPED_TRACE(::testing::Message() << Name(algo) << " seed " << seed);
   const int32_t slots = static_cast<int32_t>(counts.size());
   std::vector<int32_t> offsets(slots + 1, 0);
   for (int32_t s = 0; s < slots; ++s) offsets[s + 1] = offsets[s] + counts[s];
@@ -296,7 +302,7 @@ TEST(GroupedGemmBf16Test, TiledRowsAreTheSmallTilesBitForBit) {
   p.x = dx.get();
   p.weights = reinterpret_cast<const uint16_t* const*>(dptrs.get());
   p.y = dy.get();
-  p.algo = kernels::GroupedGemmAlgo::kTensorCore;
+  p.algo = algo;
   DEEPINFER_CUDA_OK(kernels::GroupedGemmBf16(p, nullptr));
   std::vector<float> all;
   DEEPINFER_CUDA_OK(dy.Download(&all));
@@ -318,6 +324,12 @@ TEST(GroupedGemmBf16Test, TiledRowsAreTheSmallTilesBitForBit) {
         std::memcmp(got.data(), all.data() + size_t(offsets[s]) * n, got.size() * sizeof(float)), 0)
         << "slot " << s << " (" << counts[s] << " rows) differs alone";
   }
+}
+
+TEST(GroupedGemmBf16Test, TiledRowsAreTheSmallTilesBitForBit) {
+  DEEPINFER_SKIP_WITHOUT_GPU();
+  ExpectTiledRowsAreTheSmallTiles(kernels::GroupedGemmAlgo::kTensorCore);
+  ExpectTiledRowsAreTheSmallTiles(kernels::GroupedGemmAlgo::kTensorCoreBf16X);
 }
 
 // The planned cuBLAS chunks (bf16 activations) on the same cases.

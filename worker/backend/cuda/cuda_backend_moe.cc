@@ -338,8 +338,10 @@ void CudaBackend::ExpertGemmsOnDevice(const RoutedExpertsArgs& a, DecodeMoeAlgo 
     g.slot_offsets = offsets;
     g.rows_per_slot_hint = static_cast<int32_t>(T);  // a token's top-k experts are distinct
     // Batch-invariant: tensor cores at every size (kAuto picks CUDA cores by the hint, i.e. by
-    // the batch; the tensor-core kernel's per-row sums do not depend on the row tile).
-    if (tuning_.batch_invariant) g.algo = kernels::GroupedGemmAlgo::kTensorCore;
+    // the batch; the tensor-core kernel's per-row sums do not depend on the row tile), x rounded
+    // to bf16 as the default mode's cuBLAS expert GEMMs round it (one MMA per product instead of
+    // kTensorCore's hi and lo terms).
+    if (tuning_.batch_invariant) g.algo = kernels::GroupedGemmAlgo::kTensorCoreBf16X;
     g.n = static_cast<int32_t>(2 * I);
     g.k = static_cast<int32_t>(H);
     g.weights = reinterpret_cast<const uint16_t* const*>(a.gate_up);
