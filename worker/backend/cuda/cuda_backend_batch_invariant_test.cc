@@ -141,9 +141,9 @@ class BatchInvariantTest : public testing::CudaBackendTest {
 // dense gate_up and down, the router with fp32 weights), a wide one as the LM head, and odd ones
 // that only the warp kernel takes. The large calls of the wide shapes take the tensor-core
 // kernel's large tiles, the small ones its small tiles (16 or 32 columns a block, by the block
-// count); fp32 activations from 16 rows are rounded to bf16 in a pass of their own, below in
-// the kernel; the warp kernel takes 2 x 4 tiles for many outputs (the router at 256 and 201
-// rows), one output a warp for few.
+// count); fp32 activations from 16 rows (and 1024 columns) are rounded to bf16 in a pass of
+// their own, otherwise in the kernel; the warp kernel takes 2 x 4 tiles for many outputs (the
+// router at 256 and 201 rows), one output a warp for few.
 TEST_F(BatchInvariantTest, GemmRowsAreTheSameAtEveryBatchSizeAndMatchCpu) {
   const std::vector<GemmCase> cases = {
       {3072, 2048, 2048, 3072, WeightDType::kBFloat16},

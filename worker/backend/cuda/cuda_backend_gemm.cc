@@ -77,10 +77,11 @@ bool CudaBackend::GemmOnCublasLt(int64_t m, int64_t n, int64_t k, const void* a,
 
 void CudaBackend::BatchInvariantGemm(const kernels::BatchInvariantGemmParams& p) {
   if (kernels::BatchInvariantGemmTcSupports(p)) {
-    // From kBatchInvariantRoundRows rows an fp32 a is rounded to bf16 in one pass first: the
-    // kernel rounds it the same way as it reads it (so the same bits), but each block reads the
-    // activation rows again from L2, at half the bytes in bf16.
-    if (!p.a_bf16 && p.m >= kBatchInvariantRoundRows) {
+    // From kBatchInvariantRoundRows rows and kBatchInvariantRoundColumns columns an fp32 a is
+    // rounded to bf16 in one pass first: the kernel rounds it the same way as it reads it (so the
+    // same bits), but each column tile's blocks read the activation rows again from L2, at half
+    // the bytes in bf16.
+    if (!p.a_bf16 && p.m >= kBatchInvariantRoundRows && p.n >= kBatchInvariantRoundColumns) {
       kernels::BatchInvariantGemmParams r = p;
       // Every element any product reads lies in the first (batch-1)*stride_a + (m-1)*lda + k.
       auto a16 = RoundToBf16(static_cast<const float*>(p.a),
