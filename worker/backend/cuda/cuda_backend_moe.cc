@@ -180,9 +180,12 @@ bool CudaBackend::RoutedExperts(const RoutedExpertsArgs& a) {
     return true;
   }
   // bf16 weights gather the rows straight into bf16 (the GEMM operand), except for the device
-  // path's fp32-activation kernel.
-  const bool gather_bf16 = a.dtype == WeightDType::kBFloat16 &&
-                           !(device_grouped && decode_algo == DecodeMoeAlgo::kGroupedF32);
+  // path's fp32-activation kernel; the batch-invariant mode's kernel takes them in bf16 below
+  // kernels::kGroupedGemmTiledMinRows rows (its shared-memory tiles take fp32, the same sums).
+  const bool grouped_bf16_x = tuning_.batch_invariant && T * K < kernels::kGroupedGemmTiledMinRows;
+  const bool gather_bf16 =
+      a.dtype == WeightDType::kBFloat16 &&
+      (!(device_grouped && decode_algo == DecodeMoeAlgo::kGroupedF32) || grouped_bf16_x);
   MoePermutation perm;
   {
     PhaseTimer phase(this, "RoutedExpertsCublas/permute", !device_grouped);
@@ -345,7 +348,13 @@ void CudaBackend::ExpertGemmsOnDevice(const RoutedExpertsArgs& a, DecodeMoeAlgo 
     g.n = static_cast<int32_t>(2 * I);
     g.k = static_cast<int32_t>(H);
     g.weights = reinterpret_cast<const uint16_t* const*>(a.gate_up);
-    g.x = static_cast<const float*>(permuted);
+    // RoutedExperts gathered the batch-invariant mode's rows in bf16 below the shared-memory
+    // tiles' row count (the same values as the kernel's own rounding of fp32 rows).
+    if (tuning_.batch_invariant && T * K < kernels::kGroupedGemmTiledMinRows) {
+      g.x_bf16 = static_cast<const uint16_t*>(permuted);
+    } else {
+      g.x = static_cast<const float*>(permuted);
+    }
     g.y = gate_up->as<float>();
     Check(kernels::GroupedGemmBf16(g, stream_), "kernels::GroupedGemmBf16(gate_up)");
     auto act = AllocateScratch(rows * I * sizeof(float));
@@ -354,6 +363,7 @@ void CudaBackend::ExpertGemmsOnDevice(const RoutedExpertsArgs& a, DecodeMoeAlgo 
     g.k = static_cast<int32_t>(I);
     g.weights = reinterpret_cast<const uint16_t* const*>(a.down);
     g.x = act->as<float>();
+    g.x_bf16 = nullptr;
     g.y = expert_out;
     Check(kernels::GroupedGemmBf16(g, stream_), "kernels::GroupedGemmBf16(down)");
     return;
