@@ -43,20 +43,24 @@ __device__ __forceinline__ unsigned PackBf16x2(float f0, float f1) {
   return *reinterpret_cast<const unsigned*>(&h);
 }
 
-// The block's columns [col0, col0 + 16) times rows [row0, row0 + 8 * NT) (rows >= row_end read a
-// clamped valid row and are not stored): this warp's k steps into red[warp], then the sum over
-// warps in warp order into c.
-template <int NT, bool kBf16A>
+// The block's columns [col0, col0 + 16 * CT) times rows [row0, row0 + 8 * NT) (rows >= row_end
+// read a clamped valid row and are not stored): this warp's k steps, then the sum over warps in
+// warp order into c, one 16-column tile after another through red. CT (16-column tiles a block)
+// changes only which outputs a block holds: each output's MMAs and sum are the same at every CT.
+template <int NT, int CT, bool kBf16A>
 __device__ __forceinline__ void TcPass(const BatchInvariantGemmParams& p, const char* a,
                                        const uint16_t* w, float* c, int64_t col0, int64_t row0,
                                        int64_t row_end,
                                        float (*red)[kTcColumnsPerBlock][kTcRowsPerBlock]) {
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
-  const uint4* wr[2];
+  const uint4* wr[CT][2];
 #pragma unroll
-  for (int half = 0; half < 2; ++half) {
-    const int64_t col = min(col0 + half * 8 + g, p.n - 1);
-    wr[half] = reinterpret_cast<const uint4*>(w + col * p.ldw);
+  for (int x = 0; x < CT; ++x) {
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      const int64_t col = min(col0 + x * kTcColumnsPerBlock + half * 8 + g, p.n - 1);
+      wr[x][half] = reinterpret_cast<const uint4*>(w + col * p.ldw);
+    }
   }
   const size_t a_size = kBf16A ? sizeof(uint16_t) : sizeof(float);
   const char* ar[NT];
@@ -65,21 +69,25 @@ __device__ __forceinline__ void TcPass(const BatchInvariantGemmParams& p, const 
     const int64_t row = min(row0 + j * 8 + g, row_end - 1);
     ar[j] = a + row * p.lda * a_size;
   }
-  float acc[NT][4];
+  float acc[CT][NT][4];
 #pragma unroll
-  for (int j = 0; j < NT; ++j)
+  for (int x = 0; x < CT; ++x)
 #pragma unroll
-    for (int i = 0; i < 4; ++i) acc[j][i] = 0.0f;
+    for (int j = 0; j < NT; ++j)
+#pragma unroll
+      for (int i = 0; i < 4; ++i) acc[x][j][i] = 0.0f;
 
   const int64_t chunks = p.k / 8;  // 8-value chunks per row; step s holds chunks 4s .. 4s + 3
 #pragma unroll 2
   for (int64_t step = warp; 4 * step < chunks; step += kTcWarps) {
     const int64_t ch = 4 * step + t;  // this thread's chunk
     const bool ok = ch < chunks;
-    uint4 wv[2];
+    uint4 wv[CT][2];
 #pragma unroll
-    for (int half = 0; half < 2; ++half)
-      wv[half] = ok ? __ldg(wr[half] + ch) : make_uint4(0, 0, 0, 0);
+    for (int x = 0; x < CT; ++x)
+#pragma unroll
+      for (int half = 0; half < 2; ++half)
+        wv[x][half] = ok ? __ldg(wr[x][half] + ch) : make_uint4(0, 0, 0, 0);
     unsigned b[NT][4];
 #pragma unroll
     for (int j = 0; j < NT; ++j) {
@@ -101,37 +109,45 @@ __device__ __forceinline__ void TcPass(const BatchInvariantGemmParams& p, const 
     }
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
-      const unsigned frag[4] = {h ? wv[0].z : wv[0].x, h ? wv[1].z : wv[1].x, h ? wv[0].w : wv[0].y,
-                                h ? wv[1].w : wv[1].y};
 #pragma unroll
-      for (int j = 0; j < NT; ++j) MmaBf16(acc[j], frag, b[j][2 * h], b[j][2 * h + 1]);
+      for (int x = 0; x < CT; ++x) {
+        const unsigned frag[4] = {h ? wv[x][0].z : wv[x][0].x, h ? wv[x][1].z : wv[x][1].x,
+                                  h ? wv[x][0].w : wv[x][0].y, h ? wv[x][1].w : wv[x][1].y};
+#pragma unroll
+        for (int j = 0; j < NT; ++j) MmaBf16(acc[x][j], frag, b[j][2 * h], b[j][2 * h + 1]);
+      }
     }
   }
-  // C fragment: c0, c1 = (column g, rows 2t, 2t+1); c2, c3 = (column g + 8, same rows).
 #pragma unroll
-  for (int j = 0; j < NT; ++j) {
+  for (int x = 0; x < CT; ++x) {
+    if (x > 0) __syncthreads();  // the previous tile's sums have read red
+      // C fragment: c0, c1 = (column g, rows 2t, 2t+1); c2, c3 = (column g + 8, same rows).
 #pragma unroll
-    for (int i = 0; i < 4; ++i)
-      red[warp][g + (i >= 2 ? 8 : 0)][j * 8 + 2 * t + (i % 2)] = acc[j][i];
-  }
-  __syncthreads();
-  for (int e = threadIdx.x; e < kTcColumnsPerBlock * 8 * NT; e += kTcThreads) {
-    const int col_in = e % kTcColumnsPerBlock, row_in = e / kTcColumnsPerBlock;
-    const int64_t col = col0 + col_in, row = row0 + row_in;
-    if (col >= p.n || row >= row_end) continue;
-    float sum = red[0][col_in][row_in];
+    for (int j = 0; j < NT; ++j) {
 #pragma unroll
-    for (int q = 1; q < kTcWarps; ++q) sum += red[q][col_in][row_in];
-    float* out = c + row * p.ldc + col;
-    *out = p.accumulate ? *out + sum : sum;
+      for (int i = 0; i < 4; ++i)
+        red[warp][g + (i >= 2 ? 8 : 0)][j * 8 + 2 * t + (i % 2)] = acc[x][j][i];
+    }
+    __syncthreads();
+    for (int e = threadIdx.x; e < kTcColumnsPerBlock * 8 * NT; e += kTcThreads) {
+      const int col_in = e % kTcColumnsPerBlock, row_in = e / kTcColumnsPerBlock;
+      const int64_t col = col0 + x * kTcColumnsPerBlock + col_in, row = row0 + row_in;
+      if (col >= p.n || row >= row_end) continue;
+      float sum = red[0][col_in][row_in];
+#pragma unroll
+      for (int q = 1; q < kTcWarps; ++q) sum += red[q][col_in][row_in];
+      float* out = c + row * p.ldc + col;
+      *out = p.accumulate ? *out + sum : sum;
+    }
   }
 }
 
-template <bool kBf16A>
+// Grid: x = 32-row tiles, y = tiles of 16 * CT columns, z = the batch's products.
+template <int CT, bool kBf16A>
 __global__ void __launch_bounds__(kTcThreads)
     BatchInvariantGemmTcKernel(BatchInvariantGemmParams p) {
   __shared__ float red[kTcWarps][kTcColumnsPerBlock][kTcRowsPerBlock];
-  const int64_t col0 = int64_t{blockIdx.y} * kTcColumnsPerBlock;
+  const int64_t col0 = int64_t{blockIdx.y} * kTcColumnsPerBlock * CT;
   const int64_t b = blockIdx.z;
   const char* a =
       static_cast<const char*>(p.a) + b * p.stride_a * (kBf16A ? sizeof(uint16_t) : sizeof(float));
@@ -141,13 +157,21 @@ __global__ void __launch_bounds__(kTcThreads)
   const int64_t row_end = min(row0 + kTcRowsPerBlock, p.m);
   const int64_t rows = row_end - row0;
   if (rows > 16) {
-    TcPass<4, kBf16A>(p, a, w, c, col0, row0, row_end, red);
+    TcPass<4, CT, kBf16A>(p, a, w, c, col0, row0, row_end, red);
   } else if (rows > 8) {
-    TcPass<2, kBf16A>(p, a, w, c, col0, row0, row_end, red);
+    TcPass<2, CT, kBf16A>(p, a, w, c, col0, row0, row_end, red);
   } else {
-    TcPass<1, kBf16A>(p, a, w, c, col0, row0, row_end, red);
+    TcPass<1, CT, kBf16A>(p, a, w, c, col0, row0, row_end, red);
   }
 }
+
+// The small kernel's column tiles: 32 columns a block (CT = 2) where that still gives this many
+// blocks, else 16. The wider tile reads each activation row from L2 once per 32 columns instead
+// of once per 16 (at 128 rows the activations, not the weights, are most of a 16-column block's
+// bytes); the threshold (about two blocks per SM of the H200; CT = 2 takes 128 registers a
+// thread, two blocks an SM) is a guess, not a measured crossover. (64 columns took 179 registers,
+// one block an SM.)
+constexpr int64_t kTcWideMinBlocks = 256;
 
 // The large tile for many rows: a block owns 128 rows x 64 output columns (8 warps, each 32 rows x
 // 32 columns), its k steps staged in shared memory by cp.async. It adds the same products in the
@@ -358,32 +382,80 @@ __device__ __forceinline__ float Load<uint16_t>(const void* base, int64_t i) {
 
 constexpr int kWarpThreads = 256;
 
-// One warp per output element (b, i, j), grid-strided.
-template <typename TA, typename TW>
+// One warp per tile of R rows x J output columns of one product (b), grid-strided. Each output
+// is summed as with R = J = 1: lane l adds the products q = l, l + 32, ... in order with fmaf into
+// its own partial sum, then a fixed butterfly across the warp (xor 16, 8, 4, 2, 1). A tile only
+// lets the warp use each activation value for J columns and each weight value for R rows; rows
+// and columns past the end read a clamped valid one and are not stored.
+template <typename TA, typename TW, int R, int J>
 __global__ void __launch_bounds__(kWarpThreads)
     BatchInvariantGemmWarpKernel(BatchInvariantGemmParams p) {
+  constexpr int kUnroll = 4;  // loads of 4 k positions issued before their FMAs (same order)
   const int lane = threadIdx.x % 32;
-  const int64_t total = p.batch * p.m * p.n;
+  const int64_t row_tiles = (p.m + R - 1) / R, column_tiles = (p.n + J - 1) / J;
+  const int64_t total = p.batch * row_tiles * column_tiles;
   const int64_t warps = int64_t{gridDim.x} * (kWarpThreads / 32);
   const bool round_a = !std::is_same<TA, uint16_t>::value && std::is_same<TW, uint16_t>::value;
   for (int64_t e = int64_t{blockIdx.x} * (kWarpThreads / 32) + threadIdx.x / 32; e < total;
        e += warps) {
-    const int64_t j = e % p.n, i = (e / p.n) % p.m, b = e / (p.n * p.m);
-    const int64_t a0 = b * p.stride_a + i * p.lda, w0 = b * p.stride_w + j * p.ldw;
-    float sum = 0.0f;
-    for (int64_t q = lane; q < p.k; q += 32) {
-      float x = Load<TA>(p.a, a0 + q);
-      if (round_a) x = __bfloat162float(__float2bfloat16_rn(x));
-      sum = fmaf(x, Load<TW>(p.w, w0 + q), sum);
+    const int64_t j0 = (e % column_tiles) * J, i0 = ((e / column_tiles) % row_tiles) * R;
+    const int64_t b = e / (column_tiles * row_tiles);
+    int64_t a0[R], w0[J];
+#pragma unroll
+    for (int r = 0; r < R; ++r) a0[r] = b * p.stride_a + min(i0 + r, p.m - 1) * p.lda;
+#pragma unroll
+    for (int j = 0; j < J; ++j) w0[j] = b * p.stride_w + min(j0 + j, p.n - 1) * p.ldw;
+    float sum[R][J];
+#pragma unroll
+    for (int r = 0; r < R; ++r)
+#pragma unroll
+      for (int j = 0; j < J; ++j) sum[r][j] = 0.0f;
+    for (int64_t q0 = lane; q0 < p.k; q0 += 32 * kUnroll) {
+      float x[kUnroll][R], wv[kUnroll][J];
+#pragma unroll
+      for (int u = 0; u < kUnroll; ++u) {
+        const int64_t q = q0 + 32 * u;
+        if (q >= p.k) break;
+#pragma unroll
+        for (int r = 0; r < R; ++r) {
+          x[u][r] = Load<TA>(p.a, a0[r] + q);
+          if (round_a) x[u][r] = __bfloat162float(__float2bfloat16_rn(x[u][r]));
+        }
+#pragma unroll
+        for (int j = 0; j < J; ++j) wv[u][j] = Load<TW>(p.w, w0[j] + q);
+      }
+#pragma unroll
+      for (int u = 0; u < kUnroll; ++u) {
+        if (q0 + 32 * u >= p.k) break;
+#pragma unroll
+        for (int r = 0; r < R; ++r)
+#pragma unroll
+          for (int j = 0; j < J; ++j) sum[r][j] = fmaf(x[u][r], wv[u][j], sum[r][j]);
+      }
     }
 #pragma unroll
-    for (int off = 16; off > 0; off /= 2) sum += __shfl_xor_sync(0xffffffffu, sum, off);
-    if (lane == 0) {
-      float* out = p.c + b * p.stride_c + i * p.ldc + j;
-      *out = p.accumulate ? *out + sum : sum;
+    for (int r = 0; r < R; ++r) {
+#pragma unroll
+      for (int j = 0; j < J; ++j) {
+        float s = sum[r][j];
+#pragma unroll
+        for (int off = 16; off > 0; off /= 2) s += __shfl_xor_sync(0xffffffffu, s, off);
+        // Every lane holds the sum; spread the stores over lanes.
+        const int64_t i = i0 + r, col = j0 + j;
+        if (i < p.m && col < p.n && lane == (r * J + j) % 32) {
+          float* out = p.c + b * p.stride_c + i * p.ldc + col;
+          *out = p.accumulate ? *out + s : s;
+        }
+      }
     }
   }
 }
+
+// The warp kernel's tiles of kWarpTileRows x kWarpTileColumns outputs from this many tiles (about
+// 4 warps an SM), else one output a warp (more warps for few outputs). Either gives the same
+// bits; the sizes are guesses, not measured.
+constexpr int kWarpTileRows = 2, kWarpTileColumns = 4;
+constexpr int64_t kWarpTileMinTiles = 512;
 
 constexpr int64_t kIntMax = std::numeric_limits<int>::max();
 
@@ -392,7 +464,7 @@ bool Aligned16(const void* ptr) { return reinterpret_cast<uintptr_t>(ptr) % 16 =
 bool TcAvailable() {
   static const bool available = [] {
     cudaFuncAttributes attr;
-    if (cudaFuncGetAttributes(&attr, BatchInvariantGemmTcKernel<false>) != cudaSuccess) {
+    if (cudaFuncGetAttributes(&attr, BatchInvariantGemmTcKernel<1, false>) != cudaSuccess) {
       return false;
     }
     return attr.binaryVersion >= 80 && attr.ptxVersion >= 80;
@@ -421,8 +493,12 @@ cudaError_t BatchInvariantGemmTc(const BatchInvariantGemmParams& p, cudaStream_t
   if (!BatchInvariantGemmTcSupports(p)) return cudaErrorInvalidValue;
   // x: the row blocks, so that the blocks of one column tile are launched together and all but
   // the first find its weights in L2 (the weights are read from memory about once at any m).
-  const dim3 grid(static_cast<unsigned>((p.m + kTcRowsPerBlock - 1) / kTcRowsPerBlock),
-                  static_cast<unsigned>((p.n + kTcColumnsPerBlock - 1) / kTcColumnsPerBlock),
+  const int64_t row_blocks = (p.m + kTcRowsPerBlock - 1) / kTcRowsPerBlock;
+  auto column_tiles_of = [&](int ct) {
+    return (p.n + kTcColumnsPerBlock * ct - 1) / (kTcColumnsPerBlock * ct);
+  };
+  const int ct = column_tiles_of(2) * row_blocks * p.batch >= kTcWideMinBlocks ? 2 : 1;
+  const dim3 grid(static_cast<unsigned>(row_blocks), static_cast<unsigned>(column_tiles_of(ct)),
                   static_cast<unsigned>(p.batch));
   const int64_t row_tiles = (p.m + kBigRows - 1) / kBigRows;
   const int64_t column_tiles = (p.n + kBigColumns - 1) / kBigColumns;
@@ -446,28 +522,41 @@ cudaError_t BatchInvariantGemmTc(const BatchInvariantGemmParams& p, cudaStream_t
     }
     return cudaGetLastError();
   }
-  if (p.a_bf16) {
-    BatchInvariantGemmTcKernel<true><<<grid, kTcThreads, 0, stream>>>(p);
+  auto launch = [&](auto kernel) { kernel<<<grid, kTcThreads, 0, stream>>>(p); };
+  if (ct == 2) {
+    p.a_bf16 ? launch(BatchInvariantGemmTcKernel<2, true>)
+             : launch(BatchInvariantGemmTcKernel<2, false>);
   } else {
-    BatchInvariantGemmTcKernel<false><<<grid, kTcThreads, 0, stream>>>(p);
+    p.a_bf16 ? launch(BatchInvariantGemmTcKernel<1, true>)
+             : launch(BatchInvariantGemmTcKernel<1, false>);
   }
   return cudaGetLastError();
 }
 
 cudaError_t BatchInvariantGemmWarp(const BatchInvariantGemmParams& p, cudaStream_t stream) {
   if (!SizesValid(p)) return cudaErrorInvalidValue;
-  const int64_t warps = p.batch * p.m * p.n;
+  const int64_t tiles = p.batch * ((p.m + kWarpTileRows - 1) / kWarpTileRows) *
+                        ((p.n + kWarpTileColumns - 1) / kWarpTileColumns);
+  const bool tiled = tiles >= kWarpTileMinTiles;
+  const int64_t warps = tiled ? tiles : p.batch * p.m * p.n;
   const int64_t blocks =
       std::min<int64_t>((warps + kWarpThreads / 32 - 1) / (kWarpThreads / 32), int64_t{1} << 20);
   const dim3 grid(static_cast<unsigned>(blocks));
+  auto launch = [&](auto tile_kernel, auto one_kernel) {
+    (tiled ? tile_kernel : one_kernel)<<<grid, kWarpThreads, 0, stream>>>(p);
+  };
   if (p.a_bf16 && p.w_bf16) {
-    BatchInvariantGemmWarpKernel<uint16_t, uint16_t><<<grid, kWarpThreads, 0, stream>>>(p);
+    launch(BatchInvariantGemmWarpKernel<uint16_t, uint16_t, kWarpTileRows, kWarpTileColumns>,
+           BatchInvariantGemmWarpKernel<uint16_t, uint16_t, 1, 1>);
   } else if (p.a_bf16) {
-    BatchInvariantGemmWarpKernel<uint16_t, float><<<grid, kWarpThreads, 0, stream>>>(p);
+    launch(BatchInvariantGemmWarpKernel<uint16_t, float, kWarpTileRows, kWarpTileColumns>,
+           BatchInvariantGemmWarpKernel<uint16_t, float, 1, 1>);
   } else if (p.w_bf16) {
-    BatchInvariantGemmWarpKernel<float, uint16_t><<<grid, kWarpThreads, 0, stream>>>(p);
+    launch(BatchInvariantGemmWarpKernel<float, uint16_t, kWarpTileRows, kWarpTileColumns>,
+           BatchInvariantGemmWarpKernel<float, uint16_t, 1, 1>);
   } else {
-    BatchInvariantGemmWarpKernel<float, float><<<grid, kWarpThreads, 0, stream>>>(p);
+    launch(BatchInvariantGemmWarpKernel<float, float, kWarpTileRows, kWarpTileColumns>,
+           BatchInvariantGemmWarpKernel<float, float, 1, 1>);
   }
   return cudaGetLastError();
 }

@@ -39,11 +39,12 @@ struct BatchInvariantGemmParams {
 bool BatchInvariantGemmTcSupports(const BatchInvariantGemmParams& p);
 
 // bf16 tensor cores (mma.sync m16n8k16, fp32 accumulation): an fp32 a is rounded to bf16 to
-// nearest even as it is read (as RoundF32ToBf16), so every product is exact. A block owns 16
-// output columns and up to 32 rows; its 8 warps split k at fixed places (warp w: the 32-wide k
-// steps w, w + 8, ...; each step's MMAs in one warp) and their partial sums are added in warp
-// order. Up to 32 rows or few blocks (under about two waves): blocks tile m by 32 rows, the row
-// blocks of one column tile launched one after another (its weights come from L2 after the first).
+// nearest even as it is read (as RoundF32ToBf16), so every product is exact. A block owns 16 or
+// 32 output columns (32 where that still gives 256 blocks) and up to 32 rows; its 8 warps
+// split k at fixed places (warp w: the 32-wide k steps w, w + 8, ...; each step's MMAs in one
+// warp) and their partial sums are added in warp order. Up to 32 rows or few blocks (under about
+// two waves): blocks tile m by 32 rows, the row blocks of one column tile launched one after
+// another (its weights come from L2 after the first).
 // More: 128 rows x 64 columns a block, k steps staged in shared memory, the 8 k partitions summed
 // one after another with the same MMAs and added in the same order, so bit for bit the same
 // outputs. The sum order of one output element is the same for every tile, row count and pass size.
@@ -51,8 +52,10 @@ bool BatchInvariantGemmTcSupports(const BatchInvariantGemmParams& p);
 cudaError_t BatchInvariantGemmTc(const BatchInvariantGemmParams& p, cudaStream_t stream);
 
 // Any layout and dtype (bf16 or fp32 a and w; an fp32 a against bf16 w is rounded to bf16 as in
-// BatchInvariantGemmTc, against fp32 w used as it is): one warp per output element, lane l
-// summing p = l, l + 32, ... in order, then a fixed butterfly across the warp. For fp32 weights
+// BatchInvariantGemmTc, against fp32 w used as it is): each output summed by one warp, lane l
+// summing p = l, l + 32, ... in order, then a fixed butterfly across the warp; a warp computes
+// one output, or with enough outputs a tile of 2 rows x 4 columns (the same sums, its loads
+// shared). For fp32 weights
 // (the router gate, the fp32 model) and layouts the tensor-core kernel does not take; slow for
 // large GEMMs. cudaErrorInvalidValue for m, n, batch < 1 or k < 0, sizes beyond int range, or null
 // pointers.

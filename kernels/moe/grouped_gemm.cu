@@ -14,6 +14,7 @@
 #include <cuda_bf16.h>
 
 #include <algorithm>
+#include <type_traits>
 
 #include "kernels/common/cp_async.cuh"
 #include "kernels/common/nonempty_group.cuh"
@@ -182,17 +183,23 @@ __device__ __forceinline__ void MmaBf16(float c[4], const unsigned a[4], unsigne
 #endif
 }
 
-// Packs (f0, f1) as bf16x2 hi (f0 in the low half) and the rounding residual as lo.
+// Packs (f0, f1) as bf16x2 hi (f0 in the low half) and, with kSplitX, the rounding residual as
+// lo (without it, lo is left alone: x is used rounded to bf16, one MMA per product).
+template <bool kSplitX>
 __device__ __forceinline__ void SplitBf16x2(float f0, float f1, unsigned* hi, unsigned* lo) {
   const __nv_bfloat162 h = __floats2bfloat162_rn(f0, f1);
-  const __nv_bfloat162 l = __floats2bfloat162_rn(f0 - __low2float(h), f1 - __high2float(h));
   *hi = *reinterpret_cast<const unsigned*>(&h);
-  *lo = *reinterpret_cast<const unsigned*>(&l);
+  if (kSplitX) {
+    const __nv_bfloat162 l = __floats2bfloat162_rn(f0 - __low2float(h), f1 - __high2float(h));
+    *lo = *reinterpret_cast<const unsigned*>(&l);
+  }
 }
 
 // One pass: the warp's 16 * kTcFeatureTiles weight rows times x rows [row0, row0 + 8 * NT)
-// (rows >= row_end are read as a clamped valid row and not stored).
-template <int NT>
+// (rows >= row_end are read as a clamped valid row and not stored). kSplitX: x as hi + lo (two
+// MMAs per product), else x rounded to bf16 (kTensorCoreBf16X: the hi MMA alone); kBf16In: x
+// read as bf16 from p.x_bf16 (the same values as rounding p.x, so the same bits).
+template <int NT, bool kSplitX, bool kBf16In>
 __device__ __forceinline__ void TcRowPass(const GroupedGemmBf16Params& p, const uint16_t* weights,
                                           int64_t feature0, int row0, int row_end) {
   const int lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
@@ -205,11 +212,17 @@ __device__ __forceinline__ void TcRowPass(const GroupedGemmBf16Params& p, const 
       w[f][half] = reinterpret_cast<const uint4*>(weights + feature * p.k);
     }
   }
+  static_assert(!(kSplitX && kBf16In), "bf16 x has no lo term");
   const float4* x[NT];
+  const uint4* xb[NT];
 #pragma unroll
   for (int j = 0; j < NT; ++j) {
     const int row = min(row0 + j * 8 + g, row_end - 1);
-    x[j] = reinterpret_cast<const float4*>(p.x + int64_t{row} * p.k);
+    if (kBf16In) {
+      xb[j] = reinterpret_cast<const uint4*>(p.x_bf16 + int64_t{row} * p.k);
+    } else {
+      x[j] = reinterpret_cast<const float4*>(p.x + int64_t{row} * p.k);
+    }
   }
   float acc[kTcFeatureTiles][NT][4];
 #pragma unroll
@@ -220,6 +233,8 @@ __device__ __forceinline__ void TcRowPass(const GroupedGemmBf16Params& p, const 
       for (int i = 0; i < 4; ++i) acc[f][j][i] = 0.0f;
 
   const int chunks = p.k / 8;  // 16-byte weight chunks per row; thread t takes chunk 4*step + t
+  // Two steps' weight loads in flight (the sums keep their order).
+#pragma unroll 2
   for (int c = t; c - t < chunks; c += 4) {
     const bool ok = c < chunks;
     uint4 a[kTcFeatureTiles][2];
@@ -231,15 +246,21 @@ __device__ __forceinline__ void TcRowPass(const GroupedGemmBf16Params& p, const 
     unsigned bhi[NT][4], blo[NT][4];
 #pragma unroll
     for (int j = 0; j < NT; ++j) {
+      if (kBf16In) {
+        // 8 bf16 values, value 2i in the low half of word i: what SplitBf16x2 packs.
+        const uint4 v = ok ? __ldg(xb[j] + c) : make_uint4(0, 0, 0, 0);
+        bhi[j][0] = v.x, bhi[j][1] = v.y, bhi[j][2] = v.z, bhi[j][3] = v.w;
+        continue;
+      }
       float4 v0 = make_float4(0, 0, 0, 0), v1 = v0;
       if (ok) {
         v0 = __ldg(x[j] + 2 * c);
         v1 = __ldg(x[j] + 2 * c + 1);
       }
-      SplitBf16x2(v0.x, v0.y, &bhi[j][0], &blo[j][0]);
-      SplitBf16x2(v0.z, v0.w, &bhi[j][1], &blo[j][1]);
-      SplitBf16x2(v1.x, v1.y, &bhi[j][2], &blo[j][2]);
-      SplitBf16x2(v1.z, v1.w, &bhi[j][3], &blo[j][3]);
+      SplitBf16x2<kSplitX>(v0.x, v0.y, &bhi[j][0], &blo[j][0]);
+      SplitBf16x2<kSplitX>(v0.z, v0.w, &bhi[j][1], &blo[j][1]);
+      SplitBf16x2<kSplitX>(v1.x, v1.y, &bhi[j][2], &blo[j][2]);
+      SplitBf16x2<kSplitX>(v1.z, v1.w, &bhi[j][3], &blo[j][3]);
     }
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
@@ -250,7 +271,7 @@ __device__ __forceinline__ void TcRowPass(const GroupedGemmBf16Params& p, const 
 #pragma unroll
         for (int j = 0; j < NT; ++j) {
           MmaBf16(acc[f][j], frag, bhi[j][2 * h], bhi[j][2 * h + 1]);
-          MmaBf16(acc[f][j], frag, blo[j][2 * h], blo[j][2 * h + 1]);
+          if (kSplitX) MmaBf16(acc[f][j], frag, blo[j][2 * h], blo[j][2 * h + 1]);
         }
       }
     }
@@ -270,7 +291,7 @@ __device__ __forceinline__ void TcRowPass(const GroupedGemmBf16Params& p, const 
   }
 }
 
-template <int kMaxNT>
+template <int kMaxNT, bool kSplitX, bool kBf16In>
 __global__ void __launch_bounds__(kTcThreads) GroupedGemmBf16TcKernel(GroupedGemmBf16Params p) {
   __shared__ int work[3];
   FindNonEmptyGroup(p.num_slots, p.max_rows, p.slot_offsets, work);
@@ -283,13 +304,13 @@ __global__ void __launch_bounds__(kTcThreads) GroupedGemmBf16TcKernel(GroupedGem
   for (int row0 = row_begin; row0 < row_end;) {
     const int rest = row_end - row0;
     if (kMaxNT >= 4 && rest > 16) {
-      TcRowPass<kMaxNT >= 4 ? 4 : 1>(p, weights, feature0, row0, row_end);
+      TcRowPass<kMaxNT >= 4 ? 4 : 1, kSplitX, kBf16In>(p, weights, feature0, row0, row_end);
       row0 += 32;
     } else if (kMaxNT >= 2 && rest > 8) {
-      TcRowPass<kMaxNT >= 2 ? 2 : 1>(p, weights, feature0, row0, row_end);
+      TcRowPass<kMaxNT >= 2 ? 2 : 1, kSplitX, kBf16In>(p, weights, feature0, row0, row_end);
       row0 += 16;
     } else {
-      TcRowPass<1>(p, weights, feature0, row0, row_end);
+      TcRowPass<1, kSplitX, kBf16In>(p, weights, feature0, row0, row_end);
       row0 += 8;
     }
   }
@@ -298,9 +319,10 @@ __global__ void __launch_bounds__(kTcThreads) GroupedGemmBf16TcKernel(GroupedGem
 // The tensor-core variant for many rows: a block owns 128 rows of one slot x 64 features (8 warps,
 // each 32 rows x 32 features), its k steps staged in shared memory by cp.async. Each output is
 // the same sum as TcRowPass's, bit for bit: the 32-wide k steps in order, per step the halves
-// h = 0, 1, per half the MMA of x's hi then of its lo term, the same fragment permutation. So the
-// two are picked by the row count alone. Grid: x = feature tiles, y = the j-th row tile over the
-// slots in slot order (a bound: blocks past the last tile exit).
+// h = 0, 1, per half the MMA of x's hi then of its lo term (kSplitX; without it the hi MMA alone,
+// as TcRowPass<NT, false, false>), the same fragment permutation. So the two are picked by the row
+// count alone. Grid: x = feature tiles, y = the j-th row tile over the slots in slot order (a
+// bound: blocks past the last tile exit).
 constexpr int kTiledRows = 128;
 constexpr int kTiledFeatures = 64;
 constexpr int kTiledStages = 3;
@@ -309,9 +331,9 @@ constexpr int kTiledXRowBytes = 32 * sizeof(float);  // one k step of an x row
 constexpr int kTiledWBytes = kTiledFeatures * 64;
 constexpr int kTiledStageBytes = kTiledWBytes + kTiledRows * kTiledXRowBytes;
 constexpr int kTiledSmemBytes = kTiledStages * kTiledStageBytes;
-// The tiled kernel from this many rows (about 128 rows a slot at 64 slots): below, most of its
-// tiles would be mostly empty.
-constexpr int kTiledMinRows = 8192;
+// The tiled kernel from kGroupedGemmTiledMinRows rows (about 128 rows a slot at 64 slots): below,
+// most of its tiles would be mostly empty.
+constexpr int kTiledMinRows = kGroupedGemmTiledMinRows;
 
 // work = (slot, first row, end row) of the blockIdx.y-th 128-row tile over the slots in slot
 // order, or an empty range past the last tile.
@@ -353,6 +375,7 @@ __device__ void FindRowTile(const GroupedGemmBf16Params& p, int work[3]) {
   __syncthreads();
 }
 
+template <bool kSplitX>
 __global__ void __launch_bounds__(kTiledThreads, 2)
     GroupedGemmBf16TiledKernel(GroupedGemmBf16Params p) {
   extern __shared__ __align__(16) unsigned char smem[];
@@ -422,10 +445,10 @@ __global__ void __launch_bounds__(kTiledThreads, 2)
       const unsigned char* row = base + kTiledWBytes + (warp_rows + 8 * j + g) * kTiledXRowBytes;
       const float4 v0 = *reinterpret_cast<const float4*>(row + t * 32);
       const float4 v1 = *reinterpret_cast<const float4*>(row + t * 32 + 16);
-      SplitBf16x2(v0.x, v0.y, &bhi[j][0], &blo[j][0]);
-      SplitBf16x2(v0.z, v0.w, &bhi[j][1], &blo[j][1]);
-      SplitBf16x2(v1.x, v1.y, &bhi[j][2], &blo[j][2]);
-      SplitBf16x2(v1.z, v1.w, &bhi[j][3], &blo[j][3]);
+      SplitBf16x2<kSplitX>(v0.x, v0.y, &bhi[j][0], &blo[j][0]);
+      SplitBf16x2<kSplitX>(v0.z, v0.w, &bhi[j][1], &blo[j][1]);
+      SplitBf16x2<kSplitX>(v1.x, v1.y, &bhi[j][2], &blo[j][2]);
+      SplitBf16x2<kSplitX>(v1.z, v1.w, &bhi[j][3], &blo[j][3]);
     }
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
@@ -436,7 +459,7 @@ __global__ void __launch_bounds__(kTiledThreads, 2)
 #pragma unroll
         for (int j = 0; j < 4; ++j) {
           MmaBf16(acc[f][j], frag, bhi[j][2 * h], bhi[j][2 * h + 1]);
-          MmaBf16(acc[f][j], frag, blo[j][2 * h], blo[j][2 * h + 1]);
+          if (kSplitX) MmaBf16(acc[f][j], frag, blo[j][2 * h], blo[j][2 * h + 1]);
         }
       }
     }
@@ -459,7 +482,9 @@ __global__ void __launch_bounds__(kTiledThreads, 2)
 bool TensorCoresAvailable() {
   static const bool available = [] {
     cudaFuncAttributes attr;
-    if (cudaFuncGetAttributes(&attr, GroupedGemmBf16TcKernel<1>) != cudaSuccess) return false;
+    if (cudaFuncGetAttributes(&attr, GroupedGemmBf16TcKernel<1, true, false>) != cudaSuccess) {
+      return false;
+    }
     return attr.binaryVersion >= 80 && attr.ptxVersion >= 80;
   }();
   return available;
@@ -483,42 +508,60 @@ int64_t ResidentBlocks(Kernel kernel, int threads) {
 }  // namespace
 
 cudaError_t GroupedGemmBf16(const GroupedGemmBf16Params& p, cudaStream_t stream) {
+  const bool x_bf16_in = p.x_bf16 != nullptr;
   if (p.num_slots <= 0 || p.n <= 0 || p.k <= 0 || p.k % 8 != 0 || p.max_rows < 0 ||
-      reinterpret_cast<uintptr_t>(p.x) % 16 != 0) {
+      reinterpret_cast<uintptr_t>(p.x) % 16 != 0 ||
+      reinterpret_cast<uintptr_t>(p.x_bf16) % 16 != 0 ||
+      (x_bf16_in && (p.x != nullptr || p.algo != GroupedGemmAlgo::kTensorCoreBf16X))) {
     return cudaErrorInvalidValue;
   }
   if (p.max_rows == 0) return cudaSuccess;
   const int hint = p.rows_per_slot_hint > 0 ? p.rows_per_slot_hint : p.max_rows;
   const int64_t slot_blocks = std::min<int64_t>(p.num_slots, p.max_rows);
   if (slot_blocks > 65535) return cudaErrorInvalidValue;
-  bool tensor_cores = p.algo == GroupedGemmAlgo::kTensorCore ||
+  const bool bf16_x = p.algo == GroupedGemmAlgo::kTensorCoreBf16X;
+  bool tensor_cores = p.algo == GroupedGemmAlgo::kTensorCore || bf16_x ||
                       (p.algo == GroupedGemmAlgo::kAuto && hint > kCudaCoreMaxRowsPerSlot);
   if (tensor_cores && !TensorCoresAvailable()) {
-    if (p.algo == GroupedGemmAlgo::kTensorCore) return cudaErrorNotSupported;
+    if (p.algo != GroupedGemmAlgo::kAuto) return cudaErrorNotSupported;
     tensor_cores = false;
   }
   // Row tiles over the slots: at most one partial tile a non-empty slot beyond max_rows / 128.
   const int64_t row_tiles = (p.max_rows + kTiledRows - 1) / kTiledRows + slot_blocks;
-  if (tensor_cores && p.max_rows >= kTiledMinRows && row_tiles <= 65535) {
-    // Every call: the attribute belongs to the current device.
-    const cudaError_t attr = cudaFuncSetAttribute(
-        GroupedGemmBf16TiledKernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kTiledSmemBytes);
-    if (attr != cudaSuccess) return attr;
+  if (tensor_cores && !x_bf16_in && p.max_rows >= kTiledMinRows && row_tiles <= 65535) {
     const dim3 grid(static_cast<unsigned>((int64_t{p.n} + kTiledFeatures - 1) / kTiledFeatures),
                     static_cast<unsigned>(row_tiles));
-    GroupedGemmBf16TiledKernel<<<grid, kTiledThreads, kTiledSmemBytes, stream>>>(p);
-    return cudaGetLastError();
+    auto launch_tiled = [&](auto kernel) {
+      // Every call: the attribute belongs to the current device.
+      const cudaError_t attr = cudaFuncSetAttribute(
+          kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kTiledSmemBytes);
+      if (attr != cudaSuccess) return attr;
+      kernel<<<grid, kTiledThreads, kTiledSmemBytes, stream>>>(p);
+      return cudaGetLastError();
+    };
+    return bf16_x ? launch_tiled(GroupedGemmBf16TiledKernel<false>)
+                  : launch_tiled(GroupedGemmBf16TiledKernel<true>);
   }
   if (tensor_cores) {
     const dim3 grid(
         static_cast<unsigned>((int64_t{p.n} + kTcFeaturesPerBlock - 1) / kTcFeaturesPerBlock),
         static_cast<unsigned>(slot_blocks));
-    if (hint <= 8) {
-      GroupedGemmBf16TcKernel<1><<<grid, kTcThreads, 0, stream>>>(p);
-    } else if (hint <= 16) {
-      GroupedGemmBf16TcKernel<2><<<grid, kTcThreads, 0, stream>>>(p);
+    auto launch_tc = [&](auto split_x, auto bf16_in) {
+      constexpr bool kSplitX = decltype(split_x)::value, kBf16In = decltype(bf16_in)::value;
+      if (hint <= 8) {
+        GroupedGemmBf16TcKernel<1, kSplitX, kBf16In><<<grid, kTcThreads, 0, stream>>>(p);
+      } else if (hint <= 16) {
+        GroupedGemmBf16TcKernel<2, kSplitX, kBf16In><<<grid, kTcThreads, 0, stream>>>(p);
+      } else {
+        GroupedGemmBf16TcKernel<4, kSplitX, kBf16In><<<grid, kTcThreads, 0, stream>>>(p);
+      }
+    };
+    if (x_bf16_in) {
+      launch_tc(std::false_type(), std::true_type());
+    } else if (bf16_x) {
+      launch_tc(std::false_type(), std::false_type());
     } else {
-      GroupedGemmBf16TcKernel<4><<<grid, kTcThreads, 0, stream>>>(p);
+      launch_tc(std::true_type(), std::false_type());
     }
     return cudaGetLastError();
   }

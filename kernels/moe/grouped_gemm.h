@@ -20,7 +20,15 @@ enum class GroupedGemmAlgo {
   kAuto,        // CUDA cores for rows_per_slot_hint <= 2 (decode), else tensor cores if built
   kCudaCore,    // fp32 FMA on CUDA cores: x used at full fp32 precision
   kTensorCore,  // mma.sync bf16 with x split into bf16 hi + lo (sm_80+; else cudaErrorNotSupported)
+  // mma.sync bf16 with x rounded to bf16 to nearest even (one MMA per product, as the cuBLAS
+  // paths' bf16 activations; sm_80+, else cudaErrorNotSupported). The same tiles and k order as
+  // kTensorCore without its lo term: a row's result depends on neither max_rows nor the other
+  // slots (the batch-invariant mode's expert GEMMs).
+  kTensorCoreBf16X,
 };
+
+// From this many max_rows the tensor-core paths (fp32 x) take 128-row shared-memory tiles.
+constexpr int32_t kGroupedGemmTiledMinRows = 8192;
 
 // All pointers are device pointers.
 struct GroupedGemmBf16Params {
@@ -32,6 +40,10 @@ struct GroupedGemmBf16Params {
   int32_t n = 0;                          // output features
   int32_t k = 0;                          // input features, a multiple of 8
   const float* x = nullptr;               // [max_rows, k] fp32, 16-byte aligned
+  // Instead of x, only with kTensorCoreBf16X (x null then): [max_rows, k] bf16 bits, 16-byte
+  // aligned; the same outputs as x holding these values. Always the register tiles (the
+  // shared-memory tiles from kGroupedGemmTiledMinRows take fp32 x; their sums are the same).
+  const uint16_t* x_bf16 = nullptr;
   // [num_slots] pointers to bf16 (16-bit patterns) [n, k] row-major, each 16-byte aligned;
   // an empty slot's pointer is never read and may be null.
   const uint16_t* const* weights = nullptr;
@@ -50,9 +62,11 @@ struct GroupedGemmBf16Params {
 // units in fp32; the error bound is about 2^-16 * sum |x w| per output. From 8192 max_rows the
 // tensor-core path stages 128-row x 64-feature tiles in shared memory; each output is the same
 // sum, bit for bit, as with the smaller tiles (so a row's result depends on neither max_rows nor
-// the other slots).
+// the other slots). kTensorCoreBf16X: x rounded to bf16, so the products are exact and the error
+// is the fp32 accumulation's alone, against x's bf16 values (about k/16 * 2^-23 * sum |x w|).
 // cudaErrorInvalidValue for k not a multiple of 8, non-positive n / k / num_slots, negative
-// max_rows, or a misaligned x. max_rows == 0 launches nothing.
+// max_rows, a misaligned x or x_bf16, or x_bf16 with x or another algo. max_rows == 0 launches
+// nothing.
 cudaError_t GroupedGemmBf16(const GroupedGemmBf16Params& params, cudaStream_t stream);
 
 }  // namespace kernels

@@ -4,6 +4,10 @@
 // n = 7168, k = 2048), as GB/s of the ACTIVE experts' weights (the bytes a decode step must
 // read) against the 4.3 TB/s copy roofline of the H200:
 //   f32x-grouped    GroupedGemmBf16 kAuto, fp32 activations (the backend's path up to 2 tokens)
+//   tc-hilo         GroupedGemmBf16 kTensorCore (x as bf16 hi + lo)
+//   tc-bf16x        GroupedGemmBf16 kTensorCoreBf16X (x rounded to bf16: the batch-invariant
+//                   mode's expert GEMMs at every size; its down GEMM)
+//   tc-bf16x-in     the same with x given in bf16 (x_bf16: the mode's gate_up below 8192 rows)
 //   planned-cN      PlanExpertGemmBatches + one cublasGemmBatchedEx over chunks of N rows
 //                   (padded layout, fixed batch ExpertGemmBatchBound; planner included), the
 //                   dummies spread between the real chunks, fp32 or bf16 ("b16") outputs;
@@ -175,6 +179,20 @@ void RunShape(const MoeShape& shape, Timer& timer, cublasHandle_t cublas) {
       p.rows_per_slot_hint = tokens;
       p.x = x;
       report("f32x-grouped",
+             timer.MedianUs([&](int) { BENCH_CUDA(kernels::GroupedGemmBf16(p, nullptr)); }));
+      // The batch-invariant mode's algorithms: tensor cores at every size, x as hi + lo or
+      // rounded to bf16 (the mode's choice).
+      for (const auto& [variant, algo] :
+           {std::pair{"tc-hilo", kernels::GroupedGemmAlgo::kTensorCore},
+            std::pair{"tc-bf16x", kernels::GroupedGemmAlgo::kTensorCoreBf16X}}) {
+        p.algo = algo;
+        report(variant,
+               timer.MedianUs([&](int) { BENCH_CUDA(kernels::GroupedGemmBf16(p, nullptr)); }));
+      }
+      // The mode's gate_up: x gathered in bf16.
+      p.x = nullptr;
+      p.x_bf16 = xb;
+      report("tc-bf16x-in",
              timer.MedianUs([&](int) { BENCH_CUDA(kernels::GroupedGemmBf16(p, nullptr)); }));
     }
     // Small batches: the chunk sizes. From 64 tokens the grid of chunk sizes x output type, and

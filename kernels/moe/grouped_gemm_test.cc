@@ -4,7 +4,9 @@
 // (empty ones with null weights, 1..7 rows to hit every row-tile remainder, and a large one),
 // n not a multiple of the block's rows, offsets only in device memory, max_rows above the real
 // row count (blocks without work), and rows past the last slot checked to stay poisoned; the
-// tensor-core path's large tiles bit for bit against its small ones.
+// tensor-core paths' large tiles bit for bit against their small ones (x split into hi + lo, and
+// x rounded to bf16: kTensorCoreBf16X, checked against the reference on the rounded x), and
+// kTensorCoreBf16X with bf16 x against it with fp32 x bit for bit.
 #include "kernels/moe/grouped_gemm.h"
 
 #include <cublas_v2.h>
@@ -50,13 +52,15 @@ const char* Name(kernels::GroupedGemmAlgo a) {
       return "cuda-core";
     case kernels::GroupedGemmAlgo::kTensorCore:
       return "tensor-core";
+    case kernels::GroupedGemmAlgo::kTensorCoreBf16X:
+      return "tensor-core bf16 x";
   }
   return "?";
 }
 
-constexpr kernels::GroupedGemmAlgo kAlgos[] = {kernels::GroupedGemmAlgo::kCudaCore,
-                                               kernels::GroupedGemmAlgo::kTensorCore,
-                                               kernels::GroupedGemmAlgo::kAuto};
+constexpr kernels::GroupedGemmAlgo kAlgos[] = {
+    kernels::GroupedGemmAlgo::kCudaCore, kernels::GroupedGemmAlgo::kTensorCore,
+    kernels::GroupedGemmAlgo::kTensorCoreBf16X, kernels::GroupedGemmAlgo::kAuto};
 
 void RunCase(const Case& c) {
   const uint32_t seed = testing::FreshSeed();
@@ -76,9 +80,13 @@ void RunCase(const Case& c) {
 
   auto x = testing::RandomFloats(static_cast<size_t>(max_rows) * c.k, seed);
   // bf16 activations: x holds bf16 values exactly, so the exact product below is what the
-  // kernel computes up to its summation.
-  const bool bf16_x = c.impl != Impl::kGrouped;
+  // kernel computes up to its summation. kTensorCoreBf16X gets fp32 x and rounds it itself; the
+  // host reference takes the rounded values (the rounding is the kernel's contract).
+  const bool bf16_x =
+      c.impl != Impl::kGrouped || c.algo == kernels::GroupedGemmAlgo::kTensorCoreBf16X;
+  const bool kernel_rounds_x = c.impl == Impl::kGrouped && bf16_x;
   std::vector<uint16_t> xb(x.size());
+  const std::vector<float> x_sent = x;  // what the kernel reads (fp32 for kTensorCoreBf16X)
   for (size_t i = 0; i < x.size(); ++i) {
     xb[i] = kernels::FloatToBf16(x[i]);
     if (bf16_x) x[i] = kernels::Bf16ToFloat(xb[i]);
@@ -100,7 +108,7 @@ void RunCase(const Case& c) {
   std::vector<float> want(static_cast<size_t>(max_rows) * c.n, 0.0f);
   kernels::GroupedGemmBf16Reference(slots, offsets.data(), c.n, c.k, x.data(), host_w, want.data());
 
-  DeviceArray<float> dx(x), dy(want.size());
+  DeviceArray<float> dx(kernel_rounds_x ? x_sent : x), dy(want.size());
   DeviceArray<uint16_t> dyb(c.out_bf16 ? want.size() : 0);  // the bf16 outputs
   DeviceArray<uint16_t> dw(w);
   DeviceArray<int32_t> doff(offsets);
@@ -263,13 +271,12 @@ TEST(GroupedGemmBf16Test, ManySlotsFewRows) {
 // exact products (n not a multiple of the 64-feature tile, k ending in a partial 32-wide step,
 // slots of 1 to 7000 rows, empty ones), and bit for bit against the small tiles, each slot's rows
 // run again alone (under 8192 rows).
-TEST(GroupedGemmBf16Test, TiledRowsAreTheSmallTilesBitForBit) {
-  DEEPINFER_SKIP_WITHOUT_GPU();
+void ExpectTiledRowsAreTheSmallTiles(kernels::GroupedGemmAlgo algo) {
   const std::vector<int32_t> counts = {0, 300, 1, 129, 7000, 0, 1000};
   const int32_t n = 136, k = 264;
-  RunCase({n, k, counts, 3, 0, kernels::GroupedGemmAlgo::kTensorCore});
+  RunCase({n, k, counts, 3, 0, algo});
   const uint32_t seed = testing::FreshSeed();
-  SCOPED_TRACE(::testing::Message() << "seed " << seed);
+  SCOPED_TRACE(::testing::Message() << Name(algo) << " seed " << seed);
   const int32_t slots = static_cast<int32_t>(counts.size());
   std::vector<int32_t> offsets(slots + 1, 0);
   for (int32_t s = 0; s < slots; ++s) offsets[s + 1] = offsets[s] + counts[s];
@@ -296,7 +303,7 @@ TEST(GroupedGemmBf16Test, TiledRowsAreTheSmallTilesBitForBit) {
   p.x = dx.get();
   p.weights = reinterpret_cast<const uint16_t* const*>(dptrs.get());
   p.y = dy.get();
-  p.algo = kernels::GroupedGemmAlgo::kTensorCore;
+  p.algo = algo;
   DEEPINFER_CUDA_OK(kernels::GroupedGemmBf16(p, nullptr));
   std::vector<float> all;
   DEEPINFER_CUDA_OK(dy.Download(&all));
@@ -318,6 +325,12 @@ TEST(GroupedGemmBf16Test, TiledRowsAreTheSmallTilesBitForBit) {
         std::memcmp(got.data(), all.data() + size_t(offsets[s]) * n, got.size() * sizeof(float)), 0)
         << "slot " << s << " (" << counts[s] << " rows) differs alone";
   }
+}
+
+TEST(GroupedGemmBf16Test, TiledRowsAreTheSmallTilesBitForBit) {
+  DEEPINFER_SKIP_WITHOUT_GPU();
+  ExpectTiledRowsAreTheSmallTiles(kernels::GroupedGemmAlgo::kTensorCore);
+  ExpectTiledRowsAreTheSmallTiles(kernels::GroupedGemmAlgo::kTensorCoreBf16X);
 }
 
 // The planned cuBLAS chunks (bf16 activations) on the same cases.
@@ -392,6 +405,70 @@ TEST(PlannedExpertGemmsTest, RejectsBadArguments) {
             CUBLAS_STATUS_INVALID_VALUE);
 }
 
+// kTensorCoreBf16X with x given in bf16 (x_bf16, as the batch-invariant mode gathers it) against
+// the same algo rounding an fp32 x itself: bit for bit the same outputs, at Moonlight's decode
+// shapes (about 12 rows an expert: 16-row passes) and odd ones (every row tile, n not a multiple
+// of the block, k of one 16-byte chunk).
+TEST(GroupedGemmBf16Test, Bf16XInputIsTheRoundedFp32XBitForBit) {
+  DEEPINFER_SKIP_WITHOUT_GPU();
+  std::mt19937 gen(testing::FreshSeed());
+  std::vector<int32_t> moonlight(64, 0);
+  for (int i = 0; i < 128 * 6; ++i) ++moonlight[gen() % 64];
+  struct Shape {
+    int32_t n, k;
+    std::vector<int32_t> counts;
+    int32_t hint;
+  };
+  for (const Shape& c : {Shape{2 * 1408, 2048, moonlight, 128}, Shape{2048, 1408, moonlight, 128},
+                         Shape{40, 264, {0, 1, 2, 3, 0, 4, 5, 6, 7, 8, 9, 0, 17, 40}, 0},
+                         Shape{72, 8, {5, 0, 9}, 9}}) {
+    const uint32_t seed = testing::FreshSeed();
+    SCOPED_TRACE(::testing::Message() << "n " << c.n << " k " << c.k << " seed " << seed);
+    const int32_t slots = static_cast<int32_t>(c.counts.size());
+    std::vector<int32_t> offsets(slots + 1, 0);
+    for (int32_t s = 0; s < slots; ++s) offsets[s + 1] = offsets[s] + c.counts[s];
+    const int32_t rows = offsets[slots];
+    const auto x = testing::RandomFloats(static_cast<size_t>(rows) * c.k, seed);
+    std::vector<uint16_t> xb(x.size());
+    for (size_t i = 0; i < x.size(); ++i) xb[i] = kernels::FloatToBf16(x[i]);
+    const auto wf = testing::RandomFloats(static_cast<size_t>(slots) * c.n * c.k, seed + 1, 0.05f);
+    std::vector<uint16_t> w(wf.size());
+    for (size_t i = 0; i < wf.size(); ++i) w[i] = kernels::FloatToBf16(wf[i]);
+    DeviceArray<float> dx(x), dy(static_cast<size_t>(rows) * c.n), dyb(dy.size());
+    DeviceArray<uint16_t> dxb(xb), dw(w);
+    std::vector<uint64_t> ptrs(slots);
+    for (int32_t s = 0; s < slots; ++s) {
+      ptrs[s] = reinterpret_cast<uint64_t>(dw.get() + size_t(s) * c.n * c.k);
+    }
+    DeviceArray<uint64_t> dptrs(ptrs);
+    DeviceArray<int32_t> doff(offsets);
+    dy.Poison();
+    dyb.Poison();
+    kernels::GroupedGemmBf16Params p;
+    p.num_slots = slots;
+    p.max_rows = rows;
+    p.slot_offsets = doff.get();
+    p.n = c.n;
+    p.k = c.k;
+    p.x = dx.get();
+    p.weights = reinterpret_cast<const uint16_t* const*>(dptrs.get());
+    p.y = dy.get();
+    p.rows_per_slot_hint = c.hint;
+    p.algo = kernels::GroupedGemmAlgo::kTensorCoreBf16X;
+    DEEPINFER_CUDA_OK(kernels::GroupedGemmBf16(p, nullptr));
+    kernels::GroupedGemmBf16Params q = p;
+    q.x = nullptr;
+    q.x_bf16 = dxb.get();
+    q.y = dyb.get();
+    DEEPINFER_CUDA_OK(kernels::GroupedGemmBf16(q, nullptr));
+    std::vector<float> from_f32, from_bf16;
+    DEEPINFER_CUDA_OK(dy.Download(&from_f32));
+    DEEPINFER_CUDA_OK(dyb.Download(&from_bf16));
+    for (float v : from_f32) ASSERT_FALSE(std::isnan(v)) << "an output was not written";
+    EXPECT_EQ(std::memcmp(from_f32.data(), from_bf16.data(), from_f32.size() * sizeof(float)), 0);
+  }
+}
+
 TEST(GroupedGemmBf16Test, RejectsBadShapes) {
   kernels::GroupedGemmBf16Params p;
   p.num_slots = 1;
@@ -407,6 +484,16 @@ TEST(GroupedGemmBf16Test, RejectsBadShapes) {
   EXPECT_EQ(kernels::GroupedGemmBf16(p, nullptr), cudaErrorInvalidValue);
   p.max_rows = 0;
   EXPECT_EQ(kernels::GroupedGemmBf16(p, nullptr), cudaSuccess);  // nothing to do
+  // bf16 x: only with kTensorCoreBf16X, and not together with x.
+  alignas(16) static const uint16_t kX[8] = {};
+  alignas(16) static const float kXf[8] = {};
+  p.max_rows = 1;
+  p.x_bf16 = kX;
+  p.algo = kernels::GroupedGemmAlgo::kTensorCore;
+  EXPECT_EQ(kernels::GroupedGemmBf16(p, nullptr), cudaErrorInvalidValue);
+  p.algo = kernels::GroupedGemmAlgo::kTensorCoreBf16X;
+  p.x = kXf;
+  EXPECT_EQ(kernels::GroupedGemmBf16(p, nullptr), cudaErrorInvalidValue);
 }
 
 }  // namespace

@@ -100,7 +100,9 @@ struct CudaTuning {
   //    NormRopeCacheAbsorbQuery, MhaPrefillAttention: the Backend's separate ops;
   //  * RouteTokens: AddRmsNorm + Gemm + NoauxTcRoute + AccumulateExpertCounts;
   //  * RoutedExperts: the device path for every batch, the expert GEMMs on
-  //    kernels::GroupedGemmBf16's tensor-core kernel (bf16) or kernels::Fp8MmaGroupedGemm with
+  //    kernels::GroupedGemmBf16's tensor-core kernel with the activations rounded to bf16
+  //    (GroupedGemmAlgo::kTensorCoreBf16X, as the default mode's cuBLAS expert GEMMs; bf16
+  //    weights) or kernels::Fp8MmaGroupedGemm with
   //    the fixed k split (FP8); fp32 experts are declined (the caller's per-expert GroupedGemm,
   //    on the batch-invariant Gemm);
   //  * MlaAttention: kernels::MlaAttentionF32 for every token (prefill too) with
@@ -178,6 +180,14 @@ class CudaBackend : public Backend {
   // CudaTuning::batch_invariant: kernels::Fp8MmaGemm's and Fp8MmaGroupedGemm's warps per k
   // (one: each output's sum over k in one warp, in order).
   static constexpr int32_t kBatchInvariantFp8KSplit = 1;
+  // CudaTuning::batch_invariant: from this many rows and output columns BatchInvariantGemm rounds
+  // an fp32 a to bf16 in a pass of its own before kernels::BatchInvariantGemmTc (the same bits as
+  // the kernel's own rounding; half the activation bytes that its blocks read again, once per 16
+  // or 32 columns, for one more launch). Guesses, not measured: from 1024 columns the bytes saved
+  // (at 128 rows, k 2048: >= 16 MB) outweigh the pass; W_uk, W_uv (512 and 128) and kv_a (576)
+  // keep the kernel's rounding.
+  static constexpr int64_t kBatchInvariantRoundRows = 16;
+  static constexpr int64_t kBatchInvariantRoundColumns = 1024;
   // CudaTuning::batch_invariant: MlaAttentionF32's context splits per (token, head group), fixed
   // (the default picks them from the token count). 2 is what the default picks at 128 decode
   // tokens of 16 heads on the H200 (132 SMs x 2 blocks per SM; 2-3 splits merge inside a

@@ -4,12 +4,14 @@
 // cuda_backend_gemm_test: Gemm (fp32 and bf16 weights, fp32 and bf16 activations, with
 // accumulation and strides, tensor-core and warp kernels; the tensor-core kernel's 32-row and
 // 128 x 64 tiles, calls of up to 4353 rows) and BatchedGemm (the absorbed-MLA layouts, both
-// tiles). Skips without a GPU.
+// tiles), and RoutedExperts (the grouped expert GEMMs). Skips without a GPU.
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
 #include <iostream>
 #include <memory>
+#include <numeric>
+#include <random>
 #include <utility>
 #include <vector>
 
@@ -135,15 +137,20 @@ class BatchInvariantTest : public testing::CudaBackendTest {
   }
 };
 
-// Shapes of the Moonlight decode GEMMs (q, kv_a, o_proj, the dense gate_up and down, the router
-// with fp32 weights), a wide one as the LM head, and odd ones that only the warp kernel takes.
-// The large calls of the wide shapes take the tensor-core kernel's large tiles, the small ones
-// its small tiles.
+// Shapes of the Moonlight decode GEMMs (q, kv_a, o_proj, the shared experts' gate_up and down, the
+// dense gate_up and down, the router with fp32 weights), a wide one as the LM head, and odd ones
+// that only the warp kernel takes. The large calls of the wide shapes take the tensor-core
+// kernel's large tiles, the small ones its small tiles (16 or 32 columns a block, by the block
+// count); fp32 activations from 16 rows (and 1024 columns) are rounded to bf16 in a pass of
+// their own, otherwise in the kernel; the warp kernel takes 2 x 4 tiles for many outputs (the
+// router at 256 and 201 rows), one output a warp for few.
 TEST_F(BatchInvariantTest, GemmRowsAreTheSameAtEveryBatchSizeAndMatchCpu) {
   const std::vector<GemmCase> cases = {
       {3072, 2048, 2048, 3072, WeightDType::kBFloat16},
       {576, 2048, 2048, 576, WeightDType::kBFloat16},
       {2048, 2048, 2056, 2050, WeightDType::kBFloat16},
+      {5632, 2048, 2048, 5632, WeightDType::kBFloat16},
+      {2048, 2816, 2816, 2048, WeightDType::kBFloat16},
       {22528, 2048, 2048, 22528, WeightDType::kBFloat16},
       {2048, 11264, 11264, 2048, WeightDType::kBFloat16},
       {65536, 512, 512, 65536, WeightDType::kBFloat16},
@@ -153,7 +160,8 @@ TEST_F(BatchInvariantTest, GemmRowsAreTheSameAtEveryBatchSizeAndMatchCpu) {
   };
   for (const GemmCase& c : cases) {
     ExpectGemmRowsInvariant(
-        c, 256, 0, {{0, 1}, {255, 1}, {77, 1}, {3, 2}, {100, 5}, {8, 33}, {200, 56}, {1, 130}});
+        c, 256, 0,
+        {{0, 1}, {255, 1}, {77, 1}, {3, 2}, {100, 5}, {8, 33}, {200, 56}, {1, 130}, {3, 201}});
   }
   EXPECT_TRUE(gpu_->status().ok()) << gpu_->status();
 }
@@ -243,6 +251,95 @@ TEST_F(BatchInvariantTest, BatchedGemmRowsAreTheSameAtEveryBatchSizeAndMatchCpu)
       }
     }
   }
+  EXPECT_TRUE(gpu_->status().ok()) << gpu_->status();
+}
+
+// RoutedExperts (bf16 experts: the grouped tensor-core kernel with the activations rounded to
+// bf16, kernels::GroupedGemmAlgo::kTensorCoreBf16X): 1400 tokens with random top-6 routing over 64
+// experts (8400 rows: the kernel's shared-memory tiles on fp32 rows), and the same tokens in
+// calls of 1 to 128 tokens (about 12 rows an expert at 128: the register tiles on rows gathered
+// in bf16), which give each expert other row counts and row places: every token's output bit
+// for bit the same. The first 128 tokens against the bf16 CPU backend (activations rounded to
+// bf16 as the mode rounds them) token by token: up to summation order and an activation rounded
+// the other way now and then, far below the O(0.1) of a wrong or missing expert.
+TEST_F(BatchInvariantTest, RoutedExpertsRowsAreTheSameAtEveryBatchSizeAndMatchCpu) {
+  constexpr int64_t E = 64, K = 6, H = 256, I = 128, T = 1400, kChecked = 128;
+  const uint32_t seed = testing::FreshSeed();
+  SCOPED_TRACE(::testing::Message() << "seed " << seed);
+  std::mt19937 gen(seed);
+  const auto x = testing::RandomFloats(T * H, seed);
+  const auto w = testing::RandomFloats(T * K, seed + 1, 0.5f);
+  std::vector<int32_t> ids;
+  for (int64_t t = 0; t < T; ++t) {
+    std::vector<int32_t> all(E);
+    std::iota(all.begin(), all.end(), 0);
+    std::shuffle(all.begin(), all.end(), gen);
+    std::sort(all.begin(), all.begin() + K);
+    ids.insert(ids.end(), all.begin(), all.begin() + K);
+  }
+  std::vector<std::unique_ptr<DeviceBuffer>> keep;
+  std::vector<const void*> gu_ptr(E), dn_ptr(E);
+  std::vector<WeightView> ref_gu(E), ref_dn(E);
+  for (int64_t e = 0; e < E; ++e) {
+    const auto gu = testing::RandomFloats(2 * I * H, seed + 10 + e, 0.125f);
+    const auto dn = testing::RandomFloats(H * I, seed + 1000 + e, 0.125f);
+    gu_ptr[e] = GpuBf16(gu, &keep).data;
+    dn_ptr[e] = GpuBf16(dn, &keep).data;
+    ref_gu[e] = CpuBf16(gu, &keep);
+    ref_dn[e] = CpuBf16(dn, &keep);
+  }
+  std::vector<int32_t> slots(E);
+  std::iota(slots.begin(), slots.end(), 0);
+  auto upload_bytes = [&](const void* data, size_t bytes) {
+    keep.push_back(gpu_->Allocate(bytes));
+    gpu_->CopyToDevice(data, bytes, keep.back()->data());
+    return keep.back()->data();
+  };
+  const void* d_slots = upload_bytes(slots.data(), E * sizeof(int32_t));
+  const void* d_gu = upload_bytes(gu_ptr.data(), E * sizeof(void*));
+  const void* d_dn = upload_bytes(dn_ptr.data(), E * sizeof(void*));
+  // RoutedExperts on tokens [first, first + n); the output rows.
+  auto run = [&](int64_t first, int64_t n) {
+    std::vector<float> xs(x.begin() + first * H, x.begin() + (first + n) * H);
+    std::vector<float> ws(w.begin() + first * K, w.begin() + (first + n) * K);
+    std::vector<int32_t> is(ids.begin() + first * K, ids.begin() + (first + n) * K);
+    auto dx = Upload(xs), dw = Upload(ws);
+    auto out = Poisoned(n * H);
+    RoutedExpertsArgs a;
+    a.num_tokens = static_cast<int32_t>(n);
+    a.top_k = static_cast<int32_t>(K);
+    a.num_experts = static_cast<int32_t>(E);
+    a.hidden_size = H;
+    a.inter = I;
+    a.hidden = dx->as<float>();
+    a.topk_ids = static_cast<const int32_t*>(upload_bytes(is.data(), is.size() * sizeof(int32_t)));
+    a.topk_weights = dw->as<float>();
+    a.slot_of_expert = static_cast<const int32_t*>(d_slots);
+    a.gate_up = static_cast<const void* const*>(d_gu);
+    a.down = static_cast<const void* const*>(d_dn);
+    a.dtype = WeightDType::kBFloat16;
+    a.out = out->as<float>();
+    EXPECT_TRUE(gpu_->RoutedExperts(a));
+    return Download(*out);
+  };
+  const std::vector<float> all = run(0, T);
+  for (const auto& [first, n] : std::vector<std::pair<int64_t, int64_t>>{
+           {0, 1}, {1399, 1}, {40, 3}, {100, 17}, {5, 60}, {0, kChecked}, {1272, 128}}) {
+    EXPECT_TRUE(SameRows(all, run(first, n), first, n, H, H));
+  }
+  // The CPU reference, token by token.
+  std::vector<float> want(kChecked * H, 0.0f), gu(2 * I), act(I), y(H);
+  for (int64_t t = 0; t < kChecked; ++t) {
+    for (int64_t k = 0; k < K; ++k) {
+      const int32_t e = ids[t * K + k];
+      cpu16_.Gemm(1, 2 * I, H, x.data() + t * H, H, ref_gu[e], H, gu.data(), 2 * I, false);
+      cpu16_.SiluMul(1, I, gu.data(), act.data());
+      cpu16_.Gemm(1, H, I, act.data(), I, ref_dn[e], I, y.data(), H, false);
+      for (int64_t j = 0; j < H; ++j) want[t * H + j] += w[t * K + k] * y[j];
+    }
+  }
+  EXPECT_TRUE(
+      AllClose(std::vector<float>(all.begin(), all.begin() + kChecked * H), want, 1e-2, 1e-2));
   EXPECT_TRUE(gpu_->status().ok()) << gpu_->status();
 }
 

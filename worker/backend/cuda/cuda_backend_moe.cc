@@ -180,9 +180,12 @@ bool CudaBackend::RoutedExperts(const RoutedExpertsArgs& a) {
     return true;
   }
   // bf16 weights gather the rows straight into bf16 (the GEMM operand), except for the device
-  // path's fp32-activation kernel.
-  const bool gather_bf16 = a.dtype == WeightDType::kBFloat16 &&
-                           !(device_grouped && decode_algo == DecodeMoeAlgo::kGroupedF32);
+  // path's fp32-activation kernel; the batch-invariant mode's kernel takes them in bf16 below
+  // kernels::kGroupedGemmTiledMinRows rows (its shared-memory tiles take fp32, the same sums).
+  const bool grouped_bf16_x = tuning_.batch_invariant && T * K < kernels::kGroupedGemmTiledMinRows;
+  const bool gather_bf16 =
+      a.dtype == WeightDType::kBFloat16 &&
+      (!(device_grouped && decode_algo == DecodeMoeAlgo::kGroupedF32) || grouped_bf16_x);
   MoePermutation perm;
   {
     PhaseTimer phase(this, "RoutedExpertsCublas/permute", !device_grouped);
@@ -340,12 +343,20 @@ void CudaBackend::ExpertGemmsOnDevice(const RoutedExpertsArgs& a, DecodeMoeAlgo 
     g.slot_offsets = offsets;
     g.rows_per_slot_hint = static_cast<int32_t>(T);  // a token's top-k experts are distinct
     // Batch-invariant: tensor cores at every size (kAuto picks CUDA cores by the hint, i.e. by
-    // the batch; the tensor-core kernel's per-row sums do not depend on the row tile).
-    if (tuning_.batch_invariant) g.algo = kernels::GroupedGemmAlgo::kTensorCore;
+    // the batch; the tensor-core kernel's per-row sums do not depend on the row tile), x rounded
+    // to bf16 as the default mode's cuBLAS expert GEMMs round it (one MMA per product instead of
+    // kTensorCore's hi and lo terms).
+    if (tuning_.batch_invariant) g.algo = kernels::GroupedGemmAlgo::kTensorCoreBf16X;
     g.n = static_cast<int32_t>(2 * I);
     g.k = static_cast<int32_t>(H);
     g.weights = reinterpret_cast<const uint16_t* const*>(a.gate_up);
-    g.x = static_cast<const float*>(permuted);
+    // RoutedExperts gathered the batch-invariant mode's rows in bf16 below the shared-memory
+    // tiles' row count (the same values as the kernel's own rounding of fp32 rows).
+    if (tuning_.batch_invariant && T * K < kernels::kGroupedGemmTiledMinRows) {
+      g.x_bf16 = static_cast<const uint16_t*>(permuted);
+    } else {
+      g.x = static_cast<const float*>(permuted);
+    }
     g.y = gate_up->as<float>();
     Check(kernels::GroupedGemmBf16(g, stream_), "kernels::GroupedGemmBf16(gate_up)");
     auto act = AllocateScratch(rows * I * sizeof(float));
@@ -354,6 +365,7 @@ void CudaBackend::ExpertGemmsOnDevice(const RoutedExpertsArgs& a, DecodeMoeAlgo 
     g.k = static_cast<int32_t>(I);
     g.weights = reinterpret_cast<const uint16_t* const*>(a.down);
     g.x = act->as<float>();
+    g.x_bf16 = nullptr;
     g.y = expert_out;
     Check(kernels::GroupedGemmBf16(g, stream_), "kernels::GroupedGemmBf16(down)");
     return;
