@@ -5,8 +5,9 @@
 // must fit before anything is loaded; the KV cache gets what is left), loads the rank's share of
 // the model (with a partitioned dispatcher only its routed experts: a contiguous range, or the
 // experts of its EPLB slots) and makes its KV pool from the model's cache spec; optionally it
-// records the decode graphs. The weight load and the graph capture each log one line
-// (`start-up: weights loaded in ...`, `start-up: decode graphs recorded in ...`).
+// records the decode graphs and warms up (WarmUpSteps). The weight load, the graph capture and
+// the warm-up each log one line (`start-up: weights loaded in ...`, `start-up: decode graphs
+// recorded in ...`, `start-up: warm-up ran in ...`).
 //
 // What a rank is made of is a RankParts, filled as each part comes up, so that whoever owns it
 // tears a half-built rank down in the right order too.
