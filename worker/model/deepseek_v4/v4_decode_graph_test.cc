@@ -209,8 +209,8 @@ TEST_P(V4DecodeGraphTest, PaddedReplayedStepsEqualTheGeneralPath) {
 
   // Every decode step took the graph path, one recording per bucket used (1 4 8 48 24 2); in
   // blocks of 4 the tables outgrow the first table class (16 blocks, 64 positions) after the
-  // first round of the schedule, and the buckets of the steps whose tables are wider (40, 17, 2
-  // and one more of the schedule's) get a graph of the next class (64 blocks): 4 more.
+  // first round of the schedule, and the buckets of the steps with wider tables get a graph of
+  // the next class (64 blocks): 4 of the 6.
   const int recordings = c.block_size == 4 ? 10 : 6;
   EXPECT_EQ(graphs->decode_graph_steps(), static_cast<int64_t>(schedule.size()));
   EXPECT_EQ(graphs->decode_graphs_recorded(), recordings);
