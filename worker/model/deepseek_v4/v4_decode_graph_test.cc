@@ -236,6 +236,34 @@ INSTANTIATE_TEST_SUITE_P(Fixtures, V4DecodeGraphTest,
 
 // Graphs recorded at start-up (CausalLm::CaptureDecodeGraphs: every bucket over its padding
 // rows' plan) are replayed by the steps that follow, with the general path's results.
+// In blocks of 4 the contexts outgrow the first table class (64 positions) and the steps replay
+// the next class's graphs, recorded at start-up too.
+TEST(V4DecodeGraphStartupTest, ContextsPastTheFirstTableClassRecordNothing) {
+  RecordingCpuBackend backend;
+  DecodeGraphOptions on, off;
+  on.max_batch = 48;
+  off.enabled = false;
+  auto graphs = Load(&backend, "dsv4_mix", on);
+  auto eager = Load(&backend, "dsv4_mix", off);
+  ASSERT_TRUE(graphs && eager);
+  const std::vector<int64_t> schedule = Schedule();
+  int recorded = -1;
+  auto a = RunDecodeSchedule(graphs.get(), &backend, schedule, 40, 4, [&](KvBlockPool* pool) {
+    graphs->PrepareCache(pool);
+    absl::StatusOr<int> n = graphs->CaptureDecodeGraphs(pool);
+    if (!n.ok()) return n.status();
+    recorded = *n;
+    return absl::OkStatus();
+  });
+  ASSERT_TRUE(a.ok()) << a.status();
+  auto b = RunDecodeSchedule(eager.get(), &backend, schedule, 40, 4);
+  ASSERT_TRUE(b.ok()) << b.status();
+  ExpectBitIdentical(*a, *b);
+  EXPECT_GT(recorded, 8);                  // more than one table class
+  EXPECT_EQ(backend.captures_, recorded);  // nothing recorded after start-up
+  EXPECT_EQ(graphs->decode_graph_steps(), static_cast<int64_t>(schedule.size()));
+}
+
 TEST(V4DecodeGraphStartupTest, GraphsRecordedAtStartUpReplayWithTheGeneralPathsResults) {
   RecordingCpuBackend backend;
   DecodeGraphOptions on, off;
