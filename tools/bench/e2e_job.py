@@ -21,9 +21,9 @@ Reports (stdout: a table row; DIR/e2e.json: everything):
   start-up    from the start to the first engine step: process start (to the worker's main),
               registration and group configuration, then the rank's own phases as the worker
               logs them (group, backend, data plane, memory check, weights, memory plan and KV
-              cache, graph capture, engine and barrier), then waiting for the first request;
-              also the weight load's GB and GB/s and the decode graphs recorded at start-up, as
-              the worker logs them
+              cache, graph capture, warm-up, engine and barrier), then waiting for the first
+              request; also the weight load's GB and GB/s, the decode graphs recorded at
+              start-up and the warm-up's steps and tokens, as the worker logs them
   serving     first step start to last step end (rank 0; the latest end of all ranks)
   tail        last step end to the process exit, split (tail_breakdown_s) at the moments the
               processes log: results reported to the coordinator (the job complete), the end
@@ -144,7 +144,7 @@ def read_worker_logs(state_dir):
 
 
 def read_startup_lines(logs):
-    """The weight load and start-up graph capture lines of rank 0 of the first worker."""
+    """The weight load, start-up graph capture and warm-up lines of rank 0 of the first worker."""
     out = {}
     for path in logs:
         text = open(path, errors="replace").read()
@@ -157,6 +157,10 @@ def read_startup_lines(logs):
         if m and "startup_capture_s" not in out:
             out.update({"startup_capture_s": float(m.group(1)),
                         "startup_graphs": int(m.group(2))})
+        m = re.search(r"start-up: warm-up ran in ([0-9.]+) s, (\d+) steps, (\d+) tokens", text)
+        if m and "warm_up_s" not in out:
+            out.update({"warm_up_s": float(m.group(1)), "warm_up_steps": int(m.group(2)),
+                        "warm_up_tokens": int(m.group(3))})
     return out
 
 

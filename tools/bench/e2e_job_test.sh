@@ -64,6 +64,7 @@ assert got == want, f"step stats count {got} computed tokens, the job computes {
 assert stats["async_scheduling"] is True and stats["dropped_tokens"] == 0, stats
 assert r["async_scheduling"] is True and "(sync)" not in r["label"], r
 assert r["weights_gb"] >= 0 and r["weights_load_s"] >= 0, r  # the start-up weights line
+assert r["warm_up_steps"] == 2 and r["warm_up_tokens"] > 0 and r["warm_up_s"] >= 0, r
 hist = stats["histogram"]
 assert sum(h[2] for h in hist) == stats["steps"], "histogram steps"
 assert sum(h[0] * h[2] for h in hist) == stats["decode_tokens"], "histogram decode rows"
@@ -78,7 +79,7 @@ assert 0 <= r["idle_share"] < 1
 assert 0 < r["ttft_p50_s"] <= r["ttft_p99_s"]
 assert r["bench_rc"] == 0 and r["ideal_s"] > 0, r
 for phase in ("process start", "group", "backend", "weights", "memory plan and KV cache",
-              "graph capture", "first request"):
+              "graph capture", "warm-up", "first request"):
     assert phase in r["startup_breakdown_s"], (phase, r["startup_breakdown_s"])
 # The tail splits at the moments the processes log, in order, adding up to the tail.
 tail = r["tail_breakdown_s"]

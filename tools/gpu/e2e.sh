@@ -121,6 +121,8 @@ for n, r in results.items():
             f"({r['weights_gb_per_s']:.2f} GB/s); " if "weights_load_s" in r else "")
     graphs = (f"{r['startup_graphs']} decode graphs recorded at start-up in "
               f"{r['startup_capture_s']:.2f} s; " if "startup_graphs" in r else "")
+    warm = (f"warm-up {r['warm_up_steps']} steps, {r['warm_up_tokens']} tokens in "
+            f"{r['warm_up_s']:.2f} s; " if "warm_up_steps" in r else "")
     mode = {True: "on", False: "off"}.get(r.get("async_scheduling"), "?")
     tail = ", ".join(f"{k} {v:.2f}" for k, v in r.get("tail_breakdown_s", {}).items())
     if r.get("worker_shutdown_s"):
@@ -130,7 +132,7 @@ for n, r in results.items():
             tail += (f"; {r['shutdown_spilled_blocks']} cached blocks to the KV store in "
                      f"{r['shutdown_spill_s']:.2f} s")
         tail += ")"
-    print(f"* {r['label']}: start-up {r.get('startup_s', 0):.2f} s = {parts}; {load}{graphs}"
+    print(f"* {r['label']}: start-up {r.get('startup_s', 0):.2f} s = {parts}; {load}{graphs}{warm}"
           f"async scheduling {mode}, {r.get('dropped_tokens', 0)} rows dropped; "
           f"tail {r.get('tail_s', 0):.2f} s = {tail}; "
           f"{r.get('steps', 0)} steps, {r.get('capture_steps', 0)} recording a decode graph "

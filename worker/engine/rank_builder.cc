@@ -143,6 +143,67 @@ DispatcherFactory EpDispatcherFactory(const EpExchangeOptions& exchange) {
   return f;
 }
 
+absl::StatusOr<WarmUpResult> WarmUpSteps(CausalLm* model, KvBlockPool* pool,
+                                         int64_t max_batch_tokens) {
+  WarmUpResult result;
+  const int64_t bs = pool->block_size();
+  auto blocks_for = [bs](int64_t positions) {
+    return static_cast<int32_t>((positions + bs - 1) / bs);
+  };
+  // Scratch sequence A: a prompt of max_batch_tokens, with room for its next token, within the
+  // model's positions and the free blocks.
+  int64_t max_positions = model->config().max_position_embeddings;
+  if (max_positions <= 0) max_positions = std::numeric_limits<int32_t>::max();
+  const int64_t prompt = std::min({max_batch_tokens, max_positions - 1,
+                                   static_cast<int64_t>(pool->num_free_blocks()) * bs - 1});
+  if (prompt < 1) return result;
+  absl::StatusOr<std::vector<int32_t>> a = pool->Allocate(blocks_for(prompt + 1));
+  if (!a.ok()) return result;
+  // Scratch sequence B: the mixed step's prompt chunk, the rest of that step's tokens.
+  const int64_t chunk = std::min({max_batch_tokens - 1, max_positions - 1,
+                                  static_cast<int64_t>(pool->num_free_blocks()) * bs});
+  std::vector<int32_t> b;
+  if (chunk >= 1) {
+    absl::StatusOr<std::vector<int32_t>> got = pool->Allocate(blocks_for(chunk));
+    if (got.ok()) b = *std::move(got);
+  }
+  auto run = [&]() -> absl::Status {
+    SequenceStep first;
+    first.tokens.assign(prompt, 0);
+    first.block_table = *a;
+    first.return_logits = false;
+    first.sampling = SamplingParams{};  // greedy
+    absl::StatusOr<StepOutput> out = model->Step({first}, pool);
+    if (!out.ok()) return out.status();
+    ++result.steps;
+    result.tokens += prompt;
+    if (b.empty()) return absl::OkStatus();
+    SequenceStep next = first;
+    next.tokens.assign(1, 0);
+    next.position_offset = prompt;
+    SequenceStep other;
+    other.tokens.assign(chunk, 0);
+    other.block_table = b;
+    other.return_logits = false;
+    other.sampling = SamplingParams{};
+    other.sampling->temperature = 1.0f;  // the sampled path too
+    out = model->Step({next, other}, pool);
+    if (!out.ok()) return out.status();
+    ++result.steps;
+    result.tokens += 1 + chunk;
+    return absl::OkStatus();
+  };
+  absl::Status st = run();
+  // The blocks go back whatever happened (their state slots with them); the expert counts the
+  // steps made are not serving's.
+  absl::Status freed = pool->Free(*a);
+  if (freed.ok() && !b.empty()) freed = pool->Free(b);
+  model->TakeExpertCounts();
+  if (!st.ok()) return st;
+  if (!freed.ok()) return freed;
+  return result;
+}
+
 absl::Status BuildRank(const RankSpec& spec, const RankHooks& hooks,
                        std::unique_ptr<comm::TcpCommunicator::RootListener> root,
                        RankParts* parts) {
@@ -356,6 +417,17 @@ absl::Status BuildRank(const RankSpec& spec, const RankHooks& hooks,
                 << absl::StrJoin(DecodeGraphBuckets(graphs.max_batch), " ");
     }
     phase_done("graph capture");
+  }
+  if (spec.warm_up && (!spec.dispatcher.partitioned || spec.world_size == 1)) {
+    const absl::Time warm_start = absl::Now();
+    absl::StatusOr<WarmUpResult> warm =
+        WarmUpSteps(parts->model.get(), parts->pool.get(), spec.max_batch_tokens);
+    if (!warm.ok()) return warm.status();
+    be->Synchronize();
+    LOG(INFO) << "rank " << spec.rank << ": start-up: warm-up ran in "
+              << absl::StrFormat("%.3f s", absl::ToDoubleSeconds(absl::Now() - warm_start)) << ", "
+              << warm->steps << " steps, " << warm->tokens << " tokens";
+    phase_done("warm-up");
   }
   LOG(INFO) << "rank " << spec.rank << ": start-up: " << phases;
   return absl::OkStatus();

@@ -5,8 +5,9 @@
 // must fit before anything is loaded; the KV cache gets what is left), loads the rank's share of
 // the model (with a partitioned dispatcher only its routed experts: a contiguous range, or the
 // experts of its EPLB slots) and makes its KV pool from the model's cache spec; optionally it
-// records the decode graphs. The weight load and the graph capture each log one line
-// (`start-up: weights loaded in ...`, `start-up: decode graphs recorded in ...`).
+// records the decode graphs and warms up (WarmUpSteps). The weight load, the graph capture and
+// the warm-up each log one line (`start-up: weights loaded in ...`, `start-up: decode graphs
+// recorded in ...`, `start-up: warm-up ran in ...`).
 //
 // What a rank is made of is a RankParts, filled as each part comes up, so that whoever owns it
 // tears a half-built rank down in the right order too.
@@ -120,6 +121,9 @@ struct RankSpec {
   // ranks (every rank would have to capture in lock-step); false: each bucket is recorded on its
   // first step.
   bool capture_decode_graphs = false;
+  // Run WarmUpSteps at start-up (after the graph capture), where capture_decode_graphs would
+  // capture: only where the steps exchange nothing between ranks.
+  bool warm_up = false;
   bool fused_ops = true;
   int32_t micro_batches = 1;  // CausalLm::SetMicroBatches
   PrefillAttention prefill_attention = PrefillAttention::kAuto;
@@ -144,6 +148,24 @@ struct RankSpec {
   // and compressor rows), reserved before the KV blocks are planned.
   int32_t max_running = 256;
 };
+
+// Start-up warm-up (BuildRank's `warm-up` phase): runs the step shapes serving uses once before
+// any request, so that first-use costs (kernel module loading, GEMM library handles and
+// heuristics, workspaces) are not paid by the first requests: a prefill step of one scratch
+// sequence of `max_batch_tokens` tokens (token 0 throughout; fewer where the model's positions or
+// the cache's free blocks allow fewer), then a mixed step of that sequence's next token (greedy)
+// and a second scratch sequence's prompt chunk (sampled, temperature 1). Every block it takes is
+// freed again (with any state slot bound to it) and the expert counts the steps made are
+// discarded: the pool's free blocks are as before and nothing is visible to later steps, which
+// write every cache entry they read. Runs forward steps: on an expert-parallel rank only when
+// every rank of the group calls it. Returns the steps run (0 where the cache has too few free
+// blocks); the steps' errors.
+struct WarmUpResult {
+  int steps = 0;
+  int64_t tokens = 0;  // tokens stepped, over all steps
+};
+absl::StatusOr<WarmUpResult> WarmUpSteps(CausalLm* model, KvBlockPool* pool,
+                                         int64_t max_batch_tokens);
 
 // One rank's parts, declared so that they are destroyed in dependency order (pool, model,
 // exchange wrapper, data-plane communicator, backend, TCP communicator).

@@ -397,6 +397,7 @@ bool RankGroup::FormRank(int local) {
   spec.model = options_.model->spec;
   spec.decode_graphs = options_.decode_graphs;
   spec.capture_decode_graphs = true;
+  spec.warm_up = true;
   spec.load_threads = options_.load_threads;
   spec.kv_cache_dtype = options_.kv_cache_dtype;
   spec.block_size = options_.block_size;

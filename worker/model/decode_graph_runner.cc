@@ -17,6 +17,7 @@ struct DecodeGraphRunner::Graph {
   int64_t bucket = 0;
   int32_t context_class = 0;
   int32_t max_context_hint = 0;  // the context class's bound
+  int32_t max_blocks = 0;        // the block tables' width (the table class's)
   std::unique_ptr<DeviceBuffer> inputs, outputs;
   std::unique_ptr<DeviceBuffer> hidden;  // [bucket, hidden_width] where the model writes them
   std::vector<int32_t> host_inputs;      // staging for the one upload per step
@@ -70,7 +71,7 @@ DecodeGraphInputs DecodeGraphRunner::InputsOf(const Graph& g) const {
   d.context_len = in + 4 * B;
   d.counted = in + 5 * B;
   d.block_tables = in + 5 * B + 1;
-  d.max_blocks_per_seq = max_blocks_;
+  d.max_blocks_per_seq = g.max_blocks;
   d.max_context_hint = g.max_context_hint;
   d.cache = cache_;
   int32_t* out = g.outputs->as<int32_t>();
@@ -93,26 +94,30 @@ bool DecodeGraphRunner::BindCache(KvBlockPool* cache) {
   cache_id_ = 0;
   cache_ = nullptr;
   padding_block_ = -1;
-  max_blocks_ = 0;
+  table_limit_ = 0;
   absl::StatusOr<std::vector<int32_t>> block = cache->Allocate(1);
   if (!block.ok()) return false;
   cache_id_ = cache->id();
   cache_ = cache;
   padding_block_ = (*block)[0];
+  table_limit_ = MaxBlocks(*cache);
   return true;
 }
 
-void DecodeGraphRunner::FitTables(int64_t needed, int32_t limit) {
-  // The tables are staged and uploaded every step, so their width is paid per step: they grow
-  // with the batches (a few times over a long decode, each time recording the graphs again)
-  // instead of every step carrying the longest table the cache could hold (a model of 2^20
-  // positions in blocks of 16: 65536 entries a row).
-  int64_t width = std::max<int64_t>(kMinTableBlocks, max_blocks_);
-  while (width < needed) width *= 2;
-  width = std::min<int64_t>(width, limit);
-  if (width == max_blocks_) return;
-  Drop();
-  max_blocks_ = static_cast<int32_t>(width);
+int32_t DecodeGraphRunner::TableWidth(int32_t table_class) const {
+  // The tables are staged and uploaded every step, so their width is paid per step: a step
+  // takes the narrowest class that holds its longest table instead of every step carrying the
+  // longest table the cache could hold (a model of 2^20 positions in blocks of 16: 65536 entries
+  // a row). Classes grow 4x from kMinTableBlocks, the last one the limit.
+  int64_t width = kMinTableBlocks;
+  for (int32_t c = 0; c < table_class && width < table_limit_; ++c) width *= 4;
+  return static_cast<int32_t>(std::max<int64_t>(1, std::min<int64_t>(width, table_limit_)));
+}
+
+int32_t DecodeGraphRunner::TableClassOf(int64_t needed) const {
+  int32_t c = 0;
+  while (TableWidth(c) < needed && TableWidth(c) < table_limit_) ++c;
+  return c;
 }
 
 absl::StatusOr<bool> DecodeGraphRunner::PrepareModel(const std::vector<SequenceStep>& batch,
@@ -141,13 +146,14 @@ std::unique_ptr<DecodeGraphRunner::Graph> DecodeGraphRunner::NewGraph(const Grap
   auto g = std::make_unique<Graph>();
   g->bucket = bucket;
   g->context_class = context_class;
+  g->max_blocks = TableWidth(key.second >> 2);
   // Class 0 under a break: the break; otherwise the longest context the graph can see.
   g->max_context_hint =
       context_break > 0 && context_class == 0
           ? context_break
-          : static_cast<int32_t>(std::min<int64_t>(static_cast<int64_t>(max_blocks_) * bs,
+          : static_cast<int32_t>(std::min<int64_t>(static_cast<int64_t>(g->max_blocks) * bs,
                                                    std::numeric_limits<int32_t>::max()));
-  const size_t ints = 5 * bucket + 1 + bucket * static_cast<size_t>(max_blocks_);
+  const size_t ints = 5 * bucket + 1 + bucket * static_cast<size_t>(g->max_blocks);
   g->host_inputs.assign(ints, 0);
   g->inputs = backend_->Allocate(ints * sizeof(int32_t));
   g->outputs = backend_->Allocate(2 * bucket * sizeof(int32_t));
@@ -168,7 +174,7 @@ void DecodeGraphRunner::UploadInputs(Graph& g, const std::vector<SequenceStep>& 
                                      const std::vector<Row>& rows) {
   const int64_t n = static_cast<int64_t>(rows.size());
   const int32_t bs = cache_->block_size();
-  const int32_t max_blocks = max_blocks_;
+  const int32_t max_blocks = g.max_blocks;
   const int64_t B = g.bucket;
   int32_t* in = g.host_inputs.data();
   int32_t* tables = in + 5 * B + 1;
@@ -282,7 +288,7 @@ bool DecodeGraphRunner::Record(const GraphKey& key, Graph* g) {
 
 void DecodeGraphRunner::Prepare(KvBlockPool* cache) {
   if (!options_.enabled || buckets_.empty() || !backend_->SupportsCapture()) return;
-  if (BindCache(cache)) FitTables(1, MaxBlocks(*cache));
+  BindCache(cache);
 }
 
 absl::StatusOr<int> DecodeGraphRunner::Capture(KvBlockPool* cache) {
@@ -292,29 +298,38 @@ absl::StatusOr<int> DecodeGraphRunner::Capture(KvBlockPool* cache) {
     return absl::ResourceExhaustedError(
         "decode graphs: no free KV cache block for the padding rows");
   }
-  FitTables(1, MaxBlocks(*cache));
+  const int32_t bs = cache->block_size();
   int recorded = 0;
-  for (int64_t bucket : buckets_) {
-    const int32_t context_break = model_.context_break ? model_.context_break(bucket) : 0;
-    for (int32_t context_class : {0, 1}) {
-      if (context_class == 1 && context_break <= 0) continue;
-      const GraphKey key(bucket, context_class);
-      if (failed_.count(key)) continue;
-      std::unique_ptr<Graph>& slot = graphs_[key];
-      if (slot != nullptr && slot->ops != nullptr) continue;
-      absl::StatusOr<bool> prepared = PrepareModel({}, bucket, cache);
-      if (!prepared.ok()) return prepared.status();
-      if (!*prepared) continue;
-      if (slot == nullptr) slot = NewGraph(key, 0);
-      Graph* g = slot.get();
-      UploadInputs(*g, {}, {});  // padding rows only: they write nothing but the padding block
-      absl::StatusOr<std::vector<int32_t>> out = RunGraph(key, g);
-      if (!out.ok()) {
-        if (out.status().code() == absl::StatusCode::kCancelled) continue;
-        return out.status();
+  // Table classes up to the longest table, or up to kStartUpPositions: wider classes (whose
+  // context bound may size a model's workspaces, e.g. V4's indexer candidates) are recorded on
+  // first use.
+  const int32_t table_classes =
+      TableClassOf(std::min<int64_t>(table_limit_, (kStartUpPositions + bs - 1) / bs)) + 1;
+  for (int32_t table_class = 0; table_class < table_classes; ++table_class) {
+    const int64_t positions = static_cast<int64_t>(TableWidth(table_class)) * bs;
+    for (int64_t bucket : buckets_) {
+      const int32_t context_break = model_.context_break ? model_.context_break(bucket) : 0;
+      for (int32_t context_class : {0, 1}) {
+        // Contexts above the break need tables that hold them.
+        if (context_class == 1 && (context_break <= 0 || positions <= context_break)) continue;
+        const GraphKey key(bucket, context_class | (table_class << 2));
+        if (failed_.count(key)) continue;
+        std::unique_ptr<Graph>& slot = graphs_[key];
+        if (slot != nullptr && slot->ops != nullptr) continue;
+        absl::StatusOr<bool> prepared = PrepareModel({}, bucket, cache);
+        if (!prepared.ok()) return prepared.status();
+        if (!*prepared) continue;
+        if (slot == nullptr) slot = NewGraph(key, 0);
+        Graph* g = slot.get();
+        UploadInputs(*g, {}, {});  // padding rows only: they write nothing but the padding block
+        absl::StatusOr<std::vector<int32_t>> out = RunGraph(key, g);
+        if (!out.ok()) {
+          if (out.status().code() == absl::StatusCode::kCancelled) continue;
+          return out.status();
+        }
+        if (!options_.replay) continue;
+        if (Record(key, g)) ++recorded;
       }
-      if (!options_.replay) continue;
-      if (Record(key, g)) ++recorded;
     }
   }
   return recorded;
@@ -386,11 +401,11 @@ std::optional<absl::StatusOr<StepOutput>> DecodeGraphRunner::Run(
   // a recording cannot see, so batches up to the break and above it get a graph each.
   const int32_t context_break = model_.context_break ? model_.context_break(bucket) : 0;
   const int32_t context_class = context_break > 0 && max_context > context_break ? 1 : 0;
-  const GraphKey key(bucket, context_class | (num_adjustments > 0 ? 2 : 0));
+  if (!BindCache(cache)) return std::nullopt;  // full: try again with the next step
+  const GraphKey key(bucket,
+                     context_class | (num_adjustments > 0 ? 2 : 0) | (TableClassOf(longest) << 2));
   if (failed_.count(key)) return std::nullopt;
   if (num_adjustments > std::numeric_limits<int32_t>::max()) return std::nullopt;
-  if (!BindCache(cache)) return std::nullopt;  // full: try again with the next step
-  FitTables(longest, max_blocks);
   absl::StatusOr<bool> prepared = PrepareModel(batch, bucket, cache);
   if (!prepared.ok()) return absl::StatusOr<StepOutput>(prepared.status());
   if (!*prepared) return std::nullopt;

@@ -24,8 +24,9 @@
 // The runner owns the padding and the fixed device addresses: per bucket, the inputs
 // (ids | positions | slots | token_seq | context_len [bucket each] | counted rows [1] |
 // block tables [bucket, max_blocks]) and outputs (token int32 | logprob float [bucket each]).
-// max_blocks, the tables' width, is what the batches have needed so far rounded up to a power
-// of two: a batch that needs more doubles it and records the graphs again. A model may upload
+// max_blocks, the tables' width, is a table class's: 16 blocks x 4^class, the last class the
+// longest table the cache and the model allow (MaxBlocks); a step takes the narrowest class that
+// holds its longest table, and each class has graphs of its own. A model may upload
 // inputs of its own per step (DecodeGraphModel::prepare) into buffers it keeps per bucket.
 // Padding rows decode token 0 at position 0 of a cache block the runner keeps for them, seeing
 // only themselves. The model's part is one device-only forward over those inputs
@@ -145,12 +146,14 @@ class DecodeGraphRunner {
   // that can record), so that Run takes none from it later.
   void Prepare(KvBlockPool* cache);
   // Start-up: takes the padding rows' block from `cache` and records the graphs of every bucket
-  // (both context classes where the backend has a break; plain greedy batches, no logit
-  // adjustments) by running each once on padding rows only, which write nothing but the padding
-  // block. Returns the graphs recorded; 0 where the path does not apply (disabled, a backend that
-  // cannot record, DecodeGraphModel::available false). A bucket the device path refuses is left
-  // to the general path, as in Run. RESOURCE_EXHAUSTED without a free block; the step's errors.
-  // Run then replays them, and takes no block from the cache it was given here.
+  // and table class up to the longest table the cache allows, at most 65536 positions (both context
+  // classes where the backend has a break and the class's tables hold contexts above it; plain
+  // greedy batches, no logit adjustments) by running each once on padding rows only, which write
+  // nothing but the padding block. Returns the graphs recorded; 0 where the path does not apply
+  // (disabled, a backend that cannot record, DecodeGraphModel::available false). A bucket the
+  // device path refuses is left to the general path, as in Run. RESOURCE_EXHAUSTED without a free
+  // block; the step's errors. Run then replays them, and takes no block from the cache it was given
+  // here.
   absl::StatusOr<int> Capture(KvBlockPool* cache);
 
   // Steps that ran on the padded bucket path (replayed or, with replay off, eager) and graphs
@@ -162,7 +165,8 @@ class DecodeGraphRunner {
   struct Graph;
   // Graphs per (bucket, variant): variant bit 0 is the context class (0 for batches whose
   // longest context is at most the context break for the bucket, the only class where it is 0;
-  // 1 above), bit 1 set for graphs that apply logit adjustments.
+  // 1 above), bit 1 set for graphs that apply logit adjustments, the bits above it the table
+  // class (TableWidth).
   using GraphKey = std::pair<int64_t, int32_t>;
   DecodeGraphInputs InputsOf(const Graph& g) const;
   // The longest block table the cache (and the model) allows.
@@ -170,9 +174,10 @@ class DecodeGraphRunner {
   // Makes the graphs' addresses those of `cache` (dropping graphs of another one) and takes the
   // padding block; false when the cache has no free block.
   bool BindCache(KvBlockPool* cache);
-  // Makes the tables at least `needed` blocks wide: the width so far, doubled from
-  // kMinTableBlocks until it holds them, at most `limit`; a new width drops the graphs.
-  void FitTables(int64_t needed, int32_t limit);
+  // The block tables' width of a table class (kMinTableBlocks x 4^class, at most the bound
+  // cache's MaxBlocks), and the narrowest class at least `needed` blocks wide.
+  int32_t TableWidth(int32_t table_class) const;
+  int32_t TableClassOf(int64_t needed) const;
   // DecodeGraphModel::prepare where the model has it (true without).
   absl::StatusOr<bool> PrepareModel(const std::vector<SequenceStep>& batch, int64_t bucket,
                                     KvBlockPool* cache);
@@ -205,8 +210,9 @@ class DecodeGraphRunner {
   uint64_t cache_id_ = 0;
   KvBlockPool* cache_ = nullptr;
   int32_t padding_block_ = -1;
-  int32_t max_blocks_ = 0;  // fixed block-table width of the graphs (0: none yet)
+  int32_t table_limit_ = 0;  // MaxBlocks of the bound cache
   static constexpr int64_t kMinTableBlocks = 16;
+  static constexpr int64_t kStartUpPositions = 65536;  // Capture's widest table class
   int64_t steps_ = 0;
   int64_t graphs_recorded_ = 0;
 };

@@ -208,9 +208,10 @@ TEST_P(V4DecodeGraphTest, PaddedReplayedStepsEqualTheGeneralPath) {
   ExpectBitIdentical(*b, *d);
 
   // Every decode step took the graph path, one recording per bucket used (1 4 8 48 24 2); in
-  // blocks of 4 the tables outgrow the first width (16 blocks, 64 positions) after the first
-  // round of the schedule, and every bucket is recorded again at 32 blocks.
-  const int recordings = c.block_size == 4 ? 12 : 6;
+  // blocks of 4 the tables outgrow the first table class (16 blocks, 64 positions) after the
+  // first round of the schedule, and the buckets of the steps with wider tables get a graph of
+  // the next class (64 blocks): 4 of the 6.
+  const int recordings = c.block_size == 4 ? 10 : 6;
   EXPECT_EQ(graphs->decode_graph_steps(), static_cast<int64_t>(schedule.size()));
   EXPECT_EQ(graphs->decode_graphs_recorded(), recordings);
   EXPECT_EQ(backend.captures_, recordings);
@@ -235,6 +236,34 @@ INSTANTIATE_TEST_SUITE_P(Fixtures, V4DecodeGraphTest,
 
 // Graphs recorded at start-up (CausalLm::CaptureDecodeGraphs: every bucket over its padding
 // rows' plan) are replayed by the steps that follow, with the general path's results.
+// In blocks of 4 the contexts outgrow the first table class (64 positions) and the steps replay
+// the next class's graphs, recorded at start-up too.
+TEST(V4DecodeGraphStartupTest, ContextsPastTheFirstTableClassRecordNothing) {
+  RecordingCpuBackend backend;
+  DecodeGraphOptions on, off;
+  on.max_batch = 48;
+  off.enabled = false;
+  auto graphs = Load(&backend, "dsv4_mix", on);
+  auto eager = Load(&backend, "dsv4_mix", off);
+  ASSERT_TRUE(graphs && eager);
+  const std::vector<int64_t> schedule = Schedule();
+  int recorded = -1;
+  auto a = RunDecodeSchedule(graphs.get(), &backend, schedule, 40, 4, [&](KvBlockPool* pool) {
+    graphs->PrepareCache(pool);
+    absl::StatusOr<int> n = graphs->CaptureDecodeGraphs(pool);
+    if (!n.ok()) return n.status();
+    recorded = *n;
+    return absl::OkStatus();
+  });
+  ASSERT_TRUE(a.ok()) << a.status();
+  auto b = RunDecodeSchedule(eager.get(), &backend, schedule, 40, 4);
+  ASSERT_TRUE(b.ok()) << b.status();
+  ExpectBitIdentical(*a, *b);
+  EXPECT_GT(recorded, 8);                  // more than one table class
+  EXPECT_EQ(backend.captures_, recorded);  // nothing recorded after start-up
+  EXPECT_EQ(graphs->decode_graph_steps(), static_cast<int64_t>(schedule.size()));
+}
+
 TEST(V4DecodeGraphStartupTest, GraphsRecordedAtStartUpReplayWithTheGeneralPathsResults) {
   RecordingCpuBackend backend;
   DecodeGraphOptions on, off;
@@ -256,8 +285,9 @@ TEST(V4DecodeGraphStartupTest, GraphsRecordedAtStartUpReplayWithTheGeneralPathsR
   auto b = RunDecodeSchedule(eager.get(), &backend, schedule, 40, 16);
   ASSERT_TRUE(b.ok()) << b.status();
   ExpectBitIdentical(*a, *b);
-  EXPECT_EQ(recorded, 8);
-  EXPECT_EQ(backend.captures_, 8);  // nothing recorded after start-up
+  // Buckets 1 .. 48 once per table class (16 blocks, then the fixture's 1024 positions: 64).
+  EXPECT_EQ(recorded, 16);
+  EXPECT_EQ(backend.captures_, 16);  // nothing recorded after start-up
   EXPECT_EQ(graphs->decode_graph_steps(), static_cast<int64_t>(schedule.size()));
 }
 
