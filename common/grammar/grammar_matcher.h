@@ -17,7 +17,10 @@
 // that leaves no stack, and accepts a subtree whole when every byte below it leads back to the
 // same stack set (the inside of a string), as llguidance's token trie walk does; the stack
 // sets and their transitions are a DFA built lazily and shared by all of the cache's walks, and
-// nodes with the same rule, final flag and edges share one entry.
+// nodes with the same rule, final flag and edges share one entry (and name one DFA state). A
+// node inside a JSON string skips the trie walk: its entry is a bitmask precomputed with the
+// vocabulary (the tokens made of at most the string units left, token_vocabulary.h) plus a walk
+// of only the few tokens that leave the string's units, from where they leave.
 #ifndef DEEPINFER_COMMON_GRAMMAR_GRAMMAR_MATCHER_H_
 #define DEEPINFER_COMMON_GRAMMAR_GRAMMAR_MATCHER_H_
 
