@@ -206,16 +206,14 @@ void StringUnitTable::Build(const std::vector<std::string>& bytes,
     previous = bytes_from_exit;
     previous_units = std::get<0>(e);
   }
-  std::sort(whole.begin(), whole.end());
-
+  // Each whole token in the bitmask of its unit count, then each bitmask ORed with the one
+  // before.
   whole_up_to_.assign(static_cast<size_t>(max_units_ + 1) * mask_words_, 0);
-  size_t k = 0;
-  for (int32_t units = 0; units <= max_units_; ++units) {
-    uint32_t* bits = &whole_up_to_[static_cast<size_t>(units) * mask_words_];
-    if (units > 0) std::memcpy(bits, bits - mask_words_, sizeof(uint32_t) * mask_words_);
-    for (; k < whole.size() && whole[k].first == units; ++k) {
-      bits[whole[k].second >> 5] |= 1u << (whole[k].second & 31);
-    }
+  for (const auto& [units, token] : whole) {
+    whole_up_to_[static_cast<size_t>(units) * mask_words_ + (token >> 5)] |= 1u << (token & 31);
+  }
+  for (size_t w = mask_words_; w < whole_up_to_.size(); ++w) {
+    whole_up_to_[w] |= whole_up_to_[w - mask_words_];
   }
 }
 
