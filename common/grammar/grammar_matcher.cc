@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <array>
 #include <cstring>
+#include <limits>
 #include <utility>
 
 #include "glog/logging.h"
@@ -40,8 +41,8 @@ void StackWalker::Close(int32_t frame, StackSet* out) {
     if (grammar_.has_byte_edges(node)) out->tops.push_back(f);
     for (const CallEdge* e = grammar_.call_edges_begin(node); e != grammar_.call_edges_end(node);
          ++e) {
-      const int32_t ret = store_->Intern(e->target, parent);
-      work_.push_back(store_->Intern(grammar_.rule_start(e->rule), ret));
+      const int32_t ret = store_->Intern(Canonical(e->target), parent);
+      work_.push_back(store_->Intern(Canonical(grammar_.rule_start(e->rule)), ret));
     }
     if (grammar_.node(node).final) {
       if (parent == FrameStore::kRootParent) {
@@ -71,7 +72,7 @@ void StackWalker::Advance(const StackSet& in, uint8_t byte, StackSet* out) {
     for (const ByteEdge* e = grammar_.byte_edges_begin(node); e != grammar_.byte_edges_end(node);
          ++e) {
       if (e->lo > byte) break;
-      if (byte <= e->hi) Close(store_->Intern(e->target, store_->parent(f)), out);
+      if (byte <= e->hi) Close(store_->Intern(Canonical(e->target), store_->parent(f)), out);
     }
   }
 }
@@ -141,8 +142,8 @@ class StackSetDfa {
   static constexpr uint8_t kHasTops = 1;
   static constexpr uint8_t kOpenBottom = 2;
 
-  explicit StackSetDfa(const CompiledGrammar& grammar)
-      : grammar_(grammar), walker_(grammar, &store_) {}
+  StackSetDfa(const CompiledGrammar& grammar, const std::vector<int32_t>* canonical)
+      : grammar_(grammar), walker_(grammar, &store_, canonical) {}
 
   int32_t StartSet(int32_t node) {
     StackSet start;
@@ -195,7 +196,57 @@ class StackSetDfa {
     return true;
   }
 
+  static constexpr int32_t kUnitWall = -2;
+  static constexpr size_t kMaxUnitPairs = 256;
+  static constexpr int32_t kUnitIrregular = -3;
+  // From a set whose flags are exactly kHasTops: the set that every whole string unit
+  // (token_vocabulary.h) leads to, when all lead to one set and every byte on the way leaves
+  // flags exactly kHasTops; kUnitWall when every byte that begins a unit leaves flags 0 (no
+  // stack, nothing popped); kUnitIrregular otherwise.
+  int32_t UnitStep(int32_t set, const StringUnitTable& units) {
+    if (unit_step_.size() <= static_cast<size_t>(set)) unit_step_.resize(sets_.size(), -1);
+    if (unit_step_[set] != -1) return unit_step_[set];
+    const int32_t step = ComputeUnitStep(set, units);
+    unit_step_.resize(sets_.size(), -1);  // Next may have added sets
+    unit_step_[set] = step;
+    return step;
+  }
+
  private:
+  int32_t ComputeUnitStep(int32_t set, const StringUnitTable& units) {
+    bool wall = true;
+    for (int b = 0; b < 256 && wall; ++b) {
+      if (units.next(StringUnitTable::kBoundary, b) >= 0 && flags(Next(set, b)) != 0) wall = false;
+    }
+    if (wall) return kUnitWall;
+    // The product of the unit automaton and this DFA, breadth first from (kBoundary, set).
+    std::vector<std::pair<int, int32_t>> pairs = {{StringUnitTable::kBoundary, set}};
+    int32_t after = -1;
+    for (size_t q = 0; q < pairs.size(); ++q) {
+      const auto [state, from] = pairs[q];
+      std::pair<int, int32_t> last(-1, -1);  // the pair of the byte before, known to be queued
+      for (int b = 0; b < 256; ++b) {
+        const int to = units.next(state, static_cast<uint8_t>(b));
+        if (to < 0) continue;
+        const int32_t n = Next(from, static_cast<uint8_t>(b));
+        if (flags(n) != kHasTops) return kUnitIrregular;
+        if (to == StringUnitTable::kBoundary) {
+          if (after != -1 && after != n) return kUnitIrregular;
+          after = n;
+          continue;
+        }
+        const std::pair<int, int32_t> pair(to, n);
+        if (pair == last) continue;
+        last = pair;
+        if (std::find(pairs.begin(), pairs.end(), pair) == pairs.end()) {
+          if (pairs.size() >= kMaxUnitPairs) return kUnitIrregular;
+          pairs.push_back(pair);
+        }
+      }
+    }
+    return after;
+  }
+
   // Transitions of the first kDenseSets sets are a table (1 KiB a set); later ones, which
   // only grammars with many distinct stack sets reach, go to a map sized by what is used.
   static constexpr int32_t kDenseSets = 4096;
@@ -248,7 +299,136 @@ class StackSetDfa {
   StackSet scratch_;
   // Per set: the bytes whose transition is known to loop back or not, and those that do.
   std::vector<Bits256> loop_known_, loop_yes_;
+  // Per set: UnitStep's answer, -1 until asked.
+  std::vector<int32_t> unit_step_;
 };
+
+std::unique_ptr<NodeTokenMasks> TokenMaskCache::Compute(int32_t node) {
+  // The DFA is shared by the cache's walks; one that has grown large starts afresh.
+  if (dfa_ == nullptr || dfa_->num_sets() > kMaxDfaSets) {
+    dfa_ = std::make_unique<StackSetDfa>(*grammar_, &representative_);
+  }
+  std::unique_ptr<NodeTokenMasks> out = ComputeInString(node);
+  return out != nullptr ? std::move(out) : ComputeByTrieWalk(node);
+}
+
+std::unique_ptr<NodeTokenMasks> TokenMaskCache::ComputeForTesting(int32_t node, bool trie_walk,
+                                                                  bool* in_string) {
+  node = representative_[node];
+  absl::MutexLock compute_lock(&compute_mu_);
+  if (dfa_ == nullptr) dfa_ = std::make_unique<StackSetDfa>(*grammar_, &representative_);
+  std::unique_ptr<NodeTokenMasks> out = trie_walk ? nullptr : ComputeInString(node);
+  *in_string = out != nullptr;
+  return out != nullptr ? std::move(out) : ComputeByTrieWalk(node);
+}
+
+namespace {
+
+// Moves a full bitmask of accepted tokens into `out`, as ids when they are few.
+void SetAccepted(std::vector<uint32_t> accepted, int32_t num_accepted, int32_t vocab_size,
+                 NodeTokenMasks* out) {
+  if (static_cast<int64_t>(num_accepted) * 32 >= vocab_size) {
+    out->accepted_bits = std::move(accepted);
+    return;
+  }
+  out->accepted_ids.reserve(num_accepted);
+  for (size_t w = 0; w < accepted.size(); ++w) {
+    for (uint32_t bits = accepted[w]; bits != 0; bits &= bits - 1) {
+      out->accepted_ids.push_back(static_cast<int32_t>(w * 32) + __builtin_ctz(bits));
+    }
+  }
+}
+
+}  // namespace
+
+// A position inside a string: while the token's bytes are whole string units
+// (token_vocabulary.h), every unit from the stack set S_k after k units leads to one set
+// S_k+1 keeping a stack inside the node's context and popping nothing (StackSetDfa::UnitStep),
+// up to a limit: a wall (no unit may follow, a maxLength reached), a set that repeats (an
+// unbounded string), or the vocabulary's most units in a token. So a whole token of at most
+// `limit` units is accepted and one of more is rejected (its first unit past the wall leaves
+// no stack), which is a precomputed bitmask; a token that leaves the units after u <= limit
+// of them is walked byte by byte from S_u at its exit, as the trie walk would. Null when the
+// node's walk does not have that form (the trie walk then computes the entry).
+std::unique_ptr<NodeTokenMasks> TokenMaskCache::ComputeInString(int32_t node) {
+  StackSetDfa& dfa = *dfa_;
+  const StringUnitTable& units = vocabulary_->string_units();
+  const int32_t start = dfa.StartSet(node);
+  if (dfa.flags(start) != StackSetDfa::kHasTops) return nullptr;
+  std::vector<int32_t> level(1, start);  // level[k]: S_k; past the end, S_k is the last one
+  int32_t limit = units.max_units();
+  while (static_cast<int32_t>(level.size()) <= units.max_units()) {
+    const int32_t next = dfa.UnitStep(level.back(), units);
+    if (next == StackSetDfa::kUnitIrregular) return nullptr;
+    if (next == StackSetDfa::kUnitWall) {
+      limit = static_cast<int32_t>(level.size()) - 1;
+      break;
+    }
+    if (next == level.back()) break;
+    level.push_back(next);
+  }
+  const TokenVocabulary& vocab = *vocabulary_;
+  const ByteSet& follow = grammar_->follow(grammar_->node(node).rule);
+  auto out = std::make_unique<NodeTokenMasks>();
+  const uint32_t* whole = units.whole_up_to(limit);
+  std::vector<uint32_t> accepted(whole, whole + vocab.mask_words());
+  const int32_t last_level = static_cast<int32_t>(level.size()) - 1;
+  // The leaving tokens' walks share prefixes: after[d] is the set after the first d bytes
+  // from the exit of the entry walked last (valid for d <= valid) and whether the token is
+  // undecided if no stack is left there; entries sharing more than `dead` bytes with the
+  // one before are rejected with it (their shared prefix leaves no stack and pops nothing).
+  const char* const bytes = units.leaving_bytes().data();
+  struct After {
+    int32_t set;
+    bool undecided;
+  };
+  std::vector<After> after(vocab.trie_max_depth() + 1);
+  int32_t valid = 0, dead = std::numeric_limits<int32_t>::max();
+  for (const StringUnitTable::Leaving& t : units.leaving()) {
+    if (t.units > limit) break;
+    if (t.shared == 0) {
+      after[0] = {level[std::min(t.units, last_level)], false};
+      valid = 0;
+      dead = std::numeric_limits<int32_t>::max();
+    }
+    if (t.shared >= dead) continue;
+    dead = std::numeric_limits<int32_t>::max();
+    const int32_t len = t.end - t.begin;
+    const char* const suffix = bytes + t.begin;
+    int32_t d = std::min(t.shared, valid);
+    for (;; ++d) {
+      const uint8_t flags = dfa.flags(after[d].set);
+      if (d > 0 && !(flags & StackSetDfa::kHasTops)) {
+        // Decided by the first d bytes (and the next one).
+        if (d == len) {
+          if (flags != 0) {
+            accepted[t.token >> 5] |= 1u << (t.token & 31);
+          } else if (after[d].undecided) {
+            out->undecided_ids.push_back(t.token);
+          }
+        } else if (after[d].undecided || ((flags & StackSetDfa::kOpenBottom) &&
+                                          follow.test(static_cast<uint8_t>(suffix[d])))) {
+          out->undecided_ids.push_back(t.token);
+        } else if (flags == 0) {
+          dead = d;
+        }
+        break;
+      }
+      if (d == len) {
+        accepted[t.token >> 5] |= 1u << (t.token & 31);
+        break;
+      }
+      const uint8_t b = static_cast<uint8_t>(suffix[d]);
+      after[d + 1] = {dfa.Next(after[d].set, b),
+                      after[d].undecided || ((flags & StackSetDfa::kOpenBottom) && follow.test(b))};
+    }
+    valid = d;
+  }
+  int32_t num_accepted = 0;
+  for (uint32_t w : accepted) num_accepted += __builtin_popcount(w);
+  SetAccepted(std::move(accepted), num_accepted, vocab.size(), out.get());
+  return out;
+}
 
 // Walks the vocabulary's trie depth first from a lone stack top on `node` whose lower part is
 // open, so tokens sharing a prefix share its walk. Per trie node (a token prefix) with the
@@ -260,14 +440,10 @@ class StackSetDfa {
 //   popped below the open bottom earlier with the next byte in the rule's follow set (or pops
 //   here and the token's next byte is in it), rejected else. Tokens ending exactly here are
 //   accepted when a stack popped below the open bottom with the last byte.
-std::unique_ptr<NodeTokenMasks> TokenMaskCache::Compute(int32_t node) {
+std::unique_ptr<NodeTokenMasks> TokenMaskCache::ComputeByTrieWalk(int32_t node) {
   const TokenVocabulary& vocab = *vocabulary_;
   const int32_t* const sorted = vocab.sorted().data();
   const ByteSet& follow = grammar_->follow(grammar_->node(node).rule);
-  // The DFA is shared by the cache's walks; one that has grown large starts afresh.
-  if (dfa_ == nullptr || dfa_->num_sets() > kMaxDfaSets) {
-    dfa_ = std::make_unique<StackSetDfa>(*grammar_);
-  }
   StackSetDfa& dfa = *dfa_;
   // at_depth[d]: the set after the current path's first d bytes, times 2, plus 1 when some
   // prefix of it popped below the open bottom with the next byte in the follow set.
@@ -324,16 +500,7 @@ std::unique_ptr<NodeTokenMasks> TokenMaskCache::Compute(int32_t node) {
     }
     i = t.subtree_end;
   }
-  if (static_cast<int64_t>(num_accepted) * 32 >= vocab.size()) {
-    out->accepted_bits = std::move(accepted);
-  } else {
-    out->accepted_ids.reserve(num_accepted);
-    for (int32_t w = 0; w < vocab.mask_words(); ++w) {
-      for (uint32_t bits = accepted[w]; bits != 0; bits &= bits - 1) {
-        out->accepted_ids.push_back(w * 32 + __builtin_ctz(bits));
-      }
-    }
-  }
+  SetAccepted(std::move(accepted), num_accepted, vocab.size(), out.get());
   return out;
 }
 

@@ -17,7 +17,10 @@
 // that leaves no stack, and accepts a subtree whole when every byte below it leads back to the
 // same stack set (the inside of a string), as llguidance's token trie walk does; the stack
 // sets and their transitions are a DFA built lazily and shared by all of the cache's walks, and
-// nodes with the same rule, final flag and edges share one entry.
+// nodes with the same rule, final flag and edges share one entry (and name one DFA state). A
+// node inside a JSON string skips the trie walk: its entry is a bitmask precomputed with the
+// vocabulary (the tokens made of at most the string units left, token_vocabulary.h) plus a walk
+// of only the few tokens that leave the string's units, from where they leave.
 #ifndef DEEPINFER_COMMON_GRAMMAR_GRAMMAR_MATCHER_H_
 #define DEEPINFER_COMMON_GRAMMAR_GRAMMAR_MATCHER_H_
 
@@ -70,8 +73,11 @@ struct StackSet {
 // Advancing stack sets over bytes in one FrameStore.
 class StackWalker {
  public:
-  StackWalker(const CompiledGrammar& grammar, FrameStore* store)
-      : grammar_(grammar), store_(store) {}
+  // canonical (optional): per node, a node that behaves the same (same rule, final flag and
+  // edges), which frames then name instead, so equal stacks reached by different nodes are one.
+  StackWalker(const CompiledGrammar& grammar, FrameStore* store,
+              const std::vector<int32_t>* canonical = nullptr)
+      : grammar_(grammar), store_(store), canonical_(canonical) {}
 
   // The stacks of a frame with its calls expanded and finished rules popped.
   void Start(int32_t frame, StackSet* out);
@@ -80,9 +86,13 @@ class StackWalker {
 
  private:
   void Close(int32_t frame, StackSet* out);
+  int32_t Canonical(int32_t node) const {
+    return canonical_ != nullptr ? (*canonical_)[node] : node;
+  }
 
   const CompiledGrammar& grammar_;
   FrameStore* store_;
+  const std::vector<int32_t>* canonical_;
   std::vector<uint32_t> seen_;
   uint32_t stamp_ = 0;
   std::vector<int32_t> work_;
@@ -93,7 +103,7 @@ class StackWalker {
 struct NodeTokenMasks {
   std::vector<uint32_t> accepted_bits;  // a full bitmask, or empty when accepted_ids is used
   std::vector<int32_t> accepted_ids;
-  std::vector<int32_t> undecided_ids;  // in the vocabulary's byte order
+  std::vector<int32_t> undecided_ids;
 };
 
 class StackSetDfa;
@@ -108,6 +118,10 @@ class TokenMaskCache {
   const NodeTokenMasks* Get(int32_t node);
   // Fills every node's entry (what a bench or a compile-ahead wants).
   void FillAll();
+  // Computes `node`'s entry afresh, as Get does or (trie_walk) by the plain trie walk, the
+  // reference the tests hold the string positions' tables to; `in_string` tells whether the
+  // string-unit tables computed it.
+  std::unique_ptr<NodeTokenMasks> ComputeForTesting(int32_t node, bool trie_walk, bool* in_string);
 
   const CompiledGrammar& grammar() const { return *grammar_; }
   const TokenVocabulary& vocabulary() const { return *vocabulary_; }
@@ -121,6 +135,10 @@ class TokenMaskCache {
   static constexpr int32_t kMaxDfaSets = 4096;
 
   std::unique_ptr<NodeTokenMasks> Compute(int32_t node) ABSL_EXCLUSIVE_LOCKS_REQUIRED(compute_mu_);
+  std::unique_ptr<NodeTokenMasks> ComputeInString(int32_t node)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(compute_mu_);
+  std::unique_ptr<NodeTokenMasks> ComputeByTrieWalk(int32_t node)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(compute_mu_);
 
   const std::shared_ptr<const CompiledGrammar> grammar_;
   const std::shared_ptr<const TokenVocabulary> vocabulary_;

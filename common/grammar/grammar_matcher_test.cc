@@ -1,5 +1,6 @@
 #include "common/grammar/grammar_matcher.h"
 
+#include <algorithm>
 #include <random>
 #include <string>
 #include <vector>
@@ -218,6 +219,169 @@ TEST(GrammarMatcherTest, MaskAgreesWithAcceptTokenOnNullableCalls) {
     tail  ::= "" | "." tail
   )g");
   CheckMasksAgainstAcceptToken(g, TrieVocabulary(6), 15);
+}
+
+// Tokens spelled from pieces at the edges of the JSON string's units: exact UTF-8 at the ends
+// of each lead byte's ranges and just past them (overlong forms, surrogates, above U+10FFFF,
+// lone and cut sequences), escapes whole, cut and wrong, quotes, controls and DEL; plus every
+// single byte.
+std::shared_ptr<const TokenVocabulary> UnitVocabulary(uint32_t seed) {
+  const std::vector<std::string> pieces = {"a",
+                                           "Z",
+                                           " ",
+                                           "\"",
+                                           "\\",
+                                           "\\\"",
+                                           "\\\\",
+                                           "\\/",
+                                           "\\n",
+                                           "\\t",
+                                           "\\u",
+                                           "\\u00e9",
+                                           "\\uD83D",
+                                           "\\u12",
+                                           "\\x",
+                                           "\\uZ",
+                                           "\n",
+                                           "\t",
+                                           "\x01",
+                                           "\x1f",
+                                           "\x7f",
+                                           "}",
+                                           ",",
+                                           ":",
+                                           "0",
+                                           "e",
+                                           "\xc2\x80",
+                                           "\xdf\xbf",
+                                           "\xc3\xa9",
+                                           "\xc0\xaf",
+                                           "\xc1\xbf",
+                                           "\xe0\xa0\x80",
+                                           "\xe0\x9f\xbf",
+                                           "\xe4\xb8\xad",
+                                           "\xed\x9f\xbf",
+                                           "\xed\xa0\x80",
+                                           "\xee\x80\x80",
+                                           "\xef\xbf\xbf",
+                                           "\xf0\x90\x80\x80",
+                                           "\xf0\x8f\xbf\xbf",
+                                           "\xf0\x9f\x98\x80",
+                                           "\xf3\xbf\xbf\xbf",
+                                           "\xf4\x8f\xbf\xbf",
+                                           "\xf4\x90\x80\x80",
+                                           "\xf5\x80\x80\x80",
+                                           "\xe4",
+                                           "\xe4\xb8",
+                                           "\xf0\x9f",
+                                           "\xb8",
+                                           "\x80",
+                                           "\xff"};
+  std::mt19937 rng(seed);
+  std::vector<std::string> tokens = {"", ""};
+  for (int b = 0; b < 256; ++b) tokens.push_back(std::string(1, static_cast<char>(b)));
+  for (int i = 0; i < 1500; ++i) {
+    std::string t;
+    const int len = 1 + rng() % 7;
+    for (int k = 0; k < len; ++k) t += pieces[rng() % pieces.size()];
+    tokens.push_back(t);
+    if (rng() % 40 == 0) tokens.push_back(t);  // the same bytes twice
+  }
+  // Runs of one unit, up to past StringUnitTable::kMaxUnits, whole and then leaving.
+  for (int n = 1; n <= 24; ++n) {
+    tokens.push_back(std::string(n, 'a'));
+    tokens.push_back(std::string(n, 'b') + "\"");
+    tokens.push_back(std::string(n, 'c') + "\xe4\xb8");
+  }
+  return TokenVocabulary::Create(std::move(tokens), {0});
+}
+
+std::vector<int32_t> Sorted(std::vector<int32_t> v) {
+  std::sort(v.begin(), v.end());
+  return v;
+}
+
+std::vector<int32_t> AcceptedIds(const NodeTokenMasks& m) {
+  if (m.accepted_bits.empty()) return Sorted(m.accepted_ids);
+  std::vector<int32_t> ids;
+  for (size_t w = 0; w < m.accepted_bits.size(); ++w) {
+    for (int b = 0; b < 32; ++b) {
+      if (m.accepted_bits[w] >> b & 1) ids.push_back(static_cast<int32_t>(w * 32 + b));
+    }
+  }
+  return ids;
+}
+
+// Every node's entry as Get computes it equals the plain trie walk's; returns how many came
+// from the string-unit tables.
+int CheckEntriesAgainstTrieWalk(const std::shared_ptr<const CompiledGrammar>& g,
+                                const std::shared_ptr<const TokenVocabulary>& vocab) {
+  auto cache = std::make_shared<TokenMaskCache>(g, vocab);
+  int in_string_count = 0;
+  for (int32_t node = 0; node < g->num_nodes(); ++node) {
+    if (!g->has_byte_edges(node)) continue;
+    bool in_string = false, walked = false;
+    std::unique_ptr<NodeTokenMasks> fast = cache->ComputeForTesting(node, false, &in_string);
+    std::unique_ptr<NodeTokenMasks> walk = cache->ComputeForTesting(node, true, &walked);
+    EXPECT_FALSE(walked);
+    in_string_count += in_string;
+    EXPECT_EQ(AcceptedIds(*fast), AcceptedIds(*walk)) << "node " << node;
+    EXPECT_EQ(Sorted(fast->undecided_ids), Sorted(walk->undecided_ids)) << "node " << node;
+  }
+  return in_string_count;
+}
+
+std::shared_ptr<const CompiledGrammar> CompileSchema(const std::string& schema) {
+  absl::StatusOr<Grammar> json = JsonSchemaGrammar(nlohmann::ordered_json::parse(schema));
+  EXPECT_TRUE(json.ok()) << json.status();
+  absl::StatusOr<std::shared_ptr<const CompiledGrammar>> c = CompiledGrammar::Compile(*json);
+  EXPECT_TRUE(c.ok()) << c.status();
+  return *c;
+}
+
+TEST(GrammarMatcherTest, StringPositionsMatchTheTrieWalk) {
+  for (uint32_t seed : {7u, 8u}) {
+    auto vocab = UnitVocabulary(seed);
+    // maxLength below, at and above the units a mask explores ahead (16): each
+    // position of a bounded string is its own node, so every remaining count is checked.
+    for (const char* schema :
+         {R"({"type": "string"})", R"({"type": "string", "maxLength": 1})",
+          R"({"type": "string", "maxLength": 5})",
+          R"({"type": "string", "minLength": 2, "maxLength": 4})",
+          R"({"type": "string", "minLength": 3})", R"({"type": "string", "maxLength": 16})",
+          R"({"type": "string", "minLength": 1, "maxLength": 30})",
+          R"({"anyOf": [{"type": "string", "maxLength": 3}, {"type": "null"}]})",
+          R"({"type": "object", "properties": {"k": {"type": "string",
+                                   "maxLength": 6}, "v": {"type": "array", "items":
+                                   {"type": "string"}}}, "required": ["k"]})",
+          R"({"type": "string", "pattern": "^[a-z]+$"})",
+          R"({"enum": ["ab", "a\"c", "\u00e9"]})"}) {
+      SCOPED_TRACE(schema);
+      const int in_string = CheckEntriesAgainstTrieWalk(CompileSchema(schema), vocab);
+      if (std::string(schema).find("\"type\": \"string\"") != std::string::npos &&
+          std::string(schema).find("pattern") == std::string::npos) {
+        EXPECT_GT(in_string, 0);
+      }
+    }
+    auto object = CompiledGrammar::Compile(JsonObjectGrammar());
+    ASSERT_TRUE(object.ok()) << object.status();
+    EXPECT_GT(CheckEntriesAgainstTrieWalk(*object, vocab), 0);
+    // Strings whose inside is wider or narrower than the JSON string's units.
+    for (const char* ebnf :
+         {R"g(root ::= "\"" [^"]* "\"")g", R"g(root ::= "\"" [^"\\\x00-\x1f]{0,3} "\"" [a-z]*)g",
+          R"g(root ::= "<" [^>]* ">")g", R"g(root ::= "'" ([^'\\] | "\\" [\x20-\x7e])* "'")g"}) {
+      SCOPED_TRACE(ebnf);
+      CheckEntriesAgainstTrieWalk(CompileEbnf(ebnf), vocab);
+    }
+  }
+}
+
+TEST(GrammarMatcherTest, MaskAgreesWithAcceptTokenInBoundedStrings) {
+  auto g = CompileSchema(R"({"type": "object", "properties": {
+      "a": {"type": "string", "minLength": 1, "maxLength": 3},
+      "b": {"type": "string", "maxLength": 14}}, "required": ["a", "b"],
+      "additionalProperties": false})");
+  CheckMasksAgainstAcceptToken(g, UnitVocabulary(9), 16);
 }
 
 TEST(GrammarMatcherTest, StopTokenOnlyWhenComplete) {

@@ -1,6 +1,9 @@
 #include "common/grammar/token_vocabulary.h"
 
 #include <algorithm>
+#include <cstring>
+#include <tuple>
+#include <utility>
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
@@ -56,6 +59,7 @@ std::shared_ptr<const TokenVocabulary> TokenVocabulary::Create(std::vector<std::
   std::sort(v->sorted_.begin(), v->sorted_.end(),
             [&](int32_t a, int32_t b) { return v->bytes_[a] < v->bytes_[b]; });
   v->BuildTrie();
+  v->string_units_.Build(v->bytes_, v->sorted_, v->mask_words());
   return v;
 }
 
@@ -101,6 +105,115 @@ void TokenVocabulary::BuildTrie() {
     const uint64_t* from = &trie_subtree_bytes_[4 * static_cast<size_t>(i)];
     for (int w = 0; w < 4; ++w) into[w] |= from[w];
     into[trie_[i].byte >> 6] |= uint64_t{1} << (trie_[i].byte & 63);
+  }
+}
+
+void StringUnitTable::Build(const std::vector<std::string>& bytes,
+                            const std::vector<int32_t>& sorted, int32_t mask_words) {
+  // States: 0 between units; 1 after '\\'; 2-5 after "\\u" and 0-3 hex digits; 6 and 7 one
+  // and two continuation bytes (80-BF) to go; 8 after E0 (A0-BF next), 9 after ED (80-9F
+  // next, no surrogates), 10 after F0 (90-BF next), 11 after F1-F3 (80-BF next), 12 after
+  // F4 (80-8F next): the lead bytes' exact second-byte ranges.
+  std::memset(next_, -1, sizeof(next_));
+  auto set = [&](int state, int lo, int hi, int to) {
+    for (int b = lo; b <= hi; ++b) next_[state][b] = static_cast<int8_t>(to);
+  };
+  set(0, 0x20, 0x7F, 0);
+  next_[0]['"'] = -1;
+  next_[0]['\\'] = 1;
+  set(0, 0xC2, 0xDF, 6);
+  set(0, 0xE0, 0xE0, 8);
+  set(0, 0xE1, 0xEC, 7);
+  set(0, 0xED, 0xED, 9);
+  set(0, 0xEE, 0xEF, 7);
+  set(0, 0xF0, 0xF0, 10);
+  set(0, 0xF1, 0xF3, 11);
+  set(0, 0xF4, 0xF4, 12);
+  for (char c : std::string("\"\\/bfnrt")) next_[1][static_cast<uint8_t>(c)] = 0;
+  next_[1]['u'] = 2;
+  for (int s = 2; s <= 5; ++s) {
+    const int to = s == 5 ? 0 : s + 1;
+    set(s, '0', '9', to);
+    set(s, 'a', 'f', to);
+    set(s, 'A', 'F', to);
+  }
+  set(6, 0x80, 0xBF, 0);
+  set(7, 0x80, 0xBF, 6);
+  set(8, 0xA0, 0xBF, 6);
+  set(9, 0x80, 0x9F, 6);
+  set(10, 0x90, 0xBF, 7);
+  set(11, 0x80, 0xBF, 7);
+  set(12, 0x80, 0x8F, 7);
+
+  mask_words_ = mask_words;
+  std::vector<std::pair<int32_t, int32_t>> whole;              // (units, token)
+  std::vector<std::tuple<int32_t, int32_t, int32_t>> pending;  // (units, token, exit)
+  leaving_.clear();
+  leaving_bytes_.clear();
+  max_units_ = 0;
+  for (int32_t token : sorted) {
+    const std::string& b = bytes[token];
+    int state = kBoundary;
+    int32_t units = 0, boundary = 0;
+    bool left = false;
+    for (size_t j = 0; j < b.size(); ++j) {
+      if (units == kMaxUnits) {
+        left = true;
+        break;
+      }
+      state = next_[state][static_cast<uint8_t>(b[j])];
+      if (state < 0) {
+        left = true;
+        break;
+      }
+      if (state == kBoundary) {
+        ++units;
+        boundary = static_cast<int32_t>(j + 1);
+      }
+    }
+    if (state != kBoundary) left = true;  // a cut unit
+    max_units_ = std::max(max_units_, units);
+    if (left) {
+      pending.push_back({units, token, boundary});
+    } else {
+      whole.push_back({units, token});
+    }
+  }
+  // Leaving tokens by units, then by their bytes from the exit, each with the bytes it shares
+  // with the one before.
+  auto suffix = [&](const std::tuple<int32_t, int32_t, int32_t>& e) {
+    return absl::string_view(bytes[std::get<1>(e)]).substr(std::get<2>(e));
+  };
+  std::sort(pending.begin(), pending.end(), [&](const auto& a, const auto& b) {
+    if (std::get<0>(a) != std::get<0>(b)) return std::get<0>(a) < std::get<0>(b);
+    return suffix(a) < suffix(b);
+  });
+  absl::string_view previous;
+  int32_t previous_units = -1;
+  for (const auto& e : pending) {
+    const absl::string_view bytes_from_exit = suffix(e);
+    int32_t shared = 0;
+    if (std::get<0>(e) == previous_units) {
+      while (shared < static_cast<int32_t>(std::min(previous.size(), bytes_from_exit.size())) &&
+             previous[shared] == bytes_from_exit[shared]) {
+        ++shared;
+      }
+    }
+    const int32_t begin = static_cast<int32_t>(leaving_bytes_.size());
+    leaving_bytes_.append(bytes_from_exit.data(), bytes_from_exit.size());
+    leaving_.push_back({std::get<1>(e), std::get<0>(e), begin,
+                        static_cast<int32_t>(leaving_bytes_.size()), shared});
+    previous = bytes_from_exit;
+    previous_units = std::get<0>(e);
+  }
+  // Each whole token in the bitmask of its unit count, then each bitmask ORed with the one
+  // before.
+  whole_up_to_.assign(static_cast<size_t>(max_units_ + 1) * mask_words_, 0);
+  for (const auto& [units, token] : whole) {
+    whole_up_to_[static_cast<size_t>(units) * mask_words_ + (token >> 5)] |= 1u << (token & 31);
+  }
+  for (size_t w = mask_words_; w < whole_up_to_.size(); ++w) {
+    whole_up_to_[w] |= whole_up_to_[w - mask_words_];
   }
 }
 

@@ -17,6 +17,57 @@
 
 namespace deepinfer::grammar {
 
+// The vocabulary's tokens read as units of a JSON string's inside, for masks at a position
+// inside a string (grammar_matcher.cc). A unit is a character other than '"', '\\' and the
+// controls U+0000-U+001F, as exact UTF-8 (no overlong forms, no surrogates), or an escape
+// (\" \\ \/ \b \f \n \r \t \uXXXX). Each token is read unit by unit from its first byte: a
+// whole token is made of complete units only; any other token leaves the units at its exit,
+// the start of the first unit that is not complete within it (a '"', a control, a byte that
+// cannot continue a unit, a character or escape cut by the token's end), or its first
+// kMaxUnits units (the few tokens that hold more; a mask explores that many units ahead).
+class StringUnitTable {
+ public:
+  static constexpr int kBoundary = 0;  // the automaton's state between units
+  static constexpr int kNumStates = 13;
+  // 16 covers all but 154 of DeepSeek-V3's 124,947 whole tokens.
+  static constexpr int32_t kMaxUnits = 16;
+
+  // The unit automaton: the state after `byte`, or -1 when the byte cannot continue the unit
+  // begun (from kBoundary: cannot begin one).
+  int next(int state, uint8_t byte) const { return next_[state][byte]; }
+  // The most complete units a token holds before its exit (or in all, when whole), at most
+  // kMaxUnits.
+  int32_t max_units() const { return max_units_; }
+  // Bitmask (TokenVocabulary::mask_words() words) of the whole tokens of at most `units`
+  // units, for units in [0, max_units()].
+  const uint32_t* whole_up_to(int32_t units) const {
+    return &whole_up_to_[static_cast<size_t>(units) * mask_words_];
+  }
+  struct Leaving {
+    int32_t token;
+    int32_t units;  // complete units before the exit
+    int32_t begin;  // leaving_bytes() offset of the token's bytes from its exit on
+    int32_t end;
+    int32_t shared;  // of those bytes, how many begin the previous entry's too (same units)
+  };
+  // The tokens that are not whole, by units and then by their bytes from the exit (so that
+  // a walk shares prefixes, as over a trie), those bytes side by side in leaving_bytes().
+  const std::vector<Leaving>& leaving() const { return leaving_; }
+  const std::string& leaving_bytes() const { return leaving_bytes_; }
+
+ private:
+  friend class TokenVocabulary;
+  void Build(const std::vector<std::string>& bytes, const std::vector<int32_t>& sorted,
+             int32_t mask_words);
+
+  int8_t next_[kNumStates][256];
+  int32_t max_units_ = 0;
+  int32_t mask_words_ = 0;
+  std::vector<uint32_t> whole_up_to_;
+  std::vector<Leaving> leaving_;
+  std::string leaving_bytes_;
+};
+
 class TokenVocabulary {
  public:
   // token_bytes[i]: the bytes of token i; an empty string marks a token a grammar never allows
@@ -67,6 +118,9 @@ class TokenVocabulary {
   // Every byte on a path below node i (i's own byte excluded), as 4 words of 64 bits.
   const uint64_t* trie_subtree_bytes(int32_t i) const { return &trie_subtree_bytes_[4 * i]; }
 
+  // The tokens read as JSON string units (built with the vocabulary).
+  const StringUnitTable& string_units() const { return string_units_; }
+
  private:
   TokenVocabulary() = default;
   void BuildTrie();
@@ -78,6 +132,7 @@ class TokenVocabulary {
   std::vector<TrieNode> trie_;
   int32_t trie_max_depth_ = 0;
   std::vector<uint64_t> trie_subtree_bytes_;
+  StringUnitTable string_units_;
 };
 
 }  // namespace deepinfer::grammar
