@@ -163,7 +163,11 @@ absl::StatusOr<WarmUpResult> WarmUpSteps(CausalLm* model, KvBlockPool* pool,
   const int64_t chunk = std::min({max_batch_tokens - 1, max_positions - 1,
                                   static_cast<int64_t>(pool->num_free_blocks()) * bs});
   std::vector<int32_t> b;
-  if (chunk >= 1) {
+  // A pool with per-sequence state (DeepSeek-V4's) binds a slot per sequence, and a rank may
+  // have one (--max-running 1): the mixed step's second sequence then has none, and only the
+  // prefill step runs.
+  const bool second_slot = pool->num_state_slots() == 0 || pool->num_state_slots() >= 2;
+  if (chunk >= 1 && second_slot) {
     absl::StatusOr<std::vector<int32_t>> got = pool->Allocate(blocks_for(chunk));
     if (got.ok()) b = *std::move(got);
   }

@@ -154,7 +154,8 @@ struct RankSpec {
 // heuristics, workspaces) are not paid by the first requests: a prefill step of one scratch
 // sequence of `max_batch_tokens` tokens (token 0 throughout; fewer where the model's positions or
 // the cache's free blocks allow fewer), then a mixed step of that sequence's next token (greedy)
-// and a second scratch sequence's prompt chunk (sampled, temperature 1). Every block it takes is
+// and a second scratch sequence's prompt chunk (sampled, temperature 1; not run where the pool's
+// per-sequence state has a single slot). Every block it takes is
 // freed again (with any state slot bound to it) and the expert counts the steps made are
 // discarded: the pool's free blocks are as before and nothing is visible to later steps, which
 // write every cache entry they read. Runs forward steps: on an expert-parallel rank only when
