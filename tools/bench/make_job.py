@@ -5,7 +5,7 @@ Every job is generated from a seed (Python's random.Random, the same file on eve
 Python 3 version) as token-id prompts, so it needs no tokenizer and suits dummy weights:
 
   long-sampled   prompts of 256-768 tokens, 256 sampled tokens (temperature 0.8, top_p 0.95,
-                 a seed per request): the job of docs/performance.md "End-to-end jobs"
+                 a seed per request): the job of docs/e2e-jobs.md
   long-greedy    the same prompts, greedy
   short-sampled  prompts of 16-64 tokens, 256 sampled tokens
   short-greedy   the same short prompts, greedy

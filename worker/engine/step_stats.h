@@ -1,5 +1,5 @@
 // StepStats: what one rank's engine did with its time while serving, for the end-to-end job
-// benchmark (tools/bench/e2e_job.py, docs/performance.md "End-to-end jobs").
+// benchmark (tools/bench/e2e_job.py, docs/e2e-jobs.md).
 //
 // Per step it records the batch the step ran (decode sequences and prefill tokens), how long
 // Model::Step took and the gap since the previous step ended, both timed on the thread that runs
