@@ -428,9 +428,9 @@ absl::Status BuildRank(const RankSpec& spec, const RankHooks& hooks,
         WarmUpSteps(parts->model.get(), parts->pool.get(), spec.max_batch_tokens);
     if (!warm.ok()) return warm.status();
     be->Synchronize();
-    LOG(INFO) << "rank " << spec.rank << ": start-up: warm-up ran in "
-              << absl::StrFormat("%.3f s", absl::ToDoubleSeconds(absl::Now() - warm_start)) << ", "
-              << warm->steps << " steps, " << warm->tokens << " tokens";
+    LOG(INFO) << absl::StrFormat("rank %d: start-up: warm-up ran in %.3f s, %d steps, %d tokens",
+                                 spec.rank, absl::ToDoubleSeconds(absl::Now() - warm_start),
+                                 warm->steps, warm->tokens);
     phase_done("warm-up");
   }
   LOG(INFO) << "rank " << spec.rank << ": start-up: " << phases;

@@ -507,6 +507,21 @@ class CudaBackend : public Backend {
   bool RoutedAndSharedExpertsFp8(const RoutedExpertsArgs& a);
   bool NormedDenseMlpFp8(const DenseMlpArgs& a);
   void LaunchMoeDecodeFusedFp8(kernels::MoeDecodeFusedFp8Params p);
+  // The routing and shape fields the bf16 and FP8 fused decode blocks' params share, from a.
+  template <typename FusedParams>
+  static void SetFusedDecodeRouting(const RoutedExpertsArgs& a, FusedParams* p) {
+    p->num_tokens = a.num_tokens;
+    p->top_k = a.top_k;
+    p->num_experts = a.num_experts;
+    p->hidden_size = static_cast<int32_t>(a.hidden_size);
+    p->inter = static_cast<int32_t>(a.inter);
+    p->hidden = a.hidden;
+    p->topk_ids = a.topk_ids;
+    p->topk_weights = a.topk_weights;
+    p->slot_of_expert = a.slot_of_expert;
+    p->shared_parts = static_cast<int32_t>(a.shared_inter / a.inter);
+    p->out = a.out;
+  }
   // The fp32 SiLU-mul of the expert paths: kernels::SiluMulF32, or with limit > 0 V4's clamped
   // form (kernels::SwiGluClampedF32).
   void SiluMulF32Rows(int64_t rows, int64_t inter, const float* x, float limit, float* out);

@@ -427,15 +427,7 @@ bool CudaBackend::RoutedAndSharedExpertsFp8(const RoutedExpertsArgs& a) {
   }
   OpTimer timer(this, "RoutedAndSharedExpertsFp8");
   kernels::MoeDecodeFusedFp8Params p;
-  p.num_tokens = a.num_tokens;
-  p.top_k = a.top_k;
-  p.num_experts = a.num_experts;
-  p.hidden_size = static_cast<int32_t>(a.hidden_size);
-  p.inter = static_cast<int32_t>(a.inter);
-  p.hidden = a.hidden;
-  p.topk_ids = a.topk_ids;
-  p.topk_weights = a.topk_weights;
-  p.slot_of_expert = a.slot_of_expert;
+  SetFusedDecodeRouting(a, &p);
   // Each expert's gate_up is stacked at inter rows (its gate and up tensors' block grids), as
   // ExpertGemmsFp8OnDevice reads it.
   p.gate_up = reinterpret_cast<const uint8_t* const*>(a.gate_up);
@@ -444,7 +436,6 @@ bool CudaBackend::RoutedAndSharedExpertsFp8(const RoutedExpertsArgs& a) {
   p.down = reinterpret_cast<const uint8_t* const*>(a.down);
   p.down_scales = a.down_scales;
   p.down_scale_ld = static_cast<int32_t>(a.down_scale_ld);
-  p.shared_parts = static_cast<int32_t>(a.shared_inter / a.inter);
   p.shared_gate_up = static_cast<const uint8_t*>(a.shared_gate_up);
   p.shared_gate_up_scales = a.shared_gate_up_fp8.scales;
   p.shared_gate_up_scale_ld = static_cast<int32_t>(a.shared_gate_up_fp8.scale_ld);
@@ -452,7 +443,6 @@ bool CudaBackend::RoutedAndSharedExpertsFp8(const RoutedExpertsArgs& a) {
   p.shared_down = static_cast<const uint8_t*>(a.shared_down);
   p.shared_down_scales = a.shared_down_fp8.scales;
   p.shared_down_scale_ld = static_cast<int32_t>(a.shared_down_fp8.scale_ld);
-  p.out = a.out;
   LaunchMoeDecodeFusedFp8(p);
   return true;
 }

@@ -247,21 +247,11 @@ bool CudaBackend::RoutedAndSharedExperts(const RoutedExpertsArgs& a) {
   }
   OpTimer timer(this, "RoutedAndSharedExperts");
   kernels::MoeDecodeFusedParams p;
-  p.num_tokens = a.num_tokens;
-  p.top_k = a.top_k;
-  p.num_experts = a.num_experts;
-  p.hidden_size = static_cast<int32_t>(a.hidden_size);
-  p.inter = static_cast<int32_t>(a.inter);
-  p.hidden = a.hidden;
-  p.topk_ids = a.topk_ids;
-  p.topk_weights = a.topk_weights;
-  p.slot_of_expert = a.slot_of_expert;
+  SetFusedDecodeRouting(a, &p);
   p.gate_up = reinterpret_cast<const uint16_t* const*>(a.gate_up);
   p.down = reinterpret_cast<const uint16_t* const*>(a.down);
-  p.shared_parts = static_cast<int32_t>(a.shared_inter / a.inter);
   p.shared_gate_up = static_cast<const uint16_t*>(a.shared_gate_up);
   p.shared_down = static_cast<const uint16_t*>(a.shared_down);
-  p.out = a.out;
   p.swiglu_limit = a.swiglu_limit;
   LaunchMoeDecodeFused(p);
   return true;
