@@ -55,6 +55,7 @@ class Fp8Format {
   };
   static constexpr bool kBlockScaled = true;
 
+  Fp8Format() = default;
   __device__ Fp8Format(const Matrix& m, int64_t fa, int64_t fb, int t)
       : wa_(m.w + fa * m.ldw + 16 * t),
         wb_(m.w + fb * m.ldw + 16 * t),
@@ -110,31 +111,31 @@ class Fp8Format {
   int t_;
 };
 
-template <int NT, bool kBf16A>
+// grid x: blocks of 8 / ks_count feature tiles of 16 MT rows; y: passes of 8 NT rows.
+template <int NT, int MT, bool kSharedB, bool kBf16A>
 __global__ void __launch_bounds__(kThreads) Fp8MmaGemmKernel(Fp8MmaGemmParams p, int ks_count) {
-  __shared__ float red[kWarps][kTile][8 * NT];
+  extern __shared__ uint4 frag[];
+  __shared__ float red[kWarps][kTile * MT][8 * NT];
   const int warp = threadIdx.x >> 5;
   const int fb_count = kWarps / ks_count, fb = warp / ks_count, ks = warp % ks_count;
   const int64_t tile0 = static_cast<int64_t>(blockIdx.x) * fb_count;
   const int64_t row0 = static_cast<int64_t>(blockIdx.y) * 8 * NT;
-  int64_t kb0, kb1;
-  mma_tile::KSlice(p.k, ks, ks_count, &kb0, &kb1);
-  float acc[NT][4];
+  const int64_t f0 = (tile0 + fb) * kTile * MT;
+  float acc[MT][NT][4];
   const Fp8Format::Matrix m{p.w.data, p.w.ldw, p.w.scales, p.w.scale_ld, p.w.split_rows};
-  mma_tile::WarpTile<NT, kBf16A, Fp8Format>(m, p.n, (tile0 + fb) * kTile, p.a, p.lda, row0, p.m,
-                                            p.k, kb0, kb1, acc);
-  mma_tile::StoreFragments<NT>(acc, red[warp]);
-  __syncthreads();
-  constexpr int kRows = 8 * NT;
-  for (int e = threadIdx.x; e < fb_count * kRows * kTile; e += kThreads) {
-    const int f = e % kTile, r = (e / kTile) % kRows, tile = e / (kTile * kRows);
-    const int64_t j = (tile0 + tile) * kTile + f, i = row0 + r;
-    if (j >= p.n || i >= p.m) continue;
-    float s = red[tile * ks_count][f][r];
-    for (int q = 1; q < ks_count; ++q) s += red[tile * ks_count + q][f][r];
-    float* c = p.c + i * p.ldc + j;
-    *c = p.accumulate ? *c + s : s;
+  if constexpr (kSharedB) {
+    mma_tile::WarpTileSharedB<NT, MT, kBf16A, Fp8Format>(m, p.n, f0, p.a, p.lda, row0, p.m, p.k,
+                                                         ks, ks_count, frag, acc);
+  } else {
+    int64_t kb0, kb1;
+    mma_tile::KSlice(p.k, ks, ks_count, &kb0, &kb1);
+    mma_tile::WarpTile<NT, MT, kBf16A, Fp8Format>(m, p.n, f0, p.a, p.lda, row0, p.m, p.k, kb0, kb1,
+                                                  acc);
   }
+  mma_tile::StoreFragments<NT, MT>(acc, red[warp]);
+  __syncthreads();
+  mma_tile::ReduceAndStore<NT, MT>(red, fb_count, ks_count, tile0, row0, p.m, p.n, p.c, p.ldc,
+                                   p.accumulate);
 }
 
 bool Aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
@@ -146,27 +147,61 @@ bool KSplitValid(int32_t k_split, int64_t k) {
   return (k_split == 2 || k_split == 4 || k_split == kWarps) && 2 * k_split <= kblocks;
 }
 
-template <int NT, bool kBf16A>
-cudaError_t LaunchDense(const Fp8MmaGemmParams& p, cudaStream_t stream) {
-  const int64_t passes = (p.m + 8 * NT - 1) / (8 * NT);
-  const int ks = p.k_split > 0 ? p.k_split : mma_tile::KSplit(p.n, p.k, passes);
-  const int64_t tiles = (p.n + kTile - 1) / kTile, per_block = kWarps / ks;
-  const dim3 grid(static_cast<unsigned>((tiles + per_block - 1) / per_block),
-                  static_cast<unsigned>(passes));
-  Fp8MmaGemmKernel<NT, kBf16A><<<grid, kThreads, 0, stream>>>(p, ks);
+template <int NT, int MT, bool kSharedB, bool kBf16A>
+cudaError_t LaunchDenseKernel(const Fp8MmaGemmParams& p, int ks, dim3 grid, cudaStream_t stream) {
+  const auto kernel = Fp8MmaGemmKernel<NT, MT, kSharedB, kBf16A>;
+  if constexpr (kSharedB) {
+    static const cudaError_t allowed = mma_tile::AllowDynamicSmem(
+        reinterpret_cast<const void*>(kernel), mma_tile::kSharedBBytes);
+    if (allowed != cudaSuccess) return allowed;
+  }
+  kernel<<<grid, kThreads, kSharedB ? mma_tile::kSharedBBytes : 0, stream>>>(p, ks);
   return cudaGetLastError();
 }
 
-template <bool kBf16A>
+template <int NT, int MT, bool kBf16A>
+cudaError_t LaunchDense(const Fp8MmaGemmParams& p, cudaStream_t stream) {
+  const int64_t passes = (p.m + 8 * NT - 1) / (8 * NT);
+  const int ks = p.k_split > 0 ? p.k_split : mma_tile::KSplit(p.n, p.k, passes, kTile * MT);
+  const int64_t tiles = (p.n + kTile * MT - 1) / (kTile * MT), per_block = kWarps / ks;
+  const dim3 grid(static_cast<unsigned>((tiles + per_block - 1) / per_block),
+                  static_cast<unsigned>(passes));
+  if (p.tile.shared_activations && mma_tile::SharedBFits(NT, ks)) {
+    return LaunchDenseKernel<NT, MT, true, kBf16A>(p, ks, grid, stream);
+  }
+  return LaunchDenseKernel<NT, MT, false, kBf16A>(p, ks, grid, stream);
+}
+
+template <int MT, bool kBf16A>
 cudaError_t LaunchDenseRows(const Fp8MmaGemmParams& p, cudaStream_t stream) {
   switch (mma_tile::RowTiles(p.m)) {
     case 1:
-      return LaunchDense<1, kBf16A>(p, stream);
+      return LaunchDense<1, MT, kBf16A>(p, stream);
     case 2:
-      return LaunchDense<2, kBf16A>(p, stream);
+      return LaunchDense<2, MT, kBf16A>(p, stream);
     default:
-      return LaunchDense<4, kBf16A>(p, stream);
+      return LaunchDense<4, MT, kBf16A>(p, stream);
   }
+}
+
+template <bool kBf16A>
+cudaError_t LaunchDenseTile(const Fp8MmaGemmParams& p, cudaStream_t stream) {
+  return p.tile.wide ? LaunchDenseRows<2, kBf16A>(p, stream)
+                     : LaunchDenseRows<1, kBf16A>(p, stream);
+}
+
+// The grouped kernel with p's tile options.
+cudaError_t LaunchGroupedTile(const Fp8MmaGroupedGemmParams& p, cudaStream_t stream) {
+  if (p.tile.wide) {
+    return p.tile.shared_activations
+               ? mma_tile::LaunchGrouped<Fp8Format, 2, true>(p, p.k_split, stream)
+               : mma_tile::LaunchGrouped<Fp8Format, 2, false>(p, p.k_split, stream);
+  }
+  if (p.tile.shared_activations) {
+    return mma_tile::LaunchGrouped<Fp8Format, 1, true>(p, p.k_split, stream);
+  }
+  if (p.staged) return mma_tile::LaunchGroupedStaged<Fp8Format>(p, p.k_split, stream);
+  return mma_tile::LaunchGrouped<Fp8Format, 1, false>(p, p.k_split, stream);
 }
 
 }  // namespace
@@ -175,7 +210,7 @@ bool Fp8MmaGemmAvailable() {
   static const bool available = [] {
     cudaFuncAttributes attr;
     if (cudaFuncGetAttributes(&attr,
-                              mma_tile::MmaGroupedKernel<1, Fp8Format, Fp8MmaGroupedGemmParams>) !=
+                              mma_tile::MmaGroupedKernel<1, 1, false, Fp8Format, Fp8MmaGroupedGemmParams>) !=
         cudaSuccess)
       return false;
     return attr.binaryVersion >= 80 && attr.ptxVersion >= 80;
@@ -195,7 +230,7 @@ bool Fp8MmaGemmSupports(const Fp8MmaGemmParams& p) {
 
 cudaError_t Fp8MmaGemm(const Fp8MmaGemmParams& p, cudaStream_t stream) {
   if (!Fp8MmaGemmSupports(p)) return cudaErrorInvalidValue;
-  return p.a_bf16 ? LaunchDenseRows<true>(p, stream) : LaunchDenseRows<false>(p, stream);
+  return p.a_bf16 ? LaunchDenseTile<true>(p, stream) : LaunchDenseTile<false>(p, stream);
 }
 
 bool Fp8MmaGroupedGemmSupports(const Fp8MmaGroupedGemmParams& p) {
@@ -209,8 +244,7 @@ bool Fp8MmaGroupedGemmSupports(const Fp8MmaGroupedGemmParams& p) {
 cudaError_t Fp8MmaGroupedGemm(const Fp8MmaGroupedGemmParams& p, cudaStream_t stream) {
   if (!Fp8MmaGroupedGemmSupports(p)) return cudaErrorInvalidValue;
   if (p.max_rows == 0) return cudaSuccess;
-  if (p.staged) return mma_tile::LaunchGroupedStaged<Fp8Format>(p, p.k_split, stream);
-  return mma_tile::LaunchGrouped<Fp8Format>(p, p.k_split, stream);
+  return LaunchGroupedTile(p, stream);
 }
 
 }  // namespace kernels

@@ -27,6 +27,19 @@ namespace kernels {
 // compute_75 PTX fallback has no bf16 MMA). The Supports functions check it too.
 bool Fp8MmaGemmAvailable();
 
+// Variants of the kernels' tile loop (mma_weight_tile.cuh), for measuring them side by side
+// (fp8_gemm_bench --variants). Each gives the default's sums bit for bit at the same fixed
+// k_split; with k_split 0 `wide` may pick another split (the same products, the k-slices' partial
+// sums added in another grouping: equal up to fp32 reordering).
+struct Fp8MmaTileOptions {
+  // 32 weight rows a warp (two 16-row MMA tiles sharing each activation fragment), not 16.
+  bool wide = false;
+  // The block's activation fragments built once per k block in shared memory (32 KiB) and read by
+  // all its warps, instead of each warp loading and permuting its own; where k-slices x 8-row
+  // tiles exceed 16 the kernel reads them per warp as without it.
+  bool shared_activations = false;
+};
+
 // c[i, j] (+)= sum_p bf16(a[i, p]) * w(j, p) * scale(j, p), i < m, j < n, p < k; a fp32 or (a_bf16)
 // bf16 bits, c fp32. With accumulate, c[i, j] + the sum is one fp32 addition.
 struct Fp8MmaGemmParams {
@@ -41,8 +54,9 @@ struct Fp8MmaGemmParams {
   // Warps that split k (their partial sums added in warp order): 0 picks them from the shape
   // and the rows (more for few blocks, so the split depends on m); a fixed 1, 2, 4 or 8 (at most
   // half the 128-wide k blocks, or 1) keeps every row's sums the same at any m (the
-  // batch-invariant mode).
+  // batch-invariant mode), with any tile options.
   int32_t k_split = 0;
+  Fp8MmaTileOptions tile;
 };
 
 // Whether Fp8MmaGemm takes these arguments and the device has the kernel (sm_80+ code): m, n, k
@@ -76,8 +90,10 @@ struct Fp8MmaGroupedGemmParams {
   int32_t k_split = 0;
   // true: each thread streams its weights 3 k blocks ahead through shared memory (cp.async, 64
   // KiB a block), more bytes in flight per SM than false's one block ahead in registers; the
-  // same sums bit for bit. fp8_gemm_bench times both.
+  // same sums bit for bit. fp8_gemm_bench times both. With the default tile options only (a
+  // wide tile or shared activations take the register loop).
   bool staged = true;
+  Fp8MmaTileOptions tile;
 };
 
 bool Fp8MmaGroupedGemmSupports(const Fp8MmaGroupedGemmParams& p);

@@ -12,6 +12,8 @@
 
 #include <cmath>
 #include <cstdint>
+#include <cstring>
+#include <string>
 #include <random>
 #include <vector>
 
@@ -35,6 +37,38 @@ using testing::DeviceArray;
 
 double Unit(int64_t k) { return std::ldexp(1.0, -24) * (k / 4.0 + 64.0); }
 
+// Every tile-loop variant (Fp8MmaTileOptions), the default first.
+std::vector<Fp8MmaTileOptions> AllTiles() {
+  std::vector<Fp8MmaTileOptions> v;
+  for (const bool wide : {false, true}) {
+    for (const bool shared : {false, true}) {
+      Fp8MmaTileOptions o;
+      o.wide = wide;
+      o.shared_activations = shared;
+      v.push_back(o);
+    }
+  }
+  return v;
+}
+
+std::string TileName(const Fp8MmaTileOptions& o) {
+  return std::string(o.wide ? "wide" : "narrow") + (o.shared_activations ? "+shared" : "");
+}
+
+// Bit patterns equal (so -0 differs from +0 and NaN from everything).
+::testing::AssertionResult SameBits(const std::vector<float>& x, const std::vector<float>& y,
+                                    size_t count) {
+  for (size_t i = 0; i < count; ++i) {
+    uint32_t a, b;
+    std::memcpy(&a, &x[i], 4);
+    std::memcpy(&b, &y[i], 4);
+    if (a != b) {
+      return ::testing::AssertionFailure() << "element " << i << ": " << x[i] << " vs " << y[i];
+    }
+  }
+  return ::testing::AssertionSuccess();
+}
+
 struct DenseCase {
   int64_t m, n, k, extra_lda, extra_ldw, split;
   bool a_bf16, accumulate;
@@ -48,7 +82,6 @@ void RunDense(const DenseCase& t, HostFp8 w, uint32_t seed) {
   DeviceArray<float> ds(w.scales);
   DeviceArray<float> da(a);
   DeviceArray<uint16_t> da16(FloatsToBf16Bits(a));
-  DeviceArray<float> dc(c0);
   Fp8MmaGemmParams p;
   p.m = t.m;
   p.n = t.n;
@@ -61,15 +94,24 @@ void RunDense(const DenseCase& t, HostFp8 w, uint32_t seed) {
   p.w.scales = ds.get();
   p.w.scale_ld = w.scale_ld;
   p.w.split_rows = t.split;
-  p.c = dc.get();
   p.ldc = ldc;
   p.accumulate = t.accumulate;
-  ASSERT_TRUE(Fp8MmaGemmSupports(p));
-  DEEPINFER_CUDA_OK(Fp8MmaGemm(p, nullptr));
-  std::vector<float> got;
-  DEEPINFER_CUDA_OK(dc.Download(&got));
-
-  ExpectDenseMatches(got, c0, ldc, Bf16Rounded(a), lda, t.m, w, t.accumulate, Unit(t.k));
+  // Every tile variant against the reference; the shared activation fragments give their
+  // per-warp twin's bits (the same k split: the narrow and wide tiles may split k differently).
+  std::vector<std::vector<float>> got;
+  for (const Fp8MmaTileOptions& tile : AllTiles()) {
+    SCOPED_TRACE(TileName(tile));
+    p.tile = tile;
+    DeviceArray<float> dct(c0);
+    p.c = dct.get();
+    ASSERT_TRUE(Fp8MmaGemmSupports(p));
+    DEEPINFER_CUDA_OK(Fp8MmaGemm(p, nullptr));
+    got.emplace_back();
+    DEEPINFER_CUDA_OK(dct.Download(&got.back()));
+    ExpectDenseMatches(got.back(), c0, ldc, Bf16Rounded(a), lda, t.m, w, t.accumulate, Unit(t.k));
+  }
+  EXPECT_TRUE(SameBits(got[0], got[1], got[0].size())) << "narrow vs narrow+shared";
+  EXPECT_TRUE(SameBits(got[2], got[3], got[2].size())) << "wide vs wide+shared";
 }
 
 class Fp8MmaGemmTest : public ::testing::TestWithParam<DenseCase> {};
@@ -157,20 +199,52 @@ TEST_P(Fp8MmaGroupedGemmTest, MatchesPerGroupReference) {
   p.split_rows = t.split;
   p.c = dc.get();
   p.rows_per_group_hint = t.hint;
-  // Both weight pipelines (registers one k block ahead; the shared-memory ring): each against
-  // the reference, and the same bits as each other (the same sums in the same order).
-  std::vector<float> got[2];
-  for (const bool staged : {false, true}) {
-    SCOPED_TRACE(staged ? "staged" : "registers");
-    p.staged = staged;
+  // Both weight pipelines (registers one k block ahead; the shared-memory ring) and every tile
+  // variant: each against the reference; the ring and the shared activation fragments give the
+  // bits of the register loop with the same tile (the same sums in the same order).
+  const size_t used = static_cast<size_t>(g.used) * t.n;
+  auto run = [&](const Fp8MmaGroupedGemmParams& q, std::vector<float>* out) {
     dc.Poison();
-    ASSERT_TRUE(Fp8MmaGroupedGemmSupports(p));
-    DEEPINFER_CUDA_OK(Fp8MmaGroupedGemm(p, nullptr));
-    DEEPINFER_CUDA_OK(dc.Download(&got[staged]));
-    ExpectGroupedMatches(got[staged], Bf16Rounded(a), g, t.n, t.k, Unit(t.k));
+    ASSERT_TRUE(Fp8MmaGroupedGemmSupports(q));
+    DEEPINFER_CUDA_OK(Fp8MmaGroupedGemm(q, nullptr));
+    DEEPINFER_CUDA_OK(dc.Download(out));
+    ExpectGroupedMatches(*out, Bf16Rounded(a), g, t.n, t.k, Unit(t.k));
+  };
+  std::vector<float> staged;
+  {
+    SCOPED_TRACE("staged");
+    p.staged = true;
+    run(p, &staged);
   }
-  for (int32_t i = 0; i < g.used * t.n; ++i) {
-    ASSERT_EQ(got[0][i], got[1][i]) << "element " << i;
+  p.staged = false;
+  std::vector<std::vector<float>> got;
+  for (const Fp8MmaTileOptions& tile : AllTiles()) {
+    SCOPED_TRACE(TileName(tile));
+    p.tile = tile;
+    got.emplace_back();
+    run(p, &got.back());
+  }
+  EXPECT_TRUE(SameBits(got[0], staged, used)) << "registers vs staged";
+  EXPECT_TRUE(SameBits(got[0], got[1], used)) << "narrow vs narrow+shared";
+  EXPECT_TRUE(SameBits(got[2], got[3], used)) << "wide vs wide+shared";
+
+  // The batch-invariant mode's fixed k split: the same bits with every tile variant and every
+  // row tile (the hint), as each output's MMAs do not depend on them.
+  p.k_split = 1;
+  std::vector<float> first;
+  for (const int32_t hint : {1, 12, 40}) {
+    for (const Fp8MmaTileOptions& tile : AllTiles()) {
+      SCOPED_TRACE(::testing::Message() << "k_split 1, hint " << hint << " " << TileName(tile));
+      p.rows_per_group_hint = hint;
+      p.tile = tile;
+      std::vector<float> out;
+      run(p, &out);
+      if (first.empty()) {
+        first = out;
+      } else {
+        EXPECT_TRUE(SameBits(first, out, used));
+      }
+    }
   }
 }
 
@@ -185,6 +259,127 @@ INSTANTIATE_TEST_SUITE_P(
         // Moonlight's experts (hidden 2048, intermediate 1408: gate_up stacked at 1408, down).
         GroupedCase{{1, 0, 2, 1, 0, 0, 12, 0}, 2816, 2048, 1408, 12},
         GroupedCase{{1, 0, 2, 1, 0, 0, 12, 0}, 2048, 1408, 0, 12}));
+
+// The batch-invariant mode: with a fixed k split every row's sums are the same bits at any row
+// count and with every tile variant (each output's MMAs, their order and the k-slices' sum do
+// not depend on the rows or the tile), and match the reference.
+TEST(Fp8MmaGemmBatchInvariantTest, RowsIndependentOfRowCountAndTile) {
+  DEEPINFER_SKIP_WITHOUT_GPU();
+  const uint32_t seed = testing::FreshSeed();
+  SCOPED_TRACE(::testing::Message() << "seed " << seed);
+  std::mt19937 gen(seed);
+  const int64_t n = 300, k = 1024, max_m = 40;
+  const HostFp8 w = MakeWeight(n, k, k, 0, &gen);
+  const std::vector<float> a = testing::RandomFloats(max_m * k, seed + 1);
+  DeviceArray<uint8_t> dw(w.data);
+  DeviceArray<float> ds(w.scales);
+  DeviceArray<float> da(a);
+  DeviceArray<uint16_t> da16(FloatsToBf16Bits(a));
+  DeviceArray<float> dc(max_m * n);
+  for (const bool a_bf16 : {false, true}) {
+    for (const int32_t k_split : {1, 2, 4}) {
+      Fp8MmaGemmParams p;
+      p.n = n;
+      p.k = k;
+      p.a_bf16 = a_bf16;
+      p.a = a_bf16 ? static_cast<const void*>(da16.get()) : da.get();
+      p.lda = k;
+      p.w.data = dw.get();
+      p.w.ldw = k;
+      p.w.scales = ds.get();
+      p.w.scale_ld = w.scale_ld;
+      p.c = dc.get();
+      p.ldc = n;
+      p.k_split = k_split;
+      std::vector<float> full;
+      for (const Fp8MmaTileOptions& tile : AllTiles()) {
+        for (const int64_t m : {max_m, int64_t{1}, int64_t{5}, int64_t{8}, int64_t{9},
+                                int64_t{16}, int64_t{17}, int64_t{33}}) {
+          SCOPED_TRACE(::testing::Message() << "a_bf16 " << a_bf16 << " k_split " << k_split
+                                            << " m " << m << " " << TileName(tile));
+          p.m = m;
+          p.tile = tile;
+          dc.Poison();
+          ASSERT_TRUE(Fp8MmaGemmSupports(p));
+          DEEPINFER_CUDA_OK(Fp8MmaGemm(p, nullptr));
+          std::vector<float> got;
+          DEEPINFER_CUDA_OK(dc.Download(&got));
+          if (full.empty()) {
+            full = got;
+            ExpectDenseMatches(got, got, n, Bf16Rounded(a), k, max_m, w, false, Unit(k));
+          } else {
+            EXPECT_TRUE(SameBits(full, got, m * n));
+          }
+        }
+      }
+    }
+  }
+}
+
+// Every byte value as a weight (0x7F / 0xFF, e4m3's NaNs, read as +-480 as the header says):
+// row i of the activations is the unit vector e_i, so c[i, j] is the widened weight (j, i) times
+// a block scale of 1, exactly, for every k position of the block and every tile variant.
+TEST(Fp8MmaGemmWidenTest, WidensEveryByteExactly) {
+  DEEPINFER_SKIP_WITHOUT_GPU();
+  const int64_t n = 256, k = 128, m = 128;
+  HostFp8 w;
+  w.n = n;
+  w.k = k;
+  w.ldw = k;
+  w.scale_ld = Fp8ScaleLd(k);
+  w.data.resize(n * k);
+  for (int64_t j = 0; j < n; ++j) {
+    for (int64_t p = 0; p < k; ++p) w.data[j * k + p] = static_cast<uint8_t>((j + p) & 0xFF);
+  }
+  w.scales.assign(Fp8ScaleRows(n, 0) * w.scale_ld, 1.0f);
+  std::vector<float> a(m * k, 0.0f);
+  for (int64_t i = 0; i < m; ++i) a[i * k + i] = 1.0f;
+  DeviceArray<uint8_t> dw(w.data);
+  DeviceArray<float> ds(w.scales);
+  DeviceArray<float> da(a);
+  DeviceArray<uint16_t> da16(FloatsToBf16Bits(a));
+  DeviceArray<float> dc(m * n);
+  for (const bool a_bf16 : {false, true}) {
+    for (const Fp8MmaTileOptions& tile : AllTiles()) {
+      for (const int64_t rows : {int64_t{1}, int64_t{8}, int64_t{16}, m}) {
+        SCOPED_TRACE(::testing::Message() << "a_bf16 " << a_bf16 << " rows " << rows << " "
+                                          << TileName(tile));
+        Fp8MmaGemmParams p;
+        p.m = rows;
+        p.n = n;
+        p.k = k;
+        p.a_bf16 = a_bf16;
+        p.a = a_bf16 ? static_cast<const void*>(da16.get()) : da.get();
+        p.lda = k;
+        p.w.data = dw.get();
+        p.w.ldw = k;
+        p.w.scales = ds.get();
+        p.w.scale_ld = w.scale_ld;
+        p.c = dc.get();
+        p.ldc = n;
+        p.tile = tile;
+        dc.Poison();
+        ASSERT_TRUE(Fp8MmaGemmSupports(p));
+        DEEPINFER_CUDA_OK(Fp8MmaGemm(p, nullptr));
+        std::vector<float> got;
+        DEEPINFER_CUDA_OK(dc.Download(&got));
+        int bad = 0;
+        for (int64_t i = 0; i < rows && bad < 5; ++i) {
+          for (int64_t j = 0; j < n && bad < 5; ++j) {
+            const uint8_t byte = static_cast<uint8_t>((j + i) & 0xFF);
+            const float want =
+                (byte & 0x7F) == 0x7F ? ((byte & 0x80) ? -480.0f : 480.0f) : F8E4M3ToFloat(byte);
+            if (got[i * n + j] != want) {
+              ++bad;
+              ADD_FAILURE() << "byte 0x" << std::hex << int{byte} << std::dec << " at k " << i
+                            << ", row " << j << ": got " << got[i * n + j] << " want " << want;
+            }
+          }
+        }
+      }
+    }
+  }
+}
 
 TEST(Fp8MmaGemmTest, RejectsWhatItCannotTake) {
   DEEPINFER_SKIP_WITHOUT_GPU();

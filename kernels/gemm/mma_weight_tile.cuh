@@ -6,8 +6,9 @@
 // block's MMA sum is multiplied by a scale afterwards (FP8) or the scale is applied while widening
 // (MXFP4). Include only from .cu files.
 //
-// Warp tile: 16 weight rows (output features) x 8 * NT activation rows, over a range of the
-// 128-wide k blocks. mma.m16n8k16: A = 16 features x 16 k, B = 16 k x 8 activation rows, C fp32.
+// Warp tile: MT (1 or 2) x 16 weight rows (output features) x 8 * NT activation rows, over a
+// range of the 128-wide k blocks; with MT = 2 each activation fragment feeds two MMAs.
+// mma.m16n8k16: A = 16 features x 16 k, B = 16 k x 8 activation rows, C fp32.
 // k order: a sum over k does not care in which order its terms come, so each thread of a quad
 // takes 16 CONTIGUOUS k values of its rows per chunk, and the fragment registers are filled so
 // that thread t's MMA-logical k {2t, 2t+1 | 2t+8, 2t+9} of sub-step s are the chunk's physical
@@ -15,7 +16,10 @@
 //
 // Block: 8 warps = fb feature tiles x ks k-slices (fb * ks = 8, ks chosen per launch so the grid
 // has about two blocks per SM); the k-slices' partial sums meet in shared memory in warp order
-// (deterministic).
+// (deterministic). The activation fragments come from global memory per warp (GlobalB) or, built
+// once per block, from shared memory (WarpTileSharedB); the weights one block ahead in registers
+// (WarpTile) or through a shared-memory ring (WarpTileStaged, MT = 1). All of these give every
+// output the same MMAs in the same order: the same sums bit for bit at the same k split.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -121,80 +125,257 @@ __device__ __forceinline__ void LoadActivations(const void* a, int64_t lda, int6
 //   const uint8_t* RowStart() const                 any readable address (for a zero fill)
 //   void FromPieces(const uint4 v[kPieces], int64_t kb, int64_t k, Raw*) const   as Load
 
-// acc += the products of k block kb: the thread's weights `cur` (Format::Load's) times activation
-// rows arow[j] (their B fragments loaded here), the block's MMA sums scaled by the rows' block
-// scales where the format has them.
+// The B fragments of the thread's activation rows for one chunk of a k block: from global memory
+// (each warp loads and permutes its own) or from the block's shared-memory copy (SharedB).
 template <int NT, bool kBf16A, typename Format>
-__device__ __forceinline__ void AccumulateBlock(const Format& w, const typename Format::Raw& cur,
-                                                const void* a, int64_t lda, const int64_t arow[NT],
-                                                int64_t kb, int64_t k, float acc[NT][4]) {
-  const int t = threadIdx.x & 3;
-  float part[NT][4];
+struct GlobalB {
+  const void* a;
+  int64_t lda;
+  const int64_t* arow;  // [NT]
+  __device__ __forceinline__ void Load(int64_t kb, int c, int64_t k, uint32_t bf[NT][4][2]) const {
+    const int t = threadIdx.x & 3;
+    const int64_t kk = Format::ChunkK(kb, c, t);
+    const bool ok = Format::ChunkOk(kb, c, t, k);
 #pragma unroll
-  for (int j = 0; j < NT; ++j) {
+    for (int j = 0; j < NT; ++j) LoadActivations<kBf16A>(a, lda, arow[j], kk, ok, bf[j]);
+  }
+};
+
+// acc += the products of k block kb: the MT 16-row tiles' weights cur[i] (w[i]'s Load) times the
+// activation fragments from `b`, each tile's block sums scaled by its rows' block scales where the
+// format has them. Every accumulator takes its MMAs in the same order (chunk 0 then 1, sub-steps
+// 0..3) whatever MT, NT and the fragments' source, so those give the same sums bit for bit.
+template <int NT, int MT, typename Format, typename BSource>
+__device__ __forceinline__ void AccumulateBlock(const Format (&w)[MT],
+                                                const typename Format::Raw (&cur)[MT],
+                                                const BSource& b, int64_t kb, int64_t k,
+                                                float acc[MT][NT][4]) {
+  float part[MT][NT][4];
 #pragma unroll
-    for (int i = 0; i < 4; ++i) part[j][i] = 0.0f;
+  for (int i = 0; i < MT; ++i) {
+#pragma unroll
+    for (int j = 0; j < NT; ++j) {
+#pragma unroll
+      for (int r = 0; r < 4; ++r) part[i][j][r] = 0.0f;
+    }
   }
 #pragma unroll
   for (int c = 0; c < 2; ++c) {
-    const int64_t kk = Format::ChunkK(kb, c, t);
-    const bool ok = Format::ChunkOk(kb, c, t, k);
     uint32_t bf[NT][4][2];
-#pragma unroll
-    for (int j = 0; j < NT; ++j) LoadActivations<kBf16A>(a, lda, arow[j], kk, ok, bf[j]);
+    b.Load(kb, c, k, bf);
 #pragma unroll
     for (int s = 0; s < 4; ++s) {
-      uint32_t af[4];
-      w.Fragment(cur, c, s, af);
 #pragma unroll
-      for (int j = 0; j < NT; ++j) MmaBf16(part[j], af, bf[j][s][0], bf[j][s][1]);
+      for (int i = 0; i < MT; ++i) {
+        uint32_t af[4];
+        w[i].Fragment(cur[i], c, s, af);
+#pragma unroll
+        for (int j = 0; j < NT; ++j) MmaBf16(part[i][j], af, bf[j][s][0], bf[j][s][1]);
+      }
     }
   }
-  if constexpr (Format::kBlockScaled) {
-    float s0, s1;
-    w.BlockScales(kb, &s0, &s1);
 #pragma unroll
-    for (int j = 0; j < NT; ++j) {
-      acc[j][0] = fmaf(part[j][0], s0, acc[j][0]);
-      acc[j][1] = fmaf(part[j][1], s0, acc[j][1]);
-      acc[j][2] = fmaf(part[j][2], s1, acc[j][2]);
-      acc[j][3] = fmaf(part[j][3], s1, acc[j][3]);
-    }
-  } else {
+  for (int i = 0; i < MT; ++i) {
+    if constexpr (Format::kBlockScaled) {
+      float s0, s1;
+      w[i].BlockScales(kb, &s0, &s1);
 #pragma unroll
-    for (int j = 0; j < NT; ++j) {
+      for (int j = 0; j < NT; ++j) {
+        acc[i][j][0] = fmaf(part[i][j][0], s0, acc[i][j][0]);
+        acc[i][j][1] = fmaf(part[i][j][1], s0, acc[i][j][1]);
+        acc[i][j][2] = fmaf(part[i][j][2], s1, acc[i][j][2]);
+        acc[i][j][3] = fmaf(part[i][j][3], s1, acc[i][j][3]);
+      }
+    } else {
 #pragma unroll
-      for (int i = 0; i < 4; ++i) acc[j][i] += part[j][i];
+      for (int j = 0; j < NT; ++j) {
+#pragma unroll
+        for (int r = 0; r < 4; ++r) acc[i][j][r] += part[i][j][r];
+      }
     }
   }
 }
 
-// acc (C fragments of NT tiles) = the warp's 16 weight rows from f0 times activation rows
-// row0 .. row0 + 8 NT - 1 (rows at or past row_end read row_end - 1, their sums unused) over k
-// blocks [kb0, kb1).
-template <int NT, bool kBf16A, typename Format>
-__device__ __forceinline__ void WarpTile(const typename Format::Matrix& m, int64_t n, int64_t f0,
-                                         const void* a, int64_t lda, int64_t row0, int64_t row_end,
-                                         int64_t k, int64_t kb0, int64_t kb1, float acc[NT][4]) {
+template <int NT, int MT>
+__device__ __forceinline__ void ZeroAcc(float acc[MT][NT][4]) {
+#pragma unroll
+  for (int i = 0; i < MT; ++i) {
+#pragma unroll
+    for (int j = 0; j < NT; ++j) {
+#pragma unroll
+      for (int r = 0; r < 4; ++r) acc[i][j][r] = 0.0f;
+    }
+  }
+}
+
+// The formats of the warp's MT tiles from f0: tile i has rows f0 + 16 i + g and + 8 (clamped to
+// n - 1).
+template <int MT, typename Format>
+__device__ __forceinline__ void TileFormats(const typename Format::Matrix& m, int64_t n, int64_t f0,
+                                            Format (&w)[MT]) {
   const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
 #pragma unroll
-  for (int j = 0; j < NT; ++j) {
-#pragma unroll
-    for (int i = 0; i < 4; ++i) acc[j][i] = 0.0f;
+  for (int i = 0; i < MT; ++i) {
+    w[i] = Format(m, min(f0 + kTile * i + g, n - 1), min(f0 + kTile * i + g + 8, n - 1), t);
   }
+}
+
+// acc (C fragments of MT x NT tiles) = the warp's 16 MT weight rows from f0 times activation rows
+// row0 .. row0 + 8 NT - 1 (rows at or past row_end read row_end - 1, their sums unused) over k
+// blocks [kb0, kb1).
+template <int NT, int MT, bool kBf16A, typename Format>
+__device__ __forceinline__ void WarpTile(const typename Format::Matrix& m, int64_t n, int64_t f0,
+                                         const void* a, int64_t lda, int64_t row0, int64_t row_end,
+                                         int64_t k, int64_t kb0, int64_t kb1,
+                                         float acc[MT][NT][4]) {
+  const int g = (threadIdx.x & 31) >> 2;
+  ZeroAcc<NT, MT>(acc);
   if (f0 >= n || kb0 >= kb1) return;
-  const Format w(m, min(f0 + g, n - 1), min(f0 + g + 8, n - 1), t);
+  Format w[MT];
+  TileFormats<MT>(m, n, f0, w);
   int64_t arow[NT];
 #pragma unroll
   for (int j = 0; j < NT; ++j) arow[j] = min(row0 + 8 * j + g, row_end - 1);
+  const GlobalB<NT, kBf16A, Format> b{a, lda, arow};
 
   // Weights are loaded one block ahead of their MMAs.
-  typename Format::Raw cur, next;
-  w.Load(kb0, k, &cur);
+  typename Format::Raw cur[MT], next[MT];
+#pragma unroll
+  for (int i = 0; i < MT; ++i) w[i].Load(kb0, k, &cur[i]);
   for (int64_t kb = kb0; kb < kb1; ++kb) {
-    if (kb + 1 < kb1) w.Load(kb + 1, k, &next);
-    AccumulateBlock<NT, kBf16A, Format>(w, cur, a, lda, arow, kb, k, acc);
-    cur = next;
+    if (kb + 1 < kb1) {
+#pragma unroll
+      for (int i = 0; i < MT; ++i) w[i].Load(kb + 1, k, &next[i]);
+    }
+    AccumulateBlock<NT, MT, Format>(w, cur, b, kb, k, acc);
+#pragma unroll
+    for (int i = 0; i < MT; ++i) cur[i] = next[i];
+  }
+}
+
+// Shared activation fragments: the block's 8 NT activation rows, for the current k block of each
+// of its ks_count k-slices, built once (loaded and permuted into B-fragment order) in shared
+// memory and read by every warp, instead of each warp loading and permuting its own. A phase
+// stages `steps` consecutive k blocks of every slice (kSharedBUnits 2 KiB units: steps * ks_count
+// * NT <= kSharedBUnits), between two barriers. Layout: [step][slice][j][q][lane] uint4, q = 2 c +
+// h: the B fragments of sub-steps 2h, 2h + 1 of chunk c for lane's rows of tile j.
+constexpr int kSharedBUnits = 16;
+constexpr size_t kSharedBBytes = size_t{2048} * kSharedBUnits;
+
+// Whether the shared fragments fit a launch (else the kernels read activations per warp).
+inline bool SharedBFits(int nt, int ks) { return nt * ks <= kSharedBUnits; }
+
+// The 8 activations of row `row` from kk (zeros if !ok) as the B fragments of two sub-steps:
+// {(x0, x2), (x1, x3), (x4, x6), (x5, x7)}, as LoadActivations.
+template <bool kBf16A>
+__device__ __forceinline__ uint4 LoadActivationHalf(const void* a, int64_t lda, int64_t row,
+                                                    int64_t kk, bool ok) {
+  if constexpr (kBf16A) {
+    uint4 v = make_uint4(0, 0, 0, 0);
+    if (ok) v = __ldg(reinterpret_cast<const uint4*>(static_cast<const uint16_t*>(a) + row * lda + kk));
+    return make_uint4(__byte_perm(v.x, v.y, 0x5410), __byte_perm(v.x, v.y, 0x7632),
+                      __byte_perm(v.z, v.w, 0x5410), __byte_perm(v.z, v.w, 0x7632));
+  } else {
+    float4 v0 = make_float4(0.0f, 0.0f, 0.0f, 0.0f), v1 = v0;
+    if (ok) {
+      const float4* p = reinterpret_cast<const float4*>(static_cast<const float*>(a) + row * lda + kk);
+      v0 = __ldg(p);
+      v1 = __ldg(p + 1);
+    }
+    return make_uint4(PackBf16x2(v0.x, v0.z), PackBf16x2(v0.y, v0.w), PackBf16x2(v1.x, v1.z),
+                      PackBf16x2(v1.y, v1.w));
+  }
+}
+
+// Stages steps [step0, step0 + steps) of every k-slice (slice q's step p is k block q * per + p,
+// none past its slice's end) into frag. All the block's threads call it.
+template <int NT, bool kBf16A, typename Format>
+__device__ __forceinline__ void StageActivations(uint4* frag, const void* a, int64_t lda,
+                                                 int64_t row0, int64_t row_end, int64_t k,
+                                                 int ks_count, int64_t blocks, int64_t per,
+                                                 int64_t step0, int steps) {
+  constexpr int kBatch = 4;  // loads in flight per thread before their stores
+  const int items = steps * ks_count * NT * 128;
+  for (int e0 = threadIdx.x; e0 < items; e0 += kBatch * kThreads) {
+    uint4 v[kBatch];
+#pragma unroll
+    for (int u = 0; u < kBatch; ++u) {
+      const int e = e0 + u * kThreads;
+      const int lane = e & 31, q = (e >> 5) & 3, j = (e >> 7) % NT, r = (e >> 7) / NT;
+      const int slice = r % ks_count, step = r / ks_count;
+      const int g = lane >> 2, t = lane & 3, c = q >> 1;
+      const int64_t kb = slice * per + step0 + step;
+      const bool ok = e < items && kb < min(blocks, (slice + 1) * per) &&
+                      Format::ChunkOk(kb, c, t, k);
+      const int64_t row = min(row0 + 8 * j + g, row_end - 1);
+      v[u] = LoadActivationHalf<kBf16A>(a, lda, row, Format::ChunkK(kb, c, t) + 8 * (q & 1), ok);
+    }
+#pragma unroll
+    for (int u = 0; u < kBatch; ++u) {
+      if (e0 + u * kThreads < items) frag[e0 + u * kThreads] = v[u];
+    }
+  }
+}
+
+// GlobalB's fragments from the warp's unit of a staged step.
+template <int NT>
+struct SharedB {
+  const uint4* unit;  // [j][q][lane] of the warp's slice and step
+  __device__ __forceinline__ void Load(int64_t, int c, int64_t, uint32_t bf[NT][4][2]) const {
+    const int lane = threadIdx.x & 31;
+#pragma unroll
+    for (int j = 0; j < NT; ++j) {
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const uint4 v = unit[(j * 4 + 2 * c + h) * 32 + lane];
+        bf[j][2 * h][0] = v.x;
+        bf[j][2 * h][1] = v.y;
+        bf[j][2 * h + 1][0] = v.z;
+        bf[j][2 * h + 1][1] = v.w;
+      }
+    }
+  }
+};
+
+// WarpTile with the activation fragments staged in shared memory (frag: kSharedBBytes), for warp
+// slice ks of ks_count: the same sums. Every thread of the block calls it (it has barriers), the
+// warps past n or with an empty slice too.
+template <int NT, int MT, bool kBf16A, typename Format>
+__device__ __forceinline__ void WarpTileSharedB(const typename Format::Matrix& m, int64_t n,
+                                                int64_t f0, const void* a, int64_t lda,
+                                                int64_t row0, int64_t row_end, int64_t k, int ks,
+                                                int ks_count, uint4* frag, float acc[MT][NT][4]) {
+  ZeroAcc<NT, MT>(acc);
+  const int64_t blocks = (k + kKBlock - 1) / kKBlock;
+  const int64_t per = (blocks + ks_count - 1) / ks_count;
+  const int64_t kb0 = min(blocks, ks * per), kb1 = min(blocks, kb0 + per);
+  const bool active = f0 < n && kb0 < kb1;
+  const int steps = kSharedBUnits / (ks_count * NT);
+  Format w[MT];
+  TileFormats<MT>(m, n, f0, w);
+  typename Format::Raw cur[MT], next[MT];
+  if (active) {
+#pragma unroll
+    for (int i = 0; i < MT; ++i) w[i].Load(kb0, k, &cur[i]);
+  }
+  for (int64_t s0 = 0; s0 < per; s0 += steps) {
+    const int now = static_cast<int>(min(static_cast<int64_t>(steps), per - s0));
+    __syncthreads();  // the previous phase's fragments have been read
+    StageActivations<NT, kBf16A, Format>(frag, a, lda, row0, row_end, k, ks_count, blocks, per,
+                                         s0, now);
+    __syncthreads();
+    if (!active) continue;
+    for (int p = 0; p < now && kb0 + s0 + p < kb1; ++p) {
+      const int64_t kb = kb0 + s0 + p;
+      if (kb + 1 < kb1) {
+#pragma unroll
+        for (int i = 0; i < MT; ++i) w[i].Load(kb + 1, k, &next[i]);
+      }
+      const SharedB<NT> b{frag + (p * ks_count + ks) * NT * 128};
+      AccumulateBlock<NT, MT, Format>(w, cur, b, kb, k, acc);
+#pragma unroll
+      for (int i = 0; i < MT; ++i) cur[i] = next[i];
+    }
   }
 }
 
@@ -236,42 +417,47 @@ template <int NT, bool kBf16A, typename Format>
 __device__ __forceinline__ void WarpTileStaged(const typename Format::Matrix& m, int64_t n,
                                                int64_t f0, const void* a, int64_t lda, int64_t row0,
                                                int64_t row_end, int64_t k, int64_t kb0, int64_t kb1,
-                                               uint4* ring, float acc[NT][4]) {
-  const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
-#pragma unroll
-  for (int j = 0; j < NT; ++j) {
-#pragma unroll
-    for (int i = 0; i < 4; ++i) acc[j][i] = 0.0f;
-  }
+                                               uint4* ring, float acc[1][NT][4]) {
+  const int lane = threadIdx.x & 31, g = lane >> 2;
+  ZeroAcc<NT, 1>(acc);
   if (f0 >= n || kb0 >= kb1) return;
-  const Format w(m, min(f0 + g, n - 1), min(f0 + g + 8, n - 1), t);
+  Format w[1];
+  TileFormats<1>(m, n, f0, w);
   int64_t arow[NT];
 #pragma unroll
   for (int j = 0; j < NT; ++j) arow[j] = min(row0 + 8 * j + g, row_end - 1);
+  const GlobalB<NT, kBf16A, Format> b{a, lda, arow};
 #pragma unroll
-  for (int d = 0; d < kStageDepth; ++d) IssueStage(w, ring, kb0 + d, kb1, k);
+  for (int d = 0; d < kStageDepth; ++d) IssueStage(w[0], ring, kb0 + d, kb1, k);
   for (int64_t kb = kb0; kb < kb1; ++kb) {
     CpAsyncWait<kStageDepth - 1>();  // block kb's group (the oldest pending) has landed
     const uint4* slot = ring + (kb % kStageSlots) * Format::kPieces * 32 + lane;
     uint4 v[Format::kPieces];
 #pragma unroll
     for (int i = 0; i < Format::kPieces; ++i) v[i] = slot[i * 32];
-    typename Format::Raw cur;
-    w.FromPieces(v, kb, k, &cur);
-    IssueStage(w, ring, kb + kStageDepth, kb1, k);
-    AccumulateBlock<NT, kBf16A, Format>(w, cur, a, lda, arow, kb, k, acc);
+    typename Format::Raw cur[1];
+    w[0].FromPieces(v, kb, k, &cur[0]);
+    IssueStage(w[0], ring, kb + kStageDepth, kb1, k);
+    AccumulateBlock<NT, 1, Format>(w, cur, b, kb, k, acc);
   }
   CpAsyncWait<0>();  // nothing pending into the ring when it is reused
 }
 
-// C fragment (feature g / g + 8, rows 2t, 2t + 1 of tile j) into red[feature][row].
-template <int NT>
-__device__ __forceinline__ void StoreFragments(const float acc[NT][4], float (*red)[8 * NT]) {
+// C fragments (tile i: features 16 i + g / + 8, rows 2t, 2t + 1 of row tile j) into
+// red[feature][row].
+template <int NT, int MT>
+__device__ __forceinline__ void StoreFragments(const float acc[MT][NT][4],
+                                               float (*red)[8 * NT]) {
   const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
 #pragma unroll
-  for (int j = 0; j < NT; ++j) {
+  for (int i = 0; i < MT; ++i) {
 #pragma unroll
-    for (int i = 0; i < 4; ++i) red[g + (i >= 2 ? 8 : 0)][8 * j + 2 * t + (i & 1)] = acc[j][i];
+    for (int j = 0; j < NT; ++j) {
+#pragma unroll
+      for (int r = 0; r < 4; ++r) {
+        red[kTile * i + g + (r >= 2 ? 8 : 0)][8 * j + 2 * t + (r & 1)] = acc[i][j][r];
+      }
+    }
   }
 }
 
@@ -284,12 +470,35 @@ __device__ __forceinline__ void KSlice(int64_t k, int ks, int ks_count, int64_t*
   *kb1 = min(blocks, *kb0 + per);
 }
 
+// c[i, j] (rows i in [row0, row_end), features j < n, c's row stride ldc) = the sum over the
+// k-slices of warps' red tiles, in warp order; with accumulate, c + the sum. The block's fb_count
+// feature tiles of 16 MT rows start at feature tile0 * 16 MT.
+template <int NT, int MT>
+__device__ __forceinline__ void ReduceAndStore(float (*red)[kTile * MT][8 * NT],
+                                               int fb_count, int ks_count, int64_t tile0,
+                                               int64_t row0, int64_t row_end, int64_t n,
+                                               float* c, int64_t ldc, bool accumulate) {
+  constexpr int kRows = 8 * NT, kTileRows = kTile * MT;
+  for (int e = threadIdx.x; e < fb_count * kRows * kTileRows; e += kThreads) {
+    const int f = e % kTileRows, r = (e / kTileRows) % kRows, tile = e / (kTileRows * kRows);
+    const int64_t j = (tile0 + tile) * kTileRows + f, i = row0 + r;
+    if (j >= n || i >= row_end) continue;
+    float s = red[tile * ks_count][f][r];
+    for (int q = 1; q < ks_count; ++q) s += red[tile * ks_count + q][f][r];
+    float* out = c + i * ldc + j;
+    *out = accumulate ? *out + s : s;
+  }
+}
+
 // The grouped GEMM over the rows of each non-empty group (bf16 activations [max_rows, k], c fp32
 // [max_rows, n]): grid x = feature-tile blocks, y = the non-empty groups. Params has num_groups,
-// max_rows, offsets, n, k, a, c; Format::GroupMatrix(p, group) gives the group's weights.
-template <int NT, typename Format, typename Params>
+// max_rows, offsets, n, k, a, c; Format::GroupMatrix(p, group) gives the group's weights. MT:
+// 16-row weight tiles a warp; kSharedB: the activation fragments through shared memory
+// (WarpTileSharedB, kSharedBBytes of dynamic shared memory).
+template <int NT, int MT, bool kSharedB, typename Format, typename Params>
 __global__ void __launch_bounds__(kThreads) MmaGroupedKernel(Params p, int ks_count) {
-  __shared__ float red[kWarps][kTile][8 * NT];
+  extern __shared__ uint4 frag[];
+  __shared__ float red[kWarps][kTile * MT][8 * NT];
   __shared__ int work[3];
   FindNonEmptyGroup(p.num_groups, p.max_rows, p.offsets, work);
   const int group = work[0];
@@ -298,29 +507,27 @@ __global__ void __launch_bounds__(kThreads) MmaGroupedKernel(Params p, int ks_co
   const int warp = threadIdx.x >> 5;
   const int fb_count = kWarps / ks_count, fb = warp / ks_count, ks = warp % ks_count;
   const int64_t tile0 = static_cast<int64_t>(blockIdx.x) * fb_count;
-  int64_t kb0, kb1;
-  KSlice(p.k, ks, ks_count, &kb0, &kb1);
+  const int64_t f0 = (tile0 + fb) * kTile * MT;
   const typename Format::Matrix m = Format::GroupMatrix(p, group);
   constexpr int kRows = 8 * NT;
   for (int64_t row0 = row_begin; row0 < row_end; row0 += kRows) {
-    float acc[NT][4];
-    WarpTile<NT, true, Format>(m, p.n, (tile0 + fb) * kTile, p.a, p.k, row0, row_end, p.k, kb0, kb1,
-                               acc);
-    StoreFragments<NT>(acc, red[warp]);
-    __syncthreads();
-    for (int e = threadIdx.x; e < fb_count * kRows * kTile; e += kThreads) {
-      const int f = e % kTile, r = (e / kTile) % kRows, tile = e / (kTile * kRows);
-      const int64_t j = (tile0 + tile) * kTile + f, i = row0 + r;
-      if (j >= p.n || i >= row_end) continue;
-      float s = red[tile * ks_count][f][r];
-      for (int q = 1; q < ks_count; ++q) s += red[tile * ks_count + q][f][r];
-      p.c[i * p.n + j] = s;
+    float acc[MT][NT][4];
+    if constexpr (kSharedB) {
+      WarpTileSharedB<NT, MT, true, Format>(m, p.n, f0, p.a, p.k, row0, row_end, p.k, ks, ks_count,
+                                            frag, acc);
+    } else {
+      int64_t kb0, kb1;
+      KSlice(p.k, ks, ks_count, &kb0, &kb1);
+      WarpTile<NT, MT, true, Format>(m, p.n, f0, p.a, p.k, row0, row_end, p.k, kb0, kb1, acc);
     }
+    StoreFragments<NT, MT>(acc, red[warp]);
+    __syncthreads();
+    ReduceAndStore<NT, MT>(red, fb_count, ks_count, tile0, row0, row_end, p.n, p.c, p.n, false);
     __syncthreads();
   }
 }
 
-// MmaGroupedKernel on the staged tile loop (the rings in dynamic shared memory).
+// MmaGroupedKernel<NT, 1, false> on the staged tile loop (the rings in dynamic shared memory).
 template <int NT, typename Format, typename Params>
 __global__ void __launch_bounds__(kThreads) MmaGroupedStagedKernel(Params p, int ks_count) {
   extern __shared__ uint4 ring[];
@@ -338,27 +545,20 @@ __global__ void __launch_bounds__(kThreads) MmaGroupedStagedKernel(Params p, int
   const typename Format::Matrix m = Format::GroupMatrix(p, group);
   constexpr int kRows = 8 * NT;
   for (int64_t row0 = row_begin; row0 < row_end; row0 += kRows) {
-    float acc[NT][4];
+    float acc[1][NT][4];
     WarpTileStaged<NT, true, Format>(m, p.n, (tile0 + fb) * kTile, p.a, p.k, row0, row_end, p.k,
                                      kb0, kb1, ring + warp * RingPerWarp<Format>(), acc);
-    StoreFragments<NT>(acc, red[warp]);
+    StoreFragments<NT, 1>(acc, red[warp]);
     __syncthreads();
-    for (int e = threadIdx.x; e < fb_count * kRows * kTile; e += kThreads) {
-      const int f = e % kTile, r = (e / kTile) % kRows, tile = e / (kTile * kRows);
-      const int64_t j = (tile0 + tile) * kTile + f, i = row0 + r;
-      if (j >= p.n || i >= row_end) continue;
-      float s = red[tile * ks_count][f][r];
-      for (int q = 1; q < ks_count; ++q) s += red[tile * ks_count + q][f][r];
-      p.c[i * p.n + j] = s;
-    }
+    ReduceAndStore<NT, 1>(red, fb_count, ks_count, tile0, row0, row_end, p.n, p.c, p.n, false);
     __syncthreads();
   }
 }
 
 // k-slices per feature tile: the fewest that give the grid kTargetBlocks blocks of
-// (8 / ks) feature tiles each, without slices left with no k block.
-inline int KSplit(int64_t n, int64_t k, int64_t other_blocks) {
-  const int64_t tiles = (n + kTile - 1) / kTile, kblocks = (k + kKBlock - 1) / kKBlock;
+// (8 / ks) feature tiles of tile_rows each, without slices left with no k block.
+inline int KSplit(int64_t n, int64_t k, int64_t other_blocks, int tile_rows = kTile) {
+  const int64_t tiles = (n + tile_rows - 1) / tile_rows, kblocks = (k + kKBlock - 1) / kKBlock;
   int ks = 1;
   while (ks < kWarps && 2 * ks <= kblocks &&
          (tiles + kWarps / ks - 1) / (kWarps / ks) * other_blocks < kTargetBlocks) {
@@ -370,12 +570,13 @@ inline int KSplit(int64_t n, int64_t k, int64_t other_blocks) {
 // Activation-row tiles of 8 per pass: 1, 2 or 4.
 inline int RowTiles(int64_t rows) { return rows <= 8 ? 1 : rows <= 16 ? 2 : 4; }
 
-// The grouped kernels' grid (feature-tile blocks x block rows of groups) and k split for p.
+// The grouped kernels' grid (feature-tile blocks x block rows of groups) and k split for p, with
+// feature tiles of tile_rows.
 template <typename Params>
-dim3 GroupedGrid(const Params& p, int k_split, int* ks) {
+dim3 GroupedGrid(const Params& p, int k_split, int tile_rows, int* ks) {
   const int64_t group_blocks = p.num_groups < p.max_rows ? p.num_groups : p.max_rows;
-  *ks = k_split > 0 ? k_split : KSplit(p.n, p.k, group_blocks);
-  const int64_t tiles = (p.n + kTile - 1) / kTile, per_block = kWarps / *ks;
+  *ks = k_split > 0 ? k_split : KSplit(p.n, p.k, group_blocks, tile_rows);
+  const int64_t tiles = (p.n + tile_rows - 1) / tile_rows, per_block = kWarps / *ks;
   return dim3(static_cast<unsigned>((tiles + per_block - 1) / per_block),
               static_cast<unsigned>(group_blocks));
 }
@@ -406,7 +607,7 @@ cudaError_t LaunchGroupedStagedTiles(const Params& p, int ks, dim3 grid, cudaStr
 template <typename Format, typename Params>
 cudaError_t LaunchGroupedStaged(const Params& p, int k_split, cudaStream_t stream) {
   int ks = 1;
-  const dim3 grid = GroupedGrid(p, k_split, &ks);
+  const dim3 grid = GroupedGrid(p, k_split, kTile, &ks);
   const int hint = p.rows_per_group_hint > 0 ? p.rows_per_group_hint : p.max_rows;
   switch (RowTiles(hint)) {
     case 1:
@@ -418,26 +619,43 @@ cudaError_t LaunchGroupedStaged(const Params& p, int k_split, cudaStream_t strea
   }
 }
 
-// Launches MmaGroupedKernel<NT, Format> for p (its num_groups, max_rows, n, k and
+template <int NT, int MT, bool kSharedB, typename Format, typename Params>
+cudaError_t LaunchGroupedTiles(const Params& p, int ks, dim3 grid, cudaStream_t stream) {
+  const auto kernel = MmaGroupedKernel<NT, MT, kSharedB, Format, Params>;
+  if constexpr (kSharedB) {
+    static const cudaError_t allowed =
+        AllowDynamicSmem(reinterpret_cast<const void*>(kernel), kSharedBBytes);
+    if (allowed != cudaSuccess) return allowed;
+  }
+  kernel<<<grid, kThreads, kSharedB ? kSharedBBytes : 0, stream>>>(p, ks);
+  return cudaGetLastError();
+}
+
+// NT chosen; the shared fragments where they fit, else per-warp loads (the same sums).
+template <int NT, int MT, bool kSharedB, typename Format, typename Params>
+cudaError_t LaunchGroupedRows(const Params& p, int ks, dim3 grid, cudaStream_t stream) {
+  if constexpr (kSharedB) {
+    if (SharedBFits(NT, ks)) return LaunchGroupedTiles<NT, MT, true, Format>(p, ks, grid, stream);
+  }
+  return LaunchGroupedTiles<NT, MT, false, Format>(p, ks, grid, stream);
+}
+
+// Launches MmaGroupedKernel<NT, MT, kSharedB, Format> for p (its num_groups, max_rows, n, k and
 // rows_per_group_hint); p.max_rows >= 1. k_split: warps splitting k (1, 2, 4 or 8, at most half
 // the k blocks), 0: KSplit's choice.
-template <typename Format, typename Params>
+template <typename Format, int MT = 1, bool kSharedB = false, typename Params>
 cudaError_t LaunchGrouped(const Params& p, int k_split, cudaStream_t stream) {
   int ks = 1;
-  const dim3 grid = GroupedGrid(p, k_split, &ks);
+  const dim3 grid = GroupedGrid(p, k_split, kTile * MT, &ks);
   const int hint = p.rows_per_group_hint > 0 ? p.rows_per_group_hint : p.max_rows;
   switch (RowTiles(hint)) {
     case 1:
-      MmaGroupedKernel<1, Format, Params><<<grid, kThreads, 0, stream>>>(p, ks);
-      break;
+      return LaunchGroupedRows<1, MT, kSharedB, Format>(p, ks, grid, stream);
     case 2:
-      MmaGroupedKernel<2, Format, Params><<<grid, kThreads, 0, stream>>>(p, ks);
-      break;
+      return LaunchGroupedRows<2, MT, kSharedB, Format>(p, ks, grid, stream);
     default:
-      MmaGroupedKernel<4, Format, Params><<<grid, kThreads, 0, stream>>>(p, ks);
-      break;
+      return LaunchGroupedRows<4, MT, kSharedB, Format>(p, ks, grid, stream);
   }
-  return cudaGetLastError();
 }
 
 }  // namespace mma_tile

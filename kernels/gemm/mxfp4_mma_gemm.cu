@@ -51,6 +51,7 @@ class Mxfp4Format {
   };
   static constexpr bool kBlockScaled = false;
 
+  Mxfp4Format() = default;
   __device__ Mxfp4Format(const Matrix& m, int64_t fa, int64_t fb, int t)
       : wa_(m.w + fa * m.ldw + 16 * t),
         wb_(m.w + fb * m.ldw + 16 * t),
@@ -130,7 +131,7 @@ bool Mxfp4MmaGemmAvailable() {
   static const bool available = [] {
     cudaFuncAttributes attr;
     if (cudaFuncGetAttributes(
-            &attr, mma_tile::MmaGroupedKernel<1, Mxfp4Format, Mxfp4MmaGroupedGemmParams>) !=
+            &attr, mma_tile::MmaGroupedKernel<1, 1, false, Mxfp4Format, Mxfp4MmaGroupedGemmParams>) !=
         cudaSuccess) {
       return false;
     }

@@ -23,8 +23,9 @@
 // median of 7 replays, per launch. The H200's HBM peak is 4.8 TB/s, its dense bf16 / FP8 tensor
 // peaks 989 / 1979 TFLOP/s.
 //
-//   fp8_gemm_bench [--quick]   (--quick: m = 1, 8, 64, 128, 1024 only; exit status 1 on a CUDA
-//                               or cuBLAS error)
+//   fp8_gemm_bench [--quick | --variants]   (--quick: m = 1, 8, 64, 128, 1024 only; --variants:
+//       only the tile-loop variants of the tensor-core kernels against bf16, same shapes,
+//       fp8_mma_variants_bench.cc; exit status 1 on a CUDA or cuBLAS error)
 #include <cublas_v2.h>
 #include <cuda_runtime_api.h>
 
@@ -47,6 +48,7 @@
 #include "kernels/testing/bench_util.h"
 #include "kernels/testing/gemm_bench_shapes.h"
 #include "worker/backend/cuda/cublaslt_fp8_gemm.h"
+#include "worker/backend/cuda/fp8_mma_variants_bench.h"
 
 #define BENCH_BLAS(expr)                                                              \
   do {                                                                                \
@@ -442,6 +444,7 @@ void GroupedBench(const MoeShape& ms) {
 int main(int argc, char** argv) {
   using deepinfer::bench::GemmShape;
   const bool quick = argc > 1 && std::strcmp(argv[1], "--quick") == 0;
+  const bool variants = argc > 1 && std::strcmp(argv[1], "--variants") == 0;
   const std::vector<int64_t> ms =
       quick ? std::vector<int64_t>{1, 8, 64, 128, 1024}
             : std::vector<int64_t>{1, 2, 4, 8, 16, 32, 64, 128, 256, 1024, 4096};
@@ -455,6 +458,11 @@ int main(int argc, char** argv) {
       {"moon expert dn", 2048, 1408},
   };
   for (const GemmShape& s : deepinfer::bench::DeepSeekV3Gemms()) shapes.push_back(s);
+  if (variants) {
+    deepinfer::RunTileVariants(
+        shapes, {{"moonlight", 64, 6, 2048, 1408}, deepinfer::bench::DeepSeekV3Moe()});
+    return 0;
+  }
   std::printf("%-15s %6s %6s %5s |%9s%9s |%9s%9s%9s%9s%9s%9s | %-6s %6s %6s | %-5s %6s %6s | fp8\n",
               "shape", "n", "k", "m", "cublas", "small", "core", "mma", "mma16", "w8a8", "lt",
               "deq", "bf16", "TF/s", "GB/s", "fp8", "TF/s", "GB/s");
