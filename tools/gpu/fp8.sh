@@ -16,7 +16,8 @@
 # cuBLASLt test's measured errors, and fp8_gemm_bench's summary tables (FP8 speed-up over bf16
 # and the fastest FP8 path per layer shape and row count) with the grouped expert GEMM lines.
 # $OUT gets summary.txt, fp8_gemm_bench.txt (the whole table) and logs.tar.gz (every log).
-# FP8_BENCH_ARGS passes arguments to the benchmark (--quick: fewer row counts).
+# FP8_BENCH_ARGS passes arguments to the benchmark (--quick: fewer row counts; --variants: only
+# the tensor-core kernels' tile-loop variants against bf16, printed whole).
 # Exit status: the number of failed steps.
 set -uo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
@@ -38,5 +39,6 @@ step fp8_gemm_bench 420 "$B/fp8_gemm_bench" ${FP8_BENCH_ARGS:-}
 cp "$logs/fp8_gemm_bench.log" "$OUT/fp8_gemm_bench.txt" 2>/dev/null
 sed -n '/^FP8 speed-up/,$p' "$logs/fp8_gemm_bench.log" 2>/dev/null |
   sed -E 's/ +\| fp8 core/ | core/; s/ us / /g'
+sed -n '/^FP8 tile variants/,$p' "$logs/fp8_gemm_bench.log" 2>/dev/null  # --variants
 echo "failed steps: $failed"
 exit "$failed"
