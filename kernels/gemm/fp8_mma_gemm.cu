@@ -124,8 +124,8 @@ __global__ void __launch_bounds__(kThreads) Fp8MmaGemmKernel(Fp8MmaGemmParams p,
   float acc[MT][NT][4];
   const Fp8Format::Matrix m{p.w.data, p.w.ldw, p.w.scales, p.w.scale_ld, p.w.split_rows};
   if constexpr (kSharedB) {
-    mma_tile::WarpTileSharedB<NT, MT, kBf16A, Fp8Format>(m, p.n, f0, p.a, p.lda, row0, p.m, p.k,
-                                                         ks, ks_count, frag, acc);
+    mma_tile::WarpTileSharedB<NT, MT, kBf16A, Fp8Format>(m, p.n, f0, p.a, p.lda, row0, p.m, p.k, ks,
+                                                         ks_count, frag, acc);
   } else {
     int64_t kb0, kb1;
     mma_tile::KSlice(p.k, ks, ks_count, &kb0, &kb1);
@@ -151,8 +151,8 @@ template <int NT, int MT, bool kSharedB, bool kBf16A>
 cudaError_t LaunchDenseKernel(const Fp8MmaGemmParams& p, int ks, dim3 grid, cudaStream_t stream) {
   const auto kernel = Fp8MmaGemmKernel<NT, MT, kSharedB, kBf16A>;
   if constexpr (kSharedB) {
-    static const cudaError_t allowed = mma_tile::AllowDynamicSmem(
-        reinterpret_cast<const void*>(kernel), mma_tile::kSharedBBytes);
+    static const cudaError_t allowed =
+        mma_tile::AllowDynamicSmem(reinterpret_cast<const void*>(kernel), mma_tile::kSharedBBytes);
     if (allowed != cudaSuccess) return allowed;
   }
   kernel<<<grid, kThreads, kSharedB ? mma_tile::kSharedBBytes : 0, stream>>>(p, ks);
@@ -197,11 +197,14 @@ cudaError_t LaunchGroupedTile(const Fp8MmaGroupedGemmParams& p, cudaStream_t str
                ? mma_tile::LaunchGrouped<Fp8Format, 2, true>(p, p.k_split, stream)
                : mma_tile::LaunchGrouped<Fp8Format, 2, false>(p, p.k_split, stream);
   }
-  if (p.tile.shared_activations) {
-    return mma_tile::LaunchGrouped<Fp8Format, 1, true>(p, p.k_split, stream);
+  if (p.staged) {
+    return p.tile.shared_activations
+               ? mma_tile::LaunchGroupedStaged<Fp8Format, true>(p, p.k_split, stream)
+               : mma_tile::LaunchGroupedStaged<Fp8Format, false>(p, p.k_split, stream);
   }
-  if (p.staged) return mma_tile::LaunchGroupedStaged<Fp8Format>(p, p.k_split, stream);
-  return mma_tile::LaunchGrouped<Fp8Format, 1, false>(p, p.k_split, stream);
+  return p.tile.shared_activations
+             ? mma_tile::LaunchGrouped<Fp8Format, 1, true>(p, p.k_split, stream)
+             : mma_tile::LaunchGrouped<Fp8Format, 1, false>(p, p.k_split, stream);
 }
 
 }  // namespace
@@ -209,8 +212,8 @@ cudaError_t LaunchGroupedTile(const Fp8MmaGroupedGemmParams& p, cudaStream_t str
 bool Fp8MmaGemmAvailable() {
   static const bool available = [] {
     cudaFuncAttributes attr;
-    if (cudaFuncGetAttributes(&attr,
-                              mma_tile::MmaGroupedKernel<1, 1, false, Fp8Format, Fp8MmaGroupedGemmParams>) !=
+    if (cudaFuncGetAttributes(
+            &attr, mma_tile::MmaGroupedKernel<1, 1, false, Fp8Format, Fp8MmaGroupedGemmParams>) !=
         cudaSuccess)
       return false;
     return attr.binaryVersion >= 80 && attr.ptxVersion >= 80;

@@ -90,8 +90,8 @@ struct Fp8MmaGroupedGemmParams {
   int32_t k_split = 0;
   // true: each thread streams its weights 3 k blocks ahead through shared memory (cp.async, 64
   // KiB a block), more bytes in flight per SM than false's one block ahead in registers; the
-  // same sums bit for bit. fp8_gemm_bench times both. With the default tile options only (a
-  // wide tile or shared activations take the register loop).
+  // same sums bit for bit. fp8_gemm_bench times both. With tile.wide the register loop is
+  // taken (the ring holds 16-row tiles); tile.shared_activations combines with either.
   bool staged = true;
   Fp8MmaTileOptions tile;
 };

@@ -13,8 +13,8 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
-#include <string>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "gtest/gtest.h"
@@ -210,11 +210,15 @@ TEST_P(Fp8MmaGroupedGemmTest, MatchesPerGroupReference) {
     DEEPINFER_CUDA_OK(dc.Download(out));
     ExpectGroupedMatches(*out, Bf16Rounded(a), g, t.n, t.k, Unit(t.k));
   };
-  std::vector<float> staged;
+  std::vector<float> staged, staged_shared;
   {
     SCOPED_TRACE("staged");
     p.staged = true;
     run(p, &staged);
+    SCOPED_TRACE("staged+shared");
+    p.tile.shared_activations = true;
+    run(p, &staged_shared);
+    p.tile = Fp8MmaTileOptions();
   }
   p.staged = false;
   std::vector<std::vector<float>> got;
@@ -225,24 +229,29 @@ TEST_P(Fp8MmaGroupedGemmTest, MatchesPerGroupReference) {
     run(p, &got.back());
   }
   EXPECT_TRUE(SameBits(got[0], staged, used)) << "registers vs staged";
+  EXPECT_TRUE(SameBits(got[0], staged_shared, used)) << "registers vs staged+shared";
   EXPECT_TRUE(SameBits(got[0], got[1], used)) << "narrow vs narrow+shared";
   EXPECT_TRUE(SameBits(got[2], got[3], used)) << "wide vs wide+shared";
 
-  // The batch-invariant mode's fixed k split: the same bits with every tile variant and every
-  // row tile (the hint), as each output's MMAs do not depend on them.
+  // The batch-invariant mode's fixed k split: the same bits with every weight pipeline, tile
+  // variant and row tile (the hint), as each output's MMAs do not depend on them.
   p.k_split = 1;
   std::vector<float> first;
   for (const int32_t hint : {1, 12, 40}) {
     for (const Fp8MmaTileOptions& tile : AllTiles()) {
-      SCOPED_TRACE(::testing::Message() << "k_split 1, hint " << hint << " " << TileName(tile));
-      p.rows_per_group_hint = hint;
-      p.tile = tile;
-      std::vector<float> out;
-      run(p, &out);
-      if (first.empty()) {
-        first = out;
-      } else {
-        EXPECT_TRUE(SameBits(first, out, used));
+      for (const bool ring : {false, true}) {
+        SCOPED_TRACE(::testing::Message() << "k_split 1, hint " << hint << " " << TileName(tile)
+                                          << (ring ? " staged" : " registers"));
+        p.rows_per_group_hint = hint;
+        p.tile = tile;
+        p.staged = ring;
+        std::vector<float> out;
+        run(p, &out);
+        if (first.empty()) {
+          first = out;
+        } else {
+          EXPECT_TRUE(SameBits(first, out, used));
+        }
       }
     }
   }
@@ -293,8 +302,8 @@ TEST(Fp8MmaGemmBatchInvariantTest, RowsIndependentOfRowCountAndTile) {
       p.k_split = k_split;
       std::vector<float> full;
       for (const Fp8MmaTileOptions& tile : AllTiles()) {
-        for (const int64_t m : {max_m, int64_t{1}, int64_t{5}, int64_t{8}, int64_t{9},
-                                int64_t{16}, int64_t{17}, int64_t{33}}) {
+        for (const int64_t m : {max_m, int64_t{1}, int64_t{5}, int64_t{8}, int64_t{9}, int64_t{16},
+                                int64_t{17}, int64_t{33}}) {
           SCOPED_TRACE(::testing::Message() << "a_bf16 " << a_bf16 << " k_split " << k_split
                                             << " m " << m << " " << TileName(tile));
           p.m = m;
@@ -342,8 +351,8 @@ TEST(Fp8MmaGemmWidenTest, WidensEveryByteExactly) {
   for (const bool a_bf16 : {false, true}) {
     for (const Fp8MmaTileOptions& tile : AllTiles()) {
       for (const int64_t rows : {int64_t{1}, int64_t{8}, int64_t{16}, m}) {
-        SCOPED_TRACE(::testing::Message() << "a_bf16 " << a_bf16 << " rows " << rows << " "
-                                          << TileName(tile));
+        SCOPED_TRACE(::testing::Message()
+                     << "a_bf16 " << a_bf16 << " rows " << rows << " " << TileName(tile));
         Fp8MmaGemmParams p;
         p.m = rows;
         p.n = n;

@@ -272,13 +272,15 @@ __device__ __forceinline__ uint4 LoadActivationHalf(const void* a, int64_t lda, 
                                                     int64_t kk, bool ok) {
   if constexpr (kBf16A) {
     uint4 v = make_uint4(0, 0, 0, 0);
-    if (ok) v = __ldg(reinterpret_cast<const uint4*>(static_cast<const uint16_t*>(a) + row * lda + kk));
+    if (ok)
+      v = __ldg(reinterpret_cast<const uint4*>(static_cast<const uint16_t*>(a) + row * lda + kk));
     return make_uint4(__byte_perm(v.x, v.y, 0x5410), __byte_perm(v.x, v.y, 0x7632),
                       __byte_perm(v.z, v.w, 0x5410), __byte_perm(v.z, v.w, 0x7632));
   } else {
     float4 v0 = make_float4(0.0f, 0.0f, 0.0f, 0.0f), v1 = v0;
     if (ok) {
-      const float4* p = reinterpret_cast<const float4*>(static_cast<const float*>(a) + row * lda + kk);
+      const float4* p =
+          reinterpret_cast<const float4*>(static_cast<const float*>(a) + row * lda + kk);
       v0 = __ldg(p);
       v1 = __ldg(p + 1);
     }
@@ -305,8 +307,8 @@ __device__ __forceinline__ void StageActivations(uint4* frag, const void* a, int
       const int slice = r % ks_count, step = r / ks_count;
       const int g = lane >> 2, t = lane & 3, c = q >> 1;
       const int64_t kb = slice * per + step0 + step;
-      const bool ok = e < items && kb < min(blocks, (slice + 1) * per) &&
-                      Format::ChunkOk(kb, c, t, k);
+      const bool ok =
+          e < items && kb < min(blocks, (slice + 1) * per) && Format::ChunkOk(kb, c, t, k);
       const int64_t row = min(row0 + 8 * j + g, row_end - 1);
       v[u] = LoadActivationHalf<kBf16A>(a, lda, row, Format::ChunkK(kb, c, t) + 8 * (q & 1), ok);
     }
@@ -361,8 +363,8 @@ __device__ __forceinline__ void WarpTileSharedB(const typename Format::Matrix& m
   for (int64_t s0 = 0; s0 < per; s0 += steps) {
     const int now = static_cast<int>(min(static_cast<int64_t>(steps), per - s0));
     __syncthreads();  // the previous phase's fragments have been read
-    StageActivations<NT, kBf16A, Format>(frag, a, lda, row0, row_end, k, ks_count, blocks, per,
-                                         s0, now);
+    StageActivations<NT, kBf16A, Format>(frag, a, lda, row0, row_end, k, ks_count, blocks, per, s0,
+                                         now);
     __syncthreads();
     if (!active) continue;
     for (int p = 0; p < now && kb0 + s0 + p < kb1; ++p) {
@@ -443,11 +445,55 @@ __device__ __forceinline__ void WarpTileStaged(const typename Format::Matrix& m,
   CpAsyncWait<0>();  // nothing pending into the ring when it is reused
 }
 
+// WarpTileStaged with the activation fragments staged in shared memory as WarpTileSharedB's
+// (frag: kSharedBBytes past the rings): the same sums. Every thread of the block calls it.
+template <int NT, bool kBf16A, typename Format>
+__device__ __forceinline__ void WarpTileStagedSharedB(const typename Format::Matrix& m, int64_t n,
+                                                      int64_t f0, const void* a, int64_t lda,
+                                                      int64_t row0, int64_t row_end, int64_t k,
+                                                      int ks, int ks_count, uint4* ring,
+                                                      uint4* frag, float acc[1][NT][4]) {
+  const int lane = threadIdx.x & 31;
+  ZeroAcc<NT, 1>(acc);
+  const int64_t blocks = (k + kKBlock - 1) / kKBlock;
+  const int64_t per = (blocks + ks_count - 1) / ks_count;
+  const int64_t kb0 = min(blocks, ks * per), kb1 = min(blocks, kb0 + per);
+  const bool active = f0 < n && kb0 < kb1;
+  const int steps = kSharedBUnits / (ks_count * NT);
+  Format w[1];
+  TileFormats<1>(m, n, f0, w);
+  if (active) {
+#pragma unroll
+    for (int d = 0; d < kStageDepth; ++d) IssueStage(w[0], ring, kb0 + d, kb1, k);
+  }
+  for (int64_t s0 = 0; s0 < per; s0 += steps) {
+    const int now = static_cast<int>(min(static_cast<int64_t>(steps), per - s0));
+    __syncthreads();  // the previous phase's fragments have been read
+    StageActivations<NT, kBf16A, Format>(frag, a, lda, row0, row_end, k, ks_count, blocks, per, s0,
+                                         now);
+    __syncthreads();
+    if (!active) continue;
+    for (int p = 0; p < now && kb0 + s0 + p < kb1; ++p) {
+      const int64_t kb = kb0 + s0 + p;
+      CpAsyncWait<kStageDepth - 1>();  // block kb's group (the oldest pending) has landed
+      const uint4* slot = ring + (kb % kStageSlots) * Format::kPieces * 32 + lane;
+      uint4 v[Format::kPieces];
+#pragma unroll
+      for (int i = 0; i < Format::kPieces; ++i) v[i] = slot[i * 32];
+      typename Format::Raw cur[1];
+      w[0].FromPieces(v, kb, k, &cur[0]);
+      IssueStage(w[0], ring, kb + kStageDepth, kb1, k);
+      const SharedB<NT> b{frag + (p * ks_count + ks) * NT * 128};
+      AccumulateBlock<NT, 1, Format>(w, cur, b, kb, k, acc);
+    }
+  }
+  CpAsyncWait<0>();  // nothing pending into the ring when it is reused
+}
+
 // C fragments (tile i: features 16 i + g / + 8, rows 2t, 2t + 1 of row tile j) into
 // red[feature][row].
 template <int NT, int MT>
-__device__ __forceinline__ void StoreFragments(const float acc[MT][NT][4],
-                                               float (*red)[8 * NT]) {
+__device__ __forceinline__ void StoreFragments(const float acc[MT][NT][4], float (*red)[8 * NT]) {
   const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
 #pragma unroll
   for (int i = 0; i < MT; ++i) {
@@ -474,10 +520,10 @@ __device__ __forceinline__ void KSlice(int64_t k, int ks, int ks_count, int64_t*
 // k-slices of warps' red tiles, in warp order; with accumulate, c + the sum. The block's fb_count
 // feature tiles of 16 MT rows start at feature tile0 * 16 MT.
 template <int NT, int MT>
-__device__ __forceinline__ void ReduceAndStore(float (*red)[kTile * MT][8 * NT],
-                                               int fb_count, int ks_count, int64_t tile0,
-                                               int64_t row0, int64_t row_end, int64_t n,
-                                               float* c, int64_t ldc, bool accumulate) {
+__device__ __forceinline__ void ReduceAndStore(float (*red)[kTile * MT][8 * NT], int fb_count,
+                                               int ks_count, int64_t tile0, int64_t row0,
+                                               int64_t row_end, int64_t n, float* c, int64_t ldc,
+                                               bool accumulate) {
   constexpr int kRows = 8 * NT, kTileRows = kTile * MT;
   for (int e = threadIdx.x; e < fb_count * kRows * kTileRows; e += kThreads) {
     const int f = e % kTileRows, r = (e / kTileRows) % kRows, tile = e / (kTileRows * kRows);
@@ -527,8 +573,9 @@ __global__ void __launch_bounds__(kThreads) MmaGroupedKernel(Params p, int ks_co
   }
 }
 
-// MmaGroupedKernel<NT, 1, false> on the staged tile loop (the rings in dynamic shared memory).
-template <int NT, typename Format, typename Params>
+// MmaGroupedKernel<NT, 1, kSharedB> on the staged tile loop (the rings in dynamic shared memory,
+// then with kSharedB the activation fragments).
+template <int NT, bool kSharedB, typename Format, typename Params>
 __global__ void __launch_bounds__(kThreads) MmaGroupedStagedKernel(Params p, int ks_count) {
   extern __shared__ uint4 ring[];
   __shared__ float red[kWarps][kTile][8 * NT];
@@ -546,8 +593,14 @@ __global__ void __launch_bounds__(kThreads) MmaGroupedStagedKernel(Params p, int
   constexpr int kRows = 8 * NT;
   for (int64_t row0 = row_begin; row0 < row_end; row0 += kRows) {
     float acc[1][NT][4];
-    WarpTileStaged<NT, true, Format>(m, p.n, (tile0 + fb) * kTile, p.a, p.k, row0, row_end, p.k,
-                                     kb0, kb1, ring + warp * RingPerWarp<Format>(), acc);
+    if constexpr (kSharedB) {
+      WarpTileStagedSharedB<NT, true, Format>(
+          m, p.n, (tile0 + fb) * kTile, p.a, p.k, row0, row_end, p.k, ks, ks_count,
+          ring + warp * RingPerWarp<Format>(), ring + kWarps * RingPerWarp<Format>(), acc);
+    } else {
+      WarpTileStaged<NT, true, Format>(m, p.n, (tile0 + fb) * kTile, p.a, p.k, row0, row_end, p.k,
+                                       kb0, kb1, ring + warp * RingPerWarp<Format>(), acc);
+    }
     StoreFragments<NT, 1>(acc, red[warp]);
     __syncthreads();
     ReduceAndStore<NT, 1>(red, fb_count, ks_count, tile0, row0, row_end, p.n, p.c, p.n, false);
@@ -592,30 +645,39 @@ inline cudaError_t AllowDynamicSmem(const void* kernel, size_t bytes) {
   return err;
 }
 
-template <int NT, typename Format, typename Params>
+template <int NT, bool kSharedB, typename Format, typename Params>
 cudaError_t LaunchGroupedStagedTiles(const Params& p, int ks, dim3 grid, cudaStream_t stream) {
+  constexpr size_t kBytes = RingBytes<Format>() + (kSharedB ? kSharedBBytes : 0);
+  const auto kernel = MmaGroupedStagedKernel<NT, kSharedB, Format, Params>;
   static const cudaError_t allowed =
-      AllowDynamicSmem(reinterpret_cast<const void*>(MmaGroupedStagedKernel<NT, Format, Params>),
-                       RingBytes<Format>());
+      AllowDynamicSmem(reinterpret_cast<const void*>(kernel), kBytes);
   if (allowed != cudaSuccess) return allowed;
-  MmaGroupedStagedKernel<NT, Format, Params>
-      <<<grid, kThreads, RingBytes<Format>(), stream>>>(p, ks);
+  kernel<<<grid, kThreads, kBytes, stream>>>(p, ks);
   return cudaGetLastError();
 }
 
-// LaunchGrouped (below) on the staged tile loop.
-template <typename Format, typename Params>
+template <int NT, bool kSharedB, typename Format, typename Params>
+cudaError_t LaunchGroupedStagedRows(const Params& p, int ks, dim3 grid, cudaStream_t stream) {
+  if constexpr (kSharedB) {
+    if (SharedBFits(NT, ks)) return LaunchGroupedStagedTiles<NT, true, Format>(p, ks, grid, stream);
+  }
+  return LaunchGroupedStagedTiles<NT, false, Format>(p, ks, grid, stream);
+}
+
+// LaunchGrouped (below) on the staged tile loop (MT = 1), with kSharedB the activation fragments
+// in shared memory where they fit.
+template <typename Format, bool kSharedB = false, typename Params>
 cudaError_t LaunchGroupedStaged(const Params& p, int k_split, cudaStream_t stream) {
   int ks = 1;
   const dim3 grid = GroupedGrid(p, k_split, kTile, &ks);
   const int hint = p.rows_per_group_hint > 0 ? p.rows_per_group_hint : p.max_rows;
   switch (RowTiles(hint)) {
     case 1:
-      return LaunchGroupedStagedTiles<1, Format>(p, ks, grid, stream);
+      return LaunchGroupedStagedRows<1, kSharedB, Format>(p, ks, grid, stream);
     case 2:
-      return LaunchGroupedStagedTiles<2, Format>(p, ks, grid, stream);
+      return LaunchGroupedStagedRows<2, kSharedB, Format>(p, ks, grid, stream);
     default:
-      return LaunchGroupedStagedTiles<4, Format>(p, ks, grid, stream);
+      return LaunchGroupedStagedRows<4, kSharedB, Format>(p, ks, grid, stream);
   }
 }
 

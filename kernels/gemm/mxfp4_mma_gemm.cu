@@ -131,7 +131,8 @@ bool Mxfp4MmaGemmAvailable() {
   static const bool available = [] {
     cudaFuncAttributes attr;
     if (cudaFuncGetAttributes(
-            &attr, mma_tile::MmaGroupedKernel<1, 1, false, Mxfp4Format, Mxfp4MmaGroupedGemmParams>) !=
+            &attr,
+            mma_tile::MmaGroupedKernel<1, 1, false, Mxfp4Format, Mxfp4MmaGroupedGemmParams>) !=
         cudaSuccess) {
       return false;
     }

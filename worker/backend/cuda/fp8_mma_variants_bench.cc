@@ -4,10 +4,11 @@
 // rows a warp), "wide+sh" (both); then bf16's fastest of cublasGemmEx and SmallMGemmBf16 (m <= 4)
 // and the best variant's speed-up over it. Grouped (routed experts at about 1, 8 and 16 rows per
 // expert, uniform random top-k): kernels::Fp8MmaGroupedGemm with the weight ring ("staged", the
-// default), the register loop ("regs") and the tile variants on it, against
-// kernels::GroupedGemmBf16. Each cell: microseconds per call and GB/s of weights (FP8: + scales;
-// grouped: the busy experts'). Timing as fp8_gemm_bench's (CUDA graphs, the dense weights rotated
-// over copies for 256 MiB; median of 7 replays).
+// default; "stg+sh" with shared activation fragments) and the register loop in each tile variant
+// ("narrow" is the plain register loop), against kernels::GroupedGemmBf16. Each cell:
+// microseconds per call and GB/s of weights (FP8: + scales; grouped: the busy experts'). Timing
+// as fp8_gemm_bench's (CUDA graphs, the dense weights rotated over copies for 256 MiB; median of
+// 7 replays).
 #include "worker/backend/cuda/fp8_mma_variants_bench.h"
 
 #include <cublas_v2.h>
@@ -45,8 +46,10 @@ struct Tile {
   const char* name;
   bool wide, shared;
 };
-constexpr Tile kTiles[] = {
-    {"narrow", false, false}, {"+shared", false, true}, {"wide", true, false}, {"wide+sh", true, true}};
+constexpr Tile kTiles[] = {{"narrow", false, false},
+                           {"+shared", false, true},
+                           {"wide", true, false},
+                           {"wide+sh", true, true}};
 
 void PrintCell(double us, double bytes) {
   if (us < 0) {
@@ -181,13 +184,17 @@ void GroupedVariants(const MoeShape& ms) {
       auto time = [&](const kernels::Fp8MmaGroupedGemmParams& q) {
         double us = -1;
         if (kernels::Fp8MmaGroupedGemmSupports(q)) {
-          us = Micros(4, [&](int, cudaStream_t st) { BENCH_CUDA(kernels::Fp8MmaGroupedGemm(q, st)); });
+          us = Micros(4,
+                      [&](int, cudaStream_t st) { BENCH_CUDA(kernels::Fp8MmaGroupedGemm(q, st)); });
           if (best < 0 || us < best) best = us;
         }
         PrintCell(us, fp8_busy);
       };
       mp.staged = true;
       time(mp);
+      mp.tile.shared_activations = true;
+      time(mp);
+      mp.tile = kernels::Fp8MmaTileOptions();
       mp.staged = false;
       for (const Tile& t : kTiles) {
         kernels::Fp8MmaGroupedGemmParams q = mp;
@@ -225,13 +232,14 @@ void RunTileVariants(const std::vector<GemmShape>& dense, const std::vector<MoeS
     std::fprintf(stderr, "cublasCreate failed\n");
     std::exit(1);
   }
-  std::printf("FP8 tile variants, dense (bf16 activations): us GB/s per variant, then bf16's best\n");
+  std::printf(
+      "FP8 tile variants, dense (bf16 activations): us GB/s per variant, then bf16's best\n");
   std::printf("%-15s %6s %6s %4s |", "shape", "n", "k", "m");
   for (const Tile& t : kTiles) std::printf(" %8s %5s", t.name, "GB/s");
   std::printf(" | %8s %5s | best fp8 vs bf16\n", "bf16", "GB/s");
   for (const GemmShape& s : dense) DenseVariants(s, blas);
   std::printf("\nFP8 tile variants, grouped experts: us GB/s (busy experts' weights)\n");
-  std::printf("%-62s| %8s %5s", "", "staged", "GB/s");
+  std::printf("%-62s| %8s %5s %8s %5s", "", "staged", "GB/s", "stg+sh", "GB/s");
   for (const Tile& t : kTiles) std::printf(" %8s %5s", t.name, "GB/s");
   std::printf(" | %8s %5s | best fp8 vs bf16\n", "bf16", "GB/s");
   for (const MoeShape& m : moe) GroupedVariants(m);
