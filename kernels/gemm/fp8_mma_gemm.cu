@@ -112,8 +112,10 @@ class Fp8Format {
 };
 
 // grid x: blocks of 8 / ks_count feature tiles of 16 MT rows; y: passes of 8 NT rows.
-template <int NT, int MT, bool kSharedB, bool kBf16A>
-__global__ void __launch_bounds__(kThreads) Fp8MmaGemmKernel(Fp8MmaGemmParams p, int ks_count) {
+// kMinBlocks: as mma_tile::MmaGroupedKernel's.
+template <int NT, int MT, bool kSharedB, bool kBf16A, int kMinBlocks>
+__global__ void __launch_bounds__(kThreads, kMinBlocks)
+    Fp8MmaGemmKernel(Fp8MmaGemmParams p, int ks_count) {
   extern __shared__ uint4 frag[];
   __shared__ float red[kWarps][kTile * MT][8 * NT];
   const int warp = threadIdx.x >> 5;
@@ -147,9 +149,9 @@ bool KSplitValid(int32_t k_split, int64_t k) {
   return (k_split == 2 || k_split == 4 || k_split == kWarps) && 2 * k_split <= kblocks;
 }
 
-template <int NT, int MT, bool kSharedB, bool kBf16A>
+template <int NT, int MT, bool kSharedB, bool kBf16A, int kMinBlocks>
 cudaError_t LaunchDenseKernel(const Fp8MmaGemmParams& p, int ks, dim3 grid, cudaStream_t stream) {
-  const auto kernel = Fp8MmaGemmKernel<NT, MT, kSharedB, kBf16A>;
+  const auto kernel = Fp8MmaGemmKernel<NT, MT, kSharedB, kBf16A, kMinBlocks>;
   if constexpr (kSharedB) {
     static const cudaError_t allowed =
         mma_tile::AllowDynamicSmem(reinterpret_cast<const void*>(kernel), mma_tile::kSharedBBytes);
@@ -159,7 +161,7 @@ cudaError_t LaunchDenseKernel(const Fp8MmaGemmParams& p, int ks, dim3 grid, cuda
   return cudaGetLastError();
 }
 
-template <int NT, int MT, bool kBf16A>
+template <int NT, int MT, bool kBf16A, int kMinBlocks>
 cudaError_t LaunchDense(const Fp8MmaGemmParams& p, cudaStream_t stream) {
   const int64_t passes = (p.m + 8 * NT - 1) / (8 * NT);
   const int ks = p.k_split > 0 ? p.k_split : mma_tile::KSplit(p.n, p.k, passes, kTile * MT);
@@ -167,44 +169,54 @@ cudaError_t LaunchDense(const Fp8MmaGemmParams& p, cudaStream_t stream) {
   const dim3 grid(static_cast<unsigned>((tiles + per_block - 1) / per_block),
                   static_cast<unsigned>(passes));
   if (p.tile.shared_activations && mma_tile::SharedBFits(NT, ks)) {
-    return LaunchDenseKernel<NT, MT, true, kBf16A>(p, ks, grid, stream);
+    return LaunchDenseKernel<NT, MT, true, kBf16A, kMinBlocks>(p, ks, grid, stream);
   }
-  return LaunchDenseKernel<NT, MT, false, kBf16A>(p, ks, grid, stream);
+  return LaunchDenseKernel<NT, MT, false, kBf16A, kMinBlocks>(p, ks, grid, stream);
 }
 
-template <int MT, bool kBf16A>
+template <int MT, bool kBf16A, int kMinBlocks>
 cudaError_t LaunchDenseRows(const Fp8MmaGemmParams& p, cudaStream_t stream) {
   switch (mma_tile::RowTiles(p.m)) {
     case 1:
-      return LaunchDense<1, MT, kBf16A>(p, stream);
+      return LaunchDense<1, MT, kBf16A, kMinBlocks>(p, stream);
     case 2:
-      return LaunchDense<2, MT, kBf16A>(p, stream);
+      return LaunchDense<2, MT, kBf16A, kMinBlocks>(p, stream);
     default:
-      return LaunchDense<4, MT, kBf16A>(p, stream);
+      return LaunchDense<4, MT, kBf16A, kMinBlocks>(p, stream);
   }
 }
 
 template <bool kBf16A>
 cudaError_t LaunchDenseTile(const Fp8MmaGemmParams& p, cudaStream_t stream) {
-  return p.tile.wide ? LaunchDenseRows<2, kBf16A>(p, stream)
-                     : LaunchDenseRows<1, kBf16A>(p, stream);
+  if (p.tile.two_blocks_per_sm) {
+    return p.tile.wide ? LaunchDenseRows<2, kBf16A, 2>(p, stream)
+                       : LaunchDenseRows<1, kBf16A, 2>(p, stream);
+  }
+  return p.tile.wide ? LaunchDenseRows<2, kBf16A, 1>(p, stream)
+                     : LaunchDenseRows<1, kBf16A, 1>(p, stream);
+}
+
+// The grouped register loop with tile options MT / kSharedB and p's two_blocks_per_sm.
+template <int MT, bool kSharedB>
+cudaError_t LaunchGroupedRegisters(const Fp8MmaGroupedGemmParams& p, cudaStream_t stream) {
+  return p.tile.two_blocks_per_sm
+             ? mma_tile::LaunchGrouped<Fp8Format, MT, kSharedB, 2>(p, p.k_split, stream)
+             : mma_tile::LaunchGrouped<Fp8Format, MT, kSharedB, 1>(p, p.k_split, stream);
 }
 
 // The grouped kernel with p's tile options.
 cudaError_t LaunchGroupedTile(const Fp8MmaGroupedGemmParams& p, cudaStream_t stream) {
   if (p.tile.wide) {
-    return p.tile.shared_activations
-               ? mma_tile::LaunchGrouped<Fp8Format, 2, true>(p, p.k_split, stream)
-               : mma_tile::LaunchGrouped<Fp8Format, 2, false>(p, p.k_split, stream);
+    return p.tile.shared_activations ? LaunchGroupedRegisters<2, true>(p, stream)
+                                     : LaunchGroupedRegisters<2, false>(p, stream);
   }
-  if (p.staged) {
+  if (p.staged && !p.tile.two_blocks_per_sm) {
     return p.tile.shared_activations
                ? mma_tile::LaunchGroupedStaged<Fp8Format, true>(p, p.k_split, stream)
                : mma_tile::LaunchGroupedStaged<Fp8Format, false>(p, p.k_split, stream);
   }
-  return p.tile.shared_activations
-             ? mma_tile::LaunchGrouped<Fp8Format, 1, true>(p, p.k_split, stream)
-             : mma_tile::LaunchGrouped<Fp8Format, 1, false>(p, p.k_split, stream);
+  return p.tile.shared_activations ? LaunchGroupedRegisters<1, true>(p, stream)
+                                   : LaunchGroupedRegisters<1, false>(p, stream);
 }
 
 }  // namespace
@@ -213,7 +225,8 @@ bool Fp8MmaGemmAvailable() {
   static const bool available = [] {
     cudaFuncAttributes attr;
     if (cudaFuncGetAttributes(
-            &attr, mma_tile::MmaGroupedKernel<1, 1, false, Fp8Format, Fp8MmaGroupedGemmParams>) !=
+            &attr,
+            mma_tile::MmaGroupedKernel<1, 1, false, 1, Fp8Format, Fp8MmaGroupedGemmParams>) !=
         cudaSuccess)
       return false;
     return attr.binaryVersion >= 80 && attr.ptxVersion >= 80;

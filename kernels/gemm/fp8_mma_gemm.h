@@ -38,6 +38,9 @@ struct Fp8MmaTileOptions {
   // all its warps, instead of each warp loading and permuting its own; where k-slices x 8-row
   // tiles exceed 16 the kernel reads them per warp as without it.
   bool shared_activations = false;
+  // At most 128 registers a thread (spilling where the tile needs more), so that two 256-thread
+  // blocks fit an SM; on the register loop (the grouped kernel then leaves its weight ring).
+  bool two_blocks_per_sm = false;
 };
 
 // c[i, j] (+)= sum_p bf16(a[i, p]) * w(j, p) * scale(j, p), i < m, j < n, p < k; a fp32 or (a_bf16)
@@ -90,8 +93,8 @@ struct Fp8MmaGroupedGemmParams {
   int32_t k_split = 0;
   // true: each thread streams its weights 3 k blocks ahead through shared memory (cp.async, 64
   // KiB a block), more bytes in flight per SM than false's one block ahead in registers; the
-  // same sums bit for bit. fp8_gemm_bench times both. With tile.wide the register loop is
-  // taken (the ring holds 16-row tiles); tile.shared_activations combines with either.
+  // same sums bit for bit. fp8_gemm_bench times both. With tile.wide or tile.two_blocks_per_sm
+  // the register loop is taken; tile.shared_activations combines with either.
   bool staged = true;
   Fp8MmaTileOptions tile;
 };

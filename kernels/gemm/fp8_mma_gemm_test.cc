@@ -37,22 +37,27 @@ using testing::DeviceArray;
 
 double Unit(int64_t k) { return std::ldexp(1.0, -24) * (k / 4.0 + 64.0); }
 
-// Every tile-loop variant (Fp8MmaTileOptions), the default first.
+// Every tile-loop variant (Fp8MmaTileOptions), the default first: [0, 4) narrow, narrow+shared,
+// wide, wide+shared; [4, 8) the same with two_blocks_per_sm.
 std::vector<Fp8MmaTileOptions> AllTiles() {
   std::vector<Fp8MmaTileOptions> v;
-  for (const bool wide : {false, true}) {
-    for (const bool shared : {false, true}) {
-      Fp8MmaTileOptions o;
-      o.wide = wide;
-      o.shared_activations = shared;
-      v.push_back(o);
+  for (const bool two_blocks : {false, true}) {
+    for (const bool wide : {false, true}) {
+      for (const bool shared : {false, true}) {
+        Fp8MmaTileOptions o;
+        o.wide = wide;
+        o.shared_activations = shared;
+        o.two_blocks_per_sm = two_blocks;
+        v.push_back(o);
+      }
     }
   }
   return v;
 }
 
 std::string TileName(const Fp8MmaTileOptions& o) {
-  return std::string(o.wide ? "wide" : "narrow") + (o.shared_activations ? "+shared" : "");
+  return std::string(o.wide ? "wide" : "narrow") + (o.shared_activations ? "+shared" : "") +
+         (o.two_blocks_per_sm ? "+2blocks" : "");
 }
 
 // Bit patterns equal (so -0 differs from +0 and NaN from everything).
@@ -96,19 +101,25 @@ void RunDense(const DenseCase& t, HostFp8 w, uint32_t seed) {
   p.w.split_rows = t.split;
   p.ldc = ldc;
   p.accumulate = t.accumulate;
-  // Every tile variant against the reference; the shared activation fragments give their
-  // per-warp twin's bits (the same k split: the narrow and wide tiles may split k differently).
+  // Every tile variant; those without two_blocks_per_sm against the reference; the shared
+  // activation fragments and the register cap give their twin's bits (the same k split: the
+  // narrow and wide tiles may split k differently).
+  const std::vector<Fp8MmaTileOptions> tiles = AllTiles();
   std::vector<std::vector<float>> got;
-  for (const Fp8MmaTileOptions& tile : AllTiles()) {
-    SCOPED_TRACE(TileName(tile));
-    p.tile = tile;
+  for (size_t v = 0; v < tiles.size(); ++v) {
+    SCOPED_TRACE(TileName(tiles[v]));
+    p.tile = tiles[v];
     DeviceArray<float> dct(c0);
     p.c = dct.get();
     ASSERT_TRUE(Fp8MmaGemmSupports(p));
     DEEPINFER_CUDA_OK(Fp8MmaGemm(p, nullptr));
     got.emplace_back();
     DEEPINFER_CUDA_OK(dct.Download(&got.back()));
-    ExpectDenseMatches(got.back(), c0, ldc, Bf16Rounded(a), lda, t.m, w, t.accumulate, Unit(t.k));
+    if (v < 4) {
+      ExpectDenseMatches(got.back(), c0, ldc, Bf16Rounded(a), lda, t.m, w, t.accumulate, Unit(t.k));
+    } else {
+      EXPECT_TRUE(SameBits(got[v - 4], got[v], got[v].size())) << "the register cap";
+    }
   }
   EXPECT_TRUE(SameBits(got[0], got[1], got[0].size())) << "narrow vs narrow+shared";
   EXPECT_TRUE(SameBits(got[2], got[3], got[2].size())) << "wide vs wide+shared";
@@ -224,12 +235,18 @@ TEST_P(Fp8MmaGroupedGemmTest, MatchesPerGroupReference) {
     p.tile = Fp8MmaTileOptions();
   }
   p.staged = false;
+  const std::vector<Fp8MmaTileOptions> tiles = AllTiles();
   std::vector<std::vector<float>> got;
-  for (const Fp8MmaTileOptions& tile : AllTiles()) {
-    SCOPED_TRACE(TileName(tile));
-    p.tile = tile;
+  for (size_t v = 0; v < tiles.size(); ++v) {
+    SCOPED_TRACE(TileName(tiles[v]));
+    p.tile = tiles[v];
     got.emplace_back();
-    run(p, &got.back());
+    if (v < 4) {
+      run(p, &got.back());
+    } else {
+      launch(p, &got.back());
+      EXPECT_TRUE(SameBits(got[v - 4], got[v], used)) << "the register cap";
+    }
   }
   EXPECT_TRUE(SameBits(got[0], staged, used)) << "registers vs staged";
   EXPECT_TRUE(SameBits(got[0], staged_shared, used)) << "registers vs staged+shared";

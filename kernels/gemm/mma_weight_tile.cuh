@@ -540,9 +540,10 @@ __device__ __forceinline__ void ReduceAndStore(float (*red)[kTile * MT][8 * NT],
 // [max_rows, n]): grid x = feature-tile blocks, y = the non-empty groups. Params has num_groups,
 // max_rows, offsets, n, k, a, c; Format::GroupMatrix(p, group) gives the group's weights. MT:
 // 16-row weight tiles a warp; kSharedB: the activation fragments through shared memory
-// (WarpTileSharedB, kSharedBBytes of dynamic shared memory).
-template <int NT, int MT, bool kSharedB, typename Format, typename Params>
-__global__ void __launch_bounds__(kThreads) MmaGroupedKernel(Params p, int ks_count) {
+// (WarpTileSharedB, kSharedBBytes of dynamic shared memory); kMinBlocks: blocks an SM must fit
+// (2: at most 128 registers a thread, spilling where the tile needs more).
+template <int NT, int MT, bool kSharedB, int kMinBlocks, typename Format, typename Params>
+__global__ void __launch_bounds__(kThreads, kMinBlocks) MmaGroupedKernel(Params p, int ks_count) {
   extern __shared__ uint4 frag[];
   __shared__ float red[kWarps][kTile * MT][8 * NT];
   __shared__ int work[3];
@@ -681,9 +682,9 @@ cudaError_t LaunchGroupedStaged(const Params& p, int k_split, cudaStream_t strea
   }
 }
 
-template <int NT, int MT, bool kSharedB, typename Format, typename Params>
+template <int NT, int MT, bool kSharedB, int kMinBlocks, typename Format, typename Params>
 cudaError_t LaunchGroupedTiles(const Params& p, int ks, dim3 grid, cudaStream_t stream) {
-  const auto kernel = MmaGroupedKernel<NT, MT, kSharedB, Format, Params>;
+  const auto kernel = MmaGroupedKernel<NT, MT, kSharedB, kMinBlocks, Format, Params>;
   if constexpr (kSharedB) {
     static const cudaError_t allowed =
         AllowDynamicSmem(reinterpret_cast<const void*>(kernel), kSharedBBytes);
@@ -694,29 +695,31 @@ cudaError_t LaunchGroupedTiles(const Params& p, int ks, dim3 grid, cudaStream_t 
 }
 
 // NT chosen; the shared fragments where they fit, else per-warp loads (the same sums).
-template <int NT, int MT, bool kSharedB, typename Format, typename Params>
+template <int NT, int MT, bool kSharedB, int kMinBlocks, typename Format, typename Params>
 cudaError_t LaunchGroupedRows(const Params& p, int ks, dim3 grid, cudaStream_t stream) {
   if constexpr (kSharedB) {
-    if (SharedBFits(NT, ks)) return LaunchGroupedTiles<NT, MT, true, Format>(p, ks, grid, stream);
+    if (SharedBFits(NT, ks)) {
+      return LaunchGroupedTiles<NT, MT, true, kMinBlocks, Format>(p, ks, grid, stream);
+    }
   }
-  return LaunchGroupedTiles<NT, MT, false, Format>(p, ks, grid, stream);
+  return LaunchGroupedTiles<NT, MT, false, kMinBlocks, Format>(p, ks, grid, stream);
 }
 
-// Launches MmaGroupedKernel<NT, MT, kSharedB, Format> for p (its num_groups, max_rows, n, k and
-// rows_per_group_hint); p.max_rows >= 1. k_split: warps splitting k (1, 2, 4 or 8, at most half
-// the k blocks), 0: KSplit's choice.
-template <typename Format, int MT = 1, bool kSharedB = false, typename Params>
+// Launches MmaGroupedKernel<NT, MT, kSharedB, kMinBlocks, Format> for p (its num_groups,
+// max_rows, n, k and rows_per_group_hint); p.max_rows >= 1. k_split: warps splitting k (1, 2, 4
+// or 8, at most half the k blocks), 0: KSplit's choice.
+template <typename Format, int MT = 1, bool kSharedB = false, int kMinBlocks = 1, typename Params>
 cudaError_t LaunchGrouped(const Params& p, int k_split, cudaStream_t stream) {
   int ks = 1;
   const dim3 grid = GroupedGrid(p, k_split, kTile * MT, &ks);
   const int hint = p.rows_per_group_hint > 0 ? p.rows_per_group_hint : p.max_rows;
   switch (RowTiles(hint)) {
     case 1:
-      return LaunchGroupedRows<1, MT, kSharedB, Format>(p, ks, grid, stream);
+      return LaunchGroupedRows<1, MT, kSharedB, kMinBlocks, Format>(p, ks, grid, stream);
     case 2:
-      return LaunchGroupedRows<2, MT, kSharedB, Format>(p, ks, grid, stream);
+      return LaunchGroupedRows<2, MT, kSharedB, kMinBlocks, Format>(p, ks, grid, stream);
     default:
-      return LaunchGroupedRows<4, MT, kSharedB, Format>(p, ks, grid, stream);
+      return LaunchGroupedRows<4, MT, kSharedB, kMinBlocks, Format>(p, ks, grid, stream);
   }
 }
 

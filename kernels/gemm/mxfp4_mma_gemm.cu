@@ -132,7 +132,7 @@ bool Mxfp4MmaGemmAvailable() {
     cudaFuncAttributes attr;
     if (cudaFuncGetAttributes(
             &attr,
-            mma_tile::MmaGroupedKernel<1, 1, false, Mxfp4Format, Mxfp4MmaGroupedGemmParams>) !=
+            mma_tile::MmaGroupedKernel<1, 1, false, 1, Mxfp4Format, Mxfp4MmaGroupedGemmParams>) !=
         cudaSuccess) {
       return false;
     }

@@ -1,14 +1,15 @@
 // fp8_gemm_bench --variants. Dense: kernels::Fp8MmaGemm with bf16 activations (the model's normed
 // rows) in each tile variant: "narrow" (the default: 16 weight rows a warp, activation fragments
 // per warp), "+shared" (the block's activation fragments in shared memory), "wide" (32 weight
-// rows a warp), "wide+sh" (both); then bf16's fastest of cublasGemmEx and SmallMGemmBf16 (m <= 4)
-// and the best variant's speed-up over it. Grouped (routed experts at about 1, 8 and 16 rows per
-// expert, uniform random top-k): kernels::Fp8MmaGroupedGemm with the weight ring ("staged", the
-// default; "stg+sh" with shared activation fragments) and the register loop in each tile variant
-// ("narrow" is the plain register loop), against kernels::GroupedGemmBf16. Each cell:
-// microseconds per call and GB/s of weights (FP8: + scales; grouped: the busy experts'). Timing
-// as fp8_gemm_bench's (CUDA graphs, the dense weights rotated over copies for 256 MiB; median of
-// 7 replays).
+// rows a warp), "wide+sh" (both), and each of these with a suffix 2 for
+// Fp8MmaTileOptions::two_blocks_per_sm (at most 128 registers a thread); then bf16's fastest of
+// cublasGemmEx and SmallMGemmBf16 (m <= 4) and the best variant's speed-up over it. Grouped (routed
+// experts at about 1, 8 and 16 rows per expert, uniform random top-k): kernels::Fp8MmaGroupedGemm
+// with the weight ring ("staged", the default; "stg+sh" with shared activation fragments) and the
+// register loop in each tile variant ("narrow" is the plain register loop), against
+// kernels::GroupedGemmBf16. Each cell: microseconds per call and GB/s of weights (FP8: + scales;
+// grouped: the busy experts'). Timing as fp8_gemm_bench's (CUDA graphs, the dense weights rotated
+// over copies for 256 MiB; median of 7 replays).
 #include "worker/backend/cuda/fp8_mma_variants_bench.h"
 
 #include <cublas_v2.h>
@@ -44,12 +45,12 @@ double Micros(int copies, const std::function<void(int, cudaStream_t)>& launch) 
 
 struct Tile {
   const char* name;
-  bool wide, shared;
+  bool wide, shared, two_blocks;
 };
-constexpr Tile kTiles[] = {{"narrow", false, false},
-                           {"+shared", false, true},
-                           {"wide", true, false},
-                           {"wide+sh", true, true}};
+constexpr Tile kTiles[] = {{"narrow", false, false, false}, {"+shared", false, true, false},
+                           {"wide", true, false, false},    {"wide+sh", true, true, false},
+                           {"narrow2", false, false, true}, {"+shared2", false, true, true},
+                           {"wide2", true, false, true},    {"wide+sh2", true, true, true}};
 
 void PrintCell(double us, double bytes) {
   if (us < 0) {
@@ -94,6 +95,7 @@ void DenseVariants(const GemmShape& s, cublasHandle_t blas) {
       p.c = out, p.ldc = s.n;
       p.tile.wide = t.wide;
       p.tile.shared_activations = t.shared;
+      p.tile.two_blocks_per_sm = t.two_blocks;
       double us = -1;
       if (kernels::Fp8MmaGemmSupports(p)) {
         us = Micros(copies, [&](int i, cudaStream_t st) {
@@ -200,6 +202,7 @@ void GroupedVariants(const MoeShape& ms) {
         kernels::Fp8MmaGroupedGemmParams q = mp;
         q.tile.wide = t.wide;
         q.tile.shared_activations = t.shared;
+        q.tile.two_blocks_per_sm = t.two_blocks;
         time(q);
       }
       kernels::GroupedGemmBf16Params bp;
