@@ -39,9 +39,11 @@ void DecodeGraphPick(Backend* backend, const DecodeGraphInputs& in, int64_t voca
                           in.num_adjustments);
     backend->GreedySampleRows(B, V, adjusted, in.out_tokens, in.out_logprobs);
     backend->TokenLogprobRows(B, V, logits, in.out_tokens, in.out_logprobs);
-    backend->SampleRows(B, V, adjusted, in.sampling, in.out_sampled_tokens,
-                        in.out_sampled_logprobs);
-    backend->TokenLogprobRows(B, V, logits, in.out_sampled_tokens, in.out_sampled_raw_logprobs);
+    if (in.sampling != nullptr) {
+      backend->SampleRows(B, V, adjusted, in.sampling, in.out_sampled_tokens,
+                          in.out_sampled_logprobs);
+      backend->TokenLogprobRows(B, V, logits, in.out_sampled_tokens, in.out_sampled_raw_logprobs);
+    }
     return;
   }
   backend->GreedySampleRows(B, V, logits, in.out_tokens, in.out_logprobs);
@@ -58,8 +60,9 @@ struct DecodeGraphRunner::Graph {
   std::unique_ptr<DeviceBuffer> inputs, outputs;
   std::unique_ptr<DeviceBuffer> hidden;  // [bucket, hidden_width] where the model writes them
   std::vector<int32_t> host_inputs;      // staging for the one upload per step
-  // [bucket] sampling parameters; sampling_all_skip: the buffer holds no row's sampled pick
-  // (every row top_p 0), so a step without sampled rows need not upload it.
+  // [bucket] sampling parameters (null: the graph makes no sampled picks); sampling_all_skip:
+  // the buffer holds no row's sampled pick (every row top_p 0), so a step without sampled rows
+  // need not upload it.
   std::unique_ptr<DeviceBuffer> sampling;
   std::vector<RowSamplingParams> host_sampling;
   bool sampling_all_skip = false;
@@ -119,15 +122,17 @@ DecodeGraphInputs DecodeGraphRunner::InputsOf(const Graph& g) const {
   int32_t* out = g.outputs->as<int32_t>();
   d.out_tokens = out;
   d.out_logprobs = reinterpret_cast<float*>(out + B);
-  d.sampling = g.sampling->as<RowSamplingParams>();
-  d.out_sampled_tokens = out + 2 * B;
-  d.out_sampled_logprobs = reinterpret_cast<float*>(out + 3 * B);
-  d.out_sampled_raw_logprobs = reinterpret_cast<float*>(out + 4 * B);
+  if (g.sampling != nullptr) {
+    d.sampling = g.sampling->as<RowSamplingParams>();
+    d.out_sampled_tokens = out + 2 * B;
+    d.out_sampled_logprobs = reinterpret_cast<float*>(out + 3 * B);
+  }
   if (g.hidden != nullptr) d.out_hidden = g.hidden->as<float>();
   if (g.adjustment_capacity > 0) {
     d.adjustments = g.adjustments->as<LogitAdjustment>();
     d.num_adjustments = g.num_adjustments->as<int32_t>();
     d.adjustment_capacity = g.adjustment_capacity;
+    if (g.sampling != nullptr) d.out_sampled_raw_logprobs = reinterpret_cast<float*>(out + 4 * B);
   }
   return d;
 }
@@ -192,7 +197,7 @@ std::unique_ptr<DecodeGraphRunner::Graph> DecodeGraphRunner::NewGraph(const Grap
   auto g = std::make_unique<Graph>();
   g->bucket = bucket;
   g->context_class = context_class;
-  g->max_blocks = TableWidth(key.second >> 2);
+  g->max_blocks = TableWidth(key.second >> 3);
   // Class 0 under a break: the break; otherwise the longest context the graph can see.
   g->max_context_hint =
       context_break > 0 && context_class == 0
@@ -203,8 +208,11 @@ std::unique_ptr<DecodeGraphRunner::Graph> DecodeGraphRunner::NewGraph(const Grap
   g->host_inputs.assign(ints, 0);
   g->inputs = backend_->Allocate(ints * sizeof(int32_t));
   g->outputs = backend_->Allocate(kOutputWords * bucket * sizeof(int32_t));
-  g->sampling = backend_->Allocate(bucket * sizeof(RowSamplingParams));
-  g->host_sampling.assign(bucket, SkipRow());
+  // Graphs without adjustments make sampled picks always, adjusted ones in their sampled variant.
+  if ((key.second & 2) == 0 || (key.second & 4) != 0) {
+    g->sampling = backend_->Allocate(bucket * sizeof(RowSamplingParams));
+    g->host_sampling.assign(bucket, SkipRow());
+  }
   if (model_.hidden_width > 0) {
     g->hidden = backend_->Allocate(bucket * model_.hidden_width * sizeof(float));
   }
@@ -267,6 +275,7 @@ void DecodeGraphRunner::UploadInputs(Graph& g, const std::vector<SequenceStep>& 
                            g.adjustments->data());
     backend_->CopyToDevice(&g.host_num_adjustments, sizeof(int32_t), g.num_adjustments->data());
   }
+  if (g.sampling == nullptr) return;
   bool any_sampled = false;
   for (int64_t i = 0; i < n; ++i) {
     const SequenceStep& s = batch[rows[i].seq];
@@ -375,7 +384,7 @@ absl::StatusOr<int> DecodeGraphRunner::Capture(KvBlockPool* cache) {
       for (int32_t context_class : {0, 1}) {
         // Contexts above the break need tables that hold them.
         if (context_class == 1 && (context_break <= 0 || positions <= context_break)) continue;
-        const GraphKey key(bucket, context_class | (table_class << 2));
+        const GraphKey key(bucket, context_class | (table_class << 3));
         if (failed_.count(key)) continue;
         std::unique_ptr<Graph>& slot = graphs_[key];
         if (slot != nullptr && slot->ops != nullptr) continue;
@@ -467,8 +476,10 @@ std::optional<absl::StatusOr<StepOutput>> DecodeGraphRunner::Run(
   const int32_t context_break = model_.context_break ? model_.context_break(bucket) : 0;
   const int32_t context_class = context_break > 0 && max_context > context_break ? 1 : 0;
   if (!BindCache(cache)) return std::nullopt;  // full: try again with the next step
-  const GraphKey key(bucket,
-                     context_class | (num_adjustments > 0 ? 2 : 0) | (TableClassOf(longest) << 2));
+  // Adjusted graphs come in a variant without sampled picks (bit 2 clear), which greedy batches
+  // take: their picks then cost no more than without sampling.
+  const int32_t adjusted = num_adjustments > 0 ? (sampled ? 2 | 4 : 2) : 0;
+  const GraphKey key(bucket, context_class | adjusted | (TableClassOf(longest) << 3));
   if (failed_.count(key)) return std::nullopt;
   if (num_adjustments > std::numeric_limits<int32_t>::max()) return std::nullopt;
   absl::StatusOr<bool> prepared = PrepareModel(batch, bucket, cache);

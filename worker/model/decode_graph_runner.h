@@ -33,7 +33,10 @@
 // from an adjusted copy of the logits (DecodeGraphInputs::adjustments, a fixed buffer with room
 // for a power of two of entries, at least 1024, and a device count of those used) and gives the
 // raw rows' logprobs of the picks, as DeviceSampler does; a step with more entries than its graph
-// has room for records a larger one.
+// has room for records a larger one. Those graphs (recorded on first use) come in two variants:
+// for batches with sampled rows, and for greedy ones, which make no sampled picks and so pay
+// nothing for them (there the raw logprob of a sampled pick would cost a second pass over the
+// rows).
 //
 // The runner owns the padding and the fixed device addresses: per bucket, the inputs
 // (ids | positions | slots | token_seq | context_len [bucket each] | counted rows [1] |
@@ -100,7 +103,8 @@ struct DecodeGraphInputs {
   int32_t* out_tokens = nullptr;  // [rows], greedy pick per row
   float* out_logprobs = nullptr;  // [rows]
   // [rows]: each row's sampled pick (Backend::SampleRows) with these parameters; rows without
-  // one have top_p 0 (SampleRows gives them token -1 without reading the row).
+  // one have top_p 0 (SampleRows gives them token -1 without reading the row). Null: the graph
+  // makes no sampled picks (an adjusted graph for greedy batches).
   const RowSamplingParams* sampling = nullptr;
   int32_t* out_sampled_tokens = nullptr;   // [rows]
   float* out_sampled_logprobs = nullptr;   // [rows], SampleRows' own
@@ -149,10 +153,11 @@ struct DecodeGraphModel {
 };
 
 // The picks a DecodeGraphModel::forward makes from its logits ([in.rows, vocab], device memory)
-// into in's outputs: GreedySampleRows and SampleRows (in.sampling) over every row. With room
-// for adjustments, both pick from `adjusted` ([in.rows, vocab] device memory, overwritten with
-// the adjusted copy of the logits), and TokenLogprobRows gives the raw rows' logprobs of the
-// picks (out_logprobs, out_sampled_raw_logprobs); `adjusted` is unused otherwise.
+// into in's outputs: GreedySampleRows and, where in.sampling is set, SampleRows over every row.
+// With room for adjustments, both pick from `adjusted` ([in.rows, vocab] device memory,
+// overwritten with the adjusted copy of the logits), and TokenLogprobRows gives the raw rows'
+// logprobs of the picks (out_logprobs, out_sampled_raw_logprobs); `adjusted` is unused
+// otherwise.
 void DecodeGraphPick(Backend* backend, const DecodeGraphInputs& in, int64_t vocab,
                      const float* logits, float* adjusted);
 
@@ -198,7 +203,8 @@ class DecodeGraphRunner {
   struct Graph;
   // Graphs per (bucket, variant): variant bit 0 is the context class (0 for batches whose
   // longest context is at most the context break for the bucket, the only class where it is 0;
-  // 1 above), bit 1 set for graphs that apply logit adjustments, the bits above it the table
+  // 1 above), bit 1 set for graphs that apply logit adjustments, bit 2 for adjusted graphs that
+  // also make sampled picks (graphs without adjustments always do), the bits above it the table
   // class (TableWidth).
   using GraphKey = std::pair<int64_t, int32_t>;
   DecodeGraphInputs InputsOf(const Graph& g) const;
