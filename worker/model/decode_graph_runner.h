@@ -14,7 +14,9 @@
 // takes each row's pick from the op the general path (DeviceSampler) would have used for it.
 // Greedy rows thus get exactly the picks and logprobs of a graph without sampling, and sampled
 // rows those of the general path on the same logits: the same SampleRows op, the same
-// (seed, position) key (position: the row's position + 1, as SampleOrCopyLogits gives it). Rows
+// (seed, position) key (position: the row's position + 1, as SampleOrCopyLogits gives it). (On
+// CUDA a padded bucket's logits may differ in the last bits from an unpadded eager step's, for
+// greedy and sampled rows alike: cuBLAS may choose other kernels for other row counts.) Rows
 // without a sampled pick (greedy rows, padding) carry top_p 0, which SampleRows rejects before
 // it reads the row (token -1), so a greedy step pays one near-empty launch, and the sampling
 // parameters are uploaded only when a row needs them. Separate sampled graphs would double the
