@@ -263,21 +263,16 @@ TEST(DecodeGraphTest, AdjustedGreedyStepsReplayAndEqualEagerSteps) {
 // want top logprobs run the general path.
 TEST(DecodeGraphTest, SampledStepsReplayAndEqualEagerSteps) {
   RecordingCpuBackend backend;
-  DecodeGraphOptions padded_eager, off;
-  padded_eager.replay = false;
+  DecodeGraphOptions off;
   off.enabled = false;
   auto graphs = Load(&backend, DecodeGraphOptions{});
-  auto eager_padded = Load(&backend, padded_eager);
   auto eager = Load(&backend, off);
-  ASSERT_TRUE(graphs && eager_padded && eager);
+  ASSERT_TRUE(graphs && eager);
   const testing::StepSampling mixed = testing::MixedSampling;
   auto a = RunDecodeSchedule(graphs.get(), &backend, kSchedule, 100, nullptr, mixed);
   ASSERT_TRUE(a.ok()) << a.status();
-  auto b = RunDecodeSchedule(eager_padded.get(), &backend, kSchedule, 100, nullptr, mixed);
-  ASSERT_TRUE(b.ok()) << b.status();
   auto c = RunDecodeSchedule(eager.get(), &backend, kSchedule, 100, nullptr, mixed);
   ASSERT_TRUE(c.ok()) << c.status();
-  ExpectBitIdentical(*a, *b);
   ExpectBitIdentical(*a, *c);
   EXPECT_EQ(graphs->decode_graph_steps(), static_cast<int64_t>(kSchedule.size()));
   EXPECT_EQ(graphs->decode_graphs_recorded(), 6);  // buckets 1 4 8 64 128 2, as greedy steps
