@@ -145,7 +145,7 @@ for n, r in results.items():
           f"{r.get('steps_with_prefill_s', 0):.2f} s (ideal "
           f"{r.get('ideal_steps_with_prefill_s', float('nan')):.2f})")
 # A sampled job's steps priced with the greedy job's step times (same prompts, same context):
-# what its decode steps would cost on the greedy path (decode graphs).
+# what its decode steps would cost with greedy picks.
 for n, r in results.items():
     if not r.get("sampled") or "ideal_s" not in r:
         continue

@@ -12,8 +12,11 @@
 //  * greedy steps with logit adjustments (logit_bias, min_tokens masks, penalties) replay
 //    graphs of their own, bit-identical to the padded eager steps, and follow the general
 //    path (DeviceSampler) on the same inputs as closely as plain steps do;
-//  * speculative decoding's verification steps (several rows per sequence, hidden states)
-//    replay bit-identical to the padded eager steps.
+//  * sampled rows (temperature, top_k, top_p, seeds) among greedy ones replay the same graphs,
+//    bit-identical to the padded eager steps, and follow the general path as closely as greedy
+//    steps do; with adjustments on some rows, the adjusted graphs;
+//  * speculative decoding's verification steps (several rows per sequence, hidden states,
+//    greedy and sampled rows) replay bit-identical to the padded eager steps.
 // Skips without a GPU.
 #include <algorithm>
 #include <cmath>
@@ -154,11 +157,16 @@ TEST_F(DecodeGraphGpuTest, AdjustedGreedyStepsReplayBitForBitAndFollowTheGeneral
     }
     return out;
   };
-  auto a = RunDecodeSchedule(graphs.get(), backend_.get(), kSchedule, 100, nullptr, adjust);
+  auto adjusted = [&adjust](int64_t seq, size_t step, SamplingParams* p) {
+    p->adjustments = adjust(seq, step);
+  };
+  auto a = RunDecodeSchedule(graphs.get(), backend_.get(), kSchedule, 100, nullptr, adjusted);
   ASSERT_TRUE(a.ok()) << a.status();
-  auto b = RunDecodeSchedule(eager_padded.get(), backend_.get(), kSchedule, 100, nullptr, adjust);
+  auto b =
+      RunDecodeSchedule(eager_padded.get(), backend_.get(), kSchedule, 100, nullptr, adjusted);
   ASSERT_TRUE(b.ok()) << b.status();
-  auto c = RunDecodeSchedule(eager.get(), backend_.get(), kSchedule, 100, /*forced=*/&*a, adjust);
+  auto c =
+      RunDecodeSchedule(eager.get(), backend_.get(), kSchedule, 100, /*forced=*/&*a, adjusted);
   ASSERT_TRUE(c.ok()) << c.status();
   EXPECT_EQ(graphs->decode_graph_steps(), static_cast<int64_t>(kSchedule.size()));
   EXPECT_EQ(graphs->decode_graphs_recorded(), 7);  // buckets 1 4 8 64 128 2, 128 again larger
@@ -173,6 +181,63 @@ TEST_F(DecodeGraphGpuTest, AdjustedGreedyStepsReplayBitForBitAndFollowTheGeneral
   EXPECT_LE(agree.worst_logprob_diff, 1e-3);
 }
 
+// Sampled rows (temperature, top_k, top_p, a seed each; testing::MixedSampling) among greedy
+// ones replay the graphs greedy batches record (no more of them), bit-identical to the padded
+// eager steps, and follow the general path (DeviceSampler's SampleRows, the same seeded key) on
+// the same inputs as closely as greedy steps do; sampling took effect (greedy steps on the same
+// inputs pick other tokens). With logit adjustments on some rows: the adjusted graphs, again bit
+// for bit against the padded eager steps.
+TEST_F(DecodeGraphGpuTest, SampledStepsReplayBitForBitAndFollowTheGeneralPath) {
+  ThreeWays m = LoadThreeWays();
+  auto& [graphs, eager_padded, eager] = m;
+  ASSERT_TRUE(graphs && eager_padded && eager);
+  const testing::StepSampling mixed = testing::MixedSampling;
+  auto a = RunDecodeSchedule(graphs.get(), backend_.get(), kSchedule, 100, nullptr, mixed);
+  ASSERT_TRUE(a.ok()) << a.status();
+  auto b = RunDecodeSchedule(eager_padded.get(), backend_.get(), kSchedule, 100, nullptr, mixed);
+  ASSERT_TRUE(b.ok()) << b.status();
+  auto c = RunDecodeSchedule(eager.get(), backend_.get(), kSchedule, 100, /*forced=*/&*a, mixed);
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(graphs->decode_graph_steps(), static_cast<int64_t>(kSchedule.size()));
+  EXPECT_EQ(graphs->decode_graphs_recorded(), 6);  // buckets 1 4 8 64 128 2
+  EXPECT_EQ(eager->decode_graph_steps(), 0);
+  ExpectBitIdentical(*a, *b);
+  const testing::TokenAgreement agree = testing::CompareTokens(*a, *c);
+  std::printf(
+      "[decode-graphs] sampled: replay vs plain eager: %lld / %lld tokens equal, max |logprob "
+      "diff| %.3g\n",
+      static_cast<long long>(agree.same), static_cast<long long>(agree.all),
+      agree.worst_logprob_diff);
+  EXPECT_GE(agree.same * 100, agree.all * 99);
+  EXPECT_LE(agree.worst_logprob_diff, 1e-3);
+  auto greedy = RunDecodeSchedule(eager.get(), backend_.get(), kSchedule, 100, /*forced=*/&*a);
+  ASSERT_TRUE(greedy.ok()) << greedy.status();
+  EXPECT_TRUE(testing::DiffersSomewhere(*a, *greedy));
+
+  const int64_t vocab = graphs->config().vocab_size;
+  auto mixed_adjusted = [vocab](int64_t seq, size_t step, SamplingParams* p) {
+    testing::MixedSampling(seq, step, p);
+    if (seq % 3 != 0) return;
+    LogitAdjustment boost, ban;  // tokens ascending
+    boost.token = static_cast<int32_t>((seq * 31 + step * 7) % (vocab - 1));
+    boost.bias = 3.0f;
+    boost.repetition = 1.3f;
+    ban.token = boost.token + 1;
+    ban.bias = -std::numeric_limits<float>::infinity();
+    p->adjustments = {boost, ban};
+  };
+  auto d = RunDecodeSchedule(graphs.get(), backend_.get(), kSchedule, 100, nullptr, mixed_adjusted);
+  ASSERT_TRUE(d.ok()) << d.status();
+  auto e = RunDecodeSchedule(eager_padded.get(), backend_.get(), kSchedule, 100, nullptr,
+                             mixed_adjusted);
+  ASSERT_TRUE(e.ok()) << e.status();
+  ExpectBitIdentical(*d, *e);
+  EXPECT_EQ(graphs->decode_graph_steps(), 2 * static_cast<int64_t>(kSchedule.size()));
+  // Adjusted graphs for the same buckets, bucket 1 twice: its first step (sequence 0 greedy)
+  // takes the variant without sampled picks, step 9 (sequence 0 sampled) the one with them.
+  EXPECT_EQ(graphs->decode_graphs_recorded(), 6 + 7);
+}
+
 // The one-token attention kernel depends on the context (CudaTuning::
 // mla_decode_small_max_context, 8 here): bucket 1's steps cross it (sequence 0's contexts 2, 3,
 // ... 15), so both of its graphs are recorded and replayed, each equal bit for bit to the same
@@ -180,7 +245,8 @@ TEST_F(DecodeGraphGpuTest, AdjustedGreedyStepsReplayBitForBitAndFollowTheGeneral
 // real context) tokens agree (all but at most one) and logprobs stay within 1e-3.
 // Verification steps (speculative decoding: 1 + 3 rows per verified sequence among plain
 // decodes, hidden states wanted, a row with a logit bias; 118 rows in bucket 128) replay with
-// the picks, logprobs and hidden states of the same padded steps run eagerly, bit for bit.
+// the picks, logprobs and hidden states of the same padded steps run eagerly, bit for bit, with
+// greedy rows and with sampled ones.
 TEST_F(DecodeGraphGpuTest, VerificationRowsReplayBitForBit) {
   ThreeWays m = LoadThreeWays();
   ASSERT_TRUE(m.graphs && m.eager_padded);
@@ -196,6 +262,15 @@ TEST_F(DecodeGraphGpuTest, VerificationRowsReplayBitForBit) {
   for (size_t s = 0; s < a->tokens.size(); ++s) {
     EXPECT_EQ(a->tokens[s][1][2], static_cast<int32_t>((s * 11 + 5) % vocab)) << "step " << s;
   }
+  // Sampled rows (testing::MixedSampling), each row keyed by its own position.
+  auto c = testing::RunVerifySteps(m.graphs.get(), backend_.get(), 40, 3, 4, testing::MixedSampling);
+  ASSERT_TRUE(c.ok()) << c.status();
+  auto d = testing::RunVerifySteps(m.eager_padded.get(), backend_.get(), 40, 3, 4,
+                                   testing::MixedSampling);
+  ASSERT_TRUE(d.ok()) << d.status();
+  EXPECT_EQ(m.graphs->decode_graph_steps(), 8);
+  testing::ExpectBitIdentical(*c, *d);
+  EXPECT_NE(c->tokens, a->tokens);
 }
 
 TEST_F(DecodeGraphGpuTest, OneTokenGraphsOnBothSidesOfTheContextBreak) {

@@ -3,13 +3,52 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstring>
 #include <limits>
 #include <string>
 
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "glog/logging.h"
 
 namespace deepinfer {
+namespace {
+
+// Words per row of a bucket's outputs: greedy token and logprob, sampled token, logprob and raw
+// logprob.
+constexpr int64_t kOutputWords = 5;
+
+// The parameters of a row without a sampled pick: top_p 0, which SampleRows rejects (token -1)
+// before it reads the row.
+RowSamplingParams SkipRow() {
+  RowSamplingParams p;
+  p.top_p = 0.0f;
+  return p;
+}
+
+}  // namespace
+
+void DecodeGraphPick(Backend* backend, const DecodeGraphInputs& in, int64_t vocab,
+                     const float* logits, float* adjusted) {
+  const int64_t B = in.rows, V = vocab;
+  if (in.adjustment_capacity > 0) {
+    // The picks from an adjusted copy, their logprobs from the raw rows (as DeviceSampler does;
+    // a sampled row without adjustments keeps SampleRows' own, its copy being the raw row).
+    backend->CopyDeviceToDevice(logits, B * V * sizeof(float), adjusted);
+    backend->AdjustLogits(B, V, adjusted, in.adjustment_capacity, in.adjustments,
+                          in.num_adjustments);
+    backend->GreedySampleRows(B, V, adjusted, in.out_tokens, in.out_logprobs);
+    backend->TokenLogprobRows(B, V, logits, in.out_tokens, in.out_logprobs);
+    if (in.sampling != nullptr) {
+      backend->SampleRows(B, V, adjusted, in.sampling, in.out_sampled_tokens,
+                          in.out_sampled_logprobs);
+      backend->TokenLogprobRows(B, V, logits, in.out_sampled_tokens, in.out_sampled_raw_logprobs);
+    }
+    return;
+  }
+  backend->GreedySampleRows(B, V, logits, in.out_tokens, in.out_logprobs);
+  backend->SampleRows(B, V, logits, in.sampling, in.out_sampled_tokens, in.out_sampled_logprobs);
+}
 
 // Inputs and outputs of one bucket's decode step stay at fixed device addresses: the recorded
 // ops read and write exactly these (layout: see the header's top comment).
@@ -21,6 +60,12 @@ struct DecodeGraphRunner::Graph {
   std::unique_ptr<DeviceBuffer> inputs, outputs;
   std::unique_ptr<DeviceBuffer> hidden;  // [bucket, hidden_width] where the model writes them
   std::vector<int32_t> host_inputs;      // staging for the one upload per step
+  // [bucket] sampling parameters (null: the graph makes no sampled picks); sampling_all_skip:
+  // the buffer holds no row's sampled pick (every row top_p 0), so a step without sampled rows
+  // need not upload it.
+  std::unique_ptr<DeviceBuffer> sampling;
+  std::vector<RowSamplingParams> host_sampling;
+  bool sampling_all_skip = false;
   // Graphs with logit adjustments: room for adjustment_capacity entries, then the count.
   int64_t adjustment_capacity = 0;
   std::unique_ptr<DeviceBuffer> adjustments, num_adjustments;
@@ -77,11 +122,17 @@ DecodeGraphInputs DecodeGraphRunner::InputsOf(const Graph& g) const {
   int32_t* out = g.outputs->as<int32_t>();
   d.out_tokens = out;
   d.out_logprobs = reinterpret_cast<float*>(out + B);
+  if (g.sampling != nullptr) {
+    d.sampling = g.sampling->as<RowSamplingParams>();
+    d.out_sampled_tokens = out + 2 * B;
+    d.out_sampled_logprobs = reinterpret_cast<float*>(out + 3 * B);
+  }
   if (g.hidden != nullptr) d.out_hidden = g.hidden->as<float>();
   if (g.adjustment_capacity > 0) {
     d.adjustments = g.adjustments->as<LogitAdjustment>();
     d.num_adjustments = g.num_adjustments->as<int32_t>();
     d.adjustment_capacity = g.adjustment_capacity;
+    if (g.sampling != nullptr) d.out_sampled_raw_logprobs = reinterpret_cast<float*>(out + 4 * B);
   }
   return d;
 }
@@ -146,7 +197,7 @@ std::unique_ptr<DecodeGraphRunner::Graph> DecodeGraphRunner::NewGraph(const Grap
   auto g = std::make_unique<Graph>();
   g->bucket = bucket;
   g->context_class = context_class;
-  g->max_blocks = TableWidth(key.second >> 2);
+  g->max_blocks = TableWidth(key.second >> 3);
   // Class 0 under a break: the break; otherwise the longest context the graph can see.
   g->max_context_hint =
       context_break > 0 && context_class == 0
@@ -156,7 +207,12 @@ std::unique_ptr<DecodeGraphRunner::Graph> DecodeGraphRunner::NewGraph(const Grap
   const size_t ints = 5 * bucket + 1 + bucket * static_cast<size_t>(g->max_blocks);
   g->host_inputs.assign(ints, 0);
   g->inputs = backend_->Allocate(ints * sizeof(int32_t));
-  g->outputs = backend_->Allocate(2 * bucket * sizeof(int32_t));
+  g->outputs = backend_->Allocate(kOutputWords * bucket * sizeof(int32_t));
+  // Graphs without adjustments make sampled picks always, adjusted ones in their sampled variant.
+  if ((key.second & 2) == 0 || (key.second & 4) != 0) {
+    g->sampling = backend_->Allocate(bucket * sizeof(RowSamplingParams));
+    g->host_sampling.assign(bucket, SkipRow());
+  }
   if (model_.hidden_width > 0) {
     g->hidden = backend_->Allocate(bucket * model_.hidden_width * sizeof(float));
   }
@@ -219,10 +275,26 @@ void DecodeGraphRunner::UploadInputs(Graph& g, const std::vector<SequenceStep>& 
                            g.adjustments->data());
     backend_->CopyToDevice(&g.host_num_adjustments, sizeof(int32_t), g.num_adjustments->data());
   }
+  if (g.sampling == nullptr) return;
+  bool any_sampled = false;
+  for (int64_t i = 0; i < n; ++i) {
+    const SequenceStep& s = batch[rows[i].seq];
+    const SamplingParams& p = s.row_sampling.empty() ? *s.sampling : s.row_sampling[rows[i].row];
+    g.host_sampling[i] = p.temperature > 0.0f
+                             ? ToRowSamplingParams(p, s.position_offset + rows[i].row + 1)
+                             : SkipRow();
+    any_sampled = any_sampled || p.temperature > 0.0f;
+  }
+  std::fill(g.host_sampling.begin() + n, g.host_sampling.end(), SkipRow());
+  if (any_sampled || !g.sampling_all_skip) {
+    backend_->CopyToDevice(g.host_sampling.data(), B * sizeof(RowSamplingParams),
+                           g.sampling->data());
+    g.sampling_all_skip = !any_sampled;
+  }
 }
 
 absl::StatusOr<std::vector<int32_t>> DecodeGraphRunner::RunGraph(const GraphKey& key, Graph* g,
-                                                                 int64_t hidden_rows,
+                                                                 bool sampled, int64_t hidden_rows,
                                                                  std::vector<float>* hidden) {
   const DecodeGraphInputs inputs = InputsOf(*g);
   if (g->ops != nullptr) {
@@ -242,7 +314,7 @@ absl::StatusOr<std::vector<int32_t>> DecodeGraphRunner::RunGraph(const GraphKey&
       return absl::CancelledError("the device path refused this bucket");
     }
   }
-  std::vector<int32_t> out_host(2 * g->bucket);
+  std::vector<int32_t> out_host((sampled ? kOutputWords : 2) * g->bucket);
   backend_->CopyToHost(g->outputs->data(), out_host.size() * sizeof(int32_t), out_host.data());
   if (hidden != nullptr && hidden_rows > 0 && g->hidden != nullptr) {
     hidden->resize(hidden_rows * model_.hidden_width);
@@ -312,7 +384,7 @@ absl::StatusOr<int> DecodeGraphRunner::Capture(KvBlockPool* cache) {
       for (int32_t context_class : {0, 1}) {
         // Contexts above the break need tables that hold them.
         if (context_class == 1 && (context_break <= 0 || positions <= context_break)) continue;
-        const GraphKey key(bucket, context_class | (table_class << 2));
+        const GraphKey key(bucket, context_class | (table_class << 3));
         if (failed_.count(key)) continue;
         std::unique_ptr<Graph>& slot = graphs_[key];
         if (slot != nullptr && slot->ops != nullptr) continue;
@@ -349,12 +421,14 @@ std::optional<absl::StatusOr<StepOutput>> DecodeGraphRunner::Run(
   int64_t max_context = 1;  // padding rows see one position
   bool hidden = false;
   std::vector<Row> rows;
-  // A row's pick: greedy on the device, no top logprobs, adjustments the general path takes
-  // (those it refuses go there, which names what is wrong).
-  auto greedy = [&](const SamplingParams& p) {
-    if (p.temperature > 0.0f || p.num_logprobs != 0) return false;
+  bool sampled = false;  // any row with temperature > 0
+  // A row's pick: on the device without top logprobs, parameters the general path takes (those
+  // it refuses go there, which names what is wrong).
+  auto pickable = [&](const SamplingParams& p) {
+    if (p.num_logprobs != 0) return false;
     if (!Sampler::Validate(p, model_.vocab_size).ok()) return false;
     num_adjustments += static_cast<int64_t>(p.adjustments.size());
+    sampled = sampled || p.temperature > 0.0f;
     return true;
   };
   for (int64_t i = 0; i < n; ++i) {
@@ -371,9 +445,9 @@ std::optional<absl::StatusOr<StepOutput>> DecodeGraphRunner::Run(
         return std::nullopt;
       }
       for (const SamplingParams& p : s.row_sampling) {
-        if (!greedy(p)) return std::nullopt;
+        if (!pickable(p)) return std::nullopt;
       }
-    } else if (k != 1 || !s.sampling.has_value() || !greedy(*s.sampling)) {
+    } else if (k != 1 || !s.sampling.has_value() || !pickable(*s.sampling)) {
       return std::nullopt;
     }
     // Malformed input goes the general way, which names what is wrong.
@@ -402,8 +476,10 @@ std::optional<absl::StatusOr<StepOutput>> DecodeGraphRunner::Run(
   const int32_t context_break = model_.context_break ? model_.context_break(bucket) : 0;
   const int32_t context_class = context_break > 0 && max_context > context_break ? 1 : 0;
   if (!BindCache(cache)) return std::nullopt;  // full: try again with the next step
-  const GraphKey key(bucket,
-                     context_class | (num_adjustments > 0 ? 2 : 0) | (TableClassOf(longest) << 2));
+  // Adjusted graphs come in a variant without sampled picks (bit 2 clear), which greedy batches
+  // take: their picks then cost no more than without sampling.
+  const int32_t adjusted = num_adjustments > 0 ? (sampled ? 2 | 4 : 2) : 0;
+  const GraphKey key(bucket, context_class | adjusted | (TableClassOf(longest) << 3));
   if (failed_.count(key)) return std::nullopt;
   if (num_adjustments > std::numeric_limits<int32_t>::max()) return std::nullopt;
   absl::StatusOr<bool> prepared = PrepareModel(batch, bucket, cache);
@@ -422,7 +498,7 @@ std::optional<absl::StatusOr<StepOutput>> DecodeGraphRunner::Run(
   UploadInputs(g, batch, rows);
   std::vector<float> host_hidden;
   absl::StatusOr<std::vector<int32_t>> outputs =
-      RunGraph(key, &g, hidden ? R : 0, hidden ? &host_hidden : nullptr);
+      RunGraph(key, &g, sampled, hidden ? R : 0, hidden ? &host_hidden : nullptr);
   if (!outputs.ok()) {
     if (outputs.status().code() == absl::StatusCode::kCancelled) return std::nullopt;
     return absl::StatusOr<StepOutput>(outputs.status());
@@ -438,12 +514,27 @@ std::optional<absl::StatusOr<StepOutput>> DecodeGraphRunner::Run(
   out.sampled.resize(n);
   out.row_sampled.resize(n);
   out.hidden.resize(n);
-  const float* logprobs = reinterpret_cast<const float*>(out_host.data() + B);
+  auto word_float = [&](int64_t w) {
+    float f;
+    std::memcpy(&f, &out_host[w], sizeof(f));
+    return f;
+  };
   for (int64_t r = 0; r < R; ++r) {
     const SequenceStep& s = batch[rows[r].seq];
+    const SamplingParams& p = s.row_sampling.empty() ? *s.sampling : s.row_sampling[rows[r].row];
     SampledToken picked;
-    picked.token = out_host[r];
-    picked.logprob = logprobs[r];
+    if (p.temperature > 0.0f) {
+      // The op DeviceSampler samples such a row with; the raw row's logprob after adjustments.
+      picked.token = out_host[2 * B + r];
+      picked.logprob = word_float((p.adjustments.empty() ? 3 : 4) * B + r);
+      if (picked.token < 0 || picked.token >= model_.vocab_size) {
+        return absl::StatusOr<StepOutput>(absl::InternalError(absl::StrCat(
+            "decode graphs: row ", r, " got sampled token ", picked.token, " from the device")));
+      }
+    } else {
+      picked.token = out_host[r];
+      picked.logprob = word_float(B + r);
+    }
     if (s.row_sampling.empty()) {
       out.sampled[rows[r].seq] = std::move(picked);
     } else {

@@ -186,6 +186,16 @@ TEST(DecodeGraphTest, VerificationRowsReplayAndEqualEagerSteps) {
     EXPECT_EQ(a->hidden[s][0].size(), static_cast<size_t>(hidden));
   }
 
+  // Sampled rows (testing::MixedSampling, each verified row with its own position's key) take
+  // the same path with the general path's picks and logprobs.
+  auto e = testing::RunVerifySteps(graphs.get(), &backend, 40, 3, 4, testing::MixedSampling);
+  ASSERT_TRUE(e.ok()) << e.status();
+  auto f = testing::RunVerifySteps(eager.get(), &backend, 40, 3, 4, testing::MixedSampling);
+  ASSERT_TRUE(f.ok()) << f.status();
+  ExpectBitIdentical(*e, *f);
+  EXPECT_EQ(graphs->decode_graph_steps(), 8);
+  EXPECT_NE(e->tokens, a->tokens);
+
   // 100 sequences: 34 + 66 x 4 = 298 rows, more than bucket 256: the general path.
   DecodeGraphOptions small;
   small.max_batch = 256;
@@ -228,9 +238,12 @@ TEST(DecodeGraphTest, AdjustedGreedyStepsReplayAndEqualEagerSteps) {
     }
     return out;
   };
-  auto a = RunDecodeSchedule(graphs.get(), &backend, kSchedule, 100, nullptr, adjust);
+  auto adjusted = [&adjust](int64_t seq, size_t step, SamplingParams* p) {
+    p->adjustments = adjust(seq, step);
+  };
+  auto a = RunDecodeSchedule(graphs.get(), &backend, kSchedule, 100, nullptr, adjusted);
   ASSERT_TRUE(a.ok()) << a.status();
-  auto b = RunDecodeSchedule(eager.get(), &backend, kSchedule, 100, nullptr, adjust);
+  auto b = RunDecodeSchedule(eager.get(), &backend, kSchedule, 100, nullptr, adjusted);
   ASSERT_TRUE(b.ok()) << b.status();
   ExpectBitIdentical(*a, *b);
   EXPECT_EQ(graphs->decode_graph_steps(), static_cast<int64_t>(kSchedule.size()));
@@ -240,6 +253,70 @@ TEST(DecodeGraphTest, AdjustedGreedyStepsReplayAndEqualEagerSteps) {
   auto plain = RunDecodeSchedule(eager.get(), &backend, kSchedule, 100);
   ASSERT_TRUE(plain.ok()) << plain.status();
   EXPECT_NE(plain->tokens, a->tokens);
+}
+
+// Sampled rows (temperature, top_k, top_p, a seed each; testing::MixedSampling) among greedy
+// ones take the same graphs as greedy batches (no more recordings), with the picks and logprobs
+// of the general path (DeviceSampler, whose CPU ops are Sampler itself) bit for bit: mixed
+// batches, all-greedy and all-sampled ones, padding, seeds shared by several requests. With
+// logit adjustments on some rows they take the adjusted graphs, again bit for bit; rows that
+// want top logprobs run the general path.
+TEST(DecodeGraphTest, SampledStepsReplayAndEqualEagerSteps) {
+  RecordingCpuBackend backend;
+  DecodeGraphOptions off;
+  off.enabled = false;
+  auto graphs = Load(&backend, DecodeGraphOptions{});
+  auto eager = Load(&backend, off);
+  ASSERT_TRUE(graphs && eager);
+  const testing::StepSampling mixed = testing::MixedSampling;
+  auto a = RunDecodeSchedule(graphs.get(), &backend, kSchedule, 100, nullptr, mixed);
+  ASSERT_TRUE(a.ok()) << a.status();
+  auto c = RunDecodeSchedule(eager.get(), &backend, kSchedule, 100, nullptr, mixed);
+  ASSERT_TRUE(c.ok()) << c.status();
+  ExpectBitIdentical(*a, *c);
+  EXPECT_EQ(graphs->decode_graph_steps(), static_cast<int64_t>(kSchedule.size()));
+  EXPECT_EQ(graphs->decode_graphs_recorded(), 6);  // buckets 1 4 8 64 128 2, as greedy steps
+  EXPECT_EQ(eager->decode_graph_steps(), 0);
+  // Sampling took effect: greedy steps on the same inputs pick other tokens somewhere.
+  auto greedy = RunDecodeSchedule(eager.get(), &backend, kSchedule, 100, /*forced=*/&*a);
+  ASSERT_TRUE(greedy.ok()) << greedy.status();
+  EXPECT_TRUE(testing::DiffersSomewhere(*a, *greedy));
+
+  // Logit adjustments on every third sequence: the adjusted graphs.
+  const int64_t vocab = graphs->config().vocab_size;
+  auto mixed_adjusted = [vocab](int64_t seq, size_t step, SamplingParams* p) {
+    testing::MixedSampling(seq, step, p);
+    if (seq % 3 != 0) return;
+    LogitAdjustment boost, ban;  // tokens ascending
+    boost.token = static_cast<int32_t>((seq * 31 + step * 7) % (vocab - 1));
+    boost.bias = 3.0f;
+    boost.repetition = 1.3f;
+    ban.token = boost.token + 1;
+    ban.bias = -std::numeric_limits<float>::infinity();
+    p->adjustments = {boost, ban};
+  };
+  auto d = RunDecodeSchedule(graphs.get(), &backend, kSchedule, 100, nullptr, mixed_adjusted);
+  ASSERT_TRUE(d.ok()) << d.status();
+  auto e = RunDecodeSchedule(eager.get(), &backend, kSchedule, 100, nullptr, mixed_adjusted);
+  ASSERT_TRUE(e.ok()) << e.status();
+  ExpectBitIdentical(*d, *e);
+  EXPECT_EQ(graphs->decode_graph_steps(), 2 * static_cast<int64_t>(kSchedule.size()));
+  // Adjusted graphs for the same buckets, bucket 1 twice: its first step (sequence 0 greedy)
+  // takes the variant without sampled picks, step 9 (sequence 0 sampled) the one with them.
+  EXPECT_EQ(graphs->decode_graphs_recorded(), 6 + 7);
+
+  // Top logprobs on one sampled row: the general path, same results as with graphs off.
+  auto top = [](int64_t seq, size_t step, SamplingParams* p) {
+    testing::MixedSampling(seq, step, p);
+    if (seq == 1) p->num_logprobs = 2;
+  };
+  const std::vector<int64_t> schedule = {3, 3};
+  auto f = RunDecodeSchedule(graphs.get(), &backend, schedule, 3, nullptr, top);
+  ASSERT_TRUE(f.ok()) << f.status();
+  auto g = RunDecodeSchedule(eager.get(), &backend, schedule, 3, nullptr, top);
+  ASSERT_TRUE(g.ok()) << g.status();
+  ExpectBitIdentical(*f, *g);
+  EXPECT_EQ(graphs->decode_graph_steps(), 2 * static_cast<int64_t>(kSchedule.size()));
 }
 
 // A new cache (its addresses are in the recordings) records the buckets again; the results

@@ -68,15 +68,18 @@ struct DecodeRun {
   int64_t prefill_tokens = 0;
 };
 
+// Per-step sampling parameters of a decode schedule: sampling(i, s, &p) sets sequence i's
+// parameters p (greedy before the call) for decode step s.
+using StepSampling = std::function<void(int64_t seq, size_t step, SamplingParams* p)>;
+
 // Prefills `num_seqs` prompts (lengths 1..61, in steps of 16 sequences) in a fresh cache, then
-// runs one greedy decode step per schedule entry n over sequences 0..n-1 (sampled on the device,
-// no logits: the decode-graph case). With `forced`, each step's input tokens are forced's
-// outputs of the step before (teacher forcing), so two models are compared on equal inputs.
-// With `adjust`, sequence i samples decode step s with adjust(i, s) as its logit adjustments.
+// runs one decode step per schedule entry n over sequences 0..n-1 (sampled on the device, no
+// logits: the decode-graph case), greedy unless `sampling` sets the parameters. With `forced`,
+// each step's input tokens are forced's outputs of the step before (teacher forcing), so two
+// models are compared on equal inputs.
 inline absl::StatusOr<DecodeRun> RunDecodeSchedule(
     CausalLm* model, Backend* backend, const std::vector<int64_t>& schedule, int64_t num_seqs,
-    const DecodeRun* forced = nullptr,
-    const std::function<std::vector<LogitAdjustment>(int64_t, size_t)>& adjust = nullptr,
+    const DecodeRun* forced = nullptr, const StepSampling& sampling = nullptr,
     const std::function<absl::Status(KvBlockPool*)>& on_pool = nullptr) {
   const int32_t bs = 16;
   const int64_t vocab = model->config().vocab_size;
@@ -119,8 +122,8 @@ inline absl::StatusOr<DecodeRun> RunDecodeSchedule(
   for (size_t step = 0; step < schedule.size(); ++step) {
     const int64_t n = schedule[step];
     std::vector<SequenceStep> batch(seqs.begin(), seqs.begin() + n);
-    if (adjust) {
-      for (int64_t i = 0; i < n; ++i) batch[i].sampling->adjustments = adjust(i, step);
+    if (sampling) {
+      for (int64_t i = 0; i < n; ++i) sampling(i, step, &*batch[i].sampling);
     }
     auto out = model->Step(batch, pool->get());
     if (!out.ok()) return out.status();
@@ -146,14 +149,16 @@ struct VerifyRun {
   std::vector<std::vector<std::vector<float>>> hidden;  // [step][sequence][rows x width]
 };
 
-// Prefills `num_seqs` prompts (lengths 1..61) in a fresh cache, then runs `steps` greedy steps
-// where every sequence wants its hidden states and sequence i, unless i % 3 == 0 (a plain
-// decode), verifies its last token and k drafts (tokens that depend on i, the step and the row);
-// row 2 of sequence 1 has a bias of 1000 on one token. A verified sequence then advances past its
-// last token and the drafts its picks accepted (the rest is rolled back: rewritten later), a
-// plain one by its pick.
+// Prefills `num_seqs` prompts (lengths 1..61) in a fresh cache, then runs `steps` steps where
+// every sequence wants its hidden states and sequence i, unless i % 3 == 0 (a plain decode),
+// verifies its last token and k drafts (tokens that depend on i, the step and the row); row 2 of
+// sequence 1 has a bias of 1000 on one token. Every row is greedy unless `sampling` sets its
+// parameters (sampling(i, s, &p): a plain decode's, and each of a verified sequence's rows).
+// A verified sequence then advances past its last token and the drafts its picks accepted (the
+// rest is rolled back: rewritten later), a plain one by its pick.
 inline absl::StatusOr<VerifyRun> RunVerifySteps(CausalLm* model, Backend* backend, int64_t num_seqs,
-                                                int64_t k, int64_t steps) {
+                                                int64_t k, int64_t steps,
+                                                const StepSampling& sampling = nullptr) {
   const int32_t bs = 16;
   const int64_t vocab = model->config().vocab_size;
   std::vector<SequenceStep> seqs(num_seqs);
@@ -193,13 +198,19 @@ inline absl::StatusOr<VerifyRun> RunVerifySteps(CausalLm* model, Backend* backen
     for (int64_t i = 0; i < num_seqs; ++i) {
       SequenceStep& s = batch[i];
       s.return_hidden = true;
-      if (i % 3 == 0) continue;
+      if (i % 3 == 0) {
+        if (sampling) sampling(i, static_cast<size_t>(step), &*s.sampling);
+        continue;
+      }
       for (int64_t j = 0; j < k; ++j) {
         s.tokens.push_back(static_cast<int32_t>((i * 17 + step * 5 + j * 3) % vocab));
       }
       s.sampling.reset();
       s.all_logits = true;
       s.row_sampling.assign(k + 1, SamplingParams{});
+      if (sampling) {
+        for (SamplingParams& p : s.row_sampling) sampling(i, static_cast<size_t>(step), &p);
+      }
       if (i == 1 && k >= 2) {
         LogitAdjustment a;
         a.token = static_cast<int32_t>((step * 11 + 5) % vocab);
@@ -255,6 +266,48 @@ inline void ExpectBitIdentical(const VerifyRun& a, const VerifyRun& b) {
           << "step " << s << " sequence " << i;
     }
   }
+}
+
+// The sampled decode-graph tests' mix: sequence i at decode step s, by (i + s) % 6: greedy,
+// temperature 0.8 with top_p 0.95 (the long-sampled job's), temperature 1 with top_k 20,
+// temperature 1.3 with top_k 50 and top_p 0.9, temperature 0.6, temperature 1 with top_p 0.5;
+// seeded by i, except that every sequence i % 4 == 3 shares seed 7. Over a schedule, a batch of
+// one sequence is all greedy at some steps and all sampled at others.
+inline void MixedSampling(int64_t seq, size_t step, SamplingParams* p) {
+  p->seed = seq % 4 == 3 ? 7 : static_cast<uint64_t>(seq);
+  switch ((seq + static_cast<int64_t>(step)) % 6) {
+    case 0:
+      break;
+    case 1:
+      p->temperature = 0.8f;
+      p->top_p = 0.95f;
+      break;
+    case 2:
+      p->temperature = 1.0f;
+      p->top_k = 20;
+      break;
+    case 3:
+      p->temperature = 1.3f;
+      p->top_k = 50;
+      p->top_p = 0.9f;
+      break;
+    case 4:
+      p->temperature = 0.6f;
+      break;
+    default:
+      p->temperature = 1.0f;
+      p->top_p = 0.5f;
+      break;
+  }
+}
+
+// Whether two runs' tokens differ at some step (e.g. a sampled run and a greedy one: sampling
+// took effect).
+inline bool DiffersSomewhere(const DecodeRun& a, const DecodeRun& b) {
+  for (size_t s = 0; s < a.tokens.size() && s < b.tokens.size(); ++s) {
+    if (a.tokens[s] != b.tokens[s]) return true;
+  }
+  return false;
 }
 
 // The batch sizes both decode-graph tests step through: padding (3, 5, 100), buckets reused

@@ -709,17 +709,11 @@ absl::Status DeepseekV4Model::DecodeForward(const DecodeGraphInputs& in) {
   }
   // Every row is a sequence's last token.
   auto logits = Logits(B, streams->as<float>(), nullptr);
-  if (in.adjustment_capacity > 0) {
-    // The pick from an adjusted copy, the logprob from the raw row (as DeviceSampler does).
-    auto adjusted = Floats(B * V);
-    backend_->CopyDeviceToDevice(logits->as<float>(), B * V * sizeof(float), adjusted->as<float>());
-    backend_->AdjustLogits(B, V, adjusted->as<float>(), in.adjustment_capacity, in.adjustments,
-                           in.num_adjustments);
-    backend_->GreedySampleRows(B, V, adjusted->as<float>(), in.out_tokens, in.out_logprobs);
-    backend_->TokenLogprobRows(B, V, logits->as<float>(), in.out_tokens, in.out_logprobs);
-    return absl::OkStatus();
-  }
-  backend_->GreedySampleRows(B, V, logits->as<float>(), in.out_tokens, in.out_logprobs);
+  // The greedy and sampled picks (an adjusted copy where the graph has room for adjustments).
+  std::unique_ptr<DeviceBuffer> adjusted;
+  if (in.adjustment_capacity > 0) adjusted = Floats(B * V);
+  DecodeGraphPick(backend_, in, V, logits->as<float>(),
+                  adjusted != nullptr ? adjusted->as<float>() : nullptr);
   return absl::OkStatus();
 }
 

@@ -5,7 +5,7 @@
 // into the bucket's fixed buffer), growing contexts across window and compressor boundaries,
 // HCA entries spread over blocks, a batch size that changes between steps, EPLB counts of real
 // rows only — against the same model with graphs off (the exact plan of the general path): the
-// same tokens and logprobs bit for bit.
+// same tokens and logprobs bit for bit, for greedy and sampled rows.
 #include <algorithm>
 #include <cstdlib>
 #include <cstring>
@@ -96,11 +96,13 @@ std::unique_ptr<CausalLm> Load(Backend* backend, const std::string& fixture,
 }
 
 // Prefills num_seqs prompts (lengths 1..61, 16 sequences a step) in a fresh cache of
-// `block_size` blocks, then one greedy decode step (sampled on the device, no logits) per
-// schedule entry n over sequences 0..n-1.
+// `block_size` blocks, then one decode step (sampled on the device, no logits) per schedule
+// entry n over sequences 0..n-1: greedy, unless `sampling` sets sequence i's parameters for
+// step s (sampling(i, s, &p)).
 absl::StatusOr<DecodeRun> RunDecodeSchedule(
     CausalLm* model, Backend* backend, const std::vector<int64_t>& schedule, int64_t num_seqs,
-    int32_t block_size, const std::function<absl::Status(KvBlockPool*)>& on_pool = nullptr) {
+    int32_t block_size, const std::function<absl::Status(KvBlockPool*)>& on_pool = nullptr,
+    const std::function<void(int64_t, size_t, SamplingParams*)>& sampling = nullptr) {
   const int64_t vocab = model->config().vocab_size;
   std::vector<SequenceStep> seqs(num_seqs);
   int64_t blocks = 1;
@@ -139,8 +141,12 @@ absl::StatusOr<DecodeRun> RunDecodeSchedule(
       s.tokens = {out->sampled[j].token};
     }
   }
-  for (int64_t n : schedule) {
+  for (size_t step = 0; step < schedule.size(); ++step) {
+    const int64_t n = schedule[step];
     std::vector<SequenceStep> batch(seqs.begin(), seqs.begin() + n);
+    if (sampling) {
+      for (int64_t i = 0; i < n; ++i) sampling(i, step, &*batch[i].sampling);
+    }
     auto out = model->Step(batch, pool->get());
     if (!out.ok()) return out.status();
     run.tokens.emplace_back();
@@ -233,6 +239,36 @@ INSTANTIATE_TEST_SUITE_P(Fixtures, V4DecodeGraphTest,
                            return info.param.fixture + "_block" +
                                   std::to_string(info.param.block_size);
                          });
+
+// Sampled rows among greedy ones (temperature, top_k, top_p, a seed each; a sequence greedy at
+// every third step) replay the greedy steps' graphs with the general path's tokens and logprobs
+// bit for bit.
+TEST(V4DecodeGraphSampledTest, SampledStepsEqualTheGeneralPath) {
+  RecordingCpuBackend backend;
+  DecodeGraphOptions off;
+  off.enabled = false;
+  auto graphs = Load(&backend, "dsv4_mix", DecodeGraphOptions{});
+  auto eager = Load(&backend, "dsv4_mix", off);
+  ASSERT_TRUE(graphs && eager);
+  auto sampling = [](int64_t seq, size_t step, SamplingParams* p) {
+    if ((seq + static_cast<int64_t>(step)) % 3 == 0) return;
+    p->temperature = seq % 2 == 0 ? 0.8f : 1.2f;
+    p->top_p = seq % 2 == 0 ? 0.95f : 1.0f;
+    p->top_k = seq % 4 == 1 ? 20 : 0;
+    p->seed = static_cast<uint64_t>(seq);
+  };
+  const std::vector<int64_t> schedule = {1, 3, 5, 40, 17, 2, 1, 40};
+  auto a = RunDecodeSchedule(graphs.get(), &backend, schedule, 40, 16, nullptr, sampling);
+  ASSERT_TRUE(a.ok()) << a.status();
+  auto b = RunDecodeSchedule(eager.get(), &backend, schedule, 40, 16, nullptr, sampling);
+  ASSERT_TRUE(b.ok()) << b.status();
+  ExpectBitIdentical(*a, *b);
+  EXPECT_EQ(graphs->decode_graph_steps(), static_cast<int64_t>(schedule.size()));
+  EXPECT_EQ(graphs->decode_graphs_recorded(), 6);  // buckets 1 4 8 48 24 2
+  auto greedy = RunDecodeSchedule(eager.get(), &backend, schedule, 40, 16);
+  ASSERT_TRUE(greedy.ok()) << greedy.status();
+  EXPECT_NE(greedy->tokens, a->tokens);
+}
 
 // Graphs recorded at start-up (CausalLm::CaptureDecodeGraphs: every bucket over its padding
 // rows' plan) are replayed by the steps that follow, with the general path's results.
