@@ -7,6 +7,7 @@
 //   expert parallel over 2 GPUs: ... --ranks 2 [--communicator nccl] [--time-all-to-all]
 //   speculative decoding's cost: --model configs/moonlight_shaped_mtp.json ... --speculative-tokens
 //   3
+//   mixed serving steps (decode rows and prompt chunks in one step): ... --mixed-steps 256:1792
 #include <malloc.h>
 
 #include <cstdlib>
@@ -104,7 +105,9 @@ int main(int argc, char** argv) {
   flags.AddInt("warmup", &config.warmup,
                "Decode steps not timed (prefill always warms up with one untimed step of the\n"
                "timed size, reported apart).");
-  flags.AddInt("iters", &config.prefill_repeats, "Timed prefill steps (the median is reported).");
+  flags.AddInt(
+      "iters", &config.prefill_repeats,
+      "Timed prefill steps, and timed steps of each mixed shape (the median is reported).");
   flags.AddInt("pause-before-decode-ms", &config.pause_before_decode_ms,
                "Milliseconds the device stays idle before each decode run's steps (default 0).\n"
                "A long prefill at the board's power limit leaves the SM clock capped for a few\n"
@@ -184,6 +187,18 @@ int main(int argc, char** argv) {
                "to the host, as the engine verifies) and one-row draft-head calls, each minus\n"
                "--warmup; reports verify/decode and the speed-up E[tokens] x decode / (verify +\n"
                "K x draft) at acceptance 0.5..0.9. One rank. 0 (default): not measured.");
+  std::string mixed_steps;
+  flags.AddString("mixed-steps", &mixed_steps,
+                  "D:P[,D:P...]: after the decode batch sizes, mixed steps of D decode rows at\n"
+                  "--context-length cached tokens (filled as --decode-fill says, sampled as\n"
+                  "--decode-sampling says) and P prompt tokens of new sequences in the same\n"
+                  "step, as the engine's scheduler forms them: the first prompt continued from\n"
+                  "half its length (an earlier, untimed step computed the rest), then fresh\n"
+                  "prompts of --mixed-prompt-length tokens, the last cut where the P tokens end;\n"
+                  "every prompt that completes samples its first token. One untimed step, then\n"
+                  "--iters timed ones (the median is reported). E.g. 64:512,256:2048.");
+  flags.AddInt("mixed-prompt-length", &config.mixed_prompt_length,
+               "Prompt length of the mixed steps' prompts (0, the default: --context-length).");
   flags.AddDouble("constrained-fraction", &config.constrained_fraction,
                   "Structured output: this fraction of each decode batch's requests (0 to 1,\n"
                   "spread evenly) is constrained by a grammar, its token masks filled on the host\n"
@@ -220,6 +235,12 @@ int main(int argc, char** argv) {
               << decode_sampling << "'\n";
     return 2;
   }
+  auto mixed = deepinfer::ParseMixedSteps(mixed_steps);
+  if (!mixed.ok()) {
+    std::cerr << "deepinfer-bench: " << mixed.status().message() << "\n";
+    return 2;
+  }
+  config.mixed_steps = *std::move(mixed);
   if (load_format == "dummy") {
     config.model = deepinfer::DummyModelSpec(config.model, seed);
   } else if (load_format != "auto") {

@@ -27,6 +27,7 @@
 #include "kernels/common/pdl.h"
 #include "tools/bench/constrained_requests.h"
 #include "tools/bench/exchange_meter.h"
+#include "tools/bench/mixed_step.h"
 #include "tools/bench/parallel_dummy_weight_source.h"
 #include "tools/bench/roofline.h"
 #include "tools/bench/roofline_v4.h"
@@ -105,6 +106,11 @@ absl::StatusOr<std::unique_ptr<WeightSource>> OpenBenchWeights(const std::string
   *config = std::move(*read);
   return std::unique_ptr<WeightSource>(
       std::make_unique<ParallelDummyWeightSource>(seed, static_cast<int>(load_threads), fp8));
+}
+
+// The prompt length of the mixed steps' prompt tokens.
+int64_t MixedPromptLength(const BenchConfig& bc) {
+  return bc.mixed_prompt_length > 0 ? bc.mixed_prompt_length : bc.context_length;
 }
 
 int32_t Argmax(const std::vector<float>& l) {
@@ -206,6 +212,7 @@ struct RankOutput {
   std::vector<double> prefill_seconds;
   double prefill_warmup_seconds = 0;
   std::vector<RankDecodeTimes> decode;
+  std::vector<MixedStepTimes> mixed;  // one per BenchConfig::mixed_steps
   int64_t device_bytes_reserved_peak = -1;
   int64_t graph_bytes_reserved_peak = -1;  // the CUDA graph allocator's peak
   WeightDType kv_cache_dtype = WeightDType::kFloat32;
@@ -345,6 +352,13 @@ absl::Status SetUpRank(const BenchConfig& bc, int64_t rank, int64_t blocks, Rank
   spec.block_size = static_cast<int32_t>(bc.block_size);
   spec.kv_cache_blocks = blocks;
   spec.draft_layers = bc.speculative_tokens > 0 ? 1 : 0;
+  // A mixed step's sequences each hold a state slot where the model keeps per-sequence state.
+  for (const MixedStepShape& m : bc.mixed_steps) {
+    const int64_t prompts =
+        static_cast<int64_t>(MixedPromptChunks(m.prompt_tokens, MixedPromptLength(bc)).size());
+    spec.max_running =
+        static_cast<int32_t>(std::max<int64_t>(spec.max_running, m.decode_rows + prompts));
+  }
   RankHooks hooks;
   hooks.on_communicator = [set = s->set](comm::Communicator* c) { return set->Add(c); };
   hooks.wrap_exchange = [s](comm::Communicator* data,
@@ -463,14 +477,25 @@ absl::Status RunRank(const BenchConfig& bc, int64_t rank, RankState* s, RankOutp
   const bool compare_eager = bc.backend == "cuda" && bc.cuda_graphs && bc.compare_eager_decode;
   const int64_t decode_runs = 1 + (compare_eager ? 1 : 0) + (bc.compare_unfused_decode ? 1 : 0) +
                               (bc.compare_pdl_off_decode ? 1 : 0);
+  // Mixed steps' decode rows take one position per step: the untimed one and --iters.
+  const int64_t mixed_positions = bc.mixed_steps.empty() ? 0 : bc.prefill_repeats + 1;
   const int64_t per_seq_blocks =
-      (ctx + bc.output_len * decode_runs + synced + bc.op_timing_steps +
-       (bc.speculative_tokens > 0 ? bc.speculative_tokens + 1 : 0) + bc.block_size) /
+      (ctx +
+       std::max(bc.output_len * decode_runs + synced + bc.op_timing_steps +
+                    (bc.speculative_tokens > 0 ? bc.speculative_tokens + 1 : 0),
+                mixed_positions) +
+       bc.block_size) /
       bc.block_size;
   int64_t max_n = 0;
   for (int64_t n : bc.decode_num_requests) max_n = std::max(max_n, n);
+  int64_t most_blocks = per_seq_blocks * std::max(max_n, prefill_seqs);
+  for (const MixedStepShape& m : bc.mixed_steps) {
+    most_blocks = std::max(
+        most_blocks, per_seq_blocks * m.decode_rows +
+                         MixedPromptBlocks(m.prompt_tokens, MixedPromptLength(bc), bc.block_size));
+  }
   // + 1: the decode graphs keep one block for their padding rows.
-  const int64_t needed = per_seq_blocks * std::max(max_n, prefill_seqs) + 1;
+  const int64_t needed = most_blocks + 1;
   if (bc.kv_cache_blocks != 0 &&
       (bc.kv_cache_blocks < needed || bc.kv_cache_blocks > std::numeric_limits<int32_t>::max())) {
     return absl::InvalidArgumentError(
@@ -592,9 +617,9 @@ absl::Status RunRank(const BenchConfig& bc, int64_t rank, RankState* s, RankOutp
     }
   }
 
-  // ---- Decode, per batch size: N sequences at ctx cached tokens, then N-way decode steps ----
-  for (size_t which = 0; which < bc.decode_num_requests.size(); ++which) {
-    const int64_t n = bc.decode_num_requests[which];
+  // N sequences at ctx cached tokens (filled as decode_fill says), each with its next token
+  // and its sampling: ready for a decode step.
+  auto decode_rows = [&](int64_t n) -> absl::StatusOr<std::vector<SequenceStep>> {
     auto seqs_or = new_seqs(n);
     if (!seqs_or.ok()) return seqs_or.status();
     std::vector<SequenceStep> seqs = std::move(*seqs_or);
@@ -627,6 +652,15 @@ absl::Status RunRank(const BenchConfig& bc, int64_t rank, RankState* s, RankOutp
       seqs[i].sampling = sp;
       seqs[i].return_logits = bc.decode_sampling_on_host;
     }
+    return seqs;
+  };
+
+  // ---- Decode, per batch size: N sequences at ctx cached tokens, then N-way decode steps ----
+  for (size_t which = 0; which < bc.decode_num_requests.size(); ++which) {
+    const int64_t n = bc.decode_num_requests[which];
+    auto seqs_or = decode_rows(n);
+    if (!seqs_or.ok()) return seqs_or.status();
+    std::vector<SequenceStep> seqs = std::move(*seqs_or);
     if (constrained != nullptr) {
       constrained->Attach(bc.constrained_fraction, &seqs);
       constrained->TakeFillSeconds();
@@ -738,6 +772,23 @@ absl::Status RunRank(const BenchConfig& bc, int64_t rank, RankState* s, RankOutp
     }
     if (absl::Status st = free_seqs(seqs); !st.ok()) return st;
     o->decode.push_back(std::move(d));
+  }
+
+  // ---- Mixed steps, per shape: D decode rows as above and P prompt tokens in one step ----
+  MixedStepOptions mixed;
+  mixed.prompt_length = MixedPromptLength(bc);
+  mixed.timed_steps = bc.prefill_repeats;
+  mixed.prompt_sampling.temperature = bc.decode_temperature;
+  mixed.prompt_sampling.top_k = bc.decode_top_k;
+  mixed.prompt_sampling.top_p = bc.decode_top_p;
+  for (const MixedStepShape& shape : bc.mixed_steps) {
+    auto seqs = decode_rows(shape.decode_rows);
+    if (!seqs.ok()) return seqs.status();
+    auto times = MeasureMixedStep(
+        model, pool, shape, mixed, [&] { return rank > 0 ? tok(own) : tok(gen); }, line_up, &*seqs);
+    if (!times.ok()) return times.status();
+    if (absl::Status st = free_seqs(*seqs); !st.ok()) return st;
+    o->mixed.push_back(*std::move(times));
   }
 #ifdef DEEPINFER_WITH_CUDA
   if (cuda != nullptr) {
@@ -852,6 +903,16 @@ absl::StatusOr<BenchResult> RunBenchmark(const BenchConfig& bc) {
   if (bc.speculative_tokens < 0) {
     return absl::InvalidArgumentError(absl::StrCat(
         "bench: --speculative-tokens must be >= 0 (0: not measured), not ", bc.speculative_tokens));
+  }
+  if (bc.mixed_prompt_length < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("bench: --mixed-prompt-length must be >= 0 (0: --context-length), not ",
+                     bc.mixed_prompt_length));
+  }
+  for (const MixedStepShape& m : bc.mixed_steps) {
+    if (m.decode_rows < 1 || m.prompt_tokens < 1) {
+      return absl::InvalidArgumentError("bench: a mixed step needs D >= 1 and P >= 1");
+    }
   }
   if (bc.speculative_tokens > 0 && bc.ranks != 1) {
     return absl::InvalidArgumentError("bench: --speculative-tokens measures one rank (--ranks 1)");
@@ -1094,6 +1155,22 @@ absl::StatusOr<BenchResult> RunBenchmark(const BenchConfig& bc) {
       r.speculative.push_back(sp);
     }
   }
+  for (size_t which = 0; which < bc.mixed_steps.size(); ++which) {
+    std::vector<const std::vector<double>*> per_rank;
+    for (const RankOutput& o : outputs) per_rank.push_back(&o.mixed[which].step_seconds);
+    const std::vector<double> slowest = SlowestPerStep(per_rank);
+    MixedStepResult m;
+    m.shape = bc.mixed_steps[which];
+    m.context = ctx;
+    m.prompt_length = MixedPromptLength(bc);
+    m.prompts = outputs[0].mixed[which].prompts;
+    m.sampled_rows = outputs[0].mixed[which].sampled_rows;
+    m.timed_steps = static_cast<int64_t>(slowest.size());
+    m.p50_seconds = Percentile(slowest, 0.5);
+    m.p99_seconds = Percentile(slowest, 0.99);
+    m.tokens_per_s = (m.shape.decode_rows + m.shape.prompt_tokens) / m.p50_seconds;
+    r.mixed.push_back(m);
+  }
   return r;
 }
 
@@ -1253,6 +1330,7 @@ std::string FormatBenchReport(const BenchConfig& c, const BenchResult& r) {
         sp.draft_p50_seconds, sp.draft_p99_seconds, sp.verify_p50_seconds / sp.decode_p50_seconds,
         speedups);
   }
+  absl::StrAppend(&out, FormatMixedStepReport(r.mixed));
   if (r.backend == "cuda") {
     absl::StrAppendFormat(
         &out, "cuda_graphs: %s (max batch %d), %d decode steps on the graph path\n",
@@ -1358,14 +1436,15 @@ std::string FormatBenchJson(const BenchConfig& c, const BenchResult& r) {
       "\"cuda_graphs\": %s, \"decode_graph_steps\": %d, \"graph_mem_peak_bytes\": %d, "
       "\"pause_before_decode_ms\": %d, \"kv_cache_dtype\": \"%s\", "
       "\"kv_cache_bytes_per_token\": %d, \"kv_cache_tokens_per_gib\": %d, "
-      "\"kv_cache_blocks\": %d, \"speculative\": [%s]}\n",
+      "\"kv_cache_blocks\": %d, \"speculative\": [%s], \"mixed\": [%s]}\n",
       model, r.backend, c.dtype, r.bytes_per_value, r.ranks, r.data_plane, r.param_count,
       r.load_seconds, c.context_length, peak(c.peak_bytes_per_s), peak(c.peak_flops_per_s),
       r.prefill_tokens_per_step, r.prefill_step_seconds, r.prefill_warmup_step_seconds,
       r.prefill_tokens_per_s, fraction(r.prefill_roofline_fraction), r.prefill_bytes_per_step,
       r.prefill_flops_per_step, decode, r.device_bytes_reserved_peak, graphs(r.cuda_graphs),
       r.decode_graph_steps, r.graph_bytes_reserved_peak, c.pause_before_decode_ms, r.kv_cache_dtype,
-      r.kv_cache_bytes_per_token, r.kv_cache_tokens_per_gib(), r.kv_cache_blocks, speculative);
+      r.kv_cache_bytes_per_token, r.kv_cache_tokens_per_gib(), r.kv_cache_blocks, speculative,
+      FormatMixedStepJson(r.mixed));
 }
 
 std::string BenchCsvHeader() {

@@ -14,6 +14,10 @@
 // greedy decode steps of all N sequences run; every step is timed, the first `warmup` are
 // dropped.
 //
+// Mixed steps (`mixed_steps`, mixed_step.h), after the decode batch sizes: per shape (D, P), D
+// sequences filled as for decode, then one untimed and prefill_repeats timed steps of their
+// decode rows together with P prompt tokens of new sequences, as the engine's scheduler forms
+// a serving step; the median is reported.
 // Expert parallelism (`ranks` > 1): `ranks` ranks in this process, one thread each, rank r on
 // CUDA device cuda_device + r (or on its own CPU backend), as DeepSeek serves: data-parallel
 // attention (every rank has its own KV pool and its own N sequences of each measurement) and
@@ -51,6 +55,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "tools/bench/mixed_step.h"
 
 namespace deepinfer {
 
@@ -150,6 +155,12 @@ struct BenchConfig {
   double constrained_fraction = 0;
   std::string constrained_spec;
   std::string tokenizer;
+  // Mixed steps (mixed_step.h), after the decode batch sizes: per shape, D sequences at
+  // context_length cached tokens (filled as decode_fill says, sampling as the decode steps')
+  // and P prompt tokens over prompts of mixed_prompt_length tokens (0: context_length), one
+  // untimed step and prefill_repeats (--iters) timed ones.
+  std::vector<MixedStepShape> mixed_steps;
+  int64_t mixed_prompt_length = 0;
   double peak_bytes_per_s = 4.3e12;
   double peak_flops_per_s = 790e12;
 };
@@ -259,6 +270,7 @@ struct BenchResult {
   std::vector<DecodeResult> decode;  // one per BenchConfig::decode_num_requests
   // speculative_tokens > 0: one per BenchConfig::decode_num_requests.
   std::vector<SpeculativeResult> speculative;
+  std::vector<MixedStepResult> mixed;       // one per BenchConfig::mixed_steps
   int64_t device_bytes_reserved_peak = -1;  // -1: the backend cannot say (max over ranks)
   // CUDA graph allocator (the recorded decode steps' activations), apart from the above.
   int64_t graph_bytes_reserved_peak = -1;

@@ -4,7 +4,7 @@
 // lines from a made-up result; the flag helpers and the refusals. Expert parallelism (--ranks 2 and
 // 4, TCP between threads) against the one-rank run: every rank's sequence 0 decodes the one-rank
 // run's greedy tokens. --speculative-tokens: the decode, verify and draft times per batch size
-// and the speed-up model against hand-worked numbers.
+// and the speed-up model against hand-worked numbers. --mixed-steps: a result per shape.
 #include "tools/bench/bench_runner.h"
 
 #include <cmath>
@@ -322,6 +322,48 @@ TEST(BenchRunnerTest, DeepseekV4StepsArePricedByTheV4Roofline) {
   EXPECT_NE(random.message().find("--decode-fill prefill"), std::string::npos) << random;
 }
 
+// Mixed steps (mixed_step.h) after the decode batch sizes: one result per shape with its
+// layout and positive times, on a V3 model (one rank and two), and on V4 (per-sequence state: a
+// slot per sequence of the step); a negative prompt length is refused.
+TEST(BenchRunnerTest, MixedStepsPerShape) {
+  BenchConfig c = SmallConfig();
+  c.dtype = "float32";
+  c.mixed_steps = {{3, 30}, {2, 5}};
+  c.mixed_prompt_length = 16;
+  auto check = [&](const BenchResult& r) {
+    ASSERT_EQ(r.mixed.size(), 2u);
+    // 30 tokens over prompts of 16: 8 finishing the continued one, 16, then 6 (cut); 5: 5 of
+    // the continued one's 8.
+    EXPECT_EQ(r.mixed[0].prompts, 3);
+    EXPECT_EQ(r.mixed[0].sampled_rows, 3 + 2);
+    EXPECT_EQ(r.mixed[1].prompts, 1);
+    EXPECT_EQ(r.mixed[1].sampled_rows, 2);
+    for (const MixedStepResult& m : r.mixed) {
+      EXPECT_EQ(m.context, 20);
+      EXPECT_EQ(m.prompt_length, 16);
+      EXPECT_EQ(m.timed_steps, 2);
+      EXPECT_TRUE(std::isfinite(m.p50_seconds) && m.p50_seconds > 0) << m.p50_seconds;
+      EXPECT_LE(m.p50_seconds, m.p99_seconds);
+    }
+    EXPECT_NE(FormatBenchJson(c, r).find("\"mixed\": [{\"decode_rows\": 3, \"prompt_tokens\": 30"),
+              std::string::npos);
+  };
+  auto one = RunBenchmark(c);
+  ASSERT_TRUE(one.ok()) << one.status();
+  check(*one);
+  c.ranks = 2;
+  auto two = RunBenchmark(c);
+  ASSERT_TRUE(two.ok()) << two.status();
+  check(*two);
+  c.ranks = 1;
+  c.model = DummyModelSpec(FixtureDir("dsv4_bf16"), 7);
+  auto v4 = RunBenchmark(c);
+  ASSERT_TRUE(v4.ok()) << v4.status();
+  check(*v4);
+  c.mixed_prompt_length = -1;
+  EXPECT_EQ(RunBenchmark(c).status().code(), absl::StatusCode::kInvalidArgument);
+}
+
 // --kv-cache-blocks: a larger pool than the batches need is used as given and changes no token;
 // fewer blocks than the batches need are refused.
 TEST(BenchRunnerTest, KvCacheBlocksSetsThePoolSize) {
@@ -596,7 +638,8 @@ TEST(BenchRunnerTest, SpeculativeCostOnCpu) {
             std::string::npos)
       << json;
   EXPECT_NE(json.find("{\"alpha\": 0.9, \"speedup\": "), std::string::npos) << json;
-  EXPECT_NE(FormatBenchJson(c, *plain).find("\"speculative\": []}"), std::string::npos);
+  EXPECT_NE(FormatBenchJson(c, *plain).find("\"speculative\": [], \"mixed\": []}"),
+            std::string::npos);
 }
 
 TEST(BenchRunnerTest, SpeculativeRefusals) {

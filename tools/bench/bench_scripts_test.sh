@@ -3,7 +3,7 @@
 # combine_results.py puts ours and an HF result side by side with ratios computed from the
 # inputs; deepinfer-bench refuses the Ascend backend (a design only) with one line. Runs
 # deepinfer-bench on the CPU with the small parity fixture's config; --speculative-tokens is
-# parsed and its figures reach the JSON, bad values are refused.
+# parsed and its figures reach the JSON, bad values are refused; --mixed-steps likewise.
 #   bench_scripts_test.sh DEEPINFER_BENCH SWEEP_SH COMBINE_PY CONFIG_JSON
 set -euo pipefail
 bench=$1 sweep=$2 combine=$3 config=$4
@@ -96,4 +96,30 @@ for bad in -1 x; do
   fi
   grep -q "speculative-tokens" "$tmp/spec_bad.err" || fail "--speculative-tokens $bad: $(cat "$tmp/spec_bad.err")"
 done
+
+# --- --mixed-steps: each shape measured, in the JSON and the text report; bad lists refused ---
+"$bench" --model "$config" --load-format dummy "${small[@]}" --decode-num-requests 2 \
+  --context-length 8 --mixed-steps 2:12,3:30 --mixed-prompt-length 16 --iters 2 --json \
+  > "$tmp/mixed.json" 2> "$tmp/mixed.log" || fail "--mixed-steps: $(cat "$tmp/mixed.log")"
+python3 - "$tmp/mixed.json" << 'PY'
+import json, sys
+mixed = json.load(open(sys.argv[1]))["mixed"]
+# 12 tokens over prompts of 16: 8 finishing the continued one, then 4 of a fresh one (cut);
+# 30: 8, 16, then 6.
+assert [(m["decode_rows"], m["prompt_tokens"], m["prompts"], m["sampled_rows"]) for m in mixed] \
+    == [(2, 12, 2, 3), (3, 30, 3, 5)], mixed
+for m in mixed:
+    assert m["context"] == 8 and m["prompt_length"] == 16 and m["timed_steps"] == 2, m
+    assert 0 < m["p50_s"] <= m["p99_s"] and m["tokens_per_s"] > 0, m
+PY
+"$bench" --model "$config" --load-format dummy "${small[@]}" --decode-num-requests 2 \
+  --context-length 8 --mixed-steps 2:12 > "$tmp/mixed.txt" || fail "--mixed-steps (text)"
+grep -q "^mixed: 2 decode rows at context 8 + 12 prompt tokens" "$tmp/mixed.txt" ||
+  fail "no mixed line: $(cat "$tmp/mixed.txt")"
+code=0
+"$bench" --model "$config" --load-format dummy "${small[@]}" --mixed-steps 64:512,128 \
+  > /dev/null 2> "$tmp/mixed_bad.err" || code=$?
+[[ $code -eq 2 ]] || fail "--mixed-steps 64:512,128: exit code $code, want 2"
+[[ "$(cat "$tmp/mixed_bad.err")" == "deepinfer-bench: --mixed-steps takes D:P[,D:P...]"*"'128' is not D:P" ]] ||
+  fail "--mixed-steps 64:512,128: $(cat "$tmp/mixed_bad.err")"
 echo PASS

@@ -12,7 +12,8 @@ Runs, in this order, in one call:
     step statistics (deepinfer-worker --step-stats-dir; worker/engine/step_stats.h);
  2. deepinfer-bench (BIN/deepinfer-bench) on the same backend and config: decode step times at
     a grid of batch sizes up to the largest the job ran, at the job's mean context, with the job's
-    sampling, and one prefill step of --max-batch-tokens tokens;
+    sampling, one prefill step of --max-batch-tokens tokens, and mixed steps (decode rows and
+    prompt tokens in one step, --mixed-steps) at a grid of points spanning the job's;
  3. optionally HF transformers' generate on the first --hf-requests requests of the same job
     (hf_generate.py, GPU only).
 
@@ -35,12 +36,15 @@ Reports (stdout: a table row; DIR/e2e.json: everything):
               the start-up did not record: with logit adjustments, expert-parallel groups; a
               bucket's first step runs eagerly, then is recorded); the recordings alone, as the
               worker logs them, are graph_record_s
-  ideal       the job's steps priced with deepinfer-bench's step times: a step of d decode rows
-              and p prefill tokens costs max(decode(min(d + p, D)), (d + p) x prefill s/token),
-              decode() interpolated linearly between the measured batch sizes (1 .. D, D the
-              largest decode batch the job ran) and the prefill rate from one step of
-              --max-batch-tokens tokens; summed over the batch-size histogram the workers
-              recorded
+  ideal       the job's steps priced with deepinfer-bench's step times, summed over the
+              batch-size histogram the workers recorded (steps keyed by d decode rows and p
+              prefill tokens): a decode-only or prefill-only step of r = d + p rows at
+              max(decode(min(r, D)), r x prefill s/token), decode() interpolated linearly
+              between the measured batch sizes (1 .. D, D the largest decode batch the job ran)
+              and the prefill rate from one step of --max-batch-tokens tokens; a mixed step
+              (d and p both > 0) by bilinear interpolation over (d, p) of the measured mixed
+              steps (clamped at the grid's edges). ideal_fresh_prefill_s prices the mixed steps
+              as prefill-only steps of d + p tokens instead, for comparison
   idle share  gaps between consecutive steps / serving, timed on the thread that runs the
               steps (with async scheduling the engine's StepExecutor: the next step is formed
               while one runs): Model::Step returns once the step's results are on the host, so
@@ -70,6 +74,10 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import make_job  # noqa: E402
 
 DECODE_GRID = [1, 2, 4, 8, 16, 32, 64, 96, 128, 192, 256, 384, 512]
+# The mixed steps measured: these decode rows and prompt tokens inside the range the job's mixed
+# steps span, and that range's two ends (mixed_grid).
+MIXED_DECODE_GRID = [64, 128, 256]
+MIXED_PROMPT_GRID = [512, 1024, 2048]
 
 
 def parse_args():
@@ -256,27 +264,87 @@ def interpolate(points, x):
     return y1 + (y1 - y0) / (x1 - x0) * (x - x1)
 
 
+def mixed_grid(histogram):
+    """The (decode rows, prompt tokens) points to measure mixed steps at: per axis, the smallest
+    and largest value of the histogram's mixed steps (decode rows and prompt tokens both) and the
+    grid's values between them. ([], []) without mixed steps."""
+    mixed = [(d, p) for d, p, n, _ in histogram if d > 0 and p > 0 and n > 0]
+    if not mixed:
+        return [], []
+
+    def axis(values, grid):
+        lo, hi = min(values), max(values)
+        return sorted({lo, hi} | {x for x in grid if lo < x < hi})
+    return (axis([d for d, _ in mixed], MIXED_DECODE_GRID),
+            axis([p for _, p in mixed], MIXED_PROMPT_GRID))
+
+
+def bilinear(grid, d, p):
+    """Bilinear interpolation of {(D, P): seconds}, which holds every pair of its Ds and Ps, at
+    (d, p) clamped to the grid's edges (one D or one P: linear along the other)."""
+    ds = sorted({k[0] for k in grid})
+    ps = sorted({k[1] for k in grid})
+
+    def bracket(xs, x):
+        x = min(max(x, xs[0]), xs[-1])
+        for a, b in zip(xs, xs[1:]):
+            if x <= b:
+                return a, b, (x - a) / (b - a)
+        return xs[-1], xs[-1], 0.0
+    d0, d1, u = bracket(ds, d)
+    p0, p1, v = bracket(ps, p)
+    return ((1 - u) * (1 - v) * grid[(d0, p0)] + u * (1 - v) * grid[(d1, p0)] +
+            (1 - u) * v * grid[(d0, p1)] + u * v * grid[(d1, p1)])
+
+
+def measured_mixed(bench):
+    """deepinfer-bench's mixed step p50s as {(D, P): seconds}; None unless they cover every pair
+    of their Ds and Ps."""
+    grid = {(m["decode_rows"], m["prompt_tokens"]): m["p50_s"]
+            for m in bench.get("mixed") or [] if m.get("p50_s")}
+    ds = {d for d, _ in grid}
+    ps = {p for _, p in grid}
+    if not grid or len(grid) != len(ds) * len(ps):
+        return None
+    return grid
+
+
 def price(histogram, bench):
-    """The ideal time of the histogram's steps from deepinfer-bench's JSON."""
+    """The ideal time of the histogram's steps from deepinfer-bench's JSON. A step of d decode
+    rows and p prompt tokens, decode-only or prefill-only: max(decode(min(d + p, D)),
+    (d + p) x prefill s/token); mixed (both > 0): the bilinear interpolation of the benchmark's
+    mixed step p50s where it measured them, else that fresh-prefill price, which the
+    *_fresh_prefill_s figures give for every mixed step, for comparison."""
     decode = sorted((d["requests"], d["p50_s"]) for d in bench.get("decode", []) if d.get("p50_s"))
     pre = bench.get("prefill") or {}
     per_token = pre["step_s"] / pre["tokens_per_step"] if pre.get("tokens_per_step") else 0.0
-    total = decode_part = prefill_part = 0.0
+    mixed = measured_mixed(bench)
+    decode_part = prefill_only = mixed_part = mixed_fresh = 0.0
     top = decode[-1][0] if decode else 1
     for d, p, steps, _ in histogram:
         rows = d + p
         if rows == 0:
             continue
         # Past the largest measured decode batch a step costs at least that batch's step.
-        cost = max(interpolate(decode, min(rows, top)), rows * per_token)
-        total += steps * cost
+        fresh = max(interpolate(decode, min(rows, top)), rows * per_token)
         if p == 0:
-            decode_part += steps * cost
+            decode_part += steps * fresh
+        elif d == 0:
+            prefill_only += steps * fresh
         else:
-            prefill_part += steps * cost
-    return {"ideal_s": total, "ideal_decode_only_steps_s": decode_part,
-            "ideal_steps_with_prefill_s": prefill_part, "prefill_s_per_token": per_token,
-            "decode_p50_s": dict((str(k), v) for k, v in decode)}
+            mixed_fresh += steps * fresh
+            mixed_part += steps * (bilinear(mixed, d, p) if mixed else fresh)
+    out = {"ideal_s": decode_part + prefill_only + mixed_part,
+           "ideal_fresh_prefill_s": decode_part + prefill_only + mixed_fresh,
+           "ideal_decode_only_steps_s": decode_part,
+           "ideal_steps_with_prefill_s": prefill_only + mixed_part,
+           "ideal_steps_with_prefill_fresh_prefill_s": prefill_only + mixed_fresh,
+           "ideal_mixed_steps_s": mixed_part, "ideal_mixed_steps_fresh_prefill_s": mixed_fresh,
+           "mixed_measured": mixed is not None, "prefill_s_per_token": per_token,
+           "decode_p50_s": dict((str(k), v) for k, v in decode)}
+    if mixed:
+        out["mixed_p50_s"] = {f"{d}:{p}": t for (d, p), t in sorted(mixed.items())}
+    return out
 
 
 def run_logged(cmd, log, timeout, env=None):
@@ -422,6 +490,12 @@ def main():
             b = next(b for b in bodies if b.get("temperature", 1.0) > 0)
             bench += ["--decode-sampling",
                       f"{b.get('temperature', 1.0)},{b.get('top_k', 0)},{b.get('top_p', 1.0)}"]
+        # The job's mixed steps measured at points spanning them: decode rows at the job's mean
+        # context, prompt chunks over prompts of its mean prompt length.
+        ds, ps = mixed_grid(ranks[0]["histogram"])
+        if ds:
+            bench += ["--mixed-steps", ",".join(f"{d}:{p}" for d in ds for p in ps),
+                      "--mixed-prompt-length", str(max(1, round(result["mean_prompt"])))]
         bench += shlex.split(a.bench_args)
         log = os.path.join(out, "bench.log")
         with open(os.path.join(out, "bench.json"), "w") as f, open(log, "w") as e:
@@ -467,7 +541,8 @@ def rc_ok(r):
             and r.get("hf_rc", 0) == 0)
 
 
-HEADER = ("| job | wall s | start-up s | serving s | tail s | capture s | ideal s | idle share | "
+HEADER = ("| job | wall s | start-up s | serving s | tail s | capture s | ideal s | "
+          "ideal s, mixed as fresh prefill | serving / ideal | idle share | "
           "TTFT p50 / p99 s | output tok/s | total tok/s | HF output tok/s | ours / HF |")
 
 
@@ -475,9 +550,13 @@ def format_row(r):
     def f(key, fmt="%.2f"):
         v = r.get(key)
         return fmt % v if isinstance(v, (int, float)) else "-"
+    # As docs/e2e-jobs.md gives it: the ideal over serving (100%: serving took the ideal).
+    share = (f"{100 * r['ideal_s'] / r['serving_s']:.1f}%"
+             if r.get("serving_s") and r.get("ideal_s") else "-")
     return (f"| {r['label']} ({r.get('done', 0)}/{r['requests']} done) | {f('wall_s')} | "
             f"{f('startup_s')} | {f('serving_s')} | {f('tail_s')} | {f('capture_s')} | "
-            f"{f('ideal_s')} | {f('idle_share', '%.3f')} | "
+            f"{f('ideal_s')} | {f('ideal_fresh_prefill_s')} | {share} | "
+            f"{f('idle_share', '%.3f')} | "
             f"{f('ttft_p50_s', '%.3f')} / {f('ttft_p99_s', '%.3f')} | "
             f"{f('output_tokens_per_s', '%.0f')} | {f('total_tokens_per_s', '%.0f')} | "
             f"{f('hf_output_tokens_per_s', '%.0f')} | {f('ratio_vs_hf', '%.2f')} |")

@@ -4,7 +4,8 @@
 # adds up: every request done, the workers' step statistics count exactly the tokens the job
 # computes (each request's prompt plus all but its last generated token), the wall time splits
 # into start-up + serving + tail, the tail into its logged phases, the histogram was priced with
-# deepinfer-bench, and the start-up breakdown has the rank's phases.
+# deepinfer-bench (its mixed steps from mixed steps measured at a grid spanning them), and the
+# start-up breakdown has the rank's phases. The pricing itself against hand-worked figures.
 #   e2e_job_test.sh E2E_JOB_PY MAKE_JOB_PY CONFIG_JSON DEEPINFER COORDINATOR WORKER BENCH
 set -euo pipefail
 e2e=$1 make=$2 config=$3
@@ -44,15 +45,59 @@ p = price([[2, 0, 3, 0.0], [0, 100, 1, 0.0], [300, 0, 1, 0.0]], bench)
 assert abs(p["ideal_s"] - 9.0) < 1e-9, p
 assert abs(p["ideal_decode_only_steps_s"] - 7.0) < 1e-9, p
 assert abs(p["ideal_steps_with_prefill_s"] - 2.0) < 1e-9, p
+assert not p["mixed_measured"] and abs(p["ideal_fresh_prefill_s"] - 9.0) < 1e-9, p
+PY
+
+# --- mixed steps: the measured grid, and the price bilinear over it (worked by hand) ---
+python3 - "$(dirname "$e2e")" << 'PY'
+import sys
+sys.path.insert(0, sys.argv[1])
+from e2e_job import mixed_grid, price
+# The grid spans the mixed steps (d > 0 and p > 0), with the grid values strictly inside.
+assert mixed_grid([[2, 0, 3, 0.0], [0, 100, 1, 0.0]]) == ([], [])
+assert mixed_grid([[4, 200, 2, 0.0], [1, 400, 1, 0.0], [5, 150, 1, 0.0]]) == ([1, 5], [150, 400])
+assert mixed_grid([[100, 700, 1, 0.0], [300, 1500, 4, 0.0], [9, 0, 5, 0.0]]) == \
+    ([100, 128, 256, 300], [700, 1024, 1500])
+bench = {"decode": [{"requests": 4, "p50_s": 2.0}, {"requests": 1, "p50_s": 1.0}],
+         "prefill": {"tokens_per_step": 100, "step_s": 1.0},
+         "mixed": [{"decode_rows": 2, "prompt_tokens": 100, "p50_s": 3.0},
+                   {"decode_rows": 6, "prompt_tokens": 100, "p50_s": 5.0},
+                   {"decode_rows": 2, "prompt_tokens": 300, "p50_s": 7.0},
+                   {"decode_rows": 6, "prompt_tokens": 300, "p50_s": 11.0}]}
+hist = [[2, 0, 3, 0.0],     # decode-only: 3 x (1 + 1/3) = 4
+        [0, 100, 1, 0.0],   # prefill-only: max(2, 100 x 0.01) = 2
+        [4, 200, 2, 0.0],   # mid-cell: (3 + 5 + 7 + 11) / 4 = 6.5, x 2 = 13; fresh 2 x 2.04
+        [1, 400, 1, 0.0],   # clamped to (2, 300): 7; fresh max(2, 4.01) = 4.01
+        [5, 150, 1, 0.0]]   # u = 3/4, v = 1/4: .25*.75*3 + .75*.75*5 + .25*.25*7 + .75*.25*11
+                            # = 0.5625 + 2.8125 + 0.4375 + 2.0625 = 5.875; fresh max(2, 1.55)
+p = price(hist, bench)
+assert p["mixed_measured"], p
+want = {"ideal_s": 4 + 2 + 13 + 7 + 5.875, "ideal_fresh_prefill_s": 4 + 2 + 4.08 + 4.01 + 2,
+        "ideal_decode_only_steps_s": 4, "ideal_steps_with_prefill_s": 2 + 13 + 7 + 5.875,
+        "ideal_steps_with_prefill_fresh_prefill_s": 2 + 4.08 + 4.01 + 2,
+        "ideal_mixed_steps_s": 13 + 7 + 5.875, "ideal_mixed_steps_fresh_prefill_s": 10.09}
+for k, v in want.items():
+    assert abs(p[k] - v) < 1e-9, (k, p[k], v)
+assert p["mixed_p50_s"] == {"2:100": 3.0, "2:300": 7.0, "6:100": 5.0, "6:300": 11.0}, p
+# One D: linear along P. A grid with a pair missing is not used: mixed steps as fresh prefill.
+one_d = dict(bench, mixed=bench["mixed"][::2])
+assert abs(price([[4, 200, 2, 0.0]], one_d)["ideal_s"] - 2 * 5.0) < 1e-9
+holed = dict(bench, mixed=bench["mixed"][:3])
+p = price(hist, holed)
+assert not p["mixed_measured"] and abs(p["ideal_s"] - p["ideal_fresh_prefill_s"]) < 1e-9, p
 PY
 
 # --- e2e_job.py on the CPU ---
+# A token budget of 128 cuts the prompts into chunks: steps mix decode rows and prompt tokens.
 python3 "$e2e" --bin-dir "$bin" --config "$config" --backend cpu --workload long-greedy \
-  --requests 12 --max-tokens 6 --prompt-range 20,90 --out "$tmp/run" --timeout-s 240 \
+  --requests 12 --max-tokens 6 --prompt-range 20,90 --max-batch-tokens 128 --out "$tmp/run" \
+  --timeout-s 240 \
   > "$tmp/row.txt" 2> "$tmp/err.txt" || fail "e2e_job.py failed: $(cat "$tmp/err.txt" "$tmp/row.txt"; tail -20 "$tmp/run/run.log")"
 grep -q '(12/12 done)' "$tmp/row.txt" || fail "row: $(cat "$tmp/row.txt")"
-python3 - "$tmp/run" << 'PY'
+python3 - "$tmp/run" "$(dirname "$e2e")" << 'PY'
 import json, os, sys
+sys.path.insert(0, sys.argv[2])
+from e2e_job import mixed_grid
 d = sys.argv[1]
 r = json.load(open(os.path.join(d, "e2e.json")))
 job = [json.loads(l)["body"] for l in open(os.path.join(d, "job.jsonl"))]
@@ -78,6 +123,11 @@ assert r["startup_s"] > 0 and r["serving_s"] > 0 and r["tail_s"] > 0, r
 assert 0 <= r["idle_share"] < 1
 assert 0 < r["ttft_p50_s"] <= r["ttft_p99_s"]
 assert r["bench_rc"] == 0 and r["ideal_s"] > 0, r
+# The mixed steps were measured at every pair of the grid spanning them, and priced from it.
+ds, ps = mixed_grid(hist)
+assert ds and ps, hist
+assert r["mixed_measured"] and sorted(r["mixed_p50_s"]) == sorted(f"{d}:{p}" for d in ds for p in ps), r
+assert r["ideal_mixed_steps_s"] > 0 and r["ideal_mixed_steps_fresh_prefill_s"] > 0, r
 for phase in ("process start", "group", "backend", "weights", "memory plan and KV cache",
               "graph capture", "warm-up", "first request"):
     assert phase in r["startup_breakdown_s"], (phase, r["startup_breakdown_s"])

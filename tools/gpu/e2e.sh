@@ -24,8 +24,10 @@
 # suite and the bundle's unpacking stay within one device call of 600 s (a job the budget no
 # longer fits is SKIPPED and counted as failed).
 #
-# $OUT gets e2e.md (the table, with each job's start-up and tail breakdowns), e2e_summary.txt and
-# e2e_results.tar.gz (every job's e2e.json, logs, step stats). Exit status: failed jobs.
+# $OUT gets e2e.md (the table, with each job's start-up and tail breakdowns and its ideal with
+# the mixed steps priced both from the measured mixed steps and as a fresh prefill),
+# e2e_summary.txt and e2e_results.tar.gz (every job's e2e.json, logs, step stats). Exit status:
+# failed jobs.
 # A CPU check: E2E_BACKEND=cpu E2E_CONFIG=<fixture config.json> E2E_REQUESTS=32
 # E2E_MAX_TOKENS=16 E2E_PROMPT_RANGE=64,192 E2E_HF_REQUESTS=0 E2E_STARTUP_CONFIGS= bash e2e.sh
 # (bin/ beside it).
@@ -143,7 +145,11 @@ for n, r in results.items():
           f"{r.get('decode_only_steps_s', 0):.2f} s (ideal "
           f"{r.get('ideal_decode_only_steps_s', float('nan')):.2f}), steps with prefill "
           f"{r.get('steps_with_prefill_s', 0):.2f} s (ideal "
-          f"{r.get('ideal_steps_with_prefill_s', float('nan')):.2f})")
+          f"{r.get('ideal_steps_with_prefill_s', float('nan')):.2f}: mixed steps "
+          f"{r.get('ideal_mixed_steps_s', float('nan')):.2f} from the measured mixed steps"
+          f"{'' if r.get('mixed_measured') else ' (none measured: as a fresh prefill)'}, "
+          f"{r.get('ideal_mixed_steps_fresh_prefill_s', float('nan')):.2f} priced as a fresh "
+          f"prefill of their tokens)")
 # A sampled job's steps priced with the greedy job's step times (same prompts, same context):
 # what its decode steps would cost with greedy picks.
 for n, r in results.items():
@@ -155,8 +161,8 @@ for n, r in results.items():
             hist = json.load(open(os.path.join(work, n, "step_stats", "rank-0.json")))["histogram"]
             bench = json.load(open(os.path.join(work, g_name, "bench.json")))
             p = price(hist, bench)
-            print(f"* {r['label']} priced with {g['label']}'s step times (greedy decode): "
-                  f"ideal {p['ideal_s']:.2f} s (with its own sampled step times: "
+            print(f"* {r['label']} priced with {g['label']}'s step times (greedy decode and "
+                  f"mixed steps): ideal {p['ideal_s']:.2f} s (with its own sampled step times: "
                   f"{r['ideal_s']:.2f} s)")
             break
 PY
