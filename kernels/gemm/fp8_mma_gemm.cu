@@ -234,6 +234,12 @@ bool Fp8MmaGemmAvailable() {
   return available;
 }
 
+MmaTileOptions Fp8MmaDenseTile(int64_t m) {
+  MmaTileOptions t;
+  t.two_blocks_per_sm = m > 16;
+  return t;
+}
+
 bool Fp8MmaGemmSupports(const Fp8MmaGemmParams& p) {
   const int64_t a_elem = p.a_bf16 ? 2 : 4;
   return p.m >= 1 && p.n >= 1 && p.k >= 1 && p.m <= kIntMax && p.n <= kIntMax &&

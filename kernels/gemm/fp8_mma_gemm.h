@@ -19,6 +19,7 @@
 #include <cstdint>
 
 #include "kernels/gemm/fp8_block_gemm.h"
+#include "kernels/gemm/mma_tile_options.h"
 
 namespace deepinfer {
 namespace kernels {
@@ -27,21 +28,10 @@ namespace kernels {
 // compute_75 PTX fallback has no bf16 MMA). The Supports functions check it too.
 bool Fp8MmaGemmAvailable();
 
-// Variants of the kernels' tile loop (mma_weight_tile.cuh), for measuring them side by side
-// (fp8_gemm_bench --variants). Each gives the default's sums bit for bit at the same fixed
-// k_split; with k_split 0 `wide` may pick another split (the same products, the k-slices' partial
-// sums added in another grouping: equal up to fp32 reordering).
-struct Fp8MmaTileOptions {
-  // 32 weight rows a warp (two 16-row MMA tiles sharing each activation fragment), not 16.
-  bool wide = false;
-  // The block's activation fragments built once per k block in shared memory (32 KiB) and read by
-  // all its warps, instead of each warp loading and permuting its own; where k-slices x 8-row
-  // tiles exceed 16 the kernel reads them per warp as without it.
-  bool shared_activations = false;
-  // At most 128 registers a thread (spilling where the tile needs more), so that two 256-thread
-  // blocks fit an SM; on the register loop (the grouped kernel then leaves its weight ring).
-  bool two_blocks_per_sm = false;
-};
+// The dense kernel's tile for m rows, as measured (fp8_gemm_bench --variants, H200): up to 16
+// rows the plain register loop (16 weight rows a warp, activations per warp); above, the same
+// loop capped at two blocks an SM.
+MmaTileOptions Fp8MmaDenseTile(int64_t m);
 
 // c[i, j] (+)= sum_p bf16(a[i, p]) * w(j, p) * scale(j, p), i < m, j < n, p < k; a fp32 or (a_bf16)
 // bf16 bits, c fp32. With accumulate, c[i, j] + the sum is one fp32 addition.
@@ -59,7 +49,7 @@ struct Fp8MmaGemmParams {
   // half the 128-wide k blocks, or 1) keeps every row's sums the same at any m (the
   // batch-invariant mode), with any tile options.
   int32_t k_split = 0;
-  Fp8MmaTileOptions tile;
+  MmaTileOptions tile;
 };
 
 // Whether Fp8MmaGemm takes these arguments and the device has the kernel (sm_80+ code): m, n, k
@@ -95,8 +85,8 @@ struct Fp8MmaGroupedGemmParams {
   // KiB a block), more bytes in flight per SM than false's one block ahead in registers; the
   // same sums bit for bit. fp8_gemm_bench times both. With tile.wide or tile.two_blocks_per_sm
   // the register loop is taken; tile.shared_activations combines with either.
-  bool staged = true;
-  Fp8MmaTileOptions tile;
+  bool staged = false;
+  MmaTileOptions tile = kGroupedMmaTile;
 };
 
 bool Fp8MmaGroupedGemmSupports(const Fp8MmaGroupedGemmParams& p);

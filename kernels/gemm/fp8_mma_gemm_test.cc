@@ -37,14 +37,14 @@ using testing::DeviceArray;
 
 double Unit(int64_t k) { return std::ldexp(1.0, -24) * (k / 4.0 + 64.0); }
 
-// Every tile-loop variant (Fp8MmaTileOptions), the default first: [0, 4) narrow, narrow+shared,
+// Every tile-loop variant (MmaTileOptions), the default first: [0, 4) narrow, narrow+shared,
 // wide, wide+shared; [4, 8) the same with two_blocks_per_sm.
-std::vector<Fp8MmaTileOptions> AllTiles() {
-  std::vector<Fp8MmaTileOptions> v;
+std::vector<MmaTileOptions> AllTiles() {
+  std::vector<MmaTileOptions> v;
   for (const bool two_blocks : {false, true}) {
     for (const bool wide : {false, true}) {
       for (const bool shared : {false, true}) {
-        Fp8MmaTileOptions o;
+        MmaTileOptions o;
         o.wide = wide;
         o.shared_activations = shared;
         o.two_blocks_per_sm = two_blocks;
@@ -55,7 +55,7 @@ std::vector<Fp8MmaTileOptions> AllTiles() {
   return v;
 }
 
-std::string TileName(const Fp8MmaTileOptions& o) {
+std::string TileName(const MmaTileOptions& o) {
   return std::string(o.wide ? "wide" : "narrow") + (o.shared_activations ? "+shared" : "") +
          (o.two_blocks_per_sm ? "+2blocks" : "");
 }
@@ -104,7 +104,7 @@ void RunDense(const DenseCase& t, HostFp8 w, uint32_t seed) {
   // Every tile variant; those without two_blocks_per_sm against the reference; the shared
   // activation fragments and the register cap give their twin's bits (the same k split: the
   // narrow and wide tiles may split k differently).
-  const std::vector<Fp8MmaTileOptions> tiles = AllTiles();
+  const std::vector<MmaTileOptions> tiles = AllTiles();
   std::vector<std::vector<float>> got;
   for (size_t v = 0; v < tiles.size(); ++v) {
     SCOPED_TRACE(TileName(tiles[v]));
@@ -228,14 +228,15 @@ TEST_P(Fp8MmaGroupedGemmTest, MatchesPerGroupReference) {
   {
     SCOPED_TRACE("staged");
     p.staged = true;
+    p.tile = MmaTileOptions();
     run(p, &staged);
     SCOPED_TRACE("staged+shared");
     p.tile.shared_activations = true;
     run(p, &staged_shared);
-    p.tile = Fp8MmaTileOptions();
+    p.tile = MmaTileOptions();
   }
   p.staged = false;
-  const std::vector<Fp8MmaTileOptions> tiles = AllTiles();
+  const std::vector<MmaTileOptions> tiles = AllTiles();
   std::vector<std::vector<float>> got;
   for (size_t v = 0; v < tiles.size(); ++v) {
     SCOPED_TRACE(TileName(tiles[v]));
@@ -258,7 +259,7 @@ TEST_P(Fp8MmaGroupedGemmTest, MatchesPerGroupReference) {
   p.k_split = 1;
   std::vector<float> first;
   for (const int32_t hint : {1, 12, 40}) {
-    for (const Fp8MmaTileOptions& tile : AllTiles()) {
+    for (const MmaTileOptions& tile : AllTiles()) {
       for (const bool ring : {false, true}) {
         SCOPED_TRACE(::testing::Message() << "k_split 1, hint " << hint << " " << TileName(tile)
                                           << (ring ? " staged" : " registers"));
@@ -321,7 +322,7 @@ TEST(Fp8MmaGemmBatchInvariantTest, RowsIndependentOfRowCountAndTile) {
       p.ldc = n;
       p.k_split = k_split;
       std::vector<float> full;
-      for (const Fp8MmaTileOptions& tile : AllTiles()) {
+      for (const MmaTileOptions& tile : AllTiles()) {
         for (const int64_t m : {max_m, int64_t{1}, int64_t{5}, int64_t{8}, int64_t{9}, int64_t{16},
                                 int64_t{17}, int64_t{33}}) {
           SCOPED_TRACE(::testing::Message() << "a_bf16 " << a_bf16 << " k_split " << k_split
@@ -369,7 +370,7 @@ TEST(Fp8MmaGemmWidenTest, WidensEveryByteExactly) {
   DeviceArray<uint16_t> da16(FloatsToBf16Bits(a));
   DeviceArray<float> dc(m * n);
   for (const bool a_bf16 : {false, true}) {
-    for (const Fp8MmaTileOptions& tile : AllTiles()) {
+    for (const MmaTileOptions& tile : AllTiles()) {
       for (const int64_t rows : {int64_t{1}, int64_t{8}, int64_t{16}, m}) {
         SCOPED_TRACE(::testing::Message()
                      << "a_bf16 " << a_bf16 << " rows " << rows << " " << TileName(tile));

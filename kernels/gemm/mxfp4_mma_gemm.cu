@@ -125,6 +125,14 @@ class Mxfp4Format {
 
 bool Aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
 
+// The register loop with tile options MT / kSharedB and p's two_blocks_per_sm.
+template <int MT, bool kSharedB>
+cudaError_t LaunchRegisters(const Mxfp4MmaGroupedGemmParams& p, cudaStream_t stream) {
+  return p.tile.two_blocks_per_sm
+             ? mma_tile::LaunchGrouped<Mxfp4Format, MT, kSharedB, 2>(p, /*k_split=*/0, stream)
+             : mma_tile::LaunchGrouped<Mxfp4Format, MT, kSharedB, 1>(p, /*k_split=*/0, stream);
+}
+
 }  // namespace
 
 bool Mxfp4MmaGemmAvailable() {
@@ -152,8 +160,17 @@ bool Mxfp4MmaGroupedGemmSupports(const Mxfp4MmaGroupedGemmParams& p) {
 cudaError_t Mxfp4MmaGroupedGemm(const Mxfp4MmaGroupedGemmParams& p, cudaStream_t stream) {
   if (!Mxfp4MmaGroupedGemmSupports(p)) return cudaErrorInvalidValue;
   if (p.max_rows == 0) return cudaSuccess;
-  if (p.staged) return mma_tile::LaunchGroupedStaged<Mxfp4Format>(p, /*k_split=*/0, stream);
-  return mma_tile::LaunchGrouped<Mxfp4Format>(p, /*k_split=*/0, stream);
+  if (p.staged) {
+    return p.tile.shared_activations
+               ? mma_tile::LaunchGroupedStaged<Mxfp4Format, true>(p, /*k_split=*/0, stream)
+               : mma_tile::LaunchGroupedStaged<Mxfp4Format, false>(p, /*k_split=*/0, stream);
+  }
+  if (p.tile.wide) {
+    return p.tile.shared_activations ? LaunchRegisters<2, true>(p, stream)
+                                     : LaunchRegisters<2, false>(p, stream);
+  }
+  return p.tile.shared_activations ? LaunchRegisters<1, true>(p, stream)
+                                   : LaunchRegisters<1, false>(p, stream);
 }
 
 }  // namespace kernels

@@ -21,6 +21,8 @@
 
 #include <cstdint>
 
+#include "kernels/gemm/mma_tile_options.h"
+
 namespace deepinfer {
 namespace kernels {
 
@@ -47,7 +49,10 @@ struct Mxfp4MmaGroupedGemmParams {
   // rows a pass) depends on it; any group size stays correct.
   int32_t rows_per_group_hint = 0;
   // As Fp8MmaGroupedGemmParams::staged (here 32 KiB of shared memory a block).
-  bool staged = true;
+  bool staged = false;
+  // As Fp8MmaGroupedGemmParams::tile (the register loop; staged takes the ring with
+  // tile.shared_activations only).
+  MmaTileOptions tile = kGroupedMmaTile;
 };
 
 // Whether Mxfp4MmaGroupedGemm takes these arguments and the device has the kernel.

@@ -2,12 +2,12 @@
 // rows) in each tile variant: "narrow" (the default: 16 weight rows a warp, activation fragments
 // per warp), "+shared" (the block's activation fragments in shared memory), "wide" (32 weight
 // rows a warp), "wide+sh" (both), and each of these with a suffix 2 for
-// Fp8MmaTileOptions::two_blocks_per_sm (at most 128 registers a thread); then bf16's fastest of
+// MmaTileOptions::two_blocks_per_sm (at most 128 registers a thread); then bf16's fastest of
 // cublasGemmEx and SmallMGemmBf16 (m <= 4) and the best variant's speed-up over it. Grouped (routed
 // experts at about 1, 8 and 16 rows per expert, uniform random top-k): kernels::Fp8MmaGroupedGemm
 // with the weight ring ("staged", the default; "stg+sh" with shared activation fragments) and the
 // register loop in each tile variant ("narrow" is the plain register loop), against
-// kernels::GroupedGemmBf16. Each cell: microseconds per call and GB/s of weights (FP8: + scales;
+// kernels::GroupedGemmBf16; then the same for kernels::Mxfp4MmaGroupedGemm on the same routing. Each cell: microseconds per call and GB/s of weights (FP8: + scales;
 // grouped: the busy experts'). Timing as fp8_gemm_bench's (CUDA graphs, the dense weights rotated
 // over copies for 256 MiB; median of 7 replays).
 #include "worker/backend/cuda/fp8_mma_variants_bench.h"
@@ -25,6 +25,7 @@
 
 #include "kernels/gemm/fp8_block_gemm.h"
 #include "kernels/gemm/fp8_mma_gemm.h"
+#include "kernels/gemm/mxfp4_mma_gemm.h"
 #include "kernels/gemm/small_m_gemm.h"
 #include "kernels/moe/grouped_gemm.h"
 #include "kernels/testing/bench_timer.h"
@@ -150,17 +151,24 @@ void GroupedVariants(const MoeShape& ms) {
     const std::vector<float> scales(kernels::Fp8ScaleRows(n, split) * kernels::Fp8ScaleLd(k),
                                     1.0f / 448);
     const std::vector<uint8_t> host8 = bench::RandomFp8(bytes, n + k);
-    std::vector<const uint8_t*> w8(E);
+    // MXFP4: the first half of the FP8 bytes as e2m1 pairs, scale 2^-6.
+    const std::vector<uint8_t> host4(host8.begin(), host8.begin() + bytes / 2);
+    const std::vector<uint8_t> mx_scales(bytes / kernels::kMxfp4BlockSize, 121);
+    std::vector<const uint8_t*> w8(E), w4(E), sc4(E);
     std::vector<const float*> sc(E);
     std::vector<const uint16_t*> w16(E);
     for (int32_t e = 0; e < E; ++e) {
       w8[e] = bench::Upload(host8);
       sc[e] = bench::Upload(scales);
+      w4[e] = bench::Upload(host4);
+      sc4[e] = bench::Upload(mx_scales);
       uint16_t* b = DeviceAlloc<uint16_t>(bytes * 2);
       BENCH_CUDA(cudaMemset(b, 0x3c, bytes * 2));
       w16[e] = b;
     }
     const uint8_t* const* dw8 = bench::Upload(w8);
+    const uint8_t* const* dw4 = bench::Upload(w4);
+    const uint8_t* const* dsc4 = bench::Upload(sc4);
     const float* const* dsc = bench::Upload(sc);
     const uint16_t* const* dw16 = bench::Upload(w16);
     for (const int32_t per_expert : {1, 8, 16}) {
@@ -193,10 +201,11 @@ void GroupedVariants(const MoeShape& ms) {
         PrintCell(us, fp8_busy);
       };
       mp.staged = true;
+      mp.tile = kernels::MmaTileOptions();
       time(mp);
       mp.tile.shared_activations = true;
       time(mp);
-      mp.tile = kernels::Fp8MmaTileOptions();
+      mp.tile = kernels::MmaTileOptions();
       mp.staged = false;
       for (const Tile& t : kTiles) {
         kernels::Fp8MmaGroupedGemmParams q = mp;
@@ -214,14 +223,52 @@ void GroupedVariants(const MoeShape& ms) {
       std::printf(" |");
       PrintCell(bf16, static_cast<double>(routing.busy) * bytes * 2);
       std::printf(" | %5.2fx\n", best > 0 ? bf16 / best : 0.0);
+
+      // The same routing on MXFP4 experts (kernels::Mxfp4MmaGroupedGemm).
+      kernels::Mxfp4MmaGroupedGemmParams xp;
+      xp.num_groups = E, xp.max_rows = rows, xp.offsets = doff, xp.n = n, xp.k = k, xp.a = a16;
+      xp.weights = dw4, xp.scales = dsc4, xp.scale_ld = k / kernels::kMxfp4BlockSize, xp.c = c;
+      xp.rows_per_group_hint = mp.rows_per_group_hint;
+      const double mx_busy = static_cast<double>(routing.busy) * (bytes / 2 + mx_scales.size());
+      std::printf("%-9s %-7s %-44s |", ms.name, gate_up ? "gate_up" : "down", "mxfp4");
+      best = -1;
+      auto time_mx = [&](const kernels::Mxfp4MmaGroupedGemmParams& q) {
+        double us = -1;
+        if (kernels::Mxfp4MmaGroupedGemmSupports(q)) {
+          us = Micros(
+              4, [&](int, cudaStream_t st) { BENCH_CUDA(kernels::Mxfp4MmaGroupedGemm(q, st)); });
+          if (best < 0 || us < best) best = us;
+        }
+        PrintCell(us, mx_busy);
+      };
+      xp.staged = true;
+      xp.tile = kernels::MmaTileOptions();
+      time_mx(xp);
+      xp.tile.shared_activations = true;
+      time_mx(xp);
+      xp.staged = false;
+      for (const Tile& t : kTiles) {
+        kernels::Mxfp4MmaGroupedGemmParams q = xp;
+        q.tile.wide = t.wide;
+        q.tile.shared_activations = t.shared;
+        q.tile.two_blocks_per_sm = t.two_blocks;
+        time_mx(q);
+      }
+      std::printf(" |");
+      PrintCell(bf16, static_cast<double>(routing.busy) * bytes * 2);
+      std::printf(" | %5.2fx\n", best > 0 ? bf16 / best : 0.0);
       for (void* p : std::vector<void*>{doff, a, a16, c}) BENCH_CUDA(cudaFree(p));
     }
     for (int32_t e = 0; e < E; ++e) {
       BENCH_CUDA(cudaFree(const_cast<uint8_t*>(w8[e])));
+      BENCH_CUDA(cudaFree(const_cast<uint8_t*>(w4[e])));
+      BENCH_CUDA(cudaFree(const_cast<uint8_t*>(sc4[e])));
       BENCH_CUDA(cudaFree(const_cast<float*>(sc[e])));
       BENCH_CUDA(cudaFree(const_cast<uint16_t*>(w16[e])));
     }
     BENCH_CUDA(cudaFree(const_cast<uint8_t**>(dw8)));
+    BENCH_CUDA(cudaFree(const_cast<uint8_t**>(dw4)));
+    BENCH_CUDA(cudaFree(const_cast<uint8_t**>(dsc4)));
     BENCH_CUDA(cudaFree(const_cast<float**>(dsc)));
     BENCH_CUDA(cudaFree(const_cast<uint16_t**>(dw16)));
   }
@@ -241,7 +288,9 @@ void RunTileVariants(const std::vector<GemmShape>& dense, const std::vector<MoeS
   for (const Tile& t : kTiles) std::printf(" %8s %5s", t.name, "GB/s");
   std::printf(" | %8s %5s | best fp8 vs bf16\n", "bf16", "GB/s");
   for (const GemmShape& s : dense) DenseVariants(s, blas);
-  std::printf("\nFP8 tile variants, grouped experts: us GB/s (busy experts' weights)\n");
+  std::printf(
+      "\nFP8 and MXFP4 tile variants, grouped experts: us GB/s (busy experts' weights; each FP8 "
+      "line, then the same routing on MXFP4 experts)\n");
   std::printf("%-62s| %8s %5s %8s %5s", "", "staged", "GB/s", "stg+sh", "GB/s");
   for (const Tile& t : kTiles) std::printf(" %8s %5s", t.name, "GB/s");
   std::printf(" | %8s %5s | best fp8 vs bf16\n", "bf16", "GB/s");
