@@ -28,9 +28,10 @@ namespace kernels {
 // compute_75 PTX fallback has no bf16 MMA). The Supports functions check it too.
 bool Fp8MmaGemmAvailable();
 
-// The dense kernel's tile for m rows, as measured (fp8_gemm_bench --variants, H200): up to 16
-// rows the plain register loop (16 weight rows a warp, activations per warp); above, the same
-// loop capped at two blocks an SM.
+// The dense kernel's tile for m rows: up to 16 rows the plain register loop (16 weight rows a
+// warp, activations per warp; at most within noise of the best variant on the H200, fp8_gemm_bench
+// --variants), above MmaTileOptions::all_rows (each weight widened once for up to 128 rows, where
+// every other variant's time grows with the passes of 32 rows).
 MmaTileOptions Fp8MmaDenseTile(int64_t m);
 
 // c[i, j] (+)= sum_p bf16(a[i, p]) * w(j, p) * scale(j, p), i < m, j < n, p < k; a fp32 or (a_bf16)

@@ -55,7 +55,16 @@ std::vector<MmaTileOptions> AllTiles() {
   return v;
 }
 
+// AllTiles, then the dense kernel's all_rows.
+std::vector<MmaTileOptions> AllDenseTiles() {
+  std::vector<MmaTileOptions> v = AllTiles();
+  v.emplace_back();
+  v.back().all_rows = true;
+  return v;
+}
+
 std::string TileName(const MmaTileOptions& o) {
+  if (o.all_rows) return "all_rows";
   return std::string(o.wide ? "wide" : "narrow") + (o.shared_activations ? "+shared" : "") +
          (o.two_blocks_per_sm ? "+2blocks" : "");
 }
@@ -123,6 +132,31 @@ void RunDense(const DenseCase& t, HostFp8 w, uint32_t seed) {
   }
   EXPECT_TRUE(SameBits(got[0], got[1], got[0].size())) << "narrow vs narrow+shared";
   EXPECT_TRUE(SameBits(got[2], got[3], got[2].size())) << "wide vs wide+shared";
+
+  // all_rows (its own k split) against the reference, then at each fixed k split it takes the
+  // narrow tile's bits (the same MMAs in the same order, the same k-slices).
+  MmaTileOptions all_rows;
+  all_rows.all_rows = true;
+  const int64_t kblocks = (t.k + 127) / 128;
+  for (const int32_t k_split : {0, 1, 2, 4, 8}) {
+    if (k_split > 1 && 2 * k_split > kblocks) continue;
+    SCOPED_TRACE(::testing::Message() << "all_rows, k_split " << k_split);
+    p.k_split = k_split;
+    std::vector<float> narrow, rows;
+    for (const bool all : {false, true}) {
+      p.tile = all ? all_rows : MmaTileOptions();
+      DeviceArray<float> dct(c0);
+      p.c = dct.get();
+      ASSERT_TRUE(Fp8MmaGemmSupports(p));
+      DEEPINFER_CUDA_OK(Fp8MmaGemm(p, nullptr));
+      DEEPINFER_CUDA_OK(dct.Download(all ? &rows : &narrow));
+    }
+    if (k_split == 0) {
+      ExpectDenseMatches(rows, c0, ldc, Bf16Rounded(a), lda, t.m, w, t.accumulate, Unit(t.k));
+    } else {
+      EXPECT_TRUE(SameBits(narrow, rows, rows.size())) << "narrow vs all_rows";
+    }
+  }
 }
 
 class Fp8MmaGemmTest : public ::testing::TestWithParam<DenseCase> {};
@@ -148,6 +182,9 @@ INSTANTIATE_TEST_SUITE_P(
         DenseCase{17, 64, 2048, 0, 0, 0, true, false},
         DenseCase{33, 129, 4112, 4, 0, 0, false, false},
         DenseCase{100, 48, 256, 0, 0, 0, false, false},
+        // all_rows' passes: two of 128 rows (the second of 2), 96 rows with padded strides.
+        DenseCase{130, 160, 512, 0, 0, 80, true, true},
+        DenseCase{96, 300, 2048, 8, 16, 0, false, false},
         // [gate; up] stacked at 80 rows (two scale grids; a 16-row tile straddles the split)
         // and at a multiple of 128.
         DenseCase{5, 160, 256, 0, 0, 80, false, false},
@@ -291,14 +328,14 @@ INSTANTIATE_TEST_SUITE_P(
         GroupedCase{{1, 0, 2, 1, 0, 0, 12, 0}, 2048, 1408, 0, 12}));
 
 // The batch-invariant mode: with a fixed k split every row's sums are the same bits at any row
-// count and with every tile variant (each output's MMAs, their order and the k-slices' sum do
+// count (all_rows' passes of 32, 64 and 128 rows among them) and with every tile variant (each output's MMAs, their order and the k-slices' sum do
 // not depend on the rows or the tile), and match the reference.
 TEST(Fp8MmaGemmBatchInvariantTest, RowsIndependentOfRowCountAndTile) {
   DEEPINFER_SKIP_WITHOUT_GPU();
   const uint32_t seed = testing::FreshSeed();
   SCOPED_TRACE(::testing::Message() << "seed " << seed);
   std::mt19937 gen(seed);
-  const int64_t n = 300, k = 1024, max_m = 40;
+  const int64_t n = 300, k = 1024, max_m = 130;
   const HostFp8 w = MakeWeight(n, k, k, 0, &gen);
   const std::vector<float> a = testing::RandomFloats(max_m * k, seed + 1);
   DeviceArray<uint8_t> dw(w.data);
@@ -322,9 +359,9 @@ TEST(Fp8MmaGemmBatchInvariantTest, RowsIndependentOfRowCountAndTile) {
       p.ldc = n;
       p.k_split = k_split;
       std::vector<float> full;
-      for (const MmaTileOptions& tile : AllTiles()) {
+      for (const MmaTileOptions& tile : AllDenseTiles()) {
         for (const int64_t m : {max_m, int64_t{1}, int64_t{5}, int64_t{8}, int64_t{9}, int64_t{16},
-                                int64_t{17}, int64_t{33}}) {
+                                int64_t{17}, int64_t{33}, int64_t{64}, int64_t{65}, int64_t{128}}) {
           SCOPED_TRACE(::testing::Message() << "a_bf16 " << a_bf16 << " k_split " << k_split
                                             << " m " << m << " " << TileName(tile));
           p.m = m;
@@ -370,8 +407,8 @@ TEST(Fp8MmaGemmWidenTest, WidensEveryByteExactly) {
   DeviceArray<uint16_t> da16(FloatsToBf16Bits(a));
   DeviceArray<float> dc(m * n);
   for (const bool a_bf16 : {false, true}) {
-    for (const MmaTileOptions& tile : AllTiles()) {
-      for (const int64_t rows : {int64_t{1}, int64_t{8}, int64_t{16}, m}) {
+    for (const MmaTileOptions& tile : AllDenseTiles()) {
+      for (const int64_t rows : {int64_t{1}, int64_t{8}, int64_t{16}, int64_t{40}, m}) {
         SCOPED_TRACE(::testing::Message()
                      << "a_bf16 " << a_bf16 << " rows " << rows << " " << TileName(tile));
         Fp8MmaGemmParams p;

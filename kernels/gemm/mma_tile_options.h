@@ -19,6 +19,11 @@ struct MmaTileOptions {
   // At most 128 registers a thread (spilling where the tile needs more), so that two 256-thread
   // blocks fit an SM.
   bool two_blocks_per_sm = false;
+  // Fp8MmaGemm only (the others ignore it): each warp widens its 16 weight rows once per k block
+  // and applies them to up to 128 activation rows (passes of 32, 64 or 128 rows by m, the
+  // activation fragments through shared memory), where the other variants take passes of at most
+  // 32 rows, each widening every weight again. The other fields do not apply to it.
+  bool all_rows = false;
 };
 
 // The grouped kernels' tile (Fp8MmaGroupedGemmParams::tile, Mxfp4MmaGroupedGemmParams::tile):

@@ -381,6 +381,76 @@ __device__ __forceinline__ void WarpTileSharedB(const typename Format::Matrix& m
   }
 }
 
+// The all-rows tile loop, for many activation rows: the warp widens its 16 weight rows' A
+// fragments of a k block once (all 8 sub-steps, 32 registers) and applies them to all its 8 NT
+// activation rows (NT up to 16), reading their B fragments from the block's shared-memory copy
+// (StageActivations, kAllRowsUnits(NT) 2 KiB units a phase). Each 8-row tile's block sum takes the
+// same MMAs in the same order as AccumulateBlock's, then is scaled and added the same way: the
+// sums of WarpTile / WarpTileSharedB at the same k split, bit for bit. Every thread of the block
+// calls it (it has barriers), the warps past n or with an empty slice too.
+__host__ __device__ constexpr int kAllRowsUnits(int nt) { return nt >= 16 ? 64 : 32; }
+
+template <int NT, bool kBf16A, typename Format>
+__device__ __forceinline__ void WarpTileAllRows(const typename Format::Matrix& m, int64_t n,
+                                                int64_t f0, const void* a, int64_t lda,
+                                                int64_t row0, int64_t row_end, int64_t k, int ks,
+                                                int ks_count, uint4* frag, float acc[1][NT][4]) {
+  const int lane = threadIdx.x & 31;
+  ZeroAcc<NT, 1>(acc);
+  const int64_t blocks = (k + kKBlock - 1) / kKBlock;
+  const int64_t per = (blocks + ks_count - 1) / ks_count;
+  const int64_t kb0 = min(blocks, ks * per), kb1 = min(blocks, kb0 + per);
+  const bool active = f0 < n && kb0 < kb1;
+  const int steps = kAllRowsUnits(NT) / (ks_count * NT);
+  Format w[1];
+  TileFormats<1>(m, n, f0, w);
+  typename Format::Raw cur;
+  if (active) w[0].Load(kb0, k, &cur);
+  for (int64_t s0 = 0; s0 < per; s0 += steps) {
+    const int now = static_cast<int>(min(static_cast<int64_t>(steps), per - s0));
+    __syncthreads();  // the previous phase's fragments have been read
+    StageActivations<NT, kBf16A, Format>(frag, a, lda, row0, row_end, k, ks_count, blocks, per, s0,
+                                         now);
+    __syncthreads();
+    if (!active) continue;
+    for (int p = 0; p < now && kb0 + s0 + p < kb1; ++p) {
+      const int64_t kb = kb0 + s0 + p;
+      uint32_t af[2][4][4];
+#pragma unroll
+      for (int c = 0; c < 2; ++c) {
+#pragma unroll
+        for (int s = 0; s < 4; ++s) w[0].Fragment(cur, c, s, af[c][s]);
+      }
+      if (kb + 1 < kb1) w[0].Load(kb + 1, k, &cur);  // the next block's, once these are widened
+      float sc0 = 1.0f, sc1 = 1.0f;
+      if constexpr (Format::kBlockScaled) w[0].BlockScales(kb, &sc0, &sc1);
+      const uint4* unit = frag + (p * ks_count + ks) * NT * 128 + lane;
+#pragma unroll
+      for (int j = 0; j < NT; ++j) {
+        float part[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+#pragma unroll
+        for (int c = 0; c < 2; ++c) {
+#pragma unroll
+          for (int h = 0; h < 2; ++h) {
+            const uint4 v = unit[(j * 4 + 2 * c + h) * 32];
+            MmaBf16(part, af[c][2 * h], v.x, v.y);
+            MmaBf16(part, af[c][2 * h + 1], v.z, v.w);
+          }
+        }
+        if constexpr (Format::kBlockScaled) {
+          acc[0][j][0] = fmaf(part[0], sc0, acc[0][j][0]);
+          acc[0][j][1] = fmaf(part[1], sc0, acc[0][j][1]);
+          acc[0][j][2] = fmaf(part[2], sc1, acc[0][j][2]);
+          acc[0][j][3] = fmaf(part[3], sc1, acc[0][j][3]);
+        } else {
+#pragma unroll
+          for (int r = 0; r < 4; ++r) acc[0][j][r] += part[r];
+        }
+      }
+    }
+  }
+}
+
 // The staged tile loop: each thread streams its weights kStageDepth k blocks ahead into its own
 // pieces of a per-warp shared-memory ring with cp.async (no registers held for them, so more
 // bytes in flight per SM than WarpTile's one block ahead), reads a block's pieces back once its

@@ -46,12 +46,19 @@ double Micros(int copies, const std::function<void(int, cudaStream_t)>& launch) 
 
 struct Tile {
   const char* name;
-  bool wide, shared, two_blocks;
+  bool wide, shared, two_blocks, all_rows;
 };
-constexpr Tile kTiles[] = {{"narrow", false, false, false}, {"+shared", false, true, false},
-                           {"wide", true, false, false},    {"wide+sh", true, true, false},
-                           {"narrow2", false, false, true}, {"+shared2", false, true, true},
-                           {"wide2", true, false, true},    {"wide+sh2", true, true, true}};
+constexpr Tile kTiles[] = {
+    {"narrow", false, false, false, false},  {"+shared", false, true, false, false},
+    {"wide", true, false, false, false},     {"wide+sh", true, true, false, false},
+    {"narrow2", false, false, true, false},  {"+shared2", false, true, true, false},
+    {"wide2", true, false, true, false},     {"wide+sh2", true, true, true, false}};
+constexpr Tile kDenseTiles[] = {
+    {"narrow", false, false, false, false},  {"+shared", false, true, false, false},
+    {"wide", true, false, false, false},     {"wide+sh", true, true, false, false},
+    {"narrow2", false, false, true, false},  {"+shared2", false, true, true, false},
+    {"wide2", true, false, true, false},     {"wide+sh2", true, true, true, false},
+    {"allrows", false, false, false, true}};
 
 void PrintCell(double us, double bytes) {
   if (us < 0) {
@@ -88,7 +95,7 @@ void DenseVariants(const GemmShape& s, cublasHandle_t blas) {
     std::printf("%-15s %6ld %6ld %4ld |", s.name, static_cast<long>(s.n), static_cast<long>(s.k),
                 static_cast<long>(m));
     double best = -1;
-    for (const Tile& t : kTiles) {
+    for (const Tile& t : kDenseTiles) {
       kernels::Fp8MmaGemmParams p;
       p.m = m, p.n = s.n, p.k = s.k, p.a = a16, p.a_bf16 = true, p.lda = s.k;
       p.w.data = w8[0], p.w.ldw = s.k, p.w.scales = sc[0];
@@ -97,6 +104,7 @@ void DenseVariants(const GemmShape& s, cublasHandle_t blas) {
       p.tile.wide = t.wide;
       p.tile.shared_activations = t.shared;
       p.tile.two_blocks_per_sm = t.two_blocks;
+      p.tile.all_rows = t.all_rows;
       double us = -1;
       if (kernels::Fp8MmaGemmSupports(p)) {
         us = Micros(copies, [&](int i, cudaStream_t st) {
@@ -285,7 +293,7 @@ void RunTileVariants(const std::vector<GemmShape>& dense, const std::vector<MoeS
   std::printf(
       "FP8 tile variants, dense (bf16 activations): us GB/s per variant, then bf16's best\n");
   std::printf("%-15s %6s %6s %4s |", "shape", "n", "k", "m");
-  for (const Tile& t : kTiles) std::printf(" %8s %5s", t.name, "GB/s");
+  for (const Tile& t : kDenseTiles) std::printf(" %8s %5s", t.name, "GB/s");
   std::printf(" | %8s %5s | best fp8 vs bf16\n", "bf16", "GB/s");
   for (const GemmShape& s : dense) DenseVariants(s, blas);
   std::printf(
