@@ -80,20 +80,6 @@ class Fp8Format {
       r->w[c][1] = ok ? LoadStreaming16(wb_ + off) : make_uint4(0, 0, 0, 0);
     }
   }
-  // The thread's 16-byte piece i < kPieces of k block kb (chunk i / 2, row fa / fb by i % 2),
-  // whether it holds weights (else zeros), and the Raw of the four.
-  static constexpr int kPieces = 4;
-  __device__ const uint8_t* Piece(int64_t kb, int i) const {
-    return (i % 2 == 0 ? wa_ : wb_) + kb * kKBlock + (i / 2) * 64;
-  }
-  __device__ bool PieceOk(int64_t kb, int i, int64_t k) const { return ChunkOk(kb, i / 2, t_, k); }
-  __device__ const uint8_t* RowStart() const { return wa_; }
-  __device__ void FromPieces(const uint4 v[kPieces], int64_t, int64_t, Raw* r) const {
-    r->w[0][0] = v[0];
-    r->w[0][1] = v[1];
-    r->w[1][0] = v[2];
-    r->w[1][1] = v[3];
-  }
   __device__ void Fragment(const Raw& r, int c, int s, uint32_t af[4]) const {
     WidenFp8x4(Word(r.w[c][0], s), &af[0], &af[2]);
     WidenFp8x4(Word(r.w[c][1], s), &af[1], &af[3]);
@@ -276,11 +262,6 @@ cudaError_t LaunchGroupedTile(const Fp8MmaGroupedGemmParams& p, cudaStream_t str
   if (p.tile.wide) {
     return p.tile.shared_activations ? LaunchGroupedRegisters<2, true>(p, stream)
                                      : LaunchGroupedRegisters<2, false>(p, stream);
-  }
-  if (p.staged && !p.tile.two_blocks_per_sm) {
-    return p.tile.shared_activations
-               ? mma_tile::LaunchGroupedStaged<Fp8Format, true>(p, p.k_split, stream)
-               : mma_tile::LaunchGroupedStaged<Fp8Format, false>(p, p.k_split, stream);
   }
   return p.tile.shared_activations ? LaunchGroupedRegisters<1, true>(p, stream)
                                    : LaunchGroupedRegisters<1, false>(p, stream);

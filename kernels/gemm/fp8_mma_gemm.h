@@ -82,11 +82,6 @@ struct Fp8MmaGroupedGemmParams {
   int32_t rows_per_group_hint = 0;
   // As Fp8MmaGemmParams::k_split (0: picked from the shape and the busy groups).
   int32_t k_split = 0;
-  // true: each thread streams its weights 3 k blocks ahead through shared memory (cp.async, 64
-  // KiB a block), more bytes in flight per SM than false's one block ahead in registers; the
-  // same sums bit for bit. fp8_gemm_bench times both. With tile.wide or tile.two_blocks_per_sm
-  // the register loop is taken; tile.shared_activations combines with either.
-  bool staged = false;
   MmaTileOptions tile = kGroupedMmaTile;
 };
 

@@ -48,10 +48,7 @@ struct Mxfp4MmaGroupedGemmParams {
   // Expected most rows in one group (0: unknown, max_rows): only the register tile (8, 16 or 32
   // rows a pass) depends on it; any group size stays correct.
   int32_t rows_per_group_hint = 0;
-  // As Fp8MmaGroupedGemmParams::staged (here 32 KiB of shared memory a block).
-  bool staged = false;
-  // As Fp8MmaGroupedGemmParams::tile (the register loop; staged takes the ring with
-  // tile.shared_activations only).
+  // As Fp8MmaGroupedGemmParams::tile.
   MmaTileOptions tile = kGroupedMmaTile;
 };
 

@@ -114,22 +114,14 @@ TEST_P(Mxfp4MmaGroupedGemmTest, MatchesPerGroupReference) {
   p.scale_ld = w[0].scale_ld;
   p.c = dc.get();
   p.rows_per_group_hint = t.hint;
-  // The plain register loop first; every other tile variant and the staged weight ring must
-  // give the same bits (the same sums in the same order); the reference check is on the last,
-  // kGroupedMmaTile (the default).
-  p.staged = false;
+  // The plain register loop first; every other tile variant must give the same bits (the same
+  // sums in the same order); the reference check is on the last, kGroupedMmaTile (the default).
   p.tile = MmaTileOptions();
   ASSERT_TRUE(Mxfp4MmaGroupedGemmSupports(p));
   DEEPINFER_CUDA_OK(Mxfp4MmaGroupedGemm(p, nullptr));
   std::vector<float> regs;
   DEEPINFER_CUDA_OK(dc.Download(&regs));
   std::vector<Mxfp4MmaGroupedGemmParams> variants;
-  for (const bool shared : {false, true}) {
-    Mxfp4MmaGroupedGemmParams q = p;
-    q.staged = true;
-    q.tile.shared_activations = shared;
-    variants.push_back(q);
-  }
   for (int v = 1; v < 8; ++v) {
     Mxfp4MmaGroupedGemmParams q = p;
     q.tile.wide = (v & 1) != 0;
@@ -139,9 +131,9 @@ TEST_P(Mxfp4MmaGroupedGemmTest, MatchesPerGroupReference) {
   }
   std::vector<float> got;
   for (const Mxfp4MmaGroupedGemmParams& q : variants) {
-    SCOPED_TRACE(::testing::Message()
-                 << "staged " << q.staged << " wide " << q.tile.wide << " shared "
-                 << q.tile.shared_activations << " two blocks " << q.tile.two_blocks_per_sm);
+    SCOPED_TRACE(::testing::Message() << "wide " << q.tile.wide << " shared "
+                                      << q.tile.shared_activations << " two blocks "
+                                      << q.tile.two_blocks_per_sm);
     dc.Poison();
     DEEPINFER_CUDA_OK(Mxfp4MmaGroupedGemm(q, nullptr));
     DEEPINFER_CUDA_OK(dc.Download(&got));

@@ -1,15 +1,17 @@
-// fp8_gemm_bench --variants. Dense: kernels::Fp8MmaGemm with bf16 activations (the model's normed
-// rows) in each tile variant: "narrow" (the default: 16 weight rows a warp, activation fragments
-// per warp), "+shared" (the block's activation fragments in shared memory), "wide" (32 weight
-// rows a warp), "wide+sh" (both), and each of these with a suffix 2 for
-// MmaTileOptions::two_blocks_per_sm (at most 128 registers a thread); then bf16's fastest of
-// cublasGemmEx and SmallMGemmBf16 (m <= 4) and the best variant's speed-up over it. Grouped (routed
-// experts at about 1, 8 and 16 rows per expert, uniform random top-k): kernels::Fp8MmaGroupedGemm
-// with the weight ring ("staged", the default; "stg+sh" with shared activation fragments) and the
-// register loop in each tile variant ("narrow" is the plain register loop), against
-// kernels::GroupedGemmBf16; then the same for kernels::Mxfp4MmaGroupedGemm on the same routing. Each cell: microseconds per call and GB/s of weights (FP8: + scales;
-// grouped: the busy experts'). Timing as fp8_gemm_bench's (CUDA graphs, the dense weights rotated
-// over copies for 256 MiB; median of 7 replays).
+// fp8_gemm_bench --variants: the tile variants (kernels::MmaTileOptions) still in question after
+// the H200 measurement in docs/performance.md ("FP8 weights kept FP8"), side by side with bf16.
+// Dense: kernels::Fp8MmaGemm with bf16 activations (the model's normed rows) as "narrow" (16
+// weight rows a warp, activations per warp: the default up to 16 rows), "wide" (32 weight rows a
+// warp), "narrow2" / "wide2" (the same with two_blocks_per_sm, at most 128 registers a thread),
+// "wide+sh2" (wide2 with shared_activations) and "allrows" (all_rows, the default above 16
+// rows); then bf16's fastest of cublasGemmEx and SmallMGemmBf16 (m <= 4) and the best variant's
+// speed-up over it. Grouped (routed experts at about 1, 8 and 16 rows per expert, uniform random
+// top-k): kernels::Fp8MmaGroupedGemm as "narrow" (the plain register loop), "+shared2"
+// (shared_activations + two_blocks_per_sm) and "wide+sh2" (kernels::kGroupedMmaTile, the
+// default), against kernels::GroupedGemmBf16; then the same for kernels::Mxfp4MmaGroupedGemm on the
+// same routing. Each cell: microseconds per call and GB/s of weights (FP8: + scales; grouped: the
+// busy experts'). Timing as fp8_gemm_bench's (CUDA graphs, the dense weights rotated over copies
+// for 256 MiB; median of 7 replays).
 #include "worker/backend/cuda/fp8_mma_variants_bench.h"
 
 #include <cublas_v2.h>
@@ -48,17 +50,13 @@ struct Tile {
   const char* name;
   bool wide, shared, two_blocks, all_rows;
 };
-constexpr Tile kTiles[] = {
-    {"narrow", false, false, false, false},  {"+shared", false, true, false, false},
-    {"wide", true, false, false, false},     {"wide+sh", true, true, false, false},
-    {"narrow2", false, false, true, false},  {"+shared2", false, true, true, false},
-    {"wide2", true, false, true, false},     {"wide+sh2", true, true, true, false}};
+constexpr Tile kGroupedTiles[] = {{"narrow", false, false, false, false},
+                                  {"+shared2", false, true, true, false},
+                                  {"wide+sh2", true, true, true, false}};
 constexpr Tile kDenseTiles[] = {
-    {"narrow", false, false, false, false},  {"+shared", false, true, false, false},
-    {"wide", true, false, false, false},     {"wide+sh", true, true, false, false},
-    {"narrow2", false, false, true, false},  {"+shared2", false, true, true, false},
-    {"wide2", true, false, true, false},     {"wide+sh2", true, true, true, false},
-    {"allrows", false, false, false, true}};
+    {"narrow", false, false, false, false},  {"wide", true, false, false, false},
+    {"narrow2", false, false, true, false},  {"wide2", true, false, true, false},
+    {"wide+sh2", true, true, true, false},   {"allrows", false, false, false, true}};
 
 void PrintCell(double us, double bytes) {
   if (us < 0) {
@@ -208,14 +206,7 @@ void GroupedVariants(const MoeShape& ms) {
         }
         PrintCell(us, fp8_busy);
       };
-      mp.staged = true;
-      mp.tile = kernels::MmaTileOptions();
-      time(mp);
-      mp.tile.shared_activations = true;
-      time(mp);
-      mp.tile = kernels::MmaTileOptions();
-      mp.staged = false;
-      for (const Tile& t : kTiles) {
+      for (const Tile& t : kGroupedTiles) {
         kernels::Fp8MmaGroupedGemmParams q = mp;
         q.tile.wide = t.wide;
         q.tile.shared_activations = t.shared;
@@ -238,7 +229,7 @@ void GroupedVariants(const MoeShape& ms) {
       xp.weights = dw4, xp.scales = dsc4, xp.scale_ld = k / kernels::kMxfp4BlockSize, xp.c = c;
       xp.rows_per_group_hint = mp.rows_per_group_hint;
       const double mx_busy = static_cast<double>(routing.busy) * (bytes / 2 + mx_scales.size());
-      std::printf("%-9s %-7s %-44s |", ms.name, gate_up ? "gate_up" : "down", "mxfp4");
+      std::printf("%-9s %-7s %-52s|", ms.name, gate_up ? "gate_up" : "down", "mxfp4");
       best = -1;
       auto time_mx = [&](const kernels::Mxfp4MmaGroupedGemmParams& q) {
         double us = -1;
@@ -249,13 +240,7 @@ void GroupedVariants(const MoeShape& ms) {
         }
         PrintCell(us, mx_busy);
       };
-      xp.staged = true;
-      xp.tile = kernels::MmaTileOptions();
-      time_mx(xp);
-      xp.tile.shared_activations = true;
-      time_mx(xp);
-      xp.staged = false;
-      for (const Tile& t : kTiles) {
+      for (const Tile& t : kGroupedTiles) {
         kernels::Mxfp4MmaGroupedGemmParams q = xp;
         q.tile.wide = t.wide;
         q.tile.shared_activations = t.shared;
@@ -299,8 +284,8 @@ void RunTileVariants(const std::vector<GemmShape>& dense, const std::vector<MoeS
   std::printf(
       "\nFP8 and MXFP4 tile variants, grouped experts: us GB/s (busy experts' weights; each FP8 "
       "line, then the same routing on MXFP4 experts)\n");
-  std::printf("%-62s| %8s %5s %8s %5s", "", "staged", "GB/s", "stg+sh", "GB/s");
-  for (const Tile& t : kTiles) std::printf(" %8s %5s", t.name, "GB/s");
+  std::printf("%-70s|", "");
+  for (const Tile& t : kGroupedTiles) std::printf(" %8s %5s", t.name, "GB/s");
   std::printf(" | %8s %5s | best fp8 vs bf16\n", "bf16", "GB/s");
   for (const MoeShape& m : moe) GroupedVariants(m);
   cublasDestroy(blas);
