@@ -283,13 +283,13 @@ __device__ __forceinline__ uint4 LoadActivationHalf(const void* a, int64_t lda, 
 }
 
 // Stages steps [step0, step0 + steps) of every k-slice (slice q's step p is k block q * per + p,
-// none past its slice's end) into frag. All the block's threads call it.
-template <int NT, bool kBf16A, typename Format>
+// none past its slice's end) into frag, kBatch loads in flight per thread before their stores.
+// All the block's threads call it.
+template <int NT, bool kBf16A, typename Format, int kBatch = 4>
 __device__ __forceinline__ void StageActivations(uint4* frag, const void* a, int64_t lda,
                                                  int64_t row0, int64_t row_end, int64_t k,
                                                  int ks_count, int64_t blocks, int64_t per,
                                                  int64_t step0, int steps) {
-  constexpr int kBatch = 4;  // loads in flight per thread before their stores
   const int items = steps * ks_count * NT * 128;
   for (int e0 = threadIdx.x; e0 < items; e0 += kBatch * kThreads) {
     uint4 v[kBatch];
@@ -377,10 +377,11 @@ __device__ __forceinline__ void WarpTileSharedB(const typename Format::Matrix& m
 // The all-rows tile loop, for many activation rows: the warp widens its 16 weight rows' A
 // fragments of a k block once (all 8 sub-steps, 32 registers) and applies them to all its 8 NT
 // activation rows (NT up to 16), reading their B fragments from the block's shared-memory copy
-// (StageActivations, kAllRowsUnits(NT) 2 KiB units a phase). Each 8-row tile's block sum takes the
-// same MMAs in the same order as AccumulateBlock's, then is scaled and added the same way: the
-// sums of WarpTile / WarpTileSharedB at the same k split, bit for bit. Every thread of the block
-// calls it (it has barriers), the warps past n or with an empty slice too.
+// (StageActivations, kAllRowsUnits(NT) 2 KiB units a phase, 8 loads in flight per thread: a phase
+// is not overlapped with the MMAs). Each 8-row tile's block sum takes the same MMAs in the same
+// order as AccumulateBlock's, then is scaled and added the same way: the sums of WarpTile /
+// WarpTileSharedB at the same k split, bit for bit. Every thread of the block calls it (it has
+// barriers), the warps past n or with an empty slice too.
 __host__ __device__ constexpr int kAllRowsUnits(int nt) { return nt >= 16 ? 64 : 32; }
 
 template <int NT, bool kBf16A, typename Format>
@@ -402,8 +403,8 @@ __device__ __forceinline__ void WarpTileAllRows(const typename Format::Matrix& m
   for (int64_t s0 = 0; s0 < per; s0 += steps) {
     const int now = static_cast<int>(min(static_cast<int64_t>(steps), per - s0));
     __syncthreads();  // the previous phase's fragments have been read
-    StageActivations<NT, kBf16A, Format>(frag, a, lda, row0, row_end, k, ks_count, blocks, per, s0,
-                                         now);
+    StageActivations<NT, kBf16A, Format, 8>(frag, a, lda, row0, row_end, k, ks_count, blocks, per,
+                                            s0, now);
     __syncthreads();
     if (!active) continue;
     for (int p = 0; p < now && kb0 + s0 + p < kb1; ++p) {
