@@ -1,16 +1,16 @@
-// GEMMs against FP8 block-scaled weights (fp8_block_gemm.h's layout) on bf16 tensor cores
-// (mma.sync m16n8k16, sm_80+), for a few to a few hundred activation rows: decode batches and
-// the routed experts' rows. Each weight tile is read from memory and widened to bf16 in
-// registers once per pass of up to 32 activation rows, or 128 with MmaTileOptions::all_rows (16
-// bytes per lane, no shared-memory staging of weights), which is exact (every e4m3 value is a
-// bf16 value); activations are bf16 (fp32 rows rounded to nearest even as they are read). So the products are exact, as in Fp8SmallMGemm: the
-// MMAs sum each 128-wide k block in fp32, the sum is multiplied by the weight block's scale and
-// added to an fp32 accumulator, and warps that split k add their partial sums in warp order
-// through shared memory (deterministic). Per 16 weights the widening costs about ten integer
-// and bf16 instructions, against one FMA per weight and row on CUDA cores: from a few rows on
-// the weights stream at memory speed where the CUDA-core kernel is bound by its FMAs and its
-// activation re-reads (fp8_block_gemm_bench). e4m3 NaN bytes (0x7F, 0xFF) read as +-480 here,
-// not NaN (checkpoints hold none).
+// GEMMs against FP8 block-scaled weights (fp8_block_gemm.h's layout) on bf16 tensor cores (mma.sync
+// m16n8k16, sm_80+), for a few to a few hundred activation rows: decode batches and the routed
+// experts' rows. Each weight tile is read from memory and widened to bf16 in registers once per
+// pass of up to 32 activation rows, or 128 with MmaTileOptions::all_rows (16 bytes per lane, no
+// shared-memory staging of weights), which is exact (every e4m3 value is a bf16 value); activations
+// are bf16 (fp32 rows rounded to nearest even as they are read). So the products are exact, as in
+// Fp8SmallMGemm: the MMAs sum each 128-wide k block in fp32, the sum is multiplied by the weight
+// block's scale and added to an fp32 accumulator, and warps that split k add their partial sums in
+// warp order through shared memory (deterministic). Per 16 weights the widening costs about ten
+// integer and bf16 instructions, against one FMA per weight and row on CUDA cores: from a few rows
+// on the weights stream at memory speed where the CUDA-core kernel is bound by its FMAs and its
+// activation re-reads (fp8_block_gemm_bench). e4m3 NaN bytes (0x7F, 0xFF) read as +-480 here, not
+// NaN (checkpoints hold none).
 #ifndef DEEPINFER_KERNELS_GEMM_FP8_MMA_GEMM_H_
 #define DEEPINFER_KERNELS_GEMM_FP8_MMA_GEMM_H_
 

@@ -310,8 +310,9 @@ INSTANTIATE_TEST_SUITE_P(
         GroupedCase{{1, 0, 2, 1, 0, 0, 12, 0}, 2048, 1408, 0, 12}));
 
 // The batch-invariant mode: with a fixed k split every row's sums are the same bits at any row
-// count (all_rows' passes of 32, 64 and 128 rows among them) and with every tile variant (each output's MMAs, their order and the k-slices' sum do
-// not depend on the rows or the tile), and match the reference.
+// count (all_rows' passes of 32, 64 and 128 rows among them) and with every tile variant (each
+// output's MMAs, their order and the k-slices' sum do not depend on the rows or the tile), and
+// match the reference.
 TEST(Fp8MmaGemmBatchInvariantTest, RowsIndependentOfRowCountAndTile) {
   DEEPINFER_SKIP_WITHOUT_GPU();
   const uint32_t seed = testing::FreshSeed();
