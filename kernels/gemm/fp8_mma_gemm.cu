@@ -80,20 +80,6 @@ class Fp8Format {
       r->w[c][1] = ok ? LoadStreaming16(wb_ + off) : make_uint4(0, 0, 0, 0);
     }
   }
-  // The thread's 16-byte piece i < kPieces of k block kb (chunk i / 2, row fa / fb by i % 2),
-  // whether it holds weights (else zeros), and the Raw of the four.
-  static constexpr int kPieces = 4;
-  __device__ const uint8_t* Piece(int64_t kb, int i) const {
-    return (i % 2 == 0 ? wa_ : wb_) + kb * kKBlock + (i / 2) * 64;
-  }
-  __device__ bool PieceOk(int64_t kb, int i, int64_t k) const { return ChunkOk(kb, i / 2, t_, k); }
-  __device__ const uint8_t* RowStart() const { return wa_; }
-  __device__ void FromPieces(const uint4 v[kPieces], int64_t, int64_t, Raw* r) const {
-    r->w[0][0] = v[0];
-    r->w[0][1] = v[1];
-    r->w[1][0] = v[2];
-    r->w[1][1] = v[3];
-  }
   __device__ void Fragment(const Raw& r, int c, int s, uint32_t af[4]) const {
     WidenFp8x4(Word(r.w[c][0], s), &af[0], &af[2]);
     WidenFp8x4(Word(r.w[c][1], s), &af[1], &af[3]);
@@ -140,6 +126,35 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks)
                                    p.accumulate);
 }
 
+// MmaTileOptions::all_rows: grid x as Fp8MmaGemmKernel's (feature tiles of 16 rows), y: passes
+// of 8 NT rows; the activation fragments and then the k-slices' partial sums in the dynamic
+// shared memory (AllRowsBytes<NT>()).
+template <int NT>
+constexpr size_t AllRowsBytes() {
+  const size_t frag = size_t{2048} * mma_tile::kAllRowsUnits(NT);
+  const size_t red = sizeof(float) * kWarps * kTile * 8 * NT;
+  return frag > red ? frag : red;
+}
+
+template <int NT, bool kBf16A>
+__global__ void __launch_bounds__(kThreads) Fp8MmaAllRowsKernel(Fp8MmaGemmParams p, int ks_count) {
+  extern __shared__ uint4 frag[];
+  const int warp = threadIdx.x >> 5;
+  const int fb_count = kWarps / ks_count, fb = warp / ks_count, ks = warp % ks_count;
+  const int64_t tile0 = static_cast<int64_t>(blockIdx.x) * fb_count;
+  const int64_t row0 = static_cast<int64_t>(blockIdx.y) * 8 * NT;
+  float acc[1][NT][4];
+  const Fp8Format::Matrix m{p.w.data, p.w.ldw, p.w.scales, p.w.scale_ld, p.w.split_rows};
+  mma_tile::WarpTileAllRows<NT, kBf16A, Fp8Format>(m, p.n, (tile0 + fb) * kTile, p.a, p.lda, row0,
+                                                   p.m, p.k, ks, ks_count, frag, acc);
+  __syncthreads();  // every warp is done with the fragments: the memory holds the partial sums
+  auto red = reinterpret_cast<float(*)[kTile][8 * NT]>(frag);
+  mma_tile::StoreFragments<NT, 1>(acc, red[warp]);
+  __syncthreads();
+  mma_tile::ReduceAndStore<NT, 1>(red, fb_count, ks_count, tile0, row0, p.m, p.n, p.c, p.ldc,
+                                  p.accumulate);
+}
+
 bool Aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
 
 // Whether a fixed k split (Fp8MmaGemmParams::k_split) is one the kernels take.
@@ -147,6 +162,43 @@ bool KSplitValid(int32_t k_split, int64_t k) {
   if (k_split == 0 || k_split == 1) return true;
   const int64_t kblocks = (k + kKBlock - 1) / kKBlock;
   return (k_split == 2 || k_split == 4 || k_split == kWarps) && 2 * k_split <= kblocks;
+}
+
+template <int NT, bool kBf16A>
+cudaError_t LaunchAllRowsKernel(const Fp8MmaGemmParams& p, int ks, int64_t passes,
+                                cudaStream_t stream) {
+  constexpr size_t kBytes = AllRowsBytes<NT>();
+  const auto kernel = Fp8MmaAllRowsKernel<NT, kBf16A>;
+  static const cudaError_t allowed =
+      mma_tile::AllowDynamicSmem(reinterpret_cast<const void*>(kernel), kBytes);
+  if (allowed != cudaSuccess) return allowed;
+  const int64_t tiles = (p.n + kTile - 1) / kTile, per_block = kWarps / ks;
+  const dim3 grid(static_cast<unsigned>((tiles + per_block - 1) / per_block),
+                  static_cast<unsigned>(passes));
+  kernel<<<grid, kThreads, kBytes, stream>>>(p, ks);
+  return cudaGetLastError();
+}
+
+// MmaTileOptions::all_rows: passes of 32, 64 or 128 rows by m; the k split p's or KSplit's,
+// capped where a pass's fragments would not fit kAllRowsUnits (a fixed split takes a smaller
+// pass instead).
+template <bool kBf16A>
+cudaError_t LaunchAllRows(const Fp8MmaGemmParams& p, cudaStream_t stream) {
+  int nt = p.m <= 32 ? 4 : p.m <= 64 ? 8 : 16;
+  if (p.k_split > 0) {
+    while (p.k_split * nt > mma_tile::kAllRowsUnits(nt)) nt /= 2;
+  }
+  const int64_t passes = (p.m + 8 * nt - 1) / (8 * nt);
+  int ks = p.k_split > 0 ? p.k_split : mma_tile::KSplit(p.n, p.k, passes);
+  while (ks * nt > mma_tile::kAllRowsUnits(nt)) ks /= 2;
+  switch (nt) {
+    case 4:
+      return LaunchAllRowsKernel<4, kBf16A>(p, ks, passes, stream);
+    case 8:
+      return LaunchAllRowsKernel<8, kBf16A>(p, ks, passes, stream);
+    default:
+      return LaunchAllRowsKernel<16, kBf16A>(p, ks, passes, stream);
+  }
 }
 
 template <int NT, int MT, bool kSharedB, bool kBf16A, int kMinBlocks>
@@ -188,6 +240,7 @@ cudaError_t LaunchDenseRows(const Fp8MmaGemmParams& p, cudaStream_t stream) {
 
 template <bool kBf16A>
 cudaError_t LaunchDenseTile(const Fp8MmaGemmParams& p, cudaStream_t stream) {
+  if (p.tile.all_rows) return LaunchAllRows<kBf16A>(p, stream);
   if (p.tile.two_blocks_per_sm) {
     return p.tile.wide ? LaunchDenseRows<2, kBf16A, 2>(p, stream)
                        : LaunchDenseRows<1, kBf16A, 2>(p, stream);
@@ -210,11 +263,6 @@ cudaError_t LaunchGroupedTile(const Fp8MmaGroupedGemmParams& p, cudaStream_t str
     return p.tile.shared_activations ? LaunchGroupedRegisters<2, true>(p, stream)
                                      : LaunchGroupedRegisters<2, false>(p, stream);
   }
-  if (p.staged && !p.tile.two_blocks_per_sm) {
-    return p.tile.shared_activations
-               ? mma_tile::LaunchGroupedStaged<Fp8Format, true>(p, p.k_split, stream)
-               : mma_tile::LaunchGroupedStaged<Fp8Format, false>(p, p.k_split, stream);
-  }
   return p.tile.shared_activations ? LaunchGroupedRegisters<1, true>(p, stream)
                                    : LaunchGroupedRegisters<1, false>(p, stream);
 }
@@ -232,6 +280,12 @@ bool Fp8MmaGemmAvailable() {
     return attr.binaryVersion >= 80 && attr.ptxVersion >= 80;
   }();
   return available;
+}
+
+MmaTileOptions Fp8MmaDenseTile(int64_t m) {
+  MmaTileOptions t;
+  t.all_rows = m > 16;
+  return t;
 }
 
 bool Fp8MmaGemmSupports(const Fp8MmaGemmParams& p) {

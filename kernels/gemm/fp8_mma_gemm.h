@@ -1,16 +1,16 @@
-// GEMMs against FP8 block-scaled weights (fp8_block_gemm.h's layout) on bf16 tensor cores
-// (mma.sync m16n8k16, sm_80+), for a few to a few hundred activation rows: decode batches and
-// the routed experts' rows. Each weight tile is read from memory once per pass of up to 32
-// activation rows (16 bytes per lane, no shared-memory staging) and widened to bf16 in
-// registers, which is exact (every e4m3 value is a bf16 value); activations are bf16 (fp32 rows
-// rounded to nearest even as they are read). So the products are exact, as in Fp8SmallMGemm: the
-// MMAs sum each 128-wide k block in fp32, the sum is multiplied by the weight block's scale and
-// added to an fp32 accumulator, and warps that split k add their partial sums in warp order
-// through shared memory (deterministic). Per 16 weights the widening costs about ten integer
-// and bf16 instructions, against one FMA per weight and row on CUDA cores: from a few rows on
-// the weights stream at memory speed where the CUDA-core kernel is bound by its FMAs and its
-// activation re-reads (fp8_block_gemm_bench). e4m3 NaN bytes (0x7F, 0xFF) read as +-480 here,
-// not NaN (checkpoints hold none).
+// GEMMs against FP8 block-scaled weights (fp8_block_gemm.h's layout) on bf16 tensor cores (mma.sync
+// m16n8k16, sm_80+), for a few to a few hundred activation rows: decode batches and the routed
+// experts' rows. Each weight tile is read from memory and widened to bf16 in registers once per
+// pass of up to 32 activation rows, or 128 with MmaTileOptions::all_rows (16 bytes per lane, no
+// shared-memory staging of weights), which is exact (every e4m3 value is a bf16 value); activations
+// are bf16 (fp32 rows rounded to nearest even as they are read). So the products are exact, as in
+// Fp8SmallMGemm: the MMAs sum each 128-wide k block in fp32, the sum is multiplied by the weight
+// block's scale and added to an fp32 accumulator, and warps that split k add their partial sums in
+// warp order through shared memory (deterministic). Per 16 weights the widening costs about ten
+// integer and bf16 instructions, against one FMA per weight and row on CUDA cores: from a few rows
+// on the weights stream at memory speed where the CUDA-core kernel is bound by its FMAs and its
+// activation re-reads (fp8_block_gemm_bench). e4m3 NaN bytes (0x7F, 0xFF) read as +-480 here, not
+// NaN (checkpoints hold none).
 #ifndef DEEPINFER_KERNELS_GEMM_FP8_MMA_GEMM_H_
 #define DEEPINFER_KERNELS_GEMM_FP8_MMA_GEMM_H_
 
@@ -19,6 +19,7 @@
 #include <cstdint>
 
 #include "kernels/gemm/fp8_block_gemm.h"
+#include "kernels/gemm/mma_tile_options.h"
 
 namespace deepinfer {
 namespace kernels {
@@ -27,21 +28,11 @@ namespace kernels {
 // compute_75 PTX fallback has no bf16 MMA). The Supports functions check it too.
 bool Fp8MmaGemmAvailable();
 
-// Variants of the kernels' tile loop (mma_weight_tile.cuh), for measuring them side by side
-// (fp8_gemm_bench --variants). Each gives the default's sums bit for bit at the same fixed
-// k_split; with k_split 0 `wide` may pick another split (the same products, the k-slices' partial
-// sums added in another grouping: equal up to fp32 reordering).
-struct Fp8MmaTileOptions {
-  // 32 weight rows a warp (two 16-row MMA tiles sharing each activation fragment), not 16.
-  bool wide = false;
-  // The block's activation fragments built once per k block in shared memory (32 KiB) and read by
-  // all its warps, instead of each warp loading and permuting its own; where k-slices x 8-row
-  // tiles exceed 16 the kernel reads them per warp as without it.
-  bool shared_activations = false;
-  // At most 128 registers a thread (spilling where the tile needs more), so that two 256-thread
-  // blocks fit an SM; on the register loop (the grouped kernel then leaves its weight ring).
-  bool two_blocks_per_sm = false;
-};
+// The dense kernel's tile for m rows: up to 16 rows the plain register loop (16 weight rows a
+// warp, activations per warp; at most within noise of the best variant on the H200, fp8_gemm_bench
+// --variants), above MmaTileOptions::all_rows (each weight widened once for up to 128 rows, where
+// every other variant's time grows with the passes of 32 rows).
+MmaTileOptions Fp8MmaDenseTile(int64_t m);
 
 // c[i, j] (+)= sum_p bf16(a[i, p]) * w(j, p) * scale(j, p), i < m, j < n, p < k; a fp32 or (a_bf16)
 // bf16 bits, c fp32. With accumulate, c[i, j] + the sum is one fp32 addition.
@@ -59,7 +50,7 @@ struct Fp8MmaGemmParams {
   // half the 128-wide k blocks, or 1) keeps every row's sums the same at any m (the
   // batch-invariant mode), with any tile options.
   int32_t k_split = 0;
-  Fp8MmaTileOptions tile;
+  MmaTileOptions tile;
 };
 
 // Whether Fp8MmaGemm takes these arguments and the device has the kernel (sm_80+ code): m, n, k
@@ -91,12 +82,7 @@ struct Fp8MmaGroupedGemmParams {
   int32_t rows_per_group_hint = 0;
   // As Fp8MmaGemmParams::k_split (0: picked from the shape and the busy groups).
   int32_t k_split = 0;
-  // true: each thread streams its weights 3 k blocks ahead through shared memory (cp.async, 64
-  // KiB a block), more bytes in flight per SM than false's one block ahead in registers; the
-  // same sums bit for bit. fp8_gemm_bench times both. With tile.wide or tile.two_blocks_per_sm
-  // the register loop is taken; tile.shared_activations combines with either.
-  bool staged = true;
-  Fp8MmaTileOptions tile;
+  MmaTileOptions tile = kGroupedMmaTile;
 };
 
 bool Fp8MmaGroupedGemmSupports(const Fp8MmaGroupedGemmParams& p);

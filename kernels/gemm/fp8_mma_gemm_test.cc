@@ -37,14 +37,14 @@ using testing::DeviceArray;
 
 double Unit(int64_t k) { return std::ldexp(1.0, -24) * (k / 4.0 + 64.0); }
 
-// Every tile-loop variant (Fp8MmaTileOptions), the default first: [0, 4) narrow, narrow+shared,
+// Every tile-loop variant (MmaTileOptions), the default first: [0, 4) narrow, narrow+shared,
 // wide, wide+shared; [4, 8) the same with two_blocks_per_sm.
-std::vector<Fp8MmaTileOptions> AllTiles() {
-  std::vector<Fp8MmaTileOptions> v;
+std::vector<MmaTileOptions> AllTiles() {
+  std::vector<MmaTileOptions> v;
   for (const bool two_blocks : {false, true}) {
     for (const bool wide : {false, true}) {
       for (const bool shared : {false, true}) {
-        Fp8MmaTileOptions o;
+        MmaTileOptions o;
         o.wide = wide;
         o.shared_activations = shared;
         o.two_blocks_per_sm = two_blocks;
@@ -55,7 +55,16 @@ std::vector<Fp8MmaTileOptions> AllTiles() {
   return v;
 }
 
-std::string TileName(const Fp8MmaTileOptions& o) {
+// AllTiles, then the dense kernel's all_rows.
+std::vector<MmaTileOptions> AllDenseTiles() {
+  std::vector<MmaTileOptions> v = AllTiles();
+  v.emplace_back();
+  v.back().all_rows = true;
+  return v;
+}
+
+std::string TileName(const MmaTileOptions& o) {
+  if (o.all_rows) return "all_rows";
   return std::string(o.wide ? "wide" : "narrow") + (o.shared_activations ? "+shared" : "") +
          (o.two_blocks_per_sm ? "+2blocks" : "");
 }
@@ -104,7 +113,7 @@ void RunDense(const DenseCase& t, HostFp8 w, uint32_t seed) {
   // Every tile variant; those without two_blocks_per_sm against the reference; the shared
   // activation fragments and the register cap give their twin's bits (the same k split: the
   // narrow and wide tiles may split k differently).
-  const std::vector<Fp8MmaTileOptions> tiles = AllTiles();
+  const std::vector<MmaTileOptions> tiles = AllTiles();
   std::vector<std::vector<float>> got;
   for (size_t v = 0; v < tiles.size(); ++v) {
     SCOPED_TRACE(TileName(tiles[v]));
@@ -123,6 +132,31 @@ void RunDense(const DenseCase& t, HostFp8 w, uint32_t seed) {
   }
   EXPECT_TRUE(SameBits(got[0], got[1], got[0].size())) << "narrow vs narrow+shared";
   EXPECT_TRUE(SameBits(got[2], got[3], got[2].size())) << "wide vs wide+shared";
+
+  // all_rows (its own k split) against the reference, then at each fixed k split it takes the
+  // narrow tile's bits (the same MMAs in the same order, the same k-slices).
+  MmaTileOptions all_rows;
+  all_rows.all_rows = true;
+  const int64_t kblocks = (t.k + 127) / 128;
+  for (const int32_t k_split : {0, 1, 2, 4, 8}) {
+    if (k_split > 1 && 2 * k_split > kblocks) continue;
+    SCOPED_TRACE(::testing::Message() << "all_rows, k_split " << k_split);
+    p.k_split = k_split;
+    std::vector<float> narrow, rows;
+    for (const bool all : {false, true}) {
+      p.tile = all ? all_rows : MmaTileOptions();
+      DeviceArray<float> dct(c0);
+      p.c = dct.get();
+      ASSERT_TRUE(Fp8MmaGemmSupports(p));
+      DEEPINFER_CUDA_OK(Fp8MmaGemm(p, nullptr));
+      DEEPINFER_CUDA_OK(dct.Download(all ? &rows : &narrow));
+    }
+    if (k_split == 0) {
+      ExpectDenseMatches(rows, c0, ldc, Bf16Rounded(a), lda, t.m, w, t.accumulate, Unit(t.k));
+    } else {
+      EXPECT_TRUE(SameBits(narrow, rows, rows.size())) << "narrow vs all_rows";
+    }
+  }
 }
 
 class Fp8MmaGemmTest : public ::testing::TestWithParam<DenseCase> {};
@@ -148,6 +182,9 @@ INSTANTIATE_TEST_SUITE_P(
         DenseCase{17, 64, 2048, 0, 0, 0, true, false},
         DenseCase{33, 129, 4112, 4, 0, 0, false, false},
         DenseCase{100, 48, 256, 0, 0, 0, false, false},
+        // all_rows' passes: two of 128 rows (the second of 2), 96 rows with padded strides.
+        DenseCase{130, 160, 512, 0, 0, 80, true, true},
+        DenseCase{96, 300, 2048, 8, 16, 0, false, false},
         // [gate; up] stacked at 80 rows (two scale grids; a 16-row tile straddles the split)
         // and at a multiple of 128.
         DenseCase{5, 160, 256, 0, 0, 80, false, false},
@@ -210,9 +247,9 @@ TEST_P(Fp8MmaGroupedGemmTest, MatchesPerGroupReference) {
   p.split_rows = t.split;
   p.c = dc.get();
   p.rows_per_group_hint = t.hint;
-  // Both weight pipelines (registers one k block ahead; the shared-memory ring) and every tile
-  // variant: each against the reference; the ring and the shared activation fragments give the
-  // bits of the register loop with the same tile (the same sums in the same order).
+  // Every tile variant, those without two_blocks_per_sm against the reference; the shared
+  // activation fragments and the register cap give the bits of their twin (the same sums in the
+  // same order).
   const size_t used = static_cast<size_t>(g.used) * t.n;
   auto launch = [&](const Fp8MmaGroupedGemmParams& q, std::vector<float>* out) {
     dc.Poison();
@@ -224,18 +261,7 @@ TEST_P(Fp8MmaGroupedGemmTest, MatchesPerGroupReference) {
     launch(q, out);
     ExpectGroupedMatches(*out, Bf16Rounded(a), g, t.n, t.k, Unit(t.k));
   };
-  std::vector<float> staged, staged_shared;
-  {
-    SCOPED_TRACE("staged");
-    p.staged = true;
-    run(p, &staged);
-    SCOPED_TRACE("staged+shared");
-    p.tile.shared_activations = true;
-    run(p, &staged_shared);
-    p.tile = Fp8MmaTileOptions();
-  }
-  p.staged = false;
-  const std::vector<Fp8MmaTileOptions> tiles = AllTiles();
+  const std::vector<MmaTileOptions> tiles = AllTiles();
   std::vector<std::vector<float>> got;
   for (size_t v = 0; v < tiles.size(); ++v) {
     SCOPED_TRACE(TileName(tiles[v]));
@@ -248,30 +274,24 @@ TEST_P(Fp8MmaGroupedGemmTest, MatchesPerGroupReference) {
       EXPECT_TRUE(SameBits(got[v - 4], got[v], used)) << "the register cap";
     }
   }
-  EXPECT_TRUE(SameBits(got[0], staged, used)) << "registers vs staged";
-  EXPECT_TRUE(SameBits(got[0], staged_shared, used)) << "registers vs staged+shared";
   EXPECT_TRUE(SameBits(got[0], got[1], used)) << "narrow vs narrow+shared";
   EXPECT_TRUE(SameBits(got[2], got[3], used)) << "wide vs wide+shared";
 
-  // The batch-invariant mode's fixed k split: the same bits with every weight pipeline, tile
-  // variant and row tile (the hint), as each output's MMAs do not depend on them.
+  // The batch-invariant mode's fixed k split: the same bits with every tile variant and row
+  // tile (the hint), as each output's MMAs do not depend on them.
   p.k_split = 1;
   std::vector<float> first;
   for (const int32_t hint : {1, 12, 40}) {
-    for (const Fp8MmaTileOptions& tile : AllTiles()) {
-      for (const bool ring : {false, true}) {
-        SCOPED_TRACE(::testing::Message() << "k_split 1, hint " << hint << " " << TileName(tile)
-                                          << (ring ? " staged" : " registers"));
-        p.rows_per_group_hint = hint;
-        p.tile = tile;
-        p.staged = ring;
-        std::vector<float> out;
-        if (first.empty()) {
-          run(p, &first);
-        } else {
-          launch(p, &out);
-          EXPECT_TRUE(SameBits(first, out, used));
-        }
+    for (const MmaTileOptions& tile : AllTiles()) {
+      SCOPED_TRACE(::testing::Message() << "k_split 1, hint " << hint << " " << TileName(tile));
+      p.rows_per_group_hint = hint;
+      p.tile = tile;
+      std::vector<float> out;
+      if (first.empty()) {
+        run(p, &first);
+      } else {
+        launch(p, &out);
+        EXPECT_TRUE(SameBits(first, out, used));
       }
     }
   }
@@ -290,14 +310,15 @@ INSTANTIATE_TEST_SUITE_P(
         GroupedCase{{1, 0, 2, 1, 0, 0, 12, 0}, 2048, 1408, 0, 12}));
 
 // The batch-invariant mode: with a fixed k split every row's sums are the same bits at any row
-// count and with every tile variant (each output's MMAs, their order and the k-slices' sum do
-// not depend on the rows or the tile), and match the reference.
+// count (all_rows' passes of 32, 64 and 128 rows among them) and with every tile variant (each
+// output's MMAs, their order and the k-slices' sum do not depend on the rows or the tile), and
+// match the reference.
 TEST(Fp8MmaGemmBatchInvariantTest, RowsIndependentOfRowCountAndTile) {
   DEEPINFER_SKIP_WITHOUT_GPU();
   const uint32_t seed = testing::FreshSeed();
   SCOPED_TRACE(::testing::Message() << "seed " << seed);
   std::mt19937 gen(seed);
-  const int64_t n = 300, k = 1024, max_m = 40;
+  const int64_t n = 300, k = 1024, max_m = 130;
   const HostFp8 w = MakeWeight(n, k, k, 0, &gen);
   const std::vector<float> a = testing::RandomFloats(max_m * k, seed + 1);
   DeviceArray<uint8_t> dw(w.data);
@@ -321,9 +342,9 @@ TEST(Fp8MmaGemmBatchInvariantTest, RowsIndependentOfRowCountAndTile) {
       p.ldc = n;
       p.k_split = k_split;
       std::vector<float> full;
-      for (const Fp8MmaTileOptions& tile : AllTiles()) {
+      for (const MmaTileOptions& tile : AllDenseTiles()) {
         for (const int64_t m : {max_m, int64_t{1}, int64_t{5}, int64_t{8}, int64_t{9}, int64_t{16},
-                                int64_t{17}, int64_t{33}}) {
+                                int64_t{17}, int64_t{33}, int64_t{64}, int64_t{65}, int64_t{128}}) {
           SCOPED_TRACE(::testing::Message() << "a_bf16 " << a_bf16 << " k_split " << k_split
                                             << " m " << m << " " << TileName(tile));
           p.m = m;
@@ -369,8 +390,8 @@ TEST(Fp8MmaGemmWidenTest, WidensEveryByteExactly) {
   DeviceArray<uint16_t> da16(FloatsToBf16Bits(a));
   DeviceArray<float> dc(m * n);
   for (const bool a_bf16 : {false, true}) {
-    for (const Fp8MmaTileOptions& tile : AllTiles()) {
-      for (const int64_t rows : {int64_t{1}, int64_t{8}, int64_t{16}, m}) {
+    for (const MmaTileOptions& tile : AllDenseTiles()) {
+      for (const int64_t rows : {int64_t{1}, int64_t{8}, int64_t{16}, int64_t{40}, m}) {
         SCOPED_TRACE(::testing::Message()
                      << "a_bf16 " << a_bf16 << " rows " << rows << " " << TileName(tile));
         Fp8MmaGemmParams p;

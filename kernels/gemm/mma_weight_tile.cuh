@@ -16,10 +16,10 @@
 //
 // Block: 8 warps = fb feature tiles x ks k-slices (fb * ks = 8, ks chosen per launch so the grid
 // has about two blocks per SM); the k-slices' partial sums meet in shared memory in warp order
-// (deterministic). The activation fragments come from global memory per warp (GlobalB) or, built
-// once per block, from shared memory (WarpTileSharedB); the weights one block ahead in registers
-// (WarpTile) or through a shared-memory ring (WarpTileStaged, MT = 1). All of these give every
-// output the same MMAs in the same order: the same sums bit for bit at the same k split.
+// (deterministic). The activation fragments come from global memory per warp (WarpTile) or, built
+// once per block, from shared memory (WarpTileSharedB, WarpTileAllRows); the weights one block
+// ahead in registers. All of these give every output the same MMAs in the same order: the same
+// sums bit for bit at the same k split.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -27,7 +27,6 @@
 
 #include <cstdint>
 
-#include "kernels/common/cp_async.cuh"
 #include "kernels/common/nonempty_group.cuh"
 
 namespace deepinfer {
@@ -118,12 +117,6 @@ __device__ __forceinline__ void LoadActivations(const void* a, int64_t lda, int6
 //       (2t+8, 2t+9), i.e. af = {even pair of fa, even pair of fb, odd pair of fa, odd of fb}
 //   static constexpr bool kBlockScaled;             whether the block sums are scaled, by
 //   void BlockScales(int64_t kb, float* sa, float* sb) const   rows fa, fb of block kb
-// and for the staged loop (WarpTileStaged), the thread's weights of a block as 16-byte pieces:
-//   static constexpr int kPieces;
-//   const uint8_t* Piece(int64_t kb, int i) const   piece i < kPieces of block kb
-//   bool PieceOk(int64_t kb, int i, int64_t k) const   false: past k (zeros)
-//   const uint8_t* RowStart() const                 any readable address (for a zero fill)
-//   void FromPieces(const uint4 v[kPieces], int64_t kb, int64_t k, Raw*) const   as Load
 
 // The B fragments of the thread's activation rows for one chunk of a k block: from global memory
 // (each warp loads and permutes its own) or from the block's shared-memory copy (SharedB).
@@ -290,13 +283,13 @@ __device__ __forceinline__ uint4 LoadActivationHalf(const void* a, int64_t lda, 
 }
 
 // Stages steps [step0, step0 + steps) of every k-slice (slice q's step p is k block q * per + p,
-// none past its slice's end) into frag. All the block's threads call it.
-template <int NT, bool kBf16A, typename Format>
+// none past its slice's end) into frag, kBatch loads in flight per thread before their stores.
+// All the block's threads call it.
+template <int NT, bool kBf16A, typename Format, int kBatch = 4>
 __device__ __forceinline__ void StageActivations(uint4* frag, const void* a, int64_t lda,
                                                  int64_t row0, int64_t row_end, int64_t k,
                                                  int ks_count, int64_t blocks, int64_t per,
                                                  int64_t step0, int steps) {
-  constexpr int kBatch = 4;  // loads in flight per thread before their stores
   const int items = steps * ks_count * NT * 128;
   for (int e0 = threadIdx.x; e0 < items; e0 += kBatch * kThreads) {
     uint4 v[kBatch];
@@ -381,113 +374,75 @@ __device__ __forceinline__ void WarpTileSharedB(const typename Format::Matrix& m
   }
 }
 
-// The staged tile loop: each thread streams its weights kStageDepth k blocks ahead into its own
-// pieces of a per-warp shared-memory ring with cp.async (no registers held for them, so more
-// bytes in flight per SM than WarpTile's one block ahead), reads a block's pieces back once its
-// copy group has landed and runs the same AccumulateBlock: WarpTile's sums, bit for bit. A
-// thread reads only what it copied itself, so cp.async.wait_group orders it (no barrier).
-constexpr int kStageDepth = 3;
-constexpr int kStageSlots = kStageDepth + 1;  // the slot written is never the one just read
+// The all-rows tile loop, for many activation rows: the warp widens its 16 weight rows' A
+// fragments of a k block once (all 8 sub-steps, 32 registers) and applies them to all its 8 NT
+// activation rows (NT up to 16), reading their B fragments from the block's shared-memory copy
+// (StageActivations, kAllRowsUnits(NT) 2 KiB units a phase, 8 loads in flight per thread: a phase
+// is not overlapped with the MMAs). Each 8-row tile's block sum takes the same MMAs in the same
+// order as AccumulateBlock's, then is scaled and added the same way: the sums of WarpTile /
+// WarpTileSharedB at the same k split, bit for bit. Every thread of the block calls it (it has
+// barriers), the warps past n or with an empty slice too.
+__host__ __device__ constexpr int kAllRowsUnits(int nt) { return nt >= 16 ? 64 : 32; }
 
-template <typename Format>
-__host__ __device__ constexpr int RingPerWarp() {  // uint4s
-  return kStageSlots * Format::kPieces * 32;
-}
-template <typename Format>
-__host__ __device__ constexpr size_t RingBytes() {
-  return sizeof(uint4) * RingPerWarp<Format>() * kWarps;
-}
-
-// Copies block kb's pieces (kb < kb1) into their slot, then commits a group (an empty one past
-// kb1, so that every iteration waits for the same count).
-template <typename Format>
-__device__ __forceinline__ void IssueStage(const Format& w, uint4* ring, int64_t kb, int64_t kb1,
-                                           int64_t k) {
-  if (kb < kb1) {
-    uint4* slot = ring + (kb % kStageSlots) * Format::kPieces * 32 + (threadIdx.x & 31);
-#pragma unroll
-    for (int i = 0; i < Format::kPieces; ++i) {
-      const bool ok = w.PieceOk(kb, i, k);
-      CpAsync16(slot + i * 32, ok ? w.Piece(kb, i) : w.RowStart(), ok);
-    }
-  }
-  CpAsyncCommit();
-}
-
-// WarpTile with the weights through the warp's ring (RingPerWarp<Format>() uint4s).
 template <int NT, bool kBf16A, typename Format>
-__device__ __forceinline__ void WarpTileStaged(const typename Format::Matrix& m, int64_t n,
-                                               int64_t f0, const void* a, int64_t lda, int64_t row0,
-                                               int64_t row_end, int64_t k, int64_t kb0, int64_t kb1,
-                                               uint4* ring, float acc[1][NT][4]) {
-  const int lane = threadIdx.x & 31, g = lane >> 2;
-  ZeroAcc<NT, 1>(acc);
-  if (f0 >= n || kb0 >= kb1) return;
-  Format w[1];
-  TileFormats<1>(m, n, f0, w);
-  int64_t arow[NT];
-#pragma unroll
-  for (int j = 0; j < NT; ++j) arow[j] = min(row0 + 8 * j + g, row_end - 1);
-  const GlobalB<NT, kBf16A, Format> b{a, lda, arow};
-#pragma unroll
-  for (int d = 0; d < kStageDepth; ++d) IssueStage(w[0], ring, kb0 + d, kb1, k);
-  for (int64_t kb = kb0; kb < kb1; ++kb) {
-    CpAsyncWait<kStageDepth - 1>();  // block kb's group (the oldest pending) has landed
-    const uint4* slot = ring + (kb % kStageSlots) * Format::kPieces * 32 + lane;
-    uint4 v[Format::kPieces];
-#pragma unroll
-    for (int i = 0; i < Format::kPieces; ++i) v[i] = slot[i * 32];
-    typename Format::Raw cur[1];
-    w[0].FromPieces(v, kb, k, &cur[0]);
-    IssueStage(w[0], ring, kb + kStageDepth, kb1, k);
-    AccumulateBlock<NT, 1, Format>(w, cur, b, kb, k, acc);
-  }
-  CpAsyncWait<0>();  // nothing pending into the ring when it is reused
-}
-
-// WarpTileStaged with the activation fragments staged in shared memory as WarpTileSharedB's
-// (frag: kSharedBBytes past the rings): the same sums. Every thread of the block calls it.
-template <int NT, bool kBf16A, typename Format>
-__device__ __forceinline__ void WarpTileStagedSharedB(const typename Format::Matrix& m, int64_t n,
-                                                      int64_t f0, const void* a, int64_t lda,
-                                                      int64_t row0, int64_t row_end, int64_t k,
-                                                      int ks, int ks_count, uint4* ring,
-                                                      uint4* frag, float acc[1][NT][4]) {
+__device__ __forceinline__ void WarpTileAllRows(const typename Format::Matrix& m, int64_t n,
+                                                int64_t f0, const void* a, int64_t lda,
+                                                int64_t row0, int64_t row_end, int64_t k, int ks,
+                                                int ks_count, uint4* frag, float acc[1][NT][4]) {
   const int lane = threadIdx.x & 31;
   ZeroAcc<NT, 1>(acc);
   const int64_t blocks = (k + kKBlock - 1) / kKBlock;
   const int64_t per = (blocks + ks_count - 1) / ks_count;
   const int64_t kb0 = min(blocks, ks * per), kb1 = min(blocks, kb0 + per);
   const bool active = f0 < n && kb0 < kb1;
-  const int steps = kSharedBUnits / (ks_count * NT);
+  const int steps = kAllRowsUnits(NT) / (ks_count * NT);
   Format w[1];
   TileFormats<1>(m, n, f0, w);
-  if (active) {
-#pragma unroll
-    for (int d = 0; d < kStageDepth; ++d) IssueStage(w[0], ring, kb0 + d, kb1, k);
-  }
+  typename Format::Raw cur;
+  if (active) w[0].Load(kb0, k, &cur);
   for (int64_t s0 = 0; s0 < per; s0 += steps) {
     const int now = static_cast<int>(min(static_cast<int64_t>(steps), per - s0));
     __syncthreads();  // the previous phase's fragments have been read
-    StageActivations<NT, kBf16A, Format>(frag, a, lda, row0, row_end, k, ks_count, blocks, per, s0,
-                                         now);
+    StageActivations<NT, kBf16A, Format, 8>(frag, a, lda, row0, row_end, k, ks_count, blocks, per,
+                                            s0, now);
     __syncthreads();
     if (!active) continue;
     for (int p = 0; p < now && kb0 + s0 + p < kb1; ++p) {
       const int64_t kb = kb0 + s0 + p;
-      CpAsyncWait<kStageDepth - 1>();  // block kb's group (the oldest pending) has landed
-      const uint4* slot = ring + (kb % kStageSlots) * Format::kPieces * 32 + lane;
-      uint4 v[Format::kPieces];
+      uint32_t af[2][4][4];
 #pragma unroll
-      for (int i = 0; i < Format::kPieces; ++i) v[i] = slot[i * 32];
-      typename Format::Raw cur[1];
-      w[0].FromPieces(v, kb, k, &cur[0]);
-      IssueStage(w[0], ring, kb + kStageDepth, kb1, k);
-      const SharedB<NT> b{frag + (p * ks_count + ks) * NT * 128};
-      AccumulateBlock<NT, 1, Format>(w, cur, b, kb, k, acc);
+      for (int c = 0; c < 2; ++c) {
+#pragma unroll
+        for (int s = 0; s < 4; ++s) w[0].Fragment(cur, c, s, af[c][s]);
+      }
+      if (kb + 1 < kb1) w[0].Load(kb + 1, k, &cur);  // the next block's, once these are widened
+      float sc0 = 1.0f, sc1 = 1.0f;
+      if constexpr (Format::kBlockScaled) w[0].BlockScales(kb, &sc0, &sc1);
+      const uint4* unit = frag + (p * ks_count + ks) * NT * 128 + lane;
+#pragma unroll
+      for (int j = 0; j < NT; ++j) {
+        float part[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+#pragma unroll
+        for (int c = 0; c < 2; ++c) {
+#pragma unroll
+          for (int h = 0; h < 2; ++h) {
+            const uint4 v = unit[(j * 4 + 2 * c + h) * 32];
+            MmaBf16(part, af[c][2 * h], v.x, v.y);
+            MmaBf16(part, af[c][2 * h + 1], v.z, v.w);
+          }
+        }
+        if constexpr (Format::kBlockScaled) {
+          acc[0][j][0] = fmaf(part[0], sc0, acc[0][j][0]);
+          acc[0][j][1] = fmaf(part[1], sc0, acc[0][j][1]);
+          acc[0][j][2] = fmaf(part[2], sc1, acc[0][j][2]);
+          acc[0][j][3] = fmaf(part[3], sc1, acc[0][j][3]);
+        } else {
+#pragma unroll
+          for (int r = 0; r < 4; ++r) acc[0][j][r] += part[r];
+        }
+      }
     }
   }
-  CpAsyncWait<0>();  // nothing pending into the ring when it is reused
 }
 
 // C fragments (tile i: features 16 i + g / + 8, rows 2t, 2t + 1 of row tile j) into
@@ -574,41 +529,6 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) MmaGroupedKernel(Params 
   }
 }
 
-// MmaGroupedKernel<NT, 1, kSharedB> on the staged tile loop (the rings in dynamic shared memory,
-// then with kSharedB the activation fragments).
-template <int NT, bool kSharedB, typename Format, typename Params>
-__global__ void __launch_bounds__(kThreads) MmaGroupedStagedKernel(Params p, int ks_count) {
-  extern __shared__ uint4 ring[];
-  __shared__ float red[kWarps][kTile][8 * NT];
-  __shared__ int work[3];
-  FindNonEmptyGroup(p.num_groups, p.max_rows, p.offsets, work);
-  const int group = work[0];
-  const int64_t row_begin = work[1], row_end = work[2];
-  if (row_begin >= row_end) return;
-  const int warp = threadIdx.x >> 5;
-  const int fb_count = kWarps / ks_count, fb = warp / ks_count, ks = warp % ks_count;
-  const int64_t tile0 = static_cast<int64_t>(blockIdx.x) * fb_count;
-  int64_t kb0, kb1;
-  KSlice(p.k, ks, ks_count, &kb0, &kb1);
-  const typename Format::Matrix m = Format::GroupMatrix(p, group);
-  constexpr int kRows = 8 * NT;
-  for (int64_t row0 = row_begin; row0 < row_end; row0 += kRows) {
-    float acc[1][NT][4];
-    if constexpr (kSharedB) {
-      WarpTileStagedSharedB<NT, true, Format>(
-          m, p.n, (tile0 + fb) * kTile, p.a, p.k, row0, row_end, p.k, ks, ks_count,
-          ring + warp * RingPerWarp<Format>(), ring + kWarps * RingPerWarp<Format>(), acc);
-    } else {
-      WarpTileStaged<NT, true, Format>(m, p.n, (tile0 + fb) * kTile, p.a, p.k, row0, row_end, p.k,
-                                       kb0, kb1, ring + warp * RingPerWarp<Format>(), acc);
-    }
-    StoreFragments<NT, 1>(acc, red[warp]);
-    __syncthreads();
-    ReduceAndStore<NT, 1>(red, fb_count, ks_count, tile0, row0, row_end, p.n, p.c, p.n, false);
-    __syncthreads();
-  }
-}
-
 // k-slices per feature tile: the fewest that give the grid kTargetBlocks blocks of
 // (8 / ks) feature tiles of tile_rows each, without slices left with no k block.
 inline int KSplit(int64_t n, int64_t k, int64_t other_blocks, int tile_rows = kTile) {
@@ -644,42 +564,6 @@ inline cudaError_t AllowDynamicSmem(const void* kernel, size_t bytes) {
                                                static_cast<int>(bytes));
   (void)cudaThreadExchangeStreamCaptureMode(&mode);
   return err;
-}
-
-template <int NT, bool kSharedB, typename Format, typename Params>
-cudaError_t LaunchGroupedStagedTiles(const Params& p, int ks, dim3 grid, cudaStream_t stream) {
-  constexpr size_t kBytes = RingBytes<Format>() + (kSharedB ? kSharedBBytes : 0);
-  const auto kernel = MmaGroupedStagedKernel<NT, kSharedB, Format, Params>;
-  static const cudaError_t allowed =
-      AllowDynamicSmem(reinterpret_cast<const void*>(kernel), kBytes);
-  if (allowed != cudaSuccess) return allowed;
-  kernel<<<grid, kThreads, kBytes, stream>>>(p, ks);
-  return cudaGetLastError();
-}
-
-template <int NT, bool kSharedB, typename Format, typename Params>
-cudaError_t LaunchGroupedStagedRows(const Params& p, int ks, dim3 grid, cudaStream_t stream) {
-  if constexpr (kSharedB) {
-    if (SharedBFits(NT, ks)) return LaunchGroupedStagedTiles<NT, true, Format>(p, ks, grid, stream);
-  }
-  return LaunchGroupedStagedTiles<NT, false, Format>(p, ks, grid, stream);
-}
-
-// LaunchGrouped (below) on the staged tile loop (MT = 1), with kSharedB the activation fragments
-// in shared memory where they fit.
-template <typename Format, bool kSharedB = false, typename Params>
-cudaError_t LaunchGroupedStaged(const Params& p, int k_split, cudaStream_t stream) {
-  int ks = 1;
-  const dim3 grid = GroupedGrid(p, k_split, kTile, &ks);
-  const int hint = p.rows_per_group_hint > 0 ? p.rows_per_group_hint : p.max_rows;
-  switch (RowTiles(hint)) {
-    case 1:
-      return LaunchGroupedStagedRows<1, kSharedB, Format>(p, ks, grid, stream);
-    case 2:
-      return LaunchGroupedStagedRows<2, kSharedB, Format>(p, ks, grid, stream);
-    default:
-      return LaunchGroupedStagedRows<4, kSharedB, Format>(p, ks, grid, stream);
-  }
 }
 
 template <int NT, int MT, bool kSharedB, int kMinBlocks, typename Format, typename Params>

@@ -74,18 +74,6 @@ class Mxfp4Format {
     r->w[1] = ok ? LoadStreaming16(wb_ + kb * (kKBlock / 2)) : make_uint4(0, 0, 0, 0);
     LoadScales(kb, ok, r);
   }
-  // The staged loop's pieces: the 16 bytes of row fa (piece 0) and fb (piece 1).
-  static constexpr int kPieces = 2;
-  __device__ const uint8_t* Piece(int64_t kb, int i) const {
-    return (i == 0 ? wa_ : wb_) + kb * (kKBlock / 2);
-  }
-  __device__ bool PieceOk(int64_t kb, int, int64_t k) const { return ChunkOk(kb, 0, t_, k); }
-  __device__ const uint8_t* RowStart() const { return wa_; }
-  __device__ void FromPieces(const uint4 v[kPieces], int64_t kb, int64_t k, Raw* r) const {
-    r->w[0] = v[0];
-    r->w[1] = v[1];
-    LoadScales(kb, ChunkOk(kb, 0, t_, k), r);
-  }
   __device__ void Fragment(const Raw& r, int c, int s, uint32_t af[4]) const {
 #pragma unroll
     for (int i = 0; i < 2; ++i) {
@@ -125,6 +113,14 @@ class Mxfp4Format {
 
 bool Aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
 
+// The register loop with tile options MT / kSharedB and p's two_blocks_per_sm.
+template <int MT, bool kSharedB>
+cudaError_t LaunchRegisters(const Mxfp4MmaGroupedGemmParams& p, cudaStream_t stream) {
+  return p.tile.two_blocks_per_sm
+             ? mma_tile::LaunchGrouped<Mxfp4Format, MT, kSharedB, 2>(p, /*k_split=*/0, stream)
+             : mma_tile::LaunchGrouped<Mxfp4Format, MT, kSharedB, 1>(p, /*k_split=*/0, stream);
+}
+
 }  // namespace
 
 bool Mxfp4MmaGemmAvailable() {
@@ -152,8 +148,12 @@ bool Mxfp4MmaGroupedGemmSupports(const Mxfp4MmaGroupedGemmParams& p) {
 cudaError_t Mxfp4MmaGroupedGemm(const Mxfp4MmaGroupedGemmParams& p, cudaStream_t stream) {
   if (!Mxfp4MmaGroupedGemmSupports(p)) return cudaErrorInvalidValue;
   if (p.max_rows == 0) return cudaSuccess;
-  if (p.staged) return mma_tile::LaunchGroupedStaged<Mxfp4Format>(p, /*k_split=*/0, stream);
-  return mma_tile::LaunchGrouped<Mxfp4Format>(p, /*k_split=*/0, stream);
+  if (p.tile.wide) {
+    return p.tile.shared_activations ? LaunchRegisters<2, true>(p, stream)
+                                     : LaunchRegisters<2, false>(p, stream);
+  }
+  return p.tile.shared_activations ? LaunchRegisters<1, true>(p, stream)
+                                   : LaunchRegisters<1, false>(p, stream);
 }
 
 }  // namespace kernels

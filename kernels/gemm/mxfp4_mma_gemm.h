@@ -21,6 +21,8 @@
 
 #include <cstdint>
 
+#include "kernels/gemm/mma_tile_options.h"
+
 namespace deepinfer {
 namespace kernels {
 
@@ -46,8 +48,8 @@ struct Mxfp4MmaGroupedGemmParams {
   // Expected most rows in one group (0: unknown, max_rows): only the register tile (8, 16 or 32
   // rows a pass) depends on it; any group size stays correct.
   int32_t rows_per_group_hint = 0;
-  // As Fp8MmaGroupedGemmParams::staged (here 32 KiB of shared memory a block).
-  bool staged = true;
+  // As Fp8MmaGroupedGemmParams::tile.
+  MmaTileOptions tile = kGroupedMmaTile;
 };
 
 // Whether Mxfp4MmaGroupedGemm takes these arguments and the device has the kernel.

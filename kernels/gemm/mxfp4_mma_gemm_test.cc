@@ -114,20 +114,32 @@ TEST_P(Mxfp4MmaGroupedGemmTest, MatchesPerGroupReference) {
   p.scale_ld = w[0].scale_ld;
   p.c = dc.get();
   p.rows_per_group_hint = t.hint;
-  // The register weight pipeline first, then the staged one (the default) checked below; both
-  // must give the same bits (the same sums in the same order).
-  p.staged = false;
+  // The plain register loop first; every other tile variant must give the same bits (the same
+  // sums in the same order); the reference check is on the last, kGroupedMmaTile (the default).
+  p.tile = MmaTileOptions();
   ASSERT_TRUE(Mxfp4MmaGroupedGemmSupports(p));
   DEEPINFER_CUDA_OK(Mxfp4MmaGroupedGemm(p, nullptr));
   std::vector<float> regs;
   DEEPINFER_CUDA_OK(dc.Download(&regs));
-  dc.Poison();
-  p.staged = true;
-  DEEPINFER_CUDA_OK(Mxfp4MmaGroupedGemm(p, nullptr));
+  std::vector<Mxfp4MmaGroupedGemmParams> variants;
+  for (int v = 1; v < 8; ++v) {
+    Mxfp4MmaGroupedGemmParams q = p;
+    q.tile.wide = (v & 1) != 0;
+    q.tile.shared_activations = (v & 2) != 0;
+    q.tile.two_blocks_per_sm = (v & 4) != 0;
+    variants.push_back(q);
+  }
   std::vector<float> got;
-  DEEPINFER_CUDA_OK(dc.Download(&got));
-  for (size_t i = 0; i < static_cast<size_t>(used) * t.n; ++i) {
-    ASSERT_EQ(got[i], regs[i]) << "staged and register pipelines differ at " << i;
+  for (const Mxfp4MmaGroupedGemmParams& q : variants) {
+    SCOPED_TRACE(::testing::Message() << "wide " << q.tile.wide << " shared "
+                                      << q.tile.shared_activations << " two blocks "
+                                      << q.tile.two_blocks_per_sm);
+    dc.Poison();
+    DEEPINFER_CUDA_OK(Mxfp4MmaGroupedGemm(q, nullptr));
+    DEEPINFER_CUDA_OK(dc.Download(&got));
+    for (size_t i = 0; i < static_cast<size_t>(used) * t.n; ++i) {
+      ASSERT_EQ(got[i], regs[i]) << "differs from the plain register loop at " << i;
+    }
   }
 
   double worst = 0;

@@ -95,7 +95,8 @@ struct CudaTuning {
   //  * bf16 Gemm / BatchedGemm / GroupedGemm: kernels::BatchInvariantGemmTc (bf16 tensor cores,
   //    a rounded to bf16 as in the default mode), kernels::BatchInvariantGemmWarp for fp32
   //    weights and layouts the tensor-core kernel does not take; FP8 Gemm: kernels::Fp8MmaGemm
-  //    with a fixed k split (kBatchInvariantFp8KSplit), else the weight dequantised to bf16;
+  //    with a fixed k split (kBatchInvariantFp8KSplit; its tile by rows as below, every tile
+  //    giving the same bits at a fixed split), else the weight dequantised to bf16;
   //  * AddRmsNormGemms, GateUpSiluMulBf16, NormedDenseMlp, RoutedAndSharedExperts,
   //    NormRopeCacheAbsorbQuery, MhaPrefillAttention: the Backend's separate ops;
   //  * RouteTokens: AddRmsNorm + Gemm + NoauxTcRoute + AccumulateExpertCounts;
@@ -162,7 +163,7 @@ class CudaBackend : public Backend {
   //    quantised (kernels::Fp8QuantizeRows) and cuBLASLt's block-scaled FP8 GEMM
   //    (CublasLtFp8Gemm; rows padded to a multiple of 4 through scratch);
   //  * above kFp8CudaCoreMaxRows: kernels::Fp8MmaGemm (bf16 tensor cores, the FP8 weight
-  //    widened in registers, read once per 32 rows);
+  //    widened in registers) with the tile kernels::Fp8MmaDenseTile picks for the rows;
   //  * up to kFp8SmallMGemmMaxRows: kernels::Fp8SmallMGemm (CUDA cores, the weight read once per
   //    8 rows);
   //  * otherwise the weight dequantised to bf16 in scratch (kernels::Fp8DequantToBf16) for the
@@ -241,14 +242,14 @@ class CudaBackend : public Backend {
   // FP8 experts (args.fp8()): the same permutation and combine around the expert
   // GEMMs: up to kMaxFusedMoeTokens tokens, or any batch while captured, without host
   // synchronisation: kernels::Fp8MmaGroupedGemm on bf16 rows (gate_up fp32, SiluMulF32ToBf16,
-  // down), or kernels::Fp8GroupedGemm on fp32 rows where the tensor-core kernel is not built or
+  // down; tile kernels::kGroupedMmaTile), or kernels::Fp8GroupedGemm on fp32 rows where the tensor-core kernel is not built or
   // hidden_size / inter are not multiples of 16; larger batches with the host pointer tables
   // copy the group sizes back (rows aligned to 4 per expert) and run W8A8 where cuBLASLt takes
   // it (ExpertGemmsFp8W8A8: one quantisation for all rows, one GEMM per busy expert, SiluMulF32
   // once), else each expert's rows through Gemm's FP8 paths.
   // MXFP4 experts (args.mxfp4()): the same permutation (bf16 rows) and combine around
-  // kernels::Mxfp4MmaGroupedGemm for gate_up and down at any batch size, without host
-  // synchronisation (capturable).
+  // kernels::Mxfp4MmaGroupedGemm (tile kernels::kGroupedMmaTile) for gate_up and down at any
+  // batch size, without host synchronisation (capturable).
   // args.swiglu_limit (V4's clamp) in every SiLU-mul of the bf16 / fp32 / MXFP4 paths; FP8
   // experts with a clamp are refused (false).
   bool RoutedExperts(const RoutedExpertsArgs& args) override;

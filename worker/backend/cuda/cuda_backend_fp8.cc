@@ -108,12 +108,15 @@ void CudaBackend::GemmFp8(int64_t m, int64_t n, int64_t k, ActivationView a, int
   const bool a_bf16 = a.dtype == WeightDType::kBFloat16;
   if (tuning_.batch_invariant) {
     // One path for every m: the tensor-core kernel with a fixed k split, else the weight
-    // dequantised to bf16 for the batch-invariant bf16 GEMM.
+    // dequantised to bf16 for the batch-invariant bf16 GEMM. The tile still follows m: every
+    // tile variant gives the same sums bit for bit at a fixed k split (fp8_mma_gemm_test), so a
+    // row's bits do not depend on which one ran.
     kernels::Fp8MmaGemmParams p;
     p.m = m, p.n = n, p.k = k, p.a = a.data, p.a_bf16 = a_bf16, p.lda = lda;
     p.w = Fp8Weight(w, ldw);
     p.c = c, p.ldc = ldc, p.accumulate = accumulate;
     p.k_split = kBatchInvariantFp8KSplit;
+    p.tile = kernels::Fp8MmaDenseTile(m);
     if (kernels::Fp8MmaGemmSupports(p)) {
       PhaseTimer phase(this, "Gemm/fp8-mma", true);
       Check(kernels::Fp8MmaGemm(p, stream_), "kernels::Fp8MmaGemm");
@@ -136,6 +139,7 @@ void CudaBackend::GemmFp8(int64_t m, int64_t n, int64_t k, ActivationView a, int
     p.m = m, p.n = n, p.k = k, p.a = a.data, p.a_bf16 = a_bf16, p.lda = lda;
     p.w = Fp8Weight(w, ldw);
     p.c = c, p.ldc = ldc, p.accumulate = accumulate;
+    p.tile = kernels::Fp8MmaDenseTile(m);
     if (kernels::Fp8MmaGemmSupports(p)) {
       PhaseTimer phase(this, "Gemm/fp8-mma", true);
       Check(kernels::Fp8MmaGemm(p, stream_), "kernels::Fp8MmaGemm");
@@ -209,6 +213,7 @@ void CudaBackend::ExpertGemmsFp8OnDevice(const RoutedExpertsArgs& a, const int32
     // A token's top-k experts are distinct: T rows at most in one expert, T * K / E on average.
     g.rows_per_group_hint = static_cast<int32_t>(
         std::min<int64_t>(T, std::max<int64_t>(1, (T * K + a.num_experts - 1) / a.num_experts)));
+    g.tile = kernels::kGroupedMmaTile;  // the same at every row count
     if (tuning_.batch_invariant) g.k_split = kBatchInvariantFp8KSplit;
     Check(kernels::Fp8MmaGroupedGemm(g, stream_), "kernels::Fp8MmaGroupedGemm(gate_up)");
     auto act = AllocateScratch(rows * I * sizeof(uint16_t));

@@ -50,6 +50,7 @@ bool CudaBackend::RoutedExpertsMxfp4(const RoutedExpertsArgs& a) {
   // A token's top-k experts are distinct: T rows at most in one expert, T * K / E on average.
   g.rows_per_group_hint =
       static_cast<int32_t>(std::min<int64_t>(T, std::max<int64_t>(1, (T * K + E - 1) / E)));
+  g.tile = kernels::kGroupedMmaTile;
   Check(kernels::Mxfp4MmaGroupedGemm(g, stream_), "kernels::Mxfp4MmaGroupedGemm(gate_up)");
   auto act = AllocateScratch(rows * I * sizeof(uint16_t));
   if (a.swiglu_limit > 0.0f) {

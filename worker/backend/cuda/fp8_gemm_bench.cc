@@ -4,7 +4,8 @@
 //   bf16 cublas  cublasGemmEx, bf16 weights and activations, fp32 output
 //        small   kernels::SmallMGemmBf16 (m <= 4, where it takes the shape; fp32 activations)
 //   fp8  core    kernels::Fp8SmallMGemm (CUDA cores, m <= 32)
-//        mma     kernels::Fp8MmaGemm (bf16 tensor cores, the FP8 weight widened in registers),
+//        mma     kernels::Fp8MmaGemm (bf16 tensor cores, the FP8 weight widened in registers;
+//                the tile kernels::Fp8MmaDenseTile picks for m, as CudaBackend::Gemm),
 //                fp32 activations; mma16: the same with bf16 activations (the model's normed rows)
 //        w8a8    kernels::Fp8QuantizeRows + CublasLtFp8Gemm (FP8 tensor cores; compute
 //                capability 9.0), and lt: the cuBLASLt GEMM alone
@@ -13,8 +14,8 @@
 // scales, plus the activations read and the output written), and the FP8 speed-up. The FP8 paths
 // read fp32 activations except mma16. Then the routed experts' grouped GEMMs at
 // decode token counts (uniform random top-k): kernels::Fp8MmaGroupedGemm (bf16 rows, the FP8
-// device path; "mma" its staged weight pipeline, "mma regs" the register one; the same pair for
-// MXFP4), kernels::Mxfp4MmaGroupedGemm (MXFP4 experts, a line of its own),
+// device path; "mma" its default tile kernels::kGroupedMmaTile, "mma narrow" the plain register
+// loop; the same pair for MXFP4), kernels::Mxfp4MmaGroupedGemm (MXFP4 experts, a line of its own),
 // kernels::Fp8GroupedGemm (fp32 rows, the FP8 fallback) and kernels::GroupedGemmBf16
 // (bf16 weights, the bf16 path's kernel at 1-2 tokens), GB/s of the busy experts' weights.
 //
@@ -214,7 +215,7 @@ class DenseBench {
       }
       kernels::Fp8MmaGemmParams mma;
       mma.m = m, mma.n = s.n, mma.k = s.k, mma.a = a, mma.lda = s.k, mma.w = weight(0);
-      mma.c = c, mma.ldc = s.n;
+      mma.c = c, mma.ldc = s.n, mma.tile = kernels::Fp8MmaDenseTile(m);
       if (kernels::Fp8MmaGemmSupports(mma)) {
         mma_us = GraphMicros(copies, [&](int i, cudaStream_t st) {
           kernels::Fp8MmaGemmParams p = mma;
@@ -376,10 +377,10 @@ void GroupedBench(const MoeShape& ms) {
       bp.rows_per_slot_hint = tokens;
       // One replay reads each busy expert's weights once (4 launches a graph: L2 may keep a
       // single token's few experts between launches).
-      // The tensor-core kernel with each weight pipeline (Fp8MmaGroupedGemmParams::staged).
-      auto mma_micros = [&](bool staged) {
+      // The tensor-core kernel with its default tile and with the plain register loop.
+      auto mma_micros = [&](const kernels::MmaTileOptions& tile) {
         kernels::Fp8MmaGroupedGemmParams q = mp;
-        q.staged = staged;
+        q.tile = tile;
         return kernels::Fp8MmaGroupedGemmSupports(q)
                    ? GraphMicros(4,
                                  [&](int, cudaStream_t st) {
@@ -387,10 +388,11 @@ void GroupedBench(const MoeShape& ms) {
                                  })
                    : -1;
       };
-      const double mma_us = mma_micros(true), regs_us = mma_micros(false);
-      auto mx_micros = [&](bool staged) {
+      const double mma_us = mma_micros(kernels::kGroupedMmaTile),
+                   regs_us = mma_micros(kernels::MmaTileOptions());
+      auto mx_micros = [&](const kernels::MmaTileOptions& tile) {
         kernels::Mxfp4MmaGroupedGemmParams q = xp;
-        q.staged = staged;
+        q.tile = tile;
         return kernels::Mxfp4MmaGroupedGemmSupports(q)
                    ? GraphMicros(4,
                                  [&](int, cudaStream_t st) {
@@ -398,7 +400,8 @@ void GroupedBench(const MoeShape& ms) {
                                  })
                    : -1;
       };
-      const double mx_us = mx_micros(true), mx_regs_us = mx_micros(false);
+      const double mx_us = mx_micros(kernels::kGroupedMmaTile),
+                   mx_regs_us = mx_micros(kernels::MmaTileOptions());
       const double old_us = GraphMicros(
           4, [&](int, cudaStream_t st) { BENCH_CUDA(kernels::Fp8GroupedGemm(op, st)); });
       const double bf16_us = GraphMicros(
@@ -407,7 +410,7 @@ void GroupedBench(const MoeShape& ms) {
       const double bf16_busy = static_cast<double>(busy) * bytes * 2;
       std::printf(
           "%-10s %-8s n=%5ld k=%5ld tokens=%3d busy=%3d | fp8 mma %8.2f us %5.0f GB/s | "
-          "mma regs %8.2f us %5.0f GB/s | fp8 core %8.2f us %5.0f GB/s | bf16 %8.2f us %5.0f "
+          "mma narrow %8.2f us %5.0f GB/s | fp8 core %8.2f us %5.0f GB/s | bf16 %8.2f us %5.0f "
           "GB/s | mma vs bf16 %5.2fx\n",
           ms.name, gate_up ? "gate_up" : "down", static_cast<long>(n), static_cast<long>(k), tokens,
           busy, mma_us, mma_us > 0 ? fp8_busy / mma_us / 1e3 : 0.0, regs_us,
@@ -416,7 +419,7 @@ void GroupedBench(const MoeShape& ms) {
       const double mx_busy = static_cast<double>(busy) * (bytes / 2 + mx_scales.size());
       std::printf(
           "%-10s %-8s n=%5ld k=%5ld tokens=%3d busy=%3d | mxfp4 mma %8.2f us %5.0f GB/s | "
-          "mxfp4 regs %8.2f us %5.0f GB/s | mxfp4 vs bf16 %5.2fx | mxfp4 vs fp8 mma %5.2fx\n",
+          "mxfp4 narrow %8.2f us %5.0f GB/s | mxfp4 vs bf16 %5.2fx | mxfp4 vs fp8 mma %5.2fx\n",
           ms.name, gate_up ? "gate_up" : "down", static_cast<long>(n), static_cast<long>(k), tokens,
           busy, mx_us, mx_us > 0 ? mx_busy / mx_us / 1e3 : 0.0, mx_regs_us,
           mx_regs_us > 0 ? mx_busy / mx_regs_us / 1e3 : 0.0, mx_us > 0 ? bf16_us / mx_us : 0.0,

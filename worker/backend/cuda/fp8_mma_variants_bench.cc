@@ -1,15 +1,17 @@
-// fp8_gemm_bench --variants. Dense: kernels::Fp8MmaGemm with bf16 activations (the model's normed
-// rows) in each tile variant: "narrow" (the default: 16 weight rows a warp, activation fragments
-// per warp), "+shared" (the block's activation fragments in shared memory), "wide" (32 weight
-// rows a warp), "wide+sh" (both), and each of these with a suffix 2 for
-// Fp8MmaTileOptions::two_blocks_per_sm (at most 128 registers a thread); then bf16's fastest of
-// cublasGemmEx and SmallMGemmBf16 (m <= 4) and the best variant's speed-up over it. Grouped (routed
-// experts at about 1, 8 and 16 rows per expert, uniform random top-k): kernels::Fp8MmaGroupedGemm
-// with the weight ring ("staged", the default; "stg+sh" with shared activation fragments) and the
-// register loop in each tile variant ("narrow" is the plain register loop), against
-// kernels::GroupedGemmBf16. Each cell: microseconds per call and GB/s of weights (FP8: + scales;
-// grouped: the busy experts'). Timing as fp8_gemm_bench's (CUDA graphs, the dense weights rotated
-// over copies for 256 MiB; median of 7 replays).
+// fp8_gemm_bench --variants: the tile variants (kernels::MmaTileOptions) still in question after
+// the H200 measurement in docs/performance.md ("FP8 weights kept FP8"), side by side with bf16.
+// Dense: kernels::Fp8MmaGemm with bf16 activations (the model's normed rows) as "narrow" (16
+// weight rows a warp, activations per warp: the default up to 16 rows), "wide" (32 weight rows a
+// warp), "narrow2" / "wide2" (the same with two_blocks_per_sm, at most 128 registers a thread),
+// "wide+sh2" (wide2 with shared_activations) and "allrows" (all_rows, the default above 16
+// rows); then bf16's fastest of cublasGemmEx and SmallMGemmBf16 (m <= 4) and the best variant's
+// speed-up over it. Grouped (routed experts at about 1, 8 and 16 rows per expert, uniform random
+// top-k): kernels::Fp8MmaGroupedGemm as "narrow" (the plain register loop), "+shared2"
+// (shared_activations + two_blocks_per_sm) and "wide+sh2" (kernels::kGroupedMmaTile, the
+// default), against kernels::GroupedGemmBf16; then the same for kernels::Mxfp4MmaGroupedGemm on the
+// same routing. Each cell: microseconds per call and GB/s of weights (FP8: + scales; grouped: the
+// busy experts'). Timing as fp8_gemm_bench's (CUDA graphs, the dense weights rotated over copies
+// for 256 MiB; median of 7 replays).
 #include "worker/backend/cuda/fp8_mma_variants_bench.h"
 
 #include <cublas_v2.h>
@@ -25,6 +27,7 @@
 
 #include "kernels/gemm/fp8_block_gemm.h"
 #include "kernels/gemm/fp8_mma_gemm.h"
+#include "kernels/gemm/mxfp4_mma_gemm.h"
 #include "kernels/gemm/small_m_gemm.h"
 #include "kernels/moe/grouped_gemm.h"
 #include "kernels/testing/bench_timer.h"
@@ -45,12 +48,15 @@ double Micros(int copies, const std::function<void(int, cudaStream_t)>& launch) 
 
 struct Tile {
   const char* name;
-  bool wide, shared, two_blocks;
+  bool wide, shared, two_blocks, all_rows;
 };
-constexpr Tile kTiles[] = {{"narrow", false, false, false}, {"+shared", false, true, false},
-                           {"wide", true, false, false},    {"wide+sh", true, true, false},
-                           {"narrow2", false, false, true}, {"+shared2", false, true, true},
-                           {"wide2", true, false, true},    {"wide+sh2", true, true, true}};
+constexpr Tile kGroupedTiles[] = {{"narrow", false, false, false, false},
+                                  {"+shared2", false, true, true, false},
+                                  {"wide+sh2", true, true, true, false}};
+constexpr Tile kDenseTiles[] = {
+    {"narrow", false, false, false, false},  {"wide", true, false, false, false},
+    {"narrow2", false, false, true, false},  {"wide2", true, false, true, false},
+    {"wide+sh2", true, true, true, false},   {"allrows", false, false, false, true}};
 
 void PrintCell(double us, double bytes) {
   if (us < 0) {
@@ -87,7 +93,7 @@ void DenseVariants(const GemmShape& s, cublasHandle_t blas) {
     std::printf("%-15s %6ld %6ld %4ld |", s.name, static_cast<long>(s.n), static_cast<long>(s.k),
                 static_cast<long>(m));
     double best = -1;
-    for (const Tile& t : kTiles) {
+    for (const Tile& t : kDenseTiles) {
       kernels::Fp8MmaGemmParams p;
       p.m = m, p.n = s.n, p.k = s.k, p.a = a16, p.a_bf16 = true, p.lda = s.k;
       p.w.data = w8[0], p.w.ldw = s.k, p.w.scales = sc[0];
@@ -96,6 +102,7 @@ void DenseVariants(const GemmShape& s, cublasHandle_t blas) {
       p.tile.wide = t.wide;
       p.tile.shared_activations = t.shared;
       p.tile.two_blocks_per_sm = t.two_blocks;
+      p.tile.all_rows = t.all_rows;
       double us = -1;
       if (kernels::Fp8MmaGemmSupports(p)) {
         us = Micros(copies, [&](int i, cudaStream_t st) {
@@ -150,17 +157,24 @@ void GroupedVariants(const MoeShape& ms) {
     const std::vector<float> scales(kernels::Fp8ScaleRows(n, split) * kernels::Fp8ScaleLd(k),
                                     1.0f / 448);
     const std::vector<uint8_t> host8 = bench::RandomFp8(bytes, n + k);
-    std::vector<const uint8_t*> w8(E);
+    // MXFP4: the first half of the FP8 bytes as e2m1 pairs, scale 2^-6.
+    const std::vector<uint8_t> host4(host8.begin(), host8.begin() + bytes / 2);
+    const std::vector<uint8_t> mx_scales(bytes / kernels::kMxfp4BlockSize, 121);
+    std::vector<const uint8_t*> w8(E), w4(E), sc4(E);
     std::vector<const float*> sc(E);
     std::vector<const uint16_t*> w16(E);
     for (int32_t e = 0; e < E; ++e) {
       w8[e] = bench::Upload(host8);
       sc[e] = bench::Upload(scales);
+      w4[e] = bench::Upload(host4);
+      sc4[e] = bench::Upload(mx_scales);
       uint16_t* b = DeviceAlloc<uint16_t>(bytes * 2);
       BENCH_CUDA(cudaMemset(b, 0x3c, bytes * 2));
       w16[e] = b;
     }
     const uint8_t* const* dw8 = bench::Upload(w8);
+    const uint8_t* const* dw4 = bench::Upload(w4);
+    const uint8_t* const* dsc4 = bench::Upload(sc4);
     const float* const* dsc = bench::Upload(sc);
     const uint16_t* const* dw16 = bench::Upload(w16);
     for (const int32_t per_expert : {1, 8, 16}) {
@@ -192,13 +206,7 @@ void GroupedVariants(const MoeShape& ms) {
         }
         PrintCell(us, fp8_busy);
       };
-      mp.staged = true;
-      time(mp);
-      mp.tile.shared_activations = true;
-      time(mp);
-      mp.tile = kernels::Fp8MmaTileOptions();
-      mp.staged = false;
-      for (const Tile& t : kTiles) {
+      for (const Tile& t : kGroupedTiles) {
         kernels::Fp8MmaGroupedGemmParams q = mp;
         q.tile.wide = t.wide;
         q.tile.shared_activations = t.shared;
@@ -214,14 +222,46 @@ void GroupedVariants(const MoeShape& ms) {
       std::printf(" |");
       PrintCell(bf16, static_cast<double>(routing.busy) * bytes * 2);
       std::printf(" | %5.2fx\n", best > 0 ? bf16 / best : 0.0);
+
+      // The same routing on MXFP4 experts (kernels::Mxfp4MmaGroupedGemm).
+      kernels::Mxfp4MmaGroupedGemmParams xp;
+      xp.num_groups = E, xp.max_rows = rows, xp.offsets = doff, xp.n = n, xp.k = k, xp.a = a16;
+      xp.weights = dw4, xp.scales = dsc4, xp.scale_ld = k / kernels::kMxfp4BlockSize, xp.c = c;
+      xp.rows_per_group_hint = mp.rows_per_group_hint;
+      const double mx_busy = static_cast<double>(routing.busy) * (bytes / 2 + mx_scales.size());
+      std::printf("%-9s %-7s %-52s|", ms.name, gate_up ? "gate_up" : "down", "mxfp4");
+      best = -1;
+      auto time_mx = [&](const kernels::Mxfp4MmaGroupedGemmParams& q) {
+        double us = -1;
+        if (kernels::Mxfp4MmaGroupedGemmSupports(q)) {
+          us = Micros(
+              4, [&](int, cudaStream_t st) { BENCH_CUDA(kernels::Mxfp4MmaGroupedGemm(q, st)); });
+          if (best < 0 || us < best) best = us;
+        }
+        PrintCell(us, mx_busy);
+      };
+      for (const Tile& t : kGroupedTiles) {
+        kernels::Mxfp4MmaGroupedGemmParams q = xp;
+        q.tile.wide = t.wide;
+        q.tile.shared_activations = t.shared;
+        q.tile.two_blocks_per_sm = t.two_blocks;
+        time_mx(q);
+      }
+      std::printf(" |");
+      PrintCell(bf16, static_cast<double>(routing.busy) * bytes * 2);
+      std::printf(" | %5.2fx\n", best > 0 ? bf16 / best : 0.0);
       for (void* p : std::vector<void*>{doff, a, a16, c}) BENCH_CUDA(cudaFree(p));
     }
     for (int32_t e = 0; e < E; ++e) {
       BENCH_CUDA(cudaFree(const_cast<uint8_t*>(w8[e])));
+      BENCH_CUDA(cudaFree(const_cast<uint8_t*>(w4[e])));
+      BENCH_CUDA(cudaFree(const_cast<uint8_t*>(sc4[e])));
       BENCH_CUDA(cudaFree(const_cast<float*>(sc[e])));
       BENCH_CUDA(cudaFree(const_cast<uint16_t*>(w16[e])));
     }
     BENCH_CUDA(cudaFree(const_cast<uint8_t**>(dw8)));
+    BENCH_CUDA(cudaFree(const_cast<uint8_t**>(dw4)));
+    BENCH_CUDA(cudaFree(const_cast<uint8_t**>(dsc4)));
     BENCH_CUDA(cudaFree(const_cast<float**>(dsc)));
     BENCH_CUDA(cudaFree(const_cast<uint16_t**>(dw16)));
   }
@@ -238,12 +278,14 @@ void RunTileVariants(const std::vector<GemmShape>& dense, const std::vector<MoeS
   std::printf(
       "FP8 tile variants, dense (bf16 activations): us GB/s per variant, then bf16's best\n");
   std::printf("%-15s %6s %6s %4s |", "shape", "n", "k", "m");
-  for (const Tile& t : kTiles) std::printf(" %8s %5s", t.name, "GB/s");
+  for (const Tile& t : kDenseTiles) std::printf(" %8s %5s", t.name, "GB/s");
   std::printf(" | %8s %5s | best fp8 vs bf16\n", "bf16", "GB/s");
   for (const GemmShape& s : dense) DenseVariants(s, blas);
-  std::printf("\nFP8 tile variants, grouped experts: us GB/s (busy experts' weights)\n");
-  std::printf("%-62s| %8s %5s %8s %5s", "", "staged", "GB/s", "stg+sh", "GB/s");
-  for (const Tile& t : kTiles) std::printf(" %8s %5s", t.name, "GB/s");
+  std::printf(
+      "\nFP8 and MXFP4 tile variants, grouped experts: us GB/s (busy experts' weights; each FP8 "
+      "line, then the same routing on MXFP4 experts)\n");
+  std::printf("%-70s|", "");
+  for (const Tile& t : kGroupedTiles) std::printf(" %8s %5s", t.name, "GB/s");
   std::printf(" | %8s %5s | best fp8 vs bf16\n", "bf16", "GB/s");
   for (const MoeShape& m : moe) GroupedVariants(m);
   cublasDestroy(blas);

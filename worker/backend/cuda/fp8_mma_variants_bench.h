@@ -1,6 +1,6 @@
-// fp8_gemm_bench --variants: the FP8 tensor-core kernels' tile-loop variants
-// (kernels::Fp8MmaTileOptions, the grouped kernel's weight ring) side by side with bf16 at the
-// decode row counts: see fp8_mma_variants_bench.cc.
+// fp8_gemm_bench --variants: the FP8 and MXFP4 tensor-core kernels' tile-loop variants still in
+// question (kernels::MmaTileOptions) side by side with bf16 at the decode row counts: see
+// fp8_mma_variants_bench.cc.
 #ifndef DEEPINFER_WORKER_BACKEND_CUDA_FP8_MMA_VARIANTS_BENCH_H_
 #define DEEPINFER_WORKER_BACKEND_CUDA_FP8_MMA_VARIANTS_BENCH_H_
 
