@@ -92,11 +92,25 @@ struct BlockOf512 {
     __syncthreads();
 #endif
   }
-  // The warp's lanes with the same bin sum their values (one round per distinct bin, led by
-  // its lowest lane) and add them with one shared-memory atomic: the first digits put most of
-  // the row into a few bins, where one atomic per lane would serialise.
+  // The warp's lanes with the same bin sum their values and the lowest of them adds the sum
+  // with one shared-memory atomic: the first digits put most of the row into a few bins, where
+  // one atomic per lane would serialise. From sm_80 the groups come from __match_any_sync and
+  // sum exactly with __reduce_add_sync on three 22-bit slices of v (32 lanes of 2^22 fit in 32
+  // bits); before, one round of warp shuffles per distinct bin.
   DEEPINFER_HOST_DEVICE void HistAdd(int bin, u64 v) {
-#if defined(__CUDA_ARCH__)
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+    const unsigned active = __ballot_sync(0xffffffffu, bin >= 0);
+    if (bin >= 0) {
+      const unsigned peers = __match_any_sync(active, bin);
+      constexpr u64 kSlice = (u64{1} << 22) - 1;
+      const u64 lo = __reduce_add_sync(peers, static_cast<unsigned>(v & kSlice));
+      const u64 mid = __reduce_add_sync(peers, static_cast<unsigned>((v >> 22) & kSlice));
+      const u64 hi = __reduce_add_sync(peers, static_cast<unsigned>(v >> 44));
+      if ((threadIdx.x & 31) == static_cast<unsigned>(__ffs(peers) - 1)) {
+        atomicAdd(&hist[bin], lo + (mid << 22) + (hi << 44));
+      }
+    }
+#elif defined(__CUDA_ARCH__)
     const int lane = threadIdx.x & 31;
     unsigned pending = __ballot_sync(0xffffffffu, bin >= 0);
     while (pending != 0) {

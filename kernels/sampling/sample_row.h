@@ -59,6 +59,56 @@ DEEPINFER_HOST_DEVICE double MulSub(double a, double b, double c) {
 
 constexpr int kBins = 256;  // radix-select histogram: 8 bits per pass
 
+// Row loops load kUnroll of a thread's strided values before using any, so that a thread has
+// that many loads in flight (one at a time leaves a single block waiting on memory); the
+// values are still used in increasing id order, so each thread's sums add in the same order.
+constexpr int kUnroll = 8;
+
+#if defined(__CUDACC__)
+#define DEEPINFER_UNROLL _Pragma("unroll")
+#else
+#define DEEPINFER_UNROLL
+#endif
+
+// fn(i, l[i]) for this thread's ids i = first, first + step, ... < vocab, in that order.
+template <class Block, typename Fn>
+DEEPINFER_HOST_DEVICE void ForRow(const Block& b, const float* l, int64_t vocab, Fn fn) {
+  const int64_t step = b.step();
+  for (int64_t base = b.first(); base < vocab; base += kUnroll * step) {
+    float v[kUnroll];
+    DEEPINFER_UNROLL
+    for (int j = 0; j < kUnroll; ++j) {
+      const int64_t i = base + j * step;
+      v[j] = i < vocab ? l[i] : 0.0f;
+    }
+    DEEPINFER_UNROLL
+    for (int j = 0; j < kUnroll; ++j) {
+      const int64_t i = base + j * step;
+      if (i < vocab) fn(i, v[j]);
+    }
+  }
+}
+
+// As ForRow, but every thread calls fn(i, v, in) the same number of times (in: i < vocab,
+// else v is 0), for block-wide calls inside fn.
+template <class Block, typename Fn>
+DEEPINFER_HOST_DEVICE void ForRowUniform(const Block& b, const float* l, int64_t vocab, Fn fn) {
+  const int64_t step = b.step();
+  for (int64_t base = 0; base < vocab; base += kUnroll * step) {
+    float v[kUnroll];
+    DEEPINFER_UNROLL
+    for (int j = 0; j < kUnroll; ++j) {
+      const int64_t i = base + j * step + b.first();
+      v[j] = i < vocab ? l[i] : 0.0f;
+    }
+    DEEPINFER_UNROLL
+    for (int j = 0; j < kUnroll; ++j) {
+      const int64_t i = base + j * step + b.first();
+      fn(i, v[j], i < vocab);
+    }
+  }
+}
+
 // One thread doing the whole row: a block of one. The Block concept: first()/step() give this
 // thread's strided loop over the row; SumD / MaxU reduce over the block (every thread gets the
 // result); RaceMax keeps the larger (race, rank) pair, larger rank on equal races; leader() is
@@ -85,7 +135,7 @@ struct SerialBlock {
   u64 hist[kBins];
 };
 
-// The largest c >= lo with F(c) >= target, where F(c) is the sum of f(i) (>= 0) over the
+// The largest c >= lo with F(c) >= target, where F(c) is the sum of f(i, l[i]) (>= 0) over the
 // tokens whose key is >= c; lo if even F(lo) < target (no cut: as the bisection it replaces,
 // which assumed its predicate true at lo). Radix select, most significant digit first: each
 // pass histograms the next 8 bits of the keys that share the digits chosen so far, and keeps
@@ -98,20 +148,19 @@ DEEPINFER_HOST_DEVICE u64 LargestCut(Block& b, const float* l, int64_t vocab, u6
   u64 above = 0;   // F of the keys above every key with that prefix
   for (int shift = 56; shift >= 0; shift -= 8) {
     b.HistClear();
-    // Every thread runs the same number of iterations (HistAdd's contract).
-    for (int64_t base = 0; base < vocab; base += b.step()) {
-      const int64_t i = base + b.first();
+    // Every thread makes the same number of calls (HistAdd's contract).
+    ForRowUniform(b, l, vocab, [&](int64_t i, float x, bool in) {
       int bin = -1;
       u64 v = 0;
-      if (i < vocab) {
-        const u64 k = Key(l[i], i);
+      if (in) {
+        const u64 k = Key(x, i);
         if (k >= lo && (shift == 56 || (k >> (shift + 8)) == (prefix >> (shift + 8)))) {
           bin = static_cast<int>((k >> shift) & 0xFF);
-          v = f(i);
+          v = f(i, x);
         }
       }
       b.HistAdd(bin, v);
-    }
+    });
     b.HistDone();
     int d = kBins - 1;
     u64 cum = above;
@@ -135,6 +184,7 @@ DEEPINFER_HOST_DEVICE u64 FixedMass(double p) {
 
 struct RowNormaliser {
   u64 max_key;   // the row's largest key: its argmax, lowest id on ties
+  double sum;    // the sum of exp(l - max) over the row
   double log_z;  // logsumexp of the raw row
 };
 
@@ -142,15 +192,16 @@ struct RowNormaliser {
 template <class Block>
 DEEPINFER_HOST_DEVICE RowNormaliser Normalise(Block& b, const float* l, int64_t vocab) {
   u64 k = 0;
-  for (int64_t i = b.first(); i < vocab; i += b.step()) {
-    const u64 ki = Key(l[i], i);
+  ForRow(b, l, vocab, [&](int64_t i, float v) {
+    const u64 ki = Key(v, i);
     k = ki > k ? ki : k;
-  }
+  });
   k = b.MaxU(k);
   const double mx = l[IdOfKey(k)];
   double sum = 0;
-  for (int64_t i = b.first(); i < vocab; i += b.step()) sum += exp(static_cast<double>(l[i]) - mx);
-  return {k, mx + log(b.SumD(sum))};
+  ForRow(b, l, vocab, [&](int64_t, float v) { sum += exp(static_cast<double>(v) - mx); });
+  sum = b.SumD(sum);
+  return {k, sum, mx + log(sum)};
 }
 
 // Sampler::Sample's token for the row (-1 for Sampler's INVALID_ARGUMENT: top_p outside
@@ -168,7 +219,7 @@ DEEPINFER_HOST_DEVICE int32_t SampleRow(Block& b, const float* l, int64_t vocab,
     // Sampler's arithmetic step by step.
     const double inv_t = 1.0 / static_cast<double>(p.temperature);
     const double top = static_cast<double>(l[tok]) * inv_t;  // the largest l * inv_t
-    auto weight = [&](int64_t i) { return exp(MulSub(static_cast<double>(l[i]), inv_t, top)); };
+    auto weight = [&](float v) { return exp(MulSub(static_cast<double>(v), inv_t, top)); };
     int64_t keep = vocab;
     if (p.top_k > 0 && p.top_k < keep) keep = p.top_k;
     // Sampler leaves the candidates in id order unless it filters; that order breaks race ties.
@@ -176,34 +227,46 @@ DEEPINFER_HOST_DEVICE int32_t SampleRow(Block& b, const float* l, int64_t vocab,
     u64 cut = 0;  // the candidates are the tokens whose key is >= cut
     if (keep < vocab) {
       // Keys are distinct, so this is the keep-th largest key.
-      cut = LargestCut(b, l, vocab, 0, static_cast<u64>(keep), [](int64_t) { return u64{1}; });
+      cut = LargestCut(b, l, vocab, 0, static_cast<u64>(keep),
+                       [](int64_t, float) { return u64{1}; });
     }
-    double z = 0;
-    for (int64_t i = b.first(); i < vocab; i += b.step())
-      if (Key(l[i], i) >= cut) z += weight(i);
-    z = b.SumD(z);
+    double z;
+    if (cut == 0 && inv_t == 1.0) {
+      // weight(l) is exp(l - max) here, summed over the whole row in Normalise's order.
+      z = norm.sum;
+    } else {
+      z = 0;
+      ForRow(b, l, vocab, [&](int64_t i, float v) {
+        if (Key(v, i) >= cut) z += weight(v);
+      });
+      z = b.SumD(z);
+    }
     if (p.top_p < 1.0f) {
       // The shortest prefix whose probability (normalised over the top-k) reaches top_p. If
       // rounding keeps the total below top_p, pred(cut) is false and all of top-k stays, as in
       // Sampler.
-      cut = LargestCut(b, l, vocab, cut, FixedMass(p.top_p),
-                       [&](int64_t i) { return FixedMass(weight(i) / z); });
+      // A token more than 40 below the top in l * inv_t has p < exp(-40) (z >= 1: the top's
+      // own weight is exp(0)), which FixedMass rounds to 0; its exp is skipped.
+      cut = LargestCut(b, l, vocab, cut, FixedMass(p.top_p), [&](int64_t, float v) {
+        const double x = MulSub(static_cast<double>(v), inv_t, top);
+        return x < -40.0 && z >= 1.0 ? u64{0} : FixedMass(exp(x) / z);
+      });
     }
     // The race: the largest p_i / E_i wins; on equal values the earlier candidate (larger rank)
     // wins, as Sampler's strict > keeps the first. E = 0 - log(u) as in Sampler (u == 1: +0).
     double best = -1.0;
     u64 rank = 0;
-    for (int64_t i = b.first(); i < vocab; i += b.step()) {
-      const u64 k = Key(l[i], i);
-      if (k < cut) continue;
+    ForRow(b, l, vocab, [&](int64_t i, float v) {
+      const u64 k = Key(v, i);
+      if (k < cut) return;
       const double e = 0.0 - log(static_cast<double>(CounterUniform(p.seed, p.position, i)));
-      const double race = weight(i) / z / e;
+      const double race = weight(v) / z / e;
       const u64 r = sorted ? k : (k & 0xFFFFFFFFull);
       if (race > best || (race == best && r > rank)) {
         best = race;
         rank = r;
       }
-    }
+    });
     b.RaceMax(&best, &rank);
     // Both rank forms keep the complemented id in the low half. No winner (-1) cannot happen:
     // the row maximum always races with p > 0.
@@ -224,10 +287,10 @@ DEEPINFER_HOST_DEVICE void TopLogprobsRow(Block& b, const float* l, int64_t voca
     u64 k = prev;
     if (j > 0) {
       k = 0;
-      for (int64_t i = b.first(); i < vocab; i += b.step()) {
-        const u64 ki = Key(l[i], i);
+      ForRow(b, l, vocab, [&](int64_t i, float v) {
+        const u64 ki = Key(v, i);
         if (ki < prev && ki > k) k = ki;
-      }
+      });
       k = b.MaxU(k);
     }
     if (b.leader()) {
