@@ -56,11 +56,12 @@ __device__ __forceinline__ bool RaceBetter(double v, u64 r, double best, u64 ran
 // Its functions are __host__ __device__ only so that the shared templates instantiate; they
 // run on the device alone.
 struct BlockOf512 {
-  u64* su;     // [kWarps + 1]
-  double* sd;  // [kWarps + 1]
-  double* rv;  // [kWarps + 1]
-  u64* rr;     // [kWarps + 1]
-  u64* hist;   // [sample_row::kBins]
+  u64* su;          // [kWarps + 1]
+  double* sd;       // [kWarps + 1]
+  double* rv;       // [kWarps + 1]
+  u64* rr;          // [kWarps + 1]
+  u64* hist;        // [sample_row::kBins]
+  unsigned* count;  // [sample_row::kBins]
 
   DEEPINFER_HOST_DEVICE int64_t first() const {
 #if defined(__CUDA_ARCH__)
@@ -88,7 +89,7 @@ struct BlockOf512 {
   DEEPINFER_HOST_DEVICE void HistClear() {
 #if defined(__CUDA_ARCH__)
     __syncthreads();  // everyone has read the previous histogram
-    for (int i = threadIdx.x; i < sample_row::kBins; i += kThreads) hist[i] = 0;
+    for (int i = threadIdx.x; i < sample_row::kBins; i += kThreads) hist[i] = count[i] = 0;
     __syncthreads();
 #endif
   }
@@ -108,6 +109,7 @@ struct BlockOf512 {
       const u64 hi = __reduce_add_sync(peers, static_cast<unsigned>(v >> 44));
       if ((threadIdx.x & 31) == static_cast<unsigned>(__ffs(peers) - 1)) {
         atomicAdd(&hist[bin], lo + (mid << 22) + (hi << 44));
+        atomicAdd(&count[bin], static_cast<unsigned>(__popc(peers)));
       }
     }
 #elif defined(__CUDA_ARCH__)
@@ -119,8 +121,12 @@ struct BlockOf512 {
       const bool mine = bin == lead_bin;
       u64 x = mine ? v : 0;
       for (int o = 16; o > 0; o >>= 1) x += __shfl_xor_sync(0xffffffffu, x, o);
-      if (lane == leader) atomicAdd(&hist[lead_bin], x);
-      pending &= ~__ballot_sync(0xffffffffu, mine);
+      const unsigned group = __ballot_sync(0xffffffffu, mine);
+      if (lane == leader) {
+        atomicAdd(&hist[lead_bin], x);
+        atomicAdd(&count[lead_bin], static_cast<unsigned>(__popc(group)));
+      }
+      pending &= ~group;
     }
 #else
     (void)bin;
@@ -133,6 +139,7 @@ struct BlockOf512 {
 #endif
   }
   DEEPINFER_HOST_DEVICE u64 Hist(int bin) const { return hist[bin]; }
+  DEEPINFER_HOST_DEVICE uint32_t Count(int bin) const { return count[bin]; }
   DEEPINFER_HOST_DEVICE void RaceMax(double* best, u64* rank) {
 #if defined(__CUDA_ARCH__)
     double b = *best;
@@ -178,7 +185,8 @@ __device__ void SampleRowsBody(int64_t vocab, const float* logits, const RowSamp
   __shared__ double rv[kWarps + 1];
   __shared__ u64 rr[kWarps + 1];
   __shared__ u64 hist[sample_row::kBins];
-  BlockOf512 block{su, sd, rv, rr, hist};
+  __shared__ unsigned count[sample_row::kBins];
+  BlockOf512 block{su, sd, rv, rr, hist, count};
   const int64_t row = blockIdx.x;
   const RowSamplingParams p = params[row];
   float lp;
@@ -193,7 +201,7 @@ __device__ void TopLogprobsBody(int64_t vocab, const float* logits, int32_t n, i
                                 float* logprobs) {
   __shared__ u64 su[kWarps + 1];
   __shared__ double sd[kWarps + 1];
-  BlockOf512 block{su, sd, nullptr, nullptr, nullptr};
+  BlockOf512 block{su, sd, nullptr, nullptr, nullptr, nullptr};
   const int64_t row = blockIdx.x;
   sample_row::TopLogprobsRow(block, logits + row * vocab, vocab, n, ids + row * n,
                              logprobs + row * n);

@@ -112,10 +112,10 @@ DEEPINFER_HOST_DEVICE void ForRowUniform(const Block& b, const float* l, int64_t
 // One thread doing the whole row: a block of one. The Block concept: first()/step() give this
 // thread's strided loop over the row; SumD / MaxU reduce over the block (every thread gets the
 // result); RaceMax keeps the larger (race, rank) pair, larger rank on equal races; leader() is
-// the thread that writes results. HistClear / HistAdd / HistDone / Hist: a block-wide
-// histogram of kBins u64 bins: cleared, then every thread calls HistAdd the same number of
-// times (bin < 0 adds nothing; the device combines a warp's adds per bin before one atomic),
-// then every thread reads it.
+// the thread that writes results. HistClear / HistAdd / HistDone / Hist / Count: a block-wide
+// histogram of kBins bins, each a u64 sum and a count of adds: cleared, then every thread calls
+// HistAdd the same number of times (bin < 0 adds nothing; the device combines a warp's adds
+// per bin before one atomic), then every thread reads it.
 
 struct SerialBlock {
   int64_t first() const { return 0; }
@@ -125,14 +125,19 @@ struct SerialBlock {
   u64 MaxU(u64 v) { return v; }
   void RaceMax(double*, u64*) {}
   void HistClear() {
-    for (u64& h : hist) h = 0;
+    for (int d = 0; d < kBins; ++d) hist[d] = count[d] = 0;
   }
   void HistAdd(int bin, u64 v) {
-    if (bin >= 0) hist[bin] += v;
+    if (bin >= 0) {
+      hist[bin] += v;
+      ++count[bin];
+    }
   }
   void HistDone() {}
   u64 Hist(int bin) const { return hist[bin]; }
+  uint32_t Count(int bin) const { return count[bin]; }
   u64 hist[kBins];
+  uint32_t count[kBins];
 };
 
 // The largest c >= lo with F(c) >= target, where F(c) is the sum of f(i, l[i]) (>= 0) over the
@@ -140,7 +145,9 @@ struct SerialBlock {
 // which assumed its predicate true at lo). Radix select, most significant digit first: each
 // pass histograms the next 8 bits of the keys that share the digits chosen so far, and keeps
 // the largest digit whose bin, with everything above it, still reaches target. The result is
-// then a key whose own f makes the sum reach target, so no larger c can.
+// then a key whose own f makes the sum reach target, so no larger c can. That bin holds a
+// token with f > 0 (the bins above it did not reach target); when it holds only that token,
+// its key is the result, found by one pass of a block max instead of the remaining digits.
 template <class Block, typename F>
 DEEPINFER_HOST_DEVICE u64 LargestCut(Block& b, const float* l, int64_t vocab, u64 lo, u64 target,
                                      F f) {
@@ -172,6 +179,14 @@ DEEPINFER_HOST_DEVICE u64 LargestCut(Block& b, const float* l, int64_t vocab, u6
     if (d < 0) return lo;  // only in the first pass: F(lo) < target
     prefix |= static_cast<u64>(d) << shift;
     above = cum;
+    if (shift > 0 && b.Count(d) == 1) {
+      u64 key = 0;
+      ForRow(b, l, vocab, [&](int64_t i, float x) {
+        const u64 k = Key(x, i);
+        if (k >= lo && (k >> shift) == (prefix >> shift)) key = k;
+      });
+      return b.MaxU(key);
+    }
   }
   return prefix;
 }
@@ -227,8 +242,8 @@ DEEPINFER_HOST_DEVICE int32_t SampleRow(Block& b, const float* l, int64_t vocab,
     u64 cut = 0;  // the candidates are the tokens whose key is >= cut
     if (keep < vocab) {
       // Keys are distinct, so this is the keep-th largest key.
-      cut = LargestCut(b, l, vocab, 0, static_cast<u64>(keep),
-                       [](int64_t, float) { return u64{1}; });
+      cut =
+          LargestCut(b, l, vocab, 0, static_cast<u64>(keep), [](int64_t, float) { return u64{1}; });
     }
     double z;
     if (cut == 0 && inv_t == 1.0) {

@@ -134,8 +134,8 @@ TEST(SampleRowTest, EdgeRowsAreSampler) {
             SerialBlock block;
             float lp = 0.0f;
             const int32_t got = kernels::sample_row::SampleRow(block, l.data(), vocab, p, &lp);
-            SCOPED_TRACE(::testing::Message() << "vocab " << vocab << " kind " << kind << " T "
-                                              << t << " top_k " << k << " top_p " << top_p);
+            SCOPED_TRACE(::testing::Message() << "vocab " << vocab << " kind " << kind << " T " << t
+                                              << " top_k " << k << " top_p " << top_p);
             ASSERT_EQ(got, want->token);
             EXPECT_EQ(lp, want->logprob);
             ++sampled;
