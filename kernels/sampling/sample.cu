@@ -62,6 +62,7 @@ struct BlockOf512 {
   u64* rr;          // [kWarps + 1]
   u64* hist;        // [sample_row::kBins]
   unsigned* count;  // [sample_row::kBins]
+  u64* found;       // [2]: Crossing's result
 
   DEEPINFER_HOST_DEVICE int64_t first() const {
 #if defined(__CUDA_ARCH__)
@@ -138,8 +139,48 @@ struct BlockOf512 {
     __syncthreads();
 #endif
   }
-  DEEPINFER_HOST_DEVICE u64 Hist(int bin) const { return hist[bin]; }
   DEEPINFER_HOST_DEVICE uint32_t Count(int bin) const { return count[bin]; }
+  // Warp 0 scans: lane j sums the bins 255 - 8j down to 248 - 8j, a warp prefix sum of those
+  // (from the top bin down) finds the lane where *cum reaches target, and that lane walks its
+  // eight bins. Integer sums: the same result as a serial scan.
+  DEEPINFER_HOST_DEVICE int Crossing(u64 target, u64* cum) {
+#if defined(__CUDA_ARCH__)
+    static_assert(sample_row::kBins == 8 * 32, "one warp of eight bins a lane");
+    if (threadIdx.x < 32) {
+      const int lane = threadIdx.x;
+      const int high = sample_row::kBins - 1 - 8 * lane;
+      u64 own = 0;
+      for (int j = 0; j < 8; ++j) own += hist[high - j];
+      u64 incl = own;  // the lanes up to this one
+      for (int o = 1; o < 32; o <<= 1) {
+        const u64 x = __shfl_up_sync(0xffffffffu, incl, o);
+        if (lane >= o) incl += x;
+      }
+      // The first lane that reaches target, or the last (then no bin does: d = -1).
+      const unsigned reach = __ballot_sync(0xffffffffu, *cum + incl >= target);
+      if (lane == (reach == 0 ? 31 : __ffs(reach) - 1)) {
+        int d = -1;
+        u64 c = *cum + incl - own;
+        for (int j = 0; j < 8; ++j) {
+          if (c + hist[high - j] >= target) {
+            d = high - j;
+            break;
+          }
+          c += hist[high - j];
+        }
+        found[0] = static_cast<u64>(static_cast<int64_t>(d));
+        found[1] = c;
+      }
+    }
+    __syncthreads();
+    *cum = found[1];
+    return static_cast<int>(static_cast<int64_t>(found[0]));
+#else
+    (void)target;
+    (void)cum;
+    return -1;
+#endif
+  }
   DEEPINFER_HOST_DEVICE void RaceMax(double* best, u64* rank) {
 #if defined(__CUDA_ARCH__)
     double b = *best;
@@ -186,7 +227,8 @@ __device__ void SampleRowsBody(int64_t vocab, const float* logits, const RowSamp
   __shared__ u64 rr[kWarps + 1];
   __shared__ u64 hist[sample_row::kBins];
   __shared__ unsigned count[sample_row::kBins];
-  BlockOf512 block{su, sd, rv, rr, hist, count};
+  __shared__ u64 found[2];
+  BlockOf512 block{su, sd, rv, rr, hist, count, found};
   const int64_t row = blockIdx.x;
   const RowSamplingParams p = params[row];
   float lp;
@@ -201,7 +243,7 @@ __device__ void TopLogprobsBody(int64_t vocab, const float* logits, int32_t n, i
                                 float* logprobs) {
   __shared__ u64 su[kWarps + 1];
   __shared__ double sd[kWarps + 1];
-  BlockOf512 block{su, sd, nullptr, nullptr, nullptr, nullptr};
+  BlockOf512 block{su, sd, nullptr, nullptr, nullptr, nullptr, nullptr};
   const int64_t row = blockIdx.x;
   sample_row::TopLogprobsRow(block, logits + row * vocab, vocab, n, ids + row * n,
                              logprobs + row * n);

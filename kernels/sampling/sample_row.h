@@ -112,10 +112,12 @@ DEEPINFER_HOST_DEVICE void ForRowUniform(const Block& b, const float* l, int64_t
 // One thread doing the whole row: a block of one. The Block concept: first()/step() give this
 // thread's strided loop over the row; SumD / MaxU reduce over the block (every thread gets the
 // result); RaceMax keeps the larger (race, rank) pair, larger rank on equal races; leader() is
-// the thread that writes results. HistClear / HistAdd / HistDone / Hist / Count: a block-wide
-// histogram of kBins bins, each a u64 sum and a count of adds: cleared, then every thread calls
-// HistAdd the same number of times (bin < 0 adds nothing; the device combines a warp's adds
-// per bin before one atomic), then every thread reads it.
+// the thread that writes results. HistClear / HistAdd / HistDone: a block-wide histogram of
+// kBins bins, each a u64 sum h(d) and a count of adds: cleared, then every thread calls HistAdd
+// the same number of times (bin < 0 adds nothing; the device combines a warp's adds per bin
+// before one atomic), then every thread reads it with Count(d) and Crossing(target, &cum): the
+// largest bin d with *cum + h(d) + h(the bins above d) >= target (-1 if none), *cum then plus
+// h(the bins above d); every thread gets both.
 
 struct SerialBlock {
   int64_t first() const { return 0; }
@@ -134,8 +136,14 @@ struct SerialBlock {
     }
   }
   void HistDone() {}
-  u64 Hist(int bin) const { return hist[bin]; }
   uint32_t Count(int bin) const { return count[bin]; }
+  int Crossing(u64 target, u64* cum) const {
+    for (int d = kBins - 1; d >= 0; --d) {
+      if (*cum + hist[d] >= target) return d;
+      *cum += hist[d];
+    }
+    return -1;
+  }
   u64 hist[kBins];
   uint32_t count[kBins];
 };
@@ -169,13 +177,8 @@ DEEPINFER_HOST_DEVICE u64 LargestCut(Block& b, const float* l, int64_t vocab, u6
       b.HistAdd(bin, v);
     });
     b.HistDone();
-    int d = kBins - 1;
     u64 cum = above;
-    for (; d >= 0; --d) {
-      const u64 h = b.Hist(d);
-      if (cum + h >= target) break;
-      cum += h;
-    }
+    const int d = b.Crossing(target, &cum);
     if (d < 0) return lo;  // only in the first pass: F(lo) < target
     prefix |= static_cast<u64>(d) << shift;
     above = cum;
@@ -197,26 +200,31 @@ DEEPINFER_HOST_DEVICE u64 FixedMass(double p) {
   return static_cast<u64>(p * 9007199254740992.0 + 0.5);
 }
 
-struct RowNormaliser {
-  u64 max_key;   // the row's largest key: its argmax, lowest id on ties
-  double sum;    // the sum of exp(l - max) over the row
-  double log_z;  // logsumexp of the raw row
-};
-
-// As Sampler: the maximum, then the sum of exp(l - max) in double.
+// The row's largest key: its argmax, lowest id on ties.
 template <class Block>
-DEEPINFER_HOST_DEVICE RowNormaliser Normalise(Block& b, const float* l, int64_t vocab) {
+DEEPINFER_HOST_DEVICE u64 MaxKey(Block& b, const float* l, int64_t vocab) {
   u64 k = 0;
   ForRow(b, l, vocab, [&](int64_t i, float v) {
     const u64 ki = Key(v, i);
     k = ki > k ? ki : k;
   });
-  k = b.MaxU(k);
+  return b.MaxU(k);
+}
+
+struct RowNormaliser {
+  u64 max_key;   // MaxKey
+  double log_z;  // logsumexp of the raw row
+};
+
+// As Sampler: the maximum, then the sum of exp(l - max) in double. SampleRow computes the same
+// sum in the same order, in a pass of its own.
+template <class Block>
+DEEPINFER_HOST_DEVICE RowNormaliser Normalise(Block& b, const float* l, int64_t vocab) {
+  const u64 k = MaxKey(b, l, vocab);
   const double mx = l[IdOfKey(k)];
   double sum = 0;
   ForRow(b, l, vocab, [&](int64_t, float v) { sum += exp(static_cast<double>(v) - mx); });
-  sum = b.SumD(sum);
-  return {k, sum, mx + log(sum)};
+  return {k, mx + log(b.SumD(sum))};
 }
 
 // Sampler::Sample's token for the row (-1 for Sampler's INVALID_ARGUMENT: top_p outside
@@ -228,9 +236,14 @@ DEEPINFER_HOST_DEVICE int32_t SampleRow(Block& b, const float* l, int64_t vocab,
     *logprob = NAN;
     return -1;
   }
-  const RowNormaliser norm = Normalise(b, l, vocab);
-  int32_t tok = IdOfKey(norm.max_key);  // greedy
-  if (p.temperature > 0.0f) {
+  const u64 max_key = MaxKey(b, l, vocab);
+  int32_t tok = IdOfKey(max_key);  // greedy
+  const double mx = l[tok];
+  double sum = 0;  // of exp(l - mx) over the row: Normalise's
+  if (!(p.temperature > 0.0f)) {
+    ForRow(b, l, vocab, [&](int64_t, float v) { sum += exp(static_cast<double>(v) - mx); });
+    sum = b.SumD(sum);
+  } else {
     // Sampler's arithmetic step by step.
     const double inv_t = 1.0 / static_cast<double>(p.temperature);
     const double top = static_cast<double>(l[tok]) * inv_t;  // the largest l * inv_t
@@ -245,17 +258,16 @@ DEEPINFER_HOST_DEVICE int32_t SampleRow(Block& b, const float* l, int64_t vocab,
       cut =
           LargestCut(b, l, vocab, 0, static_cast<u64>(keep), [](int64_t, float) { return u64{1}; });
     }
-    double z;
-    if (cut == 0 && inv_t == 1.0) {
-      // weight(l) is exp(l - max) here, summed over the whole row in Normalise's order.
-      z = norm.sum;
-    } else {
-      z = 0;
-      ForRow(b, l, vocab, [&](int64_t i, float v) {
-        if (Key(v, i) >= cut) z += weight(v);
-      });
-      z = b.SumD(z);
-    }
+    // The normaliser's sum and z in one pass. Without top-k at T = 1, weight(l) is exp(l - mx)
+    // and z is the normaliser's sum.
+    const bool z_is_sum = cut == 0 && inv_t == 1.0;
+    double z = 0;
+    ForRow(b, l, vocab, [&](int64_t i, float v) {
+      sum += exp(static_cast<double>(v) - mx);
+      if (!z_is_sum && Key(v, i) >= cut) z += weight(v);
+    });
+    sum = b.SumD(sum);
+    z = z_is_sum ? sum : b.SumD(z);
     if (p.top_p < 1.0f) {
       // The shortest prefix whose probability (normalised over the top-k) reaches top_p. If
       // rounding keeps the total below top_p, pred(cut) is false and all of top-k stays, as in
@@ -287,7 +299,8 @@ DEEPINFER_HOST_DEVICE int32_t SampleRow(Block& b, const float* l, int64_t vocab,
     // the row maximum always races with p > 0.
     tok = rank == 0 ? -1 : IdOfKey(rank);
   }
-  *logprob = tok < 0 ? NAN : static_cast<float>(static_cast<double>(l[tok]) - norm.log_z);
+  const double log_z = mx + log(sum);
+  *logprob = tok < 0 ? NAN : static_cast<float>(static_cast<double>(l[tok]) - log_z);
   return tok;
 }
 
