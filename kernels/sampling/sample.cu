@@ -83,6 +83,13 @@ struct BlockOf512 {
     return v;
 #endif
   }
+  DEEPINFER_HOST_DEVICE u64 SumU(u64 v) {
+#if defined(__CUDA_ARCH__)
+    return BlockReduce(v, su, SumOp());
+#else
+    return v;
+#endif
+  }
   DEEPINFER_HOST_DEVICE u64 MaxU(u64 v) {
 #if defined(__CUDA_ARCH__)
     return BlockReduce(v, su, MaxOp());

@@ -110,8 +110,8 @@ DEEPINFER_HOST_DEVICE void ForRowUniform(const Block& b, const float* l, int64_t
 }
 
 // One thread doing the whole row: a block of one. The Block concept: first()/step() give this
-// thread's strided loop over the row; SumD / MaxU reduce over the block (every thread gets the
-// result); RaceMax keeps the larger (race, rank) pair, larger rank on equal races; leader() is
+// thread's strided loop over the row; SumD / SumU / MaxU reduce over the block (every thread gets
+// the result); RaceMax keeps the larger (race, rank) pair, larger rank on equal races; leader() is
 // the thread that writes results. HistClear / HistAdd / HistDone: a block-wide histogram of
 // kBins bins, each a u64 sum h(d) and a count of adds: cleared, then every thread calls HistAdd
 // the same number of times (bin < 0 adds nothing; the device combines a warp's adds per bin
@@ -124,6 +124,7 @@ struct SerialBlock {
   int64_t step() const { return 1; }
   bool leader() const { return true; }
   double SumD(double v) { return v; }
+  u64 SumU(u64 v) { return v; }
   u64 MaxU(u64 v) { return v; }
   void RaceMax(double*, u64*) {}
   void HistClear() {
@@ -156,42 +157,66 @@ struct SerialBlock {
 // then a key whose own f makes the sum reach target, so no larger c can. That bin holds a
 // token with f > 0 (the bins above it did not reach target); when it holds only that token,
 // its key is the result, found by one pass of a block max instead of the remaining digits.
+//
+// first_digit >= 0 is the caller's guess of the first digit (from an estimate): the select
+// starts at the second, and that pass also sums f over the keys whose first digit is larger
+// (the exact F above the guessed bin). A wrong guess cannot pass unnoticed: too small, that
+// sum alone reaches target; too large, it and the bin together do not. Then the select
+// starts over from the first digit.
 template <class Block, typename F>
 DEEPINFER_HOST_DEVICE u64 LargestCut(Block& b, const float* l, int64_t vocab, u64 lo, u64 target,
-                                     F f) {
-  u64 prefix = 0;  // the digits chosen so far, in place
-  u64 above = 0;   // F of the keys above every key with that prefix
-  for (int shift = 56; shift >= 0; shift -= 8) {
-    b.HistClear();
-    // Every thread makes the same number of calls (HistAdd's contract).
-    ForRowUniform(b, l, vocab, [&](int64_t i, float x, bool in) {
-      int bin = -1;
-      u64 v = 0;
-      if (in) {
-        const u64 k = Key(x, i);
-        if (k >= lo && (shift == 56 || (k >> (shift + 8)) == (prefix >> (shift + 8)))) {
-          bin = static_cast<int>((k >> shift) & 0xFF);
-          v = f(i, x);
-        }
-      }
-      b.HistAdd(bin, v);
-    });
-    b.HistDone();
-    u64 cum = above;
-    const int d = b.Crossing(target, &cum);
-    if (d < 0) return lo;  // only in the first pass: F(lo) < target
-    prefix |= static_cast<u64>(d) << shift;
-    above = cum;
-    if (shift > 0 && b.Count(d) == 1) {
-      u64 key = 0;
-      ForRow(b, l, vocab, [&](int64_t i, float x) {
-        const u64 k = Key(x, i);
-        if (k >= lo && (k >> shift) == (prefix >> shift)) key = k;
-      });
-      return b.MaxU(key);
+                                     F f, int first_digit = -1) {
+  for (;;) {
+    u64 prefix = 0;  // the digits chosen so far, in place
+    u64 above = 0;   // F of the keys above every key with that prefix
+    int shift = 56;
+    if (first_digit >= 0) {
+      prefix = static_cast<u64>(first_digit) << 56;
+      shift = 48;
     }
+    for (; shift >= 0; shift -= 8) {
+      const bool sum_above = first_digit >= 0 && shift == 48;
+      u64 up = 0;  // with sum_above: this thread's f over the keys above the guessed bin
+      b.HistClear();
+      // Every thread makes the same number of calls (HistAdd's contract).
+      ForRowUniform(b, l, vocab, [&](int64_t i, float x, bool in) {
+        int bin = -1;
+        u64 v = 0;
+        if (in) {
+          const u64 k = Key(x, i);
+          if (k >= lo) {
+            if (shift == 56 || (k >> (shift + 8)) == (prefix >> (shift + 8))) {
+              bin = static_cast<int>((k >> shift) & 0xFF);
+              v = f(i, x);
+            } else if (sum_above && k > prefix) {
+              up += f(i, x);
+            }
+          }
+        }
+        b.HistAdd(bin, v);
+      });
+      b.HistDone();
+      if (sum_above) above = b.SumU(up);
+      u64 cum = above;
+      const int d = above < target ? b.Crossing(target, &cum) : -1;
+      if (d < 0) {
+        if (sum_above) break;  // a wrong guess
+        return lo;             // only in the first pass: F(lo) < target
+      }
+      prefix |= static_cast<u64>(d) << shift;
+      above = cum;
+      if (shift > 0 && b.Count(d) == 1) {
+        u64 key = 0;
+        ForRow(b, l, vocab, [&](int64_t i, float x) {
+          const u64 k = Key(x, i);
+          if (k >= lo && (k >> shift) == (prefix >> shift)) key = k;
+        });
+        return b.MaxU(key);
+      }
+    }
+    if (shift < 0) return prefix;
+    first_digit = -1;
   }
-  return prefix;
 }
 
 // Probability mass in fixed point: p * 2^53, rounded (p <= 1, so a row's total stays below
@@ -259,25 +284,53 @@ DEEPINFER_HOST_DEVICE int32_t SampleRow(Block& b, const float* l, int64_t vocab,
           LargestCut(b, l, vocab, 0, static_cast<u64>(keep), [](int64_t, float) { return u64{1}; });
     }
     // The normaliser's sum and z in one pass. Without top-k at T = 1, weight(l) is exp(l - mx)
-    // and z is the normaliser's sum.
+    // and z is the normaliser's sum. For top-p the pass also histograms the candidates'
+    // weights (w * 2^40, rounded: w <= 1 below a finite top) by the keys' first digit, an
+    // estimate of the top-p masses' histogram (w / z * 2^53) that guesses the select's first
+    // digit without an exp of its own.
     const bool z_is_sum = cut == 0 && inv_t == 1.0;
+    const bool guess = p.top_p < 1.0f && isfinite(top);
+    if (guess) b.HistClear();
     double z = 0;
-    ForRow(b, l, vocab, [&](int64_t i, float v) {
-      sum += exp(static_cast<double>(v) - mx);
-      if (!z_is_sum && Key(v, i) >= cut) z += weight(v);
+    ForRowUniform(b, l, vocab, [&](int64_t i, float v, bool in) {
+      int bin = -1;
+      u64 w40 = 0;
+      if (in) {
+        const double e = exp(static_cast<double>(v) - mx);
+        sum += e;
+        const u64 k = Key(v, i);
+        if (k >= cut) {
+          const double w = z_is_sum ? e : weight(v);
+          if (!z_is_sum) z += w;
+          bin = static_cast<int>(k >> 56);
+          if (w >= 0.0 && w <= 1.0) w40 = static_cast<u64>(w * 1099511627776.0 + 0.5);
+        }
+      }
+      if (guess) b.HistAdd(bin, w40);
     });
+    if (guess) b.HistDone();
     sum = b.SumD(sum);
     z = z_is_sum ? sum : b.SumD(z);
+    int first_digit = -1;
+    if (guess && z >= 1.0 && z <= static_cast<double>(vocab)) {
+      // top_p's fixed-point mass in units of w * 2^40: times z / 2^13.
+      u64 est = 0;
+      first_digit = b.Crossing(
+          static_cast<u64>(static_cast<double>(FixedMass(p.top_p)) * (z / 8192.0)), &est);
+    }
     if (p.top_p < 1.0f) {
       // The shortest prefix whose probability (normalised over the top-k) reaches top_p. If
       // rounding keeps the total below top_p, pred(cut) is false and all of top-k stays, as in
       // Sampler.
       // A token more than 40 below the top in l * inv_t has p < exp(-40) (z >= 1: the top's
       // own weight is exp(0)), which FixedMass rounds to 0; its exp is skipped.
-      cut = LargestCut(b, l, vocab, cut, FixedMass(p.top_p), [&](int64_t, float v) {
-        const double x = MulSub(static_cast<double>(v), inv_t, top);
-        return x < -40.0 && z >= 1.0 ? u64{0} : FixedMass(exp(x) / z);
-      });
+      cut = LargestCut(
+          b, l, vocab, cut, FixedMass(p.top_p),
+          [&](int64_t, float v) {
+            const double x = MulSub(static_cast<double>(v), inv_t, top);
+            return x < -40.0 && z >= 1.0 ? u64{0} : FixedMass(exp(x) / z);
+          },
+          first_digit);
     }
     // The race: the largest p_i / E_i wins; on equal values the earlier candidate (larger rank)
     // wins, as Sampler's strict > keeps the first. E = 0 - log(u) as in Sampler (u == 1: +0).

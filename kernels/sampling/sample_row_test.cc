@@ -147,6 +147,40 @@ TEST(SampleRowTest, EdgeRowsAreSampler) {
   EXPECT_EQ(sampled, 3 * 4 * 4 * 4 * 4);
 }
 
+// LargestCut with a guessed first digit (SampleRow guesses it for top-p from the z pass) gives
+// the select's result whatever the guess: every digit is tried on rows with ties, -0 / +0 and
+// zero weights, counting and weighted sums, targets from 1 to past the total.
+TEST(SampleRowTest, LargestCutIsExactForEveryGuess) {
+  const uint32_t seed = std::random_device{}();
+  SCOPED_TRACE(::testing::Message() << "seed " << seed);
+  std::mt19937_64 gen(seed);
+  using kernels::sample_row::Key;
+  using kernels::sample_row::LargestCut;
+  using kernels::sample_row::u64;
+  for (int t = 0; t < 24; ++t) {
+    const int64_t vocab = 1 + static_cast<int64_t>(gen() % 300);
+    const auto l = RandomRow(vocab, &gen, t % 3);
+    std::vector<u64> w(vocab);
+    for (u64& x : w) x = gen() % 4 == 0 ? 0 : gen() % 1000;
+    u64 total = 0;
+    for (u64 x : w) total += x;
+    const u64 lo = t % 2 ? 0 : Key(l[gen() % vocab], 0);
+    auto weighted = [&](int64_t i, float) { return w[i]; };
+    auto counting = [](int64_t, float) { return u64{1}; };
+    for (const u64 target : {u64{1}, total / 3 + 1, total, total + 1, u64{5}}) {
+      SCOPED_TRACE(::testing::Message()
+                   << "row " << t << " vocab " << vocab << " target " << target);
+      SerialBlock block;
+      const u64 want_w = LargestCut(block, l.data(), vocab, lo, target, weighted);
+      const u64 want_c = LargestCut(block, l.data(), vocab, lo, target, counting);
+      for (int guess = 0; guess < kernels::sample_row::kBins; ++guess) {
+        ASSERT_EQ(LargestCut(block, l.data(), vocab, lo, target, weighted, guess), want_w) << guess;
+        ASSERT_EQ(LargestCut(block, l.data(), vocab, lo, target, counting, guess), want_c) << guess;
+      }
+    }
+  }
+}
+
 // Two tokens whose uniforms are exactly 1 (E = 0, race +inf) tie in the race; the earlier
 // candidate wins: the lower id when Sampler keeps id order (no filter), the larger logit when
 // it sorts (top-k or top-p). Random rows practically never tie, so this plants one.
