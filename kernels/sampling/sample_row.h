@@ -225,14 +225,23 @@ DEEPINFER_HOST_DEVICE u64 FixedMass(double p) {
   return static_cast<u64>(p * 9007199254740992.0 + 0.5);
 }
 
-// The row's largest key: its argmax, lowest id on ties.
+// The row's largest key: its argmax, lowest id on ties. With count_first_digits, the same pass
+// also counts the keys by first digit into the block's histogram.
 template <class Block>
-DEEPINFER_HOST_DEVICE u64 MaxKey(Block& b, const float* l, int64_t vocab) {
+DEEPINFER_HOST_DEVICE u64 MaxKey(Block& b, const float* l, int64_t vocab,
+                                 bool count_first_digits = false) {
   u64 k = 0;
-  ForRow(b, l, vocab, [&](int64_t i, float v) {
-    const u64 ki = Key(v, i);
-    k = ki > k ? ki : k;
+  if (count_first_digits) b.HistClear();
+  ForRowUniform(b, l, vocab, [&](int64_t i, float v, bool in) {
+    int bin = -1;
+    if (in) {
+      const u64 ki = Key(v, i);
+      k = ki > k ? ki : k;
+      bin = static_cast<int>(ki >> 56);
+    }
+    if (count_first_digits) b.HistAdd(bin, 1);
   });
+  if (count_first_digits) b.HistDone();
   return b.MaxU(k);
 }
 
@@ -261,7 +270,16 @@ DEEPINFER_HOST_DEVICE int32_t SampleRow(Block& b, const float* l, int64_t vocab,
     *logprob = NAN;
     return -1;
   }
-  const u64 max_key = MaxKey(b, l, vocab);
+  int64_t keep = vocab;
+  if (p.top_k > 0 && p.top_k < keep) keep = p.top_k;
+  const bool top_k = p.temperature > 0.0f && keep < vocab;
+  const u64 max_key = MaxKey(b, l, vocab, top_k);
+  // With top-k, the first digit of its select, from the exact counts of the maximum's pass.
+  int top_k_first_digit = -1;
+  if (top_k) {
+    u64 above = 0;
+    top_k_first_digit = b.Crossing(static_cast<u64>(keep), &above);
+  }
   int32_t tok = IdOfKey(max_key);  // greedy
   const double mx = l[tok];
   double sum = 0;  // of exp(l - mx) over the row: Normalise's
@@ -273,15 +291,14 @@ DEEPINFER_HOST_DEVICE int32_t SampleRow(Block& b, const float* l, int64_t vocab,
     const double inv_t = 1.0 / static_cast<double>(p.temperature);
     const double top = static_cast<double>(l[tok]) * inv_t;  // the largest l * inv_t
     auto weight = [&](float v) { return exp(MulSub(static_cast<double>(v), inv_t, top)); };
-    int64_t keep = vocab;
-    if (p.top_k > 0 && p.top_k < keep) keep = p.top_k;
     // Sampler leaves the candidates in id order unless it filters; that order breaks race ties.
     const bool sorted = keep < vocab || p.top_p < 1.0f;
     u64 cut = 0;  // the candidates are the tokens whose key is >= cut
-    if (keep < vocab) {
+    if (top_k) {
       // Keys are distinct, so this is the keep-th largest key.
-      cut =
-          LargestCut(b, l, vocab, 0, static_cast<u64>(keep), [](int64_t, float) { return u64{1}; });
+      cut = LargestCut(
+          b, l, vocab, 0, static_cast<u64>(keep), [](int64_t, float) { return u64{1}; },
+          top_k_first_digit);
     }
     // The normaliser's sum and z in one pass. Without top-k at T = 1, weight(l) is exp(l - mx)
     // and z is the normaliser's sum. For top-p the pass also histograms the candidates'
