@@ -6,10 +6,11 @@
 // Cost per row (V = vocab), each pass a read of the row with 8 loads in flight per thread:
 // greedy 2 passes (the maximum, the log-softmax normaliser); with a temperature 3 (the
 // normaliser and the temperature's z share a pass; at T = 1 without top-k z is the
-// normaliser's sum), plus up to 7 radix-select passes for top-k < V (counting; the first digit
-// counted in the maximum's pass) and for top-p < 1 (the first digit guessed from the z pass,
-// then a double exp for each token still in the running and within 40 of the top in l / T),
-// each select ending with one block-max pass as soon as its chosen bin holds a single token.
+// normaliser's sum), plus a radix select for top-k < V (counting; its first digit counted in
+// the maximum's pass) and one for top-p < 1 (its first digit guessed from the z pass, then a
+// double exp for each token still in the running and within 40 of the top in l / T): at most
+// 7 digit passes each (a wrong top-p guess adds one and the first digit's), ending with one
+// block-max pass as soon as the chosen bin holds a single token.
 #include <math.h>
 
 #include "kernels/common/launch.cuh"
