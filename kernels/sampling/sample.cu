@@ -60,13 +60,16 @@ __device__ __forceinline__ bool RaceBetter(double v, u64 r, double best, u64 ran
 // Its functions are __host__ __device__ only so that the shared templates instantiate; they
 // run on the device alone.
 struct BlockOf512 {
-  u64* su;          // [kWarps + 1]
-  double* sd;       // [kWarps + 1]
-  double* rv;       // [kWarps + 1]
-  u64* rr;          // [kWarps + 1]
-  u64* hist;        // [sample_row::kBins]
-  unsigned* count;  // [sample_row::kBins]
-  u64* found;       // [2]: Crossing's result
+  u64* su;             // [kWarps + 1]
+  double* sd;          // [kWarps + 1]
+  double* rv;          // [kWarps + 1]
+  u64* rr;             // [kWarps + 1]
+  u64* hist;           // [sample_row::kBins]
+  unsigned* count;     // [sample_row::kBins]
+  u64* found;          // [2]: Crossing's result
+  unsigned* gathered;  // [1]
+  u64* gather_key;     // [sample_row::kGather]
+  u64* gather_f;       // [sample_row::kGather]
 
   DEEPINFER_HOST_DEVICE int64_t first() const {
 #if defined(__CUDA_ARCH__)
@@ -151,6 +154,33 @@ struct BlockOf512 {
 #endif
   }
   DEEPINFER_HOST_DEVICE uint32_t Count(int bin) const { return count[bin]; }
+  DEEPINFER_HOST_DEVICE void GatherClear() {
+#if defined(__CUDA_ARCH__)
+    __syncthreads();  // everyone has read the previous list
+    if (threadIdx.x == 0) *gathered = 0;
+    __syncthreads();
+#endif
+  }
+  // The slot order depends on timing; readers use the list as a set.
+  DEEPINFER_HOST_DEVICE void Gather(u64 key, u64 f) {
+#if defined(__CUDA_ARCH__)
+    const unsigned slot = atomicAdd(gathered, 1u);
+    if (slot < sample_row::kGather) {
+      gather_key[slot] = key;
+      gather_f[slot] = f;
+    }
+#else
+    (void)key;
+    (void)f;
+#endif
+  }
+  DEEPINFER_HOST_DEVICE void GatherDone() {
+#if defined(__CUDA_ARCH__)
+    __syncthreads();
+#endif
+  }
+  DEEPINFER_HOST_DEVICE u64 GatheredKey(int64_t j) const { return gather_key[j]; }
+  DEEPINFER_HOST_DEVICE u64 GatheredF(int64_t j) const { return gather_f[j]; }
   // Warp 0 scans: lane j sums the bins 255 - 8j down to 248 - 8j, a warp prefix sum of those
   // (from the top bin down) finds the lane where *cum reaches target, and that lane walks its
   // eight bins. Integer sums: the same result as a serial scan.
@@ -239,7 +269,10 @@ __device__ void SampleRowsBody(int64_t vocab, const float* logits, const RowSamp
   __shared__ u64 hist[sample_row::kBins];
   __shared__ unsigned count[sample_row::kBins];
   __shared__ u64 found[2];
-  BlockOf512 block{su, sd, rv, rr, hist, count, found};
+  __shared__ unsigned gathered;
+  __shared__ u64 gather_key[sample_row::kGather];
+  __shared__ u64 gather_f[sample_row::kGather];
+  BlockOf512 block{su, sd, rv, rr, hist, count, found, &gathered, gather_key, gather_f};
   const int64_t row = blockIdx.x;
   const RowSamplingParams p = params[row];
   float lp;
@@ -254,7 +287,7 @@ __device__ void TopLogprobsBody(int64_t vocab, const float* logits, int32_t n, i
                                 float* logprobs) {
   __shared__ u64 su[kWarps + 1];
   __shared__ double sd[kWarps + 1];
-  BlockOf512 block{su, sd, nullptr, nullptr, nullptr, nullptr, nullptr};
+  BlockOf512 block{su, sd, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr};
   const int64_t row = blockIdx.x;
   sample_row::TopLogprobsRow(block, logits + row * vocab, vocab, n, ids + row * n,
                              logprobs + row * n);

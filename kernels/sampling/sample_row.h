@@ -58,7 +58,8 @@ DEEPINFER_HOST_DEVICE double MulSub(double a, double b, double c) {
 #endif
 }
 
-constexpr int kBins = 256;  // radix-select histogram: 8 bits per pass
+constexpr int kBins = 256;         // radix-select histogram: 8 bits per pass
+constexpr uint32_t kGather = 512;  // the radix select finishes on this many tokens
 
 // Row loops load kUnroll of a thread's strided values before using any, so that a thread has
 // that many loads in flight (one at a time leaves a single block waiting on memory); the
@@ -118,7 +119,9 @@ DEEPINFER_HOST_DEVICE void ForRowUniform(const Block& b, const float* l, int64_t
 // the same number of times (bin < 0 adds nothing; the device combines a warp's adds per bin
 // before one atomic), then every thread reads it with Count(d) and Crossing(target, &cum): the
 // largest bin d with *cum + h(d) + h(the bins above d) >= target (-1 if none), *cum then plus
-// h(the bins above d); every thread gets both.
+// h(the bins above d); every thread gets both. GatherClear / Gather(key, f) / GatherDone: a
+// block-wide list of up to kGather (key, f) pairs, in any order: cleared, added to by any
+// thread, then every thread reads it with GatheredKey(j) / GatheredF(j).
 
 struct SerialBlock {
   int64_t first() const { return 0; }
@@ -146,8 +149,19 @@ struct SerialBlock {
     }
     return -1;
   }
+  void GatherClear() { gathered = 0; }
+  void Gather(u64 key, u64 f) {
+    gather_key[gathered] = key;
+    gather_f[gathered++] = f;
+  }
+  void GatherDone() {}
+  u64 GatheredKey(int64_t j) const { return gather_key[j]; }
+  u64 GatheredF(int64_t j) const { return gather_f[j]; }
   u64 hist[kBins];
   uint32_t count[kBins];
+  uint32_t gathered;
+  u64 gather_key[kGather];
+  u64 gather_f[kGather];
 };
 
 // The largest c >= lo with F(c) >= target, where F(c) is the sum of f(i, l[i]) (>= 0) over the
@@ -157,7 +171,9 @@ struct SerialBlock {
 // the largest digit whose bin, with everything above it, still reaches target. The result is
 // then a key whose own f makes the sum reach target, so no larger c can. That bin holds a
 // token with f > 0 (the bins above it did not reach target); when it holds only that token,
-// its key is the result, found by one pass of a block max instead of the remaining digits.
+// its key is the result. More generally, once the bin holds at most kGather tokens, one more
+// pass gathers their keys and f, and the result is the largest gathered key whose own sum
+// (above, plus f over the gathered keys >= it) reaches target, instead of the remaining digits.
 //
 // first_digit >= 0 is the caller's guess of the first digit (from an estimate): the select
 // starts at the second, and that pass also sums f over the keys whose first digit is larger
@@ -206,13 +222,25 @@ DEEPINFER_HOST_DEVICE u64 LargestCut(Block& b, const float* l, int64_t vocab, u6
       }
       prefix |= static_cast<u64>(d) << shift;
       above = cum;
-      if (shift > 0 && b.Count(d) == 1) {
-        u64 key = 0;
+      const uint32_t n = b.Count(d);
+      if (shift > 0 && n <= kGather) {
+        b.GatherClear();
         ForRow(b, l, vocab, [&](int64_t i, float x) {
           const u64 k = Key(x, i);
-          if (k >= lo && (k >> shift) == (prefix >> shift)) key = k;
+          if (k >= lo && (k >> shift) == (prefix >> shift)) b.Gather(k, f(i, x));
         });
-        return b.MaxU(key);
+        b.GatherDone();
+        u64 best = 0;
+        const int64_t step = b.step();
+        for (int64_t j = b.first(); j < n; j += step) {
+          const u64 kj = b.GatheredKey(j);
+          u64 s = above;
+          for (uint32_t m = 0; m < n; ++m) {
+            if (b.GatheredKey(m) >= kj) s += b.GatheredF(m);
+          }
+          if (s >= target && kj > best) best = kj;
+        }
+        return b.MaxU(best);
       }
     }
     if (shift < 0) return prefix;
