@@ -10,7 +10,8 @@
 // the maximum's pass) and one for top-p < 1 (its first digit guessed from the z pass, then a
 // double exp for each token still in the running and within 40 of the top in l / T): at most
 // 7 digit passes each (a wrong top-p guess adds one and the first digit's), ending with one
-// block-max pass as soon as the chosen bin holds a single token.
+// pass that gathers the chosen bin's tokens into shared memory once it holds at most
+// sample_row::kGather (512).
 #include <math.h>
 
 #include "kernels/common/launch.cuh"

@@ -8,10 +8,10 @@
 // order tokens exactly as Sampler's sort does (logit descending, then id ascending): the top-k
 // cut is the largest key c with #{key >= c} >= k, the top-p cut the largest c with
 // mass{key >= c} >= top_p. A radix select finds each cut 8 bits at a time, one pass over the
-// row per digit with a 256-bin histogram (at most 8 passes, fewer when a bin is down to one
-// token; the first digit comes from an earlier pass); the mass is summed in 2^-53 fixed
-// point, so the histogram's order of additions cannot change it. No scratch memory beyond the
-// histogram and no sort.
+// row per digit with a 256-bin histogram (at most 8 passes, ending early with a gather once a
+// bin is down to kGather tokens; the first digit comes from an earlier pass); the mass is summed in
+// 2^-53 fixed point, so the histogram's order of additions cannot change it. No scratch memory
+// beyond the histogram and no sort.
 #ifndef DEEPINFER_KERNELS_SAMPLING_SAMPLE_ROW_H_
 #define DEEPINFER_KERNELS_SAMPLING_SAMPLE_ROW_H_
 
