@@ -23,8 +23,8 @@ namespace kernels {
 // (in double; the prefix mass summed in 2^-53 fixed point), then the race argmax
 // p_i / -log(U(seed, position, i)) with ties going to the earlier candidate. A row whose top_p
 // is outside (0, 1] or whose temperature is NaN (Sampler's INVALID_ARGUMENT) gets token -1 and
-// logprob NaN. One block per row; O(V) per row without filtering, O(8 V) more for top-k and
-// for top-p (radix select).
+// logprob NaN. One block per row; O(V) per row without filtering, up to O(8 V) more for top-k
+// and for top-p (radix select; 2 passes each on random rows, docs/cuda/graphs-and-sampling.md).
 cudaError_t SampleRowsF32(int64_t rows, int64_t vocab, const float* logits,
                           const RowSamplingParams* params, int32_t* token, float* logprob,
                           cudaStream_t stream);

@@ -3,6 +3,7 @@
 // +0 among them) and mixed per-row parameters.
 #include "kernels/sampling/sample.h"
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
 #include <random>
@@ -87,6 +88,82 @@ TEST(SampleKernelTest, SampleRowsMatchesCpuBackend) {
       } else {
         EXPECT_NEAR(got_lp[r], want_lp[r], 1e-5f);
       }
+    }
+  }
+}
+
+// Rows and parameters at the edges of the kernel's selection: logits spread over hundreds with
+// -inf among them (top-p skips the exp of tokens 40 below the top), a row of one value (every
+// key ties in the logit: the cut falls among ids), tokens around exactly 40 below the top,
+// a row packed into a narrow range (many radix digits shared), random rows; temperatures 1e-4
+// to 1e4, top_k 1 / 2 / vocab - 1, top_p 1 / 0.95 / 1e-6 / the largest float below 1; vocabs
+// that are not multiples of the block or of its unrolled stride, and both model vocabularies.
+TEST(SampleKernelTest, EdgeRowsMatchCpuBackend) {
+  DEEPINFER_SKIP_WITHOUT_GPU();
+  CpuBackend cpu(2);
+  const float temps[] = {1e-4f, 0.8f, 1.0f, 1e4f};
+  const float ps[] = {1.0f, 0.95f, 1e-6f, std::nextafter(1.0f, 0.0f)};
+  for (int64_t vocab : {513, 4099, 129280, 163840}) {
+    const uint32_t seed = testing::FreshSeed();
+    SCOPED_TRACE(::testing::Message() << "vocab " << vocab << " seed " << seed);
+    std::mt19937_64 gen(seed);
+    const int64_t rows = vocab > 10000 ? 40 : 320;
+    const int32_t ks[] = {0, 1, 2, static_cast<int32_t>(vocab) - 1};
+    std::vector<float> logits(rows * vocab);
+    std::vector<RowSamplingParams> params(rows);
+    for (int64_t r = 0; r < rows; ++r) {
+      float* l = logits.data() + r * vocab;
+      const int kind = r % 5;
+      if (kind == 0) {
+        std::normal_distribution<float> d(0.0f, 30.0f);
+        for (int64_t i = 0; i < vocab; ++i)
+          l[i] = gen() % 20 == 0 ? -std::numeric_limits<float>::infinity() : d(gen);
+      } else if (kind == 1) {
+        std::fill(l, l + vocab, 1.5f);
+      } else if (kind == 2) {
+        std::uniform_real_distribution<float> d(-40.5f, -39.5f);
+        for (int64_t i = 0; i < vocab; ++i) l[i] = d(gen);
+        l[gen() % vocab] = -40.0f;
+        l[gen() % vocab] = std::nextafter(-40.0f, 0.0f);
+        l[gen() % vocab] = 0.0f;
+      } else if (kind == 3) {
+        std::uniform_real_distribution<float> d(4.0f, 4.001f);
+        for (int64_t i = 0; i < vocab; ++i) l[i] = d(gen);
+      } else {
+        std::normal_distribution<float> d(0.0f, 2.5f);
+        for (int64_t i = 0; i < vocab; ++i) l[i] = d(gen);
+      }
+      const int64_t c = r / 5;  // the parameter combination, all 64 for the small vocabularies
+      params[r].temperature = temps[c % 4];
+      params[r].top_k = ks[(c / 4) % 4];
+      params[r].top_p = ps[(c / 16 + (vocab > 10000 ? c : 0)) % 4];
+      params[r].seed = gen();
+      params[r].position = static_cast<int64_t>(gen() % 100000);
+    }
+    std::vector<int32_t> want_tok(rows);
+    std::vector<float> want_lp(rows);
+    cpu.SampleRows(rows, vocab, logits.data(), params.data(), want_tok.data(), want_lp.data());
+    ASSERT_TRUE(cpu.status().ok()) << cpu.status();
+    DeviceArray<float> dl(logits);
+    DeviceArray<RowSamplingParams> dp(params);
+    DeviceArray<int32_t> dtok(rows);
+    DeviceArray<float> dlp(rows);
+    ASSERT_TRUE(dl.ok() && dp.ok() && dtok.ok() && dlp.ok());
+    dtok.Poison();
+    dlp.Poison();
+    DEEPINFER_CUDA_OK(
+        kernels::SampleRowsF32(rows, vocab, dl.get(), dp.get(), dtok.get(), dlp.get(), nullptr));
+    std::vector<int32_t> got_tok;
+    std::vector<float> got_lp;
+    DEEPINFER_CUDA_OK(dtok.Download(&got_tok));
+    DEEPINFER_CUDA_OK(dlp.Download(&got_lp));
+    for (int64_t r = 0; r < rows; ++r) {
+      SCOPED_TRACE(::testing::Message()
+                   << "row " << r << " kind " << r % 5 << " T " << params[r].temperature
+                   << " top_k " << params[r].top_k << " top_p " << params[r].top_p);
+      EXPECT_EQ(got_tok[r], want_tok[r]);
+      // Logprobs down to a few hundred here: 1e-5 relative (a float's last bits).
+      EXPECT_NEAR(got_lp[r], want_lp[r], 1e-5f * std::max(1.0f, std::fabs(want_lp[r])));
     }
   }
 }
