@@ -29,10 +29,13 @@ cudaError_t HcMixF32(const HcMixArgs& args, cudaStream_t stream);
 // from the streams, mixes = RmsNorm_unweighted(flatten(streams), args.norm_eps) · args.fnᵀ, in
 // two launches: the rows' dot products with fn and their sums of squares over slices of the
 // flattened rows (each slice's partials to `workspace`, HcMixFromStreamsWorkspaceFloats floats),
-// then HcMixF32's kernel, which adds each row's partials in slice order and scales the dot
-// products by 1 / rms. The streams are read twice, the normed rows never written. Takes 4
-// streams, hidden % 32 == 0 and 16-byte aligned streams and fn (HcMixFromStreamsSupported);
-// cudaErrorInvalidValue for anything else.
+// then one block per row that adds its partials in slice order, scales the dot products by
+// 1 / rms, computes pre, post and comb once and collapses the row from registers: the streams are
+// read once by each launch, the normed rows never written. With args.normed, the second launch
+// also writes the collapsed row's RmsNorm (args.out_norm_weight, args.out_norm_eps), bit for bit
+// RmsNormF32's, and args.collapsed may be null. Takes 4 streams, hidden % 32 == 0 and hidden <=
+// 8192, 16-byte aligned streams, fn, collapsed, normed and out_norm_weight
+// (HcMixFromStreamsSupported); cudaErrorInvalidValue for anything else.
 bool HcMixFromStreamsSupported(const HcMixArgs& args);
 int64_t HcMixFromStreamsWorkspaceFloats(int64_t rows, int64_t hc, int64_t hidden);
 cudaError_t HcMixFromStreamsF32(const HcMixArgs& args, float* workspace, cudaStream_t stream);

@@ -12,6 +12,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
+#include "kernels/norm/rms_norm.h"
 #include "kernels/testing/gpu_test_util.h"
 #include "worker/backend/cpu/cpu_backend.h"
 #include "worker/backend/cpu/cpu_v4_ops.h"
@@ -199,31 +200,43 @@ TEST(HyperConnectionKernelTest, BadShapesAreRefusedAndEmptyIsANoOp) {
 }
 
 // HcMixFromStreamsF32 against the CPU backend's RmsNorm + Gemm + CpuV4Ops::HcMix (the model's
-// ops where the backend has no fused kernel): V4-Flash's shape at decode and prefill row counts,
-// row counts that leave a block's last warp half used, widths only 128-float slices divide; within
-// a tolerance (the norm's scale multiplies the dot products instead of the elements, the dot
-// products add in another order).
+// ops where the backend has no fused kernel), and its optional output norm against the CPU's
+// RmsNorm of the CPU's collapsed rows: V4-Flash's shape at decode and prefill row counts (1, 7,
+// 4097), row counts that leave a partials block's last warp half used, widths only 128-float
+// slices divide, every per-thread column count of the row kernel (hidden 96 and 160: 1, 2048: 2,
+// 4096: 4, 7168: 8); with the norm, collapsed written or left out. Within a tolerance (the
+// norm's scale multiplies the dot products instead of the elements, the dot products add in
+// another order). The fused norm is also bit for bit kernels::RmsNormF32 on the kernel's own
+// collapsed rows, as the op's contract says.
 TEST(HyperConnectionKernelTest, MixFromStreamsMatchesCpuNormGemmAndMix) {
   DEEPINFER_SKIP_WITHOUT_GPU();
   CpuBackend cpu(2);
+  enum class Norm { kNone, kWithCollapsed, kWithoutCollapsed };
   struct Case {
     int64_t rows, hidden;
+    Norm norm;
   };
-  for (const Case& c : {Case{1, 4096}, Case{3, 4096}, Case{64, 4096}, Case{65, 4096},
-                        Case{300, 4096}, Case{17, 96}, Case{200, 160}}) {
+  for (const Case& c :
+       {Case{1, 4096, Norm::kNone}, Case{1, 4096, Norm::kWithoutCollapsed},
+        Case{3, 4096, Norm::kNone}, Case{7, 4096, Norm::kWithCollapsed},
+        Case{64, 4096, Norm::kNone}, Case{65, 4096, Norm::kWithoutCollapsed},
+        Case{300, 4096, Norm::kNone}, Case{4097, 4096, Norm::kWithCollapsed},
+        Case{17, 96, Norm::kWithCollapsed}, Case{200, 160, Norm::kNone},
+        Case{33, 2048, Norm::kWithCollapsed}, Case{5, 7168, Norm::kWithCollapsed}}) {
     const uint32_t seed = testing::FreshSeed();
-    SCOPED_TRACE(::testing::Message()
-                 << "rows " << c.rows << " hidden " << c.hidden << " seed " << seed);
+    SCOPED_TRACE(::testing::Message() << "rows " << c.rows << " hidden " << c.hidden << " norm "
+                                      << static_cast<int>(c.norm) << " seed " << seed);
     constexpr int64_t hc = 4, M = (2 + hc) * hc;
     const int64_t S = hc * c.hidden;
     const auto streams = RandomFloats(c.rows * S, seed, 2.0f);
     const auto fn = RandomFloats(M * S, seed + 1, 0.02f);
     const auto base = RandomFloats(M, seed + 2);
     const auto scale = RandomFloats(3, seed + 3, 0.5f);
+    const auto norm_weight = RandomFloats(c.hidden, seed + 4);
     const std::vector<float> ones(S, 1.0f);
     const float norm_eps = 1e-6f;
     std::vector<float> normed(c.rows * S), mixes(c.rows * M), post(c.rows * hc),
-        comb(c.rows * hc * hc), collapsed(c.rows * c.hidden);
+        comb(c.rows * hc * hc), collapsed(c.rows * c.hidden), out_normed(c.rows * c.hidden);
     cpu.RmsNorm(c.rows, S, streams.data(), S, ones.data(), norm_eps, normed.data(), S);
     cpu.Gemm(c.rows, M, S, normed.data(), S, WeightView(fn.data()), S, mixes.data(), M, false);
     HcMixArgs a;
@@ -240,12 +253,15 @@ TEST(HyperConnectionKernelTest, MixFromStreamsMatchesCpuNormGemmAndMix) {
     a.comb = comb.data();
     a.collapsed = collapsed.data();
     cpu.v4_ops()->HcMix(a);
+    cpu.RmsNorm(c.rows, c.hidden, collapsed.data(), c.hidden, norm_weight.data(), norm_eps,
+                out_normed.data(), c.hidden);
 
-    DeviceArray<float> ds(streams), dfn(fn), db(base), dsc(scale), dpost(post.size()),
-        dcomb(comb.size()), dcol(collapsed.size());
+    DeviceArray<float> ds(streams), dfn(fn), db(base), dsc(scale), dw(norm_weight),
+        dpost(post.size()), dcomb(comb.size()), dcol(collapsed.size()), dnormed(out_normed.size());
     dpost.Poison();
     dcomb.Poison();
     dcol.Poison();
+    dnormed.Poison();
     HcMixArgs d = a;
     d.mixes = nullptr;
     d.fn = dfn.get();
@@ -255,17 +271,38 @@ TEST(HyperConnectionKernelTest, MixFromStreamsMatchesCpuNormGemmAndMix) {
     d.streams = ds.get();
     d.post = dpost.get();
     d.comb = dcomb.get();
-    d.collapsed = dcol.get();
+    d.collapsed = c.norm == Norm::kWithoutCollapsed ? nullptr : dcol.get();
+    if (c.norm != Norm::kNone) {
+      d.out_norm_weight = dw.get();
+      d.out_norm_eps = norm_eps;
+      d.normed = dnormed.get();
+    }
     ASSERT_TRUE(kernels::HcMixFromStreamsSupported(d));
     DeviceArray<float> workspace(kernels::HcMixFromStreamsWorkspaceFloats(c.rows, hc, c.hidden));
     DEEPINFER_CUDA_OK(kernels::HcMixFromStreamsF32(d, workspace.get(), nullptr));
-    std::vector<float> got_post, got_comb, got_col;
+    std::vector<float> got_post, got_comb, got_col, got_normed;
     DEEPINFER_CUDA_OK(dpost.Download(&got_post));
     DEEPINFER_CUDA_OK(dcomb.Download(&got_comb));
-    DEEPINFER_CUDA_OK(dcol.Download(&got_col));
     EXPECT_TRUE(AllClose(got_post, post, 1e-5, 1e-5)) << "post";
     EXPECT_TRUE(AllClose(got_comb, comb, 1e-5, 1e-4)) << "comb";
-    EXPECT_TRUE(AllClose(got_col, collapsed, 1e-5, 1e-4)) << "collapsed";
+    if (c.norm != Norm::kWithoutCollapsed) {
+      DEEPINFER_CUDA_OK(dcol.Download(&got_col));
+      EXPECT_TRUE(AllClose(got_col, collapsed, 1e-5, 1e-4)) << "collapsed";
+    }
+    if (c.norm == Norm::kNone) continue;
+    DEEPINFER_CUDA_OK(dnormed.Download(&got_normed));
+    EXPECT_TRUE(AllClose(got_normed, out_normed, 1e-4, 1e-4)) << "normed";
+    // The same norm by RmsNormF32 on the kernel's collapsed rows (written by a run with them).
+    HcMixArgs e = d;
+    e.collapsed = dcol.get();
+    e.normed = nullptr;
+    DEEPINFER_CUDA_OK(kernels::HcMixFromStreamsF32(e, workspace.get(), nullptr));
+    DeviceArray<float> renormed(out_normed.size());
+    DEEPINFER_CUDA_OK(kernels::RmsNormF32(c.rows, c.hidden, dcol.get(), c.hidden, dw.get(),
+                                          norm_eps, renormed.get(), c.hidden, nullptr));
+    std::vector<float> want_normed;
+    DEEPINFER_CUDA_OK(renormed.Download(&want_normed));
+    EXPECT_TRUE(AllClose(got_normed, want_normed, 0, 0)) << "normed against RmsNormF32";
   }
 }
 
@@ -286,6 +323,19 @@ TEST(HyperConnectionKernelTest, MixFromStreamsRefusesWhatItDoesNotTake) {
   EXPECT_FALSE(kernels::HcMixFromStreamsSupported(b));
   b = a;
   b.fn = nullptr;
+  EXPECT_FALSE(kernels::HcMixFromStreamsSupported(b));
+  b = a;
+  b.hidden = 8192 + 32;
+  EXPECT_FALSE(kernels::HcMixFromStreamsSupported(b));
+  b = a;
+  b.normed = reinterpret_cast<float*>(uintptr_t{1024});
+  EXPECT_FALSE(kernels::HcMixFromStreamsSupported(b));  // no norm weight
+  b.out_norm_weight = reinterpret_cast<const float*>(uintptr_t{2048});
+  EXPECT_TRUE(kernels::HcMixFromStreamsSupported(b));
+  b.normed = reinterpret_cast<float*>(uintptr_t{1028});
+  EXPECT_FALSE(kernels::HcMixFromStreamsSupported(b));
+  b = a;
+  b.collapsed = reinterpret_cast<float*>(uintptr_t{1028});
   EXPECT_FALSE(kernels::HcMixFromStreamsSupported(b));
   b = a;
   b.streams = reinterpret_cast<const float*>(uintptr_t{260});

@@ -37,6 +37,12 @@ struct HcMixArgs {
   //   mixes = RmsNorm_unweighted(flatten(streams), norm_eps) · fnᵀ.
   const float* fn = nullptr;  // [(2 + hc) * hc, hc * hidden]
   float norm_eps = 0.0f;
+  // HcMixFromStreams only, optional: also normed = RmsNorm(collapsed, out_norm_weight,
+  // out_norm_eps) (the next op's norm), bit for bit Backend::RmsNorm on collapsed; collapsed may
+  // then be null (not written).
+  const float* out_norm_weight = nullptr;  // [hidden]
+  float out_norm_eps = 0.0f;
+  float* normed = nullptr;  // [rows, hidden]
 };
 
 // The final collapse of the streams before the last norm:
@@ -198,7 +204,9 @@ class V4Ops {
   // HcMix with the norm and the mixing GEMM before it (args.fn, args.norm_eps) in the op, where
   // the backend has a kernel for them that takes these shapes; false (nothing done) otherwise,
   // and the caller runs RmsNorm, Gemm and HcMix. The results match those three ops within
-  // rounding (the norm's scale applies to the dot products instead of the elements).
+  // rounding (the norm's scale applies to the dot products instead of the elements). With
+  // args.normed, the op also runs the next op's RmsNorm on the collapsed rows (the caller
+  // otherwise runs Backend::RmsNorm after HcMix).
   virtual bool HcMixFromStreams(const HcMixArgs& args) { return false; }
   // Backend::RmsNorm(tokens * heads, dim, x, dim, weight, eps, out, dim), then
   // Backend::ApplyRope(tokens, heads, out + dim - rope_dim, heads * dim, dim, rope_dim, positions,
