@@ -425,6 +425,59 @@ TEST_F(CudaV4OpsTest, MixFromStreamsMatchesNormGemmMixAndReplays) {
   EXPECT_TRUE(AllClose(replayed[2], Download(*dcol), 0, 0));
 }
 
+// HcMixFromStreams with the next op's norm (the model's ffn site: normed, no collapsed) against
+// the reference ops plus the CPU's RmsNorm of its collapsed rows; replayed from a CUDA graph on
+// new streams, bit for bit the eager op.
+TEST_F(CudaV4OpsTest, MixFromStreamsWithNormMatchesAndReplays) {
+  const uint32_t seed = testing::FreshSeed();
+  SCOPED_TRACE(::testing::Message() << "seed " << seed);
+  constexpr int64_t S = kHc * kHidden;
+  const Inputs in(seed);
+  const auto fn = RandomFloats(kMix * S, seed + 20, 0.02f);
+  const auto weight = RandomFloats(kHidden, seed + 22);
+  const std::vector<float> ones(S, 1.0f);
+  HcMixArgs a;
+  a.rows = kRows, a.hc = kHc, a.hidden = kHidden;
+  a.sinkhorn_iters = 20, a.eps = 1e-6f, a.norm_eps = 1e-6f;
+  a.base = in.base.data(), a.scale = in.scale.data(), a.streams = in.streams.data();
+  std::vector<float> normed(kRows * S), mixes(kRows * kMix), post(kRows * kHc),
+      comb(kRows * kHc * kHc), collapsed(kRows * kHidden), out(kRows * kHidden);
+  a.post = post.data(), a.comb = comb.data(), a.collapsed = collapsed.data();
+  cpu_.RmsNorm(kRows, S, in.streams.data(), S, ones.data(), a.norm_eps, normed.data(), S);
+  cpu_.Gemm(kRows, kMix, S, normed.data(), S, WeightView(fn.data()), S, mixes.data(), kMix, false);
+  a.mixes = mixes.data();
+  cpu_.v4_ops()->HcMix(a);
+  cpu_.RmsNorm(kRows, kHidden, collapsed.data(), kHidden, weight.data(), 1e-6f, out.data(),
+               kHidden);
+
+  auto dstreams = Upload(in.streams), dfn = Upload(fn), dbase = Upload(in.base),
+       dscale = Upload(in.scale), dweight = Upload(weight);
+  auto dpost = Poisoned(post.size()), dcomb = Poisoned(comb.size()), dout = Poisoned(out.size());
+  HcMixArgs d = a;
+  d.mixes = nullptr, d.collapsed = nullptr;
+  d.base = dbase->as<float>(), d.scale = dscale->as<float>(), d.streams = dstreams->as<float>();
+  d.fn = dfn->as<float>();
+  d.post = dpost->as<float>(), d.comb = dcomb->as<float>();
+  d.out_norm_weight = dweight->as<float>(), d.out_norm_eps = 1e-6f, d.normed = dout->as<float>();
+  ASSERT_TRUE(gpu_->v4_ops()->HcMixFromStreams(d));
+  ASSERT_TRUE(gpu_->status().ok()) << gpu_->status();
+  EXPECT_TRUE(AllClose(Download(*dpost), post, 1e-5, 1e-5)) << "post";
+  EXPECT_TRUE(AllClose(Download(*dcomb), comb, 1e-5, 1e-4)) << "comb";
+  EXPECT_TRUE(AllClose(Download(*dout), out, 1e-4, 1e-4)) << "normed";
+
+  auto graph = Record([&] { return gpu_->v4_ops()->HcMixFromStreams(d); });
+  ASSERT_NE(graph, nullptr);
+  const auto next = RandomFloats(kRows * S, seed + 21);
+  gpu_->CopyToDevice(next.data(), next.size() * sizeof(float), dstreams->data());
+  ASSERT_TRUE(graph->Replay().ok());
+  const std::vector<float> replayed[3] = {Download(*dpost), Download(*dcomb), Download(*dout)};
+  ASSERT_TRUE(gpu_->v4_ops()->HcMixFromStreams(d));
+  ASSERT_TRUE(gpu_->status().ok()) << gpu_->status();
+  EXPECT_TRUE(AllClose(replayed[0], Download(*dpost), 0, 0));
+  EXPECT_TRUE(AllClose(replayed[1], Download(*dcomb), 0, 0));
+  EXPECT_TRUE(AllClose(replayed[2], Download(*dout), 0, 0));
+}
+
 TEST_F(CudaV4OpsTest, BadArgumentsAreReportedWithTheirShape) {
   HcMixArgs m;
   m.rows = 1;
