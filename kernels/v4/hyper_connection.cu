@@ -1,10 +1,12 @@
 // Hyper-connection kernels. HcMixF32, HcHeadF32 and HcExpandF32: grids are (blocks along hidden
 // [+ 1], rows); a block handles kThreads * kVec columns of one row (kVec = 4: 16-byte loads where
 // hidden and the pointers allow). HcMixFromStreamsF32: the partials' GEMM over (row groups,
-// slices), then one block per row (HcMixRowsBody). The stream count is a template parameter for V4's 4 (the loops unrolled over
-// registers) and a runtime value up to kMaxHcStreams otherwise. Arithmetic uses the _rn
-// intrinsics so nvcc does not contract a product and a sum into one FMA: the sums then round as
-// the CPU reference's do.
+// slices), then one block per row (HcMixRowsBody). The stream count is a template parameter for
+// V4's 4 (the loops unrolled over registers) and a runtime value up to kMaxHcStreams otherwise.
+// Arithmetic uses the _rn intrinsics so nvcc does not contract a product and a sum into one FMA:
+// the sums then round as the CPU reference's do.
+#include <cuda_bf16.h>
+
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -336,7 +338,8 @@ constexpr int64_t kManyRows = 2048;
 // products by 1 / rms into the mixes and computes pre, post and comb from them once for the row.
 // The collapse then runs on the registers, in HcMixF32's order; with `normed`, the collapsed row
 // goes through shared memory so each thread sums the squares of RmsNormF32's elements (t, t + 256,
-// ...) in its order, and BlockInvRms reduces them as RmsNormF32 does: bit for bit its output.
+// ...) in its order, and BlockInvRms reduces them as RmsNormF32 does: bit for bit its output
+// (normed_bf16: AddRmsNormF32's out_bf16).
 constexpr int kRowThreads = 256;
 constexpr int kMaxRowVec = 8;  // float4 columns per thread and stream: hidden <= 8192
 
@@ -355,7 +358,8 @@ struct RowsParams {
   float* comb = nullptr;
   const float* norm_weight = nullptr;  // with normed
   float out_norm_eps = 0.0f;
-  float* normed = nullptr;  // may be null
+  float* normed = nullptr;          // may be null
+  uint16_t* normed_bf16 = nullptr;  // may be null
 };
 
 template <int kVec>
@@ -419,7 +423,7 @@ __device__ void HcMixRowsBody(RowsParams p) {
       if (c < chunks) out[c] = acc[q];
     }
   }
-  if (p.normed == nullptr) return;
+  if (p.normed == nullptr && p.normed_bf16 == nullptr) return;
   __shared__ float4 staged[kRowThreads * kVec];
 #pragma unroll
   for (int q = 0; q < kVec; ++q) {
@@ -436,7 +440,6 @@ __device__ void HcMixRowsBody(RowsParams p) {
   }
   const float inv = BlockInvRms<kRowThreads / 32>(ss, H, p.out_norm_eps);
   const float4* weight = reinterpret_cast<const float4*>(p.norm_weight);
-  float4* out = reinterpret_cast<float4*>(p.normed + r * H);
 #pragma unroll
   for (int q = 0; q < kVec; ++q) {
     const int c = static_cast<int>(threadIdx.x) + q * kRowThreads;
@@ -447,7 +450,15 @@ __device__ void HcMixRowsBody(RowsParams p) {
       o.y = g.y * (acc[q].y * inv);
       o.z = g.z * (acc[q].z * inv);
       o.w = g.w * (acc[q].w * inv);
-      out[c] = o;
+      if (p.normed != nullptr) reinterpret_cast<float4*>(p.normed + r * H)[c] = o;
+      if (p.normed_bf16 != nullptr) {
+        uint2 packed;
+        packed.x = static_cast<uint32_t>(__bfloat16_as_ushort(__float2bfloat16_rn(o.x))) |
+                   (static_cast<uint32_t>(__bfloat16_as_ushort(__float2bfloat16_rn(o.y))) << 16);
+        packed.y = static_cast<uint32_t>(__bfloat16_as_ushort(__float2bfloat16_rn(o.z))) |
+                   (static_cast<uint32_t>(__bfloat16_as_ushort(__float2bfloat16_rn(o.w))) << 16);
+        reinterpret_cast<uint2*>(p.normed_bf16 + r * H)[c] = packed;
+      }
     }
   }
 }
@@ -544,9 +555,10 @@ bool HcMixFromStreamsSupported(const HcMixArgs& a) {
   return a.hc == 4 && a.hidden > 0 && a.hidden % 32 == 0 &&
          a.hidden <= int64_t{kRowThreads} * 4 * kMaxRowVec && a.rows >= 0 && a.rows <= 0x7fffffff &&
          a.sinkhorn_iters >= 1 && a.fn != nullptr && Aligned16(a.streams) && Aligned16(a.fn) &&
-         Aligned16(a.collapsed) &&
-         (a.normed == nullptr ||
-          (a.out_norm_weight != nullptr && Aligned16(a.normed) && Aligned16(a.out_norm_weight)));
+         Aligned16(a.collapsed) && Aligned16(a.normed) &&
+         reinterpret_cast<uintptr_t>(a.normed_bf16) % 8 == 0 &&
+         ((a.normed == nullptr && a.normed_bf16 == nullptr) ||
+          (a.out_norm_weight != nullptr && Aligned16(a.out_norm_weight)));
 }
 
 int64_t HcMixFromStreamsWorkspaceFloats(int64_t rows, int64_t hc, int64_t hidden) {
@@ -592,6 +604,7 @@ cudaError_t HcMixFromStreamsF32(const HcMixArgs& a, float* workspace, cudaStream
   p.norm_weight = a.out_norm_weight;
   p.out_norm_eps = a.out_norm_eps;
   p.normed = a.normed;
+  p.normed_bf16 = a.normed_bf16;
   const unsigned rows = static_cast<unsigned>(a.rows);
   const int64_t per_thread = (a.hidden / 4 + kRowThreads - 1) / kRowThreads;
   if (per_thread <= 1)

@@ -31,10 +31,11 @@ cudaError_t HcMixF32(const HcMixArgs& args, cudaStream_t stream);
 // flattened rows (each slice's partials to `workspace`, HcMixFromStreamsWorkspaceFloats floats),
 // then one block per row that adds its partials in slice order, scales the dot products by
 // 1 / rms, computes pre, post and comb once and collapses the row from registers: the streams are
-// read once by each launch, the normed rows never written. With args.normed, the second launch
-// also writes the collapsed row's RmsNorm (args.out_norm_weight, args.out_norm_eps), bit for bit
-// RmsNormF32's, and args.collapsed may be null. Takes 4 streams, hidden % 32 == 0 and hidden <=
-// 8192, 16-byte aligned streams, fn, collapsed, normed and out_norm_weight
+// read once by each launch, the normed rows never written. With args.normed and/or
+// args.normed_bf16, the second launch also writes the collapsed row's RmsNorm
+// (args.out_norm_weight, args.out_norm_eps), bit for bit RmsNormF32's (and AddRmsNormF32's
+// out_bf16), and args.collapsed may be null. Takes 4 streams, hidden % 32 == 0 and hidden <= 8192,
+// 16-byte aligned streams, fn, collapsed, normed and out_norm_weight, 8-byte aligned normed_bf16
 // (HcMixFromStreamsSupported); cudaErrorInvalidValue for anything else.
 bool HcMixFromStreamsSupported(const HcMixArgs& args);
 int64_t HcMixFromStreamsWorkspaceFloats(int64_t rows, int64_t hc, int64_t hidden);

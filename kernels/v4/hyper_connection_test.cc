@@ -7,6 +7,7 @@
 #include "kernels/v4/hyper_connection.h"
 
 #include <cstdint>
+#include <cstring>
 #include <string>
 #include <vector>
 
@@ -43,6 +44,16 @@ void ExpectMatchesCpu(const DeviceArray<float>& got, const std::vector<float>& w
   std::vector<float> host;
   DEEPINFER_CUDA_OK(got.Download(&host));
   EXPECT_TRUE(AllClose(host, want, atol, rtol)) << what;
+}
+
+// bf16 bits as floats.
+std::vector<float> Bf16ToFloats(const std::vector<uint16_t>& bits) {
+  std::vector<float> out(bits.size());
+  for (size_t i = 0; i < bits.size(); ++i) {
+    const uint32_t u = static_cast<uint32_t>(bits[i]) << 16;
+    std::memcpy(&out[i], &u, sizeof(float));
+  }
+  return out;
 }
 
 std::vector<Shape> Shapes() {
@@ -204,23 +215,27 @@ TEST(HyperConnectionKernelTest, BadShapesAreRefusedAndEmptyIsANoOp) {
 // RmsNorm of the CPU's collapsed rows: V4-Flash's shape at decode and prefill row counts (1, 7,
 // 4097), row counts that leave a partials block's last warp half used, widths only 128-float
 // slices divide, every per-thread column count of the row kernel (hidden 96 and 160: 1, 2048: 2,
-// 4096: 4, 7168: 8); with the norm, collapsed written or left out. Within a tolerance (the
-// norm's scale multiplies the dot products instead of the elements, the dot products add in
-// another order). The fused norm is also bit for bit kernels::RmsNormF32 on the kernel's own
+// 4096: 4, 7168: 8); with the norm, in fp32 and/or bf16, collapsed written or left out. Within a
+// tolerance (the norm's scale multiplies the dot products instead of the elements, the dot
+// products add in another order; bf16 outputs within a bf16 rounding). The fused norm is also bit
+// for bit kernels::RmsNormF32 (bf16: kernels::AddRmsNormF32's out_bf16) on the kernel's own
 // collapsed rows, as the op's contract says.
 TEST(HyperConnectionKernelTest, MixFromStreamsMatchesCpuNormGemmAndMix) {
   DEEPINFER_SKIP_WITHOUT_GPU();
   CpuBackend cpu(2);
-  enum class Norm { kNone, kWithCollapsed, kWithoutCollapsed };
+  // kWithCollapsed: collapsed, normed and normed_bf16; kWithoutCollapsed: normed; kBf16:
+  // normed_bf16.
+  enum class Norm { kNone, kWithCollapsed, kWithoutCollapsed, kBf16 };
   struct Case {
     int64_t rows, hidden;
     Norm norm;
   };
   for (const Case& c :
        {Case{1, 4096, Norm::kNone}, Case{1, 4096, Norm::kWithoutCollapsed},
-        Case{3, 4096, Norm::kNone}, Case{7, 4096, Norm::kWithCollapsed},
+        Case{3, 4096, Norm::kBf16}, Case{7, 4096, Norm::kWithCollapsed},
         Case{64, 4096, Norm::kNone}, Case{65, 4096, Norm::kWithoutCollapsed},
         Case{300, 4096, Norm::kNone}, Case{4097, 4096, Norm::kWithCollapsed},
+        Case{4097, 4096, Norm::kBf16}, Case{1, 4096, Norm::kBf16},
         Case{17, 96, Norm::kWithCollapsed}, Case{200, 160, Norm::kNone},
         Case{33, 2048, Norm::kWithCollapsed}, Case{5, 7168, Norm::kWithCollapsed}}) {
     const uint32_t seed = testing::FreshSeed();
@@ -255,13 +270,18 @@ TEST(HyperConnectionKernelTest, MixFromStreamsMatchesCpuNormGemmAndMix) {
     cpu.v4_ops()->HcMix(a);
     cpu.RmsNorm(c.rows, c.hidden, collapsed.data(), c.hidden, norm_weight.data(), norm_eps,
                 out_normed.data(), c.hidden);
+    std::vector<uint16_t> out_bf16(c.rows * c.hidden);
+    cpu.AddRmsNorm(c.rows, c.hidden, collapsed.data(), nullptr, norm_weight.data(), norm_eps,
+                   nullptr, out_bf16.data());
 
     DeviceArray<float> ds(streams), dfn(fn), db(base), dsc(scale), dw(norm_weight),
         dpost(post.size()), dcomb(comb.size()), dcol(collapsed.size()), dnormed(out_normed.size());
+    DeviceArray<uint16_t> dbf16(out_bf16.size());
     dpost.Poison();
     dcomb.Poison();
     dcol.Poison();
     dnormed.Poison();
+    dbf16.Poison();
     HcMixArgs d = a;
     d.mixes = nullptr;
     d.fn = dfn.get();
@@ -271,11 +291,15 @@ TEST(HyperConnectionKernelTest, MixFromStreamsMatchesCpuNormGemmAndMix) {
     d.streams = ds.get();
     d.post = dpost.get();
     d.comb = dcomb.get();
-    d.collapsed = c.norm == Norm::kWithoutCollapsed ? nullptr : dcol.get();
+    const bool with_collapsed = c.norm == Norm::kNone || c.norm == Norm::kWithCollapsed;
+    const bool with_normed = c.norm == Norm::kWithCollapsed || c.norm == Norm::kWithoutCollapsed;
+    const bool with_bf16 = c.norm == Norm::kWithCollapsed || c.norm == Norm::kBf16;
+    d.collapsed = with_collapsed ? dcol.get() : nullptr;
     if (c.norm != Norm::kNone) {
       d.out_norm_weight = dw.get();
       d.out_norm_eps = norm_eps;
-      d.normed = dnormed.get();
+      d.normed = with_normed ? dnormed.get() : nullptr;
+      d.normed_bf16 = with_bf16 ? dbf16.get() : nullptr;
     }
     ASSERT_TRUE(kernels::HcMixFromStreamsSupported(d));
     DeviceArray<float> workspace(kernels::HcMixFromStreamsWorkspaceFloats(c.rows, hc, c.hidden));
@@ -285,24 +309,47 @@ TEST(HyperConnectionKernelTest, MixFromStreamsMatchesCpuNormGemmAndMix) {
     DEEPINFER_CUDA_OK(dcomb.Download(&got_comb));
     EXPECT_TRUE(AllClose(got_post, post, 1e-5, 1e-5)) << "post";
     EXPECT_TRUE(AllClose(got_comb, comb, 1e-5, 1e-4)) << "comb";
-    if (c.norm != Norm::kWithoutCollapsed) {
+    if (with_collapsed) {
       DEEPINFER_CUDA_OK(dcol.Download(&got_col));
       EXPECT_TRUE(AllClose(got_col, collapsed, 1e-5, 1e-4)) << "collapsed";
     }
     if (c.norm == Norm::kNone) continue;
-    DEEPINFER_CUDA_OK(dnormed.Download(&got_normed));
-    EXPECT_TRUE(AllClose(got_normed, out_normed, 1e-4, 1e-4)) << "normed";
-    // The same norm by RmsNormF32 on the kernel's collapsed rows (written by a run with them).
+    std::vector<uint16_t> got_bf16;
+    if (with_normed) {
+      DEEPINFER_CUDA_OK(dnormed.Download(&got_normed));
+      EXPECT_TRUE(AllClose(got_normed, out_normed, 1e-4, 1e-4)) << "normed";
+    }
+    if (with_bf16) {
+      DEEPINFER_CUDA_OK(dbf16.Download(&got_bf16));
+      EXPECT_TRUE(AllClose(Bf16ToFloats(got_bf16), Bf16ToFloats(out_bf16), 1e-3, 1e-2))
+          << "normed_bf16";
+    }
+    // The same norm by RmsNormF32 / AddRmsNormF32 on the kernel's collapsed rows (written by a
+    // run with them).
     HcMixArgs e = d;
     e.collapsed = dcol.get();
     e.normed = nullptr;
+    e.normed_bf16 = nullptr;
     DEEPINFER_CUDA_OK(kernels::HcMixFromStreamsF32(e, workspace.get(), nullptr));
-    DeviceArray<float> renormed(out_normed.size());
-    DEEPINFER_CUDA_OK(kernels::RmsNormF32(c.rows, c.hidden, dcol.get(), c.hidden, dw.get(),
-                                          norm_eps, renormed.get(), c.hidden, nullptr));
-    std::vector<float> want_normed;
-    DEEPINFER_CUDA_OK(renormed.Download(&want_normed));
-    EXPECT_TRUE(AllClose(got_normed, want_normed, 0, 0)) << "normed against RmsNormF32";
+    if (with_normed) {
+      DeviceArray<float> renormed(out_normed.size());
+      DEEPINFER_CUDA_OK(kernels::RmsNormF32(c.rows, c.hidden, dcol.get(), c.hidden, dw.get(),
+                                            norm_eps, renormed.get(), c.hidden, nullptr));
+      std::vector<float> want_normed;
+      DEEPINFER_CUDA_OK(renormed.Download(&want_normed));
+      EXPECT_TRUE(AllClose(got_normed, want_normed, 0, 0)) << "normed against RmsNormF32";
+    }
+    if (with_bf16) {
+      DeviceArray<uint16_t> renormed(out_bf16.size());
+      DEEPINFER_CUDA_OK(kernels::AddRmsNormF32(c.rows, c.hidden, dcol.get(), nullptr, dw.get(),
+                                               norm_eps, nullptr, renormed.get(), nullptr));
+      std::vector<uint16_t> want_bf16;
+      DEEPINFER_CUDA_OK(renormed.Download(&want_bf16));
+      ASSERT_EQ(got_bf16.size(), want_bf16.size());
+      size_t differ = 0;
+      for (size_t i = 0; i < got_bf16.size(); ++i) differ += got_bf16[i] != want_bf16[i];
+      EXPECT_EQ(differ, 0u) << "normed_bf16 against AddRmsNormF32";
+    }
   }
 }
 
@@ -334,6 +381,14 @@ TEST(HyperConnectionKernelTest, MixFromStreamsRefusesWhatItDoesNotTake) {
   EXPECT_TRUE(kernels::HcMixFromStreamsSupported(b));
   b.normed = reinterpret_cast<float*>(uintptr_t{1028});
   EXPECT_FALSE(kernels::HcMixFromStreamsSupported(b));
+  b.normed = nullptr;
+  b.normed_bf16 = reinterpret_cast<uint16_t*>(uintptr_t{1032});
+  EXPECT_TRUE(kernels::HcMixFromStreamsSupported(b));
+  b.normed_bf16 = reinterpret_cast<uint16_t*>(uintptr_t{1036});
+  EXPECT_FALSE(kernels::HcMixFromStreamsSupported(b));
+  b.out_norm_weight = nullptr;
+  b.normed_bf16 = reinterpret_cast<uint16_t*>(uintptr_t{1032});
+  EXPECT_FALSE(kernels::HcMixFromStreamsSupported(b));  // no norm weight
   b = a;
   b.collapsed = reinterpret_cast<float*>(uintptr_t{1028});
   EXPECT_FALSE(kernels::HcMixFromStreamsSupported(b));

@@ -38,11 +38,13 @@ struct HcMixArgs {
   const float* fn = nullptr;  // [(2 + hc) * hc, hc * hidden]
   float norm_eps = 0.0f;
   // HcMixFromStreams only, optional: also normed = RmsNorm(collapsed, out_norm_weight,
-  // out_norm_eps) (the next op's norm), bit for bit Backend::RmsNorm on collapsed; collapsed may
-  // then be null (not written).
+  // out_norm_eps) (the next op's norm), bit for bit Backend::RmsNorm on collapsed, and/or
+  // normed_bf16, the same values rounded to bf16 (bits, as Backend::AddRmsNorm's out_bf16: a Gemm
+  // operand); collapsed may then be null (not written).
   const float* out_norm_weight = nullptr;  // [hidden]
   float out_norm_eps = 0.0f;
-  float* normed = nullptr;  // [rows, hidden]
+  float* normed = nullptr;          // [rows, hidden]
+  uint16_t* normed_bf16 = nullptr;  // [rows, hidden]
 };
 
 // The final collapse of the streams before the last norm:

@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <memory>
 #include <numeric>
 #include <random>
@@ -425,9 +426,10 @@ TEST_F(CudaV4OpsTest, MixFromStreamsMatchesNormGemmMixAndReplays) {
   EXPECT_TRUE(AllClose(replayed[2], Download(*dcol), 0, 0));
 }
 
-// HcMixFromStreams with the next op's norm (the model's ffn site: normed, no collapsed) against
-// the reference ops plus the CPU's RmsNorm of its collapsed rows; replayed from a CUDA graph on
-// new streams, bit for bit the eager op.
+// HcMixFromStreams with the next op's norm (no collapsed; fp32 as the model's ffn site takes it,
+// bf16 as its attention site does) against the reference ops plus the CPU's RmsNorm and
+// AddRmsNorm (bf16) of its collapsed rows; replayed from a CUDA graph on new streams, bit for bit
+// the eager op.
 TEST_F(CudaV4OpsTest, MixFromStreamsWithNormMatchesAndReplays) {
   const uint32_t seed = testing::FreshSeed();
   SCOPED_TRACE(::testing::Message() << "seed " << seed);
@@ -449,21 +451,40 @@ TEST_F(CudaV4OpsTest, MixFromStreamsWithNormMatchesAndReplays) {
   cpu_.v4_ops()->HcMix(a);
   cpu_.RmsNorm(kRows, kHidden, collapsed.data(), kHidden, weight.data(), 1e-6f, out.data(),
                kHidden);
+  std::vector<uint16_t> out16(kRows * kHidden);
+  cpu_.AddRmsNorm(kRows, kHidden, collapsed.data(), nullptr, weight.data(), 1e-6f, nullptr,
+                  out16.data());
+  auto as_floats = [](const std::vector<uint16_t>& bits) {
+    std::vector<float> f(bits.size());
+    for (size_t i = 0; i < bits.size(); ++i) {
+      const uint32_t u = static_cast<uint32_t>(bits[i]) << 16;
+      std::memcpy(&f[i], &u, sizeof(float));
+    }
+    return f;
+  };
 
   auto dstreams = Upload(in.streams), dfn = Upload(fn), dbase = Upload(in.base),
        dscale = Upload(in.scale), dweight = Upload(weight);
-  auto dpost = Poisoned(post.size()), dcomb = Poisoned(comb.size()), dout = Poisoned(out.size());
+  auto dpost = Poisoned(post.size()), dcomb = Poisoned(comb.size()), dout = Poisoned(out.size()),
+       dout16 = Poisoned(out16.size() / 2);
+  auto download16 = [&] {
+    std::vector<uint16_t> v(out16.size());
+    gpu_->CopyToHost(dout16->data(), v.size() * sizeof(uint16_t), v.data());
+    return v;
+  };
   HcMixArgs d = a;
   d.mixes = nullptr, d.collapsed = nullptr;
   d.base = dbase->as<float>(), d.scale = dscale->as<float>(), d.streams = dstreams->as<float>();
   d.fn = dfn->as<float>();
   d.post = dpost->as<float>(), d.comb = dcomb->as<float>();
   d.out_norm_weight = dweight->as<float>(), d.out_norm_eps = 1e-6f, d.normed = dout->as<float>();
+  d.normed_bf16 = dout16->as<uint16_t>();
   ASSERT_TRUE(gpu_->v4_ops()->HcMixFromStreams(d));
   ASSERT_TRUE(gpu_->status().ok()) << gpu_->status();
   EXPECT_TRUE(AllClose(Download(*dpost), post, 1e-5, 1e-5)) << "post";
   EXPECT_TRUE(AllClose(Download(*dcomb), comb, 1e-5, 1e-4)) << "comb";
   EXPECT_TRUE(AllClose(Download(*dout), out, 1e-4, 1e-4)) << "normed";
+  EXPECT_TRUE(AllClose(as_floats(download16()), as_floats(out16), 1e-3, 1e-2)) << "normed_bf16";
 
   auto graph = Record([&] { return gpu_->v4_ops()->HcMixFromStreams(d); });
   ASSERT_NE(graph, nullptr);
@@ -471,11 +492,13 @@ TEST_F(CudaV4OpsTest, MixFromStreamsWithNormMatchesAndReplays) {
   gpu_->CopyToDevice(next.data(), next.size() * sizeof(float), dstreams->data());
   ASSERT_TRUE(graph->Replay().ok());
   const std::vector<float> replayed[3] = {Download(*dpost), Download(*dcomb), Download(*dout)};
+  const std::vector<uint16_t> replayed16 = download16();
   ASSERT_TRUE(gpu_->v4_ops()->HcMixFromStreams(d));
   ASSERT_TRUE(gpu_->status().ok()) << gpu_->status();
   EXPECT_TRUE(AllClose(replayed[0], Download(*dpost), 0, 0));
   EXPECT_TRUE(AllClose(replayed[1], Download(*dcomb), 0, 0));
   EXPECT_TRUE(AllClose(replayed[2], Download(*dout), 0, 0));
+  EXPECT_TRUE(replayed16 == download16());
 }
 
 TEST_F(CudaV4OpsTest, BadArgumentsAreReportedWithTheirShape) {

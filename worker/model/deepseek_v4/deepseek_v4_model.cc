@@ -183,7 +183,7 @@ Architecture DeepseekV4Model::Entry() {
 
 void DeepseekV4Model::Mix(int64_t T, const V4HyperConnectionWeights& w, const float* streams,
                           float* post, float* comb, float* collapsed, const float* norm_weight,
-                          float* normed) {
+                          float* normed, uint16_t* normed_bf16) {
   const int64_t S = v4_.hc_mult * v4_.hidden_size, M = v4_.hc_mix();
   const float norm_eps = static_cast<float>(v4_.rms_norm_eps);
   HcMixArgs a;
@@ -204,11 +204,12 @@ void DeepseekV4Model::Mix(int64_t T, const V4HyperConnectionWeights& w, const fl
   a.norm_eps = norm_eps;
   if (fused_ops_) {
     HcMixArgs f = a;
-    if (normed != nullptr) {
+    if (normed != nullptr || normed_bf16 != nullptr) {
       f.collapsed = nullptr;
       f.out_norm_weight = norm_weight;
       f.out_norm_eps = norm_eps;
       f.normed = normed;
+      f.normed_bf16 = normed_bf16;
     }
     if (ops_->HcMixFromStreams(f)) return;
   }
@@ -218,7 +219,10 @@ void DeepseekV4Model::Mix(int64_t T, const V4HyperConnectionWeights& w, const fl
                  mixes->as<float>(), M, false);
   a.mixes = mixes->as<float>();
   ops_->HcMix(a);
-  if (normed != nullptr) {
+  if (normed_bf16 != nullptr) {
+    backend_->AddRmsNorm(T, v4_.hidden_size, collapsed, nullptr, norm_weight, norm_eps, normed,
+                         normed_bf16);
+  } else if (normed != nullptr) {
     backend_->RmsNorm(T, v4_.hidden_size, collapsed, v4_.hidden_size, norm_weight, norm_eps, normed,
                       v4_.hidden_size);
   }
@@ -501,13 +505,20 @@ absl::Status DeepseekV4Model::Block(int64_t layer, const V4StepContext& ctx, con
   ex.block_out = y->as<float>();
   ex.post = post->as<float>();
   ex.comb = comb->as<float>();
+  // The attention takes the input norm into its projections, or (TakesNormedInput) its normed
+  // rows from the mix.
+  std::unique_ptr<DeviceBuffer> h_bf16;
+  if (T > 0 && attention_->TakesNormedInput(layer, T)) {
+    h_bf16 = backend_->AllocateScratch(T * H * sizeof(uint16_t));
+  }
   if (T > 0) {
     Mix(T, L.attn_hc, (*streams)->as<float>(), post->as<float>(), comb->as<float>(),
-        collapsed->as<float>());
+        collapsed->as<float>(), h_bf16 != nullptr ? L.input_norm->as<float>() : nullptr, nullptr,
+        h_bf16 != nullptr ? h_bf16->as<uint16_t>() : nullptr);
   }
-  // The attention takes the input norm into its projections.
-  if (absl::Status st = attention_->Forward(layer, ctx, collapsed->as<float>(),
-                                            L.input_norm->as<float>(), y->as<float>());
+  if (absl::Status st =
+          attention_->Forward(layer, ctx, collapsed->as<float>(), L.input_norm->as<float>(),
+                              y->as<float>(), h_bf16 != nullptr ? h_bf16->as<uint16_t>() : nullptr);
       !st.ok()) {
     return st;
   }

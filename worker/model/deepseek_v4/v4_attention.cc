@@ -101,14 +101,40 @@ void V4Attention::Compress(const V4StepContext& ctx, const V4GroupPlan& gp,
   Move(cp.ring, rw, rp, state);
 }
 
-absl::Status V4Attention::Forward(int64_t layer, const V4StepContext& ctx, float* x,
-                                  const float* norm_weight, float* out) {
-  const DeepseekV4Config& c = config_;
+const V4AttentionWeights& V4Attention::WeightsOf(int64_t layer) const {
   // Cache layers past the model's are its MTP modules' (DeepseekV4Model::CacheSpecOf).
-  const int64_t module = layer - c.num_layers;
-  const V4AttentionWeights& A =
-      module < 0 ? weights_->layers[layer].attention : weights_->mtp[module].block.attention;
-  const V4AttentionKind kind = module < 0 ? c.attention[layer] : c.mtp_attention[module];
+  const int64_t module = layer - config_.num_layers;
+  return module < 0 ? weights_->layers[layer].attention : weights_->mtp[module].block.attention;
+}
+
+V4AttentionKind V4Attention::KindOf(int64_t layer) const {
+  const int64_t module = layer - config_.num_layers;
+  return module < 0 ? config_.attention[layer] : config_.mtp_attention[module];
+}
+
+bool V4Attention::TakesNormedInput(int64_t layer, int64_t T) const {
+  if (!fused_ops_ || T < kNormedInputMinRows) return false;
+  const V4AttentionWeights& A = WeightsOf(layer);
+  const V4AttentionKind kind = KindOf(layer);
+  // The matrices of Forward's h_gemms.
+  std::vector<const std::unique_ptr<DeviceBuffer>*> h = {&A.q_a, &A.kv_proj};
+  if (kind != V4AttentionKind::kSliding) {
+    h.insert(h.end(), {&A.compressor.kv_proj, &A.compressor.gate_proj});
+  }
+  if (kind == V4AttentionKind::kSparse) {
+    h.insert(h.end(), {&A.indexer.kv_proj, &A.indexer.gate_proj, &A.index_weights});
+  }
+  for (const auto* m : h) {
+    if (weights_->Matrix(*m).dtype != WeightDType::kBFloat16) return false;
+  }
+  return true;
+}
+
+absl::Status V4Attention::Forward(int64_t layer, const V4StepContext& ctx, float* x,
+                                  const float* norm_weight, float* out, const uint16_t* h_bf16) {
+  const DeepseekV4Config& c = config_;
+  const V4AttentionWeights& A = WeightsOf(layer);
+  const V4AttentionKind kind = KindOf(layer);
   const int64_t T = ctx.plan->tokens();
   if (T == 0) return absl::OkStatus();
   const int64_t H = c.hidden_size, D = c.head_dim, NH = c.num_heads, QL = c.q_lora_rank;
@@ -134,7 +160,13 @@ absl::Status V4Attention::Forward(int64_t layer, const V4StepContext& ctx, float
     iw = Floats(T * IH);
     h_gemms.push_back({IH, weights_->Matrix(A.index_weights), H, iw->as<float>(), IH});
   }
-  NormedGemms(T, H, x, norm_weight, h_gemms);
+  if (h_bf16 != nullptr) {
+    for (const NormedGemm& g : h_gemms) {
+      backend_->Gemm(T, g.n, H, ActivationView::Bf16(h_bf16), H, g.w, g.ldw, g.c, g.ldc, false);
+    }
+  } else {
+    NormedGemms(T, H, x, norm_weight, h_gemms);
+  }
 
   // Queries: q = q_b RmsNorm(q_residual) (the indexer's queries: index_q_b of the same normed
   // rows), normed per head, rope slice.
