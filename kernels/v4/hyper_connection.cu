@@ -99,11 +99,11 @@ __device__ void CollapseChunk(const CollapseParams& p, int64_t r, int chunk) {
 
 // post and the Sinkhorn-projected comb of one row from its mixes m ([(2 + hc) * hc], global or
 // shared memory), by one warp: lane e holds comb elements e and e + 32 (row-major [j][k], at
-// most kMaxHc^2 = 64), the matrix in shared memory between phases. Each sum runs over its row or
-// column in index order, as the CPU reference sums.
+// most kMaxHc^2 = 64), the matrix in the warp's kMaxHc^2 floats of shared memory `comb` between
+// phases. Each sum runs over its row or column in index order, as the CPU reference sums.
 __device__ void WeightsOfRow(const float* m, int hc, const float* scale, const float* base,
-                             float eps, int sinkhorn_iters, float* post, float* comb_out) {
-  __shared__ float comb[kMaxHc * kMaxHc];
+                             float eps, int sinkhorn_iters, float* post, float* comb_out,
+                             float* comb) {
   const int lane = static_cast<int>(threadIdx.x & 31), n = hc * hc;
   if (lane < hc)
     post[lane] = __fmul_rn(2.0f, Sigmoid(Affine(m[hc + lane], scale[1], base[hc + lane])));
@@ -153,9 +153,10 @@ __device__ void WeightsOfRow(const float* m, int hc, const float* scale, const f
 
 // Row r's post and comb from mixes, by warp 0 of the block.
 __device__ void MixWeights(const CollapseParams& p, int64_t r) {
+  __shared__ float comb[kMaxHc * kMaxHc];
   if (threadIdx.x >= 32) return;
   WeightsOfRow(p.mixes + r * p.mix_stride, p.hc, p.scale, p.base, p.eps, p.sinkhorn_iters,
-               p.post + r * p.hc, p.comb + r * p.hc * p.hc);
+               p.post + r * p.hc, p.comb + r * p.hc * p.hc, comb);
 }
 
 template <int kHc, int kVec>
@@ -331,12 +332,13 @@ __device__ void HcMixPartialsBody(PartialsParams p) {
 // most blocks), 4 rows per warp and 8 warps from kManyRows rows (the fewest loads of fn).
 constexpr int64_t kManyRows = 2048;
 
-// HcMixFromStreamsF32's second launch for 4 streams: one block of kRowThreads per row. Every
-// thread first loads its float4 columns of the row's 4 streams (all its loads in flight
-// together, the streams read once); meanwhile warp 0 adds the row's partials over the slices in
-// slice order (lane m takes value m: 24 dot products, then the sum of squares), scales the dot
-// products by 1 / rms into the mixes and computes pre, post and comb from them once for the row.
-// The collapse then runs on the registers, in HcMixF32's order; with `normed`, the collapsed row
+// HcMixFromStreamsF32's row kernel for 4 streams: one block of kRowThreads per row. Every thread
+// first loads its float4 columns of the row's 4 streams (all its loads in flight together, the
+// streams read once); meanwhile warp 0 computes the row's weights (RowWeights) once, or, at
+// kManyRows rows and more, the weights kernel has computed them before (HcMixWeightsBody: a warp
+// per row, so the Sinkhorn iterations' latency is hidden behind many rows instead of stalling a
+// block that holds a row's streams) and the block reads pre from it. The collapse then runs on
+// the registers, in HcMixF32's order; with `normed`, the collapsed row
 // goes through shared memory so each thread sums the squares of RmsNormF32's elements (t, t + 256,
 // ...) in its order, and BlockInvRms reduces them as RmsNormF32 does: bit for bit its output
 // (normed_bf16: AddRmsNormF32's out_bf16).
@@ -360,12 +362,52 @@ struct RowsParams {
   float out_norm_eps = 0.0f;
   float* normed = nullptr;          // may be null
   uint16_t* normed_bf16 = nullptr;  // may be null
+  float* pre = nullptr;  // [rows, 4]: HcMixWeightsBody's output (null: the row kernel's warp 0)
 };
+
+// Row r's pre (to `pre`, 4 floats), post and comb from its partials, by one warp: lane m adds
+// value m of the row's partials over the slices in slice order (24 dot products, then the sum of
+// squares) and scales the dot products by 1 / rms (RmsNormF32's expression) into the mixes
+// (`mixes`: kPartialMixes floats, `comb`: kMaxHc^2 floats of the warp's shared memory).
+__device__ void RowWeights(const RowsParams& p, int64_t r, float* mixes, float* comb, float* pre) {
+  constexpr int kHc = 4;
+  const int lane = static_cast<int>(threadIdx.x & 31);
+  float sum = 0.0f;
+  if (lane < kPartialStride) {
+    const float* q = p.partials + r * kPartialStride + lane;
+    const int64_t step = p.rows * kPartialStride;
+#pragma unroll 8
+    for (int i = 0; i < p.splits; ++i) sum = __fadd_rn(sum, q[i * step]);
+  }
+  const float ss = __shfl_sync(0xffffffffu, sum, kPartialMixes);
+  const float inv = 1.0f / sqrtf(ss / static_cast<float>(p.width) + p.norm_eps);
+  if (lane < kPartialMixes) mixes[lane] = __fmul_rn(sum, inv);
+  __syncwarp();
+  if (lane < kHc) {
+    pre[lane] = __fadd_rn(Sigmoid(Affine(mixes[lane], p.scale[0], p.base[lane])), p.eps);
+  }
+  WeightsOfRow(mixes, kHc, p.scale, p.base, p.eps, p.sinkhorn_iters, p.post + r * kHc,
+               p.comb + r * kHc * kHc, comb);
+}
+
+// HcMixFromStreamsF32's weights kernel (kManyRows rows and more): warp w of block b takes row
+// kWeightsWarps * b + w.
+constexpr int kWeightsWarps = 8;
+
+__device__ void HcMixWeightsBody(RowsParams p) {
+  __shared__ float mixes[kWeightsWarps][kPartialMixes];
+  __shared__ float comb[kWeightsWarps][kMaxHc * kMaxHc];
+  const int warp = static_cast<int>(threadIdx.x / 32);
+  const int64_t r = int64_t{blockIdx.x} * kWeightsWarps + warp;
+  if (r >= p.rows) return;  // no block-wide barrier below
+  RowWeights(p, r, mixes[warp], comb[warp], p.pre + r * 4);
+}
 
 template <int kVec>
 __device__ void HcMixRowsBody(RowsParams p) {
   constexpr int kHc = 4;
   __shared__ float mixes[kPartialMixes];
+  __shared__ float comb[kMaxHc * kMaxHc];
   __shared__ float pre[kHc];
   const int64_t r = blockIdx.x;
   const int64_t H = p.hidden;
@@ -380,29 +422,16 @@ __device__ void HcMixRowsBody(RowsParams p) {
       v[j][q] = c < chunks ? s[j * chunks + c] : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
     }
   }
-  if (threadIdx.x < 32) {
-    const int lane = static_cast<int>(threadIdx.x);
-    float sum = 0.0f;
-    if (lane < kPartialStride) {
-      const float* q = p.partials + r * kPartialStride + lane;
-      const int64_t step = p.rows * kPartialStride;
-#pragma unroll 8
-      for (int i = 0; i < p.splits; ++i) sum = __fadd_rn(sum, q[i * step]);
-    }
-    const float ss = __shfl_sync(0xffffffffu, sum, kPartialMixes);
-    const float inv = 1.0f / sqrtf(ss / static_cast<float>(p.width) + p.norm_eps);
-    if (lane < kPartialMixes) mixes[lane] = __fmul_rn(sum, inv);
-    __syncwarp();
-    if (lane < kHc) {
-      pre[lane] = __fadd_rn(Sigmoid(Affine(mixes[lane], p.scale[0], p.base[lane])), p.eps);
-    }
-    WeightsOfRow(mixes, kHc, p.scale, p.base, p.eps, p.sinkhorn_iters, p.post + r * kHc,
-                 p.comb + r * kHc * kHc);
-  }
-  __syncthreads();
   float w[kHc];
+  if (p.pre != nullptr) {
+    const float4 g = *reinterpret_cast<const float4*>(p.pre + r * kHc);
+    w[0] = g.x, w[1] = g.y, w[2] = g.z, w[3] = g.w;
+  } else {
+    if (threadIdx.x < 32) RowWeights(p, r, mixes, comb, pre);
+    __syncthreads();
 #pragma unroll
-  for (int j = 0; j < kHc; ++j) w[j] = pre[j];
+    for (int j = 0; j < kHc; ++j) w[j] = pre[j];
+  }
   float4 acc[kVec];
 #pragma unroll
   for (int q = 0; q < kVec; ++q) {
@@ -467,6 +496,11 @@ __device__ void HcMixRowsBody(RowsParams p) {
 // decode row; fn's reads from L2 depend only on the rows per block), 128 where 512 does not
 // divide the width.
 int64_t PartialSlice(int64_t width) { return width % 512 == 0 ? 512 : 128; }
+
+// Floats of the workspace before the rows' pre: the partials, rounded up to 16 bytes.
+int64_t PreOffset(int64_t splits, int64_t rows, int64_t stride) {
+  return (splits * rows * stride + 3) / 4 * 4;
+}
 
 bool Aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
 
@@ -563,7 +597,9 @@ bool HcMixFromStreamsSupported(const HcMixArgs& a) {
 
 int64_t HcMixFromStreamsWorkspaceFloats(int64_t rows, int64_t hc, int64_t hidden) {
   const int64_t width = hc * hidden;
-  return width / PartialSlice(width) * rows * ((2 + hc) * hc + 1);
+  // The partials, then (from kManyRows rows) each row's pre.
+  const int64_t partials = PreOffset(width / PartialSlice(width), rows, (2 + hc) * hc + 1);
+  return partials + (rows >= kManyRows ? rows * hc : 0);
 }
 
 cudaError_t HcMixFromStreamsF32(const HcMixArgs& a, float* workspace, cudaStream_t stream) {
@@ -605,6 +641,13 @@ cudaError_t HcMixFromStreamsF32(const HcMixArgs& a, float* workspace, cudaStream
   p.out_norm_eps = a.out_norm_eps;
   p.normed = a.normed;
   p.normed_bf16 = a.normed_bf16;
+  if (a.rows >= kManyRows) {
+    p.pre = workspace + PreOffset(splits, a.rows, kPartialStride);
+    const unsigned blocks = static_cast<unsigned>((a.rows + kWeightsWarps - 1) / kWeightsWarps);
+    const cudaError_t werr =
+        LaunchAfterPrecedingGrids<HcMixWeightsBody, kWeightsWarps * 32>(blocks, 0, stream, p);
+    if (werr != cudaSuccess) return werr;
+  }
   const unsigned rows = static_cast<unsigned>(a.rows);
   const int64_t per_thread = (a.hidden / 4 + kRowThreads - 1) / kRowThreads;
   if (per_thread <= 1)

@@ -353,6 +353,48 @@ TEST(HyperConnectionKernelTest, MixFromStreamsMatchesCpuNormGemmAndMix) {
   }
 }
 
+// A row's outputs do not depend on the batch around it: the first rows of a 2100-row call (the
+// prefill kernels: 4 rows a warp in the partials, the weights kernel) are bit for bit those rows
+// alone (the decode kernels: 2 rows a warp, the weights in the row block), as the row's sums run
+// in the same order in both.
+TEST(HyperConnectionKernelTest, MixFromStreamsRowsDoNotDependOnTheBatch) {
+  DEEPINFER_SKIP_WITHOUT_GPU();
+  const uint32_t seed = testing::FreshSeed();
+  SCOPED_TRACE(::testing::Message() << "seed " << seed);
+  constexpr int64_t hc = 4, hidden = 4096, M = (2 + hc) * hc, S = hc * hidden;
+  constexpr int64_t kMany = 2100, kFew = 5;
+  const auto streams = RandomFloats(kMany * S, seed, 2.0f);
+  DeviceArray<float> ds(streams), dfn(RandomFloats(M * S, seed + 1, 0.02f)),
+      db(RandomFloats(M, seed + 2)), dsc(RandomFloats(3, seed + 3, 0.5f)),
+      dw(RandomFloats(hidden, seed + 4));
+  auto run = [&](int64_t rows, std::vector<float>* post, std::vector<float>* comb,
+                 std::vector<float>* collapsed, std::vector<uint16_t>* normed) {
+    DeviceArray<float> dpost(rows * hc), dcomb(rows * hc * hc), dcol(rows * hidden);
+    DeviceArray<uint16_t> dnormed(rows * hidden);
+    HcMixArgs a;
+    a.rows = rows, a.hc = hc, a.hidden = hidden;
+    a.base = db.get(), a.scale = dsc.get(), a.sinkhorn_iters = 20, a.eps = 1e-6f;
+    a.streams = ds.get(), a.fn = dfn.get(), a.norm_eps = 1e-6f;
+    a.post = dpost.get(), a.comb = dcomb.get(), a.collapsed = dcol.get();
+    a.out_norm_weight = dw.get(), a.out_norm_eps = 1e-6f, a.normed_bf16 = dnormed.get();
+    DeviceArray<float> workspace(kernels::HcMixFromStreamsWorkspaceFloats(rows, hc, hidden));
+    DEEPINFER_CUDA_OK(kernels::HcMixFromStreamsF32(a, workspace.get(), nullptr));
+    DEEPINFER_CUDA_OK(dpost.Download(post));
+    DEEPINFER_CUDA_OK(dcomb.Download(comb));
+    DEEPINFER_CUDA_OK(dcol.Download(collapsed));
+    DEEPINFER_CUDA_OK(dnormed.Download(normed));
+  };
+  std::vector<float> post[2], comb[2], collapsed[2];
+  std::vector<uint16_t> normed[2];
+  run(kMany, &post[0], &comb[0], &collapsed[0], &normed[0]);
+  run(kFew, &post[1], &comb[1], &collapsed[1], &normed[1]);
+  auto first = [](const auto& v, int64_t n) { return std::vector(v.begin(), v.begin() + n); };
+  EXPECT_TRUE(first(post[0], kFew * hc) == post[1]) << "post";
+  EXPECT_TRUE(first(comb[0], kFew * hc * hc) == comb[1]) << "comb";
+  EXPECT_TRUE(first(collapsed[0], kFew * hidden) == collapsed[1]) << "collapsed";
+  EXPECT_TRUE(first(normed[0], kFew * hidden) == normed[1]) << "normed_bf16";
+}
+
 TEST(HyperConnectionKernelTest, MixFromStreamsRefusesWhatItDoesNotTake) {
   HcMixArgs a;
   a.rows = 2;
