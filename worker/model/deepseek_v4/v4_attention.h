@@ -6,7 +6,10 @@
 //     query attends over the last sliding_window positions (itself included) and, on compressed
 //     layers, compressed entries, with a per-head sink logit in the softmax; the output's rope
 //     slice rotated back by its own position; the grouped low-rank output projection
-//     (o_a per group of heads, then o_b).
+//     (o_a per group of heads, then o_b). Where the backend takes them
+//     (V4Ops::TakesBf16Attention: the CUDA backend's prefill with bf16 weights), the normed
+//     query and the attention's rotated output are passed in bf16, rounded where they are made
+//     (the same values the fp32 path's consumers round).
 //   * HCA (kCompressed): a compressor pools every `ratio` source positions into one entry
 //     (softmax-gated sum of kv_proj rows with gate_proj + position_bias logits, kv_norm, rope
 //     at the window's first position); a query at position p sees the entries of windows that
@@ -85,6 +88,10 @@ class V4Attention {
   // ApplyRope.
   void NormRope(int64_t tokens, int64_t heads, int64_t dim, const float* x, const float* weight,
                 float* out, const int32_t* positions, const float* inv_freq, float factor);
+  // The query's per-head norm (no weight) and rope, rounded to bf16 into out: V4Ops::NormRope
+  // with out_bf16 (where V4Ops::TakesBf16Attention); false where the backend did not take it.
+  bool NormRopeBf16(int64_t tokens, int64_t heads, int64_t dim, const float* x, uint16_t* out,
+                    const int32_t* positions, const float* inv_freq, float factor);
   // One compressor's projection rows [T, row_floats] (kv then gate) as two of NormedGemms'
   // gemms; returns the rows' buffer.
   std::unique_ptr<DeviceBuffer> CompressorRows(int64_t T, const V4CompressorPlan& cp,
