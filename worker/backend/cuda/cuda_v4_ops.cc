@@ -138,6 +138,13 @@ void CudaV4Ops::IndexerTopK(const IndexerTopKArgs& a) {
   CudaBackend::OpTimer timer(backend_, "V4IndexerTopK");
   kernels::IndexerTopKParams p;
   static_cast<IndexerTopKArgs&>(p) = a;
+  // Prefill of a bf16 model: tensor-core scores over the bf16-rounded query and keys. Decode
+  // (and its graphs) and batch-invariant mode keep the CPU's arithmetic.
+  if (a.tokens >= kTensorCoreIndexerMinTokens &&
+      backend_->weight_dtype() == WeightDType::kBFloat16 && !backend_->tuning_.batch_invariant &&
+      kernels::IndexerTopKTensorCoreRuns()) {
+    p.order = kernels::IndexerScoreOrder::kTensorCoreBf16;
+  }
   std::unique_ptr<DeviceBuffer> workspace;
   const size_t bytes = kernels::IndexerTopKWorkspaceBytes(p);
   if (bytes > 0) {

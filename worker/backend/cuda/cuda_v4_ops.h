@@ -44,8 +44,12 @@ class CudaV4Ops : public V4Ops {
   // exact kernel; q_bf16 / out_bf16 on the bf16 kernel, one split), its split workspace from
   // the backend's scratch.
   void SinkAttention(const SinkAttentionArgs& args) override;
-  // kernels::IndexerTopKF32, its scores' workspace (tokens x max_candidates) from scratch.
+  // kernels::IndexerTopKF32, its scores' workspace (tokens x max_candidates) from scratch; from
+  // kTensorCoreIndexerMinTokens tokens with bf16 weights (outside batch-invariant mode) with
+  // tensor-core scores (IndexerScoreOrder::kTensorCoreBf16), else in the CPU's arithmetic
+  // (kSequential).
   void IndexerTopK(const IndexerTopKArgs& args) override;
+  static constexpr int64_t kTensorCoreIndexerMinTokens = 512;
   // kernels::V4RouteF32.
   void Route(const V4RouteArgs& args) override;
   // kernels::CopyRowsF32.
