@@ -411,7 +411,7 @@ TEST_F(CudaV4OpsTest, Bf16QueryAndOutputAtPrefillMatchTheFp32PathAndCpu) {
     q_rounded[i] = Bf16BitsToFloat(q_bits[i]);
   }
   EXPECT_EQ(differ, 0) << "the bf16 query is not the fp32 query rounded";
-  EXPECT_TRUE(AllClose(q_rounded, q_cpu, 1.0 / 256, 1e-6)) << "the bf16 query against the CPU";
+  EXPECT_TRUE(AllClose(q_rounded, q_cpu, 1e-6, 1.0 / 256)) << "the bf16 query against the CPU";
 
   SinkAttentionArgs sa;
   sa.tokens = T, sa.heads = NH, sa.dim = D;
