@@ -1,6 +1,4 @@
-// RoPE: one block per token, threads over (head, pair). cos/sin are evaluated in double from
-// the fp32 angle, like the CPU reference: at positions in the thousands the fp32 sincos
-// intrinsics would differ from it by more than the parity tolerance allows for.
+// RoPE: one block per token, threads over (head, pair), each pair rotated by rope_pair.cuh.
 #include <cuda_bf16.h>
 
 #include <algorithm>
@@ -8,6 +6,7 @@
 
 #include "kernels/common/launch.cuh"
 #include "kernels/rope/rope.h"
+#include "kernels/rope/rope_pair.cuh"
 
 namespace deepinfer {
 namespace kernels {
@@ -22,24 +21,9 @@ struct RotatedPair {
   float y0, y1;
 };
 
-// cos and sin of pair j's angle pos * inv_freq_j, times attention_factor.
-__device__ __forceinline__ void RopeCosSin(float pos, float inv_freq_j, float attention_factor,
-                                           float* cs, float* sn) {
-  const float angle = pos * inv_freq_j;
-  double s, c;
-  sincos(static_cast<double>(angle), &s, &c);
-  *cs = static_cast<float>(c) * attention_factor;
-  *sn = static_cast<float>(s) * attention_factor;
-}
-
-// A pair (x0, x1)'s rotated values, each operation rounded on its own (no contraction into a
-// fused multiply-add, as the CPU reference computes them), so every kernel gives the same bits.
-__device__ __forceinline__ float RotatedFirst(float x0, float x1, float cs, float sn) {
-  return __fsub_rn(__fmul_rn(x0, cs), __fmul_rn(x1, sn));
-}
-__device__ __forceinline__ float RotatedSecond(float x0, float x1, float cs, float sn) {
-  return __fadd_rn(__fmul_rn(x1, cs), __fmul_rn(x0, sn));
-}
+using rope::RopeCosSin;
+using rope::RotatedFirst;
+using rope::RotatedSecond;
 
 __device__ __forceinline__ RotatedPair RotatePair(const float* v, int64_t j, int64_t half,
                                                   float pos, const float* inv_freq,
@@ -71,6 +55,7 @@ struct RmsNormRopeParams {
   const float* weight = nullptr;
   float eps = 0.0f;
   float* out = nullptr;
+  __nv_bfloat16* out_bf16 = nullptr;  // set: the values go here rounded, out is not written
   int64_t ldout = 0;
   const int32_t* positions = nullptr;
   const float* inv_freq = nullptr;
@@ -85,6 +70,7 @@ __device__ void RmsNormRopeBody(RmsNormRopeParams p) {
   if (row >= p.rows) return;  // the whole warp: no barrier or shuffle below misses a lane
   const float* xr = p.x + row * p.ldx;
   float* orow = p.out + row * p.ldout;
+  __nv_bfloat16* orow16 = p.out_bf16 + row * p.ldout;
   float v[kPerLane];
 #pragma unroll
   for (int s = 0; s < kPerLane; ++s) {
@@ -115,7 +101,11 @@ __device__ void RmsNormRopeBody(RmsNormRopeParams p) {
         RopeCosSin(pos, p.inv_freq[(i - base) / 2], p.attention_factor, &cs, &sn);
         o = (i & 1) == 0 ? RotatedFirst(o, partner, cs, sn) : RotatedSecond(partner, o, cs, sn);
       }
-      orow[i] = o;
+      if (p.out_bf16 != nullptr) {
+        orow16[i] = __float2bfloat16_rn(o);
+      } else {
+        orow[i] = o;
+      }
     }
   }
 }
@@ -333,6 +323,22 @@ bool RmsNormRopeSupported(int64_t tokens, int64_t heads, int64_t dim, int64_t ro
          tokens * heads <= int64_t{0x7fffffff} * kRopeWarpRows;
 }
 
+namespace {
+
+cudaError_t LaunchRmsNormRope(const RmsNormRopeParams& p, cudaStream_t stream) {
+  const unsigned grid = static_cast<unsigned>((p.rows + kRopeWarpRows - 1) / kRopeWarpRows);
+  constexpr int kWarpThreads = kRopeWarpRows * 32;
+  if (p.dim <= 256)
+    return LaunchAfterPrecedingGrids<RmsNormRopeBody<8>, kWarpThreads>(grid, 0, stream, p);
+  if (p.dim <= 512)
+    return LaunchAfterPrecedingGrids<RmsNormRopeBody<16>, kWarpThreads>(grid, 0, stream, p);
+  if (p.dim <= 1024)
+    return LaunchAfterPrecedingGrids<RmsNormRopeBody<32>, kWarpThreads>(grid, 0, stream, p);
+  return LaunchAfterPrecedingGrids<RmsNormRopeBody<64>, kWarpThreads>(grid, 0, stream, p);
+}
+
+}  // namespace
+
 cudaError_t RmsNormRopeF32(int64_t tokens, int64_t heads, int64_t dim, const float* x, int64_t ldx,
                            const float* weight, float eps, float* out, int64_t ldout,
                            int64_t rope_dim, const int32_t* positions, const float* inv_freq,
@@ -343,15 +349,22 @@ cudaError_t RmsNormRopeF32(int64_t tokens, int64_t heads, int64_t dim, const flo
   p.rows = tokens * heads, p.heads = heads, p.dim = dim, p.rope_dim = rope_dim;
   p.x = x, p.ldx = ldx, p.weight = weight, p.eps = eps, p.out = out, p.ldout = ldout;
   p.positions = positions, p.inv_freq = inv_freq, p.attention_factor = attention_factor;
-  const unsigned grid = static_cast<unsigned>((p.rows + kRopeWarpRows - 1) / kRopeWarpRows);
-  constexpr int kWarpThreads = kRopeWarpRows * 32;
-  if (dim <= 256)
-    return LaunchAfterPrecedingGrids<RmsNormRopeBody<8>, kWarpThreads>(grid, 0, stream, p);
-  if (dim <= 512)
-    return LaunchAfterPrecedingGrids<RmsNormRopeBody<16>, kWarpThreads>(grid, 0, stream, p);
-  if (dim <= 1024)
-    return LaunchAfterPrecedingGrids<RmsNormRopeBody<32>, kWarpThreads>(grid, 0, stream, p);
-  return LaunchAfterPrecedingGrids<RmsNormRopeBody<64>, kWarpThreads>(grid, 0, stream, p);
+  return LaunchRmsNormRope(p, stream);
+}
+
+cudaError_t RmsNormRopeToBf16(int64_t tokens, int64_t heads, int64_t dim, const float* x,
+                              int64_t ldx, const float* weight, float eps, uint16_t* out,
+                              int64_t ldout, int64_t rope_dim, const int32_t* positions,
+                              const float* inv_freq, float attention_factor, cudaStream_t stream) {
+  if (!RmsNormRopeSupported(tokens, heads, dim, rope_dim)) return cudaErrorInvalidValue;
+  if (tokens == 0) return cudaSuccess;
+  if (out == nullptr) return cudaErrorInvalidValue;
+  RmsNormRopeParams p;
+  p.rows = tokens * heads, p.heads = heads, p.dim = dim, p.rope_dim = rope_dim;
+  p.x = x, p.ldx = ldx, p.weight = weight, p.eps = eps;
+  p.out_bf16 = reinterpret_cast<__nv_bfloat16*>(out), p.ldout = ldout;
+  p.positions = positions, p.inv_freq = inv_freq, p.attention_factor = attention_factor;
+  return LaunchRmsNormRope(p, stream);
 }
 
 cudaError_t NormRopeWriteLatentCacheF32(const NormRopeCacheParams& p, cudaStream_t stream) {

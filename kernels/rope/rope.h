@@ -33,6 +33,13 @@ cudaError_t RmsNormRopeF32(int64_t tokens, int64_t heads, int64_t dim, const flo
                            const float* weight, float eps, float* out, int64_t ldout,
                            int64_t rope_dim, const int32_t* positions, const float* inv_freq,
                            float attention_factor, cudaStream_t stream);
+// RmsNormRopeF32's values rounded to bf16 (nearest even; bits) into out + r * ldout, which must
+// not overlap x: the per-head query a bf16 consumer (SinkAttentionF32's q_bf16) reads as it would
+// round RmsNormRopeF32's fp32 output, one pass instead of an fp32 write and a read.
+cudaError_t RmsNormRopeToBf16(int64_t tokens, int64_t heads, int64_t dim, const float* x,
+                              int64_t ldx, const float* weight, float eps, uint16_t* out,
+                              int64_t ldout, int64_t rope_dim, const int32_t* positions,
+                              const float* inv_freq, float attention_factor, cudaStream_t stream);
 
 // The MLA layer's preparation of one step in one launch (block per token): for each token t,
 //  * latent = RmsNorm(kv[t, :latent_dim]) with norm_weight and eps (RmsNormF32's arithmetic),

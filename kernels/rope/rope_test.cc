@@ -1,7 +1,7 @@
 // ApplyRopeF32 against CpuBackend::ApplyRope: both layouts, strided heads (the rope slice of
 // each query head), large positions, a YaRN attention factor. The whole buffer is compared, so
 // writes outside the rope slices are caught too. RmsNormRopeF32 against the CPU and the two
-// kernels it replaces.
+// kernels it replaces, RmsNormRopeToBf16 against its rounded output.
 #include "kernels/rope/rope.h"
 
 #include <cmath>
@@ -288,7 +288,8 @@ TEST(RopeKernelTest, NormRopeCacheAbsorbQueryMatchesCpuAndTheTwoLaunches) {
 
 // Arguments outside NormRopeCacheAbsorbQuerySupported launch nothing and say so.
 // RmsNormRopeF32 against CpuBackend's RmsNorm + ApplyRope, and bit for bit against the two
-// kernels it replaces (RmsNormF32, ApplyRopeF32): DeepSeek-V4's query (1 and 3 tokens x 64 heads
+// kernels it replaces (RmsNormF32, ApplyRopeF32); RmsNormRopeToBf16 bit for bit its values
+// rounded: DeepSeek-V4's query (1 and 3 tokens x 64 heads
 // of 512, rope 64, normed in place), its key and compressed entries (one head of 512 and of 128),
 // rows not a multiple of 32 wide and padded row strides, each warp-row size (up to 2048).
 TEST(RopeKernelTest, RmsNormRopeMatchesCpuAndTheTwoKernels) {
@@ -343,6 +344,24 @@ TEST(RopeKernelTest, RmsNormRopeMatchesCpuAndTheTwoKernels) {
     ASSERT_EQ(got.size(), unfused.size());
     EXPECT_EQ(0, std::memcmp(got.data(), unfused.data(), got.size() * sizeof(float)))
         << "not bit for bit RmsNormF32 + ApplyRopeF32";
+    // The bf16 output: the fp32 output rounded to nearest even, value for value (the padding
+    // between rows untouched).
+    const uint16_t kUntouched = 0x7FC1;
+    DeviceArray<uint16_t> d16(std::vector<uint16_t>(n, kUntouched));
+    DeviceArray<float> x_again(x);
+    DEEPINFER_CUDA_OK(kernels::RmsNormRopeToBf16(c.tokens, c.heads, c.dim, x_again.get(), c.ld,
+                                                 dw.get(), eps, d16.get(), c.ld, c.rope, dpos.get(),
+                                                 dinv.get(), factor, nullptr));
+    std::vector<uint16_t> got16;
+    DEEPINFER_CUDA_OK(d16.Download(&got16));
+    int64_t wrong = 0;
+    for (int64_t r = 0; r < rows; ++r) {
+      for (int64_t i = 0; i < c.ld; ++i) {
+        const int64_t e = r * c.ld + i;
+        wrong += got16[e] != (i < c.dim ? FloatToBf16Bits(unfused[e]) : kUntouched);
+      }
+    }
+    EXPECT_EQ(wrong, 0) << "bf16 output differs from RmsNormRopeF32's rounded";
   }
   EXPECT_FALSE(kernels::RmsNormRopeSupported(1, 1, 2049, 64));
   EXPECT_FALSE(kernels::RmsNormRopeSupported(1, 1, 512, 63));

@@ -1,14 +1,18 @@
-// Hyper-connection kernels. Grids are (blocks along hidden [+ 1], rows); a block handles
-// kThreads * kVec columns of one row (kVec = 4: 16-byte loads where hidden and the pointers
-// allow). The stream count is a template parameter for V4's 4 (the loops unrolled over
-// registers) and a runtime value up to kMaxHcStreams otherwise. Arithmetic uses the _rn
-// intrinsics so nvcc does not contract a product and a sum into one FMA: the sums then round as
-// the CPU reference's do.
+// Hyper-connection kernels. HcMixF32, HcHeadF32 and HcExpandF32: grids are (blocks along hidden
+// [+ 1], rows); a block handles kThreads * kVec columns of one row (kVec = 4: 16-byte loads where
+// hidden and the pointers allow). HcMixFromStreamsF32: the partials' GEMM over (row groups,
+// slices), then one block per row (HcMixRowsBody). The stream count is a template parameter for
+// V4's 4 (the loops unrolled over registers) and a runtime value up to kMaxHcStreams otherwise.
+// Arithmetic uses the _rn intrinsics so nvcc does not contract a product and a sum into one FMA:
+// the sums then round as the CPU reference's do.
+#include <cuda_bf16.h>
+
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
 
 #include "kernels/common/launch.cuh"
+#include "kernels/norm/block_inv_rms.cuh"
 #include "kernels/v4/hyper_connection.h"
 
 namespace deepinfer {
@@ -43,29 +47,7 @@ struct CollapseParams {
   float* post = nullptr;
   float* comb = nullptr;
   int sinkhorn_iters = 1;
-  // HcMixFromStreamsF32 only (mixes null): per slice s of the flattened rows of `width` floats,
-  // row r's dot products with fn then its sum of squares at partials + (s * rows + r) *
-  // (mix_stride + 1).
-  const float* partials = nullptr;
-  int splits = 0;
-  int64_t width = 0;
-  float norm_eps = 0.0f;
 };
-
-// Row r's mix m: from mixes, or from the partials: the slices' dot products and sums of squares
-// added in slice order, the dot product times 1 / rms (RmsNormF32's expression).
-__device__ __forceinline__ float MixOf(const CollapseParams& p, int64_t r, int m) {
-  if (p.partials == nullptr) return p.mixes[r * p.mix_stride + m];
-  const int64_t stride = p.mix_stride + 1;
-  float dot = 0.0f, ss = 0.0f;
-  for (int s = 0; s < p.splits; ++s) {
-    const float* q = p.partials + (int64_t{s} * p.rows + r) * stride;
-    dot = __fadd_rn(dot, q[m]);
-    ss = __fadd_rn(ss, q[p.mix_stride]);
-  }
-  const float inv = 1.0f / sqrtf(ss / static_cast<float>(p.width) + p.norm_eps);
-  return __fmul_rn(dot, inv);
-}
 
 template <int kHc>
 __device__ __forceinline__ int StreamsOf(int hc) {
@@ -81,7 +63,8 @@ __device__ void CollapseChunk(const CollapseParams& p, int64_t r, int chunk) {
   __syncthreads();  // the previous row's readers of pre are done
   if (threadIdx.x < hc) {
     const int j = threadIdx.x;
-    pre[j] = __fadd_rn(Sigmoid(Affine(MixOf(p, r, j), p.scale[0], p.base[j])), p.eps);
+    pre[j] =
+        __fadd_rn(Sigmoid(Affine(p.mixes[r * p.mix_stride + j], p.scale[0], p.base[j])), p.eps);
   }
   __syncthreads();
   const int64_t H = p.hidden;
@@ -114,26 +97,17 @@ __device__ void CollapseChunk(const CollapseParams& p, int64_t r, int chunk) {
   }
 }
 
-// post and the Sinkhorn-projected comb of row r, by warp 0: lane e holds comb elements e and
-// e + 32 (row-major [j][k], at most kMaxHc^2 = 64), the matrix in shared memory between phases.
-// Each sum runs over its row or column in index order, as the CPU reference sums.
-__device__ void MixWeights(const CollapseParams& p, int64_t r) {
-  __shared__ float comb[kMaxHc * kMaxHc];
-  __shared__ float row_mixes[(2 + kMaxHc) * kMaxHc];
-  if (threadIdx.x >= 32) return;
-  const int lane = threadIdx.x, hc = p.hc, n = hc * hc;
-  if (p.partials != nullptr) {
-    __syncwarp();  // the previous row's readers of row_mixes are done
-    for (int e = lane; e < p.mix_stride; e += 32) row_mixes[e] = MixOf(p, r, e);
-    __syncwarp();
-  }
-  const float* m = p.partials != nullptr ? row_mixes : p.mixes + r * p.mix_stride;
-  if (lane < hc) {
-    p.post[r * hc + lane] =
-        __fmul_rn(2.0f, Sigmoid(Affine(m[hc + lane], p.scale[1], p.base[hc + lane])));
-  }
-  for (int e = lane; e < n; e += 32)
-    comb[e] = Affine(m[2 * hc + e], p.scale[2], p.base[2 * hc + e]);
+// post and the Sinkhorn-projected comb of one row from its mixes m ([(2 + hc) * hc], global or
+// shared memory), by one warp: lane e holds comb elements e and e + 32 (row-major [j][k], at
+// most kMaxHc^2 = 64), the matrix in the warp's kMaxHc^2 floats of shared memory `comb` between
+// phases. Each sum runs over its row or column in index order, as the CPU reference sums.
+__device__ void WeightsOfRow(const float* m, int hc, const float* scale, const float* base,
+                             float eps, int sinkhorn_iters, float* post, float* comb_out,
+                             float* comb) {
+  const int lane = static_cast<int>(threadIdx.x & 31), n = hc * hc;
+  if (lane < hc)
+    post[lane] = __fmul_rn(2.0f, Sigmoid(Affine(m[hc + lane], scale[1], base[hc + lane])));
+  for (int e = lane; e < n; e += 32) comb[e] = Affine(m[2 * hc + e], scale[2], base[2 * hc + e]);
   __syncwarp();
   float v[2] = {0.0f, 0.0f};
   // Row softmax, + eps.
@@ -143,7 +117,7 @@ __device__ void MixWeights(const CollapseParams& p, int64_t r) {
     for (int k = 0; k < hc; ++k) mx = fmaxf(mx, row[k]);
     float sum = 0.0f;
     for (int k = 0; k < hc; ++k) sum = __fadd_rn(sum, expf(__fsub_rn(row[k], mx)));
-    v[i] = __fadd_rn(__fdiv_rn(expf(__fsub_rn(comb[e], mx)), sum), p.eps);
+    v[i] = __fadd_rn(__fdiv_rn(expf(__fsub_rn(comb[e], mx)), sum), eps);
   }
   auto store = [&] {
     __syncwarp();
@@ -156,7 +130,7 @@ __device__ void MixWeights(const CollapseParams& p, int64_t r) {
       const int k = e % hc;
       float s = 0.0f;
       for (int j = 0; j < hc; ++j) s = __fadd_rn(s, comb[j * hc + k]);
-      v[i] = __fdiv_rn(comb[e], __fadd_rn(s, p.eps));
+      v[i] = __fdiv_rn(comb[e], __fadd_rn(s, eps));
     }
     store();
   };
@@ -165,16 +139,24 @@ __device__ void MixWeights(const CollapseParams& p, int64_t r) {
       const float* row = comb + (e / hc) * hc;
       float s = 0.0f;
       for (int k = 0; k < hc; ++k) s = __fadd_rn(s, row[k]);
-      v[i] = __fdiv_rn(comb[e], __fadd_rn(s, p.eps));
+      v[i] = __fdiv_rn(comb[e], __fadd_rn(s, eps));
     }
     store();
   };
   normalize_columns();
-  for (int it = 1; it < p.sinkhorn_iters; ++it) {
+  for (int it = 1; it < sinkhorn_iters; ++it) {
     normalize_rows();
     normalize_columns();
   }
-  for (int e = lane; e < n; e += 32) p.comb[r * n + e] = comb[e];
+  for (int e = lane; e < n; e += 32) comb_out[e] = comb[e];
+}
+
+// Row r's post and comb from mixes, by warp 0 of the block.
+__device__ void MixWeights(const CollapseParams& p, int64_t r) {
+  __shared__ float comb[kMaxHc * kMaxHc];
+  if (threadIdx.x >= 32) return;
+  WeightsOfRow(p.mixes + r * p.mix_stride, p.hc, p.scale, p.base, p.eps, p.sinkhorn_iters,
+               p.post + r * p.hc, p.comb + r * p.hc * p.hc, comb);
 }
 
 template <int kHc, int kVec>
@@ -272,14 +254,16 @@ __device__ void HcExpandBody(ExpandParams p) {
   }
 }
 
-// HcMixFromStreamsF32's first launch for 4 streams (24 mixes): block (b, s) takes rows
-// kPartialRowsPerBlock * b onwards, two per warp, over slice s of the flattened rows (`slice`
-// floats from s * slice):
-// lane l reads floats 4 l, 4 l + 128, ... of it for both rows and fn's 24 rows, and keeps 24 dot
-// products and the sum of squares per row; the warp then adds its lanes' (xor butterfly) and
-// lane 0 writes them to partials [splits, rows, 25].
+// HcMixFromStreamsF32's first launch for 4 streams (24 mixes): block (b, s) of kBlockThreads
+// takes rows kRowsPerWarp * (kBlockThreads / 32) * b onwards, kRowsPerWarp per warp, over slice
+// s of the flattened rows (`slice` floats from s * slice): lane l reads floats 4 l, 4 l + 128,
+// ... of it for each of its rows and fn's 24 rows, and keeps 24 dot products and the sum of
+// squares per row; the warp then adds its lanes' (xor butterfly) and lane 0 writes them to
+// partials [splits, rows, 25]. A row's sums run in the same order for every variant. The block's
+// warps read the same slice of fn, so fn comes from L2 once per block; at prefill row counts
+// (PartialsVariant) 4 rows per warp and 8 warps take a quarter of the loads of fn per row that
+// 2 rows and 4 warps (decode) take.
 constexpr int kPartialMixes = 24, kPartialStride = kPartialMixes + 1;
-constexpr int kPartialRowsPerBlock = 2 * (kThreads / 32);
 
 struct PartialsParams {
   int64_t rows = 0, width = 0, slice = 0;
@@ -295,43 +279,216 @@ __device__ __forceinline__ float Dot4(float acc, float4 a, float4 b) {
   return fmaf(a.w, b.w, acc);
 }
 
+template <int kRowsPerWarp, int kBlockThreads>
 __device__ void HcMixPartialsBody(PartialsParams p) {
+  constexpr int kRowsPerBlock = kRowsPerWarp * (kBlockThreads / 32);
   const int lane = static_cast<int>(threadIdx.x & 31);
-  const int64_t r0 = int64_t{blockIdx.x} * kPartialRowsPerBlock + 2 * (threadIdx.x / 32);
+  const int64_t r0 = int64_t{blockIdx.x} * kRowsPerBlock + kRowsPerWarp * (threadIdx.x / 32);
   if (r0 >= p.rows) return;  // no block-wide barrier below
-  const bool two = r0 + 1 < p.rows;
   const int64_t k0 = int64_t{blockIdx.y} * p.slice;
-  const float* x0 = p.streams + r0 * p.width;
-  const float* x1 = two ? x0 + p.width : x0;
-  float a0[kPartialStride], a1[kPartialStride];
+  // Rows past the end read the warp's first row again and are not written.
+  const float* x[kRowsPerWarp];
 #pragma unroll
-  for (int i = 0; i < kPartialStride; ++i) a0[i] = a1[i] = 0.0f;
+  for (int i = 0; i < kRowsPerWarp; ++i)
+    x[i] = p.streams + (r0 + i < p.rows ? r0 + i : r0) * p.width;
+  float a[kRowsPerWarp][kPartialStride];
+#pragma unroll
+  for (int i = 0; i < kRowsPerWarp; ++i) {
+#pragma unroll
+    for (int m = 0; m < kPartialStride; ++m) a[i][m] = 0.0f;
+  }
   for (int64_t k = k0 + 4 * lane; k < k0 + p.slice; k += 128) {
-    const float4 v0 = *reinterpret_cast<const float4*>(x0 + k);
-    const float4 v1 = *reinterpret_cast<const float4*>(x1 + k);
+    float4 v[kRowsPerWarp];
+#pragma unroll
+    for (int i = 0; i < kRowsPerWarp; ++i) v[i] = *reinterpret_cast<const float4*>(x[i] + k);
 #pragma unroll
     for (int m = 0; m < kPartialMixes; ++m) {
       const float4 f = __ldg(reinterpret_cast<const float4*>(p.fn + m * p.width + k));
-      a0[m] = Dot4(a0[m], v0, f);
-      a1[m] = Dot4(a1[m], v1, f);
+#pragma unroll
+      for (int i = 0; i < kRowsPerWarp; ++i) a[i][m] = Dot4(a[i][m], v[i], f);
     }
-    a0[kPartialMixes] = Dot4(a0[kPartialMixes], v0, v0);
-    a1[kPartialMixes] = Dot4(a1[kPartialMixes], v1, v1);
+#pragma unroll
+    for (int i = 0; i < kRowsPerWarp; ++i)
+      a[i][kPartialMixes] = Dot4(a[i][kPartialMixes], v[i], v[i]);
   }
 #pragma unroll
-  for (int i = 0; i < kPartialStride; ++i) {
-    for (int o = 16; o > 0; o >>= 1) {
-      a0[i] += __shfl_xor_sync(0xffffffffu, a0[i], o);
-      a1[i] += __shfl_xor_sync(0xffffffffu, a1[i], o);
+  for (int i = 0; i < kRowsPerWarp; ++i) {
+#pragma unroll
+    for (int m = 0; m < kPartialStride; ++m) {
+      for (int o = 16; o > 0; o >>= 1) a[i][m] += __shfl_xor_sync(0xffffffffu, a[i][m], o);
     }
   }
   if (lane != 0) return;
   float* q = p.partials + (int64_t{blockIdx.y} * p.rows + r0) * kPartialStride;
 #pragma unroll
-  for (int i = 0; i < kPartialStride; ++i) q[i] = a0[i];
-  if (two) {
+  for (int i = 0; i < kRowsPerWarp; ++i) {
+    if (r0 + i >= p.rows) break;
 #pragma unroll
-    for (int i = 0; i < kPartialStride; ++i) q[kPartialStride + i] = a1[i];
+    for (int m = 0; m < kPartialStride; ++m) q[i * kPartialStride + m] = a[i][m];
+  }
+}
+
+// The partials' variant for a row count: 2 rows per warp and 4 warps at decode row counts (the
+// most blocks), 4 rows per warp and 8 warps from kManyRows rows (the fewest loads of fn).
+constexpr int64_t kManyRows = 2048;
+
+// HcMixFromStreamsF32's row kernel for 4 streams: one block of kRowThreads per row. Every thread
+// first loads its float4 columns of the row's 4 streams (all its loads in flight together, the
+// streams read once); meanwhile warp 0 computes the row's weights (RowWeights) once, or, at
+// kManyRows rows and more, the weights kernel has computed them before (HcMixWeightsBody: a warp
+// per row, so the Sinkhorn iterations' latency is hidden behind many rows instead of stalling a
+// block that holds a row's streams) and the block reads pre from it. The collapse then runs on
+// the registers, in HcMixF32's order; with `normed`, the collapsed row
+// goes through shared memory so each thread sums the squares of RmsNormF32's elements (t, t + 256,
+// ...) in its order, and BlockInvRms reduces them as RmsNormF32 does: bit for bit its output
+// (normed_bf16: AddRmsNormF32's out_bf16).
+constexpr int kRowThreads = 256;
+constexpr int kMaxRowVec = 8;  // float4 columns per thread and stream: hidden <= 8192
+
+struct RowsParams {
+  int64_t rows = 0, hidden = 0, width = 0;
+  const float* partials = nullptr;  // [splits, rows, kPartialStride]
+  int splits = 0;
+  float norm_eps = 0.0f;
+  const float* base = nullptr;
+  const float* scale = nullptr;
+  float eps = 0.0f;
+  int sinkhorn_iters = 1;
+  const float* streams = nullptr;
+  float* collapsed = nullptr;  // may be null
+  float* post = nullptr;
+  float* comb = nullptr;
+  const float* norm_weight = nullptr;  // with normed
+  float out_norm_eps = 0.0f;
+  float* normed = nullptr;          // may be null
+  uint16_t* normed_bf16 = nullptr;  // may be null
+  float* pre = nullptr;  // [rows, 4]: HcMixWeightsBody's output (null: the row kernel's warp 0)
+};
+
+// Row r's pre (to `pre`, 4 floats), post and comb from its partials, by one warp: lane m adds
+// value m of the row's partials over the slices in slice order (24 dot products, then the sum of
+// squares) and scales the dot products by 1 / rms (RmsNormF32's expression) into the mixes
+// (`mixes`: kPartialMixes floats, `comb`: kMaxHc^2 floats of the warp's shared memory).
+__device__ void RowWeights(const RowsParams& p, int64_t r, float* mixes, float* comb, float* pre) {
+  constexpr int kHc = 4;
+  const int lane = static_cast<int>(threadIdx.x & 31);
+  float sum = 0.0f;
+  if (lane < kPartialStride) {
+    const float* q = p.partials + r * kPartialStride + lane;
+    const int64_t step = p.rows * kPartialStride;
+#pragma unroll 8
+    for (int i = 0; i < p.splits; ++i) sum = __fadd_rn(sum, q[i * step]);
+  }
+  const float ss = __shfl_sync(0xffffffffu, sum, kPartialMixes);
+  const float inv = 1.0f / sqrtf(ss / static_cast<float>(p.width) + p.norm_eps);
+  if (lane < kPartialMixes) mixes[lane] = __fmul_rn(sum, inv);
+  __syncwarp();
+  if (lane < kHc) {
+    pre[lane] = __fadd_rn(Sigmoid(Affine(mixes[lane], p.scale[0], p.base[lane])), p.eps);
+  }
+  WeightsOfRow(mixes, kHc, p.scale, p.base, p.eps, p.sinkhorn_iters, p.post + r * kHc,
+               p.comb + r * kHc * kHc, comb);
+}
+
+// HcMixFromStreamsF32's weights kernel (kManyRows rows and more): warp w of block b takes row
+// kWeightsWarps * b + w.
+constexpr int kWeightsWarps = 8;
+
+__device__ void HcMixWeightsBody(RowsParams p) {
+  __shared__ float mixes[kWeightsWarps][kPartialMixes];
+  __shared__ float comb[kWeightsWarps][kMaxHc * kMaxHc];
+  const int warp = static_cast<int>(threadIdx.x / 32);
+  const int64_t r = int64_t{blockIdx.x} * kWeightsWarps + warp;
+  if (r >= p.rows) return;  // no block-wide barrier below
+  RowWeights(p, r, mixes[warp], comb[warp], p.pre + r * 4);
+}
+
+template <int kVec>
+__device__ void HcMixRowsBody(RowsParams p) {
+  constexpr int kHc = 4;
+  __shared__ float mixes[kPartialMixes];
+  __shared__ float comb[kMaxHc * kMaxHc];
+  __shared__ float pre[kHc];
+  const int64_t r = blockIdx.x;
+  const int64_t H = p.hidden;
+  const int chunks = static_cast<int>(H / 4);
+  const float4* s = reinterpret_cast<const float4*>(p.streams + r * kHc * H);
+  float4 v[kHc][kVec];
+#pragma unroll
+  for (int j = 0; j < kHc; ++j) {
+#pragma unroll
+    for (int q = 0; q < kVec; ++q) {
+      const int c = static_cast<int>(threadIdx.x) + q * kRowThreads;
+      v[j][q] = c < chunks ? s[j * chunks + c] : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    }
+  }
+  float w[kHc];
+  if (p.pre != nullptr) {
+    const float4 g = *reinterpret_cast<const float4*>(p.pre + r * kHc);
+    w[0] = g.x, w[1] = g.y, w[2] = g.z, w[3] = g.w;
+  } else {
+    if (threadIdx.x < 32) RowWeights(p, r, mixes, comb, pre);
+    __syncthreads();
+#pragma unroll
+    for (int j = 0; j < kHc; ++j) w[j] = pre[j];
+  }
+  float4 acc[kVec];
+#pragma unroll
+  for (int q = 0; q < kVec; ++q) {
+    acc[q] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+#pragma unroll
+    for (int j = 0; j < kHc; ++j) {
+      acc[q].x = __fadd_rn(acc[q].x, __fmul_rn(w[j], v[j][q].x));
+      acc[q].y = __fadd_rn(acc[q].y, __fmul_rn(w[j], v[j][q].y));
+      acc[q].z = __fadd_rn(acc[q].z, __fmul_rn(w[j], v[j][q].z));
+      acc[q].w = __fadd_rn(acc[q].w, __fmul_rn(w[j], v[j][q].w));
+    }
+  }
+  if (p.collapsed != nullptr) {
+    float4* out = reinterpret_cast<float4*>(p.collapsed + r * H);
+#pragma unroll
+    for (int q = 0; q < kVec; ++q) {
+      const int c = static_cast<int>(threadIdx.x) + q * kRowThreads;
+      if (c < chunks) out[c] = acc[q];
+    }
+  }
+  if (p.normed == nullptr && p.normed_bf16 == nullptr) return;
+  __shared__ float4 staged[kRowThreads * kVec];
+#pragma unroll
+  for (int q = 0; q < kVec; ++q) {
+    const int c = static_cast<int>(threadIdx.x) + q * kRowThreads;
+    if (c < chunks) staged[c] = acc[q];
+  }
+  __syncthreads();
+  const float* x = reinterpret_cast<const float*>(staged);
+  float ss = 0.0f;
+#pragma unroll
+  for (int j = 0; j < 4 * kVec; ++j) {
+    const int i = static_cast<int>(threadIdx.x) + j * kRowThreads;
+    if (i < H) ss += x[i] * x[i];
+  }
+  const float inv = BlockInvRms<kRowThreads / 32>(ss, H, p.out_norm_eps);
+  const float4* weight = reinterpret_cast<const float4*>(p.norm_weight);
+#pragma unroll
+  for (int q = 0; q < kVec; ++q) {
+    const int c = static_cast<int>(threadIdx.x) + q * kRowThreads;
+    if (c < chunks) {
+      const float4 g = weight[c];
+      float4 o;
+      o.x = g.x * (acc[q].x * inv);
+      o.y = g.y * (acc[q].y * inv);
+      o.z = g.z * (acc[q].z * inv);
+      o.w = g.w * (acc[q].w * inv);
+      if (p.normed != nullptr) reinterpret_cast<float4*>(p.normed + r * H)[c] = o;
+      if (p.normed_bf16 != nullptr) {
+        uint2 packed;
+        packed.x = static_cast<uint32_t>(__bfloat16_as_ushort(__float2bfloat16_rn(o.x))) |
+                   (static_cast<uint32_t>(__bfloat16_as_ushort(__float2bfloat16_rn(o.y))) << 16);
+        packed.y = static_cast<uint32_t>(__bfloat16_as_ushort(__float2bfloat16_rn(o.z))) |
+                   (static_cast<uint32_t>(__bfloat16_as_ushort(__float2bfloat16_rn(o.w))) << 16);
+        reinterpret_cast<uint2*>(p.normed_bf16 + r * H)[c] = packed;
+      }
+    }
   }
 }
 
@@ -339,6 +496,11 @@ __device__ void HcMixPartialsBody(PartialsParams p) {
 // decode row; fn's reads from L2 depend only on the rows per block), 128 where 512 does not
 // divide the width.
 int64_t PartialSlice(int64_t width) { return width % 512 == 0 ? 512 : 128; }
+
+// Floats of the workspace before the rows' pre: the partials, rounded up to 16 bytes.
+int64_t PreOffset(int64_t splits, int64_t rows, int64_t stride) {
+  return (splits * rows * stride + 3) / 4 * 4;
+}
 
 bool Aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
 
@@ -394,8 +556,8 @@ struct ExpandLaunch {
   }
 };
 
-// HcMix's launch: mixes from a.mixes, or (partials not null) from `splits` slices' partials.
-cudaError_t LaunchMix(const HcMixArgs& a, const float* partials, int splits, cudaStream_t stream) {
+// HcMixF32's launch.
+cudaError_t LaunchMix(const HcMixArgs& a, cudaStream_t stream) {
   const bool vec4 = a.hidden % 4 == 0 && Aligned16(a.streams) && Aligned16(a.collapsed);
   CollapseParams p;
   p.rows = a.rows;
@@ -412,10 +574,6 @@ cudaError_t LaunchMix(const HcMixArgs& a, const float* partials, int splits, cud
   p.post = a.post;
   p.comb = a.comb;
   p.sinkhorn_iters = a.sinkhorn_iters;
-  p.partials = partials;
-  p.splits = splits;
-  p.width = a.hc * a.hidden;
-  p.norm_eps = a.norm_eps;
   return Dispatch(p.hc, vec4, MixLaunch{p, GridOf(p.chunks + 1, a.rows), stream});
 }
 
@@ -424,17 +582,24 @@ cudaError_t LaunchMix(const HcMixArgs& a, const float* partials, int splits, cud
 cudaError_t HcMixF32(const HcMixArgs& a, cudaStream_t stream) {
   if (BadShape(a.rows, a.hc, a.hidden) || a.sinkhorn_iters < 1) return cudaErrorInvalidValue;
   if (a.rows == 0) return cudaSuccess;
-  return LaunchMix(a, nullptr, 0, stream);
+  return LaunchMix(a, stream);
 }
 
 bool HcMixFromStreamsSupported(const HcMixArgs& a) {
-  return a.hc == 4 && a.hidden > 0 && a.hidden % 32 == 0 && a.rows >= 0 && a.sinkhorn_iters >= 1 &&
-         a.fn != nullptr && Aligned16(a.streams) && Aligned16(a.fn);
+  return a.hc == 4 && a.hidden > 0 && a.hidden % 32 == 0 &&
+         a.hidden <= int64_t{kRowThreads} * 4 * kMaxRowVec && a.rows >= 0 && a.rows <= 0x7fffffff &&
+         a.sinkhorn_iters >= 1 && a.fn != nullptr && Aligned16(a.streams) && Aligned16(a.fn) &&
+         Aligned16(a.collapsed) && Aligned16(a.normed) &&
+         reinterpret_cast<uintptr_t>(a.normed_bf16) % 8 == 0 &&
+         ((a.normed == nullptr && a.normed_bf16 == nullptr) ||
+          (a.out_norm_weight != nullptr && Aligned16(a.out_norm_weight)));
 }
 
 int64_t HcMixFromStreamsWorkspaceFloats(int64_t rows, int64_t hc, int64_t hidden) {
   const int64_t width = hc * hidden;
-  return width / PartialSlice(width) * rows * ((2 + hc) * hc + 1);
+  // The partials, then (from kManyRows rows) each row's pre.
+  const int64_t partials = PreOffset(width / PartialSlice(width), rows, (2 + hc) * hc + 1);
+  return partials + (rows >= kManyRows ? rows * hc : 0);
 }
 
 cudaError_t HcMixFromStreamsF32(const HcMixArgs& a, float* workspace, cudaStream_t stream) {
@@ -449,12 +614,49 @@ cudaError_t HcMixFromStreamsF32(const HcMixArgs& a, float* workspace, cudaStream
   q.partials = workspace;
   const int64_t splits = q.width / q.slice;
   if (splits > kMaxGridY) return cudaErrorInvalidValue;
-  const dim3 grid(static_cast<unsigned>((a.rows + kPartialRowsPerBlock - 1) / kPartialRowsPerBlock),
+  const bool many = a.rows >= kManyRows;
+  const int64_t per_block = many ? 4 * 8 : 2 * 4;
+  const dim3 grid(static_cast<unsigned>((a.rows + per_block - 1) / per_block),
                   static_cast<unsigned>(splits));
   const cudaError_t err =
-      LaunchAfterPrecedingGrids<HcMixPartialsBody, kThreads>(grid, 0, stream, q);
+      many ? LaunchAfterPrecedingGrids<HcMixPartialsBody<4, 256>, 256>(grid, 0, stream, q)
+           : LaunchAfterPrecedingGrids<HcMixPartialsBody<2, 128>, 128>(grid, 0, stream, q);
   if (err != cudaSuccess) return err;
-  return LaunchMix(a, workspace, static_cast<int>(splits), stream);
+  RowsParams p;
+  p.rows = a.rows;
+  p.hidden = a.hidden;
+  p.width = q.width;
+  p.partials = workspace;
+  p.splits = static_cast<int>(splits);
+  p.norm_eps = a.norm_eps;
+  p.base = a.base;
+  p.scale = a.scale;
+  p.eps = a.eps;
+  p.sinkhorn_iters = a.sinkhorn_iters;
+  p.streams = a.streams;
+  p.collapsed = a.collapsed;
+  p.post = a.post;
+  p.comb = a.comb;
+  p.norm_weight = a.out_norm_weight;
+  p.out_norm_eps = a.out_norm_eps;
+  p.normed = a.normed;
+  p.normed_bf16 = a.normed_bf16;
+  if (a.rows >= kManyRows) {
+    p.pre = workspace + PreOffset(splits, a.rows, kPartialStride);
+    const unsigned blocks = static_cast<unsigned>((a.rows + kWeightsWarps - 1) / kWeightsWarps);
+    const cudaError_t werr =
+        LaunchAfterPrecedingGrids<HcMixWeightsBody, kWeightsWarps * 32>(blocks, 0, stream, p);
+    if (werr != cudaSuccess) return werr;
+  }
+  const unsigned rows = static_cast<unsigned>(a.rows);
+  const int64_t per_thread = (a.hidden / 4 + kRowThreads - 1) / kRowThreads;
+  if (per_thread <= 1)
+    return LaunchAfterPrecedingGrids<HcMixRowsBody<1>, kRowThreads>(rows, 0, stream, p);
+  if (per_thread <= 2)
+    return LaunchAfterPrecedingGrids<HcMixRowsBody<2>, kRowThreads>(rows, 0, stream, p);
+  if (per_thread <= 4)
+    return LaunchAfterPrecedingGrids<HcMixRowsBody<4>, kRowThreads>(rows, 0, stream, p);
+  return LaunchAfterPrecedingGrids<HcMixRowsBody<8>, kRowThreads>(rows, 0, stream, p);
 }
 
 cudaError_t HcHeadF32(const HcHeadArgs& a, cudaStream_t stream) {

@@ -7,11 +7,13 @@
 #include "kernels/v4/hyper_connection.h"
 
 #include <cstdint>
+#include <cstring>
 #include <string>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
+#include "kernels/norm/rms_norm.h"
 #include "kernels/testing/gpu_test_util.h"
 #include "worker/backend/cpu/cpu_backend.h"
 #include "worker/backend/cpu/cpu_v4_ops.h"
@@ -42,6 +44,16 @@ void ExpectMatchesCpu(const DeviceArray<float>& got, const std::vector<float>& w
   std::vector<float> host;
   DEEPINFER_CUDA_OK(got.Download(&host));
   EXPECT_TRUE(AllClose(host, want, atol, rtol)) << what;
+}
+
+// bf16 bits as floats.
+std::vector<float> Bf16ToFloats(const std::vector<uint16_t>& bits) {
+  std::vector<float> out(bits.size());
+  for (size_t i = 0; i < bits.size(); ++i) {
+    const uint32_t u = static_cast<uint32_t>(bits[i]) << 16;
+    std::memcpy(&out[i], &u, sizeof(float));
+  }
+  return out;
 }
 
 std::vector<Shape> Shapes() {
@@ -199,31 +211,47 @@ TEST(HyperConnectionKernelTest, BadShapesAreRefusedAndEmptyIsANoOp) {
 }
 
 // HcMixFromStreamsF32 against the CPU backend's RmsNorm + Gemm + CpuV4Ops::HcMix (the model's
-// ops where the backend has no fused kernel): V4-Flash's shape at decode and prefill row counts,
-// row counts that leave a block's last warp half used, widths only 128-float slices divide; within
-// a tolerance (the norm's scale multiplies the dot products instead of the elements, the dot
-// products add in another order).
+// ops where the backend has no fused kernel), and its optional output norm against the CPU's
+// RmsNorm of the CPU's collapsed rows: V4-Flash's shape at decode and prefill row counts (1, 7,
+// 4097), row counts that leave a partials block's last warp half used, widths only 128-float
+// slices divide, every per-thread column count of the row kernel (hidden 96 and 160: 1, 2048: 2,
+// 4096: 4, 7168: 8); with the norm, in fp32 and/or bf16, collapsed written or left out. Within a
+// tolerance (the norm's scale multiplies the dot products instead of the elements, the dot
+// products add in another order; bf16 outputs within a bf16 rounding). The fused norm is also bit
+// for bit kernels::RmsNormF32 (bf16: kernels::AddRmsNormF32's out_bf16) on the kernel's own
+// collapsed rows, as the op's contract says.
 TEST(HyperConnectionKernelTest, MixFromStreamsMatchesCpuNormGemmAndMix) {
   DEEPINFER_SKIP_WITHOUT_GPU();
   CpuBackend cpu(2);
+  // kWithCollapsed: collapsed, normed and normed_bf16; kWithoutCollapsed: normed; kBf16:
+  // normed_bf16.
+  enum class Norm { kNone, kWithCollapsed, kWithoutCollapsed, kBf16 };
   struct Case {
     int64_t rows, hidden;
+    Norm norm;
   };
-  for (const Case& c : {Case{1, 4096}, Case{3, 4096}, Case{64, 4096}, Case{65, 4096},
-                        Case{300, 4096}, Case{17, 96}, Case{200, 160}}) {
+  for (const Case& c :
+       {Case{1, 4096, Norm::kNone}, Case{1, 4096, Norm::kWithoutCollapsed},
+        Case{3, 4096, Norm::kBf16}, Case{7, 4096, Norm::kWithCollapsed},
+        Case{64, 4096, Norm::kNone}, Case{65, 4096, Norm::kWithoutCollapsed},
+        Case{300, 4096, Norm::kNone}, Case{4097, 4096, Norm::kWithCollapsed},
+        Case{4097, 4096, Norm::kBf16}, Case{1, 4096, Norm::kBf16},
+        Case{17, 96, Norm::kWithCollapsed}, Case{200, 160, Norm::kNone},
+        Case{33, 2048, Norm::kWithCollapsed}, Case{5, 7168, Norm::kWithCollapsed}}) {
     const uint32_t seed = testing::FreshSeed();
-    SCOPED_TRACE(::testing::Message()
-                 << "rows " << c.rows << " hidden " << c.hidden << " seed " << seed);
+    SCOPED_TRACE(::testing::Message() << "rows " << c.rows << " hidden " << c.hidden << " norm "
+                                      << static_cast<int>(c.norm) << " seed " << seed);
     constexpr int64_t hc = 4, M = (2 + hc) * hc;
     const int64_t S = hc * c.hidden;
     const auto streams = RandomFloats(c.rows * S, seed, 2.0f);
     const auto fn = RandomFloats(M * S, seed + 1, 0.02f);
     const auto base = RandomFloats(M, seed + 2);
     const auto scale = RandomFloats(3, seed + 3, 0.5f);
+    const auto norm_weight = RandomFloats(c.hidden, seed + 4);
     const std::vector<float> ones(S, 1.0f);
     const float norm_eps = 1e-6f;
     std::vector<float> normed(c.rows * S), mixes(c.rows * M), post(c.rows * hc),
-        comb(c.rows * hc * hc), collapsed(c.rows * c.hidden);
+        comb(c.rows * hc * hc), collapsed(c.rows * c.hidden), out_normed(c.rows * c.hidden);
     cpu.RmsNorm(c.rows, S, streams.data(), S, ones.data(), norm_eps, normed.data(), S);
     cpu.Gemm(c.rows, M, S, normed.data(), S, WeightView(fn.data()), S, mixes.data(), M, false);
     HcMixArgs a;
@@ -240,12 +268,20 @@ TEST(HyperConnectionKernelTest, MixFromStreamsMatchesCpuNormGemmAndMix) {
     a.comb = comb.data();
     a.collapsed = collapsed.data();
     cpu.v4_ops()->HcMix(a);
+    cpu.RmsNorm(c.rows, c.hidden, collapsed.data(), c.hidden, norm_weight.data(), norm_eps,
+                out_normed.data(), c.hidden);
+    std::vector<uint16_t> out_bf16(c.rows * c.hidden);
+    cpu.AddRmsNorm(c.rows, c.hidden, collapsed.data(), nullptr, norm_weight.data(), norm_eps,
+                   nullptr, out_bf16.data());
 
-    DeviceArray<float> ds(streams), dfn(fn), db(base), dsc(scale), dpost(post.size()),
-        dcomb(comb.size()), dcol(collapsed.size());
+    DeviceArray<float> ds(streams), dfn(fn), db(base), dsc(scale), dw(norm_weight),
+        dpost(post.size()), dcomb(comb.size()), dcol(collapsed.size()), dnormed(out_normed.size());
+    DeviceArray<uint16_t> dbf16(out_bf16.size());
     dpost.Poison();
     dcomb.Poison();
     dcol.Poison();
+    dnormed.Poison();
+    dbf16.Poison();
     HcMixArgs d = a;
     d.mixes = nullptr;
     d.fn = dfn.get();
@@ -255,18 +291,108 @@ TEST(HyperConnectionKernelTest, MixFromStreamsMatchesCpuNormGemmAndMix) {
     d.streams = ds.get();
     d.post = dpost.get();
     d.comb = dcomb.get();
-    d.collapsed = dcol.get();
+    const bool with_collapsed = c.norm == Norm::kNone || c.norm == Norm::kWithCollapsed;
+    const bool with_normed = c.norm == Norm::kWithCollapsed || c.norm == Norm::kWithoutCollapsed;
+    const bool with_bf16 = c.norm == Norm::kWithCollapsed || c.norm == Norm::kBf16;
+    d.collapsed = with_collapsed ? dcol.get() : nullptr;
+    if (c.norm != Norm::kNone) {
+      d.out_norm_weight = dw.get();
+      d.out_norm_eps = norm_eps;
+      d.normed = with_normed ? dnormed.get() : nullptr;
+      d.normed_bf16 = with_bf16 ? dbf16.get() : nullptr;
+    }
     ASSERT_TRUE(kernels::HcMixFromStreamsSupported(d));
     DeviceArray<float> workspace(kernels::HcMixFromStreamsWorkspaceFloats(c.rows, hc, c.hidden));
     DEEPINFER_CUDA_OK(kernels::HcMixFromStreamsF32(d, workspace.get(), nullptr));
-    std::vector<float> got_post, got_comb, got_col;
+    std::vector<float> got_post, got_comb, got_col, got_normed;
     DEEPINFER_CUDA_OK(dpost.Download(&got_post));
     DEEPINFER_CUDA_OK(dcomb.Download(&got_comb));
-    DEEPINFER_CUDA_OK(dcol.Download(&got_col));
     EXPECT_TRUE(AllClose(got_post, post, 1e-5, 1e-5)) << "post";
     EXPECT_TRUE(AllClose(got_comb, comb, 1e-5, 1e-4)) << "comb";
-    EXPECT_TRUE(AllClose(got_col, collapsed, 1e-5, 1e-4)) << "collapsed";
+    if (with_collapsed) {
+      DEEPINFER_CUDA_OK(dcol.Download(&got_col));
+      EXPECT_TRUE(AllClose(got_col, collapsed, 1e-5, 1e-4)) << "collapsed";
+    }
+    if (c.norm == Norm::kNone) continue;
+    std::vector<uint16_t> got_bf16;
+    if (with_normed) {
+      DEEPINFER_CUDA_OK(dnormed.Download(&got_normed));
+      EXPECT_TRUE(AllClose(got_normed, out_normed, 1e-4, 1e-4)) << "normed";
+    }
+    if (with_bf16) {
+      DEEPINFER_CUDA_OK(dbf16.Download(&got_bf16));
+      EXPECT_TRUE(AllClose(Bf16ToFloats(got_bf16), Bf16ToFloats(out_bf16), 1e-3, 1e-2))
+          << "normed_bf16";
+    }
+    // The same norm by RmsNormF32 / AddRmsNormF32 on the kernel's collapsed rows (written by a
+    // run with them).
+    HcMixArgs e = d;
+    e.collapsed = dcol.get();
+    e.normed = nullptr;
+    e.normed_bf16 = nullptr;
+    DEEPINFER_CUDA_OK(kernels::HcMixFromStreamsF32(e, workspace.get(), nullptr));
+    if (with_normed) {
+      DeviceArray<float> renormed(out_normed.size());
+      DEEPINFER_CUDA_OK(kernels::RmsNormF32(c.rows, c.hidden, dcol.get(), c.hidden, dw.get(),
+                                            norm_eps, renormed.get(), c.hidden, nullptr));
+      std::vector<float> want_normed;
+      DEEPINFER_CUDA_OK(renormed.Download(&want_normed));
+      EXPECT_TRUE(AllClose(got_normed, want_normed, 0, 0)) << "normed against RmsNormF32";
+    }
+    if (with_bf16) {
+      DeviceArray<uint16_t> renormed(out_bf16.size());
+      DEEPINFER_CUDA_OK(kernels::AddRmsNormF32(c.rows, c.hidden, dcol.get(), nullptr, dw.get(),
+                                               norm_eps, nullptr, renormed.get(), nullptr));
+      std::vector<uint16_t> want_bf16;
+      DEEPINFER_CUDA_OK(renormed.Download(&want_bf16));
+      ASSERT_EQ(got_bf16.size(), want_bf16.size());
+      size_t differ = 0;
+      for (size_t i = 0; i < got_bf16.size(); ++i) differ += got_bf16[i] != want_bf16[i];
+      EXPECT_EQ(differ, 0u) << "normed_bf16 against AddRmsNormF32";
+    }
   }
+}
+
+// A row's outputs do not depend on the batch around it: the first rows of a 2100-row call (the
+// prefill kernels: 4 rows a warp in the partials, the weights kernel) are bit for bit those rows
+// alone (the decode kernels: 2 rows a warp, the weights in the row block), as the row's sums run
+// in the same order in both.
+TEST(HyperConnectionKernelTest, MixFromStreamsRowsDoNotDependOnTheBatch) {
+  DEEPINFER_SKIP_WITHOUT_GPU();
+  const uint32_t seed = testing::FreshSeed();
+  SCOPED_TRACE(::testing::Message() << "seed " << seed);
+  constexpr int64_t hc = 4, hidden = 4096, M = (2 + hc) * hc, S = hc * hidden;
+  constexpr int64_t kMany = 2100, kFew = 5;
+  const auto streams = RandomFloats(kMany * S, seed, 2.0f);
+  DeviceArray<float> ds(streams), dfn(RandomFloats(M * S, seed + 1, 0.02f)),
+      db(RandomFloats(M, seed + 2)), dsc(RandomFloats(3, seed + 3, 0.5f)),
+      dw(RandomFloats(hidden, seed + 4));
+  auto run = [&](int64_t rows, std::vector<float>* post, std::vector<float>* comb,
+                 std::vector<float>* collapsed, std::vector<uint16_t>* normed) {
+    DeviceArray<float> dpost(rows * hc), dcomb(rows * hc * hc), dcol(rows * hidden);
+    DeviceArray<uint16_t> dnormed(rows * hidden);
+    HcMixArgs a;
+    a.rows = rows, a.hc = hc, a.hidden = hidden;
+    a.base = db.get(), a.scale = dsc.get(), a.sinkhorn_iters = 20, a.eps = 1e-6f;
+    a.streams = ds.get(), a.fn = dfn.get(), a.norm_eps = 1e-6f;
+    a.post = dpost.get(), a.comb = dcomb.get(), a.collapsed = dcol.get();
+    a.out_norm_weight = dw.get(), a.out_norm_eps = 1e-6f, a.normed_bf16 = dnormed.get();
+    DeviceArray<float> workspace(kernels::HcMixFromStreamsWorkspaceFloats(rows, hc, hidden));
+    DEEPINFER_CUDA_OK(kernels::HcMixFromStreamsF32(a, workspace.get(), nullptr));
+    DEEPINFER_CUDA_OK(dpost.Download(post));
+    DEEPINFER_CUDA_OK(dcomb.Download(comb));
+    DEEPINFER_CUDA_OK(dcol.Download(collapsed));
+    DEEPINFER_CUDA_OK(dnormed.Download(normed));
+  };
+  std::vector<float> post[2], comb[2], collapsed[2];
+  std::vector<uint16_t> normed[2];
+  run(kMany, &post[0], &comb[0], &collapsed[0], &normed[0]);
+  run(kFew, &post[1], &comb[1], &collapsed[1], &normed[1]);
+  auto first = [](const auto& v, int64_t n) { return std::vector(v.begin(), v.begin() + n); };
+  EXPECT_TRUE(first(post[0], kFew * hc) == post[1]) << "post";
+  EXPECT_TRUE(first(comb[0], kFew * hc * hc) == comb[1]) << "comb";
+  EXPECT_TRUE(first(collapsed[0], kFew * hidden) == collapsed[1]) << "collapsed";
+  EXPECT_TRUE(first(normed[0], kFew * hidden) == normed[1]) << "normed_bf16";
 }
 
 TEST(HyperConnectionKernelTest, MixFromStreamsRefusesWhatItDoesNotTake) {
@@ -286,6 +412,27 @@ TEST(HyperConnectionKernelTest, MixFromStreamsRefusesWhatItDoesNotTake) {
   EXPECT_FALSE(kernels::HcMixFromStreamsSupported(b));
   b = a;
   b.fn = nullptr;
+  EXPECT_FALSE(kernels::HcMixFromStreamsSupported(b));
+  b = a;
+  b.hidden = 8192 + 32;
+  EXPECT_FALSE(kernels::HcMixFromStreamsSupported(b));
+  b = a;
+  b.normed = reinterpret_cast<float*>(uintptr_t{1024});
+  EXPECT_FALSE(kernels::HcMixFromStreamsSupported(b));  // no norm weight
+  b.out_norm_weight = reinterpret_cast<const float*>(uintptr_t{2048});
+  EXPECT_TRUE(kernels::HcMixFromStreamsSupported(b));
+  b.normed = reinterpret_cast<float*>(uintptr_t{1028});
+  EXPECT_FALSE(kernels::HcMixFromStreamsSupported(b));
+  b.normed = nullptr;
+  b.normed_bf16 = reinterpret_cast<uint16_t*>(uintptr_t{1032});
+  EXPECT_TRUE(kernels::HcMixFromStreamsSupported(b));
+  b.normed_bf16 = reinterpret_cast<uint16_t*>(uintptr_t{1036});
+  EXPECT_FALSE(kernels::HcMixFromStreamsSupported(b));
+  b.out_norm_weight = nullptr;
+  b.normed_bf16 = reinterpret_cast<uint16_t*>(uintptr_t{1032});
+  EXPECT_FALSE(kernels::HcMixFromStreamsSupported(b));  // no norm weight
+  b = a;
+  b.collapsed = reinterpret_cast<float*>(uintptr_t{1028});
   EXPECT_FALSE(kernels::HcMixFromStreamsSupported(b));
   b = a;
   b.streams = reinterpret_cast<const float*>(uintptr_t{260});

@@ -10,6 +10,10 @@
 // and thread c adds its candidate's terms in head order, so the sum is CpuV4Ops's sum, term for
 // term (IndexerScoreOrder). Candidates at or past the token's visible count are not scored.
 //
+// Tensor-core scores (ScoreTcBody, IndexerScoreOrder::kTensorCoreBf16): see ScoreTcBody.
+// Tokens whose visible candidates number at most topk are not scored by either kernel: the top-k
+// takes all of them without reading a score.
+//
 // Top-k (TopkBody): a block of 512 threads per token over its scores in the workspace. Scores map
 // to order-preserving 32-bit keys (NaN above +inf, -0 as +0); four passes of a 256-bin histogram
 // over one byte of the keys (most significant first, among the keys matching the bytes chosen so
@@ -18,12 +22,15 @@
 // the pair (key above T, key equal to T) per chunk of 512 gives each chosen candidate its place,
 // so the output is ascending without a sort, and of the keys equal to T the lowest indices are
 // taken.
+#include <cuda_bf16.h>
 #include <math.h>
 
 #include <algorithm>
 #include <cstdint>
 #include <limits>
 
+#include "kernels/attention/mma_sm80.cuh"
+#include "kernels/common/kernel_facts.h"
 #include "kernels/common/launch.cuh"
 #include "kernels/v4/indexer_topk.h"
 
@@ -44,6 +51,11 @@ static_assert(kCands <= kScoreThreads, "a thread per candidate sums the terms");
 __device__ __forceinline__ int64_t VisibleCount(const IndexerTopKParams& p, int64_t t) {
   const int64_t v = min(p.visible[t], p.candidates[t]);
   return max(int64_t{0}, min(v, p.max_candidates));
+}
+
+// Whether a token with v visible candidates needs its scores: not when the top-k takes them all.
+__device__ __forceinline__ bool NeedsScores(const IndexerTopKParams& p, int64_t v) {
+  return v > p.topk;
 }
 
 __device__ __forceinline__ float* Scores(const IndexerTopKParams& p, int64_t t) {
@@ -70,7 +82,7 @@ __device__ void ScoreBody(IndexerTopKParams p) {
   __shared__ int64_t row_start[kCands];
   const int64_t t = blockIdx.x, c0 = static_cast<int64_t>(blockIdx.y) * kCands;
   const int64_t v = VisibleCount(p, t);
-  if (c0 >= v) return;
+  if (c0 >= v || !NeedsScores(p, v)) return;
   const int64_t H = p.heads, D = p.dim;
   const int tid = threadIdx.x, hy = tid / 32, cx = tid % 32;
   const V4PagedRows& ks = p.keys;
@@ -154,6 +166,114 @@ __device__ void ScoreBody(IndexerTopKParams p) {
     __syncthreads();
     if (tid < kCands) {
       const int64_t nh = min(int64_t{kHeadChunk}, H - h0);
+      for (int64_t hl = 0; hl < nh; ++hl) score = __fadd_rn(score, smem.terms[hl][tid]);
+    }
+  }
+  if (tid < ncand) Scores(p, t)[c0 + tid] = score;
+}
+
+// Tensor-core scores (kTensorCoreBf16): a block of 8 warps per (token, 128 candidates). Per
+// chunk of 64 heads and 64 dims, the heads' query rows and the candidates' key rows go to shared
+// memory rounded to bf16 (zero past the heads, the dim and the candidates); warp w computes the
+// dot products of heads 16 (w % 4) .. + 15 with candidates 64 (w / 4) .. + 63 (mma.sync m16n8k16,
+// Q as A, the key rows as B, fp32 accumulators over the dims). The heads' terms then go through
+// shared memory and thread c adds its candidate's in head order, as ScoreBody does.
+constexpr int kTcCands = 128;
+constexpr int kTcHeads = 64;
+constexpr int kTcDim = 64;                  // dims per shared-memory tile
+constexpr int kTcLd = kTcDim + 8;           // bf16 row stride: ldmatrix's 8 rows in distinct banks
+constexpr int kTcWarpCands = kTcCands / 2;  // candidates per warp
+constexpr int kTcTiles = kTcWarpCands / 8;  // n-tiles per warp
+static_assert(kTcCands <= kScoreThreads, "a thread per candidate sums the terms");
+static_assert(kScoreThreads == 32 * (kTcHeads / 16) * 2, "4 head groups x 2 candidate halves");
+
+__device__ void ScoreTcBody(IndexerTopKParams p) {
+  __shared__ __align__(16) union {
+    struct {
+      __nv_bfloat16 q[kTcHeads][kTcLd];
+      __nv_bfloat16 k[kTcCands][kTcLd];
+    } tile;
+    float terms[kTcHeads][kTcCands + 1];
+  } smem;
+  __shared__ int64_t row_start[kTcCands];
+  const int64_t t = blockIdx.x, c0 = static_cast<int64_t>(blockIdx.y) * kTcCands;
+  const int64_t v = VisibleCount(p, t);
+  if (c0 >= v || !NeedsScores(p, v)) return;
+  const int64_t H = p.heads, D = p.dim;
+  const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
+  const int hw = warp % 4, cw = warp / 4, g = lane / 4, tq = lane % 4;
+  const V4PagedRows& ks = p.keys;
+  const int32_t* table = ks.block_tables + int64_t{ks.token_seq[t]} * ks.table_stride;
+  const int64_t P = ks.block_floats;
+  const bool whole = P % D == 0;
+  const int64_t ncand = min(int64_t{kTcCands}, v - c0);
+  for (int i = tid; i < kTcCands; i += kScoreThreads) {
+    const int64_t e = (c0 + i) * D;
+    row_start[i] = whole && i < ncand ? int64_t{table[e / P]} * P + e % P : -1;
+  }
+  auto key = [&](int cl, int64_t d) {
+    if (whole) return ks.data[row_start[cl] + d];
+    const int64_t e = (c0 + cl) * D + d;
+    return ks.data[int64_t{table[e / P]} * P + e % P];
+  };
+  // This lane's ldmatrix rows (see kernels/v4/sink_attention_mma.cuh: the same fragments).
+  const int q_row = hw * 16 + (lane & 15), q_col = (lane >> 4) * 8;
+  const int k_row = cw * kTcWarpCands + (lane & 7) + (lane >> 4) * 8, k_col = ((lane >> 3) & 1) * 8;
+  float score = 0.0f;  // candidate c0 + tid's, for tid < kTcCands
+
+#pragma unroll 1
+  for (int64_t h0 = 0; h0 < H; h0 += kTcHeads) {
+    float acc[kTcTiles][4] = {};
+#pragma unroll 1
+    for (int64_t d0 = 0; d0 < D; d0 += kTcDim) {
+      __syncthreads();  // the previous tile (or terms) is no longer read
+#pragma unroll 4
+      for (int i = 0; i < kTcHeads * kTcDim / kScoreThreads; ++i) {
+        const int idx = tid + i * kScoreThreads, hl = idx / kTcDim, dd = idx % kTcDim;
+        const int64_t h = h0 + hl, d = d0 + dd;
+        smem.tile.q[hl][dd] = __float2bfloat16_rn(h < H && d < D ? p.q[(t * H + h) * D + d] : 0.0f);
+      }
+#pragma unroll 4
+      for (int i = 0; i < kTcCands * kTcDim / kScoreThreads; ++i) {
+        const int idx = tid + i * kScoreThreads, cl = idx / kTcDim, dd = idx % kTcDim;
+        const int64_t d = d0 + dd;
+        smem.tile.k[cl][dd] = __float2bfloat16_rn(cl < ncand && d < D ? key(cl, d) : 0.0f);
+      }
+      __syncthreads();
+#pragma unroll
+      for (int kk = 0; kk < kTcDim / 16; ++kk) {
+        uint32_t a[4];
+        sm80::LdMatrixX4<false>(a, &smem.tile.q[q_row][kk * 16 + q_col]);
+#pragma unroll
+        for (int np = 0; np < kTcTiles / 2; ++np) {
+          uint32_t b[4];
+          sm80::LdMatrixX4<false>(b, &smem.tile.k[k_row + np * 16][kk * 16 + k_col]);
+          sm80::MmaBf16(acc[2 * np], a, b[0], b[1]);
+          sm80::MmaBf16(acc[2 * np + 1], a, b[2], b[3]);
+        }
+      }
+    }
+    __syncthreads();  // the tiles are no longer read: terms reuses their space
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      const int hl = hw * 16 + g + 8 * r;
+      const int64_t h = h0 + hl;
+      if (h >= H) continue;
+      const float w = __fmul_rn(p.weights[t * H + h], p.weight_scale);
+#pragma unroll
+      for (int nt = 0; nt < kTcTiles; ++nt) {
+#pragma unroll
+        for (int c = 0; c < 2; ++c) {
+          const float dot = acc[nt][2 * r + c];
+          const float relu = dot < 0.0f ? 0.0f : dot;
+          smem.terms[hl][cw * kTcWarpCands + nt * 8 + 2 * tq + c] =
+              __fmul_rn(__fmul_rn(relu, p.key_scale), w);
+        }
+      }
+    }
+    __syncthreads();
+    if (tid < kTcCands) {
+      const int64_t nh = min(int64_t{kTcHeads}, H - h0);
       for (int64_t hl = 0; hl < nh; ++hl) score = __fadd_rn(score, smem.terms[hl][tid]);
     }
   }
@@ -298,6 +418,13 @@ __device__ void TopkBody(IndexerTopKParams p) {
 
 }  // namespace indexer
 
+bool IndexerTopKTensorCoreRuns() {
+  const KernelFacts f = KernelFactsForCurrentDevice(
+      reinterpret_cast<const void*>(EntryKernel<indexer::ScoreTcBody, indexer::kScoreThreads>()),
+      0);
+  return f.error == cudaSuccess && f.ptx_version >= 80;
+}
+
 size_t IndexerTopKWorkspaceBytes(const IndexerTopKParams& p) {
   return static_cast<size_t>(std::max<int64_t>(p.tokens, 0)) *
          static_cast<size_t>(std::max<int64_t>(p.max_candidates, 0)) * sizeof(float);
@@ -316,7 +443,10 @@ cudaError_t IndexerTopKF32(const IndexerTopKParams& p, cudaStream_t stream) {
       p.candidates == nullptr || p.visible == nullptr || p.selected == nullptr) {
     return cudaErrorInvalidValue;
   }
-  const int64_t cand_blocks = (p.max_candidates + indexer::kCands - 1) / indexer::kCands;
+  const bool tc = p.order == IndexerScoreOrder::kTensorCoreBf16;
+  if (tc && !IndexerTopKTensorCoreRuns()) return cudaErrorInvalidValue;
+  const int64_t per_block = tc ? indexer::kTcCands : indexer::kCands;
+  const int64_t cand_blocks = (p.max_candidates + per_block - 1) / per_block;
   if (cand_blocks > 65535) return cudaErrorInvalidValue;
   if (p.max_candidates > 0 &&
       (p.workspace == nullptr || p.workspace_bytes < IndexerTopKWorkspaceBytes(p))) {
@@ -325,7 +455,9 @@ cudaError_t IndexerTopKF32(const IndexerTopKParams& p, cudaStream_t stream) {
   if (cand_blocks > 0) {
     const dim3 grid(static_cast<unsigned>(p.tokens), static_cast<unsigned>(cand_blocks));
     const cudaError_t e =
-        p.order == IndexerScoreOrder::kFma
+        tc ? LaunchAfterPrecedingGrids<indexer::ScoreTcBody, indexer::kScoreThreads>(grid, 0,
+                                                                                     stream, p)
+        : p.order == IndexerScoreOrder::kFma
             ? LaunchAfterPrecedingGrids<indexer::ScoreBody<true>, indexer::kScoreThreads>(grid, 0,
                                                                                           stream, p)
             : LaunchAfterPrecedingGrids<indexer::ScoreBody<false>, indexer::kScoreThreads>(

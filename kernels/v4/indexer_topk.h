@@ -3,10 +3,12 @@
 // top-k of them, the selection SinkAttentionF32 reads on CSA layers.
 // The GPU counterpart of V4Ops::IndexerTopK (worker/backend/v4_ops.h), fp32 in.
 //
-// Two launches: the scores (a block per (token, 128 candidates), fp32 on CUDA cores) into the
-// caller's workspace, then the top-k (a block per token: a 4-pass radix select over the scores'
-// order-preserving bits, then the chosen indices written in ascending order by one pass of
-// block-wide prefix sums). No allocation, no host synchronisation: graph-capturable.
+// Two launches: the scores (a block per (token, 128 candidates): fp32 on CUDA cores, or bf16
+// tensor cores with IndexerScoreOrder::kTensorCoreBf16) into the caller's workspace, then the
+// top-k (a block per token: a 4-pass radix select over the scores' order-preserving bits, then
+// the chosen indices written in ascending order by one pass of block-wide prefix sums). A token
+// whose visible candidates number at most topk is not scored (the top-k takes them all). No
+// allocation, no host synchronisation: graph-capturable.
 #ifndef DEEPINFER_KERNELS_V4_INDEXER_TOPK_H_
 #define DEEPINFER_KERNELS_V4_INDEXER_TOPK_H_
 
@@ -31,7 +33,16 @@ enum class IndexerScoreOrder : int32_t {
   // scores within fp32 rounding of the CPU's (a near-tie at the k-th score may then choose
   // differently).
   kFma = 1,
+  // q and the keys rounded to bf16 (nearest even), the dot products on tensor cores (fp32
+  // accumulation, sm_80+: IndexerTopKTensorCoreRuns), the heads' terms as kSequential: the
+  // scores of the bf16-rounded inputs within fp32 rounding (equal to kSequential's where every
+  // dot product is exact in fp32, e.g. inputs with few significant bits). Several times faster;
+  // the prefill path of bf16 models (the reference indexer rounds further, to FP8).
+  kTensorCoreBf16 = 2,
 };
+
+// Whether kTensorCoreBf16 runs on the current device (sm_80+ code).
+bool IndexerTopKTensorCoreRuns();
 
 // V4Ops::IndexerTopK's arguments (worker/backend/v4_ops.h: IndexerTopKArgs) and what the kernels
 // add. Query t's candidates are rows i < candidates[t] of its sequence's paged stream of keys
@@ -59,8 +70,8 @@ size_t IndexerTopKWorkspaceBytes(const IndexerTopKParams& params);
 
 // Enqueues the scores and the top-k on `stream`. cudaErrorInvalidValue for negative sizes;
 // heads, dim or topk < 1, a missing pointer, or a workspace smaller than
-// IndexerTopKWorkspaceBytes with tokens > 0; max_candidates outside [0, 2^31). tokens == 0
-// enqueues nothing.
+// IndexerTopKWorkspaceBytes with tokens > 0; max_candidates outside [0, 2^31); kTensorCoreBf16
+// where IndexerTopKTensorCoreRuns is false. tokens == 0 enqueues nothing.
 cudaError_t IndexerTopKF32(const IndexerTopKParams& params, cudaStream_t stream);
 
 }  // namespace kernels

@@ -5,7 +5,9 @@
 // than the top-k; 8192 candidates: a 32K context at ratio 4), a prefill chunk whose tokens share
 // one sequence's keys with growing visible counts (and candidates past the visible ones, as with
 // full-forward ties), the fixtures' small shape, head counts over one chunk of 64 and dims that
-// are not a multiple of 4; both score orders.
+// are not a multiple of 4; every score order (kTensorCoreBf16 against the CPU over the
+// bf16-rounded query and keys, and bit for bit kSequential's scores and selections on inputs
+// whose dot products are exact in any order).
 //
 // The selections must be the CPU's wherever the scores at the k-th place are apart: the k-th
 // and (k+1)-th largest scores (computed here in double) differ by more than the scores' rounding
@@ -19,6 +21,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <functional>
 #include <limits>
 #include <numeric>
@@ -29,6 +32,7 @@
 
 #include "gtest/gtest.h"
 #include "kernels/testing/gpu_test_util.h"
+#include "worker/backend/bf16.h"
 #include "worker/backend/cpu/cpu_v4_ops.h"
 #include "worker/backend/cpu/thread_pool.h"
 #include "worker/backend/v4_ops.h"
@@ -301,6 +305,44 @@ TEST_P(IndexerTopKKernelTest, MatchesCpuV4Ops) {
                               fma ? 1e-4 : 1e-6));
     }
   }
+  if (!kernels::IndexerTopKTensorCoreRuns()) return;
+  // kTensorCoreBf16 against the CPU over the query and keys rounded to bf16 (its operands: the
+  // scores then differ by the fp32 sums' order only, tolerance as kFma's).
+  Inputs in16 = in;
+  for (std::vector<float>* v : {&in16.q, &in16.keys}) {
+    for (float& x : *v) x = RoundToBf16(x);
+  }
+  const std::vector<int32_t> want16 = CpuSelection(in16);
+  DeviceInputs dev16(in16);
+  ASSERT_TRUE(dev16.stream.ok() && dev16.workspace.ok());
+  {
+    SCOPED_TRACE("kTensorCoreBf16");
+    const std::vector<int32_t> got = RunGpu(&dev16, IndexerScoreOrder::kTensorCoreBf16);
+    ASSERT_EQ(got.size(), want16.size());
+    for (int64_t t = 0; t < in.tokens; ++t) {
+      EXPECT_TRUE(
+          SelectionOk(in16, t, got.data() + t * in.topk, want16.data() + t * in.topk, 1e-4));
+    }
+  }
+  // On a query and keys of few significant bits (multiples of 1/8 up to 2: every dot product
+  // exact in fp32 whatever the order of its sums), kTensorCoreBf16's scores are kSequential's bit
+  // for bit, and so are its selections, ties included.
+  Inputs exact = in;
+  for (std::vector<float>* v : {&exact.q, &exact.keys}) {
+    for (float& x : *v) x = std::clamp(std::round(x * 4.0f), -16.0f, 16.0f) / 8.0f;
+  }
+  DeviceInputs dev_exact(exact);
+  ASSERT_TRUE(dev_exact.stream.ok() && dev_exact.workspace.ok());
+  std::vector<float> seq_scores, tc_scores;
+  const std::vector<int32_t> seq = RunGpu(&dev_exact, IndexerScoreOrder::kSequential);
+  ASSERT_EQ(dev_exact.workspace.Download(&seq_scores), cudaSuccess);
+  const std::vector<int32_t> tc = RunGpu(&dev_exact, IndexerScoreOrder::kTensorCoreBf16);
+  ASSERT_EQ(dev_exact.workspace.Download(&tc_scores), cudaSuccess);
+  EXPECT_EQ(tc, seq) << "exact inputs: kTensorCoreBf16's selection is not kSequential's";
+  ASSERT_EQ(tc_scores.size(), seq_scores.size());
+  EXPECT_EQ(0, std::memcmp(tc_scores.data(), seq_scores.data(), tc_scores.size() * sizeof(float)))
+      << "exact inputs: kTensorCoreBf16's scores are not kSequential's (unscored slots: both "
+         "poisoned)";
 }
 
 std::vector<Case> Cases() {
@@ -406,7 +448,11 @@ TEST(IndexerTopKTest, NanScoresAreChosenFirst) {
   in.keys[(in.key_begin[0] + 31) * in.dim + 3] = std::numeric_limits<float>::quiet_NaN();
   const std::vector<int32_t> want = CpuSelection(in);
   DeviceInputs dev(in);
-  for (IndexerScoreOrder order : {IndexerScoreOrder::kSequential, IndexerScoreOrder::kFma}) {
+  for (IndexerScoreOrder order : {IndexerScoreOrder::kSequential, IndexerScoreOrder::kFma,
+                                  IndexerScoreOrder::kTensorCoreBf16}) {
+    if (order == IndexerScoreOrder::kTensorCoreBf16 && !kernels::IndexerTopKTensorCoreRuns()) {
+      continue;
+    }
     const std::vector<int32_t> got = RunGpu(&dev, order);
     EXPECT_NE(std::find(got.begin(), got.end(), 31), got.end());
     EXPECT_NE(std::find(want.begin(), want.end(), 31), want.end());

@@ -217,11 +217,20 @@ bool Aligned(const void* ptr, size_t bytes) {
 bool ParamsOk(const SinkAttentionParams& p) {
   if (p.tokens < 0 || p.num_splits < 0 || p.num_splits > kMaxSinkAttentionSplits) return false;
   if (p.tokens == 0) return true;
-  if (p.heads < 1 || p.dim < 1 || p.q == nullptr || p.kv == nullptr || p.positions == nullptr ||
-      p.window_len == nullptr || p.step_start == nullptr || p.sinks == nullptr ||
-      p.out == nullptr) {
+  if (p.heads < 1 || p.dim < 1 || (p.q == nullptr && p.q_bf16 == nullptr) || p.kv == nullptr ||
+      p.positions == nullptr || p.window_len == nullptr || p.step_start == nullptr ||
+      p.sinks == nullptr || (p.out == nullptr && p.out_bf16 == nullptr)) {
     return false;
   }
+  // The output's rope slice (out_bf16 only): whole pairs within the dim.
+  if (p.out_bf16 != nullptr &&
+      (p.out_rope_dim < 0 || p.out_rope_dim > p.dim || p.out_rope_dim % 2 != 0 ||
+       (p.out_rope_dim > 0 &&
+        (p.out_rope_positions == nullptr || p.out_rope_inv_freq == nullptr)))) {
+    return false;
+  }
+  // out_bf16 is written by the tensor-core kernel itself: one split.
+  if (p.out_bf16 != nullptr && p.num_splits > 1) return false;
   // The ring (window positions before the step): a slot per token.
   if (p.ring != nullptr && (p.ring_rows < 1 || p.ring_stride < 0 || p.ring_slot == nullptr)) {
     return false;
@@ -279,6 +288,13 @@ int64_t HeadsPerBlock(SinkAttentionKernel k) {
 
 bool SinkAttentionKernelRuns(const SinkAttentionParams& p, SinkAttentionKernel kernel) {
   if (!ParamsOk(p)) return false;
+  // The bf16 forms are the bf16 tensor-core kernel's.
+  const bool bf16_io = p.q_bf16 != nullptr || p.out_bf16 != nullptr;
+  if (bf16_io && (kernel != SinkAttentionKernel::kTensorCoreBf16 ||
+                  (p.q_bf16 != nullptr && !Aligned(p.q_bf16, 16)) ||
+                  (p.out_bf16 != nullptr && !Aligned(p.out_bf16, 4)))) {
+    return false;
+  }
   switch (kernel) {
     case SinkAttentionKernel::kCudaCore: {
       if (p.dim > kMaxSinkAttentionDim) return false;
@@ -313,6 +329,11 @@ SinkAttentionKernel SinkAttentionKernelFor(const SinkAttentionParams& p) {
   if (p.kernel != SinkAttentionKernel::kAuto) {
     return SinkAttentionKernelRuns(p, p.kernel) ? p.kernel : SinkAttentionKernel::kAuto;
   }
+  if (p.q_bf16 != nullptr || p.out_bf16 != nullptr) {
+    return SinkAttentionKernelRuns(p, SinkAttentionKernel::kTensorCoreBf16)
+               ? SinkAttentionKernel::kTensorCoreBf16
+               : SinkAttentionKernel::kAuto;
+  }
   for (SinkAttentionKernel k :
        {SinkAttentionKernel::kTensorCoreExact, SinkAttentionKernel::kCudaCore}) {
     if (SinkAttentionKernelRuns(p, k)) return k;
@@ -320,10 +341,17 @@ SinkAttentionKernel SinkAttentionKernelFor(const SinkAttentionParams& p) {
   return SinkAttentionKernel::kAuto;
 }
 
+bool SinkAttentionTakesBf16Io(int64_t dim) {
+  if (dim != kSinkAttentionMmaDim) return false;
+  const size_t smem = MmaSmemBytes(/*exact=*/false);
+  const KernelFacts f = KernelFactsForCurrentDevice(MmaKernel(false), static_cast<int>(smem));
+  return f.error == cudaSuccess && f.ptx_version >= 80 && static_cast<size_t>(f.max_smem) >= smem;
+}
+
 cudaError_t SinkAttentionSplits(const SinkAttentionParams& p, int32_t* splits) {
   *splits = 1;
   if (!ParamsOk(p)) return cudaErrorInvalidValue;
-  if (p.num_splits > 0 || p.tokens == 0) {
+  if (p.num_splits > 0 || p.tokens == 0 || p.out_bf16 != nullptr) {
     *splits = std::max<int32_t>(p.num_splits, 1);
     return cudaSuccess;
   }

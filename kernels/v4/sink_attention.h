@@ -26,7 +26,8 @@ namespace kernels {
 
 // Which kernel SinkAttentionF32 runs.
 enum class SinkAttentionKernel : int32_t {
-  // kTensorCoreExact where it runs (SinkAttentionKernelRuns), else kCudaCore.
+  // kTensorCoreExact where it runs (SinkAttentionKernelRuns), else kCudaCore; with q_bf16 or
+  // out_bf16, kTensorCoreBf16.
   kAuto = 0,
   // fp32 FMA on CUDA cores, 16 heads per block; any dim up to kMaxSinkAttentionDim.
   kCudaCore = 1,
@@ -37,7 +38,8 @@ enum class SinkAttentionKernel : int32_t {
   // at most about 3 * 2^-16 per product instead of bf16's 2^-7, fp32-grade results.
   kTensorCoreExact = 2,
   // The same shapes with Q, K = V and P rounded to bf16 (one MMA per product; each operand
-  // carries bf16's rounding, up to 2^-8 relative): the fast kernel for bf16 models.
+  // carries bf16's rounding, up to 2^-8 relative): the fast kernel for bf16 models. The only
+  // kernel that takes q_bf16 and out_bf16 (SinkAttentionTakesBf16Io).
   kTensorCoreBf16 = 3,
 };
 
@@ -56,6 +58,9 @@ constexpr int32_t kMaxSinkAttentionSplits = 32;
 // first negative entry or selected_stride entries, IndexerTopKF32's output; extra_len is then
 // not read), all read where they lie. With S = scale * q[t, h] · k over those rows:
 //   out[t, h] = sum_k softmax([S] ++ [sinks[h]])_k * k   (the sink's probability is dropped).
+// With q_bf16 the bf16 kernel reads the query as given (the bits it would round q to); with
+// out_bf16 its epilogue rotates out's rope slice back and writes bf16 (SinkAttentionArgs), so
+// a prefill's query and output each cross memory once, in bf16.
 // All pointers are device memory; every row read must lie in its buffer (not checked on the
 // device). A token with no rows gets out = 0.
 struct SinkAttentionParams : SinkAttentionArgs {
@@ -68,6 +73,12 @@ struct SinkAttentionParams : SinkAttentionArgs {
   size_t workspace_bytes = 0;
   SinkAttentionKernel kernel = SinkAttentionKernel::kAuto;
 };
+
+// Whether the bf16 tensor-core kernel takes q_bf16 and out_bf16 for queries of this dim on the
+// current device (dim 512, sm_80+): params with them run on kTensorCoreBf16 (16-byte aligned
+// q_bf16, 4-byte aligned out_bf16) and one split (num_splits 0 or 1); kAuto picks that kernel
+// for them.
+bool SinkAttentionTakesBf16Io(int64_t dim);
 
 // Whether `kernel` (not kAuto) runs these params on the current device: the shape and pointer
 // alignment it needs and the device's support (sm_80+ and its shared memory for the tensor-core

@@ -9,14 +9,17 @@
 //   hca      window 128 + the 8 entries of a 1024 context at ratio 128 (each spread over 8
 //            blocks of 64 floats);
 //   window   window 128 only (the sliding-window layers).
-// Per case and kernel (tensor-core exact, tensor-core bf16, CUDA cores; the automatic split
-// count): the mean per call of 10 calls captured in one CUDA graph and replayed 5 times (as the
-// decode step runs it), the eager median of 20, and the bytes each call must read and write
-// (the rows, Q, the output) per second in the graph, against the H200's 4.8 TB/s.
-// `splits`: also every forced split count of 1, 2, 4, 8 and 16.
+// 4096 requests time a prefill-sized call. Per case and kernel (tensor-core exact, tensor-core
+// bf16, CUDA cores; the automatic split count; and tensor_core_bf16_io: the bf16 kernel reading a
+// bf16 query and writing a bf16 output with its rope slice rotated back, one split, as a bf16
+// model's prefill runs it; its bytes counted as the fp32 variants'): the mean per call of 10 calls
+// captured in one CUDA graph and replayed 5 times (as the decode step runs it), the eager median of
+// 20, and the bytes each call must read and write (the rows, Q, the output) per second in the
+// graph, against the H200's 4.8 TB/s. `splits`: also every forced split count of 1, 2, 4, 8 and 16.
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
@@ -38,7 +41,7 @@ using bench::Uniform;
 using bench::Upload;
 using kernels::SinkAttentionKernel;
 
-constexpr int64_t kHeads = 64, kDim = 512, kWindow = 128;
+constexpr int64_t kHeads = 64, kDim = 512, kWindow = 128, kRopeDim = 64;
 constexpr double kPeakGBs = 4800.0;  // H200 HBM3e
 
 const char* KernelName(SinkAttentionKernel k) {
@@ -114,6 +117,27 @@ void Run(int64_t batch, const Layer& layer, bool sweep_splits, cudaStream_t stre
       p.extra_len = Upload(extra_len);
     }
   }
+  // The bf16 forms (the prefill path): the query rounded, a bf16 output with its rope slice
+  // rotated back at the negated positions.
+  std::vector<uint16_t> q16(batch * kHeads * kDim);
+  {
+    const std::vector<float> q = Uniform(batch * kHeads * kDim, 1);
+    for (size_t i = 0; i < q.size(); ++i) {
+      uint32_t u;
+      std::memcpy(&u, &q[i], sizeof(u));
+      q16[i] = static_cast<uint16_t>((u + 0x7FFFu + ((u >> 16) & 1u)) >> 16);
+    }
+  }
+  std::vector<int32_t> neg_positions(positions);
+  for (int32_t& x : neg_positions) x = -x;
+  std::vector<float> inv_freq(kRopeDim / 2);
+  for (int64_t j = 0; j < kRopeDim / 2; ++j) {
+    inv_freq[j] = static_cast<float>(std::pow(160000.0, -2.0 * j / kRopeDim));
+  }
+  const uint16_t* q_bf16 = Upload(q16);
+  uint16_t* out_bf16 = bench::DeviceAlloc<uint16_t>(batch * kHeads * kDim * sizeof(uint16_t));
+  const int32_t* out_rope_positions = Upload(neg_positions);
+  const float* out_rope_inv_freq = Upload(inv_freq);
   p.sinks = Upload(Uniform(kHeads, 3));
   p.scale = 1.0f / std::sqrt(static_cast<float>(kDim));
   p.out = bench::DeviceAlloc<float>(batch * kHeads * kDim * sizeof(float));
@@ -130,17 +154,33 @@ void Run(int64_t batch, const Layer& layer, bool sweep_splits, cudaStream_t stre
   char name[64];
   std::snprintf(name, sizeof(name), "%s b%lld rows%lld", layer.name, static_cast<long long>(batch),
                 static_cast<long long>(attended));
-  for (SinkAttentionKernel k :
-       {SinkAttentionKernel::kTensorCoreExact, SinkAttentionKernel::kTensorCoreBf16,
-        SinkAttentionKernel::kCudaCore}) {
+  // The kernels, then the bf16 kernel with the bf16 query and output (one split).
+  for (int variant = 0; variant < 4; ++variant) {
+    const bool bf16_io = variant == 3;
+    const SinkAttentionKernel k =
+        bf16_io ? SinkAttentionKernel::kTensorCoreBf16
+                : std::array<SinkAttentionKernel, 3>{SinkAttentionKernel::kTensorCoreExact,
+                                                     SinkAttentionKernel::kTensorCoreBf16,
+                                                     SinkAttentionKernel::kCudaCore}[variant];
+    const char* kname = bf16_io ? "tensor_core_bf16_io" : KernelName(k);
     kernels::SinkAttentionParams kp = p;
     kp.kernel = k;
+    if (bf16_io) {
+      kp.q = nullptr;
+      kp.q_bf16 = q_bf16;
+      kp.out = nullptr;
+      kp.out_bf16 = out_bf16;
+      kp.out_rope_dim = kRopeDim;
+      kp.out_rope_positions = out_rope_positions;
+      kp.out_rope_inv_freq = out_rope_inv_freq;
+      kp.out_rope_factor = 1.0f;
+    }
     if (!kernels::SinkAttentionKernelRuns(kp, k)) {
-      std::printf("%-26s %-18s does not run on this device\n", name, KernelName(k));
+      std::printf("%-26s %-19s does not run on this device\n", name, kname);
       continue;
     }
     std::vector<int32_t> split_counts = {0};
-    if (sweep_splits) split_counts.insert(split_counts.end(), {1, 2, 4, 8, 16});
+    if (sweep_splits && !bf16_io) split_counts.insert(split_counts.end(), {1, 2, 4, 8, 16});
     for (int32_t splits : split_counts) {
       kp.num_splits = splits;
       int32_t used = 0;
@@ -150,10 +190,10 @@ void Run(int64_t batch, const Layer& layer, bool sweep_splits, cudaStream_t stre
       const double eager_ms = MedianMs([&] { return kernels::SinkAttentionF32(kp, nullptr); });
       const double gbs = bytes / (graph_ms * 1e-3) / 1e9;
       std::printf(
-          "%-26s %-18s splits %2d%s graph %8.2f us  eager %8.2f us  %7.1f GB/s  %5.1f%% of "
+          "%-26s %-19s splits %2d%s graph %8.2f us  eager %8.2f us  %7.1f GB/s  %5.1f%% of "
           "%.1f TB/s\n",
-          name, KernelName(k), used, splits == 0 ? " (auto)" : "       ", graph_ms * 1e3,
-          eager_ms * 1e3, gbs, 100.0 * gbs / kPeakGBs, kPeakGBs / 1000.0);
+          name, kname, used, splits == 0 ? " (auto)" : "       ", graph_ms * 1e3, eager_ms * 1e3,
+          gbs, 100.0 * gbs / kPeakGBs, kPeakGBs / 1000.0);
     }
   }
 }
@@ -174,7 +214,7 @@ int main(int argc, char** argv) {
       {"window", 0, 0, false, 0},
   };
   for (const deepinfer::Layer& layer : layers) {
-    for (int64_t batch : {1, 64, 128}) deepinfer::Run(batch, layer, sweep, stream);
+    for (int64_t batch : {1, 64, 128, 4096}) deepinfer::Run(batch, layer, sweep, stream);
   }
   return 0;
 }

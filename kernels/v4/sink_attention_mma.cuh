@@ -18,7 +18,9 @@
 //          the output columns, P from the score registers (FlashAttention-2's register reuse),
 //          V = the same key rows read transposed (ldmatrix.trans).
 // The exact kernel takes every product as hi·hi + hi·lo + lo·hi (three MMAs); the bf16 kernel
-// as hi·hi.
+// as hi·hi. The bf16 kernel reads q_bf16 as it is where given (the values LoadQuery would
+// round), and with out_bf16 its epilogue rotates the output's rope slice back (rope_pair.cuh,
+// ApplyRopeF32's arithmetic on the fp32 output values) and writes the values rounded to bf16.
 #ifndef DEEPINFER_KERNELS_V4_SINK_ATTENTION_MMA_CUH_
 #define DEEPINFER_KERNELS_V4_SINK_ATTENTION_MMA_CUH_
 
@@ -28,6 +30,7 @@
 #include <cstdint>
 
 #include "kernels/attention/mma_sm80.cuh"
+#include "kernels/rope/rope_pair.cuh"
 #include "kernels/v4/sink_attention.h"
 #include "kernels/v4/sink_attention_rows.cuh"
 
@@ -87,6 +90,33 @@ __device__ __forceinline__ void StoreFour(float4 v, __nv_bfloat16* dst_hi, __nv_
     hi.y = Bf16x2Bits(__floats2bfloat162_rn(v.z, v.w));
   }
   *reinterpret_cast<uint2*>(dst_hi) = hi;
+}
+
+// Q of heads h0 .. h0 + 63 of token t from q_bf16 (zero past the last head) into qh,
+// [64][kMmaLd]: the bf16 kernel's operand as given.
+__device__ __forceinline__ void LoadQueryBf16(const SinkAttentionParams& p, int64_t t, int64_t h0,
+                                              __nv_bfloat16* qh) {
+  constexpr int kU4 = kMmaDim / 8;  // 16-byte pieces per head
+  constexpr int kLoads = kMmaHeads * kU4 / kMmaThreads;
+  constexpr int kBatch = 8;  // loads in flight per thread
+  static_assert(kLoads % kBatch == 0, "whole batches");
+#pragma unroll 1
+  for (int b = 0; b < kLoads; b += kBatch) {
+    uint4 v[kBatch];
+#pragma unroll
+    for (int i = 0; i < kBatch; ++i) {
+      const int e = threadIdx.x + (b + i) * kMmaThreads, hl = e / kU4, f = e % kU4;
+      const int64_t h = h0 + hl;
+      v[i] = h < p.heads
+                 ? *reinterpret_cast<const uint4*>(p.q_bf16 + (t * p.heads + h) * kMmaDim + 8 * f)
+                 : make_uint4(0u, 0u, 0u, 0u);
+    }
+#pragma unroll
+    for (int i = 0; i < kBatch; ++i) {
+      const int e = threadIdx.x + (b + i) * kMmaThreads, hl = e / kU4, f = e % kU4;
+      *reinterpret_cast<uint4*>(qh + hl * kMmaLd + 8 * f) = v[i];
+    }
+  }
 }
 
 // Q of heads h0 .. h0 + 63 of token t (zero past the last head) into qh (and ql), [64][kMmaLd].
@@ -210,6 +240,32 @@ __device__ __forceinline__ void PartialScores(const __nv_bfloat16* qh, const __n
   }
 }
 
+// out_bf16's columns col + nt * 8, + 1 (nt < kMmaOutTiles) of (token t, head) th from the
+// accumulator rows o[nt][2 r], o[nt][2 r + 1]: each value o * inv as the fp32 output has it, a
+// pair in the rope slice rotated with ApplyRopeF32's arithmetic (the pair is this thread's two
+// columns: col is even), then rounded to bf16 as RoundF32ToBf16 rounds it.
+__device__ __forceinline__ void StoreOutBf16(const SinkAttentionParams& p, int64_t t, int64_t th,
+                                             int col, const float (&o)[kMmaOutTiles][4], int r,
+                                             float inv) {
+  const int rope_begin = kMmaDim - static_cast<int>(p.out_rope_dim);
+  const float pos = p.out_rope_dim > 0 ? static_cast<float>(p.out_rope_positions[t]) : 0.0f;
+  uint32_t* dst = reinterpret_cast<uint32_t*>(p.out_bf16 + th * kMmaDim + col);
+#pragma unroll
+  for (int nt = 0; nt < kMmaOutTiles; ++nt) {
+    float y0 = o[nt][2 * r] * inv, y1 = o[nt][2 * r + 1] * inv;
+    const int c = col + nt * 8;
+    if (c >= rope_begin) {
+      float cs, sn;
+      rope::RopeCosSin(pos, p.out_rope_inv_freq[(c - rope_begin) / 2], p.out_rope_factor, &cs, &sn);
+      const float r0 = rope::RotatedFirst(y0, y1, cs, sn);
+      const float r1 = rope::RotatedSecond(y0, y1, cs, sn);
+      y0 = r0;
+      y1 = r1;
+    }
+    dst[nt * 4] = sm80::PackBf16(y0, y1);
+  }
+}
+
 // Waits for the other warp of the pair (named barrier 1 + pair; 0 is __syncthreads').
 __device__ __forceinline__ void PairBarrier(int pair) {
   asm volatile("bar.sync %0, 64;\n" ::"r"(pair + 1) : "memory");
@@ -234,7 +290,11 @@ __device__ void MmaBody(SinkAttentionParams p, int32_t num_splits) {
   int32_t begin, end;
   SplitRows<kRows>(rows.count, split, num_splits, &begin, &end);
   if (begin < end) IssueTile<kExact>(p, rows, begin, end, stage);
-  LoadQuery<kExact>(p, t, h0, qh, ql);
+  if (!kExact && p.q_bf16 != nullptr) {
+    LoadQueryBf16(p, t, h0, qh);
+  } else {
+    LoadQuery<kExact>(p, t, h0, qh, ql);
+  }
 
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int pair = warp / 2, half = warp % 2;
@@ -349,7 +409,10 @@ __device__ void MmaBody(SinkAttentionParams p, int32_t num_splits) {
     if (head[r] >= p.heads) continue;
     const int64_t th = t * p.heads + head[r];
     const int col = half * kMmaHalf + 2 * tq;
-    if (num_splits == 1) {
+    if (!kExact && p.out_bf16 != nullptr) {  // one split (SinkAttentionF32 checks)
+      const float inv = l[r] > 0.0f ? 1.0f / l[r] : 0.0f;
+      StoreOutBf16(p, t, th, col, o, r, inv);
+    } else if (num_splits == 1) {
       const float inv = l[r] > 0.0f ? 1.0f / l[r] : 0.0f;
       float* dst = p.out + th * kMmaDim + col;
 #pragma unroll

@@ -10,8 +10,9 @@
 // head counts that do not fill a block, the fixtures' small shape (4 heads x 64), tokens with no
 // window, no entries or neither, sinks large (the sink takes almost all the weight) and small;
 // every kernel that runs the shape, each with one split, chosen splits and forced 3 and 32
-// splits. Ring rows, stream blocks and slots outside every list are NaN, so a kernel reading one
-// fails.
+// splits; at dim 512 the bf16 kernel with a bf16 query and a rotated bf16 output
+// (ExpectBf16QueryAndOutputMatch). Ring rows, stream blocks and slots outside every list are NaN,
+// so a kernel reading one fails.
 //
 // Tolerances are relative to each output's magnitude mag = sum_j p_j |v_j| (p: the softmax with
 // the sink, computed here in double): a score error d moves an output by at most 2 max|d| mag,
@@ -32,6 +33,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <limits>
 #include <numeric>
 #include <ostream>
@@ -40,8 +42,10 @@
 #include <vector>
 
 #include "gtest/gtest.h"
+#include "kernels/rope/rope.h"
 #include "kernels/testing/gpu_test_util.h"
 #include "worker/backend/bf16.h"
+#include "worker/backend/cpu/cpu_backend.h"
 #include "worker/backend/cpu/cpu_v4_ops.h"
 #include "worker/backend/cpu/thread_pool.h"
 #include "worker/backend/v4_ops.h"
@@ -339,6 +343,112 @@ const char* KernelName(SinkAttentionKernel k) {
   return "auto";
 }
 
+// The bf16 kernel with q_bf16 and out_bf16 (the prefill path of a bf16 model):
+//  * q_bf16 = q rounded: the fp32 output bit for bit the fp32 query's (any split count);
+//  * out_bf16 (one split; kAuto picks the bf16 kernel): bit for bit the fp32 output of one split
+//    rotated back by ApplyRopeF32 (negated positions, a YaRN factor) and rounded to nearest
+//    even, and against the CPU (want_bf16, rotated by CpuBackend::ApplyRope) within the bf16
+//    kernel's tolerance plus the output's rounding (2^-9 of a value, at most its magnitude; a
+//    rotated pair's magnitude is factor x the sum of its two);
+//  * more than one split with out_bf16, or the other kernels with either, are refused.
+void ExpectBf16QueryAndOutputMatch(const Inputs& in, const std::vector<float>& want_bf16,
+                                   const std::vector<double>& mag, DeviceInputs* dev,
+                                   DeviceArray<float>* workspace) {
+  const int64_t D = in.dim, rd = 64, n = in.tokens * in.heads * D;
+  const float factor = 1.2079f;
+  std::vector<int32_t> neg(in.positions);
+  for (int32_t& x : neg) x = -x;
+  std::vector<float> inv_freq(rd / 2);
+  for (int64_t j = 0; j < rd / 2; ++j) {
+    inv_freq[j] = static_cast<float>(std::pow(160000.0, -2.0 * j / rd));
+  }
+  DeviceArray<uint16_t> q16(FloatsToBf16Bits(in.q)), out16(n);
+  DeviceArray<int32_t> dneg(neg);
+  DeviceArray<float> dinv(inv_freq);
+  ASSERT_TRUE(q16.ok() && out16.ok());
+  auto run = [&](kernels::SinkAttentionParams p, std::vector<float>* got) {
+    size_t need = 0;
+    ASSERT_EQ(kernels::SinkAttentionWorkspaceBytes(p, &need), cudaSuccess);
+    ASSERT_LE(need, workspace->size() * sizeof(float));
+    p.workspace = workspace->get();
+    p.workspace_bytes = workspace->size() * sizeof(float);
+    dev->out.Poison();
+    DEEPINFER_CUDA_OK(kernels::SinkAttentionF32(p, nullptr));
+    DEEPINFER_CUDA_OK(dev->out.Download(got));
+  };
+  for (int32_t splits : {0, 3}) {
+    SCOPED_TRACE(::testing::Message() << "q_bf16, num_splits " << splits);
+    kernels::SinkAttentionParams p = dev->p;
+    p.kernel = SinkAttentionKernel::kTensorCoreBf16;
+    p.num_splits = splits;
+    std::vector<float> fp32_q, bf16_q;
+    run(p, &fp32_q);
+    p.q = nullptr;
+    p.q_bf16 = q16.get();
+    run(p, &bf16_q);
+    ASSERT_EQ(fp32_q.size(), bf16_q.size());
+    EXPECT_EQ(0, std::memcmp(fp32_q.data(), bf16_q.data(), fp32_q.size() * sizeof(float)));
+  }
+  // The fp32 path: one split, ApplyRopeF32 on the output's rope slices, then the rounding.
+  kernels::SinkAttentionParams p = dev->p;
+  p.kernel = SinkAttentionKernel::kTensorCoreBf16;
+  p.num_splits = 1;
+  DEEPINFER_CUDA_OK(kernels::SinkAttentionF32(p, nullptr));
+  DEEPINFER_CUDA_OK(kernels::ApplyRopeF32(in.tokens, in.heads, dev->out.get() + D - rd,
+                                          in.heads * D, D, rd, dneg.get(), dinv.get(), factor,
+                                          /*interleaved=*/true, nullptr));
+  std::vector<float> fp32_path;
+  DEEPINFER_CUDA_OK(dev->out.Download(&fp32_path));
+  // The CPU's: the bf16 kernel's reference rotated back.
+  CpuBackend cpu(1);
+  std::vector<float> want(want_bf16);
+  cpu.ApplyRope(in.tokens, in.heads, want.data() + D - rd, in.heads * D, D, rd, neg.data(),
+                inv_freq.data(), factor, /*interleaved=*/true);
+  std::vector<double> rotated_mag(mag);
+  for (int64_t r = 0; r < in.tokens * in.heads; ++r) {
+    for (int64_t i = D - rd; i < D; i += 2) {
+      const double m = factor * (mag[r * D + i] + mag[r * D + i + 1]);
+      rotated_mag[r * D + i] = rotated_mag[r * D + i + 1] = m;
+    }
+  }
+  for (int32_t splits : {0, 1}) {
+    SCOPED_TRACE(::testing::Message() << "q_bf16 and out_bf16, num_splits " << splits);
+    kernels::SinkAttentionParams pb = dev->p;
+    pb.q = nullptr;
+    pb.q_bf16 = q16.get();
+    pb.out = nullptr;
+    pb.out_bf16 = out16.get();
+    pb.out_rope_dim = rd;
+    pb.out_rope_positions = dneg.get();
+    pb.out_rope_inv_freq = dinv.get();
+    pb.out_rope_factor = factor;
+    pb.num_splits = splits;
+    EXPECT_EQ(kernels::SinkAttentionKernelFor(pb), SinkAttentionKernel::kTensorCoreBf16);
+    size_t need = 1;
+    ASSERT_EQ(kernels::SinkAttentionWorkspaceBytes(pb, &need), cudaSuccess);
+    EXPECT_EQ(need, 0u);
+    out16.Poison();
+    DEEPINFER_CUDA_OK(kernels::SinkAttentionF32(pb, nullptr));
+    std::vector<uint16_t> got16;
+    DEEPINFER_CUDA_OK(out16.Download(&got16));
+    int64_t differ = 0;
+    std::vector<float> got(n);
+    for (int64_t i = 0; i < n; ++i) {
+      differ += got16[i] != FloatToBf16Bits(fp32_path[i]);
+      got[i] = Bf16BitsToFloat(got16[i]);
+    }
+    EXPECT_EQ(differ, 0) << "not the fp32 path's rotated output rounded, bit for bit";
+    EXPECT_TRUE(WithinMagnitude(got, want, rotated_mag, 1.0 / 256 + 1e-4 + 1.0 / 512));
+    pb.num_splits = 3;
+    EXPECT_EQ(kernels::SinkAttentionF32(pb, nullptr), cudaErrorInvalidValue);
+    pb.num_splits = 1;
+    for (SinkAttentionKernel k :
+         {SinkAttentionKernel::kCudaCore, SinkAttentionKernel::kTensorCoreExact}) {
+      EXPECT_FALSE(kernels::SinkAttentionKernelRuns(pb, k)) << KernelName(k);
+    }
+  }
+}
+
 class SinkAttentionKernelTest : public ::testing::TestWithParam<Case> {};
 
 TEST_P(SinkAttentionKernelTest, MatchesCpuV4Ops) {
@@ -399,6 +509,11 @@ TEST_P(SinkAttentionKernelTest, MatchesCpuV4Ops) {
             c.dim == kernels::kSinkAttentionMmaDim && DeviceHasTensorCores()
                 ? SinkAttentionKernel::kTensorCoreExact
                 : SinkAttentionKernel::kCudaCore);
+  EXPECT_EQ(kernels::SinkAttentionTakesBf16Io(c.dim),
+            c.dim == kernels::kSinkAttentionMmaDim && DeviceHasTensorCores());
+  if (kernels::SinkAttentionTakesBf16Io(c.dim)) {
+    ExpectBf16QueryAndOutputMatch(in, want_bf16, mag, &dev, &workspace);
+  }
 }
 
 std::vector<Case> Cases() {

@@ -129,6 +129,7 @@ tools=(//tools/bench:deepinfer-bench)
   //kernels/gemm:fp8_block_gemm_bench
   //kernels/moe:moe_prefill_bench //kernels/sampling:sampling_bench
   //kernels/v4:sink_attention_bench //kernels/v4:indexer_topk_bench //kernels/norm:rms_norm_bench
+  //kernels/v4:hyper_connection_bench
   //worker/backend/cuda:moe_decode_bench //worker/backend/cuda:moe_block_decode_bench
   //worker/backend/cuda:gemm_shapes_bench //worker/backend/cuda:fp8_gemm_bench)
 if [[ -n "${GPU_TESTS+set}" ]]; then read -r -a tests <<< "$GPU_TESTS"; fi

@@ -466,9 +466,11 @@ class Backend {
   virtual void Gemm(int64_t m, int64_t n, int64_t k, ActivationView a, int64_t lda, WeightView w,
                     int64_t ldw, float* c, int64_t ldc, bool accumulate) = 0;
   // `batch` independent GEMMs with the layout of Gemm (no accumulate): product b reads
-  // a + b*stride_a, w.Offset(b*stride_w) and writes c + b*stride_c (strides in elements).
-  // Used for the per-head W_uk / W_uv products of absorbed MLA (one launch for all heads).
-  virtual void BatchedGemm(int64_t batch, int64_t m, int64_t n, int64_t k, const float* a,
+  // a + b*stride_a, w.Offset(b*stride_w) and writes c + b*stride_c (strides in elements; a bf16
+  // a needs bf16 or fp32 w, and the CUDA backend bf16 w).
+  // Used for the per-head W_uk / W_uv products of absorbed MLA (one launch for all heads) and
+  // DeepSeek-V4's grouped output projection.
+  virtual void BatchedGemm(int64_t batch, int64_t m, int64_t n, int64_t k, ActivationView a,
                            int64_t lda, int64_t stride_a, WeightView w, int64_t ldw,
                            int64_t stride_w, float* c, int64_t ldc, int64_t stride_c) = 0;
   // Rows of a [rows, k] split into consecutive groups; group g (rows offsets[g]..offsets[g+1])

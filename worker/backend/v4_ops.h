@@ -37,6 +37,14 @@ struct HcMixArgs {
   //   mixes = RmsNorm_unweighted(flatten(streams), norm_eps) · fnᵀ.
   const float* fn = nullptr;  // [(2 + hc) * hc, hc * hidden]
   float norm_eps = 0.0f;
+  // HcMixFromStreams only, optional: also normed = RmsNorm(collapsed, out_norm_weight,
+  // out_norm_eps) (the next op's norm), bit for bit Backend::RmsNorm on collapsed, and/or
+  // normed_bf16, the same values rounded to bf16 (bits, as Backend::AddRmsNorm's out_bf16: a Gemm
+  // operand); collapsed may then be null (not written).
+  const float* out_norm_weight = nullptr;  // [hidden]
+  float out_norm_eps = 0.0f;
+  float* normed = nullptr;          // [rows, hidden]
+  uint16_t* normed_bf16 = nullptr;  // [rows, hidden]
 };
 
 // The final collapse of the streams before the last norm:
@@ -124,6 +132,19 @@ struct SinkAttentionArgs {
   const float* sinks = nullptr;  // [heads]
   float scale = 1.0f;
   float* out = nullptr;  // [tokens, heads, dim]
+  // The bf16 forms, only where V4Ops::TakesBf16Attention says the backend takes them:
+  //  * q_bf16: q as bf16 bits (q is then not read);
+  //  * out_bf16: out[t, h]'s trailing out_rope_dim values rotated as Backend::ApplyRope rotates
+  //    them (interleaved pairs, angle out_rope_positions[t] * out_rope_inv_freq[j], cos / sin
+  //    times out_rope_factor), then every value rounded to bf16 (nearest even; bits) into
+  //    out_bf16 (out is then not written): what ApplyRope on out and the rounding of a bf16 Gemm
+  //    operand give, bit for bit.
+  const uint16_t* q_bf16 = nullptr;  // [tokens, heads, dim]
+  uint16_t* out_bf16 = nullptr;      // [tokens, heads, dim]
+  int64_t out_rope_dim = 0;
+  const int32_t* out_rope_positions = nullptr;  // [tokens]
+  const float* out_rope_inv_freq = nullptr;     // [out_rope_dim / 2]
+  float out_rope_factor = 1.0f;
 };
 
 // Lightning indexer. Query t's candidates are rows i < candidates[t] of its stream of keys, of
@@ -189,6 +210,9 @@ struct NormRopeArgs {
   const int32_t* positions = nullptr;  // [tokens]
   const float* inv_freq = nullptr;     // [rope_dim / 2]
   float attention_factor = 1.0f;
+  // Set (only where V4Ops::TakesBf16Attention says so, with out null): the values rounded to
+  // bf16 (nearest even; bits) go here instead of out, [tokens * heads, dim], not overlapping x.
+  uint16_t* out_bf16 = nullptr;
 };
 
 class V4Ops {
@@ -198,13 +222,20 @@ class V4Ops {
   // HcMix with the norm and the mixing GEMM before it (args.fn, args.norm_eps) in the op, where
   // the backend has a kernel for them that takes these shapes; false (nothing done) otherwise,
   // and the caller runs RmsNorm, Gemm and HcMix. The results match those three ops within
-  // rounding (the norm's scale applies to the dot products instead of the elements).
+  // rounding (the norm's scale applies to the dot products instead of the elements). With
+  // args.normed, the op also runs the next op's RmsNorm on the collapsed rows (the caller
+  // otherwise runs Backend::RmsNorm after HcMix).
   virtual bool HcMixFromStreams(const HcMixArgs& args) { return false; }
   // Backend::RmsNorm(tokens * heads, dim, x, dim, weight, eps, out, dim), then
   // Backend::ApplyRope(tokens, heads, out + dim - rope_dim, heads * dim, dim, rope_dim, positions,
   // inv_freq, attention_factor, true), as one op where the backend has a kernel that takes these
   // shapes (bit for bit the two ops); false (nothing done) otherwise, and the caller runs the two.
   virtual bool NormRope(const NormRopeArgs& args) { return false; }
+  // Whether, for `tokens` queries of `heads` x `dim`, SinkAttention takes q_bf16 and out_bf16
+  // and NormRope takes out_bf16 (rows up to 2048 wide, an even rope_dim): the query a bf16
+  // attention reads and the output a bf16 Gemm reads passed in bf16, each rounded once where it
+  // is made (bit for bit the fp32 path's values). False (the default): fp32 q and out.
+  virtual bool TakesBf16Attention(int64_t tokens, int64_t heads, int64_t dim) { return false; }
   virtual void HcHead(const HcHeadArgs& args) = 0;
   virtual void HcExpand(const HcExpandArgs& args) = 0;
   virtual void CompressWindows(const CompressWindowsArgs& args) = 0;

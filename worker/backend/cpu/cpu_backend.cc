@@ -161,11 +161,15 @@ void CpuBackend::Gemm(int64_t m, int64_t n, int64_t k, ActivationView av, int64_
   }
 }
 
-void CpuBackend::BatchedGemm(int64_t batch, int64_t m, int64_t n, int64_t k, const float* a,
+void CpuBackend::BatchedGemm(int64_t batch, int64_t m, int64_t n, int64_t k, ActivationView a,
                              int64_t lda, int64_t stride_a, WeightView w, int64_t ldw,
                              int64_t stride_w, float* c, int64_t ldc, int64_t stride_c) {
   for (int64_t b = 0; b < batch; ++b) {
-    Gemm(m, n, k, a + b * stride_a, lda, w.Offset(b * stride_w), ldw, c + b * stride_c, ldc, false);
+    const ActivationView ab =
+        a.dtype == WeightDType::kBFloat16
+            ? ActivationView::Bf16(static_cast<const uint16_t*>(a.data) + b * stride_a)
+            : ActivationView(static_cast<const float*>(a.data) + b * stride_a);
+    Gemm(m, n, k, ab, lda, w.Offset(b * stride_w), ldw, c + b * stride_c, ldc, false);
   }
 }
 

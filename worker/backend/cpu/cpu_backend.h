@@ -36,7 +36,7 @@ class CpuBackend : public Backend {
 
   void Gemm(int64_t m, int64_t n, int64_t k, ActivationView a, int64_t lda, WeightView w,
             int64_t ldw, float* c, int64_t ldc, bool accumulate) override;
-  void BatchedGemm(int64_t batch, int64_t m, int64_t n, int64_t k, const float* a, int64_t lda,
+  void BatchedGemm(int64_t batch, int64_t m, int64_t n, int64_t k, ActivationView a, int64_t lda,
                    int64_t stride_a, WeightView w, int64_t ldw, int64_t stride_w, float* c,
                    int64_t ldc, int64_t stride_c) override;
   void GroupedGemm(const std::vector<int64_t>& offsets, const std::vector<WeightView>& weights,

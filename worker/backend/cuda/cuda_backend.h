@@ -219,7 +219,7 @@ class CudaBackend : public Backend {
   void AddRmsNormGemms(int64_t rows, int64_t dim, float* x, const float* y, const float* weight,
                        float eps, float* normed, uint16_t* normed_bf16,
                        const std::vector<NormedGemm>& gemms) override;
-  void BatchedGemm(int64_t batch, int64_t m, int64_t n, int64_t k, const float* a, int64_t lda,
+  void BatchedGemm(int64_t batch, int64_t m, int64_t n, int64_t k, ActivationView a, int64_t lda,
                    int64_t stride_a, WeightView w, int64_t ldw, int64_t stride_w, float* c,
                    int64_t ldc, int64_t stride_c) override;
   // One cuBLAS call per non-empty group (correctness first; a grouped GEMM is the next step);

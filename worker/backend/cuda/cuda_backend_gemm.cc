@@ -178,7 +178,7 @@ void CudaBackend::Gemm(int64_t m, int64_t n, int64_t k, ActivationView a, int64_
   GemmOnCublas(m, n, k, a16->data(), lda, w, ldw, c, ldc, accumulate);
 }
 
-void CudaBackend::BatchedGemm(int64_t batch, int64_t m, int64_t n, int64_t k, const float* a,
+void CudaBackend::BatchedGemm(int64_t batch, int64_t m, int64_t n, int64_t k, ActivationView a,
                               int64_t lda, int64_t stride_a, WeightView w, int64_t ldw,
                               int64_t stride_w, float* c, int64_t ldc, int64_t stride_c) {
   OpTimer timer(this, "BatchedGemm");
@@ -194,9 +194,15 @@ void CudaBackend::BatchedGemm(int64_t batch, int64_t m, int64_t n, int64_t k, co
     Record(absl::InvalidArgumentError("CudaBackend::BatchedGemm: FP8 weights are not taken"));
     return;
   }
+  const bool a_bf16 = a.dtype == WeightDType::kBFloat16;
+  if (a_bf16 && w.dtype != WeightDType::kBFloat16) {
+    Record(
+        absl::InvalidArgumentError("CudaBackend::BatchedGemm: a bf16 operand needs bf16 weights"));
+    return;
+  }
   if (tuning_.batch_invariant) {
     kernels::BatchInvariantGemmParams p;
-    p.m = m, p.n = n, p.k = k, p.a = a, p.lda = lda;
+    p.m = m, p.n = n, p.k = k, p.a = a.data, p.a_bf16 = a_bf16, p.lda = lda;
     p.w = w.data, p.w_bf16 = w.dtype == WeightDType::kBFloat16, p.ldw = ldw, p.c = c, p.ldc = ldc;
     p.batch = batch, p.stride_a = stride_a, p.stride_w = stride_w, p.stride_c = stride_c;
     BatchInvariantGemm(p);
@@ -206,24 +212,30 @@ void CudaBackend::BatchedGemm(int64_t batch, int64_t m, int64_t n, int64_t k, co
     CheckBlas(cublasSgemmStridedBatched(cublas_, CUBLAS_OP_T, CUBLAS_OP_N, static_cast<int>(n),
                                         static_cast<int>(m), static_cast<int>(k), &alpha,
                                         static_cast<const float*>(w.data), static_cast<int>(ldw),
-                                        stride_w, a, static_cast<int>(lda), stride_a, &beta, c,
+                                        stride_w, static_cast<const float*>(a.data),
+                                        static_cast<int>(lda), stride_a, &beta, c,
                                         static_cast<int>(ldc), stride_c, static_cast<int>(batch)),
               "cublasSgemmStridedBatched");
     return;
   }
   kernels::SmallMGemmParams p;
-  p.m = m, p.n = n, p.k = k, p.a = a, p.lda = lda;
+  p.m = m, p.n = n, p.k = k, p.a = a.data, p.a_bf16 = a_bf16, p.lda = lda;
   p.w = static_cast<const uint16_t*>(w.data), p.ldw = ldw, p.c = c, p.ldc = ldc;
   p.batch = batch, p.stride_a = stride_a, p.stride_w = stride_w, p.stride_c = stride_c;
   if (SmallMGemm(p)) return;
-  // Every element any product reads lies in the first (batch-1)*stride_a + (m-1)*lda + k.
-  auto a16 = RoundToBf16(a, (batch - 1) * stride_a + (m - 1) * lda + k);
+  // A bf16 a goes as it is; an fp32 a is rounded first. Every element any product reads lies in
+  // the first (batch-1)*stride_a + (m-1)*lda + k.
+  std::unique_ptr<DeviceBuffer> a16;
+  if (!a_bf16) {
+    a16 =
+        RoundToBf16(static_cast<const float*>(a.data), (batch - 1) * stride_a + (m - 1) * lda + k);
+  }
   CheckBlas(cublasGemmStridedBatchedEx(
                 cublas_, CUBLAS_OP_T, CUBLAS_OP_N, static_cast<int>(n), static_cast<int>(m),
                 static_cast<int>(k), &alpha, w.data, CUDA_R_16BF, static_cast<int>(ldw), stride_w,
-                a16->data(), CUDA_R_16BF, static_cast<int>(lda), stride_a, &beta, c, CUDA_R_32F,
-                static_cast<int>(ldc), stride_c, static_cast<int>(batch), CUBLAS_COMPUTE_32F,
-                CUBLAS_GEMM_DEFAULT),
+                a_bf16 ? a.data : a16->data(), CUDA_R_16BF, static_cast<int>(lda), stride_a, &beta,
+                c, CUDA_R_32F, static_cast<int>(ldc), stride_c, static_cast<int>(batch),
+                CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
             "cublasGemmStridedBatchedEx(bf16)");
 }
 

@@ -156,6 +156,44 @@ TEST_F(CudaBackendTest, Bf16ActivationOperandGivesTheSameBitsAsRoundingInGemm) {
   EXPECT_TRUE(gpu_->status().ok()) << gpu_->status();
 }
 
+// BatchedGemm with a bf16 operand (DeepSeek-V4's grouped o_a over the attention's bf16 output:
+// group g reads columns g * k .. of rows of groups * k) gives bit for bit what its fp32
+// operand gives, on the small-m kernel (m <= 4) and on cuBLAS; both within the bf16 bound of
+// the CPU's BatchedGemm over the bf16 operand. With fp32 weights it is an error.
+TEST_F(CudaBackendTest, BatchedGemmBf16OperandGivesTheSameBitsAsRounding) {
+  const int64_t groups = 4, n = 128, k = 256, lda = groups * k;
+  for (int64_t m : {1, 3, 9, 600}) {
+    const uint32_t seed = testing::FreshSeed();
+    SCOPED_TRACE(::testing::Message() << "m " << m << " seed " << seed);
+    auto a = testing::RandomFloats(m * lda, seed);
+    auto w = testing::RandomFloats(groups * n * k, seed + 1);
+    const std::vector<uint16_t> a16 = FloatsToBf16Bits(a);
+    std::vector<std::unique_ptr<DeviceBuffer>> keep;
+    std::vector<float> want(m * groups * n);
+    cpu16_.BatchedGemm(groups, m, n, k, ActivationView::Bf16(a16.data()), lda, k, CpuBf16(w, &keep),
+                       k, n * k, want.data(), groups * n, n);
+    const WeightView gw = GpuBf16(w, &keep);
+    auto da = Upload(a), dc32 = Poisoned(want.size()), dc16 = Poisoned(want.size());
+    auto da16 = gpu_->Allocate(a16.size() * sizeof(uint16_t));
+    gpu_->CopyToDevice(a16.data(), a16.size() * sizeof(uint16_t), da16->data());
+    gpu_->BatchedGemm(groups, m, n, k, da->as<float>(), lda, k, gw, k, n * k, dc32->as<float>(),
+                      groups * n, n);
+    gpu_->BatchedGemm(groups, m, n, k, ActivationView::Bf16(da16->as<uint16_t>()), lda, k, gw, k,
+                      n * k, dc16->as<float>(), groups * n, n);
+    const std::vector<float> got32 = Download(*dc32), got16 = Download(*dc16);
+    EXPECT_TRUE(AllClose(got16, got32, 0, 0));
+    EXPECT_TRUE(AllClose(got16, want, 2e-3, 1e-4));
+  }
+  EXPECT_TRUE(gpu_->status().ok()) << gpu_->status();
+  auto a = gpu_->Allocate(64 * sizeof(uint16_t));
+  auto w = Upload(std::vector<float>(64 * 8, 1.0f));
+  auto c = gpu_->Allocate(8 * sizeof(float));
+  gpu_->BatchedGemm(1, 1, 8, 64, ActivationView::Bf16(a->as<uint16_t>()), 64, 0, w->as<float>(), 64,
+                    0, c->as<float>(), 8, 0);
+  EXPECT_EQ(gpu_->status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(gpu_->status().message().find("bf16 weights"), std::string::npos) << gpu_->status();
+}
+
 TEST_F(CudaBackendTest, Bf16ActivationWithFp32WeightsIsAnError) {
   auto a = gpu_->Allocate(64 * sizeof(uint16_t));
   auto w = Upload(std::vector<float>(64 * 8, 1.0f));

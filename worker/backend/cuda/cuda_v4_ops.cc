@@ -1,5 +1,5 @@
 // CudaV4Ops: each op one kernel of kernels/v4 (NormRope: kernels/rope) on the backend's stream
-// (HcMixFromStreams: two).
+// (HcMixFromStreams: two, three from 2048 rows).
 #include "worker/backend/cuda/cuda_v4_ops.h"
 
 #include <memory>
@@ -53,15 +53,26 @@ bool CudaV4Ops::HcMixFromStreams(const HcMixArgs& a) {
 bool CudaV4Ops::NormRope(const NormRopeArgs& a) {
   if (!kernels::RmsNormRopeSupported(a.tokens, a.heads, a.dim, a.rope_dim)) return false;
   CudaBackend::OpTimer timer(backend_, "V4NormRope");
-  const cudaError_t err = kernels::RmsNormRopeF32(
-      a.tokens, a.heads, a.dim, a.x, a.dim, a.weight, a.eps, a.out, a.dim, a.rope_dim, a.positions,
-      a.inv_freq, a.attention_factor, backend_->stream_);
+  const bool bf16 = a.out_bf16 != nullptr;
+  const cudaError_t err =
+      bf16 ? kernels::RmsNormRopeToBf16(a.tokens, a.heads, a.dim, a.x, a.dim, a.weight, a.eps,
+                                        a.out_bf16, a.dim, a.rope_dim, a.positions, a.inv_freq,
+                                        a.attention_factor, backend_->stream_)
+           : kernels::RmsNormRopeF32(a.tokens, a.heads, a.dim, a.x, a.dim, a.weight, a.eps, a.out,
+                                     a.dim, a.rope_dim, a.positions, a.inv_freq, a.attention_factor,
+                                     backend_->stream_);
   if (err != cudaSuccess) {
-    RecordFailure(err, "kernels::RmsNormRopeF32",
+    RecordFailure(err, bf16 ? "kernels::RmsNormRopeToBf16" : "kernels::RmsNormRopeF32",
                   absl::StrCat("tokens ", a.tokens, ", heads ", a.heads, ", dim ", a.dim,
                                ", rope_dim ", a.rope_dim));
   }
   return true;
+}
+
+bool CudaV4Ops::TakesBf16Attention(int64_t tokens, int64_t heads, int64_t dim) {
+  return tokens >= kBf16AttentionMinTokens && heads >= 1 && dim <= kernels::kRmsNormRopeMaxDim &&
+         backend_->weight_dtype() == WeightDType::kBFloat16 && !backend_->tuning_.batch_invariant &&
+         kernels::SinkAttentionTakesBf16Io(dim);
 }
 
 void CudaV4Ops::HcHead(const HcHeadArgs& a) {
@@ -98,6 +109,7 @@ void CudaV4Ops::SinkAttention(const SinkAttentionArgs& a) {
   static_cast<SinkAttentionArgs&>(p) = a;
   // bf16 models take the bf16 tensor-core kernel where it runs (the operands carry bf16's
   // rounding, as the model's weights do); fp32 models the exact one.
+  // The bf16 query and output (TakesBf16Attention) are that kernel's, with one split.
   if (backend_->weight_dtype() == WeightDType::kBFloat16 &&
       kernels::SinkAttentionKernelRuns(p, kernels::SinkAttentionKernel::kTensorCoreBf16)) {
     p.kernel = kernels::SinkAttentionKernel::kTensorCoreBf16;
@@ -105,8 +117,10 @@ void CudaV4Ops::SinkAttention(const SinkAttentionArgs& a) {
   // Batch-invariant: a fixed split count (by default it follows the token count); each token's
   // rows are cut by their own count.
   if (backend_->tuning_.batch_invariant) p.num_splits = CudaBackend::kBatchInvariantSinkSplits;
-  const std::string shape = absl::StrCat("tokens ", a.tokens, ", heads ", a.heads, ", dim ", a.dim,
-                                         a.selected != nullptr ? ", selected" : "");
+  const std::string shape =
+      absl::StrCat("tokens ", a.tokens, ", heads ", a.heads, ", dim ", a.dim,
+                   a.selected != nullptr ? ", selected" : "", a.q_bf16 != nullptr ? ", bf16 q" : "",
+                   a.out_bf16 != nullptr ? ", bf16 out" : "");
   size_t bytes = 0;
   cudaError_t err = kernels::SinkAttentionWorkspaceBytes(p, &bytes);
   if (err != cudaSuccess) return RecordFailure(err, "kernels::SinkAttentionWorkspaceBytes", shape);
@@ -124,6 +138,13 @@ void CudaV4Ops::IndexerTopK(const IndexerTopKArgs& a) {
   CudaBackend::OpTimer timer(backend_, "V4IndexerTopK");
   kernels::IndexerTopKParams p;
   static_cast<IndexerTopKArgs&>(p) = a;
+  // Prefill of a bf16 model: tensor-core scores over the bf16-rounded query and keys. Decode
+  // (and its graphs) and batch-invariant mode keep the CPU's arithmetic.
+  if (a.tokens >= kTensorCoreIndexerMinTokens &&
+      backend_->weight_dtype() == WeightDType::kBFloat16 && !backend_->tuning_.batch_invariant &&
+      kernels::IndexerTopKTensorCoreRuns()) {
+    p.order = kernels::IndexerScoreOrder::kTensorCoreBf16;
+  }
   std::unique_ptr<DeviceBuffer> workspace;
   const size_t bytes = kernels::IndexerTopKWorkspaceBytes(p);
   if (bytes > 0) {

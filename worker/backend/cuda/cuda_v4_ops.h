@@ -28,17 +28,28 @@ class CudaV4Ops : public V4Ops {
   void HcMix(const HcMixArgs& args) override;
   // kernels::HcMixFromStreamsF32 where it takes the shapes (its partials from scratch).
   bool HcMixFromStreams(const HcMixArgs& args) override;
-  // kernels::RmsNormRopeF32 where it takes the shapes (rows up to 2048 wide).
+  // kernels::RmsNormRopeF32 (RmsNormRopeToBf16 with out_bf16) where it takes the shapes (rows
+  // up to 2048 wide).
   bool NormRope(const NormRopeArgs& args) override;
+  // From kBf16AttentionMinTokens queries (prefill: decode and its graphs keep the fp32 query and
+  // output) with bf16 weights, outside batch-invariant mode, where
+  // kernels::SinkAttentionTakesBf16Io(dim) (V4-Flash's dim 512 on sm_80+).
+  bool TakesBf16Attention(int64_t tokens, int64_t heads, int64_t dim) override;
+  static constexpr int64_t kBf16AttentionMinTokens = 512;
   void HcHead(const HcHeadArgs& args) override;
   void HcExpand(const HcExpandArgs& args) override;
   // kernels::CompressWindowsF32.
   void CompressWindows(const CompressWindowsArgs& args) override;
   // kernels::SinkAttentionF32 (bf16 tensor cores for a bf16 model where they run, else the
-  // exact kernel), its split workspace from the backend's scratch.
+  // exact kernel; q_bf16 / out_bf16 on the bf16 kernel, one split), its split workspace from
+  // the backend's scratch.
   void SinkAttention(const SinkAttentionArgs& args) override;
-  // kernels::IndexerTopKF32, its scores' workspace (tokens x max_candidates) from scratch.
+  // kernels::IndexerTopKF32, its scores' workspace (tokens x max_candidates) from scratch; from
+  // kTensorCoreIndexerMinTokens tokens with bf16 weights (outside batch-invariant mode) with
+  // tensor-core scores (IndexerScoreOrder::kTensorCoreBf16), else in the CPU's arithmetic
+  // (kSequential).
   void IndexerTopK(const IndexerTopKArgs& args) override;
+  static constexpr int64_t kTensorCoreIndexerMinTokens = 512;
   // kernels::V4RouteF32.
   void Route(const V4RouteArgs& args) override;
   // kernels::CopyRowsF32.

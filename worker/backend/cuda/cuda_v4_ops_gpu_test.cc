@@ -5,10 +5,12 @@
 // host synchronisation or allocation inside them); the indexer and sink attention at V4-Flash's
 // width over keys in ring slots and paged streams; the row copies; bad arguments reported
 // through status(); the hyper-connection mix with its norm and GEMM (HcMixFromStreams) against
-// the three ops it replaces. Skips itself without a GPU.
+// the three ops it replaces; the bf16 query and output of a prefill against the fp32 path and
+// the CPU. Skips itself without a GPU.
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <memory>
 #include <numeric>
 #include <random>
@@ -18,7 +20,9 @@
 
 #include "gtest/gtest.h"
 #include "kernels/testing/gpu_test_util.h"
+#include "worker/backend/bf16.h"
 #include "worker/backend/cuda/cuda_backend_test_fixture.h"
+#include "worker/backend/cuda/cuda_v4_ops.h"
 
 namespace deepinfer {
 namespace {
@@ -341,6 +345,123 @@ TEST_F(CudaV4OpsTest, IndexerAndSinkAttentionMatchCpu) {
   EXPECT_TRUE(AllClose(got.hca, want.hca, 2e-2 * magnitude(want.hca), 2e-2)) << "HCA attention";
 }
 
+// The prefill path of a bf16 model (V4Ops::TakesBf16Attention: from kBf16AttentionMinTokens
+// queries): NormRope's bf16 query is its fp32 query rounded, bit for bit, and the CPU's within
+// the rounding; SinkAttention over the bf16 query with its rotated bf16 output gives bit for bit
+// what the fp32 path gives (the fp32 query, the fp32 output, Backend::ApplyRope at the negated
+// positions, the rounding of a bf16 Gemm operand), and the CPU's (over the same bf16 query and
+// keys rounded to bf16) within the bf16 kernel's tolerance. 512 tokens of one prefill from
+// position 0 (every window among the step's keys), V4-Flash's query (64 heads x 512, rope 64).
+TEST_F(CudaV4OpsTest, Bf16QueryAndOutputAtPrefillMatchTheFp32PathAndCpu) {
+  const int64_t T = CudaV4Ops::kBf16AttentionMinTokens, NH = 64, D = 512, RD = 64, W = 128;
+  V4Ops* ops = gpu_->v4_ops();
+  ASSERT_TRUE(ops->TakesBf16Attention(T, NH, D));
+  EXPECT_FALSE(ops->TakesBf16Attention(T - 1, NH, D)) << "decode sizes keep the fp32 path";
+  EXPECT_FALSE(ops->TakesBf16Attention(T, NH, 4096)) << "a dim the kernels do not take";
+  EXPECT_FALSE(cpu_.v4_ops()->TakesBf16Attention(T, NH, D));
+  const uint32_t seed = testing::FreshSeed();
+  SCOPED_TRACE(::testing::Message() << "seed " << seed);
+  const std::vector<float> x = RandomFloats(T * NH * D, seed, 3.0f);
+  const std::vector<float> kv = RandomFloats(T * D, seed + 1);
+  const std::vector<float> sinks = RandomFloats(NH, seed + 2);
+  const std::vector<float> ones(D, 1.0f);
+  std::vector<float> inv_freq(RD / 2);
+  for (int64_t j = 0; j < RD / 2; ++j) {
+    inv_freq[j] = static_cast<float>(std::pow(160000.0, -2.0 * j / RD));
+  }
+  std::vector<int32_t> positions(T), neg(T), window_len(T), step_start(T, 0);
+  for (int64_t t = 0; t < T; ++t) {
+    positions[t] = static_cast<int32_t>(t);
+    neg[t] = -positions[t];
+    window_len[t] = static_cast<int32_t>(std::min<int64_t>(W, t + 1));
+  }
+  const float eps = 1e-6f, factor = 1.2079f;
+  auto ints = [&](const std::vector<int32_t>& v) {
+    auto buf = gpu_->Allocate(v.size() * sizeof(int32_t));
+    gpu_->CopyToDevice(v.data(), v.size() * sizeof(int32_t), buf->data());
+    return buf;
+  };
+  auto dx = Upload(x), dkv = Upload(kv), dsinks = Upload(sinks), dones = Upload(ones);
+  auto dinv = Upload(inv_freq);
+  auto dpos = ints(positions), dneg = ints(neg), dwl = ints(window_len), dstart = ints(step_start);
+  // The query: fp32 (in place, as the fp32 path runs it) and bf16.
+  NormRopeArgs na;
+  na.tokens = T, na.heads = NH, na.dim = D, na.rope_dim = RD;
+  na.weight = dones->as<float>(), na.eps = eps;
+  na.positions = dpos->as<int32_t>(), na.inv_freq = dinv->as<float>(), na.attention_factor = factor;
+  auto q32 = Upload(x);
+  NormRopeArgs n32 = na;
+  n32.x = q32->as<float>(), n32.out = q32->as<float>();
+  ASSERT_TRUE(ops->NormRope(n32));
+  auto q16 = gpu_->Allocate(T * NH * D * sizeof(uint16_t));
+  NormRopeArgs n16 = na;
+  n16.x = dx->as<float>(), n16.out_bf16 = q16->as<uint16_t>();
+  ASSERT_TRUE(ops->NormRope(n16));
+  const std::vector<float> q_fp32 = Download(*q32);
+  std::vector<uint16_t> q_bits(T * NH * D);
+  gpu_->CopyToHost(q16->data(), q_bits.size() * sizeof(uint16_t), q_bits.data());
+  std::vector<float> q_cpu(T * NH * D);
+  cpu_.RmsNorm(T * NH, D, x.data(), D, ones.data(), eps, q_cpu.data(), D);
+  cpu_.ApplyRope(T, NH, q_cpu.data() + D - RD, NH * D, D, RD, positions.data(), inv_freq.data(),
+                 factor, /*interleaved=*/true);
+  int64_t differ = 0;
+  std::vector<float> q_rounded(q_bits.size());
+  for (size_t i = 0; i < q_bits.size(); ++i) {
+    differ += q_bits[i] != FloatToBf16Bits(q_fp32[i]);
+    q_rounded[i] = Bf16BitsToFloat(q_bits[i]);
+  }
+  EXPECT_EQ(differ, 0) << "the bf16 query is not the fp32 query rounded";
+  EXPECT_TRUE(AllClose(q_rounded, q_cpu, 1e-6, 1.0 / 256)) << "the bf16 query against the CPU";
+
+  SinkAttentionArgs sa;
+  sa.tokens = T, sa.heads = NH, sa.dim = D;
+  sa.kv = dkv->as<float>();
+  sa.positions = dpos->as<int32_t>(), sa.window_len = dwl->as<int32_t>();
+  sa.step_start = dstart->as<int32_t>();
+  sa.sinks = dsinks->as<float>();
+  sa.scale = 0.0442f;
+  // The fp32 path.
+  auto out32 = Poisoned(T * NH * D);
+  SinkAttentionArgs s32 = sa;
+  s32.q = q32->as<float>(), s32.out = out32->as<float>();
+  ops->SinkAttention(s32);
+  gpu_->ApplyRope(T, NH, out32->as<float>() + D - RD, NH * D, D, RD, dneg->as<int32_t>(),
+                  dinv->as<float>(), factor, /*interleaved=*/true);
+  // The bf16 path.
+  auto out16 = gpu_->Allocate(T * NH * D * sizeof(uint16_t));
+  SinkAttentionArgs s16 = sa;
+  s16.q_bf16 = q16->as<uint16_t>(), s16.out_bf16 = out16->as<uint16_t>();
+  s16.out_rope_dim = RD, s16.out_rope_positions = dneg->as<int32_t>();
+  s16.out_rope_inv_freq = dinv->as<float>(), s16.out_rope_factor = factor;
+  ops->SinkAttention(s16);
+  ASSERT_TRUE(gpu_->status().ok()) << gpu_->status();
+  const std::vector<float> o32 = Download(*out32);
+  std::vector<uint16_t> o_bits(T * NH * D);
+  gpu_->CopyToHost(out16->data(), o_bits.size() * sizeof(uint16_t), o_bits.data());
+  // The CPU over the bf16 query and bf16-rounded keys, rotated back.
+  std::vector<float> kv16(kv);
+  for (float& v : kv16) v = RoundToBf16(v);
+  std::vector<float> o_cpu(T * NH * D);
+  SinkAttentionArgs sc = sa;
+  sc.q = q_rounded.data(), sc.kv = kv16.data(), sc.positions = positions.data();
+  sc.window_len = window_len.data(), sc.step_start = step_start.data();
+  sc.sinks = sinks.data(), sc.out = o_cpu.data();
+  cpu_.v4_ops()->SinkAttention(sc);
+  cpu_.ApplyRope(T, NH, o_cpu.data() + D - RD, NH * D, D, RD, neg.data(), inv_freq.data(), factor,
+                 /*interleaved=*/true);
+  differ = 0;
+  std::vector<float> o_rounded(o_bits.size());
+  double max_out = 0.0;
+  for (size_t i = 0; i < o_bits.size(); ++i) {
+    differ += o_bits[i] != FloatToBf16Bits(o32[i]);
+    o_rounded[i] = Bf16BitsToFloat(o_bits[i]);
+    max_out = std::max(max_out, static_cast<double>(std::abs(o_cpu[i])));
+  }
+  EXPECT_EQ(differ, 0) << "the bf16 output is not the fp32 path's rotated output rounded";
+  // P's rounding to bf16 (2^-8 relative) and the output's (2^-9), against the outputs' scale.
+  EXPECT_TRUE(AllClose(o_rounded, o_cpu, 2e-2 * max_out, 2e-2)) << "against the CPU";
+}
+
 // CopyRows (the V4 model's cache moves) through both backends: a gather and a scatter with
 // skipped rows; a copy, so the bits must be equal.
 TEST_F(CudaV4OpsTest, CopyRowsMatchesCpu) {
@@ -423,6 +544,81 @@ TEST_F(CudaV4OpsTest, MixFromStreamsMatchesNormGemmMixAndReplays) {
   EXPECT_TRUE(AllClose(replayed[0], Download(*dpost), 0, 0));
   EXPECT_TRUE(AllClose(replayed[1], Download(*dcomb), 0, 0));
   EXPECT_TRUE(AllClose(replayed[2], Download(*dcol), 0, 0));
+}
+
+// HcMixFromStreams with the next op's norm (no collapsed; fp32 as the model's ffn site takes it,
+// bf16 as its attention site does) against the reference ops plus the CPU's RmsNorm and
+// AddRmsNorm (bf16) of its collapsed rows; replayed from a CUDA graph on new streams, bit for bit
+// the eager op.
+TEST_F(CudaV4OpsTest, MixFromStreamsWithNormMatchesAndReplays) {
+  const uint32_t seed = testing::FreshSeed();
+  SCOPED_TRACE(::testing::Message() << "seed " << seed);
+  constexpr int64_t S = kHc * kHidden;
+  const Inputs in(seed);
+  const auto fn = RandomFloats(kMix * S, seed + 20, 0.02f);
+  const auto weight = RandomFloats(kHidden, seed + 22);
+  const std::vector<float> ones(S, 1.0f);
+  HcMixArgs a;
+  a.rows = kRows, a.hc = kHc, a.hidden = kHidden;
+  a.sinkhorn_iters = 20, a.eps = 1e-6f, a.norm_eps = 1e-6f;
+  a.base = in.base.data(), a.scale = in.scale.data(), a.streams = in.streams.data();
+  std::vector<float> normed(kRows * S), mixes(kRows * kMix), post(kRows * kHc),
+      comb(kRows * kHc * kHc), collapsed(kRows * kHidden), out(kRows * kHidden);
+  a.post = post.data(), a.comb = comb.data(), a.collapsed = collapsed.data();
+  cpu_.RmsNorm(kRows, S, in.streams.data(), S, ones.data(), a.norm_eps, normed.data(), S);
+  cpu_.Gemm(kRows, kMix, S, normed.data(), S, WeightView(fn.data()), S, mixes.data(), kMix, false);
+  a.mixes = mixes.data();
+  cpu_.v4_ops()->HcMix(a);
+  cpu_.RmsNorm(kRows, kHidden, collapsed.data(), kHidden, weight.data(), 1e-6f, out.data(),
+               kHidden);
+  std::vector<uint16_t> out16(kRows * kHidden);
+  cpu_.AddRmsNorm(kRows, kHidden, collapsed.data(), nullptr, weight.data(), 1e-6f, nullptr,
+                  out16.data());
+  auto as_floats = [](const std::vector<uint16_t>& bits) {
+    std::vector<float> f(bits.size());
+    for (size_t i = 0; i < bits.size(); ++i) {
+      const uint32_t u = static_cast<uint32_t>(bits[i]) << 16;
+      std::memcpy(&f[i], &u, sizeof(float));
+    }
+    return f;
+  };
+
+  auto dstreams = Upload(in.streams), dfn = Upload(fn), dbase = Upload(in.base),
+       dscale = Upload(in.scale), dweight = Upload(weight);
+  auto dpost = Poisoned(post.size()), dcomb = Poisoned(comb.size()), dout = Poisoned(out.size()),
+       dout16 = Poisoned(out16.size() / 2);
+  auto download16 = [&] {
+    std::vector<uint16_t> v(out16.size());
+    gpu_->CopyToHost(dout16->data(), v.size() * sizeof(uint16_t), v.data());
+    return v;
+  };
+  HcMixArgs d = a;
+  d.mixes = nullptr, d.collapsed = nullptr;
+  d.base = dbase->as<float>(), d.scale = dscale->as<float>(), d.streams = dstreams->as<float>();
+  d.fn = dfn->as<float>();
+  d.post = dpost->as<float>(), d.comb = dcomb->as<float>();
+  d.out_norm_weight = dweight->as<float>(), d.out_norm_eps = 1e-6f, d.normed = dout->as<float>();
+  d.normed_bf16 = dout16->as<uint16_t>();
+  ASSERT_TRUE(gpu_->v4_ops()->HcMixFromStreams(d));
+  ASSERT_TRUE(gpu_->status().ok()) << gpu_->status();
+  EXPECT_TRUE(AllClose(Download(*dpost), post, 1e-5, 1e-5)) << "post";
+  EXPECT_TRUE(AllClose(Download(*dcomb), comb, 1e-5, 1e-4)) << "comb";
+  EXPECT_TRUE(AllClose(Download(*dout), out, 1e-4, 1e-4)) << "normed";
+  EXPECT_TRUE(AllClose(as_floats(download16()), as_floats(out16), 1e-3, 1e-2)) << "normed_bf16";
+
+  auto graph = Record([&] { return gpu_->v4_ops()->HcMixFromStreams(d); });
+  ASSERT_NE(graph, nullptr);
+  const auto next = RandomFloats(kRows * S, seed + 21);
+  gpu_->CopyToDevice(next.data(), next.size() * sizeof(float), dstreams->data());
+  ASSERT_TRUE(graph->Replay().ok());
+  const std::vector<float> replayed[3] = {Download(*dpost), Download(*dcomb), Download(*dout)};
+  const std::vector<uint16_t> replayed16 = download16();
+  ASSERT_TRUE(gpu_->v4_ops()->HcMixFromStreams(d));
+  ASSERT_TRUE(gpu_->status().ok()) << gpu_->status();
+  EXPECT_TRUE(AllClose(replayed[0], Download(*dpost), 0, 0));
+  EXPECT_TRUE(AllClose(replayed[1], Download(*dcomb), 0, 0));
+  EXPECT_TRUE(AllClose(replayed[2], Download(*dout), 0, 0));
+  EXPECT_TRUE(replayed16 == download16());
 }
 
 TEST_F(CudaV4OpsTest, BadArgumentsAreReportedWithTheirShape) {

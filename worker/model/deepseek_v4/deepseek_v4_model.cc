@@ -182,7 +182,8 @@ Architecture DeepseekV4Model::Entry() {
 }
 
 void DeepseekV4Model::Mix(int64_t T, const V4HyperConnectionWeights& w, const float* streams,
-                          float* post, float* comb, float* collapsed) {
+                          float* post, float* comb, float* collapsed, const float* norm_weight,
+                          float* normed, uint16_t* normed_bf16) {
   const int64_t S = v4_.hc_mult * v4_.hidden_size, M = v4_.hc_mix();
   const float norm_eps = static_cast<float>(v4_.rms_norm_eps);
   HcMixArgs a;
@@ -201,13 +202,30 @@ void DeepseekV4Model::Mix(int64_t T, const V4HyperConnectionWeights& w, const fl
   // kernel (not the CPU backend: its three ops are the reference).
   a.fn = w.fn->as<float>();
   a.norm_eps = norm_eps;
-  if (fused_ops_ && ops_->HcMixFromStreams(a)) return;
-  auto normed = Floats(T * S), mixes = Floats(T * M);
-  backend_->RmsNorm(T, S, streams, S, ones_->as<float>(), norm_eps, normed->as<float>(), S);
-  backend_->Gemm(T, M, S, normed->as<float>(), S, WeightView(w.fn->as<float>()), S,
+  if (fused_ops_) {
+    HcMixArgs f = a;
+    if (normed != nullptr || normed_bf16 != nullptr) {
+      f.collapsed = nullptr;
+      f.out_norm_weight = norm_weight;
+      f.out_norm_eps = norm_eps;
+      f.normed = normed;
+      f.normed_bf16 = normed_bf16;
+    }
+    if (ops_->HcMixFromStreams(f)) return;
+  }
+  auto flat_normed = Floats(T * S), mixes = Floats(T * M);
+  backend_->RmsNorm(T, S, streams, S, ones_->as<float>(), norm_eps, flat_normed->as<float>(), S);
+  backend_->Gemm(T, M, S, flat_normed->as<float>(), S, WeightView(w.fn->as<float>()), S,
                  mixes->as<float>(), M, false);
   a.mixes = mixes->as<float>();
   ops_->HcMix(a);
+  if (normed_bf16 != nullptr) {
+    backend_->AddRmsNorm(T, v4_.hidden_size, collapsed, nullptr, norm_weight, norm_eps, normed,
+                         normed_bf16);
+  } else if (normed != nullptr) {
+    backend_->RmsNorm(T, v4_.hidden_size, collapsed, v4_.hidden_size, norm_weight, norm_eps, normed,
+                      v4_.hidden_size);
+  }
 }
 
 absl::Status DeepseekV4Model::CheckSharedBlocks(const SequenceStep& s, size_t si,
@@ -474,7 +492,6 @@ absl::Status DeepseekV4Model::Block(int64_t layer, const V4StepContext& ctx, con
                                     std::unique_ptr<DeviceBuffer>* next) {
   const DeepseekV4Config& c = v4_;
   const int64_t T = ctx.plan->tokens(), H = c.hidden_size, hc = c.hc_mult;
-  const float eps = static_cast<float>(c.rms_norm_eps);
   const int64_t module = layer - c.num_layers;  // >= 0: an MTP module's block
   const V4LayerWeights& L = module < 0 ? weights_->layers[layer] : weights_->mtp[module].block;
   V4Moe* moe = module < 0 ? moe_.get() : draft_moe_.get();
@@ -488,13 +505,20 @@ absl::Status DeepseekV4Model::Block(int64_t layer, const V4StepContext& ctx, con
   ex.block_out = y->as<float>();
   ex.post = post->as<float>();
   ex.comb = comb->as<float>();
+  // The attention takes the input norm into its projections, or (TakesNormedInput) its normed
+  // rows from the mix.
+  std::unique_ptr<DeviceBuffer> h_bf16;
+  if (T > 0 && attention_->TakesNormedInput(layer, T)) {
+    h_bf16 = backend_->AllocateScratch(T * H * sizeof(uint16_t));
+  }
   if (T > 0) {
     Mix(T, L.attn_hc, (*streams)->as<float>(), post->as<float>(), comb->as<float>(),
-        collapsed->as<float>());
+        collapsed->as<float>(), h_bf16 != nullptr ? L.input_norm->as<float>() : nullptr, nullptr,
+        h_bf16 != nullptr ? h_bf16->as<uint16_t>() : nullptr);
   }
-  // The attention takes the input norm into its projections.
-  if (absl::Status st = attention_->Forward(layer, ctx, collapsed->as<float>(),
-                                            L.input_norm->as<float>(), y->as<float>());
+  if (absl::Status st =
+          attention_->Forward(layer, ctx, collapsed->as<float>(), L.input_norm->as<float>(),
+                              y->as<float>(), h_bf16 != nullptr ? h_bf16->as<uint16_t>() : nullptr);
       !st.ok()) {
     return st;
   }
@@ -504,9 +528,7 @@ absl::Status DeepseekV4Model::Block(int64_t layer, const V4StepContext& ctx, con
     ops_->HcExpand(ex);
     std::swap(*streams, *next);
     Mix(T, L.ffn_hc, (*streams)->as<float>(), post->as<float>(), comb->as<float>(),
-        collapsed->as<float>());
-    backend_->RmsNorm(T, H, collapsed->as<float>(), H, L.post_attention_norm->as<float>(), eps,
-                      h->as<float>(), H);
+        collapsed->as<float>(), L.post_attention_norm->as<float>(), h->as<float>());
   }
   if (absl::Status st = moe->Forward(moe_layer, T, h->as<float>(), ids, y->as<float>(), mode);
       !st.ok()) {

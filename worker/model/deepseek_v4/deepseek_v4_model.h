@@ -167,8 +167,12 @@ class DeepseekV4Model final : public CausalLm {
                                      KvBlockPool* cache);
   absl::Status DecodeForward(const DecodeGraphInputs& in);
   // One hyper-connection site's mixing (HcMix) of streams [T, hc, H]: post, comb, collapsed.
+  // With norm_weight, also normed = RmsNorm(collapsed, norm_weight, rms_norm_eps) and/or
+  // normed_bf16, the same rounded to bf16 (as AddRmsNorm's out_bf16), in the mixing op where the
+  // backend's fused op takes it (collapsed then not written).
   void Mix(int64_t T, const V4HyperConnectionWeights& w, const float* streams, float* post,
-           float* comb, float* collapsed);
+           float* comb, float* collapsed, const float* norm_weight = nullptr,
+           float* normed = nullptr, uint16_t* normed_bf16 = nullptr);
   std::unique_ptr<DeviceBuffer> Floats(int64_t n) {
     return backend_->AllocateScratch(std::max<int64_t>(1, n) * sizeof(float));
   }

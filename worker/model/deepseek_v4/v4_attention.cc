@@ -42,6 +42,16 @@ void V4Attention::NormedGemms(int64_t T, int64_t dim, float* x, const float* wei
   }
 }
 
+bool V4Attention::NormRopeBf16(int64_t tokens, int64_t heads, int64_t dim, const float* x,
+                               uint16_t* out, const int32_t* positions, const float* inv_freq,
+                               float factor) {
+  NormRopeArgs a;
+  a.tokens = tokens, a.heads = heads, a.dim = dim, a.rope_dim = config_.rope_dim;
+  a.x = x, a.weight = ones_, a.eps = static_cast<float>(config_.rms_norm_eps), a.out_bf16 = out;
+  a.positions = positions, a.inv_freq = inv_freq, a.attention_factor = factor;
+  return ops_->NormRope(a);
+}
+
 void V4Attention::NormRope(int64_t tokens, int64_t heads, int64_t dim, const float* x,
                            const float* weight, float* out, const int32_t* positions,
                            const float* inv_freq, float factor) {
@@ -101,14 +111,40 @@ void V4Attention::Compress(const V4StepContext& ctx, const V4GroupPlan& gp,
   Move(cp.ring, rw, rp, state);
 }
 
-absl::Status V4Attention::Forward(int64_t layer, const V4StepContext& ctx, float* x,
-                                  const float* norm_weight, float* out) {
-  const DeepseekV4Config& c = config_;
+const V4AttentionWeights& V4Attention::WeightsOf(int64_t layer) const {
   // Cache layers past the model's are its MTP modules' (DeepseekV4Model::CacheSpecOf).
-  const int64_t module = layer - c.num_layers;
-  const V4AttentionWeights& A =
-      module < 0 ? weights_->layers[layer].attention : weights_->mtp[module].block.attention;
-  const V4AttentionKind kind = module < 0 ? c.attention[layer] : c.mtp_attention[module];
+  const int64_t module = layer - config_.num_layers;
+  return module < 0 ? weights_->layers[layer].attention : weights_->mtp[module].block.attention;
+}
+
+V4AttentionKind V4Attention::KindOf(int64_t layer) const {
+  const int64_t module = layer - config_.num_layers;
+  return module < 0 ? config_.attention[layer] : config_.mtp_attention[module];
+}
+
+bool V4Attention::TakesNormedInput(int64_t layer, int64_t T) const {
+  if (!fused_ops_ || T < kNormedInputMinRows) return false;
+  const V4AttentionWeights& A = WeightsOf(layer);
+  const V4AttentionKind kind = KindOf(layer);
+  // The matrices of Forward's h_gemms.
+  std::vector<const std::unique_ptr<DeviceBuffer>*> h = {&A.q_a, &A.kv_proj};
+  if (kind != V4AttentionKind::kSliding) {
+    h.insert(h.end(), {&A.compressor.kv_proj, &A.compressor.gate_proj});
+  }
+  if (kind == V4AttentionKind::kSparse) {
+    h.insert(h.end(), {&A.indexer.kv_proj, &A.indexer.gate_proj, &A.index_weights});
+  }
+  for (const auto* m : h) {
+    if (weights_->Matrix(*m).dtype != WeightDType::kBFloat16) return false;
+  }
+  return true;
+}
+
+absl::Status V4Attention::Forward(int64_t layer, const V4StepContext& ctx, float* x,
+                                  const float* norm_weight, float* out, const uint16_t* h_bf16) {
+  const DeepseekV4Config& c = config_;
+  const V4AttentionWeights& A = WeightsOf(layer);
+  const V4AttentionKind kind = KindOf(layer);
   const int64_t T = ctx.plan->tokens();
   if (T == 0) return absl::OkStatus();
   const int64_t H = c.hidden_size, D = c.head_dim, NH = c.num_heads, QL = c.q_lora_rank;
@@ -134,7 +170,13 @@ absl::Status V4Attention::Forward(int64_t layer, const V4StepContext& ctx, float
     iw = Floats(T * IH);
     h_gemms.push_back({IH, weights_->Matrix(A.index_weights), H, iw->as<float>(), IH});
   }
-  NormedGemms(T, H, x, norm_weight, h_gemms);
+  if (h_bf16 != nullptr) {
+    for (const NormedGemm& g : h_gemms) {
+      backend_->Gemm(T, g.n, H, ActivationView::Bf16(h_bf16), H, g.w, g.ldw, g.c, g.ldc, false);
+    }
+  } else {
+    NormedGemms(T, H, x, norm_weight, h_gemms);
+  }
 
   // Queries: q = q_b RmsNorm(q_residual) (the indexer's queries: index_q_b of the same normed
   // rows), normed per head, rope slice.
@@ -146,8 +188,24 @@ absl::Status V4Attention::Forward(int64_t layer, const V4StepContext& ctx, float
     q_gemms.push_back({IH * ID, weights_->Matrix(A.index_q_b), QL, iq->as<float>(), IH * ID});
   }
   NormedGemms(T, QL, qr->as<float>(), A.q_a_norm->as<float>(), q_gemms);
-  // Normed per head in place (no second [T, NH * D] buffer).
-  NormRope(T, NH, D, q->as<float>(), ones_, q->as<float>(), plan.positions(), inv, factor);
+  // The query and the attention's output in bf16 where the backend takes them (prefill with
+  // bf16 weights): the query normed, roped and rounded in one pass (the rounding the bf16
+  // attention applies), the output rotated back and rounded in the attention's epilogue (the
+  // rounding the bf16 o_a GEMM applies).
+  const bool bf16_qo = fused_ops_ && ops_->TakesBf16Attention(T, NH, D) &&
+                       weights_->Matrix(A.o_a).dtype == WeightDType::kBFloat16;
+  std::unique_ptr<DeviceBuffer> q16;
+  if (bf16_qo) {
+    q16 = backend_->AllocateScratch(T * NH * D * sizeof(uint16_t));
+    if (!NormRopeBf16(T, NH, D, q->as<float>(), q16->as<uint16_t>(), plan.positions(), inv,
+                      factor)) {
+      return absl::InternalError("V4Attention: the backend took a bf16 query but not its NormRope");
+    }
+    q.reset();
+  } else {
+    // Normed per head in place (no second [T, NH * D] buffer).
+    NormRope(T, NH, D, q->as<float>(), ones_, q->as<float>(), plan.positions(), inv, factor);
+  }
   // The shared K = V head.
   auto kvn = Floats(T * D);
   NormRope(T, 1, D, kv->as<float>(), A.kv_norm->as<float>(), kvn->as<float>(), plan.positions(),
@@ -196,12 +254,25 @@ absl::Status V4Attention::Forward(int64_t layer, const V4StepContext& ctx, float
 
   // Each query over its window (the ring's keys before this step, this step's after) and its
   // compressed entries (HCA: every entry it sees; CSA: the indexer's choice), in place.
-  auto o = Floats(T * NH * D);
+  std::unique_ptr<DeviceBuffer> o;
   SinkAttentionArgs sa;
   sa.tokens = T;
   sa.heads = NH;
   sa.dim = D;
-  sa.q = q->as<float>();
+  if (bf16_qo) {
+    o = backend_->AllocateScratch(T * NH * D * sizeof(uint16_t));
+    sa.q_bf16 = q16->as<uint16_t>();
+    // K = V carried the keys' rotation into the output: its rope slice rotated back.
+    sa.out_bf16 = o->as<uint16_t>();
+    sa.out_rope_dim = rd;
+    sa.out_rope_positions = plan.neg_positions();
+    sa.out_rope_inv_freq = inv;
+    sa.out_rope_factor = factor;
+  } else {
+    o = Floats(T * NH * D);
+    sa.q = q->as<float>();
+    sa.out = o->as<float>();
+  }
   sa.kv = kvn->as<float>();
   sa.positions = plan.positions();
   sa.window_len = plan.window_len();
@@ -221,20 +292,24 @@ absl::Status V4Attention::Forward(int64_t layer, const V4StepContext& ctx, float
   }
   sa.sinks = A.sinks->as<float>();
   sa.scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(D)));
-  sa.out = o->as<float>();
   ops_->SinkAttention(sa);
+  q16.reset();
 
   // The window ring keeps the last window_rows() keys.
   Move(gp.window_ring, D, kvn->as<float>(), state);
 
-  // K = V carried the keys' rotation into the output: rotate its rope slice back.
-  backend_->ApplyRope(T, NH, o->as<float>() + D - rd, NH * D, D, rd, plan.neg_positions(), inv,
-                      factor, true);
+  // K = V carried the keys' rotation into the output: rotate its rope slice back (bf16: done).
+  if (!bf16_qo) {
+    backend_->ApplyRope(T, NH, o->as<float>() + D - rd, NH * D, D, rd, plan.neg_positions(), inv,
+                        factor, true);
+  }
+  const ActivationView ov =
+      bf16_qo ? ActivationView::Bf16(o->as<uint16_t>()) : ActivationView(o->as<float>());
   // Grouped output projection: group g of heads through o_a's rows of group g, then o_b.
   const int64_t G = c.o_groups, OL = c.o_lora_rank, in = NH * D / G;
   auto og = Floats(T * G * OL);
-  backend_->BatchedGemm(G, T, OL, in, o->as<float>(), NH * D, in, weights_->Matrix(A.o_a), in,
-                        OL * in, og->as<float>(), G * OL, OL);
+  backend_->BatchedGemm(G, T, OL, in, ov, NH * D, in, weights_->Matrix(A.o_a), in, OL * in,
+                        og->as<float>(), G * OL, OL);
   backend_->Gemm(T, H, G * OL, og->as<float>(), G * OL, weights_->Matrix(A.o_b), G * OL, out, H,
                  false);
   return absl::OkStatus();

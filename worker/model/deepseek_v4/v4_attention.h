@@ -6,7 +6,10 @@
 //     query attends over the last sliding_window positions (itself included) and, on compressed
 //     layers, compressed entries, with a per-head sink logit in the softmax; the output's rope
 //     slice rotated back by its own position; the grouped low-rank output projection
-//     (o_a per group of heads, then o_b).
+//     (o_a per group of heads, then o_b). Where the backend takes them
+//     (V4Ops::TakesBf16Attention: the CUDA backend's prefill with bf16 weights), the normed
+//     query and the attention's rotated output are passed in bf16, rounded where they are made
+//     (the same values the fp32 path's consumers round).
 //   * HCA (kCompressed): a compressor pools every `ratio` source positions into one entry
 //     (softmax-gated sum of kv_proj rows with gate_proj + position_bias logits, kv_norm, rope
 //     at the window's first position); a query at position p sees the entries of windows that
@@ -53,8 +56,16 @@ class V4Attention {
   // input norm, the model's eps; x is not changed) of cache layer `layer` (the model's layers,
   // then its MTP modules': layer num_layers + i is module i's); updates the layer's cache for the
   // step's tokens. The norm is taken by the projections that read h (NormedGemms).
+  // With h_bf16 (TakesNormedInput), h is given, rounded to bf16 (AddRmsNorm's out_bf16 of x),
+  // and x and norm_weight are not read.
   absl::Status Forward(int64_t layer, const V4StepContext& ctx, float* x, const float* norm_weight,
-                       float* out);
+                       float* out, const uint16_t* h_bf16 = nullptr);
+  // Whether Forward of `layer` at T rows takes h_bf16: fused ops, every projection reading h bf16,
+  // and at least kNormedInputMinRows rows. The projections then run as NormedGemms would run them
+  // (AddRmsNorm's bf16 rows into each Gemm, bit for bit), without the norm pass; at 1 and 2 rows
+  // the CUDA backend folds the norm into its GEMVs instead, which read the fp32 rows.
+  bool TakesNormedInput(int64_t layer, int64_t T) const;
+  static constexpr int64_t kNormedInputMinRows = 3;
 
   // Fused ops (on by default): each norm and the projections that read it as one
   // Backend::AddRmsNormGemms; off: RmsNorm, then each Gemm (the reference composition).
@@ -68,12 +79,19 @@ class V4Attention {
   // pass instead of one per GEMM). x is not changed.
   void NormedGemms(int64_t T, int64_t dim, float* x, const float* weight,
                    const std::vector<NormedGemm>& gemms);
+  // The attention weights and kind of cache layer `layer` (the model's, then its MTP modules').
+  const V4AttentionWeights& WeightsOf(int64_t layer) const;
+  V4AttentionKind KindOf(int64_t layer) const;
   // Rows r = t * heads + h of dim values at x (stride dim) normed with weight (the model's eps)
   // into out (stride dim; may be x), their trailing rope_dim values rotated at positions[t]
   // (interleaved): V4Ops::NormRope with fused ops where the backend takes it, else RmsNorm, then
   // ApplyRope.
   void NormRope(int64_t tokens, int64_t heads, int64_t dim, const float* x, const float* weight,
                 float* out, const int32_t* positions, const float* inv_freq, float factor);
+  // The query's per-head norm (no weight) and rope, rounded to bf16 into out: V4Ops::NormRope
+  // with out_bf16 (where V4Ops::TakesBf16Attention); false where the backend did not take it.
+  bool NormRopeBf16(int64_t tokens, int64_t heads, int64_t dim, const float* x, uint16_t* out,
+                    const int32_t* positions, const float* inv_freq, float factor);
   // One compressor's projection rows [T, row_floats] (kv then gate) as two of NormedGemms'
   // gemms; returns the rows' buffer.
   std::unique_ptr<DeviceBuffer> CompressorRows(int64_t T, const V4CompressorPlan& cp,
