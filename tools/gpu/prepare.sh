@@ -71,12 +71,14 @@ tests=(
   //kernels/gemm:fp8_quantize_test
   //kernels/gemm:mxfp4_mma_gemm_test
   //kernels/gemm:staged_gemv_test
+  //kernels/gemm:staged_gemv_fp8_test
   //kernels/moe:expert_activation_test
   //kernels/moe:ep_exchange_test
   //kernels/moe:expert_counts_test
   //kernels/moe:expert_gemm_cublas_test
   //kernels/moe:grouped_gemm_test
   //kernels/moe:moe_decode_fused_test
+  //kernels/moe:moe_decode_fused_fp8_test
   //kernels/moe:noaux_tc_router_test
   //kernels/moe:noaux_tc_router_fused_test
   //kernels/moe:permute_test
@@ -116,6 +118,8 @@ tests=(
   //worker/model:ep_expert_dispatcher_gpu_test
   //worker/model:ep_device_graph_gpu_test
   //worker/model:decode_graph_gpu_test
+  //worker/model:deepseek_v4_decode_graph_test
+  //worker/model:deepseek_v4_speculative_gpu_test
   //worker/model:mha_prefill_gpu_test
 )
 # The daemons and the CLI, for multi_gpu.sh (`deepinfer run --backend cuda`).
