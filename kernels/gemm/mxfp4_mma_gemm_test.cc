@@ -114,31 +114,42 @@ TEST_P(Mxfp4MmaGroupedGemmTest, MatchesPerGroupReference) {
   p.scale_ld = w[0].scale_ld;
   p.c = dc.get();
   p.rows_per_group_hint = t.hint;
-  // The plain register loop first; every other tile variant must give the same bits (the same
-  // sums in the same order); the reference check is on the last, kGroupedMmaTile (the default).
-  p.tile = MmaTileOptions();
-  ASSERT_TRUE(Mxfp4MmaGroupedGemmSupports(p));
-  DEEPINFER_CUDA_OK(Mxfp4MmaGroupedGemm(p, nullptr));
-  std::vector<float> regs;
-  DEEPINFER_CUDA_OK(dc.Download(&regs));
-  std::vector<Mxfp4MmaGroupedGemmParams> variants;
-  for (int v = 1; v < 8; ++v) {
+  // The plain register loops first, narrow and wide; every other tile variant must give the bits
+  // of the plain loop of its width (the same sums in the same order: the k split follows the
+  // feature tile's height, 16 or 32 rows); the reference check is on the last, kGroupedMmaTile
+  // (the default).
+  std::vector<float> regs[2];
+  for (int wide = 0; wide < 2; ++wide) {
     Mxfp4MmaGroupedGemmParams q = p;
-    q.tile.wide = (v & 1) != 0;
-    q.tile.shared_activations = (v & 2) != 0;
-    q.tile.two_blocks_per_sm = (v & 4) != 0;
-    variants.push_back(q);
+    q.tile = MmaTileOptions();
+    q.tile.wide = wide != 0;
+    ASSERT_TRUE(Mxfp4MmaGroupedGemmSupports(q));
+    dc.Poison();
+    DEEPINFER_CUDA_OK(Mxfp4MmaGroupedGemm(q, nullptr));
+    DEEPINFER_CUDA_OK(dc.Download(&regs[wide]));
+  }
+  std::vector<Mxfp4MmaGroupedGemmParams> variants;
+  for (int v = 2; v < 8; ++v) {
+    for (int wide = 0; wide < 2; ++wide) {
+      Mxfp4MmaGroupedGemmParams q = p;
+      q.tile = MmaTileOptions();
+      q.tile.wide = wide != 0;
+      q.tile.shared_activations = (v & 2) != 0;
+      q.tile.two_blocks_per_sm = (v & 4) != 0;
+      variants.push_back(q);
+    }
   }
   std::vector<float> got;
   for (const Mxfp4MmaGroupedGemmParams& q : variants) {
     SCOPED_TRACE(::testing::Message() << "wide " << q.tile.wide << " shared "
                                       << q.tile.shared_activations << " two blocks "
                                       << q.tile.two_blocks_per_sm);
+    const std::vector<float>& want = regs[q.tile.wide ? 1 : 0];
     dc.Poison();
     DEEPINFER_CUDA_OK(Mxfp4MmaGroupedGemm(q, nullptr));
     DEEPINFER_CUDA_OK(dc.Download(&got));
     for (size_t i = 0; i < static_cast<size_t>(used) * t.n; ++i) {
-      ASSERT_EQ(got[i], regs[i]) << "differs from the plain register loop at " << i;
+      ASSERT_EQ(got[i], want[i]) << "differs from the plain register loop of its width at " << i;
     }
   }
 

@@ -311,7 +311,11 @@ TEST(HyperConnectionKernelTest, MixFromStreamsMatchesCpuNormGemmAndMix) {
     EXPECT_TRUE(AllClose(got_comb, comb, 1e-5, 1e-4)) << "comb";
     if (with_collapsed) {
       DEEPINFER_CUDA_OK(dcol.Download(&got_col));
-      EXPECT_TRUE(AllClose(got_col, collapsed, 1e-5, 1e-4)) << "collapsed";
+      // Sums of 4 terms of up to ~2 that may cancel to near 0, weighted by pre weights from dot
+      // products of 4 x hidden fp32 terms that the kernel and the CPU add in other orders: the
+      // absolute error follows the terms, not the result (measured on the H200: up to 1.6e-5 in
+      // 5 of 16.8M values at 4097 rows x 4096).
+      EXPECT_TRUE(AllClose(got_col, collapsed, 5e-5, 1e-4)) << "collapsed";
     }
     if (c.norm == Norm::kNone) continue;
     std::vector<uint16_t> got_bf16;
