@@ -345,8 +345,8 @@ void CudaBackend::ExpertGemmsOnDevice(const RoutedExpertsArgs& a, DecodeMoeAlgo 
     // Only the rows of a pass follow it: twice the average rows of an expert, at most T (a
     // token's top-k experts are distinct), so that most busy experts take one pass over their
     // weights. A guess; grouped_gemm_bench times the alternatives.
-    g.rows_per_group_hint = static_cast<int32_t>(
-        std::min<int64_t>(T, 2 * std::max<int64_t>(1, (T * K + E - 1) / E)));
+    g.rows_per_group_hint =
+        static_cast<int32_t>(std::min<int64_t>(T, 2 * std::max<int64_t>(1, (T * K + E - 1) / E)));
     // Large groups (prefill): the all-rows loop, each weight loaded once for up to 128 rows
     // instead of 32 (the same sums); from a hint above 64 (above 32 rows an expert on average),
     // a guess like the hint.
@@ -360,8 +360,7 @@ void CudaBackend::ExpertGemmsOnDevice(const RoutedExpertsArgs& a, DecodeMoeAlgo 
       Check(kernels::RoundF32ToBf16(T * K * I, act_f32->as<float>(), act->as<uint16_t>(), stream_),
             "kernels::RoundF32ToBf16");
     } else {
-      Check(kernels::SiluMulF32ToBf16(T * K, I, gate_up->as<float>(), act->as<uint16_t>(),
-                                      stream_),
+      Check(kernels::SiluMulF32ToBf16(T * K, I, gate_up->as<float>(), act->as<uint16_t>(), stream_),
             "kernels::SiluMulF32ToBf16");
     }
     g.n = H;
