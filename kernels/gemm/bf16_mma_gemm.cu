@@ -3,10 +3,10 @@
 //
 // Chunks: half h of thread t's chunk c of k block kb is k kb * 128 + 64 c + 32 h + 8 t .. + 7, one
 // 16-byte load per weight row (the quad's four loads 64 contiguous bytes of the row), and the same
-// 16 bytes of each activation row; the quad's chunk c covers 64 k, so with k a multiple of 64 a
-// chunk is wholly in range or wholly past k. A chunk's sub-step s takes words 2 (s & 1) and
-// 2 (s & 1) + 1 of half s / 2, values (v0, v1) and (v2, v3): the fragment's even pair is (v0, v2),
-// its odd pair (v1, v3), one byte permutation each.
+// 16 bytes of each activation row; with k a multiple of 8 a half is wholly in range or wholly
+// past k (zeros then, weights and activations alike). A chunk's sub-step s takes words 2 (s & 1)
+// and 2 (s & 1) + 1 of half s / 2, values (v0, v1) and (v2, v3): the fragment's even pair is
+// (v0, v2), its odd pair (v1, v3), one byte permutation each.
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -41,7 +41,7 @@ class Bf16Format {
 
   Bf16Format() = default;
   __device__ Bf16Format(const Matrix& m, int64_t fa, int64_t fb, int t)
-      : wa_(m.w + fa * m.ldw + 8 * t), wb_(m.w + fb * m.ldw + 8 * t) {}
+      : wa_(m.w + fa * m.ldw + 8 * t), wb_(m.w + fb * m.ldw + 8 * t), t_(t) {}
   __device__ static Matrix GroupMatrix(const Bf16MmaGroupedGemmParams& p, int group) {
     return {p.weights[group], p.k};
   }
@@ -49,17 +49,17 @@ class Bf16Format {
     return kb * kKBlock + 64 * c + 8 * t;
   }
   static constexpr int kHalfStride = 32;
-  // k is a multiple of 64: a chunk (the quad's 64 k) is in range or wholly past k.
-  __device__ static bool ChunkOk(int64_t kb, int c, int, int64_t k) {
-    return kb * kKBlock + 64 * c < k;
+  // k is a multiple of 8: a half is in range or wholly past k.
+  __device__ static bool HalfOk(int64_t kb, int c, int t, int h, int64_t k) {
+    return ChunkK(kb, c, t) + kHalfStride * h < k;
   }
   __device__ void Load(int64_t kb, int64_t k, Raw* r) const {
 #pragma unroll
     for (int c = 0; c < 2; ++c) {
-      const bool ok = ChunkOk(kb, c, 0, k);
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
         const int64_t off = kb * kKBlock + 64 * c + kHalfStride * h;
+        const bool ok = HalfOk(kb, c, t_, h, k);
         r->w[c][0][h] = ok ? LoadStreaming16(wa_ + off) : make_uint4(0, 0, 0, 0);
         r->w[c][1][h] = ok ? LoadStreaming16(wb_ + off) : make_uint4(0, 0, 0, 0);
       }
@@ -78,6 +78,7 @@ class Bf16Format {
  private:
   const uint16_t* wa_;
   const uint16_t* wb_;
+  int t_;
 };
 
 bool Aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
@@ -115,7 +116,7 @@ bool Bf16MmaGemmAvailable() {
 
 bool Bf16MmaGroupedGemmSupports(const Bf16MmaGroupedGemmParams& p) {
   return p.num_groups >= 1 && p.max_rows >= 0 && p.n >= 1 && p.k >= 1 && p.n <= kIntMax &&
-         p.k % 64 == 0 && std::min(p.num_groups, p.max_rows) <= 65535 && p.offsets != nullptr &&
+         p.k % 8 == 0 && std::min(p.num_groups, p.max_rows) <= 65535 && p.offsets != nullptr &&
          p.a != nullptr && Aligned16(p.a) && p.weights != nullptr && p.c != nullptr &&
          KSplitValid(p.k_split, p.k) && Bf16MmaGemmAvailable();
 }

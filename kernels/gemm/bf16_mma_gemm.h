@@ -39,7 +39,7 @@ struct Bf16MmaGroupedGemmParams {
   int32_t num_groups = 0;
   int32_t max_rows = 0;
   const int32_t* offsets = nullptr;          // device [num_groups + 1], non-decreasing, [0] = 0
-  int64_t n = 0, k = 0;                      // k a multiple of 64
+  int64_t n = 0, k = 0;                      // k a multiple of 8
   const uint16_t* a = nullptr;               // 16-byte aligned
   const uint16_t* const* weights = nullptr;  // device [num_groups] pointers, 16-byte aligned
   float* c = nullptr;

@@ -218,10 +218,11 @@ INSTANTIATE_TEST_SUITE_P(
         // Decode: fewer rows than groups, empty groups, one block row per busy group.
         GroupedCase{{0, 1, 0, 0, 2, 0, 0, 0, 1, 0, 0, 0, 0, 1, 0, 3}, 256, 384, 1},
         // Groups above one pass (8, 16 and 32 rows a pass), a hint below the largest group; k a
-        // multiple of 64 only (a last 128-wide block with its second chunk past k), n not a
-        // multiple of 16.
-        GroupedCase{{9, 0, 17, 3, 40}, 96, 320, 8}, GroupedCase{{33, 5, 0, 16}, 70, 192, 16},
-        GroupedCase{{70, 1, 2}, 130, 448, 0}, GroupedCase{{4, 4}, 48, 64, 4},
+        // multiple of 64 (a last 128-wide block with its second chunk past k) or of 8 only (some
+        // of a chunk's 8-value halves past k, the other half in range), n not a multiple of 16.
+        GroupedCase{{9, 0, 17, 3, 40}, 96, 320, 8}, GroupedCase{{33, 5, 0, 16}, 70, 200, 16},
+        GroupedCase{{70, 1, 2}, 130, 136, 0}, GroupedCase{{4, 4}, 48, 40, 4},
+        GroupedCase{{3, 0, 5}, 32, 8, 0}, GroupedCase{{12, 7}, 64, 264, 12},
         // Moonlight's experts (hidden 2048, intermediate 1408): gate_up, down.
         GroupedCase{{1, 0, 2, 1, 0, 0, 12, 0}, 2816, 2048, 12},
         GroupedCase{{1, 0, 2, 1, 0, 0, 12, 0}, 2048, 1408, 12}));
@@ -237,7 +238,7 @@ TEST(Bf16MmaGroupedGemmBatchInvariantTest, RowAloneIsTheRowAmongMany) {
   SCOPED_TRACE(::testing::Message() << "seed " << seed);
   std::mt19937 gen(seed);
   const int32_t groups = 6, target_group = 3, max_group = 300;
-  const std::vector<std::pair<int64_t, int64_t>> shapes = {{2816, 2048}, {2048, 1408}, {300, 1088}};
+  const std::vector<std::pair<int64_t, int64_t>> shapes = {{2816, 2048}, {2048, 1408}, {300, 1032}};
   for (const auto& shape : shapes) {
     const int64_t n = shape.first, k = shape.second;
     const Experts w = MakeExperts(groups, n, k, seed + static_cast<uint32_t>(n));
@@ -330,7 +331,7 @@ TEST(Bf16MmaGroupedGemmTest, RejectsWhatItCannotTake) {
   p.c = c.get();
   EXPECT_TRUE(Bf16MmaGroupedGemmSupports(p));
   Bf16MmaGroupedGemmParams q = p;
-  q.k = 72;  // not a multiple of 64
+  q.k = 60;  // not a multiple of 8
   EXPECT_FALSE(Bf16MmaGroupedGemmSupports(q));
   EXPECT_EQ(Bf16MmaGroupedGemm(q, nullptr), cudaErrorInvalidValue);
   q = p;

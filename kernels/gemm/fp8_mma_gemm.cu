@@ -72,6 +72,9 @@ class Fp8Format {
     return ChunkK(kb, c, t) < k;
   }
   static constexpr int kHalfStride = 8;
+  __device__ static bool HalfOk(int64_t kb, int c, int t, int, int64_t k) {
+    return ChunkOk(kb, c, t, k);
+  }
   __device__ void Load(int64_t kb, int64_t k, Raw* r) const {
 #pragma unroll
     for (int c = 0; c < 2; ++c) {

@@ -68,18 +68,25 @@ __device__ __forceinline__ uint32_t PackBf16x2(float lo, float hi) {
 }
 
 // B fragments of activation row `row` for the thread's 16 k of a chunk, x[0..7] from kk and
-// x[8..15] from kk + kHalfStride (zeros if !ok): b[s] = {(x[4s], x[4s + 2]), (x[4s + 1],
-// x[4s + 3])}.
+// x[8..15] from kk + kHalfStride (half h zeros if !ok[h]; a contiguous chunk, kHalfStride 8, is
+// wholly below k or past it: ok[0] for both): b[s] = {(x[4s], x[4s + 2]), (x[4s + 1], x[4s + 3])}.
 template <bool kBf16A, int kHalfStride>
 __device__ __forceinline__ void LoadActivations(const void* a, int64_t lda, int64_t row, int64_t kk,
-                                                bool ok, uint32_t b[4][2]) {
+                                                const bool ok[2], uint32_t b[4][2]) {
   if constexpr (kBf16A) {
     uint4 v0 = make_uint4(0, 0, 0, 0), v1 = v0;
-    if (ok) {
+    if constexpr (kHalfStride == 8) {
+      if (ok[0]) {
+        const uint4* p =
+            reinterpret_cast<const uint4*>(static_cast<const uint16_t*>(a) + row * lda + kk);
+        v0 = __ldg(p);
+        v1 = __ldg(p + 1);
+      }
+    } else {
       const uint4* p =
           reinterpret_cast<const uint4*>(static_cast<const uint16_t*>(a) + row * lda + kk);
-      v0 = __ldg(p);
-      v1 = __ldg(p + kHalfStride / 8);
+      if (ok[0]) v0 = __ldg(p);
+      if (ok[1]) v1 = __ldg(p + kHalfStride / 8);
     }
     const uint32_t x[8] = {v0.x, v0.y, v0.z, v0.w, v1.x, v1.y, v1.z, v1.w};
 #pragma unroll
@@ -92,7 +99,7 @@ __device__ __forceinline__ void LoadActivations(const void* a, int64_t lda, int6
 #pragma unroll
     for (int q = 0; q < 4; ++q) {
       float4 v = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-      if (ok)
+      if (ok[kHalfStride == 8 ? 0 : q >> 1])
         v = __ldg(reinterpret_cast<const float4*>(static_cast<const float*>(a) + row * lda + kk) +
                   (q >> 1) * (kHalfStride / 4) + (q & 1));
       f[4 * q] = v.x;
@@ -114,9 +121,11 @@ __device__ __forceinline__ void LoadActivations(const void* a, int64_t lda, int6
 //   struct Raw;                                     the thread's weights of one k block
 //   void Load(int64_t kb, int64_t k, Raw*) const;   zeros past k
 //   static int64_t ChunkK(int64_t kb, int c, int t) first k of the thread's chunk c (c < 2)
-//   static constexpr int kHalfStride;               k from the chunk's first half to its second
-//   static bool ChunkOk(int64_t kb, int c, int t, int64_t k)   both halves below k (the
-//                                                   format's k multiple: both or neither)
+//   static constexpr int kHalfStride;               k from the chunk's first half (8 contiguous
+//                                                   k) to its second; 8: a contiguous chunk,
+//                                                   wholly below k or past it (the format's k
+//                                                   multiple)
+//   static bool HalfOk(int64_t kb, int c, int t, int h, int64_t k)   half h of the chunk below k
 //   void Fragment(const Raw&, int c, int s, uint32_t af[4]) const
 //       A fragment of sub-step s of chunk c: rows g, g + 8 at logical k (2t, 2t+1), then
 //       (2t+8, 2t+9), i.e. af = {even pair of fa, even pair of fb, odd pair of fa, odd of fb}
@@ -133,7 +142,7 @@ struct GlobalB {
   __device__ __forceinline__ void Load(int64_t kb, int c, int64_t k, uint32_t bf[NT][4][2]) const {
     const int t = threadIdx.x & 3;
     const int64_t kk = Format::ChunkK(kb, c, t);
-    const bool ok = Format::ChunkOk(kb, c, t, k);
+    const bool ok[2] = {Format::HalfOk(kb, c, t, 0, k), Format::HalfOk(kb, c, t, 1, k)};
 #pragma unroll
     for (int j = 0; j < NT; ++j) {
       LoadActivations<kBf16A, Format::kHalfStride>(a, lda, arow[j], kk, ok, bf[j]);
@@ -308,7 +317,7 @@ __device__ __forceinline__ void StageActivations(uint4* frag, const void* a, int
       const int g = lane >> 2, t = lane & 3, c = q >> 1;
       const int64_t kb = slice * per + step0 + step;
       const bool ok =
-          e < items && kb < min(blocks, (slice + 1) * per) && Format::ChunkOk(kb, c, t, k);
+          e < items && kb < min(blocks, (slice + 1) * per) && Format::HalfOk(kb, c, t, q & 1, k);
       const int64_t row = min(row0 + 8 * j + g, row_end - 1);
       v[u] = LoadActivationHalf<kBf16A>(
           a, lda, row, Format::ChunkK(kb, c, t) + Format::kHalfStride * (q & 1), ok);

@@ -143,13 +143,9 @@ CudaBackend::MoePermutation CudaBackend::PermuteRoutedRows(const RoutedExpertsAr
 
 bool CudaBackend::RoutedExperts(const RoutedExpertsArgs& a) {
   if (a.fp8()) return RoutedExpertsFp8(a);
-  // Batch-invariant: bf16 experts on the device path only, with the sizes that
-  // kernels::Bf16MmaGroupedGemm takes (hidden and intermediate multiples of 64); the others (fp32
-  // experts too): the caller's per-expert GroupedGemm, whose GEMMs are batch-invariant then.
-  if (tuning_.batch_invariant &&
-      (a.dtype != WeightDType::kBFloat16 || a.hidden_size % 64 != 0 || a.inter % 64 != 0)) {
-    return false;
-  }
+  // Batch-invariant: bf16 experts on the device path only (fp32 experts: the caller's per-expert
+  // GroupedGemm, whose GEMMs are batch-invariant then).
+  if (tuning_.batch_invariant && a.dtype != WeightDType::kBFloat16) return false;
   if (a.mxfp4()) return RoutedExpertsMxfp4(a);
   if (a.num_experts < 1 || a.num_experts > kernels::kMaxMoeSlots || a.hidden_size % 8 != 0 ||
       a.inter % 8 != 0 || a.num_tokens < 0 || a.top_k < 1) {
