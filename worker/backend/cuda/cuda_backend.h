@@ -482,8 +482,8 @@ class CudaBackend : public Backend {
   // RoutedExperts' device-path expert GEMMs (gate_up, SiLU-mul, down) with `algo` (the
   // batch-invariant mode: its own kernel, whatever `algo`):
   // plan = device counts [E] | offsets [E + 1]; `permuted` the gathered rows (fp32 for
-  // kGroupedF32 outside the batch-invariant mode, bf16 otherwise); `rows` the row buffers' size; choice_row [tokens, top_k] the
-  // permutation's row of each choice.
+  // kGroupedF32 outside the batch-invariant mode, bf16 otherwise); `rows` the row buffers' size;
+  // choice_row [tokens, top_k] the permutation's row of each choice.
   void ExpertGemmsOnDevice(const RoutedExpertsArgs& a, DecodeMoeAlgo algo, const int32_t* plan,
                            const int32_t* choice_row, int64_t rows, const void* permuted,
                            float* expert_out);
