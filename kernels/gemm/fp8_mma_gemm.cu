@@ -71,6 +71,10 @@ class Fp8Format {
   __device__ static bool ChunkOk(int64_t kb, int c, int t, int64_t k) {
     return ChunkK(kb, c, t) < k;
   }
+  static constexpr int kHalfStride = 8;
+  __device__ static bool HalfOk(int64_t kb, int c, int t, int, int64_t k) {
+    return ChunkOk(kb, c, t, k);
+  }
   __device__ void Load(int64_t kb, int64_t k, Raw* r) const {
 #pragma unroll
     for (int c = 0; c < 2; ++c) {

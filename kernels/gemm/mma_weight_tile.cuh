@@ -1,18 +1,20 @@
-// The tile loop shared by the GEMMs that widen quantised weights to bf16 in registers and multiply
-// on bf16 tensor cores (mma.sync m16n8k16, sm_80+): FP8 e4m3 with 128 x 128 block scales
-// (fp8_mma_gemm.cu) and MXFP4 e2m1 with one UE8M0 scale per 32 values along k (mxfp4_mma_gemm.cu).
-// The formats differ only in how a thread loads its weights of a 128-wide k block, which k its
-// two 16-value chunks of that block cover, how a chunk's bytes become A fragments, and whether the
-// block's MMA sum is multiplied by a scale afterwards (FP8) or the scale is applied while widening
-// (MXFP4). Include only from .cu files.
+// The tile loop shared by the GEMMs that stream weights into registers, make them bf16 A fragments
+// and multiply on bf16 tensor cores (mma.sync m16n8k16, sm_80+): FP8 e4m3 with 128 x 128 block
+// scales (fp8_mma_gemm.cu) and MXFP4 e2m1 with one UE8M0 scale per 32 values along k
+// (mxfp4_mma_gemm.cu), both widened in registers, and bf16 used as it is (bf16_mma_gemm.cu). The
+// formats differ only in how a thread loads its weights of a 128-wide k block, which k its two
+// 16-value chunks of that block cover (each two halves of 8 contiguous k), how a chunk's bytes
+// become A fragments, and whether the block's MMA sum is multiplied by a scale afterwards (FP8) or
+// the scale is applied while widening (MXFP4). Include only from .cu files.
 //
 // Warp tile: MT (1 or 2) x 16 weight rows (output features) x 8 * NT activation rows, over a
 // range of the 128-wide k blocks; with MT = 2 each activation fragment feeds two MMAs.
 // mma.m16n8k16: A = 16 features x 16 k, B = 16 k x 8 activation rows, C fp32.
 // k order: a sum over k does not care in which order its terms come, so each thread of a quad
-// takes 16 CONTIGUOUS k values of its rows per chunk, and the fragment registers are filled so
-// that thread t's MMA-logical k {2t, 2t+1 | 2t+8, 2t+9} of sub-step s are the chunk's physical
-// 4s + {0, 2 | 1, 3} for A and B alike.
+// takes 16 k values of its rows per chunk (two halves of 8 contiguous k, kHalfStride apart: the
+// chunk contiguous where that is 8), and the fragment registers are filled so that thread t's
+// MMA-logical k {2t, 2t+1 | 2t+8, 2t+9} of sub-step s are the chunk's values 4s + {0, 2 | 1, 3}
+// (values 0-7 the first half, 8-15 the second) for A and B alike.
 //
 // Block: 8 warps = fb feature tiles x ks k-slices (fb * ks = 8, ks chosen per launch so the grid
 // has about two blocks per SM); the k-slices' partial sums meet in shared memory in warp order
@@ -65,18 +67,26 @@ __device__ __forceinline__ uint32_t PackBf16x2(float lo, float hi) {
   return *reinterpret_cast<const uint32_t*>(&h);
 }
 
-// B fragments of activation row `row` for the thread's 16 physical k from kk (zeros if !ok):
-// b[s] = {(x[4s], x[4s + 2]), (x[4s + 1], x[4s + 3])}.
-template <bool kBf16A>
+// B fragments of activation row `row` for the thread's 16 k of a chunk, x[0..7] from kk and
+// x[8..15] from kk + kHalfStride (half h zeros if !ok[h]; a contiguous chunk, kHalfStride 8, is
+// wholly below k or past it: ok[0] for both): b[s] = {(x[4s], x[4s + 2]), (x[4s + 1], x[4s + 3])}.
+template <bool kBf16A, int kHalfStride>
 __device__ __forceinline__ void LoadActivations(const void* a, int64_t lda, int64_t row, int64_t kk,
-                                                bool ok, uint32_t b[4][2]) {
+                                                const bool ok[2], uint32_t b[4][2]) {
   if constexpr (kBf16A) {
     uint4 v0 = make_uint4(0, 0, 0, 0), v1 = v0;
-    if (ok) {
+    if constexpr (kHalfStride == 8) {
+      if (ok[0]) {
+        const uint4* p =
+            reinterpret_cast<const uint4*>(static_cast<const uint16_t*>(a) + row * lda + kk);
+        v0 = __ldg(p);
+        v1 = __ldg(p + 1);
+      }
+    } else {
       const uint4* p =
           reinterpret_cast<const uint4*>(static_cast<const uint16_t*>(a) + row * lda + kk);
-      v0 = __ldg(p);
-      v1 = __ldg(p + 1);
+      if (ok[0]) v0 = __ldg(p);
+      if (ok[1]) v1 = __ldg(p + kHalfStride / 8);
     }
     const uint32_t x[8] = {v0.x, v0.y, v0.z, v0.w, v1.x, v1.y, v1.z, v1.w};
 #pragma unroll
@@ -89,9 +99,9 @@ __device__ __forceinline__ void LoadActivations(const void* a, int64_t lda, int6
 #pragma unroll
     for (int q = 0; q < 4; ++q) {
       float4 v = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-      if (ok)
+      if (ok[kHalfStride == 8 ? 0 : q >> 1])
         v = __ldg(reinterpret_cast<const float4*>(static_cast<const float*>(a) + row * lda + kk) +
-                  q);
+                  (q >> 1) * (kHalfStride / 4) + (q & 1));
       f[4 * q] = v.x;
       f[4 * q + 1] = v.y;
       f[4 * q + 2] = v.z;
@@ -111,7 +121,11 @@ __device__ __forceinline__ void LoadActivations(const void* a, int64_t lda, int6
 //   struct Raw;                                     the thread's weights of one k block
 //   void Load(int64_t kb, int64_t k, Raw*) const;   zeros past k
 //   static int64_t ChunkK(int64_t kb, int c, int t) first k of the thread's chunk c (c < 2)
-//   static bool ChunkOk(int64_t kb, int c, int t, int64_t k)
+//   static constexpr int kHalfStride;               k from the chunk's first half (8 contiguous
+//                                                   k) to its second; 8: a contiguous chunk,
+//                                                   wholly below k or past it (the format's k
+//                                                   multiple)
+//   static bool HalfOk(int64_t kb, int c, int t, int h, int64_t k)   half h of the chunk below k
 //   void Fragment(const Raw&, int c, int s, uint32_t af[4]) const
 //       A fragment of sub-step s of chunk c: rows g, g + 8 at logical k (2t, 2t+1), then
 //       (2t+8, 2t+9), i.e. af = {even pair of fa, even pair of fb, odd pair of fa, odd of fb}
@@ -128,9 +142,11 @@ struct GlobalB {
   __device__ __forceinline__ void Load(int64_t kb, int c, int64_t k, uint32_t bf[NT][4][2]) const {
     const int t = threadIdx.x & 3;
     const int64_t kk = Format::ChunkK(kb, c, t);
-    const bool ok = Format::ChunkOk(kb, c, t, k);
+    const bool ok[2] = {Format::HalfOk(kb, c, t, 0, k), Format::HalfOk(kb, c, t, 1, k)};
 #pragma unroll
-    for (int j = 0; j < NT; ++j) LoadActivations<kBf16A>(a, lda, arow[j], kk, ok, bf[j]);
+    for (int j = 0; j < NT; ++j) {
+      LoadActivations<kBf16A, Format::kHalfStride>(a, lda, arow[j], kk, ok, bf[j]);
+    }
   }
 };
 
@@ -301,9 +317,10 @@ __device__ __forceinline__ void StageActivations(uint4* frag, const void* a, int
       const int g = lane >> 2, t = lane & 3, c = q >> 1;
       const int64_t kb = slice * per + step0 + step;
       const bool ok =
-          e < items && kb < min(blocks, (slice + 1) * per) && Format::ChunkOk(kb, c, t, k);
+          e < items && kb < min(blocks, (slice + 1) * per) && Format::HalfOk(kb, c, t, q & 1, k);
       const int64_t row = min(row0 + 8 * j + g, row_end - 1);
-      v[u] = LoadActivationHalf<kBf16A>(a, lda, row, Format::ChunkK(kb, c, t) + 8 * (q & 1), ok);
+      v[u] = LoadActivationHalf<kBf16A>(
+          a, lda, row, Format::ChunkK(kb, c, t) + Format::kHalfStride * (q & 1), ok);
     }
 #pragma unroll
     for (int u = 0; u < kBatch; ++u) {
@@ -529,6 +546,41 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) MmaGroupedKernel(Params 
   }
 }
 
+// The dynamic shared memory of an all-rows pass of 8 NT rows: its activation fragments
+// (kAllRowsUnits(NT) 2 KiB units), then the k-slices' partial sums in the same bytes.
+__host__ __device__ constexpr size_t AllRowsBytes(int nt) {
+  return size_t{2048} * kAllRowsUnits(nt) > sizeof(float) * kWarps * kTile * 8 * nt
+             ? size_t{2048} * kAllRowsUnits(nt)
+             : sizeof(float) * kWarps * kTile * 8 * nt;
+}
+
+// MmaGroupedKernel with the all-rows loop (WarpTileAllRows: 16 weight rows a warp, passes of 8 NT
+// rows, AllRowsBytes(NT) of dynamic shared memory): the same sums at the same k split.
+template <int NT, typename Format, typename Params>
+__global__ void __launch_bounds__(kThreads) MmaGroupedAllRowsKernel(Params p, int ks_count) {
+  extern __shared__ uint4 frag[];
+  __shared__ int work[3];
+  FindNonEmptyGroup(p.num_groups, p.max_rows, p.offsets, work);
+  const int group = work[0];
+  const int64_t row_begin = work[1], row_end = work[2];
+  if (row_begin >= row_end) return;
+  const int warp = threadIdx.x >> 5;
+  const int fb_count = kWarps / ks_count, fb = warp / ks_count, ks = warp % ks_count;
+  const int64_t tile0 = static_cast<int64_t>(blockIdx.x) * fb_count;
+  const typename Format::Matrix m = Format::GroupMatrix(p, group);
+  auto red = reinterpret_cast<float(*)[kTile][8 * NT]>(frag);
+  for (int64_t row0 = row_begin; row0 < row_end; row0 += 8 * NT) {
+    float acc[1][NT][4];
+    // Its first barrier also keeps the previous pass's partial sums until they are read.
+    WarpTileAllRows<NT, true, Format>(m, p.n, (tile0 + fb) * kTile, p.a, p.k, row0, row_end, p.k,
+                                      ks, ks_count, frag, acc);
+    __syncthreads();  // every warp is done with the fragments: the memory takes the partial sums
+    StoreFragments<NT, 1>(acc, red[warp]);
+    __syncthreads();
+    ReduceAndStore<NT, 1>(red, fb_count, ks_count, tile0, row0, row_end, p.n, p.c, p.n, false);
+  }
+}
+
 // k-slices per feature tile: the fewest that give the grid kTargetBlocks blocks of
 // (8 / ks) feature tiles of tile_rows each, without slices left with no k block.
 inline int KSplit(int64_t n, int64_t k, int64_t other_blocks, int tile_rows = kTile) {
@@ -587,6 +639,41 @@ cudaError_t LaunchGroupedRows(const Params& p, int ks, dim3 grid, cudaStream_t s
     }
   }
   return LaunchGroupedTiles<NT, MT, false, kMinBlocks, Format>(p, ks, grid, stream);
+}
+
+template <int NT, typename Format, typename Params>
+cudaError_t LaunchGroupedAllRowsTiles(const Params& p, int ks, dim3 grid, cudaStream_t stream) {
+  constexpr size_t kBytes = AllRowsBytes(NT);
+  const auto kernel = MmaGroupedAllRowsKernel<NT, Format, Params>;
+  static const cudaError_t allowed =
+      AllowDynamicSmem(reinterpret_cast<const void*>(kernel), kBytes);
+  if (allowed != cudaSuccess) return allowed;
+  kernel<<<grid, kThreads, kBytes, stream>>>(p, ks);
+  return cudaGetLastError();
+}
+
+// Launches MmaGroupedAllRowsKernel for p: passes of 32, 64 or 128 rows by p's
+// rows_per_group_hint (max_rows where 0); the k split k_split's (a smaller pass where its
+// fragments would not fit kAllRowsUnits) or, with 0, KSplit's, capped where they would not fit.
+template <typename Format, typename Params>
+cudaError_t LaunchGroupedAllRows(const Params& p, int k_split, cudaStream_t stream) {
+  const int hint = p.rows_per_group_hint > 0 ? p.rows_per_group_hint : p.max_rows;
+  int nt = hint <= 32 ? 4 : hint <= 64 ? 8 : 16;
+  if (k_split > 0) {
+    while (k_split * nt > kAllRowsUnits(nt)) nt /= 2;
+  }
+  int ks = 1;
+  GroupedGrid(p, k_split, kTile, &ks);
+  while (ks * nt > kAllRowsUnits(nt)) ks /= 2;
+  const dim3 grid = GroupedGrid(p, ks, kTile, &ks);
+  switch (nt) {
+    case 4:
+      return LaunchGroupedAllRowsTiles<4, Format>(p, ks, grid, stream);
+    case 8:
+      return LaunchGroupedAllRowsTiles<8, Format>(p, ks, grid, stream);
+    default:
+      return LaunchGroupedAllRowsTiles<16, Format>(p, ks, grid, stream);
+  }
 }
 
 // Launches MmaGroupedKernel<NT, MT, kSharedB, kMinBlocks, Format> for p (its num_groups,

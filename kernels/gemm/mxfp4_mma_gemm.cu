@@ -68,6 +68,10 @@ class Mxfp4Format {
   __device__ static bool ChunkOk(int64_t kb, int c, int t, int64_t k) {
     return kb * kKBlock + 32 * t < k;
   }
+  static constexpr int kHalfStride = 8;
+  __device__ static bool HalfOk(int64_t kb, int c, int t, int, int64_t k) {
+    return ChunkOk(kb, c, t, k);
+  }
   __device__ void Load(int64_t kb, int64_t k, Raw* r) const {
     const bool ok = ChunkOk(kb, 0, t_, k);
     r->w[0] = ok ? LoadStreaming16(wa_ + kb * (kKBlock / 2)) : make_uint4(0, 0, 0, 0);

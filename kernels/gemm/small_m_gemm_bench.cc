@@ -13,8 +13,14 @@
 // the attention input of a decode step (AddRmsNorm, q_proj, kv_a) before and with it. First of
 // all, RunStaged: the staged GEMV against the small-m kernel at m = 1, 2, 4, also after a GEMV.
 //
-//   small_m_gemm_bench [staged]   (one line per case; exit status 1 on a CUDA error; "staged":
-//                                 RunStaged only)
+// "batch-invariant": the batch-invariant mode's dense GEMM candidates instead, at m = 1, 64, 128
+// and 256 bf16 rows of the same shapes (batch 1), each launch timed alone after the L2 flush:
+// cublasGemmEx (not batch-invariant: the floor), kernels::BatchInvariantGemmTc (the mode's
+// dense kernel) and kernels::Bf16MmaGemm with k split 1 (the tile loop of the routed experts'
+// kernel: "narrow" the plain register loop, "narrow+sh2" kBf16GroupedMmaTile, "all_rows").
+//
+//   small_m_gemm_bench [staged | batch-invariant]   (one line per case; exit status 1 on a CUDA
+//                                 error; "staged": RunStaged only)
 #include <cublas_v2.h>
 #include <cuda_runtime_api.h>
 
@@ -28,6 +34,8 @@
 #include <vector>
 
 #include "kernels/activation/elementwise.h"
+#include "kernels/gemm/batch_invariant_gemm.h"
+#include "kernels/gemm/bf16_mma_gemm.h"
 #include "kernels/gemm/small_m_gemm.h"
 #include "kernels/gemm/staged_gemv.h"
 #include "kernels/norm/rms_norm.h"
@@ -403,6 +411,56 @@ class Bench {
     fills_.clear();
   }
 
+  // "batch-invariant": shape s (batch 1) at m bf16 rows, each way alone after the L2 flush.
+  void RunBatchInvariant(const Shape& s, int64_t m) {
+    const int64_t k = s.k, n = s.n;
+    float* a = bench::Upload(bench::Uniform(m * k, 1));
+    uint16_t* a16 = DeviceAlloc<uint16_t>(m * k * 2);
+    BENCH_CUDA(kernels::RoundF32ToBf16(m * k, a, a16, nullptr));
+    uint16_t* w = DeviceAlloc<uint16_t>(n * k * 2);
+    BENCH_CUDA(kernels::RoundF32ToBf16(n * k, FillF32(n * k), w, nullptr));
+    float* c = DeviceAlloc<float>(m * n * 4);
+    const double gb = 2.0 * n * k / 1e9;
+    auto pct = [&](double us) { return 100.0 * gb / (us * 1e-6) / 4300.0; };
+    const float alpha = 1.0f, beta = 0.0f;
+    std::printf("%-22s m %4lld  weights %7.2f MB |", s.name, static_cast<long long>(m), gb * 1e3);
+    const double t_cublas = MedianUs([&] {
+      Blas(cublasGemmEx(cublas_, CUBLAS_OP_T, CUBLAS_OP_N, n, m, k, &alpha, w, CUDA_R_16BF, k, a16,
+                        CUDA_R_16BF, k, &beta, c, CUDA_R_32F, n, CUBLAS_COMPUTE_32F,
+                        CUBLAS_GEMM_DEFAULT),
+           "cublasGemmEx");
+    });
+    std::printf(" cuBLAS %8.2f us (%5.1f%%) |", t_cublas, pct(t_cublas));
+    kernels::BatchInvariantGemmParams b;
+    b.m = m, b.n = n, b.k = k, b.a = a16, b.a_bf16 = true, b.lda = k, b.w = w, b.ldw = k;
+    b.c = c, b.ldc = n;
+    if (kernels::BatchInvariantGemmTcSupports(b)) {
+      const double t = MedianUs([&] { BENCH_CUDA(kernels::BatchInvariantGemmTc(b, nullptr)); });
+      std::printf(" BatchInvariantGemmTc %8.2f us (%5.1f%%) |", t, pct(t));
+    }
+    kernels::Bf16MmaGemmParams p;
+    p.m = m, p.n = n, p.k = k, p.a = a16, p.lda = k, p.w = w, p.ldw = k, p.c = c, p.ldc = n;
+    p.k_split = 1;
+    kernels::MmaTileOptions all_rows;
+    all_rows.all_rows = true;
+    for (const auto& [name, tile] :
+         {std::pair{"narrow", kernels::MmaTileOptions()},
+          std::pair{"narrow+sh2", kernels::kBf16GroupedMmaTile}, std::pair{"all_rows", all_rows}}) {
+      p.tile = tile;
+      if (!kernels::Bf16MmaGemmSupports(p)) continue;
+      const double t = MedianUs([&] { BENCH_CUDA(kernels::Bf16MmaGemm(p, nullptr)); });
+      std::printf(" bf16-mma %s %8.2f us (%5.1f%%) |", name, t, pct(t));
+    }
+    std::printf("\n");
+    std::fflush(stdout);
+    for (void* q : {static_cast<void*>(a), static_cast<void*>(a16), static_cast<void*>(w),
+                    static_cast<void*>(c)}) {
+      BENCH_CUDA(cudaFree(q));
+    }
+    for (float* f : fills_) BENCH_CUDA(cudaFree(f));
+    fills_.clear();
+  }
+
  private:
   float* FillF32(int64_t n) {
     float* f = DeviceAlloc<float>(n * 4);
@@ -425,8 +483,9 @@ int main(int argc, char** argv) {
   using deepinfer::Shape;
   // "staged": only RunStaged (staged against small-m), for a short device run.
   const bool staged_only = argc > 1 && std::string(argv[1]) == "staged";
+  const bool batch_invariant = argc > 1 && std::string(argv[1]) == "batch-invariant";
   deepinfer::Bench bench;
-  {
+  if (!batch_invariant) {
     const deepinfer::Bench::StagedCase cases[] = {
         {"norm+q+kv_a", {3072, 576}, 2048, true}, {"q+kv_a", {3072, 576}, 2048, false},
         {"o_proj", {2048}, 2048, false},          {"shared gate_up", {5632}, 2048, false},
@@ -450,6 +509,13 @@ int main(int argc, char** argv) {
       {"absorb W_uk (16 heads)", 16, 512, 128},
       {"lift W_uv (16 heads)", 16, 128, 512},
   };
+  if (batch_invariant) {
+    for (const Shape& s : shapes) {
+      if (s.batch != 1) continue;
+      for (int64_t m : {1, 64, 128, 256}) bench.RunBatchInvariant(s, m);
+    }
+    return 0;
+  }
   for (int64_t m : {1, 4}) bench.RunNormQkv(m);
   for (int64_t m : {1, 4}) {
     for (const Shape& s : shapes) bench.Run(s, m);

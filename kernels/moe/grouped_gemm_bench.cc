@@ -7,7 +7,13 @@
 //   tc-hilo         GroupedGemmBf16 kTensorCore (x as bf16 hi + lo)
 //   tc-bf16x        GroupedGemmBf16 kTensorCoreBf16X (x rounded to bf16: the batch-invariant
 //                   mode's expert GEMMs at every size; its down GEMM)
-//   tc-bf16x-in     the same with x given in bf16 (x_bf16: the mode's gate_up below 8192 rows)
+//   tc-bf16x-in     the same with x given in bf16 (x_bf16)
+//   bf16-mma        Bf16MmaGroupedGemm, bf16 x (the batch-invariant mode's expert GEMMs): the
+//                   mode's launch (k split 1, kBf16GroupedMmaTile, hint twice the average rows
+//                   an expert, at most the tokens), then the same with one change each: k split
+//                   2 or picked from the shape, the hint the average or the tokens, the wide
+//                   tile (wide+shared+2blocks, kGroupedMmaTile), all_rows (the mode's tile
+//                   from a hint above 64: not reached at these sizes)
 //   planned-cN      PlanExpertGemmBatches + one cublasGemmBatchedEx over chunks of N rows
 //                   (padded layout, fixed batch ExpertGemmBatchBound; planner included), the
 //                   dummies spread between the real chunks, fp32 or bf16 ("b16") outputs;
@@ -39,6 +45,7 @@
 #include <utility>
 #include <vector>
 
+#include "kernels/gemm/bf16_mma_gemm.h"
 #include "kernels/moe/expert_gemm_plan.h"
 #include "kernels/moe/expert_gemm_planned.h"
 #include "kernels/moe/grouped_gemm.h"
@@ -194,6 +201,45 @@ void RunShape(const MoeShape& shape, Timer& timer, cublasHandle_t cublas) {
       p.x_bf16 = xb;
       report("tc-bf16x-in",
              timer.MedianUs([&](int) { BENCH_CUDA(kernels::GroupedGemmBf16(p, nullptr)); }));
+    }
+    {
+      kernels::Bf16MmaGroupedGemmParams p;
+      p.num_groups = E;
+      p.max_rows = rows;
+      p.offsets = dplan + E;
+      p.n = n;
+      p.k = k;
+      p.a = xb;
+      p.weights = reinterpret_cast<const uint16_t* const*>(dptrs);
+      p.c = y;
+      const int32_t average = std::max(1, (rows + E - 1) / E);
+      p.rows_per_group_hint = std::min(tokens, 2 * average);
+      p.k_split = 1;
+      struct Variant {
+        const char* name;
+        kernels::Bf16MmaGroupedGemmParams p;
+      };
+      std::vector<Variant> variants = {{"bf16-mma (mode)", p}};
+      variants.push_back({"bf16-mma k_split 2", p});
+      variants.back().p.k_split = 2;
+      variants.push_back({"bf16-mma k_split from shape", p});
+      variants.back().p.k_split = 0;
+      variants.push_back({"bf16-mma hint average", p});
+      variants.back().p.rows_per_group_hint = average;
+      variants.push_back({"bf16-mma hint tokens", p});
+      variants.back().p.rows_per_group_hint = tokens;
+      variants.push_back({"bf16-mma wide", p});
+      variants.back().p.tile = kernels::kGroupedMmaTile;
+      variants.push_back({"bf16-mma all_rows", p});
+      variants.back().p.tile.all_rows = true;
+      for (const Variant& v : variants) {
+        if (!kernels::Bf16MmaGroupedGemmSupports(v.p)) {
+          std::fprintf(stderr, "%s: not supported here\n", v.name);
+          std::exit(1);
+        }
+        report(v.name,
+               timer.MedianUs([&](int) { BENCH_CUDA(kernels::Bf16MmaGroupedGemm(v.p, nullptr)); }));
+      }
     }
     // Small batches: the chunk sizes. From 64 tokens the grid of chunk sizes x output type, and
     // the exact batch.

@@ -66,6 +66,7 @@ tests=(
   //kernels/attention:mha_prefill_test
   //kernels/embedding:rows_test
   //kernels/gemm:small_m_gemm_test
+  //kernels/gemm:bf16_mma_gemm_test
   //kernels/gemm:fp8_block_gemm_test
   //kernels/gemm:fp8_mma_gemm_test
   //kernels/gemm:fp8_quantize_test

@@ -101,11 +101,10 @@ struct CudaTuning {
   //    NormRopeCacheAbsorbQuery, MhaPrefillAttention: the Backend's separate ops;
   //  * RouteTokens: AddRmsNorm + Gemm + NoauxTcRoute + AccumulateExpertCounts;
   //  * RoutedExperts: the device path for every batch, the expert GEMMs on
-  //    kernels::GroupedGemmBf16's tensor-core kernel with the activations rounded to bf16
-  //    (GroupedGemmAlgo::kTensorCoreBf16X, as the default mode's cuBLAS expert GEMMs; bf16
-  //    weights) or kernels::Fp8MmaGroupedGemm with
-  //    the fixed k split (FP8); fp32 experts are declined (the caller's per-expert GroupedGemm,
-  //    on the batch-invariant Gemm);
+  //    kernels::Bf16MmaGroupedGemm with a fixed k split (kBatchInvariantBf16KSplit) and the
+  //    activations in bf16 (as the default mode's cuBLAS expert GEMMs take them; bf16 weights)
+  //    or kernels::Fp8MmaGroupedGemm with the fixed k split (FP8); fp32 experts are declined
+  //    (the caller's per-expert GroupedGemm, on the batch-invariant Gemm);
   //  * MlaAttention: kernels::MlaAttentionF32 for every token (prefill too) with
   //    kBatchInvariantMlaSplits context splits (no one-launch decode kernel, no tensor-core
   //    prefill).
@@ -181,6 +180,9 @@ class CudaBackend : public Backend {
   // CudaTuning::batch_invariant: kernels::Fp8MmaGemm's and Fp8MmaGroupedGemm's warps per k
   // (one: each output's sum over k in one warp, in order).
   static constexpr int32_t kBatchInvariantFp8KSplit = 1;
+  // CudaTuning::batch_invariant: kernels::Bf16MmaGroupedGemm's warps per k (the routed experts'
+  // bf16 GEMMs), as kBatchInvariantFp8KSplit.
+  static constexpr int32_t kBatchInvariantBf16KSplit = 1;
   // CudaTuning::batch_invariant: from this many rows and output columns BatchInvariantGemm rounds
   // an fp32 a to bf16 in a pass of its own before kernels::BatchInvariantGemmTc (the same bits as
   // the kernel's own rounding; half the activation bytes that its blocks read again, once per 16
@@ -477,10 +479,11 @@ class CudaBackend : public Backend {
   // One GEMM of the Gemm layout on cuBLAS. a is fp32 for fp32 weights, bf16 bits otherwise.
   void GemmOnCublas(int64_t m, int64_t n, int64_t k, const void* a, int64_t lda, WeightView w,
                     int64_t ldw, float* c, int64_t ldc, bool accumulate);
-  // RoutedExperts' device-path expert GEMMs (gate_up, SiLU-mul, down) with `algo`:
+  // RoutedExperts' device-path expert GEMMs (gate_up, SiLU-mul, down) with `algo` (the
+  // batch-invariant mode: its own kernel, whatever `algo`):
   // plan = device counts [E] | offsets [E + 1]; `permuted` the gathered rows (fp32 for
-  // kGroupedF32, bf16 otherwise); `rows` the row buffers' size; choice_row [tokens, top_k] the
-  // permutation's row of each choice.
+  // kGroupedF32 outside the batch-invariant mode, bf16 otherwise); `rows` the row buffers' size;
+  // choice_row [tokens, top_k] the permutation's row of each choice.
   void ExpertGemmsOnDevice(const RoutedExpertsArgs& a, DecodeMoeAlgo algo, const int32_t* plan,
                            const int32_t* choice_row, int64_t rows, const void* permuted,
                            float* expert_out);

@@ -254,14 +254,15 @@ TEST_F(BatchInvariantTest, BatchedGemmRowsAreTheSameAtEveryBatchSizeAndMatchCpu)
   EXPECT_TRUE(gpu_->status().ok()) << gpu_->status();
 }
 
-// RoutedExperts (bf16 experts: the grouped tensor-core kernel with the activations rounded to
-// bf16, kernels::GroupedGemmAlgo::kTensorCoreBf16X): 1400 tokens with random top-6 routing over 64
-// experts (8400 rows: the kernel's shared-memory tiles on fp32 rows), and the same tokens in
-// calls of 1 to 128 tokens (about 12 rows an expert at 128: the register tiles on rows gathered
-// in bf16), which give each expert other row counts and row places: every token's output bit
-// for bit the same. The first 128 tokens against the bf16 CPU backend (activations rounded to
-// bf16 as the mode rounds them) token by token: up to summation order and an activation rounded
-// the other way now and then, far below the O(0.1) of a wrong or missing expert.
+// RoutedExperts (bf16 experts: kernels::Bf16MmaGroupedGemm with the fixed k split, the
+// activations in bf16): 1400 tokens with random top-6 routing over 64 experts (8400 rows, about
+// 130 an expert: passes of 32 rows), and the same tokens in calls of 1 to 128 tokens (about 12
+// rows an expert at 128: other row tiles), which give each expert other row counts and row
+// places: every token's output bit for bit the same, with the plain SiLU-mul and with V4's
+// clamped SwiGLU (rounded to bf16 in a pass of its own). The first 128 tokens of the plain form
+// against the bf16 CPU backend (activations rounded to bf16 as the mode rounds them) token by
+// token: up to summation order and an activation rounded the other way now and then, far below
+// the O(0.1) of a wrong or missing expert.
 TEST_F(BatchInvariantTest, RoutedExpertsRowsAreTheSameAtEveryBatchSizeAndMatchCpu) {
   constexpr int64_t E = 64, K = 6, H = 256, I = 128, T = 1400, kChecked = 128;
   const uint32_t seed = testing::FreshSeed();
@@ -299,7 +300,7 @@ TEST_F(BatchInvariantTest, RoutedExpertsRowsAreTheSameAtEveryBatchSizeAndMatchCp
   const void* d_gu = upload_bytes(gu_ptr.data(), E * sizeof(void*));
   const void* d_dn = upload_bytes(dn_ptr.data(), E * sizeof(void*));
   // RoutedExperts on tokens [first, first + n); the output rows.
-  auto run = [&](int64_t first, int64_t n) {
+  auto run = [&](int64_t first, int64_t n, float swiglu_limit = 0.0f) {
     std::vector<float> xs(x.begin() + first * H, x.begin() + (first + n) * H);
     std::vector<float> ws(w.begin() + first * K, w.begin() + (first + n) * K);
     std::vector<int32_t> is(ids.begin() + first * K, ids.begin() + (first + n) * K);
@@ -318,14 +319,24 @@ TEST_F(BatchInvariantTest, RoutedExpertsRowsAreTheSameAtEveryBatchSizeAndMatchCp
     a.gate_up = static_cast<const void* const*>(d_gu);
     a.down = static_cast<const void* const*>(d_dn);
     a.dtype = WeightDType::kBFloat16;
+    a.swiglu_limit = swiglu_limit;
     a.out = out->as<float>();
     EXPECT_TRUE(gpu_->RoutedExperts(a));
     return Download(*out);
   };
   const std::vector<float> all = run(0, T);
-  for (const auto& [first, n] : std::vector<std::pair<int64_t, int64_t>>{
-           {0, 1}, {1399, 1}, {40, 3}, {100, 17}, {5, 60}, {0, kChecked}, {1272, 128}}) {
+  const std::vector<std::pair<int64_t, int64_t>> calls = {
+      {0, 1}, {1399, 1}, {40, 3}, {100, 17}, {5, 60}, {0, kChecked}, {1272, 128}};
+  for (const auto& [first, n] : calls) {
     EXPECT_TRUE(SameRows(all, run(first, n), first, n, H, H));
+  }
+  {
+    SCOPED_TRACE("clamped SwiGLU");
+    constexpr float kLimit = 1.5f;
+    const std::vector<float> clamped = run(0, T, kLimit);
+    for (const auto& [first, n] : calls) {
+      EXPECT_TRUE(SameRows(clamped, run(first, n, kLimit), first, n, H, H));
+    }
   }
   // The CPU reference, token by token.
   std::vector<float> want(kChecked * H, 0.0f), gu(2 * I), act(I), y(H);

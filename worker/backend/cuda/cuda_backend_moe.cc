@@ -10,6 +10,7 @@
 #include "absl/strings/str_cat.h"
 #include "glog/logging.h"
 #include "kernels/activation/elementwise.h"
+#include "kernels/gemm/bf16_mma_gemm.h"
 #include "kernels/moe/expert_activation.h"
 #include "kernels/moe/expert_counts.h"
 #include "kernels/moe/expert_gemm_cublas.h"
@@ -180,12 +181,10 @@ bool CudaBackend::RoutedExperts(const RoutedExpertsArgs& a) {
     return true;
   }
   // bf16 weights gather the rows straight into bf16 (the GEMM operand), except for the device
-  // path's fp32-activation kernel; the batch-invariant mode's kernel takes them in bf16 below
-  // kernels::kGroupedGemmTiledMinRows rows (its shared-memory tiles take fp32, the same sums).
-  const bool grouped_bf16_x = tuning_.batch_invariant && T * K < kernels::kGroupedGemmTiledMinRows;
+  // path's fp32-activation kernel; the batch-invariant mode's kernel takes them in bf16.
   const bool gather_bf16 =
       a.dtype == WeightDType::kBFloat16 &&
-      (!(device_grouped && decode_algo == DecodeMoeAlgo::kGroupedF32) || grouped_bf16_x);
+      (!(device_grouped && decode_algo == DecodeMoeAlgo::kGroupedF32) || tuning_.batch_invariant);
   MoePermutation perm;
   {
     PhaseTimer phase(this, "RoutedExpertsCublas/permute", !device_grouped);
@@ -326,27 +325,58 @@ void CudaBackend::ExpertGemmsOnDevice(const RoutedExpertsArgs& a, DecodeMoeAlgo 
   // The planned cuBLAS GEMMs write gate_up in bf16 (as the prefill path), the kernels fp32.
   const bool gate_up_bf16 = algo == DecodeMoeAlgo::kPlannedCublas;
   auto gate_up = AllocateScratch(rows * 2 * I * (gate_up_bf16 ? sizeof(uint16_t) : sizeof(float)));
+  if (tuning_.batch_invariant) {
+    // kernels::Bf16MmaGroupedGemm at every size with a fixed k split (each row's sums depend on
+    // neither the row count nor the row's place), the rows gathered in bf16 and the SiLU-mul
+    // product rounded to bf16 (as the default mode's cuBLAS expert GEMMs take their rows).
+    kernels::Bf16MmaGroupedGemmParams g;
+    g.num_groups = E;
+    g.max_rows = static_cast<int32_t>(T * K);
+    g.offsets = offsets;
+    g.n = 2 * I;
+    g.k = H;
+    g.a = static_cast<const uint16_t*>(permuted);
+    g.weights = reinterpret_cast<const uint16_t* const*>(a.gate_up);
+    g.c = gate_up->as<float>();
+    // Only the rows of a pass follow it: twice the average rows of an expert, at most T (a
+    // token's top-k experts are distinct), so that most busy experts take one pass over their
+    // weights. A guess; grouped_gemm_bench times the alternatives.
+    g.rows_per_group_hint =
+        static_cast<int32_t>(std::min<int64_t>(T, 2 * std::max<int64_t>(1, (T * K + E - 1) / E)));
+    // Large groups (prefill): the all-rows loop, each weight loaded once for up to 128 rows
+    // instead of 32 (the same sums); from a hint above 64 (above 32 rows an expert on average),
+    // a guess like the hint.
+    g.tile.all_rows = g.rows_per_group_hint > 64;
+    g.k_split = kBatchInvariantBf16KSplit;
+    Check(kernels::Bf16MmaGroupedGemm(g, stream_), "kernels::Bf16MmaGroupedGemm(gate_up)");
+    auto act = AllocateScratch(rows * I * sizeof(uint16_t));
+    if (a.swiglu_limit > 0.0f) {
+      auto act_f32 = AllocateScratch(rows * I * sizeof(float));
+      SiluMulF32Rows(T * K, I, gate_up->as<float>(), a.swiglu_limit, act_f32->as<float>());
+      Check(kernels::RoundF32ToBf16(T * K * I, act_f32->as<float>(), act->as<uint16_t>(), stream_),
+            "kernels::RoundF32ToBf16");
+    } else {
+      Check(kernels::SiluMulF32ToBf16(T * K, I, gate_up->as<float>(), act->as<uint16_t>(), stream_),
+            "kernels::SiluMulF32ToBf16");
+    }
+    g.n = H;
+    g.k = I;
+    g.a = act->as<uint16_t>();
+    g.weights = reinterpret_cast<const uint16_t* const*>(a.down);
+    g.c = expert_out;
+    Check(kernels::Bf16MmaGroupedGemm(g, stream_), "kernels::Bf16MmaGroupedGemm(down)");
+    return;
+  }
   if (algo == DecodeMoeAlgo::kGroupedF32) {
     kernels::GroupedGemmBf16Params g;
     g.num_slots = E;
     g.max_rows = static_cast<int32_t>(T * K);
     g.slot_offsets = offsets;
     g.rows_per_slot_hint = static_cast<int32_t>(T);  // a token's top-k experts are distinct
-    // Batch-invariant: tensor cores at every size (kAuto picks CUDA cores by the hint, i.e. by
-    // the batch; the tensor-core kernel's per-row sums do not depend on the row tile), x rounded
-    // to bf16 as the default mode's cuBLAS expert GEMMs round it (one MMA per product instead of
-    // kTensorCore's hi and lo terms).
-    if (tuning_.batch_invariant) g.algo = kernels::GroupedGemmAlgo::kTensorCoreBf16X;
     g.n = static_cast<int32_t>(2 * I);
     g.k = static_cast<int32_t>(H);
     g.weights = reinterpret_cast<const uint16_t* const*>(a.gate_up);
-    // RoutedExperts gathered the batch-invariant mode's rows in bf16 below the shared-memory
-    // tiles' row count (the same values as the kernel's own rounding of fp32 rows).
-    if (tuning_.batch_invariant && T * K < kernels::kGroupedGemmTiledMinRows) {
-      g.x_bf16 = static_cast<const uint16_t*>(permuted);
-    } else {
-      g.x = static_cast<const float*>(permuted);
-    }
+    g.x = static_cast<const float*>(permuted);
     g.y = gate_up->as<float>();
     Check(kernels::GroupedGemmBf16(g, stream_), "kernels::GroupedGemmBf16(gate_up)");
     auto act = AllocateScratch(rows * I * sizeof(float));
@@ -355,7 +385,6 @@ void CudaBackend::ExpertGemmsOnDevice(const RoutedExpertsArgs& a, DecodeMoeAlgo 
     g.k = static_cast<int32_t>(I);
     g.weights = reinterpret_cast<const uint16_t* const*>(a.down);
     g.x = act->as<float>();
-    g.x_bf16 = nullptr;
     g.y = expert_out;
     Check(kernels::GroupedGemmBf16(g, stream_), "kernels::GroupedGemmBf16(down)");
     return;

@@ -1,0 +1,270 @@
+// bf16 weights on bf16 tensor cores: see bf16_mma_gemm.h. The tile loop is mma_weight_tile.cuh's;
+// this file has the bf16 weight format and the launch.
+//
+// Chunks: half h of thread t's chunk c of k block kb is k kb * 128 + 64 c + 32 h + 8 t .. + 7, one
+// 16-byte load per weight row (the quad's four loads 64 contiguous bytes of the row), and the same
+// 16 bytes of each activation row; with k a multiple of 8 a half is wholly in range or wholly
+// past k (zeros then, weights and activations alike). A chunk's sub-step s takes words 2 (s & 1)
+// and 2 (s & 1) + 1 of half s / 2, values (v0, v1) and (v2, v3): the fragment's even pair is
+// (v0, v2), its odd pair (v1, v3), one byte permutation each.
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <limits>
+
+#include "kernels/common/streaming_load.cuh"
+#include "kernels/gemm/bf16_mma_gemm.h"
+#include "kernels/gemm/mma_weight_tile.cuh"
+
+namespace deepinfer {
+namespace kernels {
+namespace {
+
+using mma_tile::kKBlock;
+constexpr int64_t kIntMax = std::numeric_limits<int>::max();
+
+__device__ __forceinline__ uint32_t Word(const uint4& v, int i) {
+  return i == 0 ? v.x : i == 1 ? v.y : i == 2 ? v.z : v.w;
+}
+
+// mma_tile's weight format for bf16 weights [n, k] (row stride ldw elements).
+class Bf16Format {
+ public:
+  struct Matrix {
+    const uint16_t* w;
+    int64_t ldw;
+  };
+  struct Raw {
+    uint4 w[2][2][2];  // [chunk][row fa, fb][half]
+  };
+  static constexpr bool kBlockScaled = false;
+
+  Bf16Format() = default;
+  __device__ Bf16Format(const Matrix& m, int64_t fa, int64_t fb, int t)
+      : wa_(m.w + fa * m.ldw + 8 * t), wb_(m.w + fb * m.ldw + 8 * t), t_(t) {}
+  __device__ static Matrix GroupMatrix(const Bf16MmaGroupedGemmParams& p, int group) {
+    return {p.weights[group], p.k};
+  }
+  __device__ static int64_t ChunkK(int64_t kb, int c, int t) {
+    return kb * kKBlock + 64 * c + 8 * t;
+  }
+  static constexpr int kHalfStride = 32;
+  // k is a multiple of 8: a half is in range or wholly past k.
+  __device__ static bool HalfOk(int64_t kb, int c, int t, int h, int64_t k) {
+    return ChunkK(kb, c, t) + kHalfStride * h < k;
+  }
+  __device__ void Load(int64_t kb, int64_t k, Raw* r) const {
+#pragma unroll
+    for (int c = 0; c < 2; ++c) {
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const int64_t off = kb * kKBlock + 64 * c + kHalfStride * h;
+        const bool ok = HalfOk(kb, c, t_, h, k);
+        r->w[c][0][h] = ok ? LoadStreaming16(wa_ + off) : make_uint4(0, 0, 0, 0);
+        r->w[c][1][h] = ok ? LoadStreaming16(wb_ + off) : make_uint4(0, 0, 0, 0);
+      }
+    }
+  }
+  __device__ void Fragment(const Raw& r, int c, int s, uint32_t af[4]) const {
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+      const uint4& v = r.w[c][i][s >> 1];
+      const uint32_t lo = Word(v, 2 * (s & 1)), hi = Word(v, 2 * (s & 1) + 1);
+      af[i] = __byte_perm(lo, hi, 0x5410);      // (v0, v2)
+      af[2 + i] = __byte_perm(lo, hi, 0x7632);  // (v1, v3)
+    }
+  }
+
+ private:
+  const uint16_t* wa_;
+  const uint16_t* wb_;
+  int t_;
+};
+
+bool Aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
+
+// The dense register loop. grid x: blocks of 8 / ks_count feature tiles of 16 MT rows; y: passes
+// of 8 NT rows.
+template <int NT, int MT, bool kSharedB, int kMinBlocks>
+__global__ void __launch_bounds__(mma_tile::kThreads, kMinBlocks)
+    Bf16MmaGemmKernel(Bf16MmaGemmParams p, int ks_count) {
+  extern __shared__ uint4 frag[];
+  __shared__ float red[mma_tile::kWarps][mma_tile::kTile * MT][8 * NT];
+  const int warp = threadIdx.x >> 5;
+  const int fb_count = mma_tile::kWarps / ks_count, fb = warp / ks_count, ks = warp % ks_count;
+  const int64_t tile0 = static_cast<int64_t>(blockIdx.x) * fb_count;
+  const int64_t row0 = static_cast<int64_t>(blockIdx.y) * 8 * NT;
+  const int64_t f0 = (tile0 + fb) * mma_tile::kTile * MT;
+  float acc[MT][NT][4];
+  const Bf16Format::Matrix m{p.w, p.ldw};
+  if constexpr (kSharedB) {
+    mma_tile::WarpTileSharedB<NT, MT, true, Bf16Format>(m, p.n, f0, p.a, p.lda, row0, p.m, p.k, ks,
+                                                        ks_count, frag, acc);
+  } else {
+    int64_t kb0, kb1;
+    mma_tile::KSlice(p.k, ks, ks_count, &kb0, &kb1);
+    mma_tile::WarpTile<NT, MT, true, Bf16Format>(m, p.n, f0, p.a, p.lda, row0, p.m, p.k, kb0, kb1,
+                                                 acc);
+  }
+  mma_tile::StoreFragments<NT, MT>(acc, red[warp]);
+  __syncthreads();
+  mma_tile::ReduceAndStore<NT, MT>(red, fb_count, ks_count, tile0, row0, p.m, p.n, p.c, p.ldc,
+                                   p.accumulate);
+}
+
+// The dense all-rows loop: grid as Bf16MmaGemmKernel's with MT 1; the activation fragments and
+// then the partial sums in mma_tile::AllRowsBytes(NT) of dynamic shared memory.
+template <int NT>
+__global__ void __launch_bounds__(mma_tile::kThreads)
+    Bf16MmaAllRowsKernel(Bf16MmaGemmParams p, int ks_count) {
+  extern __shared__ uint4 frag[];
+  const int warp = threadIdx.x >> 5;
+  const int fb_count = mma_tile::kWarps / ks_count, fb = warp / ks_count, ks = warp % ks_count;
+  const int64_t tile0 = static_cast<int64_t>(blockIdx.x) * fb_count;
+  const int64_t row0 = static_cast<int64_t>(blockIdx.y) * 8 * NT;
+  float acc[1][NT][4];
+  mma_tile::WarpTileAllRows<NT, true, Bf16Format>({p.w, p.ldw}, p.n, (tile0 + fb) * mma_tile::kTile,
+                                                  p.a, p.lda, row0, p.m, p.k, ks, ks_count, frag,
+                                                  acc);
+  __syncthreads();  // every warp is done with the fragments: the memory takes the partial sums
+  auto red = reinterpret_cast<float(*)[mma_tile::kTile][8 * NT]>(frag);
+  mma_tile::StoreFragments<NT, 1>(acc, red[warp]);
+  __syncthreads();
+  mma_tile::ReduceAndStore<NT, 1>(red, fb_count, ks_count, tile0, row0, p.m, p.n, p.c, p.ldc,
+                                  p.accumulate);
+}
+
+// Launches kKernel over feature tiles of tile_rows (8 / ks a block) x passes of `rows` rows, with
+// kSmem bytes of dynamic shared memory (allowed once per kernel).
+template <void (*kKernel)(Bf16MmaGemmParams, int), size_t kSmem>
+cudaError_t LaunchDenseGrid(const Bf16MmaGemmParams& p, int ks, int tile_rows, int64_t rows,
+                            cudaStream_t stream) {
+  if constexpr (kSmem > 0) {
+    static const cudaError_t allowed =
+        mma_tile::AllowDynamicSmem(reinterpret_cast<const void*>(kKernel), kSmem);
+    if (allowed != cudaSuccess) return allowed;
+  }
+  const int64_t tiles = (p.n + tile_rows - 1) / tile_rows, per_block = mma_tile::kWarps / ks;
+  const dim3 grid(static_cast<unsigned>((tiles + per_block - 1) / per_block),
+                  static_cast<unsigned>((p.m + rows - 1) / rows));
+  kKernel<<<grid, mma_tile::kThreads, kSmem, stream>>>(p, ks);
+  return cudaGetLastError();
+}
+
+template <int NT, int MT, int kMinBlocks>
+cudaError_t LaunchDense(const Bf16MmaGemmParams& p, cudaStream_t stream) {
+  const int64_t passes = (p.m + 8 * NT - 1) / (8 * NT);
+  const int ks =
+      p.k_split > 0 ? p.k_split : mma_tile::KSplit(p.n, p.k, passes, mma_tile::kTile * MT);
+  if (p.tile.shared_activations && mma_tile::SharedBFits(NT, ks)) {
+    return LaunchDenseGrid<Bf16MmaGemmKernel<NT, MT, true, kMinBlocks>, mma_tile::kSharedBBytes>(
+        p, ks, mma_tile::kTile * MT, 8 * NT, stream);
+  }
+  return LaunchDenseGrid<Bf16MmaGemmKernel<NT, MT, false, kMinBlocks>, 0>(
+      p, ks, mma_tile::kTile * MT, 8 * NT, stream);
+}
+
+template <int MT, int kMinBlocks>
+cudaError_t LaunchDenseRows(const Bf16MmaGemmParams& p, cudaStream_t stream) {
+  switch (mma_tile::RowTiles(p.m)) {
+    case 1:
+      return LaunchDense<1, MT, kMinBlocks>(p, stream);
+    case 2:
+      return LaunchDense<2, MT, kMinBlocks>(p, stream);
+    default:
+      return LaunchDense<4, MT, kMinBlocks>(p, stream);
+  }
+}
+
+// all_rows: passes of 32, 64 or 128 rows by m; the k split p's (a smaller pass where its
+// fragments would not fit kAllRowsUnits) or KSplit's, capped where they would not fit.
+cudaError_t LaunchDenseAllRows(const Bf16MmaGemmParams& p, cudaStream_t stream) {
+  int nt = p.m <= 32 ? 4 : p.m <= 64 ? 8 : 16;
+  if (p.k_split > 0) {
+    while (p.k_split * nt > mma_tile::kAllRowsUnits(nt)) nt /= 2;
+  }
+  const int64_t passes = (p.m + 8 * nt - 1) / (8 * nt);
+  int ks = p.k_split > 0 ? p.k_split : mma_tile::KSplit(p.n, p.k, passes);
+  while (ks * nt > mma_tile::kAllRowsUnits(nt)) ks /= 2;
+  switch (nt) {
+    case 4:
+      return LaunchDenseGrid<Bf16MmaAllRowsKernel<4>, mma_tile::AllRowsBytes(4)>(
+          p, ks, mma_tile::kTile, 32, stream);
+    case 8:
+      return LaunchDenseGrid<Bf16MmaAllRowsKernel<8>, mma_tile::AllRowsBytes(8)>(
+          p, ks, mma_tile::kTile, 64, stream);
+    default:
+      return LaunchDenseGrid<Bf16MmaAllRowsKernel<16>, mma_tile::AllRowsBytes(16)>(
+          p, ks, mma_tile::kTile, 128, stream);
+  }
+}
+
+// Whether a fixed k split (the params' k_split) is one the kernels take.
+bool KSplitValid(int32_t k_split, int64_t k) {
+  if (k_split == 0 || k_split == 1) return true;
+  const int64_t kblocks = (k + kKBlock - 1) / kKBlock;
+  return (k_split == 2 || k_split == 4 || k_split == mma_tile::kWarps) && 2 * k_split <= kblocks;
+}
+
+// The register loop with tile options MT / kSharedB and p's two_blocks_per_sm.
+template <int MT, bool kSharedB>
+cudaError_t LaunchRegisters(const Bf16MmaGroupedGemmParams& p, cudaStream_t stream) {
+  return p.tile.two_blocks_per_sm
+             ? mma_tile::LaunchGrouped<Bf16Format, MT, kSharedB, 2>(p, p.k_split, stream)
+             : mma_tile::LaunchGrouped<Bf16Format, MT, kSharedB, 1>(p, p.k_split, stream);
+}
+
+}  // namespace
+
+bool Bf16MmaGemmAvailable() {
+  static const bool available = [] {
+    cudaFuncAttributes attr;
+    if (cudaFuncGetAttributes(
+            &attr,
+            mma_tile::MmaGroupedKernel<1, 1, false, 1, Bf16Format, Bf16MmaGroupedGemmParams>) !=
+        cudaSuccess) {
+      return false;
+    }
+    return attr.binaryVersion >= 80 && attr.ptxVersion >= 80;
+  }();
+  return available;
+}
+
+bool Bf16MmaGemmSupports(const Bf16MmaGemmParams& p) {
+  return p.m >= 1 && p.n >= 1 && p.k >= 1 && p.m <= kIntMax && p.n <= kIntMax &&
+         (p.m + 7) / 8 <= 65535 && p.k % 8 == 0 && p.a != nullptr && Aligned16(p.a) &&
+         p.lda >= p.k && p.lda % 8 == 0 && p.w != nullptr && Aligned16(p.w) && p.ldw >= p.k &&
+         p.ldw % 8 == 0 && p.c != nullptr && p.ldc >= p.n && KSplitValid(p.k_split, p.k) &&
+         Bf16MmaGemmAvailable();
+}
+
+cudaError_t Bf16MmaGemm(const Bf16MmaGemmParams& p, cudaStream_t stream) {
+  if (!Bf16MmaGemmSupports(p)) return cudaErrorInvalidValue;
+  if (p.tile.all_rows) return LaunchDenseAllRows(p, stream);
+  if (p.tile.two_blocks_per_sm) {
+    return p.tile.wide ? LaunchDenseRows<2, 2>(p, stream) : LaunchDenseRows<1, 2>(p, stream);
+  }
+  return p.tile.wide ? LaunchDenseRows<2, 1>(p, stream) : LaunchDenseRows<1, 1>(p, stream);
+}
+
+bool Bf16MmaGroupedGemmSupports(const Bf16MmaGroupedGemmParams& p) {
+  return p.num_groups >= 1 && p.max_rows >= 0 && p.n >= 1 && p.k >= 1 && p.n <= kIntMax &&
+         p.k % 8 == 0 && std::min(p.num_groups, p.max_rows) <= 65535 && p.offsets != nullptr &&
+         p.a != nullptr && Aligned16(p.a) && p.weights != nullptr && p.c != nullptr &&
+         KSplitValid(p.k_split, p.k) && Bf16MmaGemmAvailable();
+}
+
+cudaError_t Bf16MmaGroupedGemm(const Bf16MmaGroupedGemmParams& p, cudaStream_t stream) {
+  if (!Bf16MmaGroupedGemmSupports(p)) return cudaErrorInvalidValue;
+  if (p.max_rows == 0) return cudaSuccess;
+  if (p.tile.all_rows) return mma_tile::LaunchGroupedAllRows<Bf16Format>(p, p.k_split, stream);
+  if (p.tile.wide) {
+    return p.tile.shared_activations ? LaunchRegisters<2, true>(p, stream)
+                                     : LaunchRegisters<2, false>(p, stream);
+  }
+  return p.tile.shared_activations ? LaunchRegisters<1, true>(p, stream)
+                                   : LaunchRegisters<1, false>(p, stream);
+}
+
+}  // namespace kernels
+}  // namespace deepinfer
