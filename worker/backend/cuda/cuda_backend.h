@@ -54,10 +54,12 @@ namespace deepinfer {
 class CudaV4Ops;
 
 struct CudaTuningDefaults {
-  // Not measured yet (fp8_gemm_bench gives the crossover): estimated where the W8A16 tensor-core
-  // kernel becomes bound by its bf16 MMAs (about 2 x rows FLOPs per weight byte against the
-  // H200's 4.8 TB/s) while FP8 wgmma (cuBLASLt) still streams the weights.
-  static constexpr int64_t kFp8W8A8MinRows = 128;
+  // fp8_gemm_bench --quick on the H200 (commit adaf859): at 64 and 128 rows W8A8 is the fastest
+  // FP8 path on every Moonlight and V3 projection (Moonlight q_proj at 64 rows 10.9 us against
+  // 30.4 for the W8A16 all_rows tile), at 8 rows the W8A16 kernels on Moonlight's shapes (its
+  // fixed cost, the quantisation and the cuBLASLt launch, is ~10 us). 32: one W8A16 pass above
+  // the narrow tile's 16 rows.
+  static constexpr int64_t kFp8W8A8MinRows = 32;
 };
 
 // The CUDA backend's settings, fixed when it is made (CudaBackend::Create). Every other choice
