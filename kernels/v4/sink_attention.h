@@ -76,8 +76,8 @@ struct SinkAttentionParams : SinkAttentionArgs {
 
 // Whether the bf16 tensor-core kernel takes q_bf16 and out_bf16 for queries of this dim on the
 // current device (dim 512, sm_80+): params with them run on kTensorCoreBf16 (16-byte aligned
-// q_bf16, 4-byte aligned out_bf16) and one split (num_splits 0 or 1); kAuto picks that kernel
-// for them.
+// q_bf16, 4-byte aligned out_bf16; 16-byte aligned, it is written in 16-byte pieces) and one
+// split (num_splits 0 or 1); kAuto picks that kernel for them.
 bool SinkAttentionTakesBf16Io(int64_t dim);
 
 // Whether `kernel` (not kAuto) runs these params on the current device: the shape and pointer

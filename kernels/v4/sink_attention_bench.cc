@@ -12,7 +12,9 @@
 // 4096 requests time a prefill-sized call. Per case and kernel (tensor-core exact, tensor-core
 // bf16, CUDA cores; the automatic split count; and tensor_core_bf16_io: the bf16 kernel reading a
 // bf16 query and writing a bf16 output with its rope slice rotated back, one split, as a bf16
-// model's prefill runs it; its bytes counted as the fp32 variants'): the mean per call of 10 calls
+// model's prefill runs it, and tensor_core_bf16_io_a4: the same with an output only 4-byte
+// aligned (the kernel's 4-byte store path instead of 16-byte stores); their bytes counted as the
+// fp32 variants'): the mean per call of 10 calls
 // captured in one CUDA graph and replayed 5 times (as the decode step runs it), the eager median of
 // 20, and the bytes each call must read and write (the rows, Q, the output) per second in the
 // graph, against the H200's 4.8 TB/s. `splits`: also every forced split count of 1, 2, 4, 8 and 16.
@@ -135,7 +137,8 @@ void Run(int64_t batch, const Layer& layer, bool sweep_splits, cudaStream_t stre
     inv_freq[j] = static_cast<float>(std::pow(160000.0, -2.0 * j / kRopeDim));
   }
   const uint16_t* q_bf16 = Upload(q16);
-  uint16_t* out_bf16 = bench::DeviceAlloc<uint16_t>(batch * kHeads * kDim * sizeof(uint16_t));
+  // 8 elements more: the 4-byte aligned variant's output starts 2 elements in.
+  uint16_t* out_bf16 = bench::DeviceAlloc<uint16_t>((batch * kHeads * kDim + 8) * sizeof(uint16_t));
   const int32_t* out_rope_positions = Upload(neg_positions);
   const float* out_rope_inv_freq = Upload(inv_freq);
   p.sinks = Upload(Uniform(kHeads, 3));
@@ -154,29 +157,32 @@ void Run(int64_t batch, const Layer& layer, bool sweep_splits, cudaStream_t stre
   char name[64];
   std::snprintf(name, sizeof(name), "%s b%lld rows%lld", layer.name, static_cast<long long>(batch),
                 static_cast<long long>(attended));
-  // The kernels, then the bf16 kernel with the bf16 query and output (one split).
-  for (int variant = 0; variant < 4; ++variant) {
-    const bool bf16_io = variant == 3;
+  // The kernels, then the bf16 kernel with the bf16 query and output (one split; 16-byte, then
+  // 4-byte aligned output).
+  for (int variant = 0; variant < 5; ++variant) {
+    const bool bf16_io = variant >= 3, aligned4 = variant == 4;
     const SinkAttentionKernel k =
         bf16_io ? SinkAttentionKernel::kTensorCoreBf16
                 : std::array<SinkAttentionKernel, 3>{SinkAttentionKernel::kTensorCoreExact,
                                                      SinkAttentionKernel::kTensorCoreBf16,
                                                      SinkAttentionKernel::kCudaCore}[variant];
-    const char* kname = bf16_io ? "tensor_core_bf16_io" : KernelName(k);
+    const char* kname = aligned4  ? "tensor_core_bf16_io_a4"
+                        : bf16_io ? "tensor_core_bf16_io"
+                                  : KernelName(k);
     kernels::SinkAttentionParams kp = p;
     kp.kernel = k;
     if (bf16_io) {
       kp.q = nullptr;
       kp.q_bf16 = q_bf16;
       kp.out = nullptr;
-      kp.out_bf16 = out_bf16;
+      kp.out_bf16 = out_bf16 + (aligned4 ? 2 : 0);
       kp.out_rope_dim = kRopeDim;
       kp.out_rope_positions = out_rope_positions;
       kp.out_rope_inv_freq = out_rope_inv_freq;
       kp.out_rope_factor = 1.0f;
     }
     if (!kernels::SinkAttentionKernelRuns(kp, k)) {
-      std::printf("%-26s %-19s does not run on this device\n", name, kname);
+      std::printf("%-26s %-22s does not run on this device\n", name, kname);
       continue;
     }
     std::vector<int32_t> split_counts = {0};
@@ -190,7 +196,7 @@ void Run(int64_t batch, const Layer& layer, bool sweep_splits, cudaStream_t stre
       const double eager_ms = MedianMs([&] { return kernels::SinkAttentionF32(kp, nullptr); });
       const double gbs = bytes / (graph_ms * 1e-3) / 1e9;
       std::printf(
-          "%-26s %-19s splits %2d%s graph %8.2f us  eager %8.2f us  %7.1f GB/s  %5.1f%% of "
+          "%-26s %-22s splits %2d%s graph %8.2f us  eager %8.2f us  %7.1f GB/s  %5.1f%% of "
           "%.1f TB/s\n",
           name, kname, used, splits == 0 ? " (auto)" : "       ", graph_ms * 1e3, eager_ms * 1e3,
           gbs, 100.0 * gbs / kPeakGBs, kPeakGBs / 1000.0);

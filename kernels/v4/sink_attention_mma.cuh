@@ -20,7 +20,13 @@
 // The exact kernel takes every product as hi·hi + hi·lo + lo·hi (three MMAs); the bf16 kernel
 // as hi·hi. The bf16 kernel reads q_bf16 as it is where given (the values LoadQuery would
 // round), and with out_bf16 its epilogue rotates the output's rope slice back (rope_pair.cuh,
-// ApplyRopeF32's arithmetic on the fp32 output values) and writes the values rounded to bf16.
+// ApplyRopeF32's arithmetic on the fp32 output values) and writes the values rounded to bf16:
+// the token's cos / sin per rope pair are computed once per block while the first tile loads
+// (a table in shared memory: one double-precision sincos per pair, not one per pair, head and
+// output tile, whose inlined copies would bloat the kernel's code and serialise the epilogue),
+// each warp writes its bf16 values into its own part of the query's shared rows (free after its
+// last score MMA) and the warp pair then stores its 16 heads' rows as whole 16-byte pieces (512
+// contiguous bytes per warp store).
 #ifndef DEEPINFER_KERNELS_V4_SINK_ATTENTION_MMA_CUH_
 #define DEEPINFER_KERNELS_V4_SINK_ATTENTION_MMA_CUH_
 
@@ -58,8 +64,10 @@ struct MmaShape {
   static constexpr size_t kKBytes = size_t{kRows} * kMmaLd * sizeof(__nv_bfloat16);
   static constexpr size_t kStageBytes = size_t{kRows} * kMmaDim * sizeof(float);
   static constexpr size_t kExchangeBytes = size_t{kMmaThreads} * kScoreTiles * sizeof(float4);
+  // out_bf16's rope table: (cos, sin) per pair of the output's rope slice (at most dim / 2).
+  static constexpr size_t kRopeBytes = size_t{kMmaDim / 2} * sizeof(float2);
   static constexpr size_t kSmemBytes =
-      kParts * (kQBytes + kKBytes) + kStageBytes + kExchangeBytes + 16;
+      kParts * (kQBytes + kKBytes) + kStageBytes + kExchangeBytes + kRopeBytes + 16;
 };
 static_assert(MmaShape<true>::kSmemBytes <= 227 * 1024, "fits sm_90's opt-in shared memory");
 static_assert(MmaShape<false>::kSmemBytes <= 227 * 1024, "fits sm_90's opt-in shared memory");
@@ -240,35 +248,81 @@ __device__ __forceinline__ void PartialScores(const __nv_bfloat16* qh, const __n
   }
 }
 
-// out_bf16's columns col + nt * 8, + 1 (nt < kMmaOutTiles) of (token t, head) th from the
-// accumulator rows o[nt][2 r], o[nt][2 r + 1]: each value o * inv as the fp32 output has it, a
-// pair in the rope slice rotated with ApplyRopeF32's arithmetic (the pair is this thread's two
-// columns: col is even), then rounded to bf16 as RoundF32ToBf16 rounds it.
-__device__ __forceinline__ void StoreOutBf16(const SinkAttentionParams& p, int64_t t, int64_t th,
-                                             int col, const float (&o)[kMmaOutTiles][4], int r,
-                                             float inv) {
-  const int rope_begin = kMmaDim - static_cast<int>(p.out_rope_dim);
-  const float pos = p.out_rope_dim > 0 ? static_cast<float>(p.out_rope_positions[t]) : 0.0f;
-  uint32_t* dst = reinterpret_cast<uint32_t*>(p.out_bf16 + th * kMmaDim + col);
-#pragma unroll
-  for (int nt = 0; nt < kMmaOutTiles; ++nt) {
-    float y0 = o[nt][2 * r] * inv, y1 = o[nt][2 * r + 1] * inv;
-    const int c = col + nt * 8;
-    if (c >= rope_begin) {
-      float cs, sn;
-      rope::RopeCosSin(pos, p.out_rope_inv_freq[(c - rope_begin) / 2], p.out_rope_factor, &cs, &sn);
-      const float r0 = rope::RotatedFirst(y0, y1, cs, sn);
-      const float r1 = rope::RotatedSecond(y0, y1, cs, sn);
-      y0 = r0;
-      y1 = r1;
-    }
-    dst[nt * 4] = sm80::PackBf16(y0, y1);
-  }
-}
-
 // Waits for the other warp of the pair (named barrier 1 + pair; 0 is __syncthreads').
 __device__ __forceinline__ void PairBarrier(int pair) {
   asm volatile("bar.sync %0, 64;\n" ::"r"(pair + 1) : "memory");
+}
+
+// The (cos, sin) of each pair j < out_rope_dim / 2 of token t's output rope slice into rope[j]:
+// rope_pair.cuh's RopeCosSin, as ApplyRopeF32 computes them. Complete after a __syncthreads.
+__device__ __forceinline__ void RopeTable(const SinkAttentionParams& p, int64_t t, float2* rope) {
+  const int pairs = static_cast<int>(p.out_rope_dim) / 2;
+  if (pairs == 0) return;
+  const float pos = static_cast<float>(p.out_rope_positions[t]);
+#pragma unroll 1
+  for (int j = threadIdx.x; j < pairs; j += kMmaThreads) {
+    float cs, sn;
+    rope::RopeCosSin(pos, p.out_rope_inv_freq[j], p.out_rope_factor, &cs, &sn);
+    rope[j] = make_float2(cs, sn);
+  }
+}
+
+// The epilogue with out_bf16 (called by every thread; one split): each value o * inv as the fp32
+// output has it, a pair in the rope slice rotated with ApplyRopeF32's arithmetic (the pair is a
+// thread's two columns: col is even) and rounded to bf16 as RoundF32ToBf16 rounds it, written to
+// rows pair * 16 .. + 15, columns half * 256 .. + 255 of qh (the region only this warp's score
+// MMAs read); then the warp pair stores its 16 heads' rows to out_bf16 in 16-byte pieces.
+__device__ __forceinline__ void StoreOutBf16(const SinkAttentionParams& p, int64_t t, int64_t h0,
+                                             const float (&o)[kMmaOutTiles][4], const float (&l)[2],
+                                             const float2* rope, __nv_bfloat16* qh) {
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int pair = warp / 2, half = warp % 2, g = lane / 4, tq = lane % 4;
+  const int rope_begin = kMmaDim - static_cast<int>(p.out_rope_dim);
+  const int col = half * kMmaHalf + 2 * tq;
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const float inv = l[r] > 0.0f ? 1.0f / l[r] : 0.0f;
+    uint32_t* dst = reinterpret_cast<uint32_t*>(qh + (pair * 16 + g + 8 * r) * kMmaLd + col);
+#pragma unroll
+    for (int nt = 0; nt < kMmaOutTiles; ++nt) {
+      float y0 = o[nt][2 * r] * inv, y1 = o[nt][2 * r + 1] * inv;
+      const int c = col + nt * 8;
+      if (c >= rope_begin) {
+        const float2 cs = rope[(c - rope_begin) / 2];
+        const float r0 = rope::RotatedFirst(y0, y1, cs.x, cs.y);
+        const float r1 = rope::RotatedSecond(y0, y1, cs.x, cs.y);
+        y0 = r0;
+        y1 = r1;
+      }
+      dst[nt * 4] = sm80::PackBf16(y0, y1);
+    }
+  }
+  PairBarrier(pair);
+  // The pair's 16 rows (each row 1 KiB from out_bf16's previous one) as 16-byte pieces where
+  // out_bf16 is 16-byte aligned, else (4-byte aligned) as 4-byte words; the pair's 64 threads
+  // take consecutive pieces (words), so a warp's store covers 512 (128) contiguous bytes.
+  const int i0 = half * 32 + lane;
+  const uint16_t* src = reinterpret_cast<const uint16_t*>(qh) + pair * 16 * kMmaLd;
+  uint16_t* dst = p.out_bf16 + (t * p.heads + h0 + pair * 16) * kMmaDim;
+  const int64_t left = p.heads - (h0 + pair * 16);  // heads of the pair's 16 that exist
+  const int rows = left < 16 ? static_cast<int>(left) : 16;
+  if (reinterpret_cast<uintptr_t>(p.out_bf16) % 16 == 0) {
+    constexpr int kRowPieces = kMmaDim / 8;
+#pragma unroll 4
+    for (int i = i0; i < rows * kRowPieces; i += 64) {
+      const int row = i / kRowPieces, e = 8 * (i % kRowPieces);
+      *reinterpret_cast<uint4*>(dst + row * kMmaDim + e) =
+          *reinterpret_cast<const uint4*>(src + row * kMmaLd + e);
+    }
+  } else {
+    constexpr int kRowWords = kMmaDim / 2;
+#pragma unroll 4
+    for (int i = i0; i < rows * kRowWords; i += 64) {
+      const int row = i / kRowWords, e = 2 * (i % kRowWords);
+      *reinterpret_cast<uint32_t*>(dst + row * kMmaDim + e) =
+          *reinterpret_cast<const uint32_t*>(src + row * kMmaLd + e);
+    }
+  }
 }
 
 template <bool kExact>
@@ -282,7 +336,8 @@ __device__ void MmaBody(SinkAttentionParams p, int32_t num_splits) {
   __nv_bfloat16* kl = kh + (kExact ? kRows * kMmaLd : 0);
   float* stage = reinterpret_cast<float*>(kh + Shape::kParts * kRows * kMmaLd);
   float4* exchange = reinterpret_cast<float4*>(stage + kRows * kMmaDim);
-  int32_t* scratch = reinterpret_cast<int32_t*>(exchange + kMmaThreads * kNt);
+  float2* rope = reinterpret_cast<float2*>(exchange + kMmaThreads * kNt);
+  int32_t* scratch = reinterpret_cast<int32_t*>(rope + kMmaDim / 2);
 
   const int64_t t = blockIdx.x, h0 = static_cast<int64_t>(blockIdx.y) * kMmaHeads;
   const int split = blockIdx.z;
@@ -295,6 +350,10 @@ __device__ void MmaBody(SinkAttentionParams p, int32_t num_splits) {
   } else {
     LoadQuery<kExact>(p, t, h0, qh, ql);
   }
+  // The rope table's latency passes while the first tile arrives (the tile loop's first
+  // barrier completes it).
+  const bool out_bf16 = !kExact && p.out_bf16 != nullptr;  // one split (SinkAttentionF32 checks)
+  if (out_bf16) RopeTable(p, t, rope);
 
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int pair = warp / 2, half = warp % 2;
@@ -403,16 +462,18 @@ __device__ void MmaBody(SinkAttentionParams p, int32_t num_splits) {
     }
   }
 
+  if (out_bf16) {
+    if (begin >= end) __syncthreads();  // no tile: the rope table and Q's stores are complete
+    StoreOutBf16(p, t, h0, o, l, rope, qh);
+    return;
+  }
   // Columns half * 256 + nt * 8 + 2 tq, + 1 of heads g, g + 8.
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
     if (head[r] >= p.heads) continue;
     const int64_t th = t * p.heads + head[r];
     const int col = half * kMmaHalf + 2 * tq;
-    if (!kExact && p.out_bf16 != nullptr) {  // one split (SinkAttentionF32 checks)
-      const float inv = l[r] > 0.0f ? 1.0f / l[r] : 0.0f;
-      StoreOutBf16(p, t, th, col, o, r, inv);
-    } else if (num_splits == 1) {
+    if (num_splits == 1) {
       const float inv = l[r] > 0.0f ? 1.0f / l[r] : 0.0f;
       float* dst = p.out + th * kMmaDim + col;
 #pragma unroll

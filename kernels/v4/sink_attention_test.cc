@@ -362,7 +362,9 @@ void ExpectBf16QueryAndOutputMatch(const Inputs& in, const std::vector<float>& w
   for (int64_t j = 0; j < rd / 2; ++j) {
     inv_freq[j] = static_cast<float>(std::pow(160000.0, -2.0 * j / rd));
   }
-  DeviceArray<uint16_t> q16(FloatsToBf16Bits(in.q)), out16(n);
+  // out16 has 8 more elements: out_bf16 also starts 2 elements (4 bytes) in, the kernel's
+  // 4-byte store path.
+  DeviceArray<uint16_t> q16(FloatsToBf16Bits(in.q)), out16(n + 8);
   DeviceArray<int32_t> dneg(neg);
   DeviceArray<float> dinv(inv_freq);
   ASSERT_TRUE(q16.ok() && out16.ok());
@@ -412,39 +414,50 @@ void ExpectBf16QueryAndOutputMatch(const Inputs& in, const std::vector<float>& w
     }
   }
   for (int32_t splits : {0, 1}) {
-    SCOPED_TRACE(::testing::Message() << "q_bf16 and out_bf16, num_splits " << splits);
-    kernels::SinkAttentionParams pb = dev->p;
-    pb.q = nullptr;
-    pb.q_bf16 = q16.get();
-    pb.out = nullptr;
-    pb.out_bf16 = out16.get();
-    pb.out_rope_dim = rd;
-    pb.out_rope_positions = dneg.get();
-    pb.out_rope_inv_freq = dinv.get();
-    pb.out_rope_factor = factor;
-    pb.num_splits = splits;
-    EXPECT_EQ(kernels::SinkAttentionKernelFor(pb), SinkAttentionKernel::kTensorCoreBf16);
-    size_t need = 1;
-    ASSERT_EQ(kernels::SinkAttentionWorkspaceBytes(pb, &need), cudaSuccess);
-    EXPECT_EQ(need, 0u);
-    out16.Poison();
-    DEEPINFER_CUDA_OK(kernels::SinkAttentionF32(pb, nullptr));
-    std::vector<uint16_t> got16;
-    DEEPINFER_CUDA_OK(out16.Download(&got16));
-    int64_t differ = 0;
-    std::vector<float> got(n);
-    for (int64_t i = 0; i < n; ++i) {
-      differ += got16[i] != FloatToBf16Bits(fp32_path[i]);
-      got[i] = Bf16BitsToFloat(got16[i]);
-    }
-    EXPECT_EQ(differ, 0) << "not the fp32 path's rotated output rounded, bit for bit";
-    EXPECT_TRUE(WithinMagnitude(got, want, rotated_mag, 1.0 / 256 + 1e-4 + 1.0 / 512));
-    pb.num_splits = 3;
-    EXPECT_EQ(kernels::SinkAttentionF32(pb, nullptr), cudaErrorInvalidValue);
-    pb.num_splits = 1;
-    for (SinkAttentionKernel k :
-         {SinkAttentionKernel::kCudaCore, SinkAttentionKernel::kTensorCoreExact}) {
-      EXPECT_FALSE(kernels::SinkAttentionKernelRuns(pb, k)) << KernelName(k);
+    for (int64_t offset : {0, 2}) {
+      SCOPED_TRACE(::testing::Message()
+                   << "q_bf16 and out_bf16 (offset " << offset << "), num_splits " << splits);
+      kernels::SinkAttentionParams pb = dev->p;
+      pb.q = nullptr;
+      pb.q_bf16 = q16.get();
+      pb.out = nullptr;
+      pb.out_bf16 = out16.get() + offset;
+      pb.out_rope_dim = rd;
+      pb.out_rope_positions = dneg.get();
+      pb.out_rope_inv_freq = dinv.get();
+      pb.out_rope_factor = factor;
+      pb.num_splits = splits;
+      EXPECT_EQ(kernels::SinkAttentionKernelFor(pb), SinkAttentionKernel::kTensorCoreBf16);
+      size_t need = 1;
+      ASSERT_EQ(kernels::SinkAttentionWorkspaceBytes(pb, &need), cudaSuccess);
+      EXPECT_EQ(need, 0u);
+      out16.Poison();
+      DEEPINFER_CUDA_OK(kernels::SinkAttentionF32(pb, nullptr));
+      std::vector<uint16_t> all16;
+      DEEPINFER_CUDA_OK(out16.Download(&all16));
+      const std::vector<uint16_t> got16(all16.begin() + offset, all16.begin() + offset + n);
+      int64_t outside = 0;  // elements written around the output (poisoned: 0xFFFF)
+      for (int64_t i = 0; i < static_cast<int64_t>(all16.size()); ++i) {
+        outside += (i < offset || i >= offset + n) && all16[i] != 0xFFFFu;
+      }
+      EXPECT_EQ(outside, 0);
+      int64_t differ = 0;
+      std::vector<float> got(n);
+      for (int64_t i = 0; i < n; ++i) {
+        differ += got16[i] != FloatToBf16Bits(fp32_path[i]);
+        got[i] = Bf16BitsToFloat(got16[i]);
+      }
+      EXPECT_EQ(differ, 0) << "not the fp32 path's rotated output rounded, bit for bit";
+      // The fp32 path's bound plus the bf16 output's rounding: half an ulp, up to 2^-8 of the
+      // value (a value just above a power of two).
+      EXPECT_TRUE(WithinMagnitude(got, want, rotated_mag, 1.0 / 256 + 1e-4 + 1.0 / 256));
+      pb.num_splits = 3;
+      EXPECT_EQ(kernels::SinkAttentionF32(pb, nullptr), cudaErrorInvalidValue);
+      pb.num_splits = 1;
+      for (SinkAttentionKernel k :
+           {SinkAttentionKernel::kCudaCore, SinkAttentionKernel::kTensorCoreExact}) {
+        EXPECT_FALSE(kernels::SinkAttentionKernelRuns(pb, k)) << KernelName(k);
+      }
     }
   }
 }

@@ -54,9 +54,11 @@ namespace deepinfer {
 class CudaV4Ops;
 
 struct CudaTuningDefaults {
-  // Not measured yet (fp8_gemm_bench gives the crossover): estimated where the W8A16 tensor-core
-  // kernel becomes bound by its bf16 MMAs (about 2 x rows FLOPs per weight byte against the
-  // H200's 4.8 TB/s) while FP8 wgmma (cuBLASLt) still streams the weights.
+  // fp8_gemm_bench --quick on the H200: from 32 rows W8A8 is the fastest FP8 path on most
+  // Moonlight and V3 projections (Moonlight q_proj at 64 rows 10.9 us against 30.4 for the W8A16
+  // all_rows tile), yet it stays at 128: from 32 rows Moonlight decodes 64 requests 1.12x bf16
+  // instead of 0.84x, but the FP8 parity fixture's greedy agreement with HF falls from 67 to 63
+  // of 72 (cuda_fp8_parity_test's bfloat16+w8a8 case; docs/performance.md, tried and rejected).
   static constexpr int64_t kFp8W8A8MinRows = 128;
 };
 

@@ -24,7 +24,7 @@
 // median of 7 replays, per launch. The H200's HBM peak is 4.8 TB/s, its dense bf16 / FP8 tensor
 // peaks 989 / 1979 TFLOP/s.
 //
-//   fp8_gemm_bench [--quick | --variants]   (--quick: m = 1, 8, 64, 128, 1024 only; --variants:
+//   fp8_gemm_bench [--quick | --variants]   (--quick: m = 1, 8, 16, 32, 64, 128, 1024 only; --variants:
 //       only the tile-loop variants of the tensor-core kernels against bf16, same shapes,
 //       fp8_mma_variants_bench.cc; exit status 1 on a CUDA or cuBLAS error)
 #include <cublas_v2.h>
@@ -449,7 +449,7 @@ int main(int argc, char** argv) {
   const bool quick = argc > 1 && std::strcmp(argv[1], "--quick") == 0;
   const bool variants = argc > 1 && std::strcmp(argv[1], "--variants") == 0;
   const std::vector<int64_t> ms =
-      quick ? std::vector<int64_t>{1, 8, 64, 128, 1024}
+      quick ? std::vector<int64_t>{1, 8, 16, 32, 64, 128, 1024}
             : std::vector<int64_t>{1, 2, 4, 8, 16, 32, 64, 128, 256, 1024, 4096};
   std::vector<GemmShape> shapes = {
       // Moonlight-shaped (hidden 2048, 16 heads, no q_lora, dense intermediate 11264, two
