@@ -1,4 +1,4 @@
-// Grouped (and dense) GEMM against bf16 weights on bf16 tensor cores (mma.sync m16n8k16, sm_80+),
+// Grouped GEMM against bf16 weights on bf16 tensor cores (mma.sync m16n8k16, sm_80+),
 // on the tile loop of the FP8 and MXFP4 GEMMs (mma_weight_tile.cuh) with the weights used as they
 // are (no widening, no scales): the routed experts' rows of a decode step or a prefill, grouped by
 // expert with the group extents in device memory. Each thread streams 16-byte pieces of its weight
@@ -56,32 +56,6 @@ struct Bf16MmaGroupedGemmParams {
   // of at most 32 rows, each loading every weight again: for large groups (prefill).
   MmaTileOptions tile = kBf16GroupedMmaTile;
 };
-
-// The dense form: c[i, j] (+)= sum_p a[i, p] * w[j, p], i < m, j < n, p < k; a bf16 [m, k] (row
-// stride lda), w bf16 [n, k] (ldw), c fp32 (ldc); with accumulate, c[i, j] + the sum is one fp32
-// addition. Grid: feature-tile blocks x passes of 8, 16 or 32 rows (by m) for the register loop,
-// 32, 64 or 128 rows for all_rows; with a fixed k_split each row's sums are the same at any m
-// and with any tile, as the grouped form's.
-struct Bf16MmaGemmParams {
-  int64_t m = 0, n = 0, k = 0;  // k a multiple of 8
-  const uint16_t* a = nullptr;
-  int64_t lda = 0;
-  const uint16_t* w = nullptr;
-  int64_t ldw = 0;
-  float* c = nullptr;
-  int64_t ldc = 0;
-  bool accumulate = false;
-  // As Bf16MmaGroupedGemmParams::k_split (0: picked from the shape and the passes, i.e. m).
-  int32_t k_split = 0;
-  MmaTileOptions tile;
-};
-
-// Whether Bf16MmaGemm takes these arguments and the device has the kernel: m, n >= 1 in int
-// range, k >= 1 a multiple of 8, a, w and their row strides 16-byte aligned (lda, ldw >= k),
-// ldc >= n, non-null pointers, a valid k_split.
-bool Bf16MmaGemmSupports(const Bf16MmaGemmParams& p);
-// cudaErrorInvalidValue (nothing launched) where Bf16MmaGemmSupports is false.
-cudaError_t Bf16MmaGemm(const Bf16MmaGemmParams& p, cudaStream_t stream);
 
 // Whether Bf16MmaGroupedGemm takes these arguments and the device has the kernel.
 bool Bf16MmaGroupedGemmSupports(const Bf16MmaGroupedGemmParams& p);

@@ -173,7 +173,7 @@ cudaError_t LaunchAllRowsKernel(const Fp8MmaGemmParams& p, int ks, int64_t passe
                                 cudaStream_t stream) {
   constexpr size_t kBytes = AllRowsBytes<NT>();
   const auto kernel = Fp8MmaAllRowsKernel<NT, kBf16A>;
-  static const cudaError_t allowed =
+  const cudaError_t allowed =
       mma_tile::AllowDynamicSmem(reinterpret_cast<const void*>(kernel), kBytes);
   if (allowed != cudaSuccess) return allowed;
   const int64_t tiles = (p.n + kTile - 1) / kTile, per_block = kWarps / ks;
@@ -209,7 +209,7 @@ template <int NT, int MT, bool kSharedB, bool kBf16A, int kMinBlocks>
 cudaError_t LaunchDenseKernel(const Fp8MmaGemmParams& p, int ks, dim3 grid, cudaStream_t stream) {
   const auto kernel = Fp8MmaGemmKernel<NT, MT, kSharedB, kBf16A, kMinBlocks>;
   if constexpr (kSharedB) {
-    static const cudaError_t allowed =
+    const cudaError_t allowed =
         mma_tile::AllowDynamicSmem(reinterpret_cast<const void*>(kernel), mma_tile::kSharedBBytes);
     if (allowed != cudaSuccess) return allowed;
   }
@@ -286,11 +286,7 @@ bool Fp8MmaGemmAvailable() {
   return available;
 }
 
-MmaTileOptions Fp8MmaDenseTile(int64_t m) {
-  MmaTileOptions t;
-  t.all_rows = m > 16;
-  return t;
-}
+MmaTileOptions Fp8MmaDenseTile(int64_t /*m*/) { return MmaTileOptions(); }
 
 bool Fp8MmaGemmSupports(const Fp8MmaGemmParams& p) {
   const int64_t a_elem = p.a_bf16 ? 2 : 4;

@@ -28,10 +28,10 @@ namespace kernels {
 // compute_75 PTX fallback has no bf16 MMA). The Supports functions check it too.
 bool Fp8MmaGemmAvailable();
 
-// The dense kernel's tile for m rows: up to 16 rows the plain register loop (16 weight rows a
-// warp, activations per warp; at most within noise of the best variant on the H200, fp8_gemm_bench
-// --variants), above MmaTileOptions::all_rows (each weight widened once for up to 128 rows, where
-// every other variant's time grows with the passes of 32 rows).
+// The dense kernel's tile for m rows: the plain register loop (16 weight rows a warp, activations
+// per warp) at every m. On the H200 it was within noise of the best variant up to 16 rows
+// (fp8_gemm_bench --variants), and MmaTileOptions::all_rows was slower above (Moonlight q_proj
+// at 64 rows 27.0 us against 17.6; docs/performance.md, tried and rejected).
 MmaTileOptions Fp8MmaDenseTile(int64_t m);
 
 // c[i, j] (+)= sum_p bf16(a[i, p]) * w(j, p) * scale(j, p), i < m, j < n, p < k; a fp32 or (a_bf16)

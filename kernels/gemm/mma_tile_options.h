@@ -1,8 +1,9 @@
-// Launch-time variants of the tile loop that Fp8MmaGemm, Fp8MmaGroupedGemm and Mxfp4MmaGroupedGemm
-// share (mma_weight_tile.cuh). Each gives the same sums bit for bit at the same fixed k split
-// (fp8_mma_gemm_test, mxfp4_mma_gemm_test); with k_split 0 `wide` may pick another split (the same
-// products, the k-slices' partial sums added in another grouping: equal up to fp32 reordering).
-// fp8_gemm_bench --variants times them side by side.
+// Launch-time variants of the tile loop that Fp8MmaGemm, Fp8MmaGroupedGemm, Mxfp4MmaGroupedGemm
+// and Bf16MmaGroupedGemm share (mma_weight_tile.cuh). Each gives the same sums bit for bit at the
+// same fixed k split (fp8_mma_gemm_test, mxfp4_mma_gemm_test, bf16_mma_gemm_test); with k_split 0
+// `wide` may pick another split (the same products, the k-slices' partial sums added in another
+// grouping: equal up to fp32 reordering). fp8_gemm_bench --variants and grouped_gemm_bench time
+// them side by side.
 #ifndef DEEPINFER_KERNELS_GEMM_MMA_TILE_OPTIONS_H_
 #define DEEPINFER_KERNELS_GEMM_MMA_TILE_OPTIONS_H_
 
@@ -19,10 +20,11 @@ struct MmaTileOptions {
   // At most 128 registers a thread (spilling where the tile needs more), so that two 256-thread
   // blocks fit an SM.
   bool two_blocks_per_sm = false;
-  // Fp8MmaGemm only (the others ignore it): each warp widens its 16 weight rows once per k block
-  // and applies them to up to 128 activation rows (passes of 32, 64 or 128 rows by m, the
-  // activation fragments through shared memory), where the other variants take passes of at most
-  // 32 rows, each widening every weight again. The other fields do not apply to it.
+  // Fp8MmaGemm and Bf16MmaGroupedGemm (the others ignore it): each warp loads (and widens) its 16
+  // weight rows once per k block and applies them to up to 128 activation rows (passes of 32, 64
+  // or 128 rows by the rows, the activation fragments through shared memory), where the other
+  // variants take passes of at most 32 rows, each loading every weight again. The other fields do
+  // not apply to it.
   bool all_rows = false;
 };
 

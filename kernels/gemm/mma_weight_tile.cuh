@@ -29,6 +29,7 @@
 
 #include <cstdint>
 
+#include "kernels/common/kernel_facts.h"
 #include "kernels/common/nonempty_group.cuh"
 
 namespace deepinfer {
@@ -607,22 +608,24 @@ dim3 GroupedGrid(const Params& p, int k_split, int tile_rows, int* ks) {
               static_cast<unsigned>(group_blocks));
 }
 
-// Lets `kernel` take `bytes` of dynamic shared memory (asked once per kernel; in relaxed capture
-// mode for this thread, so that the call cannot invalidate a capture in progress).
+// Lets `kernel` take `bytes` of dynamic shared memory on the calling thread's device (asked once
+// per (kernel, device): KernelFactsForCurrentDevice; in relaxed capture mode for this thread, so
+// that the first call cannot invalidate a capture in progress). cudaErrorInvalidValue where the
+// device has less shared memory than that.
 inline cudaError_t AllowDynamicSmem(const void* kernel, size_t bytes) {
   cudaStreamCaptureMode mode = cudaStreamCaptureModeRelaxed;
   (void)cudaThreadExchangeStreamCaptureMode(&mode);
-  const cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                               static_cast<int>(bytes));
+  const KernelFacts f = KernelFactsForCurrentDevice(kernel, static_cast<int>(bytes));
   (void)cudaThreadExchangeStreamCaptureMode(&mode);
-  return err;
+  if (f.error != cudaSuccess) return f.error;
+  return f.max_smem >= static_cast<int>(bytes) ? cudaSuccess : cudaErrorInvalidValue;
 }
 
 template <int NT, int MT, bool kSharedB, int kMinBlocks, typename Format, typename Params>
 cudaError_t LaunchGroupedTiles(const Params& p, int ks, dim3 grid, cudaStream_t stream) {
   const auto kernel = MmaGroupedKernel<NT, MT, kSharedB, kMinBlocks, Format, Params>;
   if constexpr (kSharedB) {
-    static const cudaError_t allowed =
+    const cudaError_t allowed =
         AllowDynamicSmem(reinterpret_cast<const void*>(kernel), kSharedBBytes);
     if (allowed != cudaSuccess) return allowed;
   }
@@ -645,8 +648,7 @@ template <int NT, typename Format, typename Params>
 cudaError_t LaunchGroupedAllRowsTiles(const Params& p, int ks, dim3 grid, cudaStream_t stream) {
   constexpr size_t kBytes = AllRowsBytes(NT);
   const auto kernel = MmaGroupedAllRowsKernel<NT, Format, Params>;
-  static const cudaError_t allowed =
-      AllowDynamicSmem(reinterpret_cast<const void*>(kernel), kBytes);
+  const cudaError_t allowed = AllowDynamicSmem(reinterpret_cast<const void*>(kernel), kBytes);
   if (allowed != cudaSuccess) return allowed;
   kernel<<<grid, kThreads, kBytes, stream>>>(p, ks);
   return cudaGetLastError();

@@ -15,9 +15,8 @@
 //
 // "batch-invariant": the batch-invariant mode's dense GEMM candidates instead, at m = 1, 64, 128
 // and 256 bf16 rows of the same shapes (batch 1), each launch timed alone after the L2 flush:
-// cublasGemmEx (not batch-invariant: the floor), kernels::BatchInvariantGemmTc (the mode's
-// dense kernel) and kernels::Bf16MmaGemm with k split 1 (the tile loop of the routed experts'
-// kernel: "narrow" the plain register loop, "narrow+sh2" kBf16GroupedMmaTile, "all_rows").
+// cublasGemmEx (not batch-invariant: the floor) and kernels::BatchInvariantGemmTc (the mode's
+// dense kernel).
 //
 //   small_m_gemm_bench [staged | batch-invariant]   (one line per case; exit status 1 on a CUDA
 //                                 error; "staged": RunStaged only)
@@ -35,7 +34,6 @@
 
 #include "kernels/activation/elementwise.h"
 #include "kernels/gemm/batch_invariant_gemm.h"
-#include "kernels/gemm/bf16_mma_gemm.h"
 #include "kernels/gemm/small_m_gemm.h"
 #include "kernels/gemm/staged_gemv.h"
 #include "kernels/norm/rms_norm.h"
@@ -437,19 +435,6 @@ class Bench {
     if (kernels::BatchInvariantGemmTcSupports(b)) {
       const double t = MedianUs([&] { BENCH_CUDA(kernels::BatchInvariantGemmTc(b, nullptr)); });
       std::printf(" BatchInvariantGemmTc %8.2f us (%5.1f%%) |", t, pct(t));
-    }
-    kernels::Bf16MmaGemmParams p;
-    p.m = m, p.n = n, p.k = k, p.a = a16, p.lda = k, p.w = w, p.ldw = k, p.c = c, p.ldc = n;
-    p.k_split = 1;
-    kernels::MmaTileOptions all_rows;
-    all_rows.all_rows = true;
-    for (const auto& [name, tile] :
-         {std::pair{"narrow", kernels::MmaTileOptions()},
-          std::pair{"narrow+sh2", kernels::kBf16GroupedMmaTile}, std::pair{"all_rows", all_rows}}) {
-      p.tile = tile;
-      if (!kernels::Bf16MmaGemmSupports(p)) continue;
-      const double t = MedianUs([&] { BENCH_CUDA(kernels::Bf16MmaGemm(p, nullptr)); });
-      std::printf(" bf16-mma %s %8.2f us (%5.1f%%) |", name, t, pct(t));
     }
     std::printf("\n");
     std::fflush(stdout);

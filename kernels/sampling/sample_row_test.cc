@@ -93,7 +93,6 @@ TEST(SampleRowTest, EdgeRowsAreSampler) {
   std::mt19937_64 gen(seed);
   const float temps[] = {1e-4f, 0.8f, 1.0f, 1e4f};
   const float ps[] = {1.0f, 0.95f, 1e-6f, std::nextafter(1.0f, 0.0f)};
-  int64_t sampled = 0;
   for (int64_t vocab : {513, 1537, 4099}) {
     const int32_t ks[] = {0, 1, 2, static_cast<int32_t>(vocab) - 1};
     for (int kind = 0; kind < 4; ++kind) {
@@ -138,13 +137,11 @@ TEST(SampleRowTest, EdgeRowsAreSampler) {
                                               << " top_k " << k << " top_p " << top_p);
             ASSERT_EQ(got, want->token);
             EXPECT_EQ(lp, want->logprob);
-            ++sampled;
           }
         }
       }
     }
   }
-  EXPECT_EQ(sampled, 3 * 4 * 4 * 4 * 4);
 }
 
 // LargestCut with a guessed first digit (SampleRow guesses it for top-p from the z pass) gives

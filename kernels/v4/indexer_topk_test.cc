@@ -19,6 +19,8 @@
 // first, as torch.topk and the CPU choose it).
 #include "kernels/v4/indexer_topk.h"
 
+#include <cuda_runtime.h>
+
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -39,6 +41,16 @@
 
 namespace deepinfer {
 namespace {
+
+// Whether the device is sm_80+, where kTensorCoreBf16 must run (IndexerTopKTensorCoreRuns).
+bool TensorCoreExpected() {
+  int device = 0, major = 0;
+  if (cudaGetDevice(&device) != cudaSuccess ||
+      cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) != cudaSuccess) {
+    return false;
+  }
+  return major >= 8;
+}
 
 using kernels::IndexerScoreOrder;
 using testing::DeviceArray;
@@ -305,7 +317,11 @@ TEST_P(IndexerTopKKernelTest, MatchesCpuV4Ops) {
                               fma ? 1e-4 : 1e-6));
     }
   }
-  if (!kernels::IndexerTopKTensorCoreRuns()) return;
+  if (!kernels::IndexerTopKTensorCoreRuns()) {
+    ASSERT_FALSE(TensorCoreExpected())
+        << "an sm_80+ device, but the tensor-core order does not run";
+    return;  // below sm_80 the order does not exist
+  }
   // kTensorCoreBf16 against the CPU over the query and keys rounded to bf16 (its operands: the
   // scores then differ by the fp32 sums' order only, tolerance as kFma's).
   Inputs in16 = in;
@@ -451,7 +467,9 @@ TEST(IndexerTopKTest, NanScoresAreChosenFirst) {
   for (IndexerScoreOrder order : {IndexerScoreOrder::kSequential, IndexerScoreOrder::kFma,
                                   IndexerScoreOrder::kTensorCoreBf16}) {
     if (order == IndexerScoreOrder::kTensorCoreBf16 && !kernels::IndexerTopKTensorCoreRuns()) {
-      continue;
+      ASSERT_FALSE(TensorCoreExpected())
+          << "an sm_80+ device, but the tensor-core order does not run";
+      continue;  // below sm_80 the order does not exist
     }
     const std::vector<int32_t> got = RunGpu(&dev, order);
     EXPECT_NE(std::find(got.begin(), got.end(), 31), got.end());

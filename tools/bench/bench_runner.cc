@@ -911,7 +911,9 @@ absl::StatusOr<BenchResult> RunBenchmark(const BenchConfig& bc) {
   }
   for (const MixedStepShape& m : bc.mixed_steps) {
     if (m.decode_rows < 1 || m.prompt_tokens < 1) {
-      return absl::InvalidArgumentError("bench: a mixed step needs D >= 1 and P >= 1");
+      return absl::InvalidArgumentError(absl::StrCat("bench: --mixed-steps ", m.decode_rows, ":",
+                                                     m.prompt_tokens,
+                                                     ": a mixed step needs D >= 1 and P >= 1"));
     }
   }
   if (bc.speculative_tokens > 0 && bc.ranks != 1) {

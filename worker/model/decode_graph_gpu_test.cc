@@ -162,11 +162,9 @@ TEST_F(DecodeGraphGpuTest, AdjustedGreedyStepsReplayBitForBitAndFollowTheGeneral
   };
   auto a = RunDecodeSchedule(graphs.get(), backend_.get(), kSchedule, 100, nullptr, adjusted);
   ASSERT_TRUE(a.ok()) << a.status();
-  auto b =
-      RunDecodeSchedule(eager_padded.get(), backend_.get(), kSchedule, 100, nullptr, adjusted);
+  auto b = RunDecodeSchedule(eager_padded.get(), backend_.get(), kSchedule, 100, nullptr, adjusted);
   ASSERT_TRUE(b.ok()) << b.status();
-  auto c =
-      RunDecodeSchedule(eager.get(), backend_.get(), kSchedule, 100, /*forced=*/&*a, adjusted);
+  auto c = RunDecodeSchedule(eager.get(), backend_.get(), kSchedule, 100, /*forced=*/&*a, adjusted);
   ASSERT_TRUE(c.ok()) << c.status();
   EXPECT_EQ(graphs->decode_graph_steps(), static_cast<int64_t>(kSchedule.size()));
   EXPECT_EQ(graphs->decode_graphs_recorded(), 7);  // buckets 1 4 8 64 128 2, 128 again larger
@@ -263,7 +261,8 @@ TEST_F(DecodeGraphGpuTest, VerificationRowsReplayBitForBit) {
     EXPECT_EQ(a->tokens[s][1][2], static_cast<int32_t>((s * 11 + 5) % vocab)) << "step " << s;
   }
   // Sampled rows (testing::MixedSampling), each row keyed by its own position.
-  auto c = testing::RunVerifySteps(m.graphs.get(), backend_.get(), 40, 3, 4, testing::MixedSampling);
+  auto c =
+      testing::RunVerifySteps(m.graphs.get(), backend_.get(), 40, 3, 4, testing::MixedSampling);
   ASSERT_TRUE(c.ok()) << c.status();
   auto d = testing::RunVerifySteps(m.eager_padded.get(), backend_.get(), 40, 3, 4,
                                    testing::MixedSampling);

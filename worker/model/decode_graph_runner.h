@@ -108,8 +108,8 @@ struct DecodeGraphInputs {
   // one have top_p 0 (SampleRows gives them token -1 without reading the row). Null: the graph
   // makes no sampled picks (an adjusted graph for greedy batches).
   const RowSamplingParams* sampling = nullptr;
-  int32_t* out_sampled_tokens = nullptr;   // [rows]
-  float* out_sampled_logprobs = nullptr;   // [rows], SampleRows' own
+  int32_t* out_sampled_tokens = nullptr;  // [rows]
+  float* out_sampled_logprobs = nullptr;  // [rows], SampleRows' own
   // [rows], graphs with adjustments: the raw row's logprob of the sampled pick (made from the
   // adjusted copy).
   float* out_sampled_raw_logprobs = nullptr;
@@ -127,9 +127,9 @@ struct DecodeGraphInputs {
 // What the runner needs from the architecture.
 struct DecodeGraphModel {
   // The device-only decode step over `in` (embedding to the picks, DecodeGraphPick, with in's
-  // logit adjustments when it has room for them): what is recorded. Must not touch the host. FAILED_PRECONDITION: it
-  // cannot run this bucket on the device (the bucket then runs the general path from then on);
-  // other errors are the step's.
+  // logit adjustments when it has room for them): what is recorded. Must not touch the host.
+  // FAILED_PRECONDITION: it cannot run this bucket on the device (the bucket then runs the general
+  // path from then on); other errors are the step's.
   std::function<absl::Status(const DecodeGraphInputs& in)> forward;
   // Whether the path applies at all now (null: always).
   std::function<bool()> available;

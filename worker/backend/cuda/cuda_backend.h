@@ -246,12 +246,12 @@ class CudaBackend : public Backend {
   // FP8 experts (args.fp8()): the same permutation and combine around the expert
   // GEMMs: up to kMaxFusedMoeTokens tokens, or any batch while captured, without host
   // synchronisation: kernels::Fp8MmaGroupedGemm on bf16 rows (gate_up fp32, SiluMulF32ToBf16,
-  // down; tile kernels::kGroupedMmaTile), or kernels::Fp8GroupedGemm on fp32 rows where the tensor-core kernel is not built or
-  // hidden_size / inter are not multiples of 16; larger batches with the host pointer tables
-  // copy the group sizes back (rows aligned to 4 per expert) and run W8A8 where cuBLASLt takes
-  // it (ExpertGemmsFp8W8A8: one quantisation for all rows, one GEMM per busy expert, SiluMulF32
-  // once), else each expert's rows through Gemm's FP8 paths.
-  // MXFP4 experts (args.mxfp4()): the same permutation (bf16 rows) and combine around
+  // down; tile kernels::kGroupedMmaTile), or kernels::Fp8GroupedGemm on fp32 rows where the
+  // tensor-core kernel is not built or hidden_size / inter are not multiples of 16; larger batches
+  // with the host pointer tables copy the group sizes back (rows aligned to 4 per expert) and run
+  // W8A8 where cuBLASLt takes it (ExpertGemmsFp8W8A8: one quantisation for all rows, one GEMM per
+  // busy expert, SiluMulF32 once), else each expert's rows through Gemm's FP8 paths. MXFP4 experts
+  // (args.mxfp4()): the same permutation (bf16 rows) and combine around
   // kernels::Mxfp4MmaGroupedGemm (tile kernels::kGroupedMmaTile) for gate_up and down at any
   // batch size, without host synchronisation (capturable).
   // args.swiglu_limit (V4's clamp) in every SiLU-mul of the bf16 / fp32 / MXFP4 paths; FP8

@@ -108,9 +108,9 @@ void CudaBackend::GemmFp8(int64_t m, int64_t n, int64_t k, ActivationView a, int
   const bool a_bf16 = a.dtype == WeightDType::kBFloat16;
   if (tuning_.batch_invariant) {
     // One path for every m: the tensor-core kernel with a fixed k split, else the weight
-    // dequantised to bf16 for the batch-invariant bf16 GEMM. The tile still follows m: every
+    // dequantised to bf16 for the batch-invariant bf16 GEMM. The tile is Fp8MmaDenseTile's: every
     // tile variant gives the same sums bit for bit at a fixed k split (fp8_mma_gemm_test), so a
-    // row's bits do not depend on which one ran.
+    // row's bits do not depend on which one runs.
     kernels::Fp8MmaGemmParams p;
     p.m = m, p.n = n, p.k = k, p.a = a.data, p.a_bf16 = a_bf16, p.lda = lda;
     p.w = Fp8Weight(w, ldw);

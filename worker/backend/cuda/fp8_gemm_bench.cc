@@ -24,7 +24,8 @@
 // median of 7 replays, per launch. The H200's HBM peak is 4.8 TB/s, its dense bf16 / FP8 tensor
 // peaks 989 / 1979 TFLOP/s.
 //
-//   fp8_gemm_bench [--quick | --variants]   (--quick: m = 1, 8, 16, 32, 64, 128, 1024 only; --variants:
+//   fp8_gemm_bench [--quick | --variants]   (--quick: m = 1, 8, 16, 32, 64, 128, 1024 only;
+//   --variants:
 //       only the tile-loop variants of the tensor-core kernels against bf16, same shapes,
 //       fp8_mma_variants_bench.cc; exit status 1 on a CUDA or cuBLAS error)
 #include <cublas_v2.h>
