@@ -90,27 +90,11 @@ bool KSplitValid(int32_t k_split, int64_t k) {
   return (k_split == 2 || k_split == 4 || k_split == mma_tile::kWarps) && 2 * k_split <= kblocks;
 }
 
-// The register loop with tile options MT / kSharedB and p's two_blocks_per_sm.
-template <int MT, bool kSharedB>
-cudaError_t LaunchRegisters(const Bf16MmaGroupedGemmParams& p, cudaStream_t stream) {
-  return p.tile.two_blocks_per_sm
-             ? mma_tile::LaunchGrouped<Bf16Format, MT, kSharedB, 2>(p, p.k_split, stream)
-             : mma_tile::LaunchGrouped<Bf16Format, MT, kSharedB, 1>(p, p.k_split, stream);
-}
-
 }  // namespace
 
 bool Bf16MmaGemmAvailable() {
-  static const bool available = [] {
-    cudaFuncAttributes attr;
-    if (cudaFuncGetAttributes(
-            &attr,
-            mma_tile::MmaGroupedKernel<1, 1, false, 1, Bf16Format, Bf16MmaGroupedGemmParams>) !=
-        cudaSuccess) {
-      return false;
-    }
-    return attr.binaryVersion >= 80 && attr.ptxVersion >= 80;
-  }();
+  static const bool available =
+      mma_tile::GroupedKernelHasMmaCode<Bf16Format, Bf16MmaGroupedGemmParams>();
   return available;
 }
 
@@ -125,12 +109,7 @@ cudaError_t Bf16MmaGroupedGemm(const Bf16MmaGroupedGemmParams& p, cudaStream_t s
   if (!Bf16MmaGroupedGemmSupports(p)) return cudaErrorInvalidValue;
   if (p.max_rows == 0) return cudaSuccess;
   if (p.tile.all_rows) return mma_tile::LaunchGroupedAllRows<Bf16Format>(p, p.k_split, stream);
-  if (p.tile.wide) {
-    return p.tile.shared_activations ? LaunchRegisters<2, true>(p, stream)
-                                     : LaunchRegisters<2, false>(p, stream);
-  }
-  return p.tile.shared_activations ? LaunchRegisters<1, true>(p, stream)
-                                   : LaunchRegisters<1, false>(p, stream);
+  return mma_tile::LaunchGroupedTile<Bf16Format>(p, p.k_split, stream);
 }
 
 }  // namespace kernels

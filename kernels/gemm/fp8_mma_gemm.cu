@@ -9,6 +9,7 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <atomic>
 #include <limits>
 
 #include "kernels/common/streaming_load.cuh"
@@ -173,8 +174,9 @@ cudaError_t LaunchAllRowsKernel(const Fp8MmaGemmParams& p, int ks, int64_t passe
                                 cudaStream_t stream) {
   constexpr size_t kBytes = AllRowsBytes<NT>();
   const auto kernel = Fp8MmaAllRowsKernel<NT, kBf16A>;
+  static std::atomic<uint64_t> allowed_on{0};
   const cudaError_t allowed =
-      mma_tile::AllowDynamicSmem(reinterpret_cast<const void*>(kernel), kBytes);
+      mma_tile::AllowDynamicSmem(reinterpret_cast<const void*>(kernel), kBytes, &allowed_on);
   if (allowed != cudaSuccess) return allowed;
   const int64_t tiles = (p.n + kTile - 1) / kTile, per_block = kWarps / ks;
   const dim3 grid(static_cast<unsigned>((tiles + per_block - 1) / per_block),
@@ -209,8 +211,9 @@ template <int NT, int MT, bool kSharedB, bool kBf16A, int kMinBlocks>
 cudaError_t LaunchDenseKernel(const Fp8MmaGemmParams& p, int ks, dim3 grid, cudaStream_t stream) {
   const auto kernel = Fp8MmaGemmKernel<NT, MT, kSharedB, kBf16A, kMinBlocks>;
   if constexpr (kSharedB) {
-    const cudaError_t allowed =
-        mma_tile::AllowDynamicSmem(reinterpret_cast<const void*>(kernel), mma_tile::kSharedBBytes);
+    static std::atomic<uint64_t> allowed_on{0};
+    const cudaError_t allowed = mma_tile::AllowDynamicSmem(reinterpret_cast<const void*>(kernel),
+                                                           mma_tile::kSharedBBytes, &allowed_on);
     if (allowed != cudaSuccess) return allowed;
   }
   kernel<<<grid, kThreads, kSharedB ? mma_tile::kSharedBBytes : 0, stream>>>(p, ks);
@@ -253,36 +256,11 @@ cudaError_t LaunchDenseTile(const Fp8MmaGemmParams& p, cudaStream_t stream) {
                      : LaunchDenseRows<1, kBf16A, 1>(p, stream);
 }
 
-// The grouped register loop with tile options MT / kSharedB and p's two_blocks_per_sm.
-template <int MT, bool kSharedB>
-cudaError_t LaunchGroupedRegisters(const Fp8MmaGroupedGemmParams& p, cudaStream_t stream) {
-  return p.tile.two_blocks_per_sm
-             ? mma_tile::LaunchGrouped<Fp8Format, MT, kSharedB, 2>(p, p.k_split, stream)
-             : mma_tile::LaunchGrouped<Fp8Format, MT, kSharedB, 1>(p, p.k_split, stream);
-}
-
-// The grouped kernel with p's tile options.
-cudaError_t LaunchGroupedTile(const Fp8MmaGroupedGemmParams& p, cudaStream_t stream) {
-  if (p.tile.wide) {
-    return p.tile.shared_activations ? LaunchGroupedRegisters<2, true>(p, stream)
-                                     : LaunchGroupedRegisters<2, false>(p, stream);
-  }
-  return p.tile.shared_activations ? LaunchGroupedRegisters<1, true>(p, stream)
-                                   : LaunchGroupedRegisters<1, false>(p, stream);
-}
-
 }  // namespace
 
 bool Fp8MmaGemmAvailable() {
-  static const bool available = [] {
-    cudaFuncAttributes attr;
-    if (cudaFuncGetAttributes(
-            &attr,
-            mma_tile::MmaGroupedKernel<1, 1, false, 1, Fp8Format, Fp8MmaGroupedGemmParams>) !=
-        cudaSuccess)
-      return false;
-    return attr.binaryVersion >= 80 && attr.ptxVersion >= 80;
-  }();
+  static const bool available =
+      mma_tile::GroupedKernelHasMmaCode<Fp8Format, Fp8MmaGroupedGemmParams>();
   return available;
 }
 
@@ -314,7 +292,7 @@ bool Fp8MmaGroupedGemmSupports(const Fp8MmaGroupedGemmParams& p) {
 cudaError_t Fp8MmaGroupedGemm(const Fp8MmaGroupedGemmParams& p, cudaStream_t stream) {
   if (!Fp8MmaGroupedGemmSupports(p)) return cudaErrorInvalidValue;
   if (p.max_rows == 0) return cudaSuccess;
-  return LaunchGroupedTile(p, stream);
+  return mma_tile::LaunchGroupedTile<Fp8Format>(p, p.k_split, stream);
 }
 
 }  // namespace kernels

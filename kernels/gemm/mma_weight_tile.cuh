@@ -27,6 +27,7 @@
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
+#include <atomic>
 #include <cstdint>
 
 #include "kernels/common/kernel_facts.h"
@@ -608,25 +609,35 @@ dim3 GroupedGrid(const Params& p, int k_split, int tile_rows, int* ks) {
               static_cast<unsigned>(group_blocks));
 }
 
-// Lets `kernel` take `bytes` of dynamic shared memory on the calling thread's device (asked once
-// per (kernel, device): KernelFactsForCurrentDevice; in relaxed capture mode for this thread, so
-// that the first call cannot invalidate a capture in progress). cudaErrorInvalidValue where the
-// device has less shared memory than that.
-inline cudaError_t AllowDynamicSmem(const void* kernel, size_t bytes) {
+// Lets `kernel` take `bytes` of dynamic shared memory on the calling thread's device. `allowed_on`
+// is the launch site's bitmask of devices where that is done, so a launch costs a cudaGetDevice
+// and an atomic load; the first launch on a device asks KernelFactsForCurrentDevice (in relaxed
+// capture mode for this thread, so that the call cannot invalidate a capture in progress).
+// cudaErrorInvalidValue where the device has less shared memory than that.
+inline cudaError_t AllowDynamicSmem(const void* kernel, size_t bytes,
+                                    std::atomic<uint64_t>* allowed_on) {
+  int device = 0;
+  const cudaError_t dev_err = cudaGetDevice(&device);
+  if (dev_err != cudaSuccess) return dev_err;
+  const uint64_t bit = device < 64 ? uint64_t{1} << device : 0;
+  if ((allowed_on->load(std::memory_order_acquire) & bit) != 0) return cudaSuccess;
   cudaStreamCaptureMode mode = cudaStreamCaptureModeRelaxed;
   (void)cudaThreadExchangeStreamCaptureMode(&mode);
   const KernelFacts f = KernelFactsForCurrentDevice(kernel, static_cast<int>(bytes));
   (void)cudaThreadExchangeStreamCaptureMode(&mode);
   if (f.error != cudaSuccess) return f.error;
-  return f.max_smem >= static_cast<int>(bytes) ? cudaSuccess : cudaErrorInvalidValue;
+  if (f.max_smem < static_cast<int>(bytes)) return cudaErrorInvalidValue;
+  allowed_on->fetch_or(bit, std::memory_order_acq_rel);
+  return cudaSuccess;
 }
 
 template <int NT, int MT, bool kSharedB, int kMinBlocks, typename Format, typename Params>
 cudaError_t LaunchGroupedTiles(const Params& p, int ks, dim3 grid, cudaStream_t stream) {
   const auto kernel = MmaGroupedKernel<NT, MT, kSharedB, kMinBlocks, Format, Params>;
   if constexpr (kSharedB) {
+    static std::atomic<uint64_t> allowed_on{0};
     const cudaError_t allowed =
-        AllowDynamicSmem(reinterpret_cast<const void*>(kernel), kSharedBBytes);
+        AllowDynamicSmem(reinterpret_cast<const void*>(kernel), kSharedBBytes, &allowed_on);
     if (allowed != cudaSuccess) return allowed;
   }
   kernel<<<grid, kThreads, kSharedB ? kSharedBBytes : 0, stream>>>(p, ks);
@@ -648,7 +659,9 @@ template <int NT, typename Format, typename Params>
 cudaError_t LaunchGroupedAllRowsTiles(const Params& p, int ks, dim3 grid, cudaStream_t stream) {
   constexpr size_t kBytes = AllRowsBytes(NT);
   const auto kernel = MmaGroupedAllRowsKernel<NT, Format, Params>;
-  const cudaError_t allowed = AllowDynamicSmem(reinterpret_cast<const void*>(kernel), kBytes);
+  static std::atomic<uint64_t> allowed_on{0};
+  const cudaError_t allowed =
+      AllowDynamicSmem(reinterpret_cast<const void*>(kernel), kBytes, &allowed_on);
   if (allowed != cudaSuccess) return allowed;
   kernel<<<grid, kThreads, kBytes, stream>>>(p, ks);
   return cudaGetLastError();
@@ -694,6 +707,37 @@ cudaError_t LaunchGrouped(const Params& p, int k_split, cudaStream_t stream) {
     default:
       return LaunchGroupedRows<4, MT, kSharedB, kMinBlocks, Format>(p, ks, grid, stream);
   }
+}
+
+// The grouped register loop (LaunchGrouped) with the tile options of p.tile (wide,
+// shared_activations, two_blocks_per_sm; all_rows is the caller's to route): the kernel instance
+// each combination names.
+template <typename Format, int MT, bool kSharedB, typename Params>
+cudaError_t LaunchGroupedBlocks(const Params& p, int k_split, cudaStream_t stream) {
+  return p.tile.two_blocks_per_sm ? LaunchGrouped<Format, MT, kSharedB, 2>(p, k_split, stream)
+                                  : LaunchGrouped<Format, MT, kSharedB, 1>(p, k_split, stream);
+}
+
+template <typename Format, typename Params>
+cudaError_t LaunchGroupedTile(const Params& p, int k_split, cudaStream_t stream) {
+  if (p.tile.wide) {
+    return p.tile.shared_activations ? LaunchGroupedBlocks<Format, 2, true>(p, k_split, stream)
+                                     : LaunchGroupedBlocks<Format, 2, false>(p, k_split, stream);
+  }
+  return p.tile.shared_activations ? LaunchGroupedBlocks<Format, 1, true>(p, k_split, stream)
+                                   : LaunchGroupedBlocks<Format, 1, false>(p, k_split, stream);
+}
+
+// Whether this process has sm_80+ code for Format's grouped kernel on the current device (the
+// compute_75 PTX fallback has no bf16 MMA); the callers cache it.
+template <typename Format, typename Params>
+bool GroupedKernelHasMmaCode() {
+  cudaFuncAttributes attr;
+  if (cudaFuncGetAttributes(&attr, MmaGroupedKernel<1, 1, false, 1, Format, Params>) !=
+      cudaSuccess) {
+    return false;
+  }
+  return attr.binaryVersion >= 80 && attr.ptxVersion >= 80;
 }
 
 }  // namespace mma_tile

@@ -117,27 +117,11 @@ class Mxfp4Format {
 
 bool Aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
 
-// The register loop with tile options MT / kSharedB and p's two_blocks_per_sm.
-template <int MT, bool kSharedB>
-cudaError_t LaunchRegisters(const Mxfp4MmaGroupedGemmParams& p, cudaStream_t stream) {
-  return p.tile.two_blocks_per_sm
-             ? mma_tile::LaunchGrouped<Mxfp4Format, MT, kSharedB, 2>(p, /*k_split=*/0, stream)
-             : mma_tile::LaunchGrouped<Mxfp4Format, MT, kSharedB, 1>(p, /*k_split=*/0, stream);
-}
-
 }  // namespace
 
 bool Mxfp4MmaGemmAvailable() {
-  static const bool available = [] {
-    cudaFuncAttributes attr;
-    if (cudaFuncGetAttributes(
-            &attr,
-            mma_tile::MmaGroupedKernel<1, 1, false, 1, Mxfp4Format, Mxfp4MmaGroupedGemmParams>) !=
-        cudaSuccess) {
-      return false;
-    }
-    return attr.binaryVersion >= 80 && attr.ptxVersion >= 80;
-  }();
+  static const bool available =
+      mma_tile::GroupedKernelHasMmaCode<Mxfp4Format, Mxfp4MmaGroupedGemmParams>();
   return available;
 }
 
@@ -152,12 +136,7 @@ bool Mxfp4MmaGroupedGemmSupports(const Mxfp4MmaGroupedGemmParams& p) {
 cudaError_t Mxfp4MmaGroupedGemm(const Mxfp4MmaGroupedGemmParams& p, cudaStream_t stream) {
   if (!Mxfp4MmaGroupedGemmSupports(p)) return cudaErrorInvalidValue;
   if (p.max_rows == 0) return cudaSuccess;
-  if (p.tile.wide) {
-    return p.tile.shared_activations ? LaunchRegisters<2, true>(p, stream)
-                                     : LaunchRegisters<2, false>(p, stream);
-  }
-  return p.tile.shared_activations ? LaunchRegisters<1, true>(p, stream)
-                                   : LaunchRegisters<1, false>(p, stream);
+  return mma_tile::LaunchGroupedTile<Mxfp4Format>(p, /*k_split=*/0, stream);
 }
 
 }  // namespace kernels
