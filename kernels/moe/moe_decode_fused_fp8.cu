@@ -1,7 +1,7 @@
-// The FP8 fused decode MoE block (moe_decode_fused_fp8.h): the bf16 block's grid-strided
-// gate_up / down pair (moe_decode_fused.cu) with 16 e4m3 weights per 16-byte load and the block
-// scale applied per 16-weight sum. Weights are read with L1::no_allocate so that the fp32
-// hidden / act rows stay in L1.
+// The FP8 fused decode MoE block (moe_decode_fused_fp8.h): the kPerRow pair (the bf16 block's
+// grid-strided gate_up / down pair of moe_decode_fused.cu with 16 e4m3 weights per 16-byte load
+// and the block scale applied per 16-weight sum) and the entry point. Weights are read with
+// L1::no_allocate so that the fp32 hidden / act rows stay in L1.
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -10,23 +10,18 @@
 #include "kernels/common/streaming_load.cuh"
 #include "kernels/gemm/fp8_block_gemm.h"
 #include "kernels/moe/moe_decode_fused_fp8.h"
+#include "kernels/moe/moe_decode_fused_fp8_internal.cuh"
 
 namespace deepinfer {
 namespace kernels {
+namespace moe_fp8_internal {
 namespace {
 
-constexpr int kWarps = 4;
-constexpr int kThreads = kWarps * 32;
 // 16-byte vectors (16 weights) per lane and row in one gate_up chunk (2048 values of a row per
 // warp, as the bf16 kernel's 8 vectors of 8).
 constexpr int kUnroll = 4;
-constexpr int kDownThreads = 128;
-constexpr int kDownWarps = kDownThreads / 32;
 // 16-byte loads per down thread and batch (12288 weights a block, the bf16 kernel's count).
 constexpr int kDownLoads = 6;
-constexpr int kMaxDownFeatures = 64;
-constexpr int kVec = 16;                   // weights per 16-byte vector
-constexpr int kVecsPerBlock = 128 / kVec;  // vectors per 128-wide scale block
 constexpr float kTwoTo120 = 0x1p120f;
 
 // The e4m3 bytes of w (the lowest first) as fp32 values times 2^-120: the sign to bit 31, the 7
@@ -58,116 +53,8 @@ __device__ __forceinline__ float Dot16(const uint4& w, const float* x) {
   return s;
 }
 
-__device__ __forceinline__ float WarpSum(float s) {
-#pragma unroll
-  for (int o = 16; o > 0; o /= 2) s += __shfl_xor_sync(0xffffffffu, s, o);
-  return s;
-}
-
-__device__ __forceinline__ bool ValidExpert(const MoeDecodeFusedFp8Params& p, int32_t e) {
-  return e >= 0 && e < p.num_experts;
-}
-
-// ---- The part table (as moe_decode_fused.cu's): the shared parts, then every routed expert
-// once, each with its matrices, scale grids and per token its act row (null: not chosen) and
-// routing weight. Built by one warp per block after the PDL wait.
-
-struct Fp8Part {
-  const uint8_t* gate;  // gate row 0 (rows hidden_size bytes apart); up rows at `up`
-  const uint8_t* up;
-  const float* gu_scales;         // the gate_up matrix's scale grid
-  int32_t gu_scale_ld, gu_split;  // its row stride and stacking row
-  int32_t gate_row0, up_row0;     // the part's gate / up row 0 as rows of that matrix
-  const uint8_t* down;            // row f at down + f * down_stride
-  int32_t down_stride;
-  const float* dn_scales;  // the down matrix's scale grid (one grid)
-  int32_t dn_scale_ld;
-  int32_t down_col0;  // the part's column 0 in that matrix
-};
-
-template <int kT>
-struct PartTable {
-  static constexpr int kMaxParts = kT * kMoeDecodeFusedMaxParts;
-  int count;
-  Fp8Part part[kMaxParts];
-  float* act[kMaxParts][kT];  // token t's act row of this part, null: not chosen by t
-  float coef[kMaxParts][kT];
-};
-
-// Run by one whole warp.
-template <int kT>
-__device__ void BuildPartTable(const MoeDecodeFusedFp8Params& p, PartTable<kT>* tab) {
-  const int lane = threadIdx.x % 32;
-  const int K = p.top_k, S = p.shared_parts, P = K + S, H = p.hidden_size, I = p.inter;
-  for (int s = lane; s < S; s += 32) {
-    Fp8Part& q = tab->part[s];
-    q.gate = p.shared_gate_up + int64_t{s} * I * H;
-    q.up = p.shared_gate_up + (int64_t{S} + s) * I * H;
-    q.gu_scales = p.shared_gate_up_scales;
-    q.gu_scale_ld = p.shared_gate_up_scale_ld;
-    q.gu_split = p.shared_gate_up_split_rows;
-    q.gate_row0 = s * I;
-    q.up_row0 = (S + s) * I;
-    q.down = p.shared_down + int64_t{s} * I;
-    q.down_stride = S * I;
-    q.dn_scales = p.shared_down_scales;
-    q.dn_scale_ld = p.shared_down_scale_ld;
-    q.down_col0 = s * I;
-#pragma unroll
-    for (int t = 0; t < kT; ++t) {
-      tab->act[s][t] = p.act + (int64_t{t} * P + K + s) * I;
-      tab->coef[s][t] = 1.0f;
-    }
-  }
-  int count = S;
-  for (int c0 = 0; c0 < kT * K; c0 += 32) {
-    const int c = c0 + lane;
-    bool live = false;
-    int32_t e = -1;
-    int part[kT];
-    if (c < kT * K) {
-      const int t = c / K;
-      e = p.topk_ids[c];
-      live = ValidExpert(p, e);
-#pragma unroll
-      for (int u = 0; u < kT; ++u) {
-        part[u] = -1;
-        for (int j = 0; j < K; ++j) {
-          if (p.topk_ids[u * K + j] == e) part[u] = j;
-        }
-        if (u < t && part[u] >= 0) live = false;  // an earlier token's column has this expert
-      }
-    }
-    const unsigned ballot = __ballot_sync(0xffffffffu, live);
-    if (live) {
-      const int u = count + __popc(ballot & ((1u << lane) - 1u));
-      const int32_t slot = p.slot_of_expert[e];
-      Fp8Part& q = tab->part[u];
-      q.gate = p.gate_up[slot];
-      q.up = p.gate_up[slot] + int64_t{I} * H;
-      q.gu_scales = p.gate_up_scales[slot];
-      q.gu_scale_ld = p.gate_up_scale_ld;
-      q.gu_split = I;
-      q.gate_row0 = 0;
-      q.up_row0 = I;
-      q.down = p.down[slot];
-      q.down_stride = I;
-      q.dn_scales = p.down_scales[slot];
-      q.dn_scale_ld = p.down_scale_ld;
-      q.down_col0 = 0;
-#pragma unroll
-      for (int t = 0; t < kT; ++t) {
-        tab->act[u][t] = part[t] >= 0 ? p.act + (int64_t{t} * P + part[t]) * I : nullptr;
-        tab->coef[u][t] = part[t] >= 0 ? p.topk_weights[t * K + part[t]] : 0.0f;
-      }
-    }
-    count += __popc(ballot);
-  }
-  if (lane == 0) tab->count = count;
-}
-
-// ---- gate_up: one warp per (part, row j) item, part major, grid-strided; a warp issues the
-// first chunk of its next item before it sums the current one.
+// ---- kPerRow gate_up: one warp per (part, row j) item, part major, grid-strided; a warp issues
+// the first chunk of its next item before it sums the current one.
 
 struct GateUpChunk {
   uint4 g[kUnroll], u[kUnroll];
@@ -274,9 +161,9 @@ __device__ void GateUpBody(MoeDecodeFusedFp8Params p) {
   }
 }
 
-// ---- down: one block per output feature f, grid-strided; feature f's parts' rows flattened
-// into 16-weight chunks x = u * kv + v (part u's vector v of kv = inter / 16), thread i taking
-// x = i + n * kDownThreads; the next feature's first batch issued before the current one is
+// ---- kPerRow down: one block per output feature f, grid-strided; feature f's parts' rows
+// flattened into 16-weight chunks x = u * kv + v (part u's vector v of kv = inter / 16), thread i
+// taking x = i + n * kDownThreads; the next feature's first batch issued before the current one is
 // summed; the warps' sums in shared memory, added in warp order at the end.
 
 struct DownBatch {
@@ -369,42 +256,16 @@ __device__ void DownBody(MoeDecodeFusedFp8Params p) {
   }
 }
 
-// Blocks of `kernel` that fit on one SM (4 if the occupancy query fails). Asked once per kernel,
-// maybe while the stream is being captured: in relaxed capture mode for this thread, so that
-// the query cannot invalidate a capture.
-int BlocksPerSm(const void* kernel, int threads) {
-  cudaStreamCaptureMode mode = cudaStreamCaptureModeRelaxed;
-  (void)cudaThreadExchangeStreamCaptureMode(&mode);
-  int blocks = 0;
-  const cudaError_t err =
-      cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, kernel, threads, 0);
-  (void)cudaThreadExchangeStreamCaptureMode(&mode);
-  if (err != cudaSuccess || blocks < 1) {
-    (void)cudaGetLastError();
-    return 4;
-  }
-  return blocks;
-}
-
-// Units of work in rounds of equal work: ceil(work / rounds) units, where rounds = ceil(work /
-// units that fit), so that no last round runs on a few SMs.
-int64_t Balanced(int64_t work, int64_t fit) {
-  const int64_t rounds = (work + fit - 1) / fit;
-  return (work + rounds - 1) / rounds;
-}
-
 // gate_up on about one pass over the SMs, then down on as many blocks per SM as fit, at least
 // enough that none has more than kMaxDownFeatures features.
 template <int kT>
-cudaError_t LaunchPair(const MoeDecodeFusedFp8Params& p, cudaStream_t stream) {
+cudaError_t LaunchPerRow(const MoeDecodeFusedFp8Params& p, cudaStream_t stream) {
   constexpr auto kGateUp = EntryKernel<GateUpBody<kT>, kThreads>();
   constexpr auto kDown = EntryKernel<DownBody<kT>, kDownThreads>();
   static const int gate_up_per_sm = BlocksPerSm(reinterpret_cast<const void*>(kGateUp), kThreads);
   static const int down_per_sm = BlocksPerSm(reinterpret_cast<const void*>(kDown), kDownThreads);
-  int device = 0, sms = 0;
-  cudaError_t err = cudaGetDevice(&device);
-  if (err == cudaSuccess)
-    err = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
+  int sms = 0;
+  cudaError_t err = CurrentSms(&sms);
   if (err != cudaSuccess) return err;
   const int64_t max_parts = int64_t{kT} * p.top_k + p.shared_parts;
   const int64_t gate_up_warps =
@@ -420,11 +281,15 @@ cudaError_t LaunchPair(const MoeDecodeFusedFp8Params& p, cudaStream_t stream) {
       dim3(static_cast<unsigned>(down_blocks)), 0, stream, p);
 }
 
+// The shared memory of an SM (0 if the query fails), asked once.
 bool Aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
 
 }  // namespace
+}  // namespace moe_fp8_internal
 
 cudaError_t MoeDecodeFusedFp8(const MoeDecodeFusedFp8Params& p, cudaStream_t stream) {
+  using moe_fp8_internal::Aligned16;
+  using moe_fp8_internal::kVec;
   const bool routed = p.top_k > 0, shared = p.shared_parts > 0;
   const bool sizes_ok = p.num_tokens >= 1 && p.num_tokens <= kMoeDecodeFusedMaxTokens &&
                         p.top_k >= 0 && p.shared_parts >= 0 && p.top_k + p.shared_parts >= 1 &&
@@ -447,8 +312,22 @@ cudaError_t MoeDecodeFusedFp8(const MoeDecodeFusedFp8Params& p, cudaStream_t str
        p.shared_down_scale_ld >= Fp8ScaleCols(int64_t{p.shared_parts} * p.inter));
   const bool pointers_ok = p.hidden != nullptr && p.act != nullptr && p.out != nullptr &&
                            Aligned16(p.hidden) && Aligned16(p.act);
-  if (!routed_ok || !shared_ok || !pointers_ok) return cudaErrorInvalidValue;
-  return p.num_tokens == 1 ? LaunchPair<1>(p, stream) : LaunchPair<2>(p, stream);
+  const bool variant_ok = p.variant == MoeDecodeFusedFp8Variant::kDefault ||
+                          p.variant == MoeDecodeFusedFp8Variant::kPerRow ||
+                          p.variant == MoeDecodeFusedFp8Variant::kRowReuse;
+  if (!routed_ok || !shared_ok || !pointers_ok || !variant_ok) return cudaErrorInvalidValue;
+  const MoeDecodeFusedFp8Variant variant = p.variant == MoeDecodeFusedFp8Variant::kDefault
+                                               ? kMoeDecodeFusedFp8DefaultVariant
+                                               : p.variant;
+  // kRowReuse's gate_up reads a row pair's scales from one scale row (an even split).
+  if (variant == MoeDecodeFusedFp8Variant::kRowReuse &&
+      p.hidden_size <= kMoeDecodeFp8MaxStagedHidden && p.shared_gate_up_split_rows % 2 == 0) {
+    bool launched = false;
+    const cudaError_t err = moe_fp8_internal::LaunchRowReuse(p, stream, &launched);
+    if (err != cudaSuccess || launched) return err;
+  }
+  return p.num_tokens == 1 ? moe_fp8_internal::LaunchPerRow<1>(p, stream)
+                           : moe_fp8_internal::LaunchPerRow<2>(p, stream);
 }
 
 }  // namespace kernels

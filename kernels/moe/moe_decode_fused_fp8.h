@@ -3,20 +3,29 @@
 // FP8: e4m3 with one fp32 scale per 128 x 128 block (kernels/gemm/fp8_block_gemm.h's layout), so
 // a decode step reads one byte per weight instead of bf16's two.
 //
-// The same two kernels as the bf16 block's grid-strided pair: gate_up (one warp per (part, row)
-// pair, grid-strided, the next pair's first loads issued before the current one is summed) and
-// down (one block per output feature, grid-strided, the parts' rows flattened over the block's
-// threads, the next feature's loads issued first). Each lane loads 16 weights (16 bytes) at a
-// time, all in one 128-wide k block: their products with the fp32 activations are summed in
-// fp32, the sum multiplied by the block's scale and added to the lane's fp32 accumulator, then a
-// butterfly across the warp (deterministic, no atomics). Both launched with programmatic
-// dependent launch (kernels/common/launch.cuh).
+// Two kernel pairs (MoeDecodeFusedFp8Variant), each a gate_up launch and a down launch, both
+// launched with programmatic dependent launch (kernels/common/launch.cuh) and summing across a
+// warp with a butterfly (deterministic, no atomics):
+// - kPerRow: the bf16 block's grid-strided pair: gate_up one warp per (part, row) pair, down one
+//   block per output feature; each lane loads 16 weights (16 bytes) at a time and the fp32
+//   hidden / act values for them through L1.
+// - kRowReuse: gate_up one warp per (part, 2 rows) item, the hidden rows staged once per block in
+//   shared memory (swizzled: conflict-free 16-byte reads), so one activation read serves 4 weight
+//   rows (gate and up of 2 rows); down one block per 4 output features, one act read serving
+//   the 4 features' rows, the act workspace written by gate_up in an order in which a warp's act
+//   reads are contiguous. Taken where hidden_size <= kMoeDecodeFp8MaxStagedHidden, the shared
+//   split row is even and the device gives the shared memory (else kPerRow).
+// Each lane's 16 weights lie in one 128-wide k block: their products with the fp32 activations
+// are summed in fp32 in k order, the sum multiplied by the block's scale and added to the lane's
+// fp32 accumulator.
 //
-// Numerics: e4m3 bytes are widened to fp32 values times 2^-120 with bit moves (exact, e4m3
-// subnormals included), and 2^120 is folded into the block scale; products under fp32's normal
-// range in that scaled domain (|product| < 2^-126, i.e. |a * w| < 2^-6 before the scale) keep
-// fewer bits, an absolute error of at most 2^-30 * scale per product. e4m3 NaN bytes read as
-// +-480 (checkpoints hold none). CPU reference: moe_decode_fused_fp8_test.
+// Numerics: kPerRow widens e4m3 bytes to fp32 values times 2^-120 with bit moves (exact, e4m3
+// subnormals included) and folds 2^120 into the block scale; products under fp32's normal range
+// in that scaled domain (|product| < 2^-126, i.e. |a * w| < 2^-6 before the scale) keep fewer
+// bits, an absolute error of at most 2^-30 * scale per product; e4m3 NaN bytes read as +-480.
+// kRowReuse widens them with cvt.f16x2.e4m3x2 then fp16 -> fp32 (exact: every e4m3 value is an
+// fp16 value), so products are the fp32 products of the exact weights; e4m3 NaN bytes read as
+// NaN. Checkpoints hold no NaN bytes. CPU reference: moe_decode_fused_fp8_test.
 #ifndef DEEPINFER_KERNELS_MOE_MOE_DECODE_FUSED_FP8_H_
 #define DEEPINFER_KERNELS_MOE_MOE_DECODE_FUSED_FP8_H_
 
@@ -28,6 +37,15 @@
 
 namespace deepinfer {
 namespace kernels {
+
+// The kernel pairs of the block (see the top of this file); kDefault is
+// kMoeDecodeFusedFp8DefaultVariant.
+enum class MoeDecodeFusedFp8Variant : int32_t { kDefault = 0, kPerRow = 1, kRowReuse = 2 };
+inline constexpr MoeDecodeFusedFp8Variant kMoeDecodeFusedFp8DefaultVariant =
+    MoeDecodeFusedFp8Variant::kRowReuse;
+// kRowReuse's largest hidden_size (its hidden rows in shared memory: 4 * num_tokens * hidden_size
+// bytes a block).
+inline constexpr int32_t kMoeDecodeFp8MaxStagedHidden = 8192;
 
 // As MoeDecodeFusedParams (its limits kMoeDecodeFusedMaxTokens / kMoeDecodeFusedMaxParts, and
 // its act workspace: MoeDecodeFusedActFloats floats), with FP8 matrices and their block scales.
@@ -64,17 +82,20 @@ struct MoeDecodeFusedFp8Params {
   const uint8_t* shared_down = nullptr;
   const float* shared_down_scales = nullptr;
   int32_t shared_down_scale_ld = 0;  // >= Fp8ScaleCols(shared_parts * inter)
-  float* act = nullptr;              // [num_tokens, top_k + shared_parts, inter] fp32 workspace
-  float* out = nullptr;              // [num_tokens, hidden_size], overwritten
+  // [num_tokens, top_k + shared_parts, inter] fp32 workspace (each row's order is the
+  // variant's own).
+  float* act = nullptr;
+  float* out = nullptr;  // [num_tokens, hidden_size], overwritten
+  MoeDecodeFusedFp8Variant variant = MoeDecodeFusedFp8Variant::kDefault;
 };
 
 // out[t] = sum over k of topk_weights[t, k] * down_e(silu(gate_e x_t) * up_e x_t) + the shared
 // MLP of x_t, the weights dequantised exactly (e4m3 value times its block's scale), activations
 // fp32. A choice whose expert id is outside [0, num_experts) contributes nothing.
 // cudaErrorInvalidValue (nothing launched) for sizes outside the ranges above (incl. top_k +
-// shared_parts == 0), hidden_size or inter not a multiple of 16, a misaligned hidden or shared
-// matrix, short scale strides, a negative split, or null pointers (the routed ones only when
-// top_k > 0, the shared ones only when shared_parts > 0).
+// shared_parts == 0), an unknown variant, hidden_size or inter not a multiple of 16, a misaligned
+// hidden or shared matrix, short scale strides, a negative split, or null pointers (the routed ones
+// only when top_k > 0, the shared ones only when shared_parts > 0).
 cudaError_t MoeDecodeFusedFp8(const MoeDecodeFusedFp8Params& params, cudaStream_t stream);
 
 }  // namespace kernels

@@ -5,7 +5,9 @@
 // scale grid stacked at the gate / up boundary as the loader stacks it). 1 and 2 tokens,
 // Moonlight's real shape and scaled-down ones, repeated experts across the two tokens, a
 // non-identity slot table, an invalid expert id, all-subnormal e4m3 weights, top_k 0 (a dense
-// MLP: the routed fields null), poisoned workspace and output, and the argument checks.
+// MLP: the routed fields null), poisoned workspace and output, and the argument checks; every
+// case run by each kernel pair (MoeDecodeFusedFp8Variant), kRowReuse also past its largest staged
+// hidden size (where it runs kPerRow).
 #include "kernels/moe/moe_decode_fused_fp8.h"
 
 #include <algorithm>
@@ -193,18 +195,23 @@ void Check(const Shape& s, int32_t tokens, int32_t repeated, int32_t invalid_cho
   p.act = dact.get();
   p.out = dout.get();
 
-  dact.Poison();
-  dout.Poison();
-  DEEPINFER_CUDA_OK(kernels::MoeDecodeFusedFp8(p, nullptr));
-  std::vector<float> got;
-  DEEPINFER_CUDA_OK(dout.Download(&got));
-  // fp32 sums of a few thousand products in another order (and the fp32 SiLU): far below 1e-4
-  // of the largest output; a missing or doubled part, a wrong row, scale or routing weight, a
-  // misdecoded byte is of the order of the output.
-  ASSERT_EQ(got.size(), want.size());
-  for (size_t i = 0; i < got.size(); ++i) {
-    ASSERT_LE(std::abs(static_cast<double>(got[i]) - want[i]), 1e-4 * scale + 1e-30)
-        << "element " << i << " got " << got[i] << " want " << want[i];
+  for (const kernels::MoeDecodeFusedFp8Variant variant :
+       {kernels::MoeDecodeFusedFp8Variant::kPerRow, kernels::MoeDecodeFusedFp8Variant::kRowReuse}) {
+    SCOPED_TRACE(::testing::Message() << "variant " << static_cast<int>(variant));
+    p.variant = variant;
+    dact.Poison();
+    dout.Poison();
+    DEEPINFER_CUDA_OK(kernels::MoeDecodeFusedFp8(p, nullptr));
+    std::vector<float> got;
+    DEEPINFER_CUDA_OK(dout.Download(&got));
+    // fp32 sums of a few thousand products in another order (and the fp32 SiLU): far below 1e-4
+    // of the largest output; a missing or doubled part, a wrong row, scale or routing weight, a
+    // misdecoded byte is of the order of the output.
+    ASSERT_EQ(got.size(), want.size());
+    for (size_t i = 0; i < got.size(); ++i) {
+      ASSERT_LE(std::abs(static_cast<double>(got[i]) - want[i]), 1e-4 * scale + 1e-30)
+          << "element " << i << " got " << got[i] << " want " << want[i];
+    }
   }
 }
 
@@ -219,6 +226,10 @@ TEST(MoeDecodeFusedFp8Test, OneTokenMatchesHostReference) {
   Check({8, 2, 4096, 48, 3}, 1, 0);   // hidden beyond one unrolled chunk of the gate_up warp
   Check({8, 6, 256, 2048, 1}, 1, 0);  // a feature's parts beyond one down batch
   Check({16, 8, 256, 176, 3}, 1, 0);  // shared parts not on 128-column block boundaries
+  Check({10, 8, 7168, 64, 1}, 1, 0);  // DeepSeek-V3's hidden size
+  // Past kRowReuse's largest staged hidden size.
+  Check({8, 2, kernels::kMoeDecodeFp8MaxStagedHidden + 16, 48, 1}, 1, 0);
+  Check({8, 2, kernels::kMoeDecodeFp8MaxStagedHidden + 16, 48, 1}, 2, 1);
 }
 
 TEST(MoeDecodeFusedFp8Test, SubnormalWeightsMatchHostReference) {
@@ -238,6 +249,7 @@ TEST(MoeDecodeFusedFp8Test, TwoTokensWithRepeatedExpertsMatchHostReference) {
   Check(kMoonlightSmall, 2, 3);
   Check(kMoonlightSmall, 2, 6);  // the same experts for both tokens
   Check(kV3Small, 2, 5);
+  Check({10, 8, 7168, 64, 1}, 2, 3);  // 2 x 28 KB of staged hidden rows
 }
 
 // top_k 0: a dense MLP as shared parts only (null routed fields), 1 and 2 tokens.
@@ -327,6 +339,9 @@ TEST(MoeDecodeFusedFp8Test, RejectsBadArguments) {
   q = p;
   q.topk_ids = nullptr;
   expect_invalid(q, "null topk_ids with top_k > 0");
+  q = p;
+  q.variant = static_cast<kernels::MoeDecodeFusedFp8Variant>(3);
+  expect_invalid(q, "unknown variant");
 }
 
 }  // namespace
