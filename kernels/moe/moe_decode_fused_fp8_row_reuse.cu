@@ -25,6 +25,9 @@ namespace {
 // the current one is summed. The act rows are written in ActIndex's order.
 
 constexpr int kReuseRows = 2;
+// gate_up's block: 8 warps share one staged copy of the hidden rows.
+constexpr int kReuseWarps = 8;
+constexpr int kReuseThreads = kReuseWarps * 32;
 // Output features per down item (one act read serves their kDownFeatures rows).
 constexpr int kDownFeatures = 4;
 
@@ -185,9 +188,9 @@ __device__ void GateUpReuseBody(MoeDecodeFusedFp8Params p) {
   __syncthreads();
   const int H = p.hidden_size, H4 = H / 4, kv = H / kVec, kvi = p.inter / kVec;
   const int lane = threadIdx.x % 32, groups = p.inter / kReuseRows, items = tab.count * groups;
-  const int steps = (kv + 31) / 32, stride = gridDim.x * kWarps;
+  const int steps = (kv + 31) / 32, stride = gridDim.x * kReuseWarps;
   // The first item's first step is loaded before the hidden rows are staged.
-  int i = blockIdx.x * kWarps + threadIdx.x / 32;
+  int i = blockIdx.x * kReuseWarps + threadIdx.x / 32;
   int u = i / groups, jg = i - u * groups;
   ReuseItem<kT> it;
   ReuseStep cur;
@@ -196,7 +199,7 @@ __device__ void GateUpReuseBody(MoeDecodeFusedFp8Params p) {
     LoadReuseStep(it.gate, it.up, H, lane, kv, &cur);
   }
   const float4* hidden4 = reinterpret_cast<const float4*>(p.hidden);
-  for (int c = threadIdx.x; c < kT * H4; c += kThreads) {
+  for (int c = threadIdx.x; c < kT * H4; c += kReuseThreads) {
     const int t = c / H4, c4 = c - t * H4;
     xs[t * H4 + SwizzledX4(c4 / 4, c4 % 4)] = __ldg(hidden4 + c);
   }
@@ -394,7 +397,7 @@ int SmemPerSm() {
 // memory (its blocks per SM also bounded by that).
 template <int kT>
 cudaError_t LaunchPair(const MoeDecodeFusedFp8Params& p, cudaStream_t stream, bool* launched) {
-  constexpr auto kGateUp = EntryKernel<GateUpReuseBody<kT>, kThreads>();
+  constexpr auto kGateUp = EntryKernel<GateUpReuseBody<kT>, kReuseThreads>();
   constexpr auto kDown = EntryKernel<DownReuseBody<kT>, kDownThreads>();
   constexpr int kMaxSmem = kT * kMoeDecodeFp8MaxStagedHidden * static_cast<int>(sizeof(float));
   const KernelFacts facts =
@@ -403,7 +406,8 @@ cudaError_t LaunchPair(const MoeDecodeFusedFp8Params& p, cudaStream_t stream, bo
   const int smem = kT * p.hidden_size * static_cast<int>(sizeof(float));
   *launched = facts.max_smem >= kMaxSmem;
   if (!*launched) return cudaSuccess;
-  static const int gate_up_per_sm = BlocksPerSm(reinterpret_cast<const void*>(kGateUp), kThreads);
+  static const int gate_up_per_sm =
+      BlocksPerSm(reinterpret_cast<const void*>(kGateUp), kReuseThreads);
   static const int down_per_sm = BlocksPerSm(reinterpret_cast<const void*>(kDown), kDownThreads);
   // Static shared memory (the part table) and the 1 KB per block the SM reserves, rounded up.
   const int per_block_smem = smem + static_cast<int>(sizeof(PartTable<kT>)) + 2048;
@@ -411,13 +415,13 @@ cudaError_t LaunchPair(const MoeDecodeFusedFp8Params& p, cudaStream_t stream, bo
   const int gate_up_fit = std::min(gate_up_per_sm, fit_smem);
   const int64_t max_parts = int64_t{kT} * p.top_k + p.shared_parts;
   const int64_t gate_up_warps =
-      Balanced(max_parts * (p.inter / kReuseRows), int64_t{facts.sms} * gate_up_fit * kWarps);
-  const int64_t gate_up_blocks = (gate_up_warps + kWarps - 1) / kWarps;
+      Balanced(max_parts * (p.inter / kReuseRows), int64_t{facts.sms} * gate_up_fit * kReuseWarps);
+  const int64_t gate_up_blocks = (gate_up_warps + kReuseWarps - 1) / kReuseWarps;
   const int64_t groups = p.hidden_size / kDownFeatures;
   int64_t down_blocks = Balanced(groups, int64_t{facts.sms} * down_per_sm);
   down_blocks = std::max<int64_t>(
       down_blocks, (groups * kDownFeatures + kMaxDownFeatures - 1) / kMaxDownFeatures);
-  cudaError_t err = LaunchAfterPrecedingGrids<GateUpReuseBody<kT>, kThreads>(
+  cudaError_t err = LaunchAfterPrecedingGrids<GateUpReuseBody<kT>, kReuseThreads>(
       dim3(static_cast<unsigned>(gate_up_blocks)), static_cast<size_t>(smem), stream, p);
   if (err != cudaSuccess) return err;
   return LaunchAfterPrecedingGrids<DownReuseBody<kT>, kDownThreads>(
