@@ -19,10 +19,11 @@ namespace moe_fp8_internal {
 namespace {
 
 // ---- kRowReuse. gate_up: one warp per (part, kReuseRows rows) item, part major, grid-strided;
-// per step a lane loads its vector v = lane + 32 n of the item's kReuseRows gate and up rows and
-// multiplies the 4 * kReuseRows weight vectors with one read of the hidden values at v from
-// shared memory. The steps of a warp's items form one stream whose next step is loaded before
-// the current one is summed. The act rows are written in ActIndex's order.
+// per step a lane loads its vector v = lane + 32 n of the item's kReuseRows gate and kReuseRows
+// up rows and multiplies the 2 * kReuseRows weight vectors with one read of the hidden values at
+// v from shared memory. The steps of a warp's items form one stream whose next step is loaded
+// before the current one is summed. The act rows are written in ActIndex's order. Before the PDL
+// wait, warps whose first item is a shared part's prefetch its rows into L2.
 
 constexpr int kReuseRows = 2;
 // gate_up's block: 8 warps share one staged copy of the hidden rows.
@@ -180,8 +181,43 @@ __device__ __forceinline__ void FinishReuseItem(const ReuseItem<kT>& it, int kvi
   }
 }
 
+struct NoPrefetchResult {};
+
+// bytes (a multiple of 16, 16-byte aligned) from p into L2, a hint.
+__device__ __forceinline__ void PrefetchL2(const void* p, uint32_t bytes) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(p), "r"(bytes) : "memory");
+#else
+  for (uint32_t b = 0; b < bytes; b += 128) {
+    asm volatile("prefetch.global.L2 [%0];" ::"l"(static_cast<const char*>(p) + b));
+  }
+#endif
+}
+
+// Before the PDL wait: a warp whose first item is a shared part's (items part major, the shared
+// parts first in the table) prefetches that item's rows into L2 (a hint: no registers held,
+// a wrong address costs bandwidth, never a result); the shared weights are never written and
+// their addresses need no routing.
 template <int kT>
-__device__ void GateUpReuseBody(MoeDecodeFusedFp8Params p) {
+__device__ NoPrefetchResult PrefetchSharedItem(MoeDecodeFusedFp8Params p) {
+  const int H = p.hidden_size, groups = p.inter / kReuseRows;
+  const int i = blockIdx.x * kReuseWarps + threadIdx.x / 32;
+  if (i < p.shared_parts * groups) {
+    const int u = i / groups, jg = i - u * groups;
+    const int64_t row = int64_t{u} * p.inter + int64_t{jg} * kReuseRows;
+    const int64_t up_row = int64_t{p.shared_parts} * p.inter + row;
+    // Lane r < 2 * kReuseRows: gate row r, then up row r - kReuseRows.
+    const int lane = threadIdx.x % 32;
+    if (lane < 2 * kReuseRows) {
+      const int64_t r = lane < kReuseRows ? row + lane : up_row + lane - kReuseRows;
+      PrefetchL2(p.shared_gate_up + r * H, static_cast<uint32_t>(H));
+    }
+  }
+  return {};
+}
+
+template <int kT>
+__device__ void GateUpReuseBody(const NoPrefetchResult&, MoeDecodeFusedFp8Params p) {
   extern __shared__ float4 xs[];  // [kT][hidden_size / 4], SwizzledX4 order
   __shared__ PartTable<kT> tab;
   if (threadIdx.x < 32) BuildPartTable<kT>(p, &tab);
@@ -397,7 +433,8 @@ int SmemPerSm() {
 // memory (its blocks per SM also bounded by that).
 template <int kT>
 cudaError_t LaunchPair(const MoeDecodeFusedFp8Params& p, cudaStream_t stream, bool* launched) {
-  constexpr auto kGateUp = EntryKernel<GateUpReuseBody<kT>, kReuseThreads>();
+  constexpr auto kGateUp =
+      PrefetchEntryKernel<PrefetchSharedItem<kT>, GateUpReuseBody<kT>, kReuseThreads>();
   constexpr auto kDown = EntryKernel<DownReuseBody<kT>, kDownThreads>();
   constexpr int kMaxSmem = kT * kMoeDecodeFp8MaxStagedHidden * static_cast<int>(sizeof(float));
   const KernelFacts facts =
@@ -421,7 +458,8 @@ cudaError_t LaunchPair(const MoeDecodeFusedFp8Params& p, cudaStream_t stream, bo
   int64_t down_blocks = Balanced(groups, int64_t{facts.sms} * down_per_sm);
   down_blocks = std::max<int64_t>(
       down_blocks, (groups * kDownFeatures + kMaxDownFeatures - 1) / kMaxDownFeatures);
-  cudaError_t err = LaunchAfterPrecedingGrids<GateUpReuseBody<kT>, kReuseThreads>(
+  cudaError_t err = LaunchPrefetchThenAfterPrecedingGrids<PrefetchSharedItem<kT>,
+                                                          GateUpReuseBody<kT>, kReuseThreads>(
       dim3(static_cast<unsigned>(gate_up_blocks)), static_cast<size_t>(smem), stream, p);
   if (err != cudaSuccess) return err;
   return LaunchAfterPrecedingGrids<DownReuseBody<kT>, kDownThreads>(
