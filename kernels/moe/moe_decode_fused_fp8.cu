@@ -321,7 +321,7 @@ cudaError_t MoeDecodeFusedFp8(const MoeDecodeFusedFp8Params& p, cudaStream_t str
                                                : p.variant;
   // kRowReuse's gate_up reads a row pair's scales from one scale row (an even split).
   if (variant == MoeDecodeFusedFp8Variant::kRowReuse &&
-      p.hidden_size <= kMoeDecodeFp8MaxStagedHidden && p.shared_gate_up_split_rows % 2 == 0) {
+      p.hidden_size <= kMoeDecodeFusedFp8MaxStagedHidden && p.shared_gate_up_split_rows % 2 == 0) {
     bool launched = false;
     const cudaError_t err = moe_fp8_internal::LaunchRowReuse(p, stream, &launched);
     if (err != cudaSuccess || launched) return err;

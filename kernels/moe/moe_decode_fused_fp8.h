@@ -13,7 +13,7 @@
 //   shared memory (swizzled: conflict-free 16-byte reads), so one activation read serves 4 weight
 //   rows (gate and up of 2 rows); down one block per 4 output features, one act read serving
 //   the 4 features' rows, the act workspace written by gate_up in an order in which a warp's act
-//   reads are contiguous. Taken where hidden_size <= kMoeDecodeFp8MaxStagedHidden, the shared
+//   reads are contiguous. Taken where hidden_size <= kMoeDecodeFusedFp8MaxStagedHidden, the shared
 //   split row is even and the device gives the shared memory (else kPerRow).
 // Each lane's 16 weights lie in one 128-wide k block: their products with the fp32 activations
 // are summed in fp32 in k order, the sum multiplied by the block's scale and added to the lane's
@@ -45,7 +45,7 @@ inline constexpr MoeDecodeFusedFp8Variant kMoeDecodeFusedFp8DefaultVariant =
     MoeDecodeFusedFp8Variant::kRowReuse;
 // kRowReuse's largest hidden_size (its hidden rows in shared memory: 4 * num_tokens * hidden_size
 // bytes a block).
-inline constexpr int32_t kMoeDecodeFp8MaxStagedHidden = 8192;
+inline constexpr int32_t kMoeDecodeFusedFp8MaxStagedHidden = 8192;
 
 // As MoeDecodeFusedParams (its limits kMoeDecodeFusedMaxTokens / kMoeDecodeFusedMaxParts, and
 // its act workspace: MoeDecodeFusedActFloats floats), with FP8 matrices and their block scales.

@@ -161,7 +161,7 @@ inline cudaError_t CurrentSms(int* sms) {
 
 // Launches the kRowReuse pair, *launched false (nothing launched, cudaSuccess) where the device
 // lacks its shared memory. The arguments are checked by MoeDecodeFusedFp8, hidden_size <=
-// kMoeDecodeFp8MaxStagedHidden and shared_gate_up_split_rows even.
+// kMoeDecodeFusedFp8MaxStagedHidden and shared_gate_up_split_rows even.
 cudaError_t LaunchRowReuse(const MoeDecodeFusedFp8Params& p, cudaStream_t stream, bool* launched);
 
 }  // namespace moe_fp8_internal

@@ -436,7 +436,7 @@ cudaError_t LaunchPair(const MoeDecodeFusedFp8Params& p, cudaStream_t stream, bo
   constexpr auto kGateUp =
       PrefetchEntryKernel<PrefetchSharedItem<kT>, GateUpReuseBody<kT>, kReuseThreads>();
   constexpr auto kDown = EntryKernel<DownReuseBody<kT>, kDownThreads>();
-  constexpr int kMaxSmem = kT * kMoeDecodeFp8MaxStagedHidden * static_cast<int>(sizeof(float));
+  constexpr int kMaxSmem = kT * kMoeDecodeFusedFp8MaxStagedHidden * static_cast<int>(sizeof(float));
   const KernelFacts facts =
       KernelFactsForCurrentDevice(reinterpret_cast<const void*>(kGateUp), kMaxSmem);
   if (facts.error != cudaSuccess) return facts.error;

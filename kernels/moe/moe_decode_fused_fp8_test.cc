@@ -228,8 +228,8 @@ TEST(MoeDecodeFusedFp8Test, OneTokenMatchesHostReference) {
   Check({16, 8, 256, 176, 3}, 1, 0);  // shared parts not on 128-column block boundaries
   Check({10, 8, 7168, 64, 1}, 1, 0);  // DeepSeek-V3's hidden size
   // Past kRowReuse's largest staged hidden size.
-  Check({8, 2, kernels::kMoeDecodeFp8MaxStagedHidden + 16, 48, 1}, 1, 0);
-  Check({8, 2, kernels::kMoeDecodeFp8MaxStagedHidden + 16, 48, 1}, 2, 1);
+  Check({8, 2, kernels::kMoeDecodeFusedFp8MaxStagedHidden + 16, 48, 1}, 1, 0);
+  Check({8, 2, kernels::kMoeDecodeFusedFp8MaxStagedHidden + 16, 48, 1}, 2, 1);
 }
 
 TEST(MoeDecodeFusedFp8Test, SubnormalWeightsMatchHostReference) {
