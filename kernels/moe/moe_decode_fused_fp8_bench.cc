@@ -7,14 +7,15 @@
 // A CUDA graph holds kLayers launch pairs, each layer with its own shared weights and routing
 // (distinct experts across layers and tokens, from a pool of kPoolExperts experts), so a replay
 // streams every layer's weights from HBM (far beyond the 50 MB L2). Time: per launch pair, the
-// median over kReplays timed replays (bench::GraphMicrosPerLaunch). "MB": the
-// weights and scales one launch pair reads (its distinct experts and the shared MLP); GB/s is
-// that over the time. "rel diff": largest |out - per_row out| over the first layer's output,
-// relative to its largest |per_row out| (per_row itself: 0).
+// median over kReplays timed replays (bench::GraphMicrosPerLaunch). "MB": the weights and scales
+// one launch pair reads (its distinct experts and the shared MLP); GB/s is that over the time. "rel
+// diff": largest |out - per_row out| over the first layer's output, relative to its largest
+// |per_row out| (per_row itself: 0).
 //
 //   moe_decode_fused_fp8_bench [SHAPE [TOKENS]]   (SHAPE moonlight or v3, TOKENS 1 or 2: that
-//        case only; exit status 1 on an error), e.g. under Nsight Compute:
-//        `ncu -k 'regex:GateUp|Down' -c 4 moe_decode_fused_fp8_bench moonlight 1`
+//        case only; exit status 1 on an error), e.g. kRowReuse's gate_up and down under Nsight
+//        Compute: `ncu --kernel-name-base demangled -k regex:ReuseBody -c 2
+//        moe_decode_fused_fp8_bench moonlight 1` (kPerRow's: `-k 'regex:::(GateUp|Down)Body<'`)
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
