@@ -41,7 +41,7 @@ constexpr int kMaxChain = 512;
 
 // Floats of the flattened row per chain.
 inline int64_t ChainLength(int64_t width) { return width % kMaxChain == 0 ? kMaxChain : 128; }
-// Chains per group.
+// Chains per group (RowMixes takes 1 or 4).
 inline int64_t ChainGroup(int64_t chains) { return chains % 4 == 0 ? 4 : 1; }
 
 // From this many rows HcMixTileKernel computes the partials.

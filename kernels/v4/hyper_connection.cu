@@ -303,10 +303,14 @@ __device__ float RowMixes(const RowsParams& p, int64_t r, bool lane_reads) {
   if (lane_reads) {
     const float* q = p.partials + r * kStride + lane;
     const int64_t step = p.rows * kStride;
-    for (int g = 0; g < p.entries; g += p.group) {
-      float s = 0.0f;
+    // group is 1 or 4: the loads of 4 groups issue together.
 #pragma unroll 4
-      for (int i = g; i < g + p.group; ++i) s = __fadd_rn(s, q[i * step]);
+    for (int g = 0; g < p.entries; g += p.group) {
+      float s = __fadd_rn(0.0f, q[g * step]);
+      if (p.group == 4) {
+        const float b = q[(g + 1) * step], c = q[(g + 2) * step], d = q[(g + 3) * step];
+        s = __fadd_rn(__fadd_rn(__fadd_rn(s, b), c), d);
+      }
       sum = __fadd_rn(sum, s);
     }
   }
