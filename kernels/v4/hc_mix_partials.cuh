@@ -49,9 +49,9 @@ constexpr int64_t kTileMinRows = 2048;
 
 struct PartialsParams {
   int64_t rows = 0, width = 0;
-  int chain = 0;       // floats per chain
-  int group = 0;       // chains per group (HcMixTileKernel)
-  int tile_rows = 0;   // rows per block (HcMixChainsBody)
+  int chain = 0;      // floats per chain
+  int group = 0;      // chains per group (HcMixTileKernel)
+  int tile_rows = 0;  // rows per block (HcMixChainsBody)
   const float* streams = nullptr;
   const float* fn = nullptr;
   float* partials = nullptr;
@@ -150,8 +150,8 @@ __device__ void HcMixPairsBody(PartialsParams p) {
 #pragma unroll
     for (int u = 0; u < kPairFnLoads; ++u) {
       const int i = t + u * kChainThreads;
-      nf[u] = __ldg(reinterpret_cast<const float4*>(p.fn + (i / kQuads) * p.width + k) +
-                    i % kQuads);
+      nf[u] =
+          __ldg(reinterpret_cast<const float4*>(p.fn + (i / kQuads) * p.width + k) + i % kQuads);
     }
   };
   auto store = [&] {
@@ -210,7 +210,7 @@ __device__ void HcMixPairsBody(PartialsParams p) {
 // HcMixTileKernel: block (256 rows, group) of kTileThreads.
 constexpr int kTileThreads = 256, kTileK = 16, kTilePad = kTileK + 4;
 constexpr int kLaneRows = 4, kLaneMixes = 6;
-constexpr int kTileRows = (kTileThreads / 32) * 8 * kLaneRows;  // 256
+constexpr int kTileRows = (kTileThreads / 32) * 8 * kLaneRows;    // 256
 constexpr int kRowLoads = kTileRows * kTileK / 4 / kTileThreads;  // float4s per thread and stage
 
 struct TileSmem {
@@ -260,7 +260,7 @@ __global__ void __launch_bounds__(kTileThreads, 2) HcMixTileKernel(PartialsParam
   store(0);
   __syncthreads();
   const int base_row = warp * 8 * kLaneRows + rg;  // the lane's rows: base_row + 8 i
-  const int square_row = base_row + 8 * og;         // the row whose sum of squares it takes
+  const int square_row = base_row + 8 * og;        // the row whose sum of squares it takes
   for (int s = 0; s < stages; ++s) {
     const int b = s & 1;
     if (s + 1 < stages) load(s + 1);

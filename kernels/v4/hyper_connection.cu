@@ -257,10 +257,10 @@ __device__ void HcExpandBody(ExpandParams p) {
 
 // HcMixFromStreamsF32's row kernel for 4 streams: the first WeightBlocks(rows) blocks compute the
 // rows' post and comb, a warp per row (RowMixes, WeightsOfRow4: the Sinkhorn iterations' latency
-// then stalls no block that holds a row's streams); each later block collapses one row with kRowThreads.
-// Every thread of a row block first loads its float4 columns of the row's 4 streams (all its
-// loads in flight together, the streams read once) while warp 0 computes the row's pre from its
-// partials (RowMixes); the collapse then runs on the registers, in HcMixF32's order. With
+// then stalls no block that holds a row's streams); each later block collapses one row with
+// kRowThreads. Every thread of a row block first loads its float4 columns of the row's 4 streams
+// (all its loads in flight together, the streams read once) while warp 0 computes the row's pre
+// from its partials (RowMixes); the collapse then runs on the registers, in HcMixF32's order. With
 // `normed`, the collapsed row goes through shared memory so each thread sums the squares of
 // RmsNormF32's elements (t, t + 256, ...) in its order, and BlockInvRms reduces them as
 // RmsNormF32 does: bit for bit its output (normed_bf16: AddRmsNormF32's out_bf16).
@@ -295,7 +295,7 @@ __host__ __device__ inline int64_t WeightBlocks(int64_t rows) {
 }
 
 // Row r's mixes (24 dot products scaled by 1 / rms, RmsNormF32's expression) from its partials,
-// by one warp: lane m (of `lanes`, m < 24; lane 24 the sum of squares) adds its mix's entries,
+// by one warp: lane m (where lane_reads; lane 24 the sum of squares) adds its mix's entries,
 // `group` at a time from 0, then the groups in order from 0. Lane m < 24 returns mix m.
 __device__ float RowMixes(const RowsParams& p, int64_t r, bool lane_reads) {
   const int lane = static_cast<int>(threadIdx.x & 31);
@@ -327,7 +327,8 @@ __device__ void WeightsOfRow4(float m, const float* scale, const float* base, fl
   constexpr int kHc = 4;
   const int lane = static_cast<int>(threadIdx.x & 31), e = lane & 15, j = e / kHc, k = e % kHc;
   const float post_logit = __shfl_sync(0xffffffffu, m, kHc + (lane & 3));
-  if (lane < kHc) post[lane] = __fmul_rn(2.0f, Sigmoid(Affine(post_logit, scale[1], base[kHc + lane])));
+  if (lane < kHc)
+    post[lane] = __fmul_rn(2.0f, Sigmoid(Affine(post_logit, scale[1], base[kHc + lane])));
   float v = Affine(__shfl_sync(0xffffffffu, m, 2 * kHc + e), scale[2], base[2 * kHc + e]);
   // Row softmax, + eps.
   float mx = -INFINITY;
@@ -559,6 +560,7 @@ int64_t HcMixFromStreamsWorkspaceFloats(int64_t rows, int64_t hc, int64_t hidden
 cudaError_t HcMixFromStreamsF32(const HcMixArgs& a, float* workspace, cudaStream_t stream) {
   if (!HcMixFromStreamsSupported(a) || workspace == nullptr) return cudaErrorInvalidValue;
   if (a.rows == 0) return cudaSuccess;
+  if (a.rows + WeightBlocks(a.rows) > 0x7fffffff) return cudaErrorInvalidValue;  // the row grid
   hc_mix::PartialsParams q;
   q.rows = a.rows;
   q.width = a.hc * a.hidden;
@@ -579,14 +581,14 @@ cudaError_t HcMixFromStreamsF32(const HcMixArgs& a, float* workspace, cudaStream
     const dim3 grid(static_cast<unsigned>((a.rows + hc_mix::kPairRows - 1) / hc_mix::kPairRows),
                     static_cast<unsigned>(chains));
     err = LaunchAfterPrecedingGrids<hc_mix::HcMixPairsBody, hc_mix::kChainThreads>(grid, 0, stream,
-                                                                                  q);
+                                                                                   q);
   } else {
     q.tile_rows = a.rows <= 1 ? 1 : a.rows <= 2 ? 2 : a.rows <= 4 ? 4 : hc_mix::kChainRows;
     const dim3 grid(static_cast<unsigned>((a.rows + q.tile_rows - 1) / q.tile_rows),
                     static_cast<unsigned>(chains), hc_mix::kFifths);
-    err = LaunchPrefetchThenAfterPrecedingGrids<hc_mix::HcMixChainsPrefetch,
-                                                hc_mix::HcMixChainsBody, hc_mix::kChainThreads>(
-        grid, 0, stream, q);
+    err =
+        LaunchPrefetchThenAfterPrecedingGrids<hc_mix::HcMixChainsPrefetch, hc_mix::HcMixChainsBody,
+                                              hc_mix::kChainThreads>(grid, 0, stream, q);
   }
   if (err != cudaSuccess) return err;
   RowsParams p;
@@ -609,7 +611,6 @@ cudaError_t HcMixFromStreamsF32(const HcMixArgs& a, float* workspace, cudaStream
   p.out_norm_eps = a.out_norm_eps;
   p.normed = a.normed;
   p.normed_bf16 = a.normed_bf16;
-  if (a.rows + WeightBlocks(a.rows) > 0x7fffffff) return cudaErrorInvalidValue;
   const unsigned blocks = static_cast<unsigned>(a.rows + WeightBlocks(a.rows));
   const int64_t per_thread = (a.hidden / 4 + kRowThreads - 1) / kRowThreads;
   if (per_thread <= 1)

@@ -213,16 +213,16 @@ TEST(HyperConnectionKernelTest, BadShapesAreRefusedAndEmptyIsANoOp) {
 // HcMixFromStreamsF32 against the CPU backend's RmsNorm + Gemm + CpuV4Ops::HcMix (the model's
 // ops where the backend has no fused kernel), and its optional output norm against the CPU's
 // RmsNorm of the CPU's collapsed rows: V4-Flash's shape at decode and prefill row counts (1, 7,
-// 4097: both partials kernels), row counts that leave a partials block's last rows empty (3 and
-// 65 of the decode kernel's tiles of 4 and 8, 4097 of the GEMM's 256), widths only 128-float
-// slices divide (one chain a group; also in the GEMM at 2050 rows), a width of 16 slices (2100
-// rows: 4 groups in the GEMM), every per-thread column count of the row kernel (hidden 96 and
-// 160: 1, 2048: 2, 4096: 4, 7168: 8); with the norm, in fp32 and/or bf16, collapsed written or
-// left out. Within a
-// tolerance (the norm's scale multiplies the dot products instead of the elements, the dot
-// products add in another order; bf16 outputs within a bf16 rounding). The fused norm is also bit
-// for bit kernels::RmsNormF32 (bf16: kernels::AddRmsNormF32's out_bf16) on the kernel's own
-// collapsed rows, as the op's contract says.
+// 64, 4097: the three partials kernels), row counts that leave a partials block's last rows
+// empty (3 and 7 in HcMixChainsBody's tiles of 4 and 8, 65 and 300 in HcMixPairsBody's of 16,
+// 4097 in the GEMM's of 256), widths only 128-float slices divide (one chain a group; also in the
+// GEMM at 2050 rows), a width of 16 slices (2100 rows: 4 groups in the GEMM), every per-thread
+// column count of the row kernel (hidden 96 and 160: 1, 2048: 2, 4096: 4, 7168: 8); with the
+// norm, in fp32 and/or bf16, collapsed written or left out. Within a tolerance (the norm's scale
+// multiplies the dot products instead of the elements, the dot products add in another order;
+// bf16 outputs within a bf16 rounding). The fused norm is also bit for bit kernels::RmsNormF32
+// (bf16: kernels::AddRmsNormF32's out_bf16) on the kernel's own collapsed rows, as the op's
+// contract says.
 TEST(HyperConnectionKernelTest, MixFromStreamsMatchesCpuNormGemmAndMix) {
   DEEPINFER_SKIP_WITHOUT_GPU();
   CpuBackend cpu(2);
@@ -233,15 +233,14 @@ TEST(HyperConnectionKernelTest, MixFromStreamsMatchesCpuNormGemmAndMix) {
     int64_t rows, hidden;
     Norm norm;
   };
-  for (const Case& c :
-       {Case{1, 4096, Norm::kNone}, Case{1, 4096, Norm::kWithoutCollapsed},
-        Case{3, 4096, Norm::kBf16}, Case{7, 4096, Norm::kWithCollapsed},
-        Case{64, 4096, Norm::kNone}, Case{65, 4096, Norm::kWithoutCollapsed},
-        Case{300, 4096, Norm::kNone}, Case{4097, 4096, Norm::kWithCollapsed},
-        Case{4097, 4096, Norm::kBf16}, Case{1, 4096, Norm::kBf16},
-        Case{17, 96, Norm::kWithCollapsed}, Case{200, 160, Norm::kNone},
-        Case{33, 2048, Norm::kWithCollapsed}, Case{5, 7168, Norm::kWithCollapsed},
-        Case{2050, 160, Norm::kWithCollapsed}, Case{2100, 2048, Norm::kNone}}) {
+  for (const Case& c : {Case{1, 4096, Norm::kNone}, Case{1, 4096, Norm::kWithoutCollapsed},
+                        Case{3, 4096, Norm::kBf16}, Case{7, 4096, Norm::kWithCollapsed},
+                        Case{64, 4096, Norm::kNone}, Case{65, 4096, Norm::kWithoutCollapsed},
+                        Case{300, 4096, Norm::kNone}, Case{4097, 4096, Norm::kWithCollapsed},
+                        Case{4097, 4096, Norm::kBf16}, Case{1, 4096, Norm::kBf16},
+                        Case{17, 96, Norm::kWithCollapsed}, Case{200, 160, Norm::kNone},
+                        Case{33, 2048, Norm::kWithCollapsed}, Case{5, 7168, Norm::kWithCollapsed},
+                        Case{2050, 160, Norm::kWithCollapsed}, Case{2100, 2048, Norm::kNone}}) {
     const uint32_t seed = testing::FreshSeed();
     SCOPED_TRACE(::testing::Message() << "rows " << c.rows << " hidden " << c.hidden << " norm "
                                       << static_cast<int>(c.norm) << " seed " << seed);
