@@ -29,15 +29,17 @@ cudaError_t HcMixF32(const HcMixArgs& args, cudaStream_t stream);
 // from the streams, mixes = RmsNorm_unweighted(flatten(streams), args.norm_eps) · args.fnᵀ, in
 // two launches. The first computes the rows' dot products with fn and their sums of squares in
 // one order for every row count (hc_mix_partials.cuh: fmaf chains over 512-float slices of the
-// flattened row, added in groups of 4), to `workspace` (HcMixFromStreamsWorkspaceFloats floats):
-// per (row tile, slice, fifth of the 25 sums) at decode row counts, a register-tiled fp32 GEMM
-// from 2048 rows. The second adds a row's groups in order, scales the dot products by 1 / rms,
-// and runs two kinds of blocks: warps that compute post and the Sinkhorn-projected comb, a row a
-// warp, and a block per row that loads the row's streams once, computes pre and collapses the
-// row from registers: the normed rows are never written, and a row's results do not depend on
-// the batch around it. With args.normed and/or args.normed_bf16, the row blocks also write the
-// collapsed row's RmsNorm (args.out_norm_weight, args.out_norm_eps), bit for bit RmsNormF32's
-// (and AddRmsNormF32's out_bf16), and args.collapsed may be null. Takes 4 streams,
+// flattened row, 128 where 512 does not divide it, added in groups of 4 where 4 divide their
+// count) into `workspace` (HcMixFromStreamsWorkspaceFloats floats): a block per slice below 2048
+// rows (up to 8 rows also per fifth of the 25 sums, a chain a thread, fn read before the PDL
+// wait; from 9 rows 16 rows a block, 2 x 2 chains a thread), a register-tiled fp32 GEMM from 2048
+// rows. The second adds a row's groups in order, scales the dot products by
+// 1 / rms, and runs two kinds of blocks: warps that compute post and the Sinkhorn-projected comb,
+// a row a warp, and a block per row that loads the row's streams once, computes pre and
+// collapses the row from registers: the normed rows are never written, and a row's results do
+// not depend on the batch around it. With args.normed and/or args.normed_bf16, the row blocks
+// also write the collapsed row's RmsNorm (args.out_norm_weight, args.out_norm_eps), bit for bit
+// RmsNormF32's (and AddRmsNormF32's out_bf16), and args.collapsed may be null. Takes 4 streams,
 // hidden % 32 == 0 and hidden <= 8192, 16-byte aligned streams, fn, collapsed, normed and
 // out_norm_weight, 8-byte aligned normed_bf16 (HcMixFromStreamsSupported);
 // cudaErrorInvalidValue for anything else.
