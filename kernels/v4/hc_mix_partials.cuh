@@ -7,7 +7,7 @@
 //   - a group is `group` consecutive chains (4 where they divide the chain count, else 1),
 //     added in order from 0 with __fadd_rn;
 //   - the row kernel adds the groups in order from 0 (RowMixes).
-// Two kernels compute this order:
+// Three kernels compute this order:
 //   - HcMixChainsBody (up to kChainRows rows): one block per (tile of up to kChainRows rows,
 //     chain slice, fifth of the mixes): the block stages the slice of its 5 rows of fn
 //     (prefetched into registers before the PDL wait: fn is a weight) and of its rows in shared
@@ -19,9 +19,9 @@
 //     rows rather than of kChainRows rows and fifth); the same workspace.
 //   - HcMixTileKernel (kTileMinRows rows and more): a register-tiled fp32 GEMM, one block per
 //     (256 rows, group): 8 warps of 32 rows, a lane 4 rows (8 apart) x 6 of the 24 dot products
-//     (lanes 8 o ... 8 o + 7 take products 6 o ... 6 o + 5) plus its rows' sums of squares
-//     (written by the lanes of o = 0), so a lane's 4 loads of the rows and 6 of fn from shared
-//     memory (16 bytes each, 8 and 4 distinct addresses a warp) feed 112 FFMAs. The rows and fn
+//     (lanes 8 o ... 8 o + 7 take products 6 o ... 6 o + 5) plus the sum of squares of the
+//     o-th of its rows, so a lane's 4 loads of its rows, 6 of fn and 1 of that row from shared
+//     memory (16 bytes each; 8, 4 and 32 distinct addresses a warp) feed 100 FFMAs. The rows and fn
 //     are staged kTileK floats at a time through two shared buffers (the next stage loaded to
 //     registers during the current one's FFMAs); chains fold into the group's sums in registers
 //     and each group's sums go to the workspace [groups, rows, 25].
