@@ -122,23 +122,46 @@ __device__ void HcMixChainsBody(const FnSlice& s, PartialsParams p) {
 
 // HcMixPairsBody: block (tile of kPairRows rows, chain) of kChainThreads over all 25 sums, the
 // chain staged kPairK floats at a time (the next part loaded to registers during the current
-// one's FFMAs). Thread t < 96 takes rows t % 8 and t % 8 + 8 of the tile x products 2 (t / 8)
-// and 2 (t / 8) + 1, threads 96 ... 103 rows t % 8 and t % 8 + 8's sums of squares: a lane's 2
-// loads of the rows (8 distinct a warp) and 2 of fn (4 distinct) from shared memory feed 16
-// FFMAs.
+// one's FFMAs; fn's first part before the PDL wait). Thread t < 96 takes rows t % 8 and t % 8 + 8
+// of the tile x products 2 (t / 8) and 2 (t / 8) + 1, threads 96 ... 103 rows t % 8 and t % 8 + 8's
+// sums of squares: a lane's 2 loads of the rows (8 distinct a warp) and 2 of fn (4 distinct) from
+// shared memory feed 16 FFMAs.
 constexpr int kPairRows = 16, kPairK = 128, kPairPad = kPairK + 4;
 constexpr int kPairRowLoads = kPairRows * kPairK / 4 / kChainThreads;  // 4
 constexpr int kPairFnLoads = kMixes * kPairK / 4 / kChainThreads;      // 6
 
-__device__ void HcMixPairsBody(PartialsParams p) {
+struct FnPart {
+  float4 v[kPairFnLoads];
+};
+
+// fn's floats k ... k + kPairK - 1 of every dot product, float4 i at thread i % kChainThreads,
+// register i / kChainThreads.
+__device__ __forceinline__ FnPart LoadFnPart(const PartialsParams& p, int64_t k) {
+  constexpr int kQuads = kPairK / 4;
+  FnPart f;
+#pragma unroll
+  for (int u = 0; u < kPairFnLoads; ++u) {
+    const int i = static_cast<int>(threadIdx.x) + u * kChainThreads;
+    f.v[u] = __ldg(reinterpret_cast<const float4*>(p.fn + (i / kQuads) * p.width + k) + i % kQuads);
+  }
+  return f;
+}
+
+// The chain's first part of fn, before the PDL wait (fn is a weight).
+__device__ FnPart HcMixPairsPrefetch(PartialsParams p) {
+  return LoadFnPart(p, int64_t{blockIdx.y} * p.chain);
+}
+
+__device__ void HcMixPairsBody(const FnPart& first, PartialsParams p) {
   __shared__ __align__(16) float x[kPairRows][kPairPad];
   __shared__ __align__(16) float fn[kMixes][kPairPad];
   const int t = static_cast<int>(threadIdx.x), rp = t % 8, mp = t / 8;
   const int64_t r0 = int64_t{blockIdx.x} * kPairRows;
   const int64_t k0 = int64_t{blockIdx.y} * p.chain;
   constexpr int kQuads = kPairK / 4;
-  float4 nx[kPairRowLoads], nf[kPairFnLoads];
-  auto load = [&](int part) {
+  float4 nx[kPairRowLoads];
+  FnPart nf = first;
+  auto load = [&](int part, bool with_fn) {
     const int64_t k = k0 + int64_t{part} * kPairK;
 #pragma unroll
     for (int u = 0; u < kPairRowLoads; ++u) {
@@ -147,12 +170,7 @@ __device__ void HcMixPairsBody(PartialsParams p) {
       const int64_t r = min(r0 + i / kQuads, p.rows - 1);
       nx[u] = *(reinterpret_cast<const float4*>(p.streams + r * p.width + k) + i % kQuads);
     }
-#pragma unroll
-    for (int u = 0; u < kPairFnLoads; ++u) {
-      const int i = t + u * kChainThreads;
-      nf[u] =
-          __ldg(reinterpret_cast<const float4*>(p.fn + (i / kQuads) * p.width + k) + i % kQuads);
-    }
+    if (with_fn) nf = LoadFnPart(p, k);
   };
   auto store = [&] {
 #pragma unroll
@@ -163,16 +181,16 @@ __device__ void HcMixPairsBody(PartialsParams p) {
 #pragma unroll
     for (int u = 0; u < kPairFnLoads; ++u) {
       const int i = t + u * kChainThreads;
-      reinterpret_cast<float4*>(&fn[i / kQuads][0])[i % kQuads] = nf[u];
+      reinterpret_cast<float4*>(&fn[i / kQuads][0])[i % kQuads] = nf.v[u];
     }
   };
   float acc[2][2] = {{0.0f, 0.0f}, {0.0f, 0.0f}};
   const int parts = p.chain / kPairK;
-  load(0);
+  load(0, false);
   for (int part = 0; part < parts; ++part) {
     store();
     __syncthreads();
-    if (part + 1 < parts) load(part + 1);
+    if (part + 1 < parts) load(part + 1, true);
     if (mp < kMixes / 2) {
 #pragma unroll 4
       for (int q = 0; q < kPairK; q += 4) {

@@ -580,8 +580,8 @@ cudaError_t HcMixFromStreamsF32(const HcMixArgs& a, float* workspace, cudaStream
   } else if (a.rows > hc_mix::kChainRows) {
     const dim3 grid(static_cast<unsigned>((a.rows + hc_mix::kPairRows - 1) / hc_mix::kPairRows),
                     static_cast<unsigned>(chains));
-    err = LaunchAfterPrecedingGrids<hc_mix::HcMixPairsBody, hc_mix::kChainThreads>(grid, 0, stream,
-                                                                                   q);
+    err = LaunchPrefetchThenAfterPrecedingGrids<hc_mix::HcMixPairsPrefetch, hc_mix::HcMixPairsBody,
+                                                hc_mix::kChainThreads>(grid, 0, stream, q);
   } else {
     q.tile_rows = a.rows <= 1 ? 1 : a.rows <= 2 ? 2 : a.rows <= 4 ? 4 : hc_mix::kChainRows;
     const dim3 grid(static_cast<unsigned>((a.rows + q.tile_rows - 1) / q.tile_rows),
