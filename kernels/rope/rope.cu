@@ -89,23 +89,29 @@ __device__ void RmsNormRopeBody(RmsNormRopeParams p) {
   const float inv = 1.0f / sqrtf(total / static_cast<float>(p.dim) + p.eps);
   const int64_t base = p.dim - p.rope_dim;
   const float pos = static_cast<float>(p.positions[row / p.heads]);
-  // Every lane's loads came before this point, so writing in place (out == x) is safe.
+  // The outputs into v first, then the stores: no store comes between the loads of weight and
+  // inv_freq, so they are all in flight together (a decode row waits on one round of them).
 #pragma unroll
   for (int s = 0; s < kPerLane; ++s) {
     const int64_t i = lane + 32 * s;
     float o = i < p.dim ? p.weight[i] * (v[s] * inv) : 0.0f;
     const float partner = __shfl_xor_sync(0xffffffffu, o, 1);
-    if (i < p.dim) {
-      if (i >= base) {
-        float cs, sn;
-        RopeCosSin(pos, p.inv_freq[(i - base) / 2], p.attention_factor, &cs, &sn);
-        o = (i & 1) == 0 ? RotatedFirst(o, partner, cs, sn) : RotatedSecond(partner, o, cs, sn);
-      }
-      if (p.out_bf16 != nullptr) {
-        orow16[i] = __float2bfloat16_rn(o);
-      } else {
-        orow[i] = o;
-      }
+    if (i < p.dim && i >= base) {
+      float cs, sn;
+      RopeCosSin(pos, p.inv_freq[(i - base) / 2], p.attention_factor, &cs, &sn);
+      o = (i & 1) == 0 ? RotatedFirst(o, partner, cs, sn) : RotatedSecond(partner, o, cs, sn);
+    }
+    v[s] = o;
+  }
+  // Every lane's loads came before this point, so writing in place (out == x) is safe.
+#pragma unroll
+  for (int s = 0; s < kPerLane; ++s) {
+    const int64_t i = lane + 32 * s;
+    if (i >= p.dim) continue;
+    if (p.out_bf16 != nullptr) {
+      orow16[i] = __float2bfloat16_rn(v[s]);
+    } else {
+      orow[i] = v[s];
     }
   }
 }

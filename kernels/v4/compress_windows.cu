@@ -33,28 +33,31 @@ __device__ void CompressWindowsBody(Params p) {
     const float* gate = p.gate + w * slots * p.stride;
     // Slots [0, first) are the previous window's, absent without has_prev (weight 0).
     const int64_t first = p.overlap && p.has_prev[w] == 0 ? R : 0;
-    // The slot's gate logit (gate + position bias) and its value's offset in the slot's row.
-    auto logit = [&](int64_t s) {
-      if (!p.overlap || s < R) return __fadd_rn(gate[s * p.stride + d], p.bias[s * p.width + d]);
-      return __fadd_rn(gate[s * p.stride + D + d], p.bias[(s - R) * p.width + D + d]);
+    // Calls f(logit, value pointer) for slots first ... slots - 1 in order: the slot's gate logit
+    // (gate + position bias) and its value, at column d of the slot's row (the previous
+    // window's slots, below R) or at column D + d (this window's slots with overlap). Unrolled so
+    // that 8 slots' loads are in flight at once (HCA walks 128 slots).
+    auto walk = [&](auto&& f) {
+#pragma unroll 8
+      for (int64_t s = first; s < R; ++s) {
+        f(__fadd_rn(gate[s * p.stride + d], p.bias[s * p.width + d]), kv + s * p.stride + d);
+      }
+      if (!p.overlap) return;
+#pragma unroll 8
+      for (int64_t s = R; s < slots; ++s) {
+        f(__fadd_rn(gate[s * p.stride + D + d], p.bias[(s - R) * p.width + D + d]),
+          kv + s * p.stride + D + d);
+      }
     };
-    auto value = [&](int64_t s) {
-      return p.overlap && s >= R ? kv[s * p.stride + D + d] : kv[s * p.stride + d];
-    };
-    // Unrolled so that several slots' loads are in flight at once (HCA walks 128 slots).
     float mx = -INFINITY;
-#pragma unroll 4
-    for (int64_t s = first; s < slots; ++s) mx = fmaxf(mx, logit(s));
+    walk([&](float l, const float*) { mx = fmaxf(mx, l); });
     float sum = 0.0f;
-#pragma unroll 4
-    for (int64_t s = first; s < slots; ++s) sum = __fadd_rn(sum, expf(__fsub_rn(logit(s), mx)));
+    walk([&](float l, const float*) { sum = __fadd_rn(sum, expf(__fsub_rn(l, mx))); });
     float acc = 0.0f;
     // The absent slots add 0 * (0 / sum) = 0 on the CPU: acc is unchanged by leaving them out.
-#pragma unroll 4
-    for (int64_t s = first; s < slots; ++s) {
-      const float prob = __fdiv_rn(expf(__fsub_rn(logit(s), mx)), sum);
-      acc = __fadd_rn(acc, __fmul_rn(value(s), prob));
-    }
+    walk([&](float l, const float* v) {
+      acc = __fadd_rn(acc, __fmul_rn(*v, __fdiv_rn(expf(__fsub_rn(l, mx)), sum)));
+    });
     p.out[w * D + d] = acc;
   }
 }

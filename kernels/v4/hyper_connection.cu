@@ -1,7 +1,7 @@
 // Hyper-connection kernels. HcMixF32, HcHeadF32 and HcExpandF32: grids are (blocks along hidden
 // [+ 1], rows); a block handles kThreads * kVec columns of one row (kVec = 4: 16-byte loads where
-// hidden and the pointers allow). HcMixFromStreamsF32: the partials' GEMM over (row groups,
-// slices), then one block per row (HcMixRowsBody). The stream count is a template parameter for
+// hidden and the pointers allow). HcMixFromStreamsF32: the partials (hc_mix_partials.cuh), then
+// the row kernel (HcMixRowsBody). The stream count is a template parameter for
 // V4's 4 (the loops unrolled over registers) and a runtime value up to kMaxHcStreams otherwise.
 // Arithmetic uses the _rn intrinsics so nvcc does not contract a product and a sum into one FMA:
 // the sums then round as the CPU reference's do.
@@ -13,6 +13,7 @@
 
 #include "kernels/common/launch.cuh"
 #include "kernels/norm/block_inv_rms.cuh"
+#include "kernels/v4/hc_mix_partials.cuh"
 #include "kernels/v4/hyper_connection.h"
 
 namespace deepinfer {
@@ -254,101 +255,25 @@ __device__ void HcExpandBody(ExpandParams p) {
   }
 }
 
-// HcMixFromStreamsF32's first launch for 4 streams (24 mixes): block (b, s) of kBlockThreads
-// takes rows kRowsPerWarp * (kBlockThreads / 32) * b onwards, kRowsPerWarp per warp, over slice
-// s of the flattened rows (`slice` floats from s * slice): lane l reads floats 4 l, 4 l + 128,
-// ... of it for each of its rows and fn's 24 rows, and keeps 24 dot products and the sum of
-// squares per row; the warp then adds its lanes' (xor butterfly) and lane 0 writes them to
-// partials [splits, rows, 25]. A row's sums run in the same order for every variant. The block's
-// warps read the same slice of fn, so fn comes from L2 once per block; at prefill row counts
-// (PartialsVariant) 4 rows per warp and 8 warps take a quarter of the loads of fn per row that
-// 2 rows and 4 warps (decode) take.
-constexpr int kPartialMixes = 24, kPartialStride = kPartialMixes + 1;
-
-struct PartialsParams {
-  int64_t rows = 0, width = 0, slice = 0;
-  const float* streams = nullptr;
-  const float* fn = nullptr;
-  float* partials = nullptr;
-};
-
-__device__ __forceinline__ float Dot4(float acc, float4 a, float4 b) {
-  acc = fmaf(a.x, b.x, acc);
-  acc = fmaf(a.y, b.y, acc);
-  acc = fmaf(a.z, b.z, acc);
-  return fmaf(a.w, b.w, acc);
-}
-
-template <int kRowsPerWarp, int kBlockThreads>
-__device__ void HcMixPartialsBody(PartialsParams p) {
-  constexpr int kRowsPerBlock = kRowsPerWarp * (kBlockThreads / 32);
-  const int lane = static_cast<int>(threadIdx.x & 31);
-  const int64_t r0 = int64_t{blockIdx.x} * kRowsPerBlock + kRowsPerWarp * (threadIdx.x / 32);
-  if (r0 >= p.rows) return;  // no block-wide barrier below
-  const int64_t k0 = int64_t{blockIdx.y} * p.slice;
-  // Rows past the end read the warp's first row again and are not written.
-  const float* x[kRowsPerWarp];
-#pragma unroll
-  for (int i = 0; i < kRowsPerWarp; ++i)
-    x[i] = p.streams + (r0 + i < p.rows ? r0 + i : r0) * p.width;
-  float a[kRowsPerWarp][kPartialStride];
-#pragma unroll
-  for (int i = 0; i < kRowsPerWarp; ++i) {
-#pragma unroll
-    for (int m = 0; m < kPartialStride; ++m) a[i][m] = 0.0f;
-  }
-  for (int64_t k = k0 + 4 * lane; k < k0 + p.slice; k += 128) {
-    float4 v[kRowsPerWarp];
-#pragma unroll
-    for (int i = 0; i < kRowsPerWarp; ++i) v[i] = *reinterpret_cast<const float4*>(x[i] + k);
-#pragma unroll
-    for (int m = 0; m < kPartialMixes; ++m) {
-      const float4 f = __ldg(reinterpret_cast<const float4*>(p.fn + m * p.width + k));
-#pragma unroll
-      for (int i = 0; i < kRowsPerWarp; ++i) a[i][m] = Dot4(a[i][m], v[i], f);
-    }
-#pragma unroll
-    for (int i = 0; i < kRowsPerWarp; ++i)
-      a[i][kPartialMixes] = Dot4(a[i][kPartialMixes], v[i], v[i]);
-  }
-#pragma unroll
-  for (int i = 0; i < kRowsPerWarp; ++i) {
-#pragma unroll
-    for (int m = 0; m < kPartialStride; ++m) {
-      for (int o = 16; o > 0; o >>= 1) a[i][m] += __shfl_xor_sync(0xffffffffu, a[i][m], o);
-    }
-  }
-  if (lane != 0) return;
-  float* q = p.partials + (int64_t{blockIdx.y} * p.rows + r0) * kPartialStride;
-#pragma unroll
-  for (int i = 0; i < kRowsPerWarp; ++i) {
-    if (r0 + i >= p.rows) break;
-#pragma unroll
-    for (int m = 0; m < kPartialStride; ++m) q[i * kPartialStride + m] = a[i][m];
-  }
-}
-
-// The partials' variant for a row count: 2 rows per warp and 4 warps at decode row counts (the
-// most blocks), 4 rows per warp and 8 warps from kManyRows rows (the fewest loads of fn).
-constexpr int64_t kManyRows = 2048;
-
-// HcMixFromStreamsF32's row kernel for 4 streams: one block of kRowThreads per row. Every thread
-// first loads its float4 columns of the row's 4 streams (all its loads in flight together, the
-// streams read once); meanwhile warp 0 computes the row's weights (RowWeights) once, or, at
-// kManyRows rows and more, the weights kernel has computed them before (HcMixWeightsBody: a warp
-// per row, so the Sinkhorn iterations' latency is hidden behind many rows instead of stalling a
-// block that holds a row's streams) and the block reads pre from it. The collapse then runs on
-// the registers, in HcMixF32's order; with `normed`, the collapsed row
-// goes through shared memory so each thread sums the squares of RmsNormF32's elements (t, t + 256,
-// ...) in its order, and BlockInvRms reduces them as RmsNormF32 does: bit for bit its output
-// (normed_bf16: AddRmsNormF32's out_bf16).
+// HcMixFromStreamsF32's row kernel for 4 streams: the first WeightBlocks(rows) blocks compute the
+// rows' post and comb, a warp per row (RowMixes, WeightsOfRow4: the Sinkhorn iterations' latency
+// then stalls no block that holds a row's streams); each later block collapses one row with
+// kRowThreads. Every thread of a row block first loads its float4 columns of the row's 4 streams
+// (all its loads in flight together, the streams read once) while warp 0 computes the row's pre
+// from its partials (RowMixes); the collapse then runs on the registers, in HcMixF32's order. With
+// `normed`, the collapsed row goes through shared memory so each thread sums the squares of
+// RmsNormF32's elements (t, t + 256, ...) in its order, and BlockInvRms reduces them as
+// RmsNormF32 does: bit for bit its output (normed_bf16: AddRmsNormF32's out_bf16).
 constexpr int kRowThreads = 256;
 constexpr int kMaxRowVec = 8;  // float4 columns per thread and stream: hidden <= 8192
+constexpr int kWeightsWarps = kRowThreads / 32;
+using hc_mix::kStride;
 
 struct RowsParams {
   int64_t rows = 0, hidden = 0, width = 0;
-  const float* partials = nullptr;  // [splits, rows, kPartialStride]
-  int splits = 0;
+  const float* partials = nullptr;  // [entries, rows, kStride]
+  int entries = 0;                  // partials per row and mix
+  int group = 1;                    // entries added into each group (hc_mix_partials.cuh)
   float norm_eps = 0.0f;
   const float* base = nullptr;
   const float* scale = nullptr;
@@ -362,54 +287,92 @@ struct RowsParams {
   float out_norm_eps = 0.0f;
   float* normed = nullptr;          // may be null
   uint16_t* normed_bf16 = nullptr;  // may be null
-  float* pre = nullptr;  // [rows, 4]: HcMixWeightsBody's output (null: the row kernel's warp 0)
 };
 
-// Row r's pre (to `pre`, 4 floats), post and comb from its partials, by one warp: lane m adds
-// value m of the row's partials over the slices in slice order (24 dot products, then the sum of
-// squares) and scales the dot products by 1 / rms (RmsNormF32's expression) into the mixes
-// (`mixes`: kPartialMixes floats, `comb`: kMaxHc^2 floats of the warp's shared memory).
-__device__ void RowWeights(const RowsParams& p, int64_t r, float* mixes, float* comb, float* pre) {
-  constexpr int kHc = 4;
-  const int lane = static_cast<int>(threadIdx.x & 31);
-  float sum = 0.0f;
-  if (lane < kPartialStride) {
-    const float* q = p.partials + r * kPartialStride + lane;
-    const int64_t step = p.rows * kPartialStride;
-#pragma unroll 8
-    for (int i = 0; i < p.splits; ++i) sum = __fadd_rn(sum, q[i * step]);
-  }
-  const float ss = __shfl_sync(0xffffffffu, sum, kPartialMixes);
-  const float inv = 1.0f / sqrtf(ss / static_cast<float>(p.width) + p.norm_eps);
-  if (lane < kPartialMixes) mixes[lane] = __fmul_rn(sum, inv);
-  __syncwarp();
-  if (lane < kHc) {
-    pre[lane] = __fadd_rn(Sigmoid(Affine(mixes[lane], p.scale[0], p.base[lane])), p.eps);
-  }
-  WeightsOfRow(mixes, kHc, p.scale, p.base, p.eps, p.sinkhorn_iters, p.post + r * kHc,
-               p.comb + r * kHc * kHc, comb);
+// Blocks of the row kernel that compute post and comb.
+__host__ __device__ inline int64_t WeightBlocks(int64_t rows) {
+  return (rows + kWeightsWarps - 1) / kWeightsWarps;
 }
 
-// HcMixFromStreamsF32's weights kernel (kManyRows rows and more): warp w of block b takes row
-// kWeightsWarps * b + w.
-constexpr int kWeightsWarps = 8;
+// Row r's mixes (24 dot products scaled by 1 / rms, RmsNormF32's expression) from its partials,
+// by one warp: lane m (where lane_reads; lane 24 the sum of squares) adds its mix's entries,
+// `group` at a time from 0, then the groups in order from 0. Lane m < 24 returns mix m.
+__device__ float RowMixes(const RowsParams& p, int64_t r, bool lane_reads) {
+  const int lane = static_cast<int>(threadIdx.x & 31);
+  float sum = 0.0f;
+  if (lane_reads) {
+    const float* q = p.partials + r * kStride + lane;
+    const int64_t step = p.rows * kStride;
+    // group is 1 or 4: the loads of 4 groups issue together.
+#pragma unroll 4
+    for (int g = 0; g < p.entries; g += p.group) {
+      float s = __fadd_rn(0.0f, q[g * step]);
+      if (p.group == 4) {
+        const float b = q[(g + 1) * step], c = q[(g + 2) * step], d = q[(g + 3) * step];
+        s = __fadd_rn(__fadd_rn(__fadd_rn(s, b), c), d);
+      }
+      sum = __fadd_rn(sum, s);
+    }
+  }
+  const float ss = __shfl_sync(0xffffffffu, sum, hc_mix::kMixes);
+  const float inv = 1.0f / sqrtf(ss / static_cast<float>(p.width) + p.norm_eps);
+  return __fmul_rn(sum, inv);
+}
 
-__device__ void HcMixWeightsBody(RowsParams p) {
-  __shared__ float mixes[kWeightsWarps][kPartialMixes];
-  __shared__ float comb[kWeightsWarps][kMaxHc * kMaxHc];
-  const int warp = static_cast<int>(threadIdx.x / 32);
-  const int64_t r = int64_t{blockIdx.x} * kWeightsWarps + warp;
-  if (r >= p.rows) return;  // no block-wide barrier below
-  RowWeights(p, r, mixes[warp], comb[warp], p.pre + r * 4);
+// WeightsOfRow for 4 streams on registers (lane e < 16 holds comb element e, the rows' and
+// columns' elements exchanged by shuffles): the same operations in the same order, so the same
+// bits. m holds mix m at lane m.
+__device__ void WeightsOfRow4(float m, const float* scale, const float* base, float eps,
+                              int sinkhorn_iters, float* post, float* comb_out) {
+  constexpr int kHc = 4;
+  const int lane = static_cast<int>(threadIdx.x & 31), e = lane & 15, j = e / kHc, k = e % kHc;
+  const float post_logit = __shfl_sync(0xffffffffu, m, kHc + (lane & 3));
+  if (lane < kHc)
+    post[lane] = __fmul_rn(2.0f, Sigmoid(Affine(post_logit, scale[1], base[kHc + lane])));
+  float v = Affine(__shfl_sync(0xffffffffu, m, 2 * kHc + e), scale[2], base[2 * kHc + e]);
+  // Row softmax, + eps.
+  float mx = -INFINITY;
+#pragma unroll
+  for (int c = 0; c < kHc; ++c) mx = fmaxf(mx, __shfl_sync(0xffffffffu, v, j * kHc + c));
+  const float ex = expf(__fsub_rn(v, mx));
+  float sum = 0.0f;
+#pragma unroll
+  for (int c = 0; c < kHc; ++c) sum = __fadd_rn(sum, __shfl_sync(0xffffffffu, ex, j * kHc + c));
+  v = __fadd_rn(__fdiv_rn(ex, sum), eps);
+  auto normalize_columns = [&] {
+    float s = 0.0f;
+#pragma unroll
+    for (int c = 0; c < kHc; ++c) s = __fadd_rn(s, __shfl_sync(0xffffffffu, v, c * kHc + k));
+    v = __fdiv_rn(v, __fadd_rn(s, eps));
+  };
+  auto normalize_rows = [&] {
+    float s = 0.0f;
+#pragma unroll
+    for (int c = 0; c < kHc; ++c) s = __fadd_rn(s, __shfl_sync(0xffffffffu, v, j * kHc + c));
+    v = __fdiv_rn(v, __fadd_rn(s, eps));
+  };
+  normalize_columns();
+  for (int it = 1; it < sinkhorn_iters; ++it) {
+    normalize_rows();
+    normalize_columns();
+  }
+  if (lane < kHc * kHc) comb_out[lane] = v;
 }
 
 template <int kVec>
 __device__ void HcMixRowsBody(RowsParams p) {
   constexpr int kHc = 4;
-  __shared__ float mixes[kPartialMixes];
-  __shared__ float comb[kMaxHc * kMaxHc];
+  const int64_t weight_blocks = WeightBlocks(p.rows);
+  if (blockIdx.x < weight_blocks) {
+    const int64_t r = int64_t{blockIdx.x} * kWeightsWarps + threadIdx.x / 32;
+    if (r >= p.rows) return;  // no block-wide barrier in these blocks
+    const float m = RowMixes(p, r, (threadIdx.x & 31) < kStride);
+    WeightsOfRow4(m, p.scale, p.base, p.eps, p.sinkhorn_iters, p.post + r * kHc,
+                  p.comb + r * kHc * kHc);
+    return;
+  }
   __shared__ float pre[kHc];
-  const int64_t r = blockIdx.x;
+  const int64_t r = blockIdx.x - weight_blocks;
   const int64_t H = p.hidden;
   const int chunks = static_cast<int>(H / 4);
   const float4* s = reinterpret_cast<const float4*>(p.streams + r * kHc * H);
@@ -422,16 +385,15 @@ __device__ void HcMixRowsBody(RowsParams p) {
       v[j][q] = c < chunks ? s[j * chunks + c] : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
     }
   }
-  float w[kHc];
-  if (p.pre != nullptr) {
-    const float4 g = *reinterpret_cast<const float4*>(p.pre + r * kHc);
-    w[0] = g.x, w[1] = g.y, w[2] = g.z, w[3] = g.w;
-  } else {
-    if (threadIdx.x < 32) RowWeights(p, r, mixes, comb, pre);
-    __syncthreads();
-#pragma unroll
-    for (int j = 0; j < kHc; ++j) w[j] = pre[j];
+  if (threadIdx.x < 32) {
+    const int lane = static_cast<int>(threadIdx.x);
+    const float m = RowMixes(p, r, lane < kHc || lane == hc_mix::kMixes);
+    if (lane < kHc) pre[lane] = __fadd_rn(Sigmoid(Affine(m, p.scale[0], p.base[lane])), p.eps);
   }
+  __syncthreads();
+  float w[kHc];
+#pragma unroll
+  for (int j = 0; j < kHc; ++j) w[j] = pre[j];
   float4 acc[kVec];
 #pragma unroll
   for (int q = 0; q < kVec; ++q) {
@@ -490,16 +452,6 @@ __device__ void HcMixRowsBody(RowsParams p) {
       }
     }
   }
-}
-
-// Floats of the flattened row per slice: 512 (32 blocks along a 16384-wide row, enough for one
-// decode row; fn's reads from L2 depend only on the rows per block), 128 where 512 does not
-// divide the width.
-int64_t PartialSlice(int64_t width) { return width % 512 == 0 ? 512 : 128; }
-
-// Floats of the workspace before the rows' pre: the partials, rounded up to 16 bytes.
-int64_t PreOffset(int64_t splits, int64_t rows, int64_t stride) {
-  return (splits * rows * stride + 3) / 4 * 4;
 }
 
 bool Aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
@@ -595,39 +547,57 @@ bool HcMixFromStreamsSupported(const HcMixArgs& a) {
           (a.out_norm_weight != nullptr && Aligned16(a.out_norm_weight)));
 }
 
+// The partials' entries per row and mix: every chain below hc_mix::kTileMinRows rows, every group
+// from there.
 int64_t HcMixFromStreamsWorkspaceFloats(int64_t rows, int64_t hc, int64_t hidden) {
   const int64_t width = hc * hidden;
-  // The partials, then (from kManyRows rows) each row's pre.
-  const int64_t partials = PreOffset(width / PartialSlice(width), rows, (2 + hc) * hc + 1);
-  return partials + (rows >= kManyRows ? rows * hc : 0);
+  const int64_t chains = width / hc_mix::ChainLength(width);
+  const int64_t entries =
+      rows >= hc_mix::kTileMinRows ? chains / hc_mix::ChainGroup(chains) : chains;
+  return entries * rows * ((2 + hc) * hc + 1);
 }
 
 cudaError_t HcMixFromStreamsF32(const HcMixArgs& a, float* workspace, cudaStream_t stream) {
   if (!HcMixFromStreamsSupported(a) || workspace == nullptr) return cudaErrorInvalidValue;
   if (a.rows == 0) return cudaSuccess;
-  PartialsParams q;
+  if (a.rows + WeightBlocks(a.rows) > 0x7fffffff) return cudaErrorInvalidValue;  // the row grid
+  hc_mix::PartialsParams q;
   q.rows = a.rows;
   q.width = a.hc * a.hidden;
-  q.slice = PartialSlice(q.width);
+  q.chain = static_cast<int>(hc_mix::ChainLength(q.width));
+  const int64_t chains = q.width / q.chain;
+  q.group = static_cast<int>(hc_mix::ChainGroup(chains));
   q.streams = a.streams;
   q.fn = a.fn;
   q.partials = workspace;
-  const int64_t splits = q.width / q.slice;
-  if (splits > kMaxGridY) return cudaErrorInvalidValue;
-  const bool many = a.rows >= kManyRows;
-  const int64_t per_block = many ? 4 * 8 : 2 * 4;
-  const dim3 grid(static_cast<unsigned>((a.rows + per_block - 1) / per_block),
-                  static_cast<unsigned>(splits));
-  const cudaError_t err =
-      many ? LaunchAfterPrecedingGrids<HcMixPartialsBody<4, 256>, 256>(grid, 0, stream, q)
-           : LaunchAfterPrecedingGrids<HcMixPartialsBody<2, 128>, 128>(grid, 0, stream, q);
+  const bool tiled = a.rows >= hc_mix::kTileMinRows;
+  cudaError_t err;
+  if (tiled) {
+    const dim3 grid(static_cast<unsigned>((a.rows + hc_mix::kTileRows - 1) / hc_mix::kTileRows),
+                    static_cast<unsigned>(chains / q.group));
+    hc_mix::HcMixTileKernel<<<grid, hc_mix::kTileThreads, 0, stream>>>(q);
+    err = cudaGetLastError();
+  } else if (a.rows > hc_mix::kChainRows) {
+    const dim3 grid(static_cast<unsigned>((a.rows + hc_mix::kPairRows - 1) / hc_mix::kPairRows),
+                    static_cast<unsigned>(chains));
+    err = LaunchPrefetchThenAfterPrecedingGrids<hc_mix::HcMixPairsPrefetch, hc_mix::HcMixPairsBody,
+                                                hc_mix::kChainThreads>(grid, 0, stream, q);
+  } else {
+    q.tile_rows = a.rows <= 1 ? 1 : a.rows <= 2 ? 2 : a.rows <= 4 ? 4 : hc_mix::kChainRows;
+    const dim3 grid(static_cast<unsigned>((a.rows + q.tile_rows - 1) / q.tile_rows),
+                    static_cast<unsigned>(chains), hc_mix::kFifths);
+    err =
+        LaunchPrefetchThenAfterPrecedingGrids<hc_mix::HcMixChainsPrefetch, hc_mix::HcMixChainsBody,
+                                              hc_mix::kChainThreads>(grid, 0, stream, q);
+  }
   if (err != cudaSuccess) return err;
   RowsParams p;
   p.rows = a.rows;
   p.hidden = a.hidden;
   p.width = q.width;
   p.partials = workspace;
-  p.splits = static_cast<int>(splits);
+  p.entries = static_cast<int>(tiled ? chains / q.group : chains);
+  p.group = tiled ? 1 : q.group;
   p.norm_eps = a.norm_eps;
   p.base = a.base;
   p.scale = a.scale;
@@ -641,22 +611,15 @@ cudaError_t HcMixFromStreamsF32(const HcMixArgs& a, float* workspace, cudaStream
   p.out_norm_eps = a.out_norm_eps;
   p.normed = a.normed;
   p.normed_bf16 = a.normed_bf16;
-  if (a.rows >= kManyRows) {
-    p.pre = workspace + PreOffset(splits, a.rows, kPartialStride);
-    const unsigned blocks = static_cast<unsigned>((a.rows + kWeightsWarps - 1) / kWeightsWarps);
-    const cudaError_t werr =
-        LaunchAfterPrecedingGrids<HcMixWeightsBody, kWeightsWarps * 32>(blocks, 0, stream, p);
-    if (werr != cudaSuccess) return werr;
-  }
-  const unsigned rows = static_cast<unsigned>(a.rows);
+  const unsigned blocks = static_cast<unsigned>(a.rows + WeightBlocks(a.rows));
   const int64_t per_thread = (a.hidden / 4 + kRowThreads - 1) / kRowThreads;
   if (per_thread <= 1)
-    return LaunchAfterPrecedingGrids<HcMixRowsBody<1>, kRowThreads>(rows, 0, stream, p);
+    return LaunchAfterPrecedingGrids<HcMixRowsBody<1>, kRowThreads>(blocks, 0, stream, p);
   if (per_thread <= 2)
-    return LaunchAfterPrecedingGrids<HcMixRowsBody<2>, kRowThreads>(rows, 0, stream, p);
+    return LaunchAfterPrecedingGrids<HcMixRowsBody<2>, kRowThreads>(blocks, 0, stream, p);
   if (per_thread <= 4)
-    return LaunchAfterPrecedingGrids<HcMixRowsBody<4>, kRowThreads>(rows, 0, stream, p);
-  return LaunchAfterPrecedingGrids<HcMixRowsBody<8>, kRowThreads>(rows, 0, stream, p);
+    return LaunchAfterPrecedingGrids<HcMixRowsBody<4>, kRowThreads>(blocks, 0, stream, p);
+  return LaunchAfterPrecedingGrids<HcMixRowsBody<8>, kRowThreads>(blocks, 0, stream, p);
 }
 
 cudaError_t HcHeadF32(const HcHeadArgs& a, cudaStream_t stream) {

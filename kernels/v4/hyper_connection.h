@@ -1,8 +1,8 @@
 // DeepSeek-V4's hyper-connections on the GPU (the V4Ops HcMix, HcHead and HcExpand of
 // worker/backend/v4_ops.h, whose comments define the arithmetic): each op is one launch that
 // reads the residual streams once, with no workspace, host synchronisation or allocation (so
-// each can be recorded in a CUDA graph); HcMixFromStreamsF32 (two or three launches, a workspace)
-// is the exception. fp32 throughout; the sums run in the CPU reference's order with the same
+// each can be recorded in a CUDA graph); HcMixFromStreamsF32 (two launches, a workspace) is the
+// exception. fp32 throughout; the sums run in the CPU reference's order with the same
 // roundings (no fused multiply-adds), so the collapse and the expand give the CPU's bits and the
 // mixing weights differ only through expf.
 #ifndef DEEPINFER_KERNELS_V4_HYPER_CONNECTION_H_
@@ -26,18 +26,23 @@ inline constexpr int64_t kMaxHcStreams = 8;
 // [1, kMaxHcStreams] or sinkhorn_iters < 1; nothing is launched for rows or hidden 0.
 cudaError_t HcMixF32(const HcMixArgs& args, cudaStream_t stream);
 // HcMixF32 with the norm and the mixing GEMM before it: args.mixes is not read but computed
-// from the streams, mixes = RmsNorm_unweighted(flatten(streams), args.norm_eps) · args.fnᵀ: the
-// rows' dot products with fn and their sums of squares over slices of the flattened rows (each
-// slice's partials to `workspace`, HcMixFromStreamsWorkspaceFloats floats), then one block per
-// row that loads the row's streams once, adds its partials in slice order, scales the dot
-// products by 1 / rms, computes pre, post and comb once and collapses the row from registers
-// (from 2048 rows a launch between the two computes every row's weights, a warp per row, and the
-// row blocks read pre from the workspace): the normed rows are never written. With args.normed
-// and/or args.normed_bf16, the row blocks also write the collapsed row's RmsNorm
-// (args.out_norm_weight, args.out_norm_eps), bit for bit RmsNormF32's (and AddRmsNormF32's
-// out_bf16), and args.collapsed may be null. Takes 4 streams, hidden % 32 == 0 and hidden <= 8192,
-// 16-byte aligned streams, fn, collapsed, normed and out_norm_weight, 8-byte aligned normed_bf16
-// (HcMixFromStreamsSupported); cudaErrorInvalidValue for anything else.
+// from the streams, mixes = RmsNorm_unweighted(flatten(streams), args.norm_eps) · args.fnᵀ, in
+// two launches. The first computes the rows' dot products with fn and their sums of squares in
+// one order for every row count (hc_mix_partials.cuh: fmaf chains over 512-float slices of the
+// flattened row, 128 where 512 does not divide it, added in groups of 4 where 4 divide their
+// count) into `workspace` (HcMixFromStreamsWorkspaceFloats floats): a block per slice below 2048
+// rows (up to 8 rows also per fifth of the 25 sums, a chain a thread, fn read before the PDL
+// wait; from 9 rows 16 rows a block, 2 x 2 chains a thread), a register-tiled fp32 GEMM from 2048
+// rows. The second adds a row's groups in order, scales the dot products by
+// 1 / rms, and runs two kinds of blocks: warps that compute post and the Sinkhorn-projected comb,
+// a row a warp, and a block per row that loads the row's streams once, computes pre and
+// collapses the row from registers: the normed rows are never written, and a row's results do
+// not depend on the batch around it. With args.normed and/or args.normed_bf16, the row blocks
+// also write the collapsed row's RmsNorm (args.out_norm_weight, args.out_norm_eps), bit for bit
+// RmsNormF32's (and AddRmsNormF32's out_bf16), and args.collapsed may be null. Takes 4 streams,
+// hidden % 32 == 0 and hidden <= 8192, 16-byte aligned streams, fn, collapsed, normed and
+// out_norm_weight, 8-byte aligned normed_bf16 (HcMixFromStreamsSupported);
+// cudaErrorInvalidValue for anything else.
 bool HcMixFromStreamsSupported(const HcMixArgs& args);
 int64_t HcMixFromStreamsWorkspaceFloats(int64_t rows, int64_t hc, int64_t hidden);
 cudaError_t HcMixFromStreamsF32(const HcMixArgs& args, float* workspace, cudaStream_t stream);

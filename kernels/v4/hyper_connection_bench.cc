@@ -1,9 +1,11 @@
 // Times the hyper-connection kernels at DeepSeek-V4-Flash's site shape (4 streams of 4096,
-// 20 Sinkhorn iterations) at 1, 64 and 128 decode tokens and 8192 and 32768 prefill tokens:
-// HcMixFromStreamsF32 writing the collapsed rows (the attention site), the same writing their
-// RmsNorm instead (the ffn site), and HcExpandF32. Per case: the eager median of 20 calls, the
-// bytes a call must move (streams and block output read once, outputs written once, fn once)
-// per second against the H200's 4.8 TB/s, and for the mix the dot products' fp32 GFLOP/s.
+// 20 Sinkhorn iterations) at 1, 64 and 128 decode tokens and 8192 and 32768 prefill tokens (the
+// mix's partials kernel by row count, hc_mix_partials.cuh: HcMixChainsBody at 1, HcMixPairsBody
+// at 64 and 128, HcMixTileKernel at 8192 and 32768): HcMixFromStreamsF32 writing the collapsed
+// rows (the attention site), the same writing their RmsNorm instead (the ffn site), and
+// HcExpandF32. Per case: the eager median of 20 calls, the bytes a call must move (streams and
+// block output read once, outputs written once, fn once) per second against the H200's 4.8 TB/s,
+// and for the mix the dot products' fp32 GFLOP/s.
 #include <cuda_runtime_api.h>
 
 #include <cstdint>

@@ -213,13 +213,16 @@ TEST(HyperConnectionKernelTest, BadShapesAreRefusedAndEmptyIsANoOp) {
 // HcMixFromStreamsF32 against the CPU backend's RmsNorm + Gemm + CpuV4Ops::HcMix (the model's
 // ops where the backend has no fused kernel), and its optional output norm against the CPU's
 // RmsNorm of the CPU's collapsed rows: V4-Flash's shape at decode and prefill row counts (1, 7,
-// 4097), row counts that leave a partials block's last warp half used, widths only 128-float
-// slices divide, every per-thread column count of the row kernel (hidden 96 and 160: 1, 2048: 2,
-// 4096: 4, 7168: 8); with the norm, in fp32 and/or bf16, collapsed written or left out. Within a
-// tolerance (the norm's scale multiplies the dot products instead of the elements, the dot
-// products add in another order; bf16 outputs within a bf16 rounding). The fused norm is also bit
-// for bit kernels::RmsNormF32 (bf16: kernels::AddRmsNormF32's out_bf16) on the kernel's own
-// collapsed rows, as the op's contract says.
+// 64, 4097: the three partials kernels), row counts that leave a partials block's last rows
+// empty (3 and 7 in HcMixChainsBody's tiles of 4 and 8, 65 and 300 in HcMixPairsBody's of 16,
+// 4097 in the GEMM's of 256), widths only 128-float slices divide (one chain a group; also in the
+// GEMM at 2050 rows), a width of 16 slices (2100 rows: 4 groups in the GEMM), every per-thread
+// column count of the row kernel (hidden 96 and 160: 1, 2048: 2, 4096: 4, 7168: 8); with the
+// norm, in fp32 and/or bf16, collapsed written or left out. Within a tolerance (the norm's scale
+// multiplies the dot products instead of the elements, the dot products add in another order;
+// bf16 outputs within a bf16 rounding). The fused norm is also bit for bit kernels::RmsNormF32
+// (bf16: kernels::AddRmsNormF32's out_bf16) on the kernel's own collapsed rows, as the op's
+// contract says.
 TEST(HyperConnectionKernelTest, MixFromStreamsMatchesCpuNormGemmAndMix) {
   DEEPINFER_SKIP_WITHOUT_GPU();
   CpuBackend cpu(2);
@@ -230,14 +233,14 @@ TEST(HyperConnectionKernelTest, MixFromStreamsMatchesCpuNormGemmAndMix) {
     int64_t rows, hidden;
     Norm norm;
   };
-  for (const Case& c :
-       {Case{1, 4096, Norm::kNone}, Case{1, 4096, Norm::kWithoutCollapsed},
-        Case{3, 4096, Norm::kBf16}, Case{7, 4096, Norm::kWithCollapsed},
-        Case{64, 4096, Norm::kNone}, Case{65, 4096, Norm::kWithoutCollapsed},
-        Case{300, 4096, Norm::kNone}, Case{4097, 4096, Norm::kWithCollapsed},
-        Case{4097, 4096, Norm::kBf16}, Case{1, 4096, Norm::kBf16},
-        Case{17, 96, Norm::kWithCollapsed}, Case{200, 160, Norm::kNone},
-        Case{33, 2048, Norm::kWithCollapsed}, Case{5, 7168, Norm::kWithCollapsed}}) {
+  for (const Case& c : {Case{1, 4096, Norm::kNone}, Case{1, 4096, Norm::kWithoutCollapsed},
+                        Case{3, 4096, Norm::kBf16}, Case{7, 4096, Norm::kWithCollapsed},
+                        Case{64, 4096, Norm::kNone}, Case{65, 4096, Norm::kWithoutCollapsed},
+                        Case{300, 4096, Norm::kNone}, Case{4097, 4096, Norm::kWithCollapsed},
+                        Case{4097, 4096, Norm::kBf16}, Case{1, 4096, Norm::kBf16},
+                        Case{17, 96, Norm::kWithCollapsed}, Case{200, 160, Norm::kNone},
+                        Case{33, 2048, Norm::kWithCollapsed}, Case{5, 7168, Norm::kWithCollapsed},
+                        Case{2050, 160, Norm::kWithCollapsed}, Case{2100, 2048, Norm::kNone}}) {
     const uint32_t seed = testing::FreshSeed();
     SCOPED_TRACE(::testing::Message() << "rows " << c.rows << " hidden " << c.hidden << " norm "
                                       << static_cast<int>(c.norm) << " seed " << seed);
@@ -358,15 +361,15 @@ TEST(HyperConnectionKernelTest, MixFromStreamsMatchesCpuNormGemmAndMix) {
 }
 
 // A row's outputs do not depend on the batch around it: the first rows of a 2100-row call (the
-// prefill kernels: 4 rows a warp in the partials, the weights kernel) are bit for bit those rows
-// alone (the decode kernels: 2 rows a warp, the weights in the row block), as the row's sums run
-// in the same order in both.
+// partials by the register-tiled GEMM, a group's chains added in registers) and of a 40-row call
+// (HcMixPairsBody) are bit for bit those rows alone (HcMixChainsBody, its chains added in groups
+// by the row kernel), as the row's sums run in the same order in all three.
 TEST(HyperConnectionKernelTest, MixFromStreamsRowsDoNotDependOnTheBatch) {
   DEEPINFER_SKIP_WITHOUT_GPU();
   const uint32_t seed = testing::FreshSeed();
   SCOPED_TRACE(::testing::Message() << "seed " << seed);
   constexpr int64_t hc = 4, hidden = 4096, M = (2 + hc) * hc, S = hc * hidden;
-  constexpr int64_t kMany = 2100, kFew = 5;
+  constexpr int64_t kMany = 2100, kSome = 40, kFew = 5;
   const auto streams = RandomFloats(kMany * S, seed, 2.0f);
   DeviceArray<float> ds(streams), dfn(RandomFloats(M * S, seed + 1, 0.02f)),
       db(RandomFloats(M, seed + 2)), dsc(RandomFloats(3, seed + 3, 0.5f)),
@@ -388,15 +391,19 @@ TEST(HyperConnectionKernelTest, MixFromStreamsRowsDoNotDependOnTheBatch) {
     DEEPINFER_CUDA_OK(dcol.Download(collapsed));
     DEEPINFER_CUDA_OK(dnormed.Download(normed));
   };
-  std::vector<float> post[2], comb[2], collapsed[2];
-  std::vector<uint16_t> normed[2];
-  run(kMany, &post[0], &comb[0], &collapsed[0], &normed[0]);
-  run(kFew, &post[1], &comb[1], &collapsed[1], &normed[1]);
+  std::vector<float> post[3], comb[3], collapsed[3];
+  std::vector<uint16_t> normed[3];
+  run(kFew, &post[0], &comb[0], &collapsed[0], &normed[0]);
+  run(kMany, &post[1], &comb[1], &collapsed[1], &normed[1]);
+  run(kSome, &post[2], &comb[2], &collapsed[2], &normed[2]);
   auto first = [](const auto& v, int64_t n) { return std::vector(v.begin(), v.begin() + n); };
-  EXPECT_TRUE(first(post[0], kFew * hc) == post[1]) << "post";
-  EXPECT_TRUE(first(comb[0], kFew * hc * hc) == comb[1]) << "comb";
-  EXPECT_TRUE(first(collapsed[0], kFew * hidden) == collapsed[1]) << "collapsed";
-  EXPECT_TRUE(first(normed[0], kFew * hidden) == normed[1]) << "normed_bf16";
+  for (int i : {1, 2}) {
+    SCOPED_TRACE(::testing::Message() << "rows " << (i == 1 ? kMany : kSome));
+    EXPECT_TRUE(first(post[i], kFew * hc) == post[0]) << "post";
+    EXPECT_TRUE(first(comb[i], kFew * hc * hc) == comb[0]) << "comb";
+    EXPECT_TRUE(first(collapsed[i], kFew * hidden) == collapsed[0]) << "collapsed";
+    EXPECT_TRUE(first(normed[i], kFew * hidden) == normed[0]) << "normed_bf16";
+  }
 }
 
 TEST(HyperConnectionKernelTest, MixFromStreamsRefusesWhatItDoesNotTake) {

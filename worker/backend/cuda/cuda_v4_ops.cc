@@ -1,5 +1,5 @@
 // CudaV4Ops: each op one kernel of kernels/v4 (NormRope: kernels/rope) on the backend's stream
-// (HcMixFromStreams: two, three from 2048 rows).
+// (HcMixFromStreams: two).
 #include "worker/backend/cuda/cuda_v4_ops.h"
 
 #include <memory>
