@@ -12,8 +12,6 @@
 // Fragments of a 32-k step q (two MMA k steps s = 0, 1): the thread's 8 weight bytes e0..e7 of a
 // row widen to the pairs (e0, e2), (e1, e3) (step 0) and (e4, e6), (e5, e7) (step 1) as the MMA's
 // k (2t, 2t+1) and (2t+8, 2t+9); its 8 activations of a row are paired the same way.
-#include "kernels/gemm/fp8_tiled_gemm.h"
-
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
@@ -22,6 +20,7 @@
 #include <limits>
 
 #include "kernels/common/cp_async.cuh"
+#include "kernels/gemm/fp8_tiled_gemm.h"
 #include "kernels/gemm/mma_weight_tile.cuh"
 
 namespace deepinfer {
@@ -122,10 +121,10 @@ __global__ void __launch_bounds__(kThreads, MinBlocks(BM)) Fp8TiledKernel(Fp8Til
   const int wr0 = (warp % kWarpsN) * kWarpWeights, ar0 = (warp / kWarpsN) * (BM / kWarpsM);
   const int64_t m0 = static_cast<int64_t>(blockIdx.x) * BM;
   const int64_t n0 = static_cast<int64_t>(blockIdx.y) * kBN;
+  // k range z of Z: blocks [z * blocks / Z, (z + 1) * blocks / Z), none empty (Z <= blocks).
   const int64_t blocks = (p.k + kBK - 1) / kBK;
-  const int64_t per = (blocks + gridDim.z - 1) / gridDim.z;
-  const int64_t kb0 = blockIdx.z * per;
-  const int nk = static_cast<int>(min(blocks, kb0 + per) - kb0);
+  const int64_t kb0 = blockIdx.z * blocks / gridDim.z;
+  const int nk = static_cast<int>((blockIdx.z + 1) * blocks / gridDim.z - kb0);
 
   // The scale rows of the thread's weight rows wr0 + 16 i + g (+ 8), as offsets (the scale grid
   // has fewer than 2^31 entries: Fp8TiledGemmSupports).
@@ -183,14 +182,16 @@ __global__ void __launch_bounds__(kThreads, MinBlocks(BM)) Fp8TiledKernel(Fp8Til
       }
     }
     const int slot = it % kStages;
-    MultiplyStage<NT>(w_stages + slot * kWeightStageBytes, a_stages + slot * ActStageBytes(BM),
-                      wr0, ar0, part);
+    MultiplyStage<NT>(w_stages + slot * kWeightStageBytes, a_stages + slot * ActStageBytes(BM), wr0,
+                      ar0, part);
 #pragma unroll
     for (int i = 0; i < kMT; ++i) {
 #pragma unroll
       for (int j = 0; j < NT; ++j) {
 #pragma unroll
-        for (int r = 0; r < 4; ++r) acc[i][j][r] = fmaf(part[i][j][r], scale[i][r >> 1], acc[i][j][r]);
+        for (int r = 0; r < 4; ++r) {
+          acc[i][j][r] = fmaf(part[i][j][r], scale[i][r >> 1], acc[i][j][r]);
+        }
       }
     }
   }
@@ -262,16 +263,12 @@ int32_t Fp8TiledKSplit(int64_t n, int64_t k) {
   return static_cast<int32_t>(std::max<int64_t>(1, split));
 }
 
-int32_t Fp8TiledEffectiveKSplit(const Fp8TiledGemmParams& p) {
-  const int64_t blocks = (p.k + kBK - 1) / kBK;
-  const int64_t split = p.k_split > 0 ? p.k_split : Fp8TiledKSplit(p.n, p.k);
-  if (blocks < 1 || split < 1) return 1;
-  const int64_t per = (blocks + split - 1) / split;
-  return static_cast<int32_t>((blocks + per - 1) / per);
+int32_t Fp8TiledRanges(const Fp8TiledGemmParams& p) {
+  return p.k_split > 0 ? p.k_split : Fp8TiledKSplit(p.n, p.k);
 }
 
 size_t Fp8TiledGemmWorkspaceBytes(const Fp8TiledGemmParams& p) {
-  const int32_t ranges = Fp8TiledEffectiveKSplit(p);
+  const int32_t ranges = Fp8TiledRanges(p);
   return ranges > 1 ? static_cast<size_t>(ranges) * p.m * p.n * sizeof(float) : 0;
 }
 
@@ -281,11 +278,11 @@ bool Fp8TiledGemmSupports(const Fp8TiledGemmParams& p) {
   if (!(p.m >= 1 && p.n >= 1 && p.k >= 1 && p.m <= kIntMax && p.n <= kIntMax && p.k <= kIntMax &&
         p.k % 16 == 0 && (bm == 32 || bm == 64 || bm == 128) && p.k_split >= 0 &&
         p.k_split <= kFp8TiledMaxKSplit && p.k_split <= blocks && (p.n + kBN - 1) / kBN <= 65535 &&
-        p.a != nullptr && Aligned16(p.a) && p.lda >= p.k && p.lda % 8 == 0 &&
-        p.w.data != nullptr && Aligned16(p.w.data) && p.w.ldw >= p.k && p.w.ldw % 16 == 0 &&
-        p.w.scales != nullptr && p.w.scale_ld >= Fp8ScaleCols(p.k) && p.w.split_rows >= 0 &&
-        Fp8ScaleRows(p.n, p.w.split_rows) * p.w.scale_ld <= kIntMax &&
-        p.c != nullptr && p.ldc >= p.n)) {
+        p.a != nullptr && Aligned16(p.a) && p.lda >= p.k && p.lda % 8 == 0 && p.w.data != nullptr &&
+        Aligned16(p.w.data) && p.w.ldw >= p.k && p.w.ldw % 16 == 0 && p.w.scales != nullptr &&
+        p.w.scale_ld >= Fp8ScaleCols(p.k) && p.w.split_rows >= 0 &&
+        Fp8ScaleRows(p.n, p.w.split_rows) * p.w.scale_ld <= kIntMax && p.c != nullptr &&
+        p.ldc >= p.n)) {
     return false;
   }
   if (Fp8TiledGemmWorkspaceBytes(p) > 0 && p.workspace == nullptr) return false;
@@ -294,7 +291,7 @@ bool Fp8TiledGemmSupports(const Fp8TiledGemmParams& p) {
 
 cudaError_t Fp8TiledGemm(const Fp8TiledGemmParams& p, cudaStream_t stream) {
   if (!Fp8TiledGemmSupports(p)) return cudaErrorInvalidValue;
-  const int32_t ranges = Fp8TiledEffectiveKSplit(p);
+  const int32_t ranges = Fp8TiledRanges(p);
   cudaError_t err;
   switch (p.block_rows > 0 ? p.block_rows : Fp8TiledBlockRows(p.m)) {
     case 32:

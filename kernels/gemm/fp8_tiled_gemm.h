@@ -18,8 +18,9 @@
 // unless the scales are powers of two). Rows' scales are looked up per row, so stacked matrices
 // ([gate; up] at any split_rows) need no alignment.
 //
-// k split: grid z splits the k blocks into k_split contiguous ranges; with more than one, each
-// range's sums go to a workspace ([k_split, m, n] fp32) and a second kernel adds them in range
+// k split: grid z splits the k blocks into k_split contiguous ranges of as equal a number of
+// blocks as they divide (each range z of Z: blocks [z B / Z, (z + 1) B / Z)); with more than one,
+// each range's sums go to a workspace ([k_split, m, n] fp32) and a second kernel adds them in range
 // order onto c (deterministic; no atomics). The default split (Fp8TiledKSplit) depends on n and
 // k only, and every output is summed in the same order whatever BM and m (its MMAs per k block,
 // the blocks in order, the ranges in order): a row's bits do not depend on the other rows.
@@ -69,9 +70,9 @@ int32_t Fp8TiledBlockRows(int64_t m);
 // The k split for an [n, k] weight: enough (128-row tile, k range) blocks for about one per SM of
 // a 132-SM GPU at one row tile, at least two k blocks a range, at most kFp8TiledMaxKSplit.
 int32_t Fp8TiledKSplit(int64_t n, int64_t k);
-// The split p runs with (p.k_split, or Fp8TiledKSplit's), reduced so that no range is empty.
-int32_t Fp8TiledEffectiveKSplit(const Fp8TiledGemmParams& p);
-// Workspace bytes p needs: 0 at one range, else k_split * m * n floats.
+// The k ranges p runs with: p.k_split, or Fp8TiledKSplit's where 0.
+int32_t Fp8TiledRanges(const Fp8TiledGemmParams& p);
+// Workspace bytes p needs: 0 at one range, else ranges * m * n floats.
 size_t Fp8TiledGemmWorkspaceBytes(const Fp8TiledGemmParams& p);
 
 // Whether Fp8TiledGemm takes p and the device has the kernel (sm_80+ code): m, n, k >= 1 in int

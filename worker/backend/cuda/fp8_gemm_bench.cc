@@ -17,12 +17,13 @@
 //        deq     kernels::Fp8DequantToBf16 + cublasGemmEx (m >= 33)
 // then the fastest bf16 and FP8 path with TFLOP/s (2 m n k) and GB/s (weight bytes, FP8 with its
 // scales, plus the activations read and the output written), and the FP8 speed-up. The FP8 paths
-// read fp32 activations except mma16 and tiled (tbest is not a candidate for the fastest path). Then the routed experts' grouped GEMMs at
-// decode token counts (uniform random top-k): kernels::Fp8MmaGroupedGemm (bf16 rows, the FP8
-// device path; "mma" its default tile kernels::kGroupedMmaTile, "mma narrow" the plain register
-// loop; the same pair for MXFP4), kernels::Mxfp4MmaGroupedGemm (MXFP4 experts, a line of its own),
-// kernels::Fp8GroupedGemm (fp32 rows, the FP8 fallback) and kernels::GroupedGemmBf16
-// (bf16 weights, the bf16 path's kernel at 1-2 tokens), GB/s of the busy experts' weights.
+// read fp32 activations except mma16 and tiled (tbest is not a candidate for the fastest path).
+// Then the routed experts' grouped GEMMs at decode token counts (uniform random top-k):
+// kernels::Fp8MmaGroupedGemm (bf16 rows, the FP8 device path; "mma" its default tile
+// kernels::kGroupedMmaTile, "mma narrow" the plain register loop; the same pair for MXFP4),
+// kernels::Mxfp4MmaGroupedGemm (MXFP4 experts, a line of its own), kernels::Fp8GroupedGemm (fp32
+// rows, the FP8 fallback) and kernels::GroupedGemmBf16 (bf16 weights, the bf16 path's kernel at 1-2
+// tokens), GB/s of the busy experts' weights.
 //
 // Time: a CUDA graph of back-to-back launches, each on its own copy of the weights (copies for
 // 256 MiB, so the weights come from HBM as in a model step; a single copy where one is larger),
@@ -189,9 +190,8 @@ class DenseBench {
       }
     }
     const int64_t tiled_rows = std::min<int64_t>(m_max, kTiledMaxRows);
-    float* tiled_ws = DeviceAlloc<float>(
-        std::max<size_t>(16, *std::max_element(splits.begin(), splits.end()) * tiled_rows * s.n *
-                                 sizeof(float)));
+    float* tiled_ws = DeviceAlloc<float>(std::max<size_t>(
+        16, *std::max_element(splits.begin(), splits.end()) * tiled_rows * s.n * sizeof(float)));
 
     for (int64_t m : ms) {
       auto weight = [&](int i) {
@@ -340,10 +340,10 @@ class DenseBench {
       const Result b16 = best(bf16);
       const double flops = 2.0 * m * s.n * s.k;
       const double act_out = m * s.k * 4.0 + m * s.n * 4.0;
-      std::printf("%-15s %6ld %6ld %5ld |%s%s |%s%s%s%s%s%s%s%s |", s.name,
-                  static_cast<long>(s.n), static_cast<long>(s.k), static_cast<long>(m),
-                  cell(bf16[0].us), cell(small_us), cell(core_us), cell(mma_us), cell(mma16_us),
-                  cell(tiled_us), cell(tbest_us), cell(w8a8_us), cell(lt_us), cell(deq_us));
+      std::printf("%-15s %6ld %6ld %5ld |%s%s |%s%s%s%s%s%s%s%s |", s.name, static_cast<long>(s.n),
+                  static_cast<long>(s.k), static_cast<long>(m), cell(bf16[0].us), cell(small_us),
+                  cell(core_us), cell(mma_us), cell(mma16_us), cell(tiled_us), cell(tbest_us),
+                  cell(w8a8_us), cell(lt_us), cell(deq_us));
       std::printf(" %-6s %6.1f %6.0f |", b16.path, flops / b16.us / 1e6,
                   (2.0 * fp8_bytes + act_out) / b16.us / 1e3);
       if (fp8.empty()) {
