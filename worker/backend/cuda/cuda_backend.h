@@ -444,13 +444,13 @@ class CudaBackend : public Backend {
   // Gemm with FP8 weights (cuda_backend_fp8.cc).
   void GemmFp8(int64_t m, int64_t n, int64_t k, ActivationView a, int64_t lda, WeightView w,
                int64_t ldw, float* c, int64_t ldc, bool accumulate);
+  // kernels::Fp8TiledGemm for GemmFp8, false (nothing run) where it does not take the operands.
+  bool GemmFp8Tiled(int64_t m, int64_t n, int64_t k, ActivationView a, int64_t lda,
+                    const WeightView& w, int64_t ldw, float* c, int64_t ldc, bool accumulate);
   // Gemm's W8A8 path into c (fp32 [m, ldc], or bf16 with c_bf16: then c holds m rounded up to
   // a multiple of 4 rows, the padding rows written), timed as the phase `phase_name`; false
   // (nothing launched): not taken here (device, shape, layout, or cuBLASLt without an
   // algorithm), the caller takes another path.
-  // kernels::Fp8TiledGemm for GemmFp8, false (nothing run) where it does not take the operands.
-  bool GemmFp8Tiled(int64_t m, int64_t n, int64_t k, ActivationView a, int64_t lda,
-                    const WeightView& w, int64_t ldw, float* c, int64_t ldc, bool accumulate);
   bool GemmFp8W8A8(int64_t m, int64_t n, int64_t k, ActivationView a, int64_t lda,
                    const WeightView& w, int64_t ldw, void* c, int64_t ldc, bool c_bf16,
                    bool accumulate, const char* phase_name);
