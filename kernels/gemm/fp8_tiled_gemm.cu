@@ -20,6 +20,7 @@
 #include <limits>
 
 #include "kernels/common/cp_async.cuh"
+#include "kernels/common/kernel_facts.h"
 #include "kernels/gemm/fp8_tiled_gemm.h"
 #include "kernels/gemm/mma_weight_tile.cuh"
 
@@ -243,6 +244,16 @@ cudaError_t LaunchTiles(const Fp8TiledGemmParams& p, int ranges, cudaStream_t st
   return cudaGetLastError();
 }
 
+// Whether the current device gives a block of Fp8TiledKernel<bm> its shared memory (the H200's
+// 227 KiB takes every bm; an sm_86 / sm_89 part's 99 KiB only bm 32).
+bool SmemFits(int bm) {
+  const void* kernel = bm == 32   ? reinterpret_cast<const void*>(Fp8TiledKernel<32>)
+                       : bm == 64 ? reinterpret_cast<const void*>(Fp8TiledKernel<64>)
+                                  : reinterpret_cast<const void*>(Fp8TiledKernel<128>);
+  const KernelFacts facts = KernelFactsForCurrentDevice(kernel, static_cast<int>(SmemBytes(bm)));
+  return facts.error == cudaSuccess && static_cast<size_t>(facts.max_smem) >= SmemBytes(bm);
+}
+
 bool Available() {
   static const bool available = [] {
     cudaFuncAttributes attr;
@@ -258,6 +269,7 @@ int32_t Fp8TiledBlockRows(int64_t m) { return m <= 32 ? 32 : m <= 64 ? 64 : 128;
 
 int32_t Fp8TiledKSplit(int64_t n, int64_t k) {
   const int64_t tiles = (n + kBN - 1) / kBN, blocks = (k + kBK - 1) / kBK;
+  if (tiles < 1) return 1;
   const int64_t split =
       std::min<int64_t>({kTargetBlocks / tiles, blocks / 2, int64_t{kFp8TiledMaxKSplit}});
   return static_cast<int32_t>(std::max<int64_t>(1, split));
@@ -286,7 +298,7 @@ bool Fp8TiledGemmSupports(const Fp8TiledGemmParams& p) {
     return false;
   }
   if (Fp8TiledGemmWorkspaceBytes(p) > 0 && p.workspace == nullptr) return false;
-  return Available();
+  return Available() && SmemFits(bm);
 }
 
 cudaError_t Fp8TiledGemm(const Fp8TiledGemmParams& p, cudaStream_t stream) {
