@@ -26,17 +26,7 @@ using mma_tile::kTile;
 using mma_tile::kWarps;
 constexpr int64_t kIntMax = std::numeric_limits<int>::max();
 
-// The e4m3 bytes b0..b3 of w (b0 the lowest) as the bf16 pairs (b0, b2) and (b1, b3), low half
-// first. e4m3's 7 magnitude bits moved to a bf16's bits 10..4 make its exponent field the e4m3
-// one (bias 7 read as bias 127) and its top mantissa bits the e4m3 ones: the value times 2^-120
-// (e4m3 subnormals become bf16 subnormals with the same mantissa), which 2^120 restores (exact:
-// every such product is a normal bf16 number).
-__device__ __forceinline__ void WidenFp8x4(uint32_t w, uint32_t* even, uint32_t* odd) {
-  constexpr uint32_t kTwoTo120 = 0x7B807B80u;
-  const uint32_t v = w << 8;
-  *even = mma_tile::TimesPow2((v & 0x80008000u) | ((v & 0x7F007F00u) >> 4), kTwoTo120);
-  *odd = mma_tile::TimesPow2((w & 0x80008000u) | ((w & 0x7F007F00u) >> 4), kTwoTo120);
-}
+using mma_tile::WidenFp8x4;
 
 __device__ __forceinline__ uint32_t Word(const uint4& v, int i) {
   return i == 0 ? v.x : i == 1 ? v.y : i == 2 ? v.z : v.w;

@@ -82,8 +82,10 @@ TEST_P(CudaFp8ParityTest, PromptLogitsWithinBf16ToleranceOfHfFloat32) {
     return;
   }
   ExpectBf16LogitsWithinTolerance(*e, Label(), "dsv3_yarn_nolora");
-  // Prompts of 7, 33 and 130 tokens: the tensor-core FP8 kernel took them.
+  // Prompts of 7, 33 and 130 tokens: the tensor-core FP8 kernels took them (7 rows
+  // Fp8MmaGemm, 33 and 130 the tiled one).
   EXPECT_NE(report.find("Gemm/fp8-mma"), std::string::npos) << "FP8 tensor-core GEMM not taken";
+  EXPECT_NE(report.find("Gemm/fp8-tiled"), std::string::npos) << "FP8 tiled GEMM not taken";
 }
 
 TEST_P(CudaFp8ParityTest, TeacherForcedGreedyMostlyMatchesHf) {

@@ -69,6 +69,7 @@ tests=(
   //kernels/gemm:bf16_mma_gemm_test
   //kernels/gemm:fp8_block_gemm_test
   //kernels/gemm:fp8_mma_gemm_test
+  //kernels/gemm:fp8_tiled_gemm_test
   //kernels/gemm:fp8_quantize_test
   //kernels/gemm:mxfp4_mma_gemm_test
   //kernels/gemm:staged_gemv_test

@@ -60,6 +60,11 @@ struct CudaTuningDefaults {
   // instead of 0.84x, but the FP8 parity fixture's greedy agreement with HF falls from 67 to 63
   // of 72 (cuda_fp8_parity_test's bfloat16+w8a8 case; docs/performance.md, tried and rejected).
   static constexpr int64_t kFp8W8A8MinRows = 128;
+  // FP8 Gemm rows from this many up to CudaTuning::fp8_w8a8_min_rows (exclusive) run the tiled
+  // tensor-core kernel (kernels::Fp8TiledGemm) where it takes the operands, outside the
+  // batch-invariant mode. Not measured yet against kernels::Fp8MmaGemm (fp8_gemm_bench's tiled
+  // and mma16 columns); past fp8_w8a8_min_rows turns it off.
+  static constexpr int64_t kFp8TiledMinRows = 17;
 };
 
 // The CUDA backend's settings, fixed when it is made (CudaBackend::Create). Every other choice
@@ -163,14 +168,17 @@ class CudaBackend : public Backend {
   //  * from CudaTuning::fp8_w8a8_min_rows on compute capability 9.0: W8A8, the activations
   //    quantised (kernels::Fp8QuantizeRows) and cuBLASLt's block-scaled FP8 GEMM
   //    (CublasLtFp8Gemm; rows padded to a multiple of 4 through scratch);
+  //  * from CudaTuningDefaults::kFp8TiledMinRows: kernels::Fp8TiledGemm (bf16 tensor cores,
+  //    block tiles staged in shared memory, the FP8 weight widened in registers; fp32 rows
+  //    rounded to bf16 in scratch first, its k split's partial sums in scratch);
   //  * above kFp8CudaCoreMaxRows: kernels::Fp8MmaGemm (bf16 tensor cores, the FP8 weight
   //    widened in registers) with the tile kernels::Fp8MmaDenseTile picks for the rows;
   //  * up to kFp8SmallMGemmMaxRows: kernels::Fp8SmallMGemm (CUDA cores, the weight read once per
   //    8 rows);
   //  * otherwise the weight dequantised to bf16 in scratch (kernels::Fp8DequantToBf16) for the
   //    bf16 cuBLAS path.
-  // Phases in the op timing report: Gemm/fp8-w8a8, Gemm/fp8-mma, Gemm/fp8-small-m,
-  // Gemm/fp8-dequant-bf16.
+  // Phases in the op timing report: Gemm/fp8-w8a8, Gemm/fp8-tiled, Gemm/fp8-mma,
+  // Gemm/fp8-small-m, Gemm/fp8-dequant-bf16.
   void Gemm(int64_t m, int64_t n, int64_t k, ActivationView a, int64_t lda, WeightView w,
             int64_t ldw, float* c, int64_t ldc, bool accumulate) override;
   // Not measured yet (fp8_block_gemm_bench prints both): one row stays on the CUDA-core kernel,
@@ -436,6 +444,9 @@ class CudaBackend : public Backend {
   // Gemm with FP8 weights (cuda_backend_fp8.cc).
   void GemmFp8(int64_t m, int64_t n, int64_t k, ActivationView a, int64_t lda, WeightView w,
                int64_t ldw, float* c, int64_t ldc, bool accumulate);
+  // kernels::Fp8TiledGemm for GemmFp8, false (nothing run) where it does not take the operands.
+  bool GemmFp8Tiled(int64_t m, int64_t n, int64_t k, ActivationView a, int64_t lda,
+                    const WeightView& w, int64_t ldw, float* c, int64_t ldc, bool accumulate);
   // Gemm's W8A8 path into c (fp32 [m, ldc], or bf16 with c_bf16: then c holds m rounded up to
   // a multiple of 4 rows, the padding rows written), timed as the phase `phase_name`; false
   // (nothing launched): not taken here (device, shape, layout, or cuBLASLt without an

@@ -14,6 +14,7 @@
 #include "kernels/gemm/fp8_block_gemm.h"
 #include "kernels/gemm/fp8_mma_gemm.h"
 #include "kernels/gemm/fp8_quantize.h"
+#include "kernels/gemm/fp8_tiled_gemm.h"
 #include "kernels/moe/expert_activation.h"
 #include "kernels/moe/moe_permute.h"
 #include "kernels/norm/rms_norm.h"
@@ -103,6 +104,33 @@ bool CudaBackend::GemmFp8W8A8(int64_t m, int64_t n, int64_t k, ActivationView a,
   return true;
 }
 
+bool CudaBackend::GemmFp8Tiled(int64_t m, int64_t n, int64_t k, ActivationView a, int64_t lda,
+                               const WeightView& w, int64_t ldw, float* c, int64_t ldc,
+                               bool accumulate) {
+  const bool a_bf16 = a.dtype == WeightDType::kBFloat16;
+  kernels::Fp8TiledGemmParams p;
+  p.m = m, p.n = n, p.k = k, p.lda = lda;
+  // fp32 rows: checked at their own address and stride, which their bf16 copy keeps.
+  p.a = static_cast<const uint16_t*>(a.data);
+  p.w = Fp8Weight(w, ldw);
+  p.c = c, p.ldc = ldc, p.accumulate = accumulate;
+  const size_t workspace_bytes = kernels::Fp8TiledGemmWorkspaceBytes(p);
+  std::unique_ptr<DeviceBuffer> workspace;
+  if (workspace_bytes > 0) {
+    workspace = AllocateScratch(workspace_bytes);
+    p.workspace = workspace->as<float>();
+  }
+  if (!kernels::Fp8TiledGemmSupports(p)) return false;
+  PhaseTimer phase(this, "Gemm/fp8-tiled", true);
+  std::unique_ptr<DeviceBuffer> a16;
+  if (!a_bf16) {
+    a16 = RoundToBf16(static_cast<const float*>(a.data), (m - 1) * lda + k);
+    p.a = a16->as<uint16_t>();
+  }
+  Check(kernels::Fp8TiledGemm(p, stream_), "kernels::Fp8TiledGemm");
+  return true;
+}
+
 void CudaBackend::GemmFp8(int64_t m, int64_t n, int64_t k, ActivationView a, int64_t lda,
                           WeightView w, int64_t ldw, float* c, int64_t ldc, bool accumulate) {
   const bool a_bf16 = a.dtype == WeightDType::kBFloat16;
@@ -132,6 +160,10 @@ void CudaBackend::GemmFp8(int64_t m, int64_t n, int64_t k, ActivationView a, int
   }
   if (m >= tuning_.fp8_w8a8_min_rows &&
       GemmFp8W8A8(m, n, k, a, lda, w, ldw, c, ldc, /*c_bf16=*/false, accumulate, "Gemm/fp8-w8a8")) {
+    return;
+  }
+  if (m >= CudaTuningDefaults::kFp8TiledMinRows && m < tuning_.fp8_w8a8_min_rows &&
+      GemmFp8Tiled(m, n, k, a, lda, w, ldw, c, ldc, accumulate)) {
     return;
   }
   if (m > kFp8CudaCoreMaxRows) {

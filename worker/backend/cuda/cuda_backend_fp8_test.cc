@@ -157,8 +157,10 @@ TEST_F(CudaFp8Test, GemmMatchesDequantisedWeightsOnEveryPath) {
   for (const Case& c : {
            Case{1, 192, 128, 0, false, false},    // one row: CUDA cores
            Case{3, 80, 200, 0, true, false},      // k % 16 != 0: CUDA cores
-           Case{32, 256, 320, 128, false, true},  // tensor cores
-           Case{33, 96, 128, 0, false, false},    // tensor cores
+           Case{16, 256, 320, 128, false, true},  // tensor cores
+           Case{32, 256, 320, 128, false, true},  // tiled tensor cores, fp32 rows rounded
+           Case{33, 96, 128, 0, false, false},    // tiled, one k block
+           Case{64, 576, 1024, 200, true, true},  // tiled, k split, bf16 rows, stacked
            Case{40, 64, 200, 0, false, false},    // k % 16 != 0 above 32 rows: dequantised
            Case{w8a8_rows + 2, 200, 384, 100, true, true},  // W8A8, rows through scratch, split
            Case{w8a8_rows, 256, 256, 0, false, false},      // W8A8 straight into c
@@ -188,6 +190,8 @@ TEST_F(CudaFp8Test, GemmMatchesDequantisedWeightsOnEveryPath) {
     if (w8a8 && k16 && c.m >= w8a8_rows) {
       phase = "Gemm/fp8-w8a8";
       numerics = Numerics::kW8A8;
+    } else if (mma && k16 && c.m >= CudaTuningDefaults::kFp8TiledMinRows && c.m < w8a8_rows) {
+      phase = "Gemm/fp8-tiled";
     } else if (mma && k16 && c.m > CudaBackend::kFp8CudaCoreMaxRows) {
       phase = "Gemm/fp8-mma";
     } else if (c.m <= CudaBackend::kFp8SmallMGemmMaxRows) {

@@ -7,24 +7,30 @@
 //        mma     kernels::Fp8MmaGemm (bf16 tensor cores, the FP8 weight widened in registers;
 //                the tile kernels::Fp8MmaDenseTile picks for m, as CudaBackend::Gemm),
 //                fp32 activations; mma16: the same with bf16 activations (the model's normed rows)
+//        tiled   kernels::Fp8TiledGemm (bf16 tensor cores, block tiles through shared memory; bf16
+//                activations; 16 <= m <= 1024) with its default block rows and k split, as
+//                CudaBackend::Gemm runs it (its k split's add included); tbest: the fastest of
+//                block rows 32 / 64 / 128 (128 only above 256 rows) x k split 1, the default and
+//                twice it, named after the table as tiled=BM/split
 //        w8a8    kernels::Fp8QuantizeRows + CublasLtFp8Gemm (FP8 tensor cores; compute
 //                capability 9.0), and lt: the cuBLASLt GEMM alone
 //        deq     kernels::Fp8DequantToBf16 + cublasGemmEx (m >= 33)
 // then the fastest bf16 and FP8 path with TFLOP/s (2 m n k) and GB/s (weight bytes, FP8 with its
 // scales, plus the activations read and the output written), and the FP8 speed-up. The FP8 paths
-// read fp32 activations except mma16. Then the routed experts' grouped GEMMs at
-// decode token counts (uniform random top-k): kernels::Fp8MmaGroupedGemm (bf16 rows, the FP8
-// device path; "mma" its default tile kernels::kGroupedMmaTile, "mma narrow" the plain register
-// loop; the same pair for MXFP4), kernels::Mxfp4MmaGroupedGemm (MXFP4 experts, a line of its own),
-// kernels::Fp8GroupedGemm (fp32 rows, the FP8 fallback) and kernels::GroupedGemmBf16
-// (bf16 weights, the bf16 path's kernel at 1-2 tokens), GB/s of the busy experts' weights.
+// read fp32 activations except mma16 and tiled (tbest is not a candidate for the fastest path).
+// Then the routed experts' grouped GEMMs at decode token counts (uniform random top-k):
+// kernels::Fp8MmaGroupedGemm (bf16 rows, the FP8 device path; "mma" its default tile
+// kernels::kGroupedMmaTile, "mma narrow" the plain register loop; the same pair for MXFP4),
+// kernels::Mxfp4MmaGroupedGemm (MXFP4 experts, a line of its own), kernels::Fp8GroupedGemm (fp32
+// rows, the FP8 fallback) and kernels::GroupedGemmBf16 (bf16 weights, the bf16 path's kernel at 1-2
+// tokens), GB/s of the busy experts' weights.
 //
 // Time: a CUDA graph of back-to-back launches, each on its own copy of the weights (copies for
 // 256 MiB, so the weights come from HBM as in a model step; a single copy where one is larger),
 // median of 7 replays, per launch. The H200's HBM peak is 4.8 TB/s, its dense bf16 / FP8 tensor
 // peaks 989 / 1979 TFLOP/s.
 //
-//   fp8_gemm_bench [--quick | --variants]   (--quick: m = 1, 8, 16, 32, 64, 128, 1024 only;
+//   fp8_gemm_bench [--quick | --variants]   (--quick: m = 1, 8, 16, 32, 64, 128, 256, 1024 only;
 //   --variants:
 //       only the tile-loop variants of the tensor-core kernels against bf16, same shapes,
 //       fp8_mma_variants_bench.cc; exit status 1 on a CUDA or cuBLAS error)
@@ -43,6 +49,7 @@
 #include "kernels/gemm/fp8_block_gemm.h"
 #include "kernels/gemm/fp8_mma_gemm.h"
 #include "kernels/gemm/fp8_quantize.h"
+#include "kernels/gemm/fp8_tiled_gemm.h"
 #include "kernels/gemm/mxfp4_mma_gemm.h"
 #include "kernels/gemm/small_m_gemm.h"
 #include "kernels/moe/grouped_gemm.h"
@@ -72,6 +79,8 @@ using bench::RandomFp8;
 
 constexpr size_t kRotateBytes = size_t{256} << 20;
 constexpr size_t kWorkspaceBytes = size_t{32} << 20;
+// The most rows the tiled kernel is timed at.
+constexpr int64_t kTiledMaxRows = 1024;
 
 // Median microseconds per launch of `launch(copy, stream)` recorded `copies` times into one
 // graph (7 timed replays).
@@ -170,6 +179,19 @@ class DenseBench {
     float* qs = DeviceAlloc<float>(kernels::Fp8ScaleCols(s.k) * m4_max * sizeof(float));
     uint16_t* deq = DeviceAlloc<uint16_t>(fp8_bytes * 2);
     float* d_pad = DeviceAlloc<float>(m4_max * s.n * sizeof(float));
+    // The tiled kernel's configurations and the largest workspace one of them takes.
+    const int32_t auto_split = kernels::Fp8TiledKSplit(s.n, s.k);
+    const int64_t k_blocks = (s.k + 127) / 128;
+    std::vector<int32_t> splits;
+    for (const int32_t split : {1, auto_split, 2 * auto_split}) {
+      if (split <= std::min<int64_t>(k_blocks, kernels::kFp8TiledMaxKSplit) &&
+          std::find(splits.begin(), splits.end(), split) == splits.end()) {
+        splits.push_back(split);
+      }
+    }
+    const int64_t tiled_rows = std::min<int64_t>(m_max, kTiledMaxRows);
+    float* tiled_ws = DeviceAlloc<float>(std::max<size_t>(
+        16, *std::max_element(splits.begin(), splits.end()) * tiled_rows * s.n * sizeof(float)));
 
     for (int64_t m : ms) {
       auto weight = [&](int i) {
@@ -203,6 +225,8 @@ class DenseBench {
         bf16.push_back({"small", small_us});
       }
       double core_us = -1, mma_us = -1, mma16_us = -1, w8a8_us = -1, lt_us = -1, deq_us = -1;
+      double tiled_us = -1, tbest_us = -1;
+      char tbest_name[32] = "";
       kernels::Fp8SmallMGemmParams core;
       core.m = m, core.n = s.n, core.k = s.k, core.a = a, core.lda = s.k, core.w = weight(0);
       core.c = c, core.ldc = s.n;
@@ -233,6 +257,33 @@ class DenseBench {
           BENCH_CUDA(kernels::Fp8MmaGemm(p, st));
         });
         fp8.push_back({"mma16", mma16_us});
+      }
+      kernels::Fp8TiledGemmParams tp;
+      tp.m = m, tp.n = s.n, tp.k = s.k, tp.a = a16, tp.lda = s.k, tp.w = weight(0);
+      tp.c = c, tp.ldc = s.n, tp.workspace = tiled_ws;
+      auto tiled_micros = [&](int32_t block_rows, int32_t split) {
+        kernels::Fp8TiledGemmParams q = tp;
+        q.block_rows = block_rows, q.k_split = split;
+        if (!kernels::Fp8TiledGemmSupports(q)) return -1.0;
+        return GraphMicros(copies, [&](int i, cudaStream_t st) {
+          kernels::Fp8TiledGemmParams one = q;
+          one.w = weight(i);
+          BENCH_CUDA(kernels::Fp8TiledGemm(one, st));
+        });
+      };
+      if (m >= 16 && m <= kTiledMaxRows) {
+        tiled_us = tiled_micros(0, 0);
+        if (tiled_us >= 0) fp8.push_back({"tiled", tiled_us});
+        for (const int32_t bm : kernels::kFp8TiledBlockRows) {
+          if (m > 256 && bm < 128) continue;
+          for (const int32_t split : splits) {
+            const double us = tiled_micros(bm, split);
+            if (us >= 0 && (tbest_us < 0 || us < tbest_us)) {
+              tbest_us = us;
+              std::snprintf(tbest_name, sizeof(tbest_name), " tiled=%d/%d", bm, split);
+            }
+          }
+        }
       }
       // W8A8 as CudaBackend::Gemm runs it: quantise, GEMM (into scratch and moved when m is not
       // a multiple of 4).
@@ -272,9 +323,9 @@ class DenseBench {
         fp8.push_back({"deq", deq_us});
       }
       auto cell = [](double us) {
-        static char buf[8][16];
+        static char buf[16][16];
         static int next = 0;
-        char* b = buf[next++ % 8];
+        char* b = buf[next++ % 16];
         if (us < 0) {
           std::snprintf(b, 16, "%9s", "-");
         } else {
@@ -289,20 +340,20 @@ class DenseBench {
       const Result b16 = best(bf16);
       const double flops = 2.0 * m * s.n * s.k;
       const double act_out = m * s.k * 4.0 + m * s.n * 4.0;
-      std::printf("%-15s %6ld %6ld %5ld |%s%s |%s%s%s%s%s%s |", s.name, static_cast<long>(s.n),
+      std::printf("%-15s %6ld %6ld %5ld |%s%s |%s%s%s%s%s%s%s%s |", s.name, static_cast<long>(s.n),
                   static_cast<long>(s.k), static_cast<long>(m), cell(bf16[0].us), cell(small_us),
-                  cell(core_us), cell(mma_us), cell(mma16_us), cell(w8a8_us), cell(lt_us),
-                  cell(deq_us));
+                  cell(core_us), cell(mma_us), cell(mma16_us), cell(tiled_us), cell(tbest_us),
+                  cell(w8a8_us), cell(lt_us), cell(deq_us));
       std::printf(" %-6s %6.1f %6.0f |", b16.path, flops / b16.us / 1e6,
                   (2.0 * fp8_bytes + act_out) / b16.us / 1e3);
       if (fp8.empty()) {
-        std::printf(" no FP8 path\n");
+        std::printf(" no FP8 path%s\n", tbest_name);
         cells_.push_back({s.name, m, "-", 0.0});
         continue;
       }
       const Result b8 = best(fp8);
-      std::printf(" %-5s %6.1f %6.0f | %5.2fx\n", b8.path, flops / b8.us / 1e6,
-                  (fp8_bytes + scale_bytes + act_out) / b8.us / 1e3, b16.us / b8.us);
+      std::printf(" %-5s %6.1f %6.0f | %5.2fx%s\n", b8.path, flops / b8.us / 1e6,
+                  (fp8_bytes + scale_bytes + act_out) / b8.us / 1e3, b16.us / b8.us, tbest_name);
       cells_.push_back({s.name, m, b8.path, b16.us / b8.us});
     }
     for (int i = 0; i < copies; ++i) {
@@ -310,7 +361,9 @@ class DenseBench {
       BENCH_CUDA(cudaFree(sc[i]));
       BENCH_CUDA(cudaFree(w16[i]));
     }
-    for (void* p : std::vector<void*>{a, a16, c, q, qs, deq, d_pad}) BENCH_CUDA(cudaFree(p));
+    for (void* p : std::vector<void*>{a, a16, c, q, qs, deq, d_pad, tiled_ws}) {
+      BENCH_CUDA(cudaFree(p));
+    }
   }
 
  private:
@@ -450,7 +503,7 @@ int main(int argc, char** argv) {
   const bool quick = argc > 1 && std::strcmp(argv[1], "--quick") == 0;
   const bool variants = argc > 1 && std::strcmp(argv[1], "--variants") == 0;
   const std::vector<int64_t> ms =
-      quick ? std::vector<int64_t>{1, 8, 16, 32, 64, 128, 1024}
+      quick ? std::vector<int64_t>{1, 8, 16, 32, 64, 128, 256, 1024}
             : std::vector<int64_t>{1, 2, 4, 8, 16, 32, 64, 128, 256, 1024, 4096};
   std::vector<GemmShape> shapes = {
       // Moonlight-shaped (hidden 2048, 16 heads, no q_lora, dense intermediate 11264, two
@@ -467,9 +520,10 @@ int main(int argc, char** argv) {
         shapes, {{"moonlight", 64, 6, 2048, 1408}, deepinfer::bench::DeepSeekV3Moe()});
     return 0;
   }
-  std::printf("%-15s %6s %6s %5s |%9s%9s |%9s%9s%9s%9s%9s%9s | %-6s %6s %6s | %-5s %6s %6s | fp8\n",
-              "shape", "n", "k", "m", "cublas", "small", "core", "mma", "mma16", "w8a8", "lt",
-              "deq", "bf16", "TF/s", "GB/s", "fp8", "TF/s", "GB/s");
+  std::printf(
+      "%-15s %6s %6s %5s |%9s%9s |%9s%9s%9s%9s%9s%9s%9s%9s | %-6s %6s %6s | %-5s %6s %6s | fp8\n",
+      "shape", "n", "k", "m", "cublas", "small", "core", "mma", "mma16", "tiled", "tbest", "w8a8",
+      "lt", "deq", "bf16", "TF/s", "GB/s", "fp8", "TF/s", "GB/s");
   deepinfer::DenseBench dense;
   for (const GemmShape& s : shapes) dense.Run(s, ms);
   deepinfer::PrintSummary(dense.cells(), ms);
