@@ -281,7 +281,6 @@ cudaError_t LaunchPerRow(const MoeDecodeFusedFp8Params& p, cudaStream_t stream) 
       dim3(static_cast<unsigned>(down_blocks)), 0, stream, p);
 }
 
-// The shared memory of an SM (0 if the query fails), asked once.
 bool Aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
 
 }  // namespace

@@ -130,6 +130,9 @@ __device__ void BuildPartTable(const MoeDecodeFusedFp8Params& p, PartTable<kT>* 
   if (lane == 0) tab->count = count;
 }
 
+// Blocks of `kernel` that fit on one SM (4 if the occupancy query fails). Asked once per kernel,
+// maybe while the stream is being captured: in relaxed capture mode for this thread, so that
+// the query cannot invalidate a capture.
 inline int BlocksPerSm(const void* kernel, int threads) {
   cudaStreamCaptureMode mode = cudaStreamCaptureModeRelaxed;
   (void)cudaThreadExchangeStreamCaptureMode(&mode);

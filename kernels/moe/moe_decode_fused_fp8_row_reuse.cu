@@ -412,9 +412,8 @@ __device__ void DownReuseBody(MoeDecodeFusedFp8Params p) {
   }
 }
 
-// Blocks of `kernel` that fit on one SM (4 if the occupancy query fails). Asked once per kernel,
-// maybe while the stream is being captured: in relaxed capture mode for this thread, so that
-// the query cannot invalidate a capture.
+// The shared memory of an SM of the first device that asks (0 if the query fails), asked once:
+// H200 and H100 give every SM the same, and the process's devices are of one model.
 int SmemPerSm() {
   static const int bytes = [] {
     int device = 0, b = 0;

@@ -34,8 +34,9 @@ __device__ void CompressWindowsBody(Params p) {
     // Slots [0, first) are the previous window's, absent without has_prev (weight 0).
     const int64_t first = p.overlap && p.has_prev[w] == 0 ? R : 0;
     // Calls f(logit, value pointer) for slots first ... slots - 1 in order: the slot's gate logit
-    // (gate + position bias) and its value, at column d of the slot's row (the previous
-    // window's slots, below R) or at column D + d (this window's slots with overlap). Unrolled so
+    // (gate + position bias) and its value, at column d of the slot's row (slots below R: the
+    // previous window's with overlap, else this window's) or at column D + d (this window's
+    // slots from R on, with overlap). Unrolled so
     // that 8 slots' loads are in flight at once (HCA walks 128 slots).
     auto walk = [&](auto&& f) {
 #pragma unroll 8

@@ -8,8 +8,9 @@
 //                the tile kernels::Fp8MmaDenseTile picks for m, as CudaBackend::Gemm),
 //                fp32 activations; mma16: the same with bf16 activations (the model's normed rows)
 //        tiled   kernels::Fp8TiledGemm (bf16 tensor cores, block tiles through shared memory; bf16
-//                activations; 16 <= m <= 1024) with its default block rows and k split, as
-//                CudaBackend::Gemm runs it (its k split's add included); tbest: the fastest of
+//                activations; 16 <= m <= 1024) with its default block rows and k split, its k
+//                split's add included (CudaBackend::Gemm takes it from 17 rows and rounds fp32
+//                rows to bf16 in a launch of its own first, not timed here); tbest: the fastest of
 //                block rows 32 / 64 / 128 (128 only above 256 rows) x k split 1, the default and
 //                twice it, named after the table as tiled=BM/split
 //        w8a8    kernels::Fp8QuantizeRows + CublasLtFp8Gemm (FP8 tensor cores; compute
