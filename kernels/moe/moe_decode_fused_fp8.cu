@@ -325,10 +325,6 @@ cudaError_t MoeDecodeFusedFp8(const MoeDecodeFusedFp8Params& p, cudaStream_t str
     const cudaError_t err = moe_fp8_internal::LaunchRowReuse(p, stream, &launched);
     if (err != cudaSuccess || launched) return err;
   }
-  // kPerRow at two tokens only up to kMoeDecodeFusedFp8PerRowMaxHiddenAtTwoTokens (the header).
-  if (p.num_tokens == 2 && p.hidden_size > kMoeDecodeFusedFp8PerRowMaxHiddenAtTwoTokens) {
-    return cudaErrorInvalidValue;
-  }
   return p.num_tokens == 1 ? moe_fp8_internal::LaunchPerRow<1>(p, stream)
                            : moe_fp8_internal::LaunchPerRow<2>(p, stream);
 }

@@ -89,18 +89,11 @@ struct MoeDecodeFusedFp8Params {
   MoeDecodeFusedFp8Variant variant = MoeDecodeFusedFp8Variant::kDefault;
 };
 
-// kPerRow's largest hidden_size at two tokens. Above it (DeepSeek-V3's 7168) its second token's
-// rows came out wrong on the H200 in 5 of 6 runs of moe_decode_fused_fp8_test (kRowReuse, the
-// pair that runs there, gives the reference's); the backend sends two tokens to this block only
-// up to hidden 4096 (CudaBackend::DecodeMoeFusedFor).
-inline constexpr int32_t kMoeDecodeFusedFp8PerRowMaxHiddenAtTwoTokens = 4096;
-
 // out[t] = sum over k of topk_weights[t, k] * down_e(silu(gate_e x_t) * up_e x_t) + the shared
 // MLP of x_t, the weights dequantised exactly (e4m3 value times its block's scale), activations
 // fp32. A choice whose expert id is outside [0, num_experts) contributes nothing.
 // cudaErrorInvalidValue (nothing launched) for sizes outside the ranges above (incl. top_k +
-// shared_parts == 0), kPerRow (asked for, or where kRowReuse does not run) at two tokens above
-// kMoeDecodeFusedFp8PerRowMaxHiddenAtTwoTokens, an unknown variant, hidden_size or inter not a multiple of 16, a misaligned
+// shared_parts == 0), an unknown variant, hidden_size or inter not a multiple of 16, a misaligned
 // hidden or shared matrix, short scale strides, a negative split, or null pointers (the routed ones
 // only when top_k > 0, the shared ones only when shared_parts > 0).
 cudaError_t MoeDecodeFusedFp8(const MoeDecodeFusedFp8Params& params, cudaStream_t stream);
