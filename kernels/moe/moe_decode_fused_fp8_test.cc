@@ -93,6 +93,8 @@ void Check(const Shape& s, int32_t tokens, int32_t repeated, int32_t invalid_cho
   ids = first;
   std::sort(ids.begin(), ids.end());
   if (tokens == 2) {
+    // Token 1's top_k - repeated fresh experts come after token 0's top_k in `all`.
+    ASSERT_LE(2 * s.top_k - repeated, s.experts) << "too few experts for two tokens' choices";
     std::vector<int32_t> second(first.begin(), first.begin() + repeated);
     for (int32_t j = s.top_k; static_cast<int32_t>(second.size()) < s.top_k; ++j) {
       second.push_back(all[j]);
@@ -249,7 +251,7 @@ TEST(MoeDecodeFusedFp8Test, TwoTokensWithRepeatedExpertsMatchHostReference) {
   Check(kMoonlightSmall, 2, 3);
   Check(kMoonlightSmall, 2, 6);  // the same experts for both tokens
   Check(kV3Small, 2, 5);
-  Check({10, 8, 7168, 64, 1}, 2, 3);  // 2 x 28 KB of staged hidden rows
+  Check({16, 8, 7168, 64, 1}, 2, 3);  // 2 x 28 KB of staged hidden rows
 }
 
 // top_k 0: a dense MLP as shared parts only (null routed fields), 1 and 2 tokens.
