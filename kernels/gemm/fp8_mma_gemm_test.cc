@@ -34,6 +34,7 @@ using fp8_testing::HostFp8;
 using fp8_testing::MakeGroupedOperands;
 using fp8_testing::MakeWeight;
 using testing::DeviceArray;
+using testing::SameBits;
 
 double Unit(int64_t k) { return std::ldexp(1.0, -24) * (k / 4.0 + 64.0); }
 
@@ -67,20 +68,6 @@ std::string TileName(const MmaTileOptions& o) {
   if (o.all_rows) return "all_rows";
   return std::string(o.wide ? "wide" : "narrow") + (o.shared_activations ? "+shared" : "") +
          (o.two_blocks_per_sm ? "+2blocks" : "");
-}
-
-// Bit patterns equal (so -0 differs from +0 and NaN from everything).
-::testing::AssertionResult SameBits(const std::vector<float>& x, const std::vector<float>& y,
-                                    size_t count) {
-  for (size_t i = 0; i < count; ++i) {
-    uint32_t a, b;
-    std::memcpy(&a, &x[i], 4);
-    std::memcpy(&b, &y[i], 4);
-    if (a != b) {
-      return ::testing::AssertionFailure() << "element " << i << ": " << x[i] << " vs " << y[i];
-    }
-  }
-  return ::testing::AssertionSuccess();
 }
 
 struct DenseCase {

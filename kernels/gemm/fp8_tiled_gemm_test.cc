@@ -31,22 +31,9 @@ using fp8_testing::HostFp8;
 using fp8_testing::MakeWeight;
 using fp8_testing::WithinBound;
 using testing::DeviceArray;
+using testing::SameBits;
 
 double Unit(int64_t k) { return std::ldexp(1.0, -24) * (k / 4.0 + k / 16.0 + 64.0); }
-
-// Bit patterns equal in rows [0, m) of two [*, ldc] outputs.
-::testing::AssertionResult SameBits(const std::vector<float>& x, const std::vector<float>& y,
-                                    size_t count) {
-  for (size_t i = 0; i < count; ++i) {
-    uint32_t a, b;
-    std::memcpy(&a, &x[i], 4);
-    std::memcpy(&b, &y[i], 4);
-    if (a != b) {
-      return ::testing::AssertionFailure() << "element " << i << ": " << x[i] << " vs " << y[i];
-    }
-  }
-  return ::testing::AssertionSuccess();
-}
 
 struct Case {
   int64_t m, n, k, extra_lda, extra_ldc, split;

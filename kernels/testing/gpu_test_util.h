@@ -37,6 +37,28 @@ inline bool HasCudaDevice() {
     ASSERT_EQ(deepinfer_err_, cudaSuccess) << #expr << ": " << cudaGetErrorString(deepinfer_err_); \
   } while (0)
 
+// Bit patterns of the first `count` elements equal (so -0 differs from +0 and NaN from all):
+// the check of kernels that promise the same bits across tiles, splits or batches.
+inline ::testing::AssertionResult SameBits(const float* x, const float* y, size_t count) {
+  for (size_t i = 0; i < count; ++i) {
+    uint32_t a, b;
+    std::memcpy(&a, &x[i], 4);
+    std::memcpy(&b, &y[i], 4);
+    if (a != b) {
+      return ::testing::AssertionFailure() << "element " << i << ": " << x[i] << " vs " << y[i];
+    }
+  }
+  return ::testing::AssertionSuccess();
+}
+
+inline ::testing::AssertionResult SameBits(const std::vector<float>& x,
+                                           const std::vector<float>& y, size_t count) {
+  if (x.size() < count || y.size() < count) {
+    return ::testing::AssertionFailure() << "fewer than " << count << " elements";
+  }
+  return SameBits(x.data(), y.data(), count);
+}
+
 // A device copy of a host vector. Poison() fills it with 0xFF bytes: NaN as float, -1 as int32.
 template <typename T>
 class DeviceArray {
