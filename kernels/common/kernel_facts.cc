@@ -56,5 +56,26 @@ KernelFacts KernelFactsForCurrentDevice(const void* kernel, int dynamic_smem) {
   return KernelFactsFor(kernel, device, dynamic_smem);
 }
 
+int BlocksPerSm(const void* kernel, int threads, int fallback) {
+  cudaStreamCaptureMode mode = cudaStreamCaptureModeRelaxed;
+  (void)cudaThreadExchangeStreamCaptureMode(&mode);
+  int blocks = 0;
+  const cudaError_t err =
+      cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, kernel, threads, 0);
+  (void)cudaThreadExchangeStreamCaptureMode(&mode);
+  if (err != cudaSuccess || blocks < 1) {
+    (void)cudaGetLastError();
+    return fallback;
+  }
+  return blocks;
+}
+
+cudaError_t CurrentDeviceSms(int* sms) {
+  int device = 0;
+  cudaError_t err = cudaGetDevice(&device);
+  if (err == cudaSuccess) err = cudaDeviceGetAttribute(sms, cudaDevAttrMultiProcessorCount, device);
+  return err;
+}
+
 }  // namespace kernels
 }  // namespace deepinfer

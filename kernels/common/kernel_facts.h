@@ -7,6 +7,8 @@
 
 #include <cuda_runtime_api.h>
 
+#include <cstdint>
+
 namespace deepinfer {
 namespace kernels {
 
@@ -29,6 +31,21 @@ KernelFacts KernelFactsFor(const void* kernel, int device, int dynamic_smem);
 // The same on the calling thread's current device (cudaGetDevice's error, if it fails, is
 // returned without caching anything).
 KernelFacts KernelFactsForCurrentDevice(const void* kernel, int dynamic_smem);
+
+// Blocks of `kernel` (`threads` a block, no dynamic shared memory) that fit on one SM of the
+// current device, or `fallback` where the occupancy query fails. Asks in relaxed capture mode for
+// this thread, so that a call while the stream is being captured cannot invalidate the capture.
+int BlocksPerSm(const void* kernel, int threads, int fallback);
+
+// The SM count of the calling thread's current device.
+cudaError_t CurrentDeviceSms(int* sms);
+
+// Units of work in rounds of equal work: ceil(work / rounds) units, where rounds = ceil(work /
+// units that fit), so that no last round of a grid-strided kernel runs on a few SMs.
+inline int64_t BalancedUnits(int64_t work, int64_t fit) {
+  const int64_t rounds = (work + fit - 1) / fit;
+  return (work + rounds - 1) / rounds;
+}
 
 }  // namespace kernels
 }  // namespace deepinfer

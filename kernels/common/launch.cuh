@@ -39,6 +39,10 @@
 
 namespace deepinfer {
 namespace kernels {
+
+// What a prefetch that keeps nothing in registers (an L2 hint) hands its body.
+struct NoPrefetchResult {};
+
 namespace launch_internal {
 
 __device__ __forceinline__ void WaitForPrecedingGrids() {

@@ -20,7 +20,6 @@
 #include <limits>
 
 #include "kernels/common/cp_async.cuh"
-#include "kernels/common/kernel_facts.h"
 #include "kernels/gemm/fp8_tiled_gemm.h"
 #include "kernels/gemm/mma_weight_tile.cuh"
 
@@ -231,12 +230,21 @@ __global__ void AddRangesKernel(Fp8TiledGemmParams p, int ranges) {
 
 bool Aligned16(const void* q) { return reinterpret_cast<uintptr_t>(q) % 16 == 0; }
 
+// Fp8TiledKernel<BM>'s shared memory raised on the calling thread's device (the devices where
+// that is done kept in one bitmask per BM, so that Supports and the launch share the check);
+// cudaErrorInvalidValue where the device has less shared memory per block than the tile takes
+// (an sm_86 / sm_89 part's 99 KiB takes only BM 32).
+template <int BM>
+cudaError_t AllowTileSmem() {
+  static std::atomic<uint64_t> allowed_on{0};
+  return mma_tile::AllowDynamicSmem(reinterpret_cast<const void*>(Fp8TiledKernel<BM>),
+                                    SmemBytes(BM), &allowed_on);
+}
+
 template <int BM>
 cudaError_t LaunchTiles(const Fp8TiledGemmParams& p, int ranges, cudaStream_t stream) {
   const auto kernel = Fp8TiledKernel<BM>;
-  static std::atomic<uint64_t> allowed_on{0};
-  const cudaError_t allowed =
-      mma_tile::AllowDynamicSmem(reinterpret_cast<const void*>(kernel), SmemBytes(BM), &allowed_on);
+  const cudaError_t allowed = AllowTileSmem<BM>();
   if (allowed != cudaSuccess) return allowed;
   const dim3 grid(static_cast<unsigned>((p.m + BM - 1) / BM),
                   static_cast<unsigned>((p.n + kBN - 1) / kBN), static_cast<unsigned>(ranges));
@@ -244,14 +252,12 @@ cudaError_t LaunchTiles(const Fp8TiledGemmParams& p, int ranges, cudaStream_t st
   return cudaGetLastError();
 }
 
-// Whether the current device gives a block of Fp8TiledKernel<bm> its shared memory (the H200's
-// 227 KiB takes every bm; an sm_86 / sm_89 part's 99 KiB only bm 32).
+// Whether the current device gives a block of Fp8TiledKernel<bm> its shared memory.
 bool SmemFits(int bm) {
-  const void* kernel = bm == 32   ? reinterpret_cast<const void*>(Fp8TiledKernel<32>)
-                       : bm == 64 ? reinterpret_cast<const void*>(Fp8TiledKernel<64>)
-                                  : reinterpret_cast<const void*>(Fp8TiledKernel<128>);
-  const KernelFacts facts = KernelFactsForCurrentDevice(kernel, static_cast<int>(SmemBytes(bm)));
-  return facts.error == cudaSuccess && static_cast<size_t>(facts.max_smem) >= SmemBytes(bm);
+  const cudaError_t allowed = bm == 32   ? AllowTileSmem<32>()
+                              : bm == 64 ? AllowTileSmem<64>()
+                                         : AllowTileSmem<128>();
+  return allowed == cudaSuccess;
 }
 
 bool Available() {

@@ -11,6 +11,7 @@
 
 #include <algorithm>
 
+#include "kernels/common/kernel_facts.h"
 #include "kernels/common/launch.cuh"
 #include "kernels/common/streaming_load.cuh"
 #include "kernels/moe/moe_decode_fused.h"
@@ -76,8 +77,6 @@ constexpr int kDownThreads = 128;
 constexpr int kDownWarps = kDownThreads / 32;
 constexpr int kDownLoads = 12;
 
-struct NoPrefetchResult {};
-
 template <int kT>
 struct PartTable {
   static constexpr int kMaxParts = kT * kMoeDecodeFusedMaxParts;
@@ -89,17 +88,6 @@ struct PartTable {
   float* act[kMaxParts][kT];  // token t's act row of this part, null: not chosen by t
   float coef[kMaxParts][kT];
 };
-
-// bytes (a multiple of 16, 16-byte aligned) from p into L2, a hint.
-__device__ __forceinline__ void PrefetchL2(const void* p, uint32_t bytes) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(p), "r"(bytes) : "memory");
-#else
-  for (uint32_t b = 0; b < bytes; b += 128) {
-    asm volatile("prefetch.global.L2 [%0];" ::"l"(static_cast<const char*>(p) + b));
-  }
-#endif
-}
 
 // Run by one whole warp.
 template <int kT>
@@ -564,47 +552,16 @@ __device__ void DownStationaryBody(const StatPrefetched<kChunks, kFeat>& pre,
   }
 }
 
-// Blocks of `kernel` that fit on one SM (4 if the occupancy query fails). Asked once per kernel,
-// maybe while the stream is being captured: in relaxed capture mode for this thread, so that
-// the query cannot invalidate a capture.
-int BlocksPerSm(const void* kernel, int threads) {
-  cudaStreamCaptureMode mode = cudaStreamCaptureModeRelaxed;
-  (void)cudaThreadExchangeStreamCaptureMode(&mode);
-  int blocks = 0;
-  const cudaError_t err =
-      cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, kernel, threads, 0);
-  (void)cudaThreadExchangeStreamCaptureMode(&mode);
-  if (err != cudaSuccess || blocks < 1) {
-    (void)cudaGetLastError();
-    return 4;
-  }
-  return blocks;
-}
-
-// The device's SM count.
-cudaError_t SmCount(int* sms) {
-  int device = 0;
-  cudaError_t err = cudaGetDevice(&device);
-  if (err == cudaSuccess) err = cudaDeviceGetAttribute(sms, cudaDevAttrMultiProcessorCount, device);
-  return err;
-}
-
-// Units of work in rounds of equal work: ceil(work / rounds) units, where rounds = ceil(work /
-// units that fit), so that no last round runs on a few SMs.
-int64_t Balanced(int64_t work, int64_t fit) {
-  const int64_t rounds = (work + fit - 1) / fit;
-  return (work + rounds - 1) / rounds;
-}
-
 // The pipelined gate_up on about one pass over the SMs (as many blocks per SM as fit).
 template <int kT>
 cudaError_t LaunchGateUp(const MoeDecodeFusedParams& p, int sms, cudaStream_t stream) {
   constexpr auto kGateUp =
       PrefetchEntryKernel<GateUpPipelinedPrefetch<kT>, GateUpPipelinedBody<kT>, kThreads>();
-  static const int gate_up_per_sm = BlocksPerSm(reinterpret_cast<const void*>(kGateUp), kThreads);
+  static const int gate_up_per_sm =
+      BlocksPerSm(reinterpret_cast<const void*>(kGateUp), kThreads, /*fallback=*/4);
   const int64_t max_parts = int64_t{kT} * p.top_k + p.shared_parts;
   const int64_t gate_up_warps =
-      Balanced(max_parts * p.inter, int64_t{sms} * gate_up_per_sm * kWarps);
+      BalancedUnits(max_parts * p.inter, int64_t{sms} * gate_up_per_sm * kWarps);
   const int64_t gate_up_blocks = (gate_up_warps + kWarps - 1) / kWarps;
   return LaunchPrefetchThenAfterPrecedingGrids<GateUpPipelinedPrefetch<kT>, GateUpPipelinedBody<kT>,
                                                kThreads>(
@@ -617,11 +574,12 @@ template <int kT>
 cudaError_t LaunchPipelined(const MoeDecodeFusedParams& p, cudaStream_t stream) {
   constexpr auto kDown =
       PrefetchEntryKernel<DownPrefetch<kT>, DownPipelinedBody<kT>, kDownThreads>();
-  static const int down_per_sm = BlocksPerSm(reinterpret_cast<const void*>(kDown), kDownThreads);
+  static const int down_per_sm =
+      BlocksPerSm(reinterpret_cast<const void*>(kDown), kDownThreads, /*fallback=*/4);
   int sms = 0;
-  cudaError_t err = SmCount(&sms);
+  cudaError_t err = CurrentDeviceSms(&sms);
   if (err != cudaSuccess) return err;
-  int64_t down_blocks = Balanced(p.hidden_size, int64_t{sms} * down_per_sm);
+  int64_t down_blocks = BalancedUnits(p.hidden_size, int64_t{sms} * down_per_sm);
   down_blocks = std::max<int64_t>(
       down_blocks, (int64_t{p.hidden_size} + kMaxDownFeatures - 1) / kMaxDownFeatures);
   err = LaunchGateUp<kT>(p, sms, stream);
@@ -636,7 +594,7 @@ cudaError_t LaunchPipelined(const MoeDecodeFusedParams& p, cudaStream_t stream) 
 template <int kChunks, int kFeat>
 cudaError_t LaunchStationaryOneToken(const MoeDecodeFusedParams& p, cudaStream_t stream) {
   int sms = 0;
-  cudaError_t err = SmCount(&sms);
+  cudaError_t err = CurrentDeviceSms(&sms);
   if (err != cudaSuccess) return err;
   const int64_t H = p.hidden_size;
   const int64_t per_block = std::min<int64_t>(kMaxStatFeatures, (H + sms - 1) / sms);

@@ -262,16 +262,18 @@ template <int kT>
 cudaError_t LaunchPerRow(const MoeDecodeFusedFp8Params& p, cudaStream_t stream) {
   constexpr auto kGateUp = EntryKernel<GateUpBody<kT>, kThreads>();
   constexpr auto kDown = EntryKernel<DownBody<kT>, kDownThreads>();
-  static const int gate_up_per_sm = BlocksPerSm(reinterpret_cast<const void*>(kGateUp), kThreads);
-  static const int down_per_sm = BlocksPerSm(reinterpret_cast<const void*>(kDown), kDownThreads);
+  static const int gate_up_per_sm =
+      BlocksPerSm(reinterpret_cast<const void*>(kGateUp), kThreads, /*fallback=*/4);
+  static const int down_per_sm =
+      BlocksPerSm(reinterpret_cast<const void*>(kDown), kDownThreads, /*fallback=*/4);
   int sms = 0;
-  cudaError_t err = CurrentSms(&sms);
+  cudaError_t err = CurrentDeviceSms(&sms);
   if (err != cudaSuccess) return err;
   const int64_t max_parts = int64_t{kT} * p.top_k + p.shared_parts;
   const int64_t gate_up_warps =
-      Balanced(max_parts * p.inter, int64_t{sms} * gate_up_per_sm * kWarps);
+      BalancedUnits(max_parts * p.inter, int64_t{sms} * gate_up_per_sm * kWarps);
   const int64_t gate_up_blocks = (gate_up_warps + kWarps - 1) / kWarps;
-  int64_t down_blocks = Balanced(p.hidden_size, int64_t{sms} * down_per_sm);
+  int64_t down_blocks = BalancedUnits(p.hidden_size, int64_t{sms} * down_per_sm);
   down_blocks = std::max<int64_t>(
       down_blocks, (int64_t{p.hidden_size} + kMaxDownFeatures - 1) / kMaxDownFeatures);
   err = LaunchAfterPrecedingGrids<GateUpBody<kT>, kThreads>(

@@ -8,6 +8,7 @@
 
 #include <cstdint>
 
+#include "kernels/common/kernel_facts.h"
 #include "kernels/moe/moe_decode_fused_fp8.h"
 
 namespace deepinfer {
@@ -128,38 +129,6 @@ __device__ void BuildPartTable(const MoeDecodeFusedFp8Params& p, PartTable<kT>* 
     count += __popc(ballot);
   }
   if (lane == 0) tab->count = count;
-}
-
-// Blocks of `kernel` that fit on one SM (4 if the occupancy query fails). Asked once per kernel,
-// maybe while the stream is being captured: in relaxed capture mode for this thread, so that
-// the query cannot invalidate a capture.
-inline int BlocksPerSm(const void* kernel, int threads) {
-  cudaStreamCaptureMode mode = cudaStreamCaptureModeRelaxed;
-  (void)cudaThreadExchangeStreamCaptureMode(&mode);
-  int blocks = 0;
-  const cudaError_t err =
-      cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, kernel, threads, 0);
-  (void)cudaThreadExchangeStreamCaptureMode(&mode);
-  if (err != cudaSuccess || blocks < 1) {
-    (void)cudaGetLastError();
-    return 4;
-  }
-  return blocks;
-}
-
-// Units of work in rounds of equal work: ceil(work / rounds) units, where rounds = ceil(work /
-// units that fit), so that no last round runs on a few SMs.
-inline int64_t Balanced(int64_t work, int64_t fit) {
-  const int64_t rounds = (work + fit - 1) / fit;
-  return (work + rounds - 1) / rounds;
-}
-
-// The SM count of the current device.
-inline cudaError_t CurrentSms(int* sms) {
-  int device = 0;
-  cudaError_t err = cudaGetDevice(&device);
-  if (err == cudaSuccess) err = cudaDeviceGetAttribute(sms, cudaDevAttrMultiProcessorCount, device);
-  return err;
 }
 
 // Launches the kRowReuse pair, *launched false (nothing launched, cudaSuccess) where the device

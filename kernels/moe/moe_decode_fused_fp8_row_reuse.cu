@@ -181,19 +181,6 @@ __device__ __forceinline__ void FinishReuseItem(const ReuseItem<kT>& it, int kvi
   }
 }
 
-struct NoPrefetchResult {};
-
-// bytes (a multiple of 16, 16-byte aligned) from p into L2, a hint.
-__device__ __forceinline__ void PrefetchL2(const void* p, uint32_t bytes) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(p), "r"(bytes) : "memory");
-#else
-  for (uint32_t b = 0; b < bytes; b += 128) {
-    asm volatile("prefetch.global.L2 [%0];" ::"l"(static_cast<const char*>(p) + b));
-  }
-#endif
-}
-
 // Before the PDL wait: a warp whose first item is a shared part's (items part major, the shared
 // parts first in the table) prefetches that item's rows into L2 (a hint: no registers held,
 // a wrong address costs bandwidth, never a result); the shared weights are never written and
@@ -443,18 +430,19 @@ cudaError_t LaunchPair(const MoeDecodeFusedFp8Params& p, cudaStream_t stream, bo
   *launched = facts.max_smem >= kMaxSmem;
   if (!*launched) return cudaSuccess;
   static const int gate_up_per_sm =
-      BlocksPerSm(reinterpret_cast<const void*>(kGateUp), kReuseThreads);
-  static const int down_per_sm = BlocksPerSm(reinterpret_cast<const void*>(kDown), kDownThreads);
+      BlocksPerSm(reinterpret_cast<const void*>(kGateUp), kReuseThreads, /*fallback=*/4);
+  static const int down_per_sm =
+      BlocksPerSm(reinterpret_cast<const void*>(kDown), kDownThreads, /*fallback=*/4);
   // Static shared memory (the part table) and the 1 KB per block the SM reserves, rounded up.
   const int per_block_smem = smem + static_cast<int>(sizeof(PartTable<kT>)) + 2048;
   const int fit_smem = SmemPerSm() > 0 ? std::max(1, SmemPerSm() / per_block_smem) : 1;
   const int gate_up_fit = std::min(gate_up_per_sm, fit_smem);
   const int64_t max_parts = int64_t{kT} * p.top_k + p.shared_parts;
-  const int64_t gate_up_warps =
-      Balanced(max_parts * (p.inter / kReuseRows), int64_t{facts.sms} * gate_up_fit * kReuseWarps);
+  const int64_t gate_up_warps = BalancedUnits(max_parts * (p.inter / kReuseRows),
+                                              int64_t{facts.sms} * gate_up_fit * kReuseWarps);
   const int64_t gate_up_blocks = (gate_up_warps + kReuseWarps - 1) / kReuseWarps;
   const int64_t groups = p.hidden_size / kDownFeatures;
-  int64_t down_blocks = Balanced(groups, int64_t{facts.sms} * down_per_sm);
+  int64_t down_blocks = BalancedUnits(groups, int64_t{facts.sms} * down_per_sm);
   down_blocks = std::max<int64_t>(
       down_blocks, (groups * kDownFeatures + kMaxDownFeatures - 1) / kMaxDownFeatures);
   cudaError_t err = LaunchPrefetchThenAfterPrecedingGrids<PrefetchSharedItem<kT>,
