@@ -24,7 +24,9 @@
 //     memory (16 bytes each; 8, 4 and 32 distinct addresses a warp) feed 100 FFMAs. The rows and fn
 //     are staged kTileK floats at a time through two shared buffers (the next stage loaded to
 //     registers during the current one's FFMAs); chains fold into the group's sums in registers
-//     and each group's sums go to the workspace [groups, rows, 25].
+//     and each group's sums go to the workspace [groups, rows, 25]. From kTileMinRows rows
+//     hyper_connection.cu takes it only with HcMixGemm::kFp32 or where the device has no sm_80
+//     code; otherwise HcMixTcKernel (hc_mix_tensor_cores.cuh), in another order.
 #ifndef DEEPINFER_KERNELS_V4_HC_MIX_PARTIALS_CUH_
 #define DEEPINFER_KERNELS_V4_HC_MIX_PARTIALS_CUH_
 
@@ -52,6 +54,7 @@ struct PartialsParams {
   int chain = 0;      // floats per chain
   int group = 0;      // chains per group (HcMixTileKernel)
   int tile_rows = 0;  // rows per block (HcMixChainsBody)
+  int slice = 0;      // floats per block along the row (HcMixTcKernel)
   const float* streams = nullptr;
   const float* fn = nullptr;
   float* partials = nullptr;

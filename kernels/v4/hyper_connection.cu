@@ -11,9 +11,11 @@
 #include <cmath>
 #include <cstdint>
 
+#include "kernels/common/kernel_facts.h"
 #include "kernels/common/launch.cuh"
 #include "kernels/norm/block_inv_rms.cuh"
 #include "kernels/v4/hc_mix_partials.cuh"
+#include "kernels/v4/hc_mix_tensor_cores.cuh"
 #include "kernels/v4/hyper_connection.h"
 
 namespace deepinfer {
@@ -557,7 +559,19 @@ int64_t HcMixFromStreamsWorkspaceFloats(int64_t rows, int64_t hc, int64_t hidden
   return entries * rows * ((2 + hc) * hc + 1);
 }
 
-cudaError_t HcMixFromStreamsF32(const HcMixArgs& a, float* workspace, cudaStream_t stream) {
+namespace {
+
+// Whether the device runs HcMixTcKernel's sm_80 code.
+bool TensorCoresRun() {
+  const KernelFacts f = KernelFactsForCurrentDevice(
+      reinterpret_cast<const void*>(hc_mix::HcMixTcKernel), /*dynamic_smem=*/0);
+  return f.error == cudaSuccess && f.ptx_version >= 80;
+}
+
+}  // namespace
+
+cudaError_t HcMixFromStreamsF32(const HcMixArgs& a, float* workspace, cudaStream_t stream,
+                                HcMixGemm gemm) {
   if (!HcMixFromStreamsSupported(a) || workspace == nullptr) return cudaErrorInvalidValue;
   if (a.rows == 0) return cudaSuccess;
   if (a.rows + WeightBlocks(a.rows) > 0x7fffffff) return cudaErrorInvalidValue;  // the row grid
@@ -572,7 +586,15 @@ cudaError_t HcMixFromStreamsF32(const HcMixArgs& a, float* workspace, cudaStream
   q.partials = workspace;
   const bool tiled = a.rows >= hc_mix::kTileMinRows;
   cudaError_t err;
-  if (tiled) {
+  const bool tensor_cores = tiled && gemm != HcMixGemm::kFp32 && TensorCoresRun();
+  if (tiled && gemm == HcMixGemm::kTensorCores && !tensor_cores) return cudaErrorNotSupported;
+  if (tensor_cores) {
+    q.slice = q.group * q.chain;
+    const dim3 grid(static_cast<unsigned>((a.rows + hc_mix::kTcRows - 1) / hc_mix::kTcRows),
+                    static_cast<unsigned>(chains / q.group));
+    hc_mix::HcMixTcKernel<<<grid, hc_mix::kTcThreads, 0, stream>>>(q);
+    err = cudaGetLastError();
+  } else if (tiled) {
     const dim3 grid(static_cast<unsigned>((a.rows + hc_mix::kTileRows - 1) / hc_mix::kTileRows),
                     static_cast<unsigned>(chains / q.group));
     hc_mix::HcMixTileKernel<<<grid, hc_mix::kTileThreads, 0, stream>>>(q);

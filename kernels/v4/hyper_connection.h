@@ -32,8 +32,11 @@ cudaError_t HcMixF32(const HcMixArgs& args, cudaStream_t stream);
 // flattened row, 128 where 512 does not divide it, added in groups of 4 where 4 divide their
 // count) into `workspace` (HcMixFromStreamsWorkspaceFloats floats): a block per slice below 2048
 // rows (up to 8 rows also per fifth of the 25 sums, a chain a thread, fn read before the PDL
-// wait; from 9 rows 16 rows a block, 2 x 2 chains a thread), a register-tiled fp32 GEMM from 2048
-// rows. The second adds a row's groups in order, scales the dot products by
+// wait; from 9 rows 16 rows a block, 2 x 2 chains a thread); from 2048 rows `gemm` picks a
+// 3xTF32 tensor-core GEMM (hc_mix_tensor_cores.cuh: the dot products to ~22 significant bits a
+// product, the rows' sums in another order, so a row's bits there differ from its bits below
+// 2048 rows) or a register-tiled fp32 GEMM in the order above. The second adds a row's groups in
+// order, scales the dot products by
 // 1 / rms, and runs two kinds of blocks: warps that compute post and the Sinkhorn-projected comb,
 // a row a warp, and a block per row that loads the row's streams once, computes pre and
 // collapses the row from registers: the normed rows are never written, and a row's results do
@@ -43,9 +46,17 @@ cudaError_t HcMixF32(const HcMixArgs& args, cudaStream_t stream);
 // hidden % 32 == 0 and hidden <= 8192, 16-byte aligned streams, fn, collapsed, normed and
 // out_norm_weight, 8-byte aligned normed_bf16 (HcMixFromStreamsSupported);
 // cudaErrorInvalidValue for anything else.
+// cudaErrorNotSupported for HcMixGemm::kTensorCores at 2048 rows or more where the device does
+// not run sm_80 code.
+enum class HcMixGemm {
+  kAuto,         // tensor cores where the device runs sm_80 code, else fp32
+  kTensorCores,  // 3xTF32 mma.sync
+  kFp32,         // the register-tiled fp32 GEMM
+};
 bool HcMixFromStreamsSupported(const HcMixArgs& args);
 int64_t HcMixFromStreamsWorkspaceFloats(int64_t rows, int64_t hc, int64_t hidden);
-cudaError_t HcMixFromStreamsF32(const HcMixArgs& args, float* workspace, cudaStream_t stream);
+cudaError_t HcMixFromStreamsF32(const HcMixArgs& args, float* workspace, cudaStream_t stream,
+                                HcMixGemm gemm = HcMixGemm::kAuto);
 // The head's collapse (HcMix's collapse with its own weights). Errors as HcMixF32.
 cudaError_t HcHeadF32(const HcHeadArgs& args, cudaStream_t stream);
 // streams_out = post * block_out + combᵀ · streams_in, one pass over streams_in (each thread

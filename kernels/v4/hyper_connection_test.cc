@@ -6,6 +6,7 @@
 // glibc's by an ulp or two), so their outputs are compared within a tolerance.
 #include "kernels/v4/hyper_connection.h"
 
+#include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <string>
@@ -360,22 +361,84 @@ TEST(HyperConnectionKernelTest, MixFromStreamsMatchesCpuNormGemmAndMix) {
   }
 }
 
-// A row's outputs do not depend on the batch around it: the first rows of a 2100-row call (the
-// partials by the register-tiled GEMM, a group's chains added in registers) and of a 40-row call
-// (HcMixPairsBody) are bit for bit those rows alone (HcMixChainsBody, its chains added in groups
-// by the row kernel), as the row's sums run in the same order in all three.
+// HcMixFromStreamsF32 from kTileMinRows rows (4100 rows at V4-Flash's shape), each GEMM, against
+// a double reference for the mixes (the unweighted norm and the dot products in double, rounded
+// to float once) followed by CpuV4Ops::HcMix: the outputs within the tolerances of the fp32
+// comparison above.
+TEST(HyperConnectionKernelTest, MixFromStreamsGemmsMatchDoubleMixes) {
+  DEEPINFER_SKIP_WITHOUT_GPU();
+  CpuBackend cpu(1);
+  const uint32_t seed = testing::FreshSeed();
+  SCOPED_TRACE(::testing::Message() << "seed " << seed);
+  constexpr int64_t hc = 4, hidden = 4096, M = (2 + hc) * hc, S = hc * hidden, rows = 4100;
+  const float norm_eps = 1e-6f;
+  const auto streams = RandomFloats(rows * S, seed, 2.0f);
+  const auto fn = RandomFloats(M * S, seed + 1, 0.02f);
+  const auto base = RandomFloats(M, seed + 2);
+  const auto scale = RandomFloats(3, seed + 3, 0.5f);
+  std::vector<float> mixes(rows * M), post(rows * hc), comb(rows * hc * hc),
+      collapsed(rows * hidden);
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* x = streams.data() + r * S;
+    double ss = 0.0;
+    for (int64_t k = 0; k < S; ++k) ss += double{x[k]} * x[k];
+    const double inv = 1.0 / std::sqrt(ss / S + norm_eps);
+    for (int64_t m = 0; m < M; ++m) {
+      const float* f = fn.data() + m * S;
+      double dot = 0.0;
+      for (int64_t k = 0; k < S; ++k) dot += double{x[k]} * f[k];
+      mixes[r * M + m] = static_cast<float>(dot * inv);
+    }
+  }
+  HcMixArgs a;
+  a.rows = rows, a.hc = hc, a.hidden = hidden;
+  a.mixes = mixes.data(), a.base = base.data(), a.scale = scale.data();
+  a.sinkhorn_iters = 20, a.eps = 1e-6f;
+  a.streams = streams.data(), a.post = post.data(), a.comb = comb.data();
+  a.collapsed = collapsed.data();
+  cpu.v4_ops()->HcMix(a);
+
+  DeviceArray<float> ds(streams), dfn(fn), db(base), dsc(scale), dpost(post.size()),
+      dcomb(comb.size()), dcol(collapsed.size());
+  DeviceArray<float> workspace(kernels::HcMixFromStreamsWorkspaceFloats(rows, hc, hidden));
+  HcMixArgs d = a;
+  d.mixes = nullptr, d.fn = dfn.get(), d.norm_eps = norm_eps;
+  d.base = db.get(), d.scale = dsc.get(), d.streams = ds.get();
+  d.post = dpost.get(), d.comb = dcomb.get(), d.collapsed = dcol.get();
+  for (const kernels::HcMixGemm gemm : {kernels::HcMixGemm::kTensorCores,
+                                        kernels::HcMixGemm::kFp32}) {
+    SCOPED_TRACE(::testing::Message() << "gemm " << static_cast<int>(gemm));
+    dpost.Poison();
+    dcomb.Poison();
+    dcol.Poison();
+    DEEPINFER_CUDA_OK(kernels::HcMixFromStreamsF32(d, workspace.get(), nullptr, gemm));
+    ExpectMatchesCpu(dpost, post, 1e-5, 1e-5, "post");
+    ExpectMatchesCpu(dcomb, comb, 1e-5, 1e-4, "comb");
+    ExpectMatchesCpu(dcol, collapsed, 5e-5, 1e-4, "collapsed");
+  }
+}
+
+// A row's outputs do not depend on the batch around it within each way of computing the
+// partials: the first rows of a 40-row call (HcMixPairsBody) and of a 2100-row call with the fp32
+// GEMM (its chains added in registers) are bit for bit those rows alone (HcMixChainsBody, its
+// chains added in groups by the row kernel), as the row's sums run in the same order in all
+// three; and the first rows of a 2100-row and a 2300-row call on tensor cores are the same bits
+// (a fixed slice length along the row; their rounding differs from the fp32 kernels').
 TEST(HyperConnectionKernelTest, MixFromStreamsRowsDoNotDependOnTheBatch) {
   DEEPINFER_SKIP_WITHOUT_GPU();
   const uint32_t seed = testing::FreshSeed();
   SCOPED_TRACE(::testing::Message() << "seed " << seed);
   constexpr int64_t hc = 4, hidden = 4096, M = (2 + hc) * hc, S = hc * hidden;
-  constexpr int64_t kMany = 2100, kSome = 40, kFew = 5;
-  const auto streams = RandomFloats(kMany * S, seed, 2.0f);
+  constexpr int64_t kMost = 2300, kMany = 2100, kSome = 40, kFew = 5;
+  const auto streams = RandomFloats(kMost * S, seed, 2.0f);
   DeviceArray<float> ds(streams), dfn(RandomFloats(M * S, seed + 1, 0.02f)),
       db(RandomFloats(M, seed + 2)), dsc(RandomFloats(3, seed + 3, 0.5f)),
       dw(RandomFloats(hidden, seed + 4));
-  auto run = [&](int64_t rows, std::vector<float>* post, std::vector<float>* comb,
-                 std::vector<float>* collapsed, std::vector<uint16_t>* normed) {
+  struct Out {
+    std::vector<float> post, comb, collapsed;
+    std::vector<uint16_t> normed;
+  };
+  auto run = [&](int64_t rows, kernels::HcMixGemm gemm, Out* o) {
     DeviceArray<float> dpost(rows * hc), dcomb(rows * hc * hc), dcol(rows * hidden);
     DeviceArray<uint16_t> dnormed(rows * hidden);
     HcMixArgs a;
@@ -385,25 +448,31 @@ TEST(HyperConnectionKernelTest, MixFromStreamsRowsDoNotDependOnTheBatch) {
     a.post = dpost.get(), a.comb = dcomb.get(), a.collapsed = dcol.get();
     a.out_norm_weight = dw.get(), a.out_norm_eps = 1e-6f, a.normed_bf16 = dnormed.get();
     DeviceArray<float> workspace(kernels::HcMixFromStreamsWorkspaceFloats(rows, hc, hidden));
-    DEEPINFER_CUDA_OK(kernels::HcMixFromStreamsF32(a, workspace.get(), nullptr));
-    DEEPINFER_CUDA_OK(dpost.Download(post));
-    DEEPINFER_CUDA_OK(dcomb.Download(comb));
-    DEEPINFER_CUDA_OK(dcol.Download(collapsed));
-    DEEPINFER_CUDA_OK(dnormed.Download(normed));
+    DEEPINFER_CUDA_OK(kernels::HcMixFromStreamsF32(a, workspace.get(), nullptr, gemm));
+    DEEPINFER_CUDA_OK(dpost.Download(&o->post));
+    DEEPINFER_CUDA_OK(dcomb.Download(&o->comb));
+    DEEPINFER_CUDA_OK(dcol.Download(&o->collapsed));
+    DEEPINFER_CUDA_OK(dnormed.Download(&o->normed));
   };
-  std::vector<float> post[3], comb[3], collapsed[3];
-  std::vector<uint16_t> normed[3];
-  run(kFew, &post[0], &comb[0], &collapsed[0], &normed[0]);
-  run(kMany, &post[1], &comb[1], &collapsed[1], &normed[1]);
-  run(kSome, &post[2], &comb[2], &collapsed[2], &normed[2]);
-  auto first = [](const auto& v, int64_t n) { return std::vector(v.begin(), v.begin() + n); };
-  for (int i : {1, 2}) {
-    SCOPED_TRACE(::testing::Message() << "rows " << (i == 1 ? kMany : kSome));
-    EXPECT_TRUE(first(post[i], kFew * hc) == post[0]) << "post";
-    EXPECT_TRUE(first(comb[i], kFew * hc * hc) == comb[0]) << "comb";
-    EXPECT_TRUE(first(collapsed[i], kFew * hidden) == collapsed[0]) << "collapsed";
-    EXPECT_TRUE(first(normed[i], kFew * hidden) == normed[0]) << "normed_bf16";
-  }
+  auto expect_same_first_rows = [&](const Out& got, const Out& want, const char* what) {
+    SCOPED_TRACE(what);
+    auto first = [](const auto& v, int64_t n) { return std::vector(v.begin(), v.begin() + n); };
+    EXPECT_TRUE(first(got.post, kFew * hc) == first(want.post, kFew * hc)) << "post";
+    EXPECT_TRUE(first(got.comb, kFew * hc * hc) == first(want.comb, kFew * hc * hc)) << "comb";
+    EXPECT_TRUE(first(got.collapsed, kFew * hidden) == first(want.collapsed, kFew * hidden))
+        << "collapsed";
+    EXPECT_TRUE(first(got.normed, kFew * hidden) == first(want.normed, kFew * hidden))
+        << "normed_bf16";
+  };
+  Out few, some, many_fp32, many_tc, most_tc;
+  run(kFew, kernels::HcMixGemm::kAuto, &few);
+  run(kSome, kernels::HcMixGemm::kAuto, &some);
+  run(kMany, kernels::HcMixGemm::kFp32, &many_fp32);
+  run(kMany, kernels::HcMixGemm::kTensorCores, &many_tc);
+  run(kMost, kernels::HcMixGemm::kTensorCores, &most_tc);
+  expect_same_first_rows(some, few, "40 rows");
+  expect_same_first_rows(many_fp32, few, "2100 rows, fp32 GEMM");
+  expect_same_first_rows(most_tc, many_tc, "tensor cores");
 }
 
 TEST(HyperConnectionKernelTest, MixFromStreamsRefusesWhatItDoesNotTake) {
