@@ -36,7 +36,7 @@ constexpr int kTcLaneRows = 4;                      // rows g + 8 i of the warp'
 constexpr int kTcRows = kTcWarps * 8 * kTcLaneRows;  // 128
 constexpr int kTcChunk = 32;                        // floats of a row per load round
 constexpr int kTcStageK = 64;                       // fn floats staged per stage
-constexpr int kTcPrefetch = 2;                      // stages of a row prefetched into L2 ahead
+constexpr int kTcPrefetch = 1;                      // stages of a row prefetched into L2 ahead
 constexpr int kTcFnPad = kTcStageK + 2;             // 8-byte reads of 16 lanes: no bank conflict
 constexpr int kTcFnLoads = kMixes * kTcStageK / 4 / kTcThreads;  // float4s per thread: 3
 static_assert(kMixes * kTcStageK / 4 % kTcThreads == 0, "fn stage split over the threads");
