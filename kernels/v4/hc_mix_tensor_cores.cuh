@@ -4,8 +4,10 @@
 // accumulators: ~22 significant bits a product, the lo·lo term dropped), the row's sum of squares
 // by fmaf on the CUDA cores. One block per (kTcRows rows, slice of `slice` floats of the
 // flattened row: a chain group of hc_mix_partials.cuh, a fixed length for every row count): 4
-// warps of 32 rows (2 m tiles x the 3 n tiles of the 24 products), 4 blocks an SM (128
-// registers a thread). A lane loads its A fragments straight from the streams with the mma's k
+// warps of 32 rows (2 m tiles x the 3 n tiles of the 24 products), 3 blocks an SM (168
+// registers a thread). Each 64-float stage's 24 MMAs into an output run into a zeroed
+// accumulator that a round-to-nearest fp32 add then adds into the output's sum (the tensor
+// cores' own additions are not round-to-nearest: one long chain of MMAs would drift). A lane loads its A fragments straight from the streams with the mma's k
 // order permuted to match: of each 32-float chunk, lane (g, q) holds floats 8q ... 8q + 7 of rows
 // g, g + 8, g + 16 and g + 24 of its warp (two 16-byte loads a row), and mma step s of the
 // chunk's 4 takes its floats 8q + 2s and 8q + 2s + 1 as k = q and k = q + 4; each half of the next chunk is loaded into
@@ -73,7 +75,7 @@ __device__ __forceinline__ float Component(const float4& v, int i) {
 // Launched plainly (full stream order, no PDL), like HcMixTileKernel. p.slice floats a block
 // along the row (a multiple of kTcStageK); grid (row blocks, width / slice). Only launched where
 // the device runs sm_80 code.
-__global__ void __launch_bounds__(kTcThreads, 4) HcMixTcKernel(PartialsParams p) {
+__global__ void __launch_bounds__(kTcThreads, 3) HcMixTcKernel(PartialsParams p) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
   __shared__ __align__(16) TcSmem sm;
   const int t = static_cast<int>(threadIdx.x), lane = t & 31, warp = t >> 5;
@@ -149,6 +151,16 @@ __global__ void __launch_bounds__(kTcThreads, 4) HcMixTcKernel(PartialsParams p)
   __syncthreads();
   for (int s = 0; s < stages; ++s) {
     const int b = s & 1;
+    // The stage's sums (24 MMAs into each), added into acc by round-to-nearest fp32 adds.
+    float sub[2][3][4];
+#pragma unroll
+    for (int m = 0; m < 2; ++m) {
+#pragma unroll
+      for (int n = 0; n < 3; ++n) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) sub[m][n][e] = 0.0f;
+      }
+    }
     // The lane's row `lane` of the warp, kTcPrefetch stages ahead, into L2.
     if (s + kTcPrefetch < stages) PrefetchL2(ahead + (s + kTcPrefetch) * kTcStageK, kStageBytes);
 #pragma unroll
@@ -192,14 +204,22 @@ __global__ void __launch_bounds__(kTcThreads, 4) HcMixTcKernel(PartialsParams p)
             for (int n = 0; n < 3; ++n) {
               const uint32_t bh0 = __float_as_uint(bh[n].x), bh1 = __float_as_uint(bh[n].y);
               const uint32_t bl0 = __float_as_uint(bl[n].x), bl1 = __float_as_uint(bl[n].y);
-              MmaTf32(acc[m][n], al, bh0, bh1);
-              MmaTf32(acc[m][n], ah, bl0, bl1);
-              MmaTf32(acc[m][n], ah, bh0, bh1);
+              MmaTf32(sub[m][n], al, bh0, bh1);
+              MmaTf32(sub[m][n], ah, bl0, bl1);
+              MmaTf32(sub[m][n], ah, bh0, bh1);
             }
           }
         }
         // This half of the next chunk, into the registers just used.
         if (c + 1 < chunks) load_x(c + 1, j);
+      }
+    }
+#pragma unroll
+    for (int m = 0; m < 2; ++m) {
+#pragma unroll
+      for (int n = 0; n < 3; ++n) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) acc[m][n][e] = __fadd_rn(acc[m][n][e], sub[m][n][e]);
       }
     }
     if (s + 1 < stages) store_fn(b ^ 1);
