@@ -1,5 +1,6 @@
-// HcMixFromStreamsF32's first launch (include only from hyper_connection.cu): for 4 streams the
-// 24 dot products of each flattened row with fn's rows and the row's sum of squares (25 "mixes",
+// HcMixFromStreamsF32's first launch on the CUDA cores (include only from hyper_connection.cu;
+// the tensor-core kernel from 2048 rows is hc_mix_tensor_cores.cuh): for 4 streams the 24 dot
+// products of each flattened row with fn's rows and the row's sum of squares (25 "mixes",
 // the last with the row itself in place of fn), in one fixed order for every row count, so a
 // row's results do not depend on the batch around it:
 //   - a chain is one (row, mix) over one slice of `chain` consecutive floats of the flattened

@@ -27,27 +27,27 @@ inline constexpr int64_t kMaxHcStreams = 8;
 cudaError_t HcMixF32(const HcMixArgs& args, cudaStream_t stream);
 // HcMixF32 with the norm and the mixing GEMM before it: args.mixes is not read but computed
 // from the streams, mixes = RmsNorm_unweighted(flatten(streams), args.norm_eps) · args.fnᵀ, in
-// two launches. The first computes the rows' dot products with fn and their sums of squares in
-// one order for every row count (hc_mix_partials.cuh: fmaf chains over 512-float slices of the
-// flattened row, 128 where 512 does not divide it, added in groups of 4 where 4 divide their
-// count) into `workspace` (HcMixFromStreamsWorkspaceFloats floats): a block per slice below 2048
-// rows (up to 8 rows also per fifth of the 25 sums, a chain a thread, fn read before the PDL
-// wait; from 9 rows 16 rows a block, 2 x 2 chains a thread); from 2048 rows `gemm` picks a
-// 3xTF32 tensor-core GEMM (hc_mix_tensor_cores.cuh: the dot products to ~22 significant bits a
-// product, the rows' sums in another order, so a row's bits there differ from its bits below
-// 2048 rows) or a register-tiled fp32 GEMM in the order above. The second adds a row's groups in
-// order, scales the dot products by
-// 1 / rms, and runs two kinds of blocks: warps that compute post and the Sinkhorn-projected comb,
-// a row a warp, and a block per row that loads the row's streams once, computes pre and
-// collapses the row from registers: the normed rows are never written, and a row's results do
-// not depend on the batch around it. With args.normed and/or args.normed_bf16, the row blocks
-// also write the collapsed row's RmsNorm (args.out_norm_weight, args.out_norm_eps), bit for bit
-// RmsNormF32's (and AddRmsNormF32's out_bf16), and args.collapsed may be null. Takes 4 streams,
-// hidden % 32 == 0 and hidden <= 8192, 16-byte aligned streams, fn, collapsed, normed and
-// out_norm_weight, 8-byte aligned normed_bf16 (HcMixFromStreamsSupported);
-// cudaErrorInvalidValue for anything else.
-// cudaErrorNotSupported for HcMixGemm::kTensorCores at 2048 rows or more where the device does
-// not run sm_80 code.
+// two launches. The first computes the rows' dot products with fn and their sums of squares
+// into `workspace` (HcMixFromStreamsWorkspaceFloats floats). Below 2048 rows, and from there
+// with HcMixGemm::kFp32, in one order for every row count (hc_mix_partials.cuh: fmaf chains over
+// 512-float slices of the flattened row, 128 where 512 does not divide it, added in groups of 4
+// where 4 divide their count): a block per slice (up to 8 rows also per fifth of the 25 sums, a
+// chain a thread, fn read before the PDL wait; from 9 rows 16 rows a block, 2 x 2 chains a
+// thread), from 2048 rows a register-tiled fp32 GEMM. From 2048 rows with HcMixGemm::kAuto
+// (where the device runs sm_80 code) or kTensorCores, a 3xTF32 tensor-core GEMM
+// (hc_mix_tensor_cores.cuh: the dot products to about 22 significant bits a product, summed in
+// an order of its own, so a row's bits there differ from its bits below 2048 rows). The second
+// adds a row's groups in order, scales the dot products by 1 / rms, and runs two kinds of
+// blocks: warps that compute post and the Sinkhorn-projected comb, a row a warp, and a block per
+// row that loads the row's streams once, computes pre and collapses the row from registers: the
+// normed rows are never written, and a row's results do not depend on the batch around it
+// (among calls that take the same kind of partials kernel). With args.normed and/or
+// args.normed_bf16, the row blocks also write the collapsed row's RmsNorm (args.out_norm_weight,
+// args.out_norm_eps), bit for bit RmsNormF32's (and AddRmsNormF32's out_bf16), and
+// args.collapsed may be null. Takes 4 streams, hidden % 32 == 0 and hidden <= 8192, 16-byte
+// aligned streams, fn, collapsed, normed and out_norm_weight, 8-byte aligned normed_bf16
+// (HcMixFromStreamsSupported); cudaErrorInvalidValue for anything else, cudaErrorNotSupported
+// for HcMixGemm::kTensorCores at 2048 rows or more where the device does not run sm_80 code.
 enum class HcMixGemm {
   kAuto,         // tensor cores where the device runs sm_80 code, else fp32
   kTensorCores,  // 3xTF32 mma.sync
