@@ -1,12 +1,12 @@
 // Times the hyper-connection kernels at DeepSeek-V4-Flash's site shape (4 streams of 4096,
-// 20 Sinkhorn iterations) at 1, 64 and 128 decode tokens and 8192 and 32768 prefill tokens (the
-// mix's partials kernel by row count, hc_mix_partials.cuh: HcMixChainsBody at 1, HcMixPairsBody
-// at 64 and 128, a GEMM at 8192 and 32768): HcMixFromStreamsF32 writing the collapsed rows (the
-// attention site; at 8192 and 32768 tokens once per GEMM, "mix_from_streams" the default
+// 20 Sinkhorn iterations) at 1, 64 and 128 decode tokens and 2048, 8192 and 32768 prefill tokens
+// (the mix's partials kernel by row count, hc_mix_partials.cuh: HcMixChainsBody at 1,
+// HcMixPairsBody at 64 and 128, a GEMM from 2048): HcMixFromStreamsF32 writing the collapsed rows
+// (the attention site; from 2048 tokens once per GEMM, "mix_from_streams" the default
 // HcMixGemm::kAuto, "mix/fp32" HcMixGemm::kFp32, the register-tiled fp32 GEMM), the same writing
-// their RmsNorm instead (the ffn site), and HcExpandF32. Per case: the eager median of 20 calls, the bytes a call must move (streams and
-// block output read once, outputs written once, fn once) per second against the H200's 4.8 TB/s,
-// and for the mix the dot products' fp32 GFLOP/s.
+// their RmsNorm instead (the ffn site), and HcExpandF32. Per case: the eager median of 20 calls,
+// the bytes a call must move (streams and block output read once, outputs written once, fn once)
+// per second against the H200's 4.8 TB/s, and for the mix the dot products' fp32 GFLOP/s.
 #include <cuda_runtime_api.h>
 
 #include <cstdint>
@@ -85,6 +85,6 @@ void Run(int64_t tokens) {
 }  // namespace deepinfer
 
 int main() {
-  for (int64_t tokens : {1, 64, 128, 8192, 32768}) deepinfer::Run(tokens);
+  for (int64_t tokens : {1, 64, 128, 2048, 8192, 32768}) deepinfer::Run(tokens);
   return 0;
 }
