@@ -257,10 +257,12 @@ __device__ void HcExpandBody(ExpandParams p) {
   }
 }
 
-// HcMixFromStreamsF32's row kernel for 4 streams: the first WeightBlocks(rows) blocks compute the
-// rows' post and comb, a warp per row (RowMixes, WeightsOfRow4: the Sinkhorn iterations' latency
-// then stalls no block that holds a row's streams); each later block collapses one row with
-// kRowThreads. Every thread of a row block first loads its float4 columns of the row's 4 streams
+// HcMixFromStreamsF32's row kernel for 4 streams: WeightBlocks(rows) blocks compute the rows'
+// post and comb, a warp per row (RowMixes, WeightsOfRow4: the Sinkhorn iterations' latency then
+// stalls no block that holds a row's streams), each other block collapses one row with
+// kRowThreads. Block b is weight block b / kBlockPeriod where kBlockPeriod divides b, else the
+// collapse of row b - b / kBlockPeriod - 1 (a weight block before each kWeightsWarps rows, so the
+// latency-bound weight blocks run among the bandwidth-bound row blocks rather than all first). Every thread of a row block first loads its float4 columns of the row's 4 streams
 // (all its loads in flight together, the streams read once) while warp 0 computes the row's pre
 // from its partials (RowMixes); the collapse then runs on the registers, in HcMixF32's order. With
 // `normed`, the collapsed row goes through shared memory so each thread sums the squares of
@@ -269,6 +271,7 @@ __device__ void HcExpandBody(ExpandParams p) {
 constexpr int kRowThreads = 256;
 constexpr int kMaxRowVec = 8;  // float4 columns per thread and stream: hidden <= 8192
 constexpr int kWeightsWarps = kRowThreads / 32;
+constexpr int kBlockPeriod = kWeightsWarps + 1;
 using hc_mix::kStride;
 
 struct RowsParams {
@@ -291,7 +294,8 @@ struct RowsParams {
   uint16_t* normed_bf16 = nullptr;  // may be null
 };
 
-// Blocks of the row kernel that compute post and comb.
+// Blocks of the row kernel that compute post and comb: rows <= kWeightsWarps * WeightBlocks, so
+// that block b < rows + WeightBlocks with kBlockPeriod | b has b / kBlockPeriod < WeightBlocks.
 __host__ __device__ inline int64_t WeightBlocks(int64_t rows) {
   return (rows + kWeightsWarps - 1) / kWeightsWarps;
 }
@@ -364,9 +368,9 @@ __device__ void WeightsOfRow4(float m, const float* scale, const float* base, fl
 template <int kVec>
 __device__ void HcMixRowsBody(RowsParams p) {
   constexpr int kHc = 4;
-  const int64_t weight_blocks = WeightBlocks(p.rows);
-  if (blockIdx.x < weight_blocks) {
-    const int64_t r = int64_t{blockIdx.x} * kWeightsWarps + threadIdx.x / 32;
+  const int64_t b = blockIdx.x;
+  if (b % kBlockPeriod == 0) {
+    const int64_t r = b / kBlockPeriod * kWeightsWarps + threadIdx.x / 32;
     if (r >= p.rows) return;  // no block-wide barrier in these blocks
     const float m = RowMixes(p, r, (threadIdx.x & 31) < kStride);
     WeightsOfRow4(m, p.scale, p.base, p.eps, p.sinkhorn_iters, p.post + r * kHc,
@@ -374,7 +378,7 @@ __device__ void HcMixRowsBody(RowsParams p) {
     return;
   }
   __shared__ float pre[kHc];
-  const int64_t r = blockIdx.x - weight_blocks;
+  const int64_t r = b - b / kBlockPeriod - 1;
   const int64_t H = p.hidden;
   const int chunks = static_cast<int>(H / 4);
   const float4* s = reinterpret_cast<const float4*>(p.streams + r * kHc * H);
