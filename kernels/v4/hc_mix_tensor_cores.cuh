@@ -1,24 +1,25 @@
-// HcMixFromStreamsF32's partials on tensor cores (include only from hyper_connection.cu): the
-// 24 dot products of each flattened row with fn's rows as 3xTF32 mma.sync m16n8k8 (each fp32
-// operand split into a tf32 hi and a tf32 lo = tf32(x - hi); lo·hi + hi·lo + hi·hi summed in fp32
+// HcMixFromStreamsF32's partials on tensor cores (include only from hyper_connection.cu): the 24
+// dot products of each flattened row with fn's rows as 3xTF32 mma.sync m16n8k8 (each fp32 operand
+// split into a tf32 hi and a tf32 lo = tf32(x - hi); lo·hi + hi·lo + hi·hi summed in fp32
 // accumulators: ~22 significant bits a product, the lo·lo term dropped), the row's sum of squares
-// by fmaf on the CUDA cores. One block per (kTcRows rows, slice of `slice` floats of the
-// flattened row: a chain group of hc_mix_partials.cuh, a fixed length for every row count): 4
-// warps of 32 rows (2 m tiles x the 3 n tiles of the 24 products), 3 blocks an SM (168
-// registers a thread). Each 64-float stage's 24 MMAs into an output run into a zeroed
-// accumulator that a round-to-nearest fp32 add then adds into the output's sum (the tensor
-// cores' own additions are not round-to-nearest: one long chain of MMAs would drift). A lane loads its A fragments straight from the streams with the mma's k
-// order permuted to match: of each 32-float chunk, lane (g, q) holds floats 8q ... 8q + 7 of rows
-// g, g + 8, g + 16 and g + 24 of its warp (two 16-byte loads a row), and mma step s of the
-// chunk's 4 takes its floats 8q + 2s and 8q + 2s + 1 as k = q and k = q + 4; each half of the next chunk is loaded into
-// the registers of the current one once its MMAs have read them, and each lane prefetches one row
-// of its warp kTcPrefetch stages ahead into L2. fn's slice is staged kTcStageK floats at a time,
-// split into hi and lo once per block, through two shared buffers that the B fragments read in
-// the same permuted order (8-byte reads, no bank conflicts). Each block's sums go to the
-// workspace [slices, rows, 25] (the 24 products, then the sum of squares: each lane's fmaf chain
-// over its floats, the row's 4 lanes added by shuffles) as the fp32 GEMM's groups do. A row's
-// sums depend only on the row, fn and the slice length (the same at every row count from
-// kTileMinRows on), not on the rows around it; they differ from the CUDA-core kernels' in rounding.
+// by fmaf on the CUDA cores. One block per (kTcRows rows, slice of `slice` floats of the flattened
+// row: a chain group of hc_mix_partials.cuh, a fixed length for every row count): 4 warps of 32
+// rows (2 m tiles x the 3 n tiles of the 24 products), 3 blocks an SM (168 registers a thread).
+// Each 64-float stage's 24 MMAs into an output run into a zeroed accumulator that a
+// round-to-nearest fp32 add then adds into the output's sum (the tensor cores' own additions are
+// not round-to-nearest: one long chain of MMAs would drift). A lane loads its A fragments straight
+// from the streams with the mma's k order permuted to match: of each 32-float chunk, lane (g, q)
+// holds floats 8q ... 8q + 7 of rows g, g + 8, g + 16 and g + 24 of its warp (two 16-byte loads a
+// row), and mma step s of the chunk's 4 takes its floats 8q + 2s and 8q + 2s + 1 as k = q and
+// k = q + 4; each half of the next chunk is loaded into the registers of the current one once its MMAs
+// have read them, and each lane prefetches one row of its warp kTcPrefetch stages ahead into L2.
+// fn's slice is staged kTcStageK floats at a time, split into hi and lo once per block, through two
+// shared buffers that the B fragments read in the same permuted order (8-byte reads, no bank
+// conflicts). Each block's sums go to the workspace [slices, rows, 25] (the 24 products, then the
+// sum of squares: each lane's fmaf chain over its floats, the row's 4 lanes added by shuffles) as
+// the fp32 GEMM's groups do. A row's sums depend only on the row, fn and the slice length (the same
+// at every row count from kTileMinRows on), not on the rows around it; they differ from the
+// CUDA-core kernels' in rounding.
 #ifndef DEEPINFER_KERNELS_V4_HC_MIX_TENSOR_CORES_CUH_
 #define DEEPINFER_KERNELS_V4_HC_MIX_TENSOR_CORES_CUH_
 

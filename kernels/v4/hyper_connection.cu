@@ -262,9 +262,10 @@ __device__ void HcExpandBody(ExpandParams p) {
 // stalls no block that holds a row's streams), each other block collapses one row with
 // kRowThreads. Block b is weight block b / kBlockPeriod where kBlockPeriod divides b, else the
 // collapse of row b - b / kBlockPeriod - 1 (a weight block before each kWeightsWarps rows, so the
-// latency-bound weight blocks run among the bandwidth-bound row blocks rather than all first). Every thread of a row block first loads its float4 columns of the row's 4 streams
-// (all its loads in flight together, the streams read once) while warp 0 computes the row's pre
-// from its partials (RowMixes); the collapse then runs on the registers, in HcMixF32's order. With
+// latency-bound weight blocks run among the bandwidth-bound row blocks rather than all first).
+// Every thread of a row block first loads its float4 columns of the row's 4 streams (all its
+// loads in flight together, the streams read once) while warp 0 computes the row's pre from its
+// partials (RowMixes); the collapse then runs on the registers, in HcMixF32's order. With
 // `normed`, the collapsed row goes through shared memory so each thread sums the squares of
 // RmsNormF32's elements (t, t + 256, ...) in its order, and BlockInvRms reduces them as
 // RmsNormF32 does: bit for bit its output (normed_bf16: AddRmsNormF32's out_bf16).
