@@ -11,8 +11,9 @@
 // from the streams with the mma's k order permuted to match: of each 32-float chunk, lane (g, q)
 // holds floats 8q ... 8q + 7 of rows g, g + 8, g + 16 and g + 24 of its warp (two 16-byte loads a
 // row), and mma step s of the chunk's 4 takes its floats 8q + 2s and 8q + 2s + 1 as k = q and
-// k = q + 4; each half of the next chunk is loaded into the registers of the current one once its MMAs
-// have read them, and each lane prefetches one row of its warp kTcPrefetch stages ahead into L2.
+// k = q + 4; each half of the next chunk is loaded into the registers of the current one once
+// its MMAs have read them, and each lane prefetches one row of its warp kTcPrefetch stages ahead
+// into L2.
 // fn's slice is staged kTcStageK floats at a time, split into hi and lo once per block, through two
 // shared buffers that the B fragments read in the same permuted order (8-byte reads, no bank
 // conflicts). Each block's sums go to the workspace [slices, rows, 25] (the 24 products, then the
