@@ -2,7 +2,8 @@
 // with overlap at head_dim 512 and the indexer's 128; HCA: ratio 128 without, at 512), with
 // kv and gate interleaved in one row as the model lays them out (row_stride = 2 * width) or in
 // separate buffers (row_stride 0), first windows without a previous one, and column counts that
-// leave a partial block; 200 slots (ratio 100 with overlap) staged in several chunks. Only expf can make the bits differ: compared within a tolerance.
+// leave a partial block; 200 slots (ratio 100 with overlap) staged in several chunks. Only expf
+// can make the bits differ: compared within a tolerance.
 #include "kernels/v4/compress_windows.h"
 
 #include <cstdint>
