@@ -18,8 +18,12 @@
 // cublasGemmEx (not batch-invariant: the floor) and kernels::BatchInvariantGemmTc (the mode's
 // dense kernel).
 //
-//   small_m_gemm_bench [staged | batch-invariant]   (one line per case; exit status 1 on a CUDA
-//                                 error; "staged": RunStaged only)
+// "v4": the same ways (small-m kernels, staged GEMV) on DeepSeek-V4-Flash's decode GEMVs at one
+// row (hidden 4096, q_lora 1024, 64 heads x 512, 8 output groups of o_lora 1024, 64 indexer heads
+// x 128, vocab 129280).
+//
+//   small_m_gemm_bench [staged | batch-invariant | v4]   (one line per case; exit status 1 on a
+//                                 CUDA error; "staged": RunStaged only)
 #include <cublas_v2.h>
 #include <cuda_runtime_api.h>
 
@@ -470,6 +474,21 @@ int main(int argc, char** argv) {
   const bool staged_only = argc > 1 && std::string(argv[1]) == "staged";
   const bool batch_invariant = argc > 1 && std::string(argv[1]) == "batch-invariant";
   deepinfer::Bench bench;
+  if (argc > 1 && std::string(argv[1]) == "v4") {
+    const deepinfer::Bench::StagedCase v4_cases[] = {
+        {"norm+q_a+kv", {1024, 512}, 4096, true},
+        {"q_b+index_q_b", {32768, 8192}, 1024, false},
+        {"o_b", {4096}, 8192, false},
+    };
+    for (const auto& lc : v4_cases) bench.RunStaged(lc, 1);
+    const Shape v4_shapes[] = {
+        {"v4 q_b", 1, 32768, 1024},     {"v4 index_q_b", 1, 8192, 1024},
+        {"v4 o_a (8 groups)", 8, 1024, 4096}, {"v4 o_b", 1, 4096, 8192},
+        {"v4 q_a", 1, 1024, 4096},      {"v4 lm_head", 1, 129280, 4096},
+    };
+    for (const Shape& s : v4_shapes) bench.Run(s, 1);
+    return 0;
+  }
   if (!batch_invariant) {
     const deepinfer::Bench::StagedCase cases[] = {
         {"norm+q+kv_a", {3072, 576}, 2048, true}, {"q+kv_a", {3072, 576}, 2048, false},

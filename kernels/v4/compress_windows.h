@@ -12,9 +12,10 @@
 namespace deepinfer {
 namespace kernels {
 
-// Every pointer of args is device memory; one thread per (window, column), the slots in a loop
-// (max, sum of exponentials, weighted sum: the gate logits are read three times, the values
-// once). cudaErrorInvalidValue for negative sizes, ratio < 1, or a row_stride below the row
+// Every pointer of args is device memory; from 256 windows a thread per (window, column) walks
+// the slots, below a block per (window, 16 columns) loads and exponentiates them in parallel and
+// one thread per column adds them up in slot order (max, sum of exponentials, weighted sum: the
+// gate logits are read three times, the values once). cudaErrorInvalidValue for negative sizes, ratio < 1, or a row_stride below the row
 // width; nothing is launched for windows or dim 0.
 cudaError_t CompressWindowsF32(const CompressWindowsArgs& args, cudaStream_t stream);
 

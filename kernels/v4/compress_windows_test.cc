@@ -2,7 +2,8 @@
 // with overlap at head_dim 512 and the indexer's 128; HCA: ratio 128 without, at 512), with
 // kv and gate interleaved in one row as the model lays them out (row_stride = 2 * width) or in
 // separate buffers (row_stride 0), first windows without a previous one, and column counts that
-// leave a partial block. Only expf can make the bits differ: compared within a tolerance.
+// leave a partial block, at window counts of both launches; 200 slots (ratio 100 with overlap)
+// staged in several chunks. Only expf can make the bits differ: compared within a tolerance.
 #include "kernels/v4/compress_windows.h"
 
 #include <cstdint>
@@ -34,7 +35,9 @@ TEST(CompressWindowsKernelTest, MatchesCpu) {
                          Shape{1024, 4, 512, true, true}, Shape{64, 4, 128, true, true},
                          Shape{1, 128, 512, false, true}, Shape{32, 128, 512, false, true},
                          Shape{5, 4, 512, true, false}, Shape{7, 16, 64, false, false},
-                         Shape{9, 3, 200, true, true}, Shape{70000, 1, 4, true, false}}) {
+                         Shape{9, 3, 200, true, true}, Shape{3, 100, 40, true, true},
+                         Shape{300, 128, 64, false, true},
+                         Shape{70000, 1, 4, true, false}}) {
     const uint32_t seed = testing::FreshSeed();
     SCOPED_TRACE(::testing::Message() << "windows " << s.windows << " ratio " << s.ratio << " dim "
                                       << s.dim << " overlap " << s.overlap << " interleaved "

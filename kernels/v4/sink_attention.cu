@@ -168,7 +168,9 @@ __device__ void CoreBody(SinkAttentionParams p, int32_t num_splits) {
 
 constexpr int kCombineThreads = 128;
 
-// One block per (token, head): the merge of its splits (see the top of this file).
+// One block per (token, head, kCombineThreads output columns): the merge of its splits (see the
+// top of this file), a thread per column, the splits' loads of a column all issued before its
+// sum (a split of weight 0 is loaded but not added).
 __device__ void CombineBody(SinkAttentionParams p, int32_t num_splits) {
   __shared__ float weight[kMaxSinkAttentionSplits];
   __shared__ float denom;
@@ -189,15 +191,21 @@ __device__ void CombineBody(SinkAttentionParams p, int32_t num_splits) {
     if (threadIdx.x == 0) denom = sum;
   }
   __syncthreads();
-  const float* part = PartialOut(p, num_splits, th, 0);
+  const int64_t c = int64_t{blockIdx.y} * kCombineThreads + threadIdx.x;
+  if (c >= p.dim) return;
+  const float* part = PartialOut(p, num_splits, th, 0) + c;
   const float inv = denom > 0.0f ? 1.0f / denom : 0.0f;
-  for (int64_t c = threadIdx.x; c < p.dim; c += kCombineThreads) {
-    float acc = 0.0f;
-    for (int s = 0; s < num_splits; ++s) {
-      if (weight[s] != 0.0f) acc = fmaf(weight[s], part[s * p.dim + c], acc);
-    }
-    p.out[th * p.dim + c] = acc * inv;
+  float v[kMaxSinkAttentionSplits];
+#pragma unroll
+  for (int s = 0; s < kMaxSinkAttentionSplits; ++s) {
+    if (s < num_splits) v[s] = part[s * p.dim];
   }
+  float acc = 0.0f;
+#pragma unroll
+  for (int s = 0; s < kMaxSinkAttentionSplits; ++s) {
+    if (s < num_splits && weight[s] != 0.0f) acc = fmaf(weight[s], v[s], acc);
+  }
+  p.out[th * p.dim + c] = acc * inv;
 }
 
 }  // namespace sink
@@ -426,7 +434,9 @@ cudaError_t SinkAttentionF32(const SinkAttentionParams& p, cudaStream_t stream) 
   }
   if (e != cudaSuccess || splits == 1) return e;
   return LaunchAfterPrecedingGrids<sink::CombineBody, sink::kCombineThreads>(
-      dim3(static_cast<unsigned>(p.tokens * p.heads)), 0, stream, p, splits);
+      dim3(static_cast<unsigned>(p.tokens * p.heads),
+           static_cast<unsigned>((p.dim + sink::kCombineThreads - 1) / sink::kCombineThreads)),
+      0, stream, p, splits);
 }
 
 }  // namespace kernels
