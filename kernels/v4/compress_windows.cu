@@ -36,52 +36,59 @@ struct Params {
   float* out = nullptr;
 };
 
-// Slot s of a window at column d: its gate logit (gate + position bias) and its value. Slots
-// below R are the previous window's with overlap (else this window's) at column d; with overlap
-// this window's slots from R on are at column D + d with bias row s - R.
-struct Slots {
+// Window w's slots at column d: each slot's gate logit (gate + position bias) and value, and
+// the softmax's terms. Slots below R are the previous window's with overlap (else this window's)
+// at column d; with overlap this window's slots from R on are at column D + d with bias row
+// s - R. Slots [0, first) are the previous window's, absent without has_prev (weight 0; the
+// CPU's 0 * (0 / sum) leaves its sums unchanged, so they are left out).
+struct Window {
   const float* kv;
   const float* gate;
   const float* bias;
-  int64_t R, D, stride, width;
+  int64_t R, D, stride, width, slots, first;
   __device__ __forceinline__ int64_t Col(int64_t s, int64_t d) const { return s < R ? d : D + d; }
   __device__ __forceinline__ float Logit(int64_t s, int64_t d) const {
     const int64_t b = s < R ? s * width + d : (s - R) * width + D + d;
     return __fadd_rn(gate[s * stride + Col(s, d)], bias[b]);
   }
-  __device__ __forceinline__ float Value(int64_t s, int64_t d) const {
-    return kv[s * stride + Col(s, d)];
+  // exp(logit - max): the sum's term.
+  __device__ __forceinline__ float Exp(int64_t s, int64_t d, float mx) const {
+    return expf(__fsub_rn(Logit(s, d), mx));
+  }
+  // value * (exp(logit - max) / sum): the weighted sum's term.
+  __device__ __forceinline__ float Weighted(int64_t s, int64_t d, float mx, float sum) const {
+    return __fmul_rn(kv[s * stride + Col(s, d)], __fdiv_rn(Exp(s, d, mx), sum));
   }
 };
 
+__device__ __forceinline__ Window WindowOf(const Params& p, int64_t w) {
+  const int64_t slots = p.overlap ? 2 * p.ratio : p.ratio;
+  return {p.kv + w * slots * p.stride,
+          p.gate + w * slots * p.stride,
+          p.bias,
+          p.ratio,
+          p.dim,
+          p.stride,
+          p.width,
+          slots,
+          p.overlap && p.has_prev[w] == 0 ? p.ratio : 0};
+}
+
 __device__ void WalkBody(Params p) {
-  const int64_t R = p.ratio, D = p.dim, slots = p.overlap ? 2 * R : R;
   const int64_t d = int64_t{blockIdx.x} * kWalkThreads + threadIdx.x;
-  if (d >= D) return;
+  if (d >= p.dim) return;
   for (int64_t w = blockIdx.y; w < p.windows; w += gridDim.y) {
-    const Slots at{p.kv + w * slots * p.stride,
-                   p.gate + w * slots * p.stride,
-                   p.bias,
-                   R,
-                   D,
-                   p.stride,
-                   p.width};
-    // Slots [0, first) are the previous window's, absent without has_prev (see LanesBody).
-    const int64_t first = p.overlap && p.has_prev[w] == 0 ? R : 0;
+    const Window at = WindowOf(p, w);
     float mx = -INFINITY;
 #pragma unroll 8
-    for (int64_t s = first; s < slots; ++s) mx = fmaxf(mx, at.Logit(s, d));
+    for (int64_t s = at.first; s < at.slots; ++s) mx = fmaxf(mx, at.Logit(s, d));
     float sum = 0.0f;
 #pragma unroll 8
-    for (int64_t s = first; s < slots; ++s)
-      sum = __fadd_rn(sum, expf(__fsub_rn(at.Logit(s, d), mx)));
+    for (int64_t s = at.first; s < at.slots; ++s) sum = __fadd_rn(sum, at.Exp(s, d, mx));
     float acc = 0.0f;
 #pragma unroll 8
-    for (int64_t s = first; s < slots; ++s) {
-      acc = __fadd_rn(
-          acc, __fmul_rn(at.Value(s, d), __fdiv_rn(expf(__fsub_rn(at.Logit(s, d), mx)), sum)));
-    }
-    p.out[w * D + d] = acc;
+    for (int64_t s = at.first; s < at.slots; ++s) acc = __fadd_rn(acc, at.Weighted(s, d, mx, sum));
+    p.out[w * p.dim + d] = acc;
   }
 }
 
@@ -89,47 +96,33 @@ __device__ void LanesBody(Params p) {
   __shared__ float staged[kChunk][kCols];
   __shared__ float lane_max[kLanes][kCols];
   __shared__ float column_sum[kCols];
-  const int64_t R = p.ratio, D = p.dim, slots = p.overlap ? 2 * R : R;
   const int c = threadIdx.x % kCols, lane = threadIdx.x / kCols;
   const int64_t d = int64_t{blockIdx.x} * kCols + c;
-  const bool valid = d < D;
-  const int64_t dc = valid ? d : D - 1;  // a valid column for the loads of the padding threads
+  const bool valid = d < p.dim;
+  const int64_t dc = valid ? d : p.dim - 1;  // a valid column for the padding threads' loads
   for (int64_t w = blockIdx.y; w < p.windows; w += gridDim.y) {
-    const Slots at{p.kv + w * slots * p.stride,
-                   p.gate + w * slots * p.stride,
-                   p.bias,
-                   R,
-                   D,
-                   p.stride,
-                   p.width};
-    // Slots [0, first) are the previous window's, absent without has_prev (weight 0; the CPU's
-    // 0 * (0 / sum) leaves its sums unchanged, so they are left out).
-    const int64_t first = p.overlap && p.has_prev[w] == 0 ? R : 0;
+    const Window at = WindowOf(p, w);
     float mx = -INFINITY;
 #pragma unroll 4
-    for (int64_t s = first + lane; s < slots; s += kLanes) mx = fmaxf(mx, at.Logit(s, dc));
+    for (int64_t s = at.first + lane; s < at.slots; s += kLanes) mx = fmaxf(mx, at.Logit(s, dc));
     lane_max[lane][c] = mx;
     __syncthreads();
     mx = -INFINITY;
 #pragma unroll
     for (int i = 0; i < kLanes; ++i) mx = fmaxf(mx, lane_max[i][c]);
-    // Pass 0 sums exp(l - max) into sum; pass 1 sums v * (exp(l - max) / sum) into acc.
+    // Pass 0 sums the Exp terms into sum; pass 1 the Weighted terms into acc.
     float sum = 0.0f, acc = 0.0f;
     for (int pass = 0; pass < 2; ++pass) {
-      for (int64_t base = first; base < slots; base += kChunk) {
-        const int n = static_cast<int>(min(static_cast<int64_t>(kChunk), slots - base));
+      float& total = pass == 0 ? sum : acc;
+      for (int64_t base = at.first; base < at.slots; base += kChunk) {
+        const int n = static_cast<int>(min(static_cast<int64_t>(kChunk), at.slots - base));
 #pragma unroll 4
         for (int i = lane; i < n; i += kLanes) {
-          const float e = expf(__fsub_rn(at.Logit(base + i, dc), mx));
-          staged[i][c] = pass == 0 ? e : __fmul_rn(at.Value(base + i, dc), __fdiv_rn(e, sum));
+          staged[i][c] = pass == 0 ? at.Exp(base + i, dc, mx) : at.Weighted(base + i, dc, mx, sum);
         }
         __syncthreads();
         if (lane == 0) {
-          if (pass == 0) {
-            for (int i = 0; i < n; ++i) sum = __fadd_rn(sum, staged[i][c]);
-          } else {
-            for (int i = 0; i < n; ++i) acc = __fadd_rn(acc, staged[i][c]);
-          }
+          for (int i = 0; i < n; ++i) total = __fadd_rn(total, staged[i][c]);
         }
         __syncthreads();
       }
@@ -139,7 +132,7 @@ __device__ void LanesBody(Params p) {
         sum = column_sum[c];
       }
     }
-    if (lane == 0 && valid) p.out[w * D + d] = acc;
+    if (lane == 0 && valid) p.out[w * p.dim + d] = acc;
     __syncthreads();  // lane_max and column_sum are rewritten for the next window
   }
 }

@@ -70,6 +70,18 @@ __device__ __forceinline__ void MmaTf32(float* c, const uint32_t* a, uint32_t b0
 #endif
 }
 
+// A warp's accumulators: 2 m tiles x 3 n tiles x 4 values.
+__device__ __forceinline__ void ZeroTiles(float (&x)[2][3][4]) {
+#pragma unroll
+  for (int m = 0; m < 2; ++m) {
+#pragma unroll
+    for (int n = 0; n < 3; ++n) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) x[m][n][e] = 0.0f;
+    }
+  }
+}
+
 __device__ __forceinline__ float Component(const float4& v, int i) {
   return i == 0 ? v.x : i == 1 ? v.y : i == 2 ? v.z : v.w;
 }
@@ -136,14 +148,7 @@ __global__ void __launch_bounds__(kTcThreads, 3) HcMixTcKernel(PartialsParams p)
     }
   };
   float acc[2][3][4], square[kTcLaneRows];
-#pragma unroll
-  for (int m = 0; m < 2; ++m) {
-#pragma unroll
-    for (int n = 0; n < 3; ++n) {
-#pragma unroll
-      for (int e = 0; e < 4; ++e) acc[m][n][e] = 0.0f;
-    }
-  }
+  ZeroTiles(acc);
 #pragma unroll
   for (int i = 0; i < kTcLaneRows; ++i) square[i] = 0.0f;
   load_x(0, 0);
@@ -155,14 +160,7 @@ __global__ void __launch_bounds__(kTcThreads, 3) HcMixTcKernel(PartialsParams p)
     const int b = s & 1;
     // The stage's sums (24 MMAs into each), added into acc by round-to-nearest fp32 adds.
     float sub[2][3][4];
-#pragma unroll
-    for (int m = 0; m < 2; ++m) {
-#pragma unroll
-      for (int n = 0; n < 3; ++n) {
-#pragma unroll
-        for (int e = 0; e < 4; ++e) sub[m][n][e] = 0.0f;
-      }
-    }
+    ZeroTiles(sub);
     // The lane's row `lane` of the warp, kTcPrefetch stages ahead, into L2.
     if (s + kTcPrefetch < stages) PrefetchL2(ahead + (s + kTcPrefetch) * kTcStageK, kStageBytes);
 #pragma unroll
