@@ -3,147 +3,50 @@
 // Replaces, per MoE layer of a decode step, cuBLAS's fp32 GEMV for the logits (two kernels at
 // one token: dot_kernel + reduce_1Block_kernel), NoauxTcRouteF32 and AccumulateExpertCounts.
 //
-// Grid: (expert tiles, token tiles); a block of 256 threads computes a tile of TM tokens x TE
-// experts over the whole hidden size: thread i takes the float4 columns i, i + 256, ... of the
-// tile's weight rows and hidden rows, so one weight load serves TM tokens and one hidden load
-// TE experts; warp shuffles and then shared memory (in warp order) add the partial sums. The
-// router weight is never written during a step, so each thread's first two float4 of every
-// weight row it reads are loaded before the programmatic-dependent-launch wait
-// (kernels/common/launch.cuh), under the kernel before it (the norm that produces the rows).
-// The tile by size is the fastest one measured (noaux_tc_router_bench, RouteTokensTile): at one
-// token a block per expert row (64 blocks of 8 KB at the Moonlight shape); more tokens take
-// more tokens and experts per block, but still hundreds of blocks.
-//
-// The blocks of a token tile hand their logits over through global memory (router_logits): each
-// counts itself done on the tile's counter after a fence, and the last one to arrive routes the
-// tile's tokens, one warp per token (noaux_tc_router_warp.cuh, NoauxTcRouteF32's code), adds
-// the expert counts, and sets the counter back to zero for the next call. No block waits for
-// another, so the grid may be of any size.
+// The logits of a tile of tokens x experts and their hand-over to the token tile's last block:
+// router_logits_tile.cuh. The last block routes the tile's tokens, one warp per token
+// (noaux_tc_router_warp.cuh, NoauxTcRouteF32's code), and adds the expert counts.
 #include <cuda_bf16.h>
 
 #include <algorithm>
 #include <cstdint>
 
 #include "kernels/common/launch.cuh"
-#include "kernels/common/streaming_load.cuh"
 #include "kernels/moe/noaux_tc_router.h"
 #include "kernels/moe/noaux_tc_router_fused.h"
 #include "kernels/moe/noaux_tc_router_warp.cuh"
+#include "kernels/moe/router_logits_tile.cuh"
 
 namespace deepinfer {
 namespace kernels {
 namespace {
 
-constexpr int kThreads = 256;
-constexpr int kWarps = kThreads / 32;
-constexpr int kPrefetchRounds = 2;  // float4 per weight row and thread loaded before the wait
+using router_logits::kThreads;
 
-template <int TE>
-struct WeightRounds {
-  float4 w[kPrefetchRounds][TE];
-};
-
-template <int TM, int TE>
-__device__ WeightRounds<TE> PrefetchWeights(RouteTokensParams p) {
-  WeightRounds<TE> first;
-  const int64_t h4 = p.hidden_size / 4;
-  const int e0 = blockIdx.x * TE;
-  const float4* w = reinterpret_cast<const float4*>(p.router_weight);
-#pragma unroll
-  for (int r = 0; r < kPrefetchRounds; ++r) {
-    const int64_t c = threadIdx.x + r * kThreads;
-#pragma unroll
-    for (int e = 0; e < TE; ++e) {
-      first.w[r][e] = e0 + e < p.num_experts && c < h4 ? LoadStreamingFloat4(w + (e0 + e) * h4 + c)
-                                                       : make_float4(0.f, 0.f, 0.f, 0.f);
-    }
-  }
-  return first;
-}
-
-// acc[m][e] += hidden row t0 + m . weight row e0 + e over the float4 column c.
-template <int TM, int TE>
-__device__ __forceinline__ void AccumulateColumn(const float4* hidden, int64_t h4, int t0,
-                                                 int tokens, int64_t c, const float4 (&w)[TE],
-                                                 float (&acc)[TM][TE]) {
-#pragma unroll
-  for (int m = 0; m < TM; ++m) {
-    if (t0 + m >= tokens) continue;
-    const float4 h = __ldg(hidden + (t0 + m) * h4 + c);
-#pragma unroll
-    for (int e = 0; e < TE; ++e) {
-      float a = acc[m][e];
-      a = fmaf(h.x, w[e].x, a);
-      a = fmaf(h.y, w[e].y, a);
-      a = fmaf(h.z, w[e].z, a);
-      a = fmaf(h.w, w[e].w, a);
-      acc[m][e] = a;
-    }
-  }
+__device__ __forceinline__ router_logits::Tile TileOf(const RouteTokensParams& p) {
+  router_logits::Tile t;
+  t.num_tokens = p.num_tokens;
+  t.num_experts = p.num_experts;
+  t.hidden_size = p.hidden_size;
+  t.hidden = p.hidden;
+  t.router_weight = p.router_weight;
+  t.router_logits = p.router_logits;
+  t.tile_counters = p.tile_counters;
+  return t;
 }
 
 template <int TM, int TE>
-__device__ void RouteTokensBody(const WeightRounds<TE>& first, RouteTokensParams p) {
-  __shared__ float partial[kWarps][TM * TE];
-  __shared__ bool last_block;
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+__device__ router_logits::WeightRounds<TE> PrefetchWeights(RouteTokensParams p) {
+  return router_logits::PrefetchWeights<TE>(TileOf(p));
+}
+
+template <int TM, int TE>
+__device__ void RouteTokensBody(const router_logits::WeightRounds<TE>& first,
+                                RouteTokensParams p) {
+  if (!router_logits::LogitsTileIsLast<TM, TE>(first, TileOf(p))) return;
+  const int warp = threadIdx.x / 32;
   const int T = p.num_tokens, E = p.num_experts;
-  const int64_t h4 = p.hidden_size / 4;
-  const int e0 = blockIdx.x * TE, t0 = blockIdx.y * TM;
-  const float4* hidden = reinterpret_cast<const float4*>(p.hidden);
-  const float4* weight = reinterpret_cast<const float4*>(p.router_weight);
-
-  float acc[TM][TE];
-#pragma unroll
-  for (int m = 0; m < TM; ++m) {
-#pragma unroll
-    for (int e = 0; e < TE; ++e) acc[m][e] = 0.0f;
-  }
-#pragma unroll
-  for (int r = 0; r < kPrefetchRounds; ++r) {
-    const int64_t c = threadIdx.x + r * kThreads;
-    if (c < h4) AccumulateColumn<TM, TE>(hidden, h4, t0, T, c, first.w[r], acc);
-  }
-  for (int64_t c = threadIdx.x + kPrefetchRounds * kThreads; c < h4; c += kThreads) {
-    float4 w[TE];
-#pragma unroll
-    for (int e = 0; e < TE; ++e) {
-      w[e] = e0 + e < E ? LoadStreamingFloat4(weight + (e0 + e) * h4 + c)
-                        : make_float4(0.f, 0.f, 0.f, 0.f);
-    }
-    AccumulateColumn<TM, TE>(hidden, h4, t0, T, c, w, acc);
-  }
-#pragma unroll
-  for (int m = 0; m < TM; ++m) {
-#pragma unroll
-    for (int e = 0; e < TE; ++e) {
-      float v = acc[m][e];
-#pragma unroll
-      for (int o = 16; o > 0; o /= 2) v += __shfl_xor_sync(router_internal::kFullWarp, v, o);
-      if (lane == 0) partial[warp][m * TE + e] = v;
-    }
-  }
-  __syncthreads();
-  if (threadIdx.x < TM * TE) {
-    const int m = threadIdx.x / TE, e = threadIdx.x % TE;
-    if (t0 + m < T && e0 + e < E) {
-      float sum = 0.0f;
-#pragma unroll
-      for (int w = 0; w < kWarps; ++w) sum += partial[w][threadIdx.x];
-      p.router_logits[static_cast<int64_t>(t0 + m) * E + e0 + e] = sum;
-    }
-    __threadfence();  // the logits before this block counts itself done
-  }
-  __syncthreads();
-  if (threadIdx.x == 0) {
-    const unsigned done = atomicAdd(p.tile_counters + blockIdx.y, 1u);
-    last_block = done == gridDim.x - 1;
-  }
-  __syncthreads();
-  if (!last_block) return;
-  __threadfence();  // the other blocks' logits after their counts
-  if (threadIdx.x == 0) p.tile_counters[blockIdx.y] = 0;
-  const int t = t0 + warp;
+  const int t = blockIdx.y * TM + warp;
   if (warp >= TM || t >= T) return;
 
   router_internal::RouterRule rule;

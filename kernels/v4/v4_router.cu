@@ -1,12 +1,14 @@
-// V4RouteF32: kWarps tokens per block, one warp each. The selection marks a chosen expert by
-// overwriting its score with NaN, which no comparison prefers, so each round is one pass over
-// the remaining scores plus a 5-step butterfly.
+// V4RouteF32: kWarps tokens per block, one warp each (RouteTokenInWarp; the last blocks of
+// V4RouteFromHiddenF32 run the same routine on the logits they hand over). The selection marks a
+// chosen expert by overwriting its score with NaN, which no comparison prefers, so each round is
+// one pass over the remaining scores plus a 5-step butterfly.
 #include <algorithm>
 #include <climits>
 #include <cmath>
 #include <cstdint>
 
 #include "kernels/common/launch.cuh"
+#include "kernels/moe/router_logits_tile.cuh"
 #include "kernels/v4/v4_router.h"
 
 namespace deepinfer {
@@ -40,20 +42,19 @@ __device__ __forceinline__ bool Before(float v, int i, float bv, int bi) {
   return v > bv || (v == bv && i < bi);
 }
 
-__device__ void V4RouteBody(Params p) {
-  extern __shared__ float shared[];
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+// Routes token r in one warp from its logits (logit(x) for expert x): sel holds the warp's
+// scores + bias (experts floats of shared memory), chosen its top_k picks; every lane must call.
+// Lane 0 writes the token's ids and weights.
+template <typename Logit>
+__device__ void RouteTokenInWarp(const Params& p, int64_t r, Logit logit, float* sel,
+                                 int32_t* chosen) {
+  const int lane = threadIdx.x % 32;
   const int E = p.experts, K = p.top_k;
-  float* sel = shared + warp * E;
-  __shared__ int32_t chosen[kWarps][kMaxV4RouteTopK];
-  const int64_t r = int64_t{blockIdx.x} * kWarps + warp;
-  if (r >= p.rows) return;
-  const float* l = p.logits + r * E;
   if (p.hash_table != nullptr) {
-    if (lane < K) chosen[warp][lane] = p.hash_table[int64_t{p.token_ids[r]} * K + lane];
+    if (lane < K) chosen[lane] = p.hash_table[int64_t{p.token_ids[r]} * K + lane];
   } else {
     for (int x = lane; x < E; x += 32) {
-      const float s = Score(l[x], p.sqrtsoftplus);
+      const float s = Score(logit(x), p.sqrtsoftplus);
       sel[x] = p.bias != nullptr ? __fadd_rn(s, p.bias[x]) : s;
     }
     __syncwarp();
@@ -75,7 +76,7 @@ __device__ void V4RouteBody(Params p) {
         }
       }
       // best_i stays INT_MAX only when every remaining score is NaN (NaN logits).
-      if (lane == 0) chosen[warp][k] = best_i < E ? best_i : -1;
+      if (lane == 0) chosen[k] = best_i < E ? best_i : -1;
       if (best_i < E && lane == best_i % 32) sel[best_i] = NAN;
       __syncwarp();
     }
@@ -88,10 +89,10 @@ __device__ void V4RouteBody(Params p) {
   float w[kMaxV4RouteTopK];
   float sum = 0.0f;
   for (int k = 0; k < K; ++k) {
-    ids[k] = chosen[warp][k];
+    ids[k] = chosen[k];
     // An id outside the experts (a bad hash table, or NaN logits) is kept for the dispatcher to
     // refuse, with weight 0 instead of a read outside the row.
-    w[k] = ids[k] >= 0 && ids[k] < E ? Score(l[ids[k]], p.sqrtsoftplus) : 0.0f;
+    w[k] = ids[k] >= 0 && ids[k] < E ? Score(logit(ids[k]), p.sqrtsoftplus) : 0.0f;
     sum = __fadd_rn(sum, w[k]);
   }
   const float denom = __fadd_rn(sum, 1e-20f);
@@ -113,15 +114,61 @@ __device__ void V4RouteBody(Params p) {
   }
 }
 
-}  // namespace
+__device__ void V4RouteBody(Params p) {
+  extern __shared__ float shared[];
+  const int warp = threadIdx.x / 32;
+  __shared__ int32_t chosen[kWarps][kMaxV4RouteTopK];
+  const int64_t r = int64_t{blockIdx.x} * kWarps + warp;
+  if (r >= p.rows) return;
+  const float* l = p.logits + r * p.experts;
+  RouteTokenInWarp(
+      p, r, [l](int x) { return l[x]; }, shared + warp * p.experts, chosen[warp]);
+}
 
-cudaError_t V4RouteF32(const V4RouteArgs& a, cudaStream_t stream) {
-  if (a.rows < 0 || a.experts < 1 || a.experts > kMaxV4RouteExperts || a.top_k < 1 ||
-      a.top_k > std::min(a.experts, kMaxV4RouteTopK) ||
-      (a.hash_table != nullptr && a.token_ids == nullptr)) {
-    return cudaErrorInvalidValue;
-  }
-  if (a.rows == 0) return cudaSuccess;
+// V4RouteFromHiddenF32: the logits of a tile (router_logits_tile.cuh), then the token tile's
+// last block routes its TM tokens, one warp each, from the logits the tile's blocks wrote.
+struct FromHiddenParams {
+  router_logits::Tile tile;
+  Params route;  // logits = tile.router_logits
+};
+
+template <int TM>
+__device__ router_logits::WeightRounds<1> PrefetchFromHidden(FromHiddenParams p) {
+  return router_logits::PrefetchWeights<1>(p.tile);
+}
+
+template <int TM>
+__device__ void RouteFromHiddenBody(const router_logits::WeightRounds<1>& first,
+                                    FromHiddenParams p) {
+  __shared__ float sel[TM][kMaxV4RouteFromHiddenExperts];
+  __shared__ int32_t chosen[TM][kMaxV4RouteTopK];
+  if (!router_logits::LogitsTileIsLast<TM, 1>(first, p.tile)) return;
+  const int warp = threadIdx.x / 32;
+  const int64_t r = int64_t{blockIdx.y} * TM + warp;
+  if (warp >= TM || r >= p.route.rows) return;
+  // L2 reads: other blocks wrote these during this kernel.
+  const float* l = p.tile.router_logits + r * p.route.experts;
+  RouteTokenInWarp(
+      p.route, r, [l](int x) { return __ldcg(l + x); }, sel[warp], chosen[warp]);
+}
+
+template <int TM>
+cudaError_t LaunchFromHidden(const FromHiddenParams& p, cudaStream_t stream) {
+  const dim3 grid(static_cast<unsigned>(p.tile.num_experts),
+                  static_cast<unsigned>((p.tile.num_tokens + TM - 1) / TM));
+  return LaunchPrefetchThenAfterPrecedingGrids<PrefetchFromHidden<TM>, RouteFromHiddenBody<TM>,
+                                               router_logits::kThreads>(grid, 0, stream, p);
+}
+
+bool Aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
+
+bool RouteArgsValid(const V4RouteArgs& a) {
+  return a.rows >= 0 && a.experts >= 1 && a.experts <= kMaxV4RouteExperts && a.top_k >= 1 &&
+         a.top_k <= std::min(a.experts, kMaxV4RouteTopK) &&
+         (a.hash_table == nullptr || a.token_ids != nullptr);
+}
+
+Params ParamsOf(const V4RouteArgs& a) {
   Params p;
   p.rows = a.rows;
   p.experts = static_cast<int>(a.experts);
@@ -134,6 +181,15 @@ cudaError_t V4RouteF32(const V4RouteArgs& a, cudaStream_t stream) {
   p.scaling = a.scaling;
   p.topk_ids = a.topk_ids;
   p.topk_weights = a.topk_weights;
+  return p;
+}
+
+}  // namespace
+
+cudaError_t V4RouteF32(const V4RouteArgs& a, cudaStream_t stream) {
+  if (!RouteArgsValid(a)) return cudaErrorInvalidValue;
+  if (a.rows == 0) return cudaSuccess;
+  const Params p = ParamsOf(a);
   // Hash routing reads no scores into shared memory.
   const size_t smem = a.hash_table != nullptr ? 0 : size_t{kWarps} * a.experts * sizeof(float);
   constexpr auto kEntry = EntryKernel<V4RouteBody, kThreads>();
@@ -144,6 +200,46 @@ cudaError_t V4RouteF32(const V4RouteArgs& a, cudaStream_t stream) {
   }
   const unsigned grid = static_cast<unsigned>((a.rows + kWarps - 1) / kWarps);
   return LaunchAfterPrecedingGrids<V4RouteBody, kThreads>(grid, smem, stream, p);
+}
+
+int32_t V4RouteFromHiddenTileTokens(int64_t rows) {
+  return rows <= 1 ? 1 : rows <= 2 ? 2 : rows <= 4 ? 4 : 8;
+}
+
+bool V4RouteFromHiddenSupported(const V4RouteFromHiddenArgs& a) {
+  const V4RouteArgs& r = a.route;
+  return RouteArgsValid(r) && r.rows <= kMaxV4RouteFromHiddenTokens &&
+         r.experts <= kMaxV4RouteFromHiddenExperts && a.hidden_size > 0 &&
+         a.hidden_size % 4 == 0 && a.hidden_size <= 0x7fffffff && a.hidden != nullptr &&
+         a.router_weight != nullptr && r.topk_ids != nullptr && r.topk_weights != nullptr && Aligned16(a.hidden) &&
+         Aligned16(a.router_weight);
+}
+
+cudaError_t V4RouteFromHiddenF32(const V4RouteFromHiddenParams& params, cudaStream_t stream) {
+  if (!V4RouteFromHiddenSupported(params.args) || params.logits == nullptr ||
+      params.tile_counters == nullptr) {
+    return cudaErrorInvalidValue;
+  }
+  const V4RouteFromHiddenArgs& a = params.args;
+  if (a.route.rows == 0) return cudaSuccess;
+  FromHiddenParams p;
+  p.route = ParamsOf(a.route);
+  p.tile.num_tokens = static_cast<int32_t>(a.route.rows);
+  p.tile.num_experts = static_cast<int32_t>(a.route.experts);
+  p.tile.hidden_size = static_cast<int32_t>(a.hidden_size);
+  p.tile.hidden = a.hidden;
+  p.tile.router_weight = a.router_weight;
+  p.tile.router_logits = params.logits;
+  p.tile.tile_counters = params.tile_counters;
+  switch (V4RouteFromHiddenTileTokens(a.route.rows)) {
+    case 1:
+      return LaunchFromHidden<1>(p, stream);
+    case 2:
+      return LaunchFromHidden<2>(p, stream);
+    case 4:
+      return LaunchFromHidden<4>(p, stream);
+  }
+  return LaunchFromHidden<8>(p, stream);
 }
 
 }  // namespace kernels

@@ -29,6 +29,34 @@ inline constexpr int64_t kMaxV4RouteExperts = 8192;
 // launched for rows 0.
 cudaError_t V4RouteF32(const V4RouteArgs& args, cudaStream_t stream);
 
+// The most tokens and experts V4RouteFromHiddenF32 takes (decode batches: a block keeps the
+// scores of its tokens in static shared memory; larger batches are a GEMM's job).
+inline constexpr int64_t kMaxV4RouteFromHiddenTokens = 256;
+inline constexpr int64_t kMaxV4RouteFromHiddenExperts = 256;
+
+struct V4RouteFromHiddenParams {
+  V4RouteFromHiddenArgs args;  // args.route.logits is not read
+  float* logits = nullptr;     // [rows, experts]: the logits, written (the blocks' hand-over)
+  // At least ceil(rows / V4RouteFromHiddenTileTokens(rows)) zeros, left zero by every call
+  // (which block of a token tile comes last). One array per stream: calls must not overlap.
+  uint32_t* tile_counters = nullptr;
+};
+
+// Tokens per block of V4RouteFromHiddenF32 for `rows` tokens (1, 2, 4 or 8).
+int32_t V4RouteFromHiddenTileTokens(int64_t rows);
+
+// Whether V4RouteFromHiddenF32 takes these arguments: V4RouteF32's limits, at most
+// kMaxV4RouteFromHiddenTokens rows and kMaxV4RouteFromHiddenExperts experts, hidden_size a
+// positive multiple of 4, hidden and router_weight 16-byte aligned, the pointers set.
+bool V4RouteFromHiddenSupported(const V4RouteFromHiddenArgs& args);
+
+// The router logits of the hidden rows (fp32 dot products with the router weight's rows, in an
+// order of the kernel's own, the same for every row count: kernels/moe/router_logits_tile.cuh)
+// and V4RouteF32's routing of them, bit for bit, in one launch; the logits are left in p.logits.
+// cudaErrorInvalidValue where V4RouteFromHiddenSupported(p.args) is false or p.logits or
+// p.tile_counters is null (rows 0: nothing launched).
+cudaError_t V4RouteFromHiddenF32(const V4RouteFromHiddenParams& p, cudaStream_t stream);
+
 }  // namespace kernels
 }  // namespace deepinfer
 

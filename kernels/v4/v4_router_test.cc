@@ -8,11 +8,16 @@
 //  * logits from a few discrete values and no bias, so exact ties are everywhere and the tie
 //    rule (the lower expert id first) decides on every token: ids exactly the CPU's;
 //  * hash routing from a token-id table with repeated experts in a row: exactly the CPU's ids.
+// V4RouteFromHiddenF32 (logits and routing in one launch) against V4RouteF32 on the logits it
+// leaves (ids and weights bit for bit: the routing code is shared) and its logits against a
+// double-precision dot of the hidden rows with the router weight, at 1 to 256 tokens, twice in a
+// row (the tile counters must be left at zero for the second call).
 #include "kernels/v4/v4_router.h"
 
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <random>
 #include <vector>
 
@@ -190,6 +195,134 @@ TEST(V4RouterKernelTest, HashRoutingTakesTheTokensRowSortedById) {
     EXPECT_EQ(got.ids, want.ids) << "experts " << c.experts;
     EXPECT_TRUE(AllClose(got.weights, want.weights, 1e-6, 1e-5)) << "experts " << c.experts;
   }
+}
+
+struct FromHiddenCase {
+  int64_t rows, experts, top_k, hidden;
+  bool sqrtsoftplus, bias, hash;
+};
+
+TEST(V4RouterKernelTest, RouteFromHiddenIsV4RouteOfItsOwnLogits) {
+  DEEPINFER_SKIP_WITHOUT_GPU();
+  for (const FromHiddenCase& c :
+       {FromHiddenCase{1, 256, 6, 4096, true, true, false},
+        FromHiddenCase{2, 256, 6, 4096, true, true, false},
+        FromHiddenCase{3, 256, 6, 4096, true, true, true},
+        FromHiddenCase{7, 256, 6, 4096, true, true, false},
+        FromHiddenCase{64, 256, 6, 4096, true, true, false},
+        FromHiddenCase{128, 256, 6, 4096, true, true, true},
+        FromHiddenCase{256, 256, 6, 512, false, true, false},
+        FromHiddenCase{5, 72, 8, 2052, true, false, false},
+        FromHiddenCase{1, 8, 2, 4, true, true, false}}) {
+    const uint32_t seed = testing::FreshSeed();
+    SCOPED_TRACE(::testing::Message()
+                 << "rows " << c.rows << " experts " << c.experts << " top_k " << c.top_k
+                 << " hidden " << c.hidden << " sqrtsoftplus " << c.sqrtsoftplus << " bias "
+                 << c.bias << " hash " << c.hash << " seed " << seed);
+    const int64_t T = c.rows, E = c.experts, K = c.top_k, H = c.hidden, vocab = 1000;
+    const auto hidden = RandomFloats(T * H, seed, 1.0f);
+    const auto weight = RandomFloats(E * H, seed + 1, 0.05f);
+    const auto bias = RandomFloats(E, seed + 2, 0.3f);
+    std::mt19937 gen(seed + 3);
+    std::vector<int32_t> table(vocab * K), tokens(T);
+    for (int32_t& e : table) e = static_cast<int32_t>(gen() % E);
+    for (int32_t& t : tokens) t = static_cast<int32_t>(gen() % vocab);
+    DeviceArray<float> dh(hidden), dw(weight), db(bias), dlogits(T * E);
+    DeviceArray<int32_t> dtable(table), dtok(tokens), dids(T * K);
+    DeviceArray<float> dweights(T * K);
+    DeviceArray<uint32_t> counters(std::vector<uint32_t>(T, 0));
+    kernels::V4RouteFromHiddenParams p;
+    V4RouteArgs& r = p.args.route;
+    r.rows = T;
+    r.experts = E;
+    r.top_k = K;
+    r.bias = c.bias ? db.get() : nullptr;
+    r.hash_table = c.hash ? dtable.get() : nullptr;
+    r.token_ids = c.hash ? dtok.get() : nullptr;
+    r.sqrtsoftplus = c.sqrtsoftplus;
+    r.scaling = 2.5f;
+    r.topk_ids = dids.get();
+    r.topk_weights = dweights.get();
+    p.args.hidden = dh.get();
+    p.args.hidden_size = H;
+    p.args.router_weight = dw.get();
+    p.logits = dlogits.get();
+    p.tile_counters = counters.get();
+    ASSERT_TRUE(kernels::V4RouteFromHiddenSupported(p.args));
+    for (int call = 0; call < 2; ++call) {
+      SCOPED_TRACE(::testing::Message() << "call " << call);
+      dids.Poison();
+      dweights.Poison();
+      dlogits.Poison();
+      ASSERT_EQ(kernels::V4RouteFromHiddenF32(p, nullptr), cudaSuccess);
+      std::vector<float> logits, got_w;
+      std::vector<int32_t> got_ids;
+      std::vector<uint32_t> left;
+      ASSERT_EQ(dlogits.Download(&logits), cudaSuccess);
+      ASSERT_EQ(dids.Download(&got_ids), cudaSuccess);
+      ASSERT_EQ(dweights.Download(&got_w), cudaSuccess);
+      ASSERT_EQ(counters.Download(&left), cudaSuccess);
+      EXPECT_EQ(left, std::vector<uint32_t>(T, 0)) << "tile counters not left at zero";
+      // The logits against a double-precision dot: fp32 summation noise only.
+      for (int64_t t = 0; t < T; ++t) {
+        for (int64_t e = 0; e < E; ++e) {
+          double dot = 0.0, mag = 0.0;
+          for (int64_t i = 0; i < H; ++i) {
+            dot += double{hidden[t * H + i]} * weight[e * H + i];
+            mag += std::fabs(double{hidden[t * H + i]} * weight[e * H + i]);
+          }
+          ASSERT_NEAR(logits[t * E + e], dot, 1e-5 * mag + 1e-30)
+              << "token " << t << " expert " << e;
+        }
+      }
+      // V4RouteF32 on those logits: the same ids and weights, bit for bit.
+      V4RouteArgs again = r;
+      again.bias = c.bias ? bias.data() : nullptr;
+      again.hash_table = c.hash ? table.data() : nullptr;
+      again.token_ids = c.hash ? tokens.data() : nullptr;
+      again.logits = logits.data();
+      const Routed want = OnGpu(again, vocab);
+      EXPECT_EQ(got_ids, want.ids);
+      ASSERT_EQ(got_w.size(), want.weights.size());
+      EXPECT_EQ(0, std::memcmp(got_w.data(), want.weights.data(), got_w.size() * sizeof(float)))
+          << "weights differ from V4RouteF32's bits";
+    }
+  }
+}
+
+TEST(V4RouterKernelTest, RouteFromHiddenRefusesWhatItDoesNotTake) {
+  DEEPINFER_SKIP_WITHOUT_GPU();
+  DeviceArray<float> dh(8 * 64), dw(300 * 64), dlogits(8 * 300), dweights(8 * 6);
+  DeviceArray<int32_t> dids(8 * 6);
+  DeviceArray<uint32_t> counters(std::vector<uint32_t>(8, 0));
+  kernels::V4RouteFromHiddenParams p;
+  p.args.route.rows = 8;
+  p.args.route.experts = 256;
+  p.args.route.top_k = 6;
+  p.args.route.topk_ids = dids.get();
+  p.args.route.topk_weights = dweights.get();
+  p.args.hidden = dh.get();
+  p.args.hidden_size = 64;
+  p.args.router_weight = dw.get();
+  p.logits = dlogits.get();
+  p.tile_counters = counters.get();
+  EXPECT_TRUE(kernels::V4RouteFromHiddenSupported(p.args));
+  p.args.route.experts = kernels::kMaxV4RouteFromHiddenExperts + 1;  // more than a block keeps
+  EXPECT_FALSE(kernels::V4RouteFromHiddenSupported(p.args));
+  EXPECT_EQ(kernels::V4RouteFromHiddenF32(p, nullptr), cudaErrorInvalidValue);
+  p.args.route.experts = 256;
+  p.args.hidden_size = 62;  // not a multiple of 4
+  EXPECT_FALSE(kernels::V4RouteFromHiddenSupported(p.args));
+  p.args.hidden_size = 64;
+  p.args.route.rows = kernels::kMaxV4RouteFromHiddenTokens + 1;
+  EXPECT_FALSE(kernels::V4RouteFromHiddenSupported(p.args));
+  p.args.route.rows = 8;
+  p.args.hidden = dh.get() + 1;  // not 16-byte aligned
+  EXPECT_FALSE(kernels::V4RouteFromHiddenSupported(p.args));
+  p.args.hidden = dh.get();
+  p.tile_counters = nullptr;
+  EXPECT_EQ(kernels::V4RouteFromHiddenF32(p, nullptr), cudaErrorInvalidValue);
+  DEEPINFER_CUDA_OK(cudaDeviceSynchronize());
 }
 
 TEST(V4RouterKernelTest, BadShapesAreRefused) {

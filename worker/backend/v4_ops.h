@@ -197,6 +197,15 @@ struct V4RouteArgs {
   float* topk_weights = nullptr;  // [rows, top_k]
 };
 
+// Arguments of V4Ops::RouteFromHidden: route with its logits computed from hidden rows and the
+// fp32 router weight (route.logits is not read).
+struct V4RouteFromHiddenArgs {
+  V4RouteArgs route;
+  const float* hidden = nullptr;         // [route.rows, hidden_size]
+  int64_t hidden_size = 0;
+  const float* router_weight = nullptr;  // [route.experts, hidden_size], fp32
+};
+
 // Arguments of V4Ops::NormRope: rows r = t * heads + h of dim values at x + r * dim, normed with
 // weight and eps into out + r * dim (may be x), each row's last rope_dim values then rotated as
 // Backend::ApplyRope rotates them (interleaved pairs, angle positions[t] * inv_freq[j], cos / sin
@@ -242,6 +251,10 @@ class V4Ops {
   virtual void SinkAttention(const SinkAttentionArgs& args) = 0;
   virtual void IndexerTopK(const IndexerTopKArgs& args) = 0;
   virtual void Route(const V4RouteArgs& args) = 0;
+  // Backend::Gemm of the hidden rows with the router weight (the logits), then Route, as one op
+  // where the backend has a kernel for these shapes (the logits summed in its own order); false
+  // (nothing done) otherwise, and the caller runs the two.
+  virtual bool RouteFromHidden(const V4RouteFromHiddenArgs& args) { return false; }
   virtual void CopyRows(const CopyRowsArgs& args) = 0;
   // out[r, i] = silu(min(x[r, i], limit)) * clamp(x[r, inter + i], -limit, limit); x is
   // [rows, 2 * inter] (gate then up), limit <= 0: no clamp.

@@ -7,6 +7,7 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "kernels/moe/noaux_tc_router_fused.h"
 #include "kernels/rope/rope.h"
 #include "kernels/v4/compress_windows.h"
 #include "kernels/v4/copy_rows.h"
@@ -171,6 +172,29 @@ void CudaV4Ops::Route(const V4RouteArgs& a) {
             a.hash_table != nullptr ? ", hash table" : "",
             a.hash_table != nullptr && a.token_ids == nullptr ? " without token ids" : ""));
   }
+}
+
+bool CudaV4Ops::RouteFromHidden(const V4RouteFromHiddenArgs& a) {
+  const V4RouteArgs& r = a.route;
+  if (backend_->tuning_.batch_invariant || r.rows > kRouteFromHiddenMaxTokens) return false;
+  if (!kernels::V4RouteFromHiddenSupported(a)) return false;
+  if (r.rows == 0) return true;
+  // A token tile has at least one token, so the RouteTokensF32 counters cover every tile.
+  static_assert(kRouteFromHiddenMaxTokens <= kernels::kFusedRouterTileCounters);
+  std::unique_ptr<DeviceBuffer> logits =
+      backend_->AllocateScratch(static_cast<size_t>(r.rows * r.experts) * sizeof(float));
+  kernels::V4RouteFromHiddenParams p;
+  p.args = a;
+  p.logits = logits->as<float>();
+  p.tile_counters = backend_->route_tile_counters_;
+  CudaBackend::OpTimer timer(backend_, "V4RouteFromHidden");
+  const cudaError_t err = kernels::V4RouteFromHiddenF32(p, backend_->stream_);
+  if (err != cudaSuccess) {
+    RecordFailure(err, "kernels::V4RouteFromHiddenF32",
+                  absl::StrCat("rows ", r.rows, ", experts ", r.experts, ", top_k ", r.top_k,
+                               ", hidden ", a.hidden_size));
+  }
+  return true;
 }
 
 void CudaV4Ops::CopyRows(const CopyRowsArgs& a) {

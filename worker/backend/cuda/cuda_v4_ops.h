@@ -52,6 +52,11 @@ class CudaV4Ops : public V4Ops {
   static constexpr int64_t kTensorCoreIndexerMinTokens = 512;
   // kernels::V4RouteF32.
   void Route(const V4RouteArgs& args) override;
+  // kernels::V4RouteFromHiddenF32 (logits and routing in one launch; the logits in scratch, the
+  // backend's tile counters) up to kRouteFromHiddenMaxTokens tokens where it takes the shapes,
+  // outside batch-invariant mode (whose router GEMM sums in the batch-invariant GEMM's order).
+  bool RouteFromHidden(const V4RouteFromHiddenArgs& args) override;
+  static constexpr int64_t kRouteFromHiddenMaxTokens = 128;
   // kernels::CopyRowsF32.
   void CopyRows(const CopyRowsArgs& args) override;
   // kernels::SwiGluClampedF32.

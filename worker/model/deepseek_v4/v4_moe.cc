@@ -2,6 +2,7 @@
 #include "worker/model/deepseek_v4/v4_moe.h"
 
 #include <algorithm>
+#include <memory>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -101,16 +102,12 @@ absl::Status V4Moe::Forward(int64_t layer, int64_t rows, const float* h, const i
   // No rows: nothing to compute, but an expert-parallel dispatcher still takes part in the
   // ranks' exchange.
   if (rows == 0 && !tables_.empty()) return absl::OkStatus();
-  auto logits = Floats(rows * E);
-  backend_->Gemm(rows, E, H, h, H, WeightView(L.router->as<float>()), H, logits->as<float>(), E,
-                 false);
   auto topk_ids = backend_->AllocateScratch(std::max<int64_t>(1, rows * K) * sizeof(int32_t));
   auto topk_w = Floats(rows * K);
   V4RouteArgs r;
   r.rows = rows;
   r.experts = E;
   r.top_k = K;
-  r.logits = logits->as<float>();
   r.bias = L.router_bias != nullptr ? L.router_bias->as<float>() : nullptr;
   const DeviceBuffer* table = layers_[layer].hash_table;
   r.hash_table = table != nullptr ? table->as<int32_t>() : nullptr;
@@ -119,7 +116,19 @@ absl::Status V4Moe::Forward(int64_t layer, int64_t rows, const float* h, const i
   r.scaling = static_cast<float>(c.routed_scaling_factor);
   r.topk_ids = topk_ids->as<int32_t>();
   r.topk_weights = topk_w->as<float>();
-  if (rows > 0) backend_->v4_ops()->Route(r);
+  V4RouteFromHiddenArgs fused;
+  fused.route = r;
+  fused.hidden = h;
+  fused.hidden_size = H;
+  fused.router_weight = L.router->as<float>();
+  std::unique_ptr<DeviceBuffer> logits;
+  if (rows > 0 && !backend_->v4_ops()->RouteFromHidden(fused)) {
+    logits = Floats(rows * E);
+    backend_->Gemm(rows, E, H, h, H, WeightView(L.router->as<float>()), H, logits->as<float>(), E,
+                   false);
+    r.logits = logits->as<float>();
+    backend_->v4_ops()->Route(r);
+  }
   // EPLB load statistics, on the device (read back by TakeExpertCounts), once the experts' path
   // is known: a refused device-only step counts nothing.
   auto count = [&] {
