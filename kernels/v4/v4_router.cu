@@ -42,19 +42,28 @@ __device__ __forceinline__ bool Before(float v, int i, float bv, int bi) {
   return v > bv || (v == bv && i < bi);
 }
 
-// Routes token r in one warp from its logits (logit(x) for expert x): sel holds the warp's
-// scores + bias (experts floats of shared memory), chosen its top_k picks; every lane must call.
-// Lane 0 writes the token's ids and weights.
+// Routes token r in one warp from its logits (logit(x) for expert x): sel and score hold the
+// warp's scores + bias and scores (experts floats each of shared memory), chosen and chosen_score
+// its top_k picks and their scores; every lane must call. Each score is computed once, by the
+// lane that owns its expert, so lane 0's tail (the sum, the weights, the sort) reads only shared
+// memory. Lane 0 writes the token's ids and weights.
 template <typename Logit>
 __device__ void RouteTokenInWarp(const Params& p, int64_t r, Logit logit, float* sel,
-                                 int32_t* chosen) {
+                                 float* score, int32_t* chosen, float* chosen_score) {
   const int lane = threadIdx.x % 32;
   const int E = p.experts, K = p.top_k;
   if (p.hash_table != nullptr) {
-    if (lane < K) chosen[lane] = p.hash_table[int64_t{p.token_ids[r]} * K + lane];
+    if (lane < K) {
+      const int32_t id = p.hash_table[int64_t{p.token_ids[r]} * K + lane];
+      chosen[lane] = id;
+      // An id outside the experts (a bad hash table) is kept for the dispatcher to refuse, with
+      // weight 0 instead of a read outside the row.
+      chosen_score[lane] = id >= 0 && id < E ? Score(logit(id), p.sqrtsoftplus) : 0.0f;
+    }
   } else {
     for (int x = lane; x < E; x += 32) {
       const float s = Score(logit(x), p.sqrtsoftplus);
+      score[x] = s;
       sel[x] = p.bias != nullptr ? __fadd_rn(s, p.bias[x]) : s;
     }
     __syncwarp();
@@ -75,8 +84,12 @@ __device__ void RouteTokenInWarp(const Params& p, int64_t r, Logit logit, float*
           best_i = oi;
         }
       }
-      // best_i stays INT_MAX only when every remaining score is NaN (NaN logits).
-      if (lane == 0) chosen[k] = best_i < E ? best_i : -1;
+      // best_i stays INT_MAX only when every remaining score is NaN (NaN logits): id -1 with
+      // weight 0, for the dispatcher to refuse.
+      if (lane == 0) {
+        chosen[k] = best_i < E ? best_i : -1;
+        chosen_score[k] = best_i < E ? score[best_i] : 0.0f;
+      }
       if (best_i < E && lane == best_i % 32) sel[best_i] = NAN;
       __syncwarp();
     }
@@ -90,9 +103,7 @@ __device__ void RouteTokenInWarp(const Params& p, int64_t r, Logit logit, float*
   float sum = 0.0f;
   for (int k = 0; k < K; ++k) {
     ids[k] = chosen[k];
-    // An id outside the experts (a bad hash table, or NaN logits) is kept for the dispatcher to
-    // refuse, with weight 0 instead of a read outside the row.
-    w[k] = ids[k] >= 0 && ids[k] < E ? Score(logit(ids[k]), p.sqrtsoftplus) : 0.0f;
+    w[k] = chosen_score[k];
     sum = __fadd_rn(sum, w[k]);
   }
   const float denom = __fadd_rn(sum, 1e-20f);
@@ -115,14 +126,16 @@ __device__ void RouteTokenInWarp(const Params& p, int64_t r, Logit logit, float*
 }
 
 __device__ void V4RouteBody(Params p) {
-  extern __shared__ float shared[];
+  extern __shared__ float shared[];  // [kWarps][2][experts]: sel, then score
   const int warp = threadIdx.x / 32;
   __shared__ int32_t chosen[kWarps][kMaxV4RouteTopK];
+  __shared__ float chosen_score[kWarps][kMaxV4RouteTopK];
   const int64_t r = int64_t{blockIdx.x} * kWarps + warp;
   if (r >= p.rows) return;
   const float* l = p.logits + r * p.experts;
+  float* sel = shared + 2 * warp * p.experts;
   RouteTokenInWarp(
-      p, r, [l](int x) { return l[x]; }, shared + warp * p.experts, chosen[warp]);
+      p, r, [l](int x) { return l[x]; }, sel, sel + p.experts, chosen[warp], chosen_score[warp]);
 }
 
 // V4RouteFromHiddenF32: the logits of a tile (router_logits_tile.cuh), then the token tile's
@@ -140,8 +153,9 @@ __device__ router_logits::WeightRounds<1> PrefetchFromHidden(FromHiddenParams p)
 template <int TM>
 __device__ void RouteFromHiddenBody(const router_logits::WeightRounds<1>& first,
                                     FromHiddenParams p) {
-  __shared__ float sel[TM][kMaxV4RouteFromHiddenExperts];
+  __shared__ float sel[TM][kMaxV4RouteFromHiddenExperts], score[TM][kMaxV4RouteFromHiddenExperts];
   __shared__ int32_t chosen[TM][kMaxV4RouteTopK];
+  __shared__ float chosen_score[TM][kMaxV4RouteTopK];
   if (!router_logits::LogitsTileIsLast<TM, 1>(first, p.tile)) return;
   const int warp = threadIdx.x / 32;
   const int64_t r = int64_t{blockIdx.y} * TM + warp;
@@ -149,7 +163,8 @@ __device__ void RouteFromHiddenBody(const router_logits::WeightRounds<1>& first,
   // L2 reads: other blocks wrote these during this kernel.
   const float* l = p.tile.router_logits + r * p.route.experts;
   RouteTokenInWarp(
-      p.route, r, [l](int x) { return __ldcg(l + x); }, sel[warp], chosen[warp]);
+      p.route, r, [l](int x) { return __ldcg(l + x); }, sel[warp], score[warp], chosen[warp],
+      chosen_score[warp]);
 }
 
 template <int TM>
@@ -191,7 +206,7 @@ cudaError_t V4RouteF32(const V4RouteArgs& a, cudaStream_t stream) {
   if (a.rows == 0) return cudaSuccess;
   const Params p = ParamsOf(a);
   // Hash routing reads no scores into shared memory.
-  const size_t smem = a.hash_table != nullptr ? 0 : size_t{kWarps} * a.experts * sizeof(float);
+  const size_t smem = a.hash_table != nullptr ? 0 : size_t{kWarps} * 2 * a.experts * sizeof(float);
   constexpr auto kEntry = EntryKernel<V4RouteBody, kThreads>();
   if (smem > 48 * 1024) {
     const cudaError_t err = cudaFuncSetAttribute(

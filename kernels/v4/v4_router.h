@@ -16,14 +16,15 @@ namespace kernels {
 
 // The most experts a token chooses.
 inline constexpr int64_t kMaxV4RouteTopK = 32;
-// The most experts (the selection keeps one fp32 score per expert in shared memory).
-inline constexpr int64_t kMaxV4RouteExperts = 8192;
+// The most experts (the selection keeps two fp32 values per expert and token in shared memory).
+inline constexpr int64_t kMaxV4RouteExperts = 4096;
 
 // Every pointer of args is device memory. One warp per token: the scores of its experts in
 // shared memory, top_k rounds of a warp arg-max (the choices as the CPU's partial sort orders
 // them), then lane 0 sums the chosen scores in that order, divides and sorts the pairs by id
-// (stable). The weights are the CPU's up to expf / log1pf / sqrtf rounding; the ids are the
-// CPU's unless two scores + bias are within that rounding of each other.
+// (stable), from shared memory only. The weights are the CPU's up to expf / log1pf / sqrtf
+// rounding; the ids are the CPU's unless two scores + bias are within that rounding of each
+// other.
 // cudaErrorInvalidValue for negative rows, experts outside [1, kMaxV4RouteExperts], top_k
 // outside [1, min(experts, kMaxV4RouteTopK)], or a hash table without token ids; nothing is
 // launched for rows 0.
