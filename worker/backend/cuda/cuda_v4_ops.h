@@ -26,7 +26,8 @@ class CudaV4Ops : public V4Ops {
 
   // kernels::HcMixF32 / HcHeadF32 / HcExpandF32 (kernels/v4/hyper_connection.h).
   void HcMix(const HcMixArgs& args) override;
-  // kernels::HcMixFromStreamsF32 where it takes the shapes (its partials from scratch).
+  // kernels::HcMixFromStreamsF32 where it takes the shapes (its partials from scratch, the
+  // backend's counter: one launch up to 4 rows).
   bool HcMixFromStreams(const HcMixArgs& args) override;
   // kernels::RmsNormRopeF32 (RmsNormRopeToBf16 with out_bf16) where it takes the shapes (rows
   // up to 2048 wide).
