@@ -39,14 +39,21 @@ __device__ __forceinline__ RotatedPair RotatePair(const float* v, int64_t j, int
   return r;
 }
 
-// RmsNormRopeF32: a warp per row, kRopeWarpRows rows per block. The norm is RmsNormF32's one-warp
+// RmsNormRopeF32: a warp per row, kRopeWarpRows rows per block (kFewRowsWarpRows up to
+// kRopeFewRows rows: more blocks for a decode token's heads). The norm is RmsNormF32's one-warp
 // row kernel (kernels/norm/rms_norm.cu, RmsNormWarpRowsBody) step for step: lane l holds elements
 // l + 32 s, the sum of squares adds slots w, w + 8, ... per virtual warp w, each reduced by the
 // xor butterfly and added in warp order, so the normed values are RmsNormF32's bits. The rope
 // slice starts at an even element, so pair (2j, 2j + 1) of it lies in lanes l and l ^ 1 at the
 // same slot: each lane takes its partner's normed value by a shuffle and computes its own half
-// with RotatePair's arithmetic.
+// with RotatePair's arithmetic. The lane's weights and inverse frequencies are loaded before the
+// PDL wait (RmsNormRopePrefetch: weights of the model); after it the row and the token's position
+// load together, and up to kEarlyCosSinSlots slots a lane the cos/sin (which depend on the
+// position only) are computed before the norm's reduction rather than after it.
 constexpr int kRopeWarpRows = 8;
+constexpr int64_t kRopeFewRows = 128;
+constexpr int kFewRowsWarpRows = 1;
+constexpr int kEarlyCosSinSlots = 16;
 
 struct RmsNormRopeParams {
   int64_t rows = 0, heads = 0, dim = 0, rope_dim = 0;
@@ -62,20 +69,56 @@ struct RmsNormRopeParams {
   float attention_factor = 1.0f;
 };
 
+// A lane's weights and inverse frequencies (0 outside the row / the rope slice).
 template <int kPerLane>
-__device__ void RmsNormRopeBody(RmsNormRopeParams p) {
-  constexpr int kVirtualWarps = 8;  // RmsNormF32's 256-thread block
+struct NormRopeWeights {
+  float weight[kPerLane];
+  float inv_freq[kPerLane];
+};
+
+template <int kPerLane, int kWarpRows>
+__device__ NormRopeWeights<kPerLane> RmsNormRopePrefetch(RmsNormRopeParams p) {
+  NormRopeWeights<kPerLane> c;
   const int lane = static_cast<int>(threadIdx.x & 31);
-  const int64_t row = static_cast<int64_t>(blockIdx.x) * kRopeWarpRows + threadIdx.x / 32;
+  const int64_t row = static_cast<int64_t>(blockIdx.x) * kWarpRows + threadIdx.x / 32;
+  const int64_t base = p.dim - p.rope_dim;
+#pragma unroll
+  for (int s = 0; s < kPerLane; ++s) {
+    const int64_t i = lane + 32 * s;
+    const bool in_row = row < p.rows && i < p.dim;
+    c.weight[s] = in_row ? __ldg(p.weight + i) : 0.0f;
+    c.inv_freq[s] = in_row && i >= base ? __ldg(p.inv_freq + (i - base) / 2) : 0.0f;
+  }
+  return c;
+}
+
+template <int kPerLane, int kWarpRows>
+__device__ void RmsNormRopeBody(const NormRopeWeights<kPerLane>& c, RmsNormRopeParams p) {
+  constexpr int kVirtualWarps = 8;  // RmsNormF32's 256-thread block
+  constexpr bool kEarly = kPerLane <= kEarlyCosSinSlots;
+  const int lane = static_cast<int>(threadIdx.x & 31);
+  const int64_t row = static_cast<int64_t>(blockIdx.x) * kWarpRows + threadIdx.x / 32;
   if (row >= p.rows) return;  // the whole warp: no barrier or shuffle below misses a lane
   const float* xr = p.x + row * p.ldx;
   float* orow = p.out + row * p.ldout;
   __nv_bfloat16* orow16 = p.out_bf16 + row * p.ldout;
+  const float pos = static_cast<float>(p.positions[row / p.heads]);
   float v[kPerLane];
 #pragma unroll
   for (int s = 0; s < kPerLane; ++s) {
     const int64_t i = lane + 32 * s;
     v[s] = i < p.dim ? xr[i] : 0.0f;
+  }
+  const int64_t base = p.dim - p.rope_dim;
+  float cs[kEarly ? kPerLane : 1], sn[kEarly ? kPerLane : 1];
+  if constexpr (kEarly) {
+#pragma unroll
+    for (int s = 0; s < kPerLane; ++s) {
+      const int64_t i = lane + 32 * s;
+      cs[s] = 0.0f, sn[s] = 0.0f;
+      if (i < p.dim && i >= base)
+        RopeCosSin(pos, c.inv_freq[s], p.attention_factor, &cs[s], &sn[s]);
+    }
   }
   float total = 0.0f;
 #pragma unroll
@@ -87,19 +130,21 @@ __device__ void RmsNormRopeBody(RmsNormRopeParams p) {
     total += ss;
   }
   const float inv = 1.0f / sqrtf(total / static_cast<float>(p.dim) + p.eps);
-  const int64_t base = p.dim - p.rope_dim;
-  const float pos = static_cast<float>(p.positions[row / p.heads]);
-  // The outputs into v first, then the stores: no store comes between the loads of weight and
-  // inv_freq, so they are all in flight together (a decode row waits on one round of them).
+  // The outputs into v first, then the stores.
 #pragma unroll
   for (int s = 0; s < kPerLane; ++s) {
     const int64_t i = lane + 32 * s;
-    float o = i < p.dim ? p.weight[i] * (v[s] * inv) : 0.0f;
+    float o = i < p.dim ? c.weight[s] * (v[s] * inv) : 0.0f;
     const float partner = __shfl_xor_sync(0xffffffffu, o, 1);
     if (i < p.dim && i >= base) {
-      float cs, sn;
-      RopeCosSin(pos, p.inv_freq[(i - base) / 2], p.attention_factor, &cs, &sn);
-      o = (i & 1) == 0 ? RotatedFirst(o, partner, cs, sn) : RotatedSecond(partner, o, cs, sn);
+      float cos_s, sin_s;
+      if constexpr (kEarly) {
+        cos_s = cs[s], sin_s = sn[s];
+      } else {
+        RopeCosSin(pos, c.inv_freq[s], p.attention_factor, &cos_s, &sin_s);
+      }
+      o = (i & 1) == 0 ? RotatedFirst(o, partner, cos_s, sin_s)
+                       : RotatedSecond(partner, o, cos_s, sin_s);
     }
     v[s] = o;
   }
@@ -331,16 +376,28 @@ bool RmsNormRopeSupported(int64_t tokens, int64_t heads, int64_t dim, int64_t ro
 
 namespace {
 
-cudaError_t LaunchRmsNormRope(const RmsNormRopeParams& p, cudaStream_t stream) {
-  const unsigned grid = static_cast<unsigned>((p.rows + kRopeWarpRows - 1) / kRopeWarpRows);
-  constexpr int kWarpThreads = kRopeWarpRows * 32;
-  if (p.dim <= 256)
-    return LaunchAfterPrecedingGrids<RmsNormRopeBody<8>, kWarpThreads>(grid, 0, stream, p);
-  if (p.dim <= 512)
-    return LaunchAfterPrecedingGrids<RmsNormRopeBody<16>, kWarpThreads>(grid, 0, stream, p);
-  if (p.dim <= 1024)
-    return LaunchAfterPrecedingGrids<RmsNormRopeBody<32>, kWarpThreads>(grid, 0, stream, p);
-  return LaunchAfterPrecedingGrids<RmsNormRopeBody<64>, kWarpThreads>(grid, 0, stream, p);
+template <int kPerLane, int kWarpRows>
+cudaError_t LaunchRmsNormRopeRows(const RmsNormRopeParams& p, cudaStream_t stream) {
+  const unsigned grid = static_cast<unsigned>((p.rows + kWarpRows - 1) / kWarpRows);
+  return LaunchPrefetchThenAfterPrecedingGrids<RmsNormRopePrefetch<kPerLane, kWarpRows>,
+                                               RmsNormRopeBody<kPerLane, kWarpRows>,
+                                               kWarpRows * 32>(grid, 0, stream, p);
+}
+
+template <int kPerLane>
+cudaError_t LaunchRmsNormRopeFor(const RmsNormRopeParams& p, RopeRows rows_shape,
+                                 cudaStream_t stream) {
+  if (rows_shape == RopeRows::kAuto && p.rows <= kRopeFewRows)
+    return LaunchRmsNormRopeRows<kPerLane, kFewRowsWarpRows>(p, stream);
+  return LaunchRmsNormRopeRows<kPerLane, kRopeWarpRows>(p, stream);
+}
+
+cudaError_t LaunchRmsNormRope(const RmsNormRopeParams& p, RopeRows rows_shape,
+                              cudaStream_t stream) {
+  if (p.dim <= 256) return LaunchRmsNormRopeFor<8>(p, rows_shape, stream);
+  if (p.dim <= 512) return LaunchRmsNormRopeFor<16>(p, rows_shape, stream);
+  if (p.dim <= 1024) return LaunchRmsNormRopeFor<32>(p, rows_shape, stream);
+  return LaunchRmsNormRopeFor<64>(p, rows_shape, stream);
 }
 
 }  // namespace
@@ -348,20 +405,21 @@ cudaError_t LaunchRmsNormRope(const RmsNormRopeParams& p, cudaStream_t stream) {
 cudaError_t RmsNormRopeF32(int64_t tokens, int64_t heads, int64_t dim, const float* x, int64_t ldx,
                            const float* weight, float eps, float* out, int64_t ldout,
                            int64_t rope_dim, const int32_t* positions, const float* inv_freq,
-                           float attention_factor, cudaStream_t stream) {
+                           float attention_factor, cudaStream_t stream, RopeRows rows_shape) {
   if (!RmsNormRopeSupported(tokens, heads, dim, rope_dim)) return cudaErrorInvalidValue;
   if (tokens == 0) return cudaSuccess;
   RmsNormRopeParams p;
   p.rows = tokens * heads, p.heads = heads, p.dim = dim, p.rope_dim = rope_dim;
   p.x = x, p.ldx = ldx, p.weight = weight, p.eps = eps, p.out = out, p.ldout = ldout;
   p.positions = positions, p.inv_freq = inv_freq, p.attention_factor = attention_factor;
-  return LaunchRmsNormRope(p, stream);
+  return LaunchRmsNormRope(p, rows_shape, stream);
 }
 
 cudaError_t RmsNormRopeToBf16(int64_t tokens, int64_t heads, int64_t dim, const float* x,
                               int64_t ldx, const float* weight, float eps, uint16_t* out,
                               int64_t ldout, int64_t rope_dim, const int32_t* positions,
-                              const float* inv_freq, float attention_factor, cudaStream_t stream) {
+                              const float* inv_freq, float attention_factor, cudaStream_t stream,
+                              RopeRows rows_shape) {
   if (!RmsNormRopeSupported(tokens, heads, dim, rope_dim)) return cudaErrorInvalidValue;
   if (tokens == 0) return cudaSuccess;
   if (out == nullptr) return cudaErrorInvalidValue;
@@ -370,7 +428,7 @@ cudaError_t RmsNormRopeToBf16(int64_t tokens, int64_t heads, int64_t dim, const 
   p.x = x, p.ldx = ldx, p.weight = weight, p.eps = eps;
   p.out_bf16 = reinterpret_cast<__nv_bfloat16*>(out), p.ldout = ldout;
   p.positions = positions, p.inv_freq = inv_freq, p.attention_factor = attention_factor;
-  return LaunchRmsNormRope(p, stream);
+  return LaunchRmsNormRope(p, rows_shape, stream);
 }
 
 cudaError_t NormRopeWriteLatentCacheF32(const NormRopeCacheParams& p, cudaStream_t stream) {

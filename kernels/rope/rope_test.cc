@@ -291,7 +291,9 @@ TEST(RopeKernelTest, NormRopeCacheAbsorbQueryMatchesCpuAndTheTwoLaunches) {
 // kernels it replaces (RmsNormF32, ApplyRopeF32); RmsNormRopeToBf16 bit for bit its values
 // rounded: DeepSeek-V4's query (1 and 3 tokens x 64 heads
 // of 512, rope 64, normed in place), its key and compressed entries (one head of 512 and of 128),
-// rows not a multiple of 32 wide and padded row strides, each warp-row size (up to 2048).
+// rows not a multiple of 32 wide and padded row strides, each warp-row size (up to 2048), row
+// counts on both sides of the few-rows launch shape's limit (128), each launch shape
+// (RopeRows::kAuto, kWide).
 TEST(RopeKernelTest, RmsNormRopeMatchesCpuAndTheTwoKernels) {
   DEEPINFER_SKIP_WITHOUT_GPU();
   CpuBackend cpu(2);
@@ -302,7 +304,8 @@ TEST(RopeKernelTest, RmsNormRopeMatchesCpuAndTheTwoKernels) {
   for (const Case& c : {Case{1, 64, 512, 64, 512, true}, Case{3, 64, 512, 64, 512, true},
                         Case{37, 1, 512, 64, 512, false}, Case{5, 1, 128, 64, 128, false},
                         Case{9, 3, 200, 16, 205, false}, Case{4, 2, 1000, 64, 1000, true},
-                        Case{2, 2, 2048, 64, 2052, false}}) {
+                        Case{2, 2, 2048, 64, 2052, false}, Case{1, 65, 512, 64, 512, true},
+                        Case{1, 129, 128, 64, 128, false}, Case{1, 1, 512, 64, 512, true}}) {
     const uint32_t seed = testing::FreshSeed();
     SCOPED_TRACE(::testing::Message()
                  << "tokens " << c.tokens << " heads " << c.heads << " dim " << c.dim << " rope "
@@ -324,26 +327,31 @@ TEST(RopeKernelTest, RmsNormRopeMatchesCpuAndTheTwoKernels) {
     cpu.RmsNorm(rows, c.dim, x.data(), c.ld, w.data(), eps, want.data(), c.ld);
     cpu.ApplyRope(c.tokens, c.heads, want.data() + c.dim - c.rope, c.heads * c.ld, c.ld, c.rope,
                   positions.data(), inv_freq.data(), factor, /*interleaved=*/true);
-    DeviceArray<float> dx(x), dw(w), dinv(inv_freq), dout(x), ux(x), uout(x);
+    DeviceArray<float> dw(w), dinv(inv_freq), ux(x), uout(x);
     DeviceArray<int32_t> dpos(positions);
-    float* out = c.in_place ? dx.get() : dout.get();
-    ASSERT_TRUE(kernels::RmsNormRopeSupported(c.tokens, c.heads, c.dim, c.rope));
-    DEEPINFER_CUDA_OK(kernels::RmsNormRopeF32(c.tokens, c.heads, c.dim, dx.get(), c.ld, dw.get(),
-                                              eps, out, c.ld, c.rope, dpos.get(), dinv.get(),
-                                              factor, nullptr));
     float* uo = c.in_place ? ux.get() : uout.get();
     DEEPINFER_CUDA_OK(
         kernels::RmsNormF32(rows, c.dim, ux.get(), c.ld, dw.get(), eps, uo, c.ld, nullptr));
     DEEPINFER_CUDA_OK(kernels::ApplyRopeF32(c.tokens, c.heads, uo + c.dim - c.rope, c.heads * c.ld,
                                             c.ld, c.rope, dpos.get(), dinv.get(), factor,
                                             /*interleaved=*/true, nullptr));
-    std::vector<float> got, unfused;
-    DEEPINFER_CUDA_OK((c.in_place ? dx : dout).Download(&got));
+    std::vector<float> unfused;
     DEEPINFER_CUDA_OK((c.in_place ? ux : uout).Download(&unfused));
-    EXPECT_TRUE(AllClose(got, want, 2e-5, 2e-6));
-    ASSERT_EQ(got.size(), unfused.size());
-    EXPECT_EQ(0, std::memcmp(got.data(), unfused.data(), got.size() * sizeof(float)))
-        << "not bit for bit RmsNormF32 + ApplyRopeF32";
+    ASSERT_TRUE(kernels::RmsNormRopeSupported(c.tokens, c.heads, c.dim, c.rope));
+    for (const kernels::RopeRows shape : {kernels::RopeRows::kAuto, kernels::RopeRows::kWide}) {
+      SCOPED_TRACE(::testing::Message() << "rows shape " << static_cast<int>(shape));
+      DeviceArray<float> dx(x), dout(x);
+      float* out = c.in_place ? dx.get() : dout.get();
+      DEEPINFER_CUDA_OK(kernels::RmsNormRopeF32(c.tokens, c.heads, c.dim, dx.get(), c.ld, dw.get(),
+                                                eps, out, c.ld, c.rope, dpos.get(), dinv.get(),
+                                                factor, nullptr, shape));
+      std::vector<float> got;
+      DEEPINFER_CUDA_OK((c.in_place ? dx : dout).Download(&got));
+      EXPECT_TRUE(AllClose(got, want, 2e-5, 2e-6));
+      ASSERT_EQ(got.size(), unfused.size());
+      EXPECT_EQ(0, std::memcmp(got.data(), unfused.data(), got.size() * sizeof(float)))
+          << "not bit for bit RmsNormF32 + ApplyRopeF32";
+    }
     // The bf16 output: the fp32 output rounded to nearest even, value for value (the padding
     // between rows untouched).
     const uint16_t kUntouched = 0x7FC1;
