@@ -76,11 +76,28 @@ struct NormRopeWeights {
   float inv_freq[kPerLane];
 };
 
+// One launch's calls: blocks [0, first_blocks) take part[0]'s rows, the others part[1]'s
+// (RmsNormRopePairF32; a single call's part[1] has no rows).
+struct RmsNormRopeLaunch {
+  RmsNormRopeParams part[2];
+  int64_t first_blocks = 0;
+};
+
+// This warp's call and row in it.
+template <int kWarpRows>
+__device__ __forceinline__ RmsNormRopeParams PartOf(const RmsNormRopeLaunch& l, int64_t* row) {
+  const bool second = blockIdx.x >= l.first_blocks;
+  const int64_t block = static_cast<int64_t>(blockIdx.x) - (second ? l.first_blocks : 0);
+  *row = block * kWarpRows + threadIdx.x / 32;
+  return second ? l.part[1] : l.part[0];
+}
+
 template <int kPerLane, int kWarpRows>
-__device__ NormRopeWeights<kPerLane> RmsNormRopePrefetch(RmsNormRopeParams p) {
+__device__ NormRopeWeights<kPerLane> RmsNormRopePrefetch(RmsNormRopeLaunch l) {
   NormRopeWeights<kPerLane> c;
   const int lane = static_cast<int>(threadIdx.x & 31);
-  const int64_t row = static_cast<int64_t>(blockIdx.x) * kWarpRows + threadIdx.x / 32;
+  int64_t row;
+  const RmsNormRopeParams p = PartOf<kWarpRows>(l, &row);
   const int64_t base = p.dim - p.rope_dim;
 #pragma unroll
   for (int s = 0; s < kPerLane; ++s) {
@@ -93,11 +110,12 @@ __device__ NormRopeWeights<kPerLane> RmsNormRopePrefetch(RmsNormRopeParams p) {
 }
 
 template <int kPerLane, int kWarpRows>
-__device__ void RmsNormRopeBody(const NormRopeWeights<kPerLane>& c, RmsNormRopeParams p) {
+__device__ void RmsNormRopeBody(const NormRopeWeights<kPerLane>& c, RmsNormRopeLaunch l) {
   constexpr int kVirtualWarps = 8;  // RmsNormF32's 256-thread block
   constexpr bool kEarly = kPerLane <= kEarlyCosSinSlots;
   const int lane = static_cast<int>(threadIdx.x & 31);
-  const int64_t row = static_cast<int64_t>(blockIdx.x) * kWarpRows + threadIdx.x / 32;
+  int64_t row;
+  const RmsNormRopeParams p = PartOf<kWarpRows>(l, &row);
   if (row >= p.rows) return;  // the whole warp: no barrier or shuffle below misses a lane
   const float* xr = p.x + row * p.ldx;
   float* orow = p.out + row * p.ldout;
@@ -377,27 +395,43 @@ bool RmsNormRopeSupported(int64_t tokens, int64_t heads, int64_t dim, int64_t ro
 namespace {
 
 template <int kPerLane, int kWarpRows>
-cudaError_t LaunchRmsNormRopeRows(const RmsNormRopeParams& p, cudaStream_t stream) {
-  const unsigned grid = static_cast<unsigned>((p.rows + kWarpRows - 1) / kWarpRows);
+cudaError_t LaunchRmsNormRopeRows(const RmsNormRopeParams& a, const RmsNormRopeParams& b,
+                                  cudaStream_t stream) {
+  RmsNormRopeLaunch l;
+  l.part[0] = a;
+  l.part[1] = b;
+  l.first_blocks = (a.rows + kWarpRows - 1) / kWarpRows;
+  const unsigned grid =
+      static_cast<unsigned>(l.first_blocks + (b.rows + kWarpRows - 1) / kWarpRows);
   return LaunchPrefetchThenAfterPrecedingGrids<RmsNormRopePrefetch<kPerLane, kWarpRows>,
                                                RmsNormRopeBody<kPerLane, kWarpRows>,
-                                               kWarpRows * 32>(grid, 0, stream, p);
+                                               kWarpRows * 32>(grid, 0, stream, l);
 }
 
 template <int kPerLane>
-cudaError_t LaunchRmsNormRopeFor(const RmsNormRopeParams& p, RopeRows rows_shape,
-                                 cudaStream_t stream) {
-  if (rows_shape == RopeRows::kAuto && p.rows <= kRopeFewRows)
-    return LaunchRmsNormRopeRows<kPerLane, kFewRowsWarpRows>(p, stream);
-  return LaunchRmsNormRopeRows<kPerLane, kRopeWarpRows>(p, stream);
+cudaError_t LaunchRmsNormRopeFor(const RmsNormRopeParams& a, const RmsNormRopeParams& b,
+                                 RopeRows rows_shape, cudaStream_t stream) {
+  if (rows_shape == RopeRows::kAuto && a.rows + b.rows <= kRopeFewRows)
+    return LaunchRmsNormRopeRows<kPerLane, kFewRowsWarpRows>(a, b, stream);
+  return LaunchRmsNormRopeRows<kPerLane, kRopeWarpRows>(a, b, stream);
 }
 
-cudaError_t LaunchRmsNormRope(const RmsNormRopeParams& p, RopeRows rows_shape,
-                              cudaStream_t stream) {
-  if (p.dim <= 256) return LaunchRmsNormRopeFor<8>(p, rows_shape, stream);
-  if (p.dim <= 512) return LaunchRmsNormRopeFor<16>(p, rows_shape, stream);
-  if (p.dim <= 1024) return LaunchRmsNormRopeFor<32>(p, rows_shape, stream);
-  return LaunchRmsNormRopeFor<64>(p, rows_shape, stream);
+// The register layout's slots a lane for rows of dim values.
+int PerLaneOf(int64_t dim) { return dim <= 256 ? 8 : dim <= 512 ? 16 : dim <= 1024 ? 32 : 64; }
+
+// a's rows, then b's (rows 0: none), in one launch; a.dim and b.dim of one PerLaneOf.
+cudaError_t LaunchRmsNormRope(const RmsNormRopeParams& a, const RmsNormRopeParams& b,
+                              RopeRows rows_shape, cudaStream_t stream) {
+  switch (PerLaneOf(a.dim)) {
+    case 8:
+      return LaunchRmsNormRopeFor<8>(a, b, rows_shape, stream);
+    case 16:
+      return LaunchRmsNormRopeFor<16>(a, b, rows_shape, stream);
+    case 32:
+      return LaunchRmsNormRopeFor<32>(a, b, rows_shape, stream);
+    default:
+      return LaunchRmsNormRopeFor<64>(a, b, rows_shape, stream);
+  }
 }
 
 }  // namespace
@@ -412,7 +446,7 @@ cudaError_t RmsNormRopeF32(int64_t tokens, int64_t heads, int64_t dim, const flo
   p.rows = tokens * heads, p.heads = heads, p.dim = dim, p.rope_dim = rope_dim;
   p.x = x, p.ldx = ldx, p.weight = weight, p.eps = eps, p.out = out, p.ldout = ldout;
   p.positions = positions, p.inv_freq = inv_freq, p.attention_factor = attention_factor;
-  return LaunchRmsNormRope(p, rows_shape, stream);
+  return LaunchRmsNormRope(p, RmsNormRopeParams{}, rows_shape, stream);
 }
 
 cudaError_t RmsNormRopeToBf16(int64_t tokens, int64_t heads, int64_t dim, const float* x,
@@ -428,7 +462,33 @@ cudaError_t RmsNormRopeToBf16(int64_t tokens, int64_t heads, int64_t dim, const 
   p.x = x, p.ldx = ldx, p.weight = weight, p.eps = eps;
   p.out_bf16 = reinterpret_cast<__nv_bfloat16*>(out), p.ldout = ldout;
   p.positions = positions, p.inv_freq = inv_freq, p.attention_factor = attention_factor;
-  return LaunchRmsNormRope(p, rows_shape, stream);
+  return LaunchRmsNormRope(p, RmsNormRopeParams{}, rows_shape, stream);
+}
+
+bool RmsNormRopePairSupported(const RmsNormRopeRows& a, const RmsNormRopeRows& b,
+                              int64_t rope_dim) {
+  return RmsNormRopeSupported(a.tokens, a.heads, a.dim, rope_dim) &&
+         RmsNormRopeSupported(b.tokens, b.heads, b.dim, rope_dim) &&
+         PerLaneOf(a.dim) == PerLaneOf(b.dim) && a.x != nullptr && b.x != nullptr &&
+         a.out != nullptr && b.out != nullptr;
+}
+
+cudaError_t RmsNormRopePairF32(const RmsNormRopeRows& a, const RmsNormRopeRows& b, float eps,
+                               int64_t rope_dim, const int32_t* positions, const float* inv_freq,
+                               float attention_factor, cudaStream_t stream, RopeRows rows_shape) {
+  if (!RmsNormRopePairSupported(a, b, rope_dim)) return cudaErrorInvalidValue;
+  RmsNormRopeParams p[2];
+  for (int i = 0; i < 2; ++i) {
+    const RmsNormRopeRows& r = i == 0 ? a : b;
+    p[i].rows = r.tokens * r.heads, p[i].heads = r.heads, p[i].dim = r.dim;
+    p[i].rope_dim = rope_dim;
+    p[i].x = r.x, p[i].ldx = r.ldx, p[i].weight = r.weight, p[i].eps = eps;
+    p[i].out = r.out, p[i].ldout = r.ldout;
+    p[i].positions = positions, p[i].inv_freq = inv_freq;
+    p[i].attention_factor = attention_factor;
+  }
+  if (p[0].rows + p[1].rows == 0) return cudaSuccess;
+  return LaunchRmsNormRope(p[0], p[1], rows_shape, stream);
 }
 
 cudaError_t NormRopeWriteLatentCacheF32(const NormRopeCacheParams& p, cudaStream_t stream) {

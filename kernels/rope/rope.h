@@ -51,6 +51,27 @@ cudaError_t RmsNormRopeToBf16(int64_t tokens, int64_t heads, int64_t dim, const 
                               const float* inv_freq, float attention_factor, cudaStream_t stream,
                               RopeRows rows_shape = RopeRows::kAuto);
 
+// Two RmsNormRopeF32 calls in one launch (a's rows, then b's; blocks per the rows of both, as
+// RopeRows says): bit for bit RmsNormRopeF32 on a, then on b, with the same eps, rope_dim,
+// positions (token t of each), inv_freq and attention_factor: DeepSeek-V4's query heads and its
+// key row at one step. b's rows must not overlap a's output nor a's rows b's output.
+// RmsNormRopePairSupported: each call RmsNormRopeSupported, a.dim and b.dim in one of the
+// kernel's width classes (up to 256, 512, 1024, 2048), x and out set; otherwise
+// cudaErrorInvalidValue.
+struct RmsNormRopeRows {
+  int64_t tokens = 0, heads = 0, dim = 0;
+  const float* x = nullptr;
+  int64_t ldx = 0;
+  const float* weight = nullptr;
+  float* out = nullptr;  // may be x
+  int64_t ldout = 0;
+};
+bool RmsNormRopePairSupported(const RmsNormRopeRows& a, const RmsNormRopeRows& b, int64_t rope_dim);
+cudaError_t RmsNormRopePairF32(const RmsNormRopeRows& a, const RmsNormRopeRows& b, float eps,
+                               int64_t rope_dim, const int32_t* positions, const float* inv_freq,
+                               float attention_factor, cudaStream_t stream,
+                               RopeRows rows_shape = RopeRows::kAuto);
+
 // The MLA layer's preparation of one step in one launch (block per token): for each token t,
 //  * latent = RmsNorm(kv[t, :latent_dim]) with norm_weight and eps (RmsNormF32's arithmetic),
 //  * k = the shared rope key kv[t, latent_dim:] rotated (ApplyRopeF32's arithmetic),
