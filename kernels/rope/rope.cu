@@ -401,8 +401,9 @@ cudaError_t LaunchRmsNormRopeRows(const RmsNormRopeParams& a, const RmsNormRopeP
   l.part[0] = a;
   l.part[1] = b;
   l.first_blocks = (a.rows + kWarpRows - 1) / kWarpRows;
-  const unsigned grid =
-      static_cast<unsigned>(l.first_blocks + (b.rows + kWarpRows - 1) / kWarpRows);
+  const int64_t blocks = l.first_blocks + (b.rows + kWarpRows - 1) / kWarpRows;
+  if (blocks > 0x7fffffff) return cudaErrorInvalidValue;
+  const unsigned grid = static_cast<unsigned>(blocks);
   return LaunchPrefetchThenAfterPrecedingGrids<RmsNormRopePrefetch<kPerLane, kWarpRows>,
                                                RmsNormRopeBody<kPerLane, kWarpRows>,
                                                kWarpRows * 32>(grid, 0, stream, l);
