@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <type_traits>
 
 #include "kernels/common/launch.cuh"
 #include "kernels/rope/rope.h"
@@ -46,10 +47,11 @@ __device__ __forceinline__ RotatedPair RotatePair(const float* v, int64_t j, int
 // xor butterfly and added in warp order, so the normed values are RmsNormF32's bits. The rope
 // slice starts at an even element, so pair (2j, 2j + 1) of it lies in lanes l and l ^ 1 at the
 // same slot: each lane takes its partner's normed value by a shuffle and computes its own half
-// with RotatePair's arithmetic. The lane's weights and inverse frequencies are loaded before the
-// PDL wait (RmsNormRopePrefetch: weights of the model); after it the row and the token's position
-// load together, and up to kEarlyCosSinSlots slots a lane the cos/sin (which depend on the
-// position only) are computed before the norm's reduction rather than after it.
+// with RotatePair's arithmetic. With a row a block (kFewRowsWarpRows: latency-bound decode rows)
+// the lane's weights and inverse frequencies are loaded before the PDL wait (RmsNormRopePrefetch:
+// weights of the model), and up to kEarlyCosSinSlots slots a lane the cos/sin (which depend on
+// the position only) are computed before the norm's reduction; with kRopeWarpRows rows a block
+// (bandwidth-bound prefill rows, where those registers would cost occupancy) both come after it.
 constexpr int kRopeWarpRows = 8;
 constexpr int64_t kRopeFewRows = 128;
 constexpr int kFewRowsWarpRows = 1;
@@ -69,12 +71,17 @@ struct RmsNormRopeParams {
   float attention_factor = 1.0f;
 };
 
-// A lane's weights and inverse frequencies (0 outside the row / the rope slice).
+// A lane's weights and inverse frequencies (0 outside the row / the rope slice), prefetched with a
+// row a block; nothing with kRopeWarpRows rows a block.
 template <int kPerLane>
 struct NormRopeWeights {
   float weight[kPerLane];
   float inv_freq[kPerLane];
 };
+struct NoNormRopeWeights {};
+template <int kPerLane, int kWarpRows>
+using PrefetchedNormRope = std::conditional_t<kWarpRows == kFewRowsWarpRows,
+                                              NormRopeWeights<kPerLane>, NoNormRopeWeights>;
 
 // One launch's calls: blocks [0, first_blocks) take part[0]'s rows, the others part[1]'s
 // (RmsNormRopePairF32; a single call's part[1] has no rows).
@@ -93,26 +100,30 @@ __device__ __forceinline__ RmsNormRopeParams PartOf(const RmsNormRopeLaunch& l, 
 }
 
 template <int kPerLane, int kWarpRows>
-__device__ NormRopeWeights<kPerLane> RmsNormRopePrefetch(RmsNormRopeLaunch l) {
-  NormRopeWeights<kPerLane> c;
-  const int lane = static_cast<int>(threadIdx.x & 31);
-  int64_t row;
-  const RmsNormRopeParams p = PartOf<kWarpRows>(l, &row);
-  const int64_t base = p.dim - p.rope_dim;
+__device__ PrefetchedNormRope<kPerLane, kWarpRows> RmsNormRopePrefetch(RmsNormRopeLaunch l) {
+  PrefetchedNormRope<kPerLane, kWarpRows> c;
+  if constexpr (kWarpRows == kFewRowsWarpRows) {
+    const int lane = static_cast<int>(threadIdx.x & 31);
+    int64_t row;
+    const RmsNormRopeParams p = PartOf<kWarpRows>(l, &row);
+    const int64_t base = p.dim - p.rope_dim;
 #pragma unroll
-  for (int s = 0; s < kPerLane; ++s) {
-    const int64_t i = lane + 32 * s;
-    const bool in_row = row < p.rows && i < p.dim;
-    c.weight[s] = in_row ? __ldg(p.weight + i) : 0.0f;
-    c.inv_freq[s] = in_row && i >= base ? __ldg(p.inv_freq + (i - base) / 2) : 0.0f;
+    for (int s = 0; s < kPerLane; ++s) {
+      const int64_t i = lane + 32 * s;
+      const bool in_row = row < p.rows && i < p.dim;
+      c.weight[s] = in_row ? __ldg(p.weight + i) : 0.0f;
+      c.inv_freq[s] = in_row && i >= base ? __ldg(p.inv_freq + (i - base) / 2) : 0.0f;
+    }
   }
   return c;
 }
 
 template <int kPerLane, int kWarpRows>
-__device__ void RmsNormRopeBody(const NormRopeWeights<kPerLane>& c, RmsNormRopeLaunch l) {
+__device__ void RmsNormRopeBody(const PrefetchedNormRope<kPerLane, kWarpRows>& c,
+                                RmsNormRopeLaunch l) {
   constexpr int kVirtualWarps = 8;  // RmsNormF32's 256-thread block
-  constexpr bool kEarly = kPerLane <= kEarlyCosSinSlots;
+  constexpr bool kFew = kWarpRows == kFewRowsWarpRows;
+  constexpr bool kEarly = kFew && kPerLane <= kEarlyCosSinSlots;
   const int lane = static_cast<int>(threadIdx.x & 31);
   int64_t row;
   const RmsNormRopeParams p = PartOf<kWarpRows>(l, &row);
@@ -148,18 +159,31 @@ __device__ void RmsNormRopeBody(const NormRopeWeights<kPerLane>& c, RmsNormRopeL
     total += ss;
   }
   const float inv = 1.0f / sqrtf(total / static_cast<float>(p.dim) + p.eps);
-  // The outputs into v first, then the stores.
+  // The outputs into v first, then the stores: no store comes between the loads of the weights
+  // and inverse frequencies where they were not prefetched, so they are all in flight together.
 #pragma unroll
   for (int s = 0; s < kPerLane; ++s) {
     const int64_t i = lane + 32 * s;
-    float o = i < p.dim ? c.weight[s] * (v[s] * inv) : 0.0f;
+    float weight = 0.0f;
+    if constexpr (kFew) {
+      weight = c.weight[s];
+    } else {
+      if (i < p.dim) weight = p.weight[i];
+    }
+    float o = i < p.dim ? weight * (v[s] * inv) : 0.0f;
     const float partner = __shfl_xor_sync(0xffffffffu, o, 1);
     if (i < p.dim && i >= base) {
       float cos_s, sin_s;
       if constexpr (kEarly) {
         cos_s = cs[s], sin_s = sn[s];
       } else {
-        RopeCosSin(pos, c.inv_freq[s], p.attention_factor, &cos_s, &sin_s);
+        float inv_freq;
+        if constexpr (kFew) {
+          inv_freq = c.inv_freq[s];
+        } else {
+          inv_freq = p.inv_freq[(i - base) / 2];
+        }
+        RopeCosSin(pos, inv_freq, p.attention_factor, &cos_s, &sin_s);
       }
       o = (i & 1) == 0 ? RotatedFirst(o, partner, cos_s, sin_s)
                        : RotatedSecond(partner, o, cos_s, sin_s);

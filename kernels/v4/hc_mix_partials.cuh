@@ -88,35 +88,29 @@ __device__ FnSlice HcMixChainsPrefetch(PartialsParams p) {
     const int i = static_cast<int>(threadIdx.x) + u * kChainThreads;
     const int m = static_cast<int>(blockIdx.z) * kFifthMixes + i / quads;
     s.v[u] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-    if (threadIdx.x < kChainThreads && i < kFifthMixes * quads && m < kMixes) {
+    if (i < kFifthMixes * quads && m < kMixes) {
       s.v[u] = __ldg(reinterpret_cast<const float4*>(p.fn + m * p.width + k0) + i % quads);
     }
   }
   return s;
 }
 
-// A (row tile, chain, fifth) block's chains: its first kChainThreads threads stage fn's slice
-// and the rows', thread t < tile_rows * kFifthMixes runs a chain. Every thread of the block calls
-// it (one block-wide barrier); threads from kChainThreads on only wait at the barrier (the
-// single-launch mix's larger blocks, hyper_connection.cu).
-__device__ __forceinline__ void ChainsOfBlock(const FnSlice& s, const PartialsParams& p) {
+__device__ void HcMixChainsBody(const FnSlice& s, PartialsParams p) {
   __shared__ __align__(16) float fn[kFifthMixes][kChainPad];
   __shared__ __align__(16) float x[kChainRows][kChainPad];
   const int quads = p.chain / 4, t = static_cast<int>(threadIdx.x);
   const int64_t r0 = int64_t{blockIdx.x} * p.tile_rows;
   const int64_t k0 = int64_t{blockIdx.y} * p.chain;
-  if (t < kChainThreads) {
 #pragma unroll
-    for (int u = 0; u < kFnPerThread; ++u) {
-      const int i = t + u * kChainThreads;
-      if (i < kFifthMixes * quads) reinterpret_cast<float4*>(&fn[i / quads][0])[i % quads] = s.v[u];
-    }
-    // Rows past the end stage the tile's first row and are not written.
-    for (int i = t; i < p.tile_rows * quads; i += kChainThreads) {
-      const int64_t r = r0 + i / quads < p.rows ? r0 + i / quads : r0;
-      reinterpret_cast<float4*>(&x[i / quads][0])[i % quads] =
-          *(reinterpret_cast<const float4*>(p.streams + r * p.width + k0) + i % quads);
-    }
+  for (int u = 0; u < kFnPerThread; ++u) {
+    const int i = t + u * kChainThreads;
+    if (i < kFifthMixes * quads) reinterpret_cast<float4*>(&fn[i / quads][0])[i % quads] = s.v[u];
+  }
+  // Rows past the end stage the tile's first row and are not written.
+  for (int i = t; i < p.tile_rows * quads; i += kChainThreads) {
+    const int64_t r = r0 + i / quads < p.rows ? r0 + i / quads : r0;
+    reinterpret_cast<float4*>(&x[i / quads][0])[i % quads] =
+        *(reinterpret_cast<const float4*>(p.streams + r * p.width + k0) + i % quads);
   }
   __syncthreads();
   if (t >= p.tile_rows * kFifthMixes) return;
@@ -129,8 +123,6 @@ __device__ __forceinline__ void ChainsOfBlock(const FnSlice& s, const PartialsPa
   for (int q = 0; q < quads; ++q) acc = Dot4(acc, a[q], f[q]);
   if (r0 + row < p.rows) p.partials[(int64_t{blockIdx.y} * p.rows + r0 + row) * kStride + m] = acc;
 }
-
-__device__ void HcMixChainsBody(const FnSlice& s, PartialsParams p) { ChainsOfBlock(s, p); }
 
 // HcMixPairsBody: block (tile of kPairRows rows, chain) of kChainThreads over all 25 sums, the
 // chain staged kPairK floats at a time (the next part loaded to registers during the current

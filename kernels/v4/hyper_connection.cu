@@ -1,10 +1,8 @@
 // Hyper-connection kernels. HcMixF32, HcHeadF32 and HcExpandF32: grids are (blocks along hidden
 // [+ 1], rows); a block handles kThreads * kVec columns of one row (kVec = 4: 16-byte loads where
-// hidden and the pointers allow; HcExpandF32 at few rows kExpandFewRowsThreads threads).
-// HcMixFromStreamsF32: the partials (hc_mix_partials.cuh), then the row kernel (HcMixRowsBody),
-// or both in one launch for few rows (HcMixFewRowsBody). The stream count is a template
-// parameter for V4's 4 (the loops unrolled over registers) and a runtime value up to
-// kMaxHcStreams otherwise.
+// hidden and the pointers allow). HcMixFromStreamsF32: the partials (hc_mix_partials.cuh), then
+// the row kernel (HcMixRowsBody). The stream count is a template parameter for
+// V4's 4 (the loops unrolled over registers) and a runtime value up to kMaxHcStreams otherwise.
 // Arithmetic uses the _rn intrinsics so nvcc does not contract a product and a sum into one FMA:
 // the sums then round as the CPU reference's do.
 #include <cuda_bf16.h>
@@ -27,10 +25,6 @@ namespace {
 constexpr int kThreads = 128;
 constexpr int kMaxHc = static_cast<int>(kMaxHcStreams);
 constexpr int64_t kMaxGridY = 65535;
-// HcExpandF32 with HcFewRows::kAuto: up to kExpandFewRows rows, blocks of kExpandFewRowsThreads
-// (a 4096-wide decode row: 32 blocks rather than 8).
-constexpr int64_t kExpandFewRows = 4;
-constexpr int kExpandFewRowsThreads = 32;
 
 __device__ __forceinline__ float Sigmoid(float x) {
   return __fdiv_rn(1.0f, __fadd_rn(1.0f, expf(-x)));
@@ -227,11 +221,8 @@ __device__ __forceinline__ float4 Zero<float4>() {
   return make_float4(0.0f, 0.0f, 0.0f, 0.0f);
 }
 
-// streams_out[r, k, d] = post[r, k] * block_out[r, d] + sum_j comb[r, j, k] * streams_in[r, j, d],
-// a block of kBlock threads over kBlock * kVec columns. A thread issues its loads of block_out
-// and the streams before the row's post and comb are staged, so a row waits on one round of
-// loads.
-template <int kHc, int kVec, int kBlock>
+// streams_out[r, k, d] = post[r, k] * block_out[r, d] + sum_j comb[r, j, k] * streams_in[r, j, d].
+template <int kHc, int kVec>
 __device__ void HcExpandBody(ExpandParams p) {
   using V = typename VecOf<kVec>::T;
   __shared__ float post[kMaxHc], comb[kMaxHc * kMaxHc];
@@ -239,22 +230,19 @@ __device__ void HcExpandBody(ExpandParams p) {
   const int64_t H = p.hidden;
   constexpr int kLoop = kHc > 0 ? kHc : kMaxHc;
   for (int64_t r = blockIdx.y; r < p.rows; r += gridDim.y) {
-    const int64_t d = (int64_t{blockIdx.x} * kBlock + threadIdx.x) * kVec;
-    V f = Zero<V>();
-    V in[kLoop];
-    if (d < H) {
-      f = *reinterpret_cast<const V*>(p.block_out + r * H + d);
-#pragma unroll
-      for (int j = 0; j < kLoop; ++j) {
-        if (kHc == 0 && j >= hc) break;
-        in[j] = *reinterpret_cast<const V*>(p.streams_in + (r * hc + j) * H + d);
-      }
-    }
-    __syncthreads();  // the previous row's readers of post and comb are done
-    for (int e = threadIdx.x; e < hc * hc; e += kBlock) comb[e] = p.comb[r * hc * hc + e];
+    __syncthreads();
+    if (threadIdx.x < hc * hc) comb[threadIdx.x] = p.comb[r * hc * hc + threadIdx.x];
     if (threadIdx.x < hc) post[threadIdx.x] = p.post[r * hc + threadIdx.x];
     __syncthreads();
+    const int64_t d = (int64_t{blockIdx.x} * kThreads + threadIdx.x) * kVec;
     if (d >= H) continue;
+    const V f = *reinterpret_cast<const V*>(p.block_out + r * H + d);
+    V in[kLoop];
+#pragma unroll
+    for (int j = 0; j < kLoop; ++j) {
+      if (kHc == 0 && j >= hc) break;
+      in[j] = *reinterpret_cast<const V*>(p.streams_in + (r * hc + j) * H + d);
+    }
 #pragma unroll
     for (int k = 0; k < kLoop; ++k) {
       if (kHc == 0 && k >= hc) break;
@@ -316,23 +304,18 @@ __host__ __device__ inline int64_t WeightBlocks(int64_t rows) {
 // Row r's mixes (24 dot products scaled by 1 / rms, RmsNormF32's expression) from its partials,
 // by one warp: lane m (where lane_reads; lane 24 the sum of squares) adds its mix's entries,
 // `group` at a time from 0, then the groups in order from 0. Lane m < 24 returns mix m.
-// kFromL2: the partials were written by other blocks of this grid (HcMixFewRowsBody), so they are
-// read past the SM's L1.
-template <bool kFromL2 = false>
 __device__ float RowMixes(const RowsParams& p, int64_t r, bool lane_reads) {
   const int lane = static_cast<int>(threadIdx.x & 31);
   float sum = 0.0f;
   if (lane_reads) {
     const float* q = p.partials + r * kStride + lane;
     const int64_t step = p.rows * kStride;
-    auto load = [](const float* at) { return kFromL2 ? __ldcg(at) : *at; };
     // group is 1 or 4: the loads of 4 groups issue together.
 #pragma unroll 4
     for (int g = 0; g < p.entries; g += p.group) {
-      float s = __fadd_rn(0.0f, load(q + g * step));
+      float s = __fadd_rn(0.0f, q[g * step]);
       if (p.group == 4) {
-        const float b = load(q + (g + 1) * step), c = load(q + (g + 2) * step),
-                    d = load(q + (g + 3) * step);
+        const float b = q[(g + 1) * step], c = q[(g + 2) * step], d = q[(g + 3) * step];
         s = __fadd_rn(__fadd_rn(__fadd_rn(s, b), c), d);
       }
       sum = __fadd_rn(sum, s);
@@ -383,22 +366,20 @@ __device__ void WeightsOfRow4(float m, const float* scale, const float* base, fl
   if (lane < kHc * kHc) comb_out[lane] = v;
 }
 
-// Row r's post and comb by this warp.
-template <bool kFromL2>
-__device__ __forceinline__ void RowWeights(const RowsParams& p, int64_t r) {
+template <int kVec>
+__device__ void HcMixRowsBody(RowsParams p) {
   constexpr int kHc = 4;
-  const float m = RowMixes<kFromL2>(p, r, (threadIdx.x & 31) < kStride);
-  WeightsOfRow4(m, p.scale, p.base, p.eps, p.sinkhorn_iters, p.post + r * kHc,
-                p.comb + r * kHc * kHc);
-}
-
-// Row r's collapse (and norm) by the block's kRowThreads threads. Each thread calls
-// while_loading() once its loads of the streams are issued (HcMixFewRowsBody: warps that
-// compute post and comb meanwhile).
-template <int kVec, bool kFromL2, typename W>
-__device__ __forceinline__ void CollapseRow(const RowsParams& p, int64_t r, W&& while_loading) {
-  constexpr int kHc = 4;
+  const int64_t b = blockIdx.x;
+  if (b % kBlockPeriod == 0) {
+    const int64_t r = b / kBlockPeriod * kWeightsWarps + threadIdx.x / 32;
+    if (r >= p.rows) return;  // no block-wide barrier in these blocks
+    const float m = RowMixes(p, r, (threadIdx.x & 31) < kStride);
+    WeightsOfRow4(m, p.scale, p.base, p.eps, p.sinkhorn_iters, p.post + r * kHc,
+                  p.comb + r * kHc * kHc);
+    return;
+  }
   __shared__ float pre[kHc];
+  const int64_t r = b - b / kBlockPeriod - 1;
   const int64_t H = p.hidden;
   const int chunks = static_cast<int>(H / 4);
   const float4* s = reinterpret_cast<const float4*>(p.streams + r * kHc * H);
@@ -411,10 +392,9 @@ __device__ __forceinline__ void CollapseRow(const RowsParams& p, int64_t r, W&& 
       v[j][q] = c < chunks ? s[j * chunks + c] : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
     }
   }
-  while_loading();
   if (threadIdx.x < 32) {
     const int lane = static_cast<int>(threadIdx.x);
-    const float m = RowMixes<kFromL2>(p, r, lane < kHc || lane == hc_mix::kMixes);
+    const float m = RowMixes(p, r, lane < kHc || lane == hc_mix::kMixes);
     if (lane < kHc) pre[lane] = __fadd_rn(Sigmoid(Affine(m, p.scale[0], p.base[lane])), p.eps);
   }
   __syncthreads();
@@ -481,65 +461,6 @@ __device__ __forceinline__ void CollapseRow(const RowsParams& p, int64_t r, W&& 
   }
 }
 
-template <int kVec>
-__device__ void HcMixRowsBody(RowsParams p) {
-  const int64_t b = blockIdx.x;
-  if (b % kBlockPeriod == 0) {
-    const int64_t r = b / kBlockPeriod * kWeightsWarps + threadIdx.x / 32;
-    if (r >= p.rows) return;  // no block-wide barrier in these blocks
-    RowWeights<false>(p, r);
-    return;
-  }
-  CollapseRow<kVec, false>(p, b - b / kBlockPeriod - 1, [] {});
-}
-
-// HcMixFromStreamsF32 in one launch for up to kFewRowsMax rows (HcMixFewRowsBody): the chains
-// kernel's grid (hc_mix_partials.cuh, HcMixChainsBody's blocks on the first kChainThreads
-// threads) of kRowThreads threads. A block counts itself on `counter` once its chains are written
-// (a device-scope fence first); the last to count does the row kernel's work for every row: the
-// rows' collapses in turn (CollapseRow), and while the first row's streams load, warp
-// kRowThreads / 32 - 1 - r computes row r's post and comb (RowWeights; the others wait for it at
-// the collapse's barrier). It sets the counter back to 0, so the next launch (a graph's replay
-// too) starts from 0. At 2 blocks an SM (kRowThreads threads, at most 128 registers) a decode
-// row's 32 x 5 blocks run in one wave.
-constexpr int64_t kFewRowsMax = 4;
-static_assert(kRowThreads >= hc_mix::kChainThreads, "the chains need their threads");
-static_assert(kFewRowsMax <= kRowThreads / 32, "a warp per row's weights");
-
-struct FewRowsParams {
-  hc_mix::PartialsParams q;
-  RowsParams p;
-  unsigned int* counter = nullptr;  // 0 at the launch, and again at its end
-};
-
-__device__ hc_mix::FnSlice HcMixFewRowsPrefetch(FewRowsParams f) {
-  return hc_mix::HcMixChainsPrefetch(f.q);
-}
-
-template <int kVec>
-__device__ void HcMixFewRowsBody(const hc_mix::FnSlice& s, FewRowsParams f) {
-  hc_mix::ChainsOfBlock(s, f.q);
-  __threadfence();  // this thread's chain before the block counts itself
-  __syncthreads();
-  __shared__ bool last;
-  if (threadIdx.x == 0) {
-    const unsigned int blocks = gridDim.x * gridDim.y * gridDim.z;
-    last = atomicAdd(f.counter, 1u) == blocks - 1;
-  }
-  __syncthreads();
-  if (!last) return;
-  __threadfence();  // every block's chains before this block's reads of them
-  if (threadIdx.x == 0) *f.counter = 0;
-  const RowsParams& p = f.p;
-  const int64_t weights_row = kRowThreads / 32 - 1 - static_cast<int64_t>(threadIdx.x / 32);
-  for (int64_t r = 0; r < p.rows; ++r) {
-    if (r > 0) __syncthreads();  // the previous row's readers of CollapseRow's shared memory
-    CollapseRow<kVec, true>(p, r, [&] {
-      if (r == 0 && weights_row < p.rows) RowWeights<true>(p, weights_row);
-    });
-  }
-}
-
 bool Aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
 
 bool BadShape(int64_t rows, int64_t hc, int64_t hidden) {
@@ -584,16 +505,13 @@ struct HeadLaunch {
   }
 };
 
-// kBlock threads a block (kThreads, or kExpandFewRowsThreads for few rows: more blocks, each with
-// fewer columns).
-template <int kBlock>
 struct ExpandLaunch {
   ExpandParams p;
   dim3 grid;
   cudaStream_t stream;
   template <int kHc, int kVec>
   cudaError_t operator()() const {
-    return LaunchAfterPrecedingGrids<HcExpandBody<kHc, kVec, kBlock>, kBlock>(grid, 0, stream, p);
+    return LaunchAfterPrecedingGrids<HcExpandBody<kHc, kVec>, kThreads>(grid, 0, stream, p);
   }
 };
 
@@ -655,41 +573,10 @@ bool TensorCoresRun() {
   return f.error == cudaSuccess && f.ptx_version >= 80;
 }
 
-RowsParams RowsParamsOf(const HcMixArgs& a, const hc_mix::PartialsParams& q, bool tiled,
-                        float* workspace) {
-  const int64_t chains = q.width / q.chain;
-  RowsParams p;
-  p.rows = a.rows;
-  p.hidden = a.hidden;
-  p.width = q.width;
-  p.partials = workspace;
-  p.entries = static_cast<int>(tiled ? chains / q.group : chains);
-  p.group = tiled ? 1 : q.group;
-  p.norm_eps = a.norm_eps;
-  p.base = a.base;
-  p.scale = a.scale;
-  p.eps = a.eps;
-  p.sinkhorn_iters = a.sinkhorn_iters;
-  p.streams = a.streams;
-  p.collapsed = a.collapsed;
-  p.post = a.post;
-  p.comb = a.comb;
-  p.norm_weight = a.out_norm_weight;
-  p.out_norm_eps = a.out_norm_eps;
-  p.normed = a.normed;
-  p.normed_bf16 = a.normed_bf16;
-  return p;
-}
-
-// The chains kernel's row tile for up to kChainRows rows.
-int ChainTileRows(int64_t rows) {
-  return rows <= 1 ? 1 : rows <= 2 ? 2 : rows <= 4 ? 4 : hc_mix::kChainRows;
-}
-
 }  // namespace
 
 cudaError_t HcMixFromStreamsF32(const HcMixArgs& a, float* workspace, cudaStream_t stream,
-                                HcMixGemm gemm, unsigned int* counter) {
+                                HcMixGemm gemm) {
   if (!HcMixFromStreamsSupported(a) || workspace == nullptr) return cudaErrorInvalidValue;
   if (a.rows == 0) return cudaSuccess;
   if (a.rows + WeightBlocks(a.rows) > 0x7fffffff) return cudaErrorInvalidValue;  // the row grid
@@ -703,26 +590,6 @@ cudaError_t HcMixFromStreamsF32(const HcMixArgs& a, float* workspace, cudaStream
   q.fn = a.fn;
   q.partials = workspace;
   const bool tiled = a.rows >= hc_mix::kTileMinRows;
-  const RowsParams p = RowsParamsOf(a, q, tiled, workspace);
-  const int64_t per_thread = (a.hidden / 4 + kRowThreads - 1) / kRowThreads;
-  if (counter != nullptr && a.rows <= kFewRowsMax && per_thread <= 4) {
-    FewRowsParams f;
-    f.q = q;
-    f.q.tile_rows = ChainTileRows(a.rows);
-    f.p = p;
-    f.counter = counter;
-    const dim3 grid(1, static_cast<unsigned>(chains), hc_mix::kFifths);
-    if (per_thread <= 1) {
-      return LaunchPrefetchThenAfterPrecedingGrids<HcMixFewRowsPrefetch, HcMixFewRowsBody<1>,
-                                                   kRowThreads>(grid, 0, stream, f);
-    }
-    if (per_thread <= 2) {
-      return LaunchPrefetchThenAfterPrecedingGrids<HcMixFewRowsPrefetch, HcMixFewRowsBody<2>,
-                                                   kRowThreads>(grid, 0, stream, f);
-    }
-    return LaunchPrefetchThenAfterPrecedingGrids<HcMixFewRowsPrefetch, HcMixFewRowsBody<4>,
-                                                 kRowThreads>(grid, 0, stream, f);
-  }
   cudaError_t err;
   const bool tensor_cores = tiled && gemm != HcMixGemm::kFp32 && TensorCoresRun();
   if (tiled && gemm == HcMixGemm::kTensorCores && !tensor_cores) return cudaErrorNotSupported;
@@ -743,7 +610,7 @@ cudaError_t HcMixFromStreamsF32(const HcMixArgs& a, float* workspace, cudaStream
     err = LaunchPrefetchThenAfterPrecedingGrids<hc_mix::HcMixPairsPrefetch, hc_mix::HcMixPairsBody,
                                                 hc_mix::kChainThreads>(grid, 0, stream, q);
   } else {
-    q.tile_rows = ChainTileRows(a.rows);
+    q.tile_rows = a.rows <= 1 ? 1 : a.rows <= 2 ? 2 : a.rows <= 4 ? 4 : hc_mix::kChainRows;
     const dim3 grid(static_cast<unsigned>((a.rows + q.tile_rows - 1) / q.tile_rows),
                     static_cast<unsigned>(chains), hc_mix::kFifths);
     err =
@@ -751,7 +618,28 @@ cudaError_t HcMixFromStreamsF32(const HcMixArgs& a, float* workspace, cudaStream
                                               hc_mix::kChainThreads>(grid, 0, stream, q);
   }
   if (err != cudaSuccess) return err;
+  RowsParams p;
+  p.rows = a.rows;
+  p.hidden = a.hidden;
+  p.width = q.width;
+  p.partials = workspace;
+  p.entries = static_cast<int>(tiled ? chains / q.group : chains);
+  p.group = tiled ? 1 : q.group;
+  p.norm_eps = a.norm_eps;
+  p.base = a.base;
+  p.scale = a.scale;
+  p.eps = a.eps;
+  p.sinkhorn_iters = a.sinkhorn_iters;
+  p.streams = a.streams;
+  p.collapsed = a.collapsed;
+  p.post = a.post;
+  p.comb = a.comb;
+  p.norm_weight = a.out_norm_weight;
+  p.out_norm_eps = a.out_norm_eps;
+  p.normed = a.normed;
+  p.normed_bf16 = a.normed_bf16;
   const unsigned blocks = static_cast<unsigned>(a.rows + WeightBlocks(a.rows));
+  const int64_t per_thread = (a.hidden / 4 + kRowThreads - 1) / kRowThreads;
   if (per_thread <= 1)
     return LaunchAfterPrecedingGrids<HcMixRowsBody<1>, kRowThreads>(blocks, 0, stream, p);
   if (per_thread <= 2)
@@ -780,7 +668,7 @@ cudaError_t HcHeadF32(const HcHeadArgs& a, cudaStream_t stream) {
   return Dispatch(p.hc, vec4, HeadLaunch{p, GridOf(p.chunks, a.rows), stream});
 }
 
-cudaError_t HcExpandF32(const HcExpandArgs& a, cudaStream_t stream, HcFewRows few) {
+cudaError_t HcExpandF32(const HcExpandArgs& a, cudaStream_t stream) {
   if (BadShape(a.rows, a.hc, a.hidden)) return cudaErrorInvalidValue;
   if (a.rows == 0 || a.hidden == 0) return cudaSuccess;
   const bool vec4 = a.hidden % 4 == 0 && Aligned16(a.block_out) && Aligned16(a.streams_in) &&
@@ -794,15 +682,8 @@ cudaError_t HcExpandF32(const HcExpandArgs& a, cudaStream_t stream, HcFewRows fe
   p.comb = a.comb;
   p.streams_in = a.streams_in;
   p.streams_out = a.streams_out;
-  const int vec = vec4 ? 4 : 1;
-  if (few == HcFewRows::kAuto && a.rows <= kExpandFewRows) {
-    const int64_t cols = int64_t{kExpandFewRowsThreads} * vec;
-    const int chunks = static_cast<int>((a.hidden + cols - 1) / cols);
-    return Dispatch(p.hc, vec4,
-                    ExpandLaunch<kExpandFewRowsThreads>{p, GridOf(chunks, a.rows), stream});
-  }
   return Dispatch(p.hc, vec4,
-                  ExpandLaunch<kThreads>{p, GridOf(ChunksOf(a.hidden, vec), a.rows), stream});
+                  ExpandLaunch{p, GridOf(ChunksOf(a.hidden, vec4 ? 4 : 1), a.rows), stream});
 }
 
 }  // namespace kernels

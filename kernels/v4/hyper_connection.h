@@ -1,10 +1,10 @@
 // DeepSeek-V4's hyper-connections on the GPU (the V4Ops HcMix, HcHead and HcExpand of
 // worker/backend/v4_ops.h, whose comments define the arithmetic): each op is one launch that
 // reads the residual streams once, with no workspace, host synchronisation or allocation (so
-// each can be recorded in a CUDA graph); HcMixFromStreamsF32 (two launches, or one for up to 4
-// rows with a counter; a workspace) is the exception. fp32 throughout; the sums run in the CPU
-// reference's order with the same roundings (no fused multiply-adds), so the collapse and the
-// expand give the CPU's bits and the mixing weights differ only through expf.
+// each can be recorded in a CUDA graph); HcMixFromStreamsF32 (two launches, a workspace) is the
+// exception. fp32 throughout; the sums run in the CPU reference's order with the same
+// roundings (no fused multiply-adds), so the collapse and the expand give the CPU's bits and the
+// mixing weights differ only through expf.
 #ifndef DEEPINFER_KERNELS_V4_HYPER_CONNECTION_H_
 #define DEEPINFER_KERNELS_V4_HYPER_CONNECTION_H_
 
@@ -55,25 +55,14 @@ enum class HcMixGemm {
 };
 bool HcMixFromStreamsSupported(const HcMixArgs& args);
 int64_t HcMixFromStreamsWorkspaceFloats(int64_t rows, int64_t hc, int64_t hidden);
-// With `counter` (device memory, 0 before the call; the call leaves it 0: a graph may replay it;
-// calls that share it must be ordered on one stream) up to 4 rows of hidden <= 4096 run in one
-// launch with the same arithmetic: the partials kernel's blocks (HcMixChainsBody's), the last of
-// them to finish doing the second launch's work for every row. Without it, two launches.
 cudaError_t HcMixFromStreamsF32(const HcMixArgs& args, float* workspace, cudaStream_t stream,
-                                HcMixGemm gemm = HcMixGemm::kAuto, unsigned int* counter = nullptr);
+                                HcMixGemm gemm = HcMixGemm::kAuto);
 // The head's collapse (HcMix's collapse with its own weights). Errors as HcMixF32.
 cudaError_t HcHeadF32(const HcHeadArgs& args, cudaStream_t stream);
 // streams_out = post * block_out + combᵀ · streams_in, one pass over streams_in (each thread
-// loads its columns of every stream once and writes them to every output stream). With
-// HcFewRows::kAuto up to 4 rows run in blocks of 32 threads (more blocks, each fewer columns),
-// kWide keeps the 128-thread blocks of more rows (hyper_connection_bench times both); the
-// arithmetic is the same. Errors as HcMixF32.
-enum class HcFewRows {
-  kAuto,  // the few-rows launch shape up to 4 rows
-  kWide,  // the launch shape of many rows at every row count
-};
-cudaError_t HcExpandF32(const HcExpandArgs& args, cudaStream_t stream,
-                        HcFewRows few = HcFewRows::kAuto);
+// loads its columns of every stream once and writes them to every output stream). Errors as
+// HcMixF32.
+cudaError_t HcExpandF32(const HcExpandArgs& args, cudaStream_t stream);
 
 }  // namespace kernels
 }  // namespace deepinfer

@@ -1,22 +1,16 @@
 // Times the hyper-connection kernels at DeepSeek-V4-Flash's site shape (4 streams of 4096,
-// 20 Sinkhorn iterations) at 1, 4, 64 and 128 decode tokens and 2048, 8192 and 32768 prefill
-// tokens (the mix's partials kernel by row count, hc_mix_partials.cuh: HcMixChainsBody at 1 and 4,
+// 20 Sinkhorn iterations) at 1, 64 and 128 decode tokens and 2048, 8192 and 32768 prefill tokens
+// (the mix's partials kernel by row count, hc_mix_partials.cuh: HcMixChainsBody at 1,
 // HcMixPairsBody at 64 and 128, a GEMM from 2048): HcMixFromStreamsF32 writing the collapsed rows
 // (the attention site; from 2048 tokens once per GEMM, "mix_from_streams" the default
 // HcMixGemm::kAuto, "mix/fp32" HcMixGemm::kFp32, the register-tiled fp32 GEMM), the same writing
 // their RmsNorm instead (the ffn site), and HcExpandF32. Per case: the eager median of 20 calls,
 // the bytes a call must move (streams and block output read once, outputs written once, fn once)
 // per second against the H200's 4.8 TB/s, and for the mix the dot products' fp32 GFLOP/s.
-// At 1 and 4 tokens also each few-rows launch against the launch it replaces: the mix in one
-// launch (a counter) and in two ("mix/1launch", "mix+norm/1launch"), the expand in 32-thread
-// blocks (kAuto) and in 128-thread ones ("expand/wide"); eager as above, and per call of
-// kGraphCalls calls recorded back to back in one CUDA graph ("graph ..."; the decode step's
-// setting: no launch overhead, neighbours overlap through programmatic dependent launch).
 #include <cuda_runtime_api.h>
 
 #include <cstdint>
 #include <cstdio>
-#include <functional>
 #include <vector>
 
 #include "kernels/testing/bench_util.h"
@@ -33,33 +27,6 @@ void Report(const char* what, int64_t tokens, double ms, double bytes, double fl
   std::printf("hc %-16s tokens %-6lld %10.2f us  %7.1f GB/s  %5.1f%%  %8.1f GFLOP/s\n", what,
               static_cast<long long>(tokens), ms * 1e3, gbs, 100.0 * gbs / kPeakGBs,
               flops / (ms * 1e-3) / 1e9);
-}
-
-constexpr int kGraphCalls = 20;
-
-// Microseconds per call of `call` (enqueued on the given stream) recorded kGraphCalls times in
-// one graph.
-double GraphMicrosPerCall(const std::function<cudaError_t(cudaStream_t)>& call) {
-  cudaStream_t stream;
-  BENCH_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
-  cudaGraph_t graph;
-  BENCH_CUDA(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
-  for (int i = 0; i < kGraphCalls; ++i) BENCH_CUDA(call(stream));
-  BENCH_CUDA(cudaStreamEndCapture(stream, &graph));
-  cudaGraphExec_t exec;
-  BENCH_CUDA(cudaGraphInstantiate(&exec, graph, 0));
-  // On the default stream, where MedianMs records its events.
-  const double ms = bench::MedianMs([&] { return cudaGraphLaunch(exec, nullptr); });
-  BENCH_CUDA(cudaGraphExecDestroy(exec));
-  BENCH_CUDA(cudaGraphDestroy(graph));
-  BENCH_CUDA(cudaStreamDestroy(stream));
-  return ms * 1e3 / kGraphCalls;
-}
-
-void ReportGraph(const char* what, int64_t tokens,
-                 const std::function<cudaError_t(cudaStream_t)>& call) {
-  std::printf("hc graph %-16s tokens %-6lld %10.2f us a call\n", what,
-              static_cast<long long>(tokens), GraphMicrosPerCall(call));
 }
 
 void Run(int64_t tokens) {
@@ -108,34 +75,6 @@ void Run(int64_t tokens) {
   e.streams_out = streams_out;
   Report("expand", tokens, bench::MedianMs([&] { return kernels::HcExpandF32(e, nullptr); }),
          (2.0 * tokens * S + tokens * (kHidden + kHc + kHc * kHc)) * sizeof(float), 0.0);
-  if (tokens <= 4) {
-    unsigned int* counter = bench::DeviceAlloc<unsigned int>(sizeof(unsigned int));
-    BENCH_CUDA(cudaMemset(counter, 0, sizeof(unsigned int)));
-    const auto mix = [&](const HcMixArgs& args, unsigned int* c) {
-      return [&args, c, workspace](cudaStream_t stream) {
-        return kernels::HcMixFromStreamsF32(args, workspace, stream, kernels::HcMixGemm::kAuto, c);
-      };
-    };
-    Report("mix/1launch", tokens, bench::MedianMs([&] { return mix(a, counter)(nullptr); }),
-           mix_bytes, flops);
-    Report("mix+norm/1launch", tokens, bench::MedianMs([&] { return mix(n, counter)(nullptr); }),
-           mix_bytes + kHidden * sizeof(float), flops);
-    Report("expand/wide", tokens, bench::MedianMs([&] {
-             return kernels::HcExpandF32(e, nullptr, kernels::HcFewRows::kWide);
-           }),
-           (2.0 * tokens * S + tokens * (kHidden + kHc + kHc * kHc)) * sizeof(float), 0.0);
-    ReportGraph("mix_from_streams", tokens, mix(a, nullptr));
-    ReportGraph("mix/1launch", tokens, mix(a, counter));
-    ReportGraph("mix+norm", tokens, mix(n, nullptr));
-    ReportGraph("mix+norm/1launch", tokens, mix(n, counter));
-    ReportGraph("expand", tokens, [&](cudaStream_t stream) {
-      return kernels::HcExpandF32(e, stream, kernels::HcFewRows::kAuto);
-    });
-    ReportGraph("expand/wide", tokens, [&](cudaStream_t stream) {
-      return kernels::HcExpandF32(e, stream, kernels::HcFewRows::kWide);
-    });
-    BENCH_CUDA(cudaFree(counter));
-  }
   for (float* p : {streams, fn, base, scale, weight, block_out, post, comb, collapsed, normed,
                    streams_out, workspace}) {
     BENCH_CUDA(cudaFree(p));
@@ -146,6 +85,6 @@ void Run(int64_t tokens) {
 }  // namespace deepinfer
 
 int main() {
-  for (int64_t tokens : {1, 4, 64, 128, 2048, 8192, 32768}) deepinfer::Run(tokens);
+  for (int64_t tokens : {1, 64, 128, 2048, 8192, 32768}) deepinfer::Run(tokens);
   return 0;
 }

@@ -181,12 +181,8 @@ TEST(HyperConnectionKernelTest, ExpandMatchesCpuBitForBit) {
     d.comb = dc.get();
     d.streams_in = din.get() + s.offset;
     d.streams_out = dout.get();
-    for (const kernels::HcFewRows few : {kernels::HcFewRows::kAuto, kernels::HcFewRows::kWide}) {
-      SCOPED_TRACE(::testing::Message() << "few rows " << static_cast<int>(few));
-      dout.Poison();
-      DEEPINFER_CUDA_OK(kernels::HcExpandF32(d, nullptr, few));
-      ExpectMatchesCpu(dout, out, 0, 0, "streams_out");
-    }
+    DEEPINFER_CUDA_OK(kernels::HcExpandF32(d, nullptr));
+    ExpectMatchesCpu(dout, out, 0, 0, "streams_out");
   }
 }
 
@@ -215,76 +211,6 @@ TEST(HyperConnectionKernelTest, BadShapesAreRefusedAndEmptyIsANoOp) {
   DEEPINFER_CUDA_OK(cudaDeviceSynchronize());
 }
 
-// n values of device memory at p (empty where p is null).
-template <typename T>
-std::vector<T> DeviceValues(const T* p, int64_t n) {
-  std::vector<T> v(p != nullptr ? n : 0);
-  if (p != nullptr) {
-    EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
-    EXPECT_EQ(cudaMemcpy(v.data(), p, n * sizeof(T), cudaMemcpyDeviceToHost), cudaSuccess);
-  }
-  return v;
-}
-
-// The outputs of HcMixFromStreamsF32 with args d.
-struct MixOutputs {
-  std::vector<float> post, comb, collapsed, normed;
-  std::vector<uint16_t> normed_bf16;
-  bool operator==(const MixOutputs& o) const {
-    return post == o.post && comb == o.comb && collapsed == o.collapsed && normed == o.normed &&
-           normed_bf16 == o.normed_bf16;
-  }
-};
-
-MixOutputs MixOutputsOf(const HcMixArgs& d) {
-  const int64_t rows = d.rows, hc = d.hc, hidden = d.hidden;
-  return {DeviceValues(d.post, rows * hc), DeviceValues(d.comb, rows * hc * hc),
-          DeviceValues(d.collapsed, rows * hidden), DeviceValues(d.normed, rows * hidden),
-          DeviceValues(d.normed_bf16, rows * hidden)};
-}
-
-// Poisoned device outputs for HcMixFromStreamsF32 with `like`'s shape: args is `like` with post,
-// comb and the outputs named set to them, the others null.
-struct MixOutputArrays {
-  MixOutputArrays(const HcMixArgs& like, bool with_collapsed, bool with_normed, bool with_bf16)
-      : post(like.rows * like.hc),
-        comb(like.rows * like.hc * like.hc),
-        collapsed(like.rows * like.hidden),
-        normed(like.rows * like.hidden),
-        normed_bf16(like.rows * like.hidden) {
-    post.Poison();
-    comb.Poison();
-    collapsed.Poison();
-    normed.Poison();
-    normed_bf16.Poison();
-    args = like;
-    args.post = post.get();
-    args.comb = comb.get();
-    args.collapsed = with_collapsed ? collapsed.get() : nullptr;
-    args.normed = with_normed ? normed.get() : nullptr;
-    args.normed_bf16 = with_bf16 ? normed_bf16.get() : nullptr;
-  }
-  DeviceArray<float> post, comb, collapsed, normed;
-  DeviceArray<uint16_t> normed_bf16;
-  HcMixArgs args;
-};
-
-// HcMixFromStreamsF32 with a counter (one launch up to 4 rows of hidden <= 4096) gives the bits
-// of the two launches, whose outputs d holds; the counter is back to 0 after it.
-void ExpectOneLaunchGivesTheBitsOf(const HcMixArgs& d) {
-  SCOPED_TRACE("one launch");
-  const MixOutputs two = MixOutputsOf(d);
-  MixOutputArrays one(d, d.collapsed != nullptr, d.normed != nullptr, d.normed_bf16 != nullptr);
-  DeviceArray<float> workspace(kernels::HcMixFromStreamsWorkspaceFloats(d.rows, d.hc, d.hidden));
-  DeviceArray<unsigned int> counter(std::vector<unsigned int>{0});
-  DEEPINFER_CUDA_OK(kernels::HcMixFromStreamsF32(one.args, workspace.get(), nullptr,
-                                                 kernels::HcMixGemm::kAuto, counter.get()));
-  EXPECT_TRUE(MixOutputsOf(one.args) == two) << "one launch differs from two";
-  std::vector<unsigned int> left;
-  DEEPINFER_CUDA_OK(counter.Download(&left));
-  EXPECT_EQ(left[0], 0u) << "counter";
-}
-
 // HcMixFromStreamsF32 against the CPU backend's RmsNorm + Gemm + CpuV4Ops::HcMix (the model's
 // ops where the backend has no fused kernel), and its optional output norm against the CPU's
 // RmsNorm of the CPU's collapsed rows: V4-Flash's shape at decode and prefill row counts (1, 7,
@@ -297,9 +223,7 @@ void ExpectOneLaunchGivesTheBitsOf(const HcMixArgs& d) {
 // multiplies the dot products instead of the elements, the dot products add in another order;
 // bf16 outputs within a bf16 rounding). The fused norm is also bit for bit kernels::RmsNormF32
 // (bf16: kernels::AddRmsNormF32's out_bf16) on the kernel's own collapsed rows, as the op's
-// contract says. Up to 4 rows of hidden up to 4096 (each of the one launch's per-thread column
-// counts: hidden 96 and 160: 1, 2048: 2, 4096: 4), the one launch with a counter gives the two
-// launches' bits.
+// contract says.
 TEST(HyperConnectionKernelTest, MixFromStreamsMatchesCpuNormGemmAndMix) {
   DEEPINFER_SKIP_WITHOUT_GPU();
   CpuBackend cpu(2);
@@ -317,9 +241,7 @@ TEST(HyperConnectionKernelTest, MixFromStreamsMatchesCpuNormGemmAndMix) {
                         Case{4097, 4096, Norm::kBf16}, Case{1, 4096, Norm::kBf16},
                         Case{17, 96, Norm::kWithCollapsed}, Case{200, 160, Norm::kNone},
                         Case{33, 2048, Norm::kWithCollapsed}, Case{5, 7168, Norm::kWithCollapsed},
-                        Case{2050, 160, Norm::kWithCollapsed}, Case{2100, 2048, Norm::kNone},
-                        Case{2, 160, Norm::kWithCollapsed}, Case{4, 2048, Norm::kWithCollapsed},
-                        Case{4, 4096, Norm::kWithCollapsed}, Case{2, 96, Norm::kBf16}}) {
+                        Case{2050, 160, Norm::kWithCollapsed}, Case{2100, 2048, Norm::kNone}}) {
     const uint32_t seed = testing::FreshSeed();
     SCOPED_TRACE(::testing::Message() << "rows " << c.rows << " hidden " << c.hidden << " norm "
                                       << static_cast<int>(c.norm) << " seed " << seed);
@@ -386,7 +308,6 @@ TEST(HyperConnectionKernelTest, MixFromStreamsMatchesCpuNormGemmAndMix) {
     ASSERT_TRUE(kernels::HcMixFromStreamsSupported(d));
     DeviceArray<float> workspace(kernels::HcMixFromStreamsWorkspaceFloats(c.rows, hc, c.hidden));
     DEEPINFER_CUDA_OK(kernels::HcMixFromStreamsF32(d, workspace.get(), nullptr));
-    if (c.rows <= 4 && c.hidden <= 4096) ExpectOneLaunchGivesTheBitsOf(d);
     std::vector<float> got_post, got_comb, got_col, got_normed;
     DEEPINFER_CUDA_OK(dpost.Download(&got_post));
     DEEPINFER_CUDA_OK(dcomb.Download(&got_comb));
@@ -552,68 +473,6 @@ TEST(HyperConnectionKernelTest, MixFromStreamsRowsDoNotDependOnTheBatch) {
   expect_same_first_rows(some, few, "40 rows");
   expect_same_first_rows(many_fp32, few, "2100 rows, fp32 GEMM");
   expect_same_first_rows(most_tc, many_tc, "tensor cores");
-}
-
-// The one launch (a counter) recorded twice in a CUDA graph, back to back with one counter and
-// one workspace, the graph replayed with the inputs swapped between replays: each replay gives
-// the two launches' bits for its inputs (eager, no counter), and leaves the counter at 0.
-TEST(HyperConnectionKernelTest, MixFromStreamsOneLaunchReplaysInAGraph) {
-  DEEPINFER_SKIP_WITHOUT_GPU();
-  const uint32_t seed = testing::FreshSeed();
-  SCOPED_TRACE(::testing::Message() << "seed " << seed);
-  constexpr int64_t hc = 4, hidden = 4096, M = (2 + hc) * hc, S = hc * hidden, rows = 1;
-  const std::vector<float> x[2] = {RandomFloats(rows * S, seed, 2.0f),
-                                   RandomFloats(rows * S, seed + 5, 2.0f)};
-  DeviceArray<float> dfn(RandomFloats(M * S, seed + 1, 0.02f)), db(RandomFloats(M, seed + 2)),
-      dsc(RandomFloats(3, seed + 3, 0.5f)), dw(RandomFloats(hidden, seed + 4));
-  DeviceArray<float> ds[2] = {DeviceArray<float>(x[0]), DeviceArray<float>(x[1])};
-  HcMixArgs a;
-  a.rows = rows, a.hc = hc, a.hidden = hidden;
-  a.base = db.get(), a.scale = dsc.get(), a.sinkhorn_iters = 20, a.eps = 1e-6f;
-  a.fn = dfn.get(), a.norm_eps = 1e-6f;
-  a.out_norm_weight = dw.get(), a.out_norm_eps = 1e-6f;
-  DeviceArray<float> workspace(kernels::HcMixFromStreamsWorkspaceFloats(rows, hc, hidden));
-  // The two launches' outputs for each input.
-  MixOutputs want[2];
-  for (int i = 0; i < 2; ++i) {
-    MixOutputArrays o(a, true, false, true);
-    o.args.streams = ds[i].get();
-    DEEPINFER_CUDA_OK(kernels::HcMixFromStreamsF32(o.args, workspace.get(), nullptr));
-    want[i] = MixOutputsOf(o.args);
-  }
-  MixOutputArrays got[2] = {MixOutputArrays(a, true, false, true),
-                            MixOutputArrays(a, true, false, true)};
-  got[0].args.streams = ds[0].get();
-  got[1].args.streams = ds[1].get();
-  DeviceArray<unsigned int> counter(std::vector<unsigned int>{0});
-  cudaStream_t stream;
-  DEEPINFER_CUDA_OK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
-  cudaGraph_t graph;
-  DEEPINFER_CUDA_OK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
-  for (int i = 0; i < 2; ++i) {
-    DEEPINFER_CUDA_OK(kernels::HcMixFromStreamsF32(got[i].args, workspace.get(), stream,
-                                                   kernels::HcMixGemm::kAuto, counter.get()));
-  }
-  DEEPINFER_CUDA_OK(cudaStreamEndCapture(stream, &graph));
-  cudaGraphExec_t exec;
-  DEEPINFER_CUDA_OK(cudaGraphInstantiate(&exec, graph, 0));
-  for (int replay = 0; replay < 4; ++replay) {
-    SCOPED_TRACE(::testing::Message() << "replay " << replay);
-    const int first = replay % 2;  // the input of the first recorded call
-    ds[0].Upload(x[first]);
-    ds[1].Upload(x[1 - first]);
-    DEEPINFER_CUDA_OK(cudaDeviceSynchronize());  // the uploads before the graph's stream reads
-    DEEPINFER_CUDA_OK(cudaGraphLaunch(exec, stream));
-    DEEPINFER_CUDA_OK(cudaStreamSynchronize(stream));
-    EXPECT_TRUE(MixOutputsOf(got[0].args) == want[first]) << "first call";
-    EXPECT_TRUE(MixOutputsOf(got[1].args) == want[1 - first]) << "second call";
-    std::vector<unsigned int> left;
-    DEEPINFER_CUDA_OK(counter.Download(&left));
-    EXPECT_EQ(left[0], 0u) << "counter";
-  }
-  DEEPINFER_CUDA_OK(cudaGraphExecDestroy(exec));
-  DEEPINFER_CUDA_OK(cudaGraphDestroy(graph));
-  DEEPINFER_CUDA_OK(cudaStreamDestroy(stream));
 }
 
 TEST(HyperConnectionKernelTest, MixFromStreamsRefusesWhatItDoesNotTake) {

@@ -148,13 +148,12 @@ absl::StatusOr<std::unique_ptr<CudaBackend>> CudaBackend::Create(int device,
     st = CublasStatus(cublasSetWorkspace(cublas, workspace, kCublasWorkspaceBytes),
                       "cublasSetWorkspace");
   }
-  // Two zeroed counters: the staged GEMV's, then HcMixFromStreamsF32's.
   unsigned int* counter = nullptr;
-  constexpr size_t kCounterBytes = 2 * sizeof(unsigned int);
   if (st.ok()) {
-    st = CudaStatus(cudaMalloc(reinterpret_cast<void**>(&counter), kCounterBytes), "cudaMalloc");
+    st = CudaStatus(cudaMalloc(reinterpret_cast<void**>(&counter), sizeof(unsigned int)),
+                    "cudaMalloc");
   }
-  if (st.ok()) st = CudaStatus(cudaMemset(counter, 0, kCounterBytes), "cudaMemset");
+  if (st.ok()) st = CudaStatus(cudaMemset(counter, 0, sizeof(unsigned int)), "cudaMemset");
   void* tile_counters = nullptr;
   constexpr size_t kTileCounterBytes = kernels::kFusedRouterTileCounters * sizeof(uint32_t);
   if (st.ok()) st = CudaStatus(cudaMalloc(&tile_counters, kTileCounterBytes), "cudaMalloc");
@@ -184,7 +183,6 @@ CudaBackend::CudaBackend(int device, WeightDType weight_dtype, const CudaTuning&
       pool_(pool),
       cublas_workspace_(cublas_workspace),
       staged_gemv_counter_(staged_gemv_counter),
-      hc_mix_counter_(staged_gemv_counter + 1),
       route_tile_counters_(route_tile_counters),
       v4_ops_(std::make_unique<CudaV4Ops>(this)) {
   // Made here, never while a stream is captured; a device or cuBLASLt without it keeps the
@@ -202,7 +200,7 @@ CudaBackend::~CudaBackend() {
   lt_fp8_.reset();
   cublasDestroy(cublas_);
   cudaFree(cublas_workspace_);
-  cudaFree(staged_gemv_counter_);  // and hc_mix_counter_
+  cudaFree(staged_gemv_counter_);
   cudaFree(route_tile_counters_);
   cudaStreamDestroy(stream_);
 }

@@ -592,9 +592,6 @@ class CudaBackend : public Backend {
   // cudaMalloc'ed and zeroed: the staged GEMV's counter (kernels::StagedGemvParams::counter;
   // every launch on stream_ leaves it 0).
   unsigned int* staged_gemv_counter_;
-  // The next of the same allocation, zeroed: HcMixFromStreamsF32's counter (every call on stream_
-  // leaves it 0).
-  unsigned int* hc_mix_counter_;
   // cudaMalloc'ed, kernels::kFusedRouterTileCounters zeros that every RouteTokensF32 call leaves
   // zero (allocated once: a graph replays the same address; one stream, so calls never overlap).
   uint32_t* route_tile_counters_;

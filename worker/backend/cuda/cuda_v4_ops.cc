@@ -1,5 +1,5 @@
 // CudaV4Ops: each op one kernel of kernels/v4 (NormRope: kernels/rope) on the backend's stream
-// (HcMixFromStreams: two from 5 rows).
+// (HcMixFromStreams: two).
 #include "worker/backend/cuda/cuda_v4_ops.h"
 
 #include <memory>
@@ -41,9 +41,7 @@ bool CudaV4Ops::HcMixFromStreams(const HcMixArgs& a) {
   if (a.rows == 0) return true;
   const int64_t floats = kernels::HcMixFromStreamsWorkspaceFloats(a.rows, a.hc, a.hidden);
   std::unique_ptr<DeviceBuffer> partials = backend_->AllocateScratch(floats * sizeof(float));
-  const cudaError_t err =
-      kernels::HcMixFromStreamsF32(a, partials->as<float>(), backend_->stream_,
-                                   kernels::HcMixGemm::kAuto, backend_->hc_mix_counter_);
+  const cudaError_t err = kernels::HcMixFromStreamsF32(a, partials->as<float>(), backend_->stream_);
   if (err != cudaSuccess) {
     RecordFailure(err, "kernels::HcMixFromStreamsF32",
                   absl::StrCat("rows ", a.rows, ", hc ", a.hc, ", hidden ", a.hidden,
