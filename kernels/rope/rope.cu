@@ -51,7 +51,8 @@ __device__ __forceinline__ RotatedPair RotatePair(const float* v, int64_t j, int
 // the lane's weights and inverse frequencies are loaded before the PDL wait (RmsNormRopePrefetch:
 // weights of the model), and up to kEarlyCosSinSlots slots a lane the cos/sin (which depend on
 // the position only) are computed before the norm's reduction; with kRopeWarpRows rows a block
-// (bandwidth-bound prefill rows, where those registers would cost occupancy) both come after it.
+// (bandwidth-bound prefill rows, where those registers would cost occupancy) both come after it:
+// RmsNormRopeWideBody for one call's rows, RmsNormRopeBody<kPerLane, kRopeWarpRows> for a pair's.
 constexpr int kRopeWarpRows = 8;
 constexpr int64_t kRopeFewRows = 128;
 constexpr int kFewRowsWarpRows = 1;
@@ -70,6 +71,62 @@ struct RmsNormRopeParams {
   const float* inv_freq = nullptr;
   float attention_factor = 1.0f;
 };
+
+// One call's rows at kRopeWarpRows rows a block (bandwidth-bound prefill rows): the weights and
+// inverse frequencies read and the cos/sin computed after the norm's reduction.
+template <int kPerLane>
+__device__ void RmsNormRopeWideBody(RmsNormRopeParams p) {
+  constexpr int kVirtualWarps = 8;  // RmsNormF32's 256-thread block
+  const int lane = static_cast<int>(threadIdx.x & 31);
+  const int64_t row = static_cast<int64_t>(blockIdx.x) * kRopeWarpRows + threadIdx.x / 32;
+  if (row >= p.rows) return;  // the whole warp: no barrier or shuffle below misses a lane
+  const float* xr = p.x + row * p.ldx;
+  float* orow = p.out + row * p.ldout;
+  __nv_bfloat16* orow16 = p.out_bf16 + row * p.ldout;
+  float v[kPerLane];
+#pragma unroll
+  for (int s = 0; s < kPerLane; ++s) {
+    const int64_t i = lane + 32 * s;
+    v[s] = i < p.dim ? xr[i] : 0.0f;
+  }
+  float total = 0.0f;
+#pragma unroll
+  for (int w = 0; w < kVirtualWarps; ++w) {
+    float ss = 0.0f;
+#pragma unroll
+    for (int s = w; s < kPerLane; s += kVirtualWarps) ss += v[s] * v[s];
+    for (int o = 16; o > 0; o >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o);
+    total += ss;
+  }
+  const float inv = 1.0f / sqrtf(total / static_cast<float>(p.dim) + p.eps);
+  const int64_t base = p.dim - p.rope_dim;
+  const float pos = static_cast<float>(p.positions[row / p.heads]);
+  // The outputs into v first, then the stores: no store comes between the loads of weight and
+  // inv_freq, so they are all in flight together (a decode row waits on one round of them).
+#pragma unroll
+  for (int s = 0; s < kPerLane; ++s) {
+    const int64_t i = lane + 32 * s;
+    float o = i < p.dim ? p.weight[i] * (v[s] * inv) : 0.0f;
+    const float partner = __shfl_xor_sync(0xffffffffu, o, 1);
+    if (i < p.dim && i >= base) {
+      float cs, sn;
+      RopeCosSin(pos, p.inv_freq[(i - base) / 2], p.attention_factor, &cs, &sn);
+      o = (i & 1) == 0 ? RotatedFirst(o, partner, cs, sn) : RotatedSecond(partner, o, cs, sn);
+    }
+    v[s] = o;
+  }
+  // Every lane's loads came before this point, so writing in place (out == x) is safe.
+#pragma unroll
+  for (int s = 0; s < kPerLane; ++s) {
+    const int64_t i = lane + 32 * s;
+    if (i >= p.dim) continue;
+    if (p.out_bf16 != nullptr) {
+      orow16[i] = __float2bfloat16_rn(v[s]);
+    } else {
+      orow[i] = v[s];
+    }
+  }
+}
 
 // A lane's weights and inverse frequencies (0 outside the row / the rope slice), prefetched with a
 // row a block; nothing with kRopeWarpRows rows a block.
@@ -438,6 +495,12 @@ cudaError_t LaunchRmsNormRopeFor(const RmsNormRopeParams& a, const RmsNormRopePa
                                  RopeRows rows_shape, cudaStream_t stream) {
   if (rows_shape == RopeRows::kAuto && a.rows + b.rows <= kRopeFewRows)
     return LaunchRmsNormRopeRows<kPerLane, kFewRowsWarpRows>(a, b, stream);
+  if (b.rows == 0) {
+    const int64_t blocks = (a.rows + kRopeWarpRows - 1) / kRopeWarpRows;
+    if (blocks > 0x7fffffff) return cudaErrorInvalidValue;
+    return LaunchAfterPrecedingGrids<RmsNormRopeWideBody<kPerLane>, kRopeWarpRows * 32>(
+        static_cast<unsigned>(blocks), 0, stream, a);
+  }
   return LaunchRmsNormRopeRows<kPerLane, kRopeWarpRows>(a, b, stream);
 }
 
