@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <type_traits>
 
 #include "kernels/common/launch.cuh"
 #include "kernels/rope/rope.h"
@@ -39,14 +40,23 @@ __device__ __forceinline__ RotatedPair RotatePair(const float* v, int64_t j, int
   return r;
 }
 
-// RmsNormRopeF32: a warp per row, kRopeWarpRows rows per block. The norm is RmsNormF32's one-warp
+// RmsNormRopeF32: a warp per row, kRopeWarpRows rows per block (kFewRowsWarpRows up to
+// kRopeFewRows rows: more blocks for a decode token's heads). The norm is RmsNormF32's one-warp
 // row kernel (kernels/norm/rms_norm.cu, RmsNormWarpRowsBody) step for step: lane l holds elements
 // l + 32 s, the sum of squares adds slots w, w + 8, ... per virtual warp w, each reduced by the
 // xor butterfly and added in warp order, so the normed values are RmsNormF32's bits. The rope
 // slice starts at an even element, so pair (2j, 2j + 1) of it lies in lanes l and l ^ 1 at the
 // same slot: each lane takes its partner's normed value by a shuffle and computes its own half
-// with RotatePair's arithmetic.
+// with RotatePair's arithmetic. With a row a block (kFewRowsWarpRows: latency-bound decode rows)
+// the lane's weights and inverse frequencies are loaded before the PDL wait (RmsNormRopePrefetch:
+// weights of the model), and up to kEarlyCosSinSlots slots a lane the cos/sin (which depend on
+// the position only) are computed before the norm's reduction; with kRopeWarpRows rows a block
+// (bandwidth-bound prefill rows, where those registers would cost occupancy) both come after it:
+// RmsNormRopeWideBody for one call's rows, RmsNormRopeBody<kPerLane, kRopeWarpRows> for a pair's.
 constexpr int kRopeWarpRows = 8;
+constexpr int64_t kRopeFewRows = 128;
+constexpr int kFewRowsWarpRows = 1;
+constexpr int kEarlyCosSinSlots = 16;
 
 struct RmsNormRopeParams {
   int64_t rows = 0, heads = 0, dim = 0, rope_dim = 0;
@@ -62,8 +72,10 @@ struct RmsNormRopeParams {
   float attention_factor = 1.0f;
 };
 
+// One call's rows at kRopeWarpRows rows a block (bandwidth-bound prefill rows): the weights and
+// inverse frequencies read and the cos/sin computed after the norm's reduction.
 template <int kPerLane>
-__device__ void RmsNormRopeBody(RmsNormRopeParams p) {
+__device__ void RmsNormRopeWideBody(RmsNormRopeParams p) {
   constexpr int kVirtualWarps = 8;  // RmsNormF32's 256-thread block
   const int lane = static_cast<int>(threadIdx.x & 31);
   const int64_t row = static_cast<int64_t>(blockIdx.x) * kRopeWarpRows + threadIdx.x / 32;
@@ -100,6 +112,138 @@ __device__ void RmsNormRopeBody(RmsNormRopeParams p) {
       float cs, sn;
       RopeCosSin(pos, p.inv_freq[(i - base) / 2], p.attention_factor, &cs, &sn);
       o = (i & 1) == 0 ? RotatedFirst(o, partner, cs, sn) : RotatedSecond(partner, o, cs, sn);
+    }
+    v[s] = o;
+  }
+  // Every lane's loads came before this point, so writing in place (out == x) is safe.
+#pragma unroll
+  for (int s = 0; s < kPerLane; ++s) {
+    const int64_t i = lane + 32 * s;
+    if (i >= p.dim) continue;
+    if (p.out_bf16 != nullptr) {
+      orow16[i] = __float2bfloat16_rn(v[s]);
+    } else {
+      orow[i] = v[s];
+    }
+  }
+}
+
+// A lane's weights and inverse frequencies (0 outside the row / the rope slice), prefetched with a
+// row a block; nothing with kRopeWarpRows rows a block.
+template <int kPerLane>
+struct NormRopeWeights {
+  float weight[kPerLane];
+  float inv_freq[kPerLane];
+};
+struct NoNormRopeWeights {};
+template <int kPerLane, int kWarpRows>
+using PrefetchedNormRope = std::conditional_t<kWarpRows == kFewRowsWarpRows,
+                                              NormRopeWeights<kPerLane>, NoNormRopeWeights>;
+
+// One launch's calls: blocks [0, first_blocks) take part[0]'s rows, the others part[1]'s
+// (RmsNormRopePairF32; a single call's part[1] has no rows).
+struct RmsNormRopeLaunch {
+  RmsNormRopeParams part[2];
+  int64_t first_blocks = 0;
+};
+
+// This warp's call and row in it.
+template <int kWarpRows>
+__device__ __forceinline__ RmsNormRopeParams PartOf(const RmsNormRopeLaunch& l, int64_t* row) {
+  const bool second = blockIdx.x >= l.first_blocks;
+  const int64_t block = static_cast<int64_t>(blockIdx.x) - (second ? l.first_blocks : 0);
+  *row = block * kWarpRows + threadIdx.x / 32;
+  return second ? l.part[1] : l.part[0];
+}
+
+template <int kPerLane, int kWarpRows>
+__device__ PrefetchedNormRope<kPerLane, kWarpRows> RmsNormRopePrefetch(RmsNormRopeLaunch l) {
+  PrefetchedNormRope<kPerLane, kWarpRows> c;
+  if constexpr (kWarpRows == kFewRowsWarpRows) {
+    const int lane = static_cast<int>(threadIdx.x & 31);
+    int64_t row;
+    const RmsNormRopeParams p = PartOf<kWarpRows>(l, &row);
+    const int64_t base = p.dim - p.rope_dim;
+#pragma unroll
+    for (int s = 0; s < kPerLane; ++s) {
+      const int64_t i = lane + 32 * s;
+      const bool in_row = row < p.rows && i < p.dim;
+      c.weight[s] = in_row ? __ldg(p.weight + i) : 0.0f;
+      c.inv_freq[s] = in_row && i >= base ? __ldg(p.inv_freq + (i - base) / 2) : 0.0f;
+    }
+  }
+  return c;
+}
+
+template <int kPerLane, int kWarpRows>
+__device__ void RmsNormRopeBody(const PrefetchedNormRope<kPerLane, kWarpRows>& c,
+                                RmsNormRopeLaunch l) {
+  constexpr int kVirtualWarps = 8;  // RmsNormF32's 256-thread block
+  constexpr bool kFew = kWarpRows == kFewRowsWarpRows;
+  constexpr bool kEarly = kFew && kPerLane <= kEarlyCosSinSlots;
+  const int lane = static_cast<int>(threadIdx.x & 31);
+  int64_t row;
+  const RmsNormRopeParams p = PartOf<kWarpRows>(l, &row);
+  if (row >= p.rows) return;  // the whole warp: no barrier or shuffle below misses a lane
+  const float* xr = p.x + row * p.ldx;
+  float* orow = p.out + row * p.ldout;
+  __nv_bfloat16* orow16 = p.out_bf16 + row * p.ldout;
+  const float pos = static_cast<float>(p.positions[row / p.heads]);
+  float v[kPerLane];
+#pragma unroll
+  for (int s = 0; s < kPerLane; ++s) {
+    const int64_t i = lane + 32 * s;
+    v[s] = i < p.dim ? xr[i] : 0.0f;
+  }
+  const int64_t base = p.dim - p.rope_dim;
+  float cs[kEarly ? kPerLane : 1], sn[kEarly ? kPerLane : 1];
+  if constexpr (kEarly) {
+#pragma unroll
+    for (int s = 0; s < kPerLane; ++s) {
+      const int64_t i = lane + 32 * s;
+      cs[s] = 0.0f, sn[s] = 0.0f;
+      if (i < p.dim && i >= base)
+        RopeCosSin(pos, c.inv_freq[s], p.attention_factor, &cs[s], &sn[s]);
+    }
+  }
+  float total = 0.0f;
+#pragma unroll
+  for (int w = 0; w < kVirtualWarps; ++w) {
+    float ss = 0.0f;
+#pragma unroll
+    for (int s = w; s < kPerLane; s += kVirtualWarps) ss += v[s] * v[s];
+    for (int o = 16; o > 0; o >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o);
+    total += ss;
+  }
+  const float inv = 1.0f / sqrtf(total / static_cast<float>(p.dim) + p.eps);
+  // The outputs into v first, then the stores: no store comes between the loads of the weights
+  // and inverse frequencies where they were not prefetched, so they are all in flight together.
+#pragma unroll
+  for (int s = 0; s < kPerLane; ++s) {
+    const int64_t i = lane + 32 * s;
+    float weight = 0.0f;
+    if constexpr (kFew) {
+      weight = c.weight[s];
+    } else {
+      if (i < p.dim) weight = p.weight[i];
+    }
+    float o = i < p.dim ? weight * (v[s] * inv) : 0.0f;
+    const float partner = __shfl_xor_sync(0xffffffffu, o, 1);
+    if (i < p.dim && i >= base) {
+      float cos_s, sin_s;
+      if constexpr (kEarly) {
+        cos_s = cs[s], sin_s = sn[s];
+      } else {
+        float inv_freq;
+        if constexpr (kFew) {
+          inv_freq = c.inv_freq[s];
+        } else {
+          inv_freq = p.inv_freq[(i - base) / 2];
+        }
+        RopeCosSin(pos, inv_freq, p.attention_factor, &cos_s, &sin_s);
+      }
+      o = (i & 1) == 0 ? RotatedFirst(o, partner, cos_s, sin_s)
+                       : RotatedSecond(partner, o, cos_s, sin_s);
     }
     v[s] = o;
   }
@@ -331,16 +475,51 @@ bool RmsNormRopeSupported(int64_t tokens, int64_t heads, int64_t dim, int64_t ro
 
 namespace {
 
-cudaError_t LaunchRmsNormRope(const RmsNormRopeParams& p, cudaStream_t stream) {
-  const unsigned grid = static_cast<unsigned>((p.rows + kRopeWarpRows - 1) / kRopeWarpRows);
-  constexpr int kWarpThreads = kRopeWarpRows * 32;
-  if (p.dim <= 256)
-    return LaunchAfterPrecedingGrids<RmsNormRopeBody<8>, kWarpThreads>(grid, 0, stream, p);
-  if (p.dim <= 512)
-    return LaunchAfterPrecedingGrids<RmsNormRopeBody<16>, kWarpThreads>(grid, 0, stream, p);
-  if (p.dim <= 1024)
-    return LaunchAfterPrecedingGrids<RmsNormRopeBody<32>, kWarpThreads>(grid, 0, stream, p);
-  return LaunchAfterPrecedingGrids<RmsNormRopeBody<64>, kWarpThreads>(grid, 0, stream, p);
+template <int kPerLane, int kWarpRows>
+cudaError_t LaunchRmsNormRopeRows(const RmsNormRopeParams& a, const RmsNormRopeParams& b,
+                                  cudaStream_t stream) {
+  RmsNormRopeLaunch l;
+  l.part[0] = a;
+  l.part[1] = b;
+  l.first_blocks = (a.rows + kWarpRows - 1) / kWarpRows;
+  const int64_t blocks = l.first_blocks + (b.rows + kWarpRows - 1) / kWarpRows;
+  if (blocks > 0x7fffffff) return cudaErrorInvalidValue;
+  const unsigned grid = static_cast<unsigned>(blocks);
+  return LaunchPrefetchThenAfterPrecedingGrids<RmsNormRopePrefetch<kPerLane, kWarpRows>,
+                                               RmsNormRopeBody<kPerLane, kWarpRows>,
+                                               kWarpRows * 32>(grid, 0, stream, l);
+}
+
+template <int kPerLane>
+cudaError_t LaunchRmsNormRopeFor(const RmsNormRopeParams& a, const RmsNormRopeParams& b,
+                                 RopeRows rows_shape, cudaStream_t stream) {
+  if (rows_shape == RopeRows::kAuto && a.rows + b.rows <= kRopeFewRows)
+    return LaunchRmsNormRopeRows<kPerLane, kFewRowsWarpRows>(a, b, stream);
+  if (b.rows == 0) {
+    const int64_t blocks = (a.rows + kRopeWarpRows - 1) / kRopeWarpRows;
+    if (blocks > 0x7fffffff) return cudaErrorInvalidValue;
+    return LaunchAfterPrecedingGrids<RmsNormRopeWideBody<kPerLane>, kRopeWarpRows * 32>(
+        static_cast<unsigned>(blocks), 0, stream, a);
+  }
+  return LaunchRmsNormRopeRows<kPerLane, kRopeWarpRows>(a, b, stream);
+}
+
+// The register layout's slots a lane for rows of dim values.
+int PerLaneOf(int64_t dim) { return dim <= 256 ? 8 : dim <= 512 ? 16 : dim <= 1024 ? 32 : 64; }
+
+// a's rows, then b's (rows 0: none), in one launch; a.dim and b.dim of one PerLaneOf.
+cudaError_t LaunchRmsNormRope(const RmsNormRopeParams& a, const RmsNormRopeParams& b,
+                              RopeRows rows_shape, cudaStream_t stream) {
+  switch (PerLaneOf(a.dim)) {
+    case 8:
+      return LaunchRmsNormRopeFor<8>(a, b, rows_shape, stream);
+    case 16:
+      return LaunchRmsNormRopeFor<16>(a, b, rows_shape, stream);
+    case 32:
+      return LaunchRmsNormRopeFor<32>(a, b, rows_shape, stream);
+    default:
+      return LaunchRmsNormRopeFor<64>(a, b, rows_shape, stream);
+  }
 }
 
 }  // namespace
@@ -348,20 +527,21 @@ cudaError_t LaunchRmsNormRope(const RmsNormRopeParams& p, cudaStream_t stream) {
 cudaError_t RmsNormRopeF32(int64_t tokens, int64_t heads, int64_t dim, const float* x, int64_t ldx,
                            const float* weight, float eps, float* out, int64_t ldout,
                            int64_t rope_dim, const int32_t* positions, const float* inv_freq,
-                           float attention_factor, cudaStream_t stream) {
+                           float attention_factor, cudaStream_t stream, RopeRows rows_shape) {
   if (!RmsNormRopeSupported(tokens, heads, dim, rope_dim)) return cudaErrorInvalidValue;
   if (tokens == 0) return cudaSuccess;
   RmsNormRopeParams p;
   p.rows = tokens * heads, p.heads = heads, p.dim = dim, p.rope_dim = rope_dim;
   p.x = x, p.ldx = ldx, p.weight = weight, p.eps = eps, p.out = out, p.ldout = ldout;
   p.positions = positions, p.inv_freq = inv_freq, p.attention_factor = attention_factor;
-  return LaunchRmsNormRope(p, stream);
+  return LaunchRmsNormRope(p, RmsNormRopeParams{}, rows_shape, stream);
 }
 
 cudaError_t RmsNormRopeToBf16(int64_t tokens, int64_t heads, int64_t dim, const float* x,
                               int64_t ldx, const float* weight, float eps, uint16_t* out,
                               int64_t ldout, int64_t rope_dim, const int32_t* positions,
-                              const float* inv_freq, float attention_factor, cudaStream_t stream) {
+                              const float* inv_freq, float attention_factor, cudaStream_t stream,
+                              RopeRows rows_shape) {
   if (!RmsNormRopeSupported(tokens, heads, dim, rope_dim)) return cudaErrorInvalidValue;
   if (tokens == 0) return cudaSuccess;
   if (out == nullptr) return cudaErrorInvalidValue;
@@ -370,7 +550,33 @@ cudaError_t RmsNormRopeToBf16(int64_t tokens, int64_t heads, int64_t dim, const 
   p.x = x, p.ldx = ldx, p.weight = weight, p.eps = eps;
   p.out_bf16 = reinterpret_cast<__nv_bfloat16*>(out), p.ldout = ldout;
   p.positions = positions, p.inv_freq = inv_freq, p.attention_factor = attention_factor;
-  return LaunchRmsNormRope(p, stream);
+  return LaunchRmsNormRope(p, RmsNormRopeParams{}, rows_shape, stream);
+}
+
+bool RmsNormRopePairSupported(const RmsNormRopeRows& a, const RmsNormRopeRows& b,
+                              int64_t rope_dim) {
+  return RmsNormRopeSupported(a.tokens, a.heads, a.dim, rope_dim) &&
+         RmsNormRopeSupported(b.tokens, b.heads, b.dim, rope_dim) &&
+         PerLaneOf(a.dim) == PerLaneOf(b.dim) && a.x != nullptr && b.x != nullptr &&
+         a.out != nullptr && b.out != nullptr;
+}
+
+cudaError_t RmsNormRopePairF32(const RmsNormRopeRows& a, const RmsNormRopeRows& b, float eps,
+                               int64_t rope_dim, const int32_t* positions, const float* inv_freq,
+                               float attention_factor, cudaStream_t stream, RopeRows rows_shape) {
+  if (!RmsNormRopePairSupported(a, b, rope_dim)) return cudaErrorInvalidValue;
+  RmsNormRopeParams p[2];
+  for (int i = 0; i < 2; ++i) {
+    const RmsNormRopeRows& r = i == 0 ? a : b;
+    p[i].rows = r.tokens * r.heads, p[i].heads = r.heads, p[i].dim = r.dim;
+    p[i].rope_dim = rope_dim;
+    p[i].x = r.x, p[i].ldx = r.ldx, p[i].weight = r.weight, p[i].eps = eps;
+    p[i].out = r.out, p[i].ldout = r.ldout;
+    p[i].positions = positions, p[i].inv_freq = inv_freq;
+    p[i].attention_factor = attention_factor;
+  }
+  if (p[0].rows + p[1].rows == 0) return cudaSuccess;
+  return LaunchRmsNormRope(p[0], p[1], rows_shape, stream);
 }
 
 cudaError_t NormRopeWriteLatentCacheF32(const NormRopeCacheParams& p, cudaStream_t stream) {

@@ -27,19 +27,50 @@ cudaError_t ApplyRopeF32(int64_t tokens, int64_t heads, float* x, int64_t token_
 // inv_freq, attention_factor, true): a query's or key's per-head norm and rope (DeepSeek-V4).
 // RmsNormRopeSupported: dim <= kRmsNormRopeMaxDim, rope_dim and dim - rope_dim even; otherwise
 // cudaErrorInvalidValue.
+// weight and inv_freq are read before the programmatic-dependent-launch wait: no kernel of the
+// stream may write them (weights of the model). With RopeRows::kAuto up to 128 rows run a row a
+// block (a decode token's 64 heads: 64 blocks), more rows 8 a block; kWide takes 8 a block at
+// every row count (the same arithmetic; rope_bench times both).
 inline constexpr int64_t kRmsNormRopeMaxDim = 2048;
+enum class RopeRows {
+  kAuto,  // a row a block up to 128 rows
+  kWide,  // 8 rows a block
+};
 bool RmsNormRopeSupported(int64_t tokens, int64_t heads, int64_t dim, int64_t rope_dim);
 cudaError_t RmsNormRopeF32(int64_t tokens, int64_t heads, int64_t dim, const float* x, int64_t ldx,
                            const float* weight, float eps, float* out, int64_t ldout,
                            int64_t rope_dim, const int32_t* positions, const float* inv_freq,
-                           float attention_factor, cudaStream_t stream);
+                           float attention_factor, cudaStream_t stream,
+                           RopeRows rows_shape = RopeRows::kAuto);
 // RmsNormRopeF32's values rounded to bf16 (nearest even; bits) into out + r * ldout, which must
 // not overlap x: the per-head query a bf16 consumer (SinkAttentionF32's q_bf16) reads as it would
 // round RmsNormRopeF32's fp32 output, one pass instead of an fp32 write and a read.
 cudaError_t RmsNormRopeToBf16(int64_t tokens, int64_t heads, int64_t dim, const float* x,
                               int64_t ldx, const float* weight, float eps, uint16_t* out,
                               int64_t ldout, int64_t rope_dim, const int32_t* positions,
-                              const float* inv_freq, float attention_factor, cudaStream_t stream);
+                              const float* inv_freq, float attention_factor, cudaStream_t stream,
+                              RopeRows rows_shape = RopeRows::kAuto);
+
+// Two RmsNormRopeF32 calls in one launch (a's rows, then b's; blocks per the rows of both, as
+// RopeRows says): bit for bit RmsNormRopeF32 on a, then on b, with the same eps, rope_dim,
+// positions (token t of each), inv_freq and attention_factor: DeepSeek-V4's query heads and its
+// key row at one step. b's rows must not overlap a's output nor a's rows b's output.
+// RmsNormRopePairSupported: each call RmsNormRopeSupported, a.dim and b.dim in one of the
+// kernel's width classes (up to 256, 512, 1024, 2048), x and out set; otherwise
+// cudaErrorInvalidValue.
+struct RmsNormRopeRows {
+  int64_t tokens = 0, heads = 0, dim = 0;
+  const float* x = nullptr;
+  int64_t ldx = 0;
+  const float* weight = nullptr;
+  float* out = nullptr;  // may be x
+  int64_t ldout = 0;
+};
+bool RmsNormRopePairSupported(const RmsNormRopeRows& a, const RmsNormRopeRows& b, int64_t rope_dim);
+cudaError_t RmsNormRopePairF32(const RmsNormRopeRows& a, const RmsNormRopeRows& b, float eps,
+                               int64_t rope_dim, const int32_t* positions, const float* inv_freq,
+                               float attention_factor, cudaStream_t stream,
+                               RopeRows rows_shape = RopeRows::kAuto);
 
 // The MLA layer's preparation of one step in one launch (block per token): for each token t,
 //  * latent = RmsNorm(kv[t, :latent_dim]) with norm_weight and eps (RmsNormF32's arithmetic),

@@ -7,6 +7,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <memory>
 #include <random>
 #include <vector>
 
@@ -291,7 +292,9 @@ TEST(RopeKernelTest, NormRopeCacheAbsorbQueryMatchesCpuAndTheTwoLaunches) {
 // kernels it replaces (RmsNormF32, ApplyRopeF32); RmsNormRopeToBf16 bit for bit its values
 // rounded: DeepSeek-V4's query (1 and 3 tokens x 64 heads
 // of 512, rope 64, normed in place), its key and compressed entries (one head of 512 and of 128),
-// rows not a multiple of 32 wide and padded row strides, each warp-row size (up to 2048).
+// rows not a multiple of 32 wide and padded row strides, each warp-row size (up to 2048), row
+// counts on both sides of the few-rows launch shape's limit (128), each launch shape
+// (RopeRows::kAuto, kWide).
 TEST(RopeKernelTest, RmsNormRopeMatchesCpuAndTheTwoKernels) {
   DEEPINFER_SKIP_WITHOUT_GPU();
   CpuBackend cpu(2);
@@ -302,7 +305,8 @@ TEST(RopeKernelTest, RmsNormRopeMatchesCpuAndTheTwoKernels) {
   for (const Case& c : {Case{1, 64, 512, 64, 512, true}, Case{3, 64, 512, 64, 512, true},
                         Case{37, 1, 512, 64, 512, false}, Case{5, 1, 128, 64, 128, false},
                         Case{9, 3, 200, 16, 205, false}, Case{4, 2, 1000, 64, 1000, true},
-                        Case{2, 2, 2048, 64, 2052, false}}) {
+                        Case{2, 2, 2048, 64, 2052, false}, Case{1, 65, 512, 64, 512, true},
+                        Case{1, 129, 128, 64, 128, false}, Case{1, 1, 512, 64, 512, true}}) {
     const uint32_t seed = testing::FreshSeed();
     SCOPED_TRACE(::testing::Message()
                  << "tokens " << c.tokens << " heads " << c.heads << " dim " << c.dim << " rope "
@@ -324,26 +328,31 @@ TEST(RopeKernelTest, RmsNormRopeMatchesCpuAndTheTwoKernels) {
     cpu.RmsNorm(rows, c.dim, x.data(), c.ld, w.data(), eps, want.data(), c.ld);
     cpu.ApplyRope(c.tokens, c.heads, want.data() + c.dim - c.rope, c.heads * c.ld, c.ld, c.rope,
                   positions.data(), inv_freq.data(), factor, /*interleaved=*/true);
-    DeviceArray<float> dx(x), dw(w), dinv(inv_freq), dout(x), ux(x), uout(x);
+    DeviceArray<float> dw(w), dinv(inv_freq), ux(x), uout(x);
     DeviceArray<int32_t> dpos(positions);
-    float* out = c.in_place ? dx.get() : dout.get();
-    ASSERT_TRUE(kernels::RmsNormRopeSupported(c.tokens, c.heads, c.dim, c.rope));
-    DEEPINFER_CUDA_OK(kernels::RmsNormRopeF32(c.tokens, c.heads, c.dim, dx.get(), c.ld, dw.get(),
-                                              eps, out, c.ld, c.rope, dpos.get(), dinv.get(),
-                                              factor, nullptr));
     float* uo = c.in_place ? ux.get() : uout.get();
     DEEPINFER_CUDA_OK(
         kernels::RmsNormF32(rows, c.dim, ux.get(), c.ld, dw.get(), eps, uo, c.ld, nullptr));
     DEEPINFER_CUDA_OK(kernels::ApplyRopeF32(c.tokens, c.heads, uo + c.dim - c.rope, c.heads * c.ld,
                                             c.ld, c.rope, dpos.get(), dinv.get(), factor,
                                             /*interleaved=*/true, nullptr));
-    std::vector<float> got, unfused;
-    DEEPINFER_CUDA_OK((c.in_place ? dx : dout).Download(&got));
+    std::vector<float> unfused;
     DEEPINFER_CUDA_OK((c.in_place ? ux : uout).Download(&unfused));
-    EXPECT_TRUE(AllClose(got, want, 2e-5, 2e-6));
-    ASSERT_EQ(got.size(), unfused.size());
-    EXPECT_EQ(0, std::memcmp(got.data(), unfused.data(), got.size() * sizeof(float)))
-        << "not bit for bit RmsNormF32 + ApplyRopeF32";
+    ASSERT_TRUE(kernels::RmsNormRopeSupported(c.tokens, c.heads, c.dim, c.rope));
+    for (const kernels::RopeRows shape : {kernels::RopeRows::kAuto, kernels::RopeRows::kWide}) {
+      SCOPED_TRACE(::testing::Message() << "rows shape " << static_cast<int>(shape));
+      DeviceArray<float> dx(x), dout(x);
+      float* out = c.in_place ? dx.get() : dout.get();
+      DEEPINFER_CUDA_OK(kernels::RmsNormRopeF32(c.tokens, c.heads, c.dim, dx.get(), c.ld, dw.get(),
+                                                eps, out, c.ld, c.rope, dpos.get(), dinv.get(),
+                                                factor, nullptr, shape));
+      std::vector<float> got;
+      DEEPINFER_CUDA_OK((c.in_place ? dx : dout).Download(&got));
+      EXPECT_TRUE(AllClose(got, want, 2e-5, 2e-6));
+      ASSERT_EQ(got.size(), unfused.size());
+      EXPECT_EQ(0, std::memcmp(got.data(), unfused.data(), got.size() * sizeof(float)))
+          << "not bit for bit RmsNormF32 + ApplyRopeF32";
+    }
     // The bf16 output: the fp32 output rounded to nearest even, value for value (the padding
     // between rows untouched).
     const uint16_t kUntouched = 0x7FC1;
@@ -370,6 +379,105 @@ TEST(RopeKernelTest, RmsNormRopeMatchesCpuAndTheTwoKernels) {
   EXPECT_EQ(cudaErrorInvalidValue,
             kernels::RmsNormRopeF32(1, 1, 2049, nullptr, 2049, nullptr, 1e-6f, nullptr, 2049, 64,
                                     nullptr, nullptr, 1.0f, nullptr));
+}
+
+// RmsNormRopePairF32 bit for bit RmsNormRopeF32 on each of its two calls, and within the
+// tolerance of CpuBackend's RmsNorm + ApplyRope: DeepSeek-V4's query heads (in place) with its
+// key row (1 and 3 tokens, 64 x 512 and 1 x 512; 3 x 64 rows: the wide launch shape), rows of
+// 128 with rows of 200 (one width class, padded strides), each launch shape; a pair of two width
+// classes is refused.
+TEST(RopeKernelTest, RmsNormRopePairIsTheTwoCalls) {
+  DEEPINFER_SKIP_WITHOUT_GPU();
+  CpuBackend cpu(2);
+  struct Rows {
+    int64_t heads, dim, ld;
+    bool in_place;
+  };
+  struct Case {
+    int64_t tokens;
+    Rows a, b;
+  };
+  constexpr int64_t kRope = 64;
+  for (const Case& c : {Case{1, {64, 512, 512, true}, {1, 512, 512, false}},
+                        Case{3, {64, 512, 512, true}, {1, 512, 512, false}},
+                        Case{2, {5, 128, 130, false}, {3, 200, 200, true}}}) {
+    const uint32_t seed = testing::FreshSeed();
+    SCOPED_TRACE(::testing::Message() << "tokens " << c.tokens << " a " << c.a.heads << " x "
+                                      << c.a.dim << " b " << c.b.heads << " x " << c.b.dim
+                                      << " seed " << seed);
+    std::mt19937 gen(seed);
+    std::uniform_int_distribution<int32_t> pos(0, 160000);
+    std::vector<int32_t> positions(c.tokens);
+    for (int32_t& p : positions) p = pos(gen);
+    std::vector<float> inv_freq(kRope / 2);
+    for (int64_t j = 0; j < kRope / 2; ++j) {
+      inv_freq[j] = static_cast<float>(std::pow(160000.0, -2.0 * j / kRope));
+    }
+    const float eps = 1e-6f, factor = 1.2079f;
+    DeviceArray<int32_t> dpos(positions);
+    DeviceArray<float> dinv(inv_freq);
+    struct Side {
+      std::vector<float> x, w, want;
+      std::unique_ptr<DeviceArray<float>> dw;
+    };
+    Side side[2];
+    for (int i = 0; i < 2; ++i) {
+      const Rows& r = i == 0 ? c.a : c.b;
+      const int64_t rows = c.tokens * r.heads;
+      side[i].x = testing::RandomFloats(rows * r.ld, seed + 1 + 2 * i, 3.0f);
+      side[i].w = testing::RandomFloats(r.dim, seed + 2 + 2 * i);
+      side[i].dw = std::make_unique<DeviceArray<float>>(side[i].w);
+      side[i].want = side[i].x;
+      cpu.RmsNorm(rows, r.dim, side[i].x.data(), r.ld, side[i].w.data(), eps,
+                  side[i].want.data(), r.ld);
+      cpu.ApplyRope(c.tokens, r.heads, side[i].want.data() + r.dim - kRope, r.heads * r.ld, r.ld,
+                    kRope, positions.data(), inv_freq.data(), factor, /*interleaved=*/true);
+    }
+    // Each call alone.
+    std::vector<float> single[2];
+    for (int i = 0; i < 2; ++i) {
+      const Rows& r = i == 0 ? c.a : c.b;
+      DeviceArray<float> dx(side[i].x), dout(side[i].x);
+      float* out = r.in_place ? dx.get() : dout.get();
+      DEEPINFER_CUDA_OK(kernels::RmsNormRopeF32(c.tokens, r.heads, r.dim, dx.get(), r.ld,
+                                                side[i].dw->get(), eps, out, r.ld, kRope,
+                                                dpos.get(), dinv.get(), factor, nullptr));
+      DEEPINFER_CUDA_OK((r.in_place ? dx : dout).Download(&single[i]));
+    }
+    for (const kernels::RopeRows shape : {kernels::RopeRows::kAuto, kernels::RopeRows::kWide}) {
+      SCOPED_TRACE(::testing::Message() << "rows shape " << static_cast<int>(shape));
+      DeviceArray<float> dx0(side[0].x), dout0(side[0].x), dx1(side[1].x), dout1(side[1].x);
+      kernels::RmsNormRopeRows rows[2];
+      DeviceArray<float>* outs[2] = {c.a.in_place ? &dx0 : &dout0, c.b.in_place ? &dx1 : &dout1};
+      DeviceArray<float>* xs[2] = {&dx0, &dx1};
+      for (int i = 0; i < 2; ++i) {
+        const Rows& r = i == 0 ? c.a : c.b;
+        rows[i].tokens = c.tokens, rows[i].heads = r.heads, rows[i].dim = r.dim;
+        rows[i].x = xs[i]->get(), rows[i].ldx = r.ld, rows[i].weight = side[i].dw->get();
+        rows[i].out = outs[i]->get(), rows[i].ldout = r.ld;
+      }
+      ASSERT_TRUE(kernels::RmsNormRopePairSupported(rows[0], rows[1], kRope));
+      DEEPINFER_CUDA_OK(kernels::RmsNormRopePairF32(rows[0], rows[1], eps, kRope, dpos.get(),
+                                                    dinv.get(), factor, nullptr, shape));
+      for (int i = 0; i < 2; ++i) {
+        SCOPED_TRACE(i == 0 ? "first" : "second");
+        std::vector<float> got;
+        DEEPINFER_CUDA_OK(outs[i]->Download(&got));
+        EXPECT_TRUE(AllClose(got, side[i].want, 2e-5, 2e-6));
+        ASSERT_EQ(got.size(), single[i].size());
+        EXPECT_EQ(0, std::memcmp(got.data(), single[i].data(), got.size() * sizeof(float)))
+            << "not bit for bit RmsNormRopeF32";
+      }
+    }
+  }
+  kernels::RmsNormRopeRows q, k;
+  q.tokens = 1, q.heads = 64, q.dim = 512, k.tokens = 1, k.heads = 1, k.dim = 128;
+  std::vector<float> any(1);
+  q.out = k.out = any.data();  // never read: refused before any launch
+  q.x = k.x = any.data();
+  EXPECT_FALSE(kernels::RmsNormRopePairSupported(q, k, kRope));
+  EXPECT_EQ(kernels::RmsNormRopePairF32(q, k, 1e-6f, kRope, nullptr, nullptr, 1.0f, nullptr),
+            cudaErrorInvalidValue);
 }
 
 TEST(RopeKernelTest, NormRopeCacheAbsorbQueryRejectsWhatItDoesNotTake) {

@@ -240,6 +240,11 @@ class V4Ops {
   // inv_freq, attention_factor, true), as one op where the backend has a kernel that takes these
   // shapes (bit for bit the two ops); false (nothing done) otherwise, and the caller runs the two.
   virtual bool NormRope(const NormRopeArgs& args) { return false; }
+  // NormRope(first), then NormRope(second) (fp32 outputs, the same rope_dim, positions,
+  // inv_freq and attention_factor; second's rows neither overlap first's output nor first's
+  // rows second's output), as one op where the backend has a kernel that takes both (bit for bit
+  // the two); false (nothing done) otherwise, and the caller runs them.
+  virtual bool NormRopePair(const NormRopeArgs& first, const NormRopeArgs& second) { return false; }
   // Whether, for `tokens` queries of `heads` x `dim`, SinkAttention takes q_bf16 and out_bf16
   // and NormRope takes out_bf16 (rows up to 2048 wide, an even rope_dim): the query a bf16
   // attention reads and the output a bf16 Gemm reads passed in bf16, each rounded once where it

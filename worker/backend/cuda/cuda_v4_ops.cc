@@ -70,6 +70,31 @@ bool CudaV4Ops::NormRope(const NormRopeArgs& a) {
   return true;
 }
 
+bool CudaV4Ops::NormRopePair(const NormRopeArgs& a, const NormRopeArgs& b) {
+  auto rows = [](const NormRopeArgs& n) {
+    kernels::RmsNormRopeRows r;
+    r.tokens = n.tokens, r.heads = n.heads, r.dim = n.dim;
+    r.x = n.x, r.ldx = n.dim, r.weight = n.weight, r.out = n.out, r.ldout = n.dim;
+    return r;
+  };
+  const kernels::RmsNormRopeRows ra = rows(a), rb = rows(b);
+  if (a.out_bf16 != nullptr || b.out_bf16 != nullptr || a.rope_dim != b.rope_dim ||
+      a.eps != b.eps || a.positions != b.positions || a.inv_freq != b.inv_freq ||
+      a.attention_factor != b.attention_factor ||
+      !kernels::RmsNormRopePairSupported(ra, rb, a.rope_dim)) {
+    return false;
+  }
+  CudaBackend::OpTimer timer(backend_, "V4NormRopePair");
+  const cudaError_t err = kernels::RmsNormRopePairF32(
+      ra, rb, a.eps, a.rope_dim, a.positions, a.inv_freq, a.attention_factor, backend_->stream_);
+  if (err != cudaSuccess) {
+    RecordFailure(err, "kernels::RmsNormRopePairF32",
+                  absl::StrCat("tokens ", a.tokens, ", heads ", a.heads, " and ", b.heads, ", dim ",
+                               a.dim, " and ", b.dim, ", rope_dim ", a.rope_dim));
+  }
+  return true;
+}
+
 bool CudaV4Ops::TakesBf16Attention(int64_t tokens, int64_t heads, int64_t dim) {
   return tokens >= kBf16AttentionMinTokens && heads >= 1 && dim <= kernels::kRmsNormRopeMaxDim &&
          backend_->weight_dtype() == WeightDType::kBFloat16 && !backend_->tuning_.batch_invariant &&

@@ -26,11 +26,16 @@ class CudaV4Ops : public V4Ops {
 
   // kernels::HcMixF32 / HcHeadF32 / HcExpandF32 (kernels/v4/hyper_connection.h).
   void HcMix(const HcMixArgs& args) override;
-  // kernels::HcMixFromStreamsF32 where it takes the shapes (its partials from scratch).
+  // kernels::HcMixFromStreamsF32 where it takes the shapes (its partials from scratch, the
+  // backend's counter: one launch up to 4 rows).
   bool HcMixFromStreams(const HcMixArgs& args) override;
   // kernels::RmsNormRopeF32 (RmsNormRopeToBf16 with out_bf16) where it takes the shapes (rows
   // up to 2048 wide).
   bool NormRope(const NormRopeArgs& args) override;
+  // kernels::RmsNormRopePairF32 where it takes both (fp32 outputs, widths in one of its classes).
+  // NormRope and NormRopePair: weight and inv_freq are read before the programmatic-dependent-
+  // launch wait (the model's weights: no op of a step writes them).
+  bool NormRopePair(const NormRopeArgs& first, const NormRopeArgs& second) override;
   // From kBf16AttentionMinTokens queries (prefill: decode and its graphs keep the fp32 query and
   // output) with bf16 weights, outside batch-invariant mode, where
   // kernels::SinkAttentionTakesBf16Io(dim) (V4-Flash's dim 512 on sm_80+).

@@ -6,7 +6,8 @@
 // width over keys in ring slots and paged streams; the row copies; bad arguments reported
 // through status(); the hyper-connection mix with its norm and GEMM (HcMixFromStreams) against
 // the three ops it replaces; the bf16 query and output of a prefill against the fp32 path and
-// the CPU. Skips itself without a GPU.
+// the CPU; the query's and key's norm and rope in one op against the two. Skips itself without a
+// GPU.
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -619,6 +620,70 @@ TEST_F(CudaV4OpsTest, MixFromStreamsWithNormMatchesAndReplays) {
   EXPECT_TRUE(AllClose(replayed[1], Download(*dcomb), 0, 0));
   EXPECT_TRUE(AllClose(replayed[2], Download(*dout), 0, 0));
   EXPECT_TRUE(replayed16 == download16());
+}
+
+// NormRopePair at a decode step's query and key (1 and 2 tokens; 64 heads x 512 normed in place,
+// then the key row of 512 into its own buffer; rope 64): declined by the CPU backend, taken by
+// the GPU's and bit for bit its two NormRope ops, within rounding of the CPU's RmsNorm +
+// ApplyRope; declined with a bf16 output or unlike rope arguments.
+TEST_F(CudaV4OpsTest, NormRopePairIsTheTwoNormRopes) {
+  constexpr int64_t NH = 64, D = 512, RD = 64;
+  V4Ops* ops = gpu_->v4_ops();
+  for (const int64_t T : {1, 2}) {
+    const uint32_t seed = testing::FreshSeed();
+    SCOPED_TRACE(::testing::Message() << "tokens " << T << " seed " << seed);
+    const std::vector<float> q = RandomFloats(T * NH * D, seed, 3.0f);
+    const std::vector<float> kv = RandomFloats(T * D, seed + 1);
+    const std::vector<float> kv_norm = RandomFloats(D, seed + 2);
+    const std::vector<float> ones(D, 1.0f);
+    std::vector<float> inv_freq(RD / 2);
+    for (int64_t j = 0; j < RD / 2; ++j) {
+      inv_freq[j] = static_cast<float>(std::pow(160000.0, -2.0 * j / RD));
+    }
+    std::vector<int32_t> positions(T);
+    for (int64_t t = 0; t < T; ++t) positions[t] = static_cast<int32_t>(4000 + 7 * t);
+    const float eps = 1e-6f, factor = 1.2079f;
+    auto dones = Upload(ones), dkv = Upload(kv), dkv_norm = Upload(kv_norm),
+         dinv = Upload(inv_freq);
+    auto dpos = gpu_->Allocate(T * sizeof(int32_t));
+    gpu_->CopyToDevice(positions.data(), T * sizeof(int32_t), dpos->data());
+    auto args = [&](int64_t heads, const float* x, const float* weight, float* out) {
+      NormRopeArgs a;
+      a.tokens = T, a.heads = heads, a.dim = D, a.rope_dim = RD;
+      a.x = x, a.weight = weight, a.eps = eps, a.out = out;
+      a.positions = dpos->as<int32_t>(), a.inv_freq = dinv->as<float>();
+      a.attention_factor = factor;
+      return a;
+    };
+    // The two ops, then the pair.
+    auto q1 = Upload(q), kvn1 = Poisoned(T * D);
+    ASSERT_TRUE(ops->NormRope(args(NH, q1->as<float>(), dones->as<float>(), q1->as<float>())));
+    ASSERT_TRUE(ops->NormRope(args(1, dkv->as<float>(), dkv_norm->as<float>(), kvn1->as<float>())));
+    auto q2 = Upload(q), kvn2 = Poisoned(T * D);
+    const NormRopeArgs qa = args(NH, q2->as<float>(), dones->as<float>(), q2->as<float>());
+    const NormRopeArgs ka = args(1, dkv->as<float>(), dkv_norm->as<float>(), kvn2->as<float>());
+    EXPECT_FALSE(cpu_.v4_ops()->NormRopePair(qa, ka));
+    ASSERT_TRUE(ops->NormRopePair(qa, ka));
+    ASSERT_TRUE(gpu_->status().ok()) << gpu_->status();
+    EXPECT_TRUE(AllClose(Download(*q2), Download(*q1), 0, 0)) << "query";
+    EXPECT_TRUE(AllClose(Download(*kvn2), Download(*kvn1), 0, 0)) << "key";
+    std::vector<float> want_q(q.size()), want_k(kv.size());
+    cpu_.RmsNorm(T * NH, D, q.data(), D, ones.data(), eps, want_q.data(), D);
+    cpu_.ApplyRope(T, NH, want_q.data() + D - RD, NH * D, D, RD, positions.data(), inv_freq.data(),
+                   factor, /*interleaved=*/true);
+    cpu_.RmsNorm(T, D, kv.data(), D, kv_norm.data(), eps, want_k.data(), D);
+    cpu_.ApplyRope(T, 1, want_k.data() + D - RD, D, D, RD, positions.data(), inv_freq.data(),
+                   factor, /*interleaved=*/true);
+    EXPECT_TRUE(AllClose(Download(*q2), want_q, 2e-5, 2e-6)) << "query against the CPU";
+    EXPECT_TRUE(AllClose(Download(*kvn2), want_k, 2e-5, 2e-6)) << "key against the CPU";
+    NormRopeArgs other_factor = ka;
+    other_factor.attention_factor = 1.0f;
+    EXPECT_FALSE(ops->NormRopePair(qa, other_factor));
+    auto q16 = gpu_->Allocate(T * NH * D * sizeof(uint16_t));
+    NormRopeArgs bf16 = qa;
+    bf16.out = nullptr, bf16.out_bf16 = q16->as<uint16_t>();
+    EXPECT_FALSE(ops->NormRopePair(bf16, ka));
+  }
 }
 
 TEST_F(CudaV4OpsTest, BadArgumentsAreReportedWithTheirShape) {

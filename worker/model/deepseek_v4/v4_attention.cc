@@ -52,19 +52,34 @@ bool V4Attention::NormRopeBf16(int64_t tokens, int64_t heads, int64_t dim, const
   return ops_->NormRope(a);
 }
 
+NormRopeArgs V4Attention::NormRopeArgsOf(int64_t tokens, int64_t heads, int64_t dim, const float* x,
+                                         const float* weight, float* out, const int32_t* positions,
+                                         const float* inv_freq, float factor) const {
+  NormRopeArgs a;
+  a.tokens = tokens, a.heads = heads, a.dim = dim, a.rope_dim = config_.rope_dim;
+  a.x = x, a.weight = weight, a.eps = static_cast<float>(config_.rms_norm_eps), a.out = out;
+  a.positions = positions, a.inv_freq = inv_freq, a.attention_factor = factor;
+  return a;
+}
+
+void V4Attention::NormRope(const NormRopeArgs& a) {
+  if (fused_ops_ && ops_->NormRope(a)) return;
+  const int64_t rd = a.rope_dim;
+  backend_->RmsNorm(a.tokens * a.heads, a.dim, a.x, a.dim, a.weight, a.eps, a.out, a.dim);
+  backend_->ApplyRope(a.tokens, a.heads, a.out + a.dim - rd, a.heads * a.dim, a.dim, rd,
+                      a.positions, a.inv_freq, a.attention_factor, /*interleaved=*/true);
+}
+
 void V4Attention::NormRope(int64_t tokens, int64_t heads, int64_t dim, const float* x,
                            const float* weight, float* out, const int32_t* positions,
                            const float* inv_freq, float factor) {
-  const float eps = static_cast<float>(config_.rms_norm_eps);
-  const int64_t rd = config_.rope_dim;
-  NormRopeArgs a;
-  a.tokens = tokens, a.heads = heads, a.dim = dim, a.rope_dim = rd;
-  a.x = x, a.weight = weight, a.eps = eps, a.out = out;
-  a.positions = positions, a.inv_freq = inv_freq, a.attention_factor = factor;
-  if (fused_ops_ && ops_->NormRope(a)) return;
-  backend_->RmsNorm(tokens * heads, dim, x, dim, weight, eps, out, dim);
-  backend_->ApplyRope(tokens, heads, out + dim - rd, heads * dim, dim, rd, positions, inv_freq,
-                      factor, /*interleaved=*/true);
+  NormRope(NormRopeArgsOf(tokens, heads, dim, x, weight, out, positions, inv_freq, factor));
+}
+
+void V4Attention::NormRopePair(const NormRopeArgs& first, const NormRopeArgs& second) {
+  if (fused_ops_ && ops_->NormRopePair(first, second)) return;
+  NormRope(first);
+  NormRope(second);
 }
 
 std::unique_ptr<DeviceBuffer> V4Attention::CompressorRows(int64_t T, const V4CompressorPlan& cp,
@@ -202,14 +217,19 @@ absl::Status V4Attention::Forward(int64_t layer, const V4StepContext& ctx, float
       return absl::InternalError("V4Attention: the backend took a bf16 query but not its NormRope");
     }
     q.reset();
-  } else {
-    // Normed per head in place (no second [T, NH * D] buffer).
-    NormRope(T, NH, D, q->as<float>(), ones_, q->as<float>(), plan.positions(), inv, factor);
   }
-  // The shared K = V head.
+  // The shared K = V head; in one op with the fp32 query's, which is normed per head in place (no
+  // second [T, NH * D] buffer).
   auto kvn = Floats(T * D);
-  NormRope(T, 1, D, kv->as<float>(), A.kv_norm->as<float>(), kvn->as<float>(), plan.positions(),
-           inv, factor);
+  const NormRopeArgs kv_args = NormRopeArgsOf(T, 1, D, kv->as<float>(), A.kv_norm->as<float>(),
+                                              kvn->as<float>(), plan.positions(), inv, factor);
+  if (bf16_qo) {
+    NormRope(kv_args);
+  } else {
+    NormRopePair(NormRopeArgsOf(T, NH, D, q->as<float>(), ones_, q->as<float>(), plan.positions(),
+                                inv, factor),
+                 kv_args);
+  }
 
   const KvCacheGroupSpec& g = ctx.cache->LayerGroup(l32);
   const int32_t bs = ctx.cache->block_size();

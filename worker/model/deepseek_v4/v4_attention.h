@@ -88,6 +88,14 @@ class V4Attention {
   // ApplyRope.
   void NormRope(int64_t tokens, int64_t heads, int64_t dim, const float* x, const float* weight,
                 float* out, const int32_t* positions, const float* inv_freq, float factor);
+  void NormRope(const NormRopeArgs& args);
+  // NormRope's arguments (the model's rope_dim and eps).
+  NormRopeArgs NormRopeArgsOf(int64_t tokens, int64_t heads, int64_t dim, const float* x,
+                              const float* weight, float* out, const int32_t* positions,
+                              const float* inv_freq, float factor) const;
+  // NormRope(first), then NormRope(second): V4Ops::NormRopePair with fused ops where the backend
+  // takes the two, else each alone.
+  void NormRopePair(const NormRopeArgs& first, const NormRopeArgs& second);
   // The query's per-head norm (no weight) and rope, rounded to bf16 into out: V4Ops::NormRope
   // with out_bf16 (where V4Ops::TakesBf16Attention); false where the backend did not take it.
   bool NormRopeBf16(int64_t tokens, int64_t heads, int64_t dim, const float* x, uint16_t* out,
