@@ -1,5 +1,6 @@
 // SinkAttentionF32: the kernel choice, the split count, the launches, the CUDA-core kernel and
-// the split combine. The tensor-core kernel is sink_attention_mma.cuh, compiled here.
+// the split combine. The tensor-core kernels are sink_attention_mma.cuh and
+// sink_attention_bf16_rows.cuh, compiled here.
 //
 // CUDA-core kernel (CoreBody): one block of 8 warps per (token, 16 heads, split). Q of the 16
 // heads sits in shared memory; the token's rows go through in tiles of 32 (rows padded to dim + 1
@@ -22,6 +23,7 @@
 #include "kernels/common/kernel_facts.h"
 #include "kernels/common/launch.cuh"
 #include "kernels/v4/sink_attention.h"
+#include "kernels/v4/sink_attention_bf16_rows.cuh"
 #include "kernels/v4/sink_attention_mma.cuh"
 #include "kernels/v4/sink_attention_rows.cuh"
 
@@ -217,6 +219,7 @@ using sink::kCoreThreads;
 using sink::kMmaHeads;
 using sink::kMmaThreads;
 using sink::MmaShape;
+using sink::RowsShape;
 
 bool Aligned(const void* ptr, size_t bytes) {
   return reinterpret_cast<uintptr_t>(ptr) % bytes == 0;
@@ -278,13 +281,38 @@ cudaError_t LaunchCore(dim3 grid, const SinkAttentionParams& p, int32_t splits,
       grid, sink::CoreSmemBytes(p.dim), stream, p, splits);
 }
 
-const void* MmaKernel(bool exact) {
-  return exact ? reinterpret_cast<const void*>(EntryKernel<sink::MmaBody<true>, kMmaThreads>())
-               : reinterpret_cast<const void*>(EntryKernel<sink::MmaBody<false>, kMmaThreads>());
+// The entry and dynamic shared memory of a tensor-core kernel.
+const void* MmaKernel(SinkAttentionKernel k) {
+  switch (k) {
+    case SinkAttentionKernel::kTensorCoreExact:
+      return reinterpret_cast<const void*>(EntryKernel<sink::MmaBody<true>, kMmaThreads>());
+    case SinkAttentionKernel::kTensorCoreBf16Rows:
+      return reinterpret_cast<const void*>(EntryKernel<sink::MmaRowsBody, kMmaThreads>());
+    default:
+      return reinterpret_cast<const void*>(EntryKernel<sink::MmaBody<false>, kMmaThreads>());
+  }
 }
 
-size_t MmaSmemBytes(bool exact) {
-  return exact ? MmaShape<true>::kSmemBytes : MmaShape<false>::kSmemBytes;
+size_t MmaSmemBytes(SinkAttentionKernel k) {
+  switch (k) {
+    case SinkAttentionKernel::kTensorCoreExact:
+      return MmaShape<true>::kSmemBytes;
+    case SinkAttentionKernel::kTensorCoreBf16Rows:
+      return RowsShape::kSmemBytes;
+    default:
+      return MmaShape<false>::kSmemBytes;
+  }
+}
+
+// Whether a tensor-core kernel runs on the current device (sm_80+, its shared memory).
+bool MmaKernelFits(SinkAttentionKernel k) {
+  const size_t smem = MmaSmemBytes(k);
+  const KernelFacts f = KernelFactsForCurrentDevice(MmaKernel(k), static_cast<int>(smem));
+  return f.error == cudaSuccess && f.ptx_version >= 80 && static_cast<size_t>(f.max_smem) >= smem;
+}
+
+bool HasBf16Rows(const SinkAttentionParams& p) {
+  return p.kv_bf16 != nullptr || p.ring_bf16 != nullptr || p.entries_bf16 != nullptr;
 }
 
 // Heads per block of the kernel.
@@ -296,9 +324,10 @@ int64_t HeadsPerBlock(SinkAttentionKernel k) {
 
 bool SinkAttentionKernelRuns(const SinkAttentionParams& p, SinkAttentionKernel kernel) {
   if (!ParamsOk(p)) return false;
-  // The bf16 forms are the bf16 tensor-core kernel's.
+  // The bf16 forms are the bf16 tensor-core kernels'.
   const bool bf16_io = p.q_bf16 != nullptr || p.out_bf16 != nullptr;
-  if (bf16_io && (kernel != SinkAttentionKernel::kTensorCoreBf16 ||
+  if (bf16_io && ((kernel != SinkAttentionKernel::kTensorCoreBf16 &&
+                   kernel != SinkAttentionKernel::kTensorCoreBf16Rows) ||
                   (p.q_bf16 != nullptr && !Aligned(p.q_bf16, 16)) ||
                   (p.out_bf16 != nullptr && !Aligned(p.out_bf16, 4)))) {
     return false;
@@ -311,7 +340,8 @@ bool SinkAttentionKernelRuns(const SinkAttentionParams& p, SinkAttentionKernel k
              static_cast<size_t>(f.max_smem) >= sink::CoreSmemBytes(p.dim);
     }
     case SinkAttentionKernel::kTensorCoreExact:
-    case SinkAttentionKernel::kTensorCoreBf16: {
+    case SinkAttentionKernel::kTensorCoreBf16:
+    case SinkAttentionKernel::kTensorCoreBf16Rows: {
       // Rows move in 16-byte pieces: every row start (and, for an entry spread over blocks,
       // every block's) 16-byte aligned.
       if (p.dim != kSinkAttentionMmaDim || !Aligned(p.q, 16) || !Aligned(p.kv, 16) ||
@@ -321,11 +351,16 @@ bool SinkAttentionKernelRuns(const SinkAttentionParams& p, SinkAttentionKernel k
            (!Aligned(p.entries.data, 16) || p.entries.block_floats % 4 != 0))) {
         return false;
       }
-      const bool exact = kernel == SinkAttentionKernel::kTensorCoreExact;
-      const size_t smem = MmaSmemBytes(exact);
-      const KernelFacts f = KernelFactsForCurrentDevice(MmaKernel(exact), static_cast<int>(smem));
-      return f.error == cudaSuccess && f.ptx_version >= 80 &&
-             static_cast<size_t>(f.max_smem) >= smem;
+      // The bf16 copies (kTensorCoreBf16Rows; the others ignore them) move in 16-byte pieces
+      // of 8 values too.
+      if (kernel == SinkAttentionKernel::kTensorCoreBf16Rows &&
+          ((p.kv_bf16 != nullptr && !Aligned(p.kv_bf16, 16)) ||
+           (p.ring_bf16 != nullptr && (!Aligned(p.ring_bf16, 16) || p.ring_stride % 8 != 0)) ||
+           (p.entries_bf16 != nullptr &&
+            (!Aligned(p.entries_bf16, 16) || p.entries.block_floats % 8 != 0)))) {
+        return false;
+      }
+      return MmaKernelFits(kernel);
     }
     case SinkAttentionKernel::kAuto:
       break;
@@ -336,6 +371,9 @@ bool SinkAttentionKernelRuns(const SinkAttentionParams& p, SinkAttentionKernel k
 SinkAttentionKernel SinkAttentionKernelFor(const SinkAttentionParams& p) {
   if (p.kernel != SinkAttentionKernel::kAuto) {
     return SinkAttentionKernelRuns(p, p.kernel) ? p.kernel : SinkAttentionKernel::kAuto;
+  }
+  if (HasBf16Rows(p) && SinkAttentionKernelRuns(p, SinkAttentionKernel::kTensorCoreBf16Rows)) {
+    return SinkAttentionKernel::kTensorCoreBf16Rows;
   }
   if (p.q_bf16 != nullptr || p.out_bf16 != nullptr) {
     return SinkAttentionKernelRuns(p, SinkAttentionKernel::kTensorCoreBf16)
@@ -350,10 +388,8 @@ SinkAttentionKernel SinkAttentionKernelFor(const SinkAttentionParams& p) {
 }
 
 bool SinkAttentionTakesBf16Io(int64_t dim) {
-  if (dim != kSinkAttentionMmaDim) return false;
-  const size_t smem = MmaSmemBytes(/*exact=*/false);
-  const KernelFacts f = KernelFactsForCurrentDevice(MmaKernel(false), static_cast<int>(smem));
-  return f.error == cudaSuccess && f.ptx_version >= 80 && static_cast<size_t>(f.max_smem) >= smem;
+  return dim == kSinkAttentionMmaDim && MmaKernelFits(SinkAttentionKernel::kTensorCoreBf16) &&
+         MmaKernelFits(SinkAttentionKernel::kTensorCoreBf16Rows);
 }
 
 cudaError_t SinkAttentionSplits(const SinkAttentionParams& p, int32_t* splits) {
@@ -368,9 +404,7 @@ cudaError_t SinkAttentionSplits(const SinkAttentionParams& p, int32_t* splits) {
   const bool core = k == SinkAttentionKernel::kCudaCore;
   const KernelFacts f =
       core ? KernelFactsForCurrentDevice(CoreKernel(p.dim), kAllSharedMemory)
-           : KernelFactsForCurrentDevice(
-                 MmaKernel(k == SinkAttentionKernel::kTensorCoreExact),
-                 static_cast<int>(MmaSmemBytes(k == SinkAttentionKernel::kTensorCoreExact)));
+           : KernelFactsForCurrentDevice(MmaKernel(k), static_cast<int>(MmaSmemBytes(k)));
   if (f.error != cudaSuccess) return f.error;
   // Blocks resident at once: the tensor-core kernels take one SM each, the CUDA-core kernel
   // about two (its shared memory at dim 512).
@@ -428,6 +462,10 @@ cudaError_t SinkAttentionF32(const SinkAttentionParams& p, cudaStream_t stream) 
     case SinkAttentionKernel::kTensorCoreBf16:
       e = LaunchAfterPrecedingGrids<sink::MmaBody<false>, kMmaThreads>(
           grid, MmaShape<false>::kSmemBytes, stream, p, splits);
+      break;
+    case SinkAttentionKernel::kTensorCoreBf16Rows:
+      e = LaunchAfterPrecedingGrids<sink::MmaRowsBody, kMmaThreads>(grid, RowsShape::kSmemBytes,
+                                                                     stream, p, splits);
       break;
     case SinkAttentionKernel::kAuto:
       return cudaErrorInvalidValue;

@@ -27,7 +27,8 @@ namespace kernels {
 // Which kernel SinkAttentionF32 runs.
 enum class SinkAttentionKernel : int32_t {
   // kTensorCoreExact where it runs (SinkAttentionKernelRuns), else kCudaCore; with q_bf16 or
-  // out_bf16, kTensorCoreBf16.
+  // out_bf16, kTensorCoreBf16; with a bf16 copy of a row buffer (kv_bf16, ring_bf16,
+  // entries_bf16), kTensorCoreBf16Rows.
   kAuto = 0,
   // fp32 FMA on CUDA cores, 16 heads per block; any dim up to kMaxSinkAttentionDim.
   kCudaCore = 1,
@@ -39,8 +40,14 @@ enum class SinkAttentionKernel : int32_t {
   kTensorCoreExact = 2,
   // The same shapes with Q, K = V and P rounded to bf16 (one MMA per product; each operand
   // carries bf16's rounding, up to 2^-8 relative): the fast kernel for bf16 models. The only
-  // kernel that takes q_bf16 and out_bf16 (SinkAttentionTakesBf16Io).
+  // kernel that takes q_bf16 and out_bf16 (SinkAttentionTakesBf16Io), with kTensorCoreBf16Rows.
   kTensorCoreBf16 = 3,
+  // kTensorCoreBf16's arithmetic, bit for bit its output, for the same shapes (and q_bf16,
+  // out_bf16), with its key rows read from bf16 copies of their buffers where the params give
+  // them (kv_bf16, ring_bf16, entries_bf16: half the bytes, no conversion in the kernel), the
+  // others converted as kTensorCoreBf16 converts them, into a double-buffered key tile (one
+  // block barrier per tile instead of two).
+  kTensorCoreBf16Rows = 4,
 };
 
 // The largest dim kCudaCore takes.
@@ -72,12 +79,23 @@ struct SinkAttentionParams : SinkAttentionArgs {
   void* workspace = nullptr;
   size_t workspace_bytes = 0;
   SinkAttentionKernel kernel = SinkAttentionKernel::kAuto;
+  // bf16 copies of the key rows' buffers, read only by kTensorCoreBf16Rows (the other kernels
+  // ignore them): each the bits of its buffer's values rounded to bf16 (nearest even, as
+  // RoundF32ToBf16 rounds), at the same element offsets, so a row whose buffer has a copy is
+  // read from the copy, with the same result. Each may be null (that buffer's rows are read in
+  // fp32); each given one 16-byte aligned; ring_bf16 needs ring_stride a multiple of 8 and
+  // entries_bf16 the entries' block_floats a multiple of 8. Only the rows the tokens read need
+  // to hold their values.
+  const uint16_t* kv_bf16 = nullptr;       // kv's [tokens, dim]
+  const uint16_t* ring_bf16 = nullptr;     // ring's slots of ring_stride values
+  const uint16_t* entries_bf16 = nullptr;  // entries.data's blocks (its block tables)
 };
 
-// Whether the bf16 tensor-core kernel takes q_bf16 and out_bf16 for queries of this dim on the
-// current device (dim 512, sm_80+): params with them run on kTensorCoreBf16 (16-byte aligned
-// q_bf16, 4-byte aligned out_bf16; 16-byte aligned, it is written in 16-byte pieces) and one
-// split (num_splits 0 or 1); kAuto picks that kernel for them.
+// Whether the bf16 tensor-core kernels take q_bf16 and out_bf16 for queries of this dim on the
+// current device (dim 512, sm_80+, the shared memory of both): params with them run on
+// kTensorCoreBf16 or kTensorCoreBf16Rows (16-byte aligned q_bf16, 4-byte aligned out_bf16;
+// 16-byte aligned, it is written in 16-byte pieces) and one split (num_splits 0 or 1); kAuto
+// picks kTensorCoreBf16 for them (kTensorCoreBf16Rows with a bf16 copy of a row buffer).
 bool SinkAttentionTakesBf16Io(int64_t dim);
 
 // Whether `kernel` (not kAuto) runs these params on the current device: the shape and pointer

@@ -13,8 +13,12 @@
 // bf16, CUDA cores; the automatic split count; and tensor_core_bf16_io: the bf16 kernel reading a
 // bf16 query and writing a bf16 output with its rope slice rotated back, one split, as a bf16
 // model's prefill runs it, and tensor_core_bf16_io_a4: the same with an output only 4-byte
-// aligned (the kernel's 4-byte store path instead of 16-byte stores); their bytes counted as the
-// fp32 variants'): the mean per call of 10 calls
+// aligned (the kernel's 4-byte store path instead of 16-byte stores); and the same bf16 call on
+// kTensorCoreBf16Rows: tensor_core_bf16_rows_io reading every row in fp32 as tensor_core_bf16_io
+// does (its double-buffered tile alone), tensor_core_bf16_rows_io_kv with a bf16 copy of this
+// step's keys only (what the backend gives it at prefill; the window rows here are the ring's, so
+// no row is read from it), tensor_core_bf16_rows_io_all with bf16 copies of every row buffer (kv,
+// ring, stream); their bytes counted as the fp32 variants'): the mean per call of 10 calls
 // captured in one CUDA graph and replayed 5 times (as the decode step runs it), the eager median of
 // 20, and the bytes each call must read and write (the rows, Q, the output) per second in the
 // graph, against the H200's 4.8 TB/s. `splits`: also every forced split count of 1, 2, 4, 8 and 16.
@@ -54,6 +58,8 @@ const char* KernelName(SinkAttentionKernel k) {
       return "tensor_core_exact";
     case SinkAttentionKernel::kTensorCoreBf16:
       return "tensor_core_bf16";
+    case SinkAttentionKernel::kTensorCoreBf16Rows:
+      return "tensor_core_bf16_rows";
     case SinkAttentionKernel::kAuto:
       break;
   }
@@ -137,6 +143,22 @@ void Run(int64_t batch, const Layer& layer, bool sweep_splits, cudaStream_t stre
     inv_freq[j] = static_cast<float>(std::pow(160000.0, -2.0 * j / kRopeDim));
   }
   const uint16_t* q_bf16 = Upload(q16);
+  // The bf16 copies of the row buffers (kTensorCoreBf16Rows' kv_bf16, ring_bf16, entries_bf16).
+  auto upload_bf16 = [](const std::vector<float>& v) {
+    std::vector<uint16_t> bits(v.size());
+    for (size_t i = 0; i < v.size(); ++i) {
+      uint32_t u;
+      std::memcpy(&u, &v[i], sizeof(u));
+      bits[i] = static_cast<uint16_t>((u + 0x7FFFu + ((u >> 16) & 1u)) >> 16);
+    }
+    return Upload(bits);
+  };
+  const uint16_t* kv_bf16 = upload_bf16(Uniform(batch * kDim, 2));
+  const uint16_t* ring_bf16 = upload_bf16(Uniform(batch * kWindow * kDim, 4));
+  const uint16_t* entries_bf16 =
+      layer.block_floats > 0
+          ? upload_bf16(Uniform(static_cast<int64_t>(blocks.size()) * layer.block_floats, 5))
+          : nullptr;
   // 8 elements more: the 4-byte aligned variant's output starts 2 elements in.
   uint16_t* out_bf16 = bench::DeviceAlloc<uint16_t>((batch * kHeads * kDim + 8) * sizeof(uint16_t));
   const int32_t* out_rope_positions = Upload(neg_positions);
@@ -158,19 +180,28 @@ void Run(int64_t batch, const Layer& layer, bool sweep_splits, cudaStream_t stre
   std::snprintf(name, sizeof(name), "%s b%lld rows%lld", layer.name, static_cast<long long>(batch),
                 static_cast<long long>(attended));
   // The kernels, then the bf16 kernel with the bf16 query and output (one split; 16-byte, then
-  // 4-byte aligned output).
-  for (int variant = 0; variant < 5; ++variant) {
-    const bool bf16_io = variant >= 3, aligned4 = variant == 4;
+  // 4-byte aligned output), then kTensorCoreBf16Rows with it (no bf16 copies, kv's, all).
+  for (int variant = 0; variant < 8; ++variant) {
+    const bool bf16_io = variant >= 3, aligned4 = variant == 4, rows = variant >= 5;
     const SinkAttentionKernel k =
-        bf16_io ? SinkAttentionKernel::kTensorCoreBf16
-                : std::array<SinkAttentionKernel, 3>{SinkAttentionKernel::kTensorCoreExact,
-                                                     SinkAttentionKernel::kTensorCoreBf16,
-                                                     SinkAttentionKernel::kCudaCore}[variant];
-    const char* kname = aligned4  ? "tensor_core_bf16_io_a4"
-                        : bf16_io ? "tensor_core_bf16_io"
-                                  : KernelName(k);
+        rows      ? SinkAttentionKernel::kTensorCoreBf16Rows
+        : bf16_io ? SinkAttentionKernel::kTensorCoreBf16
+                  : std::array<SinkAttentionKernel, 3>{SinkAttentionKernel::kTensorCoreExact,
+                                                       SinkAttentionKernel::kTensorCoreBf16,
+                                                       SinkAttentionKernel::kCudaCore}[variant];
+    const char* kname = variant == 5   ? "tensor_core_bf16_rows_io"
+                        : variant == 6 ? "tensor_core_bf16_rows_io_kv"
+                        : variant == 7 ? "tensor_core_bf16_rows_io_all"
+                        : aligned4     ? "tensor_core_bf16_io_a4"
+                        : bf16_io      ? "tensor_core_bf16_io"
+                                       : KernelName(k);
     kernels::SinkAttentionParams kp = p;
     kp.kernel = k;
+    if (variant >= 6) kp.kv_bf16 = kv_bf16;
+    if (variant == 7) {
+      kp.ring_bf16 = ring_bf16;
+      kp.entries_bf16 = entries_bf16;
+    }
     if (bf16_io) {
       kp.q = nullptr;
       kp.q_bf16 = q_bf16;
@@ -182,7 +213,7 @@ void Run(int64_t batch, const Layer& layer, bool sweep_splits, cudaStream_t stre
       kp.out_rope_factor = 1.0f;
     }
     if (!kernels::SinkAttentionKernelRuns(kp, k)) {
-      std::printf("%-26s %-22s does not run on this device\n", name, kname);
+      std::printf("%-26s %-28s does not run on this device\n", name, kname);
       continue;
     }
     std::vector<int32_t> split_counts = {0};
@@ -196,7 +227,7 @@ void Run(int64_t batch, const Layer& layer, bool sweep_splits, cudaStream_t stre
       const double eager_ms = MedianMs([&] { return kernels::SinkAttentionF32(kp, nullptr); });
       const double gbs = bytes / (graph_ms * 1e-3) / 1e9;
       std::printf(
-          "%-26s %-22s splits %2d%s graph %8.2f us  eager %8.2f us  %7.1f GB/s  %5.1f%% of "
+          "%-26s %-28s splits %2d%s graph %8.2f us  eager %8.2f us  %7.1f GB/s  %5.1f%% of "
           "%.1f TB/s\n",
           name, kname, used, splits == 0 ? " (auto)" : "       ", graph_ms * 1e3, eager_ms * 1e3,
           gbs, 100.0 * gbs / kPeakGBs, kPeakGBs / 1000.0);

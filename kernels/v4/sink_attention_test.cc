@@ -11,8 +11,9 @@
 // window, no entries or neither, sinks large (the sink takes almost all the weight) and small;
 // every kernel that runs the shape, each with one split, chosen splits and forced 3 and 32
 // splits; at dim 512 the bf16 kernel with a bf16 query and a rotated bf16 output
-// (ExpectBf16QueryAndOutputMatch). Ring rows, stream blocks and slots outside every list are NaN,
-// so a kernel reading one fails.
+// (ExpectBf16QueryAndOutputMatch), and kTensorCoreBf16Rows with none, some and all of its bf16
+// copies of the row buffers, bit for bit kTensorCoreBf16's output. Ring rows, stream blocks and
+// slots outside every list are NaN (in the bf16 copies too), so a kernel reading one fails.
 //
 // Tolerances are relative to each output's magnitude mag = sum_j p_j |v_j| (p: the softmax with
 // the sink, computed here in double): a score error d moves an output by at most 2 max|d| mag,
@@ -71,6 +72,8 @@ struct Case {
   float scale = 0.0f;  // 0: 1 / sqrt(dim)
   float sink_mean = 0.0f, sink_std = 1.0f;
   bool empty_tokens = false;  // tokens 0, 1, 2 of each sequence: no window, no entries, neither
+  // Floats past a ring slot's W * dim (4: a stride kTensorCoreBf16Rows reads no ring copy with).
+  int64_t ring_pad = 4;
 };
 
 void PrintTo(const Case& c, std::ostream* os) { *os << c.name; }
@@ -98,10 +101,10 @@ Inputs MakeInputs(const Case& c, uint32_t seed) {
   in.dim = D;
   in.stride = c.topk;
   in.scale = c.scale > 0.0f ? c.scale : 1.0f / std::sqrt(static_cast<float>(D));
-  // Sequence s in ring slot 2 s + 1 (slots of W rows and 4 floats more); blocks of the stream
+  // Sequence s in ring slot 2 s + 1 (slots of W rows and ring_pad floats more); blocks of the stream
   // shuffled over a pool with a spare block per sequence (NaN).
   in.ring_rows = W;
-  in.ring_stride = W * D + 4;
+  in.ring_stride = W * D + c.ring_pad;
   in.ring.assign((2 * int64_t{c.seqs} + 1) * in.ring_stride, nan);
   in.block_floats = c.block_floats > 0 ? c.block_floats : 4 * D;
   const int64_t per_seq = (int64_t{c.entries} * D + in.block_floats - 1) / in.block_floats;
@@ -322,6 +325,31 @@ struct DeviceInputs {
   kernels::SinkAttentionParams p;
 };
 
+// bf16 copies of the row buffers (FloatToBf16Bits of every value, NaN where the buffer is) and
+// the sets of them kTensorCoreBf16Rows is tested with.
+struct DeviceBf16Rows {
+  explicit DeviceBf16Rows(const Inputs& in)
+      : kv(FloatsToBf16Bits(in.kv)),
+        ring(FloatsToBf16Bits(in.ring)),
+        stream(FloatsToBf16Bits(in.stream)),
+        ring_usable(in.ring_stride % 8 == 0) {}
+  bool ok() const { return kv.ok() && ring.ok() && stream.ok(); }
+  // Set s of kSets in p: none; kv's; the stream's; all (the ring's where its stride allows).
+  static constexpr int kSets = 4;
+  static const char* SetName(int s) {
+    static const char* const kNames[kSets] = {"no bf16 copies", "kv_bf16", "entries_bf16",
+                                              "all bf16 copies"};
+    return kNames[s];
+  }
+  void Set(int s, kernels::SinkAttentionParams* p) const {
+    p->kv_bf16 = s == 1 || s == 3 ? kv.get() : nullptr;
+    p->entries_bf16 = s == 2 || s == 3 ? stream.get() : nullptr;
+    p->ring_bf16 = s == 3 && ring_usable ? ring.get() : nullptr;
+  }
+  DeviceArray<uint16_t> kv, ring, stream;
+  bool ring_usable;
+};
+
 bool DeviceHasTensorCores() {
   int device = 0, major = 0;
   return cudaGetDevice(&device) == cudaSuccess &&
@@ -337,6 +365,8 @@ const char* KernelName(SinkAttentionKernel k) {
       return "tensor_core_exact";
     case SinkAttentionKernel::kTensorCoreBf16:
       return "tensor_core_bf16";
+    case SinkAttentionKernel::kTensorCoreBf16Rows:
+      return "tensor_core_bf16_rows";
     case SinkAttentionKernel::kAuto:
       break;
   }
@@ -351,9 +381,11 @@ const char* KernelName(SinkAttentionKernel k) {
 //    kernel's tolerance plus the output's rounding (2^-9 of a value, at most its magnitude; a
 //    rotated pair's magnitude is factor x the sum of its two);
 //  * more than one split with out_bf16, or the other kernels with either, are refused.
+//  * kTensorCoreBf16Rows with out_bf16 and each set of bf16 copies: kTensorCoreBf16's bits (kAuto
+//    picks it where a copy is given).
 void ExpectBf16QueryAndOutputMatch(const Inputs& in, const std::vector<float>& want_bf16,
                                    const std::vector<double>& mag, DeviceInputs* dev,
-                                   DeviceArray<float>* workspace) {
+                                   const DeviceBf16Rows& rows16, DeviceArray<float>* workspace) {
   const int64_t D = in.dim, rd = 64, n = in.tokens * in.heads * D;
   const float factor = 1.2079f;
   std::vector<int32_t> neg(in.positions);
@@ -451,6 +483,19 @@ void ExpectBf16QueryAndOutputMatch(const Inputs& in, const std::vector<float>& w
       // The fp32 path's bound plus the bf16 output's rounding: half an ulp, up to 2^-8 of the
       // value (a value just above a power of two).
       EXPECT_TRUE(WithinMagnitude(got, want, rotated_mag, 1.0 / 256 + 1e-4 + 1.0 / 256));
+      for (int set = 0; set < DeviceBf16Rows::kSets; ++set) {
+        SCOPED_TRACE(::testing::Message() << "tensor_core_bf16_rows, " << set << " "
+                                          << DeviceBf16Rows::SetName(set));
+        kernels::SinkAttentionParams pr = pb;
+        rows16.Set(set, &pr);
+        if (set == 0) pr.kernel = SinkAttentionKernel::kTensorCoreBf16Rows;
+        EXPECT_EQ(kernels::SinkAttentionKernelFor(pr), SinkAttentionKernel::kTensorCoreBf16Rows);
+        out16.Poison();
+        DEEPINFER_CUDA_OK(kernels::SinkAttentionF32(pr, nullptr));
+        std::vector<uint16_t> rows_all16;
+        DEEPINFER_CUDA_OK(out16.Download(&rows_all16));
+        EXPECT_TRUE(rows_all16 == all16) << "not kTensorCoreBf16's bf16 output, bit for bit";
+      }
       pb.num_splits = 3;
       EXPECT_EQ(kernels::SinkAttentionF32(pb, nullptr), cudaErrorInvalidValue);
       pb.num_splits = 1;
@@ -483,12 +528,16 @@ TEST_P(SinkAttentionKernelTest, MatchesCpuV4Ops) {
 
   DeviceInputs dev(in);
   ASSERT_TRUE(dev.out.ok() && dev.kv.ok());
+  const DeviceBf16Rows rows16(in);
+  ASSERT_TRUE(rows16.ok());
   DeviceArray<float> workspace(in.tokens * in.heads * kernels::kMaxSinkAttentionSplits *
                                (in.dim + 2));
   ASSERT_TRUE(workspace.ok());
+  // kTensorCoreBf16's output per split count (kTensorCoreBf16Rows must give it bit for bit).
+  std::vector<std::vector<float>> bf16_out;
   for (SinkAttentionKernel k :
        {SinkAttentionKernel::kCudaCore, SinkAttentionKernel::kTensorCoreExact,
-        SinkAttentionKernel::kTensorCoreBf16}) {
+        SinkAttentionKernel::kTensorCoreBf16, SinkAttentionKernel::kTensorCoreBf16Rows}) {
     kernels::SinkAttentionParams p = dev.p;
     p.kernel = k;
     const bool mma = k != SinkAttentionKernel::kCudaCore;
@@ -497,23 +546,39 @@ TEST_P(SinkAttentionKernelTest, MatchesCpuV4Ops) {
     EXPECT_EQ(runs, !mma || (c.dim == kernels::kSinkAttentionMmaDim && DeviceHasTensorCores()))
         << KernelName(k);
     if (!runs) continue;
-    for (int32_t splits : {0, 1, 3, kernels::kMaxSinkAttentionSplits}) {
-      SCOPED_TRACE(::testing::Message() << KernelName(k) << " num_splits " << splits);
-      p.num_splits = splits;
-      size_t need = 0;
-      ASSERT_EQ(kernels::SinkAttentionWorkspaceBytes(p, &need), cudaSuccess);
-      ASSERT_LE(need, workspace.size() * sizeof(float));
-      p.workspace = workspace.get();
-      p.workspace_bytes = workspace.size() * sizeof(float);
-      dev.out.Poison();
-      workspace.Poison();
-      DEEPINFER_CUDA_OK(kernels::SinkAttentionF32(p, nullptr));
-      std::vector<float> got;
-      DEEPINFER_CUDA_OK(dev.out.Download(&got));
-      if (k == SinkAttentionKernel::kTensorCoreBf16) {
-        EXPECT_TRUE(WithinMagnitude(got, want_bf16, mag, 1.0 / 256 + 1e-4));
-      } else {
-        EXPECT_TRUE(WithinMagnitude(got, want, mag, mma ? 1e-3 : 2e-4));
+    const bool rows_kernel = k == SinkAttentionKernel::kTensorCoreBf16Rows;
+    const std::vector<int32_t> split_counts = {0, 1, 3, kernels::kMaxSinkAttentionSplits};
+    for (size_t si = 0; si < split_counts.size(); ++si) {
+      for (int set = 0; set < (rows_kernel ? DeviceBf16Rows::kSets : 1); ++set) {
+        SCOPED_TRACE(::testing::Message() << KernelName(k) << " num_splits " << split_counts[si]
+                                          << (rows_kernel ? ", " : "")
+                                          << (rows_kernel ? DeviceBf16Rows::SetName(set) : ""));
+        p.num_splits = split_counts[si];
+        if (rows_kernel) {
+          rows16.Set(set, &p);
+          ASSERT_TRUE(kernels::SinkAttentionKernelRuns(p, k));
+        }
+        size_t need = 0;
+        ASSERT_EQ(kernels::SinkAttentionWorkspaceBytes(p, &need), cudaSuccess);
+        ASSERT_LE(need, workspace.size() * sizeof(float));
+        p.workspace = workspace.get();
+        p.workspace_bytes = workspace.size() * sizeof(float);
+        dev.out.Poison();
+        workspace.Poison();
+        DEEPINFER_CUDA_OK(kernels::SinkAttentionF32(p, nullptr));
+        std::vector<float> got;
+        DEEPINFER_CUDA_OK(dev.out.Download(&got));
+        if (k == SinkAttentionKernel::kTensorCoreBf16 || rows_kernel) {
+          EXPECT_TRUE(WithinMagnitude(got, want_bf16, mag, 1.0 / 256 + 1e-4));
+        } else {
+          EXPECT_TRUE(WithinMagnitude(got, want, mag, mma ? 1e-3 : 2e-4));
+        }
+        if (k == SinkAttentionKernel::kTensorCoreBf16) bf16_out.push_back(got);
+        if (rows_kernel) {
+          ASSERT_EQ(bf16_out.size(), split_counts.size());
+          EXPECT_EQ(0, std::memcmp(got.data(), bf16_out[si].data(), got.size() * sizeof(float)))
+              << "not kTensorCoreBf16's output, bit for bit";
+        }
       }
     }
   }
@@ -525,7 +590,7 @@ TEST_P(SinkAttentionKernelTest, MatchesCpuV4Ops) {
   EXPECT_EQ(kernels::SinkAttentionTakesBf16Io(c.dim),
             c.dim == kernels::kSinkAttentionMmaDim && DeviceHasTensorCores());
   if (kernels::SinkAttentionTakesBf16Io(c.dim)) {
-    ExpectBf16QueryAndOutputMatch(in, want_bf16, mag, &dev, &workspace);
+    ExpectBf16QueryAndOutputMatch(in, want_bf16, mag, &dev, rows16, &workspace);
   }
 }
 
@@ -565,6 +630,15 @@ std::vector<Case> Cases() {
   c.entries = 300;
   c.topk = 0;
   c.scale = 0.25f;
+  cases.push_back(c);
+  c = Case();
+  c.name = "prefill_ring_stride_8";  // ring rows, entries over 16 blocks: every bf16 copy read
+  c.tokens_per_seq = 5;
+  c.context = 300;
+  c.entries = 300;
+  c.topk = 128;
+  c.block_floats = 32;
+  c.ring_pad = 8;
   cases.push_back(c);
   c = Case();
   c.name = "empty_lists";

@@ -7,6 +7,7 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "kernels/activation/elementwise.h"
 #include "kernels/rope/rope.h"
 #include "kernels/v4/compress_windows.h"
 #include "kernels/v4/copy_rows.h"
@@ -113,6 +114,22 @@ void CudaV4Ops::SinkAttention(const SinkAttentionArgs& a) {
   if (backend_->weight_dtype() == WeightDType::kBFloat16 &&
       kernels::SinkAttentionKernelRuns(p, kernels::SinkAttentionKernel::kTensorCoreBf16)) {
     p.kernel = kernels::SinkAttentionKernel::kTensorCoreBf16;
+  }
+  // With the bf16 query (a prefill) the same arithmetic on kTensorCoreBf16Rows, this step's keys
+  // rounded to bf16 once (RoundF32ToBf16: the bits that kernel rounds them to) and read from
+  // there: the window rows of a prefill's tokens are mostly this step's.
+  std::unique_ptr<DeviceBuffer> kv_bf16;
+  if (p.kernel == kernels::SinkAttentionKernel::kTensorCoreBf16 && a.q_bf16 != nullptr &&
+      kernels::SinkAttentionKernelRuns(p, kernels::SinkAttentionKernel::kTensorCoreBf16Rows)) {
+    kv_bf16 = backend_->AllocateScratch(a.tokens * a.dim * sizeof(uint16_t));  // 256-byte aligned
+    const cudaError_t err = kernels::RoundF32ToBf16(a.tokens * a.dim, a.kv,
+                                                    kv_bf16->as<uint16_t>(), backend_->stream_);
+    if (err != cudaSuccess) {
+      return RecordFailure(err, "kernels::RoundF32ToBf16",
+                           absl::StrCat("tokens ", a.tokens, ", dim ", a.dim));
+    }
+    p.kv_bf16 = kv_bf16->as<uint16_t>();
+    p.kernel = kernels::SinkAttentionKernel::kTensorCoreBf16Rows;
   }
   // Batch-invariant: a fixed split count (by default it follows the token count); each token's
   // rows are cut by their own count.
