@@ -465,7 +465,7 @@ cudaError_t SinkAttentionF32(const SinkAttentionParams& p, cudaStream_t stream) 
       break;
     case SinkAttentionKernel::kTensorCoreBf16Rows:
       e = LaunchAfterPrecedingGrids<sink::MmaRowsBody, kMmaThreads>(grid, RowsShape::kSmemBytes,
-                                                                     stream, p, splits);
+                                                                    stream, p, splits);
       break;
     case SinkAttentionKernel::kAuto:
       return cudaErrorInvalidValue;

@@ -39,8 +39,7 @@ static_assert(RowsShape::kSmemBytes <= 227 * 1024, "fits sm_90's opt-in shared m
 // The buffer row j lies in (kv, the ring or the paged stream: *base) and its bf16 copy (*base16,
 // null where the params give none): element e of the buffer is element e of the copy.
 __device__ __forceinline__ void RowBuffers(const SinkAttentionParams& p, const TokenRows& rows,
-                                           int32_t j, const float** base,
-                                           const uint16_t** base16) {
+                                           int32_t j, const float** base, const uint16_t** base16) {
   if (j < rows.window_len) {
     const int64_t pos = rows.pos - rows.window_len + 1 + j;
     if (pos >= rows.step_start) {
@@ -62,8 +61,8 @@ __device__ __forceinline__ void RowBuffers(const SinkAttentionParams& p, const T
 // (IssueTile's pieces). This thread's rows are threadIdx / 16 + 16 i; bit i of the result says
 // row i went to stage.
 __device__ __forceinline__ uint32_t IssueRowsTile(const SinkAttentionParams& p,
-                                                  const TokenRows& rows, int32_t row0,
-                                                  int32_t end, __nv_bfloat16* kb, float* stage) {
+                                                  const TokenRows& rows, int32_t row0, int32_t end,
+                                                  __nv_bfloat16* kb, float* stage) {
   constexpr int kRowsPerPass = kMmaThreads / 16;
   constexpr int kBf16Steps = kMmaDim / 8 / 16;
   const int r0 = threadIdx.x / 16, c0 = threadIdx.x % 16;

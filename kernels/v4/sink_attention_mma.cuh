@@ -380,8 +380,8 @@ __device__ __forceinline__ void StoreOutF32(const SinkAttentionParams& p, int64_
 template <bool kExact>
 __device__ __forceinline__ void TileStep(const __nv_bfloat16* qh, const __nv_bfloat16* ql,
                                          const __nv_bfloat16* kh, const __nv_bfloat16* kl,
-                                         float4* exchange, int32_t row0, int32_t end,
-                                         float scale2, float (&m)[2], float (&l)[2],
+                                         float4* exchange, int32_t row0, int32_t end, float scale2,
+                                         float (&m)[2], float (&l)[2],
                                          float (&o)[kMmaOutTiles][4]) {
   constexpr int kNt = MmaShape<kExact>::kScoreTiles, kKs = MmaShape<kExact>::kValueSteps;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;

@@ -101,8 +101,8 @@ Inputs MakeInputs(const Case& c, uint32_t seed) {
   in.dim = D;
   in.stride = c.topk;
   in.scale = c.scale > 0.0f ? c.scale : 1.0f / std::sqrt(static_cast<float>(D));
-  // Sequence s in ring slot 2 s + 1 (slots of W rows and ring_pad floats more); blocks of the stream
-  // shuffled over a pool with a spare block per sequence (NaN).
+  // Sequence s in ring slot 2 s + 1 (slots of W rows and ring_pad floats more); blocks of the
+  // stream shuffled over a pool with a spare block per sequence (NaN).
   in.ring_rows = W;
   in.ring_stride = W * D + c.ring_pad;
   in.ring.assign((2 * int64_t{c.seqs} + 1) * in.ring_stride, nan);
@@ -484,8 +484,8 @@ void ExpectBf16QueryAndOutputMatch(const Inputs& in, const std::vector<float>& w
       // value (a value just above a power of two).
       EXPECT_TRUE(WithinMagnitude(got, want, rotated_mag, 1.0 / 256 + 1e-4 + 1.0 / 256));
       for (int set = 0; set < DeviceBf16Rows::kSets; ++set) {
-        SCOPED_TRACE(::testing::Message() << "tensor_core_bf16_rows, " << set << " "
-                                          << DeviceBf16Rows::SetName(set));
+        SCOPED_TRACE(::testing::Message()
+                     << "tensor_core_bf16_rows, " << set << " " << DeviceBf16Rows::SetName(set));
         kernels::SinkAttentionParams pr = pb;
         rows16.Set(set, &pr);
         if (set == 0) pr.kernel = SinkAttentionKernel::kTensorCoreBf16Rows;

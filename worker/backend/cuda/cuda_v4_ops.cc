@@ -122,8 +122,8 @@ void CudaV4Ops::SinkAttention(const SinkAttentionArgs& a) {
   if (p.kernel == kernels::SinkAttentionKernel::kTensorCoreBf16 && a.q_bf16 != nullptr &&
       kernels::SinkAttentionKernelRuns(p, kernels::SinkAttentionKernel::kTensorCoreBf16Rows)) {
     kv_bf16 = backend_->AllocateScratch(a.tokens * a.dim * sizeof(uint16_t));  // 256-byte aligned
-    const cudaError_t err = kernels::RoundF32ToBf16(a.tokens * a.dim, a.kv,
-                                                    kv_bf16->as<uint16_t>(), backend_->stream_);
+    const cudaError_t err =
+        kernels::RoundF32ToBf16(a.tokens * a.dim, a.kv, kv_bf16->as<uint16_t>(), backend_->stream_);
     if (err != cudaSuccess) {
       return RecordFailure(err, "kernels::RoundF32ToBf16",
                            absl::StrCat("tokens ", a.tokens, ", dim ", a.dim));
