@@ -1,6 +1,6 @@
 // SinkAttentionF32: the kernel choice, the split count, the launches, the CUDA-core kernel and
-// the split combine. The tensor-core kernels are sink_attention_mma.cuh and
-// sink_attention_bf16_rows.cuh, compiled here.
+// the split combine, and the compact bf16 copy of the entries (SinkAttentionEntriesToBf16). The
+// tensor-core kernels are sink_attention_mma.cuh and sink_attention_bf16_rows.cuh, compiled here.
 //
 // CUDA-core kernel (CoreBody): one block of 8 warps per (token, 16 heads, split). Q of the 16
 // heads sits in shared memory; the token's rows go through in tiles of 32 (rows padded to dim + 1
@@ -14,6 +14,7 @@
 // (max, sum) in log2 units to the workspace; CombineBody merges a (token, head)'s splits:
 //   out = sum_s 2^(m_s - M) O_s / sum_s 2^(m_s - M) l_s,  M = max_s m_s
 // (the sink entered split 0's running state, see StartState).
+#include <cuda_bf16.h>
 #include <math.h>
 
 #include <algorithm>
@@ -210,6 +211,21 @@ __device__ void CombineBody(SinkAttentionParams p, int32_t num_splits) {
   p.out[th * p.dim + c] = acc * inv;
 }
 
+constexpr int kEntriesThreads = 256;
+
+// One block per block-table entry (j, s) = (blockIdx.x, blockIdx.y): block j of row s of the
+// entries' tables into compact block s * table_stride + j, rounded to bf16.
+__device__ void EntriesToBf16Body(V4PagedRows entries, uint16_t* data, int32_t* tables) {
+  const int64_t s = blockIdx.y, j = blockIdx.x, bf = entries.block_floats;
+  const int64_t dst_block = s * entries.table_stride + j;
+  const float* src = entries.data + int64_t{entries.block_tables[dst_block]} * bf;
+  uint16_t* dst = data + dst_block * bf;
+  for (int64_t i = threadIdx.x; i < bf; i += kEntriesThreads) {
+    dst[i] = __bfloat16_as_ushort(__float2bfloat16_rn(src[i]));
+  }
+  if (threadIdx.x == 0) tables[dst_block] = static_cast<int32_t>(dst_block);
+}
+
 }  // namespace sink
 
 namespace {
@@ -312,7 +328,7 @@ bool MmaKernelFits(SinkAttentionKernel k) {
 }
 
 bool HasBf16Rows(const SinkAttentionParams& p) {
-  return p.kv_bf16 != nullptr || p.ring_bf16 != nullptr || p.entries_bf16 != nullptr;
+  return p.kv_bf16 != nullptr || p.ring_bf16 != nullptr || p.entries_bf16.data != nullptr;
 }
 
 // Heads per block of the kernel.
@@ -356,8 +372,10 @@ bool SinkAttentionKernelRuns(const SinkAttentionParams& p, SinkAttentionKernel k
       if (kernel == SinkAttentionKernel::kTensorCoreBf16Rows &&
           ((p.kv_bf16 != nullptr && !Aligned(p.kv_bf16, 16)) ||
            (p.ring_bf16 != nullptr && (!Aligned(p.ring_bf16, 16) || p.ring_stride % 8 != 0)) ||
-           (p.entries_bf16 != nullptr &&
-            (!Aligned(p.entries_bf16, 16) || p.entries.block_floats % 8 != 0)))) {
+           (p.entries_bf16.data != nullptr &&
+            (p.entries.data == nullptr || !Aligned(p.entries_bf16.data, 16) ||
+             p.entries.block_floats % 8 != 0 ||
+             (p.entries_bf16.block_tables != nullptr && p.entries_bf16.table_stride < 0))))) {
         return false;
       }
       return MmaKernelFits(kernel);
@@ -426,6 +444,30 @@ cudaError_t SinkAttentionWorkspaceBytes(const SinkAttentionParams& p, size_t* by
     *bytes = static_cast<size_t>(p.tokens) * p.heads * splits * (p.dim + 2) * sizeof(float);
   }
   return cudaSuccess;
+}
+
+int64_t SinkAttentionEntriesBf16Values(const V4PagedRows& entries, int64_t table_rows) {
+  return std::max<int64_t>(table_rows, 0) * std::max<int64_t>(entries.table_stride, 0) *
+         std::max<int64_t>(entries.block_floats, 0);
+}
+
+cudaError_t SinkAttentionEntriesToBf16(const V4PagedRows& entries, int64_t table_rows,
+                                       uint16_t* data, int32_t* tables, cudaStream_t stream) {
+  if (table_rows < 0 || entries.table_stride < 0 || entries.block_floats < 0) {
+    return cudaErrorInvalidValue;
+  }
+  if (table_rows == 0 || entries.table_stride == 0 || entries.block_floats == 0) {
+    return cudaSuccess;
+  }
+  if (entries.data == nullptr || entries.block_tables == nullptr || data == nullptr ||
+      tables == nullptr || table_rows > 65535 ||
+      entries.table_stride > std::numeric_limits<int32_t>::max() ||
+      table_rows * entries.table_stride > std::numeric_limits<int32_t>::max()) {
+    return cudaErrorInvalidValue;
+  }
+  return LaunchAfterPrecedingGrids<sink::EntriesToBf16Body, sink::kEntriesThreads>(
+      dim3(static_cast<unsigned>(entries.table_stride), static_cast<unsigned>(table_rows)), 0,
+      stream, entries, data, tables);
 }
 
 cudaError_t SinkAttentionF32(const SinkAttentionParams& p, cudaStream_t stream) {

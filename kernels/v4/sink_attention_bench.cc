@@ -24,6 +24,9 @@
 //                                 call; the decode-shaped rows read no window row from it, the
 //                                 prefill rows every one);
 //   tensor_core_bf16_rows_io_all  with bf16 copies of every row buffer (kv, ring, stream);
+//   tensor_core_bf16_rows_io_kv_entries  with the copy of this step's keys and the compact copy
+//                                 of the entries' blocks (the backend's prefill call), after
+//                                 a line timing that copy (SinkAttentionEntriesToBf16);
 // (their bytes counted as the fp32 variants'): the mean per call of 10 calls captured in one
 // CUDA graph and replayed 5 times (as the decode step runs it), the eager median of 20, and the
 // bytes each call must read and write (the rows, Q, the output; the prefill's shared rows once)
@@ -207,9 +210,27 @@ void Run(int64_t batch, const Layer& layer, bool prefill, bool sweep_splits, cud
   char name[64];
   std::snprintf(name, sizeof(name), "%s%s b%lld rows%lld", layer.name, prefill ? "_prefill" : "",
                 static_cast<long long>(batch), static_cast<long long>(attended));
+  // The compact copy of the entries (every block-table row's blocks).
+  const int64_t table_rows = requests;
+  uint16_t* compact = nullptr;
+  int32_t* compact_tables = nullptr;
+  if (layer.block_floats > 0) {
+    compact = own(bench::DeviceAlloc<uint16_t>(
+        kernels::SinkAttentionEntriesBf16Values(p.entries, table_rows) * sizeof(uint16_t)));
+    compact_tables =
+        own(bench::DeviceAlloc<int32_t>(table_rows * p.entries.table_stride * sizeof(int32_t)));
+    const double ms = GraphMeanMs(
+        [&](cudaStream_t s) {
+          return kernels::SinkAttentionEntriesToBf16(p.entries, table_rows, compact, compact_tables,
+                                                     s);
+        },
+        stream);
+    std::printf("%-26s %-36s graph %8.2f us\n", name, "entries_to_bf16", ms * 1e3);
+  }
   // The kernels, then the bf16 kernel with the bf16 query and output (one split; 16-byte, then
-  // 4-byte aligned output), then kTensorCoreBf16Rows with it (no bf16 copies, kv's, all).
-  for (int variant = 0; variant < 8; ++variant) {
+  // 4-byte aligned output), then kTensorCoreBf16Rows with it (no bf16 copies, kv's, all, kv's
+  // and the compact entries).
+  for (int variant = 0; variant < 9; ++variant) {
     const bool bf16_io = variant >= 3, aligned4 = variant == 4, rows = variant >= 5;
     const SinkAttentionKernel k =
         rows      ? SinkAttentionKernel::kTensorCoreBf16Rows
@@ -220,15 +241,20 @@ void Run(int64_t batch, const Layer& layer, bool prefill, bool sweep_splits, cud
     const char* kname = variant == 5   ? "tensor_core_bf16_rows_io"
                         : variant == 6 ? "tensor_core_bf16_rows_io_kv"
                         : variant == 7 ? "tensor_core_bf16_rows_io_all"
+                        : variant == 8 ? "tensor_core_bf16_rows_io_kv_entries"
                         : aligned4     ? "tensor_core_bf16_io_a4"
                         : bf16_io      ? "tensor_core_bf16_io"
                                        : KernelName(k);
     kernels::SinkAttentionParams kp = p;
     kp.kernel = k;
     if (variant >= 6) kp.kv_bf16 = kv_bf16;
+    if (variant == 8) {
+      if (compact == nullptr) continue;  // no entries
+      kp.entries_bf16 = {compact, compact_tables, p.entries.table_stride};
+    }
     if (variant == 7) {
       kp.ring_bf16 = ring_bf16;
-      kp.entries_bf16 = entries_bf16;
+      kp.entries_bf16.data = entries_bf16;
     }
     if (bf16_io) {
       kp.q = nullptr;
@@ -241,7 +267,7 @@ void Run(int64_t batch, const Layer& layer, bool prefill, bool sweep_splits, cud
       kp.out_rope_factor = 1.0f;
     }
     if (!kernels::SinkAttentionKernelRuns(kp, k)) {
-      std::printf("%-26s %-28s does not run on this device\n", name, kname);
+      std::printf("%-26s %-36s does not run on this device\n", name, kname);
       continue;
     }
     std::vector<int32_t> split_counts = {0};
@@ -255,7 +281,7 @@ void Run(int64_t batch, const Layer& layer, bool prefill, bool sweep_splits, cud
       const double eager_ms = MedianMs([&] { return kernels::SinkAttentionF32(kp, nullptr); });
       const double gbs = bytes / (graph_ms * 1e-3) / 1e9;
       std::printf(
-          "%-26s %-28s splits %2d%s graph %8.2f us  eager %8.2f us  %7.1f GB/s  %5.1f%% of "
+          "%-26s %-36s splits %2d%s graph %8.2f us  eager %8.2f us  %7.1f GB/s  %5.1f%% of "
           "%.1f TB/s\n",
           name, kname, used, splits == 0 ? " (auto)" : "       ", graph_ms * 1e3, eager_ms * 1e3,
           gbs, 100.0 * gbs / kPeakGBs, kPeakGBs / 1000.0);

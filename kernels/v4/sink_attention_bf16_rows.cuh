@@ -36,23 +36,29 @@ struct RowsShape {
 };
 static_assert(RowsShape::kSmemBytes <= 227 * 1024, "fits sm_90's opt-in shared memory");
 
-// The buffer row j lies in (kv, the ring or the paged stream: *base) and its bf16 copy (*base16,
-// null where the params give none): element e of the buffer is element e of the copy.
-__device__ __forceinline__ void RowBuffers(const SinkAttentionParams& p, const TokenRows& rows,
-                                           int32_t j, const float** base, const uint16_t** base16) {
-  if (j < rows.window_len) {
-    const int64_t pos = rows.pos - rows.window_len + 1 + j;
-    if (pos >= rows.step_start) {
-      *base = p.kv;
-      *base16 = p.kv_bf16;
-    } else {
-      *base = p.ring;
-      *base16 = p.ring_bf16;
-    }
+// Window row j's buffer (kv or the ring: *base) and its bf16 copy (*base16, null where the
+// params give none): element e of the buffer is element e of the copy.
+__device__ __forceinline__ void WindowBuffers(const SinkAttentionParams& p, const TokenRows& rows,
+                                              int32_t j, const float** base,
+                                              const uint16_t** base16) {
+  const int64_t pos = rows.pos - rows.window_len + 1 + j;
+  if (pos >= rows.step_start) {
+    *base = p.kv;
+    *base16 = p.kv_bf16;
   } else {
-    *base = p.entries.data;
-    *base16 = p.entries_bf16;
+    *base = p.ring;
+    *base16 = p.ring_bf16;
   }
+}
+
+// Element e of the token's entry stream in entries_bf16 (SinkEntriesBf16's layout).
+__device__ __forceinline__ const uint16_t* EntryBf16(const SinkAttentionParams& p,
+                                                     const TokenRows& rows, int64_t e) {
+  const SinkEntriesBf16& c = p.entries_bf16;
+  const int32_t* tables = c.block_tables != nullptr ? c.block_tables : p.entries.block_tables;
+  const int64_t stride = c.block_tables != nullptr ? c.table_stride : p.entries.table_stride;
+  const int64_t bf = p.entries.block_floats;
+  return c.data + int64_t{tables[rows.seq * stride + e / bf]} * bf + e % bf;
 }
 
 // Starts copying the tile of rows row0 .. row0 + kRows - 1 (zeros at and past `end`) and commits
@@ -72,19 +78,32 @@ __device__ __forceinline__ uint32_t IssueRowsTile(const SinkAttentionParams& p,
     const int r = r0 + i * kRowsPerPass;
     const int32_t j = row0 + r;
     const bool valid = j < end;
-    // A row past the end copies nothing (zeros) from kv's first row (or its copy).
+    const bool entry = valid && j >= rows.window_len;
+    // Null: an entry spread over blocks, each piece through its block. A row past the end
+    // copies nothing (zeros) from kv's first row (or its copy).
+    const float* src = valid ? rows.RowStart(j) : p.kv;
+    // The bf16 source: a window row's (or the zeros') from its buffer's copy, an entry's from
+    // entries_bf16 (its first element where the entry lies in one block, else null).
     const float* base = p.kv;
     const uint16_t* base16 = p.kv_bf16;
-    if (valid) RowBuffers(p, rows, j, &base, &base16);
-    // Null: an entry spread over blocks, each piece through its block.
-    const float* src = valid ? rows.RowStart(j) : p.kv;
+    const uint16_t* entry16 = nullptr;
+    int64_t e0 = 0;  // an entry's first element in its stream
+    if (entry) {
+      base16 = p.entries_bf16.data;
+      const int32_t k = j - rows.window_len;
+      e0 = (rows.selected != nullptr ? rows.selected[k] : k) * rows.dim;
+      if (base16 != nullptr && rows.entries_whole) entry16 = EntryBf16(p, rows, e0);
+    } else if (valid) {
+      WindowBuffers(p, rows, j, &base, &base16);
+    }
     if (base16 != nullptr) {
 #pragma unroll
       for (int c = 0; c < kBf16Steps; ++c) {
         const int piece = c0 + 16 * c;
-        const float* from = src != nullptr ? src + 8 * piece : rows.At(j, 8 * piece);
-        sm80::CopyAsync16(sm80::SharedAddr(kb + r * kMmaLd + 8 * piece), base16 + (from - base),
-                          valid);
+        const uint16_t* from = !entry               ? base16 + (src + 8 * piece - base)
+                               : entry16 != nullptr ? entry16 + 8 * piece
+                                                    : EntryBf16(p, rows, e0 + 8 * piece);
+        sm80::CopyAsync16(sm80::SharedAddr(kb + r * kMmaLd + 8 * piece), from, valid);
       }
     } else {
       staged |= 1u << i;

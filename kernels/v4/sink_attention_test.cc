@@ -325,29 +325,52 @@ struct DeviceInputs {
   kernels::SinkAttentionParams p;
 };
 
-// bf16 copies of the row buffers (FloatToBf16Bits of every value, NaN where the buffer is) and
-// the sets of them kTensorCoreBf16Rows is tested with.
+// bf16 copies of the row buffers (FloatToBf16Bits of every value, NaN where the buffer is), a
+// compact copy of the entries (SinkAttentionEntriesToBf16 over every block-table row) and the
+// sets of them kTensorCoreBf16Rows is tested with.
 struct DeviceBf16Rows {
-  explicit DeviceBf16Rows(const Inputs& in)
+  DeviceBf16Rows(const Inputs& in, const kernels::SinkAttentionParams& p)
       : kv(FloatsToBf16Bits(in.kv)),
         ring(FloatsToBf16Bits(in.ring)),
         stream(FloatsToBf16Bits(in.stream)),
-        ring_usable(in.ring_stride % 8 == 0) {}
-  bool ok() const { return kv.ok() && ring.ok() && stream.ok(); }
-  // Set s of kSets in p: none; kv's; the stream's; all (the ring's where its stride allows).
-  static constexpr int kSets = 4;
+        table_rows(static_cast<int64_t>(in.tables.size()) / in.table_stride),
+        compact(kernels::SinkAttentionEntriesBf16Values(p.entries, table_rows)),
+        compact_tables(in.tables.size()),
+        ring_usable(in.ring_stride % 8 == 0) {
+    compact.Poison();
+    compact_tables.Poison();
+    compact_status = kernels::SinkAttentionEntriesToBf16(p.entries, table_rows, compact.get(),
+                                                         compact_tables.get(), nullptr);
+  }
+  bool ok() const {
+    return kv.ok() && ring.ok() && stream.ok() && compact.ok() && compact_tables.ok() &&
+           compact_status == cudaSuccess;
+  }
+  // Set s of kSets in p: none; kv's; the stream's; all (the ring's where its stride allows);
+  // kv's and the compact copy of the entries (the backend's prefill call).
+  static constexpr int kSets = 5;
   static const char* SetName(int s) {
     static const char* const kNames[kSets] = {"no bf16 copies", "kv_bf16", "entries_bf16",
-                                              "all bf16 copies"};
+                                              "all bf16 copies", "kv_bf16, compact entries_bf16"};
     return kNames[s];
   }
   void Set(int s, kernels::SinkAttentionParams* p) const {
-    p->kv_bf16 = s == 1 || s == 3 ? kv.get() : nullptr;
-    p->entries_bf16 = s == 2 || s == 3 ? stream.get() : nullptr;
+    p->kv_bf16 = s == 1 || s == 3 || s == 4 ? kv.get() : nullptr;
     p->ring_bf16 = s == 3 && ring_usable ? ring.get() : nullptr;
+    p->entries_bf16 = {};
+    if (s == 2 || s == 3) p->entries_bf16.data = stream.get();
+    if (s == 4) {
+      p->entries_bf16.data = compact.get();
+      p->entries_bf16.block_tables = compact_tables.get();
+      p->entries_bf16.table_stride = p->entries.table_stride;
+    }
   }
   DeviceArray<uint16_t> kv, ring, stream;
+  int64_t table_rows;
+  DeviceArray<uint16_t> compact;
+  DeviceArray<int32_t> compact_tables;
   bool ring_usable;
+  cudaError_t compact_status = cudaSuccess;
 };
 
 bool DeviceHasTensorCores() {
@@ -528,7 +551,7 @@ TEST_P(SinkAttentionKernelTest, MatchesCpuV4Ops) {
 
   DeviceInputs dev(in);
   ASSERT_TRUE(dev.out.ok() && dev.kv.ok());
-  const DeviceBf16Rows rows16(in);
+  const DeviceBf16Rows rows16(in, dev.p);
   ASSERT_TRUE(rows16.ok());
   DeviceArray<float> workspace(in.tokens * in.heads * kernels::kMaxSinkAttentionSplits *
                                (in.dim + 2));
@@ -731,6 +754,40 @@ TEST(SinkAttentionTest, SplitsNeedAWorkspace) {
   p.dim = 256;
   EXPECT_EQ(kernels::SinkAttentionKernelFor(p), SinkAttentionKernel::kAuto);
   EXPECT_EQ(kernels::SinkAttentionF32(p, nullptr), cudaErrorInvalidValue);
+}
+
+// SinkAttentionEntriesToBf16: block j of table row s, rounded, at compact block s * stride + j,
+// and that index in the compact tables (NaN blocks stay NaN).
+TEST(SinkAttentionTest, EntriesToBf16CopiesEveryTableBlock) {
+  DEEPINFER_SKIP_WITHOUT_GPU();
+  Case c;
+  c.seqs = 3;
+  c.block_floats = 64;
+  const Inputs in = MakeInputs(c, testing::FreshSeed());
+  DeviceInputs dev(in);
+  const DeviceBf16Rows rows16(in, dev.p);
+  ASSERT_TRUE(rows16.ok());
+  std::vector<uint16_t> got;
+  std::vector<int32_t> tables;
+  DEEPINFER_CUDA_OK(rows16.compact.Download(&got));
+  DEEPINFER_CUDA_OK(rows16.compact_tables.Download(&tables));
+  const int64_t P = in.block_floats;
+  ASSERT_EQ(static_cast<int64_t>(got.size()), static_cast<int64_t>(in.tables.size()) * P);
+  int64_t differ = 0;
+  for (size_t b = 0; b < in.tables.size(); ++b) {
+    EXPECT_EQ(tables[b], static_cast<int32_t>(b));
+    for (int64_t i = 0; i < P; ++i) {
+      const float x = in.stream[int64_t{in.tables[b]} * P + i];
+      const uint16_t g = got[b * P + i];
+      differ += std::isnan(x) ? !std::isnan(Bf16BitsToFloat(g)) : g != FloatToBf16Bits(x);
+    }
+  }
+  EXPECT_EQ(differ, 0);
+  // Bad arguments.
+  EXPECT_EQ(kernels::SinkAttentionEntriesToBf16(dev.p.entries, -1, nullptr, nullptr, nullptr),
+            cudaErrorInvalidValue);
+  EXPECT_EQ(kernels::SinkAttentionEntriesToBf16(dev.p.entries, 1, nullptr, nullptr, nullptr),
+            cudaErrorInvalidValue);
 }
 
 // A call captured in a CUDA graph (after an eager call, as the decode graphs are captured after
