@@ -1,5 +1,6 @@
 // SinkAttentionF32: the kernel choice, the split count, the launches, the CUDA-core kernel and
-// the split combine. The tensor-core kernel is sink_attention_mma.cuh, compiled here.
+// the split combine, and the compact bf16 copy of the entries (SinkAttentionEntriesToBf16). The
+// tensor-core kernels are sink_attention_mma.cuh and sink_attention_bf16_rows.cuh, compiled here.
 //
 // CUDA-core kernel (CoreBody): one block of 8 warps per (token, 16 heads, split). Q of the 16
 // heads sits in shared memory; the token's rows go through in tiles of 32 (rows padded to dim + 1
@@ -13,6 +14,7 @@
 // (max, sum) in log2 units to the workspace; CombineBody merges a (token, head)'s splits:
 //   out = sum_s 2^(m_s - M) O_s / sum_s 2^(m_s - M) l_s,  M = max_s m_s
 // (the sink entered split 0's running state, see StartState).
+#include <cuda_bf16.h>
 #include <math.h>
 
 #include <algorithm>
@@ -22,6 +24,7 @@
 #include "kernels/common/kernel_facts.h"
 #include "kernels/common/launch.cuh"
 #include "kernels/v4/sink_attention.h"
+#include "kernels/v4/sink_attention_bf16_rows.cuh"
 #include "kernels/v4/sink_attention_mma.cuh"
 #include "kernels/v4/sink_attention_rows.cuh"
 
@@ -208,6 +211,21 @@ __device__ void CombineBody(SinkAttentionParams p, int32_t num_splits) {
   p.out[th * p.dim + c] = acc * inv;
 }
 
+constexpr int kEntriesThreads = 256;
+
+// One block per block-table entry (j, s) = (blockIdx.x, blockIdx.y): block j of row s of the
+// entries' tables into compact block s * table_stride + j, rounded to bf16.
+__device__ void EntriesToBf16Body(V4PagedRows entries, uint16_t* data, int32_t* tables) {
+  const int64_t s = blockIdx.y, j = blockIdx.x, bf = entries.block_floats;
+  const int64_t dst_block = s * entries.table_stride + j;
+  const float* src = entries.data + int64_t{entries.block_tables[dst_block]} * bf;
+  uint16_t* dst = data + dst_block * bf;
+  for (int64_t i = threadIdx.x; i < bf; i += kEntriesThreads) {
+    dst[i] = __bfloat16_as_ushort(__float2bfloat16_rn(src[i]));
+  }
+  if (threadIdx.x == 0) tables[dst_block] = static_cast<int32_t>(dst_block);
+}
+
 }  // namespace sink
 
 namespace {
@@ -217,6 +235,7 @@ using sink::kCoreThreads;
 using sink::kMmaHeads;
 using sink::kMmaThreads;
 using sink::MmaShape;
+using sink::RowsShape;
 
 bool Aligned(const void* ptr, size_t bytes) {
   return reinterpret_cast<uintptr_t>(ptr) % bytes == 0;
@@ -278,13 +297,38 @@ cudaError_t LaunchCore(dim3 grid, const SinkAttentionParams& p, int32_t splits,
       grid, sink::CoreSmemBytes(p.dim), stream, p, splits);
 }
 
-const void* MmaKernel(bool exact) {
-  return exact ? reinterpret_cast<const void*>(EntryKernel<sink::MmaBody<true>, kMmaThreads>())
-               : reinterpret_cast<const void*>(EntryKernel<sink::MmaBody<false>, kMmaThreads>());
+// The entry and dynamic shared memory of a tensor-core kernel.
+const void* MmaKernel(SinkAttentionKernel k) {
+  switch (k) {
+    case SinkAttentionKernel::kTensorCoreExact:
+      return reinterpret_cast<const void*>(EntryKernel<sink::MmaBody<true>, kMmaThreads>());
+    case SinkAttentionKernel::kTensorCoreBf16Rows:
+      return reinterpret_cast<const void*>(EntryKernel<sink::MmaRowsBody, kMmaThreads>());
+    default:
+      return reinterpret_cast<const void*>(EntryKernel<sink::MmaBody<false>, kMmaThreads>());
+  }
 }
 
-size_t MmaSmemBytes(bool exact) {
-  return exact ? MmaShape<true>::kSmemBytes : MmaShape<false>::kSmemBytes;
+size_t MmaSmemBytes(SinkAttentionKernel k) {
+  switch (k) {
+    case SinkAttentionKernel::kTensorCoreExact:
+      return MmaShape<true>::kSmemBytes;
+    case SinkAttentionKernel::kTensorCoreBf16Rows:
+      return RowsShape::kSmemBytes;
+    default:
+      return MmaShape<false>::kSmemBytes;
+  }
+}
+
+// Whether a tensor-core kernel runs on the current device (sm_80+, its shared memory).
+bool MmaKernelFits(SinkAttentionKernel k) {
+  const size_t smem = MmaSmemBytes(k);
+  const KernelFacts f = KernelFactsForCurrentDevice(MmaKernel(k), static_cast<int>(smem));
+  return f.error == cudaSuccess && f.ptx_version >= 80 && static_cast<size_t>(f.max_smem) >= smem;
+}
+
+bool HasBf16Rows(const SinkAttentionParams& p) {
+  return p.kv_bf16 != nullptr || p.ring_bf16 != nullptr || p.entries_bf16.data != nullptr;
 }
 
 // Heads per block of the kernel.
@@ -296,9 +340,10 @@ int64_t HeadsPerBlock(SinkAttentionKernel k) {
 
 bool SinkAttentionKernelRuns(const SinkAttentionParams& p, SinkAttentionKernel kernel) {
   if (!ParamsOk(p)) return false;
-  // The bf16 forms are the bf16 tensor-core kernel's.
+  // The bf16 forms are the bf16 tensor-core kernels'.
   const bool bf16_io = p.q_bf16 != nullptr || p.out_bf16 != nullptr;
-  if (bf16_io && (kernel != SinkAttentionKernel::kTensorCoreBf16 ||
+  if (bf16_io && ((kernel != SinkAttentionKernel::kTensorCoreBf16 &&
+                   kernel != SinkAttentionKernel::kTensorCoreBf16Rows) ||
                   (p.q_bf16 != nullptr && !Aligned(p.q_bf16, 16)) ||
                   (p.out_bf16 != nullptr && !Aligned(p.out_bf16, 4)))) {
     return false;
@@ -311,7 +356,8 @@ bool SinkAttentionKernelRuns(const SinkAttentionParams& p, SinkAttentionKernel k
              static_cast<size_t>(f.max_smem) >= sink::CoreSmemBytes(p.dim);
     }
     case SinkAttentionKernel::kTensorCoreExact:
-    case SinkAttentionKernel::kTensorCoreBf16: {
+    case SinkAttentionKernel::kTensorCoreBf16:
+    case SinkAttentionKernel::kTensorCoreBf16Rows: {
       // Rows move in 16-byte pieces: every row start (and, for an entry spread over blocks,
       // every block's) 16-byte aligned.
       if (p.dim != kSinkAttentionMmaDim || !Aligned(p.q, 16) || !Aligned(p.kv, 16) ||
@@ -321,11 +367,18 @@ bool SinkAttentionKernelRuns(const SinkAttentionParams& p, SinkAttentionKernel k
            (!Aligned(p.entries.data, 16) || p.entries.block_floats % 4 != 0))) {
         return false;
       }
-      const bool exact = kernel == SinkAttentionKernel::kTensorCoreExact;
-      const size_t smem = MmaSmemBytes(exact);
-      const KernelFacts f = KernelFactsForCurrentDevice(MmaKernel(exact), static_cast<int>(smem));
-      return f.error == cudaSuccess && f.ptx_version >= 80 &&
-             static_cast<size_t>(f.max_smem) >= smem;
+      // The bf16 copies (kTensorCoreBf16Rows; the others ignore them) move in 16-byte pieces
+      // of 8 values too.
+      if (kernel == SinkAttentionKernel::kTensorCoreBf16Rows &&
+          ((p.kv_bf16 != nullptr && !Aligned(p.kv_bf16, 16)) ||
+           (p.ring_bf16 != nullptr && (!Aligned(p.ring_bf16, 16) || p.ring_stride % 8 != 0)) ||
+           (p.entries_bf16.data != nullptr &&
+            (p.entries.data == nullptr || !Aligned(p.entries_bf16.data, 16) ||
+             p.entries.block_floats % 8 != 0 ||
+             (p.entries_bf16.block_tables != nullptr && p.entries_bf16.table_stride < 0))))) {
+        return false;
+      }
+      return MmaKernelFits(kernel);
     }
     case SinkAttentionKernel::kAuto:
       break;
@@ -336,6 +389,9 @@ bool SinkAttentionKernelRuns(const SinkAttentionParams& p, SinkAttentionKernel k
 SinkAttentionKernel SinkAttentionKernelFor(const SinkAttentionParams& p) {
   if (p.kernel != SinkAttentionKernel::kAuto) {
     return SinkAttentionKernelRuns(p, p.kernel) ? p.kernel : SinkAttentionKernel::kAuto;
+  }
+  if (HasBf16Rows(p) && SinkAttentionKernelRuns(p, SinkAttentionKernel::kTensorCoreBf16Rows)) {
+    return SinkAttentionKernel::kTensorCoreBf16Rows;
   }
   if (p.q_bf16 != nullptr || p.out_bf16 != nullptr) {
     return SinkAttentionKernelRuns(p, SinkAttentionKernel::kTensorCoreBf16)
@@ -350,10 +406,8 @@ SinkAttentionKernel SinkAttentionKernelFor(const SinkAttentionParams& p) {
 }
 
 bool SinkAttentionTakesBf16Io(int64_t dim) {
-  if (dim != kSinkAttentionMmaDim) return false;
-  const size_t smem = MmaSmemBytes(/*exact=*/false);
-  const KernelFacts f = KernelFactsForCurrentDevice(MmaKernel(false), static_cast<int>(smem));
-  return f.error == cudaSuccess && f.ptx_version >= 80 && static_cast<size_t>(f.max_smem) >= smem;
+  return dim == kSinkAttentionMmaDim && MmaKernelFits(SinkAttentionKernel::kTensorCoreBf16) &&
+         MmaKernelFits(SinkAttentionKernel::kTensorCoreBf16Rows);
 }
 
 cudaError_t SinkAttentionSplits(const SinkAttentionParams& p, int32_t* splits) {
@@ -368,9 +422,7 @@ cudaError_t SinkAttentionSplits(const SinkAttentionParams& p, int32_t* splits) {
   const bool core = k == SinkAttentionKernel::kCudaCore;
   const KernelFacts f =
       core ? KernelFactsForCurrentDevice(CoreKernel(p.dim), kAllSharedMemory)
-           : KernelFactsForCurrentDevice(
-                 MmaKernel(k == SinkAttentionKernel::kTensorCoreExact),
-                 static_cast<int>(MmaSmemBytes(k == SinkAttentionKernel::kTensorCoreExact)));
+           : KernelFactsForCurrentDevice(MmaKernel(k), static_cast<int>(MmaSmemBytes(k)));
   if (f.error != cudaSuccess) return f.error;
   // Blocks resident at once: the tensor-core kernels take one SM each, the CUDA-core kernel
   // about two (its shared memory at dim 512).
@@ -392,6 +444,30 @@ cudaError_t SinkAttentionWorkspaceBytes(const SinkAttentionParams& p, size_t* by
     *bytes = static_cast<size_t>(p.tokens) * p.heads * splits * (p.dim + 2) * sizeof(float);
   }
   return cudaSuccess;
+}
+
+int64_t SinkAttentionEntriesBf16Values(const V4PagedRows& entries, int64_t table_rows) {
+  return std::max<int64_t>(table_rows, 0) * std::max<int64_t>(entries.table_stride, 0) *
+         std::max<int64_t>(entries.block_floats, 0);
+}
+
+cudaError_t SinkAttentionEntriesToBf16(const V4PagedRows& entries, int64_t table_rows,
+                                       uint16_t* data, int32_t* tables, cudaStream_t stream) {
+  if (table_rows < 0 || entries.table_stride < 0 || entries.block_floats < 0) {
+    return cudaErrorInvalidValue;
+  }
+  if (table_rows == 0 || entries.table_stride == 0 || entries.block_floats == 0) {
+    return cudaSuccess;
+  }
+  if (entries.data == nullptr || entries.block_tables == nullptr || data == nullptr ||
+      tables == nullptr || table_rows > 65535 ||
+      entries.table_stride > std::numeric_limits<int32_t>::max() ||
+      table_rows * entries.table_stride > std::numeric_limits<int32_t>::max()) {
+    return cudaErrorInvalidValue;
+  }
+  return LaunchAfterPrecedingGrids<sink::EntriesToBf16Body, sink::kEntriesThreads>(
+      dim3(static_cast<unsigned>(entries.table_stride), static_cast<unsigned>(table_rows)), 0,
+      stream, entries, data, tables);
 }
 
 cudaError_t SinkAttentionF32(const SinkAttentionParams& p, cudaStream_t stream) {
@@ -428,6 +504,10 @@ cudaError_t SinkAttentionF32(const SinkAttentionParams& p, cudaStream_t stream) 
     case SinkAttentionKernel::kTensorCoreBf16:
       e = LaunchAfterPrecedingGrids<sink::MmaBody<false>, kMmaThreads>(
           grid, MmaShape<false>::kSmemBytes, stream, p, splits);
+      break;
+    case SinkAttentionKernel::kTensorCoreBf16Rows:
+      e = LaunchAfterPrecedingGrids<sink::MmaRowsBody, kMmaThreads>(grid, RowsShape::kSmemBytes,
+                                                                    stream, p, splits);
       break;
     case SinkAttentionKernel::kAuto:
       return cudaErrorInvalidValue;

@@ -24,10 +24,22 @@
 namespace deepinfer {
 namespace kernels {
 
+// bf16 copies of the paged entries' rows (SinkAttentionParams::entries_bf16): blocks of
+// entries.block_floats values, token t's entry element e at
+//   data[tables[token_seq[t] * table_stride + e / block_floats] * block_floats + e % block_floats]
+// (the entries' own block tables and stride where block_tables is null: a copy of the whole
+// stream in its layout).
+struct SinkEntriesBf16 {
+  const uint16_t* data = nullptr;
+  const int32_t* block_tables = nullptr;
+  int64_t table_stride = 0;
+};
+
 // Which kernel SinkAttentionF32 runs.
 enum class SinkAttentionKernel : int32_t {
   // kTensorCoreExact where it runs (SinkAttentionKernelRuns), else kCudaCore; with q_bf16 or
-  // out_bf16, kTensorCoreBf16.
+  // out_bf16, kTensorCoreBf16; with a bf16 copy of a row buffer (kv_bf16, ring_bf16,
+  // entries_bf16), kTensorCoreBf16Rows.
   kAuto = 0,
   // fp32 FMA on CUDA cores, 16 heads per block; any dim up to kMaxSinkAttentionDim.
   kCudaCore = 1,
@@ -39,8 +51,14 @@ enum class SinkAttentionKernel : int32_t {
   kTensorCoreExact = 2,
   // The same shapes with Q, K = V and P rounded to bf16 (one MMA per product; each operand
   // carries bf16's rounding, up to 2^-8 relative): the fast kernel for bf16 models. The only
-  // kernel that takes q_bf16 and out_bf16 (SinkAttentionTakesBf16Io).
+  // kernel that takes q_bf16 and out_bf16 (SinkAttentionTakesBf16Io), with kTensorCoreBf16Rows.
   kTensorCoreBf16 = 3,
+  // kTensorCoreBf16's arithmetic, bit for bit its output, for the same shapes (and q_bf16,
+  // out_bf16), with its key rows read from bf16 copies of their buffers where the params give
+  // them (kv_bf16, ring_bf16, entries_bf16: half the bytes, no conversion in the kernel), the
+  // others converted as kTensorCoreBf16 converts them, into a double-buffered key tile (one
+  // block barrier per tile instead of two).
+  kTensorCoreBf16Rows = 4,
 };
 
 // The largest dim kCudaCore takes.
@@ -72,12 +90,23 @@ struct SinkAttentionParams : SinkAttentionArgs {
   void* workspace = nullptr;
   size_t workspace_bytes = 0;
   SinkAttentionKernel kernel = SinkAttentionKernel::kAuto;
+  // bf16 copies of the key rows' buffers, read only by kTensorCoreBf16Rows (the other kernels
+  // ignore them): each the bits of its buffer's values rounded to bf16 (nearest even, as
+  // RoundF32ToBf16 rounds), kv's and the ring's at the same element offsets, the entries' in
+  // SinkEntriesBf16's layout; a row whose buffer has a copy is read from it, with the same
+  // result. Each may be absent (that buffer's rows are read in fp32); each given one 16-byte
+  // aligned; ring_bf16 needs ring_stride a multiple of 8 and entries_bf16 the entries'
+  // block_floats a multiple of 8. Only the rows the tokens read need to hold their values.
+  const uint16_t* kv_bf16 = nullptr;    // kv's [tokens, dim]
+  const uint16_t* ring_bf16 = nullptr;  // ring's slots of ring_stride values
+  SinkEntriesBf16 entries_bf16;         // data null: none
 };
 
-// Whether the bf16 tensor-core kernel takes q_bf16 and out_bf16 for queries of this dim on the
-// current device (dim 512, sm_80+): params with them run on kTensorCoreBf16 (16-byte aligned
-// q_bf16, 4-byte aligned out_bf16; 16-byte aligned, it is written in 16-byte pieces) and one
-// split (num_splits 0 or 1); kAuto picks that kernel for them.
+// Whether the bf16 tensor-core kernels take q_bf16 and out_bf16 for queries of this dim on the
+// current device (dim 512, sm_80+, the shared memory of both): params with them run on
+// kTensorCoreBf16 or kTensorCoreBf16Rows (16-byte aligned q_bf16, 4-byte aligned out_bf16;
+// 16-byte aligned, it is written in 16-byte pieces) and one split (num_splits 0 or 1); kAuto
+// picks kTensorCoreBf16 for them (kTensorCoreBf16Rows with a bf16 copy of a row buffer).
 bool SinkAttentionTakesBf16Io(int64_t dim);
 
 // Whether `kernel` (not kAuto) runs these params on the current device: the shape and pointer
@@ -94,6 +123,19 @@ cudaError_t SinkAttentionSplits(const SinkAttentionParams& params, int32_t* spli
 
 // Bytes of workspace SinkAttentionF32 needs (0 with one split).
 cudaError_t SinkAttentionWorkspaceBytes(const SinkAttentionParams& params, size_t* bytes);
+
+// Values of the bf16 copy of the entries that SinkAttentionEntriesToBf16 writes: a block of
+// entries.block_floats per block-table entry of the table_rows rows.
+int64_t SinkAttentionEntriesBf16Values(const V4PagedRows& entries, int64_t table_rows);
+
+// Enqueues a compact bf16 copy of the blocks that rows 0 .. table_rows - 1 of entries'
+// block tables name (every entry of a row, table_stride of them): block j of row s, rounded to
+// nearest even, into block s * table_stride + j of data (SinkAttentionEntriesBf16Values values),
+// whose index goes to tables[s * table_stride + j] ([table_rows, table_stride] int32). The
+// result is the entries_bf16 of params with these entries (block_tables = tables, table_stride
+// = entries.table_stride). cudaErrorInvalidValue for a missing pointer or table_rows < 0.
+cudaError_t SinkAttentionEntriesToBf16(const V4PagedRows& entries, int64_t table_rows,
+                                       uint16_t* data, int32_t* tables, cudaStream_t stream);
 
 // Enqueues the attention on `stream`. cudaErrorInvalidValue for negative sizes, heads or dim
 // < 1 with tokens > 0, a missing pointer, num_splits outside [0, kMaxSinkAttentionSplits], a

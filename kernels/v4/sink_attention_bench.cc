@@ -9,15 +9,29 @@
 //   hca      window 128 + the 8 entries of a 1024 context at ratio 128 (each spread over 8
 //            blocks of 64 floats);
 //   window   window 128 only (the sliding-window layers).
-// 4096 requests time a prefill-sized call. Per case and kernel (tensor-core exact, tensor-core
-// bf16, CUDA cores; the automatic split count; and tensor_core_bf16_io: the bf16 kernel reading a
-// bf16 query and writing a bf16 output with its rope slice rotated back, one split, as a bf16
-// model's prefill runs it, and tensor_core_bf16_io_a4: the same with an output only 4-byte
-// aligned (the kernel's 4-byte store path instead of 16-byte stores); their bytes counted as the
-// fp32 variants'): the mean per call of 10 calls
-// captured in one CUDA graph and replayed 5 times (as the decode step runs it), the eager median of
-// 20, and the bytes each call must read and write (the rows, Q, the output) per second in the
-// graph, against the H200's 4.8 TB/s. `splits`: also every forced split count of 1, 2, 4, 8 and 16.
+// 4096 requests time a prefill-sized call; the `prefill` rows (4096 tokens) time the shape of a
+// prefill of one sequence: token t at position t over its window of this step's keys
+// (min(t + 1, 128) rows, shared with its neighbours' windows) and the entries above from one
+// block table (every token the same ones). Per case and kernel (tensor-core exact, tensor-core
+// bf16, CUDA cores; the automatic split count), then the bf16 call of a bf16 model's prefill
+// (a bf16 query, a bf16 output with its rope slice rotated back, one split):
+//   tensor_core_bf16_io           kTensorCoreBf16;
+//   tensor_core_bf16_io_a4        the same with an output only 4-byte aligned (the kernel's
+//                                 4-byte store path instead of 16-byte stores);
+//   tensor_core_bf16_rows_io      kTensorCoreBf16Rows reading every row in fp32 (its
+//                                 double-buffered tile alone);
+//   tensor_core_bf16_rows_io_kv   with a bf16 copy of this step's keys (the backend's prefill
+//                                 call; the decode-shaped rows read no window row from it, the
+//                                 prefill rows every one);
+//   tensor_core_bf16_rows_io_all  with bf16 copies of every row buffer (kv, ring, stream);
+//   tensor_core_bf16_rows_io_kv_entries  with the copy of this step's keys and the compact copy
+//                                 of the entries' blocks (the backend's prefill call), after
+//                                 a line timing that copy (SinkAttentionEntriesToBf16);
+// (their bytes counted as the fp32 variants'): the mean per call of 10 calls captured in one
+// CUDA graph and replayed 5 times (as the decode step runs it), the eager median of 20, and the
+// bytes each call must read and write (the rows, Q, the output; the prefill's shared rows once)
+// per second in the graph, against the H200's 4.8 TB/s. `splits`: also every forced split count
+// of 1, 2, 4, 8 and 16.
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
@@ -54,6 +68,8 @@ const char* KernelName(SinkAttentionKernel k) {
       return "tensor_core_exact";
     case SinkAttentionKernel::kTensorCoreBf16:
       return "tensor_core_bf16";
+    case SinkAttentionKernel::kTensorCoreBf16Rows:
+      return "tensor_core_bf16_rows";
     case SinkAttentionKernel::kAuto:
       break;
   }
@@ -68,24 +84,35 @@ struct Layer {
   int64_t block_floats;  // floats of the stream per block of 16 positions (0: no entries)
 };
 
-void Run(int64_t batch, const Layer& layer, bool sweep_splits, cudaStream_t stream) {
-  // Request b at position kContext - 1: its window is 127 ring rows and its own key.
+void Run(int64_t batch, const Layer& layer, bool prefill, bool sweep_splits, cudaStream_t stream) {
+  // Request b at position kContext - 1: its window is 127 ring rows and its own key. With
+  // `prefill` token b of one sequence at position b.
   constexpr int64_t kContext = 1024;
   std::vector<int32_t> positions(batch, kContext - 1), window_len(batch, kWindow),
       step_start(batch, kContext - 1), slot(batch), token_seq(batch),
       extra_len(batch, static_cast<int32_t>(layer.chosen));
+  if (prefill) {
+    for (int64_t b = 0; b < batch; ++b) {
+      positions[b] = static_cast<int32_t>(b);
+      window_len[b] = static_cast<int32_t>(std::min<int64_t>(b + 1, kWindow));
+      step_start[b] = 0;
+    }
+  }
+  const int64_t requests = prefill ? 1 : batch;  // block-table rows
   std::vector<int32_t> selected, tables;
   // The requests' stream blocks, shuffled over the pool.
   const int64_t per_request =
       layer.block_floats > 0 ? (layer.entries * kDim + layer.block_floats - 1) / layer.block_floats
                              : 0;
-  std::vector<int32_t> blocks(std::max<int64_t>(1, batch * per_request));
+  std::vector<int32_t> blocks(std::max<int64_t>(1, requests * per_request));
   std::iota(blocks.begin(), blocks.end(), 0);
   for (size_t i = blocks.size(); i > 1; --i) std::swap(blocks[i - 1], blocks[(i * 7919) % i]);
   for (int64_t b = 0; b < batch; ++b) {
     slot[b] = static_cast<int32_t>(b);
-    token_seq[b] = static_cast<int32_t>(b);
-    for (int64_t i = 0; i < per_request; ++i) tables.push_back(blocks[b * per_request + i]);
+    token_seq[b] = static_cast<int32_t>(b % requests);
+    if (b < requests) {
+      for (int64_t i = 0; i < per_request; ++i) tables.push_back(blocks[b * per_request + i]);
+    }
     if (layer.selected) {
       // Spread evenly over the entries (all of them when chosen == entries), ascending.
       for (int64_t i = 0; i < layer.chosen; ++i) {
@@ -93,84 +120,142 @@ void Run(int64_t batch, const Layer& layer, bool sweep_splits, cudaStream_t stre
       }
     }
   }
+  // Every device buffer of the run, freed at its end.
+  std::vector<void*> owned;
+  auto own = [&owned](auto* ptr) {
+    owned.push_back(const_cast<void*>(static_cast<const void*>(ptr)));
+    return ptr;
+  };
+  auto bf16_bits = [](const std::vector<float>& v) {
+    std::vector<uint16_t> bits(v.size());
+    for (size_t i = 0; i < v.size(); ++i) {
+      uint32_t u;
+      std::memcpy(&u, &v[i], sizeof(u));
+      bits[i] = static_cast<uint16_t>((u + 0x7FFFu + ((u >> 16) & 1u)) >> 16);
+    }
+    return bits;
+  };
+  // The row buffers and their bf16 copies (kTensorCoreBf16Rows' kv_bf16, ring_bf16,
+  // entries_bf16); the prefill reads no ring row.
+  const std::vector<float> kv = Uniform(batch * kDim, 2);
+  const std::vector<float> ring =
+      prefill ? std::vector<float>() : Uniform(batch * kWindow * kDim, 4);
+  const std::vector<float> stream_rows =
+      layer.block_floats > 0 ? Uniform(static_cast<int64_t>(blocks.size()) * layer.block_floats, 5)
+                             : std::vector<float>();
+  const uint16_t* kv_bf16 = own(Upload(bf16_bits(kv)));
+  const uint16_t* ring_bf16 = prefill ? nullptr : own(Upload(bf16_bits(ring)));
+  const uint16_t* entries_bf16 =
+      layer.block_floats > 0 ? own(Upload(bf16_bits(stream_rows))) : nullptr;
   kernels::SinkAttentionParams p;
   p.tokens = batch;
   p.heads = kHeads;
   p.dim = kDim;
-  p.q = Upload(Uniform(batch * kHeads * kDim, 1));
-  p.kv = Upload(Uniform(batch * kDim, 2));
-  p.positions = Upload(positions);
-  p.window_len = Upload(window_len);
-  p.step_start = Upload(step_start);
-  p.ring = Upload(Uniform(batch * kWindow * kDim, 4));
-  p.ring_rows = kWindow;
-  p.ring_stride = kWindow * kDim;
-  p.ring_slot = Upload(slot);
+  p.q = own(Upload(Uniform(batch * kHeads * kDim, 1)));
+  p.kv = own(Upload(kv));
+  p.positions = own(Upload(positions));
+  p.window_len = own(Upload(window_len));
+  p.step_start = own(Upload(step_start));
+  if (!prefill) {
+    p.ring = own(Upload(ring));
+    p.ring_rows = kWindow;
+    p.ring_stride = kWindow * kDim;
+    p.ring_slot = own(Upload(slot));
+  }
   if (layer.block_floats > 0) {
-    p.entries.data = Upload(Uniform(static_cast<int64_t>(blocks.size()) * layer.block_floats, 5));
+    p.entries.data = own(Upload(stream_rows));
     p.entries.block_floats = layer.block_floats;
-    p.entries.block_tables = Upload(tables);
+    p.entries.block_tables = own(Upload(tables));
     p.entries.table_stride = per_request;
-    p.entries.token_seq = Upload(token_seq);
+    p.entries.token_seq = own(Upload(token_seq));
     if (layer.selected) {
-      p.selected = Upload(selected);
+      p.selected = own(Upload(selected));
       p.selected_stride = layer.chosen;
     } else {
-      p.extra_len = Upload(extra_len);
+      p.extra_len = own(Upload(extra_len));
     }
   }
   // The bf16 forms (the prefill path): the query rounded, a bf16 output with its rope slice
   // rotated back at the negated positions.
-  std::vector<uint16_t> q16(batch * kHeads * kDim);
-  {
-    const std::vector<float> q = Uniform(batch * kHeads * kDim, 1);
-    for (size_t i = 0; i < q.size(); ++i) {
-      uint32_t u;
-      std::memcpy(&u, &q[i], sizeof(u));
-      q16[i] = static_cast<uint16_t>((u + 0x7FFFu + ((u >> 16) & 1u)) >> 16);
-    }
-  }
   std::vector<int32_t> neg_positions(positions);
   for (int32_t& x : neg_positions) x = -x;
   std::vector<float> inv_freq(kRopeDim / 2);
   for (int64_t j = 0; j < kRopeDim / 2; ++j) {
     inv_freq[j] = static_cast<float>(std::pow(160000.0, -2.0 * j / kRopeDim));
   }
-  const uint16_t* q_bf16 = Upload(q16);
+  const uint16_t* q_bf16 = own(Upload(bf16_bits(Uniform(batch * kHeads * kDim, 1))));
   // 8 elements more: the 4-byte aligned variant's output starts 2 elements in.
-  uint16_t* out_bf16 = bench::DeviceAlloc<uint16_t>((batch * kHeads * kDim + 8) * sizeof(uint16_t));
-  const int32_t* out_rope_positions = Upload(neg_positions);
-  const float* out_rope_inv_freq = Upload(inv_freq);
-  p.sinks = Upload(Uniform(kHeads, 3));
+  uint16_t* out_bf16 =
+      own(bench::DeviceAlloc<uint16_t>((batch * kHeads * kDim + 8) * sizeof(uint16_t)));
+  const int32_t* out_rope_positions = own(Upload(neg_positions));
+  const float* out_rope_inv_freq = own(Upload(inv_freq));
+  p.sinks = own(Upload(Uniform(kHeads, 3)));
   p.scale = 1.0f / std::sqrt(static_cast<float>(kDim));
-  p.out = bench::DeviceAlloc<float>(batch * kHeads * kDim * sizeof(float));
+  p.out = own(bench::DeviceAlloc<float>(batch * kHeads * kDim * sizeof(float)));
   // Workspace for the most splits any run below uses (16: the automatic count's limit too).
   constexpr int64_t kMostSplits = 16;
   p.workspace_bytes =
       static_cast<size_t>(batch) * kHeads * kMostSplits * (kDim + 2) * sizeof(float);
-  p.workspace = bench::DeviceAlloc<char>(p.workspace_bytes);
+  p.workspace = own(bench::DeviceAlloc<char>(p.workspace_bytes));
 
+  // Rows per token (the prefill's first tokens have shorter windows); the bytes read: every
+  // token's own rows, or the prefill's shared ones once (this step's keys and the entries).
   const int64_t attended = kWindow + layer.chosen;
-  const double bytes = static_cast<double>(batch) *
-                       (attended * kDim * sizeof(float) + 2.0 * kHeads * kDim * sizeof(float) +
-                        (layer.selected ? layer.chosen * sizeof(int32_t) : 0));
+  const double row_bytes = prefill
+                               ? static_cast<double>(batch + layer.chosen) * kDim * sizeof(float)
+                               : static_cast<double>(batch) * attended * kDim * sizeof(float);
+  const double bytes = row_bytes + static_cast<double>(batch) *
+                                       (2.0 * kHeads * kDim * sizeof(float) +
+                                        (layer.selected ? layer.chosen * sizeof(int32_t) : 0));
   char name[64];
-  std::snprintf(name, sizeof(name), "%s b%lld rows%lld", layer.name, static_cast<long long>(batch),
-                static_cast<long long>(attended));
+  std::snprintf(name, sizeof(name), "%s%s b%lld rows%lld", layer.name, prefill ? "_prefill" : "",
+                static_cast<long long>(batch), static_cast<long long>(attended));
+  // The compact copy of the entries (every block-table row's blocks).
+  const int64_t table_rows = requests;
+  uint16_t* compact = nullptr;
+  int32_t* compact_tables = nullptr;
+  if (layer.block_floats > 0) {
+    compact = own(bench::DeviceAlloc<uint16_t>(
+        kernels::SinkAttentionEntriesBf16Values(p.entries, table_rows) * sizeof(uint16_t)));
+    compact_tables =
+        own(bench::DeviceAlloc<int32_t>(table_rows * p.entries.table_stride * sizeof(int32_t)));
+    const double ms = GraphMeanMs(
+        [&](cudaStream_t s) {
+          return kernels::SinkAttentionEntriesToBf16(p.entries, table_rows, compact, compact_tables,
+                                                     s);
+        },
+        stream);
+    std::printf("%-26s %-36s graph %8.2f us\n", name, "entries_to_bf16", ms * 1e3);
+  }
   // The kernels, then the bf16 kernel with the bf16 query and output (one split; 16-byte, then
-  // 4-byte aligned output).
-  for (int variant = 0; variant < 5; ++variant) {
-    const bool bf16_io = variant >= 3, aligned4 = variant == 4;
+  // 4-byte aligned output), then kTensorCoreBf16Rows with it (no bf16 copies, kv's, all, kv's
+  // and the compact entries).
+  for (int variant = 0; variant < 9; ++variant) {
+    const bool bf16_io = variant >= 3, aligned4 = variant == 4, rows = variant >= 5;
     const SinkAttentionKernel k =
-        bf16_io ? SinkAttentionKernel::kTensorCoreBf16
-                : std::array<SinkAttentionKernel, 3>{SinkAttentionKernel::kTensorCoreExact,
-                                                     SinkAttentionKernel::kTensorCoreBf16,
-                                                     SinkAttentionKernel::kCudaCore}[variant];
-    const char* kname = aligned4  ? "tensor_core_bf16_io_a4"
-                        : bf16_io ? "tensor_core_bf16_io"
-                                  : KernelName(k);
+        rows      ? SinkAttentionKernel::kTensorCoreBf16Rows
+        : bf16_io ? SinkAttentionKernel::kTensorCoreBf16
+                  : std::array<SinkAttentionKernel, 3>{SinkAttentionKernel::kTensorCoreExact,
+                                                       SinkAttentionKernel::kTensorCoreBf16,
+                                                       SinkAttentionKernel::kCudaCore}[variant];
+    const char* kname = variant == 5   ? "tensor_core_bf16_rows_io"
+                        : variant == 6 ? "tensor_core_bf16_rows_io_kv"
+                        : variant == 7 ? "tensor_core_bf16_rows_io_all"
+                        : variant == 8 ? "tensor_core_bf16_rows_io_kv_entries"
+                        : aligned4     ? "tensor_core_bf16_io_a4"
+                        : bf16_io      ? "tensor_core_bf16_io"
+                                       : KernelName(k);
     kernels::SinkAttentionParams kp = p;
     kp.kernel = k;
+    if (variant >= 6) kp.kv_bf16 = kv_bf16;
+    if (variant == 8) {
+      if (compact == nullptr) continue;  // no entries
+      kp.entries_bf16 = {compact, compact_tables, p.entries.table_stride};
+    }
+    if (variant == 7) {
+      kp.ring_bf16 = ring_bf16;
+      kp.entries_bf16.data = entries_bf16;
+    }
     if (bf16_io) {
       kp.q = nullptr;
       kp.q_bf16 = q_bf16;
@@ -182,7 +267,7 @@ void Run(int64_t batch, const Layer& layer, bool sweep_splits, cudaStream_t stre
       kp.out_rope_factor = 1.0f;
     }
     if (!kernels::SinkAttentionKernelRuns(kp, k)) {
-      std::printf("%-26s %-22s does not run on this device\n", name, kname);
+      std::printf("%-26s %-36s does not run on this device\n", name, kname);
       continue;
     }
     std::vector<int32_t> split_counts = {0};
@@ -196,12 +281,14 @@ void Run(int64_t batch, const Layer& layer, bool sweep_splits, cudaStream_t stre
       const double eager_ms = MedianMs([&] { return kernels::SinkAttentionF32(kp, nullptr); });
       const double gbs = bytes / (graph_ms * 1e-3) / 1e9;
       std::printf(
-          "%-26s %-22s splits %2d%s graph %8.2f us  eager %8.2f us  %7.1f GB/s  %5.1f%% of "
+          "%-26s %-36s splits %2d%s graph %8.2f us  eager %8.2f us  %7.1f GB/s  %5.1f%% of "
           "%.1f TB/s\n",
           name, kname, used, splits == 0 ? " (auto)" : "       ", graph_ms * 1e3, eager_ms * 1e3,
           gbs, 100.0 * gbs / kPeakGBs, kPeakGBs / 1000.0);
     }
   }
+  BENCH_CUDA(cudaDeviceSynchronize());
+  for (void* ptr : owned) BENCH_CUDA(cudaFree(ptr));
 }
 
 }  // namespace
@@ -220,7 +307,8 @@ int main(int argc, char** argv) {
       {"window", 0, 0, false, 0},
   };
   for (const deepinfer::Layer& layer : layers) {
-    for (int64_t batch : {1, 64, 128, 4096}) deepinfer::Run(batch, layer, sweep, stream);
+    for (int64_t batch : {1, 64, 128, 4096}) deepinfer::Run(batch, layer, false, sweep, stream);
   }
+  for (const deepinfer::Layer& layer : layers) deepinfer::Run(4096, layer, true, sweep, stream);
   return 0;
 }

@@ -325,148 +325,24 @@ __device__ __forceinline__ void StoreOutBf16(const SinkAttentionParams& p, int64
   }
 }
 
-template <bool kExact>
-__device__ void MmaBody(SinkAttentionParams p, int32_t num_splits) {
-  using Shape = MmaShape<kExact>;
-  constexpr int kRows = Shape::kRows, kNt = Shape::kScoreTiles, kKs = Shape::kValueSteps;
-  extern __shared__ __align__(16) unsigned char sink_smem[];
-  __nv_bfloat16* qh = reinterpret_cast<__nv_bfloat16*>(sink_smem);
-  __nv_bfloat16* ql = qh + (kExact ? kMmaHeads * kMmaLd : 0);
-  __nv_bfloat16* kh = qh + Shape::kParts * kMmaHeads * kMmaLd;
-  __nv_bfloat16* kl = kh + (kExact ? kRows * kMmaLd : 0);
-  float* stage = reinterpret_cast<float*>(kh + Shape::kParts * kRows * kMmaLd);
-  float4* exchange = reinterpret_cast<float4*>(stage + kRows * kMmaDim);
-  float2* rope = reinterpret_cast<float2*>(exchange + kMmaThreads * kNt);
-  int32_t* scratch = reinterpret_cast<int32_t*>(rope + kMmaDim / 2);
+// The online softmax's start (StartState) of this thread's accumulator rows r: head g (r = 0) or
+// g + 8 (r = 1) of its warp pair's 16, g = lane / 4.
+__device__ __forceinline__ void StartHeads(const SinkAttentionParams& p, int64_t h0, int split,
+                                           float (&m)[2], float (&l)[2]) {
+  const int pair = threadIdx.x / 64, g = (threadIdx.x % 32) / 4;
+  StartState(p, h0 + pair * 16 + g, split, &m[0], &l[0]);
+  StartState(p, h0 + pair * 16 + g + 8, split, &m[1], &l[1]);
+}
 
-  const int64_t t = blockIdx.x, h0 = static_cast<int64_t>(blockIdx.y) * kMmaHeads;
-  const int split = blockIdx.z;
-  const TokenRows rows = LoadTokenRows(p, t, scratch);
-  int32_t begin, end;
-  SplitRows<kRows>(rows.count, split, num_splits, &begin, &end);
-  if (begin < end) IssueTile<kExact>(p, rows, begin, end, stage);
-  if (!kExact && p.q_bf16 != nullptr) {
-    LoadQueryBf16(p, t, h0, qh);
-  } else {
-    LoadQuery<kExact>(p, t, h0, qh, ql);
-  }
-  // The rope table's latency passes while the first tile arrives (the tile loop's first
-  // barrier completes it).
-  const bool out_bf16 = !kExact && p.out_bf16 != nullptr;  // one split (SinkAttentionF32 checks)
-  if (out_bf16) RopeTable(p, t, rope);
-
+// The fp32 epilogue (called by every thread): with one split out[t, h] = o / l, else the split's
+// unnormalised o and its (m, l) to the workspace.
+__device__ __forceinline__ void StoreOutF32(const SinkAttentionParams& p, int64_t t, int64_t h0,
+                                            int32_t num_splits, int split, const float (&m)[2],
+                                            const float (&l)[2],
+                                            const float (&o)[kMmaOutTiles][4]) {
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  const int pair = warp / 2, half = warp % 2;
-  const int g = lane / 4, tq = lane % 4;
-  // Row r of this thread's accumulators: head g (r = 0) or g + 8 (r = 1) of the pair's 16.
+  const int pair = warp / 2, half = warp % 2, g = lane / 4, tq = lane % 4;
   const int64_t head[2] = {h0 + pair * 16 + g, h0 + pair * 16 + g + 8};
-  float m[2], l[2];
-  StartState(p, head[0], split, &m[0], &l[0]);
-  StartState(p, head[1], split, &m[1], &l[1]);
-  float o[kMmaOutTiles][4] = {};
-  const float scale2 = p.scale * kLog2e;
-
-#pragma unroll 1
-  for (int32_t row0 = begin; row0 < end; row0 += kRows) {
-    sm80::CopyAsyncWait<0>();
-    __syncthreads();  // every warp is done with the previous tile's bf16 rows (and Q is stored)
-    ConvertTile<kExact>(stage, kh, kl);
-    if (row0 + kRows < end) IssueTile<kExact>(p, rows, row0 + kRows, end, stage);
-    __syncthreads();  // the tile's bf16 rows are complete
-
-    float s[kNt][4];
-    PartialScores<kExact>(qh, ql, kh, kl, pair, half, lane, s);
-#pragma unroll
-    for (int n = 0; n < kNt; ++n) {
-      exchange[(warp * kNt + n) * 32 + lane] = make_float4(s[n][0], s[n][1], s[n][2], s[n][3]);
-    }
-    PairBarrier(pair);
-    float tile_max[2] = {-INFINITY, -INFINITY};
-#pragma unroll
-    for (int n = 0; n < kNt; ++n) {
-      const float4 other = exchange[((warp ^ 1) * kNt + n) * 32 + lane];
-      const float ov[4] = {other.x, other.y, other.z, other.w};
-#pragma unroll
-      for (int i = 0; i < 4; ++i) {
-        const float full = half == 0 ? s[n][i] + ov[i] : ov[i] + s[n][i];
-        const bool valid = row0 + n * 8 + 2 * tq + (i & 1) < end;
-        s[n][i] = valid ? full * scale2 : -INFINITY;
-        tile_max[i / 2] = fmaxf(tile_max[i / 2], s[n][i]);
-      }
-    }
-    float alpha[2], base[2], sum[2] = {0.0f, 0.0f};
-#pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      tile_max[r] = fmaxf(tile_max[r], __shfl_xor_sync(0xffffffffu, tile_max[r], 1));
-      tile_max[r] = fmaxf(tile_max[r], __shfl_xor_sync(0xffffffffu, tile_max[r], 2));
-      alpha[r] = Rescale(tile_max[r], &m[r], &base[r]);
-    }
-#pragma unroll
-    for (int n = 0; n < kNt; ++n) {
-#pragma unroll
-      for (int i = 0; i < 4; ++i) {
-        s[n][i] = exp2f(s[n][i] - base[i / 2]);
-        sum[i / 2] += s[n][i];
-      }
-    }
-#pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      sum[r] += __shfl_xor_sync(0xffffffffu, sum[r], 1);
-      sum[r] += __shfl_xor_sync(0xffffffffu, sum[r], 2);
-      l[r] = l[r] * alpha[r] + sum[r];
-    }
-#pragma unroll
-    for (int nt = 0; nt < kMmaOutTiles; ++nt) {
-      o[nt][0] *= alpha[0];
-      o[nt][1] *= alpha[0];
-      o[nt][2] *= alpha[1];
-      o[nt][3] *= alpha[1];
-    }
-
-    // P as the A fragments of P·V: k-step kk covers score n-tiles 2 kk and 2 kk + 1.
-    uint32_t pa[kKs][4], pl[kKs][4];
-#pragma unroll
-    for (int kk = 0; kk < kKs; ++kk) {
-      if (kExact) {
-        SplitPair(s[2 * kk][0], s[2 * kk][1], &pa[kk][0], &pl[kk][0]);
-        SplitPair(s[2 * kk][2], s[2 * kk][3], &pa[kk][1], &pl[kk][1]);
-        SplitPair(s[2 * kk + 1][0], s[2 * kk + 1][1], &pa[kk][2], &pl[kk][2]);
-        SplitPair(s[2 * kk + 1][2], s[2 * kk + 1][3], &pa[kk][3], &pl[kk][3]);
-      } else {
-        pa[kk][0] = sm80::PackBf16(s[2 * kk][0], s[2 * kk][1]);
-        pa[kk][1] = sm80::PackBf16(s[2 * kk][2], s[2 * kk][3]);
-        pa[kk][2] = sm80::PackBf16(s[2 * kk + 1][0], s[2 * kk + 1][1]);
-        pa[kk][3] = sm80::PackBf16(s[2 * kk + 1][2], s[2 * kk + 1][3]);
-      }
-    }
-    const int v_off =
-        ((lane & 7) + ((lane >> 3) & 1) * 8) * kMmaLd + half * kMmaHalf + (lane >> 4) * 8;
-#pragma unroll
-    for (int kk = 0; kk < kKs; ++kk) {
-#pragma unroll
-      for (int np = 0; np < kMmaOutTiles / 2; ++np) {
-        const int off = v_off + kk * 16 * kMmaLd + np * 16;
-        uint32_t b[4];
-        sm80::LdMatrixX4<true>(b, kh + off);
-        sm80::MmaBf16(o[2 * np], pa[kk], b[0], b[1]);
-        sm80::MmaBf16(o[2 * np + 1], pa[kk], b[2], b[3]);
-        if (kExact) {
-          uint32_t bl[4];
-          sm80::LdMatrixX4<true>(bl, kl + off);
-          sm80::MmaBf16(o[2 * np], pa[kk], bl[0], bl[1]);
-          sm80::MmaBf16(o[2 * np + 1], pa[kk], bl[2], bl[3]);
-          sm80::MmaBf16(o[2 * np], pl[kk], b[0], b[1]);
-          sm80::MmaBf16(o[2 * np + 1], pl[kk], b[2], b[3]);
-        }
-      }
-    }
-  }
-
-  if (out_bf16) {
-    if (begin >= end) __syncthreads();  // no tile: the rope table and Q's stores are complete
-    StoreOutBf16(p, t, h0, o, l, rope, qh);
-    return;
-  }
   // Columns half * 256 + nt * 8 + 2 tq, + 1 of heads g, g + 8.
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
@@ -493,6 +369,163 @@ __device__ void MmaBody(SinkAttentionParams p, int32_t num_splits) {
       }
     }
   }
+}
+
+// One tile of key rows row0 .. row0 + kRows - 1 (rows at and past `end` masked) in kh (and kl)
+// folded into this thread's running max m, sum l (log2 units) and output accumulators o: the
+// scores of its warp pair's 16 heads (halves exchanged through `exchange`), the online softmax,
+// P·V (see the top of this file). Every warp of the block calls it once per tile; the caller's
+// block barrier between two calls keeps a warp's exchange slots from being overwritten before
+// its pair partner has read them.
+template <bool kExact>
+__device__ __forceinline__ void TileStep(const __nv_bfloat16* qh, const __nv_bfloat16* ql,
+                                         const __nv_bfloat16* kh, const __nv_bfloat16* kl,
+                                         float4* exchange, int32_t row0, int32_t end, float scale2,
+                                         float (&m)[2], float (&l)[2],
+                                         float (&o)[kMmaOutTiles][4]) {
+  constexpr int kNt = MmaShape<kExact>::kScoreTiles, kKs = MmaShape<kExact>::kValueSteps;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int pair = warp / 2, half = warp % 2, tq = lane % 4;
+  float s[kNt][4];
+  PartialScores<kExact>(qh, ql, kh, kl, pair, half, lane, s);
+#pragma unroll
+  for (int n = 0; n < kNt; ++n) {
+    exchange[(warp * kNt + n) * 32 + lane] = make_float4(s[n][0], s[n][1], s[n][2], s[n][3]);
+  }
+  PairBarrier(pair);
+  float tile_max[2] = {-INFINITY, -INFINITY};
+#pragma unroll
+  for (int n = 0; n < kNt; ++n) {
+    const float4 other = exchange[((warp ^ 1) * kNt + n) * 32 + lane];
+    const float ov[4] = {other.x, other.y, other.z, other.w};
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const float full = half == 0 ? s[n][i] + ov[i] : ov[i] + s[n][i];
+      const bool valid = row0 + n * 8 + 2 * tq + (i & 1) < end;
+      s[n][i] = valid ? full * scale2 : -INFINITY;
+      tile_max[i / 2] = fmaxf(tile_max[i / 2], s[n][i]);
+    }
+  }
+  float alpha[2], base[2], sum[2] = {0.0f, 0.0f};
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    tile_max[r] = fmaxf(tile_max[r], __shfl_xor_sync(0xffffffffu, tile_max[r], 1));
+    tile_max[r] = fmaxf(tile_max[r], __shfl_xor_sync(0xffffffffu, tile_max[r], 2));
+    alpha[r] = Rescale(tile_max[r], &m[r], &base[r]);
+  }
+#pragma unroll
+  for (int n = 0; n < kNt; ++n) {
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      s[n][i] = exp2f(s[n][i] - base[i / 2]);
+      sum[i / 2] += s[n][i];
+    }
+  }
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    sum[r] += __shfl_xor_sync(0xffffffffu, sum[r], 1);
+    sum[r] += __shfl_xor_sync(0xffffffffu, sum[r], 2);
+    l[r] = l[r] * alpha[r] + sum[r];
+  }
+#pragma unroll
+  for (int nt = 0; nt < kMmaOutTiles; ++nt) {
+    o[nt][0] *= alpha[0];
+    o[nt][1] *= alpha[0];
+    o[nt][2] *= alpha[1];
+    o[nt][3] *= alpha[1];
+  }
+
+  // P as the A fragments of P·V: k-step kk covers score n-tiles 2 kk and 2 kk + 1.
+  uint32_t pa[kKs][4], pl[kKs][4];
+#pragma unroll
+  for (int kk = 0; kk < kKs; ++kk) {
+    if (kExact) {
+      SplitPair(s[2 * kk][0], s[2 * kk][1], &pa[kk][0], &pl[kk][0]);
+      SplitPair(s[2 * kk][2], s[2 * kk][3], &pa[kk][1], &pl[kk][1]);
+      SplitPair(s[2 * kk + 1][0], s[2 * kk + 1][1], &pa[kk][2], &pl[kk][2]);
+      SplitPair(s[2 * kk + 1][2], s[2 * kk + 1][3], &pa[kk][3], &pl[kk][3]);
+    } else {
+      pa[kk][0] = sm80::PackBf16(s[2 * kk][0], s[2 * kk][1]);
+      pa[kk][1] = sm80::PackBf16(s[2 * kk][2], s[2 * kk][3]);
+      pa[kk][2] = sm80::PackBf16(s[2 * kk + 1][0], s[2 * kk + 1][1]);
+      pa[kk][3] = sm80::PackBf16(s[2 * kk + 1][2], s[2 * kk + 1][3]);
+    }
+  }
+  const int v_off =
+      ((lane & 7) + ((lane >> 3) & 1) * 8) * kMmaLd + half * kMmaHalf + (lane >> 4) * 8;
+#pragma unroll
+  for (int kk = 0; kk < kKs; ++kk) {
+#pragma unroll
+    for (int np = 0; np < kMmaOutTiles / 2; ++np) {
+      const int off = v_off + kk * 16 * kMmaLd + np * 16;
+      uint32_t b[4];
+      sm80::LdMatrixX4<true>(b, kh + off);
+      sm80::MmaBf16(o[2 * np], pa[kk], b[0], b[1]);
+      sm80::MmaBf16(o[2 * np + 1], pa[kk], b[2], b[3]);
+      if (kExact) {
+        uint32_t bl[4];
+        sm80::LdMatrixX4<true>(bl, kl + off);
+        sm80::MmaBf16(o[2 * np], pa[kk], bl[0], bl[1]);
+        sm80::MmaBf16(o[2 * np + 1], pa[kk], bl[2], bl[3]);
+        sm80::MmaBf16(o[2 * np], pl[kk], b[0], b[1]);
+        sm80::MmaBf16(o[2 * np + 1], pl[kk], b[2], b[3]);
+      }
+    }
+  }
+}
+
+template <bool kExact>
+__device__ void MmaBody(SinkAttentionParams p, int32_t num_splits) {
+  using Shape = MmaShape<kExact>;
+  constexpr int kRows = Shape::kRows, kNt = Shape::kScoreTiles;
+  extern __shared__ __align__(16) unsigned char sink_smem[];
+  __nv_bfloat16* qh = reinterpret_cast<__nv_bfloat16*>(sink_smem);
+  __nv_bfloat16* ql = qh + (kExact ? kMmaHeads * kMmaLd : 0);
+  __nv_bfloat16* kh = qh + Shape::kParts * kMmaHeads * kMmaLd;
+  __nv_bfloat16* kl = kh + (kExact ? kRows * kMmaLd : 0);
+  float* stage = reinterpret_cast<float*>(kh + Shape::kParts * kRows * kMmaLd);
+  float4* exchange = reinterpret_cast<float4*>(stage + kRows * kMmaDim);
+  float2* rope = reinterpret_cast<float2*>(exchange + kMmaThreads * kNt);
+  int32_t* scratch = reinterpret_cast<int32_t*>(rope + kMmaDim / 2);
+
+  const int64_t t = blockIdx.x, h0 = static_cast<int64_t>(blockIdx.y) * kMmaHeads;
+  const int split = blockIdx.z;
+  const TokenRows rows = LoadTokenRows(p, t, scratch);
+  int32_t begin, end;
+  SplitRows<kRows>(rows.count, split, num_splits, &begin, &end);
+  if (begin < end) IssueTile<kExact>(p, rows, begin, end, stage);
+  if (!kExact && p.q_bf16 != nullptr) {
+    LoadQueryBf16(p, t, h0, qh);
+  } else {
+    LoadQuery<kExact>(p, t, h0, qh, ql);
+  }
+  // The rope table's latency passes while the first tile arrives (the tile loop's first
+  // barrier completes it).
+  const bool out_bf16 = !kExact && p.out_bf16 != nullptr;  // one split (SinkAttentionF32 checks)
+  if (out_bf16) RopeTable(p, t, rope);
+
+  float m[2], l[2];
+  StartHeads(p, h0, split, m, l);
+  float o[kMmaOutTiles][4] = {};
+  const float scale2 = p.scale * kLog2e;
+
+#pragma unroll 1
+  for (int32_t row0 = begin; row0 < end; row0 += kRows) {
+    sm80::CopyAsyncWait<0>();
+    __syncthreads();  // every warp is done with the previous tile's bf16 rows (and Q is stored)
+    ConvertTile<kExact>(stage, kh, kl);
+    if (row0 + kRows < end) IssueTile<kExact>(p, rows, row0 + kRows, end, stage);
+    __syncthreads();  // the tile's bf16 rows are complete
+
+    TileStep<kExact>(qh, ql, kh, kl, exchange, row0, end, scale2, m, l, o);
+  }
+
+  if (out_bf16) {
+    if (begin >= end) __syncthreads();  // no tile: the rope table and Q's stores are complete
+    StoreOutBf16(p, t, h0, o, l, rope, qh);
+    return;
+  }
+  StoreOutF32(p, t, h0, num_splits, split, m, l, o);
 }
 
 }  // namespace sink

@@ -11,8 +11,9 @@
 // window, no entries or neither, sinks large (the sink takes almost all the weight) and small;
 // every kernel that runs the shape, each with one split, chosen splits and forced 3 and 32
 // splits; at dim 512 the bf16 kernel with a bf16 query and a rotated bf16 output
-// (ExpectBf16QueryAndOutputMatch). Ring rows, stream blocks and slots outside every list are NaN,
-// so a kernel reading one fails.
+// (ExpectBf16QueryAndOutputMatch), and kTensorCoreBf16Rows with none, some and all of its bf16
+// copies of the row buffers, bit for bit kTensorCoreBf16's output. Ring rows, stream blocks and
+// slots outside every list are NaN (in the bf16 copies too), so a kernel reading one fails.
 //
 // Tolerances are relative to each output's magnitude mag = sum_j p_j |v_j| (p: the softmax with
 // the sink, computed here in double): a score error d moves an output by at most 2 max|d| mag,
@@ -71,6 +72,8 @@ struct Case {
   float scale = 0.0f;  // 0: 1 / sqrt(dim)
   float sink_mean = 0.0f, sink_std = 1.0f;
   bool empty_tokens = false;  // tokens 0, 1, 2 of each sequence: no window, no entries, neither
+  // Floats past a ring slot's W * dim (4: a stride kTensorCoreBf16Rows reads no ring copy with).
+  int64_t ring_pad = 4;
 };
 
 void PrintTo(const Case& c, std::ostream* os) { *os << c.name; }
@@ -98,10 +101,10 @@ Inputs MakeInputs(const Case& c, uint32_t seed) {
   in.dim = D;
   in.stride = c.topk;
   in.scale = c.scale > 0.0f ? c.scale : 1.0f / std::sqrt(static_cast<float>(D));
-  // Sequence s in ring slot 2 s + 1 (slots of W rows and 4 floats more); blocks of the stream
-  // shuffled over a pool with a spare block per sequence (NaN).
+  // Sequence s in ring slot 2 s + 1 (slots of W rows and ring_pad floats more); blocks of the
+  // stream shuffled over a pool with a spare block per sequence (NaN).
   in.ring_rows = W;
-  in.ring_stride = W * D + 4;
+  in.ring_stride = W * D + c.ring_pad;
   in.ring.assign((2 * int64_t{c.seqs} + 1) * in.ring_stride, nan);
   in.block_floats = c.block_floats > 0 ? c.block_floats : 4 * D;
   const int64_t per_seq = (int64_t{c.entries} * D + in.block_floats - 1) / in.block_floats;
@@ -322,6 +325,54 @@ struct DeviceInputs {
   kernels::SinkAttentionParams p;
 };
 
+// bf16 copies of the row buffers (FloatToBf16Bits of every value, NaN where the buffer is), a
+// compact copy of the entries (SinkAttentionEntriesToBf16 over every block-table row) and the
+// sets of them kTensorCoreBf16Rows is tested with.
+struct DeviceBf16Rows {
+  DeviceBf16Rows(const Inputs& in, const kernels::SinkAttentionParams& p)
+      : kv(FloatsToBf16Bits(in.kv)),
+        ring(FloatsToBf16Bits(in.ring)),
+        stream(FloatsToBf16Bits(in.stream)),
+        table_rows(static_cast<int64_t>(in.tables.size()) / in.table_stride),
+        compact(kernels::SinkAttentionEntriesBf16Values(p.entries, table_rows)),
+        compact_tables(in.tables.size()),
+        ring_usable(in.ring_stride % 8 == 0) {
+    compact.Poison();
+    compact_tables.Poison();
+    compact_status = kernels::SinkAttentionEntriesToBf16(p.entries, table_rows, compact.get(),
+                                                         compact_tables.get(), nullptr);
+  }
+  bool ok() const {
+    return kv.ok() && ring.ok() && stream.ok() && compact.ok() && compact_tables.ok() &&
+           compact_status == cudaSuccess;
+  }
+  // Set s of kSets in p: none; kv's; the stream's; all (the ring's where its stride allows);
+  // kv's and the compact copy of the entries (the backend's prefill call).
+  static constexpr int kSets = 5;
+  static const char* SetName(int s) {
+    static const char* const kNames[kSets] = {"no bf16 copies", "kv_bf16", "entries_bf16",
+                                              "all bf16 copies", "kv_bf16, compact entries_bf16"};
+    return kNames[s];
+  }
+  void Set(int s, kernels::SinkAttentionParams* p) const {
+    p->kv_bf16 = s == 1 || s == 3 || s == 4 ? kv.get() : nullptr;
+    p->ring_bf16 = s == 3 && ring_usable ? ring.get() : nullptr;
+    p->entries_bf16 = {};
+    if (s == 2 || s == 3) p->entries_bf16.data = stream.get();
+    if (s == 4) {
+      p->entries_bf16.data = compact.get();
+      p->entries_bf16.block_tables = compact_tables.get();
+      p->entries_bf16.table_stride = p->entries.table_stride;
+    }
+  }
+  DeviceArray<uint16_t> kv, ring, stream;
+  int64_t table_rows;
+  DeviceArray<uint16_t> compact;
+  DeviceArray<int32_t> compact_tables;
+  bool ring_usable;
+  cudaError_t compact_status = cudaSuccess;
+};
+
 bool DeviceHasTensorCores() {
   int device = 0, major = 0;
   return cudaGetDevice(&device) == cudaSuccess &&
@@ -337,6 +388,8 @@ const char* KernelName(SinkAttentionKernel k) {
       return "tensor_core_exact";
     case SinkAttentionKernel::kTensorCoreBf16:
       return "tensor_core_bf16";
+    case SinkAttentionKernel::kTensorCoreBf16Rows:
+      return "tensor_core_bf16_rows";
     case SinkAttentionKernel::kAuto:
       break;
   }
@@ -351,9 +404,11 @@ const char* KernelName(SinkAttentionKernel k) {
 //    kernel's tolerance plus the output's rounding (2^-9 of a value, at most its magnitude; a
 //    rotated pair's magnitude is factor x the sum of its two);
 //  * more than one split with out_bf16, or the other kernels with either, are refused.
+//  * kTensorCoreBf16Rows with out_bf16 and each set of bf16 copies: kTensorCoreBf16's bits (kAuto
+//    picks it where a copy is given).
 void ExpectBf16QueryAndOutputMatch(const Inputs& in, const std::vector<float>& want_bf16,
                                    const std::vector<double>& mag, DeviceInputs* dev,
-                                   DeviceArray<float>* workspace) {
+                                   const DeviceBf16Rows& rows16, DeviceArray<float>* workspace) {
   const int64_t D = in.dim, rd = 64, n = in.tokens * in.heads * D;
   const float factor = 1.2079f;
   std::vector<int32_t> neg(in.positions);
@@ -451,6 +506,19 @@ void ExpectBf16QueryAndOutputMatch(const Inputs& in, const std::vector<float>& w
       // The fp32 path's bound plus the bf16 output's rounding: half an ulp, up to 2^-8 of the
       // value (a value just above a power of two).
       EXPECT_TRUE(WithinMagnitude(got, want, rotated_mag, 1.0 / 256 + 1e-4 + 1.0 / 256));
+      for (int set = 0; set < DeviceBf16Rows::kSets; ++set) {
+        SCOPED_TRACE(::testing::Message()
+                     << "tensor_core_bf16_rows, " << set << " " << DeviceBf16Rows::SetName(set));
+        kernels::SinkAttentionParams pr = pb;
+        rows16.Set(set, &pr);
+        if (set == 0) pr.kernel = SinkAttentionKernel::kTensorCoreBf16Rows;
+        EXPECT_EQ(kernels::SinkAttentionKernelFor(pr), SinkAttentionKernel::kTensorCoreBf16Rows);
+        out16.Poison();
+        DEEPINFER_CUDA_OK(kernels::SinkAttentionF32(pr, nullptr));
+        std::vector<uint16_t> rows_all16;
+        DEEPINFER_CUDA_OK(out16.Download(&rows_all16));
+        EXPECT_TRUE(rows_all16 == all16) << "not kTensorCoreBf16's bf16 output, bit for bit";
+      }
       pb.num_splits = 3;
       EXPECT_EQ(kernels::SinkAttentionF32(pb, nullptr), cudaErrorInvalidValue);
       pb.num_splits = 1;
@@ -483,12 +551,16 @@ TEST_P(SinkAttentionKernelTest, MatchesCpuV4Ops) {
 
   DeviceInputs dev(in);
   ASSERT_TRUE(dev.out.ok() && dev.kv.ok());
+  const DeviceBf16Rows rows16(in, dev.p);
+  ASSERT_TRUE(rows16.ok());
   DeviceArray<float> workspace(in.tokens * in.heads * kernels::kMaxSinkAttentionSplits *
                                (in.dim + 2));
   ASSERT_TRUE(workspace.ok());
+  // kTensorCoreBf16's output per split count (kTensorCoreBf16Rows must give it bit for bit).
+  std::vector<std::vector<float>> bf16_out;
   for (SinkAttentionKernel k :
        {SinkAttentionKernel::kCudaCore, SinkAttentionKernel::kTensorCoreExact,
-        SinkAttentionKernel::kTensorCoreBf16}) {
+        SinkAttentionKernel::kTensorCoreBf16, SinkAttentionKernel::kTensorCoreBf16Rows}) {
     kernels::SinkAttentionParams p = dev.p;
     p.kernel = k;
     const bool mma = k != SinkAttentionKernel::kCudaCore;
@@ -497,23 +569,39 @@ TEST_P(SinkAttentionKernelTest, MatchesCpuV4Ops) {
     EXPECT_EQ(runs, !mma || (c.dim == kernels::kSinkAttentionMmaDim && DeviceHasTensorCores()))
         << KernelName(k);
     if (!runs) continue;
-    for (int32_t splits : {0, 1, 3, kernels::kMaxSinkAttentionSplits}) {
-      SCOPED_TRACE(::testing::Message() << KernelName(k) << " num_splits " << splits);
-      p.num_splits = splits;
-      size_t need = 0;
-      ASSERT_EQ(kernels::SinkAttentionWorkspaceBytes(p, &need), cudaSuccess);
-      ASSERT_LE(need, workspace.size() * sizeof(float));
-      p.workspace = workspace.get();
-      p.workspace_bytes = workspace.size() * sizeof(float);
-      dev.out.Poison();
-      workspace.Poison();
-      DEEPINFER_CUDA_OK(kernels::SinkAttentionF32(p, nullptr));
-      std::vector<float> got;
-      DEEPINFER_CUDA_OK(dev.out.Download(&got));
-      if (k == SinkAttentionKernel::kTensorCoreBf16) {
-        EXPECT_TRUE(WithinMagnitude(got, want_bf16, mag, 1.0 / 256 + 1e-4));
-      } else {
-        EXPECT_TRUE(WithinMagnitude(got, want, mag, mma ? 1e-3 : 2e-4));
+    const bool rows_kernel = k == SinkAttentionKernel::kTensorCoreBf16Rows;
+    const std::vector<int32_t> split_counts = {0, 1, 3, kernels::kMaxSinkAttentionSplits};
+    for (size_t si = 0; si < split_counts.size(); ++si) {
+      for (int set = 0; set < (rows_kernel ? DeviceBf16Rows::kSets : 1); ++set) {
+        SCOPED_TRACE(::testing::Message() << KernelName(k) << " num_splits " << split_counts[si]
+                                          << (rows_kernel ? ", " : "")
+                                          << (rows_kernel ? DeviceBf16Rows::SetName(set) : ""));
+        p.num_splits = split_counts[si];
+        if (rows_kernel) {
+          rows16.Set(set, &p);
+          ASSERT_TRUE(kernels::SinkAttentionKernelRuns(p, k));
+        }
+        size_t need = 0;
+        ASSERT_EQ(kernels::SinkAttentionWorkspaceBytes(p, &need), cudaSuccess);
+        ASSERT_LE(need, workspace.size() * sizeof(float));
+        p.workspace = workspace.get();
+        p.workspace_bytes = workspace.size() * sizeof(float);
+        dev.out.Poison();
+        workspace.Poison();
+        DEEPINFER_CUDA_OK(kernels::SinkAttentionF32(p, nullptr));
+        std::vector<float> got;
+        DEEPINFER_CUDA_OK(dev.out.Download(&got));
+        if (k == SinkAttentionKernel::kTensorCoreBf16 || rows_kernel) {
+          EXPECT_TRUE(WithinMagnitude(got, want_bf16, mag, 1.0 / 256 + 1e-4));
+        } else {
+          EXPECT_TRUE(WithinMagnitude(got, want, mag, mma ? 1e-3 : 2e-4));
+        }
+        if (k == SinkAttentionKernel::kTensorCoreBf16) bf16_out.push_back(got);
+        if (rows_kernel) {
+          ASSERT_EQ(bf16_out.size(), split_counts.size());
+          EXPECT_EQ(0, std::memcmp(got.data(), bf16_out[si].data(), got.size() * sizeof(float)))
+              << "not kTensorCoreBf16's output, bit for bit";
+        }
       }
     }
   }
@@ -525,7 +613,7 @@ TEST_P(SinkAttentionKernelTest, MatchesCpuV4Ops) {
   EXPECT_EQ(kernels::SinkAttentionTakesBf16Io(c.dim),
             c.dim == kernels::kSinkAttentionMmaDim && DeviceHasTensorCores());
   if (kernels::SinkAttentionTakesBf16Io(c.dim)) {
-    ExpectBf16QueryAndOutputMatch(in, want_bf16, mag, &dev, &workspace);
+    ExpectBf16QueryAndOutputMatch(in, want_bf16, mag, &dev, rows16, &workspace);
   }
 }
 
@@ -565,6 +653,15 @@ std::vector<Case> Cases() {
   c.entries = 300;
   c.topk = 0;
   c.scale = 0.25f;
+  cases.push_back(c);
+  c = Case();
+  c.name = "prefill_ring_stride_8";  // ring rows, entries over 16 blocks: every bf16 copy read
+  c.tokens_per_seq = 5;
+  c.context = 300;
+  c.entries = 300;
+  c.topk = 128;
+  c.block_floats = 32;
+  c.ring_pad = 8;
   cases.push_back(c);
   c = Case();
   c.name = "empty_lists";
@@ -657,6 +754,40 @@ TEST(SinkAttentionTest, SplitsNeedAWorkspace) {
   p.dim = 256;
   EXPECT_EQ(kernels::SinkAttentionKernelFor(p), SinkAttentionKernel::kAuto);
   EXPECT_EQ(kernels::SinkAttentionF32(p, nullptr), cudaErrorInvalidValue);
+}
+
+// SinkAttentionEntriesToBf16: block j of table row s, rounded, at compact block s * stride + j,
+// and that index in the compact tables (NaN blocks stay NaN).
+TEST(SinkAttentionTest, EntriesToBf16CopiesEveryTableBlock) {
+  DEEPINFER_SKIP_WITHOUT_GPU();
+  Case c;
+  c.seqs = 3;
+  c.block_floats = 64;
+  const Inputs in = MakeInputs(c, testing::FreshSeed());
+  DeviceInputs dev(in);
+  const DeviceBf16Rows rows16(in, dev.p);
+  ASSERT_TRUE(rows16.ok());
+  std::vector<uint16_t> got;
+  std::vector<int32_t> tables;
+  DEEPINFER_CUDA_OK(rows16.compact.Download(&got));
+  DEEPINFER_CUDA_OK(rows16.compact_tables.Download(&tables));
+  const int64_t P = in.block_floats;
+  ASSERT_EQ(static_cast<int64_t>(got.size()), static_cast<int64_t>(in.tables.size()) * P);
+  int64_t differ = 0;
+  for (size_t b = 0; b < in.tables.size(); ++b) {
+    EXPECT_EQ(tables[b], static_cast<int32_t>(b));
+    for (int64_t i = 0; i < P; ++i) {
+      const float x = in.stream[int64_t{in.tables[b]} * P + i];
+      const uint16_t g = got[b * P + i];
+      differ += std::isnan(x) ? !std::isnan(Bf16BitsToFloat(g)) : g != FloatToBf16Bits(x);
+    }
+  }
+  EXPECT_EQ(differ, 0);
+  // Bad arguments.
+  EXPECT_EQ(kernels::SinkAttentionEntriesToBf16(dev.p.entries, -1, nullptr, nullptr, nullptr),
+            cudaErrorInvalidValue);
+  EXPECT_EQ(kernels::SinkAttentionEntriesToBf16(dev.p.entries, 1, nullptr, nullptr, nullptr),
+            cudaErrorInvalidValue);
 }
 
 // A call captured in a CUDA graph (after an eager call, as the decode graphs are captured after

@@ -126,6 +126,9 @@ struct SinkAttentionArgs {
   int64_t ring_rows = 0, ring_stride = 0;
   const int32_t* ring_slot = nullptr;  // [tokens]
   V4PagedRows entries;                 // dim-float rows
+  // Host: the rows of entries.block_tables the tokens use (every token_seq below it; 0: not
+  // given), for an implementation's per-step copy of the blocks they name.
+  int64_t entry_table_rows = 0;
   const int32_t* extra_len = nullptr;  // [tokens]
   const int32_t* selected = nullptr;   // [tokens, selected_stride] or null
   int64_t selected_stride = 0;

@@ -7,6 +7,7 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "kernels/activation/elementwise.h"
 #include "kernels/moe/noaux_tc_router_fused.h"
 #include "kernels/rope/rope.h"
 #include "kernels/v4/compress_windows.h"
@@ -139,6 +140,45 @@ void CudaV4Ops::SinkAttention(const SinkAttentionArgs& a) {
   if (backend_->weight_dtype() == WeightDType::kBFloat16 &&
       kernels::SinkAttentionKernelRuns(p, kernels::SinkAttentionKernel::kTensorCoreBf16)) {
     p.kernel = kernels::SinkAttentionKernel::kTensorCoreBf16;
+  }
+  // With the bf16 query (a prefill) and no top-k selection (sliding and HCA layers) the same
+  // arithmetic on kTensorCoreBf16Rows over bf16 copies made once per call (the bits that kernel
+  // rounds the rows to): this step's keys (RoundF32ToBf16; a prefill token's window rows are
+  // mostly this step's) and, where the entries' table rows are given, the blocks they name
+  // (SinkAttentionEntriesToBf16: the step's sequences' streams so far; only while that copy is
+  // no larger than the bf16 query). The ring is read in fp32. sink_attention_bench's prefill rows
+  // at 4096 tokens (H200): window 607 us against 681, HCA 716 against 839, but CSA's top-k rows
+  // 1688 against 1670 and 2895 against 2690 at 640 rows, so CSA stays on kTensorCoreBf16.
+  std::unique_ptr<DeviceBuffer> kv_bf16, entries_bf16, entries_tables;
+  if (p.kernel == kernels::SinkAttentionKernel::kTensorCoreBf16 && a.q_bf16 != nullptr &&
+      a.selected == nullptr &&
+      kernels::SinkAttentionKernelRuns(p, kernels::SinkAttentionKernel::kTensorCoreBf16Rows)) {
+    kv_bf16 = backend_->AllocateScratch(a.tokens * a.dim * sizeof(uint16_t));  // 256-byte aligned
+    cudaError_t err =
+        kernels::RoundF32ToBf16(a.tokens * a.dim, a.kv, kv_bf16->as<uint16_t>(), backend_->stream_);
+    if (err != cudaSuccess) {
+      return RecordFailure(err, "kernels::RoundF32ToBf16",
+                           absl::StrCat("tokens ", a.tokens, ", dim ", a.dim));
+    }
+    p.kv_bf16 = kv_bf16->as<uint16_t>();
+    const int64_t values = kernels::SinkAttentionEntriesBf16Values(a.entries, a.entry_table_rows);
+    if (a.entries.data != nullptr && a.entries.block_floats % 8 == 0 && values > 0 &&
+        values <= a.tokens * a.heads * a.dim) {
+      entries_bf16 = backend_->AllocateScratch(values * sizeof(uint16_t));
+      entries_tables =
+          backend_->AllocateScratch(a.entry_table_rows * a.entries.table_stride * sizeof(int32_t));
+      err = kernels::SinkAttentionEntriesToBf16(a.entries, a.entry_table_rows,
+                                                entries_bf16->as<uint16_t>(),
+                                                entries_tables->as<int32_t>(), backend_->stream_);
+      if (err != cudaSuccess) {
+        return RecordFailure(err, "kernels::SinkAttentionEntriesToBf16",
+                             absl::StrCat("table rows ", a.entry_table_rows, ", table stride ",
+                                          a.entries.table_stride));
+      }
+      p.entries_bf16 = {entries_bf16->as<uint16_t>(), entries_tables->as<int32_t>(),
+                        a.entries.table_stride};
+    }
+    p.kernel = kernels::SinkAttentionKernel::kTensorCoreBf16Rows;
   }
   // Batch-invariant: a fixed split count (by default it follows the token count); each token's
   // rows are cut by their own count.

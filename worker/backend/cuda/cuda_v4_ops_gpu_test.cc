@@ -12,6 +12,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <limits>
 #include <memory>
 #include <numeric>
 #include <random>
@@ -348,11 +349,15 @@ TEST_F(CudaV4OpsTest, IndexerAndSinkAttentionMatchCpu) {
 
 // The prefill path of a bf16 model (V4Ops::TakesBf16Attention: from kBf16AttentionMinTokens
 // queries): NormRope's bf16 query is its fp32 query rounded, bit for bit, and the CPU's within
-// the rounding; SinkAttention over the bf16 query with its rotated bf16 output gives bit for bit
-// what the fp32 path gives (the fp32 query, the fp32 output, Backend::ApplyRope at the negated
-// positions, the rounding of a bf16 Gemm operand), and the CPU's (over the same bf16 query and
-// keys rounded to bf16) within the bf16 kernel's tolerance. 512 tokens of one prefill from
-// position 0 (every window among the step's keys), V4-Flash's query (64 heads x 512, rope 64).
+// the rounding; SinkAttention over the bf16 query with its rotated bf16 output (the keys and
+// entries read from the backend's bf16 copies: kTensorCoreBf16Rows) gives bit for bit what the
+// fp32 path gives (the fp32 query, the fp32 output, Backend::ApplyRope at the negated positions,
+// the rounding of a bf16 Gemm operand), and the CPU's (over the same bf16 query and keys rounded
+// to bf16) within the bf16 kernel's tolerance. 512 tokens of one prefill from position 0 (every
+// window among the step's keys), V4-Flash's query (64 heads x 512, rope 64), and HCA-like
+// entries: token t sees the first (t + 1) / 4 of 128 entries in a paged stream (4 entries a
+// block, the blocks shuffled over a pool whose other blocks are NaN, the table padded with
+// block 0 as the step plan pads it; entry_table_rows given).
 TEST_F(CudaV4OpsTest, Bf16QueryAndOutputAtPrefillMatchTheFp32PathAndCpu) {
   const int64_t T = CudaV4Ops::kBf16AttentionMinTokens, NH = 64, D = 512, RD = 64, W = 128;
   V4Ops* ops = gpu_->v4_ops();
@@ -370,11 +375,26 @@ TEST_F(CudaV4OpsTest, Bf16QueryAndOutputAtPrefillMatchTheFp32PathAndCpu) {
   for (int64_t j = 0; j < RD / 2; ++j) {
     inv_freq[j] = static_cast<float>(std::pow(160000.0, -2.0 * j / RD));
   }
-  std::vector<int32_t> positions(T), neg(T), window_len(T), step_start(T, 0);
+  std::vector<int32_t> positions(T), neg(T), window_len(T), step_start(T, 0), extra_len(T),
+      token_seq(T, 0);
   for (int64_t t = 0; t < T; ++t) {
     positions[t] = static_cast<int32_t>(t);
     neg[t] = -positions[t];
     window_len[t] = static_cast<int32_t>(std::min<int64_t>(W, t + 1));
+    extra_len[t] = static_cast<int32_t>((t + 1) / 4);
+  }
+  // The entries: 32 blocks of 4 in a pool of 40 (the rest NaN), the table 36 wide.
+  constexpr int64_t kEntries = 128, kBlockFloats = 4 * D, kPool = 40, kTableStride = 36;
+  std::vector<int32_t> table(kTableStride, 0), pool(kPool);
+  std::iota(pool.begin(), pool.end(), 0);
+  std::shuffle(pool.begin(), pool.end(), std::mt19937(seed + 3));
+  std::copy(pool.begin(), pool.begin() + kEntries / 4, table.begin());
+  std::vector<float> stream(kPool * kBlockFloats, std::numeric_limits<float>::quiet_NaN());
+  {
+    const std::vector<float> values = RandomFloats(kEntries * D, seed + 4);
+    for (int64_t e = 0; e < kEntries * D; ++e) {
+      stream[int64_t{table[e / kBlockFloats]} * kBlockFloats + e % kBlockFloats] = values[e];
+    }
   }
   const float eps = 1e-6f, factor = 1.2079f;
   auto ints = [&](const std::vector<int32_t>& v) {
@@ -385,6 +405,8 @@ TEST_F(CudaV4OpsTest, Bf16QueryAndOutputAtPrefillMatchTheFp32PathAndCpu) {
   auto dx = Upload(x), dkv = Upload(kv), dsinks = Upload(sinks), dones = Upload(ones);
   auto dinv = Upload(inv_freq);
   auto dpos = ints(positions), dneg = ints(neg), dwl = ints(window_len), dstart = ints(step_start);
+  auto dextra = ints(extra_len), dseq = ints(token_seq), dtable = ints(table);
+  auto dstream = Upload(stream);
   // The query: fp32 (in place, as the fp32 path runs it) and bf16.
   NormRopeArgs na;
   na.tokens = T, na.heads = NH, na.dim = D, na.rope_dim = RD;
@@ -419,6 +441,10 @@ TEST_F(CudaV4OpsTest, Bf16QueryAndOutputAtPrefillMatchTheFp32PathAndCpu) {
   sa.kv = dkv->as<float>();
   sa.positions = dpos->as<int32_t>(), sa.window_len = dwl->as<int32_t>();
   sa.step_start = dstart->as<int32_t>();
+  sa.entries = {dstream->as<float>(), kBlockFloats, dtable->as<int32_t>(), kTableStride,
+                dseq->as<int32_t>()};
+  sa.entry_table_rows = 1;
+  sa.extra_len = dextra->as<int32_t>();
   sa.sinks = dsinks->as<float>();
   sa.scale = 0.0442f;
   // The fp32 path.
@@ -440,12 +466,15 @@ TEST_F(CudaV4OpsTest, Bf16QueryAndOutputAtPrefillMatchTheFp32PathAndCpu) {
   std::vector<uint16_t> o_bits(T * NH * D);
   gpu_->CopyToHost(out16->data(), o_bits.size() * sizeof(uint16_t), o_bits.data());
   // The CPU over the bf16 query and bf16-rounded keys, rotated back.
-  std::vector<float> kv16(kv);
+  std::vector<float> kv16(kv), stream16(stream);
   for (float& v : kv16) v = RoundToBf16(v);
+  for (float& v : stream16) v = RoundToBf16(v);
   std::vector<float> o_cpu(T * NH * D);
   SinkAttentionArgs sc = sa;
   sc.q = q_rounded.data(), sc.kv = kv16.data(), sc.positions = positions.data();
   sc.window_len = window_len.data(), sc.step_start = step_start.data();
+  sc.entries = {stream16.data(), kBlockFloats, table.data(), kTableStride, token_seq.data()};
+  sc.extra_len = extra_len.data();
   sc.sinks = sinks.data(), sc.out = o_cpu.data();
   cpu_.v4_ops()->SinkAttention(sc);
   cpu_.ApplyRope(T, NH, o_cpu.data() + D - RD, NH * D, D, RD, neg.data(), inv_freq.data(), factor,

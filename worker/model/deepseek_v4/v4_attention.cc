@@ -303,6 +303,7 @@ absl::Status V4Attention::Forward(int64_t layer, const V4StepContext& ctx, float
   sa.ring_slot = plan.slot();
   if (compressed) {
     sa.entries = {stream, Pc, plan.block_tables(), plan.table_stride(), plan.token_seq()};
+    sa.entry_table_rows = plan.table_rows();
     if (sparse) {
       sa.selected = selected->as<int32_t>();
       sa.selected_stride = topk;

@@ -151,6 +151,7 @@ absl::StatusOr<std::unique_ptr<V4StepPlan>> V4StepPlan::Build(const Inputs& in, 
                 tables.begin() + s * width);
     }
     plan->table_stride_ = width;
+    plan->table_rows_ = static_cast<int64_t>(seqs.size());
     arrays.Add(std::move(token_seq), &plan->token_seq_);
     arrays.Add(std::move(tables), &plan->block_tables_);
   }

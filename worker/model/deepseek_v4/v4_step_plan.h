@@ -128,6 +128,8 @@ class V4StepPlan {
   const int32_t* token_seq() const { return token_seq_; }
   const int32_t* block_tables() const { return block_tables_; }
   int64_t table_stride() const { return table_stride_; }
+  // Rows of block_tables() (0 in a padded plan).
+  int64_t table_rows() const { return table_rows_; }
   void set_block_tables(const int32_t* token_seq, const int32_t* tables, int64_t stride) {
     token_seq_ = token_seq;
     block_tables_ = tables;
@@ -153,6 +155,7 @@ class V4StepPlan {
   const int32_t* token_seq_ = nullptr;
   const int32_t* block_tables_ = nullptr;
   int64_t table_stride_ = 0;
+  int64_t table_rows_ = 0;
   std::vector<V4GroupPlan> groups_;
   std::vector<size_t> group_of_layer_;
   std::unique_ptr<DeviceBuffer> buffer_;
