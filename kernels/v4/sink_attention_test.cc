@@ -14,6 +14,8 @@
 // (ExpectBf16QueryAndOutputMatch), and kTensorCoreBf16Rows with none, some and all of its bf16
 // copies of the row buffers, bit for bit kTensorCoreBf16's output. Ring rows, stream blocks and
 // slots outside every list are NaN (in the bf16 copies too), so a kernel reading one fails.
+// (Somewhat over 800 lines: one harness builds these layouts for every kernel and copy set, and
+// splitting the file would mean a second copy of it.)
 //
 // Tolerances are relative to each output's magnitude mag = sum_j p_j |v_j| (p: the softmax with
 // the sink, computed here in double): a score error d moves an output by at most 2 max|d| mag,
