@@ -2,10 +2,12 @@
 // in shared memory as bf16, optionally produced there by a prologue: the residual add and RMS
 // norm that would otherwise be a kernel of its own (AddRmsNormF32) before the GEMV. Up to
 // kStagedGemvMaxTargets weight matrices that read the same activation (q_proj and kv_a_proj)
-// run as one launch over their concatenated rows. Each warp owns whole weight rows and keeps two
-// rows' 16-byte weight chunks in flight (the next row's loads issued before the current row is
-// summed); the grid is at most two blocks per SM, every warp looping over its rows, so the
-// activation is staged by few blocks and all of the matrix's loads are issued early.
+// run as one launch over their concatenated rows; one matrix may also run as a batch of products
+// with their own activations (DeepSeek-V4's grouped o_a). Each warp owns whole weight rows, read
+// in passes of 16-byte chunks, and keeps several passes in flight (StagedGemvParams::depth, up to
+// 8 KiB a warp, each pass loaded as soon as the one `depth` ahead of it has been multiplied); the
+// grid is at most two blocks per SM, every warp looping over its rows, so the activation is
+// staged by few blocks and all of the matrix's loads are issued early.
 #ifndef DEEPINFER_KERNELS_GEMM_STAGED_GEMV_H_
 #define DEEPINFER_KERNELS_GEMM_STAGED_GEMV_H_
 
@@ -72,17 +74,41 @@ struct StagedGemvParams {
   // exact products with the staged bf16 activation are summed in fp32, multiplied by their
   // block's scale and added to the row's fp32 sum (as Fp8SmallMGemm). k a multiple of 16.
   bool fp8 = false;
+  // kCopy, one bf16 target: `batch` products, product b reading the activation rows at
+  // a + b * stride_a and the weights at targets[0].w + b * stride_w and writing
+  // targets[0].c + b * stride_c (all in elements).
+  int64_t batch = 1;
+  int64_t stride_a = 0, stride_w = 0, stride_c = 0;
+  // The passes each warp keeps in flight, a performance choice only (every depth and pass size
+  // sums each output in the same order: the same bits): 2 (passes of up to 8 chunks a lane), 4
+  // or 8 (passes of up to kStagedGemvMaxChunksInFlight / depth chunks a lane, half that for FP8
+  // at 3 or 4 rows); 0: StagedGemvDepth's choice.
+  int depth = 0;
 };
+
+// A lane's 16-byte weight chunks in flight at depths 4 and 8 (8 KiB a warp: the registers of
+// two blocks of 256 threads an SM).
+inline constexpr int kStagedGemvMaxChunksInFlight = 16;
+
+// The depth StagedGemvBf16 runs p at: p.depth, or for 0: 8 where a row takes at most 2 chunks
+// a lane (bf16 k <= 512), else 4 (k = 1024: one pass of 4 chunks; k >= 2048: passes of 4), and
+// 2 for FP8 at 3 or 4 rows.
+int StagedGemvDepth(const StagedGemvParams& p);
+
+// The 16-byte chunks a lane loads per pass at that depth (1, 2, 4, 6 or 8).
+int StagedGemvLaneChunks(const StagedGemvParams& p);
 
 // Whether StagedGemvBf16 takes these arguments: 1 <= m <= kStagedGemvMaxRows, k a multiple of 8,
 // m * k * 2 <= kStagedGemvMaxActivationBytes, 1..kStagedGemvMaxTargets targets each with n >= 1,
 // 16-byte aligned weights with ldw >= k a multiple of 8, ldc >= n; kCopy: a (and lda, in bytes)
 // 16-byte aligned, lda >= k; kAddRmsNorm: x and norm_weight set, and a counter when y is set.
 // fp8: k and ldw multiples of 16, w8 and scales set, scale_ld >= ceil(k / 128), split_rows >= 0.
+// batch > 1: kCopy, m = 1... 4, one bf16 target, batch <= 65535, stride_a 16-byte aligned,
+// stride_w a multiple of 8; depth 0, 2, 4 or 8.
 bool StagedGemvSupports(const StagedGemvParams& p);
 
-// Whether, for one activation row and one product, the staged GEMV measured faster on the H200
-// than kernels::SmallMGemmBf16's kAuto choice (small_m_gemm_bench, back-to-back launches in a
+// Whether, for one activation row and one product, the staged GEMV (at depth 2) measured faster
+// on the H200 than kernels::SmallMGemmBf16's kAuto choice (small_m_gemm_bench, back-to-back launches in a
 // CUDA graph, docs/cuda/prefill.md): q_proj 3072 x 2048 4.96 vs 6.01 us, kv_a 576 x 2048 2.25 vs
 // 2.46, shared gate_up 5632 x 2048 8.55 vs 11.11, shared down 2048 x 2816 5.09 vs 5.47, dense
 // gate_up 22528 x 2048 26.73 vs 28.05; not for o_proj 2048 x 2048 (3.99 vs 3.69), dense down
@@ -91,13 +117,21 @@ bool StagedGemvSupports(const StagedGemvParams& p);
 bool StagedGemvPreferredAtOneRow(int64_t n, int64_t k);
 
 // The same for two activation rows (the kCopy prologue; n: all targets' rows): where the staged
-// GEMV measured faster than kernels::SmallMGemmBf16's kAuto choice on the H200 (small_m_gemm_bench
+// GEMV (at depth 2) measured faster than kernels::SmallMGemmBf16's kAuto choice on the H200 (small_m_gemm_bench
 // staged: back-to-back in a CUDA graph / after an 8.4 MB GEMV): o_proj 2048 x 2048
 // 4.63 / 4.37 vs 5.98 / 5.74 us, q + kv_a 3648 x 2048 (one launch against two) 6.97 / 7.14 vs
 // 10.01 / 9.75, 2816 x 2048 5.43 / 6.41 vs 6.54 / 6.30, 2048 x 2816 6.02 / 6.05 vs 7.87 / 7.67,
 // 2048 x 1408 3.74 / 3.58 vs 4.76 / 4.63: 1024 <= k <= 2816 and 2048 <= n <= 4096 (above 4096
 // columns the CUDA backend takes cuBLAS at two rows, not measured against this kernel).
 bool StagedGemvPreferredAtTwoRows(int64_t n, int64_t k);
+
+// Whether a batch of one-row products (m = 1; DeepSeek-V4's grouped o_a, 8 x 1024 x 4096) takes
+// the staged GEMV's batch rather than kernels::SmallMGemmBf16's kAuto: 2 <= batch, 2048 <= k <=
+// 8192, n * batch >= 4096. Chosen from the one-row measurements (small_m_gemm_bench v4 on the
+// H200: o_a's 8 groups 23.40 us on kRowPerGroup and 24.37 on kSplitK, the backend's choice, while
+// the staged GEMV read o_b's 4096 x 8192, the same bytes a warp, in 20.73); the batch itself is
+// timed beside them by the same bench ("v4 o_a (8 groups)", staged GEMV lines).
+bool StagedGemvPreferredBatchedAtOneRow(int64_t batch, int64_t n, int64_t k);
 
 // Returns cudaErrorInvalidValue (launching nothing) where StagedGemvSupports is false.
 cudaError_t StagedGemvBf16(const StagedGemvParams& p, cudaStream_t stream);

@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "gtest/gtest.h"
+#include "kernels/gemm/staged_gemv.h"
 #include "kernels/testing/gpu_test_util.h"
 #include "worker/backend/bf16.h"
 #include "worker/backend/cpu/cpu_backend.h"
@@ -158,13 +159,20 @@ TEST_F(CudaBackendTest, Bf16ActivationOperandGivesTheSameBitsAsRoundingInGemm) {
 
 // BatchedGemm with a bf16 operand (DeepSeek-V4's grouped o_a over the attention's bf16 output:
 // group g reads columns g * k .. of rows of groups * k) gives bit for bit what its fp32
-// operand gives, on the small-m kernel (m <= 4) and on cuBLAS; both within the bf16 bound of
-// the CPU's BatchedGemm over the bf16 operand. With fp32 weights it is an error.
+// operand gives, on the small-m kernel (m <= 4), the staged GEMV's batch (one row, 8 groups of
+// 512 x 2048: kernels::StagedGemvPreferredBatchedAtOneRow) and on cuBLAS; both within the bf16
+// bound of the CPU's BatchedGemm over the bf16 operand. With fp32 weights it is an error.
 TEST_F(CudaBackendTest, BatchedGemmBf16OperandGivesTheSameBitsAsRounding) {
-  const int64_t groups = 4, n = 128, k = 256, lda = groups * k;
-  for (int64_t m : {1, 3, 9, 600}) {
+  struct Case {
+    int64_t groups, n, k, m;
+  };
+  for (const Case& c : {Case{4, 128, 256, 1}, Case{4, 128, 256, 3}, Case{4, 128, 256, 9},
+                        Case{4, 128, 256, 600}, Case{8, 512, 2048, 1}, Case{8, 512, 2048, 3}}) {
+    const int64_t groups = c.groups, n = c.n, k = c.k, m = c.m, lda = groups * k;
+    ASSERT_EQ(kernels::StagedGemvPreferredBatchedAtOneRow(groups, n, k), k == 2048);
     const uint32_t seed = testing::FreshSeed();
-    SCOPED_TRACE(::testing::Message() << "m " << m << " seed " << seed);
+    SCOPED_TRACE(::testing::Message()
+                 << "groups " << groups << " n " << n << " k " << k << " m " << m << " seed " << seed);
     auto a = testing::RandomFloats(m * lda, seed);
     auto w = testing::RandomFloats(groups * n * k, seed + 1);
     const std::vector<uint16_t> a16 = FloatsToBf16Bits(a);
