@@ -47,6 +47,8 @@ TEST_F(CudaBackendTest, GemmMatchesCpuWithStridesAndAccumulate) {
       cases.push_back(Case{1, 576, 2048, 2048, 2048, 576});
       cases.push_back(Case{1, 1000, 2816, 2824, 2816, 1003});
     }
+    // bf16, one row, k 8192 (DeepSeek-V4's o_b): the staged GEMV (StagedGemvPreferredAtOneRow).
+    if (bf16) cases.push_back(Case{1, 700, 8192, 8200, 8192, 703});
     for (Case c : cases) {
       for (bool accumulate : {false, true}) {
         const uint32_t seed = testing::FreshSeed();
