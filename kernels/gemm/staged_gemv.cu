@@ -131,6 +131,18 @@ __device__ __forceinline__ void Advance(const Args& a, int64_t& j, int64_t& pass
   }
 }
 
+// StagedGemvParams::l2_ahead: lane 0 asks L2 for the pass `steps` units after (j, pass) in this
+// warp's list (its chunks' bytes, one bulk prefetch), if the list has one.
+template <int C>
+__device__ __forceinline__ void PrefetchPassL2(const Args& a, int64_t j, int64_t pass, int steps) {
+  if (threadIdx.x % 32 != 0) return;
+  for (int i = 0; i < steps; ++i) Advance(a, j, pass);
+  const int64_t first = pass * C * 32, left = a.chunks - first;
+  if (j >= a.rows || left <= 0) return;
+  const int64_t chunks = left < C * 32 ? left : C * 32;
+  PrefetchL2(RowWeights(a, j) + 16 * first, static_cast<uint32_t>(16 * chunks));
+}
+
 // Product blockIdx.y's activation, weights and outputs (batch > 1: one target, kCopy).
 __device__ __forceinline__ void SelectProduct(Args& a) {
   const int64_t b = blockIdx.y;
@@ -149,6 +161,13 @@ __device__ Ring<C, D> Prefetch(Args a) {
   for (int d = 0; d < D; ++d) {
     if (j < a.rows) LoadPass<C, F>(a, j, pass, ring.slot[d]);
     Advance(a, j, pass);
+  }
+  // The l2_ahead passes after the ring's into L2 (bf16 weights only).
+  if constexpr (!F) {
+    for (int i = 0; i < a.p.l2_ahead; ++i) {
+      PrefetchPassL2<C>(a, j, pass, 0);
+      Advance(a, j, pass);
+    }
   }
   return ring;
 }
@@ -321,6 +340,10 @@ __device__ void Body(const Ring<C, D>& first, Args a) {
       if (j < a.rows) {
         Accumulate<M, C, F>(a, act, ring.slot[d], pass, acc);
         if (load_j < a.rows) LoadPass<C, F>(a, load_j, load_pass, ring.slot[d]);
+        // The pass l2_ahead after the one just loaded into L2 (bf16 weights only).
+        if constexpr (!F) {
+          if (a.p.l2_ahead > 0) PrefetchPassL2<C>(a, load_j, load_pass, a.p.l2_ahead);
+        }
         Advance(a, load_j, load_pass);
         if (pass == a.passes - 1) Finish<M>(a, j, acc);
         Advance(a, j, pass);
@@ -455,6 +478,9 @@ bool StagedGemvSupports(const StagedGemvParams& p) {
   }
   if (rows > (int64_t{1} << 31)) return false;
   if (p.depth != 0 && p.depth != 2 && p.depth != 4 && p.depth != 8) return false;
+  if (p.l2_ahead < 0 || p.l2_ahead > kStagedGemvMaxL2Ahead || (p.fp8 && p.l2_ahead != 0)) {
+    return false;
+  }
   if (p.batch != 1 &&
       (p.batch < 1 || p.batch > 65535 || p.prologue != StagedGemvPrologue::kCopy ||
        p.num_targets != 1 || p.fp8 || (p.stride_a * (p.a_bf16 ? 2 : 4)) % 16 != 0 ||

@@ -84,7 +84,14 @@ struct StagedGemvParams {
   // or 8 (passes of up to kStagedGemvMaxChunksInFlight / depth chunks a lane, half that for FP8
   // at 3 or 4 rows); 0: StagedGemvDepth's choice.
   int depth = 0;
+  // bf16 weights: passes beyond the ring each warp asks L2 for (0 to kStagedGemvMaxL2Ahead; 0:
+  // none), a performance choice only: each new pass in flight also sends the pass l2_ahead after it to L2
+  // (one bulk prefetch, cp.async.bulk.prefetch.L2), and before the PDL wait the first l2_ahead
+  // after the ring's, so more of the matrix is on its way than the registers hold.
+  int l2_ahead = 0;
 };
+
+inline constexpr int kStagedGemvMaxL2Ahead = 16;
 
 // A lane's 16-byte weight chunks in flight at depths 4 and 8 (8 KiB a warp: the registers of
 // two blocks of 256 threads an SM).
@@ -104,7 +111,8 @@ int StagedGemvLaneChunks(const StagedGemvParams& p);
 // 16-byte aligned, lda >= k; kAddRmsNorm: x and norm_weight set, and a counter when y is set.
 // fp8: k and ldw multiples of 16, w8 and scales set, scale_ld >= ceil(k / 128), split_rows >= 0.
 // batch > 1: kCopy, m = 1... 4, one bf16 target, batch <= 65535, stride_a 16-byte aligned,
-// stride_w a multiple of 8; depth 0, 2, 4 or 8.
+// stride_w a multiple of 8; depth 0, 2, 4 or 8; 0 <= l2_ahead <= kStagedGemvMaxL2Ahead, 0 for
+// fp8.
 bool StagedGemvSupports(const StagedGemvParams& p);
 
 // Whether, for one activation row and one product, the staged GEMV (at depth 2) measured faster

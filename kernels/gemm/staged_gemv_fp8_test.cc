@@ -191,6 +191,12 @@ TEST(StagedGemvFp8Test, RefusesWhatItCannotRun) {
   q.targets[0].w8 = w.get() + 8;
   EXPECT_FALSE(kernels::StagedGemvSupports(q)) << "misaligned weights";
   q = p;
+  q.l2_ahead = 4;
+  EXPECT_FALSE(kernels::StagedGemvSupports(q)) << "passes ahead in L2 (bf16 weights only)";
+  q = p;
+  q.batch = 2, q.stride_a = 32, q.stride_w = 4 * 32, q.stride_c = 4;
+  EXPECT_FALSE(kernels::StagedGemvSupports(q)) << "a batch (bf16 weights only)";
+  q = p;
   q.targets[0].w8 = nullptr;
   EXPECT_FALSE(kernels::StagedGemvSupports(q)) << "no weights";
   EXPECT_EQ(kernels::StagedGemvBf16(q, nullptr), cudaErrorInvalidValue);

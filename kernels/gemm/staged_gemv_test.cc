@@ -3,8 +3,8 @@
 // CpuBackend::Gemm; kAddRmsNorm against CpuBackend::AddRmsNorm + Gemm (x updated bit for bit, c
 // within the GEMM's bound plus a few bf16 roundings that a last-ulp difference of the norm can
 // flip) and bit for bit against the GPU's unfused AddRmsNormF32 + the kCopy path; the counter
-// is left at 0 (a second launch gives the same bits); every depth (passes in flight) against
-// CpuBackend::Gemm and bit for bit against depth 2; a batch of products (kCopy) against
+// is left at 0 (a second launch gives the same bits); every depth (passes in flight, passes
+// ahead in L2) against CpuBackend::Gemm and bit for bit against depth 2; a batch of products (kCopy) against
 // CpuBackend::Gemm per product; refusals.
 #include "kernels/gemm/staged_gemv.h"
 
@@ -225,8 +225,8 @@ TEST(StagedGemvTest, AddRmsNormMatchesCpuAndTheUnfusedKernels) {
   }
 }
 
-// Each depth against the CPU, and the same bits at every depth (a lane sums its chunks in one
-// order whatever the number of passes in flight).
+// Each depth (and passes ahead in L2) against the CPU, and the same bits at every depth (a lane
+// sums its chunks in one order whatever the number of passes in flight).
 TEST(StagedGemvTest, EveryDepthMatchesCpuGemmAndDepthTwo) {
   DEEPINFER_SKIP_WITHOUT_GPU();
   CpuBackend cpu(2);
@@ -245,12 +245,14 @@ TEST(StagedGemvTest, EveryDepthMatchesCpuGemmAndDepthTwo) {
     const std::vector<float> a = testing::RandomFloats(c.m * lda, seed, 2.0f);
     DeviceArray<float> da(a);
     std::vector<std::vector<float>> depth2;  // per target
-    for (int depth : {2, 4, 8, 0}) {
+    for (const auto& [depth, l2_ahead] : {std::pair{2, 0}, std::pair{4, 0}, std::pair{8, 0},
+                                          std::pair{0, 0}, std::pair{0, 4}, std::pair{2, 16}}) {
       SCOPED_TRACE(::testing::Message() << "m " << c.m << " k " << c.k << " n0 " << c.ns[0]
-                                        << " depth " << depth << " seed " << seed);
+                                        << " depth " << depth << " l2_ahead " << l2_ahead
+                                        << " seed " << seed);
       std::vector<Target> ts = MakeTargets(c.ns, c.m, c.k, c.ldw_pad, c.ldc_pad, seed);
       kernels::StagedGemvParams p;
-      p.m = c.m, p.k = c.k, p.depth = depth;
+      p.m = c.m, p.k = c.k, p.depth = depth, p.l2_ahead = l2_ahead;
       p.prologue = kernels::StagedGemvPrologue::kCopy;
       p.a = da.get(), p.lda = lda;
       SetTargets(ts, c.accumulate, &p);
@@ -272,7 +274,7 @@ TEST(StagedGemvTest, EveryDepthMatchesCpuGemmAndDepthTwo) {
         std::vector<float> got;
         DEEPINFER_CUDA_OK(ts[t].dc->Download(&got));
         EXPECT_TRUE(AllClose(got, want, 2e-5 * std::sqrt(static_cast<double>(c.k)), 1e-5));
-        if (depth == 2) {
+        if (depth == 2 && l2_ahead == 0) {
           depth2.push_back(got);
         } else {
           EXPECT_TRUE(AllClose(got, depth2[t], 0, 0)) << "bits differ from depth 2";
@@ -379,6 +381,9 @@ TEST(StagedGemvTest, RefusesWhatItCannotRun) {
   EXPECT_FALSE(kernels::StagedGemvSupports(bad));
   bad = p;
   bad.depth = 3;  // not 0, 2, 4 or 8
+  EXPECT_FALSE(kernels::StagedGemvSupports(bad));
+  bad = p;
+  bad.l2_ahead = kernels::kStagedGemvMaxL2Ahead + 1;
   EXPECT_FALSE(kernels::StagedGemvSupports(bad));
   kernels::StagedGemvParams batched = p;
   batched.batch = 2, batched.stride_a = 64, batched.stride_w = 16 * 64, batched.stride_c = 16;
