@@ -220,10 +220,10 @@ class Bench {
   // of copies): the small-m kernel (kAuto; with the norm: AddRmsNormF32 first), the staged GEMV
   // (with the norm: its fused prologue) at the depth it picks, where that is more at depth 2,
   // and with 4 passes a warp ahead in L2 (StagedGemvParams::l2_ahead), and with the norm also
-  // AddRmsNormF32 then the staged GEMV on its bf16 rows. "chain": per launch in a chain of the same launch. "after a GEMV": the
-  // launch's added time in a chain that alternates it with an 8.4 MB small-m GEMV (o_proj's shape
-  // on its own copies), i.e. the pair's time minus that GEMV's own chain time: what the launch
-  // costs after a different kernel.
+  // AddRmsNormF32 then the staged GEMV on its bf16 rows. "chain": per launch in a chain of the same
+  // launch. "after a GEMV": the launch's added time in a chain that alternates it with an 8.4 MB
+  // small-m GEMV (o_proj's shape on its own copies), i.e. the pair's time minus that GEMV's own
+  // chain time: what the launch costs after a different kernel.
   void RunStaged(const StagedCase& lc, int64_t m) {
     const int64_t k = lc.k;
     int64_t rows = 0;

@@ -379,8 +379,7 @@ cudaError_t LaunchMcd(const Args& a, cudaStream_t stream) {
   const int64_t per_warp = (all_rows + kWarps * max_blocks - 1) / (kWarps * max_blocks);
   const int64_t blocks = (a.rows + kWarps * per_warp - 1) / (kWarps * per_warp);
   const size_t smem = static_cast<size_t>(a.p.m * a.p.k * 2);
-  return LaunchPrefetchThenAfterPrecedingGrids<&Prefetch<M, C, D, F>, &Body<M, C, D, F>,
-                                               kThreads>(
+  return LaunchPrefetchThenAfterPrecedingGrids<&Prefetch<M, C, D, F>, &Body<M, C, D, F>, kThreads>(
       dim3(static_cast<unsigned>(blocks), static_cast<unsigned>(a.p.batch)), smem, stream, a);
 }
 
@@ -481,10 +480,9 @@ bool StagedGemvSupports(const StagedGemvParams& p) {
   if (p.l2_ahead < 0 || p.l2_ahead > kStagedGemvMaxL2Ahead || (p.fp8 && p.l2_ahead != 0)) {
     return false;
   }
-  if (p.batch != 1 &&
-      (p.batch < 1 || p.batch > 65535 || p.prologue != StagedGemvPrologue::kCopy ||
-       p.num_targets != 1 || p.fp8 || (p.stride_a * (p.a_bf16 ? 2 : 4)) % 16 != 0 ||
-       p.stride_w % 8 != 0)) {
+  if (p.batch != 1 && (p.batch < 1 || p.batch > 65535 || p.prologue != StagedGemvPrologue::kCopy ||
+                       p.num_targets != 1 || p.fp8 || (p.stride_a * (p.a_bf16 ? 2 : 4)) % 16 != 0 ||
+                       p.stride_w % 8 != 0)) {
     return false;
   }
   if (p.prologue == StagedGemvPrologue::kCopy) {

@@ -85,9 +85,9 @@ struct StagedGemvParams {
   // at 3 or 4 rows); 0: StagedGemvDepth's choice.
   int depth = 0;
   // bf16 weights: passes beyond the ring each warp asks L2 for (0 to kStagedGemvMaxL2Ahead; 0:
-  // none), a performance choice only: each new pass in flight also sends the pass l2_ahead after it to L2
-  // (one bulk prefetch, cp.async.bulk.prefetch.L2), and before the PDL wait the first l2_ahead
-  // after the ring's, so more of the matrix is on its way than the registers hold.
+  // none), a performance choice only: each new pass in flight also sends the pass l2_ahead after it
+  // to L2 (one bulk prefetch, cp.async.bulk.prefetch.L2), and before the PDL wait the first
+  // l2_ahead after the ring's, so more of the matrix is on its way than the registers hold.
   int l2_ahead = 0;
 };
 
@@ -128,9 +128,9 @@ bool StagedGemvSupports(const StagedGemvParams& p);
 bool StagedGemvPreferredAtOneRow(int64_t n, int64_t k);
 
 // The same for two activation rows (the kCopy prologue; n: all targets' rows): where the staged
-// GEMV (at depth 2) measured faster than kernels::SmallMGemmBf16's kAuto choice on the H200 (small_m_gemm_bench
-// staged: back-to-back in a CUDA graph / after an 8.4 MB GEMV): o_proj 2048 x 2048
-// 4.63 / 4.37 vs 5.98 / 5.74 us, q + kv_a 3648 x 2048 (one launch against two) 6.97 / 7.14 vs
+// GEMV (at depth 2) measured faster than kernels::SmallMGemmBf16's kAuto choice on the H200
+// (small_m_gemm_bench staged: back-to-back in a CUDA graph / after an 8.4 MB GEMV): o_proj 2048 x
+// 2048 4.63 / 4.37 vs 5.98 / 5.74 us, q + kv_a 3648 x 2048 (one launch against two) 6.97 / 7.14 vs
 // 10.01 / 9.75, 2816 x 2048 5.43 / 6.41 vs 6.54 / 6.30, 2048 x 2816 6.02 / 6.05 vs 7.87 / 7.67,
 // 2048 x 1408 3.74 / 3.58 vs 4.76 / 4.63: 1024 <= k <= 2816 and 2048 <= n <= 4096 (above 4096
 // columns the CUDA backend takes cuBLAS at two rows, not measured against this kernel).

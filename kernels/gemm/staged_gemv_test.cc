@@ -4,8 +4,8 @@
 // within the GEMM's bound plus a few bf16 roundings that a last-ulp difference of the norm can
 // flip) and bit for bit against the GPU's unfused AddRmsNormF32 + the kCopy path; the counter
 // is left at 0 (a second launch gives the same bits); every depth (passes in flight, passes
-// ahead in L2) against CpuBackend::Gemm and bit for bit against depth 2; a batch of products (kCopy) against
-// CpuBackend::Gemm per product; refusals.
+// ahead in L2) against CpuBackend::Gemm and bit for bit against depth 2; a batch of products
+// (kCopy) against CpuBackend::Gemm per product; refusals.
 #include "kernels/gemm/staged_gemv.h"
 
 #include <cmath>
@@ -232,12 +232,12 @@ TEST(StagedGemvTest, EveryDepthMatchesCpuGemmAndDepthTwo) {
   CpuBackend cpu(2);
   const std::vector<CopyCase> cases = {
       {1, 1024, {1000, 300}, 0, 0, 0, false},  // q_b + index_q_b's k
-      {2, 1024, {517}, 8, 0, 3, true},
-      {4, 512, {129, 64}, 0, 8, 0, false},
-      {3, 256, {300}, 0, 0, 0, false},  // 1 chunk a lane at every depth
-      {1, 1032, {70}, 0, 0, 0, false},  // 129 chunks: 6 a lane at depth 2, partial passes
-      {1, 4096, {300}, 0, 0, 0, true},  // 2, 4 or 8 passes a row
-      {1, 1408, {64}, 0, 0, 0, false},  // 176 chunks: 6 a lane at depth 2, 4 at depth 4
+      {2, 1024, {517}, 8, 0, 3, true},         // padded strides, accumulate
+      {4, 512, {129, 64}, 0, 8, 0, false},     // 2 chunks a lane at depths 2 to 8
+      {3, 256, {300}, 0, 0, 0, false},         // 1 chunk a lane at every depth
+      {1, 1032, {70}, 0, 0, 0, false},         // 129 chunks: 6 a lane at depth 2, partial passes
+      {1, 4096, {300}, 0, 0, 0, true},         // 2, 4 or 8 passes a row
+      {1, 1408, {64}, 0, 0, 0, false},         // 176 chunks: 6 a lane at depth 2, 4 at depth 4
   };
   for (const CopyCase& c : cases) {
     const uint32_t seed = testing::FreshSeed();
@@ -247,9 +247,9 @@ TEST(StagedGemvTest, EveryDepthMatchesCpuGemmAndDepthTwo) {
     std::vector<std::vector<float>> depth2;  // per target
     for (const auto& [depth, l2_ahead] : {std::pair{2, 0}, std::pair{4, 0}, std::pair{8, 0},
                                           std::pair{0, 0}, std::pair{0, 4}, std::pair{2, 16}}) {
-      SCOPED_TRACE(::testing::Message() << "m " << c.m << " k " << c.k << " n0 " << c.ns[0]
-                                        << " depth " << depth << " l2_ahead " << l2_ahead
-                                        << " seed " << seed);
+      SCOPED_TRACE(::testing::Message()
+                   << "m " << c.m << " k " << c.k << " n0 " << c.ns[0] << " depth " << depth
+                   << " l2_ahead " << l2_ahead << " seed " << seed);
       std::vector<Target> ts = MakeTargets(c.ns, c.m, c.k, c.ldw_pad, c.ldc_pad, seed);
       kernels::StagedGemvParams p;
       p.m = c.m, p.k = c.k, p.depth = depth, p.l2_ahead = l2_ahead;

@@ -107,10 +107,10 @@ bool CudaBackend::SmallMGemm(const kernels::SmallMGemmParams& p) {
     return false;
   }
   const bool staged_shape =
-      p.batch > 1  ? p.m == 1 && kernels::StagedGemvPreferredBatchedAtOneRow(p.batch, p.n, p.k)
-      : p.m == 1   ? kernels::StagedGemvPreferredAtOneRow(p.n, p.k)
-      : p.m == 2   ? kernels::StagedGemvPreferredAtTwoRows(p.n, p.k)
-                   : false;
+      p.batch > 1 ? p.m == 1 && kernels::StagedGemvPreferredBatchedAtOneRow(p.batch, p.n, p.k)
+      : p.m == 1  ? kernels::StagedGemvPreferredAtOneRow(p.n, p.k)
+      : p.m == 2  ? kernels::StagedGemvPreferredAtTwoRows(p.n, p.k)
+                  : false;
   if (p.m <= kStagedGemvMaxRows && staged_shape) {
     kernels::StagedGemvParams s;
     s.m = p.m, s.k = p.k;

@@ -173,8 +173,8 @@ TEST_F(CudaBackendTest, BatchedGemmBf16OperandGivesTheSameBitsAsRounding) {
     const int64_t groups = c.groups, n = c.n, k = c.k, m = c.m, lda = groups * k;
     ASSERT_EQ(kernels::StagedGemvPreferredBatchedAtOneRow(groups, n, k), k == 2048);
     const uint32_t seed = testing::FreshSeed();
-    SCOPED_TRACE(::testing::Message()
-                 << "groups " << groups << " n " << n << " k " << k << " m " << m << " seed " << seed);
+    SCOPED_TRACE(::testing::Message() << "groups " << groups << " n " << n << " k " << k << " m "
+                                      << m << " seed " << seed);
     auto a = testing::RandomFloats(m * lda, seed);
     auto w = testing::RandomFloats(groups * n * k, seed + 1);
     const std::vector<uint16_t> a16 = FloatsToBf16Bits(a);
