@@ -9,11 +9,10 @@
 // CUDA graph of back-to-back launches, each on its own copy of the weights (copies enough for
 // 256 MiB, so no launch finds its weights in L2), time per launch = graph time / launches
 // (median of 10 replays). Bandwidth = weight bytes / time against the H200's 4.3 TB/s. The staged
-// GEMV (kernels/gemm/staged_gemv.h) is timed the same way (every product in one launch), at the
-// depth it picks, at depths 2 and 8 (StagedGemvParams::depth) and with passes ahead in L2
-// (StagedGemvParams::l2_ahead), and first,
-// the attention input of a decode step (AddRmsNorm, q_proj, kv_a) before and with it. First of
-// all, RunStaged: the staged GEMV against the small-m kernel at m = 1, 2, 4, also after a GEMV.
+// GEMV (kernels/gemm/staged_gemv.h) is timed the same way (every product in one launch), and
+// first, the attention input of a decode step (AddRmsNorm, q_proj, kv_a) before and with it.
+// First of all, RunStaged: the staged GEMV against the small-m kernel at m = 1, 2, 4, also after
+// a GEMV.
 //
 // "batch-invariant": the batch-invariant mode's dense GEMM candidates instead, at m = 1, 64, 128
 // and 256 bf16 rows of the same shapes (batch 1), each launch timed alone after the L2 flush:
@@ -215,15 +214,14 @@ class Bench {
     bool add_y = true;  // with the norm: x += y first (false: the norm of x alone)
   };
 
-  // The decode GEMVs in three or more ways, each timed as the model runs them (back-to-back
+  // The decode GEMVs in two or three ways, each timed as the model runs them (back-to-back
   // launches in a CUDA graph with programmatic edges, each launch on its own weight copy, 256 MiB
   // of copies): the small-m kernel (kAuto; with the norm: AddRmsNormF32 first), the staged GEMV
-  // (with the norm: its fused prologue) at the depth it picks, where that is more at depth 2,
-  // and with 4 passes a warp ahead in L2 (StagedGemvParams::l2_ahead), and with the norm also
-  // AddRmsNormF32 then the staged GEMV on its bf16 rows. "chain": per launch in a chain of the same
-  // launch. "after a GEMV": the launch's added time in a chain that alternates it with an 8.4 MB
-  // small-m GEMV (o_proj's shape on its own copies), i.e. the pair's time minus that GEMV's own
-  // chain time: what the launch costs after a different kernel.
+  // (with the norm: its fused prologue), and with the norm also AddRmsNormF32 then the staged GEMV
+  // on its bf16 rows. "chain": per launch in a chain of the same launch. "after a GEMV": the
+  // launch's added time in a chain that alternates it with an 8.4 MB small-m GEMV (o_proj's shape
+  // on its own copies), i.e. the pair's time minus that GEMV's own chain time: what the launch
+  // costs after a different kernel.
   void RunStaged(const StagedCase& lc, int64_t m) {
     const int64_t k = lc.k;
     int64_t rows = 0;
@@ -272,11 +270,10 @@ class Bench {
       }
     };
     // fused_norm: the staged GEMV's norm prologue; otherwise (with the norm) AddRmsNormF32 first.
-    // depth, l2_ahead: StagedGemvParams's.
-    auto staged = [&](bool fused_norm, int depth, int l2_ahead) {
-      return [&, fused_norm, depth, l2_ahead](int64_t i, cudaStream_t st) {
+    auto staged = [&](bool fused_norm) {
+      return [&, fused_norm](int64_t i, cudaStream_t st) {
         kernels::StagedGemvParams p;
-        p.m = m, p.k = k, p.depth = depth, p.l2_ahead = l2_ahead;
+        p.m = m, p.k = k;
         if (lc.norm && fused_norm) {
           p.prologue = kernels::StagedGemvPrologue::kAddRmsNorm;
           p.x = x, p.y = add, p.norm_weight = gamma, p.eps = 1e-6f, p.counter = counter;
@@ -306,18 +303,14 @@ class Bench {
     auto pct = [&](double us) { return 100.0 * gb / (us * 1e-6) / 4300.0; };
     std::printf("staged %-16s m %lld  weights %6.2f MB  roofline %5.2f us |", lc.name,
                 static_cast<long long>(m), gb * 1e3, gb / 4300.0 * 1e6);
-    // The depth the staged GEMV picks for this k (the weights' values do not matter to it).
-    kernels::StagedGemvParams depth_of;
-    depth_of.m = m, depth_of.k = k;
-    const int depth = kernels::StagedGemvDepth(depth_of);
-    std::printf(" staged depth %d, %d chunks a lane |", depth,
-                kernels::StagedGemvLaneChunks(depth_of));
+    // The staged GEMV's pass size for this k (the weights' values do not matter to it).
+    kernels::StagedGemvParams layout;
+    layout.m = m, layout.k = k;
+    std::printf(" staged %d chunks a lane |", kernels::StagedGemvLaneChunks(layout));
     using Launch = std::function<void(int64_t, cudaStream_t)>;
     std::vector<std::pair<const char*, Launch>> ways = {{"small-m", small_m},
-                                                        {"staged", staged(true, 0, 0)}};
-    if (depth != 2) ways.emplace_back("staged depth 2", staged(true, 2, 0));
-    ways.emplace_back("staged L2 ahead 4", staged(true, 0, 4));
-    if (lc.norm) ways.emplace_back("AddRmsNorm + staged", staged(false, 0, 0));
+                                                        {"staged", staged(true)}};
+    if (lc.norm) ways.emplace_back("AddRmsNorm + staged", staged(false));
     for (const auto& [name, launch] : ways) {
       const double chain = GraphUsN(copies, launch);
       const double pair = GraphUsN(copies, [&](int64_t i, cudaStream_t st) {
@@ -406,32 +399,21 @@ class Bench {
         std::fflush(stdout);
       }
       // The staged GEMV (kernels/gemm/staged_gemv.h) on the same copies, all B products in one
-      // launch, in each distinct layout of: the depth it picks, depth 2, depth 8, and the depth
-      // it picks with 4 and 8 passes a warp ahead in L2.
+      // launch.
       kernels::StagedGemvParams sp;
       sp.m = m, sp.k = k, sp.a = a, sp.lda = k, sp.num_targets = 1;
       sp.targets[0] = {n, w, k, c, n, false};
       sp.batch = B, sp.stride_a = m * k, sp.stride_w = n * k, sp.stride_c = m * n;
-      std::vector<std::pair<int, int>> timed;  // (depth, lane chunks) without L2 ahead
-      for (const auto& [depth, l2_ahead] :
-           {std::pair{0, 0}, std::pair{2, 0}, std::pair{8, 0}, std::pair{0, 4}, std::pair{0, 8}}) {
-        sp.depth = depth, sp.l2_ahead = l2_ahead;
-        if (!kernels::StagedGemvSupports(sp)) continue;
-        const std::pair<int, int> layout = {kernels::StagedGemvDepth(sp),
-                                            kernels::StagedGemvLaneChunks(sp)};
-        if (l2_ahead == 0) {
-          if (std::find(timed.begin(), timed.end(), layout) != timed.end()) continue;
-          timed.push_back(layout);
-        }
+      if (kernels::StagedGemvSupports(sp)) {
         const double t_graph = GraphUs(ws, [&](const uint16_t* wi, cudaStream_t st) {
           kernels::StagedGemvParams q = sp;
           q.targets[0].w = wi;
           BENCH_CUDA(kernels::StagedGemvBf16(q, st));
         });
         std::printf(
-            "%-22s m %lld    staged GEMV depth %d (%d chunks a lane), L2 ahead %d:  in a graph "
-            "%8.2f us (%5.1f%%, %lld launches)\n",
-            s.name, static_cast<long long>(m), layout.first, layout.second, l2_ahead, t_graph,
+            "%-22s m %lld    staged GEMV (%d chunks a lane):  in a graph %8.2f us (%5.1f%%, %lld "
+            "launches)\n",
+            s.name, static_cast<long long>(m), kernels::StagedGemvLaneChunks(sp), t_graph,
             pct(t_graph), static_cast<long long>(copies));
         std::fflush(stdout);
       }

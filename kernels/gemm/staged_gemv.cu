@@ -1,19 +1,15 @@
 // Staged small-m GEMV (staged_gemv.h). A block of 8 warps first stages the m activation rows in
 // shared memory as bf16 (copied and rounded, or made by the add + RMS norm prologue), then each
 // warp walks its weight rows: row j = warp's global index + i * (all warps), each row in passes
-// of 32 * C 16-byte chunks (C up to 8 at depth D = 2, up to 16 / D at D = 4 and 8; the fewest
-// passes that allows). A lane's chunks of a pass are loaded all at
-// once into one of D register slots, a ring: the warp's next D passes (of this row or its next
-// rows) are in flight while it waits for the first, and a slot is loaded again (the pass D ahead)
-// as soon as its chunks have been multiplied, before the row's sum is reduced. A lane sums its
-// chunks lane, lane + 32, ... in that order whatever C and D are (so every layout gives the same
-// bits). The first D passes are loaded before the wait for the preceding kernel (programmatic
-// dependent launch: weights are never written during a step), overlapping that kernel's tail and
-// this kernel's staging. A batch of products runs as grid rows (blockIdx.y), each block staging
-// its product's activation.
+// of 32 * C 16-byte chunks (C up to 8; the fewest passes that allows). A lane's chunks of a pass
+// are loaded all at once into one of two register slots, a ring: the warp's next two passes (of
+// this row or its next rows) are in flight while it waits for the first, and a slot is loaded
+// again (the pass two ahead) as soon as its chunks have been multiplied, before the row's sum is
+// reduced. A lane sums its chunks lane, lane + 32, ... in that order. The first two passes are
+// loaded before the wait for the preceding kernel (programmatic dependent launch: weights are
+// never written during a step), overlapping that kernel's tail and this kernel's staging. A batch
+// of products runs as grid rows (blockIdx.y), each block staging its product's activation.
 #include <cuda_bf16.h>
-
-#include <algorithm>
 
 #include "kernels/common/kernel_facts.h"
 #include "kernels/common/launch.cuh"
@@ -30,6 +26,7 @@ constexpr int kThreads = 256;
 constexpr int kWarps = kThreads / 32;
 constexpr int kBlocksPerSm = 2;  // the grid: at most this many blocks per SM
 constexpr int kMaxChunks = 8;    // 16-byte weight chunks per lane and pass
+constexpr int kInFlight = 2;     // passes in flight per warp: the ring's slots
 constexpr int kStageLoads = 2;   // 16-byte activation groups a thread loads before storing any
 
 // What the kernel needs beside the caller's parameters, computed on the host.
@@ -40,7 +37,6 @@ struct Args {
   int64_t chunks;                        // 16-byte chunks of a weight row (k / 8; FP8 k / 16)
   int64_t passes;                        // passes per row
   int lane_chunks;                       // 16-byte chunks a lane per pass (C)
-  int depth;                             // passes in flight (D)
 };
 
 template <int C>
@@ -49,10 +45,10 @@ struct Chunks {
   float scale[C];  // FP8: each chunk's block scale times 2^120
 };
 
-// The D passes in flight (slot d: the warp's passes d, d + D, d + 2D, ...).
-template <int C, int D>
+// The passes in flight (slot d: the warp's passes d, d + kInFlight, d + 2 kInFlight, ...).
+template <int C>
 struct Ring {
-  Chunks<C> slot[D];
+  Chunks<C> slot[kInFlight];
 };
 
 __device__ __forceinline__ float Bf16Lo(uint32_t v) { return __uint_as_float(v << 16); }
@@ -131,18 +127,6 @@ __device__ __forceinline__ void Advance(const Args& a, int64_t& j, int64_t& pass
   }
 }
 
-// StagedGemvParams::l2_ahead: lane 0 asks L2 for the pass `steps` units after (j, pass) in this
-// warp's list (its chunks' bytes, one bulk prefetch), if the list has one.
-template <int C>
-__device__ __forceinline__ void PrefetchPassL2(const Args& a, int64_t j, int64_t pass, int steps) {
-  if (threadIdx.x % 32 != 0) return;
-  for (int i = 0; i < steps; ++i) Advance(a, j, pass);
-  const int64_t first = pass * C * 32, left = a.chunks - first;
-  if (j >= a.rows || left <= 0) return;
-  const int64_t chunks = left < C * 32 ? left : C * 32;
-  PrefetchL2(RowWeights(a, j) + 16 * first, static_cast<uint32_t>(16 * chunks));
-}
-
 // Product blockIdx.y's activation, weights and outputs (batch > 1: one target, kCopy).
 __device__ __forceinline__ void SelectProduct(Args& a) {
   const int64_t b = blockIdx.y;
@@ -152,22 +136,15 @@ __device__ __forceinline__ void SelectProduct(Args& a) {
   a.p.targets[0].c += b * a.p.stride_c;
 }
 
-template <int M, int C, int D, bool F>
-__device__ Ring<C, D> Prefetch(Args a) {
+template <int M, int C, bool F>
+__device__ Ring<C> Prefetch(Args a) {
   SelectProduct(a);
-  Ring<C, D> ring;
+  Ring<C> ring;
   int64_t j = int64_t{blockIdx.x} * kWarps + threadIdx.x / 32, pass = 0;
 #pragma unroll
-  for (int d = 0; d < D; ++d) {
+  for (int d = 0; d < kInFlight; ++d) {
     if (j < a.rows) LoadPass<C, F>(a, j, pass, ring.slot[d]);
     Advance(a, j, pass);
-  }
-  // The l2_ahead passes after the ring's into L2 (bf16 weights only).
-  if constexpr (!F) {
-    for (int i = 0; i < a.p.l2_ahead; ++i) {
-      PrefetchPassL2<C>(a, j, pass, 0);
-      Advance(a, j, pass);
-    }
   }
   return ring;
 }
@@ -319,31 +296,28 @@ __device__ __forceinline__ void Finish(const Args& a, int64_t j, float (&acc)[M]
 }
 
 // F: FP8 weights (StagedGemvParams::fp8).
-template <int M, int C, int D, bool F>
-__device__ void Body(const Ring<C, D>& first, Args a) {
+template <int M, int C, bool F>
+__device__ void Body(const Ring<C>& first, Args a) {
   SelectProduct(a);
   extern __shared__ uint4 staged[];
   uint16_t* act = reinterpret_cast<uint16_t*>(staged);
   Stage(a.p, act);
-  // (j, pass): the pass in the slot being used; (load_j, load_pass): the pass D ahead of it.
+  // (j, pass): the pass in the slot being used; (load_j, load_pass): the pass kInFlight ahead of
+  // it.
   int64_t j = int64_t{blockIdx.x} * kWarps + threadIdx.x / 32, pass = 0;
   int64_t load_j = j, load_pass = pass;
 #pragma unroll
-  for (int d = 0; d < D; ++d) Advance(a, load_j, load_pass);
-  Ring<C, D> ring = first;
+  for (int d = 0; d < kInFlight; ++d) Advance(a, load_j, load_pass);
+  Ring<C> ring = first;
   float acc[M];
 #pragma unroll
   for (int r = 0; r < M; ++r) acc[r] = 0.0f;
   while (j < a.rows) {
 #pragma unroll
-    for (int d = 0; d < D; ++d) {
+    for (int d = 0; d < kInFlight; ++d) {
       if (j < a.rows) {
         Accumulate<M, C, F>(a, act, ring.slot[d], pass, acc);
         if (load_j < a.rows) LoadPass<C, F>(a, load_j, load_pass, ring.slot[d]);
-        // The pass l2_ahead after the one just loaded into L2 (bf16 weights only).
-        if constexpr (!F) {
-          if (a.p.l2_ahead > 0) PrefetchPassL2<C>(a, load_j, load_pass, a.p.l2_ahead);
-        }
         Advance(a, load_j, load_pass);
         if (pass == a.passes - 1) Finish<M>(a, j, acc);
         Advance(a, j, pass);
@@ -352,10 +326,10 @@ __device__ void Body(const Ring<C, D>& first, Args a) {
   }
 }
 
-template <int M, int C, int D, bool F>
-cudaError_t LaunchMcd(const Args& a, cudaStream_t stream) {
+template <int M, int C, bool F>
+cudaError_t LaunchMc(const Args& a, cudaStream_t stream) {
   constexpr auto kKernel =
-      launch_internal::PrefetchEntry<&Prefetch<M, C, D, F>, &Body<M, C, D, F>, kThreads>::kKernel;
+      launch_internal::PrefetchEntry<&Prefetch<M, C, F>, &Body<M, C, F>, kThreads>::kKernel;
   // The first query raises the kernel's dynamic shared-memory limit to the largest activation.
   const KernelFacts facts = KernelFactsForCurrentDevice(reinterpret_cast<const void*>(kKernel),
                                                         kStagedGemvMaxActivationBytes);
@@ -379,23 +353,8 @@ cudaError_t LaunchMcd(const Args& a, cudaStream_t stream) {
   const int64_t per_warp = (all_rows + kWarps * max_blocks - 1) / (kWarps * max_blocks);
   const int64_t blocks = (a.rows + kWarps * per_warp - 1) / (kWarps * per_warp);
   const size_t smem = static_cast<size_t>(a.p.m * a.p.k * 2);
-  return LaunchPrefetchThenAfterPrecedingGrids<&Prefetch<M, C, D, F>, &Body<M, C, D, F>, kThreads>(
+  return LaunchPrefetchThenAfterPrecedingGrids<&Prefetch<M, C, F>, &Body<M, C, F>, kThreads>(
       dim3(static_cast<unsigned>(blocks), static_cast<unsigned>(a.p.batch)), smem, stream, a);
-}
-
-// D passes in flight of C chunks a lane: instantiated where MakeArgs can choose them (C * D at
-// most kStagedGemvMaxChunksInFlight, half that for FP8 at 3-4 rows; C up to 8 at D = 2).
-template <int M, int C, bool F>
-cudaError_t LaunchMc(const Args& a, cudaStream_t stream) {
-  constexpr int kInFlight =
-      F && M > 2 ? kStagedGemvMaxChunksInFlight / 2 : kStagedGemvMaxChunksInFlight;
-  if constexpr (C * 8 <= kInFlight) {
-    if (a.depth == 8) return LaunchMcd<M, C, 8, F>(a, stream);
-  }
-  if constexpr (C * 4 <= kInFlight) {
-    if (a.depth == 4) return LaunchMcd<M, C, 4, F>(a, stream);
-  }
-  return LaunchMcd<M, C, 2, F>(a, stream);
 }
 
 template <int M, bool F>
@@ -438,18 +397,7 @@ Args MakeArgs(const StagedGemvParams& p) {
     if (t < p.num_targets) a.rows += p.targets[t].n;
   }
   a.chunks = p.fp8 ? p.k / 16 : p.k / 8;
-  // FP8 at 3-4 rows keeps half the chunks in flight (their scales and sums would need more than
-  // the 128 registers of two blocks an SM).
-  const bool narrow = p.fp8 && p.m > 2;
-  const int in_flight = narrow ? kStagedGemvMaxChunksInFlight / 2 : kStagedGemvMaxChunksInFlight;
-  a.depth = p.depth;
-  if (a.depth == 0) {
-    const int natural = LaneChunks(a.chunks, PassesOf(a.chunks, kMaxChunks));
-    a.depth = narrow ? 2 : natural <= 2 ? 8 : 4;
-  }
-  // Depth 2: passes of up to kMaxChunks; deeper: of up to in_flight / depth.
-  const int max_c = a.depth == 2 ? kMaxChunks : std::max(1, in_flight / a.depth);
-  a.passes = PassesOf(a.chunks, max_c);
+  a.passes = PassesOf(a.chunks, kMaxChunks);
   a.lane_chunks = LaneChunks(a.chunks, a.passes);
   return a;
 }
@@ -476,10 +424,6 @@ bool StagedGemvSupports(const StagedGemvParams& p) {
     rows += tg.n;
   }
   if (rows > (int64_t{1} << 31)) return false;
-  if (p.depth != 0 && p.depth != 2 && p.depth != 4 && p.depth != 8) return false;
-  if (p.l2_ahead < 0 || p.l2_ahead > kStagedGemvMaxL2Ahead || (p.fp8 && p.l2_ahead != 0)) {
-    return false;
-  }
   if (p.batch != 1 && (p.batch < 1 || p.batch > 65535 || p.prologue != StagedGemvPrologue::kCopy ||
                        p.num_targets != 1 || p.fp8 || (p.stride_a * (p.a_bf16 ? 2 : 4)) % 16 != 0 ||
                        p.stride_w % 8 != 0)) {
@@ -504,8 +448,6 @@ bool StagedGemvPreferredAtTwoRows(int64_t n, int64_t k) {
 bool StagedGemvPreferredBatchedAtOneRow(int64_t batch, int64_t n, int64_t k) {
   return batch >= 2 && k >= 2048 && k <= 8192 && n * batch >= 4096;
 }
-
-int StagedGemvDepth(const StagedGemvParams& p) { return MakeArgs(p).depth; }
 
 int StagedGemvLaneChunks(const StagedGemvParams& p) { return MakeArgs(p).lane_chunks; }
 

@@ -2,9 +2,8 @@
 // the dequantised weights (kernels/testing/fp8_test_util.h): kCopy with fp32 rows (rounded to
 // bf16 as they are staged) at m = 1, 2 and 4, one and two targets (a stacked [gate; up]-like
 // grid among them), k not a multiple of 128, several passes per row, padded strides, accumulate,
-// short rows at 2, 4 and 8 passes in flight (StagedGemvParams::depth);
-// kAddRmsNorm at one row against the GPU's unfused AddRmsNormF32 bf16 rows (x updated bit for
-// bit as that kernel does); the FP8 argument checks.
+// short rows (one and two chunks a lane); kAddRmsNorm at one row against the GPU's unfused
+// AddRmsNormF32 bf16 rows (x updated bit for bit as that kernel does); the FP8 argument checks.
 #include <cmath>
 #include <cstdint>
 #include <memory>
@@ -73,7 +72,6 @@ struct CopyCase {
   std::vector<int64_t> ns, split;
   int64_t ldw_pad, ldc_pad;
   bool accumulate;
-  int depth = 0;  // StagedGemvParams::depth
 };
 
 TEST(StagedGemvFp8Test, CopyMatchesDequantisedReference) {
@@ -84,16 +82,16 @@ TEST(StagedGemvFp8Test, CopyMatchesDequantisedReference) {
       {2, 272, {65, 9}, {0, 0}, 0, 0, false},       // k not a multiple of 128
       {4, 1408, {130}, {0}, 32, 0, true},
       {1, 7168, {200}, {0}, 0, 0, false},  // several passes per row (k / 16 > 256 chunks)
-      // Short rows, more passes in flight: 8 (2 chunks a lane), the least (2), 4 at 4 rows.
-      {1, 1024, {777, 65}, {0, 0}, 0, 0, false, 0},
-      {1, 1024, {777}, {0}, 0, 0, true, 2},
-      {4, 1024, {130}, {0}, 16, 0, false, 0},
-      {2, 512, {300}, {0}, 0, 0, false, 4},
+      // Short rows: 2 chunks a lane (k 1024), 1 (k 512).
+      {1, 1024, {777, 65}, {0, 0}, 0, 0, false},
+      {1, 1024, {777}, {0}, 0, 0, true},
+      {4, 1024, {130}, {0}, 16, 0, false},
+      {2, 512, {300}, {0}, 0, 0, false},
   };
   for (const CopyCase& c : cases) {
     const uint32_t seed = testing::FreshSeed();
-    SCOPED_TRACE(::testing::Message() << "m " << c.m << " k " << c.k << " n0 " << c.ns[0]
-                                      << " depth " << c.depth << " seed " << seed);
+    SCOPED_TRACE(::testing::Message()
+                 << "m " << c.m << " k " << c.k << " n0 " << c.ns[0] << " seed " << seed);
     std::mt19937 gen(seed);
     std::vector<Fp8Target> ts = MakeTargets(c.ns, c.split, c.m, c.k, c.ldw_pad, c.ldc_pad, &gen);
     const int64_t lda = c.k + 4;
@@ -103,7 +101,6 @@ TEST(StagedGemvFp8Test, CopyMatchesDequantisedReference) {
     p.m = c.m, p.k = c.k;
     p.prologue = kernels::StagedGemvPrologue::kCopy;
     p.a = da.get(), p.a_bf16 = false, p.lda = lda;
-    p.depth = c.depth;
     SetTargets(ts, c.accumulate, &p);
     ASSERT_TRUE(kernels::StagedGemvSupports(p));
     DEEPINFER_CUDA_OK(kernels::StagedGemvBf16(p, nullptr));
@@ -190,9 +187,6 @@ TEST(StagedGemvFp8Test, RefusesWhatItCannotRun) {
   q = p;
   q.targets[0].w8 = w.get() + 8;
   EXPECT_FALSE(kernels::StagedGemvSupports(q)) << "misaligned weights";
-  q = p;
-  q.l2_ahead = 4;
-  EXPECT_FALSE(kernels::StagedGemvSupports(q)) << "passes ahead in L2 (bf16 weights only)";
   q = p;
   q.batch = 2, q.stride_a = 32, q.stride_w = 4 * 32, q.stride_c = 4;
   EXPECT_FALSE(kernels::StagedGemvSupports(q)) << "a batch (bf16 weights only)";

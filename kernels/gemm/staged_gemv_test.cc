@@ -3,13 +3,14 @@
 // CpuBackend::Gemm; kAddRmsNorm against CpuBackend::AddRmsNorm + Gemm (x updated bit for bit, c
 // within the GEMM's bound plus a few bf16 roundings that a last-ulp difference of the norm can
 // flip) and bit for bit against the GPU's unfused AddRmsNormF32 + the kCopy path; the counter
-// is left at 0 (a second launch gives the same bits); every depth (passes in flight, passes
-// ahead in L2) against CpuBackend::Gemm and bit for bit against depth 2; a batch of products
-// (kCopy) against CpuBackend::Gemm per product; refusals.
+// is left at 0 (a second launch gives the same bits); each pass size (1, 2, 4, 6 and 8 chunks a
+// lane) against CpuBackend::Gemm; a batch of products (kCopy) against CpuBackend::Gemm per
+// product; refusals.
 #include "kernels/gemm/staged_gemv.h"
 
 #include <cmath>
 #include <cstdint>
+#include <utility>
 #include <vector>
 
 #include "gtest/gtest.h"
@@ -225,61 +226,42 @@ TEST(StagedGemvTest, AddRmsNormMatchesCpuAndTheUnfusedKernels) {
   }
 }
 
-// Each depth (and passes ahead in L2) against the CPU, and the same bits at every depth (a lane
-// sums its chunks in one order whatever the number of passes in flight).
-TEST(StagedGemvTest, EveryDepthMatchesCpuGemmAndDepthTwo) {
+// Each pass size a lane can load (StagedGemvLaneChunks) against the CPU.
+TEST(StagedGemvTest, EachPassSizeMatchesCpuGemm) {
   DEEPINFER_SKIP_WITHOUT_GPU();
   CpuBackend cpu(2);
-  const std::vector<CopyCase> cases = {
-      {1, 1024, {1000, 300}, 0, 0, 0, false},  // q_b + index_q_b's k
-      {2, 1024, {517}, 8, 0, 3, true},         // padded strides, accumulate
-      {4, 512, {129, 64}, 0, 8, 0, false},     // 2 chunks a lane at depths 2 to 8
-      {3, 256, {300}, 0, 0, 0, false},         // 1 chunk a lane at every depth
-      {1, 1032, {70}, 0, 0, 0, false},         // 129 chunks: 6 a lane at depth 2, partial passes
-      {1, 4096, {300}, 0, 0, 0, true},         // 2, 4 or 8 passes a row
-      {1, 1408, {64}, 0, 0, 0, false},         // 176 chunks: 6 a lane at depth 2, 4 at depth 4
+  const std::vector<std::pair<CopyCase, int>> cases = {
+      {{3, 256, {300}, 0, 0, 0, false}, 1},         // 32 chunks: one a lane
+      {{4, 512, {129, 64}, 0, 8, 0, false}, 2},     // 64 chunks
+      {{1, 1024, {1000, 300}, 0, 0, 0, false}, 4},  // q_b + index_q_b's k
+      {{2, 1024, {517}, 8, 0, 3, true}, 4},         // padded strides, accumulate
+      {{1, 1408, {64}, 0, 0, 0, false}, 6},         // 176 chunks: half the lanes 5, half 6
+      {{1, 1032, {70}, 0, 0, 0, false}, 6},         // 129 chunks: lane 0 5, the others 4
+      {{1, 4096, {300}, 0, 0, 0, true}, 8},         // two passes a row
   };
-  for (const CopyCase& c : cases) {
+  for (const auto& [c, lane_chunks] : cases) {
     const uint32_t seed = testing::FreshSeed();
+    SCOPED_TRACE(::testing::Message()
+                 << "m " << c.m << " k " << c.k << " n0 " << c.ns[0] << " seed " << seed);
     const int64_t lda = c.k + c.lda_pad;
     const std::vector<float> a = testing::RandomFloats(c.m * lda, seed, 2.0f);
     DeviceArray<float> da(a);
-    std::vector<std::vector<float>> depth2;  // per target
-    for (const auto& [depth, l2_ahead] : {std::pair{2, 0}, std::pair{4, 0}, std::pair{8, 0},
-                                          std::pair{0, 0}, std::pair{0, 4}, std::pair{2, 16}}) {
-      SCOPED_TRACE(::testing::Message()
-                   << "m " << c.m << " k " << c.k << " n0 " << c.ns[0] << " depth " << depth
-                   << " l2_ahead " << l2_ahead << " seed " << seed);
-      std::vector<Target> ts = MakeTargets(c.ns, c.m, c.k, c.ldw_pad, c.ldc_pad, seed);
-      kernels::StagedGemvParams p;
-      p.m = c.m, p.k = c.k, p.depth = depth, p.l2_ahead = l2_ahead;
-      p.prologue = kernels::StagedGemvPrologue::kCopy;
-      p.a = da.get(), p.lda = lda;
-      SetTargets(ts, c.accumulate, &p);
-      ASSERT_TRUE(kernels::StagedGemvSupports(p));
-      const int ran = kernels::StagedGemvDepth(p);
-      EXPECT_TRUE(ran == 2 || ran == 4 || ran == 8);
-      if (depth != 0) {
-        EXPECT_EQ(ran, depth);
-      }
-      // At most 16 chunks a lane in flight at depths 4 and 8; up to 8 a pass at depth 2.
-      const int lane_chunks = kernels::StagedGemvLaneChunks(p);
-      EXPECT_LE(lane_chunks * (ran == 2 ? 1 : ran), ran == 2 ? 8 : 16);
-      DEEPINFER_CUDA_OK(kernels::StagedGemvBf16(p, nullptr));
-      for (size_t t = 0; t < ts.size(); ++t) {
-        std::vector<float> want = ts[t].c0;
-        cpu.Gemm(c.m, ts[t].n, c.k, a.data(), lda,
-                 WeightView(ts[t].w.data(), WeightDType::kBFloat16), ts[t].ldw, want.data(),
-                 ts[t].ldc, c.accumulate);
-        std::vector<float> got;
-        DEEPINFER_CUDA_OK(ts[t].dc->Download(&got));
-        EXPECT_TRUE(AllClose(got, want, 2e-5 * std::sqrt(static_cast<double>(c.k)), 1e-5));
-        if (depth == 2 && l2_ahead == 0) {
-          depth2.push_back(got);
-        } else {
-          EXPECT_TRUE(AllClose(got, depth2[t], 0, 0)) << "bits differ from depth 2";
-        }
-      }
+    std::vector<Target> ts = MakeTargets(c.ns, c.m, c.k, c.ldw_pad, c.ldc_pad, seed);
+    kernels::StagedGemvParams p;
+    p.m = c.m, p.k = c.k;
+    p.prologue = kernels::StagedGemvPrologue::kCopy;
+    p.a = da.get(), p.lda = lda;
+    SetTargets(ts, c.accumulate, &p);
+    ASSERT_TRUE(kernels::StagedGemvSupports(p));
+    EXPECT_EQ(kernels::StagedGemvLaneChunks(p), lane_chunks);
+    DEEPINFER_CUDA_OK(kernels::StagedGemvBf16(p, nullptr));
+    for (Target& t : ts) {
+      std::vector<float> want = t.c0;
+      cpu.Gemm(c.m, t.n, c.k, a.data(), lda, WeightView(t.w.data(), WeightDType::kBFloat16), t.ldw,
+               want.data(), t.ldc, c.accumulate);
+      std::vector<float> got;
+      DEEPINFER_CUDA_OK(t.dc->Download(&got));
+      EXPECT_TRUE(AllClose(got, want, 2e-5 * std::sqrt(static_cast<double>(c.k)), 1e-5));
     }
   }
 }
@@ -378,12 +360,6 @@ TEST(StagedGemvTest, RefusesWhatItCannotRun) {
   bad = p;
   bad.prologue = kernels::StagedGemvPrologue::kAddRmsNorm;
   bad.x = a.get(), bad.norm_weight = a.get(), bad.y = c.get();  // y without a counter
-  EXPECT_FALSE(kernels::StagedGemvSupports(bad));
-  bad = p;
-  bad.depth = 3;  // not 0, 2, 4 or 8
-  EXPECT_FALSE(kernels::StagedGemvSupports(bad));
-  bad = p;
-  bad.l2_ahead = kernels::kStagedGemvMaxL2Ahead + 1;
   EXPECT_FALSE(kernels::StagedGemvSupports(bad));
   kernels::StagedGemvParams batched = p;
   batched.batch = 2, batched.stride_a = 64, batched.stride_w = 16 * 64, batched.stride_c = 16;
