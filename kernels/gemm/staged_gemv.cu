@@ -438,7 +438,8 @@ bool StagedGemvSupports(const StagedGemvParams& p) {
 
 bool StagedGemvPreferredAtOneRow(int64_t n, int64_t k) {
   if (k > 4096) return k <= 8192 && n <= 4096;
-  return k >= 1024 && n < 65536 && !(k <= 2048 && n > 1024 && n <= 2048);
+  if (n >= 65536) return k == 4096;
+  return k >= 1024 && !(k <= 2048 && n > 1024 && n <= 2048);
 }
 
 bool StagedGemvPreferredAtTwoRows(int64_t n, int64_t k) {

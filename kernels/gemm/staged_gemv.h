@@ -99,10 +99,12 @@ bool StagedGemvSupports(const StagedGemvParams& p);
 // graph, docs/cuda/prefill.md): q_proj 3072 x 2048 4.96 vs 6.01 us, kv_a
 // 576 x 2048 2.25 vs 2.46, shared gate_up 5632 x 2048 8.55 vs 11.11, shared down 2048 x 2816
 // 5.09 vs 5.47, dense gate_up 22528 x 2048 26.73 vs 28.05; not for o_proj 2048 x 2048 (3.99 vs
-// 3.69), dense down 2048 x 11264 (16.01 vs 15.99) or the LM head 129280 x 2048 (132.86
+// 3.69), dense down 2048 x 11264 (16.01 vs 15.99) or Moonlight's LM head 129280 x 2048 (132.86
 // vs 131.97): 1024 <= k <= 4096 with n < 65536, and not 1024 < n <= 2048 with k <= 2048. Also
 // DeepSeek-V4's o_b, 4096 x 8192 (n <= 4096 with 4096 < k <= 8192; small_m_gemm_bench v4: 19.49
-// us against kSplitK's 20.45 in an earlier call of the same bench).
+// us against kSplitK's 20.45 in an earlier call of the same bench), and DeepSeek-V4's LM head,
+// 129280 x 4096 (n >= 65536 with k = 4096, the one such k measured): 243.81 against kSplitK's
+// 257.76 (cuBLAS 260.99).
 bool StagedGemvPreferredAtOneRow(int64_t n, int64_t k);
 
 // The same for two activation rows (the kCopy prologue; n: all targets' rows): where the staged

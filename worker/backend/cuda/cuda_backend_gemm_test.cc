@@ -79,6 +79,31 @@ TEST_F(CudaBackendTest, GemmMatchesCpuWithStridesAndAccumulate) {
   EXPECT_TRUE(gpu_->status().ok()) << gpu_->status();
 }
 
+// One row against a vocabulary of DeepSeek-V4's LM head shape (k 4096, n from 65536; here 65539,
+// so the last warps' rows are short): the staged GEMV (StagedGemvPreferredAtOneRow), bf16
+// weights, accumulating onto distinct values so that every output's place is checked.
+TEST_F(CudaBackendTest, OneRowLmHeadMatchesCpu) {
+  const int64_t n = 65539, k = 4096, distinct = 257;
+  ASSERT_TRUE(kernels::StagedGemvPreferredAtOneRow(n, k));
+  const uint32_t seed = testing::FreshSeed();
+  SCOPED_TRACE(::testing::Message() << "seed " << seed);
+  const std::vector<float> a = testing::RandomFloats(k, seed);
+  // `distinct` random weight rows repeated (n random rows would take seconds to draw).
+  const std::vector<float> rows = testing::RandomFloats(distinct * k, seed + 1);
+  std::vector<float> w(n * k);
+  for (int64_t j = 0; j < n; ++j) {
+    std::copy_n(rows.begin() + (j % distinct) * k, k, w.begin() + j * k);
+  }
+  const std::vector<float> out = testing::RandomFloats(n, seed + 2);
+  std::vector<std::unique_ptr<DeviceBuffer>> keep;
+  std::vector<float> want = out;
+  cpu16_.Gemm(1, n, k, a.data(), k, CpuBf16(w, &keep), k, want.data(), n, true);
+  auto da = Upload(a), dc = Upload(out);
+  gpu_->Gemm(1, n, k, da->as<float>(), k, GpuBf16(w, &keep), k, dc->as<float>(), n, true);
+  EXPECT_TRUE(AllClose(Download(*dc), want, 1e-3, 1e-4));
+  EXPECT_TRUE(gpu_->status().ok()) << gpu_->status();
+}
+
 // The absorbed-MLA layouts: W_uk (a = the nope slice of each head of q, w = per-head [kvl, nope]
 // blocks) and W_uv (a = per-head latent slices, w = the value rows of kv_b, strided).
 class BatchedGemmTest : public CudaBackendTest, public ::testing::WithParamInterface<int64_t> {};
